@@ -1,0 +1,109 @@
+// The op interface every backend implements (CPU now, CUDA later). A backend knows tensors and
+// math, never models or the trainer. Gradient outputs named d* for parameters accumulate (+=),
+// so that tied weights and gradient accumulation need no extra buffers.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace brisk {
+
+// nn.Linear stores weights [out, in]; GPT-2's Conv1D stores them [in, out].
+enum class WeightLayout { out_in, in_out };
+// BERT's "gelu" is the exact erf form; GPT-2's "gelu_new" is the tanh approximation.
+enum class GeluKind { erf, tanh };
+
+inline constexpr int kIgnoreIndex = -100;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- matrix products ----
+  // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.
+  // x may have any rank; its last dimension is K and the leading ones are flattened into M.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                              WeightLayout layout, const Tensor& y) = 0;
+  // dx = dy W (or += when accumulate_dx; skipped when dx is empty); dw += dy^T x (laid out as
+  // w); db += column sums of dy (skipped when db is empty).
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                               WeightLayout layout, const Tensor& dx, bool accumulate_dx,
+                               const Tensor& dw, const Tensor& db) = 0;
+
+  // ---- normalization ----
+  // Over the last dimension C: y = (x - mean) * rstd * gamma + beta; saves mean and rstd
+  // (one float per row) for the backward pass.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, const Tensor& y, const Tensor& mean,
+                                 const Tensor& rstd) = 0;
+  // dx = (or += when accumulate_dx) the input gradient; dgamma += ; dbeta += .
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                  bool accumulate_dx, const Tensor& dgamma,
+                                  const Tensor& dbeta) = 0;
+
+  // ---- elementwise ----
+  virtual void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) = 0;
+  // dx = dy * gelu'(x); dx may alias dy.
+  virtual void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy,
+                             const Tensor& dx) = 0;
+  virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
+  // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
+  virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  // y = dropout(x) with keep probability 1 - p and scaling 1 / (1 - p); y may alias x.
+  virtual void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) = 0;
+  // dx = the same mask applied to dy; dx may alias dy.
+  virtual void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) = 0;
+  // y = x + dropout(r): the residual add after a sublayer; y may alias x.
+  virtual void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                           const Tensor& y) = 0;
+  // y += x
+  virtual void add_inplace(const Tensor& y, const Tensor& x) = 0;
+  virtual void fill(const Tensor& t, float value) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+
+  // ---- embeddings ----
+  // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair
+  // may be empty. Ids outside a table throw.
+  virtual void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
+                                 const Tensor& type_ids, const Tensor& type_table,
+                                 const Tensor& out) = 0;
+  // Scatter-adds dout into the tables' gradients (empty ones are skipped).
+  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
+                                  const Tensor& dword, const Tensor& dpos,
+                                  const Tensor& dtype_table) = 0;
+
+  // ---- attention ----
+  // Multi-head scaled dot-product attention over packed qkv [B,T,3C] (q | k | v along the last
+  // dimension; head h uses columns [h*D, (h+1)*D) of each). key_mask is int32 [B,T] (nonzero
+  // keeps the key) or empty; causal hides later keys. probs [B,H,T,T] receives the softmax
+  // (before dropout) for the backward pass; out is [B,T,C].
+  virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+                                 float dropout_p, const RngKey& key, const Tensor& probs,
+                                 const Tensor& out) = 0;
+  // dqkv [B,T,3C] = the gradient of the packed input; scratch is [B,H,T,T].
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                                  int heads, float dropout_p, const RngKey& key,
+                                  const Tensor& scratch, const Tensor& dqkv) = 0;
+
+  // ---- heads and loss ----
+  // out[b,:] = x[b,0,:] for x [B,T,C]
+  virtual void first_token(const Tensor& x, const Tensor& out) = 0;
+  // dx[b,0,:] += dout[b,:]
+  virtual void first_token_backward(const Tensor& dout, const Tensor& dx) = 0;
+  // Softmax cross-entropy over rows of logits [N,V] with int32 labels [N] (kIgnoreIndex rows
+  // are skipped; others must lie in [0, V)). Returns the summed loss of the counted rows. With
+  // write_grad the logits are overwritten by (softmax - onehot) * grad_scale (zero on ignored
+  // rows), so probabilities are never stored.
+  virtual double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                                       float grad_scale) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace brisk

@@ -1,0 +1,68 @@
+// The CPU backend: OpenBLAS for matrix products, OpenMP for loops, fp32 compute. It is also the
+// reference the CUDA backend is tested against.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace brisk {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu; }
+  std::string name() const override { return "cpu"; }
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
+                      const Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
+                       const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                       const Tensor& db) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                          bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) override;
+
+  void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) override;
+  void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  void tanh_forward(const Tensor& x, const Tensor& y) override;
+  void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) override;
+  void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                   const Tensor& y) override;
+  void add_inplace(const Tensor& y, const Tensor& x) override;
+  void fill(const Tensor& t, float value) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+
+  void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
+                         const Tensor& type_ids, const Tensor& type_table,
+                         const Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
+                          const Tensor& dword, const Tensor& dpos,
+                          const Tensor& dtype_table) override;
+
+  void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+                         float dropout_p, const RngKey& key, const Tensor& probs,
+                         const Tensor& out) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int heads,
+                          float dropout_p, const RngKey& key, const Tensor& scratch,
+                          const Tensor& dqkv) override;
+
+  void first_token(const Tensor& x, const Tensor& out) override;
+  void first_token_backward(const Tensor& dout, const Tensor& dx) override;
+  double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                               float grad_scale) override;
+};
+
+// Checks shared by the CPU kernels.
+void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
+// Rows and columns of a tensor seen as a matrix over its last dimension.
+inline int64_t cols_of(const Tensor& t) {
+  return t.rank() ? t.dim(-1) : 1;
+}
+inline int64_t rows_of(const Tensor& t) {
+  return cols_of(t) ? t.numel() / cols_of(t) : 0;
+}
+
+}  // namespace brisk

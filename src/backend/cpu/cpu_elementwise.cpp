@@ -1,0 +1,126 @@
+// Elementwise ops on the CPU: GELU (erf and tanh forms), tanh, dropout from the counter-based
+// RNG, residual adds.
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace brisk {
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+float dropout_scale(float p) {
+  BRISK_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is outside [0, 1)");
+  return 1.0f / (1.0f - p);
+}
+}  // namespace
+
+void CpuBackend::gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
+  check_same_numel(x, y, "gelu_forward");
+  const float* in = x.f32();
+  float* out = y.f32();
+  const int64_t n = x.numel();
+  if (kind == GeluKind::erf) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * kInvSqrt2));
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = in[i];
+      out[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+    }
+  }
+}
+
+void CpuBackend::gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  check_same_numel(x, dy, "gelu_backward");
+  check_same_numel(x, dx, "gelu_backward");
+  const float *in = x.f32(), *g = dy.f32();
+  float* out = dx.f32();
+  const int64_t n = x.numel();
+  if (kind == GeluKind::erf) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = in[i];
+      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+      out[i] = g[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
+    }
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = in[i];
+      const float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
+      const float t = std::tanh(u);
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+      out[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  }
+}
+
+void CpuBackend::tanh_forward(const Tensor& x, const Tensor& y) {
+  check_same_numel(x, y, "tanh_forward");
+  const float* in = x.f32();
+  float* out = y.f32();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = std::tanh(in[i]);
+}
+
+void CpuBackend::tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  check_same_numel(y, dy, "tanh_backward");
+  check_same_numel(y, dx, "tanh_backward");
+  const float *out = y.f32(), *g = dy.f32();
+  float* d = dx.f32();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) d[i] = g[i] * (1.0f - out[i] * out[i]);
+}
+
+void CpuBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) {
+  check_same_numel(x, y, "dropout_forward");
+  const float scale = dropout_scale(p);
+  const float* in = x.f32();
+  float* out = y.f32();
+  const int64_t n = x.numel();
+  if (p == 0.0f) {
+    if (in != out) copy(x, y);
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = dropout_keep(key, static_cast<uint64_t>(i), threshold) ? in[i] * scale : 0.0f;
+}
+
+void CpuBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) {
+  // The mask and scale are the same as the forward's, so the backward is the same map.
+  dropout_forward(dy, p, key, dx);
+}
+
+void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                             const Tensor& y) {
+  check_same_numel(x, r, "dropout_add");
+  check_same_numel(x, y, "dropout_add");
+  const float scale = dropout_scale(p);
+  const float *a = x.f32(), *b = r.f32();
+  float* out = y.f32();
+  const int64_t n = x.numel();
+  if (p == 0.0f) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = a[i] + (dropout_keep(key, static_cast<uint64_t>(i), threshold) ? b[i] * scale : 0.0f);
+}
+
+void CpuBackend::add_inplace(const Tensor& y, const Tensor& x) {
+  check_same_numel(x, y, "add_inplace");
+  float* out = y.f32();
+  const float* in = x.f32();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] += in[i];
+}
+
+}  // namespace brisk

@@ -1,0 +1,48 @@
+// Fused softmax + cross-entropy on the CPU: the loss of each row and, in place of the logits,
+// their gradient; probabilities are never stored.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace brisk {
+
+double CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                         bool write_grad, float grad_scale) {
+  const int64_t V = cols_of(logits), N = rows_of(logits);
+  BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
+              " rows of logits");
+  const int32_t* y = labels.i32();
+  for (int64_t r = 0; r < N; ++r)
+    BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
+                " is outside [0, ", V, ")");
+  float* z = logits.f32();
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t r = 0; r < N; ++r) {
+    float* row = z + r * V;
+    if (y[r] == kIgnoreIndex) {
+      if (write_grad)
+        for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
+      continue;
+    }
+    float mx = row[0];
+    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+    const float target = row[y[r]];
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) {
+      const float e = std::exp(row[j] - mx);
+      sum += e;
+      if (write_grad) row[j] = e;
+    }
+    total += std::log(sum) - static_cast<double>(target - mx);
+    if (write_grad) {
+      const float f = static_cast<float>(grad_scale / sum);
+      for (int64_t j = 0; j < V; ++j) row[j] *= f;
+      row[y[r]] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+}  // namespace brisk

@@ -1,0 +1,105 @@
+// brisk subcommands: train, forward-backward, estimate.
+#include "cli/commands.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "backend/backend.h"
+#include "core/safetensors.h"
+#include "models/batch.h"
+#include "models/model.h"
+
+namespace brisk::cli {
+
+namespace {
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+void print_plan(const std::array<size_t, kNumCategories>& planned, size_t total) {
+  for (int c = 0; c < kNumCategories; ++c)
+    std::printf("  %-16s %12s\n", category_name(static_cast<Category>(c)), mib(planned[c]).c_str());
+  std::printf("  %-16s %12s\n", "total (planned)", mib(total).c_str());
+}
+}  // namespace
+
+int run_train(const TrainOptions& options) {
+  TrainSummary s =
+      train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
+  std::printf("***** train metrics *****\n");
+  std::printf("  %-26s = %.1f\n", "epoch", s.epoch);
+  std::printf("  %-26s = %.4f\n", "train_loss", s.train_loss);
+  std::printf("  %-26s = %.2f\n", "train_runtime", s.train_runtime);
+  std::printf("  %-26s = %.3f\n", "train_samples_per_second", s.train_samples_per_second);
+  std::printf("  %-26s = %.3f\n", "train_steps_per_second", s.train_steps_per_second);
+  std::printf("  %-26s = %.4g\n", "total_flos", s.total_flos);
+  std::printf("***** memory anatomy *****\n");
+  print_plan(s.memory.planned, s.memory.arena_bytes);
+  std::printf("  %-16s %12s\n", "arena high-water", mib(s.memory.arena_high_water).c_str());
+  std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
+  return 0;
+}
+
+int run_forward_backward(const ForwardBackwardArgs& a) {
+  ModelConfig config = resolve_config(a.config);
+  auto model = Model::create(config);
+  auto be = make_cpu_backend();
+  SafetensorsFile batch_file(a.batch);
+  MemoryPlan plan;
+  model->plan(plan, batch_shape_of(batch_file), {});
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  model->bind(arena);
+  if (a.weights.empty())
+    model->init_weights(a.seed);
+  else
+    model->load_weights(SafetensorsFile(a.weights));
+  load_batch(batch_file, *model, *be);
+
+  StepOptions so;
+  so.training = a.dropout;
+  so.rng = RngKey{a.seed, a.step, 0};
+  const int64_t targets = model->count_targets();
+  BRISK_CHECK(targets > 0, "the batch has no labels to compute a loss from");
+  // A first pass keeps the logits (the training pass overwrites them with their gradient).
+  so.compute_grad = false;
+  model->forward(*be, so);
+  std::vector<float> logits(model->logits().f32(), model->logits().f32() + model->logits().numel());
+  so.compute_grad = true;
+  so.loss_grad_scale = 1.0f / static_cast<float>(targets);
+  model->zero_grads(*be);
+  float loss = static_cast<float>(model->forward(*be, so) / targets);
+  model->backward(*be, so);
+  std::printf("{\"loss\": %.8g, \"targets\": %lld}\n", loss, static_cast<long long>(targets));
+
+  if (!a.output.empty()) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    out.emplace_back("loss", Tensor(&loss, Shape{}, DType::f32));
+    out.emplace_back("logits", Tensor(logits.data(), model->logits().shape(), DType::f32));
+    const ParameterSet& ps = model->params();
+    for (size_t i = 0; i < ps.list().size(); ++i)
+      out.emplace_back("grad." + ps.list()[i].name, ps.grad(static_cast<int>(i)));
+    write_safetensors(a.output, out);
+  }
+  return 0;
+}
+
+int run_estimate(const EstimateArgs& a) {
+  ModelConfig config = resolve_config(a.model);
+  auto model = Model::create(config);
+  MemoryPlan plan;
+  model->plan(plan, {a.batch_size, a.seq_len}, {a.gradient_checkpointing});
+  const int64_t n = model->params().total_elements();
+  plan.add("adamw.state", Category::optimizer_state, DType::f32, Shape{2 * n});
+  plan.finalize();
+  std::printf("%s: %lld parameters, batch %lld x %lld%s, AdamW fp32\n", a.model.c_str(),
+              static_cast<long long>(n), static_cast<long long>(a.batch_size),
+              static_cast<long long>(a.seq_len),
+              a.gradient_checkpointing ? ", gradient checkpointing" : "");
+  print_plan(plan.bytes_by_category(), plan.total_bytes());
+  return 0;
+}
+
+}  // namespace brisk::cli

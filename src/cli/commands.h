@@ -1,0 +1,31 @@
+// The actions behind the brisk subcommands; main.cpp only parses arguments and calls these.
+#pragma once
+
+#include <string>
+
+#include "train/trainer.h"
+
+namespace brisk::cli {
+
+struct ForwardBackwardArgs {
+  std::string config;   // built-in name, config.json or model folder
+  std::string weights;  // model.safetensors; empty = initialize from seed
+  std::string batch;    // batch.safetensors
+  std::string output;   // where to write loss, logits and gradients; empty = none
+  bool dropout = false;
+  uint64_t seed = 42;
+  uint64_t step = 0;
+};
+
+struct EstimateArgs {
+  std::string model = "bert-large-uncased";
+  int64_t batch_size = 8;
+  int64_t seq_len = 512;
+  bool gradient_checkpointing = false;
+};
+
+int run_train(const TrainOptions& options);
+int run_forward_backward(const ForwardBackwardArgs& args);
+int run_estimate(const EstimateArgs& args);
+
+}  // namespace brisk::cli

@@ -1,0 +1,33 @@
+// Errors: library code throws brisk::Error with a clear message; only the CLI turns it into an
+// exit.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace brisk {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace brisk
+
+// BRISK_CHECK(cond, parts...) throws brisk::Error("parts...") when cond is false.
+#define BRISK_CHECK(cond, ...)                                               \
+  do {                                                                       \
+    if (!(cond)) throw ::brisk::Error(::brisk::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#define BRISK_FAIL(...) throw ::brisk::Error(::brisk::detail::concat(__VA_ARGS__))

@@ -1,0 +1,26 @@
+// Reads VmHWM / VmRSS from /proc/self/status.
+#include "core/process_memory.h"
+
+#include <fstream>
+#include <string>
+
+namespace brisk {
+
+namespace {
+size_t status_kib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
+  return 0;
+}
+}  // namespace
+
+size_t peak_rss_bytes() {
+  return status_kib("VmHWM");
+}
+size_t current_rss_bytes() {
+  return status_kib("VmRSS");
+}
+
+}  // namespace brisk

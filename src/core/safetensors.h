@@ -1,0 +1,43 @@
+// Reading and writing the safetensors format (8-byte little-endian header length, JSON header,
+// raw little-endian data), the format transformers uses for model.safetensors.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace brisk {
+
+// A safetensors file mapped read-only into memory; tensors are views into the mapping.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Throws naming the file when the tensor is absent.
+  const Tensor& get(const std::string& name) const;
+  std::vector<std::string> names() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, Tensor> tensors_;
+};
+
+// Copies `src` (any float dtype the file holds) into the float32 tensor `dst` of equal shape.
+void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what);
+
+// Writes tensors to `path` atomically: a temporary file in the same folder, fsync, rename.
+// Entries are written in the order given.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace brisk

@@ -1,0 +1,78 @@
+// Tensor: a non-owning view of contiguous, row-major memory (pointer, shape, dtype, device).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace brisk {
+
+// A shape of up to kMaxDims dimensions, stored inline so views never allocate.
+class Shape {
+ public:
+  static constexpr int kMaxDims = 5;
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  template <typename It>
+  static Shape from(It begin, It end) {
+    Shape s;
+    for (It it = begin; it != end; ++it) s.push_back(static_cast<int64_t>(*it));
+    return s;
+  }
+
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const { return dims_[i]; }
+  int64_t numel() const;
+  void push_back(int64_t d);
+  bool operator==(const Shape& o) const;
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+  std::string str() const;
+
+ private:
+  std::array<int64_t, kMaxDims> dims_{};
+  int rank_ = 0;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(void* data, Shape shape, DType dtype, Device device = Device::cpu)
+      : data_(data), shape_(shape), dtype_(dtype), device_(device) {}
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  float* f32() const;
+  int32_t* i32() const;
+
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int i) const { return shape_[i < 0 ? shape_.rank() + i : i]; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool empty() const { return data_ == nullptr; }
+
+  // Same memory, another shape with the same element count.
+  Tensor reshape(Shape s) const;
+  // Rows [begin, end) of the first dimension.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+
+ private:
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu;
+};
+
+// Throws unless t has the given dtype and shape; `what` names the tensor in the message.
+void expect(const Tensor& t, DType dtype, const Shape& shape, const char* what);
+
+}  // namespace brisk

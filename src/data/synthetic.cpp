@@ -1,0 +1,43 @@
+// Synthetic samples from the counter-based RNG.
+#include "data/synthetic.h"
+
+#include <algorithm>
+
+#include "core/rng.h"
+
+namespace brisk {
+
+SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, const ModelConfig& config)
+    : options_(options), causal_lm_(config.model_type == ModelType::gpt2) {
+  BRISK_CHECK(options.dataset_size > 0, "synthetic dataset size must be positive");
+  BRISK_CHECK(options.seq_len > 0, "synthetic sequence length must be positive");
+  options_.id_high = static_cast<int32_t>(std::min<int64_t>(options.id_high, config.vocab_size));
+  BRISK_CHECK(options_.id_low < options_.id_high, "the vocabulary of ", config.vocab_size,
+              " tokens leaves no room for synthetic ids from ", options.id_low);
+}
+
+void SyntheticDataset::fill_row(int64_t index, const Batch& batch, int64_t row) const {
+  const int64_t T = batch.input_ids.dim(1);
+  BRISK_CHECK(T >= options_.seq_len, "batch buffers are shorter than the synthetic sequences");
+  int32_t* ids = batch.input_ids.i32() + row * T;
+  int32_t* mask = batch.attention_mask.i32() + row * T;
+  const uint32_t span = static_cast<uint32_t>(options_.id_high - options_.id_low);
+  const RngKey key{options_.seed, static_cast<uint64_t>(index), 0x5eed};
+  for (int64_t t = 0; t < T; ++t) {
+    const bool real = t < options_.seq_len;
+    ids[t] =
+        real ? options_.id_low + static_cast<int32_t>(rng_block(key, t >> 2).v[t & 3] % span) : 0;
+    mask[t] = real ? 1 : 0;
+  }
+  if (causal_lm_) {
+    int32_t* labels = batch.labels.i32() + row * T;
+    for (int64_t t = 0; t < T; ++t) labels[t] = mask[t] ? ids[t] : kIgnoreIndex;
+  } else {
+    batch.labels.i32()[row] = 0;
+    if (!batch.token_type_ids.empty())
+      std::fill(batch.token_type_ids.i32() + row * T, batch.token_type_ids.i32() + (row + 1) * T,
+                0);
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,221 @@
+// config.json parsing with one clear message per problem, and the built-in configurations.
+#include "models/config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace brisk {
+
+namespace {
+using json = nlohmann::json;
+
+struct Reader {
+  const json& j;
+  const std::string& origin;
+
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+
+  int64_t size(const char* key, bool positive = true) const {
+    BRISK_CHECK(has(key), origin, ": missing required key \"", key, "\"");
+    const json& v = j[key];
+    BRISK_CHECK(v.is_number_integer(), origin, ": \"", key, "\" must be an integer, got ",
+                v.dump());
+    const int64_t n = v.get<int64_t>();
+    BRISK_CHECK(positive ? n > 0 : n >= 0, origin, ": \"", key, "\" must be ",
+                positive ? "positive" : "non-negative", ", got ", n);
+    return n;
+  }
+  int64_t size_or(const char* key, int64_t fallback) const {
+    return has(key) ? size(key) : fallback;
+  }
+  float prob_or(const char* key, float fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(j[key].is_number(), origin, ": \"", key, "\" must be a number");
+    const float p = j[key].get<float>();
+    BRISK_CHECK(p >= 0.0f && p < 1.0f, origin, ": \"", key, "\" = ", p, " is outside [0, 1)");
+    return p;
+  }
+  float positive_or(const char* key, float fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(j[key].is_number() && j[key].get<double>() > 0, origin, ": \"", key,
+                "\" must be a positive number");
+    return j[key].get<float>();
+  }
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(j[key].is_string(), origin, ": \"", key, "\" must be a string");
+    return j[key].get<std::string>();
+  }
+  bool flag_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(j[key].is_boolean(), origin, ": \"", key, "\" must be true or false");
+    return j[key].get<bool>();
+  }
+};
+
+GeluKind activation_from(const std::string& name, const std::string& origin) {
+  if (name == "gelu") return GeluKind::erf;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return GeluKind::tanh;
+  BRISK_FAIL(origin, ": unsupported activation \"", name,
+             "\" (supported: gelu, gelu_new, gelu_pytorch_tanh)");
+}
+
+void read_bert(const Reader& r, ModelConfig& c) {
+  c.vocab_size = r.size("vocab_size");
+  c.hidden_size = r.size("hidden_size");
+  c.num_layers = r.size("num_hidden_layers");
+  c.num_heads = r.size("num_attention_heads");
+  c.intermediate_size = r.size("intermediate_size");
+  c.max_position_embeddings = r.size("max_position_embeddings");
+  c.type_vocab_size = r.size_or("type_vocab_size", 2);
+  c.layer_norm_eps = r.positive_or("layer_norm_eps", 1e-12f);
+  c.hidden_dropout = r.prob_or("hidden_dropout_prob", 0.1f);
+  c.attention_dropout = r.prob_or("attention_probs_dropout_prob", 0.1f);
+  c.embedding_dropout = c.hidden_dropout;
+  c.classifier_dropout = r.prob_or("classifier_dropout", c.hidden_dropout);
+  c.activation = activation_from(r.string_or("hidden_act", "gelu"), r.origin);
+  const std::string pos = r.string_or("position_embedding_type", "absolute");
+  BRISK_CHECK(pos == "absolute", r.origin, ": position_embedding_type \"", pos,
+              "\" is not supported (only \"absolute\")");
+  // transformers stores the label count as id2label; num_labels is accepted too.
+  if (r.has("num_labels"))
+    c.num_labels = r.size("num_labels");
+  else if (r.has("id2label") && r.j["id2label"].is_object() && !r.j["id2label"].empty())
+    c.num_labels = static_cast<int64_t>(r.j["id2label"].size());
+  else
+    c.num_labels = 2;
+  BRISK_CHECK(c.num_labels >= 2, r.origin, ": num_labels = ", c.num_labels,
+              ": regression heads (num_labels 1) are not supported yet");
+}
+
+void read_gpt2(const Reader& r, ModelConfig& c) {
+  c.vocab_size = r.size("vocab_size");
+  c.hidden_size = r.size("n_embd");
+  c.num_layers = r.size("n_layer");
+  c.num_heads = r.size("n_head");
+  c.intermediate_size = r.size_or("n_inner", 4 * c.hidden_size);
+  c.max_position_embeddings = r.size("n_positions");
+  c.layer_norm_eps = r.positive_or("layer_norm_epsilon", 1e-5f);
+  c.hidden_dropout = r.prob_or("resid_pdrop", 0.1f);
+  c.attention_dropout = r.prob_or("attn_pdrop", 0.1f);
+  c.embedding_dropout = r.prob_or("embd_pdrop", 0.1f);
+  c.classifier_dropout = 0.0f;
+  c.activation = activation_from(r.string_or("activation_function", "gelu_new"), r.origin);
+  BRISK_CHECK(r.flag_or("tie_word_embeddings", true), r.origin,
+              ": untied GPT-2 output embeddings are not supported");
+  BRISK_CHECK(r.flag_or("scale_attn_weights", true), r.origin,
+              ": scale_attn_weights = false is not supported");
+  BRISK_CHECK(!r.flag_or("scale_attn_by_inverse_layer_idx", false) &&
+                  !r.flag_or("reorder_and_upcast_attn", false),
+              r.origin,
+              ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
+}
+
+json builtin_json(const std::string& name) {
+  auto bert = [](int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t inter) {
+    return json{{"model_type", "bert"},
+                {"architectures", {"BertForSequenceClassification"}},
+                {"vocab_size", vocab},
+                {"hidden_size", hidden},
+                {"num_hidden_layers", layers},
+                {"num_attention_heads", heads},
+                {"intermediate_size", inter},
+                {"hidden_act", "gelu"},
+                {"hidden_dropout_prob", 0.1},
+                {"attention_probs_dropout_prob", 0.1},
+                {"max_position_embeddings", 512},
+                {"type_vocab_size", 2},
+                {"initializer_range", 0.02},
+                {"layer_norm_eps", 1e-12},
+                {"pad_token_id", 0},
+                {"position_embedding_type", "absolute"},
+                {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
+                {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
+  };
+  auto gpt2 = [](int64_t embd, int64_t layers, int64_t heads, int64_t positions) {
+    return json{{"model_type", "gpt2"},
+                {"architectures", {"GPT2LMHeadModel"}},
+                {"vocab_size", 50257},
+                {"n_embd", embd},
+                {"n_layer", layers},
+                {"n_head", heads},
+                {"n_positions", positions},
+                {"n_inner", nullptr},
+                {"activation_function", "gelu_new"},
+                {"resid_pdrop", 0.1},
+                {"embd_pdrop", 0.1},
+                {"attn_pdrop", 0.1},
+                {"layer_norm_epsilon", 1e-5},
+                {"initializer_range", 0.02},
+                {"bos_token_id", 50256},
+                {"eos_token_id", 50256},
+                {"tie_word_embeddings", true}};
+  };
+  if (name == "bert-base-uncased") return bert(30522, 768, 12, 12, 3072);
+  if (name == "bert-large-uncased") return bert(30522, 1024, 24, 16, 4096);
+  if (name == "bert-tiny") return bert(30522, 64, 2, 2, 128);
+  if (name == "gpt2") return gpt2(768, 12, 12, 1024);
+  if (name == "gpt2-medium") return gpt2(1024, 24, 16, 1024);
+  if (name == "gpt2-tiny") return gpt2(64, 2, 2, 256);
+  return json();
+}
+}  // namespace
+
+std::vector<std::string> builtin_config_names() {
+  return {"bert-base-uncased", "bert-large-uncased", "bert-tiny", "gpt2",
+          "gpt2-medium",       "gpt2-tiny"};
+}
+
+ModelConfig config_from_json(const json& j, const std::string& origin) {
+  BRISK_CHECK(j.is_object(), origin, ": a model config must be a JSON object");
+  Reader r{j, origin};
+  BRISK_CHECK(r.has("model_type"), origin, ": missing required key \"model_type\"");
+  const std::string type = r.string_or("model_type", "");
+  ModelConfig c;
+  if (type == "bert") {
+    c.model_type = ModelType::bert;
+    read_bert(r, c);
+  } else if (type == "gpt2") {
+    c.model_type = ModelType::gpt2;
+    read_gpt2(r, c);
+  } else {
+    BRISK_FAIL(origin, ": unknown model_type \"", type, "\" (supported: bert, gpt2)");
+  }
+  BRISK_CHECK(c.hidden_size % c.num_heads == 0, origin, ": hidden size ", c.hidden_size,
+              " is not divisible by the number of attention heads ", c.num_heads);
+  c.source = j;
+  return c;
+}
+
+ModelConfig load_config(const std::string& path) {
+  std::ifstream in(path);
+  BRISK_CHECK(in.good(), "cannot open model config '", path, "'");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    BRISK_FAIL("model config '", path, "' is not valid JSON: ", e.what());
+  }
+  return config_from_json(j, "model config '" + path + "'");
+}
+
+ModelConfig resolve_config(const std::string& name_or_path) {
+  json j = builtin_json(name_or_path);
+  if (!j.is_null()) return config_from_json(j, "built-in config '" + name_or_path + "'");
+  namespace fs = std::filesystem;
+  if (fs::is_directory(name_or_path))
+    return load_config((fs::path(name_or_path) / "config.json").string());
+  if (fs::exists(name_or_path)) return load_config(name_or_path);
+  std::string names;
+  for (const auto& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
+  BRISK_FAIL("model '", name_or_path, "' is neither a built-in config (", names,
+             ") nor an existing config.json or model folder");
+}
+
+void disable_dropout(ModelConfig& c) {
+  c.hidden_dropout = c.attention_dropout = c.embedding_dropout = c.classifier_dropout = 0.0f;
+}
+
+}  // namespace brisk

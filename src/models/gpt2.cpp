@@ -1,0 +1,135 @@
+// GPT-2: token + position embeddings, pre-LN blocks with causal attention, a final LayerNorm and
+// logits through the transposed token embedding; labels are shifted so position t predicts t+1.
+#include "models/gpt2.h"
+
+#include <cmath>
+
+namespace brisk {
+
+namespace {
+constexpr uint32_t kEmbeddingSite = 1u << 30;
+
+class Gpt2 final : public Model {
+ public:
+  explicit Gpt2(const ModelConfig& c) : Model(c) {}
+
+ private:
+  struct LayerIds {
+    int ln_a_g, ln_a_b, qkv_w, qkv_b, proj_w, proj_b, ln_b_g, ln_b_b, fc_w, fc_b, out_w, out_b;
+  };
+
+  void declare_params() override {
+    const ModelConfig& c = config_;
+    const int64_t C = c.hidden_size, F = c.intermediate_size;
+    wte_ = param("transformer.wte.weight", {c.vocab_size, C});
+    wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C});
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      LayerIds ids{};
+      ids.ln_a_g = param(p + "ln_1.weight", {C});
+      ids.ln_a_b = param(p + "ln_1.bias", {C});
+      ids.qkv_w = param(p + "attn.c_attn.weight", {C, 3 * C});
+      ids.qkv_b = param(p + "attn.c_attn.bias", {3 * C});
+      ids.proj_w = param(p + "attn.c_proj.weight", {C, C});
+      ids.proj_b = param(p + "attn.c_proj.bias", {C});
+      ids.ln_b_g = param(p + "ln_2.weight", {C});
+      ids.ln_b_b = param(p + "ln_2.bias", {C});
+      ids.fc_w = param(p + "mlp.c_fc.weight", {C, F});
+      ids.fc_b = param(p + "mlp.c_fc.bias", {F});
+      ids.out_w = param(p + "mlp.c_proj.weight", {F, C});
+      ids.out_b = param(p + "mlp.c_proj.bias", {C});
+      layers_.push_back(ids);
+    }
+    lnf_g_ = param("transformer.ln_f.weight", {C});
+    lnf_b_ = param("transformer.ln_f.bias", {C});
+  }
+
+  float init_std(const std::string& name) const override {
+    // transformers scales the residual projections by 1/sqrt(2 * n_layer).
+    const float base = Model::init_std(name);
+    if (name.ends_with("c_proj.weight"))
+      return base / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
+    return base;
+  }
+
+  BlockStyle block_style(bool training) const override {
+    BlockStyle s;
+    s.pre_norm = true;
+    s.causal = true;
+    s.layout = WeightLayout::in_out;
+    s.gelu = config_.activation;
+    s.eps = config_.layer_norm_eps;
+    s.attention_dropout = training ? config_.attention_dropout : 0.0f;
+    s.residual_dropout = training ? config_.hidden_dropout : 0.0f;
+    s.heads = static_cast<int>(config_.num_heads);
+    return s;
+  }
+
+  BlockParams layer_params(int layer, bool grads) const override {
+    const LayerIds& i = layers_[layer];
+    auto t = [&](int id) { return grads ? g(id) : w(id); };
+    return BlockParams{t(i.qkv_w), t(i.qkv_b), t(i.proj_w), t(i.proj_b), t(i.ln_a_g), t(i.ln_a_b),
+                       t(i.fc_w),  t(i.fc_b),  t(i.out_w),  t(i.out_b),  t(i.ln_b_g), t(i.ln_b_b)};
+  }
+
+  void declare_buffers(MemoryPlan& plan, const BatchShape& s) override {
+    const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
+    declare(plan, &batch_.labels, "batch.labels", Category::data, DType::i32, {B, T});
+    declare(plan, &targets_, "batch.shifted_labels", Category::data, DType::i32, {B, T});
+    declare(plan, &lnf_out_, "ln_f.out", Category::activations, DType::f32, {B, T, C});
+    declare(plan, &lnf_mean_, "ln_f.mean", Category::activations, DType::f32, {B, T});
+    declare(plan, &lnf_rstd_, "ln_f.rstd", Category::activations, DType::f32, {B, T});
+    declare(plan, &logits_, "logits", Category::activations, DType::f32,
+            {B, T, config_.vocab_size});
+  }
+
+  void validate_batch() const override {
+    check_ids(batch_.input_ids, config_.vocab_size, "token id");
+    const int32_t* y = batch_.labels.i32();
+    for (int64_t i = 0; i < batch_.labels.numel(); ++i)
+      BRISK_CHECK(y[i] == kIgnoreIndex || (y[i] >= 0 && y[i] < config_.vocab_size), "label ", y[i],
+                  " at position ", i, " is outside the vocabulary of ", config_.vocab_size);
+  }
+
+  void embed_forward(Backend& be, const StepOptions& o) override {
+    be.embedding_forward(batch_.input_ids, w(wte_), w(wpe_), Tensor(), Tensor(), hidden_[0]);
+    be.dropout_forward(hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
+                       site(o, kEmbeddingSite), hidden_[0]);
+  }
+
+  double head_forward(Backend& be, const StepOptions& o) override {
+    const int64_t B = shape_.batch, T = shape_.seq;
+    const int32_t* y = batch_.labels.i32();
+    int32_t* t = targets_.i32();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) t[b * T + i] = i + 1 < T ? y[b * T + i + 1] : kIgnoreIndex;
+    be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,
+                         lnf_out_, lnf_mean_, lnf_rstd_);
+    be.linear_forward(lnf_out_, w(wte_), Tensor(), WeightLayout::out_in, logits_);
+    return be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale);
+  }
+
+  void head_backward(Backend& be, const StepOptions& o) override {
+    be.linear_backward(lnf_out_, w(wte_), logits_, WeightLayout::out_in, scratch_.tmp, false,
+                       g(wte_), Tensor());
+    be.layernorm_backward(scratch_.tmp, hidden_[config_.num_layers], w(lnf_g_), lnf_mean_,
+                          lnf_rstd_, d_hidden_, false, g(lnf_g_), g(lnf_b_));
+  }
+
+  void embed_backward(Backend& be, const StepOptions& o) override {
+    be.dropout_backward(d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
+                        site(o, kEmbeddingSite), d_hidden_);
+    be.embedding_backward(d_hidden_, batch_.input_ids, Tensor(), g(wte_), g(wpe_), Tensor());
+  }
+
+  int wte_ = 0, wpe_ = 0, lnf_g_ = 0, lnf_b_ = 0;
+  std::vector<LayerIds> layers_;
+  Tensor targets_, lnf_out_, lnf_mean_, lnf_rstd_;
+};
+}  // namespace
+
+std::unique_ptr<Model> make_gpt2(const ModelConfig& config) {
+  return std::make_unique<Gpt2>(config);
+}
+
+}  // namespace brisk

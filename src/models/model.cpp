@@ -1,0 +1,190 @@
+// The model-independent part: planning, the block loop with optional recomputation, weight
+// initialization and loading.
+#include "models/model.h"
+
+#include <random>
+
+#include "models/bert.h"
+#include "models/gpt2.h"
+
+namespace brisk {
+
+std::unique_ptr<Model> Model::create(const ModelConfig& config) {
+  std::unique_ptr<Model> m;
+  if (config.model_type == ModelType::bert)
+    m = make_bert(config);
+  else
+    m = make_gpt2(config);
+  m->declare_params();
+  return m;
+}
+
+int Model::param(const std::string& name, Shape shape) {
+  const bool no_decay = name.ends_with(".bias") || name.find("LayerNorm") != std::string::npos ||
+                        name.find(".ln_") != std::string::npos;
+  return params_.add(name, shape, !no_decay);
+}
+
+void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
+  const ModelConfig& c = config_;
+  BRISK_CHECK(shape.batch > 0 && shape.seq > 0, "batch size and sequence length must be positive");
+  BRISK_CHECK(shape.seq <= c.max_position_embeddings, "sequence length ", shape.seq,
+              " exceeds max_position_embeddings = ", c.max_position_embeddings, " of the ",
+              c.type_name(), " config");
+  shape_ = shape;
+  options_ = options;
+  const int64_t n = params_.total_elements();
+  binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
+  binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
+                  Shape{n});
+
+  const Shape btc{shape.batch, shape.seq, c.hidden_size};
+  hidden_.assign(c.num_layers + 1, Tensor());
+  for (int64_t l = 0; l <= c.num_layers; ++l)
+    declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
+            btc);
+  const BlockDims dims{shape.batch, shape.seq, c.hidden_size, c.intermediate_size, c.num_heads};
+  const BlockStyle style = block_style(true);
+  saved_.assign(c.num_layers, BlockSaved());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (options.gradient_checkpointing && l > 0) {
+      // One set of internals, recomputed per block inside backward.
+      for (auto [dst, src] : {std::pair{&saved_[l].a_in, &saved_[0].a_in},
+                              {&saved_[l].qkv, &saved_[0].qkv},
+                              {&saved_[l].probs, &saved_[0].probs},
+                              {&saved_[l].ctx, &saved_[0].ctx},
+                              {&saved_[l].res1, &saved_[0].res1},
+                              {&saved_[l].m_in, &saved_[0].m_in},
+                              {&saved_[l].fc_pre, &saved_[0].fc_pre},
+                              {&saved_[l].fc_act, &saved_[0].fc_act},
+                              {&saved_[l].res2, &saved_[0].res2},
+                              {&saved_[l].mean_a, &saved_[0].mean_a},
+                              {&saved_[l].rstd_a, &saved_[0].rstd_a},
+                              {&saved_[l].mean_b, &saved_[0].mean_b},
+                              {&saved_[l].rstd_b, &saved_[0].rstd_b}})
+        binder_.alias(dst, src);
+      continue;
+    }
+    const std::string prefix =
+        options.gradient_checkpointing ? "block_recompute." : "block." + std::to_string(l) + ".";
+    declare_block_saved(plan, binder_, saved_[l], prefix, style, dims);
+  }
+  declare_block_scratch(plan, binder_, scratch_, dims);
+  declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
+  declare(plan, &batch_.input_ids, "batch.input_ids", Category::data, DType::i32,
+          Shape{shape.batch, shape.seq});
+  declare(plan, &batch_.attention_mask, "batch.attention_mask", Category::data, DType::i32,
+          Shape{shape.batch, shape.seq});
+  declare_buffers(plan, shape);
+}
+
+void Model::bind(Arena& arena) {
+  binder_.bind(arena);
+  params_.bind(flat_weights_, flat_grads_);
+}
+
+void Model::reset_batch(Backend& be) {
+  auto set = [](const Tensor& t, int32_t v) {
+    if (t.empty()) return;
+    int32_t* p = t.i32();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = v;
+  };
+  set(batch_.input_ids, 0);
+  set(batch_.attention_mask, 1);
+  set(batch_.token_type_ids, 0);
+  set(batch_.labels, kIgnoreIndex);
+}
+
+void Model::check_ids(const Tensor& ids, int64_t limit, const char* what) const {
+  const int32_t* p = ids.i32();
+  const int64_t cols = ids.rank() == 2 ? ids.dim(1) : 1;
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    BRISK_CHECK(p[i] >= 0 && p[i] < limit, what, " ", p[i], " (sequence ", i / cols, ", position ",
+                i % cols, ") is outside [0, ", limit, ")");
+}
+
+int64_t Model::count_targets() const {
+  const int32_t* y = batch_.labels.i32();
+  const int64_t B = shape_.batch, T = shape_.seq;
+  int64_t n = 0;
+  if (batch_.labels.rank() == 1) {
+    for (int64_t b = 0; b < B; ++b) n += y[b] != kIgnoreIndex;
+  } else {  // causal LM: position t predicts label t+1
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 1; t < T; ++t) n += y[b * T + t] != kIgnoreIndex;
+  }
+  return n;
+}
+
+double Model::forward(Backend& be, const StepOptions& o) {
+  validate_batch();
+  const BlockStyle style = block_style(o.training);
+  embed_forward(be, o);
+  for (int l = 0; l < config_.num_layers; ++l)
+    block_forward(be, style, layer_params(l, false), hidden_[l], batch_.attention_mask,
+                  hidden_[l + 1], saved_[l], scratch_, o.rng, l);
+  return head_forward(be, o);
+}
+
+void Model::backward(Backend& be, const StepOptions& o) {
+  BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
+  const BlockStyle style = block_style(o.training);
+  head_backward(be, o);
+  for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
+    // The shared internals still hold the last block's values from the forward pass.
+    if (options_.gradient_checkpointing && l != config_.num_layers - 1)
+      block_forward(be, style, layer_params(l, false), hidden_[l], batch_.attention_mask, Tensor(),
+                    saved_[l], scratch_, o.rng, l);
+    block_backward(be, style, layer_params(l, false), layer_params(l, true), hidden_[l], saved_[l],
+                   scratch_, d_hidden_, o.rng, l);
+  }
+  embed_backward(be, o);
+}
+
+void Model::zero_grads(Backend& be) {
+  be.fill(params_.flat_grads(), 0.0f);
+}
+
+float Model::init_std(const std::string& name) const {
+  const auto& src = config_.source;
+  return src.contains("initializer_range") && src["initializer_range"].is_number()
+             ? src["initializer_range"].get<float>()
+             : 0.02f;
+}
+
+void Model::init_weights(uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  for (size_t i = 0; i < params_.list().size(); ++i) {
+    const ParamInfo& p = params_.list()[i];
+    float* x = params_.weight(static_cast<int>(i)).f32();
+    const int64_t n = p.shape.numel();
+    const bool is_norm = !p.decay && !p.name.ends_with(".bias");
+    if (p.name.ends_with(".bias")) {
+      std::fill(x, x + n, 0.0f);
+    } else if (is_norm) {
+      std::fill(x, x + n, 1.0f);
+    } else {
+      std::normal_distribution<float> normal(0.0f, init_std(p.name));
+      for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
+    }
+  }
+}
+
+void Model::load_weights(const SafetensorsFile& file) {
+  for (size_t i = 0; i < params_.list().size(); ++i) {
+    const ParamInfo& p = params_.list()[i];
+    BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
+                "' of the ", config_.type_name(), " model");
+    copy_to_f32(file.get(p.name), params_.weight(static_cast<int>(i)),
+                "parameter '" + p.name + "' in '" + file.path() + "'");
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::named_weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.list().size(); ++i)
+    out.emplace_back(params_.list()[i].name, params_.weight(static_cast<int>(i)));
+  return out;
+}
+
+}  // namespace brisk

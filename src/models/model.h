@@ -1,0 +1,120 @@
+// A model: parameters named as in transformers, a plan of every buffer one micro-batch needs,
+// and explicit forward and backward passes over the blocks. bert.cpp and gpt2.cpp supply the
+// embeddings, the head and the name map; the block loop and gradient checkpointing live here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+#include "core/safetensors.h"
+#include "models/config.h"
+#include "models/parameters.h"
+#include "models/transformer_block.h"
+
+namespace brisk {
+
+struct BatchShape {
+  int64_t batch = 0;
+  int64_t seq = 0;
+};
+
+// Views of the arena's data buffers; whoever feeds the model writes into them.
+struct Batch {
+  Tensor input_ids;       // int32 [B,T]
+  Tensor attention_mask;  // int32 [B,T], 1 for real tokens, 0 for padding
+  Tensor token_type_ids;  // int32 [B,T] (BERT only; empty for GPT-2)
+  Tensor labels;          // int32 [B] (classification) or [B,T] (causal LM), kIgnoreIndex = none
+};
+
+struct PlanOptions {
+  bool gradient_checkpointing = false;  // keep only block inputs, recompute inside backward
+};
+
+struct StepOptions {
+  bool training = true;       // dropout on
+  bool compute_grad = true;   // write logit gradients (the logits are overwritten)
+  float loss_grad_scale = 1;  // d(loss)/d(summed token loss): 1 / targets in the whole batch
+  RngKey rng;                 // seed and micro-step; sites are filled in per dropout
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> create(const ModelConfig& config);
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const { return config_; }
+  const ParameterSet& params() const { return params_; }
+
+  // Declares weights, gradients, data, activations and temporaries for micro-batches of `shape`.
+  void plan(MemoryPlan& plan, BatchShape shape, PlanOptions options);
+  void bind(Arena& arena);
+  const Batch& batch() const { return batch_; }
+  BatchShape batch_shape() const { return shape_; }
+  const Tensor& logits() const { return logits_; }
+
+  // Fills the batch with defaults: attention mask 1, token types 0, labels ignored.
+  void reset_batch(Backend& be);
+  // Targets the loss of the current batch is summed over (labels other than kIgnoreIndex).
+  int64_t count_targets() const;
+  // Returns the loss summed over the targets of the batch.
+  double forward(Backend& be, const StepOptions& options);
+  void backward(Backend& be, const StepOptions& options);
+  void zero_grads(Backend& be);
+
+  // Initializes weights as transformers does (normal(0, initializer_range), zero biases, unit
+  // LayerNorm), deterministically from `seed`.
+  void init_weights(uint64_t seed);
+  // Reads every parameter by its transformers name; extra entries (buffers) are ignored.
+  void load_weights(const SafetensorsFile& file);
+  // (name, tensor) pairs for writing model.safetensors.
+  std::vector<std::pair<std::string, Tensor>> named_weights() const;
+
+ protected:
+  explicit Model(const ModelConfig& config) : config_(config) {}
+  // Subclass hooks.
+  virtual void declare_params() = 0;
+  virtual BlockStyle block_style(bool training) const = 0;
+  virtual BlockParams layer_params(int layer, bool grads) const = 0;
+  virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
+  virtual void validate_batch() const = 0;
+  virtual void embed_forward(Backend& be, const StepOptions& o) = 0;   // writes hidden_[0]
+  virtual double head_forward(Backend& be, const StepOptions& o) = 0;  // from hidden_[L]
+  virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
+  virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
+  virtual float init_std(const std::string& name) const;
+
+  // Helpers for subclasses.
+  int param(const std::string& name, Shape shape);
+  void declare(MemoryPlan& plan, Tensor* view, const std::string& name, Category category,
+               DType dtype, Shape shape) {
+    binder_.declare(plan, view, name, category, dtype, shape);
+  }
+  Tensor w(int index) const { return params_.weight(index); }
+  Tensor g(int index) const { return params_.grad(index); }
+  void check_ids(const Tensor& ids, int64_t limit, const char* what) const;
+  static RngKey site(const StepOptions& o, uint32_t site) {
+    RngKey k = o.rng;
+    k.site = site;
+    return k;
+  }
+
+  ModelConfig config_;
+  ParameterSet params_;
+  BatchShape shape_;
+  Batch batch_;
+  std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
+  Tensor d_hidden_;             // gradient flowing backwards through the blocks
+  Tensor logits_;
+  BlockScratch scratch_;
+
+ private:
+  BufferBinder binder_;
+  PlanOptions options_;
+  std::vector<BlockSaved> saved_;
+  Tensor flat_weights_, flat_grads_;
+};
+
+}  // namespace brisk

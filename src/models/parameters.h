@@ -1,0 +1,46 @@
+// The parameters of a model: names exactly as transformers' state-dict names, shapes, whether
+// weight decay applies, and their place in one flat buffer (weights and gradients alike), so that
+// optimizers and checkpoint code see one contiguous span.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace brisk {
+
+struct ParamInfo {
+  std::string name;
+  Shape shape;
+  bool decay = true;   // false for biases and LayerNorm parameters
+  int64_t offset = 0;  // in elements, within the flat buffer
+};
+
+class ParameterSet {
+ public:
+  int add(std::string name, Shape shape, bool decay);
+  int64_t total_elements() const { return total_; }
+  const std::vector<ParamInfo>& list() const { return params_; }
+  int find(const std::string& name) const;   // -1 when absent
+  int index(const std::string& name) const;  // throws when absent
+
+  // Points the set at flat float32 buffers of total_elements() values.
+  void bind(const Tensor& flat_weights, const Tensor& flat_grads);
+  const Tensor& flat_weights() const { return weights_; }
+  const Tensor& flat_grads() const { return grads_; }
+  Tensor weight(int i) const { return view(weights_, i, i); }
+  Tensor grad(int i) const { return view(grads_, i, i); }
+  // Parameters first..last laid end to end, seen as one tensor of `shape` (e.g. BERT's query,
+  // key and value weights as one [3C, C] matrix).
+  Tensor weight_span(int first, int last, Shape shape) const;
+  Tensor grad_span(int first, int last, Shape shape) const;
+
+ private:
+  Tensor view(const Tensor& flat, int first, int last, Shape shape = {}) const;
+  std::vector<ParamInfo> params_;
+  int64_t total_ = 0;
+  Tensor weights_, grads_;
+};
+
+}  // namespace brisk

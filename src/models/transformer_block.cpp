@@ -1,0 +1,129 @@
+// Forward, backward and buffer declarations of the shared transformer block.
+#include "models/transformer_block.h"
+
+namespace brisk {
+
+namespace {
+enum Site : int { kAttnProbs = 0, kAttnResidual = 1, kMlpResidual = 2, kSitesPerLayer = 4 };
+
+RngKey site_key(const RngKey& key, int layer, int which) {
+  RngKey k = key;
+  k.site = block_rng_site(layer, which);
+  return k;
+}
+}  // namespace
+
+uint32_t block_rng_site(int layer, int which) {
+  return static_cast<uint32_t>(layer * kSitesPerLayer + which);
+}
+
+void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
+                         const std::string& prefix, const BlockStyle& style, const BlockDims& d) {
+  const Shape btc{d.batch, d.seq, d.hidden};
+  const Shape bt{d.batch, d.seq};
+  auto add = [&](Tensor* t, const char* name, Shape shape) {
+    binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
+  };
+  if (style.pre_norm) add(&s.a_in, "a_in", btc);
+  add(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
+  add(&s.probs, "probs", Shape{d.batch, d.heads, d.seq, d.seq});
+  add(&s.ctx, "ctx", btc);
+  add(&s.res1, "res1", btc);
+  add(&s.m_in, "m_in", btc);
+  add(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.inner});
+  add(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
+  if (!style.pre_norm) add(&s.res2, "res2", btc);
+  add(&s.mean_a, "mean_a", bt);
+  add(&s.rstd_a, "rstd_a", bt);
+  add(&s.mean_b, "mean_b", bt);
+  add(&s.rstd_b, "rstd_b", bt);
+}
+
+void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& s,
+                           const BlockDims& d) {
+  const Shape btc{d.batch, d.seq, d.hidden};
+  auto add = [&](Tensor* t, const char* name, Shape shape) {
+    binder.declare(plan, t, std::string("block_scratch.") + name, Category::temporaries, DType::f32,
+                   shape);
+  };
+  add(&s.tmp, "tmp", btc);
+  add(&s.tmp2, "tmp2", btc);
+  add(&s.d_ctx, "d_ctx", btc);
+  add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, 3 * d.hidden});
+  add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
+  add(&s.attn, "attn", Shape{d.batch, d.heads, d.seq, d.seq});
+}
+
+void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
+                   const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
+                   const BlockScratch& scratch, const RngKey& key, int layer) {
+  // Attention sublayer.
+  const Tensor& a_in = st.pre_norm ? s.a_in : x;
+  if (st.pre_norm) be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, st.eps, s.a_in, s.mean_a, s.rstd_a);
+  be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
+  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
+                       site_key(key, layer, kAttnProbs), s.probs, s.ctx);
+  be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
+  be.dropout_add(x, scratch.tmp, st.residual_dropout, site_key(key, layer, kAttnResidual), s.res1);
+  // MLP sublayer.
+  if (st.pre_norm)
+    be.layernorm_forward(s.res1, w.ln_b_g, w.ln_b_b, st.eps, s.m_in, s.mean_b, s.rstd_b);
+  else
+    be.layernorm_forward(s.res1, w.ln_a_g, w.ln_a_b, st.eps, s.m_in, s.mean_a, s.rstd_a);
+  be.linear_forward(s.m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
+  be.gelu_forward(st.gelu, s.fc_pre, s.fc_act);
+  if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
+  be.linear_forward(s.fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
+  const RngKey mlp_key = site_key(key, layer, kMlpResidual);
+  if (st.pre_norm) {
+    be.dropout_add(s.res1, scratch.tmp, st.residual_dropout, mlp_key, out);
+  } else {
+    be.dropout_add(s.m_in, scratch.tmp, st.residual_dropout, mlp_key, s.res2);
+    const Tensor& y = out.empty() ? scratch.tmp : out;
+    be.layernorm_forward(s.res2, w.ln_b_g, w.ln_b_b, st.eps, y, s.mean_b, s.rstd_b);
+  }
+}
+
+void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
+                    const Tensor& x, const BlockSaved& s, const BlockScratch& sc, const Tensor& dh,
+                    const RngKey& key, int layer) {
+  const RngKey attn_probs_key = site_key(key, layer, kAttnProbs);
+  const RngKey attn_res_key = site_key(key, layer, kAttnResidual);
+  const RngKey mlp_key = site_key(key, layer, kMlpResidual);
+  // d_res1 is the gradient flowing on the residual stream between the two sublayers.
+  Tensor d_res1;
+  if (st.pre_norm) {
+    // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 starts as a copy.
+    d_res1 = dh;
+    be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
+    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
+    be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
+    be.layernorm_backward(sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
+                          g.ln_b_b);
+  } else {
+    // out = LN_b(res2), res2 = m_in + drop(mlp(m_in)), m_in = LN_a(res1).
+    be.layernorm_backward(dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
+                          g.ln_b_b);
+    be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
+    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
+    be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
+    d_res1 = dh;  // dh is free again: it now receives d_res1
+    be.layernorm_backward(sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
+                          g.ln_a_b);
+  }
+  // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
+  be.dropout_backward(d_res1, st.residual_dropout, attn_res_key, sc.tmp);
+  be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
+  be.attention_backward(sc.d_ctx, s.qkv, s.probs, st.heads, st.attention_dropout, attn_probs_key,
+                        sc.attn, sc.d_qkv);
+  if (st.pre_norm) {
+    be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
+    be.layernorm_backward(sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
+  } else {
+    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b);
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,70 @@
+// One transformer block with explicit forward and backward, shared by BERT (post-LayerNorm,
+// nn.Linear weights, erf GELU) and GPT-2 (pre-LayerNorm, Conv1D weights, tanh GELU). It declares
+// what it saves for backward, and can recompute those internals from its input alone.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+
+namespace brisk {
+
+struct BlockStyle {
+  bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
+  bool causal = false;
+  WeightLayout layout = WeightLayout::out_in;
+  GeluKind gelu = GeluKind::erf;
+  float eps = 1e-12f;
+  float attention_dropout = 0.0f;
+  float residual_dropout = 0.0f;
+  int heads = 1;
+};
+
+// Parameters (or their gradients) of one block. ln_a is the LayerNorm around attention, ln_b
+// the one around the MLP; qkv is the packed [q | k | v] projection.
+struct BlockParams {
+  Tensor qkv_w, qkv_b, proj_w, proj_b;
+  Tensor ln_a_g, ln_a_b;
+  Tensor fc_w, fc_b, out_w, out_b;
+  Tensor ln_b_g, ln_b_b;
+};
+
+// What the block saves for backward. a_in is the attention input (pre-norm: LN_a(x); post-norm:
+// x itself, so it is not stored); res1 = x + attention; m_in is the MLP input; res2 (post-norm
+// only) is the input of the final LayerNorm.
+struct BlockSaved {
+  Tensor a_in, qkv, probs, ctx, res1, m_in, fc_pre, fc_act, res2;
+  Tensor mean_a, rstd_a, mean_b, rstd_b;
+};
+
+// Buffers shared by all blocks, used only within one block's forward or backward.
+struct BlockScratch {
+  Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn;
+};
+
+struct BlockDims {
+  int64_t batch, seq, hidden, inner, heads;
+};
+
+void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& saved,
+                         const std::string& prefix, const BlockStyle& style, const BlockDims& d);
+void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
+                           const BlockDims& d);
+
+// Dropout sites of a block, for RngKey::site.
+uint32_t block_rng_site(int layer, int which);
+
+// out = block(x); key_mask is int32 [B,T] or empty. With out empty, only the saved internals are
+// (re)computed: the recompute path of gradient checkpointing, bit-identical to the first pass.
+void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
+                   const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
+                   const BlockScratch& scratch, const RngKey& key, int layer);
+
+// On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
+// Parameter gradients accumulate into g.
+void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
+                    const BlockParams& g, const Tensor& x, const BlockSaved& s,
+                    const BlockScratch& scratch, const Tensor& dh, const RngKey& key, int layer);
+
+}  // namespace brisk

@@ -1,0 +1,32 @@
+// AdamW as torch.optim.AdamW computes it, over the flat parameter buffer in one pass, with weight
+// decay only on the parameters that take it.
+#pragma once
+
+#include "core/memory_plan.h"
+#include "models/parameters.h"
+
+namespace brisk {
+
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(const AdamWOptions& options) : options_(options) {}
+  // Declares the two moment buffers (optimizer_state).
+  void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
+  void reset();  // zero moments, step 0
+  void step(const ParameterSet& params, float lr);
+  int64_t steps() const { return step_; }
+
+ private:
+  AdamWOptions options_;
+  Tensor m_, v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace brisk

@@ -1,0 +1,651 @@
+// Checks every op of the CPU backend: forward results against a plain fp64 reference, backward
+// results against central finite differences of that reference for the scalar loss
+// L = sum(out * G) with a random G (G is the upstream gradient handed to the backward op).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace {
+
+using brisk::DType;
+using brisk::GeluKind;
+using brisk::RngKey;
+using brisk::Shape;
+using brisk::Tensor;
+using brisk::WeightLayout;
+using Vec = std::vector<double>;
+using FVec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+
+constexpr double kFwdTol = 1e-5;   // |got - want| / max(1, |want|), element by element
+constexpr double kGradTol = 1e-4;  // ||got - want|| / max(||want||, 1e-6)
+// Elementwise ops involve no reductions, so their errors stay near fp32 rounding (~1e-7).
+constexpr double kElemFwdTol = 2e-6, kElemGradTol = 1e-5;
+
+// ---- helpers ----
+
+Tensor view(FVec& v, Shape s) {
+  return Tensor(v.data(), s, DType::f32);
+}
+Tensor view(IVec& v, Shape s) {
+  return Tensor(v.data(), s, DType::i32);
+}
+
+FVec randn(size_t n, std::mt19937& rng, float scale = 1.f, float shift = 0.f) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  FVec v(n);
+  for (float& x : v) x = shift + scale * dist(rng);
+  return v;
+}
+
+Vec to_d(const FVec& v) {
+  return Vec(v.begin(), v.end());
+}
+
+// a - b, computed in double.
+Vec minus(const FVec& a, const FVec& b) {
+  Vec r(a.size());
+  for (size_t i = 0; i < a.size(); ++i) r[i] = double(a[i]) - double(b[i]);
+  return r;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+double rel_error(const Vec& got, const Vec& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-6);
+}
+
+// Forward check, element by element: |got - want| <= tol * max(1, |want|).
+::testing::AssertionResult close(const FVec& got, const Vec& want, double tol = kFwdTol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  double worst = 0;  // the largest error in units of the allowance
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(double(got[i]) - want[i]) / (tol * std::max(1.0, std::abs(want[i])));
+    if (std::isnan(d)) return ::testing::AssertionFailure() << "NaN at element " << i;
+    if (d > worst) worst = d, at = i;
+  }
+  if (worst <= 1.0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "element " << at << ": got " << got[at] << ", want " << want[at] << ", error "
+         << worst * tol << " relative to max(1, |want|) > " << tol;
+}
+
+// Gradient check with the relative-norm metric.
+::testing::AssertionResult grad_close(const Vec& got, const Vec& want, double tol = kGradTol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::isnan(got[i])) return ::testing::AssertionFailure() << "NaN at element " << i;
+  double e = rel_error(got, want);
+  if (e <= tol) return ::testing::AssertionSuccess();
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::abs(got[i] - want[i]) > std::abs(got[at] - want[at])) at = i;
+  return ::testing::AssertionFailure()
+         << "relative error " << e << " > " << tol << "; worst element " << at << ": got "
+         << got[at] << ", want " << want[at];
+}
+
+// Central finite differences of loss(x) at x, one element at a time.
+template <typename Loss>
+Vec numeric_grad(Vec x, const Loss& loss, double h = 1e-4) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double lp = loss(x);
+    x[i] = saved - h;
+    const double lm = loss(x);
+    x[i] = saved;
+    g[i] = (lp - lm) / (2 * h);
+  }
+  return g;
+}
+
+bool kept(const RngKey& key, uint64_t element, float p) {
+  return brisk::dropout_keep(key, element, brisk::dropout_threshold(p));
+}
+
+// ---- fp64 references ----
+
+Vec ref_linear(const Vec& x, const Vec& w, const Vec& b, WeightLayout layout, int M, int K, int N) {
+  Vec y(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double s = b.empty() ? 0.0 : b[n];
+      for (int k = 0; k < K; ++k)
+        s += x[m * K + k] * (layout == WeightLayout::out_in ? w[n * K + k] : w[k * N + n]);
+      y[m * N + n] = s;
+    }
+  return y;
+}
+
+Vec ref_layernorm(const Vec& x, const Vec& gamma, const Vec& beta, double eps, int M, int C,
+                  Vec* mean = nullptr, Vec* rstd = nullptr) {
+  Vec y(x.size());
+  if (mean) mean->assign(M, 0.0);
+  if (rstd) rstd->assign(M, 0.0);
+  for (int m = 0; m < M; ++m) {
+    const double* r = &x[size_t(m) * C];
+    double mu = 0, var = 0;
+    for (int c = 0; c < C; ++c) mu += r[c];
+    mu /= C;
+    for (int c = 0; c < C; ++c) var += (r[c] - mu) * (r[c] - mu);
+    var /= C;
+    const double rs = 1.0 / std::sqrt(var + eps);
+    for (int c = 0; c < C; ++c) y[size_t(m) * C + c] = (r[c] - mu) * rs * gamma[c] + beta[c];
+    if (mean) (*mean)[m] = mu;
+    if (rstd) (*rstd)[m] = rs;
+  }
+  return y;
+}
+
+double ref_gelu(GeluKind kind, double x) {
+  if (kind == GeluKind::erf) return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+// Attention over packed qkv [B,T,3C]; probs (optional) receives the softmax [B,H,T,T] before
+// dropout. The dropout mask element is the flat index into probs.
+Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, int H, int D,
+                  float p, const RngKey& key, Vec* probs = nullptr) {
+  const int C = H * D;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const double keep_scale = 1.0 / (1.0 - double(p));
+  Vec out(size_t(B) * T * C, 0.0);
+  if (probs) probs->assign(size_t(B) * H * T * T, 0.0);
+  Vec s(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const double* q = &qkv[(size_t(b) * T + i) * 3 * C + h * D];
+        double mx = -INFINITY;
+        for (int j = 0; j < T; ++j) {
+          const bool allowed = (mask.empty() || mask[b * T + j] != 0) && (!causal || j <= i);
+          if (!allowed) {
+            s[j] = -INFINITY;
+            continue;
+          }
+          const double* k = &qkv[(size_t(b) * T + j) * 3 * C + C + h * D];
+          double d = 0;
+          for (int e = 0; e < D; ++e) d += q[e] * k[e];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < T; ++j) sum += (s[j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx));
+        for (int j = 0; j < T; ++j) {
+          const size_t pi = ((size_t(b) * H + h) * T + i) * T + j;
+          const double pr = s[j] / sum;
+          if (probs) (*probs)[pi] = pr;
+          double w = pr;
+          if (p > 0) w = kept(key, pi, p) ? pr * keep_scale : 0.0;
+          const double* v = &qkv[(size_t(b) * T + j) * 3 * C + 2 * C + h * D];
+          double* o = &out[(size_t(b) * T + i) * C + h * D];
+          for (int e = 0; e < D; ++e) o[e] += w * v[e];
+        }
+      }
+  return out;
+}
+
+// Summed cross-entropy over rows whose label is not kIgnoreIndex.
+double ref_cross_entropy(const Vec& logits, const IVec& labels, int N, int V) {
+  double loss = 0;
+  for (int n = 0; n < N; ++n) {
+    if (labels[n] == brisk::kIgnoreIndex) continue;
+    const double* r = &logits[size_t(n) * V];
+    const double mx = *std::max_element(r, r + V);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(r[v] - mx);
+    loss += mx + std::log(sum) - r[labels[n]];
+  }
+  return loss;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(OpsLinear, ForwardMatchesReference) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(1);
+  const int K = 13, N = 5;
+  for (auto layout : {WeightLayout::out_in, WeightLayout::in_out})
+    for (bool bias : {false, true})
+      for (bool rank3 : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "out_in=" << (layout == WeightLayout::out_in)
+                                          << " bias=" << bias << " rank3=" << rank3);
+        const int M = rank3 ? 6 : 7;
+        FVec x = randn(size_t(M) * K, rng), w = randn(size_t(K) * N, rng), b = randn(N, rng);
+        FVec y(size_t(M) * N, -7.f);
+        Shape xs = rank3 ? Shape{2, 3, K} : Shape{M, K};
+        Shape ys = rank3 ? Shape{2, 3, N} : Shape{M, N};
+        Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+        be->linear_forward(view(x, xs), view(w, ws), bias ? view(b, {N}) : Tensor(), layout,
+                           view(y, ys));
+        EXPECT_TRUE(
+            close(y, ref_linear(to_d(x), to_d(w), bias ? to_d(b) : Vec(), layout, M, K, N)));
+      }
+}
+
+TEST(OpsLinear, BackwardMatchesFiniteDifferences) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(2);
+  const int M = 6, K = 13, N = 5;
+  for (auto layout : {WeightLayout::out_in, WeightLayout::in_out})
+    for (bool bias : {false, true})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "out_in=" << (layout == WeightLayout::out_in)
+                                          << " bias=" << bias << " accumulate_dx=" << accumulate);
+        Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+        FVec x = randn(size_t(M) * K, rng), w = randn(size_t(K) * N, rng), b = randn(N, rng);
+        FVec g = randn(size_t(M) * N, rng);
+        const FVec dx0 = randn(x.size(), rng), dw0 = randn(w.size(), rng), db0 = randn(N, rng);
+        FVec dx = dx0, dw = dw0, db = db0;
+        be->linear_backward(view(x, {2, 3, K}), view(w, ws), view(g, {2, 3, N}), layout,
+                            view(dx, {2, 3, K}), accumulate, view(dw, ws),
+                            bias ? view(db, {N}) : Tensor());
+
+        const Vec xd = to_d(x), wd = to_d(w), bd = bias ? to_d(b) : Vec(), gd = to_d(g);
+        auto loss_x = [&](const Vec& v) { return dot(ref_linear(v, wd, bd, layout, M, K, N), gd); };
+        auto loss_w = [&](const Vec& v) { return dot(ref_linear(xd, v, bd, layout, M, K, N), gd); };
+        auto loss_b = [&](const Vec& v) { return dot(ref_linear(xd, wd, v, layout, M, K, N), gd); };
+        EXPECT_TRUE(grad_close(accumulate ? minus(dx, dx0) : to_d(dx), numeric_grad(xd, loss_x)));
+        EXPECT_TRUE(grad_close(minus(dw, dw0), numeric_grad(wd, loss_w)));
+        if (bias)
+          EXPECT_TRUE(grad_close(minus(db, db0), numeric_grad(to_d(b), loss_b)));
+        else
+          EXPECT_EQ(db, db0);
+      }
+
+  // dx empty: skipped, dw still accumulates.
+  FVec x = randn(size_t(M) * K, rng), w = randn(size_t(N) * K, rng), g = randn(size_t(M) * N, rng);
+  const FVec dw0 = randn(w.size(), rng);
+  FVec dw = dw0;
+  be->linear_backward(view(x, {M, K}), view(w, {N, K}), view(g, {M, N}), WeightLayout::out_in,
+                      Tensor(), false, view(dw, {N, K}), Tensor());
+  const Vec xd = to_d(x), gd = to_d(g);
+  auto loss_w = [&](const Vec& v) {
+    return dot(ref_linear(xd, v, Vec(), WeightLayout::out_in, M, K, N), gd);
+  };
+  EXPECT_TRUE(grad_close(minus(dw, dw0), numeric_grad(to_d(w), loss_w)));
+}
+
+TEST(OpsLayerNorm, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(3);
+  const int M = 7, C = 13;
+  const float eps = 1e-5f;
+  FVec x = randn(size_t(M) * C, rng, 1.5f, 2.f);  // non-zero mean on purpose
+  FVec gamma = randn(C, rng, 0.3f, 1.f), beta = randn(C, rng, 0.5f);
+  FVec y(x.size(), -7.f), mean(M, -7.f), rstd(M, -7.f);
+  be->layernorm_forward(view(x, {M, C}), view(gamma, {C}), view(beta, {C}), eps, view(y, {M, C}),
+                        view(mean, {M}), view(rstd, {M}));
+  const Vec xd = to_d(x), gd = to_d(gamma), bd = to_d(beta);
+  Vec ref_mean, ref_rstd;
+  EXPECT_TRUE(close(y, ref_layernorm(xd, gd, bd, eps, M, C, &ref_mean, &ref_rstd)));
+  EXPECT_TRUE(close(mean, ref_mean));
+  EXPECT_TRUE(close(rstd, ref_rstd));
+
+  FVec dy = randn(x.size(), rng);
+  const Vec dyd = to_d(dy);
+  auto loss_x = [&](const Vec& v) { return dot(ref_layernorm(v, gd, bd, eps, M, C), dyd); };
+  auto loss_g = [&](const Vec& v) { return dot(ref_layernorm(xd, v, bd, eps, M, C), dyd); };
+  auto loss_b = [&](const Vec& v) { return dot(ref_layernorm(xd, gd, v, eps, M, C), dyd); };
+  const Vec want_dx = numeric_grad(xd, loss_x), want_dg = numeric_grad(gd, loss_g),
+            want_db = numeric_grad(bd, loss_b);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "accumulate_dx=" << accumulate);
+    const FVec dx0 = randn(x.size(), rng), dg0 = randn(C, rng), db0 = randn(C, rng);
+    FVec dx = dx0, dg = dg0, db = db0;
+    be->layernorm_backward(view(dy, {M, C}), view(x, {M, C}), view(gamma, {C}), view(mean, {M}),
+                           view(rstd, {M}), view(dx, {M, C}), accumulate, view(dg, {C}),
+                           view(db, {C}));
+    EXPECT_TRUE(grad_close(accumulate ? minus(dx, dx0) : to_d(dx), want_dx));
+    EXPECT_TRUE(grad_close(minus(dg, dg0), want_dg));
+    EXPECT_TRUE(grad_close(minus(db, db0), want_db));
+  }
+}
+
+TEST(OpsGelu, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(4);
+  const int M = 7, C = 13;
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
+    SCOPED_TRACE(kind == GeluKind::erf ? "erf" : "tanh");
+    FVec x = randn(size_t(M) * C, rng, 2.5f);
+    FVec y(x.size(), -7.f);
+    be->gelu_forward(kind, view(x, {M, C}), view(y, {M, C}));
+    const Vec xd = to_d(x);
+    Vec want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = ref_gelu(kind, xd[i]);
+    EXPECT_TRUE(close(y, want, kElemFwdTol));
+
+    const FVec dy = randn(x.size(), rng);
+    Vec want_dx(x.size());  // elementwise: dy * (central difference of gelu)
+    for (size_t i = 0; i < x.size(); ++i)
+      want_dx[i] = dy[i] * (ref_gelu(kind, xd[i] + 1e-4) - ref_gelu(kind, xd[i] - 1e-4)) / 2e-4;
+    FVec dyc = dy, dx(x.size(), -7.f);
+    be->gelu_backward(kind, view(x, {M, C}), view(dyc, {M, C}), view(dx, {M, C}));
+    EXPECT_TRUE(grad_close(to_d(dx), want_dx, kElemGradTol));
+    be->gelu_backward(kind, view(x, {M, C}), view(dyc, {M, C}), view(dyc, {M, C}));  // dx == dy
+    EXPECT_TRUE(grad_close(to_d(dyc), want_dx, kElemGradTol));
+  }
+}
+
+TEST(OpsTanh, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(5);
+  const int M = 7, C = 13;
+  FVec x = randn(size_t(M) * C, rng, 1.5f);
+  FVec y(x.size(), -7.f);
+  be->tanh_forward(view(x, {M, C}), view(y, {M, C}));
+  Vec want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = std::tanh(double(x[i]));
+  EXPECT_TRUE(close(y, want, kElemFwdTol));
+
+  const FVec dy = randn(x.size(), rng);
+  const Vec dyd = to_d(dy);
+  auto loss = [&](const Vec& v) {
+    double s = 0;
+    for (size_t i = 0; i < v.size(); ++i) s += std::tanh(v[i]) * dyd[i];
+    return s;
+  };
+  const Vec want_dx = numeric_grad(to_d(x), loss);
+  FVec dyc = dy, dx(x.size(), -7.f);
+  be->tanh_backward(view(y, {M, C}), view(dyc, {M, C}), view(dx, {M, C}));
+  EXPECT_TRUE(grad_close(to_d(dx), want_dx, kElemGradTol));
+  be->tanh_backward(view(y, {M, C}), view(dyc, {M, C}), view(dyc, {M, C}));  // dx == dy
+  EXPECT_TRUE(grad_close(to_d(dyc), want_dx, kElemGradTol));
+}
+
+TEST(OpsDropout, MatchesRngMask) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(6);
+  const int M = 7, C = 13;
+  const size_t n = size_t(M) * C;
+  const float p = 0.3f;
+  const RngKey key{0x1234'5678'9abcULL, (1ULL << 32) + 7, 3};
+  const FVec x = randn(n, rng), r = randn(n, rng);
+  Vec want_y(n), want_add(n);
+  for (size_t e = 0; e < n; ++e) {
+    const double m = kept(key, e, p) ? 1.0 / (1.0 - double(p)) : 0.0;
+    want_y[e] = m * x[e];
+    want_add[e] = x[e] + m * r[e];
+  }
+  FVec xc = x, y(n, -7.f);
+  be->dropout_forward(view(xc, {M, C}), p, key, view(y, {M, C}));
+  EXPECT_TRUE(close(y, want_y));
+  be->dropout_forward(view(xc, {M, C}), p, key, view(xc, {M, C}));  // y == x
+  EXPECT_TRUE(close(xc, want_y));
+
+  FVec dyc = x, dx(n, -7.f);  // the backward applies the same mask
+  be->dropout_backward(view(dyc, {M, C}), p, key, view(dx, {M, C}));
+  EXPECT_TRUE(close(dx, want_y));
+  be->dropout_backward(view(dyc, {M, C}), p, key, view(dyc, {M, C}));  // dx == dy
+  EXPECT_TRUE(close(dyc, want_y));
+
+  FVec xa = x, ra = r, ya(n, -7.f);
+  be->dropout_add(view(xa, {M, C}), view(ra, {M, C}), p, key, view(ya, {M, C}));
+  EXPECT_TRUE(close(ya, want_add));
+  be->dropout_add(view(xa, {M, C}), view(ra, {M, C}), p, key, view(xa, {M, C}));  // y == x
+  EXPECT_TRUE(close(xa, want_add));
+
+  // Another site gives another mask.
+  FVec x2 = x, y2(n);
+  be->dropout_forward(view(x2, {M, C}), p, RngKey{key.seed, key.step, key.site + 1},
+                      view(y2, {M, C}));
+  EXPECT_NE(y2, y);
+}
+
+TEST(OpsDropout, ZeroProbabilityIsIdentity) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(7);
+  const int n = 101;
+  const RngKey key{9, 1, 2};
+  FVec x = randn(n, rng), r = randn(n, rng), y(n, -7.f), dx(n, -7.f), ya(n, -7.f);
+  be->dropout_forward(view(x, {n}), 0.f, key, view(y, {n}));
+  EXPECT_EQ(y, x);
+  be->dropout_backward(view(x, {n}), 0.f, key, view(dx, {n}));
+  EXPECT_EQ(dx, x);
+  be->dropout_add(view(x, {n}), view(r, {n}), 0.f, key, view(ya, {n}));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(ya[i], x[i] + r[i]);
+}
+
+TEST(OpsDropout, KeepRate) {
+  auto be = brisk::make_cpu_backend();
+  const int n = 1 << 20;
+  FVec ones(n, 1.f), y(n);
+  for (float p : {0.1f, 0.5f}) {
+    be->dropout_forward(view(ones, {n}), p, RngKey{77, 5, 11}, view(y, {n}));
+    int64_t kept_count = 0;
+    const float s = 1.f / (1.f - p);
+    for (float v : y) {
+      if (v != 0.f) {
+        ++kept_count;
+        ASSERT_NEAR(v, s, 1e-6 * s);
+      }
+    }
+    // Binomial standard deviation is below 5e-4 of n; allow about 6 of them.
+    EXPECT_NEAR(double(kept_count) / n, 1.0 - p, 3e-3) << "p=" << p;
+  }
+}
+
+TEST(OpsElementwise, AddFillCopy) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(8);
+  const int n = 37;
+  const FVec a = randn(n, rng), b = randn(n, rng);
+  FVec y = a, x = b;
+  be->add_inplace(view(y, {n}), view(x, {n}));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+  EXPECT_EQ(x, b);
+
+  be->fill(view(y, {n}), 2.5f);
+  EXPECT_EQ(y, FVec(n, 2.5f));
+  be->fill(view(y, {n}), 0.f);
+  EXPECT_EQ(y, FVec(n, 0.f));
+
+  be->copy(view(x, {n}), view(y, {n}));
+  EXPECT_EQ(y, b);
+  IVec is{1, -2, 3, 4}, id(4, 0);
+  be->copy(view(is, {4}), view(id, {2, 2}));
+  EXPECT_EQ(id, is);
+}
+
+TEST(OpsEmbedding, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(9);
+  const int B = 2, T = 5, V = 6, C = 7, P = 8, NT = 2;  // position table longer than T
+  IVec ids{1, 4, 1, 1, 0, 5, 4, 4, 2, 1};               // repeated ids must accumulate in backward
+  IVec types{0, 0, 1, 1, 1, 0, 1, 0, 1, 0};
+  FVec word = randn(size_t(V) * C, rng), pos = randn(size_t(P) * C, rng),
+       tt = randn(size_t(NT) * C, rng);
+
+  for (bool full : {true, false}) {
+    SCOPED_TRACE(full ? "word+pos+type" : "word only");
+    FVec out(size_t(B) * T * C, -7.f);
+    be->embedding_forward(view(ids, {B, T}), view(word, {V, C}),
+                          full ? view(pos, {P, C}) : Tensor(),
+                          full ? view(types, {B, T}) : Tensor(),
+                          full ? view(tt, {NT, C}) : Tensor(), view(out, {B, T, C}));
+    Vec want(out.size());
+    for (int bt = 0; bt < B * T; ++bt)
+      for (int c = 0; c < C; ++c) {
+        double v = word[ids[bt] * C + c];
+        if (full) v += double(pos[(bt % T) * C + c]) + double(tt[types[bt] * C + c]);
+        want[size_t(bt) * C + c] = v;
+      }
+    EXPECT_TRUE(close(out, want));
+
+    FVec dout = randn(out.size(), rng);
+    const FVec dw0 = randn(word.size(), rng), dp0 = randn(pos.size(), rng),
+               dt0 = randn(tt.size(), rng);
+    FVec dw = dw0, dp = dp0, dt = dt0;
+    be->embedding_backward(view(dout, {B, T, C}), view(ids, {B, T}),
+                           full ? view(types, {B, T}) : Tensor(), view(dw, {V, C}),
+                           full ? view(dp, {P, C}) : Tensor(), full ? view(dt, {NT, C}) : Tensor());
+    Vec want_dw = to_d(dw0), want_dp = to_d(dp0), want_dt = to_d(dt0);
+    for (int bt = 0; bt < B * T; ++bt)
+      for (int c = 0; c < C; ++c) {
+        const double g = dout[size_t(bt) * C + c];
+        want_dw[ids[bt] * C + c] += g;
+        if (full) {
+          want_dp[(bt % T) * C + c] += g;
+          want_dt[types[bt] * C + c] += g;
+        }
+      }
+    EXPECT_TRUE(close(dw, want_dw));
+    EXPECT_TRUE(close(dp, want_dp));  // rows >= T (and everything when empty) stay untouched
+    EXPECT_TRUE(close(dt, want_dt));
+  }
+}
+
+TEST(OpsEmbedding, OutOfRangeIdsThrow) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(10);
+  const int B = 1, T = 3, V = 4, C = 5, NT = 2;
+  FVec word = randn(size_t(V) * C, rng), pos = randn(size_t(T) * C, rng),
+       tt = randn(size_t(NT) * C, rng), out(size_t(B) * T * C);
+  IVec good_types{0, 1, 0};
+  for (IVec ids : {IVec{0, 4, 1}, IVec{0, -1, 1}}) {
+    EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), Tensor(), Tensor(),
+                                       Tensor(), view(out, {B, T, C})),
+                 brisk::Error);
+  }
+  IVec ids{0, 1, 2}, bad_types{0, 2, 0};
+  EXPECT_THROW(
+      be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}),
+                            view(bad_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C})),
+      brisk::Error);
+  // A position table shorter than the sequence.
+  EXPECT_THROW(
+      be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T - 1, C}),
+                            view(good_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C})),
+      brisk::Error);
+}
+
+TEST(OpsAttention, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(11);
+  const int B = 2, T = 5, H = 3, D = 4, C = H * D;
+  const RngKey key{42, 3, 5};
+  // Zeros at the end of each row; key 0 is always kept, so no query sees an empty row. Any
+  // nonzero value keeps a key.
+  IVec mask{1, 1, 1, 0, 0, 1, 2, 1, 1, 0};
+  for (bool use_mask : {false, true})
+    for (bool causal : {false, true})
+      for (float p : {0.f, 0.3f}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "mask=" << use_mask << " causal=" << causal << " dropout_p=" << p);
+        const IVec& m = use_mask ? mask : IVec();
+        FVec qkv = randn(size_t(B) * T * 3 * C, rng);
+        FVec probs(size_t(B) * H * T * T, -7.f), out(size_t(B) * T * C, -7.f);
+        be->attention_forward(view(qkv, {B, T, 3 * C}), use_mask ? view(mask, {B, T}) : Tensor(),
+                              causal, H, p, key, view(probs, {B, H, T, T}), view(out, {B, T, C}));
+        const Vec qd = to_d(qkv);
+        Vec want_probs;
+        EXPECT_TRUE(close(out, ref_attention(qd, m, causal, B, T, H, D, p, key, &want_probs)));
+        EXPECT_TRUE(close(probs, want_probs));
+
+        FVec dout = randn(out.size(), rng);
+        FVec scratch(probs.size(), -7.f), dqkv = randn(qkv.size(), rng);  // overwritten
+        be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, 3 * C}),
+                               view(probs, {B, H, T, T}), H, p, key, view(scratch, {B, H, T, T}),
+                               view(dqkv, {B, T, 3 * C}));
+        const Vec gd = to_d(dout);
+        auto loss = [&](const Vec& v) {
+          return dot(ref_attention(v, m, causal, B, T, H, D, p, key), gd);
+        };
+        EXPECT_TRUE(grad_close(to_d(dqkv), numeric_grad(qd, loss)));
+      }
+}
+
+TEST(OpsFirstToken, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(12);
+  const int B = 2, T = 5, C = 7;
+  FVec x = randn(size_t(B) * T * C, rng), out(size_t(B) * C, -7.f);
+  be->first_token(view(x, {B, T, C}), view(out, {B, C}));
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < C; ++c) EXPECT_EQ(out[b * C + c], x[(b * T) * C + c]);
+
+  FVec dout = randn(out.size(), rng);
+  const FVec dx0 = randn(x.size(), rng);
+  FVec dx = dx0;
+  be->first_token_backward(view(dout, {B, C}), view(dx, {B, T, C}));
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c) {
+        const size_t i = (size_t(b) * T + t) * C + c;
+        EXPECT_EQ(dx[i], t == 0 ? dx0[i] + dout[b * C + c] : dx0[i]);
+      }
+}
+
+TEST(OpsCrossEntropy, LossAndGradient) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(13);
+  const int N = 7, V = 11;
+  IVec labels{3, brisk::kIgnoreIndex, 0, 10, 5, brisk::kIgnoreIndex, 7};
+  const int count = 5;
+  const FVec logits0 = randn(size_t(N) * V, rng, 2.f);
+  const Vec ld = to_d(logits0);
+  const double want = ref_cross_entropy(ld, labels, N, V);
+
+  FVec logits = logits0;
+  const double loss =
+      be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), false, 1.f);
+  EXPECT_NEAR(loss, want, kFwdTol * std::max(1.0, std::abs(want)));
+  EXPECT_EQ(logits, logits0);  // untouched without write_grad
+
+  const float scale = 1.f / count;
+  const double loss2 =
+      be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), true, scale);
+  EXPECT_NEAR(loss2, want, kFwdTol * std::max(1.0, std::abs(want)));
+  auto scaled_loss = [&](const Vec& v) {
+    return double(scale) * ref_cross_entropy(v, labels, N, V);
+  };
+  EXPECT_TRUE(grad_close(to_d(logits), numeric_grad(ld, scaled_loss)));
+  for (int v = 0; v < V; ++v) {  // ignored rows get exactly zero
+    EXPECT_EQ(logits[1 * V + v], 0.f);
+    EXPECT_EQ(logits[5 * V + v], 0.f);
+  }
+
+  // All rows ignored: zero loss, zero gradient.
+  IVec none(N, brisk::kIgnoreIndex);
+  logits = logits0;
+  EXPECT_EQ(be->softmax_cross_entropy(view(logits, {N, V}), view(none, {N}), true, 1.f), 0.0);
+  EXPECT_EQ(logits, FVec(logits.size(), 0.f));
+}
+
+TEST(OpsCrossEntropy, OutOfRangeLabelThrows) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(14);
+  const int N = 3, V = 4;
+  for (IVec labels : {IVec{0, 4, 1}, IVec{0, -1, 1}}) {
+    FVec logits = randn(size_t(N) * V, rng);
+    EXPECT_THROW(be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), true, 1.f),
+                 brisk::Error);
+  }
+}
