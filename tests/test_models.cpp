@@ -1,0 +1,115 @@
+// Whole models against PyTorch + transformers: loss, logits and the gradient of every parameter
+// on the same weights and batch (fixtures from scripts/make_fixtures.py), dropout off.
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+
+void compare_with_transformers(const std::string& name) {
+  const std::string folder = fixture(name);
+  LoadedModel m(folder);
+  SafetensorsFile expected(folder + "/expected.safetensors");
+
+  // Logits from an evaluation pass (the training pass overwrites them with their gradient).
+  StepOptions eval;
+  eval.training = false;
+  eval.compute_grad = false;
+  const int64_t targets = m.model->count_targets();
+  const double eval_loss = m.model->forward(*m.be, eval) / targets;
+  const Tensor& want_logits = expected.get("logits");
+  ASSERT_EQ(m.model->logits().numel(), want_logits.numel());
+  EXPECT_LE(rel_error(m.model->logits().f32(), want_logits.f32(), want_logits.numel()), kTolerance)
+      << "logits";
+
+  const double loss = m.step(false);
+  const float want_loss = expected.get("loss").f32()[0];
+  EXPECT_NEAR(loss, want_loss, kTolerance * std::abs(want_loss));
+  EXPECT_NEAR(eval_loss, want_loss, kTolerance * std::abs(want_loss));
+
+  int compared = 0;
+  for (const ParamInfo& p : m.model->params().list()) {
+    const Tensor& want = expected.get("grad." + p.name);
+    const Tensor got = m.model->params().grad(m.model->params().index(p.name));
+    ASSERT_EQ(got.shape(), want.shape()) << p.name;
+    // The key bias gets an exactly-zero gradient in exact arithmetic (softmax ignores a constant
+    // per row), so its reference is rounding noise: the floor turns that case into an absolute
+    // bound of 1e-7 while every other gradient here has a norm above 0.05.
+    EXPECT_LE(rel_error(got.f32(), want.f32(), want.numel(), 1e-3), kTolerance)
+        << "gradient of " << p.name;
+    ++compared;
+  }
+  // Every gradient transformers reports is one of ours, and the other way round.
+  int expected_grads = 0;
+  for (const auto& n : expected.names()) expected_grads += n.rfind("grad.", 0) == 0;
+  EXPECT_EQ(compared, expected_grads);
+}
+
+TEST(Models, BertForSequenceClassificationMatchesTransformers) {
+  compare_with_transformers("bert_tiny");
+}
+
+TEST(Models, Gpt2LMHeadModelMatchesTransformers) { compare_with_transformers("gpt2_tiny"); }
+
+// Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
+// with dropout on, and plans fewer activation bytes.
+void checkpointing_is_exact(const std::string& name) {
+  LoadedModel plain(fixture(name), {false}, /*dropout=*/true);
+  LoadedModel ckpt(fixture(name), {true}, /*dropout=*/true);
+  const double a = plain.step(true);
+  const double b = ckpt.step(true);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(plain.grads(), ckpt.grads());
+  const auto pa = plain.plan.bytes_by_category(), pb = ckpt.plan.bytes_by_category();
+  const int act = static_cast<int>(Category::activations);
+  EXPECT_LT(pb[act], pa[act]);
+}
+
+TEST(Models, BertGradientCheckpointingIsBitIdentical) { checkpointing_is_exact("bert_tiny"); }
+TEST(Models, Gpt2GradientCheckpointingIsBitIdentical) { checkpointing_is_exact("gpt2_tiny"); }
+
+// Dropout: the same (seed, step) gives the same masks, another step other masks.
+TEST(Models, DropoutIsReproducibleFromSeedAndStep) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
+    LoadedModel m(fixture(name), {}, /*dropout=*/true);
+    const double a = m.step(true, 11, 5);
+    const auto ga = m.grads();
+    const double b = m.step(true, 11, 5);
+    EXPECT_EQ(a, b) << name;
+    EXPECT_EQ(ga, m.grads()) << name;
+    const double c = m.step(true, 11, 6);
+    EXPECT_NE(a, c) << name;
+    const double d = m.step(true, 12, 5);
+    EXPECT_NE(a, d) << name;
+    const double off = m.step(false);
+    EXPECT_NE(a, off) << name;
+  }
+}
+
+// The plan knows every byte: the arena hands out exactly the planned buffers, and a training
+// step allocates nothing on the heap (counted by the operator new of test_alloc_counter.cpp).
+TEST(Models, TrainingStepAllocatesNothing) {
+  const size_t probe = heap_allocations();
+  delete new std::vector<int>(10);
+  ASSERT_GT(heap_allocations(), probe) << "the allocation counter is not in effect";
+  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
+    LoadedModel m(fixture(name), {}, /*dropout=*/true);
+    m.step(true);  // warm-up: thread pools start on first use
+    const auto& last = m.plan.buffers().back();
+    EXPECT_EQ(m.arena->high_water(), last.offset + last.bytes) << name;
+    size_t sum = 0;
+    for (size_t b : m.plan.bytes_by_category()) sum += b;
+    size_t listed = 0;
+    for (const auto& b : m.plan.buffers()) listed += b.bytes;
+    EXPECT_EQ(sum, listed) << name;
+    const size_t before = heap_allocations();
+    m.step(true);
+    EXPECT_EQ(heap_allocations(), before) << name << ": the step allocated";
+  }
+}
+
+}  // namespace
+}  // namespace brisk::testing
