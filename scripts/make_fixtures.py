@@ -6,10 +6,12 @@ batch) it writes, per model folder:
   config.json, model.safetensors   (save_pretrained of the model, fp32)
   batch.safetensors                (input_ids, attention_mask, [token_type_ids], labels; int32)
   expected.safetensors             (loss, logits, grad.<parameter name> for every parameter)
-Dropout is off (eval mode), attention is the eager implementation.
+Dropout is off (eval mode), attention is the eager implementation. tests/fixtures/bad/ gets the
+malformed configs, batches and weights that the error tests feed to the library and the CLI.
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_fixtures.py
 """
+import json
 import os
 import sys
 
@@ -95,11 +97,42 @@ def gpt2(gen):
     dump(model, batch, "labels", os.path.join(OUT, "gpt2_tiny"))
 
 
+def bad_inputs():
+    """Malformed inputs for the error tests: each must end with one clear message."""
+    folder = os.path.join(OUT, "bad")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(OUT, "bert_tiny", "config.json")) as f:
+        good = json.load(f)
+    def write_config(name, cfg):
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(cfg, f, indent=1)
+    with open(os.path.join(folder, "not_json.json"), "w") as f:
+        f.write('{"model_type": "bert", "hidden_size": 30,,}')
+    write_config("missing_size.json", {k: v for k, v in good.items() if k != "hidden_size"})
+    write_config("negative_size.json", dict(good, num_hidden_layers=-2))
+    write_config("unknown_type.json", dict(good, model_type="mamba"))
+    write_config("heads_not_dividing.json", dict(good, num_attention_heads=4))
+    gen = torch.Generator().manual_seed(99)
+    long_ids = torch.randint(1, 97, (1, good["max_position_embeddings"] + 1), generator=gen)
+    save_file({"input_ids": long_ids.to(torch.int32), "labels": torch.tensor([1], dtype=torch.int32)},
+              os.path.join(folder, "batch_too_long.safetensors"))
+    ids = torch.randint(1, 97, (2, 5), generator=gen)
+    ids[1, 3] = 97  # one past the vocabulary
+    save_file({"input_ids": ids.to(torch.int32), "labels": torch.tensor([0, 1], dtype=torch.int32)},
+              os.path.join(folder, "batch_bad_token.safetensors"))
+    with open(os.path.join(OUT, "bert_tiny", "model.safetensors"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(folder, "truncated.safetensors"), "wb") as f:
+        f.write(data[: len(data) // 2])
+    print(f"{folder}: malformed inputs written")
+
+
 def main():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
     bert(gen)
     gpt2(gen)
+    bad_inputs()
     return 0
 
 

@@ -1,0 +1,111 @@
+// The brisk program end to end: forward-backward reproduces the fixtures through files, train
+// runs on the built-in data, and every kind of bad input ends with one clear message and a
+// non-zero exit (never a signal).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  bool signaled = false;
+  std::string out, err;
+};
+
+CliRun run_brisk(const std::string& args) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path();
+  const std::string out = (dir / "brisk_cli_out.txt").string();
+  const std::string err = (dir / "brisk_cli_err.txt").string();
+  const std::string cmd =
+      std::string(BRISK_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+void expect_refused(const std::string& args, const std::string& needle) {
+  const CliRun r = run_brisk(args);
+  EXPECT_FALSE(r.signaled) << args << ": crashed\n" << r.err;
+  EXPECT_NE(r.exit_code, 0) << args << ": exit 0";
+  EXPECT_NE(r.err.find(needle), std::string::npos)
+      << args << ": stderr \"" << r.err << "\" does not mention \"" << needle << "\"";
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
+  const std::string folder = fixture("gpt2_tiny");
+  const std::string out =
+      (std::filesystem::temp_directory_path() / "brisk_fb.safetensors").string();
+  const CliRun r = run_brisk("forward-backward --config " + folder + " --weights " + folder +
+                          "/model.safetensors --batch " + folder + "/batch.safetensors --output " +
+                          out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  SafetensorsFile got(out), want(folder + "/expected.safetensors");
+  EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
+  const Tensor& gl = got.get("logits");
+  ASSERT_EQ(gl.numel(), want.get("logits").numel());
+  EXPECT_LE(rel_error(gl.f32(), want.get("logits").f32(), gl.numel()), 1e-4);
+  const Tensor& gw = got.get("grad.transformer.wte.weight");
+  EXPECT_LE(rel_error(gw.f32(), want.get("grad.transformer.wte.weight").f32(), gw.numel()), 1e-4);
+  std::filesystem::remove(out);
+}
+
+TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
+  const CliRun r = run_brisk(
+      "train --model bert-tiny --max_steps 3 --per_device_train_batch_size 2 --seq_len 16 "
+      "--dataset_size 8 --logging_steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* key : {"\"step\":3", "train_runtime", "train_samples_per_second",
+                          "train_steps_per_second", "train_loss", "total_flos", "activations",
+                          "optimizer_state", "process peak"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << "missing " << key << " in\n" << r.out;
+}
+
+TEST(Cli, BadInputEndsWithOneClearMessage) {
+  const std::string bad = fixture("bad/");
+  const std::string bert = fixture("bert_tiny/");
+  const std::string fb = "forward-backward --batch " + bert + "batch.safetensors --config ";
+  expect_refused(fb + bad + "not_json.json", "is not valid JSON");
+  expect_refused(fb + bad + "missing_size.json", "missing required key \"hidden_size\"");
+  expect_refused(fb + bad + "negative_size.json", "must be positive, got -2");
+  expect_refused(fb + bad + "unknown_type.json", "unknown model_type \"mamba\"");
+  expect_refused(fb + bad + "heads_not_dividing.json", "not divisible");
+  expect_refused("forward-backward --config " + bert + " --batch " + bad +
+                     "batch_too_long.safetensors",
+                 "exceeds max_position_embeddings");
+  expect_refused("forward-backward --config " + bert + " --batch " + bad +
+                     "batch_bad_token.safetensors",
+                 "token id 97");
+  expect_refused("forward-backward --config " + bert + " --weights " + bad +
+                     "truncated.safetensors --batch " + bert + "batch.safetensors",
+                 "is corrupt");
+  expect_refused("forward-backward --config " + bert + " --batch " + bert + "missing.safetensors",
+                 "cannot open");
+  expect_refused("train --per_device_train_batch_size 0", "per_device_train_batch_size");
+  expect_refused("train --dataset_size 2 --per_device_train_batch_size 4",
+                 "smaller than one batch");
+  expect_refused("train --no_such_option 1", "no_such_option");
+  expect_refused("train --model nonexistent-model", "neither a built-in config");
+}
+
+}  // namespace
+}  // namespace brisk::testing

@@ -1,0 +1,153 @@
+// Bad input ends in a brisk::Error naming the problem, never a crash: configs, batches, weights.
+// Also the core pieces those paths rely on (safetensors round trip, 16-bit conversions, plans).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/dtype.h"
+#include "core/memory_plan.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// Runs f and expects a brisk::Error whose message contains `needle`.
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
+TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
+  expect_error([] { load_config(fixture("bad/not_json.json")); }, "is not valid JSON");
+  expect_error([] { load_config(fixture("bad/missing_size.json")); },
+               "missing required key \"hidden_size\"");
+  expect_error([] { load_config(fixture("bad/negative_size.json")); },
+               "\"num_hidden_layers\" must be positive, got -2");
+  expect_error([] { load_config(fixture("bad/unknown_type.json")); },
+               "unknown model_type \"mamba\"");
+  expect_error([] { load_config(fixture("bad/heads_not_dividing.json")); },
+               "hidden size 30 is not divisible by the number of attention heads 4");
+  expect_error([] { load_config(fixture("bad/does_not_exist.json")); }, "cannot open");
+  expect_error([] { resolve_config("no-such-model"); }, "neither a built-in config");
+  expect_error([] { config_from_json(nlohmann::json::array(), "x"); }, "JSON object");
+  expect_error([] { config_from_json({{"model_type", "gpt2"}, {"vocab_size", 10.5}}, "x"); },
+               "\"vocab_size\" must be an integer");
+}
+
+TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {
+  struct Want {
+    const char* name;
+    int64_t params;
+  };
+  // Parameter counts of the published models (with the 2-label classifier for BERT).
+  for (Want w : {Want{"bert-base-uncased", 109483778}, Want{"bert-large-uncased", 335143938},
+                 Want{"gpt2", 124439808}, Want{"gpt2-medium", 354823168}}) {
+    auto m = Model::create(resolve_config(w.name));
+    EXPECT_EQ(m->params().total_elements(), w.params) << w.name;
+  }
+  for (const auto& n : builtin_config_names()) EXPECT_NO_THROW(resolve_config(n)) << n;
+}
+
+TEST(Inputs, BatchLongerThanPositionsIsRefused) {
+  auto m = Model::create(resolve_config(fixture("bert_tiny")));
+  MemoryPlan plan;
+  SafetensorsFile batch(fixture("bad/batch_too_long.safetensors"));
+  expect_error([&] { m->plan(plan, batch_shape_of(batch), {}); },
+               "sequence length 24 exceeds max_position_embeddings = 23");
+}
+
+TEST(Inputs, TokenOutsideVocabularyIsRefused) {
+  auto be = make_cpu_backend();
+  auto m = Model::create(resolve_config(fixture("bert_tiny")));
+  SafetensorsFile batch(fixture("bad/batch_bad_token.safetensors"));
+  MemoryPlan plan;
+  m->plan(plan, batch_shape_of(batch), {});
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  m->bind(arena);
+  m->init_weights(1);
+  load_batch(batch, *m, *be);
+  StepOptions so;
+  expect_error([&] { m->forward(*be, so); },
+               "token id 97 (sequence 1, position 3) is outside [0, 97)");
+}
+
+TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
+  expect_error([] { SafetensorsFile f(fixture("bad/truncated.safetensors")); }, "is corrupt");
+  expect_error([] { SafetensorsFile f(fixture("bad/not_json.json")); }, "header length");
+  // Weights of another model: the first missing parameter is named.
+  auto m = Model::create(resolve_config(fixture("gpt2_tiny")));
+  MemoryPlan plan;
+  m->plan(plan, {1, 4}, {});
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  m->bind(arena);
+  expect_error([&] { m->load_weights(SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
+               "lacks parameter 'transformer.wte.weight'");
+}
+
+TEST(Inputs, SafetensorsRoundTripIsAtomic) {
+  const std::string path = (std::filesystem::temp_directory_path() / "brisk_rt.safetensors").string();
+  std::vector<float> a{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 1e-3f};
+  std::vector<int32_t> b{4, -100, 9};
+  write_safetensors(path, {{"a", Tensor(a.data(), Shape{2, 3}, DType::f32)},
+                           {"b", Tensor(b.data(), Shape{3}, DType::i32)}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  SafetensorsFile f(path);
+  ASSERT_EQ(f.get("a").shape(), (Shape{2, 3}));
+  EXPECT_EQ(std::vector<float>(f.get("a").f32(), f.get("a").f32() + 6), a);
+  EXPECT_EQ(std::vector<int32_t>(f.get("b").i32(), f.get("b").i32() + 3), b);
+  expect_error([&] { f.get("c"); }, "has no tensor named 'c'");
+  expect_error([] { write_safetensors("/nonexistent-dir/x.safetensors", {}); }, "cannot write");
+  std::remove(path.c_str());
+}
+
+TEST(Inputs, SixteenBitConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // halfway: ties to even
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);  // halfway, odd below: rounds up
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // overflows to inf
+  EXPECT_EQ(float_to_fp16(5.960464477539063e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(fp16_to_float(0x0001), 5.960464477539063e-08f);
+  EXPECT_EQ(fp16_to_float(0xc000), -2.0f);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(std::nanf("")))));
+  // Every fp16 value survives the round trip through float.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;  // NaN payloads
+    EXPECT_EQ(float_to_fp16(fp16_to_float(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+TEST(Inputs, MemoryPlanAlignsAndCountsByCategory) {
+  MemoryPlan plan;
+  plan.add("w", Category::weights, DType::f32, Shape{3});
+  plan.add("ids", Category::data, DType::i32, Shape{2, 5});
+  plan.add("h", Category::activations, DType::bf16, Shape{7});
+  expect_error([&] { plan.add("w", Category::weights, DType::f32, Shape{1}); }, "already has");
+  plan.finalize();
+  for (const auto& b : plan.buffers()) EXPECT_EQ(b.offset % MemoryPlan::kAlignment, 0u);
+  const auto by = plan.bytes_by_category();
+  EXPECT_EQ(by[static_cast<int>(Category::weights)], 12u);
+  EXPECT_EQ(by[static_cast<int>(Category::data)], 40u);
+  EXPECT_EQ(by[static_cast<int>(Category::activations)], 14u);
+  EXPECT_EQ(plan.total_bytes(), 3 * MemoryPlan::kAlignment);
+  Arena arena(plan, Device::cpu);
+  EXPECT_EQ(arena.high_water(), 0u);
+  Tensor ids = arena.tensor(plan.find("ids"));
+  EXPECT_EQ(arena.high_water(), MemoryPlan::kAlignment + 40u);
+  EXPECT_EQ(ids.shape(), (Shape{2, 5}));
+}
+
+}  // namespace
+}  // namespace brisk::testing
