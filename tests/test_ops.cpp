@@ -562,8 +562,10 @@ TEST(OpsAttention, ForwardAndBackward) {
         const IVec& m = use_mask ? mask : IVec();
         FVec qkv = randn(size_t(B) * T * 3 * C, rng);
         FVec probs(size_t(B) * H * T * T, -7.f), out(size_t(B) * T * C, -7.f);
+        FVec fwd_scratch(probs.size(), -7.f);
         be->attention_forward(view(qkv, {B, T, 3 * C}), use_mask ? view(mask, {B, T}) : Tensor(),
-                              causal, H, p, key, view(probs, {B, H, T, T}), view(out, {B, T, C}));
+                              causal, H, p, key, view(probs, {B, H, T, T}),
+                              view(fwd_scratch, {B, H, T, T}), view(out, {B, T, C}));
         const Vec qd = to_d(qkv);
         Vec want_probs;
         EXPECT_TRUE(close(out, ref_attention(qd, m, causal, B, T, H, D, p, key, &want_probs)));

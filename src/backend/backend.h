@@ -82,10 +82,11 @@ class Backend {
   // Multi-head scaled dot-product attention over packed qkv [B,T,3C] (q | k | v along the last
   // dimension; head h uses columns [h*D, (h+1)*D) of each). key_mask is int32 [B,T] (nonzero
   // keeps the key) or empty; causal hides later keys. probs [B,H,T,T] receives the softmax
-  // (before dropout) for the backward pass; out is [B,T,C].
+  // (before dropout) for the backward pass; out is [B,T,C]. scratch [B,H,T,T] receives the
+  // dropped-out probabilities; it is needed only when dropout_p > 0 and may be empty otherwise.
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                                  float dropout_p, const RngKey& key, const Tensor& probs,
-                                 const Tensor& out) = 0;
+                                 const Tensor& scratch, const Tensor& out) = 0;
   // dqkv [B,T,3C] = the gradient of the packed input; scratch is [B,H,T,T].
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                   int heads, float dropout_p, const RngKey& key,

@@ -59,4 +59,60 @@ BRISK_HD bool dropout_keep(const RngKey& key, uint64_t element, uint32_t thresho
   return rng_block(key, element >> 2).v[element & 3] >= threshold;
 }
 
+// rng_block for groups [first, first + kLanes), written as four words per group: the same
+// numbers as rng_block, laid out so the compiler can run the lanes in SIMD registers.
+constexpr int kPhiloxLanes = 16;
+inline void rng_blocks(const RngKey& key, uint64_t first, uint32_t* out) {
+  uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+  for (int l = 0; l < kPhiloxLanes; ++l) {
+    const uint64_t g = first + static_cast<uint64_t>(l);
+    c0[l] = static_cast<uint32_t>(g);
+    c1[l] = static_cast<uint32_t>(g >> 32);
+    c2[l] = key.site;
+    c3[l] = static_cast<uint32_t>(key.step);
+  }
+  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ static_cast<uint32_t>(key.step >> 32);
+  uint32_t k1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+#pragma omp simd
+    for (int l = 0; l < kPhiloxLanes; ++l) {
+      const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[l];
+      const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[l];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
+      c1[l] = static_cast<uint32_t>(p1);
+      c3[l] = static_cast<uint32_t>(p0);
+      c0[l] = n0;
+      c2[l] = n2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int l = 0; l < kPhiloxLanes; ++l) {
+    out[4 * l] = c0[l];
+    out[4 * l + 1] = c1[l];
+    out[4 * l + 2] = c2[l];
+    out[4 * l + 3] = c3[l];
+  }
+}
+
+// Walks increasing element indices of one site on the host, drawing random words a batch of
+// groups at a time (one stream per thread). keep(e) equals dropout_keep(key, e, threshold).
+struct DropoutStream {
+  static constexpr uint64_t kSpan = 4 * kPhiloxLanes;  // elements per batch
+  RngKey key;
+  uint32_t threshold;
+  uint64_t first = ~uint64_t{0};  // first element of the cached batch
+  uint32_t words[kSpan];
+
+  DropoutStream(const RngKey& k, float p) : key(k), threshold(dropout_threshold(p)) {}
+  bool keep(uint64_t element) {
+    if (element < first || element >= first + kSpan) {
+      first = element & ~(kSpan - 1);
+      rng_blocks(key, first >> 2, words);
+    }
+    return words[element - first] >= threshold;
+  }
+};
+
 }  // namespace brisk

@@ -62,7 +62,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   if (st.pre_norm) be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, st.eps, s.a_in, s.mean_a, s.rstd_a);
   be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
-                       site_key(key, layer, kAttnProbs), s.probs, s.ctx);
+                       site_key(key, layer, kAttnProbs), s.probs, scratch.attn, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
   be.dropout_add(x, scratch.tmp, st.residual_dropout, site_key(key, layer, kAttnResidual), s.res1);
   // MLP sublayer.

@@ -1,6 +1,6 @@
 // Multi-head attention on the CPU. Per (batch, head): scores by sgemm on strided views of the
 // packed qkv, masked softmax into `probs`, dropout on the probabilities from the counter-based RNG
-// (regenerated in backward, never stored), and the weighted sum of values.
+// (regenerated in backward, never stored), and the weighted sum of values, all products by sgemm.
 #include <cblas.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dropout.h"
 
 namespace brisk {
 
@@ -29,20 +30,26 @@ AttnDims attention_dims(const Tensor& qkv, int heads, const char* op) {
 inline uint64_t prob_index(const AttnDims& d, int64_t bh, int64_t i, int64_t j) {
   return static_cast<uint64_t>((bh * d.T + i) * d.T + j);
 }
+
+// Pd = P * mask / (1 - p) for the T x T probabilities of one (batch, head).
+void dropped_probs(const AttnDims& d, int64_t bh, const float* P, const RngKey& key, float p,
+                   float* Pd) {
+  dropout_range(key, p, prob_index(d, bh, 0, 0), d.T * d.T, P, nullptr, Pd);
+}
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                    int heads, float dropout_p, const RngKey& key,
-                                   const Tensor& probs, const Tensor& out) {
+                                   const Tensor& probs, const Tensor& scratch, const Tensor& out) {
   const AttnDims d = attention_dims(qkv, heads, "attention_forward");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward probs");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
+  if (dropout_p > 0.0f)
+    expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward scratch");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
-  const float keep_scale = 1.0f / (1.0f - dropout_p);
-  const uint32_t threshold = dropout_threshold(dropout_p);
   const int64_t ld = 3 * d.C;
   const float* base = qkv.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
@@ -79,22 +86,14 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
       for (int64_t j = 0; j < d.T; ++j) row[j] *= inv;
     }
     float* ob = o + b * d.T * d.C + h * d.D;
-    if (dropout_p == 0.0f) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, S, d.T, v, ld,
-                  0.0f, ob, d.C);
-      continue;
+    const float* weights = S;
+    if (dropout_p > 0.0f) {
+      float* Pd = scratch.f32() + bh * d.T * d.T;
+      dropped_probs(d, bh, S, key, dropout_p, Pd);
+      weights = Pd;
     }
-    for (int64_t i = 0; i < d.T; ++i) {
-      float* oi = ob + i * d.C;
-      std::memset(oi, 0, d.D * sizeof(float));
-      for (int64_t j = 0; j < d.T; ++j) {
-        const float pij = S[i * d.T + j];
-        if (pij == 0.0f || !dropout_keep(key, prob_index(d, bh, i, j), threshold)) continue;
-        const float w = pij * keep_scale;
-        const float* vj = v + j * ld;
-        for (int64_t c = 0; c < d.D; ++c) oi[c] += w * vj[c];
-      }
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, v, ld,
+                0.0f, ob, d.C);
   }
 }
 
@@ -107,8 +106,6 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
-  const float keep_scale = 1.0f / (1.0f - dropout_p);
-  const uint32_t threshold = dropout_threshold(dropout_p);
   const int64_t ld = 3 * d.C;
   const float* base = qkv.f32();
   const float* g = dout.f32();
@@ -124,26 +121,19 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
     const float* P = probs.f32() + bh * d.T * d.T;
     float* dP = scratch.f32() + bh * d.T * d.T;
 
-    // dP' = dO V^T, the gradient of the dropped-out probabilities.
+    // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG.
+    const float* weights = P;
+    if (dropout_p > 0.0f) {
+      dropped_probs(d, bh, P, key, dropout_p, dP);
+      weights = dP;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, go, d.C,
+                0.0f, dv, ld);
+    // dP' = dO V^T, then through the dropout mask to dP.
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, 1.0f, go, d.C, v, ld, 0.0f,
                 dP, d.T);
-    if (dropout_p == 0.0f) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, P, d.T, go, d.C,
-                  0.0f, dv, ld);
-    } else {
-      for (int64_t j = 0; j < d.T; ++j) std::memset(dv + j * ld, 0, d.D * sizeof(float));
-      for (int64_t i = 0; i < d.T; ++i) {
-        const float* gi = go + i * d.C;
-        for (int64_t j = 0; j < d.T; ++j) {
-          const bool keep = dropout_keep(key, prob_index(d, bh, i, j), threshold);
-          dP[i * d.T + j] = keep ? dP[i * d.T + j] * keep_scale : 0.0f;
-          const float pij = P[i * d.T + j];
-          if (!keep || pij == 0.0f) continue;
-          const float w = pij * keep_scale;
-          float* dvj = dv + j * ld;
-          for (int64_t c = 0; c < d.D; ++c) dvj[c] += w * gi[c];
-        }
-      }
+    if (dropout_p > 0.0f) {
+      dropout_range(key, dropout_p, prob_index(d, bh, 0, 0), d.T * d.T, dP, nullptr, dP);
     }
     // Softmax backward: dS = P * (dP - sum_j dP * P), with the score scale folded in.
     for (int64_t i = 0; i < d.T; ++i) {

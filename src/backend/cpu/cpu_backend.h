@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
 
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          float dropout_p, const RngKey& key, const Tensor& probs,
-                         const Tensor& out) override;
+                         const Tensor& scratch, const Tensor& out) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int heads,
                           float dropout_p, const RngKey& key, const Tensor& scratch,
                           const Tensor& dqkv) override;

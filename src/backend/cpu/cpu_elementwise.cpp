@@ -1,8 +1,10 @@
 // Elementwise ops on the CPU: GELU (erf and tanh forms), tanh, dropout from the counter-based
 // RNG, residual adds.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dropout.h"
 
 namespace brisk {
 
@@ -10,10 +12,10 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr int64_t kDropoutChunk = 1 << 14;  // elements per parallel work item
 
-float dropout_scale(float p) {
+void check_dropout_p(float p) {
   BRISK_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is outside [0, 1)");
-  return 1.0f / (1.0f - p);
 }
 }  // namespace
 
@@ -76,7 +78,7 @@ void CpuBackend::tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& 
 
 void CpuBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) {
   check_same_numel(x, y, "dropout_forward");
-  const float scale = dropout_scale(p);
+  check_dropout_p(p);
   const float* in = x.f32();
   float* out = y.f32();
   const int64_t n = x.numel();
@@ -84,10 +86,10 @@ void CpuBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, co
     if (in != out) copy(x, y);
     return;
   }
-  const uint32_t threshold = dropout_threshold(p);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = dropout_keep(key, static_cast<uint64_t>(i), threshold) ? in[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; i += kDropoutChunk)
+    dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), in + i, nullptr,
+                  out + i);
 }
 
 void CpuBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) {
@@ -99,7 +101,7 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
                              const Tensor& y) {
   check_same_numel(x, r, "dropout_add");
   check_same_numel(x, y, "dropout_add");
-  const float scale = dropout_scale(p);
+  check_dropout_p(p);
   const float *a = x.f32(), *b = r.f32();
   float* out = y.f32();
   const int64_t n = x.numel();
@@ -108,10 +110,10 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
     return;
   }
-  const uint32_t threshold = dropout_threshold(p);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = a[i] + (dropout_keep(key, static_cast<uint64_t>(i), threshold) ? b[i] * scale : 0.0f);
+  for (int64_t i = 0; i < n; i += kDropoutChunk)
+    dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), b + i, a + i,
+                  out + i);
 }
 
 void CpuBackend::add_inplace(const Tensor& y, const Tensor& x) {
