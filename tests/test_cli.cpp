@@ -3,6 +3,7 @@
 // non-zero exit (never a signal).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -23,8 +24,10 @@ struct CliRun {
 CliRun run_brisk(const std::string& args) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path();
-  const std::string out = (dir / "brisk_cli_out.txt").string();
-  const std::string err = (dir / "brisk_cli_err.txt").string();
+  // Per-process names: CTest runs tests in parallel processes.
+  const std::string tag = std::to_string(::getpid());
+  const std::string out = (dir / ("brisk_cli_out_" + tag + ".txt")).string();
+  const std::string err = (dir / ("brisk_cli_err_" + tag + ".txt")).string();
   const std::string cmd =
       std::string(BRISK_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
@@ -39,6 +42,8 @@ CliRun run_brisk(const std::string& args) {
   };
   r.out = slurp(out);
   r.err = slurp(err);
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
   return r;
 }
 
@@ -53,11 +58,12 @@ void expect_refused(const std::string& args, const std::string& needle) {
 
 TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
   const std::string folder = fixture("gpt2_tiny");
-  const std::string out =
-      (std::filesystem::temp_directory_path() / "brisk_fb.safetensors").string();
-  const CliRun r = run_brisk("forward-backward --config " + folder + " --weights " + folder +
-                          "/model.safetensors --batch " + folder + "/batch.safetensors --output " +
-                          out);
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           ("brisk_fb_" + std::to_string(::getpid()) + ".safetensors"))
+                              .string();
+  const CliRun r =
+      run_brisk("forward-backward --config " + folder + " --weights " + folder +
+                "/model.safetensors --batch " + folder + "/batch.safetensors --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   SafetensorsFile got(out), want(folder + "/expected.safetensors");
   EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
@@ -74,9 +80,9 @@ TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
       "train --model bert-tiny --max_steps 3 --per_device_train_batch_size 2 --seq_len 16 "
       "--dataset_size 8 --logging_steps 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* key : {"\"step\":3", "train_runtime", "train_samples_per_second",
-                          "train_steps_per_second", "train_loss", "total_flos", "activations",
-                          "optimizer_state", "process peak"})
+  for (const char* key :
+       {"\"step\":3", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+        "train_loss", "total_flos", "activations", "optimizer_state", "process peak"})
     EXPECT_NE(r.out.find(key), std::string::npos) << "missing " << key << " in\n" << r.out;
 }
 
@@ -89,12 +95,12 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused(fb + bad + "negative_size.json", "must be positive, got -2");
   expect_refused(fb + bad + "unknown_type.json", "unknown model_type \"mamba\"");
   expect_refused(fb + bad + "heads_not_dividing.json", "not divisible");
-  expect_refused("forward-backward --config " + bert + " --batch " + bad +
-                     "batch_too_long.safetensors",
-                 "exceeds max_position_embeddings");
-  expect_refused("forward-backward --config " + bert + " --batch " + bad +
-                     "batch_bad_token.safetensors",
-                 "token id 97");
+  expect_refused(
+      "forward-backward --config " + bert + " --batch " + bad + "batch_too_long.safetensors",
+      "exceeds max_position_embeddings");
+  expect_refused(
+      "forward-backward --config " + bert + " --batch " + bad + "batch_bad_token.safetensors",
+      "token id 97");
   expect_refused("forward-backward --config " + bert + " --weights " + bad +
                      "truncated.safetensors --batch " + bert + "batch.safetensors",
                  "is corrupt");

@@ -1,6 +1,7 @@
 // Bad input ends in a brisk::Error naming the problem, never a crash: configs, batches, weights.
 // Also the core pieces those paths rely on (safetensors round trip, 16-bit conversions, plans).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -37,8 +38,11 @@ TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
   expect_error([] { load_config(fixture("bad/does_not_exist.json")); }, "cannot open");
   expect_error([] { resolve_config("no-such-model"); }, "neither a built-in config");
   expect_error([] { config_from_json(nlohmann::json::array(), "x"); }, "JSON object");
-  expect_error([] { config_from_json({{"model_type", "gpt2"}, {"vocab_size", 10.5}}, "x"); },
-               "\"vocab_size\" must be an integer");
+  expect_error(
+      [] {
+        config_from_json({{"model_type", "gpt2"}, {"vocab_size", 10.5}}, "x");
+      },
+      "\"vocab_size\" must be an integer");
 }
 
 TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {
@@ -94,7 +98,9 @@ TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
 }
 
 TEST(Inputs, SafetensorsRoundTripIsAtomic) {
-  const std::string path = (std::filesystem::temp_directory_path() / "brisk_rt.safetensors").string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("brisk_rt_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
   std::vector<float> a{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 1e-3f};
   std::vector<int32_t> b{4, -100, 9};
   write_safetensors(path, {{"a", Tensor(a.data(), Shape{2, 3}, DType::f32)},
@@ -116,7 +122,7 @@ TEST(Inputs, SixteenBitConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);  // halfway, odd below: rounds up
   EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // overflows to inf
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);                // overflows to inf
   EXPECT_EQ(float_to_fp16(5.960464477539063e-08f), 0x0001);  // smallest subnormal
   EXPECT_EQ(fp16_to_float(0x0001), 5.960464477539063e-08f);
   EXPECT_EQ(fp16_to_float(0xc000), -2.0f);

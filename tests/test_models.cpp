@@ -52,7 +52,9 @@ TEST(Models, BertForSequenceClassificationMatchesTransformers) {
   compare_with_transformers("bert_tiny");
 }
 
-TEST(Models, Gpt2LMHeadModelMatchesTransformers) { compare_with_transformers("gpt2_tiny"); }
+TEST(Models, Gpt2LMHeadModelMatchesTransformers) {
+  compare_with_transformers("gpt2_tiny");
+}
 
 // Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
 // with dropout on, and plans fewer activation bytes.
@@ -68,8 +70,12 @@ void checkpointing_is_exact(const std::string& name) {
   EXPECT_LT(pb[act], pa[act]);
 }
 
-TEST(Models, BertGradientCheckpointingIsBitIdentical) { checkpointing_is_exact("bert_tiny"); }
-TEST(Models, Gpt2GradientCheckpointingIsBitIdentical) { checkpointing_is_exact("gpt2_tiny"); }
+TEST(Models, BertGradientCheckpointingIsBitIdentical) {
+  checkpointing_is_exact("bert_tiny");
+}
+TEST(Models, Gpt2GradientCheckpointingIsBitIdentical) {
+  checkpointing_is_exact("gpt2_tiny");
+}
 
 // Dropout: the same (seed, step) gives the same masks, another step other masks.
 TEST(Models, DropoutIsReproducibleFromSeedAndStep) {

@@ -19,7 +19,9 @@ namespace brisk::testing {
 // Heap allocations made through operator new so far (test_alloc_counter.cpp).
 size_t heap_allocations();
 
-inline std::string fixture(const std::string& rel) { return std::string(BRISK_FIXTURES_DIR) + "/" + rel; }
+inline std::string fixture(const std::string& rel) {
+  return std::string(BRISK_FIXTURES_DIR) + "/" + rel;
+}
 
 // ||a - b|| / max(||b||, floor)
 inline double rel_error(const float* a, const float* b, int64_t n, double floor = 1e-30) {
