@@ -25,6 +25,16 @@ void print_plan(const std::array<size_t, kNumCategories>& planned, size_t total)
 }
 }  // namespace
 
+std::string find_options_file(int argc, char** argv) {
+  const std::string flag = "--options_file";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == flag && i + 1 < argc) return argv[i + 1];
+    if (a.rfind(flag + "=", 0) == 0) return a.substr(flag.size() + 1);
+  }
+  return "";
+}
+
 int run_train(const TrainOptions& options) {
   TrainSummary s =
       train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
@@ -39,6 +49,8 @@ int run_train(const TrainOptions& options) {
   print_plan(s.memory.planned, s.memory.arena_bytes);
   std::printf("  %-16s %12s\n", "arena high-water", mib(s.memory.arena_high_water).c_str());
   std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
+  std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
+  if (!s.last_checkpoint.empty()) std::printf("saved %s\n", s.last_checkpoint.c_str());
   return 0;
 }
 

@@ -25,6 +25,8 @@ struct EstimateArgs {
 };
 
 int run_train(const TrainOptions& options);
+// The value of --options_file in argv, if any (read before the other flags so they override it).
+std::string find_options_file(int argc, char** argv);
 int run_forward_backward(const ForwardBackwardArgs& args);
 int run_estimate(const EstimateArgs& args);
 

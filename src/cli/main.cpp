@@ -4,33 +4,30 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/options.h"
 
 int main(int argc, char** argv) {
   using namespace brisk;
   CLI::App app{"brisk: train transformer models natively, with every byte planned"};
   app.require_subcommand(1);
 
+  // Options from a JSON file act as defaults that flags on the command line override.
   TrainOptions train;
-  auto* t = app.add_subcommand("train", "train a model on the built-in synthetic dataset");
-  t->add_option("--model_name_or_path,--model", train.model,
-                "built-in config name, config.json, or model folder")
-      ->capture_default_str();
-  t->add_option("--per_device_train_batch_size", train.per_device_train_batch_size)
-      ->capture_default_str();
-  t->add_option("--num_train_epochs", train.num_train_epochs)->capture_default_str();
-  t->add_option("--max_steps", train.max_steps, "overrides num_train_epochs when > 0")
-      ->capture_default_str();
-  t->add_option("--learning_rate", train.learning_rate)->capture_default_str();
-  t->add_option("--weight_decay", train.weight_decay)->capture_default_str();
-  t->add_option("--adam_beta1", train.adam_beta1)->capture_default_str();
-  t->add_option("--adam_beta2", train.adam_beta2)->capture_default_str();
-  t->add_option("--adam_epsilon", train.adam_epsilon)->capture_default_str();
-  t->add_option("--max_grad_norm", train.max_grad_norm)->capture_default_str();
-  t->add_option("--seed", train.seed)->capture_default_str();
-  t->add_option("--logging_steps", train.logging_steps)->capture_default_str();
-  t->add_flag("--gradient_checkpointing", train.gradient_checkpointing);
-  t->add_option("--dataset_size", train.dataset_size, "synthetic samples")->capture_default_str();
-  t->add_option("--seq_len", train.seq_len, "synthetic sequence length")->capture_default_str();
+  std::string options_file = cli::find_options_file(argc, argv);
+  auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
+  t->add_option("--options_file", options_file, "JSON file of options (flags override it)");
+  try {
+    if (!options_file.empty()) load_options_file(train, options_file);
+  } catch (const Error& err) {
+    std::cerr << "brisk: error: " << err.what() << "\n";
+    return 1;
+  }
+  visit_options(train, [&](const char* name, auto& field, const char* help) {
+    auto* opt = t->add_option(std::string("--") + name, field, help)->capture_default_str();
+    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
+      opt->expected(0, 1)->default_str("true");  // --fp16, --fp16 true, --fp16=false
+  });
+  t->add_option("--model", train.model_name_or_path, "alias of --model_name_or_path");
 
   cli::ForwardBackwardArgs fb;
   auto* f = app.add_subcommand("forward-backward",

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "models/model.h"
+#include "data/dataset.h"
 
 namespace brisk {
 
@@ -17,13 +17,13 @@ struct SyntheticOptions {
   uint64_t seed = 42;
 };
 
-class SyntheticDataset {
+class SyntheticDataset final : public Dataset {
  public:
   SyntheticDataset(const SyntheticOptions& options, const ModelConfig& config);
-  int64_t size() const { return options_.dataset_size; }
-  int64_t seq_len() const { return options_.seq_len; }
-  // Writes sample `index` into row `row` of the model's batch buffers.
-  void fill_row(int64_t index, const Batch& batch, int64_t row) const;
+  int64_t size() const override { return options_.dataset_size; }
+  int64_t seq_len() const override { return options_.seq_len; }
+  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t) const override { return causal_lm_ ? options_.seq_len - 1 : 1; }
 
  private:
   SyntheticOptions options_;

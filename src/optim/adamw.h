@@ -22,6 +22,10 @@ class AdamW {
   void reset();  // zero moments, step 0
   void step(const ParameterSet& params, float lr);
   int64_t steps() const { return step_; }
+  // State for checkpoints.
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+  void set_steps(int64_t steps) { step_ = steps; }
 
  private:
   AdamWOptions options_;

@@ -1,38 +1,33 @@
-// The training loop over the synthetic dataset with AdamW, a linear schedule and clipping.
+// The training loop.
 #include "train/trainer.h"
 
-#include <algorithm>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
-#include <numeric>
-#include <random>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 
 #include "backend/backend.h"
 #include "core/process_memory.h"
+#include "data/loader.h"
 #include "data/synthetic.h"
+#include "data/token_file.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
 
 namespace brisk {
 
-namespace {
-void validate(const TrainOptions& o) {
-  BRISK_CHECK(o.per_device_train_batch_size > 0,
-              "per_device_train_batch_size must be positive, got ", o.per_device_train_batch_size);
-  BRISK_CHECK(o.max_steps > 0 || o.num_train_epochs > 0,
-              "num_train_epochs must be positive when max_steps is not set");
-  BRISK_CHECK(o.learning_rate >= 0, "learning_rate must not be negative");
-  BRISK_CHECK(o.weight_decay >= 0, "weight_decay must not be negative");
-  BRISK_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "adam_beta1 must lie in [0, 1)");
-  BRISK_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "adam_beta2 must lie in [0, 1)");
-  BRISK_CHECK(o.adam_epsilon > 0, "adam_epsilon must be positive");
-  BRISK_CHECK(o.logging_steps > 0, "logging_steps must be positive");
-  BRISK_CHECK(o.dataset_size >= o.per_device_train_batch_size, "the dataset of ", o.dataset_size,
-              " samples is smaller than one batch of ", o.per_device_train_batch_size);
-}
+namespace fs = std::filesystem;
 
-// Scales gradients so their global L2 norm is at most max_norm; returns the norm before.
-double clip_grad_norm(const Tensor& grads, float max_norm) {
+namespace {
+// Scales gradients so their global L2 norm is at most max_norm (as torch's clip_grad_norm_);
+// returns the norm before clipping.
+double clip_grad_norm(Backend& be, const Tensor& grads, double max_norm) {
   const float* g = grads.f32();
   double sq = 0.0;
 #pragma omp parallel for reduction(+ : sq) schedule(static)
@@ -55,93 +50,164 @@ int64_t non_embedding_params(const ParameterSet& ps) {
       n += p.shape.numel();
   return n;
 }
+
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c) {
+  if (o.dataset == "synthetic")
+    return std::make_unique<SyntheticDataset>(
+        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed}, c);
+  BRISK_CHECK(c.model_type == ModelType::gpt2, "token files train causal LMs; the ", c.type_name(),
+              " model needs --dataset synthetic");
+  return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
+}
+
+void prepare_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  BRISK_CHECK(!ec && fs::is_directory(dir), "cannot create output_dir '", dir,
+              "': ", ec ? ec.message() : "not a folder");
+  BRISK_CHECK(::access(dir.c_str(), W_OK) == 0, "output_dir '", dir, "' is not writable");
+}
+
+// A one-line progress bar on stderr when it is a terminal.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total) : enabled_(enabled), total_(total) {}
+  void update(int64_t step, double loss) {
+    if (!enabled_) return;
+    const int width = 30;
+    const int filled = static_cast<int>(width * step / std::max<int64_t>(total_, 1));
+    std::fprintf(stderr, "\r[%-*s] %lld/%lld loss %.4f", width, std::string(filled, '#').c_str(),
+                 static_cast<long long>(step), static_cast<long long>(total_), loss);
+    if (step == total_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  int64_t total_;
+};
 }  // namespace
 
 TrainSummary train(const TrainOptions& o, const LogSink& on_log) {
-  validate(o);
-  ModelConfig config = resolve_config(o.model);
+  validate_options(o);
+  const ModelConfig config = resolve_config(o.model_name_or_path);
   auto model = Model::create(config);
   auto be = make_cpu_backend();
-  SyntheticDataset data({o.dataset_size, o.seq_len, 100, 30000, o.seed}, config);
+  auto data = make_dataset(o, config);
+  prepare_output_dir(o.output_dir);
 
-  const int64_t B = o.per_device_train_batch_size;
+  const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
+  const BatchLayout layout{B, o.seq_len, config.model_type == ModelType::bert,
+                           config.model_type == ModelType::gpt2};
+  DataLoader loader(*data, layout, o.seed, o.dataloader_num_workers > 0);
+
   MemoryPlan plan;
   model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing});
-  BufferBinder optim_binder;
-  AdamW adamw({o.adam_beta1, o.adam_beta2, o.adam_epsilon, o.weight_decay});
-  adamw.plan(plan, optim_binder, model->params().total_elements());
+  BufferBinder binder;
+  AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
+               static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
+  adamw.plan(plan, binder, model->params().total_elements());
+  loader.plan(plan, binder);
   plan.finalize();
+
+  TrainSummary s;
+  s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, Device::cpu);
   model->bind(arena);
-  optim_binder.bind(arena);
-  model->init_weights(o.seed);
+  binder.bind(arena);
   adamw.reset();
 
-  const int64_t steps_per_epoch = (data.size() + B - 1) / B;
+  TrainerState state;
+  const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
+  if (!o.resume_from_checkpoint.empty()) {
+    load_checkpoint(o.resume_from_checkpoint, *model, adamw, state);
+  } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
+    model->load_weights(SafetensorsFile(weights));
+  } else {
+    model->init_weights(o.seed);
+  }
+
+  const int64_t micro_per_epoch = loader.batches_per_epoch();
+  const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
   const int64_t total_steps =
       o.max_steps > 0 ? o.max_steps
                       : static_cast<int64_t>(std::ceil(o.num_train_epochs * steps_per_epoch));
-  std::vector<int64_t> order(data.size());
-  std::mt19937_64 shuffle_gen(o.seed);
+  const Schedule schedule{o.lr_scheduler_type,
+                          resolve_warmup_steps(o.warmup_steps, o.warmup_ratio, total_steps),
+                          total_steps};
+  BRISK_CHECK(state.global_step <= total_steps, "the checkpoint is at step ", state.global_step,
+              ", past the run's ", total_steps, " steps");
+  const double flos_per_token = 6.0 * static_cast<double>(non_embedding_params(model->params()));
 
-  TrainSummary s;
-  double loss_total = 0.0, loss_window = 0.0;
+  Progress progress(!o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
+  loader.start(state.micro_batches);
+  double loss_sum = 0.0, window_loss = 0.0;
   int64_t window = 0, samples = 0;
+  const int64_t first_step = state.global_step;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < total_steps; ++step) {
-    const int64_t pos = step % steps_per_epoch;
-    if (pos == 0) {
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), shuffle_gen);
-    }
-    model->reset_batch(*be);
-    const int64_t rows = std::min(B, data.size() - pos * B);
-    for (int64_t r = 0; r < rows; ++r) data.fill_row(order[pos * B + r], model->batch(), r);
-    samples += rows;
-
-    const int64_t targets = model->count_targets();
-    StepOptions so;
-    so.training = true;
-    so.compute_grad = true;
-    so.loss_grad_scale = targets ? 1.0f / static_cast<float>(targets) : 0.0f;
-    so.rng = RngKey{o.seed, static_cast<uint64_t>(step), 0};
+  while (state.global_step < total_steps) {
+    const int64_t step = state.global_step;
+    // The loss of the whole accumulated batch is its summed token loss over its target count.
+    const int64_t targets = loader.count_targets(state.micro_batches, k);
+    const float grad_scale = targets > 0 ? 1.0f / static_cast<float>(targets) : 0.0f;
     model->zero_grads(*be);
-    const double loss = model->forward(*be, so) / std::max<int64_t>(targets, 1);
-    BRISK_CHECK(std::isfinite(loss), "the loss became ", loss, " at step ", step + 1,
+    double step_loss = 0.0;
+    for (int64_t micro = 0; micro < k; ++micro) {
+      samples += loader.next(model->batch());
+      StepOptions so;
+      so.training = true;
+      so.compute_grad = true;
+      so.loss_grad_scale = grad_scale;
+      so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
+      step_loss += model->forward(*be, so);
+      model->backward(*be, so);
+      ++state.micro_batches;
+    }
+    step_loss *= grad_scale;
+    BRISK_CHECK(std::isfinite(step_loss), "the loss became ", step_loss, " at step ", step + 1,
                 "; stopping (lower the learning rate or check the data)");
-    model->backward(*be, so);
-    const double grad_norm = clip_grad_norm(model->params().flat_grads(), o.max_grad_norm);
-    const float lr =
-        o.learning_rate * static_cast<float>(total_steps - step) / static_cast<float>(total_steps);
-    adamw.step(model->params(), lr);
+    const double grad_norm = clip_grad_norm(*be, model->params().flat_grads(), o.max_grad_norm);
+    const double lr = o.learning_rate * schedule.factor(step);
+    adamw.step(model->params(), static_cast<float>(lr));
 
-    loss_total += loss;
-    loss_window += loss;
+    ++state.global_step;
+    state.epoch = static_cast<double>(state.micro_batches) / micro_per_epoch;
+    state.total_flos += flos_per_token * static_cast<double>(k * B * o.seq_len);
+    loss_sum += step_loss;
+    window_loss += step_loss;
     ++window;
-    if ((step + 1) % o.logging_steps == 0 || step + 1 == total_steps) {
-      on_log({{"step", step + 1},
-              {"epoch", static_cast<double>(step + 1) / steps_per_epoch},
-              {"loss", loss_window / window},
-              {"learning_rate", lr},
-              {"grad_norm", grad_norm}});
-      loss_window = 0.0;
+    progress.update(state.global_step, step_loss);
+    if (state.global_step % o.logging_steps == 0 || state.global_step == total_steps) {
+      nlohmann::json rec = {{"step", state.global_step},
+                            {"epoch", state.epoch},
+                            {"loss", window_loss / window},
+                            {"learning_rate", lr},
+                            {"grad_norm", grad_norm}};
+      state.log_history.push_back(rec);
+      on_log(rec);
+      window_loss = 0.0;
       window = 0;
     }
+    if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
+        state.global_step == total_steps)
+      s.last_checkpoint = save_checkpoint(o, *model, adamw, schedule, state);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  s.global_step = total_steps;
-  s.epoch = static_cast<double>(total_steps) / steps_per_epoch;
+  const int64_t steps_run = state.global_step - first_step;
+  s.global_step = state.global_step;
+  s.epoch = state.epoch;
   s.train_runtime = seconds;
-  s.train_samples_per_second = samples / seconds;
-  s.train_steps_per_second = total_steps / seconds;
-  s.train_loss = loss_total / total_steps;
-  s.total_flos = 6.0 * non_embedding_params(model->params()) * static_cast<double>(samples) *
-                 static_cast<double>(o.seq_len);
+  s.train_samples_per_second = seconds > 0 ? samples / seconds : 0;
+  s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
+  s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
+  s.total_flos = state.total_flos;
   s.memory.planned = plan.bytes_by_category();
   s.memory.arena_bytes = arena.capacity();
   s.memory.arena_high_water = arena.high_water();
   s.memory.peak_rss = peak_rss_bytes();
+
+  std::ofstream out(fs::path(o.output_dir) / "train_results.json");
+  out << summary_json(s).dump(2) << "\n";
   return s;
 }
 
@@ -160,6 +226,7 @@ nlohmann::json summary_json(const TrainSummary& s) {
            {{"planned_bytes", planned},
             {"arena_bytes", s.memory.arena_bytes},
             {"arena_high_water_bytes", s.memory.arena_high_water},
+            {"rss_before_arena_bytes", s.memory.rss_before_arena},
             {"peak_rss_bytes", s.memory.peak_rss}}}};
 }
 

@@ -1,6 +1,7 @@
 // The training loop (the equivalent of transformers' Trainer.train for the models brisk knows):
-// plan every buffer, allocate once, then micro-steps of forward, loss and backward, clipping and
-// the optimizer step, with JSON logs and a summary that includes the memory anatomy.
+// plan every buffer, allocate once, then optimizer steps of gradient-accumulated micro-steps
+// (forward, fused loss, backward), clipping, the schedule and AdamW, with JSON logs, checkpoints
+// and a summary that includes the memory anatomy, planned and measured.
 #pragma once
 
 #include <array>
@@ -9,34 +10,16 @@
 #include <string>
 
 #include "core/memory_plan.h"
+#include "train/options.h"
 
 namespace brisk {
-
-// Names follow transformers' TrainingArguments; defaults are transformers' where it has one.
-struct TrainOptions {
-  std::string model = "bert-tiny";  // built-in name, config.json, or model folder
-  int64_t per_device_train_batch_size = 8;
-  double num_train_epochs = 3.0;
-  int64_t max_steps = -1;
-  float learning_rate = 5e-5f;
-  float weight_decay = 0.0f;
-  float adam_beta1 = 0.9f;
-  float adam_beta2 = 0.999f;
-  float adam_epsilon = 1e-8f;
-  float max_grad_norm = 1.0f;
-  uint64_t seed = 42;
-  int64_t logging_steps = 500;
-  bool gradient_checkpointing = false;
-  // Synthetic data (the seeds' dummy dataset).
-  int64_t dataset_size = 512;
-  int64_t seq_len = 512;
-};
 
 struct MemoryReport {
   std::array<size_t, kNumCategories> planned{};  // bytes by category
   size_t arena_bytes = 0;
   size_t arena_high_water = 0;
-  size_t peak_rss = 0;  // measured, whole process
+  size_t rss_before_arena = 0;  // process resident memory before the arena was allocated
+  size_t peak_rss = 0;          // measured peak of the whole process
 };
 
 struct TrainSummary {
@@ -47,9 +30,11 @@ struct TrainSummary {
   double total_flos = 0;
   int64_t global_step = 0;
   double epoch = 0;
+  std::string last_checkpoint;
   MemoryReport memory;
 };
 
+// Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
 using LogSink = std::function<void(const nlohmann::json&)>;
 
 TrainSummary train(const TrainOptions& options, const LogSink& on_log);

@@ -1,0 +1,23 @@
+// What the trainer reads samples from: a fixed number of samples, each written into one row of
+// a batch's buffers (input ids, attention mask, labels, token types).
+#pragma once
+
+#include <cstdint>
+
+#include "models/model.h"
+
+namespace brisk {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t seq_len() const = 0;
+  // Writes sample `index` into row `row` of `batch` (rows are reset to defaults beforehand).
+  virtual void fill_row(int64_t index, const Batch& batch, int64_t row) const = 0;
+  // Loss targets the sample contributes (1 for classification; for causal LM the positions
+  // t >= 1 with a label), so the loss of an accumulated batch can be normalized up front.
+  virtual int64_t count_targets(int64_t index) const = 0;
+};
+
+}  // namespace brisk

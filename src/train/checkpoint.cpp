@@ -1,0 +1,147 @@
+// Checkpoint folders: atomic save by folder rename, validated load, rotation.
+#include "train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/safetensors.h"
+
+namespace brisk {
+
+namespace fs = std::filesystem;
+
+namespace {
+int g_fail_after_files = -1;
+
+constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
+                                  "optimizer.safetensors", "scheduler.json",
+                                  "trainer_state.json",    "training_args.json"};
+
+void write_json(const fs::path& path, const nlohmann::json& j) {
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    BRISK_CHECK(out.good(), "cannot write '", tmp, "'");
+    out << j.dump(2) << "\n";
+    out.flush();
+    BRISK_CHECK(out.good(), "failed writing '", tmp, "' (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  BRISK_CHECK(in.good(), "checkpoint file '", path.string(), "' is missing");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    BRISK_FAIL("checkpoint file '", path.string(), "' is not valid JSON: ", e.what());
+  }
+}
+
+// Checkpoint folders in output_dir with their step numbers, oldest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("checkpoint-", 0) != 0) continue;
+    const std::string num = name.substr(11);
+    if (num.empty() || !std::all_of(num.begin(), num.end(), ::isdigit)) continue;
+    out.emplace_back(std::stoll(num), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void count_file_written() {
+  if (g_fail_after_files < 0) return;
+  if (g_fail_after_files-- == 0) {
+    g_fail_after_files = -1;
+    BRISK_FAIL("simulated failure while saving a checkpoint");
+  }
+}
+}  // namespace
+
+void fail_next_checkpoint_after_files_for_testing(int files) {
+  g_fail_after_files = files;
+}
+
+std::string save_checkpoint(const TrainOptions& options, const Model& model, const AdamW& adamw,
+                            const Schedule& schedule, const TrainerState& state) {
+  const fs::path dir(options.output_dir);
+  const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
+  const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
+                                  std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
+  try {
+    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_weights(),
+                      {{"format", "pt"}});
+    count_file_written();
+    write_json(tmp_dir / "config.json", model.config().source);
+    count_file_written();
+    int64_t step = adamw.steps();
+    write_safetensors((tmp_dir / "optimizer.safetensors").string(),
+                      {{"exp_avg", adamw.exp_avg()},
+                       {"exp_avg_sq", adamw.exp_avg_sq()},
+                       {"step", Tensor(&step, Shape{}, DType::i64)}});
+    count_file_written();
+    write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
+                                            {"warmup_steps", schedule.warmup_steps},
+                                            {"total_steps", schedule.total_steps},
+                                            {"last_step", state.global_step}});
+    count_file_written();
+    write_json(tmp_dir / "trainer_state.json", {{"global_step", state.global_step},
+                                                {"micro_batches", state.micro_batches},
+                                                {"epoch", state.epoch},
+                                                {"total_flos", state.total_flos},
+                                                {"log_history", state.log_history}});
+    count_file_written();
+    write_json(tmp_dir / "training_args.json", options_to_json(options));
+    // The rename is the commit point: before it, no checkpoint-N exists for this save.
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    fs::rename(tmp_dir, final_dir);
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+  if (options.save_total_limit > 0) {
+    auto all = list_checkpoints(dir);
+    for (size_t i = 0; i + options.save_total_limit < all.size(); ++i)
+      fs::remove_all(all[i].second, ec);
+  }
+  return final_dir.string();
+}
+
+void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state) {
+  const fs::path dir(folder);
+  BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
+  for (const char* f : kFiles)
+    BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
+  model.load_weights(SafetensorsFile((dir / "model.safetensors").string()));
+  SafetensorsFile opt((dir / "optimizer.safetensors").string());
+  copy_to_f32(opt.get("exp_avg"), adamw.exp_avg(), "exp_avg in " + opt.path());
+  copy_to_f32(opt.get("exp_avg_sq"), adamw.exp_avg_sq(), "exp_avg_sq in " + opt.path());
+  const Tensor& step = opt.get("step");
+  BRISK_CHECK(step.dtype() == DType::i64 && step.numel() == 1, "'", opt.path(),
+              "': step must be one int64");
+  adamw.set_steps(step.as<int64_t>()[0]);
+  const nlohmann::json ts = read_json(dir / "trainer_state.json");
+  try {
+    state.global_step = ts.at("global_step").get<int64_t>();
+    state.micro_batches = ts.at("micro_batches").get<int64_t>();
+    state.epoch = ts.at("epoch").get<double>();
+    state.total_flos = ts.value("total_flos", 0.0);
+    state.log_history = ts.value("log_history", nlohmann::json::array());
+  } catch (const nlohmann::json::exception& e) {
+    BRISK_FAIL("checkpoint '", folder, "': trainer_state.json is incomplete: ", e.what());
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,37 @@
+// Checkpoints: output_dir/checkpoint-N/ with model.safetensors (transformers' names, loadable by
+// transformers), config.json, optimizer.safetensors, scheduler.json, trainer_state.json (log
+// history, data position) and training_args.json. A checkpoint is written into a temporary folder
+// and renamed into place at the end, so an interrupted save never looks complete.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "train/options.h"
+#include "train/schedule.h"
+
+namespace brisk {
+
+// What the trainer needs besides weights and optimizer moments to continue exactly.
+struct TrainerState {
+  int64_t global_step = 0;    // optimizer steps done
+  int64_t micro_batches = 0;  // micro-batches consumed (the data position)
+  double epoch = 0;
+  double total_flos = 0;
+  nlohmann::json log_history = nlohmann::json::array();
+};
+
+// Writes output_dir/checkpoint-<global_step>; keeps at most options.save_total_limit checkpoints.
+// Returns the folder written.
+std::string save_checkpoint(const TrainOptions& options, const Model& model, const AdamW& adamw,
+                            const Schedule& schedule, const TrainerState& state);
+
+// Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.
+void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state);
+
+// For tests: make the next save fail after writing `files` files (-1 = never).
+void fail_next_checkpoint_after_files_for_testing(int files);
+
+}  // namespace brisk

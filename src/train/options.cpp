@@ -1,0 +1,90 @@
+// Option files and validation.
+#include "train/options.h"
+
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+
+namespace brisk {
+
+void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin) {
+  BRISK_CHECK(j.is_object(), origin, ": training options must be a JSON object");
+  std::set<std::string> known;
+  visit_options(o, [&](const char* name, auto& field, const char*) {
+    known.insert(name);
+    if (!j.contains(name) || j[name].is_null()) return;
+    try {
+      j[name].get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      BRISK_FAIL(origin, ": option \"", name, "\" has the wrong type: ", j[name].dump());
+    }
+  });
+  for (const auto& [key, value] : j.items())
+    BRISK_CHECK(known.count(key), origin, ": unknown option \"", key, "\"");
+}
+
+void load_options_file(TrainOptions& o, const std::string& path) {
+  std::ifstream in(path);
+  BRISK_CHECK(in.good(), "cannot open options file '", path, "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    BRISK_FAIL("options file '", path, "' is not valid JSON: ", e.what());
+  }
+  apply_options_json(o, j, "options file '" + path + "'");
+}
+
+nlohmann::json options_to_json(const TrainOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  visit_options(o, [&](const char* name, const auto& field, const char*) { j[name] = field; });
+  return j;
+}
+
+void validate_options(const TrainOptions& o) {
+  auto positive = [](const char* name, auto v) {
+    BRISK_CHECK(v > 0, name, " must be positive, got ", v);
+  };
+  positive("per_device_train_batch_size", o.per_device_train_batch_size);
+  positive("gradient_accumulation_steps", o.gradient_accumulation_steps);
+  positive("seq_len", o.seq_len);
+  positive("logging_steps", o.logging_steps);
+  positive("adam_epsilon", o.adam_epsilon);
+  BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
+  BRISK_CHECK(o.max_steps > 0 || o.num_train_epochs > 0,
+              "num_train_epochs must be positive when max_steps is not set");
+  BRISK_CHECK(o.learning_rate >= 0, "learning_rate must not be negative, got ", o.learning_rate);
+  BRISK_CHECK(o.weight_decay >= 0, "weight_decay must not be negative, got ", o.weight_decay);
+  BRISK_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "adam_beta1 must lie in [0, 1), got ",
+              o.adam_beta1);
+  BRISK_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "adam_beta2 must lie in [0, 1), got ",
+              o.adam_beta2);
+  BRISK_CHECK(o.max_grad_norm >= 0, "max_grad_norm must not be negative, got ", o.max_grad_norm);
+  BRISK_CHECK(o.warmup_steps >= 0, "warmup_steps must not be negative, got ", o.warmup_steps);
+  BRISK_CHECK(o.warmup_steps < 1 || o.warmup_steps == static_cast<int64_t>(o.warmup_steps),
+              "warmup_steps must be a whole number of steps, or a fraction below 1; got ",
+              o.warmup_steps);
+  BRISK_CHECK(o.warmup_ratio >= 0 && o.warmup_ratio < 1, "warmup_ratio must lie in [0, 1), got ",
+              o.warmup_ratio);
+  BRISK_CHECK(!(o.warmup_ratio > 0 && o.warmup_steps > 0),
+              "warmup_steps and warmup_ratio contradict each other: give one");
+  const std::set<std::string> schedules{"linear", "cosine", "constant", "constant_with_warmup"};
+  BRISK_CHECK(schedules.count(o.lr_scheduler_type), "unknown lr_scheduler_type \"",
+              o.lr_scheduler_type, "\" (valid: linear, cosine, constant, constant_with_warmup)");
+  BRISK_CHECK(o.save_steps >= 0, "save_steps must not be negative, got ", o.save_steps);
+  BRISK_CHECK(o.save_total_limit >= 0, "save_total_limit must not be negative, got ",
+              o.save_total_limit);
+  BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",
+              o.dataloader_num_workers);
+  BRISK_CHECK(o.optim == "adamw_torch" || o.optim == "adamw_torch_fused", "unknown optim \"",
+              o.optim, "\" (valid: adamw_torch, adamw_torch_fused)");
+  BRISK_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device \"", o.device,
+              "\" (valid: cpu, cuda)");
+  BRISK_CHECK(o.device == "cpu",
+              "--device cuda: this build has no CUDA backend yet; train with --device cpu");
+  BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
+  BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
+}
+
+}  // namespace brisk

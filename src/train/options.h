@@ -1,0 +1,95 @@
+// Training options, named and defaulted as in transformers' TrainingArguments (plus brisk's data
+// and model options). One table (visit_options) drives the command line, JSON option files and
+// the echo of the options into checkpoints, so no option is spelled twice.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace brisk {
+
+struct TrainOptions {
+  // Model and data.
+  std::string model_name_or_path = "bert-tiny";  // built-in name, config.json, or model folder
+  std::string dataset = "synthetic";             // "synthetic" or a token file (causal LM)
+  int64_t seq_len = 512;       // sequence length of the synthetic data / token file split
+  int64_t dataset_size = 512;  // synthetic samples
+  // TrainingArguments.
+  std::string output_dir = "trainer_output";
+  int64_t per_device_train_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  bool gradient_checkpointing = false;
+  bool fp16 = false;
+  bool bf16 = false;
+  bool tf32 = false;  // accepted; takes effect on GPUs
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  double warmup_steps = 0;  // an integer, or below 1 a fraction of the total steps
+  double warmup_ratio = 0;  // the older spelling of a fraction
+  std::string lr_scheduler_type = "linear";
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;
+  uint64_t seed = 42;
+  int64_t logging_steps = 500;
+  int64_t save_steps = 500;
+  int64_t save_total_limit = 0;  // 0 = keep all
+  std::string resume_from_checkpoint;
+  int64_t dataloader_num_workers = 0;
+  bool dataloader_pin_memory = true;
+  std::string optim = "adamw_torch";
+  std::string device = "cpu";
+  bool disable_tqdm = false;
+};
+
+// Calls v(name, field, help) for every option, in a stable order.
+template <typename Options, typename Visitor>
+void visit_options(Options& o, Visitor&& v) {
+  v("model_name_or_path", o.model_name_or_path,
+    "built-in config name, config.json or model folder");
+  v("dataset", o.dataset, "\"synthetic\" (the seeds' dummy data) or a token file");
+  v("seq_len", o.seq_len, "sequence length of the training samples");
+  v("dataset_size", o.dataset_size, "number of synthetic samples");
+  v("output_dir", o.output_dir, "where checkpoints and the run summary go");
+  v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
+  v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");
+  v("gradient_checkpointing", o.gradient_checkpointing, "recompute block internals in backward");
+  v("fp16", o.fp16, "fp16 mixed precision with dynamic loss scaling");
+  v("bf16", o.bf16, "bf16 mixed precision");
+  v("tf32", o.tf32, "TF32 matrix products (GPU only)");
+  v("learning_rate", o.learning_rate, "peak learning rate");
+  v("weight_decay", o.weight_decay, "decoupled weight decay (not on biases and LayerNorm)");
+  v("adam_beta1", o.adam_beta1, "AdamW beta1");
+  v("adam_beta2", o.adam_beta2, "AdamW beta2");
+  v("adam_epsilon", o.adam_epsilon, "AdamW epsilon");
+  v("max_grad_norm", o.max_grad_norm, "clip the global gradient norm to this (0 = off)");
+  v("warmup_steps", o.warmup_steps, "warm-up steps, or a fraction of all steps when below 1");
+  v("warmup_ratio", o.warmup_ratio, "warm-up as a fraction of all steps");
+  v("lr_scheduler_type", o.lr_scheduler_type, "linear, cosine, constant or constant_with_warmup");
+  v("num_train_epochs", o.num_train_epochs, "epochs to train (may be fractional)");
+  v("max_steps", o.max_steps, "optimizer steps; overrides num_train_epochs when > 0");
+  v("seed", o.seed, "seed for initialization, shuffling and dropout");
+  v("logging_steps", o.logging_steps, "log every this many optimizer steps");
+  v("save_steps", o.save_steps, "save a checkpoint every this many steps (0 = only at the end)");
+  v("save_total_limit", o.save_total_limit, "keep at most this many checkpoints (0 = all)");
+  v("resume_from_checkpoint", o.resume_from_checkpoint, "checkpoint folder to continue from");
+  v("dataloader_num_workers", o.dataloader_num_workers,
+    "0 = prepare batches inline; >= 1 = in a background thread");
+  v("dataloader_pin_memory", o.dataloader_pin_memory, "page-locked batches (GPU only)");
+  v("optim", o.optim, "optimizer (adamw_torch, adamw_torch_fused)");
+  v("device", o.device, "cpu (cuda arrives with the CUDA backend)");
+  v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
+}
+
+// Reads options from a JSON object with the same names; unknown keys are refused.
+void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin);
+void load_options_file(TrainOptions& o, const std::string& path);
+nlohmann::json options_to_json(const TrainOptions& o);
+// Refuses out-of-range and contradicting options with one message naming the problem.
+void validate_options(const TrainOptions& o);
+
+}  // namespace brisk
