@@ -11,6 +11,8 @@ SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, const ModelC
     : options_(options), causal_lm_(config.model_type == ModelType::gpt2) {
   BRISK_CHECK(options.dataset_size > 0, "synthetic dataset size must be positive");
   BRISK_CHECK(options.seq_len > 0, "synthetic sequence length must be positive");
+  BRISK_CHECK(options.task == "random" || options.task == "learnable", "unknown synthetic task \"",
+              options.task, "\" (valid: random, learnable)");
   options_.id_high = static_cast<int32_t>(std::min<int64_t>(options.id_high, config.vocab_size));
   BRISK_CHECK(options_.id_low < options_.id_high, "the vocabulary of ", config.vocab_size,
               " tokens leaves no room for synthetic ids from ", options.id_low);
@@ -23,17 +25,22 @@ void SyntheticDataset::fill_row(int64_t index, const Batch& batch, int64_t row) 
   int32_t* mask = batch.attention_mask.i32() + row * T;
   const uint32_t span = static_cast<uint32_t>(options_.id_high - options_.id_low);
   const RngKey key{options_.seed, static_cast<uint64_t>(index), 0x5eed};
+  const bool learnable = options_.task == "learnable";
+  const uint32_t start = rng_block(key, ~uint64_t{0}).v[0] % span;
+  const uint32_t stride = 1 + rng_block(key, ~uint64_t{0}).v[1] % 3;
   for (int64_t t = 0; t < T; ++t) {
     const bool real = t < options_.seq_len;
-    ids[t] =
-        real ? options_.id_low + static_cast<int32_t>(rng_block(key, t >> 2).v[t & 3] % span) : 0;
+    const uint32_t r = learnable && causal_lm_ ? (start + stride * static_cast<uint32_t>(t)) % span
+                                               : rng_block(key, t >> 2).v[t & 3] % span;
+    ids[t] = real ? options_.id_low + static_cast<int32_t>(r) : 0;
     mask[t] = real ? 1 : 0;
   }
   if (causal_lm_) {
     int32_t* labels = batch.labels.i32() + row * T;
     for (int64_t t = 0; t < T; ++t) labels[t] = mask[t] ? ids[t] : kIgnoreIndex;
   } else {
-    batch.labels.i32()[row] = 0;
+    batch.labels.i32()[row] =
+        learnable ? (ids[0] - options_.id_low < static_cast<int32_t>(span / 2) ? 1 : 0) : 0;
     if (!batch.token_type_ids.empty())
       std::fill(batch.token_type_ids.i32() + row * T, batch.token_type_ids.i32() + (row + 1) * T,
                 0);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "data/dataset.h"
 
@@ -15,6 +16,11 @@ struct SyntheticOptions {
   int32_t id_low = 100;
   int32_t id_high = 30000;  // exclusive; clipped to the vocabulary
   uint64_t seed = 42;
+  // "random": the seeds' data (nothing to learn but the constant label). "learnable": for
+  // classification the label says whether the first token is in the lower half of the id range;
+  // for causal LM each sequence counts up by a fixed stride from a random start, so every token
+  // after the second is predictable.
+  std::string task = "random";
 };
 
 class SyntheticDataset final : public Dataset {

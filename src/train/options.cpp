@@ -85,6 +85,8 @@ void validate_options(const TrainOptions& o) {
               "--device cuda: this build has no CUDA backend yet; train with --device cpu");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
+  BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
+              "unknown synthetic_task \"", o.synthetic_task, "\" (valid: random, learnable)");
 }
 
 }  // namespace brisk

@@ -15,6 +15,7 @@ struct TrainOptions {
   std::string dataset = "synthetic";             // "synthetic" or a token file (causal LM)
   int64_t seq_len = 512;       // sequence length of the synthetic data / token file split
   int64_t dataset_size = 512;  // synthetic samples
+  std::string synthetic_task = "random";  // "random" (the seeds') or "learnable"
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -54,6 +55,7 @@ void visit_options(Options& o, Visitor&& v) {
   v("dataset", o.dataset, "\"synthetic\" (the seeds' dummy data) or a token file");
   v("seq_len", o.seq_len, "sequence length of the training samples");
   v("dataset_size", o.dataset_size, "number of synthetic samples");
+  v("synthetic_task", o.synthetic_task, "random (the seeds' data) or learnable");
   v("output_dir", o.output_dir, "where checkpoints and the run summary go");
   v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
   v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");

@@ -54,7 +54,7 @@ int64_t non_embedding_params(const ParameterSet& ps) {
 std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c) {
   if (o.dataset == "synthetic")
     return std::make_unique<SyntheticDataset>(
-        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed}, c);
+        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task}, c);
   BRISK_CHECK(c.model_type == ModelType::gpt2, "token files train causal LMs; the ", c.type_name(),
               " model needs --dataset synthetic");
   return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
@@ -87,12 +87,13 @@ class Progress {
 };
 }  // namespace
 
-TrainSummary train(const TrainOptions& o, const LogSink& on_log) {
+TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* dataset) {
   validate_options(o);
   const ModelConfig config = resolve_config(o.model_name_or_path);
   auto model = Model::create(config);
   auto be = make_cpu_backend();
-  auto data = make_dataset(o, config);
+  std::unique_ptr<Dataset> owned = dataset ? nullptr : make_dataset(o, config);
+  const Dataset* data = dataset ? dataset : owned.get();
   prepare_output_dir(o.output_dir);
 
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/memory_plan.h"
+#include "data/dataset.h"
 #include "train/options.h"
 
 namespace brisk {
@@ -37,7 +38,9 @@ struct TrainSummary {
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
 using LogSink = std::function<void(const nlohmann::json&)>;
 
-TrainSummary train(const TrainOptions& options, const LogSink& on_log);
+// Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
+TrainSummary train(const TrainOptions& options, const LogSink& on_log,
+                   const Dataset* dataset = nullptr);
 
 nlohmann::json summary_json(const TrainSummary& s);
 
