@@ -127,12 +127,42 @@ def bad_inputs():
     print(f"{folder}: malformed inputs written")
 
 
+def adamw_steps():
+    """Ten AdamW steps with weight-decay groups, a linear warm-up/decay schedule and global-norm
+    clipping, as transformers' Trainer runs them (optim adamw_torch)."""
+    from transformers import get_linear_schedule_with_warmup
+    gen = torch.Generator().manual_seed(7)
+    shapes = {"w.weight": (5, 7), "w.bias": (5,), "norm.weight": (7,), "emb.weight": (11, 3)}
+    decay = {"w.weight": True, "w.bias": False, "norm.weight": False, "emb.weight": True}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
+    initial = {"init." + n: p.detach().clone() for n, p in params.items()}
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in params.items() if decay[n]], "weight_decay": 0.1},
+         {"params": [p for n, p in params.items() if not decay[n]], "weight_decay": 0.0}],
+        lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=10)
+    grads = {}
+    for step in range(10):
+        for n, p in params.items():
+            # Large enough that clipping to 1.0 is active on most steps.
+            p.grad = torch.randn(p.shape, generator=gen) * (0.3 + step * 0.1)
+            grads[f"grad.{step}.{n}"] = p.grad.detach().clone()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+        sched.step()
+    final = {"final." + n: p.detach().clone() for n, p in params.items()}
+    os.makedirs(os.path.join(OUT, "adamw"), exist_ok=True)
+    save_file({**initial, **grads, **final}, os.path.join(OUT, "adamw", "steps.safetensors"))
+    print("adamw: 10 steps written")
+
+
 def main():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
     bert(gen)
     gpt2(gen)
     bad_inputs()
+    adamw_steps()
     return 0
 
 

@@ -104,12 +104,12 @@ void DataLoader::start(int64_t first) {
   stopping_ = false;
   error_ = nullptr;
   slots_[0].index = slots_[1].index = -1;
-  worker_ = std::thread([this] { produce(); });
+  worker_ = std::thread([this, first] { produce(first); });
 }
 
-void DataLoader::produce() {
+void DataLoader::produce(int64_t first) {
   try {
-    for (int64_t m = next_;; ++m) {
+    for (int64_t m = first;; ++m) {
       Slot& slot = slots_[m % 2];
       {
         std::unique_lock<std::mutex> lock(mu_);

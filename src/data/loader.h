@@ -46,7 +46,7 @@ class DataLoader {
   // Fills slot with micro-batch m; returns its rows.
   int64_t fill(const Batch& dst, int64_t m);
   void order_for_epoch(int64_t epoch);
-  void produce();
+  void produce(int64_t first);  // the worker thread: fills slots from micro-batch `first` on
   void stop();
 
   const Dataset& data_;

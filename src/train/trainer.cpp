@@ -17,6 +17,7 @@
 #include "data/token_file.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "optim/grad_norm.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 
@@ -25,23 +26,6 @@ namespace brisk {
 namespace fs = std::filesystem;
 
 namespace {
-// Scales gradients so their global L2 norm is at most max_norm (as torch's clip_grad_norm_);
-// returns the norm before clipping.
-double clip_grad_norm(Backend& be, const Tensor& grads, double max_norm) {
-  const float* g = grads.f32();
-  double sq = 0.0;
-#pragma omp parallel for reduction(+ : sq) schedule(static)
-  for (int64_t i = 0; i < grads.numel(); ++i) sq += static_cast<double>(g[i]) * g[i];
-  const double norm = std::sqrt(sq);
-  if (max_norm > 0 && norm > max_norm) {
-    const float f = static_cast<float>(max_norm / (norm + 1e-6));
-    float* w = grads.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < grads.numel(); ++i) w[i] *= f;
-  }
-  return norm;
-}
-
 int64_t non_embedding_params(const ParameterSet& ps) {
   int64_t n = 0;
   for (const auto& p : ps.list())
@@ -166,7 +150,7 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     step_loss *= grad_scale;
     BRISK_CHECK(std::isfinite(step_loss), "the loss became ", step_loss, " at step ", step + 1,
                 "; stopping (lower the learning rate or check the data)");
-    const double grad_norm = clip_grad_norm(*be, model->params().flat_grads(), o.max_grad_norm);
+    const double grad_norm = clip_grad_norm(model->params().flat_grads(), o.max_grad_norm);
     const double lr = o.learning_rate * schedule.factor(step);
     adamw.step(model->params(), static_cast<float>(lr));
 

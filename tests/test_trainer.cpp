@@ -1,0 +1,309 @@
+// The trainer: gradient accumulation equals the big batch, checkpointing is exact, resume equals
+// an uninterrupted run, an interrupted save leaves the previous checkpoint usable, the plan
+// accounts for the process's memory, the tiny models learn, and AdamW + schedule + clipping
+// match PyTorch.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "data/dataset.h"
+#include "optim/adamw.h"
+#include "optim/grad_norm.h"
+#include "test_support.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+#include "train/trainer.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder under the temp directory, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / ("brisk_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
+};
+
+// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given.
+std::string write_config(const TempDir& dir, const std::string& type, double dropout) {
+  nlohmann::json j;
+  if (type == "bert")
+    j = {{"model_type", "bert"},
+         {"vocab_size", 128},
+         {"hidden_size", 32},
+         {"num_hidden_layers", 2},
+         {"num_attention_heads", 2},
+         {"intermediate_size", 48},
+         {"max_position_embeddings", 64},
+         {"hidden_dropout_prob", dropout},
+         {"attention_probs_dropout_prob", dropout}};
+  else
+    j = {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 32},
+         {"n_layer", 2},           {"n_head", 2},           {"n_positions", 64},
+         {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
+  const std::string folder = dir / (type + "_model");
+  fs::create_directories(folder);
+  std::ofstream(folder + "/config.json") << j.dump();
+  return folder;
+}
+
+TrainOptions tiny_options(const std::string& model, const std::string& out) {
+  TrainOptions o;
+  o.model_name_or_path = model;
+  o.output_dir = out;
+  o.seq_len = 12;
+  o.dataset_size = 24;
+  o.per_device_train_batch_size = 4;
+  o.max_steps = 4;
+  o.learning_rate = 3e-3;
+  o.logging_steps = 1;
+  o.save_steps = 0;
+  o.disable_tqdm = true;
+  return o;
+}
+
+struct Result {
+  TrainSummary summary;
+  std::vector<double> losses;
+};
+
+Result run(const TrainOptions& o, const Dataset* data = nullptr) {
+  Result r;
+  r.summary = train(
+      o, [&](const nlohmann::json& j) { r.losses.push_back(j["loss"]); }, data);
+  return r;
+}
+
+std::vector<float> weights_of(const std::string& checkpoint) {
+  SafetensorsFile f(checkpoint + "/model.safetensors");
+  std::vector<float> all;
+  for (const auto& n : f.names()) {
+    const Tensor& t = f.get(n);
+    all.insert(all.end(), t.f32(), t.f32() + t.numel());
+  }
+  return all;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
+}
+
+// Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
+class UnequalLengths final : public Dataset {
+ public:
+  int64_t size() const override { return 18; }
+  int64_t seq_len() const override { return 12; }
+  int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
+  void fill_row(int64_t i, const Batch& b, int64_t row) const override {
+    const int64_t T = b.input_ids.dim(1);
+    for (int64_t t = 0; t < length(i); ++t) {
+      b.input_ids.i32()[row * T + t] = static_cast<int32_t>(100 + (i * 7 + t * 3) % 28);
+      b.labels.i32()[row * T + t] = b.input_ids.i32()[row * T + t];
+      b.attention_mask.i32()[row * T + t] = 1;
+    }
+  }
+  int64_t count_targets(int64_t i) const override { return length(i) - 1; }
+};
+
+TEST(Trainer, AccumulationEqualsTheLargeBatch) {
+  TempDir dir("accum");
+  for (const std::string type : {"bert", "gpt2"}) {
+    const std::string model = write_config(dir, type, 0.0);
+    UnequalLengths lm_data;
+    const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
+    TrainOptions big = tiny_options(model, dir / (type + "_big"));
+    big.per_device_train_batch_size = 3;
+    TrainOptions small = big;
+    small.output_dir = dir / (type + "_small");
+    small.per_device_train_batch_size = 1;
+    small.gradient_accumulation_steps = 3;
+    const Result a = run(big, data), b = run(small, data);
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (size_t i = 0; i < a.losses.size(); ++i)
+      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(a.losses[i])) << type << " step " << i;
+    EXPECT_LE(rel(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)),
+              1e-5)
+        << type;
+    // The weights did move: the comparison is not between two untouched initializations.
+    TrainOptions none = big;
+    none.max_steps = 1;
+    none.learning_rate = 0;
+    none.output_dir = dir / (type + "_none");
+    EXPECT_GT(rel(weights_of(a.summary.last_checkpoint),
+                  weights_of(run(none, data).summary.last_checkpoint)),
+              1e-3);
+  }
+}
+
+TEST(Trainer, GradientCheckpointingChangesMemoryNotResults) {
+  TempDir dir("ckpt");
+  for (const std::string type : {"bert", "gpt2"}) {
+    TrainOptions plain = tiny_options(write_config(dir, type, 0.1), dir / (type + "_plain"));
+    TrainOptions ckpt = plain;
+    ckpt.output_dir = dir / (type + "_ckpt");
+    ckpt.gradient_checkpointing = true;
+    const Result a = run(plain), b = run(ckpt);
+    EXPECT_EQ(a.losses, b.losses) << type;
+    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << type;
+    const int act = static_cast<int>(Category::activations);
+    EXPECT_LT(b.summary.memory.planned[act], a.summary.memory.planned[act]) << type;
+  }
+}
+
+TEST(Trainer, ResumeEqualsTheUninterruptedRun) {
+  TempDir dir("resume");
+  for (const std::string type : {"bert", "gpt2"}) {
+    TrainOptions straight = tiny_options(write_config(dir, type, 0.1), dir / (type + "_straight"));
+    straight.max_steps = 6;
+    straight.save_steps = 3;
+    straight.gradient_accumulation_steps = 2;
+    straight.dataloader_num_workers = 1;
+    const Result a = run(straight);
+    TrainOptions resumed = straight;
+    resumed.output_dir = dir / (type + "_resumed");
+    resumed.resume_from_checkpoint = straight.output_dir + "/checkpoint-3";
+    const Result b = run(resumed);
+    ASSERT_EQ(a.losses.size(), 6u);
+    ASSERT_EQ(b.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(a.losses[3 + i], b.losses[i]) << type << " step " << 4 + i;
+    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << type;
+  }
+}
+
+TEST(Trainer, AnInterruptedSaveLeavesThePreviousCheckpointUsable) {
+  TempDir dir("killed");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  o.save_steps = 2;
+  // The first save writes 5 counted files; the second fails after 2 of its files.
+  fail_next_checkpoint_after_files_for_testing(5 + 2);
+  EXPECT_THROW(run(o), Error);
+  fail_next_checkpoint_after_files_for_testing(-1);
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/trainer_state.json"));
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-4"));
+  for (const auto& e : fs::directory_iterator(o.output_dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  TrainOptions resumed = o;
+  resumed.resume_from_checkpoint = o.output_dir + "/checkpoint-2";
+  const Result r = run(resumed);
+  EXPECT_EQ(r.summary.global_step, 4);
+}
+
+TEST(Trainer, SaveTotalLimitKeepsTheNewest) {
+  TempDir dir("limit");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.save_steps = 1;
+  o.save_total_limit = 2;
+  run(o);
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2"));
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-3"));
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-4"));
+  // transformers can read the names: every parameter of the model is in model.safetensors.
+  SafetensorsFile f(o.output_dir + "/checkpoint-4/model.safetensors");
+  EXPECT_TRUE(f.has("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_TRUE(f.has("transformer.ln_f.bias"));
+}
+
+TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
+  TempDir dir("memory");
+  TrainOptions o = tiny_options("bert-tiny", dir / "out");
+  o.seq_len = 128;
+  o.per_device_train_batch_size = 8;
+  o.dataset_size = 16;
+  o.max_steps = 2;
+  const Result r = run(o);
+  const MemoryReport& m = r.summary.memory;
+  size_t planned = 0;
+  for (size_t b : m.planned) planned += b;
+  // Every planned buffer is handed out; the arena is the plan plus alignment padding only.
+  EXPECT_LE(m.arena_bytes - m.arena_high_water, MemoryPlan::kAlignment);
+  EXPECT_GE(m.arena_bytes, planned);
+  EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
+  // The process grows by the arena and little else: stated margin 24 MiB for thread stacks,
+  // OpenBLAS buffers and the loader.
+  const size_t growth = m.peak_rss - m.rss_before_arena;
+  EXPECT_GE(growth, m.arena_bytes * 95 / 100);
+  EXPECT_LE(growth, m.arena_bytes + (24u << 20)) << "peak " << m.peak_rss;
+}
+
+TEST(Trainer, TinyModelsLearnTheLearnableTask) {
+  TempDir dir("learn");
+  for (const std::string type : {"bert", "gpt2"}) {
+    TrainOptions o = tiny_options(write_config(dir, type, 0.0), dir / (type + "_out"));
+    o.synthetic_task = "learnable";
+    o.seq_len = 16;
+    o.dataset_size = 256;
+    o.max_steps = 150;
+    o.logging_steps = 50;
+    o.per_device_train_batch_size = 8;
+    const Result r = run(o);
+    // Chance: ln 2 for the labels, ln 28 for the 28 ids the sequences use.
+    const double chance = type == "bert" ? std::log(2.0) : std::log(28.0);
+    EXPECT_LT(r.losses.back(), 0.5 * chance) << type;
+  }
+}
+
+TEST(Trainer, AdamWScheduleAndClippingMatchPyTorch) {
+  SafetensorsFile f(fixture("adamw/steps.safetensors"));
+  ParameterSet ps;
+  const std::vector<std::pair<std::string, bool>> names = {
+      {"w.weight", true}, {"w.bias", false}, {"norm.weight", false}, {"emb.weight", true}};
+  for (const auto& [n, decay] : names) ps.add(n, f.get("init." + n).shape(), decay);
+  std::vector<float> w(ps.total_elements()), g(ps.total_elements()), m(w.size()), v(w.size());
+  ps.bind(Tensor(w.data(), Shape{ps.total_elements()}, DType::f32),
+          Tensor(g.data(), Shape{ps.total_elements()}, DType::f32));
+  for (size_t i = 0; i < names.size(); ++i)
+    copy_to_f32(f.get("init." + names[i].first), ps.weight(static_cast<int>(i)), "init");
+  MemoryPlan plan;
+  BufferBinder binder;
+  AdamW adamw({0.9f, 0.98f, 1e-6f, 0.1f});
+  adamw.plan(plan, binder, ps.total_elements());
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  binder.bind(arena);
+  adamw.reset();
+  const Schedule schedule{"linear", 3, 10};
+  for (int step = 0; step < 10; ++step) {
+    for (size_t i = 0; i < names.size(); ++i)
+      copy_to_f32(f.get("grad." + std::to_string(step) + "." + names[i].first),
+                  ps.grad(static_cast<int>(i)), "grad");
+    clip_grad_norm(ps.flat_grads(), 1.0);
+    adamw.step(ps, static_cast<float>(1e-2 * schedule.factor(step)));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Tensor& want = f.get("final." + names[i].first);
+    EXPECT_LE(rel_error(ps.weight(static_cast<int>(i)).f32(), want.f32(), want.numel()), 1e-6)
+        << names[i].first;
+  }
+}
+
+TEST(Trainer, SchedulesFollowTransformers) {
+  const Schedule linear{"linear", 2, 10}, cosine{"cosine", 2, 10}, constant{"constant", 2, 10},
+      warm{"constant_with_warmup", 2, 10};
+  EXPECT_DOUBLE_EQ(linear.factor(0), 0.0);
+  EXPECT_DOUBLE_EQ(linear.factor(1), 0.5);
+  EXPECT_DOUBLE_EQ(linear.factor(2), 1.0);
+  EXPECT_DOUBLE_EQ(linear.factor(6), 0.5);
+  EXPECT_DOUBLE_EQ(cosine.factor(6), 0.5);
+  EXPECT_NEAR(cosine.factor(4), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(constant.factor(0), 1.0);
+  EXPECT_DOUBLE_EQ(warm.factor(1), 0.5);
+  EXPECT_DOUBLE_EQ(warm.factor(9), 1.0);
+  EXPECT_EQ(resolve_warmup_steps(0.1, 0, 95), 10);  // a fraction rounds up
+  EXPECT_EQ(resolve_warmup_steps(7, 0, 95), 7);
+  EXPECT_EQ(resolve_warmup_steps(0, 0.5, 9), 5);
+}
+
+}  // namespace
+}  // namespace brisk::testing
