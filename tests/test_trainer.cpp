@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "data/dataset.h"
+#include "data/token_file.h"
 #include "optim/adamw.h"
 #include "optim/grad_norm.h"
 #include "test_support.h"
@@ -303,6 +304,122 @@ TEST(Trainer, SchedulesFollowTransformers) {
   EXPECT_EQ(resolve_warmup_steps(0.1, 0, 95), 10);  // a fraction rounds up
   EXPECT_EQ(resolve_warmup_steps(7, 0, 95), 7);
   EXPECT_EQ(resolve_warmup_steps(0, 0.5, 9), 5);
+}
+
+}  // namespace
+}  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+template <typename F>
+void expect_refused(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
+TEST(Trainer, RefusesBadOptions) {
+  TempDir dir("badopts");
+  const TrainOptions base = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  auto refused = [&](auto change, const std::string& needle) {
+    TrainOptions o = base;
+    change(o);
+    expect_refused([&] { run(o); }, needle);
+  };
+  refused([](TrainOptions& o) { o.per_device_train_batch_size = 0; },
+          "per_device_train_batch_size must be positive");
+  refused([](TrainOptions& o) { o.gradient_accumulation_steps = 0; },
+          "gradient_accumulation_steps must be positive");
+  refused([](TrainOptions& o) { o.fp16 = o.bf16 = true; }, "contradict each other");
+  refused([](TrainOptions& o) { o.lr_scheduler_type = "exotic"; }, "unknown lr_scheduler_type");
+  refused([](TrainOptions& o) { o.warmup_steps = 2.5; }, "whole number of steps");
+  refused([](TrainOptions& o) { o.warmup_steps = 2, o.warmup_ratio = 0.1; },
+          "warmup_steps and warmup_ratio contradict");
+  refused([](TrainOptions& o) { o.optim = "adam_sgd"; }, "unknown optim \"adam_sgd\"");
+  refused([](TrainOptions& o) { o.device = "tpu"; }, "unknown device");
+  refused([](TrainOptions& o) { o.weight_decay = -1; }, "weight_decay must not be negative");
+  refused([](TrainOptions& o) { o.adam_beta1 = 1.0; }, "adam_beta1 must lie in [0, 1)");
+  refused([](TrainOptions& o) { o.num_train_epochs = 0, o.max_steps = -1; },
+          "num_train_epochs must be positive");
+  refused([](TrainOptions& o) { o.synthetic_task = "chess"; }, "unknown synthetic_task");
+  refused([](TrainOptions& o) { o.dataset_size = 3; }, "smaller than one batch");
+  refused([](TrainOptions& o) { o.seq_len = 65; }, "exceeds max_position_embeddings");
+  refused([](TrainOptions& o) { o.output_dir = "/etc/hostname/sub"; }, "cannot create output_dir");
+  refused([&](TrainOptions& o) { o.resume_from_checkpoint = dir / "nowhere"; }, "does not exist");
+
+  TrainOptions o;
+  expect_refused(
+      [&] {
+        apply_options_json(o, {{"learning_rat", 1e-3}}, "x");
+      },
+      "unknown option \"learning_rat\"");
+  expect_refused(
+      [&] {
+        apply_options_json(o, {{"max_steps", "ten"}}, "x");
+      },
+      "option \"max_steps\" has the wrong type");
+  expect_refused([&] { load_options_file(o, fixture("bad/not_json.json")); }, "not valid JSON");
+  apply_options_json(o, {{"max_steps", 7}, {"bf16", false}, {"lr_scheduler_type", "cosine"}}, "x");
+  EXPECT_EQ(o.max_steps, 7);
+  EXPECT_EQ(o.lr_scheduler_type, "cosine");
+}
+
+TEST(Trainer, RefusesBadTokenFilesAndCheckpoints) {
+  TempDir dir("baddata");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.dataset = dir / "missing.bin";
+  expect_refused([&] { run(o); }, "cannot open token file");
+
+  std::vector<uint32_t> tokens(100);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 100 + i % 28;
+  write_token_file(dir / "good.bin", tokens, 2);
+  {  // cut the file short of what its header promises
+    const auto size = fs::file_size(dir / "good.bin");
+    fs::copy_file(dir / "good.bin", dir / "truncated.bin");
+    fs::resize_file(dir / "truncated.bin", size - 10);
+  }
+  o.dataset = dir / "truncated.bin";
+  expect_refused([&] { run(o); }, "is truncated");
+  tokens[37] = 500;
+  write_token_file(dir / "oov.bin", tokens, 4);
+  o.dataset = dir / "oov.bin";
+  expect_refused([&] { run(o); }, "token 500 at position 37 is outside the vocabulary");
+  std::ofstream(dir / "junk.bin") << "definitely not tokens, but long enough for a header";
+  o.dataset = dir / "junk.bin";
+  expect_refused([&] { run(o); }, "not a brisk token file");
+  o.dataset = dir / "good.bin";
+  o.seq_len = 40;  // 100 tokens make 2 sequences: fewer than one batch of 4
+  expect_refused([&] { run(o); }, "smaller than one batch");
+
+  // A good token file trains, and its checkpoint resumes; one with a file removed is refused.
+  o.seq_len = 12;
+  o.per_device_train_batch_size = 2;
+  const Result r = run(o);
+  EXPECT_EQ(r.summary.global_step, 4);
+  fs::remove(r.summary.last_checkpoint + "/optimizer.safetensors");
+  o.resume_from_checkpoint = r.summary.last_checkpoint;
+  o.output_dir = dir / "out2";
+  expect_refused([&] { run(o); }, "optimizer.safetensors is missing");
+}
+
+TEST(Trainer, StartsFromAModelFolder) {
+  TempDir dir("from_folder");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "first");
+  const Result first = run(o);
+  // The checkpoint folder is a model folder (config.json + model.safetensors): training from
+  // it with learning rate 0 keeps its weights.
+  TrainOptions again = o;
+  again.model_name_or_path = first.summary.last_checkpoint;
+  again.output_dir = dir / "second";
+  again.learning_rate = 0;
+  again.max_steps = 1;
+  const Result second = run(again);
+  EXPECT_EQ(weights_of(first.summary.last_checkpoint), weights_of(second.summary.last_checkpoint));
 }
 
 }  // namespace

@@ -126,7 +126,8 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
   Progress progress(!o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
   loader.start(state.micro_batches);
   double loss_sum = 0.0, window_loss = 0.0;
-  int64_t window = 0, samples = 0;
+  int64_t window = 0, samples = 0, window_samples = 0;
+  auto window_start = std::chrono::steady_clock::now();
   const int64_t first_step = state.global_step;
   const auto start = std::chrono::steady_clock::now();
   while (state.global_step < total_steps) {
@@ -137,7 +138,9 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     model->zero_grads(*be);
     double step_loss = 0.0;
     for (int64_t micro = 0; micro < k; ++micro) {
-      samples += loader.next(model->batch());
+      const int64_t rows = loader.next(model->batch());
+      samples += rows;
+      window_samples += rows;
       StepOptions so;
       so.training = true;
       so.compute_grad = true;
@@ -162,11 +165,17 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     ++window;
     progress.update(state.global_step, step_loss);
     if (state.global_step % o.logging_steps == 0 || state.global_step == total_steps) {
+      const auto now = std::chrono::steady_clock::now();
+      const double secs = std::chrono::duration<double>(now - window_start).count();
       nlohmann::json rec = {{"step", state.global_step},
                             {"epoch", state.epoch},
                             {"loss", window_loss / window},
                             {"learning_rate", lr},
-                            {"grad_norm", grad_norm}};
+                            {"grad_norm", grad_norm},
+                            {"loss_scale", 1.0},
+                            {"samples_per_second", secs > 0 ? window_samples / secs : 0.0}};
+      window_start = now;
+      window_samples = 0;
       state.log_history.push_back(rec);
       on_log(rec);
       window_loss = 0.0;
