@@ -25,20 +25,21 @@ void AdamW::step(const ParameterSet& params, float lr) {
   const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step_));
   const float step_size = static_cast<float>(lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  float* w = params.flat_weights().f32();
-  const float* g = params.flat_grads().f32();
-  float* m = m_.f32();
-  float* v = v_.f32();
+  float* __restrict w = params.flat_weights().f32();
+  const float* __restrict g = params.flat_grads().f32();
+  float* __restrict m = m_.f32();
+  float* __restrict v = v_.f32();
+  const float eps = options_.epsilon;
   for (const ParamInfo& p : params.list()) {
     const float decay = p.decay ? 1.0f - lr * options_.weight_decay : 1.0f;
     const int64_t begin = p.offset, end = p.offset + p.shape.numel();
-#pragma omp parallel for schedule(static) if (end - begin > 32768)
+#pragma omp parallel for simd schedule(static) if (end - begin > 32768)
     for (int64_t i = begin; i < end; ++i) {
-      w[i] *= decay;
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / bc2_sqrt + options_.epsilon;
-      w[i] -= step_size * m[i] / denom;
+      const float mi = b1 * m[i] + (1.0f - b1) * g[i];
+      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
     }
   }
 }

@@ -1,5 +1,4 @@
-// Elementwise ops on the CPU: GELU (erf and tanh forms), tanh, dropout from the counter-based
-// RNG, residual adds.
+// Elementwise ops on the CPU: tanh, dropout from the counter-based RNG, residual adds.
 #include <algorithm>
 #include <cmath>
 
@@ -9,57 +8,12 @@
 namespace brisk {
 
 namespace {
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 constexpr int64_t kDropoutChunk = 1 << 14;  // elements per parallel work item
 
 void check_dropout_p(float p) {
   BRISK_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is outside [0, 1)");
 }
 }  // namespace
-
-void CpuBackend::gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
-  check_same_numel(x, y, "gelu_forward");
-  const float* in = x.f32();
-  float* out = y.f32();
-  const int64_t n = x.numel();
-  if (kind == GeluKind::erf) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * kInvSqrt2));
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = in[i];
-      out[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
-    }
-  }
-}
-
-void CpuBackend::gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  check_same_numel(x, dy, "gelu_backward");
-  check_same_numel(x, dx, "gelu_backward");
-  const float *in = x.f32(), *g = dy.f32();
-  float* out = dx.f32();
-  const int64_t n = x.numel();
-  if (kind == GeluKind::erf) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = in[i];
-      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
-      out[i] = g[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
-    }
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = in[i];
-      const float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
-      const float t = std::tanh(u);
-      const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
-      out[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-    }
-  }
-}
 
 void CpuBackend::tanh_forward(const Tensor& x, const Tensor& y) {
   check_same_numel(x, y, "tanh_forward");
