@@ -1,6 +1,7 @@
 // The op interface every backend implements (CPU now, CUDA later). A backend knows tensors and
-// math, never models or the trainer. Gradient outputs named d* for parameters accumulate (+=),
-// so that tied weights and gradient accumulation need no extra buffers.
+// math, never models or the trainer. Gradients of parameters (dw, db, dgamma, dbeta, the
+// embedding tables) accumulate (+=), so that tied weights and gradient accumulation need no extra
+// buffers; gradients of activations (dx, dqkv, ...) are overwritten unless a flag says otherwise.
 #pragma once
 
 #include <memory>
@@ -81,7 +82,10 @@ class Backend {
   // ---- attention ----
   // Multi-head scaled dot-product attention over packed qkv [B,T,3C] (q | k | v along the last
   // dimension; head h uses columns [h*D, (h+1)*D) of each). key_mask is int32 [B,T] (nonzero
-  // keeps the key) or empty; causal hides later keys. probs [B,H,T,T] receives the softmax
+  // keeps the key) or empty; causal hides later keys. Scores are scaled by 1/sqrt(D). A query
+  // that can see no key at all gets zero probabilities and a zero output (transformers would
+  // spread it uniformly; such rows only occur at padding, whose loss is ignored).
+  // probs [B,H,T,T] receives the softmax
   // (before dropout) for the backward pass; out is [B,T,C]. scratch [B,H,T,T] receives the
   // dropped-out probabilities; it is needed only when dropout_p > 0 and may be empty otherwise.
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
