@@ -58,9 +58,9 @@ TEST(Models, Gpt2LMHeadModelMatchesTransformers) {
 
 // Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
 // with dropout on, and plans fewer activation bytes.
-void checkpointing_is_exact(const std::string& name) {
-  LoadedModel plain(fixture(name), {false}, /*dropout=*/true);
-  LoadedModel ckpt(fixture(name), {true}, /*dropout=*/true);
+void checkpointing_is_exact(const std::string& name, DType act_dtype = DType::f32) {
+  LoadedModel plain(fixture(name), {false, act_dtype}, /*dropout=*/true);
+  LoadedModel ckpt(fixture(name), {true, act_dtype}, /*dropout=*/true);
   const double a = plain.step(true);
   const double b = ckpt.step(true);
   EXPECT_EQ(a, b);
@@ -75,6 +75,11 @@ TEST(Models, BertGradientCheckpointingIsBitIdentical) {
 }
 TEST(Models, Gpt2GradientCheckpointingIsBitIdentical) {
   checkpointing_is_exact("gpt2_tiny");
+}
+
+TEST(Models, CheckpointingIsBitIdenticalWith16BitActivations) {
+  checkpointing_is_exact("bert_tiny", DType::bf16);
+  checkpointing_is_exact("gpt2_tiny", DType::f16);
 }
 
 // Dropout: the same (seed, step) gives the same masks, another step other masks.

@@ -149,23 +149,29 @@ TEST(Trainer, AccumulationEqualsTheLargeBatch) {
 
 TEST(Trainer, GradientCheckpointingChangesMemoryNotResults) {
   TempDir dir("ckpt");
-  for (const std::string type : {"bert", "gpt2"}) {
-    TrainOptions plain = tiny_options(write_config(dir, type, 0.1), dir / (type + "_plain"));
-    TrainOptions ckpt = plain;
-    ckpt.output_dir = dir / (type + "_ckpt");
-    ckpt.gradient_checkpointing = true;
-    const Result a = run(plain), b = run(ckpt);
-    EXPECT_EQ(a.losses, b.losses) << type;
-    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << type;
-    const int act = static_cast<int>(Category::activations);
-    EXPECT_LT(b.summary.memory.planned[act], a.summary.memory.planned[act]) << type;
-  }
+  for (const std::string type : {"bert", "gpt2"})
+    for (bool bf16 : {false, true}) {
+      const std::string tag = type + (bf16 ? "_bf16" : "_fp32");
+      TrainOptions plain = tiny_options(write_config(dir, type, 0.1), dir / (tag + "_plain"));
+      plain.bf16 = bf16;
+      TrainOptions ckpt = plain;
+      ckpt.output_dir = dir / (tag + "_ckpt");
+      ckpt.gradient_checkpointing = true;
+      const Result a = run(plain), b = run(ckpt);
+      EXPECT_EQ(a.losses, b.losses) << tag;
+      EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint))
+          << tag;
+      const int act = static_cast<int>(Category::activations);
+      EXPECT_LT(b.summary.memory.planned[act], a.summary.memory.planned[act]) << tag;
+    }
 }
 
 TEST(Trainer, ResumeEqualsTheUninterruptedRun) {
   TempDir dir("resume");
-  for (const std::string type : {"bert", "gpt2"}) {
-    TrainOptions straight = tiny_options(write_config(dir, type, 0.1), dir / (type + "_straight"));
+  for (const std::string type : {"bert", "gpt2", "gpt2_fp16"}) {
+    const std::string arch = type.substr(0, 4);
+    TrainOptions straight = tiny_options(write_config(dir, arch, 0.1), dir / (type + "_straight"));
+    straight.fp16 = type == "gpt2_fp16";
     straight.max_steps = 6;
     straight.save_steps = 3;
     straight.gradient_accumulation_steps = 2;

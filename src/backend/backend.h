@@ -67,6 +67,14 @@ class Backend {
   virtual void add_inplace(const Tensor& y, const Tensor& x) = 0;
   virtual void fill(const Tensor& t, float value) = 0;
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // dst = src converted between float32, bfloat16 and float16 (round to nearest even; values
+  // beyond fp16's range become inf). Same dtypes: a copy.
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  // Rounds a float32 tensor in place to the nearest value of `dtype` (bf16 or f16; f32: no-op):
+  // how the CPU emulates 16-bit storage while computing in float32.
+  virtual void round_to(DType dtype, const Tensor& t) = 0;
+  // True when every element of the float32 tensor is finite (the loss scaler's overflow check).
+  virtual bool all_finite(const Tensor& t) = 0;
 
   // ---- embeddings ----
   // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair

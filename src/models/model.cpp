@@ -46,7 +46,23 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   const BlockDims dims{shape.batch, shape.seq, c.hidden_size, c.intermediate_size, c.num_heads};
   const BlockStyle style = block_style(true);
   saved_.assign(c.num_layers, BlockSaved());
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  stored_.clear();
+  const bool low = options.activation_dtype != DType::f32;
+  if (low && !options.gradient_checkpointing) {
+    declare_block_saved(plan, binder_, work_, "block_work.", style, dims, SavedPart::low_precision,
+                        DType::f32, Category::temporaries);
+    stored_.assign(c.num_layers, BlockSaved());
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string prefix = "block." + std::to_string(l) + ".";
+      declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision);
+      declare_block_saved(plan, binder_, stored_[l], prefix, style, dims, SavedPart::low_precision,
+                          options.activation_dtype, Category::activations);
+      const auto dst = low_precision_tensors(saved_[l]);
+      const auto src = low_precision_tensors(work_);
+      for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
+    }
+  }
+  for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
     if (options.gradient_checkpointing && l > 0) {
       // One set of internals, recomputed per block inside backward.
       for (auto [dst, src] : {std::pair{&saved_[l].a_in, &saved_[0].a_in},
@@ -116,26 +132,46 @@ int64_t Model::count_targets() const {
   return n;
 }
 
+BlockStyle Model::style(bool training) const {
+  BlockStyle s = block_style(training);
+  s.act_dtype = options_.activation_dtype;
+  return s;
+}
+
+namespace {
+// Copies between a block's float32 working tensors and its 16-bit stored copies.
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
+  const auto src = low_precision_tensors(from);
+  const auto dst = low_precision_tensors(to);
+  for (size_t i = 0; i < src.size(); ++i)
+    if (!src[i]->empty()) be.cast(*src[i], *dst[i]);
+}
+}  // namespace
+
 double Model::forward(Backend& be, const StepOptions& o) {
   validate_batch();
-  const BlockStyle style = block_style(o.training);
+  const BlockStyle st = style(o.training);
   embed_forward(be, o);
-  for (int l = 0; l < config_.num_layers; ++l)
-    block_forward(be, style, layer_params(l, false), hidden_[l], batch_.attention_mask,
-                  hidden_[l + 1], saved_[l], scratch_, o.rng, l);
+  for (int l = 0; l < config_.num_layers; ++l) {
+    block_forward(be, st, layer_params(l, false), hidden_[l], batch_.attention_mask, hidden_[l + 1],
+                  saved_[l], scratch_, o.rng, l);
+    if (!stored_.empty()) transfer(be, work_, stored_[l]);
+  }
   return head_forward(be, o);
 }
 
 void Model::backward(Backend& be, const StepOptions& o) {
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
-  const BlockStyle style = block_style(o.training);
+  const BlockStyle st = style(o.training);
   head_backward(be, o);
   for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
     // The shared internals still hold the last block's values from the forward pass.
-    if (options_.gradient_checkpointing && l != config_.num_layers - 1)
-      block_forward(be, style, layer_params(l, false), hidden_[l], batch_.attention_mask, Tensor(),
+    const bool last = l == config_.num_layers - 1;
+    if (options_.gradient_checkpointing && !last)
+      block_forward(be, st, layer_params(l, false), hidden_[l], batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    block_backward(be, style, layer_params(l, false), layer_params(l, true), hidden_[l], saved_[l],
+    if (!stored_.empty() && !last) transfer(be, stored_[l], work_);
+    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l], saved_[l],
                    scratch_, d_hidden_, o.rng, l);
   }
   embed_backward(be, o);
@@ -181,9 +217,15 @@ void Model::load_weights(const SafetensorsFile& file) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::named_weights() const {
+  return named_views(params_.flat_weights());
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::named_views(const Tensor& flat) const {
+  BRISK_CHECK(flat.numel() == params_.total_elements(), "a flat buffer of ", flat.numel(),
+              " values does not hold the model's ", params_.total_elements(), " parameters");
   std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t i = 0; i < params_.list().size(); ++i)
-    out.emplace_back(params_.list()[i].name, params_.weight(static_cast<int>(i)));
+  for (const ParamInfo& p : params_.list())
+    out.emplace_back(p.name, Tensor(flat.f32() + p.offset, p.shape, DType::f32, flat.device()));
   return out;
 }
 

@@ -31,6 +31,9 @@ struct Batch {
 
 struct PlanOptions {
   bool gradient_checkpointing = false;  // keep only block inputs, recompute inside backward
+  // Mixed precision: activations that feed matrix products are kept in this type (bf16/f16);
+  // the CPU computes in float32 and rounds them to it.
+  DType activation_dtype = DType::f32;
 };
 
 struct StepOptions {
@@ -71,6 +74,8 @@ class Model {
   void load_weights(const SafetensorsFile& file);
   // (name, tensor) pairs for writing model.safetensors.
   std::vector<std::pair<std::string, Tensor>> named_weights() const;
+  // The same names over another flat buffer of the same layout (e.g. the fp32 master weights).
+  std::vector<std::pair<std::string, Tensor>> named_views(const Tensor& flat) const;
 
  protected:
   explicit Model(const ModelConfig& config) : config_(config) {}
@@ -85,6 +90,7 @@ class Model {
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
+  DType activation_dtype() const { return options_.activation_dtype; }
 
   // Helpers for subclasses.
   int param(const std::string& name, Shape shape);
@@ -113,7 +119,12 @@ class Model {
  private:
   BufferBinder binder_;
   PlanOptions options_;
-  std::vector<BlockSaved> saved_;
+  BlockStyle style(bool training) const;
+  std::vector<BlockSaved> saved_;  // what each block's forward and backward work on
+  // Mixed precision without checkpointing: the 16-bit copies of each block's low-precision
+  // tensors, and the shared float32 set the block computes in (saved_[l] views it).
+  std::vector<BlockSaved> stored_;
+  BlockSaved work_;
   Tensor flat_weights_, flat_grads_;
 };
 

@@ -17,26 +17,36 @@ uint32_t block_rng_site(int layer, int which) {
   return static_cast<uint32_t>(layer * kSitesPerLayer + which);
 }
 
+std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s) {
+  return {&s.a_in, &s.qkv, &s.probs, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
+}
+
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
-                         const std::string& prefix, const BlockStyle& style, const BlockDims& d) {
+                         const std::string& prefix, const BlockStyle& style, const BlockDims& d,
+                         SavedPart part, DType low_dtype, Category low_category) {
   const Shape btc{d.batch, d.seq, d.hidden};
   const Shape bt{d.batch, d.seq};
-  auto add = [&](Tensor* t, const char* name, Shape shape) {
-    binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
+  auto low = [&](Tensor* t, const char* name, Shape shape) {
+    if (part != SavedPart::full_precision)
+      binder.declare(plan, t, prefix + name, low_category, low_dtype, shape);
   };
-  if (style.pre_norm) add(&s.a_in, "a_in", btc);
-  add(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
-  add(&s.probs, "probs", Shape{d.batch, d.heads, d.seq, d.seq});
-  add(&s.ctx, "ctx", btc);
-  add(&s.res1, "res1", btc);
-  add(&s.m_in, "m_in", btc);
-  add(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.inner});
-  add(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
-  if (!style.pre_norm) add(&s.res2, "res2", btc);
-  add(&s.mean_a, "mean_a", bt);
-  add(&s.rstd_a, "rstd_a", bt);
-  add(&s.mean_b, "mean_b", bt);
-  add(&s.rstd_b, "rstd_b", bt);
+  auto full = [&](Tensor* t, const char* name, Shape shape) {
+    if (part != SavedPart::low_precision)
+      binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
+  };
+  if (style.pre_norm) low(&s.a_in, "a_in", btc);
+  low(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
+  low(&s.probs, "probs", Shape{d.batch, d.heads, d.seq, d.seq});
+  low(&s.ctx, "ctx", btc);
+  full(&s.res1, "res1", btc);
+  low(&s.m_in, "m_in", btc);
+  low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.inner});
+  low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
+  if (!style.pre_norm) full(&s.res2, "res2", btc);
+  full(&s.mean_a, "mean_a", bt);
+  full(&s.rstd_a, "rstd_a", bt);
+  full(&s.mean_b, "mean_b", bt);
+  full(&s.rstd_b, "rstd_b", bt);
 }
 
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& s,
@@ -59,21 +69,33 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
                    const BlockScratch& scratch, const RngKey& key, int layer) {
   // Attention sublayer.
   const Tensor& a_in = st.pre_norm ? s.a_in : x;
-  if (st.pre_norm) be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, st.eps, s.a_in, s.mean_a, s.rstd_a);
+  const DType lp = st.act_dtype;
+  if (st.pre_norm) {
+    be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, st.eps, s.a_in, s.mean_a, s.rstd_a);
+    be.round_to(lp, s.a_in);
+  }
   be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
+  be.round_to(lp, s.qkv);
   be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
                        site_key(key, layer, kAttnProbs), s.probs, scratch.attn, s.ctx);
+  be.round_to(lp, s.probs);
+  be.round_to(lp, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
+  be.round_to(lp, scratch.tmp);
   be.dropout_add(x, scratch.tmp, st.residual_dropout, site_key(key, layer, kAttnResidual), s.res1);
   // MLP sublayer.
   if (st.pre_norm)
     be.layernorm_forward(s.res1, w.ln_b_g, w.ln_b_b, st.eps, s.m_in, s.mean_b, s.rstd_b);
   else
     be.layernorm_forward(s.res1, w.ln_a_g, w.ln_a_b, st.eps, s.m_in, s.mean_a, s.rstd_a);
+  be.round_to(lp, s.m_in);
   be.linear_forward(s.m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
+  be.round_to(lp, s.fc_pre);
   be.gelu_forward(st.gelu, s.fc_pre, s.fc_act);
+  be.round_to(lp, s.fc_act);
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(s.fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
+  be.round_to(lp, scratch.tmp);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     be.dropout_add(s.res1, scratch.tmp, st.residual_dropout, mlp_key, out);
@@ -87,6 +109,9 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
                     const Tensor& x, const BlockSaved& s, const BlockScratch& sc, const Tensor& dh,
                     const RngKey& key, int layer) {
+  // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an
+  // fp16 overflow shows up as inf in the parameter gradients.
+  const DType lp = st.act_dtype;
   const RngKey attn_probs_key = site_key(key, layer, kAttnProbs);
   const RngKey attn_res_key = site_key(key, layer, kAttnResidual);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
@@ -97,8 +122,10 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     d_res1 = dh;
     be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.round_to(lp, sc.d_fc);
     be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
     be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
+    be.round_to(lp, sc.tmp2);
     be.layernorm_backward(sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
                           g.ln_b_b);
   } else {
@@ -107,6 +134,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                           g.ln_b_b);
     be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.round_to(lp, sc.d_fc);
     be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
     be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
     d_res1 = dh;  // dh is free again: it now receives d_res1
@@ -116,10 +144,13 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
   be.dropout_backward(d_res1, st.residual_dropout, attn_res_key, sc.tmp);
   be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
+  be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.probs, st.heads, st.attention_dropout, attn_probs_key,
                         sc.attn, sc.d_qkv);
+  be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
+    be.round_to(lp, sc.tmp2);
     be.layernorm_backward(sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
   } else {
     be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b);

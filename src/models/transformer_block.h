@@ -3,6 +3,7 @@
 // what it saves for backward, and can recompute those internals from its input alone.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "backend/backend.h"
@@ -19,6 +20,9 @@ struct BlockStyle {
   float attention_dropout = 0.0f;
   float residual_dropout = 0.0f;
   int heads = 1;
+  // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
+  // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
+  DType act_dtype = DType::f32;
 };
 
 // Parameters (or their gradients) of one block. ln_a is the LayerNorm around attention, ln_b
@@ -38,6 +42,11 @@ struct BlockSaved {
   Tensor mean_a, rstd_a, mean_b, rstd_b;
 };
 
+// The saved tensors kept in the activation dtype under mixed precision (those that feed matrix
+// products or attention); the rest (residual sums, LayerNorm statistics) stay float32.
+// Entries for tensors a style does not use are empty.
+std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s);
+
 // Buffers shared by all blocks, used only within one block's forward or backward.
 struct BlockScratch {
   Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn;
@@ -47,8 +56,14 @@ struct BlockDims {
   int64_t batch, seq, hidden, inner, heads;
 };
 
+// Which saved tensors to declare: all of them, only the low-precision ones, or only the rest.
+enum class SavedPart { all, low_precision, full_precision };
+
+// Declares saved tensors; the low-precision ones get `low_dtype` and `low_category`.
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& saved,
-                         const std::string& prefix, const BlockStyle& style, const BlockDims& d);
+                         const std::string& prefix, const BlockStyle& style, const BlockDims& d,
+                         SavedPart part = SavedPart::all, DType low_dtype = DType::f32,
+                         Category low_category = Category::activations);
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
                            const BlockDims& d);
 

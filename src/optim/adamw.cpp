@@ -18,15 +18,17 @@ void AdamW::reset() {
   step_ = 0;
 }
 
-void AdamW::step(const ParameterSet& params, float lr) {
+void AdamW::step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr) {
+  BRISK_CHECK(weights.numel() == params.total_elements() && grads.numel() == weights.numel(),
+              "AdamW: buffers do not match the parameter layout");
   ++step_;
   const float b1 = options_.beta1, b2 = options_.beta2;
   const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step_));
   const float step_size = static_cast<float>(lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  float* __restrict w = params.flat_weights().f32();
-  const float* __restrict g = params.flat_grads().f32();
+  float* __restrict w = weights.f32();
+  const float* __restrict g = grads.f32();
   float* __restrict m = m_.f32();
   float* __restrict v = v_.f32();
   const float eps = options_.epsilon;

@@ -20,7 +20,12 @@ class AdamW {
   // Declares the two moment buffers (optimizer_state).
   void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
   void reset();  // zero moments, step 0
-  void step(const ParameterSet& params, float lr);
+  // Updates `weights` (a flat float32 buffer laid out as `params`: the model's weights, or the
+  // fp32 master copy in mixed precision) from `grads`.
+  void step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr);
+  void step(const ParameterSet& params, float lr) {
+    step(params, params.flat_weights(), params.flat_grads(), lr);
+  }
   int64_t steps() const { return step_; }
   // State for checkpoints.
   const Tensor& exp_avg() const { return m_; }

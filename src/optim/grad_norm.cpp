@@ -21,4 +21,11 @@ double clip_grad_norm(const Tensor& grads, double max_norm) {
   return norm;
 }
 
+void scale_grads(const Tensor& grads, float factor) {
+  float* w = grads.f32();
+  const int64_t n = grads.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) w[i] *= factor;
+}
+
 }  // namespace brisk

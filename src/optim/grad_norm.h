@@ -7,4 +7,6 @@ namespace brisk {
 // Scales grads by max_norm / (norm + 1e-6) when the norm exceeds max_norm (> 0); returns the
 // norm before clipping.
 double clip_grad_norm(const Tensor& grads, double max_norm);
+// grads *= factor (unscaling after fp16 loss scaling).
+void scale_grads(const Tensor& grads, float factor);
 }  // namespace brisk

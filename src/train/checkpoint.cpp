@@ -70,8 +70,9 @@ void fail_next_checkpoint_after_files_for_testing(int files) {
   g_fail_after_files = files;
 }
 
-std::string save_checkpoint(const TrainOptions& options, const Model& model, const AdamW& adamw,
-                            const Schedule& schedule, const TrainerState& state) {
+std::string save_checkpoint(const TrainOptions& options, const Model& model, const Tensor& weights,
+                            const AdamW& adamw, const Schedule& schedule,
+                            const TrainerState& state) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -81,7 +82,7 @@ std::string save_checkpoint(const TrainOptions& options, const Model& model, con
   fs::create_directories(tmp_dir, ec);
   BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
   try {
-    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_weights(),
+    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
                       {{"format", "pt"}});
     count_file_written();
     write_json(tmp_dir / "config.json", model.config().source);
@@ -101,6 +102,8 @@ std::string save_checkpoint(const TrainOptions& options, const Model& model, con
                                                 {"micro_batches", state.micro_batches},
                                                 {"epoch", state.epoch},
                                                 {"total_flos", state.total_flos},
+                                                {"loss_scale", state.loss_scale},
+                                                {"growth_tracker", state.growth_tracker},
                                                 {"log_history", state.log_history}});
     count_file_written();
     write_json(tmp_dir / "training_args.json", options_to_json(options));
@@ -138,6 +141,8 @@ void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, Trai
     state.micro_batches = ts.at("micro_batches").get<int64_t>();
     state.epoch = ts.at("epoch").get<double>();
     state.total_flos = ts.value("total_flos", 0.0);
+    state.loss_scale = ts.value("loss_scale", 1.0);
+    state.growth_tracker = ts.value("growth_tracker", int64_t{0});
     state.log_history = ts.value("log_history", nlohmann::json::array());
   } catch (const nlohmann::json::exception& e) {
     BRISK_FAIL("checkpoint '", folder, "': trainer_state.json is incomplete: ", e.what());

@@ -20,13 +20,17 @@ struct TrainerState {
   int64_t micro_batches = 0;  // micro-batches consumed (the data position)
   double epoch = 0;
   double total_flos = 0;
+  double loss_scale = 1.0;  // fp16's dynamic loss scaler
+  int64_t growth_tracker = 0;
   nlohmann::json log_history = nlohmann::json::array();
 };
 
-// Writes output_dir/checkpoint-<global_step>; keeps at most options.save_total_limit checkpoints.
+// Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
+// the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
-std::string save_checkpoint(const TrainOptions& options, const Model& model, const AdamW& adamw,
-                            const Schedule& schedule, const TrainerState& state);
+std::string save_checkpoint(const TrainOptions& options, const Model& model, const Tensor& weights,
+                            const AdamW& adamw, const Schedule& schedule,
+                            const TrainerState& state);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.
 void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state);

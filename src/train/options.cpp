@@ -52,9 +52,6 @@ void validate_options(const TrainOptions& o) {
   positive("logging_steps", o.logging_steps);
   positive("adam_epsilon", o.adam_epsilon);
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
-  BRISK_CHECK(!o.fp16 && !o.bf16,
-              "--fp16/--bf16: mixed precision is not implemented yet in this build; train in "
-              "fp32 (drop the flag)");
   BRISK_CHECK(o.max_steps > 0 || o.num_train_epochs > 0,
               "num_train_epochs must be positive when max_steps is not set");
   BRISK_CHECK(o.learning_rate >= 0, "learning_rate must not be negative, got ", o.learning_rate);

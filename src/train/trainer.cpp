@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include "backend/backend.h"
@@ -18,6 +19,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "optim/grad_norm.h"
+#include "precision/mixed_precision.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 
@@ -26,6 +28,7 @@ namespace brisk {
 namespace fs = std::filesystem;
 
 namespace {
+int64_t g_force_overflow_step = -1;
 int64_t non_embedding_params(const ParameterSet& ps) {
   int64_t n = 0;
   for (const auto& p : ps.list())
@@ -71,6 +74,10 @@ class Progress {
 };
 }  // namespace
 
+void force_overflow_at_step_for_testing(int64_t step) {
+  g_force_overflow_step = step;
+}
+
 TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* dataset) {
   validate_options(o);
   const ModelConfig config = resolve_config(o.model_name_or_path);
@@ -85,9 +92,11 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
                            config.model_type == ModelType::gpt2};
   DataLoader loader(*data, layout, o.seed, o.dataloader_num_workers > 0);
 
+  MixedPrecision precision(o.bf16 ? DType::bf16 : o.fp16 ? DType::f16 : DType::f32);
   MemoryPlan plan;
-  model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing});
+  model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype()});
   BufferBinder binder;
+  precision.plan(plan, binder, model->params().total_elements());
   AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
                static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
   adamw.plan(plan, binder, model->params().total_elements());
@@ -110,6 +119,9 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
   } else {
     model->init_weights(o.seed);
   }
+  precision.adopt_model_weights(*be, model->params());
+  if (!o.resume_from_checkpoint.empty() && precision.uses_loss_scaling())
+    precision.scaler().restore(state.loss_scale, state.growth_tracker);
 
   const int64_t micro_per_epoch = loader.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
@@ -134,7 +146,9 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
     const int64_t targets = loader.count_targets(state.micro_batches, k);
-    const float grad_scale = targets > 0 ? 1.0f / static_cast<float>(targets) : 0.0f;
+    const double loss_scale = precision.loss_scale();
+    const float grad_scale =
+        targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
     model->zero_grads(*be);
     double step_loss = 0.0;
     for (int64_t micro = 0; micro < k; ++micro) {
@@ -150,12 +164,27 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
       model->backward(*be, so);
       ++state.micro_batches;
     }
-    step_loss *= grad_scale;
-    BRISK_CHECK(std::isfinite(step_loss), "the loss became ", step_loss, " at step ", step + 1,
-                "; stopping (lower the learning rate or check the data)");
-    const double grad_norm = clip_grad_norm(model->params().flat_grads(), o.max_grad_norm);
-    const double lr = o.learning_rate * schedule.factor(step);
-    adamw.step(model->params(), static_cast<float>(lr));
+    step_loss /= std::max<int64_t>(targets, 1);
+    const Tensor& grads = model->params().flat_grads();
+    if (step == g_force_overflow_step) grads.f32()[0] = std::numeric_limits<float>::infinity();
+    // fp16: an overflow skips the update and halves the scale. Otherwise a non-finite loss ends
+    // the run.
+    const bool overflow =
+        precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !be->all_finite(grads));
+    BRISK_CHECK(overflow || std::isfinite(step_loss), "the loss became ", step_loss, " at step ",
+                step + 1, "; stopping (lower the learning rate or check the data)");
+    // The schedule advances with the updates actually made (a skipped step does not count).
+    const double lr = o.learning_rate * schedule.factor(adamw.steps());
+    double grad_norm = std::numeric_limits<double>::quiet_NaN();
+    if (!overflow) {
+      if (loss_scale != 1.0) scale_grads(grads, static_cast<float>(1.0 / loss_scale));
+      grad_norm = clip_grad_norm(grads, o.max_grad_norm);
+      adamw.step(model->params(), precision.master(model->params()), grads, static_cast<float>(lr));
+      precision.refresh_weights(*be, model->params());
+    }
+    if (precision.uses_loss_scaling()) precision.scaler().update(overflow);
+    state.loss_scale = precision.loss_scale();
+    state.growth_tracker = precision.scaler().growth_tracker();
 
     ++state.global_step;
     state.epoch = static_cast<double>(state.micro_batches) / micro_per_epoch;
@@ -172,7 +201,8 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
                             {"loss", window_loss / window},
                             {"learning_rate", lr},
                             {"grad_norm", grad_norm},
-                            {"loss_scale", 1.0},
+                            {"loss_scale", loss_scale},
+                            {"skipped", overflow},
                             {"samples_per_second", secs > 0 ? window_samples / secs : 0.0}};
       window_start = now;
       window_samples = 0;
@@ -183,7 +213,8 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     }
     if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
         state.global_step == total_steps)
-      s.last_checkpoint = save_checkpoint(o, *model, adamw, schedule, state);
+      s.last_checkpoint =
+          save_checkpoint(o, *model, precision.master(model->params()), adamw, schedule, state);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -44,4 +44,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log,
 
 nlohmann::json summary_json(const TrainSummary& s);
 
+// For tests: put an inf into the gradients of (0-based) optimizer step `step` (-1 = never), as an
+// fp16 overflow would.
+void force_overflow_at_step_for_testing(int64_t step);
+
 }  // namespace brisk

@@ -34,6 +34,9 @@ class CpuBackend final : public Backend {
   void add_inplace(const Tensor& y, const Tensor& x) override;
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void cast(const Tensor& src, const Tensor& dst) override;
+  void round_to(DType dtype, const Tensor& t) override;
+  bool all_finite(const Tensor& t) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,

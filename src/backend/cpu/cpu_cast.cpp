@@ -1,0 +1,59 @@
+// Conversions between float32 and the 16-bit formats on the CPU, in-place rounding (the CPU's
+// emulation of 16-bit storage) and the finiteness check used by the loss scaler.
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace brisk {
+
+namespace {
+bool is_float16(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+inline float round_one(DType t, float v) {
+  return t == DType::bf16 ? bf16_to_float(float_to_bf16(v)) : fp16_to_float(float_to_fp16(v));
+}
+}  // namespace
+
+void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
+  check_same_numel(src, dst, "cast");
+  const int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) return copy(src, dst);
+  if (src.dtype() == DType::f32 && is_float16(dst.dtype())) {
+    const float* in = src.f32();
+    uint16_t* out = dst.as<uint16_t>();
+    const bool bf = dst.dtype() == DType::bf16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf ? float_to_bf16(in[i]) : float_to_fp16(in[i]);
+    return;
+  }
+  if (is_float16(src.dtype()) && dst.dtype() == DType::f32) {
+    const uint16_t* in = src.as<uint16_t>();
+    float* out = dst.f32();
+    const bool bf = src.dtype() == DType::bf16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf ? bf16_to_float(in[i]) : fp16_to_float(in[i]);
+    return;
+  }
+  BRISK_FAIL("cast from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()),
+             " is not supported");
+}
+
+void CpuBackend::round_to(DType dtype, const Tensor& t) {
+  if (dtype == DType::f32) return;
+  BRISK_CHECK(is_float16(dtype), "round_to: ", dtype_name(dtype), " is not a 16-bit float");
+  float* p = t.f32();
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = round_one(dtype, p[i]);
+}
+
+bool CpuBackend::all_finite(const Tensor& t) {
+  const float* p = t.f32();
+  const int64_t n = t.numel();
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  return bad == 0;
+}
+
+}  // namespace brisk

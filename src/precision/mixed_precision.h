@@ -1,0 +1,44 @@
+// The precision policy of a training run. In fp32 nothing changes. With bf16 or fp16 the
+// optimizer updates float32 master weights (category master_weights) and the model computes with
+// weights rounded to the 16-bit type after every update; fp16 also scales the loss dynamically.
+// On the CPU the compute copy stays in a float32 container holding 16-bit values, because
+// OpenBLAS multiplies float32; the saved activations are 16-bit for real (see Model::plan).
+#pragma once
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+#include "models/parameters.h"
+#include "precision/loss_scaler.h"
+
+namespace brisk {
+
+class MixedPrecision {
+ public:
+  explicit MixedPrecision(DType compute, LossScalerOptions scaler = {})
+      : compute_(compute), scaler_(scaler) {}
+
+  DType compute_dtype() const { return compute_; }
+  bool enabled() const { return compute_ != DType::f32; }
+  bool uses_loss_scaling() const { return compute_ == DType::f16; }
+
+  void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
+  // Takes the model's freshly initialized or loaded weights as the master copy and rounds the
+  // model's compute weights.
+  void adopt_model_weights(Backend& be, const ParameterSet& params);
+  // The float32 weights the optimizer updates and checkpoints save.
+  const Tensor& master(const ParameterSet& params) const {
+    return enabled() ? master_ : params.flat_weights();
+  }
+  // After an optimizer step: compute weights = master rounded to the 16-bit type.
+  void refresh_weights(Backend& be, const ParameterSet& params);
+
+  double loss_scale() const { return uses_loss_scaling() ? scaler_.scale() : 1.0; }
+  DynamicLossScaler& scaler() { return scaler_; }
+
+ private:
+  DType compute_;
+  DynamicLossScaler scaler_;
+  Tensor master_;
+};
+
+}  // namespace brisk

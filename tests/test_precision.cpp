@@ -1,0 +1,155 @@
+// Mixed precision: casts and rounding against the scalar conversions, the dynamic loss scaler's
+// rules, and the trainer in bf16/fp16 (overflow skip, closeness to fp32, memory anatomy).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "precision/loss_scaler.h"
+#include "test_support.h"
+#include "train/trainer.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Precision, CastAndRoundMatchTheScalarConversions) {
+  auto be = make_cpu_backend();
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 1000.0f);
+  std::vector<float> x(1001);
+  for (auto& v : x) v = normal(gen);
+  x[0] = 70000.0f;  // beyond fp16
+  x[1] = std::nanf("");
+  x[2] = -0.0f;
+  x[3] = 1e-9f;  // below fp16's subnormals
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> back(x.size()), rounded = x;
+    const Shape s{static_cast<int64_t>(x.size())};
+    be->cast(Tensor(x.data(), s, DType::f32), Tensor(h.data(), s, t));
+    be->cast(Tensor(h.data(), s, t), Tensor(back.data(), s, DType::f32));
+    be->round_to(t, Tensor(rounded.data(), s, DType::f32));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = t == DType::bf16 ? float_to_bf16(x[i]) : float_to_fp16(x[i]);
+      ASSERT_EQ(h[i], want) << i;
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(back[i]) && std::isnan(rounded[i]));
+        continue;
+      }
+      EXPECT_EQ(back[i], rounded[i]) << i;
+      const float scalar = t == DType::bf16 ? bf16_to_float(want) : fp16_to_float(want);
+      EXPECT_EQ(back[i], scalar) << i;
+    }
+  }
+  std::vector<float> f16_big{70000.0f};
+  be->round_to(DType::f16, Tensor(f16_big.data(), Shape{1}, DType::f32));
+  EXPECT_TRUE(std::isinf(f16_big[0]));
+  EXPECT_FALSE(be->all_finite(Tensor(f16_big.data(), Shape{1}, DType::f32)));
+  EXPECT_FALSE(be->all_finite(Tensor(x.data(), Shape{static_cast<int64_t>(x.size())}, DType::f32)));
+  EXPECT_TRUE(be->all_finite(Tensor(x.data() + 2, Shape{100}, DType::f32)));
+}
+
+TEST(Precision, LossScalerFollowsGradScalerRules) {
+  DynamicLossScaler s;
+  EXPECT_EQ(s.scale(), 65536.0);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 32768.0);
+  for (int i = 0; i < 1999; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 32768.0);
+  s.update(false);  // the 2000th clean step in a row
+  EXPECT_EQ(s.scale(), 65536.0);
+  for (int i = 0; i < 1500; ++i) s.update(false);
+  s.update(true);  // an overflow resets the count
+  EXPECT_EQ(s.scale(), 32768.0);
+  for (int i = 0; i < 1999; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 32768.0);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 65536.0);
+}
+
+struct TrainRun {
+  std::vector<nlohmann::json> logs;
+  TrainSummary summary;
+};
+
+class MixedPrecisionTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("brisk_mp_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "model");
+    std::ofstream(dir_ / "model" / "config.json")
+        << nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 128}, {"n_embd", 32},
+                          {"n_layer", 2},         {"n_head", 2},       {"n_positions", 64}}
+               .dump();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainRun run(const std::string& name, bool fp16, bool bf16, int64_t steps = 30) {
+    TrainOptions o;
+    o.model_name_or_path = (dir_ / "model").string();
+    o.output_dir = (dir_ / name).string();
+    o.synthetic_task = "learnable";
+    o.seq_len = 16;
+    o.dataset_size = 128;
+    o.per_device_train_batch_size = 8;
+    o.max_steps = steps;
+    o.learning_rate = 3e-3;
+    o.logging_steps = 1;
+    o.save_steps = 0;
+    o.disable_tqdm = true;
+    o.fp16 = fp16;
+    o.bf16 = bf16;
+    TrainRun r;
+    r.summary = train(o, [&](const nlohmann::json& j) { r.logs.push_back(j); });
+    return r;
+  }
+  fs::path dir_;
+};
+
+TEST_F(MixedPrecisionTraining, Fp16OverflowSkipsExactlyThatStepAndHalvesTheScale) {
+  force_overflow_at_step_for_testing(3);
+  const TrainRun r = run("overflow", true, false, 6);
+  force_overflow_at_step_for_testing(-1);
+  ASSERT_EQ(r.logs.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(r.logs[i]["skipped"].get<bool>(), i == 3) << "step " << i + 1;
+    EXPECT_EQ(r.logs[i]["loss_scale"].get<double>(), i <= 3 ? 65536.0 : 32768.0) << i + 1;
+  }
+  // Five updates were made; the skipped step left the learning-rate schedule where it was.
+  SafetensorsFile opt(r.summary.last_checkpoint + "/optimizer.safetensors");
+  EXPECT_EQ(opt.get("step").as<int64_t>()[0], 5);
+  EXPECT_EQ(r.logs[3]["learning_rate"], r.logs[4]["learning_rate"]);
+}
+
+TEST_F(MixedPrecisionTraining, Bf16AndFp16StayCloseToFp32AndPlanLessActivationMemory) {
+  const TrainRun f32 = run("fp32", false, false), b16 = run("bf16", false, true),
+                 f16 = run("fp16", true, false);
+  const double a = f32.logs.back()["loss"], b = b16.logs.back()["loss"],
+               c = f16.logs.back()["loss"];
+  EXPECT_LT(a, 0.8 * f32.logs.front()["loss"].get<double>());  // it learned something
+  EXPECT_NEAR(b, a, 0.1 * a);
+  EXPECT_NEAR(c, a, 0.1 * a);
+  for (const auto& l : f16.logs) EXPECT_FALSE(l["skipped"].get<bool>());
+  const int act = static_cast<int>(Category::activations);
+  const int master = static_cast<int>(Category::master_weights);
+  const int weights = static_cast<int>(Category::weights);
+  EXPECT_LT(b16.summary.memory.planned[act], f32.summary.memory.planned[act]);
+  EXPECT_EQ(f32.summary.memory.planned[master], 0u);
+  EXPECT_EQ(b16.summary.memory.planned[master], f32.summary.memory.planned[weights]);
+  // Checkpoints hold the fp32 master weights, not their rounded compute copy.
+  SafetensorsFile w(b16.summary.last_checkpoint + "/model.safetensors");
+  const Tensor& wte = w.get("transformer.wte.weight");
+  int64_t not_bf16 = 0;
+  for (int64_t i = 0; i < wte.numel(); ++i)
+    not_bf16 += bf16_to_float(float_to_bf16(wte.f32()[i])) != wte.f32()[i];
+  EXPECT_GT(not_bf16, wte.numel() / 2);
+}
+
+}  // namespace
+}  // namespace brisk::testing
