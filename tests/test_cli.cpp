@@ -88,6 +88,18 @@ TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
     EXPECT_NE(r.out.find(key), std::string::npos) << "missing " << key << " in\n" << r.out;
 }
 
+TEST(Cli, EstimatePrintsThePlanByCategory) {
+  const CliRun fp32 =
+      run_brisk("estimate --model bert-large-uncased --per_device_train_batch_size 4");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.err;
+  EXPECT_NE(fp32.out.find("335143938 parameters"), std::string::npos) << fp32.out;
+  EXPECT_NE(fp32.out.find("optimizer_state    2556.9 MiB"), std::string::npos) << fp32.out;
+  const CliRun bf16 = run_brisk("estimate --model gpt2 --bf16 --seq_len 1024");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  EXPECT_NE(bf16.out.find("master_weights"), std::string::npos);
+  expect_refused("estimate --fp16 --bf16", "contradict");
+}
+
 TEST(Cli, BadInputEndsWithOneClearMessage) {
   const std::string bad = fixture("bad/");
   const std::string bert = fixture("bert_tiny/");
@@ -113,6 +125,10 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
                  "smaller than one batch");
   expect_refused("train --no_such_option 1", "no_such_option");
   expect_refused("train --model nonexistent-model", "neither a built-in config");
+  expect_refused("train --fp16 --bf16", "contradict each other");
+  expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
+  expect_refused("train --device cuda", "no CUDA backend");
+  expect_refused("train --options_file " + bad + "not_json.json", "not valid JSON");
 }
 
 }  // namespace

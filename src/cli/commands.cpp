@@ -8,6 +8,8 @@
 #include "core/safetensors.h"
 #include "models/batch.h"
 #include "models/model.h"
+#include "optim/adamw.h"
+#include "precision/mixed_precision.h"
 
 namespace brisk::cli {
 
@@ -99,17 +101,25 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
 }
 
 int run_estimate(const EstimateArgs& a) {
+  BRISK_CHECK(!(a.bf16 && a.fp16), "--fp16 and --bf16 contradict each other: choose one");
   ModelConfig config = resolve_config(a.model);
   auto model = Model::create(config);
+  MixedPrecision precision(a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32);
   MemoryPlan plan;
-  model->plan(plan, {a.batch_size, a.seq_len}, {a.gradient_checkpointing});
+  model->plan(plan, {a.batch_size, a.seq_len},
+              {a.gradient_checkpointing, precision.compute_dtype()});
   const int64_t n = model->params().total_elements();
-  plan.add("adamw.state", Category::optimizer_state, DType::f32, Shape{2 * n});
+  BufferBinder binder;
+  precision.plan(plan, binder, n);
+  AdamW({}).plan(plan, binder, n);
   plan.finalize();
-  std::printf("%s: %lld parameters, batch %lld x %lld%s, AdamW fp32\n", a.model.c_str(),
+  std::printf("%s: %lld parameters, batch %lld x %lld%s%s, AdamW\n", a.model.c_str(),
               static_cast<long long>(n), static_cast<long long>(a.batch_size),
               static_cast<long long>(a.seq_len),
-              a.gradient_checkpointing ? ", gradient checkpointing" : "");
+              a.gradient_checkpointing ? ", gradient checkpointing" : "",
+              a.bf16   ? ", bf16"
+              : a.fp16 ? ", fp16"
+                       : ", fp32");
   print_plan(plan.bytes_by_category(), plan.total_bytes());
   return 0;
 }

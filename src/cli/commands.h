@@ -22,6 +22,8 @@ struct EstimateArgs {
   int64_t batch_size = 8;
   int64_t seq_len = 512;
   bool gradient_checkpointing = false;
+  bool bf16 = false;
+  bool fp16 = false;
 };
 
 int run_train(const TrainOptions& options);

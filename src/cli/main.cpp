@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   e->add_option("--per_device_train_batch_size", est.batch_size)->capture_default_str();
   e->add_option("--seq_len", est.seq_len)->capture_default_str();
   e->add_flag("--gradient_checkpointing", est.gradient_checkpointing);
+  e->add_flag("--bf16", est.bf16);
+  e->add_flag("--fp16", est.fp16);
 
   try {
     app.parse(argc, argv);
