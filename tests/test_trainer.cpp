@@ -430,3 +430,46 @@ TEST(Trainer, StartsFromAModelFolder) {
 
 }  // namespace
 }  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+TEST(Trainer, ANonFiniteLossStopsTheRunNamingTheStep) {
+  TempDir dir("nan");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.learning_rate = 1e30;  // the first update destroys the weights
+  o.max_grad_norm = 0;
+  o.max_steps = 5;
+  try {
+    run(o);
+    ADD_FAILURE() << "the run did not stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the loss became"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at step 2"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2"));
+}
+
+TEST(Trainer, StartsFromATransformersModelFolder) {
+  // tests/fixtures/gpt2_tiny was written by transformers' save_pretrained.
+  TempDir dir("hf_folder");
+  TrainOptions o = tiny_options(fixture("gpt2_tiny"), dir / "out");
+  std::vector<uint32_t> tokens(60);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 % 89);
+  write_token_file(dir / "tokens.bin", tokens, 2);
+  o.dataset = dir / "tokens.bin";
+  o.learning_rate = 0;
+  o.max_steps = 1;
+  const Result r = run(o);
+  SafetensorsFile hf(fixture("gpt2_tiny/model.safetensors"));
+  SafetensorsFile ours(r.summary.last_checkpoint + "/model.safetensors");
+  for (const auto& name : ours.names()) {
+    ASSERT_TRUE(hf.has(name)) << name;
+    const Tensor &a = ours.get(name), &b = hf.get(name);
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    EXPECT_TRUE(std::equal(a.f32(), a.f32() + a.numel(), b.f32())) << name;
+  }
+}
+
+}  // namespace
+}  // namespace brisk::testing
