@@ -13,18 +13,6 @@
 namespace brisk::testing {
 namespace {
 
-// Runs f and expects a brisk::Error whose message contains `needle`.
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
-  }
-}
-
 TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
   expect_error([] { load_config(fixture("bad/not_json.json")); }, "is not valid JSON");
   expect_error([] { load_config(fixture("bad/missing_size.json")); },

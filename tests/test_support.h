@@ -33,6 +33,18 @@ inline double rel_error(const float* a, const float* b, int64_t n, double floor 
   return std::sqrt(num) / std::max(std::sqrt(den), floor);
 }
 
+// Runs f and expects a brisk::Error whose message contains `needle`.
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
 // A model with its plan and arena, loaded from a fixture folder holding config.json,
 // model.safetensors and batch.safetensors.
 struct LoadedModel {
