@@ -7,7 +7,9 @@
 namespace brisk {
 
 namespace {
-bool is_float16(DType t) { return t == DType::bf16 || t == DType::f16; }
+bool is_float16(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
 
 inline float round_one(DType t, float v) {
   return t == DType::bf16 ? bf16_to_float(float_to_bf16(v)) : fp16_to_float(float_to_fp16(v));
