@@ -25,6 +25,11 @@ class Backend {
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
 
+  // Element type of matrix-product operands: f32, or bf16 in bf16 mixed precision (operands
+  // holding bf16 values are multiplied on bf16 units with float32 accumulation where the
+  // backend has them; otherwise in float32, with the same result up to summation order).
+  virtual void set_matmul_dtype(DType dtype) = 0;
+
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.
   // x may have any rank; its last dimension is K and the leading ones are flattened into M.

@@ -25,16 +25,6 @@ const DTypeInfo& info(DType t) {
     if (i.type == t) return i;
   BRISK_FAIL("unknown dtype code ", static_cast<int>(t));
 }
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 }  // namespace
 
 size_t dtype_size(DType t) {
@@ -53,19 +43,8 @@ DType dtype_from_safetensors(const std::string& s) {
   BRISK_FAIL("unsupported safetensors dtype '", s, "'");
 }
 
-uint16_t float_to_bf16(float f) {
-  uint32_t u = bits_of(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float bf16_to_float(uint16_t h) {
-  return float_of(static_cast<uint32_t>(h) << 16);
-}
-
 uint16_t float_to_fp16(float f) {
-  uint32_t u = bits_of(f);
+  uint32_t u = float_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
@@ -90,12 +69,12 @@ float fp16_to_float(uint16_t h) {
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
   if (exp == 0) {
-    if (mant == 0) return float_of(sign);
+    if (mant == 0) return bits_float(sign);
     float v = static_cast<float>(mant) * (1.0f / 16777216.0f);  // mant * 2^-24
     return sign ? -v : v;
   }
-  if (exp == 31) return float_of(sign | 0x7f800000u | (mant << 13));
-  return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+  if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));
+  return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
 const char* device_name(Device d) {

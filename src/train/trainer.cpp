@@ -120,6 +120,7 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     model->init_weights(o.seed);
   }
   precision.adopt_model_weights(*be, model->params());
+  be->set_matmul_dtype(o.bf16 ? DType::bf16 : DType::f32);
   if (!o.resume_from_checkpoint.empty() && precision.uses_loss_scaling())
     precision.scaler().restore(state.loss_scale, state.growth_tracker);
 

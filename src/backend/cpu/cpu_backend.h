@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_matmul_bf16.h"
 
 namespace brisk {
 
@@ -10,6 +11,7 @@ class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
+  void set_matmul_dtype(DType dtype) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
@@ -56,6 +58,12 @@ class CpuBackend final : public Backend {
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                                float grad_scale) override;
+
+ private:
+  // Row-major C = op(A) op(B) (+ C when accumulate), by OpenBLAS or, in bf16 mode, oneDNN.
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+              int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+  std::unique_ptr<Bf16Matmul> bf16_;  // set while the matmul dtype is bf16 and oneDNN exists
 };
 
 // Checks shared by the CPU kernels.

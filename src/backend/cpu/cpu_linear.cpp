@@ -23,27 +23,42 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 }
 }  // namespace
 
+void CpuBackend::set_matmul_dtype(DType dtype) {
+  BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16, "matrix products in ", dtype_name(dtype),
+              " are not supported on the CPU");
+  if (dtype == DType::bf16 && Bf16Matmul::available()) {
+    if (!bf16_) bf16_ = std::make_unique<Bf16Matmul>();
+  } else {
+    bf16_.reset();
+  }
+}
+
+void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                        int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
+                        int64_t ldc) {
+  if (bf16_) return bf16_->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
+              accumulate ? 1.0f : 0.0f, c, ldc);
+}
+
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                 WeightLayout layout, const Tensor& y) {
   const auto [m, k, n] = linear_dims(x, w, layout, "linear_forward");
   BRISK_CHECK(rows_of(y) == m && cols_of(y) == n, "linear_forward: output ", y.shape().str(),
               " does not hold ", m, " x ", n);
   float* out = y.f32();
-  float beta = 0.0f;
+  bool has_bias = false;
   if (!b.empty()) {
     BRISK_CHECK(b.numel() == n, "linear_forward: bias has ", b.numel(), " values, expected ", n);
     const float* bias = b.f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
-    beta = 1.0f;
+    has_bias = true;
   }
   if (m == 0) return;
-  if (layout == WeightLayout::out_in)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x.f32(), k, w.f32(), k,
-                beta, out, n);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, x.f32(), k, w.f32(), n,
-                beta, out, n);
+  const bool out_in = layout == WeightLayout::out_in;
+  matmul(false, out_in, m, n, k, x.f32(), k, w.f32(), out_in ? k : n, has_bias, out, n);
 }
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -56,23 +71,18 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   const float* g = dy.f32();
   if (!dx.empty()) {
     check_same_numel(dx, x, "linear_backward dx");
-    const float beta = accumulate_dx ? 1.0f : 0.0f;
     if (layout == WeightLayout::out_in)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, g, n, w.f32(), k, beta,
-                  dx.f32(), k);
+      matmul(false, false, m, k, n, g, n, w.f32(), k, accumulate_dx, dx.f32(), k);
     else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, k, n, 1.0f, g, n, w.f32(), n, beta,
-                  dx.f32(), k);
+      matmul(false, true, m, k, n, g, n, w.f32(), n, accumulate_dx, dx.f32(), k);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (layout == WeightLayout::out_in)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, g, n, x.f32(), k, 1.0f,
-                  dw.f32(), k);
+      matmul(true, false, n, k, m, g, n, x.f32(), k, true, dw.f32(), k);
     else
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n, m, 1.0f, x.f32(), k, g, n, 1.0f,
-                  dw.f32(), n);
+      matmul(true, false, k, n, m, x.f32(), k, g, n, true, dw.f32(), n);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
