@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 cd build
-ctest --output-on-failure -j "$(nproc)"
+# Sequential: every test already uses all cores through OpenMP, and two at once
+# oversubscribe them badly.
+ctest --output-on-failure
