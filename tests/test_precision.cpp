@@ -153,3 +153,61 @@ TEST_F(MixedPrecisionTraining, Bf16AndFp16StayCloseToFp32AndPlanLessActivationMe
 
 }  // namespace
 }  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+// Linear forward and backward with bf16 matrix products (oneDNN on bf16 units where available)
+// against an fp64 reference on the bf16-rounded operands: products of bf16 values are exact in
+// float32, so only the float32 summation differs.
+TEST(Precision, Bf16MatrixProductsMatchTheReferenceOnRoundedOperands) {
+  auto be = make_cpu_backend();
+  be->set_matmul_dtype(DType::bf16);
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t M = 37, K = 29, N = 23;
+  auto rounded = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = bf16_to_float(float_to_bf16(normal(gen)));
+    return v;
+  };
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+    const bool out_in = layout == WeightLayout::out_in;
+    std::vector<float> x = rounded(M * K), w = rounded(N * K), b = rounded(N), dy = rounded(M * N);
+    auto W = [&](int64_t n, int64_t k) -> double { return out_in ? w[n * K + k] : w[k * N + n]; };
+    std::vector<float> y(M * N), dx(M * K, 0.0f), dw(N * K, 0.0f), db(N, 0.0f);
+    const Shape ws = out_in ? Shape{N, K} : Shape{K, N};
+    be->linear_forward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
+                       Tensor(b.data(), {N}, DType::f32), layout,
+                       Tensor(y.data(), {M, N}, DType::f32));
+    be->linear_backward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
+                        Tensor(dy.data(), {M, N}, DType::f32), layout,
+                        Tensor(dx.data(), {M, K}, DType::f32), false,
+                        Tensor(dw.data(), ws, DType::f32), Tensor(db.data(), {N}, DType::f32));
+    std::vector<float> ry(M * N), rdx(M * K), rdw(N * K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = b[n];
+        for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * W(n, k);
+        ry[m * N + n] = static_cast<float>(acc);
+      }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        double acc = 0;
+        for (int64_t n = 0; n < N; ++n) acc += dy[m * N + n] * W(n, k);
+        rdx[m * K + k] = static_cast<float>(acc);
+      }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double acc = 0;
+        for (int64_t m = 0; m < M; ++m) acc += dy[m * N + n] * x[m * K + k];
+        rdw[out_in ? n * K + k : k * N + n] = static_cast<float>(acc);
+      }
+    EXPECT_LE(rel_error(y.data(), ry.data(), M * N), 1e-6);
+    EXPECT_LE(rel_error(dx.data(), rdx.data(), M * K), 1e-6);
+    EXPECT_LE(rel_error(dw.data(), rdw.data(), N * K), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace brisk::testing
