@@ -285,8 +285,10 @@ TEST(Trainer, AdamWScheduleAndClippingMatchPyTorch) {
     for (size_t i = 0; i < names.size(); ++i)
       copy_to_f32(f.get("grad." + std::to_string(step) + "." + names[i].first),
                   ps.grad(static_cast<int>(i)), "grad");
-    clip_grad_norm(ps.flat_grads(), 1.0);
-    adamw.step(ps, static_cast<float>(1e-2 * schedule.factor(step)));
+    // As the trainer does it: the clip coefficient folded into the update.
+    const double clip = clip_coefficient(grad_l2_norm(ps.flat_grads()), 1.0);
+    adamw.step(ps, ps.flat_weights(), ps.flat_grads(),
+               static_cast<float>(1e-2 * schedule.factor(step)), static_cast<float>(clip));
   }
   for (size_t i = 0; i < names.size(); ++i) {
     const Tensor& want = f.get("final." + names[i].first);

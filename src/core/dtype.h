@@ -33,7 +33,9 @@ inline uint16_t float_to_bf16(float f) {
   const uint32_t nan = (u >> 16) | 0x40u;  // quiet NaN, sign and payload top kept
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
-inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_float(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
 uint16_t float_to_fp16(float f);
 float fp16_to_float(uint16_t h);
 

@@ -18,7 +18,8 @@ void AdamW::reset() {
   step_ = 0;
 }
 
-void AdamW::step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr) {
+void AdamW::step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr,
+                 float grad_multiplier) {
   BRISK_CHECK(weights.numel() == params.total_elements() && grads.numel() == weights.numel(),
               "AdamW: buffers do not match the parameter layout");
   ++step_;
@@ -37,8 +38,9 @@ void AdamW::step(const ParameterSet& params, const Tensor& weights, const Tensor
     const int64_t begin = p.offset, end = p.offset + p.shape.numel();
 #pragma omp parallel for simd schedule(static) if (end - begin > 32768)
     for (int64_t i = begin; i < end; ++i) {
-      const float mi = b1 * m[i] + (1.0f - b1) * g[i];
-      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      const float gi = g[i] * grad_multiplier;
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
       w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);

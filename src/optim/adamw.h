@@ -21,8 +21,10 @@ class AdamW {
   void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
   void reset();  // zero moments, step 0
   // Updates `weights` (a flat float32 buffer laid out as `params`: the model's weights, or the
-  // fp32 master copy in mixed precision) from `grads`.
-  void step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr);
+  // fp32 master copy in mixed precision) from grad_multiplier * `grads` (clipping and loss
+  // unscaling folded in).
+  void step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr,
+            float grad_multiplier = 1.0f);
   void step(const ParameterSet& params, float lr) {
     step(params, params.flat_weights(), params.flat_grads(), lr);
   }

@@ -1,12 +1,13 @@
-// Clipping by the global L2 norm of all gradients, as torch.nn.utils.clip_grad_norm_.
+// Clipping by the global L2 norm of all gradients, as torch.nn.utils.clip_grad_norm_. The
+// trainer folds the clip coefficient (and fp16's unscaling) into the optimizer's gradient
+// multiplier, so clipping costs one read of the gradients.
 #pragma once
 
 #include "core/tensor.h"
 
 namespace brisk {
-// Scales grads by max_norm / (norm + 1e-6) when the norm exceeds max_norm (> 0); returns the
-// norm before clipping.
-double clip_grad_norm(const Tensor& grads, double max_norm);
-// grads *= factor (unscaling after fp16 loss scaling).
-void scale_grads(const Tensor& grads, float factor);
+// The L2 norm of a flat float32 gradient buffer (inf or NaN when an element is).
+double grad_l2_norm(const Tensor& grads);
+// torch's factor: max_norm / (norm + 1e-6) when norm exceeds max_norm > 0, else 1.
+double clip_coefficient(double norm, double max_norm);
 }  // namespace brisk

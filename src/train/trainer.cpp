@@ -170,17 +170,19 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     if (step == g_force_overflow_step) grads.f32()[0] = std::numeric_limits<float>::infinity();
     // fp16: an overflow skips the update and halves the scale. Otherwise a non-finite loss ends
     // the run.
+    const double scaled_norm = grad_l2_norm(grads);  // inf or NaN when any gradient is
     const bool overflow =
-        precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !be->all_finite(grads));
+        precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !std::isfinite(scaled_norm));
     BRISK_CHECK(overflow || std::isfinite(step_loss), "the loss became ", step_loss, " at step ",
                 step + 1, "; stopping (lower the learning rate or check the data)");
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(adamw.steps());
     double grad_norm = std::numeric_limits<double>::quiet_NaN();
     if (!overflow) {
-      if (loss_scale != 1.0) scale_grads(grads, static_cast<float>(1.0 / loss_scale));
-      grad_norm = clip_grad_norm(grads, o.max_grad_norm);
-      adamw.step(model->params(), precision.master(model->params()), grads, static_cast<float>(lr));
+      grad_norm = scaled_norm / loss_scale;
+      const double multiplier = clip_coefficient(grad_norm, o.max_grad_norm) / loss_scale;
+      adamw.step(model->params(), precision.master(model->params()), grads, static_cast<float>(lr),
+                 static_cast<float>(multiplier));
       precision.refresh_weights(*be, model->params());
     }
     if (precision.uses_loss_scaling()) precision.scaler().update(overflow);
