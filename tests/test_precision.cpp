@@ -163,6 +163,12 @@ namespace {
 TEST(Precision, Bf16MatrixProductsMatchTheReferenceOnRoundedOperands) {
   auto be = make_cpu_backend();
   be->set_matmul_dtype(DType::bf16);
+  MemoryPlan plan;
+  BufferBinder binder;
+  be->plan_workspace(plan, binder, 37 * 29);
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  binder.bind(arena);
   std::mt19937 gen(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t M = 37, K = 29, N = 23;

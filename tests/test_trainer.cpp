@@ -224,24 +224,27 @@ TEST(Trainer, SaveTotalLimitKeepsTheNewest) {
 
 TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
   TempDir dir("memory");
-  TrainOptions o = tiny_options("bert-tiny", dir / "out");
-  o.seq_len = 128;
-  o.per_device_train_batch_size = 8;
-  o.dataset_size = 16;
-  o.max_steps = 2;
-  const Result r = run(o);
-  const MemoryReport& m = r.summary.memory;
-  size_t planned = 0;
-  for (size_t b : m.planned) planned += b;
-  // Every planned buffer is handed out; the arena is the plan plus alignment padding only.
-  EXPECT_LE(m.arena_bytes - m.arena_high_water, MemoryPlan::kAlignment);
-  EXPECT_GE(m.arena_bytes, planned);
-  EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
-  // The process grows by the arena and little else: stated margin 24 MiB for thread stacks,
-  // OpenBLAS buffers and the loader.
-  const size_t growth = m.peak_rss - m.rss_before_arena;
-  EXPECT_GE(growth, m.arena_bytes * 95 / 100);
-  EXPECT_LE(growth, m.arena_bytes + (24u << 20)) << "peak " << m.peak_rss;
+  for (bool bf16 : {false, true}) {
+    TrainOptions o = tiny_options("bert-tiny", dir / (bf16 ? "bf16" : "fp32"));
+    o.seq_len = 128;
+    o.per_device_train_batch_size = 8;
+    o.dataset_size = 16;
+    o.max_steps = 2;
+    o.bf16 = bf16;
+    const Result r = run(o);
+    const MemoryReport& m = r.summary.memory;
+    size_t planned = 0;
+    for (size_t b : m.planned) planned += b;
+    // Every planned buffer is handed out; the arena is the plan plus alignment padding only.
+    EXPECT_LE(m.arena_bytes - m.arena_high_water, MemoryPlan::kAlignment);
+    EXPECT_GE(m.arena_bytes, planned);
+    EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
+    // The process grows by the arena and little else: stated margin 24 MiB for thread stacks,
+    // OpenBLAS and oneDNN internals and the loader.
+    const size_t growth = m.peak_rss - m.rss_before_arena;
+    EXPECT_GE(growth, m.arena_bytes * 95 / 100) << "bf16 " << bf16;
+    EXPECT_LE(growth, m.arena_bytes + (24u << 20)) << "bf16 " << bf16 << " peak " << m.peak_rss;
+  }
 }
 
 TEST(Trainer, TinyModelsLearnTheLearnableTask) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/memory_plan.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -29,6 +30,9 @@ class Backend {
   // holding bf16 values are multiplied on bf16 units with float32 accumulation where the
   // backend has them; otherwise in float32, with the same result up to summation order).
   virtual void set_matmul_dtype(DType dtype) = 0;
+  // Declares the backend's own buffers for matrix products whose operands have at most
+  // `max_operand` elements (called after set_matmul_dtype, before the plan is final).
+  virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) = 0;
 
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.

@@ -112,6 +112,9 @@ int run_estimate(const EstimateArgs& a) {
   BufferBinder binder;
   precision.plan(plan, binder, n);
   AdamW({}).plan(plan, binder, n);
+  auto be = make_cpu_backend();
+  be->set_matmul_dtype(a.bf16 ? DType::bf16 : DType::f32);
+  be->plan_workspace(plan, binder, model->max_matmul_operand());
   plan.finalize();
   std::printf("%s: %lld parameters, batch %lld x %lld%s%s, AdamW\n", a.model.c_str(),
               static_cast<long long>(n), static_cast<long long>(a.batch_size),

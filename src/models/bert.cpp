@@ -54,6 +54,8 @@ class Bert final : public Model {
     cls_b_ = param("classifier.bias", {c.num_labels});
   }
 
+  int64_t head_width() const override { return config_.hidden_size; }
+
   BlockStyle block_style(bool training) const override {
     BlockStyle s;
     s.pre_norm = false;

@@ -52,6 +52,8 @@ class Gpt2 final : public Model {
     return base;
   }
 
+  int64_t head_width() const override { return config_.vocab_size; }
+
   BlockStyle block_style(bool training) const override {
     BlockStyle s;
     s.pre_norm = true;

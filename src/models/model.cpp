@@ -2,6 +2,7 @@
 // initialization and loading.
 #include "models/model.h"
 
+#include <algorithm>
 #include <random>
 
 #include "models/bert.h"
@@ -97,6 +98,19 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
   params_.bind(flat_weights_, flat_grads_);
+}
+
+int64_t Model::max_matmul_operand() const {
+  const ModelConfig& c = config_;
+  const int64_t widest =
+      std::max({3 * c.hidden_size, c.intermediate_size, head_width(), c.hidden_size});
+  int64_t largest_weight = 0;
+  for (const ParamInfo& p : params_.list())
+    if (p.shape.rank() == 2 && p.name.find("position") == std::string::npos &&
+        p.name.find("token_type") == std::string::npos && p.name.find("wpe") == std::string::npos &&
+        p.name.find("word_embeddings") == std::string::npos)
+      largest_weight = std::max(largest_weight, p.shape.numel());
+  return std::max(shape_.batch * shape_.seq * widest, largest_weight);
 }
 
 void Model::reset_batch(Backend& be) {

@@ -58,6 +58,10 @@ class Model {
   BatchShape batch_shape() const { return shape_; }
   const Tensor& logits() const { return logits_; }
 
+  // The most elements any operand of the model's linear layers has at the planned batch shape
+  // (activations, activation gradients, weights): what a backend sizes its matmul buffers by.
+  int64_t max_matmul_operand() const;
+
   // Fills the batch with defaults: attention mask 1, token types 0, labels ignored.
   void reset_batch(Backend& be);
   // Targets the loss of the current batch is summed over (labels other than kIgnoreIndex).
@@ -90,6 +94,8 @@ class Model {
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
+  // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
+  virtual int64_t head_width() const = 0;
   DType activation_dtype() const { return options_.activation_dtype; }
 
   // Helpers for subclasses.

@@ -97,6 +97,8 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
   model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype()});
   BufferBinder binder;
   precision.plan(plan, binder, model->params().total_elements());
+  be->set_matmul_dtype(o.bf16 ? DType::bf16 : DType::f32);
+  be->plan_workspace(plan, binder, model->max_matmul_operand());
   AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
                static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
   adamw.plan(plan, binder, model->params().total_elements());
@@ -120,7 +122,6 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     model->init_weights(o.seed);
   }
   precision.adopt_model_weights(*be, model->params());
-  be->set_matmul_dtype(o.bf16 ? DType::bf16 : DType::f32);
   if (!o.resume_from_checkpoint.empty() && precision.uses_loss_scaling())
     precision.scaler().restore(state.loss_scale, state.growth_tracker);
 

@@ -12,6 +12,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
+  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
@@ -64,6 +65,7 @@ class CpuBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
               int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
   std::unique_ptr<Bf16Matmul> bf16_;  // set while the matmul dtype is bf16 and oneDNN exists
+  Tensor pack_a_, pack_b_;            // its planned bf16 operand buffers
 };
 
 // Checks shared by the CPU kernels.

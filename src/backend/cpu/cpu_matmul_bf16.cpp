@@ -1,5 +1,5 @@
-// oneDNN matmul primitives, cached per shape; bf16 packing buffers grow to the largest product
-// on the first step and are reused after.
+// oneDNN matmul primitives, cached per shape (made on the first step, reused after); operands are
+// packed to bf16 into buffers from the memory plan.
 #include "backend/cpu/cpu_matmul_bf16.h"
 
 #include "core/error.h"
@@ -9,7 +9,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
-#include <vector>
 
 #include "core/dtype.h"
 #endif
@@ -20,9 +19,10 @@ namespace brisk {
 namespace {
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
-void pack(const float* src, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& dst) {
-  if (dst.size() < static_cast<size_t>(rows * ld)) dst.resize(rows * ld);
-  uint16_t* out = dst.data();
+void pack(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst) {
+  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 packing buffer of ", dst.numel(),
+              " elements is too small for a ", rows, " x ", ld, " operand");
+  uint16_t* out = dst.as<uint16_t>();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(src[r * ld + c]);
@@ -41,7 +41,6 @@ struct Bf16Matmul::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Prepared> cache;
-  std::vector<uint16_t> a16, b16;
 };
 
 Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {}
@@ -62,12 +61,12 @@ bool Bf16Matmul::available() {
 
 void Bf16Matmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                      int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
-                     int64_t ldc) {
+                     int64_t ldc, const Tensor& a16, const Tensor& b16) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   // Operands keep their layout; only the element type changes.
-  pack(a, trans_a ? k : m, trans_a ? m : k, lda, impl_->a16);
-  pack(b, trans_b ? n : k, trans_b ? k : n, ldb, impl_->b16);
+  pack(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
+  pack(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
   const dnnl::memory::desc ad({m, k}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
   const dnnl::memory::desc bd({k, n}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
@@ -90,8 +89,8 @@ void Bf16Matmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     it = impl_->cache.emplace(key, std::move(p)).first;
   }
   Prepared& p = it->second;
-  p.a.set_data_handle(impl_->a16.data());
-  p.b.set_data_handle(impl_->b16.data());
+  p.a.set_data_handle(a16.data());
+  p.b.set_data_handle(b16.data());
   p.c.set_data_handle(c);
   p.matmul.execute(impl_->stream, p.args);
   impl_->stream.wait();
@@ -105,7 +104,7 @@ bool Bf16Matmul::available() {
   return false;
 }
 void Bf16Matmul::run(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                     int64_t, bool, float*, int64_t) {
+                     int64_t, bool, float*, int64_t, const Tensor&, const Tensor&) {
   BRISK_FAIL("this build has no oneDNN: bf16 matrix products are unavailable");
 }
 #endif

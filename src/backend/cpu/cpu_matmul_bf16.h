@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/tensor.h"
+
 namespace brisk {
 
 class Bf16Matmul {
@@ -16,8 +18,10 @@ class Bf16Matmul {
   static bool available();
   // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
   // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b).
+  // a16 and b16 are the planned bf16 packing buffers, each large enough for its operand.
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-           const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+           const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const Tensor& a16,
+           const Tensor& b16);
 
  private:
   struct Impl;
