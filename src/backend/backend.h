@@ -81,7 +81,9 @@ class Backend {
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
   // Rounds a float32 tensor in place to the nearest value of `dtype` (bf16 or f16; f32: no-op):
   // how the CPU emulates 16-bit storage while computing in float32.
-  virtual void round_to(DType dtype, const Tensor& t) = 0;
+  // dst = src rounded the same way (dst may alias src; f32: a copy).
+  virtual void round_to(DType dtype, const Tensor& src, const Tensor& dst) = 0;
+  void round_to(DType dtype, const Tensor& t) { round_to(dtype, t, t); }
   // True when every element of the float32 tensor is finite (the loss scaler's overflow check).
   virtual bool all_finite(const Tensor& t) = 0;
 

@@ -16,9 +16,7 @@ void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params
 }
 
 void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params) {
-  if (!enabled()) return;
-  be.copy(master_, params.flat_weights());
-  be.round_to(compute_, params.flat_weights());
+  if (enabled()) be.round_to(compute_, master_, params.flat_weights());
 }
 
 }  // namespace brisk

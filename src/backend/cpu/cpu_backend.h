@@ -38,7 +38,8 @@ class CpuBackend final : public Backend {
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void cast(const Tensor& src, const Tensor& dst) override;
-  void round_to(DType dtype, const Tensor& t) override;
+  void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
+  using Backend::round_to;
   bool all_finite(const Tensor& t) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,

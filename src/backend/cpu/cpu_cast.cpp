@@ -11,9 +11,6 @@ bool is_float16(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 
-inline float round_one(DType t, float v) {
-  return t == DType::bf16 ? bf16_to_float(float_to_bf16(v)) : fp16_to_float(float_to_fp16(v));
-}
 }  // namespace
 
 void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
@@ -40,13 +37,20 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
              " is not supported");
 }
 
-void CpuBackend::round_to(DType dtype, const Tensor& t) {
-  if (dtype == DType::f32) return;
+void CpuBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
+  check_same_numel(src, dst, "round_to");
+  if (dtype == DType::f32) return copy(src, dst);
   BRISK_CHECK(is_float16(dtype), "round_to: ", dtype_name(dtype), " is not a 16-bit float");
-  float* p = t.f32();
-  const int64_t n = t.numel();
+  const float* in = src.f32();
+  float* out = dst.f32();
+  const int64_t n = src.numel();
+  if (dtype == DType::bf16) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
+  } else {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[i] = round_one(dtype, p[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(float_to_fp16(in[i]));
+  }
 }
 
 bool CpuBackend::all_finite(const Tensor& t) {
