@@ -106,20 +106,21 @@ TEST(Models, TrainingStepAllocatesNothing) {
   const size_t probe = heap_allocations();
   delete new std::vector<int>(10);
   ASSERT_GT(heap_allocations(), probe) << "the allocation counter is not in effect";
-  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
-    LoadedModel m(fixture(name), {}, /*dropout=*/true);
-    m.step(true);  // warm-up: thread pools start on first use
-    const auto& last = m.plan.buffers().back();
-    EXPECT_EQ(m.arena->high_water(), last.offset + last.bytes) << name;
-    size_t sum = 0;
-    for (size_t b : m.plan.bytes_by_category()) sum += b;
-    size_t listed = 0;
-    for (const auto& b : m.plan.buffers()) listed += b.bytes;
-    EXPECT_EQ(sum, listed) << name;
-    const size_t before = heap_allocations();
-    m.step(true);
-    EXPECT_EQ(heap_allocations(), before) << name << ": the step allocated";
-  }
+  for (const char* name : {"bert_tiny", "gpt2_tiny"})
+    for (DType act : {DType::f32, DType::bf16}) {
+      LoadedModel m(fixture(name), {false, act}, /*dropout=*/true);
+      m.step(true);  // warm-up: thread pools start on first use
+      const auto& last = m.plan.buffers().back();
+      EXPECT_EQ(m.arena->high_water(), last.offset + last.bytes) << name;
+      size_t sum = 0;
+      for (size_t b : m.plan.bytes_by_category()) sum += b;
+      size_t listed = 0;
+      for (const auto& b : m.plan.buffers()) listed += b.bytes;
+      EXPECT_EQ(sum, listed) << name;
+      const size_t before = heap_allocations();
+      m.step(true);
+      EXPECT_EQ(heap_allocations(), before) << name << ": the step allocated";
+    }
 }
 
 }  // namespace
