@@ -349,7 +349,8 @@ TEST(Trainer, RefusesBadOptions) {
   refused([](TrainOptions& o) { o.synthetic_task = "chess"; }, "unknown synthetic_task");
   refused([](TrainOptions& o) { o.dataset_size = 3; }, "smaller than one batch");
   refused([](TrainOptions& o) { o.seq_len = 65; }, "exceeds max_position_embeddings");
-  refused([](TrainOptions& o) { o.output_dir = "/etc/hostname/sub"; }, "cannot create output_dir");
+  std::ofstream(dir / "a_file") << "not a folder";  // a folder cannot be made under a file
+  refused([&](TrainOptions& o) { o.output_dir = dir / "a_file/sub"; }, "cannot create output_dir");
   refused([&](TrainOptions& o) { o.resume_from_checkpoint = dir / "nowhere"; }, "does not exist");
 
   TrainOptions o;
