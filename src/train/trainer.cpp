@@ -72,6 +72,57 @@ class Progress {
   bool enabled_;
   int64_t total_;
 };
+
+// The update after an optimizer step's micro-steps: with fp16, an overflow (non-finite loss or
+// gradient) skips it; otherwise unscaling and clipping are folded into the AdamW pass, and the
+// compute weights are refreshed from the master copy.
+struct Update {
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // NaN when skipped
+  bool skipped = false;
+};
+
+Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision, double lr,
+                    double loss_scale, double step_loss, double max_grad_norm, int64_t step) {
+  const Tensor& grads = model.params().flat_grads();
+  if (step == g_force_overflow_step) grads.f32()[0] = std::numeric_limits<float>::infinity();
+  const double scaled_norm = grad_l2_norm(grads);  // inf or NaN when any gradient is
+  Update u;
+  u.skipped =
+      precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !std::isfinite(scaled_norm));
+  BRISK_CHECK(u.skipped || std::isfinite(step_loss), "the loss became ", step_loss, " at step ",
+              step + 1, "; stopping (lower the learning rate or check the data)");
+  if (!u.skipped) {
+    u.grad_norm = scaled_norm / loss_scale;
+    const double multiplier = clip_coefficient(u.grad_norm, max_grad_norm) / loss_scale;
+    adamw.step(model.params(), precision.master(model.params()), grads, static_cast<float>(lr),
+               static_cast<float>(multiplier));
+    precision.refresh_weights(be, model.params());
+  }
+  if (precision.uses_loss_scaling()) precision.scaler().update(u.skipped);
+  return u;
+}
+
+// Averages over the steps between two log lines.
+struct LogWindow {
+  double loss = 0;
+  int64_t steps = 0, samples = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  nlohmann::json close(const TrainerState& state, double lr, const Update& u, double loss_scale) {
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - start).count();
+    nlohmann::json rec = {{"step", state.global_step},
+                          {"epoch", state.epoch},
+                          {"loss", loss / std::max<int64_t>(steps, 1)},
+                          {"learning_rate", lr},
+                          {"grad_norm", u.grad_norm},
+                          {"loss_scale", loss_scale},
+                          {"skipped", u.skipped},
+                          {"samples_per_second", secs > 0 ? samples / secs : 0.0}};
+    *this = LogWindow();
+    return rec;
+  }
+};
 }  // namespace
 
 void force_overflow_at_step_for_testing(int64_t step) {
@@ -139,9 +190,9 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
 
   Progress progress(!o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
   loader.start(state.micro_batches);
-  double loss_sum = 0.0, window_loss = 0.0;
-  int64_t window = 0, samples = 0, window_samples = 0;
-  auto window_start = std::chrono::steady_clock::now();
+  double loss_sum = 0.0;
+  int64_t samples = 0;
+  LogWindow window;
   const int64_t first_step = state.global_step;
   const auto start = std::chrono::steady_clock::now();
   while (state.global_step < total_steps) {
@@ -156,7 +207,7 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     for (int64_t micro = 0; micro < k; ++micro) {
       const int64_t rows = loader.next(model->batch());
       samples += rows;
-      window_samples += rows;
+      window.samples += rows;
       StepOptions so;
       so.training = true;
       so.compute_grad = true;
@@ -167,26 +218,10 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
       ++state.micro_batches;
     }
     step_loss /= std::max<int64_t>(targets, 1);
-    const Tensor& grads = model->params().flat_grads();
-    if (step == g_force_overflow_step) grads.f32()[0] = std::numeric_limits<float>::infinity();
-    // fp16: an overflow skips the update and halves the scale. Otherwise a non-finite loss ends
-    // the run.
-    const double scaled_norm = grad_l2_norm(grads);  // inf or NaN when any gradient is
-    const bool overflow =
-        precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !std::isfinite(scaled_norm));
-    BRISK_CHECK(overflow || std::isfinite(step_loss), "the loss became ", step_loss, " at step ",
-                step + 1, "; stopping (lower the learning rate or check the data)");
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(adamw.steps());
-    double grad_norm = std::numeric_limits<double>::quiet_NaN();
-    if (!overflow) {
-      grad_norm = scaled_norm / loss_scale;
-      const double multiplier = clip_coefficient(grad_norm, o.max_grad_norm) / loss_scale;
-      adamw.step(model->params(), precision.master(model->params()), grads, static_cast<float>(lr),
-                 static_cast<float>(multiplier));
-      precision.refresh_weights(*be, model->params());
-    }
-    if (precision.uses_loss_scaling()) precision.scaler().update(overflow);
+    const Update update = apply_update(*be, *model, adamw, precision, lr, loss_scale, step_loss,
+                                       o.max_grad_norm, step);
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
 
@@ -194,26 +229,13 @@ TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* 
     state.epoch = static_cast<double>(state.micro_batches) / micro_per_epoch;
     state.total_flos += flos_per_token * static_cast<double>(k * B * o.seq_len);
     loss_sum += step_loss;
-    window_loss += step_loss;
-    ++window;
+    window.loss += step_loss;
+    ++window.steps;
     progress.update(state.global_step, step_loss);
     if (state.global_step % o.logging_steps == 0 || state.global_step == total_steps) {
-      const auto now = std::chrono::steady_clock::now();
-      const double secs = std::chrono::duration<double>(now - window_start).count();
-      nlohmann::json rec = {{"step", state.global_step},
-                            {"epoch", state.epoch},
-                            {"loss", window_loss / window},
-                            {"learning_rate", lr},
-                            {"grad_norm", grad_norm},
-                            {"loss_scale", loss_scale},
-                            {"skipped", overflow},
-                            {"samples_per_second", secs > 0 ? window_samples / secs : 0.0}};
-      window_start = now;
-      window_samples = 0;
+      nlohmann::json rec = window.close(state, lr, update, loss_scale);
       state.log_history.push_back(rec);
       on_log(rec);
-      window_loss = 0.0;
-      window = 0;
     }
     if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
         state.global_step == total_steps)
