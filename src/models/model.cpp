@@ -66,20 +66,9 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
     if (options.gradient_checkpointing && l > 0) {
       // One set of internals, recomputed per block inside backward.
-      for (auto [dst, src] : {std::pair{&saved_[l].a_in, &saved_[0].a_in},
-                              {&saved_[l].qkv, &saved_[0].qkv},
-                              {&saved_[l].probs, &saved_[0].probs},
-                              {&saved_[l].ctx, &saved_[0].ctx},
-                              {&saved_[l].res1, &saved_[0].res1},
-                              {&saved_[l].m_in, &saved_[0].m_in},
-                              {&saved_[l].fc_pre, &saved_[0].fc_pre},
-                              {&saved_[l].fc_act, &saved_[0].fc_act},
-                              {&saved_[l].res2, &saved_[0].res2},
-                              {&saved_[l].mean_a, &saved_[0].mean_a},
-                              {&saved_[l].rstd_a, &saved_[0].rstd_a},
-                              {&saved_[l].mean_b, &saved_[0].mean_b},
-                              {&saved_[l].rstd_b, &saved_[0].rstd_b}})
-        binder_.alias(dst, src);
+      const auto dst = all_saved_tensors(saved_[l]);
+      const auto src = all_saved_tensors(saved_[0]);
+      for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
       continue;
     }
     const std::string prefix =

@@ -21,6 +21,11 @@ std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s) {
   return {&s.a_in, &s.qkv, &s.probs, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
 }
 
+std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
+  return {&s.a_in,   &s.qkv,  &s.probs,  &s.ctx,    &s.res1,   &s.m_in,  &s.fc_pre,
+          &s.fc_act, &s.res2, &s.mean_a, &s.rstd_a, &s.mean_b, &s.rstd_b};
+}
+
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
                          const std::string& prefix, const BlockStyle& style, const BlockDims& d,
                          SavedPart part, DType low_dtype, Category low_category) {

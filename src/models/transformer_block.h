@@ -46,6 +46,8 @@ struct BlockSaved {
 // products or attention); the rest (residual sums, LayerNorm statistics) stay float32.
 // Entries for tensors a style does not use are empty.
 std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s);
+// Every saved tensor (for sharing one set among blocks).
+std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
 
 // Buffers shared by all blocks, used only within one block's forward or backward.
 struct BlockScratch {
