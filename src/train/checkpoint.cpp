@@ -122,6 +122,16 @@ std::string save_checkpoint(const TrainOptions& options, const Model& model, con
   return final_dir.string();
 }
 
+uint64_t checkpoint_seed(const std::string& folder) {
+  const fs::path args = fs::path(folder) / "training_args.json";
+  BRISK_CHECK(fs::exists(args), "checkpoint '", folder,
+              "' is incomplete: training_args.json is missing");
+  const nlohmann::json j = read_json(args);
+  BRISK_CHECK(j.contains("seed") && j["seed"].is_number_unsigned(), "checkpoint '", folder,
+              "': training_args.json has no seed");
+  return j["seed"].get<uint64_t>();
+}
+
 void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state) {
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");

@@ -35,6 +35,10 @@ std::string save_checkpoint(const TrainOptions& options, const Model& model, con
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.
 void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state);
 
+// The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
+// data order, synthetic data and dropout continue exactly as they would have.
+uint64_t checkpoint_seed(const std::string& folder);
+
 // For tests: make the next save fail after writing `files` files (-1 = never).
 void fail_next_checkpoint_after_files_for_testing(int files);
 

@@ -129,8 +129,14 @@ void force_overflow_at_step_for_testing(int64_t step) {
   g_force_overflow_step = step;
 }
 
-TrainSummary train(const TrainOptions& o, const LogSink& on_log, const Dataset* dataset) {
-  validate_options(o);
+TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset) {
+  validate_options(options);
+  TrainOptions o = options;
+  if (!o.resume_from_checkpoint.empty()) {
+    BRISK_CHECK(fs::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
+                o.resume_from_checkpoint, "' does not exist");
+    o.seed = checkpoint_seed(o.resume_from_checkpoint);
+  }
   const ModelConfig config = resolve_config(o.model_name_or_path);
   auto model = Model::create(config);
   auto be = make_cpu_backend();
