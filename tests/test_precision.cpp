@@ -49,9 +49,6 @@ TEST(Precision, CastAndRoundMatchTheScalarConversions) {
   std::vector<float> f16_big{70000.0f};
   be->round_to(DType::f16, Tensor(f16_big.data(), Shape{1}, DType::f32));
   EXPECT_TRUE(std::isinf(f16_big[0]));
-  EXPECT_FALSE(be->all_finite(Tensor(f16_big.data(), Shape{1}, DType::f32)));
-  EXPECT_FALSE(be->all_finite(Tensor(x.data(), Shape{static_cast<int64_t>(x.size())}, DType::f32)));
-  EXPECT_TRUE(be->all_finite(Tensor(x.data() + 2, Shape{100}, DType::f32)));
 }
 
 TEST(Precision, LossScalerFollowsGradScalerRules) {

@@ -84,8 +84,6 @@ class Backend {
   // dst = src rounded the same way (dst may alias src; f32: a copy).
   virtual void round_to(DType dtype, const Tensor& src, const Tensor& dst) = 0;
   void round_to(DType dtype, const Tensor& t) { round_to(dtype, t, t); }
-  // True when every element of the float32 tensor is finite (the loss scaler's overflow check).
-  virtual bool all_finite(const Tensor& t) = 0;
 
   // ---- embeddings ----
   // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair

@@ -96,23 +96,4 @@ inline void rng_blocks(const RngKey& key, uint64_t first, uint32_t* out) {
   }
 }
 
-// Walks increasing element indices of one site on the host, drawing random words a batch of
-// groups at a time (one stream per thread). keep(e) equals dropout_keep(key, e, threshold).
-struct DropoutStream {
-  static constexpr uint64_t kSpan = 4 * kPhiloxLanes;  // elements per batch
-  RngKey key;
-  uint32_t threshold;
-  uint64_t first = ~uint64_t{0};  // first element of the cached batch
-  uint32_t words[kSpan];
-
-  DropoutStream(const RngKey& k, float p) : key(k), threshold(dropout_threshold(p)) {}
-  bool keep(uint64_t element) {
-    if (element < first || element >= first + kSpan) {
-      first = element & ~(kSpan - 1);
-      rng_blocks(key, first >> 2, words);
-    }
-    return words[element - first] >= threshold;
-  }
-};
-
 }  // namespace brisk

@@ -42,21 +42,6 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(data_);
 }
 
-Tensor Tensor::reshape(Shape s) const {
-  BRISK_CHECK(s.numel() == numel(), "cannot reshape ", shape_.str(), " to ", s.str());
-  return Tensor(data_, s, dtype_, device_);
-}
-
-Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
-  BRISK_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "row slice [", begin,
-              ", ", end, ") out of range for shape ", shape_.str());
-  int64_t row = numel() / (dim(0) ? dim(0) : 1);
-  Shape s;
-  s.push_back(end - begin);
-  for (int i = 1; i < rank(); ++i) s.push_back(shape_[i]);
-  return Tensor(static_cast<char*>(data_) + begin * row * dtype_size(dtype_), s, dtype_, device_);
-}
-
 void expect(const Tensor& t, DType dtype, const Shape& shape, const char* what) {
   BRISK_CHECK(t.dtype() == dtype, what, ": expected dtype ", dtype_name(dtype), ", got ",
               dtype_name(t.dtype()));

@@ -60,11 +60,6 @@ class Tensor {
   Device device() const { return device_; }
   bool empty() const { return data_ == nullptr; }
 
-  // Same memory, another shape with the same element count.
-  Tensor reshape(Shape s) const;
-  // Rows [begin, end) of the first dimension.
-  Tensor slice_rows(int64_t begin, int64_t end) const;
-
  private:
   void* data_ = nullptr;
   Shape shape_;

@@ -46,7 +46,7 @@ BatchShape batch_shape_of(const SafetensorsFile& file) {
 }
 
 void load_batch(const SafetensorsFile& file, Model& model, Backend& be) {
-  model.reset_batch(be);
+  model.reset_batch();
   const Batch& b = model.batch();
   copy_ints(file, "input_ids", b.input_ids);
   if (file.has("attention_mask")) copy_ints(file, "attention_mask", b.attention_mask);

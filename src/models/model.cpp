@@ -102,7 +102,7 @@ int64_t Model::max_matmul_operand() const {
   return std::max(shape_.batch * shape_.seq * widest, largest_weight);
 }
 
-void Model::reset_batch(Backend& be) {
+void Model::reset_batch() {
   auto set = [](const Tensor& t, int32_t v) {
     if (t.empty()) return;
     int32_t* p = t.i32();
@@ -217,10 +217,6 @@ void Model::load_weights(const SafetensorsFile& file) {
     copy_to_f32(file.get(p.name), params_.weight(static_cast<int>(i)),
                 "parameter '" + p.name + "' in '" + file.path() + "'");
   }
-}
-
-std::vector<std::pair<std::string, Tensor>> Model::named_weights() const {
-  return named_views(params_.flat_weights());
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::named_views(const Tensor& flat) const {

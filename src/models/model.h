@@ -63,7 +63,7 @@ class Model {
   int64_t max_matmul_operand() const;
 
   // Fills the batch with defaults: attention mask 1, token types 0, labels ignored.
-  void reset_batch(Backend& be);
+  void reset_batch();
   // Targets the loss of the current batch is summed over (labels other than kIgnoreIndex).
   int64_t count_targets() const;
   // Returns the loss summed over the targets of the batch.
@@ -76,9 +76,8 @@ class Model {
   void init_weights(uint64_t seed);
   // Reads every parameter by its transformers name; extra entries (buffers) are ignored.
   void load_weights(const SafetensorsFile& file);
-  // (name, tensor) pairs for writing model.safetensors.
-  std::vector<std::pair<std::string, Tensor>> named_weights() const;
-  // The same names over another flat buffer of the same layout (e.g. the fp32 master weights).
+  // (name, tensor) pairs over a flat buffer laid out as the parameters (the weights, or the fp32
+  // master copy), for writing model.safetensors.
   std::vector<std::pair<std::string, Tensor>> named_views(const Tensor& flat) const;
 
  protected:

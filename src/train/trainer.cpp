@@ -61,10 +61,15 @@ class Progress {
   Progress(bool enabled, int64_t total) : enabled_(enabled), total_(total) {}
   void update(int64_t step, double loss) {
     if (!enabled_) return;
-    const int width = 30;
-    const int filled = static_cast<int>(width * step / std::max<int64_t>(total_, 1));
-    std::fprintf(stderr, "\r[%-*s] %lld/%lld loss %.4f", width, std::string(filled, '#').c_str(),
-                 static_cast<long long>(step), static_cast<long long>(total_), loss);
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(total_, 1));
+    // A fixed buffer: the bar is drawn every step and should not allocate.
+    char bar[kWidth + 1];
+    std::fill(bar, bar + kWidth, ' ');
+    std::fill(bar, bar + filled, '#');
+    bar[kWidth] = '\0';
+    std::fprintf(stderr, "\r[%s] %lld/%lld loss %.4f", bar, static_cast<long long>(step),
+                 static_cast<long long>(total_), loss);
     if (step == total_) std::fprintf(stderr, "\n");
   }
 
@@ -163,6 +168,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   plan.finalize();
 
   TrainSummary s;
+  reset_peak_rss();  // the peak reported is this run's
   s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, Device::cpu);
   model->bind(arena);

@@ -40,7 +40,6 @@ class CpuBackend final : public Backend {
   void cast(const Tensor& src, const Tensor& dst) override;
   void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
   using Backend::round_to;
-  bool all_finite(const Tensor& t) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,

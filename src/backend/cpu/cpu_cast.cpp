@@ -1,5 +1,5 @@
 // Conversions between float32 and the 16-bit formats on the CPU, in-place rounding (the CPU's
-// emulation of 16-bit storage) and the finiteness check used by the loss scaler.
+// emulation of 16-bit storage).
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -51,15 +51,6 @@ void CpuBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(float_to_fp16(in[i]));
   }
-}
-
-bool CpuBackend::all_finite(const Tensor& t) {
-  const float* p = t.f32();
-  const int64_t n = t.numel();
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
-  return bad == 0;
 }
 
 }  // namespace brisk

@@ -13,7 +13,7 @@ namespace brisk {
 // out may alias in or add.
 inline void dropout_range(const RngKey& key, float p, uint64_t first, int64_t n, const float* in,
                           const float* add, float* out) {
-  constexpr int64_t kSpan = DropoutStream::kSpan;
+  constexpr int64_t kSpan = 4 * kPhiloxLanes;  // elements per batch of random words
   const uint32_t threshold = dropout_threshold(p);
   const float scale = 1.0f / (1.0f - p);
   uint32_t words[kSpan];
