@@ -64,7 +64,7 @@ TEST(Inputs, TokenOutsideVocabularyIsRefused) {
   plan.finalize();
   Arena arena(plan, Device::cpu);
   m->bind(arena);
-  m->init_weights(1);
+  m->init_weights(*be, 1);
   load_batch(batch, *m, *be);
   StepOptions so;
   expect_error([&] { m->forward(*be, so); },
@@ -75,13 +75,14 @@ TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
   expect_error([] { SafetensorsFile f(fixture("bad/truncated.safetensors")); }, "is corrupt");
   expect_error([] { SafetensorsFile f(fixture("bad/not_json.json")); }, "header length");
   // Weights of another model: the first missing parameter is named.
+  auto be = make_cpu_backend();
   auto m = Model::create(resolve_config(fixture("gpt2_tiny")));
   MemoryPlan plan;
   m->plan(plan, {1, 4}, {});
   plan.finalize();
   Arena arena(plan, Device::cpu);
   m->bind(arena);
-  expect_error([&] { m->load_weights(SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
+  expect_error([&] { m->load_weights(*be, SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
                "lacks parameter 'transformer.wte.weight'");
 }
 

@@ -62,7 +62,7 @@ struct LoadedModel {
     plan.finalize();
     arena = std::make_unique<Arena>(plan, Device::cpu);
     model->bind(*arena);
-    model->load_weights(SafetensorsFile(folder + "/model.safetensors"));
+    model->load_weights(*be, SafetensorsFile(folder + "/model.safetensors"));
     load_batch(batch, *model, *be);
   }
 

@@ -12,7 +12,7 @@
 #include "data/dataset.h"
 #include "data/token_file.h"
 #include "optim/adamw.h"
-#include "optim/grad_norm.h"
+#include "optim/step_control.h"
 #include "test_support.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
@@ -70,6 +70,7 @@ TrainOptions tiny_options(const std::string& model, const std::string& out) {
   o.logging_steps = 1;
   o.save_steps = 0;
   o.disable_tqdm = true;
+  o.device = "cpu";
   return o;
 }
 
@@ -276,23 +277,32 @@ TEST(Trainer, AdamWScheduleAndClippingMatchPyTorch) {
           Tensor(g.data(), Shape{ps.total_elements()}, DType::f32));
   for (size_t i = 0; i < names.size(); ++i)
     copy_to_f32(f.get("init." + names[i].first), ps.weight(static_cast<int>(i)), "init");
+  auto be = make_cpu_backend();
   MemoryPlan plan;
   BufferBinder binder;
   AdamW adamw({0.9f, 0.98f, 1e-6f, 0.1f});
-  adamw.plan(plan, binder, ps.total_elements());
+  adamw.plan(plan, binder, ps);
+  Tensor stats, control;
+  binder.declare(plan, &stats, "stats", Category::temporaries, DType::f64, Shape{kStatsSize});
+  binder.declare(plan, &control, "control", Category::temporaries, DType::f32,
+                 Shape{kControlSize});
   plan.finalize();
   Arena arena(plan, Device::cpu);
   binder.bind(arena);
-  adamw.reset();
+  adamw.reset(*be);
   const Schedule schedule{"linear", 3, 10};
   for (int step = 0; step < 10; ++step) {
     for (size_t i = 0; i < names.size(); ++i)
       copy_to_f32(f.get("grad." + std::to_string(step) + "." + names[i].first),
                   ps.grad(static_cast<int>(i)), "grad");
-    // As the trainer does it: the clip coefficient folded into the update.
-    const double clip = clip_coefficient(grad_l2_norm(ps.flat_grads()), 1.0);
-    adamw.step(ps, ps.flat_weights(), ps.flat_grads(),
-               static_cast<float>(1e-2 * schedule.factor(step)), static_cast<float>(clip));
+    // As the trainer does it: the clip coefficient folded into the update by decide_step.
+    stats.as<double>()[kStatLoss] = 0.0;
+    stats.as<double>()[kStatGradSumSq] = 0.0;
+    be->sum_squares(ps.flat_grads(), Tensor(stats.as<double>() + kStatGradSumSq, Shape{1},
+                                            DType::f64));
+    be->decide_step(stats, 1.0, 1.0, control);
+    adamw.step(*be, ps.flat_weights(), ps.flat_grads(), control,
+               static_cast<float>(1e-2 * schedule.factor(step)));
   }
   for (size_t i = 0; i < names.size(); ++i) {
     const Tensor& want = f.get("final." + names[i].first);

@@ -4,6 +4,7 @@
 // buffers; gradients of activations (dx, dqkv, ...) are overwritten unless a flag says otherwise.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,27 @@ enum class GeluKind { erf, tanh };
 
 inline constexpr int kIgnoreIndex = -100;
 
+// What a backend's attention keeps for its backward pass and the scratch it needs, per block:
+// the CPU keeps the probabilities [B,H,T,T] (a 16-bit copy is fine); the CUDA backend's flash
+// attention keeps one log-sum-exp per row [B,H,T] (float32). A function of the device alone, so
+// a run's memory can be planned on a machine without that device.
+struct AttentionBuffers {
+  Shape stats;
+  bool stats_low_precision = false;  // may be stored in the 16-bit activation type
+  Shape scratch;
+};
+AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq);
+
+// One AdamW update (torch.optim.AdamW) over flat float32 buffers. decay_ranges is int64 [R,2]:
+// sorted [begin, end) element ranges that take weight decay. The gradient multiplier (clipping,
+// loss unscaling) and the skip flag come from `control` (see optim/step_control.h), which the
+// backend's decide_step wrote, so no host round trip sits between the two.
+struct AdamWUpdate {
+  Tensor weights, grads, exp_avg, exp_avg_sq, decay_ranges, control;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;  // 1-based, for the bias corrections
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -33,6 +55,17 @@ class Backend {
   // Declares the backend's own buffers for matrix products whose operands have at most
   // `max_operand` elements (called after set_matmul_dtype, before the plan is final).
   virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) = 0;
+
+  // ---- memory and transfers ----
+  // Where Placement::device and Placement::host buffers of an Arena come from.
+  virtual MemoryResource& device_memory() = 0;
+  virtual MemoryResource& staging_memory() = 0;
+  // dst (device) = src (host staging); ordered with the ops that follow (asynchronous on a GPU).
+  virtual void upload(const Tensor& src, const Tensor& dst) = 0;
+  // dst (host) = src (device); returns when dst holds the data.
+  virtual void download(const Tensor& src, const Tensor& dst) = 0;
+  // Waits for all enqueued work (and reports asynchronous errors).
+  virtual void synchronize() = 0;
 
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.
@@ -102,14 +135,15 @@ class Backend {
   // keeps the key) or empty; causal hides later keys. Scores are scaled by 1/sqrt(D). A query
   // that can see no key at all gets zero probabilities and a zero output (transformers would
   // spread it uniformly; such rows only occur at padding, whose loss is ignored).
-  // probs [B,H,T,T] receives the softmax
-  // (before dropout) for the backward pass; out is [B,T,C]. scratch [B,H,T,T] receives the
-  // dropped-out probabilities; it is needed only when dropout_p > 0 and may be empty otherwise.
+  // stats and scratch are shaped by attention_buffers(device()); stats keeps what the backward
+  // pass needs (the CPU: the softmax before dropout). out is [B,T,C].
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
-                                 float dropout_p, const RngKey& key, const Tensor& probs,
+                                 float dropout_p, const RngKey& key, const Tensor& stats,
                                  const Tensor& scratch, const Tensor& out) = 0;
-  // dqkv [B,T,3C] = the gradient of the packed input; scratch is [B,H,T,T].
-  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+  // dqkv [B,T,3C] = the gradient of the packed input, from the forward pass's qkv, out and stats
+  // and the same mask, causality, dropout and key.
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& stats, const Tensor& key_mask, bool causal,
                                   int heads, float dropout_p, const RngKey& key,
                                   const Tensor& scratch, const Tensor& dqkv) = 0;
 
@@ -119,13 +153,34 @@ class Backend {
   // dx[b,0,:] += dout[b,:]
   virtual void first_token_backward(const Tensor& dout, const Tensor& dx) = 0;
   // Softmax cross-entropy over rows of logits [N,V] with int32 labels [N] (kIgnoreIndex rows
-  // are skipped; others must lie in [0, V)). Returns the summed loss of the counted rows. With
-  // write_grad the logits are overwritten by (softmax - onehot) * grad_scale (zero on ignored
-  // rows), so probabilities are never stored.
-  virtual double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                       float grad_scale) = 0;
+  // are skipped; others must lie in [0, V)). Adds the summed loss of the counted rows to
+  // loss_sum (float64 [1], in device memory). With write_grad the logits are overwritten by
+  // (softmax - onehot) * grad_scale (zero on ignored rows), so probabilities are never stored.
+  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                                     float grad_scale, const Tensor& loss_sum) = 0;
+
+  // ---- the optimizer step ----
+  // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).
+  virtual void sum_squares(const Tensor& x, const Tensor& acc) = 0;
+  // control (float32 [kControlSize]) = decide_step(stats (float64 [kStatsSize]), ...): see
+  // optim/step_control.h.
+  virtual void decide_step(const Tensor& stats, double loss_scale, double max_norm,
+                           const Tensor& control) = 0;
+  virtual void adamw_update(const AdamWUpdate& u) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA backend on the current GPU; throws a clear error when this build has no CUDA backend
+// or the machine has no usable GPU.
+std::unique_ptr<Backend> make_cuda_backend();
+// Whether make_cuda_backend can succeed here (a CUDA build and at least one GPU).
+bool cuda_available(std::string* why_not = nullptr);
+std::unique_ptr<Backend> make_backend(Device device);
+
+// Runs fn on a host view of t: t itself when it is in host memory, otherwise a temporary host
+// copy, downloaded first when `read` and uploaded afterwards when `write`. For loading and
+// saving weights and optimizer state, never inside a training step.
+void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
+                    const std::function<void(const Tensor&)>& fn);
 
 }  // namespace brisk

@@ -67,9 +67,9 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   Arena arena(plan, Device::cpu);
   model->bind(arena);
   if (a.weights.empty())
-    model->init_weights(a.seed);
+    model->init_weights(*be, a.seed);
   else
-    model->load_weights(SafetensorsFile(a.weights));
+    model->load_weights(*be, SafetensorsFile(a.weights));
   load_batch(batch_file, *model, *be);
 
   StepOptions so;
@@ -111,7 +111,10 @@ int run_estimate(const EstimateArgs& a) {
   const int64_t n = model->params().total_elements();
   BufferBinder binder;
   precision.plan(plan, binder, n);
-  AdamW({}).plan(plan, binder, n);
+  AdamW({}).plan(plan, binder, model->params());
+  Tensor control;  // the trainer's step decision
+  binder.declare(plan, &control, "step_control", Category::temporaries, DType::f32,
+                 Shape{kControlSize});
   auto be = make_cpu_backend();
   be->set_matmul_dtype(a.bf16 ? DType::bf16 : DType::f32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());

@@ -13,22 +13,22 @@ const char* category_name(Category c) {
   return names[static_cast<int>(c)];
 }
 
-BufferId MemoryPlan::add(std::string name, Category category, DType dtype, Shape shape) {
+BufferId MemoryPlan::add(std::string name, Category category, DType dtype, Shape shape,
+                         Placement placement) {
   BRISK_CHECK(!finalized_, "memory plan is final; cannot add '", name, "'");
   BRISK_CHECK(find(name) < 0, "memory plan already has a buffer named '", name, "'");
-  BufferSpec spec{std::move(name), category, dtype, shape};
+  BufferSpec spec{std::move(name), category, dtype, shape, placement};
   spec.bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   buffers_.push_back(std::move(spec));
   return static_cast<BufferId>(buffers_.size() - 1);
 }
 
 void MemoryPlan::finalize() {
-  size_t off = 0;
   for (auto& b : buffers_) {
+    size_t& off = total_[static_cast<int>(b.placement)];
     b.offset = off;
     off += (b.bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
-  total_ = off;
   finalized_ = true;
 }
 
@@ -43,9 +43,13 @@ BufferId MemoryPlan::find(const std::string& name) const {
   return -1;
 }
 
-size_t MemoryPlan::total_bytes() const {
+size_t MemoryPlan::total_bytes(Placement placement) const {
   BRISK_CHECK(finalized_, "memory plan is not final yet");
-  return total_;
+  return total_[static_cast<int>(placement)];
+}
+
+size_t MemoryPlan::total_bytes() const {
+  return total_bytes(Placement::device) + total_bytes(Placement::host);
 }
 
 std::array<size_t, kNumCategories> MemoryPlan::bytes_by_category() const {
@@ -54,25 +58,55 @@ std::array<size_t, kNumCategories> MemoryPlan::bytes_by_category() const {
   return out;
 }
 
-Arena::Arena(const MemoryPlan& plan, Device device) : plan_(plan), device_(device) {
+namespace {
+class HostMemory final : public MemoryResource {
+ public:
+  Device device() const override { return Device::cpu; }
+  void* allocate(size_t bytes) override {
+    const size_t rounded = (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment *
+                           MemoryPlan::kAlignment;
+    void* p = std::aligned_alloc(MemoryPlan::kAlignment, rounded ? rounded : MemoryPlan::kAlignment);
+    BRISK_CHECK(p != nullptr, "cannot allocate ", bytes, " bytes: out of host memory");
+    // Touch every page now so that the measured resident memory matches the plan from step 1.
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void deallocate(void* p) override { std::free(p); }
+};
+}  // namespace
+
+MemoryResource& host_memory() {
+  static HostMemory memory;
+  return memory;
+}
+
+Arena::Arena(const MemoryPlan& plan, Device device) : Arena(plan, host_memory(), host_memory()) {
+  BRISK_CHECK(device == Device::cpu, "a ", device_name(device),
+              " arena needs that backend's memory resource");
+}
+
+Arena::Arena(const MemoryPlan& plan, MemoryResource& device_memory, MemoryResource& host)
+    : plan_(plan) {
   BRISK_CHECK(plan.finalized(), "an arena needs a finalized memory plan");
-  BRISK_CHECK(device == Device::cpu, "this build has no arena for device ", device_name(device));
-  capacity_ = plan.total_bytes();
-  size_t bytes = capacity_ ? capacity_ : MemoryPlan::kAlignment;
-  base_ = static_cast<char*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes));
-  BRISK_CHECK(base_ != nullptr, "cannot allocate the ", bytes, "-byte arena: out of host memory");
-  // Touch every page now so that the measured resident memory matches the plan from step 1.
-  std::memset(base_, 0, bytes);
+  blocks_[static_cast<int>(Placement::device)].resource = &device_memory;
+  blocks_[static_cast<int>(Placement::host)].resource = &host;
+  for (int p = 0; p < kNumPlacements; ++p) {
+    Block& b = blocks_[p];
+    b.capacity = plan.total_bytes(static_cast<Placement>(p));
+    if (b.capacity > 0) b.base = static_cast<char*>(b.resource->allocate(b.capacity));
+  }
 }
 
 Arena::~Arena() {
-  std::free(base_);
+  for (Block& b : blocks_)
+    if (b.base) b.resource->deallocate(b.base);
 }
 
 Tensor Arena::tensor(BufferId id) {
-  const BufferSpec& b = plan_.buffer(id);
-  if (b.offset + b.bytes > high_water_) high_water_ = b.offset + b.bytes;
-  return Tensor(base_ + b.offset, b.shape, b.dtype, device_);
+  const BufferSpec& s = plan_.buffer(id);
+  Block& b = blocks_[static_cast<int>(s.placement)];
+  if (s.offset + s.bytes > b.high_water) b.high_water = s.offset + s.bytes;
+  return Tensor(b.base + s.offset, s.shape, s.dtype, b.resource->device());
 }
 
 }  // namespace brisk

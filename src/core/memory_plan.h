@@ -26,20 +26,28 @@ const char* category_name(Category c);
 
 using BufferId = int;
 
+// Where a buffer lives: in the run's device memory (the default), or in host memory that the
+// host writes and the device reads from (batches on their way to a GPU; pinned there). On a CPU
+// run both are host memory.
+enum class Placement : uint8_t { device, host };
+constexpr int kNumPlacements = 2;
+
 struct BufferSpec {
   std::string name;
   Category category;
   DType dtype;
   Shape shape;
+  Placement placement = Placement::device;
   size_t bytes = 0;   // numel * dtype size
-  size_t offset = 0;  // assigned by MemoryPlan::finalize
+  size_t offset = 0;  // within its placement's block; assigned by MemoryPlan::finalize
 };
 
 class MemoryPlan {
  public:
   static constexpr size_t kAlignment = 64;
 
-  BufferId add(std::string name, Category category, DType dtype, Shape shape);
+  BufferId add(std::string name, Category category, DType dtype, Shape shape,
+               Placement placement = Placement::device);
   // Assigns offsets; no buffer may be added afterwards.
   void finalize();
   bool finalized() const { return finalized_; }
@@ -47,35 +55,57 @@ class MemoryPlan {
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   const BufferSpec& buffer(BufferId id) const;
   BufferId find(const std::string& name) const;                  // -1 when absent
-  size_t total_bytes() const;                                    // including alignment padding
+  // Bytes of one placement's block, or of both, including alignment padding.
+  size_t total_bytes(Placement placement) const;
+  size_t total_bytes() const;
   std::array<size_t, kNumCategories> bytes_by_category() const;  // without padding
 
  private:
   std::vector<BufferSpec> buffers_;
-  size_t total_ = 0;
+  std::array<size_t, kNumPlacements> total_{};
   bool finalized_ = false;
 };
 
-// One allocation for a whole finalized plan. Views are handed out by BufferId; the high-water
-// mark is the end of the furthest buffer handed out so far.
+// Allocates and frees the blocks an Arena carves up: host memory here, device or pinned host
+// memory in the CUDA backend. Blocks come back zeroed.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  virtual Device device() const = 0;
+  virtual void* allocate(size_t bytes) = 0;  // throws brisk::Error when out of memory
+  virtual void deallocate(void* p) = 0;
+};
+// Page-touched, zeroed, aligned host memory.
+MemoryResource& host_memory();
+
+// One allocation per placement for a whole finalized plan. Views are handed out by BufferId; the
+// high-water mark is the end of the furthest buffer handed out so far in each block.
 class Arena {
  public:
+  // Both placements in host memory (a CPU run).
   Arena(const MemoryPlan& plan, Device device);
+  Arena(const MemoryPlan& plan, MemoryResource& device_memory, MemoryResource& host_memory);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
   Tensor tensor(BufferId id);
-  size_t capacity() const { return capacity_; }
-  size_t high_water() const { return high_water_; }
+  size_t capacity(Placement p) const { return block(p).capacity; }
+  size_t high_water(Placement p) const { return block(p).high_water; }
+  size_t capacity() const { return capacity(Placement::device) + capacity(Placement::host); }
+  size_t high_water() const { return high_water(Placement::device) + high_water(Placement::host); }
   const MemoryPlan& plan() const { return plan_; }
 
  private:
+  struct Block {
+    MemoryResource* resource = nullptr;
+    char* base = nullptr;
+    size_t capacity = 0;
+    size_t high_water = 0;
+  };
+  const Block& block(Placement p) const { return blocks_[static_cast<int>(p)]; }
   const MemoryPlan& plan_;
-  Device device_;
-  char* base_ = nullptr;
-  size_t capacity_ = 0;
-  size_t high_water_ = 0;
+  std::array<Block, kNumPlacements> blocks_;
 };
 
 }  // namespace brisk
@@ -87,8 +117,9 @@ namespace brisk {
 class BufferBinder {
  public:
   void declare(MemoryPlan& plan, Tensor* view, std::string name, Category category, DType dtype,
-               Shape shape) {
-    entries_.push_back({view, plan.add(std::move(name), category, dtype, shape), nullptr});
+               Shape shape, Placement placement = Placement::device) {
+    entries_.push_back(
+        {view, plan.add(std::move(name), category, dtype, shape, placement), nullptr});
   }
   // After binding, *view is the same tensor as *source (shared buffers).
   void alias(Tensor* view, const Tensor* source) { entries_.push_back({view, -1, source}); }

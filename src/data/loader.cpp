@@ -56,12 +56,14 @@ void DataLoader::plan(MemoryPlan& plan, BufferBinder& binder) {
   for (int s = 0; s < slots; ++s) {
     const std::string p = "loader.slot" + std::to_string(s) + ".";
     Batch& b = slots_[s].batch;
-    binder.declare(plan, &b.input_ids, p + "input_ids", Category::data, DType::i32, bt);
-    binder.declare(plan, &b.attention_mask, p + "attention_mask", Category::data, DType::i32, bt);
-    if (layout_.token_types)
-      binder.declare(plan, &b.token_type_ids, p + "token_type_ids", Category::data, DType::i32, bt);
-    binder.declare(plan, &b.labels, p + "labels", Category::data, DType::i32,
-                   layout_.labels_per_token ? bt : Shape{layout_.batch});
+    // Host staging: the worker thread writes them (pinned memory on a GPU run).
+    auto slot = [&](Tensor* t, const char* name, Shape shape) {
+      binder.declare(plan, t, p + name, Category::data, DType::i32, shape, Placement::host);
+    };
+    slot(&b.input_ids, "input_ids", bt);
+    slot(&b.attention_mask, "attention_mask", bt);
+    if (layout_.token_types) slot(&b.token_type_ids, "token_type_ids", bt);
+    slot(&b.labels, "labels", layout_.labels_per_token ? bt : Shape{layout_.batch});
   }
 }
 

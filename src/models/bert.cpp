@@ -93,9 +93,9 @@ class Bert final : public Model {
 
   void declare_buffers(MemoryPlan& plan, const BatchShape& s) override {
     const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
-    declare(plan, &batch_.token_type_ids, "batch.token_type_ids", Category::data, DType::i32,
-            {B, T});
-    declare(plan, &batch_.labels, "batch.labels", Category::data, DType::i32, {B});
+    declare_input(plan, &batch_.token_type_ids, &dev_batch_.token_type_ids, "batch.token_type_ids",
+                  {B, T});
+    declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B});
     declare(plan, &emb_sum_, "embeddings.sum", Category::activations, DType::f32, {B, T, C});
     declare(plan, &emb_mean_, "embeddings.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &emb_rstd_, "embeddings.rstd", Category::activations, DType::f32, {B, T});
@@ -117,7 +117,7 @@ class Bert final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(batch_.input_ids, w(word_), w(pos_), batch_.token_type_ids, w(type_),
+    be.embedding_forward(dev_batch_.input_ids, w(word_), w(pos_), dev_batch_.token_type_ids, w(type_),
                          emb_sum_);
     be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_b_), config_.layer_norm_eps, hidden_[0],
                          emb_mean_, emb_rstd_);
@@ -125,14 +125,15 @@ class Bert final : public Model {
                        hidden_[0]);
   }
 
-  double head_forward(Backend& be, const StepOptions& o) override {
+  void head_forward(Backend& be, const StepOptions& o) override {
     be.first_token(hidden_[config_.num_layers], first_);
     be.linear_forward(first_, w(pool_w_), w(pool_b_), WeightLayout::out_in, pooled_);
     be.tanh_forward(pooled_, pooled_);
     be.dropout_forward(pooled_, dropout(config_.classifier_dropout, o), site(o, kClassifierSite),
                        dropped_);
     be.linear_forward(dropped_, w(cls_w_), w(cls_b_), WeightLayout::out_in, logits_);
-    return be.softmax_cross_entropy(logits_, batch_.labels, o.compute_grad, o.loss_grad_scale);
+    be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
+                             loss_sum());
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {
@@ -152,7 +153,8 @@ class Bert final : public Model {
                         d_hidden_);
     be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
                           false, g(emb_ln_g_), g(emb_ln_b_));
-    be.embedding_backward(scratch_.tmp, batch_.input_ids, batch_.token_type_ids, g(word_), g(pos_),
+    be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, dev_batch_.token_type_ids, g(word_),
+                          g(pos_),
                           g(type_));
   }
 

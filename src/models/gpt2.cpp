@@ -76,8 +76,8 @@ class Gpt2 final : public Model {
 
   void declare_buffers(MemoryPlan& plan, const BatchShape& s) override {
     const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
-    declare(plan, &batch_.labels, "batch.labels", Category::data, DType::i32, {B, T});
-    declare(plan, &targets_, "batch.shifted_labels", Category::data, DType::i32, {B, T});
+    declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B, T});
+    declare_input(plan, &targets_host_, &targets_, "batch.shifted_labels", {B, T});
     declare(plan, &lnf_out_, "ln_f.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &lnf_mean_, "ln_f.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &lnf_rstd_, "ln_f.rstd", Category::activations, DType::f32, {B, T});
@@ -94,21 +94,25 @@ class Gpt2 final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(batch_.input_ids, w(wte_), w(wpe_), Tensor(), Tensor(), hidden_[0]);
+    be.embedding_forward(dev_batch_.input_ids, w(wte_), w(wpe_), Tensor(), Tensor(), hidden_[0]);
     be.dropout_forward(hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
                        site(o, kEmbeddingSite), hidden_[0]);
   }
 
-  double head_forward(Backend& be, const StepOptions& o) override {
+  // Position t predicts token t + 1.
+  void prepare_batch() override {
     const int64_t B = shape_.batch, T = shape_.seq;
     const int32_t* y = batch_.labels.i32();
-    int32_t* t = targets_.i32();
+    int32_t* t = targets_host_.i32();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < T; ++i) t[b * T + i] = i + 1 < T ? y[b * T + i + 1] : kIgnoreIndex;
+  }
+
+  void head_forward(Backend& be, const StepOptions& o) override {
     be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,
                          lnf_out_, lnf_mean_, lnf_rstd_);
     be.linear_forward(lnf_out_, w(wte_), Tensor(), WeightLayout::out_in, logits_);
-    return be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale);
+    be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale, loss_sum());
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {
@@ -121,12 +125,12 @@ class Gpt2 final : public Model {
   void embed_backward(Backend& be, const StepOptions& o) override {
     be.dropout_backward(d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
                         site(o, kEmbeddingSite), d_hidden_);
-    be.embedding_backward(d_hidden_, batch_.input_ids, Tensor(), g(wte_), g(wpe_), Tensor());
+    be.embedding_backward(d_hidden_, dev_batch_.input_ids, Tensor(), g(wte_), g(wpe_), Tensor());
   }
 
   int wte_ = 0, wpe_ = 0, lnf_g_ = 0, lnf_b_ = 0;
   std::vector<LayerIds> layers_;
-  Tensor targets_, lnf_out_, lnf_mean_, lnf_rstd_;
+  Tensor targets_host_, targets_, lnf_out_, lnf_mean_, lnf_rstd_;
 };
 }  // namespace
 

@@ -34,6 +34,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               c.type_name(), " config");
   shape_ = shape;
   options_ = options;
+  inputs_.clear();
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
   binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
@@ -44,8 +45,9 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   for (int64_t l = 0; l <= c.num_layers; ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
-  const BlockDims dims{shape.batch, shape.seq, c.hidden_size, c.intermediate_size, c.num_heads};
-  const BlockStyle style = block_style(true);
+  const BlockDims dims{shape.batch, shape.seq, c.hidden_size, c.intermediate_size, c.num_heads,
+                       attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
+  const BlockStyle style = this->style(true);
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
   const bool low = options.activation_dtype != DType::f32;
@@ -58,9 +60,10 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
       declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision);
       declare_block_saved(plan, binder_, stored_[l], prefix, style, dims, SavedPart::low_precision,
                           options.activation_dtype, Category::activations);
-      const auto dst = low_precision_tensors(saved_[l]);
-      const auto src = low_precision_tensors(work_);
-      for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
+      const auto dst = low_precision_tensors(saved_[l], style.attn_stats_low);
+      const auto src = low_precision_tensors(work_, style.attn_stats_low);
+      for (size_t i = 0; i < dst.size(); ++i)
+        if (dst[i]) binder_.alias(dst[i], src[i]);
     }
   }
   for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
@@ -77,11 +80,35 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   }
   declare_block_scratch(plan, binder_, scratch_, dims);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
-  declare(plan, &batch_.input_ids, "batch.input_ids", Category::data, DType::i32,
-          Shape{shape.batch, shape.seq});
-  declare(plan, &batch_.attention_mask, "batch.attention_mask", Category::data, DType::i32,
-          Shape{shape.batch, shape.seq});
+  declare_input(plan, &batch_.input_ids, &dev_batch_.input_ids, "batch.input_ids",
+                Shape{shape.batch, shape.seq});
+  declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
+                Shape{shape.batch, shape.seq});
+  declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
+  binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,
+                  Shape{kStatsSize}, Placement::host);
   declare_buffers(plan, shape);
+}
+
+void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
+                          Shape shape) {
+  binder_.declare(plan, host, name, Category::data, DType::i32, shape, Placement::host);
+  if (options_.device == Device::cpu)
+    binder_.alias(device, host);
+  else
+    binder_.declare(plan, device, name + ".device", Category::data, DType::i32, shape);
+  inputs_.emplace_back(host, device);
+}
+
+void Model::reset_step_stats(Backend& be) {
+  std::fill(stats_host_.as<double>(), stats_host_.as<double>() + kStatsSize, 0.0);
+  be.upload(stats_host_, stats_);
+}
+
+std::array<double, 2> Model::read_step_stats(Backend& be) {
+  be.download(stats_, stats_host_);
+  const double* p = stats_host_.as<double>();
+  return {p[kStatLoss], p[kStatGradSumSq]};
 }
 
 void Model::bind(Arena& arena) {
@@ -138,29 +165,39 @@ int64_t Model::count_targets() const {
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
+  s.attn_stats_low = attention_buffers(options_.device, 1, 1, 1).stats_low_precision;
   return s;
 }
 
 namespace {
 // Copies between a block's float32 working tensors and its 16-bit stored copies.
-void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
-  const auto src = low_precision_tensors(from);
-  const auto dst = low_precision_tensors(to);
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool attn_stats_low) {
+  const auto src = low_precision_tensors(from, attn_stats_low);
+  const auto dst = low_precision_tensors(to, attn_stats_low);
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty()) be.cast(*src[i], *dst[i]);
+    if (src[i] && !src[i]->empty()) be.cast(*src[i], *dst[i]);
 }
 }  // namespace
 
-double Model::forward(Backend& be, const StepOptions& o) {
+void Model::forward_step(Backend& be, const StepOptions& o) {
   validate_batch();
+  prepare_batch();
+  for (const auto& [host, device] : inputs_)
+    if (!host->empty()) be.upload(*host, *device);
   const BlockStyle st = style(o.training);
   embed_forward(be, o);
   for (int l = 0; l < config_.num_layers; ++l) {
-    block_forward(be, st, layer_params(l, false), hidden_[l], batch_.attention_mask, hidden_[l + 1],
-                  saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty()) transfer(be, work_, stored_[l]);
+    block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
+                  hidden_[l + 1], saved_[l], scratch_, o.rng, l);
+    if (!stored_.empty()) transfer(be, work_, stored_[l], st.attn_stats_low);
   }
-  return head_forward(be, o);
+  head_forward(be, o);
+}
+
+double Model::forward(Backend& be, const StepOptions& o) {
+  reset_step_stats(be);
+  forward_step(be, o);
+  return read_step_stats(be)[kStatLoss];
 }
 
 void Model::backward(Backend& be, const StepOptions& o) {
@@ -171,11 +208,11 @@ void Model::backward(Backend& be, const StepOptions& o) {
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.num_layers - 1;
     if (options_.gradient_checkpointing && !last)
-      block_forward(be, st, layer_params(l, false), hidden_[l], batch_.attention_mask, Tensor(),
-                    saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last) transfer(be, stored_[l], work_);
-    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l], saved_[l],
-                   scratch_, d_hidden_, o.rng, l);
+      block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
+                    Tensor(), saved_[l], scratch_, o.rng, l);
+    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, st.attn_stats_low);
+    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
+                   dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);
   }
   embed_backward(be, o);
 }
@@ -191,11 +228,16 @@ float Model::init_std(const std::string& name) const {
              : 0.02f;
 }
 
-void Model::init_weights(uint64_t seed) {
+void Model::init_weights(Backend& be, uint64_t seed) {
+  with_host_view(be, flat_weights_, false, true, [&](const Tensor& flat) {
+    init_weights_host(flat, seed);
+  });
+}
+
+void Model::init_weights_host(const Tensor& flat, uint64_t seed) const {
   std::mt19937_64 gen(seed);
-  for (size_t i = 0; i < params_.list().size(); ++i) {
-    const ParamInfo& p = params_.list()[i];
-    float* x = params_.weight(static_cast<int>(i)).f32();
+  for (const ParamInfo& p : params_.list()) {
+    float* x = flat.f32() + p.offset;
     const int64_t n = p.shape.numel();
     const bool is_norm = !p.decay && !p.name.ends_with(".bias");
     if (p.name.ends_with(".bias")) {
@@ -209,14 +251,14 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
-void Model::load_weights(const SafetensorsFile& file) {
-  for (size_t i = 0; i < params_.list().size(); ++i) {
-    const ParamInfo& p = params_.list()[i];
+void Model::load_weights(Backend& be, const SafetensorsFile& file) {
+  for (const ParamInfo& p : params_.list())
     BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
                 "' of the ", config_.type_name(), " model");
-    copy_to_f32(file.get(p.name), params_.weight(static_cast<int>(i)),
-                "parameter '" + p.name + "' in '" + file.path() + "'");
-  }
+  with_host_view(be, flat_weights_, false, true, [&](const Tensor& flat) {
+    for (const auto& [name, view] : named_views(flat))
+      copy_to_f32(file.get(name), view, "parameter '" + name + "' in '" + file.path() + "'");
+  });
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::named_views(const Tensor& flat) const {

@@ -3,6 +3,7 @@
 // embeddings, the head and the name map; the block loop and gradient checkpointing live here.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "models/config.h"
 #include "models/parameters.h"
 #include "models/transformer_block.h"
+#include "optim/step_control.h"
 
 namespace brisk {
 
@@ -34,6 +36,9 @@ struct PlanOptions {
   // Mixed precision: activations that feed matrix products are kept in this type (bf16/f16);
   // the CPU computes in float32 and rounds them to it.
   DType activation_dtype = DType::f32;
+  // The device the run computes on: it decides the attention buffers and whether batches need a
+  // device copy.
+  Device device = Device::cpu;
 };
 
 struct StepOptions {
@@ -54,6 +59,8 @@ class Model {
   // Declares weights, gradients, data, activations and temporaries for micro-batches of `shape`.
   void plan(MemoryPlan& plan, BatchShape shape, PlanOptions options);
   void bind(Arena& arena);
+  // The host-side batch the data loader writes; forward() validates it and copies it to the
+  // device.
   const Batch& batch() const { return batch_; }
   BatchShape batch_shape() const { return shape_; }
   const Tensor& logits() const { return logits_; }
@@ -66,16 +73,25 @@ class Model {
   void reset_batch();
   // Targets the loss of the current batch is summed over (labels other than kIgnoreIndex).
   int64_t count_targets() const;
-  // Returns the loss summed over the targets of the batch.
+  // Per-step statistics on the device, float64 [kStatsSize] (optim/step_control.h): forward
+  // passes add their summed loss to kStatLoss; the trainer adds the gradients' sum of squares.
+  const Tensor& step_stats() const { return stats_; }
+  void reset_step_stats(Backend& be);
+  // Copies the statistics to the host (waits for the device).
+  std::array<double, 2> read_step_stats(Backend& be);
+
+  // Adds the loss summed over the targets of the batch to step_stats() without waiting for it.
+  void forward_step(Backend& be, const StepOptions& options);
+  // forward_step from zeroed statistics; returns that summed loss (waits for the device).
   double forward(Backend& be, const StepOptions& options);
   void backward(Backend& be, const StepOptions& options);
   void zero_grads(Backend& be);
 
   // Initializes weights as transformers does (normal(0, initializer_range), zero biases, unit
   // LayerNorm), deterministically from `seed`.
-  void init_weights(uint64_t seed);
+  void init_weights(Backend& be, uint64_t seed);
   // Reads every parameter by its transformers name; extra entries (buffers) are ignored.
-  void load_weights(const SafetensorsFile& file);
+  void load_weights(Backend& be, const SafetensorsFile& file);
   // (name, tensor) pairs over a flat buffer laid out as the parameters (the weights, or the fp32
   // master copy), for writing model.safetensors.
   std::vector<std::pair<std::string, Tensor>> named_views(const Tensor& flat) const;
@@ -88,14 +104,18 @@ class Model {
   virtual BlockParams layer_params(int layer, bool grads) const = 0;
   virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
   virtual void validate_batch() const = 0;
+  // Host-side inputs derived from the batch (GPT-2's shifted labels), before the upload.
+  virtual void prepare_batch() {}
   virtual void embed_forward(Backend& be, const StepOptions& o) = 0;   // writes hidden_[0]
-  virtual double head_forward(Backend& be, const StepOptions& o) = 0;  // from hidden_[L]
+  // From hidden_[L]; adds the summed loss to loss_sum().
+  virtual void head_forward(Backend& be, const StepOptions& o) = 0;
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
   virtual int64_t head_width() const = 0;
   DType activation_dtype() const { return options_.activation_dtype; }
+  Device device() const { return options_.device; }
 
   // Helpers for subclasses.
   int param(const std::string& name, Shape shape);
@@ -103,8 +123,15 @@ class Model {
                DType dtype, Shape shape) {
     binder_.declare(plan, view, name, category, dtype, shape);
   }
+  // An input the host writes: a host buffer (category data) and, on a GPU, its device copy
+  // (on the CPU the two views are the same buffer). forward_step uploads every input.
+  void declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
+                     Shape shape);
   Tensor w(int index) const { return params_.weight(index); }
   Tensor g(int index) const { return params_.grad(index); }
+  Tensor loss_sum() const {
+    return Tensor(stats_.as<double>() + kStatLoss, Shape{1}, DType::f64, stats_.device());
+  }
   void check_ids(const Tensor& ids, int64_t limit, const char* what) const;
   static RngKey site(const StepOptions& o, uint32_t site) {
     RngKey k = o.rng;
@@ -115,13 +142,15 @@ class Model {
   ModelConfig config_;
   ParameterSet params_;
   BatchShape shape_;
-  Batch batch_;
+  Batch batch_;      // host
+  Batch dev_batch_;  // what the kernels read
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
   Tensor d_hidden_;             // gradient flowing backwards through the blocks
   Tensor logits_;
   BlockScratch scratch_;
 
  private:
+  void init_weights_host(const Tensor& flat, uint64_t seed) const;
   BufferBinder binder_;
   PlanOptions options_;
   BlockStyle style(bool training) const;
@@ -131,6 +160,8 @@ class Model {
   std::vector<BlockSaved> stored_;
   BlockSaved work_;
   Tensor flat_weights_, flat_grads_;
+  std::vector<std::pair<Tensor*, Tensor*>> inputs_;  // (host, device) pairs to upload
+  Tensor stats_, stats_host_;
 };
 
 }  // namespace brisk

@@ -17,13 +17,14 @@ uint32_t block_rng_site(int layer, int which) {
   return static_cast<uint32_t>(layer * kSitesPerLayer + which);
 }
 
-std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s) {
-  return {&s.a_in, &s.qkv, &s.probs, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
+std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low) {
+  return {&s.a_in, &s.qkv, attn_stats_low ? &s.attn_stats : nullptr, &s.ctx, &s.m_in, &s.fc_pre,
+          &s.fc_act};
 }
 
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
-  return {&s.a_in,   &s.qkv,  &s.probs,  &s.ctx,    &s.res1,   &s.m_in,  &s.fc_pre,
-          &s.fc_act, &s.res2, &s.mean_a, &s.rstd_a, &s.mean_b, &s.rstd_b};
+  return {&s.a_in,   &s.qkv,  &s.attn_stats, &s.ctx,    &s.res1,   &s.m_in,  &s.fc_pre,
+          &s.fc_act, &s.res2, &s.mean_a,     &s.rstd_a, &s.mean_b, &s.rstd_b};
 }
 
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
@@ -41,7 +42,10 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
   low(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
-  low(&s.probs, "probs", Shape{d.batch, d.heads, d.seq, d.seq});
+  if (d.attention.stats_low_precision)
+    low(&s.attn_stats, "attn_stats", d.attention.stats);
+  else
+    full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", btc);
   full(&s.res1, "res1", btc);
   low(&s.m_in, "m_in", btc);
@@ -66,7 +70,7 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.d_ctx, "d_ctx", btc);
   add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, 3 * d.hidden});
   add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
-  add(&s.attn, "attn", Shape{d.batch, d.heads, d.seq, d.seq});
+  add(&s.attn, "attn", d.attention.scratch);
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
@@ -82,8 +86,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   be.round_to(lp, s.qkv);
   be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
-                       site_key(key, layer, kAttnProbs), s.probs, scratch.attn, s.ctx);
-  be.round_to(lp, s.probs);
+                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, s.ctx);
+  if (st.attn_stats_low) be.round_to(lp, s.attn_stats);
   be.round_to(lp, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
@@ -112,7 +116,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
 }
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
-                    const Tensor& x, const BlockSaved& s, const BlockScratch& sc, const Tensor& dh,
+                    const Tensor& x, const Tensor& key_mask, const BlockSaved& s, const BlockScratch& sc, const Tensor& dh,
                     const RngKey& key, int layer) {
   // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an
   // fp16 overflow shows up as inf in the parameter gradients.
@@ -150,8 +154,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   be.dropout_backward(d_res1, st.residual_dropout, attn_res_key, sc.tmp);
   be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
   be.round_to(lp, sc.d_ctx);
-  be.attention_backward(sc.d_ctx, s.qkv, s.probs, st.heads, st.attention_dropout, attn_probs_key,
-                        sc.attn, sc.d_qkv);
+  be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
+                        st.attention_dropout, attn_probs_key, sc.attn, sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);

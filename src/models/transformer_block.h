@@ -23,6 +23,8 @@ struct BlockStyle {
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
+  // Whether the attention statistics the backend keeps may be 16-bit (AttentionBuffers).
+  bool attn_stats_low = true;
 };
 
 // Parameters (or their gradients) of one block. ln_a is the LayerNorm around attention, ln_b
@@ -35,17 +37,18 @@ struct BlockParams {
 };
 
 // What the block saves for backward. a_in is the attention input (pre-norm: LN_a(x); post-norm:
-// x itself, so it is not stored); res1 = x + attention; m_in is the MLP input; res2 (post-norm
-// only) is the input of the final LayerNorm.
+// x itself, so it is not stored); attn_stats is what the backend's attention keeps; res1 = x +
+// attention; m_in is the MLP input; res2 (post-norm only) is the input of the final LayerNorm.
 struct BlockSaved {
-  Tensor a_in, qkv, probs, ctx, res1, m_in, fc_pre, fc_act, res2;
+  Tensor a_in, qkv, attn_stats, ctx, res1, m_in, fc_pre, fc_act, res2;
   Tensor mean_a, rstd_a, mean_b, rstd_b;
 };
 
 // The saved tensors kept in the activation dtype under mixed precision (those that feed matrix
 // products or attention); the rest (residual sums, LayerNorm statistics) stay float32.
-// Entries for tensors a style does not use are empty.
-std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s);
+// Entries for tensors a style does not use are empty; the attention statistics' entry is null
+// when they must stay float32 (attn_stats_low false).
+std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low);
 // Every saved tensor (for sharing one set among blocks).
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
 
@@ -56,6 +59,7 @@ struct BlockScratch {
 
 struct BlockDims {
   int64_t batch, seq, hidden, inner, heads;
+  AttentionBuffers attention;  // the backend's, for these dimensions
 };
 
 // Which saved tensors to declare: all of them, only the low-precision ones, or only the rest.
@@ -81,7 +85,8 @@ void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, c
 // On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
 // Parameter gradients accumulate into g.
 void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
-                    const BlockParams& g, const Tensor& x, const BlockSaved& s,
+                    const BlockParams& g, const Tensor& x, const Tensor& key_mask,
+                    const BlockSaved& s,
                     const BlockScratch& scratch, const Tensor& dh, const RngKey& key, int layer);
 
 }  // namespace brisk

@@ -1,51 +1,67 @@
-// AdamW step on the CPU.
+// AdamW: state, the decay table and the step count; the arithmetic is the backend's
+// adamw_update.
 #include "optim/adamw.h"
 
-#include <cmath>
+#include <vector>
 
 namespace brisk {
 
-void AdamW::plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params) {
-  binder.declare(plan, &m_, "adamw.exp_avg", Category::optimizer_state, DType::f32,
-                 Shape{num_params});
-  binder.declare(plan, &v_, "adamw.exp_avg_sq", Category::optimizer_state, DType::f32,
-                 Shape{num_params});
+namespace {
+// Maximal runs of consecutive parameters that take weight decay, as [begin, end) elements.
+std::vector<int64_t> decay_ranges(const ParameterSet& params) {
+  std::vector<int64_t> r;
+  for (const ParamInfo& p : params.list()) {
+    if (!p.decay) continue;
+    const int64_t begin = p.offset, end = p.offset + p.shape.numel();
+    if (!r.empty() && r.back() == begin)
+      r.back() = end;
+    else
+      r.insert(r.end(), {begin, end});
+  }
+  return r;
+}
+}  // namespace
+
+void AdamW::plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) {
+  params_ = &params;
+  const Shape n{params.total_elements()};
+  binder.declare(plan, &m_, "adamw.exp_avg", Category::optimizer_state, DType::f32, n);
+  binder.declare(plan, &v_, "adamw.exp_avg_sq", Category::optimizer_state, DType::f32, n);
+  const int64_t ranges = static_cast<int64_t>(decay_ranges(params).size() / 2);
+  binder.declare(plan, &decay_ranges_, "adamw.decay_ranges", Category::optimizer_state, DType::i64,
+                 Shape{ranges, 2});
 }
 
-void AdamW::reset() {
-  std::fill(m_.f32(), m_.f32() + m_.numel(), 0.0f);
-  std::fill(v_.f32(), v_.f32() + v_.numel(), 0.0f);
+void AdamW::reset(Backend& be) {
+  be.fill(m_, 0.0f);
+  be.fill(v_, 0.0f);
+  const std::vector<int64_t> r = decay_ranges(*params_);
+  with_host_view(be, decay_ranges_, false, true, [&](const Tensor& t) {
+    std::copy(r.begin(), r.end(), t.as<int64_t>());
+  });
   step_ = 0;
 }
 
-void AdamW::step(const ParameterSet& params, const Tensor& weights, const Tensor& grads, float lr,
-                 float grad_multiplier) {
-  BRISK_CHECK(weights.numel() == params.total_elements() && grads.numel() == weights.numel(),
+void AdamW::step(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
+                 float lr) {
+  BRISK_CHECK(params_ && weights.numel() == params_->total_elements() &&
+                  grads.numel() == weights.numel(),
               "AdamW: buffers do not match the parameter layout");
   ++step_;
-  const float b1 = options_.beta1, b2 = options_.beta2;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step_));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  float* __restrict w = weights.f32();
-  const float* __restrict g = grads.f32();
-  float* __restrict m = m_.f32();
-  float* __restrict v = v_.f32();
-  const float eps = options_.epsilon;
-  for (const ParamInfo& p : params.list()) {
-    const float decay = p.decay ? 1.0f - lr * options_.weight_decay : 1.0f;
-    const int64_t begin = p.offset, end = p.offset + p.shape.numel();
-#pragma omp parallel for simd schedule(static) if (end - begin > 32768)
-    for (int64_t i = begin; i < end; ++i) {
-      const float gi = g[i] * grad_multiplier;
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-    }
-  }
+  AdamWUpdate u;
+  u.weights = weights;
+  u.grads = grads;
+  u.exp_avg = m_;
+  u.exp_avg_sq = v_;
+  u.decay_ranges = decay_ranges_;
+  u.control = control;
+  u.lr = lr;
+  u.beta1 = options_.beta1;
+  u.beta2 = options_.beta2;
+  u.eps = options_.epsilon;
+  u.weight_decay = options_.weight_decay;
+  u.step = step_;
+  be.adamw_update(u);
 }
 
 }  // namespace brisk

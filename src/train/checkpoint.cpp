@@ -70,8 +70,8 @@ void fail_next_checkpoint_after_files_for_testing(int files) {
   g_fail_after_files = files;
 }
 
-std::string save_checkpoint(const TrainOptions& options, const Model& model, const Tensor& weights,
-                            const AdamW& adamw, const Schedule& schedule,
+std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
+                            const Tensor& weights, const AdamW& adamw, const Schedule& schedule,
                             const TrainerState& state) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
@@ -82,16 +82,21 @@ std::string save_checkpoint(const TrainOptions& options, const Model& model, con
   fs::create_directories(tmp_dir, ec);
   BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
   try {
-    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
-                      {{"format", "pt"}});
+    with_host_view(be, weights, true, false, [&](const Tensor& w) {
+      write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(w),
+                        {{"format", "pt"}});
+    });
     count_file_written();
     write_json(tmp_dir / "config.json", model.config().source);
     count_file_written();
     int64_t step = adamw.steps();
-    write_safetensors((tmp_dir / "optimizer.safetensors").string(),
-                      {{"exp_avg", adamw.exp_avg()},
-                       {"exp_avg_sq", adamw.exp_avg_sq()},
-                       {"step", Tensor(&step, Shape{}, DType::i64)}});
+    with_host_view(be, adamw.exp_avg(), true, false, [&](const Tensor& m) {
+      with_host_view(be, adamw.exp_avg_sq(), true, false, [&](const Tensor& v) {
+        write_safetensors((tmp_dir / "optimizer.safetensors").string(),
+                          {{"exp_avg", m}, {"exp_avg_sq", v},
+                           {"step", Tensor(&step, Shape{}, DType::i64)}});
+      });
+    });
     count_file_written();
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
@@ -132,15 +137,20 @@ uint64_t checkpoint_seed(const std::string& folder) {
   return j["seed"].get<uint64_t>();
 }
 
-void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state) {
+void load_checkpoint(Backend& be, const std::string& folder, Model& model, AdamW& adamw,
+                     TrainerState& state) {
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
   for (const char* f : kFiles)
     BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
-  model.load_weights(SafetensorsFile((dir / "model.safetensors").string()));
+  model.load_weights(be, SafetensorsFile((dir / "model.safetensors").string()));
   SafetensorsFile opt((dir / "optimizer.safetensors").string());
-  copy_to_f32(opt.get("exp_avg"), adamw.exp_avg(), "exp_avg in " + opt.path());
-  copy_to_f32(opt.get("exp_avg_sq"), adamw.exp_avg_sq(), "exp_avg_sq in " + opt.path());
+  with_host_view(be, adamw.exp_avg(), false, true, [&](const Tensor& m) {
+    copy_to_f32(opt.get("exp_avg"), m, "exp_avg in " + opt.path());
+  });
+  with_host_view(be, adamw.exp_avg_sq(), false, true, [&](const Tensor& v) {
+    copy_to_f32(opt.get("exp_avg_sq"), v, "exp_avg_sq in " + opt.path());
+  });
   const Tensor& step = opt.get("step");
   BRISK_CHECK(step.dtype() == DType::i64 && step.numel() == 1, "'", opt.path(),
               "': step must be one int64");

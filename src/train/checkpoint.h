@@ -28,12 +28,14 @@ struct TrainerState {
 // Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
-std::string save_checkpoint(const TrainOptions& options, const Model& model, const Tensor& weights,
+std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
+                            const Tensor& weights,
                             const AdamW& adamw, const Schedule& schedule,
                             const TrainerState& state);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.
-void load_checkpoint(const std::string& folder, Model& model, AdamW& adamw, TrainerState& state);
+void load_checkpoint(Backend& be, const std::string& folder, Model& model, AdamW& adamw,
+                     TrainerState& state);
 
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
 // data order, synthetic data and dropout continue exactly as they would have.

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 
+#include "backend/backend.h"
 #include "core/error.h"
 
 namespace brisk {
@@ -79,14 +80,19 @@ void validate_options(const TrainOptions& o) {
               o.dataloader_num_workers);
   BRISK_CHECK(o.optim == "adamw_torch" || o.optim == "adamw_torch_fused", "unknown optim \"",
               o.optim, "\" (valid: adamw_torch, adamw_torch_fused)");
-  BRISK_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device \"", o.device,
-              "\" (valid: cpu, cuda)");
-  BRISK_CHECK(o.device == "cpu",
-              "--device cuda: this build has no CUDA backend yet; train with --device cpu");
+  BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
+              o.device, "\" (valid: cpu, cuda, auto)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
               "unknown synthetic_task \"", o.synthetic_task, "\" (valid: random, learnable)");
+}
+
+Device resolve_device(const std::string& device) {
+  if (device == "cpu") return Device::cpu;
+  if (device == "cuda") return Device::cuda;
+  BRISK_CHECK(device == "auto", "unknown device \"", device, "\" (valid: cpu, cuda, auto)");
+  return cuda_available() ? Device::cuda : Device::cpu;
 }
 
 }  // namespace brisk

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace brisk {
 
 struct TrainOptions {
@@ -43,7 +45,7 @@ struct TrainOptions {
   int64_t dataloader_num_workers = 0;
   bool dataloader_pin_memory = true;
   std::string optim = "adamw_torch";
-  std::string device = "cpu";
+  std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
   bool disable_tqdm = false;
 };
 
@@ -83,7 +85,7 @@ void visit_options(Options& o, Visitor&& v) {
     "0 = prepare batches inline; >= 1 = in a background thread");
   v("dataloader_pin_memory", o.dataloader_pin_memory, "page-locked batches (GPU only)");
   v("optim", o.optim, "optimizer (adamw_torch, adamw_torch_fused)");
-  v("device", o.device, "cpu (cuda arrives with the CUDA backend)");
+  v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
   v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
 }
 
@@ -93,5 +95,7 @@ void load_options_file(TrainOptions& o, const std::string& path);
 nlohmann::json options_to_json(const TrainOptions& o);
 // Refuses out-of-range and contradicting options with one message naming the problem.
 void validate_options(const TrainOptions& o);
+// The device a run uses: auto becomes cuda when a usable GPU is present, else cpu.
+Device resolve_device(const std::string& device);
 
 }  // namespace brisk

@@ -18,7 +18,7 @@
 #include "data/token_file.h"
 #include "models/model.h"
 #include "optim/adamw.h"
-#include "optim/grad_norm.h"
+#include "optim/step_control.h"
 #include "precision/mixed_precision.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
@@ -78,31 +78,42 @@ class Progress {
   int64_t total_;
 };
 
-// The update after an optimizer step's micro-steps: with fp16, an overflow (non-finite loss or
-// gradient) skips it; otherwise unscaling and clipping are folded into the AdamW pass, and the
-// compute weights are refreshed from the master copy.
+// The update after an optimizer step's micro-steps, decided on the device: the gradients' sum of
+// squares, then skip (non-finite loss or gradient) or the multiplier that folds clipping and
+// fp16 unscaling into the AdamW pass, then the compute weights refreshed from the master copy.
+// The host waits once, for the step's loss and norm: logging and the stop on a non-finite loss
+// need them.
 struct Update {
+  double loss_sum = 0;
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // NaN when skipped
   bool skipped = false;
 };
 
-Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision, double lr,
-                    double loss_scale, double step_loss, double max_grad_norm, int64_t step) {
+Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision,
+                    const Tensor& control, double lr, double loss_scale, double max_grad_norm,
+                    int64_t step) {
   const Tensor& grads = model.params().flat_grads();
-  if (step == g_force_overflow_step) grads.f32()[0] = std::numeric_limits<float>::infinity();
-  const double scaled_norm = grad_l2_norm(grads);  // inf or NaN when any gradient is
+  if (step == g_force_overflow_step)
+    be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
+            std::numeric_limits<float>::infinity());
+  const Tensor& stats = model.step_stats();
+  be.sum_squares(grads, Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64,
+                               stats.device()));
+  be.decide_step(stats, loss_scale, max_grad_norm, control);
+  adamw.step(be, precision.master(model.params()), grads, control, static_cast<float>(lr));
+  precision.refresh_weights(be, model.params());  // unchanged master on a skip: a no-op
+  const auto [loss_sum, sumsq] = model.read_step_stats(be);
   Update u;
-  u.skipped =
-      precision.uses_loss_scaling() && (!std::isfinite(step_loss) || !std::isfinite(scaled_norm));
-  BRISK_CHECK(u.skipped || std::isfinite(step_loss), "the loss became ", step_loss, " at step ",
-              step + 1, "; stopping (lower the learning rate or check the data)");
-  if (!u.skipped) {
-    u.grad_norm = scaled_norm / loss_scale;
-    const double multiplier = clip_coefficient(u.grad_norm, max_grad_norm) / loss_scale;
-    adamw.step(model.params(), precision.master(model.params()), grads, static_cast<float>(lr),
-               static_cast<float>(multiplier));
-    precision.refresh_weights(be, model.params());
-  }
+  u.loss_sum = loss_sum;
+  u.skipped = !std::isfinite(loss_sum) || !std::isfinite(sumsq);
+  BRISK_CHECK(!u.skipped || precision.uses_loss_scaling(), "the ",
+              std::isfinite(loss_sum) ? "gradient norm" : "loss", " became ",
+              std::isfinite(loss_sum) ? sumsq : loss_sum, " at step ", step + 1,
+              "; stopping (lower the learning rate or check the data)");
+  if (u.skipped)
+    adamw.undo_step();
+  else
+    u.grad_norm = std::sqrt(sumsq) / loss_scale;
   if (precision.uses_loss_scaling()) precision.scaler().update(u.skipped);
   return u;
 }
@@ -144,7 +155,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   }
   const ModelConfig config = resolve_config(o.model_name_or_path);
   auto model = Model::create(config);
-  auto be = make_cpu_backend();
+  const Device device = resolve_device(o.device);
+  auto be = make_backend(device);
   std::unique_ptr<Dataset> owned = dataset ? nullptr : make_dataset(o, config);
   const Dataset* data = dataset ? dataset : owned.get();
   prepare_output_dir(o.output_dir);
@@ -156,33 +168,36 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
 
   MixedPrecision precision(o.bf16 ? DType::bf16 : o.fp16 ? DType::f16 : DType::f32);
   MemoryPlan plan;
-  model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype()});
+  model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype(), device});
   BufferBinder binder;
+  Tensor control;
+  binder.declare(plan, &control, "step_control", Category::temporaries, DType::f32,
+                 Shape{kControlSize});
   precision.plan(plan, binder, model->params().total_elements());
   be->set_matmul_dtype(o.bf16 ? DType::bf16 : DType::f32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());
   AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
                static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
-  adamw.plan(plan, binder, model->params().total_elements());
+  adamw.plan(plan, binder, model->params());
   loader.plan(plan, binder);
   plan.finalize();
 
   TrainSummary s;
   reset_peak_rss();  // the peak reported is this run's
   s.memory.rss_before_arena = current_rss_bytes();
-  Arena arena(plan, Device::cpu);
+  Arena arena(plan, be->device_memory(), be->staging_memory());
   model->bind(arena);
   binder.bind(arena);
-  adamw.reset();
+  adamw.reset(*be);
 
   TrainerState state;
   const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
   if (!o.resume_from_checkpoint.empty()) {
-    load_checkpoint(o.resume_from_checkpoint, *model, adamw, state);
+    load_checkpoint(*be, o.resume_from_checkpoint, *model, adamw, state);
   } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
-    model->load_weights(SafetensorsFile(weights));
+    model->load_weights(*be, SafetensorsFile(weights));
   } else {
-    model->init_weights(o.seed);
+    model->init_weights(*be, o.seed);
   }
   precision.adopt_model_weights(*be, model->params());
   if (!o.resume_from_checkpoint.empty() && precision.uses_loss_scaling())
@@ -215,7 +230,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     const float grad_scale =
         targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
     model->zero_grads(*be);
-    double step_loss = 0.0;
+    model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
       const int64_t rows = loader.next(model->batch());
       samples += rows;
@@ -225,15 +240,15 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       so.compute_grad = true;
       so.loss_grad_scale = grad_scale;
       so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
-      step_loss += model->forward(*be, so);
+      model->forward_step(*be, so);
       model->backward(*be, so);
       ++state.micro_batches;
     }
-    step_loss /= std::max<int64_t>(targets, 1);
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(adamw.steps());
-    const Update update = apply_update(*be, *model, adamw, precision, lr, loss_scale, step_loss,
+    const Update update = apply_update(*be, *model, adamw, precision, control, lr, loss_scale,
                                        o.max_grad_norm, step);
+    const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
 
@@ -252,7 +267,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
         state.global_step == total_steps)
       s.last_checkpoint =
-          save_checkpoint(o, *model, precision.master(model->params()), adamw, schedule, state);
+          save_checkpoint(*be, o, *model, precision.master(model->params()), adamw, schedule, state);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

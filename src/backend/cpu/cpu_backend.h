@@ -14,6 +14,12 @@ class CpuBackend final : public Backend {
   void set_matmul_dtype(DType dtype) override;
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
 
+  MemoryResource& device_memory() override { return host_memory(); }
+  MemoryResource& staging_memory() override { return host_memory(); }
+  void upload(const Tensor& src, const Tensor& dst) override;
+  void download(const Tensor& src, const Tensor& dst) override;
+  void synchronize() override {}
+
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
@@ -51,14 +57,20 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          float dropout_p, const RngKey& key, const Tensor& probs,
                          const Tensor& scratch, const Tensor& out) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int heads,
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
                           float dropout_p, const RngKey& key, const Tensor& scratch,
                           const Tensor& dqkv) override;
 
   void first_token(const Tensor& x, const Tensor& out) override;
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
-  double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                               float grad_scale) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                             float grad_scale, const Tensor& loss_sum) override;
+
+  void sum_squares(const Tensor& x, const Tensor& acc) override;
+  void decide_step(const Tensor& stats, double loss_scale, double max_norm,
+                   const Tensor& control) override;
+  void adamw_update(const AdamWUpdate& u) override;
 
  private:
   // Row-major C = op(A) op(B) (+ C when accumulate), by OpenBLAS or, in bf16 mode, oneDNN.

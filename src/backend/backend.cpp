@@ -1,0 +1,34 @@
+// Backend choice and the device-independent helpers of the backend interface.
+#include "backend/backend.h"
+
+#include <vector>
+
+namespace brisk {
+
+AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq) {
+  if (device == Device::cuda)  // flash attention: one log-sum-exp per row; scratch for its delta
+    return {Shape{batch, heads, seq}, false, Shape{batch, heads, seq}};
+  return {Shape{batch, heads, seq, seq}, true, Shape{batch, heads, seq, seq}};
+}
+
+std::unique_ptr<Backend> make_backend(Device device) {
+  return device == Device::cuda ? make_cuda_backend() : make_cpu_backend();
+}
+
+void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
+                    const std::function<void(const Tensor&)>& fn) {
+  if (t.device() == Device::cpu) {
+    fn(t);
+    return;
+  }
+  std::vector<unsigned char> bytes(t.bytes());
+  const Tensor host(bytes.data(), t.shape(), t.dtype(), Device::cpu);
+  if (read) be.download(t, host);
+  fn(host);
+  if (write) {
+    be.upload(host, t);
+    be.synchronize();  // the temporary goes away on return
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,85 @@
+// The optimizer step on the CPU: the gradient sum of squares, the skip/clip decision and AdamW
+// over the flat buffers.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "optim/step_control.h"
+
+namespace brisk {
+
+void CpuBackend::upload(const Tensor& src, const Tensor& dst) {
+  BRISK_CHECK(src.bytes() == dst.bytes(), "upload: sizes differ (", src.bytes(), " vs ",
+              dst.bytes(), " bytes)");
+  if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+void CpuBackend::download(const Tensor& src, const Tensor& dst) {
+  upload(src, dst);
+}
+
+void CpuBackend::sum_squares(const Tensor& x, const Tensor& acc) {
+  BRISK_CHECK(x.dtype() == DType::f32, "sum_squares: float32 input expected");
+  expect(acc, DType::f64, Shape{1}, "sum_squares accumulator");
+  const float* g = x.f32();
+  const int64_t n = x.numel();
+  double sq = 0.0;
+#pragma omp parallel for simd reduction(+ : sq) schedule(static)
+  for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * g[i];
+  acc.as<double>()[0] += sq;
+}
+
+void CpuBackend::decide_step(const Tensor& stats, double loss_scale, double max_norm,
+                             const Tensor& control) {
+  expect(stats, DType::f64, Shape{kStatsSize}, "decide_step statistics");
+  expect(control, DType::f32, Shape{kControlSize}, "decide_step control");
+  brisk::decide_step(stats.as<double>(), loss_scale, max_norm, control.f32());
+}
+
+void CpuBackend::adamw_update(const AdamWUpdate& u) {
+  const int64_t n = u.weights.numel();
+  BRISK_CHECK(u.weights.dtype() == DType::f32 && u.grads.numel() == n &&
+                  u.exp_avg.numel() == n && u.exp_avg_sq.numel() == n,
+              "adamw_update: weights, gradients and moments must be float32 of equal size");
+  BRISK_CHECK(u.decay_ranges.dtype() == DType::i64 && u.decay_ranges.rank() == 2 &&
+                  u.decay_ranges.dim(1) == 2,
+              "adamw_update: decay ranges must be int64 [R,2]");
+  expect(u.control, DType::f32, Shape{kControlSize}, "adamw_update control");
+  const float* control = u.control.f32();
+  if (control[kControlSkip] != 0.0f) return;
+  const float multiplier = control[kControlMultiplier];
+  const float b1 = u.beta1, b2 = u.beta2, eps = u.eps;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(u.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(u.step));
+  const float step_size = static_cast<float>(u.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  float* __restrict w = u.weights.f32();
+  const float* __restrict g = u.grads.f32();
+  float* __restrict m = u.exp_avg.f32();
+  float* __restrict v = u.exp_avg_sq.f32();
+  auto update = [&](int64_t begin, int64_t end, float decay) {
+#pragma omp parallel for simd schedule(static) if (end - begin > 32768)
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i] * multiplier;
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    }
+  };
+  // Alternate undecayed gaps and decayed ranges over the whole buffer.
+  const int64_t* r = u.decay_ranges.as<int64_t>();
+  const float decay = 1.0f - u.lr * u.weight_decay;
+  int64_t at = 0;
+  for (int64_t i = 0; i < u.decay_ranges.dim(0); ++i) {
+    const int64_t begin = r[2 * i], end = r[2 * i + 1];
+    BRISK_CHECK(begin >= at && end >= begin && end <= n, "adamw_update: decay ranges unsorted");
+    update(at, begin, 1.0f);
+    update(begin, end, decay);
+    at = end;
+  }
+  update(at, n, 1.0f);
+}
+
+}  // namespace brisk
