@@ -52,6 +52,11 @@ class Backend {
   // holding bf16 values are multiplied on bf16 units with float32 accumulation where the
   // backend has them; otherwise in float32, with the same result up to summation order).
   virtual void set_matmul_dtype(DType dtype) = 0;
+  // Float32 products may use TF32 tensor cores (TrainingArguments.tf32); no effect on the CPU.
+  virtual void set_tf32(bool /*enabled*/) {}
+  // Bytes of device memory in use as the driver reports it ("GPU memory occupied"); -1 when the
+  // backend has no such figure (the CPU: see peak_rss_bytes).
+  virtual int64_t device_memory_used() const { return -1; }
   // Declares the backend's own buffers for matrix products whose operands have at most
   // `max_operand` elements (called after set_matmul_dtype, before the plan is final).
   virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) = 0;

@@ -52,6 +52,12 @@ int run_train(const TrainOptions& options) {
   std::printf("  %-16s %12s\n", "arena high-water", mib(s.memory.arena_high_water).c_str());
   std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
   std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
+  if (s.memory.device_memory_used >= 0) {
+    std::printf("  %-16s %12s\n", "GPU memory occupied",
+                mib(static_cast<size_t>(s.memory.device_memory_used)).c_str());
+    std::printf("  %-16s %12s\n", "  before arena",
+                mib(static_cast<size_t>(s.memory.device_memory_before_arena)).c_str());
+  }
   if (!s.last_checkpoint.empty()) std::printf("saved %s\n", s.last_checkpoint.c_str());
   return 0;
 }

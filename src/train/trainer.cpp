@@ -174,7 +174,11 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   binder.declare(plan, &control, "step_control", Category::temporaries, DType::f32,
                  Shape{kControlSize});
   precision.plan(plan, binder, model->params().total_elements());
-  be->set_matmul_dtype(o.bf16 ? DType::bf16 : DType::f32);
+  // The CPU has no fp16 matrix units: fp16 values are multiplied in float32 there.
+  be->set_matmul_dtype(o.bf16                                ? DType::bf16
+                       : o.fp16 && device == Device::cuda    ? DType::f16
+                                                             : DType::f32);
+  be->set_tf32(o.tf32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());
   AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
                static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
@@ -183,6 +187,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   plan.finalize();
 
   TrainSummary s;
+  s.device = be->name();
+  s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
   reset_peak_rss();  // the peak reported is this run's
   s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, be->device_memory(), be->staging_memory());
@@ -283,6 +289,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.memory.arena_bytes = arena.capacity();
   s.memory.arena_high_water = arena.high_water();
   s.memory.peak_rss = peak_rss_bytes();
+  s.memory.device_memory_used = be->device_memory_used();
 
   std::ofstream out(fs::path(o.output_dir) / "train_results.json");
   out << summary_json(s).dump(2) << "\n";
@@ -305,7 +312,10 @@ nlohmann::json summary_json(const TrainSummary& s) {
             {"arena_bytes", s.memory.arena_bytes},
             {"arena_high_water_bytes", s.memory.arena_high_water},
             {"rss_before_arena_bytes", s.memory.rss_before_arena},
-            {"peak_rss_bytes", s.memory.peak_rss}}}};
+            {"peak_rss_bytes", s.memory.peak_rss},
+            {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
+            {"device_memory_used_bytes", s.memory.device_memory_used}}},
+          {"device", s.device}};
 }
 
 }  // namespace brisk

@@ -21,6 +21,10 @@ struct MemoryReport {
   size_t arena_high_water = 0;
   size_t rss_before_arena = 0;  // process resident memory before the arena was allocated
   size_t peak_rss = 0;          // measured peak of the whole process
+  // On a GPU, "GPU memory occupied" as the driver reports it (NVML), before the arena was
+  // allocated (the CUDA context and libraries) and at the end; -1 when not known (the CPU).
+  int64_t device_memory_before_arena = -1;
+  int64_t device_memory_used = -1;
 };
 
 struct TrainSummary {
@@ -32,6 +36,7 @@ struct TrainSummary {
   int64_t global_step = 0;
   double epoch = 0;
   std::string last_checkpoint;
+  std::string device;  // the backend's name
   MemoryReport memory;
 };
 

@@ -1,0 +1,355 @@
+// CudaBackend: construction, transfers, and the ops that map onto one kernel launcher each
+// (cuda_kernels.h). Shapes and dtypes are checked here, on the host, before anything is enqueued.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cmath>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+#include "optim/step_control.h"
+
+namespace brisk {
+
+namespace {
+using cuda::check_cuda;
+
+// A float32 tensor in device memory; `what` names it in errors.
+float* dev(const Tensor& t, const char* what) {
+  BRISK_CHECK(t.device() == Device::cuda, what, " is not in GPU memory");
+  BRISK_CHECK(t.dtype() == DType::f32, what, " must be float32, got ", dtype_name(t.dtype()));
+  return t.f32();
+}
+// The same for optional tensors: null when empty.
+float* dev_or_null(const Tensor& t, const char* what) {
+  return t.empty() ? nullptr : dev(t, what);
+}
+const int32_t* ids_or_null(const Tensor& t, const char* what) {
+  if (t.empty()) return nullptr;
+  BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, what,
+              " must be int32 in GPU memory");
+  return t.i32();
+}
+void same_numel(const Tensor& a, const Tensor& b, const char* op) {
+  BRISK_CHECK(a.numel() == b.numel(), op, ": element counts differ (", a.shape().str(), " vs ",
+              b.shape().str(), ")");
+}
+int64_t cols(const Tensor& t) {
+  return t.rank() ? t.dim(-1) : 1;
+}
+int64_t rows(const Tensor& t) {
+  return cols(t) ? t.numel() / cols(t) : 0;
+}
+}  // namespace
+
+CudaBackend::CudaBackend() {
+  check_cuda(cudaGetDevice(&device_index_), "cudaGetDevice");
+  check_cuda(cudaGetDeviceProperties(&props_, device_index_), "cudaGetDeviceProperties");
+  BRISK_CHECK(props_.major >= 8, "--device cuda: ", props_.name, " (compute capability ",
+              props_.major, ".", props_.minor, ") is older than Ampere (8.0), which brisk needs");
+  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  const cublasStatus_t st = cublasLtCreate(&lt_);
+  BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed (status ", static_cast<int>(st),
+              ")");
+}
+
+CudaBackend::~CudaBackend() {
+  plans_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+std::string CudaBackend::name() const {
+  return std::string("cuda (") + props_.name + ")";
+}
+
+int64_t CudaBackend::device_memory_used() const {
+  return nvml_memory_used(device_index_);
+}
+
+void CudaBackend::upload(const Tensor& src, const Tensor& dst) {
+  BRISK_CHECK(src.bytes() == dst.bytes(), "upload: sizes differ (", src.bytes(), " vs ",
+              dst.bytes(), " bytes)");
+  BRISK_CHECK(src.device() == Device::cpu && dst.device() == Device::cuda,
+              "upload: expects host to GPU memory");
+  if (src.bytes() == 0) return;
+  // From page-locked staging memory this copy runs asynchronously on the compute stream.
+  check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyHostToDevice, stream_),
+             "host-to-device copy");
+}
+
+void CudaBackend::download(const Tensor& src, const Tensor& dst) {
+  BRISK_CHECK(src.bytes() == dst.bytes(), "download: sizes differ (", src.bytes(), " vs ",
+              dst.bytes(), " bytes)");
+  BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cpu,
+              "download: expects GPU to host memory");
+  if (src.bytes() > 0)
+    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost,
+                               stream_),
+               "device-to-host copy");
+  synchronize();
+}
+
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(stream_), "a GPU operation");
+}
+
+// ---- normalization ----
+
+void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    float eps, const Tensor& y, const Tensor& mean,
+                                    const Tensor& rstd) {
+  const int64_t C = cols(x), R = rows(x);
+  BRISK_CHECK(gamma.numel() == C && beta.numel() == C, "layernorm_forward: gamma/beta size");
+  same_numel(x, y, "layernorm_forward");
+  BRISK_CHECK(mean.numel() == R && rstd.numel() == R, "layernorm_forward: statistics size");
+  cuda::layernorm_forward(stream_, dev(x, "layernorm input"), dev(gamma, "gamma"),
+                          dev(beta, "beta"), eps, dev(y, "layernorm output"), dev(mean, "mean"),
+                          dev(rstd, "rstd"), R, C);
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                     bool accumulate_dx, const Tensor& dgamma,
+                                     const Tensor& dbeta) {
+  const int64_t C = cols(x), R = rows(x);
+  same_numel(dy, x, "layernorm_backward");
+  same_numel(dx, x, "layernorm_backward dx");
+  BRISK_CHECK(mean.numel() == R && rstd.numel() == R, "layernorm_backward: statistics size");
+  cuda::layernorm_backward(stream_, dev(dy, "layernorm gradient"), dev(x, "layernorm input"),
+                           dev(gamma, "gamma"), dev(mean, "mean"), dev(rstd, "rstd"),
+                           dev(dx, "layernorm dx"), accumulate_dx, dev_or_null(dgamma, "dgamma"),
+                           dev_or_null(dbeta, "dbeta"), R, C);
+}
+
+// ---- elementwise ----
+
+void CudaBackend::gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
+  same_numel(x, y, "gelu_forward");
+  cuda::gelu_forward(stream_, kind, dev(x, "gelu input"), dev(y, "gelu output"), x.numel());
+}
+
+void CudaBackend::gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy,
+                                const Tensor& dx) {
+  same_numel(x, dy, "gelu_backward");
+  same_numel(x, dx, "gelu_backward");
+  cuda::gelu_backward(stream_, kind, dev(x, "gelu input"), dev(dy, "gelu gradient"),
+                      dev(dx, "gelu dx"), x.numel());
+}
+
+void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {
+  same_numel(x, y, "tanh_forward");
+  cuda::tanh_forward(stream_, dev(x, "tanh input"), dev(y, "tanh output"), x.numel());
+}
+
+void CudaBackend::tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  same_numel(y, dy, "tanh_backward");
+  same_numel(y, dx, "tanh_backward");
+  cuda::tanh_backward(stream_, dev(y, "tanh output"), dev(dy, "tanh gradient"),
+                      dev(dx, "tanh dx"), y.numel());
+}
+
+void CudaBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) {
+  same_numel(x, y, "dropout_forward");
+  cuda::dropout(stream_, dev(x, "dropout input"), nullptr, p, key, dev(y, "dropout output"),
+                x.numel());
+}
+
+void CudaBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key,
+                                   const Tensor& dx) {
+  same_numel(dy, dx, "dropout_backward");
+  cuda::dropout(stream_, dev(dy, "dropout gradient"), nullptr, p, key, dev(dx, "dropout dx"),
+                dy.numel());
+}
+
+void CudaBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                              const Tensor& y) {
+  same_numel(x, r, "dropout_add");
+  same_numel(x, y, "dropout_add");
+  cuda::dropout(stream_, dev(r, "dropout_add input"), dev(x, "dropout_add residual"), p, key,
+                dev(y, "dropout_add output"), x.numel());
+}
+
+void CudaBackend::add_inplace(const Tensor& y, const Tensor& x) {
+  same_numel(x, y, "add_inplace");
+  cuda::add_inplace(stream_, dev(y, "add_inplace target"), dev(x, "add_inplace source"),
+                    x.numel());
+}
+
+void CudaBackend::fill(const Tensor& t, float value) {
+  cuda::fill(stream_, dev(t, "fill target"), value, t.numel());
+}
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  BRISK_CHECK(src.dtype() == dst.dtype(), "copy: dtypes differ");
+  same_numel(src, dst, "copy");
+  BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cuda,
+              "copy: both tensors must be in GPU memory");
+  if (src.data() != dst.data() && src.bytes() > 0)
+    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice,
+                               stream_),
+               "device copy");
+}
+
+void CudaBackend::cast(const Tensor& src, const Tensor& dst) {
+  same_numel(src, dst, "cast");
+  BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cuda,
+              "cast: both tensors must be in GPU memory");
+  cuda::cast(stream_, src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel());
+}
+
+void CudaBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
+  same_numel(src, dst, "round_to");
+  if (dtype == DType::f32) return copy(src, dst);
+  BRISK_CHECK(dtype == DType::bf16 || dtype == DType::f16, "round_to: cannot round to ",
+              dtype_name(dtype));
+  cuda::round_to(stream_, dtype, dev(src, "round_to input"), dev(dst, "round_to output"),
+                 src.numel());
+}
+
+// ---- embeddings and heads ----
+
+void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
+                                    const Tensor& type_ids, const Tensor& type_table,
+                                    const Tensor& out) {
+  BRISK_CHECK(ids.rank() == 2, "embedding_forward: ids must be [B,T]");
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(word);
+  expect(out, DType::f32, Shape{B, T, C}, "embedding_forward output");
+  BRISK_CHECK(pos.empty() || pos.dim(0) >= T, "embedding_forward: ", T,
+              " positions exceed the position table");
+  cuda::embedding_forward(stream_, ids_or_null(ids, "ids"), dev(word, "word table"),
+                          dev_or_null(pos, "position table"), ids_or_null(type_ids, "type ids"),
+                          dev_or_null(type_table, "type table"), dev(out, "embedding output"), B,
+                          T, C);
+}
+
+void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
+                                     const Tensor& dword, const Tensor& dpos,
+                                     const Tensor& dtype_table) {
+  BRISK_CHECK(ids.rank() == 2, "embedding_backward: ids must be [B,T]");
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(dout);
+  expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
+  cuda::embedding_backward(stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"),
+                           ids_or_null(type_ids, "type ids"), dev_or_null(dword, "dword"),
+                           dev_or_null(dpos, "dpos"), dev_or_null(dtype_table, "dtype_table"), B,
+                           T, C);
+}
+
+void CudaBackend::first_token(const Tensor& x, const Tensor& out) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  expect(out, DType::f32, Shape{B, C}, "first_token output");
+  cuda::first_token(stream_, dev(x, "first_token input"), dev(out, "first_token output"), B, T, C);
+}
+
+void CudaBackend::first_token_backward(const Tensor& dout, const Tensor& dx) {
+  const int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
+  expect(dout, DType::f32, Shape{B, C}, "first_token_backward gradient");
+  cuda::first_token_backward(stream_, dev(dout, "first_token gradient"),
+                             dev(dx, "first_token dx"), B, T, C);
+}
+
+void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                        bool write_grad, float grad_scale,
+                                        const Tensor& loss_sum) {
+  const int64_t V = cols(logits), N = rows(logits);
+  BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
+              " rows of logits");
+  BRISK_CHECK(loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 &&
+                  loss_sum.device() == Device::cuda,
+              "softmax_cross_entropy: loss_sum must be one float64 in GPU memory");
+  cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"), N, V,
+                              write_grad, grad_scale, loss_sum.as<double>());
+}
+
+// ---- attention ----
+
+namespace {
+struct AttnShape {
+  int64_t B, T, C, H, D;
+};
+AttnShape attn_shape(const Tensor& qkv, int heads, const char* op) {
+  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, op, ": qkv must be [B,T,3C], got ",
+              qkv.shape().str());
+  const int64_t C = qkv.dim(2) / 3;
+  BRISK_CHECK(heads > 0 && C % heads == 0, op, ": ", C, " channels do not split into ", heads,
+              " heads");
+  return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
+}
+}  // namespace
+
+void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
+                                    int heads, float dropout_p, const RngKey& key,
+                                    const Tensor& stats, const Tensor& scratch,
+                                    const Tensor& out) {
+  const AttnShape d = attn_shape(qkv, heads, "attention_forward");
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
+  expect(stats, DType::f32, want.stats, "attention_forward statistics");
+  expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
+  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal,
+                          d.B, d.T, d.H, d.D, dropout_p, key, dev(stats, "attention statistics"),
+                          dev(out, "attention output"));
+}
+
+void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& stats, const Tensor& key_mask, bool causal,
+                                     int heads, float dropout_p, const RngKey& key,
+                                     const Tensor& scratch, const Tensor& dqkv) {
+  const AttnShape d = attn_shape(qkv, heads, "attention_backward");
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
+  expect(stats, DType::f32, want.stats, "attention_backward statistics");
+  expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
+  expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
+  expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward output");
+  expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
+  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  cuda::attention_backward(stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"),
+                           dev(out, "attention output"), dev(stats, "attention statistics"),
+                           ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.D,
+                           dropout_p, key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+}
+
+// ---- the optimizer step ----
+
+void CudaBackend::sum_squares(const Tensor& x, const Tensor& acc) {
+  BRISK_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1 && acc.device() == Device::cuda,
+              "sum_squares: the accumulator must be one float64 in GPU memory");
+  cuda::sum_squares(stream_, dev(x, "sum_squares input"), x.numel(), acc.as<double>());
+}
+
+void CudaBackend::decide_step(const Tensor& stats, double loss_scale, double max_norm,
+                              const Tensor& control) {
+  BRISK_CHECK(stats.dtype() == DType::f64 && stats.numel() == kStatsSize &&
+                  stats.device() == Device::cuda,
+              "decide_step: statistics must be float64 [", kStatsSize, "] in GPU memory");
+  expect(control, DType::f32, Shape{kControlSize}, "decide_step control");
+  cuda::decide_step(stream_, stats.as<double>(), loss_scale, max_norm,
+                    dev(control, "step control"));
+}
+
+void CudaBackend::adamw_update(const AdamWUpdate& u) {
+  const int64_t n = u.weights.numel();
+  BRISK_CHECK(u.grads.numel() == n && u.exp_avg.numel() == n && u.exp_avg_sq.numel() == n,
+              "adamw_update: weights, gradients and moments differ in size");
+  BRISK_CHECK(u.decay_ranges.dtype() == DType::i64 && u.decay_ranges.rank() == 2 &&
+                  u.decay_ranges.dim(1) == 2 && u.decay_ranges.device() == Device::cuda,
+              "adamw_update: decay ranges must be int64 [R,2] in GPU memory");
+  expect(u.control, DType::f32, Shape{kControlSize}, "adamw_update control");
+  const double bc1 = 1.0 - std::pow(static_cast<double>(u.beta1), static_cast<double>(u.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(u.beta2), static_cast<double>(u.step));
+  cuda::AdamWArgs args{u.lr,
+                       u.beta1,
+                       u.beta2,
+                       u.eps,
+                       u.weight_decay,
+                       static_cast<float>(u.lr / bc1),
+                       static_cast<float>(std::sqrt(bc2))};
+  cuda::adamw(stream_, dev(u.weights, "weights"), dev(u.grads, "gradients"),
+              dev(u.exp_avg, "exp_avg"), dev(u.exp_avg_sq, "exp_avg_sq"), n,
+              u.decay_ranges.as<int64_t>(), static_cast<int>(u.decay_ranges.dim(0)), args,
+              dev(u.control, "step control"));
+}
+
+}  // namespace brisk

@@ -1,0 +1,142 @@
+// The CUDA backend: brisk's own kernels (cuda_*.cu) and cuBLASLt matrix products on one stream
+// of the current GPU. Every op only enqueues work; the host waits in download() and
+// synchronize() alone.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/backend.h"
+
+namespace brisk {
+
+// cudaMalloc'd device memory and cudaMallocHost'd (page-locked) host memory, zeroed.
+class CudaDeviceMemory final : public MemoryResource {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) override;
+};
+class CudaPinnedMemory final : public MemoryResource {
+ public:
+  Device device() const override { return Device::cpu; }
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) override;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda; }
+  std::string name() const override;
+  void set_matmul_dtype(DType dtype) override;
+  void set_tf32(bool enabled) override { tf32_ = enabled; }
+  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
+  int64_t device_memory_used() const override;
+
+  MemoryResource& device_memory() override { return device_memory_; }
+  MemoryResource& staging_memory() override { return pinned_memory_; }
+  void upload(const Tensor& src, const Tensor& dst) override;
+  void download(const Tensor& src, const Tensor& dst) override;
+  void synchronize() override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
+                      const Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
+                       const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                       const Tensor& db) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                          bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) override;
+
+  void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) override;
+  void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  void tanh_forward(const Tensor& x, const Tensor& y) override;
+  void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) override;
+  void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                   const Tensor& y) override;
+  void add_inplace(const Tensor& y, const Tensor& x) override;
+  void fill(const Tensor& t, float value) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void cast(const Tensor& src, const Tensor& dst) override;
+  void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
+  using Backend::round_to;
+
+  void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
+                         const Tensor& type_ids, const Tensor& type_table,
+                         const Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
+                          const Tensor& dword, const Tensor& dpos,
+                          const Tensor& dtype_table) override;
+
+  void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+                         float dropout_p, const RngKey& key, const Tensor& stats,
+                         const Tensor& scratch, const Tensor& out) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
+                          float dropout_p, const RngKey& key, const Tensor& scratch,
+                          const Tensor& dqkv) override;
+
+  void first_token(const Tensor& x, const Tensor& out) override;
+  void first_token_backward(const Tensor& dout, const Tensor& dx) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                             float grad_scale, const Tensor& loss_sum) override;
+
+  void sum_squares(const Tensor& x, const Tensor& acc) override;
+  void decide_step(const Tensor& stats, double loss_scale, double max_norm,
+                   const Tensor& control) override;
+  void adamw_update(const AdamWUpdate& u) override;
+
+ private:
+  // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C; with
+  // `dtype` bf16 or f16 the operands are first cast into the planned operand buffers.
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+              int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
+              const float* bias, DType dtype);
+  // cuBLASLt descriptors and the chosen algorithm for one product shape.
+  struct MatmulPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    MatmulPlan() = default;
+    MatmulPlan(const MatmulPlan&) = delete;
+    MatmulPlan& operator=(const MatmulPlan&) = delete;
+    ~MatmulPlan();
+  };
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             bool, int, bool>;
+  MatmulPlan& plan_for(const PlanKey& key);
+
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  int device_index_ = 0;
+  cudaDeviceProp props_{};
+  CudaDeviceMemory device_memory_;
+  CudaPinnedMemory pinned_memory_;
+  DType matmul_dtype_ = DType::f32;
+  bool tf32_ = false;
+  Tensor workspace_;           // cuBLASLt's
+  Tensor operand_a_, operand_b_;  // 16-bit copies of matmul operands
+  Tensor ones_;                // a column of ones: bias gradients as a matrix product
+  bool ones_ready_ = false;
+  std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
+};
+
+// "GPU memory occupied" as nvidia-smi reports it for the current device (NVML, opened at run
+// time); -1 when NVML cannot be loaded.
+int64_t nvml_memory_used(int cuda_device);
+
+}  // namespace brisk

@@ -1,0 +1,264 @@
+// Elementwise CUDA kernels: GELU (erf and tanh forms), tanh, dropout from the counter-based RNG,
+// adds, fills and conversions between float32 and the 16-bit formats.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+
+namespace brisk::cuda {
+
+namespace {
+
+// The same constants as the CPU (cpu_gelu.cpp), so both backends evaluate the same formulas.
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kGeluCubic = 0.044715f;
+
+template <bool kTanhForm>
+__global__ void gelu_forward_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = x[i];
+    if constexpr (kTanhForm) {
+      y[i] = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+    } else {
+      y[i] = 0.5f * v * (1.0f + erff(v * kInvSqrt2));
+    }
+  }
+}
+
+// dx may alias dy: each element is read before it is written, by the same thread.
+template <bool kTanhForm>
+__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = x[i];
+    float grad;
+    if constexpr (kTanhForm) {
+      const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+      const float t = tanhf(u);
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+      grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+    } else {
+      const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+      grad = cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+    }
+    dx[i] = dy[i] * grad;
+  }
+}
+
+__global__ void tanh_forward_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = tanhf(x[i]);
+}
+
+__global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float t = y[i];
+    dx[i] = dy[i] * (1.0f - t * t);
+  }
+}
+
+// One thread per group of four elements: rng_block yields the words of exactly those elements, so
+// each Philox evaluation is used in full (dropout_keep would recompute it per element). Element
+// i's word is rng_block(key, i / 4).v[i % 4], as on the CPU. With 16-byte aligned pointers a full
+// group moves as one float4, which keeps the accesses coalesced. out may alias in or add (the
+// same element is read before it is written, by the same thread).
+template <bool kAdd>
+__global__ void dropout_kernel(const float* in, const float* add, float* out, int64_t n, RngKey key,
+                               uint32_t threshold, float scale, bool vec4) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t g = global_thread(); g < groups; g += grid_threads()) {
+    const Philox4 words = rng_block(key, static_cast<uint64_t>(g));
+    if (vec4 && 4 * g + 4 <= n) {
+      const float4 x = reinterpret_cast<const float4*>(in)[g];
+      float4 y;
+      y.x = words.v[0] >= threshold ? x.x * scale : 0.0f;
+      y.y = words.v[1] >= threshold ? x.y * scale : 0.0f;
+      y.z = words.v[2] >= threshold ? x.z * scale : 0.0f;
+      y.w = words.v[3] >= threshold ? x.w * scale : 0.0f;
+      if constexpr (kAdd) {
+        const float4 a = reinterpret_cast<const float4*>(add)[g];
+        y.x = a.x + y.x;
+        y.y = a.y + y.y;
+        y.z = a.z + y.z;
+        y.w = a.w + y.w;
+      }
+      reinterpret_cast<float4*>(out)[g] = y;
+      continue;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = 4 * g + j;
+      if (i < n) {
+        const float kept = words.v[j] >= threshold ? in[i] * scale : 0.0f;
+        out[i] = kAdd ? add[i] + kept : kept;
+      }
+    }
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// y may alias x (p == 0 dropout_add with out == in).
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = a[i] + b[i];
+}
+
+__global__ void fill_kernel(float* x, float value, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] = value;
+}
+
+// The cuda_fp16 / cuda_bf16 intrinsics round to nearest even, keep NaN a NaN (as the canonical
+// quiet NaN, where the CPU keeps the payload) and turn fp16 overflow into inf, as the CPU does.
+__global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __float2bfloat16_rn(in[i]);
+}
+__global__ void f32_to_f16_kernel(const float* in, __half* out, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __float2half_rn(in[i]);
+}
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* in, float* out, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __bfloat162float(in[i]);
+}
+__global__ void f16_to_f32_kernel(const __half* in, float* out, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __half2float(in[i]);
+}
+
+// dst may alias src.
+__global__ void round_bf16_kernel(const float* src, float* dst, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    dst[i] = __bfloat162float(__float2bfloat16_rn(src[i]));
+}
+__global__ void round_f16_kernel(const float* src, float* dst, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    dst[i] = __half2float(__float2half_rn(src[i]));
+}
+
+bool is_float16(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
+
+void copy_async(cudaStream_t s, const void* src, void* dst, int64_t bytes) {
+  if (src == dst) return;
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s),
+             "device-to-device copy");
+}
+
+}  // namespace
+
+void gelu_forward(cudaStream_t s, GeluKind kind, const float* x, float* y, int64_t n) {
+  if (n <= 0) return;
+  if (kind == GeluKind::tanh) {
+    gelu_forward_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+  } else {
+    gelu_forward_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+  }
+  check_launch("gelu_forward");
+}
+
+void gelu_backward(cudaStream_t s, GeluKind kind, const float* x, const float* dy, float* dx,
+                   int64_t n) {
+  if (n <= 0) return;
+  if (kind == GeluKind::tanh) {
+    gelu_backward_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  } else {
+    gelu_backward_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  }
+  check_launch("gelu_backward");
+}
+
+void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n) {
+  if (n <= 0) return;
+  tanh_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+  check_launch("tanh_forward");
+}
+
+void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n) {
+  if (n <= 0) return;
+  tanh_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(y, dy, dx, n);
+  check_launch("tanh_backward");
+}
+
+void dropout(cudaStream_t s, const float* in, const float* add, float p, RngKey key, float* out,
+             int64_t n) {
+  BRISK_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is outside [0, 1)");
+  if (n <= 0) return;
+  if (p == 0.0f) {
+    // Every element is kept with scale 1: no random numbers needed.
+    if (add) {
+      add_kernel<<<grid_for(n), kThreads, 0, s>>>(add, in, out, n);
+      check_launch("dropout (add)");
+    } else {
+      copy_async(s, in, out, n * static_cast<int64_t>(sizeof(float)));
+    }
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = 1.0f / (1.0f - p);
+  const unsigned grid = grid_for((n + 3) / 4);
+  const bool vec4 = aligned16(in) && aligned16(out) && (!add || aligned16(add));
+  if (add) {
+    dropout_kernel<true><<<grid, kThreads, 0, s>>>(in, add, out, n, key, threshold, scale, vec4);
+  } else {
+    dropout_kernel<false>
+        <<<grid, kThreads, 0, s>>>(in, nullptr, out, n, key, threshold, scale, vec4);
+  }
+  check_launch("dropout");
+}
+
+void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, y, n);
+  check_launch("add_inplace");
+}
+
+void fill(cudaStream_t s, float* x, float value, int64_t n) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, value, n);
+  check_launch("fill");
+}
+
+void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
+  if (src_type == dst_type) {
+    if (n > 0) copy_async(s, src, dst, n * static_cast<int64_t>(dtype_size(src_type)));
+    return;
+  }
+  const bool to_half = src_type == DType::f32 && is_float16(dst_type);
+  const bool from_half = is_float16(src_type) && dst_type == DType::f32;
+  BRISK_CHECK(to_half || from_half, "cast from ", dtype_name(src_type), " to ",
+              dtype_name(dst_type), " is not supported");
+  if (n <= 0) return;
+  const unsigned grid = grid_for(n);
+  if (to_half && dst_type == DType::bf16) {
+    f32_to_bf16_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(src),
+                                                 static_cast<__nv_bfloat16*>(dst), n);
+  } else if (to_half) {
+    f32_to_f16_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(src),
+                                                static_cast<__half*>(dst), n);
+  } else if (src_type == DType::bf16) {
+    bf16_to_f32_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src),
+                                                 static_cast<float*>(dst), n);
+  } else {
+    f16_to_f32_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __half*>(src),
+                                                static_cast<float*>(dst), n);
+  }
+  check_launch("cast");
+}
+
+void round_to(cudaStream_t s, DType type, const float* src, float* dst, int64_t n) {
+  if (type == DType::f32) {
+    if (n > 0) copy_async(s, src, dst, n * static_cast<int64_t>(sizeof(float)));
+    return;
+  }
+  BRISK_CHECK(is_float16(type), "round_to: ", dtype_name(type), " is not a 16-bit float");
+  if (n <= 0) return;
+  if (type == DType::bf16) {
+    round_bf16_kernel<<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
+  } else {
+    round_f16_kernel<<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
+  }
+  check_launch("round_to");
+}
+
+}  // namespace brisk::cuda

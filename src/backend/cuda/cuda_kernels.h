@@ -1,0 +1,98 @@
+// Launchers of brisk's own CUDA kernels, one .cu per family. Plain functions over raw device
+// pointers: CudaBackend (cuda_backend.cpp) checks shapes and dtypes and calls these. Every
+// launcher enqueues on `stream` and returns without synchronizing; launch errors are reported
+// by CudaBackend. Element counts are int64; float tensors are float32 unless a dtype is given.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+
+namespace brisk::cuda {
+
+// ---- cuda_elementwise.cu ----
+void gelu_forward(cudaStream_t s, GeluKind kind, const float* x, float* y, int64_t n);
+// dx = dy * gelu'(x); dx may alias dy.
+void gelu_backward(cudaStream_t s, GeluKind kind, const float* x, const float* dy, float* dx,
+                   int64_t n);
+void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
+// dx = dy * (1 - y^2); dx may alias dy.
+void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
+// out[i] = (add ? add[i] : 0) + (keep(i) ? in[i] / (1 - p) : 0), keep(i) =
+// dropout_keep(key, i, dropout_threshold(p)) exactly as the CPU's dropout_range with first = 0.
+// out may alias in or add. p == 0: out = add + in (a plain copy/add).
+void dropout(cudaStream_t s, const float* in, const float* add, float p, RngKey key, float* out,
+             int64_t n);
+void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
+void fill(cudaStream_t s, float* x, float value, int64_t n);
+// dst = src converted (f32, bf16, f16; round to nearest even, fp16 overflow -> inf).
+void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+// dst = src rounded to the nearest value of `type` (bf16 or f16) and kept as float32.
+void round_to(cudaStream_t s, DType type, const float* src, float* dst, int64_t n);
+
+// ---- cuda_layernorm.cu ---- rows of C elements.
+void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
+                       float eps, float* y, float* mean, float* rstd, int64_t rows, int64_t C);
+// dx = (or += when accumulate_dx) input gradient; dgamma += ; dbeta += (deterministic order).
+void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                        const float* mean, const float* rstd, float* dx, bool accumulate_dx,
+                        float* dgamma, float* dbeta, int64_t rows, int64_t C);
+
+// ---- cuda_embedding.cu ----
+// out[b,t,:] = word[ids[b,t]] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0).
+// Ids are validated on the host before upload.
+void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
+                       const int32_t* type_ids, const float* type_table, float* out, int64_t B,
+                       int64_t T, int64_t C);
+// Scatter-add of dout into the tables (null tables skipped).
+void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids,
+                        const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
+                        int64_t B, int64_t T, int64_t C);
+// out[b,:] = x[b,0,:]; backward: dx[b,0,:] += dout[b,:].
+void first_token(cudaStream_t s, const float* x, float* out, int64_t B, int64_t T, int64_t C);
+void first_token_backward(cudaStream_t s, const float* dout, float* dx, int64_t B, int64_t T,
+                          int64_t C);
+
+// ---- cuda_loss.cu ----
+// Softmax cross-entropy over rows of logits [N,V], int32 labels (kIgnoreIndex skipped). Adds the
+// summed loss of counted rows to *loss_sum (double, device). With write_grad, logits become
+// (softmax - onehot) * grad_scale (zero rows for ignored labels).
+void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
+                           int64_t V, bool write_grad, float grad_scale, double* loss_sum);
+
+// ---- cuda_optim.cu ----
+// *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).
+void sum_squares(cudaStream_t s, const float* x, int64_t n, double* acc);
+// One thread: control = decide_step(stats...) (see optim/step_control.h).
+void decide_step(cudaStream_t s, const double* stats, double loss_scale, double max_norm,
+                 float* control);
+// AdamW over the flat buffers in one launch. decay_ranges holds num_ranges sorted [begin, end)
+// pairs (device int64) of elements that take weight decay. Reads the gradient multiplier and the
+// skip flag from control (device), so a skipped step changes nothing.
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  float step_size;  // lr / (1 - beta1^t)
+  float bc2_sqrt;   // sqrt(1 - beta2^t)
+};
+void adamw(cudaStream_t s, float* w, const float* g, float* m, float* v, int64_t n,
+           const int64_t* decay_ranges, int num_ranges, AdamWArgs args, const float* control);
+
+// ---- cuda_attention.cu ----
+// Flash attention over packed qkv [B,T,3C] (head h: columns [h*D,(h+1)*D) of q, k, v); key_mask
+// int32 [B,T] or null; scores scaled by 1/sqrt(D); the probability matrix is never stored.
+// lse [B,H,T] receives each row's log-sum-exp of scaled, masked scores (+inf marks a row that sees
+// no key: its output is zero). Dropout on probabilities uses element id ((b*H+h)*T+i)*T+j, as the
+// CPU. out [B,T,C].
+void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
+                       int64_t B, int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key,
+                       float* lse, float* out);
+// dqkv [B,T,3C] (overwritten) from dout, the forward's out and lse; delta [B,H,T] is scratch.
+void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
+                        const float* lse, const int32_t* key_mask, bool causal, int64_t B,
+                        int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key,
+                        float* delta, float* dqkv);
+
+}  // namespace brisk::cuda

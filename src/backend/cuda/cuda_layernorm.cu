@@ -1,0 +1,142 @@
+// LayerNorm forward and backward on CUDA: one warp per row for the row statistics and the input
+// gradient; the parameter gradients reduce over rows per column in a fixed order (deterministic).
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+
+namespace brisk::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;   // warps per block, one row each
+constexpr int kColsPerBlock = 32;  // parameter-gradient kernel: one warp-wide column chunk ...
+constexpr int kRowLanes = 32;      // ... read by this many warps, each over a stride of rows
+constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
+
+// Two passes over the row as on the CPU (mean, then the biased variance about it), in float;
+// rstd = 1 / sqrt(var + eps). Each lane owns the columns c = lane (mod 32) in every pass, so y may
+// alias x. mean and rstd may be null (nothing saved).
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float eps,
+                             float* y, float* mean, float* rstd, int64_t rows, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const float cf = static_cast<float>(C);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const float* xr = x + row * C;
+    float sum = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) sum += xr[c];
+    const float m = warp_reduce(sum, SumOp{}) / cf;
+    float var = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float d = xr[c] - m;
+      var += d * d;
+    }
+    const float s = 1.0f / sqrtf(warp_reduce(var, SumOp{}) / cf + eps);
+    float* yr = y + row * C;
+    for (int64_t c = lane; c < C; c += 32) yr[c] = (xr[c] - m) * s * gamma[c] + beta[c];
+    if (lane == 0) {
+      if (mean) mean[row] = m;
+      if (rstd) rstd[row] = s;
+    }
+  }
+}
+
+// dx = rstd * (dy*gamma - mean(dy*gamma) - xhat * mean(dy*gamma*xhat)), the CPU's formula. Lanes
+// own fixed columns across both passes, so dx may alias dy (parameter gradients are taken first).
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    layernorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, float* dx,
+                                 bool accumulate_dx, int64_t rows, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const float cf = static_cast<float>(C);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const float *xr = x + row * C, *gr = dy + row * C;
+    const float m = mean[row], s = rstd[row];
+    float sum_d = 0.0f, sum_dx = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float xhat = (xr[c] - m) * s;
+      const float d = gr[c] * gamma[c];
+      sum_d += d;
+      sum_dx += d * xhat;
+    }
+    const float mean_d = warp_reduce(sum_d, SumOp{}) / cf;
+    const float mean_dx = warp_reduce(sum_dx, SumOp{}) / cf;
+    float* dr = dx + row * C;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float xhat = (xr[c] - m) * s;
+      const float v = s * (gr[c] * gamma[c] - mean_d - xhat * mean_dx);
+      dr[c] = accumulate_dx ? dr[c] + v : v;
+    }
+  }
+}
+
+// dgamma[c] += sum_r dy[r,c] * xhat[r,c]; dbeta[c] += sum_r dy[r,c]. A block takes 32 adjacent
+// columns (coalesced rows of 128 bytes); its 32 warps split the rows by a fixed stride and their
+// partial sums meet in a fixed tree, so the result does not depend on scheduling. Either output
+// may be null.
+__global__ void __launch_bounds__(kParamGradThreads)
+    layernorm_param_grad_kernel(const float* dy, const float* x, const float* mean,
+                                const float* rstd, float* dgamma, float* dbeta, int64_t rows,
+                                int64_t C) {
+  __shared__ float part_g[kRowLanes][kColsPerBlock];
+  __shared__ float part_b[kRowLanes][kColsPerBlock];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock; c0 < C;
+       c0 += static_cast<int64_t>(gridDim.x) * kColsPerBlock) {
+    const int64_t c = c0 + tx;
+    float acc_g = 0.0f, acc_b = 0.0f;
+    if (c < C) {
+#pragma unroll 4
+      for (int64_t r = ty; r < rows; r += kRowLanes) {
+        const float g = dy[r * C + c];
+        acc_g += g * (x[r * C + c] - mean[r]) * rstd[r];
+        acc_b += g;
+      }
+    }
+    part_g[ty][tx] = acc_g;
+    part_b[ty][tx] = acc_b;
+    __syncthreads();
+    for (int half = kRowLanes / 2; half > 0; half >>= 1) {
+      if (ty < half) {
+        part_g[ty][tx] += part_g[ty + half][tx];
+        part_b[ty][tx] += part_b[ty + half][tx];
+      }
+      __syncthreads();
+    }
+    if (ty == 0 && c < C) {
+      if (dgamma) dgamma[c] += part_g[0][tx];
+      if (dbeta) dbeta[c] += part_b[0][tx];
+    }
+    // The next chunk overwrites the partials that row 0 just read.
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
+                       float eps, float* y, float* mean, float* rstd, int64_t rows, int64_t C) {
+  if (rows <= 0 || C <= 0) return;
+  layernorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+      x, gamma, beta, eps, y, mean, rstd, rows, C);
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                        const float* mean, const float* rstd, float* dx, bool accumulate_dx,
+                        float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+  if (rows <= 0 || C <= 0) return;
+  // Parameter gradients first: they read dy, which dx is allowed to overwrite.
+  if (dgamma || dbeta) {
+    layernorm_param_grad_kernel<<<grid_for(C, kColsPerBlock), dim3(kColsPerBlock, kRowLanes), 0,
+                                  s>>>(dy, x, mean, rstd, dgamma, dbeta, rows, C);
+    check_launch("layernorm_backward (dgamma, dbeta)");
+  }
+  if (!dx) return;
+  layernorm_backward_dx_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+      dy, x, gamma, mean, rstd, dx, accumulate_dx, rows, C);
+  check_launch("layernorm_backward (dx)");
+}
+
+}  // namespace brisk::cuda

@@ -1,0 +1,202 @@
+// Matrix products on the GPU through cuBLASLt: linear layers forward (bias fused as an
+// epilogue) and backward, in float32, TF32, or with 16-bit operands on tensor cores. A plan
+// (descriptors and the heuristic's algorithm) is made once per shape and cached.
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+
+namespace brisk {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLAS recommends for Hopper
+
+void check_lt(cublasStatus_t st, const char* what) {
+  BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, " failed (status ",
+              static_cast<int>(st), ")");
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+struct LinearDims {
+  int64_t m, k, n;
+};
+LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, const char* op) {
+  BRISK_CHECK(w.rank() == 2, op, ": weight must be 2-D, got ", w.shape().str());
+  const int64_t k = x.rank() ? x.dim(-1) : 1;
+  const int64_t wk = layout == WeightLayout::out_in ? w.dim(1) : w.dim(0);
+  const int64_t n = layout == WeightLayout::out_in ? w.dim(0) : w.dim(1);
+  BRISK_CHECK(wk == k, op, ": input width ", k, " does not match weight ", w.shape().str());
+  return {k ? x.numel() / k : 0, k, n};
+}
+}  // namespace
+
+CudaBackend::MatmulPlan::~MatmulPlan() {
+  if (c) cublasLtMatrixLayoutDestroy(c);
+  if (b) cublasLtMatrixLayoutDestroy(b);
+  if (a) cublasLtMatrixLayoutDestroy(a);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+}
+
+void CudaBackend::set_matmul_dtype(DType dtype) {
+  BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+              "matrix products in ", dtype_name(dtype), " are not supported");
+  matmul_dtype_ = dtype;
+}
+
+void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
+  binder.declare(plan, &workspace_, "backend.cublaslt_workspace", Category::temporaries, DType::u8,
+                 Shape{static_cast<int64_t>(kWorkspaceBytes)});
+  if (matmul_dtype_ != DType::f32) {
+    binder.declare(plan, &operand_a_, "backend.operand_a", Category::temporaries, matmul_dtype_,
+                   Shape{max_operand});
+    binder.declare(plan, &operand_b_, "backend.operand_b", Category::temporaries, matmul_dtype_,
+                   Shape{max_operand});
+  }
+  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest operand.
+  binder.declare(plan, &ones_, "backend.ones", Category::temporaries, DType::f32,
+                 Shape{max_operand});
+  ones_ready_ = false;
+}
+
+CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32] = key;
+  const DType dtype = static_cast<DType>(dtype_int);
+  auto p = std::make_unique<MatmulPlan>();
+  // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLASLt's
+  // first operand is our B and its second our A, each transposed exactly when ours is.
+  const cublasComputeType_t compute =
+      dtype == DType::f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  check_lt(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                          sizeof op_first),
+           "transpose attribute");
+  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                          sizeof op_second),
+           "transpose attribute");
+  if (has_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                            sizeof epi),
+             "bias epilogue");
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                            &bias_type, sizeof bias_type),
+             "bias type");
+  }
+  const cudaDataType_t in = cuda_type(dtype);
+  // Stored (pre-op) shapes in column-major terms.
+  check_lt(cublasLtMatrixLayoutCreate(&p->a, in, trans_b ? k : n, trans_b ? n : k, ldb),
+           "layout of B");
+  check_lt(cublasLtMatrixLayoutCreate(&p->b, in, trans_a ? m : k, trans_a ? k : m, lda),
+           "layout of A");
+  check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "layout of C");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const size_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof ws);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c,
+                                                           pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for a ", m,
+              " x ", k, " x ", n, " ", dtype_name(dtype), " product (status ",
+              static_cast<int>(st), ")");
+  p->algo = result.algo;
+  return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                         const float* a, int64_t lda, const float* b, int64_t ldb,
+                         bool accumulate, float* c, int64_t ldc, const float* bias,
+                         DType dtype) {
+  if (m == 0 || n == 0) return;
+  const void* pa = a;
+  const void* pb = b;
+  if (dtype != DType::f32) {
+    // The operands hold 16-bit values in float32 containers (as on the CPU); tensor cores need
+    // them packed. A is stored with (trans_a ? k : m) rows of lda, B likewise.
+    const int64_t na = (trans_a ? k : m) * lda, nb = (trans_b ? n : k) * ldb;
+    BRISK_CHECK(!operand_a_.empty() && na <= operand_a_.numel() && nb <= operand_b_.numel(),
+                "16-bit matrix products need the backend's operand buffers in the plan");
+    cuda::cast(stream_, a, DType::f32, operand_a_.data(), dtype, na);
+    cuda::cast(stream_, b, DType::f32, operand_b_.data(), dtype, nb);
+    pa = operand_a_.data();
+    pb = operand_b_.data();
+  }
+  MatmulPlan& p = plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
+                                   static_cast<int>(dtype), tf32_});
+  if (bias)
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof bias),
+             "bias pointer");
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_lt(cublasLtMatmul(lt_, p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                          workspace_.data(), workspace_.bytes(), stream_),
+           "matmul");
+}
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                 WeightLayout layout, const Tensor& y) {
+  const auto [m, k, n] = linear_dims(x, w, layout, "linear_forward");
+  BRISK_CHECK(y.numel() == m * n, "linear_forward: output ", y.shape().str(), " does not hold ",
+              m, " x ", n);
+  BRISK_CHECK(b.empty() || b.numel() == n, "linear_forward: bias has ", b.numel(),
+              " values, expected ", n);
+  BRISK_CHECK(!workspace_.empty(), "linear_forward: plan_workspace was not called");
+  const bool out_in = layout == WeightLayout::out_in;
+  const float* bias = b.empty() ? nullptr : b.f32();
+  matmul(false, out_in, m, n, k, x.f32(), k, w.f32(), out_in ? k : n, false, y.f32(), n, bias,
+         matmul_dtype_);
+}
+
+void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                  WeightLayout layout, const Tensor& dx, bool accumulate_dx,
+                                  const Tensor& dw, const Tensor& db) {
+  const auto [m, k, n] = linear_dims(x, w, layout, "linear_backward");
+  BRISK_CHECK(dy.numel() == m * n, "linear_backward: gradient ", dy.shape().str(),
+              " does not hold ", m, " x ", n);
+  BRISK_CHECK(!workspace_.empty(), "linear_backward: plan_workspace was not called");
+  if (m == 0) return;
+  const float* g = dy.f32();
+  const bool out_in = layout == WeightLayout::out_in;
+  if (!dx.empty()) {
+    BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
+    matmul(false, !out_in, m, k, n, g, n, w.f32(), out_in ? k : n, accumulate_dx, dx.f32(), k,
+           nullptr, matmul_dtype_);
+  }
+  if (!dw.empty()) {
+    BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
+                dw.shape().str(), " differs from the weight's ", w.shape().str());
+    if (out_in)
+      matmul(true, false, n, k, m, g, n, x.f32(), k, true, dw.f32(), k, nullptr, matmul_dtype_);
+    else
+      matmul(true, false, k, n, m, x.f32(), k, g, n, true, dw.f32(), n, nullptr, matmul_dtype_);
+  }
+  if (!db.empty()) {
+    BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
+                " values, expected ", n);
+    BRISK_CHECK(m <= ones_.numel(), "linear_backward: ", m, " rows exceed the planned ones");
+    if (!ones_ready_) {
+      cuda::fill(stream_, ones_.f32(), 1.0f, ones_.numel());
+      ones_ready_ = true;
+    }
+    // db[1,n] += ones[1,m] dy[m,n], in float32 whatever the operand type.
+    matmul(false, false, 1, n, m, ones_.f32(), m, g, n, true, db.f32(), n, nullptr, DType::f32);
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,74 @@
+// Fused softmax + cross-entropy on CUDA: the loss of each row and, in place of the logits, their
+// gradient; probabilities are never stored.
+#include <cmath>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+
+namespace brisk::cuda {
+
+namespace {
+
+// One block per row. The first pass keeps a running maximum and a sum of exponentials relative
+// to it per thread (rescaled when the maximum grows), so the row is read twice in all rather
+// than three times: vocabulary rows are large and rarely still in cache. The threads' sums meet
+// in double, as the CPU sums in double. Rows whose label is kIgnoreIndex, or (never after the
+// host's validation) outside [0, V), count no loss and get a zero gradient row.
+__global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* labels, int64_t N,
+                                             int64_t V, bool write_grad, float grad_scale,
+                                             double* loss_sum) {
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    float* z = logits + row * V;
+    const int32_t label = labels[row];
+    if (label < 0 || label >= V) {  // the branch is uniform across the block
+      if (write_grad)
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) z[j] = 0.0f;
+      continue;
+    }
+    // Read before the barriers in block_reduce; the gradient pass overwrites it afterwards.
+    const float target = z[label];
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const float v = z[j];
+      if (v > m) {
+        sum = sum * expf(m - v) + 1.0f;  // m == -inf at first: expf(-inf) = 0
+        m = v;
+      } else {
+        // -inf - -inf would be NaN; such a logit contributes exp(-inf) = 0 on the CPU. NaN
+        // logits fall through to expf(NaN) and propagate, as on the CPU.
+        sum += v == -INFINITY ? 0.0f : expf(v - m);
+      }
+    }
+    const float mx = block_reduce(m, shared_max, MaxOp{});
+    // A thread that saw no finite logit has sum 0 and m -inf, and contributes 0 (not 0 * NaN).
+    // A +inf logit makes expf(inf - inf) NaN here, as exp(inf - inf) is NaN on the CPU.
+    const double part = sum == 0.0f ? 0.0 : static_cast<double>(sum) * expf(m - mx);
+    const double total = block_reduce(part, shared_sum, SumOp{});
+    if (threadIdx.x == 0 && loss_sum)
+      atomicAdd(loss_sum, log(total) - static_cast<double>(target - mx));
+    if (write_grad) {
+      const float f = static_cast<float>(grad_scale / total);
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+        const float g = expf(z[j] - mx) * f;
+        z[j] = j == label ? g - grad_scale : g;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
+                           int64_t V, bool write_grad, float grad_scale, double* loss_sum) {
+  if (N <= 0 || V <= 0) return;
+  // Wide blocks for vocabulary-sized rows, narrow ones for classification heads (V of 2 or 3).
+  const int threads = V >= 8192 ? 512 : threads_for_row(V);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
+  softmax_cross_entropy_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, write_grad,
+                                                        grad_scale, loss_sum);
+  check_launch("softmax_cross_entropy");
+}
+
+}  // namespace brisk::cuda
