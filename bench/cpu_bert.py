@@ -53,7 +53,8 @@ print(json.dumps({"samples_per_second": result.metrics["train_samples_per_second
 def run_brisk(cfg_dir, out_dir, steps, batch, seq, precision):
     cmd = [BRISK, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(batch),
            "--seq_len", str(seq), "--dataset_size", str(steps * batch), "--max_steps", str(steps),
-           "--logging_steps", str(steps), "--save_steps", "0", "--output_dir", out_dir]
+           "--logging_steps", str(steps), "--save_steps", "0", "--output_dir", out_dir,
+           "--device", "cpu"]
     if precision == "bf16":
         cmd.append("--bf16")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
