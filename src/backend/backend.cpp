@@ -11,6 +11,15 @@ AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, 
   return {Shape{batch, heads, seq, seq}, true, Shape{batch, heads, seq, seq}};
 }
 
+AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op) {
+  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, op, ": qkv must be [B, T, 3C], got ",
+              qkv.shape().str());
+  const int64_t C = qkv.dim(2) / 3;
+  BRISK_CHECK(heads > 0 && C % heads == 0, op, ": ", C, " channels do not split into ", heads,
+              " heads");
+  return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
+}
+
 std::unique_ptr<Backend> make_backend(Device device) {
   return device == Device::cuda ? make_cuda_backend() : make_cpu_backend();
 }

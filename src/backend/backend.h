@@ -32,6 +32,12 @@ struct AttentionBuffers {
 };
 AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq);
 
+// Batch, sequence, channels, heads and head width of packed qkv [B,T,3C]; throws naming `op`.
+struct AttentionDims {
+  int64_t B, T, C, H, D;
+};
+AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op);
+
 // One AdamW update (torch.optim.AdamW) over flat float32 buffers. decay_ranges is int64 [R,2]:
 // sorted [begin, end) element ranges that take weight decay. The gradient multiplier (clipping,
 // loss unscaling) and the skip flag come from `control` (see optim/step_control.h), which the

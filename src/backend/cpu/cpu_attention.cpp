@@ -13,18 +13,7 @@
 namespace brisk {
 
 namespace {
-struct AttnDims {
-  int64_t B, T, C, H, D;
-};
-
-AttnDims attention_dims(const Tensor& qkv, int heads, const char* op) {
-  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, op, ": qkv must be [B, T, 3C], got ",
-              qkv.shape().str());
-  const int64_t C = qkv.dim(2) / 3;
-  BRISK_CHECK(heads > 0 && C % heads == 0, op, ": ", C, " channels do not split into ", heads,
-              " heads");
-  return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
-}
+using AttnDims = AttentionDims;
 
 // Index of probability (b, h, i, j) in the flat [B,H,T,T] layout: the dropout element id.
 inline uint64_t prob_index(const AttnDims& d, int64_t bh, int64_t i, int64_t j) {

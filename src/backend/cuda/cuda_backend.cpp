@@ -265,25 +265,11 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 
 // ---- attention ----
 
-namespace {
-struct AttnShape {
-  int64_t B, T, C, H, D;
-};
-AttnShape attn_shape(const Tensor& qkv, int heads, const char* op) {
-  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, op, ": qkv must be [B,T,3C], got ",
-              qkv.shape().str());
-  const int64_t C = qkv.dim(2) / 3;
-  BRISK_CHECK(heads > 0 && C % heads == 0, op, ": ", C, " channels do not split into ", heads,
-              " heads");
-  return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
-}
-}  // namespace
-
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                     int heads, float dropout_p, const RngKey& key,
                                     const Tensor& stats, const Tensor& scratch,
                                     const Tensor& out) {
-  const AttnShape d = attn_shape(qkv, heads, "attention_forward");
+  const AttentionDims d = attention_dims(qkv, heads, "attention_forward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
@@ -297,7 +283,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
                                      const Tensor& stats, const Tensor& key_mask, bool causal,
                                      int heads, float dropout_p, const RngKey& key,
                                      const Tensor& scratch, const Tensor& dqkv) {
-  const AttnShape d = attn_shape(qkv, heads, "attention_backward");
+  const AttentionDims d = attention_dims(qkv, heads, "attention_backward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
   expect(stats, DType::f32, want.stats, "attention_backward statistics");
   expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
