@@ -45,23 +45,37 @@ void expect_error(F&& f, const std::string& needle) {
   }
 }
 
+// A host copy of a float32 tensor in a backend's memory (waits for the device).
+inline std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.download(t, Tensor(v.data(), t.shape(), DType::f32, Device::cpu));
+  return v;
+}
+
 // A model with its plan and arena, loaded from a fixture folder holding config.json,
-// model.safetensors and batch.safetensors.
+// model.safetensors and batch.safetensors, on the backend of options.device (the arena in that
+// backend's memory, with its matmul workspace; matmul_dtype as set_matmul_dtype takes it).
 struct LoadedModel {
-  std::unique_ptr<Backend> be = make_cpu_backend();
+  std::unique_ptr<Backend> be;
   std::unique_ptr<Model> model;
   MemoryPlan plan;
+  BufferBinder binder;  // the backend's workspace
   std::unique_ptr<Arena> arena;
 
-  LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false) {
+  LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
+              DType matmul_dtype = DType::f32)
+      : be(make_backend(options.device)) {
     ModelConfig c = resolve_config(folder);
     if (!dropout) disable_dropout(c);
     model = Model::create(c);
     SafetensorsFile batch(folder + "/batch.safetensors");
+    be->set_matmul_dtype(matmul_dtype);
     model->plan(plan, batch_shape_of(batch), options);
+    be->plan_workspace(plan, binder, model->max_matmul_operand());
     plan.finalize();
-    arena = std::make_unique<Arena>(plan, Device::cpu);
+    arena = std::make_unique<Arena>(plan, be->device_memory(), be->staging_memory());
     model->bind(*arena);
+    binder.bind(*arena);
     model->load_weights(*be, SafetensorsFile(folder + "/model.safetensors"));
     load_batch(batch, *model, *be);
   }
@@ -79,10 +93,7 @@ struct LoadedModel {
     return loss;
   }
 
-  std::vector<float> grads() const {
-    const Tensor& g = model->params().flat_grads();
-    return std::vector<float>(g.f32(), g.f32() + g.numel());
-  }
+  std::vector<float> grads() const { return to_host(*be, model->params().flat_grads()); }
 };
 
 }  // namespace brisk::testing

@@ -238,7 +238,8 @@ TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
     size_t planned = 0;
     for (size_t b : m.planned) planned += b;
     // Every planned buffer is handed out; the arena is the plan plus alignment padding only.
-    EXPECT_LE(m.arena_bytes - m.arena_high_water, MemoryPlan::kAlignment);
+    // At most one alignment step of padding after the last buffer of each of the two blocks.
+    EXPECT_LE(m.arena_bytes - m.arena_high_water, 2 * MemoryPlan::kAlignment);
     EXPECT_GE(m.arena_bytes, planned);
     EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
     // The process grows by the arena and little else: stated margin 24 MiB for thread stacks,

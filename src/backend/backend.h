@@ -131,7 +131,8 @@ class Backend {
 
   // ---- embeddings ----
   // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair
-  // may be empty. Ids outside a table throw.
+  // may be empty. Callers validate ids on the host first (Model::check_ids): the CPU throws on
+  // an id outside a table, a GPU cannot.
   virtual void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                  const Tensor& type_ids, const Tensor& type_table,
                                  const Tensor& out) = 0;
@@ -164,7 +165,8 @@ class Backend {
   // dx[b,0,:] += dout[b,:]
   virtual void first_token_backward(const Tensor& dout, const Tensor& dx) = 0;
   // Softmax cross-entropy over rows of logits [N,V] with int32 labels [N] (kIgnoreIndex rows
-  // are skipped; others must lie in [0, V)). Adds the summed loss of the counted rows to
+  // are skipped; others must lie in [0, V): callers validate them on the host, since only the
+  // CPU can throw here; a GPU skips such rows). Adds the summed loss of the counted rows to
   // loss_sum (float64 [1], in device memory). With write_grad the logits are overwritten by
   // (softmax - onehot) * grad_scale (zero on ignored rows), so probabilities are never stored.
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,

@@ -25,6 +25,13 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
+// A float32 tensor in GPU memory; a host tensor here would fault inside cuBLASLt instead.
+float* on_gpu(const Tensor& t, const char* what) {
+  BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::f32, what,
+              " must be float32 in GPU memory");
+  return t.f32();
+}
+
 struct LinearDims {
   int64_t m, k, n;
 };
@@ -158,9 +165,9 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
               " values, expected ", n);
   BRISK_CHECK(!workspace_.empty(), "linear_forward: plan_workspace was not called");
   const bool out_in = layout == WeightLayout::out_in;
-  const float* bias = b.empty() ? nullptr : b.f32();
-  matmul(false, out_in, m, n, k, x.f32(), k, w.f32(), out_in ? k : n, false, y.f32(), n, bias,
-         matmul_dtype_);
+  const float* bias = b.empty() ? nullptr : on_gpu(b, "linear bias");
+  matmul(false, out_in, m, n, k, on_gpu(x, "linear input"), k, on_gpu(w, "linear weight"),
+         out_in ? k : n, false, on_gpu(y, "linear output"), n, bias, matmul_dtype_);
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -171,7 +178,11 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
               " does not hold ", m, " x ", n);
   BRISK_CHECK(!workspace_.empty(), "linear_backward: plan_workspace was not called");
   if (m == 0) return;
-  const float* g = dy.f32();
+  const float* g = on_gpu(dy, "linear gradient");
+  on_gpu(x, "linear input");
+  on_gpu(w, "linear weight");
+  for (const Tensor* t : {&dx, &dw, &db})
+    if (!t->empty()) on_gpu(*t, "linear gradient output");
   const bool out_in = layout == WeightLayout::out_in;
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");

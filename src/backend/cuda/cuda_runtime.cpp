@@ -40,8 +40,11 @@ void* CudaDeviceMemory::allocate(size_t bytes) {
                " (", free_bytes, " of ", total,
                " bytes free); lower the batch size or turn on gradient checkpointing");
   }
-  // Zeroed, as host arenas are, so that no buffer starts with garbage.
+  // Zeroed, as host arenas are, so that no buffer starts with garbage. cudaMemset runs on the
+  // legacy default stream, which the backend's non-blocking stream does not wait for: finish it
+  // here so no later upload can be overwritten.
   cuda::check_cuda(cudaMemset(p, 0, bytes), "cudaMemset of the arena");
+  cuda::check_cuda(cudaDeviceSynchronize(), "zeroing the arena");
   return p;
 }
 
