@@ -73,6 +73,9 @@ class Backend {
   virtual MemoryResource& staging_memory() = 0;
   // dst (device) = src (host staging); ordered with the ops that follow (asynchronous on a GPU).
   virtual void upload(const Tensor& src, const Tensor& dst) = 0;
+  // Returns once every upload enqueued so far has read its source, so the host may overwrite
+  // its staging buffers (they are read asynchronously on a GPU).
+  virtual void wait_for_uploads() {}
   // dst (host) = src (device); returns when dst holds the data.
   virtual void download(const Tensor& src, const Tensor& dst) = 0;
   // Waits for all enqueued work (and reports asynchronous errors).

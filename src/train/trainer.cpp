@@ -238,6 +238,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     model->zero_grads(*be);
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
+      be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
       const int64_t rows = loader.next(model->batch());
       samples += rows;
       window.samples += rows;

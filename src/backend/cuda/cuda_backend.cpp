@@ -47,6 +47,7 @@ CudaBackend::CudaBackend() {
   BRISK_CHECK(props_.major >= 8, "--device cuda: ", props_.name, " (compute capability ",
               props_.major, ".", props_.minor, ") is older than Ampere (8.0), which brisk needs");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming), "cudaEventCreate");
   const cublasStatus_t st = cublasLtCreate(&lt_);
   BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed (status ", static_cast<int>(st),
               ")");
@@ -55,6 +56,7 @@ CudaBackend::CudaBackend() {
 CudaBackend::~CudaBackend() {
   plans_.clear();
   if (lt_) cublasLtDestroy(lt_);
+  if (uploaded_) cudaEventDestroy(uploaded_);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -78,6 +80,13 @@ void CudaBackend::upload(const Tensor& src, const Tensor& dst) {
   // From page-locked staging memory this copy runs asynchronously on the compute stream.
   check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyHostToDevice, stream_),
              "host-to-device copy");
+  check_cuda(cudaEventRecord(uploaded_, stream_), "cudaEventRecord");
+}
+
+void CudaBackend::wait_for_uploads() {
+  // The copy is queued behind the previous micro-step's kernels: waiting for it keeps one
+  // micro-step of work queued on the GPU while the host prepares the next batch.
+  check_cuda(cudaEventSynchronize(uploaded_), "waiting for uploads");
 }
 
 void CudaBackend::download(const Tensor& src, const Tensor& dst) {

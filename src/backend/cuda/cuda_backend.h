@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
   MemoryResource& device_memory() override { return device_memory_; }
   MemoryResource& staging_memory() override { return pinned_memory_; }
   void upload(const Tensor& src, const Tensor& dst) override;
+  void wait_for_uploads() override;
   void download(const Tensor& src, const Tensor& dst) override;
   void synchronize() override;
 
@@ -121,6 +122,7 @@ class CudaBackend final : public Backend {
   MatmulPlan& plan_for(const PlanKey& key);
 
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t uploaded_ = nullptr;  // recorded after each upload
   cublasLtHandle_t lt_ = nullptr;
   int device_index_ = 0;
   cudaDeviceProp props_{};
