@@ -48,6 +48,7 @@
 #include "optim/step_control.h"
 #include "test_support.h"
 #include "train/trainer.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -1038,55 +1039,8 @@ TEST(CudaModels, Bf16StaysCloseToTheCpuBackend) {
 
 namespace fs = std::filesystem;
 
-// A fresh folder under the temp directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("brisk_cuda_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
-};
-
-// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given.
-std::string write_config(const TempDir& dir, const std::string& type, double dropout) {
-  nlohmann::json j;
-  if (type == "bert")
-    j = {{"model_type", "bert"},
-         {"vocab_size", 128},
-         {"hidden_size", 32},
-         {"num_hidden_layers", 2},
-         {"num_attention_heads", 2},
-         {"intermediate_size", 48},
-         {"max_position_embeddings", 64},
-         {"hidden_dropout_prob", dropout},
-         {"attention_probs_dropout_prob", dropout}};
-  else
-    j = {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 32},
-         {"n_layer", 2},           {"n_head", 2},           {"n_positions", 64},
-         {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
-  const std::string folder = dir / (type + "_model");
-  fs::create_directories(folder);
-  std::ofstream(folder + "/config.json") << j.dump();
-  return folder;
-}
-
-TrainOptions tiny_options(const std::string& model, const std::string& out) {
-  TrainOptions o;
-  o.model_name_or_path = model;
-  o.output_dir = out;
-  o.seq_len = 12;
-  o.dataset_size = 24;
-  o.per_device_train_batch_size = 4;
-  o.max_steps = 4;
-  o.learning_rate = 3e-3;
-  o.logging_steps = 1;
-  o.save_steps = 0;
-  o.disable_tqdm = true;
-  o.device = kGpuOption;
-  return o;
+TrainOptions gpu_options(const std::string& model, const std::string& out) {
+  return tiny_options(model, out, kGpuOption);
 }
 
 struct Result {
@@ -1149,23 +1103,6 @@ FVec tensor_of(const std::string& file, const std::string& name) {
   return FVec(t.f32(), t.f32() + t.numel());
 }
 
-// Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
-class UnequalLengths final : public Dataset {
- public:
-  int64_t size() const override { return 18; }
-  int64_t seq_len() const override { return 12; }
-  int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
-  void fill_row(int64_t i, const Batch& b, int64_t row) const override {
-    const int64_t T = b.input_ids.dim(1);
-    for (int64_t t = 0; t < length(i); ++t) {
-      b.input_ids.i32()[row * T + t] = static_cast<int32_t>(100 + (i * 7 + t * 3) % 28);
-      b.labels.i32()[row * T + t] = b.input_ids.i32()[row * T + t];
-      b.attention_mask.i32()[row * T + t] = 1;
-    }
-  }
-  int64_t count_targets(int64_t i) const override { return length(i) - 1; }
-};
-
 TEST(CudaTrainer, AccumulationEqualsTheLargeBatch) {
   REQUIRE_GPU();
   TempDir dir("accum");
@@ -1173,7 +1110,7 @@ TEST(CudaTrainer, AccumulationEqualsTheLargeBatch) {
     const std::string model = write_config(dir, type, 0.0);
     UnequalLengths lm_data;
     const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
-    TrainOptions big = tiny_options(model, dir / (type + "_big"));
+    TrainOptions big = gpu_options(model, dir / (type + "_big"));
     TrainOptions small = big;
     small.output_dir = dir / (type + "_small");
     small.per_device_train_batch_size = 1;
@@ -1202,7 +1139,7 @@ TEST(CudaTrainer, GradientCheckpointingChangesMemoryNotResults) {
   for (const std::string type : {"bert", "gpt2"})
     for (bool bf16 : {false, true}) {
       const std::string tag = type + (bf16 ? "_bf16" : "_fp32");
-      TrainOptions plain = tiny_options(write_config(dir, type, 0.1), dir / (tag + "_plain"));
+      TrainOptions plain = gpu_options(write_config(dir, type, 0.1), dir / (tag + "_plain"));
       plain.bf16 = bf16;
       TrainOptions ckpt = plain;
       ckpt.output_dir = dir / (tag + "_ckpt");
@@ -1230,7 +1167,7 @@ struct ForcedOverflow {
 TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
   REQUIRE_GPU();
   TempDir dir("overflow");
-  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  TrainOptions o = gpu_options(write_config(dir, "gpt2", 0.0), dir / "out");
   o.synthetic_task = "learnable";
   o.seq_len = 16;
   o.dataset_size = 128;
@@ -1277,7 +1214,7 @@ TEST(CudaTrainer, ResumeEqualsTheUninterruptedRun) {
   TempDir dir("resume");
   for (const std::string type : {"bert", "gpt2", "gpt2_fp16"}) {
     const std::string arch = type.substr(0, 4);
-    TrainOptions straight = tiny_options(write_config(dir, arch, 0.1), dir / (type + "_straight"));
+    TrainOptions straight = gpu_options(write_config(dir, arch, 0.1), dir / (type + "_straight"));
     straight.fp16 = type == "gpt2_fp16";
     straight.max_steps = 6;
     straight.save_steps = 3;
@@ -1338,7 +1275,7 @@ TEST(CudaMemory, DeviceMemoryGrowsByTheArena) {
   TempDir dir("memory");
   for (bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    TrainOptions o = tiny_options("bert-tiny", dir / (bf16 ? "bf16" : "fp32"));
+    TrainOptions o = gpu_options("bert-tiny", dir / (bf16 ? "bf16" : "fp32"));
     o.seq_len = 128;
     o.per_device_train_batch_size = 8;
     o.dataset_size = 16;

@@ -17,62 +17,12 @@
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh folder under the temp directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("brisk_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
-};
-
-// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given.
-std::string write_config(const TempDir& dir, const std::string& type, double dropout) {
-  nlohmann::json j;
-  if (type == "bert")
-    j = {{"model_type", "bert"},
-         {"vocab_size", 128},
-         {"hidden_size", 32},
-         {"num_hidden_layers", 2},
-         {"num_attention_heads", 2},
-         {"intermediate_size", 48},
-         {"max_position_embeddings", 64},
-         {"hidden_dropout_prob", dropout},
-         {"attention_probs_dropout_prob", dropout}};
-  else
-    j = {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 32},
-         {"n_layer", 2},           {"n_head", 2},           {"n_positions", 64},
-         {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
-  const std::string folder = dir / (type + "_model");
-  fs::create_directories(folder);
-  std::ofstream(folder + "/config.json") << j.dump();
-  return folder;
-}
-
-TrainOptions tiny_options(const std::string& model, const std::string& out) {
-  TrainOptions o;
-  o.model_name_or_path = model;
-  o.output_dir = out;
-  o.seq_len = 12;
-  o.dataset_size = 24;
-  o.per_device_train_batch_size = 4;
-  o.max_steps = 4;
-  o.learning_rate = 3e-3;
-  o.logging_steps = 1;
-  o.save_steps = 0;
-  o.disable_tqdm = true;
-  o.device = "cpu";
-  return o;
-}
 
 struct Result {
   TrainSummary summary;
@@ -100,23 +50,6 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
 }
-
-// Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
-class UnequalLengths final : public Dataset {
- public:
-  int64_t size() const override { return 18; }
-  int64_t seq_len() const override { return 12; }
-  int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
-  void fill_row(int64_t i, const Batch& b, int64_t row) const override {
-    const int64_t T = b.input_ids.dim(1);
-    for (int64_t t = 0; t < length(i); ++t) {
-      b.input_ids.i32()[row * T + t] = static_cast<int32_t>(100 + (i * 7 + t * 3) % 28);
-      b.labels.i32()[row * T + t] = b.input_ids.i32()[row * T + t];
-      b.attention_mask.i32()[row * T + t] = 1;
-    }
-  }
-  int64_t count_targets(int64_t i) const override { return length(i) - 1; }
-};
 
 TEST(Trainer, AccumulationEqualsTheLargeBatch) {
   TempDir dir("accum");
@@ -285,8 +218,7 @@ TEST(Trainer, AdamWScheduleAndClippingMatchPyTorch) {
   adamw.plan(plan, binder, ps);
   Tensor stats, control;
   binder.declare(plan, &stats, "stats", Category::temporaries, DType::f64, Shape{kStatsSize});
-  binder.declare(plan, &control, "control", Category::temporaries, DType::f32,
-                 Shape{kControlSize});
+  binder.declare(plan, &control, "control", Category::temporaries, DType::f32, Shape{kControlSize});
   plan.finalize();
   Arena arena(plan, Device::cpu);
   binder.bind(arena);
@@ -299,8 +231,8 @@ TEST(Trainer, AdamWScheduleAndClippingMatchPyTorch) {
     // As the trainer does it: the clip coefficient folded into the update by decide_step.
     stats.as<double>()[kStatLoss] = 0.0;
     stats.as<double>()[kStatGradSumSq] = 0.0;
-    be->sum_squares(ps.flat_grads(), Tensor(stats.as<double>() + kStatGradSumSq, Shape{1},
-                                            DType::f64));
+    be->sum_squares(ps.flat_grads(),
+                    Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64));
     be->decide_step(stats, 1.0, 1.0, control);
     adamw.step(*be, ps.flat_weights(), ps.flat_grads(), control,
                static_cast<float>(1e-2 * schedule.factor(step)));

@@ -1,0 +1,88 @@
+// Helpers shared by the trainer tests on the CPU (test_trainer.cpp) and the GPU (test_cuda.cpp):
+// temporary folders, tiny model configs and short runs' options.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "data/dataset.h"
+#include "models/model.h"
+#include "train/options.h"
+
+namespace brisk::testing {
+
+// A fresh folder under the temp directory, removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name) {
+    path = std::filesystem::temp_directory_path() /
+           (std::string("brisk_") + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
+};
+
+// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given.
+inline std::string write_config(const TempDir& dir, const std::string& type, double dropout) {
+  nlohmann::json j;
+  if (type == "bert")
+    j = {{"model_type", "bert"},
+         {"vocab_size", 128},
+         {"hidden_size", 32},
+         {"num_hidden_layers", 2},
+         {"num_attention_heads", 2},
+         {"intermediate_size", 48},
+         {"max_position_embeddings", 64},
+         {"hidden_dropout_prob", dropout},
+         {"attention_probs_dropout_prob", dropout}};
+  else
+    j = {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 32},
+         {"n_layer", 2},           {"n_head", 2},           {"n_positions", 64},
+         {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
+  const std::string folder = dir / (type + "_model");
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/config.json") << j.dump();
+  return folder;
+}
+
+inline TrainOptions tiny_options(const std::string& model, const std::string& out,
+                                 const std::string& device = "cpu") {
+  TrainOptions o;
+  o.model_name_or_path = model;
+  o.output_dir = out;
+  o.seq_len = 12;
+  o.dataset_size = 24;
+  o.per_device_train_batch_size = 4;
+  o.max_steps = 4;
+  o.learning_rate = 3e-3;
+  o.logging_steps = 1;
+  o.save_steps = 0;
+  o.disable_tqdm = true;
+  o.device = device;
+  return o;
+}
+
+// Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
+class UnequalLengths final : public Dataset {
+ public:
+  int64_t size() const override { return 18; }
+  int64_t seq_len() const override { return 12; }
+  int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
+  void fill_row(int64_t i, const Batch& b, int64_t row) const override {
+    const int64_t T = b.input_ids.dim(1);
+    for (int64_t t = 0; t < length(i); ++t) {
+      b.input_ids.i32()[row * T + t] = static_cast<int32_t>(100 + (i * 7 + t * 3) % 28);
+      b.labels.i32()[row * T + t] = b.input_ids.i32()[row * T + t];
+      b.attention_mask.i32()[row * T + t] = 1;
+    }
+  }
+  int64_t count_targets(int64_t i) const override { return length(i) - 1; }
+};
+
+}  // namespace brisk::testing
