@@ -82,8 +82,9 @@ TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
   plan.finalize();
   Arena arena(plan, Device::cpu);
   m->bind(arena);
-  expect_error([&] { m->load_weights(*be, SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
-               "lacks parameter 'transformer.wte.weight'");
+  expect_error(
+      [&] { m->load_weights(*be, SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
+      "lacks parameter 'transformer.wte.weight'");
 }
 
 TEST(Inputs, SafetensorsRoundTripIsAtomic) {

@@ -607,8 +607,8 @@ TEST(OpsFirstToken, ForwardAndBackward) {
 }
 
 // The summed loss softmax_cross_entropy adds to its float64 accumulator.
-double cross_entropy(brisk::Backend& be, FVec& logits, IVec& labels, int N, int V,
-                     bool write_grad, float scale) {
+double cross_entropy(brisk::Backend& be, FVec& logits, IVec& labels, int N, int V, bool write_grad,
+                     float scale) {
   double loss_sum = 0.0;
   be.softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), write_grad, scale,
                            brisk::Tensor(&loss_sum, brisk::Shape{1}, brisk::DType::f64));
@@ -626,14 +626,12 @@ TEST(OpsCrossEntropy, LossAndGradient) {
   const double want = ref_cross_entropy(ld, labels, N, V);
 
   FVec logits = logits0;
-  const double loss =
-      cross_entropy(*be, logits, labels, N, V, false, 1.f);
+  const double loss = cross_entropy(*be, logits, labels, N, V, false, 1.f);
   EXPECT_NEAR(loss, want, kFwdTol * std::max(1.0, std::abs(want)));
   EXPECT_EQ(logits, logits0);  // untouched without write_grad
 
   const float scale = 1.f / count;
-  const double loss2 =
-      cross_entropy(*be, logits, labels, N, V, true, scale);
+  const double loss2 = cross_entropy(*be, logits, labels, N, V, true, scale);
   EXPECT_NEAR(loss2, want, kFwdTol * std::max(1.0, std::abs(want)));
   auto scaled_loss = [&](const Vec& v) {
     return double(scale) * ref_cross_entropy(v, labels, N, V);
@@ -657,7 +655,6 @@ TEST(OpsCrossEntropy, OutOfRangeLabelThrows) {
   const int N = 3, V = 4;
   for (IVec labels : {IVec{0, 4, 1}, IVec{0, -1, 1}}) {
     FVec logits = randn(size_t(N) * V, rng);
-    EXPECT_THROW(cross_entropy(*be, logits, labels, N, V, true, 1.f),
-                 brisk::Error);
+    EXPECT_THROW(cross_entropy(*be, logits, labels, N, V, true, 1.f), brisk::Error);
   }
 }

@@ -9,8 +9,9 @@ bool cuda_available(std::string* why_not) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend() {
-  BRISK_FAIL("--device cuda: this brisk was built without the CUDA toolkit; rebuild on a machine "
-             "with nvcc, or use --device cpu");
+  BRISK_FAIL(
+      "--device cuda: this brisk was built without the CUDA toolkit; rebuild on a machine "
+      "with nvcc, or use --device cpu");
 }
 
 }  // namespace brisk

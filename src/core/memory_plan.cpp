@@ -63,9 +63,10 @@ class HostMemory final : public MemoryResource {
  public:
   Device device() const override { return Device::cpu; }
   void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment *
-                           MemoryPlan::kAlignment;
-    void* p = std::aligned_alloc(MemoryPlan::kAlignment, rounded ? rounded : MemoryPlan::kAlignment);
+    const size_t rounded =
+        (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+    void* p =
+        std::aligned_alloc(MemoryPlan::kAlignment, rounded ? rounded : MemoryPlan::kAlignment);
     BRISK_CHECK(p != nullptr, "cannot allocate ", bytes, " bytes: out of host memory");
     // Touch every page now so that the measured resident memory matches the plan from step 1.
     std::memset(p, 0, rounded);

@@ -54,7 +54,7 @@ class MemoryPlan {
 
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   const BufferSpec& buffer(BufferId id) const;
-  BufferId find(const std::string& name) const;                  // -1 when absent
+  BufferId find(const std::string& name) const;  // -1 when absent
   // Bytes of one placement's block, or of both, including alignment padding.
   size_t total_bytes(Placement placement) const;
   size_t total_bytes() const;

@@ -117,8 +117,8 @@ class Bert final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(dev_batch_.input_ids, w(word_), w(pos_), dev_batch_.token_type_ids, w(type_),
-                         emb_sum_);
+    be.embedding_forward(dev_batch_.input_ids, w(word_), w(pos_), dev_batch_.token_type_ids,
+                         w(type_), emb_sum_);
     be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_b_), config_.layer_norm_eps, hidden_[0],
                          emb_mean_, emb_rstd_);
     be.dropout_forward(hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
@@ -154,8 +154,7 @@ class Bert final : public Model {
     be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
                           false, g(emb_ln_g_), g(emb_ln_b_));
     be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, dev_batch_.token_type_ids, g(word_),
-                          g(pos_),
-                          g(type_));
+                          g(pos_), g(type_));
   }
 
   static float dropout(float p, const StepOptions& o) { return o.training ? p : 0.0f; }

@@ -45,8 +45,10 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   for (int64_t l = 0; l <= c.num_layers; ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
-  const BlockDims dims{shape.batch, shape.seq, c.hidden_size, c.intermediate_size, c.num_heads,
-                       attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
+  const BlockDims dims{
+      shape.batch,   shape.seq,
+      c.hidden_size, c.intermediate_size,
+      c.num_heads,   attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
   const BlockStyle style = this->style(true);
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
@@ -208,8 +210,8 @@ void Model::backward(Backend& be, const StepOptions& o) {
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.num_layers - 1;
     if (options_.gradient_checkpointing && !last)
-      block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
-                    Tensor(), saved_[l], scratch_, o.rng, l);
+      block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
+                    saved_[l], scratch_, o.rng, l);
     if (!stored_.empty() && !last) transfer(be, stored_[l], work_, st.attn_stats_low);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);
@@ -229,9 +231,8 @@ float Model::init_std(const std::string& name) const {
 }
 
 void Model::init_weights(Backend& be, uint64_t seed) {
-  with_host_view(be, flat_weights_, false, true, [&](const Tensor& flat) {
-    init_weights_host(flat, seed);
-  });
+  with_host_view(be, flat_weights_, false, true,
+                 [&](const Tensor& flat) { init_weights_host(flat, seed); });
 }
 
 void Model::init_weights_host(const Tensor& flat, uint64_t seed) const {

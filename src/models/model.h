@@ -106,7 +106,7 @@ class Model {
   virtual void validate_batch() const = 0;
   // Host-side inputs derived from the batch (GPT-2's shifted labels), before the upload.
   virtual void prepare_batch() {}
-  virtual void embed_forward(Backend& be, const StepOptions& o) = 0;   // writes hidden_[0]
+  virtual void embed_forward(Backend& be, const StepOptions& o) = 0;  // writes hidden_[0]
   // From hidden_[L]; adds the summed loss to loss_sum().
   virtual void head_forward(Backend& be, const StepOptions& o) = 0;
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
@@ -142,8 +142,8 @@ class Model {
   ModelConfig config_;
   ParameterSet params_;
   BatchShape shape_;
-  Batch batch_;      // host
-  Batch dev_batch_;  // what the kernels read
+  Batch batch_;                 // host
+  Batch dev_batch_;             // what the kernels read
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
   Tensor d_hidden_;             // gradient flowing backwards through the blocks
   Tensor logits_;

@@ -18,8 +18,8 @@ uint32_t block_rng_site(int layer, int which) {
 }
 
 std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low) {
-  return {&s.a_in, &s.qkv, attn_stats_low ? &s.attn_stats : nullptr, &s.ctx, &s.m_in, &s.fc_pre,
-          &s.fc_act};
+  return {&s.a_in,   &s.qkv,   attn_stats_low ? &s.attn_stats : nullptr, &s.ctx, &s.m_in,
+          &s.fc_pre, &s.fc_act};
 }
 
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
@@ -116,8 +116,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
 }
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
-                    const Tensor& x, const Tensor& key_mask, const BlockSaved& s, const BlockScratch& sc, const Tensor& dh,
-                    const RngKey& key, int layer) {
+                    const Tensor& x, const Tensor& key_mask, const BlockSaved& s,
+                    const BlockScratch& sc, const Tensor& dh, const RngKey& key, int layer) {
   // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an
   // fp16 overflow shows up as inf in the parameter gradients.
   const DType lp = st.act_dtype;

@@ -86,7 +86,7 @@ void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, c
 // Parameter gradients accumulate into g.
 void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
                     const BlockParams& g, const Tensor& x, const Tensor& key_mask,
-                    const BlockSaved& s,
-                    const BlockScratch& scratch, const Tensor& dh, const RngKey& key, int layer);
+                    const BlockSaved& s, const BlockScratch& scratch, const Tensor& dh,
+                    const RngKey& key, int layer);
 
 }  // namespace brisk

@@ -36,17 +36,16 @@ void AdamW::reset(Backend& be) {
   be.fill(m_, 0.0f);
   be.fill(v_, 0.0f);
   const std::vector<int64_t> r = decay_ranges(*params_);
-  with_host_view(be, decay_ranges_, false, true, [&](const Tensor& t) {
-    std::copy(r.begin(), r.end(), t.as<int64_t>());
-  });
+  with_host_view(be, decay_ranges_, false, true,
+                 [&](const Tensor& t) { std::copy(r.begin(), r.end(), t.as<int64_t>()); });
   step_ = 0;
 }
 
 void AdamW::step(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
                  float lr) {
-  BRISK_CHECK(params_ && weights.numel() == params_->total_elements() &&
-                  grads.numel() == weights.numel(),
-              "AdamW: buffers do not match the parameter layout");
+  BRISK_CHECK(
+      params_ && weights.numel() == params_->total_elements() && grads.numel() == weights.numel(),
+      "AdamW: buffers do not match the parameter layout");
   ++step_;
   AdamWUpdate u;
   u.weights = weights;

@@ -24,8 +24,7 @@ BRISK_HD double clip_coefficient(double norm, double max_norm) {
 // control[kControlSkip] = 1 when the loss or a gradient is not finite (with fp16 loss scaling an
 // overflow to skip; otherwise the trainer then stops the run, so the weights stay as they were);
 // control[kControlMultiplier] = clip_coefficient(norm / loss_scale) / loss_scale.
-BRISK_HD void decide_step(const double* stats, double loss_scale, double max_norm,
-                          float* control) {
+BRISK_HD void decide_step(const double* stats, double loss_scale, double max_norm, float* control) {
   const double loss = stats[kStatLoss], sumsq = stats[kStatGradSumSq];
   const bool skip = !(std::isfinite(loss) && std::isfinite(sumsq));
   const double norm = std::sqrt(sumsq) / loss_scale;

@@ -92,9 +92,9 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     int64_t step = adamw.steps();
     with_host_view(be, adamw.exp_avg(), true, false, [&](const Tensor& m) {
       with_host_view(be, adamw.exp_avg_sq(), true, false, [&](const Tensor& v) {
-        write_safetensors((tmp_dir / "optimizer.safetensors").string(),
-                          {{"exp_avg", m}, {"exp_avg_sq", v},
-                           {"step", Tensor(&step, Shape{}, DType::i64)}});
+        write_safetensors(
+            (tmp_dir / "optimizer.safetensors").string(),
+            {{"exp_avg", m}, {"exp_avg_sq", v}, {"step", Tensor(&step, Shape{}, DType::i64)}});
       });
     });
     count_file_written();

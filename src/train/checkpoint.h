@@ -29,8 +29,7 @@ struct TrainerState {
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights,
-                            const AdamW& adamw, const Schedule& schedule,
+                            const Tensor& weights, const AdamW& adamw, const Schedule& schedule,
                             const TrainerState& state);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.

@@ -97,8 +97,8 @@ Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& pre
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
-  be.sum_squares(grads, Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64,
-                               stats.device()));
+  be.sum_squares(grads,
+                 Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
   be.decide_step(stats, loss_scale, max_grad_norm, control);
   adamw.step(be, precision.master(model.params()), grads, control, static_cast<float>(lr));
   precision.refresh_weights(be, model.params());  // unchanged master on a skip: a no-op
@@ -175,9 +175,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
                  Shape{kControlSize});
   precision.plan(plan, binder, model->params().total_elements());
   // The CPU has no fp16 matrix units: fp16 values are multiplied in float32 there.
-  be->set_matmul_dtype(o.bf16                                ? DType::bf16
-                       : o.fp16 && device == Device::cuda    ? DType::f16
-                                                             : DType::f32);
+  be->set_matmul_dtype(o.bf16                             ? DType::bf16
+                       : o.fp16 && device == Device::cuda ? DType::f16
+                                                          : DType::f32);
   be->set_tf32(o.tf32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());
   AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
@@ -253,8 +253,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(adamw.steps());
-    const Update update = apply_update(*be, *model, adamw, precision, control, lr, loss_scale,
-                                       o.max_grad_norm, step);
+    const Update update =
+        apply_update(*be, *model, adamw, precision, control, lr, loss_scale, o.max_grad_norm, step);
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
@@ -273,8 +273,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     }
     if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
         state.global_step == total_steps)
-      s.last_checkpoint =
-          save_checkpoint(*be, o, *model, precision.master(model->params()), adamw, schedule, state);
+      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()), adamw,
+                                          schedule, state);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

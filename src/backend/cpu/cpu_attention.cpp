@@ -90,9 +90,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
 // backward pass needs neither (nor the forward's output).
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
                                     const Tensor& probs, const Tensor& /*key_mask*/,
-                                    bool /*causal*/, int heads, float dropout_p,
-                                    const RngKey& key, const Tensor& scratch,
-                                    const Tensor& dqkv) {
+                                    bool /*causal*/, int heads, float dropout_p, const RngKey& key,
+                                    const Tensor& scratch, const Tensor& dqkv) {
   const AttnDims d = attention_dims(qkv, heads, "attention_backward");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward probs");

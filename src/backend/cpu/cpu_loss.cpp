@@ -7,9 +7,8 @@
 
 namespace brisk {
 
-void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
-                                       bool write_grad, float grad_scale,
-                                       const Tensor& loss_sum) {
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                                       float grad_scale, const Tensor& loss_sum) {
   expect(loss_sum, DType::f64, Shape{1}, "softmax_cross_entropy loss_sum");
   const int64_t V = cols_of(logits), N = rows_of(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,

@@ -38,8 +38,8 @@ void CpuBackend::decide_step(const Tensor& stats, double loss_scale, double max_
 
 void CpuBackend::adamw_update(const AdamWUpdate& u) {
   const int64_t n = u.weights.numel();
-  BRISK_CHECK(u.weights.dtype() == DType::f32 && u.grads.numel() == n &&
-                  u.exp_avg.numel() == n && u.exp_avg_sq.numel() == n,
+  BRISK_CHECK(u.weights.dtype() == DType::f32 && u.grads.numel() == n && u.exp_avg.numel() == n &&
+                  u.exp_avg_sq.numel() == n,
               "adamw_update: weights, gradients and moments must be float32 of equal size");
   BRISK_CHECK(u.decay_ranges.dtype() == DType::i64 && u.decay_ranges.rank() == 2 &&
                   u.decay_ranges.dim(1) == 2,

@@ -95,9 +95,9 @@ void CudaBackend::download(const Tensor& src, const Tensor& dst) {
   BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cpu,
               "download: expects GPU to host memory");
   if (src.bytes() > 0)
-    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost,
-                               stream_),
-               "device-to-host copy");
+    check_cuda(
+        cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_),
+        "device-to-host copy");
   synchronize();
 }
 
@@ -156,8 +156,8 @@ void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {
 void CudaBackend::tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   same_numel(y, dy, "tanh_backward");
   same_numel(y, dx, "tanh_backward");
-  cuda::tanh_backward(stream_, dev(y, "tanh output"), dev(dy, "tanh gradient"),
-                      dev(dx, "tanh dx"), y.numel());
+  cuda::tanh_backward(stream_, dev(y, "tanh output"), dev(dy, "tanh gradient"), dev(dx, "tanh dx"),
+                      y.numel());
 }
 
 void CudaBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) {
@@ -166,8 +166,7 @@ void CudaBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, c
                 x.numel());
 }
 
-void CudaBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key,
-                                   const Tensor& dx) {
+void CudaBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) {
   same_numel(dy, dx, "dropout_backward");
   cuda::dropout(stream_, dev(dy, "dropout gradient"), nullptr, p, key, dev(dx, "dropout dx"),
                 dy.numel());
@@ -183,8 +182,7 @@ void CudaBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const R
 
 void CudaBackend::add_inplace(const Tensor& y, const Tensor& x) {
   same_numel(x, y, "add_inplace");
-  cuda::add_inplace(stream_, dev(y, "add_inplace target"), dev(x, "add_inplace source"),
-                    x.numel());
+  cuda::add_inplace(stream_, dev(y, "add_inplace target"), dev(x, "add_inplace source"), x.numel());
 }
 
 void CudaBackend::fill(const Tensor& t, float value) {
@@ -197,9 +195,9 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cuda,
               "copy: both tensors must be in GPU memory");
   if (src.data() != dst.data() && src.bytes() > 0)
-    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice,
-                               stream_),
-               "device copy");
+    check_cuda(
+        cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, stream_),
+        "device copy");
 }
 
 void CudaBackend::cast(const Tensor& src, const Tensor& dst) {
@@ -230,8 +228,8 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const
               " positions exceed the position table");
   cuda::embedding_forward(stream_, ids_or_null(ids, "ids"), dev(word, "word table"),
                           dev_or_null(pos, "position table"), ids_or_null(type_ids, "type ids"),
-                          dev_or_null(type_table, "type table"), dev(out, "embedding output"), B,
-                          T, C);
+                          dev_or_null(type_table, "type table"), dev(out, "embedding output"), B, T,
+                          C);
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
@@ -242,8 +240,8 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, cons
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
   cuda::embedding_backward(stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"),
                            ids_or_null(type_ids, "type ids"), dev_or_null(dword, "dword"),
-                           dev_or_null(dpos, "dpos"), dev_or_null(dtype_table, "dtype_table"), B,
-                           T, C);
+                           dev_or_null(dpos, "dpos"), dev_or_null(dtype_table, "dtype_table"), B, T,
+                           C);
 }
 
 void CudaBackend::first_token(const Tensor& x, const Tensor& out) {
@@ -255,19 +253,18 @@ void CudaBackend::first_token(const Tensor& x, const Tensor& out) {
 void CudaBackend::first_token_backward(const Tensor& dout, const Tensor& dx) {
   const int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
   expect(dout, DType::f32, Shape{B, C}, "first_token_backward gradient");
-  cuda::first_token_backward(stream_, dev(dout, "first_token gradient"),
-                             dev(dx, "first_token dx"), B, T, C);
+  cuda::first_token_backward(stream_, dev(dout, "first_token gradient"), dev(dx, "first_token dx"),
+                             B, T, C);
 }
 
-void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
-                                        bool write_grad, float grad_scale,
-                                        const Tensor& loss_sum) {
+void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
+                                        float grad_scale, const Tensor& loss_sum) {
   const int64_t V = cols(logits), N = rows(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
               " rows of logits");
-  BRISK_CHECK(loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 &&
-                  loss_sum.device() == Device::cuda,
-              "softmax_cross_entropy: loss_sum must be one float64 in GPU memory");
+  BRISK_CHECK(
+      loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
+      "softmax_cross_entropy: loss_sum must be one float64 in GPU memory");
   cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"), N, V,
                               write_grad, grad_scale, loss_sum.as<double>());
 }
@@ -276,15 +273,14 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                     int heads, float dropout_p, const RngKey& key,
-                                    const Tensor& stats, const Tensor& scratch,
-                                    const Tensor& out) {
+                                    const Tensor& stats, const Tensor& scratch, const Tensor& out) {
   const AttentionDims d = attention_dims(qkv, heads, "attention_forward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
-  cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal,
-                          d.B, d.T, d.H, d.D, dropout_p, key, dev(stats, "attention statistics"),
+  cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal, d.B,
+                          d.T, d.H, d.D, dropout_p, key, dev(stats, "attention statistics"),
                           dev(out, "attention output"));
 }
 
@@ -302,8 +298,8 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
   cuda::attention_backward(stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"),
                            dev(out, "attention output"), dev(stats, "attention statistics"),
-                           ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.D,
-                           dropout_p, key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+                           ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.D, dropout_p,
+                           key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
 }
 
 // ---- the optimizer step ----
@@ -316,9 +312,9 @@ void CudaBackend::sum_squares(const Tensor& x, const Tensor& acc) {
 
 void CudaBackend::decide_step(const Tensor& stats, double loss_scale, double max_norm,
                               const Tensor& control) {
-  BRISK_CHECK(stats.dtype() == DType::f64 && stats.numel() == kStatsSize &&
-                  stats.device() == Device::cuda,
-              "decide_step: statistics must be float64 [", kStatsSize, "] in GPU memory");
+  BRISK_CHECK(
+      stats.dtype() == DType::f64 && stats.numel() == kStatsSize && stats.device() == Device::cuda,
+      "decide_step: statistics must be float64 [", kStatsSize, "] in GPU memory");
   expect(control, DType::f32, Shape{kControlSize}, "decide_step control");
   cuda::decide_step(stream_, stats.as<double>(), loss_scale, max_norm,
                     dev(control, "step control"));

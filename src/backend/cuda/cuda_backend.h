@@ -117,8 +117,8 @@ class CudaBackend final : public Backend {
     MatmulPlan& operator=(const MatmulPlan&) = delete;
     ~MatmulPlan();
   };
-  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                             bool, int, bool>;
+  using PlanKey =
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
   MatmulPlan& plan_for(const PlanKey& key);
 
   cudaStream_t stream_ = nullptr;
@@ -130,9 +130,9 @@ class CudaBackend final : public Backend {
   CudaPinnedMemory pinned_memory_;
   DType matmul_dtype_ = DType::f32;
   bool tf32_ = false;
-  Tensor workspace_;           // cuBLASLt's
+  Tensor workspace_;              // cuBLASLt's
   Tensor operand_a_, operand_b_;  // 16-bit copies of matmul operands
-  Tensor ones_;                // a column of ones: bias gradients as a matrix product
+  Tensor ones_;                   // a column of ones: bias gradients as a matrix product
   bool ones_ready_ = false;
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
 };

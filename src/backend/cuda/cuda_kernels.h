@@ -92,7 +92,7 @@ void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask
 // dqkv [B,T,3C] (overwritten) from dout, the forward's out and lse; delta [B,H,T] is scratch.
 void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key,
-                        float* delta, float* dqkv);
+                        int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key, float* delta,
+                        float* dqkv);
 
 }  // namespace brisk::cuda

@@ -19,9 +19,12 @@ void check_lt(cublasStatus_t st, const char* what) {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -94,9 +97,9 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
            "transpose attribute");
   if (has_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                            sizeof epi),
-             "bias epilogue");
+    check_lt(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+        "bias epilogue");
     const cudaDataType_t bias_type = CUDA_R_32F;
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                             &bias_type, sizeof bias_type),
@@ -120,16 +123,15 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
                                                            pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for a ", m,
-              " x ", k, " x ", n, " ", dtype_name(dtype), " product (status ",
-              static_cast<int>(st), ")");
+              " x ", k, " x ", n, " ", dtype_name(dtype), " product (status ", static_cast<int>(st),
+              ")");
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
 void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                         const float* a, int64_t lda, const float* b, int64_t ldb,
-                         bool accumulate, float* c, int64_t ldc, const float* bias,
-                         DType dtype) {
+                         const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
+                         float* c, int64_t ldc, const float* bias, DType dtype) {
   if (m == 0 || n == 0) return;
   const void* pa = a;
   const void* pb = b;
@@ -159,8 +161,8 @@ void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                  WeightLayout layout, const Tensor& y) {
   const auto [m, k, n] = linear_dims(x, w, layout, "linear_forward");
-  BRISK_CHECK(y.numel() == m * n, "linear_forward: output ", y.shape().str(), " does not hold ",
-              m, " x ", n);
+  BRISK_CHECK(y.numel() == m * n, "linear_forward: output ", y.shape().str(), " does not hold ", m,
+              " x ", n);
   BRISK_CHECK(b.empty() || b.numel() == n, "linear_forward: bias has ", b.numel(),
               " values, expected ", n);
   BRISK_CHECK(!workspace_.empty(), "linear_forward: plan_workspace was not called");

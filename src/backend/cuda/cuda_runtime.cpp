@@ -36,8 +36,8 @@ void* CudaDeviceMemory::allocate(size_t bytes) {
     cudaGetLastError();
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
-    BRISK_FAIL("cannot allocate the ", bytes, "-byte device arena: ", cudaGetErrorString(err),
-               " (", free_bytes, " of ", total,
+    BRISK_FAIL("cannot allocate the ", bytes, "-byte device arena: ", cudaGetErrorString(err), " (",
+               free_bytes, " of ", total,
                " bytes free); lower the batch size or turn on gradient checkpointing");
   }
   // Zeroed, as host arenas are, so that no buffer starts with garbage. cudaMemset runs on the
@@ -57,8 +57,8 @@ void* CudaPinnedMemory::allocate(size_t bytes) {
   const cudaError_t err = cudaMallocHost(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    BRISK_FAIL("cannot allocate ", bytes, " bytes of page-locked host memory: ",
-               cudaGetErrorString(err));
+    BRISK_FAIL("cannot allocate ", bytes,
+               " bytes of page-locked host memory: ", cudaGetErrorString(err));
   }
   std::memset(p, 0, bytes);
   return p;
