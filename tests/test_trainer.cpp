@@ -389,6 +389,26 @@ TEST(Trainer, ANonFiniteLossStopsTheRunNamingTheStep) {
   EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2"));
 }
 
+// Without loss scaling an inf gradient is no overflow to skip but a run to stop; the step's
+// update must not have been applied (the save at step 2 would hold it), so no checkpoint exists.
+TEST(Trainer, ANonFiniteGradientStopsAnFp32RunNamingTheStep) {
+  TempDir dir("inf_grad");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  o.save_steps = 1;
+  force_overflow_at_step_for_testing(1);  // 0-based: the second step
+  try {
+    run(o);
+    ADD_FAILURE() << "the run did not stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the gradient norm became inf at step 2"),
+              std::string::npos)
+        << e.what();
+  }
+  force_overflow_at_step_for_testing(-1);
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-1"));
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2"));
+}
+
 TEST(Trainer, StartsFromATransformersModelFolder) {
   // tests/fixtures/gpt2_tiny was written by transformers' save_pretrained.
   TempDir dir("hf_folder");

@@ -118,9 +118,6 @@ int run_estimate(const EstimateArgs& a) {
   BufferBinder binder;
   precision.plan(plan, binder, n);
   AdamW({}).plan(plan, binder, model->params());
-  Tensor control;  // the trainer's step decision
-  binder.declare(plan, &control, "step_control", Category::temporaries, DType::f32,
-                 Shape{kControlSize});
   auto be = make_cpu_backend();
   be->set_matmul_dtype(a.bf16 ? DType::bf16 : DType::f32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());

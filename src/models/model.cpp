@@ -87,6 +87,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
                 Shape{shape.batch, shape.seq});
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
+  declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,
                   Shape{kStatsSize}, Placement::host);
   declare_buffers(plan, shape);

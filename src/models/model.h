@@ -76,6 +76,8 @@ class Model {
   // Per-step statistics on the device, float64 [kStatsSize] (optim/step_control.h): forward
   // passes add their summed loss to kStatLoss; the trainer adds the gradients' sum of squares.
   const Tensor& step_stats() const { return stats_; }
+  // The decision made from them on the device, float32 [kControlSize]: what optimizers read.
+  const Tensor& step_control() const { return control_; }
   void reset_step_stats(Backend& be);
   // Copies the statistics to the host (waits for the device).
   std::array<double, 2> read_step_stats(Backend& be);
@@ -161,7 +163,7 @@ class Model {
   BlockSaved work_;
   Tensor flat_weights_, flat_grads_;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;  // (host, device) pairs to upload
-  Tensor stats_, stats_host_;
+  Tensor stats_, stats_host_, control_;
 };
 
 }  // namespace brisk

@@ -89,14 +89,14 @@ struct Update {
   bool skipped = false;
 };
 
-Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision,
-                    const Tensor& control, double lr, double loss_scale, double max_grad_norm,
-                    int64_t step) {
+Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision, double lr,
+                    double loss_scale, double max_grad_norm, int64_t step) {
   const Tensor& grads = model.params().flat_grads();
   if (step == g_force_overflow_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
+  const Tensor& control = model.step_control();
   be.sum_squares(grads,
                  Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
   be.decide_step(stats, loss_scale, max_grad_norm, control);
@@ -170,9 +170,6 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   MemoryPlan plan;
   model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype(), device});
   BufferBinder binder;
-  Tensor control;
-  binder.declare(plan, &control, "step_control", Category::temporaries, DType::f32,
-                 Shape{kControlSize});
   precision.plan(plan, binder, model->params().total_elements());
   // The CPU has no fp16 matrix units: fp16 values are multiplied in float32 there.
   be->set_matmul_dtype(o.bf16                             ? DType::bf16
@@ -254,7 +251,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(adamw.steps());
     const Update update =
-        apply_update(*be, *model, adamw, precision, control, lr, loss_scale, o.max_grad_norm, step);
+        apply_update(*be, *model, adamw, precision, lr, loss_scale, o.max_grad_norm, step);
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();

@@ -150,6 +150,29 @@ __device__ __forceinline__ void tile_dots(const float* A, const float* B, int ld
   }
 }
 
+// acc[r][c] += sum_j W(ty * RM + r, j) * M[j][tx + 16c] over j < count: a tile of weights (P,
+// dS; element (row, j) at W[row * w_row + j * w_col], so a transposed tile is read in place)
+// applied to the rows of a shared [count][D] tile M (row stride ld).
+template <int RM, int kSlots>
+__device__ __forceinline__ void accumulate_weighted_rows(float (&acc)[RM][kSlots], const float* W,
+                                                         int w_row, int w_col, const float* M,
+                                                         int ld, int count, int D, int ty, int tx) {
+  for (int j = 0; j < count; ++j) {
+    float w[RM];
+#pragma unroll
+    for (int r = 0; r < RM; ++r) w[r] = W[(ty * RM + r) * w_row + j * w_col];
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      const int d = tx + 16 * c;
+      if (d < D) {
+        const float m = M[j * ld + d];
+#pragma unroll
+        for (int r = 0; r < RM; ++r) acc[r][c] = fmaf(w[r], m, acc[r][c]);
+      }
+    }
+  }
+}
+
 // Reductions over the 16 lanes of a half-warp (all 32 lanes take part).
 __device__ __forceinline__ float halfwarp_max(float x) {
 #pragma unroll
@@ -262,21 +285,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // V and Ps are complete
 
-    const int kcount = min(NC, T - k0);
-    for (int j = 0; j < kcount; ++j) {
-      float p[RM];
-#pragma unroll
-      for (int r = 0; r < RM; ++r) p[r] = Ps[(ty * RM + r) * PLD + j];
-#pragma unroll
-      for (int c = 0; c < kSlots; ++c) {
-        const int d = tx + 16 * c;
-        if (d < D) {
-          const float v = KV[j * ld + d];
-#pragma unroll
-          for (int r = 0; r < RM; ++r) o[r][c] = fmaf(p[r], v, o[r][c]);
-        }
-      }
-    }
+    accumulate_weighted_rows<RM, kSlots>(o, Ps, PLD, 1, KV, ld, min(NC, T - k0), D, ty, tx);
   }
 
 #pragma unroll
@@ -421,27 +430,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // Pd and dS are complete
 
     // dV_j += sum_i Pd_ij dO_i; dK_j += sum_i dS_ij Q_i (the 1/sqrt(D) is applied at the end).
+    // Pd and dS are [query][key] tiles; keys are this block's rows, so they are read transposed.
     const int qcount = min(R, T - q0);
-    for (int ii = 0; ii < qcount; ++ii) {
-      float pw[KM], gw[KM];
-#pragma unroll
-      for (int r = 0; r < KM; ++r) {
-        pw[r] = Pd[ii * PLD + ty * KM + r];
-        gw[r] = dS[ii * PLD + ty * KM + r];
-      }
-#pragma unroll
-      for (int c = 0; c < kSlots; ++c) {
-        const int d = tx + 16 * c;
-        if (d < D) {
-          const float gv = dOs[ii * ld + d], qv = Qs[ii * ld + d];
-#pragma unroll
-          for (int r = 0; r < KM; ++r) {
-            dv[r][c] = fmaf(pw[r], gv, dv[r][c]);
-            dk[r][c] = fmaf(gw[r], qv, dk[r][c]);
-          }
-        }
-      }
-    }
+    accumulate_weighted_rows<KM, kSlots>(dv, Pd, 1, PLD, dOs, ld, qcount, D, ty, tx);
+    accumulate_weighted_rows<KM, kSlots>(dk, dS, 1, PLD, Qs, ld, qcount, D, ty, tx);
   }
 
 #pragma unroll
@@ -515,21 +507,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // dS is complete
 
     // dQ_i += sum_j dS_ij K_j (the 1/sqrt(D) is applied at the end).
-    const int kcount = min(NC, T - k0);
-    for (int jj = 0; jj < kcount; ++jj) {
-      float gw[RM];
-#pragma unroll
-      for (int r = 0; r < RM; ++r) gw[r] = dS[(ty * RM + r) * PLD + jj];
-#pragma unroll
-      for (int c = 0; c < kSlots; ++c) {
-        const int d = tx + 16 * c;
-        if (d < D) {
-          const float kv = Ks[jj * ld + d];
-#pragma unroll
-          for (int r = 0; r < RM; ++r) dq[r][c] = fmaf(gw[r], kv, dq[r][c]);
-        }
-      }
-    }
+    accumulate_weighted_rows<RM, kSlots>(dq, dS, PLD, 1, Ks, ld, min(NC, T - k0), D, ty, tx);
   }
 
 #pragma unroll
