@@ -8,9 +8,12 @@ batch) it writes, per model folder:
   expected.safetensors             (loss, logits, grad.<parameter name> for every parameter)
 Dropout is off (eval mode), attention is the eager implementation. tests/fixtures/bad/ gets the
 malformed configs, batches and weights that the error tests feed to the library and the CLI.
+tests/fixtures/adamw/ and tests/fixtures/optim/ hold ten-step optimizer runs (AdamW; Adafactor,
+SGD and bitsandbytes' 8-bit AdamW) with the raw gradients, the initial and the final values.
 
-Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_fixtures.py
+Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_fixtures.py [--only optim]
 """
+import argparse
 import json
 import os
 import sys
@@ -156,13 +159,160 @@ def adamw_steps():
     print("adamw: 10 steps written")
 
 
+# The parameter set shared by the optimizer fixtures: name -> (shape, takes weight decay).
+OPTIM_PARAMS = {"w.weight": ((5, 7), True), "w.bias": ((5,), False),
+                "norm.weight": ((7,), False), "emb.weight": ((11, 3), True)}
+
+
+def optim_inputs(seed, spec, steps=10):
+    """Initial values and the raw (unclipped) gradients of every step, drawn once so that every
+    variant starts from the same values and sees the same gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    init = {n: torch.randn(shape, generator=gen) for n, (shape, _) in spec.items()}
+    grads = []
+    for step in range(steps):
+        # Large enough that clipping to 1.0 is active on most steps.
+        grads.append({n: torch.randn(shape, generator=gen) * (0.3 + step * 0.1)
+                      for n, (shape, _) in spec.items()})
+    return init, grads
+
+
+def optim_run(spec, init, grads, make_opt, weight_decay, schedule=True):
+    """Runs one variant on clones of init: the two parameter groups as transformers' Trainer
+    builds them, global-norm clipping to 1.0, then opt.step() and (optionally) a linear
+    warm-up/decay schedule over 3 + 7 steps. Returns the parameters and the optimizer."""
+    from transformers import get_linear_schedule_with_warmup
+    params = {n: torch.nn.Parameter(v.clone()) for n, v in init.items()}
+    groups = [{"params": [p for n, p in params.items() if spec[n][1]], "weight_decay": weight_decay},
+              {"params": [p for n, p in params.items() if not spec[n][1]], "weight_decay": 0.0}]
+    opt = make_opt(groups)
+    sched = (get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=len(grads))
+             if schedule else None)
+    for step_grads in grads:
+        for n, p in params.items():
+            p.grad = step_grads[n].clone()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return params, opt
+
+
+def optim_save(file, init, grads, finals, extra, init_key="init", grad_key="grad", final_key="final"):
+    tensors = {f"{init_key}.{n}": v for n, v in init.items()}
+    for step, step_grads in enumerate(grads):
+        tensors.update({f"{grad_key}.{step}.{n}": g for n, g in step_grads.items()})
+    for variant, params in finals.items():
+        prefix = f"{final_key}.{variant}." if variant else f"{final_key}."
+        tensors.update({prefix + n: p.detach().clone() for n, p in params.items()})
+    tensors.update(extra)
+    folder = os.path.join(OUT, "optim")
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(folder, file))
+    print(f"optim/{file}: {len(tensors)} tensors written")
+
+
+def adafactor_steps():
+    """Ten transformers Adafactor steps: as the Trainer configures optim adafactor (fixed lr,
+    no parameter scaling, linear schedule), with beta1 and parameter scaling, and with the
+    relative step size (warm-up init, no schedule, no weight decay)."""
+    from transformers.optimization import Adafactor
+    init, grads = optim_inputs(7, OPTIM_PARAMS)
+    variants = {
+        "trainer": (lambda g: Adafactor(g, lr=1e-2, scale_parameter=False, relative_step=False),
+                    0.1, True),
+        "beta1_scale": (lambda g: Adafactor(g, lr=1e-2, scale_parameter=True, relative_step=False,
+                                            beta1=0.9), 0.1, True),
+        "relative": (lambda g: Adafactor(g, lr=None, scale_parameter=True, relative_step=True,
+                                         warmup_init=True), 0.0, False),
+    }
+    finals, extra = {}, {}
+    for variant, (make_opt, wd, schedule) in variants.items():
+        params, opt = optim_run(OPTIM_PARAMS, init, grads, make_opt, wd, schedule)
+        finals[variant] = params
+        if variant == "trainer":
+            w, b = opt.state[params["w.weight"]], opt.state[params["w.bias"]]
+            extra["state.trainer.w.weight.exp_avg_sq_row"] = w["exp_avg_sq_row"].clone()
+            extra["state.trainer.w.weight.exp_avg_sq_col"] = w["exp_avg_sq_col"].clone()
+            extra["state.trainer.w.bias.exp_avg_sq"] = b["exp_avg_sq"].clone()
+    optim_save("adafactor.safetensors", init, grads, finals, extra)
+
+
+def sgd_steps():
+    """Ten torch.optim.SGD steps with the linear schedule: Nesterov momentum, momentum with
+    dampening, and plain SGD."""
+    init, grads = optim_inputs(7, OPTIM_PARAMS)
+    variants = {
+        "nesterov": (lambda g: torch.optim.SGD(g, lr=1e-2, momentum=0.9, nesterov=True), 0.1),
+        "dampening": (lambda g: torch.optim.SGD(g, lr=1e-2, momentum=0.9, dampening=0.1), 0.1),
+        "plain": (lambda g: torch.optim.SGD(g, lr=1e-2), 0.0),
+    }
+    finals, extra = {}, {}
+    for variant, (make_opt, wd) in variants.items():
+        params, opt = optim_run(OPTIM_PARAMS, init, grads, make_opt, wd)
+        finals[variant] = params
+        if variant == "nesterov":
+            extra["state.nesterov.w.weight.momentum_buffer"] = \
+                opt.state[params["w.weight"]]["momentum_buffer"].clone()
+    optim_save("sgd.safetensors", init, grads, finals, extra)
+
+
+def adamw8bit_steps():
+    """bitsandbytes' dynamic quantization maps and, where bitsandbytes runs on CPU tensors, ten
+    8-bit AdamW steps (as the Trainer's adamw_bnb_8bit: bnb.optim.AdamW with optim_bits=8).
+    big.weight (5250 elements) gets block-wise 8-bit state (blocks of 256, the last one partial),
+    small.weight (600 < min_8bit_size 4096) and big.bias get 32-bit state."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    maps = {"qmap.signed": F.create_dynamic_map(signed=True).float().clone(),
+            "qmap.unsigned": F.create_dynamic_map(signed=False).float().clone()}
+    for key, m in maps.items():
+        print(f"{key}: {m.numel()} values, sorted {bool((m[1:] >= m[:-1]).all())}, "
+              f"zeros {int((m == 0).sum())}")
+        print("  " + " ".join(f"{v:.9g}" for v in m.tolist()))
+    spec = {"big.weight": ((70, 75), True), "small.weight": ((20, 30), True),
+            "big.bias": ((70,), False)}
+    init, grads = optim_inputs(11, spec)
+    make_opt = lambda g: bnb.optim.AdamW(g, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, optim_bits=8)
+    try:
+        params, opt = optim_run(spec, init, grads, make_opt, 0.01, schedule=False)
+    except Exception as e:  # bitsandbytes without a CPU backend: the maps alone
+        print(f"bitsandbytes {bnb.__version__}: 8-bit AdamW does not run on CPU: {e!r}")
+        optim_save("adamw8bit.safetensors", {}, [], {}, maps)
+        return
+    big, small = opt.state[params["big.weight"]], opt.state[params["small.weight"]]
+    assert big["state1"].dtype == torch.uint8 and big["absmax1"].numel() == 21, big.keys()
+    assert small["state1"].dtype == torch.float32
+    extra = dict(maps)
+    for k in ("state1", "state2", "absmax1", "absmax2"):
+        extra[f"state8.big.weight.{k}"] = big[k].clone()
+    for k in ("state1", "state2"):
+        extra[f"state8.small.weight.{k}"] = small[k].clone()
+    optim_save("adamw8bit.safetensors", init, grads, {"": params}, extra,
+               init_key="init8", grad_key="grad8", final_key="final8")
+
+
+def optim_fixtures():
+    adafactor_steps()
+    sgd_steps()
+    adamw8bit_steps()
+
+
 def main():
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1234)
-    bert(gen)
-    gpt2(gen)
-    bad_inputs()
-    adamw_steps()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=("models", "adamw", "optim"),
+                        help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/)")
+    args = parser.parse_args()
+    if args.only in (None, "models"):
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(1234)
+        bert(gen)
+        gpt2(gen)
+        bad_inputs()
+    if args.only in (None, "adamw"):
+        adamw_steps()
+    if args.only in (None, "optim"):
+        optim_fixtures()
     return 0
 
 

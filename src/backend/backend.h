@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/memory_plan.h"
 #include "core/rng.h"
@@ -46,6 +47,59 @@ struct AdamWUpdate {
   Tensor weights, grads, exp_avg, exp_avg_sq, decay_ranges, control;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;  // 1-based, for the bias corrections
+};
+
+// One parameter tensor within the flat weight and gradient buffers, for the optimizers whose
+// arithmetic is per tensor (Adafactor's factored statistics and update RMS, 8-bit AdamW's
+// quantization blocks). A host-side table: backends read it directly or launch per tensor.
+struct ParamSlot {
+  int64_t offset = 0, numel = 0;  // elements within the flat buffers
+  int64_t rows = 1, cols = 0;     // the tensor as a matrix: cols = last dimension
+  bool factored = false;          // Adafactor: row and column statistics (two or more dims)
+  bool decay = false;             // takes weight decay
+  int64_t state = 0;              // first element of the tensor's state in the state buffer(s)
+  int64_t blocks = -1;            // 8-bit AdamW: first absmax block; -1 = 32-bit state
+};
+
+// torch.optim.SGD over flat float32 buffers: g += weight_decay * w on the decay ranges (L2, as
+// torch), then momentum (buf = g on the first step, else momentum * buf + (1 - dampening) * g;
+// nesterov: g + momentum * buf), w -= lr * g. momentum_buffer is empty without momentum.
+struct SgdUpdate {
+  Tensor weights, grads, momentum_buffer, decay_ranges, control;
+  float lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = true;
+};
+
+// transformers' Adafactor over flat float32 buffers, per tensor (slots): beta2t-averaged second
+// moment of g^2 + eps1 (factored into row and column means for matrices, where the slot's state
+// holds rows then cols values; full for vectors), update g / sqrt(v) divided by
+// max(1, rms(update) / clip_threshold), step size `step_size`, times max(eps2, rms(w)) when
+// scale_parameter; exp_avg (empty without beta1) averages the scaled update; decoupled weight
+// decay w -= weight_decay * step * w on decay slots. beta2t and step_size come from the host.
+struct AdafactorUpdate {
+  Tensor weights, grads, second_moment, exp_avg, control;
+  const std::vector<ParamSlot>* slots = nullptr;
+  float step_size = 0, beta2t = 0, eps1 = 1e-30f, eps2 = 1e-3f, clip_threshold = 1.0f;
+  float beta1 = 0, weight_decay = 0;
+  bool scale_parameter = false;
+};
+
+// 8-bit AdamW (block-wise quantized moments, as bitsandbytes): per slot with blocks >= 0 the
+// moments are 8-bit codes into qmap_signed (first moment) and qmap_unsigned (second), scaled per
+// block of kQuantBlock values by absmax1/absmax2; the update dequantizes, computes AdamW in
+// float32 with the new moments, then re-quantizes them to the nearest code under the block's new
+// absolute maximum. Slots with blocks < 0 keep float32 moments in exp_avg32/exp_avg_sq32.
+inline constexpr int64_t kQuantBlock = 256;
+struct AdamW8bitUpdate {
+  Tensor weights, grads, control;
+  Tensor exp_avg32, exp_avg_sq32;  // float32 state of the 32-bit slots
+  Tensor exp_avg8, exp_avg_sq8;    // uint8 codes of the 8-bit slots
+  Tensor absmax1, absmax2;         // float32, one per block
+  Tensor qmap_signed, qmap_unsigned;  // float32 [256], ascending
+  const std::vector<ParamSlot>* slots = nullptr;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;
 };
 
 class Backend {
@@ -131,6 +185,11 @@ class Backend {
   // dst = src rounded the same way (dst may alias src; f32: a copy).
   virtual void round_to(DType dtype, const Tensor& src, const Tensor& dst) = 0;
   void round_to(DType dtype, const Tensor& t) { round_to(dtype, t, t); }
+  // Rounds a float32 tensor in place to bf16 values stochastically: up with probability equal
+  // to the distance from the value below (in units of the gap), from the RNG at `key` (element
+  // ids are flat indices). Exact bf16 values stay; used to update bf16 weights without a master
+  // copy.
+  virtual void stochastic_round(DType dtype, const Tensor& t, const RngKey& key) = 0;
 
   // ---- embeddings ----
   // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair
@@ -183,6 +242,9 @@ class Backend {
   virtual void decide_step(const Tensor& stats, double loss_scale, double max_norm,
                            const Tensor& control) = 0;
   virtual void adamw_update(const AdamWUpdate& u) = 0;
+  virtual void sgd_update(const SgdUpdate& u) = 0;
+  virtual void adafactor_update(const AdafactorUpdate& u) = 0;
+  virtual void adamw_8bit_update(const AdamW8bitUpdate& u) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -8,7 +8,7 @@
 #include "core/safetensors.h"
 #include "models/batch.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
 
 namespace brisk::cli {
@@ -108,27 +108,36 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
 
 int run_estimate(const EstimateArgs& a) {
   BRISK_CHECK(!(a.bf16 && a.fp16), "--fp16 and --bf16 contradict each other: choose one");
+  BRISK_CHECK(a.bf16_master_weights || a.bf16,
+              "--bf16_master_weights false applies to --bf16 training only");
+  OptimizerConfig oc;
+  oc.name = a.optim;
+  oc.args = a.optim_args;
+  const std::unique_ptr<Optimizer> optimizer = make_optimizer(oc);
   ModelConfig config = resolve_config(a.model);
   auto model = Model::create(config);
-  MixedPrecision precision(a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32);
+  MixedPrecision precision(a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32,
+                           a.bf16_master_weights);
   MemoryPlan plan;
   model->plan(plan, {a.batch_size, a.seq_len},
               {a.gradient_checkpointing, precision.compute_dtype()});
   const int64_t n = model->params().total_elements();
   BufferBinder binder;
   precision.plan(plan, binder, n);
-  AdamW({}).plan(plan, binder, model->params());
+  optimizer->plan(plan, binder, model->params());
   auto be = make_cpu_backend();
   be->set_matmul_dtype(a.bf16 ? DType::bf16 : DType::f32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());
   plan.finalize();
-  std::printf("%s: %lld parameters, batch %lld x %lld%s%s, AdamW\n", a.model.c_str(),
+  std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s\n", a.model.c_str(),
               static_cast<long long>(n), static_cast<long long>(a.batch_size),
               static_cast<long long>(a.seq_len),
               a.gradient_checkpointing ? ", gradient checkpointing" : "",
               a.bf16   ? ", bf16"
               : a.fp16 ? ", fp16"
-                       : ", fp32");
+                       : ", fp32",
+              precision.enabled() && !precision.has_master() ? " without master weights" : "",
+              optimizer->name().c_str());
   print_plan(plan.bytes_by_category(), plan.total_bytes());
   return 0;
 }

@@ -24,6 +24,9 @@ struct EstimateArgs {
   bool gradient_checkpointing = false;
   bool bf16 = false;
   bool fp16 = false;
+  std::string optim = "adamw_torch";
+  std::string optim_args;
+  bool bf16_master_weights = true;
 };
 
 int run_train(const TrainOptions& options);

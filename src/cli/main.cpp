@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   e->add_flag("--gradient_checkpointing", est.gradient_checkpointing);
   e->add_flag("--bf16", est.bf16);
   e->add_flag("--fp16", est.fp16);
+  e->add_option("--optim", est.optim)->capture_default_str();
+  e->add_option("--optim_args", est.optim_args);
+  e->add_option("--bf16_master_weights", est.bf16_master_weights)
+      ->expected(0, 1)
+      ->default_str("true");
 
   try {
     app.parse(argc, argv);

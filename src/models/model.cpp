@@ -23,7 +23,10 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
 int Model::param(const std::string& name, Shape shape) {
   const bool no_decay = name.ends_with(".bias") || name.find("LayerNorm") != std::string::npos ||
                         name.find(".ln_") != std::string::npos;
-  return params_.add(name, shape, !no_decay);
+  // nn.Embedding tables: BERT's word/position/token-type embeddings, GPT-2's wte and wpe.
+  const bool embedding = name.ends_with("_embeddings.weight") || name.ends_with("wte.weight") ||
+                         name.ends_with("wpe.weight");
+  return params_.add(name, shape, !no_decay, embedding);
 }
 
 void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {

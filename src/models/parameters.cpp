@@ -3,9 +3,9 @@
 
 namespace brisk {
 
-int ParameterSet::add(std::string name, Shape shape, bool decay) {
+int ParameterSet::add(std::string name, Shape shape, bool decay, bool embedding) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
-  params_.push_back(ParamInfo{std::move(name), shape, decay, total_});
+  params_.push_back(ParamInfo{std::move(name), shape, decay, total_, embedding});
   total_ += shape.numel();
   return static_cast<int>(params_.size() - 1);
 }

@@ -15,11 +15,12 @@ struct ParamInfo {
   Shape shape;
   bool decay = true;   // false for biases and LayerNorm parameters
   int64_t offset = 0;  // in elements, within the flat buffer
+  bool embedding = false;  // an embedding table (nn.Embedding in transformers)
 };
 
 class ParameterSet {
  public:
-  int add(std::string name, Shape shape, bool decay);
+  int add(std::string name, Shape shape, bool decay, bool embedding = false);
   int64_t total_elements() const { return total_; }
   const std::vector<ParamInfo>& list() const { return params_; }
   int find(const std::string& name) const;   // -1 when absent

@@ -1,10 +1,8 @@
-// AdamW as torch.optim.AdamW computes it, over the flat parameter buffer in one backend pass, with
-// weight decay only on the parameters that take it.
+// AdamW as torch.optim.AdamW computes it (--optim adamw_torch, the default), over the flat
+// parameter buffer in one backend pass, with weight decay only on the parameters that take it.
 #pragma once
 
-#include "backend/backend.h"
-#include "core/memory_plan.h"
-#include "models/parameters.h"
+#include "optim/optimizer.h"
 
 namespace brisk {
 
@@ -15,30 +13,25 @@ struct AdamWOptions {
   float weight_decay = 0.0f;
 };
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   explicit AdamW(const AdamWOptions& options) : options_(options) {}
-  // Declares the two moment buffers and the table of weight-decay ranges (optimizer_state).
-  void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params);
-  void reset(Backend& be);  // zero moments, step 0, decay table filled
-  // Updates `weights` (a flat float32 buffer laid out as the parameters: the model's weights, or
-  // the fp32 master copy in mixed precision) from control[kControlMultiplier] * `grads`, unless
-  // control[kControlSkip] is set (optim/step_control.h). Counts the step either way; a skipped
-  // step is taken back with undo_step once the host knows of it.
-  void step(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
-            float lr);
-  void undo_step() { --step_; }
-  int64_t steps() const { return step_; }
-  // State for checkpoints.
-  const Tensor& exp_avg() const { return m_; }
-  const Tensor& exp_avg_sq() const { return v_; }
-  void set_steps(int64_t steps) { step_ = steps; }
+  std::string name() const override { return "adamw_torch"; }
+  // Two float32 moments per parameter and the table of weight-decay ranges.
+  void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override;
+  void reset(Backend& be) override;
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  }
+
+ protected:
+  void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
+              float lr) override;
 
  private:
   AdamWOptions options_;
   const ParameterSet* params_ = nullptr;
   Tensor m_, v_, decay_ranges_;
-  int64_t step_ = 0;
 };
 
 }  // namespace brisk

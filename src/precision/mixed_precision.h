@@ -14,12 +14,18 @@ namespace brisk {
 
 class MixedPrecision {
  public:
-  explicit MixedPrecision(DType compute, LossScalerOptions scaler = {})
-      : compute_(compute), scaler_(scaler) {}
+  // master_weights false (bf16 only): no fp32 master copy; the optimizer updates the bf16
+  // weights (in their float32 container) and refresh_weights rounds them stochastically.
+  explicit MixedPrecision(DType compute, bool master_weights = true, LossScalerOptions scaler = {})
+      : compute_(compute), master_weights_(master_weights), scaler_(scaler) {
+    BRISK_CHECK(master_weights || compute == DType::bf16,
+                "only bf16 training can do without fp32 master weights");
+  }
 
   DType compute_dtype() const { return compute_; }
   bool enabled() const { return compute_ != DType::f32; }
   bool uses_loss_scaling() const { return compute_ == DType::f16; }
+  bool has_master() const { return enabled() && master_weights_; }
 
   void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
   // Takes the model's freshly initialized or loaded weights as the master copy and rounds the
@@ -27,16 +33,18 @@ class MixedPrecision {
   void adopt_model_weights(Backend& be, const ParameterSet& params);
   // The float32 weights the optimizer updates and checkpoints save.
   const Tensor& master(const ParameterSet& params) const {
-    return enabled() ? master_ : params.flat_weights();
+    return has_master() ? master_ : params.flat_weights();
   }
-  // After an optimizer step: compute weights = master rounded to the 16-bit type.
-  void refresh_weights(Backend& be, const ParameterSet& params);
+  // After an optimizer step: compute weights = master rounded to the 16-bit type, or without a
+  // master copy the updated weights rounded stochastically to bf16 with the RNG at `key`.
+  void refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key);
 
   double loss_scale() const { return uses_loss_scaling() ? scaler_.scale() : 1.0; }
   DynamicLossScaler& scaler() { return scaler_; }
 
  private:
   DType compute_;
+  bool master_weights_;
   DynamicLossScaler scaler_;
   Tensor master_;
 };

@@ -57,6 +57,44 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
+// optimizer.safetensors: the optimizer's named state and its step count.
+void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::string& path) {
+  const auto state = optimizer.state();
+  std::vector<std::vector<uint8_t>> host(state.size());
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& t = state[i].second;
+    host[i].resize(t.bytes());
+    with_host_view(be, t, true, false,
+                   [&](const Tensor& h) { std::copy_n(h.as<uint8_t>(), h.bytes(), host[i].data()); });
+    out.emplace_back(state[i].first, Tensor(host[i].data(), t.shape(), t.dtype()));
+  }
+  int64_t step = optimizer.steps();
+  out.emplace_back("step", Tensor(&step, Shape{}, DType::i64));
+  write_safetensors(path, out);
+}
+
+void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optimizer) {
+  SafetensorsFile file(path);
+  for (const auto& [name, t] : optimizer.state()) {
+    const Tensor& src = file.get(name);
+    BRISK_CHECK(src.numel() == t.numel(), "'", path, "': ", name, " holds ", src.numel(),
+                " values; this run's ", optimizer.name(), " state has ", t.numel(),
+                " (another model or optim_args?)");
+    with_host_view(be, t, false, true, [&](const Tensor& h) {
+      if (h.dtype() == DType::f32) return copy_to_f32(src, h, name + " in " + path);
+      BRISK_CHECK(src.dtype() == h.dtype(), "'", path, "': ", name, " must be ",
+                  dtype_name(h.dtype()), ", not ", dtype_name(src.dtype()));
+      std::copy_n(src.as<uint8_t>(), src.bytes(), h.as<uint8_t>());
+    });
+  }
+  const Tensor& step = file.get("step");
+  BRISK_CHECK(step.dtype() == DType::i64 && step.numel() == 1, "'", path,
+              "': step must be one int64");
+  BRISK_CHECK(step.as<int64_t>()[0] >= 0, "'", path, "': step is negative");
+  optimizer.set_steps(step.as<int64_t>()[0]);
+}
+
 void count_file_written() {
   if (g_fail_after_files < 0) return;
   if (g_fail_after_files-- == 0) {
@@ -71,8 +109,8 @@ void fail_next_checkpoint_after_files_for_testing(int files) {
 }
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights, const AdamW& adamw, const Schedule& schedule,
-                            const TrainerState& state) {
+                            const Tensor& weights, const Optimizer& optimizer,
+                            const Schedule& schedule, const TrainerState& state) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -89,14 +127,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     count_file_written();
     write_json(tmp_dir / "config.json", model.config().source);
     count_file_written();
-    int64_t step = adamw.steps();
-    with_host_view(be, adamw.exp_avg(), true, false, [&](const Tensor& m) {
-      with_host_view(be, adamw.exp_avg_sq(), true, false, [&](const Tensor& v) {
-        write_safetensors(
-            (tmp_dir / "optimizer.safetensors").string(),
-            {{"exp_avg", m}, {"exp_avg_sq", v}, {"step", Tensor(&step, Shape{}, DType::i64)}});
-      });
-    });
+    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string());
     count_file_written();
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
@@ -137,24 +168,19 @@ uint64_t checkpoint_seed(const std::string& folder) {
   return j["seed"].get<uint64_t>();
 }
 
-void load_checkpoint(Backend& be, const std::string& folder, Model& model, AdamW& adamw,
-                     TrainerState& state) {
+void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
+                     Model& model, Optimizer& optimizer, TrainerState& state) {
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
   for (const char* f : kFiles)
     BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
   model.load_weights(be, SafetensorsFile((dir / "model.safetensors").string()));
-  SafetensorsFile opt((dir / "optimizer.safetensors").string());
-  with_host_view(be, adamw.exp_avg(), false, true, [&](const Tensor& m) {
-    copy_to_f32(opt.get("exp_avg"), m, "exp_avg in " + opt.path());
-  });
-  with_host_view(be, adamw.exp_avg_sq(), false, true, [&](const Tensor& v) {
-    copy_to_f32(opt.get("exp_avg_sq"), v, "exp_avg_sq in " + opt.path());
-  });
-  const Tensor& step = opt.get("step");
-  BRISK_CHECK(step.dtype() == DType::i64 && step.numel() == 1, "'", opt.path(),
-              "': step must be one int64");
-  adamw.set_steps(step.as<int64_t>()[0]);
+  const nlohmann::json args = read_json(dir / "training_args.json");
+  const std::string saved = args.value("optim", std::string("adamw_torch"));
+  BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,
+              "' holds the state of optimizer ", saved, "; this run uses ", options.optim,
+              " (resume with the same --optim)");
+  read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer);
   const nlohmann::json ts = read_json(dir / "trainer_state.json");
   try {
     state.global_step = ts.at("global_step").get<int64_t>();

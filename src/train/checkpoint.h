@@ -8,7 +8,7 @@
 #include <string>
 
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "train/options.h"
 #include "train/schedule.h"
 
@@ -29,12 +29,13 @@ struct TrainerState {
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights, const AdamW& adamw, const Schedule& schedule,
-                            const TrainerState& state);
+                            const Tensor& weights, const Optimizer& optimizer,
+                            const Schedule& schedule, const TrainerState& state);
 
-// Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named.
-void load_checkpoint(Backend& be, const std::string& folder, Model& model, AdamW& adamw,
-                     TrainerState& state);
+// Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
+// and so is a checkpoint of another optimizer than `options.optim`.
+void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
+                     Model& model, Optimizer& optimizer, TrainerState& state);
 
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
 // data order, synthetic data and dropout continue exactly as they would have.

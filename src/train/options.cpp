@@ -78,14 +78,26 @@ void validate_options(const TrainOptions& o) {
               o.save_total_limit);
   BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",
               o.dataloader_num_workers);
-  BRISK_CHECK(o.optim == "adamw_torch" || o.optim == "adamw_torch_fused", "unknown optim \"",
-              o.optim, "\" (valid: adamw_torch, adamw_torch_fused)");
+  make_optimizer(optimizer_config(o));  // refuses unknown names and bad optim_args
+  BRISK_CHECK(o.bf16_master_weights || o.bf16,
+              "--bf16_master_weights false applies to --bf16 training only");
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
               o.device, "\" (valid: cpu, cuda, auto)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
               "unknown synthetic_task \"", o.synthetic_task, "\" (valid: random, learnable)");
+}
+
+OptimizerConfig optimizer_config(const TrainOptions& o) {
+  OptimizerConfig c;
+  c.name = o.optim;
+  c.args = o.optim_args;
+  c.beta1 = o.adam_beta1;
+  c.beta2 = o.adam_beta2;
+  c.epsilon = o.adam_epsilon;
+  c.weight_decay = o.weight_decay;
+  return c;
 }
 
 Device resolve_device(const std::string& device) {

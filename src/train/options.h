@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "optim/optimizer.h"
 
 namespace brisk {
 
@@ -45,6 +46,8 @@ struct TrainOptions {
   int64_t dataloader_num_workers = 0;
   bool dataloader_pin_memory = true;
   std::string optim = "adamw_torch";
+  std::string optim_args;           // "key=value,..." for the optimizer (e.g. SGD's momentum)
+  bool bf16_master_weights = true;  // false: bf16 weights updated with stochastic rounding
   std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
   bool disable_tqdm = false;
 };
@@ -84,7 +87,16 @@ void visit_options(Options& o, Visitor&& v) {
   v("dataloader_num_workers", o.dataloader_num_workers,
     "0 = prepare batches inline; >= 1 = in a background thread");
   v("dataloader_pin_memory", o.dataloader_pin_memory, "page-locked batches (GPU only)");
-  v("optim", o.optim, "optimizer (adamw_torch, adamw_torch_fused)");
+  v("optim", o.optim,
+    "optimizer: adamw_torch (= adamw_torch_fused), adafactor, adamw_8bit (= adamw_bnb_8bit), "
+    "sgd");
+  v("optim_args", o.optim_args,
+    "optimizer settings as key=value,... (sgd: momentum, dampening, nesterov; adafactor: "
+    "scale_parameter, relative_step, warmup_init, beta1, clip_threshold, decay_rate; "
+    "adamw_8bit: min_8bit_size)");
+  v("bf16_master_weights", o.bf16_master_weights,
+    "with --bf16: keep fp32 master weights (true) or update the bf16 weights directly with "
+    "stochastic rounding (false, 4 bytes less per parameter)");
   v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
   v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
 }
@@ -95,6 +107,8 @@ void load_options_file(TrainOptions& o, const std::string& path);
 nlohmann::json options_to_json(const TrainOptions& o);
 // Refuses out-of-range and contradicting options with one message naming the problem.
 void validate_options(const TrainOptions& o);
+// The optimizer settings among the options.
+OptimizerConfig optimizer_config(const TrainOptions& o);
 // The device a run uses: auto becomes cuda when a usable GPU is present, else cpu.
 Device resolve_device(const std::string& device);
 

@@ -17,7 +17,7 @@
 #include "data/synthetic.h"
 #include "data/token_file.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/step_control.h"
 #include "precision/mixed_precision.h"
 #include "train/checkpoint.h"
@@ -89,8 +89,13 @@ struct Update {
   bool skipped = false;
 };
 
-Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& precision, double lr,
-                    double loss_scale, double max_grad_norm, int64_t step) {
+// The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
+// stay below 2^31).
+constexpr uint32_t kWeightRoundingSite = 0x80000000u;
+
+Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
+                    double lr, double loss_scale, double max_grad_norm, int64_t step,
+                    uint64_t seed) {
   const Tensor& grads = model.params().flat_grads();
   if (step == g_force_overflow_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
@@ -100,8 +105,10 @@ Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& pre
   be.sum_squares(grads,
                  Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
   be.decide_step(stats, loss_scale, max_grad_norm, control);
-  adamw.step(be, precision.master(model.params()), grads, control, static_cast<float>(lr));
-  precision.refresh_weights(be, model.params());  // unchanged master on a skip: a no-op
+  optimizer.step(be, precision.master(model.params()), grads, control, static_cast<float>(lr));
+  // On a skip the weights are unchanged, and rounding them again changes nothing.
+  precision.refresh_weights(be, model.params(),
+                            RngKey{seed, static_cast<uint64_t>(step), kWeightRoundingSite});
   const auto [loss_sum, sumsq] = model.read_step_stats(be);
   Update u;
   u.loss_sum = loss_sum;
@@ -111,7 +118,7 @@ Update apply_update(Backend& be, Model& model, AdamW& adamw, MixedPrecision& pre
               std::isfinite(loss_sum) ? sumsq : loss_sum, " at step ", step + 1,
               "; stopping (lower the learning rate or check the data)");
   if (u.skipped)
-    adamw.undo_step();
+    optimizer.undo_step();
   else
     u.grad_norm = std::sqrt(sumsq) / loss_scale;
   if (precision.uses_loss_scaling()) precision.scaler().update(u.skipped);
@@ -166,7 +173,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
                            config.model_type == ModelType::gpt2};
   DataLoader loader(*data, layout, o.seed, o.dataloader_num_workers > 0);
 
-  MixedPrecision precision(o.bf16 ? DType::bf16 : o.fp16 ? DType::f16 : DType::f32);
+  MixedPrecision precision(o.bf16 ? DType::bf16 : o.fp16 ? DType::f16 : DType::f32,
+                           o.bf16_master_weights);
   MemoryPlan plan;
   model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype(), device});
   BufferBinder binder;
@@ -177,9 +185,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
                                                           : DType::f32);
   be->set_tf32(o.tf32);
   be->plan_workspace(plan, binder, model->max_matmul_operand());
-  AdamW adamw({static_cast<float>(o.adam_beta1), static_cast<float>(o.adam_beta2),
-               static_cast<float>(o.adam_epsilon), static_cast<float>(o.weight_decay)});
-  adamw.plan(plan, binder, model->params());
+  const std::unique_ptr<Optimizer> optimizer = make_optimizer(optimizer_config(o));
+  optimizer->plan(plan, binder, model->params());
   loader.plan(plan, binder);
   plan.finalize();
 
@@ -191,12 +198,12 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   Arena arena(plan, be->device_memory(), be->staging_memory());
   model->bind(arena);
   binder.bind(arena);
-  adamw.reset(*be);
+  optimizer->reset(*be);
 
   TrainerState state;
   const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
   if (!o.resume_from_checkpoint.empty()) {
-    load_checkpoint(*be, o.resume_from_checkpoint, *model, adamw, state);
+    load_checkpoint(*be, o.resume_from_checkpoint, o, *model, *optimizer, state);
   } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
     model->load_weights(*be, SafetensorsFile(weights));
   } else {
@@ -249,9 +256,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       ++state.micro_batches;
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
-    const double lr = o.learning_rate * schedule.factor(adamw.steps());
-    const Update update =
-        apply_update(*be, *model, adamw, precision, lr, loss_scale, o.max_grad_norm, step);
+    const double lr = o.learning_rate * schedule.factor(optimizer->steps());
+    const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
+                                       o.max_grad_norm, step, o.seed);
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
@@ -270,8 +277,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     }
     if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
         state.global_step == total_steps)
-      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()), adamw,
-                                          schedule, state);
+      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
+                                          *optimizer, schedule, state);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
   void cast(const Tensor& src, const Tensor& dst) override;
   void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
   using Backend::round_to;
+  void stochastic_round(DType dtype, const Tensor& t, const RngKey& key) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,
@@ -71,6 +72,9 @@ class CpuBackend final : public Backend {
   void decide_step(const Tensor& stats, double loss_scale, double max_norm,
                    const Tensor& control) override;
   void adamw_update(const AdamWUpdate& u) override;
+  void sgd_update(const SgdUpdate& u) override;
+  void adafactor_update(const AdafactorUpdate& u) override;
+  void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
   // Row-major C = op(A) op(B) (+ C when accumulate), by OpenBLAS or, in bf16 mode, oneDNN.
@@ -82,6 +86,24 @@ class CpuBackend final : public Backend {
 
 // Checks shared by the CPU kernels.
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
+// Calls fn(begin, end, decayed) for the consecutive element ranges [0, n) splits into by the
+// sorted decay ranges (int64 [R,2], see AdamWUpdate), alternating undecayed gaps and ranges.
+// A template, so that the loop allocates nothing.
+template <typename Fn>
+void for_each_decay_range(const Tensor& ranges, int64_t n, Fn&& fn) {
+  BRISK_CHECK(ranges.dtype() == DType::i64 && ranges.rank() == 2 && ranges.dim(1) == 2,
+              "decay ranges must be int64 [R,2]");
+  const int64_t* r = ranges.as<int64_t>();
+  int64_t at = 0;
+  for (int64_t i = 0; i < ranges.dim(0); ++i) {
+    const int64_t begin = r[2 * i], end = r[2 * i + 1];
+    BRISK_CHECK(begin >= at && end >= begin && end <= n, "decay ranges are unsorted");
+    fn(at, begin, false);
+    fn(begin, end, true);
+    at = end;
+  }
+  fn(at, n, false);
+}
 // Rows and columns of a tensor seen as a matrix over its last dimension.
 inline int64_t cols_of(const Tensor& t) {
   return t.rank() ? t.dim(-1) : 1;

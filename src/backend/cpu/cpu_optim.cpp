@@ -1,5 +1,5 @@
 // The optimizer step on the CPU: the gradient sum of squares, the skip/clip decision and AdamW
-// over the flat buffers.
+// over the flat buffers (the other optimizers: cpu_optim_lowmem.cpp).
 #include <cmath>
 #include <cstring>
 
@@ -41,9 +41,6 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
   BRISK_CHECK(u.weights.dtype() == DType::f32 && u.grads.numel() == n && u.exp_avg.numel() == n &&
                   u.exp_avg_sq.numel() == n,
               "adamw_update: weights, gradients and moments must be float32 of equal size");
-  BRISK_CHECK(u.decay_ranges.dtype() == DType::i64 && u.decay_ranges.rank() == 2 &&
-                  u.decay_ranges.dim(1) == 2,
-              "adamw_update: decay ranges must be int64 [R,2]");
   expect(u.control, DType::f32, Shape{kControlSize}, "adamw_update control");
   const float* control = u.control.f32();
   if (control[kControlSkip] != 0.0f) return;
@@ -68,18 +65,10 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
       w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
     }
   };
-  // Alternate undecayed gaps and decayed ranges over the whole buffer.
-  const int64_t* r = u.decay_ranges.as<int64_t>();
   const float decay = 1.0f - u.lr * u.weight_decay;
-  int64_t at = 0;
-  for (int64_t i = 0; i < u.decay_ranges.dim(0); ++i) {
-    const int64_t begin = r[2 * i], end = r[2 * i + 1];
-    BRISK_CHECK(begin >= at && end >= begin && end <= n, "adamw_update: decay ranges unsorted");
-    update(at, begin, 1.0f);
-    update(begin, end, decay);
-    at = end;
-  }
-  update(at, n, 1.0f);
+  for_each_decay_range(u.decay_ranges, n, [&](int64_t begin, int64_t end, bool decayed) {
+    update(begin, end, decayed ? decay : 1.0f);
+  });
 }
 
 }  // namespace brisk

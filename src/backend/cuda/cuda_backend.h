@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
   void cast(const Tensor& src, const Tensor& dst) override;
   void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
   using Backend::round_to;
+  void stochastic_round(DType dtype, const Tensor& t, const RngKey& key) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,
@@ -100,6 +101,9 @@ class CudaBackend final : public Backend {
   void decide_step(const Tensor& stats, double loss_scale, double max_norm,
                    const Tensor& control) override;
   void adamw_update(const AdamWUpdate& u) override;
+  void sgd_update(const SgdUpdate& u) override;
+  void adafactor_update(const AdafactorUpdate& u) override;
+  void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
   // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C; with

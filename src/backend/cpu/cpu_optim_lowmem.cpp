@@ -1,0 +1,248 @@
+// SGD, Adafactor and 8-bit AdamW on the CPU, and stochastic rounding of bf16 weights.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "optim/quantization.h"
+#include "optim/step_control.h"
+
+namespace brisk {
+
+namespace {
+// The gradient multiplier from the step decision, or nothing when the step is skipped.
+bool read_control(const Tensor& control, const char* op, float* multiplier) {
+  BRISK_CHECK(control.dtype() == DType::f32 && control.numel() == kControlSize, op,
+              ": control must be float32 [", kControlSize, "]");
+  *multiplier = control.f32()[kControlMultiplier];
+  return control.f32()[kControlSkip] == 0.0f;
+}
+
+void check_flat(const Tensor& t, int64_t n, const char* op, const char* what) {
+  BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == n, op, ": ", what, " must be float32 [", n,
+              "], got ", dtype_name(t.dtype()), " ", t.shape().str());
+}
+
+void check_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {
+  BRISK_CHECK(slots != nullptr, op, ": no parameter slots");
+  for (const ParamSlot& s : *slots)
+    BRISK_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n &&
+                    s.rows * s.cols == s.numel,
+                op, ": a parameter slot lies outside the flat buffers");
+}
+}  // namespace
+
+void CpuBackend::sgd_update(const SgdUpdate& u) {
+  const int64_t n = u.weights.numel();
+  check_flat(u.weights, n, "sgd_update", "weights");
+  check_flat(u.grads, n, "sgd_update", "gradients");
+  const bool momentum = !u.momentum_buffer.empty();
+  if (momentum) check_flat(u.momentum_buffer, n, "sgd_update", "the momentum buffer");
+  float multiplier = 0;
+  if (!read_control(u.control, "sgd_update", &multiplier)) return;
+  float* __restrict w = u.weights.f32();
+  const float* __restrict g = u.grads.f32();
+  float* __restrict buf = momentum ? u.momentum_buffer.f32() : nullptr;
+  const float lr = u.lr, mu = u.momentum, keep = 1.0f - u.dampening;
+  const bool first = u.first_step, nesterov = u.nesterov;
+  for_each_decay_range(u.decay_ranges, n, [&](int64_t begin, int64_t end, bool decayed) {
+    const float wd = decayed ? u.weight_decay : 0.0f;
+#pragma omp parallel for simd schedule(static) if (end - begin > 32768)
+    for (int64_t i = begin; i < end; ++i) {
+      float d = g[i] * multiplier + wd * w[i];
+      if (buf) {
+        const float b = first ? d : mu * buf[i] + keep * d;
+        buf[i] = b;
+        d = nesterov ? d + mu * b : b;
+      }
+      w[i] -= lr * d;
+    }
+  });
+}
+
+void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
+  const int64_t n = u.weights.numel();
+  check_flat(u.weights, n, "adafactor_update", "weights");
+  check_flat(u.grads, n, "adafactor_update", "gradients");
+  check_slots(u.slots, n, "adafactor_update");
+  const bool first_moment = !u.exp_avg.empty();
+  if (first_moment) check_flat(u.exp_avg, n, "adafactor_update", "exp_avg");
+  BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
+  float multiplier = 0;
+  if (!read_control(u.control, "adafactor_update", &multiplier)) return;
+  const float b2 = u.beta2t, eps1 = u.eps1;
+  for (const ParamSlot& s : *u.slots) {
+    const int64_t R = s.rows, C = s.cols, len = s.numel;
+    const int64_t state_len = s.factored ? R + C : len;
+    BRISK_CHECK(s.state >= 0 && s.state + state_len <= u.second_moment.numel(),
+                "adafactor_update: a slot's state lies outside the state buffer");
+    if (len == 0) continue;
+    float* __restrict w = u.weights.f32() + s.offset;
+    const float* __restrict g = u.grads.f32() + s.offset;
+    float* __restrict v = u.second_moment.f32() + s.state;
+    float* __restrict m = first_moment ? u.exp_avg.f32() + s.offset : nullptr;
+    const bool par = len > 32768;
+    double step = u.step_size;
+    if (u.scale_parameter) {  // the parameter's RMS before this update
+      double sq = 0;
+#pragma omp parallel for simd reduction(+ : sq) schedule(static) if (par)
+      for (int64_t i = 0; i < len; ++i) sq += static_cast<double>(w[i]) * w[i];
+      step *= std::max(static_cast<double>(u.eps2), std::sqrt(sq / static_cast<double>(len)));
+    }
+    // The update before clipping and scaling is g * scale(i) for a per-element factor.
+    double update_sq = 0;
+    double row_mean = 1;
+    if (s.factored) {
+      float* __restrict row = v;
+      float* __restrict col = v + R;
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t r = 0; r < R; ++r) {
+        double acc = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const float gi = g[r * C + c] * multiplier;
+          acc += static_cast<double>(gi * gi + eps1);
+        }
+        row[r] = b2 * row[r] + (1.0f - b2) * static_cast<float>(acc / C);
+      }
+      constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+        const int64_t c1 = std::min(C, c0 + kCols);
+        double acc[kCols] = {};
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = c0; c < c1; ++c) {
+            const float gi = g[r * C + c] * multiplier;
+            acc[c - c0] += static_cast<double>(gi * gi + eps1);
+          }
+        for (int64_t c = c0; c < c1; ++c)
+          col[c] = b2 * col[c] + (1.0f - b2) * static_cast<float>(acc[c - c0] / R);
+      }
+      double sum = 0;
+      for (int64_t r = 0; r < R; ++r) sum += row[r];
+      row_mean = sum / static_cast<double>(R);
+    } else {
+#pragma omp parallel for simd schedule(static) if (par)
+      for (int64_t i = 0; i < len; ++i) {
+        const float gi = g[i] * multiplier;
+        v[i] = b2 * v[i] + (1.0f - b2) * (gi * gi + eps1);
+      }
+    }
+    const float rm = static_cast<float>(row_mean);
+    // Element i's unclipped update.
+    auto raw = [&](int64_t i) {
+      const float gi = g[i] * multiplier;
+      if (!s.factored) return gi / std::sqrt(v[i]);
+      const int64_t r = i / C, c = i - r * C;
+      return gi / std::sqrt(v[r] / rm) / std::sqrt(v[R + c]);
+    };
+#pragma omp parallel for reduction(+ : update_sq) schedule(static) if (par)
+    for (int64_t i = 0; i < len; ++i) {
+      const double x = raw(i);
+      update_sq += x * x;
+    }
+    const double rms = std::sqrt(update_sq / static_cast<double>(len));
+    const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
+    const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
+    const float b1 = u.beta1;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t i = 0; i < len; ++i) {
+      float x = raw(i) * scale;
+      if (m) {
+        m[i] = b1 * m[i] + (1.0f - b1) * x;
+        x = m[i];
+      }
+      w[i] = (w[i] - decay * w[i]) - x;
+    }
+  }
+}
+
+void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
+  const int64_t n = u.weights.numel();
+  check_flat(u.weights, n, "adamw_8bit_update", "weights");
+  check_flat(u.grads, n, "adamw_8bit_update", "gradients");
+  check_slots(u.slots, n, "adamw_8bit_update");
+  BRISK_CHECK(u.qmap_signed.numel() == 256 && u.qmap_unsigned.numel() == 256 &&
+                  u.qmap_signed.dtype() == DType::f32 && u.qmap_unsigned.dtype() == DType::f32,
+              "adamw_8bit_update: quantization maps must be float32 [256]");
+  BRISK_CHECK(u.exp_avg8.dtype() == DType::u8 && u.exp_avg_sq8.dtype() == DType::u8 &&
+                  u.exp_avg8.numel() == u.exp_avg_sq8.numel() &&
+                  u.absmax1.numel() == u.absmax2.numel() &&
+                  u.exp_avg32.numel() == u.exp_avg_sq32.numel(),
+              "adamw_8bit_update: state buffers do not pair up");
+  float multiplier = 0;
+  if (!read_control(u.control, "adamw_8bit_update", &multiplier)) return;
+  const float b1 = u.beta1, b2 = u.beta2, eps = u.eps;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(u.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(u.step));
+  const float step_size = static_cast<float>(u.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float* qs = u.qmap_signed.f32();
+  const float* qu = u.qmap_unsigned.f32();
+  for (const ParamSlot& s : *u.slots) {
+    float* __restrict w = u.weights.f32() + s.offset;
+    const float* __restrict g = u.grads.f32() + s.offset;
+    const float decay = s.decay ? 1.0f - u.lr * u.weight_decay : 1.0f;
+    const int64_t len = s.numel;
+    if (s.blocks < 0) {  // 32-bit state: AdamW as adamw_update computes it
+      BRISK_CHECK(s.state >= 0 && s.state + len <= u.exp_avg32.numel(),
+                  "adamw_8bit_update: a slot's 32-bit state lies outside its buffer");
+      float* __restrict m = u.exp_avg32.f32() + s.state;
+      float* __restrict v = u.exp_avg_sq32.f32() + s.state;
+#pragma omp parallel for simd schedule(static) if (len > 32768)
+      for (int64_t i = 0; i < len; ++i) {
+        const float gi = g[i] * multiplier;
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        w[i] = w[i] * decay - step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+      }
+      continue;
+    }
+    const int64_t blocks = (len + kQuantBlock - 1) / kQuantBlock;
+    BRISK_CHECK(s.state >= 0 && s.state + len <= u.exp_avg8.numel() &&
+                    s.blocks + blocks <= u.absmax1.numel(),
+                "adamw_8bit_update: a slot's 8-bit state lies outside its buffers");
+    uint8_t* __restrict c1 = u.exp_avg8.as<uint8_t>() + s.state;
+    uint8_t* __restrict c2 = u.exp_avg_sq8.as<uint8_t>() + s.state;
+    float* __restrict a1 = u.absmax1.f32() + s.blocks;
+    float* __restrict a2 = u.absmax2.f32() + s.blocks;
+#pragma omp parallel for schedule(static) if (blocks > 16)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kQuantBlock, count = std::min(kQuantBlock, len - begin);
+      float m[kQuantBlock], v[kQuantBlock];
+      float max1 = 0, max2 = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t i = begin + j;
+        const float gi = g[i] * multiplier;
+        m[j] = b1 * (qs[c1[i]] * a1[b]) + (1.0f - b1) * gi;
+        v[j] = b2 * (qu[c2[i]] * a2[b]) + (1.0f - b2) * gi * gi;
+        w[i] = w[i] * decay - step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
+        max1 = std::max(max1, std::fabs(m[j]));
+        max2 = std::max(max2, v[j]);
+      }
+      a1[b] = max1;
+      a2[b] = max2;
+      const float inv1 = max1 > 0 ? 1.0f / max1 : 0.0f, inv2 = max2 > 0 ? 1.0f / max2 : 0.0f;
+      for (int64_t j = 0; j < count; ++j) {
+        c1[begin + j] = quantize_nearest(qs, m[j] * inv1);
+        c2[begin + j] = quantize_nearest(qu, v[j] * inv2);
+      }
+    }
+  }
+}
+
+void CpuBackend::stochastic_round(DType dtype, const Tensor& t, const RngKey& key) {
+  BRISK_CHECK(dtype == DType::bf16, "stochastic_round: only bf16 is supported, not ",
+              dtype_name(dtype));
+  BRISK_CHECK(t.dtype() == DType::f32, "stochastic_round: float32 tensor expected");
+  float* x = t.f32();
+  const int64_t n = t.numel();
+  constexpr int64_t kChunk = 4 * kPhiloxLanes;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t c = 0; c < n; c += kChunk) {
+    uint32_t words[kChunk];
+    rng_blocks(key, static_cast<uint64_t>(c / 4), words);
+    const int64_t end = std::min(n, c + kChunk);
+    for (int64_t i = c; i < end; ++i) x[i] = stochastic_round_bf16(x[i], words[i - c]);
+  }
+}
+
+}  // namespace brisk

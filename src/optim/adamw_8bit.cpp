@@ -1,0 +1,106 @@
+// 8-bit AdamW (--optim adamw_8bit or adamw_bnb_8bit), as bitsandbytes' block-wise 8-bit AdamW
+// under transformers' Trainer: both moments of a parameter with at least min_8bit_size (4096)
+// elements are 8-bit codes into the dynamic quantization map (signed for the first moment,
+// unsigned for the second) with one float32 absolute maximum per block of 256 values; smaller
+// parameters and embedding tables (Trainer registers nn.Embedding weights for 32-bit state) keep
+// float32 moments. The arithmetic is the backend's adamw_8bit_update.
+#include "optim/optimizer.h"
+#include "optim/quantization.h"
+
+namespace brisk {
+
+namespace {
+class AdamW8bit final : public Optimizer {
+ public:
+  AdamW8bit(const OptimizerConfig& c, int64_t min_8bit_size)
+      : beta1_(static_cast<float>(c.beta1)),
+        beta2_(static_cast<float>(c.beta2)),
+        eps_(static_cast<float>(c.epsilon)),
+        wd_(static_cast<float>(c.weight_decay)),
+        min_8bit_size_(min_8bit_size) {}
+  std::string name() const override { return "adamw_8bit"; }
+  void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override {
+    slots_ = param_slots(params);
+    int64_t n8 = 0, n32 = 0, blocks = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      ParamSlot& s = slots_[i];
+      if (s.numel >= min_8bit_size_ && !params.list()[i].embedding) {
+        s.state = n8;
+        s.blocks = blocks;
+        n8 += s.numel;
+        blocks += (s.numel + kQuantBlock - 1) / kQuantBlock;
+      } else {
+        s.state = n32;
+        s.blocks = -1;
+        n32 += s.numel;
+      }
+    }
+    const Category c = Category::optimizer_state;
+    binder.declare(plan, &codes1_, "adamw_8bit.exp_avg_codes", c, DType::u8, Shape{n8});
+    binder.declare(plan, &codes2_, "adamw_8bit.exp_avg_sq_codes", c, DType::u8, Shape{n8});
+    binder.declare(plan, &absmax1_, "adamw_8bit.exp_avg_absmax", c, DType::f32, Shape{blocks});
+    binder.declare(plan, &absmax2_, "adamw_8bit.exp_avg_sq_absmax", c, DType::f32, Shape{blocks});
+    binder.declare(plan, &m32_, "adamw_8bit.exp_avg_32bit", c, DType::f32, Shape{n32});
+    binder.declare(plan, &v32_, "adamw_8bit.exp_avg_sq_32bit", c, DType::f32, Shape{n32});
+    binder.declare(plan, &qmaps_, "adamw_8bit.quant_maps", c, DType::f32, Shape{2, 256});
+  }
+  void reset(Backend& be) override {
+    // Zero absolute maxima make every code dequantize to zero.
+    for (const Tensor* t : {&absmax1_, &absmax2_, &m32_, &v32_}) be.fill(*t, 0.0f);
+    for (const Tensor* t : {&codes1_, &codes2_})
+      with_host_view(be, *t, false, true,
+                     [](const Tensor& h) { std::fill_n(h.as<uint8_t>(), h.numel(), 0); });
+    with_host_view(be, qmaps_, false, true, [](const Tensor& h) {
+      const auto s = dynamic_quant_map(true), u = dynamic_quant_map(false);
+      std::copy(s.begin(), s.end(), h.f32());
+      std::copy(u.begin(), u.end(), h.f32() + 256);
+    });
+    step_ = 0;
+  }
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    return {{"exp_avg_codes", codes1_},   {"exp_avg_sq_codes", codes2_},
+            {"exp_avg_absmax", absmax1_}, {"exp_avg_sq_absmax", absmax2_},
+            {"exp_avg_32bit", m32_},      {"exp_avg_sq_32bit", v32_}};
+  }
+
+ protected:
+  void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
+              float lr) override {
+    AdamW8bitUpdate u;
+    u.weights = weights;
+    u.grads = grads;
+    u.control = control;
+    u.exp_avg32 = m32_;
+    u.exp_avg_sq32 = v32_;
+    u.exp_avg8 = codes1_;
+    u.exp_avg_sq8 = codes2_;
+    u.absmax1 = absmax1_;
+    u.absmax2 = absmax2_;
+    u.qmap_signed = Tensor(qmaps_.f32(), Shape{256}, DType::f32, qmaps_.device());
+    u.qmap_unsigned = Tensor(qmaps_.f32() + 256, Shape{256}, DType::f32, qmaps_.device());
+    u.slots = &slots_;
+    u.lr = lr;
+    u.beta1 = beta1_;
+    u.beta2 = beta2_;
+    u.eps = eps_;
+    u.weight_decay = wd_;
+    u.step = step_;
+    be.adamw_8bit_update(u);
+  }
+
+ private:
+  float beta1_, beta2_, eps_, wd_;
+  int64_t min_8bit_size_;
+  std::vector<ParamSlot> slots_;
+  Tensor codes1_, codes2_, absmax1_, absmax2_, m32_, v32_, qmaps_;
+};
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw_8bit(const OptimizerConfig& config, OptimArgs& args) {
+  const double min_size = args.number("min_8bit_size", 4096);
+  BRISK_CHECK(min_size >= 1 && min_size == static_cast<int64_t>(min_size),
+              "optim_args: min_8bit_size must be a positive whole number, got ", min_size);
+  return std::make_unique<AdamW8bit>(config, static_cast<int64_t>(min_size));
+}
+
+}  // namespace brisk

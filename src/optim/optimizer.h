@@ -1,0 +1,98 @@
+// The optimizers brisk offers under --optim (transformers' names), behind one interface that the
+// trainer, checkpoints and `brisk estimate` use: state declared in the memory plan, one update
+// over the flat parameter and gradient buffers (a backend op reading the step decision from
+// device memory), and named state for checkpoints.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+#include "models/parameters.h"
+
+namespace brisk {
+
+// What an optimizer is built from: --optim, --optim_args ("key=value,key=value") and the
+// TrainingArguments it shares with AdamW.
+struct OptimizerConfig {
+  std::string name = "adamw_torch";
+  std::string args;
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;  // adam_beta1, adam_beta2, adam_epsilon
+  double weight_decay = 0;                            // on the parameters that take it
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // The canonical name (aliases resolved): adamw_torch, adafactor, adamw_8bit or sgd.
+  virtual std::string name() const = 0;
+  // Declares the state (category optimizer_state) and the optimizer's tables.
+  virtual void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) = 0;
+  // Zero state, step 0, tables filled (after the arena is bound).
+  virtual void reset(Backend& be) = 0;
+  // Updates `weights` (the flat float32 weights the optimizer owns: the model's, or the fp32
+  // master copy) from control[kControlMultiplier] * `grads`, unless control[kControlSkip] is set
+  // (optim/step_control.h). Counts the step either way; a skipped step is taken back with
+  // undo_step once the host knows of it. `lr` is the scheduled learning rate.
+  void step(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
+            float lr) {
+    ++step_;
+    update(be, weights, grads, control, lr);
+  }
+  void undo_step() { --step_; }
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t steps) { step_ = steps; }
+  // The state a checkpoint saves and restores bit for bit, by name (tables that reset rebuilds
+  // are not part of it).
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+
+ protected:
+  virtual void update(Backend& be, const Tensor& weights, const Tensor& grads,
+                      const Tensor& control, float lr) = 0;
+  int64_t step_ = 0;
+};
+
+// The optimizer --optim names; refuses an unknown name (listing the valid ones), unknown or
+// malformed optim_args and contradicting settings, each with one message.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config);
+// The name an --optim value stands for (adamw_torch_fused -> adamw_torch,
+// adamw_bnb_8bit -> adamw_8bit); throws on an unknown name.
+std::string canonical_optimizer_name(const std::string& name);
+inline constexpr const char* kOptimizerNames =
+    "adamw_torch, adamw_torch_fused, adafactor, adamw_8bit, adamw_bnb_8bit, sgd";
+
+// --optim_args as "key=value" pairs separated by commas; each optimizer takes the keys it knows
+// and `finish` refuses the rest.
+class OptimArgs {
+ public:
+  OptimArgs(const std::string& text, std::string optimizer);
+  double number(const std::string& key, double fallback);
+  bool flag(const std::string& key, bool fallback);
+  // Throws naming the first key no one took.
+  void finish() const;
+
+ private:
+  std::string optimizer_;
+  std::map<std::string, std::string> values_;
+};
+
+// Helpers for the implementations.
+// Maximal runs of consecutive parameters that take weight decay, as [begin, end) pairs.
+std::vector<int64_t> decay_ranges(const ParameterSet& params);
+// One slot per parameter (offset, size, matrix view, decay); state and blocks left for the
+// optimizer to fill.
+std::vector<ParamSlot> param_slots(const ParameterSet& params);
+// Declares the decay table as an int64 [R,2] buffer and fills it in reset (fill_decay_ranges).
+void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,
+                          Tensor* view, const std::string& name);
+void fill_decay_ranges(Backend& be, const ParameterSet& params, const Tensor& table);
+
+std::unique_ptr<Optimizer> make_sgd(const OptimizerConfig& config, OptimArgs& args);
+std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& config, OptimArgs& args);
+std::unique_ptr<Optimizer> make_adamw_8bit(const OptimizerConfig& config, OptimArgs& args);
+
+}  // namespace brisk
