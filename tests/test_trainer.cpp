@@ -199,6 +199,70 @@ TEST(Trainer, TinyModelsLearnTheLearnableTask) {
   }
 }
 
+// Each optimizer of --optim trains both tiny models on the learnable task, and resuming from
+// a checkpoint (its state saved and restored) equals the uninterrupted run. 8-bit AdamW is run
+// with min_8bit_size 256 so that the tiny models' matrices get 8-bit state.
+struct OptimCase {
+  std::string optim, args;
+  double lr;
+};
+const OptimCase kOptimCases[] = {{"adafactor", "", 1e-2},
+                                 // scale_parameter: steps relative to the weights RMS (~0.02)
+                                 {"adafactor", "beta1=0.9,scale_parameter=true", 0.5},
+                                 {"adamw_8bit", "min_8bit_size=256", 3e-3},
+                                 {"sgd", "momentum=0.9,nesterov=true", 0.1}};
+
+TEST(Trainer, EveryOptimizerLearnsTheLearnableTask) {
+  TempDir dir("learn_optim");
+  for (const OptimCase& c : kOptimCases)
+    for (const std::string type : {"bert", "gpt2"}) {
+      const std::string tag = type + "_" + c.optim + "_" + c.args;
+      TrainOptions o = tiny_options(write_config(dir, type, 0.0), dir / tag);
+      o.synthetic_task = "learnable";
+      o.seq_len = 16;
+      o.dataset_size = 256;
+      o.max_steps = 150;
+      o.logging_steps = 50;
+      o.per_device_train_batch_size = 8;
+      o.optim = c.optim;
+      o.optim_args = c.args;
+      o.learning_rate = c.lr;
+      o.weight_decay = 0.01;
+      const Result r = run(o);
+      const double chance = type == "bert" ? std::log(2.0) : std::log(28.0);
+      EXPECT_LT(r.losses.back(), 0.5 * chance) << tag;
+    }
+}
+
+TEST(Trainer, ResumeEqualsTheUninterruptedRunWithEveryOptimizer) {
+  TempDir dir("resume_optim");
+  const std::string model = write_config(dir, "gpt2", 0.1);
+  for (const OptimCase& c : kOptimCases) {
+    const std::string tag = c.optim + "_" + c.args;
+    TrainOptions straight = tiny_options(model, dir / (tag + "_straight"));
+    straight.max_steps = 6;
+    straight.save_steps = 3;
+    straight.optim = c.optim;
+    straight.optim_args = c.args;
+    straight.learning_rate = c.lr;
+    straight.weight_decay = 0.01;
+    const Result a = run(straight);
+    TrainOptions resumed = straight;
+    resumed.output_dir = dir / (tag + "_resumed");
+    resumed.resume_from_checkpoint = straight.output_dir + "/checkpoint-3";
+    const Result b = run(resumed);
+    ASSERT_EQ(b.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[3 + i], b.losses[i]) << tag << " step " << 4 + i;
+    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << tag;
+    // Resuming with another optimizer is refused, naming both.
+    TrainOptions other = resumed;
+    other.output_dir = dir / (tag + "_other");
+    other.optim = c.optim == "sgd" ? "adamw_torch" : "sgd";
+    other.optim_args = "";
+    expect_error([&] { run(other); }, "holds the state of optimizer " + c.optim);
+  }
+}
+
 TEST(Trainer, SchedulesFollowTransformers) {
   const Schedule linear{"linear", 2, 10}, cosine{"cosine", 2, 10}, constant{"constant", 2, 10},
       warm{"constant_with_warmup", 2, 10};
@@ -240,6 +304,10 @@ TEST(Trainer, RefusesBadOptions) {
   refused([](TrainOptions& o) { o.warmup_steps = 2, o.warmup_ratio = 0.1; },
           "warmup_steps and warmup_ratio contradict");
   refused([](TrainOptions& o) { o.optim = "adam_sgd"; }, "unknown optim \"adam_sgd\"");
+  refused([](TrainOptions& o) { o.optim = "sgd", o.optim_args = "momentum=0.9,nesterov=yes"; },
+          "nesterov must be true or false");
+  refused([](TrainOptions& o) { o.bf16_master_weights = false; },
+          "--bf16_master_weights false applies to --bf16 training only");
   refused([](TrainOptions& o) { o.device = "tpu"; }, "unknown device");
   refused([](TrainOptions& o) { o.weight_decay = -1; }, "weight_decay must not be negative");
   refused([](TrainOptions& o) { o.adam_beta1 = 1.0; }, "adam_beta1 must lie in [0, 1)");
