@@ -100,6 +100,36 @@ TEST(Cli, EstimatePrintsThePlanByCategory) {
   expect_refused("estimate --fp16 --bf16", "contradict");
 }
 
+// The optimizer-state line of `brisk estimate`, in MiB.
+double optimizer_state_mib(const std::string& args) {
+  const CliRun r = run_brisk("estimate --model bert-large-uncased " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.out.find("optimizer_state");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << r.out;
+    return 0;
+  }
+  return std::stod(r.out.substr(at + 15));
+}
+
+TEST(Cli, EstimatePlansEachOptimizersState) {
+  const double adamw = optimizer_state_mib("");
+  EXPECT_NEAR(adamw, 2556.9, 0.1);
+  // 8-bit AdamW: 2 bytes per parameter plus block maxima, but 8 for the 31.8M embedding values
+  // (and for the ~0.2M values of biases and LayerNorms, the 2 MiB margin).
+  EXPECT_NEAR(optimizer_state_mib("--optim adamw_bnb_8bit"),
+              (2 * (335143938.0 - 31782912) * (1 + 4.0 / 256) + 8 * 31782912 + 2048) / (1 << 20),
+              2.0);
+  EXPECT_LT(optimizer_state_mib("--optim adafactor"), 0.005 * adamw);
+  EXPECT_NEAR(optimizer_state_mib("--optim sgd --optim_args momentum=0.9"), adamw / 2, 0.1);
+  const CliRun direct = run_brisk("estimate --model gpt2 --bf16 --bf16_master_weights false");
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;
+  EXPECT_NE(direct.out.find("without master weights"), std::string::npos) << direct.out;
+  EXPECT_NE(direct.out.find("master_weights        0.0 MiB"), std::string::npos) << direct.out;
+  expect_refused("estimate --optim adam", "unknown optim \"adam\"");
+  expect_refused("estimate --bf16_master_weights false", "applies to --bf16 training only");
+}
+
 TEST(Cli, BadInputEndsWithOneClearMessage) {
   const std::string bad = fixture("bad/");
   const std::string bert = fixture("bert_tiny/");
@@ -127,6 +157,10 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused("train --model nonexistent-model", "neither a built-in config");
   expect_refused("train --fp16 --bf16", "contradict each other");
   expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
+  expect_refused("train --optim adam",
+                 "unknown optim \"adam\" (valid: adamw_torch, adamw_torch_fused, adafactor");
+  expect_refused("train --optim sgd --optim_args momentum=0.9,nesterov=yes",
+                 "nesterov must be true or false");
   if (!cuda_available()) expect_refused("train --device cuda --max_steps 1", "--device cuda:");
   expect_refused("train --options_file " + bad + "not_json.json", "not valid JSON");
 }
