@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """CPU benchmark: the same small BERT trained by brisk and by PyTorch eager + transformers'
-Trainer on this machine, same batch, steps, sequence length and precision; prints samples/s and
-peak process memory side by side.
+Trainer on this machine, same batch, steps, sequence length, precision and optimizer; prints
+samples/s, optimizer-state bytes and peak process memory side by side. Rows: fp32 and bf16 with
+AdamW, then one per optimizer (adafactor, adamw_8bit = bitsandbytes' AdamW 8-bit on the
+PyTorch side, sgd with momentum), and bf16 without master weights (brisk only: Trainer has no
+such option).
 
 Run (after scripts/build.sh and scripts/setup_python.sh):
-    .venv/bin/python bench/cpu_bert.py [--steps 30] [--batch 8] [--seq 128]
+    .venv/bin/python bench/cpu_bert.py [--steps 30] [--batch 8] [--seq 128] [--rows all|precision|optim]
 """
 import argparse
 import json
@@ -29,7 +32,7 @@ import json, sys, resource, time
 import numpy as np, torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments, logging
 logging.set_verbosity_error()
-cfg_path, out_dir, steps, batch, seq, precision = sys.argv[1:7]
+cfg_path, out_dir, steps, batch, seq, precision, optim, optim_args = sys.argv[1:9]
 steps, batch, seq = int(steps), int(batch), int(seq)
 torch.manual_seed(42)
 model = BertForSequenceClassification(BertConfig.from_pretrained(cfg_path))
@@ -43,30 +46,46 @@ class DS(torch.utils.data.Dataset):
 args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=batch, max_steps=steps,
                          report_to="none", save_strategy="no", logging_strategy="no",
                          use_cpu=True, bf16=(precision == "bf16"), dataloader_num_workers=0,
-                         disable_tqdm=True)
-result = Trainer(model=model, args=args, train_dataset=DS()).train()
+                         disable_tqdm=True, optim=optim, optim_args=optim_args or None)
+trainer = Trainer(model=model, args=args, train_dataset=DS())
+result = trainer.train()
+state = sum(t.numel() * t.element_size() for st in trainer.optimizer.state.values()
+            for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
 print(json.dumps({"samples_per_second": result.metrics["train_samples_per_second"],
+                  "optimizer_state": state,
                   "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 '''
 
 
-def run_brisk(cfg_dir, out_dir, steps, batch, seq, precision):
+# (label, precision, optim, optim_args, brisk-only extra flags)
+PRECISION_ROWS = [("fp32 adamw", "fp32", "adamw_torch", "", []),
+                  ("bf16 adamw", "bf16", "adamw_torch", "", [])]
+OPTIM_ROWS = [("fp32 adafactor", "fp32", "adafactor", "", []),
+              ("fp32 adamw_8bit", "fp32", "adamw_bnb_8bit", "", []),
+              ("fp32 sgd m=0.9", "fp32", "sgd", "momentum=0.9", []),
+              ("bf16 no master", "bf16", "adamw_torch", "", ["--bf16_master_weights", "false"])]
+
+
+def run_brisk(cfg_dir, out_dir, steps, batch, seq, precision, optim, optim_args, extra):
     cmd = [BRISK, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(batch),
            "--seq_len", str(seq), "--dataset_size", str(steps * batch), "--max_steps", str(steps),
            "--logging_steps", str(steps), "--save_steps", "0", "--output_dir", out_dir,
-           "--device", "cpu"]
+           "--device", "cpu", "--optim", optim, "--optim_args", optim_args] + extra
     if precision == "bf16":
         cmd.append("--bf16")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "train_results.json")) as f:
         r = json.load(f)
     return {"samples_per_second": r["train_samples_per_second"],
+            "optimizer_state": r["memory"]["planned_bytes"]["optimizer_state"],
             "peak_rss": r["memory"]["peak_rss_bytes"]}
 
 
-def run_hf(cfg_dir, out_dir, steps, batch, seq, precision):
+def run_hf(cfg_dir, out_dir, steps, batch, seq, precision, optim, optim_args, extra):
+    if extra:
+        return None  # an option Trainer does not have
     p = subprocess.run([sys.executable, "-c", HF_CHILD, cfg_dir, out_dir, str(steps), str(batch),
-                        str(seq), precision], capture_output=True, text=True)
+                        str(seq), precision, optim, optim_args], capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("transformers run failed:\n" + p.stderr[-3000:])
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -77,33 +96,34 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--rows", choices=["all", "precision", "optim"], default="all")
     a = ap.parse_args()
+    plan = (PRECISION_ROWS if a.rows != "optim" else []) + (OPTIM_ROWS if a.rows != "precision" else [])
     with tempfile.TemporaryDirectory() as tmp:
         cfg_dir = os.path.join(tmp, "model")
         os.makedirs(cfg_dir)
         with open(os.path.join(cfg_dir, "config.json"), "w") as f:
             json.dump(CONFIG, f)
         rows = []
-        for precision in ("fp32", "bf16"):
-            b = run_brisk(cfg_dir, os.path.join(tmp, "brisk_" + precision), a.steps, a.batch, a.seq,
-                          precision)
-            h = run_hf(cfg_dir, os.path.join(tmp, "hf_" + precision), a.steps, a.batch, a.seq,
-                       precision)
-            rows.append((precision, b, h))
-    mib = lambda x: f"{x / 2**20:.0f} MiB"
+        for i, (label, *setup) in enumerate(plan):
+            b = run_brisk(cfg_dir, os.path.join(tmp, f"brisk_{i}"), a.steps, a.batch, a.seq, *setup)
+            h = run_hf(cfg_dir, os.path.join(tmp, f"hf_{i}"), a.steps, a.batch, a.seq, *setup)
+            rows.append((label, b, h))
+    mib = lambda x: f"{x / 2**20:.1f} MiB"
+    ratio = lambda x, y: f"{x / y:.2f}" if y else "n/a"
     print(f"BERT 4 x 256 (seq {a.seq}, batch {a.batch}, {a.steps} steps, dropout on), "
           f"{os.cpu_count()} CPU threads")
-    print(f"{'precision':<10}{'brisk samples/s':>17}{'HF samples/s':>14}{'speed x':>9}"
-          f"{'brisk peak':>12}{'HF peak':>10}{'memory x':>10}")
-    for precision, b, h in rows:
-        if b is None:
-            print(f"{precision:<10}{'n/a':>17}{h['samples_per_second']:>14.2f}{'':>9}{'n/a':>12}"
-                  f"{mib(h['peak_rss']):>10}")
-            continue
-        print(f"{precision:<10}{b['samples_per_second']:>17.2f}{h['samples_per_second']:>14.2f}"
-              f"{b['samples_per_second'] / h['samples_per_second']:>9.2f}"
-              f"{mib(b['peak_rss']):>12}{mib(h['peak_rss']):>10}"
-              f"{b['peak_rss'] / h['peak_rss']:>10.2f}")
+    print(f"{'row':<17}{'brisk samples/s':>16}{'HF samples/s':>13}{'speed x':>8}"
+          f"{'brisk opt state':>16}{'HF opt state':>13}{'brisk peak':>12}{'HF peak':>11}"
+          f"{'memory x':>9}")
+    for label, b, h in rows:
+        hs = f"{h['samples_per_second']:.2f}" if h else "n/a"
+        ho = mib(h["optimizer_state"]) if h else "n/a"
+        hp = mib(h["peak_rss"]) if h else "n/a"
+        print(f"{label:<17}{b['samples_per_second']:>16.2f}{hs:>13}"
+              f"{ratio(b['samples_per_second'], h['samples_per_second']) if h else 'n/a':>8}"
+              f"{mib(b['optimizer_state']):>16}{ho:>13}{mib(b['peak_rss']):>12}{hp:>11}"
+              f"{ratio(b['peak_rss'], h['peak_rss']) if h else 'n/a':>9}")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
   expect_refused("train --optim adam",
                  "unknown optim \"adam\" (valid: adamw_torch, adamw_torch_fused, adafactor");
-  expect_refused("train --optim sgd --optim_args momentum=0.9,nesterov=yes",
+  expect_refused("train --optim sgd --optim_args momentum=0.9,nesterov=perhaps",
                  "nesterov must be true or false");
   if (!cuda_available()) expect_refused("train --device cuda --max_steps 1", "--device cuda:");
   expect_refused("train --options_file " + bad + "not_json.json", "not valid JSON");

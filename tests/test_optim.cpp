@@ -382,6 +382,8 @@ TEST(Optimizers, RefuseBadNamesAndOptimArgs) {
                "min_8bit_size must be a positive whole number");
   EXPECT_EQ(make_optimizer(config("adamw_torch_fused", "", 0))->name(), "adamw_torch");
   EXPECT_EQ(make_optimizer(config("adamw_bnb_8bit", " ", 0))->name(), "adamw_8bit");
+  // transformers spells flags true/1/yes in any case.
+  EXPECT_EQ(make_optimizer(config("sgd", "momentum=0.9,nesterov=Yes", 0))->name(), "sgd");
 }
 
 // Optimizer-state bytes in the plan of bert-base, from the rules stated in the issue and the

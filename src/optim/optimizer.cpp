@@ -1,6 +1,7 @@
 // The optimizer factory, optim_args and the parameter tables the optimizers share.
 #include "optim/optimizer.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 
@@ -68,8 +69,11 @@ bool OptimArgs::flag(const std::string& key, bool fallback) {
   if (it == values_.end()) return fallback;
   const std::string text = it->second;
   values_.erase(it);
-  if (text == "true" || text == "True" || text == "1") return true;
-  if (text == "false" || text == "False" || text == "0") return false;
+  std::string lower = text;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  // The spellings transformers accepts for SGD's nesterov, and their opposites.
+  if (lower == "true" || lower == "1" || lower == "yes") return true;
+  if (lower == "false" || lower == "0" || lower == "no") return false;
   BRISK_FAIL("optim_args: ", key, " must be true or false, got \"", text, "\"");
 }
 
