@@ -19,7 +19,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BRISK = os.path.join(ROOT, "build", "brisk")
+BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 
 CONFIG = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4,
           "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 512,
