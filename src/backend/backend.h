@@ -117,8 +117,9 @@ class Backend {
   // Bytes of device memory in use as the driver reports it ("GPU memory occupied"); -1 when the
   // backend has no such figure (the CPU: see peak_rss_bytes).
   virtual int64_t device_memory_used() const { return -1; }
-  // Declares the backend's own buffers for matrix products whose operands have at most
-  // `max_operand` elements (called after set_matmul_dtype, before the plan is final).
+  // Declares the backend's own buffers: for matrix products whose operands have at most
+  // `max_operand` elements, and scratch for the optimizer ops (called after set_matmul_dtype,
+  // before the plan is final).
   virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) = 0;
 
   // ---- memory and transfers ----

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cmath>
+#include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -38,6 +39,40 @@ int64_t cols(const Tensor& t) {
 }
 int64_t rows(const Tensor& t) {
   return cols(t) ? t.numel() / cols(t) : 0;
+}
+// A tensor of `dtype` in device memory, as T.
+template <typename T>
+T* dev_as(const Tensor& t, DType dtype, const char* what) {
+  BRISK_CHECK(t.device() == Device::cuda, what, " is not in GPU memory");
+  BRISK_CHECK(t.dtype() == dtype, what, " must be ", dtype_name(dtype), ", got ",
+              dtype_name(t.dtype()));
+  return t.as<T>();
+}
+const int64_t* decay_ranges(const Tensor& ranges, const char* op) {
+  BRISK_CHECK(ranges.dtype() == DType::i64 && ranges.rank() == 2 && ranges.dim(1) == 2 &&
+                  ranges.device() == Device::cuda,
+              op, ": decay ranges must be int64 [R,2] in GPU memory");
+  return ranges.as<int64_t>();
+}
+// The step size and bias correction of AdamW step `step`, in double on the host as the CPU.
+cuda::AdamWArgs adamw_args(float lr, float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  return {lr,
+          beta1,
+          beta2,
+          eps,
+          weight_decay,
+          static_cast<float>(lr / bc1),
+          static_cast<float>(std::sqrt(bc2))};
+}
+void check_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {
+  BRISK_CHECK(slots != nullptr, op, ": no parameter slots");
+  for (const ParamSlot& s : *slots)
+    BRISK_CHECK(
+        s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n && s.rows * s.cols == s.numel, op,
+        ": a parameter slot lies outside the flat buffers");
 }
 }  // namespace
 
@@ -216,6 +251,12 @@ void CudaBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
                  src.numel());
 }
 
+void CudaBackend::stochastic_round(DType dtype, const Tensor& t, const RngKey& key) {
+  BRISK_CHECK(dtype == DType::bf16, "stochastic_round: only bf16 is supported, not ",
+              dtype_name(dtype));
+  cuda::stochastic_round(stream_, dev(t, "stochastic_round tensor"), t.numel(), key);
+}
+
 // ---- embeddings and heads ----
 
 void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
@@ -324,23 +365,113 @@ void CudaBackend::adamw_update(const AdamWUpdate& u) {
   const int64_t n = u.weights.numel();
   BRISK_CHECK(u.grads.numel() == n && u.exp_avg.numel() == n && u.exp_avg_sq.numel() == n,
               "adamw_update: weights, gradients and moments differ in size");
-  BRISK_CHECK(u.decay_ranges.dtype() == DType::i64 && u.decay_ranges.rank() == 2 &&
-                  u.decay_ranges.dim(1) == 2 && u.decay_ranges.device() == Device::cuda,
-              "adamw_update: decay ranges must be int64 [R,2] in GPU memory");
+  const int64_t* ranges = decay_ranges(u.decay_ranges, "adamw_update");
   expect(u.control, DType::f32, Shape{kControlSize}, "adamw_update control");
-  const double bc1 = 1.0 - std::pow(static_cast<double>(u.beta1), static_cast<double>(u.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(u.beta2), static_cast<double>(u.step));
-  cuda::AdamWArgs args{u.lr,
-                       u.beta1,
-                       u.beta2,
-                       u.eps,
-                       u.weight_decay,
-                       static_cast<float>(u.lr / bc1),
-                       static_cast<float>(std::sqrt(bc2))};
+  const cuda::AdamWArgs args = adamw_args(u.lr, u.beta1, u.beta2, u.eps, u.weight_decay, u.step);
   cuda::adamw(stream_, dev(u.weights, "weights"), dev(u.grads, "gradients"),
-              dev(u.exp_avg, "exp_avg"), dev(u.exp_avg_sq, "exp_avg_sq"), n,
-              u.decay_ranges.as<int64_t>(), static_cast<int>(u.decay_ranges.dim(0)), args,
-              dev(u.control, "step control"));
+              dev(u.exp_avg, "exp_avg"), dev(u.exp_avg_sq, "exp_avg_sq"), n, ranges,
+              static_cast<int>(u.decay_ranges.dim(0)), args, dev(u.control, "step control"));
+}
+
+void CudaBackend::sgd_update(const SgdUpdate& u) {
+  const int64_t n = u.weights.numel();
+  same_numel(u.weights, u.grads, "sgd_update");
+  if (!u.momentum_buffer.empty()) same_numel(u.weights, u.momentum_buffer, "sgd_update");
+  const int64_t* ranges = decay_ranges(u.decay_ranges, "sgd_update");
+  expect(u.control, DType::f32, Shape{kControlSize}, "sgd_update control");
+  const cuda::SgdArgs args{u.lr, u.momentum, u.dampening, u.weight_decay, u.nesterov, u.first_step};
+  cuda::sgd(stream_, dev(u.weights, "weights"), dev(u.grads, "gradients"),
+            dev_or_null(u.momentum_buffer, "the momentum buffer"), n, ranges,
+            static_cast<int>(u.decay_ranges.dim(0)), args, dev(u.control, "step control"));
+}
+
+void CudaBackend::adafactor_update(const AdafactorUpdate& u) {
+  const int64_t n = u.weights.numel();
+  same_numel(u.weights, u.grads, "adafactor_update");
+  if (!u.exp_avg.empty()) same_numel(u.weights, u.exp_avg, "adafactor_update exp_avg");
+  check_slots(u.slots, n, "adafactor_update");
+  expect(u.control, DType::f32, Shape{kControlSize}, "adafactor_update control");
+  BRISK_CHECK(!optimizer_scratch_.empty(),
+              "adafactor_update: the backend's scratch is not planned (plan_workspace)");
+  // Every slot is checked before the first launch, so a bad table changes nothing.
+  for (const ParamSlot& s : *u.slots) {
+    const int64_t state_len = s.factored ? s.rows + s.cols : s.numel;
+    BRISK_CHECK(s.state >= 0 && s.state + state_len <= u.second_moment.numel(),
+                "adafactor_update: a slot's state lies outside the state buffer");
+  }
+  float* w = dev(u.weights, "weights");
+  const float* g = dev(u.grads, "gradients");
+  float* v = dev(u.second_moment, "Adafactor's second moment");
+  float* m = dev_or_null(u.exp_avg, "Adafactor's exp_avg");
+  const float* control = dev(u.control, "step control");
+  double* scratch = optimizer_scratch_.as<double>();
+  const cuda::AdafactorArgs args{u.step_size,      u.beta2t, u.eps1,         u.eps2,
+                                 u.clip_threshold, u.beta1,  u.weight_decay, u.scale_parameter};
+  for (const ParamSlot& s : *u.slots) {
+    const cuda::AdafactorTensor t{
+        w + s.offset, g + s.offset, v + s.state, m ? m + s.offset : nullptr,
+        s.rows,       s.cols,       s.factored,  s.decay};
+    cuda::adafactor(stream_, t, args, control, scratch);
+  }
+}
+
+void CudaBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
+  const char* op = "adamw_8bit_update";
+  const int64_t n = u.weights.numel();
+  same_numel(u.weights, u.grads, op);
+  check_slots(u.slots, n, op);
+  BRISK_CHECK(u.exp_avg8.numel() == u.exp_avg_sq8.numel() &&
+                  u.absmax1.numel() == u.absmax2.numel() &&
+                  u.exp_avg32.numel() == u.exp_avg_sq32.numel(),
+              op, ": state buffers do not pair up");
+  expect(u.control, DType::f32, Shape{kControlSize}, "adamw_8bit_update control");
+  bool any8 = false, any32 = false;
+  for (const ParamSlot& s : *u.slots) {
+    if (s.blocks < 0) {
+      any32 = true;
+      BRISK_CHECK(s.state >= 0 && s.state + s.numel <= u.exp_avg32.numel(), op,
+                  ": a slot's 32-bit state lies outside its buffer");
+    } else {
+      any8 = true;
+      const int64_t blocks = (s.numel + kQuantBlock - 1) / kQuantBlock;
+      BRISK_CHECK(s.state >= 0 && s.state + s.numel <= u.exp_avg8.numel() &&
+                      s.blocks + blocks <= u.absmax1.numel(),
+                  op, ": a slot's 8-bit state lies outside its buffers");
+    }
+  }
+  float* w = dev(u.weights, "weights");
+  const float* g = dev(u.grads, "gradients");
+  const float* control = dev(u.control, "step control");
+  // The state of a kind no slot has may be unplanned (empty); only the used kind is required.
+  float *m32 = nullptr, *v32 = nullptr, *a1 = nullptr, *a2 = nullptr;
+  uint8_t *c1 = nullptr, *c2 = nullptr;
+  const float *qs = nullptr, *qu = nullptr;
+  if (any32) {
+    m32 = dev(u.exp_avg32, "exp_avg (32-bit)");
+    v32 = dev(u.exp_avg_sq32, "exp_avg_sq (32-bit)");
+  }
+  if (any8) {
+    BRISK_CHECK(u.qmap_signed.numel() == 256 && u.qmap_unsigned.numel() == 256, op,
+                ": quantization maps must be float32 [256]");
+    qs = dev(u.qmap_signed, "the signed quantization map");
+    qu = dev(u.qmap_unsigned, "the unsigned quantization map");
+    c1 = dev_as<uint8_t>(u.exp_avg8, DType::u8, "exp_avg codes");
+    c2 = dev_as<uint8_t>(u.exp_avg_sq8, DType::u8, "exp_avg_sq codes");
+    a1 = dev(u.absmax1, "exp_avg absmax");
+    a2 = dev(u.absmax2, "exp_avg_sq absmax");
+  }
+  const cuda::AdamWArgs args = adamw_args(u.lr, u.beta1, u.beta2, u.eps, u.weight_decay, u.step);
+  for (const ParamSlot& s : *u.slots) {
+    // Computed as on the CPU, in float on the host.
+    const float decay = s.decay ? 1.0f - u.lr * u.weight_decay : 1.0f;
+    if (s.blocks < 0) {
+      cuda::adamw_dense(stream_, w + s.offset, g + s.offset, m32 + s.state, v32 + s.state, s.numel,
+                        args, decay, control);
+    } else {
+      cuda::adamw_8bit(stream_, w + s.offset, g + s.offset, c1 + s.state, c2 + s.state,
+                       a1 + s.blocks, a2 + s.blocks, qs, qu, s.numel, args, decay, control);
+    }
+  }
 }
 
 }  // namespace brisk

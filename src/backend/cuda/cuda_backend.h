@@ -138,6 +138,7 @@ class CudaBackend final : public Backend {
   Tensor operand_a_, operand_b_;  // 16-bit copies of matmul operands
   Tensor ones_;                   // a column of ones: bias gradients as a matrix product
   bool ones_ready_ = false;
+  Tensor optimizer_scratch_;  // a few doubles: Adafactor's per-tensor reductions
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
 };
 

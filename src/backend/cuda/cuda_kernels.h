@@ -79,6 +79,46 @@ struct AdamWArgs {
 };
 void adamw(cudaStream_t s, float* w, const float* g, float* m, float* v, int64_t n,
            const int64_t* decay_ranges, int num_ranges, AdamWArgs args, const float* control);
+// AdamW on one tensor's float32 moments with the same decay factor for every element (8-bit
+// AdamW's small tensors): w = w * decay - ... as adamw.
+void adamw_dense(cudaStream_t s, float* w, const float* g, float* m, float* v, int64_t n,
+                 AdamWArgs args, float decay, const float* control);
+// 8-bit AdamW on one tensor of n elements whose moments are codes into the 256-value maps
+// (device), scaled per block of kQuantBlock elements by absmax1/absmax2 (one per block, updated).
+void adamw_8bit(cudaStream_t s, float* w, const float* g, uint8_t* codes1, uint8_t* codes2,
+                float* absmax1, float* absmax2, const float* qmap_signed,
+                const float* qmap_unsigned, int64_t n, AdamWArgs args, float decay,
+                const float* control);
+// SGD over the flat buffers (torch.optim.SGD); momentum_buffer null without momentum. Decay
+// ranges as for adamw.
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov, first_step;
+};
+void sgd(cudaStream_t s, float* w, const float* g, float* momentum_buffer, int64_t n,
+         const int64_t* decay_ranges, int num_ranges, SgdArgs args, const float* control);
+// Adafactor on one tensor: rows x cols (a vector: rows 1, not factored). v holds rows + cols
+// statistics when factored, else rows * cols; m (null without a first moment) rows * cols.
+// scratch: kAdafactorScratch doubles of device memory for the tensor's reductions, reused by
+// the next tensor in stream order.
+inline constexpr int kAdafactorScratch = 3;
+struct AdafactorTensor {
+  float* w;
+  const float* g;
+  float* v;
+  float* m;
+  int64_t rows, cols;
+  bool factored, decay;
+};
+struct AdafactorArgs {
+  float step_size, beta2t, eps1, eps2, clip_threshold, beta1, weight_decay;
+  bool scale_parameter;
+};
+void adafactor(cudaStream_t s, const AdafactorTensor& t, const AdafactorArgs& args,
+               const float* control, double* scratch);
+// x (float32) rounded in place to bf16 values stochastically, element i with the word
+// rng_block(key, i / 4).v[i % 4] (stochastic_round_bf16), as the CPU.
+void stochastic_round(cudaStream_t s, float* x, int64_t n, RngKey key);
 
 // ---- cuda_attention.cu ----
 // Flash attention over packed qkv [B,T,3C] (head h: columns [h*D,(h+1)*D) of q, k, v); key_mask

@@ -74,6 +74,10 @@ void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t
   binder.declare(plan, &ones_, "backend.ones", Category::temporaries, DType::f32,
                  Shape{max_operand});
   ones_ready_ = false;
+  // Not a matmul buffer, but the backend's only other one: planned here so that no optimizer
+  // step allocates. Adafactor reuses it tensor after tensor, in stream order.
+  binder.declare(plan, &optimizer_scratch_, "backend.optimizer_scratch", Category::temporaries,
+                 DType::f64, Shape{cuda::kAdafactorScratch});
 }
 
 CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
