@@ -61,6 +61,9 @@ struct ParamSlot {
   int64_t blocks = -1;            // 8-bit AdamW: first absmax block; -1 = 32-bit state
 };
 
+// Throws naming `op` unless every slot lies within flat buffers of n elements.
+void check_param_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op);
+
 // torch.optim.SGD over flat float32 buffers: g += weight_decay * w on the decay ranges (L2, as
 // torch), then momentum (buf = g on the first step, else momentum * buf + (1 - dampening) * g;
 // nesterov: g + momentum * buf), w -= lr * g. momentum_buffer is empty without momentum.

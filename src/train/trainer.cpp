@@ -80,7 +80,7 @@ class Progress {
 
 // The update after an optimizer step's micro-steps, decided on the device: the gradients' sum of
 // squares, then skip (non-finite loss or gradient) or the multiplier that folds clipping and
-// fp16 unscaling into the AdamW pass, then the compute weights refreshed from the master copy.
+// fp16 unscaling into the optimizer pass, then the compute weights refreshed from the master copy.
 // The host waits once, for the step's loss and norm: logging and the stop on a non-finite loss
 // need them.
 struct Update {

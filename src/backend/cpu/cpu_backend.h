@@ -2,6 +2,8 @@
 // reference the CUDA backend is tested against.
 #pragma once
 
+#include <cmath>
+
 #include "backend/backend.h"
 #include "backend/cpu/cpu_matmul_bf16.h"
 
@@ -86,6 +88,25 @@ class CpuBackend final : public Backend {
 
 // Checks shared by the CPU kernels.
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
+// One AdamW step's constants (torch's bias corrections, computed in double) and its update of
+// one element: shared by adamw_update and the 32-bit and dequantized state of adamw_8bit_update.
+struct AdamWStep {
+  float b1, b2, eps, step_size, bc2_sqrt;
+  AdamWStep(float lr, float beta1, float beta2, float epsilon, int64_t step)
+      : b1(beta1), b2(beta2), eps(epsilon) {
+    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+    step_size = static_cast<float>(lr / bc1);
+    bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  }
+  // Moves the moments m, v by gradient g; returns the updated weight (decay: 1 - lr * wd, or 1).
+  float update(float w, float g, float decay, float& m, float& v) const {
+    m = b1 * m + (1.0f - b1) * g;
+    v = b2 * v + (1.0f - b2) * g * g;
+    return w * decay - step_size * m / (std::sqrt(v) / bc2_sqrt + eps);
+  }
+};
+
 // Calls fn(begin, end, decayed) for the consecutive element ranges [0, n) splits into by the
 // sorted decay ranges (int64 [R,2], see AdamWUpdate), alternating undecayed gaps and ranges.
 // A template, so that the loop allocates nothing.

@@ -45,25 +45,14 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
   const float* control = u.control.f32();
   if (control[kControlSkip] != 0.0f) return;
   const float multiplier = control[kControlMultiplier];
-  const float b1 = u.beta1, b2 = u.beta2, eps = u.eps;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(u.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(u.step));
-  const float step_size = static_cast<float>(u.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const AdamWStep adam(u.lr, u.beta1, u.beta2, u.eps, u.step);
   float* __restrict w = u.weights.f32();
   const float* __restrict g = u.grads.f32();
   float* __restrict m = u.exp_avg.f32();
   float* __restrict v = u.exp_avg_sq.f32();
   auto update = [&](int64_t begin, int64_t end, float decay) {
 #pragma omp parallel for simd schedule(static) if (end - begin > 32768)
-    for (int64_t i = begin; i < end; ++i) {
-      const float gi = g[i] * multiplier;
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      w[i] = w[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-    }
+    for (int64_t i = begin; i < end; ++i) w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
   };
   const float decay = 1.0f - u.lr * u.weight_decay;
   for_each_decay_range(u.decay_ranges, n, [&](int64_t begin, int64_t end, bool decayed) {

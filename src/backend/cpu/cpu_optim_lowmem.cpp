@@ -21,14 +21,6 @@ void check_flat(const Tensor& t, int64_t n, const char* op, const char* what) {
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == n, op, ": ", what, " must be float32 [", n,
               "], got ", dtype_name(t.dtype()), " ", t.shape().str());
 }
-
-void check_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {
-  BRISK_CHECK(slots != nullptr, op, ": no parameter slots");
-  for (const ParamSlot& s : *slots)
-    BRISK_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n &&
-                    s.rows * s.cols == s.numel,
-                op, ": a parameter slot lies outside the flat buffers");
-}
 }  // namespace
 
 void CpuBackend::sgd_update(const SgdUpdate& u) {
@@ -63,7 +55,7 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   const int64_t n = u.weights.numel();
   check_flat(u.weights, n, "adafactor_update", "weights");
   check_flat(u.grads, n, "adafactor_update", "gradients");
-  check_slots(u.slots, n, "adafactor_update");
+  check_param_slots(u.slots, n, "adafactor_update");
   const bool first_moment = !u.exp_avg.empty();
   if (first_moment) check_flat(u.exp_avg, n, "adafactor_update", "exp_avg");
   BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
@@ -159,7 +151,7 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
   const int64_t n = u.weights.numel();
   check_flat(u.weights, n, "adamw_8bit_update", "weights");
   check_flat(u.grads, n, "adamw_8bit_update", "gradients");
-  check_slots(u.slots, n, "adamw_8bit_update");
+  check_param_slots(u.slots, n, "adamw_8bit_update");
   BRISK_CHECK(u.qmap_signed.numel() == 256 && u.qmap_unsigned.numel() == 256 &&
                   u.qmap_signed.dtype() == DType::f32 && u.qmap_unsigned.dtype() == DType::f32,
               "adamw_8bit_update: quantization maps must be float32 [256]");
@@ -170,11 +162,7 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
               "adamw_8bit_update: state buffers do not pair up");
   float multiplier = 0;
   if (!read_control(u.control, "adamw_8bit_update", &multiplier)) return;
-  const float b1 = u.beta1, b2 = u.beta2, eps = u.eps;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(u.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(u.step));
-  const float step_size = static_cast<float>(u.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const AdamWStep adam(u.lr, u.beta1, u.beta2, u.eps, u.step);
   const float* qs = u.qmap_signed.f32();
   const float* qu = u.qmap_unsigned.f32();
   for (const ParamSlot& s : *u.slots) {
@@ -188,12 +176,7 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
       float* __restrict m = u.exp_avg32.f32() + s.state;
       float* __restrict v = u.exp_avg_sq32.f32() + s.state;
 #pragma omp parallel for simd schedule(static) if (len > 32768)
-      for (int64_t i = 0; i < len; ++i) {
-        const float gi = g[i] * multiplier;
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        w[i] = w[i] * decay - step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
-      }
+      for (int64_t i = 0; i < len; ++i) w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
       continue;
     }
     const int64_t blocks = (len + kQuantBlock - 1) / kQuantBlock;
@@ -211,10 +194,9 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
       float max1 = 0, max2 = 0;
       for (int64_t j = 0; j < count; ++j) {
         const int64_t i = begin + j;
-        const float gi = g[i] * multiplier;
-        m[j] = b1 * (qs[c1[i]] * a1[b]) + (1.0f - b1) * gi;
-        v[j] = b2 * (qu[c2[i]] * a2[b]) + (1.0f - b2) * gi * gi;
-        w[i] = w[i] * decay - step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
+        m[j] = qs[c1[i]] * a1[b];  // dequantized
+        v[j] = qu[c2[i]] * a2[b];
+        w[i] = adam.update(w[i], g[i] * multiplier, decay, m[j], v[j]);
         max1 = std::max(max1, std::fabs(m[j]));
         max2 = std::max(max2, v[j]);
       }

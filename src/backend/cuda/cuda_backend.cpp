@@ -67,13 +67,6 @@ cuda::AdamWArgs adamw_args(float lr, float beta1, float beta2, float eps, float 
           static_cast<float>(lr / bc1),
           static_cast<float>(std::sqrt(bc2))};
 }
-void check_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {
-  BRISK_CHECK(slots != nullptr, op, ": no parameter slots");
-  for (const ParamSlot& s : *slots)
-    BRISK_CHECK(
-        s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n && s.rows * s.cols == s.numel, op,
-        ": a parameter slot lies outside the flat buffers");
-}
 }  // namespace
 
 CudaBackend::CudaBackend() {
@@ -389,7 +382,7 @@ void CudaBackend::adafactor_update(const AdafactorUpdate& u) {
   const int64_t n = u.weights.numel();
   same_numel(u.weights, u.grads, "adafactor_update");
   if (!u.exp_avg.empty()) same_numel(u.weights, u.exp_avg, "adafactor_update exp_avg");
-  check_slots(u.slots, n, "adafactor_update");
+  check_param_slots(u.slots, n, "adafactor_update");
   expect(u.control, DType::f32, Shape{kControlSize}, "adafactor_update control");
   BRISK_CHECK(!optimizer_scratch_.empty(),
               "adafactor_update: the backend's scratch is not planned (plan_workspace)");
@@ -419,7 +412,7 @@ void CudaBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
   const char* op = "adamw_8bit_update";
   const int64_t n = u.weights.numel();
   same_numel(u.weights, u.grads, op);
-  check_slots(u.slots, n, op);
+  check_param_slots(u.slots, n, op);
   BRISK_CHECK(u.exp_avg8.numel() == u.exp_avg_sq8.numel() &&
                   u.absmax1.numel() == u.absmax2.numel() &&
                   u.exp_avg32.numel() == u.exp_avg_sq32.numel(),
