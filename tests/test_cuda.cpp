@@ -49,6 +49,7 @@
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "optim/optimizer.h"
 #include "optim/quantization.h"
 #include "optim/step_control.h"
 #include "test_support.h"
@@ -895,17 +896,21 @@ TEST(CudaOps, SumOfSquaresAndStepDecisionMatchTheCpu) {
   EXPECT_EQ(c[kControlMultiplier], 0.f);
 }
 
+// Flat buffers for the AdamW and SGD tests: more than one pass of the GPU's grid-stride loop
+// (4096 blocks x 256 threads), with decay ranges at the start, of one element, across the first
+// pass's end, adjacent, and at the end.
+constexpr int64_t kFlatParams = 1'100'003;
+const std::vector<int64_t> kDecayRanges = {0,       1000,    5000,    5001,    10007,
+                                           300000,  600000,  1048570, 1048580, 1048600,
+                                           1048600, 1049000, 1099990, 1100003};
+
 TEST(CudaOps, AdamWMatchesTheCpuAndASkippedStepChangesNothing) {
   REQUIRE_GPU();
   auto cpu = make_cpu_backend();
   auto gpu = gpu_backend();
   std::mt19937 rng(31);
-  // More than one pass of the GPU's grid-stride loop (4096 blocks x 256 threads), with decay
-  // ranges at the start, of one element, across the first pass's end, adjacent, and at the end.
-  const int64_t n = 1'100'003;
-  const std::vector<int64_t> ranges = {0,       1000,    5000,    5001,    10007,
-                                       300000,  600000,  1048570, 1048580, 1048600,
-                                       1048600, 1049000, 1099990, 1100003};
+  const int64_t n = kFlatParams;
+  const std::vector<int64_t>& ranges = kDecayRanges;
   const int64_t R = static_cast<int64_t>(ranges.size()) / 2;
   const FVec w0 = randn(n, rng);
   std::vector<FVec> grads;
@@ -1029,12 +1034,8 @@ TEST(CudaOps, SgdMatchesTheCpuAndASkippedStepChangesNothing) {
   auto cpu = make_cpu_backend();
   auto gpu = gpu_backend();
   std::mt19937 rng(33);
-  // As the AdamW test: more than one grid-stride pass, decay ranges at the start, of one
-  // element, across the first pass's end, adjacent, and at the end.
-  const int64_t n = 1'100'003;
-  const std::vector<int64_t> ranges = {0,       1000,    5000,    5001,    10007,
-                                       300000,  600000,  1048570, 1048580, 1048600,
-                                       1048600, 1049000, 1099990, 1100003};
+  const int64_t n = kFlatParams;
+  const std::vector<int64_t>& ranges = kDecayRanges;
   const int64_t R = static_cast<int64_t>(ranges.size()) / 2;
   const FVec w0 = randn(n, rng);
   std::vector<FVec> grads;
@@ -1233,22 +1234,11 @@ TEST(CudaOps, AdamW8bitMatchesTheCpuAndASkippedStepChangesNothing) {
   std::vector<ParamSlot> slots = slots_of(kSlotShapes, &n);
   // 8-bit state for the matrices (45x77: 13 full blocks and 137 values; 2x256: exactly two
   // blocks; 1x100: less than one; 3x1) and the 1000-element vector; 32-bit for the rest.
-  const bool eight_bit[] = {false, true, true, true, true, true, true, true, true, false};
-  ASSERT_EQ(slots.size(), std::size(eight_bit));
-  int64_t n8 = 0, n32 = 0, blocks = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    ParamSlot& s = slots[i];
-    if (eight_bit[i]) {
-      s.state = n8;
-      s.blocks = blocks;
-      n8 += s.numel;
-      blocks += (s.numel + kQuantBlock - 1) / kQuantBlock;
-    } else {
-      s.state = n32;
-      s.blocks = -1;
-      n32 += s.numel;
-    }
-  }
+  const std::vector<bool> eight_bit = {false, true, true, true, true,
+                                       true,  true, true, true, false};
+  ASSERT_EQ(slots.size(), eight_bit.size());
+  const QuantizedStateSizes sizes = place_8bit_state(slots, eight_bit);
+  const int64_t n8 = sizes.values8, n32 = sizes.values32, blocks = sizes.blocks;
   const auto qs = dynamic_quant_map(true), qu = dynamic_quant_map(false);
   const FVec qmaps = [&] {
     FVec q(qs.begin(), qs.end());

@@ -40,8 +40,7 @@ class FixtureRun {
     for (size_t i = 0; i < params.size(); ++i)
       copy_to_f32(f.get(init + params[i].name), ps_.weight(static_cast<int>(i)), "init");
     opt_->plan(plan_, binder_, ps_);
-    binder_.declare(plan_, &stats_, "stats", Category::temporaries, DType::f64,
-                    Shape{kStatsSize});
+    binder_.declare(plan_, &stats_, "stats", Category::temporaries, DType::f64, Shape{kStatsSize});
     binder_.declare(plan_, &control_, "control", Category::temporaries, DType::f32,
                     Shape{kControlSize});
     plan_.finalize();
@@ -143,10 +142,11 @@ TEST(Optimizers, AdafactorMatchesTransformers) {
     bool scheduled;
     double tol;
   };
-  for (const Variant& v : {Variant{"trainer", "", 0.1, true, 1e-4},
-                           Variant{"beta1_scale", "scale_parameter=true,beta1=0.9", 0.1, true, 1e-4},
-                           Variant{"relative", "scale_parameter=true,relative_step=true,warmup_init=true",
-                                   0.0, false, 1e-3}}) {
+  for (const Variant& v :
+       {Variant{"trainer", "", 0.1, true, 1e-4},
+        Variant{"beta1_scale", "scale_parameter=true,beta1=0.9", 0.1, true, 1e-4},
+        Variant{"relative", "scale_parameter=true,relative_step=true,warmup_init=true", 0.0, false,
+                1e-3}}) {
     FixtureRun r(f, kParams, "init.", config("adafactor", v.args, v.wd));
     r.run("grad.", 10, [&](int step) { return v.scheduled ? linear_lr(step) : 1e-2; });
     for (const Param& p : kParams)
@@ -174,7 +174,8 @@ TEST(Optimizers, SgdMatchesPyTorch) {
     FixtureRun r(f, kParams, "init.", config("sgd", args, wd));
     r.run("grad.", 10, linear_lr);
     for (const Param& p : kParams)
-      EXPECT_LE(r.update_error(p.name, "init.", "final." + name + "."), 1e-4) << name << " " << p.name;
+      EXPECT_LE(r.update_error(p.name, "init.", "final." + name + "."), 1e-4)
+          << name << " " << p.name;
     if (name == "nesterov") {
       const Tensor& want = f.get("state.nesterov.w.weight.momentum_buffer");
       EXPECT_LE(rel_error(r.state("momentum_buffer").f32(), want.f32(), want.numel()), 1e-5);
@@ -230,8 +231,7 @@ struct AdamW8bitReference {
   std::vector<uint8_t> c1, c2;
   std::vector<double> a1, a2;
   std::array<float, 256> qs = dynamic_quant_map(true), qu = dynamic_quant_map(false);
-  explicit AdamW8bitReference(int64_t n)
-      : c1(n), c2(n), a1((n + 255) / 256), a2((n + 255) / 256) {}
+  explicit AdamW8bitReference(int64_t n) : c1(n), c2(n), a1((n + 255) / 256), a2((n + 255) / 256) {}
   static uint8_t nearest(const std::array<float, 256>& map, double x) {
     int best = 0;
     for (int i = 1; i < 256; ++i)
@@ -272,7 +272,8 @@ int64_t count_equal(const uint8_t* a, const uint8_t* b, int64_t n) {
 
 TEST(Optimizers, AdamW8bitFollowsBitsandbytesAndTheFp64Algorithm) {
   SafetensorsFile f(fixture("optim/adamw8bit.safetensors"));
-  const std::vector<Param> params = {{"big.weight", true}, {"small.weight", true}, {"big.bias", false}};
+  const std::vector<Param> params = {
+      {"big.weight", true}, {"small.weight", true}, {"big.bias", false}};
   OptimizerConfig c = config("adamw_bnb_8bit", "", 0.01);
   FixtureRun r(f, params, "init8.", c);
   const int64_t big = 70 * 75;
@@ -291,7 +292,8 @@ TEST(Optimizers, AdamW8bitFollowsBitsandbytesAndTheFp64Algorithm) {
       for (int64_t i = 0; i < g.numel(); ++i) sq += static_cast<double>(g.f32()[i]) * g.f32()[i];
     }
     const double mult = clip_coefficient(std::sqrt(sq), 1.0);
-    ref.step(w64, f.get("grad8." + std::to_string(t - 1) + ".big.weight").f32(), mult, 1e-3, 0.01, t);
+    ref.step(w64, f.get("grad8." + std::to_string(t - 1) + ".big.weight").f32(), mult, 1e-3, 0.01,
+             t);
   }
   r.run("grad8.", 10, [](int) { return 1e-3; });
 
@@ -309,7 +311,8 @@ TEST(Optimizers, AdamW8bitFollowsBitsandbytesAndTheFp64Algorithm) {
     d_ref[i] = w32[i] - init.f32()[i];
   }
   EXPECT_LE(rel_error(d_got.data(), d_ref.data(), big), 5e-4);  // measured 4e-5
-  EXPECT_GE(count_equal(r.state("exp_avg_codes").as<uint8_t>(), ref.c1.data(), big), big * 998 / 1000);
+  EXPECT_GE(count_equal(r.state("exp_avg_codes").as<uint8_t>(), ref.c1.data(), big),
+            big * 998 / 1000);
   EXPECT_GE(count_equal(r.state("exp_avg_sq_codes").as<uint8_t>(), ref.c2.data(), big),
             big * 998 / 1000);
   // Against bitsandbytes: its CPU kernel picks codes through a 65536-entry table instead of the
@@ -322,10 +325,12 @@ TEST(Optimizers, AdamW8bitFollowsBitsandbytesAndTheFp64Algorithm) {
   EXPECT_GE(count_equal(r.state("exp_avg_sq_codes").as<uint8_t>(),
                         f.get("state8.big.weight.state2").as<uint8_t>(), big),
             big * 98 / 100);
-  EXPECT_LE(rel_error(r.state("exp_avg_absmax").f32(), f.get("state8.big.weight.absmax1").f32(), 21),
-            1e-2);
-  EXPECT_LE(rel_error(r.state("exp_avg_sq_absmax").f32(), f.get("state8.big.weight.absmax2").f32(), 21),
-            1e-2);
+  EXPECT_LE(
+      rel_error(r.state("exp_avg_absmax").f32(), f.get("state8.big.weight.absmax1").f32(), 21),
+      1e-2);
+  EXPECT_LE(
+      rel_error(r.state("exp_avg_sq_absmax").f32(), f.get("state8.big.weight.absmax2").f32(), 21),
+      1e-2);
 }
 
 TEST(Optimizers, StochasticRoundingIsUnbiasedAndReproducible) {
@@ -355,7 +360,8 @@ TEST(Optimizers, StochasticRoundingIsUnbiasedAndReproducible) {
   // Same key: same result; another step: another draw.
   std::vector<float> again = x, other = x;
   be->stochastic_round(DType::bf16, Tensor(again.data(), Shape{n}, DType::f32), key);
-  be->stochastic_round(DType::bf16, Tensor(other.data(), Shape{n}, DType::f32), RngKey{3, 12, key.site});
+  be->stochastic_round(DType::bf16, Tensor(other.data(), Shape{n}, DType::f32),
+                       RngKey{3, 12, key.site});
   EXPECT_EQ(again, y);
   EXPECT_NE(other, y);
 }
@@ -364,7 +370,8 @@ TEST(Optimizers, RefuseBadNamesAndOptimArgs) {
   expect_error([] { make_optimizer(config("adam", "", 0)); },
                "unknown optim \"adam\" (valid: adamw_torch, adamw_torch_fused, adafactor, "
                "adamw_8bit, adamw_bnb_8bit, sgd)");
-  expect_error([] { make_optimizer(config("sgd", "momentum", 0)); }, "\"momentum\" is not key=value");
+  expect_error([] { make_optimizer(config("sgd", "momentum", 0)); },
+               "\"momentum\" is not key=value");
   expect_error([] { make_optimizer(config("sgd", "momentum=fast", 0)); },
                "momentum must be a number, got \"fast\"");
   expect_error([] { make_optimizer(config("sgd", "nesterov=true", 0)); },
@@ -375,7 +382,8 @@ TEST(Optimizers, RefuseBadNamesAndOptimArgs) {
                "\"momentum\" is given twice");
   expect_error([] { make_optimizer(config("adafactor", "warmup_init=true", 0)); },
                "warmup_init requires relative_step=true");
-  expect_error([] { make_optimizer(config("adafactor", "beta1=1.5", 0)); }, "beta1 must lie in [0, 1)");
+  expect_error([] { make_optimizer(config("adafactor", "beta1=1.5", 0)); },
+               "beta1 must lie in [0, 1)");
   expect_error([] { make_optimizer(config("adamw_torch", "momentum=0.9", 0)); },
                "\"momentum\" is not a setting of adamw_torch");
   expect_error([] { make_optimizer(config("adamw_8bit", "min_8bit_size=0", 0)); },
@@ -397,9 +405,9 @@ TEST(Optimizers, StateBytesFollowEachOptimizersRule) {
   for (const ParamInfo& p : ps.list()) {
     ranges += p.decay && !prev_decay;
     prev_decay = p.decay;
-    factored += p.shape.rank() >= 2 ? p.shape.numel() / p.shape[p.shape.rank() - 1] +
-                                          p.shape[p.shape.rank() - 1]
-                                    : p.shape.numel();
+    factored += p.shape.rank() >= 2
+                    ? p.shape.numel() / p.shape[p.shape.rank() - 1] + p.shape[p.shape.rank() - 1]
+                    : p.shape.numel();
     const bool is8 = p.shape.numel() >= 4096 && p.name.find("embeddings.") == std::string::npos;
     (is8 ? bits8 : bits32) += p.shape.numel();
     blocks += is8 ? (p.shape.numel() + 255) / 256 : 0;
@@ -408,7 +416,8 @@ TEST(Optimizers, StateBytesFollowEachOptimizersRule) {
     MemoryPlan plan;
     BufferBinder binder;
     make_optimizer(config(name, args, 0))->plan(plan, binder, ps);
-    return static_cast<int64_t>(plan.bytes_by_category()[static_cast<int>(Category::optimizer_state)]);
+    return static_cast<int64_t>(
+        plan.bytes_by_category()[static_cast<int>(Category::optimizer_state)]);
   };
   const int64_t table = 16 * ranges;  // int64 [begin, end) per run of decayed parameters
   EXPECT_EQ(state_bytes("adamw_torch", ""), 8 * n + table);

@@ -212,6 +212,13 @@ const OptimCase kOptimCases[] = {{"adafactor", "", 1e-2},
                                  {"adamw_8bit", "min_8bit_size=256", 3e-3},
                                  {"sgd", "momentum=0.9,nesterov=true", 0.1}};
 
+void use_optimizer(TrainOptions& o, const OptimCase& c) {
+  o.optim = c.optim;
+  o.optim_args = c.args;
+  o.learning_rate = c.lr;
+  o.weight_decay = 0.01;
+}
+
 TEST(Trainer, EveryOptimizerLearnsTheLearnableTask) {
   TempDir dir("learn_optim");
   for (const OptimCase& c : kOptimCases)
@@ -224,10 +231,7 @@ TEST(Trainer, EveryOptimizerLearnsTheLearnableTask) {
       o.max_steps = 150;
       o.logging_steps = 50;
       o.per_device_train_batch_size = 8;
-      o.optim = c.optim;
-      o.optim_args = c.args;
-      o.learning_rate = c.lr;
-      o.weight_decay = 0.01;
+      use_optimizer(o, c);
       const Result r = run(o);
       const double chance = type == "bert" ? std::log(2.0) : std::log(28.0);
       EXPECT_LT(r.losses.back(), 0.5 * chance) << tag;
@@ -242,10 +246,7 @@ TEST(Trainer, ResumeEqualsTheUninterruptedRunWithEveryOptimizer) {
     TrainOptions straight = tiny_options(model, dir / (tag + "_straight"));
     straight.max_steps = 6;
     straight.save_steps = 3;
-    straight.optim = c.optim;
-    straight.optim_args = c.args;
-    straight.learning_rate = c.lr;
-    straight.weight_decay = 0.01;
+    use_optimizer(straight, c);
     const Result a = run(straight);
     TrainOptions resumed = straight;
     resumed.output_dir = dir / (tag + "_resumed");

@@ -27,9 +27,9 @@ std::unique_ptr<Backend> make_backend(Device device) {
 void check_param_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {
   BRISK_CHECK(slots != nullptr, op, ": no parameter slots");
   for (const ParamSlot& s : *slots)
-    BRISK_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n &&
-                    s.rows * s.cols == s.numel,
-                op, ": a parameter slot lies outside the flat buffers");
+    BRISK_CHECK(
+        s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n && s.rows * s.cols == s.numel, op,
+        ": a parameter slot lies outside the flat buffers");
 }
 
 void with_host_view(Backend& be, const Tensor& t, bool read, bool write,

@@ -96,9 +96,9 @@ struct AdafactorUpdate {
 inline constexpr int64_t kQuantBlock = 256;
 struct AdamW8bitUpdate {
   Tensor weights, grads, control;
-  Tensor exp_avg32, exp_avg_sq32;  // float32 state of the 32-bit slots
-  Tensor exp_avg8, exp_avg_sq8;    // uint8 codes of the 8-bit slots
-  Tensor absmax1, absmax2;         // float32, one per block
+  Tensor exp_avg32, exp_avg_sq32;     // float32 state of the 32-bit slots
+  Tensor exp_avg8, exp_avg_sq8;       // uint8 codes of the 8-bit slots
+  Tensor absmax1, absmax2;            // float32, one per block
   Tensor qmap_signed, qmap_unsigned;  // float32 [256], ascending
   const std::vector<ParamSlot>* slots = nullptr;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;

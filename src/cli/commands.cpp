@@ -116,7 +116,9 @@ int run_estimate(const EstimateArgs& a) {
   const std::unique_ptr<Optimizer> optimizer = make_optimizer(oc);
   ModelConfig config = resolve_config(a.model);
   auto model = Model::create(config);
-  MixedPrecision precision(a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32,
+  MixedPrecision precision(a.bf16   ? DType::bf16
+                           : a.fp16 ? DType::f16
+                                    : DType::f32,
                            a.bf16_master_weights);
   MemoryPlan plan;
   model->plan(plan, {a.batch_size, a.seq_len},

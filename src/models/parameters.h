@@ -13,8 +13,8 @@ namespace brisk {
 struct ParamInfo {
   std::string name;
   Shape shape;
-  bool decay = true;   // false for biases and LayerNorm parameters
-  int64_t offset = 0;  // in elements, within the flat buffer
+  bool decay = true;       // false for biases and LayerNorm parameters
+  int64_t offset = 0;      // in elements, within the flat buffer
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
 };
 

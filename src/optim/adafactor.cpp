@@ -57,10 +57,10 @@ class Adafactor final : public Optimizer {
     u.control = control;
     u.slots = &slots_;
     // With relative_step, Adafactor's own step size replaces the learning rate and schedule.
-    u.step_size = o_.relative_step
-                      ? static_cast<float>(std::min(o_.warmup_init ? 1e-6 * t : 1e-2,
-                                                    1.0 / std::sqrt(t)))
-                      : lr;
+    u.step_size =
+        o_.relative_step
+            ? static_cast<float>(std::min(o_.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t)))
+            : lr;
     u.beta2t = static_cast<float>(1.0 - std::pow(t, o_.decay_rate));
     u.eps1 = static_cast<float>(o_.eps1);
     u.eps2 = static_cast<float>(o_.eps2);

@@ -21,20 +21,11 @@ class AdamW8bit final : public Optimizer {
   std::string name() const override { return "adamw_8bit"; }
   void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override {
     slots_ = param_slots(params);
-    int64_t n8 = 0, n32 = 0, blocks = 0;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      ParamSlot& s = slots_[i];
-      if (s.numel >= min_8bit_size_ && !params.list()[i].embedding) {
-        s.state = n8;
-        s.blocks = blocks;
-        n8 += s.numel;
-        blocks += (s.numel + kQuantBlock - 1) / kQuantBlock;
-      } else {
-        s.state = n32;
-        s.blocks = -1;
-        n32 += s.numel;
-      }
-    }
+    std::vector<bool> eight_bit;
+    for (size_t i = 0; i < slots_.size(); ++i)
+      eight_bit.push_back(slots_[i].numel >= min_8bit_size_ && !params.list()[i].embedding);
+    const QuantizedStateSizes sizes = place_8bit_state(slots_, eight_bit);
+    const int64_t n8 = sizes.values8, blocks = sizes.blocks, n32 = sizes.values32;
     const Category c = Category::optimizer_state;
     binder.declare(plan, &codes1_, "adamw_8bit.exp_avg_codes", c, DType::u8, Shape{n8});
     binder.declare(plan, &codes2_, "adamw_8bit.exp_avg_sq_codes", c, DType::u8, Shape{n8});
@@ -95,6 +86,26 @@ class AdamW8bit final : public Optimizer {
   Tensor codes1_, codes2_, absmax1_, absmax2_, m32_, v32_, qmaps_;
 };
 }  // namespace
+
+QuantizedStateSizes place_8bit_state(std::vector<ParamSlot>& slots,
+                                     const std::vector<bool>& eight_bit) {
+  BRISK_CHECK(eight_bit.size() == slots.size(), "place_8bit_state: one flag per slot expected");
+  QuantizedStateSizes n;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    ParamSlot& s = slots[i];
+    if (eight_bit[i]) {
+      s.state = n.values8;
+      s.blocks = n.blocks;
+      n.values8 += s.numel;
+      n.blocks += (s.numel + kQuantBlock - 1) / kQuantBlock;
+    } else {
+      s.state = n.values32;
+      s.blocks = -1;
+      n.values32 += s.numel;
+    }
+  }
+  return n;
+}
 
 std::unique_ptr<Optimizer> make_adamw_8bit(const OptimizerConfig& config, OptimArgs& args) {
   const double min_size = args.number("min_8bit_size", 4096);

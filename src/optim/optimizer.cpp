@@ -21,9 +21,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
   OptimArgs args(config.args, config.name);
   std::unique_ptr<Optimizer> opt;
   if (name == "adamw_torch")
-    opt = std::make_unique<AdamW>(AdamWOptions{
-        static_cast<float>(config.beta1), static_cast<float>(config.beta2),
-        static_cast<float>(config.epsilon), static_cast<float>(config.weight_decay)});
+    opt = std::make_unique<AdamW>(
+        AdamWOptions{static_cast<float>(config.beta1), static_cast<float>(config.beta2),
+                     static_cast<float>(config.epsilon), static_cast<float>(config.weight_decay)});
   else if (name == "sgd")
     opt = make_sgd(config, args);
   else if (name == "adafactor")
@@ -44,8 +44,8 @@ OptimArgs::OptimArgs(const std::string& text, std::string optimizer)
     at = end + 1;
     if (item.find_first_not_of(' ') == std::string::npos) continue;
     const size_t eq = item.find('=');
-    BRISK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "optim_args: \"",
-                item, "\" is not key=value");
+    BRISK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "optim_args: \"", item,
+                "\" is not key=value");
     const std::string key = item.substr(0, eq);
     BRISK_CHECK(!values_.count(key), "optim_args: \"", key, "\" is given twice");
     values_[key] = item.substr(eq + 1);

@@ -91,6 +91,14 @@ void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const Paramete
                           Tensor* view, const std::string& name);
 void fill_decay_ranges(Backend& be, const ParameterSet& params, const Tensor& table);
 
+// 8-bit AdamW's state layout: slots with eight_bit[i] get 8-bit codes from `state` and absmax
+// blocks from `blocks`; the others float32 moments from `state` (blocks = -1). Returns the sizes.
+struct QuantizedStateSizes {
+  int64_t values8 = 0, blocks = 0, values32 = 0;
+};
+QuantizedStateSizes place_8bit_state(std::vector<ParamSlot>& slots,
+                                     const std::vector<bool>& eight_bit);
+
 std::unique_ptr<Optimizer> make_sgd(const OptimizerConfig& config, OptimArgs& args);
 std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& config, OptimArgs& args);
 std::unique_ptr<Optimizer> make_adamw_8bit(const OptimizerConfig& config, OptimArgs& args);

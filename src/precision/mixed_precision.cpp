@@ -15,8 +15,7 @@ void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params
   be.round_to(compute_, params.flat_weights());
 }
 
-void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params,
-                                     const RngKey& key) {
+void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key) {
   if (has_master())
     be.round_to(compute_, master_, params.flat_weights());
   else if (enabled())

@@ -65,8 +65,9 @@ void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::s
   for (size_t i = 0; i < state.size(); ++i) {
     const Tensor& t = state[i].second;
     host[i].resize(t.bytes());
-    with_host_view(be, t, true, false,
-                   [&](const Tensor& h) { std::copy_n(h.as<uint8_t>(), h.bytes(), host[i].data()); });
+    with_host_view(be, t, true, false, [&](const Tensor& h) {
+      std::copy_n(h.as<uint8_t>(), h.bytes(), host[i].data());
+    });
     out.emplace_back(state[i].first, Tensor(host[i].data(), t.shape(), t.dtype()));
   }
   int64_t step = optimizer.steps();

@@ -48,7 +48,7 @@ struct TrainOptions {
   std::string optim = "adamw_torch";
   std::string optim_args;           // "key=value,..." for the optimizer (e.g. SGD's momentum)
   bool bf16_master_weights = true;  // false: bf16 weights updated with stochastic rounding
-  std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
+  std::string device = "auto";      // cpu, cuda, or auto: cuda when a GPU is present
   bool disable_tqdm = false;
 };
 

@@ -173,7 +173,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
                            config.model_type == ModelType::gpt2};
   DataLoader loader(*data, layout, o.seed, o.dataloader_num_workers > 0);
 
-  MixedPrecision precision(o.bf16 ? DType::bf16 : o.fp16 ? DType::f16 : DType::f32,
+  MixedPrecision precision(o.bf16   ? DType::bf16
+                           : o.fp16 ? DType::f16
+                                    : DType::f32,
                            o.bf16_master_weights);
   MemoryPlan plan;
   model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype(), device});

@@ -1,7 +1,7 @@
 // The training loop (the equivalent of transformers' Trainer.train for the models brisk knows):
 // plan every buffer, allocate once, then optimizer steps of gradient-accumulated micro-steps
-// (forward, fused loss, backward), clipping, the schedule and the optimizer, with JSON logs, checkpoints
-// and a summary that includes the memory anatomy, planned and measured.
+// (forward, fused loss, backward), clipping, the schedule and the optimizer, with JSON logs,
+// checkpoints and a summary that includes the memory anatomy, planned and measured.
 #pragma once
 
 #include <array>

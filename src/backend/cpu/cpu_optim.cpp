@@ -52,7 +52,8 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
   float* __restrict v = u.exp_avg_sq.f32();
   auto update = [&](int64_t begin, int64_t end, float decay) {
 #pragma omp parallel for simd schedule(static) if (end - begin > 32768)
-    for (int64_t i = begin; i < end; ++i) w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
+    for (int64_t i = begin; i < end; ++i)
+      w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
   };
   const float decay = 1.0f - u.lr * u.weight_decay;
   for_each_decay_range(u.decay_ranges, n, [&](int64_t begin, int64_t end, bool decayed) {

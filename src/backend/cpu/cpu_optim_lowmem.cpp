@@ -176,7 +176,8 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
       float* __restrict m = u.exp_avg32.f32() + s.state;
       float* __restrict v = u.exp_avg_sq32.f32() + s.state;
 #pragma omp parallel for simd schedule(static) if (len > 32768)
-      for (int64_t i = 0; i < len; ++i) w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
+      for (int64_t i = 0; i < len; ++i)
+        w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
       continue;
     }
     const int64_t blocks = (len + kQuantBlock - 1) / kQuantBlock;
