@@ -108,8 +108,6 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
 
 int run_estimate(const EstimateArgs& a) {
   BRISK_CHECK(!(a.bf16 && a.fp16), "--fp16 and --bf16 contradict each other: choose one");
-  BRISK_CHECK(a.bf16_master_weights || a.bf16,
-              "--bf16_master_weights false applies to --bf16 training only");
   OptimizerConfig oc;
   oc.name = a.optim;
   oc.args = a.optim_args;

@@ -19,7 +19,7 @@ class MixedPrecision {
   explicit MixedPrecision(DType compute, bool master_weights = true, LossScalerOptions scaler = {})
       : compute_(compute), master_weights_(master_weights), scaler_(scaler) {
     BRISK_CHECK(master_weights || compute == DType::bf16,
-                "only bf16 training can do without fp32 master weights");
+                "--bf16_master_weights false applies to --bf16 training only");
   }
 
   DType compute_dtype() const { return compute_; }

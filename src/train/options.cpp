@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "precision/mixed_precision.h"
 
 namespace brisk {
 
@@ -79,8 +80,7 @@ void validate_options(const TrainOptions& o) {
   BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",
               o.dataloader_num_workers);
   make_optimizer(optimizer_config(o));  // refuses unknown names and bad optim_args
-  BRISK_CHECK(o.bf16_master_weights || o.bf16,
-              "--bf16_master_weights false applies to --bf16 training only");
+  MixedPrecision(o.bf16 ? DType::bf16 : DType::f32, o.bf16_master_weights);  // its rules
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
               o.device, "\" (valid: cpu, cuda, auto)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_matmul_bf16.h"
+#include "optim/step_control.h"
 
 namespace brisk {
 
@@ -88,6 +89,14 @@ class CpuBackend final : public Backend {
 
 // Checks shared by the CPU kernels.
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
+// The gradient multiplier of the step decision (optim/step_control.h) in *multiplier; false when
+// the step is skipped.
+inline bool read_step_control(const Tensor& control, const char* op, float* multiplier) {
+  expect(control, DType::f32, Shape{kControlSize}, op);
+  *multiplier = control.f32()[kControlMultiplier];
+  return control.f32()[kControlSkip] == 0.0f;
+}
+
 // One AdamW step's constants (torch's bias corrections, computed in double) and its update of
 // one element: shared by adamw_update and the 32-bit and dequantized state of adamw_8bit_update.
 struct AdamWStep {

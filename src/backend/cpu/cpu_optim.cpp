@@ -41,10 +41,8 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
   BRISK_CHECK(u.weights.dtype() == DType::f32 && u.grads.numel() == n && u.exp_avg.numel() == n &&
                   u.exp_avg_sq.numel() == n,
               "adamw_update: weights, gradients and moments must be float32 of equal size");
-  expect(u.control, DType::f32, Shape{kControlSize}, "adamw_update control");
-  const float* control = u.control.f32();
-  if (control[kControlSkip] != 0.0f) return;
-  const float multiplier = control[kControlMultiplier];
+  float multiplier = 0;
+  if (!read_step_control(u.control, "adamw_update control", &multiplier)) return;
   const AdamWStep adam(u.lr, u.beta1, u.beta2, u.eps, u.step);
   float* __restrict w = u.weights.f32();
   const float* __restrict g = u.grads.f32();

@@ -9,14 +9,6 @@
 namespace brisk {
 
 namespace {
-// The gradient multiplier from the step decision, or nothing when the step is skipped.
-bool read_control(const Tensor& control, const char* op, float* multiplier) {
-  BRISK_CHECK(control.dtype() == DType::f32 && control.numel() == kControlSize, op,
-              ": control must be float32 [", kControlSize, "]");
-  *multiplier = control.f32()[kControlMultiplier];
-  return control.f32()[kControlSkip] == 0.0f;
-}
-
 void check_flat(const Tensor& t, int64_t n, const char* op, const char* what) {
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == n, op, ": ", what, " must be float32 [", n,
               "], got ", dtype_name(t.dtype()), " ", t.shape().str());
@@ -30,7 +22,7 @@ void CpuBackend::sgd_update(const SgdUpdate& u) {
   const bool momentum = !u.momentum_buffer.empty();
   if (momentum) check_flat(u.momentum_buffer, n, "sgd_update", "the momentum buffer");
   float multiplier = 0;
-  if (!read_control(u.control, "sgd_update", &multiplier)) return;
+  if (!read_step_control(u.control, "sgd_update control", &multiplier)) return;
   float* __restrict w = u.weights.f32();
   const float* __restrict g = u.grads.f32();
   float* __restrict buf = momentum ? u.momentum_buffer.f32() : nullptr;
@@ -60,7 +52,7 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   if (first_moment) check_flat(u.exp_avg, n, "adafactor_update", "exp_avg");
   BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
   float multiplier = 0;
-  if (!read_control(u.control, "adafactor_update", &multiplier)) return;
+  if (!read_step_control(u.control, "adafactor_update control", &multiplier)) return;
   const float b2 = u.beta2t, eps1 = u.eps1;
   for (const ParamSlot& s : *u.slots) {
     const int64_t R = s.rows, C = s.cols, len = s.numel;
@@ -161,7 +153,7 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
                   u.exp_avg32.numel() == u.exp_avg_sq32.numel(),
               "adamw_8bit_update: state buffers do not pair up");
   float multiplier = 0;
-  if (!read_control(u.control, "adamw_8bit_update", &multiplier)) return;
+  if (!read_step_control(u.control, "adamw_8bit_update control", &multiplier)) return;
   const AdamWStep adam(u.lr, u.beta1, u.beta2, u.eps, u.step);
   const float* qs = u.qmap_signed.f32();
   const float* qu = u.qmap_unsigned.f32();
