@@ -684,7 +684,10 @@ TEST(CudaOps, EmbeddingMatchesTheCpu) {
     EXPECT_TRUE(identical(got[0], want[0])) << "forward";
     // Word and type rows are scatter-added with atomics on the GPU: any order.
     EXPECT_TRUE(near(got[1], want[1], 1e-6)) << "dword";
-    EXPECT_TRUE(near(got[3], want[3], 1e-6)) << "dtype_table";
+    // Each type row sums ~B*T/NT = 67 rows of |x| ~ 0.8 in any order: reordering a float32 sum
+    // moves it by up to n*u*sum|x| ~ 2e-4, typically sqrt(n)*u*sum|x| ~ 3e-5 (measured 2e-6 on
+    // an H100); a missed or doubled row would be off by ~1.
+    EXPECT_TRUE(near(got[3], want[3], 1e-4)) << "dtype_table";
     // Each position row is summed over the batch in the CPU's order (no atomics).
     EXPECT_TRUE(identical(got[2], want[2])) << "dpos";
     if (tables != word_pos_type) {

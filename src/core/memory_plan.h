@@ -44,7 +44,8 @@ struct BufferSpec {
 
 class MemoryPlan {
  public:
-  static constexpr size_t kAlignment = 64;
+  // 256: what cudaMalloc guarantees and cuBLASLt assumes of its operands and workspace.
+  static constexpr size_t kAlignment = 256;
 
   BufferId add(std::string name, Category category, DType dtype, Shape shape,
                Placement placement = Placement::device);

@@ -121,8 +121,10 @@ class CudaBackend final : public Backend {
     MatmulPlan& operator=(const MatmulPlan&) = delete;
     ~MatmulPlan();
   };
-  using PlanKey =
-      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
+  // The last field is the operands' common pointer alignment (bytes, at most 256): cuBLASLt's
+  // heuristic otherwise assumes 256 and may pick a kernel that refuses less aligned pointers.
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                             int, bool, int>;
   MatmulPlan& plan_for(const PlanKey& key);
 
   cudaStream_t stream_ = nullptr;

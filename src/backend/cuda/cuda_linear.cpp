@@ -35,6 +35,14 @@ float* on_gpu(const Tensor& t, const char* what) {
   return t.f32();
 }
 
+// The largest power of two up to 256 dividing every given address (null pointers ignored).
+int common_alignment(std::initializer_list<const void*> pointers) {
+  uintptr_t bits = 256;
+  for (const void* p : pointers)
+    if (p) bits |= reinterpret_cast<uintptr_t>(p);
+  return static_cast<int>(bits & (~bits + 1));
+}
+
 struct LinearDims {
   int64_t m, k, n;
 };
@@ -83,7 +91,7 @@ void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t
 CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32] = key;
+  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32, align] = key;
   const DType dtype = static_cast<DType>(dtype_int);
   auto p = std::make_unique<MatmulPlan>();
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLASLt's
@@ -121,6 +129,11 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   const size_t ws = kWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
+  const uint32_t min_align = static_cast<uint32_t>(align);
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &min_align, sizeof min_align);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c,
@@ -150,8 +163,9 @@ void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     pa = operand_a_.data();
     pb = operand_b_.data();
   }
-  MatmulPlan& p = plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
-                                   static_cast<int>(dtype), tf32_});
+  MatmulPlan& p =
+      plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
+                       static_cast<int>(dtype), tf32_, common_alignment({pa, pb, c, bias})});
   if (bias)
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                             sizeof bias),
