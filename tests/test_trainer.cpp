@@ -156,6 +156,25 @@ TEST(Trainer, SaveTotalLimitKeepsTheNewest) {
   EXPECT_TRUE(f.has("transformer.ln_f.bias"));
 }
 
+TEST(Trainer, SaveStrategyNoWritesNoCheckpointAndEpochSavesAtEachEpochsEnd) {
+  TempDir dir("strategy");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.save_strategy = "no";
+  o.save_steps = 1;
+  EXPECT_TRUE(run(o).summary.last_checkpoint.empty());
+  for (const auto& e : fs::directory_iterator(o.output_dir))
+    EXPECT_EQ(e.path().filename().string().find("checkpoint"), std::string::npos) << e.path();
+  // 24 samples in batches of 4: 6 steps an epoch; 14 steps end two epochs and a part.
+  TrainOptions e = tiny_options(write_config(dir, "gpt2", 0.0), dir / "epochs");
+  e.save_strategy = "epoch";
+  e.max_steps = 14;
+  EXPECT_EQ(run(e).summary.last_checkpoint, e.output_dir + "/checkpoint-14");
+  for (int step = 1; step <= 14; ++step)
+    EXPECT_EQ(fs::exists(e.output_dir + "/checkpoint-" + std::to_string(step)),
+              step == 6 || step == 12 || step == 14)
+        << step;
+}
+
 TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
   TempDir dir("memory");
   for (bool bf16 : {false, true}) {
@@ -301,6 +320,7 @@ TEST(Trainer, RefusesBadOptions) {
           "gradient_accumulation_steps must be positive");
   refused([](TrainOptions& o) { o.fp16 = o.bf16 = true; }, "contradict each other");
   refused([](TrainOptions& o) { o.lr_scheduler_type = "exotic"; }, "unknown lr_scheduler_type");
+  refused([](TrainOptions& o) { o.save_strategy = "best"; }, "unknown save_strategy");
   refused([](TrainOptions& o) { o.warmup_steps = 2.5; }, "whole number of steps");
   refused([](TrainOptions& o) { o.warmup_steps = 2, o.warmup_ratio = 0.1; },
           "warmup_steps and warmup_ratio contradict");

@@ -74,6 +74,8 @@ void validate_options(const TrainOptions& o) {
   const std::set<std::string> schedules{"linear", "cosine", "constant", "constant_with_warmup"};
   BRISK_CHECK(schedules.count(o.lr_scheduler_type), "unknown lr_scheduler_type \"",
               o.lr_scheduler_type, "\" (valid: linear, cosine, constant, constant_with_warmup)");
+  BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
+              "unknown save_strategy \"", o.save_strategy, "\" (valid: no, steps, epoch)");
   BRISK_CHECK(o.save_steps >= 0, "save_steps must not be negative, got ", o.save_steps);
   BRISK_CHECK(o.save_total_limit >= 0, "save_total_limit must not be negative, got ",
               o.save_total_limit);

@@ -40,6 +40,7 @@ struct TrainOptions {
   int64_t max_steps = -1;
   uint64_t seed = 42;
   int64_t logging_steps = 500;
+  std::string save_strategy = "steps";  // no, steps or epoch, as TrainingArguments
   int64_t save_steps = 500;
   int64_t save_total_limit = 0;  // 0 = keep all
   std::string resume_from_checkpoint;
@@ -81,6 +82,8 @@ void visit_options(Options& o, Visitor&& v) {
   v("max_steps", o.max_steps, "optimizer steps; overrides num_train_epochs when > 0");
   v("seed", o.seed, "seed for initialization, shuffling and dropout");
   v("logging_steps", o.logging_steps, "log every this many optimizer steps");
+  v("save_strategy", o.save_strategy,
+    "no (never save), steps (every save_steps and at the end) or epoch (at each epoch's end)");
   v("save_steps", o.save_steps, "save a checkpoint every this many steps (0 = only at the end)");
   v("save_total_limit", o.save_total_limit, "keep at most this many checkpoints (0 = all)");
   v("resume_from_checkpoint", o.resume_from_checkpoint, "checkpoint folder to continue from");

@@ -89,6 +89,18 @@ struct Update {
   bool skipped = false;
 };
 
+// Whether the step just finished ends with a checkpoint, as TrainingArguments' save_strategy:
+// "steps" saves every save_steps and after the last step, "epoch" when the step completed an
+// epoch (the last step too), "no" never.
+bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_steps,
+                    int64_t micro_batches, int64_t k, int64_t micro_per_epoch) {
+  if (o.save_strategy == "no") return false;
+  if (global_step == total_steps) return true;
+  if (o.save_strategy == "epoch")
+    return micro_batches / micro_per_epoch > (micro_batches - k) / micro_per_epoch;
+  return o.save_steps > 0 && global_step % o.save_steps == 0;
+}
+
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
@@ -277,8 +289,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       state.log_history.push_back(rec);
       on_log(rec);
     }
-    if ((o.save_steps > 0 && state.global_step % o.save_steps == 0) ||
-        state.global_step == total_steps)
+    if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch))
       s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
                                           *optimizer, schedule, state);
   }
