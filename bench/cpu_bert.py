@@ -69,7 +69,7 @@ OPTIM_ROWS = [("fp32 adafactor", "fp32", "adafactor", "", []),
 def run_brisk(cfg_dir, out_dir, steps, batch, seq, precision, optim, optim_args, extra):
     cmd = [BRISK, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(batch),
            "--seq_len", str(seq), "--dataset_size", str(steps * batch), "--max_steps", str(steps),
-           "--logging_steps", str(steps), "--save_steps", "0", "--output_dir", out_dir,
+           "--logging_steps", str(steps), "--save_strategy", "no", "--output_dir", out_dir,
            "--device", "cpu", "--optim", optim, "--optim_args", optim_args] + extra
     if precision == "bf16":
         cmd.append("--bf16")

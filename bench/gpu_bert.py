@@ -24,7 +24,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BRISK = os.path.join(ROOT, "build", "brisk")
+BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 
 BERT_LARGE = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 1024,
               "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
@@ -115,7 +115,7 @@ def write_tokens(path, count, seed=0):
 
 def run_brisk(cfg_dir, out_dir, kind, samples, seq, opts, dataset=None):
     cmd = [BRISK, "train", "--device", "cuda", "--model", cfg_dir, "--seq_len", str(seq),
-           "--num_train_epochs", "1", "--logging_steps", "1000000", "--save_steps", "0",
+           "--num_train_epochs", "1", "--logging_steps", "1000000", "--save_strategy", "no",
            "--output_dir", out_dir, "--disable_tqdm", "true"]
     cmd += ["--dataset", dataset] if dataset else ["--dataset_size", str(samples)]
     for k, v in opts.items():
@@ -149,8 +149,12 @@ def main():
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--rows", default="all", choices=["all", "quick"])
     ap.add_argument("--peak_tflops", type=float, default=989.0)
+    ap.add_argument("--only", default="", help="comma-separated row names to run (default: --rows)")
+    ap.add_argument("--no_gpt2", action="store_true", help="skip the GPT-2 row")
     a = ap.parse_args()
     rows = BERT_ROWS if a.rows == "all" else [r for r in BERT_ROWS if r[0] in QUICK_ROWS]
+    if a.only:
+        rows = [r for r in BERT_ROWS if r[0] in a.only.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         bert = write_config(os.path.join(tmp, "bert"), BERT_LARGE)
@@ -158,14 +162,17 @@ def main():
             b = run_brisk(bert, os.path.join(tmp, "b"), "cls", a.samples, 512, opts)
             h = run_hf(bert, os.path.join(tmp, "h"), "cls", a.samples, 512, opts)
             results.append(("bert-large " + name, 512, BERT_LARGE, opts, b, h))
-        gpt2 = write_config(os.path.join(tmp, "gpt2"), GPT2)
-        tokens = os.path.join(tmp, "tokens.bin")
-        gpt_samples = max(64, a.samples // 4)
-        write_tokens(tokens, gpt_samples * 1024 + 1)
-        opts = {"per_device_train_batch_size": 8, "bf16": True}
-        b = run_brisk(gpt2, os.path.join(tmp, "gb"), "lm", gpt_samples, 1024, opts, tokens)
-        h = run_hf(gpt2, os.path.join(tmp, "gh"), "lm", gpt_samples, 1024, opts)
-        results.append(("gpt2-124M bf16 batch 8", 1024, GPT2, opts, b, h))
+            print(json.dumps({"row": name, "brisk": b, "hf": h}), flush=True)
+        if not a.no_gpt2:
+            gpt2 = write_config(os.path.join(tmp, "gpt2"), GPT2)
+            tokens = os.path.join(tmp, "tokens.bin")
+            gpt_samples = max(64, a.samples // 4)
+            write_tokens(tokens, gpt_samples * 1024 + 1)
+            opts = {"per_device_train_batch_size": 8, "bf16": True}
+            b = run_brisk(gpt2, os.path.join(tmp, "gb"), "lm", gpt_samples, 1024, opts, tokens)
+            h = run_hf(gpt2, os.path.join(tmp, "gh"), "lm", gpt_samples, 1024, opts)
+            results.append(("gpt2-124M bf16 batch 8", 1024, GPT2, opts, b, h))
+            print(json.dumps({"row": "gpt2", "brisk": b, "hf": h}), flush=True)
 
     gib = lambda x: f"{x / 2**30:.2f} GiB" if x and x > 0 else "n/a"
     print(f"{'row':<40}{'brisk/s':>9}{'HF/s':>9}{'speed x':>9}{'brisk mem':>11}{'HF mem':>11}"
