@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "test_support.h"
 
@@ -128,6 +130,80 @@ TEST(Cli, EstimatePlansEachOptimizersState) {
   EXPECT_NE(direct.out.find("master_weights        0.0 MiB"), std::string::npos) << direct.out;
   expect_refused("estimate --optim adam", "unknown optim \"adam\"");
   expect_refused("estimate --bf16_master_weights false", "applies to --bf16 training only");
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// `brisk estimate` takes train's options and plans exactly what train allocates, category by
+// category, byte for byte.
+TEST(Cli, EstimateEqualsThePlanTrainAllocates) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("brisk_cli_estimate_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string options_file = (dir / "options.json").string();
+  std::ofstream(options_file) << R"({"optim": "sgd", "optim_args": "momentum=0.9", "seq_len": 20})";
+  const std::string common = " --max_steps 1 --dataset_size 8 --seq_len 16 ";
+  const std::vector<std::string> runs = {
+      "--model bert-tiny --per_device_train_batch_size 2",
+      "--model gpt2-tiny --bf16 --gradient_checkpointing true --per_device_train_batch_size 3",
+      "--model bert-tiny --fp16 true --optim adafactor --gradient_accumulation_steps 2",
+      "--model gpt2-tiny --optim adamw_8bit --dataloader_num_workers 1 --bf16=true "
+      "--bf16_master_weights false",
+      "--model bert-tiny --options_file " + options_file + " --per_device_train_batch_size 2"};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string out = (dir / ("run" + std::to_string(i))).string();
+    const std::string json = out + ".estimate.json";
+    const CliRun est =
+        run_brisk("estimate --device cpu " + common + runs[i] + " --output_json " + json);
+    ASSERT_EQ(est.exit_code, 0) << runs[i] << "\n" << est.err;
+    const CliRun train =
+        run_brisk("train --device cpu --save_strategy no --output_dir " + out + common + runs[i]);
+    ASSERT_EQ(train.exit_code, 0) << runs[i] << "\n" << train.err;
+    const nlohmann::json planned = read_json(json)["memory"]["planned_bytes"];
+    const nlohmann::json allocated =
+        read_json(out + "/train_results.json")["memory"]["planned_bytes"];
+    EXPECT_EQ(planned, allocated) << runs[i];
+    EXPECT_GT(planned["activations"].get<int64_t>(), 0) << runs[i];
+  }
+  fs::remove_all(dir);
+  // Both subcommands refuse the same contradictions.
+  expect_refused("estimate --fp16 true --bf16 true", "contradict each other");
+  expect_refused("estimate --save_strategy sometimes", "unknown save_strategy");
+}
+
+TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
+  const std::string run = "estimate --model bert-large-uncased --per_device_train_batch_size 4 ";
+  const CliRun gpu = run_brisk(run + "--device cuda");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_NE(gpu.out.find("on cuda"), std::string::npos) << gpu.out;
+  EXPECT_NE(gpu.out.find("GPU: context, kernels, libraries"), std::string::npos) << gpu.out;
+  EXPECT_NE(gpu.out.find("expect \"GPU memory occupied\" near"), std::string::npos) << gpu.out;
+  const CliRun cpu = run_brisk(run + "--device cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_NE(cpu.out.find("expect a process peak near"), std::string::npos) << cpu.out;
+  // The GPU keeps one log-sum-exp per attention row where the CPU keeps the probabilities:
+  // 24 layers x 4 x 16 heads x 512 x 512 float32 values less.
+  auto activations_mib = [](const std::string& out) {
+    return std::stod(out.substr(out.find("activations") + 11));
+  };
+  EXPECT_NEAR(activations_mib(cpu.out) - activations_mib(gpu.out),
+              24.0 * 4 * 16 * 512 * (512 - 1) * 4 / (1 << 20), 0.2);
+}
+
+TEST(Cli, HelpShowsTheBooleansRealDefaults) {
+  for (const char* sub : {"train", "estimate"}) {
+    const CliRun r = run_brisk(std::string(sub) + " --help");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* flag :
+         {"--fp16 [BOOLEAN=false]", "--bf16 [BOOLEAN=false]",
+          "--gradient_checkpointing [BOOLEAN=false]", "--tf32 [BOOLEAN=false]",
+          "--disable_tqdm [BOOLEAN=false]", "--bf16_master_weights [BOOLEAN=true]"})
+      EXPECT_NE(r.out.find(flag), std::string::npos) << sub << ": no " << flag << " in\n" << r.out;
+  }
 }
 
 TEST(Cli, BadInputEndsWithOneClearMessage) {

@@ -53,6 +53,7 @@
 #include "optim/quantization.h"
 #include "optim/step_control.h"
 #include "test_support.h"
+#include "train/assembly.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 
@@ -1703,6 +1704,25 @@ TEST(CudaMemory, TheArenaHandsOutExactlyThePlannedBuffers) {
           }
         }
       }
+}
+
+// What `brisk estimate --device cuda` plans without a GPU is what the GPU run allocates.
+TEST(CudaMemory, PlanningWithoutTheBackendEqualsTheGpuRunsPlan) {
+  REQUIRE_GPU();
+  TempDir dir("estimate");
+  for (const char* model : {"bert-tiny", "gpt2-tiny"})
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(std::string(model) + " variant " + std::to_string(variant));
+      TrainOptions o = gpu_options(model, dir / "out");
+      o.max_steps = 1;
+      o.bf16 = variant == 1;
+      o.fp16 = variant == 2;
+      o.gradient_checkpointing = variant == 2;
+      if (variant == 2) o.optim = "adafactor";
+      const Result r = run(o);
+      const auto planned = assemble_run(o, Device::cuda, nullptr)->plan.bytes_by_category();
+      EXPECT_EQ(planned, r.summary.memory.planned);
+    }
 }
 
 // The GPU memory the driver reports grows by the arena and little else.

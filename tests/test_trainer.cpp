@@ -13,6 +13,7 @@
 #include "data/token_file.h"
 #include "optim/step_control.h"
 #include "test_support.h"
+#include "train/assembly.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
@@ -173,6 +174,48 @@ TEST(Trainer, SaveStrategyNoWritesNoCheckpointAndEpochSavesAtEachEpochsEnd) {
     EXPECT_EQ(fs::exists(e.output_dir + "/checkpoint-" + std::to_string(step)),
               step == 6 || step == 12 || step == 14)
         << step;
+}
+
+// A GPU run is planned on any machine: the GPU's attention keeps one log-sum-exp per row instead
+// of the probabilities, batches get device copies, and the backend plans cuBLASLt's workspace,
+// 16-bit operand copies, the ones column and the optimizer scratch.
+TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
+  TempDir dir("gpu_plan");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out", "cuda");
+  o.bf16 = true;
+  const auto gpu = assemble_run(o, Device::cuda, nullptr);
+  o.device = "cpu";
+  const auto cpu = assemble_run(o, Device::cpu, nullptr);
+  auto find = [](const MemoryPlan& plan, const std::string& name) -> const BufferSpec* {
+    for (const BufferSpec& b : plan.buffers())
+      if (b.name == name) return &b;
+    return nullptr;
+  };
+  const int64_t B = 4, H = 2, T = 12;
+  const BufferSpec* lse = find(gpu->plan, "block.0.attn_stats");
+  const BufferSpec* probs = find(cpu->plan, "block.0.attn_stats");
+  ASSERT_TRUE(lse && probs);
+  EXPECT_EQ(lse->shape, (Shape{B, H, T}));
+  EXPECT_EQ(probs->shape, (Shape{B, H, T, T}));
+  const BufferSpec* ws = find(gpu->plan, "backend.cublaslt_workspace");
+  ASSERT_TRUE(ws);
+  EXPECT_EQ(ws->bytes, static_cast<size_t>(kCublasLtWorkspaceBytes));
+  EXPECT_EQ(find(cpu->plan, "backend.cublaslt_workspace"), nullptr);
+  const BufferSpec* operand = find(gpu->plan, "backend.operand_a");
+  ASSERT_TRUE(operand);
+  EXPECT_EQ(operand->dtype, DType::bf16);
+  EXPECT_EQ(operand->shape, (Shape{gpu->model->max_matmul_operand()}));
+  int device_copies = 0;
+  for (const BufferSpec& b : gpu->plan.buffers())
+    if (b.category == Category::data && b.placement == Placement::device) ++device_copies;
+  EXPECT_GE(device_copies, 3);  // input ids, attention mask and labels at least
+  EXPECT_EQ(gpu->product, DType::bf16);
+  // Everything the optimizer and the precision policy hold is the same on both devices.
+  for (Category c : {Category::weights, Category::master_weights, Category::gradients,
+                     Category::optimizer_state})
+    EXPECT_EQ(gpu->plan.bytes_by_category()[static_cast<int>(c)],
+              cpu->plan.bytes_by_category()[static_cast<int>(c)])
+        << category_name(c);
 }
 
 TEST(Trainer, ThePlanAccountsForTheProcessMemory) {

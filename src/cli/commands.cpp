@@ -2,14 +2,17 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "backend/backend.h"
+#include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "models/batch.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
+#include "train/assembly.h"
 
 namespace brisk::cli {
 
@@ -106,39 +109,114 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   return 0;
 }
 
-int run_estimate(const EstimateArgs& a) {
-  BRISK_CHECK(!(a.bf16 && a.fp16), "--fp16 and --bf16 contradict each other: choose one");
-  OptimizerConfig oc;
-  oc.name = a.optim;
-  oc.args = a.optim_args;
-  const std::unique_ptr<Optimizer> optimizer = make_optimizer(oc);
-  ModelConfig config = resolve_config(a.model);
-  auto model = Model::create(config);
-  MixedPrecision precision(a.bf16   ? DType::bf16
-                           : a.fp16 ? DType::f16
-                                    : DType::f32,
-                           a.bf16_master_weights);
-  MemoryPlan plan;
-  model->plan(plan, {a.batch_size, a.seq_len},
-              {a.gradient_checkpointing, precision.compute_dtype()});
-  const int64_t n = model->params().total_elements();
-  BufferBinder binder;
-  precision.plan(plan, binder, n);
-  optimizer->plan(plan, binder, model->params());
-  auto be = make_cpu_backend();
-  be->set_matmul_dtype(a.bf16 ? DType::bf16 : DType::f32);
-  be->plan_workspace(plan, binder, model->max_matmul_operand());
-  plan.finalize();
-  std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s\n", a.model.c_str(),
-              static_cast<long long>(n), static_cast<long long>(a.batch_size),
-              static_cast<long long>(a.seq_len),
-              a.gradient_checkpointing ? ", gradient checkpointing" : "",
-              a.bf16   ? ", bf16"
-              : a.fp16 ? ", fp16"
-                       : ", fp32",
-              precision.enabled() && !precision.has_master() ? " without master weights" : "",
-              optimizer->name().c_str());
-  print_plan(plan.bytes_by_category(), plan.total_bytes());
+namespace {
+// What the GPU holds beyond the plan: "GPU memory occupied" minus the planned device bytes,
+// measured on an H100 80GB (driver 580.159.04, CUDA 13.0, 2026-11-22) as 1013 MiB in three
+// bert-large runs of different plans (fp32, bf16, Adafactor; within 0.5 MiB of each other): the
+// CUDA context, the loaded kernels of brisk and cuBLASLt, and the driver's own allocations.
+constexpr size_t kCudaContextBytes = size_t{1013} << 20;
+
+// The seeds' rules of thumb, bytes per parameter: weights 4 (fp32) or 6 (mixed precision: an fp32
+// and a 16-bit copy), gradients 4, optimizer state 8 (AdamW), 2 (8-bit AdamW), 4 (SGD); -1 where
+// the seeds give none (Adafactor).
+struct RuleOfThumb {
+  double weights, gradients, optimizer;
+};
+RuleOfThumb seeds_rule(const TrainOptions& o) {
+  const std::string& opt = o.optim;
+  const double optimizer = opt == "adamw_torch" || opt == "adamw_torch_fused" ? 8
+                           : opt == "adamw_8bit" || opt == "adamw_bnb_8bit"   ? 2
+                           : opt == "sgd"                                     ? 4
+                                                                              : -1;
+  return {o.fp16 || o.bf16 ? 6.0 : 4.0, 4.0, optimizer};
+}
+
+// Bytes of the buffers whose names start with `prefix`.
+size_t bytes_under(const MemoryPlan& plan, const std::string& prefix) {
+  size_t total = 0;
+  for (const auto& b : plan.buffers())
+    if (b.name.rfind(prefix, 0) == 0) total += b.bytes;
+  return total;
+}
+}  // namespace
+
+int run_estimate(const TrainOptions& o, const std::string& json_path) {
+  validate_options(o);
+  // An explicit device is planned whether or not it is present; auto picks as train would.
+  const Device device = o.device == "auto"   ? resolve_device("auto")
+                        : o.device == "cuda" ? Device::cuda
+                                             : Device::cpu;
+  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr);
+  const MemoryPlan& plan = run->plan;
+  const int64_t n = run->model->params().total_elements();
+  const int64_t layers = run->config.num_layers;
+  const MixedPrecision& precision = *run->precision;
+  std::printf(
+      "%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
+      static_cast<long long>(n), static_cast<long long>(o.per_device_train_batch_size),
+      static_cast<long long>(o.seq_len), o.gradient_checkpointing ? ", gradient checkpointing" : "",
+      o.bf16   ? ", bf16"
+      : o.fp16 ? ", fp16"
+               : ", fp32",
+      precision.enabled() && !precision.has_master() ? " without master weights" : "",
+      run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+  const auto planned = plan.bytes_by_category();
+  const RuleOfThumb rule = seeds_rule(o);
+  auto per_param = [&](size_t bytes) {
+    return static_cast<double>(bytes) / static_cast<double>(n);
+  };
+  std::printf("  %-16s %12s   %s\n", "category", "planned", "bytes/param (seeds' rule)");
+  for (int c = 0; c < kNumCategories; ++c) {
+    const Category cat = static_cast<Category>(c);
+    std::printf("  %-16s %12s", category_name(cat), mib(planned[c]).c_str());
+    const double seeds = cat == Category::gradients         ? rule.gradients
+                         : cat == Category::optimizer_state ? rule.optimizer
+                                                            : -1;
+    if (cat == Category::weights || cat == Category::gradients || cat == Category::optimizer_state)
+      std::printf("   %.2f", per_param(planned[c]));
+    if (seeds >= 0) std::printf(" (%.0f)", seeds);
+    if (cat == Category::master_weights)
+      std::printf("   weights + master: %.2f (%.0f)",
+                  per_param(planned[c] + planned[static_cast<int>(Category::weights)]),
+                  rule.weights);
+    std::printf("\n");
+  }
+  std::printf("  %-16s %12s\n", "total (planned)", mib(plan.total_bytes()).c_str());
+  const size_t block = bytes_under(plan, "block.0.");
+  std::printf("  activations saved per block: %s x %lld layers = %s\n", mib(block).c_str(),
+              static_cast<long long>(layers), mib(block * layers).c_str());
+  std::printf("fixed overheads assumed (not in the plan):\n");
+  const size_t host_base = current_rss_bytes();
+  std::printf("  %-34s %12s\n", "host: program and libraries (now)", mib(host_base).c_str());
+  if (device == Device::cuda) {
+    std::printf("  %-34s %12s\n", "GPU: context, kernels, libraries",
+                mib(kCudaContextBytes).c_str());
+    std::printf("  %-34s %12s\n", "host: pinned staging (planned)",
+                mib(plan.total_bytes(Placement::host)).c_str());
+    std::printf("expect \"GPU memory occupied\" near %s\n",
+                mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
+  } else {
+    std::printf("expect a process peak near %s\n", mib(plan.total_bytes() + host_base).c_str());
+  }
+  if (!json_path.empty()) {
+    nlohmann::json planned_json = nlohmann::json::object();
+    for (int c = 0; c < kNumCategories; ++c)
+      planned_json[category_name(static_cast<Category>(c))] = planned[c];
+    const nlohmann::json j = {
+        {"device", device == Device::cuda ? "cuda" : "cpu"},
+        {"parameters", n},
+        {"memory",
+         {{"planned_bytes", planned_json},
+          {"planned_total_bytes", plan.total_bytes()},
+          {"activations_per_block_bytes", block},
+          {"layers", layers},
+          {"host_baseline_bytes", host_base},
+          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0}}}};
+    std::ofstream out(json_path);
+    BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
+    out << j.dump(2) << "\n";
+    BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
+  }
   return 0;
 }
 

@@ -17,22 +17,13 @@ struct ForwardBackwardArgs {
   uint64_t step = 0;
 };
 
-struct EstimateArgs {
-  std::string model = "bert-large-uncased";
-  int64_t batch_size = 8;
-  int64_t seq_len = 512;
-  bool gradient_checkpointing = false;
-  bool bf16 = false;
-  bool fp16 = false;
-  std::string optim = "adamw_torch";
-  std::string optim_args;
-  bool bf16_master_weights = true;
-};
-
 int run_train(const TrainOptions& options);
 // The value of --options_file in argv, if any (read before the other flags so they override it).
 std::string find_options_file(int argc, char** argv);
 int run_forward_backward(const ForwardBackwardArgs& args);
-int run_estimate(const EstimateArgs& args);
+// Plans the run `options` describe on their device (cuda needs no GPU) and prints the plan by
+// category and per block, the fixed overheads it assumes and the seeds' rules of thumb; writes
+// it as JSON too when json_path is not empty.
+int run_estimate(const TrainOptions& options, const std::string& json_path);
 
 }  // namespace brisk::cli

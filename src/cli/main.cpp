@@ -11,23 +11,29 @@ int main(int argc, char** argv) {
   CLI::App app{"brisk: train transformer models natively, with every byte planned"};
   app.require_subcommand(1);
 
-  // Options from a JSON file act as defaults that flags on the command line override.
-  TrainOptions train;
+  // train and estimate take the same options. Options from a JSON file act as defaults that flags
+  // on the command line override.
+  TrainOptions options;
   std::string options_file = cli::find_options_file(argc, argv);
-  auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
-  t->add_option("--options_file", options_file, "JSON file of options (flags override it)");
   try {
-    if (!options_file.empty()) load_options_file(train, options_file);
+    if (!options_file.empty()) load_options_file(options, options_file);
   } catch (const Error& err) {
     std::cerr << "brisk: error: " << err.what() << "\n";
     return 1;
   }
-  visit_options(train, [&](const char* name, auto& field, const char* help) {
-    auto* opt = t->add_option(std::string("--") + name, field, help)->capture_default_str();
-    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
-      opt->expected(0, 1)->default_str("true");  // --fp16, --fp16 true, --fp16=false
-  });
-  t->add_option("--model", train.model_name_or_path, "alias of --model_name_or_path");
+  auto add_run_options = [&](CLI::App* sub) {
+    sub->add_option("--options_file", options_file, "JSON file of options (flags override it)");
+    visit_options(options, [&](const char* name, auto& field, const char* help) {
+      auto* opt = sub->add_option(std::string("--") + name, field, help)->capture_default_str();
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
+        // --fp16, --fp16 true, --fp16=false; the help shows the real default.
+        opt->expected(0, 1)->default_str("true")->option_text(field ? "[BOOLEAN=true]"
+                                                                    : "[BOOLEAN=false]");
+    });
+    sub->add_option("--model", options.model_name_or_path, "alias of --model_name_or_path");
+  };
+  auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
+  add_run_options(t);
 
   cli::ForwardBackwardArgs fb;
   auto* f = app.add_subcommand("forward-backward",
@@ -42,19 +48,13 @@ int main(int argc, char** argv) {
   f->add_option("--seed", fb.seed)->capture_default_str();
   f->add_option("--step", fb.step, "step of the dropout RNG")->capture_default_str();
 
-  cli::EstimateArgs est;
-  auto* e = app.add_subcommand("estimate", "print the memory plan of a training run by category");
-  e->add_option("--model_name_or_path,--model", est.model)->capture_default_str();
-  e->add_option("--per_device_train_batch_size", est.batch_size)->capture_default_str();
-  e->add_option("--seq_len", est.seq_len)->capture_default_str();
-  e->add_flag("--gradient_checkpointing", est.gradient_checkpointing);
-  e->add_flag("--bf16", est.bf16);
-  e->add_flag("--fp16", est.fp16);
-  e->add_option("--optim", est.optim)->capture_default_str();
-  e->add_option("--optim_args", est.optim_args);
-  e->add_option("--bf16_master_weights", est.bf16_master_weights)
-      ->expected(0, 1)
-      ->default_str("true");
+  std::string estimate_json;
+  auto* e = app.add_subcommand("estimate",
+                               "print the memory plan of a training run (train's options; "
+                               "--device cuda plans a GPU run without a GPU)");
+  add_run_options(e);
+  e->add_option("--output_json", estimate_json,
+                "also write the plan as JSON (keys as train_results.json's memory)");
 
   try {
     app.parse(argc, argv);
@@ -62,9 +62,9 @@ int main(int argc, char** argv) {
     return app.exit(err);
   }
   try {
-    if (*t) return cli::run_train(train);
+    if (*t) return cli::run_train(options);
     if (*f) return cli::run_forward_backward(fb);
-    if (*e) return cli::run_estimate(est);
+    if (*e) return cli::run_estimate(options, estimate_json);
   } catch (const Error& err) {
     std::cerr << "brisk: error: " << err.what() << "\n";
     return 1;

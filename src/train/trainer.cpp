@@ -14,12 +14,11 @@
 #include "backend/backend.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
-#include "data/synthetic.h"
-#include "data/token_file.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/step_control.h"
 #include "precision/mixed_precision.h"
+#include "train/assembly.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 
@@ -36,15 +35,6 @@ int64_t non_embedding_params(const ParameterSet& ps) {
         p.name.find(".wte.") == std::string::npos && p.name.find(".wpe.") == std::string::npos)
       n += p.shape.numel();
   return n;
-}
-
-std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c) {
-  if (o.dataset == "synthetic")
-    return std::make_unique<SyntheticDataset>(
-        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task}, c);
-  BRISK_CHECK(c.model_type == ModelType::gpt2, "token files train causal LMs; the ", c.type_name(),
-              " model needs --dataset synthetic");
-  return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
 }
 
 void prepare_output_dir(const std::string& dir) {
@@ -166,43 +156,17 @@ void force_overflow_at_step_for_testing(int64_t step) {
 
 TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset) {
   validate_options(options);
-  TrainOptions o = options;
-  if (!o.resume_from_checkpoint.empty()) {
-    BRISK_CHECK(fs::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
-                o.resume_from_checkpoint, "' does not exist");
-    o.seed = checkpoint_seed(o.resume_from_checkpoint);
-  }
-  const ModelConfig config = resolve_config(o.model_name_or_path);
-  auto model = Model::create(config);
-  const Device device = resolve_device(o.device);
+  const Device device = resolve_device(options.device);
   auto be = make_backend(device);
-  std::unique_ptr<Dataset> owned = dataset ? nullptr : make_dataset(o, config);
-  const Dataset* data = dataset ? dataset : owned.get();
+  const std::unique_ptr<RunAssembly> run = assemble_run(options, device, be.get(), dataset);
+  const TrainOptions& o = run->options;
+  Model* model = run->model.get();
+  DataLoader& loader = *run->loader;
+  MixedPrecision& precision = *run->precision;
+  Optimizer* optimizer = run->optimizer.get();
+  const MemoryPlan& plan = run->plan;
   prepare_output_dir(o.output_dir);
-
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
-  const BatchLayout layout{B, o.seq_len, config.model_type == ModelType::bert,
-                           config.model_type == ModelType::gpt2};
-  DataLoader loader(*data, layout, o.seed, o.dataloader_num_workers > 0);
-
-  MixedPrecision precision(o.bf16   ? DType::bf16
-                           : o.fp16 ? DType::f16
-                                    : DType::f32,
-                           o.bf16_master_weights);
-  MemoryPlan plan;
-  model->plan(plan, {B, o.seq_len}, {o.gradient_checkpointing, precision.compute_dtype(), device});
-  BufferBinder binder;
-  precision.plan(plan, binder, model->params().total_elements());
-  // The CPU has no fp16 matrix units: fp16 values are multiplied in float32 there.
-  be->set_matmul_dtype(o.bf16                             ? DType::bf16
-                       : o.fp16 && device == Device::cuda ? DType::f16
-                                                          : DType::f32);
-  be->set_tf32(o.tf32);
-  be->plan_workspace(plan, binder, model->max_matmul_operand());
-  const std::unique_ptr<Optimizer> optimizer = make_optimizer(optimizer_config(o));
-  optimizer->plan(plan, binder, model->params());
-  loader.plan(plan, binder);
-  plan.finalize();
 
   TrainSummary s;
   s.device = be->name();
@@ -211,7 +175,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, be->device_memory(), be->staging_memory());
   model->bind(arena);
-  binder.bind(arena);
+  run->binder.bind(arena);
   optimizer->reset(*be);
 
   TrainerState state;

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_matmul_bf16.h"
+#include "backend/workspace.h"
 #include "optim/step_control.h"
 
 namespace brisk {
@@ -84,7 +85,7 @@ class CpuBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
               int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
   std::unique_ptr<Bf16Matmul> bf16_;  // set while the matmul dtype is bf16 and oneDNN exists
-  Tensor pack_a_, pack_b_;            // its planned bf16 operand buffers
+  BackendWorkspace ws_;               // its planned bf16 operand buffers
 };
 
 // Checks shared by the CPU kernels.

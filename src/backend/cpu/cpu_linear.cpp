@@ -34,20 +34,18 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
 }
 
 void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
-  if (!bf16_) return;
-  binder.declare(plan, &pack_a_, "backend.bf16_pack_a", Category::temporaries, DType::bf16,
-                 Shape{max_operand});
-  binder.declare(plan, &pack_b_, "backend.bf16_pack_b", Category::temporaries, DType::bf16,
-                 Shape{max_operand});
+  plan_backend_workspace(Device::cpu, bf16_ ? DType::bf16 : DType::f32, max_operand, plan, binder,
+                         ws_);
 }
 
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
                         int64_t ldc) {
   if (bf16_) {
-    BRISK_CHECK(!pack_a_.empty(), "bf16 matrix products need the backend workspace in the plan");
-    return bf16_->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, pack_a_,
-                      pack_b_);
+    BRISK_CHECK(!ws_.operand_a.empty(),
+                "bf16 matrix products need the backend workspace in the plan");
+    return bf16_->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, ws_.operand_a,
+                      ws_.operand_b);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,

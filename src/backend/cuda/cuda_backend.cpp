@@ -11,6 +11,8 @@
 
 namespace brisk {
 
+static_assert(cuda::kAdafactorScratch == kAdafactorScratch, "the planned scratch fits the kernels");
+
 namespace {
 using cuda::check_cuda;
 
@@ -384,7 +386,7 @@ void CudaBackend::adafactor_update(const AdafactorUpdate& u) {
   if (!u.exp_avg.empty()) same_numel(u.weights, u.exp_avg, "adafactor_update exp_avg");
   check_param_slots(u.slots, n, "adafactor_update");
   expect(u.control, DType::f32, Shape{kControlSize}, "adafactor_update control");
-  BRISK_CHECK(!optimizer_scratch_.empty(),
+  BRISK_CHECK(!ws_.optimizer_scratch.empty(),
               "adafactor_update: the backend's scratch is not planned (plan_workspace)");
   // Every slot is checked before the first launch, so a bad table changes nothing.
   for (const ParamSlot& s : *u.slots) {
@@ -397,7 +399,7 @@ void CudaBackend::adafactor_update(const AdafactorUpdate& u) {
   float* v = dev(u.second_moment, "Adafactor's second moment");
   float* m = dev_or_null(u.exp_avg, "Adafactor's exp_avg");
   const float* control = dev(u.control, "step control");
-  double* scratch = optimizer_scratch_.as<double>();
+  double* scratch = ws_.optimizer_scratch.as<double>();
   const cuda::AdafactorArgs args{u.step_size,      u.beta2t, u.eps1,         u.eps2,
                                  u.clip_threshold, u.beta1,  u.weight_decay, u.scale_parameter};
   for (const ParamSlot& s : *u.slots) {

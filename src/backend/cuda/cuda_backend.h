@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "backend/backend.h"
+#include "backend/workspace.h"
 
 namespace brisk {
 
@@ -136,11 +137,8 @@ class CudaBackend final : public Backend {
   CudaPinnedMemory pinned_memory_;
   DType matmul_dtype_ = DType::f32;
   bool tf32_ = false;
-  Tensor workspace_;              // cuBLASLt's
-  Tensor operand_a_, operand_b_;  // 16-bit copies of matmul operands
-  Tensor ones_;                   // a column of ones: bias gradients as a matrix product
+  BackendWorkspace ws_;  // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;
-  Tensor optimizer_scratch_;  // a few doubles: Adafactor's per-tensor reductions
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
 };
 

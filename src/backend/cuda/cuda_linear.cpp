@@ -10,7 +10,6 @@
 namespace brisk {
 
 namespace {
-constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLAS recommends for Hopper
 
 void check_lt(cublasStatus_t st, const char* what) {
   BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, " failed (status ",
@@ -70,22 +69,8 @@ void CudaBackend::set_matmul_dtype(DType dtype) {
 }
 
 void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
-  binder.declare(plan, &workspace_, "backend.cublaslt_workspace", Category::temporaries, DType::u8,
-                 Shape{static_cast<int64_t>(kWorkspaceBytes)});
-  if (matmul_dtype_ != DType::f32) {
-    binder.declare(plan, &operand_a_, "backend.operand_a", Category::temporaries, matmul_dtype_,
-                   Shape{max_operand});
-    binder.declare(plan, &operand_b_, "backend.operand_b", Category::temporaries, matmul_dtype_,
-                   Shape{max_operand});
-  }
-  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest operand.
-  binder.declare(plan, &ones_, "backend.ones", Category::temporaries, DType::f32,
-                 Shape{max_operand});
+  plan_backend_workspace(Device::cuda, matmul_dtype_, max_operand, plan, binder, ws_);
   ones_ready_ = false;
-  // Not a matmul buffer, but the backend's only other one: planned here so that no optimizer
-  // step allocates. Adafactor reuses it tensor after tensor, in stream order.
-  binder.declare(plan, &optimizer_scratch_, "backend.optimizer_scratch", Category::temporaries,
-                 DType::f64, Shape{cuda::kAdafactorScratch});
 }
 
 CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
@@ -126,7 +111,7 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "layout of C");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const size_t ws = kWorkspaceBytes;
+  const size_t ws = kCublasLtWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
   const uint32_t min_align = static_cast<uint32_t>(align);
@@ -156,12 +141,13 @@ void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     // The operands hold 16-bit values in float32 containers (as on the CPU); tensor cores need
     // them packed. A is stored with (trans_a ? k : m) rows of lda, B likewise.
     const int64_t na = (trans_a ? k : m) * lda, nb = (trans_b ? n : k) * ldb;
-    BRISK_CHECK(!operand_a_.empty() && na <= operand_a_.numel() && nb <= operand_b_.numel(),
-                "16-bit matrix products need the backend's operand buffers in the plan");
-    cuda::cast(stream_, a, DType::f32, operand_a_.data(), dtype, na);
-    cuda::cast(stream_, b, DType::f32, operand_b_.data(), dtype, nb);
-    pa = operand_a_.data();
-    pb = operand_b_.data();
+    BRISK_CHECK(
+        !ws_.operand_a.empty() && na <= ws_.operand_a.numel() && nb <= ws_.operand_b.numel(),
+        "16-bit matrix products need the backend's operand buffers in the plan");
+    cuda::cast(stream_, a, DType::f32, ws_.operand_a.data(), dtype, na);
+    cuda::cast(stream_, b, DType::f32, ws_.operand_b.data(), dtype, nb);
+    pa = ws_.operand_a.data();
+    pb = ws_.operand_b.data();
   }
   MatmulPlan& p =
       plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
@@ -172,7 +158,7 @@ void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
              "bias pointer");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(lt_, p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                          workspace_.data(), workspace_.bytes(), stream_),
+                          ws_.matmul_workspace.data(), ws_.matmul_workspace.bytes(), stream_),
            "matmul");
 }
 
@@ -183,7 +169,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
               " x ", n);
   BRISK_CHECK(b.empty() || b.numel() == n, "linear_forward: bias has ", b.numel(),
               " values, expected ", n);
-  BRISK_CHECK(!workspace_.empty(), "linear_forward: plan_workspace was not called");
+  BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_forward: plan_workspace was not called");
   const bool out_in = layout == WeightLayout::out_in;
   const float* bias = b.empty() ? nullptr : on_gpu(b, "linear bias");
   matmul(false, out_in, m, n, k, on_gpu(x, "linear input"), k, on_gpu(w, "linear weight"),
@@ -196,7 +182,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   const auto [m, k, n] = linear_dims(x, w, layout, "linear_backward");
   BRISK_CHECK(dy.numel() == m * n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
-  BRISK_CHECK(!workspace_.empty(), "linear_backward: plan_workspace was not called");
+  BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_backward: plan_workspace was not called");
   if (m == 0) return;
   const float* g = on_gpu(dy, "linear gradient");
   on_gpu(x, "linear input");
@@ -220,13 +206,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
                 " values, expected ", n);
-    BRISK_CHECK(m <= ones_.numel(), "linear_backward: ", m, " rows exceed the planned ones");
+    BRISK_CHECK(m <= ws_.ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
     if (!ones_ready_) {
-      cuda::fill(stream_, ones_.f32(), 1.0f, ones_.numel());
+      cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
       ones_ready_ = true;
     }
     // db[1,n] += ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, ones_.f32(), m, g, n, true, db.f32(), n, nullptr, DType::f32);
+    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g, n, true, db.f32(), n, nullptr, DType::f32);
   }
 }
 

@@ -1,0 +1,39 @@
+// Backend workspaces by device (see workspace.h).
+#include "backend/workspace.h"
+
+#include "backend/cpu/cpu_matmul_bf16.h"
+
+namespace brisk {
+
+DType product_dtype(Device device, DType compute) {
+  if (device == Device::cuda) return compute;
+  return compute == DType::bf16 && Bf16Matmul::available() ? DType::bf16 : DType::f32;
+}
+
+void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
+                            BufferBinder& binder, BackendWorkspace& ws) {
+  const Category tmp = Category::temporaries;
+  if (device == Device::cpu) {
+    if (product == DType::bf16) {
+      binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, DType::bf16,
+                     Shape{max_operand});
+      binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, DType::bf16,
+                     Shape{max_operand});
+    }
+    return;
+  }
+  binder.declare(plan, &ws.matmul_workspace, "backend.cublaslt_workspace", tmp, DType::u8,
+                 Shape{kCublasLtWorkspaceBytes});
+  if (product != DType::f32) {
+    binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product, Shape{max_operand});
+    binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product, Shape{max_operand});
+  }
+  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest operand.
+  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{max_operand});
+  // Not a product buffer, but the GPU backend's only other one: planned here so that no
+  // optimizer step allocates. Adafactor reuses it tensor after tensor, in stream order.
+  binder.declare(plan, &ws.optimizer_scratch, "backend.optimizer_scratch", tmp, DType::f64,
+                 Shape{kAdafactorScratch});
+}
+
+}  // namespace brisk

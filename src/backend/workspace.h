@@ -1,0 +1,35 @@
+// The buffers a backend plans for itself, as a pure function of the device and the run's
+// settings: the same declarations serve a backend that is about to run and `brisk estimate`
+// planning for a device that is not present.
+#pragma once
+
+#include <cstdint>
+
+#include "core/memory_plan.h"
+#include "core/tensor.h"
+
+namespace brisk {
+
+// cuBLASLt's workspace: what cuBLAS recommends for Hopper.
+inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
+// Doubles of device memory for one tensor's reductions in the GPU's Adafactor.
+inline constexpr int64_t kAdafactorScratch = 3;
+
+struct BackendWorkspace {
+  Tensor matmul_workspace;      // cuBLASLt's (GPU)
+  Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: oneDNN's bf16)
+  Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
+  Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
+};
+
+// The dtype the backend for `device` multiplies in for a run computing in `compute`: the GPU's
+// tensor cores take bf16 and fp16; the CPU multiplies bf16 on its matrix units where oneDNN finds
+// them and everything else in float32.
+DType product_dtype(Device device, DType compute);
+
+// Declares the workspace of the backend for `device` multiplying in `product` with operands of at
+// most `max_operand` values.
+void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
+                            BufferBinder& binder, BackendWorkspace& ws);
+
+}  // namespace brisk

@@ -1,0 +1,70 @@
+// The assembly of a run (see assembly.h).
+#include "train/assembly.h"
+
+#include <filesystem>
+
+#include "data/synthetic.h"
+#include "data/token_file.h"
+#include "train/checkpoint.h"
+
+namespace brisk {
+
+namespace {
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c) {
+  if (o.dataset == "synthetic")
+    return std::make_unique<SyntheticDataset>(
+        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task}, c);
+  BRISK_CHECK(c.model_type == ModelType::gpt2, "token files train causal LMs; the ", c.type_name(),
+              " model needs --dataset synthetic");
+  return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
+}
+}  // namespace
+
+std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
+                                          Backend* backend, const Dataset* dataset) {
+  validate_options(options);
+  BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
+  auto run = std::make_unique<RunAssembly>();
+  RunAssembly& r = *run;
+  r.options = options;
+  TrainOptions& o = r.options;
+  if (!o.resume_from_checkpoint.empty()) {
+    BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
+                o.resume_from_checkpoint, "' does not exist");
+    o.seed = checkpoint_seed(o.resume_from_checkpoint);
+  }
+  r.device = device;
+  r.config = resolve_config(o.model_name_or_path);
+  r.model = Model::create(r.config);
+  r.owned_data = dataset ? nullptr : make_dataset(o, r.config);
+  r.data = dataset ? dataset : r.owned_data.get();
+
+  const int64_t B = o.per_device_train_batch_size;
+  const BatchLayout layout{B, o.seq_len, r.config.model_type == ModelType::bert,
+                           r.config.model_type == ModelType::gpt2};
+  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, o.dataloader_num_workers > 0);
+  r.precision = std::make_unique<MixedPrecision>(o.bf16   ? DType::bf16
+                                                 : o.fp16 ? DType::f16
+                                                          : DType::f32,
+                                                 o.bf16_master_weights);
+  r.product = product_dtype(device, r.precision->compute_dtype());
+  r.optimizer = make_optimizer(optimizer_config(o));
+
+  r.model->plan(r.plan, {B, o.seq_len},
+                {o.gradient_checkpointing, r.precision->compute_dtype(), device});
+  r.precision->plan(r.plan, r.binder, r.model->params().total_elements());
+  const int64_t max_operand = r.model->max_matmul_operand();
+  if (backend) {
+    backend->set_matmul_dtype(r.product);
+    backend->set_tf32(o.tf32);
+    backend->plan_workspace(r.plan, r.binder, max_operand);
+  } else {
+    plan_backend_workspace(device, r.product, max_operand, r.plan, r.binder, r.workspace);
+  }
+  r.optimizer->plan(r.plan, r.binder, r.model->params());
+  r.loader->plan(r.plan, r.binder);
+  r.plan.finalize();
+  return run;
+}
+
+}  // namespace brisk

@@ -1,0 +1,43 @@
+// One assembly of a training run, shared by `brisk train`, `brisk estimate` and the tests: from
+// the options and the device, the model, the precision policy, the optimizer, the data loader and
+// the finished memory plan. Nothing of the run is allocated here; the plan is a list of buffers,
+// so a run can be planned for a device that is not present.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/workspace.h"
+#include "core/memory_plan.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "precision/mixed_precision.h"
+#include "train/options.h"
+
+namespace brisk {
+
+struct RunAssembly {
+  TrainOptions options;  // as given, with the checkpoint's seed when resuming
+  Device device = Device::cpu;
+  ModelConfig config;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Dataset> owned_data;
+  const Dataset* data = nullptr;
+  std::unique_ptr<DataLoader> loader;
+  std::unique_ptr<MixedPrecision> precision;
+  DType product = DType::f32;  // the dtype of the matrix products
+  std::unique_ptr<Optimizer> optimizer;
+  BackendWorkspace workspace;  // the backend's buffers when planning without one
+  MemoryPlan plan;             // finalized
+  BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views
+};
+
+// Plans the run on `device`. With a backend (for that device) the backend declares its own
+// workspace and is set to the run's product dtype and TF32 choice; without one, `workspace`
+// receives the same declarations. Trains on `dataset` when given, else on the options' dataset.
+std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
+                                          Backend* backend, const Dataset* dataset = nullptr);
+
+}  // namespace brisk
