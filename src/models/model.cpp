@@ -132,6 +132,8 @@ int64_t Model::max_matmul_operand() const {
         p.name.find("token_type") == std::string::npos && p.name.find("wpe") == std::string::npos &&
         p.name.find("word_embeddings") == std::string::npos)
       largest_weight = std::max(largest_weight, p.shape.numel());
+  // Query, key and value weights are multiplied as one [3C, C] matrix.
+  largest_weight = std::max(largest_weight, 3 * c.hidden_size * c.hidden_size);
   return std::max(shape_.batch * shape_.seq * widest, largest_weight);
 }
 
