@@ -1749,9 +1749,6 @@ TEST(CudaMemory, DeviceMemoryGrowsByTheArena) {
       GTEST_SKIP() << "the driver reports no memory figure (NVML could not be loaded)";
     size_t planned = 0;
     for (size_t b : m.planned) planned += b;
-    // Every planned buffer is handed out: each of the two blocks ends at most one alignment
-    // step after its last buffer.
-    EXPECT_LE(m.arena_bytes - m.arena_high_water, 2 * MemoryPlan::kAlignment);
     EXPECT_GE(m.arena_bytes, planned);
     EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
     // arena_bytes also counts the pinned host block, which holds only the batch (category data)

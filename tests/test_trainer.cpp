@@ -231,9 +231,7 @@ TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
     const MemoryReport& m = r.summary.memory;
     size_t planned = 0;
     for (size_t b : m.planned) planned += b;
-    // Every planned buffer is handed out; the arena is the plan plus alignment padding only.
-    // At most one alignment step of padding after the last buffer of each of the two blocks.
-    EXPECT_LE(m.arena_bytes - m.arena_high_water, 2 * MemoryPlan::kAlignment);
+    // The arena is the plan plus alignment padding only.
     EXPECT_GE(m.arena_bytes, planned);
     EXPECT_LE(m.arena_bytes - planned, 64 * 1024u);
     // The process grows by the arena and little else: stated margin 24 MiB for thread stacks,
@@ -241,6 +239,41 @@ TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
     const size_t growth = m.peak_rss - m.rss_before_arena;
     EXPECT_GE(growth, m.arena_bytes * 95 / 100) << "bf16 " << bf16;
     EXPECT_LE(growth, m.arena_bytes + (24u << 20)) << "bf16 " << bf16 << " peak " << m.peak_rss;
+  }
+}
+
+// Issue 10's bound, saves included: the process peak stays within the plan, the resident memory
+// before the arena and max(2%, 32 MiB). The model's 12.9M-value embedding makes AdamW's state
+// (103 MB) larger than the margin, so a save that copied the state or the weights whole would
+// break the bound.
+TEST(Trainer, TheProcessPeakStaysWithinThePlanWhileTrainingAndSaving) {
+  TempDir dir("peak");
+  const std::string folder = dir / "wide_gpt2";
+  fs::create_directories(folder);
+  std::ofstream(folder + "/config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 1,
+             "n_head": 4, "n_positions": 64})";
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    TrainOptions o = tiny_options(folder, dir / ("out" + std::to_string(variant)));
+    o.seq_len = 16;
+    o.per_device_train_batch_size = 2;
+    o.dataset_size = 8;
+    o.max_steps = 2;
+    o.save_steps = 1;
+    o.bf16 = variant == 1;
+    o.gradient_checkpointing = variant == 2;
+    o.gradient_accumulation_steps = variant == 2 ? 2 : 1;
+    o.dataloader_num_workers = variant == 2 ? 1 : 0;
+    if (variant == 2) o.optim = "adamw_8bit";
+    const MemoryReport m = run(o).summary.memory;
+    size_t planned = 0;
+    for (size_t b : m.planned) planned += b;
+    const size_t bound = planned + m.rss_before_arena + std::max(planned / 50, size_t{32} << 20);
+    EXPECT_LE(m.peak_rss, bound) << "peak " << m.peak_rss << ", plan " << planned;
+    EXPECT_GT(m.peak_rss_saves, 0u);  // two saves ran
+    EXPECT_LE(m.peak_rss_steps, m.peak_rss);
+    EXPECT_GE(m.peak_rss_steps, m.rss_before_arena + planned * 9 / 10);  // the arena is touched
   }
 }
 

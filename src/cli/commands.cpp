@@ -52,8 +52,10 @@ int run_train(const TrainOptions& options) {
   std::printf("  %-26s = %.4g\n", "total_flos", s.total_flos);
   std::printf("***** memory anatomy *****\n");
   print_plan(s.memory.planned, s.memory.arena_bytes);
-  std::printf("  %-16s %12s\n", "arena high-water", mib(s.memory.arena_high_water).c_str());
   std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
+  std::printf("  %-16s %12s\n", "  during steps", mib(s.memory.peak_rss_steps).c_str());
+  if (s.memory.peak_rss_saves > 0)
+    std::printf("  %-16s %12s\n", "  during saves", mib(s.memory.peak_rss_saves).c_str());
   std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
   if (s.memory.device_memory_used >= 0) {
     std::printf("  %-16s %12s\n", "GPU memory occupied",

@@ -121,12 +121,14 @@ void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what) 
 
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const DeviceReader& read_device) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t off = 0;
   for (const auto& [name, t] : tensors) {
-    BRISK_CHECK(t.device() == Device::cpu, "write_safetensors: '", name, "' is not in host memory");
+    BRISK_CHECK(t.device() == Device::cpu || read_device, "write_safetensors: '", name,
+                "' is not in host memory and no reader was given");
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
     for (int i = 0; i < t.rank(); ++i) shape.push_back(t.dim(i));
     header[name] = {{"dtype", dtype_to_safetensors(t.dtype())},
@@ -145,8 +147,20 @@ void write_safetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(h.size() >> (8 * i));
   ok = ok && std::fwrite(len, 1, 8, f) == 8;
   ok = ok && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  for (const auto& [name, t] : tensors)
-    ok = ok && (t.bytes() == 0 || std::fwrite(t.data(), 1, t.bytes(), f) == t.bytes());
+  std::vector<unsigned char> staging;  // only for tensors off the host; at most the stated bound
+  for (const auto& [name, t] : tensors) {
+    if (!ok) break;
+    if (t.device() == Device::cpu) {
+      ok = t.bytes() == 0 || std::fwrite(t.data(), 1, t.bytes(), f) == t.bytes();
+      continue;
+    }
+    staging.resize(std::min(kSafetensorsStagingBytes, std::max(staging.size(), t.bytes())));
+    for (size_t done = 0; ok && done < t.bytes(); done += staging.size()) {
+      const size_t n = std::min(staging.size(), t.bytes() - done);
+      read_device(t, done, n, staging.data());
+      ok = std::fwrite(staging.data(), 1, n, f) == n;
+    }
+  }
   ok = std::fflush(f) == 0 && ok;
   ok = ::fsync(fileno(f)) == 0 && ok;
   ok = std::fclose(f) == 0 && ok;

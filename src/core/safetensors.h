@@ -2,6 +2,7 @@
 // raw little-endian data), the format transformers uses for model.safetensors.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,10 +35,18 @@ class SafetensorsFile {
 // Copies `src` (any float dtype the file holds) into the float32 tensor `dst` of equal shape.
 void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what);
 
+// Copies `bytes` bytes of a tensor that lives off the host, from byte `offset` on, into `dst`.
+using DeviceReader = std::function<void(const Tensor& t, size_t offset, size_t bytes, void* dst)>;
+
+// Bytes of host memory write_safetensors uses at most to stream tensors that live off the host.
+inline constexpr size_t kSafetensorsStagingBytes = size_t{8} << 20;
+
 // Writes tensors to `path` atomically: a temporary file in the same folder, fsync, rename.
-// Entries are written in the order given.
+// Entries are written in the order given, each straight from its memory: host tensors directly,
+// others through `read_device` in pieces of at most kSafetensorsStagingBytes (no whole copies).
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const DeviceReader& read_device = nullptr);
 
 }  // namespace brisk

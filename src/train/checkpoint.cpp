@@ -57,22 +57,22 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
+// Reads a piece of a tensor in the backend's memory into host memory (a checkpoint streams the
+// weights and optimizer state from where they live, never copying them whole).
+DeviceReader reader_for(Backend& be) {
+  return [&be](const Tensor& t, size_t offset, size_t bytes, void* dst) {
+    be.download(
+        Tensor(t.as<uint8_t>() + offset, Shape{static_cast<int64_t>(bytes)}, DType::u8, t.device()),
+        Tensor(dst, Shape{static_cast<int64_t>(bytes)}, DType::u8));
+  };
+}
+
 // optimizer.safetensors: the optimizer's named state and its step count.
 void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::string& path) {
-  const auto state = optimizer.state();
-  std::vector<std::vector<uint8_t>> host(state.size());
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t i = 0; i < state.size(); ++i) {
-    const Tensor& t = state[i].second;
-    host[i].resize(t.bytes());
-    with_host_view(be, t, true, false, [&](const Tensor& h) {
-      std::copy_n(h.as<uint8_t>(), h.bytes(), host[i].data());
-    });
-    out.emplace_back(state[i].first, Tensor(host[i].data(), t.shape(), t.dtype()));
-  }
+  std::vector<std::pair<std::string, Tensor>> out = optimizer.state();
   int64_t step = optimizer.steps();
   out.emplace_back("step", Tensor(&step, Shape{}, DType::i64));
-  write_safetensors(path, out);
+  write_safetensors(path, out, {}, reader_for(be));
 }
 
 void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optimizer) {
@@ -121,10 +121,8 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   fs::create_directories(tmp_dir, ec);
   BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
   try {
-    with_host_view(be, weights, true, false, [&](const Tensor& w) {
-      write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(w),
-                        {{"format", "pt"}});
-    });
+    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
+                      {{"format", "pt"}}, reader_for(be));
     count_file_written();
     write_json(tmp_dir / "config.json", model.config().source);
     count_file_written();

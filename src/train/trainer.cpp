@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -91,6 +93,21 @@ bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_st
   return o.save_steps > 0 && global_step % o.save_steps == 0;
 }
 
+// The process's peak resident memory by phase of the run: the kernel's high-water mark is read
+// and reset at each change of phase, so the steps' own peak is known apart from the saves'.
+struct PeakPhases {
+  enum Phase { setup, steps, saves, done };
+  std::array<size_t, 3> peak{};
+  Phase current = setup;
+  PeakPhases() { reset_peak_rss(); }  // the peak reported is this run's
+  void enter(Phase next) {
+    peak[current] = std::max(peak[current], peak_rss_bytes());
+    reset_peak_rss();
+    current = next;
+  }
+  size_t overall() const { return *std::max_element(peak.begin(), peak.end()); }
+};
+
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
@@ -171,7 +188,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   TrainSummary s;
   s.device = be->name();
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
-  reset_peak_rss();  // the peak reported is this run's
+  PeakPhases peaks;
   s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, be->device_memory(), be->staging_memory());
   model->bind(arena);
@@ -209,6 +226,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   int64_t samples = 0;
   LogWindow window;
   const int64_t first_step = state.global_step;
+  peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   while (state.global_step < total_steps) {
     const int64_t step = state.global_step;
@@ -253,9 +271,13 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       state.log_history.push_back(rec);
       on_log(rec);
     }
-    if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch))
+    if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
+                       micro_per_epoch)) {
+      peaks.enter(PeakPhases::saves);
       s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
                                           *optimizer, schedule, state);
+      peaks.enter(PeakPhases::steps);
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -269,8 +291,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.total_flos = state.total_flos;
   s.memory.planned = plan.bytes_by_category();
   s.memory.arena_bytes = arena.capacity();
-  s.memory.arena_high_water = arena.high_water();
-  s.memory.peak_rss = peak_rss_bytes();
+  peaks.enter(PeakPhases::done);
+  s.memory.peak_rss = peaks.overall();
+  s.memory.peak_rss_steps = peaks.peak[PeakPhases::steps];
+  s.memory.peak_rss_saves = peaks.peak[PeakPhases::saves];
   s.memory.device_memory_used = be->device_memory_used();
 
   std::ofstream out(fs::path(o.output_dir) / "train_results.json");
@@ -292,9 +316,10 @@ nlohmann::json summary_json(const TrainSummary& s) {
           {"memory",
            {{"planned_bytes", planned},
             {"arena_bytes", s.memory.arena_bytes},
-            {"arena_high_water_bytes", s.memory.arena_high_water},
             {"rss_before_arena_bytes", s.memory.rss_before_arena},
             {"peak_rss_bytes", s.memory.peak_rss},
+            {"peak_rss_steps_bytes", s.memory.peak_rss_steps},
+            {"peak_rss_saves_bytes", s.memory.peak_rss_saves},
             {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
             {"device_memory_used_bytes", s.memory.device_memory_used}}},
           {"device", s.device}};

@@ -17,10 +17,11 @@ namespace brisk {
 
 struct MemoryReport {
   std::array<size_t, kNumCategories> planned{};  // bytes by category
-  size_t arena_bytes = 0;
-  size_t arena_high_water = 0;
+  size_t arena_bytes = 0;       // the plan plus alignment padding: what was allocated
   size_t rss_before_arena = 0;  // process resident memory before the arena was allocated
-  size_t peak_rss = 0;          // measured peak of the whole process
+  size_t peak_rss = 0;          // measured peak of the whole run (setup, steps and saves)
+  size_t peak_rss_steps = 0;    // measured peak while training steps ran, saves excluded
+  size_t peak_rss_saves = 0;    // measured peak while checkpoints were written (0: none)
   // On a GPU, "GPU memory occupied" as the driver reports it (NVML), before the arena was
   // allocated (the CUDA context and libraries) and at the end; -1 when not known (the CPU).
   int64_t device_memory_before_arena = -1;
