@@ -175,6 +175,7 @@ TEST(Cli, EstimateEqualsThePlanTrainAllocates) {
   // Both subcommands refuse the same contradictions.
   expect_refused("estimate --fp16 true --bf16 true", "contradict each other");
   expect_refused("estimate --save_strategy sometimes", "unknown save_strategy");
+  expect_refused("train --auto_find_batch_size --max_memory 6XB", "is not a size");
 }
 
 TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {

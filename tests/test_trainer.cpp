@@ -15,6 +15,7 @@
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
+#include "train/fit.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
@@ -32,7 +33,11 @@ struct Result {
 Result run(const TrainOptions& o, const Dataset* data = nullptr) {
   Result r;
   r.summary = train(
-      o, [&](const nlohmann::json& j) { r.losses.push_back(j["loss"]); }, data);
+      o,
+      [&](const nlohmann::json& j) {
+        if (j.contains("loss")) r.losses.push_back(j["loss"]);
+      },
+      data);
   return r;
 }
 
@@ -274,6 +279,89 @@ TEST(Trainer, TheProcessPeakStaysWithinThePlanWhileTrainingAndSaving) {
     EXPECT_GT(m.peak_rss_saves, 0u);  // two saves ran
     EXPECT_LE(m.peak_rss_steps, m.peak_rss);
     EXPECT_GE(m.peak_rss_steps, m.rss_before_arena + planned * 9 / 10);  // the arena is touched
+  }
+}
+
+TEST(Trainer, MemorySizesParseWithTheirUnits) {
+  EXPECT_EQ(parse_memory_size("6GB"), 6000000000u);
+  EXPECT_EQ(parse_memory_size("6GiB"), size_t{6} << 30);
+  EXPECT_EQ(parse_memory_size("6 gib"), size_t{6} << 30);
+  EXPECT_EQ(parse_memory_size("512MiB"), size_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1.5G"), size_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("300kB"), 300000u);
+  EXPECT_EQ(parse_memory_size("4096"), 4096u);
+  for (const char* bad : {"", "GB", "6XB", "-1GB", "1.2.3GB", "0", "1e30", "six"})
+    EXPECT_THROW(parse_memory_size(bad), Error) << bad;
+}
+
+// --auto_find_batch_size shrinks the per-device batch to what the budget holds, keeps the global
+// batch through accumulation (so the losses are the unsplit batch's), stays within the budget,
+// and refuses a budget too small for batch 1, naming what would fit.
+TEST(Trainer, AutoFindBatchSizeFitsTheBudgetAndKeepsTheGlobalBatch) {
+  TempDir dir("autofit");
+  // Wide enough that a sample's activations (~7 MB) dwarf the process's own drift.
+  const std::string folder = dir / "wide_bert";
+  fs::create_directories(folder);
+  std::ofstream(folder + "/config.json")
+      << R"({"model_type": "bert", "vocab_size": 128, "hidden_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 128,
+             "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0})";
+  TrainOptions o = tiny_options(folder, dir / "big");
+  o.seq_len = 128;
+  o.dataset_size = 32;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 3;
+  auto needed = [&](int64_t batch) {
+    TrainOptions t = o;
+    t.per_device_train_batch_size = batch;
+    t.gradient_accumulation_steps = 8 / batch;
+    t.max_memory = "1GB";  // any: only the fixed part (this process's resident memory) matters
+    return needed_bytes(assemble_run(t, Device::cpu, nullptr)->plan,
+                        memory_budget(t, Device::cpu, nullptr));
+  };
+  const Result whole = run(o);
+  const size_t need8 = needed(8), need4 = needed(4);
+  ASSERT_GT(need8 - need4, size_t{16} << 20) << "the test needs a clear gap between the batches";
+
+  TrainOptions fitted = o;
+  fitted.output_dir = dir / "fitted";
+  fitted.auto_find_batch_size = true;
+  fitted.max_memory = std::to_string((need4 + need8) / 2);
+  fitted.save_steps = 3;
+  const Result r = run(fitted);
+  EXPECT_NE(
+      r.summary.auto_fit.find("per_device_train_batch_size 4 x gradient_accumulation_steps 2"),
+      std::string::npos)
+      << r.summary.auto_fit;
+  ASSERT_EQ(r.losses.size(), whole.losses.size());
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    EXPECT_NEAR(r.losses[i], whole.losses[i], 1e-5 * std::abs(whole.losses[i])) << i;
+  const MemoryReport& m = r.summary.memory;
+  EXPECT_LE(m.peak_rss, (need4 + need8) / 2);
+  // The checkpoint records the batch actually used.
+  std::ifstream args(r.summary.last_checkpoint + "/training_args.json");
+  const nlohmann::json j = nlohmann::json::parse(args);
+  EXPECT_EQ(j["per_device_train_batch_size"], 4);
+  EXPECT_EQ(j["gradient_accumulation_steps"], 2);
+
+  // A larger budget lets the batch grow past the one asked for, with less accumulation.
+  TrainOptions grown = fitted;
+  grown.output_dir = dir / "grown";
+  grown.per_device_train_batch_size = 2;
+  grown.gradient_accumulation_steps = 4;
+  grown.max_memory = std::to_string(need8 + (64 << 20));
+  EXPECT_NE(run(grown).summary.auto_fit.find("per_device_train_batch_size 8 x"), std::string::npos);
+
+  TrainOptions tiny = fitted;
+  tiny.output_dir = dir / "tiny";
+  tiny.max_memory = "1MB";
+  try {
+    run(tiny);
+    ADD_FAILURE() << "a 1 MB budget was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("not even per_device_train_batch_size 1 fits"), std::string::npos) << what;
+    EXPECT_NE(what.find("with --gradient_checkpointing"), std::string::npos) << what;
   }
 }
 

@@ -120,6 +120,9 @@ class Backend {
   // Bytes of device memory in use as the driver reports it ("GPU memory occupied"); -1 when the
   // backend has no such figure (the CPU: see peak_rss_bytes).
   virtual int64_t device_memory_used() const { return -1; }
+  // Device memory still free for an arena (the GPU's free memory); -1 where the memory is the
+  // host's.
+  virtual int64_t device_memory_free() const { return -1; }
   // Declares the backend's own buffers: for matrix products whose operands have at most
   // `max_operand` elements, and scratch for the optimizer ops (called after set_matmul_dtype,
   // before the plan is final).

@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
+#include "train/fit.h"
 
 namespace brisk::cli {
 
@@ -63,6 +64,7 @@ int run_train(const TrainOptions& options) {
     std::printf("  %-16s %12s\n", "  before arena",
                 mib(static_cast<size_t>(s.memory.device_memory_before_arena)).c_str());
   }
+  if (!s.auto_fit.empty()) std::printf("%s\n", s.auto_fit.c_str());
   if (!s.last_checkpoint.empty()) std::printf("saved %s\n", s.last_checkpoint.c_str());
   return 0;
 }
@@ -112,12 +114,6 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
 }
 
 namespace {
-// What the GPU holds beyond the plan: "GPU memory occupied" minus the planned device bytes,
-// measured on an H100 80GB (driver 580.159.04, CUDA 13.0, 2026-11-22) as 1013 MiB in three
-// bert-large runs of different plans (fp32, bf16, Adafactor; within 0.5 MiB of each other): the
-// CUDA context, the loaded kernels of brisk and cuBLASLt, and the driver's own allocations.
-constexpr size_t kCudaContextBytes = size_t{1013} << 20;
-
 // The seeds' rules of thumb, bytes per parameter: weights 4 (fp32) or 6 (mixed precision: an fp32
 // and a 16-bit copy), gradients 4, optimizer state 8 (AdamW), 2 (8-bit AdamW), 4 (SGD); -1 where
 // the seeds give none (Adafactor).

@@ -7,8 +7,8 @@
 namespace brisk {
 
 namespace {
-size_t status_kib(const std::string& key) {
-  std::ifstream in("/proc/self/status");
+size_t status_kib(const std::string& key, const char* file = "/proc/self/status") {
+  std::ifstream in(file);
   std::string line;
   while (std::getline(in, line))
     if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
@@ -28,6 +28,9 @@ size_t peak_rss_bytes() {
 }
 size_t current_rss_bytes() {
   return status_kib("VmRSS");
+}
+size_t available_host_bytes() {
+  return status_kib("MemAvailable", "/proc/meminfo");
 }
 
 }  // namespace brisk

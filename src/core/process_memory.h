@@ -11,4 +11,6 @@ size_t current_rss_bytes();
 // Restarts the peak at the current resident size (Linux clear_refs), so that a run measures its
 // own peak even when it is not the first thing the process did. Returns false if not possible.
 bool reset_peak_rss();
+// Memory the kernel can still give to processes (MemAvailable), in bytes; 0 when unavailable.
+size_t available_host_bytes();
 }  // namespace brisk

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "precision/mixed_precision.h"
+#include "train/fit.h"
 
 namespace brisk {
 
@@ -81,6 +82,7 @@ void validate_options(const TrainOptions& o) {
               o.save_total_limit);
   BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",
               o.dataloader_num_workers);
+  if (!o.max_memory.empty()) parse_memory_size(o.max_memory);  // refuses what is not a size
   make_optimizer(optimizer_config(o));  // refuses unknown names and bad optim_args
   MixedPrecision(o.bf16 ? DType::bf16 : DType::f32, o.bf16_master_weights);  // its rules
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",

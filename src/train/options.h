@@ -23,6 +23,8 @@ struct TrainOptions {
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
+  bool auto_find_batch_size = false;  // fit the batch to max_memory from the plan
+  std::string max_memory;             // e.g. "6GB"; empty: what is free on the device
   bool gradient_checkpointing = false;
   bool fp16 = false;
   bool bf16 = false;
@@ -66,6 +68,11 @@ void visit_options(Options& o, Visitor&& v) {
   v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
   v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");
   v("gradient_checkpointing", o.gradient_checkpointing, "recompute block internals in backward");
+  v("auto_find_batch_size", o.auto_find_batch_size,
+    "pick the largest per-device batch whose plan fits max_memory, keeping the global batch "
+    "(per_device_train_batch_size x gradient_accumulation_steps) through the accumulation");
+  v("max_memory", o.max_memory,
+    "memory budget for auto_find_batch_size (e.g. 6GB, 6GiB, 512MiB; default: what is free)");
   v("fp16", o.fp16, "fp16 mixed precision with dynamic loss scaling");
   v("bf16", o.bf16, "bf16 mixed precision");
   v("tf32", o.tf32, "TF32 matrix products (GPU only)");

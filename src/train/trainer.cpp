@@ -22,6 +22,7 @@
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
+#include "train/fit.h"
 #include "train/schedule.h"
 
 namespace brisk {
@@ -175,7 +176,21 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   validate_options(options);
   const Device device = resolve_device(options.device);
   auto be = make_backend(device);
-  const std::unique_ptr<RunAssembly> run = assemble_run(options, device, be.get(), dataset);
+  TrainOptions shaped = options;
+  TrainSummary s;
+  if (options.auto_find_batch_size) {
+    const BatchFit f =
+        fit_batch(options, device, memory_budget(options, device, be.get()), dataset);
+    shaped.per_device_train_batch_size = f.batch;
+    shaped.gradient_accumulation_steps = f.accumulation;
+    s.auto_fit = f.reason;
+    on_log({{"auto_find_batch_size",
+             {{"per_device_train_batch_size", f.batch},
+              {"gradient_accumulation_steps", f.accumulation},
+              {"needed_bytes", f.needed},
+              {"reason", f.reason}}}});
+  }
+  const std::unique_ptr<RunAssembly> run = assemble_run(shaped, device, be.get(), dataset);
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
   DataLoader& loader = *run->loader;
@@ -185,7 +200,6 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   prepare_output_dir(o.output_dir);
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
-  TrainSummary s;
   s.device = be->name();
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
   PeakPhases peaks;
@@ -322,7 +336,8 @@ nlohmann::json summary_json(const TrainSummary& s) {
             {"peak_rss_saves_bytes", s.memory.peak_rss_saves},
             {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
             {"device_memory_used_bytes", s.memory.device_memory_used}}},
-          {"device", s.device}};
+          {"device", s.device},
+          {"auto_find_batch_size", s.auto_fit}};
 }
 
 }  // namespace brisk

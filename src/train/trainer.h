@@ -37,7 +37,8 @@ struct TrainSummary {
   int64_t global_step = 0;
   double epoch = 0;
   std::string last_checkpoint;
-  std::string device;  // the backend's name
+  std::string device;    // the backend's name
+  std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
 };
 

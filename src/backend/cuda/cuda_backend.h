@@ -42,6 +42,7 @@ class CudaBackend final : public Backend {
   void set_tf32(bool enabled) override { tf32_ = enabled; }
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
   int64_t device_memory_used() const override;
+  int64_t device_memory_free() const override;
 
   MemoryResource& device_memory() override { return device_memory_; }
   MemoryResource& staging_memory() override { return pinned_memory_; }

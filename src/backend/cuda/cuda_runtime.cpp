@@ -29,6 +29,15 @@ std::unique_ptr<Backend> make_cuda_backend() {
   return std::make_unique<CudaBackend>();
 }
 
+int64_t CudaBackend::device_memory_free() const {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_bytes);
+}
+
 void* CudaDeviceMemory::allocate(size_t bytes) {
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);

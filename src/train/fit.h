@@ -1,0 +1,57 @@
+// Choosing a run's shape from its plan, without trial runs: what a run needs of a memory budget,
+// and the largest per-device batch that fits (--auto_find_batch_size), keeping the global batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+#include "data/dataset.h"
+#include "train/options.h"
+
+namespace brisk {
+
+// What the GPU holds beyond the plan: "GPU memory occupied" minus the planned device bytes,
+// measured on an H100 80GB (driver 580.159.04, CUDA 13.0, 2026-11-22) as 1013 MiB in three
+// bert-large runs of different plans (fp32, bf16, Adafactor; within 0.5 MiB of each other): the
+// CUDA context, the loaded kernels of brisk and cuBLASLt, and the driver's own allocations.
+inline constexpr size_t kCudaContextBytes = size_t{1013} << 20;
+
+// Bytes from a size with an optional unit: decimal kB/KB, MB, GB, TB; binary KiB, MiB, GiB,
+// TiB (K, M, G, T alone are binary too); a fraction is allowed ("1.5GB"). Refuses the rest.
+size_t parse_memory_size(const std::string& text);
+
+// The memory a run may use and what it needs beyond its plan. On the CPU the budget is the
+// process's resident memory; on a GPU, "GPU memory occupied".
+struct MemoryBudget {
+  Device device = Device::cpu;
+  size_t budget = 0;   // bytes the run may use
+  size_t fixed = 0;    // bytes the run takes besides its plan within that budget
+  std::string source;  // where the budget came from, for messages
+};
+
+// --max_memory when given (then the fixed part is the process's resident memory now, or the
+// GPU's context as measured or, without a GPU, kCudaContextBytes); else what is free now: the
+// host's MemAvailable or the GPU's free memory, of which nothing is taken yet.
+MemoryBudget memory_budget(const TrainOptions& o, Device device, const Backend* backend);
+
+// What a planned run needs of the budget: its bytes in the budgeted memory (on a GPU the device
+// block; pinned staging is the host's), the fixed part, and a margin of max(2%, 32 MiB).
+size_t needed_bytes(const MemoryPlan& plan, const MemoryBudget& budget);
+
+struct BatchFit {
+  int64_t batch = 0;         // per-device batch chosen
+  int64_t accumulation = 0;  // gradient accumulation steps chosen (batch x accumulation kept)
+  size_t needed = 0;         // what that run needs of the budget
+  std::string reason;        // one line saying what was chosen and why
+};
+
+// The largest per-device batch dividing the global batch (per_device_train_batch_size x
+// gradient_accumulation_steps, and no larger than the data) whose run fits the budget, with the
+// accumulation raised or lowered to keep the global batch. Refuses, naming the smallest need
+// (batch 1 with gradient checkpointing), when even batch 1 does not fit.
+BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
+                   const Dataset* dataset = nullptr);
+
+}  // namespace brisk
