@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -195,6 +196,44 @@ TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   };
   EXPECT_NEAR(activations_mib(cpu.out) - activations_mib(gpu.out),
               24.0 * 4 * 16 * 512 * (512 - 1) * 4 / (1 << 20), 0.2);
+}
+
+// estimate --fit lists only configurations of the same global batch that fit, fastest first,
+// over the precisions and optimizers allowed; and says so when none fits.
+TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_fit_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const CliRun r = run_brisk(
+      "estimate --device cpu --model bert-tiny --seq_len 128 --per_device_train_batch_size 8 "
+      "--gradient_accumulation_steps 2 --fit --max_memory 250MiB --fit_precisions fp32,bf16 "
+      "--fit_optims adamw_torch,adafactor,sgd --output_json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("predicted/step"), std::string::npos) << r.out;
+  const nlohmann::json fit = read_json(json)["fit"];
+  std::filesystem::remove(json);
+  ASSERT_GT(fit.size(), 4u);
+  std::set<std::string> optims, precisions;
+  std::set<bool> checkpointing;
+  double previous = 0;
+  for (const auto& c : fit) {
+    EXPECT_EQ(c["per_device_train_batch_size"].get<int64_t>() *
+                  c["gradient_accumulation_steps"].get<int64_t>(),
+              16);
+    EXPECT_LE(c["needed_bytes"].get<size_t>(), size_t{250} << 20);
+    EXPECT_GE(c["predicted_step_seconds"].get<double>(), previous);
+    previous = c["predicted_step_seconds"];
+    optims.insert(c["optim"].get<std::string>());
+    precisions.insert(c["precision"].get<std::string>());
+    checkpointing.insert(c["gradient_checkpointing"].get<bool>());
+  }
+  EXPECT_EQ(optims.size(), 3u);
+  EXPECT_EQ(precisions.size(), 2u);
+  EXPECT_EQ(checkpointing.size(), 2u);
+  expect_refused("estimate --model bert-tiny --fit --max_memory 1MB", "no configuration");
+  expect_refused("estimate --model bert-tiny --fit --max_memory 1GB --fit_precisions fp8",
+                 "unknown precision \"fp8\"");
 }
 
 TEST(Cli, HelpShowsTheBooleansRealDefaults) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/process_memory.h"
@@ -138,7 +139,63 @@ size_t bytes_under(const MemoryPlan& plan, const std::string& prefix) {
 }
 }  // namespace
 
-int run_estimate(const TrainOptions& o, const std::string& json_path) {
+namespace {
+std::vector<std::string> split_list(const std::string& text, const std::string& fallback) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char ch : (text.empty() ? fallback : text) + ",") {
+    if (ch != ',') {
+      item += ch;
+    } else if (!item.empty()) {
+      out.push_back(item);
+      item.clear();
+    }
+  }
+  return out;
+}
+
+std::string precision_of(const TrainOptions& o) {
+  return o.bf16 ? "bf16" : o.fp16 ? "fp16" : o.tf32 ? "tf32" : "fp32";
+}
+
+// brisk estimate --fit: the configurations that fit, fastest predicted first.
+void print_fit(const TrainOptions& o, Device device, const EstimateArgs& args,
+               nlohmann::json& out) {
+  const MemoryBudget budget = memory_budget(o, device, nullptr);
+  int rejected = 0;
+  const std::vector<FitCandidate> fits =
+      fit_search(o, device, budget, split_list(args.precisions, precision_of(o)),
+                 split_list(args.optims, o.optim), &rejected);
+  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
+  std::printf("fit: global batch %lld within %s (%s): %zu configurations fit, %d do not\n",
+              static_cast<long long>(global), mib(budget.budget).c_str(), budget.source.c_str(),
+              fits.size(), rejected);
+  BRISK_CHECK(!fits.empty(), "no configuration of global batch ", global, " fits ",
+              mib(budget.budget), "; allow more precisions or optimizers, or a smaller batch");
+  std::printf("  %-4s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "batch x accum", "checkpointing",
+              "precision", "optim", "needs", "predicted/step");
+  for (size_t i = 0; i < fits.size(); ++i) {
+    const TrainOptions& t = fits[i].options;
+    const std::string shape = std::to_string(t.per_device_train_batch_size) + " x " +
+                              std::to_string(t.gradient_accumulation_steps);
+    if (i < 10)
+      std::printf("  %-4zu %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, shape.c_str(),
+                  t.gradient_checkpointing ? "full" : "none", precision_of(t).c_str(),
+                  t.optim.c_str(), mib(fits[i].needed).c_str(), fits[i].step_seconds * 1e3);
+    out.push_back({{"per_device_train_batch_size", t.per_device_train_batch_size},
+                   {"gradient_accumulation_steps", t.gradient_accumulation_steps},
+                   {"gradient_checkpointing", t.gradient_checkpointing},
+                   {"precision", precision_of(t)},
+                   {"optim", t.optim},
+                   {"needed_bytes", fits[i].needed},
+                   {"predicted_step_seconds", fits[i].step_seconds}});
+  }
+  if (fits.size() > 10) std::printf("  ... %zu more in --output_json\n", fits.size() - 10);
+}
+}  // namespace
+
+int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
+  const std::string& json_path = args.json_path;
   validate_options(o);
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = o.device == "auto"   ? resolve_device("auto")
@@ -196,6 +253,8 @@ int run_estimate(const TrainOptions& o, const std::string& json_path) {
   } else {
     std::printf("expect a process peak near %s\n", mib(plan.total_bytes() + host_base).c_str());
   }
+  nlohmann::json fit_json = nlohmann::json::array();
+  if (args.fit) print_fit(o, device, args, fit_json);
   if (!json_path.empty()) {
     nlohmann::json planned_json = nlohmann::json::object();
     for (int c = 0; c < kNumCategories; ++c)
@@ -209,7 +268,8 @@ int run_estimate(const TrainOptions& o, const std::string& json_path) {
           {"activations_per_block_bytes", block},
           {"layers", layers},
           {"host_baseline_bytes", host_base},
-          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0}}}};
+          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0}}},
+        {"fit", fit_json}};
     std::ofstream out(json_path);
     BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
     out << j.dump(2) << "\n";

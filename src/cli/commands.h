@@ -24,6 +24,12 @@ int run_forward_backward(const ForwardBackwardArgs& args);
 // Plans the run `options` describe on their device (cuda needs no GPU) and prints the plan by
 // category and per block, the fixed overheads it assumes and the seeds' rules of thumb; writes
 // it as JSON too when json_path is not empty.
-int run_estimate(const TrainOptions& options, const std::string& json_path);
+struct EstimateArgs {
+  std::string json_path;   // also write the plan (and the fit) as JSON here
+  bool fit = false;        // rank the configurations that fit max_memory
+  std::string precisions;  // comma-separated, for --fit; empty: the run's own
+  std::string optims;      // comma-separated, for --fit; empty: the run's own
+};
+int run_estimate(const TrainOptions& options, const EstimateArgs& args);
 
 }  // namespace brisk::cli

@@ -48,13 +48,20 @@ int main(int argc, char** argv) {
   f->add_option("--seed", fb.seed)->capture_default_str();
   f->add_option("--step", fb.step, "step of the dropout RNG")->capture_default_str();
 
-  std::string estimate_json;
+  cli::EstimateArgs est;
   auto* e = app.add_subcommand("estimate",
                                "print the memory plan of a training run (train's options; "
                                "--device cuda plans a GPU run without a GPU)");
   add_run_options(e);
-  e->add_option("--output_json", estimate_json,
+  e->add_option("--output_json", est.json_path,
                 "also write the plan as JSON (keys as train_results.json's memory)");
+  e->add_flag("--fit", est.fit,
+              "rank every batch x accumulation (same global batch) x gradient checkpointing x "
+              "precision x optimizer allowed whose plan fits --max_memory, by predicted step time");
+  e->add_option("--fit_precisions", est.precisions,
+                "precisions --fit may choose, e.g. fp32,bf16 (default: the run's)");
+  e->add_option("--fit_optims", est.optims,
+                "optimizers --fit may choose, e.g. adamw_torch,adafactor (default: the run's)");
 
   try {
     app.parse(argc, argv);
@@ -64,7 +71,7 @@ int main(int argc, char** argv) {
   try {
     if (*t) return cli::run_train(options);
     if (*f) return cli::run_forward_backward(fb);
-    if (*e) return cli::run_estimate(options, estimate_json);
+    if (*e) return cli::run_estimate(options, est);
   } catch (const Error& err) {
     std::cerr << "brisk: error: " << err.what() << "\n";
     return 1;

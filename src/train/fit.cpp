@@ -131,3 +131,103 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
 }
 
 }  // namespace brisk
+
+namespace brisk {
+
+// Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
+// AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
+// benchmark's shapes (docs/benchmarks.md, bench_matmul), attention in float32 at the sgemm
+// rate, ~10 GB/s for elementwise passes over two threads. GPU: an H100 80GB running brisk
+// (Nsight Compute, bert-large bf16): cuBLASLt ~600 TFLOP/s in bf16/fp16 (~350 tf32, ~50 fp32),
+// brisk's float32 flash attention ~13 TFLOP/s, ~3 TB/s, ~30 launches of ~5 us per layer.
+CostModel cost_model(Device device) {
+  CostModel m;
+  if (device == Device::cuda) {
+    m.fp32_flops = 50e12;
+    m.tf32_flops = 350e12;
+    m.bf16_flops = m.fp16_flops = 600e12;
+    m.attention_flops = 13e12;
+    m.bandwidth = 3e12;
+    m.layer_overhead = 150e-6;
+  } else {
+    m.fp32_flops = m.tf32_flops = m.fp16_flops = 156e9;  // fp16 is emulated in float32
+    m.bf16_flops = 757e9;
+    m.attention_flops = 156e9;
+    m.bandwidth = 10e9;
+    m.layer_overhead = 50e-6;
+  }
+  return m;
+}
+
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
+  const TrainOptions& o = run.options;
+  const ModelConfig& c = run.config;
+  const double L = static_cast<double>(c.num_layers), C = static_cast<double>(c.hidden_size);
+  const double inner = static_cast<double>(c.intermediate_size), T = static_cast<double>(o.seq_len);
+  const double k = static_cast<double>(o.gradient_accumulation_steps);
+  const double tokens = static_cast<double>(o.per_device_train_batch_size) * k * T;
+  const double recompute = o.gradient_checkpointing ? 4.0 / 3.0 : 1.0;
+  const double rate = run.product == DType::bf16  ? m.bf16_flops
+                      : run.product == DType::f16 ? m.fp16_flops
+                      : o.tf32                    ? m.tf32_flops
+                                                  : m.fp32_flops;
+  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate;
+  const double attention = tokens * 12 * L * C * T * recompute / m.attention_flops;
+  const auto bytes = run.plan.bytes_by_category();
+  auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
+  const double activations = k * 3 * of(Category::activations) / m.bandwidth;
+  const double optimizer = 2 *
+                           (of(Category::weights) + of(Category::master_weights) +
+                            of(Category::gradients) + of(Category::optimizer_state)) /
+                           m.bandwidth;
+  return matmul + attention + k * L * m.layer_overhead + activations + optimizer;
+}
+
+std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
+                                     const MemoryBudget& budget,
+                                     const std::vector<std::string>& precisions,
+                                     const std::vector<std::string>& optims, int* rejected) {
+  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
+  const CostModel model = cost_model(device);
+  std::vector<FitCandidate> out;
+  int refused = 0;
+  TrainOptions one = o;
+  one.per_device_train_batch_size = 1;
+  one.gradient_accumulation_steps = global;
+  const int64_t samples = assemble_run(one, device, nullptr)->data->size();
+  for (const std::string& precision : precisions) {
+    BRISK_CHECK(
+        precision == "fp32" || precision == "bf16" || precision == "fp16" || precision == "tf32",
+        "unknown precision \"", precision,
+        "\" in fit_precisions (valid: fp32, tf32, bf16, "
+        "fp16)");
+    for (const std::string& optim : optims)
+      for (bool checkpointing : {false, true})
+        for (int64_t b = 1; b <= std::min(global, samples); ++b) {
+          if (global % b) continue;
+          TrainOptions t = o;
+          t.per_device_train_batch_size = b;
+          t.gradient_accumulation_steps = global / b;
+          t.gradient_checkpointing = checkpointing;
+          t.bf16 = precision == "bf16";
+          t.fp16 = precision == "fp16";
+          t.tf32 = precision == "tf32";
+          t.optim = optim;
+          t.auto_find_batch_size = false;
+          const auto run = assemble_run(t, device, nullptr);
+          const size_t needed = needed_bytes(run->plan, budget);
+          if (needed > budget.budget) {
+            ++refused;
+            continue;
+          }
+          out.push_back({t, needed, predicted_step_seconds(*run, model)});
+        }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {
+    return a.step_seconds < b.step_seconds;
+  });
+  if (rejected) *rejected = refused;
+  return out;
+}
+
+}  // namespace brisk

@@ -4,11 +4,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "train/options.h"
+
+namespace brisk {
+struct RunAssembly;
+}
 
 namespace brisk {
 
@@ -53,5 +58,42 @@ struct BatchFit {
 // (batch 1 with gradient checkpointing), when even batch 1 does not fit.
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
                    const Dataset* dataset = nullptr);
+
+}  // namespace brisk
+
+namespace brisk {
+
+// The cost model that ranks configurations (brisk estimate --fit): seconds of one optimizer step
+// of the global batch as
+//   tokens x 6 N (x 4/3 with gradient checkpointing: one more forward) / product rate
+// + tokens x 12 L C T (same factor) / attention rate
+// + micro-steps x L x per-layer launch cost
+// + micro-steps x 3 x planned activation bytes / bandwidth (written, read back, their gradients)
+// + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass)
+// N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
+// Rates are measurements of brisk on one machine of each kind, named in fit.cpp.
+struct CostModel {
+  double fp32_flops = 0, tf32_flops = 0, bf16_flops = 0, fp16_flops = 0;  // products
+  double attention_flops = 0;                                             // attention cores
+  double bandwidth = 0;                                                   // bytes/s
+  double layer_overhead = 0;  // seconds per layer per micro-step (launches, host work)
+};
+CostModel cost_model(Device device);
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m);
+
+struct FitCandidate {
+  TrainOptions options;
+  size_t needed = 0;
+  double step_seconds = 0;
+};
+
+// Every configuration of the global batch (per_device_train_batch_size x
+// gradient_accumulation_steps) over per-device batch, gradient checkpointing (off, full),
+// precision ("fp32", "bf16", "fp16", "tf32") and optimizer from the lists allowed, whose plan
+// fits the budget, fastest predicted first.
+std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
+                                     const MemoryBudget& budget,
+                                     const std::vector<std::string>& precisions,
+                                     const std::vector<std::string>& optims, int* rejected);
 
 }  // namespace brisk
