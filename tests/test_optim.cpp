@@ -32,7 +32,8 @@ class FixtureRun {
   FixtureRun(const SafetensorsFile& f, const std::vector<Param>& params, const std::string& init,
              const OptimizerConfig& config)
       : f_(f), params_(params), be_(make_cpu_backend()), opt_(make_optimizer(config)) {
-    for (const Param& p : params) ps_.add(p.name, f.get(init + p.name).shape(), p.decay);
+    for (const Param& p : params)
+      ps_.add(p.name, f.get(init + p.name).shape(), p.decay ? kLinearWeight : kBiasOrNorm);
     w_.resize(ps_.total_elements());
     g_.resize(w_.size());
     ps_.bind(Tensor(w_.data(), Shape{ps_.total_elements()}, DType::f32),

@@ -14,12 +14,6 @@
 
 namespace brisk {
 
-struct BatchLayout {
-  int64_t batch = 0, seq = 0;
-  bool token_types = false;       // BERT
-  bool labels_per_token = false;  // causal LM: labels [B,T]; classification: [B]
-};
-
 class DataLoader {
  public:
   DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed, bool background);

@@ -7,14 +7,15 @@
 
 namespace brisk {
 
-SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, const ModelConfig& config)
-    : options_(options), causal_lm_(config.model_type == ModelType::gpt2) {
+SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, int64_t vocab_size,
+                                   bool causal_lm)
+    : options_(options), causal_lm_(causal_lm) {
   BRISK_CHECK(options.dataset_size > 0, "synthetic dataset size must be positive");
   BRISK_CHECK(options.seq_len > 0, "synthetic sequence length must be positive");
   BRISK_CHECK(options.task == "random" || options.task == "learnable", "unknown synthetic task \"",
               options.task, "\" (valid: random, learnable)");
-  options_.id_high = static_cast<int32_t>(std::min<int64_t>(options.id_high, config.vocab_size));
-  BRISK_CHECK(options_.id_low < options_.id_high, "the vocabulary of ", config.vocab_size,
+  options_.id_high = static_cast<int32_t>(std::min<int64_t>(options.id_high, vocab_size));
+  BRISK_CHECK(options_.id_low < options_.id_high, "the vocabulary of ", vocab_size,
               " tokens leaves no room for synthetic ids from ", options.id_low);
 }
 

@@ -25,7 +25,9 @@ struct SyntheticOptions {
 
 class SyntheticDataset final : public Dataset {
  public:
-  SyntheticDataset(const SyntheticOptions& options, const ModelConfig& config);
+  // Samples for a model of `vocab_size` tokens: causal-LM samples (labels per token) when
+  // `causal_lm`, else classification samples.
+  SyntheticDataset(const SyntheticOptions& options, int64_t vocab_size, bool causal_lm);
   int64_t size() const override { return options_.dataset_size; }
   int64_t seq_len() const override { return options_.seq_len; }
   void fill_row(int64_t index, const Batch& batch, int64_t row) const override;

@@ -21,40 +21,45 @@ class Bert final : public Model {
   void declare_params() override {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
-    word_ = param("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
-    pos_ = param("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
-    type_ = param("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
-    emb_ln_g_ = param("bert.embeddings.LayerNorm.weight", {C});
-    emb_ln_b_ = param("bert.embeddings.LayerNorm.bias", {C});
+    word_ = param("bert.embeddings.word_embeddings.weight", {c.vocab_size, C}, kEmbedding);
+    pos_ = param("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C},
+                 kEmbedding);
+    type_ =
+        param("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C}, kEmbedding);
+    emb_ln_g_ = param("bert.embeddings.LayerNorm.weight", {C}, kBiasOrNorm);
+    emb_ln_b_ = param("bert.embeddings.LayerNorm.bias", {C}, kBiasOrNorm);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
       LayerIds ids{};
       // query, key and value lie end to end so that they act as one [3C, C] projection.
-      ids.qkv_w_first = param(p + "attention.self.query.weight", {C, C});
-      param(p + "attention.self.key.weight", {C, C});
-      ids.qkv_w_last = param(p + "attention.self.value.weight", {C, C});
-      ids.qkv_b_first = param(p + "attention.self.query.bias", {C});
-      param(p + "attention.self.key.bias", {C});
-      ids.qkv_b_last = param(p + "attention.self.value.bias", {C});
-      ids.proj_w = param(p + "attention.output.dense.weight", {C, C});
-      ids.proj_b = param(p + "attention.output.dense.bias", {C});
-      ids.ln_a_g = param(p + "attention.output.LayerNorm.weight", {C});
-      ids.ln_a_b = param(p + "attention.output.LayerNorm.bias", {C});
-      ids.fc_w = param(p + "intermediate.dense.weight", {F, C});
-      ids.fc_b = param(p + "intermediate.dense.bias", {F});
-      ids.out_w = param(p + "output.dense.weight", {C, F});
-      ids.out_b = param(p + "output.dense.bias", {C});
-      ids.ln_b_g = param(p + "output.LayerNorm.weight", {C});
-      ids.ln_b_b = param(p + "output.LayerNorm.bias", {C});
+      ids.qkv_w_first = param(p + "attention.self.query.weight", {C, C}, kLinearWeight);
+      param(p + "attention.self.key.weight", {C, C}, kLinearWeight);
+      ids.qkv_w_last = param(p + "attention.self.value.weight", {C, C}, kLinearWeight);
+      ids.qkv_b_first = param(p + "attention.self.query.bias", {C}, kBiasOrNorm);
+      param(p + "attention.self.key.bias", {C}, kBiasOrNorm);
+      ids.qkv_b_last = param(p + "attention.self.value.bias", {C}, kBiasOrNorm);
+      ids.proj_w = param(p + "attention.output.dense.weight", {C, C}, kLinearWeight);
+      ids.proj_b = param(p + "attention.output.dense.bias", {C}, kBiasOrNorm);
+      ids.ln_a_g = param(p + "attention.output.LayerNorm.weight", {C}, kBiasOrNorm);
+      ids.ln_a_b = param(p + "attention.output.LayerNorm.bias", {C}, kBiasOrNorm);
+      ids.fc_w = param(p + "intermediate.dense.weight", {F, C}, kLinearWeight);
+      ids.fc_b = param(p + "intermediate.dense.bias", {F}, kBiasOrNorm);
+      ids.out_w = param(p + "output.dense.weight", {C, F}, kLinearWeight);
+      ids.out_b = param(p + "output.dense.bias", {C}, kBiasOrNorm);
+      ids.ln_b_g = param(p + "output.LayerNorm.weight", {C}, kBiasOrNorm);
+      ids.ln_b_b = param(p + "output.LayerNorm.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }
-    pool_w_ = param("bert.pooler.dense.weight", {C, C});
-    pool_b_ = param("bert.pooler.dense.bias", {C});
-    cls_w_ = param("classifier.weight", {c.num_labels, C});
-    cls_b_ = param("classifier.bias", {c.num_labels});
+    pool_w_ = param("bert.pooler.dense.weight", {C, C}, kLinearWeight);
+    pool_b_ = param("bert.pooler.dense.bias", {C}, kBiasOrNorm);
+    cls_w_ = param("classifier.weight", {c.num_labels, C}, kLinearWeight);
+    cls_b_ = param("classifier.bias", {c.num_labels}, kBiasOrNorm);
   }
 
   int64_t head_width() const override { return config_.hidden_size; }
+  BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
+    return {batch, seq, /*token_types=*/true, /*labels_per_token=*/false};
+  }
 
   BlockStyle block_style(bool training) const override {
     BlockStyle s;

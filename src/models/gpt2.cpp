@@ -21,27 +21,27 @@ class Gpt2 final : public Model {
   void declare_params() override {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
-    wte_ = param("transformer.wte.weight", {c.vocab_size, C});
-    wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C});
+    wte_ = param("transformer.wte.weight", {c.vocab_size, C}, kTiedEmbedding);
+    wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C}, kEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "transformer.h." + std::to_string(l) + ".";
       LayerIds ids{};
-      ids.ln_a_g = param(p + "ln_1.weight", {C});
-      ids.ln_a_b = param(p + "ln_1.bias", {C});
-      ids.qkv_w = param(p + "attn.c_attn.weight", {C, 3 * C});
-      ids.qkv_b = param(p + "attn.c_attn.bias", {3 * C});
-      ids.proj_w = param(p + "attn.c_proj.weight", {C, C});
-      ids.proj_b = param(p + "attn.c_proj.bias", {C});
-      ids.ln_b_g = param(p + "ln_2.weight", {C});
-      ids.ln_b_b = param(p + "ln_2.bias", {C});
-      ids.fc_w = param(p + "mlp.c_fc.weight", {C, F});
-      ids.fc_b = param(p + "mlp.c_fc.bias", {F});
-      ids.out_w = param(p + "mlp.c_proj.weight", {F, C});
-      ids.out_b = param(p + "mlp.c_proj.bias", {C});
+      ids.ln_a_g = param(p + "ln_1.weight", {C}, kBiasOrNorm);
+      ids.ln_a_b = param(p + "ln_1.bias", {C}, kBiasOrNorm);
+      ids.qkv_w = param(p + "attn.c_attn.weight", {C, 3 * C}, kLinearWeight);
+      ids.qkv_b = param(p + "attn.c_attn.bias", {3 * C}, kBiasOrNorm);
+      ids.proj_w = param(p + "attn.c_proj.weight", {C, C}, kLinearWeight);
+      ids.proj_b = param(p + "attn.c_proj.bias", {C}, kBiasOrNorm);
+      ids.ln_b_g = param(p + "ln_2.weight", {C}, kBiasOrNorm);
+      ids.ln_b_b = param(p + "ln_2.bias", {C}, kBiasOrNorm);
+      ids.fc_w = param(p + "mlp.c_fc.weight", {C, F}, kLinearWeight);
+      ids.fc_b = param(p + "mlp.c_fc.bias", {F}, kBiasOrNorm);
+      ids.out_w = param(p + "mlp.c_proj.weight", {F, C}, kLinearWeight);
+      ids.out_b = param(p + "mlp.c_proj.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }
-    lnf_g_ = param("transformer.ln_f.weight", {C});
-    lnf_b_ = param("transformer.ln_f.bias", {C});
+    lnf_g_ = param("transformer.ln_f.weight", {C}, kBiasOrNorm);
+    lnf_b_ = param("transformer.ln_f.bias", {C}, kBiasOrNorm);
   }
 
   float init_std(const std::string& name) const override {
@@ -53,6 +53,9 @@ class Gpt2 final : public Model {
   }
 
   int64_t head_width() const override { return config_.vocab_size; }
+  BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
+    return {batch, seq, /*token_types=*/false, /*labels_per_token=*/true};
+  }
 
   BlockStyle block_style(bool training) const override {
     BlockStyle s;

@@ -20,13 +20,8 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   return m;
 }
 
-int Model::param(const std::string& name, Shape shape) {
-  const bool no_decay = name.ends_with(".bias") || name.find("LayerNorm") != std::string::npos ||
-                        name.find(".ln_") != std::string::npos;
-  // nn.Embedding tables: BERT's word/position/token-type embeddings, GPT-2's wte and wpe.
-  const bool embedding = name.ends_with("_embeddings.weight") || name.ends_with("wte.weight") ||
-                         name.ends_with("wpe.weight");
-  return params_.add(name, shape, !no_decay, embedding);
+int Model::param(const std::string& name, Shape shape, ParamRole role) {
+  return params_.add(name, shape, role);
 }
 
 void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
@@ -128,10 +123,7 @@ int64_t Model::max_matmul_operand() const {
       std::max({3 * c.hidden_size, c.intermediate_size, head_width(), c.hidden_size});
   int64_t largest_weight = 0;
   for (const ParamInfo& p : params_.list())
-    if (p.shape.rank() == 2 && p.name.find("position") == std::string::npos &&
-        p.name.find("token_type") == std::string::npos && p.name.find("wpe") == std::string::npos &&
-        p.name.find("word_embeddings") == std::string::npos)
-      largest_weight = std::max(largest_weight, p.shape.numel());
+    if (p.product) largest_weight = std::max(largest_weight, p.shape.numel());
   // Query, key and value weights are multiplied as one [3C, C] matrix.
   largest_weight = std::max(largest_weight, 3 * c.hidden_size * c.hidden_size);
   return std::max(shape_.batch * shape_.seq * widest, largest_weight);

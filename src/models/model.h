@@ -31,6 +31,14 @@ struct Batch {
   Tensor labels;          // int32 [B] (classification) or [B,T] (causal LM), kIgnoreIndex = none
 };
 
+// What a model's batches hold, as the model declares it: the data code fills them without knowing
+// the architecture.
+struct BatchLayout {
+  int64_t batch = 0, seq = 0;
+  bool token_types = false;       // token_type_ids (BERT)
+  bool labels_per_token = false;  // causal LM: labels [B,T]; classification: [B]
+};
+
 struct PlanOptions {
   bool gradient_checkpointing = false;  // keep only block inputs, recompute inside backward
   // Mixed precision: activations that feed matrix products are kept in this type (bf16/f16);
@@ -97,6 +105,8 @@ class Model {
   // (name, tensor) pairs over a flat buffer laid out as the parameters (the weights, or the fp32
   // master copy), for writing model.safetensors.
   std::vector<std::pair<std::string, Tensor>> named_views(const Tensor& flat) const;
+  // The layout of this model's batches of `batch` x `seq` tokens.
+  virtual BatchLayout batch_layout(int64_t batch, int64_t seq) const = 0;
 
  protected:
   explicit Model(const ModelConfig& config) : config_(config) {}
@@ -116,11 +126,12 @@ class Model {
   virtual float init_std(const std::string& name) const;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
   virtual int64_t head_width() const = 0;
+
   DType activation_dtype() const { return options_.activation_dtype; }
   Device device() const { return options_.device; }
 
   // Helpers for subclasses.
-  int param(const std::string& name, Shape shape);
+  int param(const std::string& name, Shape shape, ParamRole role);
   void declare(MemoryPlan& plan, Tensor* view, const std::string& name, Category category,
                DType dtype, Shape shape) {
     binder_.declare(plan, view, name, category, dtype, shape);

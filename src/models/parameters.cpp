@@ -3,9 +3,10 @@
 
 namespace brisk {
 
-int ParameterSet::add(std::string name, Shape shape, bool decay, bool embedding) {
+int ParameterSet::add(std::string name, Shape shape, ParamRole role) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
-  params_.push_back(ParamInfo{std::move(name), shape, decay, total_, embedding});
+  params_.push_back(
+      ParamInfo{std::move(name), shape, role.decay, total_, role.embedding, role.product});
   total_ += shape.numel();
   return static_cast<int>(params_.size() - 1);
 }

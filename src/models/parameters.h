@@ -10,17 +10,29 @@
 
 namespace brisk {
 
+// What a parameter is to the code around the model, declared by the model that owns it.
+struct ParamRole {
+  bool decay = true;       // takes weight decay (false for biases and LayerNorm parameters)
+  bool embedding = false;  // an embedding table (nn.Embedding in transformers)
+  bool product = false;    // an operand of a matrix product (linear weights, a tied LM head)
+};
+inline constexpr ParamRole kLinearWeight{true, false, true};
+inline constexpr ParamRole kBiasOrNorm{false, false, false};
+inline constexpr ParamRole kEmbedding{true, true, false};
+inline constexpr ParamRole kTiedEmbedding{true, true, true};  // also the LM head's weight
+
 struct ParamInfo {
   std::string name;
   Shape shape;
   bool decay = true;       // false for biases and LayerNorm parameters
   int64_t offset = 0;      // in elements, within the flat buffer
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
+  bool product = false;    // an operand of a matrix product
 };
 
 class ParameterSet {
  public:
-  int add(std::string name, Shape shape, bool decay, bool embedding = false);
+  int add(std::string name, Shape shape, ParamRole role);
   int64_t total_elements() const { return total_; }
   const std::vector<ParamInfo>& list() const { return params_; }
   int find(const std::string& name) const;   // -1 when absent

@@ -10,11 +10,13 @@
 namespace brisk {
 
 namespace {
-std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c) {
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c,
+                                      const BatchLayout& layout) {
   if (o.dataset == "synthetic")
     return std::make_unique<SyntheticDataset>(
-        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task}, c);
-  BRISK_CHECK(c.model_type == ModelType::gpt2, "token files train causal LMs; the ", c.type_name(),
+        SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task},
+        c.vocab_size, layout.labels_per_token);
+  BRISK_CHECK(layout.labels_per_token, "token files train causal LMs; the ", c.type_name(),
               " model needs --dataset synthetic");
   return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
 }
@@ -36,12 +38,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.device = device;
   r.config = resolve_config(o.model_name_or_path);
   r.model = Model::create(r.config);
-  r.owned_data = dataset ? nullptr : make_dataset(o, r.config);
+  const int64_t B = o.per_device_train_batch_size;
+  const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
+  r.owned_data = dataset ? nullptr : make_dataset(o, r.config, layout);
   r.data = dataset ? dataset : r.owned_data.get();
 
-  const int64_t B = o.per_device_train_batch_size;
-  const BatchLayout layout{B, o.seq_len, r.config.model_type == ModelType::bert,
-                           r.config.model_type == ModelType::gpt2};
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, o.dataloader_num_workers > 0);
   r.precision = std::make_unique<MixedPrecision>(o.bf16   ? DType::bf16
                                                  : o.fp16 ? DType::f16

@@ -34,9 +34,7 @@ int64_t g_force_overflow_step = -1;
 int64_t non_embedding_params(const ParameterSet& ps) {
   int64_t n = 0;
   for (const auto& p : ps.list())
-    if (p.name.find("embeddings") == std::string::npos &&
-        p.name.find(".wte.") == std::string::npos && p.name.find(".wpe.") == std::string::npos)
-      n += p.shape.numel();
+    if (!p.embedding) n += p.shape.numel();
   return n;
 }
 
