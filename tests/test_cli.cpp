@@ -231,6 +231,21 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
   EXPECT_EQ(optims.size(), 3u);
   EXPECT_EQ(precisions.size(), 2u);
   EXPECT_EQ(checkpointing.size(), 2u);
+  // --html draws the candidates: one bar each, self-contained (inline SVG, no scripts).
+  const std::string html = json + ".html";
+  const CliRun drawn = run_brisk(
+      "estimate --device cpu --model bert-tiny --seq_len 128 --per_device_train_batch_size 8 "
+      "--fit --max_memory 250MiB --html " +
+      html);
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.err;
+  std::ifstream in(html);
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(html);
+  EXPECT_NE(page.find("<svg"), std::string::npos);
+  EXPECT_NE(page.find("#1 "), std::string::npos);
+  EXPECT_NE(page.find("optimizer_state"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg"));
   expect_refused("estimate --model bert-tiny --fit --max_memory 1MB", "no configuration");
   expect_refused("estimate --model bert-tiny --fit --max_memory 1GB --fit_precisions fp8",
                  "unknown precision \"fp8\"");

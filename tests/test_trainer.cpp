@@ -277,6 +277,12 @@ TEST(Trainer, TheProcessPeakStaysWithinThePlanWhileTrainingAndSaving) {
     const size_t bound = planned + m.rss_before_arena + std::max(planned / 50, size_t{32} << 20);
     EXPECT_LE(m.peak_rss, bound) << "peak " << m.peak_rss << ", plan " << planned;
     EXPECT_GT(m.peak_rss_saves, 0u);  // two saves ran
+    // The anatomy drawn next to the results: the plan's bars and the measured peaks.
+    std::ifstream in(o.output_dir + "/memory.html");
+    const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(page.find("<svg"), std::string::npos);
+    EXPECT_NE(page.find("process peak"), std::string::npos);
+    EXPECT_NE(page.find("activations"), std::string::npos);
     EXPECT_LE(m.peak_rss_steps, m.peak_rss);
     EXPECT_GE(m.peak_rss_steps, m.rss_before_arena + planned * 9 / 10);  // the arena is touched
   }

@@ -15,6 +15,7 @@
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
 #include "train/fit.h"
+#include "train/memory_html.h"
 
 namespace brisk::cli {
 
@@ -159,8 +160,8 @@ std::string precision_of(const TrainOptions& o) {
 }
 
 // brisk estimate --fit: the configurations that fit, fastest predicted first.
-void print_fit(const TrainOptions& o, Device device, const EstimateArgs& args,
-               nlohmann::json& out) {
+std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const EstimateArgs& args,
+                                    nlohmann::json& out) {
   const MemoryBudget budget = memory_budget(o, device, nullptr);
   int rejected = 0;
   const std::vector<FitCandidate> fits =
@@ -191,6 +192,7 @@ void print_fit(const TrainOptions& o, Device device, const EstimateArgs& args,
                    {"predicted_step_seconds", fits[i].step_seconds}});
   }
   if (fits.size() > 10) std::printf("  ... %zu more in --output_json\n", fits.size() - 10);
+  return fits;
 }
 }  // namespace
 
@@ -254,7 +256,35 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
     std::printf("expect a process peak near %s\n", mib(plan.total_bytes() + host_base).c_str());
   }
   nlohmann::json fit_json = nlohmann::json::array();
-  if (args.fit) print_fit(o, device, args, fit_json);
+  std::vector<FitCandidate> fits;
+  if (args.fit) fits = print_fit(o, device, args, fit_json);
+  if (!args.html_path.empty()) {
+    const size_t fixed =
+        device == Device::cuda ? kCudaContextBytes : static_cast<size_t>(host_base);
+    const char* fixed_label =
+        device == Device::cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
+    std::vector<MemoryBar> bars;
+    if (fits.empty()) {
+      bars.push_back({"as asked", planned, fixed, fixed_label, {}});
+    } else {
+      for (size_t i = 0; i < fits.size() && i < 10; ++i) {
+        const TrainOptions& t = fits[i].options;
+        bars.push_back({"#" + std::to_string(i + 1) + " " +
+                            std::to_string(t.per_device_train_batch_size) + "x" +
+                            std::to_string(t.gradient_accumulation_steps) + " " + precision_of(t) +
+                            (t.gradient_checkpointing ? " ckpt" : ""),
+                        fits[i].planned,
+                        fixed,
+                        fixed_label,
+                        {}});
+      }
+    }
+    write_memory_html(args.html_path, "brisk estimate: " + o.model_name_or_path,
+                      std::string("planned bytes by category on ") +
+                          (device == Device::cuda ? "cuda" : "cpu") +
+                          (fits.empty() ? "" : "; --fit candidates, fastest predicted first"),
+                      bars);
+  }
   if (!json_path.empty()) {
     nlohmann::json planned_json = nlohmann::json::object();
     for (int c = 0; c < kNumCategories; ++c)

@@ -29,6 +29,7 @@ struct EstimateArgs {
   bool fit = false;        // rank the configurations that fit max_memory
   std::string precisions;  // comma-separated, for --fit; empty: the run's own
   std::string optims;      // comma-separated, for --fit; empty: the run's own
+  std::string html_path;   // draw the plan (or the fit's candidates) into this HTML file
 };
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
 

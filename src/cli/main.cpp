@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   e->add_flag("--fit", est.fit,
               "rank every batch x accumulation (same global batch) x gradient checkpointing x "
               "precision x optimizer allowed whose plan fits --max_memory, by predicted step time");
+  e->add_option(
+      "--html", est.html_path,
+      "draw the plan (with --fit: the best candidates) as stacked bars in this HTML file");
   e->add_option("--fit_precisions", est.precisions,
                 "precisions --fit may choose, e.g. fp32,bf16 (default: the run's)");
   e->add_option("--fit_optims", est.optims,

@@ -220,7 +220,8 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             ++refused;
             continue;
           }
-          out.push_back({t, needed, predicted_step_seconds(*run, model)});
+          out.push_back(
+              {t, needed, predicted_step_seconds(*run, model), run->plan.bytes_by_category()});
         }
   }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {

@@ -2,6 +2,7 @@
 // and the largest per-device batch that fits (--auto_find_batch_size), keeping the global batch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -85,6 +86,7 @@ struct FitCandidate {
   TrainOptions options;
   size_t needed = 0;
   double step_seconds = 0;
+  std::array<size_t, kNumCategories> planned{};  // bytes by category
 };
 
 // Every configuration of the global batch (per_device_train_batch_size x

@@ -23,6 +23,7 @@
 #include "train/assembly.h"
 #include "train/checkpoint.h"
 #include "train/fit.h"
+#include "train/memory_html.h"
 #include "train/schedule.h"
 
 namespace brisk {
@@ -106,6 +107,29 @@ struct PeakPhases {
   }
   size_t overall() const { return *std::max_element(peak.begin(), peak.end()); }
 };
+
+// output_dir/memory.html: the plan by category, what lay outside it, and the measured peaks.
+void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::string& path) {
+  MemoryBar bar;
+  bar.label = "batch " + std::to_string(o.per_device_train_batch_size) + " x " +
+              std::to_string(o.gradient_accumulation_steps);
+  bar.planned = s.memory.planned;
+  const bool gpu = s.memory.device_memory_used >= 0;
+  if (gpu) {
+    bar.fixed = static_cast<size_t>(std::max<int64_t>(0, s.memory.device_memory_before_arena));
+    bar.fixed_label = "GPU memory before the arena";
+    bar.measured = {{"GPU memory occupied", static_cast<size_t>(s.memory.device_memory_used)}};
+  } else {
+    bar.fixed = s.memory.rss_before_arena;
+    bar.fixed_label = "resident before the arena";
+    bar.measured = {{"process peak", s.memory.peak_rss},
+                    {"peak during steps", s.memory.peak_rss_steps}};
+  }
+  write_memory_html(path, "brisk memory anatomy: " + o.model_name_or_path,
+                    "device " + s.device + "; planned bytes by category, what lay outside the " +
+                        "plan, and the measured peaks (lines)",
+                    {bar});
+}
 
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
 // stay below 2^31).
@@ -309,6 +333,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.memory.peak_rss_saves = peaks.peak[PeakPhases::saves];
   s.memory.device_memory_used = be->device_memory_used();
 
+  write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
   std::ofstream out(fs::path(o.output_dir) / "train_results.json");
   out << summary_json(s).dump(2) << "\n";
   return s;

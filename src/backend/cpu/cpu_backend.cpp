@@ -1,33 +1,11 @@
 // CPU backend construction and the small ops that need no file of their own.
 #include "backend/cpu/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <cstring>
-#include <mutex>
-#include <vector>
 
 namespace brisk {
 
-namespace {
-// OpenBLAS fills its per-thread packing buffers (tens of MiB) only when a product first needs
-// them, which for a wide product (an LM head over 50k tokens) happens inside the first training
-// step. One wide product at start-up puts them in the resident memory measured before the arena,
-// with the other libraries, instead of in the run's peak beyond the plan.
-void touch_blas_buffers() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int m = 64, k = 512, n = 16384;
-    std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), b(static_cast<size_t>(k) * n, 0.5f),
-        c(static_cast<size_t>(m) * n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n,
-                0.0f, c.data(), n);
-  });
-}
-}  // namespace
-
 std::unique_ptr<Backend> make_cpu_backend() {
-  touch_blas_buffers();
   return std::make_unique<CpuBackend>();
 }
 

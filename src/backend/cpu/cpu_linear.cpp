@@ -47,9 +47,18 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return bf16_->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, ws_.operand_a,
                       ws_.operand_b);
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
-              accumulate ? 1.0f : 0.0f, c, ldc);
+  // OpenBLAS touches working memory in proportion to the rows of a transposed A (48 MiB more
+  // resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan: such products
+  // go in blocks of rows, which bounds it to a few MiB at the same speed.
+  constexpr int64_t kRowBlock = 4096;
+  const int64_t block = trans_a ? kRowBlock : m;
+  for (int64_t r0 = 0; r0 < m; r0 += block) {
+    const int64_t rows = std::min(block, m - r0);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
+                a + (trans_a ? r0 : r0 * lda), lda, b, ldb, accumulate ? 1.0f : 0.0f, c + r0 * ldc,
+                ldc);
+  }
 }
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
