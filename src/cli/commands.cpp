@@ -56,10 +56,10 @@ int run_train(const TrainOptions& options) {
   std::printf("***** memory anatomy *****\n");
   print_plan(s.memory.planned, s.memory.arena_bytes);
   std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
+  std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
   std::printf("  %-16s %12s\n", "  during steps", mib(s.memory.peak_rss_steps).c_str());
   if (s.memory.peak_rss_saves > 0)
     std::printf("  %-16s %12s\n", "  during saves", mib(s.memory.peak_rss_saves).c_str());
-  std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
   if (s.memory.device_memory_used >= 0) {
     std::printf("  %-16s %12s\n", "GPU memory occupied",
                 mib(static_cast<size_t>(s.memory.device_memory_used)).c_str());
@@ -272,7 +272,7 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
         bars.push_back({"#" + std::to_string(i + 1) + " " +
                             std::to_string(t.per_device_train_batch_size) + "x" +
                             std::to_string(t.gradient_accumulation_steps) + " " + precision_of(t) +
-                            (t.gradient_checkpointing ? " ckpt" : ""),
+                            "\n" + t.optim + (t.gradient_checkpointing ? " ckpt" : ""),
                         fits[i].planned,
                         fixed,
                         fixed_label,

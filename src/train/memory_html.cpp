@@ -113,13 +113,22 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
              "\" y1=\"" + y + "\" y2=\"" + y + "\" stroke=\"" + kMeasuredColor +
              "\" stroke-width=\"2\" stroke-dasharray=\"" + (row ? "4 3" : "none") + "\"><title>" +
              escape(name) + ": " + mib(bytes) + "</title></line>\n";
-      svg += "<text x=\"" + std::to_string(x + bar_w + 8) + "\" y=\"" + y +
+      // Labels of lines that lie close together go one under the other.
+      svg += "<text x=\"" + std::to_string(x + bar_w + 8) + "\" y=\"" +
+             num(y_of(static_cast<double>(bytes) / (1 << 20)) + 11.0 * row) +
              "\" dominant-baseline=\"middle\" font-size=\"10\">" + escape(name) + "</text>\n";
       ++row;
     }
-    svg += "<text x=\"" + std::to_string(x + bar_w / 2) + "\" y=\"" +
-           std::to_string(top_pad + plot_h + 18) + "\" text-anchor=\"middle\">" + escape(b.label) +
-           "</text>\n";
+    // The label, one line per '\n'.
+    size_t line = 0, start = 0;
+    for (size_t end = 0; end <= b.label.size(); ++end) {
+      if (end < b.label.size() && b.label[end] != '\n') continue;
+      svg += "<text x=\"" + std::to_string(x + bar_w / 2) + "\" y=\"" +
+             std::to_string(top_pad + plot_h + 18 + 15 * static_cast<int>(line++)) +
+             "\" text-anchor=\"middle\">" + escape(b.label.substr(start, end - start)) +
+             "</text>\n";
+      start = end + 1;
+    }
   }
   svg += "</svg>\n";
 
@@ -131,7 +140,11 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
             "\"></i>outside the plan</span><span><i style=\"background:" + kMeasuredColor +
             ";height:2px\"></i>measured</span>";
   std::string table = "<table><tr><th></th>";
-  for (const MemoryBar& b : bars) table += "<th>" + escape(b.label) + "</th>";
+  for (const MemoryBar& b : bars) {
+    std::string label = b.label;
+    std::replace(label.begin(), label.end(), '\n', ' ');
+    table += "<th>" + escape(label) + "</th>";
+  }
   table += "</tr>";
   for (int c = 0; c < kNumCategories; ++c) {
     table += std::string("<tr><td>") + category_name(static_cast<Category>(c)) + "</td>";
