@@ -1435,7 +1435,7 @@ struct Result {
   std::vector<double> losses;
 };
 
-Result run(const TrainOptions& o, const Dataset* data = nullptr) {
+Result run(const TrainOptions& o, const Dataset* data = nullptr, FaultHooks faults = {}) {
   Result r;
   r.summary = train(
       o,
@@ -1443,7 +1443,7 @@ Result run(const TrainOptions& o, const Dataset* data = nullptr) {
         r.logs.push_back(j);
         r.losses.push_back(j["loss"]);
       },
-      data);
+      data, faults);
   if (o.device == kGpuOption)  // a GPU run ran on the GPU (reference runs ask for the CPU)
     EXPECT_EQ(r.summary.device.rfind("cuda", 0), 0u) << "the run was on " << r.summary.device;
   return r;
@@ -1545,12 +1545,6 @@ TEST(CudaTrainer, GradientCheckpointingChangesMemoryNotResults) {
     }
 }
 
-// Resets the forced overflow however the test ends.
-struct ForcedOverflow {
-  explicit ForcedOverflow(int64_t step) { force_overflow_at_step_for_testing(step); }
-  ~ForcedOverflow() { force_overflow_at_step_for_testing(-1); }
-};
-
 TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
   REQUIRE_GPU();
   TempDir dir("overflow");
@@ -1562,11 +1556,9 @@ TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
   o.max_steps = 6;
   o.fp16 = true;  // fp16 products on the GPU
   o.save_steps = 1;
-  Result r;
-  {
-    ForcedOverflow overflow(3);  // the fourth step
-    r = run(o);
-  }
+  FaultHooks faults;
+  faults.overflow_at_step = 3;  // the fourth step
+  const Result r = run(o, nullptr, faults);
   ASSERT_EQ(r.logs.size(), 6u);
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(r.logs[i]["skipped"].get<bool>(), i == 3) << "step " << i + 1;
@@ -1704,6 +1696,30 @@ TEST(CudaMemory, TheArenaHandsOutExactlyThePlannedBuffers) {
           }
         }
       }
+}
+
+// dataloader_pin_memory picks the staging block: page-locked, or ordinary host memory; a run
+// trains the same either way.
+TEST(CudaMemory, PinMemoryChoosesTheStagingMemory) {
+  REQUIRE_GPU();
+  auto gpu = gpu_backend();
+  MemoryPlan plan;
+  const BufferId id = plan.add("staged", Category::data, DType::i32, Shape{1024}, Placement::host);
+  plan.finalize();
+  for (bool pinned : {true, false}) {
+    Arena arena(plan, gpu->device_memory(), gpu->staging_memory(pinned));
+    cudaPointerAttributes attr{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attr, arena.tensor(id).data()), cudaSuccess);
+    EXPECT_EQ(attr.type == cudaMemoryTypeHost, pinned) << "pinned " << pinned;
+    cudaGetLastError();
+  }
+  TempDir dir("pin");
+  TrainOptions o = gpu_options("gpt2-tiny", dir / "pinned");
+  const Result pinned = run(o);
+  o.output_dir = dir / "pageable";
+  o.dataloader_pin_memory = false;
+  const Result pageable = run(o);
+  EXPECT_EQ(pinned.losses, pageable.losses);
 }
 
 // What `brisk estimate --device cuda` plans without a GPU is what the GPU run allocates.

@@ -88,7 +88,7 @@ class MixedPrecisionTraining : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   TrainRun run(const std::string& name, bool fp16, bool bf16, int64_t steps = 30,
-               bool master_weights = true) {
+               bool master_weights = true, FaultHooks faults = {}) {
     TrainOptions o;
     o.model_name_or_path = (dir_ / "model").string();
     o.output_dir = (dir_ / name).string();
@@ -105,16 +105,17 @@ class MixedPrecisionTraining : public ::testing::Test {
     o.bf16 = bf16;
     o.bf16_master_weights = master_weights;
     TrainRun r;
-    r.summary = train(o, [&](const nlohmann::json& j) { r.logs.push_back(j); });
+    r.summary = train(
+        o, [&](const nlohmann::json& j) { r.logs.push_back(j); }, nullptr, faults);
     return r;
   }
   fs::path dir_;
 };
 
 TEST_F(MixedPrecisionTraining, Fp16OverflowSkipsExactlyThatStepAndHalvesTheScale) {
-  force_overflow_at_step_for_testing(3);
-  const TrainRun r = run("overflow", true, false, 6);
-  force_overflow_at_step_for_testing(-1);
+  FaultHooks faults;
+  faults.overflow_at_step = 3;
+  const TrainRun r = run("overflow", true, false, 6, true, faults);
   ASSERT_EQ(r.logs.size(), 6u);
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(r.logs[i]["skipped"].get<bool>(), i == 3) << "step " << i + 1;

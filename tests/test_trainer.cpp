@@ -30,14 +30,14 @@ struct Result {
   std::vector<double> losses;
 };
 
-Result run(const TrainOptions& o, const Dataset* data = nullptr) {
+Result run(const TrainOptions& o, const Dataset* data = nullptr, FaultHooks faults = {}) {
   Result r;
   r.summary = train(
       o,
       [&](const nlohmann::json& j) {
         if (j.contains("loss")) r.losses.push_back(j["loss"]);
       },
-      data);
+      data, faults);
   return r;
 }
 
@@ -134,9 +134,9 @@ TEST(Trainer, AnInterruptedSaveLeavesThePreviousCheckpointUsable) {
   TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
   o.save_steps = 2;
   // The first save writes 5 counted files; the second fails after 2 of its files.
-  fail_next_checkpoint_after_files_for_testing(5 + 2);
-  EXPECT_THROW(run(o), Error);
-  fail_next_checkpoint_after_files_for_testing(-1);
+  FaultHooks faults;
+  faults.fail_save_after_files = 5 + 2;
+  EXPECT_THROW(run(o, nullptr, faults), Error);
   EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/trainer_state.json"));
   EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-4"));
   for (const auto& e : fs::directory_iterator(o.output_dir))
@@ -609,16 +609,16 @@ TEST(Trainer, ANonFiniteGradientStopsAnFp32RunNamingTheStep) {
   TempDir dir("inf_grad");
   TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
   o.save_steps = 1;
-  force_overflow_at_step_for_testing(1);  // 0-based: the second step
+  FaultHooks faults;
+  faults.overflow_at_step = 1;  // 0-based: the second step
   try {
-    run(o);
+    run(o, nullptr, faults);
     ADD_FAILURE() << "the run did not stop";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the gradient norm became inf at step 2"),
               std::string::npos)
         << e.what();
   }
-  force_overflow_at_step_for_testing(-1);
   EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-1"));
   EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2"));
 }

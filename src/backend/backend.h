@@ -131,7 +131,9 @@ class Backend {
   // ---- memory and transfers ----
   // Where Placement::device and Placement::host buffers of an Arena come from.
   virtual MemoryResource& device_memory() = 0;
-  virtual MemoryResource& staging_memory() = 0;
+  // Host staging: page-locked on a GPU when `pinned` (dataloader_pin_memory, faster uploads that
+  // run alongside compute), ordinary host memory otherwise; the CPU's own memory on the CPU.
+  virtual MemoryResource& staging_memory(bool pinned = true) = 0;
   // dst (device) = src (host staging); ordered with the ops that follow (asynchronous on a GPU).
   virtual void upload(const Tensor& src, const Tensor& dst) = 0;
   // Returns once every upload enqueued so far has read its source, so the host may overwrite

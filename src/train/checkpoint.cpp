@@ -14,7 +14,6 @@ namespace brisk {
 namespace fs = std::filesystem;
 
 namespace {
-int g_fail_after_files = -1;
 
 constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
                                   "optimizer.safetensors", "scheduler.json",
@@ -96,22 +95,20 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
   optimizer.set_steps(step.as<int64_t>()[0]);
 }
 
-void count_file_written() {
-  if (g_fail_after_files < 0) return;
-  if (g_fail_after_files-- == 0) {
-    g_fail_after_files = -1;
+// A fault a test injects: the save fails once the countdown passes zero.
+void count_file_written(int* fail_after_files) {
+  if (!fail_after_files || *fail_after_files < 0) return;
+  if ((*fail_after_files)-- == 0) {
+    *fail_after_files = -1;
     BRISK_FAIL("simulated failure while saving a checkpoint");
   }
 }
 }  // namespace
 
-void fail_next_checkpoint_after_files_for_testing(int files) {
-  g_fail_after_files = files;
-}
-
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state) {
+                            const Schedule& schedule, const TrainerState& state,
+                            int* fail_after_files) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -123,16 +120,16 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   try {
     write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
                       {{"format", "pt"}}, reader_for(be));
-    count_file_written();
+    count_file_written(fail_after_files);
     write_json(tmp_dir / "config.json", model.config().source);
-    count_file_written();
+    count_file_written(fail_after_files);
     write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string());
-    count_file_written();
+    count_file_written(fail_after_files);
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
                                             {"total_steps", schedule.total_steps},
                                             {"last_step", state.global_step}});
-    count_file_written();
+    count_file_written(fail_after_files);
     write_json(tmp_dir / "trainer_state.json", {{"global_step", state.global_step},
                                                 {"micro_batches", state.micro_batches},
                                                 {"epoch", state.epoch},
@@ -140,7 +137,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                                                 {"loss_scale", state.loss_scale},
                                                 {"growth_tracker", state.growth_tracker},
                                                 {"log_history", state.log_history}});
-    count_file_written();
+    count_file_written(fail_after_files);
     write_json(tmp_dir / "training_args.json", options_to_json(options));
     // The rename is the commit point: before it, no checkpoint-N exists for this save.
     if (fs::exists(final_dir)) fs::remove_all(final_dir);

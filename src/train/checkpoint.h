@@ -28,9 +28,12 @@ struct TrainerState {
 // Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
+// `fail_after_files`, for tests: when not null and >= 0, the save fails after that many more files
+// (counted down across saves; -1 = never).
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state);
+                            const Schedule& schedule, const TrainerState& state,
+                            int* fail_after_files = nullptr);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
 // and so is a checkpoint of another optimizer than `options.optim`.
@@ -40,8 +43,5 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
 // data order, synthetic data and dropout continue exactly as they would have.
 uint64_t checkpoint_seed(const std::string& folder);
-
-// For tests: make the next save fail after writing `files` files (-1 = never).
-void fail_next_checkpoint_after_files_for_testing(int files);
 
 }  // namespace brisk

@@ -96,7 +96,8 @@ void visit_options(Options& o, Visitor&& v) {
   v("resume_from_checkpoint", o.resume_from_checkpoint, "checkpoint folder to continue from");
   v("dataloader_num_workers", o.dataloader_num_workers,
     "0 = prepare batches inline; >= 1 = in a background thread");
-  v("dataloader_pin_memory", o.dataloader_pin_memory, "page-locked batches (GPU only)");
+  v("dataloader_pin_memory", o.dataloader_pin_memory,
+    "stage batches in page-locked host memory (GPU runs; false: ordinary memory)");
   v("optim", o.optim,
     "optimizer: adamw_torch (= adamw_torch_fused), adafactor, adamw_8bit (= adamw_bnb_8bit), "
     "sgd");

@@ -31,7 +31,6 @@ namespace brisk {
 namespace fs = std::filesystem;
 
 namespace {
-int64_t g_force_overflow_step = -1;
 int64_t non_embedding_params(const ParameterSet& ps) {
   int64_t n = 0;
   for (const auto& p : ps.list())
@@ -136,10 +135,10 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
 
 Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
-                    double lr, double loss_scale, double max_grad_norm, int64_t step,
-                    uint64_t seed) {
+                    double lr, double loss_scale, double max_grad_norm, int64_t step, uint64_t seed,
+                    int64_t overflow_at_step) {
   const Tensor& grads = model.params().flat_grads();
-  if (step == g_force_overflow_step)
+  if (step == overflow_at_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
@@ -190,11 +189,8 @@ struct LogWindow {
 };
 }  // namespace
 
-void force_overflow_at_step_for_testing(int64_t step) {
-  g_force_overflow_step = step;
-}
-
-TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset) {
+TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset,
+                   FaultHooks faults) {
   validate_options(options);
   const Device device = resolve_device(options.device);
   auto be = make_backend(device);
@@ -226,7 +222,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
   PeakPhases peaks;
   s.memory.rss_before_arena = current_rss_bytes();
-  Arena arena(plan, be->device_memory(), be->staging_memory());
+  Arena arena(plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model->bind(arena);
   run->binder.bind(arena);
   optimizer->reset(*be);
@@ -290,7 +286,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
     const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
-                                       o.max_grad_norm, step, o.seed);
+                                       o.max_grad_norm, step, o.seed, faults.overflow_at_step);
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
@@ -310,8 +306,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
                        micro_per_epoch)) {
       peaks.enter(PeakPhases::saves);
-      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
-                                          *optimizer, schedule, state);
+      s.last_checkpoint =
+          save_checkpoint(*be, o, *model, precision.master(model->params()), *optimizer, schedule,
+                          state, &faults.fail_save_after_files);
       peaks.enter(PeakPhases::steps);
     }
   }

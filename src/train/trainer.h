@@ -45,14 +45,18 @@ struct TrainSummary {
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
 using LogSink = std::function<void(const nlohmann::json&)>;
 
+// Faults a test injects into a run (none by default).
+struct FaultHooks {
+  // Put an inf into the gradients of this (0-based) optimizer step, as an fp16 overflow would.
+  int64_t overflow_at_step = -1;
+  // Make a checkpoint save fail after this many more files, counted across the run's saves.
+  int fail_save_after_files = -1;
+};
+
 // Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
 TrainSummary train(const TrainOptions& options, const LogSink& on_log,
-                   const Dataset* dataset = nullptr);
+                   const Dataset* dataset = nullptr, FaultHooks faults = {});
 
 nlohmann::json summary_json(const TrainSummary& s);
-
-// For tests: put an inf into the gradients of (0-based) optimizer step `step` (-1 = never), as an
-// fp16 overflow would.
-void force_overflow_at_step_for_testing(int64_t step);
 
 }  // namespace brisk

@@ -19,7 +19,7 @@ class CpuBackend final : public Backend {
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
 
   MemoryResource& device_memory() override { return host_memory(); }
-  MemoryResource& staging_memory() override { return host_memory(); }
+  MemoryResource& staging_memory(bool /*pinned*/ = true) override { return host_memory(); }
   void upload(const Tensor& src, const Tensor& dst) override;
   void download(const Tensor& src, const Tensor& dst) override;
   void synchronize() override {}

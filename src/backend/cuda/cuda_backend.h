@@ -45,7 +45,9 @@ class CudaBackend final : public Backend {
   int64_t device_memory_free() const override;
 
   MemoryResource& device_memory() override { return device_memory_; }
-  MemoryResource& staging_memory() override { return pinned_memory_; }
+  MemoryResource& staging_memory(bool pinned = true) override {
+    return pinned ? static_cast<MemoryResource&>(pinned_memory_) : host_memory();
+  }
   void upload(const Tensor& src, const Tensor& dst) override;
   void wait_for_uploads() override;
   void download(const Tensor& src, const Tensor& dst) override;
