@@ -1719,7 +1719,8 @@ TEST(CudaMemory, PinMemoryChoosesTheStagingMemory) {
   o.output_dir = dir / "pageable";
   o.dataloader_pin_memory = false;
   const Result pageable = run(o);
-  EXPECT_EQ(pinned.losses, pageable.losses);
+  // Two GPU runs differ in the last bits (the embedding gradients' atomics), not more.
+  expect_losses_near(pageable.losses, pinned.losses, 1e-5, "pageable vs pinned staging");
 }
 
 // What `brisk estimate --device cuda` plans without a GPU is what the GPU run allocates.
