@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The memory plan against the process: for bert-small, bert-base and GPT-2 124M, fp32 and bf16,
-gradient checkpointing off and full, brisk's planned bytes, the resident memory before the arena,
+recomputation none, selective and full, brisk's planned bytes, the resident memory before the arena,
 and the measured process peak (2 steps and a checkpoint save), with the ratio and issue 10's bound
 (peak <= plan + before + max(2%, 32 MiB)). Then `brisk estimate --fit` for one budget, its top
 three configurations run for real: is the predicted order the measured order?
@@ -38,11 +38,11 @@ def plan_rows(tmp, steps):
     with open(os.path.join(small, "config.json"), "w") as f:
         json.dump(BERT_SMALL, f)
     models = [("bert-small", small, 8), ("bert-base", "bert-base-uncased", 4), ("gpt2-124M", "gpt2", 4)]
-    print(f"{'model':<11}{'prec':<6}{'ckpt':<6}{'planned':>11}{'before':>10}{'peak':>11}"
+    print(f"{'model':<11}{'prec':<6}{'ckpt':<10}{'planned':>11}{'before':>10}{'peak':>11}"
           f"{'steps pk':>11}{'saves pk':>11}{'peak/(plan+before)':>20}{'bound':>7}")
     for name, model, batch in models:
         for prec in ("fp32", "bf16"):
-            for ckpt in ("none", "full"):
+            for ckpt in ("none", "selective", "full"):
                 out = os.path.join(tmp, "run")
                 args = ["train", "--device", "cpu", "--model", model, "--seq_len", "128",
                         "--per_device_train_batch_size", str(batch), "--max_steps", str(steps),
@@ -52,13 +52,15 @@ def plan_rows(tmp, steps):
                     args.append("--bf16")
                 if ckpt == "full":
                     args.append("--gradient_checkpointing")
+                if ckpt == "selective":
+                    args.append("--selective_recompute")
                 brisk(args)
                 with open(os.path.join(out, "train_results.json")) as f:
                     m = json.load(f)["memory"]
                 planned = sum(m["planned_bytes"].values())
                 before, peak = m["rss_before_arena_bytes"], m["peak_rss_bytes"]
                 bound = planned + before + max(planned // 50, 32 * MiB)
-                print(f"{name:<11}{prec:<6}{ckpt:<6}{planned / MiB:>9.1f}Mi{before / MiB:>8.1f}Mi"
+                print(f"{name:<11}{prec:<6}{ckpt:<10}{planned / MiB:>9.1f}Mi{before / MiB:>8.1f}Mi"
                       f"{peak / MiB:>9.1f}Mi{m['peak_rss_steps_bytes'] / MiB:>9.1f}Mi"
                       f"{m['peak_rss_saves_bytes'] / MiB:>9.1f}Mi{peak / (planned + before):>20.3f}"
                       f"{'ok' if peak <= bound else 'OVER':>7}", flush=True)
@@ -77,7 +79,7 @@ def fit_rows(tmp, steps):
         fits = json.load(f)["fit"]
     print(f"\nestimate --fit, global batch 16 x 128 tokens, budget {budget}: {len(fits)} fit; "
           f"the top three run for {steps} steps")
-    print(f"{'rank':<6}{'batch x accum':<15}{'ckpt':<6}{'prec':<6}{'optim':<13}{'needs':>10}"
+    print(f"{'rank':<6}{'batch x accum':<15}{'recompute':<10}{'prec':<6}{'optim':<13}{'needs':>10}"
           f"{'predicted':>12}{'measured':>11}{'peak':>10}")
     measured = []
     for i, c in enumerate(fits[:3]):
@@ -89,6 +91,8 @@ def fit_rows(tmp, steps):
                                    "--output_dir", out, "--disable_tqdm", "--logging_steps", "1000"]
         if c["gradient_checkpointing"]:
             args.append("--gradient_checkpointing")
+        if c["selective_recompute"]:
+            args.append("--selective_recompute")
         if c["precision"] == "bf16":
             args.append("--bf16")
         brisk(args)
@@ -97,7 +101,7 @@ def fit_rows(tmp, steps):
         ms = 1e3 / r["train_steps_per_second"]
         measured.append(ms)
         print(f"{i + 1:<6}{str(c['per_device_train_batch_size']) + ' x ' + str(c['gradient_accumulation_steps']):<15}"
-              f"{'full' if c['gradient_checkpointing'] else 'none':<6}{c['precision']:<6}{c['optim']:<13}"
+              f"{'full' if c['gradient_checkpointing'] else 'selective' if c['selective_recompute'] else 'none':<10}{c['precision']:<6}{c['optim']:<13}"
               f"{c['needed_bytes'] / MiB:>8.1f}Mi{c['predicted_step_seconds'] * 1e3:>10.1f}ms"
               f"{ms:>9.1f}ms{r['memory']['peak_rss_bytes'] / MiB:>8.1f}Mi", flush=True)
     same = measured == sorted(measured)

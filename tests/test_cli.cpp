@@ -215,7 +215,7 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
   std::filesystem::remove(json);
   ASSERT_GT(fit.size(), 4u);
   std::set<std::string> optims, precisions;
-  std::set<bool> checkpointing;
+  std::set<int> checkpointing;
   double previous = 0;
   for (const auto& c : fit) {
     EXPECT_EQ(c["per_device_train_batch_size"].get<int64_t>() *
@@ -226,11 +226,13 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
     previous = c["predicted_step_seconds"];
     optims.insert(c["optim"].get<std::string>());
     precisions.insert(c["precision"].get<std::string>());
-    checkpointing.insert(c["gradient_checkpointing"].get<bool>());
+    checkpointing.insert(c["gradient_checkpointing"].get<bool>() ? 2
+                         : c["selective_recompute"].get<bool>()  ? 1
+                                                                 : 0);
   }
   EXPECT_EQ(optims.size(), 3u);
   EXPECT_EQ(precisions.size(), 2u);
-  EXPECT_EQ(checkpointing.size(), 2u);
+  EXPECT_EQ(checkpointing.size(), 3u);
   // --html draws the candidates: one bar each, self-contained (inline SVG, no scripts).
   const std::string html = json + ".html";
   const CliRun drawn = run_brisk(

@@ -1698,6 +1698,24 @@ TEST(CudaMemory, TheArenaHandsOutExactlyThePlannedBuffers) {
       }
 }
 
+// Selective recomputation on the GPU (the log-sum-exp rows rebuilt per block) trains as keeping
+// everything does, within the GPU's run-to-run rounding.
+TEST(CudaTrainer, SelectiveRecomputationChangesMemoryNotResults) {
+  REQUIRE_GPU();
+  TempDir dir("selective");
+  for (bool bf16 : {false, true}) {
+    TrainOptions o = gpu_options(write_config(dir, "bert", 0.1), dir / "plain");
+    o.bf16 = bf16;
+    const Result plain = run(o);
+    o.output_dir = dir / "selective";
+    o.selective_recompute = true;
+    const Result selective = run(o);
+    expect_losses_near(selective.losses, plain.losses, 1e-5, bf16 ? "bf16" : "fp32");
+    const int act = static_cast<int>(Category::activations);
+    EXPECT_LT(selective.summary.memory.planned[act], plain.summary.memory.planned[act]);
+  }
+}
+
 // dataloader_pin_memory picks the staging block: page-locked, or ordinary host memory; a run
 // trains the same either way.
 TEST(CudaMemory, PinMemoryChoosesTheStagingMemory) {

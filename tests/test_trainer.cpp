@@ -223,6 +223,51 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
         << category_name(c);
 }
 
+// Through the trainer, with dropout: selective recomputation leaves every loss and weight
+// exactly as it was.
+TEST(Trainer, SelectiveRecomputationChangesMemoryNotResults) {
+  TempDir dir("selective");
+  for (const std::string type : {"bert", "gpt2"}) {
+    TrainOptions o = tiny_options(write_config(dir, type, 0.1), dir / (type + "_plain"));
+    o.save_steps = 4;
+    const Result plain = run(o);
+    o.output_dir = dir / (type + "_selective");
+    o.selective_recompute = true;
+    const Result selective = run(o);
+    EXPECT_EQ(plain.losses, selective.losses) << type;
+    EXPECT_EQ(weights_of(plain.summary.last_checkpoint),
+              weights_of(selective.summary.last_checkpoint))
+        << type;
+  }
+}
+
+// At real sizes selective recomputation plans activations strictly between none and full, on
+// the CPU (the probabilities go) and on the GPU (only the log-sum-exp rows go: nearly none).
+TEST(Trainer, SelectiveRecomputationPlansBetweenNoneAndFull) {
+  for (Device device : {Device::cpu, Device::cuda})
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(device == Device::cuda ? "cuda " : "cpu ") +
+                   (bf16 ? "bf16" : "fp32"));
+      TrainOptions o;
+      o.model_name_or_path = "bert-base-uncased";
+      o.per_device_train_batch_size = 8;
+      o.seq_len = 512;
+      o.bf16 = bf16;
+      auto activations = [&](int mode) {
+        TrainOptions t = o;
+        t.selective_recompute = mode == 1;
+        t.gradient_checkpointing = mode == 2;
+        return assemble_run(t, device, nullptr)
+            ->plan.bytes_by_category()[static_cast<int>(Category::activations)];
+      };
+      const size_t none = activations(0), selective = activations(1), full = activations(2);
+      EXPECT_LT(selective, none);
+      EXPECT_GT(selective, full);
+      if (device == Device::cpu)  // 12 layers' probabilities but one: [8, 12, 512, 512] each
+        EXPECT_GE(none - selective, size_t{11} * 8 * 12 * 512 * 512 * (bf16 ? 2 : 4));
+    }
+}
+
 TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
   TempDir dir("memory");
   for (bool bf16 : {false, true}) {
@@ -491,6 +536,8 @@ TEST(Trainer, RefusesBadOptions) {
   refused([](TrainOptions& o) { o.fp16 = o.bf16 = true; }, "contradict each other");
   refused([](TrainOptions& o) { o.lr_scheduler_type = "exotic"; }, "unknown lr_scheduler_type");
   refused([](TrainOptions& o) { o.save_strategy = "best"; }, "unknown save_strategy");
+  refused([](TrainOptions& o) { o.selective_recompute = o.gradient_checkpointing = true; },
+          "--selective_recompute and --gradient_checkpointing contradict");
   refused([](TrainOptions& o) { o.warmup_steps = 2.5; }, "whole number of steps");
   refused([](TrainOptions& o) { o.warmup_steps = 2, o.warmup_ratio = 0.1; },
           "warmup_steps and warmup_ratio contradict");

@@ -181,11 +181,15 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                               std::to_string(t.gradient_accumulation_steps);
     if (i < 10)
       std::printf("  %-4zu %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, shape.c_str(),
-                  t.gradient_checkpointing ? "full" : "none", precision_of(t).c_str(),
-                  t.optim.c_str(), mib(fits[i].needed).c_str(), fits[i].step_seconds * 1e3);
+                  t.gradient_checkpointing ? "full"
+                  : t.selective_recompute  ? "selective"
+                                           : "none",
+                  precision_of(t).c_str(), t.optim.c_str(), mib(fits[i].needed).c_str(),
+                  fits[i].step_seconds * 1e3);
     out.push_back({{"per_device_train_batch_size", t.per_device_train_batch_size},
                    {"gradient_accumulation_steps", t.gradient_accumulation_steps},
                    {"gradient_checkpointing", t.gradient_checkpointing},
+                   {"selective_recompute", t.selective_recompute},
                    {"precision", precision_of(t)},
                    {"optim", t.optim},
                    {"needed_bytes", fits[i].needed},
@@ -208,15 +212,18 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
   const int64_t n = run->model->params().total_elements();
   const int64_t layers = run->config.num_layers;
   const MixedPrecision& precision = *run->precision;
-  std::printf(
-      "%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
-      static_cast<long long>(n), static_cast<long long>(o.per_device_train_batch_size),
-      static_cast<long long>(o.seq_len), o.gradient_checkpointing ? ", gradient checkpointing" : "",
-      o.bf16   ? ", bf16"
-      : o.fp16 ? ", fp16"
-               : ", fp32",
-      precision.enabled() && !precision.has_master() ? " without master weights" : "",
-      run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+  std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n",
+              o.model_name_or_path.c_str(), static_cast<long long>(n),
+              static_cast<long long>(o.per_device_train_batch_size),
+              static_cast<long long>(o.seq_len),
+              o.gradient_checkpointing ? ", gradient checkpointing"
+              : o.selective_recompute  ? ", selective recomputation"
+                                       : "",
+              o.bf16   ? ", bf16"
+              : o.fp16 ? ", fp16"
+                       : ", fp32",
+              precision.enabled() && !precision.has_master() ? " without master weights" : "",
+              run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
   const auto planned = plan.bytes_by_category();
   const RuleOfThumb rule = seeds_rule(o);
   auto per_param = [&](size_t bytes) {
@@ -272,7 +279,10 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
         bars.push_back({"#" + std::to_string(i + 1) + " " +
                             std::to_string(t.per_device_train_batch_size) + "x" +
                             std::to_string(t.gradient_accumulation_steps) + " " + precision_of(t) +
-                            "\n" + t.optim + (t.gradient_checkpointing ? " ckpt" : ""),
+                            "\n" + t.optim +
+                            (t.gradient_checkpointing ? " ckpt"
+                             : t.selective_recompute  ? " sel"
+                                                      : ""),
                         fits[i].planned,
                         fixed,
                         fixed_label,

@@ -48,6 +48,9 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
       c.hidden_size, c.intermediate_size,
       c.num_heads,   attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
   const BlockStyle style = this->style(true);
+  BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
+              "selective recomputation and gradient checkpointing contradict each other");
+  const bool selective = options.selective_recompute;
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
   const bool low = options.activation_dtype != DType::f32;
@@ -57,9 +60,10 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     stored_.assign(c.num_layers, BlockSaved());
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string prefix = "block." + std::to_string(l) + ".";
-      declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision);
+      declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
+                          DType::f32, Category::activations, !selective);
       declare_block_saved(plan, binder_, stored_[l], prefix, style, dims, SavedPart::low_precision,
-                          options.activation_dtype, Category::activations);
+                          options.activation_dtype, Category::activations, !selective);
       const auto dst = low_precision_tensors(saved_[l], style.attn_stats_low);
       const auto src = low_precision_tensors(work_, style.attn_stats_low);
       for (size_t i = 0; i < dst.size(); ++i)
@@ -76,7 +80,15 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     }
     const std::string prefix =
         options.gradient_checkpointing ? "block_recompute." : "block." + std::to_string(l) + ".";
-    declare_block_saved(plan, binder_, saved_[l], prefix, style, dims);
+    declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::all, DType::f32,
+                        Category::activations, !selective);
+  }
+  // Selective recomputation: statistics the blocks keep in float32 share one buffer (16-bit ones
+  // already live in the shared float32 working set, which is not transferred to storage).
+  if (selective && !(low && style.attn_stats_low)) {
+    declare(plan, &shared_attn_stats_, "block_selective.attn_stats", Category::activations,
+            DType::f32, dims.attention.stats);
+    for (BlockSaved& s : saved_) binder_.alias(&s.attn_stats, &shared_attn_stats_);
   }
   declare_block_scratch(plan, binder_, scratch_, dims);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
@@ -162,6 +174,10 @@ int64_t Model::count_targets() const {
   return n;
 }
 
+bool Model::stored_attn_stats(const BlockStyle& st) const {
+  return st.attn_stats_low && !options_.selective_recompute;
+}
+
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
@@ -189,7 +205,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   for (int l = 0; l < config_.num_layers; ++l) {
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty()) transfer(be, work_, stored_[l], st.attn_stats_low);
+    if (!stored_.empty()) transfer(be, work_, stored_[l], stored_attn_stats(st));
   }
   head_forward(be, o);
 }
@@ -210,7 +226,12 @@ void Model::backward(Backend& be, const StepOptions& o) {
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, st.attn_stats_low);
+    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, stored_attn_stats(st));
+    // Selective recomputation: the statistics of this block, from its kept qkv (the last
+    // block's are still in place).
+    if (options_.selective_recompute && !last)
+      block_attention_core(be, st, dev_batch_.attention_mask, saved_[l], scratch_, scratch_.tmp,
+                           o.rng, l);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);
   }

@@ -47,6 +47,10 @@ struct PlanOptions {
   // The device the run computes on: it decides the attention buffers and whether batches need a
   // device copy.
   Device device = Device::cpu;
+  // Selective recomputation (Korthikanti et al. 2022): keep every block's tensors but the
+  // attention core's statistics (the probabilities on the CPU), one shared buffer rebuilt per
+  // block in backward. Exact; not with gradient_checkpointing, which recomputes everything.
+  bool selective_recompute = false;
 };
 
 struct StepOptions {
@@ -172,6 +176,9 @@ class Model {
   // tensors, and the shared float32 set the block computes in (saved_[l] views it).
   std::vector<BlockSaved> stored_;
   BlockSaved work_;
+  Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
+  // Whether the 16-bit storage of the blocks holds the attention statistics.
+  bool stored_attn_stats(const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;  // (host, device) pairs to upload
   Tensor stats_, stats_host_, control_;

@@ -29,7 +29,8 @@ std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
 
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
                          const std::string& prefix, const BlockStyle& style, const BlockDims& d,
-                         SavedPart part, DType low_dtype, Category low_category) {
+                         SavedPart part, DType low_dtype, Category low_category,
+                         bool with_attn_stats) {
   const Shape btc{d.batch, d.seq, d.hidden};
   const Shape bt{d.batch, d.seq};
   auto low = [&](Tensor* t, const char* name, Shape shape) {
@@ -42,9 +43,9 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
   low(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
-  if (d.attention.stats_low_precision)
+  if (with_attn_stats && d.attention.stats_low_precision)
     low(&s.attn_stats, "attn_stats", d.attention.stats);
-  else
+  else if (with_attn_stats)
     full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", btc);
   full(&s.res1, "res1", btc);
@@ -73,6 +74,14 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.attn, "attn", d.attention.scratch);
 }
 
+void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+                          const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
+                          const RngKey& key, int layer) {
+  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
+                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
+  if (st.attn_stats_low) be.round_to(st.act_dtype, s.attn_stats);
+}
+
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer) {
@@ -85,9 +94,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   }
   be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   be.round_to(lp, s.qkv);
-  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
-                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, s.ctx);
-  if (st.attn_stats_low) be.round_to(lp, s.attn_stats);
+  block_attention_core(be, st, key_mask, s, scratch, s.ctx, key, layer);
   be.round_to(lp, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);

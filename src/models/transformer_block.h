@@ -65,11 +65,14 @@ struct BlockDims {
 // Which saved tensors to declare: all of them, only the low-precision ones, or only the rest.
 enum class SavedPart { all, low_precision, full_precision };
 
-// Declares saved tensors; the low-precision ones get `low_dtype` and `low_category`.
+// Declares saved tensors; the low-precision ones get `low_dtype` and `low_category`. Without
+// `with_attn_stats` the attention core's statistics are left to the caller (selective
+// recomputation shares one buffer among all blocks).
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& saved,
                          const std::string& prefix, const BlockStyle& style, const BlockDims& d,
                          SavedPart part = SavedPart::all, DType low_dtype = DType::f32,
-                         Category low_category = Category::activations);
+                         Category low_category = Category::activations,
+                         bool with_attn_stats = true);
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
                            const BlockDims& d);
 
@@ -81,6 +84,13 @@ uint32_t block_rng_site(int layer, int which);
 void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer);
+
+// The attention core of block_forward alone: s.attn_stats from s.qkv (rounded as the forward pass
+// rounds them), its output into `out`. Selective recomputation calls it in backward to rebuild
+// the statistics it did not keep, bit-identical to the first pass.
+void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& key_mask,
+                          const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
+                          const RngKey& key, int layer);
 
 // On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
 // Parameter gradients accumulate into g.

@@ -51,8 +51,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
 
-  r.model->plan(r.plan, {B, o.seq_len},
-                {o.gradient_checkpointing, r.precision->compute_dtype(), device});
+  r.model->plan(
+      r.plan, {B, o.seq_len},
+      {o.gradient_checkpointing, r.precision->compute_dtype(), device, o.selective_recompute});
   r.precision->plan(r.plan, r.binder, r.model->params().total_elements());
   const int64_t max_operand = r.model->max_matmul_operand();
   if (backend) {

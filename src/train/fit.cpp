@@ -166,13 +166,16 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double inner = static_cast<double>(c.intermediate_size), T = static_cast<double>(o.seq_len);
   const double k = static_cast<double>(o.gradient_accumulation_steps);
   const double tokens = static_cast<double>(o.per_device_train_batch_size) * k * T;
+  // Full recomputation repeats the forward (a third of a step's flops); selective, the
+  // attention core's forward (a third of its flops).
   const double recompute = o.gradient_checkpointing ? 4.0 / 3.0 : 1.0;
+  const double attn_recompute = o.gradient_checkpointing || o.selective_recompute ? 4.0 / 3.0 : 1.0;
   const double rate = run.product == DType::bf16  ? m.bf16_flops
                       : run.product == DType::f16 ? m.fp16_flops
                       : o.tf32                    ? m.tf32_flops
                                                   : m.fp32_flops;
   const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate;
-  const double attention = tokens * 12 * L * C * T * recompute / m.attention_flops;
+  const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops;
   const auto bytes = run.plan.bytes_by_category();
   auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
   const double activations = k * 3 * of(Category::activations) / m.bandwidth;
@@ -202,13 +205,14 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
         "\" in fit_precisions (valid: fp32, tf32, bf16, "
         "fp16)");
     for (const std::string& optim : optims)
-      for (bool checkpointing : {false, true})
+      for (int recompute = 0; recompute < 3; ++recompute)  // none, selective, full
         for (int64_t b = 1; b <= std::min(global, samples); ++b) {
           if (global % b) continue;
           TrainOptions t = o;
           t.per_device_train_batch_size = b;
           t.gradient_accumulation_steps = global / b;
-          t.gradient_checkpointing = checkpointing;
+          t.gradient_checkpointing = recompute == 2;
+          t.selective_recompute = recompute == 1;
           t.bf16 = precision == "bf16";
           t.fp16 = precision == "fp16";
           t.tf32 = precision == "tf32";

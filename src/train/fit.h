@@ -67,7 +67,8 @@ namespace brisk {
 // The cost model that ranks configurations (brisk estimate --fit): seconds of one optimizer step
 // of the global batch as
 //   tokens x 6 N (x 4/3 with gradient checkpointing: one more forward) / product rate
-// + tokens x 12 L C T (same factor) / attention rate
+// + tokens x 12 L C T (x 4/3 with gradient checkpointing or selective recomputation) /
+//   attention rate
 // + micro-steps x L x per-layer launch cost
 // + micro-steps x 3 x planned activation bytes / bandwidth (written, read back, their gradients)
 // + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass)
@@ -90,7 +91,7 @@ struct FitCandidate {
 };
 
 // Every configuration of the global batch (per_device_train_batch_size x
-// gradient_accumulation_steps) over per-device batch, gradient checkpointing (off, full),
+// gradient_accumulation_steps) over per-device batch, recomputation (none, selective, full),
 // precision ("fp32", "bf16", "fp16", "tf32") and optimizer from the lists allowed, whose plan
 // fits the budget, fastest predicted first.
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,

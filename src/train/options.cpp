@@ -55,6 +55,9 @@ void validate_options(const TrainOptions& o) {
   positive("logging_steps", o.logging_steps);
   positive("adam_epsilon", o.adam_epsilon);
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
+  BRISK_CHECK(!(o.selective_recompute && o.gradient_checkpointing),
+              "--selective_recompute and --gradient_checkpointing contradict each other: "
+              "choose one");
   BRISK_CHECK(o.max_steps > 0 || o.num_train_epochs > 0,
               "num_train_epochs must be positive when max_steps is not set");
   BRISK_CHECK(o.learning_rate >= 0, "learning_rate must not be negative, got ", o.learning_rate);

@@ -23,6 +23,7 @@ struct TrainOptions {
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
+  bool selective_recompute = false;   // recompute only the attention core in backward
   bool auto_find_batch_size = false;  // fit the batch to max_memory from the plan
   std::string max_memory;             // e.g. "6GB"; empty: what is free on the device
   bool gradient_checkpointing = false;
@@ -68,6 +69,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
   v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");
   v("gradient_checkpointing", o.gradient_checkpointing, "recompute block internals in backward");
+  v("selective_recompute", o.selective_recompute,
+    "keep each block's tensors but the attention core's statistics and recompute those in "
+    "backward (exact; between no recomputation and gradient_checkpointing in memory)");
   v("auto_find_batch_size", o.auto_find_batch_size,
     "pick the largest per-device batch whose plan fits max_memory, keeping the global batch "
     "(per_device_train_batch_size x gradient_accumulation_steps) through the accumulation");
