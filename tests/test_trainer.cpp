@@ -241,6 +241,21 @@ TEST(Trainer, SelectiveRecomputationChangesMemoryNotResults) {
   }
 }
 
+// The data loader's sample orders grow with the data set, so they are planned: two int64 per
+// sample in the data category.
+TEST(Trainer, TheLoadersOrdersAreInThePlan) {
+  TempDir dir("orders");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  auto data_bytes = [&](int64_t samples) {
+    TrainOptions t = o;
+    t.dataset_size = samples;
+    return assemble_run(t, Device::cpu, nullptr)
+        ->plan.bytes_by_category()[static_cast<int>(Category::data)];
+  };
+  const size_t small = data_bytes(1000), large = data_bytes(101000);
+  EXPECT_EQ(large - small, size_t{100000} * 2 * sizeof(int64_t));
+}
+
 // At real sizes selective recomputation plans activations strictly between none and full, on
 // the CPU (the probabilities go) and on the GPU (only the log-sum-exp rows go: nearly none).
 TEST(Trainer, SelectiveRecomputationPlansBetweenNoneAndFull) {

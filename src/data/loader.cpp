@@ -29,10 +29,13 @@ void copy_batch(const Batch& src, const Batch& dst) {
   cp(src.labels, dst.labels);
 }
 
-void shuffled(std::vector<int64_t>& order, uint64_t seed, int64_t epoch) {
-  std::iota(order.begin(), order.end(), 0);
+void shuffled(const Tensor& order, uint64_t seed, int64_t epoch) {
+  BRISK_CHECK(!order.empty(), "the data loader's order buffers are not planned");
+  int64_t* first = order.as<int64_t>();
+  int64_t* last = first + order.numel();
+  std::iota(first, last, 0);
   std::mt19937_64 gen(seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1));
-  std::shuffle(order.begin(), order.end(), gen);
+  std::shuffle(first, last, gen);
 }
 }  // namespace
 
@@ -42,8 +45,6 @@ DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed, b
               " samples is smaller than one batch of ", layout.batch);
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
               " tokens do not fit the planned sequence length ", layout.seq);
-  order_.resize(data.size());
-  count_order_.resize(data.size());
 }
 
 DataLoader::~DataLoader() {
@@ -51,6 +52,11 @@ DataLoader::~DataLoader() {
 }
 
 void DataLoader::plan(MemoryPlan& plan, BufferBinder& binder) {
+  const Shape samples{data_.size()};
+  binder.declare(plan, &order_, "loader.order", Category::data, DType::i64, samples,
+                 Placement::host);
+  binder.declare(plan, &count_order_, "loader.count_order", Category::data, DType::i64, samples,
+                 Placement::host);
   const Shape bt{layout_.batch, layout_.seq};
   const int slots = background_ ? 2 : 0;
   for (int s = 0; s < slots; ++s) {
@@ -79,7 +85,8 @@ int64_t DataLoader::fill(const Batch& dst, int64_t m) {
   const int64_t first = (m % per_epoch) * layout_.batch;
   const int64_t rows = std::min(layout_.batch, data_.size() - first);
   reset_rows(dst);
-  for (int64_t r = 0; r < rows; ++r) data_.fill_row(order_[first + r], dst, r);
+  const int64_t* order = order_.as<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) data_.fill_row(order[first + r], dst, r);
   return rows;
 }
 
@@ -94,7 +101,8 @@ int64_t DataLoader::count_targets(int64_t first, int64_t count) {
     }
     const int64_t begin = (m % per_epoch) * layout_.batch;
     const int64_t end = std::min(begin + layout_.batch, data_.size());
-    for (int64_t i = begin; i < end; ++i) n += data_.count_targets(count_order_[i]);
+    const int64_t* order = count_order_.as<int64_t>();
+    for (int64_t i = begin; i < end; ++i) n += data_.count_targets(order[i]);
   }
   return n;
 }

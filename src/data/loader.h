@@ -47,9 +47,11 @@ class DataLoader {
   BatchLayout layout_;
   uint64_t seed_;
   bool background_;
-  std::vector<int64_t> order_;
+  // The epoch's sample order, and a second permutation for count_targets: int64 [samples] each,
+  // host buffers of the plan (they grow with the data set, so they are counted).
+  Tensor order_;
   int64_t order_epoch_ = -1;
-  std::vector<int64_t> count_order_;  // a second permutation buffer for count_targets
+  Tensor count_order_;
   int64_t count_epoch_ = -1;
   Slot slots_[2];
   int64_t next_ = 0;  // next micro-batch the consumer takes
