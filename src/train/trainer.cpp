@@ -187,27 +187,63 @@ struct LogWindow {
     return rec;
   }
 };
+// Stage 1: with auto_find_batch_size, the options reshaped to the memory budget (logged and
+// recorded in the summary); otherwise the options as given.
+TrainOptions shape_to_memory(const TrainOptions& options, Device device, const Backend& be,
+                             const Dataset* dataset, const LogSink& on_log, TrainSummary& s) {
+  TrainOptions shaped = options;
+  if (!options.auto_find_batch_size) return shaped;
+  const BatchFit f = fit_batch(options, device, memory_budget(options, device, &be), dataset);
+  shaped.per_device_train_batch_size = f.batch;
+  shaped.gradient_accumulation_steps = f.accumulation;
+  s.auto_fit = f.reason;
+  on_log({{"auto_find_batch_size",
+           {{"per_device_train_batch_size", f.batch},
+            {"gradient_accumulation_steps", f.accumulation},
+            {"needed_bytes", f.needed},
+            {"reason", f.reason}}}});
+  return shaped;
+}
+
+// Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
+// optimizer state, the data position and the loss scaler.
+TrainerState load_state(Backend& be, RunAssembly& run) {
+  const TrainOptions& o = run.options;
+  TrainerState state;
+  const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
+  if (!o.resume_from_checkpoint.empty()) {
+    load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state);
+  } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
+    run.model->load_weights(be, SafetensorsFile(weights));
+  } else {
+    run.model->init_weights(be, o.seed);
+  }
+  run.precision->adopt_model_weights(be, run.model->params());
+  if (!o.resume_from_checkpoint.empty() && run.precision->uses_loss_scaling())
+    run.precision->scaler().restore(state.loss_scale, state.growth_tracker);
+  return state;
+}
+
+// Stage 5: the memory anatomy, planned and measured.
+void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& arena,
+                      const PeakPhases& peaks, TrainSummary& s) {
+  s.memory.planned = plan.bytes_by_category();
+  s.memory.arena_bytes = arena.capacity();
+  s.memory.peak_rss = peaks.overall();
+  s.memory.peak_rss_steps = peaks.peak[PeakPhases::steps];
+  s.memory.peak_rss_saves = peaks.peak[PeakPhases::saves];
+  s.memory.device_memory_used = be.device_memory_used();
+}
 }  // namespace
 
+// The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
 TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset,
                    FaultHooks faults) {
   validate_options(options);
   const Device device = resolve_device(options.device);
   auto be = make_backend(device);
-  TrainOptions shaped = options;
   TrainSummary s;
-  if (options.auto_find_batch_size) {
-    const BatchFit f =
-        fit_batch(options, device, memory_budget(options, device, be.get()), dataset);
-    shaped.per_device_train_batch_size = f.batch;
-    shaped.gradient_accumulation_steps = f.accumulation;
-    s.auto_fit = f.reason;
-    on_log({{"auto_find_batch_size",
-             {{"per_device_train_batch_size", f.batch},
-              {"gradient_accumulation_steps", f.accumulation},
-              {"needed_bytes", f.needed},
-              {"reason", f.reason}}}});
-  }
+  const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
   const std::unique_ptr<RunAssembly> run = assemble_run(shaped, device, be.get(), dataset);
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
@@ -227,18 +263,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   run->binder.bind(arena);
   optimizer->reset(*be);
 
-  TrainerState state;
-  const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
-  if (!o.resume_from_checkpoint.empty()) {
-    load_checkpoint(*be, o.resume_from_checkpoint, o, *model, *optimizer, state);
-  } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
-    model->load_weights(*be, SafetensorsFile(weights));
-  } else {
-    model->init_weights(*be, o.seed);
-  }
-  precision.adopt_model_weights(*be, model->params());
-  if (!o.resume_from_checkpoint.empty() && precision.uses_loss_scaling())
-    precision.scaler().restore(state.loss_scale, state.growth_tracker);
+  TrainerState state = load_state(*be, *run);
 
   const int64_t micro_per_epoch = loader.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
@@ -322,13 +347,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
   s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
   s.total_flos = state.total_flos;
-  s.memory.planned = plan.bytes_by_category();
-  s.memory.arena_bytes = arena.capacity();
   peaks.enter(PeakPhases::done);
-  s.memory.peak_rss = peaks.overall();
-  s.memory.peak_rss_steps = peaks.peak[PeakPhases::steps];
-  s.memory.peak_rss_saves = peaks.peak[PeakPhases::saves];
-  s.memory.device_memory_used = be->device_memory_used();
+  summarize_memory(*be, plan, arena, peaks, s);
 
   write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
   std::ofstream out(fs::path(o.output_dir) / "train_results.json");
