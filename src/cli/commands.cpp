@@ -276,17 +276,16 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
     } else {
       for (size_t i = 0; i < fits.size() && i < 10; ++i) {
         const TrainOptions& t = fits[i].options;
-        bars.push_back({"#" + std::to_string(i + 1) + " " +
-                            std::to_string(t.per_device_train_batch_size) + "x" +
-                            std::to_string(t.gradient_accumulation_steps) + " " + precision_of(t) +
-                            "\n" + t.optim +
-                            (t.gradient_checkpointing ? " ckpt"
-                             : t.selective_recompute  ? " sel"
-                                                      : ""),
-                        fits[i].planned,
-                        fixed,
-                        fixed_label,
-                        {}});
+        char shape[96];
+        std::snprintf(shape, sizeof shape, "#%zu %lldx%lld %s\n", i + 1,
+                      static_cast<long long>(t.per_device_train_batch_size),
+                      static_cast<long long>(t.gradient_accumulation_steps),
+                      precision_of(t).c_str());
+        std::string label = shape;
+        label.append(t.optim);
+        if (t.gradient_checkpointing) label.append(" ckpt");
+        if (t.selective_recompute) label.append(" sel");
+        bars.push_back({label, fits[i].planned, fixed, fixed_label, {}});
       }
     }
     write_memory_html(args.html_path, "brisk estimate: " + o.model_name_or_path,
