@@ -313,11 +313,10 @@ TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
 // break the bound.
 TEST(Trainer, TheProcessPeakStaysWithinThePlanWhileTrainingAndSaving) {
   TempDir dir("peak");
-  const std::string folder = dir / "wide_gpt2";
-  fs::create_directories(folder);
-  std::ofstream(folder + "/config.json")
-      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 1,
-             "n_head": 4, "n_positions": 64})";
+  const std::string folder = write_model_folder(
+      dir, "wide_gpt2",
+      R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 1, "n_head": 4,
+          "n_positions": 64})");
   for (int variant = 0; variant < 3; ++variant) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     TrainOptions o = tiny_options(folder, dir / ("out" + std::to_string(variant)));
@@ -366,12 +365,11 @@ TEST(Trainer, MemorySizesParseWithTheirUnits) {
 TEST(Trainer, AutoFindBatchSizeFitsTheBudgetAndKeepsTheGlobalBatch) {
   TempDir dir("autofit");
   // Wide enough that a sample's activations (~7 MB) dwarf the process's own drift.
-  const std::string folder = dir / "wide_bert";
-  fs::create_directories(folder);
-  std::ofstream(folder + "/config.json")
-      << R"({"model_type": "bert", "vocab_size": 128, "hidden_size": 256, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 128,
-             "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0})";
+  const std::string folder = write_model_folder(
+      dir, "wide_bert",
+      R"({"model_type": "bert", "vocab_size": 128, "hidden_size": 256, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 128,
+          "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0})");
   TrainOptions o = tiny_options(folder, dir / "big");
   o.seq_len = 128;
   o.dataset_size = 32;

@@ -51,6 +51,15 @@ inline std::string write_config(const TempDir& dir, const std::string& type, dou
   return folder;
 }
 
+// A model folder `name` under dir holding config.json = `config` (JSON text); returns its path.
+inline std::string write_model_folder(const TempDir& dir, const std::string& name,
+                                      const std::string& config) {
+  const std::string folder = dir / name;
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/config.json") << config;
+  return folder;
+}
+
 inline TrainOptions tiny_options(const std::string& model, const std::string& out,
                                  const std::string& device = "cpu") {
   TrainOptions o;
