@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   e->add_option("--output_json", est.json_path,
                 "also write the plan as JSON (keys as train_results.json's memory)");
   e->add_flag("--fit", est.fit,
-              "rank every batch x accumulation (same global batch) x gradient checkpointing x "
+              "rank every batch x accumulation (same global batch) x recomputation (none, "
+              "selective, full) x "
               "precision x optimizer allowed whose plan fits --max_memory, by predicted step time");
   e->add_option(
       "--html", est.html_path,

@@ -102,6 +102,7 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
     t.per_device_train_batch_size = batch;
     t.gradient_accumulation_steps = global / batch;
     t.gradient_checkpointing = checkpointing;
+    t.selective_recompute = t.selective_recompute && !checkpointing;
     return needed_bytes(assemble_run(t, device, nullptr, dataset)->plan, budget);
   };
   // The data bounds the batch: a loader refuses a batch larger than the dataset.
@@ -129,10 +130,6 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
                  ? ""
                  : (", and " + mib(need(1, true)) + " with --gradient_checkpointing").c_str());
 }
-
-}  // namespace brisk
-
-namespace brisk {
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
 // AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
