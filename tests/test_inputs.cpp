@@ -147,3 +147,36 @@ TEST(Inputs, MemoryPlanAlignsAndCountsByCategory) {
 
 }  // namespace
 }  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+// write_in_pieces through its staging path (as for GPU memory) writes every element once, in
+// order, in pieces of at most the given size, with the conversion the fill does.
+TEST(Inputs, WritingInPiecesEqualsTheWholeCopy) {
+  auto be = make_cpu_backend();
+  std::vector<uint16_t> bf16(1003);
+  for (size_t i = 0; i < bf16.size(); ++i)
+    bf16[i] = float_to_bf16(0.37f * static_cast<float>(i) - 91.0f);
+  const Tensor src(bf16.data(), Shape{1003}, DType::bf16);
+  std::vector<float> whole(1003), staged(1003, -1.0f);
+  copy_to_f32(src, Tensor(whole.data(), Shape{1003}, DType::f32), "whole");
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  write_in_pieces(
+      *be, Tensor(staged.data(), Shape{1003}, DType::f32),
+      [&](const Tensor& piece, int64_t first) {
+        pieces.emplace_back(first, piece.numel());
+        copy_to_f32(element_range(src, first, piece.numel()), piece, "piece");
+      },
+      /*piece_bytes=*/400, /*staged=*/true);
+  EXPECT_EQ(staged, whole);
+  ASSERT_EQ(pieces.size(), 11u);  // 100 floats a piece, the last 3
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    EXPECT_EQ(pieces[i].first, static_cast<int64_t>(100 * i));
+    EXPECT_EQ(pieces[i].second, i + 1 < pieces.size() ? 100 : 3);
+  }
+  EXPECT_THROW(element_range(src, 1000, 4), Error);
+}
+
+}  // namespace
+}  // namespace brisk::testing

@@ -1,6 +1,7 @@
 // Backend choice and the device-independent helpers of the backend interface.
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace brisk {
@@ -30,6 +31,33 @@ void check_param_slots(const std::vector<ParamSlot>* slots, int64_t n, const cha
     BRISK_CHECK(
         s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n && s.rows * s.cols == s.numel, op,
         ": a parameter slot lies outside the flat buffers");
+}
+
+Tensor element_range(const Tensor& t, int64_t first, int64_t count) {
+  BRISK_CHECK(first >= 0 && count >= 0 && first + count <= t.numel(), "elements ", first, "..",
+              first + count, " lie outside a tensor of ", t.numel());
+  return Tensor(static_cast<unsigned char*>(t.data()) + first * dtype_size(t.dtype()), Shape{count},
+                t.dtype(), t.device());
+}
+
+void write_in_pieces(Backend& be, const Tensor& dst,
+                     const std::function<void(const Tensor& piece, int64_t first)>& fill,
+                     size_t piece_bytes, bool staged) {
+  if (dst.device() == Device::cpu && !staged) {
+    fill(element_range(dst, 0, dst.numel()), 0);
+    return;
+  }
+  const int64_t per_piece =
+      std::max<int64_t>(1, static_cast<int64_t>(piece_bytes / dtype_size(dst.dtype())));
+  std::vector<unsigned char> staging(static_cast<size_t>(std::min(per_piece, dst.numel())) *
+                                     dtype_size(dst.dtype()));
+  for (int64_t first = 0; first < dst.numel(); first += per_piece) {
+    const int64_t n = std::min(per_piece, dst.numel() - first);
+    const Tensor piece(staging.data(), Shape{n}, dst.dtype(), Device::cpu);
+    fill(piece, first);
+    be.upload(piece, element_range(dst, first, n));
+    be.synchronize();  // the staging buffer is reused for the next piece
+  }
 }
 
 void with_host_view(Backend& be, const Tensor& t, bool read, bool write,

@@ -264,9 +264,21 @@ std::unique_ptr<Backend> make_cuda_backend();
 bool cuda_available(std::string* why_not = nullptr);
 std::unique_ptr<Backend> make_backend(Device device);
 
+// Elements [first, first + count) of t as a flat tensor in t's memory.
+Tensor element_range(const Tensor& t, int64_t first, int64_t count);
+
+// Fills dst (host or device memory) from host code without a whole host copy: host memory
+// directly, in one piece; device memory piece by piece through a staging buffer of at most
+// `piece_bytes`, fill(piece, first) writing elements [first, first + piece.numel()) in order.
+// `staged` sends host memory through the staging path too (tests). For loading and
+// initializing weights and optimizer state, never inside a training step.
+void write_in_pieces(Backend& be, const Tensor& dst,
+                     const std::function<void(const Tensor& piece, int64_t first)>& fill,
+                     size_t piece_bytes = size_t{8} << 20, bool staged = false);
+
 // Runs fn on a host view of t: t itself when it is in host memory, otherwise a temporary host
-// copy, downloaded first when `read` and uploaded afterwards when `write`. For loading and
-// saving weights and optimizer state, never inside a training step.
+// copy, downloaded first when `read` and uploaded afterwards when `write`. For small tensors
+// (tables, maps); large ones go through write_in_pieces or a streaming writer.
 void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
                     const std::function<void(const Tensor&)>& fn);
 

@@ -249,25 +249,23 @@ float Model::init_std(const std::string& name) const {
              : 0.02f;
 }
 
+// Parameter by parameter in declaration order from one generator, written where the weights
+// live piece by piece (no whole host copy of a model on a GPU).
 void Model::init_weights(Backend& be, uint64_t seed) {
-  with_host_view(be, flat_weights_, false, true,
-                 [&](const Tensor& flat) { init_weights_host(flat, seed); });
-}
-
-void Model::init_weights_host(const Tensor& flat, uint64_t seed) const {
   std::mt19937_64 gen(seed);
-  for (const ParamInfo& p : params_.list()) {
-    float* x = flat.f32() + p.offset;
-    const int64_t n = p.shape.numel();
-    const bool is_norm = !p.decay && !p.name.ends_with(".bias");
-    if (p.name.ends_with(".bias")) {
-      std::fill(x, x + n, 0.0f);
-    } else if (is_norm) {
-      std::fill(x, x + n, 1.0f);
-    } else {
-      std::normal_distribution<float> normal(0.0f, init_std(p.name));
-      for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
-    }
+  for (size_t i = 0; i < params_.list().size(); ++i) {
+    const ParamInfo& p = params_.list()[i];
+    const bool bias = p.name.ends_with(".bias");
+    const bool is_norm = !p.decay && !bias;
+    std::normal_distribution<float> normal(0.0f, init_std(p.name));
+    write_in_pieces(be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t) {
+      float* x = piece.f32();
+      const int64_t n = piece.numel();
+      if (bias || is_norm)
+        std::fill(x, x + n, bias ? 0.0f : 1.0f);
+      else
+        for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
+    });
   }
 }
 
@@ -275,10 +273,17 @@ void Model::load_weights(Backend& be, const SafetensorsFile& file) {
   for (const ParamInfo& p : params_.list())
     BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
                 "' of the ", config_.type_name(), " model");
-  with_host_view(be, flat_weights_, false, true, [&](const Tensor& flat) {
-    for (const auto& [name, view] : named_views(flat))
-      copy_to_f32(file.get(name), view, "parameter '" + name + "' in '" + file.path() + "'");
-  });
+  for (size_t i = 0; i < params_.list().size(); ++i) {
+    const ParamInfo& p = params_.list()[i];
+    const Tensor& src = file.get(p.name);
+    const std::string what = "parameter '" + p.name + "' in '" + file.path() + "'";
+    BRISK_CHECK(src.shape() == p.shape, what, ": shape ", src.shape().str(), " where ",
+                p.shape.str(), " is expected");
+    write_in_pieces(be, params_.weight(static_cast<int>(i)),
+                    [&](const Tensor& piece, int64_t first) {
+                      copy_to_f32(element_range(src, first, piece.numel()), piece, what);
+                    });
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::named_views(const Tensor& flat) const {

@@ -167,7 +167,6 @@ class Model {
   BlockScratch scratch_;
 
  private:
-  void init_weights_host(const Tensor& flat, uint64_t seed) const;
   BufferBinder binder_;
   PlanOptions options_;
   BlockStyle style(bool training) const;

@@ -81,11 +81,13 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
     BRISK_CHECK(src.numel() == t.numel(), "'", path, "': ", name, " holds ", src.numel(),
                 " values; this run's ", optimizer.name(), " state has ", t.numel(),
                 " (another model or optim_args?)");
-    with_host_view(be, t, false, true, [&](const Tensor& h) {
-      if (h.dtype() == DType::f32) return copy_to_f32(src, h, name + " in " + path);
-      BRISK_CHECK(src.dtype() == h.dtype(), "'", path, "': ", name, " must be ",
-                  dtype_name(h.dtype()), ", not ", dtype_name(src.dtype()));
-      std::copy_n(src.as<uint8_t>(), src.bytes(), h.as<uint8_t>());
+    BRISK_CHECK(t.dtype() == DType::f32 || src.dtype() == t.dtype(), "'", path, "': ", name,
+                " must be ", dtype_name(t.dtype()), ", not ", dtype_name(src.dtype()));
+    // Piece by piece into wherever the state lives: no whole host copy on a GPU.
+    write_in_pieces(be, t, [&](const Tensor& piece, int64_t first) {
+      const Tensor part = element_range(src, first, piece.numel());
+      if (piece.dtype() == DType::f32) return copy_to_f32(part, piece, name + " in " + path);
+      std::copy_n(part.as<uint8_t>(), part.bytes(), piece.as<uint8_t>());
     });
   }
   const Tensor& step = file.get("step");
