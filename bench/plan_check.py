@@ -112,9 +112,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--fit_steps", type=int, default=8)
+    ap.add_argument("--only_fit", action="store_true", help="skip the plan-vs-peak rows")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        plan_rows(tmp, a.steps)
+        if not a.only_fit:
+            plan_rows(tmp, a.steps)
+        else:
+            os.makedirs(os.path.join(tmp, "bert-small"), exist_ok=True)
+            with open(os.path.join(tmp, "bert-small", "config.json"), "w") as f:
+                json.dump(BERT_SMALL, f)
         fit_rows(tmp, a.fit_steps)
 
 

@@ -173,7 +173,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
               fits.size(), rejected);
   BRISK_CHECK(!fits.empty(), "no configuration of global batch ", global, " fits ",
               mib(budget.budget), "; allow more precisions or optimizers, or a smaller batch");
-  std::printf("  %-4s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "batch x accum", "checkpointing",
+  std::printf("  %-4s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "batch x accum", "recompute",
               "precision", "optim", "needs", "predicted/step");
   for (size_t i = 0; i < fits.size(); ++i) {
     const TrainOptions& t = fits[i].options;

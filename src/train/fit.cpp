@@ -134,9 +134,13 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
 // AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
 // benchmark's shapes (docs/benchmarks.md, bench_matmul), attention in float32 at the sgemm
-// rate, ~10 GB/s for elementwise passes over two threads. GPU: an H100 80GB running brisk
-// (Nsight Compute, bert-large bf16): cuBLASLt ~600 TFLOP/s in bf16/fp16 (~350 tf32, ~50 fp32),
-// brisk's float32 flash attention ~13 TFLOP/s, ~3 TB/s, ~30 launches of ~5 us per layer.
+// rate, ~10 GB/s for the optimizer's streaming pass over two threads, and 1.4 GB/s of planned
+// activation bytes through the elementwise passes (calibrated: bert-small bf16, batch 16 x 128,
+// 300 ms a step measured by bench/plan_check.py where flops alone predict 126 ms). GPU: an
+// H100 80GB running brisk (Nsight Compute, bert-large bf16 batch 4): cuBLASLt ~600 TFLOP/s in
+// bf16/fp16 (~350 tf32, ~50 fp32), brisk's float32 flash attention ~13 TFLOP/s, ~3 TB/s for the
+// optimizer, elementwise kernels ~21 ms over ~2.5 GB of activations (x 3: ~0.36 TB/s), ~30
+// launches of ~5 us per layer.
 CostModel cost_model(Device device) {
   CostModel m;
   if (device == Device::cuda) {
@@ -145,12 +149,14 @@ CostModel cost_model(Device device) {
     m.bf16_flops = m.fp16_flops = 600e12;
     m.attention_flops = 13e12;
     m.bandwidth = 3e12;
+    m.elementwise = 0.36e12;
     m.layer_overhead = 150e-6;
   } else {
     m.fp32_flops = m.tf32_flops = m.fp16_flops = 156e9;  // fp16 is emulated in float32
     m.bf16_flops = 757e9;
     m.attention_flops = 156e9;
     m.bandwidth = 10e9;
+    m.elementwise = 1.4e9;
     m.layer_overhead = 50e-6;
   }
   return m;
@@ -175,7 +181,18 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops;
   const auto bytes = run.plan.bytes_by_category();
   auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
-  const double activations = k * 3 * of(Category::activations) / m.bandwidth;
+  // The elementwise passes run over every activation a micro-step produces: what a run without
+  // recomputation keeps, and with full recomputation the forward's share (a third) once more.
+  double produced = of(Category::activations);
+  if (o.gradient_checkpointing || o.selective_recompute) {
+    TrainOptions kept = o;
+    kept.gradient_checkpointing = kept.selective_recompute = false;
+    kept.auto_find_batch_size = false;
+    produced = static_cast<double>(
+        assemble_run(kept, run.device, nullptr)
+            ->plan.bytes_by_category()[static_cast<int>(Category::activations)]);
+  }
+  const double activations = k * 3 * produced * recompute / m.elementwise;
   const double optimizer = 2 *
                            (of(Category::weights) + of(Category::master_weights) +
                             of(Category::gradients) + of(Category::optimizer_state)) /

@@ -70,7 +70,9 @@ namespace brisk {
 // + tokens x 12 L C T (x 4/3 with gradient checkpointing or selective recomputation) /
 //   attention rate
 // + micro-steps x L x per-layer launch cost
-// + micro-steps x 3 x planned activation bytes / bandwidth (written, read back, their gradients)
+// + micro-steps x 3 x activation bytes produced (those a run without recomputation keeps; x 4/3
+//   with gradient checkpointing) / elementwise rate (LayerNorm, GELU, dropout, rounding,
+//   residuals, forward and backward)
 // + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass)
 // N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
 // Rates are measurements of brisk on one machine of each kind, named in fit.cpp.
@@ -78,6 +80,7 @@ struct CostModel {
   double fp32_flops = 0, tf32_flops = 0, bf16_flops = 0, fp16_flops = 0;  // products
   double attention_flops = 0;                                             // attention cores
   double bandwidth = 0;                                                   // bytes/s
+  double elementwise = 0;     // activation bytes/s through the elementwise passes (calibrated)
   double layer_overhead = 0;  // seconds per layer per micro-step (launches, host work)
 };
 CostModel cost_model(Device device);
