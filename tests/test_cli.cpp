@@ -177,6 +177,29 @@ TEST(Cli, EstimateEqualsThePlanTrainAllocates) {
   expect_refused("estimate --fp16 true --bf16 true", "contradict each other");
   expect_refused("estimate --save_strategy sometimes", "unknown save_strategy");
   expect_refused("train --auto_find_batch_size --max_memory 6XB", "is not a size");
+  // Numbers are range-checked before any cast, and text is never echoed whole.
+  expect_refused("estimate --seed -1", "--seed");
+  expect_refused("estimate --learning_rate inf", "learning_rate must be a finite number");
+  expect_refused("estimate --num_train_epochs 1e300", "num_train_epochs must be at most 1e12");
+  expect_refused("estimate --options_file " + std::filesystem::temp_directory_path().string(),
+                 "is not a file");
+  namespace fs = std::filesystem;
+  const fs::path bad_options =
+      fs::temp_directory_path() / ("brisk_bad_options_" + std::to_string(::getpid()) + ".json");
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"seq_len": 7.9})", "option \"seq_len\" must be a whole number, got 7.9"},
+           {R"({"max_steps": 1e300})", "option \"max_steps\" must be a whole number"},
+           {R"({"seed": -1})", "option \"seed\" must be a whole number >= 0"},
+           {R"({"learning_rate": "fast"})", "option \"learning_rate\" must be a finite number"},
+           {R"({"bf16": 1})", "option \"bf16\" must be true or false"},
+           {R"({"optim": [)" + std::string(5000, '1') + "]}", "..."}}) {
+    std::ofstream(bad_options) << text;
+    const CliRun r = run_brisk("estimate --options_file " + bad_options.string());
+    EXPECT_NE(r.exit_code, 0) << text;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << text << " -> " << r.err;
+    EXPECT_LT(r.err.size(), 300u) << "the message echoes too much: " << r.err.size();
+  }
+  fs::remove(bad_options);
 }
 
 TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {

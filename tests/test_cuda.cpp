@@ -1440,6 +1440,7 @@ Result run(const TrainOptions& o, const Dataset* data = nullptr, FaultHooks faul
   r.summary = train(
       o,
       [&](const nlohmann::json& j) {
+        if (!j.contains("loss")) return;  // records other than step logs
         r.logs.push_back(j);
         r.losses.push_back(j["loss"]);
       },

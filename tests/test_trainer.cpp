@@ -147,6 +147,45 @@ TEST(Trainer, AnInterruptedSaveLeavesThePreviousCheckpointUsable) {
   EXPECT_EQ(r.summary.global_step, 4);
 }
 
+// What interrupted saves leave behind is cleaned up at the next start: unfinished temp folders
+// are removed, a previous copy moved aside (and not yet replaced) is put back; re-saving a step
+// that exists leaves exactly the new copy.
+TEST(Trainer, InterruptedSavesAreCleanedUpAtTheNextStart) {
+  TempDir dir("leftovers");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.max_steps = 2;
+  o.save_steps = 2;
+  run(o);
+  // A kill between moving checkpoint-2 aside and renaming the new copy into place, and an
+  // unfinished temp folder of another step.
+  fs::rename(o.output_dir + "/checkpoint-2", o.output_dir + "/checkpoint-2.old-4242");
+  fs::create_directories(o.output_dir + "/checkpoint-7.tmp-4243");
+  std::ofstream(o.output_dir + "/checkpoint-7.tmp-4243/model.safetensors") << "partial";
+  fs::create_directories(o.output_dir + "/checkpoint-9.tmp-x");  // not our naming: kept
+  std::vector<std::string> cleaned;
+  TrainOptions again = o;
+  again.max_steps = 1;
+  again.save_steps = 0;
+  again.save_strategy = "no";
+  train(again, [&](const nlohmann::json& j) {
+    if (j.contains("removed_interrupted_save")) cleaned.push_back(j["removed_interrupted_save"]);
+  });
+  EXPECT_EQ(cleaned.size(), 2u);
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/trainer_state.json"));
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2.old-4242"));
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-7.tmp-4243"));
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-9.tmp-x"));
+  // Saving step 2 again replaces it, with nothing left beside it.
+  run(o);
+  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/model.safetensors"));
+  for (const auto& e : fs::directory_iterator(o.output_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name == "checkpoint-9.tmp-x") continue;
+    EXPECT_TRUE(name.find(".old-") == std::string::npos && name.find(".tmp-") == std::string::npos)
+        << name;
+  }
+}
+
 TEST(Trainer, SaveTotalLimitKeepsTheNewest) {
   TempDir dir("limit");
   TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
@@ -581,7 +620,7 @@ TEST(Trainer, RefusesBadOptions) {
       [&] {
         apply_options_json(o, {{"max_steps", "ten"}}, "x");
       },
-      "option \"max_steps\" has the wrong type");
+      "option \"max_steps\" must be a whole number, got \"ten\"");
   expect_error([&] { load_options_file(o, fixture("bad/not_json.json")); }, "not valid JSON");
   apply_options_json(o, {{"max_steps", 7}, {"bf16", false}, {"lr_scheduler_type", "cosine"}}, "x");
   EXPECT_EQ(o.max_steps, 7);

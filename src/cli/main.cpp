@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
     sub->add_option("--options_file", options_file, "JSON file of options (flags override it)");
     visit_options(options, [&](const char* name, auto& field, const char* help) {
       auto* opt = sub->add_option(std::string("--") + name, field, help)->capture_default_str();
+      using Field = std::decay_t<decltype(field)>;
+      if constexpr (std::is_unsigned_v<Field> && !std::is_same_v<Field, bool>)
+        opt->check(CLI::NonNegativeNumber);  // "-1" would otherwise wrap
       if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
         // --fp16, --fp16 true, --fp16=false; the help shows the real default.
         opt->expected(0, 1)->default_str("true")->option_text(field ? "[BOOLEAN=true]"

@@ -141,9 +141,15 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                                                 {"log_history", state.log_history}});
     count_file_written(fail_after_files);
     write_json(tmp_dir / "training_args.json", options_to_json(options));
-    // The rename is the commit point: before it, no checkpoint-N exists for this save.
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    // The rename is the commit point. A checkpoint of the same step saved earlier is moved
+    // aside first and deleted only after the new one is in place, so at every instant one
+    // complete copy exists under a name remove_interrupted_saves knows.
+    const fs::path old_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".old-" +
+                                    std::to_string(::getpid()));
+    const bool replacing = fs::exists(final_dir);
+    if (replacing) fs::rename(final_dir, old_dir);
     fs::rename(tmp_dir, final_dir);
+    if (replacing) fs::remove_all(old_dir, ec);
   } catch (...) {
     fs::remove_all(tmp_dir, ec);
     throw;
@@ -154,6 +160,37 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
       fs::remove_all(all[i].second, ec);
   }
   return final_dir.string();
+}
+
+std::vector<std::string> remove_interrupted_saves(const std::string& output_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return removed;
+  std::vector<fs::path> entries;  // listed first: the loop renames and removes
+  for (const auto& e : fs::directory_iterator(output_dir, ec))
+    if (e.is_directory()) entries.push_back(e.path());
+  for (const fs::path& path : entries) {
+    const std::string name = path.filename().string();
+    const size_t mark =
+        name.find(".tmp-") != std::string::npos ? name.find(".tmp-") : name.find(".old-");
+    if (name.rfind("checkpoint-", 0) != 0 || mark == std::string::npos) continue;
+    const std::string step = name.substr(11, mark - 11), pid = name.substr(mark + 5);
+    auto digits = [](const std::string& t) {
+      return !t.empty() && std::all_of(t.begin(), t.end(), ::isdigit);
+    };
+    if (!digits(step) || !digits(pid)) continue;
+    // A previous copy moved aside by a save that was interrupted before its new copy was in
+    // place is the step's only complete checkpoint: it goes back.
+    const fs::path final_dir = fs::path(output_dir) / ("checkpoint-" + step);
+    if (name[mark + 1] == 'o' && !fs::exists(final_dir)) {
+      fs::rename(path, final_dir, ec);
+      removed.push_back(name + " (restored as checkpoint-" + step + ")");
+      continue;
+    }
+    fs::remove_all(path, ec);
+    removed.push_back(name);
+  }
+  return removed;
 }
 
 uint64_t checkpoint_seed(const std::string& folder) {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "models/model.h"
 #include "optim/optimizer.h"
@@ -39,6 +40,11 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
 // and so is a checkpoint of another optimizer than `options.optim`.
 void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
                      Model& model, Optimizer& optimizer, TrainerState& state);
+
+// Cleans up after interrupted saves of earlier runs in output_dir: removes the unfinished
+// checkpoint-N.tmp-PID folders, and puts a checkpoint-N.old-PID back as checkpoint-N when no
+// checkpoint-N exists (else removes it); returns what it did, one line per folder.
+std::vector<std::string> remove_interrupted_saves(const std::string& output_dir);
 
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
 // data order, synthetic data and dropout continue exactly as they would have.

@@ -1,8 +1,11 @@
 // Option files and validation.
 #include "train/options.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -11,30 +14,74 @@
 
 namespace brisk {
 
+namespace {
+// A bad value as messages show it: at most 40 characters of its JSON text.
+std::string excerpt(const nlohmann::json& v) {
+  const std::string text = v.dump();
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
+// Reads one option's value strictly: whole numbers for counts (no 7.9 -> 7, nothing beyond
+// 2^53), non-negative ones for unsigned options, finite numbers for real-valued options, true or
+// false for switches, text for text.
+template <typename T>
+void read_option(const nlohmann::json& v, T& field, const std::string& origin, const char* name) {
+  auto fail = [&](const char* expected) {
+    BRISK_FAIL(origin, ": option \"", name, "\" must be ", expected, ", got ", excerpt(v));
+  };
+  constexpr double kMaxWhole = 9007199254740992.0;  // 2^53: every whole number below is exact
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) fail("true or false");
+    field = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) fail("a string");
+    field = v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number() || !std::isfinite(v.get<double>())) fail("a finite number");
+    field = v.get<T>();
+  } else {
+    const bool whole =
+        v.is_number_integer() ||
+        (v.is_number_float() && std::isfinite(v.get<double>()) &&
+         std::floor(v.get<double>()) == v.get<double>() && std::abs(v.get<double>()) < kMaxWhole);
+    if (!whole) fail("a whole number");
+    if (std::is_unsigned_v<T> &&
+        (v.is_number_float() ? v.get<double>() < 0 : !v.is_number_unsigned()))
+      fail("a whole number >= 0");
+    field = v.is_number_float() ? static_cast<T>(v.get<double>()) : v.get<T>();
+  }
+}
+}  // namespace
+
 void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin) {
   BRISK_CHECK(j.is_object(), origin, ": training options must be a JSON object");
   std::set<std::string> known;
   visit_options(o, [&](const char* name, auto& field, const char*) {
     known.insert(name);
     if (!j.contains(name) || j[name].is_null()) return;
-    try {
-      j[name].get_to(field);
-    } catch (const nlohmann::json::exception&) {
-      BRISK_FAIL(origin, ": option \"", name, "\" has the wrong type: ", j[name].dump());
-    }
+    read_option(j[name], field, origin, name);
   });
   for (const auto& [key, value] : j.items())
     BRISK_CHECK(known.count(key), origin, ": unknown option \"", key, "\"");
 }
 
 void load_options_file(TrainOptions& o, const std::string& path) {
+  std::error_code ec;
+  BRISK_CHECK(std::filesystem::is_regular_file(path, ec), "options file '", path,
+              "' is not a file");
+  constexpr uintmax_t kMaxBytes = 1 << 20;  // options are a few hundred bytes
+  BRISK_CHECK(std::filesystem::file_size(path, ec) <= kMaxBytes && !ec, "options file '", path,
+              "' is larger than 1 MiB");
   std::ifstream in(path);
   BRISK_CHECK(in.good(), "cannot open options file '", path, "'");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    BRISK_FAIL("options file '", path, "' is not valid JSON: ", e.what());
+  } catch (const std::exception& e) {
+    // The parser's message quotes the offending token: keep the line short.
+    const std::string why = e.what();
+    BRISK_FAIL("options file '", path,
+               "' is not valid JSON: ", why.size() <= 160 ? why : why.substr(0, 157) + "...");
   }
   apply_options_json(o, j, "options file '" + path + "'");
 }
@@ -54,6 +101,17 @@ void validate_options(const TrainOptions& o) {
   positive("seq_len", o.seq_len);
   positive("logging_steps", o.logging_steps);
   positive("adam_epsilon", o.adam_epsilon);
+  // Real-valued options are finite (flags can say inf or nan), counts and fractions bounded so
+  // that step arithmetic stays exact.
+  visit_options(o, [](const char* name, const auto& field, const char*) {
+    if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>)
+      BRISK_CHECK(std::isfinite(field), name, " must be a finite number, got ", field);
+  });
+  constexpr double kMaxCount = 1e12;
+  BRISK_CHECK(o.num_train_epochs <= kMaxCount, "num_train_epochs must be at most 1e12, got ",
+              o.num_train_epochs);
+  BRISK_CHECK(o.warmup_steps <= kMaxCount, "warmup_steps must be at most 1e12, got ",
+              o.warmup_steps);
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
   BRISK_CHECK(!(o.selective_recompute && o.gradient_checkpointing),
               "--selective_recompute and --gradient_checkpointing contradict each other: "

@@ -187,6 +187,21 @@ struct LogWindow {
     return rec;
   }
 };
+// train_results.json through a temporary file: a full disk ends the run with a message, never a
+// truncated file and exit 0.
+void write_results(const fs::path& path, const nlohmann::json& j) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.flush();
+    BRISK_CHECK(out.good(), "cannot write '", tmp.string(), "' (disk full or unwritable?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  BRISK_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
+}
+
 // Stage 1: with auto_find_batch_size, the options reshaped to the memory budget (logged and
 // recorded in the summary); otherwise the options as given.
 TrainOptions shape_to_memory(const TrainOptions& options, Device device, const Backend& be,
@@ -252,6 +267,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   Optimizer* optimizer = run->optimizer.get();
   const MemoryPlan& plan = run->plan;
   prepare_output_dir(o.output_dir);
+  for (const std::string& stale : remove_interrupted_saves(o.output_dir))
+    on_log({{"removed_interrupted_save", stale}});
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
   s.device = be->name();
@@ -267,9 +284,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
 
   const int64_t micro_per_epoch = loader.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
-  const int64_t total_steps =
-      o.max_steps > 0 ? o.max_steps
-                      : static_cast<int64_t>(std::ceil(o.num_train_epochs * steps_per_epoch));
+  const double epoch_steps = std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch));
+  BRISK_CHECK(o.max_steps > 0 || epoch_steps < 9e15, "num_train_epochs ", o.num_train_epochs, " x ",
+              steps_per_epoch, " steps per epoch is too many steps");
+  const int64_t total_steps = o.max_steps > 0 ? o.max_steps : static_cast<int64_t>(epoch_steps);
   const Schedule schedule{o.lr_scheduler_type,
                           resolve_warmup_steps(o.warmup_steps, o.warmup_ratio, total_steps),
                           total_steps};
@@ -351,8 +369,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   summarize_memory(*be, plan, arena, peaks, s);
 
   write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
-  std::ofstream out(fs::path(o.output_dir) / "train_results.json");
-  out << summary_json(s).dump(2) << "\n";
+  write_results(fs::path(o.output_dir) / "train_results.json", summary_json(s));
   return s;
 }
 
