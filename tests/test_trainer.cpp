@@ -161,7 +161,8 @@ TEST(Trainer, InterruptedSavesAreCleanedUpAtTheNextStart) {
   fs::rename(o.output_dir + "/checkpoint-2", o.output_dir + "/checkpoint-2.old-4242");
   fs::create_directories(o.output_dir + "/checkpoint-7.tmp-4243");
   std::ofstream(o.output_dir + "/checkpoint-7.tmp-4243/model.safetensors") << "partial";
-  fs::create_directories(o.output_dir + "/checkpoint-9.tmp-x");  // not our naming: kept
+  fs::create_directories(o.output_dir + "/checkpoint-1.del-4244/half");  // rotation cut short
+  fs::create_directories(o.output_dir + "/checkpoint-9.tmp-x");          // not our naming: kept
   std::vector<std::string> cleaned;
   TrainOptions again = o;
   again.max_steps = 1;
@@ -170,7 +171,8 @@ TEST(Trainer, InterruptedSavesAreCleanedUpAtTheNextStart) {
   train(again, [&](const nlohmann::json& j) {
     if (j.contains("removed_interrupted_save")) cleaned.push_back(j["removed_interrupted_save"]);
   });
-  EXPECT_EQ(cleaned.size(), 2u);
+  EXPECT_EQ(cleaned.size(), 3u);
+  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-1.del-4244"));
   EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/trainer_state.json"));
   EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2.old-4242"));
   EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-7.tmp-4243"));

@@ -156,8 +156,13 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   }
   if (options.save_total_limit > 0) {
     auto all = list_checkpoints(dir);
-    for (size_t i = 0; i + options.save_total_limit < all.size(); ++i)
-      fs::remove_all(all[i].second, ec);
+    // Renamed out of the checkpoint namespace before deletion: a kill in between leaves a
+    // .del- folder that the next start removes, never a half-deleted checkpoint-N.
+    for (size_t i = 0; i + options.save_total_limit < all.size(); ++i) {
+      const fs::path doomed = all[i].second.string() + ".del-" + std::to_string(::getpid());
+      fs::rename(all[i].second, doomed, ec);
+      fs::remove_all(ec ? all[i].second : doomed, ec);
+    }
   }
   return final_dir.string();
 }
@@ -171,8 +176,8 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
     if (e.is_directory()) entries.push_back(e.path());
   for (const fs::path& path : entries) {
     const std::string name = path.filename().string();
-    const size_t mark =
-        name.find(".tmp-") != std::string::npos ? name.find(".tmp-") : name.find(".old-");
+    size_t mark = std::string::npos;
+    for (const char* tag : {".tmp-", ".old-", ".del-"}) mark = std::min(mark, name.find(tag));
     if (name.rfind("checkpoint-", 0) != 0 || mark == std::string::npos) continue;
     const std::string step = name.substr(11, mark - 11), pid = name.substr(mark + 5);
     auto digits = [](const std::string& t) {

@@ -42,8 +42,9 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
                      Model& model, Optimizer& optimizer, TrainerState& state);
 
 // Cleans up after interrupted saves of earlier runs in output_dir: removes the unfinished
-// checkpoint-N.tmp-PID folders, and puts a checkpoint-N.old-PID back as checkpoint-N when no
-// checkpoint-N exists (else removes it); returns what it did, one line per folder.
+// checkpoint-N.tmp-PID folders and the checkpoint-N.del-PID ones a rotation was deleting, and
+// puts a checkpoint-N.old-PID back as checkpoint-N when no checkpoint-N exists (else removes it);
+// returns what it did, one line per folder.
 std::vector<std::string> remove_interrupted_saves(const std::string& output_dir);
 
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
