@@ -388,6 +388,23 @@ TEST(Trainer, TheProcessPeakStaysWithinThePlanWhileTrainingAndSaving) {
   }
 }
 
+// Sizes from input go through checked arithmetic, and a plan beyond the machine's memory is
+// refused before anything is allocated.
+TEST(Trainer, HugeSizesAreRefusedBeforeAnyAllocation) {
+  Shape wide{int64_t{1} << 61, 8};
+  EXPECT_THROW(wide.numel(), Error);
+  TempDir dir("huge");
+  const std::string folder = write_model_folder(
+      dir, "huge_gpt2",
+      R"({"model_type": "gpt2", "vocab_size": 4611686018427387904, "n_embd": 64, "n_layer": 1,
+          "n_head": 2, "n_positions": 64})");
+  TrainOptions o = tiny_options(folder, dir / "out");
+  expect_error([&] { assemble_run(o, Device::cpu, nullptr); }, "is too large");
+  TrainOptions big = tiny_options(write_config(dir, "gpt2", 0.0), dir / "big");
+  big.dataset_size = int64_t{1} << 40;  // 16 TiB of sample order
+  expect_error([&] { train(big, [](const nlohmann::json&) {}); }, "of host memory but only");
+}
+
 TEST(Trainer, MemorySizesParseWithTheirUnits) {
   EXPECT_EQ(parse_memory_size("6GB"), 6000000000u);
   EXPECT_EQ(parse_memory_size("6GiB"), size_t{6} << 30);

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/checked.h"
+
 namespace brisk {
 
 const char* category_name(Category c) {
@@ -18,7 +20,8 @@ BufferId MemoryPlan::add(std::string name, Category category, DType dtype, Shape
   BRISK_CHECK(!finalized_, "memory plan is final; cannot add '", name, "'");
   BRISK_CHECK(find(name) < 0, "memory plan already has a buffer named '", name, "'");
   BufferSpec spec{std::move(name), category, dtype, shape, placement};
-  spec.bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  spec.bytes = static_cast<size_t>(checked_mul(
+      shape.numel(), static_cast<int64_t>(dtype_size(dtype)), "a planned buffer's bytes"));
   buffers_.push_back(std::move(spec));
   return static_cast<BufferId>(buffers_.size() - 1);
 }
@@ -27,7 +30,10 @@ void MemoryPlan::finalize() {
   for (auto& b : buffers_) {
     size_t& off = total_[static_cast<int>(b.placement)];
     b.offset = off;
-    off += (b.bytes + kAlignment - 1) / kAlignment * kAlignment;
+    const int64_t padded =
+        checked_add(static_cast<int64_t>(b.bytes), kAlignment - 1, "the memory plan") / kAlignment *
+        kAlignment;
+    off = static_cast<size_t>(checked_add(static_cast<int64_t>(off), padded, "the memory plan"));
   }
   finalized_ = true;
 }

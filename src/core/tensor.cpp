@@ -1,6 +1,8 @@
 // Shape and Tensor view helpers.
 #include "core/tensor.h"
 
+#include "core/checked.h"
+
 namespace brisk {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
@@ -15,7 +17,7 @@ void Shape::push_back(int64_t d) {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[i];
+  for (int i = 0; i < rank_; ++i) n = checked_mul(n, dims_[i], "a tensor's element count");
   return n;
 }
 

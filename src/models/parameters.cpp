@@ -1,13 +1,15 @@
 // ParameterSet bookkeeping and views into the flat buffers.
 #include "models/parameters.h"
 
+#include "core/checked.h"
+
 namespace brisk {
 
 int ParameterSet::add(std::string name, Shape shape, ParamRole role) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
   params_.push_back(
       ParamInfo{std::move(name), shape, role.decay, total_, role.embedding, role.product});
-  total_ += shape.numel();
+  total_ = checked_add(total_, shape.numel(), "the parameter count");
   return static_cast<int>(params_.size() - 1);
 }
 

@@ -202,6 +202,25 @@ void write_results(const fs::path& path, const nlohmann::json& j) {
   BRISK_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
 }
 
+// A plan larger than the memory there is ends here, naming both, before anything is allocated.
+void check_plan_fits(const Backend& be, const MemoryPlan& plan) {
+  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
+  const int64_t device_free = be.device_memory_free();
+  const size_t host_plan =
+      device_free >= 0 ? plan.total_bytes(Placement::host) : plan.total_bytes();
+  const size_t host_free = available_host_bytes();
+  BRISK_CHECK(host_free == 0 || host_plan <= host_free, "the run's plan needs ", mib(host_plan),
+              " of host memory but only ", mib(host_free),
+              " are available: lower the batch size, turn on gradient checkpointing, or see "
+              "brisk estimate --fit");
+  if (device_free >= 0)
+    BRISK_CHECK(plan.total_bytes(Placement::device) <= static_cast<size_t>(device_free),
+                "the run's plan needs ", mib(plan.total_bytes(Placement::device)),
+                " of GPU memory but only ", mib(static_cast<size_t>(device_free)),
+                " are free: lower the batch size, turn on gradient checkpointing, or see "
+                "brisk estimate --fit");
+}
+
 // Stage 1: with auto_find_batch_size, the options reshaped to the memory budget (logged and
 // recorded in the summary); otherwise the options as given.
 TrainOptions shape_to_memory(const TrainOptions& options, Device device, const Backend& be,
@@ -273,6 +292,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
 
   s.device = be->name();
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
+  check_plan_fits(*be, plan);
   PeakPhases peaks;
   s.memory.rss_before_arena = current_rss_bytes();
   Arena arena(plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
