@@ -400,6 +400,12 @@ TEST(Trainer, HugeSizesAreRefusedBeforeAnyAllocation) {
           "n_head": 2, "n_positions": 64})");
   TrainOptions o = tiny_options(folder, dir / "out");
   expect_error([&] { assemble_run(o, Device::cpu, nullptr); }, "is too large");
+  // A config nested 100000 deep (as an unknown key) is refused by depth, not by the stack.
+  const std::string deep =
+      write_model_folder(dir, "deep",
+                         R"({"model_type": "gpt2", "x": )" + std::string(100000, '[') +
+                             std::string(100000, ']') + "}");
+  expect_error([&] { resolve_config(deep); }, "nested deeper than 32 levels");
   TrainOptions big = tiny_options(write_config(dir, "gpt2", 0.0), dir / "big");
   big.dataset_size = int64_t{1} << 40;  // 16 TiB of sample order
   expect_error([&] { train(big, [](const nlohmann::json&) {}); }, "of host memory but only");
