@@ -690,6 +690,35 @@ TEST(Trainer, RefusesBadTokenFilesAndCheckpoints) {
   expect_error([&] { run(o); }, "optimizer.safetensors is missing");
 }
 
+// A resumed run checks every value of trainer_state.json before using it.
+TEST(Trainer, ResumeRefusesATamperedTrainerState) {
+  TempDir dir("tampered");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.save_steps = 2;
+  const Result r = run(o);
+  const std::string state_file = dir / "out/checkpoint-2/trainer_state.json";
+  std::ifstream in(state_file);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  in.close();
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"micro_batches", -3}}, "\"micro_batches\" must be a whole number"},
+      {{{"global_step", 1e300}}, "\"global_step\" must be a whole number"},
+      {{{"global_step", "2"}}, "\"global_step\" must be a whole number"},
+      {{{"loss_scale", -1.0}}, "\"loss_scale\" must be a finite number"},
+      {{{"log_history", "none"}}, "\"log_history\" must be a list of records"},
+      {{{"micro_batches", 1}}, "micro_batches 1 is fewer than global_step 2"}};
+  for (const auto& [patch, needle] : cases) {
+    nlohmann::json bad = good;
+    bad.merge_patch(patch);
+    std::ofstream(state_file) << bad.dump();
+    TrainOptions resumed = o;
+    resumed.resume_from_checkpoint = dir / "out/checkpoint-2";
+    resumed.output_dir = dir / "resumed";
+    expect_error([&] { run(resumed); }, needle);
+  }
+  EXPECT_EQ(r.summary.global_step, 4);
+}
+
 TEST(Trainer, StartsFromAModelFolder) {
   TempDir dir("from_folder");
   TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "first");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -222,17 +223,42 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
               " (resume with the same --optim)");
   read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer);
   const nlohmann::json ts = read_json(dir / "trainer_state.json");
-  try {
-    state.global_step = ts.at("global_step").get<int64_t>();
-    state.micro_batches = ts.at("micro_batches").get<int64_t>();
-    state.epoch = ts.at("epoch").get<double>();
-    state.total_flos = ts.value("total_flos", 0.0);
-    state.loss_scale = ts.value("loss_scale", 1.0);
-    state.growth_tracker = ts.value("growth_tracker", int64_t{0});
-    state.log_history = ts.value("log_history", nlohmann::json::array());
-  } catch (const nlohmann::json::exception& e) {
-    BRISK_FAIL("checkpoint '", folder, "': trainer_state.json is incomplete: ", e.what());
-  }
+  const std::string where = "checkpoint '" + folder + "': trainer_state.json";
+  BRISK_CHECK(ts.is_object(), where, " is not a JSON object");
+  // Every value is checked before use: a position or step out of range would read outside the
+  // data order or run (almost) forever; a bad loss scale would poison fp16 training.
+  auto count = [&](const char* key, bool required) -> int64_t {
+    if (!ts.contains(key)) {
+      BRISK_CHECK(!required, where, " lacks \"", key, "\"");
+      return 0;
+    }
+    const nlohmann::json& v = ts[key];
+    BRISK_CHECK(
+        v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 53),
+        where, ": \"", key, "\" must be a whole number from 0 to 2^53");
+    return v.get<int64_t>();
+  };
+  auto real = [&](const char* key, double fallback, double low) -> double {
+    if (!ts.contains(key)) return fallback;
+    const nlohmann::json& v = ts[key];
+    BRISK_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= low, where,
+                ": \"", key, "\" must be a finite number of at least ", low);
+    return v.get<double>();
+  };
+  state.global_step = count("global_step", true);
+  state.micro_batches = count("micro_batches", true);
+  state.epoch = real("epoch", 0.0, 0.0);
+  state.total_flos = real("total_flos", 0.0, 0.0);
+  state.loss_scale = real("loss_scale", 1.0, 1e-30);
+  state.growth_tracker = count("growth_tracker", false);
+  BRISK_CHECK(state.micro_batches >= state.global_step, where, ": micro_batches ",
+              state.micro_batches, " is fewer than global_step ", state.global_step);
+  const nlohmann::json history = ts.value("log_history", nlohmann::json::array());
+  BRISK_CHECK(
+      history.is_array() && std::all_of(history.begin(), history.end(),
+                                        [](const nlohmann::json& r) { return r.is_object(); }),
+      where, ": \"log_history\" must be a list of records");
+  state.log_history = history;
 }
 
 }  // namespace brisk
