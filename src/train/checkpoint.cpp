@@ -85,9 +85,10 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
     BRISK_CHECK(t.dtype() == DType::f32 || src.dtype() == t.dtype(), "'", path, "': ", name,
                 " must be ", dtype_name(t.dtype()), ", not ", dtype_name(src.dtype()));
     // Piece by piece into wherever the state lives: no whole host copy on a GPU.
+    const std::string what = name + " in " + path;  // a binding, which lambdas may not capture
     write_in_pieces(be, t, [&](const Tensor& piece, int64_t first) {
       const Tensor part = element_range(src, first, piece.numel());
-      if (piece.dtype() == DType::f32) return copy_to_f32(part, piece, name + " in " + path);
+      if (piece.dtype() == DType::f32) return copy_to_f32(part, piece, what);
       std::copy_n(part.as<uint8_t>(), part.bytes(), piece.as<uint8_t>());
     });
   }

@@ -63,7 +63,10 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                 WeightLayout layout, const Tensor& y) {
-  const auto [m, k, n] = linear_dims(x, w, layout, "linear_forward");
+  // Plain locals, not structured bindings: OpenMP regions capture them (clang 14 cannot capture
+  // bindings, and the fuzz build uses clang).
+  const LinearDims dims = linear_dims(x, w, layout, "linear_forward");
+  const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(y) == m && cols_of(y) == n, "linear_forward: output ", y.shape().str(),
               " does not hold ", m, " x ", n);
   float* out = y.f32();
@@ -83,7 +86,8 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                  WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                  const Tensor& dw, const Tensor& db) {
-  const auto [m, k, n] = linear_dims(x, w, layout, "linear_backward");
+  const LinearDims dims = linear_dims(x, w, layout, "linear_backward");
+  const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(dy) == m && cols_of(dy) == n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
   if (m == 0) return;
