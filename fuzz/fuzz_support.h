@@ -11,8 +11,7 @@
 namespace brisk::fuzz {
 
 inline std::string input_file(const uint8_t* data, size_t size, const char* suffix) {
-  const std::string path =
-      std::string("/tmp/brisk_fuzz_") + std::to_string(::getpid()) + suffix;
+  const std::string path = std::string("/tmp/brisk_fuzz_") + std::to_string(::getpid()) + suffix;
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f) {
     if (size) std::fwrite(data, 1, size, f);
