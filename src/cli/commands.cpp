@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/json_file.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "models/batch.h"
@@ -20,16 +21,11 @@
 namespace brisk::cli {
 
 namespace {
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
-
 void print_plan(const std::array<size_t, kNumCategories>& planned, size_t total) {
   for (int c = 0; c < kNumCategories; ++c)
-    std::printf("  %-16s %12s\n", category_name(static_cast<Category>(c)), mib(planned[c]).c_str());
-  std::printf("  %-16s %12s\n", "total (planned)", mib(total).c_str());
+    std::printf("  %-16s %12s\n", category_name(static_cast<Category>(c)),
+                format_mib(planned[c]).c_str());
+  std::printf("  %-16s %12s\n", "total (planned)", format_mib(total).c_str());
 }
 }  // namespace
 
@@ -55,16 +51,16 @@ int run_train(const TrainOptions& options) {
   std::printf("  %-26s = %.4g\n", "total_flos", s.total_flos);
   std::printf("***** memory anatomy *****\n");
   print_plan(s.memory.planned, s.memory.arena_bytes);
-  std::printf("  %-16s %12s\n", "process peak", mib(s.memory.peak_rss).c_str());
-  std::printf("  %-16s %12s\n", "  before arena", mib(s.memory.rss_before_arena).c_str());
-  std::printf("  %-16s %12s\n", "  during steps", mib(s.memory.peak_rss_steps).c_str());
+  std::printf("  %-16s %12s\n", "process peak", format_mib(s.memory.peak_rss).c_str());
+  std::printf("  %-16s %12s\n", "  before arena", format_mib(s.memory.rss_before_arena).c_str());
+  std::printf("  %-16s %12s\n", "  during steps", format_mib(s.memory.peak_rss_steps).c_str());
   if (s.memory.peak_rss_saves > 0)
-    std::printf("  %-16s %12s\n", "  during saves", mib(s.memory.peak_rss_saves).c_str());
+    std::printf("  %-16s %12s\n", "  during saves", format_mib(s.memory.peak_rss_saves).c_str());
   if (s.memory.device_memory_used >= 0) {
     std::printf("  %-16s %12s\n", "GPU memory occupied",
-                mib(static_cast<size_t>(s.memory.device_memory_used)).c_str());
+                format_mib(static_cast<size_t>(s.memory.device_memory_used)).c_str());
     std::printf("  %-16s %12s\n", "  before arena",
-                mib(static_cast<size_t>(s.memory.device_memory_before_arena)).c_str());
+                format_mib(static_cast<size_t>(s.memory.device_memory_before_arena)).c_str());
   }
   if (!s.auto_fit.empty()) std::printf("%s\n", s.auto_fit.c_str());
   if (!s.last_checkpoint.empty()) std::printf("saved %s\n", s.last_checkpoint.c_str());
@@ -169,10 +165,11 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                  split_list(args.optims, o.optim), &rejected);
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
   std::printf("fit: global batch %lld within %s (%s): %zu configurations fit, %d do not\n",
-              static_cast<long long>(global), mib(budget.budget).c_str(), budget.source.c_str(),
-              fits.size(), rejected);
+              static_cast<long long>(global), format_mib(budget.budget).c_str(),
+              budget.source.c_str(), fits.size(), rejected);
   BRISK_CHECK(!fits.empty(), "no configuration of global batch ", global, " fits ",
-              mib(budget.budget), "; allow more precisions or optimizers, or a smaller batch");
+              format_mib(budget.budget),
+              "; allow more precisions or optimizers, or a smaller batch");
   std::printf("  %-4s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "batch x accum", "recompute",
               "precision", "optim", "needs", "predicted/step");
   for (size_t i = 0; i < fits.size(); ++i) {
@@ -184,7 +181,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                   t.gradient_checkpointing ? "full"
                   : t.selective_recompute  ? "selective"
                                            : "none",
-                  precision_of(t).c_str(), t.optim.c_str(), mib(fits[i].needed).c_str(),
+                  precision_of(t).c_str(), t.optim.c_str(), format_mib(fits[i].needed).c_str(),
                   fits[i].step_seconds * 1e3);
     out.push_back({{"per_device_train_batch_size", t.per_device_train_batch_size},
                    {"gradient_accumulation_steps", t.gradient_accumulation_steps},
@@ -232,7 +229,7 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
   std::printf("  %-16s %12s   %s\n", "category", "planned", "bytes/param (seeds' rule)");
   for (int c = 0; c < kNumCategories; ++c) {
     const Category cat = static_cast<Category>(c);
-    std::printf("  %-16s %12s", category_name(cat), mib(planned[c]).c_str());
+    std::printf("  %-16s %12s", category_name(cat), format_mib(planned[c]).c_str());
     const double seeds = cat == Category::gradients         ? rule.gradients
                          : cat == Category::optimizer_state ? rule.optimizer
                                                             : -1;
@@ -245,22 +242,23 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
                   rule.weights);
     std::printf("\n");
   }
-  std::printf("  %-16s %12s\n", "total (planned)", mib(plan.total_bytes()).c_str());
+  std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
   const size_t block = bytes_under(plan, "block.0.");
-  std::printf("  activations saved per block: %s x %lld layers = %s\n", mib(block).c_str(),
-              static_cast<long long>(layers), mib(block * layers).c_str());
+  std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
+              static_cast<long long>(layers), format_mib(block * layers).c_str());
   std::printf("fixed overheads assumed (not in the plan):\n");
   const size_t host_base = current_rss_bytes();
-  std::printf("  %-34s %12s\n", "host: program and libraries (now)", mib(host_base).c_str());
+  std::printf("  %-34s %12s\n", "host: program and libraries (now)", format_mib(host_base).c_str());
   if (device == Device::cuda) {
     std::printf("  %-34s %12s\n", "GPU: context, kernels, libraries",
-                mib(kCudaContextBytes).c_str());
+                format_mib(kCudaContextBytes).c_str());
     std::printf("  %-34s %12s\n", "host: pinned staging (planned)",
-                mib(plan.total_bytes(Placement::host)).c_str());
+                format_mib(plan.total_bytes(Placement::host)).c_str());
     std::printf("expect \"GPU memory occupied\" near %s\n",
-                mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
+                format_mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
   } else {
-    std::printf("expect a process peak near %s\n", mib(plan.total_bytes() + host_base).c_str());
+    std::printf("expect a process peak near %s\n",
+                format_mib(plan.total_bytes() + host_base).c_str());
   }
   nlohmann::json fit_json = nlohmann::json::array();
   std::vector<FitCandidate> fits;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace brisk {
 
@@ -192,28 +193,7 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
 ModelConfig load_config(const std::string& path) {
   // Real configs are a few KiB and a few levels deep; the bounds keep a hostile file from
   // exhausting the stack (recursive copies) or bloating every checkpoint that copies it.
-  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 20;
-  std::error_code ec;
-  BRISK_CHECK(std::filesystem::exists(path, ec), "cannot open model config '", path,
-              "': no such file");
-  BRISK_CHECK(std::filesystem::is_regular_file(path, ec), "model config '", path,
-              "' is not a file");
-  BRISK_CHECK(std::filesystem::file_size(path, ec) <= kMaxBytes && !ec, "model config '", path,
-              "' is larger than 1 MiB");
-  std::ifstream in(path);
-  BRISK_CHECK(in.good(), "cannot open model config '", path, "'");
-  json j;
-  try {
-    j = json::parse(in, [](int depth, json::parse_event_t, json&) {
-      BRISK_CHECK(depth <= 32, "nested deeper than 32 levels");
-      return true;
-    });
-  } catch (const std::exception& e) {
-    const std::string why = e.what();
-    BRISK_FAIL("model config '", path,
-               "' is not valid JSON: ", why.size() <= 160 ? why : why.substr(0, 157) + "...");
-  }
-  return config_from_json(j, "model config '" + path + "'");
+  return config_from_json(read_json_file(path, "model config"), "model config '" + path + "'");
 }
 
 ModelConfig resolve_config(const std::string& name_or_path) {

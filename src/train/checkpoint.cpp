@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/json_file.h"
 #include "core/safetensors.h"
 
 namespace brisk {
@@ -33,13 +34,8 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 }
 
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  BRISK_CHECK(in.good(), "checkpoint file '", path.string(), "' is missing");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    BRISK_FAIL("checkpoint file '", path.string(), "' is not valid JSON: ", e.what());
-  }
+  // trainer_state.json grows with the log history: 64 MiB holds ~10^6 records.
+  return read_json_file(path.string(), "checkpoint file", size_t{64} << 20);
 }
 
 // Checkpoint folders in output_dir with their step numbers, oldest first.

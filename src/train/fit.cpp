@@ -5,18 +5,11 @@
 #include <cctype>
 #include <cstdio>
 
+#include "core/json_file.h"
 #include "core/process_memory.h"
 #include "train/assembly.h"
 
 namespace brisk {
-
-namespace {
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
-}  // namespace
 
 size_t parse_memory_size(const std::string& text) {
   size_t i = 0;
@@ -117,18 +110,19 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
     BatchFit f{b, global / b, needed, ""};
     f.reason = "auto_find_batch_size: per_device_train_batch_size " + std::to_string(b) +
                " x gradient_accumulation_steps " + std::to_string(global / b) + " (global batch " +
-               std::to_string(global) + ") needs " + mib(needed) + " of " + mib(budget.budget) +
-               " (" + budget.source + ")";
+               std::to_string(global) + ") needs " + format_mib(needed) + " of " +
+               format_mib(budget.budget) + " (" + budget.source + ")";
     if (b < std::min(global, samples))
       f.reason += "; the next larger batch dividing " + std::to_string(global) + " does not fit";
     return f;
   }
-  BRISK_FAIL("auto_find_batch_size: not even per_device_train_batch_size 1 fits ",
-             mib(budget.budget), " (", budget.source, "): it needs ",
-             mib(need(1, o.gradient_checkpointing)),
-             o.gradient_checkpointing
-                 ? ""
-                 : (", and " + mib(need(1, true)) + " with --gradient_checkpointing").c_str());
+  BRISK_FAIL(
+      "auto_find_batch_size: not even per_device_train_batch_size 1 fits ",
+      format_mib(budget.budget), " (", budget.source, "): it needs ",
+      format_mib(need(1, o.gradient_checkpointing)),
+      o.gradient_checkpointing
+          ? ""
+          : (", and " + format_mib(need(1, true)) + " with --gradient_checkpointing").c_str());
 }
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace brisk {
 
@@ -38,12 +39,6 @@ std::string escape(const std::string& text) {
     }
   }
   return out;
-}
-
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
 }
 
 std::string num(double v) {
@@ -97,7 +92,7 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
       const double h = static_cast<double>(bytes) / (1 << 20);
       svg += "<rect x=\"" + std::to_string(x) + "\" y=\"" + num(y_of(base + h)) + "\" width=\"" +
              std::to_string(bar_w) + "\" height=\"" + num(y_of(base) - y_of(base + h)) +
-             "\" fill=\"" + color + "\"><title>" + escape(what) + ": " + mib(bytes) +
+             "\" fill=\"" + color + "\"><title>" + escape(what) + ": " + format_mib(bytes) +
              "</title></rect>\n";
       base += h;
     };
@@ -105,14 +100,15 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
       segment(b.planned[c], kColors[c], category_name(static_cast<Category>(c)));
     segment(b.fixed, kFixedColor, b.fixed_label);
     svg += "<text x=\"" + std::to_string(x + bar_w / 2) + "\" y=\"" + num(y_of(base) - 4) +
-           "\" text-anchor=\"middle\">" + mib(static_cast<size_t>(base * (1 << 20))) + "</text>\n";
+           "\" text-anchor=\"middle\">" + format_mib(static_cast<size_t>(base * (1 << 20))) +
+           "</text>\n";
     int row = 0;
     for (const auto& [name, bytes] : b.measured) {
       const std::string y = num(y_of(static_cast<double>(bytes) / (1 << 20)));
       svg += "<line x1=\"" + std::to_string(x - 6) + "\" x2=\"" + std::to_string(x + bar_w + 6) +
              "\" y1=\"" + y + "\" y2=\"" + y + "\" stroke=\"" + kMeasuredColor +
              "\" stroke-width=\"2\" stroke-dasharray=\"" + (row ? "4 3" : "none") + "\"><title>" +
-             escape(name) + ": " + mib(bytes) + "</title></line>\n";
+             escape(name) + ": " + format_mib(bytes) + "</title></line>\n";
       // Labels of lines that lie close together go one under the other.
       svg += "<text x=\"" + std::to_string(x + bar_w + 8) + "\" y=\"" +
              num(y_of(static_cast<double>(bytes) / (1 << 20)) + 11.0 * row) +
@@ -148,11 +144,11 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
   table += "</tr>";
   for (int c = 0; c < kNumCategories; ++c) {
     table += std::string("<tr><td>") + category_name(static_cast<Category>(c)) + "</td>";
-    for (const MemoryBar& b : bars) table += "<td>" + mib(b.planned[c]) + "</td>";
+    for (const MemoryBar& b : bars) table += "<td>" + format_mib(b.planned[c]) + "</td>";
     table += "</tr>";
   }
   table += "<tr><td>outside the plan</td>";
-  for (const MemoryBar& b : bars) table += "<td>" + mib(b.fixed) + "</td>";
+  for (const MemoryBar& b : bars) table += "<td>" + format_mib(b.fixed) + "</td>";
   table += "</tr></table>";
 
   return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + escape(title) +

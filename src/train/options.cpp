@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "precision/mixed_precision.h"
 #include "train/fit.h"
 
@@ -66,24 +67,7 @@ void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::str
 }
 
 void load_options_file(TrainOptions& o, const std::string& path) {
-  std::error_code ec;
-  BRISK_CHECK(std::filesystem::is_regular_file(path, ec), "options file '", path,
-              "' is not a file");
-  constexpr uintmax_t kMaxBytes = 1 << 20;  // options are a few hundred bytes
-  BRISK_CHECK(std::filesystem::file_size(path, ec) <= kMaxBytes && !ec, "options file '", path,
-              "' is larger than 1 MiB");
-  std::ifstream in(path);
-  BRISK_CHECK(in.good(), "cannot open options file '", path, "'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    // The parser's message quotes the offending token: keep the line short.
-    const std::string why = e.what();
-    BRISK_FAIL("options file '", path,
-               "' is not valid JSON: ", why.size() <= 160 ? why : why.substr(0, 157) + "...");
-  }
-  apply_options_json(o, j, "options file '" + path + "'");
+  apply_options_json(o, read_json_file(path, "options file"), "options file '" + path + "'");
 }
 
 nlohmann::json options_to_json(const TrainOptions& o) {

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "core/json_file.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
 #include "models/model.h"
@@ -204,19 +205,18 @@ void write_results(const fs::path& path, const nlohmann::json& j) {
 
 // A plan larger than the memory there is ends here, naming both, before anything is allocated.
 void check_plan_fits(const Backend& be, const MemoryPlan& plan) {
-  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
   const int64_t device_free = be.device_memory_free();
   const size_t host_plan =
       device_free >= 0 ? plan.total_bytes(Placement::host) : plan.total_bytes();
   const size_t host_free = available_host_bytes();
-  BRISK_CHECK(host_free == 0 || host_plan <= host_free, "the run's plan needs ", mib(host_plan),
-              " of host memory but only ", mib(host_free),
+  BRISK_CHECK(host_free == 0 || host_plan <= host_free, "the run's plan needs ",
+              format_mib(host_plan), " of host memory but only ", format_mib(host_free),
               " are available: lower the batch size, turn on gradient checkpointing, or see "
               "brisk estimate --fit");
   if (device_free >= 0)
     BRISK_CHECK(plan.total_bytes(Placement::device) <= static_cast<size_t>(device_free),
-                "the run's plan needs ", mib(plan.total_bytes(Placement::device)),
-                " of GPU memory but only ", mib(static_cast<size_t>(device_free)),
+                "the run's plan needs ", format_mib(plan.total_bytes(Placement::device)),
+                " of GPU memory but only ", format_mib(static_cast<size_t>(device_free)),
                 " are free: lower the batch size, turn on gradient checkpointing, or see "
                 "brisk estimate --fit");
 }
