@@ -105,6 +105,97 @@ TEST(Inputs, SafetensorsRoundTripIsAtomic) {
   std::remove(path.c_str());
 }
 
+// A safetensors file from a raw header and data section, as an attacker or a buggy writer makes.
+std::string raw_safetensors(const std::string& name, const std::string& header,
+                            const std::string& data, int64_t header_len = -1) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("brisk_raw_" + std::to_string(::getpid()) + "_" + name))
+                               .string();
+  const uint64_t n = header_len < 0 ? header.size() : static_cast<uint64_t>(header_len);
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(n >> (8 * i));
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(bytes.data(), 1, 8, f);
+  std::fwrite(header.data(), 1, header.size(), f);
+  std::fwrite(data.data(), 1, data.size(), f);
+  std::fclose(f);
+  return path;
+}
+
+// Checked as strictly as the reference safetensors library: every malformed header is refused
+// naming the problem, never read past the data or through a wrapped size.
+TEST(Inputs, SafetensorsHeadersAreCheckedStrictly) {
+  const std::string d16(16, '\x01');
+  struct Case {
+    const char* name;
+    std::string header, data;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       std::string(12, '\0'), "where the previous tensor's data ends at 8"},
+      {"gap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", d16, "a gap begins"},
+      {"trailing", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d16,
+       "covers 8 bytes of the data section's 16"},
+      {"huge_shape",
+       R"({"a":{"dtype":"F32","shape":[2305843009213693952,8],"data_offsets":[0,0]}})", "",
+       "too large"},
+      {"negative_dim", R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,0]}})", "",
+       "shape must be a list of non-negative whole numbers"},
+      {"wrong_size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+       std::string(8, '\0'), "holds 8 bytes but shape [3] needs 12"},
+      {"bad_offsets", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d16,
+       "outside the data section"},
+      {"offsets_type", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":"0-8"}})", d16,
+       "data_offsets must be two"},
+      {"dtype_type", R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", d16,
+       "dtype must be a string"},
+      {"dtype_name", R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", d16,
+       "unsupported safetensors dtype 'F31'"},
+      {"metadata", R"({"__metadata__":{"format":4}})", "", "__metadata__ must map names"},
+      {"not_object", R"([1,2])", "", "header is not a JSON object"},
+      {"deep", std::string(5000, '[') + std::string(5000, ']'), "", "not a JSON object"},
+      {"deep_object", "{\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}", "",
+       "nested deeper than 8 levels"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = raw_safetensors(c.name, c.header, c.data);
+    expect_error([&] { SafetensorsFile f(path); }, c.needle);
+    std::remove(path.c_str());
+  }
+  // A header length one byte short: the last byte of the header becomes data and nothing lines
+  // up; refused instead of loading every tensor shifted.
+  const std::string good = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} )";
+  const std::string short_by_one =
+      raw_safetensors("short", good, std::string(8, '\0'), static_cast<int64_t>(good.size()) - 1);
+  expect_error([&] { SafetensorsFile f(short_by_one); }, "covers 8 bytes of the data section's 9");
+  std::remove(short_by_one.c_str());
+  // A 10 MB tensor name is shown as a short excerpt.
+  const std::string long_name =
+      raw_safetensors("long", "{\"" + std::string(10 << 20, 'x') + "\":{\"dtype\":\"F32\"}}", "");
+  try {
+    SafetensorsFile f(long_name);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+  }
+  std::remove(long_name.c_str());
+  // Data misaligned for its dtype (a 5-byte header) is copied, not read through a misaligned
+  // pointer: the values come out right.
+  const float v[2] = {1.5f, -3.25f};
+  const std::string unaligned = raw_safetensors(
+      "unaligned",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})" + std::string(1, ' '),
+      std::string(reinterpret_cast<const char*>(v), 8));
+  SafetensorsFile f(unaligned);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.get("a").data()) % alignof(float), 0u);
+  EXPECT_EQ(f.get("a").f32()[0], 1.5f);
+  EXPECT_EQ(f.get("a").f32()[1], -3.25f);
+  std::remove(unaligned.c_str());
+}
+
 TEST(Inputs, SixteenBitConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);

@@ -129,22 +129,63 @@ TEST(Trainer, ResumeEqualsTheUninterruptedRun) {
   }
 }
 
-TEST(Trainer, AnInterruptedSaveLeavesThePreviousCheckpointUsable) {
+// A kill at every point of the save sequence leaves a complete checkpoint: the previous one
+// until the new one is renamed into place, the new one from then on; the next start cleans up,
+// and `--resume_from_checkpoint last` continues from it to the uninterrupted run's weights.
+TEST(Trainer, AKillAtAnyPointOfASaveLeavesACompleteCheckpointToResume) {
   TempDir dir("killed");
-  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "straight");
+  o.max_steps = 6;
   o.save_steps = 2;
-  // The first save writes 5 counted files; the second fails after 2 of its files.
-  FaultHooks faults;
-  faults.fail_save_after_files = 5 + 2;
-  EXPECT_THROW(run(o, nullptr, faults), Error);
-  EXPECT_TRUE(fs::exists(o.output_dir + "/checkpoint-2/trainer_state.json"));
-  EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-4"));
-  for (const auto& e : fs::directory_iterator(o.output_dir))
-    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
-  TrainOptions resumed = o;
-  resumed.resume_from_checkpoint = o.output_dir + "/checkpoint-2";
-  const Result r = run(resumed);
-  EXPECT_EQ(r.summary.global_step, 4);
+  o.save_total_limit = 1;  // the save at step 4 also rotates checkpoint-2 out
+  const std::vector<float> want = weights_of(run(o).summary.last_checkpoint);
+  // The save at step 2 passes 6 points; the one at step 4 has 6 files and 1 rotation rename.
+  for (int point = 0; point < 7; ++point) {
+    const std::string tag = "kill at point " + std::to_string(point) + " of the second save";
+    TrainOptions killed = o;
+    killed.output_dir = dir / ("out" + std::to_string(point));
+    FaultHooks faults;
+    faults.kill_save_at_point = 6 + point;
+    EXPECT_THROW(run(killed, nullptr, faults), Error) << tag;
+    const bool committed = point >= 6;
+    const std::string complete =
+        killed.output_dir + (committed ? "/checkpoint-4" : "/checkpoint-2");
+    EXPECT_EQ(last_checkpoint(killed.output_dir), complete) << tag;
+    TrainOptions resumed = killed;
+    resumed.resume_from_checkpoint = "last";
+    std::vector<std::string> cleaned;
+    int64_t first_step = -1;
+    train(resumed, [&](const nlohmann::json& j) {
+      if (j.contains("removed_interrupted_save")) cleaned.push_back(j["removed_interrupted_save"]);
+      if (j.contains("step") && first_step < 0) first_step = j["step"];
+    });
+    EXPECT_EQ(cleaned.size(), 1u) << tag;  // the unfinished .tmp- or the half-rotated .del-
+    EXPECT_EQ(first_step, committed ? 5 : 3) << tag;
+    EXPECT_EQ(weights_of(killed.output_dir + "/checkpoint-6"), want) << tag;
+    for (const auto& e : fs::directory_iterator(killed.output_dir))
+      if (e.is_directory())
+        EXPECT_EQ(e.path().filename().string().find('.'), std::string::npos) << tag << e.path();
+  }
+  // Saving a step again (a rerun into the same output_dir): 6 files, the old copy moved aside,
+  // the new one renamed into place; a kill at any point leaves one complete checkpoint-2.
+  TrainOptions two = o;
+  two.max_steps = 2;
+  two.save_total_limit = 0;
+  two.output_dir = dir / "again";
+  run(two);
+  for (int point = 0; point < 8; ++point) {
+    const std::string tag = "kill at point " + std::to_string(point) + " of a repeated save";
+    FaultHooks faults;
+    faults.kill_save_at_point = point;
+    EXPECT_THROW(run(two, nullptr, faults), Error) << tag;
+    TrainOptions resumed = two;
+    resumed.max_steps = 3;
+    resumed.resume_from_checkpoint = "last";
+    const Result r = run(resumed);
+    EXPECT_EQ(r.summary.global_step, 3) << tag;
+    EXPECT_EQ(r.losses.size(), 1u) << tag;  // continued from step 2
+    fs::remove_all(two.output_dir + "/checkpoint-3");
+  }
 }
 
 // What interrupted saves leave behind is cleaned up at the next start: unfinished temp folders

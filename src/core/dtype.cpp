@@ -40,7 +40,7 @@ const char* dtype_to_safetensors(DType t) {
 DType dtype_from_safetensors(const std::string& s) {
   for (const auto& i : kInfo)
     if (s == i.safetensors) return i.type;
-  BRISK_FAIL("unsupported safetensors dtype '", s, "'");
+  BRISK_FAIL("unsupported safetensors dtype '", excerpt(s), "'");
 }
 
 uint16_t float_to_fp16(float f) {

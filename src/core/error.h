@@ -22,6 +22,12 @@ std::string concat(Args&&... args) {
 }
 }  // namespace detail
 
+// A value from input as messages show it: at most `max` characters, so a 10 MB name or value
+// never floods the error line.
+inline std::string excerpt(const std::string& s, size_t max = 40) {
+  return s.size() <= max ? s : s.substr(0, max - 3) + "...";
+}
+
 }  // namespace brisk
 
 // BRISK_CHECK(cond, parts...) throws brisk::Error("parts...") when cond is false.

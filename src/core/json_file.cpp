@@ -1,7 +1,11 @@
 // Bounded JSON files (see json_file.h).
 #include "core/json_file.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -18,19 +22,46 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
   const uintmax_t size = std::filesystem::file_size(path, ec);
   BRISK_CHECK(!ec && size <= max_bytes, what, " '", path, "' is larger than ",
               format_mib(max_bytes));
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   BRISK_CHECK(in.good(), "cannot open ", what, " '", path, "'");
+  std::string text(static_cast<size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  BRISK_CHECK(in.gcount() == static_cast<std::streamsize>(size), "cannot read ", what, " '", path,
+              "'");
+  return parse_json_bounded(text.data(), text.data() + text.size(), what + " '" + path + "'",
+                            max_depth);
+}
+
+nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
+                                  int max_depth) {
   try {
     return nlohmann::json::parse(
-        in, [max_depth](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        begin, end, [max_depth](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
           BRISK_CHECK(depth <= max_depth, "nested deeper than ", max_depth, " levels");
           return true;
         });
   } catch (const std::exception& e) {
     // The parser's message quotes the offending token: keep the line short.
-    const std::string why = e.what();
-    BRISK_FAIL(what, " '", path,
-               "' is not valid JSON: ", why.size() <= 160 ? why : why.substr(0, 157) + "...");
+    BRISK_FAIL(what, " is not valid JSON: ", excerpt(e.what(), 160));
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  BRISK_CHECK(f != nullptr, "cannot write '", tmp, "': ", std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    BRISK_FAIL("failed while writing '", tmp, "' (disk full or unwritable?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    BRISK_FAIL("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
   }
 }
 

@@ -6,11 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace brisk {
 
@@ -31,52 +35,114 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   BRISK_CHECK(f.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
   struct stat st {};
   BRISK_CHECK(::fstat(f.fd, &st) == 0, "cannot stat '", path, "'");
+  BRISK_CHECK(S_ISREG(st.st_mode), "'", path, "' is not a file");
   size_ = static_cast<size_t>(st.st_size);
   BRISK_CHECK(size_ >= 8, "'", path, "' is not a safetensors file: only ", size_, " bytes");
   map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
   BRISK_CHECK(map_ != MAP_FAILED, "cannot map '", path, "'");
   try {
-    const auto* bytes = static_cast<const unsigned char*>(map_);
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
-    BRISK_CHECK(header_len <= kMaxHeader && header_len <= size_ - 8, "'", path,
-                "' is corrupt: header length ", header_len, " does not fit in the file of ", size_,
-                " bytes");
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-    } catch (const nlohmann::json::exception& e) {
-      BRISK_FAIL("'", path, "' is corrupt: its header is not valid JSON (", e.what(), ")");
-    }
-    BRISK_CHECK(header.is_object(), "'", path, "' is corrupt: header is not a JSON object");
-    const size_t data_begin = 8 + header_len;
-    const size_t data_size = size_ - data_begin;
-    for (auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      BRISK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
-                      entry.contains("data_offsets"),
-                  "'", path, "' is corrupt: entry '", name, "' lacks dtype, shape or offsets");
-      try {
-        DType dt = dtype_from_safetensors(entry["dtype"].get<std::string>());
-        Shape shape;
-        for (const auto& d : entry["shape"]) shape.push_back(d.get<int64_t>());
-        auto off = entry["data_offsets"];
-        BRISK_CHECK(off.is_array() && off.size() == 2, "bad data_offsets");
-        uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-        BRISK_CHECK(b <= e && e <= data_size, "data_offsets [", b, ", ", e,
-                    "] outside the data section of ", data_size, " bytes");
-        BRISK_CHECK(e - b == static_cast<uint64_t>(shape.numel()) * dtype_size(dt), "holds ", e - b,
-                    " bytes but shape ", shape.str(), " needs ", shape.numel() * dtype_size(dt));
-        tensors_.emplace(name, Tensor(static_cast<char*>(map_) + data_begin + b, shape, dt));
-      } catch (const nlohmann::json::exception& ex) {
-        BRISK_FAIL("'", path, "' is corrupt: entry '", name, "': ", ex.what());
-      } catch (const Error& ex) {
-        BRISK_FAIL("'", path, "' is corrupt: entry '", name, "': ", ex.what());
-      }
-    }
+    validate_and_index();
   } catch (...) {
     ::munmap(map_, size_);
+    map_ = nullptr;
     throw;
+  }
+}
+
+// Checked as strictly as the reference library: a JSON object header of bounded size and depth,
+// every entry a known dtype, a shape of non-negative dimensions whose byte size (checked
+// arithmetic) equals its range, and the ranges, sorted, tiling the data section exactly: no
+// overlap, no gap, nothing after the last one (a header length off by one byte is refused here
+// instead of loading every weight shifted). Tensors whose data is not aligned for their dtype
+// are copied into aligned memory instead of being read through misaligned pointers.
+void SafetensorsFile::validate_and_index() {
+  const auto* bytes = static_cast<const unsigned char*>(map_);
+  const std::string where = "'" + path_ + "' is corrupt: ";
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  BRISK_CHECK(header_len <= kMaxHeader && header_len <= size_ - 8, where, "header length ",
+              header_len, " does not fit in the file of ", size_, " bytes");
+  BRISK_CHECK(header_len >= 2 && bytes[8] == '{', where, "its header is not a JSON object");
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
+  const nlohmann::json header =
+      parse_json_bounded(text, text + header_len, "'" + path_ + "' header", 8);
+  BRISK_CHECK(header.is_object(), where, "its header is not a JSON object");
+  const size_t data_begin = 8 + header_len;
+  const uint64_t data_size = size_ - data_begin;
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      BRISK_CHECK(entry.is_object() && std::all_of(entry.begin(), entry.end(),
+                                                   [](const auto& v) { return v.is_string(); }),
+                  where, "__metadata__ must map names to strings");
+      continue;
+    }
+    const std::string label = "entry '" + excerpt(name) + "': ";
+    try {
+      BRISK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                      entry.contains("data_offsets"),
+                  "lacks dtype, shape or data_offsets");
+      const nlohmann::json& dt = entry["dtype"];
+      const nlohmann::json& sh = entry["shape"];
+      const nlohmann::json& off = entry["data_offsets"];
+      BRISK_CHECK(dt.is_string(), "dtype must be a string");
+      BRISK_CHECK(
+          sh.is_array() && std::all_of(sh.begin(), sh.end(),
+                                       [](const auto& d) { return d.is_number_unsigned(); }),
+          "shape must be a list of non-negative whole numbers");
+      BRISK_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                      off[1].is_number_unsigned(),
+                  "data_offsets must be two non-negative whole numbers");
+      Entry e{name, dtype_from_safetensors(dt.get<std::string>()), Shape{}, off[0].get<uint64_t>(),
+              off[1].get<uint64_t>()};
+      for (const auto& d : sh) {
+        BRISK_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "dimension ",
+                    d.get<uint64_t>(), " is too large");
+        e.shape.push_back(d.get<int64_t>());
+      }
+      BRISK_CHECK(e.begin <= e.end && e.end <= data_size, "data_offsets [", e.begin, ", ", e.end,
+                  "] outside the data section of ", data_size, " bytes");
+      const int64_t need = checked_mul(e.shape.numel(), static_cast<int64_t>(dtype_size(e.dtype)),
+                                       "the tensor's byte size");
+      BRISK_CHECK(e.end - e.begin == static_cast<uint64_t>(need), "holds ", e.end - e.begin,
+                  " bytes but shape ", e.shape.str(), " needs ", need);
+      entries.push_back(std::move(e));
+    } catch (const Error& ex) {
+      BRISK_FAIL(where, label, ex.what());
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  uint64_t covered = 0;
+  for (const Entry& e : entries) {
+    BRISK_CHECK(e.begin == covered, where, "entry '", excerpt(e.name), "' starts at byte ", e.begin,
+                " where ",
+                e.begin < covered ? "the previous tensor's data ends at "
+                                  : "a gap begins: the data before it ends at ",
+                covered);
+    covered = e.end;
+  }
+  BRISK_CHECK(covered == data_size, where, "the header covers ", covered,
+              " bytes of the data section's ", data_size,
+              " (wrong header length or trailing data)");
+
+  for (Entry& e : entries) {
+    char* at = static_cast<char*>(map_) + data_begin + e.begin;
+    if (reinterpret_cast<uintptr_t>(at) % dtype_size(e.dtype) != 0) {
+      // Bounded by the file's own size: each byte is copied at most once.
+      auto& copy =
+          aligned_copies_.emplace_back(std::make_unique<uint64_t[]>((e.end - e.begin + 7) / 8));
+      std::memcpy(copy.get(), at, e.end - e.begin);
+      at = reinterpret_cast<char*>(copy.get());
+    }
+    tensors_.emplace(std::move(e.name), Tensor(at, e.shape, e.dtype));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,13 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
 
  private:
+  void validate_and_index();
+
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
   std::map<std::string, Tensor> tensors_;
+  std::vector<std::unique_ptr<uint64_t[]>> aligned_copies_;  // data the file holds misaligned
 };
 
 // Copies `src` (any float dtype the file holds) into the float32 tensor `dst` of equal shape.

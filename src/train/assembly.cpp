@@ -30,6 +30,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   RunAssembly& r = *run;
   r.options = options;
   TrainOptions& o = r.options;
+  // "last" (or "true", as Trainer.train(resume_from_checkpoint=True)): the newest complete one.
+  if (o.resume_from_checkpoint == "last" || o.resume_from_checkpoint == "true")
+    o.resume_from_checkpoint = last_checkpoint(o.output_dir);
   if (!o.resume_from_checkpoint.empty()) {
     BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
                 o.resume_from_checkpoint, "' does not exist");

@@ -22,35 +22,12 @@ constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
                                   "trainer_state.json",    "training_args.json"};
 
 void write_json(const fs::path& path, const nlohmann::json& j) {
-  const std::string tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    BRISK_CHECK(out.good(), "cannot write '", tmp, "'");
-    out << j.dump(2) << "\n";
-    out.flush();
-    BRISK_CHECK(out.good(), "failed writing '", tmp, "' (disk full?)");
-  }
-  fs::rename(tmp, path);
+  write_file_atomically(path.string(), j.dump(2) + "\n");
 }
 
 nlohmann::json read_json(const fs::path& path) {
   // trainer_state.json grows with the log history: 64 MiB holds ~10^6 records.
   return read_json_file(path.string(), "checkpoint file", size_t{64} << 20);
-}
-
-// Checkpoint folders in output_dir with their step numbers, oldest first.
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  if (!fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("checkpoint-", 0) != 0) continue;
-    const std::string num = name.substr(11);
-    if (num.empty() || !std::all_of(num.begin(), num.end(), ::isdigit)) continue;
-    out.emplace_back(std::stoll(num), e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // Reads a piece of a tensor in the backend's memory into host memory (a checkpoint streams the
@@ -95,20 +72,48 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
   optimizer.set_steps(step.as<int64_t>()[0]);
 }
 
-// A fault a test injects: the save fails once the countdown passes zero.
-void count_file_written(int* fail_after_files) {
-  if (!fail_after_files || *fail_after_files < 0) return;
-  if ((*fail_after_files)-- == 0) {
-    *fail_after_files = -1;
-    BRISK_FAIL("simulated failure while saving a checkpoint");
+// A fault a test injects: a kill at the given point of the save sequence (counted down across
+// saves). Nothing is cleaned up after it, as after a real kill: the next start finds the folders
+// exactly as they were at that instant.
+struct SimulatedKill : Error {
+  using Error::Error;
+};
+void fault_point(int* countdown) {
+  if (!countdown || *countdown < 0) return;
+  if ((*countdown)-- == 0) {
+    *countdown = -1;
+    throw SimulatedKill("simulated kill while saving a checkpoint");
   }
+}
+
+void rename_or_fail(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  BRISK_CHECK(!ec, "cannot rename '", from.string(), "' to '", to.string(), "': ", ec.message());
+}
+
+// Checkpoint folders in output_dir with their step numbers, oldest first. Names whose number
+// does not fit 18 digits are not ours and are left alone.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory(ec) || name.rfind("checkpoint-", 0) != 0) continue;
+    const std::string num = name.substr(11);
+    if (num.empty() || num.size() > 18 || !std::all_of(num.begin(), num.end(), ::isdigit)) continue;
+    out.emplace_back(std::stoll(num), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 }  // namespace
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
                             const Schedule& schedule, const TrainerState& state,
-                            int* fail_after_files) {
+                            int* fail_at_point) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -120,16 +125,16 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   try {
     write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
                       {{"format", "pt"}}, reader_for(be));
-    count_file_written(fail_after_files);
+    fault_point(fail_at_point);
     write_json(tmp_dir / "config.json", model.config().source);
-    count_file_written(fail_after_files);
+    fault_point(fail_at_point);
     write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string());
-    count_file_written(fail_after_files);
+    fault_point(fail_at_point);
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
                                             {"total_steps", schedule.total_steps},
                                             {"last_step", state.global_step}});
-    count_file_written(fail_after_files);
+    fault_point(fail_at_point);
     write_json(tmp_dir / "trainer_state.json", {{"global_step", state.global_step},
                                                 {"micro_batches", state.micro_batches},
                                                 {"epoch", state.epoch},
@@ -137,17 +142,26 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                                                 {"loss_scale", state.loss_scale},
                                                 {"growth_tracker", state.growth_tracker},
                                                 {"log_history", state.log_history}});
-    count_file_written(fail_after_files);
+    fault_point(fail_at_point);
     write_json(tmp_dir / "training_args.json", options_to_json(options));
+    fault_point(fail_at_point);
     // The rename is the commit point. A checkpoint of the same step saved earlier is moved
     // aside first and deleted only after the new one is in place, so at every instant one
     // complete copy exists under a name remove_interrupted_saves knows.
     const fs::path old_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".old-" +
                                     std::to_string(::getpid()));
-    const bool replacing = fs::exists(final_dir);
-    if (replacing) fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
-    if (replacing) fs::remove_all(old_dir, ec);
+    const bool replacing = fs::exists(final_dir, ec);
+    if (replacing) {
+      rename_or_fail(final_dir, old_dir);
+      fault_point(fail_at_point);
+    }
+    rename_or_fail(tmp_dir, final_dir);
+    if (replacing) {
+      fault_point(fail_at_point);
+      fs::remove_all(old_dir, ec);
+    }
+  } catch (const SimulatedKill&) {
+    throw;
   } catch (...) {
     fs::remove_all(tmp_dir, ec);
     throw;
@@ -159,6 +173,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     for (size_t i = 0; i + options.save_total_limit < all.size(); ++i) {
       const fs::path doomed = all[i].second.string() + ".del-" + std::to_string(::getpid());
       fs::rename(all[i].second, doomed, ec);
+      if (!ec) fault_point(fail_at_point);
       fs::remove_all(ec ? all[i].second : doomed, ec);
     }
   }
@@ -194,6 +209,18 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
     removed.push_back(name);
   }
   return removed;
+}
+
+std::string last_checkpoint(const std::string& output_dir) {
+  const auto all = list_checkpoints(output_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::error_code ec;
+    if (std::all_of(std::begin(kFiles), std::end(kFiles),
+                    [&](const char* f) { return fs::is_regular_file(it->second / f, ec); }))
+      return it->second.string();
+  }
+  BRISK_FAIL("--resume_from_checkpoint last: output_dir '", output_dir,
+             "' holds no complete checkpoint");
 }
 
 uint64_t checkpoint_seed(const std::string& folder) {

@@ -29,12 +29,14 @@ struct TrainerState {
 // Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
 // Returns the folder written.
-// `fail_after_files`, for tests: when not null and >= 0, the save fails after that many more files
-// (counted down across saves; -1 = never).
+// `fail_at_point`, for tests: when not null and >= 0, a kill is simulated at that many more points
+// of the save sequence (counted down across saves; -1 = never). The points: after each of the six
+// files; when the step was saved before, after its old copy is moved aside and after the new one
+// is renamed into place; in rotation, after each folder is moved aside for deletion.
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
                             const Schedule& schedule, const TrainerState& state,
-                            int* fail_after_files = nullptr);
+                            int* fail_at_point = nullptr);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
 // and so is a checkpoint of another optimizer than `options.optim`.
@@ -46,6 +48,10 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
 // puts a checkpoint-N.old-PID back as checkpoint-N when no checkpoint-N exists (else removes it);
 // returns what it did, one line per folder.
 std::vector<std::string> remove_interrupted_saves(const std::string& output_dir);
+
+// The newest complete checkpoint-N folder in output_dir (every file present); fails naming
+// output_dir when there is none.
+std::string last_checkpoint(const std::string& output_dir);
 
 // The seed the checkpointed run used (from its training_args.json): a resumed run keeps it, so
 // data order, synthetic data and dropout continue exactly as they would have.

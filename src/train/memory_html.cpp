@@ -163,16 +163,7 @@ std::string memory_html(const std::string& title, const std::string& subtitle,
 
 void write_memory_html(const std::string& path, const std::string& title,
                        const std::string& subtitle, const std::vector<MemoryBar>& bars) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    BRISK_CHECK(out.good(), "cannot write '", tmp, "'");
-    out << memory_html(title, subtitle, bars);
-    out.flush();
-    BRISK_CHECK(out.good(), "failed writing '", tmp, "' (disk full?)");
-  }
-  BRISK_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
-              "'");
+  write_file_atomically(path, memory_html(title, subtitle, bars));
 }
 
 }  // namespace brisk

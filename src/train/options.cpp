@@ -18,8 +18,7 @@ namespace brisk {
 namespace {
 // A bad value as messages show it: at most 40 characters of its JSON text.
 std::string excerpt(const nlohmann::json& v) {
-  const std::string text = v.dump();
-  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+  return brisk::excerpt(v.dump());
 }
 
 // Reads one option's value strictly: whole numbers for counts (no 7.9 -> 7, nothing beyond

@@ -97,7 +97,9 @@ void visit_options(Options& o, Visitor&& v) {
     "no (never save), steps (every save_steps and at the end) or epoch (at each epoch's end)");
   v("save_steps", o.save_steps, "save a checkpoint every this many steps (0 = only at the end)");
   v("save_total_limit", o.save_total_limit, "keep at most this many checkpoints (0 = all)");
-  v("resume_from_checkpoint", o.resume_from_checkpoint, "checkpoint folder to continue from");
+  v("resume_from_checkpoint", o.resume_from_checkpoint,
+    "checkpoint folder to continue from, or 'last' (also 'true'): output_dir's newest complete "
+    "checkpoint");
   v("dataloader_num_workers", o.dataloader_num_workers,
     "0 = prepare batches inline; >= 1 = in a background thread");
   v("dataloader_pin_memory", o.dataloader_pin_memory,

@@ -188,21 +188,6 @@ struct LogWindow {
     return rec;
   }
 };
-// train_results.json through a temporary file: a full disk ends the run with a message, never a
-// truncated file and exit 0.
-void write_results(const fs::path& path, const nlohmann::json& j) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    out.flush();
-    BRISK_CHECK(out.good(), "cannot write '", tmp.string(), "' (disk full or unwritable?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  BRISK_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
-}
-
 // A plan larger than the memory there is ends here, naming both, before anything is allocated.
 void check_plan_fits(const Backend& be, const MemoryPlan& plan) {
   const int64_t device_free = be.device_memory_free();
@@ -276,6 +261,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   validate_options(options);
   const Device device = resolve_device(options.device);
   auto be = make_backend(device);
+  // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
+  // for --resume_from_checkpoint last.
+  for (const std::string& stale : remove_interrupted_saves(options.output_dir))
+    on_log({{"removed_interrupted_save", stale}});
   TrainSummary s;
   const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
   const std::unique_ptr<RunAssembly> run = assemble_run(shaped, device, be.get(), dataset);
@@ -286,8 +275,6 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   Optimizer* optimizer = run->optimizer.get();
   const MemoryPlan& plan = run->plan;
   prepare_output_dir(o.output_dir);
-  for (const std::string& stale : remove_interrupted_saves(o.output_dir))
-    on_log({{"removed_interrupted_save", stale}});
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
   s.device = be->name();
@@ -369,9 +356,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
                        micro_per_epoch)) {
       peaks.enter(PeakPhases::saves);
-      s.last_checkpoint =
-          save_checkpoint(*be, o, *model, precision.master(model->params()), *optimizer, schedule,
-                          state, &faults.fail_save_after_files);
+      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
+                                          *optimizer, schedule, state, &faults.kill_save_at_point);
       peaks.enter(PeakPhases::steps);
     }
   }
@@ -389,7 +375,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   summarize_memory(*be, plan, arena, peaks, s);
 
   write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
-  write_results(fs::path(o.output_dir) / "train_results.json", summary_json(s));
+  write_file_atomically(fs::path(o.output_dir) / "train_results.json",
+                        summary_json(s).dump(2) + "\n");
   return s;
 }
 

@@ -49,8 +49,9 @@ using LogSink = std::function<void(const nlohmann::json&)>;
 struct FaultHooks {
   // Put an inf into the gradients of this (0-based) optimizer step, as an fp16 overflow would.
   int64_t overflow_at_step = -1;
-  // Make a checkpoint save fail after this many more files, counted across the run's saves.
-  int fail_save_after_files = -1;
+  // Simulate a kill at this (0-based) point of the save sequence, counted across the run's saves
+  // (the points: save_checkpoint in train/checkpoint.h).
+  int kill_save_at_point = -1;
 };
 
 // Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
