@@ -440,7 +440,21 @@ TEST(Trainer, HugeSizesAreRefusedBeforeAnyAllocation) {
       R"({"model_type": "gpt2", "vocab_size": 4611686018427387904, "n_embd": 64, "n_layer": 1,
           "n_head": 2, "n_positions": 64})");
   TrainOptions o = tiny_options(folder, dir / "out");
-  expect_error([&] { assemble_run(o, Device::cpu, nullptr); }, "is too large");
+  expect_error([&] { assemble_run(o, Device::cpu, nullptr); },
+               "\"vocab_size\" = 4611686018427387904 is outside [1, 2147483647]");
+  // Every size at its bound: planned quickly (4096 layers) in checked arithmetic, and refused
+  // before anything is allocated because it does not fit.
+  const std::string at_bounds = write_model_folder(
+      dir, "at_bounds",
+      R"({"model_type": "gpt2", "vocab_size": 2147483647, "n_embd": 131072, "n_layer": 4096,
+          "n_head": 4096, "n_inner": 1048576, "n_positions": 4194304})");
+  TrainOptions widest = tiny_options(at_bounds, dir / "widest");
+  expect_error([&] { train(widest, [](const nlohmann::json&) {}); }, "of host memory but only");
+  // A batch whose activations overflow 64 bits is refused by the checked arithmetic.
+  widest.per_device_train_batch_size = int64_t{1} << 40;
+  widest.dataset_size = int64_t{1} << 40;
+  widest.seq_len = int64_t{1} << 22;
+  expect_error([&] { assemble_run(widest, Device::cpu, nullptr); }, "is too large");
   // A config nested 100000 deep (as an unknown key) is refused by depth, not by the stack.
   const std::string deep =
       write_model_folder(dir, "deep",

@@ -22,6 +22,7 @@ BufferId MemoryPlan::add(std::string name, Category category, DType dtype, Shape
   BufferSpec spec{std::move(name), category, dtype, shape, placement};
   spec.bytes = static_cast<size_t>(checked_mul(
       shape.numel(), static_cast<int64_t>(dtype_size(dtype)), "a planned buffer's bytes"));
+  by_name_.emplace(spec.name, static_cast<BufferId>(buffers_.size()));
   buffers_.push_back(std::move(spec));
   return static_cast<BufferId>(buffers_.size() - 1);
 }
@@ -44,9 +45,8 @@ const BufferSpec& MemoryPlan::buffer(BufferId id) const {
 }
 
 BufferId MemoryPlan::find(const std::string& name) const {
-  for (size_t i = 0; i < buffers_.size(); ++i)
-    if (buffers_[i].name == name) return static_cast<BufferId>(i);
-  return -1;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
 }
 
 size_t MemoryPlan::total_bytes(Placement placement) const {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -63,6 +64,7 @@ class MemoryPlan {
 
  private:
   std::vector<BufferSpec> buffers_;
+  std::unordered_map<std::string, BufferId> by_name_;  // name -> index: declaring stays linear
   std::array<size_t, kNumPlacements> total_{};
   bool finalized_ = false;
 };

@@ -18,30 +18,35 @@ struct Reader {
 
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
 
-  int64_t size(const char* key, bool positive = true) const {
+  // A whole number in [1, max]; the bounds (config.h) sit far above any real model and keep every
+  // size derived from them inside checked 64-bit arithmetic.
+  int64_t size(const char* key, int64_t max) const {
     BRISK_CHECK(has(key), origin, ": missing required key \"", key, "\"");
     const json& v = j[key];
     BRISK_CHECK(v.is_number_integer(), origin, ": \"", key, "\" must be an integer, got ",
-                v.dump());
-    const int64_t n = v.get<int64_t>();
-    BRISK_CHECK(positive ? n > 0 : n >= 0, origin, ": \"", key, "\" must be ",
-                positive ? "positive" : "non-negative", ", got ", n);
-    return n;
+                excerpt(v.dump()));
+    BRISK_CHECK(v.is_number_unsigned() || v.get<int64_t>() > 0, origin, ": \"", key,
+                "\" must be positive, got ", v.get<int64_t>());
+    BRISK_CHECK(v.get<uint64_t>() > 0 && v.get<uint64_t>() <= static_cast<uint64_t>(max), origin,
+                ": \"", key, "\" = ", excerpt(v.dump()), " is outside [1, ", max,
+                "], brisk's limit");
+    return v.get<int64_t>();
   }
-  int64_t size_or(const char* key, int64_t fallback) const {
-    return has(key) ? size(key) : fallback;
+  int64_t size_or(const char* key, int64_t fallback, int64_t max) const {
+    return has(key) ? size(key, max) : fallback;
   }
   float prob_or(const char* key, float fallback) const {
     if (!has(key)) return fallback;
     BRISK_CHECK(j[key].is_number(), origin, ": \"", key, "\" must be a number");
-    const float p = j[key].get<float>();
-    BRISK_CHECK(p >= 0.0f && p < 1.0f, origin, ": \"", key, "\" = ", p, " is outside [0, 1)");
-    return p;
+    const double p = j[key].get<double>();
+    BRISK_CHECK(p >= 0.0 && p < 1.0, origin, ": \"", key, "\" = ", p, " is outside [0, 1)");
+    return static_cast<float>(p);
   }
-  float positive_or(const char* key, float fallback) const {
+  // Layer-norm epsilons: in (0, 1].
+  float epsilon_or(const char* key, float fallback) const {
     if (!has(key)) return fallback;
-    BRISK_CHECK(j[key].is_number() && j[key].get<double>() > 0, origin, ": \"", key,
-                "\" must be a positive number");
+    BRISK_CHECK(j[key].is_number() && j[key].get<double>() > 0 && j[key].get<double>() <= 1, origin,
+                ": \"", key, "\" must be a number in (0, 1]");
     return j[key].get<float>();
   }
   std::string string_or(const char* key, const std::string& fallback) const {
@@ -64,14 +69,14 @@ GeluKind activation_from(const std::string& name, const std::string& origin) {
 }
 
 void read_bert(const Reader& r, ModelConfig& c) {
-  c.vocab_size = r.size("vocab_size");
-  c.hidden_size = r.size("hidden_size");
-  c.num_layers = r.size("num_hidden_layers");
-  c.num_heads = r.size("num_attention_heads");
-  c.intermediate_size = r.size("intermediate_size");
-  c.max_position_embeddings = r.size("max_position_embeddings");
-  c.type_vocab_size = r.size_or("type_vocab_size", 2);
-  c.layer_norm_eps = r.positive_or("layer_norm_eps", 1e-12f);
+  c.vocab_size = r.size("vocab_size", kMaxVocab);
+  c.hidden_size = r.size("hidden_size", kMaxHidden);
+  c.num_layers = r.size("num_hidden_layers", kMaxLayers);
+  c.num_heads = r.size("num_attention_heads", kMaxHeads);
+  c.intermediate_size = r.size("intermediate_size", kMaxIntermediate);
+  c.max_position_embeddings = r.size("max_position_embeddings", kMaxPositions);
+  c.type_vocab_size = r.size_or("type_vocab_size", 2, kMaxTypes);
+  c.layer_norm_eps = r.epsilon_or("layer_norm_eps", 1e-12f);
   c.hidden_dropout = r.prob_or("hidden_dropout_prob", 0.1f);
   c.attention_dropout = r.prob_or("attention_probs_dropout_prob", 0.1f);
   c.embedding_dropout = c.hidden_dropout;
@@ -82,7 +87,7 @@ void read_bert(const Reader& r, ModelConfig& c) {
               "\" is not supported (only \"absolute\")");
   // transformers stores the label count as id2label; num_labels is accepted too.
   if (r.has("num_labels"))
-    c.num_labels = r.size("num_labels");
+    c.num_labels = r.size("num_labels", kMaxLabels);
   else if (r.has("id2label") && r.j["id2label"].is_object() && !r.j["id2label"].empty())
     c.num_labels = static_cast<int64_t>(r.j["id2label"].size());
   else
@@ -92,13 +97,13 @@ void read_bert(const Reader& r, ModelConfig& c) {
 }
 
 void read_gpt2(const Reader& r, ModelConfig& c) {
-  c.vocab_size = r.size("vocab_size");
-  c.hidden_size = r.size("n_embd");
-  c.num_layers = r.size("n_layer");
-  c.num_heads = r.size("n_head");
-  c.intermediate_size = r.size_or("n_inner", 4 * c.hidden_size);
-  c.max_position_embeddings = r.size("n_positions");
-  c.layer_norm_eps = r.positive_or("layer_norm_epsilon", 1e-5f);
+  c.vocab_size = r.size("vocab_size", kMaxVocab);
+  c.hidden_size = r.size("n_embd", kMaxHidden);
+  c.num_layers = r.size("n_layer", kMaxLayers);
+  c.num_heads = r.size("n_head", kMaxHeads);
+  c.intermediate_size = r.size_or("n_inner", 4 * c.hidden_size, kMaxIntermediate);
+  c.max_position_embeddings = r.size("n_positions", kMaxPositions);
+  c.layer_norm_eps = r.epsilon_or("layer_norm_epsilon", 1e-5f);
   c.hidden_dropout = r.prob_or("resid_pdrop", 0.1f);
   c.attention_dropout = r.prob_or("attn_pdrop", 0.1f);
   c.embedding_dropout = r.prob_or("embd_pdrop", 0.1f);

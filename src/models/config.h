@@ -12,6 +12,19 @@ namespace brisk {
 
 enum class ModelType { bert, gpt2 };
 
+// Upper bounds on config values, far above any published model (the largest today: vocabulary
+// ~256k, hidden 16k-25k, ~130 layers, feed-forward ~53k-100k, context 128k-1M). They keep every
+// derived size inside checked 64-bit arithmetic and planning time bounded; above them the config
+// is refused by name. Token ids are int32, hence the vocabulary's bound.
+inline constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxHidden = int64_t{1} << 17;
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxHeads = 4096;
+inline constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+inline constexpr int64_t kMaxPositions = int64_t{1} << 22;
+inline constexpr int64_t kMaxTypes = 1024;
+inline constexpr int64_t kMaxLabels = int64_t{1} << 20;
+
 struct ModelConfig {
   ModelType model_type = ModelType::bert;
   int64_t vocab_size = 0;

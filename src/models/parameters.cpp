@@ -7,6 +7,7 @@ namespace brisk {
 
 int ParameterSet::add(std::string name, Shape shape, ParamRole role) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
+  by_name_.emplace(name, static_cast<int>(params_.size()));
   params_.push_back(
       ParamInfo{std::move(name), shape, role.decay, total_, role.embedding, role.product});
   total_ = checked_add(total_, shape.numel(), "the parameter count");
@@ -14,9 +15,8 @@ int ParameterSet::add(std::string name, Shape shape, ParamRole role) {
 }
 
 int ParameterSet::find(const std::string& name) const {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].name == name) return static_cast<int>(i);
-  return -1;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
 }
 
 int ParameterSet::index(const std::string& name) const {

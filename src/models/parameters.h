@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,6 +53,7 @@ class ParameterSet {
  private:
   Tensor view(const Tensor& flat, int first, int last, Shape shape = {}) const;
   std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, int> by_name_;  // name -> index: declaring stays linear
   int64_t total_ = 0;
   Tensor weights_, grads_;
 };
