@@ -759,12 +759,20 @@ TEST(Trainer, ResumeRefusesATamperedTrainerState) {
       {{{"micro_batches", -3}}, "\"micro_batches\" must be a whole number"},
       {{{"global_step", 1e300}}, "\"global_step\" must be a whole number"},
       {{{"global_step", "2"}}, "\"global_step\" must be a whole number"},
-      {{{"loss_scale", -1.0}}, "\"loss_scale\" must be a finite number"},
+      {{{"loss_scale", -1.0}}, "\"loss_scale\" must be a number from 1e-30 to 1.84467e+19"},
+      {{{"loss_scale", 1e300}}, "\"loss_scale\" must be a number from 1e-30 to 1.84467e+19"},
+      {{{"epoch", 1e300}}, "\"epoch\" must be a number from 0 to 1e+12"},
+      {{{"growth_tracker", -1}}, "\"growth_tracker\" must be a whole number"},
+      {{{"log_history", {1, 2}}}, "\"log_history\" must be a list of records"},
+      {"[]", "trainer_state.json is not a JSON object"},
       {{{"log_history", "none"}}, "\"log_history\" must be a list of records"},
       {{{"micro_batches", 1}}, "micro_batches 1 is fewer than global_step 2"}};
   for (const auto& [patch, needle] : cases) {
     nlohmann::json bad = good;
-    bad.merge_patch(patch);
+    if (patch.is_string())
+      bad = nlohmann::json::parse(patch.get<std::string>());
+    else
+      bad.merge_patch(patch);
     std::ofstream(state_file) << bad.dump();
     TrainOptions resumed = o;
     resumed.resume_from_checkpoint = dir / "out/checkpoint-2";

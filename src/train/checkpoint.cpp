@@ -233,21 +233,8 @@ uint64_t checkpoint_seed(const std::string& folder) {
   return j["seed"].get<uint64_t>();
 }
 
-void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
-                     Model& model, Optimizer& optimizer, TrainerState& state) {
-  const fs::path dir(folder);
-  BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
-  for (const char* f : kFiles)
-    BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
-  model.load_weights(be, SafetensorsFile((dir / "model.safetensors").string()));
-  const nlohmann::json args = read_json(dir / "training_args.json");
-  const std::string saved = args.value("optim", std::string("adamw_torch"));
-  BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,
-              "' holds the state of optimizer ", saved, "; this run uses ", options.optim,
-              " (resume with the same --optim)");
-  read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer);
-  const nlohmann::json ts = read_json(dir / "trainer_state.json");
-  const std::string where = "checkpoint '" + folder + "': trainer_state.json";
+TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& where) {
+  TrainerState state;
   BRISK_CHECK(ts.is_object(), where, " is not a JSON object");
   // Every value is checked before use: a position or step out of range would read outside the
   // data order or run (almost) forever; a bad loss scale would poison fp16 training.
@@ -262,18 +249,19 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
         where, ": \"", key, "\" must be a whole number from 0 to 2^53");
     return v.get<int64_t>();
   };
-  auto real = [&](const char* key, double fallback, double low) -> double {
+  auto real = [&](const char* key, double fallback, double low, double high) -> double {
     if (!ts.contains(key)) return fallback;
     const nlohmann::json& v = ts[key];
-    BRISK_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= low, where,
-                ": \"", key, "\" must be a finite number of at least ", low);
+    BRISK_CHECK(v.is_number() && v.get<double>() >= low && v.get<double>() <= high, where, ": \"",
+                key, "\" must be a number from ", low, " to ", high);
     return v.get<double>();
   };
   state.global_step = count("global_step", true);
   state.micro_batches = count("micro_batches", true);
-  state.epoch = real("epoch", 0.0, 0.0);
-  state.total_flos = real("total_flos", 0.0, 0.0);
-  state.loss_scale = real("loss_scale", 1.0, 1e-30);
+  state.epoch = real("epoch", 0.0, 0.0, 1e12);  // the bound --num_train_epochs has
+  state.total_flos = real("total_flos", 0.0, 0.0, 1e300);
+  // fp16's scaler: a scale above 2^64 would overflow every step until halved ~50 times.
+  state.loss_scale = real("loss_scale", 1.0, 1e-30, 18446744073709551616.0);
   state.growth_tracker = count("growth_tracker", false);
   BRISK_CHECK(state.micro_batches >= state.global_step, where, ": micro_batches ",
               state.micro_batches, " is fewer than global_step ", state.global_step);
@@ -283,6 +271,24 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
                                         [](const nlohmann::json& r) { return r.is_object(); }),
       where, ": \"log_history\" must be a list of records");
   state.log_history = history;
+  return state;
+}
+
+void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
+                     Model& model, Optimizer& optimizer, TrainerState& state) {
+  const fs::path dir(folder);
+  BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
+  for (const char* f : kFiles)
+    BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
+  model.load_weights(be, SafetensorsFile((dir / "model.safetensors").string()));
+  const nlohmann::json args = read_json(dir / "training_args.json");
+  const std::string saved = args.value("optim", std::string("adamw_torch"));
+  BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,
+              "' holds the state of optimizer ", saved, "; this run uses ", options.optim,
+              " (resume with the same --optim)");
+  read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer);
+  state = parse_trainer_state(read_json(dir / "trainer_state.json"),
+                              "checkpoint '" + folder + "': trainer_state.json");
 }
 
 }  // namespace brisk

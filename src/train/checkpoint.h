@@ -43,6 +43,9 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
 void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
                      Model& model, Optimizer& optimizer, TrainerState& state);
 
+// trainer_state.json's values, each checked before use (`where` names the file in messages).
+TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& where);
+
 // Cleans up after interrupted saves of earlier runs in output_dir: removes the unfinished
 // checkpoint-N.tmp-PID folders and the checkpoint-N.del-PID ones a rotation was deleting, and
 // puts a checkpoint-N.old-PID back as checkpoint-N when no checkpoint-N exists (else removes it);
