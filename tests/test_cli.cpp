@@ -50,13 +50,19 @@ CliRun run_brisk(const std::string& args) {
   return r;
 }
 
+// Refused as every bad input must be: exit 1 (never a signal), and on stderr one short line
+// naming the problem.
 void expect_refused(const std::string& args, const std::string& needle) {
+  const std::string shown = args.size() <= 200 ? args : args.substr(0, 200) + "...";
   const CliRun r = run_brisk(args);
-  EXPECT_FALSE(r.signaled) << args << ": crashed\n" << r.err;
-  EXPECT_NE(r.exit_code, 0) << args << ": exit 0";
+  EXPECT_FALSE(r.signaled) << shown << ": crashed\n" << r.err;
+  EXPECT_EQ(r.exit_code, 1) << shown;
   EXPECT_NE(r.err.find(needle), std::string::npos)
-      << args << ": stderr \"" << r.err << "\" does not mention \"" << needle << "\"";
-  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+      << shown << ": stderr \"" << r.err << "\" does not mention \"" << needle << "\"";
+  EXPECT_EQ(r.err.rfind("brisk: error: ", 0), 0u) << shown << ": " << r.err;
+  EXPECT_TRUE(!r.err.empty() && r.err.find('\n') == r.err.size() - 1)
+      << shown << ": not one line: " << r.err;
+  EXPECT_LE(r.err.size(), 400u) << shown << ": the message echoes too much";
 }
 
 TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
@@ -200,6 +206,115 @@ TEST(Cli, EstimateEqualsThePlanTrainAllocates) {
     EXPECT_LT(r.err.size(), 300u) << "the message echoes too much: " << r.err.size();
   }
   fs::remove(bad_options);
+}
+
+// One row per class of bad input found by trying brisk as an attacker would (issue 11): each is
+// refused with exit 1 and one short line naming the problem.
+TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("brisk_bad_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto file = [&](const std::string& name, const std::string& text) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  };
+  auto safetensors = [&](const std::string& name, const std::string& header,
+                         const std::string& data, int64_t declared = -1) {
+    if (declared < 0) declared = static_cast<int64_t>(header.size());
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      bytes[i] = static_cast<char>(static_cast<uint64_t>(declared) >> (8 * i));
+    return file(name, bytes + header + data);
+  };
+  const std::string bert = fixture("bert_tiny/");
+  const std::string fb_weights =
+      "forward-backward --config " + bert + " --batch " + bert + "batch.safetensors --weights ";
+  const std::string tensor = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string one = "{" + tensor + "} ";
+  // A checkpoint to tamper with.
+  const std::string ckpt_dir = (dir / "run").string();
+  const std::string tiny = "--model gpt2-tiny --seq_len 16 --dataset_size 16 --disable_tqdm ";
+  ASSERT_EQ(run_brisk("train " + tiny + "--max_steps 2 --save_steps 2 --output_dir " + ckpt_dir)
+                .exit_code,
+            0);
+  const std::string state = ckpt_dir + "/checkpoint-2/trainer_state.json";
+  std::ifstream in(state);
+  nlohmann::json ts = nlohmann::json::parse(in);
+  in.close();
+  ts["micro_batches"] = -3;
+  std::ofstream(state) << ts.dump();
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // Size arithmetic: a size beyond its bound, a plan beyond memory, a shape that overflows.
+      {"estimate --model " + file("huge.json",
+                                  R"({"model_type":"gpt2","vocab_size":4611686018427387904,)"
+                                  R"("n_embd":64,"n_layer":1,"n_head":2,"n_positions":64})"),
+       "is outside [1, 2147483647]"},
+      {"train --seq_len 8 --model " +
+           file("bounds.json", R"({"model_type":"gpt2","vocab_size":2147483647,"n_embd":131072,)"
+                               R"("n_layer":4096,"n_head":4096,"n_positions":4194304})"),
+       "of host memory but only"},
+      {"estimate --model " + file("layers.json",
+                                  R"({"model_type":"gpt2","vocab_size":64,"n_embd":64,)"
+                                  R"("n_layer":1000000000,"n_head":2,"n_positions":64})"),
+       "\"n_layer\" = 1000000000 is outside [1, 4096]"},
+      {fb_weights + safetensors("wide.safetensors",
+                                R"({"w":{"dtype":"F32","shape":[2305843009213693952,8],)"
+                                R"("data_offsets":[0,0]}})",
+                                ""),
+       "too large"},
+      // JSON nested without bound.
+      {"estimate --model " +
+           file("deep.json", R"({"model_type":"gpt2","x":)" + std::string(100000, '[') +
+                                 std::string(100000, ']') + "}"),
+       "nested deeper than 32 levels"},
+      // Exceptions that used to escape main.
+      {"estimate --options_file " + dir.string(), "is not a file"},
+      // Checkpoint state trusted on resume.
+      {"train " + tiny + "--max_steps 3 --output_dir " + (dir / "resumed").string() +
+           " --resume_from_checkpoint " + ckpt_dir + "/checkpoint-2",
+       "\"micro_batches\" must be a whole number"},
+      {"train " + tiny + "--output_dir " + (dir / "empty").string() +
+           " --resume_from_checkpoint last",
+       "holds no complete checkpoint"},
+      // Safetensors looser than the reference library.
+      {fb_weights + safetensors("short.safetensors", one, std::string(8, '\0'),
+                                static_cast<int64_t>(one.size()) - 1),
+       "covers 8 bytes of the data section's 9"},
+      {fb_weights + safetensors("overlap.safetensors",
+                                R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                std::string(12, '\0')),
+       "the previous tensor's data ends at 8"},
+      // Host allocations outside the plan.
+      {"train --model gpt2-tiny --seq_len 8 --dataset_size 1099511627776",
+       "of host memory but only"},
+      // Float-to-integer casts and out-of-range numbers.
+      {"estimate --num_train_epochs 1e300", "num_train_epochs must be at most 1e12"},
+      {"estimate --warmup_steps 1e300", "warmup_steps"},
+      {"estimate --seed -1", "--seed"},
+      {"estimate --learning_rate inf", "learning_rate must be a finite number"},
+      {"estimate --options_file " + file("cast.json", R"({"seq_len": 7.9})"),
+       "option \"seq_len\" must be a whole number, got 7.9"},
+      {"estimate --options_file " + file("max.json", R"({"max_steps": 1e300})"),
+       "option \"max_steps\" must be a whole number"},
+      // Messages: a huge value is shown as an excerpt (expect_refused bounds the line).
+      {"estimate --options_file " +
+           file("long.json", R"({"optim": ")" + std::string(10 << 20, 'x') + "\"}"),
+       "larger than 1.0 MiB"},
+      {"estimate --options_file " +
+           file("long2.json", R"({"optim": ")" + std::string(3000, 'x') + "\"}"),
+       "unknown optim \"xxx"},
+      {"estimate --seq_len " + std::string(100000, '9'), "--seq_len: \"999"},
+      {"estimate --options_file " +
+           file("path.json", R"({"output_dir": ")" + std::string(100000, 'd') + "\"}"),
+       "output_dir is 100000 characters long (at most 4096)"},
+      {"estimate --optim sgd --optim_args momentum=" + std::string(3000, '9') + "x",
+       "optim_args: momentum must be a number"},
+  };
+  for (const auto& [args, needle] : cases) expect_refused(args, needle);
+  fs::remove_all(dir);
 }
 
 TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {

@@ -1,10 +1,30 @@
 // brisk command line: argument parsing only; every action lives in commands.cpp.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <iostream>
+#include <limits>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "train/options.h"
+
+namespace {
+// A flag's whole number, read exactly: digits only (a sign for signed options) and in range.
+template <typename T>
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        T value{};
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec == std::errc() && ptr == end) return {};
+        return "\"" + brisk::excerpt(text) + "\" is not a whole number from " +
+               std::to_string(std::numeric_limits<T>::min()) + " to " +
+               std::to_string(std::numeric_limits<T>::max());
+      },
+      "", "whole number");
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace brisk;
@@ -18,7 +38,7 @@ int main(int argc, char** argv) {
   try {
     if (!options_file.empty()) load_options_file(options, options_file);
   } catch (const Error& err) {
-    std::cerr << "brisk: error: " << err.what() << "\n";
+    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;
   }
   auto add_run_options = [&](CLI::App* sub) {
@@ -26,8 +46,8 @@ int main(int argc, char** argv) {
     visit_options(options, [&](const char* name, auto& field, const char* help) {
       auto* opt = sub->add_option(std::string("--") + name, field, help)->capture_default_str();
       using Field = std::decay_t<decltype(field)>;
-      if constexpr (std::is_unsigned_v<Field> && !std::is_same_v<Field, bool>)
-        opt->check(CLI::NonNegativeNumber);  // "-1" would otherwise wrap
+      if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>)
+        opt->check(whole_number<Field>());  // "-1" or 10^30 would otherwise wrap or saturate
       if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
         // --fp16, --fp16 true, --fp16=false; the help shows the real default.
         opt->expected(0, 1)->default_str("true")->option_text(field ? "[BOOLEAN=true]"
@@ -73,20 +93,23 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
-    return app.exit(err);
+    if (err.get_exit_code() == 0) return app.exit(err);  // --help
+    // One short line and exit 1, as every other refusal (CLI11 quotes the bad value whole).
+    std::cerr << "brisk: error: " << excerpt(err.what(), 300) << " (see --help)\n";
+    return 1;
   }
   try {
     if (*t) return cli::run_train(options);
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(options, est);
   } catch (const Error& err) {
-    std::cerr << "brisk: error: " << err.what() << "\n";
+    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;
   } catch (const std::bad_alloc&) {
     std::cerr << "brisk: error: out of host memory\n";
     return 1;
   } catch (const std::exception& err) {
-    std::cerr << "brisk: error: " << err.what() << "\n";
+    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;
   }
   return 0;

@@ -13,7 +13,7 @@ SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, int64_t voca
   BRISK_CHECK(options.dataset_size > 0, "synthetic dataset size must be positive");
   BRISK_CHECK(options.seq_len > 0, "synthetic sequence length must be positive");
   BRISK_CHECK(options.task == "random" || options.task == "learnable", "unknown synthetic task \"",
-              options.task, "\" (valid: random, learnable)");
+              excerpt(options.task), "\" (valid: random, learnable)");
   options_.id_high = static_cast<int32_t>(std::min<int64_t>(options.id_high, vocab_size));
   BRISK_CHECK(options_.id_low < options_.id_high, "the vocabulary of ", vocab_size,
               " tokens leaves no room for synthetic ids from ", options.id_low);

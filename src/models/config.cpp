@@ -64,7 +64,7 @@ struct Reader {
 GeluKind activation_from(const std::string& name, const std::string& origin) {
   if (name == "gelu") return GeluKind::erf;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh") return GeluKind::tanh;
-  BRISK_FAIL(origin, ": unsupported activation \"", name,
+  BRISK_FAIL(origin, ": unsupported activation \"", excerpt(name),
              "\" (supported: gelu, gelu_new, gelu_pytorch_tanh)");
 }
 
@@ -83,7 +83,7 @@ void read_bert(const Reader& r, ModelConfig& c) {
   c.classifier_dropout = r.prob_or("classifier_dropout", c.hidden_dropout);
   c.activation = activation_from(r.string_or("hidden_act", "gelu"), r.origin);
   const std::string pos = r.string_or("position_embedding_type", "absolute");
-  BRISK_CHECK(pos == "absolute", r.origin, ": position_embedding_type \"", pos,
+  BRISK_CHECK(pos == "absolute", r.origin, ": position_embedding_type \"", excerpt(pos),
               "\" is not supported (only \"absolute\")");
   // transformers stores the label count as id2label; num_labels is accepted too.
   if (r.has("num_labels"))
@@ -187,7 +187,7 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
     c.model_type = ModelType::gpt2;
     read_gpt2(r, c);
   } else {
-    BRISK_FAIL(origin, ": unknown model_type \"", type, "\" (supported: bert, gpt2)");
+    BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type), "\" (supported: bert, gpt2)");
   }
   BRISK_CHECK(c.hidden_size % c.num_heads == 0, origin, ": hidden size ", c.hidden_size,
               " is not divisible by the number of attention heads ", c.num_heads);

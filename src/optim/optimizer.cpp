@@ -13,7 +13,7 @@ std::string canonical_optimizer_name(const std::string& name) {
   if (name == "adamw_torch" || name == "adamw_torch_fused") return "adamw_torch";
   if (name == "adamw_8bit" || name == "adamw_bnb_8bit") return "adamw_8bit";
   if (name == "adafactor" || name == "sgd") return name;
-  BRISK_FAIL("unknown optim \"", name, "\" (valid: ", kOptimizerNames, ")");
+  BRISK_FAIL("unknown optim \"", excerpt(name), "\" (valid: ", kOptimizerNames, ")");
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
@@ -44,10 +44,10 @@ OptimArgs::OptimArgs(const std::string& text, std::string optimizer)
     at = end + 1;
     if (item.find_first_not_of(' ') == std::string::npos) continue;
     const size_t eq = item.find('=');
-    BRISK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "optim_args: \"", item,
-                "\" is not key=value");
+    BRISK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "optim_args: \"",
+                excerpt(item), "\" is not key=value");
     const std::string key = item.substr(0, eq);
-    BRISK_CHECK(!values_.count(key), "optim_args: \"", key, "\" is given twice");
+    BRISK_CHECK(!values_.count(key), "optim_args: \"", excerpt(key), "\" is given twice");
     values_[key] = item.substr(eq + 1);
   }
 }
@@ -59,8 +59,8 @@ double OptimArgs::number(const std::string& key, double fallback) {
   values_.erase(it);
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  BRISK_CHECK(end != text.c_str() && *end == '\0' && std::isfinite(v), "optim_args: ", key,
-              " must be a number, got \"", text, "\"");
+  BRISK_CHECK(end != text.c_str() && *end == '\0' && std::isfinite(v), "optim_args: ", excerpt(key),
+              " must be a number, got \"", excerpt(text), "\"");
   return v;
 }
 
@@ -74,12 +74,13 @@ bool OptimArgs::flag(const std::string& key, bool fallback) {
   // The spellings transformers accepts for SGD's nesterov, and their opposites.
   if (lower == "true" || lower == "1" || lower == "yes") return true;
   if (lower == "false" || lower == "0" || lower == "no") return false;
-  BRISK_FAIL("optim_args: ", key, " must be true or false, got \"", text, "\"");
+  BRISK_FAIL("optim_args: ", excerpt(key), " must be true or false, got \"", excerpt(text), "\"");
 }
 
 void OptimArgs::finish() const {
   if (values_.empty()) return;
-  BRISK_FAIL("optim_args: \"", values_.begin()->first, "\" is not a setting of ", optimizer_);
+  BRISK_FAIL("optim_args: \"", excerpt(values_.begin()->first), "\" is not a setting of ",
+             optimizer_);
 }
 
 std::vector<int64_t> decay_ranges(const ParameterSet& params) {

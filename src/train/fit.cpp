@@ -209,7 +209,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
   for (const std::string& precision : precisions) {
     BRISK_CHECK(
         precision == "fp32" || precision == "bf16" || precision == "fp16" || precision == "tf32",
-        "unknown precision \"", precision,
+        "unknown precision \"", excerpt(precision),
         "\" in fit_precisions (valid: fp32, tf32, bf16, "
         "fp16)");
     for (const std::string& optim : optims)

@@ -62,7 +62,7 @@ void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::str
     read_option(j[name], field, origin, name);
   });
   for (const auto& [key, value] : j.items())
-    BRISK_CHECK(known.count(key), origin, ": unknown option \"", key, "\"");
+    BRISK_CHECK(known.count(key), origin, ": unknown option \"", excerpt(key), "\"");
 }
 
 void load_options_file(TrainOptions& o, const std::string& path) {
@@ -86,9 +86,15 @@ void validate_options(const TrainOptions& o) {
   positive("adam_epsilon", o.adam_epsilon);
   // Real-valued options are finite (flags can say inf or nan), counts and fractions bounded so
   // that step arithmetic stays exact.
+  // Text options (paths, names) are at most 4096 bytes, the longest path Linux takes, so no
+  // message quoting one can grow without bound.
   visit_options(o, [](const char* name, const auto& field, const char*) {
-    if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>)
+    using Field = std::decay_t<decltype(field)>;
+    if constexpr (std::is_floating_point_v<Field>)
       BRISK_CHECK(std::isfinite(field), name, " must be a finite number, got ", field);
+    if constexpr (std::is_same_v<Field, std::string>)
+      BRISK_CHECK(field.size() <= 4096, name, " is ", field.size(),
+                  " characters long (at most 4096): \"", excerpt(field), "\"");
   });
   constexpr double kMaxCount = 1e12;
   BRISK_CHECK(o.num_train_epochs <= kMaxCount, "num_train_epochs must be at most 1e12, got ",
@@ -118,9 +124,10 @@ void validate_options(const TrainOptions& o) {
               "warmup_steps and warmup_ratio contradict each other: give one");
   const std::set<std::string> schedules{"linear", "cosine", "constant", "constant_with_warmup"};
   BRISK_CHECK(schedules.count(o.lr_scheduler_type), "unknown lr_scheduler_type \"",
-              o.lr_scheduler_type, "\" (valid: linear, cosine, constant, constant_with_warmup)");
+              excerpt(o.lr_scheduler_type),
+              "\" (valid: linear, cosine, constant, constant_with_warmup)");
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
-              "unknown save_strategy \"", o.save_strategy, "\" (valid: no, steps, epoch)");
+              "unknown save_strategy \"", excerpt(o.save_strategy), "\" (valid: no, steps, epoch)");
   BRISK_CHECK(o.save_steps >= 0, "save_steps must not be negative, got ", o.save_steps);
   BRISK_CHECK(o.save_total_limit >= 0, "save_total_limit must not be negative, got ",
               o.save_total_limit);
@@ -130,11 +137,12 @@ void validate_options(const TrainOptions& o) {
   make_optimizer(optimizer_config(o));  // refuses unknown names and bad optim_args
   MixedPrecision(o.bf16 ? DType::bf16 : DType::f32, o.bf16_master_weights);  // its rules
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
-              o.device, "\" (valid: cpu, cuda, auto)");
+              excerpt(o.device), "\" (valid: cpu, cuda, auto)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
-              "unknown synthetic_task \"", o.synthetic_task, "\" (valid: random, learnable)");
+              "unknown synthetic_task \"", excerpt(o.synthetic_task),
+              "\" (valid: random, learnable)");
 }
 
 OptimizerConfig optimizer_config(const TrainOptions& o) {
@@ -151,7 +159,8 @@ OptimizerConfig optimizer_config(const TrainOptions& o) {
 Device resolve_device(const std::string& device) {
   if (device == "cpu") return Device::cpu;
   if (device == "cuda") return Device::cuda;
-  BRISK_CHECK(device == "auto", "unknown device \"", device, "\" (valid: cpu, cuda, auto)");
+  BRISK_CHECK(device == "auto", "unknown device \"", excerpt(device),
+              "\" (valid: cpu, cuda, auto)");
   return cuda_available() ? Device::cuda : Device::cpu;
 }
 
