@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with CTest.
+# Installs what is missing, builds, and runs the whole test suite with CTest; then builds it again
+# with AddressSanitizer + UndefinedBehaviorSanitizer (CPU only) and runs it once more under them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-cd build
 # Sequential: every test already uses all cores through OpenMP, and two at once
 # oversubscribe them badly.
-ctest --output-on-failure
+(cd build && ctest --output-on-failure)
+scripts/sanitize.sh
