@@ -32,18 +32,29 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
                             max_depth);
 }
 
-nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
-                                  int max_depth) {
+namespace {
+template <typename Json>
+Json parse_bounded(const char* begin, const char* end, const std::string& what, int max_depth) {
   try {
-    return nlohmann::json::parse(
-        begin, end, [max_depth](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-          BRISK_CHECK(depth <= max_depth, "nested deeper than ", max_depth, " levels");
-          return true;
-        });
+    return Json::parse(begin, end, [max_depth](int depth, typename Json::parse_event_t, Json&) {
+      BRISK_CHECK(depth <= max_depth, "nested deeper than ", max_depth, " levels");
+      return true;
+    });
   } catch (const std::exception& e) {
     // The parser's message quotes the offending token: keep the line short.
     BRISK_FAIL(what, " is not valid JSON: ", excerpt(e.what(), 160));
   }
+}
+}  // namespace
+
+nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
+                                  int max_depth) {
+  return parse_bounded<nlohmann::json>(begin, end, what, max_depth);
+}
+
+nlohmann::ordered_json parse_ordered_json_bounded(const char* begin, const char* end,
+                                                  const std::string& what, int max_depth) {
+  return parse_bounded<nlohmann::ordered_json>(begin, end, what, max_depth);
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {

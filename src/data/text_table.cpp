@@ -1,0 +1,352 @@
+// CSV/TSV (RFC 4180 quoting), JSON Lines and plain-text tables, read with file:line messages.
+#include "data/text_table.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/json_file.h"
+
+namespace brisk {
+
+namespace {
+constexpr size_t kMaxColumns = 4096;
+constexpr uint64_t kMaxFileBytes = uint64_t{16} << 30;  // tables are parsed into memory
+
+// Where the first invalid UTF-8 sequence of `s` starts, or npos.
+size_t invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    unsigned min = 0;
+    if (c >= 0xc2 && c <= 0xdf)
+      len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+      len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+      len = 4, min = 0x10000;
+    else
+      return i;
+    if (i + len > n) return i;
+    unsigned cp = c & (0xff >> (len + 1));
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// What a CSV cell's text holds, as pandas would type it: empty -> missing, whole numbers,
+// reals, else text.
+CellKind csv_kind(const std::string& s) {
+  if (s.empty()) return CellKind::null;
+  size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  if (i < s.size() && s.find_first_not_of("0123456789", i) == std::string::npos)
+    return s.size() - i <= 18 ? CellKind::integer : CellKind::real;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() + s.size() && std::isfinite(v) &&
+      s.find_first_of("0123456789") != std::string::npos && s.find_first_of("xXpP") == s.npos)
+    return CellKind::real;
+  return CellKind::text;
+}
+}  // namespace
+
+// Fills a table row by row; rows are checked against the header.
+class TableBuilder {
+ public:
+  explicit TableBuilder(const std::string& origin) { t_.origin_ = origin; }
+
+  void set_columns(std::vector<std::string> names, int64_t line) {
+    BRISK_CHECK(!names.empty(), at(line), "the header names no column");
+    BRISK_CHECK(names.size() <= kMaxColumns, at(line), "more than ", kMaxColumns, " columns");
+    for (size_t i = 0; i < names.size(); ++i) {
+      // pandas' name for an unnamed column.
+      if (names[i].empty()) names[i] = "Unnamed: " + std::to_string(i);
+      BRISK_CHECK(by_name_.emplace(names[i], i).second, at(line), "column \"", excerpt(names[i]),
+                  "\" appears twice");
+    }
+    t_.columns_ = std::move(names);
+  }
+  // A column for a JSON key met on `line`; earlier rows get a missing value in it.
+  size_t column_for(const std::string& name, int64_t line) {
+    const auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+    BRISK_CHECK(t_.columns_.size() < kMaxColumns, at(line), "more than ", kMaxColumns,
+                " distinct keys");
+    const size_t c = t_.columns_.size();
+    by_name_.emplace(name, c);
+    t_.columns_.push_back(name);
+    // Re-lay the rows so far with one more column (JSON Lines only; rare after the first row).
+    std::vector<std::string> cells;
+    std::vector<CellKind> kinds;
+    const size_t rows = t_.lines_.size();
+    cells.reserve((rows + 1) * (c + 1));
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t k = 0; k < c; ++k) {
+        cells.push_back(std::move(t_.cells_[r * c + k]));
+        kinds.push_back(t_.kinds_[r * c + k]);
+      }
+      cells.emplace_back();
+      kinds.push_back(CellKind::null);
+    }
+    t_.cells_ = std::move(cells);
+    t_.kinds_ = std::move(kinds);
+    return c;
+  }
+  size_t columns() const { return t_.columns_.size(); }
+
+  void add_row(std::vector<std::string>& cells, std::vector<CellKind>& kinds, int64_t line) {
+    BRISK_CHECK(cells.size() == t_.columns_.size(), at(line), "a row of ", cells.size(),
+                " fields where the header has ", t_.columns_.size());
+    for (size_t i = 0; i < cells.size(); ++i) {
+      t_.cells_.push_back(std::move(cells[i]));
+      t_.kinds_.push_back(kinds[i]);
+    }
+    t_.lines_.push_back(line);
+  }
+
+  std::string at(int64_t line) const { return t_.origin_ + ":" + std::to_string(line) + ": "; }
+  TextTable finish() { return std::move(t_); }
+
+ private:
+  TextTable t_;
+  std::unordered_map<std::string, size_t> by_name_;
+};
+
+namespace {
+
+void parse_delimited(std::string_view s, char delim, TableBuilder& out) {
+  size_t i = 0;
+  int64_t line = 1;
+  bool header = true;
+  std::vector<std::string> cells;
+  std::vector<CellKind> kinds;
+  auto at_end_of_line = [&](size_t j) { return j >= s.size() || s[j] == '\n' || s[j] == '\r'; };
+  auto skip_newline = [&] {
+    if (i < s.size() && s[i] == '\r') ++i;
+    if (i < s.size() && s[i] == '\n') ++i;
+    ++line;
+  };
+  while (i < s.size()) {
+    if (at_end_of_line(i)) {  // blank lines are skipped, as pandas does
+      skip_newline();
+      continue;
+    }
+    const int64_t row_line = line;
+    cells.clear();
+    kinds.clear();
+    for (;;) {
+      std::string cell;
+      if (i < s.size() && s[i] == '"') {
+        const int64_t opened = line;
+        ++i;
+        for (;;) {
+          BRISK_CHECK(i < s.size(), out.at(opened), "a quoted field is never closed");
+          if (s[i] == '"') {
+            if (i + 1 < s.size() && s[i + 1] == '"') {
+              cell.push_back('"');
+              i += 2;
+              continue;
+            }
+            ++i;
+            break;
+          }
+          if (s[i] == '\n') ++line;
+          cell.push_back(s[i++]);
+        }
+        BRISK_CHECK(at_end_of_line(i) || s[i] == delim, out.at(line),
+                    "text after the closing quote of a field");
+      } else {
+        const size_t start = i;
+        while (!at_end_of_line(i) && s[i] != delim) ++i;
+        cell.assign(s.substr(start, i - start));
+      }
+      BRISK_CHECK(cells.size() < kMaxColumns, out.at(row_line), "more than ", kMaxColumns,
+                  " fields");
+      // pandas types a quoted number as a number too: the kind comes from the text alone.
+      kinds.push_back(csv_kind(cell));
+      cells.push_back(std::move(cell));
+      if (i < s.size() && s[i] == delim) {
+        ++i;
+        continue;
+      }
+      break;
+    }
+    if (header) {
+      out.set_columns(cells, row_line);
+      header = false;
+    } else {
+      out.add_row(cells, kinds, row_line);
+    }
+    if (i < s.size()) skip_newline();
+  }
+  BRISK_CHECK(!header, out.at(1), "the file is empty: a header row naming the columns is needed");
+}
+
+CellKind json_kind(const nlohmann::ordered_json& v) {
+  if (v.is_null()) return CellKind::null;
+  if (v.is_boolean()) return CellKind::boolean;
+  if (v.is_number_integer()) return CellKind::integer;
+  if (v.is_number()) return CellKind::real;
+  return CellKind::text;
+}
+
+void add_json_record(const nlohmann::ordered_json& rec, int64_t line, TableBuilder& out) {
+  BRISK_CHECK(rec.is_object(), out.at(line), "a record must be a JSON object");
+  std::vector<std::string> cells(out.columns());
+  std::vector<CellKind> kinds(out.columns(), CellKind::null);
+  for (const auto& [key, v] : rec.items()) {
+    BRISK_CHECK(!v.is_object() && !v.is_array(), out.at(line), "\"", excerpt(key),
+                "\" holds a list or object; a cell must be text, a number, true/false or null");
+    const size_t c = out.column_for(key, line);
+    if (c >= cells.size()) {
+      cells.resize(c + 1);
+      kinds.resize(c + 1, CellKind::null);
+    }
+    kinds[c] = json_kind(v);
+    cells[c] = v.is_string() ? v.get<std::string>() : v.is_null() ? std::string() : v.dump();
+  }
+  out.add_row(cells, kinds, line);
+}
+
+void parse_json_lines(std::string_view s, TableBuilder& out) {
+  const size_t first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && s[first] == '[') {
+    // A JSON list of records (what the datasets library also reads from a .json file).
+    const nlohmann::ordered_json all =
+        parse_ordered_json_bounded(s.data(), s.data() + s.size(), out.at(1), 32);
+    BRISK_CHECK(all.is_array(), out.at(1), "not a list of records");
+    for (const auto& rec : all) add_json_record(rec, 1, out);
+    return;
+  }
+  int64_t line = 0;
+  size_t i = 0;
+  while (i < s.size()) {
+    ++line;
+    size_t end = s.find('\n', i);
+    if (end == std::string_view::npos) end = s.size();
+    const std::string_view text = s.substr(i, end - i);
+    i = end + 1;
+    if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    add_json_record(parse_ordered_json_bounded(text.data(), text.data() + text.size(),
+                                               out.at(line).substr(0, out.at(line).size() - 2), 32),
+                    line, out);
+  }
+}
+
+void parse_lines(std::string_view s, TableBuilder& out) {
+  out.set_columns({"text"}, 1);
+  std::vector<std::string> cells(1);
+  std::vector<CellKind> kinds(1, CellKind::text);
+  int64_t line = 0;
+  size_t i = 0;
+  while (i < s.size()) {
+    ++line;
+    size_t end = s.find('\n', i);
+    if (end == std::string_view::npos) end = s.size();
+    std::string_view text = s.substr(i, end - i);
+    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+    i = end + 1;
+    cells[0].assign(text);
+    out.add_row(cells, kinds, line);
+  }
+}
+
+struct Mapping {
+  void* data = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (data && data != MAP_FAILED) ::munmap(data, size);
+  }
+};
+}  // namespace
+
+int64_t TextTable::column(std::string_view name) const {
+  for (size_t i = 0; i < columns_.size(); ++i)
+    if (columns_[i] == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::string TextTable::where(int64_t row) const {
+  return origin_ + ":" + std::to_string(line(row));
+}
+
+TableFormat table_format_of(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == ".csv") return TableFormat::csv;
+  if (ext == ".tsv") return TableFormat::tsv;
+  if (ext == ".json" || ext == ".jsonl") return TableFormat::json_lines;
+  if (ext == ".txt" || ext == ".text") return TableFormat::text;
+  BRISK_FAIL("'", path, "': unknown data file type \"", excerpt(ext),
+             "\" (valid: .csv, .tsv, .json, .jsonl, .txt)");
+}
+
+TextTable read_text_table(const std::string& path) {
+  return read_text_table(path, table_format_of(path));
+}
+
+TextTable read_text_table(const std::string& path, TableFormat format) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  BRISK_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
+  struct stat st {};
+  const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  Mapping m;
+  m.size = ok ? static_cast<size_t>(st.st_size) : 0;
+  if (ok && m.size > 0 && m.size <= kMaxFileBytes)
+    m.data = ::mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  BRISK_CHECK(ok, "data file '", path, "' is not a file");
+  BRISK_CHECK(m.size <= kMaxFileBytes, "data file '", path, "' is larger than 16 GiB");
+  BRISK_CHECK(m.size == 0 || m.data != MAP_FAILED, "cannot map data file '", path, "'");
+  const std::string_view text(static_cast<const char*>(m.size ? m.data : ""), m.size);
+  return parse_text_table(text, format, path);
+}
+
+TextTable parse_text_table(std::string_view text, TableFormat format, const std::string& origin) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark
+  const size_t bad = invalid_utf8(text);
+  if (bad != std::string_view::npos) {
+    const int64_t line =
+        1 + static_cast<int64_t>(std::count(text.begin(), text.begin() + bad, '\n'));
+    BRISK_FAIL(origin, ":", line, ": invalid UTF-8 (byte ", bad, ")");
+  }
+  TableBuilder out(origin);
+  switch (format) {
+    case TableFormat::csv:
+      parse_delimited(text, ',', out);
+      break;
+    case TableFormat::tsv:
+      parse_delimited(text, '\t', out);
+      break;
+    case TableFormat::json_lines:
+      parse_json_lines(text, out);
+      break;
+    case TableFormat::text:
+      parse_lines(text, out);
+      break;
+  }
+  return out.finish();
+}
+
+}  // namespace brisk
