@@ -41,10 +41,28 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.device = device;
   r.config = resolve_config(o.model_name_or_path);
   r.model = Model::create(r.config);
-  const int64_t B = o.per_device_train_batch_size;
+  // A run that does not train plans for the evaluation batch.
+  const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   r.owned_data = dataset ? nullptr : make_dataset(o, r.config, layout);
   r.data = dataset ? dataset : r.owned_data.get();
+  const bool evaluates = o.do_eval || o.eval_strategy != "no";
+  if (evaluates || o.do_predict) {
+    BRISK_CHECK(o.dataset == "synthetic", "evaluation and prediction need --dataset synthetic ",
+                "for now (a token file has no evaluation split)");
+    auto synthetic = [&](uint64_t seed) {
+      return std::make_unique<SyntheticDataset>(
+          SyntheticOptions{o.eval_dataset_size, o.seq_len, 100, 30000, seed, o.synthetic_task},
+          r.config.vocab_size, layout.labels_per_token);
+    };
+    // Other seeds than the training samples': samples the model has not seen.
+    if (evaluates) r.owned_eval = synthetic(o.seed + 1);
+    BRISK_CHECK(!o.do_predict || !layout.labels_per_token,
+                "do_predict writes class predictions; a causal LM has no labels to predict");
+    if (o.do_predict) r.owned_test = synthetic(o.seed + 2);
+    r.eval_data = r.owned_eval.get();
+    r.test_data = r.owned_test.get();
+  }
 
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, o.dataloader_num_workers > 0);
   r.precision = std::make_unique<MixedPrecision>(o.bf16   ? DType::bf16
@@ -68,6 +86,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   }
   r.optimizer->plan(r.plan, r.binder, r.model->params());
   r.loader->plan(r.plan, r.binder);
+  if (r.eval_data || r.test_data) r.evaluator.plan(*r.model, r.plan, r.binder);
   r.plan.finalize();
   return run;
 }

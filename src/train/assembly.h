@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
+#include "train/evaluate.h"
 #include "train/options.h"
 
 namespace brisk {
@@ -26,6 +27,11 @@ struct RunAssembly {
   std::unique_ptr<Dataset> owned_data;
   const Dataset* data = nullptr;
   std::unique_ptr<DataLoader> loader;
+  // Evaluation (--do_eval, --eval_strategy) and prediction (--do_predict) data, when asked for.
+  std::unique_ptr<Dataset> owned_eval, owned_test;
+  const Dataset* eval_data = nullptr;
+  const Dataset* test_data = nullptr;
+  Evaluator evaluator;
   std::unique_ptr<MixedPrecision> precision;
   DType product = DType::f32;  // the dtype of the matrix products
   std::unique_ptr<Optimizer> optimizer;

@@ -110,6 +110,12 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 }
 }  // namespace
 
+void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights) {
+  write_safetensors((fs::path(folder) / "model.safetensors").string(), model.named_views(weights),
+                    {{"format", "pt"}}, reader_for(be));
+  write_json(fs::path(folder) / "config.json", model.config().source);
+}
+
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
                             const Schedule& schedule, const TrainerState& state,
@@ -135,13 +141,18 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                                             {"total_steps", schedule.total_steps},
                                             {"last_step", state.global_step}});
     fault_point(fail_at_point);
-    write_json(tmp_dir / "trainer_state.json", {{"global_step", state.global_step},
-                                                {"micro_batches", state.micro_batches},
-                                                {"epoch", state.epoch},
-                                                {"total_flos", state.total_flos},
-                                                {"loss_scale", state.loss_scale},
-                                                {"growth_tracker", state.growth_tracker},
-                                                {"log_history", state.log_history}});
+    write_json(tmp_dir / "trainer_state.json",
+               {{"global_step", state.global_step},
+                {"micro_batches", state.micro_batches},
+                {"epoch", state.epoch},
+                {"total_flos", state.total_flos},
+                {"loss_scale", state.loss_scale},
+                {"growth_tracker", state.growth_tracker},
+                {"best_metric", state.best_metric},
+                {"best_model_checkpoint", state.best_model_checkpoint.empty()
+                                              ? nlohmann::json()
+                                              : nlohmann::json(state.best_model_checkpoint)},
+                {"log_history", state.log_history}});
     fault_point(fail_at_point);
     write_json(tmp_dir / "training_args.json", options_to_json(options));
     fault_point(fail_at_point);
@@ -168,9 +179,20 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   }
   if (options.save_total_limit > 0) {
     auto all = list_checkpoints(dir);
+    // As transformers rotates: the best checkpoint moves next to the newest, so it goes last;
+    // with a limit of 1 it is kept beside the newest.
+    size_t limit = static_cast<size_t>(options.save_total_limit);
+    const auto best = std::find_if(all.begin(), all.end(), [&](const auto& c) {
+      return !state.best_model_checkpoint.empty() &&
+             c.second == fs::path(state.best_model_checkpoint);
+    });
+    if (best != all.end() && best + 1 != all.end()) {
+      std::rotate(best, best + 1, all.end() - 1);
+      if (limit == 1) limit = 2;
+    }
     // Renamed out of the checkpoint namespace before deletion: a kill in between leaves a
     // .del- folder that the next start removes, never a half-deleted checkpoint-N.
-    for (size_t i = 0; i + options.save_total_limit < all.size(); ++i) {
+    for (size_t i = 0; i + limit < all.size(); ++i) {
       const fs::path doomed = all[i].second.string() + ".del-" + std::to_string(::getpid());
       fs::rename(all[i].second, doomed, ec);
       if (!ec) fault_point(fail_at_point);
@@ -271,6 +293,18 @@ TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& wh
                                         [](const nlohmann::json& r) { return r.is_object(); }),
       where, ": \"log_history\" must be a list of records");
   state.log_history = history;
+  if (ts.contains("best_metric") && !ts["best_metric"].is_null()) {
+    BRISK_CHECK(ts["best_metric"].is_number() && std::isfinite(ts["best_metric"].get<double>()),
+                where, ": \"best_metric\" must be a finite number or null");
+    state.best_metric = ts["best_metric"].get<double>();
+  }
+  if (ts.contains("best_model_checkpoint") && !ts["best_model_checkpoint"].is_null()) {
+    const nlohmann::json& b = ts["best_model_checkpoint"];
+    BRISK_CHECK(
+        b.is_string() && !b.get<std::string>().empty() && b.get<std::string>().size() <= 4096,
+        where, ": \"best_model_checkpoint\" must be a folder name or null");
+    state.best_model_checkpoint = b.get<std::string>();
+  }
   return state;
 }
 

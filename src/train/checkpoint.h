@@ -4,6 +4,7 @@
 // and renamed into place at the end, so an interrupted save never looks complete.
 #pragma once
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -24,10 +25,19 @@ struct TrainerState {
   double loss_scale = 1.0;  // fp16's dynamic loss scaler
   int64_t growth_tracker = 0;
   nlohmann::json log_history = nlohmann::json::array();
+  // load_best_model_at_end: the best evaluation so far and the checkpoint saved with it (NaN and
+  // empty before the first).
+  double best_metric = std::numeric_limits<double>::quiet_NaN();
+  std::string best_model_checkpoint;
 };
 
+// Writes model.safetensors (transformers' names, from `weights`: the flat float32 weights or
+// master copy) and config.json into `folder`, as Trainer.save_model does.
+void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights);
+
 // Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
-// the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints.
+// the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints,
+// never deleting state.best_model_checkpoint.
 // Returns the folder written.
 // `fail_at_point`, for tests: when not null and >= 0, a kill is simulated at that many more points
 // of the save sequence (counted down across saves; -1 = never). The points: after each of the six

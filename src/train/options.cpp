@@ -138,6 +138,27 @@ void validate_options(const TrainOptions& o) {
   MixedPrecision(o.bf16 ? DType::bf16 : DType::f32, o.bf16_master_weights);  // its rules
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
               excerpt(o.device), "\" (valid: cpu, cuda, auto)");
+  BRISK_CHECK(o.eval_strategy == "no" || o.eval_strategy == "steps" || o.eval_strategy == "epoch",
+              "unknown eval_strategy \"", excerpt(o.eval_strategy), "\" (valid: no, steps, epoch)");
+  BRISK_CHECK(o.eval_steps >= 0, "eval_steps must not be negative, got ", o.eval_steps);
+  positive("per_device_eval_batch_size", o.per_device_eval_batch_size);
+  positive("eval_dataset_size", o.eval_dataset_size);
+  BRISK_CHECK(o.greater_is_better.empty() || o.greater_is_better == "true" ||
+                  o.greater_is_better == "false",
+              "greater_is_better must be true or false, got \"", excerpt(o.greater_is_better),
+              "\"");
+  BRISK_CHECK(o.do_train || o.do_eval || o.do_predict,
+              "nothing to do: do_train, do_eval and do_predict are all false");
+  if (o.load_best_model_at_end) {
+    BRISK_CHECK(o.eval_strategy != "no" && o.eval_strategy == o.save_strategy,
+                "load_best_model_at_end needs eval_strategy and save_strategy to be equal and not "
+                "\"no\" (they are \"",
+                o.eval_strategy, "\" and \"", o.save_strategy, "\")");
+    const int64_t every = o.eval_steps > 0 ? o.eval_steps : o.logging_steps;
+    BRISK_CHECK(o.eval_strategy != "steps" || (o.save_steps > 0 && o.save_steps % every == 0),
+                "load_best_model_at_end: save_steps (", o.save_steps,
+                ") must be a multiple of eval_steps (", every, ")");
+  }
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",

@@ -47,6 +47,17 @@ struct TrainOptions {
   int64_t save_steps = 500;
   int64_t save_total_limit = 0;  // 0 = keep all
   std::string resume_from_checkpoint;
+  // Evaluation and prediction.
+  bool do_train = true;
+  bool do_eval = false;
+  bool do_predict = false;
+  std::string eval_strategy = "no";  // no, steps or epoch
+  int64_t eval_steps = 0;            // 0: logging_steps
+  int64_t per_device_eval_batch_size = 8;
+  int64_t eval_dataset_size = 128;  // synthetic evaluation samples
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model = "loss";
+  std::string greater_is_better;  // "true", "false", or "" (false for loss, else true)
   int64_t dataloader_num_workers = 0;
   bool dataloader_pin_memory = true;
   std::string optim = "adamw_torch";
@@ -100,6 +111,24 @@ void visit_options(Options& o, Visitor&& v) {
   v("resume_from_checkpoint", o.resume_from_checkpoint,
     "checkpoint folder to continue from, or 'last' (also 'true'): output_dir's newest complete "
     "checkpoint");
+  v("do_train", o.do_train, "train (false: only evaluate and/or predict with the given weights)");
+  v("do_eval", o.do_eval, "evaluate on the evaluation data after training (or instead)");
+  v("do_predict", o.do_predict, "predict the test data's labels into predict_results.txt");
+  v("eval_strategy", o.eval_strategy,
+    "no, steps (every eval_steps) or epoch: evaluate during training");
+  v("eval_steps", o.eval_steps, "evaluate every this many steps (0 = logging_steps)");
+  v("per_device_eval_batch_size", o.per_device_eval_batch_size,
+    "evaluation batch of runs that do not train (while training, evaluation runs in the "
+    "training batch's planned shape)");
+  v("eval_dataset_size", o.eval_dataset_size,
+    "synthetic evaluation samples (drawn with another seed than the training samples)");
+  v("load_best_model_at_end", o.load_best_model_at_end,
+    "end with the weights of the best evaluated checkpoint (save_strategy must equal "
+    "eval_strategy)");
+  v("metric_for_best_model", o.metric_for_best_model,
+    "the evaluation metric that picks the best model: loss, accuracy, f1, perplexity");
+  v("greater_is_better", o.greater_is_better,
+    "true or false: whether a larger metric is better (default: false for loss and perplexity)");
   v("dataloader_num_workers", o.dataloader_num_workers,
     "0 = prepare batches inline; >= 1 = in a background thread");
   v("dataloader_pin_memory", o.dataloader_pin_memory,

@@ -93,6 +93,43 @@ bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_st
   return o.save_steps > 0 && global_step % o.save_steps == 0;
 }
 
+// Whether the step just finished is followed by an evaluation (eval_strategy "steps": every
+// eval_steps, which default to logging_steps; "epoch": when it completed an epoch).
+bool eval_due(const TrainOptions& o, int64_t global_step, int64_t micro_batches, int64_t k,
+              int64_t micro_per_epoch) {
+  if (o.eval_strategy == "no") return false;
+  if (o.eval_strategy == "epoch")
+    return micro_batches / micro_per_epoch > (micro_batches - k) / micro_per_epoch;
+  return global_step % (o.eval_steps > 0 ? o.eval_steps : o.logging_steps) == 0;
+}
+
+// load_best_model_at_end: the evaluation's value of metric_for_best_model and whether it beats
+// the best so far (greater_is_better defaults to false for loss and perplexity, as transformers'
+// does for loss).
+struct BestModel {
+  std::string key;
+  bool greater = false;
+  explicit BestModel(const TrainOptions& o) {
+    const std::string& m = o.metric_for_best_model;
+    key = m == "perplexity" || m.rfind("eval_", 0) == 0 ? m : "eval_" + m;
+    greater = o.greater_is_better.empty() ? !(key == "eval_loss" || key == "perplexity")
+                                          : o.greater_is_better == "true";
+  }
+  double value(const nlohmann::json& metrics) const {
+    if (!metrics.contains(key) || !metrics[key].is_number()) {
+      std::string have;
+      for (const auto& [name, v] : metrics.items())
+        if (name.rfind("eval_", 0) == 0 || name == "perplexity") have += " " + name;
+      BRISK_FAIL("metric_for_best_model \"", excerpt(key),
+                 "\" is not among the evaluation's metrics:", have);
+    }
+    return metrics[key].get<double>();
+  }
+  bool better(double v, double best) const {
+    return std::isnan(best) || (greater ? v > best : v < best);
+  }
+};
+
 // The process's peak resident memory by phase of the run: the kernel's high-water mark is read
 // and reset at each change of phase, so the steps' own peak is known apart from the saves'.
 struct PeakPhases {
@@ -255,6 +292,23 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 }
 }  // namespace
 
+// --do_predict: predict_results.txt as run_glue writes it (index and label name per test row;
+// names from the config's id2label when it has them).
+void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
+                       const LogSink& on_log) {
+  const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
+  std::string out = "index\tprediction\n";
+  nlohmann::json metrics = run.evaluator.run(
+      be, *run.model, *run.test_data, "predict", [&](int64_t index, int64_t label) {
+        const std::string id = std::to_string(label);
+        const bool named =
+            id2label.is_object() && id2label.contains(id) && id2label[id].is_string();
+        out += std::to_string(index) + "\t" + (named ? id2label[id].get<std::string>() : id) + "\n";
+      });
+  write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
+  on_log(metrics);
+}
+
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
 TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset,
                    FaultHooks faults) {
@@ -310,7 +364,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   const int64_t first_step = state.global_step;
   peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
-  while (state.global_step < total_steps) {
+  const BestModel best(o);
+  while (o.do_train && state.global_step < total_steps) {
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
     const int64_t targets = loader.count_targets(state.micro_batches, k);
@@ -353,8 +408,23 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       state.log_history.push_back(rec);
       on_log(rec);
     }
+    nlohmann::json evaluated;
+    if (run->eval_data && eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
+      evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval");
+      evaluated["epoch"] = state.epoch;
+      evaluated["step"] = state.global_step;
+      state.log_history.push_back(evaluated);
+      on_log(evaluated);
+    }
     if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
                        micro_per_epoch)) {
+      // The best model is decided before the save, so the checkpoint's state names it.
+      if (o.load_best_model_at_end && !evaluated.is_null() &&
+          best.better(best.value(evaluated), state.best_metric)) {
+        state.best_metric = best.value(evaluated);
+        state.best_model_checkpoint =
+            (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(state.global_step))).string();
+      }
       peaks.enter(PeakPhases::saves);
       s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
                                           *optimizer, schedule, state, &faults.kill_save_at_point);
@@ -371,37 +441,71 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
   s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
   s.total_flos = state.total_flos;
+  if (o.do_train) {
+    if (o.load_best_model_at_end && !state.best_model_checkpoint.empty()) {
+      model->load_weights(
+          *be,
+          SafetensorsFile((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
+      precision.adopt_model_weights(*be, model->params());
+      s.best_model_checkpoint = state.best_model_checkpoint;
+      on_log(
+          {{"loaded_best_model", state.best_model_checkpoint}, {"best_metric", state.best_metric}});
+    }
+    // As the example scripts' trainer.save_model(): the final model in output_dir.
+    peaks.enter(PeakPhases::saves);
+    save_model(*be, o.output_dir, *model, precision.master(model->params()));
+  }
+  peaks.enter(PeakPhases::steps);
+  nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
+  if (o.do_eval) {
+    s.eval_metrics = run->evaluator.run(*be, *model, *run->eval_data, "eval");
+    s.eval_metrics["epoch"] = state.epoch;
+    s.eval_metrics["eval_samples"] = run->eval_data->size();
+    on_log(s.eval_metrics);
+    write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
+                          s.eval_metrics.dump(2) + "\n");
+    all_results.update(s.eval_metrics);
+  }
+  if (o.do_predict) write_predictions(*be, *run, o, on_log);
   peaks.enter(PeakPhases::done);
   summarize_memory(*be, plan, arena, peaks, s);
 
   write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
-  write_file_atomically(fs::path(o.output_dir) / "train_results.json",
-                        summary_json(s).dump(2) + "\n");
+  if (o.do_train)
+    write_file_atomically(fs::path(o.output_dir) / "train_results.json",
+                          summary_json(s).dump(2) + "\n");
+  write_file_atomically(fs::path(o.output_dir) / "all_results.json", all_results.dump(2) + "\n");
   return s;
+}
+
+nlohmann::json train_metrics_json(const TrainSummary& s) {
+  return {{"train_runtime", s.train_runtime},
+          {"train_samples_per_second", s.train_samples_per_second},
+          {"train_steps_per_second", s.train_steps_per_second},
+          {"train_loss", s.train_loss},
+          {"total_flos", s.total_flos},
+          {"epoch", s.epoch}};
 }
 
 nlohmann::json summary_json(const TrainSummary& s) {
   nlohmann::json planned = nlohmann::json::object();
   for (int c = 0; c < kNumCategories; ++c)
     planned[category_name(static_cast<Category>(c))] = s.memory.planned[c];
-  return {{"train_runtime", s.train_runtime},
-          {"train_samples_per_second", s.train_samples_per_second},
-          {"train_steps_per_second", s.train_steps_per_second},
-          {"train_loss", s.train_loss},
-          {"total_flos", s.total_flos},
-          {"epoch", s.epoch},
-          {"global_step", s.global_step},
-          {"memory",
-           {{"planned_bytes", planned},
-            {"arena_bytes", s.memory.arena_bytes},
-            {"rss_before_arena_bytes", s.memory.rss_before_arena},
-            {"peak_rss_bytes", s.memory.peak_rss},
-            {"peak_rss_steps_bytes", s.memory.peak_rss_steps},
-            {"peak_rss_saves_bytes", s.memory.peak_rss_saves},
-            {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
-            {"device_memory_used_bytes", s.memory.device_memory_used}}},
-          {"device", s.device},
-          {"auto_find_batch_size", s.auto_fit}};
+  nlohmann::json j = train_metrics_json(s);
+  j.update(
+      nlohmann::json{{"global_step", s.global_step},
+                     {"memory",
+                      {{"planned_bytes", planned},
+                       {"arena_bytes", s.memory.arena_bytes},
+                       {"rss_before_arena_bytes", s.memory.rss_before_arena},
+                       {"peak_rss_bytes", s.memory.peak_rss},
+                       {"peak_rss_steps_bytes", s.memory.peak_rss_steps},
+                       {"peak_rss_saves_bytes", s.memory.peak_rss_saves},
+                       {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
+                       {"device_memory_used_bytes", s.memory.device_memory_used}}},
+                     {"device", s.device},
+                     {"auto_find_batch_size", s.auto_fit}});
+  return j;
 }
 
 }  // namespace brisk

@@ -40,6 +40,8 @@ struct TrainSummary {
   std::string device;    // the backend's name
   std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
+  nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
+  std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
 
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
@@ -58,6 +60,8 @@ struct FaultHooks {
 TrainSummary train(const TrainOptions& options, const LogSink& on_log,
                    const Dataset* dataset = nullptr, FaultHooks faults = {});
 
+// train_results.json: the training metrics (train_metrics_json) with the memory anatomy.
 nlohmann::json summary_json(const TrainSummary& s);
+nlohmann::json train_metrics_json(const TrainSummary& s);
 
 }  // namespace brisk

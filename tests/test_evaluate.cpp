@@ -1,0 +1,181 @@
+// Evaluation and prediction as Trainer.evaluate / predict and the example scripts do them: during
+// training (eval_strategy), at the end (do_eval), without training, the best model loaded at the
+// end, and predict_results.txt.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "test_support.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return nlohmann::json::parse(in);
+}
+
+std::vector<nlohmann::json> train_logging(const TrainOptions& o, TrainSummary* summary = nullptr) {
+  std::vector<nlohmann::json> records;
+  const TrainSummary s = train(o, [&](const nlohmann::json& j) { records.push_back(j); });
+  if (summary) *summary = s;
+  return records;
+}
+
+TrainOptions learnable(const std::string& model, const std::string& out) {
+  TrainOptions o = tiny_options(model, out);
+  o.synthetic_task = "learnable";
+  o.seq_len = 16;
+  o.dataset_size = 256;
+  o.eval_dataset_size = 60;  // not a multiple of the batch: the last one is partial
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 120;
+  o.logging_steps = 40;
+  return o;
+}
+
+TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
+  TempDir dir("eval");
+  TrainOptions o = learnable(write_config(dir, "bert", 0.0), dir / "out");
+  o.eval_strategy = "steps";
+  o.eval_steps = 40;
+  o.do_eval = true;
+  TrainSummary s;
+  const auto records = train_logging(o, &s);
+  std::vector<nlohmann::json> evals;
+  for (const auto& r : records)
+    if (r.contains("eval_loss") && r.contains("step")) evals.push_back(r);
+  ASSERT_EQ(evals.size(), 3u);  // steps 40, 80, 120
+  for (const auto& e : evals) {
+    for (const char* key : {"eval_accuracy", "eval_f1", "eval_runtime", "eval_samples_per_second",
+                            "eval_steps_per_second", "epoch"})
+      EXPECT_TRUE(e.contains(key)) << key << " in " << e.dump();
+  }
+  EXPECT_EQ(evals[0]["step"], 40);
+  // The learnable task is learned: held-out accuracy ends far above chance.
+  EXPECT_GT(evals.back()["eval_accuracy"].get<double>(), 0.9) << evals.back().dump();
+  EXPECT_LT(evals.back()["eval_loss"].get<double>(), evals.front()["eval_loss"].get<double>());
+  // do_eval at the end: the last weights' metrics, in eval_results.json and all_results.json.
+  const nlohmann::json results = read_json(o.output_dir + "/eval_results.json");
+  EXPECT_EQ(results["eval_samples"], 60);
+  EXPECT_DOUBLE_EQ(results["eval_loss"].get<double>(), evals.back()["eval_loss"].get<double>());
+  EXPECT_EQ(s.eval_metrics["eval_accuracy"], results["eval_accuracy"]);
+  const nlohmann::json all = read_json(o.output_dir + "/all_results.json");
+  EXPECT_TRUE(all.contains("train_runtime") && all.contains("eval_accuracy")) << all.dump();
+  // The logged history in the checkpoint holds the evaluations too.
+  const nlohmann::json state = read_json(s.last_checkpoint + "/trainer_state.json");
+  int eval_entries = 0;
+  for (const auto& r : state["log_history"]) eval_entries += r.contains("eval_loss");
+  EXPECT_EQ(eval_entries, 3);
+
+  // Evaluating the saved model without training: the same metrics, in another batch size.
+  TrainOptions only = o;
+  only.model_name_or_path = o.output_dir;  // the final model train saved there
+  only.output_dir = dir / "eval_only";
+  only.do_train = false;
+  only.eval_strategy = "no";
+  only.per_device_eval_batch_size = 7;
+  TrainSummary e;
+  train_logging(only, &e);
+  EXPECT_NEAR(e.eval_metrics["eval_loss"].get<double>(), results["eval_loss"].get<double>(), 1e-5);
+  EXPECT_EQ(e.eval_metrics["eval_accuracy"], results["eval_accuracy"]);
+  EXPECT_FALSE(fs::exists(only.output_dir + "/train_results.json"));
+  EXPECT_FALSE(fs::exists(only.output_dir + "/model.safetensors"));
+}
+
+TEST(Evaluate, CausalLmPerplexityIsTheExponentOfTheLoss) {
+  TempDir dir("eval_lm");
+  TrainOptions o = learnable(write_config(dir, "gpt2", 0.0), dir / "out");
+  o.max_steps = 30;
+  o.do_eval = true;
+  TrainSummary s;
+  train_logging(o, &s);
+  const double loss = s.eval_metrics["eval_loss"];
+  EXPECT_NEAR(s.eval_metrics["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  EXPECT_FALSE(s.eval_metrics.contains("eval_accuracy"));
+  o.do_predict = true;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "a causal LM has no labels");
+}
+
+// load_best_model_at_end ends with the weights of the checkpoint whose evaluation was best, and
+// rotation never deletes it.
+TEST(Evaluate, TheBestModelIsLoadedAtTheEnd) {
+  TempDir dir("best");
+  TrainOptions o = learnable(write_config(dir, "bert", 0.0), dir / "out");
+  o.max_steps = 60;
+  o.learning_rate = 3e-2;  // unstable on purpose: the last evaluation need not be the best
+  o.eval_strategy = "steps";
+  o.eval_steps = 10;
+  o.save_steps = 10;
+  o.save_total_limit = 1;
+  o.load_best_model_at_end = true;
+  o.metric_for_best_model = "accuracy";
+  TrainSummary s;
+  const auto records = train_logging(o, &s);
+  double best = -1;
+  int64_t best_step = -1;
+  for (const auto& r : records)
+    if (r.contains("eval_accuracy") && r.contains("step") && r["eval_accuracy"] > best) {
+      best = r["eval_accuracy"];
+      best_step = r["step"];
+    }
+  ASSERT_NE(best_step, 60) << "the seeded run should peak before its end, or nothing is loaded";
+  const std::string want = o.output_dir + "/checkpoint-" + std::to_string(best_step);
+  EXPECT_EQ(s.best_model_checkpoint, want);
+  ASSERT_TRUE(fs::exists(want + "/model.safetensors"));  // kept through rotation
+  SafetensorsFile final_model(o.output_dir + "/model.safetensors");
+  SafetensorsFile best_model(want + "/model.safetensors");
+  for (const auto& name : best_model.names()) {
+    const Tensor& a = final_model.get(name);
+    const Tensor& b = best_model.get(name);
+    ASSERT_EQ(a.bytes(), b.bytes());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0) << name;
+  }
+  const nlohmann::json state = read_json(s.last_checkpoint + "/trainer_state.json");
+  EXPECT_EQ(state["best_model_checkpoint"], want);
+  EXPECT_DOUBLE_EQ(state["best_metric"].get<double>(), best);
+  // Options that cannot work are refused up front.
+  TrainOptions bad = o;
+  bad.save_strategy = "epoch";
+  expect_error([&] { train(bad, [](const nlohmann::json&) {}); },
+               "load_best_model_at_end needs eval_strategy and save_strategy to be equal");
+  bad = o;
+  bad.save_steps = 15;
+  expect_error([&] { train(bad, [](const nlohmann::json&) {}); },
+               "must be a multiple of eval_steps");
+  bad = o;
+  bad.metric_for_best_model = "bleu";
+  expect_error([&] { train(bad, [](const nlohmann::json&) {}); },
+               "metric_for_best_model \"eval_bleu\" is not among the evaluation's metrics");
+}
+
+TEST(Evaluate, PredictionsAreWrittenAsRunGlueWritesThem) {
+  TempDir dir("predict");
+  TrainOptions o = learnable(write_config(dir, "bert", 0.0), dir / "out");
+  o.max_steps = 60;
+  o.do_predict = true;
+  train_logging(o);
+  std::ifstream in(o.output_dir + "/predict_results.txt");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "index\tprediction");
+  int rows = 0;
+  while (std::getline(in, line)) {
+    EXPECT_EQ(line.rfind(std::to_string(rows) + "\t", 0), 0u) << line;
+    const std::string label = line.substr(line.find('\t') + 1);
+    EXPECT_TRUE(label == "0" || label == "1") << line;  // no id2label in this config
+    ++rows;
+  }
+  EXPECT_EQ(rows, 60);
+}
+
+}  // namespace
+}  // namespace brisk::testing
