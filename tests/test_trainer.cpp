@@ -860,5 +860,58 @@ TEST(Trainer, StartsFromATransformersModelFolder) {
   }
 }
 
+// A base-model folder (BertModel, as sentence-transformers ships all-MiniLM-L6-v2: names without
+// "bert.", no classifier, an extra position_ids buffer) loads as from_pretrained loads it: every
+// base weight by its short name, the classifier newly initialized and reported.
+TEST(Trainer, StartsFromABaseModelFolderAsFromPretrained) {
+  TempDir dir("base_folder");
+  // A full model's weights (one step at learning rate 0 saves the initialized model).
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "full");
+  o.learning_rate = 0;
+  o.max_steps = 1;
+  o.save_strategy = "no";
+  run(o);
+  const std::string folder = dir / "base";
+  fs::create_directories(folder);
+  fs::copy_file(o.output_dir + "/config.json", folder + "/config.json");
+  SafetensorsFile full(o.output_dir + "/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> base;
+  for (const auto& name : full.names())
+    if (name.rfind("bert.", 0) == 0) base.emplace_back(name.substr(5), full.get(name));
+  std::vector<int64_t> position_ids(64);
+  base.emplace_back("embeddings.position_ids",
+                    Tensor(position_ids.data(), Shape{1, 64}, DType::i64));
+  write_safetensors(folder + "/model.safetensors", base);
+  o.model_name_or_path = folder;
+  o.output_dir = dir / "out";
+  o.seed = 7;  // another seed: the classifier is drawn anew
+  std::vector<std::string> fresh;
+  std::string warning;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("newly_initialized")) {
+      fresh = j["newly_initialized"].get<std::vector<std::string>>();
+      warning = j["warning"];
+    }
+  });
+  EXPECT_EQ(fresh, (std::vector<std::string>{"classifier.bias", "classifier.weight"}));
+  EXPECT_NE(
+      warning.find("Some weights of BertForSequenceClassification were not initialized from "
+                   "the model checkpoint at " +
+                   folder + " and are newly initialized: ['classifier.bias', 'classifier.weight']"),
+      std::string::npos)
+      << warning;
+  SafetensorsFile saved(o.output_dir + "/model.safetensors");  // learning rate 0: unchanged
+  for (const auto& [name, t] : base) {
+    if (name == "embeddings.position_ids") continue;
+    const Tensor& a = saved.get("bert." + name);
+    EXPECT_TRUE(std::equal(a.f32(), a.f32() + a.numel(), t.f32())) << name;
+  }
+  const Tensor& bias = saved.get("classifier.bias");
+  EXPECT_TRUE(std::all_of(bias.f32(), bias.f32() + bias.numel(), [](float v) { return v == 0; }));
+  // A base-model file missing a base weight is still refused by name.
+  base.erase(base.begin());
+  write_safetensors(folder + "/model.safetensors", base);
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "lacks parameter 'bert.");
+}
 }  // namespace
 }  // namespace brisk::testing

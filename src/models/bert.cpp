@@ -57,6 +57,8 @@ class Bert final : public Model {
   }
 
   int64_t head_width() const override { return config_.hidden_size; }
+  const char* base_prefix() const override { return "bert."; }
+  const char* class_name() const override { return "BertForSequenceClassification"; }
   BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
     return {batch, seq, /*token_types=*/true, /*labels_per_token=*/false};
   }

@@ -53,6 +53,8 @@ class Gpt2 final : public Model {
   }
 
   int64_t head_width() const override { return config_.vocab_size; }
+  const char* base_prefix() const override { return "transformer."; }
+  const char* class_name() const override { return "GPT2LMHeadModel"; }
   BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
     return {batch, seq, /*token_types=*/false, /*labels_per_token=*/true};
   }

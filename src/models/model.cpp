@@ -273,10 +273,27 @@ void Model::load_weights(Backend& be, const SafetensorsFile& file) {
   for (const ParamInfo& p : params_.list())
     BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
                 "' of the ", config_.type_name(), " model");
+  load_pretrained(be, file, 0);  // every name is present: nothing is initialized
+}
+
+std::vector<std::string> Model::load_pretrained(Backend& be, const SafetensorsFile& file,
+                                                uint64_t seed) {
+  const std::string prefix = base_prefix();
+  std::vector<std::string> missing;
+  for (const ParamInfo& p : params_.list()) {
+    const bool in_base = p.name.rfind(prefix, 0) == 0;
+    if (file.has(p.name) || (in_base && file.has(p.name.substr(prefix.size())))) continue;
+    BRISK_CHECK(!in_base, "weights file '", file.path(), "' lacks parameter '", p.name, "' of the ",
+                config_.type_name(), " model");
+    missing.push_back(p.name);
+  }
+  if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
-    const Tensor& src = file.get(p.name);
-    const std::string what = "parameter '" + p.name + "' in '" + file.path() + "'";
+    const std::string name = file.has(p.name) ? p.name : p.name.substr(prefix.size());
+    if (!file.has(name)) continue;
+    const Tensor& src = file.get(name);
+    const std::string what = "parameter '" + name + "' in '" + file.path() + "'";
     BRISK_CHECK(src.shape() == p.shape, what, ": shape ", src.shape().str(), " where ",
                 p.shape.str(), " is expected");
     write_in_pieces(be, params_.weight(static_cast<int>(i)),
@@ -284,6 +301,8 @@ void Model::load_weights(Backend& be, const SafetensorsFile& file) {
                       copy_to_f32(element_range(src, first, piece.numel()), piece, what);
                     });
   }
+  std::sort(missing.begin(), missing.end());
+  return missing;
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::named_views(const Tensor& flat) const {

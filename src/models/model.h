@@ -106,6 +106,13 @@ class Model {
   void init_weights(Backend& be, uint64_t seed);
   // Reads every parameter by its transformers name; extra entries (buffers) are ignored.
   void load_weights(Backend& be, const SafetensorsFile& file);
+  // As from_pretrained loads a model folder: a parameter is found by its name or by its name
+  // without the base model's prefix (base-model files such as sentence-transformers' store
+  // "embeddings.*", not "bert.embeddings.*"); parameters of the task head that the file lacks
+  // are initialized from `seed` and returned by name; a missing base-model parameter is an error.
+  std::vector<std::string> load_pretrained(Backend& be, const SafetensorsFile& file, uint64_t seed);
+  // transformers' class of this model ("BertForSequenceClassification", "GPT2LMHeadModel").
+  virtual const char* class_name() const = 0;
   // (name, tensor) pairs over a flat buffer laid out as the parameters (the weights, or the fp32
   // master copy), for writing model.safetensors.
   std::vector<std::pair<std::string, Tensor>> named_views(const Tensor& flat) const;
@@ -128,6 +135,8 @@ class Model {
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
+  // The prefix of the base model's parameter names ("bert.", "transformer.").
+  virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
   virtual int64_t head_width() const = 0;
 

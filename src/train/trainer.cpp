@@ -263,14 +263,26 @@ TrainOptions shape_to_memory(const TrainOptions& options, Device device, const B
 
 // Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
 // optimizer state, the data position and the loss scaler.
-TrainerState load_state(Backend& be, RunAssembly& run) {
+TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log) {
   const TrainOptions& o = run.options;
   TrainerState state;
   const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
   if (!o.resume_from_checkpoint.empty()) {
     load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state);
   } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
-    run.model->load_weights(be, SafetensorsFile(weights));
+    const std::vector<std::string> fresh =
+        run.model->load_pretrained(be, SafetensorsFile(weights), o.seed);
+    if (!fresh.empty() && on_log) {
+      // transformers' words, so users recognize the situation.
+      std::string names;
+      for (const std::string& n : fresh) names += (names.empty() ? "'" : ", '") + n + "'";
+      on_log({{"newly_initialized", fresh},
+              {"warning", std::string("Some weights of ") + run.model->class_name() +
+                              " were not initialized from the model checkpoint at " +
+                              o.model_name_or_path + " and are newly initialized: [" + names +
+                              "]. You should probably TRAIN this model on a down-stream task to "
+                              "be able to use it for predictions and inference."}});
+    }
   } else {
     run.model->init_weights(be, o.seed);
   }
@@ -341,7 +353,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   run->binder.bind(arena);
   optimizer->reset(*be);
 
-  TrainerState state = load_state(*be, *run);
+  TrainerState state = load_state(*be, *run, on_log);
 
   const int64_t micro_per_epoch = loader.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
