@@ -1,7 +1,10 @@
 // Option files and validation.
 #include "train/options.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -159,6 +162,8 @@ void validate_options(const TrainOptions& o) {
                 "load_best_model_at_end: save_steps (", o.save_steps,
                 ") must be a multiple of eval_steps (", every, ")");
   }
+  BRISK_CHECK(o.report_to == "none" || o.report_to == "tensorboard" || o.report_to == "all",
+              "unknown report_to \"", excerpt(o.report_to), "\" (valid: none, tensorboard, all)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
@@ -175,6 +180,18 @@ OptimizerConfig optimizer_config(const TrainOptions& o) {
   c.epsilon = o.adam_epsilon;
   c.weight_decay = o.weight_decay;
   return c;
+}
+
+std::string logging_dir(const TrainOptions& o) {
+  if (!o.logging_dir.empty()) return o.logging_dir;
+  char stamp[64] = "run";
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  if (localtime_r(&now, &local)) std::strftime(stamp, sizeof stamp, "%b%d_%H-%M-%S", &local);
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  return (std::filesystem::path(o.output_dir) / "runs" / (std::string(stamp) + "_" + host))
+      .string();
 }
 
 Device resolve_device(const std::string& device) {

@@ -65,6 +65,8 @@ struct TrainOptions {
   bool bf16_master_weights = true;  // false: bf16 weights updated with stochastic rounding
   std::string device = "auto";      // cpu, cuda, or auto: cuda when a GPU is present
   bool disable_tqdm = false;
+  std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
+  std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
 };
 
 // Calls v(name, field, help) for every option, in a stable order.
@@ -145,6 +147,10 @@ void visit_options(Options& o, Visitor&& v) {
     "stochastic rounding (false, 4 bytes less per parameter)");
   v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
   v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
+  v("report_to", o.report_to,
+    "none, or tensorboard (also all): write the logs as TensorBoard event files");
+  v("logging_dir", o.logging_dir,
+    "where the TensorBoard event files go (default output_dir/runs/<date and time>_<host>)");
 }
 
 // Reads options from a JSON object with the same names; unknown keys are refused.
@@ -155,6 +161,9 @@ nlohmann::json options_to_json(const TrainOptions& o);
 void validate_options(const TrainOptions& o);
 // The optimizer settings among the options.
 OptimizerConfig optimizer_config(const TrainOptions& o);
+// The TensorBoard folder: logging_dir, or output_dir/runs/<date and time>_<host> as transformers
+// names it.
+std::string logging_dir(const TrainOptions& o);
 // The device a run uses: auto becomes cuda when a usable GPU is present, else cpu.
 Device resolve_device(const std::string& device);
 

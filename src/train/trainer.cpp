@@ -26,6 +26,7 @@
 #include "train/fit.h"
 #include "train/memory_html.h"
 #include "train/schedule.h"
+#include "train/tensorboard.h"
 
 namespace brisk {
 
@@ -354,6 +355,21 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   optimizer->reset(*be);
 
   TrainerState state = load_state(*be, *run, on_log);
+  // --report_to tensorboard: every record also as TensorBoard scalars at the step it belongs to.
+  std::unique_ptr<EventWriter> events;
+  auto wall_time = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  if (o.report_to == "tensorboard" || o.report_to == "all")
+    events =
+        std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
+  const LogSink report = [&](const nlohmann::json& rec) {
+    on_log(rec);
+    if (!events) return;
+    events->log(rec, state.global_step, wall_time());
+    events->flush();
+  };
 
   const int64_t micro_per_epoch = loader.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
@@ -418,7 +434,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     if (state.global_step % o.logging_steps == 0 || state.global_step == total_steps) {
       nlohmann::json rec = window.close(state, lr, update, loss_scale);
       state.log_history.push_back(rec);
-      on_log(rec);
+      report(rec);
     }
     nlohmann::json evaluated;
     if (run->eval_data && eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
@@ -426,7 +442,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
-      on_log(evaluated);
+      report(evaluated);
     }
     if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
                        micro_per_epoch)) {
@@ -460,7 +476,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
           SafetensorsFile((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
       precision.adopt_model_weights(*be, model->params());
       s.best_model_checkpoint = state.best_model_checkpoint;
-      on_log(
+      report(
           {{"loaded_best_model", state.best_model_checkpoint}, {"best_metric", state.best_metric}});
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
@@ -473,12 +489,12 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     s.eval_metrics = run->evaluator.run(*be, *model, *run->eval_data, "eval");
     s.eval_metrics["epoch"] = state.epoch;
     s.eval_metrics["eval_samples"] = run->eval_data->size();
-    on_log(s.eval_metrics);
+    report(s.eval_metrics);
     write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
                           s.eval_metrics.dump(2) + "\n");
     all_results.update(s.eval_metrics);
   }
-  if (o.do_predict) write_predictions(*be, *run, o, on_log);
+  if (o.do_predict) write_predictions(*be, *run, o, report);
   peaks.enter(PeakPhases::done);
   summarize_memory(*be, plan, arena, peaks, s);
 

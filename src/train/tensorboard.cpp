@@ -1,0 +1,129 @@
+// TensorBoard event files (see tensorboard.h).
+#include "train/tensorboard.h"
+
+#include <nmmintrin.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace brisk {
+
+namespace {
+// Protocol-buffer encoding of the few fields an Event needs.
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+template <typename T>
+void fixed(std::string& out, T v) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(bytes, sizeof(T));
+}
+void bytes_field(std::string& out, int field, const std::string& data) {
+  varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  varint(out, data.size());
+  out += data;
+}
+void double_field(std::string& out, int field, double v) {
+  varint(out, static_cast<uint64_t>(field) << 3 | 1);
+  fixed(out, v);
+}
+
+// transformers' rewrite_logs: eval_/test_ metrics under eval/ and test/, the rest under train/.
+std::string tag_of(const std::string& key) {
+  if (key == "perplexity") return "eval/perplexity";  // run_clm's name for an eval metric
+  for (const char* p : {"eval_", "test_"})
+    if (key.rfind(p, 0) == 0) return std::string(p, 4) + "/" + key.substr(5);
+  return "train/" + key;
+}
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t crc = 0xffffffffu;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    crc = _mm_crc32_u64(crc, word);
+  }
+  auto c = static_cast<uint32_t>(crc);
+  for (; n > 0; --n, ++p) c = _mm_crc32_u8(c, *p);
+  return ~c;
+}
+
+uint32_t masked_crc32c(const void* data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+std::string event_file_path(const std::string& dir, double wall_time) {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  return (std::filesystem::path(dir) /
+          ("events.out.tfevents." + std::to_string(static_cast<int64_t>(wall_time)) + "." + host +
+           "." + std::to_string(::getpid()) + ".0"))
+      .string();
+}
+
+EventWriter::EventWriter(const std::string& path, double wall_time) : path_(path) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  file_ = std::fopen(path.c_str(), "wb");
+  BRISK_CHECK(file_ != nullptr, "cannot write TensorBoard events to '", path,
+              "': ", std::strerror(errno));
+  std::string event;
+  double_field(event, 1, wall_time);
+  bytes_field(event, 3, "brain.Event:2");
+  record(event);
+}
+
+EventWriter::~EventWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void EventWriter::record(const std::string& data) {
+  std::string framed;
+  fixed(framed, static_cast<uint64_t>(data.size()));
+  fixed(framed, masked_crc32c(framed.data(), 8));
+  framed += data;
+  fixed(framed, masked_crc32c(data.data(), data.size()));
+  BRISK_CHECK(std::fwrite(framed.data(), 1, framed.size(), file_) == framed.size(),
+              "failed writing TensorBoard events to '", path_, "' (disk full?)");
+}
+
+void EventWriter::scalar(const std::string& tag, float value, int64_t step, double wall_time) {
+  std::string v;
+  bytes_field(v, 1, tag);
+  varint(v, 2 << 3 | 5);
+  fixed(v, value);
+  std::string summary;
+  bytes_field(summary, 1, v);
+  std::string event;
+  double_field(event, 1, wall_time);
+  varint(event, 2 << 3 | 0);
+  varint(event, static_cast<uint64_t>(step));
+  bytes_field(event, 5, summary);
+  record(event);
+}
+
+void EventWriter::log(const nlohmann::json& rec, int64_t step, double wall_time) {
+  for (const auto& [key, v] : rec.items()) {
+    if (key == "step" || !v.is_number() || !std::isfinite(v.get<double>())) continue;
+    scalar(tag_of(key), v.get<float>(), step, wall_time);
+  }
+}
+
+void EventWriter::flush() {
+  BRISK_CHECK(std::fflush(file_) == 0, "failed writing TensorBoard events to '", path_, "'");
+}
+
+}  // namespace brisk

@@ -1,0 +1,42 @@
+// TensorBoard event files (--report_to tensorboard): TFRecord framing (length, masked CRC-32C,
+// data, masked CRC-32C) around Event protocol buffers holding scalar summaries, the format
+// TensorBoard and torch's SummaryWriter use. Log records are mapped to tags as transformers'
+// TensorBoardCallback maps them: "eval_loss" -> "eval/loss", "loss" -> "train/loss".
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace brisk {
+
+class EventWriter {
+ public:
+  // Opens `path` and writes the file-version event stamped `wall_time`.
+  EventWriter(const std::string& path, double wall_time);
+  ~EventWriter();
+  EventWriter(const EventWriter&) = delete;
+  EventWriter& operator=(const EventWriter&) = delete;
+
+  void scalar(const std::string& tag, float value, int64_t step, double wall_time);
+  // Every numeric entry of a log record but its step and epoch bookkeeping, at `step`.
+  void log(const nlohmann::json& record, int64_t step, double wall_time);
+  void flush();
+  const std::string& path() const { return path_; }
+
+ private:
+  void record(const std::string& data);
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// A new event file's path in `dir`: events.out.tfevents.<seconds>.<host>.<pid>.0, as
+// SummaryWriter names it.
+std::string event_file_path(const std::string& dir, double wall_time);
+
+// CRC-32C (Castagnoli) of `n` bytes, and the masked form TFRecord stores.
+uint32_t crc32c(const void* data, size_t n);
+uint32_t masked_crc32c(const void* data, size_t n);
+
+}  // namespace brisk
