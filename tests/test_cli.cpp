@@ -85,11 +85,14 @@ TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
 }
 
 TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("brisk_cli_train_" + std::to_string(::getpid())))
+          .string();
   const CliRun r = run_brisk(
       "train --model bert-tiny --max_steps 3 --per_device_train_batch_size 2 --seq_len 16 "
       "--dataset_size 8 --logging_steps 1 --output_dir " +
-      (std::filesystem::temp_directory_path() / ("brisk_cli_train_" + std::to_string(::getpid())))
-          .string());
+      out);
+  std::filesystem::remove_all(out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* key :
        {"\"step\":3", "train_runtime", "train_samples_per_second", "train_steps_per_second",

@@ -47,7 +47,8 @@ std::string tag_of(const std::string& key) {
 }
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n) {
+// The SSE4.2 CRC32 instruction computes CRC-32C (every x86-64 brisk targets has it).
+__attribute__((target("sse4.2"))) uint32_t crc32c(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t crc = 0xffffffffu;
   for (; n >= 8; n -= 8, p += 8) {
