@@ -1,0 +1,188 @@
+// run_glue- and run_clm-style datasets from text tables (see text_dataset.h).
+#include "data/text_dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/checked.h"
+#include "core/error.h"
+
+namespace brisk {
+
+ClassificationColumns classification_columns(const TextTable& t,
+                                             const std::string& text_column_name) {
+  ClassificationColumns c;
+  c.label = t.column("label");
+  if (!text_column_name.empty()) {
+    c.first = t.column(text_column_name);
+    BRISK_CHECK(c.first >= 0, "'", t.origin(), "' has no column \"", excerpt(text_column_name),
+                "\" (--text_column_name)");
+    return c;
+  }
+  const int64_t s1 = t.column("sentence1"), s2 = t.column("sentence2");
+  if (s1 >= 0 && s2 >= 0) {
+    c.first = s1;
+    c.second = s2;
+    return c;
+  }
+  std::vector<int64_t> others;
+  for (int64_t i = 0; i < static_cast<int64_t>(t.columns().size()); ++i)
+    if (i != c.label) others.push_back(i);
+  BRISK_CHECK(!others.empty(), "'", t.origin(), "' has no text column besides \"label\"");
+  c.first = others[0];
+  if (others.size() >= 2) c.second = others[1];
+  return c;
+}
+
+namespace {
+std::string label_key(const std::string& text, bool whole) {
+  return whole ? std::to_string(std::strtoll(text.c_str(), nullptr, 10)) : text;
+}
+}  // namespace
+
+int64_t LabelSet::id_of(const std::string& name) const {
+  const auto it = ids.find(label_key(name, whole));
+  return it == ids.end() ? -1 : it->second;
+}
+
+LabelSet label_set(const TextTable& train, int64_t label_column) {
+  BRISK_CHECK(label_column >= 0, "'", train.origin(),
+              "' has no \"label\" column: training needs labels");
+  LabelSet s;
+  bool all_whole = true;
+  for (int64_t r = 0; r < train.rows(); ++r) {
+    const CellKind k = train.kind(r, label_column);
+    BRISK_CHECK(k != CellKind::null, train.where(r), ": the label is missing");
+    if (k == CellKind::real) s.regression = true;
+    if (k != CellKind::integer) all_whole = false;
+  }
+  if (s.regression) {
+    for (int64_t r = 0; r < train.rows(); ++r) {
+      const CellKind k = train.kind(r, label_column);
+      BRISK_CHECK(k == CellKind::real || k == CellKind::integer, train.where(r), ": label \"",
+                  excerpt(train.text(r, label_column)),
+                  "\" is not a number, while other rows hold real numbers (regression)");
+    }
+    return s;
+  }
+  // Distinct values, sorted as run_glue sorts label_list: numerically for whole numbers.
+  s.whole = all_whole;
+  std::vector<std::string> names;
+  for (int64_t r = 0; r < train.rows(); ++r) {
+    const std::string key = label_key(train.text(r, label_column), all_whole);
+    if (s.ids.emplace(key, 0).second) names.push_back(key);
+  }
+  if (all_whole)
+    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      return std::strtoll(a.c_str(), nullptr, 10) < std::strtoll(b.c_str(), nullptr, 10);
+    });
+  else
+    std::sort(names.begin(), names.end());
+  for (size_t i = 0; i < names.size(); ++i) s.ids[names[i]] = static_cast<int64_t>(i);
+  BRISK_CHECK(names.size() >= 2, "'", train.origin(), "': the labels take ", names.size(),
+              " value: classification needs at least 2");
+  s.names = std::move(names);
+  return s;
+}
+
+TextClassificationDataset::TextClassificationDataset(const TextTable& t,
+                                                     const ClassificationColumns& columns,
+                                                     const LabelSet& labels,
+                                                     const TextEncoder& encoder, int64_t max_length)
+    : max_length_(max_length), pad_(encoder.pad_id()) {
+  BRISK_CHECK(max_length > 0, "max_seq_length must be positive");
+  offsets_.push_back(0);
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    auto text = [&](int64_t col) -> std::string_view {
+      BRISK_CHECK(t.kind(r, col) != CellKind::null, t.where(r), ": column \"", t.columns()[col],
+                  "\" is empty");
+      return t.text(r, col);
+    };
+    std::optional<std::string_view> second;
+    if (columns.second >= 0) second = text(columns.second);
+    const Encoded e = encoder.encode(text(columns.first), second, max_length);
+    BRISK_CHECK(static_cast<int64_t>(e.ids.size()) <= max_length, t.where(r), ": the tokenizer ",
+                "returned ", e.ids.size(), " tokens where at most ", max_length, " were asked for");
+    ids_.insert(ids_.end(), e.ids.begin(), e.ids.end());
+    if (e.type_ids.empty())
+      types_.insert(types_.end(), e.ids.size(), 0);
+    else
+      types_.insert(types_.end(), e.type_ids.begin(), e.type_ids.end());
+    offsets_.push_back(static_cast<int64_t>(ids_.size()));
+    longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
+    if (columns.label < 0) {
+      label_.push_back(kIgnoreIndex);
+      continue;
+    }
+    BRISK_CHECK(!labels.regression, "regression labels are not supported yet");
+    const int64_t id = labels.id_of(t.text(r, columns.label));
+    BRISK_CHECK(id >= 0, t.where(r), ": label \"", excerpt(t.text(r, columns.label)),
+                "\" does not occur in the training data");
+    label_.push_back(static_cast<int32_t>(id));
+  }
+}
+
+void TextClassificationDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
+  const int64_t T = b.input_ids.dim(1);
+  const int64_t begin = offsets_[static_cast<size_t>(index)];
+  const int64_t n = std::min(offsets_[static_cast<size_t>(index) + 1] - begin, T);
+  int32_t* ids = b.input_ids.i32() + row * T;
+  int32_t* mask = b.attention_mask.i32() + row * T;
+  int32_t* types = b.token_type_ids.empty() ? nullptr : b.token_type_ids.i32() + row * T;
+  for (int64_t t = 0; t < T; ++t) {
+    const bool real = t < n;
+    ids[t] = real ? ids_[static_cast<size_t>(begin + t)] : pad_;
+    mask[t] = real ? 1 : 0;
+    if (types) types[t] = real ? types_[static_cast<size_t>(begin + t)] : 0;
+  }
+  b.labels.i32()[row] = label_[static_cast<size_t>(index)];
+}
+
+CausalLmDataset::CausalLmDataset(const TextTable& t, int64_t column, const TextEncoder& encoder,
+                                 int64_t block_size, int64_t first_row, int64_t end_row)
+    : block_size_(block_size) {
+  BRISK_CHECK(block_size >= 2, "block_size must be at least 2");
+  for (int64_t r = first_row; r < end_row; ++r) {
+    if (t.kind(r, column) == CellKind::null) continue;
+    const Encoded e = encoder.encode(t.text(r, column), std::nullopt, 0);
+    tokens_.insert(tokens_.end(), e.ids.begin(), e.ids.end());
+  }
+  BRISK_CHECK(static_cast<int64_t>(tokens_.size()) >= block_size, "'", t.origin(), "' rows [",
+              first_row, ", ", end_row, ") hold ", tokens_.size(),
+              " tokens: not one block of block_size ", block_size);
+  tokens_.resize(tokens_.size() / static_cast<size_t>(block_size) *
+                 static_cast<size_t>(block_size));
+  tokens_.shrink_to_fit();
+}
+
+void CausalLmDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
+  const int64_t T = b.input_ids.dim(1);
+  const int32_t* src = tokens_.data() + index * block_size_;
+  int32_t* ids = b.input_ids.i32() + row * T;
+  int32_t* labels = b.labels.i32() + row * T;
+  int32_t* mask = b.attention_mask.i32() + row * T;
+  for (int64_t t = 0; t < T; ++t) {
+    const bool real = t < block_size_;
+    ids[t] = real ? src[t] : 0;
+    labels[t] = real ? src[t] : kIgnoreIndex;
+    mask[t] = real ? 1 : 0;
+  }
+}
+
+int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name) {
+  const std::string name = text_column_name.empty() ? "text" : text_column_name;
+  const int64_t c = t.column(name);
+  if (c >= 0) return c;
+  BRISK_CHECK(text_column_name.empty(), "'", t.origin(), "' has no column \"", excerpt(name),
+              "\" (--text_column_name)");
+  return 0;
+}
+
+int64_t validation_split_rows(int64_t rows, double percentage) {
+  BRISK_CHECK(percentage >= 0 && percentage < 100,
+              "validation_split_percentage must lie in [0, 100), got ", percentage);
+  return static_cast<int64_t>(std::llround(static_cast<double>(rows) * percentage / 100.0));
+}
+
+}  // namespace brisk

@@ -1,0 +1,103 @@
+// Datasets from the user's text files, prepared as the example scripts prepare them:
+// run_glue's sequence classification (text columns and labels chosen as it chooses them) and
+// run_clm's causal LM (every line tokenized, concatenated and cut into blocks).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/text_table.h"
+
+namespace brisk {
+
+struct Encoded {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> type_ids;  // empty: all 0
+};
+
+// What the text datasets need from a tokenizer.
+class TextEncoder {
+ public:
+  virtual ~TextEncoder() = default;
+  // With the model's special tokens; truncated to max_length tokens in all (longest_first for
+  // pairs) when max_length > 0.
+  virtual Encoded encode(std::string_view text, std::optional<std::string_view> pair,
+                         int64_t max_length) const = 0;
+  virtual int32_t pad_id() const = 0;
+};
+
+// How run_glue reads a classification table: the text columns (sentence1/sentence2 when both
+// exist, else the first one or two columns other than "label", or the one named), and the labels
+// (text or whole numbers: classes sorted as the train file's distinct values; reals: regression).
+struct ClassificationColumns {
+  int64_t first = -1, second = -1;  // second -1: single texts
+  int64_t label = -1;               // -1: no label column (a test file)
+};
+ClassificationColumns classification_columns(const TextTable& t,
+                                             const std::string& text_column_name);
+
+// The label set of a training table: the sorted distinct values of its label column. Whole
+// numbers sort numerically, text lexicographically; reals mean regression (empty names).
+struct LabelSet {
+  bool regression = false;
+  bool whole = false;              // whole-number labels: "01" and "1" are one class
+  std::vector<std::string> names;  // index = class id
+  std::unordered_map<std::string, int64_t> ids;
+  int64_t id_of(const std::string& name) const;  // -1 when unknown
+};
+LabelSet label_set(const TextTable& train, int64_t label_column);
+
+// Tokenized classification examples: each row's ids (truncated to max_length) and its class.
+class TextClassificationDataset final : public Dataset {
+ public:
+  // Rows of `table`; labels mapped through `labels` (a label the set lacks is refused naming
+  // the row), or none when the table has no label column.
+  TextClassificationDataset(const TextTable& table, const ClassificationColumns& columns,
+                            const LabelSet& labels, const TextEncoder& encoder, int64_t max_length);
+  int64_t size() const override { return static_cast<int64_t>(label_.size()); }
+  int64_t seq_len() const override { return max_length_; }
+  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t index) const override {
+    return label_[static_cast<size_t>(index)] == kIgnoreIndex ? 0 : 1;
+  }
+  int64_t longest() const { return longest_; }
+
+ private:
+  int64_t max_length_;
+  int32_t pad_;
+  int64_t longest_ = 0;
+  std::vector<int32_t> ids_, types_;  // all rows, back to back
+  std::vector<int64_t> offsets_;      // row r: [offsets_[r], offsets_[r + 1])
+  std::vector<int32_t> label_;
+};
+
+// run_clm's blocks: every row of a text column tokenized, concatenated, and cut into blocks of
+// block_size tokens (the remainder dropped); the labels are the inputs.
+class CausalLmDataset final : public Dataset {
+ public:
+  CausalLmDataset(const TextTable& table, int64_t text_column, const TextEncoder& encoder,
+                  int64_t block_size, int64_t first_row, int64_t end_row);
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()) / block_size_; }
+  int64_t seq_len() const override { return block_size_; }
+  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t) const override { return block_size_ - 1; }
+
+ private:
+  int64_t block_size_;
+  std::vector<int32_t> tokens_;
+};
+
+// The text column run_clm uses: "text" when present, else the first column.
+int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name);
+
+// run_clm's validation_split_percentage on a table of `rows`: rows [0, cut) validate, [cut, rows)
+// train, cut = rows * percentage / 100 rounded to the nearest row.
+int64_t validation_split_rows(int64_t rows, double percentage);
+
+}  // namespace brisk

@@ -1,0 +1,157 @@
+// run_glue's and run_clm's data preparation on text tables, with a stand-in tokenizer (one id per
+// word): column choice, label sets, padding and truncation, unknown labels, blocks.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "data/text_dataset.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// Words -> ids 10 + length of the word; [CLS] 1, [SEP] 2, [PAD] 0; pairs get type ids 0 then 1.
+class WordEncoder final : public TextEncoder {
+ public:
+  Encoded encode(std::string_view text, std::optional<std::string_view> pair,
+                 int64_t max_length) const override {
+    auto words = [](std::string_view s) {
+      std::vector<int32_t> ids;
+      size_t at = 0;
+      while (at < s.size()) {
+        const size_t end = std::min(s.find(' ', at), s.size());
+        if (end > at) ids.push_back(static_cast<int32_t>(10 + end - at));
+        at = end + 1;
+      }
+      return ids;
+    };
+    std::vector<int32_t> a = words(text), b = pair ? words(*pair) : std::vector<int32_t>();
+    const size_t special = pair ? 3 : 2;
+    while (max_length > 0 && a.size() + b.size() + special > static_cast<size_t>(max_length))
+      (a.size() >= b.size() ? a : b).pop_back();  // longest_first
+    Encoded e;
+    e.ids.push_back(1);
+    e.ids.insert(e.ids.end(), a.begin(), a.end());
+    e.ids.push_back(2);
+    e.type_ids.assign(e.ids.size(), 0);
+    if (pair) {
+      e.ids.insert(e.ids.end(), b.begin(), b.end());
+      e.ids.push_back(2);
+      e.type_ids.resize(e.ids.size(), 1);
+    }
+    return e;
+  }
+  int32_t pad_id() const override { return 0; }
+};
+
+TextTable csv(const std::string& text) {
+  return parse_text_table(text, TableFormat::csv, "d.csv");
+}
+
+struct Rows {
+  std::vector<int32_t> ids, mask, types, labels;
+  Batch batch(int64_t B, int64_t T, bool per_token) {
+    ids.assign(B * T, -7);
+    mask.assign(B * T, -7);
+    types.assign(B * T, -7);
+    labels.assign(per_token ? B * T : B, -7);
+    return Batch{Tensor(ids.data(), Shape{B, T}, DType::i32),
+                 Tensor(mask.data(), Shape{B, T}, DType::i32),
+                 Tensor(types.data(), Shape{B, T}, DType::i32),
+                 per_token ? Tensor(labels.data(), Shape{B, T}, DType::i32)
+                           : Tensor(labels.data(), Shape{B}, DType::i32)};
+  }
+};
+
+TEST(TextDataset, ColumnsAreChosenAsRunGlueChoosesThem) {
+  auto cols = [](const std::string& header, const std::string& name = "") {
+    const ClassificationColumns c = classification_columns(csv(header + "\n"), name);
+    return std::vector<int64_t>{c.first, c.second, c.label};
+  };
+  EXPECT_EQ(cols("idx,sentence2,label,sentence1"), (std::vector<int64_t>{3, 1, 2}));
+  EXPECT_EQ(cols("label,question,passage,extra"), (std::vector<int64_t>{1, 2, 0}));
+  EXPECT_EQ(cols("sentence,label"), (std::vector<int64_t>{0, -1, 1}));
+  EXPECT_EQ(cols("text"), (std::vector<int64_t>{0, -1, -1}));  // a test file without labels
+  EXPECT_EQ(cols("a,b,label", "b"), (std::vector<int64_t>{1, -1, 2}));
+  expect_error([&] { cols("a,label", "review"); }, "has no column \"review\"");
+  expect_error([&] { cols("label"); }, "no text column besides \"label\"");
+}
+
+TEST(TextDataset, LabelSetsSortAsRunGlueSortsThem) {
+  const LabelSet words = label_set(csv("s,label\na,rotten\nb,fresh\nc,rotten\n"), 1);
+  EXPECT_EQ(words.names, (std::vector<std::string>{"fresh", "rotten"}));
+  EXPECT_EQ(words.id_of("rotten"), 1);
+  EXPECT_EQ(words.id_of("stale"), -1);
+  const LabelSet numbers = label_set(csv("s,label\na,10\nb,9\nc,01\nd,1\n"), 1);
+  EXPECT_EQ(numbers.names, (std::vector<std::string>{"1", "9", "10"}));  // numeric order
+  EXPECT_EQ(numbers.id_of("001"), 0);
+  EXPECT_TRUE(label_set(csv("s,label\na,0.5\nb,1\n"), 1).regression);
+  expect_error([] { label_set(csv("s,label\na,x\nb,x\n"), 1); }, "take 1 value");
+  expect_error([] { label_set(csv("s,label\na,\nb,x\n"), 1); }, "d.csv:2: the label is missing");
+  expect_error([] { label_set(csv("s,label\na,0.5\nb,high\n"), 1); }, "d.csv:3: label \"high\"");
+  expect_error([] { label_set(csv("s\na\n"), -1); }, "no \"label\" column");
+}
+
+TEST(TextDataset, ClassificationRowsArePaddedTruncatedAndLabelled) {
+  const WordEncoder enc;
+  const TextTable train = csv("sentence1,sentence2,label\nab c,dddd,yes\nx,,no\n");
+  const ClassificationColumns cols = classification_columns(train, "");
+  const LabelSet labels = label_set(train, cols.label);
+  expect_error([&] { TextClassificationDataset(train, cols, labels, enc, 8); },
+               "d.csv:3: column \"sentence2\" is empty");
+  const TextTable ok = csv("sentence1,sentence2,label\nab c,dddd,yes\nx y z w,q,no\n");
+  const TextClassificationDataset d(ok, cols, labels, enc, 6);
+  ASSERT_EQ(d.size(), 2);
+  Rows r;
+  const Batch b = r.batch(2, 8, false);  // a wider batch than max_length: padded
+  d.fill_row(0, b, 0);
+  d.fill_row(1, b, 1);
+  EXPECT_EQ(std::vector<int32_t>(r.ids.begin(), r.ids.begin() + 8),
+            (std::vector<int32_t>{1, 12, 11, 2, 14, 2, 0, 0}));
+  const std::vector<int32_t> mask0(r.mask.begin(), r.mask.begin() + 8);
+  const std::vector<int32_t> want_mask0{1, 1, 1, 1, 1, 1, 0, 0};
+  EXPECT_EQ(mask0, want_mask0);
+  EXPECT_EQ(std::vector<int32_t>(r.types.begin(), r.types.begin() + 8),
+            (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 0, 0}));
+  // Truncated to 6 tokens, the longer text first.
+  EXPECT_EQ(std::vector<int32_t>(r.ids.begin() + 8, r.ids.end()),
+            (std::vector<int32_t>{1, 11, 11, 2, 11, 2, 0, 0}));
+  EXPECT_EQ(r.labels, (std::vector<int32_t>{1, 0}));  // "no" < "yes"
+  EXPECT_EQ(d.longest(), 6);
+  expect_error(
+      [&] {
+        TextClassificationDataset(csv("sentence1,sentence2,label\na,b,maybe\n"), cols, labels, enc,
+                                  6);
+      },
+      "d.csv:2: label \"maybe\" does not occur in the training data");
+  // A test file without labels: every row is predicted, none counts in a metric.
+  const TextTable test = csv("sentence1,sentence2\na,b\n");
+  const TextClassificationDataset t(test, classification_columns(test, ""), labels, enc, 6);
+  EXPECT_EQ(t.count_targets(0), 0);
+}
+
+TEST(TextDataset, CausalLmBlocksAsRunClmGroupsThem) {
+  const WordEncoder enc;  // each line: [1, words..., 2]
+  const TextTable t = parse_text_table("a bb\n\nccc\ndddd eeeee f\n", TableFormat::text, "kjv.txt");
+  EXPECT_EQ(causal_lm_text_column(t, ""), 0);
+  // Tokens: 1 11 12 2 | 1 2 | 1 13 2 | 1 14 15 11 2: 14 -> blocks [1 11 12 2] [1 2 1 13]
+  // [2 1 14 15], the last 2 dropped.
+  const CausalLmDataset d(t, 0, enc, 4, 0, t.rows());
+  ASSERT_EQ(d.size(), 3);
+  Rows r;
+  const Batch b = r.batch(1, 5, true);
+  d.fill_row(2, b, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1, 14, 15, 0}));
+  EXPECT_EQ(r.labels, (std::vector<int32_t>{2, 1, 14, 15, kIgnoreIndex}));
+  EXPECT_EQ(r.mask, (std::vector<int32_t>{1, 1, 1, 1, 0}));
+  EXPECT_EQ(d.count_targets(0), 3);
+  // Only rows [2, 4): 1 13 2 1 14 15 11 2 -> 2 blocks.
+  EXPECT_EQ(CausalLmDataset(t, 0, enc, 4, 2, 4).size(), 2);
+  expect_error([&] { CausalLmDataset(t, 0, enc, 64, 0, t.rows()); }, "not one block");
+  EXPECT_EQ(validation_split_rows(34669, 5), 1733);
+  EXPECT_EQ(validation_split_rows(10, 0), 0);
+  expect_error([] { validation_split_rows(10, 100); }, "validation_split_percentage");
+}
+
+}  // namespace
+}  // namespace brisk::testing
