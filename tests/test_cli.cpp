@@ -320,6 +320,23 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
   fs::remove_all(dir);
 }
 
+// brisk tokenize prints each line's ids as the library gives them (the fixture's expectations).
+TEST(Cli, TokenizePrintsEachLinesIds) {
+  const std::string in = (std::filesystem::temp_directory_path() /
+                          ("brisk_tok_in_" + std::to_string(::getpid()) + ".txt"))
+                             .string();
+  std::ofstream(in) << "Hello, world! This is a TEST of the tokenizer.\n\n";
+  const CliRun r =
+      run_brisk("tokenize --tokenizer " + fixture("tokenizer/wordpiece") + " --input " + in);
+  std::filesystem::remove(in);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(fixture("tokenizer/expected_cli.txt"));
+  std::stringstream want;
+  want << f.rdbuf();
+  EXPECT_EQ(r.out, want.str());
+  expect_refused("tokenize --tokenizer /nonexistent", "no tokenizer at '/nonexistent'");
+}
+
 TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   const std::string run = "estimate --model bert-large-uncased --per_device_train_batch_size 4 ";
   const CliRun gpu = run_brisk(run + "--device cuda");

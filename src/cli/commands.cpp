@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -14,6 +15,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
+#include "tokenizer/tokenizer.h"
 #include "train/assembly.h"
 #include "train/fit.h"
 #include "train/memory_html.h"
@@ -312,6 +314,46 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
     out << j.dump(2) << "\n";
     BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
   }
+  return 0;
+}
+
+int run_tokenize(const TokenizeArgs& a) {
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(a.tokenizer);
+  std::ifstream file;
+  if (!a.input.empty()) {
+    file.open(a.input, std::ios::binary);
+    BRISK_CHECK(file.good(), "cannot open input '", a.input, "'");
+  }
+  std::istream& in = a.input.empty() ? std::cin : file;
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::optional<std::string_view> pair;
+    std::string_view first = line;
+    const size_t sep = a.pair_separator.empty() ? std::string::npos : line.find(a.pair_separator);
+    if (sep != std::string::npos) {
+      first = std::string_view(line).substr(0, sep);
+      pair = std::string_view(line).substr(sep + a.pair_separator.size());
+    }
+    Encoded e;
+    if (a.add_special_tokens) {
+      e = tok->encode(first, pair, 0);
+    } else {
+      e.ids = tok->tokenize(first);
+      if (pair) {
+        const std::vector<int32_t> b = tok->tokenize(*pair);
+        e.ids.insert(e.ids.end(), b.begin(), b.end());
+      }
+    }
+    out = "[";
+    for (size_t i = 0; i < e.ids.size(); ++i) {
+      if (i) out += ", ";
+      out += std::to_string(e.ids[i]);
+    }
+    out += "]\n";
+    std::cout << out;
+  }
+  std::cout.flush();
   return 0;
 }
 

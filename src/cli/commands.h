@@ -33,4 +33,13 @@ struct EstimateArgs {
 };
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
 
+// Reads text lines (a file, or stdin when empty) and prints each one's ids as a JSON list.
+struct TokenizeArgs {
+  std::string tokenizer;  // a folder or tokenizer file
+  std::string input;      // empty: stdin
+  bool add_special_tokens = true;
+  std::string pair_separator;  // when set, a line's text after it is the second of a pair
+};
+int run_tokenize(const TokenizeArgs& args);
+
 }  // namespace brisk::cli

@@ -90,6 +90,19 @@ int main(int argc, char** argv) {
   e->add_option("--fit_optims", est.optims,
                 "optimizers --fit may choose, e.g. adamw_torch,adafactor (default: the run's)");
 
+  cli::TokenizeArgs tk;
+  auto* k = app.add_subcommand("tokenize",
+                               "print the ids of each input line as a JSON list (as transformers' "
+                               "tokenizer(line)[\"input_ids\"])");
+  k->add_option("--tokenizer", tk.tokenizer,
+                "model folder, tokenizer.json, vocab.txt or vocab.json")
+      ->required();
+  k->add_option("--input", tk.input, "text file, one input per line (default: stdin)");
+  k->add_option("--add_special_tokens", tk.add_special_tokens, "add [CLS]/[SEP] and the like")
+      ->capture_default_str();
+  k->add_option("--pair_separator", tk.pair_separator,
+                "split each line at this text into a pair (e.g. a tab)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -102,6 +115,7 @@ int main(int argc, char** argv) {
     if (*t) return cli::run_train(options);
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(options, est);
+    if (*k) return cli::run_tokenize(tk);
   } catch (const Error& err) {
     std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;

@@ -1,0 +1,106 @@
+"""Tokenizer fixtures: small vocabularies trained with the `tokenizers` library, the texts, and
+the ids the library gives for them (singles, pairs, truncation), for tests/test_tokenizer.cpp.
+
+  python scripts/make_tokenizer_fixtures.py    (pip install tokenizers; data/kjv from get_data.sh)
+"""
+import json
+import os
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
+
+HARD = [
+    "Hello, world! This is a TEST of the tokenizer.",
+    "café naïve résumé Ünïcödé Ångström façade",
+    "你好世界 日本語のテキスト 한국어 텍스트",
+    "emoji 😀🎉👍🏽 and symbols ©®™ ∑∫√",
+    "[MASK] is [SEP] fine, <|endoftext|> too",
+    "\ttabs\t\tand    runs   of     spaces  ",
+    "control\x01chars\x7fand\u200bzero\u200dwidth\ufeffmarks",
+    "",
+    "   ",
+    "supercalifragilisticexpialidocious " + "x" * 120,
+    "I'll we've they're DON'T it's",
+    "numbers 12345 3.14159 1,000,000 and 007",
+    "line\u2028separator\u00a0nbsp\u3000ideographic space",
+    "Straße ß İstanbul ǅ ﬁ ligature",
+    "a-b_c/d\\e|f~g`h^i",
+]
+
+
+def kjv_lines(n):
+    path = os.path.join(ROOT, "data", "kjv", "kjv.txt")
+    with open(path, encoding="utf-8") as f:
+        lines = [l.rstrip("\n") for l in f if l.strip()]
+    return lines[:: max(1, len(lines) // n)][:n]
+
+
+def wordpiece(lowercase):
+    t = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    t.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                              strip_accents=None, lowercase=lowercase)
+    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return t
+
+
+def main():
+    corpus = kjv_lines(3000) + HARD * 3
+    texts = kjv_lines(40) + HARD
+    made = {}
+    for name, lowercase in (("wordpiece", True), ("wordpiece_cased", False)):
+        t = wordpiece(lowercase)
+        t.train_from_iterator(corpus, trainers.WordPieceTrainer(
+            vocab_size=1200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+        cls, sep = t.token_to_id("[CLS]"), t.token_to_id("[SEP]")
+        t.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        t.decoder = decoders.WordPiece()
+        made[name] = t
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=800, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    made["bpe"] = bpe
+
+    for name, t in made.items():
+        folder = os.path.join(OUT, name)
+        os.makedirs(folder, exist_ok=True)
+        t.save(os.path.join(folder, "tokenizer.json"))
+        # The legacy files of the same vocabulary.
+        if name.startswith("wordpiece"):
+            vocab = t.get_vocab()
+            with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
+                for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+                    f.write(token + "\n")
+            with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+                json.dump({"do_lower_case": name == "wordpiece"}, f)
+        else:
+            t.model.save(folder)  # vocab.json, merges.txt
+        expected = {"single": [], "plain": [], "pairs": [], "decoded": []}
+        for text in texts:
+            expected["single"].append(t.encode(text).ids)
+            expected["plain"].append(t.encode(text, add_special_tokens=False).ids)
+        t.enable_truncation(max_length=16)
+        for a, b in zip(texts, texts[1:]):
+            e = t.encode(a, b)
+            expected["pairs"].append({"ids": e.ids, "type_ids": e.type_ids})
+        t.no_truncation()
+        if name == "bpe":
+            expected["decoded"] = [t.decode(t.encode(x).ids) for x in texts]
+        with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
+            json.dump(expected, f, ensure_ascii=False)
+    with open(os.path.join(OUT, "texts.json"), "w", encoding="utf-8") as f:
+        json.dump(texts, f, ensure_ascii=False, indent=0)
+    print("wrote", OUT)
+
+
+if __name__ == "__main__":
+    main()

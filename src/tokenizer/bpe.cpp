@@ -1,0 +1,209 @@
+// GPT-2's byte-level BPE: the pre-tokenizer's regex (PCRE2 with Unicode properties and the
+// lookahead it needs), every byte of a piece mapped to a printable character, then the merges
+// applied lowest rank first. Pieces are cached: real text repeats its words.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <climits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace brisk {
+
+namespace {
+
+// GPT-2's pattern: contractions, letters, numbers, other symbols (each optionally after one
+// space), then whitespace not followed by a non-space, then any whitespace.
+constexpr const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+// bytes_to_unicode: printable bytes stand for themselves, the others for code points from 256 up.
+std::vector<std::string> byte_symbols() {
+  std::vector<int> cp(256, -1);
+  for (int b = '!'; b <= '~'; ++b) cp[b] = b;
+  for (int b = 0xA1; b <= 0xAC; ++b) cp[b] = b;
+  for (int b = 0xAE; b <= 0xFF; ++b) cp[b] = b;
+  int next = 256;
+  std::vector<std::string> out(256);
+  for (int b = 0; b < 256; ++b) {
+    const int c = cp[b] >= 0 ? cp[b] : next++;
+    std::string s;
+    if (c < 0x80) {
+      s.push_back(static_cast<char>(c));
+    } else {  // two-byte UTF-8: every symbol is below 0x800
+      s.push_back(static_cast<char>(0xC0 | (c >> 6)));
+      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+    out[b] = s;
+  }
+  return out;
+}
+
+class Regex {
+ public:
+  explicit Regex(const char* pattern) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &offset, nullptr);
+    BRISK_CHECK(code_ != nullptr, "cannot compile the pre-tokenizer pattern (PCRE2 error ", err,
+                ")");
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Calls f(begin, end) for each match in order (the text is valid UTF-8).
+  template <typename F>
+  void for_each(std::string_view text, F&& f) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    PCRE2_SIZE at = 0;
+    while (at < text.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
+                                 PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      if (ov[1] == ov[0]) {  // an empty match cannot happen with this pattern; never loop
+        ++at;
+        continue;
+      }
+      f(ov[0], ov[1]);
+      at = ov[1];
+    }
+    pcre2_match_data_free(md);
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+class ByteLevelBpe final : public TokenModel {
+ public:
+  ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab,
+               const std::vector<std::pair<std::string, std::string>>& merges,
+               const std::string& origin)
+      : vocab_(std::move(vocab)), regex_(kGpt2Pattern), symbols_(byte_symbols()) {
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const auto& [a, b] = merges[i];
+      BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
+                  excerpt(b), "\") makes a token the vocabulary lacks");
+      ranks_.emplace(a + '\x01' + b, static_cast<int>(i));
+    }
+    for (const auto& [token, id] : vocab_) {
+      if (id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(id + 1);
+      tokens_[id] = token;
+    }
+    for (int b = 0; b < 256; ++b) byte_of_.emplace(symbols_[b], static_cast<unsigned char>(b));
+  }
+
+  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+    regex_.for_each(text, [&](size_t begin, size_t end) {
+      std::string mapped;
+      for (size_t i = begin; i < end; ++i) mapped += symbols_[static_cast<unsigned char>(text[i])];
+      piece(mapped, out);
+    });
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= static_cast<int32_t>(tokens_.size())) continue;
+      const std::string& t = tokens_[id];
+      for (size_t i = 0; i < t.size();) {
+        const size_t n = (static_cast<unsigned char>(t[i]) & 0x80) ? 2 : 1;
+        const auto it = byte_of_.find(t.substr(i, n));
+        if (it != byte_of_.end()) out.push_back(static_cast<char>(it->second));
+        i += n;
+      }
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
+  int32_t id_of(const std::string& token) const override {
+    const auto it = vocab_.find(token);
+    return it == vocab_.end() ? -1 : it->second;
+  }
+
+ private:
+  // One pre-tokenized piece (in byte symbols): merged lowest rank first, then looked up.
+  void piece(const std::string& word, std::vector<int32_t>& out) const {
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      const auto it = cache_.find(word);
+      if (it != cache_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < word.size();) {
+      const size_t n = (static_cast<unsigned char>(word[i]) & 0x80) ? 2 : 1;
+      parts.push_back(word.substr(i, n));
+      i += n;
+    }
+    std::string key;
+    while (parts.size() > 1) {
+      int best = INT_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        key.assign(parts[i]).append(1, '\x01').append(parts[i + 1]);
+        const auto it = ranks_.find(key);
+        if (it != ranks_.end() && it->second < best) {
+          best = it->second;
+          at = i;
+        }
+      }
+      if (best == INT_MAX) break;
+      // Merge every occurrence of this pair, left to right.
+      const std::string a = parts[at], b = parts[at + 1];
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        if (i + 1 < parts.size() && parts[i] == a && parts[i + 1] == b) {
+          merged.push_back(a + b);
+          ++i;
+        } else {
+          merged.push_back(parts[i]);
+        }
+      }
+      parts.swap(merged);
+    }
+    std::vector<int32_t> ids;
+    for (const std::string& p : parts) {
+      const auto it = vocab_.find(p);
+      BRISK_CHECK(it != vocab_.end(), "the byte-level vocabulary lacks the symbol \"", excerpt(p),
+                  "\"");
+      ids.push_back(it->second);
+    }
+    out.insert(out.end(), ids.begin(), ids.end());
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_.size() < kMaxCache) cache_.emplace(word, std::move(ids));
+  }
+
+  static constexpr size_t kMaxCache = 1 << 18;  // pieces; bounded, as memory outside the plan
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, int> ranks_;
+  Regex regex_;
+  std::vector<std::string> symbols_;
+  std::unordered_map<std::string, unsigned char> byte_of_;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenModel> make_byte_level_bpe(
+    std::unordered_map<std::string, int32_t> vocab,
+    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin) {
+  return std::make_unique<ByteLevelBpe>(std::move(vocab), merges, origin);
+}
+
+}  // namespace brisk

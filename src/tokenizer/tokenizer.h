@@ -1,0 +1,76 @@
+// Tokenizers loaded from a model folder or file as transformers finds them: tokenizer.json
+// (WordPiece with BERT's normalizer and pre-tokenizer, or GPT-2's byte-level BPE), else the
+// legacy vocab.txt (BERT) or vocab.json + merges.txt (GPT-2). Special tokens in the text are
+// matched first, as the tokenizers library's added vocabulary does; the post-processor adds the
+// model's special tokens ([CLS] A [SEP] B [SEP] with token types for BERT, nothing for GPT-2);
+// pairs are truncated longest-first.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "data/text_dataset.h"
+
+namespace brisk {
+
+// The model part: pre-tokenized words to ids.
+class TokenModel {
+ public:
+  virtual ~TokenModel() = default;
+  // Appends the ids of one added-token-free stretch of text (normalized, pre-tokenized, split).
+  virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
+  // The text of ids (byte-level BPE decodes exactly; WordPiece joins words).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t id_of(const std::string& token) const = 0;  // -1 when absent
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false;
+};
+
+class Tokenizer final : public TextEncoder {
+ public:
+  // A folder (tokenizer.json, vocab.txt, or vocab.json + merges.txt) or one of those files.
+  static std::unique_ptr<Tokenizer> load(const std::string& path);
+
+  // The ids of `text` without special tokens added (added tokens in the text are still matched).
+  std::vector<int32_t> tokenize(std::string_view text) const;
+  Encoded encode(std::string_view text, std::optional<std::string_view> pair,
+                 int64_t max_length) const override;
+  // With add_special_tokens false: the ids only (truncated to max_length when > 0).
+  Encoded encode_plain(std::string_view text, int64_t max_length) const;
+  // The text of ids; special tokens left out by default, as transformers' decode does.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  int32_t pad_id() const override { return pad_id_; }
+  int64_t vocab_size() const;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  friend struct TokenizerLoader;
+  std::string origin_;
+  std::unique_ptr<TokenModel> model_;
+  std::vector<AddedToken> added_;        // matched in the raw text, longest first
+  std::array<bool, 256> first_bytes_{};  // bytes an added token starts with
+  // The post-processor: special ids around A (and B) with their token types.
+  bool bert_template_ = false;
+  int32_t cls_id_ = -1, sep_id_ = -1, pad_id_ = 0;
+};
+
+// Word-level pieces other loaders build on.
+std::unique_ptr<TokenModel> make_wordpiece(std::unordered_map<std::string, int32_t> vocab,
+                                           const std::string& unk, int64_t max_chars,
+                                           bool lowercase, bool strip_accents, bool chinese_chars,
+                                           bool clean_text);
+std::unique_ptr<TokenModel> make_byte_level_bpe(
+    std::unordered_map<std::string, int32_t> vocab,
+    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin);
+
+}  // namespace brisk
