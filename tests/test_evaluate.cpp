@@ -179,3 +179,119 @@ TEST(Evaluate, PredictionsAreWrittenAsRunGlueWritesThem) {
 
 }  // namespace
 }  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+// The example scripts' jobs on the user's files: a classifier on a CSV (run_glue) and a causal LM
+// on a text file (run_clm), with the fixture tokenizers.
+TEST(Evaluate, RunGlueOnACsvFile) {
+  TempDir dir("glue");
+  // A learnable task: the first word decides the label.
+  const char* good[] = {"good", "great", "fine", "lovely"};
+  const char* bad[] = {"bad", "awful", "poor", "dull"};
+  auto write_csv = [&](const std::string& name, int rows, int seed, bool labels) {
+    std::ofstream f(dir / name);
+    f << (labels ? "sentence,label\n" : "sentence\n");
+    for (int i = 0; i < rows; ++i) {
+      const bool pos = (i * 7 + seed) % 3 != 0;
+      f << "\"" << (pos ? good : bad)[(i + seed) % 4] << " film, the plot " << (i % 5)
+        << " and the end\"";
+      if (labels) f << "," << (pos ? "positive" : "negative");
+      f << "\n";
+    }
+  };
+  write_csv("train.csv", 96, 1, true);
+  write_csv("dev.csv", 30, 2, true);
+  write_csv("test.csv", 10, 3, false);
+  // A tiny BERT whose vocabulary holds the fixture tokenizer's 1200 tokens.
+  const std::string model = write_model_folder(
+      dir, "bert",
+      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
+          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.validation_file = dir / "dev.csv";
+  o.test_file = dir / "test.csv";
+  o.max_seq_length = 16;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 60;
+  o.learning_rate = 3e-3;
+  o.do_eval = true;
+  o.do_predict = true;
+  TrainSummary s;
+  train_logging(o, &s);
+  EXPECT_GT(s.eval_metrics["eval_accuracy"].get<double>(), 0.9) << s.eval_metrics.dump();
+  EXPECT_EQ(s.eval_metrics["eval_samples"], 30);
+  // The saved folder is a complete transformers folder: labels named, tokenizer beside it.
+  const nlohmann::json config = read_json(o.output_dir + "/config.json");
+  EXPECT_EQ(config["id2label"], (nlohmann::json{{"0", "negative"}, {"1", "positive"}}));
+  EXPECT_EQ(config["label2id"], (nlohmann::json{{"negative", 0}, {"positive", 1}}));
+  EXPECT_TRUE(fs::exists(o.output_dir + "/tokenizer.json"));
+  std::ifstream pred(o.output_dir + "/predict_results.txt");
+  std::string line;
+  std::getline(pred, line);
+  EXPECT_EQ(line, "index\tprediction");
+  int rows = 0, right = 0;
+  while (std::getline(pred, line)) {
+    const bool pos = (rows * 7 + 3) % 3 != 0;
+    right += line == std::to_string(rows) + "\t" + (pos ? "positive" : "negative");
+    ++rows;
+  }
+  EXPECT_EQ(rows, 10);
+  EXPECT_GE(right, 9);
+  // The fine-tuned folder evaluates on its own: tokenizer and label names come with it.
+  TrainOptions again;
+  again.model_name_or_path = o.output_dir;
+  again.output_dir = dir / "again";
+  again.validation_file = o.validation_file;
+  again.max_seq_length = 16;
+  again.do_train = false;
+  again.do_eval = true;
+  again.disable_tqdm = true;
+  again.device = "cpu";
+  TrainSummary e;
+  train_logging(again, &e);
+  EXPECT_NEAR(e.eval_metrics["eval_loss"].get<double>(), s.eval_metrics["eval_loss"].get<double>(),
+              1e-5);
+  // Bad data ends with a message naming the file and line.
+  std::ofstream(dir / "bad.csv") << "sentence,label\n\"unclosed,positive\n";
+  o.validation_file = dir / "bad.csv";
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "bad.csv:2: a quoted field");
+}
+
+TEST(Evaluate, RunClmOnATextFile) {
+  TempDir dir("clm");
+  {
+    std::ifstream texts(fixture("tokenizer/texts.json"));
+    const auto lines = nlohmann::json::parse(texts).get<std::vector<std::string>>();
+    std::ofstream f(dir / "text.txt");
+    for (int r = 0; r < 6; ++r)
+      for (const auto& l : lines) f << l << "\n";
+  }
+  const std::string model = write_model_folder(
+      dir, "gpt2",
+      R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
+          "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})");
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tokenizer_name = fixture("tokenizer/bpe");
+  o.train_file = dir / "text.txt";
+  o.block_size = 32;
+  o.validation_split_percentage = 10;
+  o.max_steps = 20;
+  o.learning_rate = 3e-3;
+  o.do_eval = true;
+  TrainSummary s;
+  train_logging(o, &s);
+  const double loss = s.eval_metrics["eval_loss"];
+  EXPECT_LT(loss, std::log(800.0));  // learned something of the text
+  EXPECT_NEAR(s.eval_metrics["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  EXPECT_GT(s.eval_metrics["eval_samples"].get<int64_t>(), 0);
+  o.block_size = 100000;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "not one block");
+}
+
+}  // namespace
+}  // namespace brisk::testing

@@ -40,14 +40,30 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   }
   r.device = device;
   r.config = resolve_config(o.model_name_or_path);
+  const bool files = !dataset && uses_text_files(o);
+  if (files) {
+    r.files = load_file_data(o, r.config);  // classification: the config learns the labels
+    o.seq_len = r.files.seq_len;
+  }
   r.model = Model::create(r.config);
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
-  r.owned_data = dataset ? nullptr : make_dataset(o, r.config, layout);
-  r.data = dataset ? dataset : r.owned_data.get();
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
-  if (evaluates || o.do_predict) {
+  if (files) {
+    BRISK_CHECK(!evaluates || r.files.eval, "evaluation needs --validation_file",
+                layout.labels_per_token ? " (or --validation_split_percentage above 0)" : "");
+    BRISK_CHECK(!o.do_predict || r.files.test, "do_predict needs --test_file");
+    r.eval_data = r.files.eval.get();
+    r.test_data = r.files.test.get();
+    // A run that does not train still plans a loader: over the data it evaluates.
+    r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
+    r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
+  } else {
+    r.owned_data = dataset ? nullptr : make_dataset(o, r.config, layout);
+    r.data = dataset ? dataset : r.owned_data.get();
+  }
+  if (!files && (evaluates || o.do_predict)) {
     BRISK_CHECK(o.dataset == "synthetic", "evaluation and prediction need --dataset synthetic ",
                 "for now (a token file has no evaluation split)");
     auto synthetic = [&](uint64_t seed) {

@@ -15,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "precision/mixed_precision.h"
 #include "train/evaluate.h"
+#include "train/file_data.h"
 #include "train/options.h"
 
 namespace brisk {
@@ -28,6 +29,7 @@ struct RunAssembly {
   const Dataset* data = nullptr;
   std::unique_ptr<DataLoader> loader;
   // Evaluation (--do_eval, --eval_strategy) and prediction (--do_predict) data, when asked for.
+  FileData files;  // --train_file and friends: the tokenizer and the datasets read from them
   std::unique_ptr<Dataset> owned_eval, owned_test;
   const Dataset* eval_data = nullptr;
   const Dataset* test_data = nullptr;

@@ -162,6 +162,17 @@ void validate_options(const TrainOptions& o) {
                 "load_best_model_at_end: save_steps (", o.save_steps,
                 ") must be a multiple of eval_steps (", every, ")");
   }
+  const bool files = !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
+  BRISK_CHECK(!files || o.dataset == "synthetic",
+              "--dataset and --train_file/--validation_file/--test_file contradict each other: "
+              "give one");
+  BRISK_CHECK(!files || !o.do_train || !o.train_file.empty(),
+              "do_train with text files needs --train_file");
+  positive("max_seq_length", o.max_seq_length);
+  BRISK_CHECK(o.block_size >= 0, "block_size must not be negative, got ", o.block_size);
+  BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
+              "validation_split_percentage must lie in [0, 100), got ",
+              o.validation_split_percentage);
   BRISK_CHECK(o.report_to == "none" || o.report_to == "tensorboard" || o.report_to == "all",
               "unknown report_to \"", excerpt(o.report_to), "\" (valid: none, tensorboard, all)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");

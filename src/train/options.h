@@ -19,6 +19,14 @@ struct TrainOptions {
   int64_t seq_len = 512;       // sequence length of the synthetic data / token file split
   int64_t dataset_size = 512;  // synthetic samples
   std::string synthetic_task = "random";  // "random" (the seeds') or "learnable"
+  // The user's text files, as the example scripts take them (run_glue for BERT, run_clm for
+  // GPT-2); when given they replace --dataset.
+  std::string train_file, validation_file, test_file;
+  std::string tokenizer_name;    // "": the model folder's tokenizer
+  int64_t max_seq_length = 128;  // classification: tokens per example (truncated, padded)
+  int64_t block_size = 0;        // causal LM: tokens per block (0: min(1024, n_positions))
+  std::string text_column_name;
+  int64_t validation_split_percentage = 5;  // causal LM without a validation file
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -78,6 +86,20 @@ void visit_options(Options& o, Visitor&& v) {
   v("seq_len", o.seq_len, "sequence length of the training samples");
   v("dataset_size", o.dataset_size, "number of synthetic samples");
   v("synthetic_task", o.synthetic_task, "random (the seeds' data) or learnable");
+  v("train_file", o.train_file,
+    "training data: .csv, .tsv, .json/.jsonl or .txt (BERT: text columns and a label column, "
+    "as run_glue; GPT-2: text, as run_clm)");
+  v("validation_file", o.validation_file, "evaluation data in the same form");
+  v("test_file", o.test_file, "data to predict (do_predict); its labels may be absent");
+  v("tokenizer_name", o.tokenizer_name,
+    "tokenizer folder or file (default: the model folder's tokenizer.json, vocab.txt or "
+    "vocab.json + merges.txt)");
+  v("max_seq_length", o.max_seq_length, "classification: tokens per example after truncation");
+  v("block_size", o.block_size, "causal LM: tokens per training block (0: min(1024, n_positions))");
+  v("text_column_name", o.text_column_name, "the column holding the text (default as the scripts)");
+  v("validation_split_percentage", o.validation_split_percentage,
+    "causal LM without --validation_file: the first this many percent of the training rows "
+    "validate");
   v("output_dir", o.output_dir, "where checkpoints and the run summary go");
   v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
   v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");

@@ -482,6 +482,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     // As the example scripts' trainer.save_model(): the final model in output_dir.
     peaks.enter(PeakPhases::saves);
     save_model(*be, o.output_dir, *model, precision.master(model->params()));
+    if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
   }
   peaks.enter(PeakPhases::steps);
   nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
