@@ -39,6 +39,7 @@ struct TokenizeArgs {
   std::string input;      // empty: stdin
   bool add_special_tokens = true;
   std::string pair_separator;  // when set, a line's text after it is the second of a pair
+  bool count_only = false;     // print only the counts and the time (for benchmarks)
 };
 int run_tokenize(const TokenizeArgs& args);
 

@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   k->add_option("--pair_separator", tk.pair_separator,
                 "split each line at this text into a pair (e.g. a tab)");
+  k->add_flag("--count_only", tk.count_only,
+              "print only the lines, tokens and seconds (tokenizer throughput)");
 
   try {
     app.parse(argc, argv);

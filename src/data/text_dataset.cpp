@@ -10,6 +10,26 @@
 
 namespace brisk {
 
+namespace {
+// Encodes rows [0, n) in parallel (OpenMP); the first error any row raises is raised here.
+template <typename F>
+std::vector<Encoded> encode_rows(int64_t n, F&& encode_row) {
+  std::vector<Encoded> out(static_cast<size_t>(n));
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 64)
+  for (int64_t r = 0; r < n; ++r) {
+    try {
+      out[static_cast<size_t>(r)] = encode_row(r);
+    } catch (const std::exception& e) {
+#pragma omp critical(brisk_encode_error)
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (!error.empty()) throw Error(error);
+  return out;
+}
+}  // namespace
+
 ClassificationColumns classification_columns(const TextTable& t,
                                              const std::string& text_column_name) {
   ClassificationColumns c;
@@ -92,16 +112,19 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
                                                      const TextEncoder& encoder, int64_t max_length)
     : max_length_(max_length), pad_(encoder.pad_id()) {
   BRISK_CHECK(max_length > 0, "max_seq_length must be positive");
+  // Checked in order first, so the first bad row is the one named.
+  for (int64_t r = 0; r < t.rows(); ++r)
+    for (int64_t col : {columns.first, columns.second})
+      BRISK_CHECK(col < 0 || t.kind(r, col) != CellKind::null, t.where(r), ": column \"",
+                  t.columns()[col], "\" is empty");
+  const std::vector<Encoded> rows = encode_rows(t.rows(), [&](int64_t r) {
+    std::optional<std::string_view> second;
+    if (columns.second >= 0) second = t.text(r, columns.second);
+    return encoder.encode(t.text(r, columns.first), second, max_length);
+  });
   offsets_.push_back(0);
   for (int64_t r = 0; r < t.rows(); ++r) {
-    auto text = [&](int64_t col) -> std::string_view {
-      BRISK_CHECK(t.kind(r, col) != CellKind::null, t.where(r), ": column \"", t.columns()[col],
-                  "\" is empty");
-      return t.text(r, col);
-    };
-    std::optional<std::string_view> second;
-    if (columns.second >= 0) second = text(columns.second);
-    const Encoded e = encoder.encode(text(columns.first), second, max_length);
+    const Encoded& e = rows[static_cast<size_t>(r)];
     BRISK_CHECK(static_cast<int64_t>(e.ids.size()) <= max_length, t.where(r), ": the tokenizer ",
                 "returned ", e.ids.size(), " tokens where at most ", max_length, " were asked for");
     ids_.insert(ids_.end(), e.ids.begin(), e.ids.end());
@@ -143,11 +166,12 @@ CausalLmDataset::CausalLmDataset(const TextTable& t, int64_t column, const TextE
                                  int64_t block_size, int64_t first_row, int64_t end_row)
     : block_size_(block_size) {
   BRISK_CHECK(block_size >= 2, "block_size must be at least 2");
-  for (int64_t r = first_row; r < end_row; ++r) {
-    if (t.kind(r, column) == CellKind::null) continue;
-    const Encoded e = encoder.encode(t.text(r, column), std::nullopt, 0);
-    tokens_.insert(tokens_.end(), e.ids.begin(), e.ids.end());
-  }
+  const std::vector<Encoded> rows = encode_rows(end_row - first_row, [&](int64_t i) {
+    const int64_t r = first_row + i;
+    return t.kind(r, column) == CellKind::null ? Encoded{}
+                                               : encoder.encode(t.text(r, column), std::nullopt, 0);
+  });
+  for (const Encoded& e : rows) tokens_.insert(tokens_.end(), e.ids.begin(), e.ids.end());
   BRISK_CHECK(static_cast<int64_t>(tokens_.size()) >= block_size, "'", t.origin(), "' rows [",
               first_row, ", ", end_row, ") hold ", tokens_.size(),
               " tokens: not one block of block_size ", block_size);

@@ -203,6 +203,20 @@ void parse_delimited(std::string_view s, char delim, TableBuilder& out) {
   BRISK_CHECK(!header, out.at(1), "the file is empty: a header row naming the columns is needed");
 }
 
+// Calls f(line number, text) for each line (LF or CRLF; a last line without an end counts).
+template <typename F>
+void for_each_line(std::string_view s, F&& f) {
+  int64_t line = 0;
+  for (size_t i = 0; i < s.size();) {
+    size_t end = s.find('\n', i);
+    if (end == std::string_view::npos) end = s.size();
+    std::string_view text = s.substr(i, end - i);
+    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+    f(++line, text);
+    i = end + 1;
+  }
+}
+
 CellKind json_kind(const nlohmann::ordered_json& v) {
   if (v.is_null()) return CellKind::null;
   if (v.is_boolean()) return CellKind::boolean;
@@ -239,37 +253,22 @@ void parse_json_lines(std::string_view s, TableBuilder& out) {
     for (const auto& rec : all) add_json_record(rec, 1, out);
     return;
   }
-  int64_t line = 0;
-  size_t i = 0;
-  while (i < s.size()) {
-    ++line;
-    size_t end = s.find('\n', i);
-    if (end == std::string_view::npos) end = s.size();
-    const std::string_view text = s.substr(i, end - i);
-    i = end + 1;
-    if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+  for_each_line(s, [&](int64_t line, std::string_view text) {
+    if (text.find_first_not_of(" \t") == std::string_view::npos) return;
     add_json_record(parse_ordered_json_bounded(text.data(), text.data() + text.size(),
                                                out.at(line).substr(0, out.at(line).size() - 2), 32),
                     line, out);
-  }
+  });
 }
 
 void parse_lines(std::string_view s, TableBuilder& out) {
   out.set_columns({"text"}, 1);
   std::vector<std::string> cells(1);
   std::vector<CellKind> kinds(1, CellKind::text);
-  int64_t line = 0;
-  size_t i = 0;
-  while (i < s.size()) {
-    ++line;
-    size_t end = s.find('\n', i);
-    if (end == std::string_view::npos) end = s.size();
-    std::string_view text = s.substr(i, end - i);
-    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
-    i = end + 1;
+  for_each_line(s, [&](int64_t line, std::string_view text) {
     cells[0].assign(text);
     out.add_row(cells, kinds, line);
-  }
+  });
 }
 
 struct Mapping {

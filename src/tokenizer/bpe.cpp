@@ -89,16 +89,12 @@ class ByteLevelBpe final : public TokenModel {
   ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab,
                const std::vector<std::pair<std::string, std::string>>& merges,
                const std::string& origin)
-      : vocab_(std::move(vocab)), regex_(kGpt2Pattern), symbols_(byte_symbols()) {
+      : TokenModel(std::move(vocab)), regex_(kGpt2Pattern), symbols_(byte_symbols()) {
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [a, b] = merges[i];
       BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
                   excerpt(b), "\") makes a token the vocabulary lacks");
       ranks_.emplace(a + '\x01' + b, static_cast<int>(i));
-    }
-    for (const auto& [token, id] : vocab_) {
-      if (id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(id + 1);
-      tokens_[id] = token;
     }
     for (int b = 0; b < 256; ++b) byte_of_.emplace(symbols_[b], static_cast<unsigned char>(b));
   }
@@ -124,12 +120,6 @@ class ByteLevelBpe final : public TokenModel {
       }
     }
     return out;
-  }
-
-  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
-  int32_t id_of(const std::string& token) const override {
-    const auto it = vocab_.find(token);
-    return it == vocab_.end() ? -1 : it->second;
   }
 
  private:
@@ -188,8 +178,6 @@ class ByteLevelBpe final : public TokenModel {
   }
 
   static constexpr size_t kMaxCache = 1 << 18;  // pieces; bounded, as memory outside the plan
-  std::unordered_map<std::string, int32_t> vocab_;
-  std::vector<std::string> tokens_;
   std::unordered_map<std::string, int> ranks_;
   Regex regex_;
   std::vector<std::string> symbols_;

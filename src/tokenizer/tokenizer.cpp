@@ -96,6 +96,22 @@ std::string type_of(const nlohmann::json& j) {
 }
 }  // namespace
 
+TokenModel::TokenModel(std::unordered_map<std::string, int32_t> vocab) : vocab_(std::move(vocab)) {
+  // Ids index a table: one far beyond the vocabulary's size would make it huge.
+  const size_t bound = 4 * vocab_.size() + 1024;
+  for (const auto& [token, id] : vocab_) {
+    BRISK_CHECK(static_cast<size_t>(id) < bound, "token \"", excerpt(token), "\" has id ", id,
+                ", far beyond the vocabulary's ", vocab_.size(), " entries");
+    if (id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(static_cast<size_t>(id) + 1);
+    tokens_[static_cast<size_t>(id)] = token;
+  }
+}
+
+int32_t TokenModel::id_of(const std::string& token) const {
+  const auto it = vocab_.find(token);
+  return it == vocab_.end() ? -1 : it->second;
+}
+
 struct TokenizerLoader {
   static void from_tokenizer_json(Tokenizer& t, const std::string& path) {
     const std::string text = read_text(path, "tokenizer file");

@@ -18,16 +18,21 @@
 
 namespace brisk {
 
-// The model part: pre-tokenized words to ids.
+// The model part: pre-tokenized words to ids, over a vocabulary of token -> id.
 class TokenModel {
  public:
+  explicit TokenModel(std::unordered_map<std::string, int32_t> vocab);
   virtual ~TokenModel() = default;
   // Appends the ids of one added-token-free stretch of text (normalized, pre-tokenized, split).
   virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
   // The text of ids (byte-level BPE decodes exactly; WordPiece joins words).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-  virtual int64_t vocab_size() const = 0;
-  virtual int32_t id_of(const std::string& token) const = 0;  // -1 when absent
+  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  int32_t id_of(const std::string& token) const;  // -1 when absent
+
+ protected:
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> tokens_;  // id -> token
 };
 
 struct AddedToken {

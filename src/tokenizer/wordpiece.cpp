@@ -75,7 +75,7 @@ class WordPiece final : public TokenModel {
   WordPiece(std::unordered_map<std::string, int32_t> vocab, const std::string& unk,
             int64_t max_chars, bool lowercase, bool strip_accents, bool chinese_chars,
             bool clean_text)
-      : vocab_(std::move(vocab)),
+      : TokenModel(std::move(vocab)),
         max_chars_(max_chars),
         lowercase_(lowercase),
         strip_accents_(strip_accents),
@@ -85,10 +85,6 @@ class WordPiece final : public TokenModel {
     BRISK_CHECK(it != vocab_.end(), "the WordPiece vocabulary lacks its unknown token \"",
                 excerpt(unk), "\"");
     unk_ = it->second;
-    for (const auto& [token, id] : vocab_) {
-      if (id >= static_cast<int32_t>(tokens_.size())) tokens_.resize(id + 1);
-      tokens_[id] = token;
-    }
   }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
@@ -163,12 +159,6 @@ class WordPiece final : public TokenModel {
     return out;
   }
 
-  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
-  int32_t id_of(const std::string& token) const override {
-    const auto it = vocab_.find(token);
-    return it == vocab_.end() ? -1 : it->second;
-  }
-
  private:
   // Greedy longest-match-first; a word that does not split entirely becomes [UNK].
   void split_word(const std::string& word, int64_t chars, std::vector<int32_t>& out) const {
@@ -204,8 +194,6 @@ class WordPiece final : public TokenModel {
     }
   }
 
-  std::unordered_map<std::string, int32_t> vocab_;
-  std::vector<std::string> tokens_;
   int32_t unk_ = 0;
   int64_t max_chars_;
   bool lowercase_, strip_accents_, chinese_chars_, clean_text_;
