@@ -156,6 +156,17 @@ const Tensor& SafetensorsFile::get(const std::string& name) const {
   return it->second;
 }
 
+void SafetensorsFile::release(const Tensor& t) const {
+  const auto* begin = static_cast<const char*>(t.data());
+  const auto* base = static_cast<const char*>(map_);
+  if (begin < base || begin + t.bytes() > base + size_) return;  // an aligned copy: not mapped
+  // Whole pages inside the tensor only: its neighbours' pages stay.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + t.bytes()) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   for (const auto& [n, t] : tensors_) out.push_back(n);

@@ -24,6 +24,10 @@ class SafetensorsFile {
   // Throws naming the file when the tensor is absent.
   const Tensor& get(const std::string& name) const;
   std::vector<std::string> names() const;
+  // Lets the kernel drop the mapped pages under `view` (a tensor of this file, or a range of one)
+  // once copied out (a later read maps them again from the file), so loading a model never holds
+  // the whole file and its copy at once.
+  void release(const Tensor& view) const;
   const std::string& path() const { return path_; }
 
  private:

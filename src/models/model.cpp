@@ -296,9 +296,17 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const SafetensorsFi
     const std::string what = "parameter '" + name + "' in '" + file.path() + "'";
     BRISK_CHECK(src.shape() == p.shape, what, ": shape ", src.shape().str(), " where ",
                 p.shape.str(), " is expected");
+    // In 8 MiB ranges, each released once copied: the file's pages and the weights they fill
+    // are never both resident in whole.
     write_in_pieces(be, params_.weight(static_cast<int>(i)),
                     [&](const Tensor& piece, int64_t first) {
-                      copy_to_f32(element_range(src, first, piece.numel()), piece, what);
+                      constexpr int64_t kRange = int64_t{2} << 20;  // elements
+                      for (int64_t at = 0; at < piece.numel(); at += kRange) {
+                        const int64_t n = std::min(kRange, piece.numel() - at);
+                        const Tensor part = element_range(src, first + at, n);
+                        copy_to_f32(part, element_range(piece, at, n), what);
+                        file.release(part);
+                      }
                     });
   }
   std::sort(missing.begin(), missing.end());
