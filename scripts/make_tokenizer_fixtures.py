@@ -1,13 +1,18 @@
 """Tokenizer fixtures: small vocabularies trained with the `tokenizers` library, the texts, and
 the ids the library gives for them (singles, pairs, truncation), for tests/test_tokenizer.cpp.
 
-  python scripts/make_tokenizer_fixtures.py    (pip install tokenizers; data/kjv from get_data.sh)
+  python scripts/make_tokenizer_fixtures.py [--retrain]
+  (pip install tokenizers; data/kjv from get_data.sh)
+
+Training is not deterministic (ties), so a vocabulary already under tests/fixtures is loaded, not
+trained again, unless --retrain: the expectations are then recomputed for the same vocabularies.
 """
 import json
 import os
+import sys
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Regex
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
@@ -30,6 +35,20 @@ HARD = [
     "Straße ß İstanbul ǅ ﬁ ligature",
     "a-b_c/d\\e|f~g`h^i",
 ]
+
+# Texts added after the first vocabularies were trained: every tokenizer is checked on them, only
+# the Llama-3-style one is trained on them (so the older vocabularies stay as they were).
+MORE = [
+    "windows\r\nline\r\n\r\nends and\nunix\n\n  lines\n",
+    "digits 1234567 and 12,345,678.90 in groups; YOU'LL SHE'S We'Re",
+    "  leading and trailing spaces   \t",
+    "mixed😀emoji🎉inside词语words",
+    "<|begin_of_text|>special<|end_of_text|> in the middle",
+]
+
+# Llama-3's pre-tokenizer regex (a Split before a ByteLevel without its own regex).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def kjv_lines(n):
@@ -70,8 +89,32 @@ def main():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     made["bpe"] = bpe
 
+    llama = Tokenizer(models.BPE(ignore_merges=True))
+    llama.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    llama.decoder = decoders.ByteLevel()
+    llama.train_from_iterator(corpus + MORE * 3, trainers.BpeTrainer(
+        vocab_size=900, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = llama.token_to_id("<|begin_of_text|>")
+    llama.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+        special_tokens=[("<|begin_of_text|>", bos)])
+    assert json.loads(llama.to_str())["model"]["ignore_merges"]
+    made["bpe_llama3"] = llama
+    # The same vocabulary split on a pattern that leaves text between its matches: the Isolated
+    # behaviour keeps those stretches as pieces too.
+    gaps = json.loads(llama.to_str())
+    gaps["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\p{L}+|\p{N}"
+    made["bpe_split_gaps"] = Tokenizer.from_str(json.dumps(gaps))
+    texts = texts + MORE
+
     for name, t in made.items():
         folder = os.path.join(OUT, name)
+        kept = os.path.join(folder, "tokenizer.json")
+        if "--retrain" not in sys.argv and os.path.exists(kept):
+            t = Tokenizer.from_file(kept)
         os.makedirs(folder, exist_ok=True)
         t.save(os.path.join(folder, "tokenizer.json"))
         # The legacy files of the same vocabulary.
@@ -82,7 +125,7 @@ def main():
                     f.write(token + "\n")
             with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
                 json.dump({"do_lower_case": name == "wordpiece"}, f)
-        else:
+        elif name == "bpe":
             t.model.save(folder)  # vocab.json, merges.txt
         expected = {"single": [], "plain": [], "pairs": [], "decoded": []}
         for text in texts:
@@ -93,7 +136,7 @@ def main():
             e = t.encode(a, b)
             expected["pairs"].append({"ids": e.ids, "type_ids": e.type_ids})
         t.no_truncation()
-        if name == "bpe":
+        if name.startswith("bpe"):
             expected["decoded"] = [t.decode(t.encode(x).ids) for x in texts]
         with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
             json.dump(expected, f, ensure_ascii=False)

@@ -1,7 +1,8 @@
 // Tokenizers against the `tokenizers` library on the same vocabularies and texts
 // (tests/fixtures/tokenizer, from scripts/make_tokenizer_fixtures.py): WordPiece with BERT's
-// normalizer (uncased and cased) and GPT-2's byte-level BPE, each loaded from tokenizer.json and
-// from its legacy files; single texts, texts without special tokens, truncated pairs, decoding.
+// normalizer (uncased and cased), GPT-2's byte-level BPE (tokenizer.json and the legacy files) and
+// Llama-3's (a Split regex before ByteLevel, ignore_merges, a BOS template); single texts, texts
+// without special tokens, truncated pairs with their token types, decoding.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -52,6 +53,17 @@ TEST(Tokenizer, ByteLevelBpeEqualsTheLibrary) {
   expect_like_the_library("bpe", fixture("tokenizer/bpe/vocab.json"));  // + merges.txt
 }
 
+TEST(Tokenizer, Llama3StyleByteLevelBpeEqualsTheLibrary) {
+  expect_like_the_library("bpe_llama3", fixture("tokenizer/bpe_llama3"));
+  // A Split pattern that leaves text between its matches: those stretches are pieces too.
+  expect_like_the_library("bpe_split_gaps", fixture("tokenizer/bpe_split_gaps"));
+}
+
+TEST(Tokenizer, TextThatIsNotUtf8IsRefused) {
+  const auto t = Tokenizer::load(fixture("tokenizer/bpe_llama3"));
+  expect_error([&] { t->tokenize("ok \xC3\x28 bad"); }, "not valid UTF-8");
+}
+
 TEST(Tokenizer, MalformedFilesAreRefusedByName) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("brisk_tok_" + std::to_string(::getpid()));
@@ -81,6 +93,44 @@ TEST(Tokenizer, MalformedFilesAreRefusedByName) {
             "model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a a"]}})"));
       },
       "makes a token the vocabulary lacks");
+  const std::string bpe_head =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": )";
+  expect_error(
+      [&] {
+        Tokenizer::load(write("f.json", bpe_head + R"({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(a"}, "behavior": "Isolated"},
+            {"type": "ByteLevel", "use_regex": false}]}})"));
+      },
+      "cannot compile the pre-tokenizer pattern \"(a\"");
+  expect_error(
+      [&] {
+        Tokenizer::load(write("g.json", bpe_head + R"({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Removed"},
+            {"type": "ByteLevel", "use_regex": false}]}})"));
+      },
+      "only a Split on a regex, isolated");
+  expect_error([&] { Tokenizer::load(write("h.json", bpe_head + R"({"type": "Metaspace"}})")); },
+               "pre_tokenizer \"Metaspace\" is not supported with BPE");
+  const std::string wp_head = R"({"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}},
+      "post_processor": {"type": "TemplateProcessing", )";
+  expect_error(
+      [&] {
+        Tokenizer::load(write("i.json", wp_head + R"("single": [{"SpecialToken": {"id": "[X]"}},
+            {"Sequence": {"id": "A"}}], "pair": [], "special_tokens": {}}})"));
+      },
+      "special token \"[X]\" has no ids");
+  expect_error(
+      [&] {
+        Tokenizer::load(write("j.json", wp_head + R"("single": [{"Sequence": {"id": "A"}}],
+            "pair": [{"Sequence": {"id": "A"}}], "special_tokens": {}}})"));
+      },
+      "the pair template must hold $A and $B");
+  expect_error(
+      [&] {
+        Tokenizer::load(write("k.json", wp_head + R"("single": [{"Sequence": {"id": "B"}}],
+            "pair": [], "special_tokens": {}}})"));
+      },
+      "the single template names sequence \"B\"");
   write("vocab.json", R"({"a": 0, "b": 1})");
   write("merges.txt", "#version: 0.2\na b c\n");
   expect_error([&] { Tokenizer::load((dir / "vocab.json").string()); },

@@ -1,6 +1,6 @@
-// GPT-2's byte-level BPE: the pre-tokenizer's regex (PCRE2 with Unicode properties and the
-// lookahead it needs), every byte of a piece mapped to a printable character, then the merges
-// applied lowest rank first. Pieces are cached: real text repeats its words.
+// Byte-level BPE (GPT-2, Llama-3): the pre-tokenizer's regex (PCRE2 with Unicode properties and
+// the lookahead GPT-2 needs), every byte of a piece mapped to a printable character, then the
+// merges applied lowest rank first. Pieces are cached: real text repeats its words.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -47,49 +47,76 @@ std::vector<std::string> byte_symbols() {
 
 class Regex {
  public:
-  explicit Regex(const char* pattern) {
+  explicit Regex(const std::string& pattern) {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &offset, nullptr);
-    BRISK_CHECK(code_ != nullptr, "cannot compile the pre-tokenizer pattern (PCRE2 error ", err,
-                ")");
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+    if (code_ == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(err, message, sizeof message);
+      BRISK_FAIL("cannot compile the pre-tokenizer pattern \"", excerpt(pattern), "\" at ", offset,
+                 ": ", reinterpret_cast<const char*>(message));
+    }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+    // A pattern from a file may backtrack without end on some text: bound its work per match.
+    context_ = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context_, 1'000'000);
   }
-  ~Regex() { pcre2_code_free(code_); }
+  ~Regex() {
+    pcre2_match_context_free(context_);
+    pcre2_code_free(code_);
+  }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
-  // Calls f(begin, end) for each match in order (the text is valid UTF-8).
+  // Calls f(begin, end) for each match and each stretch between matches, in order (the
+  // tokenizers library's Split with the Isolated behaviour).
   template <typename F>
   void for_each(std::string_view text, F&& f) const {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
-    PCRE2_SIZE at = 0;
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    PCRE2_SIZE at = 0, emitted = 0;
+    // The first match checks the whole text is UTF-8; later ones start at character boundaries.
+    uint32_t options = 0;
     while (at < text.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
-                                 PCRE2_NO_UTF_CHECK, md, nullptr);
-      if (rc < 0) break;
+      const int rc = pcre2_match(code_, subject, text.size(), at, options, md, context_);
+      options = PCRE2_NO_UTF_CHECK;
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        BRISK_CHECK(rc > PCRE2_ERROR_UTF8_ERR1 || rc < PCRE2_ERROR_UTF8_ERR21,
+                    "the text is not valid UTF-8");
+        BRISK_FAIL("the pre-tokenizer pattern failed on the text (PCRE2 error ", rc, ")");
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      if (ov[1] == ov[0]) {  // an empty match cannot happen with this pattern; never loop
-        ++at;
+      if (ov[1] == ov[0]) {  // an empty match splits nothing: move on one character
+        at = ov[0] + 1;
+        while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
         continue;
       }
+      if (ov[0] > emitted) f(emitted, ov[0]);
       f(ov[0], ov[1]);
-      at = ov[1];
+      at = emitted = ov[1];
     }
     pcre2_match_data_free(md);
+    if (emitted < text.size()) f(emitted, text.size());
   }
 
  private:
   pcre2_code* code_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
 };
 
 class ByteLevelBpe final : public TokenModel {
  public:
   ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab,
                const std::vector<std::pair<std::string, std::string>>& merges,
-               const std::string& origin)
-      : TokenModel(std::move(vocab)), regex_(kGpt2Pattern), symbols_(byte_symbols()) {
+               const std::string& origin, const std::string& pattern, bool ignore_merges)
+      : TokenModel(std::move(vocab)),
+        regex_(pattern.empty() ? std::string(kGpt2Pattern) : pattern),
+        ignore_merges_(ignore_merges),
+        symbols_(byte_symbols()) {
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [a, b] = merges[i];
       BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
@@ -130,6 +157,13 @@ class ByteLevelBpe final : public TokenModel {
       const auto it = cache_.find(word);
       if (it != cache_.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    if (ignore_merges_) {
+      const auto whole = vocab_.find(word);
+      if (whole != vocab_.end()) {
+        out.push_back(whole->second);
         return;
       }
     }
@@ -180,6 +214,7 @@ class ByteLevelBpe final : public TokenModel {
   static constexpr size_t kMaxCache = 1 << 18;  // pieces; bounded, as memory outside the plan
   std::unordered_map<std::string, int> ranks_;
   Regex regex_;
+  bool ignore_merges_;
   std::vector<std::string> symbols_;
   std::unordered_map<std::string, unsigned char> byte_of_;
   mutable std::mutex cache_mu_;
@@ -190,8 +225,9 @@ class ByteLevelBpe final : public TokenModel {
 
 std::unique_ptr<TokenModel> make_byte_level_bpe(
     std::unordered_map<std::string, int32_t> vocab,
-    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin) {
-  return std::make_unique<ByteLevelBpe>(std::move(vocab), merges, origin);
+    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin,
+    const std::string& pattern, bool ignore_merges) {
+  return std::make_unique<ByteLevelBpe>(std::move(vocab), merges, origin, pattern, ignore_merges);
 }
 
 }  // namespace brisk

@@ -145,15 +145,12 @@ struct TokenizerLoader {
                                 flag_or(norm, "handle_chinese_chars", true),
                                 flag_or(norm, "clean_text", true));
     } else if (type == "BPE") {
-      BRISK_CHECK(type_of(pre) == "ByteLevel" && !flag_or(pre, "add_prefix_space", false) &&
-                      flag_or(pre, "use_regex", true),
-                  "'", path, "': only GPT-2's byte-level BPE is supported (pre_tokenizer \"",
-                  excerpt(type_of(pre)), "\")");
       BRISK_CHECK(norm.is_null(), "'", path, "': normalizer \"", excerpt(type_of(norm)),
                   "\" is not supported with byte-level BPE");
       t.model_ = make_byte_level_bpe(
           vocab_from_json(model.value("vocab", nlohmann::json()), path),
-          merges_from_json(model.value("merges", nlohmann::json()), path), path);
+          merges_from_json(model.value("merges", nlohmann::json()), path), path,
+          byte_level_pattern(pre, path), flag_or(model, "ignore_merges", false));
     } else {
       BRISK_FAIL("'", path, "': tokenizer model \"", excerpt(type),
                  "\" is not supported (WordPiece and byte-level BPE are)");
@@ -170,21 +167,116 @@ struct TokenizerLoader {
       t.added_.push_back(
           {content, static_cast<int32_t>(a["id"].get<uint64_t>()), flag_or(a, "special", false)});
     }
-    const nlohmann::json post = j.value("post_processor", nlohmann::json());
-    const std::string post_type = type_of(post);
-    if (post_type == "TemplateProcessing" || post_type == "BertProcessing") {
-      t.bert_template_ = true;
-      t.cls_id_ = special_id(t, "[CLS]", path);
-      t.sep_id_ = special_id(t, "[SEP]", path);
-    } else {
-      BRISK_CHECK(post.is_null() || post_type == "ByteLevel", "'", path, "': post_processor \"",
-                  excerpt(post_type), "\" is not supported");
-    }
+    read_post_processor(t, j.value("post_processor", nlohmann::json()), path);
     const nlohmann::json pad = j.value("padding", nlohmann::json());
     if (pad.is_object() && pad.contains("pad_id") && pad["pad_id"].is_number_unsigned())
       t.pad_id_ = static_cast<int32_t>(pad["pad_id"].get<uint64_t>() & 0x7fffffff);
     else if (t.model_->id_of("[PAD]") >= 0)
       t.pad_id_ = t.model_->id_of("[PAD]");
+  }
+
+  // The regex of a byte-level pre-tokenizer: GPT-2's (empty) for ByteLevel with its regex, or a
+  // Split's pattern before a ByteLevel without one (Llama-3).
+  static std::string byte_level_pattern(const nlohmann::json& pre, const std::string& path) {
+    auto byte_level = [&](const nlohmann::json& p, bool own_regex) {
+      return type_of(p) == "ByteLevel" && !flag_or(p, "add_prefix_space", false) &&
+             flag_or(p, "use_regex", true) == own_regex;
+    };
+    if (byte_level(pre, true)) return {};
+    if (type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
+        pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
+        byte_level(pre["pretokenizers"][1], false)) {
+      const nlohmann::json& split = pre["pretokenizers"][0];
+      BRISK_CHECK(type_of(split) == "Split" && string_or(split, "behavior", "") == "Isolated" &&
+                      !flag_or(split, "invert", false) && split.contains("pattern") &&
+                      split["pattern"].is_object() && split["pattern"].contains("Regex") &&
+                      split["pattern"]["Regex"].is_string(),
+                  "'", path,
+                  "': before ByteLevel only a Split on a regex, isolated, not inverted, is "
+                  "supported");
+      const std::string pattern = split["pattern"]["Regex"].get<std::string>();
+      BRISK_CHECK(!pattern.empty(), "'", path, "': the Split pattern is empty");
+      return pattern;
+    }
+    BRISK_FAIL("'", path, "': pre_tokenizer \"", excerpt(type_of(pre)),
+               "\" is not supported with BPE (ByteLevel, or Split + ByteLevel without a regex, "
+               "are; without a prefix space)");
+  }
+
+  // TemplateProcessing, BertProcessing and RobertaProcessing as single and pair templates;
+  // ByteLevel or none leaves A (type 0) and B (type 1) as they are.
+  static void read_post_processor(Tokenizer& t, const nlohmann::json& post,
+                                  const std::string& path) {
+    const std::string type = type_of(post);
+    if (type == "TemplateProcessing") {
+      const nlohmann::json specials = post.value("special_tokens", nlohmann::json::object());
+      BRISK_CHECK(specials.is_object(), "'", path, "': the template's special_tokens must map");
+      t.single_ = read_template(post.value("single", nlohmann::json()), specials, path, false);
+      t.pair_ = read_template(post.value("pair", nlohmann::json()), specials, path, true);
+    } else if (type == "BertProcessing" || type == "RobertaProcessing") {
+      const int32_t cls = processing_id(post, "cls", path), sep = processing_id(post, "sep", path);
+      const int32_t b_type = type == "BertProcessing" ? 1 : 0;  // RoBERTa has one token type
+      t.single_ = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+      t.pair_ = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+      if (type == "RobertaProcessing") t.pair_.push_back({-1, {sep}, 0});  // <s> A </s></s> B </s>
+      t.pair_.push_back({1, {}, b_type});
+      t.pair_.push_back({-1, {sep}, b_type});
+    } else {
+      BRISK_CHECK(post.is_null() || type == "ByteLevel", "'", path, "': post_processor \"",
+                  excerpt(type), "\" is not supported");
+    }
+  }
+
+  static int32_t processing_id(const nlohmann::json& post, const char* key,
+                               const std::string& path) {
+    const nlohmann::json v = post.value(key, nlohmann::json());
+    BRISK_CHECK(v.is_array() && v.size() == 2 && v[1].is_number_unsigned() &&
+                    v[1].get<uint64_t>() < (uint64_t{1} << 31),
+                "'", path, "': the post-processor's ", key, " must be [token, id]");
+    return static_cast<int32_t>(v[1].get<uint64_t>());
+  }
+
+  static std::vector<Tokenizer::TemplatePiece> read_template(const nlohmann::json& pieces,
+                                                             const nlohmann::json& specials,
+                                                             const std::string& path, bool pair) {
+    BRISK_CHECK(pieces.is_array(), "'", path, "': the template must be a list");
+    std::vector<Tokenizer::TemplatePiece> out;
+    int seen = 0;  // bit 0: A, bit 1: B
+    for (const auto& p : pieces) {
+      const bool is_special = p.is_object() && p.contains("SpecialToken");
+      const nlohmann::json body =
+          p.is_object() ? p.value(is_special ? "SpecialToken" : "Sequence", nlohmann::json())
+                        : nlohmann::json();
+      BRISK_CHECK(body.is_object() && body.contains("id") && body["id"].is_string(), "'", path,
+                  "': a template piece is a SpecialToken or a Sequence with an id");
+      const std::string id = body["id"].get<std::string>();
+      Tokenizer::TemplatePiece piece;
+      if (body.contains("type_id")) {
+        BRISK_CHECK(body["type_id"].is_number_unsigned() && body["type_id"].get<uint64_t>() < 256,
+                    "'", path, "': a template's type_id must be a small number");
+        piece.type_id = static_cast<int32_t>(body["type_id"].get<uint64_t>());
+      }
+      if (is_special) {
+        BRISK_CHECK(specials.contains(id) && specials[id].is_object() &&
+                        specials[id].contains("ids") && specials[id]["ids"].is_array(),
+                    "'", path, "': the template's special token \"", excerpt(id), "\" has no ids");
+        for (const auto& v : specials[id]["ids"]) {
+          BRISK_CHECK(v.is_number_unsigned() && v.get<uint64_t>() < (uint64_t{1} << 31), "'", path,
+                      "': special token \"", excerpt(id), "\" has an invalid id");
+          piece.ids.push_back(static_cast<int32_t>(v.get<uint64_t>()));
+        }
+      } else {
+        BRISK_CHECK(id == "A" || (pair && id == "B"), "'", path, "': the ",
+                    pair ? "pair" : "single", " template names sequence \"", excerpt(id), "\"");
+        piece.sequence = id == "A" ? 0 : 1;
+        BRISK_CHECK(!(seen & (1 << piece.sequence)), "'", path, "': the template repeats $", id);
+        seen |= 1 << piece.sequence;
+      }
+      out.push_back(std::move(piece));
+    }
+    BRISK_CHECK(seen == (pair ? 3 : 1), "'", path, "': the ", pair ? "pair" : "single",
+                " template must hold ", pair ? "$A and $B" : "$A");
+    return out;
   }
 
   static int32_t special_id(const Tokenizer& t, const std::string& token, const std::string& path) {
@@ -210,9 +302,9 @@ struct TokenizerLoader {
     t.model_ = make_wordpiece(std::move(vocab), "[UNK]", 100, lowercase, lowercase, true, true);
     for (const char* s : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"})
       if (t.model_->id_of(s) >= 0) t.added_.push_back({s, t.model_->id_of(s), true});
-    t.bert_template_ = true;
-    t.cls_id_ = special_id(t, "[CLS]", path);
-    t.sep_id_ = special_id(t, "[SEP]", path);
+    const int32_t cls = special_id(t, "[CLS]", path), sep = special_id(t, "[SEP]", path);
+    t.single_ = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+    t.pair_ = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}, {1, {}, 1}, {-1, {sep}, 1}};
     t.pad_id_ = std::max(0, t.model_->id_of("[PAD]"));
   }
 
@@ -299,12 +391,13 @@ Encoded Tokenizer::encode_plain(std::string_view text, int64_t max_length) const
 
 Encoded Tokenizer::encode(std::string_view text, std::optional<std::string_view> pair,
                           int64_t max_length) const {
-  std::vector<int32_t> a = tokenize(text);
-  std::vector<int32_t> b = pair ? tokenize(*pair) : std::vector<int32_t>();
-  const int64_t special = bert_template_ ? (pair ? 3 : 2) : 0;
+  std::vector<int32_t> seq[2] = {tokenize(text), pair ? tokenize(*pair) : std::vector<int32_t>()};
+  const std::vector<TemplatePiece>& shape = pair ? pair_ : single_;
+  int64_t special = 0;
+  for (const TemplatePiece& p : shape) special += static_cast<int64_t>(p.ids.size());
   if (max_length > 0) {
     const int64_t budget = std::max<int64_t>(0, max_length - special);
-    const auto n1 = static_cast<int64_t>(a.size()), n2 = static_cast<int64_t>(b.size());
+    const auto n1 = static_cast<int64_t>(seq[0].size()), n2 = static_cast<int64_t>(seq[1].size());
     if (n1 + n2 > budget) {
       // longest_first as the tokenizers library truncates: the shorter sequence keeps at most
       // half the budget (the first one on a tie), the longer one the rest.
@@ -316,19 +409,15 @@ Encoded Tokenizer::encode(std::string_view text, std::optional<std::string_view>
         k1 = std::min(n1, budget / 2);
         k2 = budget - k1;
       }
-      a.resize(static_cast<size_t>(std::min(k1, n1)));
-      b.resize(static_cast<size_t>(std::min(k2, n2)));
+      seq[0].resize(static_cast<size_t>(std::min(k1, n1)));
+      seq[1].resize(static_cast<size_t>(std::min(k2, n2)));
     }
   }
   Encoded e;
-  if (bert_template_) e.ids.push_back(cls_id_);
-  e.ids.insert(e.ids.end(), a.begin(), a.end());
-  if (bert_template_) e.ids.push_back(sep_id_);
-  e.type_ids.assign(e.ids.size(), 0);
-  if (pair) {
-    e.ids.insert(e.ids.end(), b.begin(), b.end());
-    if (bert_template_) e.ids.push_back(sep_id_);
-    e.type_ids.resize(e.ids.size(), 1);
+  for (const TemplatePiece& p : shape) {
+    const std::vector<int32_t>& ids = p.sequence < 0 ? p.ids : seq[p.sequence];
+    e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+    e.type_ids.resize(e.ids.size(), p.type_id);
   }
   return e;
 }

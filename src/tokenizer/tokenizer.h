@@ -1,9 +1,9 @@
 // Tokenizers loaded from a model folder or file as transformers finds them: tokenizer.json
-// (WordPiece with BERT's normalizer and pre-tokenizer, or GPT-2's byte-level BPE), else the
-// legacy vocab.txt (BERT) or vocab.json + merges.txt (GPT-2). Special tokens in the text are
-// matched first, as the tokenizers library's added vocabulary does; the post-processor adds the
-// model's special tokens ([CLS] A [SEP] B [SEP] with token types for BERT, nothing for GPT-2);
-// pairs are truncated longest-first.
+// (WordPiece with BERT's normalizer and pre-tokenizer, or byte-level BPE as GPT-2 and Llama-3
+// split text), else the legacy vocab.txt (BERT) or vocab.json + merges.txt (GPT-2). Special
+// tokens in the text are matched first, as the tokenizers library's added vocabulary does; the
+// post-processor's template adds the model's special tokens with their token types ([CLS] A [SEP]
+// B [SEP] for BERT, nothing for GPT-2); pairs are truncated longest-first.
 #pragma once
 
 #include <array>
@@ -64,9 +64,14 @@ class Tokenizer final : public TextEncoder {
   std::unique_ptr<TokenModel> model_;
   std::vector<AddedToken> added_;        // matched in the raw text, longest first
   std::array<bool, 256> first_bytes_{};  // bytes an added token starts with
-  // The post-processor: special ids around A (and B) with their token types.
-  bool bert_template_ = false;
-  int32_t cls_id_ = -1, sep_id_ = -1, pad_id_ = 0;
+  // The post-processor's template: special ids or a sequence (A or B), each with a token type.
+  struct TemplatePiece {
+    int sequence = -1;  // 0: A, 1: B, -1: the special ids
+    std::vector<int32_t> ids;
+    int32_t type_id = 0;
+  };
+  std::vector<TemplatePiece> single_ = {{0, {}, 0}}, pair_ = {{0, {}, 0}, {1, {}, 1}};
+  int32_t pad_id_ = 0;
 };
 
 // Word-level pieces other loaders build on.
@@ -74,8 +79,11 @@ std::unique_ptr<TokenModel> make_wordpiece(std::unordered_map<std::string, int32
                                            const std::string& unk, int64_t max_chars,
                                            bool lowercase, bool strip_accents, bool chinese_chars,
                                            bool clean_text);
+// `pattern`: the pre-tokenizer's regex (empty: GPT-2's), its matches and the text between them
+// being the pieces; `ignore_merges`: a piece in the vocabulary is one token (Llama-3).
 std::unique_ptr<TokenModel> make_byte_level_bpe(
     std::unordered_map<std::string, int32_t> vocab,
-    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin);
+    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin,
+    const std::string& pattern = {}, bool ignore_merges = false);
 
 }  // namespace brisk
