@@ -108,6 +108,26 @@ def main():
     gaps = json.loads(llama.to_str())
     gaps["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\p{L}+|\p{N}"
     made["bpe_split_gaps"] = Tokenizer.from_str(json.dumps(gaps))
+
+    # Llama-2's layout: "▁" for spaces and in front, no pre-tokenizer, <0xNN> byte tokens for
+    # characters the vocabulary lacks. <0xF0> is left out, so four-byte characters (emoji) fall
+    # back to <unk>, consecutive ones fused.
+    fb = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    fb.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                          normalizers.Replace(" ", "\u2581")])
+    fb.train_from_iterator(corpus + MORE * 3, trainers.BpeTrainer(
+        vocab_size=700, limit_alphabet=60, special_tokens=["<unk>", "<s>", "</s>"]))
+    spec = json.loads(fb.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):
+        if b != 0xF0:
+            vocab.setdefault("<0x%02X>" % b, len(vocab))
+    fb = Tokenizer.from_str(json.dumps(spec))
+    fb.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s>:1 $B:1", special_tokens=[("<s>", fb.token_to_id("<s>"))])
+    fb.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    made["bpe_byte_fallback"] = fb
     texts = texts + MORE
 
     for name, t in made.items():

@@ -1,8 +1,9 @@
 // Tokenizers against the `tokenizers` library on the same vocabularies and texts
 // (tests/fixtures/tokenizer, from scripts/make_tokenizer_fixtures.py): WordPiece with BERT's
-// normalizer (uncased and cased), GPT-2's byte-level BPE (tokenizer.json and the legacy files) and
-// Llama-3's (a Split regex before ByteLevel, ignore_merges, a BOS template); single texts, texts
-// without special tokens, truncated pairs with their token types, decoding.
+// normalizer (uncased and cased), GPT-2's byte-level BPE (tokenizer.json and the legacy files),
+// Llama-3's (a Split regex before ByteLevel, ignore_merges, a BOS template) and Llama-2's BPE with
+// byte fallback; single texts, texts without special tokens, truncated pairs with their token
+// types, decoding.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -57,6 +58,12 @@ TEST(Tokenizer, Llama3StyleByteLevelBpeEqualsTheLibrary) {
   expect_like_the_library("bpe_llama3", fixture("tokenizer/bpe_llama3"));
   // A Split pattern that leaves text between its matches: those stretches are pieces too.
   expect_like_the_library("bpe_split_gaps", fixture("tokenizer/bpe_split_gaps"));
+}
+
+// Llama-2's layout: "▁" normalizers, characters missing from the vocabulary as <0xNN> tokens,
+// emoji (no <0xF0> token) as one fused <unk>.
+TEST(Tokenizer, ByteFallbackBpeEqualsTheLibrary) {
+  expect_like_the_library("bpe_byte_fallback", fixture("tokenizer/bpe_byte_fallback"));
 }
 
 TEST(Tokenizer, TextThatIsNotUtf8IsRefused) {
@@ -131,6 +138,18 @@ TEST(Tokenizer, MalformedFilesAreRefusedByName) {
             "pair": [], "special_tokens": {}}})"));
       },
       "the single template names sequence \"B\"");
+  expect_error(
+      [&] {
+        Tokenizer::load(write("l.json", R"({"model": {"type": "BPE", "byte_fallback": true,
+            "vocab": {"a": 0}, "merges": [], "unk_token": "<unk>"}})"));
+      },
+      "lacks its unknown token \"<unk>\"");
+  expect_error(
+      [&] {
+        Tokenizer::load(write("m.json", R"({"model": {"type": "BPE", "byte_fallback": true,
+            "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}})"));
+      },
+      "normalizer \"NFKC\" is not supported with byte-fallback BPE");
   write("vocab.json", R"({"a": 0, "b": 1})");
   write("merges.txt", "#version: 0.2\na b c\n");
   expect_error([&] { Tokenizer::load((dir / "vocab.json").string()); },

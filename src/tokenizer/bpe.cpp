@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizer/merges.h"
 #include "tokenizer/tokenizer.h"
 
 namespace brisk {
@@ -173,32 +174,7 @@ class ByteLevelBpe final : public TokenModel {
       parts.push_back(word.substr(i, n));
       i += n;
     }
-    std::string key;
-    while (parts.size() > 1) {
-      int best = INT_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < parts.size(); ++i) {
-        key.assign(parts[i]).append(1, '\x01').append(parts[i + 1]);
-        const auto it = ranks_.find(key);
-        if (it != ranks_.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
-      }
-      if (best == INT_MAX) break;
-      // Merge every occurrence of this pair, left to right.
-      const std::string a = parts[at], b = parts[at + 1];
-      std::vector<std::string> merged;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        if (i + 1 < parts.size() && parts[i] == a && parts[i + 1] == b) {
-          merged.push_back(a + b);
-          ++i;
-        } else {
-          merged.push_back(parts[i]);
-        }
-      }
-      parts.swap(merged);
-    }
+    merge_pieces(parts, ranks_);
     std::vector<int32_t> ids;
     for (const std::string& p : parts) {
       const auto it = vocab_.find(p);

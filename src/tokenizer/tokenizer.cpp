@@ -144,6 +144,15 @@ struct TokenizerLoader {
                                 string_or(model, "unk_token", "[UNK]"), max_chars, lowercase, strip,
                                 flag_or(norm, "handle_chinese_chars", true),
                                 flag_or(norm, "clean_text", true));
+    } else if (type == "BPE" && flag_or(model, "byte_fallback", false)) {
+      BRISK_CHECK(pre.is_null(), "'", path, "': pre_tokenizer \"", excerpt(type_of(pre)),
+                  "\" is not supported with byte-fallback BPE (none is)");
+      const nlohmann::json unk = model.value("unk_token", nlohmann::json());
+      t.model_ = make_fallback_bpe(vocab_from_json(model.value("vocab", nlohmann::json()), path),
+                                   merges_from_json(model.value("merges", nlohmann::json()), path),
+                                   text_edits(norm, path),
+                                   unk.is_string() ? unk.get<std::string>() : std::string(),
+                                   flag_or(model, "fuse_unk", false), path);
     } else if (type == "BPE") {
       BRISK_CHECK(norm.is_null(), "'", path, "': normalizer \"", excerpt(type_of(norm)),
                   "\" is not supported with byte-level BPE");
@@ -173,6 +182,33 @@ struct TokenizerLoader {
       t.pad_id_ = static_cast<int32_t>(pad["pad_id"].get<uint64_t>() & 0x7fffffff);
     else if (t.model_->id_of("[PAD]") >= 0)
       t.pad_id_ = t.model_->id_of("[PAD]");
+  }
+
+  // A Prepend, a Replace of a string, or a Sequence of them (Llama-2's normalizer).
+  static std::vector<TextEdit> text_edits(const nlohmann::json& norm, const std::string& path) {
+    std::vector<TextEdit> out;
+    const bool sequence = type_of(norm) == "Sequence";
+    const nlohmann::json steps = sequence         ? norm.value("normalizers", nlohmann::json())
+                                 : norm.is_null() ? nlohmann::json::array()
+                                                  : nlohmann::json::array({norm});
+    BRISK_CHECK(steps.is_array(), "'", path, "': the normalizer Sequence needs a list");
+    for (const auto& n : steps) {
+      const std::string type = type_of(n);
+      if (type == "Prepend" && n.contains("prepend") && n["prepend"].is_string()) {
+        out.push_back({true, "", n["prepend"].get<std::string>()});
+      } else if (type == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
+                 n["pattern"].contains("String") && n["pattern"]["String"].is_string() &&
+                 !n["pattern"]["String"].get<std::string>().empty() && n.contains("content") &&
+                 n["content"].is_string()) {
+        out.push_back(
+            {false, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
+      } else {
+        BRISK_FAIL("'", path, "': normalizer \"", excerpt(type),
+                   "\" is not supported with byte-fallback BPE (Prepend and Replace of a string "
+                   "are)");
+      }
+    }
+    return out;
   }
 
   // The regex of a byte-level pre-tokenizer: GPT-2's (empty) for ByteLevel with its regex, or a

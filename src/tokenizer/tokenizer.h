@@ -1,9 +1,10 @@
 // Tokenizers loaded from a model folder or file as transformers finds them: tokenizer.json
-// (WordPiece with BERT's normalizer and pre-tokenizer, or byte-level BPE as GPT-2 and Llama-3
-// split text), else the legacy vocab.txt (BERT) or vocab.json + merges.txt (GPT-2). Special
-// tokens in the text are matched first, as the tokenizers library's added vocabulary does; the
-// post-processor's template adds the model's special tokens with their token types ([CLS] A [SEP]
-// B [SEP] for BERT, nothing for GPT-2); pairs are truncated longest-first.
+// (WordPiece with BERT's normalizer and pre-tokenizer, byte-level BPE as GPT-2 and Llama-3 split
+// text, or BPE with byte fallback as Llama-2), else the legacy vocab.txt (BERT) or vocab.json +
+// merges.txt (GPT-2). Special tokens in the text are matched first, as the tokenizers library's
+// added vocabulary does; the post-processor's template adds the model's special tokens with their
+// token types ([CLS] A [SEP] B [SEP] for BERT, nothing for GPT-2); pairs are truncated
+// longest-first.
 #pragma once
 
 #include <array>
@@ -85,5 +86,18 @@ std::unique_ptr<TokenModel> make_byte_level_bpe(
     std::unordered_map<std::string, int32_t> vocab,
     const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin,
     const std::string& pattern = {}, bool ignore_merges = false);
+
+// One normalizer step of the byte-fallback BPE: Replace(from, to), or Prepend(to) when `prepend`.
+struct TextEdit {
+  bool prepend = false;
+  std::string from, to;
+};
+// BPE over characters with <0xNN> byte tokens for characters the vocabulary lacks (Llama-2);
+// `unk` empty: none.
+std::unique_ptr<TokenModel> make_fallback_bpe(
+    std::unordered_map<std::string, int32_t> vocab,
+    const std::vector<std::pair<std::string, std::string>>& merges,
+    std::vector<TextEdit> normalizer, const std::string& unk, bool fuse_unk,
+    const std::string& origin);
 
 }  // namespace brisk
