@@ -66,9 +66,12 @@ TEST(Tokenizer, ByteFallbackBpeEqualsTheLibrary) {
   expect_like_the_library("bpe_byte_fallback", fixture("tokenizer/bpe_byte_fallback"));
 }
 
-TEST(Tokenizer, TextThatIsNotUtf8IsRefused) {
-  const auto t = Tokenizer::load(fixture("tokenizer/bpe_llama3"));
-  expect_error([&] { t->tokenize("ok \xC3\x28 bad"); }, "not valid UTF-8");
+// Bytes that are not UTF-8 read as U+FFFD each (encoding never throws: it runs in parallel loops).
+TEST(Tokenizer, TextThatIsNotUtf8IsReadAsReplacementCharacters) {
+  for (const char* name : {"bpe", "bpe_llama3", "bpe_byte_fallback", "wordpiece"}) {
+    const auto t = Tokenizer::load(fixture(std::string("tokenizer/") + name));
+    EXPECT_EQ(t->tokenize("ok \xC3\x28 bad \xFF"), t->tokenize("ok \uFFFD( bad \uFFFD")) << name;
+  }
 }
 
 TEST(Tokenizer, MalformedFilesAreRefusedByName) {

@@ -3,6 +3,7 @@
 // merges applied lowest rank first. Pieces are cached: real text repeats its words.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <climits>
 #include <map>
@@ -78,18 +79,14 @@ class Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     PCRE2_SIZE at = 0, emitted = 0;
-    // The first match checks the whole text is UTF-8; later ones start at character boundaries.
-    uint32_t options = 0;
+    // The text is valid UTF-8 (see ByteLevelBpe::encode) and matches start at character bounds.
+    const uint32_t options = PCRE2_NO_UTF_CHECK;
     while (at < text.size()) {
       const int rc = pcre2_match(code_, subject, text.size(), at, options, md, context_);
-      options = PCRE2_NO_UTF_CHECK;
       if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) {
-        pcre2_match_data_free(md);
-        BRISK_CHECK(rc > PCRE2_ERROR_UTF8_ERR1 || rc < PCRE2_ERROR_UTF8_ERR21,
-                    "the text is not valid UTF-8");
-        BRISK_FAIL("the pre-tokenizer pattern failed on the text (PCRE2 error ", rc, ")");
-      }
+      // The match limit (or another failure): the rest stays one piece. Encoding runs inside
+      // parallel loops, where an exception cannot be carried out, so it never throws.
+      if (rc < 0) break;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       if (ov[1] == ov[0]) {  // an empty match splits nothing: move on one character
         at = ov[0] + 1;
@@ -127,7 +124,9 @@ class ByteLevelBpe final : public TokenModel {
     for (int b = 0; b < 256; ++b) byte_of_.emplace(symbols_[b], static_cast<unsigned char>(b));
   }
 
-  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+  void encode(std::string_view raw, std::vector<int32_t>& out) const override {
+    std::string fixed;
+    const std::string_view text = valid_utf8(raw, fixed);
     regex_.for_each(text, [&](size_t begin, size_t end) {
       std::string mapped;
       for (size_t i = begin; i < end; ++i) mapped += symbols_[static_cast<unsigned char>(text[i])];
@@ -177,10 +176,9 @@ class ByteLevelBpe final : public TokenModel {
     merge_pieces(parts, ranks_);
     std::vector<int32_t> ids;
     for (const std::string& p : parts) {
+      // A symbol the vocabulary lacks is left out, as the library does without an unknown token.
       const auto it = vocab_.find(p);
-      BRISK_CHECK(it != vocab_.end(), "the byte-level vocabulary lacks the symbol \"", excerpt(p),
-                  "\"");
-      ids.push_back(it->second);
+      if (it != vocab_.end()) ids.push_back(it->second);
     }
     out.insert(out.end(), ids.begin(), ids.end());
     std::lock_guard<std::mutex> lock(cache_mu_);
@@ -198,6 +196,27 @@ class ByteLevelBpe final : public TokenModel {
 };
 
 }  // namespace
+
+std::string_view valid_utf8(std::string_view text, std::string& fixed) {
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
+  size_t at = 0;
+  bool copying = false;
+  while (at < text.size()) {
+    utf8proc_int32_t c = 0;
+    const utf8proc_ssize_t n =
+        utf8proc_iterate(p + at, static_cast<utf8proc_ssize_t>(text.size() - at), &c);
+    if (n > 0) {
+      if (copying) fixed.append(text.substr(at, static_cast<size_t>(n)));
+      at += static_cast<size_t>(n);
+      continue;
+    }
+    if (!copying) fixed.assign(text.substr(0, at));
+    copying = true;
+    fixed += "\xEF\xBF\xBD";
+    ++at;
+  }
+  return copying ? std::string_view(fixed) : text;
+}
 
 std::unique_ptr<TokenModel> make_byte_level_bpe(
     std::unordered_map<std::string, int32_t> vocab,

@@ -56,7 +56,8 @@ class FallbackBpe final : public TokenModel {
   }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
-    std::string s(text);
+    std::string repaired;
+    std::string s(valid_utf8(text, repaired));
     for (const TextEdit& e : normalizer_) {
       if (e.prepend) {
         if (!s.empty()) s.insert(0, e.to);  // Prepend leaves an empty text empty
@@ -85,8 +86,7 @@ class FallbackBpe final : public TokenModel {
         }
         continue;
       }
-      BRISK_CHECK(unk_id_ >= 0, "the vocabulary has no token for \"", excerpt(ch),
-                  "\" and no unknown token");
+      if (unk_id_ < 0) continue;  // left out, as the library does without an unknown token
       if (fuse_unk_ && !fixed.empty() && fixed.back() == unk_id_ && parts.back().empty()) continue;
       parts.emplace_back();  // an unknown never merges: no rank has an empty side
       fixed.push_back(unk_id_);
