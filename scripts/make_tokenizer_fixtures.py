@@ -2,7 +2,12 @@
 the ids the library gives for them (singles, pairs, truncation), for tests/test_tokenizer.cpp.
 
   python scripts/make_tokenizer_fixtures.py [--retrain]
-  (pip install tokenizers; data/kjv from get_data.sh)
+  (pip install tokenizers sentencepiece transformers; data/kjv from get_data.sh)
+
+SentencePiece tokenizer.model files (BPE with byte fallback as Llama's, and unigram with the
+default NFKC normalizer) are trained by the `sentencepiece` library on a small committed text
+(sentencepiece_corpus.txt); their ids come from that library, with the template transformers'
+LlamaTokenizer applies (<s> first, no </s>).
 
 Training is not deterministic (ties), so a vocabulary already under tests/fixtures is loaded, not
 trained again, unless --retrain: the expectations are then recomputed for the same vocabularies.
@@ -51,6 +56,10 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+SP_CORPUS = os.path.join(OUT, "sentencepiece_corpus.txt")
+SP_RULES = "/tmp/brisk_sentencepiece_rules.tsv"
+
+
 def kjv_lines(n):
     path = os.path.join(ROOT, "data", "kjv", "kjv.txt")
     with open(path, encoding="utf-8") as f:
@@ -64,6 +73,78 @@ def wordpiece(lowercase):
                                               strip_accents=None, lowercase=lowercase)
     t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return t
+
+
+def longest_first(a, b, budget):
+    """The tokenizers library's longest_first truncation of a pair to `budget` ids."""
+    if len(a) + len(b) <= budget:
+        return a, b
+    if len(a) > len(b):
+        kb = min(len(b), budget // 2)
+        ka = budget - kb
+    else:
+        ka = min(len(a), budget // 2)
+        kb = budget - ka
+    return a[:ka], b[:kb]
+
+
+def sentencepiece_fixtures(texts):
+    """tokenizer.model files trained by the sentencepiece library, and the ids it gives."""
+    import sentencepiece as spm
+    if not os.path.exists(SP_CORPUS):
+        with open(SP_CORPUS, "w", encoding="utf-8") as f:
+            for line in kjv_lines(500) + HARD * 3 + MORE * 3:
+                f.write(line.replace("\r", " ").replace("\n", " ") + "\n")
+    with open(SP_RULES, "w") as f:  # code points -> code points: ligatures, odd spaces
+        f.write("FB01\t66 69\nA0\t20\n3000\t20\n2028\t20\nC5\t41 30A\n")
+    kinds = {
+        # Llama's settings: no normalization, spaces kept, <0xNN> pieces for rare characters.
+        "sentencepiece_bpe": dict(model_type="bpe", vocab_size=500, byte_fallback=True,
+                                  normalization_rule_name="identity",
+                                  remove_extra_whitespaces=False, character_coverage=0.995),
+        # Whitespace runs squeezed (the library's default), <unk> for rare characters, and a
+        # small normalization table of our own (NFKC's would weigh 240 KB).
+        "sentencepiece_unigram": dict(model_type="unigram", vocab_size=300,
+                                      character_coverage=0.995, normalization_rule_tsv=SP_RULES),
+    }
+    for name, options in kinds.items():
+        folder = os.path.join(OUT, name)
+        os.makedirs(folder, exist_ok=True)
+        model = os.path.join(folder, "tokenizer.model")
+        if "--retrain" in sys.argv or not os.path.exists(model):
+            spm.SentencePieceTrainer.train(input=SP_CORPUS, model_prefix=os.path.join(folder, "tokenizer"),
+                                           num_threads=1, minloglevel=2, **options)
+            os.remove(os.path.join(folder, "tokenizer.vocab"))
+        sp = spm.SentencePieceProcessor(model_file=model)
+        bos = [sp.bos_id()]
+        special = {sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()}  # decode skips them
+        expected = {"single": [], "plain": [], "pairs": [], "decoded": []}
+        for text in texts:
+            ids = sp.encode(text)
+            expected["plain"].append(ids)
+            expected["single"].append(bos + ids)
+            expected["decoded"].append(sp.decode([i for i in ids if i not in special]))
+        for a, b in zip(texts, texts[1:]):
+            ia, ib = longest_first(sp.encode(a), sp.encode(b), 16 - 2)
+            expected["pairs"].append({"ids": bos + ia + bos + ib,
+                                      "type_ids": [0] * (1 + len(ia)) + [1] * (1 + len(ib))})
+        with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
+            json.dump(expected, f, ensure_ascii=False)
+        compare_with_transformers(folder, texts, expected)
+
+
+def compare_with_transformers(folder, texts, expected):
+    """Says where transformers' LlamaTokenizer (from the tokenizer.model alone) agrees."""
+    try:
+        from transformers import AutoTokenizer, LlamaTokenizer
+        t = LlamaTokenizer.from_pretrained(folder)
+    except Exception as e:  # transformers missing, or it cannot convert this model
+        print(folder, ": transformers not compared:", e)
+        return
+    same = sum(t(x, add_special_tokens=False)["input_ids"] == want
+               for x, want in zip(texts, expected["plain"]))
+    print(folder, ": transformers' LlamaTokenizer gives the same ids (special tokens aside) on",
+          same, "of", len(texts), "texts")
 
 
 def main():
@@ -160,6 +241,7 @@ def main():
             expected["decoded"] = [t.decode(t.encode(x).ids) for x in texts]
         with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
             json.dump(expected, f, ensure_ascii=False)
+    sentencepiece_fixtures(texts)
     with open(os.path.join(OUT, "texts.json"), "w", encoding="utf-8") as f:
         json.dump(texts, f, ensure_ascii=False, indent=0)
     print("wrote", OUT)

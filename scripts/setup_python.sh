@@ -6,5 +6,6 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${BRISK_VENV:-$here/.venv}"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
-"$venv/bin/pip" install --quiet numpy torch transformers safetensors accelerate bitsandbytes
+"$venv/bin/pip" install --quiet numpy torch transformers safetensors accelerate bitsandbytes \
+  tokenizers sentencepiece protobuf
 echo "venv ready: $venv"

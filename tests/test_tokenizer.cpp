@@ -2,7 +2,8 @@
 // (tests/fixtures/tokenizer, from scripts/make_tokenizer_fixtures.py): WordPiece with BERT's
 // normalizer (uncased and cased), GPT-2's byte-level BPE (tokenizer.json and the legacy files),
 // Llama-3's (a Split regex before ByteLevel, ignore_merges, a BOS template) and Llama-2's BPE with
-// byte fallback; single texts, texts without special tokens, truncated pairs with their token
+// byte fallback; SentencePiece tokenizer.model files (BPE and unigram, against the sentencepiece
+// library); single texts, texts without special tokens, truncated pairs with their token
 // types, decoding.
 #include <gtest/gtest.h>
 
@@ -66,9 +67,53 @@ TEST(Tokenizer, ByteFallbackBpeEqualsTheLibrary) {
   expect_like_the_library("bpe_byte_fallback", fixture("tokenizer/bpe_byte_fallback"));
 }
 
+// tokenizer.model files through libsentencepiece: BPE with byte fallback and identity
+// normalization as Llama's, unigram with squeezed whitespace and a normalization table; <s> first.
+TEST(Tokenizer, SentencePieceModelsEqualTheLibrary) {
+  expect_like_the_library("sentencepiece_bpe", fixture("tokenizer/sentencepiece_bpe"));
+  expect_like_the_library("sentencepiece_unigram",
+                          fixture("tokenizer/sentencepiece_unigram/tokenizer.model"));
+}
+
+// As transformers' LlamaTokenizer: <s>, </s> and <unk> in the text are the special tokens, each
+// stretch between them encoded on its own; tokenizer_config.json may add </s> or drop <s>.
+TEST(Tokenizer, SentencePieceSpecialTokensFollowLlamaTokenizer) {
+  namespace fs = std::filesystem;
+  const std::string model = fixture("tokenizer/sentencepiece_bpe/tokenizer.model");
+  const auto t = Tokenizer::load(model);
+  const int32_t bos = 1, eos = 2;
+  ASSERT_EQ(t->vocab_size(), 500);
+  std::vector<int32_t> want = t->tokenize("in the");
+  want.push_back(eos);
+  const std::vector<int32_t> rest = t->tokenize("beginning");
+  want.insert(want.end(), rest.begin(), rest.end());
+  EXPECT_EQ(t->tokenize("in the</s>beginning"), want);
+  EXPECT_EQ(t->decode(want), "in the beginning");  // "beginning" has its own "▁" prefix
+  EXPECT_EQ(t->decode(want, false), "in the beginning");  // the library's </s> reads as nothing
+
+  const fs::path dir = fs::temp_directory_path() / ("brisk_spm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(model, dir / "tokenizer.model", fs::copy_options::overwrite_existing);
+  std::ofstream((dir / "tokenizer_config.json").string())
+      << R"({"add_bos_token": false, "add_eos_token": true})";
+  const auto with_eos = Tokenizer::load(dir.string());
+  const std::vector<int32_t> a = t->tokenize("light"), b = t->tokenize("dark");
+  std::vector<int32_t> pair = a;
+  pair.push_back(eos);
+  pair.insert(pair.end(), b.begin(), b.end());
+  pair.push_back(eos);
+  const Encoded e = with_eos->encode("light", std::string_view("dark"), 0);
+  EXPECT_EQ(e.ids, pair);
+  EXPECT_EQ(e.type_ids.front(), 0);
+  EXPECT_EQ(e.type_ids.back(), 1);
+  EXPECT_EQ(t->encode("light", std::nullopt, 0).ids.front(), bos);
+  fs::remove_all(dir);
+}
+
 // Bytes that are not UTF-8 read as U+FFFD each (encoding never throws: it runs in parallel loops).
 TEST(Tokenizer, TextThatIsNotUtf8IsReadAsReplacementCharacters) {
-  for (const char* name : {"bpe", "bpe_llama3", "bpe_byte_fallback", "wordpiece"}) {
+  for (const char* name :
+       {"bpe", "bpe_llama3", "bpe_byte_fallback", "wordpiece", "sentencepiece_unigram"}) {
     const auto t = Tokenizer::load(fixture(std::string("tokenizer/") + name));
     EXPECT_EQ(t->tokenize("ok \xC3\x28 bad \xFF"), t->tokenize("ok \uFFFD( bad \uFFFD")) << name;
   }
@@ -153,6 +198,10 @@ TEST(Tokenizer, MalformedFilesAreRefusedByName) {
             "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}})"));
       },
       "normalizer \"NFKC\" is not supported with byte-fallback BPE");
+  expect_error([&] { Tokenizer::load(write("n.model", "\x0a\x05not a model")); },
+               "n.model' is not a valid SentencePiece model: ");
+  expect_error([&] { Tokenizer::load(write("o.model", "")); },
+               "is not a valid SentencePiece model");
   write("vocab.json", R"({"a": 0, "b": 1})");
   write("merges.txt", "#version: 0.2\na b c\n");
   expect_error([&] { Tokenizer::load((dir / "vocab.json").string()); },

@@ -344,6 +344,31 @@ struct TokenizerLoader {
     t.pad_id_ = std::max(0, t.model_->id_of("[PAD]"));
   }
 
+  // tokenizer.model: SentencePiece's file, with LlamaTokenizer's template (<s> in front, no </s>,
+  // unless tokenizer_config.json's add_bos_token / add_eos_token say otherwise). Its unknown,
+  // begin, end and pad pieces are special tokens, matched in the text as transformers does.
+  static void from_sentencepiece(Tokenizer& t, const std::string& path,
+                                 const nlohmann::json& config) {
+    std::array<int32_t, 4> ids{};
+    t.model_ = make_sentencepiece(read_text(path, "SentencePiece model"), path, ids);
+    for (int32_t id : ids)
+      if (id >= 0) t.added_.push_back({t.model_->token_of(id), id, true});
+    const int32_t bos = ids[static_cast<size_t>(SentencePieceSpecial::kBegin)];
+    const int32_t eos = ids[static_cast<size_t>(SentencePieceSpecial::kEnd)];
+    const int32_t pad = ids[static_cast<size_t>(SentencePieceSpecial::kPad)];
+    const bool add_bos = flag_or(config, "add_bos_token", true) && bos >= 0;
+    const bool add_eos = flag_or(config, "add_eos_token", false) && eos >= 0;
+    t.single_.clear();
+    t.pair_.clear();
+    for (int sequence : {0, 1}) {
+      if (add_bos) t.pair_.push_back({-1, {bos}, sequence});
+      t.pair_.push_back({sequence, {}, sequence});
+      if (add_eos) t.pair_.push_back({-1, {eos}, sequence});
+      if (sequence == 0) t.single_ = t.pair_;
+    }
+    t.pad_id_ = std::max(0, pad);
+  }
+
   // vocab.json + merges.txt: GPT-2's files.
   static void from_gpt2_files(Tokenizer& t, const std::string& vocab, const std::string& merges) {
     const nlohmann::json v = read_json_file(vocab, "vocabulary", kMaxTokenizerFile, 4);
@@ -364,25 +389,29 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   auto in_folder = [&](const char* name) { return (p / name).string(); };
   const bool folder = fs::is_directory(p, ec);
   const std::string name = p.filename().string();
+  // The folder's tokenizer_config.json (none for a file path): options the slow tokenizers read.
+  auto config = [&] {
+    const std::string c = folder ? in_folder("tokenizer_config.json") : std::string();
+    return !c.empty() && fs::exists(c, ec) ? read_json_file(c, "tokenizer config")
+                                           : nlohmann::json::object();
+  };
   if (folder ? fs::exists(in_folder("tokenizer.json"), ec)
              : name.ends_with(".json") && name != "vocab.json") {
     TokenizerLoader::from_tokenizer_json(*t, folder ? in_folder("tokenizer.json") : path);
+  } else if (folder ? fs::exists(in_folder("tokenizer.model"), ec) : name.ends_with(".model")) {
+    TokenizerLoader::from_sentencepiece(*t, folder ? in_folder("tokenizer.model") : path, config());
   } else if (folder ? fs::exists(in_folder("vocab.txt"), ec) : name.ends_with(".txt")) {
-    // tokenizer_config.json's do_lower_case decides, as BertTokenizer's (default true).
-    bool lowercase = true;
-    const std::string config = folder ? in_folder("tokenizer_config.json") : std::string();
-    if (!config.empty() && fs::exists(config, ec)) {
-      const nlohmann::json c = read_json_file(config, "tokenizer config");
-      lowercase = flag_or(c, "do_lower_case", true);
-    }
-    TokenizerLoader::from_vocab_txt(*t, folder ? in_folder("vocab.txt") : path, lowercase);
+    // do_lower_case decides, as BertTokenizer's (default true).
+    TokenizerLoader::from_vocab_txt(*t, folder ? in_folder("vocab.txt") : path,
+                                    flag_or(config(), "do_lower_case", true));
   } else if (folder ? fs::exists(in_folder("vocab.json"), ec) : name == "vocab.json") {
     const fs::path dir = folder ? p : p.parent_path();
     TokenizerLoader::from_gpt2_files(*t, (dir / "vocab.json").string(),
                                      (dir / "merges.txt").string());
   } else {
-    BRISK_FAIL("no tokenizer at '", path,
-               "' (looked for tokenizer.json, vocab.txt, vocab.json + merges.txt)");
+    BRISK_FAIL(
+        "no tokenizer at '", path,
+        "' (looked for tokenizer.json, tokenizer.model, vocab.txt, vocab.json + merges.txt)");
   }
   // Longest first, so "[SEP]" wins over a shorter added token that is its prefix.
   std::stable_sort(t->added_.begin(), t->added_.end(), [](const auto& a, const auto& b) {

@@ -1,9 +1,10 @@
 // Tokenizers loaded from a model folder or file as transformers finds them: tokenizer.json
 // (WordPiece with BERT's normalizer and pre-tokenizer, byte-level BPE as GPT-2 and Llama-3 split
-// text, or BPE with byte fallback as Llama-2), else the legacy vocab.txt (BERT) or vocab.json +
-// merges.txt (GPT-2). Special tokens in the text are matched first, as the tokenizers library's
-// added vocabulary does; the post-processor's template adds the model's special tokens with their
-// token types ([CLS] A [SEP] B [SEP] for BERT, nothing for GPT-2); pairs are truncated
+// text, or BPE with byte fallback as Llama-2), else a SentencePiece tokenizer.model (through
+// libsentencepiece, with LlamaTokenizer's <s> in front), else the legacy vocab.txt (BERT) or
+// vocab.json + merges.txt (GPT-2). Special tokens in the text are matched first, as the tokenizers
+// library's added vocabulary does; the post-processor's template adds the model's special tokens
+// with their token types ([CLS] A [SEP] B [SEP] for BERT, nothing for GPT-2); pairs are truncated
 // longest-first.
 #pragma once
 
@@ -30,6 +31,7 @@ class TokenModel {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
   int32_t id_of(const std::string& token) const;  // -1 when absent
+  const std::string& token_of(int32_t id) const { return tokens_.at(static_cast<size_t>(id)); }
 
  protected:
   std::unordered_map<std::string, int32_t> vocab_;
@@ -44,7 +46,8 @@ struct AddedToken {
 
 class Tokenizer final : public TextEncoder {
  public:
-  // A folder (tokenizer.json, vocab.txt, or vocab.json + merges.txt) or one of those files.
+  // A folder (tokenizer.json, tokenizer.model, vocab.txt, or vocab.json + merges.txt) or one of
+  // those files.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
 
   // The ids of `text` without special tokens added (added tokens in the text are still matched).
@@ -103,5 +106,12 @@ std::unique_ptr<TokenModel> make_fallback_bpe(
     const std::vector<std::pair<std::string, std::string>>& merges,
     std::vector<TextEdit> normalizer, const std::string& unk, bool fuse_unk,
     const std::string& origin);
+
+// The special pieces of a SentencePiece model: indexes of make_sentencepiece's ids (-1: none).
+enum class SentencePieceSpecial { kUnknown, kBegin, kEnd, kPad };
+// A tokenizer.model's bytes through libsentencepiece; `special_ids` receives the special pieces.
+std::unique_ptr<TokenModel> make_sentencepiece(const std::string& serialized,
+                                               const std::string& origin,
+                                               std::array<int32_t, 4>& special_ids);
 
 }  // namespace brisk
