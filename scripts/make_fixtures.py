@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Regenerates the model fixtures under tests/fixtures/ with PyTorch + transformers.
 
-For a tiny BERT-for-sequence-classification and a tiny GPT-2 LM (odd sizes, padding in the
-batch) it writes, per model folder:
+For a tiny BERT-for-sequence-classification, the same with a regression head (num_labels 1) and
+a tiny GPT-2 LM (odd sizes, padding in the batch) it writes, per model folder:
   config.json, model.safetensors   (save_pretrained of the model, fp32)
-  batch.safetensors                (input_ids, attention_mask, [token_type_ids], labels; int32)
+  batch.safetensors                (input_ids, attention_mask, [token_type_ids], labels; int32,
+                                    regression labels float32)
   expected.safetensors             (loss, logits, grad.<parameter name> for every parameter)
 Dropout is off (eval mode), attention is the eager implementation. tests/fixtures/bad/ gets the
 malformed configs, batches and weights that the error tests feed to the library and the CLI.
@@ -47,7 +48,8 @@ def dump(model, batch, labels_key, folder):
     gen_cfg = os.path.join(folder, "generation_config.json")
     if os.path.exists(gen_cfg):
         os.remove(gen_cfg)
-    save_file({k: v.to(torch.int32).contiguous() for k, v in batch.items()},
+    save_file({k: (v if v.is_floating_point() else v.to(torch.int32)).contiguous()
+               for k, v in batch.items()},
               os.path.join(folder, "batch.safetensors"))
     expected = {"loss": out.loss.detach().reshape(()).contiguous(),
                 "logits": out.logits.detach().contiguous()}
@@ -61,10 +63,11 @@ def dump(model, batch, labels_key, folder):
     print(f"{folder}: loss {out.loss.item():.6f}, {len(expected) - 2} gradients")
 
 
-def bert(gen):
+def bert(gen, regression=False):
     cfg = BertConfig(vocab_size=97, hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
                      intermediate_size=37, max_position_embeddings=23, type_vocab_size=2,
-                     num_labels=3, hidden_act="gelu", attn_implementation="eager")
+                     num_labels=1 if regression else 3, hidden_act="gelu",
+                     attn_implementation="eager")
     model = BertForSequenceClassification(cfg)
     perturb(model, gen)
     B, T = 3, 11
@@ -76,10 +79,11 @@ def bert(gen):
         mask[b, :n] = 1
         types[b, n // 2:n] = 1
         input_ids[b, n:] = 0
-    labels = torch.tensor([2, 0, 1])
+    # Regression: float targets, so transformers takes MSELoss (problem_type "regression").
+    labels = torch.tensor([0.75, -1.5, 2.25]) if regression else torch.tensor([2, 0, 1])
     batch = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types,
              "labels": labels}
-    dump(model, batch, "labels", os.path.join(OUT, "bert_tiny"))
+    dump(model, batch, "labels", os.path.join(OUT, "bert_regression" if regression else "bert_tiny"))
 
 
 def gpt2(gen):
@@ -300,8 +304,9 @@ def optim_fixtures():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("models", "adamw", "optim"),
-                        help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/)")
+    parser.add_argument("--only", choices=("models", "regression", "adamw", "optim"),
+                        help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/; "
+                             "regression: bert_regression)")
     args = parser.parse_args()
     if args.only in (None, "models"):
         torch.manual_seed(0)
@@ -309,6 +314,9 @@ def main():
         bert(gen)
         gpt2(gen)
         bad_inputs()
+    if args.only in (None, "regression"):  # its own generator: the others stay as they were
+        torch.manual_seed(0)
+        bert(torch.Generator().manual_seed(4321), regression=True)
     if args.only in (None, "adamw"):
         adamw_steps()
     if args.only in (None, "optim"):

@@ -768,6 +768,36 @@ TEST(CudaOps, SoftmaxCrossEntropyMatchesTheCpu) {
   }
 }
 
+TEST(CudaOps, MseLossMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(30);
+  const double start = 0.5;
+  for (int64_t N : {5, 300}) {  // 300: more rows than the kernel's threads
+    SCOPED_TRACE(::testing::Message() << "N=" << N);
+    const FVec pred = randn(N, rng, 2.f);
+    FVec targets = randn(N, rng, 1.f);
+    targets[1] = std::numeric_limits<float>::quiet_NaN();  // an unlabelled row
+    auto run = [&](Backend& be) {
+      DeviceBuffers d(be);
+      const Tensor p = d.put(pred, {N, 1}), y = d.put(targets, {N});
+      const Tensor loss = d.put(std::vector<double>{start}, {1});
+      be.mse_loss(p, y, false, 1.f, loss);
+      const double l1 = d.get<double>(loss)[0] - start;
+      const FVec p1 = d.get(p);
+      be.mse_loss(p, y, true, 1.f / static_cast<float>(N - 1), loss);
+      return std::make_tuple(l1, p1, d.get(p));
+    };
+    const auto [want_l, want_p1, want_g] = run(*cpu);
+    const auto [got_l, got_p1, got_g] = run(*gpu);
+    EXPECT_NEAR(got_l, want_l, 1e-6 * std::abs(want_l));
+    EXPECT_TRUE(identical(got_p1, pred)) << "without write_grad the predictions stay";
+    EXPECT_TRUE(rel_near(got_g, want_g, 1e-6)) << "gradient";
+    EXPECT_EQ(got_g[1], 0.f) << "unlabelled row";
+  }
+}
+
 // ---- attention ----
 
 TEST(CudaOps, AttentionMatchesTheCpu) {

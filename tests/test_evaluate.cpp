@@ -262,6 +262,136 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "bad.csv:2: a quoted field");
 }
 
+// Dynamic padding (the default) computes each batch at its longest row: the same training and
+// evaluation as padding every batch to max_seq_length, up to rounding; group_by_length reorders
+// the batches and still learns.
+TEST(Evaluate, DynamicPaddingTrainsAsPaddingToTheMaximum) {
+  TempDir dir("padding");
+  auto write_csv = [&](const std::string& name, int rows, int seed) {
+    std::ofstream f(dir / name);
+    f << "sentence,label\n";
+    for (int i = 0; i < rows; ++i) {
+      const bool pos = (i * 7 + seed) % 3 != 0;
+      f << (pos ? "good" : "bad") << " film";
+      for (int w = 0; w < (i * 5 + seed) % 13; ++w) f << " and the plot";  // 2 to 41 tokens
+      f << "," << (pos ? "positive" : "negative") << "\n";
+    }
+  };
+  write_csv("train.csv", 64, 1);
+  write_csv("dev.csv", 20, 2);
+  const std::string model = write_model_folder(
+      dir, "bert",
+      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
+          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  auto run = [&](bool pad_to_max_length, bool group_by_length, int steps) {
+    TrainOptions o = tiny_options(model, dir / "out");
+    o.tokenizer_name = fixture("tokenizer/wordpiece");
+    o.train_file = dir / "train.csv";
+    o.validation_file = dir / "dev.csv";
+    o.max_seq_length = 48;
+    o.per_device_train_batch_size = 8;
+    o.max_steps = steps;
+    o.learning_rate = 3e-3;
+    o.do_eval = true;
+    o.save_strategy = "no";
+    o.pad_to_max_length = pad_to_max_length;
+    o.group_by_length = group_by_length;
+    TrainSummary s;
+    train_logging(o, &s);
+    return s;
+  };
+  const TrainSummary padded = run(true, false, 8), dynamic = run(false, false, 8);
+  EXPECT_NEAR(dynamic.train_loss, padded.train_loss, 1e-5 * padded.train_loss);
+  EXPECT_NEAR(dynamic.eval_metrics["eval_loss"].get<double>(),
+              padded.eval_metrics["eval_loss"].get<double>(),
+              1e-5 * padded.eval_metrics["eval_loss"].get<double>());
+  const TrainSummary grouped = run(false, true, 80);
+  EXPECT_GT(grouped.eval_metrics["eval_accuracy"].get<double>(), 0.9)
+      << grouped.eval_metrics.dump();
+}
+
+// Real-valued labels: regression as run_glue sets it up (num_labels 1, MSE, STS-B's metrics,
+// numbers predicted), and the saved folder evaluates as a regression model again.
+TEST(Evaluate, RunGlueRegressionOnACsvFile) {
+  TempDir dir("glue_regression");
+  const char* words[] = {"good", "bad", "fine", "awful"};
+  const float scores[] = {2.5f, -1.0f, 1.5f, -2.0f};  // the first word decides the score
+  auto write_csv = [&](const std::string& name, int rows, int seed, bool labels) {
+    std::ofstream f(dir / name);
+    f << (labels ? "sentence,label\n" : "sentence\n");
+    for (int i = 0; i < rows; ++i) {
+      const int w = (i * 5 + seed) % 4;
+      f << words[w] << " film " << (i % 3);
+      if (labels) f << "," << scores[w] + 0.125f * static_cast<float>(i % 2);
+      f << "\n";
+    }
+  };
+  write_csv("train.csv", 96, 1, true);
+  write_csv("dev.csv", 24, 2, true);
+  write_csv("test.csv", 8, 3, false);
+  const std::string model = write_model_folder(
+      dir, "bert",
+      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
+          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.validation_file = dir / "dev.csv";
+  o.test_file = dir / "test.csv";
+  o.max_seq_length = 8;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 160;
+  o.learning_rate = 3e-3;
+  o.do_eval = true;
+  o.do_predict = true;
+  TrainSummary s;
+  train_logging(o, &s);
+  const nlohmann::json& m = s.eval_metrics;
+  EXPECT_LT(m["eval_mse"].get<double>(), 0.3) << m.dump();
+  EXPECT_GT(m["eval_pearson"].get<double>(), 0.95) << m.dump();
+  EXPECT_GT(m["eval_spearmanr"].get<double>(), 0.8) << m.dump();
+  // transformers' MSELoss is the mean: the loss is the metric.
+  EXPECT_NEAR(m["eval_loss"].get<double>(), m["eval_mse"].get<double>(), 1e-4);
+  EXPECT_FALSE(m.contains("eval_accuracy"));
+  const nlohmann::json config = read_json(o.output_dir + "/config.json");
+  EXPECT_EQ(config["problem_type"], "regression");
+  EXPECT_EQ(config["id2label"], (nlohmann::json{{"0", "LABEL_0"}}));
+  std::ifstream pred(o.output_dir + "/predict_results.txt");
+  std::string line;
+  std::getline(pred, line);
+  EXPECT_EQ(line, "index\tprediction");
+  int rows = 0;
+  while (std::getline(pred, line)) {
+    const float want = scores[(rows * 5 + 3) % 4];
+    const size_t tab = line.find('\t');
+    ASSERT_NE(tab, std::string::npos) << line;
+    EXPECT_EQ(line.substr(0, tab), std::to_string(rows));
+    const std::string number = line.substr(tab + 1);
+    EXPECT_EQ(number.size() - number.find('.'), 4u) << "three decimals: " << line;
+    EXPECT_NEAR(std::stod(number), want, 0.75) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 8);
+  TrainOptions again;
+  again.model_name_or_path = o.output_dir;
+  again.output_dir = dir / "again";
+  again.validation_file = o.validation_file;
+  again.max_seq_length = 8;
+  again.do_train = false;
+  again.do_eval = true;
+  again.disable_tqdm = true;
+  again.device = "cpu";
+  TrainSummary e;
+  train_logging(again, &e);
+  EXPECT_NEAR(e.eval_metrics["eval_mse"].get<double>(), m["eval_mse"].get<double>(), 1e-5);
+  // A label that is not a number among numeric ones is refused by file and line.
+  std::ofstream(dir / "mixed.csv") << "sentence,label\ngood film,1.5\nbad film,terrible\n";
+  o.validation_file = dir / "mixed.csv";
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "mixed.csv:3: label");
+}
+
 TEST(Evaluate, RunClmOnATextFile) {
   TempDir dir("clm");
   {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -647,6 +648,40 @@ TEST(OpsCrossEntropy, LossAndGradient) {
   logits = logits0;
   EXPECT_EQ(cross_entropy(*be, logits, none, N, V, true, 1.f), 0.0);
   EXPECT_EQ(logits, FVec(logits.size(), 0.f));
+}
+
+TEST(OpsMseLoss, LossAndGradient) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(15);
+  const int N = 6;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  FVec targets = randn(N, rng, 1.5f);
+  targets[2] = nan;  // a row without a label
+  const FVec pred0 = randn(N, rng, 2.f);
+  auto ref = [&](const Vec& p) {  // fp64 reference: the summed squared error of labelled rows
+    double sum = 0;
+    for (int r = 0; r < N; ++r)
+      if (!std::isnan(targets[r])) sum += (p[r] - double(targets[r])) * (p[r] - double(targets[r]));
+    return sum;
+  };
+  auto run = [&](FVec& p, bool write_grad, float scale) {
+    double loss_sum = 0.0;
+    be->mse_loss(view(p, {static_cast<int>(p.size()), 1}), view(targets, {N}), write_grad, scale,
+                 brisk::Tensor(&loss_sum, brisk::Shape{1}, brisk::DType::f64));
+    return loss_sum;
+  };
+  const double want = ref(to_d(pred0));
+  FVec pred = pred0;
+  EXPECT_NEAR(run(pred, false, 1.f), want, kFwdTol * std::max(1.0, want));
+  EXPECT_EQ(pred, pred0);  // untouched without write_grad
+  const float scale = 1.f / 5;
+  EXPECT_NEAR(run(pred, true, scale), want, kFwdTol * std::max(1.0, want));
+  auto scaled = [&](const Vec& v) { return double(scale) * ref(v); };
+  EXPECT_TRUE(grad_close(to_d(pred), numeric_grad(to_d(pred0), scaled)));
+  EXPECT_EQ(pred[2], 0.f);  // the unlabelled row gets exactly zero
+
+  FVec wrong(N + 1, 0.f);
+  EXPECT_THROW(run(wrong, false, 1.f), brisk::Error);
 }
 
 TEST(OpsCrossEntropy, OutOfRangeLabelThrows) {

@@ -55,6 +55,8 @@ inline std::vector<float> to_host(Backend& be, const Tensor& t) {
 // A model with its plan and arena, loaded from a fixture folder holding config.json,
 // model.safetensors and batch.safetensors, on the backend of options.device (the arena in that
 // backend's memory, with its matmul workspace; matmul_dtype as set_matmul_dtype takes it).
+// plan_seq > the batch's length plans the buffers for that length and computes the batch at its
+// own (Model::use_seq, as dynamic padding does).
 struct LoadedModel {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Model> model;
@@ -63,20 +65,22 @@ struct LoadedModel {
   std::unique_ptr<Arena> arena;
 
   LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
-              DType matmul_dtype = DType::f32)
+              DType matmul_dtype = DType::f32, int64_t plan_seq = 0)
       : be(make_backend(options.device)) {
     ModelConfig c = resolve_config(folder);
     if (!dropout) disable_dropout(c);
     model = Model::create(c);
     SafetensorsFile batch(folder + "/batch.safetensors");
     be->set_matmul_dtype(matmul_dtype);
-    model->plan(plan, batch_shape_of(batch), options);
+    const BatchShape shape = batch_shape_of(batch);
+    model->plan(plan, {shape.batch, std::max(shape.seq, plan_seq)}, options);
     be->plan_workspace(plan, binder, model->max_matmul_operand());
     plan.finalize();
     arena = std::make_unique<Arena>(plan, be->device_memory(), be->staging_memory());
     model->bind(*arena);
     binder.bind(*arena);
     model->load_weights(*be, SafetensorsFile(folder + "/model.safetensors"));
+    model->use_seq(shape.seq);
     load_batch(batch, *model, *be);
   }
 

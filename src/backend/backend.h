@@ -242,6 +242,13 @@ class Backend {
   // (softmax - onehot) * grad_scale (zero on ignored rows), so probabilities are never stored.
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                                      float grad_scale, const Tensor& loss_sum) = 0;
+  // Squared error of predictions [N,1] (or [N]) against float32 targets [N] (NaN targets are
+  // skipped: rows without a label): adds the summed (p - y)^2 of the counted rows to loss_sum
+  // (float64 [1], in device memory); with write_grad the predictions are overwritten by
+  // 2 (p - y) * grad_scale (zero on skipped rows). transformers' regression loss (MSELoss, the
+  // mean) is this sum with grad_scale = 1 / counted rows.
+  virtual void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
+                        float grad_scale, const Tensor& loss_sum) = 0;
 
   // ---- the optimizer step ----
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).

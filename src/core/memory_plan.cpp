@@ -116,4 +116,36 @@ Tensor Arena::tensor(BufferId id) {
   return Tensor(b.base + s.offset, s.shape, s.dtype, b.resource->device());
 }
 
+std::vector<Shape> BufferBinder::shapes(const MemoryPlan& plan) const {
+  std::vector<Shape> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(e.source ? Shape() : plan.buffer(e.id).shape);
+  return out;
+}
+
+void BufferBinder::bind_shaped(Arena& arena, const std::vector<Shape>& shapes) const {
+  BRISK_CHECK(shapes.size() == entries_.size(), "bind_shaped: ", shapes.size(), " shapes for ",
+              entries_.size(), " views");
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (e.source) {
+      *e.view = *e.source;
+      continue;
+    }
+    const Tensor t = arena.tensor(e.id);
+    BRISK_CHECK(shapes[i].numel() <= t.numel(), "bind_shaped: ", shapes[i].str(),
+                " does not fit the buffer of ", t.shape().str());
+    *e.view = Tensor(t.data(), shapes[i], t.dtype(), t.device());
+  }
+}
+
+bool BufferBinder::same_views(const BufferBinder& other) const {
+  if (entries_.size() != other.entries_.size()) return false;
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].view != other.entries_[i].view ||
+        (entries_[i].source == nullptr) != (other.entries_[i].source == nullptr))
+      return false;
+  return true;
+}
+
 }  // namespace brisk

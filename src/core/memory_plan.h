@@ -129,6 +129,13 @@ class BufferBinder {
   void bind(Arena& arena) const {
     for (const auto& e : entries_) *e.view = e.source ? *e.source : arena.tensor(e.id);
   }
+  // The shape each entry's buffer has in `plan` (the plan it was declared in); aliases: empty.
+  std::vector<Shape> shapes(const MemoryPlan& plan) const;
+  // Binds every view to its buffer in `arena` with the entry's shape from `shapes` instead of
+  // the planned one, which must hold no more elements: a smaller problem in the same memory.
+  void bind_shaped(Arena& arena, const std::vector<Shape>& shapes) const;
+  // Whether `other` declares the same views in the same order (the same planning code re-run).
+  bool same_views(const BufferBinder& other) const;
 
  private:
   struct Entry {

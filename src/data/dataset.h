@@ -18,6 +18,12 @@ class Dataset {
   // Loss targets the sample contributes (1 for classification; for causal LM the positions
   // t >= 1 with a label), so the loss of an accumulated batch can be normalized up front.
   virtual int64_t count_targets(int64_t index) const = 0;
+  // Tokens of sample `index` before padding (what dynamic padding and group_by_length read);
+  // the full sequence length unless the dataset knows better.
+  virtual int64_t length(int64_t index) const {
+    (void)index;
+    return seq_len();
+  }
 };
 
 }  // namespace brisk

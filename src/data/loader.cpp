@@ -17,6 +17,7 @@ void reset_rows(const Batch& b) {
   set(b.attention_mask, 0);
   set(b.token_type_ids, 0);
   set(b.labels, kIgnoreIndex);
+  reset_label_values(b);
 }
 
 void copy_batch(const Batch& src, const Batch& dst) {
@@ -27,20 +28,53 @@ void copy_batch(const Batch& src, const Batch& dst) {
   cp(src.attention_mask, dst.attention_mask);
   cp(src.token_type_ids, dst.token_type_ids);
   cp(src.labels, dst.labels);
+  cp(src.label_values, dst.label_values);
 }
 
-void shuffled(const Tensor& order, uint64_t seed, int64_t epoch) {
+// The batch's [B, T] tensors viewed as [B, seq] over the same memory (rows packed at seq).
+Batch shaped(const Batch& b, int64_t seq) {
+  auto view = [seq](const Tensor& t) {
+    if (t.empty() || t.rank() != 2 || t.dim(1) == seq) return t;
+    return Tensor(t.data(), Shape{t.dim(0), seq}, t.dtype(), t.device());
+  };
+  return {view(b.input_ids), view(b.attention_mask), view(b.token_type_ids), view(b.labels),
+          b.label_values};
+}
+}  // namespace
+
+int64_t dynamic_padded_length(int64_t longest, int64_t planned) {
+  constexpr int64_t kMultiple = 8;
+  const int64_t rounded = (std::max<int64_t>(longest, 1) + kMultiple - 1) / kMultiple * kMultiple;
+  return std::min(rounded, planned);
+}
+
+void DataLoader::arrange(const Tensor& order, int64_t epoch) const {
   BRISK_CHECK(!order.empty(), "the data loader's order buffers are not planned");
   int64_t* first = order.as<int64_t>();
   int64_t* last = first + order.numel();
   std::iota(first, last, 0);
-  std::mt19937_64 gen(seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1));
+  std::mt19937_64 gen(seed_ + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1));
   std::shuffle(first, last, gen);
+  const int64_t group = options_.length_group_batch;
+  if (group <= 0) return;
+  // LengthGroupedSampler: mega-batches of up to 50 batches (fewer for small data), each sorted
+  // longest first, and the longest sample of all at the very front (an out-of-memory shows at
+  // once). Sorting is stable, so equal lengths keep their shuffled order.
+  const int64_t n = order.numel();
+  const int64_t mult = std::max<int64_t>(1, std::min<int64_t>(n / (group * 4), 50));
+  const int64_t mega = group * mult;
+  auto longer = [this](int64_t a, int64_t b) { return data_.length(a) > data_.length(b); };
+  int64_t best = 0;  // the mega-batch whose first sample is the longest
+  for (int64_t begin = 0; begin < n; begin += mega) {
+    std::stable_sort(first + begin, first + std::min(n, begin + mega), longer);
+    if (data_.length(first[begin]) > data_.length(first[best])) best = begin;
+  }
+  std::swap(first[0], first[best]);
 }
-}  // namespace
 
-DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed, bool background)
-    : data_(data), layout_(layout), seed_(seed), background_(background) {
+DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed,
+                       LoaderOptions options)
+    : data_(data), layout_(layout), seed_(seed), options_(options) {
   BRISK_CHECK(data.size() >= layout.batch, "the dataset of ", data.size(),
               " samples is smaller than one batch of ", layout.batch);
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
@@ -58,36 +92,50 @@ void DataLoader::plan(MemoryPlan& plan, BufferBinder& binder) {
   binder.declare(plan, &count_order_, "loader.count_order", Category::data, DType::i64, samples,
                  Placement::host);
   const Shape bt{layout_.batch, layout_.seq};
-  const int slots = background_ ? 2 : 0;
+  const int slots = options_.background ? 2 : 0;
   for (int s = 0; s < slots; ++s) {
     const std::string p = "loader.slot" + std::to_string(s) + ".";
     Batch& b = slots_[s].batch;
     // Host staging: the worker thread writes them (pinned memory on a GPU run).
-    auto slot = [&](Tensor* t, const char* name, Shape shape) {
-      binder.declare(plan, t, p + name, Category::data, DType::i32, shape, Placement::host);
+    auto slot = [&](Tensor* t, const char* name, Shape shape, DType dtype = DType::i32) {
+      binder.declare(plan, t, p + name, Category::data, dtype, shape, Placement::host);
     };
     slot(&b.input_ids, "input_ids", bt);
     slot(&b.attention_mask, "attention_mask", bt);
     if (layout_.token_types) slot(&b.token_type_ids, "token_type_ids", bt);
-    slot(&b.labels, "labels", layout_.labels_per_token ? bt : Shape{layout_.batch});
+    if (layout_.regression)
+      slot(&b.label_values, "label_values", Shape{layout_.batch}, DType::f32);
+    else
+      slot(&b.labels, "labels", layout_.labels_per_token ? bt : Shape{layout_.batch});
   }
 }
 
 void DataLoader::order_for_epoch(int64_t epoch) {
   if (order_epoch_ == epoch) return;
-  shuffled(order_, seed_, epoch);
+  arrange(order_, epoch);
   order_epoch_ = epoch;
 }
 
-int64_t DataLoader::fill(const Batch& dst, int64_t m) {
+int64_t DataLoader::padded_length(const int64_t* order, int64_t first, int64_t rows) const {
+  if (!options_.dynamic_padding) return layout_.seq;
+  int64_t longest = 1;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, data_.length(order[first + r]));
+  return dynamic_padded_length(longest, layout_.seq);
+}
+
+LoadedBatch DataLoader::shape_of(int64_t m) {
   const int64_t per_epoch = batches_per_epoch();
   order_for_epoch(m / per_epoch);
   const int64_t first = (m % per_epoch) * layout_.batch;
   const int64_t rows = std::min(layout_.batch, data_.size() - first);
+  return {rows, padded_length(order_.as<int64_t>(), first, rows)};
+}
+
+void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows) {
+  const int64_t first = (m % batches_per_epoch()) * layout_.batch;
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
   for (int64_t r = 0; r < rows; ++r) data_.fill_row(order[first + r], dst, r);
-  return rows;
 }
 
 int64_t DataLoader::count_targets(int64_t first, int64_t count) {
@@ -96,7 +144,7 @@ int64_t DataLoader::count_targets(int64_t first, int64_t count) {
   for (int64_t m = first; m < first + count; ++m) {
     const int64_t epoch = m / per_epoch;
     if (count_epoch_ != epoch) {
-      shuffled(count_order_, seed_, epoch);
+      arrange(count_order_, epoch);
       count_epoch_ = epoch;
     }
     const int64_t begin = (m % per_epoch) * layout_.batch;
@@ -110,7 +158,7 @@ int64_t DataLoader::count_targets(int64_t first, int64_t count) {
 void DataLoader::start(int64_t first) {
   stop();
   next_ = first;
-  if (!background_) return;
+  if (!options_.background) return;
   stopping_ = false;
   error_ = nullptr;
   slots_[0].index = slots_[1].index = -1;
@@ -126,10 +174,12 @@ void DataLoader::produce(int64_t first) {
         cv_.wait(lock, [&] { return stopping_ || slot.index < 0; });
         if (stopping_) return;
       }
-      const int64_t rows = fill(slot.batch, m);
+      const LoadedBatch shape = shape_of(m);
+      fill(shaped(slot.batch, shape.seq), m, shape.rows);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        slot.rows = rows;
+        slot.rows = shape.rows;
+        slot.seq = shape.seq;
         slot.index = m;
       }
       cv_.notify_all();
@@ -141,19 +191,25 @@ void DataLoader::produce(int64_t first) {
   }
 }
 
-int64_t DataLoader::next(const Batch& dst) {
+LoadedBatch DataLoader::next(Model& model) {
   const int64_t m = next_++;
-  if (!background_) return fill(dst, m);
+  if (!options_.background) {
+    const LoadedBatch shape = shape_of(m);
+    model.use_seq(shape.seq);
+    fill(model.batch(), m, shape.rows);
+    return shape;
+  }
   Slot& slot = slots_[m % 2];
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return error_ != nullptr || slot.index == m; });
   if (error_) std::rethrow_exception(error_);
-  copy_batch(slot.batch, dst);
-  const int64_t rows = slot.rows;
+  const LoadedBatch shape{slot.rows, slot.seq};
+  model.use_seq(shape.seq);
+  copy_batch(shaped(slot.batch, shape.seq), model.batch());
   slot.index = -1;
   lock.unlock();
   cv_.notify_all();
-  return rows;
+  return shape;
 }
 
 void DataLoader::stop() {

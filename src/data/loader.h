@@ -1,6 +1,9 @@
 // The data loader: micro-batches in a per-epoch shuffled order (seeded, so a resumed run sees the
 // same order), prepared either inline or in a background thread while the current step computes.
-// Its staging slots are planned buffers (category data), so loading allocates nothing.
+// Its staging slots are planned buffers (category data), so loading allocates nothing. Batches
+// are padded to the planned length, or dynamically to their longest sample (rounded up to a
+// multiple of 8) and then computed at that length (Model::use_seq). group_by_length orders
+// each epoch as transformers' LengthGroupedSampler: mega-batches of similar lengths.
 #pragma once
 
 #include <condition_variable>
@@ -14,9 +17,28 @@
 
 namespace brisk {
 
+struct LoaderOptions {
+  bool background = false;       // prepare the next micro-batches in a thread
+  bool dynamic_padding = false;  // pad each batch to its longest sample, not the planned length
+  // group_by_length: the batch the mega-batches are counted in (the micro-batch times the
+  // accumulation steps, as Trainer counts it); 0 = plain shuffling.
+  int64_t length_group_batch = 0;
+};
+
+// A micro-batch handed to the model: its real rows and the sequence length it was padded to.
+struct LoadedBatch {
+  int64_t rows = 0;
+  int64_t seq = 0;
+};
+
+// Dynamic padding's length for a batch whose longest sample has `longest` tokens: rounded up to a
+// multiple of 8 (DataCollatorWithPadding's pad_to_multiple_of, which keeps the distinct shapes
+// few), at most the planned length.
+int64_t dynamic_padded_length(int64_t longest, int64_t planned);
+
 class DataLoader {
  public:
-  DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed, bool background);
+  DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed, LoaderOptions options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -24,8 +46,10 @@ class DataLoader {
   void plan(MemoryPlan& plan, BufferBinder& binder);
   // Starts producing from global micro-batch `first` (0 for a new run).
   void start(int64_t first);
-  // Copies the next micro-batch into dst (the model's batch buffers); returns its real rows.
-  int64_t next(const Batch& dst);
+  // Sets the model to the next micro-batch's length and fills its batch buffers with it.
+  LoadedBatch next(Model& model);
+  // The length the samples [first, first + rows) of `order` are padded to.
+  int64_t padded_length(const int64_t* order, int64_t first, int64_t rows) const;
 
   int64_t batches_per_epoch() const { return (data_.size() + layout_.batch - 1) / layout_.batch; }
   // Loss targets of micro-batches [first, first + count).
@@ -35,18 +59,23 @@ class DataLoader {
   struct Slot {
     Batch batch;
     int64_t rows = 0;
+    int64_t seq = 0;
     int64_t index = -1;  // the micro-batch it holds, -1 when free
   };
-  // Fills slot with micro-batch m; returns its rows.
-  int64_t fill(const Batch& dst, int64_t m);
+  // The rows and padded length of micro-batch m (in the current epoch order).
+  LoadedBatch shape_of(int64_t m);
+  // Fills dst, shaped for micro-batch m's length, with it.
+  void fill(const Batch& dst, int64_t m, int64_t rows);
   void order_for_epoch(int64_t epoch);
+  // order = the epoch's permutation of the samples (seeded), grouped by length if asked.
+  void arrange(const Tensor& order, int64_t epoch) const;
   void produce(int64_t first);  // the worker thread: fills slots from micro-batch `first` on
   void stop();
 
   const Dataset& data_;
   BatchLayout layout_;
   uint64_t seed_;
-  bool background_;
+  LoaderOptions options_;
   // The epoch's sample order, and a second permutation for count_targets: int64 [samples] each,
   // host buffers of the plan (they grow with the data set, so they are counted).
   Tensor order_;

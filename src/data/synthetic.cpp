@@ -40,8 +40,12 @@ void SyntheticDataset::fill_row(int64_t index, const Batch& batch, int64_t row) 
     int32_t* labels = batch.labels.i32() + row * T;
     for (int64_t t = 0; t < T; ++t) labels[t] = mask[t] ? ids[t] : kIgnoreIndex;
   } else {
-    batch.labels.i32()[row] =
+    const int32_t label =
         learnable ? (ids[0] - options_.id_low < static_cast<int32_t>(span / 2) ? 1 : 0) : 0;
+    if (!batch.label_values.empty())  // regression: the same target as a number
+      batch.label_values.f32()[row] = static_cast<float>(label);
+    else
+      batch.labels.i32()[row] = label;
     if (!batch.token_type_ids.empty())
       std::fill(batch.token_type_ids.i32() + row * T, batch.token_type_ids.i32() + (row + 1) * T,
                 0);

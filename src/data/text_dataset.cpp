@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "core/checked.h"
 #include "core/error.h"
@@ -59,6 +60,17 @@ namespace {
 std::string label_key(const std::string& text, bool whole) {
   return whole ? std::to_string(std::strtoll(text.c_str(), nullptr, 10)) : text;
 }
+// A regression label: a number whose float32 value is finite.
+float label_value(const TextTable& t, int64_t row, int64_t col) {
+  const CellKind k = t.kind(row, col);
+  const std::string& text = t.text(row, col);
+  BRISK_CHECK(k == CellKind::real || k == CellKind::integer, t.where(row), ": label \"",
+              excerpt(text), "\" is not a number, while the training labels are (regression)");
+  const float v = std::strtof(text.c_str(), nullptr);
+  BRISK_CHECK(std::isfinite(v), t.where(row), ": label ", excerpt(text),
+              " is beyond float32's range");
+  return v;
+}
 }  // namespace
 
 int64_t LabelSet::id_of(const std::string& name) const {
@@ -110,7 +122,7 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
                                                      const ClassificationColumns& columns,
                                                      const LabelSet& labels,
                                                      const TextEncoder& encoder, int64_t max_length)
-    : max_length_(max_length), pad_(encoder.pad_id()) {
+    : max_length_(max_length), pad_(encoder.pad_id()), regression_(labels.regression) {
   BRISK_CHECK(max_length > 0, "max_seq_length must be positive");
   // Checked in order first, so the first bad row is the one named.
   for (int64_t r = 0; r < t.rows(); ++r)
@@ -136,9 +148,13 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
     longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
     if (columns.label < 0) {
       label_.push_back(kIgnoreIndex);
+      value_.push_back(std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    BRISK_CHECK(!labels.regression, "regression labels are not supported yet");
+    if (regression_) {
+      value_.push_back(label_value(t, r, columns.label));
+      continue;
+    }
     const int64_t id = labels.id_of(t.text(r, columns.label));
     BRISK_CHECK(id >= 0, t.where(r), ": label \"", excerpt(t.text(r, columns.label)),
                 "\" does not occur in the training data");
@@ -159,7 +175,15 @@ void TextClassificationDataset::fill_row(int64_t index, const Batch& b, int64_t 
     mask[t] = real ? 1 : 0;
     if (types) types[t] = real ? types_[static_cast<size_t>(begin + t)] : 0;
   }
-  b.labels.i32()[row] = label_[static_cast<size_t>(index)];
+  if (regression_)
+    b.label_values.f32()[row] = value_[static_cast<size_t>(index)];
+  else
+    b.labels.i32()[row] = label_[static_cast<size_t>(index)];
+}
+
+int64_t TextClassificationDataset::count_targets(int64_t index) const {
+  const size_t i = static_cast<size_t>(index);
+  return regression_ ? !no_label_value(value_[i]) : label_[i] != kIgnoreIndex;
 }
 
 CausalLmDataset::CausalLmDataset(const TextTable& t, int64_t column, const TextEncoder& encoder,

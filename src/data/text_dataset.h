@@ -53,28 +53,33 @@ struct LabelSet {
 };
 LabelSet label_set(const TextTable& train, int64_t label_column);
 
-// Tokenized classification examples: each row's ids (truncated to max_length) and its class.
+// Tokenized classification examples: each row's ids (truncated to max_length) and its class, or
+// its number when the label set is a regression's.
 class TextClassificationDataset final : public Dataset {
  public:
   // Rows of `table`; labels mapped through `labels` (a label the set lacks is refused naming
   // the row), or none when the table has no label column.
   TextClassificationDataset(const TextTable& table, const ClassificationColumns& columns,
                             const LabelSet& labels, const TextEncoder& encoder, int64_t max_length);
-  int64_t size() const override { return static_cast<int64_t>(label_.size()); }
+  int64_t size() const override { return static_cast<int64_t>(offsets_.size()) - 1; }
   int64_t seq_len() const override { return max_length_; }
   void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
-  int64_t count_targets(int64_t index) const override {
-    return label_[static_cast<size_t>(index)] == kIgnoreIndex ? 0 : 1;
+  int64_t count_targets(int64_t index) const override;
+  int64_t length(int64_t index) const override {
+    const size_t i = static_cast<size_t>(index);
+    return offsets_[i + 1] - offsets_[i];
   }
   int64_t longest() const { return longest_; }
 
  private:
   int64_t max_length_;
   int32_t pad_;
+  bool regression_;  // labels are numbers (value_), not classes (label_)
   int64_t longest_ = 0;
   std::vector<int32_t> ids_, types_;  // all rows, back to back
   std::vector<int64_t> offsets_;      // row r: [offsets_[r], offsets_[r + 1])
   std::vector<int32_t> label_;
+  std::vector<float> value_;  // regression targets, NaN = none
 };
 
 // run_clm's blocks: every row of a text column tokenized, concatenated, and cut into blocks of

@@ -1,6 +1,8 @@
-// Batch files: integer tensors of any integer dtype, converted to int32.
+// Batch files: integer tensors of any integer dtype, converted to int32; regression labels as
+// float32.
 #include "models/batch.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace brisk {
@@ -36,6 +38,13 @@ void copy_ints(const SafetensorsFile& file, const std::string& name, const Tenso
     out[i] = static_cast<int32_t>(v);
   }
 }
+void copy_label_values(const SafetensorsFile& file, const Tensor& dst) {
+  const Tensor& src = file.get("labels");
+  BRISK_CHECK(src.shape() == dst.shape() && src.dtype() == DType::f32, "'", file.path(),
+              "': a regression model's labels must be float32 ", dst.shape().str(), ", not ",
+              dtype_name(src.dtype()), " ", src.shape().str());
+  std::copy(src.f32(), src.f32() + src.numel(), dst.f32());
+}
 }  // namespace
 
 BatchShape batch_shape_of(const SafetensorsFile& file) {
@@ -52,7 +61,11 @@ void load_batch(const SafetensorsFile& file, Model& model, Backend& be) {
   if (file.has("attention_mask")) copy_ints(file, "attention_mask", b.attention_mask);
   if (file.has("token_type_ids") && !b.token_type_ids.empty())
     copy_ints(file, "token_type_ids", b.token_type_ids);
-  if (file.has("labels")) copy_ints(file, "labels", b.labels);
+  if (!file.has("labels")) return;
+  if (b.label_values.empty())
+    copy_ints(file, "labels", b.labels);
+  else
+    copy_label_values(file, b.label_values);
 }
 
 }  // namespace brisk

@@ -1,6 +1,9 @@
 // BERT: token + position + token-type embeddings and LayerNorm, post-LN blocks, tanh pooler over
-// the first token, dropout and a linear classifier with cross-entropy over num_labels.
+// the first token, dropout and a linear classifier with cross-entropy over num_labels (or, for
+// regression, one output under the squared error).
 #include "models/bert.h"
+
+#include <cmath>
 
 namespace brisk {
 
@@ -60,7 +63,7 @@ class Bert final : public Model {
   const char* base_prefix() const override { return "bert."; }
   const char* class_name() const override { return "BertForSequenceClassification"; }
   BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
-    return {batch, seq, /*token_types=*/true, /*labels_per_token=*/false};
+    return {batch, seq, /*token_types=*/true, /*labels_per_token=*/false, config_.regression};
   }
 
   BlockStyle block_style(bool training) const override {
@@ -102,7 +105,11 @@ class Bert final : public Model {
     const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
     declare_input(plan, &batch_.token_type_ids, &dev_batch_.token_type_ids, "batch.token_type_ids",
                   {B, T});
-    declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B});
+    if (config_.regression)
+      declare_input(plan, &batch_.label_values, &dev_batch_.label_values, "batch.label_values", {B},
+                    DType::f32);
+    else
+      declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B});
     declare(plan, &emb_sum_, "embeddings.sum", Category::activations, DType::f32, {B, T, C});
     declare(plan, &emb_mean_, "embeddings.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &emb_rstd_, "embeddings.rstd", Category::activations, DType::f32, {B, T});
@@ -117,6 +124,13 @@ class Bert final : public Model {
   void validate_batch() const override {
     check_ids(batch_.input_ids, config_.vocab_size, "token id");
     check_ids(batch_.token_type_ids, config_.type_vocab_size, "token type id");
+    if (config_.regression) {
+      const float* v = batch_.label_values.f32();
+      for (int64_t b = 0; b < shape_.batch; ++b)
+        BRISK_CHECK(no_label_value(v[b]) || std::isfinite(v[b]), "label ", v[b], " of sequence ", b,
+                    " is not a finite number");
+      return;
+    }
     const int32_t* y = batch_.labels.i32();
     for (int64_t b = 0; b < shape_.batch; ++b)
       BRISK_CHECK(y[b] == kIgnoreIndex || (y[b] >= 0 && y[b] < config_.num_labels), "label ", y[b],
@@ -139,8 +153,11 @@ class Bert final : public Model {
     be.dropout_forward(pooled_, dropout(config_.classifier_dropout, o), site(o, kClassifierSite),
                        dropped_);
     be.linear_forward(dropped_, w(cls_w_), w(cls_b_), WeightLayout::out_in, logits_);
-    be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
-                             loss_sum());
+    if (config_.regression)
+      be.mse_loss(logits_, dev_batch_.label_values, o.compute_grad, o.loss_grad_scale, loss_sum());
+    else
+      be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
+                               loss_sum());
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {

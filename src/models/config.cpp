@@ -92,8 +92,17 @@ void read_bert(const Reader& r, ModelConfig& c) {
     c.num_labels = static_cast<int64_t>(r.j["id2label"].size());
   else
     c.num_labels = 2;
-  BRISK_CHECK(c.num_labels >= 2, r.origin, ": num_labels = ", c.num_labels,
-              ": regression heads (num_labels 1) are not supported yet");
+  // As transformers chooses the loss: problem_type when given, else regression for one label.
+  const std::string problem = r.string_or("problem_type", "");
+  BRISK_CHECK(
+      problem.empty() || problem == "regression" || problem == "single_label_classification",
+      r.origin, ": problem_type \"", excerpt(problem),
+      "\" is not supported (supported: regression, single_label_classification)");
+  c.regression = problem == "regression" || (problem.empty() && c.num_labels == 1);
+  BRISK_CHECK(!c.regression || c.num_labels == 1, r.origin, ": regression needs num_labels 1, not ",
+              c.num_labels);
+  BRISK_CHECK(c.regression || c.num_labels >= 2, r.origin,
+              ": single-label classification needs at least 2 labels, not ", c.num_labels);
 }
 
 void read_gpt2(const Reader& r, ModelConfig& c) {

@@ -35,6 +35,9 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   int64_t type_vocab_size = 0;  // bert
   int64_t num_labels = 0;       // bert sequence classification
+  // bert: one output trained with the squared error (transformers' problem_type "regression",
+  // which num_labels 1 implies), instead of classes under cross-entropy.
+  bool regression = false;
   float layer_norm_eps = 1e-12f;
   float hidden_dropout = 0.1f;     // bert hidden_dropout_prob, gpt2 resid_pdrop
   float attention_dropout = 0.1f;  // attention_probs_dropout_prob / attn_pdrop

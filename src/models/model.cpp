@@ -3,6 +3,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "models/bert.h"
@@ -30,9 +31,10 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   BRISK_CHECK(shape.seq <= c.max_position_embeddings, "sequence length ", shape.seq,
               " exceeds max_position_embeddings = ", c.max_position_embeddings, " of the ",
               c.type_name(), " config");
-  shape_ = shape;
+  shape_ = planned_ = shape;
   options_ = options;
   inputs_.clear();
+  seq_shapes_.clear();
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
   binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
@@ -104,12 +106,12 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
 }
 
 void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
-                          Shape shape) {
-  binder_.declare(plan, host, name, Category::data, DType::i32, shape, Placement::host);
+                          Shape shape, DType dtype) {
+  binder_.declare(plan, host, name, Category::data, dtype, shape, Placement::host);
   if (options_.device == Device::cpu)
     binder_.alias(device, host);
   else
-    binder_.declare(plan, device, name + ".device", Category::data, DType::i32, shape);
+    binder_.declare(plan, device, name + ".device", Category::data, dtype, shape);
   inputs_.emplace_back(host, device);
 }
 
@@ -127,6 +129,38 @@ std::array<double, 2> Model::read_step_stats(Backend& be) {
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
   params_.bind(flat_weights_, flat_grads_);
+  arena_ = &arena;
+  shape_ = planned_;
+}
+
+void Model::use_seq(int64_t seq) {
+  if (seq == shape_.seq) return;
+  BRISK_CHECK(arena_ && seq > 0 && seq <= planned_.seq, "sequence length ", seq,
+              " is outside the planned 1..", planned_.seq);
+  if (seq == planned_.seq) {
+    binder_.bind(*arena_);
+    shape_ = planned_;
+    return;
+  }
+  auto it = seq_shapes_.find(seq);
+  if (it == seq_shapes_.end()) {
+    // The same declarations into a scratch plan, with a fresh binder: same views, new shapes.
+    BufferBinder bound = std::move(binder_);
+    std::map<int64_t, std::vector<Shape>> known = std::move(seq_shapes_);
+    const BatchShape planned = planned_;
+    binder_ = BufferBinder();
+    MemoryPlan scratch;
+    plan(scratch, {planned.batch, seq}, options_);
+    BRISK_CHECK(binder_.same_views(bound), "internal error: planning for length ", seq,
+                " declared other buffers than the plan");
+    std::vector<Shape> shapes = binder_.shapes(scratch);
+    binder_ = std::move(bound);
+    seq_shapes_ = std::move(known);
+    planned_ = planned;
+    it = seq_shapes_.emplace(seq, std::move(shapes)).first;
+  }
+  binder_.bind_shaped(*arena_, it->second);  // the flat weights keep their place and shape
+  shape_ = {planned_.batch, seq};
 }
 
 int64_t Model::max_matmul_operand() const {
@@ -141,6 +175,11 @@ int64_t Model::max_matmul_operand() const {
   return std::max(shape_.batch * shape_.seq * widest, largest_weight);
 }
 
+void reset_label_values(const Batch& batch) {
+  const Tensor& t = batch.label_values;
+  if (!t.empty()) std::fill(t.f32(), t.f32() + t.numel(), std::numeric_limits<float>::quiet_NaN());
+}
+
 void Model::reset_batch() {
   auto set = [](const Tensor& t, int32_t v) {
     if (t.empty()) return;
@@ -151,6 +190,7 @@ void Model::reset_batch() {
   set(batch_.attention_mask, 1);
   set(batch_.token_type_ids, 0);
   set(batch_.labels, kIgnoreIndex);
+  reset_label_values(batch_);
 }
 
 void Model::check_ids(const Tensor& ids, int64_t limit, const char* what) const {
@@ -162,9 +202,14 @@ void Model::check_ids(const Tensor& ids, int64_t limit, const char* what) const 
 }
 
 int64_t Model::count_targets() const {
-  const int32_t* y = batch_.labels.i32();
   const int64_t B = shape_.batch, T = shape_.seq;
   int64_t n = 0;
+  if (!batch_.label_values.empty()) {
+    const float* v = batch_.label_values.f32();
+    for (int64_t b = 0; b < B; ++b) n += !no_label_value(v[b]);
+    return n;
+  }
+  const int32_t* y = batch_.labels.i32();
   if (batch_.labels.rank() == 1) {
     for (int64_t b = 0; b < B; ++b) n += y[b] != kIgnoreIndex;
   } else {  // causal LM: position t predicts label t+1

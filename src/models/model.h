@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,15 @@ struct Batch {
   Tensor attention_mask;  // int32 [B,T], 1 for real tokens, 0 for padding
   Tensor token_type_ids;  // int32 [B,T] (BERT only; empty for GPT-2)
   Tensor labels;          // int32 [B] (classification) or [B,T] (causal LM), kIgnoreIndex = none
+  Tensor label_values;    // float32 [B]: regression targets, NaN = none (labels is then empty)
 };
+
+// A regression target's "no label", as kIgnoreIndex is a class label's.
+inline bool no_label_value(float y) {
+  return y != y;
+}
+// Sets every regression target of the batch (if it has them) to "no label".
+void reset_label_values(const Batch& batch);
 
 // What a model's batches hold, as the model declares it: the data code fills them without knowing
 // the architecture.
@@ -37,6 +46,7 @@ struct BatchLayout {
   int64_t batch = 0, seq = 0;
   bool token_types = false;       // token_type_ids (BERT)
   bool labels_per_token = false;  // causal LM: labels [B,T]; classification: [B]
+  bool regression = false;        // label_values [B] instead of labels
 };
 
 struct PlanOptions {
@@ -71,10 +81,17 @@ class Model {
   // Declares weights, gradients, data, activations and temporaries for micro-batches of `shape`.
   void plan(MemoryPlan& plan, BatchShape shape, PlanOptions options);
   void bind(Arena& arena);
+  // Runs the next micro-batches at sequence length `seq` (1 to the planned length) in the
+  // planned buffers, every view shaped as a plan for that length shapes it (dynamic padding:
+  // shorter batches compute less in the same memory). The shapes for a length are found once,
+  // by planning the model again for it. The batch's contents are not kept.
+  void use_seq(int64_t seq);
   // The host-side batch the data loader writes; forward() validates it and copies it to the
   // device.
   const Batch& batch() const { return batch_; }
+  // The shape of the current micro-batch (use_seq), and the one the buffers were planned for.
   BatchShape batch_shape() const { return shape_; }
+  BatchShape planned_shape() const { return planned_; }
   const Tensor& logits() const { return logits_; }
 
   // The most elements any operand of the model's linear layers has at the planned batch shape
@@ -152,7 +169,7 @@ class Model {
   // An input the host writes: a host buffer (category data) and, on a GPU, its device copy
   // (on the CPU the two views are the same buffer). forward_step uploads every input.
   void declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
-                     Shape shape);
+                     Shape shape, DType dtype = DType::i32);
   Tensor w(int index) const { return params_.weight(index); }
   Tensor g(int index) const { return params_.grad(index); }
   Tensor loss_sum() const {
@@ -167,7 +184,7 @@ class Model {
 
   ModelConfig config_;
   ParameterSet params_;
-  BatchShape shape_;
+  BatchShape shape_, planned_;
   Batch batch_;                 // host
   Batch dev_batch_;             // what the kernels read
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
@@ -178,6 +195,8 @@ class Model {
  private:
   BufferBinder binder_;
   PlanOptions options_;
+  Arena* arena_ = nullptr;
+  std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;
   std::vector<BlockSaved> saved_;  // what each block's forward and backward work on
   // Mixed precision without checkpointing: the 16-bit copies of each block's low-precision

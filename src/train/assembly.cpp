@@ -80,7 +80,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     r.test_data = r.owned_test.get();
   }
 
-  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, o.dataloader_num_workers > 0);
+  LoaderOptions loading;
+  loading.background = o.dataloader_num_workers > 0;
+  loading.dynamic_padding = !o.pad_to_max_length;
+  loading.length_group_batch = o.group_by_length ? B * o.gradient_accumulation_steps : 0;
+  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   r.precision = std::make_unique<MixedPrecision>(o.bf16   ? DType::bf16
                                                  : o.fp16 ? DType::f16
                                                           : DType::f32,
@@ -102,7 +106,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   }
   r.optimizer->plan(r.plan, r.binder, r.model->params());
   r.loader->plan(r.plan, r.binder);
-  if (r.eval_data || r.test_data) r.evaluator.plan(*r.model, r.plan, r.binder);
+  if (r.eval_data || r.test_data)
+    r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);
   r.plan.finalize();
   return run;
 }

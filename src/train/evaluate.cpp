@@ -5,12 +5,15 @@
 #include <cmath>
 #include <limits>
 
+#include "data/loader.h"
 #include "train/metrics.h"
 
 namespace brisk {
 
-void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder) {
-  const BatchShape s = model.batch_shape();
+void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
+                     bool dynamic_padding) {
+  dynamic_padding_ = dynamic_padding;
+  const BatchShape s = model.planned_shape();
   if (model.batch_layout(s.batch, s.seq).labels_per_token) return;
   binder.declare(plan, &logits_, "eval.logits", Category::data, DType::f32,
                  {s.batch, model.config().num_labels}, Placement::host);
@@ -18,12 +21,15 @@ void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder)
 
 nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                               const std::string& prefix,
-                              const std::function<void(int64_t, int64_t)>& on_prediction) {
+                              const std::function<void(const Prediction&)>& on_prediction) {
   const auto start = std::chrono::steady_clock::now();
-  const int64_t B = model.batch_shape().batch;
+  const BatchShape planned = model.planned_shape();
+  const int64_t B = planned.batch;
   const bool classification = !logits_.empty();
+  const bool regression = model.config().regression;
   const int64_t L = classification ? logits_.dim(1) : 0;
   ClassificationMetrics scores(std::max<int64_t>(L, 2));
+  RegressionMetrics numbers;
   StepOptions so;
   so.training = false;
   so.compute_grad = false;
@@ -31,6 +37,13 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   int64_t targets = 0, batches = 0;
   for (int64_t first = 0; first < data.size(); first += B, ++batches) {
     const int64_t rows = std::min(B, data.size() - first);
+    int64_t seq = planned.seq;
+    if (dynamic_padding_) {
+      int64_t longest = 1;
+      for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, data.length(first + r));
+      seq = dynamic_padded_length(longest, planned.seq);
+    }
+    model.use_seq(seq);
     model.reset_batch();
     for (int64_t r = 0; r < rows; ++r) data.fill_row(first + r, model.batch(), r);
     targets += model.count_targets();
@@ -38,13 +51,18 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
     if (!classification) continue;
     be.download(model.logits(), logits_);
     const float* z = logits_.f32();
-    const int32_t* labels = model.batch().labels.i32();
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t best = 0;  // the first of equal maxima, as argmax
-      for (int64_t c = 1; c < L; ++c)
-        if (z[r * L + c] > z[r * L + best]) best = c;
-      if (labels[r] != kIgnoreIndex) scores.add(labels[r], best);
-      if (on_prediction) on_prediction(first + r, best);
+      Prediction p{first + r, 0, z[r * L]};
+      if (regression) {
+        const float y = model.batch().label_values.f32()[r];
+        if (!no_label_value(y)) numbers.add(y, p.value);
+      } else {
+        for (int64_t c = 1; c < L; ++c)  // the first of equal maxima, as argmax
+          if (z[r * L + c] > z[r * L + p.label]) p.label = c;
+        const int32_t y = model.batch().labels.i32()[r];
+        if (y != kIgnoreIndex) scores.add(y, p.label);
+      }
+      if (on_prediction) on_prediction(p);
     }
   }
   const double seconds =
@@ -55,7 +73,12 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   if (targets > 0) m[prefix + "_loss"] = mean_loss;
   if (!classification && targets > 0)
     m["perplexity"] = mean_loss < 709 ? std::exp(mean_loss) : std::numeric_limits<double>::max();
-  if (classification && scores.count() > 0) {
+  if (regression && numbers.count() > 0) {
+    m[prefix + "_mse"] = numbers.mse();
+    m[prefix + "_pearson"] = numbers.pearson();
+    m[prefix + "_spearmanr"] = numbers.spearman();
+  }
+  if (!regression && classification && scores.count() > 0) {
     m[prefix + "_accuracy"] = scores.accuracy();
     m[prefix + "_f1"] = scores.f1();
   }

@@ -15,21 +15,31 @@
 
 namespace brisk {
 
+// One row's prediction: the class (classification) or the number (regression).
+struct Prediction {
+  int64_t index = 0;
+  int64_t label = 0;
+  float value = 0;
+};
+
 class Evaluator {
  public:
   // Declares the host buffer for one batch of logits (classification models; none for causal LM).
-  void plan(const Model& model, MemoryPlan& plan, BufferBinder& binder);
+  // dynamic_padding: each batch computed at its longest sample's length (rounded up to 8).
+  void plan(const Model& model, MemoryPlan& plan, BufferBinder& binder, bool dynamic_padding);
 
-  // Metrics named "<prefix>_loss", "<prefix>_accuracy" and "<prefix>_f1" (classification) or
-  // "perplexity" (causal LM, as run_clm names it), "<prefix>_runtime",
-  // "<prefix>_samples_per_second" and "<prefix>_steps_per_second". Rows whose label is ignored
-  // (an unlabelled test set) count in no metric. `on_prediction(index, label)`, when given,
-  // receives each classification row's predicted label.
+  // Metrics named "<prefix>_loss", "<prefix>_accuracy" and "<prefix>_f1" (classification),
+  // "<prefix>_mse", "<prefix>_pearson" and "<prefix>_spearmanr" (regression, as run_glue's
+  // STS-B metrics) or "perplexity" (causal LM, as run_clm names it), "<prefix>_runtime",
+  // "<prefix>_samples_per_second" and "<prefix>_steps_per_second". Rows without a label (an
+  // unlabelled test set) count in no metric. `on_prediction`, when given, receives each
+  // classification or regression row's prediction.
   nlohmann::json run(Backend& be, Model& model, const Dataset& data, const std::string& prefix,
-                     const std::function<void(int64_t, int64_t)>& on_prediction = nullptr);
+                     const std::function<void(const Prediction&)>& on_prediction = nullptr);
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]
+  bool dynamic_padding_ = false;
 };
 
 }  // namespace brisk

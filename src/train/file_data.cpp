@@ -20,6 +20,8 @@ namespace {
 // names its classes), else the evaluation file's labels.
 LabelSet labels_from_config(const ModelConfig& c) {
   LabelSet s;
+  s.regression = c.regression;
+  if (s.regression) return s;
   const nlohmann::json l2i = c.source.value("label2id", nlohmann::json());
   if (!l2i.is_object() || static_cast<int64_t>(l2i.size()) != c.num_labels) return s;
   s.names.resize(l2i.size());
@@ -31,16 +33,25 @@ LabelSet labels_from_config(const ModelConfig& c) {
   return s;
 }
 
+// As run_glue configures the model: one output named LABEL_0 for regression (the problem type
+// transformers records), else the classes by name.
 void set_labels(ModelConfig& c, const LabelSet& labels) {
-  c.num_labels = static_cast<int64_t>(labels.names.size());
+  const std::vector<std::string> names =
+      labels.regression ? std::vector<std::string>{"LABEL_0"} : labels.names;
+  c.num_labels = static_cast<int64_t>(names.size());
+  c.regression = labels.regression;
   nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
-  for (size_t i = 0; i < labels.names.size(); ++i) {
-    id2label[std::to_string(i)] = labels.names[i];
-    label2id[labels.names[i]] = i;
+  for (size_t i = 0; i < names.size(); ++i) {
+    id2label[std::to_string(i)] = names[i];
+    label2id[names[i]] = i;
   }
   c.source["id2label"] = id2label;
   c.source["label2id"] = label2id;
   c.source.erase("num_labels");
+  if (labels.regression)
+    c.source["problem_type"] = "regression";
+  else
+    c.source.erase("problem_type");
 }
 }  // namespace
 
@@ -67,17 +78,14 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     LabelSet labels;
     if (!o.train_file.empty()) {
       labels = label_set(train, cols.label);
-      BRISK_CHECK(!labels.regression, "'", o.train_file,
-                  "': real-valued labels mean regression (num_labels 1), which brisk does not "
-                  "support yet");
       set_labels(config, labels);
     } else {
       labels = labels_from_config(config);
-      if (labels.names.empty() && !o.validation_file.empty()) {
+      if (!labels.regression && labels.names.empty() && !o.validation_file.empty()) {
         labels = label_set(eval, classification_columns(eval, o.text_column_name).label);
         set_labels(config, labels);
       }
-      BRISK_CHECK(!labels.names.empty(),
+      BRISK_CHECK(labels.regression || !labels.names.empty(),
                   "no label names: the model's config has no label2id "
                   "and there is no labelled file");
     }

@@ -64,6 +64,10 @@ struct TrainOptions {
   int64_t per_device_eval_batch_size = 8;
   int64_t eval_dataset_size = 128;  // synthetic evaluation samples
   bool load_best_model_at_end = false;
+  // Text classification data (run_glue): pad every batch to max_seq_length, or (false) to its
+  // longest sample rounded up to 8, computing at that length.
+  bool pad_to_max_length = false;
+  bool group_by_length = false;  // batches of similar lengths (LengthGroupedSampler)
   std::string metric_for_best_model = "loss";
   std::string greater_is_better;  // "true", "false", or "" (false for loss, else true)
   int64_t dataloader_num_workers = 0;
@@ -150,7 +154,13 @@ void visit_options(Options& o, Visitor&& v) {
     "end with the weights of the best evaluated checkpoint (save_strategy must equal "
     "eval_strategy)");
   v("metric_for_best_model", o.metric_for_best_model,
-    "the evaluation metric that picks the best model: loss, accuracy, f1, perplexity");
+    "the evaluation metric that picks the best model: loss, accuracy, f1, perplexity; for "
+    "regression mse, pearson, spearmanr");
+  v("pad_to_max_length", o.pad_to_max_length,
+    "pad every batch to max_seq_length (false: to the batch's longest sample rounded up to a "
+    "multiple of 8, and compute only that length)");
+  v("group_by_length", o.group_by_length,
+    "shuffle in mega-batches sorted by length, so batches hold samples of similar lengths");
   v("greater_is_better", o.greater_is_better,
     "true or false: whether a larger metric is better (default: false for loss and perplexity)");
   v("dataloader_num_workers", o.dataloader_num_workers,

@@ -305,18 +305,25 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 }
 }  // namespace
 
-// --do_predict: predict_results.txt as run_glue writes it (index and label name per test row;
-// names from the config's id2label when it has them).
+// --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
+// names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
 void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
                        const LogSink& on_log) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
-  nlohmann::json metrics = run.evaluator.run(
-      be, *run.model, *run.test_data, "predict", [&](int64_t index, int64_t label) {
-        const std::string id = std::to_string(label);
+  nlohmann::json metrics =
+      run.evaluator.run(be, *run.model, *run.test_data, "predict", [&](const Prediction& p) {
+        out += std::to_string(p.index) + "\t";
+        if (run.config.regression) {
+          char number[64];
+          std::snprintf(number, sizeof number, "%.3f", static_cast<double>(p.value));
+          out += std::string(number) + "\n";
+          return;
+        }
+        const std::string id = std::to_string(p.label);
         const bool named =
             id2label.is_object() && id2label.contains(id) && id2label[id].is_string();
-        out += std::to_string(index) + "\t" + (named ? id2label[id].get<std::string>() : id) + "\n";
+        out += (named ? id2label[id].get<std::string>() : id) + "\n";
       });
   write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
   on_log(metrics);
@@ -404,7 +411,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
       be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
-      const int64_t rows = loader.next(model->batch());
+      const int64_t rows = loader.next(*model).rows;
       samples += rows;
       window.samples += rows;
       StepOptions so;

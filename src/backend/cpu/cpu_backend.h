@@ -71,6 +71,8 @@ class CpuBackend final : public Backend {
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                              float grad_scale, const Tensor& loss_sum) override;
+  void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
+                const Tensor& loss_sum) override;
 
   void sum_squares(const Tensor& x, const Tensor& acc) override;
   void decide_step(const Tensor& stats, double loss_scale, double max_norm,

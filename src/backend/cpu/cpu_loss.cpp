@@ -46,4 +46,27 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   loss_sum.as<double>()[0] += total;
 }
 
+void CpuBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
+                          float grad_scale, const Tensor& loss_sum) {
+  expect(loss_sum, DType::f64, Shape{1}, "mse_loss loss_sum");
+  const int64_t N = targets.numel();
+  BRISK_CHECK(targets.dtype() == DType::f32 && predictions.dtype() == DType::f32 &&
+                  predictions.numel() == N,
+              "mse_loss: ", predictions.numel(), " float32 predictions for ", N,
+              " float32 targets");
+  float* p = predictions.f32();
+  const float* y = targets.f32();
+  double total = 0.0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (std::isnan(y[r])) {
+      if (write_grad) p[r] = 0.0f;
+      continue;
+    }
+    const double d = static_cast<double>(p[r]) - y[r];
+    total += d * d;
+    if (write_grad) p[r] = static_cast<float>(2.0 * d * grad_scale);
+  }
+  loss_sum.as<double>()[0] += total;
+}
+
 }  // namespace brisk

@@ -305,6 +305,20 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
                               write_grad, grad_scale, loss_sum.as<double>());
 }
 
+void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
+                           float grad_scale, const Tensor& loss_sum) {
+  const int64_t N = targets.numel();
+  BRISK_CHECK(targets.dtype() == DType::f32 && predictions.dtype() == DType::f32 &&
+                  predictions.numel() == N,
+              "mse_loss: ", predictions.numel(), " float32 predictions for ", N,
+              " float32 targets");
+  BRISK_CHECK(
+      loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
+      "mse_loss: loss_sum must be one float64 in GPU memory");
+  cuda::mse_loss(stream_, dev(predictions, "predictions"), dev(targets, "targets"), N, write_grad,
+                 grad_scale, loss_sum.as<double>());
+}
+
 // ---- attention ----
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,

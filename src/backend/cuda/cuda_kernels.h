@@ -60,6 +60,8 @@ void first_token_backward(cudaStream_t s, const float* dout, float* dx, int64_t 
 // Softmax cross-entropy over rows of logits [N,V], int32 labels (kIgnoreIndex skipped). Adds the
 // summed loss of counted rows to *loss_sum (double, device). With write_grad, logits become
 // (softmax - onehot) * grad_scale (zero rows for ignored labels).
+void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t N, bool write_grad,
+              float grad_scale, double* loss_sum);
 void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
                            int64_t V, bool write_grad, float grad_scale, double* loss_sum);
 

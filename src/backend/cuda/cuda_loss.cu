@@ -58,7 +58,33 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* label
   }
 }
 
+// One block: the rows of a regression head are one per sequence, a few hundred at most.
+__global__ void mse_loss_kernel(float* predictions, const float* targets, int64_t N,
+                                bool write_grad, float grad_scale, double* loss_sum) {
+  __shared__ double shared_sum[32];
+  double part = 0.0;
+  for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
+    const float y = targets[r];
+    if (isnan(y)) {
+      if (write_grad) predictions[r] = 0.0f;
+      continue;
+    }
+    const double d = static_cast<double>(predictions[r]) - y;
+    part += d * d;
+    if (write_grad) predictions[r] = static_cast<float>(2.0 * d * grad_scale);
+  }
+  const double total = block_reduce(part, shared_sum, SumOp{});
+  if (threadIdx.x == 0 && loss_sum) atomicAdd(loss_sum, total);
+}
+
 }  // namespace
+
+void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t N, bool write_grad,
+              float grad_scale, double* loss_sum) {
+  if (N <= 0) return;
+  mse_loss_kernel<<<1, 256, 0, s>>>(predictions, targets, N, write_grad, grad_scale, loss_sum);
+  check_launch("mse_loss");
+}
 
 void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
                            int64_t V, bool write_grad, float grad_scale, double* loss_sum) {

@@ -1,0 +1,160 @@
+// The data loader's padding and ordering: dynamic padding computes each micro-batch at its
+// longest sample rounded up to 8, inline and in the background alike; group_by_length orders an
+// epoch in mega-batches sorted by length with the longest sample first, still visiting every
+// sample once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "data/loader.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+constexpr int64_t kPlanned = 32, kBatch = 4, kSamples = 42;
+
+// Samples of lengths 1..29 in a scattered order; the first id of each is its index + 1, the rest
+// count up, so a row names its sample and its length.
+class VaryingLengths final : public Dataset {
+ public:
+  int64_t size() const override { return kSamples; }
+  int64_t seq_len() const override { return kPlanned; }
+  int64_t length(int64_t index) const override { return (index * 7) % 29 + 1; }
+  int64_t count_targets(int64_t) const override { return 1; }
+  void fill_row(int64_t index, const Batch& b, int64_t row) const override {
+    const int64_t T = b.input_ids.dim(1);
+    for (int64_t t = 0; t < length(index); ++t) {
+      b.input_ids.i32()[row * T + t] = t == 0 ? static_cast<int32_t>(index + 1) : 200;
+      b.attention_mask.i32()[row * T + t] = 1;
+    }
+    b.labels.i32()[row] = 0;
+  }
+};
+
+// A tiny BERT planned for kBatch x kPlanned with a loader over `data`.
+struct Loading {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataLoader> loader;
+  MemoryPlan plan;
+  BufferBinder binder;
+  std::unique_ptr<Arena> arena;
+
+  Loading(const Dataset& data, LoaderOptions options) {
+    model = Model::create(resolve_config("bert-tiny"));
+    model->plan(plan, {kBatch, kPlanned}, {});
+    loader = std::make_unique<DataLoader>(data, model->batch_layout(kBatch, kPlanned), 5, options);
+    loader->plan(plan, binder);
+    plan.finalize();
+    arena = std::make_unique<Arena>(plan, Device::cpu);
+    model->bind(*arena);
+    binder.bind(*arena);
+  }
+};
+
+struct Seen {
+  int64_t sample, length;
+};
+
+// One epoch of micro-batches: each row's sample and length, checking every batch's shape.
+std::vector<std::vector<Seen>> epoch(Loading& l, const Dataset& data) {
+  std::vector<std::vector<Seen>> batches;
+  l.loader->start(0);
+  for (int64_t m = 0; m < l.loader->batches_per_epoch(); ++m) {
+    const LoadedBatch got = l.loader->next(*l.model);
+    const Batch& b = l.model->batch();
+    EXPECT_EQ(b.input_ids.dim(1), got.seq);
+    EXPECT_EQ(l.model->batch_shape().seq, got.seq);
+    std::vector<Seen> rows;
+    for (int64_t r = 0; r < got.rows; ++r) {
+      const int64_t sample = b.input_ids.i32()[r * got.seq] - 1;
+      int64_t real = 0;
+      for (int64_t t = 0; t < got.seq; ++t) real += b.attention_mask.i32()[r * got.seq + t];
+      EXPECT_EQ(real, data.length(sample)) << "row " << r << " of batch " << m;
+      rows.push_back({sample, real});
+    }
+    batches.push_back(rows);
+  }
+  return batches;
+}
+
+int64_t longest_of(const std::vector<Seen>& rows) {
+  int64_t n = 0;
+  for (const Seen& s : rows) n = std::max(n, s.length);
+  return n;
+}
+
+TEST(Loader, DynamicPaddingComputesEachBatchAtItsLongestSampleRoundedUpTo8) {
+  EXPECT_EQ(dynamic_padded_length(1, 32), 8);
+  EXPECT_EQ(dynamic_padded_length(8, 32), 8);
+  EXPECT_EQ(dynamic_padded_length(9, 32), 16);
+  EXPECT_EQ(dynamic_padded_length(29, 30), 30);
+  VaryingLengths data;
+  std::vector<std::vector<std::vector<Seen>>> runs;
+  for (bool background : {false, true}) {
+    Loading l(data, {background, /*dynamic_padding=*/true, 0});
+    const auto batches = epoch(l, data);
+    std::set<int64_t> samples;
+    for (const auto& rows : batches)
+      for (const Seen& s : rows) samples.insert(s.sample);
+    EXPECT_EQ(samples.size(), static_cast<size_t>(kSamples));
+    runs.push_back(batches);
+  }
+  // Inline and background loading hand out the same batches.
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t m = 0; m < runs[0].size(); ++m)
+    for (size_t r = 0; r < runs[0][m].size(); ++r)
+      EXPECT_EQ(runs[0][m][r].sample, runs[1][m][r].sample);
+  // Fixed padding: every batch at the planned length.
+  Loading fixed(data, {false, false, 0});
+  fixed.loader->start(0);
+  EXPECT_EQ(fixed.loader->next(*fixed.model).seq, kPlanned);
+}
+
+TEST(Loader, EachBatchIsPaddedToItsOwnLongestSample) {
+  VaryingLengths data;
+  Loading l(data, {false, true, 0});
+  l.loader->start(0);
+  for (int64_t m = 0; m < l.loader->batches_per_epoch(); ++m) {
+    const LoadedBatch got = l.loader->next(*l.model);
+    int64_t longest = 0;
+    for (int64_t r = 0; r < got.rows; ++r) {
+      int64_t real = 0;
+      for (int64_t t = 0; t < got.seq; ++t)
+        real += l.model->batch().attention_mask.i32()[r * got.seq + t];
+      longest = std::max(longest, real);
+    }
+    EXPECT_EQ(got.seq, dynamic_padded_length(longest, kPlanned)) << "batch " << m;
+  }
+}
+
+TEST(Loader, GroupByLengthSortsMegaBatchesAndPutsTheLongestFirst) {
+  VaryingLengths data;
+  Loading plain(data, {false, true, 0});
+  Loading grouped(data, {false, true, kBatch});
+  const auto a = epoch(plain, data), b = epoch(grouped, data);
+  int64_t longest = 0;
+  for (int64_t i = 0; i < kSamples; ++i) longest = std::max(longest, data.length(i));
+  EXPECT_EQ(b[0][0].length, longest);
+  // Mega-batches of min(42 / (4 * 4), 50) = 2 batches: sorted longest first (but for the
+  // sample swapped to the front).
+  std::vector<Seen> order;
+  for (const auto& rows : b) order.insert(order.end(), rows.begin(), rows.end());
+  std::set<int64_t> samples;
+  for (const Seen& s : order) samples.insert(s.sample);
+  EXPECT_EQ(samples.size(), static_cast<size_t>(kSamples));
+  for (size_t begin = 0; begin < order.size(); begin += 2 * kBatch)
+    for (size_t i = begin + 2; i < std::min(order.size(), begin + 2 * kBatch); ++i)
+      EXPECT_GE(order[i - 1].length, order[i].length) << "position " << i;
+  // Similar lengths per batch: less padding than plain shuffling.
+  auto padded = [](const std::vector<std::vector<Seen>>& batches) {
+    int64_t sum = 0;
+    for (const auto& rows : batches) sum += dynamic_padded_length(longest_of(rows), kPlanned);
+    return sum;
+  };
+  EXPECT_LT(padded(b), padded(a));
+}
+
+}  // namespace
+}  // namespace brisk::testing
