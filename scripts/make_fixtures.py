@@ -9,6 +9,7 @@ a tiny GPT-2 LM (odd sizes, padding in the batch) it writes, per model folder:
   expected.safetensors             (loss, logits, grad.<parameter name> for every parameter)
 Dropout is off (eval mode), attention is the eager implementation. tests/fixtures/bad/ gets the
 malformed configs, batches and weights that the error tests feed to the library and the CLI.
+gpt2_tiny/generate.json holds transformers' greedy generate() continuation of a prompt.
 tests/fixtures/adamw/ and tests/fixtures/optim/ hold ten-step optimizer runs (AdamW; Adafactor,
 SGD and bitsandbytes' 8-bit AdamW) with the raw gradients, the initial and the final values.
 
@@ -102,6 +103,23 @@ def gpt2(gen):
     labels[mask == 0] = -100
     batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
     dump(model, batch, "labels", os.path.join(OUT, "gpt2_tiny"))
+
+
+def greedy_generation():
+    # transformers' greedy generate() on the saved tiny GPT-2: the first row's first 5 tokens as
+    # the prompt, 10 new tokens (n_positions is 19).
+    folder = os.path.join(OUT, "gpt2_tiny")
+    model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+    from safetensors.torch import load_file
+    prompt = load_file(os.path.join(folder, "batch.safetensors"))["input_ids"][:1, :5].long()
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
+                             do_sample=False, pad_token_id=0)
+    data = {"prompt": prompt[0].tolist(), "greedy": out[0, prompt.shape[1]:].tolist()}
+    with open(os.path.join(folder, "generate.json"), "w") as f:
+        json.dump(data, f)
+        f.write("\n")
+    print(f"{folder}/generate.json: {data}")
 
 
 def bad_inputs():
@@ -304,7 +322,7 @@ def optim_fixtures():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("models", "regression", "adamw", "optim"),
+    parser.add_argument("--only", choices=("models", "regression", "generate", "adamw", "optim"),
                         help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/; "
                              "regression: bert_regression)")
     args = parser.parse_args()
@@ -317,6 +335,8 @@ def main():
     if args.only in (None, "regression"):  # its own generator: the others stay as they were
         torch.manual_seed(0)
         bert(torch.Generator().manual_seed(4321), regression=True)
+    if args.only in (None, "generate"):
+        greedy_generation()
     if args.only in (None, "adamw"):
         adamw_steps()
     if args.only in (None, "optim"):

@@ -800,6 +800,42 @@ TEST(CudaOps, MseLossMatchesTheCpu) {
 
 // ---- attention ----
 
+// Decoding over a cache: a prompt and then single tokens, with more keys than the kernel's block
+// (so the chunked value pass takes several chunks) and a head width above its block (several
+// columns per thread).
+TEST(CudaOps, AttentionDecodeMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(31);
+  const int64_t B = 2, H = 2, D = 160, C = H * D, S = 300;
+  for (int64_t prompt : {int64_t{5}, int64_t{250}}) {
+    SCOPED_TRACE(::testing::Message() << "prompt=" << prompt);
+    std::vector<FVec> chunks;
+    for (int64_t n : {prompt, int64_t{1}, int64_t{1}, int64_t{1}})
+      chunks.push_back(randn(B * n * 3 * C, rng));
+    auto run = [&](Backend& be) {
+      DeviceBuffers d(be);
+      const Tensor kc = d.put(FVec(B * S * C, 0.f), {B, S, C});
+      const Tensor vc = d.put(FVec(B * S * C, 0.f), {B, S, C});
+      std::vector<FVec> outs;
+      int64_t past = 0;
+      for (const FVec& q : chunks) {
+        const int64_t n = static_cast<int64_t>(q.size()) / (B * 3 * C);
+        const Tensor out = d.put(FVec(B * n * C, 0.f), {B, n, C});
+        be.attention_decode(d.put(q, {B, n, 3 * C}), kc, vc, past, static_cast<int>(H), out);
+        outs.push_back(d.get(out));
+        past += n;
+      }
+      outs.push_back(d.get(kc));
+      outs.push_back(d.get(vc));
+      return outs;
+    };
+    const auto want = run(*cpu), got = run(*gpu);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(rel_near(got[i], want[i], 1e-5)) << i;
+  }
+}
+
 TEST(CudaOps, AttentionMatchesTheCpu) {
   REQUIRE_GPU();
   auto cpu = make_cpu_backend();

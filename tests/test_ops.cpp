@@ -547,6 +547,46 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
       brisk::Error);
 }
 
+// Incremental decoding: prompt and new tokens fed in chunks over a key/value cache give each
+// query the causal attention of the whole sequence (the fp64 reference), and the cache holds
+// every position's key and value.
+TEST(OpsAttention, DecodeOverACacheEqualsCausalAttention) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(12);
+  const int B = 2, T = 9, H = 3, D = 5, C = H * D, S = 12;
+  FVec qkv = randn(size_t(B) * T * 3 * C, rng);
+  const Vec want = ref_attention(to_d(qkv), IVec(), true, B, T, H, D, 0.f, RngKey{});
+  FVec kc(size_t(B) * S * C, 0.f), vc(kc.size(), 0.f);
+  int past = 0;
+  for (int n : {4, 1, 4}) {  // a prompt, one token, then a chunk
+    FVec chunk(size_t(B) * n * 3 * C), out(size_t(B) * n * C, -7.f);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(&qkv[(size_t(b) * T + past) * 3 * C], size_t(n) * 3 * C,
+                  &chunk[size_t(b) * n * 3 * C]);
+    be->attention_decode(view(chunk, {B, n, 3 * C}), view(kc, {B, S, C}), view(vc, {B, S, C}), past,
+                         H, view(out, {B, n, C}));
+    Vec want_chunk;
+    for (int b = 0; b < B; ++b)
+      want_chunk.insert(want_chunk.end(), want.begin() + (size_t(b) * T + past) * C,
+                        want.begin() + (size_t(b) * T + past + n) * C);
+    EXPECT_TRUE(close(out, want_chunk)) << "positions " << past << ".." << past + n;
+    past += n;
+  }
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < S; ++t)
+      for (int c = 0; c < C; ++c) {
+        const size_t at = (size_t(b) * S + t) * C + c;
+        const size_t src = (size_t(b) * T + t) * 3 * C + c;
+        EXPECT_EQ(kc[at], t < T ? qkv[src + C] : 0.f);
+        EXPECT_EQ(vc[at], t < T ? qkv[src + 2 * C] : 0.f);
+      }
+  // Past the cache's end: refused.
+  FVec one(size_t(B) * 3 * C, 0.f), out(size_t(B) * C);
+  EXPECT_THROW(be->attention_decode(view(one, {B, 1, 3 * C}), view(kc, {B, S, C}),
+                                    view(vc, {B, S, C}), S, H, view(out, {B, 1, C})),
+               brisk::Error);
+}
+
 TEST(OpsAttention, ForwardAndBackward) {
   auto be = brisk::make_cpu_backend();
   std::mt19937 rng(11);

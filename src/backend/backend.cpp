@@ -21,6 +21,24 @@ AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op) {
   return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
 }
 
+void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
+                                     const Tensor& v_cache, int64_t past, int heads,
+                                     const Tensor& out, AttentionDims* dims) {
+  const AttentionDims d = attention_dims(qkv, heads, "attention_decode");
+  BRISK_CHECK(k_cache.rank() == 3 && k_cache.dim(0) == d.B && k_cache.dim(2) == d.C &&
+                  v_cache.shape() == k_cache.shape() && k_cache.dtype() == DType::f32 &&
+                  v_cache.dtype() == DType::f32,
+              "attention_decode: the caches must be float32 [", d.B, ", S, ", d.C, "], got ",
+              k_cache.shape().str(), " and ", v_cache.shape().str());
+  BRISK_CHECK(past >= 0 && past + d.T <= k_cache.dim(1), "attention_decode: positions ", past, "..",
+              past + d.T, " do not fit a cache of ", k_cache.dim(1));
+  BRISK_CHECK(out.shape() == Shape({d.B, d.T, d.C}) && out.dtype() == DType::f32 &&
+                  qkv.dtype() == DType::f32,
+              "attention_decode: output ", out.shape().str(), " for [", d.B, ", ", d.T, ", ", d.C,
+              "]");
+  *dims = d;
+}
+
 std::unique_ptr<Backend> make_backend(Device device) {
   return device == Device::cuda ? make_cuda_backend() : make_cpu_backend();
 }

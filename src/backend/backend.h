@@ -230,6 +230,17 @@ class Backend {
                                   int heads, float dropout_p, const RngKey& key,
                                   const Tensor& scratch, const Tensor& dqkv) = 0;
 
+  // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,3C] packs the
+  // T new tokens at positions past..past+T-1. Their keys and values are first written into rows
+  // past..past+T-1 of k_cache and v_cache [B,S,C] (past + T <= S); query t then attends to the
+  // keys of positions 0..past+t. Scaled by 1/sqrt(D); no mask, no dropout. out is [B,T,C].
+  virtual void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                int64_t past, int heads, const Tensor& out) = 0;
+  // Throws naming `op` unless the tensors have the shapes attention_decode needs.
+  static void check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
+                                     const Tensor& v_cache, int64_t past, int heads,
+                                     const Tensor& out, AttentionDims* dims);
+
   // ---- heads and loss ----
   // out[b,:] = x[b,0,:] for x [B,T,C]
   virtual void first_token(const Tensor& x, const Tensor& out) = 0;

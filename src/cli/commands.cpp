@@ -387,4 +387,17 @@ int run_tokenize(const TokenizeArgs& a) {
   return 0;
 }
 
+int run_generate(const GenerateOptions& options) {
+  const Generation g = generate(options);
+  std::cout << g.text << "\n";
+  const double per_second =
+      g.seconds > 0 ? static_cast<double>(g.prompt_ids.size() + g.new_ids.size()) / g.seconds : 0;
+  std::fprintf(stderr,
+               "generated %zu tokens after a prompt of %zu%s in %.3f s (%.1f tokens/s), "
+               "planned memory %.1f MiB\n",
+               g.new_ids.size(), g.prompt_ids.size(), g.stopped_at_eos ? " (stopped at EOS)" : "",
+               g.seconds, per_second, static_cast<double>(g.planned_bytes) / (1 << 20));
+  return 0;
+}
+
 }  // namespace brisk::cli

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "train/generate.h"
 #include "train/trainer.h"
 
 namespace brisk::cli {
@@ -42,5 +43,8 @@ struct TokenizeArgs {
   bool count_only = false;     // print only the counts and the time (for benchmarks)
 };
 int run_tokenize(const TokenizeArgs& args);
+
+// Prints the prompt and its continuation (stdout) and the speed (stderr).
+int run_generate(const GenerateOptions& options);
 
 }  // namespace brisk::cli

@@ -105,6 +105,31 @@ int main(int argc, char** argv) {
   k->add_flag("--count_only", tk.count_only,
               "print only the lines, tokens and seconds (tokenizer throughput)");
 
+  GenerateOptions gen;
+  auto* g = app.add_subcommand("generate",
+                               "continue a prompt with a trained causal LM (a key/value cache; "
+                               "greedy, or sampled as transformers' generate)");
+  g->add_option("--model,--model_name_or_path", gen.model_name_or_path,
+                "model folder (config.json, model.safetensors, tokenizer files)")
+      ->required();
+  g->add_option("--prompt", gen.prompt, "the text to continue")->required();
+  g->add_option("--max_new_tokens", gen.max_new_tokens, "tokens to generate at most")
+      ->capture_default_str()
+      ->check(whole_number<int64_t>());
+  g->add_flag("--do_sample", gen.do_sample, "sample instead of choosing the most likely token");
+  g->add_option("--temperature", gen.temperature, "divide the logits by this before sampling")
+      ->capture_default_str();
+  g->add_option("--top_k", gen.top_k, "sample among the k most likely tokens (0 = all)")
+      ->capture_default_str()
+      ->check(whole_number<int64_t>());
+  g->add_option("--top_p", gen.top_p,
+                "sample among the most likely tokens whose probabilities sum to top_p")
+      ->capture_default_str();
+  g->add_option("--seed", gen.seed, "seed of the sampling")
+      ->capture_default_str()
+      ->check(whole_number<uint64_t>());
+  g->add_option("--device", gen.device, "cpu, cuda, or auto")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -118,6 +143,7 @@ int main(int argc, char** argv) {
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(options, est);
     if (*k) return cli::run_tokenize(tk);
+    if (*g) return cli::run_generate(gen);
   } catch (const Error& err) {
     std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;

@@ -133,6 +133,26 @@ class Gpt2 final : public Model {
     be.embedding_backward(d_hidden_, dev_batch_.input_ids, Tensor(), g(wte_), g(wpe_), Tensor());
   }
 
+  bool causal_lm() const override { return true; }
+
+  void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
+    const Tensor wpe = w(wpe_);
+    const int64_t C = config_.hidden_size, T = ids.dim(1);
+    BRISK_CHECK(first >= 0 && first + T <= wpe.dim(0), "positions ", first, "..", first + T,
+                " exceed n_positions = ", wpe.dim(0));
+    // The position table from row `first` on: embedding_forward adds row t to token t.
+    const Tensor rows(static_cast<float*>(wpe.data()) + first * C, Shape{wpe.dim(0) - first, C},
+                      DType::f32, wpe.device());
+    be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out);
+  }
+
+  void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed,
+                         const Tensor& mean, const Tensor& rstd,
+                         const Tensor& logits) const override {
+    be.layernorm_forward(hidden, w(lnf_g_), w(lnf_b_), config_.layer_norm_eps, normed, mean, rstd);
+    be.linear_forward(normed, w(wte_), Tensor(), WeightLayout::out_in, logits);
+  }
+
   int wte_ = 0, wpe_ = 0, lnf_g_ = 0, lnf_b_ = 0;
   std::vector<LayerIds> layers_;
   Tensor targets_host_, targets_, lnf_out_, lnf_mean_, lnf_rstd_;

@@ -37,6 +37,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
+  if (options.weights_only) return;
   binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
                   Shape{n});
 
@@ -124,6 +125,15 @@ std::array<double, 2> Model::read_step_stats(Backend& be) {
   be.download(stats_, stats_host_);
   const double* p = stats_host_.as<double>();
   return {p[kStatLoss], p[kStatGradSumSq]};
+}
+
+void Model::embed_at(Backend&, const Tensor&, int64_t, const Tensor&) const {
+  BRISK_FAIL("a ", class_name(), " does not generate text: it is not a causal language model");
+}
+
+void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&) const {
+  BRISK_FAIL("a ", class_name(), " does not generate text: it is not a causal language model");
 }
 
 void Model::bind(Arena& arena) {

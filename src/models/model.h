@@ -61,6 +61,9 @@ struct PlanOptions {
   // attention core's statistics (the probabilities on the CPU), one shared buffer rebuilt per
   // block in backward. Exact; not with gradient_checkpointing, which recomputes everything.
   bool selective_recompute = false;
+  // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
+  // its own buffers.
+  bool weights_only = false;
 };
 
 struct StepOptions {
@@ -128,6 +131,19 @@ class Model {
   // "embeddings.*", not "bert.embeddings.*"); parameters of the task head that the file lacks
   // are initialized from `seed` and returned by name; a missing base-model parameter is an error.
   std::vector<std::string> load_pretrained(Backend& be, const SafetensorsFile& file, uint64_t seed);
+  // ---- incremental decoding (models/decoder.h) ----
+  // Whether the model predicts the next token (what brisk generate needs).
+  virtual bool causal_lm() const { return false; }
+  BlockStyle inference_style() const { return style(false); }
+  BlockParams layer_weights(int layer) const { return layer_params(layer, false); }
+  // out [1,T,C] = the input embeddings of ids [1,T] at positions first..first+T-1.
+  virtual void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const;
+  // logits [1,1,V] of the last hidden state hidden [1,1,C] (normed [1,1,C] and the statistics
+  // mean, rstd [1,1] are scratch).
+  virtual void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed,
+                                 const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& logits) const;
+
   // transformers' class of this model ("BertForSequenceClassification", "GPT2LMHeadModel").
   virtual const char* class_name() const = 0;
   // (name, tensor) pairs over a flat buffer laid out as the parameters (the weights, or the fp32

@@ -26,9 +26,10 @@ int ParameterSet::index(const std::string& name) const {
 }
 
 void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads) {
-  BRISK_CHECK(flat_weights.numel() == total_ && flat_grads.numel() == total_,
-              "parameter buffers hold ", flat_weights.numel(), " and ", flat_grads.numel(),
-              " values; the model has ", total_);
+  BRISK_CHECK(
+      flat_weights.numel() == total_ && (flat_grads.empty() || flat_grads.numel() == total_),
+      "parameter buffers hold ", flat_weights.numel(), " and ", flat_grads.numel(),
+      " values; the model has ", total_);
   weights_ = flat_weights;
   grads_ = flat_grads;
 }

@@ -173,4 +173,23 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
 }
 
+void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
+                  const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+                  const DecodeScratch& s, const Tensor& out) {
+  BRISK_CHECK(style.pre_norm && style.causal,
+              "incremental decoding needs pre-LayerNorm causal blocks");
+  be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, style.eps, s.a, s.mean, s.rstd);
+  be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
+  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, s.ctx);
+  be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
+  be.copy(x, s.res);
+  be.add_inplace(s.res, s.tmp);
+  be.layernorm_forward(s.res, w.ln_b_g, w.ln_b_b, style.eps, s.a, s.mean, s.rstd);
+  be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
+  be.gelu_forward(style.gelu, s.fc, s.fc_act);
+  be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
+  be.copy(s.res, out);
+  be.add_inplace(out, s.tmp);
+}
+
 }  // namespace brisk

@@ -99,4 +99,18 @@ void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
                     const BlockSaved& s, const BlockScratch& scratch, const Tensor& dh,
                     const RngKey& key, int layer);
 
+// Buffers of block_decode for [1,T] new tokens: a/mean/rstd the LayerNorm outputs, qkv, ctx the
+// attention output, res the residual after attention, fc/fc_act the MLP's inner layer, tmp the
+// sublayers' outputs.
+struct DecodeScratch {
+  Tensor a, mean, rstd, qkv, ctx, res, fc, fc_act, tmp;
+};
+
+// Incremental decoding (inference, float32): out [1,T,C] = block(x) for T new tokens at
+// positions past..past+T-1, their keys and values appended to the block's caches [1,S,C].
+// Pre-LayerNorm causal blocks (GPT-2's).
+void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
+                  const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+                  const DecodeScratch& s, const Tensor& out);
+
 }  // namespace brisk

@@ -3,9 +3,11 @@
 // (regenerated in backward, never stored), and the weighted sum of values, all products by sgemm.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dropout.h"
@@ -139,6 +141,56 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                 0.0f, dq, ld);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, q, ld, 0.0f,
                 dk, ld);
+  }
+}
+
+void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                  int64_t past, int heads, const Tensor& out) {
+  AttnDims d{};
+  check_attention_decode(qkv, k_cache, v_cache, past, heads, out, &d);
+  const int64_t S = k_cache.dim(1), ld = 3 * d.C;
+  const float* base = qkv.f32();
+  float* kc = k_cache.f32();
+  float* vc = v_cache.f32();
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t t = 0; t < d.T; ++t) {
+      const float* row = base + (b * d.T + t) * ld;
+      std::memcpy(kc + (b * S + past + t) * d.C, row + d.C, sizeof(float) * d.C);
+      std::memcpy(vc + (b * S + past + t) * d.C, row + 2 * d.C, sizeof(float) * d.C);
+    }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
+  float* o = out.f32();
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<size_t>(past + d.T));
+#pragma omp for schedule(static) collapse(3)
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t h = 0; h < d.H; ++h)
+        for (int64_t t = 0; t < d.T; ++t) {
+          const float* q = base + (b * d.T + t) * ld + h * d.D;
+          const int64_t keys = past + t + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < keys; ++j) {
+            const float* k = kc + (b * S + j) * d.C + h * d.D;
+            float s = 0.0f;
+            for (int64_t i = 0; i < d.D; ++i) s += q[i] * k[i];
+            p[j] = s * scale;
+            mx = std::max(mx, p[j]);
+          }
+          double sum = 0.0;
+          for (int64_t j = 0; j < keys; ++j) {
+            p[j] = std::exp(p[j] - mx);
+            sum += p[j];
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          float* y = o + (b * d.T + t) * d.C + h * d.D;
+          std::fill(y, y + d.D, 0.0f);
+          for (int64_t j = 0; j < keys; ++j) {
+            const float* v = vc + (b * S + j) * d.C + h * d.D;
+            const float w = p[j] * inv;
+            for (int64_t i = 0; i < d.D; ++i) y[i] += w * v[i];
+          }
+        }
   }
 }
 

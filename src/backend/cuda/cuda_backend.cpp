@@ -334,6 +334,18 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
                           dev(out, "attention output"));
 }
 
+void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                   int64_t past, int heads, const Tensor& out) {
+  AttentionDims d{};
+  check_attention_decode(qkv, k_cache, v_cache, past, heads, out, &d);
+  BRISK_CHECK(d.D <= cuda::kMaxDecodeHeadWidth && d.T <= 65535,
+              "attention_decode on CUDA: head width ", d.D, " (at most ", cuda::kMaxDecodeHeadWidth,
+              ") or ", d.T, " new tokens (at most 65535)");
+  cuda::attention_decode(stream_, dev(qkv, "qkv"), dev(k_cache, "key cache"),
+                         dev(v_cache, "value cache"), dev(out, "attention output"), d.B, d.T,
+                         k_cache.dim(1), d.H, d.D, past);
+}
+
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                      const Tensor& stats, const Tensor& key_mask, bool causal,
                                      int heads, float dropout_p, const RngKey& key,

@@ -96,6 +96,8 @@ class CudaBackend final : public Backend {
                           float dropout_p, const RngKey& key, const Tensor& scratch,
                           const Tensor& dqkv) override;
 
+  void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                        int64_t past, int heads, const Tensor& out) override;
   void first_token(const Tensor& x, const Tensor& out) override;
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,

@@ -122,6 +122,14 @@ void adafactor(cudaStream_t s, const AdafactorTensor& t, const AdafactorArgs& ar
 // rng_block(key, i / 4).v[i % 4] (stochastic_round_bf16), as the CPU.
 void stochastic_round(cudaStream_t s, float* x, int64_t n, RngKey key);
 
+// ---- cuda_decode.cu ----
+// attention_decode (backend.h): appends the new tokens' keys and values to the [B,S,C] caches at
+// row `past`, then attends each of the T queries to positions 0..past+t. D at most
+// kMaxDecodeHeadWidth, T at most 65535.
+inline constexpr int64_t kMaxDecodeHeadWidth = 512;
+void attention_decode(cudaStream_t s, const float* qkv, float* k_cache, float* v_cache, float* out,
+                      int64_t B, int64_t T, int64_t S, int64_t H, int64_t D, int64_t past);
+
 // ---- cuda_attention.cu ----
 // Flash attention over packed qkv [B,T,3C] (head h: columns [h*D,(h+1)*D) of q, k, v); key_mask
 // int32 [B,T] or null; scores scaled by 1/sqrt(D); the probability matrix is never stored.
