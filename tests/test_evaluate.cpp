@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "test_support.h"
+#include "train/assembly.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 
@@ -89,6 +90,25 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
   EXPECT_EQ(e.eval_metrics["eval_accuracy"], results["eval_accuracy"]);
   EXPECT_FALSE(fs::exists(only.output_dir + "/train_results.json"));
   EXPECT_FALSE(fs::exists(only.output_dir + "/model.safetensors"));
+
+  // bf16_full_eval / fp16_full_eval: 16-bit throughout, the same metrics up to its rounding, and
+  // the activations planned at 2 bytes.
+  auto planned_activations = [](const TrainOptions& t) {
+    return assemble_run(t, Device::cpu, nullptr)
+        ->plan.bytes_by_category()[static_cast<int>(Category::activations)];
+  };
+  for (bool bf16 : {true, false}) {
+    TrainOptions half = only;
+    half.output_dir = dir / (bf16 ? "eval_bf16" : "eval_fp16");
+    (bf16 ? half.bf16_full_eval : half.fp16_full_eval) = true;
+    TrainSummary h;
+    train_logging(half, &h);
+    const double want = results["eval_loss"].get<double>();
+    EXPECT_NEAR(h.eval_metrics["eval_loss"].get<double>(), want, 0.02 * want) << bf16;
+    EXPECT_NE(h.eval_metrics["eval_loss"].get<double>(), e.eval_metrics["eval_loss"].get<double>())
+        << "rounded to 16 bits";
+    EXPECT_LT(planned_activations(half), planned_activations(only));
+  }
 }
 
 TEST(Evaluate, CausalLmPerplexityIsTheExponentOfTheLoss) {

@@ -21,6 +21,11 @@ class MixedPrecision {
     BRISK_CHECK(master_weights || compute == DType::bf16,
                 "--bf16_master_weights false applies to --bf16 training only");
   }
+  // Inference in the 16-bit type (fp16_full_eval, bf16_full_eval): the weights rounded once, no
+  // master copy; never updated.
+  struct NoMaster {};
+  static constexpr NoMaster kNoMaster{};
+  MixedPrecision(DType compute, NoMaster) : compute_(compute), master_weights_(false) {}
 
   DType compute_dtype() const { return compute_; }
   bool enabled() const { return compute_ != DType::f32; }

@@ -85,10 +85,16 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   loading.dynamic_padding = !o.pad_to_max_length;
   loading.length_group_batch = o.group_by_length ? B * o.gradient_accumulation_steps : 0;
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
-  r.precision = std::make_unique<MixedPrecision>(o.bf16   ? DType::bf16
-                                                 : o.fp16 ? DType::f16
-                                                          : DType::f32,
-                                                 o.bf16_master_weights);
+  // fp16_full_eval / bf16_full_eval: as Trainer, a run that does not train evaluates in the
+  // 16-bit type throughout (weights rounded, no float32 master copy); while training they have
+  // no effect.
+  const bool eval_only = !o.do_train;
+  const DType compute = o.bf16 || (eval_only && o.bf16_full_eval)   ? DType::bf16
+                        : o.fp16 || (eval_only && o.fp16_full_eval) ? DType::f16
+                                                                    : DType::f32;
+  const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
+  r.precision = full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+                          : std::make_unique<MixedPrecision>(compute, o.bf16_master_weights);
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
 

@@ -105,6 +105,8 @@ void validate_options(const TrainOptions& o) {
   BRISK_CHECK(o.warmup_steps <= kMaxCount, "warmup_steps must be at most 1e12, got ",
               o.warmup_steps);
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
+  BRISK_CHECK(!(o.fp16_full_eval && o.bf16_full_eval),
+              "--fp16_full_eval and --bf16_full_eval contradict each other: choose one");
   BRISK_CHECK(!(o.selective_recompute && o.gradient_checkpointing),
               "--selective_recompute and --gradient_checkpointing contradict each other: "
               "choose one");

@@ -75,7 +75,11 @@ struct TrainOptions {
   std::string optim = "adamw_torch";
   std::string optim_args;           // "key=value,..." for the optimizer (e.g. SGD's momentum)
   bool bf16_master_weights = true;  // false: bf16 weights updated with stochastic rounding
-  std::string device = "auto";      // cpu, cuda, or auto: cuda when a GPU is present
+  // A run that does not train evaluates in this 16-bit type throughout (as Trainer: no effect
+  // while training).
+  bool fp16_full_eval = false;
+  bool bf16_full_eval = false;
+  std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -163,6 +167,10 @@ void visit_options(Options& o, Visitor&& v) {
     "shuffle in mega-batches sorted by length, so batches hold samples of similar lengths");
   v("greater_is_better", o.greater_is_better,
     "true or false: whether a larger metric is better (default: false for loss and perplexity)");
+  v("fp16_full_eval", o.fp16_full_eval,
+    "evaluate in fp16 throughout, weights included (runs that do not train, as Trainer)");
+  v("bf16_full_eval", o.bf16_full_eval,
+    "evaluate in bf16 throughout, weights included (runs that do not train, as Trainer)");
   v("dataloader_num_workers", o.dataloader_num_workers,
     "0 = prepare batches inline; >= 1 = in a background thread");
   v("dataloader_pin_memory", o.dataloader_pin_memory,
