@@ -2,11 +2,15 @@
 """Real fine-tuning, side by side: the pretrained all-MiniLM-L6-v2 fine-tuned on the Rotten
 Tomatoes snippets (data/ from scripts/get_data.sh) as run_glue does it, by brisk and by
 transformers' Trainer, and by a plain PyTorch loop, with the same split and settings
-(max_seq_length 64, padded to it as run_glue's default, batch 32, AdamW, lr 5e-5 with linear
-decay, seed 42). Prints eval accuracy, train samples/s and peak process memory.
+(max_seq_length 64, batch 32, AdamW, lr 5e-5 with linear decay, seed 42). --padding
+max_length pads every batch to max_seq_length on every side (run_glue's default,
+pad_to_max_length true); --padding dynamic pads each batch to its longest row rounded up to 8 on
+every side (brisk's default; DataCollatorWithPadding(pad_to_multiple_of=8) for the Python runs).
+Prints eval accuracy, train samples/s and peak process memory.
 
 Run (after scripts/build.sh, scripts/setup_python.sh and scripts/get_data.sh):
-    .venv/bin/python bench/glue_minilm.py [--epochs 2] [--max_steps N] [--only brisk,trainer,torch]
+    .venv/bin/python bench/glue_minilm.py [--epochs 2] [--max_steps N] [--padding dynamic]
+        [--only brisk,trainer,torch]
 """
 import argparse
 import csv
@@ -28,10 +32,12 @@ DEV = os.path.join(DATA, "rotten_tomatoes", "validation.csv")
 PY_CHILD = r'''
 import csv, json, resource, sys, time
 import numpy as np, torch
-from transformers import (AutoTokenizer, BertForSequenceClassification, Trainer,
-                          TrainingArguments, get_linear_schedule_with_warmup, logging)
+from transformers import (AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding,
+                          Trainer, TrainingArguments, default_data_collator,
+                          get_linear_schedule_with_warmup, logging)
 logging.set_verbosity_error()
 mode, model_dir, train_csv, dev_csv, out_dir, epochs, max_steps, batch, seq, lr = sys.argv[1:11]
+padding = sys.argv[11]
 epochs, max_steps, batch, seq, lr = float(epochs), int(max_steps), int(batch), int(seq), float(lr)
 torch.manual_seed(42)
 def rows(path):
@@ -41,11 +47,13 @@ train, dev = rows(train_csv), rows(dev_csv)
 labels = sorted({l for _, l in train})
 tok = AutoTokenizer.from_pretrained(model_dir)
 def encode(data):
-    enc = tok([s for s, _ in data], padding="max_length", truncation=True, max_length=seq)
-    return [{"input_ids": torch.tensor(enc["input_ids"][i]),
-             "attention_mask": torch.tensor(enc["attention_mask"][i]),
-             "token_type_ids": torch.tensor(enc["token_type_ids"][i]),
-             "labels": torch.tensor(labels.index(l))} for i, (_, l) in enumerate(data)]
+    pad = "max_length" if padding == "max_length" else False
+    enc = tok([s for s, _ in data], padding=pad, truncation=True, max_length=seq)
+    return [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
+             "token_type_ids": enc["token_type_ids"][i], "labels": labels.index(l)}
+            for i, (_, l) in enumerate(data)]
+collate = (default_data_collator if padding == "max_length"
+           else DataCollatorWithPadding(tok, pad_to_multiple_of=8))
 train_ds, dev_ds = encode(train), encode(dev)
 model = BertForSequenceClassification.from_pretrained(
     model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -60,14 +68,15 @@ if mode == "trainer":
                              eval_strategy="no", use_cpu=True, dataloader_num_workers=0,
                              disable_tqdm=True, seed=42)
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=dev_ds,
-                      compute_metrics=accuracy)
+                      compute_metrics=accuracy, data_collator=collate)
     result = trainer.train()
     ev = trainer.evaluate()
     out = {"samples_per_second": result.metrics["train_samples_per_second"],
            "accuracy": ev["eval_accuracy"], "eval_loss": ev["eval_loss"]}
 else:  # a plain PyTorch loop: same batches, AdamW, linear decay
     g = torch.Generator().manual_seed(42)
-    loader = torch.utils.data.DataLoader(train_ds, batch_size=batch, shuffle=True, generator=g)
+    loader = torch.utils.data.DataLoader(train_ds, batch_size=batch, shuffle=True, generator=g,
+                                         collate_fn=collate)
     steps = max_steps if max_steps > 0 else int(np.ceil(epochs * len(loader)))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = get_linear_schedule_with_warmup(opt, 0, steps)
@@ -85,7 +94,7 @@ else:  # a plain PyTorch loop: same batches, AdamW, linear decay
     model.eval()
     right = 0
     with torch.no_grad():
-        for b in torch.utils.data.DataLoader(dev_ds, batch_size=batch):
+        for b in torch.utils.data.DataLoader(dev_ds, batch_size=batch, collate_fn=collate):
             right += int((model(**b).logits.argmax(-1) == b["labels"]).sum())
     out = {"samples_per_second": samples / secs, "accuracy": right / len(dev_ds)}
 out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -99,7 +108,8 @@ def run_brisk(out_dir, a):
            "--per_device_eval_batch_size", str(a.batch), "--learning_rate", str(a.lr),
            "--num_train_epochs", str(a.epochs), "--max_steps", str(a.max_steps),
            "--do_eval", "--save_strategy", "no", "--logging_steps", "100", "--seed", "42",
-           "--output_dir", out_dir, "--disable_tqdm", "--device", "cpu"]
+           "--output_dir", out_dir, "--disable_tqdm", "--device", "cpu",
+           "--pad_to_max_length", "true" if a.padding == "max_length" else "false"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     train = json.load(open(os.path.join(out_dir, "train_results.json")))
     ev = json.load(open(os.path.join(out_dir, "eval_results.json")))
@@ -112,7 +122,7 @@ def run_brisk(out_dir, a):
 def run_python(mode, out_dir, a):
     py = os.path.join(ROOT, ".venv", "bin", "python")
     r = subprocess.run([py, "-c", PY_CHILD, mode, MODEL, TRAIN, DEV, out_dir, str(a.epochs),
-                        str(a.max_steps), str(a.batch), str(a.seq), str(a.lr)],
+                        str(a.max_steps), str(a.batch), str(a.seq), str(a.lr), a.padding],
                        check=True, capture_output=True, text=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -124,6 +134,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--padding", choices=("max_length", "dynamic"), default="max_length")
     p.add_argument("--only", default="brisk,trainer,torch")
     a = p.parse_args()
     for path in (MODEL, TRAIN, DEV):
@@ -138,7 +149,8 @@ def main():
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True,
                          text=True).stdout.split(":")[-1].strip()
     print(f"\nall-MiniLM-L6-v2 on Rotten Tomatoes ({a.epochs} epochs, batch {a.batch}, "
-          f"max_seq_length {a.seq}, lr {a.lr}); CPU: {cpu}, {os.cpu_count()} threads")
+          f"max_seq_length {a.seq}, lr {a.lr}, padding {a.padding}); CPU: {cpu}, "
+          f"{os.cpu_count()} threads")
     print("| run | eval accuracy | train samples/s | peak process memory |")
     print("|---|---|---|---|")
     base = results.get("trainer")

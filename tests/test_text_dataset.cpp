@@ -148,6 +148,18 @@ TEST(TextDataset, CausalLmBlocksAsRunClmGroupsThem) {
   // Only rows [2, 4): 1 13 2 1 14 15 11 2 -> 2 blocks.
   EXPECT_EQ(CausalLmDataset(t, 0, enc, 4, 2, 4).size(), 2);
   expect_error([&] { CausalLmDataset(t, 0, enc, 64, 0, t.rows()); }, "not one block");
+  // Groups of 1000 rows, as run_clm's map batches: 1001 one-word lines (3 tokens each) in
+  // blocks of 7 give 428 blocks from the first group's 3000 tokens and none from the last row.
+  std::string many;
+  for (int i = 0; i < 1001; ++i) many += "a\n";
+  const TextTable m = parse_text_table(many, TableFormat::text, "many.txt");
+  EXPECT_EQ(CausalLmDataset(m, 0, enc, 7, 0, m.rows()).size(), 428);
+  // run_clm's lines keep their line break (keep_linebreaks), a last line without one stays so.
+  const TextTable kept = parse_text_table("a b\r\n\nc", TableFormat::text, "k.txt", true);
+  ASSERT_EQ(kept.rows(), 3);
+  EXPECT_EQ(kept.text(0, 0), "a b\n");
+  EXPECT_EQ(kept.text(1, 0), "\n");
+  EXPECT_EQ(kept.text(2, 0), "c");
   EXPECT_EQ(validation_split_rows(34669, 5), 1733);
   EXPECT_EQ(validation_split_rows(10, 0), 0);
   expect_error([] { validation_split_rows(10, 100); }, "validation_split_percentage");

@@ -195,12 +195,22 @@ CausalLmDataset::CausalLmDataset(const TextTable& t, int64_t column, const TextE
     return t.kind(r, column) == CellKind::null ? Encoded{}
                                                : encoder.encode(t.text(r, column), std::nullopt, 0);
   });
-  for (const Encoded& e : rows) tokens_.insert(tokens_.end(), e.ids.begin(), e.ids.end());
-  BRISK_CHECK(static_cast<int64_t>(tokens_.size()) >= block_size, "'", t.origin(), "' rows [",
-              first_row, ", ", end_row, ") hold ", tokens_.size(),
-              " tokens: not one block of block_size ", block_size);
-  tokens_.resize(tokens_.size() / static_cast<size_t>(block_size) *
-                 static_cast<size_t>(block_size));
+  // run_clm groups the rows in map batches of 1000: each batch's tokens are concatenated and cut
+  // into blocks, its remainder dropped.
+  int64_t total = 0;
+  for (size_t first = 0; first < rows.size(); first += kGroupRows) {
+    const size_t end = std::min(rows.size(), first + kGroupRows);
+    const size_t begin_tokens = tokens_.size();
+    for (size_t r = first; r < end; ++r)
+      tokens_.insert(tokens_.end(), rows[r].ids.begin(), rows[r].ids.end());
+    const size_t n = tokens_.size() - begin_tokens;
+    total += static_cast<int64_t>(n);
+    tokens_.resize(begin_tokens +
+                   n / static_cast<size_t>(block_size) * static_cast<size_t>(block_size));
+  }
+  BRISK_CHECK(!tokens_.empty(), "'", t.origin(), "' rows [", first_row, ", ", end_row, ") hold ",
+              total, " tokens: not one block of block_size ", block_size,
+              " in any group of 1000 rows");
   tokens_.shrink_to_fit();
 }
 

@@ -83,9 +83,11 @@ class TextClassificationDataset final : public Dataset {
 };
 
 // run_clm's blocks: every row of a text column tokenized, concatenated, and cut into blocks of
-// block_size tokens (the remainder dropped); the labels are the inputs.
+// block_size tokens, in groups of 1000 rows (run_clm's map batches: each group's remainder is
+// dropped); the labels are the inputs.
 class CausalLmDataset final : public Dataset {
  public:
+  static constexpr size_t kGroupRows = 1000;
   CausalLmDataset(const TextTable& table, int64_t text_column, const TextEncoder& encoder,
                   int64_t block_size, int64_t first_row, int64_t end_row);
   int64_t size() const override { return static_cast<int64_t>(tokens_.size()) / block_size_; }

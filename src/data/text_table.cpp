@@ -203,16 +203,18 @@ void parse_delimited(std::string_view s, char delim, TableBuilder& out) {
   BRISK_CHECK(!header, out.at(1), "the file is empty: a header row naming the columns is needed");
 }
 
-// Calls f(line number, text) for each line (LF or CRLF; a last line without an end counts).
+// Calls f(line number, text, whether a line break ended it) for each line (LF or CRLF; a last
+// line without an end counts).
 template <typename F>
 void for_each_line(std::string_view s, F&& f) {
   int64_t line = 0;
   for (size_t i = 0; i < s.size();) {
     size_t end = s.find('\n', i);
-    if (end == std::string_view::npos) end = s.size();
+    const bool ended = end != std::string_view::npos;
+    if (!ended) end = s.size();
     std::string_view text = s.substr(i, end - i);
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
-    f(++line, text);
+    f(++line, text, ended);
     i = end + 1;
   }
 }
@@ -253,7 +255,7 @@ void parse_json_lines(std::string_view s, TableBuilder& out) {
     for (const auto& rec : all) add_json_record(rec, 1, out);
     return;
   }
-  for_each_line(s, [&](int64_t line, std::string_view text) {
+  for_each_line(s, [&](int64_t line, std::string_view text, bool) {
     if (text.find_first_not_of(" \t") == std::string_view::npos) return;
     add_json_record(parse_ordered_json_bounded(text.data(), text.data() + text.size(),
                                                out.at(line).substr(0, out.at(line).size() - 2), 32),
@@ -261,12 +263,13 @@ void parse_json_lines(std::string_view s, TableBuilder& out) {
   });
 }
 
-void parse_lines(std::string_view s, TableBuilder& out) {
+void parse_lines(std::string_view s, TableBuilder& out, bool keep_linebreaks) {
   out.set_columns({"text"}, 1);
   std::vector<std::string> cells(1);
   std::vector<CellKind> kinds(1, CellKind::text);
-  for_each_line(s, [&](int64_t line, std::string_view text) {
+  for_each_line(s, [&](int64_t line, std::string_view text, bool ended) {
     cells[0].assign(text);
+    if (keep_linebreaks && ended) cells[0] += '\n';
     out.add_row(cells, kinds, line);
   });
 }
@@ -301,11 +304,11 @@ TableFormat table_format_of(const std::string& path) {
              "\" (valid: .csv, .tsv, .json, .jsonl, .txt)");
 }
 
-TextTable read_text_table(const std::string& path) {
-  return read_text_table(path, table_format_of(path));
+TextTable read_text_table(const std::string& path, bool keep_linebreaks) {
+  return read_text_table(path, table_format_of(path), keep_linebreaks);
 }
 
-TextTable read_text_table(const std::string& path, TableFormat format) {
+TextTable read_text_table(const std::string& path, TableFormat format, bool keep_linebreaks) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   BRISK_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
   struct stat st {};
@@ -319,10 +322,11 @@ TextTable read_text_table(const std::string& path, TableFormat format) {
   BRISK_CHECK(m.size <= kMaxFileBytes, "data file '", path, "' is larger than 16 GiB");
   BRISK_CHECK(m.size == 0 || m.data != MAP_FAILED, "cannot map data file '", path, "'");
   const std::string_view text(static_cast<const char*>(m.size ? m.data : ""), m.size);
-  return parse_text_table(text, format, path);
+  return parse_text_table(text, format, path, keep_linebreaks);
 }
 
-TextTable parse_text_table(std::string_view text, TableFormat format, const std::string& origin) {
+TextTable parse_text_table(std::string_view text, TableFormat format, const std::string& origin,
+                           bool keep_linebreaks) {
   if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark
   const size_t bad = invalid_utf8(text);
   if (bad != std::string_view::npos) {
@@ -342,7 +346,7 @@ TextTable parse_text_table(std::string_view text, TableFormat format, const std:
       parse_json_lines(text, out);
       break;
     case TableFormat::text:
-      parse_lines(text, out);
+      parse_lines(text, out, keep_linebreaks);
       break;
   }
   return out.finish();

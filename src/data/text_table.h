@@ -46,11 +46,15 @@ TableFormat table_format_of(const std::string& path);
 
 // Reads a whole file (mapped, not copied: the table holds the cells only). Malformed content —
 // an unterminated quote, a row with another number of fields than the header, a line that is not
-// a JSON object, invalid UTF-8 — fails with "file:line: what".
-TextTable read_text_table(const std::string& path);
-TextTable read_text_table(const std::string& path, TableFormat format);
+// a JSON object, invalid UTF-8 — fails with "file:line: what". keep_linebreaks: the lines of a
+// plain-text file keep their line break ("\n"; a last line without one stays without), as the
+// datasets library's text loader gives them to run_clm by default.
+TextTable read_text_table(const std::string& path, bool keep_linebreaks = false);
+TextTable read_text_table(const std::string& path, TableFormat format,
+                          bool keep_linebreaks = false);
 
 // The same on text in memory; `origin` names it in messages.
-TextTable parse_text_table(std::string_view text, TableFormat format, const std::string& origin);
+TextTable parse_text_table(std::string_view text, TableFormat format, const std::string& origin,
+                           bool keep_linebreaks = false);
 
 }  // namespace brisk

@@ -63,8 +63,10 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
               d.tokenizer_path, "' has ", d.tokenizer->vocab_size(),
               " tokens, more than the model's vocab_size ", config.vocab_size);
   const Tokenizer& tok = *d.tokenizer;
-  auto table = [](const std::string& path) {
-    return path.empty() ? TextTable() : read_text_table(path);
+  // run_clm reads plain-text lines with their line breaks unless told otherwise.
+  const bool keep_linebreaks = config.model_type != ModelType::bert && o.keep_linebreaks;
+  auto table = [&](const std::string& path) {
+    return path.empty() ? TextTable() : read_text_table(path, keep_linebreaks);
   };
   const TextTable train = table(o.train_file), eval = table(o.validation_file),
                   test = table(o.test_file);

@@ -68,6 +68,7 @@ struct TrainOptions {
   // longest sample rounded up to 8, computing at that length.
   bool pad_to_max_length = false;
   bool group_by_length = false;  // batches of similar lengths (LengthGroupedSampler)
+  bool keep_linebreaks = true;   // run_clm: plain-text lines keep their "\n"
   std::string metric_for_best_model = "loss";
   std::string greater_is_better;  // "true", "false", or "" (false for loss, else true)
   int64_t dataloader_num_workers = 0;
@@ -163,6 +164,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("pad_to_max_length", o.pad_to_max_length,
     "pad every batch to max_seq_length (false: to the batch's longest sample rounded up to a "
     "multiple of 8, and compute only that length)");
+  v("keep_linebreaks", o.keep_linebreaks,
+    "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
+    "without)");
   v("group_by_length", o.group_by_length,
     "shuffle in mega-batches sorted by length, so batches hold samples of similar lengths");
   v("greater_is_better", o.greater_is_better,
