@@ -1,7 +1,10 @@
 // run_glue- and run_clm-style datasets from text tables (see text_dataset.h).
 #include "data/text_dataset.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -13,20 +16,29 @@ namespace brisk {
 
 namespace {
 // Encodes rows [0, n) in parallel (OpenMP); the first error any row raises is raised here.
+// The encoder hears of the progress every 4096 rows, from the first thread.
 template <typename F>
-std::vector<Encoded> encode_rows(int64_t n, F&& encode_row) {
+std::vector<Encoded> encode_rows(const TextEncoder& encoder, int64_t n, F&& encode_row) {
   std::vector<Encoded> out(static_cast<size_t>(n));
   std::string error;
+  std::atomic<int64_t> done{0};
+  int64_t reported = 0;  // the first thread's
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t r = 0; r < n; ++r) {
     try {
       out[static_cast<size_t>(r)] = encode_row(r);
+      const int64_t d = done.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (omp_get_thread_num() == 0 && d - reported >= 4096) {
+        reported = d;
+        encoder.progress(d, n);
+      }
     } catch (const std::exception& e) {
 #pragma omp critical(brisk_encode_error)
       if (error.empty()) error = e.what();
     }
   }
   if (!error.empty()) throw Error(error);
+  encoder.progress(n, n);
   return out;
 }
 }  // namespace
@@ -129,94 +141,122 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
     for (int64_t col : {columns.first, columns.second})
       BRISK_CHECK(col < 0 || t.kind(r, col) != CellKind::null, t.where(r), ": column \"",
                   t.columns()[col], "\" is empty");
-  const std::vector<Encoded> rows = encode_rows(t.rows(), [&](int64_t r) {
+  const std::vector<Encoded> rows = encode_rows(encoder, t.rows(), [&](int64_t r) {
     std::optional<std::string_view> second;
     if (columns.second >= 0) second = t.text(r, columns.second);
     return encoder.encode(t.text(r, columns.first), second, max_length);
   });
-  offsets_.push_back(0);
+  auto a = std::make_shared<TokenArrays>();
+  a->offsets.push_back(0);
   for (int64_t r = 0; r < t.rows(); ++r) {
     const Encoded& e = rows[static_cast<size_t>(r)];
     BRISK_CHECK(static_cast<int64_t>(e.ids.size()) <= max_length, t.where(r), ": the tokenizer ",
                 "returned ", e.ids.size(), " tokens where at most ", max_length, " were asked for");
-    ids_.insert(ids_.end(), e.ids.begin(), e.ids.end());
+    a->ids.insert(a->ids.end(), e.ids.begin(), e.ids.end());
     if (e.type_ids.empty())
-      types_.insert(types_.end(), e.ids.size(), 0);
+      a->types.insert(a->types.end(), e.ids.size(), 0);
     else
-      types_.insert(types_.end(), e.type_ids.begin(), e.type_ids.end());
-    offsets_.push_back(static_cast<int64_t>(ids_.size()));
+      a->types.insert(a->types.end(), e.type_ids.begin(), e.type_ids.end());
+    a->offsets.push_back(static_cast<int64_t>(a->ids.size()));
     longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
-    if (columns.label < 0) {
-      label_.push_back(kIgnoreIndex);
-      value_.push_back(std::numeric_limits<float>::quiet_NaN());
+    if (regression_) {
+      a->values.push_back(columns.label < 0 ? std::numeric_limits<float>::quiet_NaN()
+                                            : label_value(t, r, columns.label));
       continue;
     }
-    if (regression_) {
-      value_.push_back(label_value(t, r, columns.label));
+    if (columns.label < 0) {
+      a->labels.push_back(kIgnoreIndex);
       continue;
     }
     const int64_t id = labels.id_of(t.text(r, columns.label));
     BRISK_CHECK(id >= 0, t.where(r), ": label \"", excerpt(t.text(r, columns.label)),
                 "\" does not occur in the training data");
-    label_.push_back(static_cast<int32_t>(id));
+    a->labels.push_back(static_cast<int32_t>(id));
+  }
+  rows_ = view_of(std::move(a));
+}
+
+TextClassificationDataset::TextClassificationDataset(TokenizedRows rows, bool regression,
+                                                     int32_t pad, int64_t max_length)
+    : max_length_(max_length), pad_(pad), regression_(regression), rows_(std::move(rows)) {
+  const size_t n = rows_.offsets.empty() ? 0 : rows_.offsets.size() - 1;
+  BRISK_CHECK(!rows_.offsets.empty() && rows_.types.size() == rows_.ids.size() &&
+                  (regression ? rows_.values.size() == n && rows_.labels.empty()
+                              : rows_.labels.size() == n && rows_.values.empty()),
+              "tokenized rows without the arrays a classification dataset needs");
+  for (size_t r = 0; r < n; ++r) {
+    const int64_t len = rows_.offsets[r + 1] - rows_.offsets[r];
+    BRISK_CHECK(len <= max_length, "tokenized row ", r, " holds ", len, " tokens, more than ",
+                max_length);
+    longest_ = std::max(longest_, len);
   }
 }
 
 void TextClassificationDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
   const int64_t T = b.input_ids.dim(1);
-  const int64_t begin = offsets_[static_cast<size_t>(index)];
-  const int64_t n = std::min(offsets_[static_cast<size_t>(index) + 1] - begin, T);
+  const int64_t begin = rows_.offsets[static_cast<size_t>(index)];
+  const int64_t n = std::min(rows_.offsets[static_cast<size_t>(index) + 1] - begin, T);
   int32_t* ids = b.input_ids.i32() + row * T;
   int32_t* mask = b.attention_mask.i32() + row * T;
   int32_t* types = b.token_type_ids.empty() ? nullptr : b.token_type_ids.i32() + row * T;
   for (int64_t t = 0; t < T; ++t) {
     const bool real = t < n;
-    ids[t] = real ? ids_[static_cast<size_t>(begin + t)] : pad_;
+    ids[t] = real ? rows_.ids[static_cast<size_t>(begin + t)] : pad_;
     mask[t] = real ? 1 : 0;
-    if (types) types[t] = real ? types_[static_cast<size_t>(begin + t)] : 0;
+    if (types) types[t] = real ? rows_.types[static_cast<size_t>(begin + t)] : 0;
   }
   if (regression_)
-    b.label_values.f32()[row] = value_[static_cast<size_t>(index)];
+    b.label_values.f32()[row] = rows_.values[static_cast<size_t>(index)];
   else
-    b.labels.i32()[row] = label_[static_cast<size_t>(index)];
+    b.labels.i32()[row] = rows_.labels[static_cast<size_t>(index)];
 }
 
 int64_t TextClassificationDataset::count_targets(int64_t index) const {
   const size_t i = static_cast<size_t>(index);
-  return regression_ ? !no_label_value(value_[i]) : label_[i] != kIgnoreIndex;
+  return regression_ ? !no_label_value(rows_.values[i]) : rows_.labels[i] != kIgnoreIndex;
 }
 
 CausalLmDataset::CausalLmDataset(const TextTable& t, int64_t column, const TextEncoder& encoder,
                                  int64_t block_size, int64_t first_row, int64_t end_row)
     : block_size_(block_size) {
   BRISK_CHECK(block_size >= 2, "block_size must be at least 2");
-  const std::vector<Encoded> rows = encode_rows(end_row - first_row, [&](int64_t i) {
+  const std::vector<Encoded> rows = encode_rows(encoder, end_row - first_row, [&](int64_t i) {
     const int64_t r = first_row + i;
     return t.kind(r, column) == CellKind::null ? Encoded{}
                                                : encoder.encode(t.text(r, column), std::nullopt, 0);
   });
   // run_clm groups the rows in map batches of 1000: each batch's tokens are concatenated and cut
   // into blocks, its remainder dropped.
+  auto a = std::make_shared<TokenArrays>();
+  std::vector<int32_t>& tokens = a->ids;
   int64_t total = 0;
   for (size_t first = 0; first < rows.size(); first += kGroupRows) {
     const size_t end = std::min(rows.size(), first + kGroupRows);
-    const size_t begin_tokens = tokens_.size();
+    const size_t begin_tokens = tokens.size();
     for (size_t r = first; r < end; ++r)
-      tokens_.insert(tokens_.end(), rows[r].ids.begin(), rows[r].ids.end());
-    const size_t n = tokens_.size() - begin_tokens;
+      tokens.insert(tokens.end(), rows[r].ids.begin(), rows[r].ids.end());
+    const size_t n = tokens.size() - begin_tokens;
     total += static_cast<int64_t>(n);
-    tokens_.resize(begin_tokens +
-                   n / static_cast<size_t>(block_size) * static_cast<size_t>(block_size));
+    tokens.resize(begin_tokens +
+                  n / static_cast<size_t>(block_size) * static_cast<size_t>(block_size));
   }
-  BRISK_CHECK(!tokens_.empty(), "'", t.origin(), "' rows [", first_row, ", ", end_row, ") hold ",
+  BRISK_CHECK(!tokens.empty(), "'", t.origin(), "' rows [", first_row, ", ", end_row, ") hold ",
               total, " tokens: not one block of block_size ", block_size,
               " in any group of 1000 rows");
-  tokens_.shrink_to_fit();
+  tokens.shrink_to_fit();
+  rows_ = view_of(std::move(a));
+}
+
+CausalLmDataset::CausalLmDataset(TokenizedRows tokens, int64_t block_size)
+    : block_size_(block_size), rows_(std::move(tokens)) {
+  BRISK_CHECK(block_size >= 2 && !rows_.ids.empty() &&
+                  rows_.ids.size() % static_cast<size_t>(block_size) == 0 && rows_.offsets.empty(),
+              "tokenized blocks that are not a whole number of blocks of ", block_size);
 }
 
 void CausalLmDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
   const int64_t T = b.input_ids.dim(1);
-  const int32_t* src = tokens_.data() + index * block_size_;
+  const int32_t* src = rows_.ids.data() + index * block_size_;
   int32_t* ids = b.input_ids.i32() + row * T;
   int32_t* labels = b.labels.i32() + row * T;
   int32_t* mask = b.attention_mask.i32() + row * T;

@@ -13,6 +13,7 @@
 
 #include "data/dataset.h"
 #include "data/text_table.h"
+#include "data/token_cache.h"
 
 namespace brisk {
 
@@ -30,6 +31,12 @@ class TextEncoder {
   virtual Encoded encode(std::string_view text, std::optional<std::string_view> pair,
                          int64_t max_length) const = 0;
   virtual int32_t pad_id() const = 0;
+  // Called now and then while rows are encoded, from one thread: rows done of all (a progress
+  // bar). Does nothing unless overridden.
+  virtual void progress(int64_t done, int64_t total) const {
+    (void)done;
+    (void)total;
+  }
 };
 
 // How run_glue reads a classification table: the text columns (sentence1/sentence2 when both
@@ -61,25 +68,25 @@ class TextClassificationDataset final : public Dataset {
   // the row), or none when the table has no label column.
   TextClassificationDataset(const TextTable& table, const ClassificationColumns& columns,
                             const LabelSet& labels, const TextEncoder& encoder, int64_t max_length);
-  int64_t size() const override { return static_cast<int64_t>(offsets_.size()) - 1; }
+  // Rows tokenized before (a cache); checked against max_length and the label kind.
+  TextClassificationDataset(TokenizedRows rows, bool regression, int32_t pad, int64_t max_length);
+  int64_t size() const override { return static_cast<int64_t>(rows_.offsets.size()) - 1; }
   int64_t seq_len() const override { return max_length_; }
   void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
   int64_t count_targets(int64_t index) const override;
   int64_t length(int64_t index) const override {
     const size_t i = static_cast<size_t>(index);
-    return offsets_[i + 1] - offsets_[i];
+    return rows_.offsets[i + 1] - rows_.offsets[i];
   }
   int64_t longest() const { return longest_; }
+  const TokenizedRows& rows() const { return rows_; }
 
  private:
   int64_t max_length_;
   int32_t pad_;
-  bool regression_;  // labels are numbers (value_), not classes (label_)
+  bool regression_;  // labels are numbers (rows_.values), not classes (rows_.labels)
   int64_t longest_ = 0;
-  std::vector<int32_t> ids_, types_;  // all rows, back to back
-  std::vector<int64_t> offsets_;      // row r: [offsets_[r], offsets_[r + 1])
-  std::vector<int32_t> label_;
-  std::vector<float> value_;  // regression targets, NaN = none
+  TokenizedRows rows_;  // labels: kIgnoreIndex, values: NaN = none
 };
 
 // run_clm's blocks: every row of a text column tokenized, concatenated, and cut into blocks of
@@ -90,14 +97,17 @@ class CausalLmDataset final : public Dataset {
   static constexpr size_t kGroupRows = 1000;
   CausalLmDataset(const TextTable& table, int64_t text_column, const TextEncoder& encoder,
                   int64_t block_size, int64_t first_row, int64_t end_row);
-  int64_t size() const override { return static_cast<int64_t>(tokens_.size()) / block_size_; }
+  // Blocks tokenized before (a cache): the token stream, a whole number of blocks.
+  CausalLmDataset(TokenizedRows tokens, int64_t block_size);
+  int64_t size() const override { return static_cast<int64_t>(rows_.ids.size()) / block_size_; }
   int64_t seq_len() const override { return block_size_; }
   void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
   int64_t count_targets(int64_t) const override { return block_size_ - 1; }
+  const TokenizedRows& rows() const { return rows_; }
 
  private:
   int64_t block_size_;
-  std::vector<int32_t> tokens_;
+  TokenizedRows rows_;
 };
 
 // The text column run_clm uses: "text" when present, else the first column.

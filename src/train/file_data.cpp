@@ -1,15 +1,34 @@
 // Datasets from text files (see file_data.h).
 #include "train/file_data.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <optional>
 
 #include "core/error.h"
 #include "data/text_dataset.h"
 #include "data/text_table.h"
+#include "data/token_cache.h"
 
 namespace brisk {
 
 namespace fs = std::filesystem;
+
+namespace {
+// The files of a tokenizer folder that transformers reads (copied next to a saved model, and
+// fingerprinted for the tokenization cache).
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
+                                           "tokenizer.model",
+                                           "vocab.txt",
+                                           "vocab.json",
+                                           "merges.txt",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "added_tokens.json"};
+}  // namespace
 
 bool uses_text_files(const TrainOptions& o) {
   return !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
@@ -53,6 +72,101 @@ void set_labels(ModelConfig& c, const LabelSet& labels) {
   else
     c.source.erase("problem_type");
 }
+// The run's tokenization cache (see load_file_data).
+class TokenCache {
+ public:
+  TokenCache(const TrainOptions& o, const std::string& tokenizer_path,
+             std::vector<std::string>* notes)
+      : overwrite_(o.overwrite_cache), notes_(notes) {
+    dir_ = o.tokenized_cache_dir.empty()     ? (fs::path(o.output_dir) / "tokenized_cache").string()
+           : o.tokenized_cache_dir == "none" ? ""
+                                             : o.tokenized_cache_dir;
+    if (dir_.empty()) return;
+    Fingerprint f;
+    std::error_code ec;
+    if (fs::is_directory(tokenizer_path, ec)) {
+      for (const char* name : kTokenizerFiles) {
+        const fs::path p = fs::path(tokenizer_path) / name;
+        if (fs::is_regular_file(p, ec)) f.add(name).add_file(p.string());
+      }
+    } else {
+      f.add_file(tokenizer_path);
+    }
+    tokenizer_ = f.value();
+  }
+
+  // The rows of `file` prepared as `shape` says: mapped from the cache when it holds them, else
+  // built and cached.
+  TokenizedRows get(const std::string& file, const std::string& shape,
+                    const std::function<TokenizedRows()>& build) {
+    if (dir_.empty()) return build();
+    const uint64_t key = Fingerprint()
+                             .add("brisk tokenized rows 1")
+                             .add_file(file)
+                             .add(std::to_string(tokenizer_))
+                             .add(shape)
+                             .value();
+    char name[32];
+    std::snprintf(name, sizeof name, "%016llx.tok", static_cast<unsigned long long>(key));
+    const std::string path = (fs::path(dir_) / name).string();
+    std::string why;
+    std::error_code ec;
+    if (!overwrite_ && fs::exists(path, ec)) {
+      if (std::optional<TokenizedRows> rows = read_token_cache(path, key, &why)) {
+        notes_->push_back("'" + file + "': the tokenized rows mapped from " + path);
+        return *rows;
+      }
+      notes_->push_back("'" + file + "': the cache " + path + " is unusable (" + why +
+                        "): tokenized again");
+    }
+    TokenizedRows rows = build();
+    write_token_cache(path, key, rows);
+    notes_->push_back("'" + file + "': tokenized, cached in " + path);
+    return rows;
+  }
+
+ private:
+  std::string dir_;
+  bool overwrite_;
+  std::vector<std::string>* notes_;
+  uint64_t tokenizer_ = 0;
+};
+
+// The tokenizer with a progress bar on a terminal ("tokenizing train.csv: 45%", as the
+// example scripts' "Running tokenizer on dataset").
+class ProgressEncoder final : public TextEncoder {
+ public:
+  ProgressEncoder(const TextEncoder& inner, bool show) : inner_(inner), show_(show) {}
+  void start(const std::string& file) { file_ = fs::path(file).filename().string(); }
+  Encoded encode(std::string_view text, std::optional<std::string_view> pair,
+                 int64_t max_length) const override {
+    return inner_.encode(text, pair, max_length);
+  }
+  int32_t pad_id() const override { return inner_.pad_id(); }
+  void progress(int64_t done, int64_t total) const override {
+    if (!show_ || total <= 0) return;
+    std::fprintf(stderr, "\rtokenizing %s: %3lld%% (%lld of %lld rows)%s", file_.c_str(),
+                 static_cast<long long>(100 * done / total), static_cast<long long>(done),
+                 static_cast<long long>(total), done == total ? "\n" : "");
+  }
+
+ private:
+  const TextEncoder& inner_;
+  bool show_;
+  std::string file_;
+};
+
+// The options that shape a classification table's rows, for the cache key.
+std::string classification_shape(const ClassificationColumns& c, const LabelSet& labels,
+                                 int64_t max_length) {
+  std::string s = "classification " + std::to_string(c.first) + " " + std::to_string(c.second) +
+                  " " + std::to_string(c.label) + " " + std::to_string(max_length) +
+                  (labels.regression ? " regression"
+                   : labels.whole    ? " whole"
+                                     : " text");
+  for (const std::string& n : labels.names) s += std::string(1, '\0') + n;
+  return s;
+}
 }  // namespace
 
 FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
@@ -62,7 +176,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   BRISK_CHECK(d.tokenizer->vocab_size() <= config.vocab_size, "the tokenizer at '",
               d.tokenizer_path, "' has ", d.tokenizer->vocab_size(),
               " tokens, more than the model's vocab_size ", config.vocab_size);
-  const Tokenizer& tok = *d.tokenizer;
+  ProgressEncoder tok(*d.tokenizer, !o.disable_tqdm && ::isatty(STDERR_FILENO));
   // run_clm reads plain-text lines with their line breaks unless told otherwise.
   const bool keep_linebreaks = config.model_type != ModelType::bert && o.keep_linebreaks;
   auto table = [&](const std::string& path) {
@@ -70,6 +184,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   };
   const TextTable train = table(o.train_file), eval = table(o.validation_file),
                   test = table(o.test_file);
+  TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
 
   if (config.model_type == ModelType::bert) {
     d.seq_len = o.max_seq_length;
@@ -93,8 +208,14 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     }
     auto dataset = [&](const TextTable& t) -> std::unique_ptr<Dataset> {
       if (t.rows() == 0) return nullptr;
-      return std::make_unique<TextClassificationDataset>(
-          t, classification_columns(t, o.text_column_name), labels, tok, o.max_seq_length);
+      const ClassificationColumns c = classification_columns(t, o.text_column_name);
+      TokenizedRows rows =
+          cache.get(t.origin(), classification_shape(c, labels, o.max_seq_length), [&] {
+            tok.start(t.origin());
+            return TextClassificationDataset(t, c, labels, tok, o.max_seq_length).rows();
+          });
+      return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
+                                                         tok.pad_id(), o.max_seq_length);
     };
     d.train = dataset(train);
     d.eval = dataset(eval);
@@ -106,17 +227,25 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
   BRISK_CHECK(o.test_file.empty(), "--test_file: a causal LM has no labels to predict");
+  auto blocks = [&](const TextTable& t, int64_t first, int64_t end) {
+    const int64_t col = causal_lm_text_column(t, o.text_column_name);
+    const std::string shape = "causal_lm " + std::to_string(col) + " " + std::to_string(first) +
+                              " " + std::to_string(end) + " " + std::to_string(d.seq_len) +
+                              (keep_linebreaks ? " linebreaks" : "");
+    TokenizedRows rows = cache.get(t.origin(), shape, [&] {
+      tok.start(t.origin());
+      return CausalLmDataset(t, col, tok, d.seq_len, first, end).rows();
+    });
+    return std::make_unique<CausalLmDataset>(std::move(rows), d.seq_len);
+  };
   if (!o.train_file.empty()) {
-    const int64_t col = causal_lm_text_column(train, o.text_column_name);
     const int64_t cut = o.validation_file.empty()
                             ? validation_split_rows(train.rows(), o.validation_split_percentage)
                             : 0;
-    d.train = std::make_unique<CausalLmDataset>(train, col, tok, d.seq_len, cut, train.rows());
-    if (cut > 0) d.eval = std::make_unique<CausalLmDataset>(train, col, tok, d.seq_len, 0, cut);
+    d.train = blocks(train, cut, train.rows());
+    if (cut > 0) d.eval = blocks(train, 0, cut);
   }
-  if (!o.validation_file.empty())
-    d.eval = std::make_unique<CausalLmDataset>(
-        eval, causal_lm_text_column(eval, o.text_column_name), tok, d.seq_len, 0, eval.rows());
+  if (!o.validation_file.empty()) d.eval = blocks(eval, 0, eval.rows());
   return d;
 }
 
@@ -126,8 +255,7 @@ void copy_tokenizer_files(const std::string& tokenizer_path, const std::string& 
                            ? fs::path(tokenizer_path)
                            : fs::path(tokenizer_path).parent_path();
   if (fs::equivalent(src, folder, ec)) return;
-  for (const char* name : {"tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
-                           "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* name : kTokenizerFiles) {
     const fs::path from = src / name;
     if (!fs::is_regular_file(from, ec)) continue;
     fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing, ec);

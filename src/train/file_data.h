@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "models/config.h"
@@ -17,6 +19,8 @@ struct FileData {
   std::string tokenizer_path;  // where the tokenizer's files are (copied next to the model)
   std::unique_ptr<Dataset> train, eval, test;
   int64_t seq_len = 0;  // what the run plans for: max_seq_length or block_size
+  // What the tokenization cache did, a line per file ("loaded ...", "wrote ...", "rebuilt ...").
+  std::vector<std::string> cache_notes;
 };
 
 // Whether the options name any text file.
@@ -24,7 +28,10 @@ bool uses_text_files(const TrainOptions& o);
 
 // Reads and tokenizes the files. For classification the config learns the label names from the
 // training file (num_labels, id2label and label2id in its JSON, as run_glue sets them); a run
-// without one takes them from the config's label2id.
+// without one takes them from the config's label2id. The tokenized files are cached in
+// tokenized_cache_dir (default output_dir/tokenized_cache; "none": no cache), keyed by the file's
+// bytes, the tokenizer's files and the options that shape the rows, and mapped by later runs
+// (overwrite_cache: tokenize again).
 FileData load_file_data(const TrainOptions& o, ModelConfig& config);
 
 // Copies the tokenizer's files (tokenizer.json, vocab files, tokenizer_config.json,

@@ -67,8 +67,10 @@ struct TrainOptions {
   // Text classification data (run_glue): pad every batch to max_seq_length, or (false) to its
   // longest sample rounded up to 8, computing at that length.
   bool pad_to_max_length = false;
-  bool group_by_length = false;  // batches of similar lengths (LengthGroupedSampler)
-  bool keep_linebreaks = true;   // run_clm: plain-text lines keep their "\n"
+  bool group_by_length = false;     // batches of similar lengths (LengthGroupedSampler)
+  bool keep_linebreaks = true;      // run_clm: plain-text lines keep their "\n"
+  std::string tokenized_cache_dir;  // "": output_dir/tokenized_cache; "none": no cache
+  bool overwrite_cache = false;     // tokenize the files again even when a cache matches
   std::string metric_for_best_model = "loss";
   std::string greater_is_better;  // "true", "false", or "" (false for loss, else true)
   int64_t dataloader_num_workers = 0;
@@ -164,6 +166,10 @@ void visit_options(Options& o, Visitor&& v) {
   v("pad_to_max_length", o.pad_to_max_length,
     "pad every batch to max_seq_length (false: to the batch's longest sample rounded up to a "
     "multiple of 8, and compute only that length)");
+  v("tokenized_cache_dir", o.tokenized_cache_dir,
+    "where tokenized data files are cached and memory-mapped by later runs (default "
+    "output_dir/tokenized_cache; none: no cache)");
+  v("overwrite_cache", o.overwrite_cache, "tokenize the data files again even when cached");
   v("keep_linebreaks", o.keep_linebreaks,
     "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
     "without)");

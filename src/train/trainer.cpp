@@ -342,6 +342,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   TrainSummary s;
   const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
   const std::unique_ptr<RunAssembly> run = assemble_run(shaped, device, be.get(), dataset);
+  for (const std::string& note : run->files.cache_notes) on_log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
   DataLoader& loader = *run->loader;

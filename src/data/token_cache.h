@@ -1,0 +1,60 @@
+// Tokenized datasets cached on disk and memory-mapped by later runs (run_glue's and run_clm's
+// map() caches): a file per (data file content, tokenizer files, preparation options), named by
+// the fingerprint of all three, with a checksum over its arrays. A stale, missing or damaged
+// cache is rebuilt, never trusted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace brisk {
+
+// Tokenized rows, viewed in owned vectors or in a mapped cache file (`memory` keeps either
+// alive). Classification: row r holds ids/types [offsets[r], offsets[r+1]) and labels[r] or
+// values[r]; causal LM: ids is the token stream, the rest empty.
+struct TokenizedRows {
+  std::span<const int64_t> offsets;
+  std::span<const int32_t> ids, types, labels;
+  std::span<const float> values;
+  std::shared_ptr<const void> memory;
+};
+
+// Owned arrays to build TokenizedRows from.
+struct TokenArrays {
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> ids, types, labels;
+  std::vector<float> values;
+};
+TokenizedRows view_of(std::shared_ptr<const TokenArrays> arrays);
+
+// FNV-1a (64 bits) over the parts, each preceded by its length.
+class Fingerprint {
+ public:
+  Fingerprint& add(std::string_view bytes);
+  Fingerprint& add_file(const std::string& path);  // its bytes (mapped); throws naming it
+  uint64_t value() const { return h_; }
+
+ private:
+  void mix(const void* p, size_t n);
+  uint64_t h_ = 14695981039346656037ull;
+};
+
+// The cache file's bytes for `rows` under `key`.
+std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows);
+// Views the arrays of a cache file's bytes (8-byte aligned, as a mapping is); nullopt (and *why)
+// when the bytes are not a complete cache for `key`. The views point into `bytes`.
+std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t key,
+                                               std::string* why);
+
+// Maps `path` and parses it: nullopt (and *why) when absent, stale or damaged.
+std::optional<TokenizedRows> read_token_cache(const std::string& path, uint64_t key,
+                                              std::string* why);
+// Writes the cache atomically (creating its folder).
+void write_token_cache(const std::string& path, uint64_t key, const TokenizedRows& rows);
+
+}  // namespace brisk
