@@ -8,8 +8,8 @@
 #include "data/token_cache.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<uint64_t> aligned((size + 7) / 8);
-  std::memcpy(aligned.data(), data, size);
+  std::vector<uint64_t> aligned((size + 7) / 8 + 1);  // never empty: data() is not null
+  if (size > 0) std::memcpy(aligned.data(), data, size);
   const std::string_view bytes(reinterpret_cast<const char*>(aligned.data()), size);
   uint64_t key = 0;
   if (size >= 16) std::memcpy(&key, bytes.data() + 8, sizeof key);

@@ -23,7 +23,7 @@ struct Aligned {
   std::vector<uint64_t> words;
   size_t size = 0;
   explicit Aligned(const std::string& bytes) : words((bytes.size() + 7) / 8), size(bytes.size()) {
-    std::memcpy(words.data(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
   }
   std::string_view view() const { return {reinterpret_cast<const char*>(words.data()), size}; }
 };
