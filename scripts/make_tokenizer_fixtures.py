@@ -51,6 +51,10 @@ MORE = [
     "<|begin_of_text|>special<|end_of_text|> in the middle",
 ]
 
+# Texts with the SentencePiece-style special tokens, checked only for the Unigram and
+# SentencePiece fixtures (texts.json also feeds other tests' training data, so it stays as it is).
+SPECIAL = ["</s>after an end </s> and <unk> </s>", "<s> begins, ends </s>"]
+
 # Llama-3's pre-tokenizer regex (a Split before a ByteLevel without its own regex).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -120,17 +124,39 @@ def sentencepiece_fixtures(texts):
         special = {sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()}  # decode skips them
         expected = {"single": [], "plain": [], "pairs": [], "decoded": []}
         for text in texts:
-            ids = sp.encode(text)
+            ids = sentencepiece_ids(sp, text)
             expected["plain"].append(ids)
             expected["single"].append(bos + ids)
             expected["decoded"].append(sp.decode([i for i in ids if i not in special]))
         for a, b in zip(texts, texts[1:]):
-            ia, ib = longest_first(sp.encode(a), sp.encode(b), 16 - 2)
+            ia, ib = longest_first(sentencepiece_ids(sp, a), sentencepiece_ids(sp, b), 16 - 2)
             expected["pairs"].append({"ids": bos + ia + bos + ib,
                                       "type_ids": [0] * (1 + len(ia)) + [1] * (1 + len(ib))})
+        expected["special"] = [[x, sentencepiece_ids(sp, x)] for x in SPECIAL]
         with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
             json.dump(expected, f, ensure_ascii=False)
         compare_with_transformers(folder, texts, expected)
+
+
+def sentencepiece_ids(sp, text):
+    """The library's ids of the stretches between special pieces (matched first, longest first,
+    as transformers' added tokens), the special pieces' ids between them."""
+    specials = sorted({sp.id_to_piece(i) for i in (sp.unk_id(), sp.bos_id(), sp.eos_id(),
+                                                      sp.pad_id()) if i >= 0}, key=len, reverse=True)
+    ids, start, at = [], 0, 0
+    while at < len(text):
+        hit = next((p for p in specials if text.startswith(p, at)), None)
+        if hit is None:
+            at += 1
+            continue
+        if at > start:
+            ids += sp.encode(text[start:at])
+        ids.append(sp.piece_to_id(hit))
+        at += len(hit)
+        start = at
+    if start < len(text):
+        ids += sp.encode(text[start:])
+    return ids
 
 
 def compare_with_transformers(folder, texts, expected):
@@ -211,6 +237,44 @@ def main():
     made["bpe_byte_fallback"] = fb
     texts = texts + MORE
 
+    # Unigram with the Metaspace pre-tokenizer and decoder (T5/ALBERT-style tokenizer.json).
+    uni = Tokenizer(models.Unigram())
+    uni.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always",
+                                                 split=True)
+    uni.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    uni.train_from_iterator(corpus + MORE * 3, trainers.UnigramTrainer(
+        vocab_size=400, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+        max_piece_length=8))
+    # Pieces with CJK characters or emoji left out, so those are unknown (or bytes, below).
+    spec = json.loads(uni.to_str())
+    spec["model"]["vocab"] = [[p, s] for p, s in spec["model"]["vocab"]
+                              if not any(ord(c) >= 0x3000 for c in p)]
+    uni = Tokenizer.from_str(json.dumps(spec))
+    uni.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B:1 </s>:1",
+        special_tokens=[("</s>", uni.token_to_id("</s>"))])
+    made["unigram"] = uni
+    # The same vocabulary with <0xNN> byte tokens (but <0xF0>: emoji stay <unk>), byte_fallback,
+    # Metaspace prepending only in front of the text and not splitting, Llama-style decoders.
+    spec = json.loads(uni.to_str())
+    spec["model"]["byte_fallback"] = True
+    have = {p for p, _ in spec["model"]["vocab"]}
+    for b in range(256):
+        if b != 0xF0 and "<0x%02X>" % b not in have:
+            spec["model"]["vocab"].append(["<0x%02X>" % b, -20.0])
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
+                             "prepend_scheme": "first", "split": False}
+    ub = Tokenizer.from_str(json.dumps(spec))
+    ub.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    made["unigram_byte_fallback"] = ub
+    # WhitespaceSplit before Metaspace (as older ALBERT/T5 conversions), prepend_scheme first.
+    spec = json.loads(uni.to_str())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"},
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}]}
+    made["unigram_whitespace"] = Tokenizer.from_str(json.dumps(spec))
+
     for name, t in made.items():
         folder = os.path.join(OUT, name)
         kept = os.path.join(folder, "tokenizer.json")
@@ -237,7 +301,9 @@ def main():
             e = t.encode(a, b)
             expected["pairs"].append({"ids": e.ids, "type_ids": e.type_ids})
         t.no_truncation()
-        if name.startswith("bpe"):
+        if name.startswith("unigram"):
+            expected["special"] = [[x, t.encode(x, add_special_tokens=False).ids] for x in SPECIAL]
+        if name.startswith("bpe") or name.startswith("unigram"):
             expected["decoded"] = [t.decode(t.encode(x).ids) for x in texts]
         with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:
             json.dump(expected, f, ensure_ascii=False)

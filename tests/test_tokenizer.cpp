@@ -38,6 +38,9 @@ void expect_like_the_library(const std::string& name, const std::string& path) {
     EXPECT_EQ(e.ids, want["pairs"][i]["ids"].get<std::vector<int32_t>>()) << "pair " << i;
     EXPECT_EQ(e.type_ids, want["pairs"][i]["type_ids"].get<std::vector<int32_t>>()) << "pair " << i;
   }
+  for (const auto& special : want.value("special", nlohmann::json::array()))  // </s> in the text
+    EXPECT_EQ(t->tokenize(special[0].get<std::string>()), special[1].get<std::vector<int32_t>>())
+        << special[0];
   for (size_t i = 0; i < want["decoded"].size(); ++i)
     EXPECT_EQ(t->decode(want["single"][i].get<std::vector<int32_t>>()),
               want["decoded"][i].get<std::string>())
@@ -88,7 +91,7 @@ TEST(Tokenizer, SentencePieceSpecialTokensFollowLlamaTokenizer) {
   const std::vector<int32_t> rest = t->tokenize("beginning");
   want.insert(want.end(), rest.begin(), rest.end());
   EXPECT_EQ(t->tokenize("in the</s>beginning"), want);
-  EXPECT_EQ(t->decode(want), "in the beginning");  // "beginning" has its own "▁" prefix
+  EXPECT_EQ(t->decode(want), "in the beginning");         // "beginning" has its own "▁" prefix
   EXPECT_EQ(t->decode(want, false), "in the beginning");  // the library's </s> reads as nothing
 
   const fs::path dir = fs::temp_directory_path() / ("brisk_spm_" + std::to_string(::getpid()));
@@ -110,10 +113,19 @@ TEST(Tokenizer, SentencePieceSpecialTokensFollowLlamaTokenizer) {
   fs::remove_all(dir);
 }
 
+// Unigram (Viterbi over the piece scores, unknown characters fused) with the Metaspace
+// pre-tokenizer and decoder; with byte fallback, prepend_scheme "first" and no split; after a
+// WhitespaceSplit.
+TEST(Tokenizer, UnigramWithMetaspaceEqualsTheLibrary) {
+  expect_like_the_library("unigram", fixture("tokenizer/unigram"));
+  expect_like_the_library("unigram_byte_fallback", fixture("tokenizer/unigram_byte_fallback"));
+  expect_like_the_library("unigram_whitespace", fixture("tokenizer/unigram_whitespace"));
+}
+
 // Bytes that are not UTF-8 read as U+FFFD each (encoding never throws: it runs in parallel loops).
 TEST(Tokenizer, TextThatIsNotUtf8IsReadAsReplacementCharacters) {
-  for (const char* name :
-       {"bpe", "bpe_llama3", "bpe_byte_fallback", "wordpiece", "sentencepiece_unigram"}) {
+  for (const char* name : {"bpe", "bpe_llama3", "bpe_byte_fallback", "wordpiece",
+                           "sentencepiece_unigram", "unigram"}) {
     const auto t = Tokenizer::load(fixture(std::string("tokenizer/") + name));
     EXPECT_EQ(t->tokenize("ok \xC3\x28 bad \xFF"), t->tokenize("ok \uFFFD( bad \uFFFD")) << name;
   }
@@ -129,8 +141,8 @@ TEST(Tokenizer, MalformedFilesAreRefusedByName) {
   };
   expect_error([&] { Tokenizer::load(dir.string()); }, "no tokenizer at");
   expect_error([&] { Tokenizer::load(write("a.json", "{\"model\": 3}")); }, "no model");
-  expect_error([&] { Tokenizer::load(write("b.json", R"({"model": {"type": "Unigram"}})")); },
-               "tokenizer model \"Unigram\" is not supported");
+  expect_error([&] { Tokenizer::load(write("b.json", R"({"model": {"type": "WordLevel"}})")); },
+               "tokenizer model \"WordLevel\" is not supported");
   expect_error(
       [&] {
         Tokenizer::load(write("c.json", R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})"));

@@ -57,14 +57,7 @@ class FallbackBpe final : public TokenModel {
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     std::string repaired;
-    std::string s(valid_utf8(text, repaired));
-    for (const TextEdit& e : normalizer_) {
-      if (e.prepend) {
-        if (!s.empty()) s.insert(0, e.to);  // Prepend leaves an empty text empty
-      } else {
-        replace_all(s, e.from, e.to);
-      }
-    }
+    const std::string s = apply_edits(valid_utf8(text, repaired), normalizer_);
     // Characters as symbols; one missing from the vocabulary becomes its bytes' tokens.
     std::vector<std::string> parts;
     std::vector<int32_t> fixed;  // per part: the unknown id, else -1 (only read to fuse them)
@@ -128,6 +121,18 @@ class FallbackBpe final : public TokenModel {
 };
 
 }  // namespace
+
+std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits) {
+  std::string s(text);
+  for (const TextEdit& e : edits) {
+    if (e.prepend) {
+      if (!s.empty()) s.insert(0, e.to);  // Prepend leaves an empty text empty
+    } else {
+      replace_all(s, e.from, e.to);
+    }
+  }
+  return s;
+}
 
 std::unique_ptr<TokenModel> make_fallback_bpe(
     std::unordered_map<std::string, int32_t> vocab,

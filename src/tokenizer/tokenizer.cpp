@@ -2,7 +2,10 @@
 // truncation (see tokenizer.h).
 #include "tokenizer/tokenizer.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -150,7 +153,7 @@ struct TokenizerLoader {
       const nlohmann::json unk = model.value("unk_token", nlohmann::json());
       t.model_ = make_fallback_bpe(vocab_from_json(model.value("vocab", nlohmann::json()), path),
                                    merges_from_json(model.value("merges", nlohmann::json()), path),
-                                   text_edits(norm, path),
+                                   text_edits(norm, path, "byte-fallback BPE"),
                                    unk.is_string() ? unk.get<std::string>() : std::string(),
                                    flag_or(model, "fuse_unk", false), path);
     } else if (type == "BPE") {
@@ -160,9 +163,11 @@ struct TokenizerLoader {
           vocab_from_json(model.value("vocab", nlohmann::json()), path),
           merges_from_json(model.value("merges", nlohmann::json()), path), path,
           byte_level_pattern(pre, path), flag_or(model, "ignore_merges", false));
+    } else if (type == "Unigram") {
+      t.model_ = unigram(model, norm, pre, j.value("decoder", nlohmann::json()), path);
     } else {
       BRISK_FAIL("'", path, "': tokenizer model \"", excerpt(type),
-                 "\" is not supported (WordPiece and byte-level BPE are)");
+                 "\" is not supported (WordPiece, BPE and Unigram are)");
     }
     const nlohmann::json added = j.value("added_tokens", nlohmann::json::array());
     BRISK_CHECK(added.is_array(), "'", path, "': added_tokens must be a list");
@@ -185,7 +190,8 @@ struct TokenizerLoader {
   }
 
   // A Prepend, a Replace of a string, or a Sequence of them (Llama-2's normalizer).
-  static std::vector<TextEdit> text_edits(const nlohmann::json& norm, const std::string& path) {
+  static std::vector<TextEdit> text_edits(const nlohmann::json& norm, const std::string& path,
+                                          const char* model) {
     std::vector<TextEdit> out;
     const bool sequence = type_of(norm) == "Sequence";
     const nlohmann::json steps = sequence         ? norm.value("normalizers", nlohmann::json())
@@ -203,12 +209,103 @@ struct TokenizerLoader {
         out.push_back(
             {false, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
       } else {
-        BRISK_FAIL("'", path, "': normalizer \"", excerpt(type),
-                   "\" is not supported with byte-fallback BPE (Prepend and Replace of a string "
-                   "are)");
+        BRISK_FAIL("'", path, "': normalizer \"", excerpt(type), "\" is not supported with ", model,
+                   " (Prepend and Replace of a string are)");
       }
     }
     return out;
+  }
+
+  // Unigram: [piece, score] pairs (ids are their indexes), an optional unk_id, byte_fallback;
+  // Prepend/Replace normalizers; a Metaspace pre-tokenizer (after a WhitespaceSplit or not).
+  static std::unique_ptr<TokenModel> unigram(const nlohmann::json& model,
+                                             const nlohmann::json& norm, const nlohmann::json& pre,
+                                             const nlohmann::json& decoder,
+                                             const std::string& path) {
+    const nlohmann::json vocab = model.value("vocab", nlohmann::json());
+    BRISK_CHECK(vocab.is_array() && !vocab.empty() && vocab.size() < (size_t{1} << 31), "'", path,
+                "': the Unigram vocabulary must be a non-empty list of [piece, score]");
+    std::vector<std::pair<std::string, double>> pieces;
+    pieces.reserve(vocab.size());
+    for (const auto& v : vocab) {
+      BRISK_CHECK(v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_number() &&
+                      std::isfinite(v[1].get<double>()),
+                  "'", path, "': a Unigram vocabulary entry must be [piece, finite score]");
+      pieces.emplace_back(v[0].get<std::string>(), v[1].get<double>());
+    }
+    int32_t unk = -1;
+    const nlohmann::json u = model.value("unk_id", nlohmann::json());
+    if (!u.is_null()) {
+      BRISK_CHECK(u.is_number_unsigned() && u.get<uint64_t>() < pieces.size(), "'", path,
+                  "': the Unigram unk_id is not an index of the vocabulary");
+      unk = static_cast<int32_t>(u.get<uint64_t>());
+    }
+    return make_unigram(std::move(pieces), unk, flag_or(model, "byte_fallback", false),
+                        text_edits(norm, path, "Unigram"), metaspace(pre, path),
+                        metaspace_decoding(decoder, path));
+  }
+
+  // None, Metaspace, or Sequence [WhitespaceSplit, Metaspace].
+  static std::optional<Metaspace> metaspace(const nlohmann::json& pre, const std::string& path) {
+    if (pre.is_null()) return std::nullopt;
+    const bool after_split = type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
+                             pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
+                             type_of(pre["pretokenizers"][0]) == "WhitespaceSplit";
+    const nlohmann::json& m = after_split ? pre["pretokenizers"][1] : pre;
+    BRISK_CHECK(type_of(m) == "Metaspace", "'", path, "': pre_tokenizer \"", excerpt(type_of(pre)),
+                "\" is not supported with Unigram (Metaspace, after a WhitespaceSplit or not, is)");
+    Metaspace out;
+    out.whitespace_split = after_split;
+    out.replacement = one_character(m, path);
+    out.split = flag_or(m, "split", true);
+    const std::string scheme = string_or(m, "prepend_scheme", "always");
+    BRISK_CHECK(scheme == "always" || scheme == "first" || scheme == "never", "'", path,
+                "': Metaspace's prepend_scheme \"", excerpt(scheme),
+                "\" is not always, first or never");
+    out.prepend_scheme = !flag_or(m, "add_prefix_space", true) || scheme == "never"
+                             ? Metaspace::PrependScheme::kNever
+                         : scheme == "first" ? Metaspace::PrependScheme::kFirst
+                                             : Metaspace::PrependScheme::kAlways;
+    return out;
+  }
+
+  // Metaspace's replacement: one character.
+  static std::string one_character(const nlohmann::json& m, const std::string& path) {
+    const std::string r = string_or(m, "replacement", "\xE2\x96\x81");
+    utf8proc_int32_t c = 0;
+    const auto n = r.empty() ? -1
+                             : utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(r.data()),
+                                                static_cast<utf8proc_ssize_t>(r.size()), &c);
+    BRISK_CHECK(n > 0 && static_cast<size_t>(n) == r.size(), "'", path,
+                "': Metaspace's replacement must be one character");
+    return r;
+  }
+
+  // The Metaspace decoder, or a Sequence of Replace(x, " "), ByteFallback, Fuse and Strip (as
+  // converted SentencePiece models have); none joins the tokens as they are.
+  static MetaspaceDecoding metaspace_decoding(const nlohmann::json& decoder,
+                                              const std::string& path) {
+    MetaspaceDecoding d;
+    if (type_of(decoder) == "Metaspace") {
+      d.replacement = one_character(decoder, path);
+      d.drop_first = flag_or(decoder, "add_prefix_space", true) &&
+                     string_or(decoder, "prepend_scheme", "always") != "never";
+      return d;
+    }
+    d.replacement.clear();
+    if (type_of(decoder) != "Sequence" || !decoder.contains("decoders") ||
+        !decoder["decoders"].is_array())
+      return d;
+    for (const auto& step : decoder["decoders"]) {
+      const std::string type = type_of(step);
+      if (type == "Replace" && string_or(step, "content", "") == " " && step.contains("pattern") &&
+          step["pattern"].is_object())
+        d.replacement = string_or(step["pattern"], "String", "");
+      else if (type == "Strip" && string_or(step, "content", "") == " " && step.contains("start") &&
+               step["start"].is_number_unsigned())
+        d.strip_left = step["start"].get<size_t>();
+    }
+    return d;
   }
 
   // The regex of a byte-level pre-tokenizer: GPT-2's (empty) for ByteLevel with its regex, or a
@@ -437,12 +534,12 @@ std::vector<int32_t> Tokenizer::tokenize(std::string_view text) const {
       ++at;
       continue;
     }
-    if (at > start) model_->encode(text.substr(start, at - start), out);
+    if (at > start) model_->encode_stretch(text.substr(start, at - start), start == 0, out);
     out.push_back(hit->id);
     at += hit->content.size();
     start = at;
   }
-  if (start < text.size()) model_->encode(text.substr(start), out);
+  if (start < text.size()) model_->encode_stretch(text.substr(start), start == 0, out);
   return out;
 }
 

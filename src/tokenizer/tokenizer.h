@@ -27,6 +27,12 @@ class TokenModel {
   virtual ~TokenModel() = default;
   // Appends the ids of one added-token-free stretch of text (normalized, pre-tokenized, split).
   virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
+  // The same, told whether the stretch begins the text (Metaspace's prepend_scheme "first").
+  virtual void encode_stretch(std::string_view text, bool at_start,
+                              std::vector<int32_t>& out) const {
+    (void)at_start;
+    encode(text, out);
+  }
   // The text of ids (byte-level BPE decodes exactly; WordPiece joins words).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
@@ -94,11 +100,49 @@ std::unique_ptr<TokenModel> make_byte_level_bpe(
 // not (as WordPiece reads such text): PCRE2 must only see valid UTF-8, and encoding never throws.
 std::string_view valid_utf8(std::string_view text, std::string& fixed);
 
-// One normalizer step of the byte-fallback BPE: Replace(from, to), or Prepend(to) when `prepend`.
+// One normalizer step of the byte-fallback BPE and Unigram: Replace(from, to), or Prepend(to)
+// when `prepend`.
 struct TextEdit {
   bool prepend = false;
   std::string from, to;
 };
+// `text` through the edits in order (Prepend leaves an empty text empty).
+std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits);
+
+// Rust's char::is_whitespace (the White_Space property), as the tokenizers library splits.
+bool is_unicode_whitespace(int32_t c);
+
+// The Metaspace pre-tokenizer: spaces become `replacement`, one is put in front (always, only in
+// front of the text's first stretch, or never; not when one is there already), and with `split`
+// the text is cut before each replacement. `whitespace_split`: a WhitespaceSplit comes first
+// (Sequence [WhitespaceSplit, Metaspace]), its words each treated so.
+struct Metaspace {
+  enum class PrependScheme { kAlways, kFirst, kNever };
+  std::string replacement = "\xE2\x96\x81";
+  PrependScheme prepend_scheme = PrependScheme::kAlways;
+  bool split = true;
+  bool whitespace_split = false;
+  // Appends the pieces of one stretch; `at_start`: it begins the text.
+  void pieces(std::string_view text, bool at_start, std::vector<std::string>& out) const;
+
+ private:
+  static void for_each_word(std::string_view text, std::vector<std::pair<size_t, size_t>>& words);
+  void piece_of_word(std::string_view text, bool at_start, std::vector<std::string>& out) const;
+};
+// The decoder of Metaspace-style tokenizers: `replacement` read as a space, none of the first
+// token's when `drop_first` (the Metaspace decoder), then up to `strip_left` leading spaces
+// removed (a Strip decoder).
+struct MetaspaceDecoding {
+  std::string replacement = "\xE2\x96\x81";
+  bool drop_first = false;
+  size_t strip_left = 0;
+};
+// Unigram over (piece, score) with id = index; `unk_id` -1: none (unknown characters left out).
+std::unique_ptr<TokenModel> make_unigram(std::vector<std::pair<std::string, double>> pieces,
+                                         int32_t unk_id, bool byte_fallback,
+                                         std::vector<TextEdit> normalizer,
+                                         std::optional<Metaspace> metaspace,
+                                         MetaspaceDecoding decoding);
 // BPE over characters with <0xNN> byte tokens for characters the vocabulary lacks (Llama-2);
 // `unk` empty: none.
 std::unique_ptr<TokenModel> make_fallback_bpe(

@@ -13,14 +13,18 @@
 
 namespace brisk {
 
-namespace {
-
-bool is_whitespace(int32_t c) {
+bool is_unicode_whitespace(int32_t c) {
   if (c == ' ' || c == '\t' || c == '\n' || c == '\r') return true;
   const auto cat = utf8proc_category(c);
   // Rust's char::is_whitespace: the White_Space property (Zs, Zl, Zp and a few controls).
   return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL ||
          cat == UTF8PROC_CATEGORY_ZP || c == 0x0b || c == 0x0c || c == 0x85;
+}
+
+namespace {
+
+bool is_whitespace(int32_t c) {
+  return is_unicode_whitespace(c);
 }
 
 bool is_control(int32_t c) {
