@@ -224,12 +224,7 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   write_csv("train.csv", 96, 1, true);
   write_csv("dev.csv", 30, 2, true);
   write_csv("test.csv", 10, 3, false);
-  // A tiny BERT whose vocabulary holds the fixture tokenizer's 1200 tokens.
-  const std::string model = write_model_folder(
-      dir, "bert",
-      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
-          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  const std::string model = write_wordpiece_bert(dir);
   TrainOptions o = tiny_options(model, dir / "out");
   o.tokenizer_name = fixture("tokenizer/wordpiece");
   o.train_file = dir / "train.csv";
@@ -299,11 +294,7 @@ TEST(Evaluate, DynamicPaddingTrainsAsPaddingToTheMaximum) {
   };
   write_csv("train.csv", 64, 1);
   write_csv("dev.csv", 20, 2);
-  const std::string model = write_model_folder(
-      dir, "bert",
-      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
-          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  const std::string model = write_wordpiece_bert(dir);
   auto run = [&](bool pad_to_max_length, bool group_by_length, int steps) {
     TrainOptions o = tiny_options(model, dir / "out");
     o.tokenizer_name = fixture("tokenizer/wordpiece");
@@ -350,11 +341,7 @@ TEST(Evaluate, RunGlueRegressionOnACsvFile) {
   write_csv("train.csv", 96, 1, true);
   write_csv("dev.csv", 24, 2, true);
   write_csv("test.csv", 8, 3, false);
-  const std::string model = write_model_folder(
-      dir, "bert",
-      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
-          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  const std::string model = write_wordpiece_bert(dir);
   TrainOptions o = tiny_options(model, dir / "out");
   o.tokenizer_name = fixture("tokenizer/wordpiece");
   o.train_file = dir / "train.csv";
@@ -414,13 +401,7 @@ TEST(Evaluate, RunGlueRegressionOnACsvFile) {
 
 TEST(Evaluate, RunClmOnATextFile) {
   TempDir dir("clm");
-  {
-    std::ifstream texts(fixture("tokenizer/texts.json"));
-    const auto lines = nlohmann::json::parse(texts).get<std::vector<std::string>>();
-    std::ofstream f(dir / "text.txt");
-    for (int r = 0; r < 6; ++r)
-      for (const auto& l : lines) f << l << "\n";
-  }
+  write_fixture_text(dir, "text.txt");
   const std::string model = write_model_folder(
       dir, "gpt2",
       R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,

@@ -135,13 +135,7 @@ TEST(Generate, SamplingFollowsTheFiltersInTransformersOrder) {
 // the continuation's length, seeded sampling, top_k 1 as greedy; a BERT folder refused.
 TEST(Generate, ContinuesAPromptWithATrainedFolder) {
   TempDir dir("generate");
-  {
-    std::ifstream texts(fixture("tokenizer/texts.json"));
-    const auto lines = nlohmann::json::parse(texts).get<std::vector<std::string>>();
-    std::ofstream f(dir / "text.txt");
-    for (int r = 0; r < 6; ++r)
-      for (const auto& l : lines) f << l << "\n";
-  }
+  write_fixture_text(dir, "text.txt");
   const std::string model = write_model_folder(
       dir, "gpt2",
       R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,

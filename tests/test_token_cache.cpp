@@ -84,11 +84,7 @@ TEST(TokenCache, ALaterRunMapsTheRowsAnEarlierRunTokenized) {
         << "\n";
   };
   write_csv(40);
-  const std::string model = write_model_folder(
-      dir, "bert",
-      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
-          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+  const std::string model = write_wordpiece_bert(dir);
   TrainOptions o = tiny_options(model, dir / "out");
   o.tokenizer_name = fixture("tokenizer/wordpiece");
   o.train_file = dir / "train.csv";

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "models/model.h"
@@ -58,6 +59,26 @@ inline std::string write_model_folder(const TempDir& dir, const std::string& nam
   std::filesystem::create_directories(folder);
   std::ofstream(folder + "/config.json") << config;
   return folder;
+}
+
+// A tiny BERT for the fixture WordPiece tokenizer's 1200 tokens (tokenizer/wordpiece), dropout off.
+inline std::string write_wordpiece_bert(const TempDir& dir) {
+  return write_model_folder(
+      dir, "bert",
+      R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64,
+          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})");
+}
+
+// dir/name: the fixture tokenizer texts (tokenizer/texts.json), six times over, one per line.
+inline std::string write_fixture_text(const TempDir& dir, const std::string& name) {
+  std::ifstream texts(std::string(BRISK_FIXTURES_DIR) + "/tokenizer/texts.json");
+  const auto lines = nlohmann::json::parse(texts).get<std::vector<std::string>>();
+  const std::string path = dir / name;
+  std::ofstream f(path);
+  for (int r = 0; r < 6; ++r)
+    for (const auto& l : lines) f << l << "\n";
+  return path;
 }
 
 inline TrainOptions tiny_options(const std::string& model, const std::string& out,
