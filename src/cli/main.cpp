@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                                "print the ids of each input line as a JSON list (as transformers' "
                                "tokenizer(line)[\"input_ids\"])");
   k->add_option("--tokenizer", tk.tokenizer,
-                "model folder, tokenizer.json, vocab.txt or vocab.json")
+                "model folder, tokenizer.json, tokenizer.model, vocab.txt or vocab.json")
       ->required();
   k->add_option("--input", tk.input, "text file, one input per line (default: stdin)");
   k->add_option("--add_special_tokens", tk.add_special_tokens, "add [CLS]/[SEP] and the like")
