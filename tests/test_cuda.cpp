@@ -46,6 +46,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "backend/activation.h"
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -397,7 +398,7 @@ TEST(CudaOps, LayerNormMatchesTheCpu) {
     }
 }
 
-TEST(CudaOps, GeluAndTanhMatchTheCpu) {
+TEST(CudaOps, ActivationsAndTanhMatchTheCpu) {
   REQUIRE_GPU();
   auto cpu = make_cpu_backend();
   auto gpu = gpu_backend();
@@ -418,13 +419,13 @@ TEST(CudaOps, GeluAndTanhMatchTheCpu) {
         backward(xt, y, g_inplace, g_inplace);
         return std::array<FVec, 3>{d.get(y), d.get(dx), d.get(g_inplace)};
       };
-  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
-    SCOPED_TRACE(kind == GeluKind::erf ? "gelu erf" : "gelu tanh");
+  for (Activation kind : kAllActivations) {
+    SCOPED_TRACE(activation_name(kind));
     auto on = [&](Backend& be) {
       return run(
-          be, [&](const Tensor& a, const Tensor& y) { be.gelu_forward(kind, a, y); },
+          be, [&](const Tensor& a, const Tensor& y) { be.activation_forward(kind, a, y); },
           [&](const Tensor& a, const Tensor&, const Tensor& g, const Tensor& dx) {
-            be.gelu_backward(kind, a, g, dx);
+            be.activation_backward(kind, a, g, dx);
           });
     };
     const auto want = on(*cpu), got = on(*gpu);

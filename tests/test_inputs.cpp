@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/memory_plan.h"
@@ -31,6 +32,29 @@ TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
         config_from_json({{"model_type", "gpt2"}, {"vocab_size", 10.5}}, "x");
       },
       "\"vocab_size\" must be an integer");
+}
+
+// transformers' activation names (hidden_act, activation_function) choose the backend's kinds; an
+// unknown one is refused with the list of those brisk accepts.
+TEST(Inputs, ActivationNamesAreTransformers) {
+  const std::pair<const char*, Activation> names[] = {
+      {"gelu", Activation::gelu},           {"gelu_new", Activation::gelu_tanh},
+      {"gelu_fast", Activation::gelu_tanh}, {"gelu_pytorch_tanh", Activation::gelu_tanh},
+      {"relu", Activation::relu},           {"silu", Activation::silu},
+      {"swish", Activation::silu},          {"quick_gelu", Activation::quick_gelu}};
+  for (const auto& [name, want] : names) {
+    nlohmann::json bert = resolve_config("bert-tiny").source;
+    nlohmann::json gpt2 = resolve_config("gpt2-tiny").source;
+    bert["hidden_act"] = name;
+    gpt2["activation_function"] = name;
+    EXPECT_EQ(config_from_json(bert, "bert").activation, want) << name;
+    EXPECT_EQ(config_from_json(gpt2, "gpt2").activation, want) << name;
+  }
+  nlohmann::json gpt2 = resolve_config("gpt2-tiny").source;
+  gpt2["activation_function"] = "tanh";
+  expect_error([&] { config_from_json(gpt2, "x"); },
+               "unsupported activation \"tanh\" (supported: gelu, gelu_new, gelu_pytorch_tanh, "
+               "gelu_fast, relu, silu, swish, quick_gelu)");
 }
 
 TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/activation.h"
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -17,8 +18,8 @@
 
 namespace {
 
+using brisk::Activation;
 using brisk::DType;
-using brisk::GeluKind;
 using brisk::RngKey;
 using brisk::Shape;
 using brisk::Tensor;
@@ -161,10 +162,21 @@ Vec ref_layernorm(const Vec& x, const Vec& gamma, const Vec& beta, double eps, i
   return y;
 }
 
-double ref_gelu(GeluKind kind, double x) {
-  if (kind == GeluKind::erf) return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-  const double c = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+// transformers' definitions, in double.
+double ref_activation(Activation kind, double x) {
+  switch (kind) {
+    case Activation::gelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::gelu_tanh:
+      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::relu:
+      return std::max(x, 0.0);
+    case Activation::silu:
+      return x / (1.0 + std::exp(-x));
+    case Activation::quick_gelu:
+      return x / (1.0 + std::exp(-1.702 * x));
+  }
+  return NAN;
 }
 
 // Attention over packed qkv [B,T,3C]; probs (optional) receives the softmax [B,H,T,T] before
@@ -329,28 +341,46 @@ TEST(OpsLayerNorm, ForwardAndBackward) {
   }
 }
 
-TEST(OpsGelu, ForwardAndBackward) {
+// Tolerances: each output is a few float32 operations around at most one erf, exp or tanh, which
+// glibc's vector versions (under the -ffast-math of cpu_activation.cpp) compute within 4 ulp, so
+// an output is within a few 1e-7 of the fp64 value relative to max(1, |y|) (where 1 + erf cancels
+// for negative x the error stays an absolute |x| * 1e-7, under the max(1, ...) floor):
+// kElemFwdTol = 2e-6. Gradients: the central difference of the fp64 reference with h = 1e-4 is
+// off by h^2 |f'''(x)| / 6 ~ 1e-9, the float32 derivative by ~1e-6: kElemGradTol = 1e-5 norm-wise.
+TEST(OpsActivation, ForwardAndBackward) {
   auto be = brisk::make_cpu_backend();
   std::mt19937 rng(4);
   const int M = 7, C = 13;
-  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
-    SCOPED_TRACE(kind == GeluKind::erf ? "erf" : "tanh");
+  for (Activation kind : brisk::kAllActivations) {
+    SCOPED_TRACE(brisk::activation_name(kind));
     FVec x = randn(size_t(M) * C, rng, 2.5f);
+    // Exact zeros (relu's kink), and tails where the exponentials saturate.
+    const float edges[] = {0.f, -0.f, 12.f, -12.f, 30.f, -30.f, 1e-3f, -1e-3f};
+    std::copy(std::begin(edges), std::end(edges), x.begin());
     FVec y(x.size(), -7.f);
-    be->gelu_forward(kind, view(x, {M, C}), view(y, {M, C}));
+    be->activation_forward(kind, view(x, {M, C}), view(y, {M, C}));
     const Vec xd = to_d(x);
     Vec want(x.size());
-    for (size_t i = 0; i < x.size(); ++i) want[i] = ref_gelu(kind, xd[i]);
+    for (size_t i = 0; i < x.size(); ++i) want[i] = ref_activation(kind, xd[i]);
     EXPECT_TRUE(close(y, want, kElemFwdTol));
 
     const FVec dy = randn(x.size(), rng);
-    Vec want_dx(x.size());  // elementwise: dy * (central difference of gelu)
-    for (size_t i = 0; i < x.size(); ++i)
-      want_dx[i] = dy[i] * (ref_gelu(kind, xd[i] + 1e-4) - ref_gelu(kind, xd[i] - 1e-4)) / 2e-4;
+    Vec want_dx(x.size());  // elementwise: dy * (central difference of the activation)
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double slope =
+          (ref_activation(kind, xd[i] + 1e-4) - ref_activation(kind, xd[i] - 1e-4)) / 2e-4;
+      // At relu's kink the difference gives 1/2; PyTorch's derivative there is 0.
+      want_dx[i] = dy[i] * (kind == Activation::relu && xd[i] == 0.0 ? 0.0 : slope);
+    }
     FVec dyc = dy, dx(x.size(), -7.f);
-    be->gelu_backward(kind, view(x, {M, C}), view(dyc, {M, C}), view(dx, {M, C}));
+    be->activation_backward(kind, view(x, {M, C}), view(dyc, {M, C}), view(dx, {M, C}));
     EXPECT_TRUE(grad_close(to_d(dx), want_dx, kElemGradTol));
-    be->gelu_backward(kind, view(x, {M, C}), view(dyc, {M, C}), view(dyc, {M, C}));  // dx == dy
+    if (kind == Activation::relu) {
+      EXPECT_EQ(dx[0], 0.f) << "relu'(0)";
+      EXPECT_EQ(dx[1], 0.f) << "relu'(-0)";
+    }
+    be->activation_backward(kind, view(x, {M, C}), view(dyc, {M, C}),
+                            view(dyc, {M, C}));  // dx == dy
     EXPECT_TRUE(grad_close(to_d(dyc), want_dx, kElemGradTol));
   }
 }

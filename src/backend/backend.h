@@ -17,8 +17,15 @@ namespace brisk {
 
 // nn.Linear stores weights [out, in]; GPT-2's Conv1D stores them [in, out].
 enum class WeightLayout { out_in, in_out };
-// BERT's "gelu" is the exact erf form; GPT-2's "gelu_new" is the tanh approximation.
-enum class GeluKind { erf, tanh };
+// The MLP's activation. models/config.cpp maps transformers' names (hidden_act,
+// activation_function) onto these; backend/activation.h holds the formulas both backends use.
+enum class Activation {
+  gelu,        // x * Phi(x) in the exact erf form: "gelu" (BERT)
+  gelu_tanh,   // the tanh approximation: "gelu_new" (GPT-2), "gelu_pytorch_tanh", "gelu_fast"
+  relu,        // max(x, 0), derivative 0 at x = 0 as in PyTorch
+  silu,        // x * sigmoid(x): "silu", "swish"
+  quick_gelu,  // x * sigmoid(1.702 x)
+};
 
 inline constexpr int kIgnoreIndex = -100;
 
@@ -168,10 +175,11 @@ class Backend {
                                   const Tensor& dbeta) = 0;
 
   // ---- elementwise ----
-  virtual void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) = 0;
-  // dx = dy * gelu'(x); dx may alias dy.
-  virtual void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy,
-                             const Tensor& dx) = 0;
+  // y = f(x) for the activation `kind`.
+  virtual void activation_forward(Activation kind, const Tensor& x, const Tensor& y) = 0;
+  // dx = dy * f'(x); dx may alias dy.
+  virtual void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
+                                   const Tensor& dx) = 0;
   virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
   virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;

@@ -71,7 +71,7 @@ class Bert final : public Model {
     s.pre_norm = false;
     s.causal = false;
     s.layout = WeightLayout::out_in;
-    s.gelu = config_.activation;
+    s.activation = config_.activation;
     s.eps = config_.layer_norm_eps;
     s.attention_dropout = training ? config_.attention_dropout : 0.0f;
     s.residual_dropout = training ? config_.hidden_dropout : 0.0f;

@@ -61,11 +61,18 @@ struct Reader {
   }
 };
 
-GeluKind activation_from(const std::string& name, const std::string& origin) {
-  if (name == "gelu") return GeluKind::erf;
-  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return GeluKind::tanh;
+// transformers' ACT2FN names. gelu_new, gelu_pytorch_tanh and gelu_fast are one function (the
+// tanh approximation) written three ways; swish is silu's older name.
+Activation activation_from(const std::string& name, const std::string& origin) {
+  if (name == "gelu") return Activation::gelu;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast")
+    return Activation::gelu_tanh;
+  if (name == "relu") return Activation::relu;
+  if (name == "silu" || name == "swish") return Activation::silu;
+  if (name == "quick_gelu") return Activation::quick_gelu;
   BRISK_FAIL(origin, ": unsupported activation \"", excerpt(name),
-             "\" (supported: gelu, gelu_new, gelu_pytorch_tanh)");
+             "\" (supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu, swish, "
+             "quick_gelu)");
 }
 
 void read_bert(const Reader& r, ModelConfig& c) {

@@ -43,7 +43,7 @@ struct ModelConfig {
   float attention_dropout = 0.1f;  // attention_probs_dropout_prob / attn_pdrop
   float embedding_dropout = 0.1f;  // bert hidden_dropout_prob, gpt2 embd_pdrop
   float classifier_dropout = 0.1f;
-  GeluKind activation = GeluKind::erf;
+  Activation activation = Activation::gelu;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
   int64_t head_dim() const { return hidden_size / num_heads; }

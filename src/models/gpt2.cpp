@@ -64,7 +64,7 @@ class Gpt2 final : public Model {
     s.pre_norm = true;
     s.causal = true;
     s.layout = WeightLayout::in_out;
-    s.gelu = config_.activation;
+    s.activation = config_.activation;
     s.eps = config_.layer_norm_eps;
     s.attention_dropout = training ? config_.attention_dropout : 0.0f;
     s.residual_dropout = training ? config_.hidden_dropout : 0.0f;

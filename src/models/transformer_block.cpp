@@ -107,7 +107,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   be.round_to(lp, s.m_in);
   be.linear_forward(s.m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
   be.round_to(lp, s.fc_pre);
-  be.gelu_forward(st.gelu, s.fc_pre, s.fc_act);
+  be.activation_forward(st.activation, s.fc_pre, s.fc_act);
   be.round_to(lp, s.fc_act);
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(s.fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
@@ -139,7 +139,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
     be.round_to(lp, sc.d_fc);
-    be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
+    be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc);
     be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
     be.round_to(lp, sc.tmp2);
     be.layernorm_backward(sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
@@ -151,7 +151,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
     be.round_to(lp, sc.d_fc);
-    be.gelu_backward(st.gelu, s.fc_pre, sc.d_fc, sc.d_fc);
+    be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc);
     be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
     d_res1 = dh;  // dh is free again: it now receives d_res1
     be.layernorm_backward(sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
@@ -186,7 +186,7 @@ void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, co
   be.add_inplace(s.res, s.tmp);
   be.layernorm_forward(s.res, w.ln_b_g, w.ln_b_b, style.eps, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
-  be.gelu_forward(style.gelu, s.fc, s.fc_act);
+  be.activation_forward(style.activation, s.fc, s.fc_act);
   be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
   be.copy(s.res, out);
   be.add_inplace(out, s.tmp);

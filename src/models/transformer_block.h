@@ -1,6 +1,7 @@
 // One transformer block with explicit forward and backward, shared by BERT (post-LayerNorm,
-// nn.Linear weights, erf GELU) and GPT-2 (pre-LayerNorm, Conv1D weights, tanh GELU). It declares
-// what it saves for backward, and can recompute those internals from its input alone.
+// nn.Linear weights) and GPT-2 (pre-LayerNorm, Conv1D weights), with the MLP activation the config
+// names. It declares what it saves for backward, and can recompute those internals from its input
+// alone.
 #pragma once
 
 #include <array>
@@ -15,7 +16,7 @@ struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
   bool causal = false;
   WeightLayout layout = WeightLayout::out_in;
-  GeluKind gelu = GeluKind::erf;
+  Activation activation = Activation::gelu;
   float eps = 1e-12f;
   float attention_dropout = 0.0f;
   float residual_dropout = 0.0f;

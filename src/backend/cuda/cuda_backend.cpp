@@ -165,17 +165,18 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
 
 // ---- elementwise ----
 
-void CudaBackend::gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
-  same_numel(x, y, "gelu_forward");
-  cuda::gelu_forward(stream_, kind, dev(x, "gelu input"), dev(y, "gelu output"), x.numel());
+void CudaBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
+  same_numel(x, y, "activation_forward");
+  cuda::activation_forward(stream_, kind, dev(x, "activation input"), dev(y, "activation output"),
+                           x.numel());
 }
 
-void CudaBackend::gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy,
-                                const Tensor& dx) {
-  same_numel(x, dy, "gelu_backward");
-  same_numel(x, dx, "gelu_backward");
-  cuda::gelu_backward(stream_, kind, dev(x, "gelu input"), dev(dy, "gelu gradient"),
-                      dev(dx, "gelu dx"), x.numel());
+void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
+                                      const Tensor& dx) {
+  same_numel(x, dy, "activation_backward");
+  same_numel(x, dx, "activation_backward");
+  cuda::activation_backward(stream_, kind, dev(x, "activation input"),
+                            dev(dy, "activation gradient"), dev(dx, "activation dx"), x.numel());
 }
 
 void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {

@@ -65,8 +65,9 @@ class CudaBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                           bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) override;
 
-  void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) override;
-  void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  void activation_forward(Activation kind, const Tensor& x, const Tensor& y) override;
+  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
+                           const Tensor& dx) override;
   void tanh_forward(const Tensor& x, const Tensor& y) override;
   void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) override;

@@ -1,8 +1,10 @@
-// Elementwise CUDA kernels: GELU (erf and tanh forms), tanh, dropout from the counter-based RNG,
-// adds, fills and conversions between float32 and the 16-bit formats.
+// Elementwise CUDA kernels: the MLP activations (one kernel per kind, with the CPU's formulas from
+// backend/activation.h), tanh, dropout from the counter-based RNG, adds, fills and conversions
+// between float32 and the 16-bit formats.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/activation.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 
@@ -10,41 +12,16 @@ namespace brisk::cuda {
 
 namespace {
 
-// The same constants as the CPU (cpu_gelu.cpp), so both backends evaluate the same formulas.
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kGeluCubic = 0.044715f;
-
-template <bool kTanhForm>
-__global__ void gelu_forward_kernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float v = x[i];
-    if constexpr (kTanhForm) {
-      y[i] = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-    } else {
-      y[i] = 0.5f * v * (1.0f + erff(v * kInvSqrt2));
-    }
-  }
+template <Activation A>
+__global__ void activation_forward_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = activation_value<A>(x[i]);
 }
 
 // dx may alias dy: each element is read before it is written, by the same thread.
-template <bool kTanhForm>
-__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float v = x[i];
-    float grad;
-    if constexpr (kTanhForm) {
-      const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-      const float t = tanhf(u);
-      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-      grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
-    } else {
-      const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-      grad = cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v);
-    }
-    dx[i] = dy[i] * grad;
-  }
+template <Activation A>
+__global__ void activation_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    dx[i] = activation_grad<A>(x[i], dy[i]);
 }
 
 __global__ void tanh_forward_kernel(const float* x, float* y, int64_t n) {
@@ -147,25 +124,21 @@ void copy_async(cudaStream_t s, const void* src, void* dst, int64_t bytes) {
 
 }  // namespace
 
-void gelu_forward(cudaStream_t s, GeluKind kind, const float* x, float* y, int64_t n) {
+void activation_forward(cudaStream_t s, Activation kind, const float* x, float* y, int64_t n) {
   if (n <= 0) return;
-  if (kind == GeluKind::tanh) {
-    gelu_forward_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
-  } else {
-    gelu_forward_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
-  }
-  check_launch("gelu_forward");
+  visit_activation(kind, [&](auto a) {
+    activation_forward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+  });
+  check_launch("activation_forward");
 }
 
-void gelu_backward(cudaStream_t s, GeluKind kind, const float* x, const float* dy, float* dx,
-                   int64_t n) {
+void activation_backward(cudaStream_t s, Activation kind, const float* x, const float* dy,
+                         float* dx, int64_t n) {
   if (n <= 0) return;
-  if (kind == GeluKind::tanh) {
-    gelu_backward_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
-  } else {
-    gelu_backward_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
-  }
-  check_launch("gelu_backward");
+  visit_activation(kind, [&](auto a) {
+    activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  });
+  check_launch("activation_backward");
 }
 
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n) {

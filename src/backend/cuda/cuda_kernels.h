@@ -14,10 +14,10 @@
 namespace brisk::cuda {
 
 // ---- cuda_elementwise.cu ----
-void gelu_forward(cudaStream_t s, GeluKind kind, const float* x, float* y, int64_t n);
-// dx = dy * gelu'(x); dx may alias dy.
-void gelu_backward(cudaStream_t s, GeluKind kind, const float* x, const float* dy, float* dx,
-                   int64_t n);
+void activation_forward(cudaStream_t s, Activation kind, const float* x, float* y, int64_t n);
+// dx = dy * f'(x); dx may alias dy.
+void activation_backward(cudaStream_t s, Activation kind, const float* x, const float* dy,
+                         float* dx, int64_t n);
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 // dx = dy * (1 - y^2); dx may alias dy.
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
