@@ -811,7 +811,9 @@ TEST(CudaOps, AttentionDecodeMatchesTheCpu) {
   std::mt19937 rng(31);
   const int64_t B = 2, H = 2, D = 160, C = H * D, S = 300;
   for (int64_t prompt : {int64_t{5}, int64_t{250}}) {
-    SCOPED_TRACE(::testing::Message() << "prompt=" << prompt);
+    // The long prompt at half the usual scale (scale_attn_by_inverse_layer_idx's second layer).
+    const float scale = (prompt == 5 ? 1.f : 0.5f) / std::sqrt(static_cast<float>(D));
+    SCOPED_TRACE(::testing::Message() << "prompt=" << prompt << " scale=" << scale);
     std::vector<FVec> chunks;
     for (int64_t n : {prompt, int64_t{1}, int64_t{1}, int64_t{1}})
       chunks.push_back(randn(B * n * 3 * C, rng));
@@ -824,7 +826,7 @@ TEST(CudaOps, AttentionDecodeMatchesTheCpu) {
       for (const FVec& q : chunks) {
         const int64_t n = static_cast<int64_t>(q.size()) / (B * 3 * C);
         const Tensor out = d.put(FVec(B * n * C, 0.f), {B, n, C});
-        be.attention_decode(d.put(q, {B, n, 3 * C}), kc, vc, past, static_cast<int>(H), out);
+        be.attention_decode(d.put(q, {B, n, 3 * C}), kc, vc, past, static_cast<int>(H), scale, out);
         outs.push_back(d.get(out));
         past += n;
       }
@@ -851,8 +853,11 @@ TEST(CudaOps, AttentionMatchesTheCpu) {
       for (bool masked : {false, true})
         for (bool causal : {false, true})
           for (float p : {0.f, 0.1f}) {
-            SCOPED_TRACE(::testing::Message() << "T=" << T << " D=" << D << " mask=" << masked
-                                              << " causal=" << causal << " dropout=" << p);
+            // T = 130 at half the usual scale (scale_attn_by_inverse_layer_idx's second layer).
+            const float scale = (T == 45 ? 1.f : 0.5f) / std::sqrt(static_cast<float>(D));
+            SCOPED_TRACE(::testing::Message()
+                         << "T=" << T << " D=" << D << " mask=" << masked << " causal=" << causal
+                         << " dropout=" << p << " scale=" << scale);
             const int64_t C = H * D;
             // Sequence 0: padding at the end. Sequence 1: key 0 and two others hidden, so that
             // with causality query 0 sees no key at all. Sequence 2: every key hidden.
@@ -870,8 +875,9 @@ TEST(CudaOps, AttentionMatchesTheCpu) {
               const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
               const Tensor out = d.put(FVec(dout.size(), -7.f), {B, T, C});
               const Tensor g = d.put(dout, {B, T, C}), dq = d.put(dqkv0, {B, T, 3 * C});
-              be.attention_forward(q, m, causal, static_cast<int>(H), p, key, stats, scratch, out);
-              be.attention_backward(g, q, out, stats, m, causal, static_cast<int>(H), p, key,
+              be.attention_forward(q, m, causal, static_cast<int>(H), scale, p, key, stats, scratch,
+                                   out);
+              be.attention_backward(g, q, out, stats, m, causal, static_cast<int>(H), scale, p, key,
                                     scratch, dq);
               return std::array<FVec, 2>{d.get(out), d.get(dq)};
             };

@@ -179,12 +179,11 @@ double ref_activation(Activation kind, double x) {
   return NAN;
 }
 
-// Attention over packed qkv [B,T,3C]; probs (optional) receives the softmax [B,H,T,T] before
-// dropout. The dropout mask element is the flat index into probs.
+// Attention over packed qkv [B,T,3C] with scores q.k * scale; probs (optional) receives the
+// softmax [B,H,T,T] before dropout. The dropout mask element is the flat index into probs.
 Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, int H, int D,
-                  float p, const RngKey& key, Vec* probs = nullptr) {
+                  double scale, float p, const RngKey& key, Vec* probs = nullptr) {
   const int C = H * D;
-  const double scale = 1.0 / std::sqrt(double(D));
   const double keep_scale = 1.0 / (1.0 - double(p));
   Vec out(size_t(B) * T * C, 0.0);
   if (probs) probs->assign(size_t(B) * H * T * T, 0.0);
@@ -579,44 +578,49 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
 
 // Incremental decoding: prompt and new tokens fed in chunks over a key/value cache give each
 // query the causal attention of the whole sequence (the fp64 reference), and the cache holds
-// every position's key and value.
+// every position's key and value; at the usual scale 1/sqrt(D) and at another.
 TEST(OpsAttention, DecodeOverACacheEqualsCausalAttention) {
   auto be = brisk::make_cpu_backend();
   std::mt19937 rng(12);
   const int B = 2, T = 9, H = 3, D = 5, C = H * D, S = 12;
-  FVec qkv = randn(size_t(B) * T * 3 * C, rng);
-  const Vec want = ref_attention(to_d(qkv), IVec(), true, B, T, H, D, 0.f, RngKey{});
-  FVec kc(size_t(B) * S * C, 0.f), vc(kc.size(), 0.f);
-  int past = 0;
-  for (int n : {4, 1, 4}) {  // a prompt, one token, then a chunk
-    FVec chunk(size_t(B) * n * 3 * C), out(size_t(B) * n * C, -7.f);
+  for (float scale : {1.f / std::sqrt(float(D)), 1.f}) {
+    SCOPED_TRACE(::testing::Message() << "scale=" << scale);
+    FVec qkv = randn(size_t(B) * T * 3 * C, rng);
+    const Vec want = ref_attention(to_d(qkv), IVec(), true, B, T, H, D, scale, 0.f, RngKey{});
+    FVec kc(size_t(B) * S * C, 0.f), vc(kc.size(), 0.f);
+    int past = 0;
+    for (int n : {4, 1, 4}) {  // a prompt, one token, then a chunk
+      FVec chunk(size_t(B) * n * 3 * C), out(size_t(B) * n * C, -7.f);
+      for (int b = 0; b < B; ++b)
+        std::copy_n(&qkv[(size_t(b) * T + past) * 3 * C], size_t(n) * 3 * C,
+                    &chunk[size_t(b) * n * 3 * C]);
+      be->attention_decode(view(chunk, {B, n, 3 * C}), view(kc, {B, S, C}), view(vc, {B, S, C}),
+                           past, H, scale, view(out, {B, n, C}));
+      Vec want_chunk;
+      for (int b = 0; b < B; ++b)
+        want_chunk.insert(want_chunk.end(), want.begin() + (size_t(b) * T + past) * C,
+                          want.begin() + (size_t(b) * T + past + n) * C);
+      EXPECT_TRUE(close(out, want_chunk)) << "positions " << past << ".." << past + n;
+      past += n;
+    }
     for (int b = 0; b < B; ++b)
-      std::copy_n(&qkv[(size_t(b) * T + past) * 3 * C], size_t(n) * 3 * C,
-                  &chunk[size_t(b) * n * 3 * C]);
-    be->attention_decode(view(chunk, {B, n, 3 * C}), view(kc, {B, S, C}), view(vc, {B, S, C}), past,
-                         H, view(out, {B, n, C}));
-    Vec want_chunk;
-    for (int b = 0; b < B; ++b)
-      want_chunk.insert(want_chunk.end(), want.begin() + (size_t(b) * T + past) * C,
-                        want.begin() + (size_t(b) * T + past + n) * C);
-    EXPECT_TRUE(close(out, want_chunk)) << "positions " << past << ".." << past + n;
-    past += n;
+      for (int t = 0; t < S; ++t)
+        for (int c = 0; c < C; ++c) {
+          const size_t at = (size_t(b) * S + t) * C + c;
+          const size_t src = (size_t(b) * T + t) * 3 * C + c;
+          EXPECT_EQ(kc[at], t < T ? qkv[src + C] : 0.f);
+          EXPECT_EQ(vc[at], t < T ? qkv[src + 2 * C] : 0.f);
+        }
+    // Past the cache's end: refused.
+    FVec one(size_t(B) * 3 * C, 0.f), out(size_t(B) * C);
+    EXPECT_THROW(be->attention_decode(view(one, {B, 1, 3 * C}), view(kc, {B, S, C}),
+                                      view(vc, {B, S, C}), S, H, scale, view(out, {B, 1, C})),
+                 brisk::Error);
   }
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < S; ++t)
-      for (int c = 0; c < C; ++c) {
-        const size_t at = (size_t(b) * S + t) * C + c;
-        const size_t src = (size_t(b) * T + t) * 3 * C + c;
-        EXPECT_EQ(kc[at], t < T ? qkv[src + C] : 0.f);
-        EXPECT_EQ(vc[at], t < T ? qkv[src + 2 * C] : 0.f);
-      }
-  // Past the cache's end: refused.
-  FVec one(size_t(B) * 3 * C, 0.f), out(size_t(B) * C);
-  EXPECT_THROW(be->attention_decode(view(one, {B, 1, 3 * C}), view(kc, {B, S, C}),
-                                    view(vc, {B, S, C}), S, H, view(out, {B, 1, C})),
-               brisk::Error);
 }
 
+// Scales: the usual 1/sqrt(D), 1 (GPT-2 with scale_attn_weights = false) and 1/(3 sqrt(D))
+// (GPT-2's scale_attn_by_inverse_layer_idx in its third layer).
 TEST(OpsAttention, ForwardAndBackward) {
   auto be = brisk::make_cpu_backend();
   std::mt19937 rng(11);
@@ -625,35 +629,59 @@ TEST(OpsAttention, ForwardAndBackward) {
   // Zeros at the end of each row; key 0 is always kept, so no query sees an empty row. Any
   // nonzero value keeps a key.
   IVec mask{1, 1, 1, 0, 0, 1, 2, 1, 1, 0};
-  for (bool use_mask : {false, true})
-    for (bool causal : {false, true})
-      for (float p : {0.f, 0.3f}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "mask=" << use_mask << " causal=" << causal << " dropout_p=" << p);
-        const IVec& m = use_mask ? mask : IVec();
-        FVec qkv = randn(size_t(B) * T * 3 * C, rng);
-        FVec probs(size_t(B) * H * T * T, -7.f), out(size_t(B) * T * C, -7.f);
-        FVec fwd_scratch(probs.size(), -7.f);
-        be->attention_forward(view(qkv, {B, T, 3 * C}), use_mask ? view(mask, {B, T}) : Tensor(),
-                              causal, H, p, key, view(probs, {B, H, T, T}),
-                              view(fwd_scratch, {B, H, T, T}), view(out, {B, T, C}));
-        const Vec qd = to_d(qkv);
-        Vec want_probs;
-        EXPECT_TRUE(close(out, ref_attention(qd, m, causal, B, T, H, D, p, key, &want_probs)));
-        EXPECT_TRUE(close(probs, want_probs));
+  const float usual = 1.f / std::sqrt(float(D));
+  for (float scale : {usual, 1.f, usual / 3})
+    for (bool use_mask : {false, true})
+      for (bool causal : {false, true})
+        for (float p : {0.f, 0.3f}) {
+          SCOPED_TRACE(::testing::Message() << "scale=" << scale << " mask=" << use_mask
+                                            << " causal=" << causal << " dropout_p=" << p);
+          const IVec& m = use_mask ? mask : IVec();
+          FVec qkv = randn(size_t(B) * T * 3 * C, rng);
+          FVec probs(size_t(B) * H * T * T, -7.f), out(size_t(B) * T * C, -7.f);
+          FVec fwd_scratch(probs.size(), -7.f);
+          be->attention_forward(view(qkv, {B, T, 3 * C}), use_mask ? view(mask, {B, T}) : Tensor(),
+                                causal, H, scale, p, key, view(probs, {B, H, T, T}),
+                                view(fwd_scratch, {B, H, T, T}), view(out, {B, T, C}));
+          const Vec qd = to_d(qkv);
+          Vec want_probs;
+          EXPECT_TRUE(
+              close(out, ref_attention(qd, m, causal, B, T, H, D, scale, p, key, &want_probs)));
+          EXPECT_TRUE(close(probs, want_probs));
 
-        FVec dout = randn(out.size(), rng);
-        FVec scratch(probs.size(), -7.f), dqkv = randn(qkv.size(), rng);  // overwritten
-        be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, 3 * C}),
-                               view(out, {B, T, C}), view(probs, {B, H, T, T}),
-                               use_mask ? view(mask, {B, T}) : Tensor(), causal, H, p, key,
-                               view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C}));
-        const Vec gd = to_d(dout);
-        auto loss = [&](const Vec& v) {
-          return dot(ref_attention(v, m, causal, B, T, H, D, p, key), gd);
-        };
-        EXPECT_TRUE(grad_close(to_d(dqkv), numeric_grad(qd, loss)));
-      }
+          FVec dout = randn(out.size(), rng);
+          FVec scratch(probs.size(), -7.f), dqkv = randn(qkv.size(), rng);  // overwritten
+          be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, 3 * C}),
+                                 view(out, {B, T, C}), view(probs, {B, H, T, T}),
+                                 use_mask ? view(mask, {B, T}) : Tensor(), causal, H, scale, p, key,
+                                 view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C}));
+          const Vec gd = to_d(dout);
+          auto loss = [&](const Vec& v) {
+            return dot(ref_attention(v, m, causal, B, T, H, D, scale, p, key), gd);
+          };
+          EXPECT_TRUE(grad_close(to_d(dqkv), numeric_grad(qd, loss)));
+        }
+}
+
+TEST(OpsAttention, NonFiniteScaleIsRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int B = 1, T = 2, H = 1, D = 2, C = H * D;
+  FVec qkv(size_t(B) * T * 3 * C, 0.5f), probs(size_t(B) * H * T * T), scratch(probs.size());
+  FVec out(size_t(B) * T * C), dqkv(qkv.size()), kc(size_t(B) * T * C), vc(kc.size());
+  for (float scale : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
+    EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 3 * C}), Tensor(), false, H, scale, 0.f,
+                                       RngKey{}, view(probs, {B, H, T, T}),
+                                       view(scratch, {B, H, T, T}), view(out, {B, T, C})),
+                 brisk::Error);
+    EXPECT_THROW(
+        be->attention_backward(view(out, {B, T, C}), view(qkv, {B, T, 3 * C}), view(out, {B, T, C}),
+                               view(probs, {B, H, T, T}), Tensor(), false, H, scale, 0.f, RngKey{},
+                               view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C})),
+        brisk::Error);
+    EXPECT_THROW(be->attention_decode(view(qkv, {B, T, 3 * C}), view(kc, {B, T, C}),
+                                      view(vc, {B, T, C}), 0, H, scale, view(out, {B, T, C})),
+                 brisk::Error);
+  }
 }
 
 TEST(OpsFirstToken, ForwardAndBackward) {

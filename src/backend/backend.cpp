@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace brisk {
@@ -37,6 +38,10 @@ void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
               "attention_decode: output ", out.shape().str(), " for [", d.B, ", ", d.T, ", ", d.C,
               "]");
   *dims = d;
+}
+
+void Backend::check_attention_scale(float scale, const char* op) {
+  BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }
 
 std::unique_ptr<Backend> make_backend(Device device) {

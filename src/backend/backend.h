@@ -223,31 +223,35 @@ class Backend {
   // ---- attention ----
   // Multi-head scaled dot-product attention over packed qkv [B,T,3C] (q | k | v along the last
   // dimension; head h uses columns [h*D, (h+1)*D) of each). key_mask is int32 [B,T] (nonzero
-  // keeps the key) or empty; causal hides later keys. Scores are scaled by 1/sqrt(D). A query
-  // that can see no key at all gets zero probabilities and a zero output (transformers would
-  // spread it uniformly; such rows only occur at padding, whose loss is ignored).
+  // keeps the key) or empty; causal hides later keys. Scores q.k are multiplied by `scale`, a
+  // finite number the model chooses (usually 1/sqrt(D)). A query that can see no key at all gets
+  // zero probabilities and a zero output (transformers would spread it uniformly; such rows only
+  // occur at padding, whose loss is ignored).
   // stats and scratch are shaped by attention_buffers(device()); stats keeps what the backward
   // pass needs (the CPU: the softmax before dropout). out is [B,T,C].
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
-                                 float dropout_p, const RngKey& key, const Tensor& stats,
-                                 const Tensor& scratch, const Tensor& out) = 0;
+                                 float scale, float dropout_p, const RngKey& key,
+                                 const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;
   // dqkv [B,T,3C] = the gradient of the packed input, from the forward pass's qkv, out and stats
-  // and the same mask, causality, dropout and key.
+  // and the same mask, causality, scale, dropout and key.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& stats, const Tensor& key_mask, bool causal,
-                                  int heads, float dropout_p, const RngKey& key,
+                                  int heads, float scale, float dropout_p, const RngKey& key,
                                   const Tensor& scratch, const Tensor& dqkv) = 0;
 
   // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,3C] packs the
   // T new tokens at positions past..past+T-1. Their keys and values are first written into rows
   // past..past+T-1 of k_cache and v_cache [B,S,C] (past + T <= S); query t then attends to the
-  // keys of positions 0..past+t. Scaled by 1/sqrt(D); no mask, no dropout. out is [B,T,C].
+  // keys of positions 0..past+t. Scores scaled by `scale` as in attention_forward; no mask, no
+  // dropout. out is [B,T,C].
   virtual void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                int64_t past, int heads, const Tensor& out) = 0;
+                                int64_t past, int heads, float scale, const Tensor& out) = 0;
   // Throws naming `op` unless the tensors have the shapes attention_decode needs.
   static void check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
                                      const Tensor& v_cache, int64_t past, int heads,
                                      const Tensor& out, AttentionDims* dims);
+  // Throws naming `op` unless the attention score scale is finite.
+  static void check_attention_scale(float scale, const char* op);
 
   // ---- heads and loss ----
   // out[b,:] = x[b,0,:] for x [B,T,C]

@@ -69,6 +69,7 @@ class Gpt2 final : public Model {
     s.attention_dropout = training ? config_.attention_dropout : 0.0f;
     s.residual_dropout = training ? config_.hidden_dropout : 0.0f;
     s.heads = static_cast<int>(config_.num_heads);
+    s.attention_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
     return s;
   }
 

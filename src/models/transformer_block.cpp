@@ -77,8 +77,9 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
                           const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
                           const RngKey& key, int layer) {
-  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_dropout,
-                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
+  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_scale,
+                       st.attention_dropout, site_key(key, layer, kAttnProbs), s.attn_stats,
+                       scratch.attn, out);
   if (st.attn_stats_low) be.round_to(st.act_dtype, s.attn_stats);
 }
 
@@ -162,7 +163,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
   be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
-                        st.attention_dropout, attn_probs_key, sc.attn, sc.d_qkv);
+                        st.attention_scale, st.attention_dropout, attn_probs_key, sc.attn,
+                        sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
@@ -180,7 +182,7 @@ void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, co
               "incremental decoding needs pre-LayerNorm causal blocks");
   be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, style.eps, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
-  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, s.ctx);
+  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.attention_scale, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
   be.copy(x, s.res);
   be.add_inplace(s.res, s.tmp);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <limits>
 #include <string>
 
 #include "backend/backend.h"
@@ -21,6 +22,9 @@ struct BlockStyle {
   float attention_dropout = 0.0f;
   float residual_dropout = 0.0f;
   int heads = 1;
+  // Multiplies the attention scores q.k. NaN by default so that a model which forgets to set it
+  // fails in the attention ops (they refuse a non-finite scale) instead of training quietly wrong.
+  float attention_scale = std::numeric_limits<float>::quiet_NaN();
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;

@@ -30,9 +30,10 @@ void dropped_probs(const AttnDims& d, int64_t bh, const float* P, const RngKey& 
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
-                                   int heads, float dropout_p, const RngKey& key,
+                                   int heads, float scale, float dropout_p, const RngKey& key,
                                    const Tensor& probs, const Tensor& scratch, const Tensor& out) {
   const AttnDims d = attention_dims(qkv, heads, "attention_forward");
+  check_attention_scale(scale, "attention_forward");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward probs");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
@@ -40,7 +41,6 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward scratch");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const int64_t ld = 3 * d.C;
   const float* base = qkv.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
@@ -92,14 +92,14 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
 // backward pass needs neither (nor the forward's output).
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
                                     const Tensor& probs, const Tensor& /*key_mask*/,
-                                    bool /*causal*/, int heads, float dropout_p, const RngKey& key,
-                                    const Tensor& scratch, const Tensor& dqkv) {
+                                    bool /*causal*/, int heads, float scale, float dropout_p,
+                                    const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
   const AttnDims d = attention_dims(qkv, heads, "attention_backward");
+  check_attention_scale(scale, "attention_backward");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward probs");
   expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const int64_t ld = 3 * d.C;
   const float* base = qkv.f32();
   const float* g = dout.f32();
@@ -145,9 +145,10 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                  int64_t past, int heads, const Tensor& out) {
+                                  int64_t past, int heads, float scale, const Tensor& out) {
   AttnDims d{};
   check_attention_decode(qkv, k_cache, v_cache, past, heads, out, &d);
+  check_attention_scale(scale, "attention_decode");
   const int64_t S = k_cache.dim(1), ld = 3 * d.C;
   const float* base = qkv.f32();
   float* kc = k_cache.f32();
@@ -158,7 +159,6 @@ void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, cons
       std::memcpy(kc + (b * S + past + t) * d.C, row + d.C, sizeof(float) * d.C);
       std::memcpy(vc + (b * S + past + t) * d.C, row + 2 * d.C, sizeof(float) * d.C);
     }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   float* o = out.f32();
 #pragma omp parallel
   {

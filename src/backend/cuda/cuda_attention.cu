@@ -191,7 +191,7 @@ struct AttnParams {
   const int32_t* key_mask;  // [B,T] or null
   bool causal;
   int T, H, D;
-  float scale;  // 1 / sqrt(D)
+  float scale;  // of the scores q.k
   bool dropout;
   uint32_t threshold;
   float drop_scale;  // 1 / (1 - p)
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads)
                                      Pd, dS);
     __syncthreads();  // Pd and dS are complete
 
-    // dV_j += sum_i Pd_ij dO_i; dK_j += sum_i dS_ij Q_i (the 1/sqrt(D) is applied at the end).
+    // dV_j += sum_i Pd_ij dO_i; dK_j += sum_i dS_ij Q_i (the scale is applied at the end).
     // Pd and dS are [query][key] tiles; keys are this block's rows, so they are read transposed.
     const int qcount = min(R, T - q0);
     accumulate_weighted_rows<KM, kSlots>(dv, Pd, 1, PLD, dOs, ld, qcount, D, ty, tx);
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(kThreads)
                                      nullptr, dS);
     __syncthreads();  // dS is complete
 
-    // dQ_i += sum_j dS_ij K_j (the 1/sqrt(D) is applied at the end).
+    // dQ_i += sum_j dS_ij K_j (the scale is applied at the end).
     accumulate_weighted_rows<RM, kSlots>(dq, dS, PLD, 1, Ks, ld, min(NC, T - k0), D, ty, tx);
   }
 
@@ -547,7 +547,8 @@ void allow_shared_memory(Kernel* kernel, size_t bytes, const char* name) {
 
 // Checks the sizes and fills the parameters; false when there is nothing to compute.
 bool make_params(const char* op, const int32_t* key_mask, bool causal, int64_t B, int64_t T,
-                 int64_t H, int64_t D, float dropout_p, const RngKey& key, AttnParams* a) {
+                 int64_t H, int64_t D, float scale, float dropout_p, const RngKey& key,
+                 AttnParams* a) {
   BRISK_CHECK(B >= 0 && T >= 0 && H >= 0, op, ": negative size B=", B, " T=", T, " H=", H);
   BRISK_CHECK(D >= 1 && D <= kMaxD, op, ": head size ", D, " is outside [1, ", kMaxD, "]");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, op, ": dropout ", dropout_p,
@@ -562,7 +563,7 @@ bool make_params(const char* op, const int32_t* key_mask, bool causal, int64_t B
   a->T = static_cast<int>(T);
   a->H = static_cast<int>(H);
   a->D = static_cast<int>(D);
-  a->scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a->scale = scale;
   a->dropout = dropout_p > 0.0f;
   a->threshold = dropout_threshold(dropout_p);
   a->drop_scale = 1.0f / (1.0f - dropout_p);
@@ -603,10 +604,11 @@ void launch_backward(cudaStream_t s, const float* dout, const float* qkv, const 
 }  // namespace
 
 void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
-                       int64_t B, int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key,
-                       float* lse, float* out) {
+                       int64_t B, int64_t T, int64_t H, int64_t D, float scale, float dropout_p,
+                       RngKey key, float* lse, float* out) {
   AttnParams a;
-  if (!make_params("attention_forward", key_mask, causal, B, T, H, D, dropout_p, key, &a)) return;
+  if (!make_params("attention_forward", key_mask, causal, B, T, H, D, scale, dropout_p, key, &a))
+    return;
   // Fewer feature slots per thread for small heads: fewer registers, no idle columns.
   if (D <= 64) {
     launch_forward<4>(s, qkv, a, B * H, lse, out);
@@ -617,10 +619,11 @@ void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask
 
 void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t D, float dropout_p, RngKey key, float* delta,
-                        float* dqkv) {
+                        int64_t T, int64_t H, int64_t D, float scale, float dropout_p, RngKey key,
+                        float* delta, float* dqkv) {
   AttnParams a;
-  if (!make_params("attention_backward", key_mask, causal, B, T, H, D, dropout_p, key, &a)) return;
+  if (!make_params("attention_backward", key_mask, causal, B, T, H, D, scale, dropout_p, key, &a))
+    return;
   // delta = rowsum(dO * O) equals sum_j P_ij dP_ij, the softmax backward's correction, because O
   // already holds the dropped-out probabilities times V.
   const int64_t rows = B * T * H;

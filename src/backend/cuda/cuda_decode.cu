@@ -83,7 +83,8 @@ __global__ void attention_decode_kernel(const float* qkv, const float* k_cache,
 }  // namespace
 
 void attention_decode(cudaStream_t s, const float* qkv, float* k_cache, float* v_cache, float* out,
-                      int64_t B, int64_t T, int64_t S, int64_t H, int64_t D, int64_t past) {
+                      int64_t B, int64_t T, int64_t S, int64_t H, int64_t D, int64_t past,
+                      float scale) {
   if (B <= 0 || T <= 0) return;
   const int64_t C = H * D;
   append_cache_kernel<<<grid_for(B * T * C), kThreads, 0, s>>>(qkv, k_cache, v_cache, B, T, S, C,
@@ -91,8 +92,8 @@ void attention_decode(cudaStream_t s, const float* qkv, float* k_cache, float* v
   check_launch("append_cache");
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(T));
   const size_t shared = sizeof(float) * static_cast<size_t>(D + kDecodeThreads);
-  attention_decode_kernel<<<grid, kDecodeThreads, shared, s>>>(
-      qkv, k_cache, v_cache, out, T, S, C, H, D, past, 1.0f / sqrtf(static_cast<float>(D)));
+  attention_decode_kernel<<<grid, kDecodeThreads, shared, s>>>(qkv, k_cache, v_cache, out, T, S, C,
+                                                               H, D, past, scale);
   check_launch("attention_decode");
 }
 
