@@ -660,45 +660,60 @@ TEST(CudaOps, EmbeddingMatchesTheCpu) {
   std::mt19937 rng(26);
   const int64_t B = 3, T = 45, V = 50, C = 75, P = 64, NT = 2;  // position table longer than T
   const IVec ids = randint(B * T, 0, V, rng), types = randint(B * T, 0, NT, rng);  // repeats
+  // The same ids with each sequence's last 7 tokens padding (id 1, which also occurs elsewhere).
+  const int32_t pad_id = 1;
+  IVec padded = ids;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = T - 7; t < T; ++t) padded[b * T + t] = pad_id;
   const FVec word = randn(V * C, rng), pos = randn(P * C, rng), tt = randn(NT * C, rng);
   const FVec dout = randn(B * T * C, rng);
   const FVec dw0 = randn(V * C, rng), dp0 = randn(P * C, rng), dt0 = randn(NT * C, rng);
   enum Tables { word_pos_type, word_pos, word_only };
-  auto run = [&](Backend& be, Tables tables) {
+  auto run = [&](Backend& be, Tables tables, const IVec& token_ids, int64_t padding_idx) {
     DeviceBuffers d(be);
     const bool with_pos = tables != word_only, with_type = tables == word_pos_type;
-    const Tensor id = d.put(ids, {B, T}), ty = d.put(types, {B, T});
+    const Tensor id = d.put(token_ids, {B, T}), ty = d.put(types, {B, T});
     const Tensor w = d.put(word, {V, C}), p = d.put(pos, {P, C}), t = d.put(tt, {NT, C});
     const Tensor out = d.put(FVec(dout.size(), -7.f), {B, T, C}), g = d.put(dout, {B, T, C});
     const Tensor dw = d.put(dw0, {V, C}), dp = d.put(dp0, {P, C}), dt = d.put(dt0, {NT, C});
     be.embedding_forward(id, w, with_pos ? p : Tensor(), with_type ? ty : Tensor(),
                          with_type ? t : Tensor(), out);
-    be.embedding_backward(g, id, with_type ? ty : Tensor(), dw, with_pos ? dp : Tensor(),
-                          with_type ? dt : Tensor());
+    be.embedding_backward(g, id, padding_idx, with_type ? ty : Tensor(), dw,
+                          with_pos ? dp : Tensor(), with_type ? dt : Tensor());
     return std::array<FVec, 4>{d.get(out), d.get(dw), d.get(dp), d.get(dt)};
   };
-  for (Tables tables : {word_pos_type, word_pos, word_only}) {
-    SCOPED_TRACE(tables == word_pos_type ? "word+pos+type"
-                 : tables == word_pos    ? "word+pos"
-                                         : "word only");
-    const auto want = run(*cpu, tables), got = run(*gpu, tables);
-    // The same additions in the same order, (word + pos) + type.
-    EXPECT_TRUE(identical(got[0], want[0])) << "forward";
-    // Word and type rows are scatter-added with atomics on the GPU: any order.
-    EXPECT_TRUE(near(got[1], want[1], 1e-6)) << "dword";
-    // Each type row sums ~B*T/NT = 67 rows of |x| ~ 0.8 in any order: reordering a float32 sum
-    // moves it by up to n*u*sum|x| ~ 2e-4, typically sqrt(n)*u*sum|x| ~ 3e-5 (measured 2e-6 on
-    // an H100); a missed or doubled row would be off by ~1.
-    EXPECT_TRUE(near(got[3], want[3], 1e-4)) << "dtype_table";
-    // Each position row is summed over the batch in the CPU's order (no atomics).
-    EXPECT_TRUE(identical(got[2], want[2])) << "dpos";
-    if (tables != word_pos_type) {
-      EXPECT_TRUE(identical(got[3], dt0)) << "no type table";
+  for (Tables tables : {word_pos_type, word_pos, word_only})
+    for (int64_t padding_idx : {int64_t{-1}, int64_t{pad_id}}) {
+      SCOPED_TRACE(::testing::Message() << (tables == word_pos_type ? "word+pos+type"
+                                            : tables == word_pos    ? "word+pos"
+                                                                    : "word only")
+                                        << " padding_idx=" << padding_idx);
+      const IVec& token_ids = padding_idx < 0 ? ids : padded;
+      const auto want = run(*cpu, tables, token_ids, padding_idx);
+      const auto got = run(*gpu, tables, token_ids, padding_idx);
+      // The same additions in the same order, (word + pos) + type.
+      EXPECT_TRUE(identical(got[0], want[0])) << "forward";
+      // Word and type rows are scatter-added with atomics on the GPU: any order.
+      EXPECT_TRUE(near(got[1], want[1], 1e-6)) << "dword";
+      // Each type row sums ~B*T/NT = 67 rows of |x| ~ 0.8 in any order: reordering a float32 sum
+      // moves it by up to n*u*sum|x| ~ 2e-4, typically sqrt(n)*u*sum|x| ~ 3e-5 (measured 2e-6 on
+      // an H100); a missed or doubled row would be off by ~1.
+      EXPECT_TRUE(near(got[3], want[3], 1e-4)) << "dtype_table";
+      // Each position row is summed over the batch in the CPU's order (no atomics).
+      EXPECT_TRUE(identical(got[2], want[2])) << "dpos";
+      if (padding_idx >= 0) {
+        const auto row = [&](const FVec& v) {
+          return FVec(v.begin() + padding_idx * C, v.begin() + (padding_idx + 1) * C);
+        };
+        EXPECT_TRUE(identical(row(got[1]), row(dw0))) << "the padding row's gradient";
+      }
+      if (tables != word_pos_type) {
+        EXPECT_TRUE(identical(got[3], dt0)) << "no type table";
+      }
+      if (tables == word_only) {
+        EXPECT_TRUE(identical(got[2], dp0)) << "no position table";
+      }
     }
-    if (tables == word_only) {
-      EXPECT_TRUE(identical(got[2], dp0)) << "no position table";
-    }
-  }
 }
 
 TEST(CudaOps, FirstTokenIsExact) {

@@ -529,26 +529,36 @@ TEST(OpsEmbedding, ForwardAndBackward) {
       }
     EXPECT_TRUE(close(out, want));
 
-    FVec dout = randn(out.size(), rng);
-    const FVec dw0 = randn(word.size(), rng), dp0 = randn(pos.size(), rng),
-               dt0 = randn(tt.size(), rng);
-    FVec dw = dw0, dp = dp0, dt = dt0;
-    be->embedding_backward(view(dout, {B, T, C}), view(ids, {B, T}),
-                           full ? view(types, {B, T}) : Tensor(), view(dw, {V, C}),
-                           full ? view(dp, {P, C}) : Tensor(), full ? view(dt, {NT, C}) : Tensor());
-    Vec want_dw = to_d(dw0), want_dp = to_d(dp0), want_dt = to_d(dt0);
-    for (int bt = 0; bt < B * T; ++bt)
-      for (int c = 0; c < C; ++c) {
-        const double g = dout[size_t(bt) * C + c];
-        want_dw[ids[bt] * C + c] += g;
-        if (full) {
-          want_dp[(bt % T) * C + c] += g;
-          want_dt[types[bt] * C + c] += g;
+    // padding_idx 4 (three tokens, both sequences): nn.Embedding leaves that row's gradient
+    // alone, while the positions and token types of those tokens still get theirs.
+    for (int64_t pad : {int64_t{-1}, int64_t{4}}) {
+      SCOPED_TRACE(::testing::Message() << "padding_idx=" << pad);
+      FVec dout = randn(out.size(), rng);
+      const FVec dw0 = randn(word.size(), rng), dp0 = randn(pos.size(), rng),
+                 dt0 = randn(tt.size(), rng);
+      FVec dw = dw0, dp = dp0, dt = dt0;
+      be->embedding_backward(view(dout, {B, T, C}), view(ids, {B, T}), pad,
+                             full ? view(types, {B, T}) : Tensor(), view(dw, {V, C}),
+                             full ? view(dp, {P, C}) : Tensor(),
+                             full ? view(dt, {NT, C}) : Tensor());
+      Vec want_dw = to_d(dw0), want_dp = to_d(dp0), want_dt = to_d(dt0);
+      for (int bt = 0; bt < B * T; ++bt)
+        for (int c = 0; c < C; ++c) {
+          const double g = dout[size_t(bt) * C + c];
+          if (ids[bt] != pad) want_dw[ids[bt] * C + c] += g;
+          if (full) {
+            want_dp[(bt % T) * C + c] += g;
+            want_dt[types[bt] * C + c] += g;
+          }
         }
-      }
-    EXPECT_TRUE(close(dw, want_dw));
-    EXPECT_TRUE(close(dp, want_dp));  // rows >= T (and everything when empty) stay untouched
-    EXPECT_TRUE(close(dt, want_dt));
+      EXPECT_TRUE(close(dw, want_dw));
+      EXPECT_TRUE(close(dp, want_dp));  // rows >= T (and everything when empty) stay untouched
+      EXPECT_TRUE(close(dt, want_dt));
+      if (pad >= 0)
+        EXPECT_TRUE(
+            std::equal(dw.begin() + pad * C, dw.begin() + (pad + 1) * C, dw0.begin() + pad * C))
+            << "the padding row's gradient changed";
+    }
   }
 }
 
@@ -574,6 +584,13 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
       be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T - 1, C}),
                             view(good_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C})),
       brisk::Error);
+  // A padding_idx outside the word table (-1 means none; other negatives are refused).
+  FVec dw(word.size(), 0.f);
+  for (int64_t pad : {int64_t{V}, int64_t{-2}})
+    EXPECT_THROW(be->embedding_backward(view(out, {B, T, C}), view(ids, {B, T}), pad, Tensor(),
+                                        view(dw, {V, C}), Tensor(), Tensor()),
+                 brisk::Error)
+        << "padding_idx " << pad;
 }
 
 // Incremental decoding: prompt and new tokens fed in chunks over a key/value cache give each

@@ -44,6 +44,11 @@ void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }
 
+void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* op) {
+  BRISK_CHECK(padding_idx == -1 || (padding_idx >= 0 && padding_idx < rows), op, ": padding_idx ",
+              padding_idx, " is neither -1 (none) nor a row of the word table of ", rows, " rows");
+}
+
 std::unique_ptr<Backend> make_backend(Device device) {
   return device == Device::cuda ? make_cuda_backend() : make_cpu_backend();
 }

@@ -215,9 +215,12 @@ class Backend {
   virtual void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                  const Tensor& type_ids, const Tensor& type_table,
                                  const Tensor& out) = 0;
-  // Scatter-adds dout into the tables' gradients (empty ones are skipped).
-  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
-                                  const Tensor& dword, const Tensor& dpos,
+  // Scatter-adds dout into the tables' gradients (empty ones are skipped). Tokens whose id is
+  // padding_idx (-1: none) add nothing to dword, as nn.Embedding(padding_idx=...) keeps the
+  // padding row's gradient at zero; they still add to dpos and dtype_table, whose embeddings have
+  // no padding row in transformers.
+  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
+                                  const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                                   const Tensor& dtype_table) = 0;
 
   // ---- attention ----
@@ -252,6 +255,8 @@ class Backend {
                                      const Tensor& out, AttentionDims* dims);
   // Throws naming `op` unless the attention score scale is finite.
   static void check_attention_scale(float scale, const char* op);
+  // Throws naming `op` unless padding_idx is -1 (none) or a row of a word table of `rows` rows.
+  static void check_padding_idx(int64_t padding_idx, int64_t rows, const char* op);
 
   // ---- heads and loss ----
   // out[b,:] = x[b,0,:] for x [B,T,C]

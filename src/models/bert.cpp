@@ -178,8 +178,8 @@ class Bert final : public Model {
                         d_hidden_);
     be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
                           false, g(emb_ln_g_), g(emb_ln_b_));
-    be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, dev_batch_.token_type_ids, g(word_),
-                          g(pos_), g(type_));
+    be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, /*padding_idx=*/-1,
+                          dev_batch_.token_type_ids, g(word_), g(pos_), g(type_));
   }
 
   static float dropout(float p, const StepOptions& o) { return o.training ? p : 0.0f; }

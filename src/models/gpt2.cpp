@@ -131,7 +131,8 @@ class Gpt2 final : public Model {
   void embed_backward(Backend& be, const StepOptions& o) override {
     be.dropout_backward(d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
                         site(o, kEmbeddingSite), d_hidden_);
-    be.embedding_backward(d_hidden_, dev_batch_.input_ids, Tensor(), g(wte_), g(wpe_), Tensor());
+    be.embedding_backward(d_hidden_, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), g(wte_),
+                          g(wpe_), Tensor());
   }
 
   bool causal_lm() const override { return true; }

@@ -45,11 +45,12 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const 
   }
 }
 
-void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
-                                    const Tensor& dword, const Tensor& dpos,
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
+                                    const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                                     const Tensor& dtype_table) {
   const int64_t B = ids.dim(0), T = ids.dim(1), C = dword.dim(1);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
+  check_padding_idx(padding_idx, dword.dim(0), "embedding_backward");
   const int32_t* id = ids.i32();
   const int32_t* tid = type_ids.empty() ? nullptr : type_ids.i32();
   const float* g = dout.f32();
@@ -62,8 +63,10 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const
     const int64_t c1 = std::min(C, c0 + kBlock);
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const float* gr = g + bt * C;
-      float* wr = dw + static_cast<int64_t>(id[bt]) * C;
-      for (int64_t c = c0; c < c1; ++c) wr[c] += gr[c];
+      if (id[bt] != padding_idx) {
+        float* wr = dw + static_cast<int64_t>(id[bt]) * C;
+        for (int64_t c = c0; c < c1; ++c) wr[c] += gr[c];
+      }
       if (dp) {
         float* pr = dp + (bt % T) * C;
         for (int64_t c = c0; c < c1; ++c) pr[c] += gr[c];

@@ -269,16 +269,17 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const
                           C);
 }
 
-void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
-                                     const Tensor& dword, const Tensor& dpos,
-                                     const Tensor& dtype_table) {
+void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
+                                     const Tensor& type_ids, const Tensor& dword,
+                                     const Tensor& dpos, const Tensor& dtype_table) {
   BRISK_CHECK(ids.rank() == 2, "embedding_backward: ids must be [B,T]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(dout);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
+  if (!dword.empty()) check_padding_idx(padding_idx, dword.dim(0), "embedding_backward");
   cuda::embedding_backward(stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"),
-                           ids_or_null(type_ids, "type ids"), dev_or_null(dword, "dword"),
-                           dev_or_null(dpos, "dpos"), dev_or_null(dtype_table, "dtype_table"), B, T,
-                           C);
+                           padding_idx, ids_or_null(type_ids, "type ids"),
+                           dev_or_null(dword, "dword"), dev_or_null(dpos, "dpos"),
+                           dev_or_null(dtype_table, "dtype_table"), B, T, C);
 }
 
 void CudaBackend::first_token(const Tensor& x, const Tensor& out) {

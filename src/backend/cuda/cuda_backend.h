@@ -85,8 +85,8 @@ class CudaBackend final : public Backend {
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,
                          const Tensor& out) override;
-  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& type_ids,
-                          const Tensor& dword, const Tensor& dpos,
+  void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
+                          const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                           const Tensor& dtype_table) override;
 
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,

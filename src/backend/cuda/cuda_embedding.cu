@@ -32,15 +32,17 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const float* word, 
 // the batch, so they take atomicAdd; their summation order, and so their last bits, can vary
 // between runs (the type table has few rows, but the contention is spread over C addresses).
 __global__ void embedding_backward_kernel(const float* dout, const int32_t* ids,
-                                          const int32_t* type_ids, float* dword, float* dpos,
-                                          float* dtype_table, int64_t B, int64_t T, int64_t C) {
+                                          int64_t padding_idx, const int32_t* type_ids,
+                                          float* dword, float* dpos, float* dtype_table, int64_t B,
+                                          int64_t T, int64_t C) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       float acc = dpos ? dpos[t * C + c] : 0.0f;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t bt = b * T + t;
         const float g = dout[bt * C + c];
-        if (dword) atomicAdd(dword + static_cast<int64_t>(ids[bt]) * C + c, g);
+        if (dword && ids[bt] != padding_idx)
+          atomicAdd(dword + static_cast<int64_t>(ids[bt]) * C + c, g);
         if (dtype_table) atomicAdd(dtype_table + static_cast<int64_t>(type_ids[bt]) * C + c, g);
         acc += g;
       }
@@ -78,7 +80,7 @@ void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, co
   check_launch("embedding_forward");
 }
 
-void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids,
+void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids, int64_t padding_idx,
                         const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
                         int64_t B, int64_t T, int64_t C) {
   if (B <= 0 || T <= 0 || C <= 0) return;
@@ -86,7 +88,7 @@ void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids,
   if (!dword && !dpos && !dtype_table) return;
   const int threads = threads_for_row(C);
   embedding_backward_kernel<<<grid_for(T, 1, kMaxBlocks * 4), threads, 0, s>>>(
-      dout, ids, type_ids, dword, dpos, dtype_table, B, T, C);
+      dout, ids, padding_idx, type_ids, dword, dpos, dtype_table, B, T, C);
   check_launch("embedding_backward");
 }
 

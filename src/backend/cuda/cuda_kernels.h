@@ -47,8 +47,9 @@ void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const f
 void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
                        const int32_t* type_ids, const float* type_table, float* out, int64_t B,
                        int64_t T, int64_t C);
-// Scatter-add of dout into the tables (null tables skipped).
-void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids,
+// Scatter-add of dout into the tables (null tables skipped); tokens whose id is padding_idx (-1:
+// none) skip dword only.
+void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids, int64_t padding_idx,
                         const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
                         int64_t B, int64_t T, int64_t C);
 // out[b,:] = x[b,0,:]; backward: dx[b,0,:] += dout[b,:].
