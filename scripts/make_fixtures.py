@@ -22,7 +22,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, DistilBertConfig,
+                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures")
@@ -103,6 +104,95 @@ def gpt2(gen):
     labels[mask == 0] = -100
     batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
     dump(model, batch, "labels", os.path.join(OUT, "gpt2_tiny"))
+
+
+def distilbert(gen, sinusoidal=False):
+    # Pad ids (0) also inside the attended text, so the word embedding's padding_idx matters.
+    cfg = DistilBertConfig(vocab_size=97, dim=30, n_layers=2, n_heads=3, hidden_dim=37,
+                           max_position_embeddings=23, num_labels=3,
+                           activation="relu" if sinusoidal else "gelu",
+                           sinusoidal_pos_embds=sinusoidal, pad_token_id=0,
+                           attn_implementation="eager")
+    model = DistilBertForSequenceClassification(cfg)
+    fresh_positions = model.distilbert.embeddings.position_embeddings.weight.detach().clone()
+    perturb(model, gen)
+    B, T = 3, 11
+    lengths = [11, 6, 9]
+    input_ids = torch.randint(1, cfg.vocab_size, (B, T), generator=gen)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        input_ids[b, n:] = 0
+    input_ids[0, 3] = input_ids[2, 5] = 0
+    batch = {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([1, 2, 0])}
+    name = "distilbert_sinusoidal" if sinusoidal else "distilbert_tiny"
+    dump(model, batch, "labels", os.path.join(OUT, name))
+    if sinusoidal:  # transformers' initial (sinusoidal) position table, before the perturbation
+        save_file({"position_embeddings": fresh_positions.contiguous()},
+                  os.path.join(OUT, name, "init.safetensors"))
+
+
+def bert_decoder(gen):
+    # is_decoder: BERT's self-attention becomes causal; relu; pad ids inside the attended text.
+    cfg = BertConfig(vocab_size=97, hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=37, max_position_embeddings=23, type_vocab_size=2,
+                     num_labels=2, hidden_act="relu", is_decoder=True, pad_token_id=0,
+                     attn_implementation="eager")
+    model = BertForSequenceClassification(cfg)
+    perturb(model, gen)
+    B, T = 2, 9
+    input_ids = torch.randint(1, cfg.vocab_size, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 7:] = 0
+    input_ids[1, 7:] = 0
+    input_ids[0, 2] = input_ids[1, 4] = 0
+    types = torch.zeros(B, T, dtype=torch.long)
+    types[:, 5:] = 1
+    batch = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types,
+             "labels": torch.tensor([1, 0])}
+    dump(model, batch, "labels", os.path.join(OUT, "bert_decoder"))
+
+
+def bert_mlm(gen):
+    # BertForMaskedLM: the prediction head's transform (dense, gelu_new, LayerNorm) and the decoder
+    # tied to the word embeddings with its own bias; labels only at the chosen tokens.
+    cfg = BertConfig(vocab_size=97, hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=37, max_position_embeddings=23, type_vocab_size=2,
+                     hidden_act="gelu_new", pad_token_id=0, attn_implementation="eager")
+    model = BertForMaskedLM(cfg)
+    perturb(model, gen)
+    B, T = 3, 10
+    input_ids = torch.randint(5, cfg.vocab_size, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[2, 6:] = 0
+    input_ids[2, 6:] = 0
+    labels = torch.full((B, T), -100)
+    for b, t in [(0, 1), (0, 4), (0, 8), (1, 2), (1, 3), (2, 1), (2, 5)]:
+        labels[b, t] = input_ids[b, t]
+        input_ids[b, t] = 4 if (b + t) % 3 else int(torch.randint(5, 97, (1,), generator=gen))
+    batch = {"input_ids": input_ids, "attention_mask": mask,
+             "token_type_ids": torch.zeros(B, T, dtype=torch.long), "labels": labels}
+    dump(model, batch, "labels", os.path.join(OUT, "bert_mlm"))
+
+
+def gpt2_variant(gen):
+    # The GPT-2 options transformers honors beyond the defaults: an untied LM head, attention
+    # scaled by 1/(layer+1), reorder_and_upcast_attn (float32 math either way), quick_gelu.
+    cfg = GPT2Config(vocab_size=89, n_embd=30, n_layer=3, n_head=5, n_positions=19, n_inner=41,
+                     activation_function="quick_gelu", bos_token_id=None, eos_token_id=None,
+                     tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True,
+                     reorder_and_upcast_attn=True, attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg)
+    assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()
+    perturb(model, gen)
+    B, T = 2, 12
+    input_ids = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 9:] = 0
+    labels = input_ids.clone()
+    labels[mask == 0] = -100
+    batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+    dump(model, batch, "labels", os.path.join(OUT, "gpt2_variant"))
 
 
 def greedy_generation():
@@ -322,9 +412,11 @@ def optim_fixtures():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("models", "regression", "generate", "adamw", "optim"),
+    parser.add_argument("--only", choices=("models", "regression", "generate", "adamw", "optim",
+                                           "zoo", "mlm"),
                         help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/; "
-                             "regression: bert_regression)")
+                             "regression: bert_regression; zoo: distilbert_*, bert_decoder, "
+                             "gpt2_variant; mlm: bert_mlm)")
     args = parser.parse_args()
     if args.only in (None, "models"):
         torch.manual_seed(0)
@@ -335,6 +427,16 @@ def main():
     if args.only in (None, "regression"):  # its own generator: the others stay as they were
         torch.manual_seed(0)
         bert(torch.Generator().manual_seed(4321), regression=True)
+    if args.only in (None, "zoo"):  # its own generator too
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(2468)
+        distilbert(gen)
+        distilbert(gen, sinusoidal=True)
+        bert_decoder(gen)
+        gpt2_variant(gen)
+    if args.only in (None, "mlm"):  # its own generator: the zoo stays as it was
+        torch.manual_seed(0)
+        bert_mlm(torch.Generator().manual_seed(1357))
     if args.only in (None, "generate"):
         greedy_generation()
     if args.only in (None, "adamw"):

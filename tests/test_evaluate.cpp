@@ -205,21 +205,26 @@ namespace {
 
 // The example scripts' jobs on the user's files: a classifier on a CSV (run_glue) and a causal LM
 // on a text file (run_clm), with the fixture tokenizers.
-TEST(Evaluate, RunGlueOnACsvFile) {
-  TempDir dir("glue");
-  // A learnable task: the first word decides the label.
+// A learnable task: the first word decides the label (positive when (i * 7 + seed) % 3 != 0).
+void write_review_csv(const TempDir& dir, const std::string& name, int rows, int seed,
+                      bool labels) {
   const char* good[] = {"good", "great", "fine", "lovely"};
   const char* bad[] = {"bad", "awful", "poor", "dull"};
+  std::ofstream f(dir / name);
+  f << (labels ? "sentence,label\n" : "sentence\n");
+  for (int i = 0; i < rows; ++i) {
+    const bool pos = (i * 7 + seed) % 3 != 0;
+    f << "\"" << (pos ? good : bad)[(i + seed) % 4] << " film, the plot " << (i % 5)
+      << " and the end\"";
+    if (labels) f << "," << (pos ? "positive" : "negative");
+    f << "\n";
+  }
+}
+
+TEST(Evaluate, RunGlueOnACsvFile) {
+  TempDir dir("glue");
   auto write_csv = [&](const std::string& name, int rows, int seed, bool labels) {
-    std::ofstream f(dir / name);
-    f << (labels ? "sentence,label\n" : "sentence\n");
-    for (int i = 0; i < rows; ++i) {
-      const bool pos = (i * 7 + seed) % 3 != 0;
-      f << "\"" << (pos ? good : bad)[(i + seed) % 4] << " film, the plot " << (i % 5)
-        << " and the end\"";
-      if (labels) f << "," << (pos ? "positive" : "negative");
-      f << "\n";
-    }
+    write_review_csv(dir, name, rows, seed, labels);
   };
   write_csv("train.csv", 96, 1, true);
   write_csv("dev.csv", 30, 2, true);
@@ -275,6 +280,37 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   std::ofstream(dir / "bad.csv") << "sentence,label\n\"unclosed,positive\n";
   o.validation_file = dir / "bad.csv";
   expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "bad.csv:2: a quoted field");
+}
+
+// DistilBERT fine-tuned on the same files: no token types reach it, its saved folder is a
+// DistilBertForSequenceClassification with the label names.
+TEST(Evaluate, RunGlueWithDistilBert) {
+  TempDir dir("glue_distil");
+  write_review_csv(dir, "train.csv", 96, 1, true);
+  write_review_csv(dir, "dev.csv", 30, 2, true);
+  const std::string model = write_model_folder(
+      dir, "distilbert",
+      R"({"model_type": "distilbert", "vocab_size": 1200, "dim": 32, "n_layers": 2,
+          "n_heads": 2, "hidden_dim": 48, "max_position_embeddings": 64, "dropout": 0.0,
+          "attention_dropout": 0.0, "seq_classif_dropout": 0.0})");
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.validation_file = dir / "dev.csv";
+  o.max_seq_length = 16;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 60;
+  o.do_eval = true;
+  TrainSummary s;
+  train_logging(o, &s);
+  EXPECT_GT(s.eval_metrics["eval_accuracy"].get<double>(), 0.9) << s.eval_metrics.dump();
+  const nlohmann::json config = read_json(o.output_dir + "/config.json");
+  EXPECT_EQ(config["model_type"], "distilbert");
+  EXPECT_EQ(config["id2label"], (nlohmann::json{{"0", "negative"}, {"1", "positive"}}));
+  SafetensorsFile saved(o.output_dir + "/model.safetensors");
+  EXPECT_TRUE(saved.has("distilbert.transformer.layer.1.ffn.lin2.weight"));
+  EXPECT_TRUE(saved.has("pre_classifier.weight"));
+  EXPECT_FALSE(saved.has("distilbert.embeddings.token_type_embeddings.weight"));
 }
 
 // Dynamic padding (the default) computes each batch at its longest row: the same training and
@@ -422,6 +458,64 @@ TEST(Evaluate, RunClmOnATextFile) {
   EXPECT_GT(s.eval_metrics["eval_samples"].get<int64_t>(), 0);
   o.block_size = 100000;
   expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "not one block");
+}
+
+// run_mlm on a text file: BertForMaskedLM learns the masked tokens (grouped blocks, then one
+// sample per line), its evaluation reports perplexity, its folder is a BertForMaskedLM's.
+TEST(Evaluate, RunMlmOnATextFile) {
+  TempDir dir("mlm");
+  write_fixture_text(dir, "text.txt");
+  const std::string model = write_wordpiece_bert(dir);
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "text.txt";
+  o.mlm = true;
+  o.max_seq_length = 32;
+  o.validation_split_percentage = 10;
+  o.max_steps = 120;
+  o.learning_rate = 5e-3;
+  o.do_eval = true;
+  TrainSummary s;
+  const std::vector<nlohmann::json> logs = train_logging(o, &s);
+  std::vector<double> losses;
+  for (const auto& j : logs)
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  ASSERT_GE(losses.size(), 20u);
+  // Mean of the last five steps well below the first five (the masks differ per step).
+  const double first = (losses[0] + losses[1] + losses[2] + losses[3] + losses[4]) / 5;
+  const double last =
+      (losses[losses.size() - 1] + losses[losses.size() - 2] + losses[losses.size() - 3] +
+       losses[losses.size() - 4] + losses[losses.size() - 5]) /
+      5;
+  EXPECT_LT(last, first - 1.0) << first << " -> " << last;
+  const double loss = s.eval_metrics["eval_loss"];
+  EXPECT_LT(loss, std::log(1200.0));
+  EXPECT_NEAR(s.eval_metrics["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  const nlohmann::json config = read_json(o.output_dir + "/config.json");
+  EXPECT_EQ(config["architectures"], nlohmann::json::array({"BertForMaskedLM"}));
+  SafetensorsFile saved(o.output_dir + "/model.safetensors");
+  EXPECT_TRUE(saved.has("cls.predictions.bias"));
+  EXPECT_TRUE(saved.has("cls.predictions.transform.LayerNorm.weight"));
+  EXPECT_FALSE(saved.has("classifier.weight"));
+  EXPECT_FALSE(saved.has("bert.pooler.dense.weight"));
+
+  o.line_by_line = true;
+  o.output_dir = dir / "out_lines";
+  o.max_steps = 4;
+  TrainSummary lines;
+  train_logging(o, &lines);
+  EXPECT_GT(lines.eval_metrics["eval_samples"].get<int64_t>(), 0);
+
+  o.do_predict = true;
+  o.test_file = o.train_file;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "a masked LM has no labels");
+  o.do_predict = false;
+  o.test_file.clear();
+  o.mlm = false;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "line_by_line");
+  TrainOptions gpt2 = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out_gpt2");
+  gpt2.mlm = true;
+  expect_error([&] { train(gpt2, [](const nlohmann::json&) {}); }, "needs a bert model");
 }
 
 }  // namespace

@@ -34,14 +34,16 @@ struct Decoding {
     arena = std::make_unique<Arena>(plan, Device::cpu);
     model->bind(*arena);
     binder.bind(*arena);
-    model->load_weights(*be, SafetensorsFile(folder + "/model.safetensors"));
+    model->load_weights(*be, WeightFiles(folder + "/model.safetensors"));
   }
 };
 
 // Fed a prompt and then one token at a time, the decoder's logits at every position are the full
-// forward pass's (the training model's, at the fixture batch's first row).
-TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
-  const std::string folder = fixture("gpt2_tiny");
+// forward pass's (the training model's, at the fixture batch's rows); also with an untied head
+// and attention scaled by 1/(layer+1) (gpt2_variant).
+void matches_the_full_forward_at_every_position(const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string folder = fixture(name);
   LoadedModel full(folder);
   StepOptions eval;
   eval.training = false;
@@ -50,7 +52,7 @@ TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
   const std::vector<float> logits = to_host(*full.be, full.model->logits());
   const Tensor& ids = full.model->batch().input_ids;
   const int64_t T = ids.dim(1), V = full.model->config().vocab_size;
-  for (int64_t row : {int64_t{0}, int64_t{1}}) {  // 13 and 8 real tokens
+  for (int64_t row : {int64_t{0}, int64_t{1}}) {  // gpt2_tiny: 13 and 8 real tokens
     SCOPED_TRACE(row);
     int64_t n = 0;
     for (int64_t t = 0; t < T; ++t) n += full.model->batch().attention_mask.i32()[row * T + t];
@@ -65,6 +67,11 @@ TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
     // The cache is full: one more token is refused.
     EXPECT_THROW(d.decoder->feed(*d.be, {1}), Error);
   }
+}
+
+TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
+  matches_the_full_forward_at_every_position("gpt2_tiny");
+  matches_the_full_forward_at_every_position("gpt2_variant");
 }
 
 TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {

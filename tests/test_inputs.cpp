@@ -57,6 +57,71 @@ TEST(Inputs, ActivationNamesAreTransformers) {
                "gelu_fast, relu, silu, swish, quick_gelu)");
 }
 
+// Config keys transformers honors that brisk does not implement are refused by name; values
+// outside what transformers accepts are refused too.
+TEST(Inputs, ConfigKeysBriskDoesNotImplementAreRefusedByName) {
+  const nlohmann::json bert = load_config(fixture("bert_tiny/config.json")).source;
+  const nlohmann::json gpt2 = load_config(fixture("gpt2_tiny/config.json")).source;
+  const nlohmann::json distil = load_config(fixture("distilbert_tiny/config.json")).source;
+  auto refused = [](nlohmann::json j, const char* key, nlohmann::json value, const char* needle) {
+    j[key] = value;
+    expect_error([&] { config_from_json(j, "cfg"); }, needle);
+  };
+  refused(bert, "add_cross_attention", true, "\"add_cross_attention\": true is not supported");
+  refused(gpt2, "add_cross_attention", true, "\"add_cross_attention\": true is not supported");
+  refused(bert, "position_embedding_type", "relative_key", "position_embedding_type");
+  refused(bert, "problem_type", "multi_label_classification", "problem_type");
+  refused(distil, "problem_type", "multi_label_classification", "problem_type");
+  refused(bert, "pad_token_id", 97, "pad_token_id 97 is not a token id in [0, 97)");
+  refused(distil, "pad_token_id", -1, "pad_token_id -1 is not a token id");
+  refused(bert, "hidden_act", "mish", "unsupported activation \"mish\"");
+  refused(distil, "activation", "tanh", "unsupported activation \"tanh\"");
+  refused(gpt2, "scale_attn_by_inverse_layer_idx", "yes", "must be true or false");
+  // What they do honor, read as transformers reads it.
+  nlohmann::json j = bert;
+  j["is_decoder"] = true;
+  j["pad_token_id"] = nullptr;
+  ModelConfig c = config_from_json(j, "cfg");
+  EXPECT_TRUE(c.causal);
+  EXPECT_EQ(c.pad_token_id, -1);
+  j = distil;
+  j.erase("dim");
+  j["hidden_size"] = 30;  // transformers' attribute_map alias
+  c = config_from_json(j, "cfg");
+  EXPECT_EQ(c.hidden_size, 30);
+  EXPECT_EQ(c.attention_output_dropout, 0.0f);
+  EXPECT_FLOAT_EQ(c.classifier_dropout, 0.2f);
+  j = gpt2;
+  j["tie_word_embeddings"] = false;
+  j["scale_attn_weights"] = false;
+  c = config_from_json(j, "cfg");
+  EXPECT_FALSE(c.tied_lm_head);
+  EXPECT_FALSE(c.scale_by_head_dim);
+  EXPECT_EQ(c.task, ModelTask::causal_lm);
+}
+
+// transformers' GPT-2 adds token_type_ids through wte; brisk refuses a batch carrying them
+// rather than compute another model.
+TEST(Inputs, Gpt2BatchesWithTokenTypesAreRefused) {
+  auto be = make_cpu_backend();
+  auto m = Model::create(resolve_config(fixture("gpt2_tiny")));
+  SafetensorsFile given(fixture("gpt2_tiny/batch.safetensors"));
+  const BatchShape shape = batch_shape_of(given);
+  MemoryPlan plan;
+  m->plan(plan, shape, {});
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  m->bind(arena);
+  std::vector<int32_t> types(static_cast<size_t>(shape.batch * shape.seq), 0);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "brisk_gpt2_types.safetensors").string();
+  write_safetensors(
+      path, {{"input_ids", given.get("input_ids")},
+             {"token_type_ids", Tensor(types.data(), {shape.batch, shape.seq}, DType::i32)}});
+  SafetensorsFile batch(path);
+  expect_error([&] { load_batch(batch, *m, *be); }, "token_type_ids given, but the gpt2 model");
+}
+
 TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {
   struct Want {
     const char* name;
@@ -64,7 +129,8 @@ TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {
   };
   // Parameter counts of the published models (with the 2-label classifier for BERT).
   for (Want w : {Want{"bert-base-uncased", 109483778}, Want{"bert-large-uncased", 335143938},
-                 Want{"gpt2", 124439808}, Want{"gpt2-medium", 354823168}}) {
+                 Want{"gpt2", 124439808}, Want{"gpt2-medium", 354823168},
+                 Want{"distilbert-base-uncased", 66955010}}) {
     auto m = Model::create(resolve_config(w.name));
     EXPECT_EQ(m->params().total_elements(), w.params) << w.name;
   }
@@ -106,9 +172,8 @@ TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
   plan.finalize();
   Arena arena(plan, Device::cpu);
   m->bind(arena);
-  expect_error(
-      [&] { m->load_weights(*be, SafetensorsFile(fixture("bert_tiny/model.safetensors"))); },
-      "lacks parameter 'transformer.wte.weight'");
+  expect_error([&] { m->load_weights(*be, WeightFiles(fixture("bert_tiny/model.safetensors"))); },
+               "lacks parameter 'transformer.wte.weight'");
 }
 
 TEST(Inputs, SafetensorsRoundTripIsAtomic) {

@@ -22,8 +22,8 @@ class VaryingLengths final : public Dataset {
   int64_t size() const override { return kSamples; }
   int64_t seq_len() const override { return kPlanned; }
   int64_t length(int64_t index) const override { return (index * 7) % 29 + 1; }
-  int64_t count_targets(int64_t) const override { return 1; }
-  void fill_row(int64_t index, const Batch& b, int64_t row) const override {
+  int64_t count_targets(int64_t, int64_t) const override { return 1; }
+  void fill_row(int64_t index, int64_t, const Batch& b, int64_t row) const override {
     const int64_t T = b.input_ids.dim(1);
     for (int64_t t = 0; t < length(index); ++t) {
       b.input_ids.i32()[row * T + t] = t == 0 ? static_cast<int32_t>(index + 1) : 200;

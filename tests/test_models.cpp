@@ -9,9 +9,9 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-void compare_with_transformers(const std::string& name) {
+void compare_with_transformers(const std::string& name, bool masked_lm = false) {
   const std::string folder = fixture(name);
-  LoadedModel m(folder);
+  LoadedModel m(folder, {}, false, DType::f32, 0, masked_lm);
   SafetensorsFile expected(folder + "/expected.safetensors");
 
   // Logits from an evaluation pass (the training pass overwrites them with their gradient).
@@ -40,7 +40,8 @@ void compare_with_transformers(const std::string& name) {
     // (the regression fixture's larger loss leaves noise of ~3e-7); every other gradient here
     // has a norm above 0.05, and its floor of 1e-3 never applies.
     const bool zero_in_exact_arithmetic =
-        p.name.find("attention.self.key.bias") != std::string::npos;
+        p.name.find("attention.self.key.bias") != std::string::npos ||
+        p.name.find("attention.k_lin.bias") != std::string::npos;
     EXPECT_LE(
         rel_error(got.f32(), want.f32(), want.numel(), zero_in_exact_arithmetic ? 1e-2 : 1e-3),
         kTolerance)
@@ -66,11 +67,81 @@ TEST(Models, Gpt2LMHeadModelMatchesTransformers) {
   compare_with_transformers("gpt2_tiny");
 }
 
+// DistilBertForSequenceClassification: no token types, no dropout after the attention output, a
+// pre_classifier + ReLU head; pad ids inside the attended text (the word embedding's padding_idx
+// keeps their row's gradient at zero).
+TEST(Models, DistilBertForSequenceClassificationMatchesTransformers) {
+  compare_with_transformers("distilbert_tiny");
+}
+
+// sinusoidal_pos_embds with the relu activation.
+TEST(Models, DistilBertWithSinusoidalPositionsAndReluMatchesTransformers) {
+  compare_with_transformers("distilbert_sinusoidal");
+}
+
+// BertForMaskedLM: the prediction head over every position, its decoder tied to the word
+// embeddings (their gradient sums the embedding's and the decoder's), loss at the chosen tokens.
+TEST(Models, BertForMaskedLMMatchesTransformers) {
+  compare_with_transformers("bert_mlm", /*masked_lm=*/true);
+}
+
+// is_decoder: BertModel masks its self-attention causally; hidden_act relu; pad ids attended.
+TEST(Models, BertAsADecoderMatchesTransformers) {
+  compare_with_transformers("bert_decoder");
+}
+
+// tie_word_embeddings false (its own lm_head.weight), scale_attn_by_inverse_layer_idx,
+// reorder_and_upcast_attn, quick_gelu, n_inner, five heads.
+TEST(Models, Gpt2WithUntiedHeadAndLayerScaledAttentionMatchesTransformers) {
+  compare_with_transformers("gpt2_variant");
+}
+
+// The word embedding's padding row: zero at initialization (as transformers' _init_weights), no
+// gradient from the embedding even where the pad id is attended, while the other rows get one.
+TEST(Models, ThePaddingRowStartsAtZeroAndGetsNoGradient) {
+  for (const char* name : {"bert_decoder", "distilbert_tiny"}) {
+    SCOPED_TRACE(name);
+    LoadedModel m(fixture(name));
+    const ModelConfig& c = m.model->config();
+    ASSERT_EQ(c.pad_token_id, 0);
+    const int word = m.model->params().find(
+        std::string(c.model_type == ModelType::bert ? "bert" : "distilbert") +
+        ".embeddings.word_embeddings.weight");
+    ASSERT_GE(word, 0);
+    m.step(false);
+    const std::vector<float> grad = to_host(*m.be, m.model->params().grad(word));
+    const int64_t C = c.hidden_size;
+    double pad_row = 0, others = 0;
+    for (int64_t j = 0; j < C; ++j) pad_row += std::abs(grad[j]);
+    for (size_t i = C; i < grad.size(); ++i) others += std::abs(grad[i]);
+    EXPECT_EQ(pad_row, 0.0);
+    EXPECT_GT(others, 0.0);
+    m.model->init_weights(*m.be, 5);
+    const std::vector<float> table = to_host(*m.be, m.model->params().weight(word));
+    for (int64_t j = 0; j < C; ++j) EXPECT_EQ(table[j], 0.0f) << j;
+    double rest = 0;
+    for (size_t i = C; i < table.size(); ++i) rest += std::abs(table[i]);
+    EXPECT_GT(rest, 0.0);
+  }
+}
+
+// sinusoidal_pos_embds: a fresh model's position table equals transformers' initial one.
+TEST(Models, DistilBertSinusoidalPositionsStartAsTransformersInitializesThem) {
+  LoadedModel m(fixture("distilbert_sinusoidal"));
+  m.model->init_weights(*m.be, 3);
+  const SafetensorsFile init(fixture("distilbert_sinusoidal/init.safetensors"));
+  const Tensor& want = init.get("position_embeddings");
+  const int pos = m.model->params().index("distilbert.embeddings.position_embeddings.weight");
+  const std::vector<float> got = to_host(*m.be, m.model->params().weight(pos));
+  ASSERT_EQ(static_cast<int64_t>(got.size()), want.numel());
+  EXPECT_LE(rel_error(got.data(), want.f32(), want.numel()), 1e-6);
+}
+
 // Dynamic padding: a batch computed at its own length inside buffers planned for a longer one is
 // bit-identical to a model planned for exactly that length (so it matches transformers as that
 // one does), also after a pass at the full length in between.
 TEST(Models, AShorterBatchInALongerPlanIsExact) {
-  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny", "distilbert_tiny"}) {
     SCOPED_TRACE(name);
     LoadedModel exact(fixture(name));
     const int64_t T = exact.model->batch_shape().seq;
@@ -108,9 +179,10 @@ TEST(Models, AShorterBatchInALongerPlanIsExact) {
 
 // Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
 // with dropout on, and plans fewer activation bytes.
-void checkpointing_is_exact(const std::string& name, DType act_dtype = DType::f32) {
-  LoadedModel plain(fixture(name), {false, act_dtype}, /*dropout=*/true);
-  LoadedModel ckpt(fixture(name), {true, act_dtype}, /*dropout=*/true);
+void checkpointing_is_exact(const std::string& name, DType act_dtype = DType::f32,
+                            bool masked_lm = false) {
+  LoadedModel plain(fixture(name), {false, act_dtype}, /*dropout=*/true, DType::f32, 0, masked_lm);
+  LoadedModel ckpt(fixture(name), {true, act_dtype}, /*dropout=*/true, DType::f32, 0, masked_lm);
   const double a = plain.step(true);
   const double b = ckpt.step(true);
   EXPECT_EQ(a, b);
@@ -141,6 +213,7 @@ TEST(Models, SelectiveRecomputationIsBitIdentical) {
   selective_recompute_is_exact("gpt2_tiny");
   selective_recompute_is_exact("bert_tiny", DType::bf16);
   selective_recompute_is_exact("gpt2_tiny", DType::f16);
+  selective_recompute_is_exact("distilbert_tiny", DType::bf16);
 }
 
 TEST(Models, BertGradientCheckpointingIsBitIdentical) {
@@ -155,9 +228,15 @@ TEST(Models, CheckpointingIsBitIdenticalWith16BitActivations) {
   checkpointing_is_exact("gpt2_tiny", DType::f16);
 }
 
+TEST(Models, DistilBertGpt2VariantAndMaskedLmCheckpointingIsBitIdentical) {
+  checkpointing_is_exact("distilbert_tiny");
+  checkpointing_is_exact("gpt2_variant", DType::bf16);
+  checkpointing_is_exact("bert_mlm", DType::f32, /*masked_lm=*/true);
+}
+
 // Dropout: the same (seed, step) gives the same masks, another step other masks.
 TEST(Models, DropoutIsReproducibleFromSeedAndStep) {
-  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny", "distilbert_tiny", "gpt2_variant"}) {
     LoadedModel m(fixture(name), {}, /*dropout=*/true);
     const double a = m.step(true, 11, 5);
     const auto ga = m.grads();

@@ -64,10 +64,12 @@ struct LoadedModel {
   BufferBinder binder;  // the backend's workspace
   std::unique_ptr<Arena> arena;
 
+  // masked_lm: the folder's BERT as BertForMaskedLM (what --mlm asks for).
   LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
-              DType matmul_dtype = DType::f32, int64_t plan_seq = 0)
+              DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false)
       : be(make_backend(options.device)) {
     ModelConfig c = resolve_config(folder);
+    if (masked_lm) use_masked_lm(c);
     if (!dropout) disable_dropout(c);
     model = Model::create(c);
     SafetensorsFile batch(folder + "/batch.safetensors");
@@ -79,7 +81,7 @@ struct LoadedModel {
     arena = std::make_unique<Arena>(plan, be->device_memory(), be->staging_memory());
     model->bind(*arena);
     binder.bind(*arena);
-    model->load_weights(*be, SafetensorsFile(folder + "/model.safetensors"));
+    model->load_weights(*be, WeightFiles(folder + "/model.safetensors"));
     model->use_seq(shape.seq);
     load_batch(batch, *model, *be);
   }

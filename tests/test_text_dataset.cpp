@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "test_support.h"
 
@@ -104,8 +105,8 @@ TEST(TextDataset, ClassificationRowsArePaddedTruncatedAndLabelled) {
   ASSERT_EQ(d.size(), 2);
   Rows r;
   const Batch b = r.batch(2, 8, false);  // a wider batch than max_length: padded
-  d.fill_row(0, b, 0);
-  d.fill_row(1, b, 1);
+  d.fill_row(0, 0, b, 0);
+  d.fill_row(1, 0, b, 1);
   EXPECT_EQ(std::vector<int32_t>(r.ids.begin(), r.ids.begin() + 8),
             (std::vector<int32_t>{1, 12, 11, 2, 14, 2, 0, 0}));
   const std::vector<int32_t> mask0(r.mask.begin(), r.mask.begin() + 8);
@@ -127,7 +128,7 @@ TEST(TextDataset, ClassificationRowsArePaddedTruncatedAndLabelled) {
   // A test file without labels: every row is predicted, none counts in a metric.
   const TextTable test = csv("sentence1,sentence2\na,b\n");
   const TextClassificationDataset t(test, classification_columns(test, ""), labels, enc, 6);
-  EXPECT_EQ(t.count_targets(0), 0);
+  EXPECT_EQ(t.count_targets(0, 0), 0);
 }
 
 TEST(TextDataset, CausalLmBlocksAsRunClmGroupsThem) {
@@ -140,11 +141,11 @@ TEST(TextDataset, CausalLmBlocksAsRunClmGroupsThem) {
   ASSERT_EQ(d.size(), 3);
   Rows r;
   const Batch b = r.batch(1, 5, true);
-  d.fill_row(2, b, 0);
+  d.fill_row(2, 0, b, 0);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1, 14, 15, 0}));
   EXPECT_EQ(r.labels, (std::vector<int32_t>{2, 1, 14, 15, kIgnoreIndex}));
   EXPECT_EQ(r.mask, (std::vector<int32_t>{1, 1, 1, 1, 0}));
-  EXPECT_EQ(d.count_targets(0), 3);
+  EXPECT_EQ(d.count_targets(0, 0), 3);
   // Only rows [2, 4): 1 13 2 1 14 15 11 2 -> 2 blocks.
   EXPECT_EQ(CausalLmDataset(t, 0, enc, 4, 2, 4).size(), 2);
   expect_error([&] { CausalLmDataset(t, 0, enc, 64, 0, t.rows()); }, "not one block");
@@ -163,6 +164,129 @@ TEST(TextDataset, CausalLmBlocksAsRunClmGroupsThem) {
   EXPECT_EQ(validation_split_rows(34669, 5), 1733);
   EXPECT_EQ(validation_split_rows(10, 0), 0);
   expect_error([] { validation_split_rows(10, 100); }, "validation_split_percentage");
+}
+
+// DataCollatorForLanguageModeling's statistics: 15% of the ordinary tokens chosen, of those 80%
+// masked, 10% a random token (uniform over the tokenizer), 10% kept; special tokens never.
+TEST(MaskedLm, TheCollatorsDrawsHaveItsStatistics) {
+  MaskingOptions m;
+  m.mask_id = 3;
+  m.vocab = 50;
+  m.seed = 11;
+  const int64_t n = 400000;
+  int64_t chosen = 0, masked = 0, random = 0, kept = 0;
+  std::vector<int64_t> buckets(5, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = 20 + static_cast<int32_t>(i % 7);
+    const MaskedToken t = mask_token(m, i / 64, 2, 64, i % 64, id, false);
+    if (t.label == kIgnoreIndex) {
+      ASSERT_EQ(t.input, id);
+      continue;
+    }
+    ASSERT_EQ(t.label, id);
+    ++chosen;
+    if (t.input == m.mask_id) {
+      ++masked;
+    } else if (t.input == id) {
+      ++kept;
+    } else {
+      ++random;
+      ASSERT_GE(t.input, 0);
+      ASSERT_LT(t.input, m.vocab);
+      ++buckets[static_cast<size_t>(t.input / 10)];
+    }
+    EXPECT_EQ(mask_token(m, i / 64, 2, 64, i % 64, id, true).label, kIgnoreIndex);
+  }
+  // Binomial standard deviations are below 0.1% of n here; the bounds allow about five.
+  EXPECT_NEAR(static_cast<double>(chosen) / n, 0.15, 0.003);
+  EXPECT_NEAR(static_cast<double>(masked) / chosen, 0.8, 0.01);
+  // A random draw equal to the original (1 in 50) counts as kept.
+  EXPECT_NEAR(static_cast<double>(random) / chosen, 0.1 * 49 / 50, 0.008);
+  EXPECT_NEAR(static_cast<double>(kept) / chosen, 0.1 + 0.1 / 50, 0.008);
+  for (int64_t b : buckets) EXPECT_NEAR(static_cast<double>(b) / random, 0.2, 0.02);
+}
+
+// Grouped blocks as run_mlm's group_texts: lines with their [CLS]/[SEP] concatenated and cut into
+// blocks (the remainder dropped); the template's tokens are never chosen; the masks are a function
+// of (seed, epoch, sample): the same in every fill and count, new in the next epoch.
+TEST(MaskedLm, GroupedBlocksMaskOnlyTextTokensReproduciblyPerEpoch) {
+  WordEncoder enc;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "a bb ccc dddd eeeee ffffff\n";
+  const TextTable t = parse_text_table(text, TableFormat::text, "t.txt", false);
+  MaskingOptions m;
+  m.mask_id = 5;
+  m.vocab = 30;
+  m.seed = 3;
+  MaskedLmDataset d(tokenize_lines(t, 0, enc, 0, t.rows(), 0, false), 1, 1, 16, false, 0, m);
+  ASSERT_EQ(d.size(), 40 * 8 / 16);  // 8 tokens a line, 20 blocks of 16
+  Rows r;
+  const Batch b = r.batch(1, 16, true);
+  int64_t labelled = 0, changed = 0;
+  for (int64_t i = 0; i < d.size(); ++i) {
+    d.fill_row(i, 0, b, 0);
+    int64_t here = 0;
+    for (int64_t p = 0; p < 16; ++p) {
+      const int32_t original = static_cast<int32_t>(p % 8 == 0 ? 1 : p % 8 == 7 ? 2 : 10 + p % 8);
+      EXPECT_EQ(r.mask[p], 1);
+      EXPECT_EQ(r.types[p], 0);
+      if (p % 8 == 0 || p % 8 == 7) {
+        EXPECT_EQ(r.labels[p], kIgnoreIndex);
+        EXPECT_EQ(r.ids[p], original);
+        continue;
+      }
+      if (r.labels[p] == kIgnoreIndex) {
+        EXPECT_EQ(r.ids[p], original);
+        continue;
+      }
+      EXPECT_EQ(r.labels[p], original);
+      ++here;
+    }
+    EXPECT_EQ(d.count_targets(i, 0), here);
+    labelled += here;
+    const std::vector<int32_t> first = r.ids;
+    d.fill_row(i, 0, b, 0);
+    EXPECT_EQ(r.ids, first);
+    d.fill_row(i, 1, b, 0);
+    changed += r.ids != first;
+  }
+  EXPECT_GT(labelled, 0);
+  EXPECT_GT(changed, d.size() / 2);
+}
+
+// line_by_line: blank lines dropped, each line one sample truncated with its template, padding
+// never labelled.
+TEST(MaskedLm, LineByLineSamplesAreTheNonBlankLines) {
+  WordEncoder enc;
+  const TextTable t = parse_text_table("a bb\n\n   \nccc dddd eeeee ffffff gg hh ii jj kk\n",
+                                       TableFormat::text, "t.txt", false);
+  MaskingOptions m;
+  m.mask_id = 5;
+  m.vocab = 30;
+  m.probability = 0.5;
+  MaskedLmDataset d(tokenize_lines(t, 0, enc, 0, t.rows(), 8, true), 1, 1, 8, true, 0, m);
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_EQ(d.length(0), 4);
+  EXPECT_EQ(d.length(1), 8);
+  Rows r;
+  const Batch b = r.batch(1, 8, true);
+  d.fill_row(0, 4, b, 0);
+  EXPECT_EQ(r.labels[0], kIgnoreIndex);
+  EXPECT_EQ(r.labels[3], kIgnoreIndex);
+  for (int p = 4; p < 8; ++p) {
+    EXPECT_EQ(r.ids[p], 0);
+    EXPECT_EQ(r.mask[p], 0);
+    EXPECT_EQ(r.labels[p], kIgnoreIndex);
+  }
+  d.fill_row(1, 4, b, 0);
+  EXPECT_EQ(r.ids[7], 2);  // truncated with its [SEP]
+  EXPECT_EQ(r.labels[7], kIgnoreIndex);
+  m.probability = 1.5;
+  expect_error(
+      [&] {
+        MaskedLmDataset(tokenize_lines(t, 0, enc, 0, t.rows(), 8, true), 1, 1, 8, true, 0, m);
+      },
+      "mlm_probability");
 }
 
 }  // namespace

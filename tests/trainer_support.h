@@ -104,7 +104,7 @@ class UnequalLengths final : public Dataset {
   int64_t size() const override { return 18; }
   int64_t seq_len() const override { return 12; }
   int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
-  void fill_row(int64_t i, const Batch& b, int64_t row) const override {
+  void fill_row(int64_t i, int64_t, const Batch& b, int64_t row) const override {
     const int64_t T = b.input_ids.dim(1);
     for (int64_t t = 0; t < length(i); ++t) {
       b.input_ids.i32()[row * T + t] = static_cast<int32_t>(100 + (i * 7 + t * 3) % 28);
@@ -112,7 +112,7 @@ class UnequalLengths final : public Dataset {
       b.attention_mask.i32()[row * T + t] = 1;
     }
   }
-  int64_t count_targets(int64_t i) const override { return length(i) - 1; }
+  int64_t count_targets(int64_t i, int64_t) const override { return length(i) - 1; }
 };
 
 }  // namespace brisk::testing

@@ -83,7 +83,7 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   if (a.weights.empty())
     model->init_weights(*be, a.seed);
   else
-    model->load_weights(*be, SafetensorsFile(a.weights));
+    model->load_weights(*be, WeightFiles(a.weights));
   load_batch(batch_file, *model, *be);
 
   StepOptions so;

@@ -13,11 +13,14 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual int64_t seq_len() const = 0;
-  // Writes sample `index` into row `row` of `batch` (rows are reset to defaults beforehand).
-  virtual void fill_row(int64_t index, const Batch& batch, int64_t row) const = 0;
-  // Loss targets the sample contributes (1 for classification; for causal LM the positions
-  // t >= 1 with a label), so the loss of an accumulated batch can be normalized up front.
-  virtual int64_t count_targets(int64_t index) const = 0;
+  // Writes sample `index` as drawn in `epoch` into row `row` of `batch` (rows are reset to
+  // defaults beforehand). Most samples are the same in every epoch; a masked LM's masks are
+  // drawn anew per epoch, as the data collator draws them per batch. Evaluation reads epoch 0.
+  virtual void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const = 0;
+  // Loss targets the sample contributes in `epoch` (1 for classification; for causal LM the
+  // positions t >= 1 with a label; for masked LM the masked tokens), so the loss of an
+  // accumulated batch can be normalized up front.
+  virtual int64_t count_targets(int64_t index, int64_t epoch) const = 0;
   // Tokens of sample `index` before padding (what dynamic padding and group_by_length read);
   // the full sequence length unless the dataset knows better.
   virtual int64_t length(int64_t index) const {

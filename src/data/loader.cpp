@@ -135,7 +135,8 @@ void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows) {
   const int64_t first = (m % batches_per_epoch()) * layout_.batch;
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) data_.fill_row(order[first + r], dst, r);
+  const int64_t epoch = m / batches_per_epoch();
+  for (int64_t r = 0; r < rows; ++r) data_.fill_row(order[first + r], epoch, dst, r);
 }
 
 int64_t DataLoader::count_targets(int64_t first, int64_t count) {
@@ -150,7 +151,7 @@ int64_t DataLoader::count_targets(int64_t first, int64_t count) {
     const int64_t begin = (m % per_epoch) * layout_.batch;
     const int64_t end = std::min(begin + layout_.batch, data_.size());
     const int64_t* order = count_order_.as<int64_t>();
-    for (int64_t i = begin; i < end; ++i) n += data_.count_targets(order[i]);
+    for (int64_t i = begin; i < end; ++i) n += data_.count_targets(order[i], epoch);
   }
   return n;
 }

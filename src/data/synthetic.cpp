@@ -19,7 +19,7 @@ SyntheticDataset::SyntheticDataset(const SyntheticOptions& options, int64_t voca
               " tokens leaves no room for synthetic ids from ", options.id_low);
 }
 
-void SyntheticDataset::fill_row(int64_t index, const Batch& batch, int64_t row) const {
+void SyntheticDataset::fill_row(int64_t index, int64_t, const Batch& batch, int64_t row) const {
   const int64_t T = batch.input_ids.dim(1);
   BRISK_CHECK(T >= options_.seq_len, "batch buffers are shorter than the synthetic sequences");
   int32_t* ids = batch.input_ids.i32() + row * T;

@@ -30,8 +30,10 @@ class SyntheticDataset final : public Dataset {
   SyntheticDataset(const SyntheticOptions& options, int64_t vocab_size, bool causal_lm);
   int64_t size() const override { return options_.dataset_size; }
   int64_t seq_len() const override { return options_.seq_len; }
-  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
-  int64_t count_targets(int64_t) const override { return causal_lm_ ? options_.seq_len - 1 : 1; }
+  void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t, int64_t) const override {
+    return causal_lm_ ? options_.seq_len - 1 : 1;
+  }
 
  private:
   SyntheticOptions options_;

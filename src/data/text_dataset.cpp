@@ -1,47 +1,16 @@
 // run_glue- and run_clm-style datasets from text tables (see text_dataset.h).
 #include "data/text_dataset.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "data/encode_rows.h"
 
 namespace brisk {
-
-namespace {
-// Encodes rows [0, n) in parallel (OpenMP); the first error any row raises is raised here.
-// The encoder hears of the progress every 4096 rows, from the first thread.
-template <typename F>
-std::vector<Encoded> encode_rows(const TextEncoder& encoder, int64_t n, F&& encode_row) {
-  std::vector<Encoded> out(static_cast<size_t>(n));
-  std::string error;
-  std::atomic<int64_t> done{0};
-  int64_t reported = 0;  // the first thread's
-#pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t r = 0; r < n; ++r) {
-    try {
-      out[static_cast<size_t>(r)] = encode_row(r);
-      const int64_t d = done.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (omp_get_thread_num() == 0 && d - reported >= 4096) {
-        reported = d;
-        encoder.progress(d, n);
-      }
-    } catch (const std::exception& e) {
-#pragma omp critical(brisk_encode_error)
-      if (error.empty()) error = e.what();
-    }
-  }
-  if (!error.empty()) throw Error(error);
-  encoder.progress(n, n);
-  return out;
-}
-}  // namespace
 
 ClassificationColumns classification_columns(const TextTable& t,
                                              const std::string& text_column_name) {
@@ -192,7 +161,8 @@ TextClassificationDataset::TextClassificationDataset(TokenizedRows rows, bool re
   }
 }
 
-void TextClassificationDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
+void TextClassificationDataset::fill_row(int64_t index, int64_t, const Batch& b,
+                                         int64_t row) const {
   const int64_t T = b.input_ids.dim(1);
   const int64_t begin = rows_.offsets[static_cast<size_t>(index)];
   const int64_t n = std::min(rows_.offsets[static_cast<size_t>(index) + 1] - begin, T);
@@ -211,7 +181,7 @@ void TextClassificationDataset::fill_row(int64_t index, const Batch& b, int64_t 
     b.labels.i32()[row] = rows_.labels[static_cast<size_t>(index)];
 }
 
-int64_t TextClassificationDataset::count_targets(int64_t index) const {
+int64_t TextClassificationDataset::count_targets(int64_t index, int64_t) const {
   const size_t i = static_cast<size_t>(index);
   return regression_ ? !no_label_value(rows_.values[i]) : rows_.labels[i] != kIgnoreIndex;
 }
@@ -254,7 +224,7 @@ CausalLmDataset::CausalLmDataset(TokenizedRows tokens, int64_t block_size)
               "tokenized blocks that are not a whole number of blocks of ", block_size);
 }
 
-void CausalLmDataset::fill_row(int64_t index, const Batch& b, int64_t row) const {
+void CausalLmDataset::fill_row(int64_t index, int64_t, const Batch& b, int64_t row) const {
   const int64_t T = b.input_ids.dim(1);
   const int32_t* src = rows_.ids.data() + index * block_size_;
   int32_t* ids = b.input_ids.i32() + row * T;

@@ -72,8 +72,8 @@ class TextClassificationDataset final : public Dataset {
   TextClassificationDataset(TokenizedRows rows, bool regression, int32_t pad, int64_t max_length);
   int64_t size() const override { return static_cast<int64_t>(rows_.offsets.size()) - 1; }
   int64_t seq_len() const override { return max_length_; }
-  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
-  int64_t count_targets(int64_t index) const override;
+  void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t index, int64_t epoch) const override;
   int64_t length(int64_t index) const override {
     const size_t i = static_cast<size_t>(index);
     return rows_.offsets[i + 1] - rows_.offsets[i];
@@ -101,8 +101,8 @@ class CausalLmDataset final : public Dataset {
   CausalLmDataset(TokenizedRows tokens, int64_t block_size);
   int64_t size() const override { return static_cast<int64_t>(rows_.ids.size()) / block_size_; }
   int64_t seq_len() const override { return block_size_; }
-  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
-  int64_t count_targets(int64_t) const override { return block_size_ - 1; }
+  void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t, int64_t) const override { return block_size_ - 1; }
   const TokenizedRows& rows() const { return rows_; }
 
  private:

@@ -69,7 +69,7 @@ TokenFileDataset::~TokenFileDataset() {
   if (map_ && map_ != MAP_FAILED) ::munmap(map_, map_size_);
 }
 
-void TokenFileDataset::fill_row(int64_t index, const Batch& batch, int64_t row) const {
+void TokenFileDataset::fill_row(int64_t index, int64_t, const Batch& batch, int64_t row) const {
   const int64_t T = batch.input_ids.dim(1);
   int32_t* ids = batch.input_ids.i32() + row * T;
   int32_t* labels = batch.labels.i32() + row * T;

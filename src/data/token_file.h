@@ -23,8 +23,8 @@ class TokenFileDataset final : public Dataset {
 
   int64_t size() const override { return num_tokens_ / seq_len_; }
   int64_t seq_len() const override { return seq_len_; }
-  void fill_row(int64_t index, const Batch& batch, int64_t row) const override;
-  int64_t count_targets(int64_t) const override { return seq_len_ - 1; }
+  void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const override;
+  int64_t count_targets(int64_t, int64_t) const override { return seq_len_ - 1; }
 
  private:
   std::string path_;

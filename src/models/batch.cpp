@@ -59,8 +59,14 @@ void load_batch(const SafetensorsFile& file, Model& model, Backend& be) {
   const Batch& b = model.batch();
   copy_ints(file, "input_ids", b.input_ids);
   if (file.has("attention_mask")) copy_ints(file, "attention_mask", b.attention_mask);
-  if (file.has("token_type_ids") && !b.token_type_ids.empty())
+  if (file.has("token_type_ids")) {
+    // transformers' GPT-2 would add their embeddings (through wte); dropping them silently would
+    // compute another model.
+    BRISK_CHECK(!b.token_type_ids.empty(), "'", file.path(), "': token_type_ids given, but the ",
+                model.config().type_name(),
+                " model as brisk runs it takes none; remove them from the batch");
     copy_ints(file, "token_type_ids", b.token_type_ids);
+  }
   if (!file.has("labels")) return;
   if (b.label_values.empty())
     copy_ints(file, "labels", b.labels);

@@ -75,23 +75,8 @@ Activation activation_from(const std::string& name, const std::string& origin) {
              "quick_gelu)");
 }
 
-void read_bert(const Reader& r, ModelConfig& c) {
-  c.vocab_size = r.size("vocab_size", kMaxVocab);
-  c.hidden_size = r.size("hidden_size", kMaxHidden);
-  c.num_layers = r.size("num_hidden_layers", kMaxLayers);
-  c.num_heads = r.size("num_attention_heads", kMaxHeads);
-  c.intermediate_size = r.size("intermediate_size", kMaxIntermediate);
-  c.max_position_embeddings = r.size("max_position_embeddings", kMaxPositions);
-  c.type_vocab_size = r.size_or("type_vocab_size", 2, kMaxTypes);
-  c.layer_norm_eps = r.epsilon_or("layer_norm_eps", 1e-12f);
-  c.hidden_dropout = r.prob_or("hidden_dropout_prob", 0.1f);
-  c.attention_dropout = r.prob_or("attention_probs_dropout_prob", 0.1f);
-  c.embedding_dropout = c.hidden_dropout;
-  c.classifier_dropout = r.prob_or("classifier_dropout", c.hidden_dropout);
-  c.activation = activation_from(r.string_or("hidden_act", "gelu"), r.origin);
-  const std::string pos = r.string_or("position_embedding_type", "absolute");
-  BRISK_CHECK(pos == "absolute", r.origin, ": position_embedding_type \"", excerpt(pos),
-              "\" is not supported (only \"absolute\")");
+// The label count and loss of a sequence classifier, as transformers chooses them.
+void read_labels(const Reader& r, ModelConfig& c) {
   // transformers stores the label count as id2label; num_labels is accepted too.
   if (r.has("num_labels"))
     c.num_labels = r.size("num_labels", kMaxLabels);
@@ -112,6 +97,77 @@ void read_bert(const Reader& r, ModelConfig& c) {
               ": single-label classification needs at least 2 labels, not ", c.num_labels);
 }
 
+// pad_token_id as the word embedding's padding_idx: absent or null means none.
+void read_pad_token(const Reader& r, ModelConfig& c, int64_t fallback) {
+  c.pad_token_id = fallback;
+  if (!r.has("pad_token_id")) {
+    if (r.j.contains("pad_token_id")) c.pad_token_id = -1;  // explicitly null
+    return;
+  }
+  const json& v = r.j["pad_token_id"];
+  BRISK_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.vocab_size,
+              r.origin, ": pad_token_id ", excerpt(v.dump()), " is not a token id in [0, ",
+              c.vocab_size, ")");
+  c.pad_token_id = v.get<int64_t>();
+}
+
+// A key transformers honors that brisk does not implement, when it is set to anything but the
+// value that means "off".
+void refuse_flag(const Reader& r, const char* key, const char* why) {
+  BRISK_CHECK(!r.flag_or(key, false), r.origin, ": \"", key, "\": true is not supported (", why,
+              ")");
+}
+
+void read_bert(const Reader& r, ModelConfig& c) {
+  c.vocab_size = r.size("vocab_size", kMaxVocab);
+  c.hidden_size = r.size("hidden_size", kMaxHidden);
+  c.num_layers = r.size("num_hidden_layers", kMaxLayers);
+  c.num_heads = r.size("num_attention_heads", kMaxHeads);
+  c.intermediate_size = r.size("intermediate_size", kMaxIntermediate);
+  c.max_position_embeddings = r.size("max_position_embeddings", kMaxPositions);
+  c.type_vocab_size = r.size_or("type_vocab_size", 2, kMaxTypes);
+  c.layer_norm_eps = r.epsilon_or("layer_norm_eps", 1e-12f);
+  c.hidden_dropout = r.prob_or("hidden_dropout_prob", 0.1f);
+  c.attention_output_dropout = c.hidden_dropout;
+  c.attention_dropout = r.prob_or("attention_probs_dropout_prob", 0.1f);
+  c.embedding_dropout = c.hidden_dropout;
+  c.classifier_dropout = r.prob_or("classifier_dropout", c.hidden_dropout);
+  c.activation = activation_from(r.string_or("hidden_act", "gelu"), r.origin);
+  const std::string pos = r.string_or("position_embedding_type", "absolute");
+  BRISK_CHECK(pos == "absolute", r.origin, ": position_embedding_type \"", excerpt(pos),
+              "\" is not supported (only \"absolute\")");
+  // BertModel masks its self-attention causally as a decoder.
+  c.causal = r.flag_or("is_decoder", false);
+  refuse_flag(r, "add_cross_attention", "brisk's BERT has no cross-attention layers");
+  read_pad_token(r, c, 0);
+  read_labels(r, c);
+}
+
+// DistilBertForSequenceClassification: six-layer BERT without token types, with a
+// pre_classifier + ReLU head. transformers maps hidden_size/num_attention_heads/
+// num_hidden_layers onto dim/n_heads/n_layers, so both spellings are read.
+void read_distilbert(const Reader& r, ModelConfig& c) {
+  auto either = [&](const char* key, const char* alias, int64_t fallback, int64_t max) {
+    return r.has(key) ? r.size(key, max) : r.size_or(alias, fallback, max);
+  };
+  c.vocab_size = r.size_or("vocab_size", 30522, kMaxVocab);
+  c.hidden_size = either("dim", "hidden_size", 768, kMaxHidden);
+  c.num_layers = either("n_layers", "num_hidden_layers", 6, kMaxLayers);
+  c.num_heads = either("n_heads", "num_attention_heads", 12, kMaxHeads);
+  c.intermediate_size = r.size_or("hidden_dim", 4 * c.hidden_size, kMaxIntermediate);
+  c.max_position_embeddings = r.size_or("max_position_embeddings", 512, kMaxPositions);
+  c.layer_norm_eps = 1e-12f;  // fixed in DistilBERT's code
+  c.hidden_dropout = r.prob_or("dropout", 0.1f);
+  c.embedding_dropout = c.hidden_dropout;
+  c.attention_output_dropout = 0.0f;  // DistilBERT's attention has no dropout after out_lin
+  c.attention_dropout = r.prob_or("attention_dropout", 0.1f);
+  c.classifier_dropout = r.prob_or("seq_classif_dropout", 0.2f);
+  c.activation = activation_from(r.string_or("activation", "gelu"), r.origin);
+  c.sinusoidal_positions = r.flag_or("sinusoidal_pos_embds", false);
+  read_pad_token(r, c, 0);
+  read_labels(r, c);
+}
+
 void read_gpt2(const Reader& r, ModelConfig& c) {
   c.vocab_size = r.size("vocab_size", kMaxVocab);
   c.hidden_size = r.size("n_embd", kMaxHidden);
@@ -121,18 +177,19 @@ void read_gpt2(const Reader& r, ModelConfig& c) {
   c.max_position_embeddings = r.size("n_positions", kMaxPositions);
   c.layer_norm_eps = r.epsilon_or("layer_norm_epsilon", 1e-5f);
   c.hidden_dropout = r.prob_or("resid_pdrop", 0.1f);
+  c.attention_output_dropout = c.hidden_dropout;
   c.attention_dropout = r.prob_or("attn_pdrop", 0.1f);
   c.embedding_dropout = r.prob_or("embd_pdrop", 0.1f);
   c.classifier_dropout = 0.0f;
   c.activation = activation_from(r.string_or("activation_function", "gelu_new"), r.origin);
-  BRISK_CHECK(r.flag_or("tie_word_embeddings", true), r.origin,
-              ": untied GPT-2 output embeddings are not supported");
-  BRISK_CHECK(r.flag_or("scale_attn_weights", true), r.origin,
-              ": scale_attn_weights = false is not supported");
-  BRISK_CHECK(!r.flag_or("scale_attn_by_inverse_layer_idx", false) &&
-                  !r.flag_or("reorder_and_upcast_attn", false),
-              r.origin,
-              ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
+  c.causal = true;
+  c.tied_lm_head = r.flag_or("tie_word_embeddings", true);
+  c.scale_by_head_dim = r.flag_or("scale_attn_weights", true);
+  c.scale_by_inverse_layer = r.flag_or("scale_attn_by_inverse_layer_idx", false);
+  // reorder_and_upcast_attn computes the scores in float32 under autocast: brisk's attention
+  // always does, so it is honored as it stands.
+  r.flag_or("reorder_and_upcast_attn", false);
+  refuse_flag(r, "add_cross_attention", "brisk's GPT-2 has no cross-attention layers");
 }
 
 json builtin_json(const std::string& name) {
@@ -175,6 +232,24 @@ json builtin_json(const std::string& name) {
                 {"eos_token_id", 50256},
                 {"tie_word_embeddings", true}};
   };
+  if (name == "distilbert-base-uncased")
+    return json{{"model_type", "distilbert"},
+                {"architectures", {"DistilBertForSequenceClassification"}},
+                {"vocab_size", 30522},
+                {"dim", 768},
+                {"n_layers", 6},
+                {"n_heads", 12},
+                {"hidden_dim", 3072},
+                {"activation", "gelu"},
+                {"dropout", 0.1},
+                {"attention_dropout", 0.1},
+                {"seq_classif_dropout", 0.2},
+                {"max_position_embeddings", 512},
+                {"sinusoidal_pos_embds", false},
+                {"initializer_range", 0.02},
+                {"pad_token_id", 0},
+                {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
+                {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
   if (name == "bert-base-uncased") return bert(30522, 768, 12, 12, 3072);
   if (name == "bert-large-uncased") return bert(30522, 1024, 24, 16, 4096);
   if (name == "bert-tiny") return bert(30522, 64, 2, 2, 128);
@@ -186,7 +261,7 @@ json builtin_json(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> builtin_config_names() {
-  return {"bert-base-uncased", "bert-large-uncased", "bert-tiny", "gpt2",
+  return {"bert-base-uncased", "bert-large-uncased", "bert-tiny", "distilbert-base-uncased", "gpt2",
           "gpt2-medium",       "gpt2-tiny"};
 }
 
@@ -199,11 +274,16 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
   if (type == "bert") {
     c.model_type = ModelType::bert;
     read_bert(r, c);
+  } else if (type == "distilbert") {
+    c.model_type = ModelType::distilbert;
+    read_distilbert(r, c);
   } else if (type == "gpt2") {
     c.model_type = ModelType::gpt2;
+    c.task = ModelTask::causal_lm;
     read_gpt2(r, c);
   } else {
-    BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type), "\" (supported: bert, gpt2)");
+    BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type),
+               "\" (supported: bert, distilbert, gpt2)");
   }
   BRISK_CHECK(c.hidden_size % c.num_heads == 0, origin, ": hidden size ", c.hidden_size,
               " is not divisible by the number of attention heads ", c.num_heads);
@@ -230,8 +310,28 @@ ModelConfig resolve_config(const std::string& name_or_path) {
              ") nor an existing config.json or model folder");
 }
 
+std::string ModelConfig::type_name() const {
+  switch (model_type) {
+    case ModelType::bert:
+      return "bert";
+    case ModelType::distilbert:
+      return "distilbert";
+    case ModelType::gpt2:
+      return "gpt2";
+  }
+  return "?";
+}
+
+void use_masked_lm(ModelConfig& c) {
+  BRISK_CHECK(c.model_type == ModelType::bert,
+              "masked language modeling (--mlm) needs a bert model; ", c.type_name(),
+              " has no masked-LM head in brisk");
+  c.task = ModelTask::masked_lm;
+}
+
 void disable_dropout(ModelConfig& c) {
   c.hidden_dropout = c.attention_dropout = c.embedding_dropout = c.classifier_dropout = 0.0f;
+  c.attention_output_dropout = 0.0f;
 }
 
 }  // namespace brisk

@@ -10,7 +10,10 @@
 
 namespace brisk {
 
-enum class ModelType { bert, gpt2 };
+enum class ModelType { bert, distilbert, gpt2 };
+// What a model learns, which decides its head and how data files are prepared (run_glue,
+// run_clm or run_mlm).
+enum class ModelTask { sequence_classification, causal_lm, masked_lm };
 
 // Upper bounds on config values, far above any published model (the largest today: vocabulary
 // ~256k, hidden 16k-25k, ~130 layers, feed-forward ~53k-100k, context 128k-1M). They keep every
@@ -27,6 +30,9 @@ inline constexpr int64_t kMaxLabels = int64_t{1} << 20;
 
 struct ModelConfig {
   ModelType model_type = ModelType::bert;
+  // The architecture's usual task (bert, distilbert: sequence classification; gpt2: causal LM),
+  // or masked LM when asked for (use_masked_lm).
+  ModelTask task = ModelTask::sequence_classification;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -34,20 +40,32 @@ struct ModelConfig {
   int64_t intermediate_size = 0;
   int64_t max_position_embeddings = 0;
   int64_t type_vocab_size = 0;  // bert
-  int64_t num_labels = 0;       // bert sequence classification
+  // The word embedding's padding_idx (bert, distilbert): that row gets no gradient from the
+  // embedding and starts at zero, as nn.Embedding(padding_idx=pad_token_id). -1: none.
+  int64_t pad_token_id = -1;
+  bool causal = false;                // gpt2; bert with is_decoder
+  bool sinusoidal_positions = false;  // distilbert sinusoidal_pos_embds: the initial table
+  bool tied_lm_head = true;           // gpt2 tie_word_embeddings
+  // gpt2: scores scaled by 1/sqrt(head_dim) (scale_attn_weights) and by 1/(layer+1)
+  // (scale_attn_by_inverse_layer_idx).
+  bool scale_by_head_dim = true;
+  bool scale_by_inverse_layer = false;
+  int64_t num_labels = 0;  // bert sequence classification
   // bert: one output trained with the squared error (transformers' problem_type "regression",
   // which num_labels 1 implies), instead of classes under cross-entropy.
   bool regression = false;
   float layer_norm_eps = 1e-12f;
-  float hidden_dropout = 0.1f;     // bert hidden_dropout_prob, gpt2 resid_pdrop
-  float attention_dropout = 0.1f;  // attention_probs_dropout_prob / attn_pdrop
-  float embedding_dropout = 0.1f;  // bert hidden_dropout_prob, gpt2 embd_pdrop
-  float classifier_dropout = 0.1f;
+  float hidden_dropout = 0.1f;  // bert hidden_dropout_prob, gpt2 resid_pdrop, distilbert dropout
+  // After the attention sublayer's output projection (distilbert has none there).
+  float attention_output_dropout = 0.1f;
+  float attention_dropout = 0.1f;   // attention_probs_dropout_prob / attn_pdrop
+  float embedding_dropout = 0.1f;   // bert hidden_dropout_prob, gpt2 embd_pdrop
+  float classifier_dropout = 0.1f;  // distilbert seq_classif_dropout
   Activation activation = Activation::gelu;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
   int64_t head_dim() const { return hidden_size / num_heads; }
-  std::string type_name() const { return model_type == ModelType::bert ? "bert" : "gpt2"; }
+  std::string type_name() const;  // config.json's model_type
 };
 
 // Validates and converts; `origin` names the source in error messages.
@@ -57,6 +75,9 @@ ModelConfig load_config(const std::string& path);
 // "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one.
 ModelConfig resolve_config(const std::string& name_or_path);
 std::vector<std::string> builtin_config_names();
+// Makes `c` a masked language model (BertForMaskedLM, as run_mlm loads AutoModelForMaskedLM);
+// throws for architectures without one.
+void use_masked_lm(ModelConfig& c);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -93,8 +93,8 @@ const float* Decoder::feed(Backend& be, const std::vector<int32_t>& ids) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const Tensor& in = l % 2 == 0 ? x : y;
     const Tensor& out = l % 2 == 0 ? y : x;
-    block_decode(be, style, model_.layer_weights(static_cast<int>(l)), in, k_cache_[l], v_cache_[l],
-                 position_, s, out);
+    block_decode(be, style, static_cast<int>(l), model_.layer_weights(static_cast<int>(l)), in,
+                 k_cache_[l], v_cache_[l], position_, s, out);
   }
   const Tensor& last_out = c.num_layers % 2 == 0 ? x : y;
   be.copy(Tensor(static_cast<float*>(last_out.data()) + (n - 1) * c.hidden_size,

@@ -1,5 +1,6 @@
 // GPT-2: token + position embeddings, pre-LN blocks with causal attention, a final LayerNorm and
-// logits through the transposed token embedding; labels are shifted so position t predicts t+1.
+// logits through the transposed token embedding (or an untied lm_head); labels are shifted so
+// position t predicts t+1.
 #include "models/gpt2.h"
 
 #include <cmath>
@@ -21,7 +22,8 @@ class Gpt2 final : public Model {
   void declare_params() override {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
-    wte_ = param("transformer.wte.weight", {c.vocab_size, C}, kTiedEmbedding);
+    wte_ = param("transformer.wte.weight", {c.vocab_size, C},
+                 c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C}, kEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "transformer.h." + std::to_string(l) + ".";
@@ -42,6 +44,8 @@ class Gpt2 final : public Model {
     }
     lnf_g_ = param("transformer.ln_f.weight", {C}, kBiasOrNorm);
     lnf_b_ = param("transformer.ln_f.bias", {C}, kBiasOrNorm);
+    // tie_word_embeddings false: the LM head has its own [V, C] weight (no bias).
+    head_ = c.tied_lm_head ? wte_ : param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
   }
 
   float init_std(const std::string& name) const override {
@@ -67,9 +71,12 @@ class Gpt2 final : public Model {
     s.activation = config_.activation;
     s.eps = config_.layer_norm_eps;
     s.attention_dropout = training ? config_.attention_dropout : 0.0f;
+    s.attention_output_dropout = training ? config_.attention_output_dropout : 0.0f;
     s.residual_dropout = training ? config_.hidden_dropout : 0.0f;
     s.heads = static_cast<int>(config_.num_heads);
-    s.attention_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+    s.attention_scale =
+        config_.scale_by_head_dim ? 1.0f / std::sqrt(static_cast<float>(config_.head_dim())) : 1.0f;
+    s.scale_by_inverse_layer = config_.scale_by_inverse_layer;
     return s;
   }
 
@@ -117,13 +124,13 @@ class Gpt2 final : public Model {
   void head_forward(Backend& be, const StepOptions& o) override {
     be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,
                          lnf_out_, lnf_mean_, lnf_rstd_);
-    be.linear_forward(lnf_out_, w(wte_), Tensor(), WeightLayout::out_in, logits_);
+    be.linear_forward(lnf_out_, w(head_), Tensor(), WeightLayout::out_in, logits_);
     be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale, loss_sum());
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {
-    be.linear_backward(lnf_out_, w(wte_), logits_, WeightLayout::out_in, scratch_.tmp, false,
-                       g(wte_), Tensor());
+    be.linear_backward(lnf_out_, w(head_), logits_, WeightLayout::out_in, scratch_.tmp, false,
+                       g(head_), Tensor());
     be.layernorm_backward(scratch_.tmp, hidden_[config_.num_layers], w(lnf_g_), lnf_mean_,
                           lnf_rstd_, d_hidden_, false, g(lnf_g_), g(lnf_b_));
   }
@@ -152,10 +159,10 @@ class Gpt2 final : public Model {
                          const Tensor& mean, const Tensor& rstd,
                          const Tensor& logits) const override {
     be.layernorm_forward(hidden, w(lnf_g_), w(lnf_b_), config_.layer_norm_eps, normed, mean, rstd);
-    be.linear_forward(normed, w(wte_), Tensor(), WeightLayout::out_in, logits);
+    be.linear_forward(normed, w(head_), Tensor(), WeightLayout::out_in, logits);
   }
 
-  int wte_ = 0, wpe_ = 0, lnf_g_ = 0, lnf_b_ = 0;
+  int wte_ = 0, wpe_ = 0, lnf_g_ = 0, lnf_b_ = 0, head_ = 0;
   std::vector<LayerIds> layers_;
   Tensor targets_host_, targets_, lnf_out_, lnf_mean_, lnf_rstd_;
 };

@@ -7,16 +7,24 @@
 #include <random>
 
 #include "models/bert.h"
+#include "models/distilbert.h"
 #include "models/gpt2.h"
 
 namespace brisk {
 
 std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   std::unique_ptr<Model> m;
-  if (config.model_type == ModelType::bert)
-    m = make_bert(config);
-  else
-    m = make_gpt2(config);
+  switch (config.model_type) {
+    case ModelType::bert:
+      m = make_bert(config);
+      break;
+    case ModelType::distilbert:
+      m = make_distilbert(config);
+      break;
+    case ModelType::gpt2:
+      m = make_gpt2(config);
+      break;
+  }
   m->declare_params();
   return m;
 }
@@ -222,9 +230,10 @@ int64_t Model::count_targets() const {
   const int32_t* y = batch_.labels.i32();
   if (batch_.labels.rank() == 1) {
     for (int64_t b = 0; b < B; ++b) n += y[b] != kIgnoreIndex;
-  } else {  // causal LM: position t predicts label t+1
+  } else {  // a causal LM's position t predicts label t+1; a masked LM's, label t
+    const int64_t first = config_.task == ModelTask::causal_lm ? 1 : 0;
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 1; t < T; ++t) n += y[b * T + t] != kIgnoreIndex;
+      for (int64_t t = first; t < T; ++t) n += y[b * T + t] != kIgnoreIndex;
   }
   return n;
 }
@@ -322,16 +331,22 @@ void Model::init_weights(Backend& be, uint64_t seed) {
         for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
     });
   }
+  if (padded_embedding_ >= 0) {
+    const Tensor table = params_.weight(padded_embedding_);
+    const int64_t C = table.dim(1);
+    be.fill(element_range(table, config_.pad_token_id * C, C), 0.0f);
+  }
+  init_extra(be);
 }
 
-void Model::load_weights(Backend& be, const SafetensorsFile& file) {
+void Model::load_weights(Backend& be, const WeightFiles& file) {
   for (const ParamInfo& p : params_.list())
     BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
                 "' of the ", config_.type_name(), " model");
   load_pretrained(be, file, 0);  // every name is present: nothing is initialized
 }
 
-std::vector<std::string> Model::load_pretrained(Backend& be, const SafetensorsFile& file,
+std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file,
                                                 uint64_t seed) {
   const std::string prefix = base_prefix();
   std::vector<std::string> missing;
@@ -348,7 +363,8 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const SafetensorsFi
     const std::string name = file.has(p.name) ? p.name : p.name.substr(prefix.size());
     if (!file.has(name)) continue;
     const Tensor& src = file.get(name);
-    const std::string what = "parameter '" + name + "' in '" + file.path() + "'";
+    const SafetensorsFile& holder = file.file_of(name);
+    const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";
     BRISK_CHECK(src.shape() == p.shape, what, ": shape ", src.shape().str(), " where ",
                 p.shape.str(), " is expected");
     // In 8 MiB ranges, each released once copied: the file's pages and the weights they fill
@@ -360,7 +376,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const SafetensorsFi
                         const int64_t n = std::min(kRange, piece.numel() - at);
                         const Tensor part = element_range(src, first + at, n);
                         copy_to_f32(part, element_range(piece, at, n), what);
-                        file.release(part);
+                        holder.release(part);
                       }
                     });
   }

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "core/memory_plan.h"
 #include "core/safetensors.h"
+#include "core/weight_files.h"
 #include "models/config.h"
 #include "models/parameters.h"
 #include "models/transformer_block.h"
@@ -125,12 +126,13 @@ class Model {
   // LayerNorm), deterministically from `seed`.
   void init_weights(Backend& be, uint64_t seed);
   // Reads every parameter by its transformers name; extra entries (buffers) are ignored.
-  void load_weights(Backend& be, const SafetensorsFile& file);
+  void load_weights(Backend& be, const WeightFiles& file);
   // As from_pretrained loads a model folder: a parameter is found by its name or by its name
   // without the base model's prefix (base-model files such as sentence-transformers' store
   // "embeddings.*", not "bert.embeddings.*"); parameters of the task head that the file lacks
   // are initialized from `seed` and returned by name; a missing base-model parameter is an error.
-  std::vector<std::string> load_pretrained(Backend& be, const SafetensorsFile& file, uint64_t seed);
+  // The weights may be one file or shards (WeightFiles).
+  std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed);
   // ---- incremental decoding (models/decoder.h) ----
   // Whether the model predicts the next token (what brisk generate needs).
   virtual bool causal_lm() const { return false; }
@@ -168,6 +170,9 @@ class Model {
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
+  // Initial values init_weights cannot derive from names and roles (e.g. sinusoidal positions);
+  // runs after the generic initialization.
+  virtual void init_extra(Backend&) {}
   // The prefix of the base model's parameter names ("bert.", "transformer.").
   virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
@@ -192,6 +197,9 @@ class Model {
     return Tensor(stats_.as<double>() + kStatLoss, Shape{1}, DType::f64, stats_.device());
   }
   void check_ids(const Tensor& ids, int64_t limit, const char* what) const;
+  // The embedding table whose row config().pad_token_id is padding (nn.Embedding's
+  // padding_idx): initialized to zero; the model's backward gives it no gradient.
+  void set_padded_embedding(int index) { padded_embedding_ = index; }
   static RngKey site(const StepOptions& o, uint32_t site) {
     RngKey k = o.rng;
     k.site = site;
@@ -225,6 +233,7 @@ class Model {
   Tensor flat_weights_, flat_grads_;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;  // (host, device) pairs to upload
   Tensor stats_, stats_host_, control_;
+  int padded_embedding_ = -1;
 };
 
 }  // namespace brisk

@@ -13,6 +13,11 @@ RngKey site_key(const RngKey& key, int layer, int which) {
 }
 }  // namespace
 
+float layer_attention_scale(const BlockStyle& st, int layer) {
+  return st.scale_by_inverse_layer ? st.attention_scale / static_cast<float>(layer + 1)
+                                   : st.attention_scale;
+}
+
 uint32_t block_rng_site(int layer, int which) {
   return static_cast<uint32_t>(layer * kSitesPerLayer + which);
 }
@@ -77,7 +82,7 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
                           const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
                           const RngKey& key, int layer) {
-  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.attention_scale,
+  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, layer_attention_scale(st, layer),
                        st.attention_dropout, site_key(key, layer, kAttnProbs), s.attn_stats,
                        scratch.attn, out);
   if (st.attn_stats_low) be.round_to(st.act_dtype, s.attn_stats);
@@ -99,7 +104,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   be.round_to(lp, s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
-  be.dropout_add(x, scratch.tmp, st.residual_dropout, site_key(key, layer, kAttnResidual), s.res1);
+  be.dropout_add(x, scratch.tmp, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
+                 s.res1);
   // MLP sublayer.
   if (st.pre_norm)
     be.layernorm_forward(s.res1, w.ln_b_g, w.ln_b_b, st.eps, s.m_in, s.mean_b, s.rstd_b);
@@ -159,12 +165,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                           g.ln_a_b);
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
-  be.dropout_backward(d_res1, st.residual_dropout, attn_res_key, sc.tmp);
+  be.dropout_backward(d_res1, st.attention_output_dropout, attn_res_key, sc.tmp);
   be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
   be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
-                        st.attention_scale, st.attention_dropout, attn_probs_key, sc.attn,
-                        sc.d_qkv);
+                        layer_attention_scale(st, layer), st.attention_dropout, attn_probs_key,
+                        sc.attn, sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
@@ -175,14 +181,15 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
 }
 
-void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
-                  const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockParams& w,
+                  const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out) {
   BRISK_CHECK(style.pre_norm && style.causal,
               "incremental decoding needs pre-LayerNorm causal blocks");
   be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, style.eps, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
-  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.attention_scale, s.ctx);
+  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads,
+                      layer_attention_scale(style, layer), s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
   be.copy(x, s.res);
   be.add_inplace(s.res, s.tmp);

@@ -20,7 +20,11 @@ struct BlockStyle {
   Activation activation = Activation::gelu;
   float eps = 1e-12f;
   float attention_dropout = 0.0f;
-  float residual_dropout = 0.0f;
+  float residual_dropout = 0.0f;  // after the MLP
+  // After the attention's output projection (BERT, GPT-2: the residual dropout; DistilBERT: 0).
+  float attention_output_dropout = 0.0f;
+  // GPT-2's scale_attn_by_inverse_layer_idx: block l divides its attention scores by l + 1 too.
+  bool scale_by_inverse_layer = false;
   int heads = 1;
   // Multiplies the attention scores q.k. NaN by default so that a model which forgets to set it
   // fails in the attention ops (they refuse a non-finite scale) instead of training quietly wrong.
@@ -81,6 +85,10 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& sav
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
                            const BlockDims& d);
 
+// The attention scale of block `layer` (GPT-2's scale_attn_by_inverse_layer_idx divides by
+// layer + 1).
+float layer_attention_scale(const BlockStyle& style, int layer);
+
 // Dropout sites of a block, for RngKey::site.
 uint32_t block_rng_site(int layer, int which);
 
@@ -114,8 +122,8 @@ struct DecodeScratch {
 // Incremental decoding (inference, float32): out [1,T,C] = block(x) for T new tokens at
 // positions past..past+T-1, their keys and values appended to the block's caches [1,S,C].
 // Pre-LayerNorm causal blocks (GPT-2's).
-void block_decode(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
-                  const Tensor& k_cache, const Tensor& v_cache, int64_t past,
+void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockParams& w,
+                  const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out);
 
 }  // namespace brisk

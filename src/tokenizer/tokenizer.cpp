@@ -594,6 +594,25 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return model_->decode(kept);
 }
 
+std::pair<int64_t, int64_t> Tokenizer::single_specials() const {
+  int64_t before = 0, after = 0;
+  bool seen_text = false;
+  for (const TemplatePiece& p : single_) {
+    if (p.sequence >= 0) {
+      seen_text = true;
+      continue;
+    }
+    (seen_text ? after : before) += static_cast<int64_t>(p.ids.size());
+  }
+  return {before, after};
+}
+
+int32_t Tokenizer::token_id(const std::string& token) const {
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
+  return model_->id_of(token);
+}
+
 int64_t Tokenizer::vocab_size() const {
   int64_t n = model_->vocab_size();
   for (const AddedToken& a : added_) n = std::max<int64_t>(n, int64_t{a.id} + 1);

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "data/text_dataset.h"
@@ -66,6 +67,11 @@ class Tokenizer final : public TextEncoder {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
   int32_t pad_id() const override { return pad_id_; }
   int64_t vocab_size() const;
+  // The special tokens the single-sequence template puts before and after the text ([CLS] and
+  // [SEP] for BERT: 1 and 1): what run_mlm's special_tokens_mask marks.
+  std::pair<int64_t, int64_t> single_specials() const;
+  // The id of a token, an added one or the model's; -1 when absent.
+  int32_t token_id(const std::string& token) const;
   const std::string& origin() const { return origin_; }
 
  private:

@@ -12,6 +12,8 @@ namespace brisk {
 namespace {
 std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& c,
                                       const BatchLayout& layout) {
+  BRISK_CHECK(c.task != ModelTask::masked_lm,
+              "masked language modeling learns from text files: give --train_file");
   if (o.dataset == "synthetic")
     return std::make_unique<SyntheticDataset>(
         SyntheticOptions{o.dataset_size, o.seq_len, 100, 30000, o.seed, o.synthetic_task},
@@ -40,6 +42,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   }
   r.device = device;
   r.config = resolve_config(o.model_name_or_path);
+  if (o.mlm) use_masked_lm(r.config);
   const bool files = !dataset && uses_text_files(o);
   if (files) {
     r.files = load_file_data(o, r.config);  // classification: the config learns the labels

@@ -17,6 +17,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The model's config as transformers writes it: its source, with the class it was saved from.
+nlohmann::json saved_config(const Model& model) {
+  nlohmann::json j = model.config().source;
+  j["architectures"] = {model.class_name()};
+  return j;
+}
+
 constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
                                   "optimizer.safetensors", "scheduler.json",
                                   "trainer_state.json",    "training_args.json"};
@@ -113,7 +120,7 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights) {
   write_safetensors((fs::path(folder) / "model.safetensors").string(), model.named_views(weights),
                     {{"format", "pt"}}, reader_for(be));
-  write_json(fs::path(folder) / "config.json", model.config().source);
+  write_json(fs::path(folder) / "config.json", saved_config(model));
 }
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
@@ -132,7 +139,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
                       {{"format", "pt"}}, reader_for(be));
     fault_point(fail_at_point);
-    write_json(tmp_dir / "config.json", model.config().source);
+    write_json(tmp_dir / "config.json", saved_config(model));
     fault_point(fail_at_point);
     write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string());
     fault_point(fail_at_point);
@@ -314,7 +321,7 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
   for (const char* f : kFiles)
     BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
-  model.load_weights(be, SafetensorsFile((dir / "model.safetensors").string()));
+  model.load_weights(be, WeightFiles((dir / "model.safetensors").string()));
   const nlohmann::json args = read_json(dir / "training_args.json");
   const std::string saved = args.value("optim", std::string("adamw_torch"));
   BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,

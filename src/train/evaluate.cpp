@@ -45,7 +45,7 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
     }
     model.use_seq(seq);
     model.reset_batch();
-    for (int64_t r = 0; r < rows; ++r) data.fill_row(first + r, model.batch(), r);
+    for (int64_t r = 0; r < rows; ++r) data.fill_row(first + r, 0, model.batch(), r);
     targets += model.count_targets();
     loss += model.forward(be, so);
     if (!classification) continue;

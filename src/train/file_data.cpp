@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/text_table.h"
 #include "data/token_cache.h"
@@ -167,6 +168,54 @@ std::string classification_shape(const ClassificationColumns& c, const LabelSet&
   for (const std::string& n : labels.names) s += std::string(1, '\0') + n;
   return s;
 }
+// The language-modeling scripts' splits: the training rows, of which the first
+// validation_split_percentage validate when there is no validation file. make(table, first, end)
+// builds a dataset of rows [first, end).
+template <typename Make>
+void split_train_eval(const TrainOptions& o, const TextTable& train, const TextTable& eval,
+                      FileData& d, Make&& make) {
+  if (!o.train_file.empty()) {
+    const int64_t cut = o.validation_file.empty()
+                            ? validation_split_rows(train.rows(), o.validation_split_percentage)
+                            : 0;
+    d.train = make(train, cut, train.rows());
+    if (cut > 0) d.eval = make(train, 0, cut);
+  }
+  if (!o.validation_file.empty()) d.eval = make(eval, 0, eval.rows());
+}
+
+// run_mlm: lines tokenized with the template (cached per line), then grouped into blocks of
+// max_seq_length or kept one per line, masked as DataCollatorForLanguageModeling masks.
+FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& train,
+                        const TextTable& eval, ProgressEncoder& tok, TokenCache& cache) {
+  const Tokenizer& t = *d.tokenizer;
+  d.seq_len = o.max_seq_length;
+  BRISK_CHECK(o.test_file.empty(), "--test_file: a masked LM has no labels to predict");
+  MaskingOptions masking;
+  masking.probability = o.mlm_probability;
+  masking.mask_id = t.token_id("[MASK]");
+  masking.vocab = t.vocab_size();
+  masking.seed = o.seed;
+  BRISK_CHECK(masking.mask_id >= 0, "the tokenizer at '", d.tokenizer_path,
+              "' has no [MASK] token, which masked language modeling needs");
+  const auto [lead, trail] = t.single_specials();
+  auto samples = [&](const TextTable& table, int64_t first, int64_t end) {
+    const int64_t col = causal_lm_text_column(table, o.text_column_name);
+    // Lines as run_mlm tokenizes them: truncated only one per line.
+    const int64_t truncate = o.line_by_line ? o.max_seq_length : 0;
+    const std::string shape = "masked_lm " + std::to_string(col) + " " + std::to_string(first) +
+                              " " + std::to_string(end) + " " + std::to_string(truncate) +
+                              (o.line_by_line ? " line_by_line" : "");
+    TokenizedRows rows = cache.get(table.origin(), shape, [&] {
+      tok.start(table.origin());
+      return tokenize_lines(table, col, tok, first, end, truncate, o.line_by_line);
+    });
+    return std::make_unique<MaskedLmDataset>(std::move(rows), lead, trail, o.max_seq_length,
+                                             o.line_by_line, tok.pad_id(), masking);
+  };
+  split_train_eval(o, train, eval, d, samples);
+  return d;
+}
 }  // namespace
 
 FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
@@ -178,7 +227,8 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
               " tokens, more than the model's vocab_size ", config.vocab_size);
   ProgressEncoder tok(*d.tokenizer, !o.disable_tqdm && ::isatty(STDERR_FILENO));
   // run_clm reads plain-text lines with their line breaks unless told otherwise.
-  const bool keep_linebreaks = config.model_type != ModelType::bert && o.keep_linebreaks;
+  // (run_mlm's text loader drops them: its default.)
+  const bool keep_linebreaks = config.task == ModelTask::causal_lm && o.keep_linebreaks;
   auto table = [&](const std::string& path) {
     return path.empty() ? TextTable() : read_text_table(path, keep_linebreaks);
   };
@@ -186,7 +236,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
                   test = table(o.test_file);
   TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
 
-  if (config.model_type == ModelType::bert) {
+  if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
     const TextTable& first = !o.train_file.empty()        ? train
                              : !o.validation_file.empty() ? eval
@@ -223,6 +273,9 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     return d;
   }
 
+  if (config.task == ModelTask::masked_lm)
+    return masked_lm_data(o, std::move(d), train, eval, tok, cache);
+
   // Causal LM, as run_clm: blocks of block_size tokens.
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
@@ -238,14 +291,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     });
     return std::make_unique<CausalLmDataset>(std::move(rows), d.seq_len);
   };
-  if (!o.train_file.empty()) {
-    const int64_t cut = o.validation_file.empty()
-                            ? validation_split_rows(train.rows(), o.validation_split_percentage)
-                            : 0;
-    d.train = blocks(train, cut, train.rows());
-    if (cut > 0) d.eval = blocks(train, 0, cut);
-  }
-  if (!o.validation_file.empty()) d.eval = blocks(eval, 0, eval.rows());
+  split_train_eval(o, train, eval, d, blocks);
   return d;
 }
 

@@ -78,9 +78,11 @@ std::vector<int64_t> eos_ids(const ModelConfig& c) {
 Generation generate(const GenerateOptions& o) {
   validate_generate_options(o);
   const ModelConfig config = resolve_config(o.model_name_or_path);
-  const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
-  BRISK_CHECK(fs::is_directory(o.model_name_or_path) && fs::exists(weights), "'",
-              o.model_name_or_path, "' is not a model folder with model.safetensors");
+  const std::string weights = fs::is_directory(o.model_name_or_path)
+                                  ? WeightFiles::find_in_folder(o.model_name_or_path)
+                                  : std::string();
+  BRISK_CHECK(!weights.empty(), "'", o.model_name_or_path,
+              "' is not a model folder with model.safetensors (or its sharded index)");
   const std::unique_ptr<Tokenizer> tok = Tokenizer::load(o.model_name_or_path);
   Generation g;
   g.prompt_ids = tok->encode(o.prompt, std::nullopt, 0).ids;
@@ -108,8 +110,7 @@ Generation generate(const GenerateOptions& o) {
   Arena arena(plan, be->device_memory(), be->staging_memory());
   model->bind(arena);
   binder.bind(arena);
-  const std::vector<std::string> fresh =
-      model->load_pretrained(*be, SafetensorsFile(weights), o.seed);
+  const std::vector<std::string> fresh = model->load_pretrained(*be, WeightFiles(weights), o.seed);
   BRISK_CHECK(fresh.empty(), "'", weights, "' lacks ", fresh.size(),
               " of the model's weights (the first: ", fresh.empty() ? "" : fresh[0], ")");
 

@@ -172,6 +172,9 @@ void validate_options(const TrainOptions& o) {
               "do_train with text files needs --train_file");
   positive("max_seq_length", o.max_seq_length);
   BRISK_CHECK(o.block_size >= 0, "block_size must not be negative, got ", o.block_size);
+  BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
+              "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
+  BRISK_CHECK(!o.line_by_line || o.mlm, "line_by_line shapes masked-LM data: it needs --mlm");
   BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
               "validation_split_percentage must lie in [0, 100), got ",
               o.validation_split_percentage);

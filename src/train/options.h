@@ -26,7 +26,11 @@ struct TrainOptions {
   int64_t max_seq_length = 128;  // classification: tokens per example (truncated, padded)
   int64_t block_size = 0;        // causal LM: tokens per block (0: min(1024, n_positions))
   std::string text_column_name;
-  int64_t validation_split_percentage = 5;  // causal LM without a validation file
+  int64_t validation_split_percentage = 5;  // causal/masked LM without a validation file
+  // run_mlm: a BERT model learns masked tokens (BertForMaskedLM) instead of classifying.
+  bool mlm = false;
+  double mlm_probability = 0.15;
+  bool line_by_line = false;  // masked LM: one sample per line instead of grouped blocks
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -170,6 +174,13 @@ void visit_options(Options& o, Visitor&& v) {
     "where tokenized data files are cached and memory-mapped by later runs (default "
     "output_dir/tokenized_cache; none: no cache)");
   v("overwrite_cache", o.overwrite_cache, "tokenize the data files again even when cached");
+  v("mlm", o.mlm,
+    "masked language modeling as run_mlm: a BERT model (BertForMaskedLM) learns the text files' "
+    "tokens, 15% of them chosen (80% masked, 10% random, 10% kept), new draws each epoch");
+  v("mlm_probability", o.mlm_probability, "masked LM: the share of tokens chosen");
+  v("line_by_line", o.line_by_line,
+    "masked LM: each non-blank line is one sample (truncated to max_seq_length) instead of "
+    "concatenated lines cut into blocks of max_seq_length");
   v("keep_linebreaks", o.keep_linebreaks,
     "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
     "without)");

@@ -267,12 +267,15 @@ TrainOptions shape_to_memory(const TrainOptions& options, Device device, const B
 TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log) {
   const TrainOptions& o = run.options;
   TrainerState state;
-  const std::string weights = (fs::path(o.model_name_or_path) / "model.safetensors").string();
+  // model.safetensors, or the shards of model.safetensors.index.json.
+  const std::string weights = fs::is_directory(o.model_name_or_path)
+                                  ? WeightFiles::find_in_folder(o.model_name_or_path)
+                                  : std::string();
   if (!o.resume_from_checkpoint.empty()) {
     load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state);
-  } else if (fs::is_directory(o.model_name_or_path) && fs::exists(weights)) {
+  } else if (!weights.empty()) {
     const std::vector<std::string> fresh =
-        run.model->load_pretrained(be, SafetensorsFile(weights), o.seed);
+        run.model->load_pretrained(be, WeightFiles(weights), o.seed);
     if (!fresh.empty() && on_log) {
       // transformers' words, so users recognize the situation.
       std::string names;
@@ -480,8 +483,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   if (o.do_train) {
     if (o.load_best_model_at_end && !state.best_model_checkpoint.empty()) {
       model->load_weights(
-          *be,
-          SafetensorsFile((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
+          *be, WeightFiles((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
       precision.adopt_model_weights(*be, model->params());
       s.best_model_checkpoint = state.best_model_checkpoint;
       report(

@@ -1,0 +1,162 @@
+// run_mlm's samples and masking (see masked_lm.h).
+#include "data/masked_lm.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/encode_rows.h"
+#include "data/token_cache.h"
+
+namespace brisk {
+
+namespace {
+constexpr uint32_t kMaskingSite = 0x6d6c6d00u;  // "mlm": apart from every dropout site
+
+bool below(uint32_t word, double p) {
+  return static_cast<double>(word) < p * 4294967296.0;
+}
+
+bool blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  });
+}
+}  // namespace
+
+MaskedToken mask_token(const MaskingOptions& m, int64_t index, int64_t epoch, int64_t stride,
+                       int64_t position, int32_t id, bool special) {
+  if (special) return {id, kIgnoreIndex};
+  const RngKey key{m.seed, static_cast<uint64_t>(epoch), kMaskingSite};
+  const Philox4 r = rng_block(key, static_cast<uint64_t>(index * stride + position));
+  if (!below(r.v[0], m.probability)) return {id, kIgnoreIndex};
+  if (below(r.v[1], 0.8)) return {m.mask_id, id};
+  // Of the remaining 20%, half random (the collator's 0.1 / 0.2), half kept.
+  if (!below(r.v[2], 0.5)) return {id, id};
+  const auto random =
+      static_cast<int32_t>((uint64_t{r.v[3]} * static_cast<uint64_t>(m.vocab)) >> 32);
+  return {random, id};
+}
+
+TokenizedRows tokenize_lines(const TextTable& t, int64_t column, const TextEncoder& encoder,
+                             int64_t first, int64_t end, int64_t max_length, bool skip_blank) {
+  std::vector<int64_t> kept;
+  for (int64_t r = first; r < end; ++r) {
+    const bool empty = t.kind(r, column) == CellKind::null || blank(t.text(r, column));
+    if (!(skip_blank && empty)) kept.push_back(r);
+  }
+  const std::vector<Encoded> rows =
+      encode_rows(encoder, static_cast<int64_t>(kept.size()), [&](int64_t i) {
+        const int64_t r = kept[static_cast<size_t>(i)];
+        const std::string_view text =
+            t.kind(r, column) == CellKind::null ? std::string_view() : t.text(r, column);
+        return encoder.encode(text, std::nullopt, max_length);
+      });
+  auto a = std::make_shared<TokenArrays>();
+  a->offsets.push_back(0);
+  for (const Encoded& e : rows) {
+    a->ids.insert(a->ids.end(), e.ids.begin(), e.ids.end());
+    a->types.insert(a->types.end(), e.ids.size(), 0);
+    a->offsets.push_back(static_cast<int64_t>(a->ids.size()));
+  }
+  return view_of(std::move(a));
+}
+
+MaskedLmDataset::MaskedLmDataset(TokenizedRows rows, int64_t lead, int64_t trail,
+                                 int64_t max_length, bool line_by_line, int32_t pad,
+                                 MaskingOptions masking)
+    : lead_(lead),
+      trail_(trail),
+      max_length_(max_length),
+      line_by_line_(line_by_line),
+      pad_(pad),
+      masking_(masking),
+      rows_(std::move(rows)) {
+  BRISK_CHECK(max_length >= 1, "max_seq_length must be positive for masked language modeling");
+  BRISK_CHECK(masking.probability > 0 && masking.probability < 1,
+              "mlm_probability must lie in (0, 1), got ", masking.probability);
+  BRISK_CHECK(masking.mask_id >= 0 && masking.mask_id < masking.vocab && masking.vocab > 0,
+              "the mask token id ", masking.mask_id, " lies outside the tokenizer's ",
+              masking.vocab, " tokens");
+  BRISK_CHECK(!rows_.offsets.empty() && rows_.types.size() == rows_.ids.size(),
+              "tokenized rows without the arrays a masked-LM dataset needs");
+  const size_t n = rows_.offsets.size() - 1;
+  auto row_length = [&](size_t r) { return rows_.offsets[r + 1] - rows_.offsets[r]; };
+  if (line_by_line_) {
+    for (size_t r = 0; r < n; ++r)
+      BRISK_CHECK(row_length(r) <= max_length, "tokenized line ", r, " holds ", row_length(r),
+                  " tokens, more than max_seq_length ", max_length);
+    size_ = static_cast<int64_t>(n);
+    BRISK_CHECK(size_ > 0, "no line with text to learn from");
+    return;
+  }
+  // run_mlm's group_texts over map batches of 1000 lines: each batch's lines concatenated and cut
+  // into blocks, its remainder dropped.
+  for (size_t first = 0; first < n; first += kGroupRows) {
+    const size_t end = std::min(n, first + kGroupRows);
+    const size_t begin = stream_.size();
+    for (size_t r = first; r < end; ++r) {
+      const int64_t len = row_length(r);
+      const int32_t* ids = rows_.ids.data() + rows_.offsets[r];
+      for (int64_t t = 0; t < len; ++t) {
+        stream_.push_back(ids[t]);
+        special_.push_back(t < lead || t >= len - trail);
+      }
+    }
+    const size_t whole = (stream_.size() - begin) / static_cast<size_t>(max_length) *
+                         static_cast<size_t>(max_length);
+    stream_.resize(begin + whole);
+    special_.resize(begin + whole);
+  }
+  size_ = static_cast<int64_t>(stream_.size()) / max_length;
+  BRISK_CHECK(size_ > 0, "the text holds ", rows_.ids.size(),
+              " tokens: not one block of max_seq_length ", max_length,
+              " in any group of 1000 lines");
+  rows_ = TokenizedRows();  // the blocks hold all that is needed
+}
+
+int64_t MaskedLmDataset::length(int64_t index) const {
+  if (!line_by_line_) return max_length_;
+  const size_t i = static_cast<size_t>(index);
+  return rows_.offsets[i + 1] - rows_.offsets[i];
+}
+
+const int32_t* MaskedLmDataset::tokens(int64_t index) const {
+  return line_by_line_ ? rows_.ids.data() + rows_.offsets[static_cast<size_t>(index)]
+                       : stream_.data() + index * max_length_;
+}
+
+bool MaskedLmDataset::special(int64_t index, int64_t t) const {
+  if (!line_by_line_) return special_[static_cast<size_t>(index * max_length_ + t)] != 0;
+  return t < lead_ || t >= length(index) - trail_;
+}
+
+void MaskedLmDataset::fill_row(int64_t index, int64_t epoch, const Batch& b, int64_t row) const {
+  const int64_t T = b.input_ids.dim(1);
+  const int64_t n = std::min(length(index), T);
+  const int32_t* src = tokens(index);
+  int32_t* ids = b.input_ids.i32() + row * T;
+  int32_t* labels = b.labels.i32() + row * T;
+  int32_t* mask = b.attention_mask.i32() + row * T;
+  int32_t* types = b.token_type_ids.empty() ? nullptr : b.token_type_ids.i32() + row * T;
+  for (int64_t t = 0; t < T; ++t) {
+    MaskedToken m{pad_, kIgnoreIndex};
+    if (t < n) m = mask_token(masking_, index, epoch, max_length_, t, src[t], special(index, t));
+    ids[t] = m.input;
+    labels[t] = m.label;
+    mask[t] = t < n ? 1 : 0;
+    if (types) types[t] = 0;
+  }
+}
+
+int64_t MaskedLmDataset::count_targets(int64_t index, int64_t epoch) const {
+  const int64_t n = length(index);
+  const int32_t* src = tokens(index);
+  int64_t chosen = 0;
+  for (int64_t t = 0; t < n; ++t)
+    chosen += mask_token(masking_, index, epoch, max_length_, t, src[t], special(index, t)).label !=
+              kIgnoreIndex;
+  return chosen;
+}
+
+}  // namespace brisk

@@ -1,0 +1,309 @@
+// The BERT family's encoder with its task heads (see encoder.h).
+#include "models/encoder.h"
+
+#include <cmath>
+
+namespace brisk {
+
+namespace {
+constexpr uint32_t kEmbeddingSite = 1u << 30;
+constexpr uint32_t kClassifierSite = kEmbeddingSite + 1;
+
+class Encoder final : public Model {
+ public:
+  Encoder(const ModelConfig& c, const EncoderNames& n) : Model(c), n_(n) {
+    BRISK_CHECK(!masked_lm() || n.masked_lm_class, "brisk has no masked-LM head for ",
+                c.type_name(), " models (only BertForMaskedLM)");
+  }
+
+ private:
+  struct LayerIds {
+    int qkv_w_first, qkv_w_last, qkv_b_first, qkv_b_last, proj_w, proj_b, ln_a_g, ln_a_b;
+    int fc_w, fc_b, out_w, out_b, ln_b_g, ln_b_b;
+  };
+
+  bool token_types() const { return n_.token_type != nullptr; }
+  bool masked_lm() const { return config_.task == ModelTask::masked_lm; }
+
+  void declare_params() override {
+    const ModelConfig& c = config_;
+    const int64_t C = c.hidden_size, F = c.intermediate_size;
+    const std::string base = n_.base;
+    auto linear = [&](const std::string& name, Shape w_shape) {
+      const int w = param(name + ".weight", w_shape, kLinearWeight);
+      param(name + ".bias", {w_shape[0]}, kBiasOrNorm);
+      return w;  // the bias is w + 1
+    };
+    auto norm = [&](const std::string& name) {
+      const int gamma = param(name + ".weight", {C}, kBiasOrNorm);
+      param(name + ".bias", {C}, kBiasOrNorm);
+      return gamma;
+    };
+    // The masked-LM decoder multiplies by the word embeddings: a tied product operand.
+    word_ = param(base + n_.word + ".weight", {c.vocab_size, C},
+                  masked_lm() ? kTiedEmbedding : kEmbedding);
+    pos_ = param(base + n_.position + ".weight", {c.max_position_embeddings, C}, kEmbedding);
+    if (token_types())
+      type_ = param(base + n_.token_type + ".weight", {c.type_vocab_size, C}, kEmbedding);
+    emb_ln_g_ = norm(base + n_.embedding_norm);
+    if (c.pad_token_id >= 0) set_padded_embedding(word_);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = base + n_.layer + std::to_string(l) + ".";
+      LayerIds ids{};
+      // query, key and value weights lie end to end, then their biases, so that each group acts
+      // as one [3C, C] projection (or [3C] bias).
+      ids.qkv_w_first = param(p + n_.query + ".weight", {C, C}, kLinearWeight);
+      param(p + n_.key + ".weight", {C, C}, kLinearWeight);
+      ids.qkv_w_last = param(p + n_.value + ".weight", {C, C}, kLinearWeight);
+      ids.qkv_b_first = param(p + n_.query + ".bias", {C}, kBiasOrNorm);
+      param(p + n_.key + ".bias", {C}, kBiasOrNorm);
+      ids.qkv_b_last = param(p + n_.value + ".bias", {C}, kBiasOrNorm);
+      ids.proj_w = linear(p + n_.attention_output, {C, C});
+      ids.ln_a_g = norm(p + n_.attention_norm);
+      ids.fc_w = linear(p + n_.intermediate, {F, C});
+      ids.out_w = linear(p + n_.output, {C, F});
+      ids.ln_b_g = norm(p + n_.output_norm);
+      ids.proj_b = ids.proj_w + 1;
+      ids.ln_a_b = ids.ln_a_g + 1;
+      ids.fc_b = ids.fc_w + 1;
+      ids.out_b = ids.out_w + 1;
+      ids.ln_b_b = ids.ln_b_g + 1;
+      layers_.push_back(ids);
+    }
+    if (masked_lm()) {
+      // In transformers' order: the decoder's bias, then the transform.
+      const std::string h = n_.masked_lm_head;
+      mlm_bias_ = param(h + ".bias", {c.vocab_size}, kBiasOrNorm);
+      head_w_ = linear(h + ".transform.dense", {C, C});
+      mlm_ln_g_ = norm(h + ".transform.LayerNorm");
+      return;
+    }
+    head_w_ = linear(n_.head_dense, {C, C});
+    cls_w_ = linear(n_.classifier, {c.num_labels, C});
+  }
+
+  int64_t head_width() const override {
+    return masked_lm() ? config_.vocab_size : config_.hidden_size;
+  }
+  const char* base_prefix() const override { return n_.base; }
+  const char* class_name() const override {
+    return masked_lm() ? n_.masked_lm_class : n_.class_name;
+  }
+  BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
+    if (masked_lm()) return {batch, seq, token_types(), /*labels_per_token=*/true};
+    return {batch, seq, token_types(), /*labels_per_token=*/false, config_.regression};
+  }
+
+  BlockStyle block_style(bool training) const override {
+    BlockStyle s;
+    s.pre_norm = false;
+    s.causal = config_.causal;
+    s.layout = WeightLayout::out_in;
+    s.activation = config_.activation;
+    s.eps = config_.layer_norm_eps;
+    s.attention_dropout = training ? config_.attention_dropout : 0.0f;
+    s.attention_output_dropout = training ? config_.attention_output_dropout : 0.0f;
+    s.residual_dropout = training ? config_.hidden_dropout : 0.0f;
+    s.heads = static_cast<int>(config_.num_heads);
+    s.attention_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+    return s;
+  }
+
+  BlockParams layer_params(int layer, bool grads) const override {
+    const LayerIds& i = layers_[layer];
+    const int64_t C = config_.hidden_size;
+    auto t = [&](int id) { return grads ? g(id) : w(id); };
+    BlockParams b;
+    b.qkv_w = grads ? params_.grad_span(i.qkv_w_first, i.qkv_w_last, {3 * C, C})
+                    : params_.weight_span(i.qkv_w_first, i.qkv_w_last, {3 * C, C});
+    b.qkv_b = grads ? params_.grad_span(i.qkv_b_first, i.qkv_b_last, {3 * C})
+                    : params_.weight_span(i.qkv_b_first, i.qkv_b_last, {3 * C});
+    b.proj_w = t(i.proj_w);
+    b.proj_b = t(i.proj_b);
+    b.ln_a_g = t(i.ln_a_g);
+    b.ln_a_b = t(i.ln_a_b);
+    b.fc_w = t(i.fc_w);
+    b.fc_b = t(i.fc_b);
+    b.out_w = t(i.out_w);
+    b.out_b = t(i.out_b);
+    b.ln_b_g = t(i.ln_b_g);
+    b.ln_b_b = t(i.ln_b_b);
+    return b;
+  }
+
+  void declare_buffers(MemoryPlan& plan, const BatchShape& s) override {
+    const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
+    if (token_types())
+      declare_input(plan, &batch_.token_type_ids, &dev_batch_.token_type_ids,
+                    "batch.token_type_ids", {B, T});
+    if (masked_lm())
+      declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B, T});
+    else if (config_.regression)
+      declare_input(plan, &batch_.label_values, &dev_batch_.label_values, "batch.label_values", {B},
+                    DType::f32);
+    else
+      declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B});
+    declare(plan, &emb_sum_, "embeddings.sum", Category::activations, DType::f32, {B, T, C});
+    declare(plan, &emb_mean_, "embeddings.mean", Category::activations, DType::f32, {B, T});
+    declare(plan, &emb_rstd_, "embeddings.rstd", Category::activations, DType::f32, {B, T});
+    if (masked_lm()) {
+      const int64_t V = config_.vocab_size;
+      declare(plan, &head_pre_, "mlm.dense", Category::activations, DType::f32, {B, T, C});
+      declare(plan, &head_act_, "mlm.act", Category::activations, DType::f32, {B, T, C});
+      declare(plan, &mlm_out_, "mlm.norm", Category::activations, DType::f32, {B, T, C});
+      declare(plan, &mlm_mean_, "mlm.mean", Category::activations, DType::f32, {B, T});
+      declare(plan, &mlm_rstd_, "mlm.rstd", Category::activations, DType::f32, {B, T});
+      declare(plan, &logits_, "logits", Category::activations, DType::f32, {B, T, V});
+      return;
+    }
+    declare(plan, &first_, "pooler.first", Category::activations, DType::f32, {B, C});
+    // tanh's gradient needs only its output, computed in place; ReLU's needs its input.
+    if (!n_.tanh_head)
+      declare(plan, &head_pre_, "pooler.dense", Category::activations, DType::f32, {B, C});
+    declare(plan, &head_act_, "pooler.out", Category::activations, DType::f32, {B, C});
+    declare(plan, &dropped_, "classifier.in", Category::activations, DType::f32, {B, C});
+    declare(plan, &logits_, "logits", Category::activations, DType::f32, {B, config_.num_labels});
+    declare(plan, &d_head_, "grad.pool", Category::temporaries, DType::f32, {B, C});
+    declare(plan, &d_first_, "grad.first", Category::temporaries, DType::f32, {B, C});
+  }
+
+  void validate_batch() const override {
+    check_ids(batch_.input_ids, config_.vocab_size, "token id");
+    if (token_types()) check_ids(batch_.token_type_ids, config_.type_vocab_size, "token type id");
+    if (masked_lm()) {
+      const int32_t* y = batch_.labels.i32();
+      for (int64_t i = 0; i < batch_.labels.numel(); ++i)
+        BRISK_CHECK(y[i] == kIgnoreIndex || (y[i] >= 0 && y[i] < config_.vocab_size), "label ",
+                    y[i], " at position ", i, " is outside the vocabulary of ", config_.vocab_size);
+      return;
+    }
+    if (config_.regression) {
+      const float* v = batch_.label_values.f32();
+      for (int64_t b = 0; b < shape_.batch; ++b)
+        BRISK_CHECK(no_label_value(v[b]) || std::isfinite(v[b]), "label ", v[b], " of sequence ", b,
+                    " is not a finite number");
+      return;
+    }
+    const int32_t* y = batch_.labels.i32();
+    for (int64_t b = 0; b < shape_.batch; ++b)
+      BRISK_CHECK(y[b] == kIgnoreIndex || (y[b] >= 0 && y[b] < config_.num_labels), "label ", y[b],
+                  " of sequence ", b, " is outside [0, ", config_.num_labels, ")");
+  }
+
+  Tensor type_table(bool grads) const {
+    if (!token_types()) return Tensor();
+    return grads ? g(type_) : w(type_);
+  }
+
+  void embed_forward(Backend& be, const StepOptions& o) override {
+    be.embedding_forward(dev_batch_.input_ids, w(word_), w(pos_), dev_batch_.token_type_ids,
+                         type_table(false), emb_sum_);
+    be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_g_ + 1), config_.layer_norm_eps,
+                         hidden_[0], emb_mean_, emb_rstd_);
+    be.dropout_forward(hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
+                       hidden_[0]);
+  }
+
+  void head_forward(Backend& be, const StepOptions& o) override {
+    if (masked_lm()) return masked_lm_forward(be, o);
+    be.first_token(hidden_[config_.num_layers], first_);
+    if (n_.tanh_head) {
+      be.linear_forward(first_, w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_act_);
+      be.tanh_forward(head_act_, head_act_);
+    } else {
+      be.linear_forward(first_, w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_pre_);
+      be.activation_forward(Activation::relu, head_pre_, head_act_);
+    }
+    be.dropout_forward(head_act_, dropout(config_.classifier_dropout, o), site(o, kClassifierSite),
+                       dropped_);
+    be.linear_forward(dropped_, w(cls_w_), w(cls_w_ + 1), WeightLayout::out_in, logits_);
+    if (config_.regression)
+      be.mse_loss(logits_, dev_batch_.label_values, o.compute_grad, o.loss_grad_scale, loss_sum());
+    else
+      be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
+                               loss_sum());
+  }
+
+  void head_backward(Backend& be, const StepOptions& o) override {
+    if (masked_lm()) return masked_lm_backward(be);
+    be.linear_backward(dropped_, w(cls_w_), logits_, WeightLayout::out_in, d_head_, false,
+                       g(cls_w_), g(cls_w_ + 1));
+    be.dropout_backward(d_head_, dropout(config_.classifier_dropout, o), site(o, kClassifierSite),
+                        d_head_);
+    if (n_.tanh_head)
+      be.tanh_backward(head_act_, d_head_, d_head_);
+    else
+      be.activation_backward(Activation::relu, head_pre_, d_head_, d_head_);
+    be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
+                       g(head_w_), g(head_w_ + 1));
+    be.fill(d_hidden_, 0.0f);
+    be.first_token_backward(d_first_, d_hidden_);
+  }
+
+  // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position.
+  void masked_lm_forward(Backend& be, const StepOptions& o) {
+    be.linear_forward(hidden_[config_.num_layers], w(head_w_), w(head_w_ + 1), WeightLayout::out_in,
+                      head_pre_);
+    be.activation_forward(config_.activation, head_pre_, head_act_);
+    be.layernorm_forward(head_act_, w(mlm_ln_g_), w(mlm_ln_g_ + 1), config_.layer_norm_eps,
+                         mlm_out_, mlm_mean_, mlm_rstd_);
+    be.linear_forward(mlm_out_, w(word_), w(mlm_bias_), WeightLayout::out_in, logits_);
+    be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
+                             loss_sum());
+  }
+
+  // The block scratch is free while the head runs: tmp and tmp2 hold the head's gradients.
+  void masked_lm_backward(Backend& be) {
+    const Tensor& d_norm = scratch_.tmp;
+    const Tensor& d_act = scratch_.tmp2;
+    be.linear_backward(mlm_out_, w(word_), logits_, WeightLayout::out_in, d_norm, false, g(word_),
+                       g(mlm_bias_));
+    be.layernorm_backward(d_norm, head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
+                          g(mlm_ln_g_), g(mlm_ln_g_ + 1));
+    be.activation_backward(config_.activation, head_pre_, d_act, d_act);
+    be.linear_backward(hidden_[config_.num_layers], w(head_w_), d_act, WeightLayout::out_in,
+                       d_hidden_, false, g(head_w_), g(head_w_ + 1));
+  }
+
+  void embed_backward(Backend& be, const StepOptions& o) override {
+    be.dropout_backward(d_hidden_, dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
+                        d_hidden_);
+    be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
+                          false, g(emb_ln_g_), g(emb_ln_g_ + 1));
+    be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, config_.pad_token_id,
+                          dev_batch_.token_type_ids, g(word_), g(pos_), type_table(true));
+  }
+
+  // DistilBERT's sinusoidal_pos_embds: the position table starts as sin/cos of
+  // pos / 10000^(2*(j/2)/dim) (even columns sin, odd cos), then trains like any other weight
+  // (transformers 5 copies the values into the parameter without freezing it).
+  void init_extra(Backend& be) override {
+    if (!config_.sinusoidal_positions) return;
+    const int64_t C = config_.hidden_size;
+    write_in_pieces(be, w(pos_), [&](const Tensor& piece, int64_t first) {
+      float* x = piece.f32();
+      for (int64_t i = 0; i < piece.numel(); ++i) {
+        const int64_t pos = (first + i) / C, j = (first + i) % C;
+        const double angle =
+            static_cast<double>(pos) / std::pow(10000.0, static_cast<double>(2 * (j / 2)) / C);
+        x[i] = static_cast<float>(j % 2 == 0 ? std::sin(angle) : std::cos(angle));
+      }
+    });
+  }
+
+  static float dropout(float p, const StepOptions& o) { return o.training ? p : 0.0f; }
+
+  const EncoderNames& n_;
+  int word_ = 0, pos_ = 0, type_ = -1, emb_ln_g_ = 0, head_w_ = 0, cls_w_ = 0;
+  int mlm_bias_ = 0, mlm_ln_g_ = 0;  // masked LM
+  std::vector<LayerIds> layers_;
+  Tensor emb_sum_, emb_mean_, emb_rstd_, first_, head_pre_, head_act_, dropped_, d_head_, d_first_;
+  Tensor mlm_out_, mlm_mean_, mlm_rstd_;  // masked LM: the transform's LayerNorm
+};
+}  // namespace
+
+std::unique_ptr<Model> make_encoder(const ModelConfig& config, const EncoderNames& names) {
+  return std::make_unique<Encoder>(config, names);
+}
+
+}  // namespace brisk
