@@ -198,7 +198,9 @@ FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& trai
   masking.seed = o.seed;
   BRISK_CHECK(masking.mask_id >= 0, "the tokenizer at '", d.tokenizer_path,
               "' has no [MASK] token, which masked language modeling needs");
-  const auto [lead, trail] = t.single_specials();
+  // (Named variables: clang 14 cannot capture structured bindings in the lambda below.)
+  const std::pair<int64_t, int64_t> specials = t.single_specials();
+  const int64_t lead = specials.first, trail = specials.second;
   auto samples = [&](const TextTable& table, int64_t first, int64_t end) {
     const int64_t col = causal_lm_text_column(table, o.text_column_name);
     // Lines as run_mlm tokenizes them: truncated only one per line.
