@@ -398,6 +398,47 @@ TEST(CudaOps, LayerNormMatchesTheCpu) {
     }
 }
 
+// Llama's and Qwen2's eps; C = 1031 takes several 32-column chunks per lane and row.
+TEST(CudaOps, RmsNormMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(27);
+  const std::pair<Shape, float> cases[] = {
+      {Shape{37, 75}, 1e-6f}, {Shape{37, 129}, 1e-5f}, {Shape{2, 19, 1031}, 1e-6f}};
+  for (const auto& [xs, eps] : cases)
+    for (bool accumulate : {false, true})
+      for (bool with_dgamma : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "x " << xs.str() << " accumulate_dx=" << accumulate
+                                          << " dgamma=" << with_dgamma);
+        const int64_t C = xs[xs.rank() - 1], R = xs.numel() / C;
+        const FVec x = randn(R * C, rng, 2.f, 0.5f), gamma = randn(C, rng, 0.1f, 1.f);
+        const FVec dy = randn(R * C, rng), dx0 = randn(R * C, rng), dg0 = randn(C, rng);
+        auto run = [&](Backend& be) {
+          DeviceBuffers d(be);
+          const Tensor xt = d.put(x, xs), g = d.put(gamma, {C});
+          const Tensor y = d.put(FVec(x.size(), -7.f), xs), rstd = d.put(FVec(R, -7.f), {R});
+          const Tensor dyt = d.put(dy, xs), dx = d.put(dx0, xs), dg = d.put(dg0, {C});
+          const Tensor dy_inplace = d.put(dy, xs);
+          be.rmsnorm_forward(xt, g, eps, y, rstd);
+          be.rmsnorm_backward(dyt, xt, g, rstd, dx, accumulate, with_dgamma ? dg : Tensor());
+          // dx over dy, after the gamma gradient has read dy.
+          be.rmsnorm_backward(dy_inplace, xt, g, rstd, dy_inplace, false, Tensor());
+          return std::array<FVec, 5>{d.get(y), d.get(rstd), d.get(dx), d.get(dg),
+                                     d.get(dy_inplace)};
+        };
+        const auto want = run(*cpu), got = run(*gpu);
+        EXPECT_TRUE(near(got[0], want[0], 1e-5)) << "y";
+        EXPECT_TRUE(near(got[1], want[1], 1e-5)) << "rstd";
+        EXPECT_TRUE(rel_near(got[2], want[2], 1e-5)) << "dx";
+        if (with_dgamma)
+          EXPECT_TRUE(rel_near(got[3], want[3], 1e-5)) << "dgamma (accumulated)";
+        else
+          EXPECT_TRUE(identical(got[3], dg0)) << "an empty dgamma leaves the buffer alone";
+        EXPECT_TRUE(rel_near(got[4], want[4], 1e-5)) << "dx in place of dy";
+      }
+}
+
 TEST(CudaOps, ActivationsAndTanhMatchTheCpu) {
   REQUIRE_GPU();
   auto cpu = make_cpu_backend();

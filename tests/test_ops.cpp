@@ -162,6 +162,21 @@ Vec ref_layernorm(const Vec& x, const Vec& gamma, const Vec& beta, double eps, i
   return y;
 }
 
+// LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma.
+Vec ref_rmsnorm(const Vec& x, const Vec& gamma, double eps, int M, int C, Vec* rstd = nullptr) {
+  Vec y(x.size());
+  if (rstd) rstd->assign(M, 0.0);
+  for (int m = 0; m < M; ++m) {
+    const double* r = &x[size_t(m) * C];
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += r[c] * r[c];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) y[size_t(m) * C + c] = r[c] * rs * gamma[c];
+    if (rstd) (*rstd)[m] = rs;
+  }
+  return y;
+}
+
 // transformers' definitions, in double.
 double ref_activation(Activation kind, double x) {
   switch (kind) {
@@ -338,6 +353,78 @@ TEST(OpsLayerNorm, ForwardAndBackward) {
     EXPECT_TRUE(grad_close(minus(dg, dg0), want_dg));
     EXPECT_TRUE(grad_close(minus(db, db0), want_db));
   }
+}
+
+// Llama's and Qwen2's eps values. Rows scaled down to mean(x^2) ~ 1e-6 make eps matter as much
+// as the data, so a misplaced eps shows; a row of zeros gives y = 0 and rstd = 1/sqrt(eps).
+TEST(OpsRmsNorm, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(16);
+  const int M = 7, C = 13;
+  for (float eps : {1e-6f, 1e-5f}) {
+    SCOPED_TRACE(::testing::Message() << "eps=" << eps);
+    FVec x = randn(size_t(M) * C, rng, 1.5f, 0.5f);
+    for (int c = 0; c < C; ++c) x[size_t(2) * C + c] *= 1e-3f;  // mean(x^2) near eps
+    for (int c = 0; c < C; ++c) x[size_t(4) * C + c] = 0.f;
+    FVec gamma = randn(C, rng, 0.3f, 1.f);
+    FVec y(x.size(), -7.f), rstd(M, -7.f);
+    be->rmsnorm_forward(view(x, {M, C}), view(gamma, {C}), eps, view(y, {M, C}), view(rstd, {M}));
+    const Vec xd = to_d(x), gd = to_d(gamma);
+    Vec ref_rstd;
+    EXPECT_TRUE(close(y, ref_rmsnorm(xd, gd, eps, M, C, &ref_rstd)));
+    // rstd is large where the row is small: compare it relative to its own size.
+    for (int m = 0; m < M; ++m) EXPECT_NEAR(rstd[m], ref_rstd[m], kFwdTol * ref_rstd[m]) << m;
+    FVec y_inplace = x;  // y may alias x
+    FVec rstd2(M, -7.f);
+    be->rmsnorm_forward(view(y_inplace, {M, C}), view(gamma, {C}), eps, view(y_inplace, {M, C}),
+                        view(rstd2, {M}));
+    EXPECT_EQ(y_inplace, y);
+    EXPECT_EQ(rstd2, rstd);
+
+    FVec dy = randn(x.size(), rng);
+    const Vec dyd = to_d(dy);
+    auto loss_x = [&](const Vec& v) { return dot(ref_rmsnorm(v, gd, eps, M, C), dyd); };
+    auto loss_g = [&](const Vec& v) { return dot(ref_rmsnorm(xd, v, eps, M, C), dyd); };
+    // A smaller step for the rows near eps, whose curvature is 1e3 times larger.
+    const Vec want_dx = numeric_grad(xd, loss_x, 1e-6), want_dg = numeric_grad(gd, loss_g);
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "accumulate_dx=" << accumulate);
+      const FVec dx0 = randn(x.size(), rng), dg0 = randn(C, rng);
+      FVec dx = dx0, dg = dg0;
+      be->rmsnorm_backward(view(dy, {M, C}), view(x, {M, C}), view(gamma, {C}), view(rstd, {M}),
+                           view(dx, {M, C}), accumulate, view(dg, {C}));
+      EXPECT_TRUE(grad_close(accumulate ? minus(dx, dx0) : to_d(dx), want_dx));
+      EXPECT_TRUE(grad_close(minus(dg, dg0), want_dg));
+    }
+    // dx in place of dy, and no gamma gradient.
+    FVec dyc = dy;
+    be->rmsnorm_backward(view(dyc, {M, C}), view(x, {M, C}), view(gamma, {C}), view(rstd, {M}),
+                         view(dyc, {M, C}), false, Tensor());
+    EXPECT_TRUE(grad_close(to_d(dyc), want_dx));
+    // dgamma reads dy before dx overwrites it.
+    FVec dyc2 = dy, dg(C, 0.f);
+    be->rmsnorm_backward(view(dyc2, {M, C}), view(x, {M, C}), view(gamma, {C}), view(rstd, {M}),
+                         view(dyc2, {M, C}), false, view(dg, {C}));
+    EXPECT_TRUE(grad_close(to_d(dg), want_dg));
+  }
+}
+
+TEST(OpsRmsNorm, MismatchedShapesAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int M = 3, C = 4;
+  FVec x(size_t(M) * C, 1.f), gamma(C + 1, 1.f), y(x.size()), rstd(M + 1), dx(x.size());
+  EXPECT_THROW(be->rmsnorm_forward(view(x, {M, C}), view(gamma, {C + 1}), 1e-6f, view(y, {M, C}),
+                                   view(rstd, {M})),
+               brisk::Error);  // gamma
+  EXPECT_THROW(be->rmsnorm_forward(view(x, {M, C}), view(gamma, {C}), 1e-6f, view(y, {M, C}),
+                                   view(rstd, {M + 1})),
+               brisk::Error);  // rstd
+  EXPECT_THROW(be->rmsnorm_forward(view(x, {M, C}), view(gamma, {C}), 1e-6f, view(y, {M, C - 1}),
+                                   view(rstd, {M})),
+               brisk::Error);  // y
+  EXPECT_THROW(be->rmsnorm_backward(view(y, {M, C}), view(x, {M, C}), view(gamma, {C}),
+                                    view(rstd, {M}), view(dx, {M, C}), false, view(gamma, {C + 1})),
+               brisk::Error);  // dgamma
 }
 
 // Tolerances: each output is a few float32 operations around at most one erf, exp or tanh, which

@@ -40,6 +40,21 @@ void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
   *dims = d;
 }
 
+void Backend::check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                            const Tensor& other, const char* op) {
+  BRISK_CHECK(x.rank() >= 1, op, ": the input must have at least one dimension");
+  const int64_t C = x.dim(-1), rows = C ? x.numel() / C : 0;
+  BRISK_CHECK(x.dtype() == DType::f32 && gamma.dtype() == DType::f32 &&
+                  rstd.dtype() == DType::f32 && other.dtype() == DType::f32,
+              op, ": every tensor must be float32");
+  BRISK_CHECK(gamma.numel() == C, op, ": gamma has ", gamma.numel(), " elements for rows of ", C,
+              " (input ", x.shape().str(), ")");
+  BRISK_CHECK(rstd.numel() == rows, op, ": rstd has ", rstd.numel(), " elements for ", rows,
+              " rows (input ", x.shape().str(), ")");
+  BRISK_CHECK(other.numel() == x.numel(), op, ": element counts differ (", x.shape().str(), " vs ",
+              other.shape().str(), ")");
+}
+
 void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }

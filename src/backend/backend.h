@@ -173,6 +173,20 @@ class Backend {
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                   bool accumulate_dx, const Tensor& dgamma,
                                   const Tensor& dbeta) = 0;
+  // RMSNorm (transformers' LlamaRMSNorm, T5's LayerNorm) over the last dimension C, in float32:
+  // y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps), no centring and no bias. Saves
+  // rstd (one float per row) for the backward pass. y may alias x.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                               const Tensor& rstd) = 0;
+  // dx = (or += when accumulate_dx) the input gradient, from the forward's x and rstd; dgamma +=
+  // (skipped when empty). dx may alias dy.
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& rstd, const Tensor& dx, bool accumulate_dx,
+                                const Tensor& dgamma) = 0;
+  // Throws naming `op` unless x [..., C], gamma [C], rstd (one per row) and `other` (y, dy or
+  // dx: x's element count) fit together and are float32.
+  static void check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                            const Tensor& other, const char* op);
 
   // ---- elementwise ----
   // y = f(x) for the activation `kind`.

@@ -35,6 +35,10 @@ class CpuBackend final : public Backend {
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                           bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                       const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                        const Tensor& dx, bool accumulate_dx, const Tensor& dgamma) override;
 
   void activation_forward(Activation kind, const Tensor& x, const Tensor& y) override;
   void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,

@@ -163,6 +163,24 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
                            dev_or_null(dbeta, "dbeta"), R, C);
 }
 
+void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                                  const Tensor& rstd) {
+  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward");
+  cuda::rmsnorm_forward(stream_, dev(x, "rmsnorm input"), dev(gamma, "gamma"), eps,
+                        dev(y, "rmsnorm output"), dev(rstd, "rstd"), rows(x), cols(x));
+}
+
+void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& rstd, const Tensor& dx, bool accumulate_dx,
+                                   const Tensor& dgamma) {
+  check_rmsnorm(x, gamma, rstd, dy, "rmsnorm_backward");
+  check_rmsnorm(x, gamma, rstd, dx, "rmsnorm_backward");
+  if (!dgamma.empty()) check_rmsnorm(x, dgamma, rstd, dy, "rmsnorm_backward dgamma");
+  cuda::rmsnorm_backward(stream_, dev(dy, "rmsnorm gradient"), dev(x, "rmsnorm input"),
+                         dev(gamma, "gamma"), dev(rstd, "rstd"), dev(dx, "rmsnorm dx"),
+                         accumulate_dx, dev_or_null(dgamma, "dgamma"), rows(x), cols(x));
+}
+
 // ---- elementwise ----
 
 void CudaBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {

@@ -41,6 +41,16 @@ void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const f
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx,
                         float* dgamma, float* dbeta, int64_t rows, int64_t C);
 
+// ---- cuda_rmsnorm.cu ---- rows of C elements.
+// rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd * gamma; y may alias x.
+void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, float* y,
+                     float* rstd, int64_t rows, int64_t C);
+// dx = (or += when accumulate_dx) input gradient, may alias dy; dgamma += (null: skipped;
+// deterministic order).
+void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                      const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
+                      int64_t C);
+
 // ---- cuda_embedding.cu ----
 // out[b,t,:] = word[ids[b,t]] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0).
 // Ids are validated on the host before upload.

@@ -1,0 +1,71 @@
+// RMSNorm forward and backward on the CPU (Llama's normalization), row-parallel; the gamma
+// gradient column-blocked as LayerNorm's, so no per-thread buffers are needed.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace brisk {
+
+void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                                 const Tensor& rstd) {
+  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward");
+  const int64_t C = cols_of(x), R = rows_of(x);
+  const float *in = x.f32(), *g = gamma.f32();
+  float *out = y.f32(), *rs = rstd.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = in + r * C;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const float s = 1.0f / std::sqrt(ss / C + eps);
+    float* yr = out + r * C;
+    // (x * rstd) * gamma, in transformers' order; element c is read before it is written, so y
+    // may alias x.
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * g[c];
+    rs[r] = s;
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& rstd, const Tensor& dx, bool accumulate_dx,
+                                  const Tensor& dgamma) {
+  check_rmsnorm(x, gamma, rstd, dy, "rmsnorm_backward");
+  check_rmsnorm(x, gamma, rstd, dx, "rmsnorm_backward");
+  if (!dgamma.empty()) check_rmsnorm(x, dgamma, rstd, dy, "rmsnorm_backward dgamma");
+  const int64_t C = cols_of(x), R = rows_of(x);
+  const float *g = dy.f32(), *in = x.f32(), *gm = gamma.f32(), *rs = rstd.f32();
+  // dgamma first: it reads dy, which dx may overwrite.
+  if (!dgamma.empty()) {
+    float* dg = dgamma.f32();
+    constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+      const int64_t c1 = std::min(C, c0 + kBlock);
+      float acc[kBlock] = {};
+      for (int64_t r = 0; r < R; ++r) {
+        const float *xr = in + r * C, *gr = g + r * C;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += gr[c] * (xr[c] * rs[r]);
+      }
+      for (int64_t c = c0; c < c1; ++c) dg[c] += acc[c - c0];
+    }
+  }
+  // dx = rstd * (dy*gamma - xhat * mean(dy*gamma*xhat)) with xhat = x * rstd: the gradient of
+  // the normalization alone, whose centring term LayerNorm has and RMSNorm lacks.
+  float* out = dx.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float *xr = in + r * C, *gr = g + r * C;
+    float* dr = out + r * C;
+    const float s = rs[r];
+    float sum_dx = 0.0f;
+    for (int64_t c = 0; c < C; ++c) sum_dx += gr[c] * gm[c] * (xr[c] * s);
+    const float mean_dx = sum_dx / C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = s * (gr[c] * gm[c] - xr[c] * s * mean_dx);
+      dr[c] = accumulate_dx ? dr[c] + v : v;
+    }
+  }
+}
+
+}  // namespace brisk

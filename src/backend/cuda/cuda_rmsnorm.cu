@@ -1,0 +1,112 @@
+// RMSNorm forward and backward on CUDA (Llama's normalization): one warp per row for rstd and the
+// input gradient, as LayerNorm's kernels; the gamma gradient reduces over rows per column in a
+// fixed order (deterministic).
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
+
+namespace brisk::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;   // warps per block, one row each
+constexpr int kColsPerBlock = 32;  // gamma-gradient kernel: one warp-wide column chunk ...
+constexpr int kRowLanes = 32;      // ... read by this many warps, each over a stride of rows
+constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
+
+// rstd = 1 / sqrt(mean(x^2) + eps), y = (x * rstd) * gamma as the CPU. Each lane owns the columns
+// c = lane (mod 32) in both passes, so y may alias x.
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    rmsnorm_forward_kernel(const float* x, const float* gamma, float eps, float* y, float* rstd,
+                           int64_t rows, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const float cf = static_cast<float>(C);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const float* xr = x + row * C;
+    float ss = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+    const float s = 1.0f / sqrtf(warp_reduce(ss, SumOp{}) / cf + eps);
+    float* yr = y + row * C;
+    for (int64_t c = lane; c < C; c += 32) yr[c] = xr[c] * s * gamma[c];
+    if (lane == 0) rstd[row] = s;
+  }
+}
+
+// dx = rstd * (dy*gamma - xhat * mean(dy*gamma*xhat)), the CPU's formula. Lanes own fixed columns
+// across both passes, so dx may alias dy (the gamma gradient is taken first).
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    rmsnorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma,
+                               const float* rstd, float* dx, bool accumulate_dx, int64_t rows,
+                               int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const float cf = static_cast<float>(C);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const float *xr = x + row * C, *gr = dy + row * C;
+    const float s = rstd[row];
+    float sum_dx = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) sum_dx += gr[c] * gamma[c] * (xr[c] * s);
+    const float mean_dx = warp_reduce(sum_dx, SumOp{}) / cf;
+    float* dr = dx + row * C;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float v = s * (gr[c] * gamma[c] - xr[c] * s * mean_dx);
+      dr[c] = accumulate_dx ? dr[c] + v : v;
+    }
+  }
+}
+
+// dgamma[c] += sum_r dy[r,c] * x[r,c] * rstd[r]. A block takes 32 adjacent columns; its 32 warps
+// split the rows by a fixed stride and their partial sums meet in a fixed tree, so the result does
+// not depend on scheduling.
+__global__ void __launch_bounds__(kParamGradThreads)
+    rmsnorm_gamma_grad_kernel(const float* dy, const float* x, const float* rstd, float* dgamma,
+                              int64_t rows, int64_t C) {
+  __shared__ float part[kRowLanes][kColsPerBlock];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock; c0 < C;
+       c0 += static_cast<int64_t>(gridDim.x) * kColsPerBlock) {
+    const int64_t c = c0 + tx;
+    float acc = 0.0f;
+    if (c < C) {
+#pragma unroll 4
+      for (int64_t r = ty; r < rows; r += kRowLanes)
+        acc += dy[r * C + c] * (x[r * C + c] * rstd[r]);
+    }
+    part[ty][tx] = acc;
+    __syncthreads();
+    for (int half = kRowLanes / 2; half > 0; half >>= 1) {
+      if (ty < half) part[ty][tx] += part[ty + half][tx];
+      __syncthreads();
+    }
+    if (ty == 0 && c < C) dgamma[c] += part[0][tx];
+    // The next chunk overwrites the partials that row 0 just read.
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, float* y,
+                     float* rstd, int64_t rows, int64_t C) {
+  if (rows <= 0 || C <= 0) return;
+  rmsnorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+      x, gamma, eps, y, rstd, rows, C);
+  check_launch("rmsnorm_forward");
+}
+
+void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                      const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
+                      int64_t C) {
+  if (rows <= 0 || C <= 0) return;
+  // The gamma gradient first: it reads dy, which dx is allowed to overwrite.
+  if (dgamma) {
+    rmsnorm_gamma_grad_kernel<<<grid_for(C, kColsPerBlock), dim3(kColsPerBlock, kRowLanes), 0, s>>>(
+        dy, x, rstd, dgamma, rows, C);
+    check_launch("rmsnorm_backward (dgamma)");
+  }
+  rmsnorm_backward_dx_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+      dy, x, gamma, rstd, dx, accumulate_dx, rows, C);
+  check_launch("rmsnorm_backward (dx)");
+}
+
+}  // namespace brisk::cuda
