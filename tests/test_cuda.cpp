@@ -48,6 +48,7 @@
 
 #include "backend/activation.h"
 #include "backend/backend.h"
+#include "backend/rope.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "optim/optimizer.h"
@@ -437,6 +438,37 @@ TEST(CudaOps, RmsNormMatchesTheCpu) {
           EXPECT_TRUE(identical(got[3], dg0)) << "an empty dgamma leaves the buffer alone";
         EXPECT_TRUE(rel_near(got[4], want[4], 1e-5)) << "dx in place of dy";
       }
+}
+
+// MHA, GQA and MQA layouts; D = 128 (Llama's) and 6; from position 0 and from a later one.
+// Products of the same float32 values, possibly fused differently: 1e-6.
+TEST(CudaOps, RotaryMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(28);
+  struct Case {
+    int64_t B, T, H, K, D, first;
+  };
+  for (const Case& k :
+       {Case{2, 37, 4, 4, 128, 0}, Case{3, 19, 8, 2, 6, 11}, Case{1, 5, 6, 1, 64, 300}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << k.T << " H=" << k.H << " K=" << k.K << " D=" << k.D
+                                      << " first=" << k.first);
+    const int64_t W = (k.H + 2 * k.K) * k.D, P = k.first + k.T;
+    const RopeTables t = rope_tables(k.D, 500000.0, P);
+    const FVec x = randn(k.B * k.T * W, rng), g = randn(k.B * k.T * W, rng);
+    auto run = [&](Backend& be) {
+      DeviceBuffers d(be);
+      const Tensor c = d.put(t.cos, {P, k.D / 2}), s = d.put(t.sin, {P, k.D / 2});
+      const Tensor xt = d.put(x, {k.B, k.T, W}), gt = d.put(g, {k.B, k.T, W});
+      be.rotary_forward(xt, static_cast<int>(k.H), static_cast<int>(k.K), c, s, k.first);
+      be.rotary_backward(gt, static_cast<int>(k.H), static_cast<int>(k.K), c, s, k.first);
+      return std::array<FVec, 2>{d.get(xt), d.get(gt)};
+    };
+    const auto want = run(*cpu), got = run(*gpu);
+    EXPECT_TRUE(near(got[0], want[0], 1e-6)) << "forward";
+    EXPECT_TRUE(near(got[1], want[1], 1e-6)) << "backward";
+  }
 }
 
 TEST(CudaOps, ActivationsAndTanhMatchTheCpu) {

@@ -8,11 +8,14 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/activation.h"
 #include "backend/backend.h"
+#include "backend/rope.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -175,6 +178,32 @@ Vec ref_rmsnorm(const Vec& x, const Vec& gamma, double eps, int M, int C, Vec* r
     if (rstd) (*rstd)[m] = rs;
   }
   return y;
+}
+
+// transformers' apply_rotary_pos_emb on packed qkv [B,T,(H+2K)*D], literally: per query and key
+// head, x * cat(cos, cos) + rotate_half(x) * cat(sin, sin) with rotate_half(x) = cat(-x2, x1),
+// at position first + t; values copied.
+Vec ref_rotary(const Vec& qkv, const FVec& cos, const FVec& sin, int first, int B, int T, int H,
+               int K, int D) {
+  const int half = D / 2, width = (H + 2 * K) * D;
+  Vec out = qkv;
+  Vec c(D), s(D), rh(D);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < D; ++i) {
+        c[i] = cos[size_t(first + t) * half + i % half];
+        s[i] = sin[size_t(first + t) * half + i % half];
+      }
+      for (int h = 0; h < H + K; ++h) {
+        const size_t at = (size_t(b) * T + t) * width + size_t(h) * D;
+        for (int i = 0; i < half; ++i) {
+          rh[i] = -qkv[at + half + i];
+          rh[half + i] = qkv[at + i];
+        }
+        for (int i = 0; i < D; ++i) out[at + i] = qkv[at + i] * c[i] + rh[i] * s[i];
+      }
+    }
+  return out;
 }
 
 // transformers' definitions, in double.
@@ -425,6 +454,164 @@ TEST(OpsRmsNorm, MismatchedShapesAreRefused) {
   EXPECT_THROW(be->rmsnorm_backward(view(y, {M, C}), view(x, {M, C}), view(gamma, {C}),
                                     view(rstd, {M}), view(dx, {M, C}), false, view(gamma, {C + 1})),
                brisk::Error);  // dgamma
+}
+
+// rope_tables against transformers' own LlamaRotaryEmbedding (scripts/make_rope_fixture.py):
+// rope types default (Llama-2, Qwen2's theta 1e6, a six-wide head), linear and llama3 (3.1, 3.2).
+// Tolerances: inv_freq within 2 ulp (float32 steps in transformers' order; only pow is not
+// correctly rounded, by torch or by us). Where inv_freq is the same, the angle is the same float32
+// product position * inv_freq on both sides and cos/sin agree within one rounding (1.2e-7);
+// where it is an ulp apart, the angle moves by up to angle * 1.2e-7: 2e-7 plus 2.4e-7 of it.
+TEST(OpsRope, TablesMatchTransformers) {
+  const nlohmann::json fx = brisk::read_json_file(
+      std::string(BRISK_FIXTURES_DIR) + "/rope/tables.json", "the rope fixture");
+  const std::vector<int64_t> positions = fx.at("positions").get<std::vector<int64_t>>();
+  const int64_t table_len = positions.back() + 1;
+  ASSERT_EQ(fx.at("cases").size(), 6u);
+  for (const auto& c : fx.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    SCOPED_TRACE(name);
+    brisk::RopeScaling sc;
+    sc.type = brisk::rope_type_from_name(c.at("rope_type").get<std::string>());
+    if (c.contains("factor")) sc.factor = c.at("factor").get<double>();
+    if (sc.type == brisk::RopeScaling::Type::llama3) {
+      sc.low_freq_factor = c.at("low_freq_factor").get<double>();
+      sc.high_freq_factor = c.at("high_freq_factor").get<double>();
+      sc.original_max_position_embeddings = c.at("original_max_position_embeddings").get<int64_t>();
+    }
+    const int64_t D = c.at("head_dim").get<int64_t>(), half = D / 2;
+    const brisk::RopeTables t =
+        brisk::rope_tables(D, c.at("rope_theta").get<double>(), table_len, sc);
+    ASSERT_EQ(t.half, half);
+    ASSERT_EQ(t.positions, table_len);
+    ASSERT_EQ(t.cos.size(), size_t(table_len * half));
+    const FVec want_inv = c.at("inv_freq").get<FVec>();
+    ASSERT_EQ(t.inv_freq.size(), want_inv.size());
+    for (int64_t i = 0; i < half; ++i)
+      EXPECT_NEAR(t.inv_freq[i], want_inv[i], 2.4e-7 * want_inv[i]) << "inv_freq " << i;
+    const FVec want_cos = c.at("cos").get<FVec>(), want_sin = c.at("sin").get<FVec>();
+    ASSERT_EQ(want_cos.size(), positions.size() * size_t(half));
+    size_t exact = 0, same_freqs = 0;
+    for (size_t k = 0; k < positions.size(); ++k)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t p = positions[k];
+        const double angle = double(p) * want_inv[i];
+        const bool same_freq = t.inv_freq[i] == want_inv[i];
+        const double tol = same_freq ? 1.2e-7 : 2e-7 + 2.4e-7 * angle;
+        same_freqs += same_freq;
+        const float got_c = t.cos[p * half + i], got_s = t.sin[p * half + i];
+        const float wc = want_cos[k * half + i], ws = want_sin[k * half + i];
+        EXPECT_NEAR(got_c, wc, tol) << "cos at position " << p << ", pair " << i;
+        EXPECT_NEAR(got_s, ws, tol) << "sin at position " << p << ", pair " << i;
+        exact += (got_c == wc) + (got_s == ws);
+      }
+    // Most values are bit-identical; a handful differ in the last bit (torch's pow and cos).
+    EXPECT_GT(double(exact) / double(2 * positions.size() * half), 0.8);
+    EXPECT_GT(double(same_freqs) / double(positions.size() * half), 0.9);
+  }
+}
+
+TEST(OpsRope, BadParametersAreRefused) {
+  brisk::RopeScaling none;
+  EXPECT_THROW(brisk::rope_tables(7, 10000.0, 4, none), brisk::Error);  // odd head_dim
+  EXPECT_THROW(brisk::rope_tables(0, 10000.0, 4, none), brisk::Error);
+  EXPECT_THROW(brisk::rope_tables(8, 0.0, 4, none), brisk::Error);
+  EXPECT_THROW(brisk::rope_tables(8, std::nan(""), 4, none), brisk::Error);
+  brisk::RopeScaling linear;
+  linear.type = brisk::RopeScaling::Type::linear;
+  linear.factor = 0.0;
+  EXPECT_THROW(brisk::rope_tables(8, 10000.0, 4, linear), brisk::Error);
+  brisk::RopeScaling llama3;
+  llama3.type = brisk::RopeScaling::Type::llama3;
+  llama3.factor = 8.0;
+  llama3.low_freq_factor = 4.0;
+  llama3.high_freq_factor = 4.0;  // must exceed low_freq_factor
+  EXPECT_THROW(brisk::rope_tables(8, 500000.0, 4, llama3), brisk::Error);
+  for (const char* name : {"dynamic", "yarn", "longrope", "Default"})
+    EXPECT_THROW(brisk::rope_type_from_name(name), brisk::Error) << name;
+}
+
+// The rotation on packed qkv, against the literal rotate_half formula: MHA, GQA (H = 4 over
+// K = 2), MQA (K = 1) and a two-wide head, from position 0 and from a later position (decoding).
+// The op is linear, so its backward is checked by finite differences of the reference.
+TEST(OpsRotary, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(17);
+  struct Case {
+    int B, T, H, K, D, first;
+  };
+  for (const Case& k : {Case{2, 5, 3, 3, 8, 0}, Case{2, 3, 4, 2, 6, 7}, Case{1, 4, 6, 1, 4, 2},
+                        Case{2, 2, 2, 2, 2, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << k.B << " T=" << k.T << " H=" << k.H << " K=" << k.K
+                                      << " D=" << k.D << " first=" << k.first);
+    const int W = (k.H + 2 * k.K) * k.D, P = k.first + k.T + 3;
+    const brisk::RopeTables t = brisk::rope_tables(k.D, 10000.0, P);
+    FVec cos = t.cos, sin = t.sin;
+    const Shape qs{k.B, k.T, W}, ts{P, k.D / 2};
+    const FVec x0 = randn(size_t(k.B) * k.T * W, rng);
+    FVec x = x0;
+    be->rotary_forward(view(x, qs), k.H, k.K, view(cos, ts), view(sin, ts), k.first);
+    const Vec want = ref_rotary(to_d(x0), cos, sin, k.first, k.B, k.T, k.H, k.K, k.D);
+    EXPECT_TRUE(close(x, want));
+    for (int bt = 0; bt < k.B * k.T; ++bt)  // values: bit for bit
+      for (int j = (k.H + k.K) * k.D; j < W; ++j)
+        ASSERT_EQ(x[size_t(bt) * W + j], x0[size_t(bt) * W + j]) << "value column " << j;
+
+    const FVec g0 = randn(x.size(), rng);
+    FVec g = g0;
+    be->rotary_backward(view(g, qs), k.H, k.K, view(cos, ts), view(sin, ts), k.first);
+    const Vec gd = to_d(g0);
+    auto loss = [&](const Vec& v) {
+      return dot(ref_rotary(v, cos, sin, k.first, k.B, k.T, k.H, k.K, k.D), gd);
+    };
+    EXPECT_TRUE(grad_close(to_d(g), numeric_grad(to_d(x0), loss)));
+    // Backward undoes forward (the rotation is orthogonal).
+    be->rotary_backward(view(x, qs), k.H, k.K, view(cos, ts), view(sin, ts), k.first);
+    EXPECT_TRUE(close(x, to_d(x0)));
+  }
+}
+
+// Position 0 is the identity; position p of a sequence equals position 0 of the same token moved
+// p steps on (the op reads table rows first_position + t).
+TEST(OpsRotary, PositionsComeFromTheTable) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(18);
+  const int H = 2, K = 1, D = 4, W = (H + 2 * K) * D, P = 6;
+  const brisk::RopeTables t = brisk::rope_tables(D, 10000.0, P);
+  FVec cos = t.cos, sin = t.sin;
+  const FVec x0 = randn(size_t(3) * W, rng);
+  FVec whole = x0;  // three tokens at positions 2, 3, 4
+  be->rotary_forward(view(whole, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 2);
+  for (int t0 = 0; t0 < 3; ++t0) {  // one token at a time
+    FVec one(x0.begin() + t0 * W, x0.begin() + (t0 + 1) * W);
+    be->rotary_forward(view(one, {1, 1, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}),
+                       2 + t0);
+    for (int j = 0; j < W; ++j) EXPECT_EQ(one[j], whole[t0 * W + j]) << t0 << ", " << j;
+  }
+  FVec at0 = x0;
+  be->rotary_forward(view(at0, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 0);
+  for (int j = 0; j < W; ++j) EXPECT_EQ(at0[j], x0[j]) << "position 0 rotates by nothing";
+}
+
+TEST(OpsRotary, MismatchedShapesAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int B = 1, T = 3, H = 2, K = 1, D = 4, W = (H + 2 * K) * D, P = 5;
+  FVec x(size_t(B) * T * W, 1.f), cos(size_t(P) * D, 1.f), sin(cos.size(), 0.f);
+  const Tensor q = view(x, {B, T, W}), c = view(cos, {P, D / 2}), s = view(sin, {P, D / 2});
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, 3), brisk::Error);   // positions 3..5 of 5
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, -1), brisk::Error);  // negative position
+  EXPECT_THROW(be->rotary_forward(q, H, 2, c, s, 0), brisk::Error);   // 16 columns over 6 heads
+  EXPECT_THROW(be->rotary_forward(q, 0, K, c, s, 0), brisk::Error);
+  EXPECT_THROW(be->rotary_backward(q, H, K, view(cos, {P, D}), view(sin, {P, D}), 0),
+               brisk::Error);  // table width D, not D/2
+  EXPECT_THROW(
+      be->rotary_forward(view(x, {B, T, W}), 3, 1, view(cos, {P, 1}), view(sin, {P, 1}), 0),
+      brisk::Error);                  // 16 columns over 5 heads
+  FVec odd(size_t(B) * T * 12, 1.f);  // H = 2, K = 1: four heads of width 3
+  EXPECT_THROW(
+      be->rotary_forward(view(odd, {B, T, 12}), 2, 1, view(cos, {P, 1}), view(sin, {P, 1}), 0),
+      brisk::Error);
+  EXPECT_EQ(x, FVec(x.size(), 1.f)) << "a refused call changes nothing";
 }
 
 // Tolerances: each output is a few float32 operations around at most one erf, exp or tanh, which

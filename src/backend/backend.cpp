@@ -55,6 +55,32 @@ void Backend::check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& 
               other.shape().str(), ")");
 }
 
+RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
+                                 const Tensor& sin, int64_t first_position, const char* op) {
+  BRISK_CHECK(heads > 0 && kv_heads > 0, op, ": ", heads, " query heads and ", kv_heads,
+              " key/value heads; both must be positive");
+  BRISK_CHECK(qkv.rank() == 3 && qkv.dtype() == DType::f32, op,
+              ": qkv must be float32 [B, T, (heads + 2 kv_heads) * head_dim], got ",
+              qkv.shape().str());
+  const int64_t packed = heads + 2 * static_cast<int64_t>(kv_heads);
+  BRISK_CHECK(qkv.dim(2) % packed == 0, op, ": qkv's ", qkv.dim(2), " columns do not split into ",
+              heads, " query, ", kv_heads, " key and ", kv_heads, " value heads");
+  const int64_t D = qkv.dim(2) / packed;
+  BRISK_CHECK(D % 2 == 0 && D > 0, op, ": head width ", D,
+              " is odd or zero; rotary embeddings pair its two halves");
+  BRISK_CHECK(cos.dtype() == DType::f32 && sin.dtype() == DType::f32 && cos.rank() == 2 &&
+                  cos.shape() == sin.shape() && cos.dim(1) == D / 2,
+              op, ": cos and sin must be float32 [positions, ", D / 2, "], got ", cos.shape().str(),
+              " and ", sin.shape().str());
+  BRISK_CHECK(qkv.device() == cos.device() && qkv.device() == sin.device(), op,
+              ": the tables are not in qkv's memory");
+  const int64_t T = qkv.dim(1);
+  BRISK_CHECK(first_position >= 0 && first_position + T <= cos.dim(0), op, ": positions ",
+              first_position, "..", first_position + T - 1, " lie outside tables of ", cos.dim(0),
+              " positions");
+  return {qkv.dim(0), T, heads, kv_heads, D};
+}
+
 void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }

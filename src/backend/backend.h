@@ -46,6 +46,12 @@ struct AttentionDims {
 };
 AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op);
 
+// Batch, sequence, query heads, key/value heads and head width of packed q/k/v
+// [B, T, (H + 2K) * D]: the H query heads first, then K key heads, then K value heads.
+struct RotaryDims {
+  int64_t B, T, H, K, D;
+};
+
 // One AdamW update (torch.optim.AdamW) over flat float32 buffers. decay_ranges is int64 [R,2]:
 // sorted [begin, end) element ranges that take weight decay. The gradient multiplier (clipping,
 // loss unscaling) and the skip flag come from `control` (see optim/step_control.h), which the
@@ -187,6 +193,25 @@ class Backend {
   // dx: x's element count) fit together and are float32.
   static void check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                             const Tensor& other, const char* op);
+
+  // ---- rotary position embedding ----
+  // RoPE as transformers' Llama applies it (q * cos + rotate_half(q) * sin), in place on the
+  // query and key heads of packed qkv [B,T,(H+2K)*D] (H = heads query heads, then K = kv_heads key
+  // heads, then K value heads, D columns each, D even): in every query and key head of the token at
+  // position p = first_position + t, the pair (x_i, x_{i+D/2}) becomes
+  // (x_i c - x_{i+D/2} s, x_{i+D/2} c + x_i s) with c = cos[p, i], s = sin[p, i], i < D/2. The
+  // values are untouched. cos and sin are float32 [P, D/2] tables in the backend's memory (rope.h
+  // computes them); rows first_position..first_position+T-1 are read, so first_position + T <= P.
+  virtual void rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
+                              const Tensor& sin, int64_t first_position) = 0;
+  // The gradient through rotary_forward, in place on dqkv (qkv's layout, same arguments): each
+  // query and key pair turned back by its angle (a rotation's transpose is its inverse); the value
+  // gradients are untouched.
+  virtual void rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
+                               const Tensor& sin, int64_t first_position) = 0;
+  // Throws naming `op` unless qkv, the head counts, the tables and the positions fit together.
+  static RotaryDims check_rotary(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
+                                 const Tensor& sin, int64_t first_position, const char* op);
 
   // ---- elementwise ----
   // y = f(x) for the activation `kind`.

@@ -181,6 +181,24 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
                          accumulate_dx, dev_or_null(dgamma, "dgamma"), rows(x), cols(x));
 }
 
+// ---- rotary position embedding ----
+
+void CudaBackend::rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
+                                 const Tensor& sin, int64_t first_position) {
+  const RotaryDims d =
+      check_rotary(qkv, heads, kv_heads, cos, sin, first_position, "rotary_forward");
+  cuda::rotary(stream_, dev(qkv, "qkv"), dev(cos, "rotary cos table"), dev(sin, "rotary sin table"),
+               d.B, d.T, d.H, d.K, d.D, first_position, false);
+}
+
+void CudaBackend::rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
+                                  const Tensor& sin, int64_t first_position) {
+  const RotaryDims d =
+      check_rotary(dqkv, heads, kv_heads, cos, sin, first_position, "rotary_backward");
+  cuda::rotary(stream_, dev(dqkv, "dqkv"), dev(cos, "rotary cos table"),
+               dev(sin, "rotary sin table"), d.B, d.T, d.H, d.K, d.D, first_position, true);
+}
+
 // ---- elementwise ----
 
 void CudaBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {

@@ -69,6 +69,11 @@ class CudaBackend final : public Backend {
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                         const Tensor& dx, bool accumulate_dx, const Tensor& dgamma) override;
 
+  void rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
+                      const Tensor& sin, int64_t first_position) override;
+  void rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
+                       const Tensor& sin, int64_t first_position) override;
+
   void activation_forward(Activation kind, const Tensor& x, const Tensor& y) override;
   void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                            const Tensor& dx) override;

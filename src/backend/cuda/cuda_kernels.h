@@ -51,6 +51,12 @@ void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const flo
                       const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
                       int64_t C);
 
+// ---- cuda_rotary.cu ----
+// rotary_forward (inverse false) or rotary_backward (inverse true) of backend.h, in place on
+// packed qkv [B,T,(H+2K)*D]; cos and sin are [P, D/2] tables, rows first_position + t read.
+void rotary(cudaStream_t s, float* qkv, const float* cos, const float* sin, int64_t B, int64_t T,
+            int64_t H, int64_t K, int64_t D, int64_t first_position, bool inverse);
+
 // ---- cuda_embedding.cu ----
 // out[b,t,:] = word[ids[b,t]] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0).
 // Ids are validated on the host before upload.
