@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/memory_plan.h"
 #include "test_support.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -113,8 +114,8 @@ TEST(Inputs, Gpt2BatchesWithTokenTypesAreRefused) {
   Arena arena(plan, Device::cpu);
   m->bind(arena);
   std::vector<int32_t> types(static_cast<size_t>(shape.batch * shape.seq), 0);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "brisk_gpt2_types.safetensors").string();
+  const TempDir dir("gpt2_types");
+  const std::string path = dir / "batch.safetensors";
   write_safetensors(
       path, {{"input_ids", given.get("input_ids")},
              {"token_type_ids", Tensor(types.data(), {shape.batch, shape.seq}, DType::i32)}});

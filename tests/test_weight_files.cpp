@@ -8,19 +8,12 @@
 
 #include "core/json_file.h"
 #include "test_support.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh folder under the test's temporary directory.
-fs::path scratch_folder(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("brisk_weights_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 void write_index(const fs::path& path, const nlohmann::json& weight_map) {
   write_file_atomically(
@@ -31,11 +24,12 @@ void write_index(const fs::path& path, const nlohmann::json& weight_map) {
 // The bert_tiny weights in two shards: the first half of the tensors in float32, the rest in
 // bf16 (as a bf16 checkpoint stores them).
 struct ShardedBert {
-  fs::path dir;
+  TempDir temp{"sharded"};  // removed with the test
+  fs::path dir = temp.path;
   std::vector<std::string> bf16_names;
   std::vector<std::vector<uint16_t>> bf16_data;  // keeps the bf16 copies alive while written
 
-  ShardedBert() : dir(scratch_folder("sharded")) {
+  ShardedBert() {
     SafetensorsFile single(fixture("bert_tiny/model.safetensors"));
     const std::vector<std::string> names = single.names();
     std::vector<std::pair<std::string, Tensor>> first, second;

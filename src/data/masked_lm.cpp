@@ -80,39 +80,30 @@ MaskedLmDataset::MaskedLmDataset(TokenizedRows rows, int64_t lead, int64_t trail
               masking.vocab, " tokens");
   BRISK_CHECK(!rows_.offsets.empty() && rows_.types.size() == rows_.ids.size(),
               "tokenized rows without the arrays a masked-LM dataset needs");
-  const size_t n = rows_.offsets.size() - 1;
-  auto row_length = [&](size_t r) { return rows_.offsets[r + 1] - rows_.offsets[r]; };
+  const int64_t n = static_cast<int64_t>(rows_.offsets.size()) - 1;
   if (line_by_line_) {
-    for (size_t r = 0; r < n; ++r)
-      BRISK_CHECK(row_length(r) <= max_length, "tokenized line ", r, " holds ", row_length(r),
+    for (int64_t r = 0; r < n; ++r)
+      BRISK_CHECK(length(r) <= max_length, "tokenized line ", r, " holds ", length(r),
                   " tokens, more than max_seq_length ", max_length);
-    size_ = static_cast<int64_t>(n);
-    BRISK_CHECK(size_ > 0, "no line with text to learn from");
+    BRISK_CHECK(n > 0, "no line with text to learn from");
     return;
   }
   // run_mlm's group_texts over map batches of 1000 lines: each batch's lines concatenated and cut
   // into blocks, its remainder dropped.
-  for (size_t first = 0; first < n; first += kGroupRows) {
-    const size_t end = std::min(n, first + kGroupRows);
-    const size_t begin = stream_.size();
-    for (size_t r = first; r < end; ++r) {
-      const int64_t len = row_length(r);
-      const int32_t* ids = rows_.ids.data() + rows_.offsets[r];
-      for (int64_t t = 0; t < len; ++t) {
-        stream_.push_back(ids[t]);
-        special_.push_back(t < lead || t >= len - trail);
-      }
-    }
-    const size_t whole = (stream_.size() - begin) / static_cast<size_t>(max_length) *
-                         static_cast<size_t>(max_length);
-    stream_.resize(begin + whole);
-    special_.resize(begin + whole);
+  for (int64_t first = 0; first < n; first += static_cast<int64_t>(kGroupRows)) {
+    const int64_t begin = rows_.offsets[static_cast<size_t>(first)];
+    const int64_t end =
+        rows_.offsets[static_cast<size_t>(std::min(n, first + static_cast<int64_t>(kGroupRows)))];
+    for (int64_t at = begin; at + max_length <= end; at += max_length) blocks_.push_back(at);
   }
-  size_ = static_cast<int64_t>(stream_.size()) / max_length;
-  BRISK_CHECK(size_ > 0, "the text holds ", rows_.ids.size(),
+  BRISK_CHECK(!blocks_.empty(), "the text holds ", rows_.ids.size(),
               " tokens: not one block of max_seq_length ", max_length,
               " in any group of 1000 lines");
-  rows_ = TokenizedRows();  // the blocks hold all that is needed
+}
+
+int64_t MaskedLmDataset::size() const {
+  return line_by_line_ ? static_cast<int64_t>(rows_.offsets.size()) - 1
+                       : static_cast<int64_t>(blocks_.size());
 }
 
 int64_t MaskedLmDataset::length(int64_t index) const {
@@ -121,41 +112,50 @@ int64_t MaskedLmDataset::length(int64_t index) const {
   return rows_.offsets[i + 1] - rows_.offsets[i];
 }
 
-const int32_t* MaskedLmDataset::tokens(int64_t index) const {
-  return line_by_line_ ? rows_.ids.data() + rows_.offsets[static_cast<size_t>(index)]
-                       : stream_.data() + index * max_length_;
-}
-
-bool MaskedLmDataset::special(int64_t index, int64_t t) const {
-  if (!line_by_line_) return special_[static_cast<size_t>(index * max_length_ + t)] != 0;
-  return t < lead_ || t >= length(index) - trail_;
+template <typename F>
+void MaskedLmDataset::each_token(int64_t index, F&& f) const {
+  const std::span<const int64_t> off = rows_.offsets;
+  const int64_t start = line_by_line_ ? off[static_cast<size_t>(index)] : blocks_[index];
+  // The line holding the first token, then the lines the block runs through.
+  size_t r =
+      line_by_line_
+          ? static_cast<size_t>(index)
+          : static_cast<size_t>(std::upper_bound(off.begin(), off.end(), start) - off.begin() - 1);
+  const int64_t n = length(index);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t at = start + t;
+    while (off[r + 1] <= at) ++r;
+    const bool special = at - off[r] < lead_ || at >= off[r + 1] - trail_;
+    f(t, rows_.ids[static_cast<size_t>(at)], special);
+  }
 }
 
 void MaskedLmDataset::fill_row(int64_t index, int64_t epoch, const Batch& b, int64_t row) const {
   const int64_t T = b.input_ids.dim(1);
-  const int64_t n = std::min(length(index), T);
-  const int32_t* src = tokens(index);
   int32_t* ids = b.input_ids.i32() + row * T;
   int32_t* labels = b.labels.i32() + row * T;
   int32_t* mask = b.attention_mask.i32() + row * T;
   int32_t* types = b.token_type_ids.empty() ? nullptr : b.token_type_ids.i32() + row * T;
-  for (int64_t t = 0; t < T; ++t) {
-    MaskedToken m{pad_, kIgnoreIndex};
-    if (t < n) m = mask_token(masking_, index, epoch, max_length_, t, src[t], special(index, t));
-    ids[t] = m.input;
-    labels[t] = m.label;
-    mask[t] = t < n ? 1 : 0;
+  for (int64_t t = 0; t < T; ++t) {  // padding, overwritten where the sample has tokens
+    ids[t] = pad_;
+    labels[t] = kIgnoreIndex;
+    mask[t] = 0;
     if (types) types[t] = 0;
   }
+  each_token(index, [&](int64_t t, int32_t id, bool special) {
+    if (t >= T) return;
+    const MaskedToken m = mask_token(masking_, index, epoch, max_length_, t, id, special);
+    ids[t] = m.input;
+    labels[t] = m.label;
+    mask[t] = 1;
+  });
 }
 
 int64_t MaskedLmDataset::count_targets(int64_t index, int64_t epoch) const {
-  const int64_t n = length(index);
-  const int32_t* src = tokens(index);
   int64_t chosen = 0;
-  for (int64_t t = 0; t < n; ++t)
-    chosen += mask_token(masking_, index, epoch, max_length_, t, src[t], special(index, t)).label !=
-              kIgnoreIndex;
+  each_token(index, [&](int64_t t, int32_t id, bool special) {
+    chosen += mask_token(masking_, index, epoch, max_length_, t, id, special).label != kIgnoreIndex;
+  });
   return chosen;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "data/text_dataset.h"
@@ -46,25 +47,25 @@ class MaskedLmDataset final : public Dataset {
   // behind (the template's).
   MaskedLmDataset(TokenizedRows rows, int64_t lead, int64_t trail, int64_t max_length,
                   bool line_by_line, int32_t pad, MaskingOptions masking);
-  int64_t size() const override { return size_; }
+  int64_t size() const override;
   int64_t seq_len() const override { return max_length_; }
   void fill_row(int64_t index, int64_t epoch, const Batch& batch, int64_t row) const override;
   int64_t count_targets(int64_t index, int64_t epoch) const override;
   int64_t length(int64_t index) const override;
 
  private:
-  // The tokens of sample `index` and whether token t is special.
-  const int32_t* tokens(int64_t index) const;
-  bool special(int64_t index, int64_t t) const;
+  // Calls f(t, id, special) for each token t of sample `index` (special: the template added it).
+  template <typename F>
+  void each_token(int64_t index, F&& f) const;
 
   int64_t lead_, trail_, max_length_;
   bool line_by_line_;
   int32_t pad_;
   MaskingOptions masking_;
-  int64_t size_ = 0;
-  TokenizedRows rows_;                  // line_by_line: the samples
-  std::vector<int32_t> stream_;         // grouped: the blocks end to end
-  std::vector<unsigned char> special_;  // grouped: 1 where the template added the token
+  TokenizedRows rows_;  // the lines; line_by_line: the samples
+  // Grouped: where each block starts in rows_.ids (the lines end to end, as group_texts joins
+  // them), so the blocks are views of the (possibly mapped) rows, not a copy.
+  std::vector<int64_t> blocks_;
 };
 
 }  // namespace brisk

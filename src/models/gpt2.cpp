@@ -64,19 +64,9 @@ class Gpt2 final : public Model {
   }
 
   BlockStyle block_style(bool training) const override {
-    BlockStyle s;
+    BlockStyle s = config_block_style(training);
     s.pre_norm = true;
-    s.causal = true;
     s.layout = WeightLayout::in_out;
-    s.activation = config_.activation;
-    s.eps = config_.layer_norm_eps;
-    s.attention_dropout = training ? config_.attention_dropout : 0.0f;
-    s.attention_output_dropout = training ? config_.attention_output_dropout : 0.0f;
-    s.residual_dropout = training ? config_.hidden_dropout : 0.0f;
-    s.heads = static_cast<int>(config_.num_heads);
-    s.attention_scale =
-        config_.scale_by_head_dim ? 1.0f / std::sqrt(static_cast<float>(config_.head_dim())) : 1.0f;
-    s.scale_by_inverse_layer = config_.scale_by_inverse_layer;
     return s;
   }
 

@@ -3,6 +3,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -240,6 +241,22 @@ int64_t Model::count_targets() const {
 
 bool Model::stored_attn_stats(const BlockStyle& st) const {
   return st.attn_stats_low && !options_.selective_recompute;
+}
+
+BlockStyle Model::config_block_style(bool training) const {
+  const ModelConfig& c = config_;
+  BlockStyle s;
+  s.causal = c.causal;
+  s.activation = c.activation;
+  s.eps = c.layer_norm_eps;
+  s.attention_dropout = training ? c.attention_dropout : 0.0f;
+  s.attention_output_dropout = training ? c.attention_output_dropout : 0.0f;
+  s.residual_dropout = training ? c.hidden_dropout : 0.0f;
+  s.heads = static_cast<int>(c.num_heads);
+  s.attention_scale =
+      c.scale_by_head_dim ? 1.0f / std::sqrt(static_cast<float>(c.head_dim())) : 1.0f;
+  s.scale_by_inverse_layer = c.scale_by_inverse_layer;
+  return s;
 }
 
 BlockStyle Model::style(bool training) const {

@@ -158,7 +158,12 @@ class Model {
   explicit Model(const ModelConfig& config) : config_(config) {}
   // Subclass hooks.
   virtual void declare_params() = 0;
+  // The block wiring the architecture fixes (norm placement, weight layout); the rest of the style
+  // comes from the config (config_block_style).
   virtual BlockStyle block_style(bool training) const = 0;
+  // Activation, epsilon, dropouts (zero when not training), causality, heads and attention
+  // scale, as the config gives them.
+  BlockStyle config_block_style(bool training) const;
   virtual BlockParams layer_params(int layer, bool grads) const = 0;
   virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
   virtual void validate_batch() const = 0;
