@@ -471,6 +471,30 @@ TEST(CudaOps, RotaryMatchesTheCpu) {
   }
 }
 
+// The same activation.h expressions on both sides: 1e-5 as the plain activations.
+TEST(CudaOps, SwiGluMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(26);
+  const int64_t R = 37, F = 129;
+  const FVec gu = randn(R * 2 * F, rng, 2.5f), dout = randn(R * F, rng);
+  auto run = [&](Backend& be) {
+    DeviceBuffers d(be);
+    const Tensor g = d.put(gu, {R, 2 * F}), y = d.put(FVec(R * F, -7.f), {R, F});
+    const Tensor go = d.put(dout, {R, F}), dg = d.put(FVec(R * 2 * F, -7.f), {R, 2 * F});
+    const Tensor inplace = d.put(gu, {R, 2 * F});
+    be.swiglu_forward(g, y);
+    be.swiglu_backward(g, go, dg);
+    be.swiglu_backward(inplace, go, inplace);
+    return std::array<FVec, 3>{d.get(y), d.get(dg), d.get(inplace)};
+  };
+  const auto want = run(*cpu), got = run(*gpu);
+  EXPECT_TRUE(near(got[0], want[0], 1e-5)) << "out";
+  EXPECT_TRUE(rel_near(got[1], want[1], 1e-5)) << "dgate_up";
+  EXPECT_TRUE(rel_near(got[2], want[2], 1e-5)) << "dgate_up in place of gate_up";
+}
+
 TEST(CudaOps, ActivationsAndTanhMatchTheCpu) {
   REQUIRE_GPU();
   auto cpu = make_cpu_backend();

@@ -658,6 +658,52 @@ TEST(OpsActivation, ForwardAndBackward) {
   }
 }
 
+// silu(gate) * up against the fp64 definition; gradients of both halves by finite differences
+// (elementwise tolerances, as the activations'); the gradient in place of gate_up.
+TEST(OpsSwiGlu, ForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(19);
+  const int B = 2, T = 3, F = 11, R = B * T;
+  FVec gu = randn(size_t(R) * 2 * F, rng, 2.5f);
+  // Saturated gates, exact zeros in both halves.
+  const float edges[] = {0.f, -0.f, 12.f, -12.f, 30.f, -30.f, 1e-3f};
+  std::copy(std::begin(edges), std::end(edges), gu.begin());
+  gu[F] = 0.f;
+  auto ref = [&](const Vec& v) {
+    Vec y(size_t(R) * F);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < F; ++i) {
+        const double g = v[size_t(r) * 2 * F + i], u = v[size_t(r) * 2 * F + F + i];
+        y[size_t(r) * F + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    return y;
+  };
+  FVec y(size_t(R) * F, -7.f);
+  be->swiglu_forward(view(gu, {B, T, 2 * F}), view(y, {B, T, F}));
+  EXPECT_TRUE(close(y, ref(to_d(gu)), kElemFwdTol));
+
+  const FVec dout = randn(y.size(), rng);
+  const Vec dd = to_d(dout);
+  const Vec want = numeric_grad(to_d(gu), [&](const Vec& v) { return dot(ref(v), dd); });
+  FVec dgu(gu.size(), -7.f), dout_c = dout;
+  be->swiglu_backward(view(gu, {B, T, 2 * F}), view(dout_c, {B, T, F}), view(dgu, {B, T, 2 * F}));
+  EXPECT_TRUE(grad_close(to_d(dgu), want, kElemGradTol));
+  FVec inplace = gu;  // dgate_up over gate_up
+  be->swiglu_backward(view(inplace, {B, T, 2 * F}), view(dout_c, {B, T, F}),
+                      view(inplace, {B, T, 2 * F}));
+  EXPECT_EQ(inplace, dgu);
+  EXPECT_EQ(dout_c, dout);
+
+  // Shapes: an odd last dimension, a half of the wrong width or rows, a dgate_up too small.
+  FVec odd(size_t(R) * 5), small(size_t(R) * (F - 1)), d_small(size_t(R) * F);
+  EXPECT_THROW(be->swiglu_forward(view(odd, {R, 5}), view(y, {R, F})), brisk::Error);
+  EXPECT_THROW(be->swiglu_forward(view(gu, {R, 2 * F}), view(small, {R, F - 1})), brisk::Error);
+  EXPECT_THROW(be->swiglu_forward(view(gu, {R / 2, 4 * F}), view(y, {R, F})), brisk::Error);
+  EXPECT_THROW(
+      be->swiglu_backward(view(gu, {R, 2 * F}), view(dout_c, {R, F}), view(d_small, {R, F})),
+      brisk::Error);
+}
+
 TEST(OpsTanh, ForwardAndBackward) {
   auto be = brisk::make_cpu_backend();
   std::mt19937 rng(5);

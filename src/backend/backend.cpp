@@ -81,6 +81,18 @@ RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, con
   return {qkv.dim(0), T, heads, kv_heads, D};
 }
 
+int64_t Backend::check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op) {
+  BRISK_CHECK(gate_up.dtype() == DType::f32 && half.dtype() == DType::f32, op,
+              ": gate_up and its half must be float32");
+  BRISK_CHECK(gate_up.rank() >= 1 && gate_up.dim(-1) % 2 == 0, op, ": gate_up ",
+              gate_up.shape().str(), " does not hold a gate and an up half in its last dimension");
+  const int64_t F = gate_up.dim(-1) / 2;
+  BRISK_CHECK(half.rank() >= 1 && half.dim(-1) == F && half.numel() * 2 == gate_up.numel(), op,
+              ": ", half.shape().str(), " is not the [..., ", F, "] half of gate_up ",
+              gate_up.shape().str());
+  return F;
+}
+
 void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }

@@ -219,6 +219,18 @@ class Backend {
   // dx = dy * f'(x); dx may alias dy.
   virtual void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                                    const Tensor& dx) = 0;
+  // SwiGLU, Llama's gated MLP activation act_fn(gate_proj(x)) * up_proj(x) with SiLU: gate_up is
+  // [..., 2F], each row the gate in its first F columns and up in its last F (gate_proj and
+  // up_proj laid end to end, so that one product computes both); out [..., F] =
+  // silu(gate) * up, with activation.h's SiLU.
+  virtual void swiglu_forward(const Tensor& gate_up, const Tensor& out) = 0;
+  // dgate_up [..., 2F] (overwritten) = the gradient of both halves for dout [..., F]:
+  // dgate = dout * up * silu'(gate), dup = dout * silu(gate). dgate_up may alias gate_up.
+  virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout,
+                               const Tensor& dgate_up) = 0;
+  // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 with
+  // the same rows; returns F.
+  static int64_t check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op);
   virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
   virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;

@@ -215,6 +215,20 @@ void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Te
                             dev(dy, "activation gradient"), dev(dx, "activation dx"), x.numel());
 }
 
+void CudaBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
+  const int64_t F = check_swiglu(gate_up, out, "swiglu_forward");
+  cuda::swiglu_forward(stream_, dev(gate_up, "swiglu input"), dev(out, "swiglu output"), rows(out),
+                       F);
+}
+
+void CudaBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
+                                  const Tensor& dgate_up) {
+  const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward");
+  same_numel(gate_up, dgate_up, "swiglu_backward dgate_up");
+  cuda::swiglu_backward(stream_, dev(gate_up, "swiglu input"), dev(dout, "swiglu gradient"),
+                        dev(dgate_up, "swiglu dgate_up"), rows(dout), F);
+}
+
 void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {
   same_numel(x, y, "tanh_forward");
   cuda::tanh_forward(stream_, dev(x, "tanh input"), dev(y, "tanh output"), x.numel());

@@ -1,6 +1,6 @@
 // Elementwise CUDA kernels: the MLP activations (one kernel per kind, with the CPU's formulas from
-// backend/activation.h), tanh, dropout from the counter-based RNG, adds, fills and conversions
-// between float32 and the 16-bit formats.
+// backend/activation.h) and the gated SwiGLU, tanh, dropout from the counter-based RNG, adds, fills
+// and conversions between float32 and the 16-bit formats.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,6 +22,28 @@ template <Activation A>
 __global__ void activation_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
     dx[i] = activation_grad<A>(x[i], dy[i]);
+}
+
+// Element i of out is pair (row, c) = (i / F, i % F) of gate_up's halves.
+__global__ void swiglu_forward_kernel(const float* gate_up, float* out, int64_t n, int64_t F) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const int64_t r = i / F, c = i - r * F;
+    const float* gate = gate_up + r * 2 * F + c;
+    out[i] = activation_value<Activation::silu>(gate[0]) * gate[F];
+  }
+}
+
+// One thread reads both inputs of a pair before writing both gradients: dgate_up may alias gate_up.
+__global__ void swiglu_backward_kernel(const float* gate_up, const float* dout, float* dgate_up,
+                                       int64_t n, int64_t F) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const int64_t r = i / F, c = i - r * F;
+    const float* gate = gate_up + r * 2 * F + c;
+    const float v = gate[0], u = gate[F], g = dout[i];
+    float* d = dgate_up + r * 2 * F + c;
+    d[0] = activation_grad<Activation::silu>(v, g * u);
+    d[F] = g * activation_value<Activation::silu>(v);
+  }
 }
 
 __global__ void tanh_forward_kernel(const float* x, float* y, int64_t n) {
@@ -139,6 +161,21 @@ void activation_backward(cudaStream_t s, Activation kind, const float* x, const 
     activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
   });
   check_launch("activation_backward");
+}
+
+void swiglu_forward(cudaStream_t s, const float* gate_up, float* out, int64_t rows, int64_t F) {
+  const int64_t n = rows * F;
+  if (n <= 0) return;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(gate_up, out, n, F);
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(cudaStream_t s, const float* gate_up, const float* dout, float* dgate_up,
+                     int64_t rows, int64_t F) {
+  const int64_t n = rows * F;
+  if (n <= 0) return;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(gate_up, dout, dgate_up, n, F);
+  check_launch("swiglu_backward");
 }
 
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n) {

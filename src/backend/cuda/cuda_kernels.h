@@ -18,6 +18,11 @@ void activation_forward(cudaStream_t s, Activation kind, const float* x, float* 
 // dx = dy * f'(x); dx may alias dy.
 void activation_backward(cudaStream_t s, Activation kind, const float* x, const float* dy,
                          float* dx, int64_t n);
+// SwiGLU over rows of gate_up [rows, 2F] (gate | up): out [rows, F] = silu(gate) * up.
+void swiglu_forward(cudaStream_t s, const float* gate_up, float* out, int64_t rows, int64_t F);
+// dgate_up [rows, 2F] = (dout * up * silu'(gate) | dout * silu(gate)); may alias gate_up.
+void swiglu_backward(cudaStream_t s, const float* gate_up, const float* dout, float* dgate_up,
+                     int64_t rows, int64_t F);
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 // dx = dy * (1 - y^2); dx may alias dy.
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
