@@ -938,7 +938,8 @@ TEST(CudaOps, AttentionDecodeMatchesTheCpu) {
       for (const FVec& q : chunks) {
         const int64_t n = static_cast<int64_t>(q.size()) / (B * 3 * C);
         const Tensor out = d.put(FVec(B * n * C, 0.f), {B, n, C});
-        be.attention_decode(d.put(q, {B, n, 3 * C}), kc, vc, past, static_cast<int>(H), scale, out);
+        be.attention_decode(d.put(q, {B, n, 3 * C}), kc, vc, past, static_cast<int>(H),
+                            static_cast<int>(H), scale, out);
         outs.push_back(d.get(out));
         past += n;
       }
@@ -987,10 +988,10 @@ TEST(CudaOps, AttentionMatchesTheCpu) {
               const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
               const Tensor out = d.put(FVec(dout.size(), -7.f), {B, T, C});
               const Tensor g = d.put(dout, {B, T, C}), dq = d.put(dqkv0, {B, T, 3 * C});
-              be.attention_forward(q, m, causal, static_cast<int>(H), scale, p, key, stats, scratch,
-                                   out);
-              be.attention_backward(g, q, out, stats, m, causal, static_cast<int>(H), scale, p, key,
-                                    scratch, dq);
+              be.attention_forward(q, m, causal, static_cast<int>(H), static_cast<int>(H), scale, p,
+                                   key, stats, scratch, out);
+              be.attention_backward(g, q, out, stats, m, causal, static_cast<int>(H),
+                                    static_cast<int>(H), scale, p, key, scratch, dq);
               return std::array<FVec, 2>{d.get(out), d.get(dq)};
             };
             const auto want = run(*cpu), got = run(*gpu);
@@ -1009,6 +1010,90 @@ TEST(CudaOps, AttentionMatchesTheCpu) {
               EXPECT_TRUE(all_zero(got[1], T * 3 * C, T * 3 * C + C)) << "dq, sequence 1, query 0";
             }
           }
+}
+
+// Grouped-query attention: ratios 1, 2 and 3 and multi-query, head widths 16, 33 (odd) and 128,
+// with a mask, causality and dropout; T = 45 leaves partial tiles, 130 takes several.
+TEST(CudaOps, GroupedQueryAttentionMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(32);
+  const int64_t B = 2;
+  const RngKey key{11, 2, 6};
+  struct Heads {
+    int64_t H, K;
+  };
+  for (int64_t T : {45, 130})
+    for (int64_t D : {16, 33, 128})
+      for (const Heads& hk : {Heads{4, 4}, Heads{4, 2}, Heads{6, 2}, Heads{3, 1}})
+        for (bool causal : {false, true})
+          for (float p : {0.f, 0.1f}) {
+            const int64_t H = hk.H, K = hk.K, C = H * D, W = (H + 2 * K) * D;
+            const float scale = 1.f / std::sqrt(static_cast<float>(D));
+            SCOPED_TRACE(::testing::Message() << "T=" << T << " D=" << D << " H=" << H << " K=" << K
+                                              << " causal=" << causal << " dropout=" << p);
+            IVec mask(static_cast<size_t>(B * T), 1);
+            for (int64_t t = T - 5; t < T; ++t) mask[t] = 0;  // padding at the end of sequence 0
+            const FVec qkv = randn(B * T * W, rng), dout = randn(B * T * C, rng);
+            const FVec dqkv0 = randn(B * T * W, rng);  // overwritten
+            auto run = [&](Backend& be) {
+              const AttentionBuffers ab = attention_buffers(be.device(), B, H, T);
+              DeviceBuffers d(be);
+              const Tensor q = d.put(qkv, {B, T, W}), m = d.put(mask, {B, T});
+              const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
+              const Tensor out = d.put(FVec(dout.size(), -7.f), {B, T, C});
+              const Tensor g = d.put(dout, {B, T, C}), dq = d.put(dqkv0, {B, T, W});
+              be.attention_forward(q, m, causal, static_cast<int>(H), static_cast<int>(K), scale, p,
+                                   key, stats, scratch, out);
+              be.attention_backward(g, q, out, stats, m, causal, static_cast<int>(H),
+                                    static_cast<int>(K), scale, p, key, scratch, dq);
+              return std::array<FVec, 2>{d.get(out), d.get(dq)};
+            };
+            const auto want = run(*cpu), got = run(*gpu);
+            EXPECT_TRUE(near(got[0], want[0], 1e-5)) << "out";
+            EXPECT_TRUE(rel_near(got[1], want[1], 1e-5)) << "dqkv";
+          }
+}
+
+// Decoding over caches of the K key/value heads, GQA and MQA, against the CPU.
+TEST(CudaOps, GroupedQueryDecodeMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = gpu_backend();
+  std::mt19937 rng(33);
+  const int64_t B = 2, D = 72, S = 200;
+  struct Heads {
+    int64_t H, K;
+  };
+  for (const Heads& hk : {Heads{4, 2}, Heads{6, 1}}) {
+    const int64_t H = hk.H, K = hk.K, C = H * D, KD = K * D, W = C + 2 * KD;
+    const float scale = 1.f / std::sqrt(static_cast<float>(D));
+    SCOPED_TRACE(::testing::Message() << "H=" << H << " K=" << K);
+    std::vector<FVec> chunks;
+    for (int64_t n : {int64_t{150}, int64_t{1}, int64_t{1}, int64_t{3}})
+      chunks.push_back(randn(B * n * W, rng));
+    auto run = [&](Backend& be) {
+      DeviceBuffers d(be);
+      const Tensor kc = d.put(FVec(B * S * KD, 0.f), {B, S, KD});
+      const Tensor vc = d.put(FVec(B * S * KD, 0.f), {B, S, KD});
+      std::vector<FVec> outs;
+      int64_t past = 0;
+      for (const FVec& q : chunks) {
+        const int64_t n = static_cast<int64_t>(q.size()) / (B * W);
+        const Tensor out = d.put(FVec(B * n * C, 0.f), {B, n, C});
+        be.attention_decode(d.put(q, {B, n, W}), kc, vc, past, static_cast<int>(H),
+                            static_cast<int>(K), scale, out);
+        outs.push_back(d.get(out));
+        past += n;
+      }
+      outs.push_back(d.get(kc));
+      outs.push_back(d.get(vc));
+      return outs;
+    };
+    const auto want = run(*cpu), got = run(*gpu);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(rel_near(got[i], want[i], 1e-5)) << i;
+  }
 }
 
 // ---- the optimizer step ----

@@ -223,11 +223,12 @@ double ref_activation(Activation kind, double x) {
   return NAN;
 }
 
-// Attention over packed qkv [B,T,3C] with scores q.k * scale; probs (optional) receives the
-// softmax [B,H,T,T] before dropout. The dropout mask element is the flat index into probs.
-Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, int H, int D,
-                  double scale, float p, const RngKey& key, Vec* probs = nullptr) {
-  const int C = H * D;
+// Attention over packed qkv [B,T,(H+2K)*D] (H query heads, then K key heads, then K value heads)
+// with scores q.k * scale; query head h reads key/value head h / (H/K). probs (optional) receives
+// the softmax [B,H,T,T] before dropout. The dropout mask element is the flat index into probs.
+Vec ref_gqa_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, int H, int K,
+                      int D, double scale, float p, const RngKey& key, Vec* probs = nullptr) {
+  const int C = H * D, W = (H + 2 * K) * D, G = H / K;
   const double keep_scale = 1.0 / (1.0 - double(p));
   Vec out(size_t(B) * T * C, 0.0);
   if (probs) probs->assign(size_t(B) * H * T * T, 0.0);
@@ -235,7 +236,7 @@ Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, i
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < T; ++i) {
-        const double* q = &qkv[(size_t(b) * T + i) * 3 * C + h * D];
+        const double* q = &qkv[(size_t(b) * T + i) * W + h * D];
         double mx = -INFINITY;
         for (int j = 0; j < T; ++j) {
           const bool allowed = (mask.empty() || mask[b * T + j] != 0) && (!causal || j <= i);
@@ -243,7 +244,7 @@ Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, i
             s[j] = -INFINITY;
             continue;
           }
-          const double* k = &qkv[(size_t(b) * T + j) * 3 * C + C + h * D];
+          const double* k = &qkv[(size_t(b) * T + j) * W + C + (h / G) * D];
           double d = 0;
           for (int e = 0; e < D; ++e) d += q[e] * k[e];
           s[j] = d * scale;
@@ -257,11 +258,35 @@ Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, i
           if (probs) (*probs)[pi] = pr;
           double w = pr;
           if (p > 0) w = kept(key, pi, p) ? pr * keep_scale : 0.0;
-          const double* v = &qkv[(size_t(b) * T + j) * 3 * C + 2 * C + h * D];
+          const double* v = &qkv[(size_t(b) * T + j) * W + C + (K + h / G) * D];
           double* o = &out[(size_t(b) * T + i) * C + h * D];
           for (int e = 0; e < D; ++e) o[e] += w * v[e];
         }
       }
+  return out;
+}
+
+// Multi-head attention over [B,T,3C]: every query head has its own key/value head.
+Vec ref_attention(const Vec& qkv, const IVec& mask, bool causal, int B, int T, int H, int D,
+                  double scale, float p, const RngKey& key, Vec* probs = nullptr) {
+  return ref_gqa_attention(qkv, mask, causal, B, T, H, H, D, scale, p, key, probs);
+}
+
+// transformers' repeat_kv on packed qkv: [B,T,(H+2K)*D] -> [B,T,3*H*D], each key/value head
+// repeated for H/K consecutive query heads (hidden[:, :, None].expand(.., n_rep, ..).reshape).
+FVec repeat_kv(const FVec& qkv, int B, int T, int H, int K, int D) {
+  const int G = H / K, W = (H + 2 * K) * D, C = H * D;
+  FVec out(size_t(B) * T * 3 * C);
+  for (int bt = 0; bt < B * T; ++bt) {
+    const float* in = &qkv[size_t(bt) * W];
+    float* o = &out[size_t(bt) * 3 * C];
+    std::copy(in, in + C, o);
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < D; ++e) {
+        o[C + h * D + e] = in[C + (h / G) * D + e];
+        o[2 * C + h * D + e] = in[C + K * D + (h / G) * D + e];
+      }
+  }
   return out;
 }
 
@@ -932,7 +957,7 @@ TEST(OpsAttention, DecodeOverACacheEqualsCausalAttention) {
         std::copy_n(&qkv[(size_t(b) * T + past) * 3 * C], size_t(n) * 3 * C,
                     &chunk[size_t(b) * n * 3 * C]);
       be->attention_decode(view(chunk, {B, n, 3 * C}), view(kc, {B, S, C}), view(vc, {B, S, C}),
-                           past, H, scale, view(out, {B, n, C}));
+                           past, H, H, scale, view(out, {B, n, C}));
       Vec want_chunk;
       for (int b = 0; b < B; ++b)
         want_chunk.insert(want_chunk.end(), want.begin() + (size_t(b) * T + past) * C,
@@ -951,7 +976,7 @@ TEST(OpsAttention, DecodeOverACacheEqualsCausalAttention) {
     // Past the cache's end: refused.
     FVec one(size_t(B) * 3 * C, 0.f), out(size_t(B) * C);
     EXPECT_THROW(be->attention_decode(view(one, {B, 1, 3 * C}), view(kc, {B, S, C}),
-                                      view(vc, {B, S, C}), S, H, scale, view(out, {B, 1, C})),
+                                      view(vc, {B, S, C}), S, H, H, scale, view(out, {B, 1, C})),
                  brisk::Error);
   }
 }
@@ -978,7 +1003,7 @@ TEST(OpsAttention, ForwardAndBackward) {
           FVec probs(size_t(B) * H * T * T, -7.f), out(size_t(B) * T * C, -7.f);
           FVec fwd_scratch(probs.size(), -7.f);
           be->attention_forward(view(qkv, {B, T, 3 * C}), use_mask ? view(mask, {B, T}) : Tensor(),
-                                causal, H, scale, p, key, view(probs, {B, H, T, T}),
+                                causal, H, H, scale, p, key, view(probs, {B, H, T, T}),
                                 view(fwd_scratch, {B, H, T, T}), view(out, {B, T, C}));
           const Vec qd = to_d(qkv);
           Vec want_probs;
@@ -990,8 +1015,8 @@ TEST(OpsAttention, ForwardAndBackward) {
           FVec scratch(probs.size(), -7.f), dqkv = randn(qkv.size(), rng);  // overwritten
           be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, 3 * C}),
                                  view(out, {B, T, C}), view(probs, {B, H, T, T}),
-                                 use_mask ? view(mask, {B, T}) : Tensor(), causal, H, scale, p, key,
-                                 view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C}));
+                                 use_mask ? view(mask, {B, T}) : Tensor(), causal, H, H, scale, p,
+                                 key, view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C}));
           const Vec gd = to_d(dout);
           auto loss = [&](const Vec& v) {
             return dot(ref_attention(v, m, causal, B, T, H, D, scale, p, key), gd);
@@ -1000,23 +1025,165 @@ TEST(OpsAttention, ForwardAndBackward) {
         }
 }
 
+// Grouped-query attention: K key/value heads shared by H/K query heads each, ratios 1, 2 and 3
+// and multi-query (K = 1), odd head widths; forward against the fp64 reference, backward by finite
+// differences (a shared key/value head collects the gradient of its whole group).
+TEST(OpsAttention, GroupedQueryForwardAndBackward) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(20);
+  const int B = 2, T = 5;
+  const RngKey key{7, 1, 9};
+  IVec mask{1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+  struct Heads {
+    int H, K, D;
+  };
+  for (const Heads& hk : {Heads{3, 3, 5}, Heads{4, 2, 3}, Heads{6, 2, 5}, Heads{3, 1, 4}})
+    for (bool causal : {false, true})
+      for (float p : {0.f, 0.2f}) {
+        const int H = hk.H, K = hk.K, D = hk.D, C = H * D, W = (H + 2 * K) * D;
+        SCOPED_TRACE(::testing::Message() << "H=" << H << " K=" << K << " D=" << D
+                                          << " causal=" << causal << " dropout_p=" << p);
+        const float scale = 1.f / std::sqrt(float(D));
+        FVec qkv = randn(size_t(B) * T * W, rng);
+        FVec probs(size_t(B) * H * T * T, -7.f), scratch(probs.size(), -7.f);
+        FVec out(size_t(B) * T * C, -7.f);
+        be->attention_forward(view(qkv, {B, T, W}), view(mask, {B, T}), causal, H, K, scale, p, key,
+                              view(probs, {B, H, T, T}), view(scratch, {B, H, T, T}),
+                              view(out, {B, T, C}));
+        const Vec qd = to_d(qkv);
+        Vec want_probs;
+        EXPECT_TRUE(close(
+            out, ref_gqa_attention(qd, mask, causal, B, T, H, K, D, scale, p, key, &want_probs)));
+        EXPECT_TRUE(close(probs, want_probs));
+
+        FVec dout = randn(out.size(), rng), dqkv = randn(qkv.size(), rng);  // overwritten
+        be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, W}), view(out, {B, T, C}),
+                               view(probs, {B, H, T, T}), view(mask, {B, T}), causal, H, K, scale,
+                               p, key, view(scratch, {B, H, T, T}), view(dqkv, {B, T, W}));
+        const Vec gd = to_d(dout);
+        auto loss = [&](const Vec& v) {
+          return dot(ref_gqa_attention(v, mask, causal, B, T, H, K, D, scale, p, key), gd);
+        };
+        EXPECT_TRUE(grad_close(to_d(dqkv), numeric_grad(qd, loss)));
+      }
+}
+
+// transformers computes grouped-query attention as multi-head attention over repeat_kv'd keys and
+// values: the same output, and the key/value gradients summed over each group.
+TEST(OpsAttention, GroupedQueryEqualsMultiHeadOverRepeatedKeys) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(21);
+  const int B = 2, T = 6, H = 6, K = 2, D = 4, G = H / K, C = H * D, W = (H + 2 * K) * D;
+  const float scale = 0.4f;
+  FVec qkv = randn(size_t(B) * T * W, rng), dout = randn(size_t(B) * T * C, rng);
+  FVec wide = repeat_kv(qkv, B, T, H, K, D);
+  FVec probs(size_t(B) * H * T * T), scratch(probs.size()), out(dout.size()), out_wide(dout.size());
+  FVec dqkv(qkv.size()), dwide(wide.size());
+  be->attention_forward(view(qkv, {B, T, W}), Tensor(), true, H, K, scale, 0.f, RngKey{},
+                        view(probs, {B, H, T, T}), view(scratch, {B, H, T, T}),
+                        view(out, {B, T, C}));
+  be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, W}), view(out, {B, T, C}),
+                         view(probs, {B, H, T, T}), Tensor(), true, H, K, scale, 0.f, RngKey{},
+                         view(scratch, {B, H, T, T}), view(dqkv, {B, T, W}));
+  be->attention_forward(view(wide, {B, T, 3 * C}), Tensor(), true, H, H, scale, 0.f, RngKey{},
+                        view(probs, {B, H, T, T}), view(scratch, {B, H, T, T}),
+                        view(out_wide, {B, T, C}));
+  be->attention_backward(view(dout, {B, T, C}), view(wide, {B, T, 3 * C}),
+                         view(out_wide, {B, T, C}), view(probs, {B, H, T, T}), Tensor(), true, H, H,
+                         scale, 0.f, RngKey{}, view(scratch, {B, H, T, T}),
+                         view(dwide, {B, T, 3 * C}));
+  EXPECT_EQ(out, out_wide) << "the same float32 operations per query head";
+  Vec want(qkv.size(), 0.0);  // dq as is; dk, dv summed over the group
+  for (int bt = 0; bt < B * T; ++bt)
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < D; ++e) {
+        const float* dw = &dwide[size_t(bt) * 3 * C];
+        double* w = &want[size_t(bt) * W];
+        w[h * D + e] = dw[h * D + e];
+        w[C + (h / G) * D + e] += dw[C + h * D + e];
+        w[C + K * D + (h / G) * D + e] += dw[2 * C + h * D + e];
+      }
+  EXPECT_TRUE(close(dqkv, want));
+}
+
+// Decoding over caches of the K key/value heads equals causal grouped-query attention.
+TEST(OpsAttention, GroupedQueryDecodeEqualsCausalAttention) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(22);
+  const int B = 2, T = 7, H = 6, K = 2, D = 3, C = H * D, KD = K * D, W = C + 2 * KD, S = 9;
+  const float scale = 1.f / std::sqrt(float(D));
+  FVec qkv = randn(size_t(B) * T * W, rng);
+  const Vec want = ref_gqa_attention(to_d(qkv), IVec(), true, B, T, H, K, D, scale, 0.f, RngKey{});
+  FVec kc(size_t(B) * S * KD, 0.f), vc(kc.size(), 0.f);
+  int past = 0;
+  for (int n : {3, 1, 3}) {
+    FVec chunk(size_t(B) * n * W), out(size_t(B) * n * C, -7.f);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(&qkv[(size_t(b) * T + past) * W], size_t(n) * W, &chunk[size_t(b) * n * W]);
+    be->attention_decode(view(chunk, {B, n, W}), view(kc, {B, S, KD}), view(vc, {B, S, KD}), past,
+                         H, K, scale, view(out, {B, n, C}));
+    Vec want_chunk;
+    for (int b = 0; b < B; ++b)
+      want_chunk.insert(want_chunk.end(), want.begin() + (size_t(b) * T + past) * C,
+                        want.begin() + (size_t(b) * T + past + n) * C);
+    EXPECT_TRUE(close(out, want_chunk)) << "positions " << past << ".." << past + n;
+    past += n;
+  }
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < KD; ++c) {
+        const size_t at = (size_t(b) * S + t) * KD + c, src = (size_t(b) * T + t) * W + C + c;
+        EXPECT_EQ(kc[at], qkv[src]);
+        EXPECT_EQ(vc[at], qkv[src + KD]);
+      }
+}
+
+TEST(OpsAttention, UnevenHeadGroupsAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int B = 1, T = 2, D = 2;
+  FVec qkv(size_t(B) * T * 14 * D, 0.5f), probs(size_t(B) * 4 * T * T), scratch(probs.size());
+  FVec out(size_t(B) * T * 4 * D), kc(size_t(B) * T * 3 * D), vc(kc.size());
+  // 4 query heads over 3 key/value heads: the packed width fits (4 + 2*3 heads), the groups do not.
+  FVec q10(size_t(B) * T * 10 * D, 0.5f);
+  EXPECT_THROW(be->attention_forward(view(q10, {B, T, 10 * D}), Tensor(), false, 4, 3, 1.f, 0.f,
+                                     RngKey{}, view(probs, {B, 4, T, T}),
+                                     view(scratch, {B, 4, T, T}), view(out, {B, T, 4 * D})),
+               brisk::Error);
+  EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 14 * D}), Tensor(), false, 4, 0, 1.f, 0.f,
+                                     RngKey{}, view(probs, {B, 4, T, T}),
+                                     view(scratch, {B, 4, T, T}), view(out, {B, T, 4 * D})),
+               brisk::Error);
+  // Packed width that does not match the head counts: 14 * D columns for 4 + 2 * 2 heads.
+  EXPECT_THROW(be->attention_backward(view(out, {B, T, 4 * D}), view(qkv, {B, T, 14 * D}),
+                                      view(out, {B, T, 4 * D}), view(probs, {B, 4, T, T}), Tensor(),
+                                      false, 4, 2, 1.f, 0.f, RngKey{}, view(scratch, {B, 4, T, T}),
+                                      view(qkv, {B, T, 14 * D})),
+               brisk::Error);
+  // Caches must hold K * D columns, not H * D.
+  FVec q8(size_t(B) * T * 8 * D, 0.5f), wide_cache(size_t(B) * T * 4 * D);
+  EXPECT_THROW(
+      be->attention_decode(view(q8, {B, T, 8 * D}), view(wide_cache, {B, T, 4 * D}),
+                           view(wide_cache, {B, T, 4 * D}), 0, 4, 2, 1.f, view(out, {B, T, 4 * D})),
+      brisk::Error);
+}
+
 TEST(OpsAttention, NonFiniteScaleIsRefused) {
   auto be = brisk::make_cpu_backend();
   const int B = 1, T = 2, H = 1, D = 2, C = H * D;
   FVec qkv(size_t(B) * T * 3 * C, 0.5f), probs(size_t(B) * H * T * T), scratch(probs.size());
   FVec out(size_t(B) * T * C), dqkv(qkv.size()), kc(size_t(B) * T * C), vc(kc.size());
   for (float scale : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
-    EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 3 * C}), Tensor(), false, H, scale, 0.f,
+    EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 3 * C}), Tensor(), false, H, H, scale, 0.f,
                                        RngKey{}, view(probs, {B, H, T, T}),
                                        view(scratch, {B, H, T, T}), view(out, {B, T, C})),
                  brisk::Error);
     EXPECT_THROW(
         be->attention_backward(view(out, {B, T, C}), view(qkv, {B, T, 3 * C}), view(out, {B, T, C}),
-                               view(probs, {B, H, T, T}), Tensor(), false, H, scale, 0.f, RngKey{},
-                               view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C})),
+                               view(probs, {B, H, T, T}), Tensor(), false, H, H, scale, 0.f,
+                               RngKey{}, view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C})),
         brisk::Error);
     EXPECT_THROW(be->attention_decode(view(qkv, {B, T, 3 * C}), view(kc, {B, T, C}),
-                                      view(vc, {B, T, C}), 0, H, scale, view(out, {B, T, C})),
+                                      view(vc, {B, T, C}), 0, H, H, scale, view(out, {B, T, C})),
                  brisk::Error);
   }
 }

@@ -13,23 +13,27 @@ AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, 
   return {Shape{batch, heads, seq, seq}, true, Shape{batch, heads, seq, seq}};
 }
 
-AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op) {
-  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, op, ": qkv must be [B, T, 3C], got ",
-              qkv.shape().str());
-  const int64_t C = qkv.dim(2) / 3;
-  BRISK_CHECK(heads > 0 && C % heads == 0, op, ": ", C, " channels do not split into ", heads,
-              " heads");
-  return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
+AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op) {
+  BRISK_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, op, ": ", heads,
+              " query heads do not share ", kv_heads, " key/value heads evenly");
+  const int64_t packed = heads + 2 * static_cast<int64_t>(kv_heads);
+  BRISK_CHECK(qkv.rank() == 3 && qkv.dim(2) % packed == 0, op,
+              ": qkv must be [B, T, (heads + 2 kv_heads) * head_dim] with ", heads, " query and ",
+              kv_heads, " key/value heads, got ", qkv.shape().str());
+  const int64_t D = qkv.dim(2) / packed;
+  BRISK_CHECK(D > 0, op, ": qkv ", qkv.shape().str(), " has no columns");
+  return {qkv.dim(0), qkv.dim(1), heads * D, heads, D, kv_heads};
 }
 
 void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
-                                     const Tensor& v_cache, int64_t past, int heads,
+                                     const Tensor& v_cache, int64_t past, int heads, int kv_heads,
                                      const Tensor& out, AttentionDims* dims) {
-  const AttentionDims d = attention_dims(qkv, heads, "attention_decode");
-  BRISK_CHECK(k_cache.rank() == 3 && k_cache.dim(0) == d.B && k_cache.dim(2) == d.C &&
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_decode");
+  const int64_t KD = d.K * d.D;  // one position's key (or value) heads
+  BRISK_CHECK(k_cache.rank() == 3 && k_cache.dim(0) == d.B && k_cache.dim(2) == KD &&
                   v_cache.shape() == k_cache.shape() && k_cache.dtype() == DType::f32 &&
                   v_cache.dtype() == DType::f32,
-              "attention_decode: the caches must be float32 [", d.B, ", S, ", d.C, "], got ",
+              "attention_decode: the caches must be float32 [", d.B, ", S, ", KD, "], got ",
               k_cache.shape().str(), " and ", v_cache.shape().str());
   BRISK_CHECK(past >= 0 && past + d.T <= k_cache.dim(1), "attention_decode: positions ", past, "..",
               past + d.T, " do not fit a cache of ", k_cache.dim(1));

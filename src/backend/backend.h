@@ -40,11 +40,13 @@ struct AttentionBuffers {
 };
 AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq);
 
-// Batch, sequence, channels, heads and head width of packed qkv [B,T,3C]; throws naming `op`.
+// Batch, sequence, query channels C = H * D, query heads H, head width D and key/value heads K of
+// packed qkv [B, T, (H + 2K) * D] (multi-head attention: K = H, [B,T,3C]); throws naming `op`
+// unless K divides H.
 struct AttentionDims {
-  int64_t B, T, C, H, D;
+  int64_t B, T, C, H, D, K;
 };
-AttentionDims attention_dims(const Tensor& qkv, int heads, const char* op);
+AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op);
 
 // Batch, sequence, query heads, key/value heads and head width of packed q/k/v
 // [B, T, (H + 2K) * D]: the H query heads first, then K key heads, then K value heads.
@@ -275,34 +277,40 @@ class Backend {
                                   const Tensor& dtype_table) = 0;
 
   // ---- attention ----
-  // Multi-head scaled dot-product attention over packed qkv [B,T,3C] (q | k | v along the last
-  // dimension; head h uses columns [h*D, (h+1)*D) of each). key_mask is int32 [B,T] (nonzero
-  // keeps the key) or empty; causal hides later keys. Scores q.k are multiplied by `scale`, a
+  // Scaled dot-product attention over packed qkv [B,T,(H+2K)*D] with H = heads query heads and
+  // K = kv_heads key/value heads: the H query heads (D columns each), then the K key heads, then
+  // the K value heads along the last dimension. Grouped-query attention (transformers' repeat_kv):
+  // query head h reads key/value head h / (H/K), so H % K == 0; K == H is multi-head attention
+  // over [B,T,3C] (head h uses columns [h*D, (h+1)*D) of q, k and v), C = H*D; K == 1 is
+  // multi-query attention. key_mask is int32 [B,T] (nonzero keeps the key) or empty; causal hides
+  // later keys. Scores q.k are multiplied by `scale`, a
   // finite number the model chooses (usually 1/sqrt(D)). A query that can see no key at all gets
   // zero probabilities and a zero output (transformers would spread it uniformly; such rows only
   // occur at padding, whose loss is ignored).
   // stats and scratch are shaped by attention_buffers(device()); stats keeps what the backward
   // pass needs (the CPU: the softmax before dropout). out is [B,T,C].
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
-                                 float scale, float dropout_p, const RngKey& key,
+                                 int kv_heads, float scale, float dropout_p, const RngKey& key,
                                  const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;
-  // dqkv [B,T,3C] = the gradient of the packed input, from the forward pass's qkv, out and stats
-  // and the same mask, causality, scale, dropout and key.
+  // dqkv [B,T,(H+2K)*D] = the gradient of the packed input (a shared key/value head gets the sum
+  // over its query heads), from the forward pass's qkv, out and stats and the same mask,
+  // causality, scale, dropout and key.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& stats, const Tensor& key_mask, bool causal,
-                                  int heads, float scale, float dropout_p, const RngKey& key,
-                                  const Tensor& scratch, const Tensor& dqkv) = 0;
+                                  int heads, int kv_heads, float scale, float dropout_p,
+                                  const RngKey& key, const Tensor& scratch, const Tensor& dqkv) = 0;
 
-  // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,3C] packs the
-  // T new tokens at positions past..past+T-1. Their keys and values are first written into rows
-  // past..past+T-1 of k_cache and v_cache [B,S,C] (past + T <= S); query t then attends to the
-  // keys of positions 0..past+t. Scores scaled by `scale` as in attention_forward; no mask, no
-  // dropout. out is [B,T,C].
+  // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,(H+2K)*D]
+  // packs the T new tokens at positions past..past+T-1 as attention_forward's. Their keys and
+  // values are first written into rows past..past+T-1 of k_cache and v_cache [B,S,K*D]
+  // (past + T <= S); query t then attends to the keys of positions 0..past+t. Scores scaled by
+  // `scale` as in attention_forward; no mask, no dropout. out is [B,T,H*D].
   virtual void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                int64_t past, int heads, float scale, const Tensor& out) = 0;
+                                int64_t past, int heads, int kv_heads, float scale,
+                                const Tensor& out) = 0;
   // Throws naming `op` unless the tensors have the shapes attention_decode needs.
   static void check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
-                                     const Tensor& v_cache, int64_t past, int heads,
+                                     const Tensor& v_cache, int64_t past, int heads, int kv_heads,
                                      const Tensor& out, AttentionDims* dims);
   // Throws naming `op` unless the attention score scale is finite.
   static void check_attention_scale(float scale, const char* op);

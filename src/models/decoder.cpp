@@ -30,12 +30,17 @@ Decoder::Decoder(const Model& model, int64_t max_tokens, int64_t max_chunk)
 void Decoder::plan(MemoryPlan& plan, BufferBinder& binder) {
   const ModelConfig& c = model_.config();
   const int64_t S = max_tokens_, T = max_chunk_, C = c.hidden_size, F = c.intermediate_size;
+  // The caches hold the key/value heads only: fewer than the query heads under grouped-query
+  // attention.
+  const BlockStyle style = model_.inference_style();
+  const int64_t KD = style.kv_heads * (C / style.heads);
   k_cache_.assign(c.num_layers, Tensor());
   v_cache_.assign(c.num_layers, Tensor());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "decode.cache." + std::to_string(l);
-    binder.declare(plan, &k_cache_[l], p + ".keys", Category::activations, DType::f32, {1, S, C});
-    binder.declare(plan, &v_cache_[l], p + ".values", Category::activations, DType::f32, {1, S, C});
+    binder.declare(plan, &k_cache_[l], p + ".keys", Category::activations, DType::f32, {1, S, KD});
+    binder.declare(plan, &v_cache_[l], p + ".values", Category::activations, DType::f32,
+                   {1, S, KD});
   }
   binder.declare(plan, &ids_host_, "decode.ids", Category::data, DType::i32, {1, T},
                  Placement::host);
@@ -49,7 +54,7 @@ void Decoder::plan(MemoryPlan& plan, BufferBinder& binder) {
   work(&scratch_.a, "a", {1, T, C});
   work(&scratch_.mean, "mean", {1, T});
   work(&scratch_.rstd, "rstd", {1, T});
-  work(&scratch_.qkv, "qkv", {1, T, 3 * C});
+  work(&scratch_.qkv, "qkv", {1, T, C + 2 * KD});
   work(&scratch_.ctx, "ctx", {1, T, C});
   work(&scratch_.res, "res", {1, T, C});
   work(&scratch_.fc, "fc", {1, T, F});

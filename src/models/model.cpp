@@ -253,6 +253,7 @@ BlockStyle Model::config_block_style(bool training) const {
   s.attention_output_dropout = training ? c.attention_output_dropout : 0.0f;
   s.residual_dropout = training ? c.hidden_dropout : 0.0f;
   s.heads = static_cast<int>(c.num_heads);
+  s.kv_heads = s.heads;  // multi-head attention
   s.attention_scale =
       c.scale_by_head_dim ? 1.0f / std::sqrt(static_cast<float>(c.head_dim())) : 1.0f;
   s.scale_by_inverse_layer = c.scale_by_inverse_layer;

@@ -82,9 +82,9 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
                           const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
                           const RngKey& key, int layer) {
-  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, layer_attention_scale(st, layer),
-                       st.attention_dropout, site_key(key, layer, kAttnProbs), s.attn_stats,
-                       scratch.attn, out);
+  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.kv_heads,
+                       layer_attention_scale(st, layer), st.attention_dropout,
+                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
   if (st.attn_stats_low) be.round_to(st.act_dtype, s.attn_stats);
 }
 
@@ -169,8 +169,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
   be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
-                        layer_attention_scale(st, layer), st.attention_dropout, attn_probs_key,
-                        sc.attn, sc.d_qkv);
+                        st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
+                        attn_probs_key, sc.attn, sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
@@ -188,7 +188,7 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
               "incremental decoding needs pre-LayerNorm causal blocks");
   be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, style.eps, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
-  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads,
+  be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.kv_heads,
                       layer_attention_scale(style, layer), s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
   be.copy(x, s.res);

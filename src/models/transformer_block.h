@@ -26,6 +26,10 @@ struct BlockStyle {
   // GPT-2's scale_attn_by_inverse_layer_idx: block l divides its attention scores by l + 1 too.
   bool scale_by_inverse_layer = false;
   int heads = 1;
+  // Key/value heads: heads for multi-head attention, fewer for grouped-query attention (heads a
+  // multiple of it). 0 by default so that a model which forgets to set it is refused by the
+  // attention ops rather than run with a layout it did not mean.
+  int kv_heads = 0;
   // Multiplies the attention scores q.k. NaN by default so that a model which forgets to set it
   // fails in the attention ops (they refuse a non-finite scale) instead of training quietly wrong.
   float attention_scale = std::numeric_limits<float>::quiet_NaN();
@@ -120,7 +124,8 @@ struct DecodeScratch {
 };
 
 // Incremental decoding (inference, float32): out [1,T,C] = block(x) for T new tokens at
-// positions past..past+T-1, their keys and values appended to the block's caches [1,S,C].
+// positions past..past+T-1, their keys and values appended to the block's caches
+// [1,S,kv_heads*head_dim].
 // Pre-LayerNorm causal blocks (GPT-2's).
 void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockParams& w,
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,

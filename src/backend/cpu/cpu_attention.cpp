@@ -1,6 +1,7 @@
-// Multi-head attention on the CPU. Per (batch, head): scores by sgemm on strided views of the
-// packed qkv, masked softmax into `probs`, dropout on the probabilities from the counter-based RNG
-// (regenerated in backward, never stored), and the weighted sum of values, all products by sgemm.
+// Multi-head and grouped-query attention on the CPU. Per (batch, query head): scores by sgemm on
+// strided views of the packed qkv (the query head's key/value head shared by its group), masked
+// softmax into `probs`, dropout on the probabilities from the counter-based RNG (regenerated in
+// backward, never stored), and the weighted sum of values, all products by sgemm.
 #include <cblas.h>
 
 #include <algorithm>
@@ -27,12 +28,24 @@ void dropped_probs(const AttnDims& d, int64_t bh, const float* P, const RngKey& 
                    float* Pd) {
   dropout_range(key, p, prob_index(d, bh, 0, 0), d.T * d.T, P, nullptr, Pd);
 }
+
+// Where a token's heads start in a row of packed qkv [.., (H + 2K) * D]: query head h, and the
+// key and value head that query head h reads (each key/value head serves a group of H/K
+// consecutive query heads, as transformers' repeat_kv repeats it).
+struct PackedRow {
+  int64_t ld, group;  // row stride; query heads per key/value head
+  explicit PackedRow(const AttnDims& d) : ld((d.H + 2 * d.K) * d.D), group(d.H / d.K) {}
+  int64_t q(const AttnDims& d, int64_t h) const { return h * d.D; }
+  int64_t k(const AttnDims& d, int64_t h) const { return d.C + (h / group) * d.D; }
+  int64_t v(const AttnDims& d, int64_t h) const { return d.C + (d.K + h / group) * d.D; }
+};
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
-                                   int heads, float scale, float dropout_p, const RngKey& key,
-                                   const Tensor& probs, const Tensor& scratch, const Tensor& out) {
-  const AttnDims d = attention_dims(qkv, heads, "attention_forward");
+                                   int heads, int kv_heads, float scale, float dropout_p,
+                                   const RngKey& key, const Tensor& probs, const Tensor& scratch,
+                                   const Tensor& out) {
+  const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
   check_attention_scale(scale, "attention_forward");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward probs");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
@@ -41,7 +54,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward scratch");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
-  const int64_t ld = 3 * d.C;
+  const PackedRow row_of(d);
+  const int64_t ld = row_of.ld;
   const float* base = qkv.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* P = probs.f32();
@@ -50,9 +64,10 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
     const int64_t b = bh / d.H, h = bh % d.H;
-    const float* q = base + b * d.T * ld + h * d.D;
-    const float* k = q + d.C;
-    const float* v = q + 2 * d.C;
+    const float* token0 = base + b * d.T * ld;
+    const float* q = token0 + row_of.q(d, h);
+    const float* k = token0 + row_of.k(d, h);
+    const float* v = token0 + row_of.v(d, h);
     float* S = P + bh * d.T * d.T;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, scale, q, ld, k, ld, 0.0f,
                 S, d.T);
@@ -89,75 +104,88 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
 }
 
 // The probabilities saved by the forward pass already carry the mask and causality, so the
-// backward pass needs neither (nor the forward's output).
+// backward pass needs neither (nor the forward's output). One task per (batch, key/value head):
+// the query heads of its group add their key and value gradients in turn (the first writes, the
+// others accumulate), so no two threads write the same rows and the sum has a fixed order.
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
                                     const Tensor& probs, const Tensor& /*key_mask*/,
-                                    bool /*causal*/, int heads, float scale, float dropout_p,
-                                    const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
-  const AttnDims d = attention_dims(qkv, heads, "attention_backward");
+                                    bool /*causal*/, int heads, int kv_heads, float scale,
+                                    float dropout_p, const RngKey& key, const Tensor& scratch,
+                                    const Tensor& dqkv) {
+  const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
   expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward probs");
   expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
-  const int64_t ld = 3 * d.C;
+  const PackedRow row_of(d);
+  const int64_t ld = row_of.ld;
   const float* base = qkv.f32();
   const float* g = dout.f32();
   float* dbase = dqkv.f32();
 
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-    const int64_t b = bh / d.H, h = bh % d.H;
-    const int64_t off = b * d.T * ld + h * d.D;
-    const float *q = base + off, *k = q + d.C, *v = q + 2 * d.C;
-    float *dq = dbase + off, *dk = dq + d.C, *dv = dq + 2 * d.C;
-    const float* go = g + b * d.T * d.C + h * d.D;
-    const float* P = probs.f32() + bh * d.T * d.T;
-    float* dP = scratch.f32() + bh * d.T * d.T;
+  for (int64_t bk = 0; bk < d.B * d.K; ++bk)
+    for (int64_t member = 0; member < row_of.group; ++member) {
+      const int64_t b = bk / d.K, h = (bk % d.K) * row_of.group + member, bh = b * d.H + h;
+      // The group's first query head writes dK and dV; the others add to them.
+      const float accumulate = member == 0 ? 0.0f : 1.0f;
+      const int64_t token0 = b * d.T * ld;
+      const float *q = base + token0 + row_of.q(d, h), *k = base + token0 + row_of.k(d, h);
+      const float* v = base + token0 + row_of.v(d, h);
+      float* dq = dbase + token0 + row_of.q(d, h);
+      float* dk = dbase + token0 + row_of.k(d, h);
+      float* dv = dbase + token0 + row_of.v(d, h);
+      const float* go = g + b * d.T * d.C + h * d.D;
+      const float* P = probs.f32() + bh * d.T * d.T;
+      float* dP = scratch.f32() + bh * d.T * d.T;
 
-    // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG.
-    const float* weights = P;
-    if (dropout_p > 0.0f) {
-      dropped_probs(d, bh, P, key, dropout_p, dP);
-      weights = dP;
+      // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG.
+      const float* weights = P;
+      if (dropout_p > 0.0f) {
+        dropped_probs(d, bh, P, key, dropout_p, dP);
+        weights = dP;
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, go,
+                  d.C, accumulate, dv, ld);
+      // dP' = dO V^T, then through the dropout mask to dP.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, 1.0f, go, d.C, v, ld,
+                  0.0f, dP, d.T);
+      if (dropout_p > 0.0f) {
+        dropout_range(key, dropout_p, prob_index(d, bh, 0, 0), d.T * d.T, dP, nullptr, dP);
+      }
+      // Softmax backward: dS = P * (dP - sum_j dP * P), with the score scale folded in.
+      for (int64_t i = 0; i < d.T; ++i) {
+        const float* pi = P + i * d.T;
+        float* di = dP + i * d.T;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < d.T; ++j) dot += pi[j] * di[j];
+        for (int64_t j = 0; j < d.T; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, k, ld,
+                  0.0f, dq, ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, q, ld,
+                  accumulate, dk, ld);
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, go, d.C,
-                0.0f, dv, ld);
-    // dP' = dO V^T, then through the dropout mask to dP.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, 1.0f, go, d.C, v, ld, 0.0f,
-                dP, d.T);
-    if (dropout_p > 0.0f) {
-      dropout_range(key, dropout_p, prob_index(d, bh, 0, 0), d.T * d.T, dP, nullptr, dP);
-    }
-    // Softmax backward: dS = P * (dP - sum_j dP * P), with the score scale folded in.
-    for (int64_t i = 0; i < d.T; ++i) {
-      const float* pi = P + i * d.T;
-      float* di = dP + i * d.T;
-      float dot = 0.0f;
-      for (int64_t j = 0; j < d.T; ++j) dot += pi[j] * di[j];
-      for (int64_t j = 0; j < d.T; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, k, ld,
-                0.0f, dq, ld);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, q, ld, 0.0f,
-                dk, ld);
-  }
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                  int64_t past, int heads, float scale, const Tensor& out) {
+                                  int64_t past, int heads, int kv_heads, float scale,
+                                  const Tensor& out) {
   AttnDims d{};
-  check_attention_decode(qkv, k_cache, v_cache, past, heads, out, &d);
+  check_attention_decode(qkv, k_cache, v_cache, past, heads, kv_heads, out, &d);
   check_attention_scale(scale, "attention_decode");
-  const int64_t S = k_cache.dim(1), ld = 3 * d.C;
+  const PackedRow row_of(d);
+  // The caches hold the K key/value heads of each position: rows of KD = K * D.
+  const int64_t S = k_cache.dim(1), ld = row_of.ld, KD = d.K * d.D;
   const float* base = qkv.f32();
   float* kc = k_cache.f32();
   float* vc = v_cache.f32();
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t t = 0; t < d.T; ++t) {
       const float* row = base + (b * d.T + t) * ld;
-      std::memcpy(kc + (b * S + past + t) * d.C, row + d.C, sizeof(float) * d.C);
-      std::memcpy(vc + (b * S + past + t) * d.C, row + 2 * d.C, sizeof(float) * d.C);
+      std::memcpy(kc + (b * S + past + t) * KD, row + row_of.k(d, 0), sizeof(float) * KD);
+      std::memcpy(vc + (b * S + past + t) * KD, row + row_of.v(d, 0), sizeof(float) * KD);
     }
   float* o = out.f32();
 #pragma omp parallel
@@ -171,7 +199,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, cons
           const int64_t keys = past + t + 1;
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < keys; ++j) {
-            const float* k = kc + (b * S + j) * d.C + h * d.D;
+            const float* k = kc + (b * S + j) * KD + (h / row_of.group) * d.D;
             float s = 0.0f;
             for (int64_t i = 0; i < d.D; ++i) s += q[i] * k[i];
             p[j] = s * scale;
@@ -186,7 +214,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, cons
           float* y = o + (b * d.T + t) * d.C + h * d.D;
           std::fill(y, y + d.D, 0.0f);
           for (int64_t j = 0; j < keys; ++j) {
-            const float* v = vc + (b * S + j) * d.C + h * d.D;
+            const float* v = vc + (b * S + j) * KD + (h / row_of.group) * d.D;
             const float w = p[j] * inv;
             for (int64_t i = 0; i < d.D; ++i) y[i] += w * v[i];
           }

@@ -72,15 +72,16 @@ class CpuBackend final : public Backend {
                           const Tensor& dtype_table) override;
 
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
-                         float scale, float dropout_p, const RngKey& key, const Tensor& probs,
-                         const Tensor& scratch, const Tensor& out) override;
+                         int kv_heads, float scale, float dropout_p, const RngKey& key,
+                         const Tensor& probs, const Tensor& scratch, const Tensor& out) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
-                          float scale, float dropout_p, const RngKey& key, const Tensor& scratch,
-                          const Tensor& dqkv) override;
+                          int kv_heads, float scale, float dropout_p, const RngKey& key,
+                          const Tensor& scratch, const Tensor& dqkv) override;
 
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                        int64_t past, int heads, float scale, const Tensor& out) override;
+                        int64_t past, int heads, int kv_heads, float scale,
+                        const Tensor& out) override;
   void first_token(const Tensor& x, const Tensor& out) override;
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,

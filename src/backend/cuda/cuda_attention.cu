@@ -1,5 +1,7 @@
 // Flash attention in float32 on CUDA: tiles of queries and keys in shared memory, an online softmax
-// forward and a backward that recomputes the probabilities, with the CPU's dropout masks.
+// forward and a backward that recomputes the probabilities, with the CPU's dropout masks. Grouped-
+// query attention: query head h reads key/value head h / (H / K); the key/value gradient kernel
+// sums over the group's query heads itself, in a fixed order.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -190,8 +192,8 @@ __device__ __forceinline__ float halfwarp_sum(float x) {
 struct AttnParams {
   const int32_t* key_mask;  // [B,T] or null
   bool causal;
-  int T, H, D;
-  float scale;  // of the scores q.k
+  int T, H, K, D;  // K key/value heads, each shared by H / K consecutive query heads
+  float scale;     // of the scores q.k
   bool dropout;
   uint32_t threshold;
   float drop_scale;  // 1 / (1 - p)
@@ -216,12 +218,14 @@ __global__ void __launch_bounds__(kThreads)
 
   const int T = a.T, D = a.D, ld = tile_ld(D);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H, kh = h / (a.H / a.K);
   const int q0 = blockIdx.y * R;
-  const int64_t C = static_cast<int64_t>(a.H) * D, row_stride = 3 * C;
-  const float* q_base = qkv + b * T * row_stride + h * D;
-  const float* k_base = q_base + C;
-  const float* v_base = q_base + 2 * C;
+  const int64_t C = static_cast<int64_t>(a.H) * D,
+                row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
+  const float* token0 = qkv + b * T * row_stride;
+  const float* q_base = token0 + h * D;
+  const float* k_base = token0 + C + kh * D;
+  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
   load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
 
@@ -374,8 +378,9 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* delta_s,
   }
 }
 
-// dK and dV: one block per (batch * head, tile of kBwdCols keys), looping over the query tiles
-// that can see those keys. Each thread accumulates keys ty * KM + r, feature columns tx + 16c.
+// dK and dV: one block per (batch * key/value head, tile of kBwdCols keys), looping over the query
+// heads of the group (one, without grouping) and for each over the query tiles that can see those
+// keys. Each thread accumulates keys ty * KM + r, feature columns tx + 16c.
 template <int kSlots>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(const float* __restrict__ dout, const float* __restrict__ qkv,
@@ -398,14 +403,16 @@ __global__ void __launch_bounds__(kThreads)
 
   const int T = a.T, D = a.D, ld = tile_ld(D);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t bk = blockIdx.x, b = bk / a.K, kh = bk % a.K, group = a.H / a.K;
   const int k0 = blockIdx.y * NC;
-  const int64_t C = static_cast<int64_t>(a.H) * D, row_stride = 3 * C;
-  const float* q_base = qkv + b * T * row_stride + h * D;
-  const float* do_base = dout + b * T * C + h * D;
+  const int64_t C = static_cast<int64_t>(a.H) * D,
+                row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
+  const float* token0 = qkv + b * T * row_stride;
+  const float* k_base = token0 + C + kh * D;
+  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
-  load_rows(Ks, ld, q_base + C, row_stride, k0, NC, T, D);
-  load_rows(Vs, ld, q_base + 2 * C, row_stride, k0, NC, T, D);
+  load_rows(Ks, ld, k_base, row_stride, k0, NC, T, D);
+  load_rows(Vs, ld, v_base, row_stride, k0, NC, T, D);
   load_key_visibility<NC>(kvis, a.key_mask, b, k0, T);
 
   float dk[KM][kSlots], dv[KM][kSlots];
@@ -417,31 +424,36 @@ __global__ void __launch_bounds__(kThreads)
 
   // Causal: queries before k0 see none of these keys; start at the tile holding query k0.
   const int q_begin = a.causal ? k0 - k0 % R : 0;
-  for (int q0 = q_begin; q0 < T; q0 += R) {
-    __syncthreads();  // the previous tile's readers of Qs, dOs, Pd, dS, the stats and keep are done
-    load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
-    load_rows(dOs, ld, do_base, C, q0, R, T, D);
-    load_row_stats<R>(lse_s, delta_s, lse, delta, bh, q0, T);
-    if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
-    __syncthreads();
+  for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+    const int64_t bh = b * a.H + h;
+    const float* q_base = token0 + h * D;
+    const float* do_base = dout + b * T * C + h * D;
+    for (int q0 = q_begin; q0 < T; q0 += R) {
+      __syncthreads();  // the previous tile's readers of Qs, dOs, Pd, dS, the stats, keep are done
+      load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
+      load_rows(dOs, ld, do_base, C, q0, R, T, D);
+      load_row_stats<R>(lse_s, delta_s, lse, delta, bh, q0, T);
+      if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
+      __syncthreads();
 
-    backward_scores<RM, CM, NC, PLD>(a, Qs, dOs, Ks, Vs, lse_s, delta_s, kvis, keep, q0, k0, tx, ty,
-                                     Pd, dS);
-    __syncthreads();  // Pd and dS are complete
+      backward_scores<RM, CM, NC, PLD>(a, Qs, dOs, Ks, Vs, lse_s, delta_s, kvis, keep, q0, k0, tx,
+                                       ty, Pd, dS);
+      __syncthreads();  // Pd and dS are complete
 
-    // dV_j += sum_i Pd_ij dO_i; dK_j += sum_i dS_ij Q_i (the scale is applied at the end).
-    // Pd and dS are [query][key] tiles; keys are this block's rows, so they are read transposed.
-    const int qcount = min(R, T - q0);
-    accumulate_weighted_rows<KM, kSlots>(dv, Pd, 1, PLD, dOs, ld, qcount, D, ty, tx);
-    accumulate_weighted_rows<KM, kSlots>(dk, dS, 1, PLD, Qs, ld, qcount, D, ty, tx);
+      // dV_j += sum_i Pd_ij dO_i; dK_j += sum_i dS_ij Q_i (the scale is applied at the end).
+      // Pd and dS are [query][key] tiles; keys are this block's rows, so they are read transposed.
+      const int qcount = min(R, T - q0);
+      accumulate_weighted_rows<KM, kSlots>(dv, Pd, 1, PLD, dOs, ld, qcount, D, ty, tx);
+      accumulate_weighted_rows<KM, kSlots>(dk, dS, 1, PLD, Qs, ld, qcount, D, ty, tx);
+    }
   }
 
 #pragma unroll
   for (int r = 0; r < KM; ++r) {
     const int j = k0 + ty * KM + r;
     if (j >= T) continue;
-    float* dk_row = dqkv + (b * T + j) * row_stride + C + h * D;
-    float* dv_row = dk_row + C;
+    float* dk_row = dqkv + (b * T + j) * row_stride + C + kh * D;
+    float* dv_row = dk_row + static_cast<int64_t>(a.K) * D;
 #pragma unroll
     for (int c = 0; c < kSlots; ++c) {
       const int d = tx + 16 * c;
@@ -477,10 +489,14 @@ __global__ void __launch_bounds__(kThreads)
 
   const int T = a.T, D = a.D, ld = tile_ld(D);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H, kh = h / (a.H / a.K);
   const int q0 = blockIdx.y * R;
-  const int64_t C = static_cast<int64_t>(a.H) * D, row_stride = 3 * C;
-  const float* q_base = qkv + b * T * row_stride + h * D;
+  const int64_t C = static_cast<int64_t>(a.H) * D,
+                row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
+  const float* token0 = qkv + b * T * row_stride;
+  const float* q_base = token0 + h * D;
+  const float* k_base = token0 + C + kh * D;
+  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
   load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
   load_rows(dOs, ld, dout + b * T * C + h * D, C, q0, R, T, D);
@@ -496,8 +512,8 @@ __global__ void __launch_bounds__(kThreads)
   const int k_end = a.causal ? min(T, q0 + R) : T;
   for (int k0 = 0; k0 < k_end; k0 += NC) {
     __syncthreads();  // the previous tile's readers of Ks, Vs, dS, kvis and keep are done
-    load_rows(Ks, ld, q_base + C, row_stride, k0, NC, T, D);
-    load_rows(Vs, ld, q_base + 2 * C, row_stride, k0, NC, T, D);
+    load_rows(Ks, ld, k_base, row_stride, k0, NC, T, D);
+    load_rows(Vs, ld, v_base, row_stride, k0, NC, T, D);
     load_key_visibility<NC>(kvis, a.key_mask, b, k0, T);
     if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
     __syncthreads();
@@ -547,9 +563,11 @@ void allow_shared_memory(Kernel* kernel, size_t bytes, const char* name) {
 
 // Checks the sizes and fills the parameters; false when there is nothing to compute.
 bool make_params(const char* op, const int32_t* key_mask, bool causal, int64_t B, int64_t T,
-                 int64_t H, int64_t D, float scale, float dropout_p, const RngKey& key,
+                 int64_t H, int64_t K, int64_t D, float scale, float dropout_p, const RngKey& key,
                  AttnParams* a) {
   BRISK_CHECK(B >= 0 && T >= 0 && H >= 0, op, ": negative size B=", B, " T=", T, " H=", H);
+  BRISK_CHECK(K >= 1 && K <= H && H % K == 0, op, ": ", H, " query heads do not share ", K,
+              " key/value heads evenly");
   BRISK_CHECK(D >= 1 && D <= kMaxD, op, ": head size ", D, " is outside [1, ", kMaxD, "]");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, op, ": dropout ", dropout_p,
               " is outside [0, 1)");
@@ -562,6 +580,7 @@ bool make_params(const char* op, const int32_t* key_mask, bool causal, int64_t B
   a->causal = causal;
   a->T = static_cast<int>(T);
   a->H = static_cast<int>(H);
+  a->K = static_cast<int>(K);
   a->D = static_cast<int>(D);
   a->scale = scale;
   a->dropout = dropout_p > 0.0f;
@@ -584,12 +603,13 @@ void launch_forward(cudaStream_t s, const float* qkv, const AttnParams& a, int64
 
 template <int kSlots>
 void launch_backward(cudaStream_t s, const float* dout, const float* qkv, const float* lse,
-                     const float* delta, const AttnParams& a, int64_t BH, float* dqkv) {
+                     const float* delta, const AttnParams& a, int64_t B, float* dqkv) {
+  const int64_t BH = B * a.H, BK = B * a.K;
   const size_t smem = bwd_layout(a.D).bytes;
   allow_shared_memory(attention_backward_dkdv_kernel<kSlots>, smem,
                       "attention_backward_dkdv_kernel");
   allow_shared_memory(attention_backward_dq_kernel<kSlots>, smem, "attention_backward_dq_kernel");
-  const dim3 kv_grid(static_cast<unsigned>(BH),
+  const dim3 kv_grid(static_cast<unsigned>(BK),
                      static_cast<unsigned>((a.T + kBwdCols - 1) / kBwdCols));
   attention_backward_dkdv_kernel<kSlots>
       <<<kv_grid, kThreads, smem, s>>>(dout, qkv, lse, delta, a, dqkv);
@@ -604,10 +624,10 @@ void launch_backward(cudaStream_t s, const float* dout, const float* qkv, const 
 }  // namespace
 
 void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
-                       int64_t B, int64_t T, int64_t H, int64_t D, float scale, float dropout_p,
-                       RngKey key, float* lse, float* out) {
+                       int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, float scale,
+                       float dropout_p, RngKey key, float* lse, float* out) {
   AttnParams a;
-  if (!make_params("attention_forward", key_mask, causal, B, T, H, D, scale, dropout_p, key, &a))
+  if (!make_params("attention_forward", key_mask, causal, B, T, H, K, D, scale, dropout_p, key, &a))
     return;
   // Fewer feature slots per thread for small heads: fewer registers, no idle columns.
   if (D <= 64) {
@@ -619,10 +639,11 @@ void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask
 
 void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t D, float scale, float dropout_p, RngKey key,
-                        float* delta, float* dqkv) {
+                        int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
+                        RngKey key, float* delta, float* dqkv) {
   AttnParams a;
-  if (!make_params("attention_backward", key_mask, causal, B, T, H, D, scale, dropout_p, key, &a))
+  if (!make_params("attention_backward", key_mask, causal, B, T, H, K, D, scale, dropout_p, key,
+                   &a))
     return;
   // delta = rowsum(dO * O) equals sum_j P_ij dP_ij, the softmax backward's correction, because O
   // already holds the dropped-out probabilities times V.
@@ -632,9 +653,9 @@ void attention_backward(cudaStream_t s, const float* dout, const float* qkv, con
                            kThreads, 0, s>>>(dout, out, rows, a.T, a.H, a.D, delta);
   check_launch("attention_delta_kernel");
   if (D <= 64) {
-    launch_backward<4>(s, dout, qkv, lse, delta, a, B * H, dqkv);
+    launch_backward<4>(s, dout, qkv, lse, delta, a, B, dqkv);
   } else {
-    launch_backward<8>(s, dout, qkv, lse, delta, a, B * H, dqkv);
+    launch_backward<8>(s, dout, qkv, lse, delta, a, B, dqkv);
   }
 }
 

@@ -374,37 +374,39 @@ void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, boo
 // ---- attention ----
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
-                                    int heads, float scale, float dropout_p, const RngKey& key,
-                                    const Tensor& stats, const Tensor& scratch, const Tensor& out) {
-  const AttentionDims d = attention_dims(qkv, heads, "attention_forward");
+                                    int heads, int kv_heads, float scale, float dropout_p,
+                                    const RngKey& key, const Tensor& stats, const Tensor& scratch,
+                                    const Tensor& out) {
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
   check_attention_scale(scale, "attention_forward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
   cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal, d.B,
-                          d.T, d.H, d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
-                          dev(out, "attention output"));
+                          d.T, d.H, d.K, d.D, scale, dropout_p, key,
+                          dev(stats, "attention statistics"), dev(out, "attention output"));
 }
 
 void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                   int64_t past, int heads, float scale, const Tensor& out) {
+                                   int64_t past, int heads, int kv_heads, float scale,
+                                   const Tensor& out) {
   AttentionDims d{};
-  check_attention_decode(qkv, k_cache, v_cache, past, heads, out, &d);
+  check_attention_decode(qkv, k_cache, v_cache, past, heads, kv_heads, out, &d);
   check_attention_scale(scale, "attention_decode");
   BRISK_CHECK(d.D <= cuda::kMaxDecodeHeadWidth && d.T <= 65535,
               "attention_decode on CUDA: head width ", d.D, " (at most ", cuda::kMaxDecodeHeadWidth,
               ") or ", d.T, " new tokens (at most 65535)");
   cuda::attention_decode(stream_, dev(qkv, "qkv"), dev(k_cache, "key cache"),
                          dev(v_cache, "value cache"), dev(out, "attention output"), d.B, d.T,
-                         k_cache.dim(1), d.H, d.D, past, scale);
+                         k_cache.dim(1), d.H, d.K, d.D, past, scale);
 }
 
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                      const Tensor& stats, const Tensor& key_mask, bool causal,
-                                     int heads, float scale, float dropout_p, const RngKey& key,
-                                     const Tensor& scratch, const Tensor& dqkv) {
-  const AttentionDims d = attention_dims(qkv, heads, "attention_backward");
+                                     int heads, int kv_heads, float scale, float dropout_p,
+                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
   expect(stats, DType::f32, want.stats, "attention_backward statistics");
@@ -413,10 +415,10 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
-  cuda::attention_backward(stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"),
-                           dev(out, "attention output"), dev(stats, "attention statistics"),
-                           ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.D, scale,
-                           dropout_p, key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+  cuda::attention_backward(
+      stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"), dev(out, "attention output"),
+      dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H,
+      d.K, d.D, scale, dropout_p, key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
 }
 
 // ---- the optimizer step ----

@@ -145,27 +145,30 @@ void adafactor(cudaStream_t s, const AdafactorTensor& t, const AdafactorArgs& ar
 void stochastic_round(cudaStream_t s, float* x, int64_t n, RngKey key);
 
 // ---- cuda_decode.cu ----
-// attention_decode (backend.h): appends the new tokens' keys and values to the [B,S,C] caches at
-// row `past`, then attends each of the T queries to positions 0..past+t, scores times `scale`.
+// attention_decode (backend.h): appends the new tokens' keys and values to the [B,S,K*D] caches
+// at row `past`, then attends each of the T queries to positions 0..past+t, scores times `scale`;
+// query head h reads key/value head h / (H/K).
 // D at most kMaxDecodeHeadWidth, T at most 65535.
 inline constexpr int64_t kMaxDecodeHeadWidth = 512;
 void attention_decode(cudaStream_t s, const float* qkv, float* k_cache, float* v_cache, float* out,
-                      int64_t B, int64_t T, int64_t S, int64_t H, int64_t D, int64_t past,
-                      float scale);
+                      int64_t B, int64_t T, int64_t S, int64_t H, int64_t K, int64_t D,
+                      int64_t past, float scale);
 
 // ---- cuda_attention.cu ----
-// Flash attention over packed qkv [B,T,3C] (head h: columns [h*D,(h+1)*D) of q, k, v); key_mask
+// Flash attention over packed qkv [B,T,(H+2K)*D] (H query heads, then K key heads, then K value
+// heads; query head h reads key/value head h / (H/K); K == H: [B,T,3C]); key_mask
 // int32 [B,T] or null; scores q.k times `scale`; the probability matrix is never stored.
 // lse [B,H,T] receives each row's log-sum-exp of scaled, masked scores (+inf marks a row that sees
 // no key: its output is zero). Dropout on probabilities uses element id ((b*H+h)*T+i)*T+j, as the
 // CPU. out [B,T,C].
 void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
-                       int64_t B, int64_t T, int64_t H, int64_t D, float scale, float dropout_p,
-                       RngKey key, float* lse, float* out);
-// dqkv [B,T,3C] (overwritten) from dout, the forward's out and lse; delta [B,H,T] is scratch.
+                       int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, float scale,
+                       float dropout_p, RngKey key, float* lse, float* out);
+// dqkv [B,T,(H+2K)*D] (overwritten) from dout, the forward's out and lse; delta [B,H,T] is
+// scratch. A shared key/value head's gradient sums its query heads in a fixed order.
 void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t D, float scale, float dropout_p, RngKey key,
-                        float* delta, float* dqkv);
+                        int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
+                        RngKey key, float* delta, float* dqkv);
 
 }  // namespace brisk::cuda
