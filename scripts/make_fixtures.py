@@ -9,7 +9,12 @@ a tiny GPT-2 LM (odd sizes, padding in the batch) it writes, per model folder:
   expected.safetensors             (loss, logits, grad.<parameter name> for every parameter)
 Dropout is off (eval mode), attention is the eager implementation. tests/fixtures/bad/ gets the
 malformed configs, batches and weights that the error tests feed to the library and the CLI.
-gpt2_tiny/generate.json holds transformers' greedy generate() continuation of a prompt.
+Llama-family causal LMs (RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention):
+llama_tiny (GQA 6/2, explicit head_dim, llama3 rope scaling, attention and MLP biases, untied head,
+a pad id inside the text), qwen2_tiny (GQA 4/2, q/k/v biases, tied head) and mistral_tiny (plain
+multi-head, linear rope scaling, a sliding window longer than the batch).
+gpt2_tiny/generate.json and llama_tiny/generate.json hold transformers' greedy generate()
+continuation of a prompt.
 tests/fixtures/adamw/ and tests/fixtures/optim/ hold ten-step optimizer runs (AdamW; Adafactor,
 SGD and bitsandbytes' 8-bit AdamW) with the raw gradients, the initial and the final values.
 
@@ -23,18 +28,22 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, DistilBertConfig,
-                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel)
+                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures")
 
 
 def perturb(model, gen):
-    # Random values everywhere (LayerNorm around 1, biases non-zero) so every gradient is tested.
+    # Random values everywhere (LayerNorm and RMSNorm weights around 1, biases non-zero) so every
+    # gradient is tested. RMSNorm: Llama-style input_layernorm, post_attention_layernorm, model.norm.
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen) * 0.2
-            if "LayerNorm" in name or ".ln_" in name:
+            if ("LayerNorm" in name or ".ln_" in name or "layernorm" in name
+                    or name.endswith("model.norm.weight")):
                 p.copy_((1.0 if name.endswith("weight") else 0.0) + noise * 0.5)
             else:
                 p.copy_(noise)
@@ -195,11 +204,92 @@ def gpt2_variant(gen):
     dump(model, batch, "labels", os.path.join(OUT, "gpt2_variant"))
 
 
-def greedy_generation():
-    # transformers' greedy generate() on the saved tiny GPT-2: the first row's first 5 tokens as
-    # the prompt, 10 new tokens (n_positions is 19).
-    folder = os.path.join(OUT, "gpt2_tiny")
-    model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+def causal_batch(gen, vocab, B, T, lengths, pad_id=None):
+    # Right padding: the rows past their length are masked out (attention_mask 0, labels -100);
+    # labels equal input_ids elsewhere (the model shifts them). With a pad id, the padded tail
+    # holds it and so do two attended positions, so the embedding's padding_idx matters.
+    input_ids = torch.randint(0, vocab, (B, T), generator=gen)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        if pad_id is not None:
+            input_ids[b, n:] = pad_id
+    if pad_id is not None:
+        input_ids[0, 4] = input_ids[1, 2] = pad_id
+    labels = input_ids.clone()
+    labels[mask == 0] = -100
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def llama(gen):
+    # Grouped-query attention 6 query heads over 2 key/value heads, head_dim 6 given explicitly
+    # (6 * 6 = 36 projected width against hidden 30, whose derived head_dim would be 5), llama3
+    # rope scaling with all three of its branches: the wavelengths 2*pi/inv_freq are 6.3, 49.8 and
+    # 395 and the original context 64 keeps the first (< 64/4), smooths the second and divides
+    # the third by the factor; q/k/v/o and MLP biases, an untied LM head, pad id 0 inside the
+    # attended text.
+    cfg = LlamaConfig(vocab_size=101, hidden_size=30, intermediate_size=37, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=6, hidden_act="silu",
+                      max_position_embeddings=128, rms_norm_eps=1e-5, pad_token_id=0,
+                      bos_token_id=None, eos_token_id=None, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64},
+                      attention_bias=True, mlp_bias=True, attention_dropout=0.0,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    perturb(model, gen)
+    batch = causal_batch(gen, cfg.vocab_size, 2, 13, [13, 9], pad_id=0)
+    dump(model, batch, "labels", os.path.join(OUT, "llama_tiny"))
+
+
+def qwen2(gen):
+    # Qwen2: biases on q/k/v only, grouped-query attention 4/2 (head_dim 8), default rope, the LM
+    # head tied to the embeddings, no sliding window.
+    cfg = Qwen2Config(vocab_size=93, hidden_size=32, intermediate_size=45, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+                      max_position_embeddings=32, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      tie_word_embeddings=True, use_sliding_window=False, attention_dropout=0.0,
+                      pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                      attn_implementation="eager")
+    model = Qwen2ForCausalLM(cfg)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    perturb(model, gen)
+    batch = causal_batch(gen, cfg.vocab_size, 2, 11, [11, 7])
+    dump(model, batch, "labels", os.path.join(OUT, "qwen2_tiny"))
+
+
+def mistral(gen):
+    # Mistral: no biases, plain multi-head attention (3 key/value heads for 3 query heads),
+    # head_dim 10, linear rope scaling, a sliding window (64) longer than the batch.
+    cfg = MistralConfig(vocab_size=97, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
+                        num_attention_heads=3, num_key_value_heads=3, head_dim=10,
+                        hidden_act="silu", max_position_embeddings=32, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                         "factor": 2.0},
+                        sliding_window=64, tie_word_embeddings=False, attention_dropout=0.0,
+                        pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                        attn_implementation="eager")
+    model = MistralForCausalLM(cfg)
+    perturb(model, gen)
+    batch = causal_batch(gen, cfg.vocab_size, 2, 12, [12, 8])
+    dump(model, batch, "labels", os.path.join(OUT, "mistral_tiny"))
+
+
+def llama_fixtures():
+    llama(torch.Generator().manual_seed(9753))
+    qwen2(torch.Generator().manual_seed(8642))
+    mistral(torch.Generator().manual_seed(7531))
+    greedy_generation("llama_tiny", LlamaForCausalLM)
+
+
+def greedy_generation(name="gpt2_tiny", cls=GPT2LMHeadModel):
+    # transformers' greedy generate() on a saved tiny causal LM: the first row's first 5 tokens
+    # as the prompt, 10 new tokens (gpt2_tiny's n_positions is 19).
+    folder = os.path.join(OUT, name)
+    model = cls.from_pretrained(folder, attn_implementation="eager").eval()
     from safetensors.torch import load_file
     prompt = load_file(os.path.join(folder, "batch.safetensors"))["input_ids"][:1, :5].long()
     with torch.no_grad():
@@ -413,10 +503,11 @@ def optim_fixtures():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("models", "regression", "generate", "adamw", "optim",
-                                           "zoo", "mlm"),
+                                           "zoo", "mlm", "llama"),
                         help="regenerate one fixture set (models: bert_tiny, gpt2_tiny and bad/; "
                              "regression: bert_regression; zoo: distilbert_*, bert_decoder, "
-                             "gpt2_variant; mlm: bert_mlm)")
+                             "gpt2_variant; mlm: bert_mlm; llama: llama_tiny with its "
+                             "generate.json, qwen2_tiny, mistral_tiny)")
     args = parser.parse_args()
     if args.only in (None, "models"):
         torch.manual_seed(0)
@@ -437,6 +528,9 @@ def main():
     if args.only in (None, "mlm"):  # its own generator: the zoo stays as it was
         torch.manual_seed(0)
         bert_mlm(torch.Generator().manual_seed(1357))
+    if args.only in (None, "llama"):  # one generator per model: the others stay as they were
+        torch.manual_seed(0)
+        llama_fixtures()
     if args.only in (None, "generate"):
         greedy_generation()
     if args.only in (None, "adamw"):

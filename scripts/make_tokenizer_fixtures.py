@@ -51,6 +51,12 @@ MORE = [
     "<|begin_of_text|>special<|end_of_text|> in the middle",
 ]
 
+# Numbers next to spaces, letters and symbols, in several scripts and numeric categories: checked
+# only for bpe_digits (Digits(individual_digits) before ByteLevel, as SmolLM2's tokenizer.json).
+DIGIT_TEXTS = ["Call 555 1234 now", "  12  ab3c  9", "x\t 7\n 8", "\u0663\u0664 \u0665 and \u06f1\u06f2",
+               "\u216b chapters \u00bd cup x\u00b2", "it's1 they'll22 '7", "a  \n 9 end 10   ",
+               "3.14, 1,000 and -5e10", "\u00a0 4\u3000 5", "1 2  3   4"]
+
 # Texts with the SentencePiece-style special tokens, checked only for the Unigram and
 # SentencePiece fixtures (texts.json also feeds other tests' training data, so it stays as it is).
 SPECIAL = ["</s>after an end </s> and <unk> </s>", "<s> begins, ends </s>"]
@@ -195,6 +201,15 @@ def main():
         vocab_size=800, special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     made["bpe"] = bpe
+    # The same vocabulary behind Digits(individual_digits) + ByteLevel with its regex (SmolLM2).
+    kept_bpe = os.path.join(OUT, "bpe", "tokenizer.json")
+    digits = json.loads(Tokenizer.from_file(kept_bpe).to_str() if os.path.exists(kept_bpe)
+                        else bpe.to_str())
+    digits["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": True}]}
+    made["bpe_digits"] = Tokenizer.from_str(json.dumps(digits))
 
     llama = Tokenizer(models.BPE(ignore_merges=True))
     llama.pre_tokenizer = pre_tokenizers.Sequence([
@@ -303,6 +318,9 @@ def main():
         t.no_truncation()
         if name.startswith("unigram"):
             expected["special"] = [[x, t.encode(x, add_special_tokens=False).ids] for x in SPECIAL]
+        if name == "bpe_digits":
+            expected["extra"] = [[x, t.encode(x, add_special_tokens=False).ids]
+                                 for x in DIGIT_TEXTS]
         if name.startswith("bpe") or name.startswith("unigram"):
             expected["decoded"] = [t.decode(t.encode(x).ids) for x in texts]
         with open(os.path.join(folder, "expected.json"), "w", encoding="utf-8") as f:

@@ -27,7 +27,7 @@ struct Decoding {
     model = Model::create(resolve_config(folder));
     PlanOptions o;
     o.weights_only = true;
-    model->plan(plan, {1, 1}, o);
+    model->plan(plan, {1, max_tokens}, o);  // as brisk generate plans it
     decoder = std::make_unique<Decoder>(*model, max_tokens, max_chunk);
     decoder->plan(plan, binder);
     plan.finalize();
@@ -72,10 +72,14 @@ void matches_the_full_forward_at_every_position(const std::string& name) {
 TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
   matches_the_full_forward_at_every_position("gpt2_tiny");
   matches_the_full_forward_at_every_position("gpt2_variant");
+  // Rotary positions from the cache's position on, grouped-query caches, SwiGLU, RMSNorm.
+  matches_the_full_forward_at_every_position("llama_tiny");
+  matches_the_full_forward_at_every_position("qwen2_tiny");
 }
 
-TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
-  const std::string folder = fixture("gpt2_tiny");
+void greedy_decoding_equals_transformers_generate(const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string folder = fixture(name);
   std::ifstream f(folder + "/generate.json");
   const nlohmann::json want = nlohmann::json::parse(f);
   const auto prompt = want["prompt"].get<std::vector<int32_t>>();
@@ -91,6 +95,11 @@ TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
     if (i + 1 < greedy.size()) logits = d.decoder->feed(*d.be, {got.back()});
   }
   EXPECT_EQ(got, greedy);
+}
+
+TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
+  greedy_decoding_equals_transformers_generate("gpt2_tiny");
+  greedy_decoding_equals_transformers_generate("llama_tiny");
 }
 
 TEST(Decoder, ABertDoesNotGenerate) {

@@ -101,6 +101,73 @@ TEST(Inputs, ConfigKeysBriskDoesNotImplementAreRefusedByName) {
   EXPECT_EQ(c.task, ModelTask::causal_lm);
 }
 
+// The llama family's keys: read in both transformers 4's and 5's spelling, refused by name where
+// brisk does not implement them.
+TEST(Inputs, LlamaFamilyConfigKeysAreHonoredOrRefused) {
+  const nlohmann::json llama = load_config(fixture("llama_tiny/config.json")).source;
+  const nlohmann::json qwen2 = load_config(fixture("qwen2_tiny/config.json")).source;
+  const nlohmann::json mistral = load_config(fixture("mistral_tiny/config.json")).source;
+  auto refused = [](nlohmann::json j, const char* key, nlohmann::json value, const char* needle) {
+    if (value.is_null())
+      j.erase(key);
+    else
+      j[key] = value;
+    expect_error([&] { config_from_json(j, "cfg"); }, needle);
+  };
+  refused(llama, "hidden_act", "gelu", "hidden_act \"gelu\" is not supported for llama");
+  refused(llama, "num_key_value_heads", 4, "not a multiple of num_key_value_heads 4");
+  refused(llama, "head_dim", 7, "head_dim 7 is odd");
+  refused(llama, "rope_parameters", {{"rope_type", "yarn"}, {"factor", 2.0}},
+          "rope_parameters: rope_type \"yarn\" is not supported");
+  refused(llama, "rope_parameters", {{"rope_type", "linear"}}, "needs \"factor\"");
+  refused(llama, "rope_parameters",
+          {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}},
+          "needs \"high_freq_factor\"");
+  refused(llama, "rope_parameters", {{"full_attention", {{"rope_type", "default"}}}},
+          "names no rope_type");
+  refused(llama, "rope_parameters", {{"rope_type", "default"}, {"rope_theta", -1}},
+          "must be a positive number");
+  refused(qwen2, "hidden_size", 30, "not divisible by the number of attention heads 4");
+  // transformers 4's spelling: rope_theta at the top level, rope_scaling with "type".
+  nlohmann::json j = llama;
+  j.erase("rope_parameters");
+  j["rope_theta"] = 250.0;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 3.0}};
+  ModelConfig c = config_from_json(j, "cfg");
+  EXPECT_EQ(c.rope_theta, 250.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::linear);
+  EXPECT_EQ(c.rope_scaling.factor, 3.0);
+  c = config_from_json(llama, "cfg");
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_EQ(c.head_dim(), 6);
+  EXPECT_EQ(c.qkv_width(), (6 + 2 * 2) * 6);
+  EXPECT_TRUE(c.qkv_bias && c.attn_out_bias && c.mlp_bias);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::llama3);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);
+  c = config_from_json(qwen2, "cfg");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.attn_out_bias || c.mlp_bias);
+  EXPECT_EQ(c.sliding_window, 0);  // use_sliding_window false
+  c = config_from_json(mistral, "cfg");
+  EXPECT_EQ(c.sliding_window, 64);
+  EXPECT_FALSE(c.qkv_bias || c.attn_out_bias || c.mlp_bias);
+}
+
+// A sliding window shorter than the sequence would change attention: refused when planned.
+TEST(Inputs, SequencesLongerThanTheSlidingWindowAreRefused) {
+  nlohmann::json j = load_config(fixture("mistral_tiny/config.json")).source;
+  j["sliding_window"] = 8;
+  auto m = Model::create(config_from_json(j, "cfg"));
+  MemoryPlan ok;
+  m->plan(ok, {2, 8}, {});
+  MemoryPlan plan;
+  expect_error(
+      [&] {
+        m->plan(plan, {2, 9}, {});
+      },
+      "sequences of 9 tokens are longer than the mistral config's sliding_window = 8");
+}
+
 // transformers' GPT-2 adds token_type_ids through wte; brisk refuses a batch carrying them
 // rather than compute another model.
 TEST(Inputs, Gpt2BatchesWithTokenTypesAreRefused) {

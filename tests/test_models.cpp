@@ -2,7 +2,13 @@
 // on the same weights and batch (fixtures from scripts/make_fixtures.py), dropout off.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
+
 #include "test_support.h"
+#include "tokenizer/tokenizer.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -90,6 +96,65 @@ TEST(Models, BertAsADecoderMatchesTransformers) {
   compare_with_transformers("bert_decoder");
 }
 
+// LlamaForCausalLM: RMSNorm, llama3-scaled rotary positions, grouped-query attention (6 query
+// heads over 2 key/value heads), an explicit head_dim (6 heads x 6 = 36 channels in a hidden
+// size of 30), attention_bias (q, k, v and o) and mlp_bias, an untied head, pad_token_id 0 on
+// attended tokens.
+TEST(Models, LlamaForCausalLMMatchesTransformers) {
+  compare_with_transformers("llama_tiny");
+}
+
+// Qwen2ForCausalLM: q/k/v biases without an o_proj bias, 4 query heads over 2 key/value heads,
+// default rotary positions, the head tied to the embeddings.
+TEST(Models, Qwen2ForCausalLMMatchesTransformers) {
+  compare_with_transformers("qwen2_tiny");
+}
+
+// MistralForCausalLM: no biases, multi-head (3 over 3), head_dim 10 in a hidden size of 30,
+// linear rope scaling, a sliding window longer than the sequence.
+TEST(Models, MistralForCausalLMMatchesTransformers) {
+  compare_with_transformers("mistral_tiny");
+}
+
+// The real SmolLM2-135M (a Llama: 30 layers, 9 heads over 3 key/value heads, tied head) from
+// scripts/get_data.sh: brisk's tokenizer gives transformers' ids for Psalm 23, and its loss and
+// last logits on the first 64 tokens equal transformers' (tests/fixtures/smollm2_kjv, from
+// scripts/smollm2_folder.py). Skipped when the folder has not been made.
+TEST(Models, RealSmolLM2LossEqualsTransformers) {
+  const std::string data = fixture("../../data/smollm2-135m");
+  if (!std::filesystem::exists(data + "/model.safetensors"))
+    GTEST_SKIP() << "data/smollm2-135m is missing: run scripts/get_data.sh with the Python venv "
+                    "(scripts/setup_python.sh) to make it";
+  SafetensorsFile expected(fixture("smollm2_kjv/expected.safetensors"));
+  std::ifstream f(fixture("smollm2_kjv/psalm23.txt"));
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const Tensor& want_ids = expected.get("text_ids");
+  EXPECT_EQ(Tokenizer::load(data)->tokenize(text),
+            std::vector<int32_t>(want_ids.i32(), want_ids.i32() + want_ids.numel()));
+
+  const TempDir dir("smollm2");
+  for (const char* file : {"config.json", "model.safetensors"})
+    std::filesystem::create_symlink(std::filesystem::absolute(data + "/" + file), dir / file);
+  const Tensor& ids = expected.get("input_ids");
+  std::vector<int32_t> mask(static_cast<size_t>(ids.numel()), 1);
+  write_safetensors(dir / "batch.safetensors",
+                    {{"input_ids", ids},
+                     {"attention_mask", Tensor(mask.data(), ids.shape(), DType::i32)},
+                     {"labels", ids}});
+  LoadedModel m(dir.path.string());
+  StepOptions eval;
+  eval.training = false;
+  eval.compute_grad = false;
+  const double loss = m.model->forward(*m.be, eval) / m.model->count_targets();
+  const float want_loss = expected.get("loss").f32()[0];
+  EXPECT_NEAR(loss, want_loss, kTolerance * want_loss);
+  const Tensor& want_last = expected.get("last_logits");
+  const std::vector<float> logits = to_host(*m.be, m.model->logits());
+  EXPECT_LE(rel_error(logits.data() + logits.size() - want_last.numel(), want_last.f32(),
+                      want_last.numel()),
+            kTolerance);
+}
+
 // tie_word_embeddings false (its own lm_head.weight), scale_attn_by_inverse_layer_idx,
 // reorder_and_upcast_attn, quick_gelu, n_inner, five heads.
 TEST(Models, Gpt2WithUntiedHeadAndLayerScaledAttentionMatchesTransformers) {
@@ -99,14 +164,16 @@ TEST(Models, Gpt2WithUntiedHeadAndLayerScaledAttentionMatchesTransformers) {
 // The word embedding's padding row: zero at initialization (as transformers' _init_weights), no
 // gradient from the embedding even where the pad id is attended, while the other rows get one.
 TEST(Models, ThePaddingRowStartsAtZeroAndGetsNoGradient) {
-  for (const char* name : {"bert_decoder", "distilbert_tiny"}) {
+  const std::map<std::string, std::string> word_table{
+      {"bert_decoder", "bert.embeddings.word_embeddings.weight"},
+      {"distilbert_tiny", "distilbert.embeddings.word_embeddings.weight"},
+      {"llama_tiny", "model.embed_tokens.weight"}};
+  for (const auto& [name, table_name] : word_table) {
     SCOPED_TRACE(name);
     LoadedModel m(fixture(name));
     const ModelConfig& c = m.model->config();
     ASSERT_EQ(c.pad_token_id, 0);
-    const int word = m.model->params().find(
-        std::string(c.model_type == ModelType::bert ? "bert" : "distilbert") +
-        ".embeddings.word_embeddings.weight");
+    const int word = m.model->params().find(table_name);
     ASSERT_GE(word, 0);
     m.step(false);
     const std::vector<float> grad = to_host(*m.be, m.model->params().grad(word));
@@ -232,6 +299,16 @@ TEST(Models, DistilBertGpt2VariantAndMaskedLmCheckpointingIsBitIdentical) {
   checkpointing_is_exact("distilbert_tiny");
   checkpointing_is_exact("gpt2_variant", DType::bf16);
   checkpointing_is_exact("bert_mlm", DType::f32, /*masked_lm=*/true);
+}
+
+// The llama family's blocks (rotary positions, SwiGLU writing its gradient over the saved
+// [gate | up], RMSNorm) recompute bit for bit, in float32 and with 16-bit activations.
+TEST(Models, LlamaFamilyRecomputationIsBitIdentical) {
+  checkpointing_is_exact("llama_tiny");
+  checkpointing_is_exact("qwen2_tiny", DType::bf16);
+  checkpointing_is_exact("mistral_tiny", DType::f16);
+  selective_recompute_is_exact("llama_tiny");
+  selective_recompute_is_exact("qwen2_tiny", DType::bf16);
 }
 
 // Dropout: the same (seed, step) gives the same masks, another step other masks.

@@ -38,9 +38,11 @@ void expect_like_the_library(const std::string& name, const std::string& path) {
     EXPECT_EQ(e.ids, want["pairs"][i]["ids"].get<std::vector<int32_t>>()) << "pair " << i;
     EXPECT_EQ(e.type_ids, want["pairs"][i]["type_ids"].get<std::vector<int32_t>>()) << "pair " << i;
   }
-  for (const auto& special : want.value("special", nlohmann::json::array()))  // </s> in the text
-    EXPECT_EQ(t->tokenize(special[0].get<std::string>()), special[1].get<std::vector<int32_t>>())
-        << special[0];
+  // </s> in the text (special), or texts one fixture is about (extra).
+  for (const char* key : {"special", "extra"})
+    for (const auto& text : want.value(key, nlohmann::json::array()))
+      EXPECT_EQ(t->tokenize(text[0].get<std::string>()), text[1].get<std::vector<int32_t>>())
+          << text[0];
   for (size_t i = 0; i < want["decoded"].size(); ++i)
     EXPECT_EQ(t->decode(want["single"][i].get<std::vector<int32_t>>()),
               want["decoded"][i].get<std::string>())
@@ -62,6 +64,12 @@ TEST(Tokenizer, Llama3StyleByteLevelBpeEqualsTheLibrary) {
   expect_like_the_library("bpe_llama3", fixture("tokenizer/bpe_llama3"));
   // A Split pattern that leaves text between its matches: those stretches are pieces too.
   expect_like_the_library("bpe_split_gaps", fixture("tokenizer/bpe_split_gaps"));
+}
+
+// Every digit its own piece, GPT-2's pattern between them (SmolLM2's tokenizer.json): the space
+// before a number is a piece of its own, not the number's.
+TEST(Tokenizer, IndividualDigitsBeforeByteLevelEqualsTheLibrary) {
+  expect_like_the_library("bpe_digits", fixture("tokenizer/bpe_digits"));
 }
 
 // Llama-2's layout: "▁" normalizers, characters missing from the vocabulary as <0xNN> tokens,

@@ -1,6 +1,7 @@
 // config.json parsing with one clear message per problem, and the built-in configurations.
 #include "models/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -53,6 +54,14 @@ struct Reader {
     if (!has(key)) return fallback;
     BRISK_CHECK(j[key].is_string(), origin, ": \"", key, "\" must be a string");
     return j[key].get<std::string>();
+  }
+  // A finite positive number (rope_theta, scaling factors).
+  double positive_or(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(
+        j[key].is_number() && j[key].get<double>() > 0 && std::isfinite(j[key].get<double>()),
+        origin, ": \"", key, "\" must be a positive number, got ", excerpt(j[key].dump()));
+    return j[key].get<double>();
   }
   bool flag_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
@@ -192,6 +201,98 @@ void read_gpt2(const Reader& r, ModelConfig& c) {
   refuse_flag(r, "add_cross_attention", "brisk's GPT-2 has no cross-attention layers");
 }
 
+// Rotary embeddings: transformers 5's rope_parameters (rope_theta inside), or transformers 4's
+// top-level rope_theta with an optional rope_scaling object.
+void read_rope(const Reader& r, ModelConfig& c) {
+  c.rope_theta = r.positive_or("rope_theta", 10000.0);
+  const char* key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (!r.has(key)) return;
+  const json& p = r.j[key];
+  const std::string where = r.origin + ": " + key;
+  BRISK_CHECK(p.is_object(), where, " must be an object");
+  const Reader rope{p, where};
+  BRISK_CHECK(rope.has("rope_type") || rope.has("type") || rope.has("rope_theta"), where,
+              " names no rope_type (rope parameters per attention type are not supported)");
+  c.rope_theta = rope.positive_or("rope_theta", c.rope_theta);
+  const std::string type = rope.string_or("rope_type", rope.string_or("type", "default"));
+  try {
+    c.rope_scaling.type = rope_type_from_name(type);
+  } catch (const Error& e) {
+    BRISK_FAIL(where, ": ", e.what());
+  }
+  RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::none) return;
+  BRISK_CHECK(rope.has("factor"), where, ": rope_type \"", type, "\" needs \"factor\"");
+  s.factor = rope.positive_or("factor", 1.0);
+  if (s.type != RopeScaling::Type::llama3) return;
+  for (const char* k : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    BRISK_CHECK(rope.has(k), where, ": rope_type \"llama3\" needs \"", k, "\"");
+  s.low_freq_factor = rope.positive_or("low_freq_factor", 1.0);
+  s.high_freq_factor = rope.positive_or("high_freq_factor", 4.0);
+  BRISK_CHECK(s.high_freq_factor > s.low_freq_factor, where,
+              ": high_freq_factor must exceed low_freq_factor");
+  s.original_max_position_embeddings = rope.size("original_max_position_embeddings", kMaxPositions);
+}
+
+// LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM: the same decoder (RMSNorm, rotary
+// positions, SwiGLU MLP, grouped-query attention); they differ in biases and defaults.
+void read_llama(const Reader& r, ModelConfig& c) {
+  const ModelType t = c.model_type;
+  c.llama_style = true;
+  c.causal = true;
+  c.vocab_size = r.size_or("vocab_size", t == ModelType::qwen2 ? 151936 : 32000, kMaxVocab);
+  c.hidden_size = r.size_or("hidden_size", 4096, kMaxHidden);
+  c.intermediate_size =
+      r.size_or("intermediate_size", t == ModelType::mistral ? 14336 : 11008, kMaxIntermediate);
+  c.num_layers = r.size_or("num_hidden_layers", 32, kMaxLayers);
+  c.num_heads = r.size_or("num_attention_heads", 32, kMaxHeads);
+  c.num_kv_heads = r.size_or("num_key_value_heads", c.num_heads, kMaxHeads);
+  BRISK_CHECK(c.num_heads % c.num_kv_heads == 0, r.origin, ": num_attention_heads ", c.num_heads,
+              " is not a multiple of num_key_value_heads ", c.num_kv_heads);
+  if (r.has("head_dim")) {
+    c.explicit_head_dim = r.size("head_dim", kMaxHidden);
+  } else {
+    BRISK_CHECK(c.hidden_size % c.num_heads == 0, r.origin, ": hidden size ", c.hidden_size,
+                " is not divisible by the number of attention heads ", c.num_heads,
+                " (and no head_dim is given)");
+  }
+  BRISK_CHECK(c.head_dim() % 2 == 0, r.origin, ": head_dim ", c.head_dim(),
+              " is odd; rotary embeddings turn pairs of channels");
+  c.max_position_embeddings = r.size_or(
+      "max_position_embeddings",
+      t == ModelType::llama ? 2048 : (t == ModelType::mistral ? 4096 * 32 : 32768), kMaxPositions);
+  c.layer_norm_eps = r.epsilon_or("rms_norm_eps", 1e-6f);
+  const std::string act = r.string_or("hidden_act", "silu");
+  BRISK_CHECK(activation_from(act, r.origin) == Activation::silu, r.origin, ": hidden_act \"",
+              excerpt(act), "\" is not supported for ", c.type_name(),
+              " (brisk's gated MLP is SwiGLU: silu)");
+  c.activation = Activation::silu;
+  c.tied_lm_head = r.flag_or("tie_word_embeddings", false);
+  c.hidden_dropout = c.attention_output_dropout = c.embedding_dropout = 0.0f;
+  c.classifier_dropout = 0.0f;
+  c.attention_dropout = r.prob_or("attention_dropout", 0.0f);
+  if (t == ModelType::qwen2) {
+    c.qkv_bias = true;
+    c.attn_out_bias = c.mlp_bias = false;
+  } else {
+    // Mistral's config has neither key; its layers have no biases.
+    c.qkv_bias = c.attn_out_bias = r.flag_or("attention_bias", false);
+    c.mlp_bias = r.flag_or("mlp_bias", false);
+  }
+  read_rope(r, c);
+  // Sliding-window attention (Mistral; Qwen2 with use_sliding_window) only differs from full
+  // attention on sequences longer than the window: the model refuses those when it is planned.
+  const bool windowed =
+      t == ModelType::mistral || (t == ModelType::qwen2 && r.flag_or("use_sliding_window", false));
+  if (windowed && r.has("sliding_window"))
+    c.sliding_window = r.size("sliding_window", kMaxPositions);
+  else if (windowed && !r.j.contains("sliding_window"))
+    c.sliding_window = 4096;  // the configs' default; null means no window
+  const int64_t tp = r.size_or("pretraining_tp", 1, kMaxHeads);
+  (void)tp;  // only how transformers slices its products; the result is the same
+  read_pad_token(r, c, -1);
+}
+
 json builtin_json(const std::string& name) {
   auto bert = [](int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t inter) {
     return json{{"model_type", "bert"},
@@ -281,12 +382,18 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
     c.model_type = ModelType::gpt2;
     c.task = ModelTask::causal_lm;
     read_gpt2(r, c);
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+    c.model_type = type == "llama"     ? ModelType::llama
+                   : type == "mistral" ? ModelType::mistral
+                                       : ModelType::qwen2;
+    c.task = ModelTask::causal_lm;
+    read_llama(r, c);
   } else {
     BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type),
-               "\" (supported: bert, distilbert, gpt2)");
+               "\" (supported: bert, distilbert, gpt2, llama, mistral, qwen2)");
   }
-  BRISK_CHECK(c.hidden_size % c.num_heads == 0, origin, ": hidden size ", c.hidden_size,
-              " is not divisible by the number of attention heads ", c.num_heads);
+  BRISK_CHECK(c.explicit_head_dim > 0 || c.hidden_size % c.num_heads == 0, origin, ": hidden size ",
+              c.hidden_size, " is not divisible by the number of attention heads ", c.num_heads);
   c.source = j;
   return c;
 }
@@ -318,6 +425,12 @@ std::string ModelConfig::type_name() const {
       return "distilbert";
     case ModelType::gpt2:
       return "gpt2";
+    case ModelType::llama:
+      return "llama";
+    case ModelType::mistral:
+      return "mistral";
+    case ModelType::qwen2:
+      return "qwen2";
   }
   return "?";
 }

@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/rope.h"
 
 namespace brisk {
 
-enum class ModelType { bert, distilbert, gpt2 };
+// llama, mistral and qwen2 share one implementation (models/llama.cpp): their configs differ in
+// which keys they have and in their defaults.
+enum class ModelType { bert, distilbert, gpt2, llama, mistral, qwen2 };
 // What a model learns, which decides its head and how data files are prepared (run_glue,
 // run_clm or run_mlm).
 enum class ModelTask { sequence_classification, causal_lm, masked_lm };
@@ -37,6 +40,12 @@ struct ModelConfig {
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;
+  // Key/value heads of grouped-query attention (llama family's num_key_value_heads); 0: as many
+  // as the query heads.
+  int64_t num_kv_heads = 0;
+  // The llama family's explicit head_dim (heads * head_dim may differ from hidden_size); 0:
+  // hidden_size / num_heads.
+  int64_t explicit_head_dim = 0;
   int64_t intermediate_size = 0;
   int64_t max_position_embeddings = 0;
   int64_t type_vocab_size = 0;  // bert
@@ -50,6 +59,17 @@ struct ModelConfig {
   // (scale_attn_by_inverse_layer_idx).
   bool scale_by_head_dim = true;
   bool scale_by_inverse_layer = false;
+  // The llama family: RMSNorm (layer_norm_eps is rms_norm_eps), rotary positions, the SwiGLU MLP,
+  // and which linear layers have biases.
+  bool llama_style = false;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool qkv_bias = true;       // llama attention_bias; qwen2: always
+  bool attn_out_bias = true;  // llama attention_bias; qwen2: never
+  bool mlp_bias = true;       // llama mlp_bias; mistral, qwen2: never
+  // Mistral's sliding_window (Qwen2's with use_sliding_window): attention reaches back at most
+  // this many tokens; 0: no window. Sequences longer than it are refused.
+  int64_t sliding_window = 0;
   int64_t num_labels = 0;  // bert sequence classification
   // bert: one output trained with the squared error (transformers' problem_type "regression",
   // which num_labels 1 implies), instead of classes under cross-entropy.
@@ -64,7 +84,13 @@ struct ModelConfig {
   Activation activation = Activation::gelu;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_heads;
+  }
+  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  // Width of the packed query/key/value projection, (H + 2K) * D, and of the attention output.
+  int64_t qkv_width() const { return (num_heads + 2 * kv_heads()) * head_dim(); }
+  int64_t attention_width() const { return num_heads * head_dim(); }
   std::string type_name() const;  // config.json's model_type
 };
 

@@ -33,7 +33,8 @@ void Decoder::plan(MemoryPlan& plan, BufferBinder& binder) {
   // The caches hold the key/value heads only: fewer than the query heads under grouped-query
   // attention.
   const BlockStyle style = model_.inference_style();
-  const int64_t KD = style.kv_heads * (C / style.heads);
+  const int64_t KD = c.kv_heads() * c.head_dim();
+  const int64_t fc_width = style.gated_mlp ? 2 * F : F;
   k_cache_.assign(c.num_layers, Tensor());
   v_cache_.assign(c.num_layers, Tensor());
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -54,10 +55,10 @@ void Decoder::plan(MemoryPlan& plan, BufferBinder& binder) {
   work(&scratch_.a, "a", {1, T, C});
   work(&scratch_.mean, "mean", {1, T});
   work(&scratch_.rstd, "rstd", {1, T});
-  work(&scratch_.qkv, "qkv", {1, T, C + 2 * KD});
-  work(&scratch_.ctx, "ctx", {1, T, C});
+  work(&scratch_.qkv, "qkv", {1, T, c.qkv_width()});
+  work(&scratch_.ctx, "ctx", {1, T, c.attention_width()});
   work(&scratch_.res, "res", {1, T, C});
-  work(&scratch_.fc, "fc", {1, T, F});
+  work(&scratch_.fc, "fc", {1, T, fc_width});
   work(&scratch_.fc_act, "fc_act", {1, T, F});
   work(&scratch_.tmp, "tmp", {1, T, C});
   work(&last_, "last", {1, 1, C});

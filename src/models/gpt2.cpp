@@ -90,10 +90,7 @@ class Gpt2 final : public Model {
 
   void validate_batch() const override {
     check_ids(batch_.input_ids, config_.vocab_size, "token id");
-    const int32_t* y = batch_.labels.i32();
-    for (int64_t i = 0; i < batch_.labels.numel(); ++i)
-      BRISK_CHECK(y[i] == kIgnoreIndex || (y[i] >= 0 && y[i] < config_.vocab_size), "label ", y[i],
-                  " at position ", i, " is outside the vocabulary of ", config_.vocab_size);
+    check_token_labels();
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
@@ -102,14 +99,7 @@ class Gpt2 final : public Model {
                        site(o, kEmbeddingSite), hidden_[0]);
   }
 
-  // Position t predicts token t + 1.
-  void prepare_batch() override {
-    const int64_t B = shape_.batch, T = shape_.seq;
-    const int32_t* y = batch_.labels.i32();
-    int32_t* t = targets_host_.i32();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i) t[b * T + i] = i + 1 < T ? y[b * T + i + 1] : kIgnoreIndex;
-  }
+  void prepare_batch() override { shift_labels(targets_host_); }
 
   void head_forward(Backend& be, const StepOptions& o) override {
     be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,

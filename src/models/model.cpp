@@ -10,6 +10,7 @@
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/gpt2.h"
+#include "models/llama.h"
 
 namespace brisk {
 
@@ -24,6 +25,11 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
       break;
     case ModelType::gpt2:
       m = make_gpt2(config);
+      break;
+    case ModelType::llama:
+    case ModelType::mistral:
+    case ModelType::qwen2:
+      m = make_llama(config);
       break;
   }
   m->declare_params();
@@ -46,6 +52,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
+  declare_constants(plan, shape);
   if (options.weights_only) return;
   binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
                   Shape{n});
@@ -55,11 +62,16 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   for (int64_t l = 0; l <= c.num_layers; ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
-  const BlockDims dims{
-      shape.batch,   shape.seq,
-      c.hidden_size, c.intermediate_size,
-      c.num_heads,   attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
   const BlockStyle style = this->style(true);
+  const BlockDims dims{shape.batch,
+                       shape.seq,
+                       c.hidden_size,
+                       c.intermediate_size,
+                       c.num_heads,
+                       c.kv_heads(),
+                       c.head_dim(),
+                       style.gated_mlp,
+                       attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
   BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
               "selective recomputation and gradient checkpointing contradict each other");
   const bool selective = options.selective_recompute;
@@ -150,6 +162,7 @@ void Model::bind(Arena& arena) {
   params_.bind(flat_weights_, flat_grads_);
   arena_ = &arena;
   shape_ = planned_;
+  fill_constants();
 }
 
 void Model::use_seq(int64_t seq) {
@@ -184,13 +197,15 @@ void Model::use_seq(int64_t seq) {
 
 int64_t Model::max_matmul_operand() const {
   const ModelConfig& c = config_;
-  const int64_t widest =
-      std::max({3 * c.hidden_size, c.intermediate_size, head_width(), c.hidden_size});
+  // The gated MLP's first product is [gate | up], twice the intermediate width.
+  const int64_t inner = (c.llama_style ? 2 : 1) * c.intermediate_size;
+  const int64_t widest = std::max({c.qkv_width(), inner, head_width(), c.hidden_size});
   int64_t largest_weight = 0;
   for (const ParamInfo& p : params_.list())
     if (p.product) largest_weight = std::max(largest_weight, p.shape.numel());
-  // Query, key and value weights are multiplied as one [3C, C] matrix.
-  largest_weight = std::max(largest_weight, 3 * c.hidden_size * c.hidden_size);
+  // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
+  // one [2F, C].
+  largest_weight = std::max({largest_weight, c.qkv_width() * c.hidden_size, inner * c.hidden_size});
   return std::max(shape_.batch * shape_.seq * widest, largest_weight);
 }
 
@@ -218,6 +233,21 @@ void Model::check_ids(const Tensor& ids, int64_t limit, const char* what) const 
   for (int64_t i = 0; i < ids.numel(); ++i)
     BRISK_CHECK(p[i] >= 0 && p[i] < limit, what, " ", p[i], " (sequence ", i / cols, ", position ",
                 i % cols, ") is outside [0, ", limit, ")");
+}
+
+void Model::check_token_labels() const {
+  const int32_t* y = batch_.labels.i32();
+  for (int64_t i = 0; i < batch_.labels.numel(); ++i)
+    BRISK_CHECK(y[i] == kIgnoreIndex || (y[i] >= 0 && y[i] < config_.vocab_size), "label ", y[i],
+                " at position ", i, " is outside the vocabulary of ", config_.vocab_size);
+}
+
+void Model::shift_labels(const Tensor& targets) const {
+  const int64_t B = shape_.batch, T = shape_.seq;
+  const int32_t* y = batch_.labels.i32();
+  int32_t* t = targets.i32();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) t[b * T + i] = i + 1 < T ? y[b * T + i + 1] : kIgnoreIndex;
 }
 
 int64_t Model::count_targets() const {
@@ -253,7 +283,7 @@ BlockStyle Model::config_block_style(bool training) const {
   s.attention_output_dropout = training ? c.attention_output_dropout : 0.0f;
   s.residual_dropout = training ? c.hidden_dropout : 0.0f;
   s.heads = static_cast<int>(c.num_heads);
-  s.kv_heads = s.heads;  // multi-head attention
+  s.kv_heads = static_cast<int>(c.kv_heads());  // = heads unless grouped-query attention
   s.attention_scale =
       c.scale_by_head_dim ? 1.0f / std::sqrt(static_cast<float>(c.head_dim())) : 1.0f;
   s.scale_by_inverse_layer = c.scale_by_inverse_layer;
@@ -312,7 +342,7 @@ void Model::backward(Backend& be, const StepOptions& o) {
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)
-      block_attention_core(be, st, dev_batch_.attention_mask, saved_[l], scratch_, scratch_.tmp,
+      block_attention_core(be, st, dev_batch_.attention_mask, saved_[l], scratch_, scratch_.d_ctx,
                            o.rng, l);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);

@@ -166,6 +166,10 @@ class Model {
   BlockStyle config_block_style(bool training) const;
   virtual BlockParams layer_params(int layer, bool grads) const = 0;
   virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
+  // Buffers of values fixed by the config and the planned length, needed for inference too
+  // (rotary tables); filled on the host after bind (fill_constants), then uploaded by the model.
+  virtual void declare_constants(MemoryPlan&, const BatchShape&) {}
+  virtual void fill_constants() {}
   virtual void validate_batch() const = 0;
   // Host-side inputs derived from the batch (GPT-2's shifted labels), before the upload.
   virtual void prepare_batch() {}
@@ -202,6 +206,9 @@ class Model {
     return Tensor(stats_.as<double>() + kStatLoss, Shape{1}, DType::f64, stats_.device());
   }
   void check_ids(const Tensor& ids, int64_t limit, const char* what) const;
+  // Causal LM: each label is a token id or kIgnoreIndex; position t's target is label t + 1.
+  void check_token_labels() const;
+  void shift_labels(const Tensor& targets) const;
   // The embedding table whose row config().pad_token_id is padding (nn.Embedding's
   // padding_idx): initialized to zero; the model's backward gives it no gradient.
   void set_padded_embedding(int index) { padded_embedding_ = index; }

@@ -11,6 +11,50 @@ RngKey site_key(const RngKey& key, int layer, int which) {
   k.site = block_rng_site(layer, which);
   return k;
 }
+
+// LayerNorm or RMSNorm, as the style says (RMSNorm has no bias and no mean).
+void norm_forward(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& gamma,
+                  const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  if (st.rms_norm)
+    be.rmsnorm_forward(x, gamma, st.eps, y, rstd);
+  else
+    be.layernorm_forward(x, gamma, beta, st.eps, y, mean, rstd);
+}
+
+void norm_backward(Backend& be, const BlockStyle& st, const Tensor& dy, const Tensor& x,
+                   const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                   bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) {
+  if (st.rms_norm)
+    be.rmsnorm_backward(dy, x, gamma, rstd, dx, accumulate_dx, dgamma);
+  else
+    be.layernorm_backward(dy, x, gamma, mean, rstd, dx, accumulate_dx, dgamma, dbeta);
+}
+
+// MLP activation: SwiGLU over [gate | up] when gated.
+void mlp_activation_forward(Backend& be, const BlockStyle& st, const Tensor& fc,
+                            const Tensor& act) {
+  if (st.gated_mlp)
+    be.swiglu_forward(fc, act);
+  else
+    be.activation_forward(st.activation, fc, act);
+}
+
+// The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
+// for SwiGLU written over fc (its saved [gate | up], not needed after this).
+const Tensor& mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
+                                      const Tensor& d_act) {
+  if (!st.gated_mlp) {
+    be.activation_backward(st.activation, fc, d_act, d_act);
+    return d_act;
+  }
+  be.swiglu_backward(fc, d_act, fc);
+  return fc;
+}
+
+void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first) {
+  if (!st.rope_cos.empty())
+    be.rotary_forward(qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, first);
+}
 }  // namespace
 
 float layer_attention_scale(const BlockStyle& st, int layer) {
@@ -47,20 +91,20 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
       binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
-  low(&s.qkv, "qkv", Shape{d.batch, d.seq, 3 * d.hidden});
+  low(&s.qkv, "qkv", Shape{d.batch, d.seq, d.qkv_width()});
   if (with_attn_stats && d.attention.stats_low_precision)
     low(&s.attn_stats, "attn_stats", d.attention.stats);
   else if (with_attn_stats)
     full(&s.attn_stats, "attn_stats", d.attention.stats);
-  low(&s.ctx, "ctx", btc);
+  low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
   low(&s.m_in, "m_in", btc);
-  low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.inner});
+  low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.fc_width()});
   low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
   if (!style.pre_norm) full(&s.res2, "res2", btc);
-  full(&s.mean_a, "mean_a", bt);
+  if (!style.rms_norm) full(&s.mean_a, "mean_a", bt);
   full(&s.rstd_a, "rstd_a", bt);
-  full(&s.mean_b, "mean_b", bt);
+  if (!style.rms_norm) full(&s.mean_b, "mean_b", bt);
   full(&s.rstd_b, "rstd_b", bt);
 }
 
@@ -73,8 +117,8 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   };
   add(&s.tmp, "tmp", btc);
   add(&s.tmp2, "tmp2", btc);
-  add(&s.d_ctx, "d_ctx", btc);
-  add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, 3 * d.hidden});
+  add(&s.d_ctx, "d_ctx", Shape{d.batch, d.seq, d.attention_width()});
+  add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
   add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
   add(&s.attn, "attn", d.attention.scratch);
 }
@@ -95,10 +139,11 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor& a_in = st.pre_norm ? s.a_in : x;
   const DType lp = st.act_dtype;
   if (st.pre_norm) {
-    be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, st.eps, s.a_in, s.mean_a, s.rstd_a);
+    norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, s.a_in, s.mean_a, s.rstd_a);
     be.round_to(lp, s.a_in);
   }
   be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
+  rotary_forward(be, st, s.qkv, 0);
   be.round_to(lp, s.qkv);
   block_attention_core(be, st, key_mask, s, scratch, s.ctx, key, layer);
   be.round_to(lp, s.ctx);
@@ -108,13 +153,13 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
                  s.res1);
   // MLP sublayer.
   if (st.pre_norm)
-    be.layernorm_forward(s.res1, w.ln_b_g, w.ln_b_b, st.eps, s.m_in, s.mean_b, s.rstd_b);
+    norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, s.m_in, s.mean_b, s.rstd_b);
   else
-    be.layernorm_forward(s.res1, w.ln_a_g, w.ln_a_b, st.eps, s.m_in, s.mean_a, s.rstd_a);
+    norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
   be.round_to(lp, s.m_in);
   be.linear_forward(s.m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
   be.round_to(lp, s.fc_pre);
-  be.activation_forward(st.activation, s.fc_pre, s.fc_act);
+  mlp_activation_forward(be, st, s.fc_pre, s.fc_act);
   be.round_to(lp, s.fc_act);
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(s.fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
@@ -125,7 +170,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   } else {
     be.dropout_add(s.m_in, scratch.tmp, st.residual_dropout, mlp_key, s.res2);
     const Tensor& y = out.empty() ? scratch.tmp : out;
-    be.layernorm_forward(s.res2, w.ln_b_g, w.ln_b_b, st.eps, y, s.mean_b, s.rstd_b);
+    norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
   }
 }
 
@@ -146,23 +191,23 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
     be.round_to(lp, sc.d_fc);
-    be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc);
-    be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
+    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
+    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
     be.round_to(lp, sc.tmp2);
-    be.layernorm_backward(sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
-                          g.ln_b_b);
+    norm_backward(be, st, sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
+                  g.ln_b_b);
   } else {
     // out = LN_b(res2), res2 = m_in + drop(mlp(m_in)), m_in = LN_a(res1).
-    be.layernorm_backward(dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
-                          g.ln_b_b);
+    norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
+                  g.ln_b_b);
     be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
     be.round_to(lp, sc.d_fc);
-    be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc);
-    be.linear_backward(s.m_in, w.fc_w, sc.d_fc, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
+    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
+    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
     d_res1 = dh;  // dh is free again: it now receives d_res1
-    be.layernorm_backward(sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
-                          g.ln_a_b);
+    norm_backward(be, st, sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
+                  g.ln_a_b);
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
   be.dropout_backward(d_res1, st.attention_output_dropout, attn_res_key, sc.tmp);
@@ -171,11 +216,13 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
                         attn_probs_key, sc.attn, sc.d_qkv);
+  if (!st.rope_cos.empty())
+    be.rotary_backward(sc.d_qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
     be.round_to(lp, sc.tmp2);
-    be.layernorm_backward(sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
+    norm_backward(be, st, sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
   } else {
     be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b);
   }
@@ -184,18 +231,18 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
 void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockParams& w,
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out) {
-  BRISK_CHECK(style.pre_norm && style.causal,
-              "incremental decoding needs pre-LayerNorm causal blocks");
-  be.layernorm_forward(x, w.ln_a_g, w.ln_a_b, style.eps, s.a, s.mean, s.rstd);
+  BRISK_CHECK(style.pre_norm && style.causal, "incremental decoding needs pre-norm causal blocks");
+  norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
+  rotary_forward(be, style, s.qkv, past);
   be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.kv_heads,
                       layer_attention_scale(style, layer), s.ctx);
   be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
   be.copy(x, s.res);
   be.add_inplace(s.res, s.tmp);
-  be.layernorm_forward(s.res, w.ln_b_g, w.ln_b_b, style.eps, s.a, s.mean, s.rstd);
+  norm_forward(be, style, s.res, w.ln_b_g, w.ln_b_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
-  be.activation_forward(style.activation, s.fc, s.fc_act);
+  mlp_activation_forward(be, style, s.fc, s.fc_act);
   be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
   be.copy(s.res, out);
   be.add_inplace(out, s.tmp);

@@ -1,7 +1,8 @@
 // One transformer block with explicit forward and backward, shared by BERT (post-LayerNorm,
-// nn.Linear weights) and GPT-2 (pre-LayerNorm, Conv1D weights), with the MLP activation the config
-// names. It declares what it saves for backward, and can recompute those internals from its input
-// alone.
+// nn.Linear weights), GPT-2 (pre-LayerNorm, Conv1D weights) and the llama family (pre-RMSNorm,
+// rotary positions, grouped-query attention, the gated SwiGLU MLP), with the MLP activation the
+// config names. It declares what it saves for backward, and can recompute those internals from its
+// input alone.
 #pragma once
 
 #include <array>
@@ -33,6 +34,14 @@ struct BlockStyle {
   // Multiplies the attention scores q.k. NaN by default so that a model which forgets to set it
   // fails in the attention ops (they refuse a non-finite scale) instead of training quietly wrong.
   float attention_scale = std::numeric_limits<float>::quiet_NaN();
+  // The llama family: RMSNorm instead of LayerNorm (no centring, no bias: the ln_*_b parameters
+  // are empty), and the gated MLP: fc holds gate_proj's and up_proj's outputs end to end [2F],
+  // the activation is silu(gate) * up (SwiGLU).
+  bool rms_norm = false;
+  bool gated_mlp = false;
+  // Rotary position embedding tables [positions, head_dim / 2] from position 0 (rope.h); empty:
+  // none. A sequence's tokens take the rows of their positions.
+  Tensor rope_cos, rope_sin;
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
@@ -40,8 +49,10 @@ struct BlockStyle {
   bool attn_stats_low = true;
 };
 
-// Parameters (or their gradients) of one block. ln_a is the LayerNorm around attention, ln_b
-// the one around the MLP; qkv is the packed [q | k | v] projection.
+// Parameters (or their gradients) of one block. ln_a is the LayerNorm (or RMSNorm) around
+// attention, ln_b the one around the MLP; qkv is the packed [q | k | v] projection (H query heads,
+// then K key and K value heads); fc the MLP's first product ([gate | up] when gated). Biases the
+// architecture lacks are empty tensors.
 struct BlockParams {
   Tensor qkv_w, qkv_b, proj_w, proj_b;
   Tensor ln_a_g, ln_a_b;
@@ -71,8 +82,13 @@ struct BlockScratch {
 };
 
 struct BlockDims {
-  int64_t batch, seq, hidden, inner, heads;
+  int64_t batch, seq, hidden, inner, heads, kv_heads, head_dim;
+  bool gated;                  // the gated MLP: its first product is 2 * inner wide
   AttentionBuffers attention;  // the backend's, for these dimensions
+
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t attention_width() const { return heads * head_dim; }
+  int64_t fc_width() const { return gated ? 2 * inner : inner; }
 };
 
 // Which saved tensors to declare: all of them, only the low-precision ones, or only the rest.
@@ -116,9 +132,9 @@ void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
                     const BlockSaved& s, const BlockScratch& scratch, const Tensor& dh,
                     const RngKey& key, int layer);
 
-// Buffers of block_decode for [1,T] new tokens: a/mean/rstd the LayerNorm outputs, qkv, ctx the
-// attention output, res the residual after attention, fc/fc_act the MLP's inner layer, tmp the
-// sublayers' outputs.
+// Buffers of block_decode for [1,T] new tokens (widths as BlockDims gives them): a/mean/rstd the
+// norm's outputs, qkv, ctx the attention output, res the residual after attention, fc/fc_act the
+// MLP's inner layer, tmp the sublayers' outputs.
 struct DecodeScratch {
   Tensor a, mean, rstd, qkv, ctx, res, fc, fc_act, tmp;
 };
@@ -126,7 +142,7 @@ struct DecodeScratch {
 // Incremental decoding (inference, float32): out [1,T,C] = block(x) for T new tokens at
 // positions past..past+T-1, their keys and values appended to the block's caches
 // [1,S,kv_heads*head_dim].
-// Pre-LayerNorm causal blocks (GPT-2's).
+// Pre-norm causal blocks (GPT-2's, the llama family's).
 void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockParams& w,
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out);

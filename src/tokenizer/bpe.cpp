@@ -25,6 +25,16 @@ namespace {
 constexpr const char* kGpt2Pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+}  // namespace
+
+// GPT-2's pattern applied between digits, as one regex: a digit alone (no space before it; the
+// space before a number is whitespace of the stretch before it), and whitespace may end where a
+// digit follows, as it ends at the end of a stretch.
+const char* const kGpt2IndividualDigitsPattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?![^\\s\\p{N}])|\\s+";
+
+namespace {
+
 // bytes_to_unicode: printable bytes stand for themselves, the others for code points from 256 up.
 std::vector<std::string> byte_symbols() {
   std::vector<int> cp(256, -1);

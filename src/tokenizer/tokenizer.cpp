@@ -316,9 +316,13 @@ struct TokenizerLoader {
              flag_or(p, "use_regex", true) == own_regex;
     };
     if (byte_level(pre, true)) return {};
-    if (type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
-        pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
-        byte_level(pre["pretokenizers"][1], false)) {
+    const bool pair = type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
+                      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2;
+    if (pair && type_of(pre["pretokenizers"][0]) == "Digits" &&
+        flag_or(pre["pretokenizers"][0], "individual_digits", false) &&
+        byte_level(pre["pretokenizers"][1], true))
+      return kGpt2IndividualDigitsPattern;
+    if (pair && byte_level(pre["pretokenizers"][1], false)) {
       const nlohmann::json& split = pre["pretokenizers"][0];
       BRISK_CHECK(type_of(split) == "Split" && string_or(split, "behavior", "") == "Isolated" &&
                       !flag_or(split, "invert", false) && split.contains("pattern") &&
@@ -332,8 +336,8 @@ struct TokenizerLoader {
       return pattern;
     }
     BRISK_FAIL("'", path, "': pre_tokenizer \"", excerpt(type_of(pre)),
-               "\" is not supported with BPE (ByteLevel, or Split + ByteLevel without a regex, "
-               "are; without a prefix space)");
+               "\" is not supported with BPE (ByteLevel, Split + ByteLevel without a regex, or "
+               "individual Digits + ByteLevel are; without a prefix space)");
   }
 
   // TemplateProcessing, BertProcessing and RobertaProcessing as single and pair templates;

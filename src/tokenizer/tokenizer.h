@@ -97,6 +97,9 @@ std::unique_ptr<TokenModel> make_wordpiece(std::unordered_map<std::string, int32
                                            bool clean_text);
 // `pattern`: the pre-tokenizer's regex (empty: GPT-2's), its matches and the text between them
 // being the pieces; `ignore_merges`: a piece in the vocabulary is one token (Llama-3).
+// The pattern of Digits(individual_digits) followed by GPT-2's ByteLevel (SmolLM2, StarCoder):
+// every digit its own piece, GPT-2's pattern within the text between digits.
+extern const char* const kGpt2IndividualDigitsPattern;
 std::unique_ptr<TokenModel> make_byte_level_bpe(
     std::unordered_map<std::string, int32_t> vocab,
     const std::vector<std::pair<std::string, std::string>>& merges, const std::string& origin,

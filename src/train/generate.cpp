@@ -102,7 +102,8 @@ Generation generate(const GenerateOptions& o) {
   PlanOptions weights_only;
   weights_only.device = device;
   weights_only.weights_only = true;
-  model->plan(plan, {1, 1}, weights_only);
+  // Planned for the whole sequence: what depends on the length (rotary tables) covers it.
+  model->plan(plan, {1, max_tokens}, weights_only);
   Decoder decoder(*model, max_tokens, prompt);
   decoder.plan(plan, binder);
   plan.finalize();

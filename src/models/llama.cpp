@@ -1,0 +1,204 @@
+// The llama family (see llama.h). Names as transformers': model.embed_tokens,
+// model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+// mlp.{gate,up,down}_proj}, model.norm, lm_head. Which linear layers have biases comes from the
+// config (llama: attention_bias, mlp_bias; qwen2: q/k/v only; mistral: none).
+#include "models/llama.h"
+
+#include <algorithm>
+
+namespace brisk {
+
+namespace {
+class Llama final : public Model {
+ public:
+  explicit Llama(const ModelConfig& c) : Model(c) {}
+
+ private:
+  // Parameter indices; -1 for a bias the config leaves out. q/k/v (weights, then biases) and
+  // gate/up lie end to end so that each group acts as one product.
+  struct LayerIds {
+    int ln_a = -1, q_w = -1, v_w = -1, q_b = -1, v_b = -1, o_w = -1, o_b = -1, ln_b = -1;
+    int gate_w = -1, up_w = -1, gate_b = -1, up_b = -1, down_w = -1, down_b = -1;
+  };
+
+  void declare_params() override {
+    const ModelConfig& c = config_;
+    const int64_t C = c.hidden_size, F = c.intermediate_size;
+    const int64_t QD = c.attention_width(), KD = c.kv_heads() * c.head_dim();
+    embed_ = param("model.embed_tokens.weight", {c.vocab_size, C},
+                   c.tied_lm_head ? kTiedEmbedding : kEmbedding);
+    if (c.pad_token_id >= 0) set_padded_embedding(embed_);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::string a = p + "self_attn.", m = p + "mlp.";
+      LayerIds ids;
+      ids.ln_a = param(p + "input_layernorm.weight", {C}, kBiasOrNorm);
+      ids.q_w = param(a + "q_proj.weight", {QD, C}, kLinearWeight);
+      param(a + "k_proj.weight", {KD, C}, kLinearWeight);
+      ids.v_w = param(a + "v_proj.weight", {KD, C}, kLinearWeight);
+      if (c.qkv_bias) {
+        ids.q_b = param(a + "q_proj.bias", {QD}, kBiasOrNorm);
+        param(a + "k_proj.bias", {KD}, kBiasOrNorm);
+        ids.v_b = param(a + "v_proj.bias", {KD}, kBiasOrNorm);
+      }
+      ids.o_w = param(a + "o_proj.weight", {C, QD}, kLinearWeight);
+      if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);
+      ids.ln_b = param(p + "post_attention_layernorm.weight", {C}, kBiasOrNorm);
+      ids.gate_w = param(m + "gate_proj.weight", {F, C}, kLinearWeight);
+      ids.up_w = param(m + "up_proj.weight", {F, C}, kLinearWeight);
+      if (c.mlp_bias) {
+        ids.gate_b = param(m + "gate_proj.bias", {F}, kBiasOrNorm);
+        ids.up_b = param(m + "up_proj.bias", {F}, kBiasOrNorm);
+      }
+      ids.down_w = param(m + "down_proj.weight", {C, F}, kLinearWeight);
+      if (c.mlp_bias) ids.down_b = param(m + "down_proj.bias", {C}, kBiasOrNorm);
+      layers_.push_back(ids);
+    }
+    norm_ = param("model.norm.weight", {C}, kBiasOrNorm);
+    head_ = c.tied_lm_head ? embed_ : param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
+  }
+
+  int64_t head_width() const override { return config_.vocab_size; }
+  const char* base_prefix() const override { return "model."; }
+  const char* class_name() const override {
+    switch (config_.model_type) {
+      case ModelType::mistral:
+        return "MistralForCausalLM";
+      case ModelType::qwen2:
+        return "Qwen2ForCausalLM";
+      default:
+        return "LlamaForCausalLM";
+    }
+  }
+  BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
+    return {batch, seq, /*token_types=*/false, /*labels_per_token=*/true};
+  }
+
+  BlockStyle block_style(bool training) const override {
+    BlockStyle s = config_block_style(training);
+    s.pre_norm = true;
+    s.layout = WeightLayout::out_in;
+    s.rms_norm = true;
+    s.gated_mlp = true;
+    s.rope_cos = rope_cos_;
+    s.rope_sin = rope_sin_;
+    return s;
+  }
+
+  BlockParams layer_params(int layer, bool grads) const override {
+    const ModelConfig& c = config_;
+    const LayerIds& i = layers_[layer];
+    const int64_t C = c.hidden_size, F = c.intermediate_size, QKV = c.qkv_width();
+    auto t = [&](int id) { return id < 0 ? Tensor() : grads ? g(id) : w(id); };
+    auto span = [&](int first, int last, Shape shape) {
+      if (first < 0) return Tensor();
+      return grads ? params_.grad_span(first, last, shape)
+                   : params_.weight_span(first, last, shape);
+    };
+    BlockParams b;
+    b.qkv_w = span(i.q_w, i.v_w, {QKV, C});
+    b.qkv_b = span(i.q_b, i.v_b, {QKV});
+    b.proj_w = t(i.o_w);
+    b.proj_b = t(i.o_b);
+    b.ln_a_g = t(i.ln_a);
+    b.fc_w = span(i.gate_w, i.up_w, {2 * F, C});
+    b.fc_b = span(i.gate_b, i.up_b, {2 * F});
+    b.out_w = t(i.down_w);
+    b.out_b = t(i.down_b);
+    b.ln_b_g = t(i.ln_b);
+    return b;
+  }
+
+  // The rotary tables for the planned length (the decoder's plan: the whole sequence), host
+  // and device copies; forward_step uploads them with the batch, embed_at for decoding.
+  void declare_constants(MemoryPlan& plan, const BatchShape& s) override {
+    const ModelConfig& c = config_;
+    BRISK_CHECK(c.sliding_window == 0 || s.seq <= c.sliding_window, "sequences of ", s.seq,
+                " tokens are longer than the ", c.type_name(),
+                " config's sliding_window = ", c.sliding_window,
+                ", which brisk does not implement; use --max_seq_length / ",
+                "--block_size of at most ", c.sliding_window);
+    const Shape table{s.seq, c.head_dim() / 2};
+    declare_input(plan, &rope_cos_host_, &rope_cos_, "rope.cos", table, DType::f32);
+    declare_input(plan, &rope_sin_host_, &rope_sin_, "rope.sin", table, DType::f32);
+  }
+
+  void fill_constants() override {
+    const ModelConfig& c = config_;
+    const RopeTables t =
+        rope_tables(c.head_dim(), c.rope_theta, rope_cos_host_.dim(0), c.rope_scaling);
+    std::copy(t.cos.begin(), t.cos.end(), rope_cos_host_.f32());
+    std::copy(t.sin.begin(), t.sin.end(), rope_sin_host_.f32());
+  }
+
+  void declare_buffers(MemoryPlan& plan, const BatchShape& s) override {
+    const int64_t B = s.batch, T = s.seq, C = config_.hidden_size;
+    declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B, T});
+    declare_input(plan, &targets_host_, &targets_, "batch.shifted_labels", {B, T});
+    declare(plan, &norm_out_, "norm.out", Category::activations, DType::f32, {B, T, C});
+    declare(plan, &norm_rstd_, "norm.rstd", Category::activations, DType::f32, {B, T});
+    declare(plan, &logits_, "logits", Category::activations, DType::f32,
+            {B, T, config_.vocab_size});
+  }
+
+  void validate_batch() const override {
+    check_ids(batch_.input_ids, config_.vocab_size, "token id");
+    check_token_labels();
+  }
+
+  void prepare_batch() override { shift_labels(targets_host_); }
+
+  void embed_forward(Backend& be, const StepOptions&) override {
+    be.embedding_forward(dev_batch_.input_ids, w(embed_), Tensor(), Tensor(), Tensor(), hidden_[0]);
+  }
+
+  void head_forward(Backend& be, const StepOptions& o) override {
+    be.rmsnorm_forward(hidden_[config_.num_layers], w(norm_), config_.layer_norm_eps, norm_out_,
+                       norm_rstd_);
+    be.linear_forward(norm_out_, w(head_), Tensor(), WeightLayout::out_in, logits_);
+    be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale, loss_sum());
+  }
+
+  void head_backward(Backend& be, const StepOptions&) override {
+    be.linear_backward(norm_out_, w(head_), logits_, WeightLayout::out_in, scratch_.tmp, false,
+                       g(head_), Tensor());
+    be.rmsnorm_backward(scratch_.tmp, hidden_[config_.num_layers], w(norm_), norm_rstd_, d_hidden_,
+                        false, g(norm_));
+  }
+
+  void embed_backward(Backend& be, const StepOptions&) override {
+    be.embedding_backward(d_hidden_, dev_batch_.input_ids, config_.pad_token_id, Tensor(),
+                          g(embed_), Tensor(), Tensor());
+  }
+
+  bool causal_lm() const override { return true; }
+
+  void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
+    const int64_t T = ids.dim(1);
+    BRISK_CHECK(first >= 0 && first + T <= rope_cos_.dim(0), "positions ", first, "..", first + T,
+                " exceed the ", rope_cos_.dim(0), " the model was planned for");
+    if (first == 0) {  // a new sequence: the tables reach the device once
+      be.upload(rope_cos_host_, rope_cos_);
+      be.upload(rope_sin_host_, rope_sin_);
+    }
+    be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out);
+  }
+
+  void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor&,
+                         const Tensor& rstd, const Tensor& logits) const override {
+    be.rmsnorm_forward(hidden, w(norm_), config_.layer_norm_eps, normed, rstd);
+    be.linear_forward(normed, w(head_), Tensor(), WeightLayout::out_in, logits);
+  }
+
+  int embed_ = 0, norm_ = 0, head_ = 0;
+  std::vector<LayerIds> layers_;
+  Tensor targets_host_, targets_, norm_out_, norm_rstd_;
+  Tensor rope_cos_host_, rope_cos_, rope_sin_host_, rope_sin_;
+};
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const ModelConfig& config) {
+  return std::make_unique<Llama>(config);
+}
+
+}  // namespace brisk
