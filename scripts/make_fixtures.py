@@ -28,7 +28,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, DistilBertConfig,
-                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel,
+                          DistilBertForMaskedLM, DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel,
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
 
@@ -160,6 +160,28 @@ def bert_decoder(gen):
     batch = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types,
              "labels": torch.tensor([1, 0])}
     dump(model, batch, "labels", os.path.join(OUT, "bert_decoder"))
+
+
+def distilbert_mlm(gen):
+    # DistilBertForMaskedLM: vocab_transform, the activation, vocab_layer_norm and vocab_projector
+    # tied to the word embeddings with its own bias; no token types; labels at the chosen tokens.
+    cfg = DistilBertConfig(vocab_size=89, dim=30, n_layers=2, n_heads=5, hidden_dim=41,
+                           max_position_embeddings=19, activation="gelu", dropout=0.0,
+                           attention_dropout=0.0, pad_token_id=0, attn_implementation="eager")
+    model = DistilBertForMaskedLM(cfg)
+    assert model.vocab_projector.weight.data_ptr() == \
+        model.distilbert.embeddings.word_embeddings.weight.data_ptr()
+    perturb(model, gen)
+    B, T = 2, 11
+    input_ids = torch.randint(5, cfg.vocab_size, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 8:] = 0
+    input_ids[1, 8:] = 0
+    labels = torch.full((B, T), -100)
+    for b, t in [(0, 0), (0, 3), (0, 9), (1, 2), (1, 6)]:
+        labels[b, t] = input_ids[b, t]
+    batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+    dump(model, batch, "labels", os.path.join(OUT, "distilbert_mlm"))
 
 
 def bert_mlm(gen):
@@ -528,6 +550,7 @@ def main():
     if args.only in (None, "mlm"):  # its own generator: the zoo stays as it was
         torch.manual_seed(0)
         bert_mlm(torch.Generator().manual_seed(1357))
+        distilbert_mlm(torch.Generator().manual_seed(8080))  # its own: bert_mlm stays as it was
     if args.only in (None, "llama"):  # one generator per model: the others stay as they were
         torch.manual_seed(0)
         llama_fixtures()

@@ -515,7 +515,8 @@ TEST(Evaluate, RunMlmOnATextFile) {
   expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "line_by_line");
   TrainOptions gpt2 = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out_gpt2");
   gpt2.mlm = true;
-  expect_error([&] { train(gpt2, [](const nlohmann::json&) {}); }, "needs a bert model");
+  expect_error([&] { train(gpt2, [](const nlohmann::json&) {}); },
+               "needs a bert or distilbert model");
 }
 
 }  // namespace

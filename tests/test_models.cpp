@@ -91,6 +91,12 @@ TEST(Models, BertForMaskedLMMatchesTransformers) {
   compare_with_transformers("bert_mlm", /*masked_lm=*/true);
 }
 
+// DistilBertForMaskedLM: the same head under other names (vocab_transform, vocab_layer_norm,
+// vocab_projector tied to the word embeddings with its bias), no token types.
+TEST(Models, DistilBertForMaskedLMMatchesTransformers) {
+  compare_with_transformers("distilbert_mlm", /*masked_lm=*/true);
+}
+
 // is_decoder: BertModel masks its self-attention causally; hidden_act relu; pad ids attended.
 TEST(Models, BertAsADecoderMatchesTransformers) {
   compare_with_transformers("bert_decoder");
@@ -299,6 +305,7 @@ TEST(Models, DistilBertGpt2VariantAndMaskedLmCheckpointingIsBitIdentical) {
   checkpointing_is_exact("distilbert_tiny");
   checkpointing_is_exact("gpt2_variant", DType::bf16);
   checkpointing_is_exact("bert_mlm", DType::f32, /*masked_lm=*/true);
+  checkpointing_is_exact("distilbert_mlm", DType::bf16, /*masked_lm=*/true);
 }
 
 // The llama family's blocks (rotary positions, SwiGLU writing its gradient over the saved

@@ -27,7 +27,9 @@ std::unique_ptr<Model> make_bert(const ModelConfig& config) {
       /*tanh_head=*/true,
       "classifier",
       "BertForMaskedLM",
-      "cls.predictions",
+      "cls.predictions.transform.dense",
+      "cls.predictions.transform.LayerNorm",
+      "cls.predictions.bias",
   };
   return make_encoder(config, kNames);
 }

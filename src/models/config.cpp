@@ -436,8 +436,8 @@ std::string ModelConfig::type_name() const {
 }
 
 void use_masked_lm(ModelConfig& c) {
-  BRISK_CHECK(c.model_type == ModelType::bert,
-              "masked language modeling (--mlm) needs a bert model; ", c.type_name(),
+  BRISK_CHECK(c.model_type == ModelType::bert || c.model_type == ModelType::distilbert,
+              "masked language modeling (--mlm) needs a bert or distilbert model; ", c.type_name(),
               " has no masked-LM head in brisk");
   c.task = ModelTask::masked_lm;
 }

@@ -101,7 +101,8 @@ ModelConfig load_config(const std::string& path);
 // "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one.
 ModelConfig resolve_config(const std::string& name_or_path);
 std::vector<std::string> builtin_config_names();
-// Makes `c` a masked language model (BertForMaskedLM, as run_mlm loads AutoModelForMaskedLM);
+// Makes `c` a masked language model (BertForMaskedLM or DistilBertForMaskedLM, as run_mlm loads
+// AutoModelForMaskedLM);
 // throws for architectures without one.
 void use_masked_lm(ModelConfig& c);
 // Sets every dropout probability to zero (for tests and exact comparisons).

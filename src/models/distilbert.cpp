@@ -1,5 +1,6 @@
-// DistilBERT for sequence classification: the encoder classifier with DistilBERT's names, no
-// token types, and a pre_classifier + ReLU head. Its config differences (no dropout after the
+// DistilBERT for sequence classification (or masked LM): the encoder with DistilBERT's names, no
+// token types, and a pre_classifier + ReLU head (or vocab_transform, vocab_layer_norm and the
+// tied vocab_projector). Its config differences (no dropout after the
 // attention output, seq_classif_dropout, fixed LayerNorm epsilon, sinusoidal initial positions)
 // are read in config.cpp.
 #include "models/distilbert.h"
@@ -28,8 +29,10 @@ std::unique_ptr<Model> make_distilbert(const ModelConfig& config) {
       "pre_classifier",
       /*tanh_head=*/false,
       "classifier",
-      nullptr,
-      nullptr,
+      "DistilBertForMaskedLM",
+      "vocab_transform",
+      "vocab_layer_norm",
+      "vocab_projector.bias",
   };
   return make_encoder(config, kNames);
 }

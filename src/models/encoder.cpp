@@ -71,11 +71,10 @@ class Encoder final : public Model {
       layers_.push_back(ids);
     }
     if (masked_lm()) {
-      // In transformers' order: the decoder's bias, then the transform.
-      const std::string h = n_.masked_lm_head;
-      mlm_bias_ = param(h + ".bias", {c.vocab_size}, kBiasOrNorm);
-      head_w_ = linear(h + ".transform.dense", {C, C});
-      mlm_ln_g_ = norm(h + ".transform.LayerNorm");
+      // In BERT's order: the decoder's bias, then the transform.
+      mlm_bias_ = param(n_.mlm_bias, {c.vocab_size}, kBiasOrNorm);
+      head_w_ = linear(n_.mlm_dense, {C, C});
+      mlm_ln_g_ = norm(n_.mlm_norm);
       return;
     }
     head_w_ = linear(n_.head_dense, {C, C});

@@ -3,7 +3,8 @@
 // - sequence classification: the first token through a dense layer and an activation (BERT's
 //   tanh pooler, DistilBERT's ReLU pre_classifier), dropout and a linear classifier under
 //   cross-entropy (or one output under the squared error for regression);
-// - masked LM (BertForMaskedLM): every token through the prediction head's transform (dense,
+// - masked LM (BertForMaskedLM, DistilBertForMaskedLM): every token through the prediction head's
+// transform (dense,
 //   the config's activation, LayerNorm) and a decoder tied to the word embeddings plus its own
 //   bias, under cross-entropy at the masked tokens.
 // bert.cpp and distilbert.cpp give it their parameter names.
@@ -33,9 +34,10 @@ struct EncoderNames {
   const char* head_dense;
   bool tanh_head;
   const char* classifier;
-  // Masked LM (nullptr: the architecture has none here): its class and head prefix.
+  // Masked LM (nullptr: the architecture has none here): its class, and relative to the model
+  // the transform's dense layer and LayerNorm and the tied decoder's own bias.
   const char* masked_lm_class;
-  const char* masked_lm_head;  // "cls.predictions": .bias, .transform.dense, .transform.LayerNorm
+  const char *mlm_dense, *mlm_norm, *mlm_bias;
 };
 
 std::unique_ptr<Model> make_encoder(const ModelConfig& config, const EncoderNames& names);
