@@ -198,7 +198,9 @@ TEST(Inputs, BuiltInConfigsHaveThePublishedSizes) {
   // Parameter counts of the published models (with the 2-label classifier for BERT).
   for (Want w : {Want{"bert-base-uncased", 109483778}, Want{"bert-large-uncased", 335143938},
                  Want{"gpt2", 124439808}, Want{"gpt2-medium", 354823168},
-                 Want{"distilbert-base-uncased", 66955010}}) {
+                 Want{"distilbert-base-uncased", 66955010}, Want{"smollm2-135m", 134515008},
+                 Want{"llama-2-7b", 6738415616}, Want{"mistral-7b", 7241732096},
+                 Want{"qwen2-0.5b", 494032768}}) {
     auto m = Model::create(resolve_config(w.name));
     EXPECT_EQ(m->params().total_elements(), w.params) << w.name;
   }

@@ -351,6 +351,44 @@ json builtin_json(const std::string& name) {
                 {"pad_token_id", 0},
                 {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
                 {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
+  // The llama family's published configs (their config.json keys and values).
+  auto llama = [](const char* type, const char* cls, int64_t vocab, int64_t hidden, int64_t layers,
+                  int64_t heads, int64_t kv_heads, int64_t inter, int64_t positions, double theta,
+                  double eps, bool tied) {
+    json j{{"model_type", type},
+           {"architectures", {cls}},
+           {"vocab_size", vocab},
+           {"hidden_size", hidden},
+           {"num_hidden_layers", layers},
+           {"num_attention_heads", heads},
+           {"num_key_value_heads", kv_heads},
+           {"intermediate_size", inter},
+           {"max_position_embeddings", positions},
+           {"rope_theta", theta},
+           {"rms_norm_eps", eps},
+           {"hidden_act", "silu"},
+           {"initializer_range", 0.02},
+           {"tie_word_embeddings", tied}};
+    return j;
+  };
+  if (name == "smollm2-135m")
+    return llama("llama", "LlamaForCausalLM", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0, 1e-5,
+                 true);
+  if (name == "llama-2-7b")
+    return llama("llama", "LlamaForCausalLM", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0, 1e-5,
+                 false);
+  if (name == "mistral-7b") {
+    json j = llama("mistral", "MistralForCausalLM", 32000, 4096, 32, 32, 8, 14336, 32768, 10000.0,
+                   1e-5, false);
+    j["sliding_window"] = 4096;
+    return j;
+  }
+  if (name == "qwen2-0.5b") {
+    json j = llama("qwen2", "Qwen2ForCausalLM", 151936, 896, 24, 14, 2, 4864, 32768, 1000000.0,
+                   1e-6, true);
+    j["use_sliding_window"] = false;
+    return j;
+  }
   if (name == "bert-base-uncased") return bert(30522, 768, 12, 12, 3072);
   if (name == "bert-large-uncased") return bert(30522, 1024, 24, 16, 4096);
   if (name == "bert-tiny") return bert(30522, 64, 2, 2, 128);
@@ -362,8 +400,17 @@ json builtin_json(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> builtin_config_names() {
-  return {"bert-base-uncased", "bert-large-uncased", "bert-tiny", "distilbert-base-uncased", "gpt2",
-          "gpt2-medium",       "gpt2-tiny"};
+  return {"bert-base-uncased",
+          "bert-large-uncased",
+          "bert-tiny",
+          "distilbert-base-uncased",
+          "gpt2",
+          "gpt2-medium",
+          "gpt2-tiny",
+          "smollm2-135m",
+          "llama-2-7b",
+          "mistral-7b",
+          "qwen2-0.5b"};
 }
 
 ModelConfig config_from_json(const json& j, const std::string& origin) {

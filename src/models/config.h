@@ -97,7 +97,8 @@ struct ModelConfig {
 // Validates and converts; `origin` names the source in error messages.
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin);
 ModelConfig load_config(const std::string& path);
-// A built-in name ("bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium",
+// A built-in name ("bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", the llama
+// family's "smollm2-135m", "llama-2-7b", "mistral-7b", "qwen2-0.5b",
 // "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one.
 ModelConfig resolve_config(const std::string& name_or_path);
 std::vector<std::string> builtin_config_names();
