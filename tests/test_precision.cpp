@@ -151,6 +151,27 @@ TEST_F(MixedPrecisionTraining, Bf16AndFp16StayCloseToFp32AndPlanLessActivationMe
   EXPECT_GT(not_bf16, wte.numel() / 2);
 }
 
+// The llama family's block (RMSNorm, rotary positions, grouped-query attention, SwiGLU) trains
+// in bf16 and fp16 close to fp32 as well.
+TEST_F(MixedPrecisionTraining, LlamaInBf16AndFp16StaysCloseToFp32) {
+  std::ofstream(dir_ / "model" / "config.json") << nlohmann::json{
+      {"model_type", "llama"},      {"vocab_size", 128},
+      {"hidden_size", 32},          {"num_hidden_layers", 2},
+      {"num_attention_heads", 4},   {"num_key_value_heads", 2},
+      {"intermediate_size", 48},    {"max_position_embeddings", 64},
+      {"tie_word_embeddings", true}}.dump();
+  const TrainRun f32 = run("fp32", false, false), b16 = run("bf16", false, true),
+                 f16 = run("fp16", true, false);
+  const double a = f32.logs.back()["loss"], b = b16.logs.back()["loss"],
+               c = f16.logs.back()["loss"];
+  EXPECT_LT(a, 0.8 * f32.logs.front()["loss"].get<double>());  // it learned something
+  EXPECT_NEAR(b, a, 0.1 * a);
+  EXPECT_NEAR(c, a, 0.1 * a);
+  for (const auto& l : f16.logs) EXPECT_FALSE(l["skipped"].get<bool>());
+  const int act = static_cast<int>(Category::activations);
+  EXPECT_LT(b16.summary.memory.planned[act], f32.summary.memory.planned[act]);
+}
+
 // bf16 weights updated in place with stochastic rounding: 4 bytes less per parameter, and the
 // loss follows the run with fp32 master weights.
 TEST_F(MixedPrecisionTraining, Bf16WithoutMasterWeightsFollowsTheMasterRun) {
