@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import cpu_name, run_child
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
@@ -131,11 +133,8 @@ def run_brisk(model, out_dir, a):
 
 
 def run_python(mode, model, out_dir, a):
-    py = os.path.join(ROOT, ".venv", "bin", "python")
-    r = subprocess.run([py, "-c", PY_CHILD, mode, model, TOKENIZER, TEXT, out_dir,
-                        str(a.max_steps), str(a.batch), str(a.block), str(a.lr)],
-                       check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(PY_CHILD, mode, model, TOKENIZER, TEXT, out_dir, a.max_steps, a.batch, a.block,
+                     a.lr)
 
 
 def main():
@@ -157,8 +156,7 @@ def main():
             results[name] = (run_brisk(model, out, a) if name == "brisk"
                              else run_python(name, model, out, a))
             print(name, json.dumps(results[name]), flush=True)
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True,
-                         text=True).stdout.split(":")[-1].strip()
+    cpu = cpu_name()
     print(f"\nGPT-2 6x384 from scratch on the KJV text ({a.max_steps} steps, batch {a.batch}, "
           f"block_size {a.block}, lr {a.lr}); CPU: {cpu}, {os.cpu_count()} threads")
     print("| run | eval loss | train samples/s | peak process memory |")

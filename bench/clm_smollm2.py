@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import cpu_name, run_child
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
@@ -105,11 +107,8 @@ def run_brisk(precision, out_dir, a):
 
 
 def run_python(mode, precision, out_dir, a):
-    py = os.path.join(ROOT, ".venv", "bin", "python")
-    r = subprocess.run([py, "-c", PY_CHILD, mode, precision, MODEL, TEXT, out_dir,
-                        str(a.max_steps), str(a.batch), str(a.block), str(a.lr)],
-                       check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(PY_CHILD, mode, precision, MODEL, TEXT, out_dir, a.max_steps, a.batch,
+                     a.block, a.lr)
 
 
 def main():
@@ -133,8 +132,7 @@ def main():
                 results[key] = (run_brisk(precision, out, a) if name == "brisk"
                                 else run_python(name, precision, out, a))
                 print(name, precision, json.dumps(results[key]), flush=True)
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True,
-                         text=True).stdout.split(":")[-1].strip()
+    cpu = cpu_name()
     print(f"\nSmolLM2-135M fine-tuned on the KJV text ({a.max_steps} steps, batch {a.batch}, "
           f"block_size {a.block}, lr {a.lr}); CPU: {cpu}, {os.cpu_count()} threads")
     print("| run | precision | mean train loss | train samples/s | after step 1 | "

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import cpu_name, run_child
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
@@ -120,11 +122,8 @@ def run_brisk(out_dir, a):
 
 
 def run_python(mode, out_dir, a):
-    py = os.path.join(ROOT, ".venv", "bin", "python")
-    r = subprocess.run([py, "-c", PY_CHILD, mode, MODEL, TRAIN, DEV, out_dir, str(a.epochs),
-                        str(a.max_steps), str(a.batch), str(a.seq), str(a.lr), a.padding],
-                       check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(PY_CHILD, mode, MODEL, TRAIN, DEV, out_dir, a.epochs, a.max_steps, a.batch,
+                     a.seq, a.lr, a.padding)
 
 
 def main():
@@ -146,8 +145,7 @@ def main():
             out = os.path.join(tmp, name)
             results[name] = run_brisk(out, a) if name == "brisk" else run_python(name, out, a)
             print(name, json.dumps(results[name]), flush=True)
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True,
-                         text=True).stdout.split(":")[-1].strip()
+    cpu = cpu_name()
     print(f"\nall-MiniLM-L6-v2 on Rotten Tomatoes ({a.epochs} epochs, batch {a.batch}, "
           f"max_seq_length {a.seq}, lr {a.lr}, padding {a.padding}); CPU: {cpu}, "
           f"{os.cpu_count()} threads")

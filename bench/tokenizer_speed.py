@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from common import cpu_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
@@ -71,8 +73,7 @@ def main():
         ours = [json.loads(l) for l in ours.splitlines()]
         same = sum(o == e.ids for o, e in zip(ours, enc))
         rows.append((name, tokens, tokens / best_brisk, tokens / best_hf, same, len(lines)))
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True,
-                         text=True).stdout.split(":")[-1].strip()
+    cpu = cpu_name()
     print(f"KJV ({len(lines)} lines), {a.threads} threads, best of {a.repeat}; CPU: {cpu}")
     print("| tokenizer | tokens | brisk tokens/s | tokenizers tokens/s | ratio | identical lines |")
     print("|---|---|---|---|---|---|")

@@ -238,7 +238,6 @@ void read_rope(const Reader& r, ModelConfig& c) {
 // positions, SwiGLU MLP, grouped-query attention); they differ in biases and defaults.
 void read_llama(const Reader& r, ModelConfig& c) {
   const ModelType t = c.model_type;
-  c.llama_style = true;
   c.causal = true;
   c.vocab_size = r.size_or("vocab_size", t == ModelType::qwen2 ? 151936 : 32000, kMaxVocab);
   c.hidden_size = r.size_or("hidden_size", 4096, kMaxHidden);
@@ -288,8 +287,8 @@ void read_llama(const Reader& r, ModelConfig& c) {
     c.sliding_window = r.size("sliding_window", kMaxPositions);
   else if (windowed && !r.j.contains("sliding_window"))
     c.sliding_window = 4096;  // the configs' default; null means no window
-  const int64_t tp = r.size_or("pretraining_tp", 1, kMaxHeads);
-  (void)tp;  // only how transformers slices its products; the result is the same
+  // Validated only: pretraining_tp is how transformers slices its products, the result the same.
+  r.size_or("pretraining_tp", 1, kMaxHeads);
   read_pad_token(r, c, -1);
 }
 

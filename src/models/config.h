@@ -59,9 +59,8 @@ struct ModelConfig {
   // (scale_attn_by_inverse_layer_idx).
   bool scale_by_head_dim = true;
   bool scale_by_inverse_layer = false;
-  // The llama family: RMSNorm (layer_norm_eps is rms_norm_eps), rotary positions, the SwiGLU MLP,
-  // and which linear layers have biases.
-  bool llama_style = false;
+  // The llama family: rotary positions and which linear layers have biases (layer_norm_eps is
+  // rms_norm_eps there).
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool qkv_bias = true;       // llama attention_bias; qwen2: always

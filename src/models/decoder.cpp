@@ -94,6 +94,7 @@ const float* Decoder::feed(Backend& be, const std::vector<int32_t>& ids) {
   s.fc = first_positions(scratch_.fc, n);
   s.fc_act = first_positions(scratch_.fc_act, n);
   s.tmp = first_positions(scratch_.tmp, n);
+  model_.upload_constants(be);
   model_.embed_at(be, ids_in, position_, x);
   const BlockStyle style = model_.inference_style();
   for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -3,10 +3,9 @@
 // - sequence classification: the first token through a dense layer and an activation (BERT's
 //   tanh pooler, DistilBERT's ReLU pre_classifier), dropout and a linear classifier under
 //   cross-entropy (or one output under the squared error for regression);
-// - masked LM (BertForMaskedLM, DistilBertForMaskedLM): every token through the prediction head's
-// transform (dense,
-//   the config's activation, LayerNorm) and a decoder tied to the word embeddings plus its own
-//   bias, under cross-entropy at the masked tokens.
+// - masked LM (BertForMaskedLM, DistilBertForMaskedLM): every token through the prediction
+//   head's transform (dense, the config's activation, LayerNorm) and a decoder tied to the word
+//   embeddings plus its own bias, under cross-entropy at the masked tokens.
 // bert.cpp and distilbert.cpp give it their parameter names.
 #pragma once
 

@@ -109,8 +109,7 @@ class Llama final : public Model {
     return b;
   }
 
-  // The rotary tables for the planned length (the decoder's plan: the whole sequence), host
-  // and device copies; forward_step uploads them with the batch, embed_at for decoding.
+  // The rotary tables for the planned length (the decoder's plan: the whole sequence).
   void declare_constants(MemoryPlan& plan, const BatchShape& s) override {
     const ModelConfig& c = config_;
     BRISK_CHECK(c.sliding_window == 0 || s.seq <= c.sliding_window, "sequences of ", s.seq,
@@ -119,8 +118,8 @@ class Llama final : public Model {
                 ", which brisk does not implement; use --max_seq_length / ",
                 "--block_size of at most ", c.sliding_window);
     const Shape table{s.seq, c.head_dim() / 2};
-    declare_input(plan, &rope_cos_host_, &rope_cos_, "rope.cos", table, DType::f32);
-    declare_input(plan, &rope_sin_host_, &rope_sin_, "rope.sin", table, DType::f32);
+    declare_constant(plan, &rope_cos_host_, &rope_cos_, "rope.cos", table, DType::f32);
+    declare_constant(plan, &rope_sin_host_, &rope_sin_, "rope.sin", table, DType::f32);
   }
 
   void fill_constants() override {
@@ -177,10 +176,6 @@ class Llama final : public Model {
     const int64_t T = ids.dim(1);
     BRISK_CHECK(first >= 0 && first + T <= rope_cos_.dim(0), "positions ", first, "..", first + T,
                 " exceed the ", rope_cos_.dim(0), " the model was planned for");
-    if (first == 0) {  // a new sequence: the tables reach the device once
-      be.upload(rope_cos_host_, rope_cos_);
-      be.upload(rope_sin_host_, rope_sin_);
-    }
     be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out);
   }
 

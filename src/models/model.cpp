@@ -49,6 +49,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   shape_ = planned_ = shape;
   options_ = options;
   inputs_.clear();
+  constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
@@ -137,6 +138,19 @@ void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const 
   inputs_.emplace_back(host, device);
 }
 
+void Model::declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device,
+                             const std::string& name, Shape shape, DType dtype) {
+  declare_input(plan, host, device, name, shape, dtype);
+  constants_.push_back(inputs_.back());
+  inputs_.pop_back();
+}
+
+void Model::upload_constants(Backend& be) const {
+  if (constants_uploaded_) return;
+  for (const auto& [host, device] : planned_constants_) be.upload(host, device);
+  constants_uploaded_ = true;
+}
+
 void Model::reset_step_stats(Backend& be) {
   std::fill(stats_host_.as<double>(), stats_host_.as<double>() + kStatsSize, 0.0);
   be.upload(stats_host_, stats_);
@@ -163,6 +177,9 @@ void Model::bind(Arena& arena) {
   arena_ = &arena;
   shape_ = planned_;
   fill_constants();
+  planned_constants_.clear();
+  for (const auto& [host, device] : constants_) planned_constants_.emplace_back(*host, *device);
+  constants_uploaded_ = false;
 }
 
 void Model::use_seq(int64_t seq) {
@@ -198,7 +215,7 @@ void Model::use_seq(int64_t seq) {
 int64_t Model::max_matmul_operand() const {
   const ModelConfig& c = config_;
   // The gated MLP's first product is [gate | up], twice the intermediate width.
-  const int64_t inner = (c.llama_style ? 2 : 1) * c.intermediate_size;
+  const int64_t inner = (style(true).gated_mlp ? 2 : 1) * c.intermediate_size;
   const int64_t widest = std::max({c.qkv_width(), inner, head_width(), c.hidden_size});
   int64_t largest_weight = 0;
   for (const ParamInfo& p : params_.list())
@@ -312,6 +329,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   prepare_batch();
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);
+  upload_constants(be);
   const BlockStyle st = style(o.training);
   embed_forward(be, o);
   for (int l = 0; l < config_.num_layers; ++l) {

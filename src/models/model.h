@@ -134,6 +134,9 @@ class Model {
   // The weights may be one file or shards (WeightFiles).
   std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed);
   // ---- incremental decoding (models/decoder.h) ----
+  // Copies the constants (declare_constants) to the device the first time after bind; forward
+  // passes and the decoder call it.
+  void upload_constants(Backend& be) const;
   // Whether the model predicts the next token (what brisk generate needs).
   virtual bool causal_lm() const { return false; }
   BlockStyle inference_style() const { return style(false); }
@@ -167,7 +170,8 @@ class Model {
   virtual BlockParams layer_params(int layer, bool grads) const = 0;
   virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
   // Buffers of values fixed by the config and the planned length, needed for inference too
-  // (rotary tables); filled on the host after bind (fill_constants), then uploaded by the model.
+  // (rotary tables), each declared with declare_constant; filled on the host after bind
+  // (fill_constants) and copied to the device once (upload_constants).
   virtual void declare_constants(MemoryPlan&, const BatchShape&) {}
   virtual void fill_constants() {}
   virtual void validate_batch() const = 0;
@@ -200,6 +204,9 @@ class Model {
   // (on the CPU the two views are the same buffer). forward_step uploads every input.
   void declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                      Shape shape, DType dtype = DType::i32);
+  // A constant: host and device copies as an input's, uploaded once after bind.
+  void declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
+                        Shape shape, DType dtype);
   Tensor w(int index) const { return params_.weight(index); }
   Tensor g(int index) const { return params_.grad(index); }
   Tensor loss_sum() const {
@@ -243,7 +250,12 @@ class Model {
   // Whether the 16-bit storage of the blocks holds the attention statistics.
   bool stored_attn_stats(const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
-  std::vector<std::pair<Tensor*, Tensor*>> inputs_;  // (host, device) pairs to upload
+  std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
+  std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once
+  // The constants' (host, device) views at the planned length, taken at bind: use_seq reshapes
+  // the views to a prefix, and the upload must cover the whole table.
+  std::vector<std::pair<Tensor, Tensor>> planned_constants_;
+  mutable bool constants_uploaded_ = false;
   Tensor stats_, stats_host_, control_;
   int padded_embedding_ = -1;
 };

@@ -51,9 +51,15 @@ const Tensor& mlp_activation_backward(Backend& be, const BlockStyle& st, const T
   return fc;
 }
 
+// Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
 void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first) {
   if (!st.rope_cos.empty())
     be.rotary_forward(qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, first);
+}
+
+void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
+  if (!st.rope_cos.empty())
+    be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
 }
 }  // namespace
 
@@ -216,8 +222,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
                         attn_probs_key, sc.attn, sc.d_qkv);
-  if (!st.rope_cos.empty())
-    be.rotary_backward(sc.d_qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
+  rotary_backward(be, st, sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
