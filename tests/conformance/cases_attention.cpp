@@ -1,0 +1,254 @@
+// Attention: training attention (forward and backward) over packed qkv with multi-head,
+// grouped-query and multi-query layouts, key masks, causality, dropout and GPT-2's score scales;
+// and incremental decoding over key/value caches.
+//
+// Tolerances: 1e-5 forward (element by element), gradients 1e-4 against finite differences,
+// 1e-5 against the CPU. Decoding is checked against the fp64 causal attention of the whole
+// sequence at every size (no gradients, so the reference is cheap): 1e-5 norm-wise.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend_support.h"
+#include "conformance/op_case.h"
+#include "core/rng.h"
+
+namespace brisk::testing {
+namespace {
+
+// Attention over packed qkv [B,T,(H+2K)*D] (H query heads, then K key heads, then K value heads)
+// with scores q.k * scale; query head h reads key/value head h / (H/K). The dropout mask element
+// is the flat index into the probabilities [B,H,T,T]. Every query must see at least one key.
+Vec ref_attention(const Vec& qkv, const Vec& mask, bool causal, int64_t B, int64_t T, int64_t H,
+                  int64_t K, int64_t D, double scale, float p, const RngKey& key) {
+  const int64_t C = H * D, W = (H + 2 * K) * D, G = H / K;
+  const double keep_scale = 1.0 / (1.0 - double(p));
+  const uint32_t threshold = dropout_threshold(p);
+  Vec out(static_cast<size_t>(B * T * C), 0.0), s(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const double* q = &qkv[(b * T + i) * W + h * D];
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < T; ++j) {
+          if ((!mask.empty() && mask[b * T + j] == 0) || (causal && j > i)) {
+            s[j] = -INFINITY;
+            continue;
+          }
+          const double* k = &qkv[(b * T + j) * W + C + (h / G) * D];
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e) d += q[e] * k[e];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < T; ++j)
+          sum += (s[j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx));
+        for (int64_t j = 0; j < T; ++j) {
+          const uint64_t pi = static_cast<uint64_t>(((b * H + h) * T + i) * T + j);
+          double w = s[j] / sum;
+          if (p > 0) w = dropout_keep(key, pi, threshold) ? w * keep_scale : 0.0;
+          const double* v = &qkv[(b * T + j) * W + C + (K + h / G) * D];
+          double* o = &out[(b * T + i) * C + h * D];
+          for (int64_t e = 0; e < D; ++e) o[e] += w * v[e];
+        }
+      }
+  return out;
+}
+
+enum class Mask {
+  none,
+  // Small cases: zeros at the end of each row; key 0 always kept, so no query sees an empty row;
+  // any nonzero value keeps a key.
+  tail,
+  // Three sequences: padding at the end of sequence 0; in sequence 1 key 0 and two others
+  // hidden, so that with causality query 0 sees no key at all; sequence 2 entirely hidden. A query
+  // that sees no key gets a zero output, and keys no query sees get no gradient.
+  empty_rows,
+};
+
+struct AttentionShape {
+  int64_t B, T, H, K, D;
+};
+
+OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool causal, float p,
+                      bool reference) {
+  const auto [B, T, H, K, D] = s;
+  const int64_t C = H * D, W = (H + 2 * K) * D;
+  const float scale = static_cast<float>(scale_factor / std::sqrt(static_cast<double>(D)));
+  const RngKey key{42, 3, 5};
+  const char* mask_names[] = {"", "_mask", "_empty_rows"};
+  OpCase c;
+  c.name = "attention_B" + std::to_string(B) + "_T" + std::to_string(T) + "_H" + std::to_string(H) +
+           "_K" + std::to_string(K) + "_D" + std::to_string(D) + "_scale" +
+           std::to_string(static_cast<int>(std::lround(scale_factor * 100))) +
+           mask_names[static_cast<int>(mask)] + (causal ? "_causal" : "") +
+           (p > 0 ? "_dropout" : "");
+  c.inputs = [=](std::mt19937& rng) {
+    Vec m;
+    if (mask == Mask::tail) {
+      m.assign(static_cast<size_t>(B * T), 1.0);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = T - 1 - b % 3; t < T && t > 0; ++t) m[b * T + t] = 0.0;
+      m[T / 2] = 2.0;
+    } else if (mask == Mask::empty_rows) {
+      m.assign(static_cast<size_t>(B * T), 1.0);
+      for (int64_t t = T - 6; t < T; ++t) m[t] = 0.0;
+      for (int64_t t : {int64_t{0}, int64_t{7}, int64_t{20}}) m[T + t] = 0.0;
+      for (int64_t t = 0; t < T; ++t) m[2 * T + t] = 0.0;
+    }
+    return Values{{"qkv", randn_d(B * T * W, rng)},
+                  {"mask", m},
+                  {"dout", randn_d(B * T * C, rng)},
+                  {"dqkv0", randn_d(B * T * W, rng)}};  // overwritten
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    const AttentionBuffers ab = attention_buffers(be.device(), B, H, T);
+    DeviceBuffers d(be);
+    const Tensor q = d.put_as(in.at("qkv"), {B, T, W});
+    const Tensor m = mask == Mask::none ? Tensor() : d.put_as(in.at("mask"), {B, T}, DType::i32);
+    const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
+    const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
+    const Tensor g = d.put_as(in.at("dout"), {B, T, C}), dq = d.put_as(in.at("dqkv0"), {B, T, W});
+    const int h = static_cast<int>(H), k = static_cast<int>(K);
+    be.attention_forward(q, m, causal, h, k, scale, p, key, stats, scratch, out);
+    be.attention_backward(g, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq);
+    Values v{{"out", d.values(out)}, {"dqkv", d.values(dq)}};
+    if (mask == Mask::empty_rows) {
+      const Vec &o = v["out"], &dqkv = v["dqkv"];
+      v["out_of_hidden_sequence"] = Vec(o.begin() + 2 * T * C, o.end());
+      v["dqkv_of_hidden_sequence"] = Vec(dqkv.begin() + 2 * T * W, dqkv.end());
+      v["out_of_query_without_keys"] = Vec(o.begin() + T * C, o.begin() + T * C + C);
+    }
+    return v;
+  };
+  if (reference)
+    c.reference = [=](const Values& in) {
+      auto f = [&](const Vec& v) {
+        return ref_attention(v, in.at("mask"), causal, B, T, H, K, D, scale, p, key);
+      };
+      return Values{{"out", f(in.at("qkv"))}, {"dqkv", fd_vjp(in.at("qkv"), f, in.at("dout"))}};
+    };
+  c.checks = {{"out", Metric::elementwise, 1e-5, 1e-5}, {"dqkv", Metric::normwise, 1e-4, 1e-5}};
+  if (mask == Mask::empty_rows) {  // zeros on the CPU, which the small cases check
+    c.checks.push_back({"out_of_hidden_sequence", Metric::exact});
+    c.checks.push_back({"dqkv_of_hidden_sequence", Metric::exact});
+    if (causal) c.checks.push_back({"out_of_query_without_keys", Metric::exact});
+  }
+  return c;
+}
+
+// A prompt and then further chunks fed to attention_decode over caches of S positions: each
+// chunk's output is the causal attention of the whole sequence at its positions, and the caches
+// hold every position's key and value (zeros after).
+OpCase decode_case(int64_t B, int64_t H, int64_t K, int64_t D, int64_t S,
+                   std::vector<int64_t> chunks, double scale_factor) {
+  const int64_t C = H * D, KD = K * D, W = C + 2 * KD;
+  int64_t T = 0;
+  for (int64_t n : chunks) T += n;
+  const float scale = static_cast<float>(scale_factor / std::sqrt(static_cast<double>(D)));
+  OpCase c;
+  c.name = "decode_B" + std::to_string(B) + "_H" + std::to_string(H) + "_K" + std::to_string(K) +
+           "_D" + std::to_string(D) + "_prompt" + std::to_string(chunks[0]) + "_T" +
+           std::to_string(T) + "_scale" + std::to_string(static_cast<int>(scale_factor * 100));
+  c.inputs = [=](std::mt19937& rng) { return Values{{"qkv", randn_d(B * T * W, rng)}}; };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor kc = d.put(FVec(B * S * KD, 0.f), {B, S, KD});
+    const Tensor vc = d.put(FVec(B * S * KD, 0.f), {B, S, KD});
+    Values outs;
+    int64_t past = 0;
+    for (int64_t n : chunks) {
+      Vec chunk;
+      for (int64_t b = 0; b < B; ++b)
+        chunk.insert(chunk.end(), in.at("qkv").begin() + (b * T + past) * W,
+                     in.at("qkv").begin() + (b * T + past + n) * W);
+      const Tensor out = d.put(FVec(B * n * C, -7.f), {B, n, C});
+      be.attention_decode(d.put_as(chunk, {B, n, W}), kc, vc, past, static_cast<int>(H),
+                          static_cast<int>(K), scale, out);
+      outs["out_from_" + std::to_string(past)] = d.values(out);
+      past += n;
+    }
+    outs["k_cache"] = d.values(kc);
+    outs["v_cache"] = d.values(vc);
+    return outs;
+  };
+  c.reference = [=](const Values& in) {
+    const Vec& qkv = in.at("qkv");
+    const Vec all = ref_attention(qkv, Vec(), true, B, T, H, K, D, scale, 0.f, RngKey{});
+    Values want;
+    int64_t past = 0;
+    for (int64_t n : chunks) {
+      Vec& o = want["out_from_" + std::to_string(past)];
+      for (int64_t b = 0; b < B; ++b)
+        o.insert(o.end(), all.begin() + (b * T + past) * C, all.begin() + (b * T + past + n) * C);
+      past += n;
+    }
+    Vec kc(static_cast<size_t>(B * S * KD), 0.0), vc(kc.size(), 0.0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < KD; ++j) {
+          kc[(b * S + t) * KD + j] = qkv[(b * T + t) * W + C + j];
+          vc[(b * S + t) * KD + j] = qkv[(b * T + t) * W + C + KD + j];
+        }
+    want["k_cache"] = kc;
+    want["v_cache"] = vc;
+    return want;
+  };
+  int64_t past = 0;
+  for (int64_t n : chunks) {
+    c.checks.push_back({"out_from_" + std::to_string(past), Metric::normwise, 1e-5, 1e-5});
+    past += n;
+  }
+  c.checks.push_back({"k_cache", Metric::exact});
+  c.checks.push_back({"v_cache", Metric::exact});
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> attention_cases() {
+  std::vector<OpCase> cases;
+  // Small, against finite differences. Scales: the usual 1/sqrt(D), 1 (GPT-2 with
+  // scale_attn_weights false: sqrt(D) times the usual) and 1/(3 sqrt(D)) (GPT-2's
+  // scale_attn_by_inverse_layer_idx in its third layer).
+  const AttentionShape mha{2, 5, 3, 3, 4};
+  for (double scale : {1.0, 2.0, 1.0 / 3})
+    for (Mask mask : {Mask::none, Mask::tail})
+      for (bool causal : {false, true})
+        for (float p : {0.f, 0.3f})
+          cases.push_back(attention_case(mha, scale, mask, causal, p, true));
+  // Grouped-query ratios 2 and 3 and multi-query, odd head widths.
+  for (const AttentionShape& s : {AttentionShape{2, 5, 4, 2, 3}, AttentionShape{2, 5, 6, 2, 5},
+                                  AttentionShape{2, 5, 3, 1, 4}})
+    for (bool causal : {false, true})
+      for (float p : {0.f, 0.2f})
+        cases.push_back(attention_case(s, 1.0, Mask::tail, causal, p, true));
+  // A GPU's tiles: T = 45 leaves partial tiles (64 queries forward, 32 backward), 130 takes
+  // several; D = 80 uses a wide-head path with idle feature slots; D = 33 is odd, 128 Llama's.
+  for (int64_t T : {45, 130})
+    for (int64_t D : {16, 64, 80})
+      for (bool causal : {false, true})
+        for (float p : {0.f, 0.1f})
+          cases.push_back(attention_case({3, T, 2, 2, D}, T == 45 ? 1.0 : 0.5, Mask::empty_rows,
+                                         causal, p, false));
+  for (int64_t T : {45, 130})
+    for (int64_t D : {33, 128})
+      for (const auto& [H, K] : {std::pair<int64_t, int64_t>{4, 2}, {6, 2}, {3, 1}})
+        for (bool causal : {false, true})
+          cases.push_back(
+              attention_case({2, T, H, K, D}, 1.0, Mask::none, causal, causal ? 0.1f : 0.f, false));
+  // Decoding: a prompt, one token, more tokens; at the usual scale and another.
+  cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, 1.0));
+  cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, std::sqrt(5.0)));
+  cases.push_back(decode_case(2, 6, 2, 3, 9, {3, 1, 3}, 1.0));
+  // More keys than a GPU kernel's block (several chunks of the value pass), a head width above
+  // its block (several columns per thread), GQA and MQA caches.
+  cases.push_back(decode_case(2, 2, 2, 160, 300, {5, 1, 1, 1}, 1.0));
+  cases.push_back(decode_case(2, 2, 2, 160, 300, {250, 1, 1, 1}, 0.5));
+  cases.push_back(decode_case(2, 4, 2, 72, 200, {150, 1, 1, 3}, 1.0));
+  cases.push_back(decode_case(2, 6, 1, 72, 200, {150, 1, 1, 3}, 1.0));
+  return cases;
+}
+
+}  // namespace brisk::testing
