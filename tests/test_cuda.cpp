@@ -782,9 +782,10 @@ TEST(CudaModels, Bf16StaysCloseToTheCpuBackend) {
 }
 
 // =============================================================================================
-// The trainer on the GPU: the equivalences test_trainer.cpp and test_precision.cpp check on the
-// CPU. Bit-identity becomes closeness: the GPU's embedding gradients, loss sum and gradient norm
-// are summed with atomics, in an order that changes from run to run.
+// The trainer on the GPU beyond the equivalences every device runs (test_trainer_devices.cpp):
+// the fp16 overflow skip, and the optimizers against the CPU. Bit-identity becomes closeness:
+// the GPU's embedding gradients, loss sum and gradient norm are summed with atomics, in an order
+// that changes from run to run.
 // =============================================================================================
 
 namespace fs = std::filesystem;
@@ -855,61 +856,6 @@ FVec tensor_of(const std::string& file, const std::string& name) {
   return FVec(t.f32(), t.f32() + t.numel());
 }
 
-TEST(CudaTrainer, AccumulationEqualsTheLargeBatch) {
-  REQUIRE_GPU();
-  TempDir dir("accum");
-  for (const std::string type : {"bert", "gpt2"}) {
-    const std::string model = write_config(dir, type, 0.0);
-    UnequalLengths lm_data;
-    const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
-    TrainOptions big = gpu_options(model, dir / (type + "_big"));
-    TrainOptions small = big;
-    small.output_dir = dir / (type + "_small");
-    small.per_device_train_batch_size = 1;
-    small.gradient_accumulation_steps = 4;
-    const Result a = run(big, data), b = run(small, data);
-    // Summation order differs (other product shapes), as on the CPU: within rounding.
-    expect_losses_near(b.losses, a.losses, 1e-5, type);
-    EXPECT_LE(rel(weights_of(b.summary.last_checkpoint), weights_of(a.summary.last_checkpoint)),
-              1e-5)
-        << type;
-    // The weights did move: the comparison is not between two untouched initializations.
-    TrainOptions none = big;
-    none.max_steps = 1;
-    none.learning_rate = 0;
-    none.output_dir = dir / (type + "_none");
-    EXPECT_GT(rel(weights_of(a.summary.last_checkpoint),
-                  weights_of(run(none, data).summary.last_checkpoint)),
-              1e-3)
-        << type;
-  }
-}
-
-TEST(CudaTrainer, GradientCheckpointingChangesMemoryNotResults) {
-  REQUIRE_GPU();
-  TempDir dir("ckpt");
-  for (const std::string type : {"bert", "gpt2"})
-    for (bool bf16 : {false, true}) {
-      const std::string tag = type + (bf16 ? "_bf16" : "_fp32");
-      TrainOptions plain = gpu_options(write_config(dir, type, 0.1), dir / (tag + "_plain"));
-      plain.bf16 = bf16;
-      TrainOptions ckpt = plain;
-      ckpt.output_dir = dir / (tag + "_ckpt");
-      ckpt.gradient_checkpointing = true;
-      const Result a = run(plain), b = run(ckpt);
-      // The recomputation is exact; only the atomics' order differs. In bf16 a weight whose
-      // float32 master lies at a rounding midpoint may round the other way, moving by one bf16
-      // step (4e-3 of itself), hence the looser bound there.
-      const double tol = bf16 ? 1e-4 : 1e-5;
-      expect_losses_near(b.losses, a.losses, tol, tag);
-      EXPECT_LE(rel(weights_of(b.summary.last_checkpoint), weights_of(a.summary.last_checkpoint)),
-                tol)
-          << tag;
-      const int act = static_cast<int>(Category::activations);
-      EXPECT_LT(b.summary.memory.planned[act], a.summary.memory.planned[act]) << tag;
-    }
-}
-
 TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
   REQUIRE_GPU();
   TempDir dir("overflow");
@@ -951,36 +897,6 @@ TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
                           tensor_of(c3 + "/optimizer.safetensors", moment)))
         << moment;
   EXPECT_GT(rel(weights_of(c5), weights_of(c4)), 1e-5);
-}
-
-TEST(CudaTrainer, ResumeEqualsTheUninterruptedRun) {
-  REQUIRE_GPU();
-  TempDir dir("resume");
-  for (const std::string type : {"bert", "gpt2", "gpt2_fp16"}) {
-    const std::string arch = type.substr(0, 4);
-    TrainOptions straight = gpu_options(write_config(dir, arch, 0.1), dir / (type + "_straight"));
-    straight.fp16 = type == "gpt2_fp16";
-    straight.max_steps = 6;
-    straight.save_steps = 3;
-    straight.gradient_accumulation_steps = 2;
-    straight.dataloader_num_workers = 1;
-    const Result a = run(straight);
-    TrainOptions resumed = straight;
-    resumed.output_dir = dir / (type + "_resumed");
-    resumed.resume_from_checkpoint = straight.output_dir + "/checkpoint-3";
-    resumed.seed = 1234;  // the checkpoint's seed wins
-    const Result b = run(resumed);
-    ASSERT_EQ(a.losses.size(), 6u);
-    ASSERT_EQ(b.losses.size(), 3u);
-    // As in GradientCheckpointingChangesMemoryNotResults: fp16 compute weights may round the
-    // other way at a midpoint.
-    const double tol = straight.fp16 ? 1e-4 : 1e-5;
-    expect_losses_near(b.losses, std::vector<double>(a.losses.begin() + 3, a.losses.end()), tol,
-                       type);
-    EXPECT_LE(rel(weights_of(b.summary.last_checkpoint), weights_of(a.summary.last_checkpoint)),
-              tol)
-        << type;
-  }
 }
 
 // Each optimizer (and bf16 weights without a master copy) trains on the GPU as on the CPU, and
@@ -1061,24 +977,6 @@ TEST(CudaMemory, TheArenaHandsOutExactlyThePlannedBuffers) {
           }
         }
       }
-}
-
-// Selective recomputation on the GPU (the log-sum-exp rows rebuilt per block) trains as keeping
-// everything does, within the GPU's run-to-run rounding.
-TEST(CudaTrainer, SelectiveRecomputationChangesMemoryNotResults) {
-  REQUIRE_GPU();
-  TempDir dir("selective");
-  for (bool bf16 : {false, true}) {
-    TrainOptions o = gpu_options(write_config(dir, "bert", 0.1), dir / "plain");
-    o.bf16 = bf16;
-    const Result plain = run(o);
-    o.output_dir = dir / "selective";
-    o.selective_recompute = true;
-    const Result selective = run(o);
-    expect_losses_near(selective.losses, plain.losses, 1e-5, bf16 ? "bf16" : "fp32");
-    const int act = static_cast<int>(Category::activations);
-    EXPECT_LT(selective.summary.memory.planned[act], plain.summary.memory.planned[act]);
-  }
 }
 
 // dataloader_pin_memory picks the staging block: page-locked, or ordinary host memory; a run

@@ -1,7 +1,7 @@
-// The trainer: gradient accumulation equals the big batch, checkpointing is exact, resume equals
-// an uninterrupted run, an interrupted save leaves the previous checkpoint usable, the plan
-// accounts for the process's memory, the tiny models learn with every optimizer, and the
-// schedules match transformers'.
+// The trainer: an interrupted save leaves the previous checkpoint usable, the plan accounts for
+// the process's memory, the tiny models learn with every optimizer, the schedules match
+// transformers', bad options and files are refused. The equivalences (accumulation,
+// recomputation, resume) run on every device in test_trainer_devices.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -54,79 +54,6 @@ std::vector<float> weights_of(const std::string& checkpoint) {
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
-}
-
-TEST(Trainer, AccumulationEqualsTheLargeBatch) {
-  TempDir dir("accum");
-  for (const std::string type : {"bert", "gpt2"}) {
-    const std::string model = write_config(dir, type, 0.0);
-    UnequalLengths lm_data;
-    const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
-    TrainOptions big = tiny_options(model, dir / (type + "_big"));
-    big.per_device_train_batch_size = 3;
-    TrainOptions small = big;
-    small.output_dir = dir / (type + "_small");
-    small.per_device_train_batch_size = 1;
-    small.gradient_accumulation_steps = 3;
-    const Result a = run(big, data), b = run(small, data);
-    ASSERT_EQ(a.losses.size(), b.losses.size());
-    for (size_t i = 0; i < a.losses.size(); ++i)
-      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(a.losses[i])) << type << " step " << i;
-    EXPECT_LE(rel(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)),
-              1e-5)
-        << type;
-    // The weights did move: the comparison is not between two untouched initializations.
-    TrainOptions none = big;
-    none.max_steps = 1;
-    none.learning_rate = 0;
-    none.output_dir = dir / (type + "_none");
-    EXPECT_GT(rel(weights_of(a.summary.last_checkpoint),
-                  weights_of(run(none, data).summary.last_checkpoint)),
-              1e-3);
-  }
-}
-
-TEST(Trainer, GradientCheckpointingChangesMemoryNotResults) {
-  TempDir dir("ckpt");
-  for (const std::string type : {"bert", "gpt2"})
-    for (bool bf16 : {false, true}) {
-      const std::string tag = type + (bf16 ? "_bf16" : "_fp32");
-      TrainOptions plain = tiny_options(write_config(dir, type, 0.1), dir / (tag + "_plain"));
-      plain.bf16 = bf16;
-      TrainOptions ckpt = plain;
-      ckpt.output_dir = dir / (tag + "_ckpt");
-      ckpt.gradient_checkpointing = true;
-      const Result a = run(plain), b = run(ckpt);
-      EXPECT_EQ(a.losses, b.losses) << tag;
-      EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint))
-          << tag;
-      const int act = static_cast<int>(Category::activations);
-      EXPECT_LT(b.summary.memory.planned[act], a.summary.memory.planned[act]) << tag;
-    }
-}
-
-TEST(Trainer, ResumeEqualsTheUninterruptedRun) {
-  TempDir dir("resume");
-  for (const std::string type : {"bert", "gpt2", "gpt2_fp16"}) {
-    const std::string arch = type.substr(0, 4);
-    TrainOptions straight = tiny_options(write_config(dir, arch, 0.1), dir / (type + "_straight"));
-    straight.fp16 = type == "gpt2_fp16";
-    straight.max_steps = 6;
-    straight.save_steps = 3;
-    straight.gradient_accumulation_steps = 2;
-    straight.dataloader_num_workers = 1;
-    const Result a = run(straight);
-    TrainOptions resumed = straight;
-    resumed.output_dir = dir / (type + "_resumed");
-    resumed.resume_from_checkpoint = straight.output_dir + "/checkpoint-3";
-    resumed.seed = 1234;  // the checkpoint's seed wins, as transformers restores its RNG states
-    const Result b = run(resumed);
-    ASSERT_EQ(a.losses.size(), 6u);
-    ASSERT_EQ(b.losses.size(), 3u);
-    for (int i = 0; i < 3; ++i)
-      EXPECT_EQ(a.losses[3 + i], b.losses[i]) << type << " step " << 4 + i;
-    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << type;
-  }
 }
 
 // A kill at every point of the save sequence leaves a complete checkpoint: the previous one
@@ -303,24 +230,6 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
     EXPECT_EQ(gpu->plan.bytes_by_category()[static_cast<int>(c)],
               cpu->plan.bytes_by_category()[static_cast<int>(c)])
         << category_name(c);
-}
-
-// Through the trainer, with dropout: selective recomputation leaves every loss and weight
-// exactly as it was.
-TEST(Trainer, SelectiveRecomputationChangesMemoryNotResults) {
-  TempDir dir("selective");
-  for (const std::string type : {"bert", "gpt2"}) {
-    TrainOptions o = tiny_options(write_config(dir, type, 0.1), dir / (type + "_plain"));
-    o.save_steps = 4;
-    const Result plain = run(o);
-    o.output_dir = dir / (type + "_selective");
-    o.selective_recompute = true;
-    const Result selective = run(o);
-    EXPECT_EQ(plain.losses, selective.losses) << type;
-    EXPECT_EQ(weights_of(plain.summary.last_checkpoint),
-              weights_of(selective.summary.last_checkpoint))
-        << type;
-  }
 }
 
 // The data loader's sample orders grow with the data set, so they are planned: two int64 per
@@ -602,32 +511,6 @@ TEST(Trainer, EveryOptimizerLearnsTheLearnableTask) {
       const double chance = type == "bert" ? std::log(2.0) : std::log(28.0);
       EXPECT_LT(r.losses.back(), 0.5 * chance) << tag;
     }
-}
-
-TEST(Trainer, ResumeEqualsTheUninterruptedRunWithEveryOptimizer) {
-  TempDir dir("resume_optim");
-  const std::string model = write_config(dir, "gpt2", 0.1);
-  for (const OptimCase& c : kOptimCases) {
-    const std::string tag = c.optim + "_" + c.args;
-    TrainOptions straight = tiny_options(model, dir / (tag + "_straight"));
-    straight.max_steps = 6;
-    straight.save_steps = 3;
-    use_optimizer(straight, c);
-    const Result a = run(straight);
-    TrainOptions resumed = straight;
-    resumed.output_dir = dir / (tag + "_resumed");
-    resumed.resume_from_checkpoint = straight.output_dir + "/checkpoint-3";
-    const Result b = run(resumed);
-    ASSERT_EQ(b.losses.size(), 3u);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[3 + i], b.losses[i]) << tag << " step " << 4 + i;
-    EXPECT_EQ(weights_of(a.summary.last_checkpoint), weights_of(b.summary.last_checkpoint)) << tag;
-    // Resuming with another optimizer is refused, naming both.
-    TrainOptions other = resumed;
-    other.output_dir = dir / (tag + "_other");
-    other.optim = c.optim == "sgd" ? "adamw_torch" : "sgd";
-    other.optim_args = "";
-    expect_error([&] { run(other); }, "holds the state of optimizer " + c.optim);
-  }
 }
 
 TEST(Trainer, SchedulesFollowTransformers) {
