@@ -72,5 +72,6 @@ std::vector<OpCase> norm_cases();         // cases_norm.cpp: layernorm, rmsnorm,
 std::vector<OpCase> elementwise_cases();  // cases_elementwise.cpp
 std::vector<OpCase> attention_cases();    // cases_attention.cpp
 std::vector<OpCase> loss_cases();         // cases_loss.cpp: embedding, pooling, losses
+std::vector<OpCase> optim_cases();        // cases_optim.cpp: the optimizer step
 
 }  // namespace brisk::testing

@@ -75,9 +75,9 @@ namespace {
   if (metric == Metric::normwise) {
     double num = 0, den = 0;
     for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isnan(got[i])) continue;
-      num += (got[i] - want[i]) * (got[i] - want[i]);
-      den += want[i] * want[i];
+      if (got[i] != want[i] && !(std::isnan(got[i]) && std::isnan(want[i])))
+        num += (got[i] - want[i]) * (got[i] - want[i]);  // inf where one side is infinite
+      if (std::isfinite(want[i])) den += want[i] * want[i];
     }
     error = std::sqrt(num) / std::max(std::sqrt(den), 1e-6);
   }
@@ -124,7 +124,8 @@ uint32_t seed_of(const std::string& name) {
 
 std::vector<Param> table() {
   std::vector<OpCase> ops;
-  for (auto cases : {linear_cases, norm_cases, elementwise_cases, attention_cases, loss_cases})
+  for (auto cases :
+       {linear_cases, norm_cases, elementwise_cases, attention_cases, loss_cases, optim_cases})
     for (OpCase& c : cases()) ops.push_back(std::move(c));
   std::vector<Param> params;
   for (Device device : {Device::cpu, Device::cuda})
