@@ -1,10 +1,11 @@
-// Casts between float32 and the 16-bit types (bf16, fp16), and round_to (float32 values rounded
-// to a 16-bit type's grid), into another buffer and in place; and the float32-to-float32 cast and
-// round_to, which copy. Bit-exact against independent references: fp16 through the compiler's
-// _Float16 conversions; bf16 by picking the nearer of the two neighbouring bf16 values in double,
-// ties to the even one, beyond the largest finite value as if the exponent went on (so the tie
-// with 2^128 rounds to inf), as IEEE 754 rounds. Every NaN is only required to stay a NaN (a GPU
-// writes the canonical NaN, the CPU keeps payloads): the runs write NaN patterns as one marker.
+// Casts between float32 and the 16-bit types (bf16, fp16), round_to (float32 values rounded to a
+// 16-bit type's grid), into another buffer and in place, and stochastic rounding (below); and the
+// float32-to-float32 cast and round_to, which copy. Bit-exact against independent references: fp16
+// through the compiler's _Float16 conversions; bf16 by picking the nearer of the two neighbouring
+// bf16 values in double, ties to the even one, beyond the largest finite value as if the exponent
+// went on (so the tie with 2^128 rounds to inf), as IEEE 754 rounds. Every NaN is only required to
+// stay a NaN (a GPU writes the canonical NaN, the CPU keeps payloads): the runs write NaN patterns
+// as one marker.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "backend_support.h"
 #include "conformance/op_case.h"
 #include "core/dtype.h"
+#include "core/rng.h"
 
 namespace brisk::testing {
 namespace {
@@ -144,10 +146,53 @@ OpCase cast_case(DType t) {
   return c;
 }
 
+// stochastic_round to bf16 in place (bf16 weights without a master copy), over a view `offset`
+// floats into its buffer: offset 1 breaks the 16-byte alignment of a GPU's vectorized path
+// (element ids are the view's indices). More than one pass of a GPU's grid-stride loop (4096
+// blocks x 256 threads x 4 elements), not a multiple of 4, and values of every kind: exact bf16
+// values, zeros, subnormals, the largest floats (which may round up to inf), inf and NaN. The
+// same random words on every backend and integer arithmetic: bit-exact against the CPU, whose
+// rounding test_optim.cpp checks for bias and reproducibility (no fp64 reference: the rounding
+// is the generator's).
+OpCase stochastic_round_case(const RngKey& key, int64_t offset) {
+  const int64_t n = 4 * 4096 * 256 + 13;
+  OpCase c;
+  c.name =
+      "stochastic_round_bf16_step" + std::to_string(key.step) + "_offset" + std::to_string(offset);
+  c.inputs = [=](std::mt19937& rng) {
+    FVec x = randn(n, rng);
+    for (int64_t i = 0; i < n; i += 97) x[i] *= 1e-39f;  // subnormal
+    for (int64_t i = 5; i < n; i += 101)                 // exact bf16: the low 16 bits cleared
+      x[i] = bits_float(float_bits(x[i]) & 0xffff0000u);
+    x[1] = 0.f;
+    x[2] = -0.f;
+    x[3] = std::numeric_limits<float>::max();
+    x[4] = -std::numeric_limits<float>::max();
+    x[6] = std::numeric_limits<float>::infinity();
+    x[7] = -std::numeric_limits<float>::infinity();
+    x[8] = std::nanf("");
+    return Values{{"x", Vec(x.begin(), x.end())}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor t = d.put_as(in.at("x"), {n});
+    be.stochastic_round(DType::bf16,
+                        Tensor(t.f32() + offset, Shape{n - offset}, DType::f32, t.device()), key);
+    return Values{{"rounded", d.values(t)}};
+  };
+  c.checks = {{"rounded", Metric::exact}};
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> cast_cases() {
-  return {cast_case(DType::bf16), cast_case(DType::f16)};
+  std::vector<OpCase> cases = {cast_case(DType::bf16), cast_case(DType::f16)};
+  // Three steps' keys, one beyond 32 bits.
+  for (const RngKey& key :
+       {RngKey{17, 1, 0}, RngKey{17, 2, 0}, RngKey{0x1234'5678'9abcULL, (1ULL << 32) + 7, 5}})
+    for (int64_t offset : {0, 1}) cases.push_back(stochastic_round_case(key, offset));
+  return cases;
 }
 
 }  // namespace brisk::testing
