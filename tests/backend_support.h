@@ -161,7 +161,7 @@ class DeviceBuffers {
     be_.download(t, Tensor(v.data(), t.shape(), t.dtype(), Device::cpu));
     return v;
   }
-  // Values held as doubles (an op case's inputs) stored as `dtype`: f32, f64, i32 or i64.
+  // Values held as doubles (an op case's inputs) stored as `dtype`: f32, f64, i32, i64 or u8.
   Tensor put_as(const std::vector<double>& values, Shape shape, DType dtype = DType::f32) {
     switch (dtype) {
       case DType::f32:
@@ -172,12 +172,14 @@ class DeviceBuffers {
         return put(std::vector<int32_t>(values.begin(), values.end()), shape);
       case DType::i64:
         return put(std::vector<int64_t>(values.begin(), values.end()), shape);
+      case DType::u8:
+        return put(std::vector<uint8_t>(values.begin(), values.end()), shape, DType::u8);
       default:
         BRISK_CHECK(false, "DeviceBuffers::put_as: no ", dtype_name(dtype));
     }
     return Tensor();
   }
-  // t's elements as doubles: f32, f64, i32 and i64 exactly; 16-bit types as their bit patterns.
+  // t's elements as doubles: f32, f64, i32, i64 and u8 exactly; 16-bit types as bit patterns.
   std::vector<double> values(const Tensor& t) {
     switch (t.dtype()) {
       case DType::f32:
@@ -188,6 +190,8 @@ class DeviceBuffers {
         return widen(get<int32_t>(t));
       case DType::i64:
         return widen(get<int64_t>(t));
+      case DType::u8:
+        return widen(get<uint8_t>(t));
       default:
         return widen(get<uint16_t>(t));
     }

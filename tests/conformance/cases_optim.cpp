@@ -1,10 +1,12 @@
 // The optimizer step's ops: sum_squares and decide_step (the step control), AdamW and SGD over
-// flat buffers with weight-decay ranges, each over several steps and then a skipped one.
+// flat buffers with weight-decay ranges, Adafactor and 8-bit AdamW over parameter slots; each
+// over several steps and then a skipped one, which must change nothing.
 //
 // Tolerances: squares of floats are exact in double, so sums of squares differ by the order of
 // double sums only: 1e-11. The updates are float32 per element in the same order on every
 // backend (fused multiply-adds may differ in the last bit): 1e-6 between backends; against the
 // fp64 reference (torch's formulas in double) the float32 rounding of a few steps: 1e-5.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +14,8 @@
 
 #include "backend_support.h"
 #include "conformance/op_case.h"
+#include "optim/optimizer.h"
+#include "optim/quantization.h"
 #include "optim/step_control.h"
 
 namespace brisk::testing {
@@ -110,6 +114,16 @@ bool decayed(const std::vector<int64_t>& ranges, int64_t i) {
 }
 
 constexpr int kSteps = 4;  // then a fifth, skipped (an inf gradient)
+
+// ||a - b|| / ||b||
+double rel_error_of(const Vec& a, const Vec& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
 
 // How many elements of the state `after` a skipped step differ, bit for bit, from `before`.
 Vec changes(const Values& before, const Values& after) {
@@ -260,6 +274,257 @@ OpCase sgd_case(int64_t n, float momentum, float dampening, bool nesterov, bool 
   return c;
 }
 
+// ---- per-tensor optimizers: Adafactor, 8-bit AdamW ----
+
+// Parameter tensors within flat buffers, three untouched elements after each (an optimizer must
+// not write outside its slots). `matrix`: two or more dimensions, as param_slots sets factored.
+struct SlotShape {
+  int64_t rows, cols;
+  bool matrix, decay;
+};
+// Vectors, matrices whose sides are not multiples of 32 (wide, tall, more rows than a GPU's
+// row kernels' grid, more elements than one pass of a grid-stride loop), and matrices of one row
+// and of one column.
+const SlotShape kSlotShapes[] = {{1, 37, false, false},   {45, 77, true, true},
+                                 {129, 33, true, true},   {1, 1000, false, true},
+                                 {5000, 40, true, false}, {1100, 1037, true, true},
+                                 {2, 256, true, true},    {3, 1, true, false},
+                                 {1, 100, true, true},    {1, 300, false, false}};
+constexpr int64_t kSlotGap = 3;
+constexpr int kSlotSteps = 3;  // steps before the skipped one
+
+std::vector<ParamSlot> slots_of(int64_t* n) {
+  std::vector<ParamSlot> slots;
+  *n = 0;
+  for (const SlotShape& sh : kSlotShapes) {
+    ParamSlot s;
+    s.offset = *n;
+    s.rows = sh.rows;
+    s.cols = sh.cols;
+    s.numel = sh.rows * sh.cols;
+    s.factored = sh.matrix;
+    s.decay = sh.decay;
+    slots.push_back(s);
+    *n += s.numel + kSlotGap;
+  }
+  return slots;
+}
+
+// Weights, and gradients for kSlotSteps steps with per-row and per-column scales (so that the
+// factored statistics are far from uniform), then an inf gradient for a skipped step.
+Values slot_inputs(const std::vector<ParamSlot>& slots, int64_t n, std::mt19937& rng) {
+  Values v{{"w", randn_d(n, rng)}};
+  for (int t = 1; t <= kSlotSteps; ++t) {
+    Vec g = randn_d(n, rng, 0.01);
+    for (const ParamSlot& s : slots) {
+      const Vec rs = randn_d(s.rows, rng), cs = randn_d(s.cols, rng);
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < s.cols; ++c)
+          g[s.offset + r * s.cols + c] = static_cast<float>(
+              g[s.offset + r * s.cols + c] * (1 + std::abs(rs[r])) * (0.2 + std::abs(cs[c])));
+    }
+    v["g" + std::to_string(t)] = std::move(g);
+  }
+  v["bad"] = v["g1"];
+  v["bad"][slots[1].offset + 5] = std::numeric_limits<double>::infinity();
+  return v;
+}
+
+// The weights in the gaps between slots, which are not parameters.
+Vec gaps(const std::vector<ParamSlot>& slots, const Vec& w) {
+  Vec out;
+  for (const ParamSlot& s : slots)
+    out.insert(out.end(), w.begin() + s.offset + s.numel,
+               w.begin() + s.offset + s.numel + kSlotGap);
+  return out;
+}
+
+const FVec kApplyControl = {0.75f, 0.f};  // {kControlMultiplier, kControlSkip}
+const FVec kSkipControl = {0.f, 1.f};
+
+// transformers' Adafactor: its Trainer default (no first moment, no scaling), or every option on
+// with a clip threshold that clips. No fp64 reference here (test_optim.cpp checks the CPU
+// against transformers' Adafactor): the sums (the statistics' means, the row mean, the update's
+// and the weights' RMS) are double reductions in another order on another backend, which moves
+// the float results they feed by an ulp or so: 1e-5; the statistics relative to themselves.
+OpCase adafactor_case(bool scale_parameter, float beta1, float clip_threshold, float wd) {
+  const bool first_moment = beta1 >= 0;
+  OpCase c;
+  c.name = std::string("adafactor") + (scale_parameter ? "_scale_parameter" : "") +
+           (first_moment ? "_beta1" : "") + (wd > 0 ? "_decay" : "");
+  c.inputs = [](std::mt19937& rng) {
+    int64_t n = 0;
+    const std::vector<ParamSlot> slots = slots_of(&n);
+    return slot_inputs(slots, n, rng);
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    int64_t n = 0;
+    std::vector<ParamSlot> slots = slots_of(&n);
+    int64_t state = 0;
+    for (ParamSlot& s : slots) {
+      s.state = state;
+      state += s.factored ? s.rows + s.cols : s.numel;
+    }
+    DeviceBuffers d(be);
+    d.workspace(1);  // the backend's reduction scratch
+    const Tensor w = d.put_as(in.at("w"), {n}), g = d.alloc({n});
+    const Tensor v = d.put(FVec(state, 0.f), {state});
+    const Tensor m = first_moment ? d.put(FVec(n, 0.f), {n}) : Tensor();
+    const Tensor control = d.alloc({kControlSize});
+    auto step = [&](const Vec& gv, const FVec& cv, int t) {
+      d.set(g, FVec(gv.begin(), gv.end()));
+      d.set(control, cv);
+      AdafactorUpdate u;
+      u.weights = w;
+      u.grads = g;
+      u.second_moment = v;
+      u.exp_avg = m;
+      u.control = control;
+      u.slots = &slots;
+      u.step_size = 1e-2f;
+      u.beta2t = static_cast<float>(1.0 - std::pow(double(t), -0.8));  // 0 on the first step
+      u.clip_threshold = clip_threshold;
+      u.beta1 = std::max(beta1, 0.f);
+      u.weight_decay = wd;
+      u.scale_parameter = scale_parameter;
+      be.adafactor_update(u);
+    };
+    for (int t = 1; t <= kSlotSteps; ++t) step(in.at("g" + std::to_string(t)), kApplyControl, t);
+    Values out{{"w", d.values(w)},
+               {"second_moment", d.values(v)},
+               {"exp_avg", first_moment ? d.values(m) : Vec()}};
+    out["moved"] = {rel_error_of(out["w"], in.at("w")) > 1e-4 ? 1.0 : 0.0};
+    out["gaps"] = gaps(slots, out["w"]);
+    step(in.at("bad"), kSkipControl, kSlotSteps + 1);
+    out["skipped_step_changes"] = changes(out, {{"w", d.values(w)},
+                                                {"second_moment", d.values(v)},
+                                                {"exp_avg", first_moment ? d.values(m) : Vec()}});
+    return out;
+  };
+  c.reference = [](const Values& in) {
+    int64_t n = 0;
+    const std::vector<ParamSlot> slots = slots_of(&n);
+    return Values{
+        {"moved", {1.0}}, {"gaps", gaps(slots, in.at("w"))}, {"skipped_step_changes", {0.0}}};
+  };
+  c.checks = {{"w", Metric::elementwise, 0, 1e-5},
+              {"second_moment", Metric::relative, 0, 1e-5},
+              {"exp_avg", Metric::normwise, 0, 1e-5},
+              {"moved", Metric::exact},
+              {"gaps", Metric::exact},
+              {"skipped_step_changes", Metric::exact}};
+  return c;
+}
+
+// 8-bit AdamW (bitsandbytes' blockwise dynamic quantization): 8-bit state for the matrices
+// (45x77: 13 full blocks and 137 values; 2x256: exactly two blocks; 1x100: less than one; 3x1)
+// and the 1000-element vector, 32-bit for the rest. Entry `step` t runs step t from the CPU's
+// state after t - 1 steps (made in the inputs), so that a code rounded the other way on another
+// backend is not carried into later steps, where its dequantized moment would differ by a whole
+// quantization step; t > kSlotSteps is a skipped step after kSlotSteps. Between backends: the
+// weights 1e-5, the 32-bit moments 1e-6, the block maxima 1e-6 of themselves, and codes equal in
+// 99.9% of positions (a moment on the midpoint between two codes may round either way when one
+// backend fuses a multiply-add the other rounds twice). The CPU is checked against bitsandbytes
+// and an fp64 version in test_optim.cpp.
+struct EightBit {
+  std::vector<ParamSlot> slots;
+  int64_t n = 0, n8 = 0, n32 = 0, blocks = 0;
+  FVec qmaps;  // signed then unsigned
+  EightBit() {
+    slots = slots_of(&n);
+    const std::vector<bool> eight_bit = {false, true, true, true, true,
+                                         true,  true, true, true, false};
+    const QuantizedStateSizes sizes = place_8bit_state(slots, eight_bit);
+    n8 = sizes.values8;
+    n32 = sizes.values32;
+    blocks = sizes.blocks;
+    for (bool is_signed : {true, false})
+      for (float q : dynamic_quant_map(is_signed)) qmaps.push_back(q);
+  }
+  static constexpr const char* kState[] = {"w",       "exp_avg32", "exp_avg_sq32", "absmax1",
+                                           "absmax2", "codes1",    "codes2"};
+  // One step on `be` from the state in `s` (kState names).
+  Values step(Backend& be, const Values& s, const Vec& g, const FVec& control, int64_t t) const {
+    DeviceBuffers d(be);
+    const Tensor q = d.put(qmaps, {2, 256});
+    AdamW8bitUpdate u;
+    u.weights = d.put_as(s.at("w"), {n});
+    u.grads = d.put_as(g, {n});
+    u.control = d.put(control, {kControlSize});
+    u.exp_avg32 = d.put_as(s.at("exp_avg32"), {n32});
+    u.exp_avg_sq32 = d.put_as(s.at("exp_avg_sq32"), {n32});
+    u.exp_avg8 = d.put_as(s.at("codes1"), {n8}, DType::u8);
+    u.exp_avg_sq8 = d.put_as(s.at("codes2"), {n8}, DType::u8);
+    u.absmax1 = d.put_as(s.at("absmax1"), {blocks});
+    u.absmax2 = d.put_as(s.at("absmax2"), {blocks});
+    u.qmap_signed = Tensor(q.f32(), Shape{256}, DType::f32, q.device());
+    u.qmap_unsigned = Tensor(q.f32() + 256, Shape{256}, DType::f32, q.device());
+    u.slots = &slots;
+    u.lr = 1e-3f;
+    u.beta1 = 0.9f;
+    u.beta2 = 0.95f;
+    u.eps = 1e-8f;
+    u.weight_decay = 0.1f;
+    u.step = t;
+    be.adamw_8bit_update(u);
+    return Values{{"w", d.values(u.weights)},
+                  {"exp_avg32", d.values(u.exp_avg32)},
+                  {"exp_avg_sq32", d.values(u.exp_avg_sq32)},
+                  {"absmax1", d.values(u.absmax1)},
+                  {"absmax2", d.values(u.absmax2)},
+                  {"codes1", d.values(u.exp_avg8)},
+                  {"codes2", d.values(u.exp_avg_sq8)}};
+  }
+};
+
+OpCase adamw_8bit_case(int step) {
+  const bool skipped = step > kSlotSteps;
+  OpCase c;
+  c.name = skipped ? "adamw_8bit_skipped_step" : "adamw_8bit_step" + std::to_string(step);
+  c.inputs = [=](std::mt19937& rng) {
+    const EightBit e;
+    Values v = slot_inputs(e.slots, e.n, rng);
+    // The reset state (zero maxima dequantize every code to zero), then the CPU's steps.
+    Values s{{"w", v["w"]},
+             {"exp_avg32", Vec(e.n32, 0.0)},
+             {"exp_avg_sq32", Vec(e.n32, 0.0)},
+             {"absmax1", Vec(e.blocks, 0.0)},
+             {"absmax2", Vec(e.blocks, 0.0)},
+             {"codes1", Vec(e.n8, 0.0)},
+             {"codes2", Vec(e.n8, 0.0)}};
+    const auto cpu = make_cpu_backend();
+    for (int t = 1; t < std::min(step, kSlotSteps + 1); ++t)
+      s = e.step(*cpu, s, v["g" + std::to_string(t)], kApplyControl, t);
+    for (const auto& [name, values] : s) v["state." + name] = values;
+    return v;
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    const EightBit e;
+    Values s;
+    for (const char* name : EightBit::kState) s[name] = in.at(std::string("state.") + name);
+    Values out = skipped ? e.step(be, s, in.at("bad"), kSkipControl, step)
+                         : e.step(be, s, in.at("g" + std::to_string(step)), kApplyControl, step);
+    if (skipped) return Values{{"skipped_step_changes", changes(s, out)}};
+    out["gaps"] = gaps(e.slots, out["w"]);
+    return out;
+  };
+  if (skipped) {
+    c.reference = [](const Values&) { return Values{{"skipped_step_changes", {0.0}}}; };
+    c.checks = {{"skipped_step_changes", Metric::exact}};
+    return c;
+  }
+  c.reference = [](const Values& in) {
+    const EightBit e;
+    return Values{{"gaps", gaps(e.slots, in.at("state.w"))}};
+  };
+  c.checks = {
+      {"w", Metric::elementwise, 0, 1e-5},         {"exp_avg32", Metric::normwise, 0, 1e-6},
+      {"exp_avg_sq32", Metric::normwise, 0, 1e-6}, {"absmax1", Metric::relative, 0, 1e-6},
+      {"absmax2", Metric::relative, 0, 1e-6},      {"codes1", Metric::mostly_exact, 0, 1e-3},
+      {"codes2", Metric::mostly_exact, 0, 1e-3},   {"gaps", Metric::exact}};
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> optim_cases() {
@@ -275,6 +540,9 @@ std::vector<OpCase> optim_cases() {
     cases.push_back(sgd_case(n, 0.9f, 0.1f, false, n < 2000));
     cases.push_back(sgd_case(n, 0.9f, 0.f, true, n < 2000));
   }
+  cases.push_back(adafactor_case(false, -1, 1.0f, 0));
+  cases.push_back(adafactor_case(true, 0.9f, 0.5f, 0.01f));
+  for (int step = 1; step <= kSlotSteps + 1; ++step) cases.push_back(adamw_8bit_case(step));
   return cases;
 }
 

@@ -31,6 +31,8 @@ enum class Metric {
   elementwise,  // |got - want| <= tol * max(1, |want|) at every element
   normwise,     // ||got - want|| / max(||want||, 1e-6) <= tol: sums over many terms, gradients
   exact,        // equal at every element (NaN equals NaN); the tolerances are ignored
+  relative,     // |got - want| <= tol * |want| at every element: state whose scale is far from 1
+  mostly_exact,  // equal at all but a fraction tol of the elements (quantization codes)
 };
 
 struct Check {
@@ -47,8 +49,9 @@ struct OpCase {
   std::string name;  // letters, digits and underscores: part of the test's name
   std::function<Values(std::mt19937&)> inputs;
   std::function<Values(Backend&, const Values&)> run;
-  // fp64 expected outputs for every check (gradients as what the op adds when `less` is set);
-  // empty: the CPU backend is the reference and the case runs on the other backends only.
+  // fp64 expected outputs (gradients as what the op adds when `less` is set), for every check or
+  // for some (the others are checked against the CPU only); empty: the CPU backend is the
+  // reference and the case runs on the other backends only.
   std::function<Values(const Values&)> reference;
   std::vector<Check> checks;
 };

@@ -54,6 +54,15 @@ namespace {
 ::testing::AssertionResult compare(const Vec& got, const Vec& want, Metric metric, double tol) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  if (metric == Metric::mostly_exact) {
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      differ += got[i] != want[i] && !(std::isnan(got[i]) && std::isnan(want[i]));
+    if (static_cast<double>(differ) <= tol * static_cast<double>(got.size()))
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << differ << " of " << got.size() << " elements differ, more than a fraction " << tol;
+  }
   size_t at = 0;  // the worst element
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -68,7 +77,9 @@ namespace {
       return ::testing::AssertionFailure() << "element " << i << " of " << got.size() << ": got "
                                            << got[i] << ", want exactly " << want[i];
     const double d = std::abs(got[i] - want[i]);
-    const double e = metric == Metric::elementwise ? d / std::max(1.0, std::abs(want[i])) : d;
+    const double e = metric == Metric::elementwise ? d / std::max(1.0, std::abs(want[i]))
+                     : metric == Metric::relative  ? d / std::abs(want[i])
+                                                   : d;
     if (!(e <= worst)) worst = e, at = i;
   }
   double error = worst;
@@ -149,9 +160,8 @@ TEST_P(BackendOps, MatchTheReference) {
   for (const Check& c : op.checks) {
     SCOPED_TRACE(c.output + (c.less.empty() ? "" : " - " + c.less));
     const Vec g = checked(got, in, c, "the run");
-    if (op.reference)
-      EXPECT_TRUE(compare(g, checked(want, Values(), Check{c.output}, "the reference"), c.metric,
-                          c.vs_reference))
+    if (want.contains(c.output))
+      EXPECT_TRUE(compare(g, want.at(c.output), c.metric, c.vs_reference))
           << "against the fp64 reference";
     if (device != Device::cpu)
       EXPECT_TRUE(compare(g, checked(cpu, in, c, "the CPU run"), c.metric, c.vs_cpu))
