@@ -3,7 +3,8 @@
 # (The CUDA toolkit is optional and never installed here.)
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev
-          libcli11-dev libgtest-dev libdnnl-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev)
+          libcli11-dev libgtest-dev libdnnl-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

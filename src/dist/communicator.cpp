@@ -1,0 +1,73 @@
+#include "dist/communicator.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace brisk {
+
+void Communicator::check_buffer(const Tensor& t, const char* op) const {
+  BRISK_CHECK(t.device() == Device::cpu, op, ": the buffer must be in host memory");
+  BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
+              ": float32 or bf16 buffers only, not ", dtype_name(t.dtype()));
+}
+
+void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out,
+                              int64_t out_per_in, const char* op) const {
+  check_buffer(in, op);
+  check_buffer(out, op);
+  BRISK_CHECK(in.dtype() == out.dtype(), op, ": in and out are ", dtype_name(in.dtype()), " and ",
+              dtype_name(out.dtype()));
+  BRISK_CHECK(in.numel() * out_per_in == out.numel() * in_per_out, op, ": ", in.numel(),
+              " elements in and ", out.numel(), " out over ", size(), " ranks");
+}
+
+namespace {
+
+// One process: every collective is a copy or nothing.
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "single process"; }
+  void all_reduce_sum(const Tensor& buf) override { check_buffer(buf, "all_reduce_sum"); }
+  void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, 1, 1, "reduce_scatter_sum");
+    if (in.data() != out.data()) std::memcpy(out.data(), in.data(), out.bytes());
+  }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, 1, 1, "all_gather");
+    if (in.data() != out.data()) std::memcpy(out.data(), in.data(), out.bytes());
+  }
+  void broadcast(const Tensor& buf, int root) override {
+    check_buffer(buf, "broadcast");
+    BRISK_CHECK(root == 0, "broadcast: root ", root, " of 1 rank");
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_process() {
+  return std::make_unique<SingleProcess>();
+}
+
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch);  // mpi.cpp or no_mpi.cpp
+
+std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch) {
+  switch (launch.launcher) {
+    case Launcher::none:
+      return make_single_process();
+    case Launcher::mpi:
+      return make_mpi(launch);
+    case Launcher::torchrun:
+      BRISK_CHECK(launch.size == 1, "a torchrun-style launch of ", launch.size,
+                  " processes (RANK, WORLD_SIZE): brisk's CPU processes communicate through MPI; "
+                  "start them with mpirun -np ",
+                  launch.size, " (or srun under Slurm)");
+      return make_single_process();
+  }
+  return make_single_process();
+}
+
+}  // namespace brisk

@@ -1,0 +1,52 @@
+// Collectives across the processes of a run (ranks), on flat buffers: what data parallelism and
+// ZeRO are built from. One Communicator per run, made from how the processes were launched
+// (dist/launch.h): a single process needs none and gets SingleProcess; `mpirun -np N brisk ...`
+// gets MPI (host memory). The buffers are float32 or bf16 (sums of bf16 are taken in float32
+// and rounded to bf16 at each partial sum, as NCCL's bf16 reductions do).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "dist/launch.h"
+
+namespace brisk {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "single process", "MPI (Open MPI 4.1.4)", ...
+  virtual std::string name() const = 0;
+
+  // In place: buf becomes the elementwise sum of every rank's buf (the same shape on all).
+  virtual void all_reduce_sum(const Tensor& buf) = 0;
+  // in holds size() equal chunks of out's length; out becomes the sum over ranks of chunk
+  // rank() of their in.
+  virtual void reduce_scatter_sum(const Tensor& in, const Tensor& out) = 0;
+  // out (size() chunks of in's length) becomes every rank's in, in rank order.
+  virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  // buf becomes root's buf.
+  virtual void broadcast(const Tensor& buf, int root) = 0;
+  // Returns when every rank has called it.
+  virtual void barrier() = 0;
+
+ protected:
+  // Throws naming `op` unless the buffers suit it: host memory, float32 or bf16, in and out of
+  // one type, out `factor` times in's length (reduce-scatter: in = size() x out).
+  void check_buffer(const Tensor& t, const char* op) const;
+  void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
+                  const char* op) const;
+};
+
+// The communicator of this process: SingleProcess when `launch` says one process; MPI when the
+// run was started by an MPI launcher (and brisk was built with MPI, else a message saying so).
+// MPI is initialized here and finalized at exit.
+std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch);
+std::unique_ptr<Communicator> make_single_process();
+// Whether this brisk was built with MPI.
+bool mpi_built_in();
+
+}  // namespace brisk

@@ -1,0 +1,147 @@
+// The MPI communicator: host-memory collectives over MPI_COMM_WORLD (Open MPI, MPICH). bf16 sums
+// use a user-defined reduction over 16-bit words (sum in float32, rounded to bf16).
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace brisk {
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  BRISK_FAIL(what, " failed: ", std::string(text, static_cast<size_t>(len)));
+}
+
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+// MPI counts are int: a buffer's elements, checked.
+int count_of(int64_t n, const char* op) {
+  BRISK_CHECK(n <= INT_MAX, op, ": ", n, " elements per rank exceed MPI's int counts");
+  return static_cast<int>(n);
+}
+
+class Mpi final : public Communicator {
+ public:
+  explicit Mpi(const LaunchInfo& launch) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      std::atexit(finalize_at_exit);
+    }
+    // Errors come back as codes, which become messages, instead of aborting inside MPI.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    BRISK_CHECK(rank_ == launch.rank && size_ == launch.size, "MPI says rank ", rank_, " of ",
+                size_, ", the launcher's environment rank ", launch.rank, " of ", launch.size);
+    check(MPI_Op_create(bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
+  }
+  ~Mpi() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Op_free(&bf16_sum_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    std::string v(version, static_cast<size_t>(len));
+    v = v.substr(0, v.find_first_of(",\n"));
+    return "MPI (" + v + ")";
+  }
+
+  void all_reduce_sum(const Tensor& buf) override {
+    check_buffer(buf, "all_reduce_sum");
+    // In pieces of at most 2^30 elements: MPI counts are int.
+    const int64_t piece = int64_t{1} << 30;
+    auto* base = static_cast<char*>(buf.data());
+    for (int64_t at = 0; at < buf.numel(); at += piece) {
+      const int n = static_cast<int>(std::min(piece, buf.numel() - at));
+      check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
+                          MPI_COMM_WORLD),
+            "all_reduce_sum (MPI_Allreduce)");
+    }
+  }
+  void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, size_, 1, "reduce_scatter_sum");
+    BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum: in and out overlap");
+    check(
+        MPI_Reduce_scatter_block(in.data(), out.data(), count_of(out.numel(), "reduce_scatter_sum"),
+                                 type(in), op(in), MPI_COMM_WORLD),
+        "reduce_scatter_sum (MPI_Reduce_scatter_block)");
+  }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, 1, size_, "all_gather");
+    const int n = count_of(in.numel(), "all_gather");
+    // ZeRO's way: in is this rank's own chunk of out.
+    const bool own_chunk =
+        in.data() == static_cast<char*>(out.data()) + static_cast<size_t>(rank_) * in.bytes();
+    BRISK_CHECK(own_chunk || !overlap(in, out),
+                "all_gather: in overlaps out other than as this rank's chunk");
+    check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
+                        MPI_COMM_WORLD),
+          "all_gather (MPI_Allgather)");
+  }
+  void broadcast(const Tensor& buf, int root) override {
+    check_buffer(buf, "broadcast");
+    BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
+    const int64_t piece = int64_t{1} << 30;
+    auto* base = static_cast<char*>(buf.data());
+    for (int64_t at = 0; at < buf.numel(); at += piece) {
+      const int n = static_cast<int>(std::min(piece, buf.numel() - at));
+      check(MPI_Bcast(base + at * dtype_size(buf.dtype()), n, type(buf), root, MPI_COMM_WORLD),
+            "broadcast (MPI_Bcast)");
+    }
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)"); }
+
+ private:
+  static MPI_Datatype type(const Tensor& t) {
+    return t.dtype() == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
+  }
+  MPI_Op op(const Tensor& t) const { return t.dtype() == DType::f32 ? MPI_SUM : bf16_sum_; }
+  static bool overlap(const Tensor& a, const Tensor& b) {
+    const auto* pa = static_cast<const char*>(a.data());
+    const auto* pb = static_cast<const char*>(b.data());
+    return pa < pb + b.bytes() && pb < pa + a.bytes();
+  }
+
+  int rank_ = 0, size_ = 1;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch) {
+  return std::make_unique<Mpi>(launch);
+}
+
+bool mpi_built_in() {
+  return true;
+}
+
+}  // namespace brisk

@@ -1,0 +1,159 @@
+// The MPI communicator's collectives on every rank of the job, against sums and concatenations
+// computed in double from every rank's inputs (each rank makes all ranks' inputs from their
+// seeds). Odd lengths; float32 and bf16; in place where the collective allows it.
+//
+// Tolerances: float32 sums of N terms differ from the fp64 sum by at most (N-1) ulps of the
+// running sum: 1e-6 of sum |terms| for N <= 3. bf16 sums round to 8 bits after every partial sum:
+// 2^-7 of sum |terms|. Gathers and broadcasts copy: bit-exact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "dist/launch.h"
+#include "dist/test_world.h"
+
+namespace brisk::testing {
+namespace {
+
+using FVec = std::vector<float>;
+
+// Rank r's input of n values: random, distinct per rank and per test (salt).
+FVec input(int r, int64_t n, int salt) {
+  std::mt19937 rng(1000u * static_cast<unsigned>(salt) + static_cast<unsigned>(r));
+  std::normal_distribution<float> d(0.f, 1.f);
+  FVec v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const FVec& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_bf16(v[i]);
+  return h;
+}
+
+// Every element within tol * sum over ranks of |term| of the fp64 sum.
+void expect_sums(const std::vector<double>& got, int64_t n, int salt, int64_t offset, double tol,
+                 bool bf16_terms) {
+  const int N = world().size();
+  std::vector<double> want(got.size(), 0.0), scale(got.size(), 0.0);
+  for (int r = 0; r < N; ++r) {
+    const FVec v = input(r, n, salt);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double x = bf16_terms ? bf16_to_float(float_to_bf16(v[offset + i])) : v[offset + i];
+      want[i] += x;
+      scale[i] += std::abs(x);
+    }
+  }
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= tol * scale[i]) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << "first at " << first << ": got " << got[first] << ", want " << want[first];
+}
+
+TEST(Collectives, RankAndSizeAreTheLaunchers) {
+  const LaunchInfo launch = launch_info_from_env();
+  EXPECT_EQ(launch.launcher, Launcher::mpi);
+  EXPECT_EQ(world().rank(), launch.rank);
+  EXPECT_EQ(world().size(), launch.size);
+  EXPECT_GE(world().size(), 2) << "run me under mpirun -np 2 or more";
+  EXPECT_NE(world().name().find("MPI"), std::string::npos) << world().name();
+}
+
+TEST(Collectives, AllReduceSumsEveryRanksBuffer) {
+  const int64_t n = 100'003;
+  FVec v = input(world().rank(), n, 1);
+  world().all_reduce_sum(Tensor(v.data(), Shape{n}, DType::f32));
+  expect_sums(std::vector<double>(v.begin(), v.end()), n, 1, 0, 1e-6, false);
+
+  std::vector<uint16_t> h = to_bf16(input(world().rank(), n, 2));
+  world().all_reduce_sum(Tensor(h.data(), Shape{n}, DType::bf16));
+  std::vector<double> got(h.size());
+  for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_float(h[i]);
+  expect_sums(got, n, 2, 0, std::ldexp(1.0, -7), true);
+}
+
+// Small integers sum exactly in float32 in any order: every rank ends with the same bits.
+TEST(Collectives, AllReduceOfExactSumsIsTheSameOnEveryRank) {
+  const int64_t n = 4097;
+  FVec v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + world().rank() * 13) % 101);
+  world().all_reduce_sum(Tensor(v.data(), Shape{n}, DType::f32));
+  for (int64_t i = 0; i < n; ++i) {
+    double want = 0;
+    for (int r = 0; r < world().size(); ++r) want += (i * 7 + r * 13) % 101;
+    ASSERT_EQ(v[i], want) << i;
+  }
+}
+
+TEST(Collectives, ReduceScatterGivesEachRankItsChunksSum) {
+  const int N = world().size(), r = world().rank();
+  const int64_t chunk = 30'011, n = chunk * N;
+  FVec in = input(r, n, 3), out(chunk, -7.f);
+  world().reduce_scatter_sum(Tensor(in.data(), Shape{n}, DType::f32),
+                             Tensor(out.data(), Shape{chunk}, DType::f32));
+  expect_sums(std::vector<double>(out.begin(), out.end()), n, 3, r * chunk, 1e-6, false);
+
+  std::vector<uint16_t> hin = to_bf16(input(r, n, 4)), hout(chunk);
+  world().reduce_scatter_sum(Tensor(hin.data(), Shape{n}, DType::bf16),
+                             Tensor(hout.data(), Shape{chunk}, DType::bf16));
+  std::vector<double> got(hout.size());
+  for (size_t i = 0; i < hout.size(); ++i) got[i] = bf16_to_float(hout[i]);
+  expect_sums(got, n, 4, r * chunk, std::ldexp(1.0, -7), true);
+}
+
+TEST(Collectives, AllGatherConcatenatesInRankOrder) {
+  const int N = world().size(), r = world().rank();
+  const int64_t chunk = 12'347;
+  FVec in = input(r, chunk, 5), out(chunk * N, -7.f);
+  world().all_gather(Tensor(in.data(), Shape{chunk}, DType::f32),
+                     Tensor(out.data(), Shape{chunk * N}, DType::f32));
+  for (int q = 0; q < N; ++q)
+    EXPECT_EQ(FVec(out.begin() + q * chunk, out.begin() + (q + 1) * chunk), input(q, chunk, 5))
+        << "chunk of rank " << q;
+  // In place, as ZeRO gathers: this rank's chunk already sits in the full buffer.
+  std::vector<uint16_t> full(chunk * N, 0);
+  const std::vector<uint16_t> mine = to_bf16(input(r, chunk, 6));
+  std::copy(mine.begin(), mine.end(), full.begin() + r * chunk);
+  world().all_gather(Tensor(full.data() + r * chunk, Shape{chunk}, DType::bf16),
+                     Tensor(full.data(), Shape{chunk * N}, DType::bf16));
+  for (int q = 0; q < N; ++q)
+    EXPECT_EQ(std::vector<uint16_t>(full.begin() + q * chunk, full.begin() + (q + 1) * chunk),
+              to_bf16(input(q, chunk, 6)))
+        << "in place, chunk of rank " << q;
+}
+
+TEST(Collectives, BroadcastCopiesTheRootsBuffer) {
+  const int64_t n = 5003;
+  for (int root = 0; root < world().size(); ++root) {
+    FVec v = input(world().rank(), n, 7 + root);
+    world().broadcast(Tensor(v.data(), Shape{n}, DType::f32), root);
+    EXPECT_EQ(v, input(root, n, 7 + root)) << "root " << root;
+  }
+}
+
+// Refused on every rank alike, before anything is sent, so no rank waits for the others.
+TEST(Collectives, MismatchedBuffersAreRefusedBeforeCommunicating) {
+  const int N = world().size();
+  FVec a(10 * N), b(7), c(10);
+  std::vector<int32_t> ints(10);
+  EXPECT_THROW(world().reduce_scatter_sum(Tensor(a.data(), Shape{10 * N}, DType::f32),
+                                          Tensor(b.data(), Shape{7}, DType::f32)),
+               Error);
+  EXPECT_THROW(world().all_gather(Tensor(c.data(), Shape{10}, DType::f32),
+                                  Tensor(b.data(), Shape{7}, DType::f32)),
+               Error);
+  EXPECT_THROW(world().all_reduce_sum(Tensor(ints.data(), Shape{10}, DType::i32)), Error);
+  EXPECT_THROW(world().broadcast(Tensor(c.data(), Shape{10}, DType::f32), N), Error);
+  EXPECT_THROW(world().reduce_scatter_sum(Tensor(a.data(), Shape{10 * N}, DType::f32),
+                                          Tensor(a.data(), Shape{10}, DType::f32)),
+               Error);  // out inside in
+  world().barrier();    // and everyone is still in step
+}
+
+}  // namespace
+}  // namespace brisk::testing
