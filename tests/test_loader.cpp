@@ -19,7 +19,8 @@ constexpr int64_t kPlanned = 32, kBatch = 4, kSamples = 42;
 // count up, so a row names its sample and its length.
 class VaryingLengths final : public Dataset {
  public:
-  int64_t size() const override { return kSamples; }
+  explicit VaryingLengths(int64_t samples = kSamples) : samples_(samples) {}
+  int64_t size() const override { return samples_; }
   int64_t seq_len() const override { return kPlanned; }
   int64_t length(int64_t index) const override { return (index * 7) % 29 + 1; }
   int64_t count_targets(int64_t, int64_t) const override { return 1; }
@@ -31,6 +32,9 @@ class VaryingLengths final : public Dataset {
     }
     b.labels.i32()[row] = 0;
   }
+
+ private:
+  int64_t samples_;
 };
 
 // A tiny BERT planned for kBatch x kPlanned with a loader over `data`.
@@ -41,10 +45,10 @@ struct Loading {
   BufferBinder binder;
   std::unique_ptr<Arena> arena;
 
-  Loading(const Dataset& data, LoaderOptions options) {
+  Loading(const Dataset& data, LoaderOptions options, int64_t batch = kBatch) {
     model = Model::create(resolve_config("bert-tiny"));
-    model->plan(plan, {kBatch, kPlanned}, {});
-    loader = std::make_unique<DataLoader>(data, model->batch_layout(kBatch, kPlanned), 5, options);
+    model->plan(plan, {batch, kPlanned}, {});
+    loader = std::make_unique<DataLoader>(data, model->batch_layout(batch, kPlanned), 5, options);
     loader->plan(plan, binder);
     plan.finalize();
     arena = std::make_unique<Arena>(plan, Device::cpu);
@@ -154,6 +158,74 @@ TEST(Loader, GroupByLengthSortsMegaBatchesAndPutsTheLongestFirst) {
     return sum;
   };
   EXPECT_LT(padded(b), padded(a));
+}
+
+// Data parallelism: N ranks with batch B each draw the same epoch order and share it as torch's
+// DistributedSampler does (rank r takes positions r, r + N, ...), so their micro-batch m together
+// holds exactly one process's micro-batch m with batch N x B, row i of it on rank i % N; every
+// rank has as many micro-batches, and count_targets counts the whole global batch on each.
+TEST(Loader, RanksShareEachGlobalBatchAsOneProcessWithTheirTotalBatch) {
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    VaryingLengths data;  // 42 samples: divisible by 2 and 3
+    Loading one(data, {false, true, 0}, kBatch * ranks);
+    const auto whole = epoch(one, data);
+    std::vector<std::vector<std::vector<Seen>>> shards;
+    std::vector<std::unique_ptr<Loading>> loaders;
+    for (int r = 0; r < ranks; ++r) {
+      LoaderOptions o{r % 2 == 1, true, 0};  // background and inline loading mixed
+      o.rank = r;
+      o.ranks = ranks;
+      loaders.push_back(std::make_unique<Loading>(data, o));
+      shards.push_back(epoch(*loaders.back(), data));
+      EXPECT_EQ(loaders.back()->loader->batches_per_epoch(), one.loader->batches_per_epoch());
+    }
+    for (size_t m = 0; m < whole.size(); ++m) {
+      for (int r = 0; r < ranks; ++r)
+        ASSERT_EQ(shards[r][m].size() * ranks, whole[m].size()) << "batch " << m << " rank " << r;
+      for (size_t i = 0; i < whole[m].size(); ++i)
+        EXPECT_EQ(shards[i % ranks][m][i / ranks].sample, whole[m][i].sample)
+            << "batch " << m << " row " << i;
+      for (int r = 0; r < ranks; ++r)
+        EXPECT_EQ(loaders[r]->loader->count_targets(static_cast<int64_t>(m), 1),
+                  one.loader->count_targets(static_cast<int64_t>(m), 1));
+    }
+  }
+}
+
+// A data set that does not divide among the ranks is padded by wrapping around to the epoch's
+// first samples (DistributedSampler's drop_last=False): every sample is seen, every rank has as
+// many rows, and only the padding repeats.
+TEST(Loader, UnevenDataIsPaddedFromTheEpochsStart) {
+  const int ranks = 3;
+  VaryingLengths data(43);
+  std::vector<int64_t> count(43, 0);
+  int64_t rows = -1;
+  for (int r = 0; r < ranks; ++r) {
+    LoaderOptions o{false, true, 0};
+    o.rank = r;
+    o.ranks = ranks;
+    Loading l(data, o);
+    int64_t mine = 0;
+    for (const auto& batch : epoch(l, data))
+      for (const Seen& s : batch) ++count[s.sample], ++mine;
+    if (rows >= 0) EXPECT_EQ(mine, rows) << "rank " << r;
+    rows = mine;
+  }
+  EXPECT_EQ(rows, 15);  // ceil(43 / 3)
+  int64_t repeated = 0;
+  for (int64_t c : count) {
+    EXPECT_GE(c, 1);
+    repeated += c - 1;
+  }
+  EXPECT_EQ(repeated, 2);  // 45 positions for 43 samples
+  LoaderOptions bad{false, false, 0};
+  bad.rank = 3;
+  bad.ranks = 3;
+  expect_error([&] { Loading l(data, bad); }, "rank 3 of 3 ranks");
+  bad.rank = 0;
+  bad.ranks = 11;  // 43 / 11 = 3 samples per rank, less than a batch of 4
+  expect_error([&] { Loading l(data, bad); }, "smaller than one batch of 4 on each of 11 ranks");
 }
 
 }  // namespace

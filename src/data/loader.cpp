@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 namespace brisk {
 
@@ -75,8 +76,11 @@ void DataLoader::arrange(const Tensor& order, int64_t epoch) const {
 DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed,
                        LoaderOptions options)
     : data_(data), layout_(layout), seed_(seed), options_(options) {
-  BRISK_CHECK(data.size() >= layout.batch, "the dataset of ", data.size(),
-              " samples is smaller than one batch of ", layout.batch);
+  BRISK_CHECK(options.ranks >= 1 && options.rank >= 0 && options.rank < options.ranks,
+              "the loader of rank ", options.rank, " of ", options.ranks, " ranks");
+  BRISK_CHECK(data.size() / options.ranks >= layout.batch, "the dataset of ", data.size(),
+              " samples is smaller than one batch of ", layout.batch,
+              options.ranks > 1 ? " on each of " + std::to_string(options.ranks) + " ranks" : "");
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
               " tokens do not fit the planned sequence length ", layout.seq);
 }
@@ -116,27 +120,35 @@ void DataLoader::order_for_epoch(int64_t epoch) {
   order_epoch_ = epoch;
 }
 
-int64_t DataLoader::padded_length(const int64_t* order, int64_t first, int64_t rows) const {
+int64_t DataLoader::rows_of(int64_t m) const {
+  const int64_t first = (m % batches_per_epoch()) * layout_.batch;
+  return std::min(layout_.batch, per_rank_samples() - first);
+}
+
+int64_t DataLoader::position(int64_t m, int64_t r, int rank) const {
+  const int64_t j = (m % batches_per_epoch()) * layout_.batch + r;  // this rank's j-th sample
+  return j * options_.ranks + rank;
+}
+
+int64_t DataLoader::padded_length(const int64_t* order, int64_t m) const {
   if (!options_.dynamic_padding) return layout_.seq;
   int64_t longest = 1;
-  for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, data_.length(order[first + r]));
+  for (int64_t r = 0; r < rows_of(m); ++r)
+    longest = std::max(longest, data_.length(order[position(m, r, options_.rank) % data_.size()]));
   return dynamic_padded_length(longest, layout_.seq);
 }
 
 LoadedBatch DataLoader::shape_of(int64_t m) {
-  const int64_t per_epoch = batches_per_epoch();
-  order_for_epoch(m / per_epoch);
-  const int64_t first = (m % per_epoch) * layout_.batch;
-  const int64_t rows = std::min(layout_.batch, data_.size() - first);
-  return {rows, padded_length(order_.as<int64_t>(), first, rows)};
+  order_for_epoch(m / batches_per_epoch());
+  return {rows_of(m), padded_length(order_.as<int64_t>(), m)};
 }
 
 void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows) {
-  const int64_t first = (m % batches_per_epoch()) * layout_.batch;
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
   const int64_t epoch = m / batches_per_epoch();
-  for (int64_t r = 0; r < rows; ++r) data_.fill_row(order[first + r], epoch, dst, r);
+  for (int64_t r = 0; r < rows; ++r)
+    data_.fill_row(order[position(m, r, options_.rank) % data_.size()], epoch, dst, r);
 }
 
 int64_t DataLoader::count_targets(int64_t first, int64_t count) {
@@ -148,10 +160,10 @@ int64_t DataLoader::count_targets(int64_t first, int64_t count) {
       arrange(count_order_, epoch);
       count_epoch_ = epoch;
     }
-    const int64_t begin = (m % per_epoch) * layout_.batch;
-    const int64_t end = std::min(begin + layout_.batch, data_.size());
     const int64_t* order = count_order_.as<int64_t>();
-    for (int64_t i = begin; i < end; ++i) n += data_.count_targets(order[i], epoch);
+    for (int rank = 0; rank < options_.ranks; ++rank)
+      for (int64_t r = 0; r < rows_of(m); ++r)
+        n += data_.count_targets(order[position(m, r, rank) % data_.size()], epoch);
   }
   return n;
 }

@@ -23,6 +23,11 @@ struct LoaderOptions {
   // group_by_length: the batch the mega-batches are counted in (the micro-batch times the
   // accumulation steps, as Trainer counts it); 0 = plain shuffling.
   int64_t length_group_batch = 0;
+  // Data parallelism, as torch's DistributedSampler shards: every rank draws the same seeded
+  // epoch order, padded by wrapping around to a multiple of `ranks`, and takes every ranks-th
+  // sample from position `rank` on. So global micro-batch m (all ranks' micro-batch m together)
+  // holds the samples one process with ranks x the batch would have in its micro-batch m.
+  int rank = 0, ranks = 1;
 };
 
 // A micro-batch handed to the model: its real rows and the sequence length it was padded to.
@@ -48,11 +53,14 @@ class DataLoader {
   void start(int64_t first);
   // Sets the model to the next micro-batch's length and fills its batch buffers with it.
   LoadedBatch next(Model& model);
-  // The length the samples [first, first + rows) of `order` are padded to.
-  int64_t padded_length(const int64_t* order, int64_t first, int64_t rows) const;
+  // The length this rank's rows of micro-batch m are padded to, `order` being the epoch's.
+  int64_t padded_length(const int64_t* order, int64_t m) const;
 
-  int64_t batches_per_epoch() const { return (data_.size() + layout_.batch - 1) / layout_.batch; }
-  // Loss targets of micro-batches [first, first + count).
+  // Micro-batches per epoch (every rank has as many).
+  int64_t batches_per_epoch() const {
+    return (per_rank_samples() + layout_.batch - 1) / layout_.batch;
+  }
+  // Loss targets of micro-batches [first, first + count), of every rank together.
   int64_t count_targets(int64_t first, int64_t count);
 
  private:
@@ -62,6 +70,13 @@ class DataLoader {
     int64_t seq = 0;
     int64_t index = -1;  // the micro-batch it holds, -1 when free
   };
+  // Samples each rank sees per epoch: the data set padded to a multiple of the ranks, shared.
+  int64_t per_rank_samples() const { return (data_.size() + options_.ranks - 1) / options_.ranks; }
+  // This rank's rows of micro-batch m (all ranks have as many).
+  int64_t rows_of(int64_t m) const;
+  // The position in the epoch order of row r of this rank's micro-batch m (position p >= the
+  // data set's size is the padding, sample order[p - size]).
+  int64_t position(int64_t m, int64_t r, int rank) const;
   // The rows and padded length of micro-batch m (in the current epoch order).
   LoadedBatch shape_of(int64_t m);
   // Fills dst, shaped for micro-batch m's length, with it.
