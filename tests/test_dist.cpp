@@ -145,7 +145,7 @@ TEST(SingleProcess, CollectivesAreCopies) {
       "3 elements in and 2 out");
   std::vector<int32_t> ints(3);
   expect_error([&] { comm->all_reduce_sum(Tensor(ints.data(), Shape{3}, DType::i32)); },
-               "float32 or bf16 buffers only");
+               "float32, bf16 or float64 buffers only");
 }
 
 }  // namespace

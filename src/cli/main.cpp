@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "train/options.h"
 
 namespace {
@@ -145,13 +146,17 @@ int main(int argc, char** argv) {
     if (*k) return cli::run_tokenize(tk);
     if (*g) return cli::run_generate(gen);
   } catch (const Error& err) {
-    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
+    std::cerr << "brisk: error" << rank_tag() << ": " << excerpt(err.what(), 1000) << "\n";
+    end_every_rank_on_error(1);
     return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "brisk: error: out of host memory\n";
+    std::cerr << "brisk: error" << rank_tag() << ": out of host memory\n";
+    end_every_rank_on_error(1);
     return 1;
   } catch (const std::exception& err) {
-    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
+    std::cerr << "brisk: error" << rank_tag() << ": " << excerpt(err.what(), 1000)
+              << "\n";  // a safety net
+    end_every_rank_on_error(1);
     return 1;
   }
   return 0;

@@ -1,6 +1,8 @@
 #include "dist/communicator.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -8,8 +10,8 @@ namespace brisk {
 
 void Communicator::check_buffer(const Tensor& t, const char* op) const {
   BRISK_CHECK(t.device() == Device::cpu, op, ": the buffer must be in host memory");
-  BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
-              ": float32 or bf16 buffers only, not ", dtype_name(t.dtype()));
+  BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64, op,
+              ": float32, bf16 or float64 buffers only, not ", dtype_name(t.dtype()));
 }
 
 void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out,
@@ -44,7 +46,10 @@ class SingleProcess final : public Communicator {
     BRISK_CHECK(root == 0, "broadcast: root ", root, " of 1 rank");
   }
   void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::exit(code); }
 };
+
+Communicator* world_made = nullptr;  // world_communicator's, once made
 
 }  // namespace
 
@@ -53,6 +58,22 @@ std::unique_ptr<Communicator> make_single_process() {
 }
 
 std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch);  // mpi.cpp or no_mpi.cpp
+
+Communicator& world_communicator() {
+  static const std::unique_ptr<Communicator> world = make_communicator(launch_info_from_env());
+  world_made = world.get();
+  return *world;
+}
+
+std::string rank_tag() {
+  if (!world_made || world_made->size() == 1) return "";
+  return " (rank " + std::to_string(world_made->rank()) + " of " +
+         std::to_string(world_made->size()) + ")";
+}
+
+void end_every_rank_on_error(int code) {
+  if (world_made && world_made->size() > 1) world_made->abort(code);
+}
 
 std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch) {
   switch (launch.launcher) {

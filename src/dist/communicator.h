@@ -1,8 +1,8 @@
 // Collectives across the processes of a run (ranks), on flat buffers: what data parallelism and
 // ZeRO are built from. One Communicator per run, made from how the processes were launched
 // (dist/launch.h): a single process needs none and gets SingleProcess; `mpirun -np N brisk ...`
-// gets MPI (host memory). The buffers are float32 or bf16 (sums of bf16 are taken in float32
-// and rounded to bf16 at each partial sum, as NCCL's bf16 reductions do).
+// gets MPI (host memory). The buffers are float32, bf16 (sums of bf16 are taken in float32 and
+// rounded to bf16 at each partial sum, as NCCL's bf16 reductions do) or float64 (statistics).
 #pragma once
 
 #include <memory>
@@ -32,14 +32,24 @@ class Communicator {
   virtual void broadcast(const Tensor& buf, int root) = 0;
   // Returns when every rank has called it.
   virtual void barrier() = 0;
+  // Ends every rank of the run now, with exit code `code` (a rank that failed must not leave the
+  // others waiting in a collective).
+  [[noreturn]] virtual void abort(int code) = 0;
 
  protected:
-  // Throws naming `op` unless the buffers suit it: host memory, float32 or bf16, in and out of
-  // one type, out `factor` times in's length (reduce-scatter: in = size() x out).
+  // Throws naming `op` unless the buffers suit it: host memory, float32, bf16 or float64, in and
+  // out of one type, out `factor` times in's length (reduce-scatter: in = size() x out).
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
 };
+
+// The process's communicator, made on first use from the environment (make_communicator).
+Communicator& world_communicator();
+// For error messages: " (rank r of N)" once a communicator of several ranks exists, else "".
+std::string rank_tag();
+// After an error: in a run of several processes, ends them all (code); otherwise returns.
+void end_every_rank_on_error(int code);
 
 // The communicator of this process: SingleProcess when `launch` says one process; MPI when the
 // run was started by an MPI launcher (and brisk was built with MPI, else a message saying so).

@@ -118,12 +118,18 @@ class Mpi final : public Communicator {
     }
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);  // MPI_Abort does not return; should it, this process still ends
+  }
 
  private:
   static MPI_Datatype type(const Tensor& t) {
-    return t.dtype() == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
+    return t.dtype() == DType::f32   ? MPI_FLOAT
+           : t.dtype() == DType::f64 ? MPI_DOUBLE
+                                     : MPI_UINT16_T;
   }
-  MPI_Op op(const Tensor& t) const { return t.dtype() == DType::f32 ? MPI_SUM : bf16_sum_; }
+  MPI_Op op(const Tensor& t) const { return t.dtype() == DType::bf16 ? bf16_sum_ : MPI_SUM; }
   static bool overlap(const Tensor& a, const Tensor& b) {
     const auto* pa = static_cast<const char*>(a.data());
     const auto* pb = static_cast<const char*>(b.data());

@@ -25,7 +25,8 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& 
 }  // namespace
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, const Dataset* dataset) {
+                                          Backend* backend, const Dataset* dataset, int rank,
+                                          int ranks) {
   validate_options(options);
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   auto run = std::make_unique<RunAssembly>();
@@ -87,6 +88,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
   loading.length_group_batch = o.group_by_length ? B * o.gradient_accumulation_steps : 0;
+  loading.rank = rank;
+  loading.ranks = ranks;
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   // fp16_full_eval / bf16_full_eval: as Trainer, a run that does not train evaluates in the
   // 16-bit type throughout (weights rounded, no float32 master copy); while training they have

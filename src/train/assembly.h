@@ -45,7 +45,9 @@ struct RunAssembly {
 // Plans the run on `device`. With a backend (for that device) the backend declares its own
 // workspace and is set to the run's product dtype and TF32 choice; without one, `workspace`
 // receives the same declarations. Trains on `dataset` when given, else on the options' dataset.
+// `rank` of `ranks`: this process's share of the training data in data-parallel runs.
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, const Dataset* dataset = nullptr);
+                                          Backend* backend, const Dataset* dataset = nullptr,
+                                          int rank = 0, int ranks = 1);
 
 }  // namespace brisk

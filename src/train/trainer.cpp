@@ -17,6 +17,7 @@
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
+#include "dist/communicator.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/step_control.h"
@@ -333,18 +334,36 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
 }
 
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
-TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dataset* dataset,
-                   FaultHooks faults) {
+TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Dataset* dataset,
+                   FaultHooks faults, Communicator* comm) {
   validate_options(options);
   const Device device = resolve_device(options.device);
+  // Data parallel across the processes of the launch: each rank trains on its share of every
+  // global batch; gradients and losses are summed across ranks before the update, which every
+  // rank then makes alike. Rank 0 alone logs and writes files.
+  Communicator& dist = comm ? *comm : world_communicator();
+  const int rank = dist.rank(), ranks = dist.size();
+  const bool lead = rank == 0;
+  if (ranks > 1) {
+    BRISK_CHECK(device == Device::cpu, "a run of ", ranks,
+                " processes on the GPU needs NCCL, which brisk does not use yet; use --device cpu");
+    BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
+                " processes is not supported yet");
+  }
+  const LogSink on_log = [&](const nlohmann::json& rec) {
+    if (lead) all_log(rec);
+  };
   auto be = make_backend(device);
   // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
   // for --resume_from_checkpoint last.
-  for (const std::string& stale : remove_interrupted_saves(options.output_dir))
-    on_log({{"removed_interrupted_save", stale}});
+  if (lead)
+    for (const std::string& stale : remove_interrupted_saves(options.output_dir))
+      on_log({{"removed_interrupted_save", stale}});
+  dist.barrier();
   TrainSummary s;
   const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
-  const std::unique_ptr<RunAssembly> run = assemble_run(shaped, device, be.get(), dataset);
+  const std::unique_ptr<RunAssembly> run =
+      assemble_run(shaped, device, be.get(), dataset, rank, ranks);
   for (const std::string& note : run->files.cache_notes) on_log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
@@ -352,7 +371,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   MixedPrecision& precision = *run->precision;
   Optimizer* optimizer = run->optimizer.get();
   const MemoryPlan& plan = run->plan;
-  prepare_output_dir(o.output_dir);
+  if (lead) prepare_output_dir(o.output_dir);
+  dist.barrier();
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
   s.device = be->name();
@@ -372,7 +392,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   };
-  if (o.report_to == "tensorboard" || o.report_to == "all")
+  if (lead && (o.report_to == "tensorboard" || o.report_to == "all"))
     events =
         std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
   const LogSink report = [&](const nlohmann::json& rec) {
@@ -395,7 +415,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
               ", past the run's ", total_steps, " steps");
   const double flos_per_token = 6.0 * static_cast<double>(non_embedding_params(model->params()));
 
-  Progress progress(!o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
+  Progress progress(lead && !o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
   loader.start(state.micro_batches);
   double loss_sum = 0.0;
   int64_t samples = 0;
@@ -415,7 +435,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
       be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
-      const int64_t rows = loader.next(*model).rows;
+      const int64_t rows = loader.next(*model).rows * ranks;  // every rank has as many
       samples += rows;
       window.samples += rows;
       StepOptions so;
@@ -427,6 +447,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       model->backward(*be, so);
       ++state.micro_batches;
     }
+    if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
+      dist.all_reduce_sum(model->params().flat_grads());
+      dist.all_reduce_sum(model->step_stats());
+    }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
     const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
@@ -437,7 +461,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
 
     ++state.global_step;
     state.epoch = static_cast<double>(state.micro_batches) / micro_per_epoch;
-    state.total_flos += flos_per_token * static_cast<double>(k * B * o.seq_len);
+    state.total_flos += flos_per_token * static_cast<double>(ranks * k * B * o.seq_len);
     loss_sum += step_loss;
     window.loss += step_loss;
     ++window.steps;
@@ -448,15 +472,17 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
       report(rec);
     }
     nlohmann::json evaluated;
-    if (run->eval_data && eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
+    // Evaluation and saves are rank 0's; the others wait for it at the next step's sums.
+    if (lead && run->eval_data &&
+        eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
       evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval");
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
       report(evaluated);
     }
-    if (checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
-                       micro_per_epoch)) {
+    if (lead && checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
+                               micro_per_epoch)) {
       // The best model is decided before the save, so the checkpoint's state names it.
       if (o.load_best_model_at_end && !evaluated.is_null() &&
           best.better(best.value(evaluated), state.best_metric)) {
@@ -480,6 +506,12 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
   s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
   s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
   s.total_flos = state.total_flos;
+  if (!lead) {  // rank 0 saves, evaluates and writes the results
+    peaks.enter(PeakPhases::done);
+    summarize_memory(*be, plan, arena, peaks, s);
+    dist.barrier();
+    return s;
+  }
   if (o.do_train) {
     if (o.load_best_model_at_end && !state.best_model_checkpoint.empty()) {
       model->load_weights(
@@ -514,6 +546,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& on_log, const Dat
     write_file_atomically(fs::path(o.output_dir) / "train_results.json",
                           summary_json(s).dump(2) + "\n");
   write_file_atomically(fs::path(o.output_dir) / "all_results.json", all_results.dump(2) + "\n");
+  dist.barrier();
   return s;
 }
 

@@ -15,6 +15,8 @@
 
 namespace brisk {
 
+class Communicator;
+
 struct MemoryReport {
   std::array<size_t, kNumCategories> planned{};  // bytes by category
   size_t arena_bytes = 0;       // the plan plus alignment padding: what was allocated
@@ -57,8 +59,11 @@ struct FaultHooks {
 };
 
 // Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
+// Data parallel over `comm`'s ranks (default: the processes of the launch, world_communicator());
+// only rank 0's on_log is called.
 TrainSummary train(const TrainOptions& options, const LogSink& on_log,
-                   const Dataset* dataset = nullptr, FaultHooks faults = {});
+                   const Dataset* dataset = nullptr, FaultHooks faults = {},
+                   Communicator* comm = nullptr);
 
 // train_results.json: the training metrics (train_metrics_json) with the memory anatomy.
 nlohmann::json summary_json(const TrainSummary& s);
