@@ -376,6 +376,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
   s.device = be->name();
+  s.ranks = ranks;
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
   check_plan_fits(*be, plan);
   PeakPhases peaks;
@@ -448,8 +449,11 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
       ++state.micro_batches;
     }
     if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
+      const auto sum_start = std::chrono::steady_clock::now();
       dist.all_reduce_sum(model->params().flat_grads());
       dist.all_reduce_sum(model->step_stats());
+      s.communication_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - sum_start).count();
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
@@ -576,6 +580,8 @@ nlohmann::json summary_json(const TrainSummary& s) {
                        {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
                        {"device_memory_used_bytes", s.memory.device_memory_used}}},
                      {"device", s.device},
+                     {"ranks", s.ranks},
+                     {"communication_seconds", s.communication_seconds},
                      {"auto_find_batch_size", s.auto_fit}});
   return j;
 }

@@ -39,8 +39,10 @@ struct TrainSummary {
   int64_t global_step = 0;
   double epoch = 0;
   std::string last_checkpoint;
-  std::string device;    // the backend's name
-  std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
+  std::string device;                // the backend's name
+  int ranks = 1;                     // processes of a data-parallel run
+  double communication_seconds = 0;  // rank 0's time in the gradient and loss sums
+  std::string auto_fit;              // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
