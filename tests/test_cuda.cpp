@@ -223,28 +223,6 @@ void expect_losses_near(const std::vector<double>& got, const std::vector<double
     EXPECT_NEAR(got[i], want[i], tol * std::abs(want[i])) << what << ", step " << i + 1;
 }
 
-// Every weight of a checkpoint but the key biases. Their exact gradient is zero (softmax ignores
-// a constant added to a row of scores), so they only receive rounding noise, which differs with
-// every summation order and which Adam turns into steps near the learning rate however small it
-// is; they change no output.
-FVec weights_of(const std::string& checkpoint) {
-  SafetensorsFile f(checkpoint + "/model.safetensors");
-  FVec all;
-  for (const auto& name : f.names()) {
-    const Tensor& t = f.get(name);
-    const float* p = t.f32();
-    const int64_t n = t.numel();
-    if (name.ends_with("attention.self.key.bias")) continue;  // BERT
-    if (name.ends_with("attn.c_attn.bias")) {                 // GPT-2: query | key | value
-      all.insert(all.end(), p, p + n / 3);
-      all.insert(all.end(), p + 2 * n / 3, p + n);
-      continue;
-    }
-    all.insert(all.end(), p, p + n);
-  }
-  return all;
-}
-
 double rel(const FVec& a, const FVec& b) {
   EXPECT_EQ(a.size(), b.size());
   return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
@@ -297,14 +275,14 @@ TEST(CudaTrainer, Fp16OverflowSkipsExactlyThatStepAndChangesNothing) {
     EXPECT_TRUE(identical(tensor_of(c4 + "/optimizer.safetensors", moment),
                           tensor_of(c3 + "/optimizer.safetensors", moment)))
         << moment;
-  EXPECT_GT(rel(weights_of(c5), weights_of(c4)), 1e-5);
+  EXPECT_GT(rel(checkpoint_weights(c5, true), checkpoint_weights(c4, true)), 1e-5);
 }
 
 // Each optimizer (and bf16 weights without a master copy) trains on the GPU as on the CPU, and
 // a GPU run resumed from a checkpoint continues as the uninterrupted one. Tolerances: the first
 // steps agree to summation order (1e-5, as above); Adam-type updates of weights with near-zero
-// gradients then differ by up to the learning rate (see weights_of), and an 8-bit moment near a
-// midpoint between two codes may pick the other one, so four steps on: 1e-3 of the loss.
+// gradients then differ by up to the learning rate (see checkpoint_weights), and an 8-bit moment
+// near a midpoint between two codes may pick the other one, so four steps on: 1e-3 of the loss.
 // Adafactor's GPU sums use double atomics (not bit-reproducible), hence 1e-4 for resume.
 TEST(CudaTrainer, EveryOptimizerFollowsTheCpuAndResumes) {
   REQUIRE_GPU();
@@ -344,7 +322,8 @@ TEST(CudaTrainer, EveryOptimizerFollowsTheCpuAndResumes) {
     const Result r = run(resumed);
     expect_losses_near(r.losses, std::vector<double>(g.losses.begin() + 3, g.losses.end()), 1e-4,
                        tag + " resumed");
-    EXPECT_LE(rel(weights_of(r.summary.last_checkpoint), weights_of(g.summary.last_checkpoint)),
+    EXPECT_LE(rel(checkpoint_weights(r.summary.last_checkpoint, true),
+                  checkpoint_weights(g.summary.last_checkpoint, true)),
               1e-4)
         << tag;
   }

@@ -41,16 +41,6 @@ Result run(const TrainOptions& o, const Dataset* data = nullptr, FaultHooks faul
   return r;
 }
 
-std::vector<float> weights_of(const std::string& checkpoint) {
-  SafetensorsFile f(checkpoint + "/model.safetensors");
-  std::vector<float> all;
-  for (const auto& n : f.names()) {
-    const Tensor& t = f.get(n);
-    all.insert(all.end(), t.f32(), t.f32() + t.numel());
-  }
-  return all;
-}
-
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
@@ -65,7 +55,7 @@ TEST(Trainer, AKillAtAnyPointOfASaveLeavesACompleteCheckpointToResume) {
   o.max_steps = 6;
   o.save_steps = 2;
   o.save_total_limit = 1;  // the save at step 4 also rotates checkpoint-2 out
-  const std::vector<float> want = weights_of(run(o).summary.last_checkpoint);
+  const std::vector<float> want = checkpoint_weights(run(o).summary.last_checkpoint);
   // The save at step 2 passes 6 points; the one at step 4 has 6 files and 1 rotation rename.
   for (int point = 0; point < 7; ++point) {
     const std::string tag = "kill at point " + std::to_string(point) + " of the second save";
@@ -88,7 +78,7 @@ TEST(Trainer, AKillAtAnyPointOfASaveLeavesACompleteCheckpointToResume) {
     });
     EXPECT_EQ(cleaned.size(), 1u) << tag;  // the unfinished .tmp- or the half-rotated .del-
     EXPECT_EQ(first_step, committed ? 5 : 3) << tag;
-    EXPECT_EQ(weights_of(killed.output_dir + "/checkpoint-6"), want) << tag;
+    EXPECT_EQ(checkpoint_weights(killed.output_dir + "/checkpoint-6"), want) << tag;
     for (const auto& e : fs::directory_iterator(killed.output_dir))
       if (e.is_directory())
         EXPECT_EQ(e.path().filename().string().find('.'), std::string::npos) << tag << e.path();
@@ -677,7 +667,8 @@ TEST(Trainer, StartsFromAModelFolder) {
   again.learning_rate = 0;
   again.max_steps = 1;
   const Result second = run(again);
-  EXPECT_EQ(weights_of(first.summary.last_checkpoint), weights_of(second.summary.last_checkpoint));
+  EXPECT_EQ(checkpoint_weights(first.summary.last_checkpoint),
+            checkpoint_weights(second.summary.last_checkpoint));
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "backend_support.h"
-#include "core/safetensors.h"
 #include "test_support.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
@@ -62,27 +61,10 @@ class TrainerOn : public ::testing::TestWithParam<DeviceUnderTest> {
     EXPECT_EQ(r.summary.device.rfind(o.device, 0), 0u) << "the run was on " << r.summary.device;
     return r;
   }
-  // Every weight of a checkpoint; on a GPU not the key biases. Their exact gradient is zero
-  // (softmax ignores a constant added to a row of scores), so they only receive rounding noise,
-  // which differs with every summation order and which Adam turns into steps near the learning
-  // rate however small it is; they change no output.
+  // Every weight of a checkpoint; where sums are not bit-reproducible, not the key biases
+  // (checkpoint_weights says why).
   FVec weights_of(const std::string& checkpoint) const {
-    SafetensorsFile f(checkpoint + "/model.safetensors");
-    const bool all = GetParam().rounding == 0;
-    FVec w;
-    for (const auto& name : f.names()) {
-      const Tensor& t = f.get(name);
-      const float* p = t.f32();
-      const int64_t n = t.numel();
-      if (!all && name.ends_with("attention.self.key.bias")) continue;  // BERT
-      if (!all && name.ends_with("attn.c_attn.bias")) {                 // GPT-2: q | k | v
-        w.insert(w.end(), p, p + n / 3);
-        w.insert(w.end(), p + 2 * n / 3, p + n);
-        continue;
-      }
-      w.insert(w.end(), p, p + n);
-    }
-    return w;
+    return checkpoint_weights(checkpoint, GetParam().rounding != 0);
   }
   // Losses step by step and the final weights within `tol` (0: bit for bit).
   void expect_same_run(const Result& got, const Result& want, double tol, const std::string& what,

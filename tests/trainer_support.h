@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "data/dataset.h"
 #include "models/model.h"
 #include "train/options.h"
@@ -79,6 +80,30 @@ inline std::string write_fixture_text(const TempDir& dir, const std::string& nam
   for (int r = 0; r < 6; ++r)
     for (const auto& l : lines) f << l << "\n";
   return path;
+}
+
+// Every float32 weight of a checkpoint's model.safetensors, tensor by tensor. Where runs may sum
+// in another order (a GPU's atomics, ranks), without the key biases: their exact gradient is
+// zero (softmax ignores a constant added to a row of scores), so they only receive rounding
+// noise, which differs with every summation order and which Adam turns into steps near the
+// learning rate however small it is; they change no output.
+inline std::vector<float> checkpoint_weights(const std::string& checkpoint,
+                                             bool without_key_biases = false) {
+  SafetensorsFile f(checkpoint + "/model.safetensors");
+  std::vector<float> all;
+  for (const auto& name : f.names()) {
+    const Tensor& t = f.get(name);
+    const float* p = t.f32();
+    const int64_t n = t.numel();
+    if (without_key_biases && name.ends_with("attention.self.key.bias")) continue;  // BERT
+    if (without_key_biases && name.ends_with("attn.c_attn.bias")) {  // GPT-2: query | key | value
+      all.insert(all.end(), p, p + n / 3);
+      all.insert(all.end(), p + 2 * n / 3, p + n);
+      continue;
+    }
+    all.insert(all.end(), p, p + n);
+  }
+  return all;
 }
 
 inline TrainOptions tiny_options(const std::string& model, const std::string& out,

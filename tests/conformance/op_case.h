@@ -28,10 +28,10 @@ using Vec = std::vector<double>;
 using Values = std::map<std::string, Vec>;
 
 enum class Metric {
-  elementwise,  // |got - want| <= tol * max(1, |want|) at every element
-  normwise,     // ||got - want|| / max(||want||, 1e-6) <= tol: sums over many terms, gradients
-  exact,        // equal at every element (NaN equals NaN); the tolerances are ignored
-  relative,     // |got - want| <= tol * |want| at every element: state whose scale is far from 1
+  elementwise,   // |got - want| <= tol * max(1, |want|) at every element
+  normwise,      // ||got - want|| / max(||want||, 1e-6) <= tol: sums over many terms, gradients
+  exact,         // equal at every element (NaN equals NaN); the tolerances are ignored
+  relative,      // |got - want| <= tol * |want| at every element: state whose scale is far from 1
   mostly_exact,  // equal at all but a fraction tol of the elements (quantization codes)
 };
 

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
 #include "dist/test_world.h"
 #include "test_support.h"
 #include "train/trainer.h"
@@ -57,16 +56,6 @@ Logged run(const TrainOptions& o, const Dataset* data, Communicator* comm) {
   return r;
 }
 
-std::vector<float> weights_of(const std::string& checkpoint) {
-  SafetensorsFile f(checkpoint + "/model.safetensors");
-  std::vector<float> all;
-  for (const auto& n : f.names()) {
-    const Tensor& t = f.get(n);
-    all.insert(all.end(), t.f32(), t.f32() + t.numel());
-  }
-  return all;
-}
-
 TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
@@ -97,14 +86,15 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
       for (size_t i = 0; i < single.losses.size(); ++i)
         EXPECT_NEAR(ranks.losses[i], single.losses[i], 1e-5 * std::abs(single.losses[i]))
             << "step " << i + 1;
-      const std::vector<float> a = weights_of(ranks.checkpoint), b = weights_of(single.checkpoint);
+      const std::vector<float> a = checkpoint_weights(ranks.checkpoint),
+                               b = checkpoint_weights(single.checkpoint);
       ASSERT_EQ(a.size(), b.size());
       EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
       // The weights did move.
       TrainOptions none = one;
       none.output_dir = dir / "none";
       none.learning_rate = 0;
-      const std::vector<float> still = weights_of(run(none, data, alone.get()).checkpoint);
+      const std::vector<float> still = checkpoint_weights(run(none, data, alone.get()).checkpoint);
       EXPECT_GT(rel_error(b.data(), still.data(), static_cast<int64_t>(b.size())), 1e-3);
     }
 }
