@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "dist/grad_buckets.h"
 #include "dist/launch.h"
 #include "test_support.h"
 
@@ -146,6 +147,84 @@ TEST(SingleProcess, CollectivesAreCopies) {
   std::vector<int32_t> ints(3);
   expect_error([&] { comm->all_reduce_sum(Tensor(ints.data(), Shape{3}, DType::i32)); },
                "float32, bf16 or float64 buffers only");
+}
+
+// Records the started all-reduces as element ranges of one buffer, and what was waited for.
+class Recorder final : public Communicator {
+ public:
+  explicit Recorder(const std::vector<float>& base) : base_(base.data()) {}
+  std::vector<ElementRange> started;
+  int waits = 0;
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "recorder"; }
+  void all_reduce_sum(const Tensor&) override { ADD_FAILURE() << "blocking all-reduce"; }
+  void reduce_scatter_sum(const Tensor&, const Tensor&) override {}
+  void all_gather(const Tensor&, const Tensor&) override {}
+  void broadcast(const Tensor&, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::exit(code); }
+  void start_all_reduce_sum(const Tensor& buf) override {
+    started.push_back({buf.f32() - base_, buf.numel()});
+  }
+  double wait_started() override {
+    ++waits;
+    return 0.5;
+  }
+
+ private:
+  const float* base_;
+};
+
+
+// Segments as a model reports them (head, blocks last to first, embeddings: downwards through the
+// buffer): consecutive ones join a bucket until it holds at least the cap; a bucket's sum starts
+// when its last segment is final, in order; finish starts the rest, waits, and resets.
+TEST(GradBuckets, SegmentsJoinBucketsUpToTheCapAndStartWhenFinal) {
+  std::vector<float> flat(1000);
+  const Tensor t(flat.data(), Shape{1000}, DType::f32);
+  const std::vector<ElementRange> segments{{900, 100}, {700, 200}, {500, 200}, {300, 200},
+                                           {100, 200}, {100, 0},   {0, 100}};
+  GradBuckets buckets(t, segments, /*cap_bytes=*/4 * 250);  // 250 elements
+  const std::vector<ElementRange> want{{700, 300}, {300, 400}, {0, 300}};
+  EXPECT_EQ(buckets.ranges(), want);
+  Recorder comm(flat);
+  for (int round = 0; round < 2; ++round) {
+    comm.started.clear();
+    buckets.segment_done(comm, 0);
+    EXPECT_TRUE(comm.started.empty()) << "the first bucket's last segment is not final yet";
+    buckets.segment_done(comm, 1);
+    EXPECT_EQ(comm.started, std::vector<ElementRange>{want[0]});
+    buckets.segment_done(comm, 2);
+    buckets.segment_done(comm, 3);
+    EXPECT_EQ(comm.started.size(), 2u);
+    buckets.segment_done(comm, 4);
+    buckets.segment_done(comm, 5);
+    EXPECT_EQ(comm.started.size(), 2u) << "the empty segment 5 and segment 6 make bucket 3";
+    EXPECT_EQ(buckets.finish(comm), 0.5);  // segment 6 was never reported: started here
+    EXPECT_EQ(comm.started, want);
+    EXPECT_EQ(comm.waits, round + 1);
+  }
+  // Nothing reported (earlier micro-steps, or a model without segments): all at the end.
+  comm.started.clear();
+  buckets.finish(comm);
+  EXPECT_EQ(comm.started, want);
+  EXPECT_THROW(buckets.segment_done(comm, 7), Error);
+  buckets.segment_done(comm, 0);
+  EXPECT_THROW(buckets.segment_done(comm, 0), Error);
+}
+
+TEST(GradBuckets, AGapOrAShortfallIsNotBucketed) {
+  std::vector<float> flat(100);
+  const Tensor t(flat.data(), Shape{100}, DType::f32);
+  // Not end to end: separate buckets however large the cap.
+  GradBuckets gap(t, {{50, 50}, {0, 50}}, 1 << 20);
+  EXPECT_EQ(gap.ranges().size(), 1u);
+  GradBuckets apart(t, {{0, 50}, {50, 50}}, 1 << 20);
+  EXPECT_EQ(apart.ranges().size(), 2u);
+  EXPECT_THROW(GradBuckets(t, {{50, 50}}, 1 << 20), Error);           // half uncovered
+  EXPECT_THROW(GradBuckets(t, {{50, 60}, {0, 50}}, 1 << 20), Error);  // past the end
+  EXPECT_THROW(GradBuckets(t, {{0, 100}}, 0), Error);
 }
 
 }  // namespace

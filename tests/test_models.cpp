@@ -250,6 +250,52 @@ TEST(Models, AShorterBatchInALongerPlanIsExact) {
   }
 }
 
+// Data parallelism starts a gradient segment's sum once backward reports it final: what a segment
+// holds when reported is what it holds when backward ends. The segments run down the buffer (the
+// head, the blocks last to first, the embeddings) and cover it.
+TEST(Models, GradientSegmentsAreFinalWhenReported) {
+  const std::vector<std::pair<const char*, bool>> models{
+      {"bert_tiny", false},     {"bert_regression", false}, {"bert_mlm", true},
+      {"gpt2_tiny", false},     {"gpt2_variant", false},    {"distilbert_tiny", false},
+      {"distilbert_mlm", true}, {"llama_tiny", false},      {"qwen2_tiny", false},
+      {"mistral_tiny", false},  {"bert_decoder", false}};
+  for (const auto& [name, masked_lm] : models) {
+    SCOPED_TRACE(name);
+    LoadedModel m(fixture(name), {}, /*dropout=*/true, DType::f32, 0, masked_lm);
+    const std::vector<ElementRange>& segments = m.model->grad_segments();
+    ASSERT_EQ(segments.size(), static_cast<size_t>(m.model->config().num_layers + 2));
+    int64_t end = m.model->params().total_elements();
+    for (const ElementRange& r : segments) {
+      EXPECT_EQ(r.offset + r.count, end);
+      end = r.offset;
+    }
+    EXPECT_EQ(end, 0);
+    for (size_t i = 1; i + 1 < segments.size(); ++i) EXPECT_GT(segments[i].count, 0) << i;
+    StepOptions so;
+    so.rng = RngKey{7, 3, 0};
+    so.loss_grad_scale = 1.0f / static_cast<float>(m.model->count_targets());
+    m.model->zero_grads(*m.be);
+    m.model->forward(*m.be, so);
+    std::vector<int> order;
+    std::vector<std::vector<float>> when_reported(segments.size());
+    m.model->backward(*m.be, so, [&](int i) {
+      order.push_back(i);
+      const ElementRange r = segments[static_cast<size_t>(i)];
+      when_reported[static_cast<size_t>(i)] =
+          to_host(*m.be, element_range(m.model->params().flat_grads(), r.offset, r.count));
+    });
+    std::vector<int> want_order(segments.size());
+    for (size_t i = 0; i < want_order.size(); ++i) want_order[i] = static_cast<int>(i);
+    EXPECT_EQ(order, want_order);
+    const std::vector<float> final_grads = m.grads();
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const auto first = final_grads.begin() + segments[i].offset;
+      EXPECT_EQ(when_reported[i], std::vector<float>(first, first + segments[i].count))
+          << "segment " << i << " changed after it was reported";
+    }
+  }
+}
+
 // Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
 // with dropout on, and plans fewer activation bytes.
 void checkpointing_is_exact(const std::string& name, DType act_dtype = DType::f32,

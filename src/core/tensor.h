@@ -37,6 +37,13 @@ class Shape {
   int rank_ = 0;
 };
 
+// A range of elements of a flat buffer.
+struct ElementRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool operator==(const ElementRange& o) const { return offset == o.offset && count == o.count; }
+};
+
 class Tensor {
  public:
   Tensor() = default;

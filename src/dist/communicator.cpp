@@ -1,8 +1,10 @@
 #include "dist/communicator.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -22,6 +24,17 @@ void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_pe
               dtype_name(out.dtype()));
   BRISK_CHECK(in.numel() * out_per_in == out.numel() * in_per_out, op, ": ", in.numel(),
               " elements in and ", out.numel(), " out over ", size(), " ranks");
+}
+
+void Communicator::start_all_reduce_sum(const Tensor& buf) {
+  const auto start = std::chrono::steady_clock::now();
+  all_reduce_sum(buf);
+  started_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double Communicator::wait_started() {
+  return std::exchange(started_seconds_, 0.0);
 }
 
 namespace {

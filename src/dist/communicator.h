@@ -32,6 +32,15 @@ class Communicator {
   virtual void broadcast(const Tensor& buf, int root) = 0;
   // Returns when every rank has called it.
   virtual void barrier() = 0;
+
+  // Starts buf's all-reduce sum and returns: buf must not be read or written until
+  // wait_started() returns. Every rank starts the same buffers in the same order. What data
+  // parallelism overlaps with backward; here (the default) it runs at once. A blocking collective
+  // first finishes the started ones.
+  virtual void start_all_reduce_sum(const Tensor& buf);
+  // Returns when every started collective has finished, with the seconds they took to run since
+  // the last call (time overlapped with other work included); rethrows a failure of one.
+  virtual double wait_started();
   // Ends every rank of the run now, with exit code `code` (a rank that failed must not leave the
   // others waiting in a collective).
   [[noreturn]] virtual void abort(int code) = 0;
@@ -42,6 +51,9 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
+
+ private:
+  double started_seconds_ = 0;  // the default start_all_reduce_sum's time since wait_started
 };
 
 // The process's communicator, made on first use from the environment (make_communicator).

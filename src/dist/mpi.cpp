@@ -1,10 +1,20 @@
 // The MPI communicator: host-memory collectives over MPI_COMM_WORLD (Open MPI, MPICH). bf16 sums
-// use a user-defined reduction over 16-bit words (sum in float32, rounded to bf16).
+// use a user-defined reduction over 16-bit words (sum in float32, rounded to bf16). Started
+// all-reduces (data parallelism's gradient buckets) run in order on a communication thread of
+// their own, so that they proceed while the caller computes: MPI libraries move a message only
+// while some thread is inside an MPI call.
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -46,9 +56,14 @@ class Mpi final : public Communicator {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      // Serialized: the communication thread and the caller's thread call MPI in turn, never at
+      // once (blocking collectives first finish the started ones).
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
       std::atexit(finalize_at_exit);
     }
+    int level = 0;
+    MPI_Query_thread(&level);
+    threaded_ = level >= MPI_THREAD_SERIALIZED;
     // Errors come back as codes, which become messages, instead of aborting inside MPI.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -58,6 +73,12 @@ class Mpi final : public Communicator {
     check(MPI_Op_create(bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
   }
   ~Mpi() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Op_free(&bf16_sum_);
@@ -76,19 +97,30 @@ class Mpi final : public Communicator {
 
   void all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "all_reduce_sum");
-    // In pieces of at most 2^30 elements: MPI counts are int.
-    const int64_t piece = int64_t{1} << 30;
-    auto* base = static_cast<char*>(buf.data());
-    for (int64_t at = 0; at < buf.numel(); at += piece) {
-      const int n = static_cast<int>(std::min(piece, buf.numel() - at));
-      check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
-                          MPI_COMM_WORLD),
-            "all_reduce_sum (MPI_Allreduce)");
+    drain();
+    all_reduce_now(buf);
+  }
+  void start_all_reduce_sum(const Tensor& buf) override {
+    check_buffer(buf, "start_all_reduce_sum");
+    if (!threaded_) return Communicator::start_all_reduce_sum(buf);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      queue_.push_back(buf);
+      ++pending_;
     }
+    work_cv_.notify_one();
+  }
+  double wait_started() override {
+    if (!threaded_) return Communicator::wait_started();
+    drain();
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(busy_seconds_, 0.0);
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
     BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum: in and out overlap");
+    drain();
     check(
         MPI_Reduce_scatter_block(in.data(), out.data(), count_of(out.numel(), "reduce_scatter_sum"),
                                  type(in), op(in), MPI_COMM_WORLD),
@@ -102,6 +134,7 @@ class Mpi final : public Communicator {
         in.data() == static_cast<char*>(out.data()) + static_cast<size_t>(rank_) * in.bytes();
     BRISK_CHECK(own_chunk || !overlap(in, out),
                 "all_gather: in overlaps out other than as this rank's chunk");
+    drain();
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
                         MPI_COMM_WORLD),
           "all_gather (MPI_Allgather)");
@@ -109,6 +142,7 @@ class Mpi final : public Communicator {
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
+    drain();
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
@@ -117,13 +151,59 @@ class Mpi final : public Communicator {
             "broadcast (MPI_Bcast)");
     }
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)"); }
+  void barrier() override {
+    drain();
+    check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)");
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);  // MPI_Abort does not return; should it, this process still ends
   }
 
  private:
+  void all_reduce_now(const Tensor& buf) {
+    // In pieces of at most 2^30 elements: MPI counts are int.
+    const int64_t piece = int64_t{1} << 30;
+    auto* base = static_cast<char*>(buf.data());
+    for (int64_t at = 0; at < buf.numel(); at += piece) {
+      const int n = static_cast<int>(std::min(piece, buf.numel() - at));
+      check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
+                          MPI_COMM_WORLD),
+            "all_reduce_sum (MPI_Allreduce)");
+    }
+  }
+  // Waits for the started collectives (rethrowing the first failure).
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  // The communication thread: the started all-reduces in order; after a failure the rest are
+  // skipped (the failure ends the run, and every rank with it).
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const Tensor buf = queue_.front();
+      queue_.pop_front();
+      const bool skip = error_ != nullptr;
+      lock.unlock();
+      std::exception_ptr failure;
+      const auto start = std::chrono::steady_clock::now();
+      if (!skip) try {
+          all_reduce_now(buf);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      lock.lock();
+      busy_seconds_ += took;
+      if (failure && !error_) error_ = failure;
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
   static MPI_Datatype type(const Tensor& t) {
     return t.dtype() == DType::f32   ? MPI_FLOAT
            : t.dtype() == DType::f64 ? MPI_DOUBLE
@@ -138,6 +218,16 @@ class Mpi final : public Communicator {
 
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
+  bool threaded_ = false;  // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
+  // The communication thread and what it shares with the caller, under mu_.
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Tensor> queue_;
+  int64_t pending_ = 0;  // started and not finished
+  double busy_seconds_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
 };
 
 }  // namespace

@@ -174,6 +174,7 @@ void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tens
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
   params_.bind(flat_weights_, flat_grads_);
+  find_grad_segments();
   arena_ = &arena;
   shape_ = planned_;
   fill_constants();
@@ -346,10 +347,47 @@ double Model::forward(Backend& be, const StepOptions& o) {
   return read_step_stats(be)[kStatLoss];
 }
 
-void Model::backward(Backend& be, const StepOptions& o) {
+// Each block's gradient tensors (BlockParams) must fill one range, the blocks one after another;
+// the head's parameters follow the last block and the embeddings precede the first (the
+// declaration order of every model here; tests check that each range is final when reported).
+void Model::find_grad_segments() {
+  const int64_t total = params_.total_elements();
+  grad_segments_.assign(1, ElementRange{0, total});
+  const int L = static_cast<int>(config_.num_layers);
+  const auto* base = static_cast<const char*>(flat_grads_.data());
+  std::vector<ElementRange> blocks;
+  for (int l = 0; l < L; ++l) {
+    const BlockParams p = layer_params(l, true);
+    int64_t lo = total, hi = 0, covered = 0;
+    for (const Tensor* t : {&p.qkv_w, &p.qkv_b, &p.proj_w, &p.proj_b, &p.ln_a_g, &p.ln_a_b, &p.fc_w,
+                            &p.fc_b, &p.out_w, &p.out_b, &p.ln_b_g, &p.ln_b_b}) {
+      if (t->empty() || t->numel() == 0) continue;
+      const int64_t at = (static_cast<const char*>(t->data()) - base) / dtype_size(t->dtype());
+      lo = std::min(lo, at);
+      hi = std::max(hi, at + t->numel());
+      covered += t->numel();
+    }
+    if (lo >= hi || covered != hi - lo) return;
+    if (l > 0 && blocks.back().offset + blocks.back().count != lo) return;
+    blocks.push_back({lo, hi - lo});
+  }
+  if (blocks.empty()) return;
+  const int64_t first = blocks.front().offset;
+  const int64_t end = blocks.back().offset + blocks.back().count;
+  grad_segments_.assign(1, ElementRange{end, total - end});
+  grad_segments_.insert(grad_segments_.end(), blocks.rbegin(), blocks.rend());
+  grad_segments_.push_back({0, first});
+}
+
+void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
   const BlockStyle st = style(o.training);
+  const bool split = grad_segments_.size() > 1;
+  auto report = [&](int segment) {
+    if (done && split) done(segment);
+  };
   head_backward(be, o);
+  report(0);
   for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.num_layers - 1;
@@ -364,8 +402,10 @@ void Model::backward(Backend& be, const StepOptions& o) {
                            o.rng, l);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);
+    report(static_cast<int>(config_.num_layers) - l);
   }
   embed_backward(be, o);
+  if (done) done(split ? static_cast<int>(grad_segments_.size()) - 1 : 0);
 }
 
 void Model::zero_grads(Backend& be) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -119,7 +120,15 @@ class Model {
   void forward_step(Backend& be, const StepOptions& options);
   // forward_step from zeroed statistics; returns that summed loss (waits for the device).
   double forward(Backend& be, const StepOptions& options);
-  void backward(Backend& be, const StepOptions& options);
+  // The flat gradients in the order backward finishes them: element ranges of flat_grads() (the
+  // head, the blocks from last to first, the embeddings), each starting where the next ends, that
+  // together cover every parameter; one range when the blocks' parameters are not laid out block
+  // after block. Data parallelism starts a range's all-reduce once backward reports it final.
+  const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
+  // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
+  // order), for the last micro-batch of an accumulated step.
+  using SegmentDone = std::function<void(int)>;
+  void backward(Backend& be, const StepOptions& options, const SegmentDone& done = {});
   void zero_grads(Backend& be);
 
   // Initializes weights as transformers does (normal(0, initializer_range), zero biases, unit
@@ -250,6 +259,8 @@ class Model {
   // Whether the 16-bit storage of the blocks holds the attention statistics.
   bool stored_attn_stats(const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
+  std::vector<ElementRange> grad_segments_;  // set at bind
+  void find_grad_segments();
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
   std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once
   // The constants' (host, device) views at the planned length, taken at bind: use_seq reshapes

@@ -87,6 +87,9 @@ struct TrainOptions {
   bool fp16_full_eval = false;
   bool bf16_full_eval = false;
   std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
+  // Data parallel: gradients are summed across ranks in buckets of about this many MiB, each
+  // started as soon as backward has finished it (PyTorch DDP's bucket_cap_mb).
+  double ddp_bucket_cap_mb = 25;
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -207,6 +210,9 @@ void visit_options(Options& o, Visitor&& v) {
     "with --bf16: keep fp32 master weights (true) or update the bf16 weights directly with "
     "stochastic rounding (false, 4 bytes less per parameter)");
   v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
+  v("ddp_bucket_cap_mb", o.ddp_bucket_cap_mb,
+    "data parallel: MiB of gradients per all-reduce bucket; each bucket is summed across the "
+    "ranks as soon as backward has finished it, while the earlier layers still compute");
   v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
   v("report_to", o.report_to,
     "none, or tensorboard (also all): write the logs as TensorBoard event files");

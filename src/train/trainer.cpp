@@ -12,12 +12,14 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "backend/backend.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
 #include "dist/communicator.h"
+#include "dist/grad_buckets.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/step_control.h"
@@ -425,6 +427,11 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   const BestModel best(o);
+  std::optional<GradBuckets> buckets;
+  if (ranks > 1 && o.do_train)
+    buckets.emplace(model->params().flat_grads(), model->grad_segments(),
+                    static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));
+  const Model::SegmentDone on_segment = [&](int i) { buckets->segment_done(dist, i); };
   while (o.do_train && state.global_step < total_steps) {
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
@@ -445,15 +452,18 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
       so.loss_grad_scale = grad_scale;
       so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
       model->forward_step(*be, so);
-      model->backward(*be, so);
+      // The last micro-batch's backward starts the gradient buckets' sums as they become final.
+      model->backward(*be, so, ranks > 1 && micro == k - 1 ? on_segment : Model::SegmentDone());
       ++state.micro_batches;
     }
     if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
-      const auto sum_start = std::chrono::steady_clock::now();
-      dist.all_reduce_sum(model->params().flat_grads());
+      const auto wait_start = std::chrono::steady_clock::now();
+      s.communication_seconds += buckets->finish(dist);
+      const auto stats_start = std::chrono::steady_clock::now();
       dist.all_reduce_sum(model->step_stats());
-      s.communication_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - sum_start).count();
+      const auto end = std::chrono::steady_clock::now();
+      s.communication_seconds += std::chrono::duration<double>(end - stats_start).count();
+      s.communication_wait_seconds += std::chrono::duration<double>(end - wait_start).count();
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
@@ -582,6 +592,7 @@ nlohmann::json summary_json(const TrainSummary& s) {
                      {"device", s.device},
                      {"ranks", s.ranks},
                      {"communication_seconds", s.communication_seconds},
+                     {"communication_wait_seconds", s.communication_wait_seconds},
                      {"auto_find_batch_size", s.auto_fit}});
   return j;
 }

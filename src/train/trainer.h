@@ -41,7 +41,10 @@ struct TrainSummary {
   std::string last_checkpoint;
   std::string device;                // the backend's name
   int ranks = 1;                     // processes of a data-parallel run
-  double communication_seconds = 0;  // rank 0's time in the gradient and loss sums
+  // Rank 0's gradient and loss sums: the seconds they ran, and of those the seconds the training
+  // loop waited for them (the rest was hidden behind backward's computation).
+  double communication_seconds = 0;
+  double communication_wait_seconds = 0;
   std::string auto_fit;              // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)

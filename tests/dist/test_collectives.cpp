@@ -77,6 +77,33 @@ TEST(Collectives, AllReduceSumsEveryRanksBuffer) {
   expect_sums(got, n, 2, 0, std::ldexp(1.0, -7), true);
 }
 
+// Started all-reduces run while the caller goes on (on MPI's communication thread), in the order
+// started; wait_started returns when all are done; a blocking collective called meanwhile first
+// finishes them.
+TEST(Collectives, StartedAllReducesSumLikeBlockingOnes) {
+  const std::vector<int64_t> lengths{70'001, 3, 1'000'000, 129};
+  std::vector<FVec> bufs;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    bufs.push_back(input(world().rank(), lengths[i], 10 + static_cast<int>(i)));
+  for (FVec& v : bufs)
+    world().start_all_reduce_sum(
+        Tensor(v.data(), Shape{static_cast<int64_t>(v.size())}, DType::f32));
+  EXPECT_GE(world().wait_started(), 0.0);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SCOPED_TRACE(i);
+    expect_sums(std::vector<double>(bufs[i].begin(), bufs[i].end()), lengths[i],
+                10 + static_cast<int>(i), 0, 1e-6, false);
+  }
+  // Started, then a barrier and a blocking all-reduce before the wait.
+  FVec a = input(world().rank(), 50'000, 20), b = input(world().rank(), 777, 21);
+  world().start_all_reduce_sum(Tensor(a.data(), Shape{50'000}, DType::f32));
+  world().barrier();
+  world().all_reduce_sum(Tensor(b.data(), Shape{777}, DType::f32));
+  expect_sums(std::vector<double>(a.begin(), a.end()), 50'000, 20, 0, 1e-6, false);
+  expect_sums(std::vector<double>(b.begin(), b.end()), 777, 21, 0, 1e-6, false);
+  EXPECT_GE(world().wait_started(), 0.0);
+}
+
 // Small integers sum exactly in float32 in any order: every rank ends with the same bits.
 TEST(Collectives, AllReduceOfExactSumsIsTheSameOnEveryRank) {
   const int64_t n = 4097;

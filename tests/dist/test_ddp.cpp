@@ -59,9 +59,13 @@ Logged run(const TrainOptions& o, const Dataset* data, Communicator* comm) {
 TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
+  // Buckets: 25 MiB (one for these models, summed when backward ends) and 0.01 MiB (several,
+  // summed while backward computes the earlier layers).
   for (const std::string type : {"bert", "gpt2"})
-    for (int64_t accumulation : {1, 2}) {
-      const std::string tag = type + "_accumulation" + std::to_string(accumulation);
+    for (const auto [accumulation, bucket_mb] :
+         {std::pair<int64_t, double>{1, 25.0}, {2, 25.0}, {1, 0.01}, {2, 0.01}}) {
+      const std::string tag = type + "_accumulation" + std::to_string(accumulation) +
+                              (bucket_mb < 1 ? "_small_buckets" : "");
       SCOPED_TRACE(tag);
       SharedDir dir("ddp_" + tag);
       std::string model = dir / (type + "_model");
@@ -73,6 +77,7 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
       o.per_device_train_batch_size = 2;
       o.gradient_accumulation_steps = accumulation;
       o.max_steps = 3;
+      o.ddp_bucket_cap_mb = bucket_mb;
       const Logged ranks = run(o, data, &world());
       if (world().rank() != 0) {
         EXPECT_TRUE(ranks.losses.empty()) << "only rank 0 logs";
