@@ -1,7 +1,11 @@
 """Data parallel on one machine's CPU: one brisk process with all threads against N processes
-(mpirun) with threads split among them, at the same global batch; samples/s side by side.
+(mpirun) with threads split among them, at the same global batch; samples/s side by side. The
+N-process run twice: the gradients in one bucket summed after backward (nothing overlaps), and in
+ddp_bucket_cap_mb buckets summed while backward computes the earlier layers; with the share of
+the sums' time the training loop did not wait for (hidden behind computation).
 
     python3 bench/ddp_cpu.py [--model distilbert-base-uncased] [--ranks 2] [--max_steps 10]
+                             [--bucket_mb 25]
 """
 import argparse
 import json
@@ -15,8 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 
 
-def run(ranks, threads, a, out):
-    args = [BRISK, "train", "--model", a.model, "--per_device_train_batch_size",
+def run(ranks, threads, bucket_mb, a, out):
+    args = [BRISK, "train", "--model", a.model, "--ddp_bucket_cap_mb", str(bucket_mb),
+            "--per_device_train_batch_size",
             str(a.batch // ranks), "--seq_len", str(a.seq), "--max_steps", str(a.max_steps),
             "--logging_steps", str(a.max_steps), "--output_dir", out, "--disable_tqdm",
             "--save_strategy", "no", "--dataset_size", str(a.batch * a.max_steps)]
@@ -27,8 +32,10 @@ def run(ranks, threads, a, out):
         args = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + args
     subprocess.run(args, check=True, env=env, capture_output=True, text=True)
     train = json.load(open(os.path.join(out, "train_results.json")))
+    runtime = train["train_runtime"]
     return (train["train_samples_per_second"], train["train_loss"],
-            train.get("communication_seconds", 0) / train["train_runtime"])
+            train["communication_seconds"] / runtime,
+            train["communication_wait_seconds"] / runtime)
 
 
 def main():
@@ -38,21 +45,30 @@ def main():
     p.add_argument("--batch", type=int, default=8, help="the global batch")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--max_steps", type=int, default=10)
+    p.add_argument("--bucket_mb", type=float, default=25, help="the overlapped run's buckets")
     a = p.parse_args()
     cores = os.cpu_count()
     rows = []
+    one_bucket = 1e6  # MiB: every gradient in one bucket, summed when backward has ended
     with tempfile.TemporaryDirectory() as tmp:
-        for ranks in (1, a.ranks):
+        for i, (ranks, bucket_mb) in enumerate([(1, a.bucket_mb), (a.ranks, one_bucket),
+                                                (a.ranks, a.bucket_mb)]):
             threads = max(1, cores // ranks)
-            sps, loss, comm = run(ranks, threads, a, os.path.join(tmp, f"r{ranks}"))
-            rows.append((ranks, threads, sps, loss, comm))
+            sps, loss, comm, wait = run(ranks, threads, bucket_mb, a, os.path.join(tmp, str(i)))
+            buckets = ("—" if ranks == 1 else "one, after backward" if bucket_mb == one_bucket
+                       else f"{bucket_mb:g} MiB, during backward")
+            rows.append((ranks, threads, buckets, sps, loss, comm, wait))
     print(f"\n{a.model}, global batch {a.batch} x {a.seq} tokens, {a.max_steps} steps, synthetic "
           f"data; CPU: {cpu_name()}, {cores} threads")
-    print("| processes x threads | train samples/s | share of the run in gradient sums | train loss |")
-    print("|---|---|---|---|")
-    base = rows[0][2]
-    for ranks, threads, sps, loss, comm in rows:
-        print(f"| {ranks} x {threads} | {sps:.3f} ({sps / base:.2f}x) | {comm:.0%} | {loss:.4f} |")
+    print("| processes x threads | gradient buckets | train samples/s | sums' time / run | "
+          "waited for / run | hidden | train loss |")
+    print("|---|---|---|---|---|---|---|")
+    base = rows[0][3]
+    for ranks, threads, buckets, sps, loss, comm, wait in rows:
+        shares = ("— | — | —" if ranks == 1 else
+                  f"{comm:.0%} | {wait:.0%} | {1 - wait / comm if comm > 0 else 0:.0%}")
+        print(f"| {ranks} x {threads} | {buckets} | {sps:.3f} ({sps / base:.2f}x) | {shares} | "
+              f"{loss:.4f} |")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ class Mpi final : public Communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
+      // A rank's communication thread shares the cores with its computing threads: waiting in
+      // MPI yields the core (sched_yield) rather than spinning on it, unless the user chose
+      // otherwise. Open MPI reads its parameters from the environment at initialization.
+      ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
       int provided = 0;
       // Serialized: the communication thread and the caller's thread call MPI in turn, never at
       // once (blocking collectives first finish the started ones).
