@@ -352,6 +352,8 @@ double Model::forward(Backend& be, const StepOptions& o) {
 // declaration order of every model here; tests check that each range is final when reported).
 void Model::find_grad_segments() {
   const int64_t total = params_.total_elements();
+  grad_segments_.clear();
+  if (flat_grads_.empty()) return;  // inference: weights only
   grad_segments_.assign(1, ElementRange{0, total});
   const int L = static_cast<int>(config_.num_layers);
   const auto* base = static_cast<const char*>(flat_grads_.data());

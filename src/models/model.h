@@ -123,7 +123,8 @@ class Model {
   // The flat gradients in the order backward finishes them: element ranges of flat_grads() (the
   // head, the blocks from last to first, the embeddings), each starting where the next ends, that
   // together cover every parameter; one range when the blocks' parameters are not laid out block
-  // after block. Data parallelism starts a range's all-reduce once backward reports it final.
+  // after block; none for a plan of the weights only. Data parallelism starts a range's all-reduce
+  // once backward reports it final.
   const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step.

@@ -1,14 +1,40 @@
 // Evaluation and prediction over a dataset (see evaluate.h).
 #include "train/evaluate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "data/loader.h"
+#include "dist/communicator.h"
 #include "train/metrics.h"
 
 namespace brisk {
+namespace {
+
+// Every rank's `mine` (of any length), concatenated in rank order, on every rank.
+std::vector<double> gather_all(Communicator& comm, const std::vector<double>& mine) {
+  const int N = comm.size();
+  std::vector<double> lengths(static_cast<size_t>(N), 0.0);
+  lengths[static_cast<size_t>(comm.rank())] = static_cast<double>(mine.size());
+  comm.all_reduce_sum(Tensor(lengths.data(), Shape{N}, DType::f64));
+  const auto longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  if (longest == 0) return {};
+  std::vector<double> padded(mine), all(longest * static_cast<size_t>(N));
+  padded.resize(longest);
+  comm.all_gather(Tensor(padded.data(), Shape{static_cast<int64_t>(longest)}, DType::f64),
+                  Tensor(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64));
+  std::vector<double> out;
+  for (size_t r = 0; r < static_cast<size_t>(N); ++r)
+    out.insert(
+        out.end(), all.begin() + static_cast<std::ptrdiff_t>(r * longest),
+        all.begin() + static_cast<std::ptrdiff_t>(r * longest + static_cast<size_t>(lengths[r])));
+  return out;
+}
+
+}  // namespace
 
 void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
                      bool dynamic_padding) {
@@ -21,7 +47,9 @@ void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
 
 nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                               const std::string& prefix,
-                              const std::function<void(const Prediction&)>& on_prediction) {
+                              const std::function<void(const Prediction&)>& on_prediction,
+                              Communicator* comm) {
+  const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   const auto start = std::chrono::steady_clock::now();
   const BatchShape planned = model.planned_shape();
   const int64_t B = planned.batch;
@@ -35,7 +63,9 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   so.compute_grad = false;
   double loss = 0;
   int64_t targets = 0, batches = 0;
-  for (int64_t first = 0; first < data.size(); first += B, ++batches) {
+  std::vector<Prediction> predicted;  // several ranks: this rank's, for rank 0 to order
+  // Batch i is rank i mod N's.
+  for (int64_t first = rank * B; first < data.size(); first += ranks * B, ++batches) {
     const int64_t rows = std::min(B, data.size() - first);
     int64_t seq = planned.seq;
     if (dynamic_padding_) {
@@ -62,7 +92,45 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
         const int32_t y = model.batch().labels.i32()[r];
         if (y != kIgnoreIndex) scores.add(y, p.label);
       }
-      if (on_prediction) on_prediction(p);
+      if (on_prediction && ranks == 1) on_prediction(p);
+      if (on_prediction && ranks > 1) predicted.push_back(p);
+    }
+  }
+  if (ranks > 1) {
+    // The sums of every rank's counts, and every rank's pairs and predictions.
+    std::vector<double> sums{loss, static_cast<double>(targets), static_cast<double>(batches)};
+    const std::vector<double> counts = scores.counts();
+    sums.insert(sums.end(), counts.begin(), counts.end());
+    comm->all_reduce_sum(Tensor(sums.data(), Shape{static_cast<int64_t>(sums.size())}, DType::f64));
+    loss = sums[0];
+    targets = static_cast<int64_t>(sums[1]);
+    batches = static_cast<int64_t>(sums[2]);
+    scores.set_counts(std::vector<double>(sums.begin() + 3, sums.end()));
+    if (regression) {
+      std::vector<double> pairs;
+      for (int64_t i = 0; i < numbers.count(); ++i) {
+        pairs.push_back(numbers.labels()[static_cast<size_t>(i)]);
+        pairs.push_back(numbers.predictions()[static_cast<size_t>(i)]);
+      }
+      pairs = gather_all(*comm, pairs);
+      numbers = RegressionMetrics();
+      for (size_t i = 0; i + 1 < pairs.size(); i += 2)
+        numbers.add(static_cast<float>(pairs[i]), static_cast<float>(pairs[i + 1]));
+    }
+    if (on_prediction) {
+      std::vector<double> mine;
+      for (const Prediction& p : predicted)
+        mine.insert(mine.end(), {static_cast<double>(p.index), static_cast<double>(p.label),
+                                 static_cast<double>(p.value)});
+      const std::vector<double> all = gather_all(*comm, mine);
+      predicted.clear();
+      for (size_t i = 0; i + 2 < all.size(); i += 3)
+        predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
+                             static_cast<float>(all[i + 2])});
+      std::sort(predicted.begin(), predicted.end(),
+                [](const Prediction& a, const Prediction& b) { return a.index < b.index; });
+      if (rank == 0)
+        for (const Prediction& p : predicted) on_prediction(p);
     }
   }
   const double seconds =

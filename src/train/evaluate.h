@@ -1,7 +1,9 @@
 // Evaluation and prediction (Trainer.evaluate / Trainer.predict): a dataset in order, in
 // micro-batches of the model's planned batch, dropout off and no gradients, metrics computed as
 // the batches stream by. Classification reads each batch's logits into a planned host buffer;
-// causal LM needs only the summed loss.
+// causal LM needs only the summed loss. In a data-parallel run every rank evaluates every N-th
+// batch and the metrics are made from what all ranks counted (the same as one process's, up to
+// the order of the sums).
 #pragma once
 
 #include <functional>
@@ -14,6 +16,8 @@
 #include "models/model.h"
 
 namespace brisk {
+
+class Communicator;
 
 // One row's prediction: the class (classification) or the number (regression).
 struct Prediction {
@@ -33,9 +37,12 @@ class Evaluator {
   // STS-B metrics) or "perplexity" (causal LM, as run_clm names it), "<prefix>_runtime",
   // "<prefix>_samples_per_second" and "<prefix>_steps_per_second". Rows without a label (an
   // unlabelled test set) count in no metric. `on_prediction`, when given, receives each
-  // classification or regression row's prediction.
+  // classification or regression row's prediction, in row order (on rank 0 of several: every
+  // rank's; on the others none). With `comm` of several ranks, every rank must call run alike
+  // and gets the metrics of the whole dataset.
   nlohmann::json run(Backend& be, Model& model, const Dataset& data, const std::string& prefix,
-                     const std::function<void(const Prediction&)>& on_prediction = nullptr);
+                     const std::function<void(const Prediction&)>& on_prediction = nullptr,
+                     Communicator* comm = nullptr);
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]

@@ -50,6 +50,23 @@ double ClassificationMetrics::f1() const {
   return seen > 0 ? sum / static_cast<double>(seen) : 0.0;
 }
 
+std::vector<double> ClassificationMetrics::counts() const {
+  std::vector<double> c{static_cast<double>(count_), static_cast<double>(correct_)};
+  for (const auto* v : {&tp_, &fp_, &fn_})
+    for (int64_t x : *v) c.push_back(static_cast<double>(x));
+  return c;
+}
+
+void ClassificationMetrics::set_counts(const std::vector<double>& c) {
+  BRISK_CHECK(c.size() == 2 + 3 * tp_.size(), "internal error: ", c.size(),
+              " classification counts for ", num_labels_, " labels");
+  count_ = static_cast<int64_t>(c[0]);
+  correct_ = static_cast<int64_t>(c[1]);
+  size_t at = 2;
+  for (auto* v : {&tp_, &fp_, &fn_})
+    for (int64_t& x : *v) x = static_cast<int64_t>(c[at++]);
+}
+
 void RegressionMetrics::add(float label, float predicted) {
   labels_.push_back(label);
   predictions_.push_back(predicted);

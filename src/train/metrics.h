@@ -18,6 +18,10 @@ class ClassificationMetrics {
   double accuracy() const;
   // Two labels: F1 of label 1. More: the mean F1 of the labels seen as a label or a prediction.
   double f1() const;
+  // The counts behind the metrics as numbers to sum across ranks (count, correct, then per label
+  // true positives, false positives, false negatives), and the metrics of such summed counts.
+  std::vector<double> counts() const;
+  void set_counts(const std::vector<double>& counts);
 
  private:
   int64_t num_labels_;
@@ -32,6 +36,8 @@ class RegressionMetrics {
   double mse() const;
   double pearson() const;
   double spearman() const;  // Pearson of the ranks, ties sharing their mean rank
+  const std::vector<float>& labels() const { return labels_; }
+  const std::vector<float>& predictions() const { return predictions_; }
 
  private:
   std::vector<float> labels_, predictions_;

@@ -313,12 +313,13 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 
 // --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
-void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
-                       const LogSink& on_log) {
+void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, const LogSink& on_log,
+                       Communicator& comm) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
-  nlohmann::json metrics =
-      run.evaluator.run(be, *run.model, *run.test_data, "predict", [&](const Prediction& p) {
+  nlohmann::json metrics = run.evaluator.run(
+      be, *run.model, *run.test_data, "predict",
+      [&](const Prediction& p) {
         out += std::to_string(p.index) + "\t";
         if (run.config.regression) {
           char number[64];
@@ -330,8 +331,10 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
         const bool named =
             id2label.is_object() && id2label.contains(id) && id2label[id].is_string();
         out += (named ? id2label[id].get<std::string>() : id) + "\n";
-      });
-  write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
+      },
+      &comm);
+  if (comm.rank() == 0)
+    write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
   on_log(metrics);
 }
 
@@ -364,8 +367,11 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   dist.barrier();
   TrainSummary s;
   const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
+  // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
+  if (!lead) dist.barrier();
   const std::unique_ptr<RunAssembly> run =
       assemble_run(shaped, device, be.get(), dataset, rank, ranks);
+  if (lead) dist.barrier();
   for (const std::string& note : run->files.cache_notes) on_log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
@@ -486,10 +492,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
       report(rec);
     }
     nlohmann::json evaluated;
-    // Evaluation and saves are rank 0's; the others wait for it at the next step's sums.
-    if (lead && run->eval_data &&
-        eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
-      evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval");
+    // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
+    // step's sums.
+    if (run->eval_data && eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
+      evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval", nullptr, &dist);
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
@@ -520,38 +526,50 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
   s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
   s.total_flos = state.total_flos;
-  if (!lead) {  // rank 0 saves, evaluates and writes the results
+  if (o.do_train) {
+    if (o.load_best_model_at_end) {
+      // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights.
+      double loaded = lead && !state.best_model_checkpoint.empty() ? 1.0 : 0.0;
+      if (lead && loaded > 0) {
+        model->load_weights(
+            *be,
+            WeightFiles((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
+        s.best_model_checkpoint = state.best_model_checkpoint;
+        report({{"loaded_best_model", state.best_model_checkpoint},
+                {"best_metric", state.best_metric}});
+      }
+      if (ranks > 1) {
+        dist.broadcast(Tensor(&loaded, Shape{1}, DType::f64), 0);
+        if (loaded > 0) dist.broadcast(model->params().flat_weights(), 0);
+      }
+      if (loaded > 0) precision.adopt_model_weights(*be, model->params());
+    }
+    // As the example scripts' trainer.save_model(): the final model in output_dir.
+    if (lead) {
+      peaks.enter(PeakPhases::saves);
+      save_model(*be, o.output_dir, *model, precision.master(model->params()));
+      if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
+    }
+  }
+  peaks.enter(PeakPhases::steps);
+  nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
+  if (o.do_eval) {
+    s.eval_metrics = run->evaluator.run(*be, *model, *run->eval_data, "eval", nullptr, &dist);
+    s.eval_metrics["epoch"] = state.epoch;
+    s.eval_metrics["eval_samples"] = run->eval_data->size();
+    report(s.eval_metrics);
+    if (lead)
+      write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
+                            s.eval_metrics.dump(2) + "\n");
+    all_results.update(s.eval_metrics);
+  }
+  if (o.do_predict) write_predictions(*be, *run, o, report, dist);
+  if (!lead) {  // rank 0 writes the results
     peaks.enter(PeakPhases::done);
     summarize_memory(*be, plan, arena, peaks, s);
     dist.barrier();
     return s;
   }
-  if (o.do_train) {
-    if (o.load_best_model_at_end && !state.best_model_checkpoint.empty()) {
-      model->load_weights(
-          *be, WeightFiles((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
-      precision.adopt_model_weights(*be, model->params());
-      s.best_model_checkpoint = state.best_model_checkpoint;
-      report(
-          {{"loaded_best_model", state.best_model_checkpoint}, {"best_metric", state.best_metric}});
-    }
-    // As the example scripts' trainer.save_model(): the final model in output_dir.
-    peaks.enter(PeakPhases::saves);
-    save_model(*be, o.output_dir, *model, precision.master(model->params()));
-    if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
-  }
-  peaks.enter(PeakPhases::steps);
-  nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
-  if (o.do_eval) {
-    s.eval_metrics = run->evaluator.run(*be, *model, *run->eval_data, "eval");
-    s.eval_metrics["epoch"] = state.epoch;
-    s.eval_metrics["eval_samples"] = run->eval_data->size();
-    report(s.eval_metrics);
-    write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
-                          s.eval_metrics.dump(2) + "\n");
-    all_results.update(s.eval_metrics);
-  }
-  if (o.do_predict) write_predictions(*be, *run, o, report);
   peaks.enter(PeakPhases::done);
   summarize_memory(*be, plan, arena, peaks, s);
 

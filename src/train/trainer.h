@@ -39,13 +39,13 @@ struct TrainSummary {
   int64_t global_step = 0;
   double epoch = 0;
   std::string last_checkpoint;
-  std::string device;                // the backend's name
-  int ranks = 1;                     // processes of a data-parallel run
+  std::string device;  // the backend's name
+  int ranks = 1;       // processes of a data-parallel run
   // Rank 0's gradient and loss sums: the seconds they ran, and of those the seconds the training
   // loop waited for them (the rest was hidden behind backward's computation).
   double communication_seconds = 0;
   double communication_wait_seconds = 0;
-  std::string auto_fit;              // with auto_find_batch_size: what was chosen and why
+  std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded

@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/json_file.h"
 #include "dist/test_world.h"
 #include "test_support.h"
 #include "train/trainer.h"
@@ -102,6 +106,137 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
       const std::vector<float> still = checkpoint_weights(run(none, data, alone.get()).checkpoint);
       EXPECT_GT(rel_error(b.data(), still.data(), static_cast<int64_t>(b.size())), 1e-3);
     }
+}
+
+std::vector<nlohmann::json> records_of(const TrainOptions& o, Communicator* comm) {
+  std::vector<nlohmann::json> records;
+  train(
+      o, [&](const nlohmann::json& j) { records.push_back(j); }, nullptr, {}, comm);
+  return records;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Evaluation is sharded (rank r takes every N-th batch) and its metrics made from every rank's
+// counts: as one process's, to the order of the loss sums, for classification (accuracy, macro
+// F1 of three labels), regression (MSE, Pearson, Spearman from every rank's pairs) and a causal
+// LM (perplexity); predict_results.txt is the same file. Evaluation during training runs on every
+// rank too, and load_best_model_at_end gives every rank the best weights.
+TEST(DataParallel, EvaluationIsShardedAndReducedAsOneProcess) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string task : {"classification", "regression", "causal_lm"}) {
+    SCOPED_TRACE(task);
+    SharedDir dir("ddp_eval_" + task);
+    // The folder the writers below name.
+    std::string model = dir / (task == "causal_lm" ? "gpt2_model" : "bert");
+    if (world().rank() == 0) {
+      if (task == "causal_lm") {
+        model = write_config(*dir.owned, "gpt2", 0.0);
+      } else {
+        const char* labels[] = {"pos", "neg", "meh"};
+        const char* words[] = {"good", "bad", "fine", "awful"};
+        auto csv = [&](const std::string& name, int rows, int seed, bool labelled) {
+          std::ofstream f(dir / name);
+          f << (labelled ? "sentence,label\n" : "sentence\n");
+          for (int i = 0; i < rows; ++i) {
+            const int w = (i * 5 + seed) % 4;
+            f << words[w] << " film " << (i % 3);
+            if (labelled && task == "classification") f << "," << labels[(w + i / 4) % 3];
+            if (labelled && task == "regression") f << "," << (w - 1.5f + 0.125f * (i % 5));
+            f << "\n";
+          }
+        };
+        csv("train.csv", 48, 1, true);
+        csv("dev.csv", 26, 2, true);  // 7 batches of 4, the last partial: uneven shares
+        csv("test.csv", 11, 3, false);
+        model = write_wordpiece_bert(*dir.owned);
+      }
+    }
+    world().barrier();
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    if (task != "causal_lm") {
+      o.tokenizer_name = fixture("tokenizer/wordpiece");
+      o.train_file = dir / "train.csv";
+      o.validation_file = dir / "dev.csv";
+      o.test_file = dir / "test.csv";
+      o.max_seq_length = 8;
+      o.do_predict = true;
+    } else {
+      o.synthetic_task = "learnable";
+      o.eval_dataset_size = 26;
+    }
+    o.per_device_train_batch_size = 2;
+    o.max_steps = 6;
+    o.do_eval = true;
+    o.eval_strategy = "steps";
+    o.eval_steps = 2;
+    o.save_steps = 2;
+    o.load_best_model_at_end = true;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2 * N;
+    const std::vector<nlohmann::json> ranks = records_of(o, &world());
+    std::vector<nlohmann::json> single;
+    if (world().rank() == 0) single = records_of(one, alone.get());
+    world().barrier();
+    if (world().rank() != 0) {
+      EXPECT_TRUE(ranks.empty()) << "only rank 0 logs";
+    } else {
+      // Training differs by its sums' order (1e-5): the evaluations as closely.
+      auto evals = [](const std::vector<nlohmann::json>& recs) {
+        std::vector<nlohmann::json> e;
+        for (const nlohmann::json& r : recs)
+          if (r.contains("eval_loss")) e.push_back(r);
+        return e;
+      };
+      const auto a = evals(ranks), b = evals(single);
+      ASSERT_EQ(a.size(), 4u);  // steps 2, 4, 6 and the final evaluation
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(a[i]["eval_loss"].get<double>(), b[i]["eval_loss"].get<double>(),
+                    1e-4 * b[i]["eval_loss"].get<double>())
+            << i;
+    }
+    // Evaluating and predicting alone (the trained folder, no training): the same weights on
+    // every rank, so the metrics equal one process's to the sums' order and the predictions
+    // are the same file.
+    TrainOptions eval_only = o;
+    eval_only.model_name_or_path = dir / "one";
+    eval_only.do_train = false;
+    eval_only.per_device_eval_batch_size = 4;
+    eval_only.output_dir = dir / "eval_ranks";
+    TrainOptions eval_one = eval_only;
+    eval_one.output_dir = dir / "eval_one";
+    std::vector<nlohmann::json> eval_ranks;
+    if (world().rank() == 0) records_of(eval_one, alone.get());
+    world().barrier();
+    eval_ranks = records_of(eval_only, &world());
+    if (world().rank() != 0) continue;
+    const nlohmann::json want = read_json_file(dir / "eval_one/eval_results.json", "eval results");
+    const nlohmann::json got = read_json_file(dir / "eval_ranks/eval_results.json", "eval results");
+    std::vector<std::string> metrics{"eval_loss"};
+    if (task == "classification") metrics.insert(metrics.end(), {"eval_accuracy", "eval_f1"});
+    if (task == "regression")
+      metrics.insert(metrics.end(), {"eval_mse", "eval_pearson", "eval_spearmanr"});
+    if (task == "causal_lm") metrics.push_back("perplexity");
+    for (const std::string& m : metrics) {
+      ASSERT_TRUE(got.contains(m)) << m << " in " << got.dump();
+      EXPECT_NEAR(got[m].get<double>(), want[m].get<double>(),
+                  1e-9 * std::abs(want[m].get<double>()))
+          << m;
+    }
+    EXPECT_EQ(got["eval_samples"], 26);
+    if (task == "classification") EXPECT_GT(want["eval_accuracy"].get<double>(), 0.0);
+    if (task != "causal_lm") {
+      const std::string predicted = read_text(dir / "eval_ranks/predict_results.txt");
+      EXPECT_EQ(predicted, read_text(dir / "eval_one/predict_results.txt"));
+      EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 12) << predicted;
+    }
+  }
 }
 
 // What data parallelism does not do yet is refused on every rank alike, before any step.
