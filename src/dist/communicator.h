@@ -44,6 +44,10 @@ class Communicator {
   // Ends every rank of the run now, with exit code `code` (a rank that failed must not leave the
   // others waiting in a collective).
   [[noreturn]] virtual void abort(int code) = 0;
+  // A collective that has waited this many seconds for the other ranks ends the run (every
+  // rank, as abort) with a message naming this rank and the collective: a peer that hangs
+  // or is gone (TrainingArguments' ddp_timeout). 0: wait for ever. One process never waits.
+  virtual void set_timeout(double /*seconds*/) {}
 
  protected:
   // Throws naming `op` unless the buffers suit it: host memory, float32, bf16 or float64, in and

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <exception>
@@ -83,6 +84,12 @@ class Mpi final : public Communicator {
     }
     work_cv_.notify_all();
     if (worker_.joinable()) worker_.join();
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Op_free(&bf16_sum_);
@@ -125,6 +132,7 @@ class Mpi final : public Communicator {
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
     BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum: in and out overlap");
     drain();
+    const Watch watch(*this, "reduce_scatter_sum");
     check(
         MPI_Reduce_scatter_block(in.data(), out.data(), count_of(out.numel(), "reduce_scatter_sum"),
                                  type(in), op(in), MPI_COMM_WORLD),
@@ -139,6 +147,7 @@ class Mpi final : public Communicator {
     BRISK_CHECK(own_chunk || !overlap(in, out),
                 "all_gather: in overlaps out other than as this rank's chunk");
     drain();
+    const Watch watch(*this, "all_gather");
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
                         MPI_COMM_WORLD),
           "all_gather (MPI_Allgather)");
@@ -147,6 +156,7 @@ class Mpi final : public Communicator {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
     drain();
+    const Watch watch(*this, "broadcast");
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
@@ -157,7 +167,15 @@ class Mpi final : public Communicator {
   }
   void barrier() override {
     drain();
+    const Watch watch(*this, "barrier");
     check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)");
+  }
+  void set_timeout(double seconds) override {
+    BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    timeout_ = seconds;
+    if (seconds > 0 && !watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
+    watch_cv_.notify_all();
   }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -166,6 +184,7 @@ class Mpi final : public Communicator {
 
  private:
   void all_reduce_now(const Tensor& buf) {
+    const Watch watch(*this, "all_reduce_sum");
     // In pieces of at most 2^30 elements: MPI counts are int.
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
@@ -174,6 +193,39 @@ class Mpi final : public Communicator {
       check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
                           MPI_COMM_WORLD),
             "all_reduce_sum (MPI_Allreduce)");
+    }
+  }
+  // While a collective runs, the watchdog knows which and since when (one at a time: the
+  // caller's thread and the communication thread take turns).
+  struct Watch {
+    Mpi& m;
+    Watch(Mpi& mpi, const char* op) : m(mpi) {
+      std::lock_guard<std::mutex> lock(m.watch_mu_);
+      m.watched_op_ = op;
+      m.watched_since_ = std::chrono::steady_clock::now();
+    }
+    ~Watch() {
+      std::lock_guard<std::mutex> lock(m.watch_mu_);
+      m.watched_op_ = nullptr;
+    }
+  };
+  // The watchdog thread: a collective past the timeout ends the run.
+  void watch() {
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    while (!watch_stop_) {
+      const double poll = std::min(1.0, std::max(0.05, timeout_ / 20));
+      watch_cv_.wait_for(lock, std::chrono::duration<double>(poll));
+      if (!watched_op_ || timeout_ <= 0) continue;
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - watched_since_).count();
+      if (waited < timeout_) continue;
+      std::fprintf(stderr,
+                   "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
+                   "(ddp_timeout): a rank is stuck or gone; ending the run\n",
+                   rank_, size_, watched_op_, waited);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);
     }
   }
   // Waits for the started collectives (rethrowing the first failure).
@@ -232,6 +284,14 @@ class Mpi final : public Communicator {
   double busy_seconds_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;
+  // The watchdog and what it watches, under watch_mu_.
+  std::thread watchdog_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  double timeout_ = 0;
+  const char* watched_op_ = nullptr;
+  std::chrono::steady_clock::time_point watched_since_;
+  bool watch_stop_ = false;
 };
 
 }  // namespace

@@ -138,6 +138,8 @@ void validate_options(const TrainOptions& o) {
               o.save_total_limit);
   BRISK_CHECK(o.ddp_bucket_cap_mb > 0 && o.ddp_bucket_cap_mb <= 1e6,
               "ddp_bucket_cap_mb must lie in (0, 1e6] MiB, got ", o.ddp_bucket_cap_mb);
+  BRISK_CHECK(o.ddp_timeout >= 0 && o.ddp_timeout <= 100'000'000,
+              "ddp_timeout must lie in [0, 1e8] seconds, got ", o.ddp_timeout);
   BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",
               o.dataloader_num_workers);
   if (!o.max_memory.empty()) parse_memory_size(o.max_memory);  // refuses what is not a size

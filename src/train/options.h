@@ -90,6 +90,9 @@ struct TrainOptions {
   // Data parallel: gradients are summed across ranks in buckets of about this many MiB, each
   // started as soon as backward has finished it (PyTorch DDP's bucket_cap_mb).
   double ddp_bucket_cap_mb = 25;
+  // Seconds a collective may wait for the other ranks before the run ends naming the
+  // collective (a rank stuck or gone); 0: for ever.
+  int64_t ddp_timeout = 1800;
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -213,6 +216,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("ddp_bucket_cap_mb", o.ddp_bucket_cap_mb,
     "data parallel: MiB of gradients per all-reduce bucket; each bucket is summed across the "
     "ranks as soon as backward has finished it, while the earlier layers still compute");
+  v("ddp_timeout", o.ddp_timeout,
+    "data parallel: seconds a rank waits for the others in a collective before the run ends "
+    "with a message (a rank stuck or gone); 0 = no limit");
   v("disable_tqdm", o.disable_tqdm, "no progress bar even on a terminal");
   v("report_to", o.report_to,
     "none, or tensorboard (also all): write the logs as TensorBoard event files");

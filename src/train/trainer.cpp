@@ -350,6 +350,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   const int rank = dist.rank(), ranks = dist.size();
   const bool lead = rank == 0;
   if (ranks > 1) {
+    dist.set_timeout(static_cast<double>(options.ddp_timeout));
     BRISK_CHECK(device == Device::cpu, "a run of ", ranks,
                 " processes on the GPU needs NCCL, which brisk does not use yet; use --device cpu");
     BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,

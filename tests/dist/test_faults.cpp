@@ -1,0 +1,43 @@
+// Faults across ranks, each run as a job of its own that must fail (tests/CMakeLists.txt runs
+// them through expect_failure.sh, which checks the exit code, the time and the message): they are
+// DISABLED_ in the ordinary run of brisk_dist_tests.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "dist/test_world.h"
+
+namespace brisk::testing {
+namespace {
+
+// Rank 1 hangs; the others wait in an all-reduce until the timeout ends the run.
+TEST(Faults, DISABLED_AStuckRankEndsTheRunAtTheTimeout) {
+  world().set_timeout(2);
+  world().barrier();
+  if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  float x = 1;
+  world().all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
+}
+
+// A started (overlapped) all-reduce is watched as well.
+TEST(Faults, DISABLED_AStuckRankEndsAStartedSum) {
+  world().set_timeout(2);
+  world().barrier();
+  if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  float x = 1;
+  world().start_all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
+  world().wait_started();
+}
+
+// Rank 1 is killed: the launcher ends the others, naming the rank.
+TEST(Faults, DISABLED_AKilledRankEndsTheRun) {
+  world().barrier();
+  if (world().rank() == 1) std::raise(SIGKILL);
+  float x = 1;
+  world().all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
+}
+
+}  // namespace
+}  // namespace brisk::testing
