@@ -10,6 +10,9 @@
 #include "dist/grad_buckets.h"
 #include "dist/launch.h"
 #include "test_support.h"
+#include "train/assembly.h"
+#include "train/zero.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -176,7 +179,6 @@ class Recorder final : public Communicator {
   const float* base_;
 };
 
-
 // Segments as a model reports them (head, blocks last to first, embeddings: downwards through the
 // buffer): consecutive ones join a bucket until it holds at least the cap; a bucket's sum starts
 // when its last segment is final, in order; finish starts the rest, waits, and resets.
@@ -225,6 +227,61 @@ TEST(GradBuckets, AGapOrAShortfallIsNotBucketed) {
   EXPECT_THROW(GradBuckets(t, {{50, 50}}, 1 << 20), Error);           // half uncovered
   EXPECT_THROW(GradBuckets(t, {{50, 60}, {0, 50}}, 1 << 20), Error);  // past the end
   EXPECT_THROW(GradBuckets(t, {{0, 100}}, 0), Error);
+}
+
+// ZeRO's shards: contiguous runs of whole parameters covering them all, each ending at the
+// parameter boundary nearest to its share.
+TEST(Zero, ShardsAreRunsOfWholeParametersNearTheirShare) {
+  ParameterSet p;
+  for (int64_t n : {10, 10, 10, 70})
+    p.add("p" + std::to_string(p.list().size()), Shape{n}, kBiasOrNorm);
+  auto shards = partition_params(p, 2);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0].first, 0);
+  EXPECT_EQ(shards[0].last, 3);  // 30 elements: nearer 50 than 100
+  EXPECT_EQ(shards[0].elements, (ElementRange{0, 30}));
+  EXPECT_EQ(shards[1].first, 3);
+  EXPECT_EQ(shards[1].last, 4);
+  EXPECT_EQ(shards[1].elements, (ElementRange{30, 70}));
+  shards = partition_params(p, 1);
+  EXPECT_EQ(shards[0].elements, (ElementRange{0, 100}));
+  // More ranks than parameters: some shares are empty, the rest still cover everything.
+  shards = partition_params(p, 6);
+  int64_t next = 0;
+  for (const ParamShard& s : shards) {
+    EXPECT_EQ(s.elements.offset, next);
+    next += s.elements.count;
+  }
+  EXPECT_EQ(next, 100);
+  const ParameterSet mine = shard_params(p, partition_params(p, 2)[1]);
+  ASSERT_EQ(mine.list().size(), 1u);
+  EXPECT_EQ(mine.list()[0].name, "p3");
+  EXPECT_EQ(mine.list()[0].offset, 0);
+  EXPECT_EQ(mine.total_elements(), 70);
+}
+
+// The plan of a ZeRO rank holds its share of the optimizer state: the ranks' shares add up to the
+// whole (AdamW's decay tables, one small table per rank, aside), each near 1/N of it.
+TEST(Zero, EachRanksPlanHoldsItsShareOfTheOptimizerState) {
+  TempDir dir("zero_plan");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
+  const int state = static_cast<int>(Category::optimizer_state);
+  const size_t whole = assemble_run(o, Device::cpu, nullptr)->plan.bytes_by_category()[state];
+  o.zero_stage = 1;
+  for (int N : {2, 3}) {
+    size_t sum = 0;
+    for (int r = 0; r < N; ++r) {
+      const size_t part =
+          assemble_run(o, Device::cpu, nullptr, nullptr, r, N)->plan.bytes_by_category()[state];
+      EXPECT_LT(part, whole * 0.75 / (N - 1)) << "rank " << r << " of " << N;
+      sum += part;
+    }
+    EXPECT_NEAR(static_cast<double>(sum), static_cast<double>(whole), 512.0 * N) << N;
+  }
+  // Plain data parallelism: every rank holds it all.
+  o.zero_stage = 0;
+  EXPECT_EQ(assemble_run(o, Device::cpu, nullptr, nullptr, 1, 2)->plan.bytes_by_category()[state],
+            whole);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "dist/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -12,8 +13,12 @@ namespace brisk {
 
 void Communicator::check_buffer(const Tensor& t, const char* op) const {
   BRISK_CHECK(t.device() == Device::cpu, op, ": the buffer must be in host memory");
-  BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64, op,
-              ": float32, bf16 or float64 buffers only, not ", dtype_name(t.dtype()));
+  // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
+  const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0;
+  BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64 ||
+                  (copies && t.dtype() == DType::u8),
+              op, ": float32, bf16 or float64 buffers only", copies ? " (or uint8)" : "", ", not ",
+              dtype_name(t.dtype()));
 }
 
 void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out,
@@ -35,6 +40,26 @@ void Communicator::start_all_reduce_sum(const Tensor& buf) {
 
 double Communicator::wait_started() {
   return std::exchange(started_seconds_, 0.0);
+}
+
+std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
+                                   std::vector<int64_t>* bytes_per_rank) {
+  const auto N = static_cast<size_t>(comm.size());
+  std::vector<double> lengths(N, 0.0);
+  lengths[static_cast<size_t>(comm.rank())] = static_cast<double>(piece.bytes());
+  comm.all_reduce_sum(Tensor(lengths.data(), Shape{comm.size()}, DType::f64));
+  const auto longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::vector<uint8_t> padded(std::max<size_t>(longest, 1)), all(padded.size() * N), out;
+  if (piece.bytes() > 0) std::memcpy(padded.data(), piece.data(), piece.bytes());
+  comm.all_gather(Tensor(padded.data(), Shape{static_cast<int64_t>(padded.size())}, DType::u8),
+                  Tensor(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::u8));
+  if (bytes_per_rank) bytes_per_rank->clear();
+  for (size_t r = 0; r < N; ++r) {
+    const auto* first = all.data() + r * padded.size();
+    out.insert(out.end(), first, first + static_cast<size_t>(lengths[r]));
+    if (bytes_per_rank) bytes_per_rank->push_back(static_cast<int64_t>(lengths[r]));
+  }
+  return out;
 }
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "dist/launch.h"
@@ -59,6 +60,11 @@ class Communicator {
  private:
   double started_seconds_ = 0;  // the default start_all_reduce_sum's time since wait_started
 };
+
+// Every rank's `piece` (host memory, any length), its bytes laid end to end in rank order, on
+// every rank; `bytes_per_rank`, when given, receives each rank's share.
+std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
+                                   std::vector<int64_t>* bytes_per_rank = nullptr);
 
 // The process's communicator, made on first use from the environment (make_communicator).
 Communicator& world_communicator();

@@ -263,6 +263,7 @@ class Mpi final : public Communicator {
   static MPI_Datatype type(const Tensor& t) {
     return t.dtype() == DType::f32   ? MPI_FLOAT
            : t.dtype() == DType::f64 ? MPI_DOUBLE
+           : t.dtype() == DType::u8  ? MPI_UINT8_T
                                      : MPI_UINT16_T;
   }
   MPI_Op op(const Tensor& t) const { return t.dtype() == DType::bf16 ? bf16_sum_ : MPI_SUM; }

@@ -116,7 +116,15 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   } else {
     plan_backend_workspace(device, r.product, max_operand, r.plan, r.binder, r.workspace);
   }
-  r.optimizer->plan(r.plan, r.binder, r.model->params());
+  r.rank = rank;
+  if (o.zero_stage >= 1 && ranks > 1) {
+    r.shards = partition_params(r.model->params(), ranks);
+    const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
+    BRISK_CHECK(mine.elements.count > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ",
+                ranks, " gets no parameters to hold (fewer parameter tensors than ranks)");
+    r.optimizer_params = shard_params(r.model->params(), mine);
+  }
+  r.optimizer->plan(r.plan, r.binder, r.shards.empty() ? r.model->params() : r.optimizer_params);
   r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
     r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);

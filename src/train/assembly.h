@@ -17,6 +17,7 @@
 #include "train/evaluate.h"
 #include "train/file_data.h"
 #include "train/options.h"
+#include "train/zero.h"
 
 namespace brisk {
 
@@ -37,6 +38,11 @@ struct RunAssembly {
   std::unique_ptr<MixedPrecision> precision;
   DType product = DType::f32;  // the dtype of the matrix products
   std::unique_ptr<Optimizer> optimizer;
+  // ZeRO stage 1 in a run of several ranks: every rank's parameters (shards[rank] are this
+  // rank's), and this rank's as the set its optimizer is planned for. Empty otherwise.
+  std::vector<ParamShard> shards;
+  ParameterSet optimizer_params;
+  int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized
   BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views

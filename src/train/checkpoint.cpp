@@ -48,20 +48,30 @@ DeviceReader reader_for(Backend& be) {
 }
 
 // optimizer.safetensors: the optimizer's named state and its step count.
-void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::string& path) {
-  std::vector<std::pair<std::string, Tensor>> out = optimizer.state();
+void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::string& path,
+                           const std::vector<std::pair<std::string, Tensor>>* state) {
+  std::vector<std::pair<std::string, Tensor>> out = state ? *state : optimizer.state();
   int64_t step = optimizer.steps();
   out.emplace_back("step", Tensor(&step, Shape{}, DType::i64));
   write_safetensors(path, out, {}, reader_for(be));
 }
 
-void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optimizer) {
+void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optimizer,
+                          const StateShare* share) {
   SafetensorsFile file(path);
-  for (const auto& [name, t] : optimizer.state()) {
-    const Tensor& src = file.get(name);
-    BRISK_CHECK(src.numel() == t.numel(), "'", path, "': ", name, " holds ", src.numel(),
-                " values; this run's ", optimizer.name(), " state has ", t.numel(),
+  const auto named = optimizer.state();
+  BRISK_CHECK(
+      !share || (share->offset.size() == named.size() && share->total.size() == named.size()),
+      "internal error: a state share of ", share ? share->offset.size() : 0, " tensors for ",
+      named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& [name, t] = named[i];
+    const Tensor& whole = file.get(name);
+    const int64_t want = share ? share->total[i] : t.numel();
+    BRISK_CHECK(whole.numel() == want, "'", path, "': ", name, " holds ", whole.numel(),
+                " values; this run's ", optimizer.name(), " state has ", want,
                 " (another model or optim_args?)");
+    const Tensor src = share ? element_range(whole, share->offset[i], t.numel()) : whole;
     BRISK_CHECK(t.dtype() == DType::f32 || src.dtype() == t.dtype(), "'", path, "': ", name,
                 " must be ", dtype_name(t.dtype()), ", not ", dtype_name(src.dtype()));
     // Piece by piece into wherever the state lives: no whole host copy on a GPU.
@@ -125,8 +135,8 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state,
-                            int* fail_at_point) {
+                            const Schedule& schedule, const TrainerState& state, int* fail_at_point,
+                            const std::vector<std::pair<std::string, Tensor>>* optimizer_state) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -141,7 +151,8 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     fault_point(fail_at_point);
     write_json(tmp_dir / "config.json", saved_config(model));
     fault_point(fail_at_point);
-    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string());
+    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(),
+                          optimizer_state);
     fault_point(fail_at_point);
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
@@ -316,7 +327,8 @@ TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& wh
 }
 
 void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
-                     Model& model, Optimizer& optimizer, TrainerState& state) {
+                     Model& model, Optimizer& optimizer, TrainerState& state,
+                     const StateShare* share) {
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
   for (const char* f : kFiles)
@@ -327,7 +339,7 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
   BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,
               "' holds the state of optimizer ", saved, "; this run uses ", options.optim,
               " (resume with the same --optim)");
-  read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer);
+  read_optimizer_state(be, (dir / "optimizer.safetensors").string(), optimizer, share);
   state = parse_trainer_state(read_json(dir / "trainer_state.json"),
                               "checkpoint '" + folder + "': trainer_state.json");
 }

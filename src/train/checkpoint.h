@@ -43,15 +43,26 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
 // of the save sequence (counted down across saves; -1 = never). The points: after each of the six
 // files; when the step was saved before, after its old copy is moved aside and after the new one
 // is renamed into place; in rotation, after each folder is moved aside for deletion.
-std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state,
-                            int* fail_at_point = nullptr);
+// `optimizer_state`, when given, is written instead of the optimizer's own (ZeRO: every rank's
+// shard laid end to end, train/zero.h).
+std::string save_checkpoint(
+    Backend& be, const TrainOptions& options, const Model& model, const Tensor& weights,
+    const Optimizer& optimizer, const Schedule& schedule, const TrainerState& state,
+    int* fail_at_point = nullptr,
+    const std::vector<std::pair<std::string, Tensor>>* optimizer_state = nullptr);
+
+// ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
+// of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.
+struct StateShare {
+  std::vector<int64_t> offset, total;
+};
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
-// and so is a checkpoint of another optimizer than `options.optim`.
+// and so is a checkpoint of another optimizer than `options.optim`. With `share`, the optimizer
+// takes its share of the saved state.
 void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
-                     Model& model, Optimizer& optimizer, TrainerState& state);
+                     Model& model, Optimizer& optimizer, TrainerState& state,
+                     const StateShare* share = nullptr);
 
 // trainer_state.json's values, each checked before use (`where` names the file in messages).
 TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& where);

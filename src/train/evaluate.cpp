@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -15,22 +16,11 @@ namespace brisk {
 namespace {
 
 // Every rank's `mine` (of any length), concatenated in rank order, on every rank.
-std::vector<double> gather_all(Communicator& comm, const std::vector<double>& mine) {
-  const int N = comm.size();
-  std::vector<double> lengths(static_cast<size_t>(N), 0.0);
-  lengths[static_cast<size_t>(comm.rank())] = static_cast<double>(mine.size());
-  comm.all_reduce_sum(Tensor(lengths.data(), Shape{N}, DType::f64));
-  const auto longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
-  if (longest == 0) return {};
-  std::vector<double> padded(mine), all(longest * static_cast<size_t>(N));
-  padded.resize(longest);
-  comm.all_gather(Tensor(padded.data(), Shape{static_cast<int64_t>(longest)}, DType::f64),
-                  Tensor(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64));
-  std::vector<double> out;
-  for (size_t r = 0; r < static_cast<size_t>(N); ++r)
-    out.insert(
-        out.end(), all.begin() + static_cast<std::ptrdiff_t>(r * longest),
-        all.begin() + static_cast<std::ptrdiff_t>(r * longest + static_cast<size_t>(lengths[r])));
+std::vector<double> gather_all(Communicator& comm, std::vector<double> mine) {
+  const std::vector<uint8_t> bytes = gather_pieces(
+      comm, Tensor(mine.data(), Shape{static_cast<int64_t>(mine.size())}, DType::f64));
+  std::vector<double> out(bytes.size() / sizeof(double));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 

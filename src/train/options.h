@@ -93,6 +93,8 @@ struct TrainOptions {
   // Seconds a collective may wait for the other ranks before the run ends naming the
   // collective (a rank stuck or gone); 0: for ever.
   int64_t ddp_timeout = 1800;
+  // ZeRO: 1 partitions the optimizer state among the ranks (train/zero.h); 0 keeps it whole.
+  int64_t zero_stage = 0;
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -216,6 +218,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("ddp_bucket_cap_mb", o.ddp_bucket_cap_mb,
     "data parallel: MiB of gradients per all-reduce bucket; each bucket is summed across the "
     "ranks as soon as backward has finished it, while the earlier layers still compute");
+  v("zero_stage", o.zero_stage,
+    "data parallel: 0 (every rank holds the whole optimizer state) or 1 (ZeRO stage 1: each rank "
+    "holds and updates the state of its 1/N of the parameters; stages 2 and 3 are to come)");
   v("ddp_timeout", o.ddp_timeout,
     "data parallel: seconds a rank waits for the others in a collective before the run ends "
     "with a message (a rank stuck or gone); 0 = no limit");

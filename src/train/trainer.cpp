@@ -30,6 +30,7 @@
 #include "train/memory_html.h"
 #include "train/schedule.h"
 #include "train/tensorboard.h"
+#include "train/zero.h"
 
 namespace brisk {
 
@@ -176,9 +177,12 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
 
+// ZeRO (`shards` not empty): the optimizer updates this rank's shard of the weights, and every
+// shard is then broadcast from its owner.
 Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
                     double lr, double loss_scale, double max_grad_norm, int64_t step, uint64_t seed,
-                    int64_t overflow_at_step) {
+                    int64_t overflow_at_step, Communicator& comm,
+                    const std::vector<ParamShard>& shards) {
   const Tensor& grads = model.params().flat_grads();
   if (step == overflow_at_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
@@ -188,7 +192,18 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
   be.sum_squares(grads,
                  Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
   be.decide_step(stats, loss_scale, max_grad_norm, control);
-  optimizer.step(be, precision.master(model.params()), grads, control, static_cast<float>(lr));
+  const Tensor& master = precision.master(model.params());
+  if (shards.empty()) {
+    optimizer.step(be, master, grads, control, static_cast<float>(lr));
+  } else {
+    const ElementRange mine = shards[static_cast<size_t>(comm.rank())].elements;
+    optimizer.step(be, element_range(master, mine.offset, mine.count),
+                   element_range(grads, mine.offset, mine.count), control, static_cast<float>(lr));
+    for (int r = 0; r < comm.size(); ++r) {
+      const ElementRange e = shards[static_cast<size_t>(r)].elements;
+      if (e.count > 0) comm.broadcast(element_range(master, e.offset, e.count), r);
+    }
+  }
   // On a skip the weights are unchanged, and rounding them again changes nothing.
   precision.refresh_weights(be, model.params(),
                             RngKey{seed, static_cast<uint64_t>(step), kWeightRoundingSite});
@@ -265,9 +280,32 @@ TrainOptions shape_to_memory(const TrainOptions& options, Device device, const B
   return shaped;
 }
 
+// ZeRO: where this rank's optimizer state lies in the ranks' states laid end to end.
+StateShare state_share(Communicator& comm, const Optimizer& optimizer) {
+  const auto named = optimizer.state();
+  const auto N = static_cast<size_t>(comm.size());
+  std::vector<double> sizes(named.size() * N, 0.0);  // [tensor][rank]
+  for (size_t i = 0; i < named.size(); ++i)
+    sizes[i * N + static_cast<size_t>(comm.rank())] = static_cast<double>(named[i].second.numel());
+  comm.all_reduce_sum(Tensor(sizes.data(), Shape{static_cast<int64_t>(sizes.size())}, DType::f64));
+  StateShare share;
+  for (size_t i = 0; i < named.size(); ++i) {
+    int64_t before = 0, total = 0;
+    for (size_t r = 0; r < N; ++r) {
+      const auto n = static_cast<int64_t>(sizes[i * N + r]);
+      if (r < static_cast<size_t>(comm.rank())) before += n;
+      total += n;
+    }
+    share.offset.push_back(before);
+    share.total.push_back(total);
+  }
+  return share;
+}
+
 // Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
 // optimizer state, the data position and the loss scaler.
-TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log) {
+TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
+                        const StateShare* share) {
   const TrainOptions& o = run.options;
   TrainerState state;
   // model.safetensors, or the shards of model.safetensors.index.json.
@@ -275,7 +313,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log) {
                                   ? WeightFiles::find_in_folder(o.model_name_or_path)
                                   : std::string();
   if (!o.resume_from_checkpoint.empty()) {
-    load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state);
+    load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state, share);
   } else if (!weights.empty()) {
     const std::vector<std::string> fresh =
         run.model->load_pretrained(be, WeightFiles(weights), o.seed);
@@ -395,7 +433,10 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   run->binder.bind(arena);
   optimizer->reset(*be);
 
-  TrainerState state = load_state(*be, *run, on_log);
+  // ZeRO: this rank's share of a checkpoint's optimizer state (the ranks' states end to end).
+  std::optional<StateShare> share;
+  if (!run->shards.empty()) share = state_share(dist, *optimizer);
+  TrainerState state = load_state(*be, *run, on_log, share ? &*share : nullptr);
   // --report_to tensorboard: every record also as TensorBoard scalars at the step it belongs to.
   std::unique_ptr<EventWriter> events;
   auto wall_time = [] {
@@ -474,8 +515,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
-    const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
-                                       o.max_grad_norm, step, o.seed, faults.overflow_at_step);
+    const Update update =
+        apply_update(*be, *model, *optimizer, precision, lr, loss_scale, o.max_grad_norm, step,
+                     o.seed, faults.overflow_at_step, dist, run->shards);
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
@@ -502,8 +544,23 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
       state.log_history.push_back(evaluated);
       report(evaluated);
     }
-    if (lead && checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k,
-                               micro_per_epoch)) {
+    const bool save_now =
+        checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch);
+    // ZeRO: every rank's optimizer state, laid end to end for rank 0 to save.
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> gathered;
+    std::vector<std::pair<std::string, Tensor>> whole_state;
+    if (save_now && !run->shards.empty()) {
+      gathered = gather_optimizer_state(dist, *optimizer);
+      const auto own = optimizer->state();
+      for (size_t i = 0; i < gathered.size(); ++i) {
+        const int64_t size = dtype_size(own[i].second.dtype());
+        whole_state.emplace_back(
+            gathered[i].first, Tensor(gathered[i].second.data(),
+                                      Shape{static_cast<int64_t>(gathered[i].second.size()) / size},
+                                      own[i].second.dtype()));
+      }
+    }
+    if (lead && save_now) {
       // The best model is decided before the save, so the checkpoint's state names it.
       if (o.load_best_model_at_end && !evaluated.is_null() &&
           best.better(best.value(evaluated), state.best_metric)) {
@@ -513,7 +570,8 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
       }
       peaks.enter(PeakPhases::saves);
       s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
-                                          *optimizer, schedule, state, &faults.kill_save_at_point);
+                                          *optimizer, schedule, state, &faults.kill_save_at_point,
+                                          whole_state.empty() ? nullptr : &whole_state);
       peaks.enter(PeakPhases::steps);
     }
   }
