@@ -147,6 +147,40 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
+// estimate --world_size N --zero_stage 1: each rank's share of the optimizer state, the shares
+// adding up to the whole; model states per rank as the ZeRO formula gives them (the unpartitioned
+// bytes plus the optimizer's divided by N).
+TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
+  namespace fs = std::filesystem;
+  const std::string json =
+      (fs::temp_directory_path() / ("brisk_cli_zero_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  const CliRun r = run_brisk(
+      "estimate --model bert-large-uncased --world_size 3 --zero_stage 1 --output_json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("data parallel over 3 ranks, zero_stage 1"), std::string::npos) << r.out;
+  const nlohmann::json j = read_json(json);
+  fs::remove(json);
+  const nlohmann::json& dp = j["data_parallel"];
+  ASSERT_EQ(dp["ranks"].size(), 3u);
+  double state = 0, params = 0;
+  for (const nlohmann::json& rank : dp["ranks"]) {
+    state += rank["optimizer_state_bytes"].get<double>();
+    params += rank["parameters"].get<double>();
+    EXPECT_LT(rank["optimizer_state_bytes"].get<double>(), 0.45 * 2556.9 * (1 << 20));
+  }
+  EXPECT_EQ(params, 335143938.0);
+  EXPECT_NEAR(state / (1 << 20), 2556.9, 0.2);  // AdamW: 8 bytes per parameter, split three ways
+  EXPECT_NEAR(dp["optimizer_bytes_per_param"].get<double>(), 8.0, 0.01);
+  EXPECT_NEAR(dp["model_state_bytes_per_param"].get<double>(),
+              dp["unpartitioned_bytes_per_param"].get<double>() + 8.0 / 3, 0.01);
+  // Rank 0's own plan holds rank 0's share.
+  EXPECT_NEAR(j["memory"]["planned_bytes"]["optimizer_state"].get<double>(),
+              dp["ranks"][0]["optimizer_state_bytes"].get<double>(), 4096);
+  expect_refused("estimate --world_size 0", "--world_size must lie in");
+  expect_refused("estimate --zero_stage 2", "zero_stage 2");
+}
+
 // `brisk estimate` takes train's options and plans exactly what train allocates, category by
 // category, byte for byte.
 TEST(Cli, EstimateEqualsThePlanTrainAllocates) {

@@ -202,6 +202,74 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
 }
 }  // namespace
 
+namespace {
+// estimate --world_size N: what each rank holds of the model states, next to the ZeRO paper's
+// formula for the stage (Rajbhandari et al. 2020, mixed-precision Adam: 2 + 2 + K bytes per
+// parameter with K = 12, the K part divided by N from stage 1 on).
+nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int world) {
+  if (world == 1) return nlohmann::json::object();
+  const auto planned = run.plan.bytes_by_category();
+  const double n = static_cast<double>(run.model->params().total_elements());
+  auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
+  const double unsharded =
+      bytes(Category::weights) + bytes(Category::master_weights) + bytes(Category::gradients);
+  std::printf("data parallel over %d ranks, zero_stage %lld:\n", world,
+              static_cast<long long>(o.zero_stage));
+  nlohmann::json per_rank = nlohmann::json::array();
+  double whole_state = 0, largest = 0;
+  std::vector<double> states;
+  if (run.shards.empty()) {
+    states.assign(static_cast<size_t>(world), bytes(Category::optimizer_state));
+    whole_state = bytes(Category::optimizer_state);
+  } else {
+    for (const ParamShard& shard : run.shards) {  // each rank's optimizer, planned alone
+      MemoryPlan scratch;
+      BufferBinder binder;
+      const ParameterSet mine = shard_params(run.model->params(), shard);
+      make_optimizer(optimizer_config(o))->plan(scratch, binder, mine);
+      states.push_back(static_cast<double>(
+          scratch.bytes_by_category()[static_cast<int>(Category::optimizer_state)]));
+      whole_state += states.back();
+    }
+  }
+  std::printf("  %-6s %14s %16s %22s\n", "rank", "parameters", "optimizer_state",
+              "model states/param");
+  for (int r = 0; r < world; ++r) {
+    const double params =
+        run.shards.empty() ? n
+                           : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
+    const double state = states[static_cast<size_t>(r)];
+    largest = std::max(largest, state);
+    per_rank.push_back({{"rank", r}, {"parameters", params}, {"optimizer_state_bytes", state}});
+    if (r < 8 || r == world - 1)
+      std::printf("  %-6d %14.0f %16s %22.2f\n", r, params,
+                  format_mib(static_cast<size_t>(state)).c_str(), (unsharded + state) / n);
+    else if (r == 8)
+      std::printf("  ...\n");
+  }
+  const double K = whole_state / n;
+  const double stage_formula =
+      (unsharded + (run.shards.empty() ? whole_state : whole_state / world)) / n;
+  std::printf(
+      "  model states per rank: %.2f bytes/param unpartitioned (weights, master, gradients)"
+      " + optimizer %.2f%s = %.2f (largest rank: %.2f)\n",
+      unsharded / n, K, run.shards.empty() ? "" : (" / " + std::to_string(world)).c_str(),
+      stage_formula, (unsharded + largest) / n);
+  if (run.optimizer->name() == "adamw_torch")
+    std::printf(
+        "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
+        "stage (brisk: float32 gradients, the 16-bit copy in float32 on the CPU, the float32 "
+        "master whole in stage 1)\n",
+        4.0 + (run.shards.empty() ? 12.0 : 12.0 / world));
+  return {{"world_size", world},
+          {"zero_stage", o.zero_stage},
+          {"unpartitioned_bytes_per_param", unsharded / n},
+          {"optimizer_bytes_per_param", K},
+          {"model_state_bytes_per_param", stage_formula},
+          {"ranks", per_rank}};
+}
+}  // namespace
+
 int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
   const std::string& json_path = args.json_path;
   validate_options(o);
@@ -209,7 +277,10 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
   const Device device = o.device == "auto"   ? resolve_device("auto")
                         : o.device == "cuda" ? Device::cuda
                                              : Device::cpu;
-  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr);
+  BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
+              "--world_size must lie in [1, 1048576], got ", args.world_size);
+  const int world = static_cast<int>(args.world_size);
+  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
   const MemoryPlan& plan = run->plan;
   const int64_t n = run->model->params().total_elements();
   const int64_t layers = run->config.num_layers;
@@ -248,6 +319,7 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
     std::printf("\n");
   }
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
+  const nlohmann::json ranks_json = print_ranks(o, *run, world);
   const size_t block = bytes_under(plan, "block.0.");
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
               static_cast<long long>(layers), format_mib(block * layers).c_str());
@@ -311,7 +383,8 @@ int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
           {"layers", layers},
           {"host_baseline_bytes", host_base},
           {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0}}},
-        {"fit", fit_json}};
+        {"fit", fit_json},
+        {"data_parallel", ranks_json}};
     std::ofstream out(json_path);
     BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
     out << j.dump(2) << "\n";

@@ -31,6 +31,7 @@ struct EstimateArgs {
   std::string precisions;  // comma-separated, for --fit; empty: the run's own
   std::string optims;      // comma-separated, for --fit; empty: the run's own
   std::string html_path;   // draw the plan (or the fit's candidates) into this HTML file
+  int64_t world_size = 1;  // plan rank 0 of a data-parallel run of this many processes
 };
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
 

@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
       "draw the plan (with --fit: the best candidates) as stacked bars in this HTML file");
   e->add_option("--fit_precisions", est.precisions,
                 "precisions --fit may choose, e.g. fp32,bf16 (default: the run's)");
+  e->add_option("--world_size", est.world_size,
+                "plan a data-parallel run of this many processes: rank 0's plan, and each "
+                "rank's share of what --zero_stage partitions")
+      ->capture_default_str();
   e->add_option("--fit_optims", est.optims,
                 "optimizers --fit may choose, e.g. adamw_torch,adafactor (default: the run's)");
 
