@@ -235,7 +235,7 @@ TEST(Zero, ShardsAreRunsOfWholeParametersNearTheirShare) {
   ParameterSet p;
   for (int64_t n : {10, 10, 10, 70})
     p.add("p" + std::to_string(p.list().size()), Shape{n}, kBiasOrNorm);
-  auto shards = partition_params(p, 2);
+  auto shards = partition_params(p, 2, false);
   ASSERT_EQ(shards.size(), 2u);
   EXPECT_EQ(shards[0].first, 0);
   EXPECT_EQ(shards[0].last, 3);  // 30 elements: nearer 50 than 100
@@ -243,17 +243,36 @@ TEST(Zero, ShardsAreRunsOfWholeParametersNearTheirShare) {
   EXPECT_EQ(shards[1].first, 3);
   EXPECT_EQ(shards[1].last, 4);
   EXPECT_EQ(shards[1].elements, (ElementRange{30, 70}));
-  shards = partition_params(p, 1);
+  shards = partition_params(p, 1, false);
   EXPECT_EQ(shards[0].elements, (ElementRange{0, 100}));
   // More ranks than parameters: some shares are empty, the rest still cover everything.
-  shards = partition_params(p, 6);
+  shards = partition_params(p, 6, false);
   int64_t next = 0;
   for (const ParamShard& s : shards) {
     EXPECT_EQ(s.elements.offset, next);
     next += s.elements.count;
   }
   EXPECT_EQ(next, 100);
-  const ParameterSet mine = shard_params(p, partition_params(p, 2)[1]);
+  // Split: equal runs of elements, cut inside parameters; a cut parameter's piece is flat.
+  shards = partition_params(p, 3, true);
+  EXPECT_EQ(shards[0].elements, (ElementRange{0, 34}));
+  EXPECT_EQ(shards[1].elements, (ElementRange{34, 34}));
+  EXPECT_EQ(shards[2].elements, (ElementRange{68, 32}));
+  EXPECT_EQ(shards[0].first, 0);
+  EXPECT_EQ(shards[0].last, 4);
+  EXPECT_EQ(shards[1].first, 3);
+  EXPECT_EQ(shards[1].last, 4);
+  const ParameterSet first = shard_params(p, shards[0]);
+  ASSERT_EQ(first.list().size(), 4u);
+  EXPECT_EQ(first.list()[3].name, "p3");
+  EXPECT_EQ(first.list()[3].shape.numel(), 4);
+  EXPECT_EQ(first.total_elements(), 34);
+  EXPECT_EQ(shard_params(p, shards[2]).total_elements(), 32);
+  shards = partition_params(p, 200, true);  // more ranks than elements: the last ones get none
+  EXPECT_EQ(shards[99].elements, (ElementRange{99, 1}));
+  EXPECT_EQ(shards[100].elements.count, 0);
+  EXPECT_EQ(shard_params(p, shards[100]).total_elements(), 0);
+  const ParameterSet mine = shard_params(p, partition_params(p, 2, false)[1]);
   ASSERT_EQ(mine.list().size(), 1u);
   EXPECT_EQ(mine.list()[0].name, "p3");
   EXPECT_EQ(mine.list()[0].offset, 0);

@@ -118,7 +118,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   }
   r.rank = rank;
   if (o.zero_stage >= 1 && ranks > 1) {
-    r.shards = partition_params(r.model->params(), ranks);
+    r.shards = partition_params(r.model->params(), ranks, r.optimizer->elementwise());
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
     BRISK_CHECK(mine.elements.count > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ",
                 ranks, " gets no parameters to hold (fewer parameter tensors than ranks)");

@@ -1,10 +1,12 @@
 // ZeRO stage 1 (Rajbhandari et al. 2020): the optimizer state partitioned among the ranks of a
-// data-parallel run. Each rank keeps the state of one contiguous run of whole parameters and
-// updates only those; the updated weights are then gathered from their owners. Shards end at
-// parameter boundaries so that every optimizer works sharded as it is: Adafactor's per-matrix
-// row and column statistics and 8-bit AdamW's per-parameter blocks never straddle two ranks, and
-// every optimizer lays its state out parameter after parameter, so the ranks' states laid end
-// to end are one process's state (what checkpoints hold, whatever the number of ranks).
+// data-parallel run. Each rank keeps the state of one contiguous run of the flat parameters and
+// updates only those; the updated weights are then gathered from their owners. Optimizers whose
+// state is per element (AdamW, SGD) take equal runs, cut anywhere, as DeepSpeed does; the others
+// take runs of whole parameters, so that Adafactor's per-matrix row and column statistics and
+// 8-bit AdamW's per-parameter choice of 8 or 32 bits and its blocks never straddle two ranks.
+// Every optimizer lays its state out element after element, parameter after parameter, so the
+// ranks' states laid end to end are one process's state: what checkpoints hold, whatever the
+// number of ranks.
 #pragma once
 
 #include <string>
@@ -20,15 +22,18 @@ class Communicator;
 class Optimizer;
 
 struct ParamShard {
-  int first = 0, last = 0;  // parameters [first, last)
-  ElementRange elements;    // their elements in the flat buffers
+  int first = 0, last = 0;  // the parameters [first, last) it holds all or part of
+  ElementRange elements;    // its elements in the flat buffers
 };
 
-// `ranks` contiguous runs of whole parameters, each as close to 1/ranks of the elements as the
-// parameter boundaries allow (a rank's share may be empty when a parameter outweighs the rest).
-std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks);
-// The parameters of `shard` as a set of their own (offsets from the shard's first element):
-// what a rank's optimizer is planned for.
+// `ranks` contiguous runs of the parameters. Split (`split_parameters`): equal runs of elements,
+// the last shorter. Otherwise runs of whole parameters, each ending at the parameter boundary
+// nearest to its share (a rank's run may be empty when a parameter outweighs the rest).
+std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
+                                         bool split_parameters);
+// The shard's elements as a set of parameters of their own (offsets from the shard's first
+// element; a parameter cut by the shard's ends becomes its piece, flat, under its name): what a
+// rank's optimizer is planned for.
 ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 
 // The optimizer state of every rank laid end to end in rank order, name by name (host copies,
