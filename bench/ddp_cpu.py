@@ -19,8 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 
 
-def run(ranks, threads, bucket_mb, a, out):
+def run(ranks, threads, bucket_mb, zero, a, out):
     args = [BRISK, "train", "--model", a.model, "--ddp_bucket_cap_mb", str(bucket_mb),
+            "--zero_stage", str(zero),
             "--per_device_train_batch_size",
             str(a.batch // ranks), "--seq_len", str(a.seq), "--max_steps", str(a.max_steps),
             "--logging_steps", str(a.max_steps), "--output_dir", out, "--disable_tqdm",
@@ -33,9 +34,11 @@ def run(ranks, threads, bucket_mb, a, out):
     subprocess.run(args, check=True, env=env, capture_output=True, text=True)
     train = json.load(open(os.path.join(out, "train_results.json")))
     runtime = train["train_runtime"]
+    memory = train["memory"]
     return (train["train_samples_per_second"], train["train_loss"],
             train["communication_seconds"] / runtime,
-            train["communication_wait_seconds"] / runtime)
+            train["communication_wait_seconds"] / runtime,
+            memory["planned_bytes"]["optimizer_state"] / 2**20, memory["peak_rss_bytes"] / 2**20)
 
 
 def main():
@@ -51,24 +54,26 @@ def main():
     rows = []
     one_bucket = 1e6  # MiB: every gradient in one bucket, summed when backward has ended
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (ranks, bucket_mb) in enumerate([(1, a.bucket_mb), (a.ranks, one_bucket),
-                                                (a.ranks, a.bucket_mb)]):
+        runs = [(1, a.bucket_mb, 0), (a.ranks, one_bucket, 0), (a.ranks, a.bucket_mb, 0),
+                (a.ranks, a.bucket_mb, 1)]
+        for i, (ranks, bucket_mb, zero) in enumerate(runs):
             threads = max(1, cores // ranks)
-            sps, loss, comm, wait = run(ranks, threads, bucket_mb, a, os.path.join(tmp, str(i)))
+            result = run(ranks, threads, bucket_mb, zero, a, os.path.join(tmp, str(i)))
             buckets = ("—" if ranks == 1 else "one, after backward" if bucket_mb == one_bucket
                        else f"{bucket_mb:g} MiB, during backward")
-            rows.append((ranks, threads, buckets, sps, loss, comm, wait))
+            rows.append((ranks, threads, buckets, zero) + result)
     print(f"\n{a.model}, global batch {a.batch} x {a.seq} tokens, {a.max_steps} steps, synthetic "
-          f"data; CPU: {cpu_name()}, {cores} threads")
-    print("| processes x threads | gradient buckets | train samples/s | sums' time / run | "
-          "waited for / run | hidden | train loss |")
-    print("|---|---|---|---|---|---|---|")
-    base = rows[0][3]
-    for ranks, threads, buckets, sps, loss, comm, wait in rows:
+          f"data, AdamW; CPU: {cpu_name()}, {cores} threads")
+    print("| processes x threads | gradient buckets | ZeRO stage | train samples/s | sums' time / run "
+          "| waited for / run | hidden | rank 0 optimizer state (planned) | rank 0 peak RSS "
+          "| train loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = rows[0][4]
+    for ranks, threads, buckets, zero, sps, loss, comm, wait, state, peak in rows:
         shares = ("— | — | —" if ranks == 1 else
                   f"{comm:.0%} | {wait:.0%} | {1 - wait / comm if comm > 0 else 0:.0%}")
-        print(f"| {ranks} x {threads} | {buckets} | {sps:.3f} ({sps / base:.2f}x) | {shares} | "
-              f"{loss:.4f} |")
+        print(f"| {ranks} x {threads} | {buckets} | {zero} | {sps:.3f} ({sps / base:.2f}x) | "
+              f"{shares} | {state:.0f} MiB | {peak:.0f} MiB | {loss:.4f} |")
 
 
 if __name__ == "__main__":
