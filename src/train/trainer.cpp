@@ -84,6 +84,7 @@ struct Update {
   double loss_sum = 0;
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // NaN when skipped
   bool skipped = false;
+  double gather_seconds = 0;  // ZeRO: broadcasting the updated shards from their owners
 };
 
 // Whether the step just finished ends with a checkpoint, as TrainingArguments' save_strategy:
@@ -193,22 +194,27 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
                  Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
   be.decide_step(stats, loss_scale, max_grad_norm, control);
   const Tensor& master = precision.master(model.params());
+  double gather_seconds = 0;
   if (shards.empty()) {
     optimizer.step(be, master, grads, control, static_cast<float>(lr));
   } else {
     const ElementRange mine = shards[static_cast<size_t>(comm.rank())].elements;
     optimizer.step(be, element_range(master, mine.offset, mine.count),
                    element_range(grads, mine.offset, mine.count), control, static_cast<float>(lr));
+    const auto start = std::chrono::steady_clock::now();
     for (int r = 0; r < comm.size(); ++r) {
       const ElementRange e = shards[static_cast<size_t>(r)].elements;
       if (e.count > 0) comm.broadcast(element_range(master, e.offset, e.count), r);
     }
+    gather_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   // On a skip the weights are unchanged, and rounding them again changes nothing.
   precision.refresh_weights(be, model.params(),
                             RngKey{seed, static_cast<uint64_t>(step), kWeightRoundingSite});
   const auto [loss_sum, sumsq] = model.read_step_stats(be);
   Update u;
+  u.gather_seconds = gather_seconds;
   u.loss_sum = loss_sum;
   u.skipped = !std::isfinite(loss_sum) || !std::isfinite(sumsq);
   BRISK_CHECK(!u.skipped || precision.uses_loss_scaling(), "the ",
@@ -518,6 +524,9 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
     const Update update =
         apply_update(*be, *model, *optimizer, precision, lr, loss_scale, o.max_grad_norm, step,
                      o.seed, faults.overflow_at_step, dist, run->shards);
+    // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
+    s.communication_seconds += update.gather_seconds;
+    s.communication_wait_seconds += update.gather_seconds;
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();

@@ -41,8 +41,9 @@ struct TrainSummary {
   std::string last_checkpoint;
   std::string device;  // the backend's name
   int ranks = 1;       // processes of a data-parallel run
-  // Rank 0's gradient and loss sums: the seconds they ran, and of those the seconds the training
-  // loop waited for them (the rest was hidden behind backward's computation).
+  // Rank 0's gradient and loss sums (and ZeRO's gathering of the updated weights): the seconds
+  // they ran, and of those the seconds the training loop waited for them (the rest was hidden
+  // behind backward's computation).
   double communication_seconds = 0;
   double communication_wait_seconds = 0;
   std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
