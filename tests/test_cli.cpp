@@ -177,6 +177,15 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
   // Rank 0's own plan holds rank 0's share.
   EXPECT_NEAR(j["memory"]["planned_bytes"]["optimizer_state"].get<double>(),
               dp["ranks"][0]["optimizer_state_bytes"].get<double>(), 4096);
+  // The same from a DeepSpeed config, as Trainer's --deepspeed.
+  const std::string ds = json + ".ds.json";
+  std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": "auto",
+                          "zero_optimization": {"stage": 1, "overlap_comm": true}})";
+  const CliRun d =
+      run_brisk("estimate --model bert-large-uncased --world_size 3 --deepspeed " + ds);
+  fs::remove(ds);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.out.find("data parallel over 3 ranks, zero_stage 1"), std::string::npos) << d.out;
   expect_refused("estimate --world_size 0", "--world_size must lie in");
   expect_refused("estimate --zero_stage 2", "zero_stage 2");
 }

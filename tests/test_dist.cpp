@@ -2,6 +2,7 @@
 // single-process communicator. The collectives across processes are tests/dist/ (run by mpirun).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "dist/launch.h"
 #include "test_support.h"
 #include "train/assembly.h"
+#include "train/deepspeed.h"
 #include "train/zero.h"
 #include "trainer_support.h"
 
@@ -301,6 +303,65 @@ TEST(Zero, EachRanksPlanHoldsItsShareOfTheOptimizerState) {
   o.zero_stage = 0;
   EXPECT_EQ(assemble_run(o, Device::cpu, nullptr, nullptr, 1, 2)->plan.bytes_by_category()[state],
             whole);
+}
+
+// --deepspeed: the keys brisk has a meaning for become options, "auto" keeps them, contradictions
+// and what brisk does not do are refused naming the key, the rest is listed.
+TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
+  TrainOptions o;
+  o.per_device_train_batch_size = 4;
+  o.gradient_accumulation_steps = 2;
+  o.device = "cpu";
+  const nlohmann::json config = nlohmann::json::parse(R"({
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2,
+    "train_batch_size": 16, "gradient_clipping": 1.0, "bf16": {"enabled": false},
+    "fp16": {"enabled": "auto", "loss_scale": 0},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 1, "overlap_comm": true, "reduce_bucket_size": 5e8,
+                          "allgather_bucket_size": 5e8, "offload_optimizer": {"device": "cpu"}},
+    "steps_per_print": 10})");
+  std::vector<std::string> ignored;
+  TrainOptions got = apply_deepspeed_json(o, config, "ds.json", 2, &ignored);
+  EXPECT_EQ(got.zero_stage, 1);
+  EXPECT_NEAR(got.ddp_bucket_cap_mb, 5e8 * 4 / (1 << 20), 1e-6);
+  EXPECT_EQ(ignored, (std::vector<std::string>{"fp16.loss_scale", "steps_per_print",
+                                               "zero_optimization.allgather_bucket_size"}));
+  got = apply_deepspeed_json(o, {{"zero_optimization", {{"overlap_comm", false}}}}, "ds.json", 1);
+  EXPECT_EQ(got.ddp_bucket_cap_mb, 1e6) << "no overlap: one bucket after backward";
+  EXPECT_EQ(got.zero_stage, 0);
+
+  auto refused = [&](const std::string& text, const std::string& message, int ranks = 1) {
+    SCOPED_TRACE(text);
+    expect_error(
+        [&] {
+          validate_options(apply_deepspeed_json(o, nlohmann::json::parse(text), "ds.json", ranks));
+        },
+        message);
+  };
+  refused(R"({"train_micro_batch_size_per_gpu": 8})",
+          "ds.json: train_micro_batch_size_per_gpu is 8 but --per_device_train_batch_size is 4");
+  refused(R"({"train_batch_size": 8})", "train_batch_size is 8 but", 2);
+  refused(R"({"bf16": {"enabled": true}})", "bf16.enabled is true but --bf16 is false");
+  refused(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})",
+          "optimizer.params.lr must be \"auto\"");
+  refused(R"({"zero_optimization": {"stage": 5}})", "zero_optimization.stage must be a whole");
+  refused(R"({"zero_optimization": {"stage": 3}})", "zero_stage 3");
+  refused(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})",
+          "offload_optimizer.device \"nvme\" is not supported yet");
+  refused(R"({"zero_optimization": {"reduce_bucket_size": -1}})", "reduce_bucket_size must be");
+  refused(R"({"zero_optimization": []})", "zero_optimization must be an object");
+  refused(R"([1, 2])", "a DeepSpeed config must be a JSON object");
+  o.device = "cuda";
+  refused(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+          "offload_optimizer.device \"cpu\" is not supported yet");
+  // From a file: none named, nothing read; a malformed one named.
+  o.device = "cpu";
+  EXPECT_EQ(apply_deepspeed_config(o, 1).zero_stage, 0);
+  TempDir dir("deepspeed");
+  std::ofstream(dir / "bad.json") << "{\"zero_optimization\": {";
+  o.deepspeed = dir / "bad.json";
+  expect_error([&] { apply_deepspeed_config(o, 1); }, "bad.json");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "precision/mixed_precision.h"
 #include "tokenizer/tokenizer.h"
 #include "train/assembly.h"
+#include "train/deepspeed.h"
 #include "train/fit.h"
 #include "train/memory_html.h"
 
@@ -270,15 +271,17 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
 }
 }  // namespace
 
-int run_estimate(const TrainOptions& o, const EstimateArgs& args) {
+int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const std::string& json_path = args.json_path;
+  validate_options(given);
+  BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
+              "--world_size must lie in [1, 1048576], got ", args.world_size);
+  const TrainOptions o = apply_deepspeed_config(given, static_cast<int>(args.world_size));
   validate_options(o);
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = o.device == "auto"   ? resolve_device("auto")
                         : o.device == "cuda" ? Device::cuda
                                              : Device::cpu;
-  BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
-              "--world_size must lie in [1, 1048576], got ", args.world_size);
   const int world = static_cast<int>(args.world_size);
   const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
   const MemoryPlan& plan = run->plan;

@@ -95,6 +95,7 @@ struct TrainOptions {
   int64_t ddp_timeout = 1800;
   // ZeRO: 1 partitions the optimizer state among the ranks (train/zero.h); 0 keeps it whole.
   int64_t zero_stage = 0;
+  std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -221,6 +222,11 @@ void visit_options(Options& o, Visitor&& v) {
   v("zero_stage", o.zero_stage,
     "data parallel: 0 (every rank holds the whole optimizer state) or 1 (ZeRO stage 1: each rank "
     "holds and updates the state of its 1/N of the parameters; stages 2 and 3 are to come)");
+  v("deepspeed", o.deepspeed,
+    "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm and "
+    "reduce_bucket_size set --zero_stage and the gradient buckets; batch sizes, clipping, "
+    "fp16/bf16 "
+    "and optimizer/scheduler params must be \"auto\" or agree with the options");
   v("ddp_timeout", o.ddp_timeout,
     "data parallel: seconds a rank waits for the others in a collective before the run ends "
     "with a message (a rank stuck or gone); 0 = no limit");

@@ -26,6 +26,7 @@
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
+#include "train/deepspeed.h"
 #include "train/fit.h"
 #include "train/memory_html.h"
 #include "train/schedule.h"
@@ -383,16 +384,19 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, con
 }
 
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
-TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Dataset* dataset,
+TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
                    FaultHooks faults, Communicator* comm) {
-  validate_options(options);
-  const Device device = resolve_device(options.device);
+  validate_options(given);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files.
   Communicator& dist = comm ? *comm : world_communicator();
   const int rank = dist.rank(), ranks = dist.size();
   const bool lead = rank == 0;
+  std::vector<std::string> deepspeed_ignored;
+  const TrainOptions options = apply_deepspeed_config(given, ranks, &deepspeed_ignored);
+  validate_options(options);
+  const Device device = resolve_device(options.device);
   if (ranks > 1) {
     dist.set_timeout(static_cast<double>(options.ddp_timeout));
     BRISK_CHECK(device == Device::cpu, "a run of ", ranks,
@@ -403,6 +407,7 @@ TrainSummary train(const TrainOptions& options, const LogSink& all_log, const Da
   const LogSink on_log = [&](const nlohmann::json& rec) {
     if (lead) all_log(rec);
   };
+  if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
   auto be = make_backend(device);
   // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
   // for --resume_from_checkpoint last.

@@ -1,0 +1,26 @@
+// --deepspeed ds_config.json, as Trainer takes it: the DeepSpeed keys brisk has a meaning for
+// become its options, "auto" (Trainer's way of saying "from TrainingArguments") keeps the option,
+// and an explicit value that contradicts an option or asks for what brisk does not do is refused
+// naming the key. Keys brisk has no use for are listed, not refused (a DeepSpeed config carries
+// many: logging, autotuning, ...).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "train/options.h"
+
+namespace brisk {
+
+// Reads the file `o.deepspeed` names (none: nothing) into a copy of `o`. `ranks`: the processes of
+// the run (train_batch_size is micro-batch x accumulation x ranks). `ignored`, when given,
+// receives the keys without a meaning for brisk, as "zero_optimization.sub_group_size".
+TrainOptions apply_deepspeed_config(const TrainOptions& o, int ranks,
+                                    std::vector<std::string>* ignored = nullptr);
+// The same from a parsed config; `origin` names it in messages.
+TrainOptions apply_deepspeed_json(const TrainOptions& o, const nlohmann::json& ds,
+                                  const std::string& origin, int ranks,
+                                  std::vector<std::string>* ignored = nullptr);
+
+}  // namespace brisk
