@@ -2,7 +2,8 @@
 (mpirun) with threads split among them, at the same global batch; samples/s side by side. The
 N-process run twice: the gradients in one bucket summed after backward (nothing overlaps), and in
 ddp_bucket_cap_mb buckets summed while backward computes the earlier layers; with the share of
-the sums' time the training loop did not wait for (hidden behind computation).
+the sums' time the training loop did not wait for (hidden behind computation); then with ZeRO
+stages 1 and 2.
 
     python3 bench/ddp_cpu.py [--model distilbert-base-uncased] [--ranks 2] [--max_steps 10]
                              [--bucket_mb 25]
@@ -38,7 +39,8 @@ def run(ranks, threads, bucket_mb, zero, a, out):
     return (train["train_samples_per_second"], train["train_loss"],
             train["communication_seconds"] / runtime,
             train["communication_wait_seconds"] / runtime,
-            memory["planned_bytes"]["optimizer_state"] / 2**20, memory["peak_rss_bytes"] / 2**20)
+            memory["planned_bytes"]["optimizer_state"] / 2**20,
+            memory["planned_bytes"]["gradients"] / 2**20, memory["peak_rss_bytes"] / 2**20)
 
 
 def main():
@@ -55,25 +57,26 @@ def main():
     one_bucket = 1e6  # MiB: every gradient in one bucket, summed when backward has ended
     with tempfile.TemporaryDirectory() as tmp:
         runs = [(1, a.bucket_mb, 0), (a.ranks, one_bucket, 0), (a.ranks, a.bucket_mb, 0),
-                (a.ranks, a.bucket_mb, 1)]
+                (a.ranks, a.bucket_mb, 1), (a.ranks, a.bucket_mb, 2)]
         for i, (ranks, bucket_mb, zero) in enumerate(runs):
             threads = max(1, cores // ranks)
             result = run(ranks, threads, bucket_mb, zero, a, os.path.join(tmp, str(i)))
             buckets = ("—" if ranks == 1 else "one, after backward" if bucket_mb == one_bucket
+                       else "reduce-scatter per segment, in backward" if zero >= 2
                        else f"{bucket_mb:g} MiB, during backward")
             rows.append((ranks, threads, buckets, zero) + result)
     print(f"\n{a.model}, global batch {a.batch} x {a.seq} tokens, {a.max_steps} steps, synthetic "
           f"data, AdamW; CPU: {cpu_name()}, {cores} threads")
     print("| processes x threads | gradient buckets | ZeRO stage | train samples/s | sums' time / run "
-          "| waited for / run | hidden | rank 0 optimizer state (planned) | rank 0 peak RSS "
-          "| train loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| waited for / run | hidden | rank 0 gradients (planned) "
+          "| rank 0 optimizer state (planned) | rank 0 peak RSS | train loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = rows[0][4]
-    for ranks, threads, buckets, zero, sps, loss, comm, wait, state, peak in rows:
+    for ranks, threads, buckets, zero, sps, loss, comm, wait, state, grads, peak in rows:
         shares = ("— | — | —" if ranks == 1 else
                   f"{comm:.0%} | {wait:.0%} | {1 - wait / comm if comm > 0 else 0:.0%}")
         print(f"| {ranks} x {threads} | {buckets} | {zero} | {sps:.3f} ({sps / base:.2f}x) | "
-              f"{shares} | {state:.0f} MiB | {peak:.0f} MiB | {loss:.4f} |")
+              f"{shares} | {grads:.0f} MiB | {state:.0f} MiB | {peak:.0f} MiB | {loss:.4f} |")
 
 
 if __name__ == "__main__":

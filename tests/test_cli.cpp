@@ -173,7 +173,10 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
   EXPECT_NEAR(state / (1 << 20), 2556.9, 0.2);  // AdamW: 8 bytes per parameter, split three ways
   EXPECT_NEAR(dp["optimizer_bytes_per_param"].get<double>(), 8.0, 0.01);
   EXPECT_NEAR(dp["model_state_bytes_per_param"].get<double>(),
-              dp["unpartitioned_bytes_per_param"].get<double>() + 8.0 / 3, 0.01);
+              dp["weight_bytes_per_param"].get<double>() +
+                  dp["gradient_bytes_per_param"].get<double>() + 8.0 / 3,
+              0.01);
+  EXPECT_NEAR(dp["gradient_bytes_per_param"].get<double>(), 4.0, 0.01);  // whole on every rank
   // Rank 0's own plan holds rank 0's share.
   EXPECT_NEAR(j["memory"]["planned_bytes"]["optimizer_state"].get<double>(),
               dp["ranks"][0]["optimizer_state_bytes"].get<double>(), 4096);
@@ -187,7 +190,39 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_NE(d.out.find("data parallel over 3 ranks, zero_stage 1"), std::string::npos) << d.out;
   expect_refused("estimate --world_size 0", "--world_size must lie in");
-  expect_refused("estimate --zero_stage 2", "zero_stage 2");
+  expect_refused("estimate --zero_stage 3", "zero_stage 3");
+}
+
+// estimate --world_size N --zero_stage 2: each rank also holds only its shard of the summed
+// gradients, plus the room the gradients are staged in (the embeddings', the head's and one of the
+// 24 blocks'): rank 0's own plan says so, the shards add up to 4 bytes per parameter.
+TEST(Cli, EstimatePlansEachRanksGradientShardUnderZeroStage2) {
+  namespace fs = std::filesystem;
+  const std::string json =
+      (fs::temp_directory_path() / ("brisk_cli_zero2_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  const CliRun r = run_brisk(
+      "estimate --model bert-large-uncased --world_size 3 --zero_stage 2 --output_json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("data parallel over 3 ranks, zero_stage 2"), std::string::npos) << r.out;
+  const nlohmann::json j = read_json(json);
+  fs::remove(json);
+  const nlohmann::json& dp = j["data_parallel"];
+  ASSERT_EQ(dp["ranks"].size(), 3u);
+  const double n = 335143938.0;
+  // bert-large: a block is 12,596,224 parameters; 23 of the 24 share the room of one.
+  const double staged = 4.0 * (n - 23 * 12596224.0);
+  double shards = 0;
+  for (const nlohmann::json& rank : dp["ranks"]) {
+    const double grads = rank["gradient_bytes"].get<double>();
+    EXPECT_NEAR(grads, staged + 4.0 * rank["parameters"].get<double>(), 1.0);
+    shards += grads - staged;
+  }
+  EXPECT_NEAR(shards, 4.0 * n, 1.0);
+  EXPECT_NEAR(j["memory"]["planned_bytes"]["gradients"].get<double>(),
+              dp["ranks"][0]["gradient_bytes"].get<double>(), 1.0);
+  EXPECT_NEAR(dp["gradient_bytes_per_param"].get<double>(), staged / n + 4.0 / 3, 0.01);
+  EXPECT_LT(dp["gradient_bytes_per_param"].get<double>(), 2.0);  // stage 1: 4
 }
 
 // `brisk estimate` takes train's options and plans exactly what train allocates, category by

@@ -165,6 +165,7 @@ class Recorder final : public Communicator {
   std::string name() const override { return "recorder"; }
   void all_reduce_sum(const Tensor&) override { ADD_FAILURE() << "blocking all-reduce"; }
   void reduce_scatter_sum(const Tensor&, const Tensor&) override {}
+  void reduce_scatter_sum_v(const Tensor&, const std::vector<int64_t>&, const Tensor&) override {}
   void all_gather(const Tensor&, const Tensor&) override {}
   void broadcast(const Tensor&, int) override {}
   void barrier() override {}

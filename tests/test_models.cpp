@@ -296,6 +296,60 @@ TEST(Models, GradientSegmentsAreFinalWhenReported) {
   }
 }
 
+// ZeRO stage 2's staged gradients: the blocks' gradients share one block's room, which the report
+// of each segment empties (here: copied out and zeroed, as the sums do). Every segment reported
+// holds exactly the gradients of the whole-gradient plan, over two accumulated micro-batches, and
+// the plan's gradient buffer is smaller by all blocks but one.
+TEST(Models, StagedGradientsEqualWholeOnes) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny", "distilbert_tiny", "llama_tiny"}) {
+    SCOPED_TRACE(name);
+    LoadedModel whole(fixture(name), {}, /*dropout=*/true);
+    PlanOptions staged_options;
+    staged_options.staged_gradients = true;
+    LoadedModel staged(fixture(name), staged_options, /*dropout=*/true);
+    ASSERT_TRUE(staged.model->staged_gradients());
+    EXPECT_FALSE(whole.model->staged_gradients());
+    const std::vector<ElementRange>& segments = staged.model->grad_segments();
+    const int64_t total = staged.model->params().total_elements();
+    const int64_t L = staged.model->config().num_layers;
+    ASSERT_GE(L, 2);
+    EXPECT_EQ(staged.model->params().flat_grads().numel(), total - (L - 1) * segments[1].count);
+    const auto gradient_bytes = [](const MemoryPlan& p) {
+      return p.bytes_by_category()[static_cast<size_t>(Category::gradients)];
+    };
+    EXPECT_EQ(gradient_bytes(staged.plan),
+              static_cast<size_t>(total - (L - 1) * segments[1].count) * sizeof(float));
+    EXPECT_LT(gradient_bytes(staged.plan), gradient_bytes(whole.plan));
+    std::vector<float> collected(static_cast<size_t>(total), 0.0f);
+    for (uint64_t micro = 0; micro < 2; ++micro) {
+      StepOptions so;
+      so.rng = RngKey{7, micro, 0};
+      so.loss_grad_scale = 1.0f / static_cast<float>(whole.model->count_targets());
+      if (micro == 0) {
+        whole.model->zero_grads(*whole.be);
+        staged.model->zero_grads(*staged.be);
+      }
+      whole.model->forward(*whole.be, so);
+      whole.model->backward(*whole.be, so);
+      staged.model->forward(*staged.be, so);
+      staged.model->backward(*staged.be, so, [&](int i) {
+        const ElementRange r = segments[static_cast<size_t>(i)];
+        const Tensor room = staged.model->grad_segment(i);
+        const std::vector<float> got = to_host(*staged.be, room);
+        for (int64_t j = 0; j < r.count; ++j)
+          collected[static_cast<size_t>(r.offset + j)] += got[static_cast<size_t>(j)];
+        staged.be->fill(room, 0.0f);
+      });
+      const std::vector<float> want = whole.grads();
+      if (micro == 0) {
+        EXPECT_EQ(collected, want);
+      } else {  // the whole plan's products add into the gradients: another rounding order
+        EXPECT_LE(rel_error(collected.data(), want.data(), total), 1e-6);
+      }
+    }
+  }
+}
+
 // Recomputing each block inside backward (gradient checkpointing) gives bit-identical gradients,
 // with dropout on, and plans fewer activation bytes.
 void checkpointing_is_exact(const std::string& name, DType act_dtype = DType::f32,

@@ -206,14 +206,23 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
 namespace {
 // estimate --world_size N: what each rank holds of the model states, next to the ZeRO paper's
 // formula for the stage (Rajbhandari et al. 2020, mixed-precision Adam: 2 + 2 + K bytes per
-// parameter with K = 12, the K part divided by N from stage 1 on).
+// parameter with K = 12, the K part divided by N from stage 1 on, the gradients' 2 from stage 2).
 nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int world) {
   if (world == 1) return nlohmann::json::object();
-  const auto planned = run.plan.bytes_by_category();
+  const MemoryPlan& plan = run.plan;
+  const auto planned = plan.bytes_by_category();
   const double n = static_cast<double>(run.model->params().total_elements());
   auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
-  const double unsharded =
-      bytes(Category::weights) + bytes(Category::master_weights) + bytes(Category::gradients);
+  const double weights = bytes(Category::weights) + bytes(Category::master_weights);
+  // Stage 2: every rank stages the gradients in the same room and keeps its own shard of them.
+  const bool sharded_grads = plan.find("zero.gradient_shard") >= 0;
+  const double staged =
+      sharded_grads ? static_cast<double>(
+                          plan.buffer(plan.find(run.model->staged_gradients()
+                                                    ? "params.gradients_staged"
+                                                    : "params.gradients"))
+                              .bytes)
+                    : bytes(Category::gradients);
   std::printf("data parallel over %d ranks, zero_stage %lld:\n", world,
               static_cast<long long>(o.zero_stage));
   nlohmann::json per_rank = nlohmann::json::array();
@@ -233,38 +242,50 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       whole_state += states.back();
     }
   }
-  std::printf("  %-6s %14s %16s %22s\n", "rank", "parameters", "optimizer_state",
-              "model states/param");
+  std::printf("  %-6s %14s %14s %16s %22s\n", "rank", "parameters", "gradients",
+              "optimizer_state", "model states/param");
   for (int r = 0; r < world; ++r) {
     const double params =
         run.shards.empty() ? n
                            : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
+    const double grads = sharded_grads ? staged + 4.0 * params : staged;
     const double state = states[static_cast<size_t>(r)];
-    largest = std::max(largest, state);
-    per_rank.push_back({{"rank", r}, {"parameters", params}, {"optimizer_state_bytes", state}});
+    largest = std::max(largest, weights + grads + state);
+    per_rank.push_back({{"rank", r},
+                        {"parameters", params},
+                        {"gradient_bytes", grads},
+                        {"optimizer_state_bytes", state}});
     if (r < 8 || r == world - 1)
-      std::printf("  %-6d %14.0f %16s %22.2f\n", r, params,
-                  format_mib(static_cast<size_t>(state)).c_str(), (unsharded + state) / n);
+      std::printf("  %-6d %14.0f %14s %16s %22.2f\n", r, params,
+                  format_mib(static_cast<size_t>(grads)).c_str(),
+                  format_mib(static_cast<size_t>(state)).c_str(), (weights + grads + state) / n);
     else if (r == 8)
       std::printf("  ...\n");
   }
   const double K = whole_state / n;
+  const std::string per_world = " / " + std::to_string(world);
+  const double grad_share = sharded_grads ? (staged + 4.0 * n / world) : staged;
   const double stage_formula =
-      (unsharded + (run.shards.empty() ? whole_state : whole_state / world)) / n;
+      (weights + grad_share + (run.shards.empty() ? whole_state : whole_state / world)) / n;
   std::printf(
-      "  model states per rank: %.2f bytes/param unpartitioned (weights, master, gradients)"
-      " + optimizer %.2f%s = %.2f (largest rank: %.2f)\n",
-      unsharded / n, K, run.shards.empty() ? "" : (" / " + std::to_string(world)).c_str(),
-      stage_formula, (unsharded + largest) / n);
-  if (run.optimizer->name() == "adamw_torch")
+      "  model states per rank: weights and master %.2f + gradients %.2f%s + optimizer %.2f%s"
+      " = %.2f bytes/param (largest rank: %.2f)\n",
+      weights / n, sharded_grads ? staged / n : staged / n,
+      sharded_grads ? (" + 4" + per_world).c_str() : "", K,
+      run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
+  if (run.optimizer->name() == "adamw_torch") {
+    const double paper = 2.0 + (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
+                         (run.shards.empty() ? 12.0 : 12.0 / world);
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
-        "stage (brisk: float32 gradients, the 16-bit copy in float32 on the CPU, the float32 "
-        "master whole in stage 1)\n",
-        4.0 + (run.shards.empty() ? 12.0 : 12.0 / world));
+        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU, the float32 "
+        "master whole on every rank)\n",
+        paper, sharded_grads ? " and one block's staged whole" : "");
+  }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
-          {"unpartitioned_bytes_per_param", unsharded / n},
+          {"weight_bytes_per_param", weights / n},
+          {"gradient_bytes_per_param", grad_share / n},
           {"optimizer_bytes_per_param", K},
           {"model_state_bytes_per_param", stage_formula},
           {"ranks", per_rank}};

@@ -31,6 +31,24 @@ void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_pe
               " elements in and ", out.numel(), " out over ", size(), " ranks");
 }
 
+void Communicator::check_pieces(const Tensor& in, const std::vector<int64_t>& counts,
+                                const Tensor& out) const {
+  const char* op = "reduce_scatter_sum_v";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  BRISK_CHECK(in.dtype() == out.dtype(), op, ": in and out are ", dtype_name(in.dtype()), " and ",
+              dtype_name(out.dtype()));
+  BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(),
+              " counts for ", size(), " ranks");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    BRISK_CHECK(c >= 0, op, ": a negative count");
+    total += c;
+  }
+  BRISK_CHECK(total == in.numel() && counts[static_cast<size_t>(rank())] == out.numel(), op, ": ",
+              in.numel(), " elements in and ", out.numel(), " out for pieces adding up to ", total);
+}
+
 void Communicator::start_all_reduce_sum(const Tensor& buf) {
   const auto start = std::chrono::steady_clock::now();
   all_reduce_sum(buf);
@@ -73,6 +91,11 @@ class SingleProcess final : public Communicator {
   void all_reduce_sum(const Tensor& buf) override { check_buffer(buf, "all_reduce_sum"); }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, 1, 1, "reduce_scatter_sum");
+    if (in.data() != out.data()) std::memcpy(out.data(), in.data(), out.bytes());
+  }
+  void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                            const Tensor& out) override {
+    check_pieces(in, counts, out);
     if (in.data() != out.data()) std::memcpy(out.data(), in.data(), out.bytes());
   }
   void all_gather(const Tensor& in, const Tensor& out) override {

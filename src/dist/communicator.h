@@ -27,6 +27,11 @@ class Communicator {
   // in holds size() equal chunks of out's length; out becomes the sum over ranks of chunk
   // rank() of their in.
   virtual void reduce_scatter_sum(const Tensor& in, const Tensor& out) = 0;
+  // The same with pieces of any length: in holds counts[r] elements for each rank r in rank order
+  // (counts: size() entries, the same on every rank), and out, counts[rank()] elements, becomes
+  // the sum over ranks of piece rank() of their in. ZeRO stage 2's gradient segments.
+  virtual void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                    const Tensor& out) = 0;
   // out (size() chunks of in's length) becomes every rank's in, in rank order.
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   // buf becomes root's buf.
@@ -56,6 +61,8 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
+  // reduce_scatter_sum_v's buffers and counts.
+  void check_pieces(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) const;
 
  private:
   double started_seconds_ = 0;  // the default start_all_reduce_sum's time since wait_started

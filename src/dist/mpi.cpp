@@ -138,6 +138,18 @@ class Mpi final : public Communicator {
                                  type(in), op(in), MPI_COMM_WORLD),
         "reduce_scatter_sum (MPI_Reduce_scatter_block)");
   }
+  void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                            const Tensor& out) override {
+    check_pieces(in, counts, out);
+    BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum_v: in and out overlap");
+    std::vector<int> ints;
+    for (int64_t c : counts) ints.push_back(count_of(c, "reduce_scatter_sum_v"));
+    count_of(in.numel(), "reduce_scatter_sum_v");  // MPI's displacements are int as well
+    drain();
+    const Watch watch(*this, "reduce_scatter_sum_v");
+    check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), MPI_COMM_WORLD),
+          "reduce_scatter_sum_v (MPI_Reduce_scatter)");
+  }
   void all_gather(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, 1, size_, "all_gather");
     const int n = count_of(in.numel(), "all_gather");

@@ -7,6 +7,8 @@
 #include <limits>
 #include <random>
 
+#include <sys/mman.h>
+
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/gpt2.h"
@@ -33,6 +35,7 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
       break;
   }
   m->declare_params();
+  m->find_grad_segments();
   return m;
 }
 
@@ -54,9 +57,11 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   const int64_t n = params_.total_elements();
   binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
   declare_constants(plan, shape);
+  staged_ = false;
   if (options.weights_only) return;
-  binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
-                  Shape{n});
+  staged_ = options.staged_gradients && staged_grad_elements() < n;
+  binder_.declare(plan, &flat_grads_, staged_ ? "params.gradients_staged" : "params.gradients",
+                  Category::gradients, DType::f32, Shape{staged_ ? staged_grad_elements() : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -173,8 +178,9 @@ void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tens
 
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
-  params_.bind(flat_weights_, flat_grads_);
-  find_grad_segments();
+  params_.bind(flat_weights_, flat_grads_,
+               staged_ && !flat_grads_.empty() ? staged_grad_offsets() : std::vector<int64_t>());
+  grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;
   arena_ = &arena;
   shape_ = planned_;
   fill_constants();
@@ -350,13 +356,19 @@ double Model::forward(Backend& be, const StepOptions& o) {
 // Each block's gradient tensors (BlockParams) must fill one range, the blocks one after another;
 // the head's parameters follow the last block and the embeddings precede the first (the
 // declaration order of every model here; tests check that each range is final when reported).
+// Found once, at creation, from the views layer_params gives over address space reserved for the
+// purpose (never touched: nothing is allocated).
 void Model::find_grad_segments() {
   const int64_t total = params_.total_elements();
-  grad_segments_.clear();
-  if (flat_grads_.empty()) return;  // inference: weights only
-  grad_segments_.assign(1, ElementRange{0, total});
+  segments_.assign(1, ElementRange{0, total});
+  const size_t bytes = static_cast<size_t>(total) * sizeof(float);
+  void* space = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                       0);
+  if (space == MAP_FAILED) return;  // one segment: correct, without overlap
+  const Tensor reserved(space, Shape{total}, DType::f32, Device::cpu);
+  params_.bind(reserved, reserved);
   const int L = static_cast<int>(config_.num_layers);
-  const auto* base = static_cast<const char*>(flat_grads_.data());
+  const auto* base = static_cast<const char*>(space);
   std::vector<ElementRange> blocks;
   for (int l = 0; l < L; ++l) {
     const BlockParams p = layer_params(l, true);
@@ -369,20 +381,61 @@ void Model::find_grad_segments() {
       hi = std::max(hi, at + t->numel());
       covered += t->numel();
     }
-    if (lo >= hi || covered != hi - lo) return;
-    if (l > 0 && blocks.back().offset + blocks.back().count != lo) return;
+    if (lo >= hi || covered != hi - lo || (l > 0 && blocks.back().offset + blocks.back().count != lo)) {
+      blocks.clear();
+      break;
+    }
     blocks.push_back({lo, hi - lo});
   }
+  params_.unbind();
+  ::munmap(space, bytes);
   if (blocks.empty()) return;
   const int64_t first = blocks.front().offset;
   const int64_t end = blocks.back().offset + blocks.back().count;
-  grad_segments_.assign(1, ElementRange{end, total - end});
-  grad_segments_.insert(grad_segments_.end(), blocks.rbegin(), blocks.rend());
-  grad_segments_.push_back({0, first});
+  segments_.assign(1, ElementRange{end, total - end});
+  segments_.insert(segments_.end(), blocks.rbegin(), blocks.rend());
+  segments_.push_back({0, first});
+}
+
+// Staged gradients keep the embeddings where they are, then one block's room, then the head.
+// Possible when the blocks are laid out alike (every model here); otherwise the length is the
+// whole gradients' and plan() keeps them whole.
+int64_t Model::staged_grad_elements() const {
+  const int64_t total = params_.total_elements();
+  const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
+  if (L < 2) return total;
+  for (size_t i = 1; i <= L; ++i)
+    if (segments_[i].count != segments_[1].count) return total;
+  return total - static_cast<int64_t>(L - 1) * segments_[1].count;
+}
+
+std::vector<int64_t> Model::staged_grad_offsets() const {
+  const int64_t first = segments_.back().count;  // the embeddings: [0, first)
+  const int64_t room = segments_[1].count;
+  const int64_t end = segments_.front().offset;  // the head: [end, total)
+  std::vector<int64_t> out;
+  for (const ParamInfo& p : params_.list())
+    out.push_back(p.offset < first ? p.offset
+                  : p.offset < end ? first + (p.offset - first) % room
+                                   : p.offset - (end - first - room));
+  return out;
+}
+
+Tensor Model::grad_segment(int i) const {
+  const ElementRange r = grad_segments_.at(static_cast<size_t>(i));
+  if (!staged_) return element_range(flat_grads_, r.offset, r.count);
+  const int64_t first = segments_.back().count;
+  const int64_t room = segments_[1].count;
+  const int64_t end = segments_.front().offset;
+  const int64_t at = r.offset < first ? r.offset
+                     : r.offset < end ? first + (r.offset - first) % room
+                                      : r.offset - (end - first - room);
+  return element_range(flat_grads_, at, r.count);
 }
 
 void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
+  BRISK_CHECK(!staged_ || done, "internal error: staged gradients need backward's reports");
   const BlockStyle st = style(o.training);
   const bool split = grad_segments_.size() > 1;
   auto report = [&](int segment) {

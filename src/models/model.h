@@ -66,6 +66,11 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
+  // ZeRO stage 2: the gradient buffer holds the embeddings' and the head's gradients and the room
+  // of one block, which every block's gradients use in turn; backward then reports every segment
+  // on every micro-batch, and the caller must move a block's gradients out (and zero the room)
+  // before backward goes on. Models whose blocks are not laid out alike keep whole gradients.
+  bool staged_gradients = false;
 };
 
 struct StepOptions {
@@ -126,8 +131,16 @@ class Model {
   // after block; none for a plan of the weights only. Data parallelism starts a range's all-reduce
   // once backward reports it final.
   const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
+  // The same ranges of the parameter layout, known from creation (before any plan).
+  const std::vector<ElementRange>& param_segments() const { return segments_; }
+  // Where segment i's gradients are: its range of flat_grads(), or with staged gradients the
+  // room it shares.
+  Tensor grad_segment(int i) const;
+  // Whether the plan stages the gradients (PlanOptions::staged_gradients and a model whose blocks
+  // allow it).
+  bool staged_gradients() const { return staged_; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
-  // order), for the last micro-batch of an accumulated step.
+  // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
   using SegmentDone = std::function<void(int)>;
   void backward(Backend& be, const StepOptions& options, const SegmentDone& done = {});
   void zero_grads(Backend& be);
@@ -260,8 +273,14 @@ class Model {
   // Whether the 16-bit storage of the blocks holds the attention statistics.
   bool stored_attn_stats(const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
-  std::vector<ElementRange> grad_segments_;  // set at bind
+  // The gradient segments of the parameter layout (found at creation) and, after bind, of the
+  // bound buffers (none for the weights alone).
+  std::vector<ElementRange> segments_, grad_segments_;
+  bool staged_ = false;
   void find_grad_segments();
+  // Staged gradients: each parameter's offset in the gradient buffer, and the buffer's length.
+  std::vector<int64_t> staged_grad_offsets() const;
+  int64_t staged_grad_elements() const;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
   std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once
   // The constants' (host, device) views at the planned length, taken at bind: use_seq reshapes

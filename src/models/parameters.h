@@ -39,23 +39,29 @@ class ParameterSet {
   int find(const std::string& name) const;   // -1 when absent
   int index(const std::string& name) const;  // throws when absent
 
-  // Points the set at flat float32 buffers of total_elements() values.
-  void bind(const Tensor& flat_weights, const Tensor& flat_grads);
+  // Points the set at flat float32 buffers: the weights of total_elements() values, and the
+  // gradients laid out as the weights or, when `grad_offsets` (one per parameter) is given, each
+  // parameter's gradient at its own offset there: ZeRO stage 2 lets the blocks' gradients share
+  // one block's room (Model::plan's staged_gradients).
+  void bind(const Tensor& flat_weights, const Tensor& flat_grads,
+            std::vector<int64_t> grad_offsets = {});
+  void unbind() { weights_ = grads_ = Tensor(); }
   const Tensor& flat_weights() const { return weights_; }
   const Tensor& flat_grads() const { return grads_; }
   Tensor weight(int i) const { return view(weights_, i, i); }
-  Tensor grad(int i) const { return view(grads_, i, i); }
+  Tensor grad(int i) const { return view(grads_, i, i, {}, true); }
   // Parameters first..last laid end to end, seen as one tensor of `shape` (e.g. BERT's query,
   // key and value weights as one [3C, C] matrix).
   Tensor weight_span(int first, int last, Shape shape) const;
   Tensor grad_span(int first, int last, Shape shape) const;
 
  private:
-  Tensor view(const Tensor& flat, int first, int last, Shape shape = {}) const;
+  Tensor view(const Tensor& flat, int first, int last, Shape shape = {}, bool grads = false) const;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, int> by_name_;  // name -> index: declaring stays linear
   int64_t total_ = 0;
   Tensor weights_, grads_;
+  std::vector<int64_t> grad_offsets_;  // empty: the gradients are laid out as the weights
 };
 
 }  // namespace brisk

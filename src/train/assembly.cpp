@@ -1,6 +1,7 @@
 // The assembly of a run (see assembly.h).
 #include "train/assembly.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "data/synthetic.h"
@@ -104,9 +105,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
 
-  r.model->plan(
-      r.plan, {B, o.seq_len},
-      {o.gradient_checkpointing, r.precision->compute_dtype(), device, o.selective_recompute});
+  const bool zero = o.zero_stage >= 1 && ranks > 1;
+  PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
+                            o.selective_recompute};
+  model_options.staged_gradients = zero && o.zero_stage >= 2;
+  r.model->plan(r.plan, {B, o.seq_len}, model_options);
   r.precision->plan(r.plan, r.binder, r.model->params().total_elements());
   const int64_t max_operand = r.model->max_matmul_operand();
   if (backend) {
@@ -117,12 +120,20 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     plan_backend_workspace(device, r.product, max_operand, r.plan, r.binder, r.workspace);
   }
   r.rank = rank;
-  if (o.zero_stage >= 1 && ranks > 1) {
+  if (zero) {
     r.shards = partition_params(r.model->params(), ranks, r.optimizer->elementwise());
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
     BRISK_CHECK(mine.elements.count > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ",
                 ranks, " gets no parameters to hold (fewer parameter tensors than ranks)");
     r.optimizer_params = shard_params(r.model->params(), mine);
+    if (o.zero_stage >= 2) {
+      r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,
+                       DType::f32, Shape{mine.elements.count});
+      const int64_t receive = ShardedGradients::receive_elements(
+          r.shards, rank, r.model->param_segments());
+      r.binder.declare(r.plan, &r.grad_receive, "zero.gradient_sums", Category::temporaries,
+                       DType::f32, Shape{std::max<int64_t>(receive, 1)});
+    }
   }
   r.optimizer->plan(r.plan, r.binder, r.shards.empty() ? r.model->params() : r.optimizer_params);
   r.loader->plan(r.plan, r.binder);

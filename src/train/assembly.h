@@ -42,6 +42,8 @@ struct RunAssembly {
   // rank's), and this rank's as the set its optimizer is planned for. Empty otherwise.
   std::vector<ParamShard> shards;
   ParameterSet optimizer_params;
+  // ZeRO stage 2: this rank's shard of the summed gradients, and the room its sums arrive in.
+  Tensor grad_shard, grad_receive;
   int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized

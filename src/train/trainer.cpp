@@ -179,36 +179,47 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // ZeRO (`shards` not empty): the optimizer updates this rank's shard of the weights, and every
-// shard is then broadcast from its owner.
+// shard is then broadcast from its owner. Stage 2 (`grad_shard` not empty): the summed gradients
+// are only this rank's shard, so the gradients' sum of squares is summed over the ranks too.
 Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
                     double lr, double loss_scale, double max_grad_norm, int64_t step, uint64_t seed,
                     int64_t overflow_at_step, Communicator& comm,
-                    const std::vector<ParamShard>& shards) {
-  const Tensor& grads = model.params().flat_grads();
+                    const std::vector<ParamShard>& shards, const Tensor& grad_shard) {
+  const bool sharded_grads = !grad_shard.empty();
+  const Tensor& grads = sharded_grads ? grad_shard : model.params().flat_grads();
   if (step == overflow_at_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
   const Tensor& control = model.step_control();
-  be.sum_squares(grads,
-                 Tensor(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device()));
+  const Tensor grad_sumsq(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device());
+  be.sum_squares(grads, grad_sumsq);
+  double gather_seconds = 0;
+  if (sharded_grads) {  // every rank added 0 before: the sum is the whole gradients'
+    const auto start = std::chrono::steady_clock::now();
+    comm.all_reduce_sum(grad_sumsq);
+    gather_seconds += seconds_since(start);
+  }
   be.decide_step(stats, loss_scale, max_grad_norm, control);
   const Tensor& master = precision.master(model.params());
-  double gather_seconds = 0;
   if (shards.empty()) {
     optimizer.step(be, master, grads, control, static_cast<float>(lr));
   } else {
     const ElementRange mine = shards[static_cast<size_t>(comm.rank())].elements;
     optimizer.step(be, element_range(master, mine.offset, mine.count),
-                   element_range(grads, mine.offset, mine.count), control, static_cast<float>(lr));
+                   sharded_grads ? grads : element_range(grads, mine.offset, mine.count), control,
+                   static_cast<float>(lr));
     const auto start = std::chrono::steady_clock::now();
     for (int r = 0; r < comm.size(); ++r) {
       const ElementRange e = shards[static_cast<size_t>(r)].elements;
       if (e.count > 0) comm.broadcast(element_range(master, e.offset, e.count), r);
     }
-    gather_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    gather_seconds += seconds_since(start);
   }
   // On a skip the weights are unchanged, and rounding them again changes nothing.
   precision.refresh_weights(be, model.params(),
@@ -486,11 +497,21 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   const BestModel best(o);
+  // Data parallelism: the gradients' sums start bucket by bucket as backward finishes them on the
+  // last micro-batch; ZeRO stage 2 sums each segment into its owner's shard on every micro-batch.
   std::optional<GradBuckets> buckets;
-  if (ranks > 1 && o.do_train)
+  std::optional<ShardedGradients> sharded;
+  if (ranks > 1 && o.do_train && !run->grad_shard.empty())
+    sharded.emplace(run->shards, dist.rank(), run->grad_shard, run->grad_receive);
+  else if (ranks > 1 && o.do_train)
     buckets.emplace(model->params().flat_grads(), model->grad_segments(),
                     static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));
-  const Model::SegmentDone on_segment = [&](int i) { buckets->segment_done(dist, i); };
+  const Model::SegmentDone on_segment = [&](int i) {
+    if (sharded)
+      sharded->segment_done(*be, dist, *model, i);
+    else
+      buckets->segment_done(dist, i);
+  };
   while (o.do_train && state.global_step < total_steps) {
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
@@ -499,6 +520,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     const float grad_scale =
         targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
     model->zero_grads(*be);
+    if (sharded) be->fill(sharded->shard(), 0.0f);
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
       be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
@@ -512,12 +534,19 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
       model->forward_step(*be, so);
       // The last micro-batch's backward starts the gradient buckets' sums as they become final.
-      model->backward(*be, so, ranks > 1 && micro == k - 1 ? on_segment : Model::SegmentDone());
+      model->backward(*be, so,
+                      ranks > 1 && (sharded || micro == k - 1) ? on_segment : Model::SegmentDone());
       ++state.micro_batches;
     }
     if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
       const auto wait_start = std::chrono::steady_clock::now();
-      s.communication_seconds += buckets->finish(dist);
+      if (buckets) {
+        s.communication_seconds += buckets->finish(dist);
+      } else {  // stage 2's sums ran inside backward, the computation waiting for each
+        const double sums = sharded->take_seconds();
+        s.communication_seconds += sums;
+        s.communication_wait_seconds += sums;
+      }
       const auto stats_start = std::chrono::steady_clock::now();
       dist.all_reduce_sum(model->step_stats());
       const auto end = std::chrono::steady_clock::now();
@@ -528,7 +557,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
     const Update update =
         apply_update(*be, *model, *optimizer, precision, lr, loss_scale, o.max_grad_norm, step,
-                     o.seed, faults.overflow_at_step, dist, run->shards);
+                     o.seed, faults.overflow_at_step, dist, run->shards, run->grad_shard);
     // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
     s.communication_seconds += update.gather_seconds;
     s.communication_wait_seconds += update.gather_seconds;

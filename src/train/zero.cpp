@@ -1,9 +1,12 @@
 #include "train/zero.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
+#include "backend/backend.h"
 #include "dist/communicator.h"
+#include "models/model.h"
 #include "optim/optimizer.h"
 
 namespace brisk {
@@ -77,6 +80,52 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state
     out.emplace_back(name, gather_pieces(comm, t));
   }
   return out;
+}
+
+namespace {
+// The elements of `a` within `b`.
+ElementRange intersect(ElementRange a, ElementRange b) {
+  const int64_t lo = std::max(a.offset, b.offset);
+  const int64_t hi = std::min(a.offset + a.count, b.offset + b.count);
+  return {lo, std::max<int64_t>(0, hi - lo)};
+}
+}  // namespace
+
+ShardedGradients::ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard,
+                                   Tensor receive)
+    : shards_(shards), rank_(rank), shard_(std::move(shard)), receive_(std::move(receive)) {
+  BRISK_CHECK(shard_.numel() == shards_.at(static_cast<size_t>(rank_)).elements.count,
+              "internal error: the gradient shard holds ", shard_.numel(), " elements");
+}
+
+int64_t ShardedGradients::receive_elements(const std::vector<ParamShard>& shards, int rank,
+                                           const std::vector<ElementRange>& segments) {
+  int64_t most = 0;
+  for (const ElementRange& s : segments)
+    most = std::max(most, intersect(s, shards.at(static_cast<size_t>(rank)).elements).count);
+  return most;
+}
+
+void ShardedGradients::segment_done(Backend& be, Communicator& comm, const Model& model,
+                                    int segment) {
+  const auto start = std::chrono::steady_clock::now();
+  const ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
+  const Tensor staged = model.grad_segment(segment);
+  // The shards are consecutive runs in rank order, so the segment is every rank's piece of it
+  // laid end to end.
+  std::vector<int64_t> counts;
+  for (const ParamShard& s : shards_) counts.push_back(intersect(range, s.elements).count);
+  const ElementRange mine = intersect(range, shards_[static_cast<size_t>(rank_)].elements);
+  BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
+  const Tensor sum = element_range(receive_, 0, mine.count);
+  comm.reduce_scatter_sum_v(staged, counts, sum);
+  if (mine.count > 0)
+    be.add_inplace(
+        element_range(shard_, mine.offset - shards_[static_cast<size_t>(rank_)].elements.offset,
+                      mine.count),
+        sum);
+  be.fill(staged, 0.0f);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace brisk

@@ -18,7 +18,9 @@
 
 namespace brisk {
 
+class Backend;
 class Communicator;
+class Model;
 class Optimizer;
 
 struct ParamShard {
@@ -40,5 +42,28 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 // on every rank): one process's state.
 std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state(
     Communicator& comm, const Optimizer& optimizer);
+
+// ZeRO stage 2: this rank's shard of the gradients, summed over the ranks segment by segment as
+// backward reports them final, on every micro-batch (Model's staged gradients: the next block's
+// gradients take the room as soon as this returns, so the segment is zeroed after its sum).
+class ShardedGradients {
+ public:
+  // `shard`: float32, this rank's elements; `receive`: at least receive_elements().
+  ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard, Tensor receive);
+  // The room the sums need: the most elements of this rank's shard any segment holds.
+  static int64_t receive_elements(const std::vector<ParamShard>& shards, int rank,
+                                  const std::vector<ElementRange>& segments);
+  // Segment i of the model's gradients is final: shard += every rank's piece of it summed.
+  void segment_done(Backend& be, Communicator& comm, const Model& model, int segment);
+  const Tensor& shard() const { return shard_; }
+  // The seconds the sums took since the last call.
+  double take_seconds() { return std::exchange(seconds_, 0.0); }
+
+ private:
+  std::vector<ParamShard> shards_;
+  int rank_;
+  Tensor shard_, receive_;
+  double seconds_ = 0;
+};
 
 }  // namespace brisk

@@ -133,6 +133,29 @@ TEST(Collectives, ReduceScatterGivesEachRankItsChunksSum) {
   expect_sums(got, n, 4, r * chunk, std::ldexp(1.0, -7), true);
 }
 
+// Pieces of any length (ZeRO stage 2's gradient segments cut by the shards), one of them empty.
+TEST(Collectives, ReduceScatterOfUnequalPiecesGivesEachRankItsPiecesSum) {
+  const int N = world().size(), r = world().rank();
+  std::vector<int64_t> counts;
+  for (int q = 0; q < N; ++q) counts.push_back(q == 1 ? 0 : 1'000 * (q + 1) + 7);
+  int64_t n = 0, offset = 0;
+  for (int q = 0; q < N; ++q) {
+    if (q == r) offset = n;
+    n += counts[static_cast<size_t>(q)];
+  }
+  const int64_t mine = counts[static_cast<size_t>(r)];
+  FVec in = input(r, n, 6), out(static_cast<size_t>(mine), -7.f);
+  world().reduce_scatter_sum_v(Tensor(in.data(), Shape{n}, DType::f32), counts,
+                               Tensor(out.data(), Shape{mine}, DType::f32));
+  expect_sums(std::vector<double>(out.begin(), out.end()), n, 6, offset, 1e-6, false);
+  // Counts that do not add up to the buffers are refused on every rank, before communicating.
+  std::vector<int64_t> wrong = counts;
+  wrong[0] += 1;
+  EXPECT_THROW(world().reduce_scatter_sum_v(Tensor(in.data(), Shape{n}, DType::f32), wrong,
+                                            Tensor(out.data(), Shape{mine}, DType::f32)),
+               Error);
+}
+
 TEST(Collectives, AllGatherConcatenatesInRankOrder) {
   const int N = world().size(), r = world().rank();
   const int64_t chunk = 12'347;
