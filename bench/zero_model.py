@@ -69,7 +69,7 @@ def main():
         psi = None
         for n in map(int, a.ranks.split(",")):
             for stage in (0, 1, 2, 3):
-                planned = "not yet" if stage >= 2 else None
+                planned = "not yet" if stage >= 3 else None
                 if planned is None:
                     states, psi = brisk_plan(model, n, stage)
                     planned = f"{states / 2**30:.2f} GiB ({states / psi:.2f} B/param)"

@@ -167,6 +167,7 @@ class Recorder final : public Communicator {
   void reduce_scatter_sum(const Tensor&, const Tensor&) override {}
   void reduce_scatter_sum_v(const Tensor&, const std::vector<int64_t>&, const Tensor&) override {}
   void all_gather(const Tensor&, const Tensor&) override {}
+  void gather_v(const Tensor&, const std::vector<int64_t>&, const Tensor&, int) override {}
   void broadcast(const Tensor&, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }

@@ -14,7 +14,8 @@ namespace brisk {
 void Communicator::check_buffer(const Tensor& t, const char* op) const {
   BRISK_CHECK(t.device() == Device::cpu, op, ": the buffer must be in host memory");
   // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
-  const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0;
+  const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0 ||
+                      std::strcmp(op, "gather_v") == 0;
   BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64 ||
                   (copies && t.dtype() == DType::u8),
               op, ": float32, bf16 or float64 buffers only", copies ? " (or uint8)" : "", ", not ",
@@ -49,6 +50,26 @@ void Communicator::check_pieces(const Tensor& in, const std::vector<int64_t>& co
               in.numel(), " elements in and ", out.numel(), " out for pieces adding up to ", total);
 }
 
+void Communicator::check_gather(const Tensor& in, const std::vector<int64_t>& counts,
+                                const Tensor& out, int root) const {
+  const char* op = "gather_v";
+  BRISK_CHECK(root >= 0 && root < size(), op, ": root ", root, " of ", size(), " ranks");
+  BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(),
+              " counts for ", size(), " ranks");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    BRISK_CHECK(c >= 0, op, ": a negative count");
+    total += c;
+  }
+  BRISK_CHECK(in.numel() == counts[static_cast<size_t>(rank())], op, ": ", in.numel(),
+              " elements in, the counts say ", counts[static_cast<size_t>(rank())]);
+  check_buffer(in, op);
+  if (rank() != root) return;
+  check_buffer(out, op);
+  BRISK_CHECK(out.dtype() == in.dtype() && out.numel() == total, op, ": ", out.numel(),
+              " elements out for pieces adding up to ", total);
+}
+
 void Communicator::start_all_reduce_sum(const Tensor& buf) {
   const auto start = std::chrono::steady_clock::now();
   all_reduce_sum(buf);
@@ -61,17 +82,30 @@ double Communicator::wait_started() {
 }
 
 std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
-                                   std::vector<int64_t>* bytes_per_rank) {
+                                   std::vector<int64_t>* bytes_per_rank, int root) {
   const auto N = static_cast<size_t>(comm.size());
   std::vector<double> lengths(N, 0.0);
   lengths[static_cast<size_t>(comm.rank())] = static_cast<double>(piece.bytes());
   comm.all_reduce_sum(Tensor(lengths.data(), Shape{comm.size()}, DType::f64));
+  if (bytes_per_rank) bytes_per_rank->clear();
+  if (root >= 0) {
+    std::vector<int64_t> counts;
+    int64_t total = 0;
+    for (double l : lengths) {
+      counts.push_back(static_cast<int64_t>(l));
+      total += counts.back();
+      if (bytes_per_rank) bytes_per_rank->push_back(counts.back());
+    }
+    std::vector<uint8_t> out(comm.rank() == root ? static_cast<size_t>(total) : 0);
+    comm.gather_v(Tensor(piece.data(), Shape{static_cast<int64_t>(piece.bytes())}, DType::u8), counts,
+                  Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::u8), root);
+    return out;
+  }
   const auto longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
   std::vector<uint8_t> padded(std::max<size_t>(longest, 1)), all(padded.size() * N), out;
   if (piece.bytes() > 0) std::memcpy(padded.data(), piece.data(), piece.bytes());
   comm.all_gather(Tensor(padded.data(), Shape{static_cast<int64_t>(padded.size())}, DType::u8),
                   Tensor(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::u8));
-  if (bytes_per_rank) bytes_per_rank->clear();
   for (size_t r = 0; r < N; ++r) {
     const auto* first = all.data() + r * padded.size();
     out.insert(out.end(), first, first + static_cast<size_t>(lengths[r]));
@@ -101,6 +135,11 @@ class SingleProcess final : public Communicator {
   void all_gather(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, 1, 1, "all_gather");
     if (in.data() != out.data()) std::memcpy(out.data(), in.data(), out.bytes());
+  }
+  void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
+                int root) override {
+    check_gather(in, counts, out, root);
+    if (in.data() != out.data() && in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
   }
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");

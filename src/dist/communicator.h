@@ -34,6 +34,11 @@ class Communicator {
                                     const Tensor& out) = 0;
   // out (size() chunks of in's length) becomes every rank's in, in rank order.
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  // On `root`, out becomes every rank's in laid end to end in rank order; in holds counts[rank()]
+  // elements (counts: the same on every rank), out their sum on root and is not touched
+  // elsewhere (it may be empty there). Saving a sharded state without every rank holding it all.
+  virtual void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
+                        int root) = 0;
   // buf becomes root's buf.
   virtual void broadcast(const Tensor& buf, int root) = 0;
   // Returns when every rank has called it.
@@ -61,17 +66,20 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
-  // reduce_scatter_sum_v's buffers and counts.
+  // reduce_scatter_sum_v's and gather_v's buffers and counts.
   void check_pieces(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) const;
+  void check_gather(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
+                    int root) const;
 
  private:
   double started_seconds_ = 0;  // the default start_all_reduce_sum's time since wait_started
 };
 
 // Every rank's `piece` (host memory, any length), its bytes laid end to end in rank order, on
-// every rank; `bytes_per_rank`, when given, receives each rank's share.
+// every rank, or only on `root` when root >= 0 (the others get nothing); `bytes_per_rank`, when
+// given, receives each rank's share.
 std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
-                                   std::vector<int64_t>* bytes_per_rank = nullptr);
+                                   std::vector<int64_t>* bytes_per_rank = nullptr, int root = -1);
 
 // The process's communicator, made on first use from the environment (make_communicator).
 Communicator& world_communicator();

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -163,6 +164,39 @@ class Mpi final : public Communicator {
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
                         MPI_COMM_WORLD),
           "all_gather (MPI_Allgather)");
+  }
+  // Point to point, in pieces of at most 2^30 elements (MPI counts are int), so that only the
+  // root ever holds every rank's piece.
+  void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
+                int root) override {
+    check_gather(in, counts, out, root);
+    drain();
+    const Watch watch(*this, "gather_v");
+    const int64_t piece = int64_t{1} << 30;
+    const auto size = static_cast<int64_t>(dtype_size(in.dtype()));
+    constexpr int kTag = 7301;
+    if (rank_ != root) {
+      auto* base = static_cast<char*>(in.data());
+      for (int64_t at = 0; at < in.numel(); at += piece)
+        check(MPI_Send(base + at * size, static_cast<int>(std::min(piece, in.numel() - at)),
+                       type(in), root, kTag, MPI_COMM_WORLD),
+              "gather_v (MPI_Send)");
+      return;
+    }
+    auto* base = static_cast<char*>(out.data());
+    int64_t first = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = counts[static_cast<size_t>(r)];
+      if (r == rank_) {
+        if (n > 0) std::memcpy(base + first * size, in.data(), static_cast<size_t>(n * size));
+      } else {
+        for (int64_t at = 0; at < n; at += piece)
+          check(MPI_Recv(base + (first + at) * size, static_cast<int>(std::min(piece, n - at)),
+                         type(in), r, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                "gather_v (MPI_Recv)");
+      }
+      first += n;
+    }
   }
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");

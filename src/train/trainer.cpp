@@ -502,7 +502,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   std::optional<GradBuckets> buckets;
   std::optional<ShardedGradients> sharded;
   if (ranks > 1 && o.do_train && !run->grad_shard.empty())
-    sharded.emplace(run->shards, dist.rank(), run->grad_shard, run->grad_receive);
+    sharded.emplace(run->shards, dist.rank(), run->grad_shard, run->grad_receive,
+                    gradient_piece_elements(o));
   else if (ranks > 1 && o.do_train)
     buckets.emplace(model->params().flat_grads(), model->grad_segments(),
                     static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));
@@ -589,13 +590,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     const bool save_now =
         checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch);
-    // ZeRO: every rank's optimizer state, laid end to end for rank 0 to save.
+    // ZeRO: every rank's optimizer state, laid end to end on rank 0 (only) for it to save.
     std::vector<std::pair<std::string, std::vector<uint8_t>>> gathered;
     std::vector<std::pair<std::string, Tensor>> whole_state;
     if (save_now && !run->shards.empty()) {
-      gathered = gather_optimizer_state(dist, *optimizer);
+      gathered = gather_optimizer_state(dist, *optimizer, 0);
       const auto own = optimizer->state();
-      for (size_t i = 0; i < gathered.size(); ++i) {
+      for (size_t i = 0; lead && i < gathered.size(); ++i) {
         const int64_t size = dtype_size(own[i].second.dtype());
         whole_state.emplace_back(
             gathered[i].first, Tensor(gathered[i].second.data(),

@@ -72,14 +72,18 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard) {
 }
 
 std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state(
-    Communicator& comm, const Optimizer& optimizer) {
+    Communicator& comm, const Optimizer& optimizer, int root) {
   std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
   for (const auto& [name, t] : optimizer.state()) {
     BRISK_CHECK(t.device() == Device::cpu,
                 "internal error: gathering optimizer state from device memory");
-    out.emplace_back(name, gather_pieces(comm, t));
+    out.emplace_back(name, gather_pieces(comm, t, nullptr, root));
   }
   return out;
+}
+
+int64_t gradient_piece_elements(const TrainOptions& o) {
+  return std::max<int64_t>(1, static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024 / 4));
 }
 
 namespace {
@@ -92,18 +96,24 @@ ElementRange intersect(ElementRange a, ElementRange b) {
 }  // namespace
 
 ShardedGradients::ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard,
-                                   Tensor receive)
-    : shards_(shards), rank_(rank), shard_(std::move(shard)), receive_(std::move(receive)) {
+                                   Tensor receive, int64_t piece)
+    : shards_(shards),
+      rank_(rank),
+      shard_(std::move(shard)),
+      receive_(std::move(receive)),
+      piece_(piece) {
+  BRISK_CHECK(piece_ > 0, "internal error: gradient pieces of ", piece_, " elements");
   BRISK_CHECK(shard_.numel() == shards_.at(static_cast<size_t>(rank_)).elements.count,
               "internal error: the gradient shard holds ", shard_.numel(), " elements");
 }
 
 int64_t ShardedGradients::receive_elements(const std::vector<ParamShard>& shards, int rank,
-                                           const std::vector<ElementRange>& segments) {
+                                           const std::vector<ElementRange>& segments,
+                                           int64_t piece) {
   int64_t most = 0;
   for (const ElementRange& s : segments)
     most = std::max(most, intersect(s, shards.at(static_cast<size_t>(rank)).elements).count);
-  return most;
+  return std::min(most, piece);
 }
 
 void ShardedGradients::segment_done(Backend& be, Communicator& comm, const Model& model,
@@ -111,19 +121,20 @@ void ShardedGradients::segment_done(Backend& be, Communicator& comm, const Model
   const auto start = std::chrono::steady_clock::now();
   const ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
   const Tensor staged = model.grad_segment(segment);
-  // The shards are consecutive runs in rank order, so the segment is every rank's piece of it
-  // laid end to end.
-  std::vector<int64_t> counts;
-  for (const ParamShard& s : shards_) counts.push_back(intersect(range, s.elements).count);
-  const ElementRange mine = intersect(range, shards_[static_cast<size_t>(rank_)].elements);
-  BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
-  const Tensor sum = element_range(receive_, 0, mine.count);
-  comm.reduce_scatter_sum_v(staged, counts, sum);
-  if (mine.count > 0)
-    be.add_inplace(
-        element_range(shard_, mine.offset - shards_[static_cast<size_t>(rank_)].elements.offset,
-                      mine.count),
-        sum);
+  const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
+  for (int64_t at = 0; at < range.count; at += piece_) {
+    // The shards are consecutive runs in rank order, so a piece of the segment is every rank's
+    // part of it laid end to end.
+    const ElementRange part{range.offset + at, std::min(piece_, range.count - at)};
+    std::vector<int64_t> counts;
+    for (const ParamShard& s : shards_) counts.push_back(intersect(part, s.elements).count);
+    const ElementRange mine = intersect(part, own);
+    BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
+    const Tensor sum = element_range(receive_, 0, mine.count);
+    comm.reduce_scatter_sum_v(element_range(staged, at, part.count), counts, sum);
+    if (mine.count > 0)
+      be.add_inplace(element_range(shard_, mine.offset - own.offset, mine.count), sum);
+  }
   be.fill(staged, 0.0f);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "models/parameters.h"
+#include "train/options.h"
 
 namespace brisk {
 
@@ -39,20 +40,26 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
 ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 
 // The optimizer state of every rank laid end to end in rank order, name by name (host copies,
-// on every rank): one process's state.
+// on `root` only: the others get the names with no bytes): one process's state.
 std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state(
-    Communicator& comm, const Optimizer& optimizer);
+    Communicator& comm, const Optimizer& optimizer, int root);
+
+// ZeRO stage 2's pieces: ddp_bucket_cap_mb of float32 gradients (at least one element).
+int64_t gradient_piece_elements(const TrainOptions& o);
 
 // ZeRO stage 2: this rank's shard of the gradients, summed over the ranks segment by segment as
 // backward reports them final, on every micro-batch (Model's staged gradients: the next block's
 // gradients take the room as soon as this returns, so the segment is zeroed after its sum).
 class ShardedGradients {
  public:
-  // `shard`: float32, this rank's elements; `receive`: at least receive_elements().
-  ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard, Tensor receive);
-  // The room the sums need: the most elements of this rank's shard any segment holds.
+  // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed
+  // in pieces of at most `piece` elements (DeepSpeed's reduce_bucket_size; brisk's
+  // ddp_bucket_cap_mb), which bounds the room the sums arrive in and MPI's own buffers.
+  ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard, Tensor receive,
+                   int64_t piece);
+  // The room the sums need: the most elements of this rank's shard any piece holds.
   static int64_t receive_elements(const std::vector<ParamShard>& shards, int rank,
-                                  const std::vector<ElementRange>& segments);
+                                  const std::vector<ElementRange>& segments, int64_t piece);
   // Segment i of the model's gradients is final: shard += every rank's piece of it summed.
   void segment_done(Backend& be, Communicator& comm, const Model& model, int segment);
   const Tensor& shard() const { return shard_; }
@@ -63,6 +70,7 @@ class ShardedGradients {
   std::vector<ParamShard> shards_;
   int rank_;
   Tensor shard_, receive_;
+  int64_t piece_;
   double seconds_ = 0;
 };
 

@@ -156,6 +156,45 @@ TEST(Collectives, ReduceScatterOfUnequalPiecesGivesEachRankItsPiecesSum) {
                Error);
 }
 
+// Gathering to one rank, pieces of any length (one empty): the root gets them in rank order, the
+// others keep nothing.
+TEST(Collectives, GatherToOneRankConcatenatesInRankOrder) {
+  const int N = world().size(), r = world().rank();
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int q = 0; q < N; ++q) {
+    counts.push_back(q == 1 ? 0 : 777 * (q + 1));
+    total += counts.back();
+  }
+  for (const int root : {0, N - 1}) {
+    FVec in = input(r, counts[static_cast<size_t>(r)], 8);
+    FVec out(static_cast<size_t>(r == root ? total : 0), -7.f);
+    world().gather_v(Tensor(in.data(), Shape{static_cast<int64_t>(in.size())}, DType::f32), counts,
+                     Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::f32),
+                     root);
+    if (r != root) continue;
+    FVec want;
+    for (int q = 0; q < N; ++q) {
+      const FVec piece = input(q, counts[static_cast<size_t>(q)], 8);
+      want.insert(want.end(), piece.begin(), piece.end());
+    }
+    EXPECT_EQ(out, want) << "root " << root;
+  }
+  // Bytes, through gather_pieces: only the root gets them.
+  std::vector<uint8_t> mine(static_cast<size_t>(r + 1), static_cast<uint8_t>(r + 1));
+  std::vector<int64_t> shares;
+  const std::vector<uint8_t> got = gather_pieces(
+      world(), Tensor(mine.data(), Shape{r + 1}, DType::u8), &shares, /*root=*/0);
+  EXPECT_EQ(shares.size(), static_cast<size_t>(N));
+  if (r == 0) {
+    std::vector<uint8_t> want;
+    for (int q = 0; q < N; ++q) want.insert(want.end(), static_cast<size_t>(q + 1), q + 1);
+    EXPECT_EQ(got, want);
+  } else {
+    EXPECT_TRUE(got.empty());
+  }
+}
+
 TEST(Collectives, AllGatherConcatenatesInRankOrder) {
   const int N = world().size(), r = world().rank();
   const int64_t chunk = 12'347;

@@ -262,8 +262,9 @@ std::map<std::string, std::vector<float>> optimizer_state(const std::string& che
 // then the updated weights are broadcast from their owners) trains as plain data parallelism
 // with every optimizer, bit for bit: the same gradient sums, the same per-element arithmetic.
 // Stage 2 (each rank also keeps only its share of the summed gradients, summed segment by segment
-// on every micro-batch while backward runs) to the sums' order (1e-5; Adafactor 1e-3, see below),
-// with and without gradient accumulation. The checkpoint's optimizer state (every rank's laid end
+// on every micro-batch while backward runs) to the sums' order (1e-5; Adafactor 5e-3, see below),
+// with and without gradient accumulation, in whole segments and in small pieces. Checkpoints
+// gather the state to rank 0 alone. The checkpoint's optimizer state (every rank's laid end
 // to end) is the whole state, and a run resumes from it on another number of ranks, with or
 // without ZeRO.
 TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
@@ -296,6 +297,9 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         ddp.optim_args = c.args;
         ddp.learning_rate = c.lr;
         ddp.weight_decay = 0.01;
+        // With accumulation, stage 2 sums in pieces of 262 elements (every segment cut into
+        // several, cut again by the shards).
+        if (accumulation == 2) ddp.ddp_bucket_cap_mb = 0.001;
         TrainOptions zero = ddp;
         zero.output_dir = dir / "zero";
         zero.zero_stage = stage;
