@@ -93,7 +93,8 @@ struct TrainOptions {
   // Seconds a collective may wait for the other ranks before the run ends naming the
   // collective (a rank stuck or gone); 0: for ever.
   int64_t ddp_timeout = 1800;
-  // ZeRO: 1 partitions the optimizer state among the ranks (train/zero.h); 0 keeps it whole.
+  // ZeRO: 1 partitions the optimizer state among the ranks, 2 the summed gradients too
+  // (train/zero.h); 0 keeps them whole.
   int64_t zero_stage = 0;
   std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
   bool disable_tqdm = false;
@@ -218,10 +219,12 @@ void visit_options(Options& o, Visitor&& v) {
   v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
   v("ddp_bucket_cap_mb", o.ddp_bucket_cap_mb,
     "data parallel: MiB of gradients per all-reduce bucket; each bucket is summed across the "
-    "ranks as soon as backward has finished it, while the earlier layers still compute");
+    "ranks as soon as backward has finished it, while the earlier layers still compute (ZeRO "
+    "stage 2: the most MiB summed at once)");
   v("zero_stage", o.zero_stage,
-    "data parallel: 0 (every rank holds the whole optimizer state) or 1 (ZeRO stage 1: each rank "
-    "holds and updates the state of its 1/N of the parameters; stages 2 and 3 are to come)");
+    "data parallel: 0 (every rank holds the whole optimizer state), 1 (ZeRO stage 1: each rank "
+    "holds and updates the state of its 1/N of the parameters) or 2 (also only its 1/N of the "
+    "summed gradients, summed in pieces of ddp_bucket_cap_mb during backward); 3 is to come");
   v("deepspeed", o.deepspeed,
     "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm and "
     "reduce_bucket_size set --zero_stage and the gradient buckets; batch sizes, clipping, "
