@@ -5,6 +5,7 @@
 // rounded to bf16 at each partial sum, as NCCL's bf16 reductions do) or float64 (statistics).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,9 +50,17 @@ class Communicator {
   // parallelism overlaps with backward; here (the default) it runs at once. A blocking collective
   // first finishes the started ones.
   virtual void start_all_reduce_sum(const Tensor& buf);
+  // Starts reduce_scatter_sum_v(in, counts, out) the same way, then runs `then` (on the thread
+  // that ran it: it must not call the communicator) — what consumes `out` before the next
+  // started collective. ZeRO stage 2's sums during backward.
+  virtual void start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                          const Tensor& out, std::function<void()> then);
   // Returns when every started collective has finished, with the seconds they took to run since
   // the last call (time overlapped with other work included); rethrows a failure of one.
   virtual double wait_started();
+  // Returns when at most `keep` started collectives (the latest ones) are unfinished; rethrows a
+  // failure of one.
+  virtual void wait_started_until(int64_t keep);
   // Ends every rank of the run now, with exit code `code` (a rank that failed must not leave the
   // others waiting in a collective).
   [[noreturn]] virtual void abort(int code) = 0;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -115,19 +116,25 @@ class Mpi final : public Communicator {
   void start_all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "start_all_reduce_sum");
     if (!threaded_) return Communicator::start_all_reduce_sum(buf);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-      queue_.push_back(buf);
-      ++pending_;
-    }
-    work_cv_.notify_one();
+    enqueue(Started{buf, Tensor(), {}, {}});
+  }
+  void start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                  const Tensor& out, std::function<void()> then) override {
+    if (!threaded_) return Communicator::start_reduce_scatter_sum_v(in, counts, out, then);
+    check_reduce_scatter_v(in, counts, out);
+    enqueue(Started{in, out, counts, std::move(then)});
   }
   double wait_started() override {
     if (!threaded_) return Communicator::wait_started();
     drain();
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(busy_seconds_, 0.0);
+  }
+  void wait_started_until(int64_t keep) override {
+    if (!threaded_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ <= keep || error_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
@@ -141,15 +148,9 @@ class Mpi final : public Communicator {
   }
   void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                             const Tensor& out) override {
-    check_pieces(in, counts, out);
-    BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum_v: in and out overlap");
-    std::vector<int> ints;
-    for (int64_t c : counts) ints.push_back(count_of(c, "reduce_scatter_sum_v"));
-    count_of(in.numel(), "reduce_scatter_sum_v");  // MPI's displacements are int as well
+    check_reduce_scatter_v(in, counts, out);
     drain();
-    const Watch watch(*this, "reduce_scatter_sum_v");
-    check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), MPI_COMM_WORLD),
-          "reduce_scatter_sum_v (MPI_Reduce_scatter)");
+    reduce_scatter_v_now(in, counts, out);
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, 1, size_, "all_gather");
@@ -229,6 +230,37 @@ class Mpi final : public Communicator {
   }
 
  private:
+  // A started collective: an all-reduce of `in` (counts empty) or a reduce-scatter of pieces
+  // into `out`, then `then`.
+  struct Started {
+    Tensor in, out;
+    std::vector<int64_t> counts;
+    std::function<void()> then;
+  };
+  void enqueue(Started item) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      queue_.push_back(std::move(item));
+      ++pending_;
+    }
+    work_cv_.notify_one();
+  }
+  void check_reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& counts,
+                              const Tensor& out) const {
+    check_pieces(in, counts, out);
+    BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum_v: in and out overlap");
+    for (int64_t c : counts) count_of(c, "reduce_scatter_sum_v");
+    count_of(in.numel(), "reduce_scatter_sum_v");  // MPI's displacements are int as well
+  }
+  void reduce_scatter_v_now(const Tensor& in, const std::vector<int64_t>& counts,
+                            const Tensor& out) {
+    std::vector<int> ints;
+    for (int64_t c : counts) ints.push_back(static_cast<int>(c));
+    const Watch watch(*this, "reduce_scatter_sum_v");
+    check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), MPI_COMM_WORLD),
+          "reduce_scatter_sum_v (MPI_Reduce_scatter)");
+  }
   void all_reduce_now(const Tensor& buf) {
     const Watch watch(*this, "all_reduce_sum");
     // In pieces of at most 2^30 elements: MPI counts are int.
@@ -287,14 +319,18 @@ class Mpi final : public Communicator {
     for (;;) {
       work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      const Tensor buf = queue_.front();
+      const Started item = std::move(queue_.front());
       queue_.pop_front();
       const bool skip = error_ != nullptr;
       lock.unlock();
       std::exception_ptr failure;
       const auto start = std::chrono::steady_clock::now();
       if (!skip) try {
-          all_reduce_now(buf);
+          if (item.counts.empty())
+            all_reduce_now(item.in);
+          else
+            reduce_scatter_v_now(item.in, item.counts, item.out);
+          if (item.then) item.then();
         } catch (...) {
           failure = std::current_exception();
         }
@@ -303,7 +339,8 @@ class Mpi final : public Communicator {
       lock.lock();
       busy_seconds_ += took;
       if (failure && !error_) error_ = failure;
-      if (--pending_ == 0) done_cv_.notify_all();
+      --pending_;
+      done_cv_.notify_all();  // wait_started_until waits for fewer than all
     }
   }
   static MPI_Datatype type(const Tensor& t) {
@@ -326,7 +363,7 @@ class Mpi final : public Communicator {
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<Tensor> queue_;
+  std::deque<Started> queue_;
   int64_t pending_ = 0;  // started and not finished
   double busy_seconds_ = 0;
   std::exception_ptr error_;

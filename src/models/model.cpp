@@ -397,40 +397,46 @@ void Model::find_grad_segments() {
   segments_.push_back({0, first});
 }
 
-// Staged gradients keep the embeddings where they are, then one block's room, then the head.
-// Possible when the blocks are laid out alike (every model here); otherwise the length is the
-// whole gradients' and plan() keeps them whole.
+// Staged gradients keep the embeddings where they are, then the rooms of staged_rooms() blocks,
+// which the blocks use in turn (block b in room b mod rooms), then the head. Possible when the
+// blocks are laid out alike (every model here); otherwise the length is the whole gradients' and
+// plan() keeps them whole.
+int Model::staged_rooms() const {
+  const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
+  return L >= 3 ? 2 : 1;
+}
+
 int64_t Model::staged_grad_elements() const {
   const int64_t total = params_.total_elements();
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
-  if (L < 2) return total;
+  const auto rooms = static_cast<size_t>(staged_rooms());
+  if (L <= rooms) return total;
   for (size_t i = 1; i <= L; ++i)
     if (segments_[i].count != segments_[1].count) return total;
-  return total - static_cast<int64_t>(L - 1) * segments_[1].count;
+  return total - static_cast<int64_t>(L - rooms) * segments_[1].count;
+}
+
+// Where the gradient of logical element `at` lies in the staged buffer.
+int64_t Model::staged_offset(int64_t at) const {
+  const int64_t first = segments_.back().count;  // the embeddings: [0, first)
+  const int64_t block = segments_[1].count;
+  const int64_t end = segments_.front().offset;  // the head: [end, total)
+  const int64_t rooms = staged_rooms();
+  if (at < first) return at;
+  if (at >= end) return at - (end - first) + rooms * block;
+  const int64_t b = (at - first) / block;
+  return first + (b % rooms) * block + (at - first) % block;
 }
 
 std::vector<int64_t> Model::staged_grad_offsets() const {
-  const int64_t first = segments_.back().count;  // the embeddings: [0, first)
-  const int64_t room = segments_[1].count;
-  const int64_t end = segments_.front().offset;  // the head: [end, total)
   std::vector<int64_t> out;
-  for (const ParamInfo& p : params_.list())
-    out.push_back(p.offset < first ? p.offset
-                  : p.offset < end ? first + (p.offset - first) % room
-                                   : p.offset - (end - first - room));
+  for (const ParamInfo& p : params_.list()) out.push_back(staged_offset(p.offset));
   return out;
 }
 
 Tensor Model::grad_segment(int i) const {
   const ElementRange r = grad_segments_.at(static_cast<size_t>(i));
-  if (!staged_) return element_range(flat_grads_, r.offset, r.count);
-  const int64_t first = segments_.back().count;
-  const int64_t room = segments_[1].count;
-  const int64_t end = segments_.front().offset;
-  const int64_t at = r.offset < first ? r.offset
-                     : r.offset < end ? first + (r.offset - first) % room
-                                      : r.offset - (end - first - room);
-  return element_range(flat_grads_, at, r.count);
+  return element_range(flat_grads_, staged_ ? staged_offset(r.offset) : r.offset, r.count);
 }
 
 void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {

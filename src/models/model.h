@@ -66,10 +66,12 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
-  // ZeRO stage 2: the gradient buffer holds the embeddings' and the head's gradients and the room
-  // of one block, which every block's gradients use in turn; backward then reports every segment
-  // on every micro-batch, and the caller must move a block's gradients out (and zero the room)
-  // before backward goes on. Models whose blocks are not laid out alike keep whole gradients.
+  // ZeRO stage 2: the gradient buffer holds the embeddings' and the head's gradients and the
+  // rooms of Model::staged_rooms() blocks, which the blocks' gradients use in turn; backward then
+  // reports every segment on every micro-batch, and before a report returns, the room the next
+  // block writes must be empty again (moved out and zeroed): with two rooms, the room of the
+  // segment reported before this one; with one, this segment's. Models whose blocks are not laid
+  // out alike keep whole gradients.
   bool staged_gradients = false;
 };
 
@@ -137,8 +139,10 @@ class Model {
   // room it shares.
   Tensor grad_segment(int i) const;
   // Whether the plan stages the gradients (PlanOptions::staged_gradients and a model whose blocks
-  // allow it).
+  // allow it), and in how many blocks' rooms: 2 from three blocks on (the sum of one block's
+  // gradients may run while the next block's backward fills the other room), else 1.
   bool staged_gradients() const { return staged_; }
+  int staged_rooms() const;
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
   using SegmentDone = std::function<void(int)>;
@@ -281,6 +285,7 @@ class Model {
   // Staged gradients: each parameter's offset in the gradient buffer, and the buffer's length.
   std::vector<int64_t> staged_grad_offsets() const;
   int64_t staged_grad_elements() const;
+  int64_t staged_offset(int64_t at) const;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
   std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once
   // The constants' (host, device) views at the planned length, taken at bind: use_seq reshapes

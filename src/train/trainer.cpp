@@ -509,7 +509,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                     static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));
   const Model::SegmentDone on_segment = [&](int i) {
     if (sharded)
-      sharded->segment_done(*be, dist, *model, i);
+      sharded->segment_done(dist, *model, i);
     else
       buckets->segment_done(dist, i);
   };
@@ -543,10 +543,10 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       const auto wait_start = std::chrono::steady_clock::now();
       if (buckets) {
         s.communication_seconds += buckets->finish(dist);
-      } else {  // stage 2's sums ran inside backward, the computation waiting for each
-        const double sums = sharded->take_seconds();
-        s.communication_seconds += sums;
-        s.communication_wait_seconds += sums;
+      } else {  // stage 2's sums ran during backward, which waited for them as its rooms required
+        const auto [ran, waited] = sharded->take_seconds(dist);
+        s.communication_seconds += ran;
+        s.communication_wait_seconds += waited;
       }
       const auto stats_start = std::chrono::steady_clock::now();
       dist.all_reduce_sum(model->step_stats());

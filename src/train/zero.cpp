@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "backend/backend.h"
@@ -116,13 +119,15 @@ int64_t ShardedGradients::receive_elements(const std::vector<ParamShard>& shards
   return std::min(most, piece);
 }
 
-void ShardedGradients::segment_done(Backend& be, Communicator& comm, const Model& model,
-                                    int segment) {
+void ShardedGradients::segment_done(Communicator& comm, const Model& model, int segment) {
+  BRISK_CHECK(shard_.device() == Device::cpu && receive_.device() == Device::cpu,
+              "internal error: ZeRO stage 2 sums gradients in host memory");
   const auto start = std::chrono::steady_clock::now();
   const ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
   const Tensor staged = model.grad_segment(segment);
   const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
-  for (int64_t at = 0; at < range.count; at += piece_) {
+  int64_t started = 0;
+  for (int64_t at = 0; at < range.count; at += piece_) {  // every rank skips an empty segment
     // The shards are consecutive runs in rank order, so a piece of the segment is every rank's
     // part of it laid end to end.
     const ElementRange part{range.offset + at, std::min(piece_, range.count - at)};
@@ -130,13 +135,34 @@ void ShardedGradients::segment_done(Backend& be, Communicator& comm, const Model
     for (const ParamShard& s : shards_) counts.push_back(intersect(part, s.elements).count);
     const ElementRange mine = intersect(part, own);
     BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
-    const Tensor sum = element_range(receive_, 0, mine.count);
-    comm.reduce_scatter_sum_v(element_range(staged, at, part.count), counts, sum);
-    if (mine.count > 0)
-      be.add_inplace(element_range(shard_, mine.offset - own.offset, mine.count), sum);
+    const bool last = at + piece_ >= range.count;
+    // Runs where the sum ran, before the next started one reuses the receiving room.
+    float* into = mine.count > 0 ? shard_.f32() + (mine.offset - own.offset) : nullptr;
+    const float* sum = receive_.f32();
+    const int64_t n = mine.count;
+    std::function<void()> then = [into, sum, n, last, staged] {
+      for (int64_t j = 0; j < n; ++j) into[j] += sum[j];
+      if (last && staged.bytes() > 0) std::memset(staged.data(), 0, staged.bytes());
+    };
+    comm.start_reduce_scatter_sum_v(element_range(staged, at, part.count), counts,
+                                    element_range(receive_, 0, mine.count), std::move(then));
+    ++started;
   }
-  be.fill(staged, 0.0f);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Two rooms: the next block writes the room of the segment before this one, so only this
+  // segment's sums may still run; one room: none; whole gradients: any. After the last segment
+  // every sum is waited for: the shard is complete and the rooms empty for the next micro-batch.
+  const bool end_of_backward = segment == static_cast<int>(model.grad_segments().size()) - 1;
+  const int64_t keep = end_of_backward                ? 0
+                       : !model.staged_gradients()    ? std::numeric_limits<int64_t>::max()
+                       : model.staged_rooms() >= 2    ? started
+                                                      : 0;
+  comm.wait_started_until(keep);
+  waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::pair<double, double> ShardedGradients::take_seconds(Communicator& comm) {
+  const double ran = comm.wait_started();
+  return {ran, std::exchange(waited_, 0.0)};
 }
 
 }  // namespace brisk

@@ -48,8 +48,10 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state
 int64_t gradient_piece_elements(const TrainOptions& o);
 
 // ZeRO stage 2: this rank's shard of the gradients, summed over the ranks segment by segment as
-// backward reports them final, on every micro-batch (Model's staged gradients: the next block's
-// gradients take the room as soon as this returns, so the segment is zeroed after its sum).
+// backward reports them final, on every micro-batch. A segment's sums are started (they run on
+// the communicator's thread, each adding its piece into the shard and the last zeroing the
+// segment's room) and the report returns once the room the next block writes is empty: with the
+// model's two rooms, a block's sums run while the next block's backward computes.
 class ShardedGradients {
  public:
   // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed
@@ -60,18 +62,20 @@ class ShardedGradients {
   // The room the sums need: the most elements of this rank's shard any piece holds.
   static int64_t receive_elements(const std::vector<ParamShard>& shards, int rank,
                                   const std::vector<ElementRange>& segments, int64_t piece);
-  // Segment i of the model's gradients is final: shard += every rank's piece of it summed.
-  void segment_done(Backend& be, Communicator& comm, const Model& model, int segment);
+  // Segment i of the model's gradients is final: starts shard += every rank's piece of it
+  // summed, and waits as the model's rooms require (for every sum after the last segment).
+  void segment_done(Communicator& comm, const Model& model, int segment);
   const Tensor& shard() const { return shard_; }
-  // The seconds the sums took since the last call.
-  double take_seconds() { return std::exchange(seconds_, 0.0); }
+  // The seconds the sums ran and the seconds backward waited for them, since the last call
+  // (after the last segment: nothing is running).
+  std::pair<double, double> take_seconds(Communicator& comm);
 
  private:
   std::vector<ParamShard> shards_;
   int rank_;
   Tensor shard_, receive_;
   int64_t piece_;
-  double seconds_ = 0;
+  double waited_ = 0;
 };
 
 }  // namespace brisk

@@ -156,6 +156,35 @@ TEST(Collectives, ReduceScatterOfUnequalPiecesGivesEachRankItsPiecesSum) {
                Error);
 }
 
+// Started reduce-scatters run in order, each followed by its consumer (on the communication
+// thread), which sees its own sum before the next one overwrites the shared receiving buffer;
+// waiting until one is left leaves at most the latest unfinished.
+TEST(Collectives, StartedReduceScattersRunTheirConsumersInOrder) {
+  const int N = world().size(), r = world().rank();
+  std::vector<int64_t> counts(static_cast<size_t>(N), 500);
+  const int64_t n = 500 * N;
+  constexpr int kStarted = 5;
+  std::vector<FVec> ins;
+  for (int k = 0; k < kStarted; ++k) ins.push_back(input(r, n, 10 + k));
+  FVec receive(500);
+  std::vector<FVec> consumed(kStarted);
+  std::vector<int> order;
+  for (int k = 0; k < kStarted; ++k)
+    world().start_reduce_scatter_sum_v(
+        Tensor(ins[static_cast<size_t>(k)].data(), Shape{n}, DType::f32), counts,
+        Tensor(receive.data(), Shape{500}, DType::f32), [&, k] {
+          consumed[static_cast<size_t>(k)] = receive;
+          order.push_back(k);
+        });
+  world().wait_started_until(1);
+  world().wait_started();
+  ASSERT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  for (int k = 0; k < kStarted; ++k)
+    expect_sums(std::vector<double>(consumed[static_cast<size_t>(k)].begin(),
+                                    consumed[static_cast<size_t>(k)].end()),
+                n, 10 + k, r * 500, 1e-6, false);
+}
+
 // Gathering to one rank, pieces of any length (one empty): the root gets them in rank order, the
 // others keep nothing.
 TEST(Collectives, GatherToOneRankConcatenatesInRankOrder) {

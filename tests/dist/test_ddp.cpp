@@ -286,7 +286,14 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         SCOPED_TRACE(tag);
         SharedDir dir(tag);
         std::string model = dir / "gpt2_model";
-        if (world().rank() == 0) model = write_config(*dir.owned, "gpt2", 0.0);
+        if (world().rank() == 0) {
+          // Three blocks: stage 2 stages them in two rooms, summing one block's gradients while
+          // the next block's backward computes.
+          model = write_config(*dir.owned, "gpt2", 0.0);
+          nlohmann::json c = read_json_file(model + "/config.json", "config");
+          c["n_layer"] = 3;
+          std::ofstream(model + "/config.json") << c.dump();
+        }
         world().barrier();
         TrainOptions ddp = tiny_options(model, dir / "ddp");
         ddp.per_device_train_batch_size = 2;
