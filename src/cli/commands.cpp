@@ -213,7 +213,10 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const auto planned = plan.bytes_by_category();
   const double n = static_cast<double>(run.model->params().total_elements());
   auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
-  const double weights = bytes(Category::weights) + bytes(Category::master_weights);
+  const double weights = bytes(Category::weights);
+  // ZeRO partitions the float32 master copy (16-bit training) with the optimizer state.
+  const bool sharded_master = plan.find("master.weights_shard") >= 0;
+  const double master = bytes(Category::master_weights);
   // Stage 2: every rank stages the gradients in the same room and keeps its own shard of them.
   const bool sharded_grads = plan.find("zero.gradient_shard") >= 0;
   const double staged =
@@ -242,49 +245,56 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       whole_state += states.back();
     }
   }
-  std::printf("  %-6s %14s %14s %16s %22s\n", "rank", "parameters", "gradients",
+  std::printf("  %-6s %14s %14s %14s %16s %22s\n", "rank", "parameters", "master", "gradients",
               "optimizer_state", "model states/param");
   for (int r = 0; r < world; ++r) {
     const double params =
         run.shards.empty() ? n
                            : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
+    const double masters = sharded_master ? 4.0 * params : master;
     const double grads = sharded_grads ? staged + 4.0 * params : staged;
     const double state = states[static_cast<size_t>(r)];
-    largest = std::max(largest, weights + grads + state);
+    const double total = weights + masters + grads + state;
+    largest = std::max(largest, total);
     per_rank.push_back({{"rank", r},
                         {"parameters", params},
+                        {"master_bytes", masters},
                         {"gradient_bytes", grads},
                         {"optimizer_state_bytes", state}});
     if (r < 8 || r == world - 1)
-      std::printf("  %-6d %14.0f %14s %16s %22.2f\n", r, params,
+      std::printf("  %-6d %14.0f %14s %14s %16s %22.2f\n", r, params,
+                  format_mib(static_cast<size_t>(masters)).c_str(),
                   format_mib(static_cast<size_t>(grads)).c_str(),
-                  format_mib(static_cast<size_t>(state)).c_str(), (weights + grads + state) / n);
+                  format_mib(static_cast<size_t>(state)).c_str(), total / n);
     else if (r == 8)
       std::printf("  ...\n");
   }
   const double K = whole_state / n;
   const std::string per_world = " / " + std::to_string(world);
+  const double master_share = sharded_master ? 4.0 * n / world : master;
   const double grad_share = sharded_grads ? (staged + 4.0 * n / world) : staged;
   const double stage_formula =
-      (weights + grad_share + (run.shards.empty() ? whole_state : whole_state / world)) / n;
+      (weights + master_share + grad_share +
+       (run.shards.empty() ? whole_state : whole_state / world)) /
+      n;
   std::printf(
-      "  model states per rank: weights and master %.2f + gradients %.2f%s + optimizer %.2f%s"
-      " = %.2f bytes/param (largest rank: %.2f)\n",
-      weights / n, sharded_grads ? staged / n : staged / n,
-      sharded_grads ? (" + 4" + per_world).c_str() : "", K,
+      "  model states per rank: weights %.2f + master %.2f%s + gradients %.2f%s + optimizer "
+      "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
+      weights / n, sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "",
+      staged / n, sharded_grads ? (" + 4" + per_world).c_str() : "", K,
       run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
   if (run.optimizer->name() == "adamw_torch") {
     const double paper = 2.0 + (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
                          (run.shards.empty() ? 12.0 : 12.0 / world);
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
-        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU, the float32 "
-        "master whole on every rank)\n",
-        paper, sharded_grads ? " and one block's staged whole" : "");
+        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU)\n",
+        paper, sharded_grads ? " and two blocks' staged whole" : "");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
           {"weight_bytes_per_param", weights / n},
+          {"master_bytes_per_param", master_share / n},
           {"gradient_bytes_per_param", grad_share / n},
           {"optimizer_bytes_per_param", K},
           {"model_state_bytes_per_param", stage_formula},

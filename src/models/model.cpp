@@ -59,9 +59,11 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   declare_constants(plan, shape);
   staged_ = false;
   if (options.weights_only) return;
-  staged_ = options.staged_gradients && staged_grad_elements() < n;
+  staged_ = options.gradient_rooms > 0 && staged_gradient_elements(options.gradient_rooms) < n;
+  rooms_ = staged_ ? options.gradient_rooms : 0;
   binder_.declare(plan, &flat_grads_, staged_ ? "params.gradients_staged" : "params.gradients",
-                  Category::gradients, DType::f32, Shape{staged_ ? staged_grad_elements() : n});
+                  Category::gradients, DType::f32,
+                  Shape{staged_ ? staged_gradient_elements(rooms_) : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -397,23 +399,17 @@ void Model::find_grad_segments() {
   segments_.push_back({0, first});
 }
 
-// Staged gradients keep the embeddings where they are, then the rooms of staged_rooms() blocks,
-// which the blocks use in turn (block b in room b mod rooms), then the head. Possible when the
-// blocks are laid out alike (every model here); otherwise the length is the whole gradients' and
-// plan() keeps them whole.
-int Model::staged_rooms() const {
-  const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
-  return L >= 3 ? 2 : 1;
-}
-
-int64_t Model::staged_grad_elements() const {
+// Staged gradients keep the embeddings where they are, then the rooms of the blocks, which the
+// blocks use in turn (block b in room b mod rooms), then the head. Possible when the blocks are
+// laid out alike (every model here) and outnumber the rooms; otherwise the length is the whole
+// gradients' and plan() keeps them whole.
+int64_t Model::staged_gradient_elements(int rooms) const {
   const int64_t total = params_.total_elements();
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
-  const auto rooms = static_cast<size_t>(staged_rooms());
-  if (L <= rooms) return total;
+  if (rooms < 1 || L <= static_cast<size_t>(rooms)) return total;
   for (size_t i = 1; i <= L; ++i)
     if (segments_[i].count != segments_[1].count) return total;
-  return total - static_cast<int64_t>(L - rooms) * segments_[1].count;
+  return total - static_cast<int64_t>(L - static_cast<size_t>(rooms)) * segments_[1].count;
 }
 
 // Where the gradient of logical element `at` lies in the staged buffer.
@@ -421,7 +417,7 @@ int64_t Model::staged_offset(int64_t at) const {
   const int64_t first = segments_.back().count;  // the embeddings: [0, first)
   const int64_t block = segments_[1].count;
   const int64_t end = segments_.front().offset;  // the head: [end, total)
-  const int64_t rooms = staged_rooms();
+  const int64_t rooms = rooms_;
   if (at < first) return at;
   if (at >= end) return at - (end - first) + rooms * block;
   const int64_t b = (at - first) / block;

@@ -66,13 +66,14 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
-  // ZeRO stage 2: the gradient buffer holds the embeddings' and the head's gradients and the
-  // rooms of Model::staged_rooms() blocks, which the blocks' gradients use in turn; backward then
-  // reports every segment on every micro-batch, and before a report returns, the room the next
-  // block writes must be empty again (moved out and zeroed): with two rooms, the room of the
-  // segment reported before this one; with one, this segment's. Models whose blocks are not laid
-  // out alike keep whole gradients.
-  bool staged_gradients = false;
+  // ZeRO stage 2: gradient_rooms (1 or 2) > 0 stages the gradients: the gradient buffer holds
+  // the embeddings' and the head's gradients and the rooms of that many blocks, which the blocks'
+  // gradients use in turn (block b in room b mod rooms); backward then reports every segment on
+  // every micro-batch, and before a report returns, the room the next block writes must be empty
+  // again (moved out and zeroed): with two rooms, the room of the segment reported before this
+  // one; with one, this segment's. Models whose blocks are not laid out alike, or have no more
+  // blocks than rooms, keep whole gradients.
+  int gradient_rooms = 0;
 };
 
 struct StepOptions {
@@ -138,11 +139,14 @@ class Model {
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients the
   // room it shares.
   Tensor grad_segment(int i) const;
-  // Whether the plan stages the gradients (PlanOptions::staged_gradients and a model whose blocks
-  // allow it), and in how many blocks' rooms: 2 from three blocks on (the sum of one block's
-  // gradients may run while the next block's backward fills the other room), else 1.
+  // Whether the plan stages the gradients (PlanOptions::gradient_rooms and a model whose blocks
+  // allow it), and in how many blocks' rooms (with two, the sum of one block's gradients may run
+  // while the next block's backward fills the other room).
   bool staged_gradients() const { return staged_; }
-  int staged_rooms() const;
+  int staged_rooms() const { return rooms_; }
+  // The gradient buffer's elements when staged in `rooms` rooms (all the parameters' when the
+  // model cannot stage them so).
+  int64_t staged_gradient_elements(int rooms) const;
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
   using SegmentDone = std::function<void(int)>;
@@ -281,10 +285,10 @@ class Model {
   // bound buffers (none for the weights alone).
   std::vector<ElementRange> segments_, grad_segments_;
   bool staged_ = false;
+  int rooms_ = 0;
   void find_grad_segments();
   // Staged gradients: each parameter's offset in the gradient buffer, and the buffer's length.
   std::vector<int64_t> staged_grad_offsets() const;
-  int64_t staged_grad_elements() const;
   int64_t staged_offset(int64_t at) const;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
   std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once

@@ -32,16 +32,26 @@ class MixedPrecision {
   bool uses_loss_scaling() const { return compute_ == DType::f16; }
   bool has_master() const { return enabled() && master_weights_; }
 
-  void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params);
-  // Takes the model's freshly initialized or loaded weights as the master copy and rounds the
-  // model's compute weights.
+  // `shard` (ZeRO): the master copy holds only these elements of the parameters, this rank's
+  // run; by default all of them.
+  void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params,
+            ElementRange shard = {0, -1});
+  // Whether the master copy holds only a run of the parameters (ZeRO with a master copy).
+  bool sharded_master() const { return has_master() && shard_.count >= 0; }
+  // The parameters' elements the master copy holds.
+  ElementRange master_elements(const ParameterSet& params) const {
+    return sharded_master() ? shard_ : ElementRange{0, params.total_elements()};
+  }
+  // Takes the model's freshly initialized or loaded weights as the master copy (its run of
+  // them) and rounds the model's compute weights.
   void adopt_model_weights(Backend& be, const ParameterSet& params);
-  // The float32 weights the optimizer updates and checkpoints save.
+  // The float32 weights the optimizer updates and checkpoints save: master_elements() of them.
   const Tensor& master(const ParameterSet& params) const {
     return has_master() ? master_ : params.flat_weights();
   }
-  // After an optimizer step: compute weights = master rounded to the 16-bit type, or without a
-  // master copy the updated weights rounded stochastically to bf16 with the RNG at `key`.
+  // After an optimizer step: compute weights = master rounded to the 16-bit type (the master's
+  // run of them), or without a master copy the updated weights rounded stochastically to bf16
+  // with the RNG at `key`.
   void refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key);
 
   double loss_scale() const { return uses_loss_scaling() ? scaler_.scale() : 1.0; }
@@ -52,6 +62,7 @@ class MixedPrecision {
   bool master_weights_;
   DynamicLossScaler scaler_;
   Tensor master_;
+  ElementRange shard_{0, -1};  // count -1: the whole parameters
 };
 
 }  // namespace brisk

@@ -108,9 +108,23 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const bool zero = o.zero_stage >= 1 && ranks > 1;
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
-  model_options.staged_gradients = zero && o.zero_stage >= 2;
+  r.rank = rank;
+  if (zero) {
+    r.shards = partition_params(r.model->params(), ranks, r.optimizer->elementwise());
+    const int64_t mine = r.shards[static_cast<size_t>(rank)].elements.count;
+    BRISK_CHECK(mine > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ", ranks,
+                " gets no parameters to hold (fewer parameter tensors than ranks)");
+    // Stage 2 stages the gradients in two blocks' rooms (a block's sums overlap the next block's
+    // backward) unless that and the shard would hold more than whole gradients; then in one.
+    if (o.zero_stage >= 2)
+      model_options.gradient_rooms =
+          r.model->staged_gradient_elements(2) + mine < r.model->params().total_elements() ? 2
+                                                                                           : 1;
+  }
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
-  r.precision->plan(r.plan, r.binder, r.model->params().total_elements());
+  // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
+  r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
+                    zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
   const int64_t max_operand = r.model->max_matmul_operand();
   if (backend) {
     backend->set_matmul_dtype(r.product);
@@ -119,12 +133,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   } else {
     plan_backend_workspace(device, r.product, max_operand, r.plan, r.binder, r.workspace);
   }
-  r.rank = rank;
   if (zero) {
-    r.shards = partition_params(r.model->params(), ranks, r.optimizer->elementwise());
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
-    BRISK_CHECK(mine.elements.count > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ",
-                ranks, " gets no parameters to hold (fewer parameter tensors than ranks)");
     r.optimizer_params = shard_params(r.model->params(), mine);
     if (o.zero_stage >= 2) {
       r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,

@@ -183,6 +183,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The float32 weights a save writes: the master copy (or the weights without one); when ZeRO
+// partitions the master copy, every rank's run gathered to rank 0 into `holder` (a collective:
+// every rank calls it; the others get an empty tensor).
+Tensor weights_to_save(const MixedPrecision& precision, const ParameterSet& params,
+                       Communicator& comm, std::vector<uint8_t>& holder) {
+  if (!precision.sharded_master()) return precision.master(params);
+  holder = gather_pieces(comm, precision.master(params), nullptr, 0);
+  if (comm.rank() != 0) return Tensor();
+  BRISK_CHECK(static_cast<int64_t>(holder.size()) == params.total_elements() * 4,
+              "internal error: the gathered master copy holds ", holder.size(), " bytes");
+  return Tensor(holder.data(), Shape{params.total_elements()}, DType::f32);
+}
+
 // ZeRO (`shards` not empty): the optimizer updates this rank's shard of the weights, and every
 // shard is then broadcast from its owner. Stage 2 (`grad_shard` not empty): the summed gradients
 // are only this rank's shard, so the gradients' sum of squares is summed over the ranks too.
@@ -207,23 +220,30 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
   }
   be.decide_step(stats, loss_scale, max_grad_norm, control);
   const Tensor& master = precision.master(model.params());
+  const RngKey rounding{seed, static_cast<uint64_t>(step), kWeightRoundingSite};
   if (shards.empty()) {
     optimizer.step(be, master, grads, control, static_cast<float>(lr));
+    // On a skip the weights are unchanged, and rounding them again changes nothing.
+    precision.refresh_weights(be, model.params(), rounding);
   } else {
     const ElementRange mine = shards[static_cast<size_t>(comm.rank())].elements;
-    optimizer.step(be, element_range(master, mine.offset, mine.count),
-                   sharded_grads ? grads : element_range(grads, mine.offset, mine.count), control,
-                   static_cast<float>(lr));
+    const Tensor my_grads = sharded_grads ? grads : element_range(grads, mine.offset, mine.count);
+    // With a master copy, the rank holds the master of its run only: it rounds its run of the
+    // compute weights, which every rank then gathers. Otherwise the weights are what the
+    // optimizer updates: gathered, then (bf16 without a master) rounded alike on every rank.
+    const bool sharded_master = precision.sharded_master();
+    const Tensor& shared = sharded_master ? model.params().flat_weights() : master;
+    optimizer.step(be, sharded_master ? master : element_range(master, mine.offset, mine.count),
+                   my_grads, control, static_cast<float>(lr));
+    if (sharded_master) precision.refresh_weights(be, model.params(), rounding);
     const auto start = std::chrono::steady_clock::now();
     for (int r = 0; r < comm.size(); ++r) {
       const ElementRange e = shards[static_cast<size_t>(r)].elements;
-      if (e.count > 0) comm.broadcast(element_range(master, e.offset, e.count), r);
+      if (e.count > 0) comm.broadcast(element_range(shared, e.offset, e.count), r);
     }
     gather_seconds += seconds_since(start);
+    if (!sharded_master) precision.refresh_weights(be, model.params(), rounding);
   }
-  // On a skip the weights are unchanged, and rounding them again changes nothing.
-  precision.refresh_weights(be, model.params(),
-                            RngKey{seed, static_cast<uint64_t>(step), kWeightRoundingSite});
   const auto [loss_sum, sumsq] = model.read_step_stats(be);
   Update u;
   u.gather_seconds = gather_seconds;
@@ -604,6 +624,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                                       own[i].second.dtype()));
       }
     }
+    std::vector<uint8_t> master_holder;
+    const Tensor saved = save_now ? weights_to_save(precision, model->params(), dist, master_holder)
+                                  : Tensor();
     if (lead && save_now) {
       // The best model is decided before the save, so the checkpoint's state names it.
       if (o.load_best_model_at_end && !evaluated.is_null() &&
@@ -613,7 +636,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
             (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(state.global_step))).string();
       }
       peaks.enter(PeakPhases::saves);
-      s.last_checkpoint = save_checkpoint(*be, o, *model, precision.master(model->params()),
+      s.last_checkpoint = save_checkpoint(*be, o, *model, saved,
                                           *optimizer, schedule, state, &faults.kill_save_at_point,
                                           whole_state.empty() ? nullptr : &whole_state);
       peaks.enter(PeakPhases::steps);
@@ -648,9 +671,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       if (loaded > 0) precision.adopt_model_weights(*be, model->params());
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
+    std::vector<uint8_t> master_holder;
+    const Tensor saved = weights_to_save(precision, model->params(), dist, master_holder);
     if (lead) {
       peaks.enter(PeakPhases::saves);
-      save_model(*be, o.output_dir, *model, precision.master(model->params()));
+      save_model(*be, o.output_dir, *model, saved);
       if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
     }
   }
