@@ -289,7 +289,11 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU)\n",
-        paper, sharded_grads ? " and two blocks' staged whole" : "");
+        paper,
+        !sharded_grads ? ""
+        : run.model->staged_rooms() == 2 ? " and two blocks' staged whole"
+        : run.model->staged_rooms() == 1 ? " and one block's staged whole"
+                                         : " staged whole");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
