@@ -356,6 +356,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend();
 // Whether make_cuda_backend can succeed here (a CUDA build and at least one GPU).
 bool cuda_available(std::string* why_not = nullptr);
+// The GPUs this process sees (0 without a usable driver or a CUDA build).
+int cuda_device_count();
 std::unique_ptr<Backend> make_backend(Device device);
 
 // Elements [first, first + count) of t as a flat tensor in t's memory.

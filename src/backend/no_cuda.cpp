@@ -8,6 +8,10 @@ bool cuda_available(std::string* why_not) {
   return false;
 }
 
+int cuda_device_count() {
+  return 0;
+}
+
 std::unique_ptr<Backend> make_cuda_backend() {
   BRISK_FAIL(
       "--device cuda: this brisk was built without the CUDA toolkit; rebuild on a machine "

@@ -12,7 +12,8 @@
 namespace brisk {
 
 void Communicator::check_buffer(const Tensor& t, const char* op) const {
-  BRISK_CHECK(t.device() == Device::cpu, op, ": the buffer must be in host memory");
+  BRISK_CHECK(t.device() == memory(), op, ": the buffer must be in ",
+              memory() == Device::cpu ? "host" : "GPU", " memory");
   // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
   const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0 ||
                       std::strcmp(op, "gather_v") == 0;

@@ -70,7 +70,9 @@ class Communicator {
   virtual void set_timeout(double /*seconds*/) {}
 
  protected:
-  // Throws naming `op` unless the buffers suit it: host memory, float32, bf16 or float64, in and
+  // Where the buffers must be: host memory (MPI), GPU memory (NCCL).
+  virtual Device memory() const { return Device::cpu; }
+  // Throws naming `op` unless the buffers suit it: memory(), float32, bf16 or float64, in and
   // out of one type, out `factor` times in's length (reduce-scatter: in = size() x out).
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
@@ -104,5 +106,15 @@ std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch);
 std::unique_ptr<Communicator> make_single_process();
 // Whether this brisk was built with MPI.
 bool mpi_built_in();
+// The NCCL communicator (GPU memory), for `launch`'s rank of its size on the GPU local_rank
+// picks: NCCL's unique id goes from rank 0 to the others through `bootstrap` (a host
+// communicator of the same ranks, e.g. MPI's) or, when that is null, the TCP rendezvous on
+// MASTER_ADDR:MASTER_PORT (dist/rendezvous.h) waiting at most `timeout_seconds`. Not yet used by
+// training: runs of several GPU processes are refused until the trainer moves its collectives
+// to device buffers.
+std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,
+                                        double timeout_seconds = 300);
+// Whether this brisk was built with NCCL (with the CUDA backend, where the toolkit has it).
+bool nccl_built_in();
 
 }  // namespace brisk

@@ -22,6 +22,15 @@ bool cuda_available(std::string* why_not) {
   return true;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 std::unique_ptr<Backend> make_cuda_backend() {
   std::string why;
   BRISK_CHECK(cuda_available(&why), "--device cuda: no usable GPU here (", why,

@@ -1,0 +1,229 @@
+// The NCCL communicator: GPU-memory collectives on a stream of their own, each waited for on the
+// host with the run's timeout (a peer gone makes NCCL wait for ever; the watchdog here aborts the
+// communicator and ends the process naming the collective). Only this file sees NCCL.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/rendezvous.h"
+
+namespace brisk {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  BRISK_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
+}
+
+void check_nccl(ncclResult_t r, const char* what) {
+  BRISK_CHECK(r == ncclSuccess, what, ": ", ncclGetErrorString(r));
+}
+
+ncclDataType_t type_of(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    default:
+      return ncclUint8;  // copies only (check_buffer)
+  }
+}
+
+class Nccl final : public Communicator {
+ public:
+  Nccl(const LaunchInfo& launch, Communicator* bootstrap, double timeout)
+      : rank_(launch.rank), size_(launch.size) {
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "NCCL: counting GPUs");
+    BRISK_CHECK(devices > 0, "NCCL: this process sees no GPU");
+    device_ = launch.local_rank % devices;
+    check_cuda(cudaSetDevice(device_), "NCCL: selecting the GPU");
+    ncclUniqueId id{};
+    std::vector<uint8_t> bytes(sizeof id);
+    if (rank_ == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      std::memcpy(bytes.data(), &id, sizeof id);
+    }
+    if (size_ > 1) {
+      if (bootstrap) {
+        BRISK_CHECK(bootstrap->size() == size_ && bootstrap->rank() == rank_,
+                    "NCCL: the bootstrap communicator is rank ", bootstrap->rank(), " of ",
+                    bootstrap->size(), ", not ", rank_, " of ", size_);
+        bootstrap->broadcast(
+            Tensor(bytes.data(), Shape{static_cast<int64_t>(bytes.size())}, DType::u8), 0);
+      } else {
+        bytes = rendezvous_share(launch, bytes, sizeof id, timeout);
+      }
+      std::memcpy(&id, bytes.data(), sizeof id);
+    }
+    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NCCL: a stream");
+    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "NCCL: barrier scratch");
+  }
+  ~Nccl() override {
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override {
+    int v = 0;
+    ncclGetVersion(&v);
+    return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+           std::to_string(v % 100);
+  }
+
+  void all_reduce_sum(const Tensor& buf) override {
+    check_buffer(buf, "all_reduce_sum");
+    check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                             type_of(buf), ncclSum, comm_, stream_),
+               "all_reduce_sum (ncclAllReduce)");
+    finish("all_reduce_sum");
+  }
+  void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, size_, 1, "reduce_scatter_sum");
+    check_nccl(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()),
+                                 type_of(in), ncclSum, comm_, stream_),
+               "reduce_scatter_sum (ncclReduceScatter)");
+    finish("reduce_scatter_sum");
+  }
+  // Pieces of any length: one reduction to each rank, grouped.
+  void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
+                            const Tensor& out) override {
+    check_pieces(in, counts, out);
+    const size_t esize = dtype_size(in.dtype());
+    auto* base = static_cast<char*>(in.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    int64_t first = 0;
+    for (int r = 0; r < size_; ++r) {
+      const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+      void* send = base + static_cast<size_t>(first) * esize;
+      if (n > 0)
+        check_nccl(ncclReduce(send, r == rank_ ? out.data() : send, n, type_of(in), ncclSum, r,
+                              comm_, stream_),
+                   "reduce_scatter_sum_v (ncclReduce)");
+      first += counts[static_cast<size_t>(r)];
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("reduce_scatter_sum_v");
+  }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    check_pair(in, out, 1, size_, "all_gather");
+    check_nccl(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), type_of(in),
+                             comm_, stream_),
+               "all_gather (ncclAllGather)");
+    finish("all_gather");
+  }
+  void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
+                int root) override {
+    check_gather(in, counts, out, root);
+    const size_t esize = dtype_size(in.dtype());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    if (rank_ != root) {
+      if (in.numel() > 0)
+        check_nccl(ncclSend(in.data(), static_cast<size_t>(in.numel()), type_of(in), root, comm_,
+                            stream_),
+                   "gather_v (ncclSend)");
+    } else {
+      auto* base = static_cast<char*>(out.data());
+      int64_t first = 0;
+      for (int r = 0; r < size_; ++r) {
+        const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+        char* at = base + static_cast<size_t>(first) * esize;
+        if (r == rank_ && n > 0)
+          check_cuda(cudaMemcpyAsync(at, in.data(), n * esize, cudaMemcpyDeviceToDevice, stream_),
+                     "gather_v (own piece)");
+        else if (n > 0)
+          check_nccl(ncclRecv(at, n, type_of(in), r, comm_, stream_), "gather_v (ncclRecv)");
+        first += counts[static_cast<size_t>(r)];
+      }
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("gather_v");
+  }
+  void broadcast(const Tensor& buf, int root) override {
+    check_buffer(buf, "broadcast");
+    BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
+    check_nccl(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                             type_of(buf), root, comm_, stream_),
+               "broadcast (ncclBroadcast)");
+    finish("broadcast");
+  }
+  void barrier() override {
+    check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_),
+               "barrier (ncclAllReduce)");
+    finish("barrier");
+  }
+  void set_timeout(double seconds) override {
+    BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
+    timeout_ = seconds;
+  }
+  [[noreturn]] void abort(int code) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    std::exit(code);
+  }
+
+ protected:
+  Device memory() const override { return Device::cuda; }
+
+ private:
+  // Waits for the stream, watching NCCL's asynchronous errors and the timeout: a collective past
+  // it aborts the communicator and ends the process (the peers' collectives then fail in turn).
+  void finish(const char* op) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      BRISK_CHECK(q == cudaErrorNotReady, op, ": ", cudaGetErrorString(q));
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+      BRISK_CHECK(async == ncclSuccess || async == ncclInProgress, op,
+                  " failed: ", ncclGetErrorString(async), " (a rank is gone?)");
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_ > 0 && waited >= timeout_) {
+        std::fprintf(stderr,
+                     "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
+                     "(ddp_timeout): a rank is stuck or gone; ending the run\n",
+                     rank_, size_, op, waited);
+        std::fflush(stderr);
+        ncclCommAbort(comm_);
+        std::_Exit(1);
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_, size_, device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  double timeout_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,
+                                        double timeout_seconds) {
+  return std::make_unique<Nccl>(launch, bootstrap, timeout_seconds);
+}
+
+bool nccl_built_in() {
+  return true;
+}
+
+}  // namespace brisk

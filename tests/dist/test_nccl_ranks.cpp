@@ -1,0 +1,64 @@
+// The NCCL communicator across the job's ranks, bootstrapped through MPI: sums, pieces and
+// gathers on GPU buffers equal the host communicator's. Skips, saying why, unless brisk has NCCL
+// and this process sees a GPU for every rank on its host.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "dist/communicator.h"
+#include "dist/test_world.h"
+
+namespace brisk::testing {
+namespace {
+
+TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
+  if (!nccl_built_in()) GTEST_SKIP() << "brisk was built without NCCL";
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  const int N = world().size(), r = world().rank();
+  if (cuda_device_count() < N)
+    GTEST_SKIP() << cuda_device_count() << " GPUs for " << N << " ranks on this host";
+  LaunchInfo launch;
+  launch.launcher = Launcher::mpi;
+  launch.rank = r;
+  launch.size = N;
+  launch.local_rank = r;
+  const std::unique_ptr<Communicator> nccl = make_nccl(launch, &world(), 60.0);
+  const std::unique_ptr<Backend> be = make_backend(Device::cuda);
+  const int64_t n = 1000 * N + 17 * N;
+  std::vector<float> mine(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mine[static_cast<size_t>(i)] = static_cast<float>((i % 13) + r);
+  std::vector<float> want = mine;
+  world().all_reduce_sum(Tensor(want.data(), Shape{n}, DType::f32));
+  MemoryPlan plan;
+  plan.add("a", Category::temporaries, DType::f32, Shape{n});
+  plan.add("b", Category::temporaries, DType::f32, Shape{n});
+  plan.finalize();
+  Arena arena(plan, be->device_memory(), be->staging_memory());
+  const Tensor a = arena.tensor(0), b = arena.tensor(1);
+  be->upload(Tensor(mine.data(), Shape{n}, DType::f32), a);
+  nccl->all_reduce_sum(a);
+  std::vector<float> got(static_cast<size_t>(n));
+  be->download(a, Tensor(got.data(), Shape{n}, DType::f32));
+  EXPECT_EQ(got, want);  // small whole numbers: exact in any order
+  // Pieces of unequal length (rank 1's empty) summed to their owners.
+  std::vector<int64_t> counts;
+  int64_t offset = 0, total = 0;
+  for (int q = 0; q < N; ++q) {
+    counts.push_back(q == 1 ? 0 : 1000 + q);
+    if (q == r) offset = total;
+    total += counts.back();
+  }
+  be->upload(Tensor(mine.data(), Shape{n}, DType::f32), a);
+  const int64_t count = counts[static_cast<size_t>(r)];
+  nccl->reduce_scatter_sum_v(element_range(a, 0, total), counts, element_range(b, 0, count));
+  std::vector<float> piece(static_cast<size_t>(count));
+  be->download(element_range(b, 0, count), Tensor(piece.data(), Shape{count}, DType::f32));
+  EXPECT_EQ(piece, std::vector<float>(want.begin() + offset, want.begin() + offset + count));
+  nccl->barrier();
+}
+
+}  // namespace
+}  // namespace brisk::testing

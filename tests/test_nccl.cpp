@@ -1,0 +1,55 @@
+// The NCCL communicator (dist/nccl.cpp) in one process: every collective on GPU buffers, host
+// buffers refused. Skips, saying why, where no GPU can run it; without a GPU it checks that asking
+// for NCCL ends with one clear message. Several ranks: tests/dist/test_nccl_ranks.cpp.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "backend_support.h"
+#include "dist/communicator.h"
+
+namespace brisk::testing {
+namespace {
+
+TEST(Nccl, WithoutAGpuAskingForItEndsWithAMessage) {
+  std::string why;
+  if (nccl_built_in() && cuda_available(&why)) GTEST_SKIP() << "a GPU is present";
+  LaunchInfo one;
+  expect_error([&] { make_nccl(one, nullptr, 1.0); },
+               nccl_built_in() ? "NCCL: " : "built without NCCL");
+}
+
+TEST(Nccl, OneRanksCollectivesOnTheGpu) {
+  if (!nccl_built_in()) GTEST_SKIP() << "brisk was built without NCCL";
+  REQUIRE_GPU();
+  const std::unique_ptr<Communicator> comm = make_nccl(LaunchInfo{}, nullptr, 60.0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_NE(comm->name().find("NCCL"), std::string::npos);
+  const std::unique_ptr<Backend> be = make_backend(Device::cuda);
+  DeviceBuffers buf(*be);
+  const FVec x{1.5f, -2.f, 3.25f, 4.f, 0.5f};
+  const Tensor a = buf.put(x, Shape{5});
+  comm->all_reduce_sum(a);  // one rank: the sum is its own buffer
+  EXPECT_EQ(buf.get(a), x);
+  const Tensor out = buf.alloc(Shape{5});
+  comm->reduce_scatter_sum(a, out);
+  EXPECT_EQ(buf.get(out), x);
+  const Tensor piece = buf.alloc(Shape{5});
+  comm->reduce_scatter_sum_v(a, {5}, piece);
+  EXPECT_EQ(buf.get(piece), x);
+  const Tensor gathered = buf.alloc(Shape{5});
+  comm->all_gather(a, gathered);
+  EXPECT_EQ(buf.get(gathered), x);
+  const Tensor to_root = buf.alloc(Shape{5});
+  comm->gather_v(a, {5}, to_root, 0);
+  EXPECT_EQ(buf.get(to_root), x);
+  comm->broadcast(a, 0);
+  comm->barrier();
+  EXPECT_EQ(buf.get(a), x);
+  FVec host(5);
+  EXPECT_THROW(comm->all_reduce_sum(Tensor(host.data(), Shape{5}, DType::f32)), Error);
+}
+
+}  // namespace
+}  // namespace brisk::testing
