@@ -1,6 +1,7 @@
 // brisk command line: argument parsing only; every action lives in commands.cpp.
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <cstdio>
 #include <iostream>
 #include <limits>
 
@@ -24,6 +25,14 @@ CLI::Validator whole_number() {
                std::to_string(std::numeric_limits<T>::max());
       },
       "", "whole number");
+}
+
+// The error line, written whole in one write: a launcher that forwards several ranks' output
+// (mpirun) then cannot cut it with its own lines.
+void fail_line(const std::string& message) {
+  const std::string line = "brisk: error" + brisk::rank_tag() + ": " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 }  // namespace
 
@@ -150,16 +159,15 @@ int main(int argc, char** argv) {
     if (*k) return cli::run_tokenize(tk);
     if (*g) return cli::run_generate(gen);
   } catch (const Error& err) {
-    std::cerr << "brisk: error" << rank_tag() << ": " << excerpt(err.what(), 1000) << "\n";
+    fail_line(brisk::excerpt(err.what(), 1000));
     end_every_rank_on_error(1);
     return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "brisk: error" << rank_tag() << ": out of host memory\n";
+    fail_line("out of host memory");
     end_every_rank_on_error(1);
     return 1;
   } catch (const std::exception& err) {
-    std::cerr << "brisk: error" << rank_tag() << ": " << excerpt(err.what(), 1000)
-              << "\n";  // a safety net
+    fail_line(brisk::excerpt(err.what(), 1000));  // a safety net
     end_every_rank_on_error(1);
     return 1;
   }
