@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -30,6 +31,26 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+// Connects to the loopback port (retrying while nobody listens), sends `bytes` and hangs up.
+void send_raw(int port, const std::string& bytes) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      if (!bytes.empty())
+        EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), 0), ssize_t(bytes.size()));
+      ::close(fd);
+      return;
+    }
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "nobody listened on port " << port;
 }
 
 LaunchInfo rank_of(int rank, int size, int port) {
@@ -86,6 +107,17 @@ TEST(Rendezvous, DisagreementsAndAbsencesEndWithAMessage) {
     });
     expect_error([&] { zero.get(); }, "rank 1 connected twice");
     EXPECT_THROW(again.get(), Error);
+  }
+  // Something that is not a brisk rank: 16 bytes of something else, or a connection that closes
+  // before its greeting.
+  for (const std::string garbage : {std::string("GET / HTTP/1.1\r\n\r\n"), std::string()}) {
+    const int port = free_port();
+    auto zero = std::async(std::launch::async, [&] {
+      return rendezvous_share(rank_of(0, 2, port), id, id.size(), 10.0);
+    });
+    send_raw(port, garbage);
+    expect_error([&] { zero.get(); },
+                 garbage.empty() ? "the connection closed before a rank's" : "is not a brisk rank");
   }
   const auto start = std::chrono::steady_clock::now();
   {  // a rank that never comes

@@ -215,17 +215,14 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
   const double weights = bytes(Category::weights);
   // ZeRO partitions the float32 master copy (16-bit training) with the optimizer state.
-  const bool sharded_master = plan.find("master.weights_shard") >= 0;
+  const bool sharded_master = run.precision->sharded_master();
   const double master = bytes(Category::master_weights);
-  // Stage 2: every rank stages the gradients in the same room and keeps its own shard of them.
-  const bool sharded_grads = plan.find("zero.gradient_shard") >= 0;
+  // Stage 2: every rank stages the gradients alike and keeps its own shard of them (rank 0's
+  // plan holds its shard).
+  const bool sharded_grads = !run.shards.empty() && o.zero_stage >= 2;
   const double staged =
-      sharded_grads ? static_cast<double>(
-                          plan.buffer(plan.find(run.model->staged_gradients()
-                                                    ? "params.gradients_staged"
-                                                    : "params.gradients"))
-                              .bytes)
-                    : bytes(Category::gradients);
+      bytes(Category::gradients) -
+      (sharded_grads ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
   std::printf("data parallel over %d ranks, zero_stage %lld:\n", world,
               static_cast<long long>(o.zero_stage));
   nlohmann::json per_rank = nlohmann::json::array();
@@ -273,10 +270,9 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const std::string per_world = " / " + std::to_string(world);
   const double master_share = sharded_master ? 4.0 * n / world : master;
   const double grad_share = sharded_grads ? (staged + 4.0 * n / world) : staged;
-  const double stage_formula =
-      (weights + master_share + grad_share +
-       (run.shards.empty() ? whole_state : whole_state / world)) /
-      n;
+  const double stage_formula = (weights + master_share + grad_share +
+                                (run.shards.empty() ? whole_state : whole_state / world)) /
+                               n;
   std::printf(
       "  model states per rank: weights %.2f + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
@@ -284,13 +280,13 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       staged / n, sharded_grads ? (" + 4" + per_world).c_str() : "", K,
       run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
   if (run.optimizer->name() == "adamw_torch") {
-    const double paper = 2.0 + (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
-                         (run.shards.empty() ? 12.0 : 12.0 / world);
+    const double paper =
+        2.0 + (o.zero_stage >= 2 ? 2.0 / world : 2.0) + (run.shards.empty() ? 12.0 : 12.0 / world);
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU)\n",
         paper,
-        !sharded_grads ? ""
+        !sharded_grads                   ? ""
         : run.model->staged_rooms() == 2 ? " and two blocks' staged whole"
         : run.model->staged_rooms() == 1 ? " and one block's staged whole"
                                          : " staged whole");

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace brisk {
@@ -33,6 +34,17 @@ void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_pe
               " elements in and ", out.numel(), " out over ", size(), " ranks");
 }
 
+int64_t Communicator::check_counts(const std::vector<int64_t>& counts, const char* op) const {
+  BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(), " counts for ",
+              size(), " ranks");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    BRISK_CHECK(c >= 0, op, ": a negative count");
+    total = checked_add(total, c, "the pieces' elements");
+  }
+  return total;
+}
+
 void Communicator::check_pieces(const Tensor& in, const std::vector<int64_t>& counts,
                                 const Tensor& out) const {
   const char* op = "reduce_scatter_sum_v";
@@ -40,13 +52,7 @@ void Communicator::check_pieces(const Tensor& in, const std::vector<int64_t>& co
   check_buffer(out, op);
   BRISK_CHECK(in.dtype() == out.dtype(), op, ": in and out are ", dtype_name(in.dtype()), " and ",
               dtype_name(out.dtype()));
-  BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(),
-              " counts for ", size(), " ranks");
-  int64_t total = 0;
-  for (int64_t c : counts) {
-    BRISK_CHECK(c >= 0, op, ": a negative count");
-    total += c;
-  }
+  const int64_t total = check_counts(counts, op);
   BRISK_CHECK(total == in.numel() && counts[static_cast<size_t>(rank())] == out.numel(), op, ": ",
               in.numel(), " elements in and ", out.numel(), " out for pieces adding up to ", total);
 }
@@ -55,13 +61,7 @@ void Communicator::check_gather(const Tensor& in, const std::vector<int64_t>& co
                                 const Tensor& out, int root) const {
   const char* op = "gather_v";
   BRISK_CHECK(root >= 0 && root < size(), op, ": root ", root, " of ", size(), " ranks");
-  BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(),
-              " counts for ", size(), " ranks");
-  int64_t total = 0;
-  for (int64_t c : counts) {
-    BRISK_CHECK(c >= 0, op, ": a negative count");
-    total += c;
-  }
+  const int64_t total = check_counts(counts, op);
   BRISK_CHECK(in.numel() == counts[static_cast<size_t>(rank())], op, ": ", in.numel(),
               " elements in, the counts say ", counts[static_cast<size_t>(rank())]);
   check_buffer(in, op);
@@ -109,8 +109,9 @@ std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
       if (bytes_per_rank) bytes_per_rank->push_back(counts.back());
     }
     std::vector<uint8_t> out(comm.rank() == root ? static_cast<size_t>(total) : 0);
-    comm.gather_v(Tensor(piece.data(), Shape{static_cast<int64_t>(piece.bytes())}, DType::u8), counts,
-                  Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::u8), root);
+    comm.gather_v(Tensor(piece.data(), Shape{static_cast<int64_t>(piece.bytes())}, DType::u8),
+                  counts, Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::u8),
+                  root);
     return out;
   }
   const auto longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));

@@ -77,6 +77,8 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
+  // A count for every rank, none negative; returns their sum.
+  int64_t check_counts(const std::vector<int64_t>& counts, const char* op) const;
   // reduce_scatter_sum_v's and gather_v's buffers and counts.
   void check_pieces(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) const;
   void check_gather(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,

@@ -88,8 +88,8 @@ class Nccl final : public Communicator {
 
   void all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "all_reduce_sum");
-    check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
-                             type_of(buf), ncclSum, comm_, stream_),
+    check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
+                             ncclSum, comm_, stream_),
                "all_reduce_sum (ncclAllReduce)");
     finish("all_reduce_sum");
   }
@@ -134,9 +134,9 @@ class Nccl final : public Communicator {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     if (rank_ != root) {
       if (in.numel() > 0)
-        check_nccl(ncclSend(in.data(), static_cast<size_t>(in.numel()), type_of(in), root, comm_,
-                            stream_),
-                   "gather_v (ncclSend)");
+        check_nccl(
+            ncclSend(in.data(), static_cast<size_t>(in.numel()), type_of(in), root, comm_, stream_),
+            "gather_v (ncclSend)");
     } else {
       auto* base = static_cast<char*>(out.data());
       int64_t first = 0;
@@ -157,8 +157,8 @@ class Nccl final : public Communicator {
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
-    check_nccl(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
-                             type_of(buf), root, comm_, stream_),
+    check_nccl(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
+                             root, comm_, stream_),
                "broadcast (ncclBroadcast)");
     finish("broadcast");
   }

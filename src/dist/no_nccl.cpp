@@ -5,8 +5,9 @@
 namespace brisk {
 
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo&, Communicator*, double) {
-  BRISK_FAIL("brisk was built without NCCL (it comes with the CUDA toolkit; rebuild where nvcc "
-             "and nccl.h are found)");
+  BRISK_FAIL(
+      "brisk was built without NCCL (it comes with the CUDA toolkit; rebuild where nvcc "
+      "and nccl.h are found)");
 }
 
 bool nccl_built_in() {

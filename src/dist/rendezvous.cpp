@@ -109,8 +109,7 @@ std::vector<uint8_t> serve(const LaunchInfo& launch, const std::vector<uint8_t>&
   }
   BRISK_CHECK(bound == 0, "rendezvous: rank 0 cannot listen on MASTER_PORT=", launch.master_port,
               ": ", std::strerror(errno));
-  BRISK_CHECK(::listen(listener.fd, 128) == 0, "rendezvous: listen failed: ",
-              std::strerror(errno));
+  BRISK_CHECK(::listen(listener.fd, 128) == 0, "rendezvous: listen failed: ", std::strerror(errno));
   std::vector<bool> seen(static_cast<size_t>(launch.size), false);
   for (int served = 1; served < launch.size; ++served) {
     BRISK_CHECK(wait_for(listener.fd, POLLIN, deadline), "rendezvous: rank 0 waited ", timeout,
@@ -166,9 +165,8 @@ std::vector<uint8_t> join(const LaunchInfo& launch, size_t blob_size, Clock::tim
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, ms_left(deadline))));
   }
   ::freeaddrinfo(found);
-  BRISK_FAIL("rendezvous: rank ", launch.rank, " found no rank 0 listening on ",
-             launch.master_addr, ":", launch.master_port, " within ", timeout, " s (",
-             last_error, ")");
+  BRISK_FAIL("rendezvous: rank ", launch.rank, " found no rank 0 listening on ", launch.master_addr,
+             ":", launch.master_port, " within ", timeout, " s (", last_error, ")");
 }
 
 }  // namespace

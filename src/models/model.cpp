@@ -2,13 +2,14 @@
 // initialization and loading.
 #include "models/model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include <sys/mman.h>
-
+#include "core/checked.h"
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/gpt2.h"
@@ -363,9 +364,9 @@ double Model::forward(Backend& be, const StepOptions& o) {
 void Model::find_grad_segments() {
   const int64_t total = params_.total_elements();
   segments_.assign(1, ElementRange{0, total});
-  const size_t bytes = static_cast<size_t>(total) * sizeof(float);
-  void* space = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-                       0);
+  const auto bytes = static_cast<size_t>(checked_mul(total, 4, "the gradients' bytes"));
+  void* space =
+      ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (space == MAP_FAILED) return;  // one segment: correct, without overlap
   const Tensor reserved(space, Shape{total}, DType::f32, Device::cpu);
   params_.bind(reserved, reserved);
@@ -383,7 +384,8 @@ void Model::find_grad_segments() {
       hi = std::max(hi, at + t->numel());
       covered += t->numel();
     }
-    if (lo >= hi || covered != hi - lo || (l > 0 && blocks.back().offset + blocks.back().count != lo)) {
+    if (lo >= hi || covered != hi - lo ||
+        (l > 0 && blocks.back().offset + blocks.back().count != lo)) {
       blocks.clear();
       break;
     }

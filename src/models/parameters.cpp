@@ -30,16 +30,17 @@ int ParameterSet::index(const std::string& name) const {
 void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
                         std::vector<int64_t> grad_offsets) {
   const bool own_layout = !grad_offsets.empty();
-  BRISK_CHECK(!own_layout || grad_offsets.size() == params_.size(), "internal error: ",
-              grad_offsets.size(), " gradient offsets for ", params_.size(), " parameters");
+  BRISK_CHECK(!own_layout || grad_offsets.size() == params_.size(),
+              "internal error: ", grad_offsets.size(), " gradient offsets for ", params_.size(),
+              " parameters");
   int64_t grad_extent = own_layout ? 0 : total_;
   for (size_t i = 0; own_layout && i < params_.size(); ++i) {
     BRISK_CHECK(grad_offsets[i] >= 0, "internal error: negative gradient offset");
     grad_extent = std::max(grad_extent, grad_offsets[i] + params_[i].shape.numel());
   }
   BRISK_CHECK(flat_weights.numel() == total_ &&
-                  (flat_grads.empty() || (own_layout ? flat_grads.numel() >= grad_extent
-                                                     : flat_grads.numel() == total_)),
+                  (flat_grads.empty() ||
+                   (own_layout ? flat_grads.numel() >= grad_extent : flat_grads.numel() == total_)),
               "parameter buffers hold ", flat_weights.numel(), " and ", flat_grads.numel(),
               " values; the model has ", total_);
   weights_ = flat_weights;
@@ -58,8 +59,8 @@ Tensor ParameterSet::view(const Tensor& flat, int first, int last, Shape shape, 
   if (!grads || grad_offsets_.empty())
     return Tensor(flat.f32() + a.offset, shape, DType::f32, flat.device());
   const auto at = [&](int i) { return grad_offsets_[static_cast<size_t>(i)]; };
-  BRISK_CHECK(at(last) - at(first) == b.offset - a.offset,
-              "internal error: the gradients of '", a.name, "'..'", b.name, "' are not together");
+  BRISK_CHECK(at(last) - at(first) == b.offset - a.offset, "internal error: the gradients of '",
+              a.name, "'..'", b.name, "' are not together");
   return Tensor(flat.f32() + at(first), shape, DType::f32, flat.device());
 }
 

@@ -42,7 +42,7 @@ class ParameterSet {
   // Points the set at flat float32 buffers: the weights of total_elements() values, and the
   // gradients laid out as the weights or, when `grad_offsets` (one per parameter) is given, each
   // parameter's gradient at its own offset there: ZeRO stage 2 lets the blocks' gradients share
-  // one block's room (Model::plan's staged_gradients).
+  // the rooms of one or two blocks (PlanOptions::gradient_rooms).
   void bind(const Tensor& flat_weights, const Tensor& flat_grads,
             std::vector<int64_t> grad_offsets = {});
   void unbind() { weights_ = grads_ = Tensor(); }

@@ -118,8 +118,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     // backward) unless that and the shard would hold more than whole gradients; then in one.
     if (o.zero_stage >= 2)
       model_options.gradient_rooms =
-          r.model->staged_gradient_elements(2) + mine < r.model->params().total_elements() ? 2
-                                                                                           : 1;
+          r.model->staged_gradient_elements(2) + mine < r.model->params().total_elements() ? 2 : 1;
   }
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.

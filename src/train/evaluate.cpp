@@ -15,10 +15,12 @@
 namespace brisk {
 namespace {
 
-// Every rank's `mine` (of any length), concatenated in rank order, on every rank.
-std::vector<double> gather_all(Communicator& comm, std::vector<double> mine) {
-  const std::vector<uint8_t> bytes = gather_pieces(
-      comm, Tensor(mine.data(), Shape{static_cast<int64_t>(mine.size())}, DType::f64));
+// Every rank's `mine` (of any length), concatenated in rank order, on every rank or, with
+// root >= 0, on that rank only (the others get nothing).
+std::vector<double> gather_doubles(Communicator& comm, std::vector<double> mine, int root = -1) {
+  const std::vector<uint8_t> bytes =
+      gather_pieces(comm, Tensor(mine.data(), Shape{static_cast<int64_t>(mine.size())}, DType::f64),
+                    nullptr, root);
   std::vector<double> out(bytes.size() / sizeof(double));
   if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
@@ -102,7 +104,7 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
         pairs.push_back(numbers.labels()[static_cast<size_t>(i)]);
         pairs.push_back(numbers.predictions()[static_cast<size_t>(i)]);
       }
-      pairs = gather_all(*comm, pairs);
+      pairs = gather_doubles(*comm, pairs);  // every rank's metrics agree
       numbers = RegressionMetrics();
       for (size_t i = 0; i + 1 < pairs.size(); i += 2)
         numbers.add(static_cast<float>(pairs[i]), static_cast<float>(pairs[i + 1]));
@@ -112,15 +114,14 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
       for (const Prediction& p : predicted)
         mine.insert(mine.end(), {static_cast<double>(p.index), static_cast<double>(p.label),
                                  static_cast<double>(p.value)});
-      const std::vector<double> all = gather_all(*comm, mine);
+      const std::vector<double> all = gather_doubles(*comm, mine, 0);  // rank 0 writes them
       predicted.clear();
       for (size_t i = 0; i + 2 < all.size(); i += 3)
         predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
                              static_cast<float>(all[i + 2])});
       std::sort(predicted.begin(), predicted.end(),
                 [](const Prediction& a, const Prediction& b) { return a.index < b.index; });
-      if (rank == 0)
-        for (const Prediction& p : predicted) on_prediction(p);
+      for (const Prediction& p : predicted) on_prediction(p);  // none but on rank 0
     }
   }
   const double seconds =
