@@ -204,7 +204,8 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_NE(d.out.find("data parallel over 3 ranks, zero_stage 1"), std::string::npos) << d.out;
   expect_refused("estimate --world_size 0", "--world_size must lie in");
-  expect_refused("estimate --zero_stage 3", "zero_stage 3");
+  expect_refused("estimate --zero_stage 3 --bf16 --bf16_master_weights false",
+                 "--zero_stage 3 with --bf16 needs the float32 master copy");
 }
 
 // With bf16 the float32 master copy is partitioned with the optimizer state: each rank plans the
@@ -250,6 +251,36 @@ TEST(Cli, EstimatePlansEachRanksGradientShardUnderZeroStage2) {
   EXPECT_NEAR(shards, 4.0 * n, 1.0);
   EXPECT_NEAR(dp["gradient_bytes_per_param"].get<double>(), staged / n + 4.0 / 3, 0.01);
   EXPECT_LT(dp["gradient_bytes_per_param"].get<double>(), 2.1);  // stage 1: 4
+}
+
+// estimate --world_size N --zero_stage 3: each rank also holds only its shard of the weights,
+// plus the embeddings', the head's and two blocks' rooms: rank 0's own plan says so, the shards
+// add up to 4 bytes per parameter, and the model states per rank fall below stage 2's.
+TEST(Cli, EstimatePlansEachRanksWeightShardUnderZeroStage3) {
+  CliRun r;
+  const nlohmann::json j =
+      estimate_json("--model bert-large-uncased --world_size 3 --zero_stage 3", &r);
+  EXPECT_NE(r.out.find("data parallel over 3 ranks, zero_stage 3"), std::string::npos) << r.out;
+  const nlohmann::json& dp = j["data_parallel"];
+  ASSERT_EQ(dp["ranks"].size(), 3u);
+  const double n = 335143938.0;
+  const double staged = 4.0 * (n - 22 * 12596224.0);  // as the gradients' under stage 2
+  EXPECT_NEAR(j["memory"]["planned_bytes"]["weights"].get<double>(),
+              staged + 4.0 * dp["ranks"][0]["parameters"].get<double>(), 1.0);
+  double shards = 0;
+  for (const nlohmann::json& rank : dp["ranks"]) {
+    const double weights = rank["weight_bytes"].get<double>();
+    EXPECT_NEAR(weights, staged + 4.0 * rank["parameters"].get<double>(), 1.0);
+    EXPECT_NEAR(rank["gradient_bytes"].get<double>(), weights, 1.0);  // staged alike
+    shards += weights - staged;
+  }
+  EXPECT_NEAR(shards, 4.0 * n, 1.0);
+  EXPECT_NEAR(dp["weight_bytes_per_param"].get<double>(), staged / n + 4.0 / 3, 0.01);
+  const nlohmann::json two =
+      estimate_json("--model bert-large-uncased --world_size 3 --zero_stage 2")["data_parallel"];
+  EXPECT_NEAR(two["weight_bytes_per_param"].get<double>(), 4.0, 1e-9);
+  EXPECT_LT(dp["model_state_bytes_per_param"].get<double>(),
+            two["model_state_bytes_per_param"].get<double>() - 1.5);
 }
 
 // `brisk estimate` takes train's options and plans exactly what train allocates, category by

@@ -206,14 +206,20 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
 namespace {
 // estimate --world_size N: what each rank holds of the model states, next to the ZeRO paper's
 // formula for the stage (Rajbhandari et al. 2020, mixed-precision Adam: 2 + 2 + K bytes per
-// parameter with K = 12, the K part divided by N from stage 1 on, the gradients' 2 from stage 2).
+// parameter with K = 12, the K part divided by N from stage 1 on, the gradients' 2 from stage 2,
+// the weights' 2 from stage 3).
 nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int world) {
   if (world == 1) return nlohmann::json::object();
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const double n = static_cast<double>(run.model->params().total_elements());
   auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
-  const double weights = bytes(Category::weights);
+  // Stage 3: every rank keeps the embeddings, the head and the blocks' rooms alike, and its own
+  // shard of the weights.
+  const bool sharded_weights = !run.shards.empty() && o.zero_stage >= 3;
+  const double weights =
+      bytes(Category::weights) -
+      (sharded_weights ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
   // ZeRO partitions the float32 master copy (16-bit training) with the optimizer state.
   const bool sharded_master = run.precision->sharded_master();
   const double master = bytes(Category::master_weights);
@@ -242,24 +248,27 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       whole_state += states.back();
     }
   }
-  std::printf("  %-6s %14s %14s %14s %16s %22s\n", "rank", "parameters", "master", "gradients",
-              "optimizer_state", "model states/param");
+  std::printf("  %-6s %14s %14s %14s %14s %16s %22s\n", "rank", "parameters", "weights",
+              "master", "gradients", "optimizer_state", "model states/param");
   for (int r = 0; r < world; ++r) {
     const double params =
         run.shards.empty() ? n
                            : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
     const double masters = sharded_master ? 4.0 * params : master;
     const double grads = sharded_grads ? staged + 4.0 * params : staged;
+    const double held = sharded_weights ? weights + 4.0 * params : weights;
     const double state = states[static_cast<size_t>(r)];
-    const double total = weights + masters + grads + state;
+    const double total = held + masters + grads + state;
     largest = std::max(largest, total);
     per_rank.push_back({{"rank", r},
                         {"parameters", params},
+                        {"weight_bytes", held},
                         {"master_bytes", masters},
                         {"gradient_bytes", grads},
                         {"optimizer_state_bytes", state}});
     if (r < 8 || r == world - 1)
-      std::printf("  %-6d %14.0f %14s %14s %16s %22.2f\n", r, params,
+      std::printf("  %-6d %14.0f %14s %14s %14s %16s %22.2f\n", r, params,
+                  format_mib(static_cast<size_t>(held)).c_str(),
                   format_mib(static_cast<size_t>(masters)).c_str(),
                   format_mib(static_cast<size_t>(grads)).c_str(),
                   format_mib(static_cast<size_t>(state)).c_str(), total / n);
@@ -270,30 +279,38 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const std::string per_world = " / " + std::to_string(world);
   const double master_share = sharded_master ? 4.0 * n / world : master;
   const double grad_share = sharded_grads ? (staged + 4.0 * n / world) : staged;
-  const double stage_formula = (weights + master_share + grad_share +
+  const double weight_share = sharded_weights ? (weights + 4.0 * n / world) : weights;
+  const double stage_formula = (weight_share + master_share + grad_share +
                                 (run.shards.empty() ? whole_state : whole_state / world)) /
                                n;
   std::printf(
-      "  model states per rank: weights %.2f + master %.2f%s + gradients %.2f%s + optimizer "
+      "  model states per rank: weights %.2f%s + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
-      weights / n, sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "",
+      weights / n, sharded_weights ? (" + 4" + per_world).c_str() : "", sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "",
       staged / n, sharded_grads ? (" + 4" + per_world).c_str() : "", K,
       run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
   if (run.optimizer->name() == "adamw_torch") {
-    const double paper =
-        2.0 + (o.zero_stage >= 2 ? 2.0 / world : 2.0) + (run.shards.empty() ? 12.0 : 12.0 / world);
+    const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
+                         (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
+                         (run.shards.empty() ? 12.0 : 12.0 / world);
+    auto rooms = [](int n, const char* what) {
+      return n == 2   ? std::string(" and two blocks' ") + what + " staged whole"
+             : n == 1 ? std::string(" and one block's ") + what + " staged whole"
+                      : std::string(" ") + what + " staged whole";
+    };
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
-        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU)\n",
-        paper,
-        !sharded_grads                   ? ""
-        : run.model->staged_rooms() == 2 ? " and two blocks' staged whole"
-        : run.model->staged_rooms() == 1 ? " and one block's staged whole"
-                                         : " staged whole");
+        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
+        paper, sharded_grads ? rooms(run.model->staged_rooms(), "gradients").c_str() : "",
+        sharded_weights
+            ? (", the embeddings' and head's weights whole" +
+               rooms(run.model->weight_rooms(), "weights"))
+                  .c_str()
+            : "");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
-          {"weight_bytes_per_param", weights / n},
+          {"weight_bytes_per_param", weight_share / n},
           {"master_bytes_per_param", master_share / n},
           {"gradient_bytes_per_param", grad_share / n},
           {"optimizer_bytes_per_param", K},

@@ -17,7 +17,8 @@ void Communicator::check_buffer(const Tensor& t, const char* op) const {
               memory() == Device::cpu ? "host" : "GPU", " memory");
   // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
   const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0 ||
-                      std::strcmp(op, "gather_v") == 0;
+                      std::strcmp(op, "gather_v") == 0 ||
+                      std::strcmp(op, "all_gather_v") == 0;
   BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64 ||
                   (copies && t.dtype() == DType::u8),
               op, ": float32, bf16 or float64 buffers only", copies ? " (or uint8)" : "", ", not ",
@@ -71,7 +72,24 @@ void Communicator::check_gather(const Tensor& in, const std::vector<int64_t>& co
               " elements out for pieces adding up to ", total);
 }
 
+void Communicator::check_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                      const Tensor& out) const {
+  const char* op = "all_gather_v";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  const int64_t total = check_counts(counts, op);
+  BRISK_CHECK(in.dtype() == out.dtype(), op, ": in and out are ", dtype_name(in.dtype()), " and ",
+              dtype_name(out.dtype()));
+  BRISK_CHECK(in.numel() == counts[static_cast<size_t>(rank())] && out.numel() == total, op, ": ",
+              in.numel(), " elements in and ", out.numel(), " out for pieces adding up to ", total);
+  const auto* pi = static_cast<const char*>(in.data());
+  const auto* po = static_cast<const char*>(out.data());
+  BRISK_CHECK(in.bytes() == 0 || pi >= po + out.bytes() || po >= pi + in.bytes(), op,
+              ": in and out overlap");
+}
+
 void Communicator::start_all_reduce_sum(const Tensor& buf) {
+  count_started();
   const auto start = std::chrono::steady_clock::now();
   all_reduce_sum(buf);
   started_seconds_ +=
@@ -80,9 +98,19 @@ void Communicator::start_all_reduce_sum(const Tensor& buf) {
 
 void Communicator::start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                                               const Tensor& out, std::function<void()> then) {
+  count_started();
   const auto start = std::chrono::steady_clock::now();
   reduce_scatter_sum_v(in, counts, out);
   if (then) then();
+  started_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Communicator::start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                      const Tensor& out) {
+  count_started();
+  const auto start = std::chrono::steady_clock::now();
+  all_gather_v(in, counts, out);
   started_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -153,6 +181,11 @@ class SingleProcess final : public Communicator {
                 int root) override {
     check_gather(in, counts, out, root);
     if (in.data() != out.data() && in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
+  }
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                    const Tensor& out) override {
+    check_all_gather_v(in, counts, out);
+    if (in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
   }
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");

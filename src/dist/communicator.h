@@ -40,6 +40,11 @@ class Communicator {
   // elsewhere (it may be empty there). Saving a sharded state without every rank holding it all.
   virtual void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
                         int root) = 0;
+  // out becomes every rank's in laid end to end in rank order, on every rank: in holds
+  // counts[rank()] elements (counts: the same on every rank), out their sum. ZeRO stage 3 gathers
+  // a segment of the weights from every rank's run of them.
+  virtual void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                            const Tensor& out) = 0;
   // buf becomes root's buf.
   virtual void broadcast(const Tensor& buf, int root) = 0;
   // Returns when every rank has called it.
@@ -55,6 +60,13 @@ class Communicator {
   // started collective. ZeRO stage 2's sums during backward.
   virtual void start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                                           const Tensor& out, std::function<void()> then);
+  // Starts all_gather_v(in, counts, out) the same way: out must not be read, nor in written,
+  // until the wait for it returns. ZeRO stage 3's gathers of the next block's weights.
+  virtual void start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                                  const Tensor& out);
+  // How many collectives have been started so far: right after starting one, its ticket; the wait
+  // for that one alone (and those started before it) is wait_started_until(started() - ticket).
+  int64_t started() const { return started_count_; }
   // Returns when every started collective has finished, with the seconds they took to run since
   // the last call (time overlapped with other work included); rethrows a failure of one.
   virtual double wait_started();
@@ -83,9 +95,15 @@ class Communicator {
   void check_pieces(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) const;
   void check_gather(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
                     int root) const;
+  // all_gather_v's.
+  void check_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                          const Tensor& out) const;
+  // Every start_* counts itself here (the caller's thread only).
+  void count_started() { ++started_count_; }
 
  private:
   double started_seconds_ = 0;  // the default start_all_reduce_sum's time since wait_started
+  int64_t started_count_ = 0;
 };
 
 // Every rank's `piece` (host memory, any length), its bytes laid end to end in rank order, on

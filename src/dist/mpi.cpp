@@ -124,6 +124,12 @@ class Mpi final : public Communicator {
     check_reduce_scatter_v(in, counts, out);
     enqueue(Started{in, out, counts, std::move(then)});
   }
+  void start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                          const Tensor& out) override {
+    if (!threaded_) return Communicator::start_all_gather_v(in, counts, out);
+    check_all_gather_v_ints(in, counts, out);
+    enqueue(Started{in, out, counts, {}, /*gather=*/true});
+  }
   double wait_started() override {
     if (!threaded_) return Communicator::wait_started();
     drain();
@@ -199,6 +205,12 @@ class Mpi final : public Communicator {
       first += n;
     }
   }
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                    const Tensor& out) override {
+    check_all_gather_v_ints(in, counts, out);
+    drain();
+    all_gather_v_now(in, counts, out);
+  }
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
@@ -230,14 +242,16 @@ class Mpi final : public Communicator {
   }
 
  private:
-  // A started collective: an all-reduce of `in` (counts empty) or a reduce-scatter of pieces
-  // into `out`, then `then`.
+  // A started collective: an all-reduce of `in` (counts empty), a reduce-scatter of pieces
+  // into `out` or (gather) an all-gather of pieces into `out`, then `then`.
   struct Started {
     Tensor in, out;
     std::vector<int64_t> counts;
     std::function<void()> then;
+    bool gather = false;
   };
   void enqueue(Started item) {
+    count_started();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
@@ -252,6 +266,24 @@ class Mpi final : public Communicator {
     BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum_v: in and out overlap");
     for (int64_t c : counts) count_of(c, "reduce_scatter_sum_v");
     count_of(in.numel(), "reduce_scatter_sum_v");  // MPI's displacements are int as well
+  }
+  void check_all_gather_v_ints(const Tensor& in, const std::vector<int64_t>& counts,
+                               const Tensor& out) const {
+    check_all_gather_v(in, counts, out);
+    count_of(out.numel(), "all_gather_v");  // MPI's counts and displacements are int
+  }
+  void all_gather_v_now(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) {
+    std::vector<int> ints, displacements;
+    int at = 0;
+    for (int64_t c : counts) {
+      ints.push_back(static_cast<int>(c));
+      displacements.push_back(at);
+      at += static_cast<int>(c);
+    }
+    const Watch watch(*this, "all_gather_v");
+    check(MPI_Allgatherv(in.data(), ints[static_cast<size_t>(rank_)], type(in), out.data(),
+                         ints.data(), displacements.data(), type(in), MPI_COMM_WORLD),
+          "all_gather_v (MPI_Allgatherv)");
   }
   void reduce_scatter_v_now(const Tensor& in, const std::vector<int64_t>& counts,
                             const Tensor& out) {
@@ -328,6 +360,8 @@ class Mpi final : public Communicator {
       if (!skip) try {
           if (item.counts.empty())
             all_reduce_now(item.in);
+          else if (item.gather)
+            all_gather_v_now(item.in, item.counts, item.out);
           else
             reduce_scatter_v_now(item.in, item.counts, item.out);
           if (item.then) item.then();

@@ -154,6 +154,26 @@ class Nccl final : public Communicator {
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     finish("gather_v");
   }
+  // Pieces of any length: one broadcast from each rank into its place, grouped.
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                    const Tensor& out) override {
+    check_all_gather_v(in, counts, out);
+    const size_t esize = dtype_size(in.dtype());
+    auto* base = static_cast<char*>(out.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    int64_t first = 0;
+    for (int r = 0; r < size_; ++r) {
+      const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+      if (n > 0)
+        check_nccl(ncclBroadcast(r == rank_ ? in.data() : nullptr,
+                                 base + static_cast<size_t>(first) * esize, n, type_of(in), r,
+                                 comm_, stream_),
+                   "all_gather_v (ncclBroadcast)");
+      first += counts[static_cast<size_t>(r)];
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("all_gather_v");
+  }
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");

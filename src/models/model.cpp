@@ -56,15 +56,21 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
-  binder_.declare(plan, &flat_weights_, "params.weights", Category::weights, DType::f32, Shape{n});
+  weight_rooms_ = options.weight_rooms > 0 && !options.weights_only &&
+                          staged_elements(options.weight_rooms) < n
+                      ? options.weight_rooms
+                      : 0;
+  binder_.declare(plan, &flat_weights_, staged_weights() ? "params.weights_staged" : "params.weights",
+                  Category::weights, DType::f32,
+                  Shape{staged_weights() ? staged_elements(weight_rooms_) : n});
   declare_constants(plan, shape);
   staged_ = false;
   if (options.weights_only) return;
-  staged_ = options.gradient_rooms > 0 && staged_gradient_elements(options.gradient_rooms) < n;
+  staged_ = options.gradient_rooms > 0 && staged_elements(options.gradient_rooms) < n;
   rooms_ = staged_ ? options.gradient_rooms : 0;
   binder_.declare(plan, &flat_grads_, staged_ ? "params.gradients_staged" : "params.gradients",
                   Category::gradients, DType::f32,
-                  Shape{staged_ ? staged_gradient_elements(rooms_) : n});
+                  Shape{staged_ ? staged_elements(rooms_) : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -182,7 +188,8 @@ void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tens
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
   params_.bind(flat_weights_, flat_grads_,
-               staged_ && !flat_grads_.empty() ? staged_grad_offsets() : std::vector<int64_t>());
+               staged_weights() ? staged_offsets(weight_rooms_) : std::vector<int64_t>(),
+               staged_ && !flat_grads_.empty() ? staged_offsets(rooms_) : std::vector<int64_t>());
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;
   arena_ = &arena;
   shape_ = planned_;
@@ -341,8 +348,11 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);
   const BlockStyle st = style(o.training);
+  const int L = static_cast<int>(config_.num_layers);
+  if (weight_source_) weight_source_->prefetch(L);  // block 0, while the embeddings compute
   embed_forward(be, o);
-  for (int l = 0; l < config_.num_layers; ++l) {
+  for (int l = 0; l < L; ++l) {
+    need_block(l, l + 1);
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l);
     if (!stored_.empty()) transfer(be, work_, stored_[l], stored_attn_stats(st));
@@ -405,7 +415,7 @@ void Model::find_grad_segments() {
 // blocks use in turn (block b in room b mod rooms), then the head. Possible when the blocks are
 // laid out alike (every model here) and outnumber the rooms; otherwise the length is the whole
 // gradients' and plan() keeps them whole.
-int64_t Model::staged_gradient_elements(int rooms) const {
+int64_t Model::staged_elements(int rooms) const {
   const int64_t total = params_.total_elements();
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
   if (rooms < 1 || L <= static_cast<size_t>(rooms)) return total;
@@ -414,27 +424,62 @@ int64_t Model::staged_gradient_elements(int rooms) const {
   return total - static_cast<int64_t>(L - static_cast<size_t>(rooms)) * segments_[1].count;
 }
 
-// Where the gradient of logical element `at` lies in the staged buffer.
-int64_t Model::staged_offset(int64_t at) const {
+// Where logical element `at` lies in a buffer staged in `rooms` rooms.
+int64_t Model::staged_offset(int64_t at, int rooms) const {
   const int64_t first = segments_.back().count;  // the embeddings: [0, first)
   const int64_t block = segments_[1].count;
   const int64_t end = segments_.front().offset;  // the head: [end, total)
-  const int64_t rooms = rooms_;
   if (at < first) return at;
   if (at >= end) return at - (end - first) + rooms * block;
   const int64_t b = (at - first) / block;
   return first + (b % rooms) * block + (at - first) % block;
 }
 
-std::vector<int64_t> Model::staged_grad_offsets() const {
+std::vector<int64_t> Model::staged_offsets(int rooms) const {
   std::vector<int64_t> out;
-  for (const ParamInfo& p : params_.list()) out.push_back(staged_offset(p.offset));
+  for (const ParamInfo& p : params_.list()) out.push_back(staged_offset(p.offset, rooms));
   return out;
 }
 
 Tensor Model::grad_segment(int i) const {
   const ElementRange r = grad_segments_.at(static_cast<size_t>(i));
-  return element_range(flat_grads_, staged_ ? staged_offset(r.offset) : r.offset, r.count);
+  return element_range(flat_grads_, staged_ ? staged_offset(r.offset, rooms_) : r.offset, r.count);
+}
+
+// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1).
+int Model::weight_room(int segment) const {
+  const int last = static_cast<int>(segments_.size()) - 1;
+  BRISK_CHECK(segment >= 0 && segment <= last, "internal error: weight segment ", segment);
+  if (!staged_weights() || segment == 0 || segment == last) return -1;
+  return (last - 1 - segment) % weight_rooms_;
+}
+
+Tensor Model::weight_segment(int segment) const {
+  const ElementRange r = segments_.at(static_cast<size_t>(segment));
+  return element_range(flat_weights_,
+                       staged_weights() ? staged_offset(r.offset, weight_rooms_) : r.offset,
+                       r.count);
+}
+
+void Model::need_block(int l, int next) const {
+  if (!weight_source_) return;
+  const int L = static_cast<int>(config_.num_layers);
+  weight_source_->need(L - l);
+  if (next >= 0 && next < L) weight_source_->prefetch(L - next);
+}
+
+void Model::written(size_t i) const {
+  if (!weight_source_ || !staged_weights()) return;
+  const ParamInfo& p = params_.list()[i];
+  const int64_t end = p.offset + p.shape.numel();
+  for (size_t s = 1; s + 1 < segments_.size(); ++s)
+    if (segments_[s].offset + segments_[s].count == end) weight_source_->filled(static_cast<int>(s));
+}
+
+void Model::written_all() const {
+  if (!weight_source_) return;
+  for (size_t s = 0; s < segments_.size(); ++s)
+    if (weight_room(static_cast<int>(s)) < 0) weight_source_->filled(static_cast<int>(s));
 }
 
 void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {
@@ -448,6 +493,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   head_backward(be, o);
   report(0);
   for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
+    need_block(l, l - 1);
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.num_layers - 1;
     if (options_.gradient_checkpointing && !last)
@@ -495,6 +541,7 @@ void Model::init_weights(Backend& be, uint64_t seed) {
       else
         for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
     });
+    written(i);
   }
   if (padded_embedding_ >= 0) {
     const Tensor table = params_.weight(padded_embedding_);
@@ -502,6 +549,7 @@ void Model::init_weights(Backend& be, uint64_t seed) {
     be.fill(element_range(table, config_.pad_token_id * C, C), 0.0f);
   }
   init_extra(be);
+  written_all();
 }
 
 void Model::load_weights(Backend& be, const WeightFiles& file) {
@@ -544,7 +592,9 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
                         holder.release(part);
                       }
                     });
+    written(i);
   }
+  written_all();
   std::sort(missing.begin(), missing.end());
   return missing;
 }

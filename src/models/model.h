@@ -74,6 +74,24 @@ struct PlanOptions {
   // one; with one, this segment's. Models whose blocks are not laid out alike, or have no more
   // blocks than rooms, keep whole gradients.
   int gradient_rooms = 0;
+  // ZeRO stage 3: weight_rooms (1 or 2) > 0 stages the weights alike: the weight buffer holds the
+  // embeddings' and the head's weights and the rooms of that many blocks, into which the model's
+  // WeightRooms gathers each block's weights before the block runs (block b in room b mod rooms;
+  // with two, the next block's gather runs while a block computes).
+  int weight_rooms = 0;
+};
+
+// ZeRO stage 3: who fills the model's weight rooms (train/zero's ShardedWeights). Segments are
+// numbered as param_segments().
+class WeightRooms {
+ public:
+  virtual ~WeightRooms() = default;
+  // Segment i's weights must be in place when this returns.
+  virtual void need(int segment) = 0;
+  // Segment i comes next and its room is not in use: its weights may start on their way.
+  virtual void prefetch(int segment) = 0;
+  // Segment i's weights were just written in place (initialized or loaded), all of them.
+  virtual void filled(int segment) = 0;
 };
 
 struct StepOptions {
@@ -144,9 +162,19 @@ class Model {
   // while the next block's backward fills the other room).
   bool staged_gradients() const { return staged_; }
   int staged_rooms() const { return rooms_; }
-  // The gradient buffer's elements when staged in `rooms` rooms (all the parameters' when the
-  // model cannot stage them so).
-  int64_t staged_gradient_elements(int rooms) const;
+  // The elements of a gradient or weight buffer staged in `rooms` rooms (all the parameters' when
+  // the model cannot stage them so).
+  int64_t staged_elements(int rooms) const;
+  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; which room segment i's
+  // weights use (-1: kept in place, whole: the embeddings and the head, or every segment when
+  // not staged), and where they are. `rooms` fills the rooms (and hears of every segment written
+  // while weights are initialized or loaded); without it the weights must not be staged.
+  bool staged_weights() const { return weight_rooms_ > 0; }
+  int weight_rooms() const { return weight_rooms_; }
+  int weight_room(int segment) const;
+  Tensor weight_segment(int segment) const;
+  void set_weight_rooms(WeightRooms* rooms) { weight_source_ = rooms; }
+  bool gathers_weights() const { return weight_source_ != nullptr; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
   using SegmentDone = std::function<void(int)>;
@@ -287,9 +315,18 @@ class Model {
   bool staged_ = false;
   int rooms_ = 0;
   void find_grad_segments();
-  // Staged gradients: each parameter's offset in the gradient buffer, and the buffer's length.
-  std::vector<int64_t> staged_grad_offsets() const;
-  int64_t staged_offset(int64_t at) const;
+  // Staged gradients or weights in `rooms` rooms: each parameter's offset in the buffer, and
+  // where logical element `at` lies.
+  std::vector<int64_t> staged_offsets(int rooms) const;
+  int64_t staged_offset(int64_t at, int rooms) const;
+  int weight_rooms_ = 0;
+  WeightRooms* weight_source_ = nullptr;
+  // ZeRO stage 3: block l's weights before it runs (and the next block's started).
+  void need_block(int l, int next) const;
+  // While weights are written (init, load): `i` of the parameters was written; reports the
+  // segments complete by then to the weight rooms.
+  void written(size_t i) const;
+  void written_all() const;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload
   std::vector<std::pair<Tensor*, Tensor*>> constants_;  // the same, uploaded once
   // The constants' (host, device) views at the planned length, taken at bind: use_seq reshapes

@@ -27,24 +27,36 @@ int ParameterSet::index(const std::string& name) const {
   return i;
 }
 
-void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
-                        std::vector<int64_t> grad_offsets) {
-  const bool own_layout = !grad_offsets.empty();
-  BRISK_CHECK(!own_layout || grad_offsets.size() == params_.size(),
-              "internal error: ", grad_offsets.size(), " gradient offsets for ", params_.size(),
-              " parameters");
-  int64_t grad_extent = own_layout ? 0 : total_;
-  for (size_t i = 0; own_layout && i < params_.size(); ++i) {
-    BRISK_CHECK(grad_offsets[i] >= 0, "internal error: negative gradient offset");
-    grad_extent = std::max(grad_extent, grad_offsets[i] + params_[i].shape.numel());
+namespace {
+// The extent of a buffer laid out by `offsets` (one per parameter; empty: as the parameters).
+int64_t extent(const std::vector<ParamInfo>& params, const std::vector<int64_t>& offsets,
+               int64_t total, const char* what) {
+  if (offsets.empty()) return total;
+  BRISK_CHECK(offsets.size() == params.size(), "internal error: ", offsets.size(), " ", what,
+              " offsets for ", params.size(), " parameters");
+  int64_t most = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    BRISK_CHECK(offsets[i] >= 0, "internal error: a negative ", what, " offset");
+    most = std::max(most, offsets[i] + params[i].shape.numel());
   }
-  BRISK_CHECK(flat_weights.numel() == total_ &&
-                  (flat_grads.empty() ||
-                   (own_layout ? flat_grads.numel() >= grad_extent : flat_grads.numel() == total_)),
+  return most;
+}
+}  // namespace
+
+void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
+                        std::vector<int64_t> weight_offsets, std::vector<int64_t> grad_offsets) {
+  const int64_t weight_extent = extent(params_, weight_offsets, total_, "weight");
+  const int64_t grad_extent = extent(params_, grad_offsets, total_, "gradient");
+  auto fits = [&](const Tensor& t, bool own, int64_t need) {
+    return own ? t.numel() >= need : t.numel() == total_;
+  };
+  BRISK_CHECK(fits(flat_weights, !weight_offsets.empty(), weight_extent) &&
+                  (flat_grads.empty() || fits(flat_grads, !grad_offsets.empty(), grad_extent)),
               "parameter buffers hold ", flat_weights.numel(), " and ", flat_grads.numel(),
               " values; the model has ", total_);
   weights_ = flat_weights;
   grads_ = flat_grads;
+  weight_offsets_ = std::move(weight_offsets);
   grad_offsets_ = std::move(grad_offsets);
 }
 
@@ -56,11 +68,12 @@ Tensor ParameterSet::view(const Tensor& flat, int first, int last, Shape shape, 
   if (shape.rank() == 0 && first == last) shape = a.shape;
   BRISK_CHECK(shape.numel() == n, "parameter span '", a.name, "'..'", b.name, "' holds ", n,
               " values, not ", shape.str());
-  if (!grads || grad_offsets_.empty())
-    return Tensor(flat.f32() + a.offset, shape, DType::f32, flat.device());
-  const auto at = [&](int i) { return grad_offsets_[static_cast<size_t>(i)]; };
-  BRISK_CHECK(at(last) - at(first) == b.offset - a.offset, "internal error: the gradients of '",
-              a.name, "'..'", b.name, "' are not together");
+  const std::vector<int64_t>& offsets = grads ? grad_offsets_ : weight_offsets_;
+  if (offsets.empty()) return Tensor(flat.f32() + a.offset, shape, DType::f32, flat.device());
+  const auto at = [&](int i) { return offsets[static_cast<size_t>(i)]; };
+  BRISK_CHECK(at(last) - at(first) == b.offset - a.offset, "internal error: the ",
+              grads ? "gradients" : "weights", " of '", a.name, "'..'", b.name,
+              "' are not together");
   return Tensor(flat.f32() + at(first), shape, DType::f32, flat.device());
 }
 

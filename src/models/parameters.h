@@ -39,13 +39,14 @@ class ParameterSet {
   int find(const std::string& name) const;   // -1 when absent
   int index(const std::string& name) const;  // throws when absent
 
-  // Points the set at flat float32 buffers: the weights of total_elements() values, and the
-  // gradients laid out as the weights or, when `grad_offsets` (one per parameter) is given, each
-  // parameter's gradient at its own offset there: ZeRO stage 2 lets the blocks' gradients share
-  // the rooms of one or two blocks (PlanOptions::gradient_rooms).
+  // Points the set at flat float32 buffers of total_elements() values laid out as the
+  // parameters or, when offsets (one per parameter) are given, each parameter at its own offset
+  // there: ZeRO stage 2 lets the blocks' gradients share the rooms of one or two blocks
+  // (PlanOptions::gradient_rooms), stage 3 their weights (PlanOptions::weight_rooms).
   void bind(const Tensor& flat_weights, const Tensor& flat_grads,
-            std::vector<int64_t> grad_offsets = {});
+            std::vector<int64_t> weight_offsets = {}, std::vector<int64_t> grad_offsets = {});
   void unbind() { weights_ = grads_ = Tensor(); }
+  // The buffers bound; staged (offsets given), they do not hold every parameter at once.
   const Tensor& flat_weights() const { return weights_; }
   const Tensor& flat_grads() const { return grads_; }
   Tensor weight(int i) const { return view(weights_, i, i); }
@@ -61,7 +62,8 @@ class ParameterSet {
   std::unordered_map<std::string, int> by_name_;  // name -> index: declaring stays linear
   int64_t total_ = 0;
   Tensor weights_, grads_;
-  std::vector<int64_t> grad_offsets_;  // empty: the gradients are laid out as the weights
+  // Empty: laid out as the parameters.
+  std::vector<int64_t> weight_offsets_, grad_offsets_;
 };
 
 }  // namespace brisk

@@ -14,21 +14,33 @@ void MixedPrecision::plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_pa
                    Shape{shard.count >= 0 ? shard.count : num_params});
 }
 
+void MixedPrecision::use_weight_shard(const Tensor& shard) {
+  BRISK_CHECK(shard_.count >= 0 && shard.numel() == shard_.count,
+              "internal error: a weight shard of ", shard.numel(), " elements for a run of ",
+              shard_.count);
+  BRISK_CHECK(has_master() || compute_ == DType::f32,
+              "--zero_stage 3 needs the float32 master copy with --bf16 (leave "
+              "--bf16_master_weights on)");
+  weight_shard_ = shard;
+}
+
+Tensor MixedPrecision::compute_run(const ParameterSet& params) const {
+  if (!weight_shard_.empty()) return weight_shard_;
+  const ElementRange e = master_elements(params);
+  return element_range(params.flat_weights(), e.offset, e.count);
+}
+
 void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params) {
   if (!enabled()) return;
-  if (has_master()) {
-    const ElementRange e = master_elements(params);
-    be.copy(element_range(params.flat_weights(), e.offset, e.count), master_);
-  }
-  be.round_to(compute_, params.flat_weights());
+  if (has_master()) be.copy(compute_run(params), master_);
+  be.round_to(compute_, compute_weights(params));
 }
 
 void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key) {
   if (has_master()) {
-    const ElementRange e = master_elements(params);
-    be.round_to(compute_, master_, element_range(params.flat_weights(), e.offset, e.count));
+    be.round_to(compute_, master_, compute_run(params));
   } else if (enabled()) {
-    be.stochastic_round(compute_, params.flat_weights(), key);
+    be.stochastic_round(compute_, compute_weights(params), key);
   }
 }
 

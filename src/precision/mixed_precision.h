@@ -38,6 +38,13 @@ class MixedPrecision {
             ElementRange shard = {0, -1});
   // Whether the master copy holds only a run of the parameters (ZeRO with a master copy).
   bool sharded_master() const { return has_master() && shard_.count >= 0; }
+  // ZeRO stage 3: the compute weights this rank keeps are `shard`, its run of them (the plan's
+  // run), not the model's buffer, which holds gathered blocks in turn. Without a master copy the
+  // optimizer updates it.
+  void use_weight_shard(const Tensor& shard);
+  // Whether master() holds only this rank's run of the parameters (a sharded master copy, or
+  // the weight shard of stage 3).
+  bool sharded() const { return sharded_master() || !weight_shard_.empty(); }
   // The parameters' elements the master copy holds.
   ElementRange master_elements(const ParameterSet& params) const {
     return sharded_master() ? shard_ : ElementRange{0, params.total_elements()};
@@ -47,7 +54,7 @@ class MixedPrecision {
   void adopt_model_weights(Backend& be, const ParameterSet& params);
   // The float32 weights the optimizer updates and checkpoints save: master_elements() of them.
   const Tensor& master(const ParameterSet& params) const {
-    return has_master() ? master_ : params.flat_weights();
+    return has_master() ? master_ : compute_weights(params);
   }
   // After an optimizer step: compute weights = master rounded to the 16-bit type (the master's
   // run of them), or without a master copy the updated weights rounded stochastically to bf16
@@ -63,6 +70,13 @@ class MixedPrecision {
   DynamicLossScaler scaler_;
   Tensor master_;
   ElementRange shard_{0, -1};  // count -1: the whole parameters
+  Tensor weight_shard_;        // ZeRO stage 3
+  // The compute weights this rank keeps: all of them, or the weight shard.
+  const Tensor& compute_weights(const ParameterSet& params) const {
+    return weight_shard_.empty() ? params.flat_weights() : weight_shard_;
+  }
+  // The compute weights of the master's elements.
+  Tensor compute_run(const ParameterSet& params) const;
 };
 
 }  // namespace brisk

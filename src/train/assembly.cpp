@@ -116,9 +116,16 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                 " gets no parameters to hold (fewer parameter tensors than ranks)");
     // Stage 2 stages the gradients in two blocks' rooms (a block's sums overlap the next block's
     // backward) unless that and the shard would hold more than whole gradients; then in one.
+    const int64_t total = r.model->params().total_elements();
     if (o.zero_stage >= 2)
-      model_options.gradient_rooms =
-          r.model->staged_gradient_elements(2) + mine < r.model->params().total_elements() ? 2 : 1;
+      model_options.gradient_rooms = r.model->staged_elements(2) + mine < total ? 2 : 1;
+    // Stage 3 gathers the blocks' weights into two rooms (the next block's gather overlaps a
+    // block's computation) unless that and the weight shard would hold more than whole weights;
+    // then one room, or (not even then) whole weights gathered after each update.
+    if (o.zero_stage >= 3)
+      model_options.weight_rooms = r.model->staged_elements(2) + mine < total   ? 2
+                                   : r.model->staged_elements(1) + mine < total ? 1
+                                                                                : 0;
   }
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
@@ -135,6 +142,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   if (zero) {
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
     r.optimizer_params = shard_params(r.model->params(), mine);
+    if (o.zero_stage >= 3)
+      r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights,
+                       DType::f32, Shape{mine.elements.count});
     if (o.zero_stage >= 2) {
       r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,
                        DType::f32, Shape{mine.elements.count});

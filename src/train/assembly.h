@@ -44,6 +44,9 @@ struct RunAssembly {
   ParameterSet optimizer_params;
   // ZeRO stage 2: this rank's shard of the summed gradients, and the room its sums arrive in.
   Tensor grad_shard, grad_receive;
+  // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
+  // embeddings, the head and rooms for gathered blocks).
+  Tensor weight_shard;
   int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized

@@ -56,8 +56,20 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   double loss = 0;
   int64_t targets = 0, batches = 0;
   std::vector<Prediction> predicted;  // several ranks: this rank's, for rank 0 to order
-  // Batch i is rank i mod N's.
-  for (int64_t first = rank * B; first < data.size(); first += ranks * B, ++batches) {
+  // Batch i is rank i mod N's. When the model gathers its weights from every rank (ZeRO stage
+  // 3), every rank runs as many forward passes: one without a batch of its own runs one over the
+  // default batch and discards it.
+  const bool in_step = ranks > 1 && model.gathers_weights();
+  const int64_t rounds = (data.size() + ranks * B - 1) / (ranks * B);
+  for (int64_t first = rank * B; first < (in_step ? rounds * ranks * B : data.size());
+       first += ranks * B) {
+    if (first >= data.size()) {
+      model.use_seq(dynamic_padding_ ? dynamic_padded_length(1, planned.seq) : planned.seq);
+      model.reset_batch();
+      model.forward(be, so);
+      continue;
+    }
+    ++batches;
     const int64_t rows = std::min(B, data.size() - first);
     int64_t seq = planned.seq;
     if (dynamic_padding_) {

@@ -140,8 +140,9 @@ void validate_options(const TrainOptions& o) {
               "ddp_bucket_cap_mb must lie in (0, 1e6] MiB, got ", o.ddp_bucket_cap_mb);
   BRISK_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "zero_stage must be 0, 1, 2 or 3, got ",
               o.zero_stage);
-  BRISK_CHECK(o.zero_stage <= 2, "zero_stage 3 (sharded weights) is not supported yet; stages 1 "
-              "and 2 are");
+  BRISK_CHECK(o.zero_stage < 3 || !o.bf16 || o.bf16_master_weights,
+              "--zero_stage 3 with --bf16 needs the float32 master copy (leave "
+              "--bf16_master_weights on)");
   BRISK_CHECK(o.ddp_timeout >= 0 && o.ddp_timeout <= 100'000'000,
               "ddp_timeout must lie in [0, 1e8] seconds, got ", o.ddp_timeout);
   BRISK_CHECK(o.dataloader_num_workers >= 0, "dataloader_num_workers must not be negative, got ",

@@ -184,11 +184,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 // The float32 weights a save writes: the master copy (or the weights without one); when ZeRO
-// partitions the master copy, every rank's run gathered to rank 0 into `holder` (a collective:
-// every rank calls it; the others get an empty tensor).
+// partitions them (the master copy, or stage 3's weights), every rank's run gathered to rank 0
+// into `holder` (a collective: every rank calls it; the others get an empty tensor).
 Tensor weights_to_save(const MixedPrecision& precision, const ParameterSet& params,
                        Communicator& comm, std::vector<uint8_t>& holder) {
-  if (!precision.sharded_master()) return precision.master(params);
+  if (!precision.sharded()) return precision.master(params);
   holder = gather_pieces(comm, precision.master(params), nullptr, 0);
   if (comm.rank() != 0) return Tensor();
   BRISK_CHECK(static_cast<int64_t>(holder.size()) == params.total_elements() * 4,
@@ -196,13 +196,26 @@ Tensor weights_to_save(const MixedPrecision& precision, const ParameterSet& para
   return Tensor(holder.data(), Shape{params.total_elements()}, DType::f32);
 }
 
+// Root's text, on every rank.
+std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
+  double length = static_cast<double>(text.size());
+  comm.broadcast(Tensor(&length, Shape{1}, DType::f64), root);
+  std::string out = comm.rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
+  if (!out.empty())
+    comm.broadcast(Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::u8), root);
+  return out;
+}
+
 // ZeRO (`shards` not empty): the optimizer updates this rank's shard of the weights, and every
 // shard is then broadcast from its owner. Stage 2 (`grad_shard` not empty): the summed gradients
 // are only this rank's shard, so the gradients' sum of squares is summed over the ranks too.
+// Stage 3 (`weights`): the rank keeps only its shard of the weights; the segments the model keeps
+// whole are gathered, the blocks' are when the model next needs them.
 Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
                     double lr, double loss_scale, double max_grad_norm, int64_t step, uint64_t seed,
                     int64_t overflow_at_step, Communicator& comm,
-                    const std::vector<ParamShard>& shards, const Tensor& grad_shard) {
+                    const std::vector<ParamShard>& shards, const Tensor& grad_shard,
+                    ShardedWeights* weights) {
   const bool sharded_grads = !grad_shard.empty();
   const Tensor& grads = sharded_grads ? grad_shard : model.params().flat_grads();
   if (step == overflow_at_step)
@@ -233,13 +246,17 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
     // optimizer updates: gathered, then (bf16 without a master) rounded alike on every rank.
     const bool sharded_master = precision.sharded_master();
     const Tensor& shared = sharded_master ? model.params().flat_weights() : master;
-    optimizer.step(be, sharded_master ? master : element_range(master, mine.offset, mine.count),
+    optimizer.step(be, precision.sharded() ? master : element_range(master, mine.offset, mine.count),
                    my_grads, control, static_cast<float>(lr));
     if (sharded_master) precision.refresh_weights(be, model.params(), rounding);
     const auto start = std::chrono::steady_clock::now();
-    for (int r = 0; r < comm.size(); ++r) {
-      const ElementRange e = shards[static_cast<size_t>(r)].elements;
-      if (e.count > 0) comm.broadcast(element_range(shared, e.offset, e.count), r);
+    if (weights) {
+      weights->publish();
+    } else {
+      for (int r = 0; r < comm.size(); ++r) {
+        const ElementRange e = shards[static_cast<size_t>(r)].elements;
+        if (e.count > 0) comm.broadcast(element_range(shared, e.offset, e.count), r);
+      }
     }
     gather_seconds += seconds_since(start);
     if (!sharded_master) precision.refresh_weights(be, model.params(), rounding);
@@ -343,7 +360,7 @@ StateShare state_share(Communicator& comm, const Optimizer& optimizer) {
 // Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
 // optimizer state, the data position and the loss scaler.
 TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
-                        const StateShare* share) {
+                        const StateShare* share, ShardedWeights* sharded) {
   const TrainOptions& o = run.options;
   TrainerState state;
   // model.safetensors, or the shards of model.safetensors.index.json.
@@ -370,6 +387,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
     run.model->init_weights(be, o.seed);
   }
   run.precision->adopt_model_weights(be, run.model->params());
+  if (sharded) sharded->publish();
   if (!o.resume_from_checkpoint.empty() && run.precision->uses_loss_scaling())
     run.precision->scaler().restore(state.loss_scale, state.growth_tracker);
   return state;
@@ -474,11 +492,19 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   model->bind(arena);
   run->binder.bind(arena);
   optimizer->reset(*be);
+  // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
+  std::optional<ShardedWeights> weights;
+  if (!run->weight_shard.empty()) {
+    weights.emplace(dist, *model, run->shards, dist.rank(), run->weight_shard);
+    model->set_weight_rooms(&*weights);
+    precision.use_weight_shard(run->weight_shard);
+  }
 
   // ZeRO: this rank's share of a checkpoint's optimizer state (the ranks' states end to end).
   std::optional<StateShare> share;
   if (!run->shards.empty()) share = state_share(dist, *optimizer);
-  TrainerState state = load_state(*be, *run, on_log, share ? &*share : nullptr);
+  TrainerState state =
+      load_state(*be, *run, on_log, share ? &*share : nullptr, weights ? &*weights : nullptr);
   // --report_to tensorboard: every record also as TensorBoard scalars at the step it belongs to.
   std::unique_ptr<EventWriter> events;
   auto wall_time = [] {
@@ -578,10 +604,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
     const Update update =
         apply_update(*be, *model, *optimizer, precision, lr, loss_scale, o.max_grad_norm, step,
-                     o.seed, faults.overflow_at_step, dist, run->shards, run->grad_shard);
+                     o.seed, faults.overflow_at_step, dist, run->shards, run->grad_shard,
+                     weights ? &*weights : nullptr);
     // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
     s.communication_seconds += update.gather_seconds;
     s.communication_wait_seconds += update.gather_seconds;
+    if (weights) s.communication_wait_seconds += weights->take_wait_seconds();
     const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
     state.loss_scale = precision.loss_scale();
     state.growth_tracker = precision.scaler().growth_tracker();
@@ -654,21 +682,22 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   s.total_flos = state.total_flos;
   if (o.do_train) {
     if (o.load_best_model_at_end) {
-      // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights.
-      double loaded = lead && !state.best_model_checkpoint.empty() ? 1.0 : 0.0;
-      if (lead && loaded > 0) {
-        model->load_weights(
-            *be,
-            WeightFiles((fs::path(state.best_model_checkpoint) / "model.safetensors").string()));
-        s.best_model_checkpoint = state.best_model_checkpoint;
-        report({{"loaded_best_model", state.best_model_checkpoint},
-                {"best_metric", state.best_metric}});
+      // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights,
+      // broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
+      std::string best_folder = lead ? state.best_model_checkpoint : std::string();
+      if (ranks > 1) best_folder = broadcast_string(dist, best_folder, 0);
+      if (!best_folder.empty()) {
+        if (lead || weights)
+          model->load_weights(
+              *be, WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
+        if (lead) {
+          s.best_model_checkpoint = best_folder;
+          report({{"loaded_best_model", best_folder}, {"best_metric", state.best_metric}});
+        }
+        if (ranks > 1 && !weights) dist.broadcast(model->params().flat_weights(), 0);
+        precision.adopt_model_weights(*be, model->params());
+        if (weights) weights->publish();
       }
-      if (ranks > 1) {
-        dist.broadcast(Tensor(&loaded, Shape{1}, DType::f64), 0);
-        if (loaded > 0) dist.broadcast(model->params().flat_weights(), 0);
-      }
-      if (loaded > 0) precision.adopt_model_weights(*be, model->params());
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
     std::vector<uint8_t> master_holder;

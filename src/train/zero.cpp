@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 #include "backend/backend.h"
@@ -163,6 +164,90 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
 std::pair<double, double> ShardedGradients::take_seconds(Communicator& comm) {
   const double ran = comm.wait_started();
   return {ran, std::exchange(waited_, 0.0)};
+}
+
+ShardedWeights::ShardedWeights(Communicator& comm, const Model& model,
+                               const std::vector<ParamShard>& shards, int rank, Tensor shard)
+    : comm_(comm),
+      model_(model),
+      shards_(shards),
+      rank_(rank),
+      shard_(std::move(shard)),
+      holds_(static_cast<size_t>(model.weight_rooms()), -1),
+      ticket_(holds_.size(), 0) {
+  BRISK_CHECK(shard_.numel() == shards_.at(static_cast<size_t>(rank_)).elements.count,
+              "internal error: the weight shard holds ", shard_.numel(), " elements");
+  BRISK_CHECK(shard_.device() == Device::cpu,
+              "internal error: ZeRO stage 3 gathers weights in host memory");
+}
+
+ElementRange ShardedWeights::piece(int segment) const {
+  const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
+  const ElementRange mine =
+      intersect(model_.param_segments().at(static_cast<size_t>(segment)), own);
+  return mine.count > 0 ? ElementRange{mine.offset - own.offset, mine.count} : ElementRange{0, 0};
+}
+
+std::vector<int64_t> ShardedWeights::counts(int segment) const {
+  const ElementRange range = model_.param_segments().at(static_cast<size_t>(segment));
+  std::vector<int64_t> out;
+  for (const ParamShard& s : shards_) out.push_back(intersect(range, s.elements).count);
+  return out;
+}
+
+void ShardedWeights::start(int segment) {
+  const ElementRange p = piece(segment);
+  comm_.start_all_gather_v(element_range(shard_, p.offset, p.count), counts(segment),
+                           model_.weight_segment(segment));
+  const int room = model_.weight_room(segment);
+  if (room < 0) return;
+  holds_[static_cast<size_t>(room)] = segment;
+  ticket_[static_cast<size_t>(room)] = comm_.started();
+}
+
+void ShardedWeights::need(int segment) {
+  const int room = model_.weight_room(segment);
+  if (room < 0) return;  // kept whole, in place
+  const auto r = static_cast<size_t>(room);
+  if (holds_[r] != segment) start(segment);
+  if (ticket_[r] == 0) return;
+  const auto begin = std::chrono::steady_clock::now();
+  comm_.wait_started_until(comm_.started() - ticket_[r]);
+  ticket_[r] = 0;
+  waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+void ShardedWeights::prefetch(int segment) {
+  const int room = model_.weight_room(segment);
+  // One room is in use until the next block needs it.
+  if (room < 0 || model_.weight_rooms() < 2 || holds_[static_cast<size_t>(room)] == segment)
+    return;
+  start(segment);
+}
+
+void ShardedWeights::filled(int segment) {
+  comm_.wait_started_until(0);  // no gather still writes the model's weights
+  const ElementRange p = piece(segment);
+  const ElementRange range = model_.param_segments().at(static_cast<size_t>(segment));
+  const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
+  const Tensor from = model_.weight_segment(segment);
+  if (p.count > 0)
+    std::memcpy(element_range(shard_, p.offset, p.count).data(),
+                element_range(from, own.offset + p.offset - range.offset, p.count).data(),
+                static_cast<size_t>(p.count) * sizeof(float));
+  const int room = model_.weight_room(segment);
+  if (room >= 0) holds_[static_cast<size_t>(room)] = -1;  // the room held unrounded weights
+}
+
+void ShardedWeights::publish() {
+  for (size_t s = 0; s < model_.param_segments().size(); ++s)
+    if (model_.weight_room(static_cast<int>(s)) < 0) {
+      const ElementRange p = piece(static_cast<int>(s));
+      comm_.all_gather_v(element_range(shard_, p.offset, p.count), counts(static_cast<int>(s)),
+                         model_.weight_segment(static_cast<int>(s)));
+    }
+  std::fill(holds_.begin(), holds_.end(), -1);
+  std::fill(ticket_.begin(), ticket_.end(), 0);
 }
 
 }  // namespace brisk

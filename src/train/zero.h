@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "models/model.h"
 #include "models/parameters.h"
 #include "train/options.h"
 
@@ -21,7 +22,6 @@ namespace brisk {
 
 class Backend;
 class Communicator;
-class Model;
 class Optimizer;
 
 struct ParamShard {
@@ -75,6 +75,44 @@ class ShardedGradients {
   int rank_;
   Tensor shard_, receive_;
   int64_t piece_;
+  double waited_ = 0;
+};
+
+// ZeRO stage 3: this rank keeps only its run of the compute weights (`shard`); each block's
+// weights are gathered from every rank's run into the model's room for them just before the block
+// runs, forward and again backward, the next block's gather started meanwhile (two rooms), and a
+// gather is skipped while the room still holds the block (a block that ends the forward pass
+// starts the backward pass; weights change only at the update). The embeddings' and head's
+// weights stay whole in the model, gathered after every change of the shard (publish). Every
+// rank asks for the same segments in the same order, so the gathers match up.
+class ShardedWeights final : public WeightRooms {
+ public:
+  ShardedWeights(Communicator& comm, const Model& model, const std::vector<ParamShard>& shards,
+                 int rank, Tensor shard);
+  void need(int segment) override;
+  void prefetch(int segment) override;
+  // Keeps this rank's part of a segment the model just wrote (weights loaded or initialized).
+  void filled(int segment) override;
+  // After the shard changed (an update, a load): the segments kept whole gathered again, every
+  // room to be gathered anew.
+  void publish();
+  const Tensor& shard() const { return shard_; }
+  // The seconds the model waited for gathers since the last call.
+  double take_wait_seconds() { return std::exchange(waited_, 0.0); }
+
+ private:
+  void start(int segment);
+  ElementRange piece(int segment) const;  // this rank's part of the segment, in its shard
+  std::vector<int64_t> counts(int segment) const;
+  Communicator& comm_;
+  const Model& model_;
+  std::vector<ParamShard> shards_;
+  int rank_;
+  Tensor shard_;
+  // Per room: the segment it holds or is receiving (-1: none), and the receiving gather's ticket
+  // (Communicator::started; 0 once it has arrived).
+  std::vector<int> holds_;
+  std::vector<int64_t> ticket_;
   double waited_ = 0;
 };
 

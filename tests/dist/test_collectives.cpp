@@ -245,6 +245,52 @@ TEST(Collectives, AllGatherConcatenatesInRankOrder) {
         << "in place, chunk of rank " << q;
 }
 
+// Gathering pieces of any length (one empty) to every rank, blocking and started: the pieces in
+// rank order everywhere. Started gathers are waited for one at a time by their tickets
+// (Communicator::started), as ZeRO stage 3 waits for the block it needs while the next one's
+// gather may still run.
+TEST(Collectives, AllGatherOfUnequalPiecesConcatenatesInRankOrder) {
+  const int N = world().size(), r = world().rank();
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int q = 0; q < N; ++q) {
+    counts.push_back(q == 1 ? 0 : 501 * (q + 1));
+    total += counts.back();
+  }
+  auto want = [&](int salt) {
+    FVec w;
+    for (int q = 0; q < N; ++q) {
+      const FVec piece = input(q, counts[static_cast<size_t>(q)], salt);
+      w.insert(w.end(), piece.begin(), piece.end());
+    }
+    return w;
+  };
+  const int64_t mine = counts[static_cast<size_t>(r)];
+  FVec in = input(r, mine, 20), out(static_cast<size_t>(total), -7.f);
+  world().all_gather_v(Tensor(in.data(), Shape{mine}, DType::f32), counts,
+                       Tensor(out.data(), Shape{total}, DType::f32));
+  EXPECT_EQ(out, want(20));
+  constexpr int kStarted = 4;
+  std::vector<FVec> ins, outs(kStarted, FVec(static_cast<size_t>(total), -7.f));
+  std::vector<int64_t> tickets;
+  for (int k = 0; k < kStarted; ++k) {
+    ins.push_back(input(r, mine, 21 + k));
+    world().start_all_gather_v(Tensor(ins.back().data(), Shape{mine}, DType::f32), counts,
+                               Tensor(outs[static_cast<size_t>(k)].data(), Shape{total}, DType::f32));
+    tickets.push_back(world().started());
+  }
+  for (int k = 0; k < kStarted; ++k) {
+    world().wait_started_until(world().started() - tickets[static_cast<size_t>(k)]);
+    EXPECT_EQ(outs[static_cast<size_t>(k)], want(21 + k)) << "started gather " << k;
+  }
+  world().wait_started();
+  // Refused alike on every rank: counts that do not add up to out.
+  FVec short_out(static_cast<size_t>(total - 1));
+  EXPECT_THROW(world().all_gather_v(Tensor(in.data(), Shape{mine}, DType::f32), counts,
+                                    Tensor(short_out.data(), Shape{total - 1}, DType::f32)),
+               Error);
+}
+
 TEST(Collectives, BroadcastCopiesTheRootsBuffer) {
   const int64_t n = 5003;
   for (int root = 0; root < world().size(); ++root) {

@@ -275,13 +275,16 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
     double lr;
     bool bf16 = false;  // bf16 training: the float32 master copy is partitioned too
   };
-  for (const int stage : {1, 2})
+  for (const int stage : {1, 2, 3})
     for (const int64_t accumulation : {int64_t{1}, int64_t{2}})
       for (const Optim& c :
            {Optim{"adamw_torch", "", 3e-3}, Optim{"adafactor", "beta1=0.9", 1e-2},
             Optim{"adamw_8bit", "min_8bit_size=256", 3e-3},
             Optim{"sgd", "momentum=0.9,nesterov=true", 0.1}, Optim{"adamw_torch", "", 3e-3, true}}) {
         if (stage == 1 && accumulation == 2) continue;  // stage 1 communicates as plain DDP
+        // Stage 3 with accumulation (the blocks' weights gathered again for every micro-batch's
+        // passes) for every optimizer, without it for AdamW alone.
+        if (stage == 3 && accumulation == 1 && (c.optim != "adamw_torch" || c.bf16)) continue;
         const std::string tag = "zero" + std::to_string(stage) + "_" + c.optim +
                                 (c.bf16 ? "_bf16" : "") + "_accumulation" +
                                 std::to_string(accumulation);
@@ -291,7 +294,7 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         if (world().rank() == 0) {
           // Five blocks: stage 2 stages them in two rooms (two rooms and the shard hold less
           // than whole gradients), summing one block's gradients while the next block's
-          // backward computes.
+          // backward computes; stage 3 gathers their weights into two rooms likewise.
           model = write_config(*dir.owned, "gpt2", 0.0);
           nlohmann::json c = read_json_file(model + "/config.json", "config");
           c["n_layer"] = 5;
@@ -357,8 +360,8 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
                       tolerance)
                 << what;
         };
-        // Stage 1 sums exactly as DDP; stage 2 sums each micro-batch's gradients across the
-        // ranks before adding the micro-batches, and its reduce-scatter may add ranks in
+        // Stage 1 sums exactly as DDP; stages 2 and 3 sum each micro-batch's gradients across
+        // the ranks before adding the micro-batches, and their reduce-scatter may add ranks in
         // another order than the all-reduce.
         const double exact = stage == 1 ? 0.0 : order;
         ASSERT_EQ(sharded.losses.size(), plain.losses.size());
@@ -382,6 +385,85 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         expect_weights(from_sharded, exact, "resumed without ZeRO from ZeRO's checkpoint");
         expect_weights(alone_resumed, order, "resumed on one process from ZeRO's checkpoint");
       }
+}
+
+// ZeRO stage 3 keeps each rank's forward passes in step (every block's weights are gathered from
+// every rank), in training and in evaluation, where ranks with no batch left run one without
+// keeping it: a GPT-2 of five blocks (two weight rooms) trains, evaluates every two steps and
+// loads its best checkpoint as plain data parallelism does (to the sums' order), and a BERT's
+// evaluation and predictions alone equal one process's (the same fresh weights).
+TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("zero3_eval");
+  std::string gpt2 = dir / "gpt2_model", bert = dir / "bert_model";
+  if (world().rank() == 0) {
+    for (const std::string type : {"gpt2", "bert"}) {
+      const std::string folder = write_config(*dir.owned, type, 0.0);
+      nlohmann::json c = read_json_file(folder + "/config.json", "config");
+      c[type == "gpt2" ? "n_layer" : "num_hidden_layers"] = 5;
+      std::ofstream(folder + "/config.json") << c.dump();
+    }
+  }
+  world().barrier();
+  TrainOptions o = tiny_options(gpt2, dir / "ddp");
+  o.per_device_train_batch_size = 2;
+  o.max_steps = 6;
+  o.synthetic_task = "learnable";
+  o.eval_dataset_size = 26;  // 7 batches of 4, the last partial: uneven shares
+  o.per_device_eval_batch_size = 4;
+  o.do_eval = true;
+  o.eval_strategy = "steps";
+  o.eval_steps = 2;
+  o.save_steps = 2;
+  o.load_best_model_at_end = true;
+  TrainOptions zero = o;
+  zero.output_dir = dir / "zero3";
+  zero.zero_stage = 3;
+  const std::vector<nlohmann::json> plain = records_of(o, &world());
+  const std::vector<nlohmann::json> sharded = records_of(zero, &world());
+  TrainOptions predict = tiny_options(bert, dir / "predict_ranks");
+  predict.do_train = false;
+  predict.do_eval = true;
+  predict.do_predict = true;
+  predict.eval_dataset_size = 26;
+  predict.per_device_eval_batch_size = 4;
+  predict.zero_stage = 3;
+  TrainOptions predict_one = predict;
+  predict_one.output_dir = dir / "predict_one";
+  records_of(predict, &world());
+  if (world().rank() == 0) records_of(predict_one, alone.get());
+  world().barrier();
+  if (world().rank() != 0) return;
+  auto evals = [](const std::vector<nlohmann::json>& recs) {
+    std::vector<double> e;
+    for (const nlohmann::json& r : recs)
+      if (r.contains("eval_loss")) e.push_back(r["eval_loss"].get<double>());
+    return e;
+  };
+  const std::vector<double> a = evals(sharded), b = evals(plain);
+  ASSERT_EQ(a.size(), 4u);  // steps 2, 4, 6 and the final evaluation
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << i;
+  auto loaded = [](const std::vector<nlohmann::json>& recs) {
+    for (const nlohmann::json& r : recs)
+      if (r.contains("loaded_best_model"))
+        return fs::path(r["loaded_best_model"].get<std::string>()).filename().string();
+    return std::string();
+  };
+  EXPECT_FALSE(loaded(plain).empty());
+  EXPECT_EQ(loaded(sharded), loaded(plain));
+  const std::vector<float> w = checkpoint_weights(dir / "zero3"),
+                           want = checkpoint_weights(dir / "ddp");
+  ASSERT_EQ(w.size(), want.size());
+  EXPECT_LE(rel_error(w.data(), want.data(), static_cast<int64_t>(want.size())), 1e-5);
+  const nlohmann::json got = read_json_file(dir / "predict_ranks/eval_results.json", "eval"),
+                       one = read_json_file(dir / "predict_one/eval_results.json", "eval");
+  for (const char* m : {"eval_loss", "eval_accuracy"})
+    EXPECT_NEAR(got[m].get<double>(), one[m].get<double>(), 1e-9 * std::abs(one[m].get<double>()))
+        << m;
+  const std::string predicted = read_text(dir / "predict_ranks/predict_results.txt");
+  EXPECT_EQ(predicted, read_text(dir / "predict_one/predict_results.txt"));
+  EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 27) << predicted;
 }
 
 // What data parallelism does not do yet is refused on every rank alike, before any step.
