@@ -3,7 +3,7 @@
 N-process run twice: the gradients in one bucket summed after backward (nothing overlaps), and in
 ddp_bucket_cap_mb buckets summed while backward computes the earlier layers; with the share of
 the sums' time the training loop did not wait for (hidden behind computation); then with ZeRO
-stages 1 and 2.
+stages 1, 2 and 3 (stage 3's gathers of the blocks' weights count as communication too).
 
     python3 bench/ddp_cpu.py [--model distilbert-base-uncased] [--ranks 2] [--max_steps 10]
                              [--bucket_mb 25]
@@ -40,7 +40,8 @@ def run(ranks, threads, bucket_mb, zero, a, out):
             train["communication_seconds"] / runtime,
             train["communication_wait_seconds"] / runtime,
             memory["planned_bytes"]["optimizer_state"] / 2**20,
-            memory["planned_bytes"]["gradients"] / 2**20, memory["peak_rss_bytes"] / 2**20)
+            memory["planned_bytes"]["gradients"] / 2**20, memory["planned_bytes"]["weights"] / 2**20,
+            memory["peak_rss_steps_bytes"] / 2**20, memory["peak_rss_bytes"] / 2**20)
 
 
 def main():
@@ -57,7 +58,7 @@ def main():
     one_bucket = 1e6  # MiB: every gradient in one bucket, summed when backward has ended
     with tempfile.TemporaryDirectory() as tmp:
         runs = [(1, a.bucket_mb, 0), (a.ranks, one_bucket, 0), (a.ranks, a.bucket_mb, 0),
-                (a.ranks, a.bucket_mb, 1), (a.ranks, a.bucket_mb, 2)]
+                (a.ranks, a.bucket_mb, 1), (a.ranks, a.bucket_mb, 2), (a.ranks, a.bucket_mb, 3)]
         for i, (ranks, bucket_mb, zero) in enumerate(runs):
             threads = max(1, cores // ranks)
             result = run(ranks, threads, bucket_mb, zero, a, os.path.join(tmp, str(i)))
@@ -68,15 +69,18 @@ def main():
     print(f"\n{a.model}, global batch {a.batch} x {a.seq} tokens, {a.max_steps} steps, synthetic "
           f"data, AdamW; CPU: {cpu_name()}, {cores} threads")
     print("| processes x threads | gradient buckets | ZeRO stage | train samples/s | sums' time / run "
-          "| waited for / run | hidden | rank 0 gradients (planned) "
-          "| rank 0 optimizer state (planned) | rank 0 peak RSS | train loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| waited for / run | hidden | rank 0 weights (planned) | rank 0 gradients (planned) "
+          "| rank 0 optimizer state (planned) | rank 0 peak RSS in steps | rank 0 peak RSS "
+          "(saves too) | train loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = rows[0][4]
-    for ranks, threads, buckets, zero, sps, loss, comm, wait, state, grads, peak in rows:
+    for (ranks, threads, buckets, zero, sps, loss, comm, wait, state, grads, weights, steps_peak,
+         peak) in rows:
         shares = ("— | — | —" if ranks == 1 else
                   f"{comm:.0%} | {wait:.0%} | {1 - wait / comm if comm > 0 else 0:.0%}")
         print(f"| {ranks} x {threads} | {buckets} | {zero} | {sps:.3f} ({sps / base:.2f}x) | "
-              f"{shares} | {grads:.0f} MiB | {state:.0f} MiB | {peak:.0f} MiB | {loss:.4f} |")
+              f"{shares} | {weights:.0f} MiB | {grads:.0f} MiB | {state:.0f} MiB | "
+              f"{steps_peak:.0f} MiB | {peak:.0f} MiB | {loss:.4f} |")
 
 
 if __name__ == "__main__":

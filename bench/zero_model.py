@@ -69,10 +69,8 @@ def main():
         psi = None
         for n in map(int, a.ranks.split(",")):
             for stage in (0, 1, 2, 3):
-                planned = "not yet" if stage >= 3 else None
-                if planned is None:
-                    states, psi = brisk_plan(model, n, stage)
-                    planned = f"{states / 2**30:.2f} GiB ({states / psi:.2f} B/param)"
+                states, psi = brisk_plan(model, n, stage)
+                planned = f"{states / 2**30:.2f} GiB ({states / psi:.2f} B/param)"
                 elements = comm_elements(stage, n, psi)
                 paper_bytes, brisk_bytes = 2 * elements, 4 * elements
                 times = " | ".join(f"{paper_bytes / bw * 1e3:.0f} / {brisk_bytes / bw * 1e3:.0f} ms"

@@ -248,8 +248,8 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       whole_state += states.back();
     }
   }
-  std::printf("  %-6s %14s %14s %14s %14s %16s %22s\n", "rank", "parameters", "weights",
-              "master", "gradients", "optimizer_state", "model states/param");
+  std::printf("  %-6s %14s %14s %14s %14s %16s %22s\n", "rank", "parameters", "weights", "master",
+              "gradients", "optimizer_state", "model states/param");
   for (int r = 0; r < world; ++r) {
     const double params =
         run.shards.empty() ? n
@@ -286,8 +286,9 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   std::printf(
       "  model states per rank: weights %.2f%s + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
-      weights / n, sharded_weights ? (" + 4" + per_world).c_str() : "", sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "",
-      staged / n, sharded_grads ? (" + 4" + per_world).c_str() : "", K,
+      weights / n, sharded_weights ? (" + 4" + per_world).c_str() : "",
+      sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "", staged / n,
+      sharded_grads ? (" + 4" + per_world).c_str() : "", K,
       run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
   if (run.optimizer->name() == "adamw_torch") {
     const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
@@ -302,11 +303,10 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
         paper, sharded_grads ? rooms(run.model->staged_rooms(), "gradients").c_str() : "",
-        sharded_weights
-            ? (", the embeddings' and head's weights whole" +
-               rooms(run.model->weight_rooms(), "weights"))
-                  .c_str()
-            : "");
+        sharded_weights ? (", the embeddings' and head's weights whole" +
+                           rooms(run.model->weight_rooms(), "weights"))
+                              .c_str()
+                        : "");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},

@@ -17,8 +17,7 @@ void Communicator::check_buffer(const Tensor& t, const char* op) const {
               memory() == Device::cpu ? "host" : "GPU", " memory");
   // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
   const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0 ||
-                      std::strcmp(op, "gather_v") == 0 ||
-                      std::strcmp(op, "all_gather_v") == 0;
+                      std::strcmp(op, "gather_v") == 0 || std::strcmp(op, "all_gather_v") == 0;
   BRISK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64 ||
                   (copies && t.dtype() == DType::u8),
               op, ": float32, bf16 or float64 buffers only", copies ? " (or uint8)" : "", ", not ",

@@ -56,21 +56,20 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
-  weight_rooms_ = options.weight_rooms > 0 && !options.weights_only &&
-                          staged_elements(options.weight_rooms) < n
-                      ? options.weight_rooms
-                      : 0;
-  binder_.declare(plan, &flat_weights_, staged_weights() ? "params.weights_staged" : "params.weights",
-                  Category::weights, DType::f32,
-                  Shape{staged_weights() ? staged_elements(weight_rooms_) : n});
+  weight_rooms_ =
+      options.weight_rooms > 0 && !options.weights_only && staged_elements(options.weight_rooms) < n
+          ? options.weight_rooms
+          : 0;
+  binder_.declare(plan, &flat_weights_,
+                  staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
+                  DType::f32, Shape{staged_weights() ? staged_elements(weight_rooms_) : n});
   declare_constants(plan, shape);
   staged_ = false;
   if (options.weights_only) return;
   staged_ = options.gradient_rooms > 0 && staged_elements(options.gradient_rooms) < n;
   rooms_ = staged_ ? options.gradient_rooms : 0;
   binder_.declare(plan, &flat_grads_, staged_ ? "params.gradients_staged" : "params.gradients",
-                  Category::gradients, DType::f32,
-                  Shape{staged_ ? staged_elements(rooms_) : n});
+                  Category::gradients, DType::f32, Shape{staged_ ? staged_elements(rooms_) : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -456,9 +455,8 @@ int Model::weight_room(int segment) const {
 
 Tensor Model::weight_segment(int segment) const {
   const ElementRange r = segments_.at(static_cast<size_t>(segment));
-  return element_range(flat_weights_,
-                       staged_weights() ? staged_offset(r.offset, weight_rooms_) : r.offset,
-                       r.count);
+  return element_range(
+      flat_weights_, staged_weights() ? staged_offset(r.offset, weight_rooms_) : r.offset, r.count);
 }
 
 void Model::need_block(int l, int next) const {
@@ -473,7 +471,8 @@ void Model::written(size_t i) const {
   const ParamInfo& p = params_.list()[i];
   const int64_t end = p.offset + p.shape.numel();
   for (size_t s = 1; s + 1 < segments_.size(); ++s)
-    if (segments_[s].offset + segments_[s].count == end) weight_source_->filled(static_cast<int>(s));
+    if (segments_[s].offset + segments_[s].count == end)
+      weight_source_->filled(static_cast<int>(s));
 }
 
 void Model::written_all() const {

@@ -143,8 +143,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
     r.optimizer_params = shard_params(r.model->params(), mine);
     if (o.zero_stage >= 3)
-      r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights,
-                       DType::f32, Shape{mine.elements.count});
+      r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
+                       Shape{mine.elements.count});
     if (o.zero_stage >= 2) {
       r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,
                        DType::f32, Shape{mine.elements.count});

@@ -223,9 +223,10 @@ void visit_options(Options& o, Visitor&& v) {
     "stage 2: the most MiB summed at once)");
   v("zero_stage", o.zero_stage,
     "data parallel: 0 (every rank holds the whole optimizer state), 1 (ZeRO stage 1: each rank "
-    "holds and updates the optimizer state and float32 master copy of its 1/N of the parameters) "
-    "or 2 (also only its 1/N of the summed gradients, summed in pieces of ddp_bucket_cap_mb "
-    "during backward); 3 is to come");
+    "holds and updates the optimizer state and float32 master copy of its 1/N of the parameters), "
+    "2 (also only its 1/N of the summed gradients, summed in pieces of ddp_bucket_cap_mb "
+    "during backward) or 3 (also only its 1/N of the weights: each block's gathered from every "
+    "rank just before it runs, forward and backward)");
   v("deepspeed", o.deepspeed,
     "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm and "
     "reduce_bucket_size set --zero_stage and the gradient buckets; batch sizes, clipping, "

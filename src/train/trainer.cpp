@@ -223,7 +223,8 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
   const Tensor& control = model.step_control();
-  const Tensor grad_sumsq(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64, stats.device());
+  const Tensor grad_sumsq(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64,
+                          stats.device());
   be.sum_squares(grads, grad_sumsq);
   double gather_seconds = 0;
   if (sharded_grads) {  // every rank added 0 before: the sum is the whole gradients'
@@ -246,7 +247,8 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
     // optimizer updates: gathered, then (bf16 without a master) rounded alike on every rank.
     const bool sharded_master = precision.sharded_master();
     const Tensor& shared = sharded_master ? model.params().flat_weights() : master;
-    optimizer.step(be, precision.sharded() ? master : element_range(master, mine.offset, mine.count),
+    optimizer.step(be,
+                   precision.sharded() ? master : element_range(master, mine.offset, mine.count),
                    my_grads, control, static_cast<float>(lr));
     if (sharded_master) precision.refresh_weights(be, model.params(), rounding);
     const auto start = std::chrono::steady_clock::now();
@@ -602,10 +604,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
-    const Update update =
-        apply_update(*be, *model, *optimizer, precision, lr, loss_scale, o.max_grad_norm, step,
-                     o.seed, faults.overflow_at_step, dist, run->shards, run->grad_shard,
-                     weights ? &*weights : nullptr);
+    const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
+                                       o.max_grad_norm, step, o.seed, faults.overflow_at_step, dist,
+                                       run->shards, run->grad_shard, weights ? &*weights : nullptr);
     // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
     s.communication_seconds += update.gather_seconds;
     s.communication_wait_seconds += update.gather_seconds;
@@ -638,7 +639,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     const bool save_now =
         checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch);
-    // ZeRO: every rank's optimizer state, laid end to end on rank 0 (only) for it to save.
+    // ZeRO: every rank's optimizer state, laid end to end on rank 0 (only) for it to save; the
+    // gathers count as the save's memory.
+    if (save_now) peaks.enter(PeakPhases::saves);
     std::vector<std::pair<std::string, std::vector<uint8_t>>> gathered;
     std::vector<std::pair<std::string, Tensor>> whole_state;
     if (save_now && !run->shards.empty()) {
@@ -653,8 +656,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       }
     }
     std::vector<uint8_t> master_holder;
-    const Tensor saved = save_now ? weights_to_save(precision, model->params(), dist, master_holder)
-                                  : Tensor();
+    const Tensor saved =
+        save_now ? weights_to_save(precision, model->params(), dist, master_holder) : Tensor();
     if (lead && save_now) {
       // The best model is decided before the save, so the checkpoint's state names it.
       if (o.load_best_model_at_end && !evaluated.is_null() &&
@@ -663,12 +666,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
         state.best_model_checkpoint =
             (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(state.global_step))).string();
       }
-      peaks.enter(PeakPhases::saves);
-      s.last_checkpoint = save_checkpoint(*be, o, *model, saved,
-                                          *optimizer, schedule, state, &faults.kill_save_at_point,
-                                          whole_state.empty() ? nullptr : &whole_state);
-      peaks.enter(PeakPhases::steps);
+      s.last_checkpoint =
+          save_checkpoint(*be, o, *model, saved, *optimizer, schedule, state,
+                          &faults.kill_save_at_point, whole_state.empty() ? nullptr : &whole_state);
     }
+    if (save_now) peaks.enter(PeakPhases::steps);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -688,8 +690,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       if (ranks > 1) best_folder = broadcast_string(dist, best_folder, 0);
       if (!best_folder.empty()) {
         if (lead || weights)
-          model->load_weights(
-              *be, WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
+          model->load_weights(*be,
+                              WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
         if (lead) {
           s.best_model_checkpoint = best_folder;
           report({{"loaded_best_model", best_folder}, {"best_metric", state.best_metric}});
@@ -700,10 +702,10 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       }
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
+    peaks.enter(PeakPhases::saves);
     std::vector<uint8_t> master_holder;
     const Tensor saved = weights_to_save(precision, model->params(), dist, master_holder);
     if (lead) {
-      peaks.enter(PeakPhases::saves);
       save_model(*be, o.output_dir, *model, saved);
       if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
     }

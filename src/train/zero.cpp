@@ -7,8 +7,8 @@
 #include <limits>
 #include <utility>
 
-#include "core/error.h"
 #include "backend/backend.h"
+#include "core/error.h"
 #include "dist/communicator.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
@@ -153,10 +153,10 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
   // segment's sums may still run; one room: none; whole gradients: any. After the last segment
   // every sum is waited for: the shard is complete and the rooms empty for the next micro-batch.
   const bool end_of_backward = segment == static_cast<int>(model.grad_segments().size()) - 1;
-  const int64_t keep = end_of_backward                ? 0
-                       : !model.staged_gradients()    ? std::numeric_limits<int64_t>::max()
-                       : model.staged_rooms() >= 2    ? started
-                                                      : 0;
+  const int64_t keep = end_of_backward             ? 0
+                       : !model.staged_gradients() ? std::numeric_limits<int64_t>::max()
+                       : model.staged_rooms() >= 2 ? started
+                                                   : 0;
   comm.wait_started_until(keep);
   waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -220,8 +220,7 @@ void ShardedWeights::need(int segment) {
 void ShardedWeights::prefetch(int segment) {
   const int room = model_.weight_room(segment);
   // One room is in use until the next block needs it.
-  if (room < 0 || model_.weight_rooms() < 2 || holds_[static_cast<size_t>(room)] == segment)
-    return;
+  if (room < 0 || model_.weight_rooms() < 2 || holds_[static_cast<size_t>(room)] == segment) return;
   start(segment);
 }
 

@@ -199,8 +199,7 @@ TEST(Collectives, GatherToOneRankConcatenatesInRankOrder) {
     FVec in = input(r, counts[static_cast<size_t>(r)], 8);
     FVec out(static_cast<size_t>(r == root ? total : 0), -7.f);
     world().gather_v(Tensor(in.data(), Shape{static_cast<int64_t>(in.size())}, DType::f32), counts,
-                     Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::f32),
-                     root);
+                     Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::f32), root);
     if (r != root) continue;
     FVec want;
     for (int q = 0; q < N; ++q) {
@@ -212,8 +211,8 @@ TEST(Collectives, GatherToOneRankConcatenatesInRankOrder) {
   // Bytes, through gather_pieces: only the root gets them.
   std::vector<uint8_t> mine(static_cast<size_t>(r + 1), static_cast<uint8_t>(r + 1));
   std::vector<int64_t> shares;
-  const std::vector<uint8_t> got = gather_pieces(
-      world(), Tensor(mine.data(), Shape{r + 1}, DType::u8), &shares, /*root=*/0);
+  const std::vector<uint8_t> got =
+      gather_pieces(world(), Tensor(mine.data(), Shape{r + 1}, DType::u8), &shares, /*root=*/0);
   EXPECT_EQ(shares.size(), static_cast<size_t>(N));
   if (r == 0) {
     std::vector<uint8_t> want;
@@ -275,8 +274,9 @@ TEST(Collectives, AllGatherOfUnequalPiecesConcatenatesInRankOrder) {
   std::vector<int64_t> tickets;
   for (int k = 0; k < kStarted; ++k) {
     ins.push_back(input(r, mine, 21 + k));
-    world().start_all_gather_v(Tensor(ins.back().data(), Shape{mine}, DType::f32), counts,
-                               Tensor(outs[static_cast<size_t>(k)].data(), Shape{total}, DType::f32));
+    world().start_all_gather_v(
+        Tensor(ins.back().data(), Shape{mine}, DType::f32), counts,
+        Tensor(outs[static_cast<size_t>(k)].data(), Shape{total}, DType::f32));
     tickets.push_back(world().started());
   }
   for (int k = 0; k < kStarted; ++k) {

@@ -277,10 +277,10 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
   };
   for (const int stage : {1, 2, 3})
     for (const int64_t accumulation : {int64_t{1}, int64_t{2}})
-      for (const Optim& c :
-           {Optim{"adamw_torch", "", 3e-3}, Optim{"adafactor", "beta1=0.9", 1e-2},
-            Optim{"adamw_8bit", "min_8bit_size=256", 3e-3},
-            Optim{"sgd", "momentum=0.9,nesterov=true", 0.1}, Optim{"adamw_torch", "", 3e-3, true}}) {
+      for (const Optim& c : {Optim{"adamw_torch", "", 3e-3}, Optim{"adafactor", "beta1=0.9", 1e-2},
+                             Optim{"adamw_8bit", "min_8bit_size=256", 3e-3},
+                             Optim{"sgd", "momentum=0.9,nesterov=true", 0.1},
+                             Optim{"adamw_torch", "", 3e-3, true}}) {
         if (stage == 1 && accumulation == 2) continue;  // stage 1 communicates as plain DDP
         // Stage 3 with accumulation (the blocks' weights gathered again for every micro-batch's
         // passes) for every optimizer, without it for AdamW alone.
@@ -345,10 +345,10 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         // (bf16's is 2^-8) a last-bit difference can cross: 1e-4 for 8-bit (measured 1.4e-5),
         // 1e-3 for bf16 (measured 1.5e-5, and 1.5e-4 in the sanitizer build, whose bf16 products
         // take another path); the others 1e-5. A wait dropped for a room fails by far more.
-        const double order = c.optim == "adafactor"   ? 5e-3
-                             : c.bf16                 ? 1e-3
+        const double order = c.optim == "adafactor"    ? 5e-3
+                             : c.bf16                  ? 1e-3
                              : c.optim == "adamw_8bit" ? 1e-4
-                                                      : 1e-5;
+                                                       : 1e-5;
         const std::vector<float> want = checkpoint_weights(plain.checkpoint);
         auto expect_weights = [&](const Logged& got, double tolerance, const char* what) {
           const std::vector<float> w = checkpoint_weights(got.checkpoint);
