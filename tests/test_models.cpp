@@ -304,8 +304,8 @@ TEST(Models, GradientSegmentsAreFinalWhenReported) {
 // plan's gradient buffer is smaller by all blocks but the rooms.
 TEST(Models, StagedGradientsEqualWholeOnes) {
   // Two rooms on the three blocks of gpt2_variant; one on the others' two.
-  for (const char* name : {"bert_tiny", "gpt2_tiny", "gpt2_variant", "distilbert_tiny",
-                           "llama_tiny"}) {
+  for (const char* name :
+       {"bert_tiny", "gpt2_tiny", "gpt2_variant", "distilbert_tiny", "llama_tiny"}) {
     SCOPED_TRACE(name);
     const int requested = std::string(name) == "gpt2_variant" ? 2 : 1;
     LoadedModel whole(fixture(name), {}, /*dropout=*/true);

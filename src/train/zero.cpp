@@ -170,35 +170,28 @@ ShardedWeights::ShardedWeights(Communicator& comm, const Model& model,
                                const std::vector<ParamShard>& shards, int rank, Tensor shard)
     : comm_(comm),
       model_(model),
-      shards_(shards),
-      rank_(rank),
       shard_(std::move(shard)),
       holds_(static_cast<size_t>(model.weight_rooms()), -1),
       ticket_(holds_.size(), 0) {
-  BRISK_CHECK(shard_.numel() == shards_.at(static_cast<size_t>(rank_)).elements.count,
-              "internal error: the weight shard holds ", shard_.numel(), " elements");
+  const ElementRange own = shards.at(static_cast<size_t>(rank)).elements;
+  BRISK_CHECK(shard_.numel() == own.count, "internal error: the weight shard holds ",
+              shard_.numel(), " elements");
   BRISK_CHECK(shard_.device() == Device::cpu,
               "internal error: ZeRO stage 3 gathers weights in host memory");
-}
-
-ElementRange ShardedWeights::piece(int segment) const {
-  const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
-  const ElementRange mine =
-      intersect(model_.param_segments().at(static_cast<size_t>(segment)), own);
-  return mine.count > 0 ? ElementRange{mine.offset - own.offset, mine.count} : ElementRange{0, 0};
-}
-
-std::vector<int64_t> ShardedWeights::counts(int segment) const {
-  const ElementRange range = model_.param_segments().at(static_cast<size_t>(segment));
-  std::vector<int64_t> out;
-  for (const ParamShard& s : shards_) out.push_back(intersect(range, s.elements).count);
-  return out;
+  for (const ElementRange& segment : model.param_segments()) {
+    const ElementRange mine = intersect(segment, own);
+    pieces_.push_back(
+        element_range(shard_, mine.count > 0 ? mine.offset - own.offset : 0, mine.count));
+    piece_at_.push_back(mine.count > 0 ? mine.offset - segment.offset : 0);
+    counts_.emplace_back();
+    for (const ParamShard& s : shards)
+      counts_.back().push_back(intersect(segment, s.elements).count);
+  }
 }
 
 void ShardedWeights::start(int segment) {
-  const ElementRange p = piece(segment);
-  comm_.start_all_gather_v(element_range(shard_, p.offset, p.count), counts(segment),
-                           model_.weight_segment(segment));
+  const auto i = static_cast<size_t>(segment);
+  comm_.start_all_gather_v(pieces_.at(i), counts_[i], model_.weight_segment(segment));
   const int room = model_.weight_room(segment);
   if (room < 0) return;
   holds_[static_cast<size_t>(room)] = segment;
@@ -226,25 +219,21 @@ void ShardedWeights::prefetch(int segment) {
 
 void ShardedWeights::filled(int segment) {
   comm_.wait_started_until(0);  // no gather still writes the model's weights
-  const ElementRange p = piece(segment);
-  const ElementRange range = model_.param_segments().at(static_cast<size_t>(segment));
-  const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
-  const Tensor from = model_.weight_segment(segment);
-  if (p.count > 0)
-    std::memcpy(element_range(shard_, p.offset, p.count).data(),
-                element_range(from, own.offset + p.offset - range.offset, p.count).data(),
-                static_cast<size_t>(p.count) * sizeof(float));
+  const Tensor& mine = pieces_.at(static_cast<size_t>(segment));
+  if (mine.numel() > 0)
+    std::memcpy(mine.data(),
+                element_range(model_.weight_segment(segment),
+                              piece_at_[static_cast<size_t>(segment)], mine.numel())
+                    .data(),
+                mine.bytes());
   const int room = model_.weight_room(segment);
   if (room >= 0) holds_[static_cast<size_t>(room)] = -1;  // the room held unrounded weights
 }
 
 void ShardedWeights::publish() {
-  for (size_t s = 0; s < model_.param_segments().size(); ++s)
-    if (model_.weight_room(static_cast<int>(s)) < 0) {
-      const ElementRange p = piece(static_cast<int>(s));
-      comm_.all_gather_v(element_range(shard_, p.offset, p.count), counts(static_cast<int>(s)),
-                         model_.weight_segment(static_cast<int>(s)));
-    }
+  for (size_t s = 0; s < pieces_.size(); ++s)
+    if (model_.weight_room(static_cast<int>(s)) < 0)
+      comm_.all_gather_v(pieces_[s], counts_[s], model_.weight_segment(static_cast<int>(s)));
   std::fill(holds_.begin(), holds_.end(), -1);
   std::fill(ticket_.begin(), ticket_.end(), 0);
 }

@@ -102,13 +102,14 @@ class ShardedWeights final : public WeightRooms {
 
  private:
   void start(int segment);
-  ElementRange piece(int segment) const;  // this rank's part of the segment, in its shard
-  std::vector<int64_t> counts(int segment) const;
   Communicator& comm_;
   const Model& model_;
-  std::vector<ParamShard> shards_;
-  int rank_;
   Tensor shard_;
+  // Per segment (param_segments()): this rank's part of it, at its place in the shard, where
+  // that part starts within the segment, and every rank's element count of it (the gather's).
+  std::vector<Tensor> pieces_;
+  std::vector<int64_t> piece_at_;
+  std::vector<std::vector<int64_t>> counts_;
   // Per room: the segment it holds or is receiving (-1: none), and the receiving gather's ticket
   // (Communicator::started; 0 once it has arrived).
   std::vector<int> holds_;

@@ -117,6 +117,14 @@ std::vector<nlohmann::json> records_of(const TrainOptions& o, Communicator* comm
   return records;
 }
 
+// The eval_loss of every evaluation record, in order.
+std::vector<double> eval_losses(const std::vector<nlohmann::json>& records) {
+  std::vector<double> e;
+  for (const nlohmann::json& r : records)
+    if (r.contains("eval_loss")) e.push_back(r["eval_loss"].get<double>());
+  return e;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -189,19 +197,10 @@ TEST(DataParallel, EvaluationIsShardedAndReducedAsOneProcess) {
       EXPECT_TRUE(ranks.empty()) << "only rank 0 logs";
     } else {
       // Training differs by its sums' order (1e-5): the evaluations as closely.
-      auto evals = [](const std::vector<nlohmann::json>& recs) {
-        std::vector<nlohmann::json> e;
-        for (const nlohmann::json& r : recs)
-          if (r.contains("eval_loss")) e.push_back(r);
-        return e;
-      };
-      const auto a = evals(ranks), b = evals(single);
+      const std::vector<double> a = eval_losses(ranks), b = eval_losses(single);
       ASSERT_EQ(a.size(), 4u);  // steps 2, 4, 6 and the final evaluation
       ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_NEAR(a[i]["eval_loss"].get<double>(), b[i]["eval_loss"].get<double>(),
-                    1e-4 * b[i]["eval_loss"].get<double>())
-            << i;
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * b[i]) << i;
     }
     // Evaluating and predicting alone (the trained folder, no training): the same weights on
     // every rank, so the metrics equal one process's to the sums' order and the predictions
@@ -434,13 +433,7 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   if (world().rank() == 0) records_of(predict_one, alone.get());
   world().barrier();
   if (world().rank() != 0) return;
-  auto evals = [](const std::vector<nlohmann::json>& recs) {
-    std::vector<double> e;
-    for (const nlohmann::json& r : recs)
-      if (r.contains("eval_loss")) e.push_back(r["eval_loss"].get<double>());
-    return e;
-  };
-  const std::vector<double> a = evals(sharded), b = evals(plain);
+  const std::vector<double> a = eval_losses(sharded), b = eval_losses(plain);
   ASSERT_EQ(a.size(), 4u);  // steps 2, 4, 6 and the final evaluation
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << i;
