@@ -208,11 +208,16 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
                  "--zero_stage 3 with --bf16 needs the float32 master copy");
 }
 
-// With bf16 the float32 master copy is partitioned with the optimizer state: each rank plans the
-// master of its run, the runs adding up to 4 bytes per parameter.
+// With bf16 on GPUs the float32 master copy is partitioned with the optimizer state: each rank
+// plans the master of its run, the runs adding up to 4 bytes per parameter. On CPUs bf16 keeps
+// no master copy (it computes with the float32 weights).
 TEST(Cli, EstimatePartitionsTheMasterCopyUnderZero) {
-  const nlohmann::json j =
-      estimate_json("--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1");
+  const nlohmann::json cpu =
+      estimate_json("--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1 --device cpu");
+  for (const nlohmann::json& rank : cpu["data_parallel"]["ranks"])
+    EXPECT_EQ(rank["master_bytes"].get<double>(), 0.0);
+  const nlohmann::json j = estimate_json(
+      "--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1 --device cuda");
   const nlohmann::json& dp = j["data_parallel"];
   ASSERT_EQ(dp["ranks"].size(), 3u);
   double masters = 0;

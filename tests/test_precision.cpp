@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -146,15 +147,25 @@ TEST_F(MixedPrecisionTraining, Bf16AndFp16StayCloseToFp32AndPlanLessActivationMe
   [[maybe_unused]] const auto [f32, b16, f16] = expect_16_bit_close_to_fp32();
   const int master = static_cast<int>(Category::master_weights);
   const int weights = static_cast<int>(Category::weights);
+  // fp16 keeps a float32 master copy beside its compute copy; bf16 on the CPU computes with the
+  // float32 weights themselves (its products round their operands): its model states are
+  // fp32's, no master copy.
   EXPECT_EQ(f32.summary.memory.planned[master], 0u);
-  EXPECT_EQ(b16.summary.memory.planned[master], f32.summary.memory.planned[weights]);
-  // Checkpoints hold the fp32 master weights, not their rounded compute copy.
-  SafetensorsFile w(b16.summary.last_checkpoint + "/model.safetensors");
-  const Tensor& wte = w.get("transformer.wte.weight");
-  int64_t not_bf16 = 0;
-  for (int64_t i = 0; i < wte.numel(); ++i)
-    not_bf16 += bf16_to_float(float_to_bf16(wte.f32()[i])) != wte.f32()[i];
-  EXPECT_GT(not_bf16, wte.numel() / 2);
+  EXPECT_EQ(f16.summary.memory.planned[master], f32.summary.memory.planned[weights]);
+  for (Category c : {Category::weights, Category::master_weights, Category::gradients,
+                     Category::optimizer_state})
+    EXPECT_EQ(b16.summary.memory.planned[static_cast<int>(c)],
+              f32.summary.memory.planned[static_cast<int>(c)])
+        << category_name(c);
+  // Checkpoints hold float32 weights (fp16: the master copy), not 16-bit values.
+  for (const TrainRun* r : {&b16, &f16}) {
+    SafetensorsFile w(r->summary.last_checkpoint + "/model.safetensors");
+    const Tensor& wte = w.get("transformer.wte.weight");
+    int64_t not_bf16 = 0;
+    for (int64_t i = 0; i < wte.numel(); ++i)
+      not_bf16 += bf16_to_float(float_to_bf16(wte.f32()[i])) != wte.f32()[i];
+    EXPECT_GT(not_bf16, wte.numel() / 2);
+  }
 }
 
 // The llama family's block (RMSNorm, rotary positions, grouped-query attention, SwiGLU) trains
@@ -169,8 +180,9 @@ TEST_F(MixedPrecisionTraining, LlamaInBf16AndFp16StaysCloseToFp32) {
   expect_16_bit_close_to_fp32();
 }
 
-// bf16 weights updated in place with stochastic rounding: 4 bytes less per parameter, and the
-// loss follows the run with fp32 master weights.
+// bf16 weights updated in place with stochastic rounding: no master copy (on a GPU 4 bytes less
+// per parameter; the CPU's bf16 keeps none either, computing with float32 weights), and the loss
+// follows the run with float32 weights.
 TEST_F(MixedPrecisionTraining, Bf16WithoutMasterWeightsFollowsTheMasterRun) {
   const TrainRun master = run("bf16_master", false, true, 60),
                  direct = run("bf16_direct", false, true, 60, false);
@@ -187,7 +199,8 @@ TEST_F(MixedPrecisionTraining, Bf16WithoutMasterWeightsFollowsTheMasterRun) {
   const int master_cat = static_cast<int>(Category::master_weights);
   const int weights = static_cast<int>(Category::weights);
   EXPECT_EQ(direct.summary.memory.planned[master_cat], 0u);
-  EXPECT_EQ(master.summary.memory.planned[master_cat], master.summary.memory.planned[weights]);
+  EXPECT_EQ(master.summary.memory.planned[master_cat], 0u);
+  EXPECT_EQ(master.summary.memory.planned[weights], direct.summary.memory.planned[weights]);
   // The weights saved are the bf16 weights themselves.
   SafetensorsFile w(direct.summary.last_checkpoint + "/model.safetensors");
   for (const std::string& name : w.names()) {
@@ -205,27 +218,43 @@ namespace {
 
 // Linear forward and backward with bf16 matrix products (oneDNN on bf16 units where available)
 // against an fp64 reference on the bf16-rounded operands: products of bf16 values are exact in
-// float32, so only the float32 summation differs.
-TEST(Precision, Bf16MatrixProductsMatchTheReferenceOnRoundedOperands) {
+// float32, so only the float32 summation differs. The same for float32 products by oneDNN (the
+// default where it has kernels) and by OpenBLAS (BRISK_CPU_PRODUCTS=openblas, or no oneDNN), and
+// for bf16 operands rounded and multiplied in float32 by OpenBLAS (what a CPU without bf16 units
+// does).
+class CpuProducts : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
+  const std::string param = GetParam();
+  const bool openblas = param.rfind("openblas", 0) == 0;
+  const std::string mode = param == "openblas_bf16" ? "bf16" : param;
+  if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
   auto be = make_cpu_backend();
-  be->set_matmul_dtype(DType::bf16);
+  be->set_matmul_dtype(mode == "bf16" ? DType::bf16 : DType::f32);
   MemoryPlan plan;
   BufferBinder binder;
   be->plan_workspace(plan, binder, 37 * 29);
+  ::unsetenv("BRISK_CPU_PRODUCTS");
   plan.finalize();
   Arena arena(plan, Device::cpu);
   binder.bind(arena);
   std::mt19937 gen(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t M = 37, K = 29, N = 23;
-  auto rounded = [&](int64_t n) {
+  auto raw = [&](int64_t n) {
     std::vector<float> v(n);
-    for (auto& x : v) x = bf16_to_float(float_to_bf16(normal(gen)));
+    for (auto& x : v) x = normal(gen);
+    return v;
+  };
+  auto rounded = [&](std::vector<float> v) {
+    for (auto& x : v) x = bf16_to_float(float_to_bf16(x));
     return v;
   };
   for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
     const bool out_in = layout == WeightLayout::out_in;
-    std::vector<float> x = rounded(M * K), w = rounded(N * K), b = rounded(N), dy = rounded(M * N);
+    const std::vector<float> x_raw = raw(M * K), w_raw = raw(N * K);
+    std::vector<float> x = rounded(x_raw), w = rounded(w_raw), b = rounded(raw(N)),
+                       dy = rounded(raw(M * N));
     auto W = [&](int64_t n, int64_t k) -> double { return out_in ? w[n * K + k] : w[k * N + n]; };
     std::vector<float> y(M * N), dx(M * K, 0.0f), dw(N * K, 0.0f), db(N, 0.0f);
     const Shape ws = out_in ? Shape{N, K} : Shape{K, N};
@@ -256,18 +285,38 @@ TEST(Precision, Bf16MatrixProductsMatchTheReferenceOnRoundedOperands) {
         rdw[out_in ? n * K + k : k * N + n] = static_cast<float>(acc);
       }
     EXPECT_LE(rel_error(y.data(), ry.data(), M * N), 1e-6);
+    if (mode == "bf16") {  // the operands are rounded to bf16 in the product: the same bits
+      std::vector<float> y_raw(M * N);
+      be->linear_forward(Tensor(const_cast<float*>(x_raw.data()), {M, K}, DType::f32),
+                         Tensor(const_cast<float*>(w_raw.data()), ws, DType::f32),
+                         Tensor(b.data(), {N}, DType::f32), layout,
+                         Tensor(y_raw.data(), {M, N}, DType::f32));
+      EXPECT_EQ(y_raw, y);
+    } else {  // float32 products see the unrounded operands
+      std::vector<float> y_raw(M * N);
+      be->linear_forward(Tensor(const_cast<float*>(x_raw.data()), {M, K}, DType::f32),
+                         Tensor(const_cast<float*>(w_raw.data()), ws, DType::f32),
+                         Tensor(b.data(), {N}, DType::f32), layout,
+                         Tensor(y_raw.data(), {M, N}, DType::f32));
+      EXPECT_NE(y_raw, y);
+    }
     // Once a shape has its primitive, a product allocates no buffers: only oneDNN's own
     // per-call bookkeeping inside the library (13 small objects with oneDNN 2.6), a known
-    // exception to brisk's no-allocation rule, bounded here so that growth is noticed.
+    // exception to brisk's no-allocation rule, bounded here so that growth is noticed; OpenBLAS
+    // none.
     const size_t before = heap_allocations();
     be->linear_forward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
                        Tensor(b.data(), {N}, DType::f32), layout,
                        Tensor(y.data(), {M, N}, DType::f32));
-    EXPECT_LE(heap_allocations() - before, 16u);
+    EXPECT_LE(heap_allocations() - before, openblas ? 0u : 16u);
     EXPECT_LE(rel_error(dx.data(), rdx.data(), M * K), 1e-6);
     EXPECT_LE(rel_error(dw.data(), rdw.data(), N * K), 1e-6);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,
+                         ::testing::Values("bf16", "f32", "openblas", "openblas_bf16"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace brisk::testing

@@ -214,12 +214,18 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;
   EXPECT_GE(device_copies, 3);  // input ids, attention mask and labels at least
   EXPECT_EQ(gpu->product, DType::bf16);
-  // Everything the optimizer and the precision policy hold is the same on both devices.
-  for (Category c : {Category::weights, Category::master_weights, Category::gradients,
-                     Category::optimizer_state})
+  // Everything the optimizer holds is the same on both devices; the GPU keeps a bf16 compute copy
+  // beside the float32 master weights, the CPU computes with the float32 weights themselves.
+  for (Category c : {Category::weights, Category::gradients, Category::optimizer_state})
     EXPECT_EQ(gpu->plan.bytes_by_category()[static_cast<int>(c)],
               cpu->plan.bytes_by_category()[static_cast<int>(c)])
         << category_name(c);
+  const int master = static_cast<int>(Category::master_weights);
+  EXPECT_EQ(gpu->plan.bytes_by_category()[master],
+            gpu->plan.bytes_by_category()[static_cast<int>(Category::weights)]);
+  EXPECT_EQ(cpu->plan.bytes_by_category()[master], 0u);
+  EXPECT_TRUE(cpu->precision->float32_weights());
+  EXPECT_FALSE(gpu->precision->float32_weights());
 }
 
 // The data loader's sample orders grow with the data set, so they are planned: two int64 per

@@ -1,24 +1,25 @@
 // Backend workspaces by device (see workspace.h).
 #include "backend/workspace.h"
 
-#include "backend/cpu/cpu_matmul_bf16.h"
+#include "backend/cpu/cpu_matmul_dnnl.h"
 
 namespace brisk {
 
 DType product_dtype(Device device, DType compute) {
   if (device == Device::cuda) return compute;
-  return compute == DType::bf16 && Bf16Matmul::available() ? DType::bf16 : DType::f32;
+  return compute == DType::bf16 && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
 }
 
 void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws) {
   const Category tmp = Category::temporaries;
   if (device == Device::cpu) {
+    // bf16 operands: packed to bf16 for oneDNN's bf16 units, or without them rounded to bf16
+    // values in float32 for a float32 product.
     if (product == DType::bf16) {
-      binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, DType::bf16,
-                     Shape{max_operand});
-      binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, DType::bf16,
-                     Shape{max_operand});
+      const DType packed = cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+      binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{max_operand});
+      binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{max_operand});
     }
     return;
   }

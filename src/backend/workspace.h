@@ -17,7 +17,7 @@ inline constexpr int64_t kAdafactorScratch = 3;
 
 struct BackendWorkspace {
   Tensor matmul_workspace;      // cuBLASLt's (GPU)
-  Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: oneDNN's bf16)
+  Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: bf16 operands)
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
 };
@@ -28,7 +28,8 @@ struct BackendWorkspace {
 DType product_dtype(Device device, DType compute);
 
 // Declares the workspace of the backend for `device` multiplying in `product` with operands of at
-// most `max_operand` values.
+// most `max_operand` values (on the CPU, bf16 means operands rounded to bf16, on bf16 units or
+// not).
 void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws);
 

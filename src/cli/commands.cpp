@@ -346,7 +346,9 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
               o.bf16   ? ", bf16"
               : o.fp16 ? ", fp16"
                        : ", fp32",
-              precision.enabled() && !precision.has_master() ? " without master weights" : "",
+              precision.float32_weights()                      ? " with float32 weights"
+              : precision.enabled() && !precision.has_master() ? " without master weights"
+                                                               : "",
               run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
   const auto planned = plan.bytes_by_category();
   const RuleOfThumb rule = seeds_rule(o);

@@ -18,7 +18,7 @@ void MixedPrecision::use_weight_shard(const Tensor& shard) {
   BRISK_CHECK(shard_.count >= 0 && shard.numel() == shard_.count,
               "internal error: a weight shard of ", shard.numel(), " elements for a run of ",
               shard_.count);
-  BRISK_CHECK(has_master() || compute_ == DType::f32,
+  BRISK_CHECK(has_master() || compute_ == DType::f32 || float32_weights_,
               "--zero_stage 3 needs the float32 master copy with --bf16 (leave "
               "--bf16_master_weights on)");
   weight_shard_ = shard;
@@ -31,7 +31,7 @@ Tensor MixedPrecision::compute_run(const ParameterSet& params) const {
 }
 
 void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params) {
-  if (!enabled()) return;
+  if (!enabled() || float32_weights_) return;
   if (has_master()) be.copy(compute_run(params), master_);
   be.round_to(compute_, compute_weights(params));
 }
@@ -39,7 +39,7 @@ void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params
 void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key) {
   if (has_master()) {
     be.round_to(compute_, master_, compute_run(params));
-  } else if (enabled()) {
+  } else if (enabled() && !float32_weights_) {
     be.stochastic_round(compute_, compute_weights(params), key);
   }
 }

@@ -1,8 +1,12 @@
 // The precision policy of a training run. In fp32 nothing changes. With bf16 or fp16 the
 // optimizer updates float32 master weights (category master_weights) and the model computes with
 // weights rounded to the 16-bit type after every update; fp16 also scales the loss dynamically.
-// On the CPU the compute copy stays in a float32 container holding 16-bit values, because
-// OpenBLAS multiplies float32; the saved activations are 16-bit for real (see Model::plan).
+// That compute copy stays in a float32 container holding 16-bit values; the saved activations
+// are 16-bit for real (see Model::plan). bf16 on the CPU keeps no compute copy
+// (float32_weights): the model computes with the float32 weights themselves, as autocast does:
+// the matrix products round their operands to bf16 as they pack them, every other op reads the
+// float32 weights, and the optimizer updates them as in fp32 (no master copy, 4 bytes a
+// parameter less).
 #pragma once
 
 #include "backend/backend.h"
@@ -16,21 +20,36 @@ class MixedPrecision {
  public:
   // master_weights false (bf16 only): no fp32 master copy; the optimizer updates the bf16
   // weights (in their float32 container) and refresh_weights rounds them stochastically.
-  explicit MixedPrecision(DType compute, bool master_weights = true, LossScalerOptions scaler = {})
-      : compute_(compute), master_weights_(master_weights), scaler_(scaler) {
+  // float32_weights: see above; bf16 with master weights only.
+  explicit MixedPrecision(DType compute, bool master_weights = true, LossScalerOptions scaler = {},
+                          bool float32_weights = false)
+      : compute_(compute),
+        master_weights_(master_weights),
+        float32_weights_(float32_weights),
+        scaler_(scaler) {
     BRISK_CHECK(master_weights || compute == DType::bf16,
                 "--bf16_master_weights false applies to --bf16 training only");
+    BRISK_CHECK(!float32_weights || (compute == DType::bf16 && master_weights),
+                "internal error: float32 weights apply to bf16 with master weights only");
+  }
+  // Whether a bf16 run on `device` computes with float32 weights (the CPU: its products round
+  // their operands when packing them anyway; a GPU keeps the compute copy).
+  static bool float32_weights_on(Device device, DType compute, bool master_weights) {
+    return device == Device::cpu && compute == DType::bf16 && master_weights;
   }
   // Inference in the 16-bit type (fp16_full_eval, bf16_full_eval): the weights rounded once, no
   // master copy; never updated.
   struct NoMaster {};
   static constexpr NoMaster kNoMaster{};
-  MixedPrecision(DType compute, NoMaster) : compute_(compute), master_weights_(false) {}
+  MixedPrecision(DType compute, NoMaster)
+      : compute_(compute), master_weights_(false), float32_weights_(false) {}
 
   DType compute_dtype() const { return compute_; }
   bool enabled() const { return compute_ != DType::f32; }
   bool uses_loss_scaling() const { return compute_ == DType::f16; }
-  bool has_master() const { return enabled() && master_weights_; }
+  bool has_master() const { return enabled() && master_weights_ && !float32_weights_; }
+  // bf16 with no compute copy: the weights are float32, updated as in fp32.
+  bool float32_weights() const { return float32_weights_; }
 
   // `shard` (ZeRO): the master copy holds only these elements of the parameters, this rank's
   // run; by default all of them.
@@ -58,7 +77,7 @@ class MixedPrecision {
   }
   // After an optimizer step: compute weights = master rounded to the 16-bit type (the master's
   // run of them), or without a master copy the updated weights rounded stochastically to bf16
-  // with the RNG at `key`.
+  // with the RNG at `key` (with float32 weights: nothing).
   void refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key);
 
   double loss_scale() const { return uses_loss_scaling() ? scaler_.scale() : 1.0; }
@@ -67,6 +86,7 @@ class MixedPrecision {
  private:
   DType compute_;
   bool master_weights_;
+  bool float32_weights_;
   DynamicLossScaler scaler_;
   Tensor master_;
   ElementRange shard_{0, -1};  // count -1: the whole parameters

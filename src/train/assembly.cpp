@@ -100,8 +100,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                         : o.fp16 || (eval_only && o.fp16_full_eval) ? DType::f16
                                                                     : DType::f32;
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
-  r.precision = full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
-                          : std::make_unique<MixedPrecision>(compute, o.bf16_master_weights);
+  r.precision =
+      full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+                : std::make_unique<MixedPrecision>(
+                      compute, o.bf16_master_weights, LossScalerOptions{},
+                      MixedPrecision::float32_weights_on(device, compute, o.bf16_master_weights));
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
 
@@ -132,12 +135,14 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
                     zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
   const int64_t max_operand = r.model->max_matmul_operand();
+  // With float32 weights the products round their operands to bf16, with or without bf16 units.
+  const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;
   if (backend) {
-    backend->set_matmul_dtype(r.product);
+    backend->set_matmul_dtype(operands);
     backend->set_tf32(o.tf32);
     backend->plan_workspace(r.plan, r.binder, max_operand);
   } else {
-    plan_backend_workspace(device, r.product, max_operand, r.plan, r.binder, r.workspace);
+    plan_backend_workspace(device, operands, max_operand, r.plan, r.binder, r.workspace);
   }
   if (zero) {
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];

@@ -1,11 +1,12 @@
-// The CPU backend: OpenBLAS for matrix products, OpenMP for loops, fp32 compute. It is also the
-// reference the CUDA backend is tested against.
+// The CPU backend: oneDNN for matrix products where it has kernels for this CPU (float32, and bf16
+// on bf16 units), OpenBLAS otherwise; OpenMP for loops, fp32 compute. It is also the reference
+// the CUDA backend is tested against.
 #pragma once
 
 #include <cmath>
 
 #include "backend/backend.h"
-#include "backend/cpu/cpu_matmul_bf16.h"
+#include "backend/cpu/cpu_matmul_dnnl.h"
 #include "backend/workspace.h"
 #include "optim/step_control.h"
 
@@ -13,6 +14,7 @@ namespace brisk {
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() { set_matmul_dtype(DType::f32); }
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
@@ -98,10 +100,12 @@ class CpuBackend final : public Backend {
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
-  // Row-major C = op(A) op(B) (+ C when accumulate), by OpenBLAS or, in bf16 mode, oneDNN.
+  // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
+  // or OpenBLAS.
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
               int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
-  std::unique_ptr<Bf16Matmul> bf16_;  // set while the matmul dtype is bf16 and oneDNN exists
+  std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
+  bool bf16_operands_ = false;        // the matmul dtype is bf16: operands rounded to it
   BackendWorkspace ws_;               // its planned bf16 operand buffers
 };
 

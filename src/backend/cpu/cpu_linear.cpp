@@ -1,4 +1,5 @@
-// Linear layers on the CPU: OpenBLAS sgemm for the products, a blocked loop for bias gradients.
+// Linear layers on the CPU: oneDNN or OpenBLAS for the products, a blocked loop for bias
+// gradients.
 #include <cblas.h>
 
 #include <algorithm>
@@ -21,43 +22,74 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
               " expects ", wk);
   return {rows_of(x), k, n};
 }
+
 }  // namespace
 
 void CpuBackend::set_matmul_dtype(DType dtype) {
   BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16, "matrix products in ", dtype_name(dtype),
               " are not supported on the CPU");
-  if (dtype == DType::bf16 && Bf16Matmul::available()) {
-    if (!bf16_) bf16_ = std::make_unique<Bf16Matmul>();
-  } else {
-    bf16_.reset();
+  // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
+  // in float32; float32 by oneDNN unless it has no kernel here. BRISK_CPU_PRODUCTS=openblas asks
+  // for OpenBLAS.
+  bf16_operands_ = dtype == DType::bf16;
+  const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+  if (cpu_products_by_openblas() || !DnnlMatmul::available(library)) {
+    dnnl_.reset();
+    return;
   }
+  if (!dnnl_ || dnnl_->dtype() != library) dnnl_ = std::make_unique<DnnlMatmul>(library);
 }
 
 void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
-  plan_backend_workspace(Device::cpu, bf16_ ? DType::bf16 : DType::f32, max_operand, plan, binder,
-                         ws_);
+  plan_backend_workspace(Device::cpu, bf16_operands_ ? DType::bf16 : DType::f32, max_operand, plan,
+                         binder, ws_);
 }
+
+namespace {
+// The rows x cols operand at `src` (row stride ld) rounded to bf16 values, float32, into `dst`
+// at the same places.
+const float* round_operand(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                           const Tensor& dst) {
+  BRISK_CHECK(dst.dtype() == DType::f32, "internal error: bf16 operands rounded into ",
+              dtype_name(dst.dtype()), ", not float32");
+  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 rounding buffer of ", dst.numel(),
+              " elements is too small for a ", rows, " x ", ld, " operand");
+  float* out = dst.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * ld + c] = bf16_to_float(float_to_bf16(src[r * ld + c]));
+  return out;
+}
+}  // namespace
 
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
                         int64_t ldc) {
-  if (bf16_) {
-    BRISK_CHECK(!ws_.operand_a.empty(),
-                "bf16 matrix products need the backend workspace in the plan");
-    return bf16_->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, ws_.operand_a,
-                      ws_.operand_b);
-  }
-  // OpenBLAS touches working memory in proportion to the rows of a transposed A (48 MiB more
-  // resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan: such products
-  // go in blocks of rows, which bounds it to a few MiB at the same speed.
+  BRISK_CHECK(!bf16_operands_ || !ws_.operand_a.empty(),
+              "bf16 matrix products need the backend workspace in the plan");
+  // Without bf16 units, bf16 operands are rounded here and multiplied in float32.
+  const bool round = bf16_operands_ && !(dnnl_ && dnnl_->dtype() == DType::bf16);
+  // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
+  // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
+  // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
   constexpr int64_t kRowBlock = 4096;
   const int64_t block = trans_a ? kRowBlock : m;
   for (int64_t r0 = 0; r0 < m; r0 += block) {
     const int64_t rows = std::min(block, m - r0);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
-                a + (trans_a ? r0 : r0 * lda), lda, b, ldb, accumulate ? 1.0f : 0.0f, c + r0 * ldc,
-                ldc);
+    const float* a0 = a + (trans_a ? r0 : r0 * lda);
+    const float* b0 = b;
+    if (round) {
+      a0 = round_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
+      b0 = round_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
+    }
+    if (dnnl_)
+      dnnl_->run(trans_a, trans_b, rows, n, k, a0, lda, b0, ldb, accumulate, c + r0 * ldc, ldc,
+                 ws_.operand_a, ws_.operand_b);
+    else
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, a0, lda, b0, ldb,
+                  accumulate ? 1.0f : 0.0f, c + r0 * ldc, ldc);
   }
 }
 

@@ -1,6 +1,9 @@
-// oneDNN matmul primitives, cached per shape (made on the first step, reused after); operands are
-// packed to bf16 into buffers from the memory plan.
-#include "backend/cpu/cpu_matmul_bf16.h"
+// oneDNN matmul primitives, cached per shape (made on the first step, reused after); in bf16 the
+// operands are packed into buffers from the memory plan, in float32 they are read in place.
+#include "backend/cpu/cpu_matmul_dnnl.h"
+
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -10,10 +13,18 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "core/dtype.h"
 #endif
 
 namespace brisk {
+
+bool cpu_products_by_openblas() {
+  const char* v = std::getenv("BRISK_CPU_PRODUCTS");
+  return v != nullptr && std::strcmp(v, "openblas") == 0;
+}
+
+bool cpu_has_bf16_products() {
+  return !cpu_products_by_openblas() && DnnlMatmul::available(DType::bf16);
+}
 
 #ifdef BRISK_HAVE_DNNL
 namespace {
@@ -37,20 +48,29 @@ struct Prepared {
   std::unordered_map<int, dnnl::memory> args;
 };
 
-struct Bf16Matmul::Impl {
+dnnl::memory::data_type dnnl_type(DType dtype) {
+  BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16, "oneDNN products in ", dtype_name(dtype),
+              " are not supported");
+  return dtype == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+struct DnnlMatmul::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Prepared> cache;
 };
 
-Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {}
-Bf16Matmul::~Bf16Matmul() = default;
+DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype), impl_(std::make_unique<Impl>()) {
+  BRISK_CHECK(available(dtype), "this CPU has no oneDNN ", dtype_name(dtype), " matrix products");
+}
+DnnlMatmul::~DnnlMatmul() = default;
 
-bool Bf16Matmul::available() {
+bool DnnlMatmul::available(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) return false;
   try {
     using dt = dnnl::memory::data_type;
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    dnnl::memory::desc a({16, 16}, dt::bf16, dnnl::memory::format_tag::ab);
+    dnnl::memory::desc a({16, 16}, dnnl_type(dtype), dnnl::memory::format_tag::ab);
     dnnl::memory::desc c({16, 16}, dt::f32, dnnl::memory::format_tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
     return true;
@@ -59,16 +79,23 @@ bool Bf16Matmul::available() {
   }
 }
 
-void Bf16Matmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                      int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
                      int64_t ldc, const Tensor& a16, const Tensor& b16) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  // Operands keep their layout; only the element type changes.
-  pack(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
-  pack(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
-  const dnnl::memory::desc ad({m, k}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc bd({k, n}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+  const dt type = dnnl_type(dtype_);
+  // Operands keep their layout; in bf16 only the element type changes.
+  void* a_data = const_cast<float*>(a);
+  void* b_data = const_cast<float*>(b);
+  if (dtype_ == DType::bf16) {
+    pack(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
+    pack(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
+    a_data = a16.data();
+    b_data = b16.data();
+  }
+  const dnnl::memory::desc ad({m, k}, type, trans_a ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc bd({k, n}, type, trans_b ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
   auto it = impl_->cache.find(key);
@@ -89,23 +116,25 @@ void Bf16Matmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     it = impl_->cache.emplace(key, std::move(p)).first;
   }
   Prepared& p = it->second;
-  p.a.set_data_handle(a16.data());
-  p.b.set_data_handle(b16.data());
+  p.a.set_data_handle(a_data);
+  p.b.set_data_handle(b_data);
   p.c.set_data_handle(c);
   p.matmul.execute(impl_->stream, p.args);
   impl_->stream.wait();
 }
 
 #else
-struct Bf16Matmul::Impl {};
-Bf16Matmul::Bf16Matmul() = default;
-Bf16Matmul::~Bf16Matmul() = default;
-bool Bf16Matmul::available() {
+struct DnnlMatmul::Impl {};
+DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype) {
+  BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
+}
+DnnlMatmul::~DnnlMatmul() = default;
+bool DnnlMatmul::available(DType) {
   return false;
 }
-void Bf16Matmul::run(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
                      int64_t, bool, float*, int64_t, const Tensor&, const Tensor&) {
-  BRISK_FAIL("this build has no oneDNN: bf16 matrix products are unavailable");
+  BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif
 

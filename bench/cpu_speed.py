@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""CPU speed at the machine's limit (issue 15): brisk, a plain PyTorch training loop, the same
+loop under torch.compile and transformers' Trainer, in one invocation on this machine, for
+
+  bert     BERT 4 x 256 (intermediate 1024, sequence classification), batch 8 x 128
+  gpt2     GPT-2 124M (causal LM), batch 4 x 256
+  smollm2  SmolLM2-135M's architecture (Llama: 30 x 576, 9 query / 3 key-value heads), batch 4 x 256
+
+each in fp32 and bf16 (autocast in the PyTorch loops, as Trainer), dropout 0, AdamW, random
+tokens, weights initialized from the config. Prints samples/s (the PyTorch loops after their
+warm-up steps, where torch.compile compiles; brisk and Trainer over the whole run), the peak
+process memory, and model FLOP/s as a fraction of the machine's float32 and bf16 matrix-product
+peaks measured in the same invocation (build/bench_matmul --peak: the best of large square
+products). Model FLOPs per token: 6 x the weights of the matrix products (blocks and LM head) +
+12 x layers x sequence x hidden for attention (QK^T and PV, forward and backward, unmasked).
+
+Run (after scripts/build.sh, `cmake --build build --target bench_matmul` and
+scripts/setup_python.sh):
+    .venv/bin/python bench/cpu_speed.py [--rows bert,gpt2,smollm2] [--precisions fp32,bf16]
+                                        [--only brisk,torch,compile,trainer] [--steps N]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from common import cpu_name, run_child
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
+MATMUL = os.path.join(ROOT, "build", "bench_matmul")
+
+MODELS = {
+    "bert": {"config": {
+        "model_type": "bert", "architectures": ["BertForSequenceClassification"],
+        "vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 512,
+        "type_vocab_size": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-12,
+        "id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "label2id": {"LABEL_0": 0, "LABEL_1": 1}},
+        "batch": 8, "seq": 128, "steps": 30},
+    "gpt2": {"config": {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
+        "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_inner": None,
+        "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True},
+        "batch": 4, "seq": 256, "steps": 8},
+    "smollm2": {"config": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152,
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "intermediate_size": 1536, "max_position_embeddings": 8192,
+        "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "initializer_range": 0.02, "tie_word_embeddings": True, "attention_dropout": 0.0},
+        "batch": 4, "seq": 256, "steps": 8},
+}
+
+PY_CHILD = r'''
+import contextlib, json, resource, sys, time
+import numpy as np, torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          Trainer, TrainingArguments, logging)
+logging.set_verbosity_error()
+mode, precision, cfg_dir, out_dir, steps, warmup, batch, seq = sys.argv[1:9]
+steps, warmup, batch, seq = int(steps), int(warmup), int(batch), int(seq)
+bf16 = precision == "bf16"
+torch.manual_seed(42)
+cfg = AutoConfig.from_pretrained(cfg_dir)
+causal = cfg.model_type != "bert"
+kw = {"attn_implementation": "sdpa"}
+model = (AutoModelForCausalLM if causal else AutoModelForSequenceClassification).from_config(cfg, **kw)
+rng = np.random.default_rng(42)
+total = steps + warmup
+ids = torch.tensor(rng.integers(100, 30000, (total * batch, seq)))
+rows = [{"input_ids": ids[i], "labels": ids[i] if causal else torch.tensor(int(ids[i, 0]) % 2)}
+        for i in range(total * batch)]
+if mode == "trainer":
+    args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=batch,
+                             max_steps=steps, report_to="none", save_strategy="no",
+                             logging_strategy="no", use_cpu=True, bf16=bf16,
+                             dataloader_num_workers=0, disable_tqdm=True, seed=42)
+    result = Trainer(model=model, args=args, train_dataset=rows[:steps * batch]).train()
+    out = {"samples_per_second": result.metrics["train_samples_per_second"]}
+else:
+    step_model = torch.compile(model) if mode == "compile" else model
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.0)
+    model.train()
+    for i in range(total):
+        if i == warmup: start = time.perf_counter()
+        b = rows[i * batch:(i + 1) * batch]
+        inputs = {k: torch.stack([r[k] for r in b]) for k in b[0]}
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss = step_model(**inputs).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); opt.zero_grad()
+        loss.item()
+    out = {"samples_per_second": steps * batch / (time.perf_counter() - start)}
+out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+out["threads"] = torch.get_num_threads()
+print(json.dumps(out))
+'''
+
+
+def flops_per_sample(cfg, seq):
+    """6 x matrix-product weights per token + attention, times the tokens of one sample."""
+    if cfg["model_type"] == "gpt2":
+        c, layers, inter = cfg["n_embd"], cfg["n_layer"], 4 * cfg["n_embd"]
+        block = 4 * c * c + 2 * c * inter
+        head = c * cfg["vocab_size"]
+    elif cfg["model_type"] == "bert":
+        c, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+        block = 4 * c * c + 2 * c * inter
+        head = 0  # the pooler and classifier see one token per sample: negligible
+    else:  # llama
+        c, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+        kv = c // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+        block = 2 * c * c + 2 * c * kv + 3 * c * inter
+        head = c * cfg["vocab_size"]
+    per_token = 6 * (layers * block + head) + 12 * layers * seq * c
+    return per_token * seq
+
+
+def run_brisk(cfg_dir, out_dir, precision, m, steps):
+    cmd = [BRISK, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
+           "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
+           "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
+           "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",
+           "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out_dir, "train_results.json")) as f:
+        r = json.load(f)
+    return {"samples_per_second": r["train_samples_per_second"],
+            "peak_rss": r["memory"]["peak_rss_bytes"]}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", default="bert,gpt2,smollm2")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--only", default="brisk,torch,compile,trainer")
+    p.add_argument("--steps", type=int, default=0, help="steps per run (default: per model)")
+    p.add_argument("--warmup", type=int, default=2, help="PyTorch loops' untimed first steps")
+    a = p.parse_args()
+    if not os.path.exists(MATMUL):
+        sys.exit(f"{MATMUL} is missing: cmake --build build --target bench_matmul")
+    env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
+    peak = json.loads(subprocess.run([MATMUL, "--peak"], check=True, capture_output=True,
+                                     text=True, env=env).stdout)
+    print("peak", json.dumps(peak), flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in a.rows.split(","):
+            m = MODELS[row]
+            steps = a.steps or m["steps"]
+            cfg_dir = os.path.join(tmp, row)
+            os.makedirs(cfg_dir)
+            with open(os.path.join(cfg_dir, "config.json"), "w") as f:
+                json.dump(m["config"], f)
+            for precision in a.precisions.split(","):
+                for name in a.only.split(","):
+                    out = os.path.join(tmp, f"{row}-{precision}-{name}")
+                    r = (run_brisk(cfg_dir, out, precision, m, steps) if name == "brisk" else
+                         run_child(PY_CHILD, name, precision, cfg_dir, out, steps, a.warmup,
+                                   m["batch"], m["seq"]))
+                    r["model_gflops"] = (r["samples_per_second"] *
+                                         flops_per_sample(m["config"], m["seq"]) * 1e-9)
+                    results[(row, precision, name)] = r
+                    print(row, precision, name, json.dumps(r), flush=True)
+    print(f"\nCPU: {cpu_name()}, {os.cpu_count()} threads; matrix-product peaks "
+          f"{peak['fp32_gflops']:.0f} GFLOP/s float32, {peak['bf16_gflops']:.0f} GFLOP/s bf16")
+    print("| workload | precision | run | samples/s | vs compile | peak memory | vs compile | "
+          "model GFLOP/s | of fp32 peak | of bf16 peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (row, precision, name), r in results.items():
+        m = MODELS[row]
+        label = f"{row} {m['batch']} x {m['seq']}"
+        base = results.get((row, precision, "compile"))
+        speed = mem = "-"
+        if base and name != "compile":
+            speed = f"{r['samples_per_second'] / base['samples_per_second']:.2f}x"
+            mem = f"{r['peak_rss'] / base['peak_rss']:.2f}x"
+        bf16_frac = (f"{r['model_gflops'] / peak['bf16_gflops']:.0%}"
+                     if peak["bf16_gflops"] else "n/a")
+        print(f"| {label} | {precision} | {name} | {r['samples_per_second']:.2f} | {speed} | "
+              f"{r['peak_rss'] / 2**20:.0f} MiB | {mem} | {r['model_gflops']:.0f} | "
+              f"{r['model_gflops'] / peak['fp32_gflops']:.0%} | {bf16_frac} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+// Matrix products on the CPU through oneDNN, in float32 or in bf16 (AMX / AVX512-BF16 where the
+// CPU has them). float32 operands are multiplied where they lie; for bf16, float32 operands
+// holding bf16 values are packed to bf16 into planned buffers, multiplied with float32
+// accumulation, and written as float32. The CPU backend uses it whenever oneDNN has a kernel for
+// the run's product type (OpenBLAS otherwise).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace brisk {
+
+// BRISK_CPU_PRODUCTS=openblas: every product by OpenBLAS in float32 even where oneDNN has kernels
+// (bf16 operands rounded first): to compare the two, or where OpenBLAS knows the CPU better.
+bool cpu_products_by_openblas();
+// Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
+// values and multiplied in float32).
+bool cpu_has_bf16_products();
+
+class DnnlMatmul {
+ public:
+  // dtype: the operands' type in the product, f32 or bf16.
+  explicit DnnlMatmul(DType dtype);
+  ~DnnlMatmul();
+  // Whether this build and CPU multiply in `dtype` through oneDNN.
+  static bool available(DType dtype);
+  DType dtype() const { return dtype_; }
+  // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
+  // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b).
+  // In bf16, a16 and b16 are the planned packing buffers, each large enough for its operand
+  // (unused in float32).
+  void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+           const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const Tensor& a16,
+           const Tensor& b16);
+
+ private:
+  struct Impl;
+  DType dtype_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace brisk
