@@ -455,8 +455,8 @@ TEST(Models, DropoutIsReproducibleFromSeedAndStep) {
 
 // The plan knows every byte: the arena hands out exactly the planned buffers, and a training
 // step allocates nothing on the heap (counted by the operator new of test_alloc_counter.cpp) with
-// OpenBLAS's products. With oneDNN's (the default where it has kernels for the CPU) only its
-// per-call bookkeeping inside the library, the known exception that
+// OpenBLAS's products. With oneDNN's (float32 where OpenBLAS's kernel is narrower than the CPU)
+// only its per-call bookkeeping inside the library, the known exception that
 // Precision/CpuProducts.MatchTheReferenceOnRoundedOperands bounds per product: the same
 // count every step, at most 16 per product (these two-block models run fewer than 64 products).
 TEST(Models, TrainingStepAllocatesNothing) {

@@ -218,10 +218,9 @@ namespace {
 
 // Linear forward and backward with bf16 matrix products (oneDNN on bf16 units where available)
 // against an fp64 reference on the bf16-rounded operands: products of bf16 values are exact in
-// float32, so only the float32 summation differs. The same for float32 products by oneDNN (the
-// default where it has kernels) and by OpenBLAS (BRISK_CPU_PRODUCTS=openblas, or no oneDNN), and
-// for bf16 operands rounded and multiplied in float32 by OpenBLAS (what a CPU without bf16 units
-// does).
+// float32, so only the float32 summation differs. The same for float32 products by the default
+// library, by oneDNN (BRISK_CPU_PRODUCTS=onednn) and by OpenBLAS (=openblas), and for bf16
+// operands rounded and multiplied in float32 by OpenBLAS (what a CPU without bf16 units does).
 class CpuProducts : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
@@ -229,6 +228,7 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
   const bool openblas = param.rfind("openblas", 0) == 0;
   const std::string mode = param == "openblas_bf16" ? "bf16" : param;
   if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+  if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
   auto be = make_cpu_backend();
   be->set_matmul_dtype(mode == "bf16" ? DType::bf16 : DType::f32);
   MemoryPlan plan;
@@ -315,7 +315,7 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,
-                         ::testing::Values("bf16", "f32", "openblas", "openblas_bf16"),
+                         ::testing::Values("bf16", "f32", "onednn", "openblas", "openblas_bf16"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The CPU backend: oneDNN for matrix products where it has kernels for this CPU (float32, and bf16
-// on bf16 units), OpenBLAS otherwise; OpenMP for loops, fp32 compute. It is also the reference
-// the CUDA backend is tested against.
+// The CPU backend: OpenBLAS or oneDNN for matrix products (bf16 on oneDNN's bf16 units; float32
+// by oneDNN where OpenBLAS's kernel is narrower than the CPU), OpenMP for loops, fp32 compute. It
+// is also the reference the CUDA backend is tested against.
 #pragma once
 
 #include <cmath>

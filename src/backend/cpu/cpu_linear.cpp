@@ -3,6 +3,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -25,15 +27,32 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 
 }  // namespace
 
+namespace {
+// float32 products go to oneDNN where OpenBLAS runs a narrower kernel than the CPU offers:
+// Debian's OpenBLAS 0.3.21 takes AMD Zen 5 (AVX-512) for Haswell (AVX2) and multiplies at half
+// of oneDNN's rate (250 against 474 GFLOP/s on 2 cores). Where OpenBLAS has its AVX-512 kernels
+// it stays: on an Intel AMX machine oneDNN's float32 made the whole BERT step slower (39 against
+// 44 samples/s, docs/benchmarks.md). A fixed rule, not a timing, so a machine always gets the
+// same library and the same bits.
+bool float32_products_by_onednn() {
+  if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
+  if (cpu_products_by_onednn()) return true;
+  std::string core = openblas_get_corename();
+  for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool openblas_avx512 =
+      core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+  return __builtin_cpu_supports("avx512f") && !openblas_avx512;
+}
+}  // namespace
+
 void CpuBackend::set_matmul_dtype(DType dtype) {
   BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16, "matrix products in ", dtype_name(dtype),
               " are not supported on the CPU");
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
-  // in float32; float32 by oneDNN unless it has no kernel here. BRISK_CPU_PRODUCTS=openblas asks
-  // for OpenBLAS.
+  // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
-  if (cpu_products_by_openblas() || !DnnlMatmul::available(library)) {
+  if (library == DType::f32 && !float32_products_by_onednn()) {
     dnnl_.reset();
     return;
   }

@@ -17,9 +17,19 @@
 
 namespace brisk {
 
-bool cpu_products_by_openblas() {
+namespace {
+bool products_env_is(const char* library) {
   const char* v = std::getenv("BRISK_CPU_PRODUCTS");
-  return v != nullptr && std::strcmp(v, "openblas") == 0;
+  return v != nullptr && std::strcmp(v, library) == 0;
+}
+}  // namespace
+
+bool cpu_products_by_openblas() {
+  return products_env_is("openblas");
+}
+
+bool cpu_products_by_onednn() {
+  return products_env_is("onednn");
 }
 
 bool cpu_has_bf16_products() {

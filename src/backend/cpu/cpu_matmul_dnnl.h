@@ -1,8 +1,8 @@
 // Matrix products on the CPU through oneDNN, in float32 or in bf16 (AMX / AVX512-BF16 where the
 // CPU has them). float32 operands are multiplied where they lie; for bf16, float32 operands
 // holding bf16 values are packed to bf16 into planned buffers, multiplied with float32
-// accumulation, and written as float32. The CPU backend uses it whenever oneDNN has a kernel for
-// the run's product type (OpenBLAS otherwise).
+// accumulation, and written as float32. The CPU backend uses it for bf16 where the CPU has bf16
+// units, and for float32 where OpenBLAS's kernel is narrower than the CPU (see cpu_linear.cpp).
 #pragma once
 
 #include <cstdint>
@@ -14,8 +14,10 @@
 namespace brisk {
 
 // BRISK_CPU_PRODUCTS=openblas: every product by OpenBLAS in float32 even where oneDNN has kernels
-// (bf16 operands rounded first): to compare the two, or where OpenBLAS knows the CPU better.
+// (bf16 operands rounded first); =onednn: float32 products by oneDNN wherever it has kernels.
+// Either compares the two libraries or overrides the default choice (see CpuBackend).
 bool cpu_products_by_openblas();
+bool cpu_products_by_onednn();
 // Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
