@@ -48,10 +48,22 @@ void CpuBackend::adamw_update(const AdamWUpdate& u) {
   const float* __restrict g = u.grads.f32();
   float* __restrict m = u.exp_avg.f32();
   float* __restrict v = u.exp_avg_sq.f32();
-  auto update = [&](int64_t begin, int64_t end, float decay) {
+  // Plain locals in the loop: through the lambda's captured references GCC vectorized it with
+  // gathers of the pointers themselves (a third of the speed of the streaming loop).
+  auto update = [w, g, m, v, adam, multiplier](int64_t begin, int64_t end, float decay) {
+    float* __restrict wl = w;
+    const float* __restrict gl = g;
+    float* __restrict ml = m;
+    float* __restrict vl = v;
+    const AdamWStep a = adam;
+    const float scale = multiplier;
 #pragma omp parallel for simd schedule(static) if (end - begin > 32768)
-    for (int64_t i = begin; i < end; ++i)
-      w[i] = adam.update(w[i], g[i] * multiplier, decay, m[i], v[i]);
+    for (int64_t i = begin; i < end; ++i) {
+      float mi = ml[i], vi = vl[i];
+      wl[i] = a.update(wl[i], gl[i] * scale, decay, mi, vi);
+      ml[i] = mi;
+      vl[i] = vi;
+    }
   };
   const float decay = 1.0f - u.lr * u.weight_decay;
   for_each_decay_range(u.decay_ranges, n, [&](int64_t begin, int64_t end, bool decayed) {
