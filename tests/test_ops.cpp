@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_exp.h"
 #include "backend/rope.h"
 #include "core/error.h"
 #include "core/json_file.h"
@@ -423,4 +424,25 @@ TEST(OpsMseLoss, MismatchedShapesAreRefused) {
   EXPECT_THROW(be->mse_loss(view(wrong, {N + 1, 1}), view(targets, {N}), false, 1.f,
                             brisk::Tensor(&loss_sum, brisk::Shape{1}, brisk::DType::f64)),
                brisk::Error);
+}
+
+// The CPU's vectorizable exp (softmax in attention and the loss) against exp in double: within
+// 2 ulp over float's normal results, 0 below them, inf above, NaN kept.
+TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
+  double worst = 0.0;
+  for (float x = -87.3f; x < 88.72f; x += 0.000731f) {
+    const double ref = std::exp(static_cast<double>(x));
+    const float rf = static_cast<float>(ref);
+    const double ulp = std::nextafter(rf, std::numeric_limits<float>::infinity()) - rf;
+    worst = std::max(worst, std::fabs(brisk::vector_expf(x) - ref) / ulp);
+  }
+  EXPECT_LE(worst, 2.0);
+  for (float x : {-0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 0.5f})
+    EXPECT_NEAR(brisk::vector_expf(x), std::exp(static_cast<double>(x)), 2e-7 * std::exp(x)) << x;
+  EXPECT_EQ(brisk::vector_expf(-87.5f), 0.0f);
+  EXPECT_EQ(brisk::vector_expf(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(brisk::vector_expf(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(brisk::vector_expf(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(brisk::vector_expf(std::numeric_limits<float>::quiet_NaN())));
 }

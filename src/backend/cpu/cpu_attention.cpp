@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dropout.h"
+#include "backend/cpu/cpu_exp.h"
 
 namespace brisk {
 
@@ -83,11 +84,11 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
         std::memset(row, 0, d.T * sizeof(float));
         continue;
       }
+#pragma omp simd
+      for (int64_t j = 0; j < d.T; ++j) row[j] = vector_expf(row[j] - mx);
       float sum = 0.0f;
-      for (int64_t j = 0; j < d.T; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < d.T; ++j) sum += row[j];
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < d.T; ++j) row[j] *= inv;
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_exp.h"
 
 namespace brisk {
 
@@ -30,11 +31,21 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
     float mx = row[0];
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
     const float target = row[y[r]];
+    // exp in place (training: the row becomes its gradient) or into a chunk buffer, the sum in
+    // float per chunk and double across chunks.
+    constexpr int64_t kChunk = 512;
+    float chunk[kChunk];
     double sum = 0.0;
-    for (int64_t j = 0; j < V; ++j) {
-      const float e = std::exp(row[j] - mx);
-      sum += e;
-      if (write_grad) row[j] = e;
+    for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+      const int64_t len = std::min(kChunk, V - j0);
+      const float* in = row + j0;
+      float* out = write_grad ? row + j0 : chunk;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) out[j] = vector_expf(in[j] - mx);
+      float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+      for (int64_t j = 0; j < len; ++j) part += out[j];
+      sum += part;
     }
     total += std::log(sum) - static_cast<double>(target - mx);
     if (write_grad) {
