@@ -25,9 +25,6 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
   return {rows_of(x), k, n};
 }
 
-}  // namespace
-
-namespace {
 // float32 products go to oneDNN where OpenBLAS runs a narrower kernel than the CPU offers:
 // Debian's OpenBLAS 0.3.21 takes AMD Zen 5 (AVX-512) for Haswell (AVX2) and multiplies at half
 // of oneDNN's rate (250 against 474 GFLOP/s on 2 cores). Where OpenBLAS has its AVX-512 kernels
