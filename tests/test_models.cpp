@@ -455,8 +455,9 @@ TEST(Models, DropoutIsReproducibleFromSeedAndStep) {
 
 // The plan knows every byte: the arena hands out exactly the planned buffers, and a training
 // step allocates nothing on the heap (counted by the operator new of test_alloc_counter.cpp) with
-// OpenBLAS's products. With oneDNN's (float32 where OpenBLAS's kernel is narrower than the CPU)
-// only its per-call bookkeeping inside the library, the known exception that
+// OpenBLAS's products. With oneDNN's (BRISK_CPU_PRODUCTS=onednn; by default float32 where
+// OpenBLAS's kernel is narrower than the CPU) only its per-call bookkeeping inside the library,
+// the known exception that
 // Precision/CpuProducts.MatchTheReferenceOnRoundedOperands bounds per product: the same
 // count every step, at most 16 per product (these two-block models run fewer than 64 products).
 TEST(Models, TrainingStepAllocatesNothing) {
@@ -466,7 +467,7 @@ TEST(Models, TrainingStepAllocatesNothing) {
   for (const bool openblas : {true, false})
     for (const char* name : {"bert_tiny", "gpt2_tiny"})
       for (DType act : {DType::f32, DType::bf16}) {
-        if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+        ::setenv("BRISK_CPU_PRODUCTS", openblas ? "openblas" : "onednn", 1);
         LoadedModel m(fixture(name), {false, act}, /*dropout=*/true);
         ::unsetenv("BRISK_CPU_PRODUCTS");
         m.step(true);  // warm-up: thread pools start and primitives are made on first use

@@ -61,24 +61,6 @@ void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t 
                          binder, ws_);
 }
 
-namespace {
-// The rows x cols operand at `src` (row stride ld) rounded to bf16 values, float32, into `dst`
-// at the same places.
-const float* round_operand(const float* src, int64_t rows, int64_t cols, int64_t ld,
-                           const Tensor& dst) {
-  BRISK_CHECK(dst.dtype() == DType::f32, "internal error: bf16 operands rounded into ",
-              dtype_name(dst.dtype()), ", not float32");
-  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 rounding buffer of ", dst.numel(),
-              " elements is too small for a ", rows, " x ", ld, " operand");
-  float* out = dst.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      out[r * ld + c] = bf16_to_float(float_to_bf16(src[r * ld + c]));
-  return out;
-}
-}  // namespace
-
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
                         int64_t ldc) {
@@ -96,8 +78,10 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     const float* a0 = a + (trans_a ? r0 : r0 * lda);
     const float* b0 = b;
     if (round) {
-      a0 = round_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
-      b0 = round_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
+      bf16_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
+      bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
+      a0 = ws_.operand_a.f32();
+      b0 = ws_.operand_b.f32();
     }
     if (dnnl_)
       dnnl_->run(trans_a, trans_b, rows, n, k, a0, lda, b0, ldb, accumulate, c + r0 * ldc, ldc,

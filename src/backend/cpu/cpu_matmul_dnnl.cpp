@@ -36,18 +36,28 @@ bool cpu_has_bf16_products() {
   return !cpu_products_by_openblas() && DnnlMatmul::available(DType::bf16);
 }
 
+void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst) {
+  BRISK_CHECK(dst.dtype() == DType::bf16 || dst.dtype() == DType::f32,
+              "internal error: a bf16 operand written as ", dtype_name(dst.dtype()));
+  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 operand buffer of ", dst.numel(),
+              " elements is too small for a ", rows, " x ", ld, " operand");
+  if (dst.dtype() == DType::bf16) {
+    uint16_t* out = dst.as<uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(src[r * ld + c]);
+  } else {
+    float* out = dst.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        out[r * ld + c] = bf16_to_float(float_to_bf16(src[r * ld + c]));
+  }
+}
+
 #ifdef BRISK_HAVE_DNNL
 namespace {
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
-
-void pack(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst) {
-  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 packing buffer of ", dst.numel(),
-              " elements is too small for a ", rows, " x ", ld, " operand");
-  uint16_t* out = dst.as<uint16_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(src[r * ld + c]);
-}
 }  // namespace
 
 // A primitive with its memory objects and argument map, made once per shape so that a call
@@ -75,8 +85,8 @@ DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype), impl_(std::make_unique<Impl
 }
 DnnlMatmul::~DnnlMatmul() = default;
 
-bool DnnlMatmul::available(DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::bf16) return false;
+namespace {
+bool probe(DType dtype) {
   try {
     using dt = dnnl::memory::data_type;
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -87,6 +97,13 @@ bool DnnlMatmul::available(DType dtype) {
   } catch (const dnnl::error&) {
     return false;
   }
+}
+}  // namespace
+
+// Probed once per type: the CPU does not change while the process runs.
+bool DnnlMatmul::available(DType dtype) {
+  static const bool f32 = probe(DType::f32), bf16 = probe(DType::bf16);
+  return dtype == DType::f32 ? f32 : dtype == DType::bf16 ? bf16 : false;
 }
 
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
@@ -99,8 +116,10 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   void* a_data = const_cast<float*>(a);
   void* b_data = const_cast<float*>(b);
   if (dtype_ == DType::bf16) {
-    pack(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
-    pack(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
+    BRISK_CHECK(a16.dtype() == DType::bf16 && b16.dtype() == DType::bf16,
+                "internal error: bf16 products packed into ", dtype_name(a16.dtype()));
+    bf16_operand(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
+    bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
     a_data = a16.data();
     b_data = b16.data();
   }

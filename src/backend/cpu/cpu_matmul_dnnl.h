@@ -22,6 +22,11 @@ bool cpu_products_by_onednn();
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
 
+// The rows x cols operand at `src` (row stride ld) rounded to bf16 into `dst` at the same places:
+// packed bf16 when dst is bf16 (oneDNN's bf16 products), float32 holding bf16 values when it is
+// float32 (bf16 products without bf16 units).
+void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst);
+
 class DnnlMatmul {
  public:
   // dtype: the operands' type in the product, f32 or bf16.
