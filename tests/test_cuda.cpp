@@ -4,8 +4,8 @@
 // beyond the equivalences every device runs (test_trainer_devices.cpp), the device memory
 // anatomy, and refusals particular to the GPU. Every op is a conformance entry.
 //
-// Every test starts with REQUIRE_GPU(): where no usable GPU is present (or brisk was built
-// without CUDA) it is skipped and says why.
+// Every test but the first starts with REQUIRE_GPU(): where no usable GPU is present (or brisk was
+// built without CUDA) it is skipped and says why.
 //
 // Tolerances, and why:
 // - Whole models: 1e-4 in float32 (as against PyTorch); a few percent in bf16, where both sides
@@ -32,6 +32,9 @@
 
 #if defined(BRISK_HAVE_CUDA)
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include "backend/cuda/cublaslt_api.h"
 #endif
 
 #include "backend/backend.h"
@@ -59,6 +62,32 @@ std::unique_ptr<Backend> gpu_backend() {
 }
 constexpr Device kGpu = Device::cuda;
 const char* const kGpuOption = "cuda";  // TrainOptions::device
+
+// =============================================================================================
+// Libraries: cuBLASLt is opened only when a CUDA backend needs it (needs no GPU)
+// =============================================================================================
+
+TEST(CudaLibraries, CublasLtIsOpenedOnlyWhenAsked) {
+#if !defined(BRISK_HAVE_CUDA)
+  GTEST_SKIP() << "this brisk was built without the CUDA toolkit";
+#else
+  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  if (dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD))
+    GTEST_SKIP() << "an earlier test in this process opened " << soname;
+  // A CPU run, with the question a CPU run asks about GPUs, maps none of it.
+  std::string why_not;
+  cuda_available(&why_not);
+  auto cpu = make_backend(Device::cpu);
+  EXPECT_EQ(dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr);
+  // The backend's first need opens it and finds every function.
+  const CublasLt& lt = cublaslt();
+  EXPECT_NE(lt.Create, nullptr);
+  EXPECT_NE(lt.Matmul, nullptr);
+  EXPECT_NE(lt.MatrixLayoutDestroy, nullptr);
+  EXPECT_NE(dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr);
+  EXPECT_EQ(&cublaslt(), &lt);
+#endif
+}
 
 // =============================================================================================
 // Ops: the CUDA backend against the CPU backend on the same inputs

@@ -107,8 +107,9 @@ std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows) {
   h.key = key;
   h.rows = rows.offsets.empty() ? 0 : rows.offsets.size() - 1;
   h.ids = rows.ids.size();
-  h.flags = (rows.offsets.empty() ? 0 : kOffsets) | (rows.types.empty() ? 0 : kTypes) |
-            (rows.labels.empty() ? 0 : kLabels) | (rows.values.empty() ? 0 : kValues);
+  const auto flag = [](bool present, Flags f) { return present ? uint64_t{f} : uint64_t{0}; };
+  h.flags = flag(!rows.offsets.empty(), kOffsets) | flag(!rows.types.empty(), kTypes) |
+            flag(!rows.labels.empty(), kLabels) | flag(!rows.values.empty(), kValues);
   std::string payload;
   append(payload, rows.offsets);
   append(payload, rows.ids);

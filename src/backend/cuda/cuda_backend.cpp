@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 #include "optim/step_control.h"
@@ -78,14 +79,14 @@ CudaBackend::CudaBackend() {
               props_.major, ".", props_.minor, ") is older than Ampere (8.0), which brisk needs");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cuda(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming), "cudaEventCreate");
-  const cublasStatus_t st = cublasLtCreate(&lt_);
+  const cublasStatus_t st = cublaslt().Create(&lt_);
   BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed (status ", static_cast<int>(st),
               ")");
 }
 
 CudaBackend::~CudaBackend() {
   plans_.clear();
-  if (lt_) cublasLtDestroy(lt_);
+  if (lt_) cublaslt().Destroy(lt_);
   if (uploaded_) cudaEventDestroy(uploaded_);
   if (stream_) {
     cudaStreamSynchronize(stream_);

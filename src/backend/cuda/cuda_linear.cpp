@@ -3,6 +3,7 @@
 // (descriptors and the heuristic's algorithm) is made once per shape and cached.
 #include <cstring>
 
+#include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -56,10 +57,10 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 }  // namespace
 
 CudaBackend::MatmulPlan::~MatmulPlan() {
-  if (c) cublasLtMatrixLayoutDestroy(c);
-  if (b) cublasLtMatrixLayoutDestroy(b);
-  if (a) cublasLtMatrixLayoutDestroy(a);
-  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (c) cublaslt().MatrixLayoutDestroy(c);
+  if (b) cublaslt().MatrixLayoutDestroy(b);
+  if (a) cublaslt().MatrixLayoutDestroy(a);
+  if (desc) cublaslt().MatmulDescDestroy(desc);
 }
 
 void CudaBackend::set_matmul_dtype(DType dtype) {
@@ -83,47 +84,47 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   // first operand is our B and its second our A, each transposed exactly when ours is.
   const cublasComputeType_t compute =
       dtype == DType::f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  check_lt(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), "matmul descriptor");
+  check_lt(cublaslt().MatmulDescCreate(&p->desc, compute, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                          sizeof op_first),
+  check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                             sizeof op_first),
            "transpose attribute");
-  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                          sizeof op_second),
+  check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                             sizeof op_second),
            "transpose attribute");
   if (has_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     check_lt(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+        cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
         "bias epilogue");
     const cudaDataType_t bias_type = CUDA_R_32F;
-    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                            &bias_type, sizeof bias_type),
+    check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bias_type, sizeof bias_type),
              "bias type");
   }
   const cudaDataType_t in = cuda_type(dtype);
   // Stored (pre-op) shapes in column-major terms.
-  check_lt(cublasLtMatrixLayoutCreate(&p->a, in, trans_b ? k : n, trans_b ? n : k, ldb),
+  check_lt(cublaslt().MatrixLayoutCreate(&p->a, in, trans_b ? k : n, trans_b ? n : k, ldb),
            "layout of B");
-  check_lt(cublasLtMatrixLayoutCreate(&p->b, in, trans_a ? m : k, trans_a ? k : m, lda),
+  check_lt(cublaslt().MatrixLayoutCreate(&p->b, in, trans_a ? m : k, trans_a ? k : m, lda),
            "layout of A");
-  check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "layout of C");
+  check_lt(cublaslt().MatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "layout of C");
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(cublaslt().MatmulPreferenceCreate(&pref), "preference");
   const size_t ws = kCublasLtWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                       sizeof ws);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                          sizeof ws);
   const uint32_t min_align = static_cast<uint32_t>(align);
   for (auto attr :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    cublasLtMatmulPreferenceSetAttribute(pref, attr, &min_align, sizeof min_align);
+    cublaslt().MatmulPreferenceSetAttribute(pref, attr, &min_align, sizeof min_align);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c,
-                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = cublaslt().MatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c,
+                                                              pref, 1, &result, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for a ", m,
               " x ", k, " x ", n, " ", dtype_name(dtype), " product (status ", static_cast<int>(st),
               ")");
@@ -153,12 +154,12 @@ void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
       plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
                        static_cast<int>(dtype), tf32_, common_alignment({pa, pb, c, bias})});
   if (bias)
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                            sizeof bias),
+    check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof bias),
              "bias pointer");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(lt_, p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                          ws_.matmul_workspace.data(), ws_.matmul_workspace.bytes(), stream_),
+  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                             ws_.matmul_workspace.data(), ws_.matmul_workspace.bytes(), stream_),
            "matmul");
 }
 
