@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -160,6 +161,28 @@ nlohmann::json estimate_json(const std::string& args, CliRun* out = nullptr) {
   nlohmann::json j = read_json(json);
   fs::remove(json);
   return j;
+}
+
+// estimate --output_json lists every buffer of the plan; they add up to each category's bytes.
+// GPT-2's LM head holds 128 of the 1024 rows' logits at a time (32 MiB at most).
+TEST(Cli, EstimateListsEveryBufferOfThePlan) {
+  const nlohmann::json j = estimate_json(
+      "--model gpt2 --per_device_train_batch_size 4 --seq_len 256 --bf16 --device cpu");
+  const nlohmann::json& m = j["memory"];
+  ASSERT_TRUE(m.contains("buffers"));
+  std::map<std::string, size_t> sums;
+  int logits = 0;
+  for (const auto& b : m["buffers"]) {
+    sums[b["category"].get<std::string>()] += b["bytes"].get<size_t>();
+    if (b["name"] == "logits") {
+      ++logits;
+      EXPECT_EQ(b["shape"], "[128, 50257]");
+      EXPECT_EQ(b["bytes"], 128u * 50257u * 4u);
+    }
+  }
+  EXPECT_EQ(logits, 1) << m["buffers"].dump();
+  for (const auto& [category, bytes] : m["planned_bytes"].items())
+    EXPECT_EQ(sums[category], bytes.get<size_t>()) << category;
 }
 
 // estimate --world_size N --zero_stage 1: each rank's share of the optimizer state, the shares

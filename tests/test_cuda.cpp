@@ -185,6 +185,12 @@ void compare_models(const std::string& name, DType act, bool dropout, double tol
   }
 }
 
+// The language-model heads' chunks on the GPU (views of rows into cuBLASLt products and the loss).
+TEST(CudaModels, LanguageModelHeadsInChunksEqualTheWholeHead) {
+  REQUIRE_GPU();
+  expect_chunked_lm_heads_equal_whole_ones(kGpu);
+}
+
 // Float32: as close as the CPU is to PyTorch (test_models.cpp), with dropout off and on (the
 // masks come from the same counter-based generator on both backends).
 TEST(CudaModels, BertMatchesTheCpuBackendInFp32) {

@@ -252,6 +252,10 @@ TEST(Models, AShorterBatchInALongerPlanIsExact) {
   }
 }
 
+TEST(Models, LanguageModelHeadsInChunksEqualTheWholeHead) {
+  expect_chunked_lm_heads_equal_whole_ones(Device::cpu);
+}
+
 // Data parallelism starts a gradient segment's sum once backward reports it final: what a segment
 // holds when reported is what it holds when backward ends. The segments run down the buffer (the
 // head, the blocks last to first, the embeddings) and cover it.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -101,5 +102,40 @@ struct LoadedModel {
 
   std::vector<float> grads() const { return to_host(*be, model->params().flat_grads()); }
 };
+
+// Language-model heads computed a few rows at a time (PlanOptions::logits_rows, here 5: chunks
+// that do not divide the rows) equal the head computed whole: eval loss, training loss and every
+// gradient, within the summation order's rounding; the chunked plan holds 5 rows of logits and
+// refuses to hand out logits it did not keep.
+inline void expect_chunked_lm_heads_equal_whole_ones(Device device) {
+  for (const auto& [name, masked_lm] :
+       std::vector<std::pair<const char*, bool>>{{"gpt2_tiny", false},
+                                                 {"llama_tiny", false},
+                                                 {"bert_mlm", true},
+                                                 {"distilbert_mlm", true}}) {
+    SCOPED_TRACE(name);
+    PlanOptions whole_options, chunked_options;
+    whole_options.device = chunked_options.device = device;
+    chunked_options.logits_rows = 5;
+    LoadedModel whole(fixture(name), whole_options, false, DType::f32, 0, masked_lm);
+    LoadedModel chunked(fixture(name), chunked_options, false, DType::f32, 0, masked_lm);
+    const BatchShape s = chunked.model->batch_shape();
+    const int64_t V = chunked.model->config().vocab_size;
+    ASSERT_GT(s.batch * s.seq, 10);
+    EXPECT_EQ(chunked.plan.buffer(chunked.plan.find("logits")).shape, (Shape{5, V}));
+    EXPECT_EQ(whole.plan.buffer(whole.plan.find("logits")).shape, (Shape{s.batch, s.seq, V}));
+    StepOptions eval;
+    eval.training = false;
+    eval.compute_grad = false;
+    const double want_eval = whole.model->forward(*whole.be, eval);
+    EXPECT_NEAR(chunked.model->forward(*chunked.be, eval), want_eval, 1e-6 * std::abs(want_eval));
+    EXPECT_THROW(chunked.model->logits(), Error);
+    const double want = whole.step(true);
+    EXPECT_NEAR(chunked.step(true), want, 1e-6 * std::abs(want));
+    const std::vector<float> want_grads = whole.grads(), got = chunked.grads();
+    ASSERT_EQ(got.size(), want_grads.size());
+    EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())), 1e-5);
+  }
+}
 
 }  // namespace brisk::testing

@@ -79,7 +79,10 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   auto be = make_cpu_backend();
   SafetensorsFile batch_file(a.batch);
   MemoryPlan plan;
-  model->plan(plan, batch_shape_of(batch_file), {});
+  const BatchShape shape = batch_shape_of(batch_file);
+  PlanOptions options;
+  options.logits_rows = shape.batch * shape.seq;  // written out whole
+  model->plan(plan, shape, options);
   plan.finalize();
   Arena arena(plan, Device::cpu);
   model->bind(arena);
@@ -426,6 +429,14 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
     nlohmann::json planned_json = nlohmann::json::object();
     for (int c = 0; c < kNumCategories; ++c)
       planned_json[category_name(static_cast<Category>(c))] = planned[c];
+    // Every buffer of the plan, as declared: where each category's bytes go.
+    nlohmann::json buffers_json = nlohmann::json::array();
+    for (const BufferSpec& b : plan.buffers())
+      buffers_json.push_back({{"name", b.name},
+                              {"category", category_name(b.category)},
+                              {"dtype", dtype_name(b.dtype)},
+                              {"shape", b.shape.str()},
+                              {"bytes", b.bytes}});
     const nlohmann::json j = {
         {"device", device == Device::cuda ? "cuda" : "cpu"},
         {"parameters", n},
@@ -435,7 +446,8 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
           {"activations_per_block_bytes", block},
           {"layers", layers},
           {"host_baseline_bytes", host_base},
-          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0}}},
+          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
+          {"buffers", buffers_json}}},
         {"fit", fit_json},
         {"data_parallel", ranks_json}};
     std::ofstream out(json_path);

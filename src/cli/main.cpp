@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
                                "print the memory plan of a training run (train's options; "
                                "--device cuda plans a GPU run without a GPU)");
   add_run_options(e);
-  e->add_option("--output_json", est.json_path,
-                "also write the plan as JSON (keys as train_results.json's memory)");
+  e->add_option(
+      "--output_json", est.json_path,
+      "also write the plan as JSON (keys as train_results.json's memory, and every buffer)");
   e->add_flag("--fit", est.fit,
               "rank every batch x accumulation (same global batch) x recomputation (none, "
               "selective, full) x "

@@ -44,6 +44,17 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(data_);
 }
 
+Tensor row_range(const Tensor& t, int64_t first, int64_t count, bool as_vector) {
+  const bool vector = as_vector || t.rank() <= 1;
+  const int64_t width = vector ? 1 : t.dim(-1);
+  const int64_t rows = width ? t.numel() / width : 0;
+  BRISK_CHECK(first >= 0 && count >= 0 && first <= rows && count <= rows - first,
+              "internal error: rows ", first, "..", first + count, " of a tensor of ", rows);
+  void* data =
+      static_cast<char*>(t.data()) + static_cast<size_t>(first * width) * dtype_size(t.dtype());
+  return Tensor(data, vector ? Shape{count} : Shape{count, width}, t.dtype(), t.device());
+}
+
 void expect(const Tensor& t, DType dtype, const Shape& shape, const char* what) {
   BRISK_CHECK(t.dtype() == dtype, what, ": expected dtype ", dtype_name(dtype), ", got ",
               dtype_name(t.dtype()));

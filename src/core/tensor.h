@@ -74,6 +74,10 @@ class Tensor {
   Device device_ = Device::cpu;
 };
 
+// Rows [first, first + count) of t seen as a matrix of its last dimension ([count, last]), or,
+// for a vector or with as_vector, the elements [first, first + count) as a vector: a view.
+Tensor row_range(const Tensor& t, int64_t first, int64_t count, bool as_vector = false);
+
 // Throws unless t has the given dtype and shape; `what` names the tensor in the message.
 void expect(const Tensor& t, DType dtype, const Shape& shape, const char* what);
 

@@ -138,13 +138,12 @@ class Encoder final : public Model {
     declare(plan, &emb_mean_, "embeddings.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &emb_rstd_, "embeddings.rstd", Category::activations, DType::f32, {B, T});
     if (masked_lm()) {
-      const int64_t V = config_.vocab_size;
       declare(plan, &head_pre_, "mlm.dense", Category::activations, DType::f32, {B, T, C});
       declare(plan, &head_act_, "mlm.act", Category::activations, DType::f32, {B, T, C});
       declare(plan, &mlm_out_, "mlm.norm", Category::activations, DType::f32, {B, T, C});
       declare(plan, &mlm_mean_, "mlm.mean", Category::activations, DType::f32, {B, T});
       declare(plan, &mlm_rstd_, "mlm.rstd", Category::activations, DType::f32, {B, T});
-      declare(plan, &logits_, "logits", Category::activations, DType::f32, {B, T, V});
+      declare_lm_logits(plan, s);
       return;
     }
     declare(plan, &first_, "pooler.first", Category::activations, DType::f32, {B, C});
@@ -238,18 +237,13 @@ class Encoder final : public Model {
     be.activation_forward(config_.activation, head_pre_, head_act_);
     be.layernorm_forward(head_act_, w(mlm_ln_g_), w(mlm_ln_g_ + 1), config_.layer_norm_eps,
                          mlm_out_, mlm_mean_, mlm_rstd_);
-    be.linear_forward(mlm_out_, w(word_), w(mlm_bias_), WeightLayout::out_in, logits_);
-    be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
-                             loss_sum());
+    lm_head_forward(be, o, mlm_out_, word_, mlm_bias_, dev_batch_.labels);
   }
 
-  // The block scratch is free while the head runs: tmp and tmp2 hold the head's gradients.
+  // The block scratch is free while the rest of the head runs: tmp2 holds its gradient.
   void masked_lm_backward(Backend& be) {
-    const Tensor& d_norm = scratch_.tmp;
     const Tensor& d_act = scratch_.tmp2;
-    be.linear_backward(mlm_out_, w(word_), logits_, WeightLayout::out_in, d_norm, false, g(word_),
-                       g(mlm_bias_));
-    be.layernorm_backward(d_norm, head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
+    be.layernorm_backward(lm_head_dx(), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
                           g(mlm_ln_g_), g(mlm_ln_g_ + 1));
     be.activation_backward(config_.activation, head_pre_, d_act, d_act);
     be.linear_backward(hidden_[config_.num_layers], w(head_w_), d_act, WeightLayout::out_in,

@@ -84,8 +84,7 @@ class Gpt2 final : public Model {
     declare(plan, &lnf_out_, "ln_f.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &lnf_mean_, "ln_f.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &lnf_rstd_, "ln_f.rstd", Category::activations, DType::f32, {B, T});
-    declare(plan, &logits_, "logits", Category::activations, DType::f32,
-            {B, T, config_.vocab_size});
+    declare_lm_logits(plan, s);
   }
 
   void validate_batch() const override {
@@ -104,14 +103,11 @@ class Gpt2 final : public Model {
   void head_forward(Backend& be, const StepOptions& o) override {
     be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,
                          lnf_out_, lnf_mean_, lnf_rstd_);
-    be.linear_forward(lnf_out_, w(head_), Tensor(), WeightLayout::out_in, logits_);
-    be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale, loss_sum());
+    lm_head_forward(be, o, lnf_out_, head_, -1, targets_);
   }
 
-  void head_backward(Backend& be, const StepOptions& o) override {
-    be.linear_backward(lnf_out_, w(head_), logits_, WeightLayout::out_in, scratch_.tmp, false,
-                       g(head_), Tensor());
-    be.layernorm_backward(scratch_.tmp, hidden_[config_.num_layers], w(lnf_g_), lnf_mean_,
+  void head_backward(Backend& be, const StepOptions&) override {
+    be.layernorm_backward(lm_head_dx(), hidden_[config_.num_layers], w(lnf_g_), lnf_mean_,
                           lnf_rstd_, d_hidden_, false, g(lnf_g_), g(lnf_b_));
   }
 

@@ -136,8 +136,7 @@ class Llama final : public Model {
     declare_input(plan, &targets_host_, &targets_, "batch.shifted_labels", {B, T});
     declare(plan, &norm_out_, "norm.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &norm_rstd_, "norm.rstd", Category::activations, DType::f32, {B, T});
-    declare(plan, &logits_, "logits", Category::activations, DType::f32,
-            {B, T, config_.vocab_size});
+    declare_lm_logits(plan, s);
   }
 
   void validate_batch() const override {
@@ -154,14 +153,11 @@ class Llama final : public Model {
   void head_forward(Backend& be, const StepOptions& o) override {
     be.rmsnorm_forward(hidden_[config_.num_layers], w(norm_), config_.layer_norm_eps, norm_out_,
                        norm_rstd_);
-    be.linear_forward(norm_out_, w(head_), Tensor(), WeightLayout::out_in, logits_);
-    be.softmax_cross_entropy(logits_, targets_, o.compute_grad, o.loss_grad_scale, loss_sum());
+    lm_head_forward(be, o, norm_out_, head_, -1, targets_);
   }
 
   void head_backward(Backend& be, const StepOptions&) override {
-    be.linear_backward(norm_out_, w(head_), logits_, WeightLayout::out_in, scratch_.tmp, false,
-                       g(head_), Tensor());
-    be.rmsnorm_backward(scratch_.tmp, hidden_[config_.num_layers], w(norm_), norm_rstd_, d_hidden_,
+    be.rmsnorm_backward(lm_head_dx(), hidden_[config_.num_layers], w(norm_), norm_rstd_, d_hidden_,
                         false, g(norm_));
   }
 

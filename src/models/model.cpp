@@ -232,14 +232,60 @@ int64_t Model::max_matmul_operand() const {
   const ModelConfig& c = config_;
   // The gated MLP's first product is [gate | up], twice the intermediate width.
   const int64_t inner = (style(true).gated_mlp ? 2 : 1) * c.intermediate_size;
-  const int64_t widest = std::max({c.qkv_width(), inner, head_width(), c.hidden_size});
+  const int64_t rows = shape_.batch * shape_.seq;
+  // A language-model head multiplies a chunk of rows at a time.
+  const int64_t head_rows = lm_chunk_rows_ > 0 ? std::min(rows, lm_chunk_rows_) : rows;
+  const int64_t widest = std::max({c.qkv_width(), inner, c.hidden_size});
   int64_t largest_weight = 0;
   for (const ParamInfo& p : params_.list())
     if (p.product) largest_weight = std::max(largest_weight, p.shape.numel());
   // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
   // one [2F, C].
   largest_weight = std::max({largest_weight, c.qkv_width() * c.hidden_size, inner * c.hidden_size});
-  return std::max(shape_.batch * shape_.seq * widest, largest_weight);
+  return std::max({rows * widest, head_rows * head_width(), largest_weight});
+}
+
+const Tensor& Model::logits() const {
+  if (lm_chunk_rows_ > 0) {
+    const int64_t rows = shape_.batch * shape_.seq, held = logits_.numel() / config_.vocab_size;
+    BRISK_CHECK(held == rows, "the logits of ", rows, " rows were computed ", held,
+                " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
+  }
+  return logits_;
+}
+
+void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s) {
+  const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
+  // Chunks of whole multiples of 64 rows (a GPU product's operands stay 256-byte aligned).
+  lm_chunk_rows_ = options_.logits_rows > 0
+                       ? options_.logits_rows
+                       : std::max<int64_t>(64, kLogitsChunkBytes / (V * 4) / 64 * 64);
+  if (rows <= lm_chunk_rows_)
+    declare(plan, &logits_, "logits", Category::activations, DType::f32, {s.batch, s.seq, V});
+  else
+    declare(plan, &logits_, "logits", Category::activations, DType::f32, {lm_chunk_rows_, V});
+  declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,
+          {s.batch, s.seq, config_.hidden_size});
+}
+
+void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight,
+                            int bias, const Tensor& labels) {
+  const int64_t V = config_.vocab_size, rows = labels.numel();
+  const int64_t chunk = logits_.numel() / V;
+  const Tensor b = bias >= 0 ? w(bias) : Tensor();
+  const Tensor db = bias >= 0 && o.compute_grad ? g(bias) : Tensor();
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const bool whole = n == rows;  // one chunk: the tensors as they are
+    const Tensor xs = whole ? x : row_range(x, r0, n);
+    const Tensor ls = whole ? logits_ : row_range(logits_, 0, n);
+    be.linear_forward(xs, w(weight), b, WeightLayout::out_in, ls);
+    be.softmax_cross_entropy(ls, whole ? labels : row_range(labels, r0, n, true), o.compute_grad,
+                             o.loss_grad_scale, loss_sum());
+    if (o.compute_grad)
+      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in,
+                         whole ? head_dx_ : row_range(head_dx_, r0, n), false, g(weight), db);
+  }
 }
 
 void reset_label_values(const Batch& batch) {

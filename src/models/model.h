@@ -79,6 +79,10 @@ struct PlanOptions {
   // WeightRooms gathers each block's weights before the block runs (block b in room b mod rooms;
   // with two, the next block's gather runs while a block computes).
   int weight_rooms = 0;
+  // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
+  // holds about kLogitsChunkBytes of them. The head computes its logits, loss and (when training)
+  // its own backward chunk after chunk, so the whole logits never exist unless they fit.
+  int64_t logits_rows = 0;
 };
 
 // ZeRO stage 3: who fills the model's weight rooms (train/zero's ShardedWeights). Segments are
@@ -123,7 +127,10 @@ class Model {
   // The shape of the current micro-batch (use_seq), and the one the buffers were planned for.
   BatchShape batch_shape() const { return shape_; }
   BatchShape planned_shape() const { return planned_; }
-  const Tensor& logits() const { return logits_; }
+  // The last forward pass's logits (overwritten by their gradient when it computed gradients).
+  // A language-model head holds them whole only when the batch's rows fit its chunk
+  // (PlanOptions::logits_rows); otherwise asking for them fails.
+  const Tensor& logits() const;
 
   // The most elements any operand of the model's linear layers has at the planned batch shape
   // (activations, activation gradients, weights): what a backend sizes its matmul buffers by.
@@ -294,9 +301,24 @@ class Model {
   Tensor logits_;
   BlockScratch scratch_;
 
+  // Language-model heads: logits_ holds a chunk of rows ([B,T,V] when all rows fit); the head's
+  // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
+  // head_backward (lm_head_dx).
+  static constexpr int64_t kLogitsChunkBytes = int64_t{32} << 20;
+  void declare_lm_logits(MemoryPlan& plan, const BatchShape& s);
+  // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
+  // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
+  // each chunk's backward: lm_head_dx's rows = dlogits W, and dW (db) += its share. W is
+  // parameter `weight` ([V,C], out_in), b parameter `bias` (-1: none).
+  void lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight, int bias,
+                       const Tensor& labels);
+  const Tensor& lm_head_dx() const { return head_dx_; }
+
  private:
   BufferBinder binder_;
   PlanOptions options_;
+  Tensor head_dx_;
+  int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk at the planned shape (0: no LM head)
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;
