@@ -77,7 +77,7 @@ struct LoadedModel {
     be->set_matmul_dtype(matmul_dtype);
     const BatchShape shape = batch_shape_of(batch);
     model->plan(plan, {shape.batch, std::max(shape.seq, plan_seq)}, options);
-    be->plan_workspace(plan, binder, model->max_matmul_operand());
+    be->plan_workspace(plan, binder, model->matmul_operands());
     plan.finalize();
     arena = std::make_unique<Arena>(plan, be->device_memory(), be->staging_memory());
     model->bind(*arena);

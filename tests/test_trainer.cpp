@@ -208,7 +208,7 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   const BufferSpec* operand = find(gpu->plan, "backend.operand_a");
   ASSERT_TRUE(operand);
   EXPECT_EQ(operand->dtype, DType::bf16);
-  EXPECT_EQ(operand->shape, (Shape{gpu->model->max_matmul_operand()}));
+  EXPECT_EQ(operand->shape, (Shape{gpu->model->matmul_operands().a}));
   int device_copies = 0;
   for (const BufferSpec& b : gpu->plan.buffers())
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/workspace.h"
 #include "core/memory_plan.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -139,9 +140,9 @@ class Backend {
   // host's.
   virtual int64_t device_memory_free() const { return -1; }
   // Declares the backend's own buffers: for matrix products whose operands have at most
-  // `max_operand` elements, and scratch for the optimizer ops (called after set_matmul_dtype,
+  // `operands` elements, and scratch for the optimizer ops (called after set_matmul_dtype,
   // before the plan is final).
-  virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) = 0;
+  virtual void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) = 0;
 
   // ---- memory and transfers ----
   // Where Placement::device and Placement::host buffers of an Arena come from.

@@ -10,7 +10,7 @@ DType product_dtype(Device device, DType compute) {
   return compute == DType::bf16 && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
 }
 
-void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
+void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws) {
   const Category tmp = Category::temporaries;
   if (device == Device::cpu) {
@@ -18,19 +18,19 @@ void plan_backend_workspace(Device device, DType product, int64_t max_operand, M
     // values in float32 for a float32 product.
     if (product == DType::bf16) {
       const DType packed = cpu_has_bf16_products() ? DType::bf16 : DType::f32;
-      binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{max_operand});
-      binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{max_operand});
+      binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{operands.a});
+      binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{operands.b});
     }
     return;
   }
   binder.declare(plan, &ws.matmul_workspace, "backend.cublaslt_workspace", tmp, DType::u8,
                  Shape{kCublasLtWorkspaceBytes});
   if (product != DType::f32) {
-    binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product, Shape{max_operand});
-    binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product, Shape{max_operand});
+    binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product, Shape{operands.a});
+    binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product, Shape{operands.b});
   }
-  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest operand.
-  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{max_operand});
+  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest A operand.
+  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{operands.a});
   // Not a product buffer, but the GPU backend's only other one: planned here so that no
   // optimizer step allocates. Adafactor reuses it tensor after tensor, in stream order.
   binder.declare(plan, &ws.optimizer_scratch, "backend.optimizer_scratch", tmp, DType::f64,

@@ -15,6 +15,15 @@ inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 // Doubles of device memory for one tensor's reductions in the GPU's Adafactor.
 inline constexpr int64_t kAdafactorScratch = 3;
 
+// The most elements of a product's operands: A (activations and their gradients) and B (weights,
+// or activations in a weight gradient's product), for sizing the buffers they are copied into.
+// One number sizes both.
+struct MatmulOperands {
+  int64_t a = 0, b = 0;
+  MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
+  MatmulOperands(int64_t a_elements, int64_t b_elements) : a(a_elements), b(b_elements) {}
+};
+
 struct BackendWorkspace {
   Tensor matmul_workspace;      // cuBLASLt's (GPU)
   Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: bf16 operands)
@@ -28,9 +37,8 @@ struct BackendWorkspace {
 DType product_dtype(Device device, DType compute);
 
 // Declares the workspace of the backend for `device` multiplying in `product` with operands of at
-// most `max_operand` values (on the CPU, bf16 means operands rounded to bf16, on bf16 units or
-// not).
-void plan_backend_workspace(Device device, DType product, int64_t max_operand, MemoryPlan& plan,
+// most `operands` values (on the CPU, bf16 means operands rounded to bf16, on bf16 units or not).
+void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws);
 
 }  // namespace brisk

@@ -228,7 +228,7 @@ void Model::use_seq(int64_t seq) {
   shape_ = {planned_.batch, seq};
 }
 
-int64_t Model::max_matmul_operand() const {
+MatmulOperands Model::matmul_operands() const {
   const ModelConfig& c = config_;
   // The gated MLP's first product is [gate | up], twice the intermediate width.
   const int64_t inner = (style(true).gated_mlp ? 2 : 1) * c.intermediate_size;
@@ -242,7 +242,11 @@ int64_t Model::max_matmul_operand() const {
   // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
   // one [2F, C].
   largest_weight = std::max({largest_weight, c.qkv_width() * c.hidden_size, inner * c.hidden_size});
-  return std::max({rows * widest, head_rows * head_width(), largest_weight});
+  // A is an activation or its gradient (the head's: a chunk of logits' gradient); B a weight (the
+  // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
+  const int64_t a = std::max(rows * widest, head_rows * head_width());
+  const int64_t b = std::max({rows * widest, head_width() * c.hidden_size, largest_weight});
+  return {a, b};
 }
 
 const Tensor& Model::logits() const {
@@ -257,9 +261,11 @@ const Tensor& Model::logits() const {
 void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s) {
   const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
   // Chunks of whole multiples of 64 rows (a GPU product's operands stay 256-byte aligned).
-  lm_chunk_rows_ = options_.logits_rows > 0
-                       ? options_.logits_rows
-                       : std::max<int64_t>(64, kLogitsChunkBytes / (V * 4) / 64 * 64);
+  // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
+  // product's operands 256-byte aligned) within kLogitsChunkBytes; the same at every length.
+  lm_chunk_rows_ = options_.logits_rows;
+  if (lm_chunk_rows_ <= 0)
+    for (lm_chunk_rows_ = 64; lm_chunk_rows_ * 2 * V * 4 <= kLogitsChunkBytes;) lm_chunk_rows_ *= 2;
   if (rows <= lm_chunk_rows_)
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {s.batch, s.seq, V});
   else

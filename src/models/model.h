@@ -80,8 +80,9 @@ struct PlanOptions {
   // with two, the next block's gather runs while a block computes).
   int weight_rooms = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
-  // holds about kLogitsChunkBytes of them. The head computes its logits, loss and (when training)
-  // its own backward chunk after chunk, so the whole logits never exist unless they fit.
+  // holds at most Model::kLogitsChunkBytes of them (GPT-2: 256 rows). The head computes its logits,
+  // loss and (when training) its own backward chunk after chunk, so the whole logits never exist
+  // unless they fit.
   int64_t logits_rows = 0;
 };
 
@@ -132,9 +133,10 @@ class Model {
   // (PlanOptions::logits_rows); otherwise asking for them fails.
   const Tensor& logits() const;
 
-  // The most elements any operand of the model's linear layers has at the planned batch shape
-  // (activations, activation gradients, weights): what a backend sizes its matmul buffers by.
-  int64_t max_matmul_operand() const;
+  // The most elements the operands of the model's linear layers have at the planned batch shape
+  // (A: activations and their gradients; B: weights, or activations in a weight gradient's
+  // product): what a backend sizes its matmul buffers by.
+  MatmulOperands matmul_operands() const;
 
   // Fills the batch with defaults: attention mask 1, token types 0, labels ignored.
   void reset_batch();
@@ -304,7 +306,7 @@ class Model {
   // Language-model heads: logits_ holds a chunk of rows ([B,T,V] when all rows fit); the head's
   // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
   // head_backward (lm_head_dx).
-  static constexpr int64_t kLogitsChunkBytes = int64_t{32} << 20;
+  static constexpr int64_t kLogitsChunkBytes = int64_t{64} << 20;
   void declare_lm_logits(MemoryPlan& plan, const BatchShape& s);
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
@@ -318,7 +320,7 @@ class Model {
   BufferBinder binder_;
   PlanOptions options_;
   Tensor head_dx_;
-  int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk at the planned shape (0: no LM head)
+  int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;

@@ -134,15 +134,15 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
   r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
                     zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
-  const int64_t max_operand = r.model->max_matmul_operand();
+  const MatmulOperands max_operands = r.model->matmul_operands();
   // With float32 weights the products round their operands to bf16, with or without bf16 units.
   const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;
   if (backend) {
     backend->set_matmul_dtype(operands);
     backend->set_tf32(o.tf32);
-    backend->plan_workspace(r.plan, r.binder, max_operand);
+    backend->plan_workspace(r.plan, r.binder, max_operands);
   } else {
-    plan_backend_workspace(device, operands, max_operand, r.plan, r.binder, r.workspace);
+    plan_backend_workspace(device, operands, max_operands, r.plan, r.binder, r.workspace);
   }
   if (zero) {
     const ParamShard& mine = r.shards[static_cast<size_t>(rank)];

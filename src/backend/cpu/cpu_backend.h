@@ -18,7 +18,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
-  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
+  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
 
   MemoryResource& device_memory() override { return host_memory(); }
   MemoryResource& staging_memory(bool /*pinned*/ = true) override { return host_memory(); }

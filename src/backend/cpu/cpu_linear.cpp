@@ -56,8 +56,8 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   if (!dnnl_ || dnnl_->dtype() != library) dnnl_ = std::make_unique<DnnlMatmul>(library);
 }
 
-void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
-  plan_backend_workspace(Device::cpu, bf16_operands_ ? DType::bf16 : DType::f32, max_operand, plan,
+void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) {
+  plan_backend_workspace(Device::cpu, bf16_operands_ ? DType::bf16 : DType::f32, operands, plan,
                          binder, ws_);
 }
 

@@ -40,7 +40,7 @@ class CudaBackend final : public Backend {
   std::string name() const override;
   void set_matmul_dtype(DType dtype) override;
   void set_tf32(bool enabled) override { tf32_ = enabled; }
-  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) override;
+  void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
   int64_t device_memory_used() const override;
   int64_t device_memory_free() const override;
 

@@ -69,8 +69,8 @@ void CudaBackend::set_matmul_dtype(DType dtype) {
   matmul_dtype_ = dtype;
 }
 
-void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, int64_t max_operand) {
-  plan_backend_workspace(Device::cuda, matmul_dtype_, max_operand, plan, binder, ws_);
+void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) {
+  plan_backend_workspace(Device::cuda, matmul_dtype_, operands, plan, binder, ws_);
   ones_ready_ = false;
 }
 
