@@ -307,6 +307,52 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
   }
 }
 
+// A held weight (Backend::hold_weight) is rounded once into its planned buffer: the products that
+// read it give the same bits as unheld ones, and until release_weight they read that copy; after
+// it they read the weight again. float32 products have nothing to prepare: they always read it.
+TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
+  const std::string param = GetParam();
+  const std::string mode = param == "openblas_bf16" ? "bf16" : param;
+  if (param.rfind("openblas", 0) == 0) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+  if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
+  auto be = make_cpu_backend();
+  be->set_matmul_dtype(mode == "bf16" ? DType::bf16 : DType::f32);
+  const int64_t M = 37, K = 29, N = 23;
+  MemoryPlan plan;
+  BufferBinder binder;
+  be->plan_workspace(plan, binder, MatmulOperands(M * K, N * K, N * K));
+  ::unsetenv("BRISK_CPU_PRODUCTS");
+  plan.finalize();
+  Arena arena(plan, Device::cpu);
+  binder.bind(arena);
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(M * K), w(N * K), dy(M * N);
+  for (auto* v : {&x, &w, &dy})
+    for (auto& e : *v) e = normal(gen);
+  const Tensor xt(x.data(), {M, K}, DType::f32), wt(w.data(), {N, K}, DType::f32);
+  const Tensor dyt(dy.data(), {M, N}, DType::f32);
+  auto products = [&] {
+    std::vector<float> y(M * N), dx(M * K);
+    be->linear_forward(xt, wt, Tensor(), WeightLayout::out_in,
+                       Tensor(y.data(), {M, N}, DType::f32));
+    be->linear_backward(xt, wt, dyt, WeightLayout::out_in, Tensor(dx.data(), {M, K}, DType::f32),
+                        false, Tensor(), Tensor());
+    y.insert(y.end(), dx.begin(), dx.end());
+    return y;
+  };
+  const std::vector<float> unheld = products();
+  be->hold_weight(wt);
+  EXPECT_EQ(products(), unheld);
+  const float first = w[0];
+  w[0] += 1.0f;  // breaks the caller's promise, to see which copy the products read
+  EXPECT_EQ(products() == unheld, mode == "bf16");
+  be->release_weight();
+  EXPECT_NE(products(), unheld);
+  w[0] = first;
+  EXPECT_EQ(products(), unheld);
+}
+
 INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,
                          ::testing::Values("bf16", "f32", "onednn", "openblas", "openblas_bf16"),
                          [](const auto& info) { return std::string(info.param); });

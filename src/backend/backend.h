@@ -170,6 +170,12 @@ class Backend {
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                const Tensor& dw, const Tensor& db) = 0;
+  // The caller promises that w does not change until release_weight(): the products that read
+  // it may read one copy prepared now (the CPU's bf16 products round it once, into the planned
+  // MatmulOperands::held buffer, not once per product). One weight at a time; where there is
+  // nothing to prepare (or no room planned) both do nothing.
+  virtual void hold_weight(const Tensor& /*w*/) {}
+  virtual void release_weight() {}
 
   // ---- normalization ----
   // Over the last dimension C: y = (x - mean) * rstd * gamma + beta; saves mean and rstd

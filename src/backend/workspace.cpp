@@ -20,6 +20,9 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
       const DType packed = cpu_has_bf16_products() ? DType::bf16 : DType::f32;
       binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{operands.a});
       binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{operands.b});
+      if (operands.held > 0)
+        binder.declare(plan, &ws.held_weight, "backend.bf16_held_weight", tmp, packed,
+                       Shape{operands.held});
     }
     return;
   }

@@ -18,15 +18,19 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // The most elements of a product's operands: A (activations and their gradients) and B (weights,
 // or activations in a weight gradient's product), for sizing the buffers they are copied into.
 // One number sizes both.
+// `held`: elements of the one weight a CPU backend keeps a rounded copy of while it is held
+// (Backend::hold_weight; 0: none), B then need not hold that weight.
 struct MatmulOperands {
-  int64_t a = 0, b = 0;
+  int64_t a = 0, b = 0, held = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
-  MatmulOperands(int64_t a_elements, int64_t b_elements) : a(a_elements), b(b_elements) {}
+  MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0)
+      : a(a_elements), b(b_elements), held(held_elements) {}
 };
 
 struct BackendWorkspace {
   Tensor matmul_workspace;      // cuBLASLt's (GPU)
   Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: bf16 operands)
+  Tensor held_weight;           // the held weight's bf16 copy (CPU)
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
 };

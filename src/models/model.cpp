@@ -236,17 +236,21 @@ MatmulOperands Model::matmul_operands() const {
   // A language-model head multiplies a chunk of rows at a time.
   const int64_t head_rows = lm_chunk_rows_ > 0 ? std::min(rows, lm_chunk_rows_) : rows;
   const int64_t widest = std::max({c.qkv_width(), inner, c.hidden_size});
+  // On the CPU the LM head's weight has a buffer of its own while the head holds it.
+  const bool head_held = lm_chunk_rows_ > 0 && options_.device == Device::cpu;
   int64_t largest_weight = 0;
-  for (const ParamInfo& p : params_.list())
-    if (p.product) largest_weight = std::max(largest_weight, p.shape.numel());
+  for (int i = 0; i < static_cast<int>(params_.list().size()); ++i)
+    if (params_.list()[i].product && !(head_held && i == lm_head_weight_))
+      largest_weight = std::max(largest_weight, params_.list()[i].shape.numel());
   // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
   // one [2F, C].
   largest_weight = std::max({largest_weight, c.qkv_width() * c.hidden_size, inner * c.hidden_size});
   // A is an activation or its gradient (the head's: a chunk of logits' gradient); B a weight (the
   // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
+  const int64_t head = head_width() * c.hidden_size;
   const int64_t a = std::max(rows * widest, head_rows * head_width());
-  const int64_t b = std::max({rows * widest, head_width() * c.hidden_size, largest_weight});
-  return {a, b};
+  const int64_t b = std::max({rows * widest, head_held ? 0 : head, largest_weight});
+  return {a, b, head_held ? head : 0};
 }
 
 const Tensor& Model::logits() const {
@@ -258,7 +262,8 @@ const Tensor& Model::logits() const {
   return logits_;
 }
 
-void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s) {
+void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight) {
+  lm_head_weight_ = weight;
   const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
   // Chunks of whole multiples of 64 rows (a GPU product's operands stay 256-byte aligned).
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
@@ -280,6 +285,12 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
   const int64_t chunk = logits_.numel() / V;
   const Tensor b = bias >= 0 ? w(bias) : Tensor();
   const Tensor db = bias >= 0 && o.compute_grad ? g(bias) : Tensor();
+  // The weight is read by two products per chunk and does not change meanwhile.
+  struct Held {
+    Backend& be;
+    Held(Backend& backend, const Tensor& weight) : be(backend) { be.hold_weight(weight); }
+    ~Held() { be.release_weight(); }
+  } held(be, w(weight));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
     const bool whole = n == rows;  // one chunk: the tensors as they are

@@ -80,7 +80,7 @@ struct PlanOptions {
   // with two, the next block's gather runs while a block computes).
   int weight_rooms = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
-  // holds at most Model::kLogitsChunkBytes of them (GPT-2: 256 rows). The head computes its logits,
+  // holds at most Model::kLogitsChunkBytes of them (GPT-2: 128 rows). The head computes its logits,
   // loss and (when training) its own backward chunk after chunk, so the whole logits never exist
   // unless they fit.
   int64_t logits_rows = 0;
@@ -306,8 +306,9 @@ class Model {
   // Language-model heads: logits_ holds a chunk of rows ([B,T,V] when all rows fit); the head's
   // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
   // head_backward (lm_head_dx).
-  static constexpr int64_t kLogitsChunkBytes = int64_t{64} << 20;
-  void declare_lm_logits(MemoryPlan& plan, const BatchShape& s);
+  static constexpr int64_t kLogitsChunkBytes = int64_t{32} << 20;
+  // `weight`: the head's weight parameter, as lm_head_forward gets it.
+  void declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight);
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
   // each chunk's backward: lm_head_dx's rows = dlogits W, and dW (db) += its share. W is
@@ -321,6 +322,7 @@ class Model {
   PlanOptions options_;
   Tensor head_dx_;
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
+  int lm_head_weight_ = -1;    // the LM head's weight parameter
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;

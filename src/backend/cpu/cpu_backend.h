@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
+  void hold_weight(const Tensor& w) override;
+  void release_weight() override;
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
 
   MemoryResource& device_memory() override { return host_memory(); }
@@ -107,6 +109,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
   bool bf16_operands_ = false;        // the matmul dtype is bf16: operands rounded to it
   BackendWorkspace ws_;               // its planned bf16 operand buffers
+  const float* held_ = nullptr;       // the held weight, rounded into ws_.held_weight
 };
 
 // Checks shared by the CPU kernels.

@@ -61,6 +61,17 @@ void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOp
                          binder, ws_);
 }
 
+void CpuBackend::hold_weight(const Tensor& w) {
+  held_ = nullptr;
+  if (!bf16_operands_ || ws_.held_weight.empty() || w.numel() > ws_.held_weight.numel()) return;
+  bf16_operand(w.f32(), rows_of(w), cols_of(w), cols_of(w), ws_.held_weight);
+  held_ = w.f32();
+}
+
+void CpuBackend::release_weight() {
+  held_ = nullptr;
+}
+
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
                         int64_t ldc) {
@@ -68,6 +79,8 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
               "bf16 matrix products need the backend workspace in the plan");
   // Without bf16 units, bf16 operands are rounded here and multiplied in float32.
   const bool round = bf16_operands_ && !(dnnl_ && dnnl_->dtype() == DType::bf16);
+  // B is the held weight, already rounded (hold_weight): read in place, with its own layout.
+  const bool b_held = held_ != nullptr && b == held_;
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
   // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
   // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
@@ -79,13 +92,13 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     const float* b0 = b;
     if (round) {
       bf16_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
-      bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
+      if (!b_held) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
       a0 = ws_.operand_a.f32();
-      b0 = ws_.operand_b.f32();
+      b0 = b_held ? ws_.held_weight.f32() : ws_.operand_b.f32();
     }
     if (dnnl_)
       dnnl_->run(trans_a, trans_b, rows, n, k, a0, lda, b0, ldb, accumulate, c + r0 * ldc, ldc,
-                 ws_.operand_a, ws_.operand_b);
+                 ws_.operand_a, b_held ? ws_.held_weight : ws_.operand_b, b_held);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, a0, lda, b0, ldb,

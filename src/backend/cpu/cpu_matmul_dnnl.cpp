@@ -108,7 +108,7 @@ bool DnnlMatmul::available(DType dtype) {
 
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                      int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
-                     int64_t ldc, const Tensor& a16, const Tensor& b16) {
+                     int64_t ldc, const Tensor& a16, const Tensor& b16, bool b_packed) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const dt type = dnnl_type(dtype_);
@@ -119,7 +119,7 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     BRISK_CHECK(a16.dtype() == DType::bf16 && b16.dtype() == DType::bf16,
                 "internal error: bf16 products packed into ", dtype_name(a16.dtype()));
     bf16_operand(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
-    bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
+    if (!b_packed) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
     a_data = a16.data();
     b_data = b16.data();
   }
@@ -162,7 +162,7 @@ bool DnnlMatmul::available(DType) {
   return false;
 }
 void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                     int64_t, bool, float*, int64_t, const Tensor&, const Tensor&) {
+                     int64_t, bool, float*, int64_t, const Tensor&, const Tensor&, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif

@@ -38,10 +38,11 @@ class DnnlMatmul {
   // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
   // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b).
   // In bf16, a16 and b16 are the planned packing buffers, each large enough for its operand
-  // (unused in float32).
+  // (unused in float32); with b_packed, b16 already holds B in bf16 (same layout) and b is not
+  // read.
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const Tensor& a16,
-           const Tensor& b16);
+           const Tensor& b16, bool b_packed = false);
 
  private:
   struct Impl;
