@@ -1,7 +1,8 @@
 // Multi-head and grouped-query attention on the CPU. Per (batch, query head): scores by sgemm on
 // strided views of the packed qkv (the query head's key/value head shared by its group), masked
 // softmax into `probs`, dropout on the probabilities from the counter-based RNG (regenerated in
-// backward, never stored), and the weighted sum of values, all products by sgemm.
+// backward, never stored), and the weighted sum of values, all products by sgemm; causal
+// attention in blocks of query rows that stop at their last key (about half the products).
 #include <cblas.h>
 
 #include <algorithm>
@@ -19,15 +20,12 @@ namespace brisk {
 namespace {
 using AttnDims = AttentionDims;
 
+// Causal attention goes in blocks of this many query rows, each over the keys up to its last row.
+constexpr int64_t kCausalRows = 64;
+
 // Index of probability (b, h, i, j) in the flat [B,H,T,T] layout: the dropout element id.
 inline uint64_t prob_index(const AttnDims& d, int64_t bh, int64_t i, int64_t j) {
   return static_cast<uint64_t>((bh * d.T + i) * d.T + j);
-}
-
-// Pd = P * mask / (1 - p) for the T x T probabilities of one (batch, head).
-void dropped_probs(const AttnDims& d, int64_t bh, const float* P, const RngKey& key, float p,
-                   float* Pd) {
-  dropout_range(key, p, prob_index(d, bh, 0, 0), d.T * d.T, P, nullptr, Pd);
 }
 
 // Where a token's heads start in a row of packed qkv [.., (H + 2K) * D]: query head h, and the
@@ -70,49 +68,59 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     const float* k = token0 + row_of.k(d, h);
     const float* v = token0 + row_of.v(d, h);
     float* S = P + bh * d.T * d.T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, scale, q, ld, k, ld, 0.0f,
-                S, d.T);
-    for (int64_t i = 0; i < d.T; ++i) {
-      float* row = S + i * d.T;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < d.T; ++j) {
-        const bool allowed = (!causal || j <= i) && (!mask || mask[b * d.T + j] != 0);
-        if (!allowed) row[j] = -std::numeric_limits<float>::infinity();
-        mx = std::max(mx, row[j]);
-      }
-      if (mx == -std::numeric_limits<float>::infinity()) {  // every key hidden: attend nowhere
-        std::memset(row, 0, d.T * sizeof(float));
-        continue;
-      }
-#pragma omp simd
-      for (int64_t j = 0; j < d.T; ++j) row[j] = vector_expf(row[j] - mx);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < d.T; ++j) sum += row[j];
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j < d.T; ++j) row[j] *= inv;
-    }
     float* ob = o + b * d.T * d.C + h * d.D;
-    const float* weights = S;
-    if (dropout_p > 0.0f) {
-      float* Pd = scratch.f32() + bh * d.T * d.T;
-      dropped_probs(d, bh, S, key, dropout_p, Pd);
-      weights = Pd;
+    float* Pd = dropout_p > 0.0f ? scratch.f32() + bh * d.T * d.T : nullptr;
+    // Causal: a block of query rows sees only the keys up to its last row; the probabilities of
+    // the later keys are zero and neither computed nor multiplied.
+    const int64_t rows_per_block = causal ? kCausalRows : d.T;
+    for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
+      const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
+      float* block = S + i0 * d.T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, keys, d.D, scale, q + i0 * ld,
+                  ld, k, ld, 0.0f, block, d.T);
+      for (int64_t i = i0; i < i1; ++i) {
+        float* row = S + i * d.T;
+        std::fill(row + keys, row + d.T, 0.0f);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < keys; ++j) {
+          const bool allowed = (!causal || j <= i) && (!mask || mask[b * d.T + j] != 0);
+          if (!allowed) row[j] = -std::numeric_limits<float>::infinity();
+          mx = std::max(mx, row[j]);
+        }
+        if (mx == -std::numeric_limits<float>::infinity()) {  // every key hidden: attend nowhere
+          std::memset(row, 0, keys * sizeof(float));
+          continue;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < keys; ++j) row[j] = vector_expf(row[j] - mx);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < keys; ++j) sum += row[j];
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < keys; ++j) row[j] *= inv;
+      }
+      const float* weights = block;
+      if (Pd) {  // the dropped-out probabilities of these rows' keys
+        for (int64_t i = i0; i < i1; ++i)
+          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, S + i * d.T, nullptr,
+                        Pd + i * d.T);
+        weights = Pd + i0 * d.T;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, d.D, keys, 1.0f, weights, d.T,
+                  v, ld, 0.0f, ob + i0 * d.C, d.C);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, v, ld,
-                0.0f, ob, d.C);
   }
 }
 
 // The probabilities saved by the forward pass already carry the mask and causality, so the
-// backward pass needs neither (nor the forward's output). One task per (batch, key/value head):
+// backward pass needs neither (nor the forward's output); causality only lets it skip the blocks
+// where they are zero. One task per (batch, key/value head):
 // the query heads of its group add their key and value gradients in turn (the first writes, the
 // others accumulate), so no two threads write the same rows and the sum has a fixed order.
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
-                                    const Tensor& probs, const Tensor& /*key_mask*/,
-                                    bool /*causal*/, int heads, int kv_heads, float scale,
-                                    float dropout_p, const RngKey& key, const Tensor& scratch,
-                                    const Tensor& dqkv) {
+                                    const Tensor& probs, const Tensor& /*key_mask*/, bool causal,
+                                    int heads, int kv_heads, float scale, float dropout_p,
+                                    const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
   const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
@@ -141,32 +149,52 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       const float* P = probs.f32() + bh * d.T * d.T;
       float* dP = scratch.f32() + bh * d.T * d.T;
 
-      // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG.
+      // Causal: the probabilities of a query row are zero beyond its own position, so every
+      // product below stops at the last key (or starts at the first query) a block can reach.
+      const int64_t rows_per_block = causal ? kCausalRows : d.T;
+      // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG: the keys
+      // of a block are seen by the queries from the block's first row on.
       const float* weights = P;
       if (dropout_p > 0.0f) {
-        dropped_probs(d, bh, P, key, dropout_p, dP);
+        for (int64_t i = 0; i < d.T; ++i) {
+          const int64_t keys =
+              causal ? std::min(d.T, (i / rows_per_block + 1) * rows_per_block) : d.T;
+          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, P + i * d.T, nullptr,
+                        dP + i * d.T);
+        }
         weights = dP;
       }
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, weights, d.T, go,
-                  d.C, accumulate, dv, ld);
-      // dP' = dO V^T, then through the dropout mask to dP.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.T, d.T, d.D, 1.0f, go, d.C, v, ld,
-                  0.0f, dP, d.T);
-      if (dropout_p > 0.0f) {
-        dropout_range(key, dropout_p, prob_index(d, bh, 0, 0), d.T * d.T, dP, nullptr, dP);
+      for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
+        const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, d.D, d.T - first, 1.0f,
+                    weights + first * d.T + j0, d.T, go + first * d.C, d.C, accumulate,
+                    dv + j0 * ld, ld);
       }
-      // Softmax backward: dS = P * (dP - sum_j dP * P), with the score scale folded in.
-      for (int64_t i = 0; i < d.T; ++i) {
-        const float* pi = P + i * d.T;
-        float* di = dP + i * d.T;
-        float dot = 0.0f;
-        for (int64_t j = 0; j < d.T; ++j) dot += pi[j] * di[j];
-        for (int64_t j = 0; j < d.T; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
+      // Per block of query rows: dP' = dO V^T, through the dropout mask to dP, the softmax
+      // backward dS = P * (dP - sum_j dP * P) with the score scale folded in, and dQ = dS K.
+      for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
+        const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
+        float* block = dP + i0 * d.T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, keys, d.D, 1.0f,
+                    go + i0 * d.C, d.C, v, ld, 0.0f, block, d.T);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* pi = P + i * d.T;
+          float* di = dP + i * d.T;
+          if (dropout_p > 0.0f)
+            dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, di, nullptr, di);
+          float dot = 0.0f;
+          for (int64_t j = 0; j < keys; ++j) dot += pi[j] * di[j];
+          for (int64_t j = 0; j < keys; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, d.D, keys, 1.0f, block, d.T,
+                    k, ld, 0.0f, dq + i0 * ld, ld);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, k, ld,
-                  0.0f, dq, ld);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.T, d.D, d.T, 1.0f, dP, d.T, q, ld,
-                  accumulate, dk, ld);
+      // dK = dS^T Q: the keys of a block from the queries at and after the block's first row.
+      for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
+        const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, d.D, d.T - first, 1.0f,
+                    dP + first * d.T + j0, d.T, q + first * ld, ld, accumulate, dk + j0 * ld, ld);
+      }
     }
 }
 
