@@ -255,8 +255,8 @@ MatmulOperands Model::matmul_operands() const {
 
 const Tensor& Model::logits() const {
   if (lm_chunk_rows_ > 0) {
-    const int64_t rows = shape_.batch * shape_.seq, held = logits_.numel() / config_.vocab_size;
-    BRISK_CHECK(held == rows, "the logits of ", rows, " rows were computed ", held,
+    const int64_t rows = shape_.batch * shape_.seq, kept = logits_.numel() / config_.vocab_size;
+    BRISK_CHECK(kept == rows, "the logits of ", rows, " rows were computed ", kept,
                 " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
   }
   return logits_;
@@ -265,7 +265,6 @@ const Tensor& Model::logits() const {
 void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight) {
   lm_head_weight_ = weight;
   const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
-  // Chunks of whole multiples of 64 rows (a GPU product's operands stay 256-byte aligned).
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
   // product's operands 256-byte aligned) within kLogitsChunkBytes; the same at every length.
   lm_chunk_rows_ = options_.logits_rows;
