@@ -1,9 +1,11 @@
-// Multi-head and grouped-query attention on the CPU. Per (batch, query head): scores by sgemm on
-// strided views of the packed qkv (the query head's key/value head shared by its group), masked
+// Multi-head and grouped-query attention on the CPU. Per (batch, query head): scores by a product
+// on strided views of the packed qkv (the query head's key/value head shared by its group), masked
 // softmax into `probs`, dropout on the probabilities from the counter-based RNG (regenerated in
-// backward, never stored), and the weighted sum of values, all products by sgemm; causal
+// backward, never stored), and the weighted sum of values; the products by oneDNN in float32 where
+// the backend's float32 products are oneDNN's (one instance per thread), else OpenBLAS; causal
 // attention in blocks of query rows that stop at their last key (about half the products).
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +41,20 @@ struct PackedRow {
   int64_t v(const AttnDims& d, int64_t h) const { return d.C + (d.K + h / group) * d.D; }
 };
 }  // namespace
+
+void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                   const float* a, int64_t lda, const float* b, int64_t ldb,
+                                   float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const int thread = omp_get_thread_num();
+  if (thread < static_cast<int>(attention_dnnl_.size()) && k > 0) {
+    attention_dnnl_[static_cast<size_t>(thread)]->run(trans_a, trans_b, m, n, k, a, lda, b, ldb,
+                                                      beta != 0.0f, c, ldc, Tensor(), Tensor());
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                    int heads, int kv_heads, float scale, float dropout_p,
@@ -76,15 +92,14 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
       const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
       float* block = S + i0 * d.T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, keys, d.D, scale, q + i0 * ld,
-                  ld, k, ld, 0.0f, block, d.T);
+      attention_product(false, true, i1 - i0, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, block, d.T);
       for (int64_t i = i0; i < i1; ++i) {
         float* row = S + i * d.T;
         std::fill(row + keys, row + d.T, 0.0f);
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
           const bool allowed = (!causal || j <= i) && (!mask || mask[b * d.T + j] != 0);
-          if (!allowed) row[j] = -std::numeric_limits<float>::infinity();
+          row[j] = allowed ? row[j] * scale : -std::numeric_limits<float>::infinity();
           mx = std::max(mx, row[j]);
         }
         if (mx == -std::numeric_limits<float>::infinity()) {  // every key hidden: attend nowhere
@@ -106,8 +121,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
                         Pd + i * d.T);
         weights = Pd + i0 * d.T;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, d.D, keys, 1.0f, weights, d.T,
-                  v, ld, 0.0f, ob + i0 * d.C, d.C);
+      attention_product(false, false, i1 - i0, d.D, keys, weights, d.T, v, ld, 0.0f, ob + i0 * d.C,
+                        d.C);
     }
   }
 }
@@ -166,17 +181,16 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       }
       for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
         const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, d.D, d.T - first, 1.0f,
-                    weights + first * d.T + j0, d.T, go + first * d.C, d.C, accumulate,
-                    dv + j0 * ld, ld);
+        attention_product(true, false, j1 - j0, d.D, d.T - first, weights + first * d.T + j0, d.T,
+                          go + first * d.C, d.C, accumulate, dv + j0 * ld, ld);
       }
       // Per block of query rows: dP' = dO V^T, through the dropout mask to dP, the softmax
       // backward dS = P * (dP - sum_j dP * P) with the score scale folded in, and dQ = dS K.
       for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
         const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
         float* block = dP + i0 * d.T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, keys, d.D, 1.0f,
-                    go + i0 * d.C, d.C, v, ld, 0.0f, block, d.T);
+        attention_product(false, true, i1 - i0, keys, d.D, go + i0 * d.C, d.C, v, ld, 0.0f, block,
+                          d.T);
         for (int64_t i = i0; i < i1; ++i) {
           const float* pi = P + i * d.T;
           float* di = dP + i * d.T;
@@ -186,14 +200,14 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           for (int64_t j = 0; j < keys; ++j) dot += pi[j] * di[j];
           for (int64_t j = 0; j < keys; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, d.D, keys, 1.0f, block, d.T,
-                    k, ld, 0.0f, dq + i0 * ld, ld);
+        attention_product(false, false, i1 - i0, d.D, keys, block, d.T, k, ld, 0.0f, dq + i0 * ld,
+                          ld);
       }
       // dK = dS^T Q: the keys of a block from the queries at and after the block's first row.
       for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
         const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, d.D, d.T - first, 1.0f,
-                    dP + first * d.T + j0, d.T, q + first * ld, ld, accumulate, dk + j0 * ld, ld);
+        attention_product(true, false, j1 - j0, d.D, d.T - first, dP + first * d.T + j0, d.T,
+                          q + first * ld, ld, accumulate, dk + j0 * ld, ld);
       }
     }
 }

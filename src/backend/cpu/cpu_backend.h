@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
@@ -107,9 +108,15 @@ class CpuBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
               int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
-  bool bf16_operands_ = false;        // the matmul dtype is bf16: operands rounded to it
-  BackendWorkspace ws_;               // its planned bf16 operand buffers
-  const float* held_ = nullptr;       // the held weight, rounded into ws_.held_weight
+  // Attention's float32 products, one instance per OpenMP thread; empty: OpenBLAS.
+  std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;
+  // Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread.
+  void attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc);
+  bool bf16_operands_ = false;   // the matmul dtype is bf16: operands rounded to it
+  BackendWorkspace ws_;          // its planned bf16 operand buffers
+  const float* held_ = nullptr;  // the held weight, rounded into ws_.held_weight
 };
 
 // Checks shared by the CPU kernels.

@@ -1,6 +1,7 @@
 // Linear layers on the CPU: oneDNN or OpenBLAS for the products, a blocked loop for bias
 // gradients.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -48,6 +49,14 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
+  // Attention's per-head products are float32 in every mode, one (batch, head) task per thread:
+  // one oneDNN instance per thread where float32 products are oneDNN's.
+  if (!float32_products_by_onednn()) {
+    attention_dnnl_.clear();
+  } else if (attention_dnnl_.empty()) {
+    for (int t = 0; t < omp_get_max_threads(); ++t)
+      attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(DType::f32));
+  }
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
   if (library == DType::f32 && !float32_products_by_onednn()) {
     dnnl_.reset();

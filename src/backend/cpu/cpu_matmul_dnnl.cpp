@@ -2,6 +2,7 @@
 // operands are packed into buffers from the memory plan, in float32 they are read in place.
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,6 +19,8 @@
 namespace brisk {
 
 namespace {
+std::atomic<uint64_t> g_calls{0};
+
 bool products_env_is(const char* library) {
   const char* v = std::getenv("BRISK_CPU_PRODUCTS");
   return v != nullptr && std::strcmp(v, library) == 0;
@@ -30,6 +33,10 @@ bool cpu_products_by_openblas() {
 
 bool cpu_products_by_onednn() {
   return products_env_is("onednn");
+}
+
+uint64_t DnnlMatmul::calls() {
+  return g_calls.load(std::memory_order_relaxed);
 }
 
 bool cpu_has_bf16_products() {
@@ -148,6 +155,7 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   p.a.set_data_handle(a_data);
   p.b.set_data_handle(b_data);
   p.c.set_data_handle(c);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   p.matmul.execute(impl_->stream, p.args);
   impl_->stream.wait();
 }

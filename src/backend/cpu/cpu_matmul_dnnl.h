@@ -35,6 +35,9 @@ class DnnlMatmul {
   // Whether this build and CPU multiply in `dtype` through oneDNN.
   static bool available(DType dtype);
   DType dtype() const { return dtype_; }
+  // Products run so far by every instance (oneDNN allocates a few bookkeeping objects per call:
+  // the allocation test bounds them per call).
+  static uint64_t calls();
   // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
   // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b).
   // In bf16, a16 and b16 are the planned packing buffers, each large enough for its operand
