@@ -186,8 +186,7 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
     const size_t bf16_bytes = b["dtype"] == "bfloat16" ? 2 : 4;
     if (b["name"] == "backend.bf16_pack_a") EXPECT_EQ(b["bytes"], 128u * 50257u * bf16_bytes);
     if (b["name"] == "backend.bf16_pack_b") EXPECT_EQ(b["bytes"], 1024u * 3072u * bf16_bytes);
-    if (b["name"] == "backend.bf16_held_weight")
-      EXPECT_EQ(b["bytes"], 50257u * 768u * bf16_bytes);
+    if (b["name"] == "backend.bf16_held_weight") EXPECT_EQ(b["bytes"], 50257u * 768u * bf16_bytes);
   }
   EXPECT_EQ(logits, 1) << m["buffers"].dump();
   for (const auto& [category, bytes] : m["planned_bytes"].items())

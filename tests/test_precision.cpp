@@ -223,21 +223,32 @@ namespace {
 // operands rounded and multiplied in float32 by OpenBLAS (what a CPU without bf16 units does).
 class CpuProducts : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
-  const std::string param = GetParam();
-  const bool openblas = param.rfind("openblas", 0) == 0;
-  const std::string mode = param == "openblas_bf16" ? "bf16" : param;
-  if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
-  if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
-  auto be = make_cpu_backend();
-  be->set_matmul_dtype(mode == "bf16" ? DType::bf16 : DType::f32);
+// The CPU backend of a CpuProducts parameter (its library forced by BRISK_CPU_PRODUCTS while it is
+// made, bf16 or float32 products) with its workspace planned for `operands`.
+struct ProductsBackend {
+  std::string param = ::testing::TestWithParam<const char*>::GetParam();
+  bool openblas = param.rfind("openblas", 0) == 0;
+  bool bf16 = param == "bf16" || param == "openblas_bf16";
+  std::unique_ptr<Backend> be;
   MemoryPlan plan;
   BufferBinder binder;
-  be->plan_workspace(plan, binder, 37 * 29);
-  ::unsetenv("BRISK_CPU_PRODUCTS");
-  plan.finalize();
-  Arena arena(plan, Device::cpu);
-  binder.bind(arena);
+  std::unique_ptr<Arena> arena;
+  explicit ProductsBackend(MatmulOperands operands) {
+    if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+    if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
+    be = make_cpu_backend();
+    be->set_matmul_dtype(bf16 ? DType::bf16 : DType::f32);
+    be->plan_workspace(plan, binder, operands);  // the library decides the packing type
+    ::unsetenv("BRISK_CPU_PRODUCTS");
+    plan.finalize();
+    arena = std::make_unique<Arena>(plan, Device::cpu);
+    binder.bind(*arena);
+  }
+};
+
+TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
+  ProductsBackend p(37 * 29);
+  Backend* be = p.be.get();
   std::mt19937 gen(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t M = 37, K = 29, N = 23;
@@ -292,7 +303,7 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
                        Tensor(const_cast<float*>(w_raw.data()), ws, DType::f32),
                        Tensor(b.data(), {N}, DType::f32), layout,
                        Tensor(y_raw.data(), {M, N}, DType::f32));
-    EXPECT_EQ(y_raw == y, mode == "bf16");
+    EXPECT_EQ(y_raw == y, p.bf16);
     // Once a shape has its primitive, a product allocates no buffers: only oneDNN's own
     // per-call bookkeeping inside the library (13 small objects with oneDNN 2.6), a known
     // exception to brisk's no-allocation rule, bounded here so that growth is noticed; OpenBLAS
@@ -301,7 +312,7 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
     be->linear_forward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
                        Tensor(b.data(), {N}, DType::f32), layout,
                        Tensor(y.data(), {M, N}, DType::f32));
-    EXPECT_LE(heap_allocations() - before, openblas ? 0u : 16u);
+    EXPECT_LE(heap_allocations() - before, p.openblas ? 0u : 16u);
     EXPECT_LE(rel_error(dx.data(), rdx.data(), M * K), 1e-6);
     EXPECT_LE(rel_error(dw.data(), rdw.data(), N * K), 1e-6);
   }
@@ -311,20 +322,9 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
 // read it give the same bits as unheld ones, and until release_weight they read that copy; after
 // it they read the weight again. float32 products have nothing to prepare: they always read it.
 TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
-  const std::string param = GetParam();
-  const std::string mode = param == "openblas_bf16" ? "bf16" : param;
-  if (param.rfind("openblas", 0) == 0) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
-  if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
-  auto be = make_cpu_backend();
-  be->set_matmul_dtype(mode == "bf16" ? DType::bf16 : DType::f32);
   const int64_t M = 37, K = 29, N = 23;
-  MemoryPlan plan;
-  BufferBinder binder;
-  be->plan_workspace(plan, binder, MatmulOperands(M * K, N * K, N * K));
-  ::unsetenv("BRISK_CPU_PRODUCTS");
-  plan.finalize();
-  Arena arena(plan, Device::cpu);
-  binder.bind(arena);
+  ProductsBackend p(MatmulOperands(M * K, N * K, N * K));
+  Backend* be = p.be.get();
   std::mt19937 gen(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(M * K), w(N * K), dy(M * N);
@@ -346,7 +346,7 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   EXPECT_EQ(products(), unheld);
   const float first = w[0];
   w[0] += 1.0f;  // breaks the caller's promise, to see which copy the products read
-  EXPECT_EQ(products() == unheld, mode == "bf16");
+  EXPECT_EQ(products() == unheld, p.bf16);
   be->release_weight();
   EXPECT_NE(products(), unheld);
   w[0] = first;
