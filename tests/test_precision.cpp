@@ -318,6 +318,31 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
   }
 }
 
+// A weight gradient with more than 4096 rows goes in blocks of rows (cpu_linear.cpp): the blocks
+// after the first read B as the first rounded it, and the result matches the fp64 reference.
+TEST_P(CpuProducts, WeightGradientsInBlocksOfRowsMatchTheReference) {
+  const int64_t M = 5, K = 3, N = 4100;
+  ProductsBackend p(MatmulOperands(M * N, M * K));
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(M * K), w(N * K), dy(M * N), dw(N * K, 0.0f);
+  for (auto* v : {&x, &w, &dy})
+    for (auto& e : *v) e = bf16_to_float(float_to_bf16(normal(gen)));
+  p.be->linear_backward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), {N, K}, DType::f32),
+                        Tensor(dy.data(), {M, N}, DType::f32), WeightLayout::out_in, Tensor(),
+                        false, Tensor(dw.data(), {N, K}, DType::f32), Tensor());
+  std::vector<float> want(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double acc = 0;
+      for (int64_t m = 0; m < M; ++m) acc += static_cast<double>(dy[m * N + n]) * x[m * K + k];
+      want[n * K + k] = static_cast<float>(acc);
+    }
+  EXPECT_LE(rel_error(dw.data(), want.data(), N * K), 1e-6);
+  // The last block's rows, past 4096, are right too.
+  EXPECT_LE(rel_error(dw.data() + 4096 * K, want.data() + 4096 * K, (N - 4096) * K), 1e-6);
+}
+
 // A held weight (Backend::hold_weight) is rounded once into its planned buffer: the products that
 // read it give the same bits as unheld ones, and until release_weight they read that copy; after
 // it they read the weight again. float32 products have nothing to prepare: they always read it.

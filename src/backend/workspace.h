@@ -15,11 +15,10 @@ inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 // Doubles of device memory for one tensor's reductions in the GPU's Adafactor.
 inline constexpr int64_t kAdafactorScratch = 3;
 
-// The most elements of a product's operands: A (activations and their gradients) and B (weights,
-// or activations in a weight gradient's product), for sizing the buffers they are copied into.
-// One number sizes both.
-// `held`: elements of the one weight a CPU backend keeps a rounded copy of while it is held
-// (Backend::hold_weight; 0: none), B then need not hold that weight.
+// The most elements of a product's operands, for sizing the buffers they are copied into: A
+// (activations and their gradients), B (weights, or activations in a weight gradient's product;
+// one number sizes both), and `held`, the one weight a CPU backend keeps a rounded copy of while it
+// is held (Backend::hold_weight; 0: none), which B then need not hold.
 struct MatmulOperands {
   int64_t a = 0, b = 0, held = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common

@@ -49,16 +49,17 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
+  const bool float32_onednn = float32_products_by_onednn();
   // Attention's per-head products are float32 in every mode, one (batch, head) task per thread:
   // one oneDNN instance per thread where float32 products are oneDNN's.
-  if (!float32_products_by_onednn()) {
+  if (!float32_onednn) {
     attention_dnnl_.clear();
   } else if (attention_dnnl_.empty()) {
     for (int t = 0; t < omp_get_max_threads(); ++t)
       attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(DType::f32));
   }
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
-  if (library == DType::f32 && !float32_products_by_onednn()) {
+  if (library == DType::f32 && !float32_onednn) {
     dnnl_.reset();
     return;
   }
@@ -88,8 +89,10 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
               "bf16 matrix products need the backend workspace in the plan");
   // Without bf16 units, bf16 operands are rounded here and multiplied in float32.
   const bool round = bf16_operands_ && !(dnnl_ && dnnl_->dtype() == DType::bf16);
-  // B is the held weight, already rounded (hold_weight): read in place, with its own layout.
-  const bool b_held = held_ != nullptr && b == held_;
+  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight), else the
+  // packing buffer, filled by the first block of rows and read by the others.
+  const Tensor& b_buffer = held_ != nullptr && b == held_ ? ws_.held_weight : ws_.operand_b;
+  bool b_packed = held_ != nullptr && b == held_;
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
   // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
   // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
@@ -101,17 +104,18 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     const float* b0 = b;
     if (round) {
       bf16_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
-      if (!b_held) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
+      if (!b_packed) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
       a0 = ws_.operand_a.f32();
-      b0 = b_held ? ws_.held_weight.f32() : ws_.operand_b.f32();
+      b0 = b_buffer.f32();
     }
     if (dnnl_)
       dnnl_->run(trans_a, trans_b, rows, n, k, a0, lda, b0, ldb, accumulate, c + r0 * ldc, ldc,
-                 ws_.operand_a, b_held ? ws_.held_weight : ws_.operand_b, b_held);
+                 ws_.operand_a, b_buffer, b_packed);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, a0, lda, b0, ldb,
                   accumulate ? 1.0f : 0.0f, c + r0 * ldc, ldc);
+    b_packed = bf16_operands_;  // either bf16 path rounded B into b_buffer
   }
 }
 
