@@ -378,6 +378,52 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   EXPECT_EQ(products(), unheld);
 }
 
+// A product input stored in bf16 (Backend::reads_product_input: the model's 16-bit activations)
+// gives the same bits as the float32 input it was rounded from, in both layouts and every product
+// that reads it (forward; the weight gradient, with A and B in both roles); float32 products
+// refuse it, naming the op.
+TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
+  const int64_t M = 37, K = 29, N = 23;
+  ProductsBackend p(M * K * 2);
+  Backend* be = p.be.get();
+  EXPECT_EQ(be->reads_product_input(DType::bf16), p.bf16);
+  EXPECT_FALSE(be->reads_product_input(DType::f16));
+  std::mt19937 gen(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(M * K), w(N * K), dy(M * N);
+  for (auto* v : {&x, &w, &dy})
+    for (auto& e : *v) e = normal(gen);
+  std::vector<uint16_t> x16(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(x[i]);
+  const Tensor x32t(x.data(), {M, K}, DType::f32), x16t(x16.data(), {M, K}, DType::bf16);
+  if (!p.bf16) {
+    std::vector<float> y(M * N);
+    EXPECT_THROW(be->linear_forward(x16t, Tensor(w.data(), {N, K}, DType::f32), Tensor(),
+                                    WeightLayout::out_in, Tensor(y.data(), {M, N}, DType::f32)),
+                 Error);
+    return;
+  }
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+    const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+    auto products = [&](const Tensor& xt) {
+      std::vector<float> y(M * N), dw(N * K, 0.0f);
+      be->linear_forward(xt, Tensor(w.data(), ws, DType::f32), Tensor(), layout,
+                         Tensor(y.data(), {M, N}, DType::f32));
+      be->linear_backward(xt, Tensor(w.data(), ws, DType::f32),
+                          Tensor(dy.data(), {M, N}, DType::f32), layout, Tensor(), false,
+                          Tensor(dw.data(), ws, DType::f32), Tensor());
+      y.insert(y.end(), dw.begin(), dw.end());
+      return y;
+    };
+    const std::vector<float> want = products(x32t);
+    EXPECT_EQ(products(x16t), want);
+    // Not a copy of the float32 answer: the input takes part.
+    x16[0] = float_to_bf16(x[0] + 1.0f);
+    EXPECT_NE(products(x16t), want);
+    x16[0] = float_to_bf16(x[0]);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,
                          ::testing::Values("bf16", "f32", "onednn", "openblas", "openblas_bf16"),
                          [](const auto& info) { return std::string(info.param); });

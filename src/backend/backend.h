@@ -163,6 +163,8 @@ class Backend {
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.
   // x may have any rank; its last dimension is K and the leading ones are flattened into M.
+  // x is float32, or stored in `dtype` where reads_product_input(dtype) says so (for
+  // linear_backward too).
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                               WeightLayout layout, const Tensor& y) = 0;
   // dx = dy W (or += when accumulate_dx; skipped when dx is empty); dw += dy^T x (laid out as
@@ -170,6 +172,9 @@ class Backend {
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                const Tensor& dw, const Tensor& db) = 0;
+  // Whether linear_forward and linear_backward read an input x stored in the 16-bit `dtype` as it
+  // is (the CPU's bf16 products: no float32 copy, no packing per product).
+  virtual bool reads_product_input(DType /*dtype*/) const { return false; }
   // The caller promises that w does not change until release_weight(): the products that read
   // it may read one copy prepared now (the CPU's bf16 products round it once, into the planned
   // MatmulOperands::held buffer, not once per product). One weight at a time; where there is

@@ -393,14 +393,24 @@ BlockStyle Model::style(bool training) const {
 }
 
 namespace {
-// Copies between a block's float32 working tensors and its 16-bit stored copies.
-void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool attn_stats_low) {
+// Copies between a block's float32 working tensors and its 16-bit stored copies, but for the
+// product inputs when only their stored copies are used (`direct`).
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool attn_stats_low, bool direct) {
   const auto src = low_precision_tensors(from, attn_stats_low);
   const auto dst = low_precision_tensors(to, attn_stats_low);
+  const auto inputs = product_inputs(from);
   for (size_t i = 0; i < src.size(); ++i)
-    if (src[i] && !src[i]->empty()) be.cast(*src[i], *dst[i]);
+    if (src[i] && !src[i]->empty() &&
+        !(direct && std::find(inputs.begin(), inputs.end(), src[i]) != inputs.end()))
+      be.cast(*src[i], *dst[i]);
 }
 }  // namespace
+
+bool Model::direct_product_inputs(const Backend& be) const {
+  return !stored_.empty() && be.reads_product_input(options_.activation_dtype);
+}
+
+namespace {}  // namespace
 
 void Model::forward_step(Backend& be, const StepOptions& o) {
   validate_batch();
@@ -409,14 +419,15 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);
   const BlockStyle st = style(o.training);
+  const bool direct = direct_product_inputs(be);
   const int L = static_cast<int>(config_.num_layers);
   if (weight_source_) weight_source_->prefetch(L);  // block 0, while the embeddings compute
   embed_forward(be, o);
   for (int l = 0; l < L; ++l) {
     need_block(l, l + 1);
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
-                  hidden_[l + 1], saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty()) transfer(be, work_, stored_[l], stored_attn_stats(st));
+                  hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
+    if (!stored_.empty()) transfer(be, work_, stored_[l], stored_attn_stats(st), direct);
   }
   head_forward(be, o);
 }
@@ -547,6 +558,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
   BRISK_CHECK(!staged_ || done, "internal error: staged gradients need backward's reports");
   const BlockStyle st = style(o.training);
+  const bool direct = direct_product_inputs(be);
   const bool split = grad_segments_.size() > 1;
   auto report = [&](int segment) {
     if (done && split) done(segment);
@@ -560,14 +572,21 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, stored_attn_stats(st));
+    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, stored_attn_stats(st), direct);
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)
       block_attention_core(be, st, dev_batch_.attention_mask, saved_[l], scratch_, scratch_.d_ctx,
                            o.rng, l);
+    // The product inputs' 16-bit copies, read as they are.
+    BlockSaved saved = saved_[l];
+    if (direct) {
+      const auto dst = product_inputs(saved);
+      const auto src = product_inputs(stored_[l]);
+      for (size_t i = 0; i < dst.size(); ++i) *dst[i] = *src[i];
+    }
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
-                   dev_batch_.attention_mask, saved_[l], scratch_, d_hidden_, o.rng, l);
+                   dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l);
     report(static_cast<int>(config_.num_layers) - l);
   }
   embed_backward(be, o);

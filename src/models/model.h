@@ -334,6 +334,9 @@ class Model {
   Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
   // Whether the 16-bit storage of the blocks holds the attention statistics.
   bool stored_attn_stats(const BlockStyle& st) const;
+  // Whether the blocks' product inputs live only in their 16-bit stored copies, which the
+  // backend's products read as they are (block_forward's `stored`).
+  bool direct_product_inputs(const Backend& be) const;
   Tensor flat_weights_, flat_grads_;
   // The gradient segments of the parameter layout (found at creation) and, after bind, of the
   // bound buffers (none for the weights alone).

@@ -61,6 +61,20 @@ void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
   if (!st.rope_cos.empty())
     be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
 }
+
+// A product's input rounded to the activation dtype: into its 16-bit stored copy, which the product
+// then reads, where there is one (with keep_work the float32 tensor, read elsewhere too, is
+// rounded as well); else in place.
+const Tensor& round_product_input(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
+                                  bool keep_work = false) {
+  if (copy == nullptr) {
+    be.round_to(lp, work);
+    return work;
+  }
+  be.cast(work, *copy);
+  if (keep_work) be.round_to(lp, work);
+  return *copy;
+}
 }  // namespace
 
 float layer_attention_scale(const BlockStyle& st, int layer) {
@@ -75,6 +89,10 @@ uint32_t block_rng_site(int layer, int which) {
 std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low) {
   return {&s.a_in,   &s.qkv,   attn_stats_low ? &s.attn_stats : nullptr, &s.ctx, &s.m_in,
           &s.fc_pre, &s.fc_act};
+}
+
+std::array<Tensor*, 4> product_inputs(BlockSaved& s) {
+  return {&s.a_in, &s.ctx, &s.m_in, &s.fc_act};
 }
 
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
@@ -140,20 +158,24 @@ void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_m
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
-                   const BlockScratch& scratch, const RngKey& key, int layer) {
+                   const BlockScratch& scratch, const RngKey& key, int layer,
+                   const BlockSaved* stored) {
+  auto copy = [&](const Tensor BlockSaved::*member) {
+    return stored != nullptr ? &(stored->*member) : nullptr;
+  };
   // Attention sublayer.
-  const Tensor& a_in = st.pre_norm ? s.a_in : x;
   const DType lp = st.act_dtype;
+  const Tensor* a_in = &x;
   if (st.pre_norm) {
     norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, s.a_in, s.mean_a, s.rstd_a);
-    be.round_to(lp, s.a_in);
+    a_in = &round_product_input(be, lp, s.a_in, copy(&BlockSaved::a_in));
   }
-  be.linear_forward(a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
+  be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   rotary_forward(be, st, s.qkv, 0);
   be.round_to(lp, s.qkv);
   block_attention_core(be, st, key_mask, s, scratch, s.ctx, key, layer);
-  be.round_to(lp, s.ctx);
-  be.linear_forward(s.ctx, w.proj_w, w.proj_b, st.layout, scratch.tmp);
+  be.linear_forward(round_product_input(be, lp, s.ctx, copy(&BlockSaved::ctx)), w.proj_w, w.proj_b,
+                    st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
   be.dropout_add(x, scratch.tmp, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
                  s.res1);
@@ -162,13 +184,14 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, s.m_in, s.mean_b, s.rstd_b);
   else
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
-  be.round_to(lp, s.m_in);
-  be.linear_forward(s.m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
+  // A post-norm block's MLP input is its residual too.
+  const Tensor& m_in = round_product_input(be, lp, s.m_in, copy(&BlockSaved::m_in), !st.pre_norm);
+  be.linear_forward(m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
   be.round_to(lp, s.fc_pre);
   mlp_activation_forward(be, st, s.fc_pre, s.fc_act);
-  be.round_to(lp, s.fc_act);
+  const Tensor& fc_act = round_product_input(be, lp, s.fc_act, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
-  be.linear_forward(s.fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
+  be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {

@@ -73,6 +73,10 @@ struct BlockSaved {
 // Entries for tensors a style does not use are empty; the attention statistics' entry is null
 // when they must stay float32 (attn_stats_low false).
 std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low);
+// The saved inputs of the block's matrix products alone (a_in, ctx, m_in, fc_act): where the
+// backend's products read the activation dtype as it is (Backend::reads_product_input), their
+// 16-bit copies are the only ones either pass reads.
+std::array<Tensor*, 4> product_inputs(BlockSaved& s);
 // Every saved tensor (for sharing one set among blocks).
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
 
@@ -114,9 +118,13 @@ uint32_t block_rng_site(int layer, int which);
 
 // out = block(x); key_mask is int32 [B,T] or empty. With out empty, only the saved internals are
 // (re)computed: the recompute path of gradient checkpointing, bit-identical to the first pass.
+// With `stored`, the product inputs (product_inputs) are rounded into stored's 16-bit copies and
+// the products read those; s's float32 ones are then scratch (m_in of a post-norm block, a
+// residual too, stays rounded in s as well).
 void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
-                   const BlockScratch& scratch, const RngKey& key, int layer);
+                   const BlockScratch& scratch, const RngKey& key, int layer,
+                   const BlockSaved* stored = nullptr);
 
 // The attention core of block_forward alone: s.attn_stats from s.qkv (rounded as the forward pass
 // rounds them), its output into `out`. Selective recomputation calls it in backward to rebuild

@@ -49,7 +49,7 @@ void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_
   const int thread = omp_get_thread_num();
   if (thread < static_cast<int>(attention_dnnl_.size()) && k > 0) {
     attention_dnnl_[static_cast<size_t>(thread)]->run(trans_a, trans_b, m, n, k, a, lda, b, ldb,
-                                                      beta != 0.0f, c, ldc, Tensor(), Tensor());
+                                                      beta != 0.0f, c, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -76,7 +76,10 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   float* P = probs.f32();
   float* o = out.f32();
 
-#pragma omp parallel for schedule(dynamic)
+  // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
+  // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
+  // task then would make them later, on a step that must not allocate).
+#pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
     const int64_t b = bh / d.H, h = bh % d.H;
     const float* token0 = base + b * d.T * ld;
@@ -148,7 +151,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const float* g = dout.f32();
   float* dbase = dqkv.f32();
 
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk)
     for (int64_t member = 0; member < row_of.group; ++member) {
       const int64_t b = bk / d.K, h = (bk % d.K) * row_of.group + member, bh = b * d.H + h;

@@ -19,6 +19,9 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
+  bool reads_product_input(DType dtype) const override {
+    return bf16_operands_ && dtype == DType::bf16;
+  }
   void hold_weight(const Tensor& w) override;
   void release_weight() override;
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
@@ -103,10 +106,21 @@ class CpuBackend final : public Backend {
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
+  // A product operand where it lies: float32, or (in bf16 mode) bf16, with its row stride.
+  struct Operand {
+    const void* data;
+    DType dtype;
+    int64_t ld;
+    Operand(const float* p, int64_t stride) : data(p), dtype(DType::f32), ld(stride) {}
+    Operand(const Tensor& t, int64_t stride) : data(t.data()), dtype(t.dtype()), ld(stride) {}
+  };
   // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
-  // or OpenBLAS.
-  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-              int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+  // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
+  // read where they lie when the library multiplies bf16).
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
+              bool accumulate, float* c, int64_t ldc);
+  // Throws naming `op` unless x may be a product's operand: float32, or bf16 in bf16 mode.
+  void check_operand(const Tensor& x, const char* op) const;
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
   // Attention's float32 products, one instance per OpenMP thread; empty: OpenBLAS.
   std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;

@@ -82,17 +82,39 @@ void CpuBackend::release_weight() {
   held_ = nullptr;
 }
 
-void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                        int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
-                        int64_t ldc) {
+void CpuBackend::check_operand(const Tensor& x, const char* op) const {
+  BRISK_CHECK(x.dtype() == DType::f32 || (x.dtype() == DType::bf16 && bf16_operands_), op,
+              ": input in ", dtype_name(x.dtype()), " is not a ",
+              bf16_operands_ ? "float32 or bf16" : "float32", " operand");
+}
+
+void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a,
+                        Operand b, bool accumulate, float* c, int64_t ldc) {
   BRISK_CHECK(!bf16_operands_ || !ws_.operand_a.empty(),
               "bf16 matrix products need the backend workspace in the plan");
-  // Without bf16 units, bf16 operands are rounded here and multiplied in float32.
-  const bool round = bf16_operands_ && !(dnnl_ && dnnl_->dtype() == DType::bf16);
+  BRISK_CHECK(
+      (a.dtype == DType::f32 || bf16_operands_) && (b.dtype == DType::f32 || bf16_operands_),
+      "internal error: a 16-bit operand outside bf16 products");
+  // The type the library multiplies in: bf16 on oneDNN's bf16 units; otherwise float32 (bf16
+  // operands then rounded, or widened, to float32 holding bf16 values).
+  const DType library = dnnl_ ? dnnl_->dtype() : DType::f32;
+  // In bf16 mode an operand passes through its packing buffer unless it already is bf16 and the
+  // library multiplies bf16: float32 operands are rounded, bf16 ones widened for float32 products.
+  auto packed = [&](const Operand& x) {
+    return bf16_operands_ && !(x.dtype == DType::bf16 && library == DType::bf16);
+  };
+  const size_t a_size = dtype_size(a.dtype);
   // B rounded to bf16 where it is read from: the held weight's copy (hold_weight), else the
   // packing buffer, filled by the first block of rows and read by the others.
-  const Tensor& b_buffer = held_ != nullptr && b == held_ ? ws_.held_weight : ws_.operand_b;
-  bool b_packed = held_ != nullptr && b == held_;
+  const bool held = held_ != nullptr && b.data == held_;
+  const Tensor& b_buffer = held ? ws_.held_weight : ws_.operand_b;
+  const void* b0 = b.data;
+  if (held) {
+    b0 = b_buffer.data();
+  } else if (packed(b)) {
+    bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, b_buffer);
+    b0 = b_buffer.data();
+  }
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
   // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
   // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
@@ -100,22 +122,18 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   const int64_t block = trans_a ? kRowBlock : m;
   for (int64_t r0 = 0; r0 < m; r0 += block) {
     const int64_t rows = std::min(block, m - r0);
-    const float* a0 = a + (trans_a ? r0 : r0 * lda);
-    const float* b0 = b;
-    if (round) {
-      bf16_operand(a0, trans_a ? k : rows, trans_a ? rows : k, lda, ws_.operand_a);
-      if (!b_packed) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, ws_.operand_b);
-      a0 = ws_.operand_a.f32();
-      b0 = b_buffer.f32();
+    const void* a0 = static_cast<const char*>(a.data) + (trans_a ? r0 : r0 * a.ld) * a_size;
+    if (packed(a)) {
+      bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
+      a0 = ws_.operand_a.data();
     }
     if (dnnl_)
-      dnnl_->run(trans_a, trans_b, rows, n, k, a0, lda, b0, ldb, accumulate, c + r0 * ldc, ldc,
-                 ws_.operand_a, b_buffer, b_packed);
+      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                  trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, a0, lda, b0, ldb,
+                  trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
+                  static_cast<const float*>(a0), a.ld, static_cast<const float*>(b0), b.ld,
                   accumulate ? 1.0f : 0.0f, c + r0 * ldc, ldc);
-    b_packed = bf16_operands_;  // either bf16 path rounded B into b_buffer
   }
 }
 
@@ -124,6 +142,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   // Plain locals, not structured bindings: OpenMP regions capture them (clang 14 cannot capture
   // bindings, and the fuzz build uses clang).
   const LinearDims dims = linear_dims(x, w, layout, "linear_forward");
+  check_operand(x, "linear_forward");
   const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(y) == m && cols_of(y) == n, "linear_forward: output ", y.shape().str(),
               " does not hold ", m, " x ", n);
@@ -138,13 +157,14 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   }
   if (m == 0) return;
   const bool out_in = layout == WeightLayout::out_in;
-  matmul(false, out_in, m, n, k, x.f32(), k, w.f32(), out_in ? k : n, has_bias, out, n);
+  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), has_bias, out, n);
 }
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                  WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                  const Tensor& dw, const Tensor& db) {
   const LinearDims dims = linear_dims(x, w, layout, "linear_backward");
+  check_operand(x, "linear_backward");
   const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(dy) == m && cols_of(dy) == n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
@@ -153,17 +173,17 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   if (!dx.empty()) {
     check_same_numel(dx, x, "linear_backward dx");
     if (layout == WeightLayout::out_in)
-      matmul(false, false, m, k, n, g, n, w.f32(), k, accumulate_dx, dx.f32(), k);
+      matmul(false, false, m, k, n, Operand(g, n), Operand(w.f32(), k), accumulate_dx, dx.f32(), k);
     else
-      matmul(false, true, m, k, n, g, n, w.f32(), n, accumulate_dx, dx.f32(), k);
+      matmul(false, true, m, k, n, Operand(g, n), Operand(w.f32(), n), accumulate_dx, dx.f32(), k);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (layout == WeightLayout::out_in)
-      matmul(true, false, n, k, m, g, n, x.f32(), k, true, dw.f32(), k);
+      matmul(true, false, n, k, m, Operand(g, n), Operand(x, k), true, dw.f32(), k);
     else
-      matmul(true, false, k, n, m, x.f32(), k, g, n, true, dw.f32(), n);
+      matmul(true, false, k, n, m, Operand(x, k), Operand(g, n), true, dw.f32(), n);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),

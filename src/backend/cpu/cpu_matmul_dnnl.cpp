@@ -1,5 +1,5 @@
-// oneDNN matmul primitives, cached per shape (made on the first step, reused after); in bf16 the
-// operands are packed into buffers from the memory plan, in float32 they are read in place.
+// oneDNN matmul primitives, cached per shape (made on the first step, reused after), and the
+// packing of bf16 operands.
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
 #include <atomic>
@@ -43,22 +43,35 @@ bool cpu_has_bf16_products() {
   return !cpu_products_by_openblas() && DnnlMatmul::available(DType::bf16);
 }
 
-void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst) {
+void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, int64_t ld,
+                  const Tensor& dst) {
   BRISK_CHECK(dst.dtype() == DType::bf16 || dst.dtype() == DType::f32,
               "internal error: a bf16 operand written as ", dtype_name(dst.dtype()));
+  BRISK_CHECK(src_type == DType::f32 || (src_type == DType::bf16 && dst.dtype() == DType::f32),
+              "internal error: a ", dtype_name(src_type), " operand packed as ",
+              dtype_name(dst.dtype()));
   BRISK_CHECK(dst.numel() >= rows * ld, "bf16 operand buffer of ", dst.numel(),
               " elements is too small for a ", rows, " x ", ld, " operand");
+  if (src_type == DType::bf16) {
+    const uint16_t* in = static_cast<const uint16_t*>(src);
+    float* out = dst.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = bf16_to_float(in[r * ld + c]);
+    return;
+  }
+  const float* in = static_cast<const float*>(src);
   if (dst.dtype() == DType::bf16) {
     uint16_t* out = dst.as<uint16_t>();
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(src[r * ld + c]);
+      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(in[r * ld + c]);
   } else {
     float* out = dst.f32();
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        out[r * ld + c] = bf16_to_float(float_to_bf16(src[r * ld + c]));
+        out[r * ld + c] = bf16_to_float(float_to_bf16(in[r * ld + c]));
   }
 }
 
@@ -113,23 +126,12 @@ bool DnnlMatmul::available(DType dtype) {
   return dtype == DType::f32 ? f32 : dtype == DType::bf16 ? bf16 : false;
 }
 
-void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
-                     int64_t ldc, const Tensor& a16, const Tensor& b16, bool b_packed) {
+void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                     int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
+                     int64_t ldc) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const dt type = dnnl_type(dtype_);
-  // Operands keep their layout; in bf16 only the element type changes.
-  void* a_data = const_cast<float*>(a);
-  void* b_data = const_cast<float*>(b);
-  if (dtype_ == DType::bf16) {
-    BRISK_CHECK(a16.dtype() == DType::bf16 && b16.dtype() == DType::bf16,
-                "internal error: bf16 products packed into ", dtype_name(a16.dtype()));
-    bf16_operand(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
-    if (!b_packed) bf16_operand(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
-    a_data = a16.data();
-    b_data = b16.data();
-  }
   const dnnl::memory::desc ad({m, k}, type, trans_a ? dims{1, lda} : dims{lda, 1});
   const dnnl::memory::desc bd({k, n}, type, trans_b ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
@@ -152,8 +154,8 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     it = impl_->cache.emplace(key, std::move(p)).first;
   }
   Prepared& p = it->second;
-  p.a.set_data_handle(a_data);
-  p.b.set_data_handle(b_data);
+  p.a.set_data_handle(const_cast<void*>(a));
+  p.b.set_data_handle(const_cast<void*>(b));
   p.c.set_data_handle(c);
   g_calls.fetch_add(1, std::memory_order_relaxed);
   p.matmul.execute(impl_->stream, p.args);
@@ -169,8 +171,8 @@ DnnlMatmul::~DnnlMatmul() = default;
 bool DnnlMatmul::available(DType) {
   return false;
 }
-void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                     int64_t, bool, float*, int64_t, const Tensor&, const Tensor&, bool) {
+void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
+                     int64_t, bool, float*, int64_t) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif

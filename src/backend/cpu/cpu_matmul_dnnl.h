@@ -1,8 +1,8 @@
 // Matrix products on the CPU through oneDNN, in float32 or in bf16 (AMX / AVX512-BF16 where the
-// CPU has them). float32 operands are multiplied where they lie; for bf16, float32 operands
-// holding bf16 values are packed to bf16 into planned buffers, multiplied with float32
-// accumulation, and written as float32. The CPU backend uses it for bf16 where the CPU has bf16
-// units, and for float32 where OpenBLAS's kernel is narrower than the CPU (see cpu_linear.cpp).
+// CPU has them), multiplied where they lie with float32 accumulation and written as float32; the
+// caller packs float32 operands holding bf16 values to bf16 (bf16_operand) into planned buffers.
+// The CPU backend uses it for bf16 where the CPU has bf16 units, and for float32 where OpenBLAS's
+// kernel is narrower than the CPU (see cpu_linear.cpp).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +22,16 @@ bool cpu_products_by_onednn();
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
 
-// The rows x cols operand at `src` (row stride ld) rounded to bf16 into `dst` at the same places:
-// packed bf16 when dst is bf16 (oneDNN's bf16 products), float32 holding bf16 values when it is
-// float32 (bf16 products without bf16 units).
-void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, const Tensor& dst);
+// The rows x cols operand at `src` (float32 or bf16, row stride ld) rounded to bf16 into `dst`
+// at the same places: packed bf16 when dst is bf16 (oneDNN's bf16 products), float32 holding
+// bf16 values when it is float32 (bf16 products without bf16 units). A bf16 source is already
+// rounded: it is only widened (into float32; not copied into bf16).
+void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, int64_t ld,
+                  const Tensor& dst);
+inline void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                         const Tensor& dst) {
+  bf16_operand(src, DType::f32, rows, cols, ld, dst);
+}
 
 class DnnlMatmul {
  public:
@@ -39,13 +45,10 @@ class DnnlMatmul {
   // the allocation test bounds them per call).
   static uint64_t calls();
   // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
-  // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b).
-  // In bf16, a16 and b16 are the planned packing buffers, each large enough for its operand
-  // (unused in float32); with b_packed, b16 already holds B in bf16 (same layout) and b is not
-  // read.
-  void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-           const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const Tensor& a16,
-           const Tensor& b16, bool b_packed = false);
+  // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b), both in this
+  // instance's dtype (bf16 operands packed by the caller); C is float32.
+  void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+           const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
  private:
   struct Impl;
