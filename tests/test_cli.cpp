@@ -519,13 +519,12 @@ TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   const CliRun cpu = run_brisk(run + "--device cpu");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   EXPECT_NE(cpu.out.find("expect a process peak near"), std::string::npos) << cpu.out;
-  // The GPU keeps one log-sum-exp per attention row where the CPU keeps the probabilities:
-  // 24 layers x 4 x 16 heads x 512 x 512 float32 values less.
+  // Both keep one log-sum-exp per attention row (no [T, T] probabilities): the same activations.
   auto activations_mib = [](const std::string& out) {
     return std::stod(out.substr(out.find("activations") + 11));
   };
-  EXPECT_NEAR(activations_mib(cpu.out) - activations_mib(gpu.out),
-              24.0 * 4 * 16 * 512 * (512 - 1) * 4 / (1 << 20), 0.2);
+  EXPECT_EQ(activations_mib(cpu.out), activations_mib(gpu.out));
+  EXPECT_GT(activations_mib(cpu.out), 0.0);
 }
 
 // estimate --fit lists only configurations of the same global batch that fit, fastest first,

@@ -282,20 +282,21 @@ TEST(OpsAttention, GroupedQueryEqualsMultiHeadOverRepeatedKeys) {
   const float scale = 0.4f;
   FVec qkv = randn(size_t(B) * T * W, rng), dout = randn(size_t(B) * T * C, rng);
   FVec wide = repeat_kv(qkv, B, T, H, K, D);
-  FVec probs(size_t(B) * H * T * T), scratch(probs.size()), out(dout.size()), out_wide(dout.size());
+  const brisk::AttentionBuffers ab = brisk::attention_buffers(brisk::Device::cpu, B, H, T, D);
+  FVec stats(ab.stats.numel()), scratch(ab.scratch.numel()), out(dout.size()),
+      out_wide(dout.size());
   FVec dqkv(qkv.size()), dwide(wide.size());
   be->attention_forward(view(qkv, {B, T, W}), Tensor(), true, H, K, scale, 0.f, RngKey{},
-                        view(probs, {B, H, T, T}), view(scratch, {B, H, T, T}),
-                        view(out, {B, T, C}));
+                        view(stats, ab.stats), view(scratch, ab.scratch), view(out, {B, T, C}));
   be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, W}), view(out, {B, T, C}),
-                         view(probs, {B, H, T, T}), Tensor(), true, H, K, scale, 0.f, RngKey{},
-                         view(scratch, {B, H, T, T}), view(dqkv, {B, T, W}));
+                         view(stats, ab.stats), Tensor(), true, H, K, scale, 0.f, RngKey{},
+                         view(scratch, ab.scratch), view(dqkv, {B, T, W}));
   be->attention_forward(view(wide, {B, T, 3 * C}), Tensor(), true, H, H, scale, 0.f, RngKey{},
-                        view(probs, {B, H, T, T}), view(scratch, {B, H, T, T}),
+                        view(stats, ab.stats), view(scratch, ab.scratch),
                         view(out_wide, {B, T, C}));
   be->attention_backward(view(dout, {B, T, C}), view(wide, {B, T, 3 * C}),
-                         view(out_wide, {B, T, C}), view(probs, {B, H, T, T}), Tensor(), true, H, H,
-                         scale, 0.f, RngKey{}, view(scratch, {B, H, T, T}),
+                         view(out_wide, {B, T, C}), view(stats, ab.stats), Tensor(), true, H, H,
+                         scale, 0.f, RngKey{}, view(scratch, ab.scratch),
                          view(dwide, {B, T, 3 * C}));
   EXPECT_EQ(out, out_wide) << "the same float32 operations per query head";
   Vec want(qkv.size(), 0.0);  // dq as is; dk, dv summed over the group
@@ -314,22 +315,22 @@ TEST(OpsAttention, GroupedQueryEqualsMultiHeadOverRepeatedKeys) {
 TEST(OpsAttention, UnevenHeadGroupsAreRefused) {
   auto be = brisk::make_cpu_backend();
   const int B = 1, T = 2, D = 2;
-  FVec qkv(size_t(B) * T * 14 * D, 0.5f), probs(size_t(B) * 4 * T * T), scratch(probs.size());
+  FVec qkv(size_t(B) * T * 14 * D, 0.5f), stats(size_t(B) * 4 * T), scratch(stats.size());
   FVec out(size_t(B) * T * 4 * D), kc(size_t(B) * T * 3 * D), vc(kc.size());
   // 4 query heads over 3 key/value heads: the packed width fits (4 + 2*3 heads), the groups do not.
   FVec q10(size_t(B) * T * 10 * D, 0.5f);
   EXPECT_THROW(be->attention_forward(view(q10, {B, T, 10 * D}), Tensor(), false, 4, 3, 1.f, 0.f,
-                                     RngKey{}, view(probs, {B, 4, T, T}),
-                                     view(scratch, {B, 4, T, T}), view(out, {B, T, 4 * D})),
+                                     RngKey{}, view(stats, {B, 4, T}), view(scratch, {B, 4, T}),
+                                     view(out, {B, T, 4 * D})),
                brisk::Error);
   EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 14 * D}), Tensor(), false, 4, 0, 1.f, 0.f,
-                                     RngKey{}, view(probs, {B, 4, T, T}),
-                                     view(scratch, {B, 4, T, T}), view(out, {B, T, 4 * D})),
+                                     RngKey{}, view(stats, {B, 4, T}), view(scratch, {B, 4, T}),
+                                     view(out, {B, T, 4 * D})),
                brisk::Error);
   // Packed width that does not match the head counts: 14 * D columns for 4 + 2 * 2 heads.
   EXPECT_THROW(be->attention_backward(view(out, {B, T, 4 * D}), view(qkv, {B, T, 14 * D}),
-                                      view(out, {B, T, 4 * D}), view(probs, {B, 4, T, T}), Tensor(),
-                                      false, 4, 2, 1.f, 0.f, RngKey{}, view(scratch, {B, 4, T, T}),
+                                      view(out, {B, T, 4 * D}), view(stats, {B, 4, T}), Tensor(),
+                                      false, 4, 2, 1.f, 0.f, RngKey{}, view(scratch, {B, 4, T}),
                                       view(qkv, {B, T, 14 * D})),
                brisk::Error);
   // Caches must hold K * D columns, not H * D.
@@ -343,17 +344,18 @@ TEST(OpsAttention, UnevenHeadGroupsAreRefused) {
 TEST(OpsAttention, NonFiniteScaleIsRefused) {
   auto be = brisk::make_cpu_backend();
   const int B = 1, T = 2, H = 1, D = 2, C = H * D;
-  FVec qkv(size_t(B) * T * 3 * C, 0.5f), probs(size_t(B) * H * T * T), scratch(probs.size());
+  const brisk::AttentionBuffers ab = brisk::attention_buffers(brisk::Device::cpu, B, H, T, D);
+  FVec qkv(size_t(B) * T * 3 * C, 0.5f), stats(ab.stats.numel()), scratch(ab.scratch.numel());
   FVec out(size_t(B) * T * C), dqkv(qkv.size()), kc(size_t(B) * T * C), vc(kc.size());
   for (float scale : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
     EXPECT_THROW(be->attention_forward(view(qkv, {B, T, 3 * C}), Tensor(), false, H, H, scale, 0.f,
-                                       RngKey{}, view(probs, {B, H, T, T}),
-                                       view(scratch, {B, H, T, T}), view(out, {B, T, C})),
+                                       RngKey{}, view(stats, ab.stats), view(scratch, ab.scratch),
+                                       view(out, {B, T, C})),
                  brisk::Error);
     EXPECT_THROW(
         be->attention_backward(view(out, {B, T, C}), view(qkv, {B, T, 3 * C}), view(out, {B, T, C}),
-                               view(probs, {B, H, T, T}), Tensor(), false, H, H, scale, 0.f,
-                               RngKey{}, view(scratch, {B, H, T, T}), view(dqkv, {B, T, 3 * C})),
+                               view(stats, ab.stats), Tensor(), false, H, H, scale, 0.f, RngKey{},
+                               view(scratch, ab.scratch), view(dqkv, {B, T, 3 * C})),
         brisk::Error);
     EXPECT_THROW(be->attention_decode(view(qkv, {B, T, 3 * C}), view(kc, {B, T, C}),
                                       view(vc, {B, T, C}), 0, H, H, scale, view(out, {B, T, C})),

@@ -7,10 +7,12 @@
 
 namespace brisk {
 
-AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq) {
-  if (device == Device::cuda)  // flash attention: one log-sum-exp per row; scratch for its delta
-    return {Shape{batch, heads, seq}, false, Shape{batch, heads, seq}};
-  return {Shape{batch, heads, seq, seq}, true, Shape{batch, heads, seq, seq}};
+AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq,
+                                   int64_t head_dim) {
+  if (device == Device::cuda)  // flash attention: scratch for its delta
+    return {Shape{batch, heads, seq}, Shape{batch, heads, seq}};
+  return {Shape{batch, heads, seq},
+          Shape{batch, heads, cpu_attention_scratch_floats(seq, head_dim)}};
 }
 
 AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op) {

@@ -31,15 +31,18 @@ enum class Activation {
 inline constexpr int kIgnoreIndex = -100;
 
 // What a backend's attention keeps for its backward pass and the scratch it needs, per block:
-// the CPU keeps the probabilities [B,H,T,T] (a 16-bit copy is fine); the CUDA backend's flash
-// attention keeps one log-sum-exp per row [B,H,T] (float32). A function of the device alone, so
-// a run's memory can be planned on a machine without that device.
+// both backends' flash-style attention keeps one log-sum-exp per query row [B,H,T] (float32);
+// the CUDA backend's scratch holds its delta per row, the CPU's a block of rows per (batch,
+// head) task. A function of the device alone, so a run's memory can be planned on a machine
+// without that device.
 struct AttentionBuffers {
   Shape stats;
-  bool stats_low_precision = false;  // may be stored in the 16-bit activation type
   Shape scratch;
 };
-AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq);
+AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq,
+                                   int64_t head_dim);
+// Floats of one CPU attention task's scratch (cpu_attention.cpp).
+int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim);
 
 // Batch, sequence, query channels C = H * D, query heads H, head width D and key/value heads K of
 // packed qkv [B, T, (H + 2K) * D] (multi-head attention: K = H, [B,T,3C]); throws naming `op`
@@ -300,7 +303,7 @@ class Backend {
   // zero probabilities and a zero output (transformers would spread it uniformly; such rows only
   // occur at padding, whose loss is ignored).
   // stats and scratch are shaped by attention_buffers(device()); stats keeps what the backward
-  // pass needs (the CPU: the softmax before dropout). out is [B,T,C].
+  // pass needs (the log-sum-exp of each query row's scores). out is [B,T,C].
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                                  int kv_heads, float scale, float dropout_p, const RngKey& key,
                                  const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;

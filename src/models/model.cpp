@@ -77,15 +77,16 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
   const BlockStyle style = this->style(true);
-  const BlockDims dims{shape.batch,
-                       shape.seq,
-                       c.hidden_size,
-                       c.intermediate_size,
-                       c.num_heads,
-                       c.kv_heads(),
-                       c.head_dim(),
-                       style.gated_mlp,
-                       attention_buffers(options.device, shape.batch, c.num_heads, shape.seq)};
+  const BlockDims dims{
+      shape.batch,
+      shape.seq,
+      c.hidden_size,
+      c.intermediate_size,
+      c.num_heads,
+      c.kv_heads(),
+      c.head_dim(),
+      style.gated_mlp,
+      attention_buffers(options.device, shape.batch, c.num_heads, shape.seq, c.head_dim())};
   BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
               "selective recomputation and gradient checkpointing contradict each other");
   const bool selective = options.selective_recompute;
@@ -102,8 +103,8 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
                           DType::f32, Category::activations, !selective);
       declare_block_saved(plan, binder_, stored_[l], prefix, style, dims, SavedPart::low_precision,
                           options.activation_dtype, Category::activations, !selective);
-      const auto dst = low_precision_tensors(saved_[l], style.attn_stats_low);
-      const auto src = low_precision_tensors(work_, style.attn_stats_low);
+      const auto dst = low_precision_tensors(saved_[l]);
+      const auto src = low_precision_tensors(work_);
       for (size_t i = 0; i < dst.size(); ++i)
         if (dst[i]) binder_.alias(dst[i], src[i]);
     }
@@ -121,9 +122,9 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::all, DType::f32,
                         Category::activations, !selective);
   }
-  // Selective recomputation: statistics the blocks keep in float32 share one buffer (16-bit ones
-  // already live in the shared float32 working set, which is not transferred to storage).
-  if (selective && !(low && style.attn_stats_low)) {
+  // Selective recomputation: the blocks' attention statistics share one buffer, rebuilt per block
+  // in backward.
+  if (selective) {
     declare(plan, &shared_attn_stats_, "block_selective.attn_stats", Category::activations,
             DType::f32, dims.attention.stats);
     for (BlockSaved& s : saved_) binder_.alias(&s.attn_stats, &shared_attn_stats_);
@@ -364,10 +365,6 @@ int64_t Model::count_targets() const {
   return n;
 }
 
-bool Model::stored_attn_stats(const BlockStyle& st) const {
-  return st.attn_stats_low && !options_.selective_recompute;
-}
-
 BlockStyle Model::config_block_style(bool training) const {
   const ModelConfig& c = config_;
   BlockStyle s;
@@ -388,16 +385,15 @@ BlockStyle Model::config_block_style(bool training) const {
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
-  s.attn_stats_low = attention_buffers(options_.device, 1, 1, 1).stats_low_precision;
   return s;
 }
 
 namespace {
 // Copies between a block's float32 working tensors and its 16-bit stored copies, but for the
 // product inputs when only their stored copies are used (`direct`).
-void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool attn_stats_low, bool direct) {
-  const auto src = low_precision_tensors(from, attn_stats_low);
-  const auto dst = low_precision_tensors(to, attn_stats_low);
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool direct) {
+  const auto src = low_precision_tensors(from);
+  const auto dst = low_precision_tensors(to);
   const auto inputs = product_inputs(from);
   for (size_t i = 0; i < src.size(); ++i)
     if (src[i] && !src[i]->empty() &&
@@ -427,7 +423,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     need_block(l, l + 1);
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
-    if (!stored_.empty()) transfer(be, work_, stored_[l], stored_attn_stats(st), direct);
+    if (!stored_.empty()) transfer(be, work_, stored_[l], direct);
   }
   head_forward(be, o);
 }
@@ -572,7 +568,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, stored_attn_stats(st), direct);
+    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, direct);
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)

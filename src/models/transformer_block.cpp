@@ -86,9 +86,8 @@ uint32_t block_rng_site(int layer, int which) {
   return static_cast<uint32_t>(layer * kSitesPerLayer + which);
 }
 
-std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low) {
-  return {&s.a_in,   &s.qkv,   attn_stats_low ? &s.attn_stats : nullptr, &s.ctx, &s.m_in,
-          &s.fc_pre, &s.fc_act};
+std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s) {
+  return {&s.a_in, &s.qkv, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
 }
 
 std::array<Tensor*, 4> product_inputs(BlockSaved& s) {
@@ -116,10 +115,7 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
   low(&s.qkv, "qkv", Shape{d.batch, d.seq, d.qkv_width()});
-  if (with_attn_stats && d.attention.stats_low_precision)
-    low(&s.attn_stats, "attn_stats", d.attention.stats);
-  else if (with_attn_stats)
-    full(&s.attn_stats, "attn_stats", d.attention.stats);
+  if (with_attn_stats) full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
   low(&s.m_in, "m_in", btc);
@@ -153,7 +149,6 @@ void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_m
   be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.kv_heads,
                        layer_attention_scale(st, layer), st.attention_dropout,
                        site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
-  if (st.attn_stats_low) be.round_to(st.act_dtype, s.attn_stats);
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,

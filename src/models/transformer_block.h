@@ -45,8 +45,6 @@ struct BlockStyle {
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
-  // Whether the attention statistics the backend keeps may be 16-bit (AttentionBuffers).
-  bool attn_stats_low = true;
 };
 
 // Parameters (or their gradients) of one block. ln_a is the LayerNorm (or RMSNorm) around
@@ -69,10 +67,9 @@ struct BlockSaved {
 };
 
 // The saved tensors kept in the activation dtype under mixed precision (those that feed matrix
-// products or attention); the rest (residual sums, LayerNorm statistics) stay float32.
-// Entries for tensors a style does not use are empty; the attention statistics' entry is null
-// when they must stay float32 (attn_stats_low false).
-std::array<Tensor*, 7> low_precision_tensors(BlockSaved& s, bool attn_stats_low);
+// products or attention); the rest (residual sums, attention's log-sum-exp, LayerNorm
+// statistics) stay float32. Entries for tensors a style does not use are empty.
+std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s);
 // The saved inputs of the block's matrix products alone (a_in, ctx, m_in, fc_act): where the
 // backend's products read the activation dtype as it is (Backend::reads_product_input), their
 // 16-bit copies are the only ones either pass reads.

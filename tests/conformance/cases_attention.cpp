@@ -103,7 +103,7 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
                   {"dqkv0", randn_d(B * T * W, rng)}};  // overwritten
   };
   c.run = [=](Backend& be, const Values& in) {
-    const AttentionBuffers ab = attention_buffers(be.device(), B, H, T);
+    const AttentionBuffers ab = attention_buffers(be.device(), B, H, T, D);
     DeviceBuffers d(be);
     const Tensor q = d.put_as(in.at("qkv"), {B, T, W});
     const Tensor m = mask == Mask::none ? Tensor() : d.put_as(in.at("mask"), {B, T}, DType::i32);

@@ -1,9 +1,12 @@
-// Multi-head and grouped-query attention on the CPU. Per (batch, query head): scores by a product
-// on strided views of the packed qkv (the query head's key/value head shared by its group), masked
-// softmax into `probs`, dropout on the probabilities from the counter-based RNG (regenerated in
-// backward, never stored), and the weighted sum of values; the products by oneDNN in float32 where
-// the backend's float32 products are oneDNN's (one instance per thread), else OpenBLAS; causal
-// attention in blocks of query rows that stop at their last key (about half the products).
+// Multi-head and grouped-query attention on the CPU, flash-style: per (batch, query head) and
+// block of kRows query rows, the scores by a product on the packed qkv (the query head's key/value
+// head shared by its group), the masked softmax in a per-task scratch block, dropout on the
+// probabilities from the counter-based RNG, and the weighted sum of values. Only one log-sum-exp
+// per query row is kept: backward recomputes the block's probabilities from it, so no [T, T]
+// matrix is ever stored. Causal blocks stop at their last key (about half the products). The
+// products by oneDNN (one instance per thread) where it multiplies the backend's type, else
+// OpenBLAS; in bf16 mode the probabilities and their gradient are rounded to bf16 for the
+// products that read them (on bf16 units: q, k, v and the output gradient copied to bf16 per task).
 #include <cblas.h>
 #include <omp.h>
 
@@ -22,8 +25,9 @@ namespace brisk {
 namespace {
 using AttnDims = AttentionDims;
 
-// Causal attention goes in blocks of this many query rows, each over the keys up to its last row.
-constexpr int64_t kCausalRows = 64;
+// Query rows per block: a block's scores are [kRows, keys] in the task's scratch.
+constexpr int64_t kRows = 64;
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Index of probability (b, h, i, j) in the flat [B,H,T,T] layout: the dropout element id.
 inline uint64_t prob_index(const AttnDims& d, int64_t bh, int64_t i, int64_t j) {
@@ -40,10 +44,90 @@ struct PackedRow {
   int64_t k(const AttnDims& d, int64_t h) const { return d.C + (h / group) * d.D; }
   int64_t v(const AttnDims& d, int64_t h) const { return d.C + (d.K + h / group) * d.D; }
 };
+
+// One task's slot of the planned scratch (cpu_attention_scratch_floats): two float32 blocks of
+// kRows x T (scores / probabilities, and the dropped-out probabilities or their gradient), and for
+// bf16 products a bf16 block of kRows x T and bf16 copies [T, D] of q, k, v and the output
+// gradient.
+struct TaskScratch {
+  float *s, *p;
+  uint16_t *a16, *q16, *k16, *v16, *g16;
+  TaskScratch(float* base, int64_t T, int64_t D)
+      : s(base), p(base + kRows * T), a16(reinterpret_cast<uint16_t*>(base + 2 * kRows * T)) {
+    q16 = a16 + kRows * T;
+    k16 = q16 + T * D;
+    v16 = k16 + T * D;
+    g16 = v16 + T * D;
+  }
+};
+
+// rows x cols of src (row stride ld) into dst (row stride cols) as bf16.
+void to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = float_to_bf16(src[r * ld + c]);
+}
+
+// Row of scores (keys of them; key j visible when j < visible and the mask keeps it) to
+// probabilities in place; returns the log-sum-exp of the scaled visible scores, +inf when none
+// is visible (the row is then all zeros).
+float softmax_row(float* row, int64_t keys, int64_t visible, const int32_t* mask, float scale) {
+  if (mask != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j) row[j] = mask[j] != 0 ? row[j] * scale : -kInf;
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j) row[j] *= scale;
+  }
+  // The maximum in 16 lanes (a loop the compiler vectorizes), then across them.
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, -kInf);
+  int64_t j = 0;
+  for (; j + kLanes <= visible; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], row[j + l]);
+  for (; j < visible; ++j) lanes[0] = std::max(lanes[0], row[j]);
+  float mx = -kInf;
+  for (float x : lanes) mx = std::max(mx, x);
+  std::fill(row + visible, row + keys, 0.0f);
+  if (mx == -kInf) {
+    std::fill(row, row + visible, 0.0f);
+    return kInf;
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < visible; ++j) {
+    row[j] = vector_expf(row[j] - mx);
+    sum += row[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+  return mx + std::log(sum);
+}
+
+// The probabilities of a row of scores again, from the forward pass's log-sum-exp.
+void recompute_row(float* row, int64_t keys, int64_t visible, const int32_t* mask, float scale,
+                   float lse) {
+  if (mask != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j)
+      row[j] = mask[j] != 0 ? vector_expf(row[j] * scale - lse) : 0.0f;
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j) row[j] = vector_expf(row[j] * scale - lse);
+  }
+  std::fill(row + visible, row + keys, 0.0f);
+}
 }  // namespace
 
+int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim) {
+  // Two float32 blocks, then bf16 values: a block and four [T, D] copies (two to a float).
+  return 2 * kRows * seq + (kRows * seq + 4 * seq * head_dim + 1) / 2;
+}
+
 void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                                   const float* a, int64_t lda, const float* b, int64_t ldb,
+                                   const void* a, int64_t lda, const void* b, int64_t ldb,
                                    float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const int thread = omp_get_thread_num();
@@ -53,28 +137,36 @@ void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, static_cast<const float*>(a), lda,
+              static_cast<const float*>(b), ldb, beta, c, ldc);
+}
+
+bool CpuBackend::attention_in_bf16() const {
+  return !attention_dnnl_.empty() && attention_dnnl_[0]->dtype() == DType::bf16;
 }
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                    int heads, int kv_heads, float scale, float dropout_p,
-                                   const RngKey& key, const Tensor& probs, const Tensor& scratch,
+                                   const RngKey& key, const Tensor& stats, const Tensor& scratch,
                                    const Tensor& out) {
   const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
   check_attention_scale(scale, "attention_forward");
-  expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward probs");
+  const AttentionBuffers want = attention_buffers(Device::cpu, d.B, d.H, d.T, d.D);
+  expect(stats, DType::f32, want.stats, "attention_forward statistics");
+  expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
-  if (dropout_p > 0.0f)
-    expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_forward scratch");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
   const PackedRow row_of(d);
-  const int64_t ld = row_of.ld;
+  const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
   const float* base = qkv.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
-  float* P = probs.f32();
+  float* lse = stats.f32();
   float* o = out.f32();
+  // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
+  // product and the scores' read bf16 copies.
+  const bool round = bf16_operands_, units = attention_in_bf16();
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
@@ -86,133 +178,166 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     const float* q = token0 + row_of.q(d, h);
     const float* k = token0 + row_of.k(d, h);
     const float* v = token0 + row_of.v(d, h);
-    float* S = P + bh * d.T * d.T;
+    const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
     float* ob = o + b * d.T * d.C + h * d.D;
-    float* Pd = dropout_p > 0.0f ? scratch.f32() + bh * d.T * d.T : nullptr;
-    // Causal: a block of query rows sees only the keys up to its last row; the probabilities of
-    // the later keys are zero and neither computed nor multiplied.
-    const int64_t rows_per_block = causal ? kCausalRows : d.T;
-    for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
-      const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
-      float* block = S + i0 * d.T;
-      attention_product(false, true, i1 - i0, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, block, d.T);
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = S + i * d.T;
-        std::fill(row + keys, row + d.T, 0.0f);
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
-          const bool allowed = (!causal || j <= i) && (!mask || mask[b * d.T + j] != 0);
-          row[j] = allowed ? row[j] * scale : -std::numeric_limits<float>::infinity();
-          mx = std::max(mx, row[j]);
-        }
-        if (mx == -std::numeric_limits<float>::infinity()) {  // every key hidden: attend nowhere
-          std::memset(row, 0, keys * sizeof(float));
-          continue;
-        }
-#pragma omp simd
-        for (int64_t j = 0; j < keys; ++j) row[j] = vector_expf(row[j] - mx);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < keys; ++j) sum += row[j];
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < keys; ++j) row[j] *= inv;
+    const TaskScratch ts(scratch.f32() + bh * per_task, d.T, d.D);
+    if (units) {
+      to_bf16(q, d.T, d.D, ld, ts.q16);
+      to_bf16(k, d.T, d.D, ld, ts.k16);
+      to_bf16(v, d.T, d.D, ld, ts.v16);
+    }
+    for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
+      const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
+      if (units)
+        attention_product(false, true, rows, keys, d.D, ts.q16 + i0 * d.D, d.D, ts.k16, d.D, 0.0f,
+                          ts.s, d.T);
+      else
+        attention_product(false, true, rows, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, ts.s, d.T);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* row = ts.s + r * d.T;
+        lse[bh * d.T + i] = softmax_row(row, keys, causal ? i + 1 : keys, mask_b, scale);
+        if (dropout_p > 0.0f)
+          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
       }
-      const float* weights = block;
-      if (Pd) {  // the dropped-out probabilities of these rows' keys
-        for (int64_t i = i0; i < i1; ++i)
-          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, S + i * d.T, nullptr,
-                        Pd + i * d.T);
-        weights = Pd + i0 * d.T;
+      if (units) {
+        to_bf16(ts.s, rows, keys, d.T, ts.a16);
+        attention_product(false, false, rows, d.D, keys, ts.a16, keys, ts.v16, d.D, 0.0f,
+                          ob + i0 * d.C, d.C);
+        continue;
       }
-      attention_product(false, false, i1 - i0, d.D, keys, weights, d.T, v, ld, 0.0f, ob + i0 * d.C,
-                        d.C);
+      if (round)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < keys; ++j)
+            ts.s[r * d.T + j] = bf16_to_float(float_to_bf16(ts.s[r * d.T + j]));
+      attention_product(false, false, rows, d.D, keys, ts.s, d.T, v, ld, 0.0f, ob + i0 * d.C, d.C);
     }
   }
 }
 
-// The probabilities saved by the forward pass already carry the mask and causality, so the
-// backward pass needs neither (nor the forward's output); causality only lets it skip the blocks
-// where they are zero. One task per (batch, key/value head):
-// the query heads of its group add their key and value gradients in turn (the first writes, the
-// others accumulate), so no two threads write the same rows and the sum has a fixed order.
+// One task per (batch, key/value head): the query heads of its group add their key and value
+// gradients in turn into rows zeroed first, so no two threads write the same rows and the sums
+// have a fixed order. Per block of query rows the probabilities are recomputed from the scores
+// and the log-sum-exp (with the forward pass's mask and causality), then dV += P'^T dO (P' the
+// dropped-out probabilities), dP = dropout'(dO V^T), dS = P * (dP - sum_j P dP) * scale,
+// dQ = dS K and dK += dS^T Q.
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
-                                    const Tensor& probs, const Tensor& /*key_mask*/, bool causal,
+                                    const Tensor& stats, const Tensor& key_mask, bool causal,
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
   const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
+  const AttentionBuffers want = attention_buffers(Device::cpu, d.B, d.H, d.T, d.D);
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
-  expect(probs, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward probs");
-  expect(scratch, DType::f32, Shape{d.B, d.H, d.T, d.T}, "attention_backward scratch");
+  expect(stats, DType::f32, want.stats, "attention_backward statistics");
+  expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
+  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
   const PackedRow row_of(d);
-  const int64_t ld = row_of.ld;
+  const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
   const float* base = qkv.f32();
   const float* g = dout.f32();
+  const float* lse = stats.f32();
+  const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
+  const bool round = bf16_operands_, units = attention_in_bf16();
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
-  for (int64_t bk = 0; bk < d.B * d.K; ++bk)
-    for (int64_t member = 0; member < row_of.group; ++member) {
-      const int64_t b = bk / d.K, h = (bk % d.K) * row_of.group + member, bh = b * d.H + h;
-      // The group's first query head writes dK and dV; the others add to them.
-      const float accumulate = member == 0 ? 0.0f : 1.0f;
-      const int64_t token0 = b * d.T * ld;
-      const float *q = base + token0 + row_of.q(d, h), *k = base + token0 + row_of.k(d, h);
-      const float* v = base + token0 + row_of.v(d, h);
+  for (int64_t bk = 0; bk < d.B * d.K; ++bk) {
+    const int64_t b = bk / d.K, token0 = b * d.T * ld;
+    const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
+    const TaskScratch ts(scratch.f32() + bk * per_task, d.T, d.D);
+    const int64_t first_head = (bk % d.K) * row_of.group;
+    const float* k = base + token0 + row_of.k(d, first_head);
+    const float* v = base + token0 + row_of.v(d, first_head);
+    float* dk = dbase + token0 + row_of.k(d, first_head);
+    float* dv = dbase + token0 + row_of.v(d, first_head);
+    for (int64_t t = 0; t < d.T; ++t) {
+      std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
+      std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
+    }
+    if (units) {
+      to_bf16(k, d.T, d.D, ld, ts.k16);
+      to_bf16(v, d.T, d.D, ld, ts.v16);
+    }
+    for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
+      const int64_t bh = b * d.H + h;
+      const float* q = base + token0 + row_of.q(d, h);
       float* dq = dbase + token0 + row_of.q(d, h);
-      float* dk = dbase + token0 + row_of.k(d, h);
-      float* dv = dbase + token0 + row_of.v(d, h);
       const float* go = g + b * d.T * d.C + h * d.D;
-      const float* P = probs.f32() + bh * d.T * d.T;
-      float* dP = scratch.f32() + bh * d.T * d.T;
-
-      // Causal: the probabilities of a query row are zero beyond its own position, so every
-      // product below stops at the last key (or starts at the first query) a block can reach.
-      const int64_t rows_per_block = causal ? kCausalRows : d.T;
-      // dV = P'^T dO with P' the dropped-out probabilities, rebuilt from P and the RNG: the keys
-      // of a block are seen by the queries from the block's first row on.
-      const float* weights = P;
-      if (dropout_p > 0.0f) {
-        for (int64_t i = 0; i < d.T; ++i) {
-          const int64_t keys =
-              causal ? std::min(d.T, (i / rows_per_block + 1) * rows_per_block) : d.T;
-          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, P + i * d.T, nullptr,
-                        dP + i * d.T);
+      if (units) {
+        to_bf16(q, d.T, d.D, ld, ts.q16);
+        to_bf16(go, d.T, d.D, d.C, ts.g16);
+      }
+      for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
+        const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
+        // P, recomputed in s.
+        if (units)
+          attention_product(false, true, rows, keys, d.D, ts.q16 + i0 * d.D, d.D, ts.k16, d.D, 0.0f,
+                            ts.s, d.T);
+        else
+          attention_product(false, true, rows, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, ts.s, d.T);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          recompute_row(ts.s + r * d.T, keys, causal ? i + 1 : keys, mask_b, scale,
+                        lse[bh * d.T + i]);
         }
-        weights = dP;
-      }
-      for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
-        const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
-        attention_product(true, false, j1 - j0, d.D, d.T - first, weights + first * d.T + j0, d.T,
-                          go + first * d.C, d.C, accumulate, dv + j0 * ld, ld);
-      }
-      // Per block of query rows: dP' = dO V^T, through the dropout mask to dP, the softmax
-      // backward dS = P * (dP - sum_j dP * P) with the score scale folded in, and dQ = dS K.
-      for (int64_t i0 = 0; i0 < d.T; i0 += rows_per_block) {
-        const int64_t i1 = std::min(d.T, i0 + rows_per_block), keys = causal ? i1 : d.T;
-        float* block = dP + i0 * d.T;
-        attention_product(false, true, i1 - i0, keys, d.D, go + i0 * d.C, d.C, v, ld, 0.0f, block,
-                          d.T);
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* pi = P + i * d.T;
-          float* di = dP + i * d.T;
+        // dV += P'^T dO, P' (dropped out; rounded in bf16 mode) in p, or a16 on bf16 units.
+        const float* weights = ts.s;
+        if (dropout_p > 0.0f || round) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float* pr = ts.p + r * d.T;
+            if (dropout_p > 0.0f)
+              dropout_range(key, dropout_p, prob_index(d, bh, i0 + r, 0), keys, ts.s + r * d.T,
+                            nullptr, pr);
+            else
+              std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, pr);
+            if (round && !units)
+              for (int64_t j = 0; j < keys; ++j) pr[j] = bf16_to_float(float_to_bf16(pr[j]));
+          }
+          weights = ts.p;
+        }
+        if (units) {
+          to_bf16(weights, rows, keys, d.T, ts.a16);
+          attention_product(true, false, keys, d.D, rows, ts.a16, keys, ts.g16 + i0 * d.D, d.D,
+                            1.0f, dv, ld);
+          attention_product(false, true, rows, keys, d.D, ts.g16 + i0 * d.D, d.D, ts.v16, d.D, 0.0f,
+                            ts.p, d.T);
+        } else {
+          attention_product(true, false, keys, d.D, rows, weights, d.T, go + i0 * d.C, d.C, 1.0f,
+                            dv, ld);
+          attention_product(false, true, rows, keys, d.D, go + i0 * d.C, d.C, v, ld, 0.0f, ts.p,
+                            d.T);
+        }
+        // dS over dP' in p.
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* pr = ts.s + r * d.T;
+          float* dr = ts.p + r * d.T;
           if (dropout_p > 0.0f)
-            dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, di, nullptr, di);
+            dropout_range(key, dropout_p, prob_index(d, bh, i0 + r, 0), keys, dr, nullptr, dr);
           float dot = 0.0f;
-          for (int64_t j = 0; j < keys; ++j) dot += pi[j] * di[j];
-          for (int64_t j = 0; j < keys; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+          for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+          if (round && !units)
+            for (int64_t j = 0; j < keys; ++j) dr[j] = bf16_to_float(float_to_bf16(dr[j]));
         }
-        attention_product(false, false, i1 - i0, d.D, keys, block, d.T, k, ld, 0.0f, dq + i0 * ld,
-                          ld);
-      }
-      // dK = dS^T Q: the keys of a block from the queries at and after the block's first row.
-      for (int64_t j0 = 0; j0 < d.T; j0 += rows_per_block) {
-        const int64_t j1 = std::min(d.T, j0 + rows_per_block), first = causal ? j0 : 0;
-        attention_product(true, false, j1 - j0, d.D, d.T - first, dP + first * d.T + j0, d.T,
-                          q + first * ld, ld, accumulate, dk + j0 * ld, ld);
+        // dQ = dS K, dK += dS^T Q.
+        if (units) {
+          to_bf16(ts.p, rows, keys, d.T, ts.a16);
+          attention_product(false, false, rows, d.D, keys, ts.a16, keys, ts.k16, d.D, 0.0f,
+                            dq + i0 * ld, ld);
+          attention_product(true, false, keys, d.D, rows, ts.a16, keys, ts.q16 + i0 * d.D, d.D,
+                            1.0f, dk, ld);
+        } else {
+          attention_product(false, false, rows, d.D, keys, ts.p, d.T, k, ld, 0.0f, dq + i0 * ld,
+                            ld);
+          attention_product(true, false, keys, d.D, rows, ts.p, d.T, q + i0 * ld, ld, 1.0f, dk, ld);
+        }
       }
     }
+  }
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,

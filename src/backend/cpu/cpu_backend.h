@@ -125,9 +125,12 @@ class CpuBackend final : public Backend {
   // Attention's float32 products, one instance per OpenMP thread; empty: OpenBLAS.
   std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;
   // Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread.
-  void attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                         float* c, int64_t ldc);
+  // Operands in the instances' type (bf16 on bf16 units), float32 for OpenBLAS.
+  void attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                         int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc);
+  // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them).
+  bool attention_in_bf16() const;
   bool bf16_operands_ = false;   // the matmul dtype is bf16: operands rounded to it
   BackendWorkspace ws_;          // its planned bf16 operand buffers
   const float* held_ = nullptr;  // the held weight, rounded into ws_.held_weight

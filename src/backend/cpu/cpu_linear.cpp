@@ -50,15 +50,17 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
   const bool float32_onednn = float32_products_by_onednn();
-  // Attention's per-head products are float32 in every mode, one (batch, head) task per thread:
-  // one oneDNN instance per thread where float32 products are oneDNN's.
-  if (!float32_onednn) {
-    attention_dnnl_.clear();
-  } else if (attention_dnnl_.empty()) {
-    for (int t = 0; t < omp_get_max_threads(); ++t)
-      attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(DType::f32));
-  }
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+  // Attention's per-head products, one (batch, head) task per thread: one oneDNN instance per
+  // thread in the library's type where oneDNN multiplies it (bf16 on bf16 units; float32 where
+  // float32 products are oneDNN's), else OpenBLAS.
+  if (library == DType::f32 && !float32_onednn) {
+    attention_dnnl_.clear();
+  } else if (attention_dnnl_.empty() || attention_dnnl_[0]->dtype() != library) {
+    attention_dnnl_.clear();
+    for (int t = 0; t < omp_get_max_threads(); ++t)
+      attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(library));
+  }
   if (library == DType::f32 && !float32_onednn) {
     dnnl_.reset();
     return;

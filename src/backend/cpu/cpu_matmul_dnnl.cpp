@@ -132,12 +132,12 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const dt type = dnnl_type(dtype_);
-  const dnnl::memory::desc ad({m, k}, type, trans_a ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc bd({k, n}, type, trans_b ? dims{1, ldb} : dims{ldb, 1});
-  const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
   auto it = impl_->cache.find(key);
-  if (it == impl_->cache.end()) {
+  if (it == impl_->cache.end()) {  // descriptors only for a new shape: they cost a call's time
+    const dnnl::memory::desc ad({m, k}, type, trans_a ? dims{1, lda} : dims{lda, 1});
+    const dnnl::memory::desc bd({k, n}, type, trans_b ? dims{1, ldb} : dims{ldb, 1});
+    const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
     dnnl::primitive_attr attr;
     if (accumulate) {
       dnnl::post_ops ops;

@@ -380,7 +380,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
                                     const Tensor& out) {
   const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
   check_attention_scale(scale, "attention_forward");
-  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
@@ -409,7 +409,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
                                      const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
   const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
-  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T);
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
   expect(stats, DType::f32, want.stats, "attention_backward statistics");
   expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
