@@ -424,6 +424,49 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   }
 }
 
+// Attention's products in each library and type (in bf16 mode the probabilities and their
+// gradient rounded to bf16, on bf16 units or not) against float32 attention, which the
+// conformance suite holds to its fp64 reference: within bf16's precision on q, k, v rounded to
+// bf16, over three blocks of query rows (the last one short), causal with dropout and grouped
+// heads, or with a key mask.
+TEST_P(CpuProducts, AttentionStaysCloseToFloat32) {
+  ProductsBackend p(1);
+  auto reference = make_cpu_backend();
+  reference->set_matmul_dtype(DType::f32);
+  const int64_t B = 2, T = 130, H = 4, K = 2, D = 16, W = (H + 2 * K) * D, C = H * D;
+  std::mt19937 gen(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> qkv(B * T * W), dout(B * T * C);
+  for (auto& x : qkv) x = bf16_to_float(float_to_bf16(normal(gen)));
+  for (auto& x : dout) x = bf16_to_float(float_to_bf16(normal(gen)));
+  std::vector<int32_t> mask(B * T, 1);
+  for (int64_t t = 100; t < T; ++t) mask[t] = 0;  // the first sequence's last 30 keys hidden
+  const AttentionBuffers ab = attention_buffers(Device::cpu, B, H, T, D);
+  for (const bool causal : {true, false}) {
+    auto run = [&](Backend& be) {
+      std::vector<float> stats(ab.stats.numel()), scratch(ab.scratch.numel()), out(B * T * C),
+          dqkv(qkv.size());
+      const Tensor q(qkv.data(), {B, T, W}, DType::f32);
+      const Tensor m = causal ? Tensor() : Tensor(mask.data(), {B, T}, DType::i32);
+      const float p_drop = causal ? 0.1f : 0.0f;
+      const RngKey key{3, 1, 0};
+      const Tensor st(stats.data(), ab.stats, DType::f32),
+          sc(scratch.data(), ab.scratch, DType::f32);
+      be.attention_forward(q, m, causal, H, K, 0.25f, p_drop, key, st, sc,
+                           Tensor(out.data(), {B, T, C}, DType::f32));
+      be.attention_backward(Tensor(dout.data(), {B, T, C}, DType::f32), q,
+                            Tensor(out.data(), {B, T, C}, DType::f32), st, m, causal, H, K, 0.25f,
+                            p_drop, key, sc, Tensor(dqkv.data(), {B, T, W}, DType::f32));
+      out.insert(out.end(), dqkv.begin(), dqkv.end());
+      return out;
+    };
+    const std::vector<float> want = run(*reference), got = run(*p.be);
+    const double err = rel_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
+    EXPECT_LE(err, p.bf16 ? 5e-3 : 1e-5) << (causal ? "causal" : "masked");
+    if (p.bf16) EXPECT_GT(err, 0.0) << "bf16 mode rounds the probabilities";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,
                          ::testing::Values("bf16", "f32", "onednn", "openblas", "openblas_bf16"),
                          [](const auto& info) { return std::string(info.param); });
