@@ -380,8 +380,8 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
 
 // A product input stored in bf16 (Backend::reads_product_input: the model's 16-bit activations)
 // gives the same bits as the float32 input it was rounded from, in both layouts and every product
-// that reads it (forward; the weight gradient, with A and B in both roles); float32 products
-// refuse it, naming the op.
+// that reads it (forward; the weight gradient, with A and B in both roles, alone and beside the
+// input gradient); float32 products refuse it, naming the op.
 TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   const int64_t M = 37, K = 29, N = 23;
   ProductsBackend p(M * K * 2);
@@ -405,14 +405,20 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   }
   for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
     const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+    // The weight gradient alone, and with the input gradient (dy then packed once for both).
     auto products = [&](const Tensor& xt) {
-      std::vector<float> y(M * N), dw(N * K, 0.0f);
+      std::vector<float> y(M * N), dw(N * K, 0.0f), dw2(N * K, 0.0f), dx(M * K);
       be->linear_forward(xt, Tensor(w.data(), ws, DType::f32), Tensor(), layout,
                          Tensor(y.data(), {M, N}, DType::f32));
       be->linear_backward(xt, Tensor(w.data(), ws, DType::f32),
                           Tensor(dy.data(), {M, N}, DType::f32), layout, Tensor(), false,
                           Tensor(dw.data(), ws, DType::f32), Tensor());
-      y.insert(y.end(), dw.begin(), dw.end());
+      be->linear_backward(xt, Tensor(w.data(), ws, DType::f32),
+                          Tensor(dy.data(), {M, N}, DType::f32), layout,
+                          Tensor(dx.data(), {M, K}, DType::f32), false,
+                          Tensor(dw2.data(), ws, DType::f32), Tensor());
+      EXPECT_EQ(dw2, dw);
+      for (const auto* part : {&dw, &dx}) y.insert(y.end(), part->begin(), part->end());
       return y;
     };
     const std::vector<float> want = products(x32t);

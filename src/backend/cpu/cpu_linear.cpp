@@ -172,20 +172,28 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
               " does not hold ", m, " x ", n);
   if (m == 0) return;
   const float* g = dy.f32();
+  // Both products read dy: on bf16 units with x already bf16 (so neither product packs an A
+  // operand) it is packed once, into the A buffer, instead of once per product.
+  Operand gy(g, n);
+  if (!dx.empty() && !dw.empty() && x.dtype() == DType::bf16 && dnnl_ &&
+      dnnl_->dtype() == DType::bf16) {
+    bf16_operand(g, m, n, n, ws_.operand_a);
+    gy = Operand(ws_.operand_a, n);
+  }
   if (!dx.empty()) {
     check_same_numel(dx, x, "linear_backward dx");
     if (layout == WeightLayout::out_in)
-      matmul(false, false, m, k, n, Operand(g, n), Operand(w.f32(), k), accumulate_dx, dx.f32(), k);
+      matmul(false, false, m, k, n, gy, Operand(w.f32(), k), accumulate_dx, dx.f32(), k);
     else
-      matmul(false, true, m, k, n, Operand(g, n), Operand(w.f32(), n), accumulate_dx, dx.f32(), k);
+      matmul(false, true, m, k, n, gy, Operand(w.f32(), n), accumulate_dx, dx.f32(), k);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (layout == WeightLayout::out_in)
-      matmul(true, false, n, k, m, Operand(g, n), Operand(x, k), true, dw.f32(), k);
+      matmul(true, false, n, k, m, gy, Operand(x, k), true, dw.f32(), k);
     else
-      matmul(true, false, k, n, m, Operand(x, k), Operand(g, n), true, dw.f32(), n);
+      matmul(true, false, k, n, m, Operand(x, k), gy, true, dw.f32(), n);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
