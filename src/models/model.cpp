@@ -105,8 +105,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
                           options.activation_dtype, Category::activations, !selective);
       const auto dst = low_precision_tensors(saved_[l]);
       const auto src = low_precision_tensors(work_);
-      for (size_t i = 0; i < dst.size(); ++i)
-        if (dst[i]) binder_.alias(dst[i], src[i]);
+      for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
     }
   }
   for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
@@ -396,7 +395,7 @@ void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool direct) {
   const auto dst = low_precision_tensors(to);
   const auto inputs = product_inputs(from);
   for (size_t i = 0; i < src.size(); ++i)
-    if (src[i] && !src[i]->empty() &&
+    if (!src[i]->empty() &&
         !(direct && std::find(inputs.begin(), inputs.end(), src[i]) != inputs.end()))
       be.cast(*src[i], *dst[i]);
 }
@@ -405,8 +404,6 @@ void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool direct) {
 bool Model::direct_product_inputs(const Backend& be) const {
   return !stored_.empty() && be.reads_product_input(options_.activation_dtype);
 }
-
-namespace {}  // namespace
 
 void Model::forward_step(Backend& be, const StepOptions& o) {
   validate_batch();

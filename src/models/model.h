@@ -332,7 +332,6 @@ class Model {
   std::vector<BlockSaved> stored_;
   BlockSaved work_;
   Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
-  // Whether the 16-bit storage of the blocks holds the attention statistics.
   // Whether the blocks' product inputs live only in their 16-bit stored copies, which the
   // backend's products read as they are (block_forward's `stored`).
   bool direct_product_inputs(const Backend& be) const;

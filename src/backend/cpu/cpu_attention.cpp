@@ -141,8 +141,14 @@ void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_
               static_cast<const float*>(b), ldb, beta, c, ldc);
 }
 
-bool CpuBackend::attention_in_bf16() const {
-  return !attention_dnnl_.empty() && attention_dnnl_[0]->dtype() == DType::bf16;
+bool CpuBackend::prepare_attention_products() {
+  if (attention_dnnl_.empty()) return false;
+  // One instance per thread of the coming parallel region (more threads than when the dtype was
+  // set would otherwise fall back to OpenBLAS, which cannot read bf16 operands).
+  const DType type = attention_dnnl_[0]->dtype();
+  while (static_cast<int>(attention_dnnl_.size()) < omp_get_max_threads())
+    attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(type));
+  return type == DType::bf16;
 }
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
@@ -166,7 +172,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   float* o = out.f32();
   // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
   // product and the scores' read bf16 copies.
-  const bool round = bf16_operands_, units = attention_in_bf16();
+  const bool round = bf16_operands_, units = prepare_attention_products();
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
@@ -240,7 +246,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const float* lse = stats.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
-  const bool round = bf16_operands_, units = attention_in_bf16();
+  const bool round = bf16_operands_, units = prepare_attention_products();
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk) {

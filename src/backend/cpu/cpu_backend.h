@@ -129,8 +129,9 @@ class CpuBackend final : public Backend {
   void attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                          int64_t lda, const void* b, int64_t ldb, float beta, float* c,
                          int64_t ldc);
-  // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them).
-  bool attention_in_bf16() const;
+  // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them), with an
+  // instance for every thread of the next parallel region.
+  bool prepare_attention_products();
   bool bf16_operands_ = false;   // the matmul dtype is bf16: operands rounded to it
   BackendWorkspace ws_;          // its planned bf16 operand buffers
   const float* held_ = nullptr;  // the held weight, rounded into ws_.held_weight
