@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dropout.h"
 #include "backend/cpu/cpu_exp.h"
+#include "core/checked.h"
 
 namespace brisk {
 
@@ -123,7 +124,11 @@ void recompute_row(float* row, int64_t keys, int64_t visible, const int32_t* mas
 
 int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim) {
   // Two float32 blocks, then bf16 values: a block and four [T, D] copies (two to a float).
-  return 2 * kRows * seq + (kRows * seq + 4 * seq * head_dim + 1) / 2;
+  const char* what = "attention scratch";
+  const int64_t block = checked_mul(kRows, seq, what);
+  const int64_t copies = checked_mul(4, checked_mul(seq, head_dim, what), what);
+  const int64_t halves = checked_add(checked_add(block, copies, what), 1, what) / 2;
+  return checked_add(checked_mul(2, block, what), halves, what);
 }
 
 void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
