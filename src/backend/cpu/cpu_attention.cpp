@@ -62,12 +62,59 @@ struct TaskScratch {
   }
 };
 
-// rows x cols of src (row stride ld) into dst (row stride cols) as bf16.
-void to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+// An operand of attention's products where it lies: row stride ld, float32 or (for the bf16
+// units) bf16 elements.
+struct Mat {
+  const void* data;
+  int64_t ld;
+  size_t elem;  // bytes per element
+  Mat from(int64_t row) const {
+    return {static_cast<const char*>(data) + static_cast<size_t>(row * ld) * elem, ld, elem};
+  }
+};
+
+// The rows x cols matrix at src (row stride ld) as a product operand: on bf16 units copied to
+// bf16 into `copy` (row stride cols), else as it lies.
+Mat as_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, bool units,
+               uint16_t* copy) {
+  if (!units) return {src, ld, sizeof(float)};
   for (int64_t r = 0; r < rows; ++r)
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = float_to_bf16(src[r * ld + c]);
+    for (int64_t c = 0; c < cols; ++c) copy[r * cols + c] = float_to_bf16(src[r * ld + c]);
+  return {copy, cols, sizeof(uint16_t)};
 }
+
+// A block of probabilities (or of their gradient) as the operand of the products that read it:
+// in bf16 mode rounded to bf16, in place when the products are float32.
+Mat rounded_operand(float* block, int64_t rows, int64_t cols, int64_t ld, bool round, bool units,
+                    uint16_t* copy) {
+  if (round && !units)
+    for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c)
+        block[r * ld + c] = bf16_to_float(float_to_bf16(block[r * ld + c]));
+  return as_operand(block, rows, cols, ld, units, copy);
+}
+
+// Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread: by that
+// thread's oneDNN instance (operands in its type) where there is one, else by OpenBLAS (float32).
+struct Products {
+  const std::vector<std::unique_ptr<DnnlMatmul>>& dnnl;
+  void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Mat& a,
+                  const Mat& b, float beta, float* c, int64_t ldc) const {
+    if (m == 0 || n == 0) return;
+    const size_t thread = static_cast<size_t>(omp_get_thread_num());
+    if (thread < dnnl.size() && k > 0) {
+      dnnl[thread]->run(trans_a, trans_b, m, n, k, a.data, a.ld, b.data, b.ld, beta != 0.0f, c,
+                        ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+                static_cast<const float*>(a.data), a.ld, static_cast<const float*>(b.data), b.ld,
+                beta, c, ldc);
+  }
+};
 
 // Row of scores (keys of them; key j visible when j < visible and the mask keeps it) to
 // probabilities in place; returns the log-sum-exp of the scaled visible scores, +inf when none
@@ -131,29 +178,13 @@ int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim) {
   return checked_add(checked_mul(2, block, what), halves, what);
 }
 
-void CpuBackend::attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                                   const void* a, int64_t lda, const void* b, int64_t ldb,
-                                   float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const int thread = omp_get_thread_num();
-  if (thread < static_cast<int>(attention_dnnl_.size()) && k > 0) {
-    attention_dnnl_[static_cast<size_t>(thread)]->run(trans_a, trans_b, m, n, k, a, lda, b, ldb,
-                                                      beta != 0.0f, c, ldc);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, static_cast<const float*>(a), lda,
-              static_cast<const float*>(b), ldb, beta, c, ldc);
-}
-
 bool CpuBackend::prepare_attention_products() {
-  if (attention_dnnl_.empty()) return false;
-  // One instance per thread of the coming parallel region (more threads than when the dtype was
-  // set would otherwise fall back to OpenBLAS, which cannot read bf16 operands).
-  const DType type = attention_dnnl_[0]->dtype();
+  if (!dnnl_) return false;  // OpenBLAS, float32
+  // One instance per thread of the coming parallel region, in the linear layers' type (made in
+  // the first step; a thread without one would hand bf16 operands to OpenBLAS).
   while (static_cast<int>(attention_dnnl_.size()) < omp_get_max_threads())
-    attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(type));
-  return type == DType::bf16;
+    attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(dnnl_->dtype()));
+  return dnnl_->dtype() == DType::bf16;
 }
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
@@ -178,6 +209,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
   // product and the scores' read bf16 copies.
   const bool round = bf16_operands_, units = prepare_attention_products();
+  const Products product{attention_dnnl_};
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
@@ -192,18 +224,12 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
     float* ob = o + b * d.T * d.C + h * d.D;
     const TaskScratch ts(scratch.f32() + bh * per_task, d.T, d.D);
-    if (units) {
-      to_bf16(q, d.T, d.D, ld, ts.q16);
-      to_bf16(k, d.T, d.D, ld, ts.k16);
-      to_bf16(v, d.T, d.D, ld, ts.v16);
-    }
+    const Mat Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
+    const Mat K = as_operand(k, d.T, d.D, ld, units, ts.k16);
+    const Mat V = as_operand(v, d.T, d.D, ld, units, ts.v16);
     for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
       const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
-      if (units)
-        attention_product(false, true, rows, keys, d.D, ts.q16 + i0 * d.D, d.D, ts.k16, d.D, 0.0f,
-                          ts.s, d.T);
-      else
-        attention_product(false, true, rows, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, ts.s, d.T);
+      product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float* row = ts.s + r * d.T;
@@ -211,17 +237,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
         if (dropout_p > 0.0f)
           dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
       }
-      if (units) {
-        to_bf16(ts.s, rows, keys, d.T, ts.a16);
-        attention_product(false, false, rows, d.D, keys, ts.a16, keys, ts.v16, d.D, 0.0f,
-                          ob + i0 * d.C, d.C);
-        continue;
-      }
-      if (round)
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < keys; ++j)
-            ts.s[r * d.T + j] = bf16_to_float(float_to_bf16(ts.s[r * d.T + j]));
-      attention_product(false, false, rows, d.D, keys, ts.s, d.T, v, ld, 0.0f, ob + i0 * d.C, d.C);
+      const Mat P = rounded_operand(ts.s, rows, keys, d.T, round, units, ts.a16);
+      product(false, false, rows, d.D, keys, P, V, 0.0f, ob + i0 * d.C, d.C);
     }
   }
 }
@@ -252,6 +269,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
   const bool round = bf16_operands_, units = prepare_attention_products();
+  const Products product{attention_dnnl_};
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk) {
@@ -267,60 +285,39 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
       std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
     }
-    if (units) {
-      to_bf16(k, d.T, d.D, ld, ts.k16);
-      to_bf16(v, d.T, d.D, ld, ts.v16);
-    }
+    const Mat K = as_operand(k, d.T, d.D, ld, units, ts.k16);
+    const Mat V = as_operand(v, d.T, d.D, ld, units, ts.v16);
     for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
       const int64_t bh = b * d.H + h;
-      const float* q = base + token0 + row_of.q(d, h);
       float* dq = dbase + token0 + row_of.q(d, h);
-      const float* go = g + b * d.T * d.C + h * d.D;
-      if (units) {
-        to_bf16(q, d.T, d.D, ld, ts.q16);
-        to_bf16(go, d.T, d.D, d.C, ts.g16);
-      }
+      const Mat Q = as_operand(base + token0 + row_of.q(d, h), d.T, d.D, ld, units, ts.q16);
+      const Mat G = as_operand(g + b * d.T * d.C + h * d.D, d.T, d.D, d.C, units, ts.g16);
       for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
         const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
         // P, recomputed in s.
-        if (units)
-          attention_product(false, true, rows, keys, d.D, ts.q16 + i0 * d.D, d.D, ts.k16, d.D, 0.0f,
-                            ts.s, d.T);
-        else
-          attention_product(false, true, rows, keys, d.D, q + i0 * ld, ld, k, ld, 0.0f, ts.s, d.T);
+        product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           recompute_row(ts.s + r * d.T, keys, causal ? i + 1 : keys, mask_b, scale,
                         lse[bh * d.T + i]);
         }
-        // dV += P'^T dO, P' (dropped out; rounded in bf16 mode) in p, or a16 on bf16 units.
-        const float* weights = ts.s;
-        if (dropout_p > 0.0f || round) {
+        // dV += P'^T dO: P' dropped out into p (or copied there, to be rounded without touching
+        // P), rounded in bf16 mode.
+        float* weights = ts.s;
+        if (dropout_p > 0.0f || (round && !units)) {
           for (int64_t r = 0; r < rows; ++r) {
-            float* pr = ts.p + r * d.T;
             if (dropout_p > 0.0f)
               dropout_range(key, dropout_p, prob_index(d, bh, i0 + r, 0), keys, ts.s + r * d.T,
-                            nullptr, pr);
+                            nullptr, ts.p + r * d.T);
             else
-              std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, pr);
-            if (round && !units)
-              for (int64_t j = 0; j < keys; ++j) pr[j] = bf16_to_float(float_to_bf16(pr[j]));
+              std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, ts.p + r * d.T);
           }
           weights = ts.p;
         }
-        if (units) {
-          to_bf16(weights, rows, keys, d.T, ts.a16);
-          attention_product(true, false, keys, d.D, rows, ts.a16, keys, ts.g16 + i0 * d.D, d.D,
-                            1.0f, dv, ld);
-          attention_product(false, true, rows, keys, d.D, ts.g16 + i0 * d.D, d.D, ts.v16, d.D, 0.0f,
-                            ts.p, d.T);
-        } else {
-          attention_product(true, false, keys, d.D, rows, weights, d.T, go + i0 * d.C, d.C, 1.0f,
-                            dv, ld);
-          attention_product(false, true, rows, keys, d.D, go + i0 * d.C, d.C, v, ld, 0.0f, ts.p,
-                            d.T);
-        }
-        // dS over dP' in p.
+        const Mat Pd = rounded_operand(weights, rows, keys, d.T, round, units, ts.a16);
+        product(true, false, keys, d.D, rows, Pd, G.from(i0), 1.0f, dv, ld);
+        // dP' = dO V^T into p, then dS over it.
+        product(false, true, rows, keys, d.D, G.from(i0), V, 0.0f, ts.p, d.T);
         for (int64_t r = 0; r < rows; ++r) {
           const float* pr = ts.s + r * d.T;
           float* dr = ts.p + r * d.T;
@@ -331,21 +328,11 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
           for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-          if (round && !units)
-            for (int64_t j = 0; j < keys; ++j) dr[j] = bf16_to_float(float_to_bf16(dr[j]));
         }
         // dQ = dS K, dK += dS^T Q.
-        if (units) {
-          to_bf16(ts.p, rows, keys, d.T, ts.a16);
-          attention_product(false, false, rows, d.D, keys, ts.a16, keys, ts.k16, d.D, 0.0f,
-                            dq + i0 * ld, ld);
-          attention_product(true, false, keys, d.D, rows, ts.a16, keys, ts.q16 + i0 * d.D, d.D,
-                            1.0f, dk, ld);
-        } else {
-          attention_product(false, false, rows, d.D, keys, ts.p, d.T, k, ld, 0.0f, dq + i0 * ld,
-                            ld);
-          attention_product(true, false, keys, d.D, rows, ts.p, d.T, q + i0 * ld, ld, 1.0f, dk, ld);
-        }
+        const Mat dS = rounded_operand(ts.p, rows, keys, d.T, round, units, ts.a16);
+        product(false, false, rows, d.D, keys, dS, K, 0.0f, dq + i0 * ld, ld);
+        product(true, false, keys, d.D, rows, dS, Q.from(i0), 1.0f, dk, ld);
       }
     }
   }

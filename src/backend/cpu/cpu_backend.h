@@ -122,13 +122,8 @@ class CpuBackend final : public Backend {
   // Throws naming `op` unless x may be a product's operand: float32, or bf16 in bf16 mode.
   void check_operand(const Tensor& x, const char* op) const;
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
-  // Attention's float32 products, one instance per OpenMP thread; empty: OpenBLAS.
+  // Attention's products, one instance per OpenMP thread in dnnl_'s type; empty: OpenBLAS.
   std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;
-  // Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread.
-  // Operands in the instances' type (bf16 on bf16 units), float32 for OpenBLAS.
-  void attention_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-                         int64_t lda, const void* b, int64_t ldb, float beta, float* c,
-                         int64_t ldc);
   // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them), with an
   // instance for every thread of the next parallel region.
   bool prepare_attention_products();

@@ -1,7 +1,6 @@
 // Linear layers on the CPU: oneDNN or OpenBLAS for the products, a blocked loop for bias
 // gradients.
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -49,19 +48,10 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
-  const bool float32_onednn = float32_products_by_onednn();
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
-  // Attention's per-head products, one (batch, head) task per thread: one oneDNN instance per
-  // thread in the library's type where oneDNN multiplies it (bf16 on bf16 units; float32 where
-  // float32 products are oneDNN's), else OpenBLAS.
-  if (library == DType::f32 && !float32_onednn) {
-    attention_dnnl_.clear();
-  } else if (attention_dnnl_.empty() || attention_dnnl_[0]->dtype() != library) {
-    attention_dnnl_.clear();
-    for (int t = 0; t < omp_get_max_threads(); ++t)
-      attention_dnnl_.push_back(std::make_unique<DnnlMatmul>(library));
-  }
-  if (library == DType::f32 && !float32_onednn) {
+  // Attention's per-thread instances follow dnnl_'s type (prepare_attention_products makes them).
+  if (!dnnl_ || dnnl_->dtype() != library) attention_dnnl_.clear();
+  if (library == DType::f32 && !float32_products_by_onednn()) {
     dnnl_.reset();
     return;
   }
