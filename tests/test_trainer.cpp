@@ -216,6 +216,15 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   ASSERT_TRUE(operand);
   EXPECT_EQ(operand->dtype, DType::bf16);
   EXPECT_EQ(operand->shape, (Shape{gpu->model->matmul_operands().a}));
+  // The LM head's weight is the held operand: the CPU keeps it apart, the GPU (which holds
+  // nothing) sizes B for it.
+  const MatmulOperands ops = gpu->model->matmul_operands();
+  ASSERT_GT(ops.held, 0);
+  const BufferSpec* gpu_b = find(gpu->plan, "backend.operand_b");
+  const BufferSpec* cpu_held = find(cpu->plan, "backend.bf16_held_weight");
+  ASSERT_TRUE(gpu_b && cpu_held);
+  EXPECT_EQ(gpu_b->shape, (Shape{std::max(ops.b, ops.held)}));
+  EXPECT_EQ(cpu_held->shape, (Shape{ops.held}));
   int device_copies = 0;
   for (const BufferSpec& b : gpu->plan.buffers())
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;

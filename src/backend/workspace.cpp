@@ -1,6 +1,8 @@
 // Backend workspaces by device (see workspace.h).
 #include "backend/workspace.h"
 
+#include <algorithm>
+
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
 namespace brisk {
@@ -30,7 +32,9 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
                  Shape{kCublasLtWorkspaceBytes});
   if (product != DType::f32) {
     binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product, Shape{operands.a});
-    binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product, Shape{operands.b});
+    // The GPU holds no weight (hold_weight does nothing): B holds the held one too.
+    binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product,
+                   Shape{std::max(operands.b, operands.held)});
   }
   // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest A operand.
   binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{operands.a});

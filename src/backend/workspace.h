@@ -16,9 +16,9 @@ inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 inline constexpr int64_t kAdafactorScratch = 3;
 
 // The most elements of a product's operands, for sizing the buffers they are copied into: A
-// (activations and their gradients), B (weights, or activations in a weight gradient's product;
-// one number sizes both), and `held`, the one weight a CPU backend keeps a rounded copy of while it
-// is held (Backend::hold_weight; 0: none), which B then need not hold.
+// (activations and their gradients), B (weights, or activations in a weight gradient's product),
+// and `held`, the one weight a caller holds (Backend::hold_weight; 0: none), not counted in B: the
+// CPU keeps its rounded copy in a buffer of its own, a backend that holds nothing sizes B for it.
 struct MatmulOperands {
   int64_t a = 0, b = 0, held = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common

@@ -230,27 +230,30 @@ void Model::use_seq(int64_t seq) {
 
 MatmulOperands Model::matmul_operands() const {
   const ModelConfig& c = config_;
+  const char* what = "a matrix product's operand";
   // The gated MLP's first product is [gate | up], twice the intermediate width.
-  const int64_t inner = (style(true).gated_mlp ? 2 : 1) * c.intermediate_size;
-  const int64_t rows = shape_.batch * shape_.seq;
-  // A language-model head multiplies a chunk of rows at a time.
-  const int64_t head_rows = lm_chunk_rows_ > 0 ? std::min(rows, lm_chunk_rows_) : rows;
+  const int64_t inner = checked_mul(style(true).gated_mlp ? 2 : 1, c.intermediate_size, what);
+  const int64_t rows = checked_mul(shape_.batch, shape_.seq, what);
+  // A language-model head multiplies a chunk of rows at a time, and holds its weight while it
+  // runs (Backend::hold_weight): that weight is the `held` operand, not one of B's.
+  const bool lm_head = lm_chunk_rows_ > 0;
+  const int64_t head_rows = lm_head ? std::min(rows, lm_chunk_rows_) : rows;
   const int64_t widest = std::max({c.qkv_width(), inner, c.hidden_size});
-  // On the CPU the LM head's weight has a buffer of its own while the head holds it.
-  const bool head_held = lm_chunk_rows_ > 0 && options_.device == Device::cpu;
   int64_t largest_weight = 0;
   for (int i = 0; i < static_cast<int>(params_.list().size()); ++i)
-    if (params_.list()[i].product && !(head_held && i == lm_head_weight_))
+    if (params_.list()[i].product && !(lm_head && i == lm_head_weight_))
       largest_weight = std::max(largest_weight, params_.list()[i].shape.numel());
   // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
   // one [2F, C].
-  largest_weight = std::max({largest_weight, c.qkv_width() * c.hidden_size, inner * c.hidden_size});
+  largest_weight = std::max({largest_weight, checked_mul(c.qkv_width(), c.hidden_size, what),
+                             checked_mul(inner, c.hidden_size, what)});
   // A is an activation or its gradient (the head's: a chunk of logits' gradient); B a weight (the
   // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
-  const int64_t head = head_width() * c.hidden_size;
-  const int64_t a = std::max(rows * widest, head_rows * head_width());
-  const int64_t b = std::max({rows * widest, head_held ? 0 : head, largest_weight});
-  return {a, b, head_held ? head : 0};
+  const int64_t head = checked_mul(head_width(), c.hidden_size, what);
+  const int64_t activations = checked_mul(rows, widest, what);
+  const int64_t a = std::max(activations, checked_mul(head_rows, head_width(), what));
+  const int64_t b = std::max({activations, lm_head ? 0 : head, largest_weight});
+  return {a, b, lm_head ? head : 0};
 }
 
 const Tensor& Model::logits() const {
