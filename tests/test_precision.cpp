@@ -272,10 +272,10 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
     be->linear_forward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
                        Tensor(b.data(), {N}, DType::f32), layout,
                        Tensor(y.data(), {M, N}, DType::f32));
-    be->linear_backward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
-                        Tensor(dy.data(), {M, N}, DType::f32), layout,
-                        Tensor(dx.data(), {M, K}, DType::f32), false,
-                        Tensor(dw.data(), ws, DType::f32), Tensor(db.data(), {N}, DType::f32));
+    be->linear_backward(
+        Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), ws, DType::f32),
+        Tensor(dy.data(), {M, N}, DType::f32), layout, Tensor(dx.data(), {M, K}, DType::f32), false,
+        Tensor(dw.data(), ws, DType::f32), Tensor(db.data(), {N}, DType::f32), true);
     std::vector<float> ry(M * N), rdx(M * K), rdw(N * K);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
@@ -330,7 +330,7 @@ TEST_P(CpuProducts, WeightGradientsInBlocksOfRowsMatchTheReference) {
     for (auto& e : *v) e = bf16_to_float(float_to_bf16(normal(gen)));
   p.be->linear_backward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), {N, K}, DType::f32),
                         Tensor(dy.data(), {M, N}, DType::f32), WeightLayout::out_in, Tensor(),
-                        false, Tensor(dw.data(), {N, K}, DType::f32), Tensor());
+                        false, Tensor(dw.data(), {N, K}, DType::f32), Tensor(), true);
   std::vector<float> want(N * K);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
@@ -362,7 +362,7 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
     be->linear_forward(xt, wt, Tensor(), WeightLayout::out_in,
                        Tensor(y.data(), {M, N}, DType::f32));
     be->linear_backward(xt, wt, dyt, WeightLayout::out_in, Tensor(dx.data(), {M, K}, DType::f32),
-                        false, Tensor(), Tensor());
+                        false, Tensor(), Tensor(), true);
     y.insert(y.end(), dx.begin(), dx.end());
     return y;
   };
@@ -405,18 +405,19 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   }
   for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
     const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
-    // The weight gradient alone, and with the input gradient (dy then packed once for both).
+    // The weight gradient alone, written over NaNs, and with the input gradient (dy then packed
+    // once for both), added to zeros: the same bits.
     auto products = [&](const Tensor& xt) {
-      std::vector<float> y(M * N), dw(N * K, 0.0f), dw2(N * K, 0.0f), dx(M * K);
+      std::vector<float> y(M * N), dw(N * K, std::nanf("")), dw2(N * K, 0.0f), dx(M * K);
       be->linear_forward(xt, Tensor(w.data(), ws, DType::f32), Tensor(), layout,
                          Tensor(y.data(), {M, N}, DType::f32));
       be->linear_backward(xt, Tensor(w.data(), ws, DType::f32),
                           Tensor(dy.data(), {M, N}, DType::f32), layout, Tensor(), false,
-                          Tensor(dw.data(), ws, DType::f32), Tensor());
+                          Tensor(dw.data(), ws, DType::f32), Tensor(), false);
       be->linear_backward(xt, Tensor(w.data(), ws, DType::f32),
                           Tensor(dy.data(), {M, N}, DType::f32), layout,
                           Tensor(dx.data(), {M, K}, DType::f32), false,
-                          Tensor(dw2.data(), ws, DType::f32), Tensor());
+                          Tensor(dw2.data(), ws, DType::f32), Tensor(), true);
       EXPECT_EQ(dw2, dw);
       for (const auto* part : {&dw, &dx}) y.insert(y.end(), part->begin(), part->end());
       return y;

@@ -87,10 +87,12 @@ struct LoadedModel {
     load_batch(batch, *model, *be);
   }
 
-  // One training micro-step; returns the mean loss.
-  double step(bool training, uint64_t seed = 7, uint64_t micro_step = 3) {
+  // One training micro-step, an optimizer step's first as the trainer runs it (weight gradients
+  // written) or, `first` false, one that adds to the gradients; returns the mean loss.
+  double step(bool training, uint64_t seed = 7, uint64_t micro_step = 3, bool first = true) {
     StepOptions so;
     so.training = training;
+    so.first_micro_batch = first;
     so.rng = RngKey{seed, micro_step, 0};
     const int64_t n = model->count_targets();
     so.loss_grad_scale = 1.0f / static_cast<float>(n);

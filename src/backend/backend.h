@@ -170,11 +170,13 @@ class Backend {
   // linear_backward too).
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                               WeightLayout layout, const Tensor& y) = 0;
-  // dx = dy W (or += when accumulate_dx; skipped when dx is empty); dw += dy^T x (laid out as
-  // w); db += column sums of dy (skipped when db is empty).
+  // dx = dy W (or += when accumulate_dx; skipped when dx is empty); dw = dy^T x (laid out as
+  // w) and db = column sums of dy (db skipped when empty), or += both when accumulate_dw. A
+  // weight's first gradient of an optimizer step is written (accumulate_dw false): no zeroed
+  // gradient is read, and the product needs no summing pass.
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                WeightLayout layout, const Tensor& dx, bool accumulate_dx,
-                               const Tensor& dw, const Tensor& db) = 0;
+                               const Tensor& dw, const Tensor& db, bool accumulate_dw) = 0;
   // Whether linear_forward and linear_backward read an input x stored in the 16-bit `dtype` as it
   // is (the CPU's bf16 products: no float32 copy, no packing per product).
   virtual bool reads_product_input(DType /*dtype*/) const { return false; }

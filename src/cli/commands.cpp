@@ -102,6 +102,7 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   model->forward(*be, so);
   std::vector<float> logits(model->logits().f32(), model->logits().f32() + model->logits().numel());
   so.compute_grad = true;
+  so.first_micro_batch = true;
   so.loss_grad_scale = 1.0f / static_cast<float>(targets);
   model->zero_grads(*be);
   float loss = static_cast<float>(model->forward(*be, so) / targets);

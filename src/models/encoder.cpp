@@ -215,9 +215,10 @@ class Encoder final : public Model {
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {
-    if (masked_lm()) return masked_lm_backward(be);
+    const bool accumulate = !o.first_micro_batch;
+    if (masked_lm()) return masked_lm_backward(be, accumulate);
     be.linear_backward(dropped_, w(cls_w_), logits_, WeightLayout::out_in, d_head_, false,
-                       g(cls_w_), g(cls_w_ + 1));
+                       g(cls_w_), g(cls_w_ + 1), accumulate);
     be.dropout_backward(d_head_, dropout(config_.classifier_dropout, o), site(o, kClassifierSite),
                         d_head_);
     if (n_.tanh_head)
@@ -225,7 +226,7 @@ class Encoder final : public Model {
     else
       be.activation_backward(Activation::relu, head_pre_, d_head_, d_head_);
     be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
-                       g(head_w_), g(head_w_ + 1));
+                       g(head_w_), g(head_w_ + 1), accumulate);
     be.fill(d_hidden_, 0.0f);
     be.first_token_backward(d_first_, d_hidden_);
   }
@@ -241,13 +242,13 @@ class Encoder final : public Model {
   }
 
   // The block scratch is free while the rest of the head runs: tmp2 holds its gradient.
-  void masked_lm_backward(Backend& be) {
+  void masked_lm_backward(Backend& be, bool accumulate_dw) {
     const Tensor& d_act = scratch_.tmp2;
     be.layernorm_backward(lm_head_dx(), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
                           g(mlm_ln_g_), g(mlm_ln_g_ + 1));
     be.activation_backward(config_.activation, head_pre_, d_act, d_act);
     be.linear_backward(hidden_[config_.num_layers], w(head_w_), d_act, WeightLayout::out_in,
-                       d_hidden_, false, g(head_w_), g(head_w_ + 1));
+                       d_hidden_, false, g(head_w_), g(head_w_ + 1), accumulate_dw);
   }
 
   void embed_backward(Backend& be, const StepOptions& o) override {

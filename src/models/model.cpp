@@ -303,7 +303,8 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
                              o.loss_grad_scale, loss_sum());
     if (o.compute_grad)
       be.linear_backward(xs, w(weight), ls, WeightLayout::out_in,
-                         whole ? head_dx_ : row_range(head_dx_, r0, n), false, g(weight), db);
+                         whole ? head_dx_ : row_range(head_dx_, r0, n), false, g(weight), db,
+                         !o.first_micro_batch || r0 > 0);
   }
 }
 
@@ -582,7 +583,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
       for (size_t i = 0; i < dst.size(); ++i) *dst[i] = *src[i];
     }
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
-                   dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l);
+                   dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
+                   !o.first_micro_batch);
     report(static_cast<int>(config_.num_layers) - l);
   }
   embed_backward(be, o);

@@ -104,6 +104,9 @@ struct StepOptions {
   bool compute_grad = true;   // write logit gradients (the logits are overwritten)
   float loss_grad_scale = 1;  // d(loss)/d(summed token loss): 1 / targets in the whole batch
   RngKey rng;                 // seed and micro-step; sites are filled in per dropout
+  // The optimizer step's first micro-batch: each weight's first gradient is written over what
+  // the gradient buffer holds instead of added to it (the linear layers' weights and biases).
+  bool first_micro_batch = false;
 };
 
 class Model {

@@ -200,7 +200,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
                     const Tensor& x, const Tensor& key_mask, const BlockSaved& s,
-                    const BlockScratch& sc, const Tensor& dh, const RngKey& key, int layer) {
+                    const BlockScratch& sc, const Tensor& dh, const RngKey& key, int layer,
+                    bool accumulate_dw) {
   // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an
   // fp16 overflow shows up as inf in the parameter gradients.
   const DType lp = st.act_dtype;
@@ -213,10 +214,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 starts as a copy.
     d_res1 = dh;
     be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
-    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                       accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
-    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b);
+    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
+                       accumulate_dw);
     be.round_to(lp, sc.tmp2);
     norm_backward(be, st, sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
                   g.ln_b_b);
@@ -225,17 +228,20 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
                   g.ln_b_b);
     be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
-    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b);
+    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                       accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
-    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b);
+    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b,
+                       accumulate_dw);
     d_res1 = dh;  // dh is free again: it now receives d_res1
     norm_backward(be, st, sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
                   g.ln_a_b);
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
   be.dropout_backward(d_res1, st.attention_output_dropout, attn_res_key, sc.tmp);
-  be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b);
+  be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
+                     accumulate_dw);
   be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
@@ -243,11 +249,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   rotary_backward(be, st, sc.d_qkv);
   be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
-    be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b);
+    be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b,
+                       accumulate_dw);
     be.round_to(lp, sc.tmp2);
     norm_backward(be, st, sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
   } else {
-    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b);
+    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b, accumulate_dw);
   }
 }
 

@@ -131,11 +131,12 @@ void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& ke
                           const RngKey& key, int layer);
 
 // On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
-// Parameter gradients accumulate into g.
+// Parameter gradients accumulate into g; the linear layers' weight and bias gradients are
+// written instead when `accumulate_dw` is false (the step's first micro-batch).
 void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
                     const BlockParams& g, const Tensor& x, const Tensor& key_mask,
                     const BlockSaved& s, const BlockScratch& scratch, const Tensor& dh,
-                    const RngKey& key, int layer);
+                    const RngKey& key, int layer, bool accumulate_dw);
 
 // Buffers of block_decode for [1,T] new tokens (widths as BlockDims gives them): a/mean/rstd the
 // norm's outputs, qkv, ctx the attention output, res the residual after attention, fc/fc_act the

@@ -581,6 +581,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       so.compute_grad = true;
       so.loss_grad_scale = grad_scale;
       so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
+      so.first_micro_batch = micro == 0;
       model->forward_step(*be, so);
       // The last micro-batch's backward starts the gradient buckets' sums as they become final.
       model->backward(*be, so,

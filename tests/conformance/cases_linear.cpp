@@ -1,6 +1,6 @@
 // Linear layers: linear_forward and linear_backward in both weight layouts, with and without a
-// bias, dx skipped, overwritten or accumulated (dw and db always accumulate), in float32, TF32
-// and on bf16 and fp16 operands.
+// bias, dx skipped, overwritten or accumulated, dw and db overwritten or accumulated, in float32,
+// TF32 and on bf16 and fp16 operands.
 //
 // Tolerances, per operand type:
 // - float32: 1e-5 forward (element by element), 1e-4 for gradients against finite differences,
@@ -47,7 +47,7 @@ const Precision kBf16{"bf16", DType::bf16, false, 1e-5, 1e-4, 1e-4};
 const Precision kF16{"f16", DType::f16, false, 1e-5, 1e-4, 1e-4};
 
 OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode dx_mode,
-                   const Precision& pr, bool reference) {
+                   bool dw_written, const Precision& pr, bool reference) {
   const int64_t K = xs[xs.rank() - 1], M = xs.numel() / K;
   const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
   Shape ys;
@@ -57,7 +57,7 @@ OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode d
   OpCase c;
   c.name = std::string("linear_") + pr.name + "_" + shape_name(xs) + "_N" + std::to_string(N) +
            (layout == WeightLayout::out_in ? "_outin" : "_inout") + (bias ? "_bias" : "") + "_" +
-           dx_names[static_cast<int>(dx_mode)];
+           dx_names[static_cast<int>(dx_mode)] + (dw_written ? "_dwset" : "");
   c.inputs = [=](std::mt19937& rng) {
     auto operand = [&](int64_t n, float scale) {
       const FVec v = rounded(randn(n, rng, scale), pr.operands);
@@ -86,7 +86,7 @@ OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode d
     const Tensor db = d.put_as(in.at("db0"), {N}), y = d.put(FVec(M * N, -7.f), ys);
     be.linear_forward(x, w, bias ? b : Tensor(), layout, y);
     be.linear_backward(x, w, dy, layout, dx_mode == DxMode::skipped ? Tensor() : dx,
-                       dx_mode == DxMode::accumulated, dw, bias ? db : Tensor());
+                       dx_mode == DxMode::accumulated, dw, bias ? db : Tensor(), !dw_written);
     return Values{
         {"y", d.values(y)}, {"dx", d.values(dx)}, {"dw", d.values(dw)}, {"db", d.values(db)}};
   };
@@ -115,9 +115,14 @@ OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode d
   else
     c.checks.push_back(
         {"dx", Metric::normwise, pr.grad, pr.vs_cpu, dx_mode == DxMode::accumulated ? "dx0" : ""});
-  c.checks.push_back({"dw", Metric::normwise, pr.grad, pr.vs_cpu, "dw0"});
+  // Written gradients are compared as they are: what dw0 and db0 held must be gone.
+  const char* dw0 = dw_written ? "" : "dw0";
+  c.checks.push_back({"dw", Metric::normwise, pr.grad, pr.vs_cpu, dw0});
   // Without a bias db is untouched: what it gained is exactly zero.
-  c.checks.push_back({"db", bias ? Metric::normwise : Metric::exact, pr.grad, pr.vs_cpu, "db0"});
+  if (bias)
+    c.checks.push_back({"db", Metric::normwise, pr.grad, pr.vs_cpu, dw_written ? "" : "db0"});
+  else
+    c.checks.push_back({"db", Metric::exact, 0, 0, "db0"});
   return c;
 }
 
@@ -130,29 +135,31 @@ std::vector<OpCase> linear_cases() {
     for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out})
       for (bool bias : {false, true})
         for (DxMode dx : {DxMode::skipped, DxMode::overwritten, DxMode::accumulated})
-          cases.push_back(linear_case(xs, 5, layout, bias, dx, kF32, true));
+          for (bool dw_written : {false, true})
+            cases.push_back(linear_case(xs, 5, layout, bias, dx, dw_written, kF32, true));
   for (const Precision& pr : {kTf32, kBf16, kF16}) {
+    cases.push_back(linear_case({2, 3, 13}, 5, WeightLayout::out_in, true, DxMode::accumulated,
+                                false, pr, true));
     cases.push_back(
-        linear_case({2, 3, 13}, 5, WeightLayout::out_in, true, DxMode::accumulated, pr, true));
-    cases.push_back(
-        linear_case({7, 13}, 5, WeightLayout::in_out, false, DxMode::overwritten, pr, true));
+        linear_case({7, 13}, 5, WeightLayout::in_out, true, DxMode::overwritten, true, pr, true));
   }
   // A GPU's tiles: odd shapes, a rank-3 input, a long K that cuBLASLt may split.
   struct Variant {
     WeightLayout layout;
     bool bias;
     DxMode dx;
+    bool dw_written;
   };
-  const Variant variants[] = {{WeightLayout::out_in, true, DxMode::accumulated},
-                              {WeightLayout::in_out, false, DxMode::skipped},
-                              {WeightLayout::in_out, true, DxMode::overwritten},
-                              {WeightLayout::out_in, false, DxMode::overwritten}};
+  const Variant variants[] = {{WeightLayout::out_in, true, DxMode::accumulated, false},
+                              {WeightLayout::in_out, false, DxMode::skipped, false},
+                              {WeightLayout::in_out, true, DxMode::overwritten, true},
+                              {WeightLayout::out_in, false, DxMode::overwritten, true}};
   const std::pair<Shape, int64_t> shapes[] = {
       {Shape{37, 75}, 129}, {Shape{3, 13, 129}, 75}, {Shape{37, 1031}, 67}};
   for (const Precision& pr : {kF32, kTf32, kBf16, kF16})
     for (const auto& [xs, N] : shapes)
       for (const Variant& v : variants)
-        cases.push_back(linear_case(xs, N, v.layout, v.bias, v.dx, pr, false));
+        cases.push_back(linear_case(xs, N, v.layout, v.bias, v.dx, v.dw_written, pr, false));
   return cases;
 }
 

@@ -154,7 +154,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                  WeightLayout layout, const Tensor& dx, bool accumulate_dx,
-                                 const Tensor& dw, const Tensor& db) {
+                                 const Tensor& dw, const Tensor& db, bool accumulate_dw) {
   const LinearDims dims = linear_dims(x, w, layout, "linear_backward");
   check_operand(x, "linear_backward");
   const int64_t m = dims.m, k = dims.k, n = dims.n;
@@ -181,9 +181,9 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (layout == WeightLayout::out_in)
-      matmul(true, false, n, k, m, gy, Operand(x, k), true, dw.f32(), k);
+      matmul(true, false, n, k, m, gy, Operand(x, k), accumulate_dw, dw.f32(), k);
     else
-      matmul(true, false, k, n, m, Operand(x, k), gy, true, dw.f32(), n);
+      matmul(true, false, k, n, m, Operand(x, k), gy, accumulate_dw, dw.f32(), n);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
@@ -198,7 +198,7 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
         const float* row = g + i * n;
         for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
       }
-      for (int64_t j = j0; j < j1; ++j) out[j] += acc[j - j0];
+      for (int64_t j = j0; j < j1; ++j) out[j] = accumulate_dw ? out[j] + acc[j - j0] : acc[j - j0];
     }
   }
 }

@@ -179,7 +179,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   WeightLayout layout, const Tensor& dx, bool accumulate_dx,
-                                  const Tensor& dw, const Tensor& db) {
+                                  const Tensor& dw, const Tensor& db, bool accumulate_dw) {
   const auto [m, k, n] = linear_dims(x, w, layout, "linear_backward");
   BRISK_CHECK(dy.numel() == m * n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
@@ -200,9 +200,11 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (out_in)
-      matmul(true, false, n, k, m, g, n, x.f32(), k, true, dw.f32(), k, nullptr, matmul_dtype_);
+      matmul(true, false, n, k, m, g, n, x.f32(), k, accumulate_dw, dw.f32(), k, nullptr,
+             matmul_dtype_);
     else
-      matmul(true, false, k, n, m, x.f32(), k, g, n, true, dw.f32(), n, nullptr, matmul_dtype_);
+      matmul(true, false, k, n, m, x.f32(), k, g, n, accumulate_dw, dw.f32(), n, nullptr,
+             matmul_dtype_);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
@@ -212,8 +214,9 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
       ones_ready_ = true;
     }
-    // db[1,n] += ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g, n, true, db.f32(), n, nullptr, DType::f32);
+    // db[1,n] (+)= ones[1,m] dy[m,n], in float32 whatever the operand type.
+    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g, n, accumulate_dw, db.f32(), n, nullptr,
+           DType::f32);
   }
 }
 
