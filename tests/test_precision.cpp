@@ -343,12 +343,14 @@ TEST_P(CpuProducts, WeightGradientsInBlocksOfRowsMatchTheReference) {
   EXPECT_LE(rel_error(dw.data() + 4096 * K, want.data() + 4096 * K, (N - 4096) * K), 1e-6);
 }
 
-// A held weight (Backend::hold_weight) is rounded once into its planned buffer: the products that
-// read it give the same bits as unheld ones, and until release_weight they read that copy; after
-// it they read the weight again. float32 products have nothing to prepare: they always read it.
+// A held weight (Backend::hold_weight) is rounded once into its planned buffer (on bf16 units
+// into the blocked layouts of the two products that read it, padded: 23 x 29 is 64 x 32 there):
+// the products that read it give the same bits as unheld ones, and until release_weight they
+// read that copy; after it they read the weight again. float32 products have nothing to
+// prepare: they always read it.
 TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   const int64_t M = 37, K = 29, N = 23;
-  ProductsBackend p(MatmulOperands(M * K, N * K, N * K));
+  ProductsBackend p(MatmulOperands(M * K, N * K, N * K, K));
   Backend* be = p.be.get();
   std::mt19937 gen(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);

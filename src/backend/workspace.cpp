@@ -4,12 +4,19 @@
 #include <algorithm>
 
 #include "backend/cpu/cpu_matmul_dnnl.h"
+#include "core/checked.h"
 
 namespace brisk {
 
 DType product_dtype(Device device, DType compute) {
   if (device == Device::cuda) return compute;
   return compute == DType::bf16 && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+}
+
+int64_t cpu_blocked_elements(int64_t rows, int64_t cols) {
+  constexpr int64_t kPad = 64;
+  const char* what = "a blocked product operand";
+  return checked_mul(checked_add(rows, kPad, what), checked_add(cols, kPad, what), what);
 }
 
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
@@ -22,9 +29,16 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
       const DType packed = cpu_has_bf16_products() ? DType::bf16 : DType::f32;
       binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{operands.a});
       binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{operands.b});
-      if (operands.held > 0)
-        binder.declare(plan, &ws.held_weight, "backend.bf16_held_weight", tmp, packed,
-                       Shape{operands.held});
+      // The held weight: on bf16 units one copy per way products read it (B of x W^T and of
+      // dy W), each in the blocked layout its kernel reads; otherwise one plain copy.
+      if (operands.held > 0) {
+        const bool blocked = packed == DType::bf16 && operands.held_cols > 0;
+        const Shape held = blocked
+                               ? Shape{2, cpu_blocked_elements(operands.held / operands.held_cols,
+                                                               operands.held_cols)}
+                               : Shape{operands.held};
+        binder.declare(plan, &ws.held_weight, "backend.bf16_held_weight", tmp, packed, held);
+      }
     }
     return;
   }

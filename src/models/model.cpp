@@ -253,7 +253,7 @@ MatmulOperands Model::matmul_operands() const {
   const int64_t activations = checked_mul(rows, widest, what);
   const int64_t a = std::max(activations, checked_mul(head_rows, head_width(), what));
   const int64_t b = std::max({activations, lm_head ? 0 : head, largest_weight});
-  return {a, b, lm_head ? head : 0};
+  return {a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
 }
 
 const Tensor& Model::logits() const {

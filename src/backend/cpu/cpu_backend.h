@@ -35,8 +35,8 @@ class CpuBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
-                       const Tensor& dx, bool accumulate_dx, const Tensor& dw,
-                       const Tensor& db, bool accumulate_dw) override;
+                       const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
+                       bool accumulate_dw) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
@@ -127,9 +127,15 @@ class CpuBackend final : public Backend {
   // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them), with an
   // instance for every thread of the next parallel region.
   bool prepare_attention_products();
-  bool bf16_operands_ = false;   // the matmul dtype is bf16: operands rounded to it
-  BackendWorkspace ws_;          // its planned bf16 operand buffers
-  const float* held_ = nullptr;  // the held weight, rounded into ws_.held_weight
+  bool bf16_operands_ = false;  // the matmul dtype is bf16: operands rounded to it
+  BackendWorkspace ws_;         // its planned bf16 operand buffers
+  // The held weight (hold_weight) and what each copy of it in ws_.held_weight holds (one copy
+  // per way products read it, [2, n] on bf16 units; one plain copy otherwise): the blocked layout
+  // it was rounded into (DnnlMatmul::BlockedB::layout), kPlainCopy, or kNoCopy until the first
+  // product that reads it rounds it.
+  static constexpr int kNoCopy = -2, kPlainCopy = -1;
+  const float* held_ = nullptr;
+  int held_copy_[2] = {kNoCopy, kNoCopy};
 };
 
 // Checks shared by the CPU kernels.

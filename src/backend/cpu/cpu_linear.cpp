@@ -64,14 +64,16 @@ void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOp
 }
 
 void CpuBackend::hold_weight(const Tensor& w) {
-  held_ = nullptr;
-  if (!bf16_operands_ || ws_.held_weight.empty() || w.numel() > ws_.held_weight.numel()) return;
-  bf16_operand(w.f32(), rows_of(w), cols_of(w), cols_of(w), ws_.held_weight);
-  held_ = w.f32();
+  release_weight();
+  const Tensor& room = ws_.held_weight;
+  if (!bf16_operands_ || room.empty()) return;
+  const int64_t copy_elements = room.rank() == 2 ? room.dim(1) : room.numel();
+  if (w.numel() <= copy_elements) held_ = w.f32();
 }
 
 void CpuBackend::release_weight() {
   held_ = nullptr;
+  held_copy_[0] = held_copy_[1] = kNoCopy;
 }
 
 void CpuBackend::check_operand(const Tensor& x, const char* op) const {
@@ -96,16 +98,33 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return bf16_operands_ && !(x.dtype == DType::bf16 && library == DType::bf16);
   };
   const size_t a_size = dtype_size(a.dtype);
-  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight), else the
-  // packing buffer, filled by the first block of rows and read by the others.
-  const bool held = held_ != nullptr && b.data == held_;
-  const Tensor& b_buffer = held ? ws_.held_weight : ws_.operand_b;
+  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight; on bf16 units
+  // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
+  // every call), else the packing buffer, filled by the first block of rows and read by the
+  // others.
+  const DnnlMatmul::Product product{trans_a, trans_b, m, n, k, a.ld, b.ld, ldc, accumulate};
+  bool blocked = false;
   const void* b0 = b.data;
-  if (held) {
-    b0 = b_buffer.data();
+  if (held_ != nullptr && b.data == held_) {
+    const bool two = ws_.held_weight.rank() == 2;  // a copy per way of reading it
+    const int which = two && !trans_b ? 1 : 0;
+    const Tensor room = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
+    const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
+    const DnnlMatmul::BlockedB layout =
+        two && !trans_a && bf16_units ? dnnl_->blocked_b(product) : DnnlMatmul::BlockedB{};
+    blocked = layout.layout >= 0 && layout.bytes <= room.bytes();
+    const int holds = blocked ? layout.layout : kPlainCopy;
+    if (held_copy_[which] != holds) {
+      if (blocked)
+        dnnl_->round_blocked_b(product, held_, room.data());
+      else
+        bf16_operand(held_, trans_b ? n : k, trans_b ? k : n, b.ld, room);
+      held_copy_[which] = holds;
+    }
+    b0 = room.data();
   } else if (packed(b)) {
-    bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, b_buffer);
-    b0 = b_buffer.data();
+    bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
+    b0 = ws_.operand_b.data();
   }
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
   // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
@@ -119,7 +138,9 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
       a0 = ws_.operand_a.data();
     }
-    if (dnnl_)
+    if (blocked)  // one block: a transposed A never reads a held B this way
+      dnnl_->run_blocked_b(product, a0, b0, c);
+    else if (dnnl_)
       dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

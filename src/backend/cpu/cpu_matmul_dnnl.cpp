@@ -13,6 +13,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #endif
 
@@ -94,10 +95,23 @@ dnnl::memory::data_type dnnl_type(DType dtype) {
   return dtype == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
+// A product that reads B in its kernel's blocked layout, and the reorder that rounds a float32
+// B into that layout.
+struct PreparedBlocked {
+  Prepared product;
+  dnnl::reorder round;
+  dnnl::memory from, to;  // the reorder's float32 source and blocked destination
+  std::unordered_map<int, dnnl::memory> round_args;
+  DnnlMatmul::BlockedB blocked;
+};
+
 struct DnnlMatmul::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Prepared> cache;
+  std::map<Key, PreparedBlocked> blocked;   // keyed with ldb 0: B's own stride is the layout's
+  std::vector<dnnl::memory::desc> layouts;  // BlockedB::layout indexes it
+  PreparedBlocked& prepared_blocked(DType dtype, const Product& p);
 };
 
 DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype), impl_(std::make_unique<Impl>()) {
@@ -126,32 +140,54 @@ bool DnnlMatmul::available(DType dtype) {
   return dtype == DType::f32 ? f32 : dtype == DType::bf16 ? bf16 : false;
 }
 
+namespace {
+using dims = dnnl::memory::dims;
+
+dnnl::memory::desc operand_a(const DnnlMatmul::Product& p, dnnl::memory::data_type type) {
+  return {{p.m, p.k}, type, p.trans_a ? dims{1, p.lda} : dims{p.lda, 1}};
+}
+
+dnnl::memory::desc operand_b(const DnnlMatmul::Product& p, dnnl::memory::data_type type) {
+  return {{p.k, p.n}, type, p.trans_b ? dims{1, p.ldb} : dims{p.ldb, 1}};
+}
+
+// The primitive for p with B described by `bd` (a layout, or format_tag::any for the kernel's).
+Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
+                 dnnl::memory::data_type type, const dnnl::memory::desc& bd) {
+  const dnnl::memory::desc ad = operand_a(p, type);
+  const dnnl::memory::desc cd({p.m, p.n}, dnnl::memory::data_type::f32, dims{p.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (p.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, engine);
+  Prepared prepared{dnnl::matmul(pd),
+                    dnnl::memory(ad, engine, nullptr),
+                    dnnl::memory(pd.weights_desc(), engine, nullptr),
+                    dnnl::memory(cd, engine, nullptr),
+                    {}};
+  prepared.args = {
+      {DNNL_ARG_SRC, prepared.a}, {DNNL_ARG_WEIGHTS, prepared.b}, {DNNL_ARG_DST, prepared.c}};
+  return prepared;
+}
+
+Key key_of(const DnnlMatmul::Product& p) {
+  return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate};
+}
+}  // namespace
+
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                      int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
                      int64_t ldc) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  const dt type = dnnl_type(dtype_);
-  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
+  const Product product{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
+  const Key key = key_of(product);
   auto it = impl_->cache.find(key);
   if (it == impl_->cache.end()) {  // descriptors only for a new shape: they cost a call's time
-    const dnnl::memory::desc ad({m, k}, type, trans_a ? dims{1, lda} : dims{lda, 1});
-    const dnnl::memory::desc bd({k, n}, type, trans_b ? dims{1, ldb} : dims{ldb, 1});
-    const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-    }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, impl_->engine);
-    Prepared p{dnnl::matmul(pd),
-               dnnl::memory(ad, impl_->engine, nullptr),
-               dnnl::memory(bd, impl_->engine, nullptr),
-               dnnl::memory(cd, impl_->engine, nullptr),
-               {}};
-    p.args = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
-    it = impl_->cache.emplace(key, std::move(p)).first;
+    const dnnl::memory::data_type type = dnnl_type(dtype_);
+    it = impl_->cache.emplace(key, prepare(impl_->engine, product, type, operand_b(product, type)))
+             .first;
   }
   Prepared& p = it->second;
   p.a.set_data_handle(const_cast<void*>(a));
@@ -159,6 +195,59 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   p.c.set_data_handle(c);
   g_calls.fetch_add(1, std::memory_order_relaxed);
   p.matmul.execute(impl_->stream, p.args);
+  impl_->stream.wait();
+}
+
+PreparedBlocked& DnnlMatmul::Impl::prepared_blocked(DType dtype, const Product& p) {
+  BRISK_CHECK(dtype == DType::bf16, "internal error: a blocked B outside bf16 products");
+  Product shape = p;
+  shape.ldb = 0;  // the blocked B's layout does not depend on the float32 B's stride
+  const Key key = key_of(shape);
+  auto it = blocked.find(key);
+  if (it != blocked.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  Prepared product =
+      prepare(engine, p, dt::bf16, {{p.k, p.n}, dt::bf16, dnnl::memory::format_tag::any});
+  const dnnl::memory::desc kernel_b = product.b.get_desc();
+  const dnnl::memory from(operand_b(p, dt::f32), engine, nullptr);
+  const dnnl::memory to(kernel_b, engine, nullptr);
+  int layout = 0;
+  while (layout < static_cast<int>(layouts.size()) && layouts[layout] != kernel_b) ++layout;
+  if (layout == static_cast<int>(layouts.size())) layouts.push_back(kernel_b);
+  PreparedBlocked prepared{std::move(product),           dnnl::reorder(from, to), from, to, {},
+                           {layout, kernel_b.get_size()}};
+  prepared.round_args = {{DNNL_ARG_FROM, prepared.from}, {DNNL_ARG_TO, prepared.to}};
+  return blocked.emplace(key, std::move(prepared)).first->second;
+}
+
+DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product& p) {
+  if (dtype_ != DType::bf16) return {};
+  return impl_->prepared_blocked(dtype_, p).blocked;
+}
+
+void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst) {
+  PreparedBlocked& prepared = impl_->prepared_blocked(dtype_, p);
+  // The float32 B's stride may differ from the one the reorder was made for: its descriptor is
+  // remade then (a held weight is rounded once per pass over it).
+  if (prepared.from.get_desc() != operand_b(p, dnnl::memory::data_type::f32)) {
+    prepared.from =
+        dnnl::memory(operand_b(p, dnnl::memory::data_type::f32), impl_->engine, nullptr);
+    prepared.round = dnnl::reorder(prepared.from, prepared.to);
+    prepared.round_args[DNNL_ARG_FROM] = prepared.from;
+  }
+  prepared.from.set_data_handle(const_cast<float*>(b));
+  prepared.to.set_data_handle(dst);
+  prepared.round.execute(impl_->stream, prepared.round_args);
+  impl_->stream.wait();
+}
+
+void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c) {
+  Prepared& prepared = impl_->prepared_blocked(dtype_, p).product;
+  prepared.a.set_data_handle(const_cast<void*>(a));
+  prepared.b.set_data_handle(const_cast<void*>(b_blocked));
+  prepared.c.set_data_handle(c);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  prepared.matmul.execute(impl_->stream, prepared.args);
   impl_->stream.wait();
 }
 
@@ -173,6 +262,15 @@ bool DnnlMatmul::available(DType) {
 }
 void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
                      int64_t, bool, float*, int64_t) {
+  BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
+}
+DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
+  return {};
+}
+void DnnlMatmul::round_blocked_b(const Product&, const float*, void*) {
+  BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
+}
+void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif

@@ -50,6 +50,29 @@ class DnnlMatmul {
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
            const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
+  // A product as run() takes it.
+  struct Product {
+    bool trans_a = false, trans_b = false;
+    int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    bool accumulate = false;
+  };
+  // B in the blocked bf16 layout the bf16 kernel of product `p` reads it in (oneDNN's choice):
+  // `layout` names it among this instance's layouts, `bytes` is its size. A float32 B read by
+  // many products (a held weight, Backend::hold_weight) is rounded into it once
+  // (round_blocked_b) instead of copied into it inside every product (run() reads B as it lies).
+  // For the shapes of transformer weights the layout depends on N and K only, and pads N to a
+  // multiple of 64 and K to a multiple of 32 (workspace.h's cpu_blocked_elements bounds it).
+  struct BlockedB {
+    int layout = -1;
+    size_t bytes = 0;
+  };
+  BlockedB blocked_b(const Product& p);
+  // Rounds the float32 B of `p` (K x N, or N x K when trans_b; row stride p.ldb) into `dst`, in
+  // blocked_b(p)'s layout, to nearest even as bf16_operand does.
+  void round_blocked_b(const Product& p, const float* b, void* dst);
+  // Product p (p.ldb unused) with B read from `b_blocked` as round_blocked_b left it.
+  void run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c);
+
  private:
   struct Impl;
   DType dtype_;
