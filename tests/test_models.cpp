@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -306,7 +307,8 @@ TEST(Models, GradientSegmentsAreFinalWhenReported) {
 // An optimizer step's first micro-batch writes each matrix product's weight gradient (and its
 // bias's) instead of adding it to zeros: the same bits as adding, on every model and with the
 // language-model head in chunks (the head's weight written by the first chunk, added to by the
-// others and, tied, by the embedding). Run again over the gradients it left, every product
+// others and, tied, by the embedding), so the trainer zeroes only the others' gradients before
+// it (Model::zero_accumulated_grads). Run again over the gradients it left, every product
 // weight's gradient is written over (it stays G) and every other parameter's gradient is
 // written over too (a product's bias) or still accumulates (it becomes 2G, exactly but for the
 // embeddings' rows, which add token by token).
@@ -326,13 +328,21 @@ TEST(Models, TheFirstMicroBatchWritesWeightGradients) {
       m.step(true, 7, 3, /*first=*/true);
       const std::vector<float> written = m.grads();
       EXPECT_EQ(written, added);
-      StepOptions so;  // the same micro-batch again, not zeroing the gradients
-      so.rng = RngKey{7, 3, 0};
-      so.first_micro_batch = true;
-      so.loss_grad_scale = 1.0f / static_cast<float>(m.model->count_targets());
-      m.model->forward(*m.be, so);
-      m.model->backward(*m.be, so);
-      const std::vector<float> again = m.grads();
+      auto first_micro_batch = [&] {  // the same micro-batch again, not zeroing the gradients
+        StepOptions so;
+        so.rng = RngKey{7, 3, 0};
+        so.first_micro_batch = true;
+        so.loss_grad_scale = 1.0f / static_cast<float>(m.model->count_targets());
+        m.model->forward(*m.be, so);
+        m.model->backward(*m.be, so);
+        return m.grads();
+      };
+      // Over gradients holding NaN, zeroing only those it adds to (as the trainer does) is
+      // enough: every product weight's gradient is written.
+      m.be->fill(m.model->params().flat_grads(), std::nanf(""));
+      m.model->zero_accumulated_grads(*m.be);
+      EXPECT_EQ(first_micro_batch(), written);
+      const std::vector<float> again = first_micro_batch();
       int products = 0;
       size_t nonzero = 0;
       for (const ParamInfo& p : m.model->params().list()) {

@@ -595,6 +595,31 @@ void Model::zero_grads(Backend& be) {
   be.fill(params_.flat_grads(), 0.0f);
 }
 
+void Model::zero_accumulated_grads(Backend& be) {
+  // Runs of neighbouring parameters filled at once (a block's norms and biases lie between its
+  // weights; a staged room holds each block's parameters at the same places).
+  const std::vector<ParamInfo>& list = params_.list();
+  Tensor run;
+  auto flush = [&] {
+    if (!run.empty()) be.fill(run, 0.0f);
+    run = Tensor();
+  };
+  for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    if (list[i].product) {
+      flush();
+      continue;
+    }
+    const Tensor g = params_.grad(i);
+    if (!run.empty() && static_cast<const char*>(run.data()) + run.bytes() == g.data())
+      run = Tensor(run.data(), Shape{run.numel() + g.numel()}, DType::f32, run.device());
+    else {
+      flush();
+      run = g;
+    }
+  }
+  flush();
+}
+
 float Model::init_std(const std::string& name) const {
   const auto& src = config_.source;
   return src.contains("initializer_range") && src["initializer_range"].is_number()

@@ -192,6 +192,10 @@ class Model {
   using SegmentDone = std::function<void(int)>;
   void backward(Backend& be, const StepOptions& options, const SegmentDone& done = {});
   void zero_grads(Backend& be);
+  // Zeroes the gradients an optimizer step's first micro-batch adds to (StepOptions::
+  // first_micro_batch): all but the matrix products' weights (ParamInfo::product), whose first
+  // gradient it writes over what the buffer holds.
+  void zero_accumulated_grads(Backend& be);
 
   // Initializes weights as transformers does (normal(0, initializer_range), zero biases, unit
   // LayerNorm), deterministically from `seed`.

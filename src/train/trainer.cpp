@@ -568,7 +568,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     const double loss_scale = precision.loss_scale();
     const float grad_scale =
         targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
-    model->zero_grads(*be);
+    model->zero_accumulated_grads(*be);  // the first micro-batch writes the others
     if (sharded) be->fill(sharded->shard(), 0.0f);
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < k; ++micro) {
