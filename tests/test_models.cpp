@@ -258,6 +258,10 @@ TEST(Models, LanguageModelHeadsInChunksEqualTheWholeHead) {
   expect_chunked_lm_heads_equal_whole_ones(Device::cpu);
 }
 
+TEST(Models, LanguageModelHeadsInChunksEqualTheWholeHeadInBf16) {
+  expect_chunked_lm_heads_equal_whole_ones(Device::cpu, DType::bf16);
+}
+
 // Data parallelism starts a gradient segment's sum once backward reports it final: what a segment
 // holds when reported is what it holds when backward ends. The segments run down the buffer (the
 // head, the blocks last to first, the embeddings) and cover it.
@@ -305,67 +309,70 @@ TEST(Models, GradientSegmentsAreFinalWhenReported) {
 }
 
 // An optimizer step's first micro-batch writes each matrix product's weight gradient (and its
-// bias's) instead of adding it to zeros: the same bits as adding, on every model and with the
-// language-model head in chunks (the head's weight written by the first chunk, added to by the
-// others and, tied, by the embedding), so the trainer zeroes only the others' gradients before
-// it (Model::zero_accumulated_grads). Run again over the gradients it left, every product
-// weight's gradient is written over (it stays G) and every other parameter's gradient is
-// written over too (a product's bias) or still accumulates (it becomes 2G, exactly but for the
-// embeddings' rows, which add token by token).
+// bias's) instead of adding it to zeros: the same bits as adding, on every model, in float32 and
+// bf16, and with the language-model head in chunks (the head's weight written by the first chunk
+// or, bf16, group of two, added to by the others and, tied, by the embedding), so the trainer
+// zeroes only the others' gradients before it (Model::zero_accumulated_grads). Run again over the
+// gradients it left, every product weight's gradient is written over (it stays G) and every other
+// parameter's gradient is written over too (a product's bias) or still accumulates (it becomes 2G,
+// exactly but for the embeddings' rows, which add token by token).
 TEST(Models, TheFirstMicroBatchWritesWeightGradients) {
   const std::vector<std::pair<const char*, bool>> models{
       {"bert_tiny", false},     {"bert_regression", false}, {"bert_mlm", true},
       {"gpt2_tiny", false},     {"gpt2_variant", false},    {"distilbert_tiny", false},
       {"distilbert_mlm", true}, {"llama_tiny", false},      {"bert_decoder", false}};
   for (const auto& [name, masked_lm] : models)
-    for (int64_t logits_rows : {0, 5}) {
-      SCOPED_TRACE(std::string(name) + " logits_rows " + std::to_string(logits_rows));
-      PlanOptions options;
-      options.logits_rows = logits_rows;
-      LoadedModel m(fixture(name), options, /*dropout=*/true, DType::f32, 0, masked_lm);
-      m.step(true, 7, 3, /*first=*/false);
-      const std::vector<float> added = m.grads();
-      m.step(true, 7, 3, /*first=*/true);
-      const std::vector<float> written = m.grads();
-      EXPECT_EQ(written, added);
-      auto first_micro_batch = [&] {  // the same micro-batch again, not zeroing the gradients
-        StepOptions so;
-        so.rng = RngKey{7, 3, 0};
-        so.first_micro_batch = true;
-        so.loss_grad_scale = 1.0f / static_cast<float>(m.model->count_targets());
-        m.model->forward(*m.be, so);
-        m.model->backward(*m.be, so);
-        return m.grads();
-      };
-      // Over gradients holding NaN, zeroing only those it adds to (as the trainer does) is
-      // enough: every product weight's gradient is written.
-      m.be->fill(m.model->params().flat_grads(), std::nanf(""));
-      m.model->zero_accumulated_grads(*m.be);
-      EXPECT_EQ(first_micro_batch(), written);
-      const std::vector<float> again = first_micro_batch();
-      int products = 0;
-      size_t nonzero = 0;
-      for (const ParamInfo& p : m.model->params().list()) {
-        const auto first = static_cast<size_t>(p.offset), last = first + p.shape.numel();
-        const std::vector<float> g(written.begin() + first, written.begin() + last);
-        const std::vector<float> got(again.begin() + first, again.begin() + last);
-        std::vector<float> doubled = g;
-        for (float& v : doubled) v *= 2.0f;
-        if (p.product) {
-          EXPECT_EQ(got, g) << p.name << " was added to, not written";
-          ++products;
-        } else {
-          EXPECT_TRUE(got == g || rel_error(got.data(), doubled.data(), p.shape.numel()) < 1e-6)
-              << p.name;
+    for (int64_t logits_rows : {0, 5})
+      for (DType type : {DType::f32, DType::bf16}) {  // bf16: the head's gradient in groups
+        SCOPED_TRACE(std::string(name) + " logits_rows " + std::to_string(logits_rows) + " " +
+                     dtype_name(type));
+        PlanOptions options;
+        options.logits_rows = logits_rows;
+        options.activation_dtype = type;
+        LoadedModel m(fixture(name), options, /*dropout=*/true, type, 0, masked_lm);
+        m.step(true, 7, 3, /*first=*/false);
+        const std::vector<float> added = m.grads();
+        m.step(true, 7, 3, /*first=*/true);
+        const std::vector<float> written = m.grads();
+        EXPECT_EQ(written, added);
+        auto first_micro_batch = [&] {  // the same micro-batch again, not zeroing the gradients
+          StepOptions so;
+          so.rng = RngKey{7, 3, 0};
+          so.first_micro_batch = true;
+          so.loss_grad_scale = 1.0f / static_cast<float>(m.model->count_targets());
+          m.model->forward(*m.be, so);
+          m.model->backward(*m.be, so);
+          return m.grads();
+        };
+        // Over gradients holding NaN, zeroing only those it adds to (as the trainer does) is
+        // enough: every product weight's gradient is written.
+        m.be->fill(m.model->params().flat_grads(), std::nanf(""));
+        m.model->zero_accumulated_grads(*m.be);
+        EXPECT_EQ(first_micro_batch(), written);
+        const std::vector<float> again = first_micro_batch();
+        int products = 0;
+        size_t nonzero = 0;
+        for (const ParamInfo& p : m.model->params().list()) {
+          const auto first = static_cast<size_t>(p.offset), last = first + p.shape.numel();
+          const std::vector<float> g(written.begin() + first, written.begin() + last);
+          const std::vector<float> got(again.begin() + first, again.begin() + last);
+          std::vector<float> doubled = g;
+          for (float& v : doubled) v *= 2.0f;
+          if (p.product) {
+            EXPECT_EQ(got, g) << p.name << " was added to, not written";
+            ++products;
+          } else {
+            EXPECT_TRUE(got == g || rel_error(got.data(), doubled.data(), p.shape.numel()) < 1e-6)
+                << p.name;
+          }
+          nonzero += std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; });
         }
-        nonzero += std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; });
+        // Not vacuous: product weights were seen, and most gradients are not all zeros (causal
+        // BERT classifying its first token, which sees only itself, leaves its last layer's query
+        // and key without one, as transformers does).
+        EXPECT_GT(products, 0);
+        EXPECT_GT(nonzero, m.model->params().list().size() * 3 / 4);
       }
-      // Not vacuous: product weights were seen, and most gradients are not all zeros (causal
-      // BERT classifying its first token, which sees only itself, leaves its last layer's query
-      // and key without one, as transformers does).
-      EXPECT_GT(products, 0);
-      EXPECT_GT(nonzero, m.model->params().list().size() * 3 / 4);
-    }
 }
 
 // ZeRO stage 2's staged gradients: the blocks' gradients share the rooms of two blocks (or one),

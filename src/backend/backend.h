@@ -167,7 +167,7 @@ class Backend {
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.
   // x may have any rank; its last dimension is K and the leading ones are flattened into M.
   // x is float32, or stored in `dtype` where reads_product_input(dtype) says so (for
-  // linear_backward too).
+  // linear_backward too, and there its dy as well).
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                               WeightLayout layout, const Tensor& y) = 0;
   // dx = dy W (or += when accumulate_dx; skipped when dx is empty); dw = dy^T x (laid out as

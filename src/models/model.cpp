@@ -277,6 +277,12 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {s.batch, s.seq, V});
   else
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {lm_chunk_rows_, V});
+  // The CPU's bf16 products read the logits' gradient rounded once, two chunks of it at a time
+  // (as many bytes as a float32 chunk).
+  if (rows > lm_chunk_rows_ && options_.device == Device::cpu &&
+      options_.activation_dtype == DType::bf16)
+    declare(plan, &head_dlogits_, "lm_head.dlogits", Category::activations, DType::bf16,
+            {std::min(rows, 2 * lm_chunk_rows_), V});
   declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,
           {s.batch, s.seq, config_.hidden_size});
 }
@@ -293,18 +299,38 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     Held(Backend& backend, const Tensor& weight) : be(backend) { be.hold_weight(weight); }
     ~Held() { be.release_weight(); }
   } held(be, w(weight));
+  // dW's share of rows [group, r0) still to add (grouped: their dlogits in head_dlogits_).
+  const bool grouped = !head_dlogits_.empty() && be.reads_product_input(DType::bf16);
+  const int64_t group_rows = grouped ? head_dlogits_.dim(0) : 0;
+  int64_t group = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
     const bool whole = n == rows;  // one chunk: the tensors as they are
     const Tensor xs = whole ? x : row_range(x, r0, n);
     const Tensor ls = whole ? logits_ : row_range(logits_, 0, n);
+    const Tensor dx = whole ? head_dx_ : row_range(head_dx_, r0, n);
     be.linear_forward(xs, w(weight), b, WeightLayout::out_in, ls);
     be.softmax_cross_entropy(ls, whole ? labels : row_range(labels, r0, n, true), o.compute_grad,
                              o.loss_grad_scale, loss_sum());
-    if (o.compute_grad)
-      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in,
-                         whole ? head_dx_ : row_range(head_dx_, r0, n), false, g(weight), db,
+    if (!o.compute_grad) continue;
+    if (!grouped) {
+      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, dx, false, g(weight), db,
                          !o.first_micro_batch || r0 > 0);
+      continue;
+    }
+    const Tensor dl = row_range(head_dlogits_, r0 - group, n);
+    be.cast(ls, dl);
+    be.linear_backward(xs, w(weight), dl, WeightLayout::out_in, dx, false, Tensor(), Tensor(),
+                       true);
+    if (!db.empty())  // from the unrounded gradient, as unchunked
+      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, Tensor(), false, Tensor(), db,
+                         !o.first_micro_batch || r0 > 0);
+    if (r0 + n - group == group_rows || r0 + n == rows) {
+      be.linear_backward(row_range(x, group, r0 + n - group), w(weight),
+                         row_range(head_dlogits_, 0, r0 + n - group), WeightLayout::out_in,
+                         Tensor(), false, g(weight), Tensor(), !o.first_micro_batch || group > 0);
+      group = r0 + n;
+    }
   }
 }
 

@@ -319,7 +319,10 @@ class Model {
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
   // each chunk's backward: lm_head_dx's rows = dlogits W, and dW (db) += its share. W is
-  // parameter `weight` ([V,C], out_in), b parameter `bias` (-1: none).
+  // parameter `weight` ([V,C], out_in), b parameter `bias` (-1: none). Where the backend reads
+  // bf16 product inputs (the CPU's bf16 products), the chunks' dlogits are rounded once into
+  // head_dlogits_, which both products read as they are, and dW gets the share of two chunks at a
+  // time (a longer product: the [V,C] gradient is read and written half as often).
   void lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight, int bias,
                        const Tensor& labels);
   const Tensor& lm_head_dx() const { return head_dx_; }
@@ -328,6 +331,7 @@ class Model {
   BufferBinder binder_;
   PlanOptions options_;
   Tensor head_dx_;
+  Tensor head_dlogits_;        // [rows of two chunks, V] bf16 (CPU bf16 runs; else empty)
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
   int lm_head_weight_ = -1;    // the LM head's weight parameter
   Arena* arena_ = nullptr;

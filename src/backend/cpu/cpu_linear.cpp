@@ -181,14 +181,14 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(dy) == m && cols_of(dy) == n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
+  check_operand(dy, "linear_backward gradient");
   if (m == 0) return;
-  const float* g = dy.f32();
   // Both products read dy: on bf16 units with x already bf16 (so neither product packs an A
-  // operand) it is packed once, into the A buffer, instead of once per product.
-  Operand gy(g, n);
-  if (!dx.empty() && !dw.empty() && x.dtype() == DType::bf16 && dnnl_ &&
+  // operand) a float32 dy is packed once, into the A buffer, instead of once per product.
+  Operand gy(dy, n);
+  if (!dx.empty() && !dw.empty() && x.dtype() == DType::bf16 && dy.dtype() == DType::f32 && dnnl_ &&
       dnnl_->dtype() == DType::bf16) {
-    bf16_operand(g, m, n, n, ws_.operand_a);
+    bf16_operand(dy.f32(), m, n, n, ws_.operand_a);
     gy = Operand(ws_.operand_a, n);
   }
   if (!dx.empty()) {
@@ -210,14 +210,22 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
                 " values, expected ", n);
     float* out = db.f32();
+    const bool wide = dy.dtype() == DType::f32;
+    const float* g = wide ? dy.f32() : nullptr;
+    const uint16_t* g16 = wide ? nullptr : dy.as<uint16_t>();
     constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static)
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t j1 = std::min(n, j0 + kBlock);
       float acc[kBlock] = {};
       for (int64_t i = 0; i < m; ++i) {
-        const float* row = g + i * n;
-        for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+        if (wide) {
+          const float* row = g + i * n;
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+        } else {
+          const uint16_t* row = g16 + i * n;
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += bf16_to_float(row[j]);
+        }
       }
       for (int64_t j = j0; j < j1; ++j) out[j] = accumulate_dw ? out[j] + acc[j - j0] : acc[j - j0];
     }
