@@ -433,6 +433,50 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   }
 }
 
+// An output gradient stored in bf16 (what the CPU's bf16 LM heads pass: the logits' gradient
+// rounded once) gives the same input, weight and bias gradients, bit for bit, as the float32
+// gradient holding the same values, in both layouts, written or added; float32 products refuse
+// it, naming the op.
+TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
+  const int64_t M = 37, K = 29, N = 23;
+  ProductsBackend p(M * K * 2);
+  Backend* be = p.be.get();
+  std::mt19937 gen(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(M * K), w(N * K), dy(M * N);
+  for (auto* v : {&x, &w, &dy})
+    for (auto& e : *v) e = normal(gen);
+  std::vector<uint16_t> dy16(M * N);
+  for (int64_t i = 0; i < M * N; ++i) {
+    dy16[i] = float_to_bf16(dy[i]);
+    dy[i] = bf16_to_float(dy16[i]);
+  }
+  const Tensor xt(x.data(), {M, K}, DType::f32);
+  const Tensor dy32(dy.data(), {M, N}, DType::f32), dy16t(dy16.data(), {M, N}, DType::bf16);
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out})
+    for (bool accumulate : {false, true}) {
+      const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+      auto gradients = [&](const Tensor& g) {
+        std::vector<float> dx(M * K), dw(N * K, 0.5f), db(N, 0.25f);
+        be->linear_backward(xt, Tensor(w.data(), ws, DType::f32), g, layout,
+                            Tensor(dx.data(), {M, K}, DType::f32), false,
+                            Tensor(dw.data(), ws, DType::f32), Tensor(db.data(), {N}, DType::f32),
+                            accumulate);
+        for (const auto* part : {&dw, &db}) dx.insert(dx.end(), part->begin(), part->end());
+        return dx;
+      };
+      if (!p.bf16) {
+        EXPECT_THROW(gradients(dy16t), Error);
+        continue;
+      }
+      const std::vector<float> want = gradients(dy32);
+      EXPECT_EQ(gradients(dy16t), want);
+      dy16[0] = float_to_bf16(dy[0] + 1.0f);  // not a copy of the float32 answer
+      EXPECT_NE(gradients(dy16t), want);
+      dy16[0] = float_to_bf16(dy[0]);
+    }
+}
+
 // Attention's products in each library and type (in bf16 mode the probabilities and their
 // gradient rounded to bf16, on bf16 units or not) against float32 attention, which the
 // conformance suite holds to its fp64 reference: within bf16's precision on q, k, v rounded to
