@@ -262,6 +262,29 @@ TEST(Models, LanguageModelHeadsInChunksEqualTheWholeHeadInBf16) {
   expect_chunked_lm_heads_equal_whole_ones(Device::cpu, DType::bf16);
 }
 
+// A bf16 head planned in chunks (so with its rounded logit gradients, lm_head.dlogits) runs a
+// shorter batch whose rows fit one chunk in the same buffers (use_seq declares what the full
+// length did): the loss and gradients of a model planned for that length, which has no such
+// buffer, within float32 summation.
+TEST(Models, AShorterBatchFitsTheBf16HeadsGroupedGradients) {
+  LoadedModel probe(fixture("gpt2_tiny"));
+  const BatchShape s = probe.model->batch_shape();
+  const int64_t longest = probe.model->config().max_position_embeddings;
+  ASSERT_GT(longest, s.seq);
+  PlanOptions options;
+  options.activation_dtype = DType::bf16;
+  options.logits_rows = s.batch * s.seq;  // the short batch is one chunk, the long one more
+  LoadedModel exact(fixture("gpt2_tiny"), options, false, DType::bf16);
+  LoadedModel longer(fixture("gpt2_tiny"), options, false, DType::bf16, longest);
+  EXPECT_LT(exact.plan.find("lm_head.dlogits"), 0);
+  ASSERT_GE(longer.plan.find("lm_head.dlogits"), 0);
+  EXPECT_EQ(longer.model->batch_shape().seq, s.seq);
+  const double want = exact.step(true);
+  EXPECT_NEAR(longer.step(true), want, 1e-6 * std::abs(want));
+  const std::vector<float> want_grads = exact.grads(), got = longer.grads();
+  EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())), 1e-6);
+}
+
 // Data parallelism starts a gradient segment's sum once backward reports it final: what a segment
 // holds when reported is what it holds when backward ends. The segments run down the buffer (the
 // head, the blocks last to first, the embeddings) and cover it.

@@ -215,6 +215,11 @@ void Model::use_seq(int64_t seq) {
     const BatchShape planned = planned_;
     binder_ = BufferBinder();
     MemoryPlan scratch;
+    struct Replanning {  // declarations decided by the full length's plan stay as they were
+      bool& flag;
+      explicit Replanning(bool& f) : flag(f) { flag = true; }
+      ~Replanning() { flag = false; }
+    } replanning(replanning_);
     plan(scratch, {planned.batch, seq}, options_);
     BRISK_CHECK(binder_.same_views(bound), "internal error: planning for length ", seq,
                 " declared other buffers than the plan");
@@ -278,9 +283,12 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
   else
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {lm_chunk_rows_, V});
   // The CPU's bf16 products read the logits' gradient rounded once, two chunks of it at a time
-  // (as many bytes as a float32 chunk).
-  if (rows > lm_chunk_rows_ && options_.device == Device::cpu &&
-      options_.activation_dtype == DType::bf16)
+  // (as many bytes as a float32 chunk). Decided for the planned length: a shorter one (use_seq)
+  // declares the same buffers, this one however few its rows.
+  if (!replanning_)
+    lm_grouped_ = rows > lm_chunk_rows_ && options_.device == Device::cpu &&
+                  options_.activation_dtype == DType::bf16;
+  if (lm_grouped_)
     declare(plan, &head_dlogits_, "lm_head.dlogits", Category::activations, DType::bf16,
             {std::min(rows, 2 * lm_chunk_rows_), V});
   declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,

@@ -332,6 +332,8 @@ class Model {
   PlanOptions options_;
   Tensor head_dx_;
   Tensor head_dlogits_;        // [rows of two chunks, V] bf16 (CPU bf16 runs; else empty)
+  bool lm_grouped_ = false;    // head_dlogits_ is declared (decided by the full length's plan)
+  bool replanning_ = false;    // use_seq is planning a shorter length
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
   int lm_head_weight_ = -1;    // the LM head's weight parameter
   Arena* arena_ = nullptr;
