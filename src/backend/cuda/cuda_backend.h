@@ -56,8 +56,8 @@ class CudaBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
-                       const Tensor& dx, bool accumulate_dx, const Tensor& dw,
-                       const Tensor& db, bool accumulate_dw) override;
+                       const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
+                       bool accumulate_dw) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
