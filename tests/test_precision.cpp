@@ -246,6 +246,18 @@ struct ProductsBackend {
   }
 };
 
+// A linear layer's input [M,K], weight (N x K values) and output gradient [M,N], standard normal
+// values drawn in that order from `seed`.
+struct LinearOperands {
+  std::vector<float> x, w, dy;
+  LinearOperands(unsigned seed, int64_t M, int64_t K, int64_t N) : x(M * K), w(N * K), dy(M * N) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto* v : {&x, &w, &dy})
+      for (auto& e : *v) e = normal(gen);
+  }
+};
+
 TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
   ProductsBackend p(37 * 29);
   Backend* be = p.be.get();
@@ -352,11 +364,8 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   const int64_t M = 37, K = 29, N = 23;
   ProductsBackend p(MatmulOperands(M * K, N * K, N * K, K));
   Backend* be = p.be.get();
-  std::mt19937 gen(9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(M * K), w(N * K), dy(M * N);
-  for (auto* v : {&x, &w, &dy})
-    for (auto& e : *v) e = normal(gen);
+  LinearOperands random(9, M, K, N);
+  std::vector<float>&x = random.x, &w = random.w, &dy = random.dy;
   const Tensor xt(x.data(), {M, K}, DType::f32), wt(w.data(), {N, K}, DType::f32);
   const Tensor dyt(dy.data(), {M, N}, DType::f32);
   auto products = [&] {
@@ -390,11 +399,8 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   Backend* be = p.be.get();
   EXPECT_EQ(be->reads_product_input(DType::bf16), p.bf16);
   EXPECT_FALSE(be->reads_product_input(DType::f16));
-  std::mt19937 gen(13);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(M * K), w(N * K), dy(M * N);
-  for (auto* v : {&x, &w, &dy})
-    for (auto& e : *v) e = normal(gen);
+  LinearOperands random(13, M, K, N);
+  std::vector<float>&x = random.x, &w = random.w, &dy = random.dy;
   std::vector<uint16_t> x16(M * K);
   for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(x[i]);
   const Tensor x32t(x.data(), {M, K}, DType::f32), x16t(x16.data(), {M, K}, DType::bf16);
@@ -441,11 +447,8 @@ TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
   const int64_t M = 37, K = 29, N = 23;
   ProductsBackend p(M * K * 2);
   Backend* be = p.be.get();
-  std::mt19937 gen(17);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(M * K), w(N * K), dy(M * N);
-  for (auto* v : {&x, &w, &dy})
-    for (auto& e : *v) e = normal(gen);
+  LinearOperands random(17, M, K, N);
+  std::vector<float>&x = random.x, &w = random.w, &dy = random.dy;
   std::vector<uint16_t> dy16(M * N);
   for (int64_t i = 0; i < M * N; ++i) {
     dy16[i] = float_to_bf16(dy[i]);

@@ -87,8 +87,9 @@ struct LoadedModel {
     load_batch(batch, *model, *be);
   }
 
-  // One training micro-step, an optimizer step's first as the trainer runs it (weight gradients
-  // written) or, `first` false, one that adds to the gradients; returns the mean loss.
+  // One training micro-step, an optimizer step's first as the trainer runs it (the product
+  // weights' gradients written, only the others zeroed) or, `first` false, one that adds to
+  // zeroed gradients; returns the mean loss.
   double step(bool training, uint64_t seed = 7, uint64_t micro_step = 3, bool first = true) {
     StepOptions so;
     so.training = training;
@@ -96,7 +97,10 @@ struct LoadedModel {
     so.rng = RngKey{seed, micro_step, 0};
     const int64_t n = model->count_targets();
     so.loss_grad_scale = 1.0f / static_cast<float>(n);
-    model->zero_grads(*be);
+    if (first)
+      model->zero_accumulated_grads(*be);
+    else
+      model->zero_grads(*be);
     const double loss = model->forward(*be, so) / n;
     model->backward(*be, so);
     return loss;

@@ -24,8 +24,8 @@ struct MatmulOperands {
   int64_t a = 0, b = 0, held = 0, held_cols = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
   MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0,
-                 int64_t held_row = 0)
-      : a(a_elements), b(b_elements), held(held_elements), held_cols(held_row) {}
+                 int64_t held_columns = 0)
+      : a(a_elements), b(b_elements), held(held_elements), held_cols(held_columns) {}
 };
 
 struct BackendWorkspace {

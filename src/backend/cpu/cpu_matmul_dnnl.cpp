@@ -176,6 +176,16 @@ Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
 Key key_of(const DnnlMatmul::Product& p) {
   return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate};
 }
+
+// Runs a prepared product on these operands and waits for it.
+void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, float* c) {
+  p.a.set_data_handle(const_cast<void*>(a));
+  p.b.set_data_handle(const_cast<void*>(b));
+  p.c.set_data_handle(c);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  p.matmul.execute(stream, p.args);
+  stream.wait();
+}
 }  // namespace
 
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
@@ -189,13 +199,7 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     it = impl_->cache.emplace(key, prepare(impl_->engine, product, type, operand_b(product, type)))
              .first;
   }
-  Prepared& p = it->second;
-  p.a.set_data_handle(const_cast<void*>(a));
-  p.b.set_data_handle(const_cast<void*>(b));
-  p.c.set_data_handle(c);
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  p.matmul.execute(impl_->stream, p.args);
-  impl_->stream.wait();
+  execute(it->second, impl_->stream, a, b, c);
 }
 
 PreparedBlocked& DnnlMatmul::Impl::prepared_blocked(DType dtype, const Product& p) {
@@ -242,13 +246,7 @@ void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst) {
 }
 
 void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c) {
-  Prepared& prepared = impl_->prepared_blocked(dtype_, p).product;
-  prepared.a.set_data_handle(const_cast<void*>(a));
-  prepared.b.set_data_handle(const_cast<void*>(b_blocked));
-  prepared.c.set_data_handle(c);
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  prepared.matmul.execute(impl_->stream, prepared.args);
-  impl_->stream.wait();
+  execute(impl_->prepared_blocked(dtype_, p).product, impl_->stream, a, b_blocked, c);
 }
 
 #else
