@@ -10,6 +10,8 @@
 #include <fstream>
 #include <random>
 
+#include "backend/cpu/cpu_matmul_dnnl.h"
+#include "backend/workspace.h"
 #include "precision/loss_scaler.h"
 #include "test_support.h"
 #include "train/trainer.h"
@@ -330,6 +332,75 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
   }
 }
 
+// B rounded into oneDNN's BA16a64b2a layout by brisk's packer: every value (the specials and
+// ties of rounding to nearest even among them) where the layout's index formula puts it and
+// zeros in the padding, in whole blocks (the AVX-512 paths) and at edges, for both ways of
+// reading B; the same bytes as oneDNN's reorder, and the product of a plain bf16 B up to float32
+// summation order, where the CPU's bf16 kernel reads that layout.
+TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
+  std::mt19937 gen(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float specials[] = {1.0f + 0x1p-8f,
+                            1.0f + 0x1p-8f + 0x1p-23f,
+                            1.0f + 3 * 0x1p-8f,
+                            -0.0f,
+                            INFINITY,
+                            -INFINITY,
+                            3.4e38f,
+                            std::nanf(""),
+                            1e-40f};
+  int compared_with_onednn = 0;
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 128},
+                             {96, 192},
+                             {29, 23},
+                             {50, 70},
+                             {100, 130},
+                             {768, 256}})
+    for (const bool trans : {false, true}) {
+      const int64_t rows = trans ? n : k, cols = trans ? k : n, ldb = cols + 3;
+      std::vector<float> b(rows * ldb);
+      for (auto& v : b) v = normal(gen);
+      for (size_t i = 0; i < std::size(specials); ++i) b[(i * 131) % b.size()] = specials[i];
+      auto at = [&](int64_t kk, int64_t nn) { return trans ? b[nn * ldb + kk] : b[kk * ldb + nn]; };
+      const int64_t kb = (k + 31) / 32, nb = (n + 63) / 64;
+      std::vector<uint16_t> got(kb * nb * 2048, 0xdead), want(got.size(), 0);
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t nn = 0; nn < n; ++nn)
+          want[(nn / 64 * kb + kk / 32) * 2048 + kk % 32 / 2 * 128 + nn % 64 * 2 + kk % 2] =
+              float_to_bf16(at(kk, nn));
+      pack_bf16_ba16a64b2a(trans, k, n, b.data(), ldb, got.data());
+      ASSERT_EQ(got, want) << k << " x " << n << (trans ? " transposed" : "");
+      if (!DnnlMatmul::available(DType::bf16)) continue;
+      // oneDNN's own reorder and products, on finite normal values that stay finite in bf16 (its
+      // reorder need not keep NaN payloads or subnormals as float_to_bf16 does).
+      for (auto& v : b)
+        if (!std::isnormal(v) || std::fabs(v) > 1e30f) v = 1.0f;
+      DnnlMatmul mm(DType::bf16);
+      const int64_t m = 37;
+      const DnnlMatmul::Product p{false, trans, m, n, k, k, ldb, n, false};
+      const DnnlMatmul::BlockedB layout = mm.blocked_b(p);
+      if (!layout.own_packer) continue;  // this CPU's kernel reads B in another layout
+      ++compared_with_onednn;
+      ASSERT_EQ(layout.bytes, got.size() * 2);
+      std::vector<uint16_t> ours(got.size()), theirs(got.size());
+      mm.round_blocked_b(p, b.data(), ours.data());
+      mm.round_blocked_b(p, b.data(), theirs.data(), true);
+      ASSERT_EQ(ours, theirs) << k << " x " << n << (trans ? " transposed" : "");
+      std::vector<uint16_t> a(m * k), plain(rows * ldb);
+      for (auto& v : a) v = float_to_bf16(normal(gen));
+      for (size_t i = 0; i < b.size(); ++i) plain[i] = float_to_bf16(b[i]);
+      std::vector<float> c_blocked(m * n), c_plain(m * n);
+      mm.run_blocked_b(p, a.data(), ours.data(), c_blocked.data());
+      mm.run(false, trans, m, n, k, a.data(), k, plain.data(), ldb, false, c_plain.data(), n);
+      // The kernel for a plain B copies it in parts and may add along K in another order.
+      EXPECT_LE(rel_error(c_blocked.data(), c_plain.data(), m * n), 1e-6)
+          << k << " x " << n << (trans ? " transposed" : "");
+    }
+  if (DnnlMatmul::available(DType::bf16) && compared_with_onednn == 0)
+    GTEST_SKIP() << "this CPU's bf16 kernels read B in another layout than BA16a64b2a: brisk's "
+                    "packer checked against the layout's formula only";
+}
+
 // A weight gradient with more than 4096 rows goes in blocks of rows (cpu_linear.cpp): the blocks
 // after the first read B as the first rounded it, and the result matches the fp64 reference.
 TEST_P(CpuProducts, WeightGradientsInBlocksOfRowsMatchTheReference) {
@@ -387,6 +458,35 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   EXPECT_NE(products(), unheld);
   w[0] = first;
   EXPECT_EQ(products(), unheld);
+}
+
+// On bf16 units a weight is rounded per product straight into the blocked layout its kernel
+// reads where the packing buffer holds the padded layout, else rounded plainly (and copied into
+// that layout inside the kernel): the same bits either way, for weights that pad on both sides
+// and on one, in both layouts, forward and backward.
+TEST_P(CpuProducts, AWeightPackedBlockedOrPlainGivesTheSameBits) {
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{29, 23}, {96, 70}}) {
+    const int64_t M = 37;
+    LinearOperands random(19, M, K, N);
+    auto products = [&](const MatmulOperands& operands) {
+      ProductsBackend p(operands);
+      std::vector<float> out;
+      for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+        const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+        std::vector<float> y(M * N), dx(M * K), dw(N * K);
+        const Tensor xt(random.x.data(), {M, K}, DType::f32), wt(random.w.data(), ws, DType::f32);
+        p.be->linear_forward(xt, wt, Tensor(), layout, Tensor(y.data(), {M, N}, DType::f32));
+        p.be->linear_backward(xt, wt, Tensor(random.dy.data(), {M, N}, DType::f32), layout,
+                              Tensor(dx.data(), {M, K}, DType::f32), false,
+                              Tensor(dw.data(), ws, DType::f32), Tensor(), false);
+        for (const auto* part : {&y, &dx, &dw}) out.insert(out.end(), part->begin(), part->end());
+      }
+      return out;
+    };
+    const int64_t a = M * std::max(K, N);
+    const std::vector<float> plain = products(MatmulOperands(a, std::max(N, M) * K));
+    EXPECT_EQ(products(MatmulOperands(a, cpu_blocked_elements(K, N))), plain) << K << " x " << N;
+  }
 }
 
 // A product input stored in bf16 (Backend::reads_product_input: the model's 16-bit activations)

@@ -104,12 +104,12 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // others.
   const DnnlMatmul::Product product{trans_a, trans_b, m, n, k, a.ld, b.ld, ldc, accumulate};
   bool blocked = false;
+  const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
   const void* b0 = b.data;
   if (held_ != nullptr && b.data == held_) {
     const bool two = ws_.held_weight.rank() == 2;  // a copy per way of reading it
     const int which = two && !trans_b ? 1 : 0;
     const Tensor room = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
-    const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
     const DnnlMatmul::BlockedB layout =
         two && !trans_a && bf16_units ? dnnl_->blocked_b(product) : DnnlMatmul::BlockedB{};
     blocked = layout.layout >= 0 && layout.bytes <= room.bytes();
@@ -123,7 +123,17 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     }
     b0 = room.data();
   } else if (packed(b)) {
-    bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
+    // On bf16 units a float32 B (a weight) is rounded straight into the blocked layout the
+    // kernel reads where brisk's packer writes that layout (else the kernel copies the plainly
+    // rounded B into it, a second pass), if the packing buffer holds its padding.
+    const DnnlMatmul::BlockedB layout = bf16_units && !trans_a && b.dtype == DType::f32
+                                            ? dnnl_->blocked_b(product)
+                                            : DnnlMatmul::BlockedB{};
+    blocked = layout.own_packer && layout.bytes <= ws_.operand_b.bytes();
+    if (blocked)
+      dnnl_->round_blocked_b(product, static_cast<const float*>(b.data), ws_.operand_b.data());
+    else
+      bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
     b0 = ws_.operand_b.data();
   }
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS

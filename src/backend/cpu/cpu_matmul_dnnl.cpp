@@ -2,9 +2,15 @@
 // packing of bf16 operands.
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define BRISK_PACK_AVX512 1
+#endif
 
 #include "core/error.h"
 
@@ -73,6 +79,131 @@ void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, i
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         out[r * ld + c] = bf16_to_float(float_to_bf16(in[r * ld + c]));
+  }
+}
+
+namespace {
+constexpr int64_t kBlockK = 32, kBlockN = 64, kBlockElements = kBlockK * kBlockN;
+
+#ifdef BRISK_PACK_AVX512
+// GCC 12's intrinsics start results from a self-initialized "undefined" vector, which its
+// -Wmaybe-uninitialized reports at every inlined use: a known false alarm.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// 16 float32 rounded to bf16 as float_to_bf16 does (nearest even, NaNs kept quiet), in the low
+// half of each 32-bit lane.
+inline __m512i round16(const float* p) {
+  const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(p));
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+}
+
+// 32 float32 rounded to bf16 and packed in order: 16 32-bit words, word j = values 2j and 2j+1.
+inline __m512i round32_pairs(const float* p) {
+  const __m256i lo = _mm512_cvtepi32_epi16(round16(p));
+  const __m256i hi = _mm512_cvtepi32_epi16(round16(p + 16));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// r[i] word j <- r[j] word i, for 16 vectors of 16 32-bit words.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + c], 128-bit lane L: word 4L + c of rows 4g .. 4g + 3.
+  __m512i u[16];
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Word 4L + c of every row: lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+  }
+}
+#endif
+
+// One whole 32 x 64 block starting at B's row k0 and column n0 (B = b[k][n], or b[n][k] when
+// transposed), as 16 rows of 64 32-bit words: word (k1, n1) = B(k0 + 2 k1, n) | B(k0 + 2 k1 + 1,
+// n) << 16.
+void pack_whole_block(const float* b, int64_t ldb, bool trans, int64_t k0, int64_t n0,
+                      uint32_t* out) {
+  if (!trans) {  // rows of B pairwise, interleaved
+    for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1) {
+      const float* r0 = b + (k0 + 2 * k1) * ldb + n0;
+      const float* r1 = r0 + ldb;
+      uint32_t* o = out + k1 * kBlockN;
+#ifdef BRISK_PACK_AVX512
+      for (int64_t j = 0; j < kBlockN; j += 16)
+        _mm512_storeu_si512(
+            o + j, _mm512_or_si512(round16(r0 + j), _mm512_slli_epi32(round16(r1 + j), 16)));
+#else
+      for (int64_t j = 0; j < kBlockN; ++j)
+        o[j] = uint32_t{float_to_bf16(r0[j])} | uint32_t{float_to_bf16(r1[j])} << 16;
+#endif
+    }
+    return;
+  }
+  // Transposed: each of B's columns is a row of b, whose 32 values make one word column.
+#ifdef BRISK_PACK_AVX512
+  for (int64_t g = 0; g < kBlockN; g += 16) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = round32_pairs(b + (n0 + g + i) * ldb + k0);
+    transpose16(r);
+    for (int k1 = 0; k1 < 16; ++k1) _mm512_storeu_si512(out + k1 * kBlockN + g, r[k1]);
+  }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+  for (int64_t j = 0; j < kBlockN; ++j) {
+    const float* row = b + (n0 + j) * ldb + k0;
+    for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1)
+      out[k1 * kBlockN + j] =
+          uint32_t{float_to_bf16(row[2 * k1])} | uint32_t{float_to_bf16(row[2 * k1 + 1])} << 16;
+  }
+#endif
+}
+}  // namespace
+
+void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
+                          uint16_t* dst) {
+  const int64_t kb_count = (k + kBlockK - 1) / kBlockK, nb_count = (n + kBlockN - 1) / kBlockN;
+  const int64_t blocks = kb_count * nb_count;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t k0 = blk % kb_count * kBlockK, n0 = blk / kb_count * kBlockN;
+    uint16_t* out = dst + blk * kBlockElements;
+    if (k0 + kBlockK <= k && n0 + kBlockN <= n) {
+      pack_whole_block(b, ldb, trans_b, k0, n0, reinterpret_cast<uint32_t*>(out));
+      continue;
+    }
+    // A block at B's edge: zeros past it.
+    for (int64_t kk = 0; kk < kBlockK; ++kk)
+      for (int64_t j = 0; j < kBlockN; ++j) {
+        const int64_t row = k0 + kk, col = n0 + j;
+        const float v =
+            row < k && col < n ? (trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0.0f;
+        out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] = float_to_bf16(v);
+      }
   }
 }
 
@@ -218,8 +349,14 @@ PreparedBlocked& DnnlMatmul::Impl::prepared_blocked(DType dtype, const Product& 
   int layout = 0;
   while (layout < static_cast<int>(layouts.size()) && layouts[layout] != kernel_b) ++layout;
   if (layout == static_cast<int>(layouts.size())) layouts.push_back(kernel_b);
-  PreparedBlocked prepared{std::move(product),           dnnl::reorder(from, to), from, to, {},
-                           {layout, kernel_b.get_size()}};
+  const bool own =
+      kernel_b == dnnl::memory::desc({p.k, p.n}, dt::bf16, dnnl::memory::format_tag::BA16a64b2a);
+  PreparedBlocked prepared{std::move(product),
+                           dnnl::reorder(from, to),
+                           from,
+                           to,
+                           {},
+                           {layout, kernel_b.get_size(), own}};
   prepared.round_args = {{DNNL_ARG_FROM, prepared.from}, {DNNL_ARG_TO, prepared.to}};
   return blocked.emplace(key, std::move(prepared)).first->second;
 }
@@ -229,8 +366,12 @@ DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product& p) {
   return impl_->prepared_blocked(dtype_, p).blocked;
 }
 
-void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst) {
+void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst, bool by_onednn) {
   PreparedBlocked& prepared = impl_->prepared_blocked(dtype_, p);
+  if (prepared.blocked.own_packer && !by_onednn) {
+    pack_bf16_ba16a64b2a(p.trans_b, p.k, p.n, b, p.ldb, static_cast<uint16_t*>(dst));
+    return;
+  }
   // The float32 B's stride may differ from the one the reorder was made for: its descriptor is
   // remade then (a held weight is rounded once per pass over it).
   if (prepared.from.get_desc() != operand_b(p, dnnl::memory::data_type::f32)) {
@@ -265,7 +406,7 @@ void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t
 DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
   return {};
 }
-void DnnlMatmul::round_blocked_b(const Product&, const float*, void*) {
+void DnnlMatmul::round_blocked_b(const Product&, const float*, void*, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*) {
