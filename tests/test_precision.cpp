@@ -368,8 +368,13 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
         for (int64_t nn = 0; nn < n; ++nn)
           want[(nn / 64 * kb + kk / 32) * 2048 + kk % 32 / 2 * 128 + nn % 64 * 2 + kk % 2] =
               float_to_bf16(at(kk, nn));
-      pack_bf16_ba16a64b2a(trans, k, n, b.data(), ldb, got.data());
+      pack_bf16_ba16a64b2a(trans, k, n, b.data(), DType::f32, ldb, got.data());
       ASSERT_EQ(got, want) << k << " x " << n << (trans ? " transposed" : "");
+      // A bf16 B (activations) moves as it is.
+      std::vector<uint16_t> b16(b.size()), got16(got.size(), 0xdead);
+      for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
+      pack_bf16_ba16a64b2a(trans, k, n, b16.data(), DType::bf16, ldb, got16.data());
+      ASSERT_EQ(got16, want) << k << " x " << n << (trans ? " transposed" : "") << ", from bf16";
       if (!DnnlMatmul::available(DType::bf16)) continue;
       // oneDNN's own reorder and products, on finite normal values that stay finite in bf16 (its
       // reorder need not keep NaN payloads or subnormals as float_to_bf16 does).
@@ -383,8 +388,8 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
       ++compared_with_onednn;
       ASSERT_EQ(layout.bytes, got.size() * 2);
       std::vector<uint16_t> ours(got.size()), theirs(got.size());
-      mm.round_blocked_b(p, b.data(), ours.data());
-      mm.round_blocked_b(p, b.data(), theirs.data(), true);
+      mm.round_blocked_b(p, b.data(), DType::f32, ours.data());
+      mm.round_blocked_b(p, b.data(), DType::f32, theirs.data(), true);
       ASSERT_EQ(ours, theirs) << k << " x " << n << (trans ? " transposed" : "");
       std::vector<uint16_t> a(m * k), plain(rows * ldb);
       for (auto& v : a) v = float_to_bf16(normal(gen));
@@ -460,21 +465,27 @@ TEST_P(CpuProducts, AHeldWeightGivesTheSameBits) {
   EXPECT_EQ(products(), unheld);
 }
 
-// On bf16 units a weight is rounded per product straight into the blocked layout its kernel
-// reads where the packing buffer holds the padded layout, else rounded plainly (and copied into
-// that layout inside the kernel): the same bits either way, for weights that pad on both sides
-// and on one, in both layouts, forward and backward.
+// On bf16 units B (a weight, rounded, or a bf16 or float32 input or output gradient in a weight
+// gradient's product) is packed per product straight into the blocked layout its kernel reads
+// where the packing buffer holds the padded layout, else passed plainly (and copied into that
+// layout inside the kernel): the same bits either way, for weights that pad on both sides and on
+// one, in both layouts, forward and backward, from a float32 and a bf16 input.
 TEST_P(CpuProducts, AWeightPackedBlockedOrPlainGivesTheSameBits) {
   for (const auto& [K, N] : {std::pair<int64_t, int64_t>{29, 23}, {96, 70}}) {
     const int64_t M = 37;
     LinearOperands random(19, M, K, N);
-    auto products = [&](const MatmulOperands& operands) {
+    std::vector<uint16_t> x16(M * K);
+    for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(random.x[i]);
+    auto products = [&](const MatmulOperands& operands, bool bf16_input) {
       ProductsBackend p(operands);
       std::vector<float> out;
+      if (bf16_input && !p.bf16) return out;
       for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
         const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
         std::vector<float> y(M * N), dx(M * K), dw(N * K);
-        const Tensor xt(random.x.data(), {M, K}, DType::f32), wt(random.w.data(), ws, DType::f32);
+        const Tensor xt = bf16_input ? Tensor(x16.data(), {M, K}, DType::bf16)
+                                     : Tensor(random.x.data(), {M, K}, DType::f32);
+        const Tensor wt(random.w.data(), ws, DType::f32);
         p.be->linear_forward(xt, wt, Tensor(), layout, Tensor(y.data(), {M, N}, DType::f32));
         p.be->linear_backward(xt, wt, Tensor(random.dy.data(), {M, N}, DType::f32), layout,
                               Tensor(dx.data(), {M, K}, DType::f32), false,
@@ -484,8 +495,11 @@ TEST_P(CpuProducts, AWeightPackedBlockedOrPlainGivesTheSameBits) {
       return out;
     };
     const int64_t a = M * std::max(K, N);
-    const std::vector<float> plain = products(MatmulOperands(a, std::max(N, M) * K));
-    EXPECT_EQ(products(MatmulOperands(a, cpu_blocked_elements(K, N))), plain) << K << " x " << N;
+    for (const bool bf16_input : {false, true}) {
+      const std::vector<float> plain = products(MatmulOperands(a, std::max(N, M) * K), bf16_input);
+      EXPECT_EQ(products(MatmulOperands(a, cpu_blocked_elements(K, N)), bf16_input), plain)
+          << K << " x " << N << (bf16_input ? ", bf16 input" : "");
+    }
   }
 }
 

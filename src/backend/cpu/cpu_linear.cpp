@@ -102,6 +102,10 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
   // every call), else the packing buffer, filled by the first block of rows and read by the
   // others.
+  // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
+  // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
+  // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
+  constexpr int64_t kRowBlock = 4096;
   const DnnlMatmul::Product product{trans_a, trans_b, m, n, k, a.ld, b.ld, ldc, accumulate};
   bool blocked = false;
   const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
@@ -116,30 +120,27 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     const int holds = blocked ? layout.layout : kPlainCopy;
     if (held_copy_[which] != holds) {
       if (blocked)
-        dnnl_->round_blocked_b(product, held_, room.data());
+        dnnl_->round_blocked_b(product, held_, DType::f32, room.data());
       else
         bf16_operand(held_, trans_b ? n : k, trans_b ? k : n, b.ld, room);
       held_copy_[which] = holds;
     }
     b0 = room.data();
-  } else if (packed(b)) {
-    // On bf16 units a float32 B (a weight) is rounded straight into the blocked layout the
-    // kernel reads where brisk's packer writes that layout (else the kernel copies the plainly
-    // rounded B into it, a second pass), if the packing buffer holds its padding.
-    const DnnlMatmul::BlockedB layout = bf16_units && !trans_a && b.dtype == DType::f32
+  } else {
+    // On bf16 units B (a float32 weight, rounded, or bf16 activations or gradients as they lie)
+    // is written straight into the blocked layout the kernel reads where brisk's packer writes
+    // that layout and the packing buffer holds its padding; otherwise the kernel copies it into
+    // that layout inside the product (a float32 B rounded plainly first).
+    const DnnlMatmul::BlockedB layout = bf16_units && (!trans_a || m <= kRowBlock)
                                             ? dnnl_->blocked_b(product)
                                             : DnnlMatmul::BlockedB{};
     blocked = layout.own_packer && layout.bytes <= ws_.operand_b.bytes();
     if (blocked)
-      dnnl_->round_blocked_b(product, static_cast<const float*>(b.data), ws_.operand_b.data());
-    else
+      dnnl_->round_blocked_b(product, b.data, b.dtype, ws_.operand_b.data());
+    else if (packed(b))
       bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
-    b0 = ws_.operand_b.data();
+    if (blocked || packed(b)) b0 = ws_.operand_b.data();
   }
-  // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
-  // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
-  // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
-  constexpr int64_t kRowBlock = 4096;
   const int64_t block = trans_a ? kRowBlock : m;
   for (int64_t r0 = 0; r0 < m; r0 += block) {
     const int64_t rows = std::min(block, m - r0);
@@ -148,7 +149,7 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
       a0 = ws_.operand_a.data();
     }
-    if (blocked)  // one block: a transposed A never reads a held B this way
+    if (blocked)  // one block: a held or blocked B is never read with more than kRowBlock rows
       dnnl_->run_blocked_b(product, a0, b0, c);
     else if (dnnl_)
       dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc);

@@ -112,6 +112,14 @@ inline __m512i round32_pairs(const float* p) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+// The same for values already in bf16: 16 widened to 32-bit lanes, and 32 as they lie.
+inline __m512i round16(const uint16_t* p) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512i round32_pairs(const uint16_t* p) {
+  return _mm512_loadu_si512(p);
+}
+
 // r[i] word j <- r[j] word i, for 16 vectors of 16 32-bit words.
 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
@@ -141,15 +149,22 @@ inline void transpose16(__m512i r[16]) {
 }
 #endif
 
+inline uint16_t to_bf16(float v) {
+  return float_to_bf16(v);
+}
+inline uint16_t to_bf16(uint16_t v) {
+  return v;
+}
+
 // One whole 32 x 64 block starting at B's row k0 and column n0 (B = b[k][n], or b[n][k] when
-// transposed), as 16 rows of 64 32-bit words: word (k1, n1) = B(k0 + 2 k1, n) | B(k0 + 2 k1 + 1,
-// n) << 16.
-void pack_whole_block(const float* b, int64_t ldb, bool trans, int64_t k0, int64_t n0,
-                      uint32_t* out) {
+// transposed; float32 rounded, or bf16), as 16 rows of 64 32-bit words: word (k1, n1) =
+// B(k0 + 2 k1, n) | B(k0 + 2 k1 + 1, n) << 16.
+template <typename T>
+void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n0, uint32_t* out) {
   if (!trans) {  // rows of B pairwise, interleaved
     for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1) {
-      const float* r0 = b + (k0 + 2 * k1) * ldb + n0;
-      const float* r1 = r0 + ldb;
+      const T* r0 = b + (k0 + 2 * k1) * ldb + n0;
+      const T* r1 = r0 + ldb;
       uint32_t* o = out + k1 * kBlockN;
 #ifdef BRISK_PACK_AVX512
       for (int64_t j = 0; j < kBlockN; j += 16)
@@ -157,7 +172,7 @@ void pack_whole_block(const float* b, int64_t ldb, bool trans, int64_t k0, int64
             o + j, _mm512_or_si512(round16(r0 + j), _mm512_slli_epi32(round16(r1 + j), 16)));
 #else
       for (int64_t j = 0; j < kBlockN; ++j)
-        o[j] = uint32_t{float_to_bf16(r0[j])} | uint32_t{float_to_bf16(r1[j])} << 16;
+        o[j] = uint32_t{to_bf16(r0[j])} | uint32_t{to_bf16(r1[j])} << 16;
 #endif
     }
     return;
@@ -175,17 +190,16 @@ void pack_whole_block(const float* b, int64_t ldb, bool trans, int64_t k0, int64
 #endif
 #else
   for (int64_t j = 0; j < kBlockN; ++j) {
-    const float* row = b + (n0 + j) * ldb + k0;
+    const T* row = b + (n0 + j) * ldb + k0;
     for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1)
-      out[k1 * kBlockN + j] =
-          uint32_t{float_to_bf16(row[2 * k1])} | uint32_t{float_to_bf16(row[2 * k1 + 1])} << 16;
+      out[k1 * kBlockN + j] = uint32_t{to_bf16(row[2 * k1])} | uint32_t{to_bf16(row[2 * k1 + 1])}
+                                                                   << 16;
   }
 #endif
 }
-}  // namespace
 
-void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
-                          uint16_t* dst) {
+template <typename T>
+void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb, uint16_t* dst) {
   const int64_t kb_count = (k + kBlockK - 1) / kBlockK, nb_count = (n + kBlockN - 1) / kBlockN;
   const int64_t blocks = kb_count * nb_count;
 #pragma omp parallel for schedule(static)
@@ -200,11 +214,21 @@ void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const float* b, in
     for (int64_t kk = 0; kk < kBlockK; ++kk)
       for (int64_t j = 0; j < kBlockN; ++j) {
         const int64_t row = k0 + kk, col = n0 + j;
-        const float v =
-            row < k && col < n ? (trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0.0f;
-        out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] = float_to_bf16(v);
+        out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] =
+            row < k && col < n ? to_bf16(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0;
       }
   }
+}
+}  // namespace
+
+void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const void* b, DType b_type,
+                          int64_t ldb, uint16_t* dst) {
+  BRISK_CHECK(b_type == DType::f32 || b_type == DType::bf16, "internal error: a ",
+              dtype_name(b_type), " operand packed as bf16");
+  if (b_type == DType::f32)
+    pack_ba16a64b2a(trans_b, k, n, static_cast<const float*>(b), ldb, dst);
+  else
+    pack_ba16a64b2a(trans_b, k, n, static_cast<const uint16_t*>(b), ldb, dst);
 }
 
 #ifdef BRISK_HAVE_DNNL
@@ -366,12 +390,15 @@ DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product& p) {
   return impl_->prepared_blocked(dtype_, p).blocked;
 }
 
-void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst, bool by_onednn) {
+void DnnlMatmul::round_blocked_b(const Product& p, const void* b, DType b_type, void* dst,
+                                 bool by_onednn) {
   PreparedBlocked& prepared = impl_->prepared_blocked(dtype_, p);
   if (prepared.blocked.own_packer && !by_onednn) {
-    pack_bf16_ba16a64b2a(p.trans_b, p.k, p.n, b, p.ldb, static_cast<uint16_t*>(dst));
+    pack_bf16_ba16a64b2a(p.trans_b, p.k, p.n, b, b_type, p.ldb, static_cast<uint16_t*>(dst));
     return;
   }
+  BRISK_CHECK(b_type == DType::f32, "internal error: oneDNN's reorder given a ", dtype_name(b_type),
+              " B");
   // The float32 B's stride may differ from the one the reorder was made for: its descriptor is
   // remade then (a held weight is rounded once per pass over it).
   if (prepared.from.get_desc() != operand_b(p, dnnl::memory::data_type::f32)) {
@@ -380,7 +407,7 @@ void DnnlMatmul::round_blocked_b(const Product& p, const float* b, void* dst, bo
     prepared.round = dnnl::reorder(prepared.from, prepared.to);
     prepared.round_args[DNNL_ARG_FROM] = prepared.from;
   }
-  prepared.from.set_data_handle(const_cast<float*>(b));
+  prepared.from.set_data_handle(const_cast<void*>(b));
   prepared.to.set_data_handle(dst);
   prepared.round.execute(impl_->stream, prepared.round_args);
   impl_->stream.wait();
@@ -406,7 +433,7 @@ void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t
 DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
   return {};
 }
-void DnnlMatmul::round_blocked_b(const Product&, const float*, void*, bool) {
+void DnnlMatmul::round_blocked_b(const Product&, const void*, DType, void*, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*) {

@@ -33,13 +33,13 @@ inline void bf16_operand(const float* src, int64_t rows, int64_t cols, int64_t l
   bf16_operand(src, DType::f32, rows, cols, ld, dst);
 }
 
-// The K x N matrix B (b[k * ldb + n], or b[n * ldb + k] when trans_b) rounded to bf16 as
-// bf16_operand rounds into oneDNN's BA16a64b2a layout at `dst`: blocks of 32 rows by 64 columns,
-// column blocks outermost, each block 16 pairs of rows with a pair's two values side by side,
-// column after column; rows and columns padded with zeros to whole blocks
+// The K x N matrix B (b[k * ldb + n], or b[n * ldb + k] when trans_b; float32, rounded to bf16 as
+// bf16_operand rounds, or bf16) into oneDNN's BA16a64b2a layout at `dst`: blocks of 32 rows by 64
+// columns, column blocks outermost, each block 16 pairs of rows with a pair's two values side by
+// side, column after column; rows and columns padded with zeros to whole blocks
 // (ceil(K / 32) * ceil(N / 64) * 2048 values).
-void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
-                          uint16_t* dst);
+void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const void* b, DType b_type,
+                          int64_t ldb, uint16_t* dst);
 
 class DnnlMatmul {
  public:
@@ -73,14 +73,16 @@ class DnnlMatmul {
   struct BlockedB {
     int layout = -1;
     size_t bytes = 0;
-    bool own_packer = false;  // round_blocked_b packs it as fast as bf16_operand rounds plainly
+    bool own_packer = false;  // brisk's packer writes it, as fast as bf16_operand rounds plainly
   };
   BlockedB blocked_b(const Product& p);
-  // Rounds the float32 B of `p` (K x N, or N x K when trans_b; row stride p.ldb) into `dst`, in
+  // Rounds the B of `p` (K x N, or N x K when trans_b; row stride p.ldb) into `dst`, in
   // blocked_b(p)'s layout, to nearest even as bf16_operand does: by brisk's own packer where the
-  // layout is BA16a64b2a (AVX-512 BF16 and AMX kernels at transformer shapes), else (or when
-  // `by_onednn`, to compare the two) by a oneDNN reorder, which is 3-4x slower.
-  void round_blocked_b(const Product& p, const float* b, void* dst, bool by_onednn = false);
+  // layout is BA16a64b2a (AVX-512 BF16 and AMX kernels at transformer shapes; B float32 or
+  // bf16), else (or when `by_onednn`, to compare the two) by a oneDNN reorder, 3-4x slower (B
+  // float32 only).
+  void round_blocked_b(const Product& p, const void* b, DType b_type, void* dst,
+                       bool by_onednn = false);
   // Product p (p.ldb unused) with B read from `b_blocked` as round_blocked_b left it.
   void run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c);
 
