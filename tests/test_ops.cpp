@@ -368,7 +368,8 @@ double cross_entropy(brisk::Backend& be, FVec& logits, IVec& labels, int N, int 
                      float scale) {
   double loss_sum = 0.0;
   be.softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), write_grad, scale,
-                           brisk::Tensor(&loss_sum, brisk::Shape{1}, brisk::DType::f64));
+                           brisk::Tensor(&loss_sum, brisk::Shape{1}, brisk::DType::f64),
+                           brisk::Tensor());
   return loss_sum;
 }
 

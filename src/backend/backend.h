@@ -342,10 +342,13 @@ class Backend {
   // Softmax cross-entropy over rows of logits [N,V] with int32 labels [N] (kIgnoreIndex rows
   // are skipped; others must lie in [0, V): callers validate them on the host, since only the
   // CPU can throw here; a GPU skips such rows). Adds the summed loss of the counted rows to
-  // loss_sum (float64 [1], in device memory). With write_grad the logits are overwritten by
-  // (softmax - onehot) * grad_scale (zero on ignored rows), so probabilities are never stored.
+  // loss_sum (float64 [1], in device memory). With write_grad the gradient (softmax - onehot) *
+  // grad_scale (zero on ignored rows) overwrites the logits, so probabilities are never stored;
+  // or, where `grad` is given ([N,V] float32 or bf16), it is written there (bf16: the float32
+  // gradient rounded to nearest even) and the logits are left overwritten with scratch values.
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                     float grad_scale, const Tensor& loss_sum) = 0;
+                                     float grad_scale, const Tensor& loss_sum,
+                                     const Tensor& grad) = 0;
   // Squared error of predictions [N,1] (or [N]) against float32 targets [N] (NaN targets are
   // skipped: rows without a label): adds the summed (p - y)^2 of the counted rows to loss_sum
   // (float64 [1], in device memory); with write_grad the predictions are overwritten by

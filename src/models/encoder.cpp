@@ -211,7 +211,7 @@ class Encoder final : public Model {
       be.mse_loss(logits_, dev_batch_.label_values, o.compute_grad, o.loss_grad_scale, loss_sum());
     else
       be.softmax_cross_entropy(logits_, dev_batch_.labels, o.compute_grad, o.loss_grad_scale,
-                               loss_sum());
+                               loss_sum(), Tensor());
   }
 
   void head_backward(Backend& be, const StepOptions& o) override {

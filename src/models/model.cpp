@@ -318,16 +318,19 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     const Tensor ls = whole ? logits_ : row_range(logits_, 0, n);
     const Tensor dx = whole ? head_dx_ : row_range(head_dx_, r0, n);
     be.linear_forward(xs, w(weight), b, WeightLayout::out_in, ls);
+    // Grouped without a bias: the gradient written in bf16 straight into its rows of dlogits
+    // (the bias's gradient needs the unrounded one in ls).
+    const Tensor dl =
+        grouped && o.compute_grad ? row_range(head_dlogits_, r0 - group, n) : Tensor();
     be.softmax_cross_entropy(ls, whole ? labels : row_range(labels, r0, n, true), o.compute_grad,
-                             o.loss_grad_scale, loss_sum());
+                             o.loss_grad_scale, loss_sum(), db.empty() ? dl : Tensor());
     if (!o.compute_grad) continue;
     if (!grouped) {
       be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, dx, false, g(weight), db,
                          !o.first_micro_batch || r0 > 0);
       continue;
     }
-    const Tensor dl = row_range(head_dlogits_, r0 - group, n);
-    be.cast(ls, dl);
+    if (!db.empty()) be.cast(ls, dl);
     be.linear_backward(xs, w(weight), dl, WeightLayout::out_in, dx, false, Tensor(), Tensor(),
                        true);
     if (!db.empty())  // from the unrounded gradient, as unchunked

@@ -161,12 +161,25 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
     const Tensor z = d.put_as(in.at("logits"), {N, V});
     const Tensor y = d.put_as(in.at("labels"), {N}, DType::i32);
     const Tensor loss = d.put(std::vector<double>{start}, {1});
-    be.softmax_cross_entropy(z, y, false, 1.f, loss);
+    be.softmax_cross_entropy(z, y, false, 1.f, loss, Tensor());
     const double l1 = d.values(loss)[0] - start;
     const Vec z1 = d.values(z);
-    be.softmax_cross_entropy(z, y, true, static_cast<float>(scale), loss);
+    be.softmax_cross_entropy(z, y, true, static_cast<float>(scale), loss, Tensor());
     const double l2 = d.values(loss)[0] - start - l1;
     const Vec grad = d.values(z);
+    // The gradient written apart, in float32 and in bf16, from fresh logits: the same float32
+    // bits, and those bits rounded to nearest even (the loss added as before).
+    Vec apart_differences;
+    for (const DType t : {DType::f32, DType::bf16}) {
+      const Tensor z2 = d.put_as(in.at("logits"), {N, V});
+      const Tensor g2 = d.alloc({N, V}, t);
+      be.softmax_cross_entropy(z2, y, true, static_cast<float>(scale), loss, g2);
+      const Vec got = d.values(g2);
+      for (int64_t i = 0; i < N * V; ++i) {
+        const float want = static_cast<float>(grad[i]);
+        apart_differences.push_back(t == DType::f32 ? got[i] - want : got[i] - float_to_bf16(want));
+      }
+    }
     Vec ignored_rows;
     for (int64_t r : ignored)
       ignored_rows.insert(ignored_rows.end(), &grad[r * V], &grad[r * V + V]);
@@ -174,7 +187,8 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
                   {"logits_after_loss_only", z1},
                   {"loss_with_grad", {l2}},
                   {"grad", grad},
-                  {"grad_of_ignored_rows", ignored_rows}};
+                  {"grad_of_ignored_rows", ignored_rows},
+                  {"grad_apart_differences", apart_differences}};
   };
   if (reference)
     c.reference = [=](const Values& in) {
@@ -186,14 +200,14 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
                     {"logits_after_loss_only", in.at("logits")},
                     {"loss_with_grad", {loss}},
                     {"grad", grad},
-                    {"grad_of_ignored_rows", Vec(ignored.size() * V, 0.0)}};
+                    {"grad_of_ignored_rows", Vec(ignored.size() * V, 0.0)},
+                    {"grad_apart_differences", Vec(2 * N * V, 0.0)}};
     };
   // The loss relative to itself: a sum of N terms of a few each.
-  c.checks = {{"loss", Metric::normwise, 1e-5, 1e-5},
-              {"logits_after_loss_only", Metric::exact},
-              {"loss_with_grad", Metric::normwise, 1e-5, 1e-5},
-              {"grad", Metric::normwise, 1e-4, 1e-5},
-              {"grad_of_ignored_rows", Metric::exact}};
+  c.checks = {
+      {"loss", Metric::normwise, 1e-5, 1e-5},           {"logits_after_loss_only", Metric::exact},
+      {"loss_with_grad", Metric::normwise, 1e-5, 1e-5}, {"grad", Metric::normwise, 1e-4, 1e-5},
+      {"grad_of_ignored_rows", Metric::exact},          {"grad_apart_differences", Metric::exact}};
   return c;
 }
 

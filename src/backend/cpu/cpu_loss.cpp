@@ -9,11 +9,22 @@
 namespace brisk {
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                       float grad_scale, const Tensor& loss_sum) {
+                                       float grad_scale, const Tensor& loss_sum,
+                                       const Tensor& grad) {
   expect(loss_sum, DType::f64, Shape{1}, "softmax_cross_entropy loss_sum");
   const int64_t V = cols_of(logits), N = rows_of(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
               " rows of logits");
+  const bool apart = write_grad && !grad.empty();
+  if (apart)
+    BRISK_CHECK(rows_of(grad) == N && cols_of(grad) == V &&
+                    (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16),
+                "softmax_cross_entropy: gradient ", grad.shape().str(), " ",
+                dtype_name(grad.dtype()), " for logits ", logits.shape().str());
+  // The gradient's row r: in place, or apart in float32 or bf16.
+  const bool g16 = apart && grad.dtype() == DType::bf16;
+  float* g32 = !write_grad ? nullptr : apart && !g16 ? grad.f32() : logits.f32();
+  uint16_t* g16_rows = g16 ? grad.as<uint16_t>() : nullptr;
   const int32_t* y = labels.i32();
   for (int64_t r = 0; r < N; ++r)
     BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
@@ -24,8 +35,10 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   for (int64_t r = 0; r < N; ++r) {
     float* row = z + r * V;
     if (y[r] == kIgnoreIndex) {
-      if (write_grad)
-        for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
+      if (g16)
+        std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
+      else if (write_grad)
+        std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
       continue;
     }
     float mx = row[0];
@@ -49,9 +62,20 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
     }
     total += std::log(sum) - static_cast<double>(target - mx);
     if (write_grad) {
+      // row holds the exponentials: scaled, less grad_scale at the label, and (bf16) rounded.
       const float f = static_cast<float>(grad_scale / sum);
-      for (int64_t j = 0; j < V; ++j) row[j] *= f;
-      row[y[r]] -= grad_scale;
+      const int64_t label = y[r];
+      if (g16) {
+        uint16_t* out = g16_rows + r * V;
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) out[j] = float_to_bf16(row[j] * f);
+        out[label] = float_to_bf16(row[label] * f - grad_scale);
+      } else {
+        float* out = g32 + r * V;
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) out[j] = row[j] * f;
+        out[label] -= grad_scale;
+      }
     }
   }
   loss_sum.as<double>()[0] += total;

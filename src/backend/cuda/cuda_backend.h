@@ -114,7 +114,7 @@ class CudaBackend final : public Backend {
   void first_token(const Tensor& x, const Tensor& out) override;
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                             float grad_scale, const Tensor& loss_sum) override;
+                             float grad_scale, const Tensor& loss_sum, const Tensor& grad) override;
   void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
                 const Tensor& loss_sum) override;
 
