@@ -98,14 +98,14 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return bf16_operands_ && !(x.dtype == DType::bf16 && library == DType::bf16);
   };
   const size_t a_size = dtype_size(a.dtype);
-  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight; on bf16 units
-  // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
-  // every call), else the packing buffer, filled by the first block of rows and read by the
-  // others.
   // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
   // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
   // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
   constexpr int64_t kRowBlock = 4096;
+  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight; on bf16 units
+  // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
+  // every call), else the packing buffer, filled by the first block of rows and read by the
+  // others.
   const DnnlMatmul::Product product{trans_a, trans_b, m, n, k, a.ld, b.ld, ldc, accumulate};
   bool blocked = false;
   const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;

@@ -50,38 +50,6 @@ bool cpu_has_bf16_products() {
   return !cpu_products_by_openblas() && DnnlMatmul::available(DType::bf16);
 }
 
-void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, int64_t ld,
-                  const Tensor& dst) {
-  BRISK_CHECK(dst.dtype() == DType::bf16 || dst.dtype() == DType::f32,
-              "internal error: a bf16 operand written as ", dtype_name(dst.dtype()));
-  BRISK_CHECK(src_type == DType::f32 || (src_type == DType::bf16 && dst.dtype() == DType::f32),
-              "internal error: a ", dtype_name(src_type), " operand packed as ",
-              dtype_name(dst.dtype()));
-  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 operand buffer of ", dst.numel(),
-              " elements is too small for a ", rows, " x ", ld, " operand");
-  if (src_type == DType::bf16) {
-    const uint16_t* in = static_cast<const uint16_t*>(src);
-    float* out = dst.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = bf16_to_float(in[r * ld + c]);
-    return;
-  }
-  const float* in = static_cast<const float*>(src);
-  if (dst.dtype() == DType::bf16) {
-    uint16_t* out = dst.as<uint16_t>();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = float_to_bf16(in[r * ld + c]);
-  } else {
-    float* out = dst.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        out[r * ld + c] = bf16_to_float(float_to_bf16(in[r * ld + c]));
-  }
-}
-
 namespace {
 constexpr int64_t kBlockK = 32, kBlockN = 64, kBlockElements = kBlockK * kBlockN;
 
@@ -185,9 +153,6 @@ void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n
     transpose16(r);
     for (int k1 = 0; k1 < 16; ++k1) _mm512_storeu_si512(out + k1 * kBlockN + g, r[k1]);
   }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #else
   for (int64_t j = 0; j < kBlockN; ++j) {
     const T* row = b + (n0 + j) * ldb + k0;
@@ -198,14 +163,32 @@ void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n
 #endif
 }
 
+// n float32 rounded to bf16 as float_to_bf16 does.
+void round_row(const float* in, uint16_t* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        _mm512_cvtepi32_epi16(round16(in + j)));
+#endif
+  for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
+}
+#if defined(__GNUC__) && defined(BRISK_PACK_AVX512) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 template <typename T>
 void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb, uint16_t* dst) {
   const int64_t kb_count = (k + kBlockK - 1) / kBlockK, nb_count = (n + kBlockN - 1) / kBlockN;
   const int64_t blocks = kb_count * nb_count;
+  // Blocks in the order that reads b along its rows: down B's rows (k) for a transposed B,
+  // across its columns (n) otherwise.
 #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t k0 = blk % kb_count * kBlockK, n0 = blk / kb_count * kBlockN;
-    uint16_t* out = dst + blk * kBlockElements;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t kb = trans_b ? i % kb_count : i / nb_count;
+    const int64_t nb = trans_b ? i / kb_count : i % nb_count;
+    const int64_t k0 = kb * kBlockK, n0 = nb * kBlockN;
+    uint16_t* out = dst + (nb * kb_count + kb) * kBlockElements;
     if (k0 + kBlockK <= k && n0 + kBlockN <= n) {
       pack_whole_block(b, ldb, trans_b, k0, n0, reinterpret_cast<uint32_t*>(out));
       continue;
@@ -220,6 +203,37 @@ void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb
   }
 }
 }  // namespace
+
+void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, int64_t ld,
+                  const Tensor& dst) {
+  BRISK_CHECK(dst.dtype() == DType::bf16 || dst.dtype() == DType::f32,
+              "internal error: a bf16 operand written as ", dtype_name(dst.dtype()));
+  BRISK_CHECK(src_type == DType::f32 || (src_type == DType::bf16 && dst.dtype() == DType::f32),
+              "internal error: a ", dtype_name(src_type), " operand packed as ",
+              dtype_name(dst.dtype()));
+  BRISK_CHECK(dst.numel() >= rows * ld, "bf16 operand buffer of ", dst.numel(),
+              " elements is too small for a ", rows, " x ", ld, " operand");
+  if (src_type == DType::bf16) {
+    const uint16_t* in = static_cast<const uint16_t*>(src);
+    float* out = dst.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = bf16_to_float(in[r * ld + c]);
+    return;
+  }
+  const float* in = static_cast<const float*>(src);
+  if (dst.dtype() == DType::bf16) {
+    uint16_t* out = dst.as<uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) round_row(in + r * ld, out + r * ld, cols);
+  } else {
+    float* out = dst.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        out[r * ld + c] = bf16_to_float(float_to_bf16(in[r * ld + c]));
+  }
+}
 
 void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const void* b, DType b_type,
                           int64_t ldb, uint16_t* dst) {
