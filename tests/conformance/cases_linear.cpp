@@ -137,6 +137,10 @@ std::vector<OpCase> linear_cases() {
         for (DxMode dx : {DxMode::skipped, DxMode::overwritten, DxMode::accumulated})
           for (bool dw_written : {false, true})
             cases.push_back(linear_case(xs, 5, layout, bias, dx, dw_written, kF32, true));
+  // No rows (an empty micro-batch): written gradients are zeros, added ones unchanged.
+  for (const bool dw_written : {false, true})
+    cases.push_back(linear_case({0, 13}, 5, WeightLayout::out_in, true, DxMode::overwritten,
+                                dw_written, kF32, true));
   for (const Precision& pr : {kTf32, kBf16, kF16}) {
     cases.push_back(linear_case({2, 3, 13}, 5, WeightLayout::out_in, true, DxMode::accumulated,
                                 false, pr, true));

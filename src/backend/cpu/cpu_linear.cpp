@@ -135,11 +135,13 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                                             ? dnnl_->blocked_b(product)
                                             : DnnlMatmul::BlockedB{};
     blocked = layout.own_packer && layout.bytes <= ws_.operand_b.bytes();
-    if (blocked)
+    if (blocked) {
       dnnl_->round_blocked_b(product, b.data, b.dtype, ws_.operand_b.data());
-    else if (packed(b))
+      b0 = ws_.operand_b.data();
+    } else if (packed(b)) {
       bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
-    if (blocked || packed(b)) b0 = ws_.operand_b.data();
+      b0 = ws_.operand_b.data();
+    }
   }
   const int64_t block = trans_a ? kRowBlock : m;
   for (int64_t r0 = 0; r0 < m; r0 += block) {
@@ -193,7 +195,11 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   BRISK_CHECK(rows_of(dy) == m && cols_of(dy) == n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
   check_operand(dy, "linear_backward gradient");
-  if (m == 0) return;
+  if (m == 0) {  // no rows: written gradients are zeros, added ones unchanged
+    for (const Tensor* t : {&dw, &db})
+      if (!accumulate_dw && !t->empty()) fill(*t, 0.0f);
+    return;
+  }
   // Both products read dy: on bf16 units with x already bf16 (so neither product packs an A
   // operand) a float32 dy is packed once, into the A buffer, instead of once per product.
   Operand gy(dy, n);

@@ -184,7 +184,11 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   BRISK_CHECK(dy.numel() == m * n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
   BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_backward: plan_workspace was not called");
-  if (m == 0) return;
+  if (m == 0) {  // no rows: written gradients are zeros, added ones unchanged
+    for (const Tensor* t : {&dw, &db})
+      if (!accumulate_dw && !t->empty()) fill(*t, 0.0f);
+    return;
+  }
   const float* g = on_gpu(dy, "linear gradient");
   on_gpu(x, "linear input");
   on_gpu(w, "linear weight");
