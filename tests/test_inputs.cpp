@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -262,6 +263,56 @@ TEST(Inputs, SafetensorsRoundTripIsAtomic) {
   expect_error([&] { f.get("c"); }, "has no tensor named 'c'");
   expect_error([] { write_safetensors("/nonexistent-dir/x.safetensors", {}); }, "cannot write");
   std::remove(path.c_str());
+}
+
+// Entries read piece by piece (what ZeRO's saves gather): asked in order, in pieces of at most
+// the stated bound, written to the same bytes; a read that fails leaves no file behind.
+TEST(Inputs, StreamedSafetensorsAreReadInBoundedPiecesInOrder) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("brisk_streamed_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
+  const int64_t n = static_cast<int64_t>(kSafetensorsStagingBytes / 4) * 2 + 1001;  // 3 pieces
+  std::vector<float> big(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) big[static_cast<size_t>(i)] = static_cast<float>(i % 977) - 0.5f;
+  int64_t step = 42;
+  std::vector<std::pair<size_t, size_t>> asked;
+  auto reader = [&](const void* src) {
+    return [&asked, src](size_t offset, size_t bytes, void* dst) {
+      asked.emplace_back(offset, bytes);
+      std::memcpy(dst, static_cast<const char*>(src) + offset, bytes);
+    };
+  };
+  write_streamed_safetensors(path,
+                             {{"big", DType::f32, Shape{n}, reader(big.data())},
+                              {"step", DType::i64, Shape{}, reader(&step)}},
+                             {{"format", "pt"}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  size_t next = 0;
+  for (size_t i = 0; i + 1 < asked.size(); ++i) {
+    EXPECT_EQ(asked[i].first, next) << "piece " << i;
+    EXPECT_LE(asked[i].second, kSafetensorsStagingBytes) << "piece " << i;
+    next += asked[i].second;
+  }
+  EXPECT_EQ(next, big.size() * 4);
+  EXPECT_EQ(asked.back(), (std::pair<size_t, size_t>{0, 8}));
+  {
+    SafetensorsFile f(path);
+    ASSERT_EQ(f.get("big").shape(), (Shape{n}));
+    EXPECT_EQ(std::memcmp(f.get("big").f32(), big.data(), big.size() * 4), 0);
+    EXPECT_EQ(f.get("step").as<int64_t>()[0], 42);
+  }
+  std::remove(path.c_str());
+  int reads = 0;
+  auto failing = [&reads](size_t, size_t, void*) {
+    if (++reads == 2) throw Error("the other rank is gone");
+  };
+  expect_error(
+      [&] {
+        write_streamed_safetensors(path, {{"big", DType::f32, Shape{n}, failing}});
+      },
+      "the other rank is gone");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
 // A safetensors file from a raw header and data section, as an attacker or a buggy writer makes.

@@ -196,22 +196,30 @@ void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what) 
   }
 }
 
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata,
-                       const DeviceReader& read_device) {
+namespace {
+
+// An entry to write: from host memory (`host`) or through `read`.
+struct Outgoing {
+  const std::string* name;
+  DType dtype;
+  const Shape* shape;
+  size_t bytes;
+  const void* host;
+  std::function<void(size_t offset, size_t bytes, void* dst)> read;
+};
+
+void write_entries(const std::string& path, const std::vector<Outgoing>& entries,
+                   const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t off = 0;
-  for (const auto& [name, t] : tensors) {
-    BRISK_CHECK(t.device() == Device::cpu || read_device, "write_safetensors: '", name,
-                "' is not in host memory and no reader was given");
+  int64_t off = 0;
+  for (const Outgoing& e : entries) {
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int i = 0; i < t.rank(); ++i) shape.push_back(t.dim(i));
-    header[name] = {{"dtype", dtype_to_safetensors(t.dtype())},
-                    {"shape", shape},
-                    {"data_offsets", {off, off + t.bytes()}}};
-    off += t.bytes();
+    for (int i = 0; i < e.shape->rank(); ++i) shape.push_back((*e.shape)[i]);
+    const int64_t end = checked_add(off, static_cast<int64_t>(e.bytes), "the file's data");
+    header[*e.name] = {
+        {"dtype", dtype_to_safetensors(e.dtype)}, {"shape", shape}, {"data_offsets", {off, end}}};
+    off = end;
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');  // keeps the data section 8-byte aligned
@@ -220,23 +228,29 @@ void write_safetensors(const std::string& path,
   FILE* f = std::fopen(tmp.c_str(), "wb");
   BRISK_CHECK(f != nullptr, "cannot write '", tmp, "': ", std::strerror(errno));
   bool ok = true;
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(h.size() >> (8 * i));
-  ok = ok && std::fwrite(len, 1, 8, f) == 8;
-  ok = ok && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  std::vector<unsigned char> staging;  // only for tensors off the host; at most the stated bound
-  for (const auto& [name, t] : tensors) {
-    if (!ok) break;
-    if (t.device() == Device::cpu) {
-      ok = t.bytes() == 0 || std::fwrite(t.data(), 1, t.bytes(), f) == t.bytes();
-      continue;
+  try {
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(h.size() >> (8 * i));
+    ok = ok && std::fwrite(len, 1, 8, f) == 8;
+    ok = ok && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+    std::vector<unsigned char> staging;  // only for entries read in pieces; at most the bound
+    for (const Outgoing& e : entries) {
+      if (!ok) break;
+      if (e.host) {
+        ok = e.bytes == 0 || std::fwrite(e.host, 1, e.bytes, f) == e.bytes;
+        continue;
+      }
+      staging.resize(std::min(kSafetensorsStagingBytes, std::max(staging.size(), e.bytes)));
+      for (size_t done = 0; ok && done < e.bytes; done += staging.size()) {
+        const size_t n = std::min(staging.size(), e.bytes - done);
+        e.read(done, n, staging.data());
+        ok = std::fwrite(staging.data(), 1, n, f) == n;
+      }
     }
-    staging.resize(std::min(kSafetensorsStagingBytes, std::max(staging.size(), t.bytes())));
-    for (size_t done = 0; ok && done < t.bytes(); done += staging.size()) {
-      const size_t n = std::min(staging.size(), t.bytes() - done);
-      read_device(t, done, n, staging.data());
-      ok = std::fwrite(staging.data(), 1, n, f) == n;
-    }
+  } catch (...) {  // a read that failed: no half-written file is left behind
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
   }
   ok = std::fflush(f) == 0 && ok;
   ok = ::fsync(fileno(f)) == 0 && ok;
@@ -249,6 +263,40 @@ void write_safetensors(const std::string& path,
     std::remove(tmp.c_str());
     BRISK_FAIL("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno));
   }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const DeviceReader& read_device) {
+  std::vector<Outgoing> entries;
+  for (const auto& [name, t] : tensors) {
+    BRISK_CHECK(t.device() == Device::cpu || read_device, "write_safetensors: '", name,
+                "' is not in host memory and no reader was given");
+    Outgoing e{&name, t.dtype(), &t.shape(), t.bytes(), nullptr, nullptr};
+    if (t.device() == Device::cpu)
+      e.host = t.data();
+    else
+      e.read = [&read_device, &t](size_t offset, size_t bytes, void* dst) {
+        read_device(t, offset, bytes, dst);
+      };
+    entries.push_back(std::move(e));
+  }
+  write_entries(path, entries, metadata);
+}
+
+void write_streamed_safetensors(const std::string& path, const std::vector<StreamedTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  std::vector<Outgoing> entries;
+  for (const StreamedTensor& t : tensors) {
+    BRISK_CHECK(t.read, "write_safetensors: '", t.name, "' has no reader");
+    const int64_t bytes =
+        checked_mul(t.shape.numel(), static_cast<int64_t>(dtype_size(t.dtype)), "a tensor's bytes");
+    entries.push_back({&t.name, t.dtype, &t.shape, static_cast<size_t>(bytes), nullptr, t.read});
+  }
+  write_entries(path, entries, metadata);
 }
 
 }  // namespace brisk

@@ -57,4 +57,18 @@ void write_safetensors(const std::string& path,
                        const std::map<std::string, std::string>& metadata = {},
                        const DeviceReader& read_device = nullptr);
 
+// An entry whose bytes no tensor of this process holds whole: `read(offset, bytes, dst)` copies
+// bytes [offset, offset + bytes) of it into dst (ZeRO's saves gather them from every rank).
+struct StreamedTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::function<void(size_t offset, size_t bytes, void* dst)> read;
+};
+
+// The same, every entry read through its `read`: in the order given, each from its first byte to
+// its last, in pieces of at most kSafetensorsStagingBytes (the only host memory it uses).
+void write_streamed_safetensors(const std::string& path, const std::vector<StreamedTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
+
 }  // namespace brisk

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "core/json_file.h"
 #include "core/safetensors.h"
+#include "train/zero.h"
 
 namespace brisk {
 
@@ -47,13 +49,53 @@ DeviceReader reader_for(Backend& be) {
   };
 }
 
-// optimizer.safetensors: the optimizer's named state and its step count.
+// model.safetensors: the flat float32 weights under transformers' names, from `weights` or
+// (ZeRO) gathered piece by piece.
+void write_model_weights(Backend& be, const std::string& path, const Model& model,
+                         const Tensor& weights, GatheredReads* gathered) {
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  if (!gathered)
+    return write_safetensors(path, model.named_views(weights), metadata, reader_for(be));
+  const ParameterSet& params = model.params();
+  BRISK_CHECK(gathered->whole_bytes(0) == params.total_elements() * 4,
+              "internal error: the gathered weights hold ", gathered->whole_bytes(0), " bytes");
+  std::vector<StreamedTensor> out;
+  for (const ParamInfo& p : params.list()) {
+    const auto first = static_cast<size_t>(p.offset) * 4;
+    out.push_back({p.name, DType::f32, p.shape, [gathered, first](size_t at, size_t n, void* dst) {
+                     gathered->read(0, first + at, n, dst);
+                   }});
+  }
+  write_streamed_safetensors(path, out, metadata);
+}
+
+// optimizer.safetensors: the optimizer's named state and its step count, from the optimizer or
+// (ZeRO) every rank's state gathered piece by piece.
 void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::string& path,
-                           const std::vector<std::pair<std::string, Tensor>>* state) {
-  std::vector<std::pair<std::string, Tensor>> out = state ? *state : optimizer.state();
+                           GatheredReads* gathered) {
+  const std::vector<std::pair<std::string, Tensor>> own = optimizer.state();
   int64_t step = optimizer.steps();
-  out.emplace_back("step", Tensor(&step, Shape{}, DType::i64));
-  write_safetensors(path, out, {}, reader_for(be));
+  if (!gathered) {
+    std::vector<std::pair<std::string, Tensor>> out = own;
+    out.emplace_back("step", Tensor(&step, Shape{}, DType::i64));
+    return write_safetensors(path, out, {}, reader_for(be));
+  }
+  BRISK_CHECK(gathered->size() == own.size() + 1, "internal error: ", gathered->size(),
+              " gathered parts for ", own.size(), " state tensors");
+  std::vector<StreamedTensor> out;
+  for (size_t i = 0; i < own.size(); ++i) {
+    const DType dtype = own[i].second.dtype();
+    const int64_t bytes = gathered->whole_bytes(i + 1), size = dtype_size(dtype);
+    BRISK_CHECK(bytes % size == 0, "internal error: ", own[i].first, " gathered as ", bytes,
+                " bytes");
+    out.push_back(
+        {own[i].first, dtype, Shape{bytes / size},
+         [gathered, i](size_t at, size_t n, void* dst) { gathered->read(i + 1, at, n, dst); }});
+  }
+  out.push_back({"step", DType::i64, Shape{}, [&step](size_t at, size_t n, void* dst) {
+                   std::memcpy(dst, reinterpret_cast<const char*>(&step) + at, n);
+                 }});
+  write_streamed_safetensors(path, out);
 }
 
 void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optimizer,
@@ -127,16 +169,17 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 }
 }  // namespace
 
-void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights) {
-  write_safetensors((fs::path(folder) / "model.safetensors").string(), model.named_views(weights),
-                    {{"format", "pt"}}, reader_for(be));
+void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights,
+                GatheredReads* gathered) {
+  write_model_weights(be, (fs::path(folder) / "model.safetensors").string(), model, weights,
+                      gathered);
   write_json(fs::path(folder) / "config.json", saved_config(model));
 }
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
                             const Schedule& schedule, const TrainerState& state, int* fail_at_point,
-                            const std::vector<std::pair<std::string, Tensor>>* optimizer_state) {
+                            GatheredReads* gathered) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -146,13 +189,11 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   fs::create_directories(tmp_dir, ec);
   BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
   try {
-    write_safetensors((tmp_dir / "model.safetensors").string(), model.named_views(weights),
-                      {{"format", "pt"}}, reader_for(be));
+    write_model_weights(be, (tmp_dir / "model.safetensors").string(), model, weights, gathered);
     fault_point(fail_at_point);
     write_json(tmp_dir / "config.json", saved_config(model));
     fault_point(fail_at_point);
-    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(),
-                          optimizer_state);
+    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(), gathered);
     fault_point(fail_at_point);
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},

@@ -31,9 +31,13 @@ struct TrainerState {
   std::string best_model_checkpoint;
 };
 
+class GatheredReads;
+
 // Writes model.safetensors (transformers' names, from `weights`: the flat float32 weights or
-// master copy) and config.json into `folder`, as Trainer.save_model does.
-void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights);
+// master copy) and config.json into `folder`, as Trainer.save_model does. With `gathered`
+// (ZeRO, train/zero.h), the weights are its whole 0, read piece by piece (`weights` unused).
+void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights,
+                GatheredReads* gathered = nullptr);
 
 // Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
 // the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints,
@@ -43,13 +47,13 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
 // of the save sequence (counted down across saves; -1 = never). The points: after each of the six
 // files; when the step was saved before, after its old copy is moved aside and after the new one
 // is renamed into place; in rotation, after each folder is moved aside for deletion.
-// `optimizer_state`, when given, is written instead of the optimizer's own (ZeRO: every rank's
-// shard laid end to end, train/zero.h).
-std::string save_checkpoint(
-    Backend& be, const TrainOptions& options, const Model& model, const Tensor& weights,
-    const Optimizer& optimizer, const Schedule& schedule, const TrainerState& state,
-    int* fail_at_point = nullptr,
-    const std::vector<std::pair<std::string, Tensor>>* optimizer_state = nullptr);
+// With `gathered` (ZeRO: checkpoint_parts, train/zero.h), the weights are its whole 0 and the
+// optimizer's state tensors its wholes 1, 2, ... (every rank's state laid end to end), read piece
+// by piece as the files are written (`weights` unused).
+std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
+                            const Tensor& weights, const Optimizer& optimizer,
+                            const Schedule& schedule, const TrainerState& state,
+                            int* fail_at_point = nullptr, GatheredReads* gathered = nullptr);
 
 // ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
 // of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.

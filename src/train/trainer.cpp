@@ -183,17 +183,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The float32 weights a save writes: the master copy (or the weights without one); when ZeRO
-// partitions them (the master copy, or stage 3's weights), every rank's run gathered to rank 0
-// into `holder` (a collective: every rank calls it; the others get an empty tensor).
-Tensor weights_to_save(const MixedPrecision& precision, const ParameterSet& params,
-                       Communicator& comm, std::vector<uint8_t>& holder) {
-  if (!precision.sharded()) return precision.master(params);
-  holder = gather_pieces(comm, precision.master(params), nullptr, 0);
-  if (comm.rank() != 0) return Tensor();
-  BRISK_CHECK(static_cast<int64_t>(holder.size()) == params.total_elements() * 4,
-              "internal error: the gathered master copy holds ", holder.size(), " bytes");
-  return Tensor(holder.data(), Shape{params.total_elements()}, DType::f32);
+// ZeRO: what a save writes (the float32 weights or master copy, and with `optimizer` its state),
+// gathered piece by piece to rank 0 as it writes the files (none when nothing is partitioned).
+std::unique_ptr<GatheredReads> gather_for_save(const RunAssembly& run,
+                                               const MixedPrecision& precision,
+                                               const ParameterSet& params, Communicator& comm,
+                                               const Optimizer* optimizer) {
+  if (run.shards.empty()) return nullptr;
+  return std::make_unique<GatheredReads>(
+      comm,
+      checkpoint_parts(precision.master(params), precision.sharded(), comm.rank(), optimizer));
 }
 
 // Root's text, on every rank.
@@ -640,25 +639,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     const bool save_now =
         checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch);
-    // ZeRO: every rank's optimizer state, laid end to end on rank 0 (only) for it to save; the
-    // gathers count as the save's memory.
+    // ZeRO: rank 0 writes every rank's weights and optimizer state, read from them piece by piece
+    // while the others serve the reads.
     if (save_now) peaks.enter(PeakPhases::saves);
-    std::vector<std::pair<std::string, std::vector<uint8_t>>> gathered;
-    std::vector<std::pair<std::string, Tensor>> whole_state;
-    if (save_now && !run->shards.empty()) {
-      gathered = gather_optimizer_state(dist, *optimizer, 0);
-      const auto own = optimizer->state();
-      for (size_t i = 0; lead && i < gathered.size(); ++i) {
-        const int64_t size = dtype_size(own[i].second.dtype());
-        whole_state.emplace_back(
-            gathered[i].first, Tensor(gathered[i].second.data(),
-                                      Shape{static_cast<int64_t>(gathered[i].second.size()) / size},
-                                      own[i].second.dtype()));
-      }
-    }
-    std::vector<uint8_t> master_holder;
-    const Tensor saved =
-        save_now ? weights_to_save(precision, model->params(), dist, master_holder) : Tensor();
+    std::unique_ptr<GatheredReads> gathered =
+        save_now ? gather_for_save(*run, precision, model->params(), dist, optimizer) : nullptr;
+    if (gathered && !lead) gathered->serve();
     if (lead && save_now) {
       // The best model is decided before the save, so the checkpoint's state names it.
       if (o.load_best_model_at_end && !evaluated.is_null() &&
@@ -668,9 +654,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
             (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(state.global_step))).string();
       }
       s.last_checkpoint =
-          save_checkpoint(*be, o, *model, saved, *optimizer, schedule, state,
-                          &faults.kill_save_at_point, whole_state.empty() ? nullptr : &whole_state);
+          save_checkpoint(*be, o, *model, precision.master(model->params()), *optimizer, schedule,
+                          state, &faults.kill_save_at_point, gathered.get());
+      if (gathered) gathered->done();
     }
+    gathered.reset();
     if (save_now) peaks.enter(PeakPhases::steps);
   }
   const double seconds =
@@ -704,10 +692,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
     peaks.enter(PeakPhases::saves);
-    std::vector<uint8_t> master_holder;
-    const Tensor saved = weights_to_save(precision, model->params(), dist, master_holder);
+    std::unique_ptr<GatheredReads> gathered =
+        gather_for_save(*run, precision, model->params(), dist, nullptr);
+    if (gathered && !lead) gathered->serve();
     if (lead) {
-      save_model(*be, o.output_dir, *model, saved);
+      save_model(*be, o.output_dir, *model, precision.master(model->params()), gathered.get());
+      if (gathered) gathered->done();
       if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
     }
   }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/backend.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "models/model.h"
@@ -75,15 +76,90 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard) {
   return out;
 }
 
-std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state(
-    Communicator& comm, const Optimizer& optimizer, int root) {
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
-  for (const auto& [name, t] : optimizer.state()) {
-    BRISK_CHECK(t.device() == Device::cpu,
-                "internal error: gathering optimizer state from device memory");
-    out.emplace_back(name, gather_pieces(comm, t, nullptr, root));
+GatheredReads::GatheredReads(Communicator& comm, std::vector<Tensor> parts)
+    : comm_(comm), parts_(std::move(parts)) {
+  const auto N = static_cast<size_t>(comm.size());
+  std::vector<double> lengths(parts_.size() * N, 0.0);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Tensor& part = parts_[i];
+    BRISK_CHECK(part.empty() || part.device() == Device::cpu,
+                "internal error: gathering a save from device memory");
+    lengths[i * N + static_cast<size_t>(comm.rank())] =
+        part.empty() ? 0.0 : static_cast<double>(part.bytes());
   }
-  return out;
+  if (!lengths.empty())
+    comm.all_reduce_sum(
+        Tensor(lengths.data(), Shape{static_cast<int64_t>(lengths.size())}, DType::f64));
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    starts_.emplace_back(1, 0);
+    for (size_t r = 0; r < N; ++r)
+      starts_[i].push_back(
+          checked_add(starts_[i].back(), static_cast<int64_t>(lengths[i * N + r]), "a save"));
+  }
+}
+
+GatheredReads::~GatheredReads() {
+  if (comm_.rank() != 0 || done_) return;
+  try {
+    done();
+  } catch (...) {  // the communicator failed too: the error already on its way ends every rank
+  }
+}
+
+void GatheredReads::answer(double request[3], void* dst) {
+  comm_.broadcast(Tensor(request, Shape{3}, DType::f64), 0);
+  if (request[0] < 0) return;
+  const auto i = static_cast<size_t>(request[0]);
+  BRISK_CHECK(i < parts_.size(), "internal error: a read of save part ", i);
+  const auto begin = static_cast<int64_t>(request[1]);
+  const int64_t end = begin + static_cast<int64_t>(request[2]);
+  const std::vector<int64_t>& at = starts_[i];
+  BRISK_CHECK(begin >= 0 && begin <= end && end <= at.back(), "internal error: bytes [", begin,
+              ", ", end, ") of a save part of ", at.back());
+  std::vector<int64_t> counts;
+  for (size_t r = 0; r + 1 < at.size(); ++r)
+    counts.push_back(std::max<int64_t>(0, std::min(end, at[r + 1]) - std::max(begin, at[r])));
+  const auto me = static_cast<size_t>(comm_.rank());
+  const int64_t mine = counts[me];
+  // MPI takes no null buffer, even for nothing.
+  static uint8_t nothing = 0;
+  uint8_t* from =
+      mine > 0 ? parts_[i].as<uint8_t>() + (std::max(begin, at[me]) - at[me]) : &nothing;
+  comm_.gather_v(
+      Tensor(from, Shape{mine}, DType::u8), counts,
+      Tensor(me == 0 && end > begin ? dst : &nothing, Shape{me == 0 ? end - begin : 0}, DType::u8),
+      0);
+}
+
+void GatheredReads::read(size_t i, size_t offset, size_t bytes, void* dst) {
+  BRISK_CHECK(comm_.rank() == 0 && !done_, "internal error: a save read outside rank 0's save");
+  double request[3] = {static_cast<double>(i), static_cast<double>(offset),
+                       static_cast<double>(bytes)};
+  answer(request, dst);
+}
+
+void GatheredReads::done() {
+  BRISK_CHECK(comm_.rank() == 0 && !done_, "internal error: a save ended twice");
+  done_ = true;
+  double request[3] = {-1, 0, 0};
+  answer(request, nullptr);
+}
+
+void GatheredReads::serve() {
+  BRISK_CHECK(comm_.rank() != 0, "internal error: rank 0 serves its own save");
+  for (;;) {
+    double request[3] = {0, 0, 0};
+    answer(request, nullptr);
+    if (request[0] < 0) return;
+  }
+}
+
+std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partitioned, int rank,
+                                     const Optimizer* optimizer) {
+  std::vector<Tensor> parts{weights_partitioned || rank == 0 ? weights : Tensor()};
+  if (optimizer)
+    for (const auto& named : optimizer->state()) parts.push_back(named.second);
+  return parts;
 }
 
 int64_t gradient_piece_elements(const TrainOptions& o) {

@@ -39,10 +39,48 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
 // rank's optimizer is planned for.
 ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 
-// The optimizer state of every rank laid end to end in rank order, name by name (host copies,
-// on `root` only: the others get the names with no bytes): one process's state.
-std::vector<std::pair<std::string, std::vector<uint8_t>>> gather_optimizer_state(
-    Communicator& comm, const Optimizer& optimizer, int root);
+// What a save writes when no rank holds it whole: arrays of bytes of which every rank holds a
+// part, each whole being the ranks' parts laid end to end in rank order — the weights or master
+// copy by the ranks' runs, each optimizer state tensor (every rank's state laid end to end is one
+// process's state). Rank 0 reads pieces of the wholes as it writes the files, each piece gathered
+// from the ranks that hold it; the other ranks answer those reads in serve() until rank 0 is
+// done. No rank ever holds more of the wholes than the piece being read, and the others wait
+// for one piece at a time rather than for the whole save.
+class GatheredReads {
+ public:
+  // Every rank, with its parts (host memory; an empty Tensor() for none) in the same order: a
+  // collective (the parts' lengths are exchanged).
+  GatheredReads(Communicator& comm, std::vector<Tensor> parts);
+  // Rank 0, when it goes without done() (a failed write): the others' serve() ends.
+  ~GatheredReads();
+  GatheredReads(const GatheredReads&) = delete;
+  GatheredReads& operator=(const GatheredReads&) = delete;
+
+  size_t size() const { return parts_.size(); }
+  // The bytes of whole i.
+  int64_t whole_bytes(size_t i) const { return starts_.at(i).back(); }
+  // Rank 0: bytes [offset, offset + bytes) of whole i into dst (host memory).
+  void read(size_t i, size_t offset, size_t bytes, void* dst);
+  // Rank 0: no more reads.
+  void done();
+  // The other ranks: answers rank 0's reads until it is done.
+  void serve();
+
+ private:
+  // Sends a request from rank 0 ({i, offset, bytes}; i = -1: done) and takes part in its gather.
+  void answer(double request[3], void* dst);
+  Communicator& comm_;
+  std::vector<Tensor> parts_;
+  std::vector<std::vector<int64_t>>
+      starts_;  // per whole: where each rank's part starts, then its end
+  bool done_ = false;
+};
+
+// The parts a ZeRO checkpoint gathers (GatheredReads): the weights a save writes (this rank's
+// run of the master copy or of stage 3's weights when those are partitioned; else rank 0's whole
+// copy and nothing elsewhere), then each tensor of the optimizer's state() (this rank's).
+std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partitioned, int rank,
+                                     const Optimizer* optimizer);
 
 // ZeRO stage 2's pieces: ddp_bucket_cap_mb of float32 gradients (at least one element).
 int64_t gradient_piece_elements(const TrainOptions& o);

@@ -21,6 +21,7 @@
 #include "dist/test_world.h"
 #include "test_support.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {
@@ -255,6 +256,68 @@ std::map<std::string, std::vector<float>> optimizer_state(const std::string& che
     out[name] = v;
   }
   return out;
+}
+
+// What a ZeRO save writes, read by rank 0 piece by piece from the ranks holding it: any range of
+// any whole (parts of unequal length, one rank's empty, a whole only rank 0 holds) equals the
+// ranks' parts laid end to end; the others serve until rank 0 is done, or until it goes
+// without saying so (a failed write).
+TEST(ZeroSaves, RankZeroReadsPiecesOfEveryRanksPartsWhileTheOthersServe) {
+  const int N = world().size(), r = world().rank();
+  auto length = [](size_t i, int q) -> int64_t {
+    if (i == 0) return q == 1 ? 0 : 1000 + 37 * q;
+    if (i == 1) return q == 0 ? 500 : 0;
+    return 3;
+  };
+  auto byte = [](size_t i, int q, int64_t k) {
+    return static_cast<uint8_t>((i * 31 + static_cast<size_t>(q) * 7 + static_cast<size_t>(k)) &
+                                0xff);
+  };
+  std::vector<std::vector<uint8_t>> mine(3), whole(3);
+  for (size_t i = 0; i < 3; ++i)
+    for (int q = 0; q < N; ++q)
+      for (int64_t k = 0; k < length(i, q); ++k) {
+        whole[i].push_back(byte(i, q, k));
+        if (q == r) mine[i].push_back(byte(i, q, k));
+      }
+  std::vector<Tensor> parts;
+  for (auto& m : mine)
+    parts.push_back(m.empty() ? Tensor()
+                              : Tensor(m.data(), Shape{static_cast<int64_t>(m.size())}, DType::u8));
+  {
+    GatheredReads reads(world(), parts);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(reads.whole_bytes(i), static_cast<int64_t>(whole[i].size())) << i;
+    if (r == 0) {
+      struct Range {
+        size_t i, offset, bytes;
+      };
+      const size_t w0 = whole[0].size();
+      for (const Range& g : {Range{0, 0, w0}, Range{0, 980, w0 - 990}, Range{0, w0 - 1, 1},
+                             Range{0, 5, 0}, Range{1, 0, 500}, Range{1, 123, 7},
+                             Range{2, 0, whole[2].size()}, Range{2, 2, whole[2].size() - 3}}) {
+        std::vector<uint8_t> got(g.bytes + 1, 0xee);
+        reads.read(g.i, g.offset, g.bytes, got.data());
+        EXPECT_TRUE(std::equal(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(g.bytes),
+                               whole[g.i].begin() + static_cast<std::ptrdiff_t>(g.offset)))
+            << "whole " << g.i << " from " << g.offset << ", " << g.bytes << " bytes";
+        EXPECT_EQ(got.back(), 0xee) << "written past the piece";
+      }
+      reads.done();
+    } else {
+      reads.serve();
+    }
+  }
+  {
+    GatheredReads reads(world(), parts);
+    if (r == 0) {
+      std::vector<uint8_t> got(10);
+      reads.read(0, 0, 10, got.data());
+    } else {
+      reads.serve();
+    }
+  }  // rank 0 goes without done(): the others' serve returns
+  world().barrier();
 }
 
 // ZeRO stage 1 (each rank holds and updates the optimizer state of its share of the parameters,
