@@ -47,7 +47,7 @@ std::string find_options_file(int argc, char** argv) {
 int run_train(const TrainOptions& options) {
   TrainSummary s =
       train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
-  if (world_communicator().rank() != 0) return 0;  // rank 0 reports for a run of several
+  if (launch_info_from_env().rank != 0) return 0;  // rank 0 reports for a run of several
   std::printf("***** train metrics *****\n");
   std::printf("  %-26s = %.1f\n", "epoch", s.epoch);
   std::printf("  %-26s = %.4f\n", "train_loss", s.train_loss);

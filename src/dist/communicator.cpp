@@ -204,10 +204,21 @@ std::unique_ptr<Communicator> make_single_process() {
 
 std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch);  // mpi.cpp or no_mpi.cpp
 
-Communicator& world_communicator() {
-  static const std::unique_ptr<Communicator> world = make_communicator(launch_info_from_env());
-  world_made = world.get();
-  return *world;
+Communicator& world_communicator(Device memory) {
+  if (memory == Device::cpu || launch_info_from_env().size == 1) {
+    static const std::unique_ptr<Communicator> world = make_communicator(launch_info_from_env());
+    world_made = world.get();
+    return *world;
+  }
+  static const std::unique_ptr<Communicator> gpu = [] {
+    const LaunchInfo launch = launch_info_from_env();
+    // Under MPI, the host communicator is the bootstrap, and the one that ends every rank.
+    Communicator* host = launch.launcher == Launcher::mpi ? &world_communicator() : nullptr;
+    std::unique_ptr<Communicator> made = make_nccl(launch, host);
+    if (!world_made) world_made = made.get();
+    return made;
+  }();
+  return *gpu;
 }
 
 std::string rank_tag() {

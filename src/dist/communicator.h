@@ -80,6 +80,10 @@ class Communicator {
   // rank, as abort) with a message naming this rank and the collective: a peer that hangs
   // or is gone (TrainingArguments' ddp_timeout). 0: wait for ever. One process never waits.
   virtual void set_timeout(double /*seconds*/) {}
+  // GPU collectives run on a stream of their own: each first waits for the GPU work queued so far
+  // through `wait` (the backend's synchronize()), so that it reads what that work wrote. Host
+  // communicators have nothing to wait for.
+  virtual void set_device_work(std::function<void()> /*wait*/) {}
 
  protected:
   // Where the buffers must be: host memory (MPI), GPU memory (NCCL).
@@ -112,8 +116,11 @@ class Communicator {
 std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
                                    std::vector<int64_t>* bytes_per_rank = nullptr, int root = -1);
 
-// The process's communicator, made on first use from the environment (make_communicator).
-Communicator& world_communicator();
+// The process's communicator for buffers in `memory`, made on first use from the environment.
+// Host memory: make_communicator's. GPU memory, for a run of several processes: NCCL (make_nccl,
+// bootstrapped through the host communicator under an MPI launch, else through the TCP
+// rendezvous), which also takes host buffers (through the GPU); for one process, the host one.
+Communicator& world_communicator(Device memory = Device::cpu);
 // For error messages: " (rank r of N)" once a communicator of several ranks exists, else "".
 std::string rank_tag();
 // After an error: in a run of several processes, ends them all (code); otherwise returns.
@@ -129,9 +136,9 @@ bool mpi_built_in();
 // The NCCL communicator (GPU memory), for `launch`'s rank of its size on the GPU local_rank
 // picks: NCCL's unique id goes from rank 0 to the others through `bootstrap` (a host
 // communicator of the same ranks, e.g. MPI's) or, when that is null, the TCP rendezvous on
-// MASTER_ADDR:MASTER_PORT (dist/rendezvous.h) waiting at most `timeout_seconds`. Not yet used by
-// training: runs of several GPU processes are refused until the trainer moves its collectives
-// to device buffers.
+// MASTER_ADDR:MASTER_PORT (dist/rendezvous.h) waiting at most `timeout_seconds`. It takes
+// host buffers too, copied to the GPU and back around the collective (the trainer's metrics and
+// texts; small).
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,
                                         double timeout_seconds = 300);
 // Whether this brisk was built with NCCL (with the CUDA backend, where the toolkit has it).

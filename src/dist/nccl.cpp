@@ -4,12 +4,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -72,6 +75,8 @@ class Nccl final : public Communicator {
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "NCCL: barrier scratch");
   }
   ~Nccl() override {
+    for (void* p : staging_)
+      if (p) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (stream_) cudaStreamDestroy(stream_);
     if (comm_) ncclCommDestroy(comm_);
@@ -87,14 +92,26 @@ class Nccl final : public Communicator {
   }
 
   void all_reduce_sum(const Tensor& buf) override {
+    if (on_host(buf)) {
+      all_reduce_sum(stage(buf, 0, true));
+      unstage(0, buf);
+      return;
+    }
     check_buffer(buf, "all_reduce_sum");
+    wait_for_device_work();
     check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
                              ncclSum, comm_, stream_),
                "all_reduce_sum (ncclAllReduce)");
     finish("all_reduce_sum");
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
+    if (on_host(in, out)) {
+      reduce_scatter_sum(stage(in, 0, true), stage(out, 1, false));
+      unstage(1, out);
+      return;
+    }
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
+    wait_for_device_work();
     check_nccl(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()),
                                  type_of(in), ncclSum, comm_, stream_),
                "reduce_scatter_sum (ncclReduceScatter)");
@@ -103,7 +120,13 @@ class Nccl final : public Communicator {
   // Pieces of any length: one reduction to each rank, grouped.
   void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                             const Tensor& out) override {
+    if (on_host(in, out)) {
+      reduce_scatter_sum_v(stage(in, 0, true), counts, stage(out, 1, false));
+      unstage(1, out);
+      return;
+    }
     check_pieces(in, counts, out);
+    wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
     auto* base = static_cast<char*>(in.data());
     check_nccl(ncclGroupStart(), "ncclGroupStart");
@@ -121,7 +144,13 @@ class Nccl final : public Communicator {
     finish("reduce_scatter_sum_v");
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
+    if (on_host(in, out)) {
+      all_gather(stage(in, 0, true), stage(out, 1, false));
+      unstage(1, out);
+      return;
+    }
     check_pair(in, out, 1, size_, "all_gather");
+    wait_for_device_work();
     check_nccl(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), type_of(in),
                              comm_, stream_),
                "all_gather (ncclAllGather)");
@@ -129,7 +158,15 @@ class Nccl final : public Communicator {
   }
   void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
                 int root) override {
+    // Off the root, out may be empty: only in says where the buffers are.
+    if (on_host(in) && (rank_ != root || on_host(out))) {
+      const bool root_here = rank_ == root;
+      gather_v(stage(in, 0, true), counts, root_here ? stage(out, 1, false) : Tensor(), root);
+      if (root_here) unstage(1, out);
+      return;
+    }
     check_gather(in, counts, out, root);
+    wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     if (rank_ != root) {
@@ -157,7 +194,13 @@ class Nccl final : public Communicator {
   // Pieces of any length: one broadcast from each rank into its place, grouped.
   void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
                     const Tensor& out) override {
+    if (on_host(in, out)) {
+      all_gather_v(stage(in, 0, true), counts, stage(out, 1, false));
+      unstage(1, out);
+      return;
+    }
     check_all_gather_v(in, counts, out);
+    wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
     auto* base = static_cast<char*>(out.data());
     check_nccl(ncclGroupStart(), "ncclGroupStart");
@@ -175,7 +218,13 @@ class Nccl final : public Communicator {
     finish("all_gather_v");
   }
   void broadcast(const Tensor& buf, int root) override {
+    if (on_host(buf)) {
+      broadcast(stage(buf, 0, true), root);
+      unstage(0, buf);
+      return;
+    }
     check_buffer(buf, "broadcast");
+    wait_for_device_work();
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
     check_nccl(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
                              root, comm_, stream_),
@@ -191,6 +240,7 @@ class Nccl final : public Communicator {
     BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
     timeout_ = seconds;
   }
+  void set_device_work(std::function<void()> wait) override { device_work_ = std::move(wait); }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -201,6 +251,37 @@ class Nccl final : public Communicator {
   Device memory() const override { return Device::cuda; }
 
  private:
+  static bool on_host(const Tensor& t) { return t.device() == Device::cpu; }
+  static bool on_host(const Tensor& in, const Tensor& out) { return on_host(in) && on_host(out); }
+  // A host buffer's copy in GPU memory (staging slot 0 or 1, grown as needed), uploaded when
+  // `upload`: host collectives run on it, and unstage copies the result back.
+  Tensor stage(const Tensor& host, int slot, bool upload) {
+    const auto i = static_cast<size_t>(slot);
+    const size_t bytes = host.empty() ? 0 : host.bytes();
+    if (bytes > staging_bytes_[i] || !staging_[i]) {
+      if (staging_[i]) check_cuda(cudaFree(staging_[i]), "NCCL: freeing host staging");
+      staging_[i] = nullptr;
+      staging_bytes_[i] = 0;
+      check_cuda(cudaMalloc(&staging_[i], std::max<size_t>(bytes, 256)), "NCCL: host staging");
+      staging_bytes_[i] = std::max<size_t>(bytes, 256);
+    }
+    // On NCCL's stream, so the collective queued next reads it whole.
+    if (upload && bytes > 0)
+      check_cuda(cudaMemcpyAsync(staging_[i], host.data(), bytes, cudaMemcpyHostToDevice, stream_),
+                 "NCCL: staging a host buffer");
+    return Tensor(staging_[i], bytes == 0 ? Shape{0} : host.shape(), host.dtype(), Device::cuda);
+  }
+  void unstage(int slot, const Tensor& host) {
+    if (host.empty() || host.bytes() == 0) return;
+    check_cuda(cudaMemcpyAsync(host.data(), staging_[static_cast<size_t>(slot)], host.bytes(),
+                               cudaMemcpyDeviceToHost, stream_),
+               "NCCL: copying a host buffer back");
+    check_cuda(cudaStreamSynchronize(stream_), "NCCL: copying a host buffer back");
+  }
+  void wait_for_device_work() {
+    if (device_work_) device_work_();
+  }
+
   // Waits for the stream, watching NCCL's asynchronous errors and the timeout: a collective past
   // it aborts the communicator and ends the process (the peers' collectives then fail in turn).
   void finish(const char* op) {
@@ -232,6 +313,9 @@ class Nccl final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
+  std::array<void*, 2> staging_{};
+  std::array<size_t, 2> staging_bytes_{};
+  std::function<void()> device_work_;
   double timeout_ = 0;
 };
 

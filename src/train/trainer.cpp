@@ -437,20 +437,23 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, con
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
                    FaultHooks faults, Communicator* comm) {
   validate_options(given);
+  const Device device = resolve_device(given.device);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
-  // rank then makes alike. Rank 0 alone logs and writes files.
-  Communicator& dist = comm ? *comm : world_communicator();
+  // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
+  // NCCL's.
+  Communicator& dist = comm ? *comm : world_communicator(device);
   const int rank = dist.rank(), ranks = dist.size();
   const bool lead = rank == 0;
   std::vector<std::string> deepspeed_ignored;
   const TrainOptions options = apply_deepspeed_config(given, ranks, &deepspeed_ignored);
   validate_options(options);
-  const Device device = resolve_device(options.device);
   if (ranks > 1) {
     dist.set_timeout(static_cast<double>(options.ddp_timeout));
-    BRISK_CHECK(device == Device::cpu, "a run of ", ranks,
-                " processes on the GPU needs NCCL, which brisk does not use yet; use --device cpu");
+    BRISK_CHECK(device == Device::cpu || options.zero_stage == 0, "--zero_stage ",
+                options.zero_stage, " in a run of ", ranks,
+                " processes on the GPU is not supported yet (ZeRO's shards live in host memory); "
+                "use plain data parallelism (--zero_stage 0) or --device cpu");
     BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
                 " processes is not supported yet");
   }
@@ -459,6 +462,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   };
   if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
   auto be = make_backend(device);
+  // GPU collectives run on NCCL's stream: each first waits for the work the backend queued.
+  struct DeviceWork {
+    Communicator& comm;
+    ~DeviceWork() { comm.set_device_work(nullptr); }
+  } device_work{dist};
+  if (ranks > 1 && device != Device::cpu) dist.set_device_work([&be] { be->synchronize(); });
   // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
   // for --resume_from_checkpoint last.
   if (lead)

@@ -1,6 +1,6 @@
 // The NCCL communicator across the job's ranks, bootstrapped through MPI: sums, pieces and
-// gathers on GPU buffers equal the host communicator's. Skips, saying why, unless brisk has NCCL
-// and this process sees a GPU for every rank on its host.
+// gathers on GPU buffers equal the host communicator's, and host buffers go through it too. Skips,
+// saying why, unless brisk has NCCL and this process sees a GPU for every rank on its host.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -58,6 +58,28 @@ TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
   be->download(element_range(b, 0, count), Tensor(piece.data(), Shape{count}, DType::f32));
   EXPECT_EQ(piece, std::vector<float>(want.begin() + offset, want.begin() + offset + count));
   nccl->barrier();
+  // Host buffers go through the GPU: a sum in place, every rank's bytes gathered (some ranks'
+  // empty; to rank 0 alone and to all), a broadcast from the last rank.
+  std::vector<float> host = mine;
+  nccl->all_reduce_sum(Tensor(host.data(), Shape{n}, DType::f32));
+  EXPECT_EQ(host, want);
+  const std::string text =
+      r == 1 ? std::string() : std::string(static_cast<size_t>(5 + r), 'a' + r);
+  std::string joined;
+  for (int q = 0; q < N; ++q)
+    if (q != 1) joined += std::string(static_cast<size_t>(5 + q), 'a' + q);
+  const Tensor piece_bytes(const_cast<char*>(text.data()), Shape{static_cast<int64_t>(text.size())},
+                           DType::u8);
+  for (const int root : {0, -1}) {
+    const std::vector<uint8_t> all = gather_pieces(*nccl, piece_bytes, nullptr, root);
+    if (root < 0 || r == root)
+      EXPECT_EQ(std::string(all.begin(), all.end()), joined) << "root " << root;
+    else
+      EXPECT_TRUE(all.empty());
+  }
+  double value = r == N - 1 ? 42.5 : 0.0;
+  nccl->broadcast(Tensor(&value, Shape{1}, DType::f64), N - 1);
+  EXPECT_EQ(value, 42.5);
 }
 
 }  // namespace
