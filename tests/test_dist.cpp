@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json_file.h"
 #include "dist/communicator.h"
 #include "dist/grad_buckets.h"
 #include "dist/launch.h"
@@ -308,6 +309,37 @@ TEST(Zero, EachRanksPlanHoldsItsShareOfTheOptimizerState) {
             whole);
 }
 
+// ZeRO stage 3 stages the blocks' weights in two rooms (the next block's gather running while a
+// block computes); stage3_prefetch_bucket_size below one block's weights plans one room: one
+// block's weights less, on every rank.
+TEST(Zero, Stage3PrefetchBelowABlockPlansOneRoomLess) {
+  TempDir dir("zero3_rooms");
+  const std::string model = write_config(dir, "gpt2", 0.0);
+  nlohmann::json c = read_json_file(model + "/config.json", "config");
+  c["n_layer"] = 5;
+  std::ofstream(model + "/config.json") << c.dump();
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.zero_stage = 3;
+  const int weights = static_cast<int>(Category::weights);
+  for (int r = 0; r < 2; ++r) {
+    auto planned = [&](int64_t prefetch, int* rooms) {
+      o.stage3_prefetch_bucket_size = prefetch;
+      const auto run = assemble_run(o, Device::cpu, nullptr, nullptr, r, 2);
+      *rooms = run->model->weight_rooms();
+      return std::make_pair(run->plan.bytes_by_category()[weights],
+                            run->model->staged_elements(2) - run->model->staged_elements(1));
+    };
+    int rooms_default = 0, rooms_enough = 0, rooms_less = 0;
+    const auto [with, block] = planned(-1, &rooms_default);
+    EXPECT_EQ(rooms_default, 2) << "rank " << r;
+    EXPECT_EQ(planned(block, &rooms_enough).first, with) << "a block's worth prefetches it";
+    EXPECT_EQ(rooms_enough, 2);
+    const size_t without = planned(block - 1, &rooms_less).first;
+    EXPECT_EQ(rooms_less, 1) << "rank " << r;
+    EXPECT_EQ(with - without, static_cast<size_t>(block) * 4) << "rank " << r;
+  }
+}
+
 // --deepspeed: the keys brisk has a meaning for become options, "auto" keeps them, contradictions
 // and what brisk does not do are refused naming the key, the rest is listed.
 TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
@@ -330,9 +362,17 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   EXPECT_NEAR(got.ddp_bucket_cap_mb, 5e8 * 4 / (1 << 20), 1e-6);
   EXPECT_EQ(ignored, (std::vector<std::string>{"fp16.loss_scale", "steps_per_print",
                                                "zero_optimization.allgather_bucket_size"}));
+  EXPECT_EQ(got.stage3_prefetch_bucket_size, -1);
   got = apply_deepspeed_json(o, {{"zero_optimization", {{"overlap_comm", false}}}}, "ds.json", 1);
   EXPECT_EQ(got.ddp_bucket_cap_mb, 1e6) << "no overlap: one bucket after backward";
   EXPECT_EQ(got.zero_stage, 0);
+  got = apply_deepspeed_json(
+      o, {{"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 1000}}}}, "ds.json",
+      2);
+  EXPECT_EQ(got.stage3_prefetch_bucket_size, 1000);
+  got = apply_deepspeed_json(o, {{"zero_optimization", {{"stage3_prefetch_bucket_size", "auto"}}}},
+                             "ds.json", 2);
+  EXPECT_EQ(got.stage3_prefetch_bucket_size, -1) << "auto keeps the option";
 
   auto refused = [&](const std::string& text, const std::string& message, int ranks = 1) {
     SCOPED_TRACE(text);

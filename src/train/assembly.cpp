@@ -123,12 +123,15 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     if (o.zero_stage >= 2)
       model_options.gradient_rooms = r.model->staged_elements(2) + mine < total ? 2 : 1;
     // Stage 3 gathers the blocks' weights into two rooms (the next block's gather overlaps a
-    // block's computation) unless that and the weight shard would hold more than whole weights;
-    // then one room, or (not even then) whole weights gathered after each update.
-    if (o.zero_stage >= 3)
-      model_options.weight_rooms = r.model->staged_elements(2) + mine < total   ? 2
-                                   : r.model->staged_elements(1) + mine < total ? 1
-                                                                                : 0;
+    // block's computation) unless that and the weight shard would hold more than whole weights,
+    // or stage3_prefetch_bucket_size is below one block's weights; then one room, or (not even
+    // then) whole weights gathered after each update.
+    if (o.zero_stage >= 3) {
+      const int64_t one = r.model->staged_elements(1), two = r.model->staged_elements(2);
+      const bool prefetch = o.stage3_prefetch_bucket_size < 0 ||
+                            o.stage3_prefetch_bucket_size >= two - one;  // a block's weights
+      model_options.weight_rooms = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
+    }
   }
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.

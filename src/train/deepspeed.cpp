@@ -104,6 +104,8 @@ TrainOptions apply_deepspeed_json(const TrainOptions& options, const nlohmann::j
           if (!is_auto(x))
             o.ddp_bucket_cap_mb =
                 std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20));
+        } else if (k == "stage3_prefetch_bucket_size") {
+          if (!is_auto(x)) o.stage3_prefetch_bucket_size = r.whole(x, name, 0, 1e15);
         } else if (k == "offload_optimizer" || k == "offload_param") {
           for (const auto& [d, y] : r.object(x, name).items()) {
             if (d != "device") {

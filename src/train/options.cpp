@@ -140,6 +140,9 @@ void validate_options(const TrainOptions& o) {
               "ddp_bucket_cap_mb must lie in (0, 1e6] MiB, got ", o.ddp_bucket_cap_mb);
   BRISK_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "zero_stage must be 0, 1, 2 or 3, got ",
               o.zero_stage);
+  BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
+              "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
+              o.stage3_prefetch_bucket_size);
   BRISK_CHECK(o.zero_stage < 3 || !o.bf16 || o.bf16_master_weights,
               "--zero_stage 3 with --bf16 needs the float32 master copy (leave "
               "--bf16_master_weights on)");

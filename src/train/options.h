@@ -96,6 +96,10 @@ struct TrainOptions {
   // ZeRO: 1 partitions the optimizer state among the ranks, 2 the summed gradients too
   // (train/zero.h); 0 keeps them whole.
   int64_t zero_stage = 0;
+  // ZeRO stage 3: weights gathered ahead of the block that runs (DeepSpeed's
+  // stage3_prefetch_bucket_size, in elements); below one block's, none are and one room less is
+  // planned. -1: one block ahead.
+  int64_t stage3_prefetch_bucket_size = -1;
   std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
@@ -227,9 +231,13 @@ void visit_options(Options& o, Visitor&& v) {
     "2 (also only its 1/N of the summed gradients, summed in pieces of ddp_bucket_cap_mb "
     "during backward) or 3 (also only its 1/N of the weights: each block's gathered from every "
     "rank just before it runs, forward and backward)");
+  v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
+    "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
+    "one block's weights none are (one block's room less memory, no overlap); -1 = one block");
   v("deepspeed", o.deepspeed,
-    "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm and "
-    "reduce_bucket_size set --zero_stage and the gradient buckets; batch sizes, clipping, "
+    "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm, "
+    "reduce_bucket_size and stage3_prefetch_bucket_size set --zero_stage, the gradient buckets "
+    "and the prefetch; batch sizes, clipping, "
     "fp16/bf16 "
     "and optimizer/scheduler params must be \"auto\" or agree with the options");
   v("ddp_timeout", o.ddp_timeout,

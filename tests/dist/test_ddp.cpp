@@ -484,6 +484,11 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   zero.zero_stage = 3;
   const std::vector<nlohmann::json> plain = records_of(o, &world());
   const std::vector<nlohmann::json> sharded = records_of(zero, &world());
+  // No block gathered ahead (one room): the same gathers, later, bit for bit.
+  TrainOptions one_room = zero;
+  one_room.output_dir = dir / "zero3_one_room";
+  one_room.stage3_prefetch_bucket_size = 0;
+  const std::vector<nlohmann::json> unfetched = records_of(one_room, &world());
   TrainOptions predict = tiny_options(bert, dir / "predict_ranks");
   predict.do_train = false;
   predict.do_eval = true;
@@ -513,6 +518,8 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
                            want = checkpoint_weights(dir / "ddp");
   ASSERT_EQ(w.size(), want.size());
   EXPECT_LE(rel_error(w.data(), want.data(), static_cast<int64_t>(want.size())), 1e-5);
+  EXPECT_EQ(checkpoint_weights(dir / "zero3_one_room"), w);
+  EXPECT_EQ(eval_losses(unfetched), a);
   const nlohmann::json got = read_json_file(dir / "predict_ranks/eval_results.json", "eval"),
                        one = read_json_file(dir / "predict_one/eval_results.json", "eval");
   for (const char* m : {"eval_loss", "eval_accuracy"})
