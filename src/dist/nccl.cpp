@@ -105,11 +105,9 @@ class Nccl final : public Communicator {
     finish("all_reduce_sum");
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
-    if (on_host(in, out)) {
-      reduce_scatter_sum(stage(in, 0, true), stage(out, 1, false));
-      unstage(1, out);
-      return;
-    }
+    if (on_host(in) || on_host(out))
+      return through_device(in, out,
+                            [&](const Tensor& i, const Tensor& o) { reduce_scatter_sum(i, o); });
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
     wait_for_device_work();
     check_nccl(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()),
@@ -120,11 +118,9 @@ class Nccl final : public Communicator {
   // Pieces of any length: one reduction to each rank, grouped.
   void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                             const Tensor& out) override {
-    if (on_host(in, out)) {
-      reduce_scatter_sum_v(stage(in, 0, true), counts, stage(out, 1, false));
-      unstage(1, out);
-      return;
-    }
+    if (on_host(in) || on_host(out))
+      return through_device(
+          in, out, [&](const Tensor& i, const Tensor& o) { reduce_scatter_sum_v(i, counts, o); });
     check_pieces(in, counts, out);
     wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
@@ -144,11 +140,8 @@ class Nccl final : public Communicator {
     finish("reduce_scatter_sum_v");
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
-    if (on_host(in, out)) {
-      all_gather(stage(in, 0, true), stage(out, 1, false));
-      unstage(1, out);
-      return;
-    }
+    if (on_host(in) || on_host(out))
+      return through_device(in, out, [&](const Tensor& i, const Tensor& o) { all_gather(i, o); });
     check_pair(in, out, 1, size_, "all_gather");
     wait_for_device_work();
     check_nccl(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), type_of(in),
@@ -158,13 +151,11 @@ class Nccl final : public Communicator {
   }
   void gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out,
                 int root) override {
-    // Off the root, out may be empty: only in says where the buffers are.
-    if (on_host(in) && (rank_ != root || on_host(out))) {
-      const bool root_here = rank_ == root;
-      gather_v(stage(in, 0, true), counts, root_here ? stage(out, 1, false) : Tensor(), root);
-      if (root_here) unstage(1, out);
-      return;
-    }
+    // Off the root, out is not used (it may be empty).
+    if (on_host(in) || (rank_ == root && on_host(out)))
+      return through_device(
+          in, rank_ == root ? out : Tensor(nullptr, Shape{0}, in.dtype()),
+          [&](const Tensor& i, const Tensor& o) { gather_v(i, counts, o, root); });
     check_gather(in, counts, out, root);
     wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
@@ -194,11 +185,9 @@ class Nccl final : public Communicator {
   // Pieces of any length: one broadcast from each rank into its place, grouped.
   void all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
                     const Tensor& out) override {
-    if (on_host(in, out)) {
-      all_gather_v(stage(in, 0, true), counts, stage(out, 1, false));
-      unstage(1, out);
-      return;
-    }
+    if (on_host(in) || on_host(out))
+      return through_device(in, out,
+                            [&](const Tensor& i, const Tensor& o) { all_gather_v(i, counts, o); });
     check_all_gather_v(in, counts, out);
     wait_for_device_work();
     const size_t esize = dtype_size(in.dtype());
@@ -252,7 +241,14 @@ class Nccl final : public Communicator {
 
  private:
   static bool on_host(const Tensor& t) { return t.device() == Device::cpu; }
-  static bool on_host(const Tensor& in, const Tensor& out) { return on_host(in) && on_host(out); }
+  // Runs `op` on GPU copies of whichever of in and out are host buffers; out's is copied back.
+  template <typename Op>
+  void through_device(const Tensor& in, const Tensor& out, Op op) {
+    const Tensor gpu_in = on_host(in) ? stage(in, 0, true) : in;
+    const Tensor gpu_out = on_host(out) ? stage(out, 1, false) : out;
+    op(gpu_in, gpu_out);
+    if (on_host(out)) unstage(1, out);
+  }
   // A host buffer's copy in GPU memory (staging slot 0 or 1, grown as needed), uploaded when
   // `upload`: host collectives run on it, and unstage copies the result back.
   Tensor stage(const Tensor& host, int slot, bool upload) {

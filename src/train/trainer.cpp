@@ -450,10 +450,6 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   validate_options(options);
   if (ranks > 1) {
     dist.set_timeout(static_cast<double>(options.ddp_timeout));
-    BRISK_CHECK(device == Device::cpu || options.zero_stage == 0, "--zero_stage ",
-                options.zero_stage, " in a run of ", ranks,
-                " processes on the GPU is not supported yet (ZeRO's shards live in host memory); "
-                "use plain data parallelism (--zero_stage 0) or --device cpu");
     BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
                 " processes is not supported yet");
   }
@@ -505,7 +501,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
   std::optional<ShardedWeights> weights;
   if (!run->weight_shard.empty()) {
-    weights.emplace(dist, *model, run->shards, dist.rank(), run->weight_shard);
+    weights.emplace(*be, dist, *model, run->shards, dist.rank(), run->weight_shard);
     model->set_weight_rooms(&*weights);
     precision.use_weight_shard(run->weight_shard);
   }
@@ -558,7 +554,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   std::optional<GradBuckets> buckets;
   std::optional<ShardedGradients> sharded;
   if (ranks > 1 && o.do_train && !run->grad_shard.empty())
-    sharded.emplace(run->shards, dist.rank(), run->grad_shard, run->grad_receive,
+    sharded.emplace(*be, run->shards, dist.rank(), run->grad_shard, run->grad_receive,
                     gradient_piece_elements(o));
   else if (ranks > 1 && o.do_train)
     buckets.emplace(model->params().flat_grads(), model->grad_segments(),

@@ -82,8 +82,6 @@ GatheredReads::GatheredReads(Communicator& comm, std::vector<Tensor> parts)
   std::vector<double> lengths(parts_.size() * N, 0.0);
   for (size_t i = 0; i < parts_.size(); ++i) {
     const Tensor& part = parts_[i];
-    BRISK_CHECK(part.empty() || part.device() == Device::cpu,
-                "internal error: gathering a save from device memory");
     lengths[i * N + static_cast<size_t>(comm.rank())] =
         part.empty() ? 0.0 : static_cast<double>(part.bytes());
   }
@@ -123,10 +121,11 @@ void GatheredReads::answer(double request[3], void* dst) {
   const int64_t mine = counts[me];
   // MPI takes no null buffer, even for nothing.
   static uint8_t nothing = 0;
-  uint8_t* from =
-      mine > 0 ? parts_[i].as<uint8_t>() + (std::max(begin, at[me]) - at[me]) : &nothing;
+  const Tensor in = mine > 0 ? Tensor(parts_[i].as<uint8_t>() + (std::max(begin, at[me]) - at[me]),
+                                      Shape{mine}, DType::u8, parts_[i].device())
+                             : Tensor(&nothing, Shape{0}, DType::u8);
   comm_.gather_v(
-      Tensor(from, Shape{mine}, DType::u8), counts,
+      in, counts,
       Tensor(me == 0 && end > begin ? dst : &nothing, Shape{me == 0 ? end - begin : 0}, DType::u8),
       0);
 }
@@ -175,9 +174,10 @@ ElementRange intersect(ElementRange a, ElementRange b) {
 }
 }  // namespace
 
-ShardedGradients::ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard,
-                                   Tensor receive, int64_t piece)
-    : shards_(shards),
+ShardedGradients::ShardedGradients(Backend& be, const std::vector<ParamShard>& shards, int rank,
+                                   Tensor shard, Tensor receive, int64_t piece)
+    : be_(be),
+      shards_(shards),
       rank_(rank),
       shard_(std::move(shard)),
       receive_(std::move(receive)),
@@ -197,8 +197,10 @@ int64_t ShardedGradients::receive_elements(const std::vector<ParamShard>& shards
 }
 
 void ShardedGradients::segment_done(Communicator& comm, const Model& model, int segment) {
-  BRISK_CHECK(shard_.device() == Device::cpu && receive_.device() == Device::cpu,
-              "internal error: ZeRO stage 2 sums gradients in host memory");
+  const bool host = shard_.device() == Device::cpu;
+  BRISK_CHECK(receive_.device() == shard_.device() &&
+                  model.grad_segment(segment).device() == shard_.device(),
+              "internal error: ZeRO stage 2's gradients in two memories");
   const auto start = std::chrono::steady_clock::now();
   const ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
   const Tensor staged = model.grad_segment(segment);
@@ -213,14 +215,27 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
     const ElementRange mine = intersect(part, own);
     BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
     const bool last = at + piece_ >= range.count;
-    // Runs where the sum ran, before the next started one reuses the receiving room.
-    float* into = mine.count > 0 ? shard_.f32() + (mine.offset - own.offset) : nullptr;
-    const float* sum = receive_.f32();
-    const int64_t n = mine.count;
-    std::function<void()> then = [into, sum, n, last, staged] {
-      for (int64_t j = 0; j < n; ++j) into[j] += sum[j];
-      if (last && staged.bytes() > 0) std::memset(staged.data(), 0, staged.bytes());
-    };
+    // Runs where the sum ran (host memory: the communicator's thread), before the next started
+    // one reuses the receiving room. On a GPU the backend queues it, and the next collective
+    // waits for the backend's queued work before it starts.
+    const Tensor into =
+        element_range(shard_, mine.count > 0 ? mine.offset - own.offset : 0, mine.count);
+    const Tensor sum = element_range(receive_, 0, mine.count);
+    std::function<void()> then;
+    if (host) {
+      then = [into, sum, last, staged] {
+        float* y = into.f32();
+        const float* x = sum.f32();
+        for (int64_t j = 0; j < into.numel(); ++j) y[j] += x[j];
+        if (last && staged.bytes() > 0) std::memset(staged.data(), 0, staged.bytes());
+      };
+    } else {
+      Backend* be = &be_;
+      then = [be, into, sum, last, staged] {
+        if (into.numel() > 0) be->add_inplace(into, sum);
+        if (last && staged.numel() > 0) be->fill(staged, 0.0f);
+      };
+    }
     comm.start_reduce_scatter_sum_v(element_range(staged, at, part.count), counts,
                                     element_range(receive_, 0, mine.count), std::move(then));
     ++started;
@@ -242,9 +257,10 @@ std::pair<double, double> ShardedGradients::take_seconds(Communicator& comm) {
   return {ran, std::exchange(waited_, 0.0)};
 }
 
-ShardedWeights::ShardedWeights(Communicator& comm, const Model& model,
+ShardedWeights::ShardedWeights(Backend& be, Communicator& comm, const Model& model,
                                const std::vector<ParamShard>& shards, int rank, Tensor shard)
-    : comm_(comm),
+    : be_(be),
+      comm_(comm),
       model_(model),
       shard_(std::move(shard)),
       holds_(static_cast<size_t>(model.weight_rooms()), -1),
@@ -252,8 +268,6 @@ ShardedWeights::ShardedWeights(Communicator& comm, const Model& model,
   const ElementRange own = shards.at(static_cast<size_t>(rank)).elements;
   BRISK_CHECK(shard_.numel() == own.count, "internal error: the weight shard holds ",
               shard_.numel(), " elements");
-  BRISK_CHECK(shard_.device() == Device::cpu,
-              "internal error: ZeRO stage 3 gathers weights in host memory");
   for (const ElementRange& segment : model.param_segments()) {
     const ElementRange mine = intersect(segment, own);
     pieces_.push_back(
@@ -297,11 +311,9 @@ void ShardedWeights::filled(int segment) {
   comm_.wait_started_until(0);  // no gather still writes the model's weights
   const Tensor& mine = pieces_.at(static_cast<size_t>(segment));
   if (mine.numel() > 0)
-    std::memcpy(mine.data(),
-                element_range(model_.weight_segment(segment),
-                              piece_at_[static_cast<size_t>(segment)], mine.numel())
-                    .data(),
-                mine.bytes());
+    be_.copy(element_range(model_.weight_segment(segment), piece_at_[static_cast<size_t>(segment)],
+                           mine.numel()),
+             mine);
   const int room = model_.weight_room(segment);
   if (room >= 0) holds_[static_cast<size_t>(room)] = -1;  // the room held unrounded weights
 }

@@ -94,9 +94,10 @@ class ShardedGradients {
  public:
   // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed
   // in pieces of at most `piece` elements (DeepSpeed's reduce_bucket_size; brisk's
-  // ddp_bucket_cap_mb), which bounds the room the sums arrive in and MPI's own buffers.
-  ShardedGradients(const std::vector<ParamShard>& shards, int rank, Tensor shard, Tensor receive,
-                   int64_t piece);
+  // ddp_bucket_cap_mb), which bounds the room the sums arrive in and MPI's own buffers. In
+  // host memory the sums are added on the communicator's thread; in GPU memory by `be`.
+  ShardedGradients(Backend& be, const std::vector<ParamShard>& shards, int rank, Tensor shard,
+                   Tensor receive, int64_t piece);
   // The room the sums need: the most elements of this rank's shard any piece holds.
   static int64_t receive_elements(const std::vector<ParamShard>& shards, int rank,
                                   const std::vector<ElementRange>& segments, int64_t piece);
@@ -109,6 +110,7 @@ class ShardedGradients {
   std::pair<double, double> take_seconds(Communicator& comm);
 
  private:
+  Backend& be_;
   std::vector<ParamShard> shards_;
   int rank_;
   Tensor shard_, receive_;
@@ -125,8 +127,8 @@ class ShardedGradients {
 // rank asks for the same segments in the same order, so the gathers match up.
 class ShardedWeights final : public WeightRooms {
  public:
-  ShardedWeights(Communicator& comm, const Model& model, const std::vector<ParamShard>& shards,
-                 int rank, Tensor shard);
+  ShardedWeights(Backend& be, Communicator& comm, const Model& model,
+                 const std::vector<ParamShard>& shards, int rank, Tensor shard);
   void need(int segment) override;
   void prefetch(int segment) override;
   // Keeps this rank's part of a segment the model just wrote (weights loaded or initialized).
@@ -140,6 +142,7 @@ class ShardedWeights final : public WeightRooms {
 
  private:
   void start(int segment);
+  Backend& be_;
   Communicator& comm_;
   const Model& model_;
   Tensor shard_;
