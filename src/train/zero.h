@@ -48,8 +48,9 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 // for one piece at a time rather than for the whole save.
 class GatheredReads {
  public:
-  // Every rank, with its parts (host memory; an empty Tensor() for none) in the same order: a
-  // collective (the parts' lengths are exchanged).
+  // Every rank, with its parts (in memory the communicator takes: MPI host memory, NCCL either;
+  // an empty Tensor() for none) in the same order: a collective (the parts' lengths are
+  // exchanged).
   GatheredReads(Communicator& comm, std::vector<Tensor> parts);
   // Rank 0, when it goes without done() (a failed write): the others' serve() ends.
   ~GatheredReads();
@@ -71,8 +72,8 @@ class GatheredReads {
   void answer(double request[3], void* dst);
   Communicator& comm_;
   std::vector<Tensor> parts_;
-  std::vector<std::vector<int64_t>>
-      starts_;  // per whole: where each rank's part starts, then its end
+  // Per whole: where each rank's part starts in it, then its end.
+  std::vector<std::vector<int64_t>> starts_;
   bool done_ = false;
 };
 
