@@ -1,9 +1,11 @@
 // brisk command line: argument parsing only; every action lives in commands.cpp.
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <thread>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -27,6 +29,21 @@ CLI::Validator whole_number() {
       "", "whole number");
 }
 
+// Whether this process reports errors every process of the launch meets alike (a bad flag or
+// options file): rank 0 of a launch of several (read from the environment: these come before
+// any communicator exists), so mpirun shows the message once.
+bool reports_common_errors() {
+  bool lead = true;
+  try {
+    lead = brisk::launch_info_from_env().rank == 0;
+  } catch (const brisk::Error&) {  // a contradicting environment: train reports it on every rank
+  }
+  // The others leave a moment later: a launcher ends the job when the first rank fails, which
+  // must not be before rank 0 has written the message.
+  if (!lead) std::this_thread::sleep_for(std::chrono::seconds(1));
+  return lead;
+}
+
 // The error line, written whole in one write: a launcher that forwards several ranks' output
 // (mpirun) then cannot cut it with its own lines.
 void fail_line(const std::string& message) {
@@ -48,7 +65,8 @@ int main(int argc, char** argv) {
   try {
     if (!options_file.empty()) load_options_file(options, options_file);
   } catch (const Error& err) {
-    std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
+    if (reports_common_errors())
+      std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
     return 1;
   }
   auto add_run_options = [&](CLI::App* sub) {
@@ -150,7 +168,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
     // One short line and exit 1, as every other refusal (CLI11 quotes the bad value whole).
-    std::cerr << "brisk: error: " << excerpt(err.what(), 300) << " (see --help)\n";
+    if (reports_common_errors())
+      std::cerr << "brisk: error: " << excerpt(err.what(), 300) << " (see --help)\n";
     return 1;
   }
   try {

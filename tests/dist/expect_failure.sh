@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # expect_failure.sh PATTERN SECONDS COMMAND...: passes when COMMAND fails (non-zero exit) within
-# SECONDS and its output (stdout and stderr) contains PATTERN (an extended regular expression).
+# SECONDS and its output (stdout and stderr) contains PATTERN (an extended regular expression);
+# with EXPECT_LINES=n, exactly n lines of it match.
 set -u
 pattern=$1 limit=$2
 shift 2
@@ -10,4 +11,8 @@ echo "$out" | tail -20
 if [ "$rc" -eq 0 ]; then echo "expected a failure, the command succeeded"; exit 1; fi
 if [ "$rc" -eq 124 ]; then echo "the command hung: still running after $limit s"; exit 1; fi
 if ! echo "$out" | grep -Eq "$pattern"; then echo "no line matches: $pattern"; exit 1; fi
+if [ -n "${EXPECT_LINES:-}" ]; then
+  n=$(echo "$out" | grep -Ec "$pattern")
+  if [ "$n" -ne "$EXPECT_LINES" ]; then echo "$n lines match, expected $EXPECT_LINES"; exit 1; fi
+fi
 echo "failed as expected (exit $rc)"
