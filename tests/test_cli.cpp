@@ -322,6 +322,16 @@ TEST(Cli, EstimatePlansEachRanksWeightShardUnderZeroStage3) {
             two["model_state_bytes_per_param"].get<double>() - 1.5);
 }
 
+// Planning many ranks needs no --dataset_size: the synthetic data then holds one batch per rank
+// (the default 512 samples are fewer than 1024 ranks x 8), and each rank's shard is its 1/N.
+TEST(Cli, EstimatePlansManyRanksWithoutADatasetSize) {
+  CliRun r;
+  const nlohmann::json dp = estimate_json(
+      "--model bert-large-uncased --world_size 1024 --zero_stage 3", &r)["data_parallel"];
+  ASSERT_EQ(dp["ranks"].size(), 1024u) << r.out << r.err;
+  EXPECT_NEAR(dp["ranks"][0]["parameters"].get<double>(), 335143938.0 / 1024, 1.0);
+}
+
 // `brisk estimate` takes train's options and plans exactly what train allocates, category by
 // category, byte for byte.
 TEST(Cli, EstimateEqualsThePlanTrainAllocates) {

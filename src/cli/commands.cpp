@@ -1,6 +1,7 @@
 // brisk subcommands: train, forward-backward, estimate.
 #include "cli/commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/checked.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
@@ -328,8 +330,13 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   validate_options(given);
   BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
               "--world_size must lie in [1, 1048576], got ", args.world_size);
-  const TrainOptions o = apply_deepspeed_config(given, static_cast<int>(args.world_size));
+  TrainOptions o = apply_deepspeed_config(given, static_cast<int>(args.world_size));
   validate_options(o);
+  // Synthetic data holds at least one batch per rank, so that planning many ranks needs no
+  // --dataset_size (the plan holds 8 bytes per sample of it).
+  if (o.dataset == "synthetic" && o.train_file.empty())
+    o.dataset_size = std::max(
+        o.dataset_size, checked_mul(o.per_device_train_batch_size, args.world_size, "a batch"));
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = o.device == "auto"   ? resolve_device("auto")
                         : o.device == "cuda" ? Device::cuda
