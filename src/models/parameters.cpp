@@ -7,11 +7,11 @@
 
 namespace brisk {
 
-int ParameterSet::add(std::string name, Shape shape, ParamRole role) {
+int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t whole_elements) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
   by_name_.emplace(name, static_cast<int>(params_.size()));
-  params_.push_back(
-      ParamInfo{std::move(name), shape, role.decay, total_, role.embedding, role.product});
+  params_.push_back(ParamInfo{std::move(name), shape, role.decay, total_, role.embedding,
+                              role.product, whole_elements});
   total_ = checked_add(total_, shape.numel(), "the parameter count");
   return static_cast<int>(params_.size() - 1);
 }

@@ -29,11 +29,16 @@ struct ParamInfo {
   int64_t offset = 0;      // in elements, within the flat buffer
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
   bool product = false;    // an operand of a matrix product
+  // A piece of a parameter (a ZeRO shard's, train/zero.h): the whole parameter's elements;
+  // 0 for a whole parameter.
+  int64_t whole_elements = 0;
+  int64_t whole_numel() const { return whole_elements > 0 ? whole_elements : shape.numel(); }
 };
 
 class ParameterSet {
  public:
-  int add(std::string name, Shape shape, ParamRole role);
+  // `whole_elements`: for a piece of a parameter, the whole one's elements (ParamInfo).
+  int add(std::string name, Shape shape, ParamRole role, int64_t whole_elements = 0);
   int64_t total_elements() const { return total_; }
   const std::vector<ParamInfo>& list() const { return params_; }
   int find(const std::string& name) const;   // -1 when absent

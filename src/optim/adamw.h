@@ -17,7 +17,7 @@ class AdamW final : public Optimizer {
  public:
   explicit AdamW(const AdamWOptions& options) : options_(options) {}
   std::string name() const override { return "adamw_torch"; }
-  bool elementwise() const override { return true; }
+  int64_t shard_granule(const ParamInfo&) const override { return 1; }
   // Two float32 moments per parameter and the table of weight-decay ranges.
   void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override;
   void reset(Backend& be) override;

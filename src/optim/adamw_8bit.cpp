@@ -19,12 +19,18 @@ class AdamW8bit final : public Optimizer {
         wd_(static_cast<float>(c.weight_decay)),
         min_8bit_size_(min_8bit_size) {}
   std::string name() const override { return "adamw_8bit"; }
+  // 8-bit moments split between whole blocks (a piece's blocks are the whole parameter's);
+  // float32 ones anywhere.
+  int64_t shard_granule(const ParamInfo& p) const override {
+    return eight_bit(p) ? kQuantBlock : 1;
+  }
   void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override {
     slots_ = param_slots(params);
-    std::vector<bool> eight_bit;
-    for (size_t i = 0; i < slots_.size(); ++i)
-      eight_bit.push_back(slots_[i].numel >= min_8bit_size_ && !params.list()[i].embedding);
-    const QuantizedStateSizes sizes = place_8bit_state(slots_, eight_bit);
+    std::vector<bool> eight_bit_slots;
+    for (const ParamInfo& p : params.list()) eight_bit_slots.push_back(eight_bit(p));
+    BRISK_CHECK(eight_bit_slots.size() == slots_.size(), "internal error: ", slots_.size(),
+                " optimizer slots for ", eight_bit_slots.size(), " parameters");
+    const QuantizedStateSizes sizes = place_8bit_state(slots_, eight_bit_slots);
     const int64_t n8 = sizes.values8, blocks = sizes.blocks, n32 = sizes.values32;
     const Category c = Category::optimizer_state;
     binder.declare(plan, &codes1_, "adamw_8bit.exp_avg_codes", c, DType::u8, Shape{n8});
@@ -80,6 +86,11 @@ class AdamW8bit final : public Optimizer {
   }
 
  private:
+  // Both moments in 8 bits: a parameter (a piece's whole one) of at least min_8bit_size
+  // elements that is not an embedding table.
+  bool eight_bit(const ParamInfo& p) const {
+    return p.whole_numel() >= min_8bit_size_ && !p.embedding;
+  }
   float beta1_, beta2_, eps_, wd_;
   int64_t min_8bit_size_;
   std::vector<ParamSlot> slots_;

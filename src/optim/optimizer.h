@@ -30,10 +30,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // The canonical name (aliases resolved): adamw_torch, adafactor, adamw_8bit or sgd.
   virtual std::string name() const = 0;
-  // Whether the state and the update of each element depend on that element alone (AdamW, SGD):
-  // then the parameters may be split anywhere among ZeRO's ranks, else only between parameters
-  // (Adafactor's per-matrix statistics, 8-bit AdamW's per-parameter choice and blocks).
-  virtual bool elementwise() const { return false; }
+  // Where ZeRO's ranks may split parameter p: only at multiples of this many elements from its
+  // start (p's elements or more: only at its ends). 1 where each element's state and update
+  // depend on that element alone (AdamW, SGD); a block for 8-bit AdamW's quantized moments;
+  // whole parameters for Adafactor's per-matrix statistics (the default).
+  virtual int64_t shard_granule(const ParamInfo& p) const { return p.whole_numel(); }
   // Declares the state (category optimizer_state) and the optimizer's tables.
   virtual void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) = 0;
   // Zero state, step 0, tables filled (after the arena is bound).

@@ -10,7 +10,7 @@ class Sgd final : public Optimizer {
   Sgd(float momentum, float dampening, bool nesterov, float weight_decay)
       : momentum_(momentum), dampening_(dampening), nesterov_(nesterov), wd_(weight_decay) {}
   std::string name() const override { return "sgd"; }
-  bool elementwise() const override { return true; }
+  int64_t shard_granule(const ParamInfo&) const override { return 1; }
   void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override {
     params_ = &params;
     if (momentum_ != 0)

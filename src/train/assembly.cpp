@@ -113,10 +113,23 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                             o.selective_recompute};
   r.rank = rank;
   if (zero) {
-    r.shards = partition_params(r.model->params(), ranks, r.optimizer->elementwise());
+    const Optimizer& optimizer = *r.optimizer;
+    r.shards = partition_params(r.model->params(), ranks,
+                                [&](const ParamInfo& p) { return optimizer.shard_granule(p); });
     const int64_t mine = r.shards[static_cast<size_t>(rank)].elements.count;
-    BRISK_CHECK(mine > 0, "--zero_stage ", o.zero_stage, ": rank ", rank, " of ", ranks,
-                " gets no parameters to hold (fewer parameter tensors than ranks)");
+    if (mine == 0) {  // what the optimizer keeps on one rank outweighs a rank's share
+      std::string name;
+      int64_t kept = 0;
+      for (const ParamInfo& p : r.model->params().list())
+        if (std::min(p.shape.numel(), optimizer.shard_granule(p)) > kept) {
+          kept = std::min(p.shape.numel(), optimizer.shard_granule(p));
+          name = p.name;
+        }
+      BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", rank, " of ", ranks,
+                 " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
+                 " elements together on one rank ('", name, "'), more than a rank's share of ",
+                 r.model->params().total_elements(), "; use fewer ranks or another --optim");
+    }
     // Stage 2 stages the gradients in two blocks' rooms (a block's sums overlap the next block's
     // backward) unless that and the shard would hold more than whole gradients; then in one.
     const int64_t total = r.model->params().total_elements();

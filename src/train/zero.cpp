@@ -17,48 +17,45 @@
 namespace brisk {
 
 std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
-                                         bool split_parameters) {
+                                         const ShardGranule& granule) {
   BRISK_CHECK(ranks >= 1, "internal error: ", ranks, " ranks");
   const std::vector<ParamInfo>& list = params.list();
   const int count = static_cast<int>(list.size());
   const int64_t total = params.total_elements();
+  const int64_t chunk = (total + ranks - 1) / ranks;
   std::vector<ParamShard> shards(static_cast<size_t>(ranks));
-  if (split_parameters) {
-    const int64_t chunk = (total + ranks - 1) / ranks;
-    int at = 0;
-    for (int r = 0; r < ranks; ++r) {
-      ParamShard& s = shards[static_cast<size_t>(r)];
-      const int64_t begin = std::min<int64_t>(chunk * r, total);
-      const int64_t end = std::min<int64_t>(begin + chunk, total);
-      s.elements = {begin, end - begin};
-      // The parameters overlapping [begin, end).
-      while (at < count &&
-             list[static_cast<size_t>(at)].offset + list[static_cast<size_t>(at)].shape.numel() <=
-                 begin)
-        ++at;
-      s.first = at;
-      int last = at;
-      while (last < count && list[static_cast<size_t>(last)].offset < end) ++last;
-      s.last = end > begin ? last : at;
-    }
-    return shards;
-  }
-  int at = 0;
+  int at = 0;         // the parameter holding the next cut's target (or count)
+  int64_t begin = 0;  // where rank r's run starts
   for (int r = 0; r < ranks; ++r) {
-    ParamShard& s = shards[static_cast<size_t>(r)];
-    s.first = at;
-    // Rank r ends at the parameter boundary nearest to (r + 1) / ranks of the elements.
-    const double target = static_cast<double>(total) * (r + 1) / ranks;
-    while (at < count) {
-      const ParamInfo& p = list[static_cast<size_t>(at)];
-      const double end = static_cast<double>(p.offset + p.shape.numel());
-      if (r < ranks - 1 && end - target > target - static_cast<double>(p.offset)) break;
+    // Rank r ends at the allowed cut nearest to its share's end (the later of two as near).
+    const int64_t target = std::min(total, chunk * (r + 1));
+    while (at < count &&
+           list[static_cast<size_t>(at)].offset + list[static_cast<size_t>(at)].shape.numel() <=
+               target)
       ++at;
+    int64_t end = total;
+    if (at < count && r < ranks - 1) {
+      const ParamInfo& p = list[static_cast<size_t>(at)];
+      const int64_t numel = p.shape.numel();
+      const int64_t g = std::max<int64_t>(1, granule(p));
+      const int64_t below = p.offset + (target - p.offset) / g * g;
+      const int64_t above = std::min(p.offset + numel, below + g);
+      end = target - below < above - target ? below : above;
     }
-    s.last = at;
-    const int64_t begin = s.first < count ? list[static_cast<size_t>(s.first)].offset : total;
-    const int64_t end = s.last < count ? list[static_cast<size_t>(s.last)].offset : total;
+    end = std::max(end, begin);
+    ParamShard& s = shards[static_cast<size_t>(r)];
     s.elements = {begin, end - begin};
+    // The parameters overlapping [begin, end).
+    int first = 0;
+    while (first < count && list[static_cast<size_t>(first)].offset +
+                                    list[static_cast<size_t>(first)].shape.numel() <=
+                                begin)
+      ++first;
+    int last = first;
+    while (last < count && list[static_cast<size_t>(last)].offset < end) ++last;
+    s.first = first;
+    s.last = end > begin ? last : first;
+    begin = end;
   }
   return shards;
 }
@@ -71,7 +68,8 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard) {
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
     if (lo >= hi) continue;
     const bool whole = lo == p.offset && hi == p.offset + p.shape.numel();
-    out.add(p.name, whole ? p.shape : Shape{hi - lo}, ParamRole{p.decay, p.embedding, p.product});
+    out.add(p.name, whole ? p.shape : Shape{hi - lo}, ParamRole{p.decay, p.embedding, p.product},
+            whole ? 0 : p.shape.numel());
   }
   return out;
 }

@@ -1,14 +1,17 @@
 // ZeRO stage 1 (Rajbhandari et al. 2020): the optimizer state partitioned among the ranks of a
 // data-parallel run. Each rank keeps the state of one contiguous run of the flat parameters and
 // updates only those; the updated weights are then gathered from their owners. Optimizers whose
-// state is per element (AdamW, SGD) take equal runs, cut anywhere, as DeepSpeed does; the others
-// take runs of whole parameters, so that Adafactor's per-matrix row and column statistics and
-// 8-bit AdamW's per-parameter choice of 8 or 32 bits and its blocks never straddle two ranks.
+// state is per element (AdamW, SGD) take equal runs, cut anywhere, as DeepSpeed does; 8-bit
+// AdamW's runs end between whole blocks of a quantized parameter (a piece keeps the whole
+// parameter's blocks, and its choice of 8 or 32 bits, by ParamInfo::whole_elements), anywhere in
+// a float32 one; Adafactor's runs hold whole parameters, so that its per-matrix row and column
+// statistics and the parameter's RMS never straddle two ranks.
 // Every optimizer lays its state out element after element, parameter after parameter, so the
 // ranks' states laid end to end are one process's state: what checkpoints hold, whatever the
 // number of ranks.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,11 +32,15 @@ struct ParamShard {
   ElementRange elements;    // its elements in the flat buffers
 };
 
-// `ranks` contiguous runs of the parameters. Split (`split_parameters`): equal runs of elements,
-// the last shorter. Otherwise runs of whole parameters, each ending at the parameter boundary
-// nearest to its share (a rank's run may be empty when a parameter outweighs the rest).
+// Where a run may end inside parameter p: at multiples of this many elements from its start (its
+// elements or more: only at its ends). Optimizer::shard_granule.
+using ShardGranule = std::function<int64_t(const ParamInfo& p)>;
+// `ranks` contiguous runs of the parameters, rank r's ending at the cut `granule` allows nearest
+// to (r + 1) x ceil(total / ranks) elements: equal runs (the last shorter) where parameters may
+// be split anywhere; otherwise near them (a rank's run may be empty when a parameter kept whole
+// outweighs its share).
 std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
-                                         bool split_parameters);
+                                         const ShardGranule& granule);
 // The shard's elements as a set of parameters of their own (offsets from the shard's first
 // element; a parameter cut by the shard's ends becomes its piece, flat, under its name): what a
 // rank's optimizer is planned for.
