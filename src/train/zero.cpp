@@ -25,6 +25,7 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
   const int64_t chunk = (total + ranks - 1) / ranks;
   std::vector<ParamShard> shards(static_cast<size_t>(ranks));
   int at = 0;         // the parameter holding the next cut's target (or count)
+  int first = 0;      // the first parameter of rank r's run
   int64_t begin = 0;  // where rank r's run starts
   for (int r = 0; r < ranks; ++r) {
     // Rank r ends at the allowed cut nearest to its share's end (the later of two as near).
@@ -45,8 +46,7 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
     end = std::max(end, begin);
     ParamShard& s = shards[static_cast<size_t>(r)];
     s.elements = {begin, end - begin};
-    // The parameters overlapping [begin, end).
-    int first = 0;
+    // The parameters overlapping [begin, end) (begin only grows: so does first).
     while (first < count && list[static_cast<size_t>(first)].offset +
                                     list[static_cast<size_t>(first)].shape.numel() <=
                                 begin)
