@@ -383,6 +383,28 @@ TEST(OpsCrossEntropy, OutOfRangeLabelThrows) {
   }
 }
 
+// A gradient written apart must be float32 or bf16 of the logits' rows and columns.
+TEST(OpsCrossEntropy, AMismatchedGradientIsRefused) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(15);
+  const int N = 3, V = 4;
+  FVec logits = randn(size_t(N) * V, rng), wide(size_t(N) * (V + 1)), same(size_t(N) * V);
+  IVec labels{0, 1, 2};
+  std::vector<int32_t> ints(size_t(N) * V);
+  double loss = 0.0;
+  const brisk::Tensor sum(&loss, brisk::Shape{1}, brisk::DType::f64);
+  for (const brisk::Tensor& grad :
+       {view(wide, {N, V + 1}), brisk::Tensor(ints.data(), {N, V}, brisk::DType::i32)})
+    EXPECT_THROW(
+        be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), true, 1.f, sum, grad),
+        brisk::Error);
+  // Without write_grad no gradient is written, so none is checked.
+  be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), false, 1.f, sum,
+                            view(wide, {N, V + 1}));
+  be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), true, 1.f, sum,
+                            view(same, {N, V}));
+}
+
 // Shapes: an odd last dimension, a half of the wrong width or rows, a dgate_up too small.
 TEST(OpsSwiGlu, MismatchedShapesAreRefused) {
   auto be = brisk::make_cpu_backend();

@@ -103,6 +103,17 @@ void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
 }
 
+bool Backend::check_loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad) {
+  if (!write_grad || grad.empty()) return false;
+  const int64_t V = logits.rank() ? logits.dim(-1) : 1;
+  const int64_t gV = grad.rank() ? grad.dim(-1) : 1;
+  BRISK_CHECK(gV == V && grad.numel() == logits.numel() &&
+                  (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16),
+              "softmax_cross_entropy: gradient ", grad.shape().str(), " ", dtype_name(grad.dtype()),
+              " for logits ", logits.shape().str());
+  return true;
+}
+
 void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* op) {
   BRISK_CHECK(padding_idx == -1 || (padding_idx >= 0 && padding_idx < rows), op, ": padding_idx ",
               padding_idx, " is neither -1 (none) nor a row of the word table of ", rows, " rows");

@@ -349,6 +349,9 @@ class Backend {
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                                      float grad_scale, const Tensor& loss_sum,
                                      const Tensor& grad) = 0;
+  // Whether softmax_cross_entropy writes its gradient apart (write_grad and `grad` given); throws
+  // unless such a `grad` is float32 or bf16 of the logits' rows and columns.
+  static bool check_loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad);
   // Squared error of predictions [N,1] (or [N]) against float32 targets [N] (NaN targets are
   // skipped: rows without a label): adds the summed (p - y)^2 of the counted rows to loss_sum
   // (float64 [1], in device memory); with write_grad the predictions are overwritten by

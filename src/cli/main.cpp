@@ -29,19 +29,20 @@ CLI::Validator whole_number() {
       "", "whole number");
 }
 
-// Whether this process reports errors every process of the launch meets alike (a bad flag or
-// options file): rank 0 of a launch of several (read from the environment: these come before
-// any communicator exists), so mpirun shows the message once.
-bool reports_common_errors() {
+// An error every process of the launch meets alike (a bad flag or options file), written by rank
+// 0 alone (the rank read from the environment: these come before any communicator exists), so
+// mpirun shows it once. The others return a moment later: a launcher ends the job when the first
+// rank fails, which must not be before rank 0 has written the message.
+void report_common_error(const std::string& message) {
   bool lead = true;
   try {
     lead = brisk::launch_info_from_env().rank == 0;
   } catch (const brisk::Error&) {  // a contradicting environment: train reports it on every rank
   }
-  // The others leave a moment later: a launcher ends the job when the first rank fails, which
-  // must not be before rank 0 has written the message.
-  if (!lead) std::this_thread::sleep_for(std::chrono::seconds(1));
-  return lead;
+  if (lead)
+    std::cerr << "brisk: error: " << message << "\n";
+  else
+    std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 // The error line, written whole in one write: a launcher that forwards several ranks' output
@@ -65,8 +66,7 @@ int main(int argc, char** argv) {
   try {
     if (!options_file.empty()) load_options_file(options, options_file);
   } catch (const Error& err) {
-    if (reports_common_errors())
-      std::cerr << "brisk: error: " << excerpt(err.what(), 1000) << "\n";  // a safety net
+    report_common_error(excerpt(err.what(), 1000));  // a safety net
     return 1;
   }
   auto add_run_options = [&](CLI::App* sub) {
@@ -168,8 +168,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
     // One short line and exit 1, as every other refusal (CLI11 quotes the bad value whole).
-    if (reports_common_errors())
-      std::cerr << "brisk: error: " << excerpt(err.what(), 300) << " (see --help)\n";
+    report_common_error(excerpt(err.what(), 300) + " (see --help)");
     return 1;
   }
   try {

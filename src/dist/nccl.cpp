@@ -95,6 +95,7 @@ class Nccl final : public Communicator {
     if (on_host(buf)) {
       all_reduce_sum(stage(buf, 0, true));
       unstage(0, buf);
+      release_large_staging();
       return;
     }
     check_buffer(buf, "all_reduce_sum");
@@ -210,6 +211,7 @@ class Nccl final : public Communicator {
     if (on_host(buf)) {
       broadcast(stage(buf, 0, true), root);
       unstage(0, buf);
+      release_large_staging();
       return;
     }
     check_buffer(buf, "broadcast");
@@ -248,6 +250,7 @@ class Nccl final : public Communicator {
     const Tensor gpu_out = on_host(out) ? stage(out, 1, false) : out;
     op(gpu_in, gpu_out);
     if (on_host(out)) unstage(1, out);
+    release_large_staging();
   }
   // A host buffer's copy in GPU memory (staging slot 0 or 1, grown as needed), uploaded when
   // `upload`: host collectives run on it, and unstage copies the result back.
@@ -273,6 +276,18 @@ class Nccl final : public Communicator {
                                cudaMemcpyDeviceToHost, stream_),
                "NCCL: copying a host buffer back");
     check_cuda(cudaStreamSynchronize(stream_), "NCCL: copying a host buffer back");
+  }
+  // The staging buffers stay allocated (outside the run's plan) up to 8 MiB each, enough for the
+  // trainer's metrics and texts; a larger host collective (evaluation predictions gathered)
+  // frees its buffers when done, so they do not grow with the data.
+  void release_large_staging() {
+    constexpr size_t kKept = size_t{8} << 20;
+    for (size_t i = 0; i < staging_.size(); ++i)
+      if (staging_[i] && staging_bytes_[i] > kKept) {
+        check_cuda(cudaFree(staging_[i]), "NCCL: freeing host staging");
+        staging_[i] = nullptr;
+        staging_bytes_[i] = 0;
+      }
   }
   void wait_for_device_work() {
     if (device_work_) device_work_();

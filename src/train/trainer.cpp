@@ -183,16 +183,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// ZeRO: what a save writes (the float32 weights or master copy, and with `optimizer` its state),
-// gathered piece by piece to rank 0 as it writes the files (none when nothing is partitioned).
-std::unique_ptr<GatheredReads> gather_for_save(const RunAssembly& run,
-                                               const MixedPrecision& precision,
-                                               const ParameterSet& params, Communicator& comm,
-                                               const Optimizer* optimizer) {
+// ZeRO: what a save writes (the float32 weights or master copy, and for a checkpoint the
+// optimizer's state), gathered piece by piece to rank 0 as it writes the files (none when
+// nothing is partitioned).
+std::unique_ptr<GatheredReads> gather_for_save(const RunAssembly& run, Communicator& comm,
+                                               bool checkpoint) {
   if (run.shards.empty()) return nullptr;
+  const MixedPrecision& precision = *run.precision;
   return std::make_unique<GatheredReads>(
-      comm,
-      checkpoint_parts(precision.master(params), precision.sharded(), comm.rank(), optimizer));
+      comm, checkpoint_parts(precision.master(run.model->params()), precision.sharded(),
+                             comm.rank(), checkpoint ? run.optimizer.get() : nullptr));
 }
 
 // Root's text, on every rank.
@@ -648,7 +648,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     // while the others serve the reads.
     if (save_now) peaks.enter(PeakPhases::saves);
     std::unique_ptr<GatheredReads> gathered =
-        save_now ? gather_for_save(*run, precision, model->params(), dist, optimizer) : nullptr;
+        save_now ? gather_for_save(*run, dist, true) : nullptr;
     if (gathered && !lead) gathered->serve();
     if (lead && save_now) {
       // The best model is decided before the save, so the checkpoint's state names it.
@@ -697,8 +697,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     // As the example scripts' trainer.save_model(): the final model in output_dir.
     peaks.enter(PeakPhases::saves);
-    std::unique_ptr<GatheredReads> gathered =
-        gather_for_save(*run, precision, model->params(), dist, nullptr);
+    std::unique_ptr<GatheredReads> gathered = gather_for_save(*run, dist, false);
     if (gathered && !lead) gathered->serve();
     if (lead) {
       save_model(*be, o.output_dir, *model, precision.master(model->params()), gathered.get());

@@ -15,12 +15,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   const int64_t V = cols_of(logits), N = rows_of(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
               " rows of logits");
-  const bool apart = write_grad && !grad.empty();
-  if (apart)
-    BRISK_CHECK(rows_of(grad) == N && cols_of(grad) == V &&
-                    (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16),
-                "softmax_cross_entropy: gradient ", grad.shape().str(), " ",
-                dtype_name(grad.dtype()), " for logits ", logits.shape().str());
+  const bool apart = check_loss_grad(logits, write_grad, grad);
   // The gradient's row r: in place, or apart in float32 or bf16.
   const bool g16 = apart && grad.dtype() == DType::bf16;
   float* g32 = !write_grad ? nullptr : apart && !g16 ? grad.f32() : logits.f32();

@@ -73,7 +73,7 @@ class DnnlMatmul {
   struct BlockedB {
     int layout = -1;
     size_t bytes = 0;
-    bool own_packer = false;  // brisk's packer writes it, as fast as bf16_operand rounds plainly
+    bool own_packer = false;  // brisk's packer writes it (pack_bf16_ba16a64b2a)
   };
   BlockedB blocked_b(const Product& p);
   // Rounds the B of `p` (K x N, or N x K when trans_b; row stride p.ldb) into `dst`, in

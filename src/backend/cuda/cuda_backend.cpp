@@ -355,15 +355,11 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   BRISK_CHECK(
       loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
       "softmax_cross_entropy: loss_sum must be one float64 in GPU memory");
-  if (write_grad && !grad.empty())
-    BRISK_CHECK(rows(grad) == N && cols(grad) == V &&
-                    (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16),
-                "softmax_cross_entropy: gradient ", grad.shape().str(), " ",
-                dtype_name(grad.dtype()), " for logits ", logits.shape().str());
+  const bool apart = check_loss_grad(logits, write_grad, grad);
   cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"), N, V,
                               write_grad, grad_scale, loss_sum.as<double>());
   // A separate gradient: computed in place, then converted (no GPU path writes it elsewhere yet).
-  if (write_grad && !grad.empty()) cast(logits, grad);
+  if (apart) cast(logits, grad);
 }
 
 void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
