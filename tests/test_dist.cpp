@@ -331,21 +331,12 @@ TEST(Zero, EachRanksPlanHoldsItsShareOfTheOptimizerState) {
             whole);
 }
 
-// A small GPT-2 of five blocks (ZeRO stages its blocks in two rooms) in `dir`; its folder.
-std::string five_block_gpt2(TempDir& dir) {
-  const std::string model = write_config(dir, "gpt2", 0.0);
-  nlohmann::json c = read_json_file(model + "/config.json", "config");
-  c["n_layer"] = 5;
-  std::ofstream(model + "/config.json") << c.dump();
-  return model;
-}
-
 // 8-bit AdamW under ZeRO: the ranks' shards may end inside quantized parameters, between whole
 // blocks, so the ranks' 8-bit codes and block maxima add up to exactly one process's (a block cut
 // in two would count twice), and every rank holds its share within a block of it.
 TEST(Zero, EightBitShardsEndBetweenWholeBlocks) {
   TempDir dir("zero_8bit");
-  const std::string model = five_block_gpt2(dir);
+  const std::string model = write_config(dir, "gpt2", 0.0, 5);
   TrainOptions o = tiny_options(model, dir / "out");
   o.optim = "adamw_8bit";
   o.optim_args = "min_8bit_size=256";
@@ -383,7 +374,7 @@ TEST(Zero, EightBitShardsEndBetweenWholeBlocks) {
 // block's weights less, on every rank.
 TEST(Zero, Stage3PrefetchBelowABlockPlansOneRoomLess) {
   TempDir dir("zero3_rooms");
-  const std::string model = five_block_gpt2(dir);
+  const std::string model = write_config(dir, "gpt2", 0.0, 5);
   TrainOptions o = tiny_options(model, dir / "out");
   o.zero_stage = 3;
   const int weights = static_cast<int>(Category::weights);

@@ -30,14 +30,16 @@ struct TempDir {
   std::string operator/(const std::string& rel) const { return (path / rel).string(); }
 };
 
-// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given.
-inline std::string write_config(const TempDir& dir, const std::string& type, double dropout) {
+// Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given, of `layers`
+// blocks (ZeRO stages five in two rooms).
+inline std::string write_config(const TempDir& dir, const std::string& type, double dropout,
+                                int layers = 2) {
   nlohmann::json j;
   if (type == "bert")
     j = {{"model_type", "bert"},
          {"vocab_size", 128},
          {"hidden_size", 32},
-         {"num_hidden_layers", 2},
+         {"num_hidden_layers", layers},
          {"num_attention_heads", 2},
          {"intermediate_size", 48},
          {"max_position_embeddings", 64},
@@ -45,7 +47,7 @@ inline std::string write_config(const TempDir& dir, const std::string& type, dou
          {"attention_probs_dropout_prob", dropout}};
   else
     j = {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 32},
-         {"n_layer", 2},           {"n_head", 2},           {"n_positions", 64},
+         {"n_layer", layers},      {"n_head", 2},           {"n_positions", 64},
          {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
   const std::string folder = dir / (type + "_model");
   std::filesystem::create_directories(folder);

@@ -5,6 +5,7 @@
 
 #include <iostream>
 
+#include "backend/backend.h"
 #include "dist/test_world.h"
 
 namespace brisk::testing {
@@ -12,6 +13,29 @@ namespace brisk::testing {
 Communicator& world() {
   static std::unique_ptr<Communicator> comm = make_communicator(launch_info_from_env());
   return *comm;
+}
+
+std::unique_ptr<Communicator> nccl_world(std::string* why) {
+  if (!nccl_built_in()) {
+    *why = "brisk was built without NCCL";
+    return nullptr;
+  }
+  if (!cuda_available(why)) {
+    *why = "no usable GPU: " + *why;
+    return nullptr;
+  }
+  const int N = world().size();
+  if (cuda_device_count() < N) {
+    *why = std::to_string(cuda_device_count()) + " GPUs for " + std::to_string(N) +
+           " ranks on this host (NCCL takes one GPU per rank)";
+    return nullptr;
+  }
+  LaunchInfo launch;
+  launch.launcher = Launcher::mpi;
+  launch.rank = world().rank();
+  launch.size = N;
+  launch.local_rank = world().rank();
+  return make_nccl(launch, &world(), 60.0);
 }
 
 }  // namespace brisk::testing

@@ -64,6 +64,19 @@ Logged run(const TrainOptions& o, const Dataset* data, Communicator* comm) {
   return r;
 }
 
+// The run `got` trains as `want`: the same logged losses and final weights, within `tolerance`
+// (relative; sums taken in another order).
+void expect_trains_as(const Logged& got, const Logged& want, double tolerance = 1e-5) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], tolerance * std::abs(want.losses[i]))
+        << "step " << i + 1;
+  const std::vector<float> a = checkpoint_weights(got.checkpoint),
+                           b = checkpoint_weights(want.checkpoint);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
+}
+
 TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
@@ -95,14 +108,8 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
       one.output_dir = dir / "one";
       one.per_device_train_batch_size = 2 * N;
       const Logged single = run(one, data, alone.get());
-      ASSERT_EQ(ranks.losses.size(), single.losses.size());
-      for (size_t i = 0; i < single.losses.size(); ++i)
-        EXPECT_NEAR(ranks.losses[i], single.losses[i], 1e-5 * std::abs(single.losses[i]))
-            << "step " << i + 1;
-      const std::vector<float> a = checkpoint_weights(ranks.checkpoint),
-                               b = checkpoint_weights(single.checkpoint);
-      ASSERT_EQ(a.size(), b.size());
-      EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
+      expect_trains_as(ranks, single);
+      const std::vector<float> b = checkpoint_weights(single.checkpoint);
       // The weights did move.
       TrainOptions none = one;
       none.output_dir = dir / "none";
@@ -358,10 +365,7 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
           // Five blocks: stage 2 stages them in two rooms (two rooms and the shard hold less
           // than whole gradients), summing one block's gradients while the next block's
           // backward computes; stage 3 gathers their weights into two rooms likewise.
-          model = write_config(*dir.owned, "gpt2", 0.0);
-          nlohmann::json c = read_json_file(model + "/config.json", "config");
-          c["n_layer"] = 5;
-          std::ofstream(model + "/config.json") << c.dump();
+          model = write_config(*dir.owned, "gpt2", 0.0, 5);
         }
         world().barrier();
         TrainOptions ddp = tiny_options(model, dir / "ddp");
@@ -460,12 +464,7 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   SharedDir dir("zero3_eval");
   std::string gpt2 = dir / "gpt2_model", bert = dir / "bert_model";
   if (world().rank() == 0) {
-    for (const std::string type : {"gpt2", "bert"}) {
-      const std::string folder = write_config(*dir.owned, type, 0.0);
-      nlohmann::json c = read_json_file(folder + "/config.json", "config");
-      c[type == "gpt2" ? "n_layer" : "num_hidden_layers"] = 5;
-      std::ofstream(folder + "/config.json") << c.dump();
-    }
+    for (const std::string type : {"gpt2", "bert"}) write_config(*dir.owned, type, 0.0, 5);
   }
   world().barrier();
   TrainOptions o = tiny_options(gpt2, dir / "ddp");
@@ -537,27 +536,14 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
 // same weights. Skips, saying why, without NCCL or without a GPU for every rank (NCCL refuses
 // two ranks on one GPU).
 TEST(DataParallel, GpuRanksTrainThroughNcclAsOneProcess) {
-  if (!nccl_built_in()) GTEST_SKIP() << "brisk was built without NCCL";
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
   const int N = world().size(), r = world().rank();
-  if (cuda_device_count() < N)
-    GTEST_SKIP() << cuda_device_count() << " GPUs for " << N << " ranks on this host";
-  LaunchInfo launch;
-  launch.launcher = Launcher::mpi;
-  launch.rank = r;
-  launch.size = N;
-  launch.local_rank = r;
-  const std::unique_ptr<Communicator> nccl = make_nccl(launch, &world(), 60.0);
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("ddp_nccl");
   std::string model = dir / "gpt2_model";
-  if (r == 0) {
-    model = write_config(*dir.owned, "gpt2", 0.0);
-    nlohmann::json c = read_json_file(model + "/config.json", "config");
-    c["n_layer"] = 5;
-    std::ofstream(model + "/config.json") << c.dump();
-  }
+  if (r == 0) model = write_config(*dir.owned, "gpt2", 0.0, 5);
   world().barrier();
   UnequalLengths data;
   TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
@@ -576,24 +562,13 @@ TEST(DataParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   world().barrier();
   if (r != 0) return;
   for (size_t s = 0; s < zero.size(); ++s) {
-    const std::vector<float> w = checkpoint_weights(zero[s].checkpoint),
-                             want = checkpoint_weights(ranks.checkpoint);
-    ASSERT_EQ(w.size(), want.size()) << "stage " << s + 1;
-    EXPECT_LE(rel_error(w.data(), want.data(), static_cast<int64_t>(want.size())), 1e-5)
-        << "stage " << s + 1;
+    SCOPED_TRACE("ZeRO stage " + std::to_string(s + 1));
+    expect_trains_as(zero[s], ranks);
   }
   TrainOptions one = o;
   one.output_dir = dir / "one";
   one.per_device_train_batch_size = 2 * N;
-  const Logged single = run(one, &data, alone.get());
-  ASSERT_EQ(ranks.losses.size(), single.losses.size());
-  for (size_t i = 0; i < single.losses.size(); ++i)
-    EXPECT_NEAR(ranks.losses[i], single.losses[i], 1e-5 * std::abs(single.losses[i]))
-        << "step " << i + 1;
-  const std::vector<float> a = checkpoint_weights(ranks.checkpoint),
-                           b = checkpoint_weights(single.checkpoint);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
+  expect_trains_as(ranks, run(one, &data, alone.get()));
 }
 
 // What data parallelism does not do yet is refused on every rank alike, before any step.
