@@ -13,6 +13,10 @@ The paper sums 16-bit gradients (2 bytes); brisk sums float32 gradients today (4
 Model states per rank, mixed-precision Adam (K = 12 bytes of optimizer state per parameter:
 float32 master, momentum, variance): DDP (2 + 2 + K) Psi, stage 1 (2 + 2) Psi + K Psi / N,
 stage 2 2 Psi + (2 + K) Psi / N, stage 3 (2 + 2 + K) Psi / N.
+With offload_optimizer cpu (ZeRO-Offload), brisk's plan keeps each rank's run of the master
+copy and optimizer state in host memory with a float32 copy of its run of the gradients: the
+last column splits rank 0's model states into GPU / host, and the host link moves 4 Psi / N bytes
+each way per step (gradients down, master up), timed at PCIE below.
 """
 import argparse
 import json
@@ -24,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 LINKS = {"100 Gb/s Ethernet": 12.5e9, "400 Gb/s InfiniBand": 50e9}  # bytes/s per rank
 K = 12
+PCIE = 25e9  # bytes/s each way: a PCIe 4.0 x16 link's practical rate
+STATES = ("weights", "master_weights", "gradients", "optimizer_state")
 
 
 def paper_bytes_per_param(stage, n):
@@ -35,19 +41,26 @@ def comm_elements(stage, n, psi):
     return psi * (ring if stage < 3 else 1.5 * ring)
 
 
-def brisk_plan(model, n, stage):
-    """Rank 0's planned model states (bytes) and the parameter count, from brisk estimate."""
+def brisk_plan(model, n, stage, offload=False):
+    """Rank 0's planned model states (bytes) on the GPU and in host memory, and the parameter
+    count, from brisk estimate."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "plan.json")
         subprocess.run([BRISK, "estimate", "--model", model, "--bf16", "--device", "cuda",
                         "--world_size", str(n),
                         "--zero_stage", str(stage), "--per_device_train_batch_size", "1",
-                        "--seq_len", "128", "--dataset_size", str(n), "--output_json", out],
+                        "--seq_len", "128", "--dataset_size", str(n), "--output_json", out,
+                        "--offload_optimizer", "cpu" if offload else "none"],
                        check=True, capture_output=True, text=True)
         j = json.load(open(out))
-    planned = j["memory"]["planned_bytes"]
-    states = sum(planned[c] for c in ("weights", "master_weights", "gradients", "optimizer_state"))
-    return states, j["parameters"]
+    gpu = host = 0
+    for b in j["memory"]["buffers"]:
+        if b["category"] in STATES:
+            if b["placement"] == "host":
+                host += b["bytes"]
+            else:
+                gpu += b["bytes"]
+    return gpu, host, j["parameters"]
 
 
 def main():
@@ -63,14 +76,18 @@ def main():
     links = list(LINKS.items())
     print("| model | ranks | stage | sent per rank per step (paper 2 B / brisk 4 B) | "
           + " | ".join(f"time at {name}" for name, _ in links)
-          + " | model states per rank, paper | brisk's plan (rank 0) |")
-    print("|---|---|---|---|" + "---|" * len(links) + "---|---|")
+          + " | model states per rank, paper | brisk's plan (rank 0) |"
+          + " offloaded: GPU / host, host link per step |")
+    print("|---|---|---|---|" + "---|" * len(links) + "---|---|---|")
     for model in a.models.split(","):
         psi = None
         for n in map(int, a.ranks.split(",")):
             for stage in (0, 1, 2, 3):
-                states, psi = brisk_plan(model, n, stage)
+                states, _, psi = brisk_plan(model, n, stage)
                 planned = f"{states / 2**30:.2f} GiB ({states / psi:.2f} B/param)"
+                gpu, host, _ = brisk_plan(model, n, stage, offload=True)
+                link_ms = 4 * psi / (n if stage else 1) / PCIE * 1e3
+                offloaded = f"{gpu / 2**30:.2f} / {host / 2**30:.2f} GiB, {link_ms:.0f} ms"
                 elements = comm_elements(stage, n, psi)
                 paper_bytes, brisk_bytes = 2 * elements, 4 * elements
                 times = " | ".join(f"{paper_bytes / bw * 1e3:.0f} / {brisk_bytes / bw * 1e3:.0f} ms"
@@ -78,7 +95,7 @@ def main():
                 states_paper = paper_bytes_per_param(stage, n) * psi
                 print(f"| {model} ({psi / 1e6:.0f}M) | {n} | {stage} | "
                       f"{paper_bytes / 2**20:.0f} / {brisk_bytes / 2**20:.0f} MiB | {times} | "
-                      f"{states_paper / 2**30:.2f} GiB | {planned} |")
+                      f"{states_paper / 2**30:.2f} GiB | {planned} | {offloaded} |")
 
 
 if __name__ == "__main__":

@@ -540,6 +540,58 @@ TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   EXPECT_GT(activations_mib(cpu.out), 0.0);
 }
 
+// offload_optimizer cpu (in a DeepSpeed config or as the option) plans a GPU run's float32 master
+// copy and optimizer state in host memory, with a host copy of the gradients: the GPU's plan
+// loses exactly the first two, the host's gains all three; under ZeRO each rank's share. On the
+// CPU it changes nothing.
+TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
+  const std::string run = "--model bert-large-uncased --bf16 --device cuda";
+  const nlohmann::json on_gpu = estimate_json(run);
+  CliRun r;
+  const nlohmann::json off = estimate_json(run + " --offload_optimizer cpu", &r);
+  EXPECT_NE(r.out.find("offload_optimizer cpu, in host memory: master_weights"), std::string::npos)
+      << r.out;
+  const double n = 335143938.0;
+  auto bytes = [](const nlohmann::json& j, const char* key) {
+    return j["memory"][key].get<double>();
+  };
+  auto category = [](const nlohmann::json& j, const char* key) {
+    return j["memory"]["planned_bytes"][key].get<double>();
+  };
+  const double moved = category(on_gpu, "master_weights") + category(on_gpu, "optimizer_state");
+  EXPECT_GT(moved, 12.0 * n);
+  EXPECT_NEAR(bytes(on_gpu, "planned_device_bytes") - bytes(off, "planned_device_bytes"), moved,
+              4096.0);
+  EXPECT_NEAR(bytes(off, "planned_host_bytes") - bytes(on_gpu, "planned_host_bytes"),
+              moved + 4.0 * n, 4096.0);
+  std::set<std::string> host_before;  // staging for batches, the step's statistics
+  for (const nlohmann::json& b : on_gpu["memory"]["buffers"])
+    if (b["placement"] == "host") host_before.insert(b["name"].get<std::string>());
+  for (const nlohmann::json& b : off["memory"]["buffers"]) {
+    const std::string name = b["name"], category = b["category"];
+    const bool host = host_before.count(name) || name.starts_with("offload.") ||
+                      category == "optimizer_state" || category == "master_weights";
+    EXPECT_EQ(b["placement"], host ? "host" : "device") << name;
+  }
+  // ZeRO stage 2 on 3 ranks: each rank's run of the master copy, state and gradients on the host.
+  const nlohmann::json zero =
+      estimate_json(run + " --offload_optimizer cpu --world_size 3 --zero_stage 2");
+  for (const nlohmann::json& rank : zero["data_parallel"]["ranks"]) {
+    const double p = rank["parameters"].get<double>();
+    EXPECT_NEAR(
+        rank["host_bytes"].get<double>(),
+        rank["master_bytes"].get<double>() + rank["optimizer_state_bytes"].get<double>() + 4.0 * p,
+        1.0);
+    EXPECT_NEAR(rank["master_bytes"].get<double>(), 4.0 * p, 1.0);
+  }
+  EXPECT_NEAR(bytes(zero, "planned_host_bytes") - bytes(on_gpu, "planned_host_bytes"),
+              zero["data_parallel"]["ranks"][0]["host_bytes"].get<double>(), 4096.0);
+  // The CPU: the state is in host memory already; nothing moves or is added.
+  const std::string cpu = "--model bert-large-uncased --bf16 --device cpu";
+  EXPECT_EQ(bytes(estimate_json(cpu + " --offload_optimizer cpu"), "planned_total_bytes"),
+            bytes(estimate_json(cpu), "planned_total_bytes"));
+}
+
 // estimate --fit lists only configurations of the same global batch that fit, fastest first,
 // over the precisions and optimizers allowed; and says so when none fits.
 TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {

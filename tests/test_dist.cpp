@@ -420,7 +420,9 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   EXPECT_EQ(ignored, (std::vector<std::string>{"fp16.loss_scale", "steps_per_print",
                                                "zero_optimization.allgather_bucket_size"}));
   EXPECT_EQ(got.stage3_prefetch_bucket_size, -1);
+  EXPECT_EQ(got.offload_optimizer, "cpu");
   got = apply_deepspeed_json(o, {{"zero_optimization", {{"overlap_comm", false}}}}, "ds.json", 1);
+  EXPECT_EQ(got.offload_optimizer, "none");
   EXPECT_EQ(got.ddp_bucket_cap_mb, 1e6) << "no overlap: one bucket after backward";
   EXPECT_EQ(got.zero_stage, 0);
   got = apply_deepspeed_json(
@@ -455,9 +457,23 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   refused(R"({"zero_optimization": {"reduce_bucket_size": -1}})", "reduce_bucket_size must be");
   refused(R"({"zero_optimization": []})", "zero_optimization must be an object");
   refused(R"([1, 2])", "a DeepSpeed config must be a JSON object");
+  refused(R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
+          "offload_param.device \"cpu\" is not supported yet");
+  refused(R"({"zero_optimization": {"offload_optimizer": {"device": 1}}})",
+          "offload_optimizer.device must be");
+  o.bf16 = true;
+  o.bf16_master_weights = false;
+  refused(
+      R"({"bf16": {"enabled": true}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+      "offload_optimizer cpu with --bf16 needs the float32 master copy");
+  o.bf16 = false;
+  o.bf16_master_weights = true;
   o.device = "cuda";
-  refused(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
-          "offload_optimizer.device \"cpu\" is not supported yet");
+  EXPECT_EQ(
+      apply_deepspeed_json(o, {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}},
+                           "ds.json", 1)
+          .offload_optimizer,
+      "cpu");
   // From a file: none named, nothing read; a malformed one named.
   o.device = "cpu";
   EXPECT_EQ(apply_deepspeed_config(o, 1).zero_stage, 0);

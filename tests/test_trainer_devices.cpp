@@ -211,6 +211,77 @@ TEST_P(TrainerOn, ResumeEqualsTheUninterruptedRunWithEveryOptimizer) {
   }
 }
 
+// offload_optimizer cpu: the optimizer's state and the float32 master copy in host memory,
+// stepped by the CPU from downloaded gradients, the master uploaded after each step. On a GPU the
+// run equals the one stepped on the GPU to the two optimizers' rounding; on the CPU (where the
+// option otherwise changes nothing, offload_on_cpu takes the GPU's path: the plan's host block,
+// a backend of its own, the copies) bit for bit, with every optimizer, in fp32, bf16 and fp16
+// (an overflowing step skipped), and resumed from an offloaded checkpoint as uninterrupted.
+TEST_P(TrainerOn, AnOffloadedOptimizerTrainsAsOneOnTheDevice) {
+  TempDir dir("offload");
+  const std::string model = write_config(dir, "gpt2", 0.0);
+  struct Case {
+    std::string optim, args, precision;
+    double lr;
+  };
+  for (const Case& c :
+       {Case{"adamw_torch", "", "fp32", 3e-3}, Case{"adamw_torch", "", "bf16", 3e-3},
+        Case{"adamw_torch", "", "fp16", 3e-3}, Case{"adafactor", "", "fp32", 1e-2},
+        Case{"adamw_8bit", "min_8bit_size=256", "bf16", 3e-3},
+        Case{"sgd", "momentum=0.9", "fp32", 0.1}}) {
+    const std::string tag = c.optim + "_" + c.precision;
+    SCOPED_TRACE(tag);
+    TrainOptions on_device = options(model, dir / (tag + "_device"));
+    on_device.max_steps = 4;
+    on_device.save_steps = 2;
+    on_device.optim = c.optim;
+    on_device.optim_args = c.args;
+    on_device.learning_rate = c.lr;
+    on_device.weight_decay = 0.01;
+    on_device.bf16 = c.precision == "bf16";
+    on_device.fp16 = c.precision == "fp16";
+    TrainOptions offloaded = on_device;
+    offloaded.output_dir = dir / (tag + "_offloaded");
+    offloaded.offload_optimizer = "cpu";
+    offloaded.offload_on_cpu = true;
+    // fp16: the second step overflows and is skipped, its loss scale halved.
+    const FaultHooks faults{on_device.fp16 ? 1 : -1};
+    int skipped = 0;
+    auto train_logged = [&](const TrainOptions& o) {
+      Result r;
+      r.summary = train(
+          o,
+          [&](const nlohmann::json& j) {
+            if (j.contains("loss")) r.losses.push_back(j["loss"]);
+            if (j.value("skipped", false)) ++skipped;
+          },
+          nullptr, faults);
+      return r;
+    };
+    const Result want = train_logged(on_device);
+    skipped = 0;
+    const Result got = train_logged(offloaded);
+    EXPECT_EQ(skipped, on_device.fp16 ? 1 : 0);
+    const double tol = GetParam().rounding == 0 ? 0.0 : 1e-4;
+    expect_same_run(got, want, tol, "offloaded");
+    const auto a = optimizer_state(got.summary.last_checkpoint),
+               b = optimizer_state(want.summary.last_checkpoint);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, v] : b) {
+      ASSERT_TRUE(a.count(name)) << name;
+      if (tol == 0)
+        EXPECT_EQ(a.at(name), v) << name;
+      else
+        ASSERT_EQ(a.at(name).size(), v.size()) << name;
+    }
+    TrainOptions resumed = offloaded;
+    resumed.output_dir = dir / (tag + "_resumed");
+    resumed.resume_from_checkpoint = offloaded.output_dir + "/checkpoint-2";
+    const Result continued = train_logged(resumed);
+    expect_same_run(continued, got, GetParam().rounding_16bit, "resumed offloaded", 2);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Every, TrainerOn, ::testing::ValuesIn(kDevices),
                          [](const ::testing::TestParamInfo<DeviceUnderTest>& p) {
                            return std::string(p.param.option);

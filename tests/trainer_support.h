@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -106,6 +107,23 @@ inline std::vector<float> checkpoint_weights(const std::string& checkpoint,
     all.insert(all.end(), p, p + n);
   }
   return all;
+}
+
+// The optimizer state a checkpoint holds, tensor by tensor, as float32 (8-bit codes as their
+// values).
+inline std::map<std::string, std::vector<float>> optimizer_state(const std::string& checkpoint) {
+  SafetensorsFile f(checkpoint + "/optimizer.safetensors");
+  std::map<std::string, std::vector<float>> out;
+  for (const std::string& name : f.names()) {
+    const Tensor& t = f.get(name);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      v[static_cast<size_t>(i)] = t.dtype() == DType::f32  ? t.f32()[i]
+                                  : t.dtype() == DType::u8 ? static_cast<float>(t.as<uint8_t>()[i])
+                                                           : static_cast<float>(t.as<int64_t>()[i]);
+    out[name] = v;
+  }
+  return out;
 }
 
 inline TrainOptions tiny_options(const std::string& model, const std::string& out,

@@ -232,8 +232,14 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   // Stage 2: every rank stages the gradients alike and keeps its own shard of them (rank 0's
   // plan holds its shard).
   const bool sharded_grads = !run.shards.empty() && o.zero_stage >= 2;
+  // offload_optimizer: each rank also downloads its run of the gradients to host memory, where
+  // its master copy and optimizer state are (rank 0's plan holds its run).
+  const double host_copy =
+      run.offload
+          ? 4.0 * static_cast<double>(run.precision->master_elements(run.model->params()).count)
+          : 0.0;
   const double staged =
-      bytes(Category::gradients) -
+      bytes(Category::gradients) - host_copy -
       (sharded_grads ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
   std::printf("data parallel over %d ranks, zero_stage %lld:\n", world,
               static_cast<long long>(o.zero_stage));
@@ -261,7 +267,8 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
         run.shards.empty() ? n
                            : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
     const double masters = sharded_master ? 4.0 * params : master;
-    const double grads = sharded_grads ? staged + 4.0 * params : staged;
+    const double host_grads = run.offload ? 4.0 * params : 0.0;
+    const double grads = (sharded_grads ? staged + 4.0 * params : staged) + host_grads;
     const double held = sharded_weights ? weights + 4.0 * params : weights;
     const double state = states[static_cast<size_t>(r)];
     const double total = held + masters + grads + state;
@@ -271,7 +278,8 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
                         {"weight_bytes", held},
                         {"master_bytes", masters},
                         {"gradient_bytes", grads},
-                        {"optimizer_state_bytes", state}});
+                        {"optimizer_state_bytes", state},
+                        {"host_bytes", run.offload ? masters + state + host_grads : 0.0}});
     if (r < 8 || r == world - 1)
       std::printf("  %-6d %14.0f %14s %14s %14s %16s %22.2f\n", r, params,
                   format_mib(static_cast<size_t>(held)).c_str(),
@@ -284,7 +292,8 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const double K = whole_state / n;
   const std::string per_world = " / " + std::to_string(world);
   const double master_share = sharded_master ? 4.0 * n / world : master;
-  const double grad_share = sharded_grads ? (staged + 4.0 * n / world) : staged;
+  const double host_share = run.offload ? 4.0 * n / (run.shards.empty() ? 1 : world) : 0.0;
+  const double grad_share = (sharded_grads ? (staged + 4.0 * n / world) : staged) + host_share;
   const double weight_share = sharded_weights ? (weights + 4.0 * n / world) : weights;
   const double stage_formula = (weight_share + master_share + grad_share +
                                 (run.shards.empty() ? whole_state : whole_state / world)) /
@@ -294,8 +303,18 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
       weights / n, sharded_weights ? (" + 4" + per_world).c_str() : "",
       sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "", staged / n,
-      sharded_grads ? (" + 4" + per_world).c_str() : "", K,
-      run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
+      (std::string(sharded_grads ? " + 4" + per_world : "") +
+       (!run.offload         ? ""
+        : run.shards.empty() ? " + 4 on the host"
+                             : " + 4" + per_world + " on the host"))
+          .c_str(),
+      K, run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
+  if (run.offload)
+    std::printf(
+        "  offload_optimizer cpu: master, optimizer state and the gradients' host copy "
+        "in host memory, %.2f bytes/param per rank; on the device %.2f\n",
+        (master_share + whole_state / (run.shards.empty() ? 1 : world) + host_share) / n,
+        (weight_share + grad_share - host_share) / n);
   if (run.optimizer->name() == "adamw_torch") {
     const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
                          (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
@@ -321,6 +340,10 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
           {"gradient_bytes_per_param", grad_share / n},
           {"optimizer_bytes_per_param", K},
           {"model_state_bytes_per_param", stage_formula},
+          {"host_model_state_bytes_per_param",
+           run.offload
+               ? (master_share + whole_state / (run.shards.empty() ? 1 : world) + host_share) / n
+               : 0.0},
           {"ranks", per_rank}};
 }
 }  // namespace
@@ -383,6 +406,15 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
     std::printf("\n");
   }
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
+  if (run->offload && device == Device::cuda) {
+    const auto host = plan.bytes_by_category(Placement::host);
+    std::printf(
+        "  offload_optimizer cpu, in host memory: master_weights %s, optimizer_state %s, "
+        "gradients (host copy) %s\n",
+        format_mib(host[static_cast<int>(Category::master_weights)]).c_str(),
+        format_mib(host[static_cast<int>(Category::optimizer_state)]).c_str(),
+        format_mib(host[static_cast<int>(Category::gradients)]).c_str());
+  }
   const nlohmann::json ranks_json = print_ranks(o, *run, world);
   const size_t block = bytes_under(plan, "block.0.");
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
@@ -393,8 +425,10 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   if (device == Device::cuda) {
     std::printf("  %-34s %12s\n", "GPU: context, kernels, libraries",
                 format_mib(kCudaContextBytes).c_str());
-    std::printf("  %-34s %12s\n", "host: pinned staging (planned)",
-                format_mib(plan.total_bytes(Placement::host)).c_str());
+    std::printf(
+        "  %-34s %12s\n",
+        run->offload ? "host: pinned, staging and optimizer" : "host: pinned staging (planned)",
+        format_mib(plan.total_bytes(Placement::host)).c_str());
     std::printf("expect \"GPU memory occupied\" near %s\n",
                 format_mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
   } else {
@@ -444,13 +478,16 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
                               {"category", category_name(b.category)},
                               {"dtype", dtype_name(b.dtype)},
                               {"shape", b.shape.str()},
-                              {"bytes", b.bytes}});
+                              {"bytes", b.bytes},
+                              {"placement", b.placement == Placement::host ? "host" : "device"}});
     const nlohmann::json j = {
         {"device", device == Device::cuda ? "cuda" : "cpu"},
         {"parameters", n},
         {"memory",
          {{"planned_bytes", planned_json},
           {"planned_total_bytes", plan.total_bytes()},
+          {"planned_device_bytes", plan.total_bytes(Placement::device)},
+          {"planned_host_bytes", plan.total_bytes(Placement::host)},
           {"activations_per_block_bytes", block},
           {"layers", layers},
           {"host_baseline_bytes", host_base},

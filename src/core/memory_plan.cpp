@@ -64,6 +64,13 @@ std::array<size_t, kNumCategories> MemoryPlan::bytes_by_category() const {
   return out;
 }
 
+std::array<size_t, kNumCategories> MemoryPlan::bytes_by_category(Placement placement) const {
+  std::array<size_t, kNumCategories> out{};
+  for (const auto& b : buffers_)
+    if (b.placement == placement) out[static_cast<int>(b.category)] += b.bytes;
+  return out;
+}
+
 namespace {
 class HostMemory final : public MemoryResource {
  public:

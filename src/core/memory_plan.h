@@ -61,6 +61,7 @@ class MemoryPlan {
   size_t total_bytes(Placement placement) const;
   size_t total_bytes() const;
   std::array<size_t, kNumCategories> bytes_by_category() const;  // without padding
+  std::array<size_t, kNumCategories> bytes_by_category(Placement placement) const;
 
  private:
   std::vector<BufferSpec> buffers_;

@@ -29,10 +29,10 @@ class Adafactor final : public Optimizer {
       state += s.factored ? s.rows + s.cols : s.numel;
     }
     binder.declare(plan, &v_, "adafactor.exp_avg_sq", Category::optimizer_state, DType::f32,
-                   Shape{state});
+                   Shape{state}, placement_);
     if (o_.beta1 >= 0)
       binder.declare(plan, &m_, "adafactor.exp_avg", Category::optimizer_state, DType::f32,
-                     Shape{params.total_elements()});
+                     Shape{params.total_elements()}, placement_);
   }
   void reset(Backend& be) override {
     be.fill(v_, 0.0f);

@@ -7,9 +7,10 @@ namespace brisk {
 void AdamW::plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) {
   params_ = &params;
   const Shape n{params.total_elements()};
-  binder.declare(plan, &m_, "adamw.exp_avg", Category::optimizer_state, DType::f32, n);
-  binder.declare(plan, &v_, "adamw.exp_avg_sq", Category::optimizer_state, DType::f32, n);
-  declare_decay_ranges(plan, binder, params, &decay_ranges_, "adamw.decay_ranges");
+  binder.declare(plan, &m_, "adamw.exp_avg", Category::optimizer_state, DType::f32, n, placement_);
+  binder.declare(plan, &v_, "adamw.exp_avg_sq", Category::optimizer_state, DType::f32, n,
+                 placement_);
+  declare_decay_ranges(plan, binder, params, &decay_ranges_, "adamw.decay_ranges", placement_);
 }
 
 void AdamW::reset(Backend& be) {

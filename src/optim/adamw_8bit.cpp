@@ -33,13 +33,18 @@ class AdamW8bit final : public Optimizer {
     const QuantizedStateSizes sizes = place_8bit_state(slots_, eight_bit_slots);
     const int64_t n8 = sizes.values8, blocks = sizes.blocks, n32 = sizes.values32;
     const Category c = Category::optimizer_state;
-    binder.declare(plan, &codes1_, "adamw_8bit.exp_avg_codes", c, DType::u8, Shape{n8});
-    binder.declare(plan, &codes2_, "adamw_8bit.exp_avg_sq_codes", c, DType::u8, Shape{n8});
-    binder.declare(plan, &absmax1_, "adamw_8bit.exp_avg_absmax", c, DType::f32, Shape{blocks});
-    binder.declare(plan, &absmax2_, "adamw_8bit.exp_avg_sq_absmax", c, DType::f32, Shape{blocks});
-    binder.declare(plan, &m32_, "adamw_8bit.exp_avg_32bit", c, DType::f32, Shape{n32});
-    binder.declare(plan, &v32_, "adamw_8bit.exp_avg_sq_32bit", c, DType::f32, Shape{n32});
-    binder.declare(plan, &qmaps_, "adamw_8bit.quant_maps", c, DType::f32, Shape{2, 256});
+    binder.declare(plan, &codes1_, "adamw_8bit.exp_avg_codes", c, DType::u8, Shape{n8}, placement_);
+    binder.declare(plan, &codes2_, "adamw_8bit.exp_avg_sq_codes", c, DType::u8, Shape{n8},
+                   placement_);
+    binder.declare(plan, &absmax1_, "adamw_8bit.exp_avg_absmax", c, DType::f32, Shape{blocks},
+                   placement_);
+    binder.declare(plan, &absmax2_, "adamw_8bit.exp_avg_sq_absmax", c, DType::f32, Shape{blocks},
+                   placement_);
+    binder.declare(plan, &m32_, "adamw_8bit.exp_avg_32bit", c, DType::f32, Shape{n32}, placement_);
+    binder.declare(plan, &v32_, "adamw_8bit.exp_avg_sq_32bit", c, DType::f32, Shape{n32},
+                   placement_);
+    binder.declare(plan, &qmaps_, "adamw_8bit.quant_maps", c, DType::f32, Shape{2, 256},
+                   placement_);
   }
   void reset(Backend& be) override {
     // Zero absolute maxima make every code dequantize to zero.

@@ -112,9 +112,10 @@ std::vector<ParamSlot> param_slots(const ParameterSet& params) {
 }
 
 void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,
-                          Tensor* view, const std::string& name) {
+                          Tensor* view, const std::string& name, Placement placement) {
   const int64_t ranges = static_cast<int64_t>(decay_ranges(params).size() / 2);
-  binder.declare(plan, view, name, Category::optimizer_state, DType::i64, Shape{ranges, 2});
+  binder.declare(plan, view, name, Category::optimizer_state, DType::i64, Shape{ranges, 2},
+                 placement);
 }
 
 void fill_decay_ranges(Backend& be, const ParameterSet& params, const Tensor& table) {

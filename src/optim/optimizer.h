@@ -35,6 +35,10 @@ class Optimizer {
   // depend on that element alone (AdamW, SGD); a block for 8-bit AdamW's quantized moments;
   // whole parameters for Adafactor's per-matrix statistics (the default).
   virtual int64_t shard_granule(const ParamInfo& p) const { return p.whole_numel(); }
+  // Where plan puts the state and tables (before plan): host memory for an optimizer that steps
+  // on the CPU while the model runs on a GPU (offload_optimizer; update and reset are then given
+  // the CPU's backend).
+  void keep_state_in(Placement placement) { placement_ = placement; }
   // Declares the state (category optimizer_state) and the optimizer's tables.
   virtual void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) = 0;
   // Zero state, step 0, tables filled (after the arena is bound).
@@ -59,6 +63,7 @@ class Optimizer {
   virtual void update(Backend& be, const Tensor& weights, const Tensor& grads,
                       const Tensor& control, float lr) = 0;
   int64_t step_ = 0;
+  Placement placement_ = Placement::device;
 };
 
 // The optimizer --optim names; refuses an unknown name (listing the valid ones), unknown or
@@ -93,7 +98,7 @@ std::vector<int64_t> decay_ranges(const ParameterSet& params);
 std::vector<ParamSlot> param_slots(const ParameterSet& params);
 // Declares the decay table as an int64 [R,2] buffer and fills it in reset (fill_decay_ranges).
 void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,
-                          Tensor* view, const std::string& name);
+                          Tensor* view, const std::string& name, Placement placement);
 void fill_decay_ranges(Backend& be, const ParameterSet& params, const Tensor& table);
 
 // 8-bit AdamW's state layout: slots with eight_bit[i] get 8-bit codes from `state` and absmax

@@ -15,8 +15,8 @@ class Sgd final : public Optimizer {
     params_ = &params;
     if (momentum_ != 0)
       binder.declare(plan, &buf_, "sgd.momentum_buffer", Category::optimizer_state, DType::f32,
-                     Shape{params.total_elements()});
-    declare_decay_ranges(plan, binder, params, &decay_ranges_, "sgd.decay_ranges");
+                     Shape{params.total_elements()}, placement_);
+    declare_decay_ranges(plan, binder, params, &decay_ranges_, "sgd.decay_ranges", placement_);
   }
   void reset(Backend& be) override {
     if (!buf_.empty()) be.fill(buf_, 0.0f);

@@ -11,7 +11,15 @@ void MixedPrecision::plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_pa
   if (has_master())
     binder.declare(plan, &master_, shard.count >= 0 ? "master.weights_shard" : "master.weights",
                    Category::master_weights, DType::f32,
-                   Shape{shard.count >= 0 ? shard.count : num_params});
+                   Shape{shard.count >= 0 ? shard.count : num_params},
+                   offload_ ? Placement::host : Placement::device);
+}
+
+void MixedPrecision::offload_master() {
+  BRISK_CHECK(master_weights_,
+              "offload_optimizer needs the float32 master copy (leave "
+              "--bf16_master_weights on)");
+  offload_ = true;
 }
 
 void MixedPrecision::use_weight_shard(const Tensor& shard) {
@@ -31,13 +39,21 @@ Tensor MixedPrecision::compute_run(const ParameterSet& params) const {
 }
 
 void MixedPrecision::adopt_model_weights(Backend& be, const ParameterSet& params) {
-  if (!enabled() || float32_weights_) return;
-  if (has_master()) be.copy(compute_run(params), master_);
-  be.round_to(compute_, compute_weights(params));
+  if (has_master()) {
+    if (offload_)
+      be.download(compute_run(params), master_);
+    else
+      be.copy(compute_run(params), master_);
+  }
+  if (enabled() && !float32_weights_) be.round_to(compute_, compute_weights(params));
 }
 
 void MixedPrecision::refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key) {
-  if (has_master()) {
+  if (offload_) {
+    const Tensor run = compute_run(params);
+    be.upload(master_, run);
+    if (enabled() && !float32_weights_) be.round_to(compute_, run);
+  } else if (has_master()) {
     be.round_to(compute_, master_, compute_run(params));
   } else if (enabled() && !float32_weights_) {
     be.stochastic_round(compute_, compute_weights(params), key);

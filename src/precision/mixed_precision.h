@@ -44,10 +44,17 @@ class MixedPrecision {
   MixedPrecision(DType compute, NoMaster)
       : compute_(compute), master_weights_(false), float32_weights_(false) {}
 
+  // offload_optimizer: the master copy in host memory (before plan), where the optimizer updates
+  // it on the CPU; every precision then has one, fp32 too, and refresh_weights uploads it to the
+  // compute weights. Needs master weights (not bf16 without them).
+  void offload_master();
+
   DType compute_dtype() const { return compute_; }
   bool enabled() const { return compute_ != DType::f32; }
   bool uses_loss_scaling() const { return compute_ == DType::f16; }
-  bool has_master() const { return enabled() && master_weights_ && !float32_weights_; }
+  bool has_master() const {
+    return offload_ || (enabled() && master_weights_ && !float32_weights_);
+  }
   // bf16 with no compute copy: the weights are float32, updated as in fp32.
   bool float32_weights() const { return float32_weights_; }
 
@@ -76,8 +83,9 @@ class MixedPrecision {
     return has_master() ? master_ : compute_weights(params);
   }
   // After an optimizer step: compute weights = master rounded to the 16-bit type (the master's
-  // run of them), or without a master copy the updated weights rounded stochastically to bf16
-  // with the RNG at `key` (with float32 weights: nothing).
+  // run of them; offloaded: uploaded, then rounded where they hold 16-bit values), or without a
+  // master copy the updated weights rounded stochastically to bf16 with the RNG at `key` (with
+  // float32 weights: nothing).
   void refresh_weights(Backend& be, const ParameterSet& params, const RngKey& key);
 
   double loss_scale() const { return uses_loss_scaling() ? scaler_.scale() : 1.0; }
@@ -87,6 +95,7 @@ class MixedPrecision {
   DType compute_;
   bool master_weights_;
   bool float32_weights_;
+  bool offload_ = false;
   DynamicLossScaler scaler_;
   Tensor master_;
   ElementRange shard_{0, -1};  // count -1: the whole parameters

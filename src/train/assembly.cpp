@@ -6,6 +6,7 @@
 
 #include "data/synthetic.h"
 #include "data/token_file.h"
+#include "optim/step_control.h"
 #include "train/checkpoint.h"
 
 namespace brisk {
@@ -107,6 +108,14 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                       MixedPrecision::float32_weights_on(device, compute, o.bf16_master_weights));
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
+  // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
+  // there, unless a test asks for the GPU's path (offload_on_cpu).
+  r.offload =
+      o.do_train && o.offload_optimizer == "cpu" && (device != Device::cpu || o.offload_on_cpu);
+  if (r.offload) {
+    r.precision->offload_master();
+    r.optimizer->keep_state_in(Placement::host);
+  }
 
   const bool zero = o.zero_stage >= 1 && ranks > 1;
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
@@ -176,6 +185,13 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     }
   }
   r.optimizer->plan(r.plan, r.binder, r.shards.empty() ? r.model->params() : r.optimizer_params);
+  if (r.offload) {
+    const ElementRange stepped = r.precision->master_elements(r.model->params());
+    r.binder.declare(r.plan, &r.offload_grads, "offload.gradients", Category::gradients, DType::f32,
+                     Shape{stepped.count}, Placement::host);
+    r.binder.declare(r.plan, &r.offload_control, "offload.step_control", Category::temporaries,
+                     DType::f32, Shape{kControlSize}, Placement::host);
+  }
   r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
     r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);

@@ -47,6 +47,11 @@ struct RunAssembly {
   // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
   // embeddings, the head and rooms for gathered blocks).
   Tensor weight_shard;
+  // offload_optimizer on a GPU: the optimizer's state and the float32 master copy (of this
+  // rank's run) in host memory, stepped there by the CPU's backend from host copies of the
+  // step's gradients (this rank's run of them) and decision.
+  bool offload = false;
+  Tensor offload_grads, offload_control;
   int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized

@@ -114,13 +114,15 @@ TrainOptions apply_deepspeed_json(const TrainOptions& options, const nlohmann::j
             }
             if (!y.is_string()) r.fail(name + ".device", "must be \"none\", \"cpu\" or \"nvme\"");
             const std::string device = y.get<std::string>();
-            // A CPU run's optimizer state is in host memory already.
-            const bool host_run = o.device == "cpu";
-            if (device == "none" || (device == "cpu" && host_run && k == "offload_optimizer"))
+            if (k == "offload_optimizer" && (device == "none" || device == "cpu")) {
+              o.offload_optimizer = device;
               continue;
-            r.fail(name + ".device", "\"" + excerpt(device) +
-                                         "\" is not supported yet (brisk runs none; a CPU run "
-                                         "keeps its optimizer state in host memory)");
+            }
+            if (device == "none") continue;
+            r.fail(name + ".device",
+                   "\"" + excerpt(device) + "\" is not supported yet (brisk offloads the " +
+                       "optimizer to \"cpu\", nothing to \"nvme\", and keeps the parameters " +
+                       "on the device)");
           }
         } else {
           r.ignore(name);  // bucket sizes and thresholds of stages 2 and 3, contiguous_gradients...

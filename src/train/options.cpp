@@ -143,6 +143,12 @@ void validate_options(const TrainOptions& o) {
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
+  BRISK_CHECK(o.offload_optimizer == "none" || o.offload_optimizer == "cpu",
+              "unknown offload_optimizer \"", excerpt(o.offload_optimizer),
+              "\" (valid: none, cpu)");
+  BRISK_CHECK(o.offload_optimizer == "none" || !o.bf16 || o.bf16_master_weights,
+              "offload_optimizer cpu with --bf16 needs the float32 master copy (leave "
+              "--bf16_master_weights on)");
   BRISK_CHECK(o.zero_stage < 3 || !o.bf16 || o.bf16_master_weights,
               "--zero_stage 3 with --bf16 needs the float32 master copy (leave "
               "--bf16_master_weights on)");

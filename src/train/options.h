@@ -100,6 +100,13 @@ struct TrainOptions {
   // stage3_prefetch_bucket_size, in elements); below one block's, none are and one room less is
   // planned. -1: one block ahead.
   int64_t stage3_prefetch_bucket_size = -1;
+  // "cpu": a GPU run keeps the optimizer's state and the float32 master copy in host memory and
+  // updates them there (DeepSpeed's offload_optimizer.device); "none": on the device. A CPU run's
+  // state is in host memory either way.
+  std::string offload_optimizer = "none";
+  // Tests only (not an option): a CPU run with offload_optimizer "cpu" takes the GPU's path, its
+  // state and master copy in the plan's host block, stepped by a backend of their own.
+  bool offload_on_cpu = false;
   std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
@@ -234,6 +241,10 @@ void visit_options(Options& o, Visitor&& v) {
   v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
     "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
     "one block's weights none are (one block's room less memory, no overlap); -1 = one block");
+  v("offload_optimizer", o.offload_optimizer,
+    "cpu: a GPU run keeps the optimizer's state and the float32 master copy in host memory and "
+    "updates them on the CPU (the GPU holds 16-bit weights and the gradients); none: on the GPU. "
+    "A CPU run's state is in host memory either way");
   v("deepspeed", o.deepspeed,
     "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm, "
     "reduce_bucket_size and stage3_prefetch_bucket_size set --zero_stage, the gradient buckets "

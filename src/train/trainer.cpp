@@ -209,14 +209,18 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 // shard is then broadcast from its owner. Stage 2 (`grad_shard` not empty): the summed gradients
 // are only this rank's shard, so the gradients' sum of squares is summed over the ranks too.
 // Stage 3 (`weights`): the rank keeps only its shard of the weights; the segments the model keeps
-// whole are gathered, the blocks' are when the model next needs them.
-Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecision& precision,
-                    double lr, double loss_scale, double max_grad_norm, int64_t step, uint64_t seed,
-                    int64_t overflow_at_step, Communicator& comm,
-                    const std::vector<ParamShard>& shards, const Tensor& grad_shard,
+// whole are gathered, the blocks' are when the model next needs them. Offloaded (`host`, the
+// CPU's backend): the step's gradients (this rank's run of them) and decision are downloaded to
+// host memory, where the optimizer updates the master copy, which is then uploaded.
+Update apply_update(Backend& be, RunAssembly& run, Backend* host, double lr, double loss_scale,
+                    int64_t step, int64_t overflow_at_step, Communicator& comm,
                     ShardedWeights* weights) {
-  const bool sharded_grads = !grad_shard.empty();
-  const Tensor& grads = sharded_grads ? grad_shard : model.params().flat_grads();
+  Model& model = *run.model;
+  Optimizer& optimizer = *run.optimizer;
+  MixedPrecision& precision = *run.precision;
+  const std::vector<ParamShard>& shards = run.shards;
+  const bool sharded_grads = !run.grad_shard.empty();
+  const Tensor& grads = sharded_grads ? run.grad_shard : model.params().flat_grads();
   if (step == overflow_at_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
@@ -231,11 +235,22 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
     comm.all_reduce_sum(grad_sumsq);
     gather_seconds += seconds_since(start);
   }
-  be.decide_step(stats, loss_scale, max_grad_norm, control);
+  be.decide_step(stats, loss_scale, run.options.max_grad_norm, control);
   const Tensor& master = precision.master(model.params());
-  const RngKey rounding{seed, static_cast<uint64_t>(step), kWeightRoundingSite};
+  const RngKey rounding{run.options.seed, static_cast<uint64_t>(step), kWeightRoundingSite};
+  // The optimizer's step on `stepped` of the gradients, where its state is.
+  auto optimizer_step = [&](const Tensor& weights_run, const Tensor& stepped) {
+    if (host) {
+      be.download(stepped, run.offload_grads);
+      be.download(control, run.offload_control);
+      optimizer.step(*host, weights_run, run.offload_grads, run.offload_control,
+                     static_cast<float>(lr));
+    } else {
+      optimizer.step(be, weights_run, stepped, control, static_cast<float>(lr));
+    }
+  };
   if (shards.empty()) {
-    optimizer.step(be, master, grads, control, static_cast<float>(lr));
+    optimizer_step(master, grads);
     // On a skip the weights are unchanged, and rounding them again changes nothing.
     precision.refresh_weights(be, model.params(), rounding);
   } else {
@@ -246,9 +261,8 @@ Update apply_update(Backend& be, Model& model, Optimizer& optimizer, MixedPrecis
     // optimizer updates: gathered, then (bf16 without a master) rounded alike on every rank.
     const bool sharded_master = precision.sharded_master();
     const Tensor& shared = sharded_master ? model.params().flat_weights() : master;
-    optimizer.step(be,
-                   precision.sharded() ? master : element_range(master, mine.offset, mine.count),
-                   my_grads, control, static_cast<float>(lr));
+    optimizer_step(precision.sharded() ? master : element_range(master, mine.offset, mine.count),
+                   my_grads);
     if (sharded_master) precision.refresh_weights(be, model.params(), rounding);
     const auto start = std::chrono::steady_clock::now();
     if (weights) {
@@ -497,7 +511,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   Arena arena(plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model->bind(arena);
   run->binder.bind(arena);
-  optimizer->reset(*be);
+  // offload_optimizer: the optimizer's state is in host memory, stepped by the CPU's backend.
+  const std::unique_ptr<Backend> host_be = run->offload ? make_backend(Device::cpu) : nullptr;
+  optimizer->reset(host_be ? *host_be : *be);
   // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
   std::optional<ShardedWeights> weights;
   if (!run->weight_shard.empty()) {
@@ -609,9 +625,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     }
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
-    const Update update = apply_update(*be, *model, *optimizer, precision, lr, loss_scale,
-                                       o.max_grad_norm, step, o.seed, faults.overflow_at_step, dist,
-                                       run->shards, run->grad_shard, weights ? &*weights : nullptr);
+    const Update update =
+        apply_update(*be, *run, host_be.get(), lr, loss_scale, step, faults.overflow_at_step, dist,
+                     weights ? &*weights : nullptr);
     // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
     s.communication_seconds += update.gather_seconds;
     s.communication_wait_seconds += update.gather_seconds;
