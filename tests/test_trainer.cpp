@@ -580,6 +580,13 @@ TEST(Trainer, RefusesBadOptions) {
   refused([](TrainOptions& o) { o.bf16_master_weights = false; },
           "--bf16_master_weights false applies to --bf16 training only");
   refused([](TrainOptions& o) { o.device = "tpu"; }, "unknown device");
+  refused([](TrainOptions& o) { o.offload_optimizer = "nvme"; },
+          "unknown offload_optimizer \"nvme\" (valid: none, cpu)");
+  refused(
+      [](TrainOptions& o) {
+        o.offload_optimizer = "cpu", o.bf16 = true, o.bf16_master_weights = false;
+      },
+      "offload_optimizer cpu with --bf16 needs the float32 master copy");
   refused([](TrainOptions& o) { o.weight_decay = -1; }, "weight_decay must not be negative");
   refused([](TrainOptions& o) { o.adam_beta1 = 1.0; }, "adam_beta1 must lie in [0, 1)");
   refused([](TrainOptions& o) { o.num_train_epochs = 0, o.max_steps = -1; },
