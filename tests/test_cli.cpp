@@ -590,6 +590,20 @@ TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
   const std::string cpu = "--model bert-large-uncased --bf16 --device cpu";
   EXPECT_EQ(bytes(estimate_json(cpu + " --offload_optimizer cpu"), "planned_total_bytes"),
             bytes(estimate_json(cpu), "planned_total_bytes"));
+  // --fit: GPT-2 in bf16 does not fit 3 GiB of GPU memory with its optimizer on the GPU (the
+  // message says what would); offloaded it does, predicted slower than on a large GPU by at
+  // least the copies (4 bytes per parameter each way at the assumed 25 GB/s).
+  const std::string fit =
+      "--model gpt2 --device cuda --bf16 --per_device_train_batch_size 4 "
+      "--seq_len 256 --fit --fit_optims adamw_torch ";
+  expect_refused("estimate " + fit + "--max_memory 3GiB",
+                 "or the optimizer in host memory (--offload_optimizer cpu)");
+  const nlohmann::json offloaded = estimate_json(fit + "--max_memory 3GiB --offload_optimizer cpu");
+  const nlohmann::json roomy = estimate_json(fit + "--max_memory 30GiB");
+  ASSERT_FALSE(offloaded["fit"].empty());
+  ASSERT_FALSE(roomy["fit"].empty());
+  EXPECT_GT(offloaded["fit"][0]["predicted_step_seconds"].get<double>(),
+            roomy["fit"][0]["predicted_step_seconds"].get<double>() + 2 * 4 * 124439808.0 / 25e9);
 }
 
 // estimate --fit lists only configurations of the same global batch that fit, fastest first,

@@ -179,9 +179,12 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
   std::printf("fit: global batch %lld within %s (%s): %zu configurations fit, %d do not\n",
               static_cast<long long>(global), format_mib(budget.budget).c_str(),
               budget.source.c_str(), fits.size(), rejected);
+  const bool can_offload = device == Device::cuda && o.offload_optimizer == "none";
   BRISK_CHECK(!fits.empty(), "no configuration of global batch ", global, " fits ",
-              format_mib(budget.budget),
-              "; allow more precisions or optimizers, or a smaller batch");
+              format_mib(budget.budget), "; allow more precisions or optimizers, ",
+              can_offload ? "a smaller batch, or the optimizer in host memory "
+                            "(--offload_optimizer cpu)"
+                          : "or a smaller batch");
   std::printf("  %-4s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "batch x accum", "recompute",
               "precision", "optim", "needs", "predicted/step");
   for (size_t i = 0; i < fits.size(); ++i) {

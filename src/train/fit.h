@@ -74,14 +74,19 @@ namespace brisk {
 //   with gradient checkpointing) / elementwise rate (LayerNorm, GELU, dropout, rounding,
 //   residuals, forward and backward)
 // + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass)
+// and with offload_optimizer, the host's part of that pass at the host's bandwidth instead, and
+// 2 x 4 bytes per stepped parameter (gradients down, master up) / host link.
 // N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
-// Rates are measurements of brisk on one machine of each kind, named in fit.cpp.
+// Rates are measurements of brisk on one machine of each kind, named in fit.cpp (the host link:
+// assumed).
 struct CostModel {
   double fp32_flops = 0, tf32_flops = 0, bf16_flops = 0, fp16_flops = 0;  // products
   double attention_flops = 0;                                             // attention cores
   double bandwidth = 0;                                                   // bytes/s
   double elementwise = 0;     // activation bytes/s through the elementwise passes (calibrated)
   double layer_overhead = 0;  // seconds per layer per micro-step (launches, host work)
+  double host_bandwidth = 0;  // bytes/s of an offloaded optimizer's pass in host memory
+  double host_link = 0;       // bytes/s each way between host memory and the device
 };
 CostModel cost_model(Device device);
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m);
