@@ -194,10 +194,7 @@ TEST_P(TrainerOn, ResumeEqualsTheUninterruptedRunWithEveryOptimizer) {
     TrainOptions straight = options(model, dir / (tag + "_straight"));
     straight.max_steps = 6;
     straight.save_steps = 3;
-    straight.optim = c.optim;
-    straight.optim_args = c.args;
-    straight.learning_rate = c.lr;
-    straight.weight_decay = 0.01;
+    use_optimizer(straight, c.optim, c.args, c.lr);
     const Result a = run(straight);
     TrainOptions resumed = straight;
     resumed.output_dir = dir / (tag + "_resumed");
@@ -234,10 +231,7 @@ TEST_P(TrainerOn, AnOffloadedOptimizerTrainsAsOneOnTheDevice) {
     TrainOptions on_device = options(model, dir / (tag + "_device"));
     on_device.max_steps = 4;
     on_device.save_steps = 2;
-    on_device.optim = c.optim;
-    on_device.optim_args = c.args;
-    on_device.learning_rate = c.lr;
-    on_device.weight_decay = 0.01;
+    use_optimizer(on_device, c.optim, c.args, c.lr);
     on_device.bf16 = c.precision == "bf16";
     on_device.fp16 = c.precision == "fp16";
     TrainOptions offloaded = on_device;

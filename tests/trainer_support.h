@@ -143,6 +143,16 @@ inline TrainOptions tiny_options(const std::string& model, const std::string& ou
   return o;
 }
 
+// The tests' optimizer settings: --optim, --optim_args, a learning rate that moves the tiny
+// models in a few steps, and weight decay 0.01 (so the decay tables take part).
+inline void use_optimizer(TrainOptions& o, const std::string& optim, const std::string& args,
+                          double lr) {
+  o.optim = optim;
+  o.optim_args = args;
+  o.learning_rate = lr;
+  o.weight_decay = 0.01;
+}
+
 // Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
 class UnequalLengths final : public Dataset {
  public:

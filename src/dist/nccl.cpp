@@ -92,12 +92,8 @@ class Nccl final : public Communicator {
   }
 
   void all_reduce_sum(const Tensor& buf) override {
-    if (on_host(buf)) {
-      all_reduce_sum(stage(buf, 0, true));
-      unstage(0, buf);
-      release_large_staging();
-      return;
-    }
+    if (on_host(buf))
+      return in_place_through_device(buf, [&](const Tensor& b) { all_reduce_sum(b); });
     check_buffer(buf, "all_reduce_sum");
     wait_for_device_work();
     check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
@@ -208,12 +204,8 @@ class Nccl final : public Communicator {
     finish("all_gather_v");
   }
   void broadcast(const Tensor& buf, int root) override {
-    if (on_host(buf)) {
-      broadcast(stage(buf, 0, true), root);
-      unstage(0, buf);
-      release_large_staging();
-      return;
-    }
+    if (on_host(buf))
+      return in_place_through_device(buf, [&](const Tensor& b) { broadcast(b, root); });
     check_buffer(buf, "broadcast");
     wait_for_device_work();
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
@@ -250,6 +242,13 @@ class Nccl final : public Communicator {
     const Tensor gpu_out = on_host(out) ? stage(out, 1, false) : out;
     op(gpu_in, gpu_out);
     if (on_host(out)) unstage(1, out);
+    release_large_staging();
+  }
+  // The same for a collective in place: one GPU copy, copied back.
+  template <typename Op>
+  void in_place_through_device(const Tensor& buf, Op op) {
+    op(stage(buf, 0, true));
+    unstage(0, buf);
     release_large_staging();
   }
   // A host buffer's copy in GPU memory (staging slot 0 or 1, grown as needed), uploaded when

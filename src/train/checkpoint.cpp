@@ -43,10 +43,6 @@ nlohmann::json read_json(const fs::path& path) {
 // weights and optimizer state from where they live, never copying them whole).
 DeviceReader reader_for(Backend& be) {
   return [&be](const Tensor& t, size_t offset, size_t bytes, void* dst) {
-    if (t.device() == Device::cpu) {  // host memory on a GPU run too (an offloaded optimizer's)
-      if (bytes > 0) std::memcpy(dst, t.as<uint8_t>() + offset, bytes);
-      return;
-    }
     be.download(
         Tensor(t.as<uint8_t>() + offset, Shape{static_cast<int64_t>(bytes)}, DType::u8, t.device()),
         Tensor(dst, Shape{static_cast<int64_t>(bytes)}, DType::u8));

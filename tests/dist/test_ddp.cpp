@@ -356,10 +356,7 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         ddp.gradient_accumulation_steps = accumulation;
         ddp.max_steps = 4;
         ddp.save_steps = 2;
-        ddp.optim = c.optim;
-        ddp.optim_args = c.args;
-        ddp.learning_rate = c.lr;
-        ddp.weight_decay = 0.01;
+        use_optimizer(ddp, c.optim, c.args, c.lr);
         ddp.bf16 = c.bf16;
         // With accumulation, stage 2 sums in pieces of 262 elements (every segment cut into
         // several, cut again by the shards).
@@ -459,9 +456,7 @@ TEST(DataParallel, AnOffloadedOptimizerTrainsAsOneSteppedInPlace) {
         o.gradient_accumulation_steps = 2;
         o.max_steps = 4;
         o.save_steps = 2;
-        o.optim = optim;
-        o.optim_args = optim == "adamw_8bit" ? "min_8bit_size=256" : "";
-        o.weight_decay = 0.01;
+        use_optimizer(o, optim, optim == "adamw_8bit" ? "min_8bit_size=256" : "", 3e-3);
         o.bf16 = bf16;
         o.zero_stage = stage;
         TrainOptions off = o;
