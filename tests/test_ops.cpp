@@ -3,6 +3,7 @@
 // table, dropout's keep rate and sites, and grouped-query attention equal to multi-head attention
 // over repeated keys.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -403,6 +404,33 @@ TEST(OpsCrossEntropy, AMismatchedGradientIsRefused) {
                             view(wide, {N, V + 1}));
   be->softmax_cross_entropy(view(logits, {N, V}), view(labels, {N}), true, 1.f, sum,
                             view(same, {N, V}));
+}
+
+// The CPU's sums (the gradients' squares, the loss) give the same bits on any number of threads.
+// OpenMP's reduction clause added the threads' parts in the order they finished: from three
+// threads on, the bits changed from run to run (seen on a 16-core machine).
+TEST(OpsSums, TheSameBitsOnAnyNumberOfThreads) {
+  auto be = brisk::make_cpu_backend();
+  std::mt19937 rng(16);
+  const int N = 700, V = 33, n = 1 << 20;
+  const FVec x = randn(n, rng), logits0 = randn(size_t(N) * V, rng);
+  IVec labels(N);
+  for (int r = 0; r < N; ++r) labels[r] = r % V;
+  const int before = omp_get_max_threads();
+  Vec squares, losses;
+  for (int threads : {1, 2, 3, 7, 16}) {
+    omp_set_num_threads(threads);
+    FVec xs = x, logits = logits0;
+    double acc = 0.0;
+    be->sum_squares(view(xs, {n}), Tensor(&acc, Shape{1}, DType::f64));
+    squares.push_back(acc);
+    losses.push_back(cross_entropy(*be, logits, labels, N, V, true, 1.f));
+  }
+  omp_set_num_threads(before);
+  for (size_t i = 1; i < squares.size(); ++i) {
+    EXPECT_EQ(squares[i], squares[0]) << "sum_squares, run " << i;
+    EXPECT_EQ(losses[i], losses[0]) << "softmax_cross_entropy, run " << i;
+  }
 }
 
 // Shapes: an odd last dimension, a half of the wrong width or rows, a dgate_up too small.

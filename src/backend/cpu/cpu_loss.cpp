@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_exp.h"
+#include "backend/cpu/cpu_sum.h"
 
 namespace brisk {
 
@@ -25,16 +26,15 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
     BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
                 " is outside [0, ", V, ")");
   float* z = logits.f32();
-  double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
-  for (int64_t r = 0; r < N; ++r) {
+  // Row r's loss; its gradient written as it goes.
+  auto row_loss = [&](int64_t r) -> double {
     float* row = z + r * V;
     if (y[r] == kIgnoreIndex) {
       if (g16)
         std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
       else if (write_grad)
         std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
-      continue;
+      return 0.0;
     }
     float mx = row[0];
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
@@ -55,7 +55,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
       for (int64_t j = 0; j < len; ++j) part += out[j];
       sum += part;
     }
-    total += std::log(sum) - static_cast<double>(target - mx);
+    const double loss = std::log(sum) - static_cast<double>(target - mx);
     if (write_grad) {
       // row holds the exponentials: scaled, less grad_scale at the label, and (bf16) rounded.
       const float f = static_cast<float>(grad_scale / sum);
@@ -72,8 +72,13 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
         out[label] -= grad_scale;
       }
     }
-  }
-  loss_sum.as<double>()[0] += total;
+    return loss;
+  };
+  loss_sum.as<double>()[0] += ordered_sum(N, 1, true, [&](int64_t begin, int64_t end) {
+    double part = 0.0;
+    for (int64_t r = begin; r < end; ++r) part += row_loss(r);
+    return part;
+  });
 }
 
 void CpuBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_sum.h"
 #include "optim/step_control.h"
 
 namespace brisk {
@@ -23,10 +24,12 @@ void CpuBackend::sum_squares(const Tensor& x, const Tensor& acc) {
   expect(acc, DType::f64, Shape{1}, "sum_squares accumulator");
   const float* g = x.f32();
   const int64_t n = x.numel();
-  double sq = 0.0;
-#pragma omp parallel for simd reduction(+ : sq) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * g[i];
-  acc.as<double>()[0] += sq;
+  acc.as<double>()[0] += ordered_sum(n, 4096, true, [g](int64_t begin, int64_t end) {
+    double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t i = begin; i < end; ++i) sq += static_cast<double>(g[i]) * g[i];
+    return sq;
+  });
 }
 
 void CpuBackend::decide_step(const Tensor& stats, double loss_scale, double max_norm,

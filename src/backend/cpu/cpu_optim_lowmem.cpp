@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_sum.h"
 #include "optim/quantization.h"
 #include "optim/step_control.h"
 
@@ -67,13 +68,15 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
     const bool par = len > 32768;
     double step = u.step_size;
     if (u.scale_parameter) {  // the parameter's RMS before this update
-      double sq = 0;
-#pragma omp parallel for simd reduction(+ : sq) schedule(static) if (par)
-      for (int64_t i = 0; i < len; ++i) sq += static_cast<double>(w[i]) * w[i];
+      const double sq = ordered_sum(len, 4096, par, [w](int64_t begin, int64_t end) {
+        double part = 0;
+#pragma omp simd reduction(+ : part)
+        for (int64_t i = begin; i < end; ++i) part += static_cast<double>(w[i]) * w[i];
+        return part;
+      });
       step *= std::max(static_cast<double>(u.eps2), std::sqrt(sq / static_cast<double>(len)));
     }
     // The update before clipping and scaling is g * scale(i) for a per-element factor.
-    double update_sq = 0;
     double row_mean = 1;
     if (s.factored) {
       float* __restrict row = v;
@@ -118,11 +121,14 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
       const int64_t r = i / C, c = i - r * C;
       return gi / std::sqrt(v[r] / rm) / std::sqrt(v[R + c]);
     };
-#pragma omp parallel for reduction(+ : update_sq) schedule(static) if (par)
-    for (int64_t i = 0; i < len; ++i) {
-      const double x = raw(i);
-      update_sq += x * x;
-    }
+    const double update_sq = ordered_sum(len, 4096, par, [&raw](int64_t begin, int64_t end) {
+      double part = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const double x = raw(i);
+        part += x * x;
+      }
+      return part;
+    });
     const double rms = std::sqrt(update_sq / static_cast<double>(len));
     const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
     const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
