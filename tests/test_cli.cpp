@@ -439,7 +439,7 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
                                   R"({"model_type":"gpt2","vocab_size":4611686018427387904,)"
                                   R"("n_embd":64,"n_layer":1,"n_head":2,"n_positions":64})"),
        "is outside [1, 2147483647]"},
-      {"train --seq_len 8 --model " +
+      {"train --device cpu --seq_len 8 --model " +
            file("bounds.json", R"({"model_type":"gpt2","vocab_size":2147483647,"n_embd":131072,)"
                                R"("n_layer":4096,"n_head":4096,"n_positions":4194304})"),
        "of host memory but only"},

@@ -1,6 +1,7 @@
-// The NCCL communicator (dist/nccl.cpp) in one process: every collective on GPU buffers, host
-// buffers refused. Skips, saying why, where no GPU can run it; without a GPU it checks that asking
-// for NCCL ends with one clear message. Several ranks: tests/dist/test_nccl_ranks.cpp.
+// The NCCL communicator (dist/nccl.cpp) in one process: every collective on GPU buffers, and host
+// buffers staged through the GPU (ZeRO's host-resident parts). Skips, saying why, where no GPU can
+// run it; without a GPU it checks that asking for NCCL ends with one clear message. Several ranks:
+// tests/dist/test_nccl_ranks.cpp.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -47,8 +48,12 @@ TEST(Nccl, OneRanksCollectivesOnTheGpu) {
   comm->broadcast(a, 0);
   comm->barrier();
   EXPECT_EQ(buf.get(a), x);
-  FVec host(5);
-  EXPECT_THROW(comm->all_reduce_sum(Tensor(host.data(), Shape{5}, DType::f32)), Error);
+  FVec host = x;
+  comm->all_reduce_sum(Tensor(host.data(), Shape{5}, DType::f32));
+  EXPECT_EQ(host, x);
+  FVec host_out(5, -7.f);
+  comm->all_gather(a, Tensor(host_out.data(), Shape{5}, DType::f32));
+  EXPECT_EQ(host_out, x);
 }
 
 }  // namespace

@@ -94,6 +94,7 @@ class MixedPrecisionTraining : public ::testing::Test {
   TrainRun run(const std::string& name, bool fp16, bool bf16, int64_t steps = 30,
                bool master_weights = true, FaultHooks faults = {}) {
     TrainOptions o;
+    o.device = "cpu";  // the plans below are the CPU's (a GPU's: CudaTrainer's tests)
     o.model_name_or_path = (dir_ / "model").string();
     o.output_dir = (dir_ / name).string();
     o.synthetic_task = "learnable";
