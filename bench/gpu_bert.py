@@ -126,7 +126,8 @@ def run_brisk(cfg_dir, out_dir, kind, samples, seq, opts, dataset=None):
     with open(os.path.join(out_dir, "train_results.json")) as f:
         r = json.load(f)
     return {"samples_per_second": r["train_samples_per_second"],
-            "gpu_memory": r["memory"]["device_memory_used_bytes"]}
+            "gpu_memory": r["memory"]["device_memory_used_bytes"],
+            "peak_rss": r["memory"]["peak_rss_bytes"]}
 
 
 def run_hf(cfg_dir, out_dir, kind, samples, seq, opts):
