@@ -472,6 +472,27 @@ TEST(Trainer, AutoFindBatchSizeFitsTheBudgetAndKeepsTheGlobalBatch) {
     const std::string what = e.what();
     EXPECT_NE(what.find("not even per_device_train_batch_size 1 fits"), std::string::npos) << what;
     EXPECT_NE(what.find("with --gradient_checkpointing"), std::string::npos) << what;
+    // On the CPU the optimizer state is in host memory already: offload is no way out.
+    EXPECT_EQ(what.find("offload_optimizer"), std::string::npos) << what;
+  }
+  // A GPU run (planned without a GPU) that nothing fits names offload too, with what batch 1
+  // needs then: less than without it.
+  MemoryBudget gpu{Device::cuda, size_t{1} << 20, 0, "a 1 MiB test budget"};
+  const auto mib_before = [](const std::string& what, const std::string& tail) {
+    const size_t at = what.find(tail);
+    EXPECT_NE(at, std::string::npos) << what;
+    const size_t from = what.rfind(", ", at);
+    return std::stod(what.substr(from + 2, at - from - 2));
+  };
+  try {
+    fit_batch(tiny, Device::cuda, gpu, nullptr);
+    ADD_FAILURE() << "a 1 MiB GPU budget was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const double checkpointed = mib_before(what, " MiB with --gradient_checkpointing,");
+    const double offloaded =
+        mib_before(what, " MiB with --gradient_checkpointing and --offload_optimizer cpu");
+    EXPECT_LT(offloaded, checkpointed) << what;
   }
 }
 

@@ -90,8 +90,9 @@ size_t needed_bytes(const MemoryPlan& plan, const MemoryBudget& budget) {
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
                    const Dataset* dataset) {
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
-  auto need = [&](int64_t batch, bool checkpointing) {
+  auto need = [&](int64_t batch, bool checkpointing, const std::string& offload = "") {
     TrainOptions t = o;
+    if (!offload.empty()) t.offload_optimizer = offload;
     t.per_device_train_batch_size = batch;
     t.gradient_accumulation_steps = global / batch;
     t.gradient_checkpointing = checkpointing;
@@ -116,13 +117,17 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
       f.reason += "; the next larger batch dividing " + std::to_string(global) + " does not fit";
     return f;
   }
-  BRISK_FAIL(
-      "auto_find_batch_size: not even per_device_train_batch_size 1 fits ",
-      format_mib(budget.budget), " (", budget.source, "): it needs ",
-      format_mib(need(1, o.gradient_checkpointing)),
-      o.gradient_checkpointing
-          ? ""
-          : (", and " + format_mib(need(1, true)) + " with --gradient_checkpointing").c_str());
+  // What batch 1 would need with each memory saver not yet on.
+  std::string savers;
+  if (!o.gradient_checkpointing)
+    savers += ", " + format_mib(need(1, true)) + " with --gradient_checkpointing";
+  if (device == Device::cuda && o.offload_optimizer == "none")
+    savers += ", " + format_mib(need(1, true, "cpu")) + " with " +
+              (o.gradient_checkpointing ? "" : "--gradient_checkpointing and ") +
+              "--offload_optimizer cpu";
+  BRISK_FAIL("auto_find_batch_size: not even per_device_train_batch_size 1 fits ",
+             format_mib(budget.budget), " (", budget.source, "): it needs ",
+             format_mib(need(1, o.gradient_checkpointing)), savers);
 }
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
