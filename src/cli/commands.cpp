@@ -237,10 +237,10 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const bool sharded_grads = !run.shards.empty() && o.zero_stage >= 2;
   // offload_optimizer: each rank also downloads its run of the gradients to host memory, where
   // its master copy and optimizer state are (rank 0's plan holds its run).
-  const double host_copy =
-      run.offload
-          ? 4.0 * static_cast<double>(run.precision->master_elements(run.model->params()).count)
-          : 0.0;
+  const double host_copy = run.offload
+                               ? static_cast<double>(run.plan.bytes_by_category(
+                                     Placement::host)[static_cast<int>(Category::gradients)])
+                               : 0.0;
   const double staged =
       bytes(Category::gradients) - host_copy -
       (sharded_grads ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
@@ -295,12 +295,12 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const double K = whole_state / n;
   const std::string per_world = " / " + std::to_string(world);
   const double master_share = sharded_master ? 4.0 * n / world : master;
-  const double host_share = run.offload ? 4.0 * n / (run.shards.empty() ? 1 : world) : 0.0;
+  const double sharing = run.shards.empty() ? 1.0 : world;  // ranks sharing the optimizer
+  const double host_share = run.offload ? 4.0 * n / sharing : 0.0;
   const double grad_share = (sharded_grads ? (staged + 4.0 * n / world) : staged) + host_share;
   const double weight_share = sharded_weights ? (weights + 4.0 * n / world) : weights;
-  const double stage_formula = (weight_share + master_share + grad_share +
-                                (run.shards.empty() ? whole_state : whole_state / world)) /
-                               n;
+  const double stage_formula =
+      (weight_share + master_share + grad_share + whole_state / sharing) / n;
   std::printf(
       "  model states per rank: weights %.2f%s + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
@@ -312,12 +312,13 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
                              : " + 4" + per_world + " on the host"))
           .c_str(),
       K, run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
+  const double host_per_param =
+      run.offload ? (master_share + whole_state / sharing + host_share) / n : 0.0;
   if (run.offload)
     std::printf(
         "  offload_optimizer cpu: master, optimizer state and the gradients' host copy "
         "in host memory, %.2f bytes/param per rank; on the device %.2f\n",
-        (master_share + whole_state / (run.shards.empty() ? 1 : world) + host_share) / n,
-        (weight_share + grad_share - host_share) / n);
+        host_per_param, (weight_share + grad_share - host_share) / n);
   if (run.optimizer->name() == "adamw_torch") {
     const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
                          (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
@@ -343,10 +344,7 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
           {"gradient_bytes_per_param", grad_share / n},
           {"optimizer_bytes_per_param", K},
           {"model_state_bytes_per_param", stage_formula},
-          {"host_model_state_bytes_per_param",
-           run.offload
-               ? (master_share + whole_state / (run.shards.empty() ? 1 : world) + host_share) / n
-               : 0.0},
+          {"host_model_state_bytes_per_param", host_per_param},
           {"ranks", per_rank}};
 }
 }  // namespace

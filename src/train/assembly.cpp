@@ -129,11 +129,13 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     if (mine == 0) {  // what the optimizer keeps on one rank outweighs a rank's share
       std::string name;
       int64_t kept = 0;
-      for (const ParamInfo& p : r.model->params().list())
-        if (std::min(p.shape.numel(), optimizer.shard_granule(p)) > kept) {
-          kept = std::min(p.shape.numel(), optimizer.shard_granule(p));
+      for (const ParamInfo& p : r.model->params().list()) {
+        const int64_t together = std::min(p.shape.numel(), optimizer.shard_granule(p));
+        if (together > kept) {
+          kept = together;
           name = p.name;
         }
+      }
       BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", rank, " of ", ranks,
                  " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
                  " elements together on one rank ('", name, "'), more than a rank's share of ",

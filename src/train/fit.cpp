@@ -198,21 +198,22 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double activations = k * 3 * produced * recompute / m.elementwise;
   // The optimizer pass over the model states where they are: all on the device, or offloaded
   // the master, state and gradients' copy in host memory, with the copies there and back.
-  auto states = [](const std::array<size_t, kNumCategories>& by) {
+  auto of_bytes = [](const std::array<size_t, kNumCategories>& by, Category cat) {
+    return static_cast<double>(by[static_cast<int>(cat)]);
+  };
+  auto states = [&](const std::array<size_t, kNumCategories>& by) {
     double sum = 0;
     for (Category cat : {Category::weights, Category::master_weights, Category::gradients,
                          Category::optimizer_state})
-      sum += static_cast<double>(by[static_cast<int>(cat)]);
+      sum += of_bytes(by, cat);
     return sum;
   };
-  double optimizer = 2 * states(bytes) / m.bandwidth;
-  if (run.offload) {
-    const double host = states(run.plan.bytes_by_category(Placement::host));
-    const double moved =
-        4.0 * static_cast<double>(run.precision->master_elements(run.model->params()).count);
-    optimizer = 2 * (states(bytes) - host) / m.bandwidth + 2 * host / m.host_bandwidth +
-                2 * moved / m.host_link;
-  }
+  const auto host_bytes = run.plan.bytes_by_category(Placement::host);
+  const double host = run.offload ? states(host_bytes) : 0.0;
+  // The gradients' host copy's bytes go down, as many of the master's up.
+  const double moved = run.offload ? of_bytes(host_bytes, Category::gradients) : 0.0;
+  const double optimizer = 2 * (states(bytes) - host) / m.bandwidth + 2 * host / m.host_bandwidth +
+                           2 * moved / m.host_link;
   return matmul + attention + k * L * m.layer_overhead + activations + optimizer;
 }
 

@@ -243,7 +243,7 @@ void visit_options(Options& o, Visitor&& v) {
     "one block's weights none are (one block's room less memory, no overlap); -1 = one block");
   v("offload_optimizer", o.offload_optimizer,
     "cpu: a GPU run keeps the optimizer's state and the float32 master copy in host memory and "
-    "updates them on the CPU (the GPU holds 16-bit weights and the gradients); none: on the GPU. "
+    "updates them on the CPU (the GPU keeps the weights and the gradients); none: on the GPU. "
     "A CPU run's state is in host memory either way");
   v("deepspeed", o.deepspeed,
     "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm, "

@@ -45,6 +45,13 @@ struct SharedDir {
   }
   ~SharedDir() { world().barrier(); }  // nobody still reads when rank 0 removes it
   std::string operator/(const std::string& rel) const { return path + "/" + rel; }
+  // A tiny model's folder (trainer_support's write_config), written by rank 0 while the others
+  // wait.
+  std::string model(const std::string& type, int layers = 2) const {
+    if (world().rank() == 0) write_config(*owned, type, 0.0, layers);
+    world().barrier();
+    return *this / (type + "_model");
+  }
 };
 
 struct Logged {
@@ -89,9 +96,7 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
                               (bucket_mb < 1 ? "_small_buckets" : "");
       SCOPED_TRACE(tag);
       SharedDir dir("ddp_" + tag);
-      std::string model = dir / (type + "_model");
-      if (world().rank() == 0) model = write_config(*dir.owned, type, 0.0);
-      world().barrier();
+      const std::string model = dir.model(type);
       UnequalLengths lm_data;  // 18 samples: whole global batches on 2 and 3 ranks
       const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
       TrainOptions o = tiny_options(model, dir / "ranks");
@@ -343,14 +348,10 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
                                 std::to_string(accumulation);
         SCOPED_TRACE(tag);
         SharedDir dir(tag);
-        std::string model = dir / "gpt2_model";
-        if (world().rank() == 0) {
-          // Five blocks: stage 2 stages them in two rooms (two rooms and the shard hold less
-          // than whole gradients), summing one block's gradients while the next block's
-          // backward computes; stage 3 gathers their weights into two rooms likewise.
-          model = write_config(*dir.owned, "gpt2", 0.0, 5);
-        }
-        world().barrier();
+        // Five blocks: stage 2 stages them in two rooms (two rooms and the shard hold less
+        // than whole gradients), summing one block's gradients while the next block's
+        // backward computes; stage 3 gathers their weights into two rooms likewise.
+        const std::string model = dir.model("gpt2", 5);
         TrainOptions ddp = tiny_options(model, dir / "ddp");
         ddp.per_device_train_batch_size = 2;
         ddp.gradient_accumulation_steps = accumulation;
@@ -448,9 +449,7 @@ TEST(DataParallel, AnOffloadedOptimizerTrainsAsOneSteppedInPlace) {
             "offload_zero" + std::to_string(stage) + "_" + optim + (bf16 ? "_bf16" : "");
         SCOPED_TRACE(tag);
         SharedDir dir(tag);
-        std::string model = dir / "gpt2_model";
-        if (world().rank() == 0) model = write_config(*dir.owned, "gpt2", 0.0, 5);
-        world().barrier();
+        const std::string model = dir.model("gpt2", 5);
         TrainOptions o = tiny_options(model, dir / "in_place");
         o.per_device_train_batch_size = 2;
         o.gradient_accumulation_steps = 2;
@@ -568,9 +567,7 @@ TEST(DataParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   const int N = world().size(), r = world().rank();
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("ddp_nccl");
-  std::string model = dir / "gpt2_model";
-  if (r == 0) model = write_config(*dir.owned, "gpt2", 0.0, 5);
-  world().barrier();
+  const std::string model = dir.model("gpt2", 5);
   UnequalLengths data;
   TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
   o.per_device_train_batch_size = 2;
@@ -608,9 +605,7 @@ TEST(DataParallel, GpuRanksTrainThroughNcclAsOneProcess) {
 // What data parallelism does not do yet is refused on every rank alike, before any step.
 TEST(DataParallel, UnsupportedRunsAreRefused) {
   SharedDir dir("ddp_refused");
-  std::string model = dir / "bert_model";
-  if (world().rank() == 0) model = write_config(*dir.owned, "bert", 0.0);
-  world().barrier();
+  const std::string model = dir.model("bert");
   TrainOptions o = tiny_options(model, dir / "fit");
   o.auto_find_batch_size = true;
   expect_error([&] { run(o, nullptr, &world()); }, "--auto_find_batch_size in a run of");
