@@ -332,10 +332,13 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
         paper, sharded_grads ? rooms(run.model->staged_rooms(), "gradients").c_str() : "",
-        sharded_weights ? (", the embeddings' and head's weights whole" +
-                           rooms(run.model->weight_rooms(), "weights"))
-                              .c_str()
-                        : "");
+        !sharded_weights ? ""
+        : run.model->weight_rooms() == 0
+            ? ", weights staged whole"
+            : (std::string(", weights gathered into ") +
+               (run.model->weight_rooms() == 2 ? "two blocks' rooms" : "one block's room") +
+               " or the embeddings' and head's, whichever holds more")
+                  .c_str());
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},

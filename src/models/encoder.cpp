@@ -263,8 +263,8 @@ class Encoder final : public Model {
   // DistilBERT's sinusoidal_pos_embds: the position table starts as sin/cos of
   // pos / 10000^(2*(j/2)/dim) (even columns sin, odd cos), then trains like any other weight
   // (transformers 5 copies the values into the parameter without freezing it).
-  void init_extra(Backend& be) override {
-    if (!config_.sinusoidal_positions) return;
+  void init_extra(Backend& be, int param) override {
+    if (!config_.sinusoidal_positions || param != pos_) return;
     const int64_t C = config_.hidden_size;
     write_in_pieces(be, w(pos_), [&](const Tensor& piece, int64_t first) {
       float* x = piece.f32();
@@ -276,6 +276,9 @@ class Encoder final : public Model {
       }
     });
   }
+
+  bool head_reads_embeddings() const override { return masked_lm(); }  // the tied decoder
+  bool embed_backward_reads_weights() const override { return true; }  // the LayerNorm
 
   static float dropout(float p, const StepOptions& o) { return o.training ? p : 0.0f; }
 

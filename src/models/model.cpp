@@ -56,13 +56,13 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
-  weight_rooms_ =
-      options.weight_rooms > 0 && !options.weights_only && staged_elements(options.weight_rooms) < n
-          ? options.weight_rooms
-          : 0;
+  weight_rooms_ = options.weight_rooms > 0 && !options.weights_only &&
+                          staged_weight_elements(options.weight_rooms) < n
+                      ? options.weight_rooms
+                      : 0;
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
-                  DType::f32, Shape{staged_weights() ? staged_elements(weight_rooms_) : n});
+                  DType::f32, Shape{staged_weights() ? staged_weight_elements(weight_rooms_) : n});
   declare_constants(plan, shape);
   staged_ = false;
   if (options.weights_only) return;
@@ -186,8 +186,10 @@ void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tens
 
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
-  params_.bind(flat_weights_, flat_grads_,
-               staged_weights() ? staged_offsets(weight_rooms_) : std::vector<int64_t>(),
+  std::vector<int64_t> weight_offsets;
+  if (staged_weights())
+    for (const ParamInfo& p : params_.list()) weight_offsets.push_back(weight_offset(p.offset));
+  params_.bind(flat_weights_, flat_grads_, weight_offsets,
                staged_ && !flat_grads_.empty() ? staged_offsets(rooms_) : std::vector<int64_t>());
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;
   arena_ = &arena;
@@ -455,14 +457,19 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   const BlockStyle st = style(o.training);
   const bool direct = direct_product_inputs(be);
   const int L = static_cast<int>(config_.num_layers);
-  if (weight_source_) weight_source_->prefetch(L);  // block 0, while the embeddings compute
+  // ZeRO stage 3's segments (param_segments()): the head 0, block l L - l, the embeddings L + 1.
+  const int embeddings = L + 1;
+  need_weights(embeddings, L);  // block 0 on its way while the embeddings compute
   embed_forward(be, o);
   for (int l = 0; l < L; ++l) {
-    need_block(l, l + 1);
+    need_weights(L - l, L - l - 1);  // then the next block's, or after the last the head's
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
     if (!stored_.empty()) transfer(be, work_, stored_[l], direct);
   }
+  const bool tied = head_reads_embeddings();
+  need_weights(0, tied ? embeddings : -1);
+  if (tied) need_weights(embeddings, -1);
   head_forward(be, o);
 }
 
@@ -552,40 +559,67 @@ Tensor Model::grad_segment(int i) const {
   return element_range(flat_grads_, staged_ ? staged_offset(r.offset, rooms_) : r.offset, r.count);
 }
 
+// Staged weights: the blocks' rooms from the start of the buffer; the head's weights and then the
+// embeddings' at its end, side by side (a tied head reads both at once) over the rooms where the
+// buffer is as long as the rooms, after them where it is longer.
+int64_t Model::staged_weight_elements(int rooms) const {
+  const int64_t total = params_.total_elements();
+  if (staged_elements(rooms) == total) return total;
+  const int64_t edges = segments_.front().count + segments_.back().count;
+  return std::max(static_cast<int64_t>(rooms) * segments_[1].count, edges);
+}
+
+int64_t Model::weight_offset(int64_t at) const {
+  const int64_t length = flat_weights_.numel();
+  const int64_t first = segments_.back().count;  // the embeddings: [0, first)
+  const int64_t end = segments_.front().offset;  // the head: [end, total)
+  const int64_t block = segments_[1].count;
+  if (at < first) return length - first + at;
+  if (at >= end) return length - first - segments_.front().count + (at - end);
+  return (at - first) / block % weight_rooms_ * block + (at - first) % block;
+}
+
 // Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1).
-int Model::weight_room(int segment) const {
-  const int last = static_cast<int>(segments_.size()) - 1;
-  BRISK_CHECK(segment >= 0 && segment <= last, "internal error: weight segment ", segment);
-  if (!staged_weights() || segment == 0 || segment == last) return -1;
-  return (last - 1 - segment) % weight_rooms_;
+ElementRange Model::weight_place(int segment) const {
+  const ElementRange r = segments_.at(static_cast<size_t>(segment));
+  return staged_weights() ? ElementRange{weight_offset(r.offset), r.count} : r;
+}
+
+bool Model::weights_overlap(int a, int b) const {
+  const ElementRange x = weight_place(a), y = weight_place(b);
+  return x.offset < y.offset + y.count && y.offset < x.offset + x.count;
 }
 
 Tensor Model::weight_segment(int segment) const {
-  const ElementRange r = segments_.at(static_cast<size_t>(segment));
-  return element_range(
-      flat_weights_, staged_weights() ? staged_offset(r.offset, weight_rooms_) : r.offset, r.count);
+  const ElementRange r = weight_place(segment);
+  return element_range(flat_weights_, r.offset, r.count);
 }
 
-void Model::need_block(int l, int next) const {
+void Model::need_weights(int segment, int next) const {
   if (!weight_source_) return;
-  const int L = static_cast<int>(config_.num_layers);
-  weight_source_->need(L - l);
-  if (next >= 0 && next < L) weight_source_->prefetch(L - next);
+  weight_source_->need(segment);
+  if (next >= 0 && !weights_overlap(segment, next)) weight_source_->prefetch(next);
+}
+
+int Model::segment_of(int64_t at) const {
+  for (size_t s = 0; s < segments_.size(); ++s)
+    if (at >= segments_[s].offset && at < segments_[s].offset + segments_[s].count)
+      return static_cast<int>(s);
+  BRISK_FAIL("internal error: element ", at, " is in no segment");
 }
 
 void Model::written(size_t i) const {
   if (!weight_source_ || !staged_weights()) return;
   const ParamInfo& p = params_.list()[i];
   const int64_t end = p.offset + p.shape.numel();
-  for (size_t s = 1; s + 1 < segments_.size(); ++s)
+  for (size_t s = 0; s < segments_.size(); ++s)
     if (segments_[s].offset + segments_[s].count == end)
       weight_source_->filled(static_cast<int>(s));
 }
 
 void Model::written_all() const {
-  if (!weight_source_) return;
-  for (size_t s = 0; s < segments_.size(); ++s)
-    if (weight_room(static_cast<int>(s)) < 0) weight_source_->filled(static_cast<int>(s));
+  if (!weight_source_ || staged_weights()) return;  // staged: each segment reported as written
+  for (size_t s = 0; s < segments_.size(); ++s) weight_source_->filled(static_cast<int>(s));
 }
 
 void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {
@@ -599,8 +633,11 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   };
   head_backward(be, o);
   report(0);
-  for (int l = static_cast<int>(config_.num_layers) - 1; l >= 0; --l) {
-    need_block(l, l - 1);
+  const int L = static_cast<int>(config_.num_layers);
+  const bool embeddings_read = embed_backward_reads_weights();
+  for (int l = L - 1; l >= 0; --l) {
+    // Then the block before, or after the first the embeddings' where their backward reads them.
+    need_weights(L - l, l > 0 ? L - l + 1 : embeddings_read ? L + 1 : -1);
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.num_layers - 1;
     if (options_.gradient_checkpointing && !last)
@@ -622,8 +659,9 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
                    !o.first_micro_batch);
-    report(static_cast<int>(config_.num_layers) - l);
+    report(L - l);
   }
+  if (embeddings_read) need_weights(L + 1, -1);
   embed_backward(be, o);
   if (done) done(split ? static_cast<int>(grad_segments_.size()) - 1 : 0);
 }
@@ -681,14 +719,14 @@ void Model::init_weights(Backend& be, uint64_t seed) {
       else
         for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
     });
-    written(i);
+    if (static_cast<int>(i) == padded_embedding_) {
+      const Tensor table = params_.weight(padded_embedding_);
+      const int64_t C = table.dim(1);
+      be.fill(element_range(table, config_.pad_token_id * C, C), 0.0f);
+    }
+    init_extra(be, static_cast<int>(i));
+    written(i);  // staged weights: its segment's place may be overwritten after this
   }
-  if (padded_embedding_ >= 0) {
-    const Tensor table = params_.weight(padded_embedding_);
-    const int64_t C = table.dim(1);
-    be.fill(element_range(table, config_.pad_token_id * C, C), 0.0f);
-  }
-  init_extra(be);
   written_all();
 }
 
@@ -711,10 +749,23 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     missing.push_back(p.name);
   }
   if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
+  // Staged weights (ZeRO stage 3): a segment the file gives in part is first gathered, with its
+  // initialized values, into its place, which other segments have overwritten since.
+  std::vector<bool> partial(segments_.size(), false);
+  if (weight_source_ && staged_weights())
+    for (const std::string& name : missing)
+      partial[static_cast<size_t>(segment_of(params_.list()[params_.index(name)].offset))] = true;
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
+    const int segment = segment_of(p.offset);
+    if (partial[static_cast<size_t>(segment)] &&
+        p.offset == segments_[static_cast<size_t>(segment)].offset)
+      weight_source_->need(segment);
     const std::string name = file.has(p.name) ? p.name : p.name.substr(prefix.size());
-    if (!file.has(name)) continue;
+    if (!file.has(name)) {
+      written(i);
+      continue;
+    }
     const Tensor& src = file.get(name);
     const SafetensorsFile& holder = file.file_of(name);
     const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";

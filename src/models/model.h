@@ -74,10 +74,11 @@ struct PlanOptions {
   // one; with one, this segment's. Models whose blocks are not laid out alike, or have no more
   // blocks than rooms, keep whole gradients.
   int gradient_rooms = 0;
-  // ZeRO stage 3: weight_rooms (1 or 2) > 0 stages the weights alike: the weight buffer holds the
-  // embeddings' and the head's weights and the rooms of that many blocks, into which the model's
-  // WeightRooms gathers each block's weights before the block runs (block b in room b mod rooms;
-  // with two, the next block's gather runs while a block computes).
+  // ZeRO stage 3: weight_rooms (1 or 2) > 0 stages the weights: the weight buffer holds the rooms
+  // of that many blocks, into which the model's WeightRooms gathers each block's weights before
+  // the block runs (block b in room b mod rooms; with two, the next block's gather runs while a
+  // block computes), and over the same space the embeddings' and the head's weights, each
+  // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_rooms = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
   // holds at most Model::kLogitsChunkBytes of them (GPT-2: 128 rows). The head computes its logits,
@@ -87,13 +88,15 @@ struct PlanOptions {
 };
 
 // ZeRO stage 3: who fills the model's weight rooms (train/zero's ShardedWeights). Segments are
-// numbered as param_segments().
+// numbered as param_segments(); segments whose places overlap (Model::weight_place) hold their
+// weights in turn.
 class WeightRooms {
  public:
   virtual ~WeightRooms() = default;
   // Segment i's weights must be in place when this returns.
   virtual void need(int segment) = 0;
-  // Segment i comes next and its room is not in use: its weights may start on their way.
+  // Segment i comes next and its place overlaps no segment in use: its weights may start on
+  // their way.
   virtual void prefetch(int segment) = 0;
   // Segment i's weights were just written in place (initialized or loaded), all of them.
   virtual void filled(int segment) = 0;
@@ -177,13 +180,18 @@ class Model {
   // The elements of a gradient or weight buffer staged in `rooms` rooms (all the parameters' when
   // the model cannot stage them so).
   int64_t staged_elements(int rooms) const;
-  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; which room segment i's
-  // weights use (-1: kept in place, whole: the embeddings and the head, or every segment when
-  // not staged), and where they are. `rooms` fills the rooms (and hears of every segment written
-  // while weights are initialized or loaded); without it the weights must not be staged.
+  // ZeRO stage 3: the elements of a weight buffer staged in `rooms` rooms: the rooms, or the
+  // embeddings and the head side by side where those hold more (all the parameters' when the
+  // model cannot stage them).
+  int64_t staged_weight_elements(int rooms) const;
+  // Whether the plan stages the weights, in how many rooms; where segment i's weights lie in the
+  // weight buffer (`weight_place`; unstaged: its own range, no two overlapping), and their view.
+  // `rooms` fills the places (and hears of every segment written while weights are initialized
+  // or loaded); without it the weights must not be staged.
   bool staged_weights() const { return weight_rooms_ > 0; }
   int weight_rooms() const { return weight_rooms_; }
-  int weight_room(int segment) const;
+  ElementRange weight_place(int segment) const;
+  bool weights_overlap(int a, int b) const;
   Tensor weight_segment(int segment) const;
   void set_weight_rooms(WeightRooms* rooms) { weight_source_ = rooms; }
   bool gathers_weights() const { return weight_source_ != nullptr; }
@@ -258,9 +266,13 @@ class Model {
   virtual void head_backward(Backend& be, const StepOptions& o) = 0;   // writes d_hidden_
   virtual void embed_backward(Backend& be, const StepOptions& o) = 0;  // from d_hidden_
   virtual float init_std(const std::string& name) const;
-  // Initial values init_weights cannot derive from names and roles (e.g. sinusoidal positions);
-  // runs after the generic initialization.
-  virtual void init_extra(Backend&) {}
+  // Initial values init_weights cannot derive from names and roles (e.g. sinusoidal positions):
+  // runs after the generic initialization of parameter `param`, before the next one's.
+  virtual void init_extra(Backend&, int /*param*/) {}
+  // ZeRO stage 3: whether the head reads the embeddings' weights (a tied language-model head),
+  // and whether the embeddings' backward reads them (an embedding LayerNorm).
+  virtual bool head_reads_embeddings() const { return false; }
+  virtual bool embed_backward_reads_weights() const { return false; }
   // The prefix of the base model's parameter names ("bert.", "transformer.").
   virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
@@ -361,8 +373,13 @@ class Model {
   int64_t staged_offset(int64_t at, int rooms) const;
   int weight_rooms_ = 0;
   WeightRooms* weight_source_ = nullptr;
-  // ZeRO stage 3: block l's weights before it runs (and the next block's started).
-  void need_block(int l, int next) const;
+  // ZeRO stage 3 with staged weights: where logical element `at` lies in the weight buffer.
+  int64_t weight_offset(int64_t at) const;
+  // ZeRO stage 3: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
+  // where its place overlaps none in use.
+  void need_weights(int segment, int next) const;
+  // The segment holding logical element `at`.
+  int segment_of(int64_t at) const;
   // While weights are written (init, load): `i` of the parameters was written; reports the
   // segments complete by then to the weight rooms.
   void written(size_t i) const;

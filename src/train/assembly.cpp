@@ -151,9 +151,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     // or stage3_prefetch_bucket_size is below one block's weights; then one room, or (not even
     // then) whole weights gathered after each update.
     if (o.zero_stage >= 3) {
-      const int64_t one = r.model->staged_elements(1), two = r.model->staged_elements(2);
-      const bool prefetch = o.stage3_prefetch_bucket_size < 0 ||
-                            o.stage3_prefetch_bucket_size >= two - one;  // a block's weights
+      const int64_t one = r.model->staged_weight_elements(1),
+                    two = r.model->staged_weight_elements(2);
+      const int64_t block = r.model->staged_elements(2) - r.model->staged_elements(1);
+      const bool prefetch =
+          o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
       model_options.weight_rooms = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
     }
   }

@@ -261,8 +261,8 @@ ShardedWeights::ShardedWeights(Backend& be, Communicator& comm, const Model& mod
       comm_(comm),
       model_(model),
       shard_(std::move(shard)),
-      holds_(static_cast<size_t>(model.weight_rooms()), -1),
-      ticket_(holds_.size(), 0) {
+      present_(model.param_segments().size(), false),
+      ticket_(present_.size(), 0) {
   const ElementRange own = shards.at(static_cast<size_t>(rank)).elements;
   BRISK_CHECK(shard_.numel() == own.count, "internal error: the weight shard holds ",
               shard_.numel(), " elements");
@@ -280,28 +280,25 @@ ShardedWeights::ShardedWeights(Backend& be, Communicator& comm, const Model& mod
 void ShardedWeights::start(int segment) {
   const auto i = static_cast<size_t>(segment);
   comm_.start_all_gather_v(pieces_.at(i), counts_[i], model_.weight_segment(segment));
-  const int room = model_.weight_room(segment);
-  if (room < 0) return;
-  holds_[static_cast<size_t>(room)] = segment;
-  ticket_[static_cast<size_t>(room)] = comm_.started();
+  for (size_t t = 0; t < present_.size(); ++t)
+    if (t != i && model_.weights_overlap(segment, static_cast<int>(t))) present_[t] = false;
+  present_[i] = true;
+  ticket_[i] = comm_.started();
 }
 
 void ShardedWeights::need(int segment) {
-  const int room = model_.weight_room(segment);
-  if (room < 0) return;  // kept whole, in place
-  const auto r = static_cast<size_t>(room);
-  if (holds_[r] != segment) start(segment);
-  if (ticket_[r] == 0) return;
+  if (!model_.staged_weights()) return;  // kept whole, in place
+  const auto i = static_cast<size_t>(segment);
+  if (!present_.at(i)) start(segment);
+  if (ticket_[i] == 0) return;
   const auto begin = std::chrono::steady_clock::now();
-  comm_.wait_started_until(comm_.started() - ticket_[r]);
-  ticket_[r] = 0;
+  comm_.wait_started_until(comm_.started() - ticket_[i]);
+  ticket_[i] = 0;
   waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
 void ShardedWeights::prefetch(int segment) {
-  const int room = model_.weight_room(segment);
-  // One room is in use until the next block needs it.
-  if (room < 0 || model_.weight_rooms() < 2 || holds_[static_cast<size_t>(room)] == segment) return;
+  if (!model_.staged_weights() || present_.at(static_cast<size_t>(segment))) return;
   start(segment);
 }
 
@@ -312,15 +309,14 @@ void ShardedWeights::filled(int segment) {
     be_.copy(element_range(model_.weight_segment(segment), piece_at_[static_cast<size_t>(segment)],
                            mine.numel()),
              mine);
-  const int room = model_.weight_room(segment);
-  if (room >= 0) holds_[static_cast<size_t>(room)] = -1;  // the room held unrounded weights
+  present_[static_cast<size_t>(segment)] = false;  // its place held unrounded weights
 }
 
 void ShardedWeights::publish() {
-  for (size_t s = 0; s < pieces_.size(); ++s)
-    if (model_.weight_room(static_cast<int>(s)) < 0)
+  if (!model_.staged_weights())
+    for (size_t s = 0; s < pieces_.size(); ++s)
       comm_.all_gather_v(pieces_[s], counts_[s], model_.weight_segment(static_cast<int>(s)));
-  std::fill(holds_.begin(), holds_.end(), -1);
+  std::fill(present_.begin(), present_.end(), false);
   std::fill(ticket_.begin(), ticket_.end(), 0);
 }
 

@@ -126,13 +126,15 @@ class ShardedGradients {
   double waited_ = 0;
 };
 
-// ZeRO stage 3: this rank keeps only its run of the compute weights (`shard`); each block's
-// weights are gathered from every rank's run into the model's room for them just before the block
-// runs, forward and again backward, the next block's gather started meanwhile (two rooms), and a
-// gather is skipped while the room still holds the block (a block that ends the forward pass
-// starts the backward pass; weights change only at the update). The embeddings' and head's
-// weights stay whole in the model, gathered after every change of the shard (publish). Every
-// rank asks for the same segments in the same order, so the gathers match up.
+// ZeRO stage 3: this rank keeps only its run of the compute weights (`shard`); each segment's
+// weights (a block's, the embeddings', the head's) are gathered from every rank's run into their
+// place in the model's staged buffer when a pass needs them, forward and again backward, the next
+// segment's gather started meanwhile where its place is free (a block's while the block before
+// computes, in two rooms). A gather is skipped while the segment is still in place (nothing
+// gathered over it since: a block that ends the forward pass starts the backward pass; weights
+// change only at the update). Every rank asks for the same segments in the same order, so the
+// gathers match up. A model that cannot stage its weights keeps them whole, gathered after every
+// change of the shard (publish).
 class ShardedWeights final : public WeightRooms {
  public:
   ShardedWeights(Backend& be, Communicator& comm, const Model& model,
@@ -141,8 +143,8 @@ class ShardedWeights final : public WeightRooms {
   void prefetch(int segment) override;
   // Keeps this rank's part of a segment the model just wrote (weights loaded or initialized).
   void filled(int segment) override;
-  // After the shard changed (an update, a load): the segments kept whole gathered again, every
-  // room to be gathered anew.
+  // After the shard changed (an update, a load): every segment to be gathered anew (unstaged
+  // weights: all gathered now).
   void publish();
   const Tensor& shard() const { return shard_; }
   // The seconds the model waited for gathers since the last call.
@@ -159,9 +161,9 @@ class ShardedWeights final : public WeightRooms {
   std::vector<Tensor> pieces_;
   std::vector<int64_t> piece_at_;
   std::vector<std::vector<int64_t>> counts_;
-  // Per room: the segment it holds or is receiving (-1: none), and the receiving gather's ticket
-  // (Communicator::started; 0 once it has arrived).
-  std::vector<int> holds_;
+  // Per segment: whether its place holds it or is receiving it, and the receiving gather's
+  // ticket (Communicator::started; 0 once it has arrived).
+  std::vector<bool> present_;
   std::vector<int64_t> ticket_;
   double waited_ = 0;
 };

@@ -21,6 +21,7 @@
 #include "core/safetensors.h"
 #include "dist/test_world.h"
 #include "test_support.h"
+#include "train/assembly.h"
 #include "train/trainer.h"
 #include "train/zero.h"
 #include "trainer_support.h"
@@ -552,6 +553,74 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   const std::string predicted = read_text(dir / "predict_ranks/predict_results.txt");
   EXPECT_EQ(predicted, read_text(dir / "predict_one/predict_results.txt"));
   EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 27) << predicted;
+}
+
+// ZeRO stage 3 gathers the embeddings' and the head's weights into the blocks' rooms too, when a
+// pass reaches them: every architecture's passes read them as plain data parallelism does (to
+// the sums' order), whichever weights they read — a BERT whose embedding LayerNorm its backward
+// reads, fine-tuned from a base model's file that lacks the classifier (the head's place first
+// gathered with its fresh classifier, then the pooler loaded over it), a masked LM whose decoder
+// is the word embeddings, a Llama with its own head, a DistilBERT with sinusoidal positions
+// written while the weights are initialized.
+TEST(DataParallel, ZeroStage3GathersTheEmbeddingsAndHeadWhenNeeded) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("zero3_edges");
+  const std::string base = dir / "base";
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"bert_finetuned", base},
+      {"bert_mlm",
+       R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 128,
+           "hidden_size": 32, "num_hidden_layers": 5, "num_attention_heads": 2,
+           "intermediate_size": 48, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+           "attention_probs_dropout_prob": 0.0})"},
+      {"llama_untied",
+       R"({"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 5,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+           "max_position_embeddings": 64, "tie_word_embeddings": false})"},
+      {"distilbert_sinusoidal",
+       R"({"model_type": "distilbert", "vocab_size": 128, "dim": 32, "n_layers": 5, "n_heads": 2,
+           "hidden_dim": 48, "max_position_embeddings": 64, "sinusoidal_pos_embds": true,
+           "dropout": 0.0, "attention_dropout": 0.0})"}};
+  if (world().rank() == 0) {
+    // The base model: a trained BERT classifier's weights without the classifier's.
+    TrainOptions o = tiny_options(write_config(*dir.owned, "bert", 0.0, 5), dir / "trained");
+    o.max_steps = 1;
+    run(o, nullptr, alone.get());
+    SafetensorsFile trained(o.output_dir + "/model.safetensors");
+    std::vector<std::pair<std::string, Tensor>> kept;
+    // The embedding LayerNorm's scale far from the blocks' LayerNorms' (a backward that read
+    // theirs in its place would move the weights in other directions).
+    std::vector<float> scale(32);
+    for (size_t j = 0; j < scale.size(); ++j) scale[j] = 0.5f + 0.25f * static_cast<float>(j % 7);
+    for (const std::string& name : trained.names())
+      if (name == "bert.embeddings.LayerNorm.weight")
+        kept.emplace_back(name, Tensor(scale.data(), Shape{32}, DType::f32));
+      else if (!name.starts_with("classifier."))
+        kept.emplace_back(name, trained.get(name));
+    fs::create_directories(base);
+    fs::copy_file(dir / "bert_model/config.json", base + "/config.json");
+    write_safetensors(base + "/model.safetensors", kept);
+    for (const auto& [name, config] : models)
+      if (name != "bert_finetuned") write_model_folder(*dir.owned, name, config);
+  }
+  world().barrier();
+  for (const auto& [name, config] : models) {
+    SCOPED_TRACE(name);
+    TrainOptions ddp =
+        tiny_options(name == "bert_finetuned" ? base : dir / name, dir / name + "_ddp");
+    ddp.per_device_train_batch_size = 2;
+    ddp.gradient_accumulation_steps = 2;
+    ddp.max_steps = 3;
+    TrainOptions zero = ddp;
+    zero.output_dir = dir / name + "_zero3";
+    zero.zero_stage = 3;
+    const auto planned = assemble_run(zero, Device::cpu, nullptr, nullptr, world().rank(), N);
+    EXPECT_TRUE(planned->model->staged_weights()) << "the weights are not staged";
+    const Logged plain = run(ddp, nullptr, &world());
+    const Logged sharded = run(zero, nullptr, &world());
+    if (world().rank() == 0) expect_trains_as(sharded, plain);
+  }
 }
 
 // On GPUs, through NCCL (one GPU per rank; host buffers such as metrics go through it too): N
