@@ -383,8 +383,7 @@ TEST(Zero, Stage3PrefetchBelowABlockPlansOneRoomLess) {
       o.stage3_prefetch_bucket_size = prefetch;
       const auto run = assemble_run(o, Device::cpu, nullptr, nullptr, r, 2);
       *rooms = run->model->weight_rooms();
-      return std::make_pair(run->plan.bytes_by_category()[weights],
-                            run->model->staged_elements(2) - run->model->staged_elements(1));
+      return std::make_pair(run->plan.bytes_by_category()[weights], run->model->block_elements(1));
     };
     int rooms_default = 0, rooms_enough = 0, rooms_less = 0;
     const auto [with, block] = planned(-1, &rooms_default);

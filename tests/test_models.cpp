@@ -403,35 +403,52 @@ TEST(Models, TheFirstMicroBatchWritesWeightGradients) {
 }
 
 // ZeRO stage 2's staged gradients: the blocks' gradients share the rooms of two blocks (or one),
-// used in turn. As the sums do, each report here moves the segment out
-// and empties a room — with two rooms only the room of the segment reported before (its sums
-// may still run while the next block computes), with one this segment's. Every segment holds
-// exactly the gradients of the whole-gradient plan, over two accumulated micro-batches, and the
-// plan's gradient buffer is smaller by all blocks but the rooms.
+// used in turn, and the head's and the embeddings' gradients lie over the same space (a tied
+// head's embeddings' gradients apart, before it). As the sums do, each report here moves the
+// segment out, then empties the places the next segment writes over (and those reported before
+// them): with two rooms the room of the segment reported before, with one this segment's, and
+// before the embeddings' backward whatever lies under them. Every segment holds exactly the
+// gradients of the whole-gradient plan, over two accumulated micro-batches, and the plan's
+// gradient buffer is the rooms' length (or the embeddings' and head's) instead of every block's.
 TEST(Models, StagedGradientsEqualWholeOnes) {
+  struct Case {
+    const char* name;
+    bool masked_lm, tied;
+  };
   // Two rooms on the three blocks of gpt2_variant; one on the others' two.
-  for (const char* name :
-       {"bert_tiny", "gpt2_tiny", "gpt2_variant", "distilbert_tiny", "llama_tiny"}) {
-    SCOPED_TRACE(name);
-    const int requested = std::string(name) == "gpt2_variant" ? 2 : 1;
-    LoadedModel whole(fixture(name), {}, /*dropout=*/true);
+  for (const Case& c : {Case{"bert_tiny", false, false}, Case{"bert_mlm", true, true},
+                        Case{"gpt2_tiny", false, true}, Case{"gpt2_variant", false, false},
+                        Case{"distilbert_tiny", false, false}, Case{"llama_tiny", false, false}}) {
+    SCOPED_TRACE(c.name);
+    const int requested = std::string(c.name) == "gpt2_variant" ? 2 : 1;
+    LoadedModel whole(fixture(c.name), {}, /*dropout=*/true, DType::f32, 0, c.masked_lm);
     PlanOptions staged_options;
     staged_options.gradient_rooms = requested;
-    LoadedModel staged(fixture(name), staged_options, /*dropout=*/true);
+    LoadedModel staged(fixture(c.name), staged_options, /*dropout=*/true, DType::f32, 0,
+                       c.masked_lm);
     ASSERT_TRUE(staged.model->staged_gradients());
     EXPECT_FALSE(whole.model->staged_gradients());
     const std::vector<ElementRange>& segments = staged.model->grad_segments();
     const int64_t total = staged.model->params().total_elements();
-    const int64_t L = staged.model->config().num_layers;
     const int64_t rooms = staged.model->staged_rooms();
     EXPECT_EQ(rooms, requested);
-    const int64_t staged_elements = total - (L - rooms) * segments[1].count;
+    const int64_t E = segments.back().count, H = segments.front().count, B = segments[1].count;
+    const int64_t staged_elements =
+        c.tied ? E + std::max(rooms * B, H) : std::max(rooms * B, E + H);
     EXPECT_EQ(staged.model->params().flat_grads().numel(), staged_elements);
     const auto gradient_bytes = [](const MemoryPlan& p) {
       return p.bytes_by_category()[static_cast<size_t>(Category::gradients)];
     };
     EXPECT_EQ(gradient_bytes(staged.plan), static_cast<size_t>(staged_elements) * sizeof(float));
     EXPECT_LT(gradient_bytes(staged.plan), gradient_bytes(whole.plan));
+    const int last = static_cast<int>(segments.size()) - 1;
+    bool over_rooms = false;  // the head's (or embeddings') gradients share a block's room
+    for (int b = 1; b < last; ++b)
+      over_rooms = over_rooms || staged.model->grads_overlap(0, b) ||
+                   (!c.tied && staged.model->grads_overlap(last, b));
+    EXPECT_TRUE(over_rooms);
+    if (c.tied)
+      for (int b = 0; b < last; ++b) EXPECT_FALSE(staged.model->grads_overlap(last, b)) << b;
     std::vector<float> collected(static_cast<size_t>(total), 0.0f);
     for (uint64_t micro = 0; micro < 2; ++micro) {
       StepOptions so;
@@ -445,22 +462,20 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
       whole.model->forward(*whole.be, so);
       whole.model->backward(*whole.be, so);
       staged.model->forward(*staged.be, so);
-      int previous = -1;
+      std::vector<int> pending;  // reported, not yet emptied, in report order
       staged.model->backward(*staged.be, so, [&](int i) {
         const ElementRange r = segments[static_cast<size_t>(i)];
-        const Tensor room = staged.model->grad_segment(i);
-        const std::vector<float> got = to_host(*staged.be, room);
+        const std::vector<float> got = to_host(*staged.be, staged.model->grad_segment(i));
         for (int64_t j = 0; j < r.count; ++j)
           collected[static_cast<size_t>(r.offset + j)] += got[static_cast<size_t>(j)];
+        pending.push_back(i);
         const bool last = i + 1 == static_cast<int>(segments.size());
-        if (rooms == 1 || last) {
-          if (previous >= 0) staged.be->fill(staged.model->grad_segment(previous), 0.0f);
-          staged.be->fill(room, 0.0f);
-          previous = -1;
-        } else {
-          if (previous >= 0) staged.be->fill(staged.model->grad_segment(previous), 0.0f);
-          previous = i;
-        }
+        size_t upto = 0;  // empties pending[0, upto)
+        for (size_t k = 0; k < pending.size(); ++k)
+          if (last || staged.model->grads_overlap(pending[k], i + 1)) upto = k + 1;
+        for (size_t k = 0; k < upto; ++k)
+          staged.be->fill(staged.model->grad_segment(pending[k]), 0.0f);
+        pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(upto));
       });
       const std::vector<float> want = whole.grads();
       if (micro == 0) {

@@ -324,21 +324,16 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
                          (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
                          (run.shards.empty() ? 12.0 : 12.0 / world);
     auto rooms = [](int n, const char* what) {
-      return n == 2   ? std::string(" and two blocks' ") + what + " staged whole"
-             : n == 1 ? std::string(" and one block's ") + what + " staged whole"
-                      : std::string(" ") + what + " staged whole";
+      return n == 0 ? std::string(", ") + what + " staged whole"
+                    : std::string(", ") + what + " staged in " +
+                          (n == 2 ? "two blocks' rooms" : "one block's room") +
+                          " or the embeddings' and head's, whichever holds more";
     };
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
         paper, sharded_grads ? rooms(run.model->staged_rooms(), "gradients").c_str() : "",
-        !sharded_weights ? ""
-        : run.model->weight_rooms() == 0
-            ? ", weights staged whole"
-            : (std::string(", weights gathered into ") +
-               (run.model->weight_rooms() == 2 ? "two blocks' rooms" : "one block's room") +
-               " or the embeddings' and head's, whichever holds more")
-                  .c_str());
+        sharded_weights ? rooms(run.model->weight_rooms(), "weights").c_str() : "");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},

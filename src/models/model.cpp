@@ -56,20 +56,20 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
-  weight_rooms_ = options.weight_rooms > 0 && !options.weights_only &&
-                          staged_weight_elements(options.weight_rooms) < n
-                      ? options.weight_rooms
-                      : 0;
+  const StagedLayout weights = staged_layout(options.weight_rooms, false);
+  weight_layout_ =
+      !options.weights_only && weights.rooms > 0 && weights.length < n ? weights : StagedLayout();
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
-                  DType::f32, Shape{staged_weights() ? staged_weight_elements(weight_rooms_) : n});
+                  DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
   declare_constants(plan, shape);
-  staged_ = false;
+  grad_layout_ = StagedLayout();
   if (options.weights_only) return;
-  staged_ = options.gradient_rooms > 0 && staged_elements(options.gradient_rooms) < n;
-  rooms_ = staged_ ? options.gradient_rooms : 0;
-  binder_.declare(plan, &flat_grads_, staged_ ? "params.gradients_staged" : "params.gradients",
-                  Category::gradients, DType::f32, Shape{staged_ ? staged_elements(rooms_) : n});
+  const StagedLayout grads = staged_layout(options.gradient_rooms, head_reads_embeddings());
+  if (grads.rooms > 0 && grads.length < n) grad_layout_ = grads;
+  binder_.declare(
+      plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
+      Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -186,11 +186,12 @@ void Model::next_token_logits(Backend&, const Tensor&, const Tensor&, const Tens
 
 void Model::bind(Arena& arena) {
   binder_.bind(arena);
-  std::vector<int64_t> weight_offsets;
-  if (staged_weights())
-    for (const ParamInfo& p : params_.list()) weight_offsets.push_back(weight_offset(p.offset));
-  params_.bind(flat_weights_, flat_grads_, weight_offsets,
-               staged_ && !flat_grads_.empty() ? staged_offsets(rooms_) : std::vector<int64_t>());
+  std::vector<int64_t> weight_offsets, grad_offsets;
+  for (const ParamInfo& p : params_.list()) {
+    if (staged_weights()) weight_offsets.push_back(staged_offset(p.offset, weight_layout_));
+    if (staged_gradients()) grad_offsets.push_back(staged_offset(p.offset, grad_layout_));
+  }
+  params_.bind(flat_weights_, flat_grads_, weight_offsets, grad_offsets);
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;
   arena_ = &arena;
   shape_ = planned_;
@@ -524,70 +525,82 @@ void Model::find_grad_segments() {
   segments_.push_back({0, first});
 }
 
-// Staged gradients keep the embeddings where they are, then the rooms of the blocks, which the
-// blocks use in turn (block b in room b mod rooms), then the head. Possible when the blocks are
-// laid out alike (every model here) and outnumber the rooms; otherwise the length is the whole
-// gradients' and plan() keeps them whole.
-int64_t Model::staged_elements(int rooms) const {
-  const int64_t total = params_.total_elements();
+// Staged buffers (ZeRO): the blocks' parameters in `rooms` rooms used in turn (block b in room b
+// mod rooms), the head's and the embeddings' side by side at the end of the rooms' space (or
+// after it where they are longer). Possible when the blocks are laid out alike (every model here)
+// and outnumber the rooms. A tied head's gradient and the embeddings' are one tensor that the
+// head's chunks start in forward and the embeddings' backward ends: the embeddings' gradients are
+// then kept apart, before the rooms.
+int64_t Model::block_elements(int rooms) const {
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
-  if (rooms < 1 || L <= static_cast<size_t>(rooms)) return total;
+  if (rooms < 1 || L <= static_cast<size_t>(rooms)) return 0;
   for (size_t i = 1; i <= L; ++i)
-    if (segments_[i].count != segments_[1].count) return total;
-  return total - static_cast<int64_t>(L - static_cast<size_t>(rooms)) * segments_[1].count;
+    if (segments_[i].count != segments_[1].count) return 0;
+  return segments_[1].count;
 }
 
-// Where logical element `at` lies in a buffer staged in `rooms` rooms.
-int64_t Model::staged_offset(int64_t at, int rooms) const {
+Model::StagedLayout Model::staged_layout(int rooms, bool embeddings_apart) const {
+  StagedLayout l;
+  const int64_t block = block_elements(rooms);
+  if (block == 0) return l;
+  const int64_t E = segments_.back().count, H = segments_.front().count;
+  l.rooms = rooms;
+  l.block = block;
+  l.rooms_at = embeddings_apart ? E : 0;
+  const int64_t space = std::max(rooms * block, embeddings_apart ? H : E + H);
+  l.length = l.rooms_at + space;
+  l.embeddings_at = embeddings_apart ? 0 : l.length - E;
+  l.head_at = l.length - H - (embeddings_apart ? 0 : E);
+  return l;
+}
+
+int64_t Model::staged_offset(int64_t at, const StagedLayout& l) const {
+  if (l.rooms == 0) return at;
   const int64_t first = segments_.back().count;  // the embeddings: [0, first)
-  const int64_t block = segments_[1].count;
   const int64_t end = segments_.front().offset;  // the head: [end, total)
-  if (at < first) return at;
-  if (at >= end) return at - (end - first) + rooms * block;
-  const int64_t b = (at - first) / block;
-  return first + (b % rooms) * block + (at - first) % block;
+  if (at < first) return l.embeddings_at + at;
+  if (at >= end) return l.head_at + (at - end);
+  return l.rooms_at + (at - first) / l.block % l.rooms * l.block + (at - first) % l.block;
 }
 
-std::vector<int64_t> Model::staged_offsets(int rooms) const {
-  std::vector<int64_t> out;
-  for (const ParamInfo& p : params_.list()) out.push_back(staged_offset(p.offset, rooms));
-  return out;
+int64_t Model::staged_weight_elements(int rooms) const {
+  const StagedLayout l = staged_layout(rooms, false);
+  return l.rooms > 0 ? l.length : params_.total_elements();
+}
+
+int64_t Model::staged_gradient_elements(int rooms) const {
+  const StagedLayout l = staged_layout(rooms, head_reads_embeddings());
+  return l.rooms > 0 ? l.length : params_.total_elements();
+}
+
+namespace {
+bool overlap(const ElementRange& x, const ElementRange& y) {
+  return x.offset < y.offset + y.count && y.offset < x.offset + x.count;
+}
+}  // namespace
+
+// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1).
+ElementRange Model::grad_place(int segment) const {
+  const ElementRange r = segments_.at(static_cast<size_t>(segment));
+  return {staged_offset(r.offset, grad_layout_), r.count};
+}
+
+bool Model::grads_overlap(int a, int b) const {
+  return overlap(grad_place(a), grad_place(b));
 }
 
 Tensor Model::grad_segment(int i) const {
-  const ElementRange r = grad_segments_.at(static_cast<size_t>(i));
-  return element_range(flat_grads_, staged_ ? staged_offset(r.offset, rooms_) : r.offset, r.count);
+  const ElementRange r = grad_place(i);
+  return element_range(flat_grads_, r.offset, r.count);
 }
 
-// Staged weights: the blocks' rooms from the start of the buffer; the head's weights and then the
-// embeddings' at its end, side by side (a tied head reads both at once) over the rooms where the
-// buffer is as long as the rooms, after them where it is longer.
-int64_t Model::staged_weight_elements(int rooms) const {
-  const int64_t total = params_.total_elements();
-  if (staged_elements(rooms) == total) return total;
-  const int64_t edges = segments_.front().count + segments_.back().count;
-  return std::max(static_cast<int64_t>(rooms) * segments_[1].count, edges);
-}
-
-int64_t Model::weight_offset(int64_t at) const {
-  const int64_t length = flat_weights_.numel();
-  const int64_t first = segments_.back().count;  // the embeddings: [0, first)
-  const int64_t end = segments_.front().offset;  // the head: [end, total)
-  const int64_t block = segments_[1].count;
-  if (at < first) return length - first + at;
-  if (at >= end) return length - first - segments_.front().count + (at - end);
-  return (at - first) / block % weight_rooms_ * block + (at - first) % block;
-}
-
-// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1).
 ElementRange Model::weight_place(int segment) const {
   const ElementRange r = segments_.at(static_cast<size_t>(segment));
-  return staged_weights() ? ElementRange{weight_offset(r.offset), r.count} : r;
+  return {staged_offset(r.offset, weight_layout_), r.count};
 }
 
 bool Model::weights_overlap(int a, int b) const {
-  const ElementRange x = weight_place(a), y = weight_place(b);
-  return x.offset < y.offset + y.count && y.offset < x.offset + x.count;
+  return overlap(weight_place(a), weight_place(b));
 }
 
 Tensor Model::weight_segment(int segment) const {
@@ -624,7 +637,8 @@ void Model::written_all() const {
 
 void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done) {
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
-  BRISK_CHECK(!staged_ || done, "internal error: staged gradients need backward's reports");
+  BRISK_CHECK(!staged_gradients() || done,
+              "internal error: staged gradients need backward's reports");
   const BlockStyle st = style(o.training);
   const bool direct = direct_product_inputs(be);
   const bool split = grad_segments_.size() > 1;

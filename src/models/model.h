@@ -67,12 +67,14 @@ struct PlanOptions {
   // its own buffers.
   bool weights_only = false;
   // ZeRO stage 2: gradient_rooms (1 or 2) > 0 stages the gradients: the gradient buffer holds
-  // the embeddings' and the head's gradients and the rooms of that many blocks, which the blocks'
-  // gradients use in turn (block b in room b mod rooms); backward then reports every segment on
-  // every micro-batch, and before a report returns, the room the next block writes must be empty
-  // again (moved out and zeroed): with two rooms, the room of the segment reported before this
-  // one; with one, this segment's. Models whose blocks are not laid out alike, or have no more
-  // blocks than rooms, keep whole gradients.
+  // the rooms of that many blocks, which the blocks' gradients use in turn (block b in room b mod
+  // rooms), and over the same space the head's and the embeddings' gradients (a tied head's
+  // embeddings' gradients apart: the head's chunks start them in forward, the embeddings'
+  // backward ends them); backward then reports every segment on every micro-batch, and before a
+  // report returns, every place the next segment writes must be empty again (moved out and
+  // zeroed): with two rooms, the room of the segment reported before this one; with one, this
+  // segment's. Models whose blocks are not laid out alike, or have no more blocks than rooms,
+  // keep whole gradients.
   int gradient_rooms = 0;
   // ZeRO stage 3: weight_rooms (1 or 2) > 0 stages the weights: the weight buffer holds the rooms
   // of that many blocks, into which the model's WeightRooms gathers each block's weights before
@@ -169,27 +171,31 @@ class Model {
   const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
   // The same ranges of the parameter layout, known from creation (before any plan).
   const std::vector<ElementRange>& param_segments() const { return segments_; }
-  // Where segment i's gradients are: its range of flat_grads(), or with staged gradients the
-  // room it shares.
+  // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
+  // place (which other segments' places may overlap: they hold their gradients in turn).
   Tensor grad_segment(int i) const;
+  ElementRange grad_place(int segment) const;
+  bool grads_overlap(int a, int b) const;
   // Whether the plan stages the gradients (PlanOptions::gradient_rooms and a model whose blocks
   // allow it), and in how many blocks' rooms (with two, the sum of one block's gradients may run
   // while the next block's backward fills the other room).
-  bool staged_gradients() const { return staged_; }
-  int staged_rooms() const { return rooms_; }
-  // The elements of a gradient or weight buffer staged in `rooms` rooms (all the parameters' when
-  // the model cannot stage them so).
-  int64_t staged_elements(int rooms) const;
-  // ZeRO stage 3: the elements of a weight buffer staged in `rooms` rooms: the rooms, or the
-  // embeddings and the head side by side where those hold more (all the parameters' when the
-  // model cannot stage them).
+  bool staged_gradients() const { return grad_layout_.rooms > 0; }
+  int staged_rooms() const { return grad_layout_.rooms; }
+  // The elements of one block's parameters when the model can stage its buffers in `rooms`
+  // rooms (blocks laid out alike, more of them than rooms); else 0.
+  int64_t block_elements(int rooms) const;
+  // The elements of a gradient or weight buffer staged in `rooms` rooms: the rooms, over which
+  // lie the head's and the embeddings' parts (the buffer as long as whichever holds more; a tied
+  // head's embeddings' gradients apart, before the rooms); all the parameters' when the model
+  // cannot stage them.
+  int64_t staged_gradient_elements(int rooms) const;
   int64_t staged_weight_elements(int rooms) const;
-  // Whether the plan stages the weights, in how many rooms; where segment i's weights lie in the
-  // weight buffer (`weight_place`; unstaged: its own range, no two overlapping), and their view.
-  // `rooms` fills the places (and hears of every segment written while weights are initialized
-  // or loaded); without it the weights must not be staged.
-  bool staged_weights() const { return weight_rooms_ > 0; }
-  int weight_rooms() const { return weight_rooms_; }
+  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; where segment i's
+  // weights lie in the weight buffer (`weight_place`; unstaged: its own range, no two
+  // overlapping), and their view. `rooms` fills the places (and hears of every segment written
+  // while weights are initialized or loaded); without it the weights must not be staged.
+  bool staged_weights() const { return weight_layout_.rooms > 0; }
+  int weight_rooms() const { return weight_layout_.rooms; }
   ElementRange weight_place(int segment) const;
   bool weights_overlap(int a, int b) const;
   Tensor weight_segment(int segment) const;
@@ -364,17 +370,18 @@ class Model {
   // The gradient segments of the parameter layout (found at creation) and, after bind, of the
   // bound buffers (none for the weights alone).
   std::vector<ElementRange> segments_, grad_segments_;
-  bool staged_ = false;
-  int rooms_ = 0;
   void find_grad_segments();
-  // Staged gradients or weights in `rooms` rooms: each parameter's offset in the buffer, and
-  // where logical element `at` lies.
-  std::vector<int64_t> staged_offsets(int rooms) const;
-  int64_t staged_offset(int64_t at, int rooms) const;
-  int weight_rooms_ = 0;
+  // A staged buffer's layout (rooms 0: not staged): the blocks' rooms from rooms_at, the head's
+  // part at head_at, the embeddings' at embeddings_at.
+  struct StagedLayout {
+    int rooms = 0;
+    int64_t block = 0, length = 0, rooms_at = 0, head_at = 0, embeddings_at = 0;
+  };
+  StagedLayout staged_layout(int rooms, bool embeddings_apart) const;
+  // Where logical element `at` lies in a buffer of that layout.
+  int64_t staged_offset(int64_t at, const StagedLayout& layout) const;
+  StagedLayout weight_layout_, grad_layout_;
   WeightRooms* weight_source_ = nullptr;
-  // ZeRO stage 3 with staged weights: where logical element `at` lies in the weight buffer.
-  int64_t weight_offset(int64_t at) const;
   // ZeRO stage 3: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;

@@ -145,7 +145,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     // backward) unless that and the shard would hold more than whole gradients; then in one.
     const int64_t total = r.model->params().total_elements();
     if (o.zero_stage >= 2)
-      model_options.gradient_rooms = r.model->staged_elements(2) + mine < total ? 2 : 1;
+      model_options.gradient_rooms = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
     // Stage 3 gathers the blocks' weights into two rooms (the next block's gather overlaps a
     // block's computation) unless that and the weight shard would hold more than whole weights,
     // or stage3_prefetch_bucket_size is below one block's weights; then one room, or (not even
@@ -153,7 +153,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     if (o.zero_stage >= 3) {
       const int64_t one = r.model->staged_weight_elements(1),
                     two = r.model->staged_weight_elements(2);
-      const int64_t block = r.model->staged_elements(2) - r.model->staged_elements(1);
+      const int64_t block = r.model->block_elements(1);
       const bool prefetch =
           o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
       model_options.weight_rooms = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;

@@ -238,15 +238,28 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
                                     element_range(receive_, 0, mine.count), std::move(then));
     ++started;
   }
-  // Two rooms: the next block writes the room of the segment before this one, so only this
-  // segment's sums may still run; one room: none; whole gradients: any. After the last segment
-  // every sum is waited for: the shard is complete and the rooms empty for the next micro-batch.
-  const bool end_of_backward = segment == static_cast<int>(model.grad_segments().size()) - 1;
-  const int64_t keep = end_of_backward             ? 0
-                       : !model.staged_gradients() ? std::numeric_limits<int64_t>::max()
-                       : model.staged_rooms() >= 2 ? started
-                                                   : 0;
-  comm.wait_started_until(keep);
+  // The next segment's backward writes its place (staged: a room, or over the rooms the
+  // embeddings' gradients): the sums still reading a place it overlaps, and those started before
+  // them, must be done first (two rooms: the segment's before this one; one room: this
+  // segment's). After the last segment every sum is waited for: the shard is complete and every
+  // place empty for the next micro-batch.
+  const int segments = static_cast<int>(model.grad_segments().size());
+  if (static_cast<int>(ticket_.size()) != segments)
+    ticket_.assign(static_cast<size_t>(segments), 0);
+  if (started > 0) ticket_[static_cast<size_t>(segment)] = comm.started();
+  int64_t wait_for = 0;  // the latest ticket to wait for
+  if (segment + 1 == segments) {
+    wait_for = comm.started();
+  } else {
+    for (int s = 0; s < segments; ++s)
+      if (ticket_[static_cast<size_t>(s)] > 0 && model.grads_overlap(s, segment + 1))
+        wait_for = std::max(wait_for, ticket_[static_cast<size_t>(s)]);
+  }
+  if (wait_for > 0) {
+    comm.wait_started_until(comm.started() - wait_for);
+    for (int64_t& t : ticket_)
+      if (t <= wait_for) t = 0;
+  }
   waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

@@ -96,8 +96,9 @@ int64_t gradient_piece_elements(const TrainOptions& o);
 // ZeRO stage 2: this rank's shard of the gradients, summed over the ranks segment by segment as
 // backward reports them final, on every micro-batch. A segment's sums are started (they run on
 // the communicator's thread, each adding its piece into the shard and the last zeroing the
-// segment's room) and the report returns once the room the next block writes is empty: with the
-// model's two rooms, a block's sums run while the next block's backward computes.
+// segment's place) and the report returns once no sum still reads a place the next segment's
+// backward writes (Model::grads_overlap): with the model's two rooms, a block's sums run while
+// the next block's backward computes.
 class ShardedGradients {
  public:
   // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed
@@ -123,6 +124,8 @@ class ShardedGradients {
   int rank_;
   Tensor shard_, receive_;
   int64_t piece_;
+  // Per segment: the ticket of its last started sum (Communicator::started), 0 once waited for.
+  std::vector<int64_t> ticket_;
   double waited_ = 0;
 };
 

@@ -555,14 +555,15 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 27) << predicted;
 }
 
-// ZeRO stage 3 gathers the embeddings' and the head's weights into the blocks' rooms too, when a
-// pass reaches them: every architecture's passes read them as plain data parallelism does (to
-// the sums' order), whichever weights they read — a BERT whose embedding LayerNorm its backward
-// reads, fine-tuned from a base model's file that lacks the classifier (the head's place first
-// gathered with its fresh classifier, then the pooler loaded over it), a masked LM whose decoder
-// is the word embeddings, a Llama with its own head, a DistilBERT with sinusoidal positions
-// written while the weights are initialized.
-TEST(DataParallel, ZeroStage3GathersTheEmbeddingsAndHeadWhenNeeded) {
+// ZeRO stages 2 and 3 stage the embeddings' and the head's gradients over the blocks' rooms (a
+// tied head's embeddings' gradients apart), and stage 3 gathers their weights into the rooms'
+// space too, when a pass reaches them: every architecture trains as plain data parallelism does
+// (to the sums' order), whichever weights its passes read and gradients they write — a BERT whose
+// embedding LayerNorm its backward reads, fine-tuned from a base model's file that lacks the
+// classifier (the head's place first gathered with its fresh classifier, then the pooler loaded
+// over it), a masked LM whose decoder is the word embeddings, a Llama with its own head, a
+// DistilBERT with sinusoidal positions written while the weights are initialized.
+TEST(DataParallel, ZeroStagesStageTheEmbeddingsAndHeadOverTheRooms) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("zero3_edges");
@@ -612,14 +613,18 @@ TEST(DataParallel, ZeroStage3GathersTheEmbeddingsAndHeadWhenNeeded) {
     ddp.per_device_train_batch_size = 2;
     ddp.gradient_accumulation_steps = 2;
     ddp.max_steps = 3;
-    TrainOptions zero = ddp;
-    zero.output_dir = dir / name + "_zero3";
-    zero.zero_stage = 3;
-    const auto planned = assemble_run(zero, Device::cpu, nullptr, nullptr, world().rank(), N);
-    EXPECT_TRUE(planned->model->staged_weights()) << "the weights are not staged";
     const Logged plain = run(ddp, nullptr, &world());
-    const Logged sharded = run(zero, nullptr, &world());
-    if (world().rank() == 0) expect_trains_as(sharded, plain);
+    for (const int stage : {2, 3}) {
+      SCOPED_TRACE("stage " + std::to_string(stage));
+      TrainOptions zero = ddp;
+      zero.output_dir = dir / name + "_zero" + std::to_string(stage);
+      zero.zero_stage = stage;
+      const auto planned = assemble_run(zero, Device::cpu, nullptr, nullptr, world().rank(), N);
+      EXPECT_TRUE(planned->model->staged_gradients()) << "the gradients are not staged";
+      EXPECT_EQ(planned->model->staged_weights(), stage == 3);
+      const Logged sharded = run(zero, nullptr, &world());
+      if (world().rank() == 0) expect_trains_as(sharded, plain);
+    }
   }
 }
 
