@@ -4,6 +4,7 @@
 // tests/dist/test_nccl_ranks.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -54,6 +55,26 @@ TEST(Nccl, OneRanksCollectivesOnTheGpu) {
   FVec host_out(5, -7.f);
   comm->all_gather(a, Tensor(host_out.data(), Shape{5}, DType::f32));
   EXPECT_EQ(host_out, x);
+
+  // Started collectives are queued after the backend's queued work (its stream, not the host,
+  // waits) and waited for by ticket: a gather reads what the fill before it wrote, 64 MiB of it,
+  // queued at once after the fill; a started sum follows.
+  comm->set_device_stream(be->device_stream());
+  const int64_t n = int64_t{16} << 20;
+  const Tensor src = buf.alloc(Shape{n}), dst = buf.alloc(Shape{n});
+  be->fill(dst, 0.0f);
+  be->synchronize();
+  be->fill(src, 2.5f);
+  comm->start_all_gather_v(src, {n}, dst);
+  const int64_t ticket = comm->started();
+  comm->start_all_reduce_sum(a);
+  comm->wait_started_until(comm->started() - ticket);
+  std::vector<float> got(static_cast<size_t>(n));
+  be->download(dst, Tensor(got.data(), Shape{n}, DType::f32));
+  EXPECT_EQ(std::count(got.begin(), got.end(), 2.5f), n);
+  EXPECT_GE(comm->wait_started(), 0.0);
+  EXPECT_EQ(buf.get(a), x);
+  comm->set_device_stream(nullptr);
 }
 
 }  // namespace

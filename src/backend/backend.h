@@ -162,6 +162,9 @@ class Backend {
   virtual void download(const Tensor& src, const Tensor& dst) = 0;
   // Waits for all enqueued work (and reports asynchronous errors).
   virtual void synchronize() = 0;
+  // The GPU stream every op is queued on (a cudaStream_t), so that work on another stream (NCCL's
+  // collectives) can be ordered after it without the host waiting; null on the CPU.
+  virtual void* device_stream() const { return nullptr; }
 
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.

@@ -80,10 +80,11 @@ class Communicator {
   // rank, as abort) with a message naming this rank and the collective: a peer that hangs
   // or is gone (TrainingArguments' ddp_timeout). 0: wait for ever. One process never waits.
   virtual void set_timeout(double /*seconds*/) {}
-  // GPU collectives run on a stream of their own: each first waits for the GPU work queued so far
-  // through `wait` (the backend's synchronize()), so that it reads what that work wrote. Host
-  // communicators have nothing to wait for.
-  virtual void set_device_work(std::function<void()> /*wait*/) {}
+  // GPU collectives run on a stream of their own: each is queued after the GPU work queued so far
+  // on `stream` (the backend's, Backend::device_stream; null: none), so that it reads what that
+  // work wrote and writes nothing it still reads, without the host waiting. Host communicators
+  // have nothing to order.
+  virtual void set_device_stream(void* /*stream*/) {}
 
  protected:
   // Where the buffers must be: host memory (MPI), GPU memory (NCCL).

@@ -1,6 +1,9 @@
-// The NCCL communicator: GPU-memory collectives on a stream of their own, each waited for on the
-// host with the run's timeout (a peer gone makes NCCL wait for ever; the watchdog here aborts the
-// communicator and ends the process naming the collective). Only this file sees NCCL.
+// The NCCL communicator: GPU-memory collectives on a stream of their own, each queued after the
+// backend's queued work (an event on its stream, set_device_stream) and waited for on the host
+// with the run's timeout (a peer gone makes NCCL wait for ever; the watchdog here aborts the
+// communicator and ends the process naming the collective) — the blocking ones at once, the
+// started ones (data parallelism's buckets, ZeRO stage 3's gathers) when their wait comes, so
+// they run while the backend's stream computes. Only this file sees NCCL.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -10,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <thread>
 #include <utility>
@@ -73,8 +77,12 @@ class Nccl final : public Communicator {
     check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NCCL: a stream");
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "NCCL: barrier scratch");
+    check_cuda(cudaEventCreateWithFlags(&device_done_, cudaEventDisableTiming), "NCCL: an event");
   }
   ~Nccl() override {
+    for (const Started& s : started_) free_events_.insert(free_events_.end(), {s.begin, s.end});
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (device_done_) cudaEventDestroy(device_done_);
     for (void* p : staging_)
       if (p) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
@@ -187,21 +195,43 @@ class Nccl final : public Communicator {
                             [&](const Tensor& i, const Tensor& o) { all_gather_v(i, counts, o); });
     check_all_gather_v(in, counts, out);
     wait_for_device_work();
-    const size_t esize = dtype_size(in.dtype());
-    auto* base = static_cast<char*>(out.data());
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
-    int64_t first = 0;
-    for (int r = 0; r < size_; ++r) {
-      const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
-      if (n > 0)
-        check_nccl(ncclBroadcast(r == rank_ ? in.data() : nullptr,
-                                 base + static_cast<size_t>(first) * esize, n, type_of(in), r,
-                                 comm_, stream_),
-                   "all_gather_v (ncclBroadcast)");
-      first += counts[static_cast<size_t>(r)];
-    }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    queue_all_gather_v(in, counts, out);
     finish("all_gather_v");
+  }
+  // Started collectives of GPU buffers are queued and waited for later (host buffers run at once,
+  // through the base class).
+  void start_all_reduce_sum(const Tensor& buf) override {
+    if (on_host(buf)) return Communicator::start_all_reduce_sum(buf);
+    check_buffer(buf, "all_reduce_sum");
+    wait_for_device_work();
+    queue_started("all_reduce_sum", [&] {
+      check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                               type_of(buf), ncclSum, comm_, stream_),
+                 "all_reduce_sum (ncclAllReduce)");
+    });
+  }
+  void start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
+                          const Tensor& out) override {
+    if (on_host(in) || on_host(out)) return Communicator::start_all_gather_v(in, counts, out);
+    check_all_gather_v(in, counts, out);
+    wait_for_device_work();
+    queue_started("all_gather_v", [&] { queue_all_gather_v(in, counts, out); });
+  }
+  void wait_started_until(int64_t keep) override {
+    const int64_t last = started() - keep;  // the latest ticket to wait for
+    while (!started_.empty() && started_.front().ticket <= last) {
+      const Started s = started_.front();
+      wait_for(s.op, [&] { return cudaEventQuery(s.end); });
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, s.begin, s.end), "NCCL: timing a collective");
+      started_seconds_ += ms / 1000.0;
+      started_.pop_front();
+      free_events_.insert(free_events_.end(), {s.begin, s.end});
+    }
+  }
+  double wait_started() override {
+    wait_started_until(0);
+    return Communicator::wait_started() + std::exchange(started_seconds_, 0.0);
   }
   void broadcast(const Tensor& buf, int root) override {
     if (on_host(buf))
@@ -223,7 +253,9 @@ class Nccl final : public Communicator {
     BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
     timeout_ = seconds;
   }
-  void set_device_work(std::function<void()> wait) override { device_work_ = std::move(wait); }
+  void set_device_stream(void* stream) override {
+    device_stream_ = static_cast<cudaStream_t>(stream);
+  }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -288,16 +320,63 @@ class Nccl final : public Communicator {
         staging_bytes_[i] = 0;
       }
   }
+  // NCCL's stream waits (on the GPU) for what the backend's stream has queued so far.
   void wait_for_device_work() {
-    if (device_work_) device_work_();
+    if (!device_stream_) return;
+    check_cuda(cudaEventRecord(device_done_, device_stream_), "NCCL: marking the backend's work");
+    check_cuda(cudaStreamWaitEvent(stream_, device_done_, 0), "NCCL: waiting for the backend");
+  }
+  // One grouped broadcast per rank's piece, queued on NCCL's stream.
+  void queue_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) {
+    const size_t esize = dtype_size(in.dtype());
+    auto* base = static_cast<char*>(out.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    int64_t first = 0;
+    for (int r = 0; r < size_; ++r) {
+      const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+      if (n > 0)
+        check_nccl(ncclBroadcast(r == rank_ ? in.data() : nullptr,
+                                 base + static_cast<size_t>(first) * esize, n, type_of(in), r,
+                                 comm_, stream_),
+                   "all_gather_v (ncclBroadcast)");
+      first += counts[static_cast<size_t>(r)];
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  }
+  // Queues a started collective between two timing events and counts it.
+  template <typename Queue>
+  void queue_started(const char* op, Queue queue) {
+    Started s{0, event(), event(), op};
+    check_cuda(cudaEventRecord(s.begin, stream_), "NCCL: timing a collective");
+    queue();
+    check_cuda(cudaEventRecord(s.end, stream_), "NCCL: timing a collective");
+    count_started();
+    s.ticket = started();
+    started_.push_back(s);
+  }
+  cudaEvent_t event() {
+    if (free_events_.empty()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreate(&e), "NCCL: an event");
+      return e;
+    }
+    const cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
   }
 
-  // Waits for the stream, watching NCCL's asynchronous errors and the timeout: a collective past
-  // it aborts the communicator and ends the process (the peers' collectives then fail in turn).
+  // Waits for the stream.
   void finish(const char* op) {
+    wait_for(op, [&] { return cudaStreamQuery(stream_); });
+  }
+  // Waits until `query` says done, watching NCCL's asynchronous errors and the timeout: a
+  // collective past it aborts the communicator and ends the process (the peers' collectives then
+  // fail in turn).
+  template <typename Query>
+  void wait_for(const char* op, Query query) {
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
-      const cudaError_t q = cudaStreamQuery(stream_);
+      const cudaError_t q = query();
       if (q == cudaSuccess) return;
       BRISK_CHECK(q == cudaErrorNotReady, op, ": ", cudaGetErrorString(q));
       ncclResult_t async = ncclSuccess;
@@ -325,7 +404,17 @@ class Nccl final : public Communicator {
   void* scratch_ = nullptr;
   std::array<void*, 2> staging_{};
   std::array<size_t, 2> staging_bytes_{};
-  std::function<void()> device_work_;
+  cudaStream_t device_stream_ = nullptr;  // the backend's (set_device_stream)
+  cudaEvent_t device_done_ = nullptr;     // recorded on it before each collective
+  // Started collectives not yet waited for, oldest first: ticket, timing events, name.
+  struct Started {
+    int64_t ticket;
+    cudaEvent_t begin, end;
+    const char* op;
+  };
+  std::deque<Started> started_;
+  std::vector<cudaEvent_t> free_events_;
+  double started_seconds_ = 0;  // the waited-for started collectives' time on the GPU
   double timeout_ = 0;
 };
 

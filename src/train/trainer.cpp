@@ -472,12 +472,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   };
   if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
   auto be = make_backend(device);
-  // GPU collectives run on NCCL's stream: each first waits for the work the backend queued.
+  // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
     Communicator& comm;
-    ~DeviceWork() { comm.set_device_work(nullptr); }
+    ~DeviceWork() { comm.set_device_stream(nullptr); }
   } device_work{dist};
-  if (ranks > 1 && device != Device::cpu) dist.set_device_work([&be] { be->synchronize(); });
+  if (ranks > 1 && device != Device::cpu) dist.set_device_stream(be->device_stream());
   // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
   // for --resume_from_checkpoint last.
   if (lead)

@@ -27,9 +27,10 @@ TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
   MemoryPlan plan;
   plan.add("a", Category::temporaries, DType::f32, Shape{n});
   plan.add("b", Category::temporaries, DType::f32, Shape{n});
+  plan.add("c", Category::temporaries, DType::f32, Shape{n});
   plan.finalize();
   Arena arena(plan, be->device_memory(), be->staging_memory());
-  const Tensor a = arena.tensor(0), b = arena.tensor(1);
+  const Tensor a = arena.tensor(0), b = arena.tensor(1), c = arena.tensor(2);
   be->upload(Tensor(mine.data(), Shape{n}, DType::f32), a);
   nccl->all_reduce_sum(a);
   std::vector<float> got(static_cast<size_t>(n));
@@ -69,6 +70,29 @@ TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
     else
       EXPECT_TRUE(all.empty());
   }
+  // Started on the GPU (queued after the backend's work, waited for by ticket): the sum as the
+  // blocking one's, and a gather of every rank's piece (rank q's 1000 + q values of q + 1) that
+  // the backend's fill just before it wrote.
+  nccl->set_device_stream(be->device_stream());
+  be->upload(Tensor(mine.data(), Shape{n}, DType::f32), a);
+  nccl->start_all_reduce_sum(a);
+  const int64_t sum_ticket = nccl->started();
+  std::vector<int64_t> sizes;
+  int64_t gathered = 0;
+  for (int q = 0; q < N; ++q) gathered += sizes.emplace_back(1000 + q);
+  be->fill(c, static_cast<float>(r + 1));
+  nccl->start_all_gather_v(element_range(c, 0, 1000 + r), sizes, element_range(b, 0, gathered));
+  nccl->wait_started_until(nccl->started() - sum_ticket);
+  be->download(a, Tensor(got.data(), Shape{n}, DType::f32));
+  EXPECT_EQ(got, want);
+  EXPECT_GE(nccl->wait_started(), 0.0);
+  std::vector<float> all(static_cast<size_t>(gathered));
+  be->download(element_range(b, 0, gathered), Tensor(all.data(), Shape{gathered}, DType::f32));
+  int64_t at = 0;
+  for (int q = 0; q < N; ++q)
+    for (int64_t i = 0; i < 1000 + q; ++i, ++at)
+      ASSERT_EQ(all[static_cast<size_t>(at)], static_cast<float>(q + 1)) << "rank " << q;
+  nccl->set_device_stream(nullptr);
   double value = r == N - 1 ? 42.5 : 0.0;
   nccl->broadcast(Tensor(&value, Shape{1}, DType::f64), N - 1);
   EXPECT_EQ(value, 42.5);

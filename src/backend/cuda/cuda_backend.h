@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   void wait_for_uploads() override;
   void download(const Tensor& src, const Tensor& dst) override;
   void synchronize() override;
+  void* device_stream() const override { return stream_; }
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
