@@ -25,10 +25,7 @@ void CpuBackend::sum_squares(const Tensor& x, const Tensor& acc) {
   const float* g = x.f32();
   const int64_t n = x.numel();
   acc.as<double>()[0] += ordered_sum(n, 4096, true, [g](int64_t begin, int64_t end) {
-    double sq = 0.0;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t i = begin; i < end; ++i) sq += static_cast<double>(g[i]) * g[i];
-    return sq;
+    return sum_of_squares(g + begin, end - begin);
   });
 }
 

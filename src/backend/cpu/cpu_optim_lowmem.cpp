@@ -69,10 +69,7 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
     double step = u.step_size;
     if (u.scale_parameter) {  // the parameter's RMS before this update
       const double sq = ordered_sum(len, 4096, par, [w](int64_t begin, int64_t end) {
-        double part = 0;
-#pragma omp simd reduction(+ : part)
-        for (int64_t i = begin; i < end; ++i) part += static_cast<double>(w[i]) * w[i];
-        return part;
+        return sum_of_squares(w + begin, end - begin);
       });
       step *= std::max(static_cast<double>(u.eps2), std::sqrt(sq / static_cast<double>(len)));
     }

@@ -26,4 +26,13 @@ double ordered_sum(int64_t n, int64_t min_block, bool parallel, BlockSum block_s
   return total;
 }
 
+// x[0]^2 + ... + x[n-1]^2 in double, vectorized (a plain pointer and count: indexing a captured
+// pointer from a lambda's begin/end made GCC emit gathers, 4x slower).
+inline double sum_of_squares(const float* __restrict x, int64_t n) {
+  double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return sq;
+}
+
 }  // namespace brisk
