@@ -36,8 +36,11 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
         std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
       return 0.0;
     }
+    // The row's maximum, vectorized (exact in any order; a NaN reaches the loss through the
+    // exponentials' sum whichever maximum it leaves).
     float mx = row[0];
-    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 1; j < V; ++j) mx = mx > row[j] ? mx : row[j];
     const float target = row[y[r]];
     // exp in place (training: the row becomes its gradient) or into a chunk buffer, the sum in
     // float per chunk and double across chunks.
