@@ -573,38 +573,25 @@ int64_t Model::staged_gradient_elements(int rooms) const {
   return l.rooms > 0 ? l.length : params_.total_elements();
 }
 
-namespace {
-bool overlap(const ElementRange& x, const ElementRange& y) {
+// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1); its place in a
+// buffer of `layout`.
+ElementRange Model::place(int segment, const StagedLayout& layout) const {
+  const ElementRange r = segments_.at(static_cast<size_t>(segment));
+  return {staged_offset(r.offset, layout), r.count};
+}
+
+bool Model::places_overlap(int a, int b, const StagedLayout& layout) const {
+  const ElementRange x = place(a, layout), y = place(b, layout);
   return x.offset < y.offset + y.count && y.offset < x.offset + x.count;
 }
-}  // namespace
 
-// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1).
-ElementRange Model::grad_place(int segment) const {
-  const ElementRange r = segments_.at(static_cast<size_t>(segment));
-  return {staged_offset(r.offset, grad_layout_), r.count};
-}
-
-bool Model::grads_overlap(int a, int b) const {
-  return overlap(grad_place(a), grad_place(b));
-}
-
-Tensor Model::grad_segment(int i) const {
-  const ElementRange r = grad_place(i);
+Tensor Model::grad_segment(int segment) const {
+  const ElementRange r = place(segment, grad_layout_);
   return element_range(flat_grads_, r.offset, r.count);
 }
 
-ElementRange Model::weight_place(int segment) const {
-  const ElementRange r = segments_.at(static_cast<size_t>(segment));
-  return {staged_offset(r.offset, weight_layout_), r.count};
-}
-
-bool Model::weights_overlap(int a, int b) const {
-  return overlap(weight_place(a), weight_place(b));
-}
-
 Tensor Model::weight_segment(int segment) const {
-  const ElementRange r = weight_place(segment);
+  const ElementRange r = place(segment, weight_layout_);
   return element_range(flat_weights_, r.offset, r.count);
 }
 
@@ -765,16 +752,19 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
   if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
   // Staged weights (ZeRO stage 3): a segment the file gives in part is first gathered, with its
   // initialized values, into its place, which other segments have overwritten since.
+  const bool gathered = weight_source_ && staged_weights();
   std::vector<bool> partial(segments_.size(), false);
-  if (weight_source_ && staged_weights())
+  if (gathered)
     for (const std::string& name : missing)
       partial[static_cast<size_t>(segment_of(params_.list()[params_.index(name)].offset))] = true;
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
-    const int segment = segment_of(p.offset);
-    if (partial[static_cast<size_t>(segment)] &&
-        p.offset == segments_[static_cast<size_t>(segment)].offset)
-      weight_source_->need(segment);
+    if (gathered) {  // at a partial segment's first parameter
+      const int segment = segment_of(p.offset);
+      if (partial[static_cast<size_t>(segment)] &&
+          p.offset == segments_[static_cast<size_t>(segment)].offset)
+        weight_source_->need(segment);
+    }
     const std::string name = file.has(p.name) ? p.name : p.name.substr(prefix.size());
     if (!file.has(name)) {
       written(i);

@@ -90,7 +90,7 @@ struct PlanOptions {
 };
 
 // ZeRO stage 3: who fills the model's weight rooms (train/zero's ShardedWeights). Segments are
-// numbered as param_segments(); segments whose places overlap (Model::weight_place) hold their
+// numbered as param_segments(); segments whose places overlap (Model::weights_overlap) hold their
 // weights in turn.
 class WeightRooms {
  public:
@@ -172,10 +172,9 @@ class Model {
   // The same ranges of the parameter layout, known from creation (before any plan).
   const std::vector<ElementRange>& param_segments() const { return segments_; }
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
-  // place (which other segments' places may overlap: they hold their gradients in turn).
-  Tensor grad_segment(int i) const;
-  ElementRange grad_place(int segment) const;
-  bool grads_overlap(int a, int b) const;
+  // place, which other segments' places may overlap (they hold their gradients in turn).
+  Tensor grad_segment(int segment) const;
+  bool grads_overlap(int a, int b) const { return places_overlap(a, b, grad_layout_); }
   // Whether the plan stages the gradients (PlanOptions::gradient_rooms and a model whose blocks
   // allow it), and in how many blocks' rooms (with two, the sum of one block's gradients may run
   // while the next block's backward fills the other room).
@@ -190,14 +189,13 @@ class Model {
   // cannot stage them.
   int64_t staged_gradient_elements(int rooms) const;
   int64_t staged_weight_elements(int rooms) const;
-  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; where segment i's
-  // weights lie in the weight buffer (`weight_place`; unstaged: its own range, no two
-  // overlapping), and their view. `rooms` fills the places (and hears of every segment written
-  // while weights are initialized or loaded); without it the weights must not be staged.
+  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; whether two segments'
+  // weights lie over each other in the weight buffer (unstaged: each in its own range), and a
+  // segment's view. `rooms` fills the places (and hears of every segment written while weights
+  // are initialized or loaded); without it the weights must not be staged.
   bool staged_weights() const { return weight_layout_.rooms > 0; }
   int weight_rooms() const { return weight_layout_.rooms; }
-  ElementRange weight_place(int segment) const;
-  bool weights_overlap(int a, int b) const;
+  bool weights_overlap(int a, int b) const { return places_overlap(a, b, weight_layout_); }
   Tensor weight_segment(int segment) const;
   void set_weight_rooms(WeightRooms* rooms) { weight_source_ = rooms; }
   bool gathers_weights() const { return weight_source_ != nullptr; }
@@ -378,8 +376,11 @@ class Model {
     int64_t block = 0, length = 0, rooms_at = 0, head_at = 0, embeddings_at = 0;
   };
   StagedLayout staged_layout(int rooms, bool embeddings_apart) const;
-  // Where logical element `at` lies in a buffer of that layout.
+  // Where logical element `at`, and segment i, lie in a buffer of that layout (rooms 0: where
+  // they are in the parameters).
   int64_t staged_offset(int64_t at, const StagedLayout& layout) const;
+  ElementRange place(int segment, const StagedLayout& layout) const;
+  bool places_overlap(int a, int b, const StagedLayout& layout) const;
   StagedLayout weight_layout_, grad_layout_;
   WeightRooms* weight_source_ = nullptr;
   // ZeRO stage 3: segment `segment`'s weights before it runs, and `next`'s started (-1: none)

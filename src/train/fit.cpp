@@ -196,24 +196,21 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
             ->plan.bytes_by_category()[static_cast<int>(Category::activations)]);
   }
   const double activations = k * 3 * produced * recompute / m.elementwise;
-  // The optimizer pass over the model states where they are: all on the device, or offloaded
-  // the master, state and gradients' copy in host memory, with the copies there and back.
-  auto of_bytes = [](const std::array<size_t, kNumCategories>& by, Category cat) {
-    return static_cast<double>(by[static_cast<int>(cat)]);
-  };
-  auto states = [&](const std::array<size_t, kNumCategories>& by) {
+  // The optimizer pass over the model states where they are (offloaded: the master, the state
+  // and the gradients' copy in host memory), and that copy's bytes down and as many of the
+  // master's up. Without offload no model state is in host memory.
+  auto states = [&](Placement where) {
+    const auto by = run.plan.bytes_by_category(where);
     double sum = 0;
     for (Category cat : {Category::weights, Category::master_weights, Category::gradients,
                          Category::optimizer_state})
-      sum += of_bytes(by, cat);
+      sum += static_cast<double>(by[static_cast<int>(cat)]);
     return sum;
   };
-  const auto host_bytes = run.plan.bytes_by_category(Placement::host);
-  const double host = run.offload ? states(host_bytes) : 0.0;
-  // The gradients' host copy's bytes go down, as many of the master's up.
-  const double moved = run.offload ? of_bytes(host_bytes, Category::gradients) : 0.0;
-  const double optimizer = 2 * (states(bytes) - host) / m.bandwidth + 2 * host / m.host_bandwidth +
-                           2 * moved / m.host_link;
+  const double moved = static_cast<double>(
+      run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]);
+  const double optimizer = 2 * states(Placement::device) / m.bandwidth +
+                           2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
   return matmul + attention + k * L * m.layer_overhead + activations + optimizer;
 }
 
