@@ -6,10 +6,12 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "backend/workspace.h"
 #include "precision/loss_scaler.h"
@@ -224,7 +226,10 @@ namespace {
 // float32, so only the float32 summation differs. The same for float32 products by the default
 // library, by oneDNN (BRISK_CPU_PRODUCTS=onednn) and by OpenBLAS (=openblas), and for bf16
 // operands rounded and multiplied in float32 by OpenBLAS (what a CPU without bf16 units does).
-class CpuProducts : public ::testing::TestWithParam<const char*> {};
+class CpuProducts : public ::testing::TestWithParam<const char*> {
+ protected:
+  void attention_stays_close_to_float32(int64_t T, int64_t D);
+};
 
 // The CPU backend of a CpuProducts parameter (its library forced by BRISK_CPU_PRODUCTS while it is
 // made, bf16 or float32 products) with its workspace planned for `operands`.
@@ -405,6 +410,109 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
   if (DnnlMatmul::available(DType::bf16) && compared_with_onednn == 0)
     GTEST_SKIP() << "this CPU's bf16 kernels read B in another layout than BA16a64b2a: brisk's "
                     "packer checked against the layout's formula only";
+}
+
+// The bf16 tiles' packers (cpu_bf16_tiles.h): every value where its layout puts it, rounded as
+// float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
+// by 32 columns at a time) and the scalar edges alike.
+TEST(CpuBf16Tiles, PackersWriteTheirLayouts) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{16, 32}, {35, 64}, {7, 5}, {33, 70}, {64, 130}}) {
+    const int64_t ld = cols + 3;
+    std::vector<float> src(rows * ld);
+    for (auto& v : src) v = normal(gen);
+    src[1] = 1.0f + 0x1p-8f;  // a tie, to even
+    auto bf = [&](int64_t r, int64_t c) -> uint32_t {
+      return r < rows && c < cols ? float_to_bf16(src[r * ld + c]) : 0;
+    };
+    const int64_t even_cols = cols + cols % 2, row_pairs = (rows + 1) / 2,
+                  col_pairs = even_cols / 2;
+    std::vector<uint16_t> r16(rows * (even_cols + 2), 0xdead), want16(r16);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < even_cols; ++c) want16[r * (even_cols + 2) + c] = bf(r, c);
+    bf16_rows(src.data(), rows, cols, ld, r16.data(), even_cols + 2);
+    EXPECT_EQ(r16, want16) << rows << " x " << cols << " rows";
+    std::vector<uint32_t> pairs(row_pairs * (cols + 1), 0xdeadbeef), want_pairs(pairs);
+    for (int64_t p = 0; p < row_pairs; ++p)
+      for (int64_t c = 0; c < cols; ++c)
+        want_pairs[p * (cols + 1) + c] = bf(2 * p, c) | bf(2 * p + 1, c) << 16;
+    bf16_row_pairs(src.data(), rows, cols, ld, pairs.data(), cols + 1);
+    EXPECT_EQ(pairs, want_pairs) << rows << " x " << cols << " pairs of rows";
+    std::vector<uint32_t> tr(col_pairs * (rows + 2), 0xdeadbeef), want_tr(tr);
+    for (int64_t p = 0; p < col_pairs; ++p)
+      for (int64_t r = 0; r < rows; ++r)
+        want_tr[p * (rows + 2) + r] = bf(r, 2 * p) | bf(r, 2 * p + 1) << 16;
+    bf16_column_pairs_transposed(src.data(), rows, cols, ld, tr.data(), rows + 2);
+    EXPECT_EQ(tr, want_tr) << rows << " x " << cols << " transposed pairs of columns";
+  }
+}
+
+// bf16_pair_product against an fp64 product of the same bf16 values, for A as rows and in pairs
+// of rows (read transposed), with and without accumulation, over tiles of every height (1-6 rows)
+// and width (1-4 vectors, the last one part-masked): float32 accumulation only.
+TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
+  if (!cpu_bf16_tiles_available())
+    GTEST_SKIP() << "this build does not target AVX512-BF16: attention's bf16 products run on "
+                    "oneDNN or OpenBLAS instead of the tiles";
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 2},
+                                {6, 64, 64},
+                                {13, 70, 31},
+                                {64, 256, 64},
+                                {65, 49, 128},
+                                {5, 17, 0}})
+    for (const bool a_transposed : {false, true})
+      for (const bool accumulate : {false, true}) {
+        // A as float32 [m x k] (or [k x m] when read transposed), B as float32 [k x n].
+        std::vector<float> a(m * k), b(k * n), c0(m * (n + 5));
+        for (auto& v : a) v = normal(gen);
+        for (auto& v : b) v = normal(gen);
+        for (auto& v : c0) v = normal(gen);
+        const int64_t pairs = (k + 1) / 2;
+        std::vector<uint32_t> ap, bp(pairs * (n + 1));
+        int64_t a_row = 0, a_pair = 0;
+        if (a_transposed) {  // stored [k x m]: its pairs of rows, read as A^T's pairs
+          std::vector<float> at(k * m);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < k; ++j) at[j * m + i] = a[i * k + j];
+          ap.resize(pairs * m + 1);
+          bf16_row_pairs(at.data(), k, m, m, ap.data(), m);
+          a_row = 1, a_pair = m;
+        } else {
+          std::vector<uint16_t> a16(m * (2 * pairs) + 2);
+          bf16_rows(a.data(), m, k, k, a16.data(), 2 * pairs);
+          ap.assign(a16.size() / 2, 0);
+          std::memcpy(ap.data(), a16.data(), ap.size() * 4);
+          a_row = pairs, a_pair = 1;
+        }
+        bf16_row_pairs(b.data(), k, n, n, bp.data(), n + 1);
+        std::vector<float> c = c0;
+        bf16_pair_product(m, n, pairs, ap.data(), a_row, a_pair, bp.data(), n + 1, accumulate,
+                          c.data(), n + 5);
+        double worst = 0.0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n + 5; ++j) {
+            const double got = c[i * (n + 5) + j];
+            if (j >= n) {  // past the product's columns: untouched
+              ASSERT_EQ(got, c0[i * (n + 5) + j]);
+              continue;
+            }
+            double want = accumulate ? c0[i * (n + 5) + j] : 0.0, size = std::fabs(want);
+            for (int64_t p = 0; p < k; ++p) {
+              const double term = static_cast<double>(bf16_to_float(float_to_bf16(a[i * k + p]))) *
+                                  bf16_to_float(float_to_bf16(b[p * n + j]));
+              want += term;
+              size += std::fabs(term);
+            }
+            worst = std::max(worst, std::fabs(got - want) / (size + 1e-30));
+          }
+        EXPECT_LE(worst, 1e-5) << m << " x " << n << " x " << k
+                               << (a_transposed ? " A transposed" : "")
+                               << (accumulate ? " accumulated" : "");
+      }
 }
 
 // A weight gradient with more than 4096 rows goes in blocks of rows (cpu_linear.cpp): the blocks
@@ -598,13 +706,19 @@ TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
 // Attention's products in each library and type (in bf16 mode the probabilities and their
 // gradient rounded to bf16, on bf16 units or not) against float32 attention, which the
 // conformance suite holds to its fp64 reference: within bf16's precision on q, k, v rounded to
-// bf16, over three blocks of query rows (the last one short), causal with dropout and grouped
-// heads, or with a key mask.
+// bf16, over three blocks of query rows (the last one short: 2 rows, or 3 with an odd length
+// that the bf16 tiles pad), causal with dropout and grouped heads, or with a key mask.
 TEST_P(CpuProducts, AttentionStaysCloseToFloat32) {
+  for (const auto& [T, D] : {std::pair<int64_t, int64_t>{130, 16}, {131, 64}})
+    attention_stays_close_to_float32(T, D);
+}
+
+void CpuProducts::attention_stays_close_to_float32(int64_t T, int64_t D) {
+  SCOPED_TRACE("T = " + std::to_string(T) + ", D = " + std::to_string(D));
   ProductsBackend p(1);
   auto reference = make_cpu_backend();
   reference->set_matmul_dtype(DType::f32);
-  const int64_t B = 2, T = 130, H = 4, K = 2, D = 16, W = (H + 2 * K) * D, C = H * D;
+  const int64_t B = 2, H = 4, K = 2, W = (H + 2 * K) * D, C = H * D;
   std::mt19937 gen(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> qkv(B * T * W), dout(B * T * C);

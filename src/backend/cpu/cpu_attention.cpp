@@ -7,6 +7,9 @@
 // products by oneDNN (one instance per thread) where it multiplies the backend's type, else
 // OpenBLAS; in bf16 mode the probabilities and their gradient are rounded to bf16 for the
 // products that read them (on bf16 units: q, k, v and the output gradient copied to bf16 per task).
+// On AVX512-BF16 units the bf16 products are brisk's own register tiles (cpu_bf16_tiles.h) instead
+// of oneDNN's: q, k, v and the output gradient packed once per task into the layouts the tiles
+// read, the probabilities and their gradient written into them by the block's own passes.
 #include <cblas.h>
 #include <omp.h>
 
@@ -16,7 +19,9 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_dropout.h"
 #include "backend/cpu/cpu_exp.h"
 #include "core/checked.h"
@@ -46,10 +51,17 @@ struct PackedRow {
   int64_t v(const AttnDims& d, int64_t h) const { return d.C + (d.K + h / group) * d.D; }
 };
 
+// T rounded up to even: bf16 pairs hold two keys or query rows.
+inline int64_t even(int64_t n) {
+  return n + n % 2;
+}
+
 // One task's slot of the planned scratch (cpu_attention_scratch_floats): two float32 blocks of
-// kRows x T (scores / probabilities, and the dropped-out probabilities or their gradient), and for
-// bf16 products a bf16 block of kRows x T and bf16 copies [T, D] of q, k, v and the output
-// gradient.
+// kRows x T (scores / probabilities, and the dropped-out probabilities or their gradient), then
+// bf16 values. For the library's bf16 products a bf16 block of kRows x T and bf16 copies [T, D]
+// of q, k, v and the output gradient (TaskScratch); for the bf16 tiles (TileScratch) two bf16
+// blocks of kRows x even(T), the block's probabilities or their gradient as rows and in pairs of
+// rows, and seven packed [even(T), D] operands.
 struct TaskScratch {
   float *s, *p;
   uint16_t *a16, *q16, *k16, *v16, *g16;
@@ -59,6 +71,27 @@ struct TaskScratch {
     k16 = q16 + T * D;
     v16 = k16 + T * D;
     g16 = v16 + T * D;
+  }
+};
+
+// The bf16 tiles' slot (see TaskScratch): as words, the rows of a block (`rows16`, even(T) / 2
+// words a row) and its pairs of rows (`pairs32`, T words a pair); q and the output gradient as
+// rows (D / 2 words a row: the A of the scores and of dP); k and v transposed in pairs of columns
+// (even(T) words a pair: the B of the scores and of dP); k, q, the output gradient (backward) or
+// v (forward) in pairs of rows (D words a pair: the B of dQ, dK, dV and the output).
+struct TileScratch {
+  float *s, *p;
+  uint32_t *rows16, *pairs32, *q16, *g16, *kt, *vt, *k2, *q2, *g2, *v2;
+  TileScratch(float* base, int64_t T, int64_t D) : s(base), p(base + kRows * T) {
+    const int64_t block = kRows * even(T) / 2, operand = even(T) * D / 2;
+    rows16 = reinterpret_cast<uint32_t*>(base + 2 * kRows * T);
+    pairs32 = rows16 + block;
+    uint32_t* next = pairs32 + block;
+    for (uint32_t** slot : {&q16, &g16, &kt, &vt, &k2, &q2, &g2}) {
+      *slot = next;
+      next += operand;
+    }
+    v2 = g2;  // the forward pass has no output gradient
   }
 };
 
@@ -167,16 +200,74 @@ void recompute_row(float* row, int64_t keys, int64_t visible, const int32_t* mas
   }
   std::fill(row + visible, row + keys, 0.0f);
 }
+// The bf16 tiles' dS = P * (dP - dot) * scale of a block (P and dP float32 rows of stride ld, dot
+// one value per row), written only in bf16: as rows (row stride rows_ld, a zero past an odd
+// keys: the A of dQ = dS K) and in pairs of rows (pair stride pairs_ld: dK = dS^T Q reads it).
+void score_gradient_bf16(const float* P, const float* dP, const float* dot, int64_t rows,
+                         int64_t keys, int64_t ld, float scale, uint16_t* rows16, int64_t rows_ld,
+                         uint32_t* pairs, int64_t pairs_ld) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    const bool two = r + 1 < rows;
+    const float *p0 = P + r * ld, *d0 = dP + r * ld;
+    const float *p1 = two ? p0 + ld : p0, *d1 = two ? d0 + ld : d0;
+    const float dot0 = dot[r], dot1 = two ? dot[r + 1] : 0.0f;
+    uint16_t* o0 = rows16 + r * rows_ld;
+    uint16_t* o1 = two ? o0 + rows_ld : nullptr;
+    uint32_t* w = pairs + r / 2 * pairs_ld;
+    int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+    const __m512 vscale = _mm512_set1_ps(scale), vdot0 = _mm512_set1_ps(dot0),
+                 vdot1 = _mm512_set1_ps(dot1);
+    for (; j + 16 <= keys; j += 16) {
+      const __m512i lo = avx512::round16(_mm512_mul_ps(
+          _mm512_mul_ps(_mm512_loadu_ps(p0 + j), _mm512_sub_ps(_mm512_loadu_ps(d0 + j), vdot0)),
+          vscale));
+      const __m512i hi = two ? avx512::round16(_mm512_mul_ps(
+                                   _mm512_mul_ps(_mm512_loadu_ps(p1 + j),
+                                                 _mm512_sub_ps(_mm512_loadu_ps(d1 + j), vdot1)),
+                                   vscale))
+                             : _mm512_setzero_si512();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o0 + j), _mm512_cvtepi32_epi16(lo));
+      if (two) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o1 + j), _mm512_cvtepi32_epi16(hi));
+      _mm512_storeu_si512(w + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+#endif
+    for (; j < keys; ++j) {
+      const uint16_t lo = float_to_bf16(p0[j] * (d0[j] - dot0) * scale);
+      const uint16_t hi = two ? float_to_bf16(p1[j] * (d1[j] - dot1) * scale) : 0;
+      o0[j] = lo;
+      if (two) o1[j] = hi;
+      w[j] = uint32_t{lo} | uint32_t{hi} << 16;
+    }
+    if (keys % 2 != 0) {
+      o0[keys] = 0;
+      if (two) o1[keys] = 0;
+    }
+  }
+}
 }  // namespace
 
 int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim) {
-  // Two float32 blocks, then bf16 values: a block and four [T, D] copies (two to a float).
+  // Two float32 blocks, then bf16 values (two to a float): the tiles' two blocks and seven
+  // [even(T), D] operands, which also hold the library's block and four [T, D] copies.
   const char* what = "attention scratch";
   const int64_t block = checked_mul(kRows, seq, what);
-  const int64_t copies = checked_mul(4, checked_mul(seq, head_dim, what), what);
-  const int64_t halves = checked_add(checked_add(block, copies, what), 1, what) / 2;
+  const int64_t padded = checked_add(seq, seq % 2, what);
+  const int64_t halves =
+      checked_add(checked_mul(2 * kRows, padded, what),
+                  checked_mul(7, checked_mul(padded, head_dim, what), what), what) /
+          2 +
+      1;
   return checked_add(checked_mul(2, block, what), halves, what);
 }
+
+namespace {
+// Whether attention's bf16 products run on the bf16 tiles: on bf16 units (`units`) where this
+// build has the tiles and heads have an even size (pairs of a head's values).
+bool use_tiles(bool units, int64_t head_dim) {
+  return units && head_dim % 2 == 0 && cpu_bf16_tiles_available();
+}
+}  // namespace
 
 bool CpuBackend::prepare_attention_products() {
   if (!dnnl_) return false;  // OpenBLAS, float32
@@ -209,7 +300,9 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
   // product and the scores' read bf16 copies.
   const bool round = bf16_operands_, units = prepare_attention_products();
+  const bool tiles = use_tiles(units, d.D);
   const Products product{attention_dnnl_};
+  const int64_t half = d.D / 2, Te = even(d.T);
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
@@ -224,18 +317,36 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
     const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
     float* ob = o + b * d.T * d.C + h * d.D;
     const TaskScratch ts(scratch.f32() + bh * per_task, d.T, d.D);
-    const Mat Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
-    const Mat K = as_operand(k, d.T, d.D, ld, units, ts.k16);
-    const Mat V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+    const TileScratch tt(scratch.f32() + bh * per_task, d.T, d.D);
+    Mat Q{}, K{}, V{};
+    if (tiles) {
+      bf16_rows(q, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
+      bf16_column_pairs_transposed(k, d.T, d.D, ld, tt.kt, Te);
+      bf16_row_pairs(v, d.T, d.D, ld, tt.v2, d.D);
+    } else {
+      Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
+      K = as_operand(k, d.T, d.D, ld, units, ts.k16);
+      V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+    }
     for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
       const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
-      product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
+      if (tiles)
+        bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
+                          d.T);
+      else
+        product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float* row = ts.s + r * d.T;
         lse[bh * d.T + i] = softmax_row(row, keys, causal ? i + 1 : keys, mask_b, scale);
         if (dropout_p > 0.0f)
           dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
+      }
+      if (tiles) {
+        bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), Te);
+        bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.v2, d.D, false,
+                          ob + i0 * d.C, d.C);
+        continue;
       }
       const Mat P = rounded_operand(ts.s, rows, keys, d.T, round, units, ts.a16);
       product(false, false, rows, d.D, keys, P, V, 0.0f, ob + i0 * d.C, d.C);
@@ -269,13 +380,16 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
   const bool round = bf16_operands_, units = prepare_attention_products();
+  const bool tiles = use_tiles(units, d.D);
   const Products product{attention_dnnl_};
+  const int64_t half = d.D / 2, Te = even(d.T);
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk) {
     const int64_t b = bk / d.K, token0 = b * d.T * ld;
     const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
     const TaskScratch ts(scratch.f32() + bk * per_task, d.T, d.D);
+    const TileScratch tt(scratch.f32() + bk * per_task, d.T, d.D);
     const int64_t first_head = (bk % d.K) * row_of.group;
     const float* k = base + token0 + row_of.k(d, first_head);
     const float* v = base + token0 + row_of.v(d, first_head);
@@ -285,17 +399,38 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
       std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
     }
-    const Mat K = as_operand(k, d.T, d.D, ld, units, ts.k16);
-    const Mat V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+    Mat K{}, V{};
+    if (tiles) {
+      bf16_column_pairs_transposed(k, d.T, d.D, ld, tt.kt, Te);
+      bf16_column_pairs_transposed(v, d.T, d.D, ld, tt.vt, Te);
+      bf16_row_pairs(k, d.T, d.D, ld, tt.k2, d.D);
+    } else {
+      K = as_operand(k, d.T, d.D, ld, units, ts.k16);
+      V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+    }
     for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
       const int64_t bh = b * d.H + h;
       float* dq = dbase + token0 + row_of.q(d, h);
-      const Mat Q = as_operand(base + token0 + row_of.q(d, h), d.T, d.D, ld, units, ts.q16);
-      const Mat G = as_operand(g + b * d.T * d.C + h * d.D, d.T, d.D, d.C, units, ts.g16);
+      const float* q = base + token0 + row_of.q(d, h);
+      const float* gh = g + b * d.T * d.C + h * d.D;
+      Mat Q{}, G{};
+      if (tiles) {
+        bf16_rows(q, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
+        bf16_row_pairs(q, d.T, d.D, ld, tt.q2, d.D);
+        bf16_rows(gh, d.T, d.D, d.C, reinterpret_cast<uint16_t*>(tt.g16), d.D);
+        bf16_row_pairs(gh, d.T, d.D, d.C, tt.g2, d.D);
+      } else {
+        Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
+        G = as_operand(gh, d.T, d.D, d.C, units, ts.g16);
+      }
       for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
         const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
         // P, recomputed in s.
-        product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
+        if (tiles)
+          bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
+                            d.T);
+        else
+          product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           recompute_row(ts.s + r * d.T, keys, causal ? i + 1 : keys, mask_b, scale,
@@ -314,10 +449,21 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           }
           weights = ts.p;
         }
-        const Mat Pd = rounded_operand(weights, rows, keys, d.T, round, units, ts.a16);
-        product(true, false, keys, d.D, rows, Pd, G.from(i0), 1.0f, dv, ld);
-        // dP' = dO V^T into p, then dS over it.
-        product(false, true, rows, keys, d.D, G.from(i0), V, 0.0f, ts.p, d.T);
+        // (The tiles read P'^T as A from P' in pairs of rows, and the block's pairs of dO rows.)
+        const int64_t row_pairs = (rows + 1) / 2;
+        if (tiles) {
+          bf16_row_pairs(weights, rows, keys, d.T, tt.pairs32, d.T);
+          bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, tt.g2 + i0 / 2 * d.D, d.D,
+                            true, dv, ld);
+          bf16_pair_product(rows, keys, half, tt.g16 + i0 * half, half, 1, tt.vt, Te, false, ts.p,
+                            d.T);
+        } else {
+          const Mat Pd = rounded_operand(weights, rows, keys, d.T, round, units, ts.a16);
+          product(true, false, keys, d.D, rows, Pd, G.from(i0), 1.0f, dv, ld);
+          // dP' = dO V^T into p, then dS over it.
+          product(false, true, rows, keys, d.D, G.from(i0), V, 0.0f, ts.p, d.T);
+        }
+        float dots[kRows];
         for (int64_t r = 0; r < rows; ++r) {
           const float* pr = ts.s + r * d.T;
           float* dr = ts.p + r * d.T;
@@ -326,10 +472,21 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
+          dots[r] = dot;
+          if (tiles) continue;  // dS goes straight into the tiles' bf16 layouts below
 #pragma omp simd
           for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
         }
-        // dQ = dS K, dK += dS^T Q.
+        // dQ = dS K, dK += dS^T Q (the tiles: dS as rows, and in pairs of rows for dS^T).
+        if (tiles) {
+          score_gradient_bf16(ts.s, ts.p, dots, rows, keys, d.T, scale,
+                              reinterpret_cast<uint16_t*>(tt.rows16), Te, tt.pairs32, d.T);
+          bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.k2, d.D, false,
+                            dq + i0 * ld, ld);
+          bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, tt.q2 + i0 / 2 * d.D, d.D,
+                            true, dk, ld);
+          continue;
+        }
         const Mat dS = rounded_operand(ts.p, rows, keys, d.T, round, units, ts.a16);
         product(false, false, rows, d.D, keys, dS, K, 0.0f, dq + i0 * ld, ld);
         product(true, false, keys, d.D, rows, dS, Q.from(i0), 1.0f, dk, ld);

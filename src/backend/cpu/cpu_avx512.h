@@ -1,0 +1,83 @@
+// AVX-512 helpers shared by the CPU backend's bf16 packers (cpu_matmul_dnnl.cpp) and its bf16
+// attention tiles (cpu_bf16_tiles.cpp): rounding float32 to bf16 as float_to_bf16 does, and a
+// 16 x 16 transpose of 32-bit words. BRISK_PACK_AVX512 is defined where the build targets
+// AVX-512 (F and BW); without it the callers take their scalar paths.
+#pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include <cstdint>
+#define BRISK_PACK_AVX512 1
+
+// GCC 12's intrinsics start results from a self-initialized "undefined" vector, which its
+// -Wmaybe-uninitialized reports at every inlined use: a known false alarm. The warning stays off
+// in the files that include this header.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace brisk::avx512 {
+
+// 16 float32 rounded to bf16 as float_to_bf16 does (nearest even, NaNs kept quiet), in the low
+// half of each 32-bit lane.
+inline __m512i round16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+}
+
+inline __m512i round16(const float* p) {
+  return round16(_mm512_loadu_ps(p));
+}
+
+// 32 float32 rounded to bf16 and packed in order: 16 32-bit words, word j = values 2j and 2j+1.
+inline __m512i round32_pairs(const float* p) {
+  const __m256i lo = _mm512_cvtepi32_epi16(round16(p));
+  const __m256i hi = _mm512_cvtepi32_epi16(round16(p + 16));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// The same for values already in bf16: 16 widened to 32-bit lanes, and 32 as they lie.
+inline __m512i round16(const uint16_t* p) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512i round32_pairs(const uint16_t* p) {
+  return _mm512_loadu_si512(p);
+}
+
+// r[i] word j <- r[j] word i, for 16 vectors of 16 32-bit words.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + c], 128-bit lane L: word 4L + c of rows 4g .. 4g + 3.
+  __m512i u[16];
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Word 4L + c of every row: lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+  }
+}
+
+}  // namespace brisk::avx512
+#endif

@@ -1,0 +1,177 @@
+// bf16 tiles: register-blocked products on AVX512-BF16 (vdpbf16ps), and the packers that write
+// their operands. See cpu_bf16_tiles.h for the layouts.
+#include "backend/cpu/cpu_bf16_tiles.h"
+
+#include <algorithm>
+
+#include "backend/cpu/cpu_avx512.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#if defined(BRISK_PACK_AVX512) && defined(__AVX512BF16__)
+#define BRISK_BF16_TILES 1
+#endif
+
+namespace brisk {
+
+namespace {
+#ifdef BRISK_PACK_AVX512
+using namespace avx512;
+#endif
+
+inline uint32_t pair_of(float lo, float hi) {
+  return uint32_t{float_to_bf16(lo)} | uint32_t{float_to_bf16(hi)} << 16;
+}
+
+#ifdef BRISK_BF16_TILES
+// A tile of C is MR rows by NV vectors of 16 columns (at most 6 x 4: 24 accumulators, the B
+// vectors and A's broadcast pair within the 32 registers); `last` masks the last vector's columns.
+constexpr int kTileRows = 6, kTileVectors = 4, kTileColumns = 16 * kTileVectors;
+
+template <int MR, int NV>
+void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_pair, const uint32_t* b,
+          int64_t ldb, __mmask16 last, bool accumulate, float* c, int64_t ldc) {
+  // The loops over rows and vectors unrolled whole, so that the accumulators live in registers.
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate
+                      ? _mm512_maskz_loadu_ps(v == NV - 1 ? last : 0xffff, c + r * ldc + 16 * v)
+                      : _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = (__m512bh)_mm512_maskz_loadu_epi32(v == NV - 1 ? last : 0xffff, b + 16 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_row]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+    a += a_pair;
+    b += ldb;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * v, v == NV - 1 ? last : 0xffff, acc[r][v]);
+}
+
+using TileFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t,
+                        __mmask16, bool, float*, int64_t);
+
+template <int MR>
+constexpr TileFn tile_of(int nv) {
+  return nv == 1 ? tile<MR, 1> : nv == 2 ? tile<MR, 2> : nv == 3 ? tile<MR, 3> : tile<MR, 4>;
+}
+
+constexpr TileFn tile_of(int mr, int nv) {
+  return mr == 1   ? tile_of<1>(nv)
+         : mr == 2 ? tile_of<2>(nv)
+         : mr == 3 ? tile_of<3>(nv)
+         : mr == 4 ? tile_of<4>(nv)
+         : mr == 5 ? tile_of<5>(nv)
+                   : tile_of<6>(nv);
+}
+#endif
+}  // namespace
+
+bool cpu_bf16_tiles_available() {
+#ifdef BRISK_BF16_TILES
+  return true;
+#else
+  return false;
+#endif
+}
+
+void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
+                       int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
+                       int64_t ldc) {
+#ifdef BRISK_BF16_TILES
+  // Column panels outermost: a panel of B (pairs x 64 words) stays in the L1 cache while the
+  // tiles of rows pass over it.
+  for (int64_t n0 = 0; n0 < n; n0 += kTileColumns) {
+    const int64_t cols = std::min<int64_t>(kTileColumns, n - n0);
+    const int nv = static_cast<int>((cols + 15) / 16);
+    const __mmask16 last =
+        cols % 16 == 0 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (cols % 16)) - 1);
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
+      tile_of(mr, nv)(pairs, a + r0 * a_row, a_row, a_pair, b + n0, ldb, last, accumulate,
+                      c + r0 * ldc + n0, ldc);
+    }
+  }
+#else
+  (void)m, (void)n, (void)pairs, (void)a, (void)a_row, (void)a_pair, (void)b, (void)ldb,
+      (void)accumulate, (void)c, (void)ldc;
+  BRISK_FAIL("internal error: this build has no bf16 tiles (it does not target AVX512-BF16)");
+#endif
+}
+
+void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+               int64_t dst_ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * ld;
+    uint16_t* out = dst + r * dst_ld;
+    int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+    for (; j + 16 <= cols; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                          _mm512_cvtepi32_epi16(round16(in + j)));
+#endif
+    for (; j < cols; ++j) out[j] = float_to_bf16(in[j]);
+    if (cols % 2 != 0) out[cols] = 0;
+  }
+}
+
+void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                    int64_t dst_ld) {
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const float* r0 = src + 2 * p * ld;
+    const float* r1 = 2 * p + 1 < rows ? r0 + ld : nullptr;
+    uint32_t* out = dst + p * dst_ld;
+    int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+    for (; j + 16 <= cols; j += 16) {
+      const __m512i lo = round16(r0 + j);
+      _mm512_storeu_si512(out + j,
+                          r1 ? _mm512_or_si512(lo, _mm512_slli_epi32(round16(r1 + j), 16)) : lo);
+    }
+#endif
+    for (; j < cols; ++j) out[j] = pair_of(r0[j], r1 ? r1[j] : 0.0f);
+  }
+}
+
+void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                  uint32_t* dst, int64_t dst_ld) {
+  const int64_t pairs = (cols + 1) / 2;
+  int64_t r0 = 0;
+#ifdef BRISK_PACK_AVX512
+  // 16 rows by 16 pairs (32 columns) at a time: each row's pairs a vector, then transposed.
+  for (; r0 + 16 <= rows; r0 += 16)
+    for (int64_t p0 = 0; p0 + 16 <= cols / 2; p0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = round32_pairs(src + (r0 + i) * ld + 2 * p0);
+      transpose16(r);
+      for (int k = 0; k < 16; ++k) _mm512_storeu_si512(dst + (p0 + k) * dst_ld + r0, r[k]);
+    }
+  // What the vectors left: pairs past the last 16 of whole rows' blocks, then the last rows.
+  const int64_t vector_pairs = r0 > 0 ? cols / 2 / 16 * 16 : 0;
+  for (int64_t r = 0; r < r0; ++r)
+    for (int64_t p = vector_pairs; p < pairs; ++p) {
+      const float* in = src + r * ld + 2 * p;
+      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : 0.0f);
+    }
+#endif
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t p = 0; p < pairs; ++p) {
+      const float* in = src + r * ld + 2 * p;
+      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : 0.0f);
+    }
+}
+
+}  // namespace brisk

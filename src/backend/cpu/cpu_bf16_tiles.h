@@ -1,0 +1,44 @@
+// Small bf16 products on the CPU's AVX512-BF16 units without a library call: attention's per-block
+// products (cpu_attention.cpp), whose operands are a few dozen rows and where oneDNN's per-call
+// cost and its copies of the operands into its own layouts were half the time.
+//
+// Operands are bf16 pairs: two bf16 values in a 32-bit word, the lower-indexed one in the low
+// half, multiplied and added into float32 as the vdpbf16ps instruction does. A product
+// C[m x n] (+)= A[m x k] B[k x n] reads k / 2 pairs: A's pair p of row r is the word
+// a[r * a_row + p * a_pair] (a_row = k / 2, a_pair = 1 for a row-major bf16 A; a_row = 1, a_pair =
+// the row length for the pairs-of-rows layout below, which reads A transposed), and B's pair p of
+// column j is b[p * ldb + j] (B in pairs of rows). The packers write these layouts from float32
+// (values rounded to nearest even as float_to_bf16 rounds), padding an odd k with zeros.
+#pragma once
+
+#include <cstdint>
+
+namespace brisk {
+
+// Whether this build has the tiles (compiled for AVX512-BF16); without them every function
+// below fails.
+bool cpu_bf16_tiles_available();
+
+// C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above).
+void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
+                       int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
+                       int64_t ldc);
+
+// src[rows x cols] (row stride ld) as bf16 rows at dst (row stride dst_ld >= cols rounded up to
+// even, in bf16 values): row r's words are its pairs of columns, the last padded with zero when
+// cols is odd.
+void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+               int64_t dst_ld);
+
+// src[rows x cols] in pairs of rows: word dst[p * dst_ld + j] = (src[2p][j], src[2p + 1][j]), for
+// p < (rows + 1) / 2 (a missing last row as zeros) and j < cols.
+void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                    int64_t dst_ld);
+
+// src[rows x cols] transposed, in pairs of columns: word dst[p * dst_ld + r] = (src[r][2p],
+// src[r][2p + 1]), for p < (cols + 1) / 2 (a missing last column as zeros) and r < rows. As B, it
+// reads src transposed: B = src^T.
+void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                  uint32_t* dst, int64_t dst_ld);
+
+}  // namespace brisk
