@@ -15,8 +15,8 @@
 
 namespace brisk {
 
-// Whether this build has the tiles (compiled for AVX512-BF16); without them every function
-// below fails.
+// Whether this build has the tiles (compiled for AVX512-BF16); without them bf16_pair_product
+// fails (the packers work on any CPU).
 bool cpu_bf16_tiles_available();
 
 // C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above).
