@@ -112,19 +112,21 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
 #endif
 }
 
+void bf16_round_row(const float* in, uint16_t* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        _mm512_cvtepi32_epi16(round16(in + j)));
+#endif
+  for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
+}
+
 void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
                int64_t dst_ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* in = src + r * ld;
-    uint16_t* out = dst + r * dst_ld;
-    int64_t j = 0;
-#ifdef BRISK_PACK_AVX512
-    for (; j + 16 <= cols; j += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                          _mm512_cvtepi32_epi16(round16(in + j)));
-#endif
-    for (; j < cols; ++j) out[j] = float_to_bf16(in[j]);
-    if (cols % 2 != 0) out[cols] = 0;
+    bf16_round_row(src + r * ld, dst + r * dst_ld, cols);
+    if (cols % 2 != 0) dst[r * dst_ld + cols] = 0;
   }
 }
 

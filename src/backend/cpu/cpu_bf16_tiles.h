@@ -24,6 +24,10 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
                        int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
                        int64_t ldc);
 
+// n float32 rounded to bf16 as float_to_bf16 rounds (AVX-512 where the build targets it; also
+// the matmul packers' row rounding).
+void bf16_round_row(const float* in, uint16_t* out, int64_t n);
+
 // src[rows x cols] (row stride ld) as bf16 rows at dst (row stride dst_ld >= cols rounded up to
 // even, in bf16 values): row r's words are its pairs of columns, the last padded with zero when
 // cols is odd.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_avx512.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "core/error.h"
 
 #ifdef BRISK_HAVE_DNNL
@@ -98,17 +99,6 @@ void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n
 #endif
 }
 
-// n float32 rounded to bf16 as float_to_bf16 does.
-void round_row(const float* in, uint16_t* out, int64_t n) {
-  int64_t j = 0;
-#ifdef BRISK_PACK_AVX512
-  for (; j + 16 <= n; j += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                        _mm512_cvtepi32_epi16(round16(in + j)));
-#endif
-  for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
-}
-
 template <typename T>
 void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb, uint16_t* dst) {
   const int64_t kb_count = (k + kBlockK - 1) / kBlockK, nb_count = (n + kBlockN - 1) / kBlockN;
@@ -157,7 +147,7 @@ void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, i
   if (dst.dtype() == DType::bf16) {
     uint16_t* out = dst.as<uint16_t>();
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) round_row(in + r * ld, out + r * ld, cols);
+    for (int64_t r = 0; r < rows; ++r) bf16_round_row(in + r * ld, out + r * ld, cols);
   } else {
     float* out = dst.f32();
 #pragma omp parallel for schedule(static)
