@@ -256,7 +256,9 @@ TEST_P(TrainerOn, AnOffloadedOptimizerTrainsAsOneOnTheDevice) {
     skipped = 0;
     const Result got = train_logged(offloaded);
     EXPECT_EQ(skipped, on_device.fp16 ? 1 : 0);
-    const double tol = GetParam().rounding == 0 ? 0.0 : 1e-4;
+    // Adafactor's GPU row and column sums use double atomics: its steps differ from run to run,
+    // and four steps on an H100 ended 1.1e-4 to 1.6e-4 from the CPU-stepped run (4 repeats).
+    const double tol = GetParam().rounding == 0 ? 0.0 : c.optim == "adafactor" ? 1e-3 : 1e-4;
     expect_same_run(got, want, tol, "offloaded");
     const auto a = optimizer_state(got.summary.last_checkpoint),
                b = optimizer_state(want.summary.last_checkpoint);
