@@ -1,5 +1,6 @@
 // LayerNorm forward and backward on the CPU, row-parallel; parameter gradients column-blocked so
-// no per-thread buffers are needed.
+// no per-thread buffers are needed. A row's sums are vector reductions (lanes of partial sums,
+// the same order on every run and thread count).
 #include <algorithm>
 #include <cmath>
 
@@ -20,9 +21,11 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = in + r * C;
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < C; ++c) sum += xr[c];
     const float m = sum / C;
     float var = 0.0f;
+#pragma omp simd reduction(+ : var)
     for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
     const float s = 1.0f / std::sqrt(var / C + eps);
     float* yr = out + r * C;
@@ -45,6 +48,7 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
     const float *xr = in + r * C, *gr = g + r * C;
     float* dr = out + r * C;
     float sum_d = 0.0f, sum_dx = 0.0f;
+#pragma omp simd reduction(+ : sum_d, sum_dx)
     for (int64_t c = 0; c < C; ++c) {
       const float xhat = (xr[c] - mu[r]) * rs[r];
       const float d = gr[c] * gm[c];

@@ -1,5 +1,6 @@
 // RMSNorm forward and backward on the CPU (Llama's normalization), row-parallel; the gamma
-// gradient column-blocked as LayerNorm's, so no per-thread buffers are needed.
+// gradient column-blocked as LayerNorm's, so no per-thread buffers are needed; a row's sums are
+// vector reductions, as LayerNorm's.
 #include <algorithm>
 #include <cmath>
 
@@ -17,6 +18,7 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = in + r * C;
     float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const float s = 1.0f / std::sqrt(ss / C + eps);
     float* yr = out + r * C;
@@ -59,6 +61,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tenso
     float* dr = out + r * C;
     const float s = rs[r];
     float sum_dx = 0.0f;
+#pragma omp simd reduction(+ : sum_dx)
     for (int64_t c = 0; c < C; ++c) sum_dx += gr[c] * gm[c] * (xr[c] * s);
     const float mean_dx = sum_dx / C;
     for (int64_t c = 0; c < C; ++c) {
