@@ -342,7 +342,8 @@ TEST_P(CpuProducts, MatchTheReferenceOnRoundedOperands) {
 // ties of rounding to nearest even among them) where the layout's index formula puts it and
 // zeros in the padding, in whole blocks (the AVX-512 paths) and at edges, for both ways of
 // reading B; the same bytes as oneDNN's reorder, and the product of a plain bf16 B up to float32
-// summation order, where the CPU's bf16 kernel reads that layout.
+// summation order, where the CPU's bf16 kernel reads that layout; a bias added inside either
+// product is the product plus the bias.
 TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
   std::mt19937 gen(21);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -406,6 +407,19 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
       // The kernel for a plain B copies it in parts and may add along K in another order.
       EXPECT_LE(rel_error(c_blocked.data(), c_plain.data(), m * n), 1e-6)
           << k << " x " << n << (trans ? " transposed" : "");
+      // A bias added inside the product (linear_forward's) is the product plus the bias, on
+      // every row: the same float32 sums, bit for bit, from either B.
+      std::vector<float> bias(n), c_bias(m * n, 7.0f), c_bias_plain(m * n, 7.0f);
+      for (auto& v : bias) v = normal(gen);
+      DnnlMatmul::Product pb = p;
+      pb.bias = true;
+      mm.run_blocked_b(pb, a.data(), ours.data(), c_bias.data(), bias.data());
+      mm.run(false, trans, m, n, k, a.data(), k, plain.data(), ldb, false, c_bias_plain.data(), n,
+             bias.data());
+      for (int64_t i = 0; i < m * n; ++i) {
+        ASSERT_EQ(c_bias[i], c_blocked[i] + bias[i % n]) << k << " x " << n << ", at " << i;
+        ASSERT_EQ(c_bias_plain[i], c_plain[i] + bias[i % n]) << k << " x " << n << ", at " << i;
+      }
     }
   if (DnnlMatmul::available(DType::bf16) && compared_with_onednn == 0)
     GTEST_SKIP() << "this CPU's bf16 kernels read B in another layout than BA16a64b2a: brisk's "

@@ -118,7 +118,7 @@ class CpuBackend final : public Backend {
   // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
   // read where they lie when the library multiplies bf16).
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
-              bool accumulate, float* c, int64_t ldc);
+              bool accumulate, float* c, int64_t ldc, const float* bias = nullptr);
   // Throws naming `op` unless x may be a product's operand: float32, or bf16 in bf16 mode.
   void check_operand(const Tensor& x, const char* op) const;
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS

@@ -83,7 +83,9 @@ void CpuBackend::check_operand(const Tensor& x, const char* op) const {
 }
 
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a,
-                        Operand b, bool accumulate, float* c, int64_t ldc) {
+                        Operand b, bool accumulate, float* c, int64_t ldc, const float* bias) {
+  BRISK_CHECK(bias == nullptr || (dnnl_ && !trans_a),
+              "internal error: a bias added inside a product oneDNN does not run");
   BRISK_CHECK(!bf16_operands_ || !ws_.operand_a.empty(),
               "bf16 matrix products need the backend workspace in the plan");
   BRISK_CHECK(
@@ -106,7 +108,8 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
   // every call), else the packing buffer, filled by the first block of rows and read by the
   // others.
-  const DnnlMatmul::Product product{trans_a, trans_b, m, n, k, a.ld, b.ld, ldc, accumulate};
+  const DnnlMatmul::Product product{trans_a, trans_b, m,   n,          k,
+                                    a.ld,    b.ld,    ldc, accumulate, bias != nullptr};
   bool blocked = false;
   const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
   const void* b0 = b.data;
@@ -152,9 +155,10 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       a0 = ws_.operand_a.data();
     }
     if (blocked)  // one block: a held or blocked B is never read with more than kRowBlock rows
-      dnnl_->run_blocked_b(product, a0, b0, c);
+      dnnl_->run_blocked_b(product, a0, b0, c, bias);
     else if (dnnl_)
-      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc);
+      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc,
+                 bias);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
@@ -173,17 +177,21 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   BRISK_CHECK(rows_of(y) == m && cols_of(y) == n, "linear_forward: output ", y.shape().str(),
               " does not hold ", m, " x ", n);
   float* out = y.f32();
-  bool has_bias = false;
+  const float* bias = nullptr;
   if (!b.empty()) {
     BRISK_CHECK(b.numel() == n, "linear_forward: bias has ", b.numel(), " values, expected ", n);
-    const float* bias = b.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
-    has_bias = true;
+    bias = b.f32();
   }
   if (m == 0) return;
+  // oneDNN adds the bias inside the product; OpenBLAS adds the product to rows holding it.
+  const bool bias_first = bias != nullptr && !dnnl_;
+  if (bias_first) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
+  }
   const bool out_in = layout == WeightLayout::out_in;
-  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), has_bias, out, n);
+  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), bias_first, out,
+         n, bias_first ? nullptr : bias);
 }
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

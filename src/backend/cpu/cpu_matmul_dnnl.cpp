@@ -169,14 +169,15 @@ void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const void* b, DTy
 
 #ifdef BRISK_HAVE_DNNL
 namespace {
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+using Key =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 }  // namespace
 
 // A primitive with its memory objects and argument map, made once per shape so that a call
 // only swaps data pointers.
 struct Prepared {
   dnnl::matmul matmul;
-  dnnl::memory a, b, c;
+  dnnl::memory a, b, c, bias;  // bias: empty unless the product adds one
   std::unordered_map<int, dnnl::memory> args;
 };
 
@@ -253,26 +254,35 @@ Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, engine);
+  const dnnl::memory::desc biasd({1, p.n}, dnnl::memory::data_type::f32, dims{p.n, 1});
+  dnnl::matmul::primitive_desc pd(
+      p.bias ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd), attr,
+      engine);
   Prepared prepared{dnnl::matmul(pd),
                     dnnl::memory(ad, engine, nullptr),
                     dnnl::memory(pd.weights_desc(), engine, nullptr),
                     dnnl::memory(cd, engine, nullptr),
+                    p.bias ? dnnl::memory(biasd, engine, nullptr) : dnnl::memory(),
                     {}};
   prepared.args = {
       {DNNL_ARG_SRC, prepared.a}, {DNNL_ARG_WEIGHTS, prepared.b}, {DNNL_ARG_DST, prepared.c}};
+  if (p.bias) prepared.args.emplace(DNNL_ARG_BIAS, prepared.bias);
   return prepared;
 }
 
 Key key_of(const DnnlMatmul::Product& p) {
-  return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate};
+  return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate, p.bias};
 }
 
 // Runs a prepared product on these operands and waits for it.
-void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, float* c) {
+void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, float* c,
+             const float* bias) {
+  BRISK_CHECK((bias != nullptr) == static_cast<bool>(p.bias),
+              "internal error: a product's bias given against its plan");
   p.a.set_data_handle(const_cast<void*>(a));
   p.b.set_data_handle(const_cast<void*>(b));
   p.c.set_data_handle(c);
+  if (bias) p.bias.set_data_handle(const_cast<float*>(bias));
   g_calls.fetch_add(1, std::memory_order_relaxed);
   p.matmul.execute(stream, p.args);
   stream.wait();
@@ -281,8 +291,8 @@ void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, fl
 
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                      int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
-                     int64_t ldc) {
-  const Product product{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
+                     int64_t ldc, const float* bias) {
+  const Product product{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, bias != nullptr};
   const Key key = key_of(product);
   auto it = impl_->cache.find(key);
   if (it == impl_->cache.end()) {  // descriptors only for a new shape: they cost a call's time
@@ -290,7 +300,7 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     it = impl_->cache.emplace(key, prepare(impl_->engine, product, type, operand_b(product, type)))
              .first;
   }
-  execute(it->second, impl_->stream, a, b, c);
+  execute(it->second, impl_->stream, a, b, c, bias);
 }
 
 PreparedBlocked& DnnlMatmul::Impl::prepared_blocked(DType dtype, const Product& p) {
@@ -349,8 +359,9 @@ void DnnlMatmul::round_blocked_b(const Product& p, const void* b, DType b_type, 
   impl_->stream.wait();
 }
 
-void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c) {
-  execute(impl_->prepared_blocked(dtype_, p).product, impl_->stream, a, b_blocked, c);
+void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c,
+                               const float* bias) {
+  execute(impl_->prepared_blocked(dtype_, p).product, impl_->stream, a, b_blocked, c, bias);
 }
 
 #else
@@ -363,7 +374,7 @@ bool DnnlMatmul::available(DType) {
   return false;
 }
 void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
-                     int64_t, bool, float*, int64_t) {
+                     int64_t, bool, float*, int64_t, const float*) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
@@ -372,7 +383,7 @@ DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
 void DnnlMatmul::round_blocked_b(const Product&, const void*, DType, void*, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
-void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*) {
+void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*, const float*) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif

@@ -52,17 +52,20 @@ class DnnlMatmul {
   // Products run so far by every instance (oneDNN allocates a few bookkeeping objects per call:
   // the allocation test bounds them per call).
   static uint64_t calls();
-  // Row-major C[M,N] = op(A) op(B) (+ C when accumulate), as cblas_sgemm with alpha 1 and beta
-  // 0 or 1. A is M x K (or K x M when trans_a), B is K x N (or N x K when trans_b), both in this
-  // instance's dtype (bf16 operands packed by the caller); C is float32.
+  // Row-major C[M,N] = op(A) op(B) (+ C when accumulate) (+ bias[N] on every row when bias is
+  // not null, inside the kernel: C is written once, not first filled with the bias and then
+  // added to), as cblas_sgemm with alpha 1 and beta 0 or 1. A is M x K (or K x M when trans_a),
+  // B is K x N (or N x K when trans_b), both in this instance's dtype (bf16 operands packed by
+  // the caller); C and the bias are float32.
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-           const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+           const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
+           const float* bias = nullptr);
 
-  // A product as run() takes it.
+  // A product as run() takes it (`bias`: whether it adds one).
   struct Product {
     bool trans_a = false, trans_b = false;
     int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-    bool accumulate = false;
+    bool accumulate = false, bias = false;
   };
   // B in the blocked bf16 layout the bf16 kernel of product `p` reads it in (oneDNN's choice):
   // `layout` names it among this instance's layouts, `bytes` is its size. A float32 B read by
@@ -83,8 +86,10 @@ class DnnlMatmul {
   // float32 only).
   void round_blocked_b(const Product& p, const void* b, DType b_type, void* dst,
                        bool by_onednn = false);
-  // Product p (p.ldb unused) with B read from `b_blocked` as round_blocked_b left it.
-  void run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c);
+  // Product p (p.ldb unused) with B read from `b_blocked` as round_blocked_b left it, and the
+  // bias where p.bias.
+  void run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c,
+                     const float* bias = nullptr);
 
  private:
   struct Impl;
