@@ -115,7 +115,11 @@ struct LoadedModel {
 // refuses to hand out logits it did not keep. With bf16 activations and products on the CPU the
 // chunks' gradients are rounded into 10 rows (two chunks) that the weight gradient's product reads
 // at once; the same values as unchunked, so only summation order differs there too (measured
-// 2e-8).
+// 2e-8). But in bf16 a float32 difference of summation order in the head's input gradient can
+// carry a value across a bf16 rounding boundary further down (the rounded inputs of the products
+// below), which moves it by a bf16 step: distilbert_mlm's gradients measured 7.9e-4 apart on an
+// Intel host (the portable build, OpenBLAS, any thread count) and 2e-8 here. bf16 runs are
+// therefore held to 2e-3, a bf16 step's scale; a wrong chunk is far outside either bound.
 inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
                                                      DType activations = DType::f32) {
   const bool bf16 = activations == DType::bf16;
@@ -150,7 +154,8 @@ inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
     EXPECT_NEAR(chunked.step(true), want, 1e-6 * std::abs(want));
     const std::vector<float> want_grads = whole.grads(), got = chunked.grads();
     ASSERT_EQ(got.size(), want_grads.size());
-    EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())), 1e-5);
+    EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())),
+              bf16 ? 2e-3 : 1e-5);
   }
 }
 
