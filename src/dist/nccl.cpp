@@ -128,20 +128,13 @@ class Nccl final : public Communicator {
           in, out, [&](const Tensor& i, const Tensor& o) { reduce_scatter_sum_v(i, counts, o); });
     check_pieces(in, counts, out);
     wait_for_device_work();
-    const size_t esize = dtype_size(in.dtype());
     auto* base = static_cast<char*>(in.data());
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
-    int64_t first = 0;
-    for (int r = 0; r < size_; ++r) {
-      const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
-      void* send = base + static_cast<size_t>(first) * esize;
-      if (n > 0)
-        check_nccl(ncclReduce(send, r == rank_ ? out.data() : send, n, type_of(in), ncclSum, r,
-                              comm_, stream_),
-                   "reduce_scatter_sum_v (ncclReduce)");
-      first += counts[static_cast<size_t>(r)];
-    }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    grouped_per_piece(counts, in.dtype(), [&](int r, size_t first_byte, size_t n) {
+      void* send = base + first_byte;
+      check_nccl(ncclReduce(send, r == rank_ ? out.data() : send, n, type_of(in), ncclSum, r, comm_,
+                            stream_),
+                 "reduce_scatter_sum_v (ncclReduce)");
+    });
     finish("reduce_scatter_sum_v");
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
@@ -328,18 +321,24 @@ class Nccl final : public Communicator {
   }
   // One grouped broadcast per rank's piece, queued on NCCL's stream.
   void queue_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts, const Tensor& out) {
-    const size_t esize = dtype_size(in.dtype());
     auto* base = static_cast<char*>(out.data());
+    grouped_per_piece(counts, in.dtype(), [&](int r, size_t first_byte, size_t n) {
+      check_nccl(ncclBroadcast(r == rank_ ? in.data() : nullptr, base + first_byte, n, type_of(in),
+                               r, comm_, stream_),
+                 "all_gather_v (ncclBroadcast)");
+    });
+  }
+  // In one NCCL group, call(r, first byte, elements) for each rank r's piece of a buffer cut
+  // into counts[r] elements of `dtype` per rank, in rank order; empty pieces are skipped.
+  template <typename Call>
+  void grouped_per_piece(const std::vector<int64_t>& counts, DType dtype, Call call) {
+    const size_t esize = dtype_size(dtype);
     check_nccl(ncclGroupStart(), "ncclGroupStart");
-    int64_t first = 0;
+    size_t first = 0;
     for (int r = 0; r < size_; ++r) {
       const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
-      if (n > 0)
-        check_nccl(ncclBroadcast(r == rank_ ? in.data() : nullptr,
-                                 base + static_cast<size_t>(first) * esize, n, type_of(in), r,
-                                 comm_, stream_),
-                   "all_gather_v (ncclBroadcast)");
-      first += counts[static_cast<size_t>(r)];
+      if (n > 0) call(r, first * esize, n);
+      first += n;
     }
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
   }
