@@ -196,6 +196,24 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
     EXPECT_EQ(sums[category], bytes.get<size_t>()) << category;
 }
 
+// The LM head's chunk of logits by precision and device: float32 products on the CPU hold twice
+// the bytes (GPT-2: 256 of the 1024 rows), bf16 on the CPU and float32 on a GPU 128.
+TEST(Cli, EstimateSizesTheLogitsChunkByPrecisionAndDevice) {
+  for (const auto& [flags, rows] : std::vector<std::pair<std::string, int>>{
+           {"--device cpu", 256}, {"--device cpu --bf16", 128}, {"--device cuda", 128}}) {
+    SCOPED_TRACE(flags);
+    const nlohmann::json j =
+        estimate_json("--model gpt2 --per_device_train_batch_size 4 --seq_len 256 " + flags);
+    int logits = 0;
+    for (const auto& b : j["memory"]["buffers"])
+      if (b["name"] == "logits") {
+        ++logits;
+        EXPECT_EQ(b["shape"], "[" + std::to_string(rows) + ", 50257]");
+      }
+    EXPECT_EQ(logits, 1);
+  }
+}
+
 // estimate --world_size N --zero_stage 1: each rank's share of the optimizer state, the shares
 // adding up to the whole; model states per rank as the ZeRO formula gives them (the unpartitioned
 // bytes plus the optimizer's divided by N).
