@@ -125,8 +125,8 @@ def flops_per_sample(cfg, seq):
     return per_token * seq
 
 
-def run_brisk(cfg_dir, out_dir, precision, m, steps):
-    cmd = [BRISK, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
+def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
+    cmd = [brisk, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
            "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
            "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
            "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",

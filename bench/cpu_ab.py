@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Before/after speed of two brisk binaries on one of bench/cpu_speed.py's workloads, alternating
+them (this machine's speed drifts 3-10% over minutes, so runs of one binary and then the other
+would measure the drift). Prints each run's samples/s (brisk's whole run, as cpu_speed.py) and the
+mean gain of AFTER over BEFORE.
+
+    python3 bench/cpu_ab.py BEFORE_BIN AFTER_BIN [--row gpt2] [--precision bf16] [--pairs 3]
+                            [--steps 8]
+
+BEFORE_BIN is typically a build of the commit before a change, e.g. from a worktree:
+    git worktree add /tmp/before HEAD~1 && (cd /tmp/before && scripts/build.sh)
+"""
+import argparse
+import json
+import os
+import tempfile
+
+from cpu_speed import MODELS, run_brisk
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--row", default="gpt2", choices=sorted(MODELS))
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=0, help="steps per run (default: cpu_speed's)")
+    a = p.parse_args()
+    m = MODELS[a.row]
+    steps = a.steps or m["steps"]
+    runs = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_dir = os.path.join(tmp, a.row)
+        os.makedirs(cfg_dir)
+        with open(os.path.join(cfg_dir, "config.json"), "w") as f:
+            json.dump(m["config"], f)
+        for pair in range(a.pairs):
+            for name, binary in (("before", a.before), ("after", a.after)):
+                r = run_brisk(cfg_dir, os.path.join(tmp, f"{name}-{pair}"), a.precision, m, steps,
+                              os.path.abspath(binary))
+                runs[name].append(r["samples_per_second"])
+                print(f"{a.row} {a.precision} pair {pair + 1} {name}: "
+                      f"{r['samples_per_second']:.3f} samples/s, "
+                      f"{r['peak_rss'] / 2**20:.0f} MiB", flush=True)
+    before = sum(runs["before"]) / len(runs["before"])
+    after = sum(runs["after"]) / len(runs["after"])
+    print(f"mean {before:.3f} -> {after:.3f} samples/s ({100 * (after / before - 1):+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
