@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <string>
 #include <thread>
 #include <utility>
@@ -80,7 +79,8 @@ class Nccl final : public Communicator {
     check_cuda(cudaEventCreateWithFlags(&device_done_, cudaEventDisableTiming), "NCCL: an event");
   }
   ~Nccl() override {
-    for (const Started& s : started_) free_events_.insert(free_events_.end(), {s.begin, s.end});
+    for (size_t i = waited_; i < started_.size(); ++i)
+      free_events_.insert(free_events_.end(), {started_[i].begin, started_[i].end});
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (device_done_) cudaEventDestroy(device_done_);
     for (void* p : staging_)
@@ -212,13 +212,17 @@ class Nccl final : public Communicator {
   }
   void wait_started_until(int64_t keep) override {
     const int64_t last = started() - keep;  // the latest ticket to wait for
-    while (!started_.empty() && started_.front().ticket <= last) {
-      const Started s = started_.front();
+    while (waited_ < started_.size() && started_[waited_].ticket <= last) {
+      const Started s = started_[waited_];
       wait_for(s.op, [&] { return cudaEventQuery(s.end); });
       float ms = 0;
       check_cuda(cudaEventElapsedTime(&ms, s.begin, s.end), "NCCL: timing a collective");
       started_seconds_ += ms / 1000.0;
-      started_.pop_front();
+      ++waited_;
+      if (waited_ == started_.size()) {  // all waited for: the list starts again, its capacity kept
+        started_.clear();
+        waited_ = 0;
+      }
       free_events_.insert(free_events_.end(), {s.begin, s.end});
     }
   }
@@ -411,7 +415,9 @@ class Nccl final : public Communicator {
     cudaEvent_t begin, end;
     const char* op;
   };
-  std::deque<Started> started_;
+  // A list reused step after step (no allocation once it has grown): [waited_, size) pending.
+  std::vector<Started> started_;
+  size_t waited_ = 0;
   std::vector<cudaEvent_t> free_events_;
   double started_seconds_ = 0;  // the waited-for started collectives' time on the GPU
   double timeout_ = 0;
