@@ -317,7 +317,8 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     Held(Backend& backend, const Tensor& weight) : be(backend) { be.hold_weight(weight); }
     ~Held() { be.release_weight(); }
   } held(be, w(weight));
-  // dW's share of rows [group, r0) still to add (grouped: their dlogits in head_dlogits_).
+  // The input gradient and dW of rows [group, r0) still to add (grouped: their dlogits in
+  // head_dlogits_).
   const bool grouped = !head_dlogits_.empty() && be.reads_product_input(DType::bf16);
   const int64_t group_rows = grouped ? head_dlogits_.dim(0) : 0;
   int64_t group = 0;
@@ -340,16 +341,17 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
                          !o.first_micro_batch || r0 > 0);
       continue;
     }
-    if (!db.empty()) be.cast(ls, dl);
-    be.linear_backward(xs, w(weight), dl, WeightLayout::out_in, dx, false, Tensor(), Tensor(),
-                       true);
-    if (!db.empty())  // from the unrounded gradient, as unchunked
+    if (!db.empty()) {
+      be.cast(ls, dl);  // from the unrounded gradient, as unchunked
       be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, Tensor(), false, Tensor(), db,
                          !o.first_micro_batch || r0 > 0);
+    }
+    // The group's input gradient and its share of dW, from its rounded dlogits.
     if (r0 + n - group == group_rows || r0 + n == rows) {
-      be.linear_backward(row_range(x, group, r0 + n - group), w(weight),
-                         row_range(head_dlogits_, 0, r0 + n - group), WeightLayout::out_in,
-                         Tensor(), false, g(weight), Tensor(), !o.first_micro_batch || group > 0);
+      const int64_t span = r0 + n - group;
+      be.linear_backward(row_range(x, group, span), w(weight), row_range(head_dlogits_, 0, span),
+                         WeightLayout::out_in, row_range(head_dx_, group, span), false, g(weight),
+                         Tensor(), !o.first_micro_batch || group > 0);
       group = r0 + n;
     }
   }
