@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/activation.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_exp.h"
 #include "backend/rope.h"
@@ -498,4 +500,89 @@ TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
   EXPECT_EQ(brisk::vector_expf(std::numeric_limits<float>::infinity()),
             std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(brisk::vector_expf(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// bf16 mode: the saved inputs a CPU bf16 run keeps only as bf16 (qkv, the MLP's first product:
+// Model's stored copies) are read as the float32 values they hold: the same bits out as from
+// float32 tensors holding those values, on each path of the products (the bf16 tiles; oneDNN's bf16
+// products, which attention takes for an odd head size; float32 products by OpenBLAS). Outside bf16
+// mode a bf16 input is refused.
+TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
+  std::mt19937 rng(44);
+  auto bf16_of = [](const FVec& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = brisk::float_to_bf16(v[i]);
+    return h;
+  };
+  auto rounded = [&](FVec v) {
+    for (float& x : v) x = brisk::bf16_to_float(brisk::float_to_bf16(x));
+    return v;
+  };
+  auto half = [](std::vector<uint16_t>& v, Shape s) { return Tensor(v.data(), s, DType::bf16); };
+  for (const char* library : {"default", "openblas"}) {
+    SCOPED_TRACE(library);
+    if (std::string(library) == "openblas")
+      ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+    else
+      ::unsetenv("BRISK_CPU_PRODUCTS");
+    auto be = brisk::make_cpu_backend();
+    be->set_matmul_dtype(DType::bf16);
+    // The activations and SwiGLU.
+    const int R = 7, F = 37;
+    FVec x = rounded(randn(size_t(R) * 2 * F, rng, 2.5f)), dy = randn(x.size(), rng);
+    std::vector<uint16_t> x16 = bf16_of(x);
+    for (brisk::Activation k :
+         {brisk::Activation::gelu, brisk::Activation::gelu_tanh, brisk::Activation::relu,
+          brisk::Activation::silu, brisk::Activation::quick_gelu}) {
+      SCOPED_TRACE(brisk::activation_name(k));
+      FVec y(x.size()), y16(x.size()), dx(x.size()), dx16(x.size());
+      be->activation_forward(k, view(x, {R, 2 * F}), view(y, {R, 2 * F}));
+      be->activation_forward(k, half(x16, {R, 2 * F}), view(y16, {R, 2 * F}));
+      be->activation_backward(k, view(x, {R, 2 * F}), view(dy, {R, 2 * F}), view(dx, {R, 2 * F}));
+      be->activation_backward(k, half(x16, {R, 2 * F}), view(dy, {R, 2 * F}),
+                              view(dx16, {R, 2 * F}));
+      EXPECT_EQ(y16, y);
+      EXPECT_EQ(dx16, dx);
+    }
+    FVec y(size_t(R) * F), y16(y.size()), dgu(x.size()), dgu16(x.size());
+    FVec dout = randn(y.size(), rng);
+    be->swiglu_forward(view(x, {R, 2 * F}), view(y, {R, F}));
+    be->swiglu_forward(half(x16, {R, 2 * F}), view(y16, {R, F}));
+    be->swiglu_backward(view(x, {R, 2 * F}), view(dout, {R, F}), view(dgu, {R, 2 * F}));
+    be->swiglu_backward(half(x16, {R, 2 * F}), view(dout, {R, F}), view(dgu16, {R, 2 * F}));
+    EXPECT_EQ(y16, y) << "swiglu_forward";
+    EXPECT_EQ(dgu16, dgu) << "swiglu_backward";
+    // Attention, causal and masked, over grouped heads of an even and an odd size.
+    for (int D : {8, 5}) {
+      SCOPED_TRACE("head size " + std::to_string(D));
+      const int B = 2, T = 70, H = 4, K = 2, C = H * D, W = (H + 2 * K) * D;
+      FVec qkv = rounded(randn(size_t(B) * T * W, rng)), g = randn(size_t(B) * T * C, rng);
+      std::vector<uint16_t> qkv16 = bf16_of(qkv);
+      IVec mask(size_t(B) * T, 1);
+      mask[3] = mask[T + 10] = 0;
+      const brisk::AttentionBuffers ab = brisk::attention_buffers(brisk::Device::cpu, B, H, T, D);
+      FVec stats(ab.stats.numel()), stats16(stats.size()), scratch(ab.scratch.numel());
+      FVec out(g.size()), out16(g.size()), d(qkv.size()), d16(qkv.size());
+      auto run = [&](const Tensor& in, FVec& o, FVec& s, FVec& dq) {
+        be->attention_forward(in, view(mask, {B, T}), true, H, K, 0.3f, 0.f, RngKey{},
+                              view(s, ab.stats), view(scratch, ab.scratch), view(o, {B, T, C}));
+        be->attention_backward(view(g, {B, T, C}), in, view(o, {B, T, C}), view(s, ab.stats),
+                               view(mask, {B, T}), true, H, K, 0.3f, 0.f, RngKey{},
+                               view(scratch, ab.scratch), view(dq, {B, T, W}));
+      };
+      run(view(qkv, {B, T, W}), out, stats, d);
+      run(half(qkv16, {B, T, W}), out16, stats16, d16);
+      EXPECT_EQ(out16, out) << "attention_forward";
+      EXPECT_EQ(stats16, stats) << "attention_forward statistics";
+      EXPECT_EQ(d16, d) << "attention_backward";
+    }
+  }
+  ::unsetenv("BRISK_CPU_PRODUCTS");
+  auto be = brisk::make_cpu_backend();  // float32 mode
+  std::vector<uint16_t> gu16(6 * 2 * 11, 0x3f80);
+  FVec y(6 * 11);
+  EXPECT_THROW(be->swiglu_forward(half(gu16, {6, 22}), view(y, {6, 11})), brisk::Error);
+  EXPECT_THROW(
+      be->activation_forward(brisk::Activation::gelu, half(gu16, {6, 22}), view(y, {6, 11})),
+      brisk::Error);
 }

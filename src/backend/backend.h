@@ -238,7 +238,8 @@ class Backend {
   // ---- elementwise ----
   // y = f(x) for the activation `kind`.
   virtual void activation_forward(Activation kind, const Tensor& x, const Tensor& y) = 0;
-  // dx = dy * f'(x); dx may alias dy.
+  // dx = dy * f'(x); dx may alias dy. For both and SwiGLU's below, x (gate_up) may be stored in
+  // the 16-bit dtype where reads_product_input(dtype) says so, as a block's saved MLP input is.
   virtual void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                                    const Tensor& dx) = 0;
   // SwiGLU, Llama's gated MLP activation act_fn(gate_proj(x)) * up_proj(x) with SiLU: gate_up is
@@ -250,9 +251,10 @@ class Backend {
   // dgate = dout * up * silu'(gate), dup = dout * silu(gate). dgate_up may alias gate_up.
   virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                const Tensor& dgate_up) = 0;
-  // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 with
-  // the same rows; returns F.
-  static int64_t check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op);
+  // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 (or
+  // gate_up bf16, where `bf16_input`) with the same rows; returns F.
+  static int64_t check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op,
+                              bool bf16_input = false);
   virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
   virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
@@ -312,6 +314,8 @@ class Backend {
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                                  int kv_heads, float scale, float dropout_p, const RngKey& key,
                                  const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;
+  // Both read qkv stored in the 16-bit dtype where reads_product_input(dtype) says so, as a
+  // block's saved qkv is.
   // dqkv [B,T,(H+2K)*D] = the gradient of the packed input (a shared key/value head gets the sum
   // over its query heads), from the forward pass's qkv, out and stats and the same mask,
   // causality, scale, dropout and key.

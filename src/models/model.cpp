@@ -129,6 +129,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     for (BlockSaved& s : saved_) binder_.alias(&s.attn_stats, &shared_attn_stats_);
   }
   declare_block_scratch(plan, binder_, scratch_, dims);
+  if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
   declare_input(plan, &batch_.input_ids, &dev_batch_.input_ids, "batch.input_ids",
                 Shape{shape.batch, shape.seq});
@@ -441,16 +442,13 @@ BlockStyle Model::style(bool training) const {
 }
 
 namespace {
-// Copies between a block's float32 working tensors and its 16-bit stored copies, but for the
-// product inputs when only their stored copies are used (`direct`).
-void transfer(Backend& be, BlockSaved& from, BlockSaved& to, bool direct) {
+// Copies between a block's float32 working tensors and its 16-bit stored copies (unless only the
+// stored copies are used: direct_product_inputs).
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
   const auto src = low_precision_tensors(from);
   const auto dst = low_precision_tensors(to);
-  const auto inputs = product_inputs(from);
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty() &&
-        !(direct && std::find(inputs.begin(), inputs.end(), src[i]) != inputs.end()))
-      be.cast(*src[i], *dst[i]);
+    if (!src[i]->empty()) be.cast(*src[i], *dst[i]);
 }
 }  // namespace
 
@@ -475,7 +473,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     need_weights(L - l, L - l - 1);  // then the next block's, or after the last the head's
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
-    if (!stored_.empty()) transfer(be, work_, stored_[l], direct);
+    if (!stored_.empty() && !direct) transfer(be, work_, stored_[l]);
   }
   const bool tied = head_reads_embeddings();
   need_weights(0, tied ? embeddings : -1);
@@ -653,19 +651,19 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last) transfer(be, stored_[l], work_, direct);
+    if (!stored_.empty() && !last && !direct) transfer(be, stored_[l], work_);
+    // The 16-bit copies, read as they are.
+    BlockSaved saved = saved_[l];
+    if (direct) {
+      const auto dst = low_precision_tensors(saved);
+      const auto src = low_precision_tensors(stored_[l]);
+      for (size_t i = 0; i < dst.size(); ++i) *dst[i] = *src[i];
+    }
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)
-      block_attention_core(be, st, dev_batch_.attention_mask, saved_[l], scratch_, scratch_.d_ctx,
-                           o.rng, l);
-    // The product inputs' 16-bit copies, read as they are.
-    BlockSaved saved = saved_[l];
-    if (direct) {
-      const auto dst = product_inputs(saved);
-      const auto src = product_inputs(stored_[l]);
-      for (size_t i = 0; i < dst.size(); ++i) *dst[i] = *src[i];
-    }
+      block_attention_core(be, st, dev_batch_.attention_mask, saved.qkv, saved, scratch_,
+                           scratch_.d_ctx, o.rng, l);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
                    !o.first_micro_batch);

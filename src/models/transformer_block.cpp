@@ -40,15 +40,17 @@ void mlp_activation_forward(Backend& be, const BlockStyle& st, const Tensor& fc,
 }
 
 // The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
-// for SwiGLU written over fc (its saved [gate | up], not needed after this).
+// for SwiGLU written over fc (its saved [gate | up], not needed after this), or where fc is a
+// 16-bit stored copy into d_gate_up.
 const Tensor& mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
-                                      const Tensor& d_act) {
+                                      const Tensor& d_act, const Tensor& d_gate_up) {
   if (!st.gated_mlp) {
     be.activation_backward(st.activation, fc, d_act, d_act);
     return d_act;
   }
-  be.swiglu_backward(fc, d_act, fc);
-  return fc;
+  const Tensor& d = fc.dtype() == DType::f32 ? fc : d_gate_up;
+  be.swiglu_backward(fc, d_act, d);
+  return d;
 }
 
 // Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
@@ -62,11 +64,11 @@ void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
     be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
 }
 
-// A product's input rounded to the activation dtype: into its 16-bit stored copy, which the product
-// then reads, where there is one (with keep_work the float32 tensor, read elsewhere too, is
+// A saved tensor rounded to the activation dtype: into its 16-bit stored copy, which its readers
+// then read, where there is one (with keep_work the float32 tensor, read elsewhere too, is
 // rounded as well); else in place.
-const Tensor& round_product_input(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
-                                  bool keep_work = false) {
+const Tensor& round_saved(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
+                          bool keep_work = false) {
   if (copy == nullptr) {
     be.round_to(lp, work);
     return work;
@@ -88,10 +90,6 @@ uint32_t block_rng_site(int layer, int which) {
 
 std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s) {
   return {&s.a_in, &s.qkv, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
-}
-
-std::array<Tensor*, 4> product_inputs(BlockSaved& s) {
-  return {&s.a_in, &s.ctx, &s.m_in, &s.fc_act};
 }
 
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
@@ -144,9 +142,9 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
 }
 
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
-                          const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
-                          const RngKey& key, int layer) {
-  be.attention_forward(s.qkv, key_mask, st.causal, st.heads, st.kv_heads,
+                          const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
+                          const Tensor& out, const RngKey& key, int layer) {
+  be.attention_forward(qkv, key_mask, st.causal, st.heads, st.kv_heads,
                        layer_attention_scale(st, layer), st.attention_dropout,
                        site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
 }
@@ -163,13 +161,13 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor* a_in = &x;
   if (st.pre_norm) {
     norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, s.a_in, s.mean_a, s.rstd_a);
-    a_in = &round_product_input(be, lp, s.a_in, copy(&BlockSaved::a_in));
+    a_in = &round_saved(be, lp, s.a_in, copy(&BlockSaved::a_in));
   }
   be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   rotary_forward(be, st, s.qkv, 0);
-  be.round_to(lp, s.qkv);
-  block_attention_core(be, st, key_mask, s, scratch, s.ctx, key, layer);
-  be.linear_forward(round_product_input(be, lp, s.ctx, copy(&BlockSaved::ctx)), w.proj_w, w.proj_b,
+  const Tensor& qkv = round_saved(be, lp, s.qkv, copy(&BlockSaved::qkv));
+  block_attention_core(be, st, key_mask, qkv, s, scratch, s.ctx, key, layer);
+  be.linear_forward(round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx)), w.proj_w, w.proj_b,
                     st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
   be.dropout_add(x, scratch.tmp, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
@@ -180,11 +178,11 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   else
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
   // A post-norm block's MLP input is its residual too.
-  const Tensor& m_in = round_product_input(be, lp, s.m_in, copy(&BlockSaved::m_in), !st.pre_norm);
+  const Tensor& m_in = round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), !st.pre_norm);
   be.linear_forward(m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
-  be.round_to(lp, s.fc_pre);
-  mlp_activation_forward(be, st, s.fc_pre, s.fc_act);
-  const Tensor& fc_act = round_product_input(be, lp, s.fc_act, copy(&BlockSaved::fc_act));
+  mlp_activation_forward(be, st, round_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre)),
+                         s.fc_act);
+  const Tensor& fc_act = round_saved(be, lp, s.fc_act, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
@@ -217,7 +215,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
     be.round_to(lp, sc.d_fc);
-    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
+    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up);
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
                        accumulate_dw);
     be.round_to(lp, sc.tmp2);
@@ -231,7 +229,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
     be.round_to(lp, sc.d_fc);
-    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc);
+    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up);
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b,
                        accumulate_dw);
     d_res1 = dh;  // dh is free again: it now receives d_res1

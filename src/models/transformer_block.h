@@ -67,19 +67,20 @@ struct BlockSaved {
 };
 
 // The saved tensors kept in the activation dtype under mixed precision (those that feed matrix
-// products or attention); the rest (residual sums, attention's log-sum-exp, LayerNorm
-// statistics) stay float32. Entries for tensors a style does not use are empty.
+// products, attention or the MLP's activation); the rest (residual sums, attention's
+// log-sum-exp, norm statistics) stay float32. Entries for tensors a style does not use are
+// empty. Where the backend reads the activation dtype as it is (Backend::reads_product_input),
+// their 16-bit copies are the only ones either pass reads.
 std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s);
-// The saved inputs of the block's matrix products alone (a_in, ctx, m_in, fc_act): where the
-// backend's products read the activation dtype as it is (Backend::reads_product_input), their
-// 16-bit copies are the only ones either pass reads.
-std::array<Tensor*, 4> product_inputs(BlockSaved& s);
 // Every saved tensor (for sharing one set among blocks).
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
 
 // Buffers shared by all blocks, used only within one block's forward or backward.
+// d_gate_up (gated MLPs whose saved gate_up is a 16-bit stored copy): where SwiGLU's input
+// gradient goes, the room of the float32 working gate_up; else empty (the gradient is written over
+// the saved gate_up).
 struct BlockScratch {
-  Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn;
+  Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn, d_gate_up;
 };
 
 struct BlockDims {
@@ -115,20 +116,21 @@ uint32_t block_rng_site(int layer, int which);
 
 // out = block(x); key_mask is int32 [B,T] or empty. With out empty, only the saved internals are
 // (re)computed: the recompute path of gradient checkpointing, bit-identical to the first pass.
-// With `stored`, the product inputs (product_inputs) are rounded into stored's 16-bit copies and
-// the products read those; s's float32 ones are then scratch (m_in of a post-norm block, a
-// residual too, stays rounded in s as well).
+// With `stored`, the low-precision tensors (low_precision_tensors) are rounded into stored's
+// 16-bit copies and their readers read those; s's float32 ones are then scratch (m_in of a
+// post-norm block, a residual too, stays rounded in s as well).
 void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer,
                    const BlockSaved* stored = nullptr);
 
-// The attention core of block_forward alone: s.attn_stats from s.qkv (rounded as the forward pass
-// rounds them), its output into `out`. Selective recomputation calls it in backward to rebuild
-// the statistics it did not keep, bit-identical to the first pass.
+// The attention core of block_forward alone: s.attn_stats from qkv (the saved one, rounded as
+// the forward pass rounds it, or its 16-bit stored copy), its output into `out`. Selective
+// recomputation calls it in backward to rebuild the statistics it did not keep, bit-identical to
+// the first pass.
 void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& key_mask,
-                          const BlockSaved& s, const BlockScratch& scratch, const Tensor& out,
-                          const RngKey& key, int layer);
+                          const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
+                          const Tensor& out, const RngKey& key, int layer);
 
 // On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
 // Parameter gradients accumulate into g; the linear layers' weight and bias gradients are

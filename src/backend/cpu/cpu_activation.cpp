@@ -2,6 +2,8 @@
 // This file is compiled with
 // -ffast-math so that erf, exp and tanh vectorize through glibc's vector math library; NaN and
 // inf still propagate through the arithmetic, which is all the overflow checks downstream rely on.
+#include <algorithm>
+
 #include "backend/activation.h"
 #include "backend/cpu/cpu_backend.h"
 
@@ -9,71 +11,146 @@ namespace brisk {
 
 namespace {
 
+// Work goes in blocks of kBlock elements, each by one float32 kernel (not inlined: one machine
+// code) whatever the input's type, a bf16 input widened into a buffer first: a value's result
+// then has the same bits from a bf16 input as from the float32 holding it (the vector math of
+// -ffast-math differs between loops the compiler shapes differently, and between vector lanes
+// and scalar tails).
+constexpr int64_t kBlock = 256;
+
+// x's values as a typed pointer for f: float32, or bf16 in bf16 mode (reads_product_input), as
+// the saved MLP inputs are then stored.
+template <typename F>
+void with_input(const Tensor& x, bool bf16_mode, const char* op, F f) {
+  BRISK_CHECK(x.dtype() == DType::f32 || (bf16_mode && x.dtype() == DType::bf16), op, ": input in ",
+              dtype_name(x.dtype()), " is not ", bf16_mode ? "float32 or bf16" : "float32");
+  if (x.dtype() == DType::bf16)
+    f(x.as<uint16_t>());
+  else
+    f(static_cast<const float*>(x.f32()));
+}
+
+// in[0, n) (n <= kBlock) as float32: itself, or widened into buf.
+const float* widened(const float* in, int64_t /*n*/, float* /*buf*/) {
+  return in;
+}
+const float* widened(const uint16_t* in, int64_t n, float* buf) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(in[i]);
+  return buf;
+}
+
 template <Activation A>
-void forward_loop(const float* in, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+[[gnu::noinline]] void forward_block(const float* in, float* out, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = activation_value<A>(in[i]);
 }
 
 // out may alias g: element i is read before it is written.
 template <Activation A>
-void backward_loop(const float* in, const float* g, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+[[gnu::noinline]] void backward_block(const float* in, const float* g, float* out, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = activation_grad<A>(in[i], g[i]);
+}
+
+template <Activation A, typename T>
+void forward_loop(const T* in, float* out, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    float buf[kBlock];
+    forward_block<A>(widened(in + b, m, buf), out + b, m);
+  }
+}
+
+template <Activation A, typename T>
+void backward_loop(const T* in, const float* g, float* out, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    float buf[kBlock];
+    backward_block<A>(widened(in + b, m, buf), g + b, out + b, m);
+  }
+}
+
+[[gnu::noinline]] void swiglu_forward_block(const float* gate, const float* up, float* y,
+                                            int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = activation_value<Activation::silu>(gate[i]) * up[i];
+}
+
+// Both inputs of pair i are read before either gradient is written, so dgate and dup may alias
+// gate and up.
+[[gnu::noinline]] void swiglu_backward_block(const float* gate, const float* up, const float* g,
+                                             float* dgate, float* dup, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = gate[i], u = up[i];
+    dgate[i] = activation_grad<Activation::silu>(v, g[i] * u);
+    dup[i] = g[i] * activation_value<Activation::silu>(v);
+  }
 }
 
 }  // namespace
 
 void CpuBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
   check_same_numel(x, y, "activation_forward");
-  visit_activation(kind,
-                   [&](auto a) { forward_loop<decltype(a)::value>(x.f32(), y.f32(), x.numel()); });
+  float* out = y.f32();
+  with_input(x, bf16_operands_, "activation_forward", [&](auto in) {
+    visit_activation(kind, [&](auto a) { forward_loop<decltype(a)::value>(in, out, x.numel()); });
+  });
 }
 
 void CpuBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                                      const Tensor& dx) {
   check_same_numel(x, dy, "activation_backward");
   check_same_numel(x, dx, "activation_backward");
-  visit_activation(kind, [&](auto a) {
-    backward_loop<decltype(a)::value>(x.f32(), dy.f32(), dx.f32(), x.numel());
+  const float* g = dy.f32();
+  float* out = dx.f32();
+  with_input(x, bf16_operands_, "activation_backward", [&](auto in) {
+    visit_activation(kind,
+                     [&](auto a) { backward_loop<decltype(a)::value>(in, g, out, x.numel()); });
   });
 }
 
+// SwiGLU: each row's columns in blocks, its gate and up halves side by side.
 void CpuBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
-  const int64_t F = check_swiglu(gate_up, out, "swiglu_forward");
+  const int64_t F = check_swiglu(gate_up, out, "swiglu_forward", bf16_operands_);
   const int64_t R = rows_of(out);
-  const float* in = gate_up.f32();
   float* y = out.f32();
+  with_input(gate_up, bf16_operands_, "swiglu_forward", [&](auto in) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float *gate = in + r * 2 * F, *up = gate + F;
-    float* yr = y + r * F;
-#pragma omp simd
-    for (int64_t i = 0; i < F; ++i) yr[i] = activation_value<Activation::silu>(gate[i]) * up[i];
-  }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < F; c += kBlock) {
+        const int64_t m = std::min(kBlock, F - c);
+        const auto* gate = in + r * 2 * F + c;
+        float gate_buf[kBlock], up_buf[kBlock];
+        swiglu_forward_block(widened(gate, m, gate_buf), widened(gate + F, m, up_buf),
+                             y + r * F + c, m);
+      }
+  });
 }
 
 void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                  const Tensor& dgate_up) {
-  const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward");
+  const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_operands_);
   BRISK_CHECK(dgate_up.dtype() == DType::f32 && dgate_up.numel() == gate_up.numel(),
               "swiglu_backward: dgate_up ", dgate_up.shape().str(), " is not shaped as gate_up ",
               gate_up.shape().str());
   const int64_t R = rows_of(dout);
-  const float *in = gate_up.f32(), *g = dout.f32();
+  const float* g = dout.f32();
   float* d = dgate_up.f32();
+  with_input(gate_up, bf16_operands_, "swiglu_backward", [&](auto in) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float *gate = in + r * 2 * F, *up = gate + F, *gr = g + r * F;
-    float *dgate = d + r * 2 * F, *dup = dgate + F;
-    // Both inputs of pair i are read before either gradient is written, so d may alias in.
-#pragma omp simd
-    for (int64_t i = 0; i < F; ++i) {
-      const float v = gate[i], u = up[i];
-      dgate[i] = activation_grad<Activation::silu>(v, gr[i] * u);
-      dup[i] = gr[i] * activation_value<Activation::silu>(v);
-    }
-  }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < F; c += kBlock) {
+        const int64_t m = std::min(kBlock, F - c);
+        const auto* gate = in + r * 2 * F + c;
+        float* dgate = d + r * 2 * F + c;
+        float gate_buf[kBlock], up_buf[kBlock];
+        swiglu_backward_block(widened(gate, m, gate_buf), widened(gate + F, m, up_buf),
+                              g + r * F + c, dgate, dgate + F, m);
+      }
+  });
 }
 
 }  // namespace brisk

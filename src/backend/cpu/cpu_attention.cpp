@@ -62,15 +62,21 @@ inline int64_t even(int64_t n) {
 // of q, k, v and the output gradient (TaskScratch); for the bf16 tiles (TileScratch) two bf16
 // blocks of kRows x even(T), the block's probabilities or their gradient as rows and in pairs of
 // rows, and seven packed [even(T), D] operands.
+// Float32 products reading a bf16 qkv take float32 copies [T, D] of q, k and v (qf, kf, vf) where
+// the bf16 values lie otherwise.
 struct TaskScratch {
   float *s, *p;
   uint16_t *a16, *q16, *k16, *v16, *g16;
+  float *qf, *kf, *vf;
   TaskScratch(float* base, int64_t T, int64_t D)
       : s(base), p(base + kRows * T), a16(reinterpret_cast<uint16_t*>(base + 2 * kRows * T)) {
     q16 = a16 + kRows * T;
     k16 = q16 + T * D;
     v16 = k16 + T * D;
     g16 = v16 + T * D;
+    qf = base + 2 * kRows * T;
+    kf = qf + T * D;
+    vf = kf + T * D;
   }
 };
 
@@ -115,6 +121,51 @@ Mat as_operand(const float* src, int64_t rows, int64_t cols, int64_t ld, bool un
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) copy[r * cols + c] = float_to_bf16(src[r * ld + c]);
   return {copy, cols, sizeof(uint16_t)};
+}
+
+// A head's operand in packed qkv, float32 or (the CPU's bf16 runs store it so) bf16.
+struct HeadSrc {
+  const void* data;
+  bool bf16;
+  HeadSrc at(int64_t elements) const {
+    return {static_cast<const char*>(data) + elements * (bf16 ? 2 : 4), bf16};
+  }
+};
+
+// qkv's values: float32, or bf16 in bf16 mode (Backend::reads_product_input).
+HeadSrc qkv_source(const Tensor& qkv, bool bf16_mode, const char* op) {
+  BRISK_CHECK(qkv.dtype() == DType::f32 || (bf16_mode && qkv.dtype() == DType::bf16), op,
+              ": qkv in ", dtype_name(qkv.dtype()), " is not ",
+              bf16_mode ? "float32 or bf16" : "float32");
+  return {qkv.data(), qkv.dtype() == DType::bf16};
+}
+
+// f(the source as a typed pointer): the packers have an overload for each type.
+template <typename F>
+void with_source(const HeadSrc& src, F f) {
+  if (src.bf16)
+    f(static_cast<const uint16_t*>(src.data));
+  else
+    f(static_cast<const float*>(src.data));
+}
+
+// as_operand for a head of qkv: a bf16 one copied as it is for bf16 units, else widened into
+// `wide` (row stride cols) for float32 products.
+Mat as_operand(const HeadSrc& src, int64_t rows, int64_t cols, int64_t ld, bool units,
+               uint16_t* copy, float* wide) {
+  if (!src.bf16)
+    return as_operand(static_cast<const float*>(src.data), rows, cols, ld, units, copy);
+  const auto* in = static_cast<const uint16_t*>(src.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (units) {
+      std::copy(in + r * ld, in + r * ld + cols, copy + r * cols);
+      continue;
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) wide[r * cols + c] = bf16_to_float(in[r * ld + c]);
+  }
+  if (units) return {copy, cols, sizeof(uint16_t)};
+  return {wide, cols, sizeof(float)};
 }
 
 // A block of probabilities (or of their gradient) as the operand of the products that read it:
@@ -293,7 +344,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
               " is outside [0, 1)");
   const PackedRow row_of(d);
   const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
-  const float* base = qkv.f32();
+  const HeadSrc base = qkv_source(qkv, bf16_operands_, "attention_forward");
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* lse = stats.f32();
   float* o = out.f32();
@@ -310,23 +361,23 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
     const int64_t b = bh / d.H, h = bh % d.H;
-    const float* token0 = base + b * d.T * ld;
-    const float* q = token0 + row_of.q(d, h);
-    const float* k = token0 + row_of.k(d, h);
-    const float* v = token0 + row_of.v(d, h);
+    const HeadSrc token0 = base.at(b * d.T * ld);
+    const HeadSrc q = token0.at(row_of.q(d, h)), k = token0.at(row_of.k(d, h)),
+                  v = token0.at(row_of.v(d, h));
     const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
     float* ob = o + b * d.T * d.C + h * d.D;
     const TaskScratch ts(scratch.f32() + bh * per_task, d.T, d.D);
     const TileScratch tt(scratch.f32() + bh * per_task, d.T, d.D);
     Mat Q{}, K{}, V{};
     if (tiles) {
-      bf16_rows(q, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
-      bf16_column_pairs_transposed(k, d.T, d.D, ld, tt.kt, Te);
-      bf16_row_pairs(v, d.T, d.D, ld, tt.v2, d.D);
+      with_source(
+          q, [&](auto p) { bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D); });
+      with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, Te); });
+      with_source(v, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.v2, d.D); });
     } else {
-      Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
-      K = as_operand(k, d.T, d.D, ld, units, ts.k16);
-      V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+      Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
+      K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
+      V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
     }
     for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
       const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
@@ -374,7 +425,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
   const PackedRow row_of(d);
   const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
-  const float* base = qkv.f32();
+  const HeadSrc base = qkv_source(qkv, bf16_operands_, "attention_backward");
   const float* g = dout.f32();
   const float* lse = stats.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
@@ -391,8 +442,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
     const TaskScratch ts(scratch.f32() + bk * per_task, d.T, d.D);
     const TileScratch tt(scratch.f32() + bk * per_task, d.T, d.D);
     const int64_t first_head = (bk % d.K) * row_of.group;
-    const float* k = base + token0 + row_of.k(d, first_head);
-    const float* v = base + token0 + row_of.v(d, first_head);
+    const HeadSrc k = base.at(token0 + row_of.k(d, first_head)),
+                  v = base.at(token0 + row_of.v(d, first_head));
     float* dk = dbase + token0 + row_of.k(d, first_head);
     float* dv = dbase + token0 + row_of.v(d, first_head);
     for (int64_t t = 0; t < d.T; ++t) {
@@ -401,26 +452,28 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
     }
     Mat K{}, V{};
     if (tiles) {
-      bf16_column_pairs_transposed(k, d.T, d.D, ld, tt.kt, Te);
-      bf16_column_pairs_transposed(v, d.T, d.D, ld, tt.vt, Te);
-      bf16_row_pairs(k, d.T, d.D, ld, tt.k2, d.D);
+      with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, Te); });
+      with_source(v, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.vt, Te); });
+      with_source(k, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.k2, d.D); });
     } else {
-      K = as_operand(k, d.T, d.D, ld, units, ts.k16);
-      V = as_operand(v, d.T, d.D, ld, units, ts.v16);
+      K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
+      V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
     }
     for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
       const int64_t bh = b * d.H + h;
       float* dq = dbase + token0 + row_of.q(d, h);
-      const float* q = base + token0 + row_of.q(d, h);
+      const HeadSrc q = base.at(token0 + row_of.q(d, h));
       const float* gh = g + b * d.T * d.C + h * d.D;
       Mat Q{}, G{};
       if (tiles) {
-        bf16_rows(q, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
-        bf16_row_pairs(q, d.T, d.D, ld, tt.q2, d.D);
+        with_source(q, [&](auto p) {
+          bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
+          bf16_row_pairs(p, d.T, d.D, ld, tt.q2, d.D);
+        });
         bf16_rows(gh, d.T, d.D, d.C, reinterpret_cast<uint16_t*>(tt.g16), d.D);
         bf16_row_pairs(gh, d.T, d.D, d.C, tt.g2, d.D);
       } else {
-        Q = as_operand(q, d.T, d.D, ld, units, ts.q16);
+        Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
         G = as_operand(gh, d.T, d.D, d.C, units, ts.g16);
       }
       for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {

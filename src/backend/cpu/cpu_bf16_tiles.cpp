@@ -19,8 +19,16 @@ namespace {
 using namespace avx512;
 #endif
 
-inline uint32_t pair_of(float lo, float hi) {
-  return uint32_t{float_to_bf16(lo)} | uint32_t{float_to_bf16(hi)} << 16;
+inline uint16_t to_bf16(float v) {
+  return float_to_bf16(v);
+}
+inline uint16_t to_bf16(uint16_t v) {
+  return v;
+}
+
+template <typename T>
+uint32_t pair_of(T lo, T hi) {
+  return uint32_t{to_bf16(lo)} | uint32_t{to_bf16(hi)} << 16;
 }
 
 #ifdef BRISK_BF16_TILES
@@ -122,19 +130,29 @@ void bf16_round_row(const float* in, uint16_t* out, int64_t n) {
   for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
 }
 
-void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
-               int64_t dst_ld) {
+namespace {
+// The packers below for float32 (rounded) or bf16 (as they lie) sources.
+void row_as_bf16(const float* in, uint16_t* out, int64_t n) {
+  bf16_round_row(in, out, n);
+}
+void row_as_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  std::copy(in, in + n, out);
+}
+
+template <typename T>
+void rows_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, int64_t dst_ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    bf16_round_row(src + r * ld, dst + r * dst_ld, cols);
+    row_as_bf16(src + r * ld, dst + r * dst_ld, cols);
     if (cols % 2 != 0) dst[r * dst_ld + cols] = 0;
   }
 }
 
-void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                    int64_t dst_ld) {
+template <typename T>
+void row_pairs_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                  int64_t dst_ld) {
   for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
-    const float* r0 = src + 2 * p * ld;
-    const float* r1 = 2 * p + 1 < rows ? r0 + ld : nullptr;
+    const T* r0 = src + 2 * p * ld;
+    const T* r1 = 2 * p + 1 < rows ? r0 + ld : nullptr;
     uint32_t* out = dst + p * dst_ld;
     int64_t j = 0;
 #ifdef BRISK_PACK_AVX512
@@ -144,12 +162,13 @@ void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, ui
                           r1 ? _mm512_or_si512(lo, _mm512_slli_epi32(round16(r1 + j), 16)) : lo);
     }
 #endif
-    for (; j < cols; ++j) out[j] = pair_of(r0[j], r1 ? r1[j] : 0.0f);
+    for (; j < cols; ++j) out[j] = pair_of(r0[j], r1 ? r1[j] : T{0});
   }
 }
 
-void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
-                                  uint32_t* dst, int64_t dst_ld) {
+template <typename T>
+void column_pairs_transposed_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                                int64_t dst_ld) {
   const int64_t pairs = (cols + 1) / 2;
   int64_t r0 = 0;
 #ifdef BRISK_PACK_AVX512
@@ -165,15 +184,43 @@ void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, 
   const int64_t vector_pairs = r0 > 0 ? cols / 2 / 16 * 16 : 0;
   for (int64_t r = 0; r < r0; ++r)
     for (int64_t p = vector_pairs; p < pairs; ++p) {
-      const float* in = src + r * ld + 2 * p;
-      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : 0.0f);
+      const T* in = src + r * ld + 2 * p;
+      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : T{0});
     }
 #endif
   for (int64_t r = r0; r < rows; ++r)
     for (int64_t p = 0; p < pairs; ++p) {
-      const float* in = src + r * ld + 2 * p;
-      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : 0.0f);
+      const T* in = src + r * ld + 2 * p;
+      dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : T{0});
     }
+}
+}  // namespace
+
+void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+               int64_t dst_ld) {
+  rows_of(src, rows, cols, ld, dst, dst_ld);
+}
+void bf16_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+               int64_t dst_ld) {
+  rows_of(src, rows, cols, ld, dst, dst_ld);
+}
+
+void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                    int64_t dst_ld) {
+  row_pairs_of(src, rows, cols, ld, dst, dst_ld);
+}
+void bf16_row_pairs(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                    int64_t dst_ld) {
+  row_pairs_of(src, rows, cols, ld, dst, dst_ld);
+}
+
+void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                  uint32_t* dst, int64_t dst_ld) {
+  column_pairs_transposed_of(src, rows, cols, ld, dst, dst_ld);
+}
+void bf16_column_pairs_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
+                                  uint32_t* dst, int64_t dst_ld) {
+  column_pairs_transposed_of(src, rows, cols, ld, dst, dst_ld);
 }
 
 }  // namespace brisk
