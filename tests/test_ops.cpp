@@ -502,11 +502,12 @@ TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
   EXPECT_TRUE(std::isnan(brisk::vector_expf(std::numeric_limits<float>::quiet_NaN())));
 }
 
-// bf16 mode: the saved inputs a CPU bf16 run keeps only as bf16 (qkv, the MLP's first product:
-// Model's stored copies) are read as the float32 values they hold: the same bits out as from
-// float32 tensors holding those values, on each path of the products (the bf16 tiles; oneDNN's bf16
-// products, which attention takes for an odd head size; float32 products by OpenBLAS). Outside bf16
-// mode a bf16 input is refused.
+// bf16 mode: the saved activations a CPU bf16 run keeps only as bf16 (Model's stored copies) are
+// read as the float32 values they hold: the same bits out as from float32 tensors holding those
+// values, on each path of the products (the bf16 tiles; oneDNN's bf16 products, which attention
+// takes for an odd head size; float32 products by OpenBLAS); and written by their producers (the
+// norms, the activations) as their float32 results rounded. Outside bf16 mode a bf16 input or
+// output is refused.
 TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
   std::mt19937 rng(44);
   auto bf16_of = [](const FVec& v) {
@@ -543,6 +544,9 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
                               view(dx16, {R, 2 * F}));
       EXPECT_EQ(y16, y);
       EXPECT_EQ(dx16, dx);
+      std::vector<uint16_t> out16(x.size());
+      be->activation_forward(k, view(x, {R, 2 * F}), half(out16, {R, 2 * F}));
+      EXPECT_EQ(out16, bf16_of(y)) << "written in bf16";
     }
     FVec y(size_t(R) * F), y16(y.size()), dgu(x.size()), dgu16(x.size());
     FVec dout = randn(y.size(), rng);
@@ -552,6 +556,27 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
     be->swiglu_backward(half(x16, {R, 2 * F}), view(dout, {R, F}), view(dgu16, {R, 2 * F}));
     EXPECT_EQ(y16, y) << "swiglu_forward";
     EXPECT_EQ(dgu16, dgu) << "swiglu_backward";
+    std::vector<uint16_t> act16(y.size());
+    be->swiglu_forward(view(x, {R, 2 * F}), half(act16, {R, F}));
+    EXPECT_EQ(act16, bf16_of(y)) << "swiglu_forward written in bf16";
+    // The norms written in bf16: their float32 outputs rounded (rows longer than the chunks the
+    // rounding goes in).
+    {
+      const int C = 300;
+      FVec in = randn(size_t(R) * C, rng), gamma = randn(C, rng), beta = randn(C, rng);
+      FVec out(in.size()), mean(R), rstd(R);
+      std::vector<uint16_t> out16(in.size());
+      be->rmsnorm_forward(view(in, {R, C}), view(gamma, {C}), 1e-5f, view(out, {R, C}),
+                          view(rstd, {R}));
+      be->rmsnorm_forward(view(in, {R, C}), view(gamma, {C}), 1e-5f, half(out16, {R, C}),
+                          view(rstd, {R}));
+      EXPECT_EQ(out16, bf16_of(out)) << "rmsnorm_forward";
+      be->layernorm_forward(view(in, {R, C}), view(gamma, {C}), view(beta, {C}), 1e-5f,
+                            view(out, {R, C}), view(mean, {R}), view(rstd, {R}));
+      be->layernorm_forward(view(in, {R, C}), view(gamma, {C}), view(beta, {C}), 1e-5f,
+                            half(out16, {R, C}), view(mean, {R}), view(rstd, {R}));
+      EXPECT_EQ(out16, bf16_of(out)) << "layernorm_forward";
+    }
     // Attention, causal and masked, over grouped heads of an even and an odd size.
     for (int D : {8, 5}) {
       SCOPED_TRACE("head size " + std::to_string(D));
@@ -585,4 +610,8 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
   EXPECT_THROW(
       be->activation_forward(brisk::Activation::gelu, half(gu16, {6, 22}), view(y, {6, 11})),
       brisk::Error);
+  FVec x(6 * 11, 1.f), gamma(11, 1.f), rstd(6);
+  EXPECT_THROW(be->rmsnorm_forward(view(x, {6, 11}), view(gamma, {11}), 1e-5f, half(gu16, {6, 11}),
+                                   view(rstd, {6})),
+               brisk::Error);
 }

@@ -88,11 +88,12 @@ RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, con
 }
 
 int64_t Backend::check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op,
-                              bool bf16_input) {
-  BRISK_CHECK((gate_up.dtype() == DType::f32 || (bf16_input && gate_up.dtype() == DType::bf16)) &&
-                  half.dtype() == DType::f32,
-              op, ": gate_up and its half must be float32",
-              bf16_input ? " (or a bf16 gate_up)" : "");
+                              bool bf16_mode) {
+  auto allowed = [&](const Tensor& t) {
+    return t.dtype() == DType::f32 || (bf16_mode && t.dtype() == DType::bf16);
+  };
+  BRISK_CHECK(allowed(gate_up) && allowed(half), op, ": gate_up and its half must be float32",
+              bf16_mode ? " or bf16" : "");
   BRISK_CHECK(gate_up.rank() >= 1 && gate_up.dim(-1) % 2 == 0, op, ": gate_up ",
               gate_up.shape().str(), " does not hold a gate and an up half in its last dimension");
   const int64_t F = gate_up.dim(-1) / 2;

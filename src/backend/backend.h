@@ -252,9 +252,9 @@ class Backend {
   virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                const Tensor& dgate_up) = 0;
   // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 (or
-  // gate_up bf16, where `bf16_input`) with the same rows; returns F.
+  // bf16, where `bf16_mode`) with the same rows; returns F.
   static int64_t check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op,
-                              bool bf16_input = false);
+                              bool bf16_mode = false);
   virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
   virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;

@@ -77,6 +77,17 @@ const Tensor& round_saved(Backend& be, DType lp, const Tensor& work, const Tenso
   if (keep_work) be.round_to(lp, work);
   return *copy;
 }
+
+// A saved tensor computed by produce(target): straight into its 16-bit stored copy where there is
+// one (the backend rounds as it stores), else into the float32 tensor, rounded in place after.
+template <typename Produce>
+const Tensor& produce_saved(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
+                            Produce produce) {
+  const Tensor& target = copy != nullptr ? *copy : work;
+  produce(target);
+  if (copy == nullptr) be.round_to(lp, work);
+  return target;
+}
 }  // namespace
 
 float layer_attention_scale(const BlockStyle& st, int layer) {
@@ -159,10 +170,10 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   // Attention sublayer.
   const DType lp = st.act_dtype;
   const Tensor* a_in = &x;
-  if (st.pre_norm) {
-    norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, s.a_in, s.mean_a, s.rstd_a);
-    a_in = &round_saved(be, lp, s.a_in, copy(&BlockSaved::a_in));
-  }
+  if (st.pre_norm)
+    a_in = &produce_saved(be, lp, s.a_in, copy(&BlockSaved::a_in), [&](const Tensor& y) {
+      norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, y, s.mean_a, s.rstd_a);
+    });
   be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   rotary_forward(be, st, s.qkv, 0);
   const Tensor& qkv = round_saved(be, lp, s.qkv, copy(&BlockSaved::qkv));
@@ -172,17 +183,22 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   be.round_to(lp, scratch.tmp);
   be.dropout_add(x, scratch.tmp, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
                  s.res1);
-  // MLP sublayer.
-  if (st.pre_norm)
-    norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, s.m_in, s.mean_b, s.rstd_b);
-  else
+  // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
+  // rounded into the stored copy and in place.
+  const Tensor* m_in = &s.m_in;
+  if (st.pre_norm) {
+    m_in = &produce_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), [&](const Tensor& y) {
+      norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
+    });
+  } else {
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
-  // A post-norm block's MLP input is its residual too.
-  const Tensor& m_in = round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), !st.pre_norm);
-  be.linear_forward(m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
-  mlp_activation_forward(be, st, round_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre)),
-                         s.fc_act);
-  const Tensor& fc_act = round_saved(be, lp, s.fc_act, copy(&BlockSaved::fc_act));
+    m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
+  }
+  be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
+  const Tensor& fc_pre = round_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre));
+  const Tensor& fc_act =
+      produce_saved(be, lp, s.fc_act, copy(&BlockSaved::fc_act),
+                    [&](const Tensor& y) { mlp_activation_forward(be, st, fc_pre, y); });
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);

@@ -6,6 +6,7 @@
 
 #include "backend/activation.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_store.h"
 
 namespace brisk {
 
@@ -18,12 +19,10 @@ namespace {
 // and scalar tails).
 constexpr int64_t kBlock = 256;
 
-// x's values as a typed pointer for f: float32, or bf16 in bf16 mode (reads_product_input), as
-// the saved MLP inputs are then stored.
+// x's values as a typed pointer for f: float32, or bf16 (checked by the caller: bf16 mode's saved
+// MLP inputs).
 template <typename F>
-void with_input(const Tensor& x, bool bf16_mode, const char* op, F f) {
-  BRISK_CHECK(x.dtype() == DType::f32 || (bf16_mode && x.dtype() == DType::bf16), op, ": input in ",
-              dtype_name(x.dtype()), " is not ", bf16_mode ? "float32 or bf16" : "float32");
+void with_input(const Tensor& x, F f) {
   if (x.dtype() == DType::bf16)
     f(x.as<uint16_t>());
   else
@@ -52,13 +51,16 @@ template <Activation A>
   for (int64_t i = 0; i < n; ++i) out[i] = activation_grad<A>(in[i], g[i]);
 }
 
+// out: float32, or bf16 (the float32 results rounded).
 template <Activation A, typename T>
-void forward_loop(const T* in, float* out, int64_t n) {
+void forward_loop(const T* in, void* out, bool bf16, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     float buf[kBlock];
-    forward_block<A>(widened(in + b, m, buf), out + b, m);
+    const float* x = widened(in + b, m, buf);
+    store_row(static_cast<char*>(out) + b * (bf16 ? 2 : 4), bf16, m,
+              [&](float* y, int64_t c0, int64_t count) { forward_block<A>(x + c0, y, count); });
   }
 }
 
@@ -93,20 +95,23 @@ void backward_loop(const T* in, const float* g, float* out, int64_t n) {
 }  // namespace
 
 void CpuBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
-  check_same_numel(x, y, "activation_forward");
-  float* out = y.f32();
-  with_input(x, bf16_operands_, "activation_forward", [&](auto in) {
-    visit_activation(kind, [&](auto a) { forward_loop<decltype(a)::value>(in, out, x.numel()); });
+  check_operand(x, "activation_forward");
+  check_output(y, x, "activation_forward");
+  const bool bf16 = y.dtype() == DType::bf16;
+  with_input(x, [&](auto in) {
+    visit_activation(
+        kind, [&](auto a) { forward_loop<decltype(a)::value>(in, y.data(), bf16, x.numel()); });
   });
 }
 
 void CpuBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                                      const Tensor& dx) {
+  check_operand(x, "activation_backward");
   check_same_numel(x, dy, "activation_backward");
   check_same_numel(x, dx, "activation_backward");
   const float* g = dy.f32();
   float* out = dx.f32();
-  with_input(x, bf16_operands_, "activation_backward", [&](auto in) {
+  with_input(x, [&](auto in) {
     visit_activation(kind,
                      [&](auto a) { backward_loop<decltype(a)::value>(in, g, out, x.numel()); });
   });
@@ -116,16 +121,21 @@ void CpuBackend::activation_backward(Activation kind, const Tensor& x, const Ten
 void CpuBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   const int64_t F = check_swiglu(gate_up, out, "swiglu_forward", bf16_operands_);
   const int64_t R = rows_of(out);
-  float* y = out.f32();
-  with_input(gate_up, bf16_operands_, "swiglu_forward", [&](auto in) {
+  const bool bf16 = out.dtype() == DType::bf16;
+  const size_t elem = dtype_size(out.dtype());
+  char* y = static_cast<char*>(out.data());
+  with_input(gate_up, [&](auto in) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < F; c += kBlock) {
         const int64_t m = std::min(kBlock, F - c);
         const auto* gate = in + r * 2 * F + c;
         float gate_buf[kBlock], up_buf[kBlock];
-        swiglu_forward_block(widened(gate, m, gate_buf), widened(gate + F, m, up_buf),
-                             y + r * F + c, m);
+        const float *g = widened(gate, m, gate_buf), *u = widened(gate + F, m, up_buf);
+        store_row(y + static_cast<size_t>(r * F + c) * elem, bf16, m,
+                  [&](float* dst, int64_t c0, int64_t count) {
+                    swiglu_forward_block(g + c0, u + c0, dst, count);
+                  });
       }
   });
 }
@@ -139,7 +149,7 @@ void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
   const int64_t R = rows_of(dout);
   const float* g = dout.f32();
   float* d = dgate_up.f32();
-  with_input(gate_up, bf16_operands_, "swiglu_backward", [&](auto in) {
+  with_input(gate_up, [&](auto in) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < F; c += kBlock) {

@@ -132,14 +132,6 @@ struct HeadSrc {
   }
 };
 
-// qkv's values: float32, or bf16 in bf16 mode (Backend::reads_product_input).
-HeadSrc qkv_source(const Tensor& qkv, bool bf16_mode, const char* op) {
-  BRISK_CHECK(qkv.dtype() == DType::f32 || (bf16_mode && qkv.dtype() == DType::bf16), op,
-              ": qkv in ", dtype_name(qkv.dtype()), " is not ",
-              bf16_mode ? "float32 or bf16" : "float32");
-  return {qkv.data(), qkv.dtype() == DType::bf16};
-}
-
 // f(the source as a typed pointer): the packers have an overload for each type.
 template <typename F>
 void with_source(const HeadSrc& src, F f) {
@@ -344,7 +336,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
               " is outside [0, 1)");
   const PackedRow row_of(d);
   const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
-  const HeadSrc base = qkv_source(qkv, bf16_operands_, "attention_forward");
+  check_operand(qkv, "attention_forward qkv");  // float32, or bf16 in bf16 mode
+  const HeadSrc base{qkv.data(), qkv.dtype() == DType::bf16};
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* lse = stats.f32();
   float* o = out.f32();
@@ -425,7 +418,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
   const PackedRow row_of(d);
   const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
-  const HeadSrc base = qkv_source(qkv, bf16_operands_, "attention_backward");
+  check_operand(qkv, "attention_backward qkv");  // float32, or bf16 in bf16 mode
+  const HeadSrc base{qkv.data(), qkv.dtype() == DType::bf16};
   const float* g = dout.f32();
   const float* lse = stats.f32();
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();

@@ -119,8 +119,11 @@ class CpuBackend final : public Backend {
   // read where they lie when the library multiplies bf16).
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
               bool accumulate, float* c, int64_t ldc, const float* bias = nullptr);
-  // Throws naming `op` unless x may be a product's operand: float32, or bf16 in bf16 mode.
+  // Throws naming `op` unless x may be a product's operand (or a saved activation read or written
+  // in its dtype): float32, or bf16 in bf16 mode.
   void check_operand(const Tensor& x, const char* op) const;
+  // check_operand for an output y, which must also hold as many elements as x.
+  void check_output(const Tensor& y, const Tensor& x, const char* op) const;
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
   // Attention's products, one instance per OpenMP thread in dnnl_'s type; empty: OpenBLAS.
   std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;

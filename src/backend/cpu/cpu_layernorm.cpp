@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_store.h"
 
 namespace brisk {
 
@@ -12,11 +13,14 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
                                    float eps, const Tensor& y, const Tensor& mean,
                                    const Tensor& rstd) {
   const int64_t C = cols_of(x), R = rows_of(x);
-  check_same_numel(x, y, "layernorm_forward");
+  check_output(y, x, "layernorm_forward");
   BRISK_CHECK(gamma.numel() == C && beta.numel() == C && mean.numel() == R && rstd.numel() == R,
               "layernorm_forward: parameter or statistics sizes do not match ", x.shape().str());
   const float *in = x.f32(), *g = gamma.f32(), *bt = beta.f32();
-  float *out = y.f32(), *mu = mean.f32(), *rs = rstd.f32();
+  float *mu = mean.f32(), *rs = rstd.f32();
+  const bool bf16 = y.dtype() == DType::bf16;
+  char* out = static_cast<char*>(y.data());
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(y.dtype());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = in + r * C;
@@ -28,8 +32,9 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
 #pragma omp simd reduction(+ : var)
     for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
     const float s = 1.0f / std::sqrt(var / C + eps);
-    float* yr = out + r * C;
-    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * g[c] + bt[c];
+    store_row(out + r * row_bytes, bf16, C, [&](float* yr, int64_t c0, int64_t n) {
+      for (int64_t c = 0; c < n; ++c) yr[c] = (xr[c0 + c] - m) * s * g[c0 + c] + bt[c0 + c];
+    });
     mu[r] = m;
     rs[r] = s;
   }

@@ -77,9 +77,14 @@ void CpuBackend::release_weight() {
 }
 
 void CpuBackend::check_operand(const Tensor& x, const char* op) const {
-  BRISK_CHECK(x.dtype() == DType::f32 || (x.dtype() == DType::bf16 && bf16_operands_), op,
-              ": input in ", dtype_name(x.dtype()), " is not a ",
-              bf16_operands_ ? "float32 or bf16" : "float32", " operand");
+  BRISK_CHECK(x.dtype() == DType::f32 || (x.dtype() == DType::bf16 && bf16_operands_), op, ": ",
+              dtype_name(x.dtype()), " where ", bf16_operands_ ? "float32 or bf16" : "float32",
+              " is expected");
+}
+
+void CpuBackend::check_output(const Tensor& y, const Tensor& x, const char* op) const {
+  check_operand(y, op);
+  check_same_numel(x, y, op);
 }
 
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a,

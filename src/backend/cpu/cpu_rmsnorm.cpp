@@ -5,15 +5,20 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_store.h"
 
 namespace brisk {
 
 void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
                                  const Tensor& rstd) {
-  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward");
+  check_rmsnorm(x, gamma, rstd, x, "rmsnorm_forward");
+  check_output(y, x, "rmsnorm_forward");
   const int64_t C = cols_of(x), R = rows_of(x);
   const float *in = x.f32(), *g = gamma.f32();
-  float *out = y.f32(), *rs = rstd.f32();
+  float* rs = rstd.f32();
+  const bool bf16 = y.dtype() == DType::bf16;
+  char* out = static_cast<char*>(y.data());
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(y.dtype());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = in + r * C;
@@ -21,10 +26,11 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps
 #pragma omp simd reduction(+ : ss)
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const float s = 1.0f / std::sqrt(ss / C + eps);
-    float* yr = out + r * C;
     // (x * rstd) * gamma, in transformers' order; element c is read before it is written, so y
     // may alias x.
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * g[c];
+    store_row(out + r * row_bytes, bf16, C, [&](float* yr, int64_t c0, int64_t n) {
+      for (int64_t c = 0; c < n; ++c) yr[c] = xr[c0 + c] * s * g[c0 + c];
+    });
     rs[r] = s;
   }
 }
