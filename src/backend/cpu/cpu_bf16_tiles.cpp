@@ -131,16 +131,18 @@ void bf16_round_row(const float* in, uint16_t* out, int64_t n) {
 }
 
 namespace {
-// The packers below for float32 (rounded) or bf16 (as they lie) sources.
+// A row of float32 (rounded) or bf16 (as it lies) values as bf16.
 void row_as_bf16(const float* in, uint16_t* out, int64_t n) {
   bf16_round_row(in, out, n);
 }
 void row_as_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
   std::copy(in, in + n, out);
 }
+}  // namespace
 
 template <typename T>
-void rows_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, int64_t dst_ld) {
+void bf16_rows(const T* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+               int64_t dst_ld) {
   for (int64_t r = 0; r < rows; ++r) {
     row_as_bf16(src + r * ld, dst + r * dst_ld, cols);
     if (cols % 2 != 0) dst[r * dst_ld + cols] = 0;
@@ -148,8 +150,8 @@ void rows_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst
 }
 
 template <typename T>
-void row_pairs_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                  int64_t dst_ld) {
+void bf16_row_pairs(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                    int64_t dst_ld) {
   for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
     const T* r0 = src + 2 * p * ld;
     const T* r1 = 2 * p + 1 < rows ? r0 + ld : nullptr;
@@ -167,8 +169,8 @@ void row_pairs_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t
 }
 
 template <typename T>
-void column_pairs_transposed_of(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                                int64_t dst_ld) {
+void bf16_column_pairs_transposed(const T* src, int64_t rows, int64_t cols, int64_t ld,
+                                  uint32_t* dst, int64_t dst_ld) {
   const int64_t pairs = (cols + 1) / 2;
   int64_t r0 = 0;
 #ifdef BRISK_PACK_AVX512
@@ -194,33 +196,14 @@ void column_pairs_transposed_of(const T* src, int64_t rows, int64_t cols, int64_
       dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : T{0});
     }
 }
-}  // namespace
 
-void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
-               int64_t dst_ld) {
-  rows_of(src, rows, cols, ld, dst, dst_ld);
-}
-void bf16_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
-               int64_t dst_ld) {
-  rows_of(src, rows, cols, ld, dst, dst_ld);
-}
-
-void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                    int64_t dst_ld) {
-  row_pairs_of(src, rows, cols, ld, dst, dst_ld);
-}
-void bf16_row_pairs(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                    int64_t dst_ld) {
-  row_pairs_of(src, rows, cols, ld, dst, dst_ld);
-}
-
-void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
-                                  uint32_t* dst, int64_t dst_ld) {
-  column_pairs_transposed_of(src, rows, cols, ld, dst, dst_ld);
-}
-void bf16_column_pairs_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
-                                  uint32_t* dst, int64_t dst_ld) {
-  column_pairs_transposed_of(src, rows, cols, ld, dst, dst_ld);
-}
+template void bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
+template void bf16_rows(const uint16_t*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
+template void bf16_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t);
+template void bf16_row_pairs(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*, int64_t);
+template void bf16_column_pairs_transposed(const float*, int64_t, int64_t, int64_t, uint32_t*,
+                                           int64_t);
+template void bf16_column_pairs_transposed(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*,
+                                           int64_t);
 
 }  // namespace brisk

@@ -28,28 +28,25 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
 // the matmul packers' row rounding).
 void bf16_round_row(const float* in, uint16_t* out, int64_t n);
 
-// Each packer reads float32 (rounded) or bf16 (copied as it is) values.
+// The packers read float32 (T = float: rounded) or bf16 (T = uint16_t: copied as it is) values;
+// cpu_bf16_tiles.cpp instantiates both.
 // src[rows x cols] (row stride ld) as bf16 rows at dst (row stride dst_ld >= cols rounded up to
 // even, in bf16 values): row r's words are its pairs of columns, the last padded with zero when
 // cols is odd.
-void bf16_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
-               int64_t dst_ld);
-void bf16_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
-               int64_t dst_ld);
+template <typename T>
+void bf16_rows(const T* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, int64_t dst_ld);
 
 // src[rows x cols] in pairs of rows: word dst[p * dst_ld + j] = (src[2p][j], src[2p + 1][j]), for
 // p < (rows + 1) / 2 (a missing last row as zeros) and j < cols.
-void bf16_row_pairs(const float* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
-                    int64_t dst_ld);
-void bf16_row_pairs(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+template <typename T>
+void bf16_row_pairs(const T* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
                     int64_t dst_ld);
 
 // src[rows x cols] transposed, in pairs of columns: word dst[p * dst_ld + r] = (src[r][2p],
 // src[r][2p + 1]), for p < (cols + 1) / 2 (a missing last column as zeros) and r < rows. As B, it
 // reads src transposed: B = src^T.
-void bf16_column_pairs_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld,
-                                  uint32_t* dst, int64_t dst_ld);
-void bf16_column_pairs_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
+template <typename T>
+void bf16_column_pairs_transposed(const T* src, int64_t rows, int64_t cols, int64_t ld,
                                   uint32_t* dst, int64_t dst_ld);
 
 }  // namespace brisk
