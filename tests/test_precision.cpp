@@ -428,7 +428,7 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
 
 // The bf16 tiles' packers (cpu_bf16_tiles.h): every value where its layout puts it, rounded as
 // float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
-// by 32 columns at a time) and the scalar edges alike.
+// by 32 columns at a time) and the scalar edges alike; from float32 and from bf16 values.
 TEST(CpuBf16Tiles, PackersWriteTheirLayouts) {
   std::mt19937 gen(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -460,6 +460,18 @@ TEST(CpuBf16Tiles, PackersWriteTheirLayouts) {
         want_tr[p * (rows + 2) + r] = bf(r, 2 * p) | bf(r, 2 * p + 1) << 16;
     bf16_column_pairs_transposed(src.data(), rows, cols, ld, tr.data(), rows + 2);
     EXPECT_EQ(tr, want_tr) << rows << " x " << cols << " transposed pairs of columns";
+    // The same layouts from the values already in bf16 (a CPU bf16 run's stored qkv), as they lie.
+    std::vector<uint16_t> src16(src.size());
+    for (size_t i = 0; i < src.size(); ++i) src16[i] = float_to_bf16(src[i]);
+    std::fill(r16.begin(), r16.end(), 0xdead);
+    std::fill(pairs.begin(), pairs.end(), 0xdeadbeef);
+    std::fill(tr.begin(), tr.end(), 0xdeadbeef);
+    bf16_rows(src16.data(), rows, cols, ld, r16.data(), even_cols + 2);
+    bf16_row_pairs(src16.data(), rows, cols, ld, pairs.data(), cols + 1);
+    bf16_column_pairs_transposed(src16.data(), rows, cols, ld, tr.data(), rows + 2);
+    EXPECT_EQ(r16, want16) << rows << " x " << cols << " rows from bf16";
+    EXPECT_EQ(pairs, want_pairs) << rows << " x " << cols << " pairs of rows from bf16";
+    EXPECT_EQ(tr, want_tr) << rows << " x " << cols << " transposed pairs of columns from bf16";
   }
 }
 

@@ -47,12 +47,13 @@ void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
 }
 
 void Backend::check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                            const Tensor& other, const char* op) {
+                            const Tensor& other, const char* op, bool bf16_mode) {
   BRISK_CHECK(x.rank() >= 1, op, ": the input must have at least one dimension");
   const int64_t C = x.dim(-1), rows = C ? x.numel() / C : 0;
-  BRISK_CHECK(x.dtype() == DType::f32 && gamma.dtype() == DType::f32 &&
-                  rstd.dtype() == DType::f32 && other.dtype() == DType::f32,
-              op, ": every tensor must be float32");
+  BRISK_CHECK(
+      x.dtype() == DType::f32 && gamma.dtype() == DType::f32 && rstd.dtype() == DType::f32 &&
+          (other.dtype() == DType::f32 || (bf16_mode && other.dtype() == DType::bf16)),
+      op, ": every tensor must be float32", bf16_mode ? " (the output float32 or bf16)" : "");
   BRISK_CHECK(gamma.numel() == C, op, ": gamma has ", gamma.numel(), " elements for rows of ", C,
               " (input ", x.shape().str(), ")");
   BRISK_CHECK(rstd.numel() == rows, op, ": rstd has ", rstd.numel(), " elements for ", rows,

@@ -212,9 +212,10 @@ class Backend {
                                 const Tensor& rstd, const Tensor& dx, bool accumulate_dx,
                                 const Tensor& dgamma) = 0;
   // Throws naming `op` unless x [..., C], gamma [C], rstd (one per row) and `other` (y, dy or
-  // dx: x's element count) fit together and are float32.
+  // dx: x's element count) fit together and are float32 (`other` bf16 too, where `bf16_mode`: a
+  // CPU bf16 run's output y).
   static void check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                            const Tensor& other, const char* op);
+                            const Tensor& other, const char* op, bool bf16_mode = false);
 
   // ---- rotary position embedding ----
   // RoPE as transformers' Llama applies it (q * cos + rotate_half(q) * sin), in place on the

@@ -443,7 +443,7 @@ BlockStyle Model::style(bool training) const {
 
 namespace {
 // Copies between a block's float32 working tensors and its 16-bit stored copies (unless only the
-// stored copies are used: direct_product_inputs).
+// stored copies are used: direct_saved_tensors).
 void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
   const auto src = low_precision_tensors(from);
   const auto dst = low_precision_tensors(to);
@@ -452,7 +452,7 @@ void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
 }
 }  // namespace
 
-bool Model::direct_product_inputs(const Backend& be) const {
+bool Model::direct_saved_tensors(const Backend& be) const {
   return !stored_.empty() && be.reads_product_input(options_.activation_dtype);
 }
 
@@ -463,7 +463,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);
   const BlockStyle st = style(o.training);
-  const bool direct = direct_product_inputs(be);
+  const bool direct = direct_saved_tensors(be);
   const int L = static_cast<int>(config_.num_layers);
   // ZeRO stage 3's segments (param_segments()): the head 0, block l L - l, the embeddings L + 1.
   const int embeddings = L + 1;
@@ -634,7 +634,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   BRISK_CHECK(!staged_gradients() || done,
               "internal error: staged gradients need backward's reports");
   const BlockStyle st = style(o.training);
-  const bool direct = direct_product_inputs(be);
+  const bool direct = direct_saved_tensors(be);
   const bool split = grad_segments_.size() > 1;
   auto report = [&](int segment) {
     if (done && split) done(segment);

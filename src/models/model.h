@@ -363,7 +363,7 @@ class Model {
   Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
-  bool direct_product_inputs(const Backend& be) const;
+  bool direct_saved_tensors(const Backend& be) const;
   Tensor flat_weights_, flat_grads_;
   // The gradient segments of the parameter layout (found at creation) and, after bind, of the
   // bound buffers (none for the weights alone).

@@ -53,13 +53,13 @@ template <Activation A>
 
 // out: float32, or bf16 (the float32 results rounded).
 template <Activation A, typename T>
-void forward_loop(const T* in, void* out, bool bf16, int64_t n) {
+void forward_loop(const T* in, void* out, DType out_type, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     float buf[kBlock];
     const float* x = widened(in + b, m, buf);
-    store_row(static_cast<char*>(out) + b * (bf16 ? 2 : 4), bf16, m,
+    store_row(static_cast<char*>(out) + b * dtype_size(out_type), out_type == DType::bf16, m,
               [&](float* y, int64_t c0, int64_t count) { forward_block<A>(x + c0, y, count); });
   }
 }
@@ -97,10 +97,10 @@ void backward_loop(const T* in, const float* g, float* out, int64_t n) {
 void CpuBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
   check_operand(x, "activation_forward");
   check_output(y, x, "activation_forward");
-  const bool bf16 = y.dtype() == DType::bf16;
   with_input(x, [&](auto in) {
-    visit_activation(
-        kind, [&](auto a) { forward_loop<decltype(a)::value>(in, y.data(), bf16, x.numel()); });
+    visit_activation(kind, [&](auto a) {
+      forward_loop<decltype(a)::value>(in, y.data(), y.dtype(), x.numel());
+    });
   });
 }
 

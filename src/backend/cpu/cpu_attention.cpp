@@ -292,7 +292,8 @@ void score_gradient_bf16(const float* P, const float* dP, const float* dot, int6
 
 int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim) {
   // Two float32 blocks, then bf16 values (two to a float): the tiles' two blocks and seven
-  // [even(T), D] operands, which also hold the library's block and four [T, D] copies.
+  // [even(T), D] operands, which also hold the library's block and four [T, D] copies, or the
+  // three float32 [T, D] copies of a bf16 qkv's heads for float32 products (TaskScratch).
   const char* what = "attention scratch";
   const int64_t block = checked_mul(kRows, seq, what);
   const int64_t padded = checked_add(seq, seq % 2, what);

@@ -11,8 +11,7 @@ namespace brisk {
 
 void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
                                  const Tensor& rstd) {
-  check_rmsnorm(x, gamma, rstd, x, "rmsnorm_forward");
-  check_output(y, x, "rmsnorm_forward");
+  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward", bf16_operands_);
   const int64_t C = cols_of(x), R = rows_of(x);
   const float *in = x.f32(), *g = gamma.f32();
   float* rs = rstd.f32();
