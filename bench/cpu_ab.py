@@ -11,11 +11,10 @@ BEFORE_BIN is typically a build of the commit before a change, e.g. from a workt
     git worktree add /tmp/before HEAD~1 && (cd /tmp/before && scripts/build.sh)
 """
 import argparse
-import json
 import os
 import tempfile
 
-from cpu_speed import MODELS, run_brisk
+from cpu_speed import MODELS, run_brisk, write_config
 
 
 def main():
@@ -31,10 +30,7 @@ def main():
     steps = a.steps or m["steps"]
     runs = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg_dir = os.path.join(tmp, a.row)
-        os.makedirs(cfg_dir)
-        with open(os.path.join(cfg_dir, "config.json"), "w") as f:
-            json.dump(m["config"], f)
+        cfg_dir = write_config(tmp, a.row)
         for pair in range(a.pairs):
             for name, binary in (("before", a.before), ("after", a.after)):
                 r = run_brisk(cfg_dir, os.path.join(tmp, f"{name}-{pair}"), a.precision, m, steps,

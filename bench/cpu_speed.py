@@ -125,12 +125,26 @@ def flops_per_sample(cfg, seq):
     return per_token * seq
 
 
+def write_config(tmp, row):
+    """The row's config.json in a folder of its own under tmp; returns the folder."""
+    cfg_dir = os.path.join(tmp, row)
+    os.makedirs(cfg_dir)
+    with open(os.path.join(cfg_dir, "config.json"), "w") as f:
+        json.dump(MODELS[row]["config"], f)
+    return cfg_dir
+
+
+def brisk_command(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
+    """brisk train on the row's workload: random tokens, AdamW, no checkpoints."""
+    return [brisk, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
+            "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
+            "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
+            "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",
+            "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false"]
+
+
 def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
-    cmd = [brisk, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
-           "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
-           "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
-           "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",
-           "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false"]
+    cmd = brisk_command(cfg_dir, out_dir, precision, m, steps, brisk)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "train_results.json")) as f:
         r = json.load(f)
@@ -157,10 +171,7 @@ def main():
         for row in a.rows.split(","):
             m = MODELS[row]
             steps = a.steps or m["steps"]
-            cfg_dir = os.path.join(tmp, row)
-            os.makedirs(cfg_dir)
-            with open(os.path.join(cfg_dir, "config.json"), "w") as f:
-                json.dump(m["config"], f)
+            cfg_dir = write_config(tmp, row)
             for precision in a.precisions.split(","):
                 for name in a.only.split(","):
                     out = os.path.join(tmp, f"{row}-{precision}-{name}")
