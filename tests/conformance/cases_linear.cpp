@@ -42,14 +42,41 @@ struct Precision {
 };
 
 const Precision kF32{"f32", DType::f32, false, 1e-5, 1e-4, 1e-5};
+// Float32 over a long sum (K = 1000): partial sums up to ~10 round at ~1e-6 each step.
+const Precision kF32LongSums{"f32", DType::f32, false, 1e-4, 1e-4, 1e-5};
 // Each tf32 run is held to 5e-3 of the fp64 reference, so the GPU's and the CPU's runs (each
 // rounding its operands to tf32, summing in its own order) to twice that of each other.
 const Precision kTf32{"tf32", DType::f32, true, 5e-3, 5e-3, 1e-2};
 const Precision kBf16{"bf16", DType::bf16, false, 1e-5, 1e-4, 1e-4};
 const Precision kF16{"f16", DType::f16, false, 1e-5, 1e-4, 1e-4};
 
+// The gradients of sum(y * dy), y = x W' + b, directly: dx = dy W (W' = W^T for out_in),
+// dW = dy^T x (or its transpose for in_out), db = the column sums of dy.
+Values ref_linear_grads(const Vec& x, const Vec& w, const Vec& dy, WeightLayout layout, int64_t M,
+                        int64_t K, int64_t N) {
+  Vec dx(static_cast<size_t>(M * K), 0.0), dw(static_cast<size_t>(N * K), 0.0);
+  Vec db(static_cast<size_t>(N), 0.0);
+  const bool out_in = layout == WeightLayout::out_in;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const double g = dy[m * N + n];
+      db[n] += g;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t wi = out_in ? n * K + k : k * N + n;
+        dx[m * K + k] += g * w[wi];
+        dw[wi] += g * x[m * K + k];
+      }
+    }
+  return {{"dx", dx}, {"dw", dw}, {"db", db}};
+}
+
+// How a case's fp64 expected values are had: none (the CPU is the GPU's reference), by finite
+// differences of the forward, or analytically (large cases, where finite differences would take
+// minutes).
+enum class Reference { none, finite_differences, analytic };
+
 OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode dx_mode,
-                   bool dw_written, const Precision& pr, bool reference) {
+                   bool dw_written, const Precision& pr, Reference reference) {
   const int64_t K = xs[xs.rank() - 1], M = xs.numel() / K;
   const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
   Shape ys;
@@ -92,7 +119,16 @@ OpCase linear_case(Shape xs, int64_t N, WeightLayout layout, bool bias, DxMode d
     return Values{
         {"y", d.values(y)}, {"dx", d.values(dx)}, {"dw", d.values(dw)}, {"db", d.values(db)}};
   };
-  if (reference)
+  if (reference == Reference::analytic)
+    c.reference = [=](const Values& in) {
+      const Vec &x = in.at("x"), &w = in.at("w"), &dy = in.at("dy");
+      Values want = ref_linear_grads(x, w, dy, layout, M, K, N);
+      want["y"] = ref_linear(x, w, bias ? in.at("b") : Vec(), layout, M, K, N);
+      if (dx_mode == DxMode::skipped) want["dx"] = in.at("dx0");
+      if (!bias) want["db"] = Vec(static_cast<size_t>(N), 0.0);
+      return want;
+    };
+  if (reference == Reference::finite_differences)
     c.reference = [=](const Values& in) {
       const Vec &x = in.at("x"), &w = in.at("w"), &dy = in.at("dy");
       const Vec b = bias ? in.at("b") : Vec();
@@ -138,16 +174,17 @@ std::vector<OpCase> linear_cases() {
       for (bool bias : {false, true})
         for (DxMode dx : {DxMode::skipped, DxMode::overwritten, DxMode::accumulated})
           for (bool dw_written : {false, true})
-            cases.push_back(linear_case(xs, 5, layout, bias, dx, dw_written, kF32, true));
+            cases.push_back(linear_case(xs, 5, layout, bias, dx, dw_written, kF32,
+                                        Reference::finite_differences));
   // No rows (an empty micro-batch): written gradients are zeros, added ones unchanged.
   for (const bool dw_written : {false, true})
     cases.push_back(linear_case({0, 13}, 5, WeightLayout::out_in, true, DxMode::overwritten,
-                                dw_written, kF32, true));
+                                dw_written, kF32, Reference::finite_differences));
   for (const Precision& pr : {kTf32, kBf16, kF16}) {
     cases.push_back(linear_case({2, 3, 13}, 5, WeightLayout::out_in, true, DxMode::accumulated,
-                                false, pr, true));
-    cases.push_back(
-        linear_case({7, 13}, 5, WeightLayout::in_out, true, DxMode::overwritten, true, pr, true));
+                                false, pr, Reference::finite_differences));
+    cases.push_back(linear_case({7, 13}, 5, WeightLayout::in_out, true, DxMode::overwritten, true,
+                                pr, Reference::finite_differences));
   }
   // A GPU's tiles: odd shapes, a rank-3 input, a long K that cuBLASLt may split.
   struct Variant {
@@ -165,7 +202,13 @@ std::vector<OpCase> linear_cases() {
   for (const Precision& pr : {kF32, kTf32, kBf16, kF16})
     for (const auto& [xs, N] : shapes)
       for (const Variant& v : variants)
-        cases.push_back(linear_case(xs, N, v.layout, v.bias, v.dx, v.dw_written, pr, false));
+        cases.push_back(
+            linear_case(xs, N, v.layout, v.bias, v.dx, v.dw_written, pr, Reference::none));
+  // A weight over 4 MiB: the CPU's float32 input gradient through it runs on oneDNN's gemm
+  // kernel, not brgemm (cpu_matmul_dnnl.cpp's prefers_gemm_kernel), in both gradient modes.
+  for (const DxMode dx : {DxMode::overwritten, DxMode::accumulated})
+    cases.push_back(linear_case({9, 1000}, 1100, WeightLayout::out_in, false, dx, true,
+                                kF32LongSums, Reference::analytic));
   return cases;
 }
 

@@ -243,6 +243,17 @@ dnnl::memory::desc operand_b(const DnnlMatmul::Product& p, dnnl::memory::data_ty
   return {{p.k, p.n}, type, p.trans_b ? dims{1, p.ldb} : dims{p.ldb, 1}};
 }
 
+// oneDNN 2.6 picks its brgemm kernel for every float32 product on AVX-512 CPUs, but for a B read
+// as it lies (not transposed; the input gradient's dY W) larger than a few MiB its gemm kernel
+// is faster: on Zen 5, 1024 x 3072 x 768 at 505 GFLOP/s against brgemm's 391, the LM head's
+// 256 x 50257 x 768 at 481 against 306; equal below 4 MiB and for a transposed A or B
+// (docs/benchmarks.md, tenth increment).
+bool prefers_gemm_kernel(const DnnlMatmul::Product& p, dnnl::memory::data_type type) {
+  constexpr int64_t kLargeB = int64_t{4} << 20;
+  return type == dnnl::memory::data_type::f32 && !p.trans_a && !p.trans_b &&
+         p.k * p.n * static_cast<int64_t>(sizeof(float)) > kLargeB;
+}
+
 // The primitive for p with B described by `bd` (a layout, or format_tag::any for the kernel's).
 Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
                  dnnl::memory::data_type type, const dnnl::memory::desc& bd) {
@@ -255,9 +266,16 @@ Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
     attr.set_post_ops(ops);
   }
   const dnnl::memory::desc biasd({1, p.n}, dnnl::memory::data_type::f32, dims{p.n, 1});
-  dnnl::matmul::primitive_desc pd(
-      p.bias ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd), attr,
-      engine);
+  const dnnl::matmul::desc desc =
+      p.bias ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd);
+  dnnl::matmul::primitive_desc pd(desc, attr, engine);
+  if (prefers_gemm_kernel(p, type)) {
+    while (std::strcmp(pd.impl_info_str(), "gemm:jit") != 0)
+      if (!pd.next_impl()) {  // not offered: oneDNN's first choice
+        pd = dnnl::matmul::primitive_desc(desc, attr, engine);
+        break;
+      }
+  }
   Prepared prepared{dnnl::matmul(pd),
                     dnnl::memory(ad, engine, nullptr),
                     dnnl::memory(pd.weights_desc(), engine, nullptr),
