@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_exp.h"
 #include "backend/rope.h"
+#include "backend_support.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/rng.h"
@@ -500,6 +501,46 @@ TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
   EXPECT_EQ(brisk::vector_expf(std::numeric_limits<float>::infinity()),
             std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(brisk::vector_expf(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// bf16 mode, a linear layer's backward over a bf16 input (a stored activation) with a bias: its
+// float32 gradient dy is rounded to bf16 once for both products. The same bits as from a float32
+// input holding those values (where each product rounds dy itself), over an output width that
+// ends mid-vector, the bias gradient written and added to; and the bias gradient within float32's
+// error of the fp64 column sums.
+TEST(OpsStoredBf16, LinearBackwardOverABf16InputGivesItsFloat32Bits) {
+  std::mt19937 rng(45);
+  auto be = brisk::make_cpu_backend();
+  be->set_matmul_dtype(DType::bf16);
+  const int64_t M = 9, K = 24, N = 1037;
+  brisk::testing::DeviceBuffers d(*be);
+  d.workspace(std::max(M * N, N * K));
+  FVec x = randn(size_t(M) * K, rng), w = randn(size_t(N) * K, rng, 0.3f);
+  FVec dy = randn(size_t(M) * N, rng), db0 = randn(N, rng);
+  std::vector<uint16_t> x16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x16[i] = brisk::float_to_bf16(x[i]);
+    x[i] = brisk::bf16_to_float(x16[i]);
+  }
+  const Tensor xf = d.put(x, {M, K}), xh = d.put(x16, {M, K}, DType::bf16);
+  const Tensor wt = d.put(w, {N, K}), g = d.put(dy, {M, N});
+  for (const bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "bias gradient added to" : "bias gradient written");
+    std::vector<FVec> got;
+    for (const Tensor& in : {xh, xf}) {  // bf16 first: the workspace holds no rounded dy yet
+      const Tensor dx = d.alloc({M, K}), dw = d.alloc({N, K}), db = d.put(db0, {N});
+      be->linear_backward(in, wt, g, brisk::WeightLayout::out_in, dx, false, dw, db, accumulate);
+      for (const Tensor& t : {dx, dw, db}) got.push_back(d.get(t));
+    }
+    EXPECT_EQ(got[0], got[3]) << "dx";
+    EXPECT_EQ(got[1], got[4]) << "dw";
+    EXPECT_EQ(got[2], got[5]) << "db";
+    for (int64_t j = 0; j < N; ++j) {
+      double want = accumulate ? db0[j] : 0.0;
+      for (int64_t i = 0; i < M; ++i) want += dy[i * N + j];
+      ASSERT_NEAR(got[2][j], want, 1e-5 * std::max(1.0, std::abs(want))) << "column " << j;
+    }
+  }
 }
 
 // bf16 mode: the saved activations a CPU bf16 run keeps only as bf16 (Model's stored copies) are
