@@ -3,6 +3,7 @@
 // With --peak it prints instead, as one JSON line, the machine's matrix-product peaks the speed
 // benchmark (bench/cpu_speed.py) measures fractions against: the best GFLOP/s of large square
 // products, float32 (the faster of OpenBLAS and oneDNN) and bf16 (oneDNN).
+// With --f32-kernels it prints oneDNN's float32 kernels against each other at the step's shapes.
 // Build: cmake --build build --target bench_matmul; run: OMP_NUM_THREADS=2 build/bench_matmul
 #include <cblas.h>
 
@@ -75,6 +76,63 @@ int peak(dnnl::engine& eng, dnnl::stream& stream) {
       std::max(f32, f32_dnnl), f32, f32_dnnl, bf16);
   return 0;
 }
+// Float32 at the step's shapes: oneDNN's first choice (brgemm on AVX-512) against its gemm
+// kernel, the best of 5 runs each, for A and B as the linear layers' products read them (the
+// forward pass's B transposed, the weight gradient's A transposed, the input gradient's both as
+// they lie). Backs cpu_matmul_dnnl.cpp's prefers_gemm_kernel.
+int f32_kernels(dnnl::engine& eng, dnnl::stream& stream) {
+  using dnnl::memory;
+  struct Shape {
+    int m, k, n;
+    bool ta, tb;
+  };
+  const Shape shapes[] = {{1024, 768, 3072, false, true},  {1024, 3072, 768, false, true},
+                          {1024, 3072, 768, false, false}, {1024, 2304, 768, false, false},
+                          {1024, 768, 768, false, false},  {768, 1024, 3072, true, false},
+                          {3072, 1024, 768, true, false},  {576, 1024, 1536, true, false},
+                          {1024, 3072, 576, false, false}, {1024, 1536, 576, false, false},
+                          {256, 768, 50257, false, true},  {256, 50257, 768, false, false},
+                          {256, 49152, 576, false, false}};
+  std::printf("| M x K x N | A | B | B MiB | first choice | GFLOP/s | gemm:jit GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    const memory::desc ad({s.m, s.k}, memory::data_type::f32,
+                          s.ta ? memory::format_tag::ba : memory::format_tag::ab);
+    const memory::desc bd({s.k, s.n}, memory::data_type::f32,
+                          s.tb ? memory::format_tag::ba : memory::format_tag::ab);
+    const memory::desc cd({s.m, s.n}, memory::data_type::f32, memory::format_tag::ab);
+    memory am(ad, eng), bm(bd, eng), cm(cd, eng);
+    std::fill_n(static_cast<float*>(am.get_data_handle()), ad.get_size() / 4, 0.5f);
+    std::fill_n(static_cast<float*>(bm.get_data_handle()), bd.get_size() / 4, 0.25f);
+    const std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    auto rate = [&](const dnnl::matmul::primitive_desc& pd) {
+      dnnl::matmul mm(pd);
+      double best = 1e30;
+      for (int r = 0; r <= 5; ++r) {  // run 0 warms up
+        const double t = seconds();
+        mm.execute(stream, args);
+        stream.wait();
+        if (r > 0) best = std::min(best, seconds() - t);
+      }
+      return 2.0 * s.m * s.k * s.n / best * 1e-9;
+    };
+    const dnnl::matmul::desc desc(ad, bd, cd);
+    const dnnl::matmul::primitive_desc pd(desc, eng);
+    // (oneDNN 2.6's iterator stops once a primitive has been made from the descriptor: a second
+    // one walks to the gemm kernel.)
+    dnnl::matmul::primitive_desc gemm(desc, eng);
+    bool has_gemm = false;
+    while (!has_gemm && gemm.next_impl())
+      has_gemm = std::string(gemm.impl_info_str()) == "gemm:jit";
+    const std::string first = pd.impl_info_str();
+    const double first_rate = rate(pd), gemm_rate = has_gemm ? rate(gemm) : 0.0;
+    std::printf("| %d x %d x %d | %s | %s | %.1f | %s | %.0f | %.0f |\n", s.m, s.k, s.n,
+                s.ta ? "transposed" : "plain", s.tb ? "transposed" : "plain",
+                4.0 * s.k * s.n / (1 << 20), first.c_str(), first_rate, gemm_rate);
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +140,7 @@ int main(int argc, char** argv) {
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
   if (argc > 1 && std::string(argv[1]) == "--peak") return peak(eng, stream);
+  if (argc > 1 && std::string(argv[1]) == "--f32-kernels") return f32_kernels(eng, stream);
   const int reps = 50;
   std::printf("%-22s %-5s %12s %12s %8s  %s\n", "M x K x N", "type", "openblas ms", "onednn ms",
               "ratio", "oneDNN kernel");

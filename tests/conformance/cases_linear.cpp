@@ -204,11 +204,16 @@ std::vector<OpCase> linear_cases() {
       for (const Variant& v : variants)
         cases.push_back(
             linear_case(xs, N, v.layout, v.bias, v.dx, v.dw_written, pr, Reference::none));
-  // A weight over 4 MiB: the CPU's float32 input gradient through it runs on oneDNN's gemm
-  // kernel, not brgemm (cpu_matmul_dnnl.cpp's prefers_gemm_kernel), in both gradient modes.
+  // A B over 4 MiB read as it lies runs on oneDNN's gemm kernel, not brgemm, in float32
+  // (cpu_matmul_dnnl.cpp's prefers_gemm_kernel): the input gradient through a large weight, dx
+  // written and added to; the weight gradient over a large input (A transposed), dW written and
+  // added to.
   for (const DxMode dx : {DxMode::overwritten, DxMode::accumulated})
     cases.push_back(linear_case({9, 1000}, 1100, WeightLayout::out_in, false, dx, true,
                                 kF32LongSums, Reference::analytic));
+  for (const bool dw_written : {false, true})
+    cases.push_back(linear_case({1100, 1000}, 9, WeightLayout::out_in, true, DxMode::overwritten,
+                                dw_written, kF32LongSums, Reference::analytic));
   return cases;
 }
 
