@@ -76,6 +76,7 @@ int peak(dnnl::engine& eng, dnnl::stream& stream) {
       std::max(f32, f32_dnnl), f32, f32_dnnl, bf16);
   return 0;
 }
+
 // Float32 at the step's shapes: oneDNN's first choice (brgemm on AVX-512) against its gemm
 // kernel, the best of 5 runs each, for A and B as the linear layers' products read them (the
 // forward pass's B transposed, the weight gradient's A transposed, the input gradient's both as
