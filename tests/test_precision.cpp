@@ -426,6 +426,21 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
                     "packer checked against the layout's formula only";
 }
 
+// bf16_widen_row, the packers' counterpart: every one of the 65536 bf16 bit patterns (NaNs,
+// infinities and subnormals among them) widened to exactly the float32 bf16_to_float gives, bit
+// for bit, through the AVX-512 path (16 at a time) and the scalar tail (from an odd start).
+TEST(CpuBf16Tiles, WidenRowGivesEveryPatternsFloat32) {
+  std::vector<uint16_t> all(65536 + 7);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> got(all.size(), -1.0f);
+  brisk::bf16_widen_row(all.data() + 1, got.data() + 1, static_cast<int64_t>(all.size()) - 1);
+  EXPECT_EQ(got[0], -1.0f) << "nothing written before the row";
+  for (size_t i = 1; i < all.size(); ++i) {
+    const float want = brisk::bf16_to_float(all[i]);
+    ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << "bf16 pattern " << all[i];
+  }
+}
+
 // The bf16 tiles' packers (cpu_bf16_tiles.h): every value where its layout puts it, rounded as
 // float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
 // by 32 columns at a time) and the scalar edges alike; from float32 and from bf16 values.

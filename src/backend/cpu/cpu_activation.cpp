@@ -6,6 +6,7 @@
 
 #include "backend/activation.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_store.h"
 
 namespace brisk {
@@ -23,10 +24,7 @@ constexpr int64_t kBlock = 256;
 // MLP inputs).
 template <typename F>
 void with_input(const Tensor& x, F f) {
-  if (x.dtype() == DType::bf16)
-    f(x.as<uint16_t>());
-  else
-    f(static_cast<const float*>(x.f32()));
+  with_bf16_or_f32(x.data(), x.dtype() == DType::bf16, f);
 }
 
 // in[0, n) (n <= kBlock) as float32: itself, or widened into buf.
@@ -34,7 +32,7 @@ const float* widened(const float* in, int64_t /*n*/, float* /*buf*/) {
   return in;
 }
 const float* widened(const uint16_t* in, int64_t n, float* buf) {
-  for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(in[i]);
+  bf16_widen_row(in, buf, n);
   return buf;
 }
 

@@ -135,10 +135,7 @@ struct HeadSrc {
 // f(the source as a typed pointer): the packers have an overload for each type.
 template <typename F>
 void with_source(const HeadSrc& src, F f) {
-  if (src.bf16)
-    f(static_cast<const uint16_t*>(src.data));
-  else
-    f(static_cast<const float*>(src.data));
+  with_bf16_or_f32(src.data, src.bf16, f);
 }
 
 // as_operand for a head of qkv: a bf16 one copied as it is for bf16 units, else widened into
@@ -149,12 +146,10 @@ Mat as_operand(const HeadSrc& src, int64_t rows, int64_t cols, int64_t ld, bool 
     return as_operand(static_cast<const float*>(src.data), rows, cols, ld, units, copy);
   const auto* in = static_cast<const uint16_t*>(src.data);
   for (int64_t r = 0; r < rows; ++r) {
-    if (units) {
+    if (units)
       std::copy(in + r * ld, in + r * ld + cols, copy + r * cols);
-      continue;
-    }
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) wide[r * cols + c] = bf16_to_float(in[r * ld + c]);
+    else
+      bf16_widen_row(in + r * ld, wide + r * cols, cols);
   }
   if (units) return {copy, cols, sizeof(uint16_t)};
   return {wide, cols, sizeof(float)};

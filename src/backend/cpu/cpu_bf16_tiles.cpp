@@ -19,16 +19,9 @@ namespace {
 using namespace avx512;
 #endif
 
-inline uint16_t to_bf16(float v) {
-  return float_to_bf16(v);
-}
-inline uint16_t to_bf16(uint16_t v) {
-  return v;
-}
-
 template <typename T>
 uint32_t pair_of(T lo, T hi) {
-  return uint32_t{to_bf16(lo)} | uint32_t{to_bf16(hi)} << 16;
+  return uint32_t{as_bf16(lo)} | uint32_t{as_bf16(hi)} << 16;
 }
 
 #ifdef BRISK_BF16_TILES
@@ -128,6 +121,14 @@ void bf16_round_row(const float* in, uint16_t* out, int64_t n) {
                         _mm512_cvtepi32_epi16(round16(in + j)));
 #endif
   for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
+}
+
+void bf16_widen_row(const uint16_t* in, float* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16) _mm512_storeu_si512(out + j, _mm512_slli_epi32(round16(in + j), 16));
+#endif
+  for (; j < n; ++j) out[j] = bf16_to_float(in[j]);
 }
 
 namespace {

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace brisk {
 
 // Whether this build has the tiles (compiled for AVX512-BF16); without them bf16_pair_product
@@ -27,6 +29,27 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
 // n float32 rounded to bf16 as float_to_bf16 rounds (AVX-512 where the build targets it; also
 // the matmul packers' row rounding).
 void bf16_round_row(const float* in, uint16_t* out, int64_t n);
+// n bf16 widened to float32, exactly (AVX-512 where the build targets it).
+void bf16_widen_row(const uint16_t* in, float* out, int64_t n);
+
+// A value as bf16: a float32 one rounded (float_to_bf16), a bf16 one as it is. For the packers
+// over either source type.
+inline uint16_t as_bf16(float v) {
+  return float_to_bf16(v);
+}
+inline uint16_t as_bf16(uint16_t v) {
+  return v;
+}
+
+// f(the values at `data` as a typed pointer): const uint16_t* where `bf16` (a CPU bf16 run's
+// saved activations), else const float*.
+template <typename F>
+void with_bf16_or_f32(const void* data, bool bf16, F f) {
+  if (bf16)
+    f(static_cast<const uint16_t*>(data));
+  else
+    f(static_cast<const float*>(data));
+}
 
 // The packers read float32 (T = float: rounded) or bf16 (T = uint16_t: copied as it is) values;
 // cpu_bf16_tiles.cpp instantiates both.

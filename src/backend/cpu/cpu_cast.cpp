@@ -1,8 +1,10 @@
 // Conversions between float32 and the 16-bit formats on the CPU, in-place rounding (the CPU's
 // emulation of 16-bit storage).
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 
 namespace brisk {
 
@@ -28,9 +30,15 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
   if (is_float16(src.dtype()) && dst.dtype() == DType::f32) {
     const uint16_t* in = src.as<uint16_t>();
     float* out = dst.f32();
-    const bool bf = src.dtype() == DType::bf16;
+    if (src.dtype() == DType::bf16) {
+      constexpr int64_t kChunk = 4096;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = bf ? bf16_to_float(in[i]) : fp16_to_float(in[i]);
+      for (int64_t b = 0; b < n; b += kChunk)
+        bf16_widen_row(in + b, out + b, std::min(kChunk, n - b));
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(in[i]);
     return;
   }
   BRISK_FAIL("cast from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()),

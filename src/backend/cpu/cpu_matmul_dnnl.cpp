@@ -53,13 +53,6 @@ using namespace avx512;
 #endif
 constexpr int64_t kBlockK = 32, kBlockN = 64, kBlockElements = kBlockK * kBlockN;
 
-inline uint16_t to_bf16(float v) {
-  return float_to_bf16(v);
-}
-inline uint16_t to_bf16(uint16_t v) {
-  return v;
-}
-
 // One whole 32 x 64 block starting at B's row k0 and column n0 (B = b[k][n], or b[n][k] when
 // transposed; float32 rounded, or bf16), as 16 rows of 64 32-bit words: word (k1, n1) =
 // B(k0 + 2 k1, n) | B(k0 + 2 k1 + 1, n) << 16.
@@ -76,7 +69,7 @@ void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n
             o + j, _mm512_or_si512(round16(r0 + j), _mm512_slli_epi32(round16(r1 + j), 16)));
 #else
       for (int64_t j = 0; j < kBlockN; ++j)
-        o[j] = uint32_t{to_bf16(r0[j])} | uint32_t{to_bf16(r1[j])} << 16;
+        o[j] = uint32_t{as_bf16(r0[j])} | uint32_t{as_bf16(r1[j])} << 16;
 #endif
     }
     return;
@@ -93,7 +86,7 @@ void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n
   for (int64_t j = 0; j < kBlockN; ++j) {
     const T* row = b + (n0 + j) * ldb + k0;
     for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1)
-      out[k1 * kBlockN + j] = uint32_t{to_bf16(row[2 * k1])} | uint32_t{to_bf16(row[2 * k1 + 1])}
+      out[k1 * kBlockN + j] = uint32_t{as_bf16(row[2 * k1])} | uint32_t{as_bf16(row[2 * k1 + 1])}
                                                                    << 16;
   }
 #endif
@@ -120,7 +113,7 @@ void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb
       for (int64_t j = 0; j < kBlockN; ++j) {
         const int64_t row = k0 + kk, col = n0 + j;
         out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] =
-            row < k && col < n ? to_bf16(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0;
+            row < k && col < n ? as_bf16(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0;
       }
   }
 }
@@ -139,8 +132,7 @@ void bf16_operand(const void* src, DType src_type, int64_t rows, int64_t cols, i
     const uint16_t* in = static_cast<const uint16_t*>(src);
     float* out = dst.f32();
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = bf16_to_float(in[r * ld + c]);
+    for (int64_t r = 0; r < rows; ++r) bf16_widen_row(in + r * ld, out + r * ld, cols);
     return;
   }
   const float* in = static_cast<const float*>(src);
