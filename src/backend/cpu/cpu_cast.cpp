@@ -13,6 +13,7 @@ bool is_float16(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 
+constexpr int64_t kChunk = 4096;  // bf16 casts go in rows of this many values
 }  // namespace
 
 void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
@@ -22,16 +23,20 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == DType::f32 && is_float16(dst.dtype())) {
     const float* in = src.f32();
     uint16_t* out = dst.as<uint16_t>();
-    const bool bf = dst.dtype() == DType::bf16;
+    if (dst.dtype() == DType::bf16) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = bf ? float_to_bf16(in[i]) : float_to_fp16(in[i]);
+      for (int64_t b = 0; b < n; b += kChunk)
+        bf16_round_row(in + b, out + b, std::min(kChunk, n - b));
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_fp16(in[i]);
     return;
   }
   if (is_float16(src.dtype()) && dst.dtype() == DType::f32) {
     const uint16_t* in = src.as<uint16_t>();
     float* out = dst.f32();
     if (src.dtype() == DType::bf16) {
-      constexpr int64_t kChunk = 4096;
 #pragma omp parallel for schedule(static)
       for (int64_t b = 0; b < n; b += kChunk)
         bf16_widen_row(in + b, out + b, std::min(kChunk, n - b));
