@@ -97,15 +97,29 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
     declare_block_saved(plan, binder_, work_, "block_work.", style, dims, SavedPart::low_precision,
                         DType::f32, Category::temporaries);
     stored_.assign(c.num_layers, BlockSaved());
+    const bool recompute = options.recompute_elementwise;
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string prefix = "block." + std::to_string(l) + ".";
       declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
                           DType::f32, Category::activations, !selective);
-      declare_block_saved(plan, binder_, stored_[l], prefix, style, dims, SavedPart::low_precision,
+      declare_block_saved(plan, binder_, stored_[l], prefix, style, dims,
+                          recompute ? SavedPart::low_precision_kept : SavedPart::low_precision,
                           options.activation_dtype, Category::activations, !selective);
       const auto dst = low_precision_tensors(saved_[l]);
       const auto src = low_precision_tensors(work_);
       for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
+    }
+    // The recomputable tensors' 16-bit copies: one set, which every block writes in forward and
+    // backward rebuilds per block (block_recompute).
+    if (recompute) {
+      declare_block_saved(plan, binder_, shared_stored_, "block_recompute.", style, dims,
+                          SavedPart::recomputable, options.activation_dtype, Category::activations);
+      for (BlockSaved& st : stored_) {
+        const auto dst = recomputable_tensors(st, style);
+        const auto src = recomputable_tensors(shared_stored_, style);
+        for (size_t i = 0; i < dst.size(); ++i)
+          if (dst[i] != nullptr) binder_.alias(dst[i], src[i]);
+      }
     }
   }
   for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
@@ -659,6 +673,11 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
       const auto src = low_precision_tensors(stored_[l]);
       for (size_t i = 0; i < dst.size(); ++i) *dst[i] = *src[i];
     }
+    // The recomputable tensors of this block, from what it kept (the last block's are still in
+    // place).
+    if (!stored_.empty() && options_.recompute_elementwise && !last)
+      block_recompute(be, st, layer_params(l, false), hidden_[l], saved_[l],
+                      direct ? &stored_[l] : nullptr);
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)

@@ -1,6 +1,8 @@
 // Forward, backward and buffer declarations of the shared transformer block.
 #include "models/transformer_block.h"
 
+#include <algorithm>
+
 namespace brisk {
 
 namespace {
@@ -88,6 +90,34 @@ const Tensor& produce_saved(Backend& be, DType lp, const Tensor& work, const Ten
   if (copy == nullptr) be.round_to(lp, work);
   return target;
 }
+
+// The element-wise ops whose saved results block_recompute rebuilds (recomputable_tensors), one
+// call each for it and block_forward: a pre-norm block's attention input LN_a(x) and MLP input
+// LN_b(res1), and the MLP activation's output.
+const Tensor& attention_input(Backend& be, const BlockStyle& st, const BlockParams& w,
+                              const Tensor& x, const BlockSaved& s, const Tensor* copy) {
+  return produce_saved(be, st.act_dtype, s.a_in, copy, [&](const Tensor& y) {
+    norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, y, s.mean_a, s.rstd_a);
+  });
+}
+
+const Tensor& mlp_input(Backend& be, const BlockStyle& st, const BlockParams& w,
+                        const BlockSaved& s, const Tensor* copy) {
+  return produce_saved(be, st.act_dtype, s.m_in, copy, [&](const Tensor& y) {
+    norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
+  });
+}
+
+const Tensor& mlp_output(Backend& be, const BlockStyle& st, const Tensor& fc_pre,
+                         const BlockSaved& s, const Tensor* copy) {
+  return produce_saved(be, st.act_dtype, s.fc_act, copy,
+                       [&](const Tensor& y) { mlp_activation_forward(be, st, fc_pre, y); });
+}
+
+// The 16-bit stored copy of a saved tensor, where block_forward or block_recompute has them.
+const Tensor* stored_copy(const BlockSaved* stored, const Tensor BlockSaved::*member) {
+  return stored != nullptr ? &(stored->*member) : nullptr;
+}
 }  // namespace
 
 float layer_attention_scale(const BlockStyle& st, int layer) {
@@ -103,6 +133,10 @@ std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s) {
   return {&s.a_in, &s.qkv, &s.ctx, &s.m_in, &s.fc_pre, &s.fc_act};
 }
 
+std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& style) {
+  return {style.pre_norm ? &s.a_in : nullptr, style.pre_norm ? &s.m_in : nullptr, &s.fc_act};
+}
+
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
   return {&s.a_in,   &s.qkv,  &s.attn_stats, &s.ctx,    &s.res1,   &s.m_in,  &s.fc_pre,
           &s.fc_act, &s.res2, &s.mean_a,     &s.rstd_a, &s.mean_b, &s.rstd_b};
@@ -114,12 +148,17 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
                          bool with_attn_stats) {
   const Shape btc{d.batch, d.seq, d.hidden};
   const Shape bt{d.batch, d.seq};
+  const auto recomputable = recomputable_tensors(s, style);
   auto low = [&](Tensor* t, const char* name, Shape shape) {
-    if (part != SavedPart::full_precision)
-      binder.declare(plan, t, prefix + name, low_category, low_dtype, shape);
+    const bool rebuilt =
+        std::find(recomputable.begin(), recomputable.end(), t) != recomputable.end();
+    const bool wanted = part == SavedPart::all || part == SavedPart::low_precision ||
+                        (part == SavedPart::low_precision_kept && !rebuilt) ||
+                        (part == SavedPart::recomputable && rebuilt);
+    if (wanted) binder.declare(plan, t, prefix + name, low_category, low_dtype, shape);
   };
   auto full = [&](Tensor* t, const char* name, Shape shape) {
-    if (part != SavedPart::low_precision)
+    if (part == SavedPart::all || part == SavedPart::full_precision)
       binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
@@ -164,16 +203,11 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer,
                    const BlockSaved* stored) {
-  auto copy = [&](const Tensor BlockSaved::*member) {
-    return stored != nullptr ? &(stored->*member) : nullptr;
-  };
+  auto copy = [&](const Tensor BlockSaved::*member) { return stored_copy(stored, member); };
   // Attention sublayer.
   const DType lp = st.act_dtype;
   const Tensor* a_in = &x;
-  if (st.pre_norm)
-    a_in = &produce_saved(be, lp, s.a_in, copy(&BlockSaved::a_in), [&](const Tensor& y) {
-      norm_forward(be, st, x, w.ln_a_g, w.ln_a_b, y, s.mean_a, s.rstd_a);
-    });
+  if (st.pre_norm) a_in = &attention_input(be, st, w, x, s, copy(&BlockSaved::a_in));
   be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
   rotary_forward(be, st, s.qkv, 0);
   const Tensor& qkv = round_saved(be, lp, s.qkv, copy(&BlockSaved::qkv));
@@ -187,18 +221,14 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   // rounded into the stored copy and in place.
   const Tensor* m_in = &s.m_in;
   if (st.pre_norm) {
-    m_in = &produce_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), [&](const Tensor& y) {
-      norm_forward(be, st, s.res1, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
-    });
+    m_in = &mlp_input(be, st, w, s, copy(&BlockSaved::m_in));
   } else {
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
     m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
   }
   be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
   const Tensor& fc_pre = round_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre));
-  const Tensor& fc_act =
-      produce_saved(be, lp, s.fc_act, copy(&BlockSaved::fc_act),
-                    [&](const Tensor& y) { mlp_activation_forward(be, st, fc_pre, y); });
+  const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
   be.round_to(lp, scratch.tmp);
@@ -210,6 +240,17 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     const Tensor& y = out.empty() ? scratch.tmp : out;
     norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
   }
+}
+
+void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
+                     const BlockSaved& s, const BlockSaved* stored) {
+  if (st.pre_norm) {
+    attention_input(be, st, w, x, s, stored_copy(stored, &BlockSaved::a_in));
+    mlp_input(be, st, w, s, stored_copy(stored, &BlockSaved::m_in));
+  }
+  // block_forward's fc_pre: the stored copy where there is one, else the float32 one rounded.
+  mlp_output(be, st, stored != nullptr ? stored->fc_pre : s.fc_pre, s,
+             stored_copy(stored, &BlockSaved::fc_act));
 }
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,

@@ -74,6 +74,11 @@ struct BlockSaved {
 std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s);
 // Every saved tensor (for sharing one set among blocks).
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
+// The low-precision tensors backward can rebuild from what a block keeps, by the element-wise ops
+// that made them (block_recompute): a pre-norm block's norm outputs a_in and m_in (from its input
+// and res1), and every block's MLP activation fc_act (from fc_pre). Entries a style does not
+// recompute are null.
+std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& style);
 
 // Buffers shared by all blocks, used only within one block's forward or backward.
 // d_gate_up (gated MLPs whose saved gate_up is a 16-bit stored copy): where SwiGLU's input
@@ -93,8 +98,9 @@ struct BlockDims {
   int64_t fc_width() const { return gated ? 2 * inner : inner; }
 };
 
-// Which saved tensors to declare: all of them, only the low-precision ones, or only the rest.
-enum class SavedPart { all, low_precision, full_precision };
+// Which saved tensors to declare: all of them, only the low-precision ones, or only the rest;
+// the low-precision ones but the recomputable ones (recomputable_tensors), or only those.
+enum class SavedPart { all, low_precision, full_precision, low_precision_kept, recomputable };
 
 // Declares saved tensors; the low-precision ones get `low_dtype` and `low_category`. Without
 // `with_attn_stats` the attention core's statistics are left to the caller (selective
@@ -123,6 +129,13 @@ void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, c
                    const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer,
                    const BlockSaved* stored = nullptr);
+
+// The recomputable tensors (recomputable_tensors) of the block whose input is x, as block_forward
+// computed them, bit for bit (the same calls on the same kept inputs: x, s.res1 and fc_pre, the
+// latter two read from `stored` where block_forward was given it); the norm statistics are
+// written again, with the same values.
+void block_recompute(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
+                     const BlockSaved& s, const BlockSaved* stored = nullptr);
 
 // The attention core of block_forward alone: s.attn_stats from qkv (the saved one, rounded as
 // the forward pass rounds it, or its 16-bit stored copy), its output into `out`. Selective
