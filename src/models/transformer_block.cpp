@@ -134,7 +134,8 @@ std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s) {
 }
 
 std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& style) {
-  return {style.pre_norm ? &s.a_in : nullptr, style.pre_norm ? &s.m_in : nullptr, &s.fc_act};
+  return {style.pre_norm ? &s.a_in : nullptr, style.pre_norm ? &s.m_in : nullptr,
+          style.gated_mlp ? &s.fc_act : nullptr};
 }
 
 std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
@@ -249,8 +250,9 @@ void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, co
     mlp_input(be, st, w, s, stored_copy(stored, &BlockSaved::m_in));
   }
   // block_forward's fc_pre: the stored copy where there is one, else the float32 one rounded.
-  mlp_output(be, st, stored != nullptr ? stored->fc_pre : s.fc_pre, s,
-             stored_copy(stored, &BlockSaved::fc_act));
+  if (st.gated_mlp)
+    mlp_output(be, st, stored != nullptr ? stored->fc_pre : s.fc_pre, s,
+               stored_copy(stored, &BlockSaved::fc_act));
 }
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
