@@ -458,13 +458,22 @@ BlockStyle Model::style(bool training) const {
 namespace {
 // Copies between a block's float32 working tensors and its 16-bit stored copies (unless only the
 // stored copies are used: direct_saved_tensors).
-void transfer(Backend& be, BlockSaved& from, BlockSaved& to) {
+// Tensors `rebuilt` names (the recomputable ones under recompute_elementwise: backward rebuilds
+// them) are not moved.
+void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
+              const std::array<Tensor*, 3>& rebuilt) {
   const auto src = low_precision_tensors(from);
   const auto dst = low_precision_tensors(to);
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty()) be.cast(*src[i], *dst[i]);
+    if (!src[i]->empty() && std::find(rebuilt.begin(), rebuilt.end(), src[i]) == rebuilt.end() &&
+        std::find(rebuilt.begin(), rebuilt.end(), dst[i]) == rebuilt.end())
+      be.cast(*src[i], *dst[i]);
 }
 }  // namespace
+
+std::array<Tensor*, 3> Model::rebuilt(BlockSaved& s, const BlockStyle& st) const {
+  return options_.recompute_elementwise ? recomputable_tensors(s, st) : std::array<Tensor*, 3>{};
+}
 
 bool Model::direct_saved_tensors(const Backend& be) const {
   return !stored_.empty() && be.reads_product_input(options_.activation_dtype);
@@ -487,7 +496,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
     need_weights(L - l, L - l - 1);  // then the next block's, or after the last the head's
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
-    if (!stored_.empty() && !direct) transfer(be, work_, stored_[l]);
+    if (!stored_.empty() && !direct) transfer(be, work_, stored_[l], rebuilt(stored_[l], st));
   }
   const bool tied = head_reads_embeddings();
   need_weights(0, tied ? embeddings : -1);
@@ -665,7 +674,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
-    if (!stored_.empty() && !last && !direct) transfer(be, stored_[l], work_);
+    if (!stored_.empty() && !last && !direct)
+      transfer(be, stored_[l], work_, rebuilt(stored_[l], st));
     // The 16-bit copies, read as they are.
     BlockSaved saved = saved_[l];
     if (direct) {

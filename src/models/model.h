@@ -371,6 +371,8 @@ class Model {
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;
+  // Block tensors of `s` that backward rebuilds (recompute_elementwise), else none.
+  std::array<Tensor*, 3> rebuilt(BlockSaved& s, const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
   // The gradient segments of the parameter layout (found at creation) and, after bind, of the
   // bound buffers (none for the weights alone).
