@@ -117,8 +117,8 @@ TEST_P(TrainerOn, AccumulationEqualsTheLargeBatch) {
 }
 
 // With dropout, in fp32 and bf16: the recomputation is exact. Four blocks: checkpointing keeps
-// one block's internals in float32, which outweighs what two blocks keep in bf16 on the CPU (whose
-// plain runs keep no norm or MLP activation outputs: PlanOptions::recompute_elementwise).
+// one block's internals in float32, which can outweigh what two tiny blocks keep in bf16 on the
+// CPU (whose plain runs keep no pre-norm block's norm outputs: PlanOptions::recompute_elementwise).
 TEST_P(TrainerOn, GradientCheckpointingChangesMemoryNotResults) {
   TempDir dir("ckpt");
   for (const std::string type : {"bert", "gpt2"})
