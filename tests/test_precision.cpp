@@ -426,6 +426,31 @@ TEST(CpuPacking, BlockedBf16MatchesTheLayoutAndOneDnn) {
                     "packer checked against the layout's formula only";
 }
 
+// The float32 kernel rule (cpu_matmul_dnnl.cpp's prefers_gemm_kernel): a product whose B is read
+// as it lies and is over 4 MiB runs on oneDNN's gemm kernel — the input gradient through a
+// 768 x 3072 weight, and the weight gradient over a 1024 x 3072 input (A transposed) — while
+// below 4 MiB, or with B transposed, the product keeps oneDNN's first choice (checked where that
+// is brgemm, as on AVX-512 CPUs). bf16 products are left alone.
+TEST(CpuPacking, LargeUntransposedFloat32BsRunOnTheGemmKernel) {
+  if (!DnnlMatmul::available(DType::f32))
+    GTEST_SKIP() << "this build or CPU has no oneDNN float32 products";
+  DnnlMatmul mm(DType::f32);
+  using P = DnnlMatmul::Product;
+  const P input_grad{false, false, 1024, 768, 3072, 3072, 768, 768, false, false};
+  const P weight_grad{true, false, 768, 3072, 1024, 768, 3072, 3072, true, false};
+  EXPECT_EQ(mm.kernel(input_grad), "gemm:jit");
+  EXPECT_EQ(mm.kernel(weight_grad), "gemm:jit");
+  const P forward{false, true, 1024, 3072, 768, 768, 768, 3072, false, true};  // B = W^T
+  const P small{false, false, 1024, 768, 768, 768, 768, 768, false, false};    // 2.25 MiB
+  const std::string first = mm.kernel(forward);
+  if (first.starts_with("brg"))
+    EXPECT_TRUE(mm.kernel(small).starts_with("brg")) << mm.kernel(small);
+  if (DnnlMatmul::available(DType::bf16)) {
+    DnnlMatmul bf(DType::bf16);
+    EXPECT_NE(bf.kernel(input_grad), "gemm:jit");
+  }
+}
+
 // bf16_widen_row, the packers' counterpart: every one of the 65536 bf16 bit patterns (NaNs,
 // infinities and subnormals among them) widened to exactly the float32 bf16_to_float gives, bit
 // for bit, through the AVX-512 path (16 at a time) and the scalar tail (from an odd start).

@@ -462,12 +462,13 @@ namespace {
 // them) are not moved.
 void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
               const std::array<Tensor*, 3>& rebuilt) {
+  auto is_rebuilt = [&](const Tensor* t) {
+    return std::find(rebuilt.begin(), rebuilt.end(), t) != rebuilt.end();
+  };
   const auto src = low_precision_tensors(from);
   const auto dst = low_precision_tensors(to);
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty() && std::find(rebuilt.begin(), rebuilt.end(), src[i]) == rebuilt.end() &&
-        std::find(rebuilt.begin(), rebuilt.end(), dst[i]) == rebuilt.end())
-      be.cast(*src[i], *dst[i]);
+    if (!src[i]->empty() && !is_rebuilt(src[i]) && !is_rebuilt(dst[i])) be.cast(*src[i], *dst[i]);
 }
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_bf16_tiles.h"
@@ -171,6 +172,7 @@ struct Prepared {
   dnnl::matmul matmul;
   dnnl::memory a, b, c, bias;  // bias: empty unless the product adds one
   std::unordered_map<int, dnnl::memory> args;
+  std::string kernel;  // oneDNN's name of the kernel it chose
 };
 
 dnnl::memory::data_type dnnl_type(DType dtype) {
@@ -196,6 +198,7 @@ struct DnnlMatmul::Impl {
   std::map<Key, PreparedBlocked> blocked;   // keyed with ldb 0: B's own stride is the layout's
   std::vector<dnnl::memory::desc> layouts;  // BlockedB::layout indexes it
   PreparedBlocked& prepared_blocked(DType dtype, const Product& p);
+  Prepared& prepared(DType dtype, const Product& p);  // run()'s, made on a shape's first call
 };
 
 DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype), impl_(std::make_unique<Impl>()) {
@@ -275,7 +278,8 @@ Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
                     dnnl::memory(pd.weights_desc(), engine, nullptr),
                     dnnl::memory(cd, engine, nullptr),
                     p.bias ? dnnl::memory(biasd, engine, nullptr) : dnnl::memory(),
-                    {}};
+                    {},
+                    pd.impl_info_str()};
   prepared.args = {
       {DNNL_ARG_SRC, prepared.a}, {DNNL_ARG_WEIGHTS, prepared.b}, {DNNL_ARG_DST, prepared.c}};
   if (p.bias) prepared.args.emplace(DNNL_ARG_BIAS, prepared.bias);
@@ -305,14 +309,21 @@ void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                      int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
                      int64_t ldc, const float* bias) {
   const Product product{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, bias != nullptr};
-  const Key key = key_of(product);
-  auto it = impl_->cache.find(key);
-  if (it == impl_->cache.end()) {  // descriptors only for a new shape: they cost a call's time
-    const dnnl::memory::data_type type = dnnl_type(dtype_);
-    it = impl_->cache.emplace(key, prepare(impl_->engine, product, type, operand_b(product, type)))
-             .first;
+  execute(impl_->prepared(dtype_, product), impl_->stream, a, b, c, bias);
+}
+
+Prepared& DnnlMatmul::Impl::prepared(DType dtype, const Product& p) {
+  const Key key = key_of(p);
+  auto it = cache.find(key);
+  if (it == cache.end()) {  // descriptors only for a new shape: they cost a call's time
+    const dnnl::memory::data_type type = dnnl_type(dtype);
+    it = cache.emplace(key, prepare(engine, p, type, operand_b(p, type))).first;
   }
-  execute(it->second, impl_->stream, a, b, c, bias);
+  return it->second;
+}
+
+std::string DnnlMatmul::kernel(const Product& p) {
+  return impl_->prepared(dtype_, p).kernel;
 }
 
 PreparedBlocked& DnnlMatmul::Impl::prepared_blocked(DType dtype, const Product& p) {
@@ -391,6 +402,9 @@ void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t
 }
 DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
   return {};
+}
+std::string DnnlMatmul::kernel(const Product&) {
+  BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 void DnnlMatmul::round_blocked_b(const Product&, const void*, DType, void*, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -79,6 +80,9 @@ class DnnlMatmul {
     bool own_packer = false;  // brisk's packer writes it (pack_bf16_ba16a64b2a)
   };
   BlockedB blocked_b(const Product& p);
+  // The name oneDNN gives the kernel run() multiplies p with (e.g. "brg:avx512_core",
+  // "gemm:jit"), made now where p's shape is new.
+  std::string kernel(const Product& p);
   // Rounds the B of `p` (K x N, or N x K when trans_b; row stride p.ldb) into `dst`, in
   // blocked_b(p)'s layout, to nearest even as bf16_operand does: by brisk's own packer where the
   // layout is BA16a64b2a (AVX-512 BF16 and AMX kernels at transformer shapes; B float32 or
