@@ -9,11 +9,19 @@ VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 
 
 def cpu_name():
+    """The CPU's model name with its family and model numbers (a VM's name can be as short as
+    "AMD EPYC") and the matrix-product extensions it has, e.g.
+    "AMD EPYC (family 25, model 17; avx512f, avx512_bf16)"."""
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("Model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("Model name", "unknown CPU")
+    flags = fields.get("Flags", "").split()
+    wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"]
+    have = ", ".join(f for f in wanted if f in flags) or "no AVX2"
+    if "CPU family" in fields and "Model" in fields:
+        return f"{name} (family {fields['CPU family']}, model {fields['Model']}; {have})"
+    return f"{name} ({have})"
 
 
 def run_child(source, *args):

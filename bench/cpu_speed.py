@@ -18,7 +18,14 @@ Run (after scripts/build.sh, `cmake --build build --target bench_matmul` and
 scripts/setup_python.sh):
     .venv/bin/python bench/cpu_speed.py [--rows bert,gpt2,smollm2] [--precisions fp32,bf16]
                                         [--only brisk,torch,compile,trainer] [--steps N]
+                                        [--repeat N]
+
+With --repeat N each row's runs take turns N times (brisk, torch, compile, ..., then again), so
+that a slow minute of a shared machine falls on all of them; the table gives each run's median
+samples/s with its range, the ratio of the medians with the range of the ratios of runs made side
+by side, and the largest peak memory.
 """
+import statistics
 import argparse
 import json
 import os
@@ -159,6 +166,7 @@ def main():
     p.add_argument("--only", default="brisk,torch,compile,trainer")
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: per model)")
     p.add_argument("--warmup", type=int, default=2, help="PyTorch loops' untimed first steps")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each, taking turns")
     a = p.parse_args()
     if not os.path.exists(MATMUL):
         sys.exit(f"{MATMUL} is missing: cmake --build build --target bench_matmul")
@@ -166,41 +174,48 @@ def main():
     peak = json.loads(subprocess.run([MATMUL, "--peak"], check=True, capture_output=True,
                                      text=True, env=env).stdout)
     print("peak", json.dumps(peak), flush=True)
-    results = {}
+    results = {}  # (row, precision, name) -> one result per repetition
     with tempfile.TemporaryDirectory() as tmp:
         for row in a.rows.split(","):
             m = MODELS[row]
             steps = a.steps or m["steps"]
             cfg_dir = write_config(tmp, row)
             for precision in a.precisions.split(","):
-                for name in a.only.split(","):
-                    out = os.path.join(tmp, f"{row}-{precision}-{name}")
-                    r = (run_brisk(cfg_dir, out, precision, m, steps) if name == "brisk" else
-                         run_child(PY_CHILD, name, precision, cfg_dir, out, steps, a.warmup,
-                                   m["batch"], m["seq"]))
-                    r["model_gflops"] = (r["samples_per_second"] *
-                                         flops_per_sample(m["config"], m["seq"]) * 1e-9)
-                    results[(row, precision, name)] = r
-                    print(row, precision, name, json.dumps(r), flush=True)
+                for rep in range(a.repeat):
+                    for name in a.only.split(","):
+                        out = os.path.join(tmp, f"{row}-{precision}-{name}-{rep}")
+                        r = (run_brisk(cfg_dir, out, precision, m, steps) if name == "brisk" else
+                             run_child(PY_CHILD, name, precision, cfg_dir, out, steps, a.warmup,
+                                       m["batch"], m["seq"]))
+                        results.setdefault((row, precision, name), []).append(r)
+                        print(row, precision, name, json.dumps(r), flush=True)
     print(f"\nCPU: {cpu_name()}, {os.cpu_count()} threads; matrix-product peaks "
           f"{peak['fp32_gflops']:.0f} GFLOP/s float32, {peak['bf16_gflops']:.0f} GFLOP/s bf16")
+    if a.repeat > 1:
+        print(f"Medians of {a.repeat} runs each, taking turns; (ranges)")
     print("| workload | precision | run | samples/s | vs compile | peak memory | vs compile | "
           "model GFLOP/s | of fp32 peak | of bf16 peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for (row, precision, name), r in results.items():
+    for (row, precision, name), runs in results.items():
         m = MODELS[row]
         label = f"{row} {m['batch']} x {m['seq']}"
+        rates = [r["samples_per_second"] for r in runs]
+        rate, memory = statistics.median(rates), max(r["peak_rss"] for r in runs)
+        gflops = rate * flops_per_sample(m["config"], m["seq"]) * 1e-9
+        shown = f"{rate:.2f}" + (f" ({min(rates):.2f}-{max(rates):.2f})" if len(runs) > 1 else "")
         base = results.get((row, precision, "compile"))
         speed = mem = "-"
         if base and name != "compile":
-            speed = f"{r['samples_per_second'] / base['samples_per_second']:.2f}x"
-            mem = f"{r['peak_rss'] / base['peak_rss']:.2f}x"
-        bf16_frac = (f"{r['model_gflops'] / peak['bf16_gflops']:.0%}"
-                     if peak["bf16_gflops"] else "n/a")
-        print(f"| {label} | {precision} | {name} | {r['samples_per_second']:.2f} | {speed} | "
-              f"{r['peak_rss'] / 2**20:.0f} MiB | {mem} | {r['model_gflops']:.0f} | "
-              f"{r['model_gflops'] / peak['fp32_gflops']:.0%} | {bf16_frac} |")
-
+            base_rates = [r["samples_per_second"] for r in base]
+            speed = f"{rate / statistics.median(base_rates):.2f}x"
+            if len(runs) > 1:  # each run against the compile run beside it
+                paired = [x / y for x, y in zip(rates, base_rates)]
+                speed += f" ({min(paired):.2f}-{max(paired):.2f})"
+            mem = f"{memory / max(r['peak_rss'] for r in base):.2f}x"
+        bf16_frac = f"{gflops / peak['bf16_gflops']:.0%}" if peak["bf16_gflops"] else "n/a"
+        print(f"| {label} | {precision} | {name} | {shown} | {speed} | "
+              f"{memory / 2**20:.0f} MiB | {mem} | {gflops:.0f} | "
+              f"{gflops / peak['fp32_gflops']:.0%} | {bf16_frac} |")
 
 if __name__ == "__main__":
     main()
