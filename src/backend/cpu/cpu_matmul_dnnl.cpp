@@ -54,68 +54,99 @@ using namespace avx512;
 #endif
 constexpr int64_t kBlockK = 32, kBlockN = 64, kBlockElements = kBlockK * kBlockN;
 
-// One whole 32 x 64 block starting at B's row k0 and column n0 (B = b[k][n], or b[n][k] when
-// transposed; float32 rounded, or bf16), as 16 rows of 64 32-bit words: word (k1, n1) =
-// B(k0 + 2 k1, n) | B(k0 + 2 k1 + 1, n) << 16.
+// oneDNN's BA16a64b2a layout of B[k x n] (B = b[k][n], or b[n][k] when transposed; float32
+// rounded, or bf16): blocks of 32 x 64, column of blocks by column of blocks, each as 16 lines of
+// 64 32-bit words: word (k1, n1) = B(k0 + 2 k1, n0 + n1) | B(k0 + 2 k1 + 1, n0 + n1) << 16.
+
+// One line of a block from two of B's rows, 64 values each at r0 and r1.
 template <typename T>
-void pack_whole_block(const T* b, int64_t ldb, bool trans, int64_t k0, int64_t n0, uint32_t* out) {
-  if (!trans) {  // rows of B pairwise, interleaved
-    for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1) {
-      const T* r0 = b + (k0 + 2 * k1) * ldb + n0;
-      const T* r1 = r0 + ldb;
-      uint32_t* o = out + k1 * kBlockN;
+void pack_row_pair(const T* r0, const T* r1, uint32_t* line) {
 #ifdef BRISK_PACK_AVX512
-      for (int64_t j = 0; j < kBlockN; j += 16)
-        _mm512_storeu_si512(
-            o + j, _mm512_or_si512(round16(r0 + j), _mm512_slli_epi32(round16(r1 + j), 16)));
+  for (int64_t j = 0; j < kBlockN; j += 16)
+    _mm512_storeu_si512(line + j,
+                        _mm512_or_si512(round16(r0 + j), _mm512_slli_epi32(round16(r1 + j), 16)));
 #else
-      for (int64_t j = 0; j < kBlockN; ++j)
-        o[j] = uint32_t{as_bf16(r0[j])} | uint32_t{as_bf16(r1[j])} << 16;
-#endif
-    }
-    return;
-  }
-  // Transposed: each of B's columns is a row of b, whose 32 values make one word column.
-#ifdef BRISK_PACK_AVX512
-  for (int64_t g = 0; g < kBlockN; g += 16) {
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = round32_pairs(b + (n0 + g + i) * ldb + k0);
-    transpose16(r);
-    for (int k1 = 0; k1 < 16; ++k1) _mm512_storeu_si512(out + k1 * kBlockN + g, r[k1]);
-  }
-#else
-  for (int64_t j = 0; j < kBlockN; ++j) {
-    const T* row = b + (n0 + j) * ldb + k0;
-    for (int64_t k1 = 0; k1 < kBlockK / 2; ++k1)
-      out[k1 * kBlockN + j] = uint32_t{as_bf16(row[2 * k1])} | uint32_t{as_bf16(row[2 * k1 + 1])}
-                                                                   << 16;
-  }
+  for (int64_t j = 0; j < kBlockN; ++j)
+    line[j] = uint32_t{as_bf16(r0[j])} | uint32_t{as_bf16(r1[j])} << 16;
 #endif
 }
 
+// (GCC 12 reports the intrinsics' "undefined" starting vectors here as -Wuninitialized, the
+// false alarm cpu_avx512.h describes.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+// 16 columns of a block from a transposed B: 32 values of each of 16 rows of b (row stride ldb,
+// from `col`), transposed into words 0-15 of the block's 16 lines at `out` (line stride 64).
+template <typename T>
+void pack_column_group(const T* col, int64_t ldb, uint32_t* out) {
+#ifdef BRISK_PACK_AVX512
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = round32_pairs(col + i * ldb);
+  transpose16(r);
+  for (int k1 = 0; k1 < 16; ++k1) _mm512_storeu_si512(out + k1 * kBlockN, r[k1]);
+#else
+  for (int i = 0; i < 16; ++i)
+    for (int k1 = 0; k1 < kBlockK / 2; ++k1)
+      out[k1 * kBlockN + i] = uint32_t{as_bf16(col[i * ldb + 2 * k1])} |
+                              uint32_t{as_bf16(col[i * ldb + 2 * k1 + 1])} << 16;
+#endif
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// A block at B's edge, zeros past it.
+template <typename T>
+void pack_edge_block(const T* b, int64_t ldb, bool trans, int64_t k, int64_t n, int64_t k0,
+                     int64_t n0, uint16_t* out) {
+  for (int64_t kk = 0; kk < kBlockK; ++kk)
+    for (int64_t j = 0; j < kBlockN; ++j) {
+      const int64_t row = k0 + kk, col = n0 + j;
+      out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] =
+          row < k && col < n ? as_bf16(trans ? b[col * ldb + row] : b[row * ldb + col]) : 0;
+    }
+}
+
+// The whole blocks in an order that reads b's rows from start to end, a few at a time: reading
+// each block's 32 or 64 rows of b at once left the memory idle between the short reads (the
+// packer ran 10-35% slower, bench_packing).
 template <typename T>
 void pack_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb, uint16_t* dst) {
   const int64_t kb_count = (k + kBlockK - 1) / kBlockK, nb_count = (n + kBlockN - 1) / kBlockN;
-  const int64_t blocks = kb_count * nb_count;
-  // Blocks in the order that reads b along its rows: down B's rows (k) for a transposed B,
-  // across its columns (n) otherwise.
+  auto block_at = [&](int64_t kb, int64_t nb) {
+    return dst + (nb * kb_count + kb) * kBlockElements;
+  };
+  auto line_at = [&](int64_t kb, int64_t nb, int64_t k1) {
+    return reinterpret_cast<uint32_t*>(block_at(kb, nb)) + k1 * kBlockN;
+  };
+  if (!trans_b) {
+    // A strip of 32 of B's rows at a time: a pair of rows across all its whole blocks.
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t kb = trans_b ? i % kb_count : i / nb_count;
-    const int64_t nb = trans_b ? i / kb_count : i % nb_count;
-    const int64_t k0 = kb * kBlockK, n0 = nb * kBlockN;
-    uint16_t* out = dst + (nb * kb_count + kb) * kBlockElements;
-    if (k0 + kBlockK <= k && n0 + kBlockN <= n) {
-      pack_whole_block(b, ldb, trans_b, k0, n0, reinterpret_cast<uint32_t*>(out));
-      continue;
-    }
-    // A block at B's edge: zeros past it.
-    for (int64_t kk = 0; kk < kBlockK; ++kk)
-      for (int64_t j = 0; j < kBlockN; ++j) {
-        const int64_t row = k0 + kk, col = n0 + j;
-        out[kk / 2 * (2 * kBlockN) + j * 2 + kk % 2] =
-            row < k && col < n ? as_bf16(trans_b ? b[col * ldb + row] : b[row * ldb + col]) : 0;
+    for (int64_t kb = 0; kb < kb_count; ++kb) {
+      const int64_t k0 = kb * kBlockK, whole_n = k0 + kBlockK <= k ? n / kBlockN : 0;
+      for (int64_t k1 = 0; whole_n > 0 && k1 < kBlockK / 2; ++k1) {
+        const T* r0 = b + (k0 + 2 * k1) * ldb;
+        for (int64_t nb = 0; nb < whole_n; ++nb)
+          pack_row_pair(r0 + nb * kBlockN, r0 + ldb + nb * kBlockN, line_at(kb, nb, k1));
       }
+      for (int64_t nb = whole_n; nb < nb_count; ++nb)
+        pack_edge_block(b, ldb, false, k, n, k0, nb * kBlockN, block_at(kb, nb));
+    }
+    return;
+  }
+  // Transposed, B's columns are b's rows: 16 of them across all their whole blocks per task (four
+  // tasks to a column of blocks, so that few columns still share out evenly).
+  constexpr int64_t kGroups = kBlockN / 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < nb_count * kGroups; ++task) {
+    const int64_t nb = task / kGroups, g = task % kGroups * 16;
+    const int64_t n0 = nb * kBlockN, whole_k = n0 + kBlockN <= n ? k / kBlockK : 0;
+    for (int64_t kb = 0; kb < whole_k; ++kb)
+      pack_column_group(b + (n0 + g) * ldb + kb * kBlockK, ldb, line_at(kb, nb, 0) + g);
+    for (int64_t kb = whole_k; g == 0 && kb < kb_count; ++kb)  // the column's edge blocks
+      pack_edge_block(b, ldb, true, k, n, kb * kBlockK, n0, block_at(kb, nb));
   }
 }
 }  // namespace
