@@ -25,10 +25,10 @@ that a slow minute of a shared machine falls on all of them; the table gives eac
 samples/s with its range, the ratio of the medians with the range of the ratios of runs made side
 by side, and the largest peak memory.
 """
-import statistics
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,6 +168,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2, help="PyTorch loops' untimed first steps")
     p.add_argument("--repeat", type=int, default=1, help="runs of each, taking turns")
     a = p.parse_args()
+    if a.repeat < 1:
+        p.error("--repeat must be at least 1")
     if not os.path.exists(MATMUL):
         sys.exit(f"{MATMUL} is missing: cmake --build build --target bench_matmul")
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
@@ -216,6 +218,7 @@ def main():
         print(f"| {label} | {precision} | {name} | {shown} | {speed} | "
               f"{memory / 2**20:.0f} MiB | {mem} | {gflops:.0f} | "
               f"{gflops / peak['fp32_gflops']:.0%} | {bf16_frac} |")
+
 
 if __name__ == "__main__":
     main()
