@@ -600,6 +600,19 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
     std::vector<uint16_t> act16(y.size());
     be->swiglu_forward(view(x, {R, 2 * F}), half(act16, {R, F}));
     EXPECT_EQ(act16, bf16_of(y)) << "swiglu_forward written in bf16";
+    // The gradient written in bf16 (a bias-free gated MLP's, for the products): the float32 one
+    // rounded, from float32 and bf16 inputs, also in rows wider than the blocks it goes in.
+    for (int wide : {F, 300}) {
+      FVec xw = rounded(randn(size_t(R) * 2 * wide, rng, 2.5f)), gw = randn(size_t(R) * wide, rng);
+      std::vector<uint16_t> xw16 = bf16_of(xw), d16(xw.size()), d16b(xw.size());
+      FVec d(xw.size());
+      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), view(d, {R, 2 * wide}));
+      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), half(d16, {R, 2 * wide}));
+      be->swiglu_backward(half(xw16, {R, 2 * wide}), view(gw, {R, wide}),
+                          half(d16b, {R, 2 * wide}));
+      EXPECT_EQ(d16, bf16_of(d)) << "swiglu_backward written in bf16, F " << wide;
+      EXPECT_EQ(d16b, bf16_of(d)) << "swiglu_backward from and to bf16, F " << wide;
+    }
     // The norms written in bf16: their float32 outputs rounded (rows longer than the chunks the
     // rounding goes in).
     {
@@ -648,6 +661,9 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
   std::vector<uint16_t> gu16(6 * 2 * 11, 0x3f80);
   FVec y(6 * 11);
   EXPECT_THROW(be->swiglu_forward(half(gu16, {6, 22}), view(y, {6, 11})), brisk::Error);
+  FVec gu(6 * 2 * 11, 1.f);
+  EXPECT_THROW(be->swiglu_backward(view(gu, {6, 22}), view(y, {6, 11}), half(gu16, {6, 22})),
+               brisk::Error);
   EXPECT_THROW(
       be->activation_forward(brisk::Activation::gelu, half(gu16, {6, 22}), view(y, {6, 11})),
       brisk::Error);

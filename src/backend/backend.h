@@ -249,7 +249,9 @@ class Backend {
   // silu(gate) * up, with activation.h's SiLU.
   virtual void swiglu_forward(const Tensor& gate_up, const Tensor& out) = 0;
   // dgate_up [..., 2F] (overwritten) = the gradient of both halves for dout [..., F]:
-  // dgate = dout * up * silu'(gate), dup = dout * silu(gate). dgate_up may alias gate_up.
+  // dgate = dout * up * silu'(gate), dup = dout * silu(gate). dgate_up may alias gate_up. It is
+  // float32, or bf16 where reads_product_input(bf16) says so (the float32 results rounded as they
+  // are stored, for the products that read it).
   virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                const Tensor& dgate_up) = 0;
   // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 (or

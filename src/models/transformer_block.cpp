@@ -43,14 +43,17 @@ void mlp_activation_forward(Backend& be, const BlockStyle& st, const Tensor& fc,
 
 // The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
 // for SwiGLU written over fc (its saved [gate | up], not needed after this), or where fc is a
-// 16-bit stored copy into d_gate_up.
-const Tensor& mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
-                                      const Tensor& d_act, const Tensor& d_gate_up) {
+// 16-bit stored copy into d_gate_up's room: in bf16 where the backend's products read bf16 as it
+// lies and no bias gradient sums the unrounded values (the products round it the same way).
+Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
+                               const Tensor& d_act, const Tensor& d_gate_up, bool fc_bias) {
   if (!st.gated_mlp) {
     be.activation_backward(st.activation, fc, d_act, d_act);
     return d_act;
   }
-  const Tensor& d = fc.dtype() == DType::f32 ? fc : d_gate_up;
+  Tensor d = fc.dtype() == DType::f32 ? fc : d_gate_up;
+  if (fc.dtype() == DType::bf16 && !fc_bias && be.reads_product_input(DType::bf16))
+    d = Tensor(d.data(), d.shape(), DType::bf16, d.device());
   be.swiglu_backward(fc, d_act, d);
   return d;
 }
@@ -274,7 +277,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
     be.round_to(lp, sc.d_fc);
-    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up);
+    const Tensor d_fc_pre =
+        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
                        accumulate_dw);
     be.round_to(lp, sc.tmp2);
@@ -288,7 +292,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
     be.round_to(lp, sc.d_fc);
-    const Tensor& d_fc_pre = mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up);
+    const Tensor d_fc_pre =
+        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b,
                        accumulate_dw);
     d_res1 = dh;  // dh is free again: it now receives d_res1
@@ -304,7 +309,10 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
                         attn_probs_key, sc.attn, sc.d_qkv);
   rotary_backward(be, st, sc.d_qkv);
-  be.round_to(lp, sc.d_qkv);
+  // Products that read bf16 as it lies round a float32 dy as they take it in, to the same bits:
+  // rounding d_qkv here as well would be a pass for nothing, unless a bias gradient sums it.
+  if (!(lp == DType::bf16 && g.qkv_b.empty() && be.reads_product_input(DType::bf16)))
+    be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b,
                        accumulate_dw);

@@ -141,22 +141,34 @@ void CpuBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
 void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                  const Tensor& dgate_up) {
   const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_operands_);
-  BRISK_CHECK(dgate_up.dtype() == DType::f32 && dgate_up.numel() == gate_up.numel(),
-              "swiglu_backward: dgate_up ", dgate_up.shape().str(), " is not shaped as gate_up ",
-              gate_up.shape().str());
+  const bool bf16 = dgate_up.dtype() == DType::bf16;
+  BRISK_CHECK((dgate_up.dtype() == DType::f32 || (bf16 && bf16_operands_)) &&
+                  dgate_up.numel() == gate_up.numel(),
+              "swiglu_backward: dgate_up ", dgate_up.shape().str(), " ",
+              dtype_name(dgate_up.dtype()), " is not shaped as gate_up ", gate_up.shape().str());
   const int64_t R = rows_of(dout);
   const float* g = dout.f32();
-  float* d = dgate_up.f32();
+  float* d = bf16 ? nullptr : dgate_up.f32();
+  uint16_t* d16 = bf16 ? dgate_up.as<uint16_t>() : nullptr;
   with_input(gate_up, [&](auto in) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < F; c += kBlock) {
         const int64_t m = std::min(kBlock, F - c);
         const auto* gate = in + r * 2 * F + c;
-        float* dgate = d + r * 2 * F + c;
         float gate_buf[kBlock], up_buf[kBlock];
-        swiglu_backward_block(widened(gate, m, gate_buf), widened(gate + F, m, up_buf),
-                              g + r * F + c, dgate, dgate + F, m);
+        const float *v = widened(gate, m, gate_buf), *u = widened(gate + F, m, up_buf);
+        if (!bf16) {
+          float* dgate = d + r * 2 * F + c;
+          swiglu_backward_block(v, u, g + r * F + c, dgate, dgate + F, m);
+          continue;
+        }
+        // The float32 results rounded as they are stored: the bits a bf16 product's packing
+        // would give them.
+        float dgate[kBlock], dup[kBlock];
+        swiglu_backward_block(v, u, g + r * F + c, dgate, dup, m);
+        bf16_round_row(dgate, d16 + r * 2 * F + c, m);
+        bf16_round_row(dup, d16 + r * 2 * F + F + c, m);
       }
   });
 }
