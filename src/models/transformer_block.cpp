@@ -58,6 +58,14 @@ Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& 
   return d;
 }
 
+// The gradient through a residual branch's dropout: into tmp, or without dropout dy itself (the
+// products read it before the residual stream's gradient is added to).
+Tensor dropped(Backend& be, const Tensor& dy, float p, const RngKey& key, const Tensor& tmp) {
+  if (p == 0.0f) return dy;
+  be.dropout_backward(dy, p, key, tmp);
+  return tmp;
+}
+
 // Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
 void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first) {
   if (!st.rope_cos.empty())
@@ -273,9 +281,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   if (st.pre_norm) {
     // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 starts as a copy.
     d_res1 = dh;
-    be.dropout_backward(dh, st.residual_dropout, mlp_key, sc.tmp);
-    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                       accumulate_dw);
+    be.linear_backward(s.fc_act, w.out_w, dropped(be, dh, st.residual_dropout, mlp_key, sc.tmp),
+                       st.layout, sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
@@ -288,9 +295,9 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     // out = LN_b(res2), res2 = m_in + drop(mlp(m_in)), m_in = LN_a(res1).
     norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
                   g.ln_b_b);
-    be.dropout_backward(sc.tmp2, st.residual_dropout, mlp_key, sc.tmp);
-    be.linear_backward(s.fc_act, w.out_w, sc.tmp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                       accumulate_dw);
+    be.linear_backward(s.fc_act, w.out_w,
+                       dropped(be, sc.tmp2, st.residual_dropout, mlp_key, sc.tmp), st.layout,
+                       sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
@@ -301,9 +308,9 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                   g.ln_a_b);
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
-  be.dropout_backward(d_res1, st.attention_output_dropout, attn_res_key, sc.tmp);
-  be.linear_backward(s.ctx, w.proj_w, sc.tmp, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
-                     accumulate_dw);
+  be.linear_backward(s.ctx, w.proj_w,
+                     dropped(be, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
+                     st.layout, sc.d_ctx, false, g.proj_w, g.proj_b, accumulate_dw);
   be.round_to(lp, sc.d_ctx);
   be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
