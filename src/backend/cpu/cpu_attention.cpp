@@ -31,10 +31,13 @@ namespace brisk {
 namespace {
 using AttnDims = AttentionDims;
 
-// Query rows per block: a block's scores are [kRows, keys] in the task's scratch. A causal block
-// computes its keys up to its last row, so 32 rows (at T = 256, 56% of the full [T, T] products)
-// waste less than 64 (62.5%): bench_attention, SmolLM2 bf16, 8% faster forward and 4% backward.
-constexpr int64_t kRows = 32;
+// Query rows per block: a block's scores are [rows, keys] in the task's scratch (kRows at most).
+// A causal block computes its keys up to its last row, so causal attention goes in blocks of
+// kCausalRows: at T = 256 its products do 56% of the full [T, T] work instead of 62.5%
+// (bench_attention, SmolLM2 bf16: 8% faster forward, 4% backward). Without causality smaller
+// blocks save no work and only add calls (BERT fp32 in blocks of 32: -4.3% over 3 pairs, within
+// this VM's noise).
+constexpr int64_t kRows = 64, kCausalRows = 32;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Index of probability (b, h, i, j) in the flat [B,H,T,T] layout: the dropout element id.
@@ -344,7 +347,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   const bool round = bf16_operands_, units = prepare_attention_products();
   const bool tiles = use_tiles(units, d.D);
   const Products product{attention_dnnl_};
-  const int64_t half = d.D / 2, Te = even(d.T);
+  const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
@@ -370,8 +373,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
       K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
       V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
     }
-    for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
-      const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
+    for (int64_t i0 = 0; i0 < d.T; i0 += block_rows) {
+      const int64_t rows = std::min(block_rows, d.T - i0), keys = causal ? i0 + rows : d.T;
       if (tiles)
         bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
                           d.T);
@@ -425,7 +428,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const bool round = bf16_operands_, units = prepare_attention_products();
   const bool tiles = use_tiles(units, d.D);
   const Products product{attention_dnnl_};
-  const int64_t half = d.D / 2, Te = even(d.T);
+  const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk) {
@@ -468,8 +471,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
         Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
         G = as_operand(gh, d.T, d.D, d.C, units, ts.g16);
       }
-      for (int64_t i0 = 0; i0 < d.T; i0 += kRows) {
-        const int64_t rows = std::min(kRows, d.T - i0), keys = causal ? i0 + rows : d.T;
+      for (int64_t i0 = 0; i0 < d.T; i0 += block_rows) {
+        const int64_t rows = std::min(block_rows, d.T - i0), keys = causal ? i0 + rows : d.T;
         // P, recomputed in s.
         if (tiles)
           bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
