@@ -729,15 +729,18 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
 }
 
 // An output gradient stored in bf16 (what the CPU's bf16 LM heads pass: the logits' gradient
-// rounded once) gives the same input, weight and bias gradients, bit for bit, as the float32
-// gradient holding the same values, in both layouts, written or added; float32 products refuse
-// it, naming the op.
+// rounded once; and SwiGLU's bias-free input gradient) gives the same input, weight and bias
+// gradients, bit for bit, as the float32 gradient holding the same values, in both layouts,
+// written or added; float32 products refuse it, naming the op. And bf16 products round a float32
+// gradient as they take it in: an unrounded one gives the input and weight gradients of its
+// rounded values (what lets block_backward skip rounding a bias-free gradient first).
 TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
   const int64_t M = 37, K = 29, N = 23;
   ProductsBackend p(M * K * 2);
   Backend* be = p.be.get();
   LinearOperands random(17, M, K, N);
   std::vector<float>&x = random.x, &w = random.w, &dy = random.dy;
+  const std::vector<float> unrounded = dy;
   std::vector<uint16_t> dy16(M * N);
   for (int64_t i = 0; i < M * N; ++i) {
     dy16[i] = float_to_bf16(dy[i]);
@@ -745,15 +748,18 @@ TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
   }
   const Tensor xt(x.data(), {M, K}, DType::f32);
   const Tensor dy32(dy.data(), {M, N}, DType::f32), dy16t(dy16.data(), {M, N}, DType::bf16);
+  std::vector<uint16_t> x16(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(x[i]);
+  const Tensor x16t(x16.data(), {M, K}, DType::bf16);
   for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out})
     for (bool accumulate : {false, true}) {
       const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
-      auto gradients = [&](const Tensor& g) {
+      auto gradients = [&](const Tensor& g, bool bias = true, const Tensor& in = Tensor()) {
         std::vector<float> dx(M * K), dw(N * K, 0.5f), db(N, 0.25f);
-        be->linear_backward(xt, Tensor(w.data(), ws, DType::f32), g, layout,
+        be->linear_backward(in.empty() ? xt : in, Tensor(w.data(), ws, DType::f32), g, layout,
                             Tensor(dx.data(), {M, K}, DType::f32), false,
-                            Tensor(dw.data(), ws, DType::f32), Tensor(db.data(), {N}, DType::f32),
-                            accumulate);
+                            Tensor(dw.data(), ws, DType::f32),
+                            bias ? Tensor(db.data(), {N}, DType::f32) : Tensor(), accumulate);
         for (const auto* part : {&dw, &db}) dx.insert(dx.end(), part->begin(), part->end());
         return dx;
       };
@@ -763,6 +769,11 @@ TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
       }
       const std::vector<float> want = gradients(dy32);
       EXPECT_EQ(gradients(dy16t), want);
+      const Tensor raw(const_cast<float*>(unrounded.data()), {M, N}, DType::f32);
+      EXPECT_EQ(gradients(raw, false), gradients(dy32, false)) << "an unrounded float32 gradient";
+      // With a bf16 input both products read one packing of the gradient (linear_backward).
+      EXPECT_EQ(gradients(raw, false, x16t), gradients(dy32, false, x16t))
+          << "an unrounded float32 gradient, bf16 input";
       dy16[0] = float_to_bf16(dy[0] + 1.0f);  // not a copy of the float32 answer
       EXPECT_NE(gradients(dy16t), want);
       dy16[0] = float_to_bf16(dy[0]);

@@ -41,18 +41,26 @@ void mlp_activation_forward(Backend& be, const BlockStyle& st, const Tensor& fc,
     be.activation_forward(st.activation, fc, act);
 }
 
+// Whether the products a gradient goes to round it to the 16-bit `lp` themselves, to the bits a
+// rounding pass would give: bf16 products that read bf16 as it lies round a float32 dy as they
+// take it in, and nothing else reads the gradient unless a bias gradient (db, empty if none) sums
+// it.
+bool products_round(const Backend& be, DType lp, const Tensor& db) {
+  return lp == DType::bf16 && db.empty() && be.reads_product_input(DType::bf16);
+}
+
 // The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
 // for SwiGLU written over fc (its saved [gate | up], not needed after this), or where fc is a
-// 16-bit stored copy into d_gate_up's room: in bf16 where the backend's products read bf16 as it
-// lies and no bias gradient sums the unrounded values (the products round it the same way).
+// 16-bit stored copy into d_gate_up's room, there in bf16 where the products would round it
+// anyway (products_round, given fc's bias gradient fc_db).
 Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
-                               const Tensor& d_act, const Tensor& d_gate_up, bool fc_bias) {
+                               const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
   if (!st.gated_mlp) {
     be.activation_backward(st.activation, fc, d_act, d_act);
     return d_act;
   }
   Tensor d = fc.dtype() == DType::f32 ? fc : d_gate_up;
-  if (fc.dtype() == DType::bf16 && !fc_bias && be.reads_product_input(DType::bf16))
+  if (fc.dtype() == DType::bf16 && products_round(be, st.act_dtype, fc_db))
     d = Tensor(d.data(), d.shape(), DType::bf16, d.device());
   be.swiglu_backward(fc, d_act, d);
   return d;
@@ -279,13 +287,13 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   // d_res1 is the gradient flowing on the residual stream between the two sublayers.
   Tensor d_res1;
   if (st.pre_norm) {
-    // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 starts as a copy.
+    // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 is dh itself.
     d_res1 = dh;
     be.linear_backward(s.fc_act, w.out_w, dropped(be, dh, st.residual_dropout, mlp_key, sc.tmp),
                        st.layout, sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
-        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
+        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
                        accumulate_dw);
     be.round_to(lp, sc.tmp2);
@@ -300,7 +308,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                        sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
-        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, !g.fc_b.empty());
+        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b,
                        accumulate_dw);
     d_res1 = dh;  // dh is free again: it now receives d_res1
@@ -316,10 +324,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                         st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
                         attn_probs_key, sc.attn, sc.d_qkv);
   rotary_backward(be, st, sc.d_qkv);
-  // Products that read bf16 as it lies round a float32 dy as they take it in, to the same bits:
-  // rounding d_qkv here as well would be a pass for nothing, unless a bias gradient sums it.
-  if (!(lp == DType::bf16 && g.qkv_b.empty() && be.reads_product_input(DType::bf16)))
-    be.round_to(lp, sc.d_qkv);
+  if (!products_round(be, lp, g.qkv_b)) be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b,
                        accumulate_dw);
