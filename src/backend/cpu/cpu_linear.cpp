@@ -25,12 +25,14 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
   return {rows_of(x), k, n};
 }
 
-// float32 products go to oneDNN where OpenBLAS runs a narrower kernel than the CPU offers:
-// Debian's OpenBLAS 0.3.21 takes AMD Zen 5 (AVX-512) for Haswell (AVX2) and multiplies at half
-// of oneDNN's rate (250 against 474 GFLOP/s on 2 cores). Where OpenBLAS has its AVX-512 kernels
-// it stays: on an Intel AMX machine oneDNN's float32 made the whole BERT step slower (39 against
-// 44 samples/s, docs/benchmarks.md). A fixed rule, not a timing, so a machine always gets the
-// same library and the same bits.
+// float32 products go to oneDNN on AVX-512 CPUs except where OpenBLAS has its AVX-512 kernels on
+// an Intel CPU. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and multiplies at half
+// of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for Cooper Lake, whose
+// kernel is slower there than oneDNN's as well (large products 209 against 223 GFLOP/s, whole
+// steps: BERT fp32 +6.6%, GPT-2 fp32 +8% on oneDNN, docs/benchmarks.md). On an Intel AMX machine
+// oneDNN's float32 made the whole BERT step slower (39 against 44 samples/s), so OpenBLAS stays
+// on Intel CPUs it has AVX-512 kernels for. A fixed rule, not a timing, so a machine always gets
+// the same library and the same bits.
 bool float32_products_by_onednn() {
   if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
   if (cpu_products_by_onednn()) return true;
@@ -38,7 +40,7 @@ bool float32_products_by_onednn() {
   for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const bool openblas_avx512 =
       core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
-  return __builtin_cpu_supports("avx512f") && !openblas_avx512;
+  return __builtin_cpu_supports("avx512f") && (!openblas_avx512 || __builtin_cpu_is("amd"));
 }
 }  // namespace
 
