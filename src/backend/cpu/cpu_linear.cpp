@@ -25,6 +25,8 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
   return {rows_of(x), k, n};
 }
 
+}  // namespace
+
 // float32 products go to oneDNN on AVX-512 CPUs except where OpenBLAS has its AVX-512 kernels on
 // an Intel CPU. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and multiplies at half
 // of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for Cooper Lake, whose
@@ -33,14 +35,22 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 // oneDNN's float32 made the whole BERT step slower (39 against 44 samples/s), so OpenBLAS stays
 // on Intel CPUs it has AVX-512 kernels for. A fixed rule, not a timing, so a machine always gets
 // the same library and the same bits.
-bool float32_products_by_onednn() {
-  if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
-  if (cpu_products_by_onednn()) return true;
-  std::string core = openblas_get_corename();
+bool float32_rule_prefers_onednn(const std::string& openblas_core, bool avx512f, bool amd) {
+  std::string core = openblas_core;
   for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const bool openblas_avx512 =
       core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
-  return __builtin_cpu_supports("avx512f") && (!openblas_avx512 || __builtin_cpu_is("amd"));
+  return avx512f && (!openblas_avx512 || amd);
+}
+
+namespace {
+// float32_rule_prefers_onednn for this CPU and this OpenBLAS, unless BRISK_CPU_PRODUCTS overrides
+// it.
+bool float32_products_by_onednn() {
+  if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
+  if (cpu_products_by_onednn()) return true;
+  return float32_rule_prefers_onednn(openblas_get_corename(), __builtin_cpu_supports("avx512f"),
+                                     __builtin_cpu_is("amd"));
 }
 }  // namespace
 

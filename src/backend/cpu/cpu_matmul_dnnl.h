@@ -1,8 +1,8 @@
 // Matrix products on the CPU through oneDNN, in float32 or in bf16 (AMX / AVX512-BF16 where the
 // CPU has them), multiplied where they lie with float32 accumulation and written as float32; the
 // caller packs float32 operands holding bf16 values to bf16 (bf16_operand) into planned buffers.
-// The CPU backend uses it for bf16 where the CPU has bf16 units, and for float32 where OpenBLAS's
-// kernel is narrower than the CPU (see cpu_linear.cpp).
+// The CPU backend uses it for bf16 where the CPU has bf16 units, and for float32 on AVX-512 CPUs
+// but Intel ones OpenBLAS has AVX-512 kernels for (float32_rule_prefers_onednn).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,11 @@ namespace brisk {
 // Either compares the two libraries or overrides the default choice (see CpuBackend).
 bool cpu_products_by_openblas();
 bool cpu_products_by_onednn();
+// The float32 library rule (cpu_linear.cpp): whether float32 products go to oneDNN rather than
+// OpenBLAS on a CPU with or without AVX-512 (`avx512f`), made by AMD or not, whose OpenBLAS runs
+// the kernels named `openblas_core` (openblas_get_corename(), any case). Without an override
+// (BRISK_CPU_PRODUCTS) and where oneDNN has float32 kernels.
+bool float32_rule_prefers_onednn(const std::string& openblas_core, bool avx512f, bool amd);
 // Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
