@@ -31,12 +31,11 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 // an Intel CPU. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and multiplies at half
 // of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for Cooper Lake, whose
 // kernel is slower there than oneDNN's as well (large products 209 against 223 GFLOP/s, whole
-// steps: BERT fp32 +6.6%, GPT-2 fp32 +8% on oneDNN, docs/benchmarks.md). On an Intel AMX machine
+// steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks.md). On an Intel AMX machine
 // oneDNN's float32 made the whole BERT step slower (39 against 44 samples/s), so OpenBLAS stays
 // on Intel CPUs it has AVX-512 kernels for. A fixed rule, not a timing, so a machine always gets
 // the same library and the same bits.
-bool float32_rule_prefers_onednn(const std::string& openblas_core, bool avx512f, bool amd) {
-  std::string core = openblas_core;
+bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd) {
   for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const bool openblas_avx512 =
       core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";

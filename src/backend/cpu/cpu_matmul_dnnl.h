@@ -21,9 +21,9 @@ bool cpu_products_by_openblas();
 bool cpu_products_by_onednn();
 // The float32 library rule (cpu_linear.cpp): whether float32 products go to oneDNN rather than
 // OpenBLAS on a CPU with or without AVX-512 (`avx512f`), made by AMD or not, whose OpenBLAS runs
-// the kernels named `openblas_core` (openblas_get_corename(), any case). Without an override
+// the kernels named `core` (openblas_get_corename(), any case). Without an override
 // (BRISK_CPU_PRODUCTS) and where oneDNN has float32 kernels.
-bool float32_rule_prefers_onednn(const std::string& openblas_core, bool avx512f, bool amd);
+bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd);
 // Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
