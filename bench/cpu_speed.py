@@ -11,7 +11,8 @@ tokens, weights initialized from the config. Prints samples/s (the PyTorch loops
 warm-up steps, where torch.compile compiles; brisk and Trainer over the whole run), the peak
 process memory, and model FLOP/s as a fraction of the machine's float32 and bf16 matrix-product
 peaks measured in the same invocation (build/bench_matmul --peak: the best of large square
-products). Model FLOPs per token: 6 x the weights of the matrix products (blocks and LM head) +
+products; the header line adds the instruction ceilings those products run under, for
+reference). Model FLOPs per token: 6 x the weights of the matrix products (blocks and LM head) +
 12 x layers x sequence x hidden for attention (QK^T and PV, forward and backward, unmasked).
 
 Run (after scripts/build.sh, `cmake --build build --target bench_matmul` and
@@ -192,7 +193,9 @@ def main():
                         results.setdefault((row, precision, name), []).append(r)
                         print(row, precision, name, json.dumps(r), flush=True)
     print(f"\nCPU: {cpu_name()}, {os.cpu_count()} threads; matrix-product peaks "
-          f"{peak['fp32_gflops']:.0f} GFLOP/s float32, {peak['bf16_gflops']:.0f} GFLOP/s bf16")
+          f"{peak['fp32_gflops']:.0f} GFLOP/s float32, {peak['bf16_gflops']:.0f} GFLOP/s bf16 "
+          f"(instruction ceilings {peak['fp32_fma_ceiling_gflops']:.0f} and "
+          f"{peak['bf16_dot_ceiling_gflops']:.0f})")
     if a.repeat > 1:
         print(f"Medians of {a.repeat} runs each, taking turns; (ranges)")
     print("| workload | precision | run | samples/s | vs compile | peak memory | vs compile | "
