@@ -748,6 +748,74 @@ TEST_P(CpuProducts, ABf16InputGivesTheSameBitsAsItsFloat32) {
   }
 }
 
+// A product's output stored in bf16 (Backend::stores_product_output: bf16 products on bf16 units)
+// holds the float32 output rounded to nearest even, bit for bit, in both layouts, with and without
+// a bias, from a float32 or bf16 input and from a held weight; dropout_add reads such a branch as
+// the float32 one holding the same values. Elsewhere both refuse a bf16 output, naming the op.
+TEST_P(CpuProducts, ABf16OutputIsTheFloat32OneRounded) {
+  const int64_t M = 37, K = 29, N = 23;
+  ProductsBackend p(M * K * 2);
+  Backend* be = p.be.get();
+  const bool stores = be->stores_product_output(DType::bf16);
+  EXPECT_EQ(stores, p.bf16 && !p.openblas && cpu_has_bf16_products());
+  EXPECT_FALSE(be->stores_product_output(DType::f16));
+  EXPECT_FALSE(be->stores_product_output(DType::f32));
+  LinearOperands random(19, M, K, N);
+  std::vector<float> bias(N);
+  for (int64_t j = 0; j < N; ++j) bias[j] = random.dy[j];
+  std::vector<uint16_t> x16(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(random.x[i]);
+  std::vector<float> y32(M * N);
+  std::vector<uint16_t> y16(M * N);
+  const Tensor y32t(y32.data(), {M, N}, DType::f32), y16t(y16.data(), {M, N}, DType::bf16);
+  if (!stores) {
+    EXPECT_THROW(be->linear_forward(Tensor(random.x.data(), {M, K}, DType::f32),
+                                    Tensor(random.w.data(), {N, K}, DType::f32), Tensor(),
+                                    WeightLayout::out_in, y16t),
+                 Error);
+    EXPECT_THROW(be->dropout_add(y32t, y16t, 0.0f, RngKey{}, y32t), Error);
+    return;
+  }
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out})
+    for (bool with_bias : {false, true})
+      for (bool bf16_input : {false, true})
+        for (bool held : {false, true}) {
+          const Shape ws = layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N};
+          const Tensor xt = bf16_input ? Tensor(x16.data(), {M, K}, DType::bf16)
+                                       : Tensor(random.x.data(), {M, K}, DType::f32);
+          const Tensor wt(random.w.data(), ws, DType::f32);
+          const Tensor bt = with_bias ? Tensor(bias.data(), {N}, DType::f32) : Tensor();
+          if (held) be->hold_weight(wt);
+          std::fill(y16.begin(), y16.end(), uint16_t{0x7fc1});  // NaNs where nothing is written
+          be->linear_forward(xt, wt, bt, layout, y16t);
+          be->linear_forward(xt, wt, bt, layout, y32t);
+          if (held) be->release_weight();
+          int64_t differ = 0;
+          for (int64_t i = 0; i < M * N; ++i) differ += y16[i] != float_to_bf16(y32[i]);
+          EXPECT_EQ(differ, 0) << (layout == WeightLayout::out_in ? "out_in" : "in_out")
+                               << (with_bias ? ", bias" : "") << (bf16_input ? ", bf16 input" : "")
+                               << (held ? ", held weight" : "");
+        }
+  // The branch as dropout_add reads it: the float32 values it holds, kept or dropped alike.
+  std::vector<float> widened(M * N), x(random.x.begin(), random.x.begin() + M * N);
+  for (int64_t i = 0; i < M * N; ++i) widened[i] = bf16_to_float(y16[i]);
+  for (float drop : {0.0f, 0.25f}) {
+    std::vector<float> want(M * N), got(M * N);
+    const RngKey key{5, 3, 2};
+    be->dropout_add(Tensor(x.data(), {M, N}, DType::f32),
+                    Tensor(widened.data(), {M, N}, DType::f32), drop, key,
+                    Tensor(want.data(), {M, N}, DType::f32));
+    be->dropout_add(Tensor(x.data(), {M, N}, DType::f32), y16t, drop, key,
+                    Tensor(got.data(), {M, N}, DType::f32));
+    EXPECT_EQ(got, want) << "dropout " << drop;
+    y16[0] = float_to_bf16(widened[0] + 1.0f);  // not a copy of the float32 answer
+    be->dropout_add(Tensor(x.data(), {M, N}, DType::f32), y16t, drop, key,
+                    Tensor(got.data(), {M, N}, DType::f32));
+    EXPECT_NE(got, want) << "dropout " << drop;
+    y16[0] = float_to_bf16(widened[0]);
+  }
+}
+
 // An output gradient stored in bf16 (what the CPU's bf16 LM heads pass: the logits' gradient
 // rounded once; and SwiGLU's bias-free input gradient) gives the same input, weight and bias
 // gradients, bit for bit, as the float32 gradient holding the same values, in both layouts,

@@ -183,6 +183,11 @@ class Backend {
   // Whether linear_forward and linear_backward read an input x stored in the 16-bit `dtype` as it
   // is (the CPU's bf16 products: no float32 copy, no packing per product).
   virtual bool reads_product_input(DType /*dtype*/) const { return false; }
+  // Whether linear_forward may write y stored in the 16-bit `dtype`: the float32 result rounded
+  // to nearest even as it is stored, the bits round_to gives (the CPU's bf16 products on bf16
+  // units; the rounding pass after the product and half the bytes written go away).
+  // dropout_add then reads its r in that dtype too.
+  virtual bool stores_product_output(DType /*dtype*/) const { return false; }
   // The caller promises that w does not change until release_weight(): the products that read
   // it may read one copy prepared now (the CPU's bf16 products round it once, into the planned
   // MatmulOperands::held buffer, not once per product). One weight at a time; where there is
@@ -265,7 +270,8 @@ class Backend {
   virtual void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) = 0;
   // dx = the same mask applied to dy; dx may alias dy.
   virtual void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) = 0;
-  // y = x + dropout(r): the residual add after a sublayer; y may alias x.
+  // y = x + dropout(r): the residual add after a sublayer; y may alias x. r may be stored in
+  // the dtype stores_product_output names (a product's output as it stored it).
   virtual void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                            const Tensor& y) = 0;
   // y += x

@@ -110,6 +110,35 @@ const Tensor& produce_saved(Backend& be, DType lp, const Tensor& work, const Ten
   return target;
 }
 
+// A saved product's output (produce(y) writes it): straight into its 16-bit stored copy where
+// the backend's products store that dtype (the same bits as rounding after), else into the
+// float32 work tensor, then rounded (round_saved).
+template <typename Produce>
+const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
+                            Produce produce) {
+  if (copy != nullptr && be.stores_product_output(lp)) {
+    produce(*copy);
+    return *copy;
+  }
+  produce(work);
+  return round_saved(be, lp, work, copy);
+}
+
+// A residual branch's product output, rounded to the activation dtype before it is added: stored
+// rounded by the product itself in tmp's room where the backend can, else written to tmp and
+// rounded in place. With float32 activations it is tmp as written.
+template <typename Produce>
+Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce) {
+  if (lp != DType::f32 && be.stores_product_output(lp)) {
+    const Tensor rounded(tmp.data(), tmp.shape(), lp, tmp.device());
+    produce(rounded);
+    return rounded;
+  }
+  produce(tmp);
+  be.round_to(lp, tmp);
+  return tmp;
+}
+
 // The element-wise ops whose saved results block_recompute rebuilds (recomputable_tensors), one
 // call each for it and block_forward: a pre-norm block's attention input LN_a(x) and MLP input
 // LN_b(res1), and the MLP activation's output.
@@ -228,15 +257,24 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const DType lp = st.act_dtype;
   const Tensor* a_in = &x;
   if (st.pre_norm) a_in = &attention_input(be, st, w, x, s, copy(&BlockSaved::a_in));
-  be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, s.qkv);
-  rotary_forward(be, st, s.qkv, 0);
-  const Tensor& qkv = round_saved(be, lp, s.qkv, copy(&BlockSaved::qkv));
-  block_attention_core(be, st, key_mask, qkv, s, scratch, s.ctx, key, layer);
-  be.linear_forward(round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx)), w.proj_w, w.proj_b,
-                    st.layout, scratch.tmp);
-  be.round_to(lp, scratch.tmp);
-  be.dropout_add(x, scratch.tmp, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
-                 s.res1);
+  auto qkv_product = [&](const Tensor& y) {
+    be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, y);
+  };
+  const Tensor* qkv_copy = copy(&BlockSaved::qkv);
+  const Tensor* qkv = nullptr;
+  if (st.rope_cos.empty()) {
+    qkv = &product_saved(be, lp, s.qkv, qkv_copy, qkv_product);
+  } else {  // rotary positions go on the float32 product, rounded after
+    qkv_product(s.qkv);
+    rotary_forward(be, st, s.qkv, 0);
+    qkv = &round_saved(be, lp, s.qkv, qkv_copy);
+  }
+  block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
+  const Tensor& ctx = round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
+  const Tensor proj = branch_product(be, lp, scratch.tmp, [&](const Tensor& y) {
+    be.linear_forward(ctx, w.proj_w, w.proj_b, st.layout, y);
+  });
+  be.dropout_add(x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual), s.res1);
   // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
   // rounded into the stored copy and in place.
   const Tensor* m_in = &s.m_in;
@@ -246,17 +284,19 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
     m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
   }
-  be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, s.fc_pre);
-  const Tensor& fc_pre = round_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre));
+  const Tensor& fc_pre = product_saved(
+      be, lp, s.fc_pre, copy(&BlockSaved::fc_pre),
+      [&](const Tensor& y) { be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, y); });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
-  be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, scratch.tmp);
-  be.round_to(lp, scratch.tmp);
+  const Tensor mlp = branch_product(be, lp, scratch.tmp, [&](const Tensor& y) {
+    be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, y);
+  });
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
-    be.dropout_add(s.res1, scratch.tmp, st.residual_dropout, mlp_key, out);
+    be.dropout_add(s.res1, mlp, st.residual_dropout, mlp_key, out);
   } else {
-    be.dropout_add(s.m_in, scratch.tmp, st.residual_dropout, mlp_key, s.res2);
+    be.dropout_add(s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
     const Tensor& y = out.empty() ? scratch.tmp : out;
     norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
   }

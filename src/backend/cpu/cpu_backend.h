@@ -22,6 +22,9 @@ class CpuBackend final : public Backend {
   bool reads_product_input(DType dtype) const override {
     return bf16_operands_ && dtype == DType::bf16;
   }
+  bool stores_product_output(DType dtype) const override {
+    return bf16_operands_ && dtype == DType::bf16 && dnnl_ && dnnl_->dtype() == DType::bf16;
+  }
   void hold_weight(const Tensor& w) override;
   void release_weight() override;
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
@@ -116,9 +119,11 @@ class CpuBackend final : public Backend {
   };
   // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
   // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
-  // read where they lie when the library multiplies bf16).
+  // read where they lie when the library multiplies bf16). C is float32, or bf16 (`c_type`)
+  // where stores_product_output(bf16) and the product is not accumulated.
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
-              bool accumulate, float* c, int64_t ldc, const float* bias = nullptr);
+              bool accumulate, void* c, int64_t ldc, const float* bias = nullptr,
+              DType c_type = DType::f32);
   // Throws naming `op` unless x may be a product's operand (or a saved activation read or written
   // in its dtype): float32, or bf16 in bf16 mode.
   void check_operand(const Tensor& x, const char* op) const;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_dropout.h"
 
 namespace brisk {
@@ -56,18 +57,40 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
   check_same_numel(x, r, "dropout_add");
   check_same_numel(x, y, "dropout_add");
   check_dropout_p(p);
-  const float *a = x.f32(), *b = r.f32();
+  BRISK_CHECK(r.dtype() == DType::f32 || stores_product_output(r.dtype()), "dropout_add: a ",
+              dtype_name(r.dtype()), " branch where float32 is expected");
+  const float* a = x.f32();
   float* out = y.f32();
   const int64_t n = x.numel();
-  if (p == 0.0f) {
+  if (r.dtype() == DType::f32) {
+    const float* b = r.f32();
+    if (p == 0.0f) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+      for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i += kDropoutChunk)
+      dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), b + i, a + i,
+                    out + i);
     return;
   }
+  // A bf16 branch (a product's output stored rounded), widened a piece at a time: the same
+  // values as a float32 branch rounded in place.
+  const uint16_t* b16 = r.as<uint16_t>();
+  constexpr int64_t kPiece = 1024;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i += kDropoutChunk)
-    dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), b + i, a + i,
-                  out + i);
+  for (int64_t i = 0; i < n; i += kPiece) {
+    float b[kPiece];
+    const int64_t m = std::min(kPiece, n - i);
+    bf16_widen_row(b16 + i, b, m);
+    if (p == 0.0f) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) out[i + j] = a[i + j] + b[j];
+    } else {
+      dropout_range(key, p, static_cast<uint64_t>(i), m, b, a + i, out + i);
+    }
+  }
 }
 
 void CpuBackend::add_inplace(const Tensor& y, const Tensor& x) {

@@ -99,9 +99,14 @@ void CpuBackend::check_output(const Tensor& y, const Tensor& x, const char* op) 
 }
 
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a,
-                        Operand b, bool accumulate, float* c, int64_t ldc, const float* bias) {
+                        Operand b, bool accumulate, void* c, int64_t ldc, const float* bias,
+                        DType c_type) {
   BRISK_CHECK(bias == nullptr || (dnnl_ && !trans_a),
               "internal error: a bias added inside a product oneDNN does not run");
+  const bool c_bf16 = c_type == DType::bf16;
+  BRISK_CHECK(c_type == DType::f32 || (c_bf16 && stores_product_output(c_type) && !accumulate),
+              "internal error: a product stored in ", dtype_name(c_type),
+              " outside written bf16 products");
   BRISK_CHECK(!bf16_operands_ || !ws_.operand_a.empty(),
               "bf16 matrix products need the backend workspace in the plan");
   BRISK_CHECK(
@@ -124,8 +129,8 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
   // every call), else the packing buffer, filled by the first block of rows and read by the
   // others.
-  const DnnlMatmul::Product product{trans_a, trans_b, m,   n,          k,
-                                    a.ld,    b.ld,    ldc, accumulate, bias != nullptr};
+  const DnnlMatmul::Product product{trans_a,    trans_b,         m,     n, k, a.ld, b.ld, ldc,
+                                    accumulate, bias != nullptr, c_bf16};
   bool blocked = false;
   const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
   const void* b0 = b.data;
@@ -170,16 +175,17 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
       a0 = ws_.operand_a.data();
     }
+    void* c0 = static_cast<char*>(c) + r0 * ldc * static_cast<int64_t>(dtype_size(c_type));
     if (blocked)  // one block: a held or blocked B is never read with more than kRowBlock rows
       dnnl_->run_blocked_b(product, a0, b0, c, bias);
     else if (dnnl_)
-      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c + r0 * ldc, ldc,
-                 bias);
+      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c0, ldc, bias,
+                 c_type);
     else
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
                   static_cast<const float*>(a0), a.ld, static_cast<const float*>(b0), b.ld,
-                  accumulate ? 1.0f : 0.0f, c + r0 * ldc, ldc);
+                  accumulate ? 1.0f : 0.0f, static_cast<float*>(c0), ldc);
   }
 }
 
@@ -192,7 +198,9 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   const int64_t m = dims.m, k = dims.k, n = dims.n;
   BRISK_CHECK(rows_of(y) == m && cols_of(y) == n, "linear_forward: output ", y.shape().str(),
               " does not hold ", m, " x ", n);
-  float* out = y.f32();
+  BRISK_CHECK(y.dtype() == DType::f32 || stores_product_output(y.dtype()), "linear_forward: a ",
+              dtype_name(y.dtype()), " output where float32",
+              stores_product_output(DType::bf16) ? " or bf16" : "", " is expected");
   const float* bias = nullptr;
   if (!b.empty()) {
     BRISK_CHECK(b.numel() == n, "linear_forward: bias has ", b.numel(), " values, expected ", n);
@@ -202,12 +210,13 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   // oneDNN adds the bias inside the product; OpenBLAS adds the product to rows holding it.
   const bool bias_first = bias != nullptr && !dnnl_;
   if (bias_first) {
+    float* out = y.f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
   }
   const bool out_in = layout == WeightLayout::out_in;
-  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), bias_first, out,
-         n, bias_first ? nullptr : bias);
+  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), bias_first,
+         y.data(), n, bias_first ? nullptr : bias, y.dtype());
 }
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

@@ -194,7 +194,7 @@ void pack_bf16_ba16a64b2a(bool trans_b, int64_t k, int64_t n, const void* b, DTy
 #ifdef BRISK_HAVE_DNNL
 namespace {
 using Key =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 }  // namespace
 
 // A primitive with its memory objects and argument map, made once per shape so that a call
@@ -286,7 +286,11 @@ bool prefers_gemm_kernel(const DnnlMatmul::Product& p, dnnl::memory::data_type t
 Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
                  dnnl::memory::data_type type, const dnnl::memory::desc& bd) {
   const dnnl::memory::desc ad = operand_a(p, type);
-  const dnnl::memory::desc cd({p.m, p.n}, dnnl::memory::data_type::f32, dims{p.ldc, 1});
+  BRISK_CHECK(!p.c_bf16 || (type == dnnl::memory::data_type::bf16 && !p.accumulate),
+              "internal error: a bf16 result outside a written bf16 product");
+  const dnnl::memory::desc cd(
+      {p.m, p.n}, p.c_bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,
+      dims{p.ldc, 1});
   dnnl::primitive_attr attr;
   if (p.accumulate) {
     dnnl::post_ops ops;
@@ -318,11 +322,11 @@ Prepared prepare(const dnnl::engine& engine, const DnnlMatmul::Product& p,
 }
 
 Key key_of(const DnnlMatmul::Product& p) {
-  return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate, p.bias};
+  return {p.trans_a, p.trans_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.accumulate, p.bias, p.c_bf16};
 }
 
 // Runs a prepared product on these operands and waits for it.
-void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, float* c,
+void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, void* c,
              const float* bias) {
   BRISK_CHECK((bias != nullptr) == static_cast<bool>(p.bias),
               "internal error: a product's bias given against its plan");
@@ -337,9 +341,10 @@ void execute(Prepared& p, dnnl::stream& stream, const void* a, const void* b, fl
 }  // namespace
 
 void DnnlMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-                     int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
-                     int64_t ldc, const float* bias) {
-  const Product product{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, bias != nullptr};
+                     int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
+                     const float* bias, DType c_type) {
+  const Product product{
+      trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, bias != nullptr, c_type == DType::bf16};
   execute(impl_->prepared(dtype_, product), impl_->stream, a, b, c, bias);
 }
 
@@ -413,7 +418,7 @@ void DnnlMatmul::round_blocked_b(const Product& p, const void* b, DType b_type, 
   impl_->stream.wait();
 }
 
-void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c,
+void DnnlMatmul::run_blocked_b(const Product& p, const void* a, const void* b_blocked, void* c,
                                const float* bias) {
   execute(impl_->prepared_blocked(dtype_, p).product, impl_->stream, a, b_blocked, c, bias);
 }
@@ -428,7 +433,7 @@ bool DnnlMatmul::available(DType) {
   return false;
 }
 void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
-                     int64_t, bool, float*, int64_t, const float*) {
+                     int64_t, bool, void*, int64_t, const float*, DType) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 DnnlMatmul::BlockedB DnnlMatmul::blocked_b(const Product&) {
@@ -440,7 +445,7 @@ std::string DnnlMatmul::kernel(const Product&) {
 void DnnlMatmul::round_blocked_b(const Product&, const void*, DType, void*, bool) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
-void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, float*, const float*) {
+void DnnlMatmul::run_blocked_b(const Product&, const void*, const void*, void*, const float*) {
   BRISK_FAIL("this build has no oneDNN: its matrix products are unavailable");
 }
 #endif

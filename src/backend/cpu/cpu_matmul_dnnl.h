@@ -1,6 +1,7 @@
 // Matrix products on the CPU through oneDNN, in float32 or in bf16 (AMX / AVX512-BF16 where the
 // CPU has them), multiplied where they lie with float32 accumulation and written as float32; the
 // caller packs float32 operands holding bf16 values to bf16 (bf16_operand) into planned buffers.
+// A bf16 product may also store its result rounded to bf16.
 // The CPU backend uses it for bf16 where the CPU has bf16 units, and for float32 on AVX-512 CPUs
 // but Intel ones OpenBLAS has AVX-512 kernels for (float32_rule_prefers_onednn).
 #pragma once
@@ -62,16 +63,17 @@ class DnnlMatmul {
   // not null, inside the kernel: C is written once, not first filled with the bias and then
   // added to), as cblas_sgemm with alpha 1 and beta 0 or 1. A is M x K (or K x M when trans_a),
   // B is K x N (or N x K when trans_b), both in this instance's dtype (bf16 operands packed by
-  // the caller); C and the bias are float32.
+  // the caller); the bias is float32, C float32 or, on bf16 instances and not accumulated, bf16
+  // (`c_type`): the float32 result rounded to nearest even as it is stored.
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-           const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
-           const float* bias = nullptr);
+           const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
+           const float* bias = nullptr, DType c_type = DType::f32);
 
-  // A product as run() takes it (`bias`: whether it adds one).
+  // A product as run() takes it (`bias`: whether it adds one; `c_bf16`: C stored in bf16).
   struct Product {
     bool trans_a = false, trans_b = false;
     int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-    bool accumulate = false, bias = false;
+    bool accumulate = false, bias = false, c_bf16 = false;
   };
   // B in the blocked bf16 layout the bf16 kernel of product `p` reads it in (oneDNN's choice):
   // `layout` names it among this instance's layouts, `bytes` is its size. A float32 B read by
@@ -97,7 +99,7 @@ class DnnlMatmul {
                        bool by_onednn = false);
   // Product p (p.ldb unused) with B read from `b_blocked` as round_blocked_b left it, and the
   // bias where p.bias.
-  void run_blocked_b(const Product& p, const void* a, const void* b_blocked, float* c,
+  void run_blocked_b(const Product& p, const void* a, const void* b_blocked, void* c,
                      const float* bias = nullptr);
 
  private:
