@@ -6,7 +6,9 @@
 // reference, the instruction ceilings those products run under: every thread issuing only
 // independent 512-bit FMAs (vfmadd231ps) or bf16 dot products (vdpbf16ps) on registers, 0 where
 // the CPU lacks the instruction.
-// With --f32-kernels it prints oneDNN's float32 kernels against each other at the step's shapes.
+// With --f32-kernels it prints oneDNN's float32 kernels against each other at the step's shapes;
+// with --bf16-shapes, bf16 products at SmolLM2's block shapes with A plain or transposed and the
+// result in float32 or bf16.
 // Build: cmake --build build --target bench_matmul; run: OMP_NUM_THREADS=2 build/bench_matmul
 #include <cblas.h>
 #include <immintrin.h>
@@ -187,6 +189,57 @@ int f32_kernels(dnnl::engine& eng, dnnl::stream& stream) {
   }
   return 0;
 }
+// bf16 at SmolLM2's block shapes, A and B in bf16 with B in the kernel's layout (as brisk's
+// packer leaves it): GFLOP/s of a plain A, of a transposed A (the weight gradients read theirs
+// so) and of a plain A with the result stored in bf16 (Backend::stores_product_output), the best
+// of 20 calls each. Run with OMP_NUM_THREADS=1 and 2 to see one core against two.
+int bf16_shapes(dnnl::engine& eng, dnnl::stream& stream) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  struct Shape {
+    int m, k, n;
+  };
+  const Shape shapes[] = {{3072, 1024, 576}, {1536, 1024, 576}, {960, 1024, 576},
+                          {576, 1024, 576},  {576, 1024, 1536}, {1024, 576, 3072},
+                          {1024, 3072, 576}, {1024, 576, 1536}};
+  std::printf("| M x K x N | A plain | A transposed | A plain, C bf16 | kernel |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    auto rate = [&](bool trans_a, dt c_type, std::string* kernel) {
+      const memory::desc ad({s.m, s.k}, dt::bf16,
+                            trans_a ? memory::format_tag::ba : memory::format_tag::ab);
+      const memory::desc bd({s.k, s.n}, dt::bf16, memory::format_tag::any);
+      const memory::desc cd({s.m, s.n}, c_type, memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd;
+      try {
+        pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), eng);
+      } catch (const dnnl::error&) {
+        return 0.0;  // no bf16 kernels on this CPU
+      }
+      memory am(ad, eng), bm(pd.weights_desc(), eng), cm(cd, eng);
+      std::fill_n(static_cast<char*>(am.get_data_handle()), ad.get_size(), 0x3f);
+      std::fill_n(static_cast<char*>(bm.get_data_handle()), pd.weights_desc().get_size(), 0x3c);
+      dnnl::matmul mm(pd);
+      const std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+      double best = 1e30;
+      for (int r = 0; r <= 20; ++r) {  // run 0 warms up
+        const double t = seconds();
+        mm.execute(stream, args);
+        stream.wait();
+        if (r > 0) best = std::min(best, seconds() - t);
+      }
+      if (kernel) *kernel = pd.impl_info_str();
+      return 2.0 * s.m * s.k * s.n / best * 1e-9;
+    };
+    std::string kernel;
+    const double plain = rate(false, dt::f32, &kernel), trans = rate(true, dt::f32, nullptr),
+                 stored = rate(false, dt::bf16, nullptr);
+    std::printf("| %d x %d x %d | %.0f | %.0f | %.0f | %s |\n", s.m, s.k, s.n, plain, trans, stored,
+                kernel.c_str());
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,6 +248,7 @@ int main(int argc, char** argv) {
   dnnl::stream stream(eng);
   if (argc > 1 && std::string(argv[1]) == "--peak") return peak(eng, stream);
   if (argc > 1 && std::string(argv[1]) == "--f32-kernels") return f32_kernels(eng, stream);
+  if (argc > 1 && std::string(argv[1]) == "--bf16-shapes") return bf16_shapes(eng, stream);
   const int reps = 50;
   std::printf("%-22s %-5s %12s %12s %8s  %s\n", "M x K x N", "type", "openblas ms", "onednn ms",
               "ratio", "oneDNN kernel");

@@ -126,10 +126,10 @@ const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Ten
 
 // A residual branch's product output, rounded to the activation dtype before it is added: stored
 // rounded by the product itself in tmp's room where the backend can, else written to tmp and
-// rounded in place. With float32 activations it is tmp as written.
+// rounded in place (with float32 activations: tmp as written).
 template <typename Produce>
 Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce) {
-  if (lp != DType::f32 && be.stores_product_output(lp)) {
+  if (be.stores_product_output(lp)) {
     const Tensor rounded(tmp.data(), tmp.shape(), lp, tmp.device());
     produce(rounded);
     return rounded;
