@@ -5,6 +5,9 @@
 //     rounding (bf16_operand), each over 12 weights in turn (so B comes from memory, not cache);
 //   - oneDNN's product with B plain (the kernel copies it into its layout) and with B already
 //     blocked, in bf16 and in float32 (the float32 blocked layout is BA16a64b).
+// Then the rounding of one row to bf16 on one thread (bf16_round_row, which every CPU op storing
+// bf16 rows calls) against the integer rounding on AVX-512 registers (round16_bits: the path for
+// builds without AVX512-BF16 and for vectors holding a denormal), from L1 and L2 and from memory.
 // Build: cmake --build build --target bench_packing; run: OMP_NUM_THREADS=2 build/bench_packing
 #include <algorithm>
 #include <chrono>
@@ -12,6 +15,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "backend/cpu/cpu_avx512.h"
+#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
 namespace {
@@ -84,5 +89,27 @@ int main() {
                   product_gflops(eng, stream, dt::f32, M, k, n, plain_tag),
                   product_gflops(eng, stream, dt::f32, M, k, n, tag::any));
     }
+  std::printf(
+      "\n| floats in the row | integer rounding (Gfloat/s) | bf16_round_row (Gfloat/s) |\n"
+      "|---|---|---|\n");
+  for (const int64_t n : {int64_t{16} << 10, int64_t{128} << 10, int64_t{32} << 20}) {
+    std::vector<float> in(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = 1.0f + static_cast<float>(i % 1000) * 1e-3f;
+    std::vector<uint16_t> out(n);
+    const int reps = n > (int64_t{1} << 20) ? 5 : 200;
+    double integer = 0;
+#ifdef BRISK_PACK_AVX512
+    integer = best_of(reps, [&] {
+      for (int64_t j = 0; j + 16 <= n; j += 16)
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(out.data() + j),
+            _mm512_cvtepi32_epi16(brisk::avx512::round16_bits(_mm512_loadu_ps(in.data() + j))));
+    });
+#endif
+    const double row = best_of(reps, [&] { brisk::bf16_round_row(in.data(), out.data(), n); });
+    std::printf("| %ld | %.1f | %.1f |\n", static_cast<long>(n),
+                integer > 0 ? static_cast<double>(n) / integer / 1e9 : 0.0,
+                static_cast<double>(n) / row / 1e9);
+  }
   return 0;
 }

@@ -486,6 +486,40 @@ TEST(CpuBf16Tiles, WidenRowGivesEveryPatternsFloat32) {
   }
 }
 
+// bf16_round_row, which every CPU op storing bf16 rows calls: float_to_bf16's bits for float32
+// values of every class (both signs, every exponent, denormals among them; mantissas at and
+// around the ties of rounding to nearest even; infinities; quiet and signaling NaNs with
+// payloads), 16 at a time and in the scalar tail. Vectors of normal values only and vectors
+// holding one denormal among normal ones both occur: where the build rounds by the AVX512-BF16
+// conversion, which reads a denormal as zero, the second kind must take the integer path.
+TEST(CpuBf16Tiles, RoundRowGivesFloatToBf16ForEveryClass) {
+  std::vector<uint32_t> bits;
+  const uint32_t mantissas[] = {0,       1,        0x7fff,   0x8000,   0x8001,   0x17fff, 0x18000,
+                                0x18001, 0x7f7fff, 0x7f8000, 0x7fffff, 0x400000, 0x12345, 0x3fffff};
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t exponent = 0; exponent < 256; ++exponent)
+      for (uint32_t m : mantissas) bits.push_back(sign | exponent << 23 | m);
+  // One denormal in every third vector of normal values, at a different lane each time.
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<uint32_t> exponent(1, 254), mantissa(0, 0x7fffff);
+  for (int v = 0; v < 96; ++v)
+    for (int lane = 0; lane < 16; ++lane)
+      bits.push_back(v % 3 == 0 && lane == v % 16 ? 0x00000abcu + static_cast<uint32_t>(v)
+                                                  : exponent(gen) << 23 | mantissa(gen));
+  std::vector<float> in(bits.size() + 1, 0.0f);
+  std::memcpy(in.data() + 1, bits.data(), bits.size() * sizeof(float));
+  for (const int64_t start : {int64_t{1}, int64_t{0}}) {  // 16 at a time from both alignments
+    const int64_t n = static_cast<int64_t>(in.size()) - start;
+    std::vector<uint16_t> got(in.size() + 1, 0xdead);
+    brisk::bf16_round_row(in.data() + start, got.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], float_to_bf16(in[static_cast<size_t>(start + i)]))
+          << "float32 bits 0x" << std::hex << float_bits(in[static_cast<size_t>(start + i)])
+          << std::dec << " at " << i;
+    EXPECT_EQ(got[static_cast<size_t>(n)], 0xdead) << "nothing written past the row";
+  }
+}
+
 // The bf16 tiles' packers (cpu_bf16_tiles.h): every value where its layout puts it, rounded as
 // float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
 // by 32 columns at a time) and the scalar edges alike; from float32 and from bf16 values.

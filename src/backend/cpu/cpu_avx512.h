@@ -20,8 +20,8 @@
 namespace brisk::avx512 {
 
 // 16 float32 rounded to bf16 as float_to_bf16 does (nearest even, NaNs kept quiet), in the low
-// half of each 32-bit lane.
-inline __m512i round16(__m512 v) {
+// half of each 32-bit lane: integer arithmetic on the bits, for any AVX-512 CPU.
+inline __m512i round16_bits(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i high = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
@@ -32,15 +32,46 @@ inline __m512i round16(__m512 v) {
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
 }
 
+#ifdef __AVX512BF16__
+// Where the build targets AVX512-BF16 the rounding is its conversion instruction (vcvtneps2bf16,
+// vcvtne2ps2bf16): nearest even, a NaN quieted as float_to_bf16 quiets it, the same bits, except
+// that it reads a float32 denormal as zero. Vectors holding a denormal (fpclass category 0x20)
+// take the integer path instead, so the result is float_to_bf16's for every input.
+inline bool any_denormal(__m512 v) {
+  return _mm512_fpclass_ps_mask(v, 0x20) != 0;
+}
+#endif
+
+// 16 float32 rounded to bf16, in the low half of each 32-bit lane.
+inline __m512i round16(__m512 v) {
+#ifdef __AVX512BF16__
+  if (!any_denormal(v))
+    return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+#endif
+  return round16_bits(v);
+}
+
 inline __m512i round16(const float* p) {
   return round16(_mm512_loadu_ps(p));
 }
 
+// 16 float32 rounded to bf16, packed in order.
+inline __m256i round16_packed(__m512 v) {
+#ifdef __AVX512BF16__
+  if (!any_denormal(v)) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#endif
+  return _mm512_cvtepi32_epi16(round16_bits(v));
+}
+
 // 32 float32 rounded to bf16 and packed in order: 16 32-bit words, word j = values 2j and 2j+1.
 inline __m512i round32_pairs(const float* p) {
-  const __m256i lo = _mm512_cvtepi32_epi16(round16(p));
-  const __m256i hi = _mm512_cvtepi32_epi16(round16(p + 16));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  const __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
+#ifdef __AVX512BF16__
+  if (!any_denormal(lo) && !any_denormal(hi))
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+#endif
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(round16_bits(lo))),
+                            _mm512_cvtepi32_epi16(round16_bits(hi)), 1);
 }
 
 // The same for values already in bf16: 16 widened to 32-bit lanes, and 32 as they lie.

@@ -118,7 +118,7 @@ void bf16_round_row(const float* in, uint16_t* out, int64_t n) {
 #ifdef BRISK_PACK_AVX512
   for (; j + 16 <= n; j += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                        _mm512_cvtepi32_epi16(round16(in + j)));
+                        round16_packed(_mm512_loadu_ps(in + j)));
 #endif
   for (; j < n; ++j) out[j] = float_to_bf16(in[j]);
 }
