@@ -28,6 +28,19 @@ double seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Seconds of one call of a made product, the best of `reps` after a warm-up call.
+double best_seconds(const dnnl::matmul& mm, dnnl::stream& stream,
+                    const std::unordered_map<int, dnnl::memory>& args, int reps) {
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {  // run 0 warms up
+    const double t = seconds();
+    mm.execute(stream, args);
+    stream.wait();
+    if (r > 0) best = std::min(best, seconds() - t);
+  }
+  return best;
+}
+
 // GFLOP/s of oneDNN's M x M x M product in `dt` (float32 result), the best of `reps` runs; 0
 // when oneDNN has no kernel for this CPU.
 double onednn_gflops(dnnl::engine& eng, dnnl::stream& stream, dnnl::memory::data_type dt, int M,
@@ -48,14 +61,7 @@ double onednn_gflops(dnnl::engine& eng, dnnl::stream& stream, dnnl::memory::data
   std::fill_n(static_cast<char*>(bm.get_data_handle()), bd.get_size(), 0x3f);
   const std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-  double best = 1e30;
-  for (int r = 0; r <= reps; ++r) {  // run 0 warms up
-    const double t = seconds();
-    mm.execute(stream, args);
-    stream.wait();
-    if (r > 0) best = std::min(best, seconds() - t);
-  }
-  return 2.0 * M * M * M / best * 1e-9;
+  return 2.0 * M * M * M / best_seconds(mm, stream, args, reps) * 1e-9;
 }
 
 double openblas_gflops(int M, int reps) {
@@ -163,15 +169,7 @@ int f32_kernels(dnnl::engine& eng, dnnl::stream& stream) {
     const std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     auto rate = [&](const dnnl::matmul::primitive_desc& pd) {
-      dnnl::matmul mm(pd);
-      double best = 1e30;
-      for (int r = 0; r <= 5; ++r) {  // run 0 warms up
-        const double t = seconds();
-        mm.execute(stream, args);
-        stream.wait();
-        if (r > 0) best = std::min(best, seconds() - t);
-      }
-      return 2.0 * s.m * s.k * s.n / best * 1e-9;
+      return 2.0 * s.m * s.k * s.n / best_seconds(dnnl::matmul(pd), stream, args, 5) * 1e-9;
     };
     const dnnl::matmul::desc desc(ad, bd, cd);
     const dnnl::matmul::primitive_desc pd(desc, eng);
@@ -222,15 +220,8 @@ int bf16_shapes(dnnl::engine& eng, dnnl::stream& stream) {
       dnnl::matmul mm(pd);
       const std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-      double best = 1e30;
-      for (int r = 0; r <= 20; ++r) {  // run 0 warms up
-        const double t = seconds();
-        mm.execute(stream, args);
-        stream.wait();
-        if (r > 0) best = std::min(best, seconds() - t);
-      }
       if (kernel) *kernel = pd.impl_info_str();
-      return 2.0 * s.m * s.k * s.n / best * 1e-9;
+      return 2.0 * s.m * s.k * s.n / best_seconds(mm, stream, args, 20) * 1e-9;
     };
     std::string kernel;
     const double plain = rate(false, dt::f32, &kernel), trans = rate(true, dt::f32, nullptr),

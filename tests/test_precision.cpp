@@ -848,6 +848,35 @@ TEST_P(CpuProducts, ABf16OutputIsTheFloat32OneRounded) {
     EXPECT_NE(got, want) << "dropout " << drop;
     y16[0] = float_to_bf16(widened[0]);
   }
+  // Over several of dropout_add's pieces, with the sum written over x: the mask dropout_forward
+  // draws over the whole branch (its own loop), element by element, whatever piece an element
+  // is widened in; the float32 branch gives the same bits.
+  const int64_t L = 3001;
+  std::vector<uint16_t> r16(L);
+  std::vector<float> r32(L), base(L), mask(L);
+  for (int64_t i = 0; i < L; ++i) {
+    r16[i] = float_to_bf16(1.0f + std::fabs(random.x[i % (M * K)]));  // never 0
+    r32[i] = bf16_to_float(r16[i]);
+    base[i] = random.w[i % (N * K)];
+  }
+  const RngKey key{7, 1, 4};
+  be->dropout_forward(Tensor(r32.data(), {L}, DType::f32), 0.5f, key,
+                      Tensor(mask.data(), {L}, DType::f32));
+  std::vector<float> want(base), got(base);
+  be->dropout_add(Tensor(want.data(), {L}, DType::f32), Tensor(r32.data(), {L}, DType::f32), 0.5f,
+                  key, Tensor(want.data(), {L}, DType::f32));
+  be->dropout_add(Tensor(got.data(), {L}, DType::f32), Tensor(r16.data(), {L}, DType::bf16), 0.5f,
+                  key, Tensor(got.data(), {L}, DType::f32));
+  EXPECT_EQ(got, want) << "a branch of " << L << " values, written over x";
+  int64_t kept = 0, wrong = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    kept += mask[i] != 0.0f;
+    wrong += mask[i] == 0.0f ? got[i] != base[i]
+                             : std::fabs(got[i] - (base[i] + 2.0f * r32[i])) > 1e-5f * 8;
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(kept, L / 4);
+  EXPECT_LT(kept, 3 * L / 4);
 }
 
 // An output gradient stored in bf16 (what the CPU's bf16 LM heads pass: the logits' gradient

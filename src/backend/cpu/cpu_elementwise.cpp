@@ -62,34 +62,24 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
   const float* a = x.f32();
   float* out = y.f32();
   const int64_t n = x.numel();
-  if (r.dtype() == DType::f32) {
-    const float* b = r.f32();
-    if (p == 0.0f) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-      return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i += kDropoutChunk)
-      dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), b + i, a + i,
-                    out + i);
-    return;
-  }
-  // A bf16 branch (a product's output stored rounded), widened a piece at a time: the same
-  // values as a float32 branch rounded in place.
-  const uint16_t* b16 = r.as<uint16_t>();
+  // A bf16 branch (a product's output stored rounded) is widened a piece at a time: the same
+  // values, and the same mask (keyed by the element's index), as the float32 branch holding them.
+  const bool widen = r.dtype() == DType::bf16;
+  const float* r32 = widen ? nullptr : r.f32();
+  const uint16_t* r16 = widen ? r.as<uint16_t>() : nullptr;
   constexpr int64_t kPiece = 1024;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i += kPiece) {
-    float b[kPiece];
     const int64_t m = std::min(kPiece, n - i);
-    bf16_widen_row(b16 + i, b, m);
-    if (p == 0.0f) {
-#pragma omp simd
-      for (int64_t j = 0; j < m; ++j) out[i + j] = a[i + j] + b[j];
-    } else {
+    float buf[kPiece];
+    if (widen) bf16_widen_row(r16 + i, buf, m);
+    const float* b = widen ? buf : r32 + i;
+    if (p != 0.0f) {
       dropout_range(key, p, static_cast<uint64_t>(i), m, b, a + i, out + i);
+      continue;
     }
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) out[i + j] = a[i + j] + b[j];
   }
 }
 
