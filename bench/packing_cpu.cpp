@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_avx512.h"
-#include "backend/cpu/cpu_bf16_tiles.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <random>
 
-#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "backend/workspace.h"
 #include "precision/loss_scaler.h"
 #include "test_support.h"
@@ -520,7 +520,7 @@ TEST(CpuBf16Tiles, RoundRowGivesFloatToBf16ForEveryClass) {
   }
 }
 
-// The bf16 tiles' packers (cpu_bf16_tiles.h): every value where its layout puts it, rounded as
+// The bf16 tiles' packers (cpu_tiles.h): every value where its layout puts it, rounded as
 // float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
 // by 32 columns at a time) and the scalar edges alike; from float32 and from bf16 values.
 TEST(CpuBf16Tiles, PackersWriteTheirLayouts) {
@@ -569,21 +569,48 @@ TEST(CpuBf16Tiles, PackersWriteTheirLayouts) {
   }
 }
 
+// The worst error, relative to the sum of the terms' sizes, of a tile product's C[m x n] (row
+// stride ldc = n + 5; c0 the values before it) against the fp64 product of A[m x k] and B[k x n]
+// (row-major float32, each value first passed through `value`); the columns past n must be
+// untouched.
+template <typename Value>
+double tile_product_error(int64_t m, int64_t n, int64_t k, const std::vector<float>& a,
+                          const std::vector<float>& b, const std::vector<float>& c0,
+                          const std::vector<float>& c, bool accumulate, Value value) {
+  const int64_t ldc = n + 5;
+  double worst = 0.0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const double got = c[i * ldc + j];
+      if (j >= n) {  // past the product's columns: untouched
+        EXPECT_EQ(got, c0[i * ldc + j]) << "row " << i << ", column " << j;
+        continue;
+      }
+      double want = accumulate ? c0[i * ldc + j] : 0.0, size = std::fabs(want);
+      for (int64_t p = 0; p < k; ++p) {
+        const double term = static_cast<double>(value(a[i * k + p])) * value(b[p * n + j]);
+        want += term;
+        size += std::fabs(term);
+      }
+      worst = std::max(worst, std::fabs(got - want) / (size + 1e-30));
+    }
+  return worst;
+}
+
+// Tile products' shapes: tiles of every height (1-6 rows) and width (1-4 vectors, the last one
+// part-masked), several column panels, and an empty k.
+const std::tuple<int64_t, int64_t, int64_t> kTileShapes[] = {
+    {1, 1, 2}, {6, 64, 64}, {13, 70, 31}, {64, 256, 64}, {65, 49, 128}, {5, 17, 0}};
+
 // bf16_pair_product against an fp64 product of the same bf16 values, for A as rows and in pairs
-// of rows (read transposed), with and without accumulation, over tiles of every height (1-6 rows)
-// and width (1-4 vectors, the last one part-masked): float32 accumulation only.
+// of rows (read transposed), with and without accumulation: float32 accumulation only.
 TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
   if (!cpu_bf16_tiles_available())
     GTEST_SKIP() << "this build does not target AVX512-BF16: attention's bf16 products run on "
                     "oneDNN or OpenBLAS instead of the tiles";
   std::mt19937 gen(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 2},
-                                {6, 64, 64},
-                                {13, 70, 31},
-                                {64, 256, 64},
-                                {65, 49, 128},
-                                {5, 17, 0}})
+  for (const auto& [m, n, k] : kTileShapes)
     for (const bool a_transposed : {false, true})
       for (const bool accumulate : {false, true}) {
         // A as float32 [m x k] (or [k x m] when read transposed), B as float32 [k x n].
@@ -612,27 +639,64 @@ TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
         std::vector<float> c = c0;
         bf16_pair_product(m, n, pairs, ap.data(), a_row, a_pair, bp.data(), n + 1, accumulate,
                           c.data(), n + 5);
-        double worst = 0.0;
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n + 5; ++j) {
-            const double got = c[i * (n + 5) + j];
-            if (j >= n) {  // past the product's columns: untouched
-              ASSERT_EQ(got, c0[i * (n + 5) + j]);
-              continue;
-            }
-            double want = accumulate ? c0[i * (n + 5) + j] : 0.0, size = std::fabs(want);
-            for (int64_t p = 0; p < k; ++p) {
-              const double term = static_cast<double>(bf16_to_float(float_to_bf16(a[i * k + p]))) *
-                                  bf16_to_float(float_to_bf16(b[p * n + j]));
-              want += term;
-              size += std::fabs(term);
-            }
-            worst = std::max(worst, std::fabs(got - want) / (size + 1e-30));
-          }
+        const double worst = tile_product_error(m, n, k, a, b, c0, c, accumulate, [](float v) {
+          return bf16_to_float(float_to_bf16(v));
+        });
         EXPECT_LE(worst, 1e-5) << m << " x " << n << " x " << k
                                << (a_transposed ? " A transposed" : "")
                                << (accumulate ? " accumulated" : "");
       }
+}
+
+// f32_product against an fp64 product of the same values, for A row-major and read transposed
+// from a row-major [k x m] (as attention reads the probabilities for dV and dK), B with a row
+// stride past its columns, with and without accumulation.
+TEST(CpuF32Tiles, ProductMatchesTheFp64Reference) {
+  if (!cpu_f32_tiles_available())
+    GTEST_SKIP() << "this build does not target AVX-512: attention's float32 products run on "
+                    "oneDNN or OpenBLAS instead of the tiles";
+  std::mt19937 gen(10);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, n, k] : kTileShapes)
+    for (const bool a_transposed : {false, true})
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> a(m * k), b(k * n), c0(m * (n + 5));
+        for (auto& v : a) v = normal(gen);
+        for (auto& v : b) v = normal(gen);
+        for (auto& v : c0) v = normal(gen);
+        std::vector<float> stored(m * k + 1), bs(k * (n + 3) + 1);
+        if (a_transposed)  // stored [k x m], read as A^T
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t p = 0; p < k; ++p) stored[p * m + i] = a[i * k + p];
+        else
+          std::copy(a.begin(), a.end(), stored.begin());
+        for (int64_t p = 0; p < k; ++p)
+          std::copy(b.begin() + p * n, b.begin() + (p + 1) * n, bs.begin() + p * (n + 3));
+        std::vector<float> c = c0;
+        f32_product(m, n, k, stored.data(), a_transposed ? 1 : k, a_transposed ? m : 1, bs.data(),
+                    n + 3, accumulate, c.data(), n + 5);
+        const double worst =
+            tile_product_error(m, n, k, a, b, c0, c, accumulate, [](float v) { return v; });
+        EXPECT_LE(worst, 1e-6) << m << " x " << n << " x " << k
+                               << (a_transposed ? " A transposed" : "")
+                               << (accumulate ? " accumulated" : "");
+      }
+}
+
+// f32_transposed writes every value where its transpose goes (whole 16 x 16 blocks, the columns
+// and rows past them) and nothing past the transposed matrix's columns.
+TEST(CpuF32Tiles, TransposedPutsEveryValueInPlace) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {16, 16}, {37, 70}, {256, 64}, {15, 33}, {48, 17}}) {
+    const int64_t ld = cols + 3, dst_ld = rows + 2;
+    std::vector<float> src(rows * ld), dst(cols * dst_ld, -1.0f);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+    f32_transposed(src.data(), rows, cols, ld, dst.data(), dst_ld);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < dst_ld; ++r)
+        ASSERT_EQ(dst[c * dst_ld + r], r < rows ? src[r * ld + c] : -1.0f)
+            << rows << " x " << cols << ": row " << r << ", column " << c;
+  }
 }
 
 // A weight gradient with more than 4096 rows goes in blocks of rows (cpu_linear.cpp): the blocks

@@ -6,7 +6,7 @@
 
 #include "backend/activation.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_bf16_tiles.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_store.h"
 
 namespace brisk {

@@ -7,9 +7,11 @@
 // products by oneDNN (one instance per thread) where it multiplies the backend's type, else
 // OpenBLAS; in bf16 mode the probabilities and their gradient are rounded to bf16 for the
 // products that read them (on bf16 units: q, k, v and the output gradient copied to bf16 per task).
-// On AVX512-BF16 units the bf16 products are brisk's own register tiles (cpu_bf16_tiles.h) instead
+// On AVX512-BF16 units the bf16 products are brisk's own register tiles (cpu_tiles.h) instead
 // of oneDNN's: q, k, v and the output gradient packed once per task into the layouts the tiles
 // read, the probabilities and their gradient written into them by the block's own passes.
+// Float32 products on AVX-512 are brisk's float32 tiles too (unless BRISK_CPU_PRODUCTS names a
+// library), reading the operands where they lie but k and v, transposed once per task.
 #include <cblas.h>
 #include <omp.h>
 
@@ -21,9 +23,9 @@
 
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_bf16_tiles.h"
 #include "backend/cpu/cpu_dropout.h"
 #include "backend/cpu/cpu_exp.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "core/checked.h"
 
 namespace brisk {
@@ -68,11 +70,12 @@ inline int64_t even(int64_t n) {
 // blocks of kRows x even(T), the block's probabilities or their gradient as rows and in pairs of
 // rows, and seven packed [even(T), D] operands.
 // Float32 products reading a bf16 qkv take float32 copies [T, D] of q, k and v (qf, kf, vf) where
-// the bf16 values lie otherwise.
+// the bf16 values lie otherwise; the float32 tiles (float32 qkv only) k and v transposed [D, T]
+// (kt, vt) in the same place.
 struct TaskScratch {
   float *s, *p;
   uint16_t *a16, *q16, *k16, *v16, *g16;
-  float *qf, *kf, *vf;
+  float *qf, *kf, *vf, *kt, *vt;
   TaskScratch(float* base, int64_t T, int64_t D)
       : s(base), p(base + kRows * T), a16(reinterpret_cast<uint16_t*>(base + 2 * kRows * T)) {
     q16 = a16 + kRows * T;
@@ -82,6 +85,8 @@ struct TaskScratch {
     qf = base + 2 * kRows * T;
     kf = qf + T * D;
     vf = kf + T * D;
+    kt = qf;
+    vt = kf;
   }
 };
 
@@ -172,13 +177,23 @@ Mat rounded_operand(float* block, int64_t rows, int64_t cols, int64_t ld, bool r
   return as_operand(block, rows, cols, ld, units, copy);
 }
 
-// Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread: by that
+// Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread: by the
+// float32 tiles (`tiles`; B then as it lies: a B read transposed is packed so first), by that
 // thread's oneDNN instance (operands in its type) where there is one, else by OpenBLAS (float32).
 struct Products {
   const std::vector<std::unique_ptr<DnnlMatmul>>& dnnl;
+  bool tiles;
   void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Mat& a,
                   const Mat& b, float beta, float* c, int64_t ldc) const {
     if (m == 0 || n == 0) return;
+    if (tiles) {
+      BRISK_CHECK(!trans_b && a.elem == sizeof(float) && b.elem == sizeof(float),
+                  "internal error: the float32 tiles take float32 operands and B as it lies");
+      const auto* av = static_cast<const float*>(a.data);
+      f32_product(m, n, k, av, trans_a ? 1 : a.ld, trans_a ? a.ld : 1,
+                  static_cast<const float*>(b.data), b.ld, beta != 0.0f, c, ldc);
+      return;
+    }
     const size_t thread = static_cast<size_t>(omp_get_thread_num());
     if (thread < dnnl.size() && k > 0) {
       dnnl[thread]->run(trans_a, trans_b, m, n, k, a.data, a.ld, b.data, b.ld, beta != 0.0f, c,
@@ -311,6 +326,20 @@ namespace {
 bool use_tiles(bool units, int64_t head_dim) {
   return units && head_dim % 2 == 0 && cpu_bf16_tiles_available();
 }
+
+// Whether the float32 products run on the float32 tiles (`f32_tiles`: the backend's choice, see
+// CpuBackend): float32 products (not on bf16 units) of float32 values (scratch holds k and v
+// transposed only where it holds no widened copies).
+bool use_f32_tiles(bool units, const HeadSrc& qkv, bool f32_tiles) {
+  return f32_tiles && !units && !qkv.bf16;
+}
+
+// An operand [rows, cols] transposed into dst ([cols, rows]): the B of a float32 tiles' product
+// that reads it transposed.
+Mat transposed(const Mat& m, int64_t rows, int64_t cols, float* dst) {
+  f32_transposed(static_cast<const float*>(m.data), rows, cols, m.ld, dst, rows);
+  return {dst, rows, sizeof(float)};
+}
 }  // namespace
 
 bool CpuBackend::prepare_attention_products() {
@@ -345,8 +374,9 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
   // product and the scores' read bf16 copies.
   const bool round = bf16_operands_, units = prepare_attention_products();
-  const bool tiles = use_tiles(units, d.D);
-  const Products product{attention_dnnl_};
+  const bool tiles = use_tiles(units, d.D),
+             f32_tiles = use_f32_tiles(units, base, f32_attention_tiles_);
+  const Products product{attention_dnnl_, f32_tiles};
   const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
@@ -372,6 +402,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
       Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
       K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
       V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
+      if (f32_tiles) K = transposed(K, d.T, d.D, ts.kt);  // the B of the scores: K^T
     }
     for (int64_t i0 = 0; i0 < d.T; i0 += block_rows) {
       const int64_t rows = std::min(block_rows, d.T - i0), keys = causal ? i0 + rows : d.T;
@@ -379,7 +410,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
         bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
                           d.T);
       else
-        product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
+        product(false, !f32_tiles, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float* row = ts.s + r * d.T;
@@ -426,8 +457,9 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
   const bool round = bf16_operands_, units = prepare_attention_products();
-  const bool tiles = use_tiles(units, d.D);
-  const Products product{attention_dnnl_};
+  const bool tiles = use_tiles(units, d.D),
+             f32_tiles = use_f32_tiles(units, base, f32_attention_tiles_);
+  const Products product{attention_dnnl_, f32_tiles};
   const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
@@ -445,14 +477,18 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
       std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
     }
-    Mat K{}, V{};
+    Mat K{}, V{}, KT{}, VT{};  // KT, VT: the B of the scores and of dP (K^T, V^T)
     if (tiles) {
       with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, Te); });
       with_source(v, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.vt, Te); });
       with_source(k, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.k2, d.D); });
     } else {
-      K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
-      V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
+      K = KT = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
+      V = VT = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
+      if (f32_tiles) {  // the libraries read K and V transposed; the tiles read them packed so
+        KT = transposed(K, d.T, d.D, ts.kt);
+        VT = transposed(V, d.T, d.D, ts.vt);
+      }
     }
     for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
       const int64_t bh = b * d.H + h;
@@ -478,7 +514,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
                             d.T);
         else
-          product(false, true, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
+          product(false, !f32_tiles, rows, keys, d.D, Q.from(i0), KT, 0.0f, ts.s, d.T);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           recompute_row(ts.s + r * d.T, keys, causal ? i + 1 : keys, mask_b, scale,
@@ -509,7 +545,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           const Mat Pd = rounded_operand(weights, rows, keys, d.T, round, units, ts.a16);
           product(true, false, keys, d.D, rows, Pd, G.from(i0), 1.0f, dv, ld);
           // dP' = dO V^T into p, then dS over it.
-          product(false, true, rows, keys, d.D, G.from(i0), V, 0.0f, ts.p, d.T);
+          product(false, !f32_tiles, rows, keys, d.D, G.from(i0), VT, 0.0f, ts.p, d.T);
         }
         float dots[kRows];
         for (int64_t r = 0; r < rows; ++r) {

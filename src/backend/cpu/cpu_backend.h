@@ -136,7 +136,10 @@ class CpuBackend final : public Backend {
   // instance for every thread of the next parallel region.
   bool prepare_attention_products();
   bool bf16_operands_ = false;  // the matmul dtype is bf16: operands rounded to it
-  BackendWorkspace ws_;         // its planned bf16 operand buffers
+  // Attention's float32 products on brisk's float32 tiles (an AVX-512 build where
+  // BRISK_CPU_PRODUCTS names no library when the products' type is set), else on the library.
+  bool f32_attention_tiles_ = false;
+  BackendWorkspace ws_;  // its planned bf16 operand buffers
   // The held weight (hold_weight) and what each copy of it in ws_.held_weight holds (one copy
   // per way products read it, [2, n] on bf16 units; one plain copy otherwise): the blocked layout
   // it was rounded into (DnnlMatmul::BlockedB::layout), kPlainCopy, or kNoCopy until the first

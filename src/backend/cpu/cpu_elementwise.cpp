@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_bf16_tiles.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_dropout.h"
 
 namespace brisk {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_tiles.h"
 
 namespace brisk {
 
@@ -59,6 +60,8 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
+  f32_attention_tiles_ =
+      cpu_f32_tiles_available() && !cpu_products_by_openblas() && !cpu_products_by_onednn();
   const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
   // Attention's per-thread instances follow dnnl_'s type (prepare_attention_products makes them).
   if (!dnnl_ || dnnl_->dtype() != library) attention_dnnl_.clear();

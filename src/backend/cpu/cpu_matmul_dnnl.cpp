@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_avx512.h"
-#include "backend/cpu/cpu_bf16_tiles.h"
+#include "backend/cpu/cpu_tiles.h"
 #include "core/error.h"
 
 #ifdef BRISK_HAVE_DNNL

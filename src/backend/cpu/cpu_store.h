@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cpu/cpu_bf16_tiles.h"
+#include "backend/cpu/cpu_tiles.h"
 
 namespace brisk {
 

@@ -1,9 +1,13 @@
-// Small bf16 products on the CPU's AVX512-BF16 units without a library call: attention's per-block
+// Small products on the CPU's vector units without a library call: attention's per-block
 // products (cpu_attention.cpp), whose operands are a few dozen rows and where oneDNN's per-call
-// cost and its copies of the operands into its own layouts were half the time.
+// cost and its copies of the operands into its own layouts were half the time. Float32 products
+// with FMA on AVX-512; bf16 products on AVX512-BF16.
 //
-// Operands are bf16 pairs: two bf16 values in a 32-bit word, the lower-indexed one in the low
-// half, multiplied and added into float32 as the vdpbf16ps instruction does. A product
+// Float32: C[m x n] (+)= A[m x k] B[k x n] with A's value (r, p) at a[r * a_row + p * a_col] (any
+// strides: a row-major A, or a row-major matrix read transposed) and B row-major (row stride ldb).
+//
+// bf16: operands are bf16 pairs: two bf16 values in a 32-bit word, the lower-indexed one in the
+// low half, multiplied and added into float32 as the vdpbf16ps instruction does. A product
 // C[m x n] (+)= A[m x k] B[k x n] reads k / 2 pairs: A's pair p of row r is the word
 // a[r * a_row + p * a_pair] (a_row = k / 2, a_pair = 1 for a row-major bf16 A; a_row = 1, a_pair =
 // the row length for the pairs-of-rows layout below, which reads A transposed), and B's pair p of
@@ -20,6 +24,18 @@ namespace brisk {
 // Whether this build has the tiles (compiled for AVX512-BF16); without them bf16_pair_product
 // fails (the packers work on any CPU).
 bool cpu_bf16_tiles_available();
+
+// Whether this build has the float32 tiles (compiled for AVX-512); without them f32_product fails.
+bool cpu_f32_tiles_available();
+
+// C[m x n] = (accumulate ? C : 0) + A B (see above), float32 accumulation in k's order.
+void f32_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+                 const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
+// src[rows x cols] (row stride ld) transposed: dst[c * dst_ld + r] = src[r * ld + c] (the B of a
+// float32 product that reads src transposed).
+void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                    int64_t dst_ld);
 
 // C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above).
 void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
@@ -52,7 +68,7 @@ void with_bf16_or_f32(const void* data, bool bf16, F f) {
 }
 
 // The packers read float32 (T = float: rounded) or bf16 (T = uint16_t: copied as it is) values;
-// cpu_bf16_tiles.cpp instantiates both.
+// cpu_tiles.cpp instantiates both.
 // src[rows x cols] (row stride ld) as bf16 rows at dst (row stride dst_ld >= cols rounded up to
 // even, in bf16 values): row r's words are its pairs of columns, the last padded with zero when
 // cols is odd.

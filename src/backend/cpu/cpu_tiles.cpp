@@ -1,6 +1,6 @@
-// bf16 tiles: register-blocked products on AVX512-BF16 (vdpbf16ps), and the packers that write
-// their operands. See cpu_bf16_tiles.h for the layouts.
-#include "backend/cpu/cpu_bf16_tiles.h"
+// Register tiles: small products on AVX-512 (float32) and AVX512-BF16 (bf16 pairs, vdpbf16ps),
+// and the packers that write their operands. See cpu_tiles.h for the layouts.
+#include "backend/cpu/cpu_tiles.h"
 
 #include <algorithm>
 
@@ -24,14 +24,34 @@ uint32_t pair_of(T lo, T hi) {
   return uint32_t{as_bf16(lo)} | uint32_t{as_bf16(hi)} << 16;
 }
 
+#ifdef BRISK_PACK_AVX512
+// What a tile multiplies, step by step along k: bf16 pairs (a 32-bit word holding two values;
+// vdpbf16ps adds both products) or float32 values (vfmadd).
 #ifdef BRISK_BF16_TILES
+struct Bf16Pairs {
+  using Word = uint32_t;
+  using Vec = __m512bh;
+  static Vec load(const Word* b, __mmask16 m) { return (Vec)_mm512_maskz_loadu_epi32(m, b); }
+  static Vec broadcast(Word a) { return (Vec)_mm512_set1_epi32(static_cast<int>(a)); }
+  static __m512 madd(__m512 acc, Vec a, Vec b) { return _mm512_dpbf16_ps(acc, a, b); }
+};
+#endif
+struct F32Values {
+  using Word = float;
+  using Vec = __m512;
+  static Vec load(const Word* b, __mmask16 m) { return _mm512_maskz_loadu_ps(m, b); }
+  static Vec broadcast(Word a) { return _mm512_set1_ps(a); }
+  static __m512 madd(__m512 acc, Vec a, Vec b) { return _mm512_fmadd_ps(a, b, acc); }
+};
+
 // A tile of C is MR rows by NV vectors of 16 columns (at most 6 x 4: 24 accumulators, the B
-// vectors and A's broadcast pair within the 32 registers); `last` masks the last vector's columns.
+// vectors and A's broadcast word within the 32 registers); `last` masks the last vector's columns.
 constexpr int kTileRows = 6, kTileVectors = 4, kTileColumns = 16 * kTileVectors;
 
-template <int MR, int NV>
-void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_pair, const uint32_t* b,
-          int64_t ldb, __mmask16 last, bool accumulate, float* c, int64_t ldc) {
+template <typename Kind, int MR, int NV>
+void tile(int64_t steps, const typename Kind::Word* a, int64_t a_row, int64_t a_step,
+          const typename Kind::Word* b, int64_t ldb, __mmask16 last, bool accumulate, float* c,
+          int64_t ldc) {
   // The loops over rows and vectors unrolled whole, so that the accumulators live in registers.
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
@@ -41,18 +61,17 @@ void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_pair, const
       acc[r][v] = accumulate
                       ? _mm512_maskz_loadu_ps(v == NV - 1 ? last : 0xffff, c + r * ldc + 16 * v)
                       : _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh bv[NV];
+  for (int64_t p = 0; p < steps; ++p) {
+    typename Kind::Vec bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      bv[v] = (__m512bh)_mm512_maskz_loadu_epi32(v == NV - 1 ? last : 0xffff, b + 16 * v);
+    for (int v = 0; v < NV; ++v) bv[v] = Kind::load(b + 16 * v, v == NV - 1 ? last : 0xffff);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_row]));
+      const typename Kind::Vec av = Kind::broadcast(a[r * a_row]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Kind::madd(acc[r][v], av, bv[v]);
     }
-    a += a_pair;
+    a += a_step;
     b += ldb;
   }
 #pragma GCC unroll 8
@@ -62,21 +81,46 @@ void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_pair, const
       _mm512_mask_storeu_ps(c + r * ldc + 16 * v, v == NV - 1 ? last : 0xffff, acc[r][v]);
 }
 
-using TileFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t,
-                        __mmask16, bool, float*, int64_t);
+template <typename Kind>
+using TileFn = void (*)(int64_t, const typename Kind::Word*, int64_t, int64_t,
+                        const typename Kind::Word*, int64_t, __mmask16, bool, float*, int64_t);
 
-template <int MR>
-constexpr TileFn tile_of(int nv) {
-  return nv == 1 ? tile<MR, 1> : nv == 2 ? tile<MR, 2> : nv == 3 ? tile<MR, 3> : tile<MR, 4>;
+template <typename Kind, int MR>
+constexpr TileFn<Kind> tile_of(int nv) {
+  return nv == 1   ? tile<Kind, MR, 1>
+         : nv == 2 ? tile<Kind, MR, 2>
+         : nv == 3 ? tile<Kind, MR, 3>
+                   : tile<Kind, MR, 4>;
 }
 
-constexpr TileFn tile_of(int mr, int nv) {
-  return mr == 1   ? tile_of<1>(nv)
-         : mr == 2 ? tile_of<2>(nv)
-         : mr == 3 ? tile_of<3>(nv)
-         : mr == 4 ? tile_of<4>(nv)
-         : mr == 5 ? tile_of<5>(nv)
-                   : tile_of<6>(nv);
+template <typename Kind>
+constexpr TileFn<Kind> tile_of(int mr, int nv) {
+  return mr == 1   ? tile_of<Kind, 1>(nv)
+         : mr == 2 ? tile_of<Kind, 2>(nv)
+         : mr == 3 ? tile_of<Kind, 3>(nv)
+         : mr == 4 ? tile_of<Kind, 4>(nv)
+         : mr == 5 ? tile_of<Kind, 5>(nv)
+                   : tile_of<Kind, 6>(nv);
+}
+
+// C[m x n] (+)= the product over `steps` of A's and B's words, in tiles.
+template <typename Kind>
+void tiled_product(int64_t m, int64_t n, int64_t steps, const typename Kind::Word* a, int64_t a_row,
+                   int64_t a_step, const typename Kind::Word* b, int64_t ldb, bool accumulate,
+                   float* c, int64_t ldc) {
+  // Column panels outermost: a panel of B (steps x 64 words) stays in the L1 cache while the
+  // tiles of rows pass over it.
+  for (int64_t n0 = 0; n0 < n; n0 += kTileColumns) {
+    const int64_t cols = std::min<int64_t>(kTileColumns, n - n0);
+    const int nv = static_cast<int>((cols + 15) / 16);
+    const __mmask16 last =
+        cols % 16 == 0 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (cols % 16)) - 1);
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
+      tile_of<Kind>(mr, nv)(steps, a + r0 * a_row, a_row, a_step, b + n0, ldb, last, accumulate,
+                            c + r0 * ldc + n0, ldc);
+    }
+  }
 }
 #endif
 }  // namespace
@@ -93,23 +137,30 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
                        int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
                        int64_t ldc) {
 #ifdef BRISK_BF16_TILES
-  // Column panels outermost: a panel of B (pairs x 64 words) stays in the L1 cache while the
-  // tiles of rows pass over it.
-  for (int64_t n0 = 0; n0 < n; n0 += kTileColumns) {
-    const int64_t cols = std::min<int64_t>(kTileColumns, n - n0);
-    const int nv = static_cast<int>((cols + 15) / 16);
-    const __mmask16 last =
-        cols % 16 == 0 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (cols % 16)) - 1);
-    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
-      tile_of(mr, nv)(pairs, a + r0 * a_row, a_row, a_pair, b + n0, ldb, last, accumulate,
-                      c + r0 * ldc + n0, ldc);
-    }
-  }
+  tiled_product<Bf16Pairs>(m, n, pairs, a, a_row, a_pair, b, ldb, accumulate, c, ldc);
 #else
   (void)m, (void)n, (void)pairs, (void)a, (void)a_row, (void)a_pair, (void)b, (void)ldb,
       (void)accumulate, (void)c, (void)ldc;
   BRISK_FAIL("internal error: this build has no bf16 tiles (it does not target AVX512-BF16)");
+#endif
+}
+
+bool cpu_f32_tiles_available() {
+#ifdef BRISK_PACK_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
+void f32_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+                 const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+#ifdef BRISK_PACK_AVX512
+  tiled_product<F32Values>(m, n, k, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+#else
+  (void)m, (void)n, (void)k, (void)a, (void)a_row, (void)a_col, (void)b, (void)ldb,
+      (void)accumulate, (void)c, (void)ldc;
+  BRISK_FAIL("internal error: this build has no float32 tiles (it does not target AVX-512)");
 #endif
 }
 
@@ -196,6 +247,27 @@ void bf16_column_pairs_transposed(const T* src, int64_t rows, int64_t cols, int6
       const T* in = src + r * ld + 2 * p;
       dst[p * dst_ld + r] = pair_of(in[0], 2 * p + 1 < cols ? in[1] : T{0});
     }
+}
+
+void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                    int64_t dst_ld) {
+  int64_t r0 = 0, vector_cols = 0;
+#ifdef BRISK_PACK_AVX512
+  // 16 x 16 blocks through the registers, then what they leave (columns past the last whole
+  // block of 16, and the last rows) one value at a time.
+  for (; r0 + 16 <= rows; r0 += 16)
+    for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (r0 + i) * ld + c0));
+      transpose16(r);
+      for (int j = 0; j < 16; ++j)
+        _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, _mm512_castsi512_ps(r[j]));
+    }
+  vector_cols = r0 > 0 ? cols / 16 * 16 : 0;
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r < r0 ? vector_cols : 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * ld + c];
 }
 
 template void bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
