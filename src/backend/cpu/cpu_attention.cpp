@@ -178,7 +178,7 @@ Mat rounded_operand(float* block, int64_t rows, int64_t cols, int64_t ld, bool r
 }
 
 // Row-major C = op(A) op(B) (beta 0 or 1) for one attention task, on the calling thread: by the
-// float32 tiles (`tiles`; B then as it lies: a B read transposed is packed so first), by that
+// float32 tiles (`tiles`; they read B as it lies, so the callers pack a B^T first), by that
 // thread's oneDNN instance (operands in its type) where there is one, else by OpenBLAS (float32).
 struct Products {
   const std::vector<std::unique_ptr<DnnlMatmul>>& dnnl;
@@ -186,12 +186,10 @@ struct Products {
   void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Mat& a,
                   const Mat& b, float beta, float* c, int64_t ldc) const {
     if (m == 0 || n == 0) return;
-    if (tiles) {
-      BRISK_CHECK(!trans_b && a.elem == sizeof(float) && b.elem == sizeof(float),
-                  "internal error: the float32 tiles take float32 operands and B as it lies");
-      const auto* av = static_cast<const float*>(a.data);
-      f32_product(m, n, k, av, trans_a ? 1 : a.ld, trans_a ? a.ld : 1,
-                  static_cast<const float*>(b.data), b.ld, beta != 0.0f, c, ldc);
+    if (tiles && !trans_b && a.elem == sizeof(float) && b.elem == sizeof(float)) {
+      f32_product(m, n, k, static_cast<const float*>(a.data), trans_a ? 1 : a.ld,
+                  trans_a ? a.ld : 1, static_cast<const float*>(b.data), b.ld, beta != 0.0f, c,
+                  ldc);
       return;
     }
     const size_t thread = static_cast<size_t>(omp_get_thread_num());
