@@ -602,6 +602,20 @@ double tile_product_error(int64_t m, int64_t n, int64_t k, const std::vector<flo
 const std::tuple<int64_t, int64_t, int64_t> kTileShapes[] = {
     {1, 1, 2}, {6, 64, 64}, {13, 70, 31}, {64, 256, 64}, {65, 49, 128}, {5, 17, 0}};
 
+// A tile product's operands as float32, standard normal: A [m x k], B [k x n], and C's values
+// before it [m x (n + 5)]; `at`: A stored transposed ([k x m]), to be read as A^T.
+struct TileOperands {
+  std::vector<float> a, b, c0, at;
+  TileOperands(int64_t m, int64_t n, int64_t k, std::mt19937& gen)
+      : a(m * k), b(k * n), c0(m * (n + 5)), at(k * m) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto* v : {&a, &b, &c0})
+      for (auto& e : *v) e = normal(gen);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p) at[p * m + i] = a[i * k + p];
+  }
+};
+
 // bf16_pair_product against an fp64 product of the same bf16 values, for A as rows and in pairs
 // of rows (read transposed), with and without accumulation: float32 accumulation only.
 TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
@@ -609,24 +623,17 @@ TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
     GTEST_SKIP() << "this build does not target AVX512-BF16: attention's bf16 products run on "
                     "oneDNN or OpenBLAS instead of the tiles";
   std::mt19937 gen(9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [m, n, k] : kTileShapes)
     for (const bool a_transposed : {false, true})
       for (const bool accumulate : {false, true}) {
-        // A as float32 [m x k] (or [k x m] when read transposed), B as float32 [k x n].
-        std::vector<float> a(m * k), b(k * n), c0(m * (n + 5));
-        for (auto& v : a) v = normal(gen);
-        for (auto& v : b) v = normal(gen);
-        for (auto& v : c0) v = normal(gen);
+        const TileOperands t(m, n, k, gen);
+        const std::vector<float>&a = t.a, &b = t.b, &c0 = t.c0;
         const int64_t pairs = (k + 1) / 2;
         std::vector<uint32_t> ap, bp(pairs * (n + 1));
         int64_t a_row = 0, a_pair = 0;
         if (a_transposed) {  // stored [k x m]: its pairs of rows, read as A^T's pairs
-          std::vector<float> at(k * m);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < k; ++j) at[j * m + i] = a[i * k + j];
           ap.resize(pairs * m + 1);
-          bf16_row_pairs(at.data(), k, m, m, ap.data(), m);
+          bf16_row_pairs(t.at.data(), k, m, m, ap.data(), m);
           a_row = 1, a_pair = m;
         } else {
           std::vector<uint16_t> a16(m * (2 * pairs) + 2);
@@ -656,20 +663,13 @@ TEST(CpuF32Tiles, ProductMatchesTheFp64Reference) {
     GTEST_SKIP() << "this build does not target AVX-512: attention's float32 products run on "
                     "oneDNN or OpenBLAS instead of the tiles";
   std::mt19937 gen(10);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [m, n, k] : kTileShapes)
     for (const bool a_transposed : {false, true})
       for (const bool accumulate : {false, true}) {
-        std::vector<float> a(m * k), b(k * n), c0(m * (n + 5));
-        for (auto& v : a) v = normal(gen);
-        for (auto& v : b) v = normal(gen);
-        for (auto& v : c0) v = normal(gen);
-        std::vector<float> stored(m * k + 1), bs(k * (n + 3) + 1);
-        if (a_transposed)  // stored [k x m], read as A^T
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t p = 0; p < k; ++p) stored[p * m + i] = a[i * k + p];
-        else
-          std::copy(a.begin(), a.end(), stored.begin());
+        const TileOperands t(m, n, k, gen);
+        const std::vector<float>&a = t.a, &b = t.b, &c0 = t.c0;
+        const std::vector<float>& stored = a_transposed ? t.at : a;  // at: read as A^T
+        std::vector<float> bs(k * (n + 3) + 1);
         for (int64_t p = 0; p < k; ++p)
           std::copy(b.begin() + p * n, b.begin() + (p + 1) * n, bs.begin() + p * (n + 3));
         std::vector<float> c = c0;
