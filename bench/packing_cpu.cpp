@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_avx512.h"
-#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
+#include "backend/cpu/cpu_tiles.h"
 
 namespace {
 double seconds() {

@@ -6,8 +6,8 @@
 
 #include "backend/activation.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_store.h"
+#include "backend/cpu/cpu_tiles.h"
 
 namespace brisk {
 

@@ -1,5 +1,5 @@
-// AVX-512 helpers shared by the CPU backend's bf16 packers (cpu_matmul_dnnl.cpp) and its bf16
-// attention tiles (cpu_tiles.cpp): rounding float32 to bf16 as float_to_bf16 does, and a
+// AVX-512 helpers shared by the CPU backend's bf16 packers (cpu_matmul_dnnl.cpp) and its
+// attention tiles' packers (cpu_tiles.cpp): rounding float32 to bf16 as float_to_bf16 does, and a
 // 16 x 16 transpose of 32-bit words. BRISK_PACK_AVX512 is defined where the build targets
 // AVX-512 (F and BW); without it the callers take their scalar paths.
 #pragma once

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_tiles.h"
 #include "backend/cpu/cpu_dropout.h"
+#include "backend/cpu/cpu_tiles.h"
 
 namespace brisk {
 

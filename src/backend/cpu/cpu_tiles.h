@@ -21,8 +21,8 @@
 
 namespace brisk {
 
-// Whether this build has the tiles (compiled for AVX512-BF16); without them bf16_pair_product
-// fails (the packers work on any CPU).
+// Whether this build has the bf16 tiles (compiled for AVX512-BF16); without them
+// bf16_pair_product fails (the packers work on any CPU).
 bool cpu_bf16_tiles_available();
 
 // Whether this build has the float32 tiles (compiled for AVX-512); without them f32_product fails.
