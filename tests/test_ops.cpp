@@ -16,6 +16,7 @@
 
 #include "backend/activation.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_exp.h"
 #include "backend/rope.h"
 #include "backend_support.h"
@@ -482,25 +483,46 @@ TEST(OpsMseLoss, MismatchedShapesAreRefused) {
                brisk::Error);
 }
 
-// The CPU's vectorizable exp (softmax in attention and the loss) against exp in double: within
-// 2 ulp over float's normal results, 0 below them, inf above, NaN kept.
-TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
+// The CPU's vectorizable exp (softmax in attention and the loss), and its AVX-512 form (exp16,
+// attention's softmax), against exp in double: within 2 ulp over float's normal results, 0 below
+// them, inf above, NaN kept.
+void expect_exp_within_two_ulp(float (*exp_of)(float)) {
   double worst = 0.0;
   for (float x = -87.3f; x < 88.72f; x += 0.000731f) {
     const double ref = std::exp(static_cast<double>(x));
     const float rf = static_cast<float>(ref);
     const double ulp = std::nextafter(rf, std::numeric_limits<float>::infinity()) - rf;
-    worst = std::max(worst, std::fabs(brisk::vector_expf(x) - ref) / ulp);
+    worst = std::max(worst, std::fabs(exp_of(x) - ref) / ulp);
   }
   EXPECT_LE(worst, 2.0);
   for (float x : {-0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 0.5f})
-    EXPECT_NEAR(brisk::vector_expf(x), std::exp(static_cast<double>(x)), 2e-7 * std::exp(x)) << x;
-  EXPECT_EQ(brisk::vector_expf(-87.5f), 0.0f);
-  EXPECT_EQ(brisk::vector_expf(-std::numeric_limits<float>::infinity()), 0.0f);
-  EXPECT_EQ(brisk::vector_expf(89.0f), std::numeric_limits<float>::infinity());
-  EXPECT_EQ(brisk::vector_expf(std::numeric_limits<float>::infinity()),
-            std::numeric_limits<float>::infinity());
-  EXPECT_TRUE(std::isnan(brisk::vector_expf(std::numeric_limits<float>::quiet_NaN())));
+    EXPECT_NEAR(exp_of(x), std::exp(static_cast<double>(x)), 2e-7 * std::exp(x)) << x;
+  EXPECT_EQ(exp_of(-87.5f), 0.0f);
+  EXPECT_EQ(exp_of(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(exp_of(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(exp_of(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(exp_of(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST(CpuMath, VectorExpIsWithinTwoUlpOfTheFp64Exp) {
+  expect_exp_within_two_ulp(brisk::vector_expf);
+}
+
+TEST(CpuMath, Exp16IsWithinTwoUlpOfTheFp64ExpInEveryLane) {
+#ifdef BRISK_PACK_AVX512
+  // Each value in a different lane among other values, so that every lane's path is exercised.
+  static int lane = 0;
+  expect_exp_within_two_ulp([](float x) {
+    lane = (lane + 1) % 16;
+    alignas(64) float in[16], out[16];
+    for (int i = 0; i < 16; ++i) in[i] = static_cast<float>(i) - 8.0f;
+    in[lane] = x;
+    _mm512_store_ps(out, brisk::avx512::exp16(_mm512_load_ps(in)));
+    return out[lane];
+  });
+#else
+  GTEST_SKIP() << "this build does not target AVX-512";
+#endif
 }
 
 // bf16 mode, a linear layer's backward over a bf16 input (a stored activation) with a bias: its

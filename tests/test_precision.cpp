@@ -1010,18 +1010,20 @@ void CpuProducts::attention_stays_close_to_float32(int64_t T, int64_t D) {
   ProductsBackend p(1);
   auto reference = make_cpu_backend();
   reference->set_matmul_dtype(DType::f32);
-  const int64_t B = 2, H = 4, K = 2, W = (H + 2 * K) * D, C = H * D;
+  const int64_t B = 3, H = 4, K = 2, W = (H + 2 * K) * D, C = H * D;
   std::mt19937 gen(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> qkv(B * T * W), dout(B * T * C);
   for (auto& x : qkv) x = bf16_to_float(float_to_bf16(normal(gen)));
   for (auto& x : dout) x = bf16_to_float(float_to_bf16(normal(gen)));
   std::vector<int32_t> mask(B * T, 1);
-  for (int64_t t = 100; t < T; ++t) mask[t] = 0;  // the first sequence's last 30 keys hidden
+  for (int64_t t = 100; t < T; ++t) mask[t] = 0;   // the first sequence's last 30 keys hidden
+  std::fill(mask.begin() + 2 * T, mask.end(), 0);  // the third sequence's queries see no key
   const AttentionBuffers ab = attention_buffers(Device::cpu, B, H, T, D);
   for (const bool causal : {true, false}) {
     auto run = [&](Backend& be) {
-      std::vector<float> stats(ab.stats.numel()), scratch(ab.scratch.numel()), out(B * T * C),
+      // Scratch as a previous layer leaves it, not zeros.
+      std::vector<float> stats(ab.stats.numel()), scratch(ab.scratch.numel(), 1.0f), out(B * T * C),
           dqkv(qkv.size());
       const Tensor q(qkv.data(), {B, T, W}, DType::f32);
       const Tensor m = causal ? Tensor() : Tensor(mask.data(), {B, T}, DType::i32);
@@ -1041,6 +1043,8 @@ void CpuProducts::attention_stays_close_to_float32(int64_t T, int64_t D) {
     const double err = rel_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
     EXPECT_LE(err, p.bf16 ? 5e-3 : 1e-5) << (causal ? "causal" : "masked");
     if (p.bf16) EXPECT_GT(err, 0.0) << "bf16 mode rounds the probabilities";
+    if (!causal)  // queries that see no key: zero outputs
+      EXPECT_EQ(std::count(got.begin() + 2 * T * C, got.begin() + 3 * T * C, 0.0f), T * C);
   }
 }
 

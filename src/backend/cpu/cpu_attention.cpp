@@ -205,10 +205,58 @@ struct Products {
   }
 };
 
+#ifdef BRISK_PACK_AVX512
+// The lanes of the 16 keys from j that are visible: before `visible` and kept by the mask.
+inline __mmask16 visible_lanes(int64_t j, int64_t visible, const int32_t* mask) {
+  const __mmask16 before = avx512::lanes_before(j, visible);
+  if (mask == nullptr) return before;
+  return _mm512_mask_cmpneq_epi32_mask(before, _mm512_maskz_loadu_epi32(before, mask + j),
+                                       _mm512_setzero_si512());
+}
+
+// A row's softmax up to its normalization, 16 keys at a time: e^(x - max) in place over the
+// scaled visible scores x (zero at a key the mask drops), their sum in *sum; returns the maximum,
+// -inf when no key is visible (the row is left as it is then).
+float exponentials(float* row, int64_t visible, const int32_t* mask, float scale, float* sum) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 vmax = _mm512_set1_ps(-kInf);
+  for (int64_t j = 0; j < visible; j += 16) {
+    const __mmask16 m = visible_lanes(j, visible, mask);
+    vmax =
+        _mm512_mask_max_ps(vmax, m, vmax, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vscale));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  if (mx == -kInf) return mx;
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < visible; j += 16) {
+    const __mmask16 m = visible_lanes(j, visible, mask);
+    const __m512 e = _mm512_maskz_mov_ps(
+        m, avx512::exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, row + j), vscale, vmx)));
+    _mm512_mask_storeu_ps(row + j, avx512::lanes_before(j, visible), e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  *sum = _mm512_reduce_add_ps(vsum);
+  return mx;
+}
+#endif
+
 // Row of scores (keys of them; key j visible when j < visible and the mask keeps it) to
 // probabilities in place; returns the log-sum-exp of the scaled visible scores, +inf when none
 // is visible (the row is then all zeros).
 float softmax_row(float* row, int64_t keys, int64_t visible, const int32_t* mask, float scale) {
+#ifdef BRISK_PACK_AVX512
+  float sum = 0.0f;
+  const float mx = exponentials(row, visible, mask, scale, &sum);
+  std::fill(row + (mx == -kInf ? 0 : visible), row + keys, 0.0f);
+  if (mx == -kInf) return kInf;
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t j = 0; j < visible; j += 16) {
+    const __mmask16 m = avx512::lanes_before(j, visible);
+    _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inv));
+  }
+  return mx + std::log(sum);
+#else
   if (mask != nullptr) {
 #pragma omp simd
     for (int64_t j = 0; j < visible; ++j) row[j] = mask[j] != 0 ? row[j] * scale : -kInf;
@@ -241,11 +289,48 @@ float softmax_row(float* row, int64_t keys, int64_t visible, const int32_t* mask
 #pragma omp simd
   for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
   return mx + std::log(sum);
+#endif
+}
+
+// softmax_row for the bf16 tiles without dropout: the probabilities rounded to bf16 straight
+// into `out` (keys values, and a zero after an odd keys, as bf16_rows writes a row), the row left
+// holding the unnormalized exponentials; returns the log-sum-exp.
+float softmax_row_bf16(float* row, int64_t keys, int64_t visible, const int32_t* mask, float scale,
+                       uint16_t* out) {
+  if (keys % 2 != 0) out[keys] = 0;
+#ifdef BRISK_PACK_AVX512
+  float sum = 0.0f;
+  const float mx = exponentials(row, visible, mask, scale, &sum);
+  if (mx == -kInf) {
+    std::fill(out, out + keys, uint16_t{0});
+    return kInf;
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t j = 0; j < keys; j += 16) {
+    const __m512 p =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(avx512::lanes_before(j, visible), row + j), inv);
+    _mm256_mask_storeu_epi16(out + j, avx512::lanes_before(j, keys), avx512::round16_packed(p));
+  }
+  return mx + std::log(sum);
+#else
+  const float lse = softmax_row(row, keys, visible, mask, scale);
+  bf16_rows(row, 1, keys, keys, out, keys + 1);
+  return lse;
+#endif
 }
 
 // The probabilities of a row of scores again, from the forward pass's log-sum-exp.
 void recompute_row(float* row, int64_t keys, int64_t visible, const int32_t* mask, float scale,
                    float lse) {
+#ifdef BRISK_PACK_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), vlse = _mm512_set1_ps(lse);
+  for (int64_t j = 0; j < keys; j += 16) {
+    const __mmask16 m = visible_lanes(j, visible, mask);
+    const __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, row + j), vscale, vlse);
+    _mm512_mask_storeu_ps(row + j, avx512::lanes_before(j, keys),
+                          _mm512_maskz_mov_ps(m, avx512::exp16(x)));
+  }
+#else
   if (mask != nullptr) {
 #pragma omp simd
     for (int64_t j = 0; j < visible; ++j)
@@ -255,6 +340,7 @@ void recompute_row(float* row, int64_t keys, int64_t visible, const int32_t* mas
     for (int64_t j = 0; j < visible; ++j) row[j] = vector_expf(row[j] * scale - lse);
   }
   std::fill(row + visible, row + keys, 0.0f);
+#endif
 }
 // The bf16 tiles' dS = P * (dP - dot) * scale of a block (P and dP float32 rows of stride ld, dot
 // one value per row), written only in bf16: as rows (row stride rows_ld, a zero past an odd
@@ -409,15 +495,22 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
                           d.T);
       else
         product(false, !f32_tiles, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
+      // The tiles without dropout: the probabilities straight into their bf16 rows.
+      const bool direct = tiles && dropout_p == 0.0f;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
+        const int64_t i = i0 + r, visible = causal ? i + 1 : keys;
         float* row = ts.s + r * d.T;
-        lse[bh * d.T + i] = softmax_row(row, keys, causal ? i + 1 : keys, mask_b, scale);
+        if (direct) {
+          lse[bh * d.T + i] = softmax_row_bf16(row, keys, visible, mask_b, scale,
+                                               reinterpret_cast<uint16_t*>(tt.rows16) + r * Te);
+          continue;
+        }
+        lse[bh * d.T + i] = softmax_row(row, keys, visible, mask_b, scale);
         if (dropout_p > 0.0f)
           dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
       }
       if (tiles) {
-        bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), Te);
+        if (!direct) bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), Te);
         bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.v2, d.D, false,
                           ob + i0 * d.C, d.C);
         continue;

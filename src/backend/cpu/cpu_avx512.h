@@ -110,5 +110,45 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
+// vector_expf (cpu_exp.h) on 16 lanes: the same range reduction and polynomial, with the fused
+// multiply-adds written out (the compiler contracts the scalar one's where it vectorizes it).
+// 0 below -87.3, inf above 88.7, a NaN stays NaN.
+inline __m512 exp16(__m512 x) {
+  const __m512 low = _mm512_set1_ps(-87.3365f), high = _mm512_set1_ps(88.7228f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
+  const __mmask16 over = _mm512_cmp_ps_mask(x, high, _CMP_GT_OQ);
+  // max/min return their second operand where one is NaN: x, and then the NaN.
+  const __m512 c = _mm512_min_ps(high, _mm512_max_ps(low, x));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23: adding it rounds
+  const __m512 t = _mm512_fmadd_ps(c, _mm512_set1_ps(1.44269504088896341f), magic);
+  const __m512 n = _mm512_sub_ps(t, magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  // 2^k from t's low mantissa bits, k in [-126, 128]: 2^(k-1) * 2 where k > 0.
+  const __m512i k = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
+  const __mmask16 positive = _mm512_cmpgt_epi32_mask(k, _mm512_setzero_si512());
+  const __m512i biased = _mm512_add_epi32(
+      _mm512_mask_sub_epi32(k, positive, k, _mm512_set1_epi32(1)), _mm512_set1_epi32(127));
+  __m512 y = _mm512_mul_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)));
+  y = _mm512_mask_mul_ps(y, positive, y, _mm512_set1_ps(2.0f));
+  y = _mm512_mask_mov_ps(y, under, _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(y, over, _mm512_set1_ps(__builtin_inff()));
+}
+
+// The lanes of the 16 values from j that lie before `end`.
+inline __mmask16 lanes_before(int64_t j, int64_t end) {
+  const int64_t n = end - j;
+  return n >= 16  ? static_cast<__mmask16>(0xffff)
+         : n <= 0 ? static_cast<__mmask16>(0)
+                  : static_cast<__mmask16>((1u << n) - 1);
+}
+
 }  // namespace brisk::avx512
 #endif
