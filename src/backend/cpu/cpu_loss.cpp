@@ -3,11 +3,50 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_exp.h"
 #include "backend/cpu/cpu_sum.h"
 
 namespace brisk {
+
+namespace {
+// out[j] = e^(in[j] - mx) for j < n (in place where out is in); returns their sum.
+float exponentials(const float* in, int64_t n, float mx, float* out) {
+#ifdef BRISK_PACK_AVX512
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = avx512::lanes_before(j, n);
+    const __m512 e =
+        _mm512_maskz_mov_ps(m, avx512::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, in + j), vmx)));
+    _mm512_mask_storeu_ps(out + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = vector_expf(in[j] - mx);
+  float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+  for (int64_t j = 0; j < n; ++j) part += out[j];
+  return part;
+#endif
+}
+
+// out[j] = in[j] * f rounded to bf16, for j < n.
+void scaled_to_bf16(const float* in, int64_t n, float f, uint16_t* out) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  const __m512 vf = _mm512_set1_ps(f);
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        avx512::round16_packed(_mm512_mul_ps(_mm512_loadu_ps(in + j), vf)));
+#endif
+#pragma omp simd
+  for (int64_t i = j; i < n; ++i) out[i] = float_to_bf16(in[i] * f);
+}
+}  // namespace
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                                        float grad_scale, const Tensor& loss_sum,
@@ -51,12 +90,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
       const int64_t len = std::min(kChunk, V - j0);
       const float* in = row + j0;
       float* out = write_grad ? row + j0 : chunk;
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) out[j] = vector_expf(in[j] - mx);
-      float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-      for (int64_t j = 0; j < len; ++j) part += out[j];
-      sum += part;
+      sum += exponentials(in, len, mx, out);
     }
     const double loss = std::log(sum) - static_cast<double>(target - mx);
     if (write_grad) {
@@ -65,8 +99,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
       const int64_t label = y[r];
       if (g16) {
         uint16_t* out = g16_rows + r * V;
-#pragma omp simd
-        for (int64_t j = 0; j < V; ++j) out[j] = float_to_bf16(row[j] * f);
+        scaled_to_bf16(row, V, f, out);
         out[label] = float_to_bf16(row[label] * f - grad_scale);
       } else {
         float* out = g32 + r * V;
