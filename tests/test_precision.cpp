@@ -452,23 +452,26 @@ TEST(CpuPacking, LargeUntransposedFloat32BsRunOnTheGemmKernel) {
 }
 
 // The float32 library rule (float32_rule_prefers_onednn): oneDNN on AVX-512 CPUs, but OpenBLAS
-// on Intel CPUs it has AVX-512 kernels for, and wherever the CPU has no AVX-512; the core's name
-// in any case.
-TEST(CpuPacking, Float32ProductsGoToOneDnnButOnIntelCpusOpenBlasKnows) {
+// on Intel CPUs without AMX it has AVX-512 kernels for, and wherever the CPU has no AVX-512; the
+// core's name in any case.
+TEST(CpuPacking, Float32ProductsGoToOneDnnButOnIntelCpusWithoutAmxOpenBlasKnows) {
   struct Case {
     const char* core;
-    bool avx512f, amd, onednn;
+    bool avx512f, amd, amx, onednn;
   };
   for (const Case& c :
-       {Case{"Haswell", true, true, true},           // Zen 5, taken for Haswell
-        Case{"COOPERLAKE", true, true, true},        // Zen 4
-        Case{"Zen", false, true, false},             // Zen 3: no AVX-512
-        Case{"SapphireRapids", true, false, false},  // Intel AMX
-        Case{"SKYLAKEX", true, false, false}, Case{"cooperlake", true, false, false},
-        Case{"Haswell", true, false, true},  // an Intel CPU this OpenBLAS misreads
-        Case{"Haswell", false, false, false}})
-    EXPECT_EQ(float32_rule_prefers_onednn(c.core, c.avx512f, c.amd), c.onednn)
-        << c.core << (c.avx512f ? " AVX-512 " : " no AVX-512 ") << (c.amd ? "AMD" : "Intel");
+       {Case{"Haswell", true, true, false, true},           // Zen 5, taken for Haswell
+        Case{"COOPERLAKE", true, true, false, true},        // Zen 4
+        Case{"Zen", false, true, false, false},             // Zen 3: no AVX-512
+        Case{"SKYLAKEX", true, false, true, true},          // Intel AMX, taken for Skylake-X
+        Case{"SapphireRapids", true, false, true, true},    // Intel AMX, known as itself
+        Case{"SapphireRapids", true, false, false, false},  // the same with AMX switched off
+        Case{"SKYLAKEX", true, false, false, false}, Case{"cooperlake", true, false, false, false},
+        Case{"Haswell", true, false, false, true},  // an Intel CPU this OpenBLAS misreads
+        Case{"Haswell", false, false, false, false}})
+    EXPECT_EQ(float32_rule_prefers_onednn(c.core, c.avx512f, c.amd, c.amx), c.onednn)
+        << c.core << (c.avx512f ? " AVX-512 " : " no AVX-512 ") << (c.amd ? "AMD" : "Intel")
+        << (c.amx ? " AMX" : "");
 }
 
 // bf16_widen_row, the packers' counterpart: every one of the 65536 bf16 bit patterns (NaNs,

@@ -29,18 +29,20 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
 }  // namespace
 
 // float32 products go to oneDNN on AVX-512 CPUs except where OpenBLAS has its AVX-512 kernels on
-// an Intel CPU. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and multiplies at half
-// of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for Cooper Lake, whose
-// kernel is slower there than oneDNN's as well (large products 209 against 223 GFLOP/s, whole
-// steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks.md). On an Intel AMX machine
-// oneDNN's float32 made the whole BERT step slower (39 against 44 samples/s), so OpenBLAS stays
-// on Intel CPUs it has AVX-512 kernels for. A fixed rule, not a timing, so a machine always gets
+// an Intel CPU without AMX. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and
+// multiplies at half of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for
+// Cooper Lake, whose kernel is slower there than oneDNN's as well (large products 209 against 223
+// GFLOP/s, whole steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks.md). On an
+// Intel AMX CPU it takes Skylake-X: its large square products beat oneDNN's (402 against 364
+// GFLOP/s) but whole steps are faster on oneDNN (BERT +9.9%, GPT-2 +9.1%, SmolLM2 +5.7%). Intel
+// AVX-512 CPUs without AMX have not been measured since an early oneDNN integration lost to
+// OpenBLAS there, so they stay on OpenBLAS. A fixed rule, not a timing, so a machine always gets
 // the same library and the same bits.
-bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd) {
+bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd, bool amx) {
   for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const bool openblas_avx512 =
       core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
-  return avx512f && (!openblas_avx512 || amd);
+  return avx512f && (!openblas_avx512 || amd || amx);
 }
 
 namespace {
@@ -50,7 +52,7 @@ bool float32_products_by_onednn() {
   if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
   if (cpu_products_by_onednn()) return true;
   return float32_rule_prefers_onednn(openblas_get_corename(), __builtin_cpu_supports("avx512f"),
-                                     __builtin_cpu_is("amd"));
+                                     __builtin_cpu_is("amd"), DnnlMatmul::has_amx());
 }
 }  // namespace
 

@@ -258,6 +258,10 @@ bool DnnlMatmul::available(DType dtype) {
   return dtype == DType::f32 ? f32 : dtype == DType::bf16 ? bf16 : false;
 }
 
+bool DnnlMatmul::has_amx() {
+  return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
+}
+
 namespace {
 using dims = dnnl::memory::dims;
 
@@ -430,6 +434,9 @@ DnnlMatmul::DnnlMatmul(DType dtype) : dtype_(dtype) {
 }
 DnnlMatmul::~DnnlMatmul() = default;
 bool DnnlMatmul::available(DType) {
+  return false;
+}
+bool DnnlMatmul::has_amx() {
   return false;
 }
 void DnnlMatmul::run(bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,

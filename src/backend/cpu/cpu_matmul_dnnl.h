@@ -3,7 +3,7 @@
 // caller packs float32 operands holding bf16 values to bf16 (bf16_operand) into planned buffers.
 // A bf16 product may also store its result rounded to bf16.
 // The CPU backend uses it for bf16 where the CPU has bf16 units, and for float32 on AVX-512 CPUs
-// but Intel ones OpenBLAS has AVX-512 kernels for (float32_rule_prefers_onednn).
+// but Intel ones without AMX that OpenBLAS has AVX-512 kernels for (float32_rule_prefers_onednn).
 #pragma once
 
 #include <cstdint>
@@ -21,10 +21,10 @@ namespace brisk {
 bool cpu_products_by_openblas();
 bool cpu_products_by_onednn();
 // The float32 library rule (cpu_linear.cpp): whether float32 products go to oneDNN rather than
-// OpenBLAS on a CPU with or without AVX-512 (`avx512f`), made by AMD or not, whose OpenBLAS runs
-// the kernels named `core` (openblas_get_corename(), any case). Without an override
-// (BRISK_CPU_PRODUCTS) and where oneDNN has float32 kernels.
-bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd);
+// OpenBLAS on a CPU with or without AVX-512 (`avx512f`), made by AMD or not, with or without AMX
+// (`amx`), whose OpenBLAS runs the kernels named `core` (openblas_get_corename(), any case).
+// Without an override (BRISK_CPU_PRODUCTS) and where oneDNN has float32 kernels.
+bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd, bool amx);
 // Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
 // values and multiplied in float32).
 bool cpu_has_bf16_products();
@@ -55,6 +55,8 @@ class DnnlMatmul {
   ~DnnlMatmul();
   // Whether this build and CPU multiply in `dtype` through oneDNN.
   static bool available(DType dtype);
+  // Whether oneDNN runs its AMX kernels on this CPU (the float32 library rule asks).
+  static bool has_amx();
   DType dtype() const { return dtype_; }
   // Products run so far by every instance (oneDNN allocates a few bookkeeping objects per call:
   // the allocation test bounds them per call).
