@@ -702,29 +702,58 @@ TEST(CpuF32Tiles, TransposedPutsEveryValueInPlace) {
   }
 }
 
+// bf16_transposed: every 16-bit value in its place, through the 32 x 16 register blocks and the
+// edges they leave, and nothing written outside the transposed rows.
+TEST(CpuBf16Tiles, TransposedPutsEveryValueInPlace) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {32, 16}, {37, 70},
+                                   {256, 64}, {31, 33}, {64, 17}, {5, 4100}}) {
+    const int64_t ld = cols + 3, dst_ld = rows + 2;
+    std::vector<uint16_t> src(rows * ld), dst(cols * dst_ld, 0xffff);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 7 + 1);
+    bf16_transposed(src.data(), rows, cols, ld, dst.data(), dst_ld);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < dst_ld; ++r)
+        ASSERT_EQ(dst[c * dst_ld + r], r < rows ? src[r * ld + c] : 0xffff)
+            << rows << " x " << cols << ": row " << r << ", column " << c;
+  }
+}
+
 // A weight gradient with more than 4096 rows goes in blocks of rows (cpu_linear.cpp): the blocks
-// after the first read B as the first rounded it, and the result matches the fp64 reference.
+// after the first read B as the first rounded it, and the result matches the fp64 reference. In
+// bf16 mode also from a bf16 output gradient, which each block reads transposed with a row
+// stride wider than its rows: on bf16 units brisk writes those blocks plain (bf16_transposed,
+// through its 32 x 16 register blocks where there are 32 tokens or more) for oneDNN to read.
 TEST_P(CpuProducts, WeightGradientsInBlocksOfRowsMatchTheReference) {
-  const int64_t M = 5, K = 3, N = 4100;
-  ProductsBackend p(MatmulOperands(M * N, M * K));
-  std::mt19937 gen(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(M * K), w(N * K), dy(M * N), dw(N * K, 0.0f);
-  for (auto* v : {&x, &w, &dy})
-    for (auto& e : *v) e = bf16_to_float(float_to_bf16(normal(gen)));
-  p.be->linear_backward(Tensor(x.data(), {M, K}, DType::f32), Tensor(w.data(), {N, K}, DType::f32),
-                        Tensor(dy.data(), {M, N}, DType::f32), WeightLayout::out_in, Tensor(),
-                        false, Tensor(dw.data(), {N, K}, DType::f32), Tensor(), true);
-  std::vector<float> want(N * K);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) {
-      double acc = 0;
-      for (int64_t m = 0; m < M; ++m) acc += static_cast<double>(dy[m * N + n]) * x[m * K + k];
-      want[n * K + k] = static_cast<float>(acc);
+  const int64_t K = 3, N = 4100;
+  ProductsBackend p(MatmulOperands(40 * N, 40 * K));
+  for (const int64_t M : {5, 40})
+    for (const DType dy_type : {DType::f32, DType::bf16}) {
+      if (dy_type == DType::bf16 && !p.bf16) continue;
+      std::mt19937 gen(11);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(M * K), w(N * K), dy(M * N), dw(N * K, 0.0f);
+      for (auto* v : {&x, &w, &dy})
+        for (auto& e : *v) e = bf16_to_float(float_to_bf16(normal(gen)));
+      std::vector<uint16_t> dy16(M * N);
+      for (int64_t i = 0; i < M * N; ++i) dy16[i] = float_to_bf16(dy[i]);
+      const Tensor dyt = dy_type == DType::f32 ? Tensor(dy.data(), {M, N}, DType::f32)
+                                               : Tensor(dy16.data(), {M, N}, DType::bf16);
+      p.be->linear_backward(Tensor(x.data(), {M, K}, DType::f32),
+                            Tensor(w.data(), {N, K}, DType::f32), dyt, WeightLayout::out_in,
+                            Tensor(), false, Tensor(dw.data(), {N, K}, DType::f32), Tensor(), true);
+      std::vector<float> want(N * K);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          double acc = 0;
+          for (int64_t m = 0; m < M; ++m) acc += static_cast<double>(dy[m * N + n]) * x[m * K + k];
+          want[n * K + k] = static_cast<float>(acc);
+        }
+      const std::string what = std::to_string(M) + " tokens, dy " + dtype_name(dy_type);
+      EXPECT_LE(rel_error(dw.data(), want.data(), N * K), 1e-6) << what;
+      // The last block's rows, past 4096, are right too.
+      EXPECT_LE(rel_error(dw.data() + 4096 * K, want.data() + 4096 * K, (N - 4096) * K), 1e-6)
+          << what;
     }
-  EXPECT_LE(rel_error(dw.data(), want.data(), N * K), 1e-6);
-  // The last block's rows, past 4096, are right too.
-  EXPECT_LE(rel_error(dw.data() + 4096 * K, want.data() + 4096 * K, (N - 4096) * K), 1e-6);
 }
 
 // A held weight (Backend::hold_weight) is rounded once into its planned buffer (on bf16 units

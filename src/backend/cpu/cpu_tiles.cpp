@@ -270,6 +270,31 @@ void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, fl
     for (int64_t c = r < r0 ? vector_cols : 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * ld + c];
 }
 
+void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+                     int64_t dst_ld) {
+  int64_t r0 = 0, vector_cols = 0;
+#ifdef BRISK_PACK_AVX512
+  // Blocks of 32 rows x 16 columns: rows 2i and 2i + 1 side by side in 32-bit words (low and
+  // high half), those transposed 16 x 16, so that each column's 32 values come out in order as
+  // 64 bytes of dst; then what the blocks leave one value at a time.
+  for (; r0 + 32 <= rows; r0 += 32)
+    for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const uint16_t* even = src + (r0 + 2 * i) * ld + c0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)even));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(even + ld)));
+        r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * dst_ld + r0, r[j]);
+    }
+  vector_cols = r0 > 0 ? cols / 16 * 16 : 0;
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r < r0 ? vector_cols : 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * ld + c];
+}
+
 template void bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
 template void bf16_rows(const uint16_t*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
 template void bf16_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t);

@@ -37,6 +37,10 @@ void f32_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
 void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
                     int64_t dst_ld);
 
+// The same for 16-bit values (a bf16 A that oneDNN would read transposed, written plain).
+void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
+                     int64_t dst_ld);
+
 // C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above).
 void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
                        int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
