@@ -620,42 +620,50 @@ struct TileOperands {
 };
 
 // bf16_pair_product against an fp64 product of the same bf16 values, for A as rows and in pairs
-// of rows (read transposed), with and without accumulation: float32 accumulation only.
+// of rows (read transposed), with and without accumulation: float32 accumulation only. On the
+// AVX512-BF16 tiles alone and, where the CPU has AMX, on its tiles with the vector tiles taking
+// what AMX's 32 x 32 blocks over 16 pairs leave (the last three shapes: whole blocks; rows,
+// columns and pairs left over; blocks and an odd k).
 TEST(CpuBf16Tiles, PairProductMatchesTheFp64Reference) {
   if (!cpu_bf16_tiles_available())
     GTEST_SKIP() << "this build does not target AVX512-BF16: attention's bf16 products run on "
                     "oneDNN or OpenBLAS instead of the tiles";
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes(std::begin(kTileShapes),
+                                                            std::end(kTileShapes));
+  shapes.insert(shapes.end(), {{64, 96, 64}, {70, 100, 72}, {32, 64, 99}});
   std::mt19937 gen(9);
-  for (const auto& [m, n, k] : kTileShapes)
-    for (const bool a_transposed : {false, true})
-      for (const bool accumulate : {false, true}) {
-        const TileOperands t(m, n, k, gen);
-        const std::vector<float>&a = t.a, &b = t.b, &c0 = t.c0;
-        const int64_t pairs = (k + 1) / 2;
-        std::vector<uint32_t> ap, bp(pairs * (n + 1));
-        int64_t a_row = 0, a_pair = 0;
-        if (a_transposed) {  // stored [k x m]: its pairs of rows, read as A^T's pairs
-          ap.resize(pairs * m + 1);
-          bf16_row_pairs(t.at.data(), k, m, m, ap.data(), m);
-          a_row = 1, a_pair = m;
-        } else {
-          std::vector<uint16_t> a16(m * (2 * pairs) + 2);
-          bf16_rows(a.data(), m, k, k, a16.data(), 2 * pairs);
-          ap.assign(a16.size() / 2, 0);
-          std::memcpy(ap.data(), a16.data(), ap.size() * 4);
-          a_row = pairs, a_pair = 1;
+  for (const bool amx : {false, true})
+    for (const auto& [m, n, k] : shapes)
+      for (const bool a_transposed : {false, true})
+        for (const bool accumulate : {false, true}) {
+          const TileOperands t(m, n, k, gen);
+          const std::vector<float>&a = t.a, &b = t.b, &c0 = t.c0;
+          const int64_t pairs = (k + 1) / 2;
+          std::vector<uint32_t> ap, bp(pairs * (n + 1));
+          int64_t a_row = 0, a_pair = 0;
+          if (a_transposed) {  // stored [k x m]: its pairs of rows, read as A^T's pairs
+            ap.resize(pairs * m + 1);
+            bf16_row_pairs(t.at.data(), k, m, m, ap.data(), m);
+            a_row = 1, a_pair = m;
+          } else {
+            std::vector<uint16_t> a16(m * (2 * pairs) + 2);
+            bf16_rows(a.data(), m, k, k, a16.data(), 2 * pairs);
+            ap.assign(a16.size() / 2, 0);
+            std::memcpy(ap.data(), a16.data(), ap.size() * 4);
+            a_row = pairs, a_pair = 1;
+          }
+          bf16_row_pairs(b.data(), k, n, n, bp.data(), n + 1);
+          std::vector<float> c = c0;
+          bf16_pair_product(m, n, pairs, ap.data(), a_row, a_pair, bp.data(), n + 1, accumulate,
+                            c.data(), n + 5, amx);
+          const double worst = tile_product_error(m, n, k, a, b, c0, c, accumulate, [](float v) {
+            return bf16_to_float(float_to_bf16(v));
+          });
+          EXPECT_LE(worst, 1e-5) << m << " x " << n << " x " << k
+                                 << (a_transposed ? " A transposed" : "")
+                                 << (accumulate ? " accumulated" : "")
+                                 << (amx && cpu_amx_tiles_available() ? " on AMX" : "");
         }
-        bf16_row_pairs(b.data(), k, n, n, bp.data(), n + 1);
-        std::vector<float> c = c0;
-        bf16_pair_product(m, n, pairs, ap.data(), a_row, a_pair, bp.data(), n + 1, accumulate,
-                          c.data(), n + 5);
-        const double worst = tile_product_error(m, n, k, a, b, c0, c, accumulate, [](float v) {
-          return bf16_to_float(float_to_bf16(v));
-        });
-        EXPECT_LE(worst, 1e-5) << m << " x " << n << " x " << k
-                               << (a_transposed ? " A transposed" : "")
-                               << (accumulate ? " accumulated" : "");
-      }
 }
 
 // f32_product against an fp64 product of the same values, for A row-major and read transposed
@@ -705,8 +713,13 @@ TEST(CpuF32Tiles, TransposedPutsEveryValueInPlace) {
 // bf16_transposed: every 16-bit value in its place, through the 32 x 16 register blocks and the
 // edges they leave, and nothing written outside the transposed rows.
 TEST(CpuBf16Tiles, TransposedPutsEveryValueInPlace) {
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {32, 16}, {37, 70},
-                                   {256, 64}, {31, 33}, {64, 17}, {5, 4100}}) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1},
+                                   {32, 16},
+                                   {37, 70},
+                                   {256, 64},
+                                   {31, 33},
+                                   {64, 17},
+                                   {5, 4100}}) {
     const int64_t ld = cols + 3, dst_ld = rows + 2;
     std::vector<uint16_t> src(rows * ld), dst(cols * dst_ld, 0xffff);
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 7 + 1);

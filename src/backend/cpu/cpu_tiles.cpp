@@ -2,6 +2,10 @@
 // and the packers that write their operands. See cpu_tiles.h for the layouts.
 #include "backend/cpu/cpu_tiles.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "backend/cpu/cpu_avx512.h"
@@ -123,7 +127,82 @@ void tiled_product(int64_t m, int64_t n, int64_t steps, const typename Kind::Wor
   }
 }
 #endif
+
+#ifdef BRISK_BF16_TILES
+// AMX's tile configuration (palette 1): tiles 0-3 hold a 32 x 32 block of C as four 16 x 16
+// float32 tiles, 4-5 A's 32 rows by 16 pairs, 6-7 B's 16 pairs by 32 columns; 64 bytes a row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and Linux lets
+// this process use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    if ((edx & (1u << 24)) == 0 || (edx & (1u << 22)) == 0) return false;
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return usable;
+}
+
+// C[m x n] (+)= A B over `pairs` pairs, m and n multiples of 32 and pairs of 16, A in rows. The
+// configuration is loaded per call and the tiles released after it: oneDNN's AMX kernels load
+// their own on the same threads between calls.
+__attribute__((target("amx-tile,amx-bf16"))) void amx_product(int64_t m, int64_t n, int64_t pairs,
+                                                              const uint32_t* a, int64_t a_row,
+                                                              const uint32_t* b, int64_t ldb,
+                                                              bool accumulate, float* c,
+                                                              int64_t ldc) {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  const int64_t sa = a_row * 4, sb = ldb * 4, sc = ldc * 4;  // row strides in bytes
+  for (int64_t n0 = 0; n0 < n; n0 += 32)
+    for (int64_t m0 = 0; m0 < m; m0 += 32) {
+      float* c0 = c + m0 * ldc + n0;
+      float* c1 = c0 + 16 * ldc;
+      if (accumulate) {
+        _tile_loadd(0, c0, sc);
+        _tile_loadd(1, c0 + 16, sc);
+        _tile_loadd(2, c1, sc);
+        _tile_loadd(3, c1 + 16, sc);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int64_t p = 0; p < pairs; p += 16) {
+        _tile_loadd(4, a + m0 * a_row + p, sa);
+        _tile_loadd(5, a + (m0 + 16) * a_row + p, sa);
+        _tile_loadd(6, b + p * ldb + n0, sb);
+        _tile_loadd(7, b + p * ldb + n0 + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c0, sc);
+      _tile_stored(1, c0 + 16, sc);
+      _tile_stored(2, c1, sc);
+      _tile_stored(3, c1 + 16, sc);
+    }
+  _tile_release();
+}
+#endif
 }  // namespace
+
+bool cpu_amx_tiles_available() {
+#ifdef BRISK_BF16_TILES
+  return amx_usable();
+#else
+  return false;
+#endif
+}
 
 bool cpu_bf16_tiles_available() {
 #ifdef BRISK_BF16_TILES
@@ -135,12 +214,28 @@ bool cpu_bf16_tiles_available() {
 
 void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
                        int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
-                       int64_t ldc) {
+                       int64_t ldc, bool amx) {
 #ifdef BRISK_BF16_TILES
+  // On AMX: the blocks of 32 x 32 over whole runs of 16 pairs; then on the vector tiles the
+  // pairs after those runs (added), the columns right of the blocks and the rows below them.
+  const int64_t m2 = m / 32 * 32, n2 = n / 32 * 32, p2 = pairs / 16 * 16;
+  if (amx && a_pair == 1 && m2 > 0 && n2 > 0 && p2 > 0 && amx_usable()) {
+    amx_product(m2, n2, p2, a, a_row, b, ldb, accumulate, c, ldc);
+    if (p2 < pairs)
+      tiled_product<Bf16Pairs>(m2, n2, pairs - p2, a + p2, a_row, 1, b + p2 * ldb, ldb, true, c,
+                               ldc);
+    if (n2 < n)
+      tiled_product<Bf16Pairs>(m2, n - n2, pairs, a, a_row, 1, b + n2, ldb, accumulate, c + n2,
+                               ldc);
+    if (m2 < m)
+      tiled_product<Bf16Pairs>(m - m2, n, pairs, a + m2 * a_row, a_row, 1, b, ldb, accumulate,
+                               c + m2 * ldc, ldc);
+    return;
+  }
   tiled_product<Bf16Pairs>(m, n, pairs, a, a_row, a_pair, b, ldb, accumulate, c, ldc);
 #else
   (void)m, (void)n, (void)pairs, (void)a, (void)a_row, (void)a_pair, (void)b, (void)ldb,
-      (void)accumulate, (void)c, (void)ldc;
+      (void)accumulate, (void)c, (void)ldc, (void)amx;
   BRISK_FAIL("internal error: this build has no bf16 tiles (it does not target AVX512-BF16)");
 #endif
 }

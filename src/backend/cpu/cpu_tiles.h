@@ -13,6 +13,11 @@
 // the row length for the pairs-of-rows layout below, which reads A transposed), and B's pair p of
 // column j is b[p * ldb + j] (B in pairs of rows). The packers write these layouts from float32
 // (values rounded to nearest even as float_to_bf16 rounds), padding an odd k with zeros.
+//
+// On a CPU with AMX (Intel's tile registers) a bf16 product whose A lies in rows (a_pair = 1)
+// runs its blocks of 32 rows x 32 columns over 16 pairs at a time on the tiles (TDPBF16PS reads
+// B's pairs-of-rows layout as it is), and the rows, columns and pairs those blocks leave on the
+// AVX512-BF16 tiles.
 #pragma once
 
 #include <cstdint>
@@ -41,10 +46,16 @@ void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, fl
 void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
                      int64_t dst_ld);
 
-// C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above).
+// Whether bf16 products whose A lies in rows run on AMX tiles here: a build with the bf16 tiles,
+// a CPU with AMX-BF16, and a kernel that lets this process use the tile registers (asked once).
+bool cpu_amx_tiles_available();
+
+// C[m x n] = (accumulate ? C : 0) + sum over p < pairs of A's pair p . B's pair p (see above), on
+// AMX where cpu_amx_tiles_available() and `amx` (false: the AVX512-BF16 tiles alone, which the
+// tests hold to the same reference).
 void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t a_row,
                        int64_t a_pair, const uint32_t* b, int64_t ldb, bool accumulate, float* c,
-                       int64_t ldc);
+                       int64_t ldc, bool amx = true);
 
 // n float32 rounded to bf16 as float_to_bf16 rounds (AVX-512 where the build targets it; also
 // the matmul packers' row rounding).
