@@ -710,6 +710,22 @@ TEST(CpuF32Tiles, TransposedPutsEveryValueInPlace) {
   }
 }
 
+// pairs_transposed (the same 32-bit transpose over bf16 pairs, which AMX's dV and dK read): every
+// word in its place, NaN patterns among them, and nothing written outside the transposed rows.
+TEST(CpuBf16Tiles, PairsTransposedPutsEveryWordInPlace) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {16, 16}, {16, 256}, {32, 70}, {15, 33}}) {
+    const int64_t ld = cols + 3, dst_ld = rows + 2;
+    std::vector<uint32_t> src(rows * ld), dst(cols * dst_ld, 0xdeadbeefu);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = 0x7fc00001u + static_cast<uint32_t>(i) * 77u;
+    pairs_transposed(src.data(), rows, cols, ld, dst.data(), dst_ld);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < dst_ld; ++r)
+        ASSERT_EQ(dst[c * dst_ld + r], r < rows ? src[r * ld + c] : 0xdeadbeefu)
+            << rows << " x " << cols << ": row " << r << ", column " << c;
+  }
+}
+
 // bf16_transposed: every 16-bit value in its place, through the 32 x 16 register blocks and the
 // edges they leave, and nothing written outside the transposed rows.
 TEST(CpuBf16Tiles, TransposedPutsEveryValueInPlace) {

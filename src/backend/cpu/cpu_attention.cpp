@@ -550,6 +550,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const bool round = bf16_operands_, units = prepare_attention_products();
   const bool tiles = use_tiles(units, d.D),
              f32_tiles = use_f32_tiles(units, base, f32_attention_tiles_);
+  const bool amx = tiles && cpu_amx_tiles_available();  // dV's and dK's A transposed for AMX
   const Products product{attention_dnnl_, f32_tiles};
   const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
@@ -626,10 +627,20 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
         }
         // (The tiles read P'^T as A from P' in pairs of rows, and the block's pairs of dO rows.)
         const int64_t row_pairs = (rows + 1) / 2;
+        // out += (the block's pairs of rows in pairs32)^T b; on AMX, whose tiles read A in rows,
+        // those pairs transposed first into rows16 (free until dS is written there, and again
+        // once dQ has read it).
+        auto add_transposed_product = [&](const uint32_t* b, float* out) {
+          if (amx) {
+            pairs_transposed(tt.pairs32, row_pairs, keys, d.T, tt.rows16, row_pairs);
+            bf16_pair_product(keys, d.D, row_pairs, tt.rows16, row_pairs, 1, b, d.D, true, out, ld);
+          } else {
+            bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, b, d.D, true, out, ld);
+          }
+        };
         if (tiles) {
           bf16_row_pairs(weights, rows, keys, d.T, tt.pairs32, d.T);
-          bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, tt.g2 + i0 / 2 * d.D, d.D,
-                            true, dv, ld);
+          add_transposed_product(tt.g2 + i0 / 2 * d.D, dv);
           bf16_pair_product(rows, keys, half, tt.g16 + i0 * half, half, 1, tt.vt, Te, false, ts.p,
                             d.T);
         } else {
@@ -658,8 +669,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                               reinterpret_cast<uint16_t*>(tt.rows16), Te, tt.pairs32, d.T);
           bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.k2, d.D, false,
                             dq + i0 * ld, ld);
-          bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, tt.q2 + i0 / 2 * d.D, d.D,
-                            true, dk, ld);
+          add_transposed_product(tt.q2 + i0 / 2 * d.D, dk);
           continue;
         }
         const Mat dS = rounded_operand(ts.p, rows, keys, d.T, round, units, ts.a16);

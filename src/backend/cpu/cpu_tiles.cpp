@@ -344,8 +344,12 @@ void bf16_column_pairs_transposed(const T* src, int64_t rows, int64_t cols, int6
     }
 }
 
-void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
-                    int64_t dst_ld) {
+namespace {
+// src[rows x cols] of 32-bit words transposed into dst (see f32_transposed).
+template <typename Word>
+void words_transposed(const Word* src, int64_t rows, int64_t cols, int64_t ld, Word* dst,
+                      int64_t dst_ld) {
+  static_assert(sizeof(Word) == 4);
   int64_t r0 = 0, vector_cols = 0;
 #ifdef BRISK_PACK_AVX512
   // 16 x 16 blocks through the registers, then what they leave (columns past the last whole
@@ -353,16 +357,25 @@ void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, fl
   for (; r0 + 16 <= rows; r0 += 16)
     for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (r0 + i) * ld + c0));
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + (r0 + i) * ld + c0);
       transpose16(r);
-      for (int j = 0; j < 16; ++j)
-        _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, _mm512_castsi512_ps(r[j]));
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * dst_ld + r0, r[j]);
     }
   vector_cols = r0 > 0 ? cols / 16 * 16 : 0;
 #endif
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = r < r0 ? vector_cols : 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * ld + c];
+}
+}  // namespace
+
+void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                    int64_t dst_ld) {
+  words_transposed(src, rows, cols, ld, dst, dst_ld);
+}
+
+void pairs_transposed(const uint32_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                      int64_t dst_ld) {
+  words_transposed(src, rows, cols, ld, dst, dst_ld);
 }
 
 void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,

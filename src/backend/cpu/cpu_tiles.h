@@ -42,6 +42,11 @@ void f32_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
 void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
                     int64_t dst_ld);
 
+// The same for bf16 pairs: A in pairs of rows ([pairs x m], read transposed) written as rows of
+// pairs ([m x pairs], a_pair = 1), the layout AMX's tiles read A in.
+void pairs_transposed(const uint32_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
+                      int64_t dst_ld);
+
 // The same for 16-bit values (a bf16 A that oneDNN would read transposed, written plain).
 void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
                      int64_t dst_ld);
