@@ -164,8 +164,8 @@ nlohmann::json estimate_json(const std::string& args, CliRun* out = nullptr) {
 }
 
 // estimate --output_json lists every buffer of the plan; they add up to each category's bytes.
-// GPT-2's LM head holds 128 of the 1024 rows' logits at a time (32 MiB at most), and the products'
-// operand buffers are sized by that chunk.
+// GPT-2's LM head holds 256 of the 1024 rows' logits at a time on the CPU (64 MiB at most), and
+// the products' operand buffers are sized by that chunk.
 TEST(Cli, EstimateListsEveryBufferOfThePlan) {
   const nlohmann::json j = estimate_json(
       "--model gpt2 --per_device_train_batch_size 4 --seq_len 256 --bf16 --device cpu");
@@ -177,8 +177,8 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
     sums[b["category"].get<std::string>()] += b["bytes"].get<size_t>();
     if (b["name"] == "logits") {
       ++logits;
-      EXPECT_EQ(b["shape"], "[128, 50257]");
-      EXPECT_EQ(b["bytes"], 128u * 50257u * 4u);
+      EXPECT_EQ(b["shape"], "[256, 50257]");
+      EXPECT_EQ(b["bytes"], 256u * 50257u * 4u);
     }
     // Products' operands rounded to bf16: A at most a chunk of the logits' gradient, B the MLP's
     // widest activation, the head's weight its own buffer while held: on bf16 units two copies in
@@ -186,7 +186,7 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
     // (float32 holding bf16 values, as the others are there).
     const bool units = b["dtype"] == "bfloat16";
     const size_t bf16_bytes = units ? 2 : 4;
-    if (b["name"] == "backend.bf16_pack_a") EXPECT_EQ(b["bytes"], 128u * 50257u * bf16_bytes);
+    if (b["name"] == "backend.bf16_pack_a") EXPECT_EQ(b["bytes"], 256u * 50257u * bf16_bytes);
     if (b["name"] == "backend.bf16_pack_b") EXPECT_EQ(b["bytes"], 1024u * 3072u * bf16_bytes);
     if (b["name"] == "backend.bf16_held_weight")
       EXPECT_EQ(b["bytes"], units ? 2u * (50257u + 64u) * (768u + 64u) * 2u : 50257u * 768u * 4u);
@@ -196,11 +196,11 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
     EXPECT_EQ(sums[category], bytes.get<size_t>()) << category;
 }
 
-// The LM head's chunk of logits by precision and device: float32 products on the CPU hold twice
-// the bytes (GPT-2: 256 of the 1024 rows), bf16 on the CPU and float32 on a GPU 128.
+// The LM head's chunk of logits by precision and device: the CPU's products hold twice the bytes
+// (GPT-2: 256 of the 1024 rows), a GPU's 128.
 TEST(Cli, EstimateSizesTheLogitsChunkByPrecisionAndDevice) {
   for (const auto& [flags, rows] : std::vector<std::pair<std::string, int>>{
-           {"--device cpu", 256}, {"--device cpu --bf16", 128}, {"--device cuda", 128}}) {
+           {"--device cpu", 256}, {"--device cpu --bf16", 256}, {"--device cuda", 128}}) {
     SCOPED_TRACE(flags);
     const nlohmann::json j =
         estimate_json("--model gpt2 --per_device_train_batch_size 4 --seq_len 256 " + flags);

@@ -89,8 +89,8 @@ struct PlanOptions {
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_rooms = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
-  // holds at most Model::kLogitsChunkBytes of them, twice that for float32 on the CPU (GPT-2: 128
-  // rows, float32 on the CPU 256). The head computes its logits, loss and (when training) its own
+  // holds at most Model::kLogitsChunkBytes of them, twice that on the CPU (GPT-2: 128 rows, on the
+  // CPU 256). The head computes its logits, loss and (when training) its own
   // backward chunk after chunk, so the whole logits never exist unless they fit.
   int64_t logits_rows = 0;
 };
