@@ -345,19 +345,38 @@ void bf16_column_pairs_transposed(const T* src, int64_t rows, int64_t cols, int6
 }
 
 namespace {
-// src[rows x cols] of 32-bit words transposed into dst (see f32_transposed).
-template <typename Word>
-void words_transposed(const Word* src, int64_t rows, int64_t cols, int64_t ld, Word* dst,
-                      int64_t dst_ld) {
-  static_assert(sizeof(Word) == 4);
+#ifdef BRISK_PACK_AVX512
+// 16 columns from p as 16 32-bit words: one row's values (32-bit values), or two rows' side by
+// side, the first in each word's low half (16-bit values; the second row ld further on).
+inline __m512i transpose_line(const uint32_t* p, int64_t) {
+  return _mm512_loadu_si512(p);
+}
+inline __m512i transpose_line(const float* p, int64_t) {
+  return _mm512_loadu_si512(p);
+}
+inline __m512i transpose_line(const uint16_t* p, int64_t ld) {
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + ld)));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+#endif
+
+// src[rows x cols] of 32- or 16-bit values transposed into dst (see f32_transposed).
+template <typename T>
+void values_transposed(const T* src, int64_t rows, int64_t cols, int64_t ld, T* dst,
+                       int64_t dst_ld) {
   int64_t r0 = 0, vector_cols = 0;
 #ifdef BRISK_PACK_AVX512
-  // 16 x 16 blocks through the registers, then what they leave (columns past the last whole
-  // block of 16, and the last rows) one value at a time.
-  for (; r0 + 16 <= rows; r0 += 16)
+  // Blocks of 16 columns by as many rows as fill 64 bytes (16 or 32) through a 16 x 16 transpose
+  // of 32-bit words (for 16-bit values, each word two rows' values: the transpose puts a
+  // column's 32 values in order), then what they leave (columns past the last whole block of
+  // 16, and the last rows) one value at a time.
+  constexpr int64_t kRowsPerWord = 4 / sizeof(T), kBlockRows = 16 * kRowsPerWord;
+  for (; r0 + kBlockRows <= rows; r0 += kBlockRows)
     for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + (r0 + i) * ld + c0);
+      for (int i = 0; i < 16; ++i)
+        r[i] = transpose_line(src + (r0 + kRowsPerWord * i) * ld + c0, ld);
       transpose16(r);
       for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * dst_ld + r0, r[j]);
     }
@@ -370,37 +389,17 @@ void words_transposed(const Word* src, int64_t rows, int64_t cols, int64_t ld, W
 
 void f32_transposed(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
                     int64_t dst_ld) {
-  words_transposed(src, rows, cols, ld, dst, dst_ld);
+  values_transposed(src, rows, cols, ld, dst, dst_ld);
 }
 
 void pairs_transposed(const uint32_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst,
                       int64_t dst_ld) {
-  words_transposed(src, rows, cols, ld, dst, dst_ld);
+  values_transposed(src, rows, cols, ld, dst, dst_ld);
 }
 
 void bf16_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst,
                      int64_t dst_ld) {
-  int64_t r0 = 0, vector_cols = 0;
-#ifdef BRISK_PACK_AVX512
-  // Blocks of 32 rows x 16 columns: rows 2i and 2i + 1 side by side in 32-bit words (low and
-  // high half), those transposed 16 x 16, so that each column's 32 values come out in order as
-  // 64 bytes of dst; then what the blocks leave one value at a time.
-  for (; r0 + 32 <= rows; r0 += 32)
-    for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        const uint16_t* even = src + (r0 + 2 * i) * ld + c0;
-        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)even));
-        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(even + ld)));
-        r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-      }
-      transpose16(r);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * dst_ld + r0, r[j]);
-    }
-  vector_cols = r0 > 0 ? cols / 16 * 16 : 0;
-#endif
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = r < r0 ? vector_cols : 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * ld + c];
+  values_transposed(src, rows, cols, ld, dst, dst_ld);
 }
 
 template void bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t);
