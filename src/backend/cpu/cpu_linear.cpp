@@ -187,7 +187,7 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // oneDNN 2.6 multiplies a transposed bf16 A on its AMX kernel only where A's columns lie
   // together (lda = the product's rows); a block of rows of a wider one, such as the LM head's
   // weight gradient's (4096 of the vocabulary's rows of a chunk's logits gradient), goes to its
-  // gemm kernel at a third of the rate (510-534 against 1356-1419 GFLOP/s on 2 Intel AMX cores).
+  // gemm kernel at under half the rate (510-534 against 1356-1419 GFLOP/s on 2 Intel AMX cores).
   // brisk writes such a block plain into the A buffer instead, and the kernel reads it as rows.
   const char* buffer = static_cast<const char*>(ws_.operand_a.data());
   const bool a_in_buffer = static_cast<const char*>(a.data) >= buffer &&
