@@ -227,16 +227,8 @@ float exponentials(float* row, int64_t visible, const int32_t* mask, float scale
   }
   const float mx = _mm512_reduce_max_ps(vmax);
   if (mx == -kInf) return mx;
-  const __m512 vmx = _mm512_set1_ps(mx);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < visible; j += 16) {
-    const __mmask16 m = visible_lanes(j, visible, mask);
-    const __m512 e = _mm512_maskz_mov_ps(
-        m, avx512::exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, row + j), vscale, vmx)));
-    _mm512_mask_storeu_ps(row + j, avx512::lanes_before(j, visible), e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  *sum = _mm512_reduce_add_ps(vsum);
+  *sum = avx512::exp_sum(row, visible, scale, mx, row,
+                         [&](int64_t j) { return visible_lanes(j, visible, mask); });
   return mx;
 }
 #endif

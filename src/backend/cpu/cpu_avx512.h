@@ -150,5 +150,22 @@ inline __mmask16 lanes_before(int64_t j, int64_t end) {
                   : static_cast<__mmask16>((1u << n) - 1);
 }
 
+// out[j] = e^(in[j] * scale - mx) for j < n where kept(j) (a lane mask of the 16 values from j)
+// keeps j, 0 where it does not (in place where out is in); returns their sum. The softmax passes
+// of attention (scaled scores, a key mask) and of the cross-entropy (scale 1, every value).
+template <typename Kept>
+float exp_sum(const float* in, int64_t n, float scale, float mx, float* out, Kept kept) {
+  const __m512 vscale = _mm512_set1_ps(scale), vmx = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = kept(j);
+    const __m512 e = _mm512_maskz_mov_ps(
+        m, exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, in + j), vscale, vmx)));
+    _mm512_mask_storeu_ps(out + j, lanes_before(j, n), e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
 }  // namespace brisk::avx512
 #endif

@@ -46,10 +46,10 @@ void plain_from_transposed(const uint16_t* a, int64_t k, int64_t rows, int64_t l
 // Cooper Lake, whose kernel is slower there than oneDNN's as well (large products 209 against 223
 // GFLOP/s, whole steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks.md). On an
 // Intel AMX CPU it takes Skylake-X: its large square products beat oneDNN's (402 against 364
-// GFLOP/s) but whole steps are faster on oneDNN (BERT +9.9%, GPT-2 +9.1%, SmolLM2 +5.7%). Intel
-// AVX-512 CPUs without AMX have not been measured since an early oneDNN integration lost to
-// OpenBLAS there, so they stay on OpenBLAS. A fixed rule, not a timing, so a machine always gets
-// the same library and the same bits.
+// GFLOP/s) but whole steps are faster on oneDNN (BERT +9.9%, GPT-2 +9.1%, SmolLM2 +5.7%; an early
+// oneDNN integration had lost there, BERT 39 against 44 samples/s). Intel AVX-512 CPUs without AMX
+// have not been measured with both libraries and stay on OpenBLAS. A fixed rule, not a timing, so
+// a machine always gets the same library and the same bits.
 bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd, bool amx) {
   for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const bool openblas_avx512 =
@@ -187,7 +187,8 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   // oneDNN 2.6 multiplies a transposed bf16 A on its AMX kernel only where A's columns lie
   // together (lda = the product's rows); a block of rows of a wider one, such as the LM head's
   // weight gradient's (4096 of the vocabulary's rows of a chunk's logits gradient), goes to its
-  // gemm kernel at under half the rate (510-534 against 1356-1419 GFLOP/s on 2 Intel AMX cores).
+  // gemm kernel at under half the rate (2 Intel AMX cores: 510-534 GFLOP/s in the step, 678 alone,
+  // against 1356-1419 for the same product with A dense or plain).
   // brisk writes such a block plain into the A buffer instead, and the kernel reads it as rows.
   const char* buffer = static_cast<const char*>(ws_.operand_a.data());
   const bool a_in_buffer = static_cast<const char*>(a.data) >= buffer &&

@@ -14,16 +14,9 @@ namespace {
 // out[j] = e^(in[j] - mx) for j < n (in place where out is in); returns their sum.
 float exponentials(const float* in, int64_t n, float mx, float* out) {
 #ifdef BRISK_PACK_AVX512
-  const __m512 vmx = _mm512_set1_ps(mx);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = avx512::lanes_before(j, n);
-    const __m512 e =
-        _mm512_maskz_mov_ps(m, avx512::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, in + j), vmx)));
-    _mm512_mask_storeu_ps(out + j, m, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  return _mm512_reduce_add_ps(sum);
+  // in * 1 - mx in one fused step: the same rounding as the subtraction.
+  return avx512::exp_sum(in, n, 1.0f, mx, out,
+                         [n](int64_t j) { return avx512::lanes_before(j, n); });
 #else
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = vector_expf(in[j] - mx);
