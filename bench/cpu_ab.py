@@ -4,7 +4,7 @@ them (this machine's speed drifts 3-10% over minutes, so runs of one binary and 
 would measure the drift). Prints each run's samples/s (brisk's whole run, as cpu_speed.py) and the
 mean gain of AFTER over BEFORE.
 
-    python3 bench/cpu_ab.py BEFORE_BIN AFTER_BIN [--row gpt2] [--precision bf16] [--pairs 3]
+    python3 bench/cpu_ab.py BEFORE_BIN AFTER_BIN [--row gpt2] [--precision bf16|fp32|fp16] [--pairs 3]
                             [--steps 8]
 
 BEFORE_BIN is typically a build of the commit before a change, e.g. from a worktree:
@@ -22,7 +22,7 @@ def main():
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--row", default="gpt2", choices=sorted(MODELS))
-    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: cpu_speed's)")
     a = p.parse_args()

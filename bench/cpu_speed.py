@@ -148,7 +148,8 @@ def brisk_command(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
             "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
             "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
             "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",
-            "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false"]
+            "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false",
+            "--fp16", "true" if precision == "fp16" else "false"]
 
 
 def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):

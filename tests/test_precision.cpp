@@ -523,6 +523,47 @@ TEST(CpuBf16Tiles, RoundRowGivesFloatToBf16ForEveryClass) {
   }
 }
 
+// The fp16 rows of the CPU's casts and round_to (cpu_tiles.h), against the scalar conversions
+// bit for bit: every one of the 65536 fp16 patterns widened; and float32 values rounded (to fp16,
+// and to fp16 values held in float32, in place too) for every sign, exponent and top 11 mantissa
+// bits, with the low 12 bits at and around the tie of rounding a normal fp16 (the ties of
+// subnormal results, higher up, are among the top bits) — so overflow at 65520, subnormal and
+// zero results, infinities, and quiet and signaling NaNs with payloads all occur, 16 at a time and
+// in the scalar tail.
+TEST(CpuFp16Rows, ConversionsGiveTheScalarBitsForEveryClass) {
+  std::vector<uint16_t> all(65536 + 7);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(all.size(), -1.0f);
+  brisk::fp16_widen_row(all.data() + 1, wide.data() + 1, static_cast<int64_t>(all.size()) - 1);
+  EXPECT_EQ(wide[0], -1.0f) << "nothing written before the row";
+  for (size_t i = 1; i < all.size(); ++i) {
+    const float want = fp16_to_float(all[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &want, sizeof(float)), 0) << "fp16 pattern " << all[i];
+  }
+
+  std::vector<float> in;
+  for (uint32_t top = 0; top < (1u << 20); ++top)
+    for (uint32_t low : {0u, 1u, 0x7ffu, 0x800u, 0x801u, 0xfffu})
+      in.push_back(bits_float(top << 12 | low));
+  const int64_t n = static_cast<int64_t>(in.size()) - 3;  // from in[1]: a tail of 15
+  std::vector<uint16_t> half(in.size(), 0xdead);
+  std::vector<float> rounded(in.size(), -1.0f), in_place(in.begin(), in.end());
+  brisk::fp16_round_row(in.data() + 1, half.data() + 1, n);
+  brisk::fp16_rounded_row(in.data() + 1, rounded.data() + 1, n);
+  brisk::fp16_rounded_row(in_place.data() + 1, in_place.data() + 1, n);
+  EXPECT_EQ(half[0], 0xdead) << "nothing written before the row";
+  EXPECT_EQ(half[static_cast<size_t>(n) + 1], 0xdead) << "nothing written past the row";
+  EXPECT_EQ(rounded[static_cast<size_t>(n) + 1], -1.0f) << "nothing written past the row";
+  for (int64_t i = 1; i <= n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const uint16_t want = float_to_fp16(in[k]);
+    ASSERT_EQ(half[k], want) << "float32 bits 0x" << std::hex << float_bits(in[k]);
+    const uint32_t back = float_bits(fp16_to_float(want));
+    ASSERT_EQ(float_bits(rounded[k]), back) << "float32 bits 0x" << std::hex << float_bits(in[k]);
+    ASSERT_EQ(float_bits(in_place[k]), back) << "float32 bits 0x" << std::hex << float_bits(in[k]);
+  }
+}
+
 // The bf16 tiles' packers (cpu_tiles.h): every value where its layout puts it, rounded as
 // float_to_bf16 rounds, a missing last row or column as zeros, through the AVX-512 paths (16 rows
 // by 32 columns at a time) and the scalar edges alike; from float32 and from bf16 values.

@@ -82,6 +82,36 @@ inline __m512i round32_pairs(const uint16_t* p) {
   return _mm512_loadu_si512(p);
 }
 
+// 16 float32 rounded to fp16 as float_to_fp16 rounds (nearest even, overflow to infinity,
+// subnormal results kept), packed in order: the conversion instruction (vcvtps2ph), except that a
+// NaN becomes float_to_fp16's quiet NaN (sign kept, no payload) where the instruction keeps the
+// top of the payload.
+inline __m256i fp16_round16(__m512 v) {
+  const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  if (nan == 0) return h;
+  const __m512i wide = _mm512_cvtepu16_epi32(h);
+  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(wide, _mm512_set1_epi32(0x8000)),
+                                        _mm512_set1_epi32(0x7e00));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(wide, nan, quiet));
+}
+
+// 16 fp16 widened to float32 as fp16_to_float widens them (exactly): the conversion instruction
+// (vcvtph2ps), except that a NaN's bits are fp16_to_float's (sign and payload moved up as they
+// are) where the instruction quiets a signaling one.
+inline __m512 fp16_widen16(__m256i h) {
+  const __m512 f = _mm512_cvtph_ps(h);
+  const __m512i wide = _mm512_cvtepu16_epi32(h);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(wide, _mm512_set1_epi32(0x7fff)),
+                                                _mm512_set1_epi32(0x7c00));
+  if (nan == 0) return f;
+  const __m512i bits = _mm512_or_si512(
+      _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(0x8000)), 16),
+                      _mm512_set1_epi32(0x7f800000)),
+      _mm512_slli_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(0x3ff)), 13));
+  return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(bits));
+}
+
 // r[i] word j <- r[j] word i, for 16 vectors of 16 32-bit words.
 inline void transpose16(__m512i r[16]) {
   __m512i t[16];

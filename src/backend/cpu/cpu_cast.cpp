@@ -13,7 +13,7 @@ bool is_float16(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 
-constexpr int64_t kChunk = 4096;  // bf16 casts go in rows of this many values
+constexpr int64_t kChunk = 4096;  // 16-bit casts and fp16 rounding go in rows of this many values
 }  // namespace
 
 void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
@@ -30,7 +30,8 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
       return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = float_to_fp16(in[i]);
+    for (int64_t b = 0; b < n; b += kChunk)
+      fp16_round_row(in + b, out + b, std::min(kChunk, n - b));
     return;
   }
   if (is_float16(src.dtype()) && dst.dtype() == DType::f32) {
@@ -43,7 +44,8 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
       return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(in[i]);
+    for (int64_t b = 0; b < n; b += kChunk)
+      fp16_widen_row(in + b, out + b, std::min(kChunk, n - b));
     return;
   }
   BRISK_FAIL("cast from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()),
@@ -62,7 +64,8 @@ void CpuBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
     for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
   } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(float_to_fp16(in[i]));
+    for (int64_t b = 0; b < n; b += kChunk)
+      fp16_rounded_row(in + b, out + b, std::min(kChunk, n - b));
   }
 }
 

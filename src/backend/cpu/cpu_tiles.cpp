@@ -277,6 +277,34 @@ void bf16_widen_row(const uint16_t* in, float* out, int64_t n) {
   for (; j < n; ++j) out[j] = bf16_to_float(in[j]);
 }
 
+void fp16_round_row(const float* in, uint16_t* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), fp16_round16(_mm512_loadu_ps(in + j)));
+#endif
+  for (; j < n; ++j) out[j] = float_to_fp16(in[j]);
+}
+
+void fp16_widen_row(const uint16_t* in, float* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16)
+    _mm512_storeu_ps(out + j, fp16_widen16(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(in + j))));
+#endif
+  for (; j < n; ++j) out[j] = fp16_to_float(in[j]);
+}
+
+void fp16_rounded_row(const float* in, float* out, int64_t n) {
+  int64_t j = 0;
+#ifdef BRISK_PACK_AVX512
+  for (; j + 16 <= n; j += 16)
+    _mm512_storeu_ps(out + j, fp16_widen16(fp16_round16(_mm512_loadu_ps(in + j))));
+#endif
+  for (; j < n; ++j) out[j] = fp16_to_float(float_to_fp16(in[j]));
+}
+
 namespace {
 // A row of float32 (rounded) or bf16 (as it lies) values as bf16.
 void row_as_bf16(const float* in, uint16_t* out, int64_t n) {

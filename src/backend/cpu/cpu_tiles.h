@@ -67,6 +67,13 @@ void bf16_pair_product(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, i
 void bf16_round_row(const float* in, uint16_t* out, int64_t n);
 // n bf16 widened to float32, exactly (AVX-512 where the build targets it).
 void bf16_widen_row(const uint16_t* in, float* out, int64_t n);
+// The same for fp16: n float32 rounded as float_to_fp16 rounds, n fp16 widened as fp16_to_float
+// widens, and n float32 rounded to fp16 values held in float32 (in place where out is in), bit for
+// bit (the conversion instructions where the build targets AVX-512; the CPU's fp16 casts and
+// round_to).
+void fp16_round_row(const float* in, uint16_t* out, int64_t n);
+void fp16_widen_row(const uint16_t* in, float* out, int64_t n);
+void fp16_rounded_row(const float* in, float* out, int64_t n);
 
 // A value as bf16: a float32 one rounded (float_to_bf16), a bf16 one as it is. For the packers
 // over either source type.
