@@ -1,7 +1,8 @@
 // AVX-512 helpers shared by the CPU backend's bf16 packers (cpu_matmul_dnnl.cpp) and its
-// attention tiles' packers (cpu_tiles.cpp): rounding float32 to bf16 as float_to_bf16 does, and a
-// 16 x 16 transpose of 32-bit words. BRISK_PACK_AVX512 is defined where the build targets
-// AVX-512 (F and BW); without it the callers take their scalar paths.
+// attention tiles' packers (cpu_tiles.cpp): rounding float32 to bf16 as float_to_bf16 does, the
+// fp16 conversions of the CPU's fp16 rows, and a 16 x 16 transpose of 32-bit words.
+// BRISK_PACK_AVX512 is defined where the build targets AVX-512 (F and BW); without it the callers
+// take their scalar paths.
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
