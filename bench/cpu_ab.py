@@ -5,7 +5,7 @@ would measure the drift). Prints each run's samples/s (brisk's whole run, as cpu
 mean gain of AFTER over BEFORE.
 
     python3 bench/cpu_ab.py BEFORE_BIN AFTER_BIN [--row gpt2] [--precision bf16|fp32|fp16] [--pairs 3]
-                            [--steps 8]
+                            [--steps 8] [--optim adamw_torch]
 
 BEFORE_BIN is typically a build of the commit before a change, e.g. from a worktree:
     git worktree add /tmp/before HEAD~1 && (cd /tmp/before && scripts/build.sh)
@@ -25,6 +25,7 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: cpu_speed's)")
+    p.add_argument("--optim", default="adamw_torch", help="brisk's --optim (default adamw_torch)")
     a = p.parse_args()
     m = MODELS[a.row]
     steps = a.steps or m["steps"]
@@ -34,9 +35,9 @@ def main():
         for pair in range(a.pairs):
             for name, binary in (("before", a.before), ("after", a.after)):
                 r = run_brisk(cfg_dir, os.path.join(tmp, f"{name}-{pair}"), a.precision, m, steps,
-                              os.path.abspath(binary))
+                              os.path.abspath(binary), a.optim)
                 runs[name].append(r["samples_per_second"])
-                print(f"{a.row} {a.precision} pair {pair + 1} {name}: "
+                print(f"{a.row} {a.precision} {a.optim} pair {pair + 1} {name}: "
                       f"{r['samples_per_second']:.3f} samples/s, "
                       f"{r['peak_rss'] / 2**20:.0f} MiB", flush=True)
     before = sum(runs["before"]) / len(runs["before"])

@@ -142,18 +142,18 @@ def write_config(tmp, row):
     return cfg_dir
 
 
-def brisk_command(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
-    """brisk train on the row's workload: random tokens, AdamW, no checkpoints."""
+def brisk_command(cfg_dir, out_dir, precision, m, steps, brisk=BRISK, optim="adamw_torch"):
+    """brisk train on the row's workload: random tokens, AdamW (or `optim`), no checkpoints."""
     return [brisk, "train", "--model", cfg_dir, "--per_device_train_batch_size", str(m["batch"]),
             "--seq_len", str(m["seq"]), "--dataset_size", str(steps * m["batch"]),
             "--max_steps", str(steps), "--logging_steps", str(steps), "--save_strategy", "no",
-            "--output_dir", out_dir, "--device", "cpu", "--optim", "adamw_torch",
+            "--output_dir", out_dir, "--device", "cpu", "--optim", optim,
             "--disable_tqdm", "--bf16", "true" if precision == "bf16" else "false",
             "--fp16", "true" if precision == "fp16" else "false"]
 
 
-def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK):
-    cmd = brisk_command(cfg_dir, out_dir, precision, m, steps, brisk)
+def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK, optim="adamw_torch"):
+    cmd = brisk_command(cfg_dir, out_dir, precision, m, steps, brisk, optim)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "train_results.json")) as f:
         r = json.load(f)

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "backend/cpu/cpu_backend.h"
 #include "optim/optimizer.h"
 #include "optim/quantization.h"
 #include "optim/step_control.h"
@@ -224,6 +225,46 @@ TEST(Optimizers, QuantizationPicksTheNearestCode) {
   EXPECT_EQ(map[quantize_nearest(map.data(), 0.0f)], 0.0f);
   EXPECT_EQ(quantize_nearest(map.data(), 5.0f), 255);
   EXPECT_EQ(quantize_nearest(map.data(), -5.0f), 0);
+}
+
+// The CPU's requantization row (quantize_row: 16 lanes at a time on AVX-512, the scalar search in
+// the tail) gives quantize_nearest's code for every value: each map value, the float32 ties
+// between neighbours and the floats either side of them, values around each code, out-of-range
+// values, +-0, infinities and NaN, with a scale of 1 and another, from two alignments.
+TEST(Optimizers, QuantizeRowGivesQuantizeNearestsCodes) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> wide(-1.3f, 1.3f), unit(0.0f, 1.0f);
+  for (bool is_signed : {true, false}) {
+    const auto map = dynamic_quant_map(is_signed);
+    std::vector<float> x = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 2.0f, -2.0f};
+    for (int i = 0; i < 256; ++i) {
+      x.push_back(map[i]);
+      x.push_back(std::nextafter(map[i], -2.0f));
+      x.push_back(std::nextafter(map[i], 2.0f));
+      if (i < 255) {
+        const float tie = map[i] + (map[i + 1] - map[i]) / 2;
+        for (float t : {tie, std::nextafter(tie, -2.0f), std::nextafter(tie, 2.0f)}) x.push_back(t);
+        x.push_back(map[i] + (map[i + 1] - map[i]) * unit(rng));
+      }
+    }
+    for (int k = 0; k < 4000; ++k)
+      x.push_back(wide(rng) * std::pow(10.0f, -static_cast<float>(k % 8)));
+    for (const float scale : {1.0f, 1.0f / 0.37f}) {
+      for (const size_t start : {size_t{0}, size_t{1}}) {
+        const int64_t n = static_cast<int64_t>(x.size() - start);
+        std::vector<uint8_t> got(x.size() + 1, 77);
+        quantize_row(map.data(), x.data() + start, scale, n, got.data());
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(got[static_cast<size_t>(j)],
+                    quantize_nearest(map.data(), x[start + static_cast<size_t>(j)] * scale))
+              << (is_signed ? "signed" : "unsigned") << " map, x = " << x[start + j]
+              << ", scale " << scale;
+        EXPECT_EQ(got[static_cast<size_t>(n)], 77) << "nothing written past the row";
+      }
+    }
+  }
 }
 
 // Block-wise 8-bit AdamW written in fp64 (exact nearest codes): the algorithm the float32 kernel

@@ -178,6 +178,10 @@ struct AdamWStep {
   }
 };
 
+// codes[j] = quantize_nearest(map, x[j] * scale) for j < n, the same codes 16 at a time where
+// the build targets AVX-512 (8-bit AdamW's requantization; cpu_optim_lowmem.cpp).
+void quantize_row(const float* map, const float* x, float scale, int64_t n, uint8_t* codes);
+
 // Calls fn(begin, end, decayed) for the consecutive element ranges [0, n) splits into by the
 // sorted decay ranges (int64 [R,2], see AdamWUpdate), alternating undecayed gaps and ranges.
 // A template, so that the loop allocates nothing.
