@@ -155,8 +155,10 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
 #pragma omp parallel for schedule(static) if (par)
       for (int64_t r = 0; r < R; ++r) {
         double acc = 0;
+        const float* __restrict gr = g + r * C;
+#pragma omp simd reduction(+ : acc)
         for (int64_t c = 0; c < C; ++c) {
-          const float gi = g[r * C + c] * multiplier;
+          const float gi = gr[c] * multiplier;
           acc += static_cast<double>(gi * gi + eps1);
         }
         row[r] = b2 * row[r] + (1.0f - b2) * static_cast<float>(acc / C);
@@ -210,7 +212,7 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
       for (int64_t i = begin; i < end; i += kRun) {
         const int64_t n = std::min(kRun, end - i);
         raw(i, i + n, x);
-        for (int64_t k = 0; k < n; ++k) part += static_cast<double>(x[k]) * x[k];
+        part += sum_of_squares(x, n);
       }
       return part;
     });
@@ -223,8 +225,8 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
       const int64_t n = std::min(kRun, len - i);
       float x[kRun];
       raw(i, i + n, x);
-      // Scaled in a pass of its own: the product rounded before it is used, as it always was
-      // (fused into the subtraction below it would change the weights' last bits).
+      // Scaled in a pass of its own, so that the product is rounded before it is used, as
+      // transformers' Adafactor rounds it (the compiler would fuse it into the subtraction).
 #pragma omp simd
       for (int64_t k = 0; k < n; ++k) x[k] *= scale;
       float* __restrict wi = w + i;
