@@ -228,6 +228,27 @@ TEST(OpsRotary, MismatchedShapesAreRefused) {
   EXPECT_EQ(x, FVec(x.size(), 1.f)) << "a refused call changes nothing";
 }
 
+// rng_blocks (16 groups at once: the CPU's dropout masks and stochastic rounding) gives
+// rng_block's words for every group, with counters whose low word carries into the high one
+// within the 16, steps and seeds with high bits, and sites at both ends.
+TEST(OpsDropout, RngBlocksEqualRngBlock) {
+  const uint64_t firsts[] = {0, 5, 0xfffffff8u, 0x123456789abcULL, ~uint64_t{0} - 20};
+  const RngKey keys[] = {RngKey{0, 0, 0}, RngKey{77, 5, 11},
+                         RngKey{0xfedcba9876543210ULL, 0x1234567890ULL, 0xffffffffu}};
+  for (const RngKey& key : keys)
+    for (const uint64_t first : firsts) {
+      uint32_t words[4 * brisk::kPhiloxLanes];
+      brisk::rng_blocks(key, first, words);
+      for (int l = 0; l < brisk::kPhiloxLanes; ++l) {
+        const brisk::Philox4 want = brisk::rng_block(key, first + static_cast<uint64_t>(l));
+        for (int j = 0; j < 4; ++j)
+          ASSERT_EQ(words[4 * l + j], want.v[j])
+              << "seed " << key.seed << " step " << key.step << " site " << key.site
+              << " group " << first + static_cast<uint64_t>(l) << " word " << j;
+      }
+    }
+}
+
 TEST(OpsDropout, KeepRate) {
   auto be = brisk::make_cpu_backend();
   const int n = 1 << 20;
