@@ -214,6 +214,12 @@ inline __mmask16 visible_lanes(int64_t j, int64_t visible, const int32_t* mask) 
                                        _mm512_setzero_si512());
 }
 
+// (GCC 12 reports _mm512_reduce_max_ps's "undefined" starting vector as -Wuninitialized, the
+// false alarm cpu_avx512.h describes.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 // A row's softmax up to its normalization, 16 keys at a time: e^(x - max) in place over the
 // scaled visible scores x (zero at a key the mask drops), their sum in *sum; returns the maximum,
 // -inf when no key is visible (the row is left as it is then).
@@ -231,6 +237,9 @@ float exponentials(float* row, int64_t visible, const int32_t* mask, float scale
                          [&](int64_t j) { return visible_lanes(j, visible, mask); });
   return mx;
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 // Row of scores (keys of them; key j visible when j < visible and the mask keeps it) to
