@@ -1,6 +1,7 @@
 // SGD, Adafactor and 8-bit AdamW on the CPU, and stochastic rounding of bf16 weights.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
@@ -12,6 +13,7 @@ namespace brisk {
 
 namespace {
 constexpr int64_t kRun = 1024;  // Adafactor's updates go through a stack buffer this long
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 void check_flat(const Tensor& t, int64_t n, const char* op, const char* what) {
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == n, op, ": ", what, " must be float32 [", n,
@@ -27,7 +29,7 @@ void check_flat(const Tensor& t, int64_t n, const char* op, const char* what) {
 #endif
 // quantize_nearest's binary search run on 16 lanes at once. Its first five halving steps probe
 // codes that are multiples of 4 (16 t for steps 128-16, 16 t + 8, 8 t + 4), read from registers
-// holding those map values; the last three reads gather from the map. One value at a time, the
+// holding those map values; the last two gather from the map. One value at a time, the
 // search's dependent loads and mispredicted branches made 8-bit AdamW's step several times slower
 // than AdamW's.
 struct QuantizeTables {
@@ -43,9 +45,15 @@ struct QuantizeTables {
 };
 
 inline __m128i quantize16(const float* map, const QuantizeTables& t, __m512 x) {
+  // The search keeps map[lo] <= x < map[hi], hi - lo halving from 256 to 1, and the two values
+  // as it goes: each probe's value becomes `below` where taken, `above` where not.
   __m512i lo = _mm512_setzero_si512();
+  __m512 below = _mm512_set1_ps(map[0]), above = _mm512_set1_ps(kInfinity);
   auto take = [&](__m512i probe, __m512 value) {
-    lo = _mm512_mask_mov_epi32(lo, _mm512_cmp_ps_mask(value, x, _CMP_LE_OQ), probe);
+    const __mmask16 le = _mm512_cmp_ps_mask(value, x, _CMP_LE_OQ);
+    lo = _mm512_mask_mov_epi32(lo, le, probe);
+    below = _mm512_mask_mov_ps(below, le, value);
+    above = _mm512_mask_mov_ps(value, le, above);
   };
   for (int step = 128; step >= 16; step /= 2) {
     const __m512i probe = _mm512_add_epi32(lo, _mm512_set1_epi32(step));
@@ -59,14 +67,12 @@ inline __m128i quantize16(const float* map, const QuantizeTables& t, __m512 x) {
     probe = _mm512_add_epi32(lo, _mm512_set1_epi32(step));
     take(probe, _mm512_i32gather_ps(probe, map, 4));
   }
-  // lo is now the last code with map[lo] <= x where map[0] < x < map[255]; the lanes outside
-  // that range (lo + 1 = 256 among them) take their code below and read map[255] meanwhile.
-  const __m512i hi = _mm512_min_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(1)),
-                                      _mm512_set1_epi32(255));
-  const __m512 below = _mm512_i32gather_ps(lo, map, 4), above = _mm512_i32gather_ps(hi, map, 4);
+  // lo is now the last code with map[lo] <= x where map[0] < x < map[255], below = map[lo] and
+  // above = map[lo + 1]; the lanes outside that range take their code below.
   const __mmask16 nearer_below = _mm512_cmp_ps_mask(_mm512_sub_ps(x, below),
                                                     _mm512_sub_ps(above, x), _CMP_LE_OQ);
-  __m512i code = _mm512_mask_mov_epi32(hi, nearer_below, lo);
+  __m512i code =
+      _mm512_mask_mov_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(1)), nearer_below, lo);
   code = _mm512_mask_mov_epi32(
       code, _mm512_cmp_ps_mask(x, _mm512_set1_ps(map[255]), _CMP_GE_OQ), _mm512_set1_epi32(255));
   code = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, _mm512_set1_ps(map[0]), _CMP_GT_OQ), code);
