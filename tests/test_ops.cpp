@@ -243,8 +243,8 @@ TEST(OpsDropout, RngBlocksEqualRngBlock) {
         const brisk::Philox4 want = brisk::rng_block(key, first + static_cast<uint64_t>(l));
         for (int j = 0; j < 4; ++j)
           ASSERT_EQ(words[4 * l + j], want.v[j])
-              << "seed " << key.seed << " step " << key.step << " site " << key.site
-              << " group " << first + static_cast<uint64_t>(l) << " word " << j;
+              << "seed " << key.seed << " step " << key.step << " site " << key.site << " group "
+              << first + static_cast<uint64_t>(l) << " word " << j;
       }
     }
 }

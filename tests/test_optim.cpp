@@ -236,9 +236,13 @@ TEST(Optimizers, QuantizeRowGivesQuantizeNearestsCodes) {
   std::uniform_real_distribution<float> wide(-1.3f, 1.3f), unit(0.0f, 1.0f);
   for (bool is_signed : {true, false}) {
     const auto map = dynamic_quant_map(is_signed);
-    std::vector<float> x = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+    std::vector<float> x = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 2.0f, -2.0f};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            2.0f,
+                            -2.0f};
     for (int i = 0; i < 256; ++i) {
       x.push_back(map[i]);
       x.push_back(std::nextafter(map[i], -2.0f));
@@ -259,8 +263,8 @@ TEST(Optimizers, QuantizeRowGivesQuantizeNearestsCodes) {
         for (int64_t j = 0; j < n; ++j)
           ASSERT_EQ(got[static_cast<size_t>(j)],
                     quantize_nearest(map.data(), x[start + static_cast<size_t>(j)] * scale))
-              << (is_signed ? "signed" : "unsigned") << " map, x = " << x[start + j]
-              << ", scale " << scale;
+              << (is_signed ? "signed" : "unsigned") << " map, x = " << x[start + j] << ", scale "
+              << scale;
         EXPECT_EQ(got[static_cast<size_t>(n)], 77) << "nothing written past the row";
       }
     }

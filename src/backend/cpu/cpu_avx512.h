@@ -92,8 +92,8 @@ inline __m256i fp16_round16(__m512 v) {
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   if (nan == 0) return h;
   const __m512i wide = _mm512_cvtepu16_epi32(h);
-  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(wide, _mm512_set1_epi32(0x8000)),
-                                        _mm512_set1_epi32(0x7e00));
+  const __m512i quiet =
+      _mm512_or_si512(_mm512_and_si512(wide, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7e00));
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(wide, nan, quiet));
 }
 

@@ -69,12 +69,12 @@ inline __m128i quantize16(const float* map, const QuantizeTables& t, __m512 x) {
   }
   // lo is now the last code with map[lo] <= x where map[0] < x < map[255], below = map[lo] and
   // above = map[lo + 1]; the lanes outside that range take their code below.
-  const __mmask16 nearer_below = _mm512_cmp_ps_mask(_mm512_sub_ps(x, below),
-                                                    _mm512_sub_ps(above, x), _CMP_LE_OQ);
+  const __mmask16 nearer_below =
+      _mm512_cmp_ps_mask(_mm512_sub_ps(x, below), _mm512_sub_ps(above, x), _CMP_LE_OQ);
   __m512i code =
       _mm512_mask_mov_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(1)), nearer_below, lo);
-  code = _mm512_mask_mov_epi32(
-      code, _mm512_cmp_ps_mask(x, _mm512_set1_ps(map[255]), _CMP_GE_OQ), _mm512_set1_epi32(255));
+  code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(x, _mm512_set1_ps(map[255]), _CMP_GE_OQ),
+                               _mm512_set1_epi32(255));
   code = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, _mm512_set1_ps(map[0]), _CMP_GT_OQ), code);
   return _mm512_cvtepi32_epi8(code);
 }

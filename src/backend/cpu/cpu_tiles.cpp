@@ -290,8 +290,8 @@ void fp16_widen_row(const uint16_t* in, float* out, int64_t n) {
   int64_t j = 0;
 #ifdef BRISK_PACK_AVX512
   for (; j + 16 <= n; j += 16)
-    _mm512_storeu_ps(out + j, fp16_widen16(_mm256_loadu_si256(
-                                  reinterpret_cast<const __m256i*>(in + j))));
+    _mm512_storeu_ps(out + j,
+                     fp16_widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j))));
 #endif
   for (; j < n; ++j) out[j] = fp16_to_float(in[j]);
 }
