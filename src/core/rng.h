@@ -128,9 +128,8 @@ inline void rng_blocks(const RngKey& key, uint64_t first, uint32_t* out) {
     _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(s0, s1, 0xdd));
     _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(s2, s3, 0x88));
     _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(s2, s3, 0xdd));
-    return;
   }
-#endif
+#else
   for (int r = 0; r < 10; ++r) {
 #pragma omp simd
     for (int l = 0; l < kPhiloxLanes; ++l) {
@@ -152,6 +151,7 @@ inline void rng_blocks(const RngKey& key, uint64_t first, uint32_t* out) {
     out[4 * l + 2] = c2[l];
     out[4 * l + 3] = c3[l];
   }
+#endif
 }
 #if defined(BRISK_PHILOX_AVX512) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
