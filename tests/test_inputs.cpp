@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -444,6 +445,57 @@ TEST(Inputs, MemoryPlanAlignsAndCountsByCategory) {
   Tensor ids = arena.tensor(plan.find("ids"));
   EXPECT_EQ(arena.high_water(), MemoryPlan::kAlignment + 40u);
   EXPECT_EQ(ids.shape(), (Shape{2, 5}));
+}
+
+// The smaps line for the mapping holding address p, e.g. "THPeligible:"; empty when absent.
+std::string smaps_field(const void* p, const std::string& field) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return {};
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  char line[512];
+  bool inside = false;
+  std::string found;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && std::strncmp(line, field.c_str(), field.size()) == 0) {
+      found = line;
+      break;
+    }
+  }
+  std::fclose(f);
+  return found;
+}
+
+// Host blocks of 4 MiB and more are whole 2 MiB pages asked for as transparent huge pages; smaller
+// ones keep the plan's alignment. Both come zeroed.
+TEST(Inputs, LargeHostBlocksAreHugePageAlignedAndZeroed) {
+  MemoryResource& host = host_memory();
+  const size_t big = (size_t{5} << 20) + 12345;
+  auto* p = static_cast<unsigned char*>(host.allocate(big));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (size_t{2} << 20), 0u);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < big; ++i) nonzero += p[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  // Where the kernel offers transparent huge pages at all, the block was advised for them.
+  std::FILE* thp = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  char mode[128] = {};
+  if (thp) {
+    if (!std::fgets(mode, sizeof mode, thp)) mode[0] = 0;
+    std::fclose(thp);
+  }
+  if (mode[0] && std::strstr(mode, "[never]") == nullptr) {
+    const std::string eligible = smaps_field(p, "THPeligible:");
+    if (!eligible.empty()) EXPECT_NE(eligible.find('1'), std::string::npos) << eligible;
+  }
+  host.deallocate(p);
+  auto* q = static_cast<unsigned char*>(host.allocate(1000));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % MemoryPlan::kAlignment, 0u);
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(q[i], 0) << i;
+  host.deallocate(q);
 }
 
 }  // namespace

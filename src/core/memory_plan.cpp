@@ -1,6 +1,9 @@
 // MemoryPlan offsets and the Arena's single allocation.
 #include "core/memory_plan.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -76,15 +79,23 @@ class HostMemory final : public MemoryResource {
  public:
   Device device() const override { return Device::cpu; }
   void* allocate(size_t bytes) override {
-    const size_t rounded =
-        (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
-    void* p =
-        std::aligned_alloc(MemoryPlan::kAlignment, rounded ? rounded : MemoryPlan::kAlignment);
+    // Blocks of a few MiB and more are whole 2 MiB pages, asked for as transparent huge pages
+    // (a hint: kernels with them off, or "never", give 4 KiB pages as before). A GPT-2 arena
+    // is then ~1,300 page faults instead of ~680,000 when first touched, and the step's passes
+    // over gigabytes of weights, gradients and optimizer state miss the TLB far less.
+    const bool huge = bytes >= 2 * kHugePage;
+    const size_t align = huge ? kHugePage : MemoryPlan::kAlignment;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
     BRISK_CHECK(p != nullptr, "cannot allocate ", bytes, " bytes: out of host memory");
+    if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);
     // Touch every page now so that the measured resident memory matches the plan from step 1.
     std::memset(p, 0, rounded);
     return p;
   }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
   void deallocate(void* p) override { std::free(p); }
 };
 }  // namespace
