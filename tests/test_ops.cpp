@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/activation.h"
@@ -22,6 +23,7 @@
 #include "backend_support.h"
 #include "core/error.h"
 #include "core/json_file.h"
+#include "core/random_init.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -247,6 +249,69 @@ TEST(OpsDropout, RngBlocksEqualRngBlock) {
               << first + static_cast<uint64_t>(l) << " word " << j;
       }
     }
+}
+
+// The initial weights' normals (core/random_init.h): each value against Box-Muller in fp64 over
+// the same Philox words (offsets at every position in a group and a 64-value block, seeds and
+// streams with high bits, the standard deviation applied); a tensor filled in pieces of any size
+// equals one filled whole on all threads, bit for bit; and the values look standard normal.
+double init_normal_fp64(uint64_t seed, uint32_t stream, int64_t e) {
+  const brisk::Philox4 w =
+      brisk::rng_block(RngKey{seed, brisk::kInitRngStep, stream}, static_cast<uint64_t>(e) / 4);
+  const int pair = static_cast<int>(e % 4) / 2;
+  const double u1 = static_cast<double>(static_cast<float>(w.v[2 * pair] | 1u)) * 0x1p-32;
+  const double u2 = static_cast<double>(w.v[2 * pair + 1]) * 0x1p-32;
+  const double r = std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * M_PI * u2;
+  return e % 2 == 0 ? r * std::cos(theta) : r * std::sin(theta);
+}
+
+TEST(OpsInit, NormalsFollowBoxMullerInFp64) {
+  for (const auto& [seed, stream] :
+       {std::pair<uint64_t, uint32_t>{42, 0}, {7, 13}, {0xfedcba9876543210ULL, 0xffffffffu}})
+    for (const int64_t first :
+         {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{61}, int64_t{1000003}}) {
+      const int64_t n = 203;
+      FVec z(n);
+      brisk::fill_normal(seed, stream, first, n, 0.02f, z.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = 0.02 * init_normal_fp64(seed, stream, first + i);
+        ASSERT_NEAR(z[i], want, 2e-7 * std::max(1.0, std::fabs(want) / 0.02))
+            << "seed " << seed << " stream " << stream << " element " << first + i;
+      }
+    }
+}
+
+TEST(OpsInit, NormalsInPiecesEqualTheWholeOnEveryThread) {
+  const int64_t n = 300007;  // parallel when whole, serial in pieces
+  FVec whole(n), pieces(n);
+  brisk::fill_normal(9, 4, 0, n, 1.f, whole.data());
+  int64_t at = 0;
+  for (const int64_t size : {int64_t{1}, int64_t{2}, int64_t{63}, int64_t{65}, int64_t{4097}}) {
+    brisk::fill_normal(9, 4, at, size, 1.f, pieces.data() + at);
+    at += size;
+  }
+  for (; at < n; at += 70001)
+    brisk::fill_normal(9, 4, at, std::min<int64_t>(70001, n - at), 1.f, pieces.data() + at);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(whole[i], pieces[i]) << i;
+  // Moments and tails of a standard normal, within ~5 standard errors at this count.
+  double sum = 0, squares = 0, beyond = 0, largest = 0;
+  for (float v : whole) {
+    sum += v;
+    squares += double{v} * v;
+    beyond += std::fabs(v) > 1.959964f;
+    largest = std::max(largest, double{std::fabs(v)});
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(squares / n, 1.0, 0.015);
+  EXPECT_NEAR(beyond / n, 0.05, 0.002);
+  EXPECT_GT(largest, 3.5);
+  EXPECT_LT(largest, 6.7);  // sqrt(-2 ln 2^-32): the largest value the 32-bit uniforms allow
+  // Another stream or seed gives other values.
+  FVec other(64);
+  brisk::fill_normal(9, 5, 0, 64, 1.f, other.data());
+  EXPECT_NE(other[0], whole[0]);
+  brisk::fill_normal(10, 4, 0, 64, 1.f, other.data());
+  EXPECT_NE(other[0], whole[0]);
 }
 
 TEST(OpsDropout, KeepRate) {

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "core/checked.h"
+#include "core/random_init.h"
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/gpt2.h"
@@ -740,20 +740,21 @@ float Model::init_std(const std::string& name) const {
 
 // Parameter by parameter in declaration order from one generator, written where the weights
 // live piece by piece (no whole host copy of a model on a GPU).
+// Each parameter's normal values are their own counter-based stream (core/random_init.h), so the
+// init runs on every thread and does not depend on how the weights are staged.
 void Model::init_weights(Backend& be, uint64_t seed) {
-  std::mt19937_64 gen(seed);
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
     const bool bias = p.name.ends_with(".bias");
     const bool is_norm = !p.decay && !bias;
-    std::normal_distribution<float> normal(0.0f, init_std(p.name));
-    write_in_pieces(be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t) {
+    const float stddev = init_std(p.name);
+    write_in_pieces(be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t at) {
       float* x = piece.f32();
       const int64_t n = piece.numel();
       if (bias || is_norm)
         std::fill(x, x + n, bias ? 0.0f : 1.0f);
       else
-        for (int64_t j = 0; j < n; ++j) x[j] = normal(gen);
+        fill_normal(seed, static_cast<uint32_t>(i), at, n, stddev, x);
     });
     if (static_cast<int>(i) == padded_embedding_) {
       const Tensor table = params_.weight(padded_embedding_);
