@@ -93,10 +93,10 @@ class HostMemory final : public MemoryResource {
     std::memset(p, 0, rounded);
     return p;
   }
+  void deallocate(void* p) override { std::free(p); }
 
  private:
   static constexpr size_t kHugePage = size_t{2} << 20;
-  void deallocate(void* p) override { std::free(p); }
 };
 }  // namespace
 

@@ -22,9 +22,9 @@ inline float uniform(uint32_t w) {
   return static_cast<float>(w) * kTwoPow32Inv;
 }
 
-// The cosine is taken as a sine a quarter turn on: GCC 12 merges a sine and a cosine of one angle
-// into one sincosf, which has no 16-lane version, and then calls logf and sincosf a value at a
-// time; so it calls libmvec's 16-lane logf and sinf.
+// The cosine is taken as the sine a quarter turn on. GCC 12 merges a sine and a cosine of one
+// angle into one sincosf, which has no 16-lane version, and the loop then calls logf and sincosf
+// a value at a time; as two sines it calls libmvec's 16-lane logf and sinf.
 [[gnu::noinline]] void box_muller(const float* u1, const float* u2, float stddev, float* zc,
                                   float* zs, int64_t n) {
 #pragma omp simd
