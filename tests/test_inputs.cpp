@@ -498,6 +498,8 @@ TEST(Inputs, LargeHostBlocksAreHugePageAlignedAndZeroed) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % MemoryPlan::kAlignment, 0u);
   for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(q[i], 0) << i;
   host.deallocate(q);
+  // A size whose rounding up would wrap around is refused, not allocated short.
+  expect_error([&] { host.allocate(SIZE_MAX - 100); }, "cannot allocate");
 }
 
 }  // namespace

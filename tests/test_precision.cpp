@@ -474,19 +474,25 @@ TEST(CpuPacking, Float32ProductsGoToOneDnnButOnIntelCpusWithoutAmxOpenBlasKnows)
         << (c.amx ? " AMX" : "");
 }
 
-// bf16_widen_row, the packers' counterpart: every one of the 65536 bf16 bit patterns (NaNs,
-// infinities and subnormals among them) widened to exactly the float32 bf16_to_float gives, bit
-// for bit, through the AVX-512 path (16 at a time) and the scalar tail (from an odd start).
-TEST(CpuBf16Tiles, WidenRowGivesEveryPatternsFloat32) {
+// A 16-bit format's widening row against its scalar widening, bit for bit, for every one of the
+// 65536 patterns (NaNs, infinities and subnormals among them), through the AVX-512 path (16 at a
+// time) and the scalar tail (from an odd start).
+void expect_widen_row_gives_every_pattern(void (*row)(const uint16_t*, float*, int64_t),
+                                          float (*scalar)(uint16_t), const char* format) {
   std::vector<uint16_t> all(65536 + 7);
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
   std::vector<float> got(all.size(), -1.0f);
-  brisk::bf16_widen_row(all.data() + 1, got.data() + 1, static_cast<int64_t>(all.size()) - 1);
+  row(all.data() + 1, got.data() + 1, static_cast<int64_t>(all.size()) - 1);
   EXPECT_EQ(got[0], -1.0f) << "nothing written before the row";
   for (size_t i = 1; i < all.size(); ++i) {
-    const float want = brisk::bf16_to_float(all[i]);
-    ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << "bf16 pattern " << all[i];
+    const float want = scalar(all[i]);
+    ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << format << " pattern " << all[i];
   }
+}
+
+// bf16_widen_row, the packers' counterpart, gives bf16_to_float's float32 for every pattern.
+TEST(CpuBf16Tiles, WidenRowGivesEveryPatternsFloat32) {
+  expect_widen_row_gives_every_pattern(brisk::bf16_widen_row, brisk::bf16_to_float, "bf16");
 }
 
 // bf16_round_row, which every CPU op storing bf16 rows calls: float_to_bf16's bits for float32
@@ -531,15 +537,7 @@ TEST(CpuBf16Tiles, RoundRowGivesFloatToBf16ForEveryClass) {
 // zero results, infinities, and quiet and signaling NaNs with payloads all occur, 16 at a time and
 // in the scalar tail.
 TEST(CpuFp16Rows, ConversionsGiveTheScalarBitsForEveryClass) {
-  std::vector<uint16_t> all(65536 + 7);
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
-  std::vector<float> wide(all.size(), -1.0f);
-  brisk::fp16_widen_row(all.data() + 1, wide.data() + 1, static_cast<int64_t>(all.size()) - 1);
-  EXPECT_EQ(wide[0], -1.0f) << "nothing written before the row";
-  for (size_t i = 1; i < all.size(); ++i) {
-    const float want = fp16_to_float(all[i]);
-    ASSERT_EQ(std::memcmp(&wide[i], &want, sizeof(float)), 0) << "fp16 pattern " << all[i];
-  }
+  expect_widen_row_gives_every_pattern(brisk::fp16_widen_row, brisk::fp16_to_float, "fp16");
 
   std::vector<float> in;
   for (uint32_t top = 0; top < (1u << 20); ++top)

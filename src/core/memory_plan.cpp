@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -85,6 +86,7 @@ class HostMemory final : public MemoryResource {
     // over gigabytes of weights, gradients and optimizer state miss the TLB far less.
     const bool huge = bytes >= 2 * kHugePage;
     const size_t align = huge ? kHugePage : MemoryPlan::kAlignment;
+    BRISK_CHECK(bytes <= SIZE_MAX - align, "cannot allocate ", bytes, " bytes of host memory");
     const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
     void* p = std::aligned_alloc(align, rounded);
     BRISK_CHECK(p != nullptr, "cannot allocate ", bytes, " bytes: out of host memory");

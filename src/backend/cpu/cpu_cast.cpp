@@ -14,40 +14,25 @@ bool is_float16(DType t) {
 }
 
 constexpr int64_t kChunk = 4096;  // 16-bit casts and fp16 rounding go in rows of this many values
+
+// row(in + b, out + b, count) over [0, n) in rows of kChunk, the rows shared by the threads.
+template <typename In, typename Out>
+void by_rows(const In* in, Out* out, int64_t n, void (*row)(const In*, Out*, int64_t)) {
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kChunk) row(in + b, out + b, std::min(kChunk, n - b));
+}
 }  // namespace
 
 void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
   check_same_numel(src, dst, "cast");
   const int64_t n = src.numel();
   if (src.dtype() == dst.dtype()) return copy(src, dst);
-  if (src.dtype() == DType::f32 && is_float16(dst.dtype())) {
-    const float* in = src.f32();
-    uint16_t* out = dst.as<uint16_t>();
-    if (dst.dtype() == DType::bf16) {
-#pragma omp parallel for schedule(static)
-      for (int64_t b = 0; b < n; b += kChunk)
-        bf16_round_row(in + b, out + b, std::min(kChunk, n - b));
-      return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n; b += kChunk)
-      fp16_round_row(in + b, out + b, std::min(kChunk, n - b));
-    return;
-  }
-  if (is_float16(src.dtype()) && dst.dtype() == DType::f32) {
-    const uint16_t* in = src.as<uint16_t>();
-    float* out = dst.f32();
-    if (src.dtype() == DType::bf16) {
-#pragma omp parallel for schedule(static)
-      for (int64_t b = 0; b < n; b += kChunk)
-        bf16_widen_row(in + b, out + b, std::min(kChunk, n - b));
-      return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n; b += kChunk)
-      fp16_widen_row(in + b, out + b, std::min(kChunk, n - b));
-    return;
-  }
+  if (src.dtype() == DType::f32 && is_float16(dst.dtype()))
+    return by_rows(src.f32(), dst.as<uint16_t>(), n,
+                   dst.dtype() == DType::bf16 ? bf16_round_row : fp16_round_row);
+  if (is_float16(src.dtype()) && dst.dtype() == DType::f32)
+    return by_rows(src.as<uint16_t>(), dst.f32(), n,
+                   src.dtype() == DType::bf16 ? bf16_widen_row : fp16_widen_row);
   BRISK_FAIL("cast from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()),
              " is not supported");
 }
@@ -63,9 +48,7 @@ void CpuBackend::round_to(DType dtype, const Tensor& src, const Tensor& dst) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
   } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n; b += kChunk)
-      fp16_rounded_row(in + b, out + b, std::min(kChunk, n - b));
+    by_rows(in, out, n, fp16_rounded_row);
   }
 }
 

@@ -203,13 +203,15 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
         return;
       }
       for (int64_t i = begin; i < end;) {
-        const int64_t r = i / C, stop = std::min(end, (r + 1) * C);
+        const int64_t r = i / C, count = std::min(end, (r + 1) * C) - i;
         const float row_factor = std::sqrt(v[r] / rm);
-        const float* __restrict col = v + R - r * C;  // col[i] is v[R + c] for i = r C + c
+        const float* __restrict gi = g + i;
+        const float* __restrict col = v + R + (i - r * C);  // the columns of elements i, i + 1, ...
+        float* __restrict o = out + (i - begin);
 #pragma omp simd
-        for (int64_t k = i; k < stop; ++k)
-          out[k - begin] = g[k] * multiplier / row_factor / std::sqrt(col[k]);
-        i = stop;
+        for (int64_t k = 0; k < count; ++k)
+          o[k] = gi[k] * multiplier / row_factor / std::sqrt(col[k]);
+        i += count;
       }
     };
     const double update_sq = ordered_sum(len, 4096, par, [&raw](int64_t begin, int64_t end) {
