@@ -284,7 +284,7 @@ TEST(Cli, EstimatePartitionsTheMasterCopyUnderZero) {
 }
 
 // estimate --world_size N --zero_stage 2: each rank also holds only its shard of the summed
-// gradients, plus the space the gradients are staged in (two of the 24 blocks' rooms, over which
+// gradients, plus the space the gradients are staged in (two of the 24 blocks' slots, over which
 // the embeddings' and head's lie): rank 0's own plan says so, the shards add up to 4 bytes per
 // parameter.
 TEST(Cli, EstimatePlansEachRanksGradientShardUnderZeroStage2) {
@@ -295,7 +295,7 @@ TEST(Cli, EstimatePlansEachRanksGradientShardUnderZeroStage2) {
   const nlohmann::json& dp = j["data_parallel"];
   ASSERT_EQ(dp["ranks"].size(), 3u);
   const double n = 335143938.0;
-  // bert-large: a block is 12,596,224 parameters; the 24 share the rooms of two, and the
+  // bert-large: a block is 12,596,224 parameters; the 24 share the slots of two, and the
   // embeddings' and head's gradients (32.8M parameters, more than two blocks) lie over them. Rank
   // 0's own plan (its gradient buffers) holds exactly that and its shard.
   const double edges = n - 24 * 12596224.0;
@@ -315,7 +315,7 @@ TEST(Cli, EstimatePlansEachRanksGradientShardUnderZeroStage2) {
 }
 
 // estimate --world_size N --zero_stage 3: each rank also holds only its shard of the weights,
-// plus the space they are staged in (two blocks' rooms, over which the embeddings' and head's
+// plus the space they are staged in (two blocks' slots, over which the embeddings' and head's
 // lie): rank 0's own plan says so, the shards add up to 4 bytes per parameter, and the model
 // states per rank fall below stage 2's.
 TEST(Cli, EstimatePlansEachRanksWeightShardUnderZeroStage3) {
@@ -327,7 +327,7 @@ TEST(Cli, EstimatePlansEachRanksWeightShardUnderZeroStage3) {
   ASSERT_EQ(dp["ranks"].size(), 3u);
   const double n = 335143938.0, block = 12596224.0;
   // The weights staged as the gradients under stage 2: the embeddings' and head's over the two
-  // blocks' rooms, which they outweigh here.
+  // blocks' slots, which they outweigh here.
   const double edges = n - 24 * block;
   ASSERT_GT(edges, 2 * block);
   const double staged = 4.0 * edges;
@@ -626,11 +626,11 @@ TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
   expect_refused("estimate " + fit + "--max_memory 3GiB",
                  "or the optimizer in host memory (--offload_optimizer cpu)");
   const nlohmann::json offloaded = estimate_json(fit + "--max_memory 3GiB --offload_optimizer cpu");
-  const nlohmann::json roomy = estimate_json(fit + "--max_memory 30GiB");
+  const nlohmann::json ample = estimate_json(fit + "--max_memory 30GiB");
   ASSERT_FALSE(offloaded["fit"].empty());
-  ASSERT_FALSE(roomy["fit"].empty());
+  ASSERT_FALSE(ample["fit"].empty());
   EXPECT_GT(offloaded["fit"][0]["predicted_step_seconds"].get<double>(),
-            roomy["fit"][0]["predicted_step_seconds"].get<double>() + 2 * 4 * 124439808.0 / 25e9);
+            ample["fit"][0]["predicted_step_seconds"].get<double>() + 2 * 4 * 124439808.0 / 25e9);
 }
 
 // estimate --fit lists only configurations of the same global batch that fit, fastest first,

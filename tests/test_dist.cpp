@@ -369,29 +369,29 @@ TEST(Zero, EightBitShardsEndBetweenWholeBlocks) {
   }
 }
 
-// ZeRO stage 3 stages the blocks' weights in two rooms (the next block's gather running while a
-// block computes); stage3_prefetch_bucket_size below one block's weights plans one room: one
+// ZeRO stage 3 stages the blocks' weights in two slots (the next block's gather running while a
+// block computes); stage3_prefetch_bucket_size below one block's weights plans one slot: one
 // block's weights less, on every rank.
-TEST(Zero, Stage3PrefetchBelowABlockPlansOneRoomLess) {
-  TempDir dir("zero3_rooms");
+TEST(Zero, Stage3PrefetchBelowABlockPlansOneSlotLess) {
+  TempDir dir("zero3_slots");
   const std::string model = write_config(dir, "gpt2", 0.0, 5);
   TrainOptions o = tiny_options(model, dir / "out");
   o.zero_stage = 3;
   const int weights = static_cast<int>(Category::weights);
   for (int r = 0; r < 2; ++r) {
-    auto planned = [&](int64_t prefetch, int* rooms) {
+    auto planned = [&](int64_t prefetch, int* slots) {
       o.stage3_prefetch_bucket_size = prefetch;
       const auto run = assemble_run(o, Device::cpu, nullptr, nullptr, r, 2);
-      *rooms = run->model->weight_rooms();
+      *slots = run->model->weight_slots();
       return std::make_pair(run->plan.bytes_by_category()[weights], run->model->block_elements(1));
     };
-    int rooms_default = 0, rooms_enough = 0, rooms_less = 0;
-    const auto [with, block] = planned(-1, &rooms_default);
-    EXPECT_EQ(rooms_default, 2) << "rank " << r;
-    EXPECT_EQ(planned(block, &rooms_enough).first, with) << "a block's worth prefetches it";
-    EXPECT_EQ(rooms_enough, 2);
-    const size_t without = planned(block - 1, &rooms_less).first;
-    EXPECT_EQ(rooms_less, 1) << "rank " << r;
+    int slots_default = 0, slots_enough = 0, slots_less = 0;
+    const auto [with, block] = planned(-1, &slots_default);
+    EXPECT_EQ(slots_default, 2) << "rank " << r;
+    EXPECT_EQ(planned(block, &slots_enough).first, with) << "a block's worth prefetches it";
+    EXPECT_EQ(slots_enough, 2);
+    const size_t without = planned(block - 1, &slots_less).first;
+    EXPECT_EQ(slots_less, 1) << "rank " << r;
     EXPECT_EQ(with - without, static_cast<size_t>(block) * 4) << "rank " << r;
   }
 }

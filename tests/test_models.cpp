@@ -402,20 +402,20 @@ TEST(Models, TheFirstMicroBatchWritesWeightGradients) {
       }
 }
 
-// ZeRO stage 2's staged gradients: the blocks' gradients share the rooms of two blocks (or one),
+// ZeRO stage 2's staged gradients: the blocks' gradients share the slots of two blocks (or one),
 // used in turn, and the head's and the embeddings' gradients lie over the same space (a tied
 // head's embeddings' gradients apart, before it). As the sums do, each report here moves the
 // segment out, then empties the places the next segment writes over (and those reported before
-// them): with two rooms the room of the segment reported before, with one this segment's, and
+// them): with two slots the slot of the segment reported before, with one this segment's, and
 // before the embeddings' backward whatever lies under them. Every segment holds exactly the
 // gradients of the whole-gradient plan, over two accumulated micro-batches, and the plan's
-// gradient buffer is the rooms' length (or the embeddings' and head's) instead of every block's.
+// gradient buffer is the slots' length (or the embeddings' and head's) instead of every block's.
 TEST(Models, StagedGradientsEqualWholeOnes) {
   struct Case {
     const char* name;
     bool masked_lm, tied;
   };
-  // Two rooms on the three blocks of gpt2_variant; one on the others' two.
+  // Two slots on the three blocks of gpt2_variant; one on the others' two.
   for (const Case& c : {Case{"bert_tiny", false, false}, Case{"bert_mlm", true, true},
                         Case{"gpt2_tiny", false, true}, Case{"gpt2_variant", false, false},
                         Case{"distilbert_tiny", false, false}, Case{"llama_tiny", false, false}}) {
@@ -423,18 +423,18 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
     const int requested = std::string(c.name) == "gpt2_variant" ? 2 : 1;
     LoadedModel whole(fixture(c.name), {}, /*dropout=*/true, DType::f32, 0, c.masked_lm);
     PlanOptions staged_options;
-    staged_options.gradient_rooms = requested;
+    staged_options.gradient_slots = requested;
     LoadedModel staged(fixture(c.name), staged_options, /*dropout=*/true, DType::f32, 0,
                        c.masked_lm);
     ASSERT_TRUE(staged.model->staged_gradients());
     EXPECT_FALSE(whole.model->staged_gradients());
     const std::vector<ElementRange>& segments = staged.model->grad_segments();
     const int64_t total = staged.model->params().total_elements();
-    const int64_t rooms = staged.model->staged_rooms();
-    EXPECT_EQ(rooms, requested);
+    const int64_t slots = staged.model->staged_slots();
+    EXPECT_EQ(slots, requested);
     const int64_t E = segments.back().count, H = segments.front().count, B = segments[1].count;
     const int64_t staged_elements =
-        c.tied ? E + std::max(rooms * B, H) : std::max(rooms * B, E + H);
+        c.tied ? E + std::max(slots * B, H) : std::max(slots * B, E + H);
     EXPECT_EQ(staged.model->params().flat_grads().numel(), staged_elements);
     const auto gradient_bytes = [](const MemoryPlan& p) {
       return p.bytes_by_category()[static_cast<size_t>(Category::gradients)];
@@ -442,11 +442,11 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
     EXPECT_EQ(gradient_bytes(staged.plan), static_cast<size_t>(staged_elements) * sizeof(float));
     EXPECT_LT(gradient_bytes(staged.plan), gradient_bytes(whole.plan));
     const int last = static_cast<int>(segments.size()) - 1;
-    bool over_rooms = false;  // the head's (or embeddings') gradients share a block's room
+    bool over_slots = false;  // the head's (or embeddings') gradients share a block's slot
     for (int b = 1; b < last; ++b)
-      over_rooms = over_rooms || staged.model->grads_overlap(0, b) ||
+      over_slots = over_slots || staged.model->grads_overlap(0, b) ||
                    (!c.tied && staged.model->grads_overlap(last, b));
-    EXPECT_TRUE(over_rooms);
+    EXPECT_TRUE(over_slots);
     if (c.tied)
       for (int b = 0; b < last; ++b) EXPECT_FALSE(staged.model->grads_overlap(last, b)) << b;
     std::vector<float> collected(static_cast<size_t>(total), 0.0f);

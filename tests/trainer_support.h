@@ -32,7 +32,7 @@ struct TempDir {
 };
 
 // Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given, of `layers`
-// blocks (ZeRO stages five in two rooms).
+// blocks (ZeRO stages five in two slots).
 inline std::string write_config(const TempDir& dir, const std::string& type, double dropout,
                                 int layers = 2) {
   nlohmann::json j;

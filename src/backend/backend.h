@@ -1,4 +1,4 @@
-// The op interface every backend implements (CPU now, CUDA later). A backend knows tensors and
+// The op interface every backend implements (cpu/ is the reference, cuda/ the GPU's). A backend knows tensors and
 // math, never models or the trainer. Gradients of parameters (dw, db, dgamma, dbeta, the
 // embedding tables) accumulate (+=), so that tied weights and gradient accumulation need no extra
 // buffers; gradients of activations (dx, dqkv, ...) are overwritten unless a flag says otherwise.
@@ -191,7 +191,7 @@ class Backend {
   // The caller promises that w does not change until release_weight(): the products that read
   // it may read one copy prepared now (the CPU's bf16 products round it once, into the planned
   // MatmulOperands::held buffer, not once per product). One weight at a time; where there is
-  // nothing to prepare (or no room planned) both do nothing.
+  // nothing to prepare (or no buffer planned) both do nothing.
   virtual void hold_weight(const Tensor& /*w*/) {}
   virtual void release_weight() {}
 

@@ -124,13 +124,13 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
 }
 
 namespace {
-// The seeds' rules of thumb, bytes per parameter: weights 4 (fp32) or 6 (mixed precision: an fp32
-// and a 16-bit copy), gradients 4, optimizer state 8 (AdamW), 2 (8-bit AdamW), 4 (SGD); -1 where
-// the seeds give none (Adafactor).
+// The Hugging Face guides' rules of thumb, bytes per parameter: weights 4 (fp32) or 6 (mixed
+// precision: an fp32 and a 16-bit copy), gradients 4, optimizer state 8 (AdamW), 2 (8-bit AdamW),
+// 4 (SGD); -1 where the guides give none (Adafactor).
 struct RuleOfThumb {
   double weights, gradients, optimizer;
 };
-RuleOfThumb seeds_rule(const TrainOptions& o) {
+RuleOfThumb guides_rule(const TrainOptions& o) {
   const std::string& opt = o.optim;
   const double optimizer = opt == "adamw_torch" || opt == "adamw_torch_fused" ? 8
                            : opt == "adamw_8bit" || opt == "adamw_bnb_8bit"   ? 2
@@ -223,7 +223,7 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
   const auto planned = plan.bytes_by_category();
   const double n = static_cast<double>(run.model->params().total_elements());
   auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
-  // Stage 3: every rank keeps the embeddings, the head and the blocks' rooms alike, and its own
+  // Stage 3: every rank keeps the embeddings, the head and the blocks' slots alike, and its own
   // shard of the weights.
   const bool sharded_weights = !run.shards.empty() && o.zero_stage >= 3;
   const double weights =
@@ -323,17 +323,17 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
     const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
                          (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
                          (run.shards.empty() ? 12.0 : 12.0 / world);
-    auto rooms = [](int n, const char* what) {
+    auto slots = [](int n, const char* what) {
       return n == 0 ? std::string(", ") + what + " staged whole"
                     : std::string(", ") + what + " staged in " +
-                          (n == 2 ? "two blocks' rooms" : "one block's room") +
+                          (n == 2 ? "two blocks' slots" : "one block's slot") +
                           " or the embeddings' and head's, whichever holds more";
     };
     std::printf(
         "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
         "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
-        paper, sharded_grads ? rooms(run.model->staged_rooms(), "gradients").c_str() : "",
-        sharded_weights ? rooms(run.model->weight_rooms(), "weights").c_str() : "");
+        paper, sharded_grads ? slots(run.model->staged_slots(), "gradients").c_str() : "",
+        sharded_weights ? slots(run.model->weight_slots(), "weights").c_str() : "");
   }
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
@@ -384,20 +384,20 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
                                                                : "",
               run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
   const auto planned = plan.bytes_by_category();
-  const RuleOfThumb rule = seeds_rule(o);
+  const RuleOfThumb rule = guides_rule(o);
   auto per_param = [&](size_t bytes) {
     return static_cast<double>(bytes) / static_cast<double>(n);
   };
-  std::printf("  %-16s %12s   %s\n", "category", "planned", "bytes/param (seeds' rule)");
+  std::printf("  %-16s %12s   %s\n", "category", "planned", "bytes/param (rule of thumb)");
   for (int c = 0; c < kNumCategories; ++c) {
     const Category cat = static_cast<Category>(c);
     std::printf("  %-16s %12s", category_name(cat), format_mib(planned[c]).c_str());
-    const double seeds = cat == Category::gradients         ? rule.gradients
+    const double thumb = cat == Category::gradients         ? rule.gradients
                          : cat == Category::optimizer_state ? rule.optimizer
                                                             : -1;
     if (cat == Category::weights || cat == Category::gradients || cat == Category::optimizer_state)
       std::printf("   %.2f", per_param(planned[c]));
-    if (seeds >= 0) std::printf(" (%.0f)", seeds);
+    if (thumb >= 0) std::printf(" (%.0f)", thumb);
     if (cat == Category::master_weights)
       std::printf("   weights + master: %.2f (%.0f)",
                   per_param(planned[c] + planned[static_cast<int>(Category::weights)]),

@@ -23,7 +23,7 @@ int run_train(const TrainOptions& options);
 std::string find_options_file(int argc, char** argv);
 int run_forward_backward(const ForwardBackwardArgs& args);
 // Plans the run `options` describe on their device (cuda needs no GPU) and prints the plan by
-// category and per block, the fixed overheads it assumes and the seeds' rules of thumb; writes
+// category and per block, the fixed overheads it assumes and the guides' rules of thumb; writes
 // it as JSON too when json_path is not empty.
 struct EstimateArgs {
   std::string json_path;   // also write the plan (and the fit) as JSON here

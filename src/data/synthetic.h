@@ -1,5 +1,5 @@
-// The seeds' dummy dataset: random token ids in [100, 30000) and labels as the seeds draw them
-// (np.random.randint(0, 1) is always 0), generated per sample from (seed, index) so it needs no
+// The Hugging Face guides' dummy dataset: random token ids in [100, 30000) and labels as the guides
+// draw them (np.random.randint(0, 1) is always 0), generated per sample from (seed, index) so it needs no
 // storage. For causal LM the labels are the input ids.
 #pragma once
 
@@ -16,7 +16,7 @@ struct SyntheticOptions {
   int32_t id_low = 100;
   int32_t id_high = 30000;  // exclusive; clipped to the vocabulary
   uint64_t seed = 42;
-  // "random": the seeds' data (nothing to learn but the constant label). "learnable": for
+  // "random": the guides' dummy data (nothing to learn but the constant label). "learnable": for
   // classification the label says whether the first token is in the lower half of the id range;
   // for causal LM each sequence counts up by a fixed stride from a random start, so every token
   // after the second is predictable.

@@ -56,17 +56,17 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   constants_.clear();
   seq_shapes_.clear();
   const int64_t n = params_.total_elements();
-  const StagedLayout weights = staged_layout(options.weight_rooms, false);
+  const StagedLayout weights = staged_layout(options.weight_slots, false);
   weight_layout_ =
-      !options.weights_only && weights.rooms > 0 && weights.length < n ? weights : StagedLayout();
+      !options.weights_only && weights.slots > 0 && weights.length < n ? weights : StagedLayout();
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
                   DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
   declare_constants(plan, shape);
   grad_layout_ = StagedLayout();
   if (options.weights_only) return;
-  const StagedLayout grads = staged_layout(options.gradient_rooms, head_reads_embeddings());
-  if (grads.rooms > 0 && grads.length < n) grad_layout_ = grads;
+  const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
+  if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
   binder_.declare(
       plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
       Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
@@ -554,52 +554,52 @@ void Model::find_grad_segments() {
   segments_.push_back({0, first});
 }
 
-// Staged buffers (ZeRO): the blocks' parameters in `rooms` rooms used in turn (block b in room b
-// mod rooms), the head's and the embeddings' side by side at the end of the rooms' space (or
+// Staged buffers (ZeRO): the blocks' parameters in `slots` slots used in turn (block b in slot b
+// mod slots), the head's and the embeddings' side by side at the end of the slots' space (or
 // after it where they are longer). Possible when the blocks are laid out alike (every model here)
-// and outnumber the rooms. A tied head's gradient and the embeddings' are one tensor that the
+// and outnumber the slots. A tied head's gradient and the embeddings' are one tensor that the
 // head's chunks start in forward and the embeddings' backward ends: the embeddings' gradients are
-// then kept apart, before the rooms.
-int64_t Model::block_elements(int rooms) const {
+// then kept apart, before the slots.
+int64_t Model::block_elements(int slots) const {
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
-  if (rooms < 1 || L <= static_cast<size_t>(rooms)) return 0;
+  if (slots < 1 || L <= static_cast<size_t>(slots)) return 0;
   for (size_t i = 1; i <= L; ++i)
     if (segments_[i].count != segments_[1].count) return 0;
   return segments_[1].count;
 }
 
-Model::StagedLayout Model::staged_layout(int rooms, bool embeddings_apart) const {
+Model::StagedLayout Model::staged_layout(int slots, bool embeddings_apart) const {
   StagedLayout l;
-  const int64_t block = block_elements(rooms);
+  const int64_t block = block_elements(slots);
   if (block == 0) return l;
   const int64_t E = segments_.back().count, H = segments_.front().count;
-  l.rooms = rooms;
+  l.slots = slots;
   l.block = block;
-  l.rooms_at = embeddings_apart ? E : 0;
-  const int64_t space = std::max(rooms * block, embeddings_apart ? H : E + H);
-  l.length = l.rooms_at + space;
+  l.slots_at = embeddings_apart ? E : 0;
+  const int64_t space = std::max(slots * block, embeddings_apart ? H : E + H);
+  l.length = l.slots_at + space;
   l.embeddings_at = embeddings_apart ? 0 : l.length - E;
   l.head_at = l.length - H - (embeddings_apart ? 0 : E);
   return l;
 }
 
 int64_t Model::staged_offset(int64_t at, const StagedLayout& l) const {
-  if (l.rooms == 0) return at;
+  if (l.slots == 0) return at;
   const int64_t first = segments_.back().count;  // the embeddings: [0, first)
   const int64_t end = segments_.front().offset;  // the head: [end, total)
   if (at < first) return l.embeddings_at + at;
   if (at >= end) return l.head_at + (at - end);
-  return l.rooms_at + (at - first) / l.block % l.rooms * l.block + (at - first) % l.block;
+  return l.slots_at + (at - first) / l.block % l.slots * l.block + (at - first) % l.block;
 }
 
-int64_t Model::staged_weight_elements(int rooms) const {
-  const StagedLayout l = staged_layout(rooms, false);
-  return l.rooms > 0 ? l.length : params_.total_elements();
+int64_t Model::staged_weight_elements(int slots) const {
+  const StagedLayout l = staged_layout(slots, false);
+  return l.slots > 0 ? l.length : params_.total_elements();
 }
 
-int64_t Model::staged_gradient_elements(int rooms) const {
-  const StagedLayout l = staged_layout(rooms, head_reads_embeddings());
-  return l.rooms > 0 ? l.length : params_.total_elements();
+int64_t Model::staged_gradient_elements(int slots) const {
+  const StagedLayout l = staged_layout(slots, head_reads_embeddings());
+  return l.slots > 0 ? l.length : params_.total_elements();
 }
 
 // Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1); its place in a
@@ -708,7 +708,7 @@ void Model::zero_grads(Backend& be) {
 
 void Model::zero_accumulated_grads(Backend& be) {
   // Runs of neighbouring parameters filled at once (a block's norms and biases lie between its
-  // weights; a staged room holds each block's parameters at the same places).
+  // weights; a staged slot holds each block's parameters at the same places).
   const std::vector<ParamInfo>& list = params_.list();
   Tensor run;
   auto flush = [&] {

@@ -1,6 +1,7 @@
 // A model: parameters named as in transformers, a plan of every buffer one micro-batch needs,
-// and explicit forward and backward passes over the blocks. bert.cpp and gpt2.cpp supply the
-// embeddings, the head and the name map; the block loop and gradient checkpointing live here.
+// and explicit forward and backward passes over the blocks. Each architecture's file (bert.cpp,
+// distilbert.cpp, gpt2.cpp, llama.cpp) supplies the embeddings, the head and the name map; the
+// block loop and gradient checkpointing live here.
 #pragma once
 
 #include <array>
@@ -72,22 +73,22 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
-  // ZeRO stage 2: gradient_rooms (1 or 2) > 0 stages the gradients: the gradient buffer holds
-  // the rooms of that many blocks, which the blocks' gradients use in turn (block b in room b mod
-  // rooms), and over the same space the head's and the embeddings' gradients (a tied head's
+  // ZeRO stage 2: gradient_slots (1 or 2) > 0 stages the gradients: the gradient buffer holds
+  // the slots of that many blocks, which the blocks' gradients use in turn (block b in slot b mod
+  // slots), and over the same space the head's and the embeddings' gradients (a tied head's
   // embeddings' gradients apart: the head's chunks start them in forward, the embeddings'
   // backward ends them); backward then reports every segment on every micro-batch, and before a
   // report returns, every place the next segment writes must be empty again (moved out and
-  // zeroed): with two rooms, the room of the segment reported before this one; with one, this
-  // segment's. Models whose blocks are not laid out alike, or have no more blocks than rooms,
+  // zeroed): with two slots, the slot of the segment reported before this one; with one, this
+  // segment's. Models whose blocks are not laid out alike, or have no more blocks than slots,
   // keep whole gradients.
-  int gradient_rooms = 0;
-  // ZeRO stage 3: weight_rooms (1 or 2) > 0 stages the weights: the weight buffer holds the rooms
-  // of that many blocks, into which the model's WeightRooms gathers each block's weights before
-  // the block runs (block b in room b mod rooms; with two, the next block's gather runs while a
+  int gradient_slots = 0;
+  // ZeRO stage 3: weight_slots (1 or 2) > 0 stages the weights: the weight buffer holds the slots
+  // of that many blocks, into which the model's WeightSlots gathers each block's weights before
+  // the block runs (block b in slot b mod slots; with two, the next block's gather runs while a
   // block computes), and over the same space the embeddings' and the head's weights, each
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
-  int weight_rooms = 0;
+  int weight_slots = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
   // holds at most Model::kLogitsChunkBytes of them, twice that on the CPU (GPT-2: 128 rows, on the
   // CPU 256). The head computes its logits, loss and (when training) its own
@@ -95,12 +96,12 @@ struct PlanOptions {
   int64_t logits_rows = 0;
 };
 
-// ZeRO stage 3: who fills the model's weight rooms (train/zero's ShardedWeights). Segments are
+// ZeRO stage 3: who fills the model's weight slots (train/zero's ShardedWeights). Segments are
 // numbered as param_segments(); segments whose places overlap (Model::weights_overlap) hold their
 // weights in turn.
-class WeightRooms {
+class WeightSlots {
  public:
-  virtual ~WeightRooms() = default;
+  virtual ~WeightSlots() = default;
   // Segment i's weights must be in place when this returns.
   virtual void need(int segment) = 0;
   // Segment i comes next and its place overlaps no segment in use: its weights may start on
@@ -181,29 +182,29 @@ class Model {
   // place, which other segments' places may overlap (they hold their gradients in turn).
   Tensor grad_segment(int segment) const;
   bool grads_overlap(int a, int b) const { return places_overlap(a, b, grad_layout_); }
-  // Whether the plan stages the gradients (PlanOptions::gradient_rooms and a model whose blocks
-  // allow it), and in how many blocks' rooms (with two, the sum of one block's gradients may run
-  // while the next block's backward fills the other room).
-  bool staged_gradients() const { return grad_layout_.rooms > 0; }
-  int staged_rooms() const { return grad_layout_.rooms; }
-  // The elements of one block's parameters when the model can stage its buffers in `rooms`
-  // rooms (blocks laid out alike, more of them than rooms); else 0.
-  int64_t block_elements(int rooms) const;
-  // The elements of a gradient or weight buffer staged in `rooms` rooms: the rooms, over which
+  // Whether the plan stages the gradients (PlanOptions::gradient_slots and a model whose blocks
+  // allow it), and in how many blocks' slots (with two, the sum of one block's gradients may run
+  // while the next block's backward fills the other slot).
+  bool staged_gradients() const { return grad_layout_.slots > 0; }
+  int staged_slots() const { return grad_layout_.slots; }
+  // The elements of one block's parameters when the model can stage its buffers in `slots`
+  // slots (blocks laid out alike, more of them than slots); else 0.
+  int64_t block_elements(int slots) const;
+  // The elements of a gradient or weight buffer staged in `slots` slots: the slots, over which
   // lie the head's and the embeddings' parts (the buffer as long as whichever holds more; a tied
-  // head's embeddings' gradients apart, before the rooms); all the parameters' when the model
+  // head's embeddings' gradients apart, before the slots); all the parameters' when the model
   // cannot stage them.
-  int64_t staged_gradient_elements(int rooms) const;
-  int64_t staged_weight_elements(int rooms) const;
-  // ZeRO stage 3: whether the plan stages the weights, in how many rooms; whether two segments'
+  int64_t staged_gradient_elements(int slots) const;
+  int64_t staged_weight_elements(int slots) const;
+  // ZeRO stage 3: whether the plan stages the weights, in how many slots; whether two segments'
   // weights lie over each other in the weight buffer (unstaged: each in its own range), and a
-  // segment's view. `rooms` fills the places (and hears of every segment written while weights
+  // segment's view. `slots` fills the places (and hears of every segment written while weights
   // are initialized or loaded); without it the weights must not be staged.
-  bool staged_weights() const { return weight_layout_.rooms > 0; }
-  int weight_rooms() const { return weight_layout_.rooms; }
+  bool staged_weights() const { return weight_layout_.slots > 0; }
+  int weight_slots() const { return weight_layout_.slots; }
   bool weights_overlap(int a, int b) const { return places_overlap(a, b, weight_layout_); }
   Tensor weight_segment(int segment) const;
-  void set_weight_rooms(WeightRooms* rooms) { weight_source_ = rooms; }
+  void set_weight_slots(WeightSlots* slots) { weight_source_ = slots; }
   bool gathers_weights() const { return weight_source_ != nullptr; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
@@ -378,27 +379,27 @@ class Model {
   // bound buffers (none for the weights alone).
   std::vector<ElementRange> segments_, grad_segments_;
   void find_grad_segments();
-  // A staged buffer's layout (rooms 0: not staged): the blocks' rooms from rooms_at, the head's
+  // A staged buffer's layout (slots 0: not staged): the blocks' slots from slots_at, the head's
   // part at head_at, the embeddings' at embeddings_at.
   struct StagedLayout {
-    int rooms = 0;
-    int64_t block = 0, length = 0, rooms_at = 0, head_at = 0, embeddings_at = 0;
+    int slots = 0;
+    int64_t block = 0, length = 0, slots_at = 0, head_at = 0, embeddings_at = 0;
   };
-  StagedLayout staged_layout(int rooms, bool embeddings_apart) const;
-  // Where logical element `at`, and segment i, lie in a buffer of that layout (rooms 0: where
+  StagedLayout staged_layout(int slots, bool embeddings_apart) const;
+  // Where logical element `at`, and segment i, lie in a buffer of that layout (slots 0: where
   // they are in the parameters).
   int64_t staged_offset(int64_t at, const StagedLayout& layout) const;
   ElementRange place(int segment, const StagedLayout& layout) const;
   bool places_overlap(int a, int b, const StagedLayout& layout) const;
   StagedLayout weight_layout_, grad_layout_;
-  WeightRooms* weight_source_ = nullptr;
+  WeightSlots* weight_source_ = nullptr;
   // ZeRO stage 3: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;
   // The segment holding logical element `at`.
   int segment_of(int64_t at) const;
   // While weights are written (init, load): `i` of the parameters was written; reports the
-  // segments complete by then to the weight rooms.
+  // segments complete by then to the weight slots.
   void written(size_t i) const;
   void written_all() const;
   std::vector<std::pair<Tensor*, Tensor*>> inputs_;     // (host, device) pairs to upload

@@ -46,8 +46,8 @@ class ParameterSet {
 
   // Points the set at flat float32 buffers of total_elements() values laid out as the
   // parameters or, when offsets (one per parameter) are given, each parameter at its own offset
-  // there: ZeRO stage 2 lets the blocks' gradients share the rooms of one or two blocks
-  // (PlanOptions::gradient_rooms), stage 3 their weights (PlanOptions::weight_rooms).
+  // there: ZeRO stage 2 lets the blocks' gradients share the slots of one or two blocks
+  // (PlanOptions::gradient_slots), stage 3 their weights (PlanOptions::weight_slots).
   void bind(const Tensor& flat_weights, const Tensor& flat_grads,
             std::vector<int64_t> weight_offsets = {}, std::vector<int64_t> grad_offsets = {});
   void unbind() { weights_ = grads_ = Tensor(); }

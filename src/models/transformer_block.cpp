@@ -51,7 +51,7 @@ bool products_round(const Backend& be, DType lp, const Tensor& db) {
 
 // The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
 // for SwiGLU written over fc (its saved [gate | up], not needed after this), or where fc is a
-// 16-bit stored copy into d_gate_up's room, there in bf16 where the products would round it
+// 16-bit stored copy into d_gate_up's slot, there in bf16 where the products would round it
 // anyway (products_round, given fc's bias gradient fc_db).
 Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
                                const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
@@ -125,7 +125,7 @@ const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Ten
 }
 
 // A residual branch's product output, rounded to the activation dtype before it is added: stored
-// rounded by the product itself in tmp's room where the backend can, else written to tmp and
+// rounded by the product itself in tmp's slot where the backend can, else written to tmp and
 // rounded in place (with float32 activations: tmp as written).
 template <typename Produce>
 Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce) {

@@ -83,7 +83,7 @@ std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& sty
 
 // Buffers shared by all blocks, used only within one block's forward or backward.
 // d_gate_up (gated MLPs whose saved gate_up is a 16-bit stored copy): where SwiGLU's input
-// gradient goes, the room of the float32 working gate_up; else empty (the gradient is written over
+// gradient goes, the slot of the float32 working gate_up; else empty (the gradient is written over
 // the saved gate_up).
 struct BlockScratch {
   Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn, d_gate_up;

@@ -77,7 +77,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
           SyntheticOptions{o.eval_dataset_size, o.seq_len, 100, 30000, seed, o.synthetic_task},
           r.config.vocab_size, layout.labels_per_token);
     };
-    // Other seeds than the training samples': samples the model has not seen.
+    // Seeded apart from the training samples: samples the model has not seen.
     if (evaluates) r.owned_eval = synthetic(o.seed + 1);
     BRISK_CHECK(!o.do_predict || !layout.labels_per_token,
                 "do_predict writes class predictions; a causal LM has no labels to predict");
@@ -144,14 +144,14 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                  " elements together on one rank ('", name, "'), more than a rank's share of ",
                  r.model->params().total_elements(), "; use fewer ranks or another --optim");
     }
-    // Stage 2 stages the gradients in two blocks' rooms (a block's sums overlap the next block's
+    // Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
     // backward) unless that and the shard would hold more than whole gradients; then in one.
     const int64_t total = r.model->params().total_elements();
     if (o.zero_stage >= 2)
-      model_options.gradient_rooms = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
-    // Stage 3 gathers the blocks' weights into two rooms (the next block's gather overlaps a
+      model_options.gradient_slots = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
+    // Stage 3 gathers the blocks' weights into two slots (the next block's gather overlaps a
     // block's computation) unless that and the weight shard would hold more than whole weights,
-    // or stage3_prefetch_bucket_size is below one block's weights; then one room, or (not even
+    // or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
     // then) whole weights gathered after each update.
     if (o.zero_stage >= 3) {
       const int64_t one = r.model->staged_weight_elements(1),
@@ -159,7 +159,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       const int64_t block = r.model->block_elements(1);
       const bool prefetch =
           o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
-      model_options.weight_rooms = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
+      model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
     }
   }
   r.model->plan(r.plan, {B, o.seq_len}, model_options);

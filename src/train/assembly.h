@@ -42,10 +42,10 @@ struct RunAssembly {
   // rank's), and this rank's as the set its optimizer is planned for. Empty otherwise.
   std::vector<ParamShard> shards;
   ParameterSet optimizer_params;
-  // ZeRO stage 2: this rank's shard of the summed gradients, and the room its sums arrive in.
+  // ZeRO stage 2: this rank's shard of the summed gradients, and the slot its sums arrive in.
   Tensor grad_shard, grad_receive;
   // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
-  // embeddings, the head and rooms for gathered blocks).
+  // embeddings, the head and slots for gathered blocks).
   Tensor weight_shard;
   // offload_optimizer on a GPU: the optimizer's state and the float32 master copy (of this
   // rank's run) in host memory, stepped there by the CPU's backend from host copies of the

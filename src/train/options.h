@@ -18,7 +18,7 @@ struct TrainOptions {
   std::string dataset = "synthetic";             // "synthetic" or a token file (causal LM)
   int64_t seq_len = 512;       // sequence length of the synthetic data / token file split
   int64_t dataset_size = 512;  // synthetic samples
-  std::string synthetic_task = "random";  // "random" (the seeds') or "learnable"
+  std::string synthetic_task = "random";  // "random" (the guides' dummy data) or "learnable"
   // The user's text files, as the example scripts take them (run_glue for BERT, run_clm for
   // GPT-2); when given they replace --dataset.
   std::string train_file, validation_file, test_file;
@@ -97,7 +97,7 @@ struct TrainOptions {
   // (train/zero.h); 0 keeps them whole.
   int64_t zero_stage = 0;
   // ZeRO stage 3: weights gathered ahead of the block that runs (DeepSpeed's
-  // stage3_prefetch_bucket_size, in elements); below one block's, none are and one room less is
+  // stage3_prefetch_bucket_size, in elements); below one block's, none are and one slot less is
   // planned. -1: one block ahead.
   int64_t stage3_prefetch_bucket_size = -1;
   // "cpu": a GPU run keeps the optimizer's state and the float32 master copy in host memory and
@@ -118,10 +118,10 @@ template <typename Options, typename Visitor>
 void visit_options(Options& o, Visitor&& v) {
   v("model_name_or_path", o.model_name_or_path,
     "built-in config name, config.json or model folder");
-  v("dataset", o.dataset, "\"synthetic\" (the seeds' dummy data) or a token file");
+  v("dataset", o.dataset, "\"synthetic\" (the Hugging Face guides' dummy data) or a token file");
   v("seq_len", o.seq_len, "sequence length of the training samples");
   v("dataset_size", o.dataset_size, "number of synthetic samples");
-  v("synthetic_task", o.synthetic_task, "random (the seeds' data) or learnable");
+  v("synthetic_task", o.synthetic_task, "random (the guides' dummy data) or learnable");
   v("train_file", o.train_file,
     "training data: .csv, .tsv, .json/.jsonl or .txt (BERT: text columns and a label column, "
     "as run_glue; GPT-2: text, as run_clm)");
@@ -240,7 +240,7 @@ void visit_options(Options& o, Visitor&& v) {
     "rank just before it runs, forward and backward)");
   v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
     "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
-    "one block's weights none are (one block's room less memory, no overlap); -1 = one block");
+    "one block's weights none are (one block's slot less memory, no overlap); -1 = one block");
   v("offload_optimizer", o.offload_optimizer,
     "cpu: a GPU run keeps the optimizer's state and the float32 master copy in host memory and "
     "updates them on the CPU (the GPU keeps the weights and the gradients); none: on the GPU. "

@@ -518,7 +518,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   std::optional<ShardedWeights> weights;
   if (!run->weight_shard.empty()) {
     weights.emplace(*be, dist, *model, run->shards, dist.rank(), run->weight_shard);
-    model->set_weight_rooms(&*weights);
+    model->set_weight_slots(&*weights);
     precision.use_weight_shard(run->weight_shard);
   }
 
@@ -612,7 +612,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       const auto wait_start = std::chrono::steady_clock::now();
       if (buckets) {
         s.communication_seconds += buckets->finish(dist);
-      } else {  // stage 2's sums ran during backward, which waited for them as its rooms required
+      } else {  // stage 2's sums ran during backward, which waited for them as its slots required
         const auto [ran, waited] = sharded->take_seconds(dist);
         s.communication_seconds += ran;
         s.communication_wait_seconds += waited;

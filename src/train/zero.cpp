@@ -211,10 +211,10 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
     std::vector<int64_t> counts;
     for (const ParamShard& s : shards_) counts.push_back(intersect(part, s.elements).count);
     const ElementRange mine = intersect(part, own);
-    BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' room is short");
+    BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' receive buffer is short");
     const bool last = at + piece_ >= range.count;
     // Runs where the sum ran (host memory: the communicator's thread), before the next started
-    // one reuses the receiving room. On a GPU the backend queues it, and the next collective
+    // one reuses the receive buffer. On a GPU the backend queues it, and the next collective
     // waits for the backend's queued work before it starts.
     const Tensor into =
         element_range(shard_, mine.count > 0 ? mine.offset - own.offset : 0, mine.count);
@@ -238,9 +238,9 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
                                     element_range(receive_, 0, mine.count), std::move(then));
     ++started;
   }
-  // The next segment's backward writes its place (staged: a room, or over the rooms the
+  // The next segment's backward writes its place (staged: a slot, or over the slots the
   // embeddings' gradients): the sums still reading a place it overlaps, and those started before
-  // them, must be done first (two rooms: the segment's before this one; one room: this
+  // them, must be done first (two slots: the segment's before this one; one slot: this
   // segment's). After the last segment every sum is waited for: the shard is complete and every
   // place empty for the next micro-batch.
   const int segments = static_cast<int>(model.grad_segments().size());

@@ -97,21 +97,21 @@ int64_t gradient_piece_elements(const TrainOptions& o);
 // backward reports them final, on every micro-batch. A segment's sums are started (they run on
 // the communicator's thread, each adding its piece into the shard and the last zeroing the
 // segment's place) and the report returns once no sum still reads a place the next segment's
-// backward writes (Model::grads_overlap): with the model's two rooms, a block's sums run while
+// backward writes (Model::grads_overlap): with the model's two slots, a block's sums run while
 // the next block's backward computes.
 class ShardedGradients {
  public:
   // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed
   // in pieces of at most `piece` elements (DeepSpeed's reduce_bucket_size; brisk's
-  // ddp_bucket_cap_mb), which bounds the room the sums arrive in and MPI's own buffers. In
+  // ddp_bucket_cap_mb), which bounds the buffer the sums arrive in and MPI's own buffers. In
   // host memory the sums are added on the communicator's thread; in GPU memory by `be`.
   ShardedGradients(Backend& be, const std::vector<ParamShard>& shards, int rank, Tensor shard,
                    Tensor receive, int64_t piece);
-  // The room the sums need: the most elements of this rank's shard any piece holds.
+  // The receive buffer the sums need: the most elements of this rank's shard any piece holds.
   static int64_t receive_elements(const std::vector<ParamShard>& shards, int rank,
                                   const std::vector<ElementRange>& segments, int64_t piece);
   // Segment i of the model's gradients is final: starts shard += every rank's piece of it
-  // summed, and waits as the model's rooms require (for every sum after the last segment).
+  // summed, and waits as the model's slots require (for every sum after the last segment).
   void segment_done(Communicator& comm, const Model& model, int segment);
   const Tensor& shard() const { return shard_; }
   // The seconds the sums ran and the seconds backward waited for them, since the last call
@@ -133,12 +133,12 @@ class ShardedGradients {
 // weights (a block's, the embeddings', the head's) are gathered from every rank's run into their
 // place in the model's staged buffer when a pass needs them, forward and again backward, the next
 // segment's gather started meanwhile where its place is free (a block's while the block before
-// computes, in two rooms). A gather is skipped while the segment is still in place (nothing
+// computes, in two slots). A gather is skipped while the segment is still in place (nothing
 // gathered over it since: a block that ends the forward pass starts the backward pass; weights
 // change only at the update). Every rank asks for the same segments in the same order, so the
 // gathers match up. A model that cannot stage its weights keeps them whole, gathered after every
 // change of the shard (publish).
-class ShardedWeights final : public WeightRooms {
+class ShardedWeights final : public WeightSlots {
  public:
   ShardedWeights(Backend& be, Communicator& comm, const Model& model,
                  const std::vector<ParamShard>& shards, int rank, Tensor shard);

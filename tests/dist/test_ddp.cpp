@@ -349,9 +349,9 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
                                 std::to_string(accumulation);
         SCOPED_TRACE(tag);
         SharedDir dir(tag);
-        // Five blocks: stage 2 stages them in two rooms (two rooms and the shard hold less
+        // Five blocks: stage 2 stages them in two slots (two slots and the shard hold less
         // than whole gradients), summing one block's gradients while the next block's
-        // backward computes; stage 3 gathers their weights into two rooms likewise.
+        // backward computes; stage 3 gathers their weights into two slots likewise.
         const std::string model = dir.model("gpt2", 5);
         TrainOptions ddp = tiny_options(model, dir / "ddp");
         ddp.per_device_train_batch_size = 2;
@@ -393,7 +393,7 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
         // 2.0e-3 in stage 2 on 3 ranks). 8-bit moments and bf16 weights round to coarse steps
         // (bf16's is 2^-8) a last-bit difference can cross: 1e-4 for 8-bit (measured 1.4e-5),
         // 1e-3 for bf16 (measured 1.5e-5, and 1.5e-4 in the sanitizer build, whose bf16 products
-        // take another path); the others 1e-5. A wait dropped for a room fails by far more.
+        // take another path); the others 1e-5. A wait dropped for a slot fails by far more.
         const double order = c.optim == "adafactor"    ? 5e-3
                              : c.bf16                  ? 1e-3
                              : c.optim == "adamw_8bit" ? 1e-4
@@ -482,7 +482,7 @@ TEST(DataParallel, AnOffloadedOptimizerTrainsAsOneSteppedInPlace) {
 
 // ZeRO stage 3 keeps each rank's forward passes in step (every block's weights are gathered from
 // every rank), in training and in evaluation, where ranks with no batch left run one without
-// keeping it: a GPT-2 of five blocks (two weight rooms) trains, evaluates every two steps and
+// keeping it: a GPT-2 of five blocks (two weight slots) trains, evaluates every two steps and
 // loads its best checkpoint as plain data parallelism does (to the sums' order), and a BERT's
 // evaluation and predictions alone equal one process's (the same fresh weights).
 TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
@@ -509,11 +509,11 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   zero.zero_stage = 3;
   const std::vector<nlohmann::json> plain = records_of(o, &world());
   const std::vector<nlohmann::json> sharded = records_of(zero, &world());
-  // No block gathered ahead (one room): the same gathers, later, bit for bit.
-  TrainOptions one_room = zero;
-  one_room.output_dir = dir / "zero3_one_room";
-  one_room.stage3_prefetch_bucket_size = 0;
-  const std::vector<nlohmann::json> unfetched = records_of(one_room, &world());
+  // No block gathered ahead (one slot): the same gathers, later, bit for bit.
+  TrainOptions one_slot = zero;
+  one_slot.output_dir = dir / "zero3_one_slot";
+  one_slot.stage3_prefetch_bucket_size = 0;
+  const std::vector<nlohmann::json> unfetched = records_of(one_slot, &world());
   TrainOptions predict = tiny_options(bert, dir / "predict_ranks");
   predict.do_train = false;
   predict.do_eval = true;
@@ -543,7 +543,7 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
                            want = checkpoint_weights(dir / "ddp");
   ASSERT_EQ(w.size(), want.size());
   EXPECT_LE(rel_error(w.data(), want.data(), static_cast<int64_t>(want.size())), 1e-5);
-  EXPECT_EQ(checkpoint_weights(dir / "zero3_one_room"), w);
+  EXPECT_EQ(checkpoint_weights(dir / "zero3_one_slot"), w);
   EXPECT_EQ(eval_losses(unfetched), a);
   const nlohmann::json got = read_json_file(dir / "predict_ranks/eval_results.json", "eval"),
                        one = read_json_file(dir / "predict_one/eval_results.json", "eval");
@@ -555,15 +555,15 @@ TEST(DataParallel, ZeroStage3KeepsTheRanksInStep) {
   EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 27) << predicted;
 }
 
-// ZeRO stages 2 and 3 stage the embeddings' and the head's gradients over the blocks' rooms (a
-// tied head's embeddings' gradients apart), and stage 3 gathers their weights into the rooms'
+// ZeRO stages 2 and 3 stage the embeddings' and the head's gradients over the blocks' slots (a
+// tied head's embeddings' gradients apart), and stage 3 gathers their weights into the slots'
 // space too, when a pass reaches them: every architecture trains as plain data parallelism does
 // (to the sums' order), whichever weights its passes read and gradients they write — a BERT whose
 // embedding LayerNorm its backward reads, fine-tuned from a base model's file that lacks the
 // classifier (the head's place first gathered with its fresh classifier, then the pooler loaded
 // over it), a masked LM whose decoder is the word embeddings, a Llama with its own head, a
 // DistilBERT with sinusoidal positions written while the weights are initialized.
-TEST(DataParallel, ZeroStagesStageTheEmbeddingsAndHeadOverTheRooms) {
+TEST(DataParallel, ZeroStagesStageTheEmbeddingsAndHeadOverTheSlots) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("zero3_edges");
@@ -631,7 +631,7 @@ TEST(DataParallel, ZeroStagesStageTheEmbeddingsAndHeadOverTheRooms) {
 // On GPUs, through NCCL (one GPU per rank; host buffers such as metrics go through it too): N
 // ranks with batch 2 train as one GPU process with batch 2N, with gradient accumulation and
 // buckets summed while backward runs, to the sums' order; ZeRO stages 1, 2 and 3 (five blocks:
-// two rooms) train as that, and their checkpoints, streamed to rank 0 from the GPUs, hold the
+// two slots) train as that, and their checkpoints, streamed to rank 0 from the GPUs, hold the
 // same weights; stage 2 with the optimizer offloaded to the CPU trains as stage 2. Skips, saying
 // why, without NCCL or without a GPU for every rank (NCCL refuses two ranks on one GPU).
 TEST(DataParallel, GpuRanksTrainThroughNcclAsOneProcess) {

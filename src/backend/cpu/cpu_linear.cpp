@@ -93,9 +93,9 @@ void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOp
 
 void CpuBackend::hold_weight(const Tensor& w) {
   release_weight();
-  const Tensor& room = ws_.held_weight;
-  if (!bf16_operands_ || room.empty()) return;
-  const int64_t copy_elements = room.rank() == 2 ? room.dim(1) : room.numel();
+  const Tensor& held = ws_.held_weight;
+  if (!bf16_operands_ || held.empty()) return;
+  const int64_t copy_elements = held.rank() == 2 ? held.dim(1) : held.numel();
   if (w.numel() <= copy_elements) held_ = w.f32();
 }
 
@@ -154,19 +154,19 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   if (held_ != nullptr && b.data == held_) {
     const bool two = ws_.held_weight.rank() == 2;  // a copy per way of reading it
     const int which = two && !trans_b ? 1 : 0;
-    const Tensor room = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
+    const Tensor slot = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
     const DnnlMatmul::BlockedB layout =
         two && !trans_a && bf16_units ? dnnl_->blocked_b(product) : DnnlMatmul::BlockedB{};
-    blocked = layout.layout >= 0 && layout.bytes <= room.bytes();
+    blocked = layout.layout >= 0 && layout.bytes <= slot.bytes();
     const int holds = blocked ? layout.layout : kPlainCopy;
     if (held_copy_[which] != holds) {
       if (blocked)
-        dnnl_->round_blocked_b(product, held_, DType::f32, room.data());
+        dnnl_->round_blocked_b(product, held_, DType::f32, slot.data());
       else
-        bf16_operand(held_, trans_b ? n : k, trans_b ? k : n, b.ld, room);
+        bf16_operand(held_, trans_b ? n : k, trans_b ? k : n, b.ld, slot);
       held_copy_[which] = holds;
     }
-    b0 = room.data();
+    b0 = slot.data();
   } else {
     // On bf16 units B (a float32 weight, rounded, or bf16 activations or gradients as they lie)
     // is written straight into the blocked layout the kernel reads where brisk's packer writes
