@@ -40,7 +40,13 @@ wheel() {  # package==version, file name, sha256
 }
 deb() {  # package=version, file name, sha256
   local file="$dl/$2"
-  [ -f "$file" ] || (cd "$dl" && apt-get download -qq "$1" 2>/dev/null)
+  if [ ! -f "$file" ] && ! (cd "$dl" && apt-get download -qq "$1" 2>/dev/null); then
+    # A machine whose package lists were never read (a fresh image) knows no versions yet.
+    local sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    (cd "$dl" && apt-get download -qq "$1") || { echo "get_data.sh: cannot download $1" >&2; exit 1; }
+  fi
   check "$file" "$3"
 }
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+scripts/build.sh brisk
 scripts/get_data.sh
 exec build/brisk train --model data/all-MiniLM-L6-v2 \
   --train_file data/rotten_tomatoes/train.csv --validation_file data/rotten_tomatoes/validation.csv \
