@@ -457,7 +457,7 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
   std::ifstream in(state);
   nlohmann::json ts = nlohmann::json::parse(in);
   in.close();
-  ts["micro_batches"] = -3;
+  ts["sample_position"] = -3;
   std::ofstream(state) << ts.dump();
 
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -489,7 +489,7 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
       // Checkpoint state trusted on resume.
       {"train " + tiny + "--max_steps 3 --output_dir " + (dir / "resumed").string() +
            " --resume_from_checkpoint " + ckpt_dir + "/checkpoint-2",
-       "\"micro_batches\" must be a whole number"},
+       "\"sample_position\" must be a whole number"},
       {"train " + tiny + "--output_dir " + (dir / "empty").string() +
            " --resume_from_checkpoint last",
        "holds no complete checkpoint"},

@@ -685,7 +685,7 @@ TEST(Trainer, ResumeRefusesATamperedTrainerState) {
   const nlohmann::json good = nlohmann::json::parse(in);
   in.close();
   const std::vector<std::pair<nlohmann::json, std::string>> cases = {
-      {{{"micro_batches", -3}}, "\"micro_batches\" must be a whole number"},
+      {{{"sample_position", -3}}, "\"sample_position\" must be a whole number"},
       {{{"global_step", 1e300}}, "\"global_step\" must be a whole number"},
       {{{"global_step", "2"}}, "\"global_step\" must be a whole number"},
       {{{"loss_scale", -1.0}}, "\"loss_scale\" must be a number from 1e-30 to 1.84467e+19"},
@@ -695,7 +695,7 @@ TEST(Trainer, ResumeRefusesATamperedTrainerState) {
       {{{"log_history", {1, 2}}}, "\"log_history\" must be a list of records"},
       {"[]", "trainer_state.json is not a JSON object"},
       {{{"log_history", "none"}}, "\"log_history\" must be a list of records"},
-      {{{"micro_batches", 1}}, "micro_batches 1 is fewer than global_step 2"}};
+      {{{"sample_position", 1}}, "sample_position 1 is fewer than global_step 2"}};
   for (const auto& [patch, needle] : cases) {
     nlohmann::json bad = good;
     if (patch.is_string())

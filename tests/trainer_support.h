@@ -85,6 +85,22 @@ inline std::string write_fixture_text(const TempDir& dir, const std::string& nam
   return path;
 }
 
+// dir/name: a labelled CSV of `rows` sentences of 2 to 12 words (dynamic padding and
+// group_by_length see lengths that differ), the label named by the first word.
+inline std::string write_varied_csv(const TempDir& dir, const std::string& name, int rows) {
+  const char* words[] = {"the", "plot", "film", "and", "end", "good", "bad", "a", "of", "it"};
+  const std::string path = dir / name;
+  std::ofstream f(path);
+  f << "sentence,label\n";
+  for (int i = 0; i < rows; ++i) {
+    const bool pos = (i * 7) % 3 != 0;
+    f << (pos ? "good" : "bad");
+    for (int w = 0; w < 1 + (i * 5) % 11; ++w) f << " " << words[(i + w * 3) % 10];
+    f << "," << (pos ? "positive" : "negative") << "\n";
+  }
+  return path;
+}
+
 // Every float32 weight of a checkpoint's model.safetensors, tensor by tensor. Where runs may sum
 // in another order (a GPU's atomics, ranks), without the key biases: their exact gradient is
 // zero (softmax ignores a constant added to a row of scores), so they only receive rounding

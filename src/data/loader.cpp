@@ -138,6 +138,22 @@ int64_t DataLoader::padded_length(const int64_t* order, int64_t m) const {
   return dynamic_padded_length(longest, layout_.seq);
 }
 
+int64_t DataLoader::position_of(int64_t m) const {
+  const int64_t n = data_.size(), per_epoch = batches_per_epoch();
+  const int64_t within = (m % per_epoch) * layout_.batch * options_.ranks;
+  return (m / per_epoch) * n + std::min(within, n);
+}
+
+int64_t DataLoader::micro_batch_at(int64_t position) const {
+  const int64_t n = data_.size(), global = layout_.batch * options_.ranks;
+  const int64_t epoch = position / n, within = position % n;
+  BRISK_CHECK(within % global == 0, "the data position, sample ", within, " of epoch ", epoch,
+              "'s ", n, ", is not where a micro-batch of ", global, " samples (", options_.ranks,
+              options_.ranks == 1 ? " process" : " processes", " x ", layout_.batch,
+              ") starts; choose a per-device batch size whose global micro-batch divides ", within);
+  return epoch * batches_per_epoch() + within / global;
+}
+
 LoadedBatch DataLoader::shape_of(int64_t m) {
   order_for_epoch(m / batches_per_epoch());
   return {rows_of(m), padded_length(order_.as<int64_t>(), m)};

@@ -20,8 +20,10 @@ namespace brisk {
 struct LoaderOptions {
   bool background = false;       // prepare the next micro-batches in a thread
   bool dynamic_padding = false;  // pad each batch to its longest sample, not the planned length
-  // group_by_length: the batch the mega-batches are counted in (the micro-batch times the
-  // accumulation steps, as Trainer counts it); 0 = plain shuffling.
+  // group_by_length: the batch the mega-batches are counted in, the global batch (the micro-batch
+  // times the accumulation steps times the ranks; Trainer counts per device, the same for one
+  // process), so that the order does not depend on how the global batch is split; 0 = plain
+  // shuffling.
   int64_t length_group_batch = 0;
   // Data parallelism, as torch's DistributedSampler shards: every rank draws the same seeded
   // epoch order, padded by wrapping around to a multiple of `ranks`, and takes every ranks-th
@@ -60,6 +62,15 @@ class DataLoader {
   int64_t batches_per_epoch() const {
     return (per_rank_samples() + layout_.batch - 1) / layout_.batch;
   }
+  int64_t samples_per_epoch() const { return data_.size(); }
+  // The data position before global micro-batch m, in samples of the global order: m's epoch
+  // times the data set's samples, plus the samples of that epoch's order before m (an epoch's
+  // wrap-around padding counts as its end). It does not depend on the batch, the ranks or the
+  // accumulation, so a run resumes from it with any split of the global batch.
+  int64_t position_of(int64_t m) const;
+  // The global micro-batch that starts at data position `position`; refused (an Error naming
+  // both) when no micro-batch of this loader's global size starts there.
+  int64_t micro_batch_at(int64_t position) const;
   // Loss targets of micro-batches [first, first + count), of every rank together.
   int64_t count_targets(int64_t first, int64_t count);
 

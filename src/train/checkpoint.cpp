@@ -202,7 +202,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
     fault_point(fail_at_point);
     write_json(tmp_dir / "trainer_state.json",
                {{"global_step", state.global_step},
-                {"micro_batches", state.micro_batches},
+                {"sample_position", state.sample_position},
                 {"epoch", state.epoch},
                 {"total_flos", state.total_flos},
                 {"loss_scale", state.loss_scale},
@@ -338,14 +338,20 @@ TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& wh
     return v.get<double>();
   };
   state.global_step = count("global_step", true);
-  state.micro_batches = count("micro_batches", true);
+  // Checkpoints before sample positions hold the micro-batches consumed instead.
+  const bool legacy = !ts.contains("sample_position") && ts.contains("micro_batches");
+  if (legacy) state.legacy_micro_batches = count("micro_batches", true);
+  if (!legacy) state.sample_position = count("sample_position", true);
   state.epoch = real("epoch", 0.0, 0.0, 1e12);  // the bound --num_train_epochs has
   state.total_flos = real("total_flos", 0.0, 0.0, 1e300);
   // fp16's scaler: a scale above 2^64 would overflow every step until halved ~50 times.
   state.loss_scale = real("loss_scale", 1.0, 1e-30, 18446744073709551616.0);
   state.growth_tracker = count("growth_tracker", false);
-  BRISK_CHECK(state.micro_batches >= state.global_step, where, ": micro_batches ",
-              state.micro_batches, " is fewer than global_step ", state.global_step);
+  // Every step consumes at least one sample (and one micro-batch).
+  const int64_t position = legacy ? state.legacy_micro_batches : state.sample_position;
+  BRISK_CHECK(position >= state.global_step, where, ": ",
+              legacy ? "micro_batches " : "sample_position ", position,
+              " is fewer than global_step ", state.global_step);
   const nlohmann::json history = ts.value("log_history", nlohmann::json::array());
   BRISK_CHECK(
       history.is_array() && std::all_of(history.begin(), history.end(),

@@ -18,8 +18,13 @@ namespace brisk {
 
 // What the trainer needs besides weights and optimizer moments to continue exactly.
 struct TrainerState {
-  int64_t global_step = 0;    // optimizer steps done
-  int64_t micro_batches = 0;  // micro-batches consumed (the data position)
+  int64_t global_step = 0;  // optimizer steps done
+  // The data position: samples of the global order consumed (DataLoader::position_of), the
+  // same whatever the batch split, accumulation or number of ranks.
+  int64_t sample_position = 0;
+  // A checkpoint written before positions were kept in samples holds micro-batches instead,
+  // read in the resuming run's micro-batches; -1 otherwise.
+  int64_t legacy_micro_batches = -1;
   double epoch = 0;
   double total_flos = 0;
   double loss_scale = 1.0;  // fp16's dynamic loss scaler

@@ -170,7 +170,8 @@ void visit_options(Options& o, Visitor&& v) {
   v("save_total_limit", o.save_total_limit, "keep at most this many checkpoints (0 = all)");
   v("resume_from_checkpoint", o.resume_from_checkpoint,
     "checkpoint folder to continue from, or 'last' (also 'true'): output_dir's newest complete "
-    "checkpoint");
+    "checkpoint; any split of the global batch (batch, accumulation, processes) continues on the "
+    "same samples");
   v("do_train", o.do_train, "train (false: only evaluate and/or predict with the given weights)");
   v("do_eval", o.do_eval, "evaluate on the evaluation data after training (or instead)");
   v("do_predict", o.do_predict, "predict the test data's labels into predict_results.txt");
@@ -206,7 +207,8 @@ void visit_options(Options& o, Visitor&& v) {
     "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
     "without)");
   v("group_by_length", o.group_by_length,
-    "shuffle in mega-batches sorted by length, so batches hold samples of similar lengths");
+    "shuffle in mega-batches (of global batches) sorted by length, so batches hold samples of "
+    "similar lengths");
   v("greater_is_better", o.greater_is_better,
     "true or false: whether a larger metric is better (default: false for loss and perplexity)");
   v("fp16_full_eval", o.fp16_full_eval,

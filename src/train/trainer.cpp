@@ -92,22 +92,30 @@ struct Update {
 // "steps" saves every save_steps and after the last step, "epoch" when the step completed an
 // epoch (the last step too), "no" never.
 bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_steps,
-                    int64_t micro_batches, int64_t k, int64_t micro_per_epoch) {
+                    bool epoch_ended) {
   if (o.save_strategy == "no") return false;
   if (global_step == total_steps) return true;
-  if (o.save_strategy == "epoch")
-    return micro_batches / micro_per_epoch > (micro_batches - k) / micro_per_epoch;
+  if (o.save_strategy == "epoch") return epoch_ended;
   return o.save_steps > 0 && global_step % o.save_steps == 0;
 }
 
 // Whether the step just finished is followed by an evaluation (eval_strategy "steps": every
 // eval_steps, which default to logging_steps; "epoch": when it completed an epoch).
-bool eval_due(const TrainOptions& o, int64_t global_step, int64_t micro_batches, int64_t k,
-              int64_t micro_per_epoch) {
+bool eval_due(const TrainOptions& o, int64_t global_step, bool epoch_ended) {
   if (o.eval_strategy == "no") return false;
-  if (o.eval_strategy == "epoch")
-    return micro_batches / micro_per_epoch > (micro_batches - k) / micro_per_epoch;
+  if (o.eval_strategy == "epoch") return epoch_ended;
   return global_step % (o.eval_steps > 0 ? o.eval_steps : o.logging_steps) == 0;
+}
+
+// The global micro-batch a run starts from: its checkpoint's data position, in samples (or, in a
+// checkpoint from before sample positions, in micro-batches of this run's size).
+int64_t first_micro_batch(const TrainerState& state, const DataLoader& loader) {
+  if (state.legacy_micro_batches >= 0) return state.legacy_micro_batches;
+  try {
+    return loader.micro_batch_at(state.sample_position);
+  } catch (const Error& e) {
+    throw Error(std::string("--resume_from_checkpoint: ") + e.what());
+  }
 }
 
 // load_best_model_at_end: the evaluation's value of metric_for_best_model and whether it beats
@@ -543,8 +551,10 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     events->flush();
   };
 
+  // As Trainer, an epoch's last optimizer step takes the micro-batches left in it (fewer than
+  // the accumulation steps when they do not divide the epoch); no step spans two epochs.
   const int64_t micro_per_epoch = loader.batches_per_epoch();
-  const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / k);
+  const int64_t steps_per_epoch = (micro_per_epoch + k - 1) / k;
   const double epoch_steps = std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch));
   BRISK_CHECK(o.max_steps > 0 || epoch_steps < 9e15, "num_train_epochs ", o.num_train_epochs, " x ",
               steps_per_epoch, " steps per epoch is too many steps");
@@ -557,7 +567,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   const double flos_per_token = 6.0 * static_cast<double>(non_embedding_params(model->params()));
 
   Progress progress(lead && !o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
-  loader.start(state.micro_batches);
+  int64_t micro_batch = first_micro_batch(state, loader);  // the next global micro-batch
+  loader.start(micro_batch);
   double loss_sum = 0.0;
   int64_t samples = 0;
   LogWindow window;
@@ -584,14 +595,15 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   while (o.do_train && state.global_step < total_steps) {
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
-    const int64_t targets = loader.count_targets(state.micro_batches, k);
+    const int64_t micro_steps = std::min(k, micro_per_epoch - micro_batch % micro_per_epoch);
+    const int64_t targets = loader.count_targets(micro_batch, micro_steps);
     const double loss_scale = precision.loss_scale();
     const float grad_scale =
         targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
     model->zero_accumulated_grads(*be);  // the first micro-batch writes the others
     if (sharded) be->fill(sharded->shard(), 0.0f);
     model->reset_step_stats(*be);
-    for (int64_t micro = 0; micro < k; ++micro) {
+    for (int64_t micro = 0; micro < micro_steps; ++micro) {
       be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
       const int64_t rows = loader.next(*model).rows * ranks;  // every rank has as many
       samples += rows;
@@ -600,13 +612,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       so.training = true;
       so.compute_grad = true;
       so.loss_grad_scale = grad_scale;
-      so.rng = RngKey{o.seed, static_cast<uint64_t>(state.micro_batches), 0};
+      so.rng = RngKey{o.seed, static_cast<uint64_t>(micro_batch), 0};
       so.first_micro_batch = micro == 0;
       model->forward_step(*be, so);
       // The last micro-batch's backward starts the gradient buckets' sums as they become final.
-      model->backward(*be, so,
-                      ranks > 1 && (sharded || micro == k - 1) ? on_segment : Model::SegmentDone());
-      ++state.micro_batches;
+      const bool last = micro == micro_steps - 1;
+      model->backward(*be, so, ranks > 1 && (sharded || last) ? on_segment : Model::SegmentDone());
+      ++micro_batch;
     }
     if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
       const auto wait_start = std::chrono::steady_clock::now();
@@ -637,8 +649,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     state.growth_tracker = precision.scaler().growth_tracker();
 
     ++state.global_step;
-    state.epoch = static_cast<double>(state.micro_batches) / micro_per_epoch;
-    state.total_flos += flos_per_token * static_cast<double>(ranks * k * B * o.seq_len);
+    state.sample_position = loader.position_of(micro_batch);
+    state.legacy_micro_batches = -1;
+    state.epoch = static_cast<double>(state.sample_position) / loader.samples_per_epoch();
+    const bool epoch_ended = micro_batch % micro_per_epoch == 0;
+    state.total_flos += flos_per_token * static_cast<double>(ranks * micro_steps * B * o.seq_len);
     loss_sum += step_loss;
     window.loss += step_loss;
     ++window.steps;
@@ -651,15 +666,14 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     nlohmann::json evaluated;
     // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
     // step's sums.
-    if (run->eval_data && eval_due(o, state.global_step, state.micro_batches, k, micro_per_epoch)) {
+    if (run->eval_data && eval_due(o, state.global_step, epoch_ended)) {
       evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval", nullptr, &dist);
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
       report(evaluated);
     }
-    const bool save_now =
-        checkpoint_due(o, state.global_step, total_steps, state.micro_batches, k, micro_per_epoch);
+    const bool save_now = checkpoint_due(o, state.global_step, total_steps, epoch_ended);
     // ZeRO: rank 0 writes every rank's weights and optimizer state, read from them piece by piece
     // while the others serve the reads.
     if (save_now) peaks.enter(PeakPhases::saves);

@@ -436,6 +436,53 @@ TEST(DataParallel, ZeroTrainsAsPlainDataParallelism) {
       }
 }
 
+// A checkpoint of one process with batch 4N resumes on N ranks of batch 4 on the samples the
+// uninterrupted run takes (the data position is kept in samples of the global order), with file
+// data, dynamic padding and group_by_length (mega-batches counted in the global batch).
+TEST(DataParallel, OneProcesssCheckpointResumesOnTheRanksOnTheSameSamples) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("resume_ranks");
+  if (world().rank() == 0) {
+    write_wordpiece_bert(*dir.owned);
+    write_varied_csv(*dir.owned, "train.csv", 36);
+  }
+  world().barrier();
+  TrainOptions o = tiny_options(dir / "bert", dir / "one");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.max_seq_length = 16;
+  o.group_by_length = true;
+  o.per_device_train_batch_size = 4 * N;
+  o.max_steps = 6;
+  o.save_steps = 2;
+  std::vector<nlohmann::json> straight;
+  if (world().rank() == 0) straight = records_of(o, alone.get());
+  world().barrier();
+  TrainOptions ranks = o;
+  ranks.output_dir = dir / "ranks";
+  ranks.per_device_train_batch_size = 4;
+  ranks.resume_from_checkpoint = dir / "one/checkpoint-2";
+  const std::vector<nlohmann::json> resumed = records_of(ranks, &world());
+  if (world().rank() != 0) return;
+  auto steps = [](const std::vector<nlohmann::json>& records) {
+    std::vector<nlohmann::json> s;
+    for (const nlohmann::json& r : records)
+      if (r.contains("loss")) s.push_back(r);
+    return s;
+  };
+  const std::vector<nlohmann::json> want = steps(straight), got = steps(resumed);
+  ASSERT_EQ(want.size(), 6u);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const nlohmann::json& w = want[i + 2];
+    EXPECT_EQ(got[i]["epoch"].get<double>(), w["epoch"].get<double>()) << "step " << i + 3;
+    EXPECT_NEAR(got[i]["loss"].get<double>(), w["loss"].get<double>(),
+                1e-5 * std::abs(w["loss"].get<double>()))
+        << "step " << i + 3;
+  }
+}
+
 // offload_optimizer cpu with data parallelism and ZeRO (on the CPU ranks through the GPU's path,
 // offload_on_cpu): each rank steps its run of the master copy and optimizer state in host memory
 // from its downloaded run of the gradients; the runs equal those stepped in place bit for bit
