@@ -85,6 +85,30 @@ TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
   std::filesystem::remove(out);
 }
 
+// The head follows config.json's `architectures`, as transformers' pipelines choose it: the
+// bert_mlm and distilbert_mlm folders (BertForMaskedLM, DistilBertForMaskedLM) run as masked LMs
+// without --mlm, reproducing transformers' loss and logits.
+TEST(Cli, ForwardBackwardTakesTheHeadFromArchitectures) {
+  for (const char* name : {"bert_mlm", "distilbert_mlm"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = fixture(name);
+    const std::string out =
+        (std::filesystem::temp_directory_path() /
+         ("brisk_fb_" + std::string(name) + std::to_string(::getpid()) + ".safetensors"))
+            .string();
+    const CliRun r =
+        run_brisk("forward-backward --config " + folder + " --weights " + folder +
+                  "/model.safetensors --batch " + folder + "/batch.safetensors --output " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    SafetensorsFile got(out), want(folder + "/expected.safetensors");
+    EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
+    const Tensor& gl = got.get("logits");
+    ASSERT_EQ(gl.numel(), want.get("logits").numel());
+    EXPECT_LE(rel_error(gl.f32(), want.get("logits").f32(), gl.numel()), 1e-4);
+    std::filesystem::remove(out);
+  }
+}
+
 TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
   const std::string out =
       (std::filesystem::temp_directory_path() / ("brisk_cli_train_" + std::to_string(::getpid())))

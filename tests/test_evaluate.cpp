@@ -221,6 +221,41 @@ void write_review_csv(const TempDir& dir, const std::string& name, int rows, int
   }
 }
 
+// A folder whose config names BertForMaskedLM (as bert-base-uncased's does) trains its masked-LM
+// head on a text file without --mlm, as the pipelines would load it, and a classifier on
+// labelled files, as run_glue loads any checkpoint; `architectures` that is not a list of names
+// is refused by name.
+TEST(Evaluate, TheHeadFollowsArchitecturesUnlessTheFilesAreLabelled) {
+  TempDir dir("architectures");
+  const std::string model = write_model_folder(
+      dir, "bert_mlm",
+      R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 1200,
+          "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+          "intermediate_size": 48, "max_position_embeddings": 64})");
+  TrainOptions o = tiny_options(model, dir / "text");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = write_fixture_text(dir, "text.txt");
+  o.max_seq_length = 32;
+  o.max_steps = 2;
+  train_logging(o, nullptr);
+  EXPECT_EQ(read_json(o.output_dir + "/config.json")["architectures"],
+            nlohmann::json::array({"BertForMaskedLM"}));
+  o.output_dir = dir / "labelled";
+  write_review_csv(dir, "train.csv", 16, 1, true);
+  o.train_file = dir / "train.csv";
+  train_logging(o, nullptr);
+  EXPECT_EQ(read_json(o.output_dir + "/config.json")["architectures"],
+            nlohmann::json::array({"BertForSequenceClassification"}));
+  const std::string bad = write_model_folder(
+      dir, "bad", R"({"model_type": "bert", "architectures": "BertForMaskedLM", "vocab_size": 1200,
+                     "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "intermediate_size": 48, "max_position_embeddings": 64})");
+  o.model_name_or_path = bad;
+  o.output_dir = dir / "bad_out";
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); },
+               "\"architectures\" must be a list of class names");
+}
+
 TEST(Evaluate, RunGlueOnACsvFile) {
   TempDir dir("glue");
   auto write_csv = [&](const std::string& name, int rows, int seed, bool labels) {

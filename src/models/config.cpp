@@ -1,6 +1,7 @@
 // config.json parsing with one clear message per problem, and the built-in configurations.
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -412,6 +413,24 @@ std::vector<std::string> builtin_config_names() {
           "qwen2-0.5b"};
 }
 
+namespace {
+// Whether `architectures` (transformers' class names the weights were saved from) names a
+// masked-LM head ("...ForMaskedLM"); null or absent names none.
+bool names_masked_lm_head(const Reader& r) {
+  if (!r.has("architectures")) return false;
+  const json& names = r.j["architectures"];
+  BRISK_CHECK(names.is_array() && std::all_of(names.begin(), names.end(),
+                                              [](const json& n) { return n.is_string(); }),
+              r.origin, ": \"architectures\" must be a list of class names");
+  const std::string suffix = "ForMaskedLM";
+  return std::any_of(names.begin(), names.end(), [&](const json& n) {
+    const std::string& s = n.get_ref<const std::string&>();
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  });
+}
+}  // namespace
+
 ModelConfig config_from_json(const json& j, const std::string& origin) {
   BRISK_CHECK(j.is_object(), origin, ": a model config must be a JSON object");
   Reader r{j, origin};
@@ -437,6 +456,10 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
   } else {
     BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type),
                "\" (supported: bert, distilbert, gpt2, llama, mistral, qwen2)");
+  }
+  if (has_masked_lm_head(c) && names_masked_lm_head(r)) {
+    c.task = ModelTask::masked_lm;
+    c.task_from_architectures = true;
   }
   BRISK_CHECK(c.explicit_head_dim > 0 || c.hidden_size % c.num_heads == 0, origin, ": hidden size ",
               c.hidden_size, " is not divisible by the number of attention heads ", c.num_heads);
@@ -481,11 +504,15 @@ std::string ModelConfig::type_name() const {
   return "?";
 }
 
+bool has_masked_lm_head(const ModelConfig& c) {
+  return c.model_type == ModelType::bert || c.model_type == ModelType::distilbert;
+}
+
 void use_masked_lm(ModelConfig& c) {
-  BRISK_CHECK(c.model_type == ModelType::bert || c.model_type == ModelType::distilbert,
-              "masked language modeling (--mlm) needs a bert or distilbert model; ", c.type_name(),
-              " has no masked-LM head in brisk");
+  BRISK_CHECK(has_masked_lm_head(c), "masked language modeling (--mlm) needs a bert or distilbert ",
+              "model; ", c.type_name(), " has no masked-LM head in brisk");
   c.task = ModelTask::masked_lm;
+  c.task_from_architectures = false;
 }
 
 void disable_dropout(ModelConfig& c) {

@@ -34,8 +34,12 @@ inline constexpr int64_t kMaxLabels = int64_t{1} << 20;
 struct ModelConfig {
   ModelType model_type = ModelType::bert;
   // The architecture's usual task (bert, distilbert: sequence classification; gpt2: causal LM),
-  // or masked LM when asked for (use_masked_lm).
+  // the masked-LM head when the config's `architectures` names it (as transformers' pipelines
+  // choose), or masked LM when asked for (use_masked_lm).
   ModelTask task = ModelTask::sequence_classification;
+  // The task was taken from `architectures`, not asked for: labelled files still make a
+  // classification run, as run_glue loads any checkpoint as a classifier (train/file_data).
+  bool task_from_architectures = false;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -101,9 +105,10 @@ ModelConfig load_config(const std::string& path);
 // "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one.
 ModelConfig resolve_config(const std::string& name_or_path);
 std::vector<std::string> builtin_config_names();
+// Whether the architecture has a masked-LM head in brisk (BertForMaskedLM, DistilBertForMaskedLM).
+bool has_masked_lm_head(const ModelConfig& c);
 // Makes `c` a masked language model (BertForMaskedLM or DistilBertForMaskedLM, as run_mlm loads
-// AutoModelForMaskedLM);
-// throws for architectures without one.
+// AutoModelForMaskedLM); throws for architectures without one.
 void use_masked_lm(ModelConfig& c);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);

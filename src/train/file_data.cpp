@@ -237,13 +237,17 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   const TextTable train = table(o.train_file), eval = table(o.validation_file),
                   test = table(o.test_file);
   TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
+  const TextTable& first_table = !o.train_file.empty()        ? train
+                                 : !o.validation_file.empty() ? eval
+                                                              : test;
+  // run_glue fine-tunes any checkpoint as a classifier (bert-base-uncased's config names
+  // BertForMaskedLM): a head taken from `architectures` gives way to labelled files.
+  if (config.task_from_architectures && first_table.column("label") >= 0)
+    config.task = ModelTask::sequence_classification;
 
   if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
-    const TextTable& first = !o.train_file.empty()        ? train
-                             : !o.validation_file.empty() ? eval
-                                                          : test;
-    const ClassificationColumns cols = classification_columns(first, o.text_column_name);
+    const ClassificationColumns cols = classification_columns(first_table, o.text_column_name);
     LabelSet labels;
     if (!o.train_file.empty()) {
       labels = label_set(train, cols.label);

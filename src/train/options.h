@@ -198,7 +198,8 @@ void visit_options(Options& o, Visitor&& v) {
   v("overwrite_cache", o.overwrite_cache, "tokenize the data files again even when cached");
   v("mlm", o.mlm,
     "masked language modeling as run_mlm: a BERT model (BertForMaskedLM) learns the text files' "
-    "tokens, 15% of them chosen (80% masked, 10% random, 10% kept), new draws each epoch");
+    "tokens, 15% of them chosen (80% masked, 10% random, 10% kept), new draws each epoch; "
+    "without it, the head config.json's architectures names (labelled files: a classifier)");
   v("mlm_probability", o.mlm_probability, "masked LM: the share of tokens chosen");
   v("line_by_line", o.line_by_line,
     "masked LM: each non-blank line is one sample (truncated to max_seq_length) instead of "
