@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""GPU benchmark: the seeds' experiment (bert-large-uncased configuration, random init, sequence
+"""GPU benchmark: the Hugging Face guides' experiment (bert-large-uncased configuration, random init, sequence
 classification, 512 random sequences of length 512, one epoch) trained by brisk and by PyTorch +
-transformers' Trainer on the same GPU, one row per technique of the seeds' table (including
+transformers' Trainer on the same GPU, one row per technique of the guides' table (including
 their Adafactor and 8-bit Adam rows) plus bf16 and tf32, and GPT-2 124M causal LM at sequence
 1024. Prints samples/s, "GPU memory occupied" (NVML
-via nvidia-smi, read by each run at its end, as the seeds' print_gpu_utilization does) and the
+via nvidia-smi, read by each run at its end, as the guides' print_gpu_utilization does) and the
 ratios brisk / Trainer.
 
 Run on a machine with an NVIDIA GPU (after scripts/build.sh; torch and transformers installed):
@@ -36,7 +36,7 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd"
         "n_layer": 12, "n_head": 12, "activation_function": "gelu_new", "resid_pdrop": 0.1,
         "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5}
 
-# (name, options) as TrainingArguments names; the seeds' table first.
+# (name, options) as TrainingArguments names; the guides' table first.
 BERT_ROWS = [
     ("batch 4", {"per_device_train_batch_size": 4}),
     ("batch 1 x accum 4", {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}),
@@ -52,7 +52,7 @@ BERT_ROWS = [
                                                "gradient_accumulation_steps": 4,
                                                "gradient_checkpointing": True, "fp16": True,
                                                "optim": "adafactor"}),
-    # The seeds pass bitsandbytes' Adam8bit by hand; Trainer's optim flag does the same today
+    # The guides pass bitsandbytes' Adam8bit by hand; Trainer's optim flag does the same today
     # (the PyTorch side needs bitsandbytes installed).
     ("batch 4 8-bit adam", {"per_device_train_batch_size": 4, "optim": "adamw_bnb_8bit"}),
     ("batch 1 x 4 + ckpt + fp16 + 8-bit", {"per_device_train_batch_size": 1,
@@ -80,7 +80,7 @@ else:
     model = AutoModelForSequenceClassification.from_config(config)
 rng = np.random.default_rng(0)
 ids = rng.integers(100, 30000, (samples, seq))
-labels = np.zeros((samples,), dtype=np.int64)   # the seeds' randint(0, 1)
+labels = np.zeros((samples,), dtype=np.int64)   # the guides' randint(0, 1)
 class DS(torch.utils.data.Dataset):
     def __len__(self): return samples
     def __getitem__(self, i):

@@ -472,8 +472,8 @@ TEST(Optimizers, StateBytesFollowEachOptimizersRule) {
   EXPECT_EQ(state_bytes("adafactor", ""), 4 * factored);
   EXPECT_EQ(state_bytes("adafactor", "beta1=0.9"), 4 * factored + 4 * n);
   EXPECT_EQ(state_bytes("adamw_8bit", ""), 2 * bits8 + 8 * blocks + 8 * bits32 + 2 * 256 * 4);
-  // The orders of magnitude the seeds quote: 8 bytes per parameter for AdamW, about 2 for
-  // 8-bit AdamW (its 32-bit embeddings and small tensors aside), a sliver for Adafactor.
+  // The orders of magnitude the Hugging Face guides quote: 8 bytes per parameter for AdamW, about 2
+  // for 8-bit AdamW (its 32-bit embeddings and small tensors aside), a sliver for Adafactor.
   EXPECT_LT(static_cast<double>(2 * bits8 + 8 * blocks) / bits8, 2.04);
   EXPECT_LT(4.0 * factored / n, 0.05);
 }

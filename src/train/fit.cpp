@@ -132,7 +132,7 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
 // AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
-// benchmark's shapes (docs/benchmarks.md, bench_matmul), attention in float32 at the sgemm
+// benchmark's shapes (docs/benchmarks-history.md, bench_matmul), attention in float32 at the sgemm
 // rate, ~10 GB/s for the optimizer's streaming pass over two threads, and 1.4 GB/s of planned
 // activation bytes through the elementwise passes (calibrated: bert-small bf16, batch 16 x 128,
 // 300 ms a step measured by bench/plan_check.py where flops alone predict 126 ms). GPU: an

@@ -44,8 +44,8 @@ void plain_from_transposed(const uint16_t* a, int64_t k, int64_t rows, int64_t l
 // an Intel CPU without AMX. Debian's OpenBLAS 0.3.21 takes AMD Zen 5 for Haswell (AVX2) and
 // multiplies at half of oneDNN's rate (250 against 474 GFLOP/s on 2 cores); it takes Zen 4 for
 // Cooper Lake, whose kernel is slower there than oneDNN's as well (large products 209 against 223
-// GFLOP/s, whole steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks.md). On an
-// Intel AMX CPU it takes Skylake-X: its large square products beat oneDNN's (402 against 364
+// GFLOP/s, whole steps: BERT fp32 +6.6%, GPT-2 fp32 +10% on oneDNN, docs/benchmarks-history.md). On
+// an Intel AMX CPU it takes Skylake-X: its large square products beat oneDNN's (402 against 364
 // GFLOP/s) but whole steps are faster on oneDNN (BERT +9.9%, GPT-2 +9.1%, SmolLM2 +5.7%; an early
 // oneDNN integration had lost there, BERT 39 against 44 samples/s). Intel AVX-512 CPUs without AMX
 // have not been measured with both libraries and stay on OpenBLAS. A fixed rule, not a timing, so

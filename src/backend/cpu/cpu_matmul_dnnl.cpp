@@ -278,8 +278,8 @@ dnnl::memory::desc operand_b(const DnnlMatmul::Product& p, dnnl::memory::data_ty
 // gradients' 1024 x 3072 x 768 at 508-517 GFLOP/s against brgemm's 406-433, the LM head's
 // 256 x 50257 x 768 at 492 against 360, the weight gradient 768 x 1024 x 3072 (A transposed) at
 // 467-511 against 425-470; equal below 4 MiB, slower for a transposed B (`bench_matmul
-// --f32-kernels`, docs/benchmarks.md's tenth increment). A fixed rule, not a timing: the same
-// kernel, and bits, on every run.
+// --f32-kernels`, docs/benchmarks-history.md's tenth increment). A fixed rule, not a timing: the
+// same kernel, and bits, on every run.
 bool prefers_gemm_kernel(const DnnlMatmul::Product& p, dnnl::memory::data_type type) {
   constexpr int64_t kLargeB = int64_t{4} << 20;
   return type == dnnl::memory::data_type::f32 && !p.trans_b &&
