@@ -223,8 +223,8 @@ void write_review_csv(const TempDir& dir, const std::string& name, int rows, int
 
 // A folder whose config names BertForMaskedLM (as bert-base-uncased's does) trains its masked-LM
 // head on a text file without --mlm, as the pipelines would load it, and a classifier on
-// labelled files, as run_glue loads any checkpoint; `architectures` that is not a list of names
-// is refused by name.
+// labelled files (or the labelled synthetic data), as run_glue loads any checkpoint;
+// `architectures` that is not a list of names is refused by name.
 TEST(Evaluate, TheHeadFollowsArchitecturesUnlessTheFilesAreLabelled) {
   TempDir dir("architectures");
   const std::string model = write_model_folder(
@@ -245,6 +245,12 @@ TEST(Evaluate, TheHeadFollowsArchitecturesUnlessTheFilesAreLabelled) {
   o.train_file = dir / "train.csv";
   train_logging(o, nullptr);
   EXPECT_EQ(read_json(o.output_dir + "/config.json")["architectures"],
+            nlohmann::json::array({"BertForSequenceClassification"}));
+  // The synthetic data is labelled too.
+  TrainOptions synthetic = tiny_options(model, dir / "synthetic");
+  synthetic.max_steps = 1;
+  train_logging(synthetic, nullptr);
+  EXPECT_EQ(read_json(synthetic.output_dir + "/config.json")["architectures"],
             nlohmann::json::array({"BertForSequenceClassification"}));
   const std::string bad = write_model_folder(
       dir, "bad", R"({"model_type": "bert", "architectures": "BertForMaskedLM", "vocab_size": 1200,

@@ -515,6 +515,13 @@ void use_masked_lm(ModelConfig& c) {
   c.task_from_architectures = false;
 }
 
+void use_sequence_classification(ModelConfig& c) {
+  BRISK_CHECK(has_masked_lm_head(c), "sequence classification needs a bert or distilbert model; ",
+              c.type_name(), " has no classification head in brisk");
+  c.task = ModelTask::sequence_classification;
+  c.task_from_architectures = false;
+}
+
 void disable_dropout(ModelConfig& c) {
   c.hidden_dropout = c.attention_dropout = c.embedding_dropout = c.classifier_dropout = 0.0f;
   c.attention_output_dropout = 0.0f;

@@ -110,6 +110,9 @@ bool has_masked_lm_head(const ModelConfig& c);
 // Makes `c` a masked language model (BertForMaskedLM or DistilBertForMaskedLM, as run_mlm loads
 // AutoModelForMaskedLM); throws for architectures without one.
 void use_masked_lm(ModelConfig& c);
+// Makes a bert or distilbert `c` a sequence classifier again (its usual task), as run_glue loads
+// any checkpoint; throws for other architectures.
+void use_sequence_classification(ModelConfig& c);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -47,6 +47,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
   const bool files = !dataset && uses_text_files(o);
+  // Synthetic data is labelled: a head taken from `architectures` gives way to it, as to
+  // labelled files (train/file_data).
+  if (!files && r.config.task_from_architectures) use_sequence_classification(r.config);
   if (files) {
     r.files = load_file_data(o, r.config);  // classification: the config learns the labels
     o.seq_len = r.files.seq_len;

@@ -243,7 +243,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   // run_glue fine-tunes any checkpoint as a classifier (bert-base-uncased's config names
   // BertForMaskedLM): a head taken from `architectures` gives way to labelled files.
   if (config.task_from_architectures && first_table.column("label") >= 0)
-    config.task = ModelTask::sequence_classification;
+    use_sequence_classification(config);
 
   if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
