@@ -724,6 +724,51 @@ TEST(Cli, HelpShowsTheBooleansRealDefaults) {
   }
 }
 
+// The command line as a Trainer user types it: argparse's rules (the last of a repeated flag
+// wins), TrainingArguments' other keys accepted where they change nothing and listed as
+// ignored, a typo answered with the option meant, --help in headed groups, and first records
+// saying when the run trains on synthetic data or from random weights.
+TEST(Cli, TrainTakesATrainerUsersCommandLine) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("brisk_cli_trainer_" + std::to_string(::getpid())))
+          .string();
+  const CliRun r = run_brisk(
+      "train --model gpt2-tiny --seq_len 16 --dataset_size 8 --per_device_train_batch_size 4 "
+      "--max_steps 5 --max_steps 2 --logging_steps 1 --save_strategy no --output_dir " +
+      out + " --run_name demo --torch_compile --push_to_hub false --evaluation_strategy no");
+  std::filesystem::remove_all(out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"step\":2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"step\":3"), std::string::npos) << "--max_steps 5 won over 2";
+  EXPECT_EQ(r.out.find("{\"options_without_effect\":[\"run_name\",\"torch_compile\","
+                       "\"push_to_hub\"]}"),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("training on synthetic data (8 random sequences of 16 tokens"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("'gpt2-tiny' is brisk's built-in configuration"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("epoch                      = 1"), std::string::npos) << r.out;
+  expect_refused("train --lerning_rate 1e-4", "(did you mean --learning_rate?)");
+  expect_refused("train --push_to_hub", "push_to_hub = true is not implemented in brisk");
+  expect_refused("train --task_name mrpc", "brisk reads no dataset hub");
+  expect_refused("train --model google-bert/bert-base-uncased",
+                 "brisk downloads nothing: run `huggingface-cli download "
+                 "google-bert/bert-base-uncased --local-dir DIR` where a hub is reachable");
+  const CliRun help = run_brisk("train --help");
+  ASSERT_EQ(help.exit_code, 0);
+  size_t last = 0;
+  for (const char* heading :
+       {"Model:", "Data:", "Training:", "Memory and device:", "Precision:", "Checkpoints:",
+        "Evaluation and prediction:", "Logging:", "Several processes:"}) {
+    const size_t at = help.out.find(heading);
+    EXPECT_NE(at, std::string::npos) << heading << " in\n" << help.out;
+    last = std::max(last, at);
+  }
+  EXPECT_EQ(help.out.find("--hub_token"), std::string::npos) << "the ignored keys are listed";
+}
+
 TEST(Cli, BadInputEndsWithOneClearMessage) {
   const std::string bad = fixture("bad/");
   const std::string bert = fixture("bert_tiny/");
@@ -748,7 +793,8 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused("train --dataset_size 2 --per_device_train_batch_size 4",
                  "smaller than one batch");
   expect_refused("train --no_such_option 1", "no_such_option");
-  expect_refused("train --model nonexistent-model", "neither a built-in config");
+  expect_refused("train --model nonexistent-model",
+                 "'nonexistent-model' is no folder or config.json here, and brisk downloads nothing");
   expect_refused("train --fp16 --bf16", "contradict each other");
   expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
   expect_refused("train --optim adam",

@@ -29,7 +29,7 @@ TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
   expect_error([] { load_config(fixture("bad/heads_not_dividing.json")); },
                "hidden size 30 is not divisible by the number of attention heads 4");
   expect_error([] { load_config(fixture("bad/does_not_exist.json")); }, "cannot open");
-  expect_error([] { resolve_config("no-such-model"); }, "neither a built-in config");
+  expect_error([] { resolve_config("no-such-model"); }, "is no folder or config.json here");
   expect_error([] { config_from_json(nlohmann::json::array(), "x"); }, "JSON object");
   expect_error(
       [] {

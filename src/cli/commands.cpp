@@ -51,7 +51,7 @@ int run_train(const TrainOptions& options) {
       train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
   if (launch_info_from_env().rank != 0) return 0;  // rank 0 reports for a run of several
   std::printf("***** train metrics *****\n");
-  std::printf("  %-26s = %.1f\n", "epoch", s.epoch);
+  std::printf("  %-26s = %.4g\n", "epoch", s.epoch);
   std::printf("  %-26s = %.4f\n", "train_loss", s.train_loss);
   std::printf("  %-26s = %.2f\n", "train_runtime", s.train_runtime);
   std::printf("  %-26s = %.3f\n", "train_samples_per_second", s.train_samples_per_second);
@@ -360,7 +360,8 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
     o.dataset_size = std::max(
         o.dataset_size, checked_mul(o.per_device_train_batch_size, args.world_size, "a batch"));
   // An explicit device is planned whether or not it is present; auto picks as train would.
-  const Device device = o.device == "auto"   ? resolve_device("auto")
+  const Device device = o.use_cpu            ? Device::cpu
+                        : o.device == "auto" ? resolve_device("auto")
                         : o.device == "cuda" ? Device::cuda
                                              : Device::cpu;
   const int world = static_cast<int>(args.world_size);

@@ -1,16 +1,20 @@
 // brisk command line: argument parsing only; every action lives in commands.cpp.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "models/config.h"
 #include "train/options.h"
+#include "train/trainer_keys.h"
 
 namespace {
 // A flag's whole number, read exactly: digits only (a sign for signed options) and in range.
@@ -45,6 +49,22 @@ void report_common_error(const std::string& message) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// A refused command line's message, with the option meant when an unknown one is a typo.
+std::string parse_error_message(const CLI::ParseError& err, int argc, char** argv) {
+  std::string message = brisk::excerpt(err.what(), 300);
+  if (dynamic_cast<const CLI::ExtrasError*>(&err))
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (!arg.starts_with("--")) continue;
+      const size_t eq = arg.find('=');
+      const std::string name(arg.substr(2, eq == arg.npos ? arg.npos : eq - 2));
+      if (message.find("--" + name) == std::string::npos) continue;
+      const std::string near = brisk::closest_option(name);
+      if (!near.empty() && near != name) return message + " (did you mean --" + near + "?)";
+    }
+  return message + " (see --help)";
+}
+
 // The error line, written whole in one write: a launcher that forwards several ranks' output
 // (mpirun) then cannot cut it with its own lines.
 void fail_line(const std::string& message) {
@@ -58,6 +78,8 @@ int main(int argc, char** argv) {
   using namespace brisk;
   CLI::App app{"brisk: train transformer models natively, with every byte planned"};
   app.require_subcommand(1);
+  // A repeated flag keeps its last value, as argparse does.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // train and estimate take the same options. Options from a JSON file act as defaults that flags
   // on the command line override.
@@ -69,19 +91,46 @@ int main(int argc, char** argv) {
     report_common_error(excerpt(err.what(), 1000));  // a safety net
     return 1;
   }
+  // TrainingArguments keys brisk has no option for (train/trainer_keys.h), as given on the
+  // command line: checked once parsing is done.
+  std::map<std::string, std::string> trainer_key_flags;
+  std::vector<std::pair<std::string, CLI::Option*>> trainer_key_options;
   auto add_run_options = [&](CLI::App* sub) {
     sub->add_option("--options_file", options_file, "JSON file of options (flags override it)");
-    visit_options(options, [&](const char* name, auto& field, const char* help) {
-      auto* opt = sub->add_option(std::string("--") + name, field, help)->capture_default_str();
+    // One flag of an option (the other spellings' hidden, group "").
+    auto add_flag = [&](const std::string& flag, auto& field, const std::string& help,
+                        const std::string& group) {
+      auto* opt = sub->add_option(flag, field, help)->capture_default_str()->group(group);
       using Field = std::decay_t<decltype(field)>;
       if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>)
         opt->check(whole_number<Field>());  // "-1" or 10^30 would otherwise wrap or saturate
-      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>)
+      if constexpr (std::is_same_v<Field, bool>)
         // --fp16, --fp16 true, --fp16=false; the help shows the real default.
         opt->expected(0, 1)->default_str("true")->option_text(field ? "[BOOLEAN=true]"
                                                                     : "[BOOLEAN=false]");
+    };
+    visit_options(options, [&](const char* name, auto& field, const char* help) {
+      add_flag(std::string("--") + name, field, help, option_group(name));
+      for (const auto& [other, own] : other_spellings())
+        if (own == name) add_flag("--" + other, field, std::string("--") + name, "");
     });
-    sub->add_option("--model", options.model_name_or_path, "alias of --model_name_or_path");
+    std::string builtins;
+    for (const std::string& n : builtin_config_names())
+      builtins += (builtins.empty() ? "" : ", ") + n;
+    sub->get_option("--model_name_or_path")
+        ->description("config.json, model folder, or a built-in configuration (random weights): " +
+                      builtins);
+    sub->add_option("--model", options.model_name_or_path, "alias of --model_name_or_path")
+        ->group("Model");
+    for (const std::string& name : trainer_key_names()) {
+      CLI::Option* opt = sub->add_option("--" + name, trainer_key_flags[name])->expected(0, 1);
+      opt->group("");  // accepted, not listed: see the footer
+      trainer_key_options.emplace_back(name, opt);
+    }
+    sub->footer(
+        "Other TrainingArguments and run_glue/run_clm/run_mlm options are accepted at values "
+        "that change nothing in brisk (listed as ignored when the run starts) and refused "
+        "otherwise, naming what to use instead (docs/usage.md).");
   };
   auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
   add_run_options(t);
@@ -168,7 +217,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
     // One short line and exit 1, as every other refusal (CLI11 quotes the bad value whole).
-    report_common_error(excerpt(err.what(), 300) + " (see --help)");
+    report_common_error(parse_error_message(err, argc, argv));
+    return 1;
+  }
+  try {
+    for (const auto& [name, opt] : trainer_key_options) {
+      if (opt->count() == 0) continue;
+      const nlohmann::json value = flag_value(trainer_key_flags[name]);
+      check_trainer_key(name, value, "--" + name);
+      const auto& seen = options.ignored_keys;
+      if (!value.is_null() && std::find(seen.begin(), seen.end(), name) == seen.end())
+        options.ignored_keys.push_back(name);
+    }
+  } catch (const Error& err) {
+    report_common_error(excerpt(err.what(), 1000));
     return 1;
   }
   try {

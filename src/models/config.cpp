@@ -474,16 +474,23 @@ ModelConfig load_config(const std::string& path) {
 }
 
 ModelConfig resolve_config(const std::string& name_or_path) {
-  json j = builtin_json(name_or_path);
-  if (!j.is_null()) return config_from_json(j, "built-in config '" + name_or_path + "'");
   namespace fs = std::filesystem;
+  // A folder or file of that name wins: a model downloaded into ./gpt2 is the pretrained one.
   if (fs::is_directory(name_or_path))
     return load_config((fs::path(name_or_path) / "config.json").string());
   if (fs::exists(name_or_path)) return load_config(name_or_path);
-  std::string names;
-  for (const auto& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
-  BRISK_FAIL("model '", name_or_path, "' is neither a built-in config (", names,
-             ") nor an existing config.json or model folder");
+  json j = builtin_json(name_or_path);
+  if (!j.is_null()) return config_from_json(j, "built-in config '" + name_or_path + "'");
+  BRISK_FAIL("model '", name_or_path,
+             "' is no folder or config.json here, and brisk downloads nothing: run "
+             "`huggingface-cli download ",
+             name_or_path,
+             " --local-dir DIR` where a hub is reachable, then give DIR (or name a built-in "
+             "configuration: train --help lists them)");
+}
+
+bool is_builtin_config(const std::string& name_or_path) {
+  return !std::filesystem::exists(name_or_path) && !builtin_json(name_or_path).is_null();
 }
 
 std::string ModelConfig::type_name() const {

@@ -102,9 +102,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
 ModelConfig load_config(const std::string& path);
 // A built-in name ("bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", the llama
 // family's "smollm2-135m", "llama-2-7b", "mistral-7b", "qwen2-0.5b",
-// "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one.
+// "bert-tiny", "gpt2-tiny"), or a path to a config.json or to a folder holding one; an existing
+// path wins over a built-in name.
 ModelConfig resolve_config(const std::string& name_or_path);
 std::vector<std::string> builtin_config_names();
+// Whether resolve_config takes `name_or_path` for a built-in configuration (no such path exists).
+bool is_builtin_config(const std::string& name_or_path);
 // Whether the architecture has a masked-LM head in brisk (BertForMaskedLM, DistilBertForMaskedLM).
 bool has_masked_lm_head(const ModelConfig& c);
 // Makes `c` a masked language model (BertForMaskedLM or DistilBertForMaskedLM, as run_mlm loads

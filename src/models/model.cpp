@@ -774,16 +774,29 @@ void Model::load_weights(Backend& be, const WeightFiles& file) {
   load_pretrained(be, file, 0);  // every name is present: nothing is initialized
 }
 
-std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file,
-                                                uint64_t seed) {
+std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
+                                                bool ignore_mismatched_sizes) {
   const std::string prefix = base_prefix();
+  // Each parameter's name in the file, or "" where the file does not give it.
+  std::vector<std::string> source(params_.list().size());
   std::vector<std::string> missing;
-  for (const ParamInfo& p : params_.list()) {
+  for (size_t i = 0; i < params_.list().size(); ++i) {
+    const ParamInfo& p = params_.list()[i];
     const bool in_base = p.name.rfind(prefix, 0) == 0;
-    if (file.has(p.name) || (in_base && file.has(p.name.substr(prefix.size())))) continue;
-    BRISK_CHECK(!in_base, "weights file '", file.path(), "' lacks parameter '", p.name, "' of the ",
-                config_.type_name(), " model");
-    missing.push_back(p.name);
+    if (file.has(p.name)) source[i] = p.name;
+    if (source[i].empty() && in_base && file.has(p.name.substr(prefix.size())))
+      source[i] = p.name.substr(prefix.size());
+    if (!source[i].empty() && file.get(source[i]).shape() != p.shape) {
+      BRISK_CHECK(ignore_mismatched_sizes, "parameter '", source[i], "' in '",
+                  file.file_of(source[i]).path(), "': shape ", file.get(source[i]).shape().str(),
+                  " where ", p.shape.str(),
+                  " is expected (--ignore_mismatched_sizes initializes it anew)");
+      source[i].clear();
+    } else if (source[i].empty()) {
+      BRISK_CHECK(!in_base, "weights file '", file.path(), "' lacks parameter '", p.name,
+                  "' of the ", config_.type_name(), " model");
+    }
+    if (source[i].empty()) missing.push_back(p.name);
   }
   if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
   // Staged weights (ZeRO stage 3): a segment the file gives in part is first gathered, with its
@@ -801,16 +814,14 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
           p.offset == segments_[static_cast<size_t>(segment)].offset)
         weight_source_->need(segment);
     }
-    const std::string name = file.has(p.name) ? p.name : p.name.substr(prefix.size());
-    if (!file.has(name)) {
+    const std::string& name = source[i];
+    if (name.empty()) {
       written(i);
       continue;
     }
     const Tensor& src = file.get(name);
     const SafetensorsFile& holder = file.file_of(name);
     const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";
-    BRISK_CHECK(src.shape() == p.shape, what, ": shape ", src.shape().str(), " where ",
-                p.shape.str(), " is expected");
     // In 8 MiB ranges, each released once copied: the file's pages and the weights they fill
     // are never both resident in whole.
     write_in_pieces(be, params_.weight(static_cast<int>(i)),

@@ -225,8 +225,11 @@ class Model {
   // without the base model's prefix (base-model files such as sentence-transformers' store
   // "embeddings.*", not "bert.embeddings.*"); parameters of the task head that the file lacks
   // are initialized from `seed` and returned by name; a missing base-model parameter is an error.
-  // The weights may be one file or shards (WeightFiles).
-  std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed);
+  // A tensor whose shape differs from the parameter's is an error too, or with
+  // `ignore_mismatched_sizes` initialized and returned as the missing ones are. The weights may
+  // be one file or shards (WeightFiles).
+  std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
+                                           bool ignore_mismatched_sizes = false);
   // ---- incremental decoding (models/decoder.h) ----
   // Copies the constants (declare_constants) to the device the first time after bind; forward
   // passes and the decoder call it.

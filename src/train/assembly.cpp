@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
 #include "optim/step_control.h"
@@ -52,6 +53,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   if (!files && r.config.task_from_architectures) use_sequence_classification(r.config);
   if (files) {
     r.files = load_file_data(o, r.config);  // classification: the config learns the labels
+    r.files.train = first_samples(std::move(r.files.train), o.max_train_samples);
+    r.files.eval = first_samples(std::move(r.files.eval), o.max_eval_samples);
+    r.files.test = first_samples(std::move(r.files.test), o.max_predict_samples);
     o.seq_len = r.files.seq_len;
   }
   r.model = Model::create(r.config);
@@ -69,7 +73,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
     r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
   } else {
-    r.owned_data = dataset ? nullptr : make_dataset(o, r.config, layout);
+    r.owned_data =
+        dataset ? nullptr : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);
     r.data = dataset ? dataset : r.owned_data.get();
   }
   if (!files && (evaluates || o.do_predict)) {

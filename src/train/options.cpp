@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "core/json_file.h"
 #include "precision/mixed_precision.h"
 #include "train/fit.h"
+#include "train/trainer_keys.h"
 
 namespace brisk {
 
@@ -59,13 +61,29 @@ void read_option(const nlohmann::json& v, T& field, const std::string& origin, c
 void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin) {
   BRISK_CHECK(j.is_object(), origin, ": training options must be a JSON object");
   std::set<std::string> known;
+  visit_options(o, [&](const char* name, auto&, const char*) { known.insert(name); });
+  // brisk's own keys, older spellings renamed (the newer spelling wins when both are given).
+  nlohmann::json own = nlohmann::json::object();
+  for (const auto& [key, value] : j.items()) {
+    const std::string renamed = renamed_option(key);
+    const std::string name = renamed.empty() ? key : renamed;
+    if (known.count(name)) {
+      if (renamed.empty() || !j.contains(name)) own[name] = trainer_value_as_option(name, value);
+      continue;
+    }
+    if (!is_trainer_key(key)) {
+      const std::string near = closest_option(key);
+      BRISK_FAIL(origin, ": unknown option \"", excerpt(key), "\"",
+                 near.empty() ? "" : " (did you mean \"" + near + "\"?)");
+    }
+    check_trainer_key(key, value, origin);
+    if (!value.is_null() &&
+        std::find(o.ignored_keys.begin(), o.ignored_keys.end(), key) == o.ignored_keys.end())
+      o.ignored_keys.push_back(key);
+  }
   visit_options(o, [&](const char* name, auto& field, const char*) {
-    known.insert(name);
-    if (!j.contains(name) || j[name].is_null()) return;
-    read_option(j[name], field, origin, name);
+    if (own.contains(name) && !own[name].is_null()) read_option(own[name], field, origin, name);
   });
-  for (const auto& [key, value] : j.items())
-    BRISK_CHECK(known.count(key), origin, ": unknown option \"", excerpt(key), "\"");
 }
 
 void load_options_file(TrainOptions& o, const std::string& path) {
@@ -171,7 +189,17 @@ void validate_options(const TrainOptions& o) {
               "greater_is_better must be true or false, got \"", excerpt(o.greater_is_better),
               "\"");
   BRISK_CHECK(o.do_train || o.do_eval || o.do_predict,
-              "nothing to do: do_train, do_eval and do_predict are all false");
+              "nothing to do: do_train, do_eval and do_predict are all false (a TrainingArguments "
+              "file sets do_train false unless the script was given --do_train: add --do_train)");
+  BRISK_CHECK(
+      o.logging_strategy == "steps" || o.logging_strategy == "epoch" || o.logging_strategy == "no",
+      "unknown logging_strategy \"", excerpt(o.logging_strategy), "\" (valid: no, steps, epoch)");
+  BRISK_CHECK(!(o.use_cpu && o.device == "cuda"),
+              "--use_cpu and --device cuda contradict each other: choose one");
+  for (const auto& [name, count] : {std::pair{"max_train_samples", o.max_train_samples},
+                                    {"max_eval_samples", o.max_eval_samples},
+                                    {"max_predict_samples", o.max_predict_samples}})
+    BRISK_CHECK(count >= 0, name, " must not be negative, got ", count);
   if (o.load_best_model_at_end) {
     BRISK_CHECK(o.eval_strategy != "no" && o.eval_strategy == o.save_strategy,
                 "load_best_model_at_end needs eval_strategy and save_strategy to be equal and not "
@@ -196,8 +224,9 @@ void validate_options(const TrainOptions& o) {
   BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
               "validation_split_percentage must lie in [0, 100), got ",
               o.validation_split_percentage);
-  BRISK_CHECK(o.report_to == "none" || o.report_to == "tensorboard" || o.report_to == "all",
-              "unknown report_to \"", excerpt(o.report_to), "\" (valid: none, tensorboard, all)");
+  for (const std::string& name : report_targets(o))
+    BRISK_CHECK(name == "none" || name == "tensorboard" || name == "all", "unknown report_to \"",
+                excerpt(name), "\" (valid: none, tensorboard, all; brisk reports to no other)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
@@ -228,12 +257,121 @@ std::string logging_dir(const TrainOptions& o) {
       .string();
 }
 
+std::vector<std::string> report_targets(const TrainOptions& o) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= o.report_to.size()) {
+    const size_t comma = std::min(o.report_to.find(',', start), o.report_to.size());
+    names.push_back(o.report_to.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return names;
+}
+
+bool reports_to_tensorboard(const TrainOptions& o) {
+  const std::vector<std::string> names = report_targets(o);
+  return std::any_of(names.begin(), names.end(),
+                     [](const std::string& n) { return n == "tensorboard" || n == "all"; });
+}
+
+Device resolve_device(const TrainOptions& o) {
+  return resolve_device(o.use_cpu ? std::string("cpu") : o.device);
+}
+
 Device resolve_device(const std::string& device) {
   if (device == "cpu") return Device::cpu;
   if (device == "cuda") return Device::cuda;
   BRISK_CHECK(device == "auto", "unknown device \"", excerpt(device),
               "\" (valid: cpu, cuda, auto)");
   return cuda_available() ? Device::cuda : Device::cpu;
+}
+
+}  // namespace brisk
+
+namespace brisk {
+
+namespace {
+// The edits (insertions, deletions, substitutions) that turn a into b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+const char* option_group(const std::string& name) {
+  static const std::vector<std::pair<const char*, std::vector<std::string>>> groups = {
+      {"Model", {"model_name_or_path", "tokenizer_name", "ignore_mismatched_sizes", "mlm"}},
+      {"Data",
+       {"train_file",
+        "validation_file",
+        "test_file",
+        "max_seq_length",
+        "block_size",
+        "text_column_name",
+        "validation_split_percentage",
+        "max_train_samples",
+        "max_eval_samples",
+        "max_predict_samples",
+        "mlm_probability",
+        "line_by_line",
+        "keep_linebreaks",
+        "pad_to_max_length",
+        "group_by_length",
+        "tokenized_cache_dir",
+        "overwrite_cache",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataset",
+        "seq_len",
+        "dataset_size",
+        "synthetic_task"}},
+      {"Training",
+       {"output_dir", "do_train", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps",
+        "warmup_ratio", "weight_decay", "max_grad_norm", "optim", "optim_args", "adam_beta1",
+        "adam_beta2", "adam_epsilon", "seed"}},
+      {"Precision",
+       {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
+      {"Memory and device",
+       {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
+        "offload_optimizer", "device", "use_cpu"}},
+      {"Evaluation and prediction",
+       {"do_eval", "do_predict", "eval_strategy", "eval_steps", "per_device_eval_batch_size",
+        "eval_dataset_size", "load_best_model_at_end", "metric_for_best_model",
+        "greater_is_better"}},
+      {"Checkpoints",
+       {"save_strategy", "save_steps", "save_total_limit", "resume_from_checkpoint"}},
+      {"Logging",
+       {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
+      {"Several processes",
+       {"zero_stage", "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout",
+        "stage3_prefetch_bucket_size"}}};
+  for (const auto& [group, names] : groups)
+    if (std::find(names.begin(), names.end(), name) != names.end()) return group;
+  return "";
+}
+
+std::string closest_option(const std::string& name) {
+  std::vector<std::string> names = trainer_key_names();
+  TrainOptions o;
+  visit_options(o, [&](const char* n, auto&, const char*) { names.emplace_back(n); });
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;  // a few typos at most
+  for (const std::string& candidate : names) {
+    const size_t d = edit_distance(name, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  }
+  return best;
 }
 
 }  // namespace brisk

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "optim/optimizer.h"
@@ -31,6 +32,11 @@ struct TrainOptions {
   bool mlm = false;
   double mlm_probability = 0.15;
   bool line_by_line = false;  // masked LM: one sample per line instead of grouped blocks
+  // The example scripts' max_*_samples: only the first this many samples (0: all).
+  int64_t max_train_samples = 0, max_eval_samples = 0, max_predict_samples = 0;
+  // Load a model folder whose tensors differ in shape from the model's (a classifier of another
+  // number of labels): those are initialized anew, as from_pretrained's option.
+  bool ignore_mismatched_sizes = false;
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -54,6 +60,7 @@ struct TrainOptions {
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
   uint64_t seed = 42;
+  std::string logging_strategy = "steps";  // steps (every logging_steps), epoch or no
   int64_t logging_steps = 500;
   std::string save_strategy = "steps";  // no, steps or epoch, as TrainingArguments
   int64_t save_steps = 500;
@@ -87,6 +94,7 @@ struct TrainOptions {
   bool fp16_full_eval = false;
   bool bf16_full_eval = false;
   std::string device = "auto";  // cpu, cuda, or auto: cuda when a GPU is present
+  bool use_cpu = false;         // TrainingArguments' spelling of --device cpu
   // Data parallel: gradients are summed across ranks in buckets of about this many MiB, each
   // started as soon as backward has finished it (PyTorch DDP's bucket_cap_mb).
   double ddp_bucket_cap_mb = 25;
@@ -111,6 +119,9 @@ struct TrainOptions {
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
+  // Not an option: the TrainingArguments and example-script keys given that change nothing in
+  // brisk (train/trainer_keys.h), listed once when the run starts.
+  std::vector<std::string> ignored_keys;
 };
 
 // Calls v(name, field, help) for every option, in a stable order.
@@ -133,6 +144,14 @@ void visit_options(Options& o, Visitor&& v) {
   v("max_seq_length", o.max_seq_length, "classification: tokens per example after truncation");
   v("block_size", o.block_size, "causal LM: tokens per training block (0: min(1024, n_positions))");
   v("text_column_name", o.text_column_name, "the column holding the text (default as the scripts)");
+  v("max_train_samples", o.max_train_samples,
+    "train on the first this many samples only, as the example scripts (0 = all)");
+  v("max_eval_samples", o.max_eval_samples, "evaluate the first this many samples only (0 = all)");
+  v("max_predict_samples", o.max_predict_samples,
+    "predict the first this many samples only (0 = all)");
+  v("ignore_mismatched_sizes", o.ignore_mismatched_sizes,
+    "initialize anew the model folder's tensors whose shapes differ from the model's (e.g. a "
+    "classifier of another number of labels) instead of refusing the folder");
   v("validation_split_percentage", o.validation_split_percentage,
     "causal LM without --validation_file: the first this many percent of the training rows "
     "validate");
@@ -163,6 +182,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("num_train_epochs", o.num_train_epochs, "epochs to train (may be fractional)");
   v("max_steps", o.max_steps, "optimizer steps; overrides num_train_epochs when > 0");
   v("seed", o.seed, "seed for initialization, shuffling and dropout");
+  v("logging_strategy", o.logging_strategy,
+    "steps (log every logging_steps), epoch (at each epoch's end) or no (only the final "
+    "summary)");
   v("logging_steps", o.logging_steps, "log every this many optimizer steps");
   v("save_strategy", o.save_strategy,
     "no (never save), steps (every save_steps and at the end) or epoch (at each epoch's end)");
@@ -231,6 +253,7 @@ void visit_options(Options& o, Visitor&& v) {
     "with --bf16: keep fp32 master weights (true) or update the bf16 weights directly with "
     "stochastic rounding (false, 4 bytes less per parameter)");
   v("device", o.device, "cpu, cuda, or auto (cuda when a usable GPU is present)");
+  v("use_cpu", o.use_cpu, "run on the CPU even when a GPU is present (= --device cpu)");
   v("ddp_bucket_cap_mb", o.ddp_bucket_cap_mb,
     "data parallel: MiB of gradients per all-reduce bucket; each bucket is summed across the "
     "ranks as soon as backward has finished it, while the earlier layers still compute (ZeRO "
@@ -264,7 +287,9 @@ void visit_options(Options& o, Visitor&& v) {
     "where the TensorBoard event files go (default output_dir/runs/<date and time>_<host>)");
 }
 
-// Reads options from a JSON object with the same names; unknown keys are refused.
+// Reads options from a JSON object with the same names, as a TrainingArguments file holds them
+// (report_to as a list, older spellings, and the keys of train/trainer_keys.h at values that
+// change nothing, noted in ignored_keys); other keys are refused by name.
 void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin);
 void load_options_file(TrainOptions& o, const std::string& path);
 nlohmann::json options_to_json(const TrainOptions& o);
@@ -275,7 +300,18 @@ OptimizerConfig optimizer_config(const TrainOptions& o);
 // The TensorBoard folder: logging_dir, or output_dir/runs/<date and time>_<host> as transformers
 // names it.
 std::string logging_dir(const TrainOptions& o);
-// The device a run uses: auto becomes cuda when a usable GPU is present, else cpu.
+// report_to's names (a comma-separated list), and whether one of them is TensorBoard.
+std::vector<std::string> report_targets(const TrainOptions& o);
+bool reports_to_tensorboard(const TrainOptions& o);
+// The device a run uses: auto becomes cuda when a usable GPU is present, else cpu; use_cpu
+// makes it cpu.
+Device resolve_device(const TrainOptions& o);
 Device resolve_device(const std::string& device);
+// The heading an option is listed under in --help ("" for none: a test keeps every option
+// under one).
+const char* option_group(const std::string& name);
+// The option or TrainingArguments key spelled most like `name` (a typo's likely meaning), or ""
+// when none is close.
+std::string closest_option(const std::string& name);
 
 }  // namespace brisk

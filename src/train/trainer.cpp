@@ -99,6 +99,33 @@ bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_st
   return o.save_steps > 0 && global_step % o.save_steps == 0;
 }
 
+// What a run tells first, which a user may not have meant: training on synthetic data, or from
+// the random weights of a built-in configuration. `given_data`: the caller passed a dataset.
+std::vector<std::string> run_notes(const TrainOptions& o, bool given_data) {
+  std::vector<std::string> notes;
+  if (o.do_train && !given_data && !uses_text_files(o) && o.dataset == "synthetic")
+    notes.push_back("no data files given: training on synthetic data (" +
+                    std::to_string(o.dataset_size) + " random sequences of " +
+                    std::to_string(o.seq_len) +
+                    " tokens, the Hugging Face guides' dummy data); give --train_file to train "
+                    "on yours");
+  if (o.resume_from_checkpoint.empty() && is_builtin_config(o.model_name_or_path))
+    notes.push_back("'" + o.model_name_or_path +
+                    "' is brisk's built-in configuration of that architecture, from random "
+                    "weights (brisk downloads nothing: for pretrained weights, give a model "
+                    "folder)");
+  return notes;
+}
+
+// Whether the step just finished logs its window (logging_strategy "steps": every logging_steps
+// and after the last step; "epoch": when it completed an epoch, and after the last; "no": never).
+bool log_due(const TrainOptions& o, int64_t global_step, int64_t total_steps, bool epoch_ended) {
+  if (o.logging_strategy == "no") return false;
+  if (global_step == total_steps) return true;
+  if (o.logging_strategy == "epoch") return epoch_ended;
+  return global_step % o.logging_steps == 0;
+}
+
 // Whether the step just finished is followed by an evaluation (eval_strategy "steps": every
 // eval_steps, which default to logging_steps; "epoch": when it completed an epoch).
 bool eval_due(const TrainOptions& o, int64_t global_step, bool epoch_ended) {
@@ -394,7 +421,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
     load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state, share);
   } else if (!weights.empty()) {
     const std::vector<std::string> fresh =
-        run.model->load_pretrained(be, WeightFiles(weights), o.seed);
+        run.model->load_pretrained(be, WeightFiles(weights), o.seed, o.ignore_mismatched_sizes);
     if (!fresh.empty() && on_log) {
       // transformers' words, so users recognize the situation.
       std::string names;
@@ -459,7 +486,7 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, con
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
                    FaultHooks faults, Communicator* comm) {
   validate_options(given);
-  const Device device = resolve_device(given.device);
+  const Device device = resolve_device(given);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
@@ -479,6 +506,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     if (lead) all_log(rec);
   };
   if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
+  if (!options.ignored_keys.empty()) on_log({{"options_without_effect", options.ignored_keys}});
+  for (const std::string& note : run_notes(options, dataset != nullptr)) on_log({{"note", note}});
   auto be = make_backend(device);
   // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
@@ -541,7 +570,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   };
-  if (lead && (o.report_to == "tensorboard" || o.report_to == "all"))
+  if (lead && reports_to_tensorboard(o))
     events =
         std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
   const LogSink report = [&](const nlohmann::json& rec) {
@@ -658,7 +687,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     window.loss += step_loss;
     ++window.steps;
     progress.update(state.global_step, step_loss);
-    if (state.global_step % o.logging_steps == 0 || state.global_step == total_steps) {
+    if (log_due(o, state.global_step, total_steps, epoch_ended)) {
       nlohmann::json rec = window.close(state, lr, update, loss_scale);
       state.log_history.push_back(rec);
       report(rec);
