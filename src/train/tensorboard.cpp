@@ -1,15 +1,19 @@
 // TensorBoard event files (see tensorboard.h).
 #include "train/tensorboard.h"
 
-#include <nmmintrin.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 namespace brisk {
 
@@ -47,8 +51,23 @@ std::string tag_of(const std::string& key) {
 }
 }  // namespace
 
-// The SSE4.2 CRC32 instruction computes CRC-32C (every x86-64 brisk targets has it).
-__attribute__((target("sse4.2"))) uint32_t crc32c(const void* data, size_t n) {
+namespace {
+// CRC-32C's reflected polynomial; entry b is the CRC of byte b alone.
+constexpr std::array<uint32_t, 256> crc32c_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t c = b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (c & 1u ? 0x82f63b78u : 0u);
+    t[b] = c;
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 256> kCrc32cTable = crc32c_table();
+
+#if defined(__x86_64__)
+// The SSE4.2 CRC32 instruction computes CRC-32C; compiled for SSE4.2 whatever the build targets,
+// and called only where the CPU reports it.
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t crc = 0xffffffffu;
   for (; n >= 8; n -= 8, p += 8) {
@@ -59,6 +78,31 @@ __attribute__((target("sse4.2"))) uint32_t crc32c(const void* data, size_t n) {
   auto c = static_cast<uint32_t>(crc);
   for (; n > 0; --n, ++p) c = _mm_crc32_u8(c, *p);
   return ~c;
+}
+#endif
+}  // namespace
+
+bool crc32c_in_hardware() {
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  return sse42;
+#else
+  return false;
+#endif
+}
+
+uint32_t crc32c_software(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = 0xffffffffu;
+  for (; n > 0; --n, ++p) c = kCrc32cTable[(c ^ *p) & 0xffu] ^ (c >> 8);
+  return ~c;
+}
+
+uint32_t crc32c(const void* data, size_t n) {
+#if defined(__x86_64__)
+  if (crc32c_in_hardware()) return crc32c_sse42(data, n);
+#endif
+  return crc32c_software(data, n);
 }
 
 uint32_t masked_crc32c(const void* data, size_t n) {

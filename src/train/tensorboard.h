@@ -35,8 +35,12 @@ class EventWriter {
 // SummaryWriter names it.
 std::string event_file_path(const std::string& dir, double wall_time);
 
-// CRC-32C (Castagnoli) of `n` bytes, and the masked form TFRecord stores.
+// CRC-32C (Castagnoli) of `n` bytes, and the masked form TFRecord stores. crc32c uses the
+// SSE4.2 instruction on x86-64 CPUs that have it (crc32c_in_hardware), else crc32c_software: a
+// table-driven version for any CPU, with the same values.
 uint32_t crc32c(const void* data, size_t n);
+bool crc32c_in_hardware();
+uint32_t crc32c_software(const void* data, size_t n);
 uint32_t masked_crc32c(const void* data, size_t n);
 
 }  // namespace brisk
