@@ -57,6 +57,11 @@ TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
     EXPECT_FALSE(parse_token_cache(Aligned(bad).view(), 77, &why)) << at;
     EXPECT_NE(why.find("checksum"), std::string::npos) << why;
   }
+  // A cache of format version 1 (hashed with FNV-1a) is not misread.
+  std::string version1 = bytes;
+  version1[7] = '1';
+  EXPECT_FALSE(parse_token_cache(Aligned(version1).view(), 77, &why));
+  EXPECT_NE(why.find("another version of the cache format"), std::string::npos) << why;
   std::string misaligned = " " + bytes;
   EXPECT_FALSE(parse_token_cache(std::string_view(misaligned).substr(1), 77, &why));
 
@@ -70,6 +75,15 @@ TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
     s << f.rdbuf();
     EXPECT_TRUE(parse_token_cache(Aligned(s.str()).view(), key, &why)) << name << ": " << why;
   }
+}
+
+// The fingerprint is XXH3 (64 bits) of each part's length (8 bytes) and bytes: nothing added is
+// XXH3's value of no input, and parts keep their boundaries.
+TEST(TokenCache, FingerprintsAreXxh3OfEachPartAndItsLength) {
+  EXPECT_EQ(Fingerprint().value(), 0x2d06800538d394c2ull);
+  EXPECT_EQ(Fingerprint().add("abc").value(), 0x7ef7c2a83cf8364eull);
+  EXPECT_NE(Fingerprint().add("ab").add("c").value(), Fingerprint().add("a").add("bc").value());
+  EXPECT_EQ(Fingerprint().add("ab").add("c").value(), Fingerprint().add("ab").add("c").value());
 }
 
 // Two runs on the same CSV: the second maps what the first tokenized, and trains the same; a

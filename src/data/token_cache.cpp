@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -17,7 +18,8 @@
 namespace brisk {
 
 namespace {
-constexpr char kMagic[8] = {'B', 'R', 'I', 'S', 'K', 'T', 'K', '1'};
+// The last byte is the format's version: version 1 hashed with FNV-1a, version 2 with XXH3.
+constexpr char kMagic[8] = {'B', 'R', 'I', 'S', 'K', 'T', 'K', '2'};
 enum Flags : uint64_t { kOffsets = 1, kTypes = 2, kLabels = 4, kValues = 8 };
 
 struct Header {
@@ -79,19 +81,26 @@ TokenizedRows view_of(std::shared_ptr<const TokenArrays> a) {
   return r;
 }
 
-void Fingerprint::mix(const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    h_ ^= b[i];
-    h_ *= 1099511628211ull;
-  }
+void Fingerprint::FreeState::operator()(XXH3_state_s* s) const {
+  XXH3_freeState(s);
 }
+
+Fingerprint::Fingerprint() : state_(XXH3_createState()) {
+  BRISK_CHECK(state_ && XXH3_64bits_reset(state_.get()) == XXH_OK,
+              "cannot start an XXH3 fingerprint (out of memory)");
+}
+
+Fingerprint::~Fingerprint() = default;
 
 Fingerprint& Fingerprint::add(std::string_view bytes) {
   const uint64_t n = bytes.size();
-  mix(&n, sizeof n);
-  mix(bytes.data(), bytes.size());
+  XXH3_64bits_update(state_.get(), &n, sizeof n);
+  XXH3_64bits_update(state_.get(), bytes.data(), bytes.size());
   return *this;
+}
+
+uint64_t Fingerprint::value() const {
+  return XXH3_64bits_digest(state_.get());
 }
 
 Fingerprint& Fingerprint::add_file(const std::string& path) {
@@ -131,7 +140,8 @@ std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t 
   if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int64_t) != 0) return fail("misaligned");
   if (bytes.size() < sizeof h) return fail("shorter than its header");
   std::memcpy(&h, bytes.data(), sizeof h);
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("not a token cache");
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic - 1) != 0) return fail("not a token cache");
+  if (h.magic[7] != kMagic[7]) return fail("written in another version of the cache format");
   if (h.key != key) return fail("made from other data, tokenizer or options");
   const bool offsets = h.flags & kOffsets;
   if (h.flags > 15 || h.rows > (uint64_t{1} << 40) || h.ids > (uint64_t{1} << 40) ||

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+struct XXH3_state_s;  // xxhash.h's, kept out of this header
+
 namespace brisk {
 
 // Tokenized rows, viewed in owned vectors or in a mapped cache file (`memory` keeps either
@@ -32,16 +34,22 @@ struct TokenArrays {
 };
 TokenizedRows view_of(std::shared_ptr<const TokenArrays> arrays);
 
-// FNV-1a (64 bits) over the parts, each preceded by its length.
+// XXH3 (64 bits, xxHash) over the parts, each preceded by its length.
 class Fingerprint {
  public:
+  Fingerprint();
+  ~Fingerprint();
+  Fingerprint(Fingerprint&&) noexcept = default;
+  Fingerprint& operator=(Fingerprint&&) noexcept = default;
   Fingerprint& add(std::string_view bytes);
   Fingerprint& add_file(const std::string& path);  // its bytes (mapped); throws naming it
-  uint64_t value() const { return h_; }
+  uint64_t value() const;
 
  private:
-  void mix(const void* p, size_t n);
-  uint64_t h_ = 14695981039346656037ull;
+  struct FreeState {
+    void operator()(XXH3_state_s* s) const;
+  };
+  std::unique_ptr<XXH3_state_s, FreeState> state_;
 };
 
 // The cache file's bytes for `rows` under `key`.

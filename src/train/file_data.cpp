@@ -102,7 +102,7 @@ class TokenCache {
                     const std::function<TokenizedRows()>& build) {
     if (dir_.empty()) return build();
     const uint64_t key = Fingerprint()
-                             .add("brisk tokenized rows 1")
+                             .add("brisk tokenized rows 2")
                              .add_file(file)
                              .add(std::to_string(tokenizer_))
                              .add(shape)
