@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "backend/workspace.h"
+#include "core/json_file.h"
 #include "data/dataset.h"
 #include "data/token_file.h"
 #include "optim/step_control.h"
@@ -725,6 +726,30 @@ TEST(Trainer, StartsFromAModelFolder) {
   const Result second = run(again);
   EXPECT_EQ(checkpoint_weights(first.summary.last_checkpoint),
             checkpoint_weights(second.summary.last_checkpoint));
+}
+
+// A bf16 folder's config names bfloat16; the float32 weights a bf16 run saves are named float32
+// (torch_dtype and dtype), in checkpoints and in output_dir, so transformers loads them as saved.
+TEST(Trainer, ASavedConfigNamesTheDtypeOfTheSavedWeights) {
+  TempDir dir("saved_dtype");
+  const std::string folder = write_config(dir, "bert", 0.0);
+  nlohmann::json config = read_json_file(folder + "/config.json", "config");
+  config["torch_dtype"] = "bfloat16";
+  config["dtype"] = "bfloat16";
+  std::ofstream(folder + "/config.json") << config.dump();
+  TrainOptions o = tiny_options(folder, dir / "out");
+  o.bf16 = true;
+  const Result r = run(o);
+  for (const std::string& saved : {r.summary.last_checkpoint, o.output_dir}) {
+    SCOPED_TRACE(saved);
+    const nlohmann::json c = read_json_file(saved + "/config.json", "config");
+    SafetensorsFile weights(saved + "/model.safetensors");
+    ASSERT_FALSE(weights.names().empty());
+    for (const auto& name : weights.names()) {
+      EXPECT_EQ(c["torch_dtype"], dtype_name(weights.get(name).dtype())) << name;
+      EXPECT_EQ(c["dtype"], dtype_name(weights.get(name).dtype())) << name;
+    }
+  }
 }
 
 }  // namespace

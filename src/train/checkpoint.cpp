@@ -19,11 +19,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The model's config as transformers writes it: its source, with the class it was saved from.
-nlohmann::json saved_config(const Model& model) {
+// The model's config as transformers writes it: its source, with the class it was saved from
+// and the dtype of the tensors in model.safetensors beside it, under both names transformers
+// reads (torch_dtype, and dtype from transformers 4.56 on). A dtype copied from the input config
+// (bfloat16) would make transformers load the saved float32 weights in bf16.
+nlohmann::json saved_config(const Model& model, DType weights) {
   nlohmann::json j = model.config().source;
   j["architectures"] = {model.class_name()};
+  j["torch_dtype"] = dtype_name(weights);
+  j["dtype"] = dtype_name(weights);
   return j;
+}
+// The dtype write_model_weights writes: the weights' own, or float32 gathered.
+DType saved_dtype(const Tensor& weights, const GatheredReads* gathered) {
+  return gathered ? DType::f32 : weights.dtype();
 }
 
 constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
@@ -173,7 +182,7 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
                 GatheredReads* gathered) {
   write_model_weights(be, (fs::path(folder) / "model.safetensors").string(), model, weights,
                       gathered);
-  write_json(fs::path(folder) / "config.json", saved_config(model));
+  write_json(fs::path(folder) / "config.json", saved_config(model, saved_dtype(weights, gathered)));
 }
 
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
@@ -191,7 +200,7 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   try {
     write_model_weights(be, (tmp_dir / "model.safetensors").string(), model, weights, gathered);
     fault_point(fail_at_point);
-    write_json(tmp_dir / "config.json", saved_config(model));
+    write_json(tmp_dir / "config.json", saved_config(model, saved_dtype(weights, gathered)));
     fault_point(fail_at_point);
     write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(), gathered);
     fault_point(fail_at_point);
