@@ -78,6 +78,49 @@ TEST(TextDataset, ColumnsAreChosenAsRunGlueChoosesThem) {
   expect_error([&] { cols("label"); }, "no text column besides \"label\"");
 }
 
+// GLUE's idx and pandas' index column (an empty header in to_csv's output, read as "Unnamed: 0"
+// as pandas reads it) are passed over when columns are chosen by position, so the rows tokenize as
+// without them.
+TEST(TextDataset, IndexColumnsAreSkippedAsRunGlueUsersDropThem) {
+  const WordEncoder enc;
+  const TextTable plain = csv("sentence,label\nab c,1\nx,0\n");
+  const ClassificationColumns plain_cols = classification_columns(plain, "");
+  const LabelSet labels = label_set(plain, plain_cols.label);
+  const TextClassificationDataset want(plain, plain_cols, labels, enc, 8);
+  for (const std::string text :
+       {",sentence,label\n0,ab c,1\n1,x,0\n", "Unnamed: 0,sentence,label\n7,ab c,1\n3,x,0\n",
+        "sentence,label,idx\nab c,1,0\nx,0,1\n"}) {
+    SCOPED_TRACE(text);
+    const TextTable t = csv(text);
+    const ClassificationColumns c = classification_columns(t, "");
+    EXPECT_EQ(t.columns()[static_cast<size_t>(c.first)], "sentence");
+    EXPECT_EQ(c.second, -1);
+    ASSERT_EQ(c.skipped.size(), 1u);
+    EXPECT_TRUE(is_index_column(t, c.skipped[0]));
+    const TextClassificationDataset d(t, c, labels, enc, 8);
+    for (int64_t i = 0; i < 2; ++i) {
+      Rows a, b;
+      const Batch ba = a.batch(1, 8, false), bb = b.batch(1, 8, false);
+      d.fill_row(i, 0, ba, 0);
+      want.fill_row(i, 0, bb, 0);
+      EXPECT_EQ(a.ids, b.ids);
+      EXPECT_EQ(a.types, b.types);
+      EXPECT_EQ(a.labels, b.labels);
+    }
+  }
+  // Not an index: another name, or values that are not all whole numbers.
+  EXPECT_EQ(classification_columns(csv("id,sentence,label\n0,a,1\n"), "").second, 1);
+  EXPECT_EQ(classification_columns(csv("idx,sentence,label\nq7,a,1\n"), "").second, 1);
+  expect_error([] { classification_columns(csv("label,idx\n1,0\n"), ""); },
+               "no text column besides \"label\" and index columns");
+  // run_clm's first column, when there is no "text" column.
+  std::vector<int64_t> skipped;
+  EXPECT_EQ(causal_lm_text_column(csv(",body\n0,some words\n"), "", &skipped), 1);
+  EXPECT_EQ(skipped, (std::vector<int64_t>{0}));
+  expect_error([] { causal_lm_text_column(csv("idx\n0\n"), ""); },
+               "no text column besides index columns");
+}
+
 TEST(TextDataset, LabelSetsSortAsRunGlueSortsThem) {
   const LabelSet words = label_set(csv("s,label\na,rotten\nb,fresh\nc,rotten\n"), 1);
   EXPECT_EQ(words.names, (std::vector<std::string>{"fresh", "rotten"}));

@@ -12,6 +12,14 @@
 
 namespace brisk {
 
+bool is_index_column(const TextTable& t, int64_t col) {
+  const std::string& name = t.columns()[static_cast<size_t>(col)];
+  if (name != "idx" && !name.empty() && name != "Unnamed: 0") return false;
+  for (int64_t r = 0; r < t.rows(); ++r)
+    if (t.kind(r, col) != CellKind::integer) return false;
+  return true;
+}
+
 ClassificationColumns classification_columns(const TextTable& t,
                                              const std::string& text_column_name) {
   ClassificationColumns c;
@@ -29,9 +37,12 @@ ClassificationColumns classification_columns(const TextTable& t,
     return c;
   }
   std::vector<int64_t> others;
-  for (int64_t i = 0; i < static_cast<int64_t>(t.columns().size()); ++i)
-    if (i != c.label) others.push_back(i);
-  BRISK_CHECK(!others.empty(), "'", t.origin(), "' has no text column besides \"label\"");
+  for (int64_t i = 0; i < static_cast<int64_t>(t.columns().size()); ++i) {
+    if (i == c.label) continue;
+    (is_index_column(t, i) ? c.skipped : others).push_back(i);
+  }
+  BRISK_CHECK(!others.empty(), "'", t.origin(), "' has no text column besides \"label\"",
+              c.skipped.empty() ? "" : " and index columns");
   c.first = others[0];
   if (others.size() >= 2) c.second = others[1];
   return c;
@@ -238,13 +249,19 @@ void CausalLmDataset::fill_row(int64_t index, int64_t, const Batch& b, int64_t r
   }
 }
 
-int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name) {
+int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name,
+                              std::vector<int64_t>* skipped) {
   const std::string name = text_column_name.empty() ? "text" : text_column_name;
   const int64_t c = t.column(name);
   if (c >= 0) return c;
   BRISK_CHECK(text_column_name.empty(), "'", t.origin(), "' has no column \"", excerpt(name),
               "\" (--text_column_name)");
-  return 0;
+  const auto columns = static_cast<int64_t>(t.columns().size());
+  int64_t first = 0;
+  while (first < columns && is_index_column(t, first)) ++first;
+  BRISK_CHECK(first < columns, "'", t.origin(), "' has no text column besides index columns");
+  for (int64_t i = 0; skipped && i < first; ++i) skipped->push_back(i);
+  return first;
 }
 
 int64_t validation_split_rows(int64_t rows, double percentage) {

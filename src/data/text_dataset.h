@@ -39,12 +39,19 @@ class TextEncoder {
   }
 };
 
+// An index column: named "idx" (GLUE's exports), "Unnamed: 0" (pandas' to_csv index, whose
+// empty header reads as pandas reads it) or "", and holding whole numbers only. The columns chosen
+// by position skip it, as run_glue users drop it.
+bool is_index_column(const TextTable& t, int64_t col);
+
 // How run_glue reads a classification table: the text columns (sentence1/sentence2 when both
-// exist, else the first one or two columns other than "label", or the one named), and the labels
-// (text or whole numbers: classes sorted as the train file's distinct values; reals: regression).
+// exist, else the first one or two columns other than "label" and the index columns, or the one
+// named), and the labels (text or whole numbers: classes sorted as the train file's distinct
+// values; reals: regression).
 struct ClassificationColumns {
   int64_t first = -1, second = -1;  // second -1: single texts
   int64_t label = -1;               // -1: no label column (a test file)
+  std::vector<int64_t> skipped;     // index columns passed over when choosing by position
 };
 ClassificationColumns classification_columns(const TextTable& t,
                                              const std::string& text_column_name);
@@ -110,8 +117,10 @@ class CausalLmDataset final : public Dataset {
   TokenizedRows rows_;
 };
 
-// The text column run_clm uses: "text" when present, else the first column.
-int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name);
+// The text column run_clm uses: "text" when present, else the first column that is not an
+// index column (those passed over are added to *skipped when given).
+int64_t causal_lm_text_column(const TextTable& t, const std::string& text_column_name,
+                              std::vector<int64_t>* skipped = nullptr);
 
 // run_clm's validation_split_percentage on a table of `rows`: rows [0, cut) validate, [cut, rows)
 // train, cut = rows * percentage / 100 rounded to the nearest row.

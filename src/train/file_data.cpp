@@ -3,9 +3,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
@@ -73,6 +75,26 @@ void set_labels(ModelConfig& c, const LabelSet& labels) {
   else
     c.source.erase("problem_type");
 }
+// The classes (or regression) of the run: the training file's, else the config's label2id,
+// else the validation file's; the config learns them from a file.
+LabelSet run_labels(const TrainOptions& o, ModelConfig& config, const TextTable& train,
+                    const TextTable& eval) {
+  if (!o.train_file.empty()) {
+    const LabelSet labels =
+        label_set(train, classification_columns(train, o.text_column_name).label);
+    set_labels(config, labels);
+    return labels;
+  }
+  LabelSet labels = labels_from_config(config);
+  if (!labels.regression && labels.names.empty() && !o.validation_file.empty()) {
+    labels = label_set(eval, classification_columns(eval, o.text_column_name).label);
+    set_labels(config, labels);
+  }
+  BRISK_CHECK(labels.regression || !labels.names.empty(),
+              "no label names: the model's config has no label2id and there is no labelled file");
+  return labels;
+}
+
 // The run's tokenization cache (see load_file_data).
 class TokenCache {
  public:
@@ -133,6 +155,31 @@ class TokenCache {
   uint64_t tokenizer_ = 0;
 };
 
+// The index columns passed over when text columns were chosen by position, noted once per
+// column name with the files holding it.
+class SkippedColumns {
+ public:
+  void add(const TextTable& t, const std::vector<int64_t>& columns) {
+    for (int64_t c : columns) {
+      std::vector<std::string>& files = files_[t.columns()[static_cast<size_t>(c)]];
+      const std::string file = fs::path(t.origin()).filename().string();
+      if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+    }
+  }
+  std::vector<std::string> notes() const {
+    std::vector<std::string> out;
+    for (const auto& [name, files] : files_) {
+      std::string note = "column \"" + name + "\" of ";
+      for (size_t i = 0; i < files.size(); ++i) note += (i ? ", " : "") + files[i];
+      out.push_back(note + " holds whole numbers: skipped as an index column, not read as text");
+    }
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::vector<std::string>> files_;  // column name -> file names
+};
+
 // The tokenizer with a progress bar on a terminal ("tokenizing train.csv: 45%", as the
 // example scripts' "Running tokenizer on dataset").
 class ProgressEncoder final : public TextEncoder {
@@ -187,7 +234,8 @@ void split_train_eval(const TrainOptions& o, const TextTable& train, const TextT
 // run_mlm: lines tokenized with the template (cached per line), then grouped into blocks of
 // max_seq_length or kept one per line, masked as DataCollatorForLanguageModeling masks.
 FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& train,
-                        const TextTable& eval, ProgressEncoder& tok, TokenCache& cache) {
+                        const TextTable& eval, ProgressEncoder& tok, TokenCache& cache,
+                        SkippedColumns& skipped) {
   const Tokenizer& t = *d.tokenizer;
   d.seq_len = o.max_seq_length;
   BRISK_CHECK(o.test_file.empty(), "--test_file: a masked LM has no labels to predict");
@@ -202,7 +250,9 @@ FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& trai
   const std::pair<int64_t, int64_t> specials = t.single_specials();
   const int64_t lead = specials.first, trail = specials.second;
   auto samples = [&](const TextTable& table, int64_t first, int64_t end) {
-    const int64_t col = causal_lm_text_column(table, o.text_column_name);
+    std::vector<int64_t> index_columns;
+    const int64_t col = causal_lm_text_column(table, o.text_column_name, &index_columns);
+    skipped.add(table, index_columns);
     // Lines as run_mlm tokenizes them: truncated only one per line.
     const int64_t truncate = o.line_by_line ? o.max_seq_length : 0;
     const std::string shape = "masked_lm " + std::to_string(col) + " " + std::to_string(first) +
@@ -237,6 +287,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   const TextTable train = table(o.train_file), eval = table(o.validation_file),
                   test = table(o.test_file);
   TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
+  SkippedColumns skipped;
   const TextTable& first_table = !o.train_file.empty()        ? train
                                  : !o.validation_file.empty() ? eval
                                                               : test;
@@ -247,47 +298,40 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
 
   if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
-    const ClassificationColumns cols = classification_columns(first_table, o.text_column_name);
-    LabelSet labels;
-    if (!o.train_file.empty()) {
-      labels = label_set(train, cols.label);
-      set_labels(config, labels);
-    } else {
-      labels = labels_from_config(config);
-      if (!labels.regression && labels.names.empty() && !o.validation_file.empty()) {
-        labels = label_set(eval, classification_columns(eval, o.text_column_name).label);
-        set_labels(config, labels);
-      }
-      BRISK_CHECK(labels.regression || !labels.names.empty(),
-                  "no label names: the model's config has no label2id "
-                  "and there is no labelled file");
-    }
+    const LabelSet labels = run_labels(o, config, train, eval);
     auto dataset = [&](const TextTable& t) -> std::unique_ptr<Dataset> {
       if (t.rows() == 0) return nullptr;
       const ClassificationColumns c = classification_columns(t, o.text_column_name);
-      TokenizedRows rows =
-          cache.get(t.origin(), classification_shape(c, labels, o.max_seq_length), [&] {
-            tok.start(t.origin());
-            return TextClassificationDataset(t, c, labels, tok, o.max_seq_length).rows();
-          });
+      skipped.add(t, c.skipped);
+      const std::string shape = classification_shape(c, labels, o.max_seq_length);
+      TokenizedRows rows = cache.get(t.origin(), shape, [&] {
+        tok.start(t.origin());
+        return TextClassificationDataset(t, c, labels, tok, o.max_seq_length).rows();
+      });
       return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
                                                          tok.pad_id(), o.max_seq_length);
     };
     d.train = dataset(train);
     d.eval = dataset(eval);
     d.test = dataset(test);
+    d.notes = skipped.notes();
     return d;
   }
 
-  if (config.task == ModelTask::masked_lm)
-    return masked_lm_data(o, std::move(d), train, eval, tok, cache);
+  if (config.task == ModelTask::masked_lm) {
+    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, skipped);
+    d.notes = skipped.notes();
+    return d;
+  }
 
   // Causal LM, as run_clm: blocks of block_size tokens.
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
   BRISK_CHECK(o.test_file.empty(), "--test_file: a causal LM has no labels to predict");
   auto blocks = [&](const TextTable& t, int64_t first, int64_t end) {
-    const int64_t col = causal_lm_text_column(t, o.text_column_name);
+    std::vector<int64_t> index_columns;
+    const int64_t col = causal_lm_text_column(t, o.text_column_name, &index_columns);
+    skipped.add(t, index_columns);
     const std::string shape = "causal_lm " + std::to_string(col) + " " + std::to_string(first) +
                               " " + std::to_string(end) + " " + std::to_string(d.seq_len) +
                               (keep_linebreaks ? " linebreaks" : "");
@@ -298,6 +342,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     return std::make_unique<CausalLmDataset>(std::move(rows), d.seq_len);
   };
   split_train_eval(o, train, eval, d, blocks);
+  d.notes = skipped.notes();
   return d;
 }
 

@@ -21,6 +21,8 @@ struct FileData {
   int64_t seq_len = 0;  // what the run plans for: max_seq_length or block_size
   // What the tokenization cache did, a line per file ("loaded ...", "wrote ...", "rebuilt ...").
   std::vector<std::string> cache_notes;
+  // What the column choice noticed: index columns skipped, a line per column name.
+  std::vector<std::string> notes;
 };
 
 // Whether the options name any text file.

@@ -528,6 +528,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   const std::unique_ptr<RunAssembly> run =
       assemble_run(shaped, device, be.get(), dataset, rank, ranks);
   if (lead) dist.barrier();
+  for (const std::string& note : run->files.notes) on_log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) on_log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;
   Model* model = run->model.get();
