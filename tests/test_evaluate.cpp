@@ -323,6 +323,68 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "bad.csv:2: a quoted field");
 }
 
+// GLUE's exports as datasets' to_csv and pandas write them: 0/1 labels (-1 throughout a test
+// split) and an index column: "pandas" a leading unnamed one, "glue" a trailing idx, "" none.
+void write_glue_csv(const TempDir& dir, const std::string& name, int rows, int seed,
+                    const std::string& index, bool test) {
+  std::ofstream f(dir / name);
+  f << (index == "pandas" ? "," : "") << "sentence,label" << (index == "glue" ? ",idx" : "")
+    << "\n";
+  for (int i = 0; i < rows; ++i) {
+    const bool pos = (i * 7 + seed) % 3 != 0;
+    if (index == "pandas") f << i << ",";
+    f << (pos ? "good" : "bad") << " film number " << i % 5 << "," << (test ? -1 : pos ? 1 : 0);
+    f << (index == "glue" ? "," + std::to_string(i) : "") << "\n";
+  }
+}
+
+// A GLUE test split (label -1) is predicted without predict metrics; index columns are skipped
+// with one note per column name, and the run trains exactly as on the files without them.
+TEST(Evaluate, GlueExportsWithIndexColumnsAndUnlabelledTestRows) {
+  TempDir dir("glue_export");
+  auto run = [&](const std::string& train_index, const std::string& other_index,
+                 const std::string& out, std::vector<nlohmann::json>* records) {
+    write_glue_csv(dir, "train.csv", 48, 1, train_index, false);
+    write_glue_csv(dir, "dev.csv", 12, 2, other_index, false);
+    write_glue_csv(dir, "test.csv", 10, 3, other_index, true);
+    TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / out);
+    o.tokenizer_name = fixture("tokenizer/wordpiece");
+    o.train_file = dir / "train.csv";
+    o.validation_file = dir / "dev.csv";
+    o.test_file = dir / "test.csv";
+    o.max_seq_length = 16;
+    o.per_device_train_batch_size = 8;
+    o.max_steps = 6;
+    o.do_eval = true;
+    o.do_predict = true;
+    TrainSummary s;
+    *records = train_logging(o, &s);
+    return s.train_loss;
+  };
+  std::vector<nlohmann::json> records, plain_records;
+  const double loss = run("pandas", "glue", "indexed", &records);
+  EXPECT_EQ(run("", "", "plain", &plain_records), loss);
+  std::vector<std::string> notes;
+  bool predicted = false;
+  for (const nlohmann::json& r : records) {
+    if (r.contains("data_files")) notes.push_back(r["data_files"]);
+    if (r.contains("predict_runtime")) predicted = true;
+    EXPECT_FALSE(r.contains("predict_loss") || r.contains("predict_accuracy")) << r.dump();
+  }
+  EXPECT_TRUE(predicted);
+  EXPECT_EQ(notes, (std::vector<std::string>{
+                       "column \"Unnamed: 0\" of train.csv holds whole numbers: skipped as an "
+                       "index column, not read as text",
+                       "column \"idx\" of dev.csv, test.csv holds whole numbers: skipped as an "
+                       "index column, not read as text"}));
+  for (const nlohmann::json& r : plain_records) EXPECT_FALSE(r.contains("data_files")) << r.dump();
+  std::ifstream pred(dir / "indexed/predict_results.txt");
+  std::string line;
+  int rows = -1;
+  while (std::getline(pred, line)) ++rows;
+  EXPECT_EQ(rows, 10);
+}
+
 // DistilBERT fine-tuned on the same files: no token types reach it, its saved folder is a
 // DistilBertForSequenceClassification with the label names.
 TEST(Evaluate, RunGlueWithDistilBert) {

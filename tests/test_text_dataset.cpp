@@ -121,6 +121,44 @@ TEST(TextDataset, IndexColumnsAreSkippedAsRunGlueUsersDropThem) {
                "no text column besides index columns");
 }
 
+// GLUE's test splits hold label -1: in a test table it means "no label" (the row is predicted
+// and counts in no metric) unless -1 is a class; in training and validation tables a label the
+// training data lacks is refused, -1 with a hint.
+TEST(TextDataset, LabelMinusOneMeansNoLabelInATestTable) {
+  const WordEncoder enc;
+  const TextTable train = csv("sentence,label\na,0\nb,1\n");
+  const ClassificationColumns cols = classification_columns(train, "");
+  const LabelSet labels = label_set(train, cols.label);
+  const TextTable test = csv("sentence,label\nx,-1\ny,1\nz,-1.0\n");
+  const TextClassificationDataset t(test, cols, labels, enc, 8, true);
+  EXPECT_EQ(t.count_targets(0, 0), 0);
+  EXPECT_EQ(t.count_targets(1, 0), 1);
+  EXPECT_EQ(t.count_targets(2, 0), 0);
+  Rows r;
+  const Batch b = r.batch(2, 8, false);
+  t.fill_row(0, 0, b, 0);
+  t.fill_row(1, 0, b, 1);
+  EXPECT_EQ(r.labels, (std::vector<int32_t>{kIgnoreIndex, 1}));
+  expect_error([&] { TextClassificationDataset(test, cols, labels, enc, 8); },
+               "d.csv:2: label \"-1\" does not occur in the training data (-1 means \"no label\" "
+               "in a --test_file only)");
+  // Training labels may hold -1 as a class; then it is that class in the test file too.
+  const TextTable signs = csv("sentence,label\na,-1\nb,1\n");
+  const LabelSet sign_labels = label_set(signs, 1);
+  EXPECT_EQ(sign_labels.names, (std::vector<std::string>{"-1", "1"}));
+  const TextClassificationDataset s(test, cols, sign_labels, enc, 8, true);
+  EXPECT_EQ(s.count_targets(0, 0), 1);
+  // Regression: -1 can be a score, so only a test table labelled -1 throughout has no labels.
+  const LabelSet scores = label_set(csv("sentence,label\na,0.5\nb,-1\n"), 1);
+  ASSERT_TRUE(scores.regression);
+  const TextClassificationDataset none(csv("sentence,label\nx,-1.0\ny,-1\n"), cols, scores, enc, 8,
+                                       true);
+  EXPECT_EQ(none.count_targets(0, 0) + none.count_targets(1, 0), 0);
+  const TextClassificationDataset some(csv("sentence,label\nx,-1\ny,2.5\n"), cols, scores, enc, 8,
+                                       true);
+  EXPECT_EQ(some.count_targets(0, 0) + some.count_targets(1, 0), 2);
+}
+
 TEST(TextDataset, LabelSetsSortAsRunGlueSortsThem) {
   const LabelSet words = label_set(csv("s,label\na,rotten\nb,fresh\nc,rotten\n"), 1);
   EXPECT_EQ(words.names, (std::vector<std::string>{"fresh", "rotten"}));

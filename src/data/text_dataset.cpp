@@ -63,6 +63,31 @@ float label_value(const TextTable& t, int64_t row, int64_t col) {
               " is beyond float32's range");
   return v;
 }
+bool holds_minus_one(const TextTable& t, int64_t row, int64_t col) {
+  const CellKind k = t.kind(row, col);
+  return (k == CellKind::integer || k == CellKind::real) &&
+         std::strtod(t.text(row, col).c_str(), nullptr) == -1.0;
+}
+// The rows of a test table whose label -1 means "none" (GLUE's test splits; run_glue drops their
+// labels before predicting): in classification where -1 is not a class, in regression where
+// every row holds -1 (-1 may be a real score).
+std::vector<bool> rows_without_label(const TextTable& t, int64_t col, const LabelSet& labels) {
+  std::vector<bool> none(static_cast<size_t>(t.rows()), false);
+  if (col < 0) return none;
+  for (int64_t r = 0; r < t.rows(); ++r) none[static_cast<size_t>(r)] = holds_minus_one(t, r, col);
+  const bool all = std::find(none.begin(), none.end(), false) == none.end();
+  if (labels.regression ? !all : labels.id_of("-1") >= 0) none.assign(none.size(), false);
+  return none;
+}
+// A row's class; a label the set lacks is refused naming the row (and GLUE's -1, which means "no
+// label" in test files only).
+int32_t class_id(const TextTable& t, int64_t row, int64_t col, const LabelSet& labels) {
+  const int64_t id = labels.id_of(t.text(row, col));
+  BRISK_CHECK(id >= 0, t.where(row), ": label \"", excerpt(t.text(row, col)),
+              "\" does not occur in the training data",
+              holds_minus_one(t, row, col) ? " (-1 means \"no label\" in a --test_file only)" : "");
+  return static_cast<int32_t>(id);
+}
 }  // namespace
 
 int64_t LabelSet::id_of(const std::string& name) const {
@@ -113,7 +138,8 @@ LabelSet label_set(const TextTable& train, int64_t label_column) {
 TextClassificationDataset::TextClassificationDataset(const TextTable& t,
                                                      const ClassificationColumns& columns,
                                                      const LabelSet& labels,
-                                                     const TextEncoder& encoder, int64_t max_length)
+                                                     const TextEncoder& encoder, int64_t max_length,
+                                                     bool test_labels_optional)
     : max_length_(max_length), pad_(encoder.pad_id()), regression_(labels.regression) {
   BRISK_CHECK(max_length > 0, "max_seq_length must be positive");
   // Checked in order first, so the first bad row is the one named.
@@ -126,6 +152,9 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
     if (columns.second >= 0) second = t.text(r, columns.second);
     return encoder.encode(t.text(r, columns.first), second, max_length);
   });
+  const std::vector<bool> none =
+      test_labels_optional ? rows_without_label(t, columns.label, labels)
+                           : std::vector<bool>(static_cast<size_t>(t.rows()), columns.label < 0);
   auto a = std::make_shared<TokenArrays>();
   a->offsets.push_back(0);
   for (int64_t r = 0; r < t.rows(); ++r) {
@@ -139,19 +168,17 @@ TextClassificationDataset::TextClassificationDataset(const TextTable& t,
       a->types.insert(a->types.end(), e.type_ids.begin(), e.type_ids.end());
     a->offsets.push_back(static_cast<int64_t>(a->ids.size()));
     longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
+    const bool unlabelled = columns.label < 0 || none[static_cast<size_t>(r)];
     if (regression_) {
-      a->values.push_back(columns.label < 0 ? std::numeric_limits<float>::quiet_NaN()
-                                            : label_value(t, r, columns.label));
+      a->values.push_back(unlabelled ? std::numeric_limits<float>::quiet_NaN()
+                                     : label_value(t, r, columns.label));
       continue;
     }
-    if (columns.label < 0) {
+    if (unlabelled) {
       a->labels.push_back(kIgnoreIndex);
       continue;
     }
-    const int64_t id = labels.id_of(t.text(r, columns.label));
-    BRISK_CHECK(id >= 0, t.where(r), ": label \"", excerpt(t.text(r, columns.label)),
-                "\" does not occur in the training data");
-    a->labels.push_back(static_cast<int32_t>(id));
+    a->labels.push_back(class_id(t, r, columns.label, labels));
   }
   rows_ = view_of(std::move(a));
 }

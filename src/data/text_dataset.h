@@ -72,9 +72,12 @@ LabelSet label_set(const TextTable& train, int64_t label_column);
 class TextClassificationDataset final : public Dataset {
  public:
   // Rows of `table`; labels mapped through `labels` (a label the set lacks is refused naming
-  // the row), or none when the table has no label column.
+  // the row), or none when the table has no label column. In a test table (test_labels_optional)
+  // label -1 marks a row without one, as GLUE's test splits hold it: in classification where -1
+  // is not a class, in regression where every row holds -1.
   TextClassificationDataset(const TextTable& table, const ClassificationColumns& columns,
-                            const LabelSet& labels, const TextEncoder& encoder, int64_t max_length);
+                            const LabelSet& labels, const TextEncoder& encoder, int64_t max_length,
+                            bool test_labels_optional = false);
   // Rows tokenized before (a cache); checked against max_length and the label kind.
   TextClassificationDataset(TokenizedRows rows, bool regression, int32_t pad, int64_t max_length);
   int64_t size() const override { return static_cast<int64_t>(rows_.offsets.size()) - 1; }

@@ -299,21 +299,23 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
     const LabelSet labels = run_labels(o, config, train, eval);
-    auto dataset = [&](const TextTable& t) -> std::unique_ptr<Dataset> {
+    // In the test file label -1 means "no label" (GLUE's test splits).
+    auto dataset = [&](const TextTable& t, bool is_test) -> std::unique_ptr<Dataset> {
       if (t.rows() == 0) return nullptr;
       const ClassificationColumns c = classification_columns(t, o.text_column_name);
       skipped.add(t, c.skipped);
-      const std::string shape = classification_shape(c, labels, o.max_seq_length);
+      const std::string shape =
+          classification_shape(c, labels, o.max_seq_length) + (is_test ? " test" : "");
       TokenizedRows rows = cache.get(t.origin(), shape, [&] {
         tok.start(t.origin());
-        return TextClassificationDataset(t, c, labels, tok, o.max_seq_length).rows();
+        return TextClassificationDataset(t, c, labels, tok, o.max_seq_length, is_test).rows();
       });
       return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
                                                          tok.pad_id(), o.max_seq_length);
     };
-    d.train = dataset(train);
-    d.eval = dataset(eval);
-    d.test = dataset(test);
+    d.train = dataset(train, false);
+    d.eval = dataset(eval, false);
+    d.test = dataset(test, true);
     d.notes = skipped.notes();
     return d;
   }
