@@ -1,21 +1,30 @@
 """TensorBoard event files: the reference brisk's writer must reproduce, and a check with the real
 reader.
 
-  python scripts/make_tensorboard_fixture.py write      # tests/fixtures/tensorboard/reference.tfevents
+  python scripts/make_tensorboard_fixture.py write      # tests/fixtures/tensorboard/reference*.tfevents
   python scripts/make_tensorboard_fixture.py read DIR   # prints every scalar in DIR's event files
 
-The reference is framed and serialized by tensorboard's own RecordWriter and protobuf classes
-(pip install tensorboard), with fixed wall times so the C++ test can compare bytes.
+The references are framed and serialized by tensorboard's own RecordWriter and protobuf classes
+(pip install tensorboard), with fixed wall times so the C++ test can compare bytes: scalars, and
+text summaries built as torch's SummaryWriter.add_text builds them (transformers writes "args" and
+"model_config" so).
 """
 import glob
 import os
 import sys
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "tensorboard", "reference.tfevents")
+OUT_TEXT = os.path.join(HERE, "..", "tests", "fixtures", "tensorboard", "reference_text.tfevents")
+
+# (wall_time, step, tag, text)
+TEXTS = [
+    (1700000001.5, 0, "args", '{\n  "learning_rate": 5e-05\n}'),
+    (1700000002.0, 7, "model_config", "caf\u00e9 " + "x" * 300),
+]
 
 # (wall_time, step, tag, value); the first event is the file version.
 SCALARS = [
@@ -35,6 +44,21 @@ def write():
             s = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
             w.write(event_pb2.Event(wall_time=wall, step=step, summary=s).SerializeToString())
     print("wrote", OUT)
+    with open(OUT_TEXT, "wb") as f:
+        w = RecordWriter(f)
+        w.write(event_pb2.Event(wall_time=1700000000.0, file_version="brain.Event:2")
+                .SerializeToString())
+        for wall, step, tag, text in TEXTS:
+            meta = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+            tensor = tensor_pb2.TensorProto(
+                dtype="DT_STRING", string_val=[text.encode("utf-8")],
+                tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                    dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]))
+            s = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=meta,
+                                                                     tensor=tensor)])
+            w.write(event_pb2.Event(wall_time=wall, step=step, summary=s).SerializeToString())
+    print("wrote", OUT_TEXT)
 
 
 def read(folder):

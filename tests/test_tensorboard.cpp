@@ -40,6 +40,23 @@ TEST(TensorBoard, EventsEqualTensorBoardsOwnWriter) {
   std::remove(path.c_str());
 }
 
+// Text summaries as SummaryWriter.add_text writes them (transformers' "args" and
+// "model_config"): tests/fixtures/tensorboard/reference_text.tfevents.
+TEST(TensorBoard, TextSummariesEqualTensorBoardsOwnWriter) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("brisk_tb_text_" + std::to_string(::getpid()) + ".tfevents"))
+                               .string();
+  {
+    EventWriter w(path, 1700000000.0);
+    w.text("args", "{\n  \"learning_rate\": 5e-05\n}", 0, 1700000001.5);
+    w.text("model_config", "caf\xc3\xa9 " + std::string(300, 'x'), 7, 1700000002.0);
+  }
+  const std::string want = slurp(fixture("tensorboard/reference_text.tfevents"));
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(slurp(path), want);
+  std::remove(path.c_str());
+}
+
 TEST(TensorBoard, Crc32cGivesTheKnownValuesInHardwareAndSoftware) {
   // RFC 3720's test vectors for CRC-32C.
   const std::string zeros(32, '\0'), ones(32, '\xff');
@@ -62,7 +79,7 @@ TEST(TensorBoard, Crc32cGivesTheKnownValuesInHardwareAndSoftware) {
 }
 
 // A run with --report_to tensorboard leaves one event file in logging_dir whose every record is
-// framed with valid checksums and whose tags are transformers' (train/loss, eval/loss, ...).
+// framed with valid checksums and whose tags are transformers' (train/loss, eval/loss, args, ...).
 TEST(TensorBoard, ATrainingRunReportsItsLogs) {
   TempDir dir("tb_run");
   TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
@@ -94,7 +111,10 @@ TEST(TensorBoard, ATrainingRunReportsItsLogs) {
     ++records;
   }
   EXPECT_GT(records, 10);
-  for (const char* tag : {"train/loss", "train/learning_rate", "eval/loss", "eval/perplexity"})
+  // As transformers' TensorBoardCallback: the arguments and the model's config as text, and
+  // the run's final metrics.
+  for (const char* tag : {"train/loss", "train/learning_rate", "eval/loss", "eval/perplexity",
+                          "args", "model_config", "train/train_runtime", "train/train_loss"})
     EXPECT_NE(data.find(tag), std::string::npos) << tag;
 }
 

@@ -46,17 +46,35 @@ std::string find_options_file(int argc, char** argv) {
   return "";
 }
 
+namespace {
+// A value as Trainer's log_metrics prints it: numbers rounded to 4 decimals.
+std::string metric_text(const nlohmann::json& v) {
+  if (!v.is_number_float()) return v.dump();
+  char text[64];
+  std::snprintf(text, sizeof text, "%.4f", v.get<double>());
+  std::string t = text;
+  while (t.size() > 1 && t.back() == '0' && t[t.size() - 2] != '.') t.pop_back();
+  return t;
+}
+
+// "***** eval metrics *****" and its sorted "key = value" lines, as Trainer.log_metrics.
+void print_metrics(const char* split, const nlohmann::json& metrics) {
+  if (!metrics.is_object() || metrics.empty()) return;
+  std::printf("***** %s metrics *****\n", split);
+  for (const auto& [key, value] : metrics.items())  // nlohmann's objects iterate sorted
+    std::printf("  %-26s = %s\n", key.c_str(), metric_text(value).c_str());
+}
+}  // namespace
+
 int run_train(const TrainOptions& options) {
+  if (launch_info_from_env().rank == 0)
+    for (const nlohmann::json& note : run_notes(options)) std::cout << note.dump() << std::endl;
   TrainSummary s =
       train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
   if (launch_info_from_env().rank != 0) return 0;  // rank 0 reports for a run of several
-  std::printf("***** train metrics *****\n");
-  std::printf("  %-26s = %.4g\n", "epoch", s.epoch);
-  std::printf("  %-26s = %.4f\n", "train_loss", s.train_loss);
-  std::printf("  %-26s = %.2f\n", "train_runtime", s.train_runtime);
-  std::printf("  %-26s = %.3f\n", "train_samples_per_second", s.train_samples_per_second);
-  std::printf("  %-26s = %.3f\n", "train_steps_per_second", s.train_steps_per_second);
-  std::printf("  %-26s = %.4g\n", "total_flos", s.total_flos);
+  if (options.do_train) print_metrics("train", train_metrics_json(s));
+  print_metrics("eval", s.eval_metrics);
+  print_metrics("predict", s.predict_metrics);
   std::printf("***** memory anatomy *****\n");
   print_plan(s.memory.planned, s.memory.arena_bytes);
   std::printf("  %-16s %12s\n", "process peak", format_mib(s.memory.peak_rss).c_str());

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "core/json_file.h"
 #include "core/safetensors.h"
+#include "train/file_data.h"
 #include "train/zero.h"
 
 namespace brisk {
@@ -185,9 +187,39 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
   write_json(fs::path(folder) / "config.json", saved_config(model, saved_dtype(weights, gathered)));
 }
 
+nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions& options) {
+  const std::string& best = state.best_model_checkpoint;
+  const size_t dash = best.rfind('-');
+  nlohmann::json best_step;  // the number of checkpoint-N
+  if (!best.empty() && dash != std::string::npos)
+    best_step = std::strtoll(best.c_str() + dash + 1, nullptr, 10);
+  return {{"global_step", state.global_step},
+          {"epoch", state.epoch},
+          {"max_steps", state.max_steps},
+          {"num_train_epochs", state.num_train_epochs},
+          {"logging_steps", options.logging_steps},
+          {"eval_steps", options.eval_steps > 0 ? options.eval_steps : options.logging_steps},
+          {"save_steps", options.save_steps},
+          {"train_batch_size", options.per_device_train_batch_size},
+          {"total_flos", state.total_flos},
+          {"best_metric", state.best_metric},
+          {"best_global_step", best_step},
+          {"best_model_checkpoint", best.empty() ? nlohmann::json() : nlohmann::json(best)},
+          {"is_local_process_zero", true},
+          {"is_world_process_zero", true},
+          {"is_hyper_param_search", false},
+          {"trial_name", nullptr},
+          {"trial_params", nullptr},
+          {"log_history", state.log_history},
+          {"sample_position", state.sample_position},
+          {"loss_scale", state.loss_scale},
+          {"growth_tracker", state.growth_tracker}};
+}
+
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state, int* fail_at_point,
+                            const Schedule& schedule, const TrainerState& state,
+                            const std::string& tokenizer_path, int* fail_at_point,
                             GatheredReads* gathered) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
@@ -209,20 +241,10 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                                             {"total_steps", schedule.total_steps},
                                             {"last_step", state.global_step}});
     fault_point(fail_at_point);
-    write_json(tmp_dir / "trainer_state.json",
-               {{"global_step", state.global_step},
-                {"sample_position", state.sample_position},
-                {"epoch", state.epoch},
-                {"total_flos", state.total_flos},
-                {"loss_scale", state.loss_scale},
-                {"growth_tracker", state.growth_tracker},
-                {"best_metric", state.best_metric},
-                {"best_model_checkpoint", state.best_model_checkpoint.empty()
-                                              ? nlohmann::json()
-                                              : nlohmann::json(state.best_model_checkpoint)},
-                {"log_history", state.log_history}});
+    write_json(tmp_dir / "trainer_state.json", trainer_state_json(state, options));
     fault_point(fail_at_point);
     write_json(tmp_dir / "training_args.json", options_to_json(options));
+    if (!tokenizer_path.empty()) copy_tokenizer_files(tokenizer_path, tmp_dir.string());
     fault_point(fail_at_point);
     // The rename is the commit point. A checkpoint of the same step saved earlier is moved
     // aside first and deleted only after the new one is in place, so at every instant one
@@ -313,7 +335,24 @@ std::string last_checkpoint(const std::string& output_dir) {
              "' holds no complete checkpoint");
 }
 
+namespace {
+// Refuses a checkpoint transformers' Trainer wrote (its optimizer and arguments pickled by
+// PyTorch), saying what can be done with it instead.
+void refuse_trainer_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  const bool trainer = fs::exists(dir / "optimizer.pt", ec) ||
+                       fs::exists(dir / "training_args.bin", ec) ||
+                       fs::exists(dir / "scheduler.pt", ec);
+  BRISK_CHECK(!trainer || fs::exists(dir / "optimizer.safetensors", ec), "checkpoint '",
+              dir.string(),
+              "' was written by transformers' Trainer: brisk cannot read PyTorch's pickled "
+              "optimizer state (optimizer.pt); give the folder as --model_name_or_path to train "
+              "on from its weights with a new optimizer state, or resume it with Trainer");
+}
+}  // namespace
+
 uint64_t checkpoint_seed(const std::string& folder) {
+  refuse_trainer_checkpoint(folder);
   const fs::path args = fs::path(folder) / "training_args.json";
   BRISK_CHECK(fs::exists(args), "checkpoint '", folder,
               "' is incomplete: training_args.json is missing");
@@ -387,6 +426,7 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
                      const StateShare* share) {
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
+  refuse_trainer_checkpoint(dir);
   for (const char* f : kFiles)
     BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
   model.load_weights(be, WeightFiles((dir / "model.safetensors").string()));

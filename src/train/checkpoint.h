@@ -34,7 +34,16 @@ struct TrainerState {
   // empty before the first).
   double best_metric = std::numeric_limits<double>::quiet_NaN();
   std::string best_model_checkpoint;
+  // The run's length as Trainer's state records it (written, not read back: a resumed run
+  // computes its own).
+  int64_t max_steps = 0;
+  int64_t num_train_epochs = 0;
 };
+
+// trainer_state.json as Trainer writes it (global_step, epoch, max_steps, num_train_epochs,
+// logging/eval/save steps, train_batch_size, best_*, log_history, ...) plus what brisk needs to
+// continue exactly (sample_position, loss_scale, growth_tracker).
+nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions& options);
 
 class GatheredReads;
 
@@ -55,10 +64,13 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
 // With `gathered` (ZeRO: checkpoint_parts, train/zero.h), the weights are its whole 0 and the
 // optimizer's state tensors its wholes 1, 2, ... (every rank's state laid end to end), read piece
 // by piece as the files are written (`weights` unused).
+// `tokenizer_path`, when not empty: the tokenizer whose files the checkpoint holds too, so that
+// it is a complete model folder as Trainer's are.
 std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
                             const Tensor& weights, const Optimizer& optimizer,
                             const Schedule& schedule, const TrainerState& state,
-                            int* fail_at_point = nullptr, GatheredReads* gathered = nullptr);
+                            const std::string& tokenizer_path, int* fail_at_point = nullptr,
+                            GatheredReads* gathered = nullptr);
 
 // ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
 // of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.

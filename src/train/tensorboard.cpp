@@ -42,6 +42,18 @@ void double_field(std::string& out, int field, double v) {
   fixed(out, v);
 }
 
+// An Event holding `summary`; step 0 is left out, as protocol buffers leave out zeros.
+std::string summary_event(const std::string& summary, int64_t step, double wall_time) {
+  std::string event;
+  double_field(event, 1, wall_time);
+  if (step != 0) {
+    varint(event, 2 << 3 | 0);
+    varint(event, static_cast<uint64_t>(step));
+  }
+  bytes_field(event, 5, summary);
+  return event;
+}
+
 // transformers' rewrite_logs: eval_/test_ metrics under eval/ and test/, the rest under train/.
 std::string tag_of(const std::string& key) {
   if (key == "perplexity") return "eval/perplexity";  // run_clm's name for an eval metric
@@ -152,12 +164,33 @@ void EventWriter::scalar(const std::string& tag, float value, int64_t step, doub
   fixed(v, value);
   std::string summary;
   bytes_field(summary, 1, v);
-  std::string event;
-  double_field(event, 1, wall_time);
-  varint(event, 2 << 3 | 0);
-  varint(event, static_cast<uint64_t>(step));
-  bytes_field(event, 5, summary);
-  record(event);
+  record(summary_event(summary, step, wall_time));
+}
+
+void EventWriter::text(const std::string& tag, const std::string& text, int64_t step,
+                       double wall_time) {
+  // As SummaryWriter.add_text: the text plugin's metadata and a string tensor of shape [1].
+  std::string plugin;
+  bytes_field(plugin, 1, "text");
+  std::string metadata;
+  bytes_field(metadata, 1, plugin);
+  std::string dim;
+  varint(dim, 1 << 3 | 0);
+  varint(dim, 1);
+  std::string shape;
+  bytes_field(shape, 2, dim);
+  std::string tensor;
+  varint(tensor, 1 << 3 | 0);
+  varint(tensor, 7);  // DT_STRING
+  bytes_field(tensor, 2, shape);
+  bytes_field(tensor, 8, text);
+  std::string v;
+  bytes_field(v, 1, tag);
+  bytes_field(v, 8, tensor);
+  bytes_field(v, 9, metadata);
+  std::string summary;
+  bytes_field(summary, 1, v);
+  record(summary_event(summary, step, wall_time));
 }
 
 void EventWriter::log(const nlohmann::json& rec, int64_t step, double wall_time) {

@@ -1,5 +1,5 @@
 // TensorBoard event files (--report_to tensorboard): TFRecord framing (length, masked CRC-32C,
-// data, masked CRC-32C) around Event protocol buffers holding scalar summaries, the format
+// data, masked CRC-32C) around Event protocol buffers holding scalar and text summaries, the format
 // TensorBoard and torch's SummaryWriter use. Log records are mapped to tags as transformers'
 // TensorBoardCallback maps them: "eval_loss" -> "eval/loss", "loss" -> "train/loss".
 #pragma once
@@ -20,6 +20,9 @@ class EventWriter {
   EventWriter& operator=(const EventWriter&) = delete;
 
   void scalar(const std::string& tag, float value, int64_t step, double wall_time);
+  // A text summary (TensorBoard's text plugin), as transformers writes "args" and
+  // "model_config".
+  void text(const std::string& tag, const std::string& text, int64_t step, double wall_time);
   // Every numeric entry of a log record but its step and epoch bookkeeping, at `step`.
   void log(const nlohmann::json& record, int64_t step, double wall_time);
   void flush();

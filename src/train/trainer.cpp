@@ -53,27 +53,69 @@ void prepare_output_dir(const std::string& dir) {
   BRISK_CHECK(::access(dir.c_str(), W_OK) == 0, "output_dir '", dir, "' is not writable");
 }
 
-// A one-line progress bar on stderr when it is a terminal.
+// The optimizer steps' progress on stderr. On a terminal: a bar redrawn in place with the rate and
+// the time left; a record written meanwhile goes above it (clear, write, redraw), as tqdm.write.
+// Off a terminal: a line after the first step, then one at most every 30 seconds, so that a log
+// file shows a live run long before logging_steps. Formats into fixed buffers: no allocation.
 class Progress {
  public:
-  Progress(bool enabled, int64_t total) : enabled_(enabled), total_(total) {}
+  enum class Mode { off, bar, lines };
+  void start(Mode mode, int64_t total, int64_t first_step) {
+    mode_ = mode;
+    total_ = std::max<int64_t>(total, 1);
+    first_ = first_step;
+    began_ = std::chrono::steady_clock::now();
+  }
   void update(int64_t step, double loss) {
-    if (!enabled_) return;
+    if (mode_ == Mode::off) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(now - began_).count();
+    const double rate = elapsed > 0 ? static_cast<double>(step - first_) / elapsed : 0;
+    char left[64], spent[64];
+    clock_text(spent, elapsed);
+    clock_text(left, rate > 0 ? static_cast<double>(total_ - step) / rate : 0);
+    if (mode_ == Mode::lines) {
+      if (step != first_ + 1 && now - last_line_ < std::chrono::seconds(30)) return;
+      last_line_ = now;
+      std::fprintf(stderr, "brisk: step %lld/%lld, %.2f steps/s, %s left, loss %.4f\n",
+                   static_cast<long long>(step), static_cast<long long>(total_), rate, left, loss);
+      return;
+    }
     constexpr int kWidth = 30;
-    const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(total_, 1));
-    // A fixed buffer: the bar is drawn every step and should not allocate.
     char bar[kWidth + 1];
     std::fill(bar, bar + kWidth, ' ');
-    std::fill(bar, bar + filled, '#');
+    std::fill(bar, bar + kWidth * step / total_, '#');
     bar[kWidth] = '\0';
-    std::fprintf(stderr, "\r[%s] %lld/%lld loss %.4f", bar, static_cast<long long>(step),
-                 static_cast<long long>(total_), loss);
-    if (step == total_) std::fprintf(stderr, "\n");
+    std::snprintf(line_, sizeof line_, "[%s] %lld/%lld [%s<%s, %.2f it/s, loss %.4f]", bar,
+                  static_cast<long long>(step), static_cast<long long>(total_), spent, left, rate,
+                  loss);
+    redraw();
+    if (step == total_) {
+      std::fprintf(stderr, "\n");
+      line_[0] = '\0';
+    }
+  }
+  // Around a record written to the terminal.
+  void clear() const {
+    if (mode_ == Mode::bar && line_[0]) std::fprintf(stderr, "\r\033[K");
+  }
+  void redraw() const {
+    if (mode_ == Mode::bar && line_[0]) std::fprintf(stderr, "\r%s\033[K", line_);
   }
 
  private:
-  bool enabled_;
-  int64_t total_;
+  // mm:ss, or h:mm:ss from an hour on.
+  static void clock_text(char (&out)[64], double seconds) {
+    const long long s = static_cast<long long>(std::min(seconds, 3.6e8));
+    if (s >= 3600)
+      std::snprintf(out, sizeof out, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    else
+      std::snprintf(out, sizeof out, "%02lld:%02lld", s / 60, s % 60);
+  }
+  Mode mode_ = Mode::off;
+  int64_t total_ = 1, first_ = 0;
+  std::chrono::steady_clock::time_point began_, last_line_;
+  char line_[1024] = "";
 };
 
 // The update after an optimizer step's micro-steps, decided on the device: the gradients' sum of
@@ -97,24 +139,6 @@ bool checkpoint_due(const TrainOptions& o, int64_t global_step, int64_t total_st
   if (global_step == total_steps) return true;
   if (o.save_strategy == "epoch") return epoch_ended;
   return o.save_steps > 0 && global_step % o.save_steps == 0;
-}
-
-// What a run tells first, which a user may not have meant: training on synthetic data, or from
-// the random weights of a built-in configuration. `given_data`: the caller passed a dataset.
-std::vector<std::string> run_notes(const TrainOptions& o, bool given_data) {
-  std::vector<std::string> notes;
-  if (o.do_train && !given_data && !uses_text_files(o) && o.dataset == "synthetic")
-    notes.push_back("no data files given: training on synthetic data (" +
-                    std::to_string(o.dataset_size) + " random sequences of " +
-                    std::to_string(o.seq_len) +
-                    " tokens, the Hugging Face guides' dummy data); give --train_file to train "
-                    "on yours");
-  if (o.resume_from_checkpoint.empty() && is_builtin_config(o.model_name_or_path))
-    notes.push_back("'" + o.model_name_or_path +
-                    "' is brisk's built-in configuration of that architecture, from random "
-                    "weights (brisk downloads nothing: for pretrained weights, give a model "
-                    "folder)");
-  return notes;
 }
 
 // Whether the step just finished logs its window (logging_strategy "steps": every logging_steps
@@ -457,8 +481,8 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 
 // --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
-void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, const LogSink& on_log,
-                       Communicator& comm) {
+nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
+                                 const LogSink& on_log, Communicator& comm) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
   nlohmann::json metrics = run.evaluator.run(
@@ -480,6 +504,7 @@ void write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o, con
   if (comm.rank() == 0)
     write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
   on_log(metrics);
+  return metrics;
 }
 
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
@@ -506,8 +531,6 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     if (lead) all_log(rec);
   };
   if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
-  if (!options.ignored_keys.empty()) on_log({{"options_without_effect", options.ignored_keys}});
-  for (const std::string& note : run_notes(options, dataset != nullptr)) on_log({{"note", note}});
   auto be = make_backend(device);
   // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
@@ -571,11 +594,18 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   };
-  if (lead && reports_to_tensorboard(o))
+  if (lead && reports_to_tensorboard(o)) {
     events =
         std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
+    // As transformers' TensorBoardCallback at the start of training.
+    events->text("args", options_to_json(o).dump(2), 0, wall_time());
+    events->text("model_config", run->config.source.dump(2), 0, wall_time());
+  }
+  Progress progress;
   const LogSink report = [&](const nlohmann::json& rec) {
+    progress.clear();
     on_log(rec);
+    progress.redraw();
     if (!events) return;
     events->log(rec, state.global_step, wall_time());
     events->flush();
@@ -594,9 +624,14 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                           total_steps};
   BRISK_CHECK(state.global_step <= total_steps, "the checkpoint is at step ", state.global_step,
               ", past the run's ", total_steps, " steps");
+  state.max_steps = total_steps;
+  state.num_train_epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
   const double flos_per_token = 6.0 * static_cast<double>(non_embedding_params(model->params()));
 
-  Progress progress(lead && !o.disable_tqdm && ::isatty(STDERR_FILENO), total_steps);
+  progress.start(!lead || o.disable_tqdm   ? Progress::Mode::off
+                 : ::isatty(STDERR_FILENO) ? Progress::Mode::bar
+                                           : Progress::Mode::lines,
+                 total_steps, state.global_step);
   int64_t micro_batch = first_micro_batch(state, loader);  // the next global micro-batch
   loader.start(micro_batch);
   double loss_sum = 0.0;
@@ -720,7 +755,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       }
       s.last_checkpoint =
           save_checkpoint(*be, o, *model, precision.master(model->params()), *optimizer, schedule,
-                          state, &faults.kill_save_at_point, gathered.get());
+                          state, run->files.tokenizer ? run->files.tokenizer_path : std::string(),
+                          &faults.kill_save_at_point, gathered.get());
       if (gathered) gathered->done();
     }
     gathered.reset();
@@ -737,6 +773,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
   s.total_flos = state.total_flos;
   if (o.do_train) {
+    // As Trainer's last log: the run's metrics, in the log history and TensorBoard (the
+    // summary prints them).
+    nlohmann::json finished = train_metrics_json(s);
+    finished["step"] = state.global_step;
+    state.log_history.push_back(finished);
+    if (events) events->log(finished, state.global_step, wall_time());
     if (o.load_best_model_at_end) {
       // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights,
       // broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
@@ -763,6 +805,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       save_model(*be, o.output_dir, *model, precision.master(model->params()), gathered.get());
       if (gathered) gathered->done();
       if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
+      // As the example scripts' trainer.save_state() and save_model()'s training_args.
+      write_file_atomically(fs::path(o.output_dir) / "trainer_state.json",
+                            trainer_state_json(state, o).dump(2) + "\n");
+      write_file_atomically(fs::path(o.output_dir) / "training_args.json",
+                            options_to_json(o).dump(2) + "\n");
     }
   }
   peaks.enter(PeakPhases::steps);
@@ -777,7 +824,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                             s.eval_metrics.dump(2) + "\n");
     all_results.update(s.eval_metrics);
   }
-  if (o.do_predict) write_predictions(*be, *run, o, report, dist);
+  if (o.do_predict) s.predict_metrics = write_predictions(*be, *run, o, report, dist);
   if (!lead) {  // rank 0 writes the results
     peaks.enter(PeakPhases::done);
     summarize_memory(*be, plan, arena, peaks, s);
@@ -794,6 +841,25 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   write_file_atomically(fs::path(o.output_dir) / "all_results.json", all_results.dump(2) + "\n");
   dist.barrier();
   return s;
+}
+
+std::vector<nlohmann::json> run_notes(const TrainOptions& o) {
+  std::vector<nlohmann::json> records;
+  if (!o.ignored_keys.empty()) records.push_back({{"options_without_effect", o.ignored_keys}});
+  std::vector<std::string> notes;
+  if (o.do_train && !uses_text_files(o) && o.dataset == "synthetic")
+    notes.push_back("no data files given: training on synthetic data (" +
+                    std::to_string(o.dataset_size) + " random sequences of " +
+                    std::to_string(o.seq_len) +
+                    " tokens, the Hugging Face guides' dummy data); give --train_file to train "
+                    "on yours");
+  if (o.resume_from_checkpoint.empty() && is_builtin_config(o.model_name_or_path))
+    notes.push_back("'" + o.model_name_or_path +
+                    "' is brisk's built-in configuration of that architecture, from random "
+                    "weights (brisk downloads nothing: for pretrained weights, give a model "
+                    "folder)");
+  for (const std::string& note : notes) records.push_back({{"note", note}});
+  return records;
 }
 
 nlohmann::json train_metrics_json(const TrainSummary& s) {

@@ -49,8 +49,14 @@ struct TrainSummary {
   std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
+  nlohmann::json predict_metrics;     // --do_predict: the test data's metrics
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
+
+// The records a run opens with on the command line, before train() (rank 0): the keys given
+// that change nothing in brisk, and what a user may not have meant: training on synthetic data,
+// or from a built-in configuration's random weights.
+std::vector<nlohmann::json> run_notes(const TrainOptions& o);
 
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
 using LogSink = std::function<void(const nlohmann::json&)>;

@@ -211,7 +211,8 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
     std::vector<int64_t> counts;
     for (const ParamShard& s : shards_) counts.push_back(intersect(part, s.elements).count);
     const ElementRange mine = intersect(part, own);
-    BRISK_CHECK(mine.count <= receive_.numel(), "internal error: the gradient sums' receive buffer is short");
+    BRISK_CHECK(mine.count <= receive_.numel(),
+                "internal error: the gradient sums' receive buffer is short");
     const bool last = at + piece_ >= range.count;
     // Runs where the sum ran (host memory: the communicator's thread), before the next started
     // one reuses the receive buffer. On a GPU the backend queues it, and the next collective

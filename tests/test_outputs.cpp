@@ -1,0 +1,85 @@
+// Output folders shaped as Trainer's: output_dir and every checkpoint hold the tokenizer's files,
+// trainer_state.json with Trainer's keys and training_args.json; a checkpoint Trainer wrote is
+// recognised and explained, not called incomplete.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_support.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return nlohmann::json::parse(in);
+}
+
+TEST(Outputs, FoldersHoldWhatTrainersHold) {
+  TempDir dir("trainer_shaped");
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = write_varied_csv(dir, "train.csv", 16);
+  o.validation_file = o.train_file;
+  o.max_seq_length = 16;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.logging_steps = 2;
+  o.eval_strategy = "steps";
+  o.load_best_model_at_end = true;
+  train(o, [](const nlohmann::json&) {});
+  for (const std::string folder : {o.output_dir, o.output_dir + "/checkpoint-2"}) {
+    SCOPED_TRACE(folder);
+    EXPECT_TRUE(std::filesystem::exists(folder + "/vocab.txt"));
+    EXPECT_TRUE(std::filesystem::exists(folder + "/training_args.json"));
+    const nlohmann::json ts = read_json(folder + "/trainer_state.json");
+    EXPECT_EQ(ts["max_steps"], 4);
+    EXPECT_EQ(ts["num_train_epochs"], 1);  // 16 samples in batches of 4: 4 steps an epoch
+    EXPECT_EQ(ts["logging_steps"], 2);
+    EXPECT_EQ(ts["eval_steps"], 2);
+    EXPECT_EQ(ts["save_steps"], 2);
+    EXPECT_EQ(ts["train_batch_size"], 4);
+    EXPECT_TRUE(ts["best_global_step"].is_number_integer()) << ts["best_global_step"];
+    EXPECT_EQ(ts["best_model_checkpoint"].get<std::string>(),
+              o.output_dir + "/checkpoint-" + std::to_string(ts["best_global_step"].get<int>()));
+  }
+  // The run's final metrics close the log, as Trainer's last log does.
+  const nlohmann::json ts = read_json(o.output_dir + "/trainer_state.json");
+  EXPECT_TRUE(ts["log_history"].back().contains("train_runtime")) << ts["log_history"].back();
+  EXPECT_EQ(ts["global_step"], 4);
+}
+
+TEST(Outputs, ATrainersCheckpointIsExplainedNotCalledIncomplete) {
+  TempDir dir("trainer_checkpoint");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  o.max_steps = 1;
+  train(o, [](const nlohmann::json&) {});
+  // A folder as Trainer leaves it: the model as save_pretrained writes it, the rest pickled.
+  const std::string ckpt = dir / "checkpoint-500";
+  std::filesystem::create_directories(ckpt);
+  std::filesystem::copy_file(o.output_dir + "/model.safetensors", ckpt + "/model.safetensors");
+  std::filesystem::copy_file(o.output_dir + "/config.json", ckpt + "/config.json");
+  for (const char* f : {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"})
+    std::ofstream(ckpt + "/" + f) << "pickle";
+  std::ofstream(ckpt + "/trainer_state.json") << R"({"global_step": 500, "log_history": []})";
+  TrainOptions resumed = o;
+  resumed.output_dir = dir / "resumed";
+  resumed.resume_from_checkpoint = ckpt;
+  expect_error([&] { train(resumed, [](const nlohmann::json&) {}); },
+               "was written by transformers' Trainer: brisk cannot read PyTorch's pickled "
+               "optimizer state (optimizer.pt); give the folder as --model_name_or_path");
+  // As the message says: its weights are a model folder.
+  TrainOptions from_weights = o;
+  from_weights.model_name_or_path = ckpt;
+  from_weights.output_dir = dir / "from_weights";
+  train(from_weights, [](const nlohmann::json&) {});
+  EXPECT_TRUE(std::filesystem::exists(from_weights.output_dir + "/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace brisk::testing
