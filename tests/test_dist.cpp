@@ -2,6 +2,7 @@
 // single-process communicator. The collectives across processes are tests/dist/ (run by mpirun).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <string>
@@ -14,6 +15,7 @@
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/deepspeed.h"
+#include "train/trainer.h"
 #include "train/zero.h"
 #include "trainer_support.h"
 
@@ -445,7 +447,7 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   refused(R"({"train_batch_size": 8})", "train_batch_size is 8 but", 2);
   refused(R"({"bf16": {"enabled": true}})", "bf16.enabled is true but --bf16 is false");
   refused(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})",
-          "optimizer.params.lr must be \"auto\"");
+          "optimizer.params.lr is 0.0001 but --learning_rate is 5e-05");
   refused(R"({"zero_optimization": {"stage": 5}})", "zero_optimization.stage must be a whole");
   EXPECT_EQ(apply_deepspeed_json(o, nlohmann::json::parse(R"({"zero_optimization": {"stage": 3}})"),
                                  "ds.json", 2)
@@ -480,6 +482,249 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   std::ofstream(dir / "bad.json") << "{\"zero_optimization\": {";
   o.deepspeed = dir / "bad.json";
   expect_error([&] { apply_deepspeed_config(o, 1); }, "bad.json");
+}
+
+TrainOptions from_fixture(const TrainOptions& o, const std::string& name, int ranks = 1) {
+  TrainOptions given = o;
+  given.deepspeed = fixture("deepspeed/" + name);
+  TrainOptions got = apply_deepspeed_config(given, ranks);
+  validate_options(got);
+  return got;
+}
+
+// transformers' own ZeRO-2 config: ZeRO stage 2, the optimizer offloaded, DeepSpeed's WarmupLR.
+TEST(DeepSpeed, TransformersZero2ConfigRunsZero2WithWarmupLR) {
+  TrainOptions o;
+  o.device = "cpu";
+  const TrainOptions got = from_fixture(o, "transformers_ds_config_zero2.json", 2);
+  EXPECT_EQ(got.zero_stage, 2);
+  EXPECT_EQ(got.offload_optimizer, "cpu");
+  EXPECT_NEAR(got.ddp_bucket_cap_mb, 2e8 * 4 / (1 << 20), 1e-6);
+  EXPECT_EQ(got.lr_scheduler_type, "constant_with_warmup");
+  EXPECT_EQ(got.deepspeed_scheduler.type, "WarmupLR");
+  EXPECT_TRUE(got.deepspeed_scheduler.log_warmup) << "DeepSpeed's default warmup_type";
+  EXPECT_EQ(got.deepspeed_scheduler.warmup_num_steps, -1) << "auto";
+  EXPECT_EQ(got.optim, "adamw_torch");
+}
+
+// transformers' ZeRO-3 config offloads the parameters, which brisk does not do.
+TEST(DeepSpeed, TransformersZero3ConfigIsRefusedForOffloadingTheParameters) {
+  TrainOptions o;
+  o.device = "cpu";
+  expect_error([&] { from_fixture(o, "transformers_ds_config_zero3.json", 2); },
+               "zero_optimization.offload_param.device \"cpu\" is not supported yet");
+}
+
+// accelerate's ZeRO-2 template: fp16, WarmupDecayLR, and torch_adam / adam_w_mode as extras.
+TEST(DeepSpeed, AccelerateTemplateRunsWarmupDecayLRWithFp16) {
+  TrainOptions o;
+  o.device = "cpu";
+  expect_error([&] { from_fixture(o, "accelerate_zero_stage2_config.json"); },
+               "fp16.enabled is true but --fp16 is false");
+  o.fp16 = true;
+  const TrainOptions got = from_fixture(o, "accelerate_zero_stage2_config.json");
+  EXPECT_EQ(got.zero_stage, 2);
+  EXPECT_EQ(got.ddp_bucket_cap_mb, o.ddp_bucket_cap_mb) << "reduce_bucket_size auto";
+  EXPECT_EQ(got.lr_scheduler_type, "linear");
+  EXPECT_EQ(got.deepspeed_scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(got.deepspeed_scheduler.total_num_steps, -1) << "auto";
+  // torch.optim.AdamW decays by 0.01 where the config gives no weight_decay; here it is "auto".
+  o.weight_decay = 0.01;
+  EXPECT_EQ(from_fixture(o, "accelerate_zero_stage2_config.json").weight_decay, 0.01);
+}
+
+// DeepSpeedExamples' tensor-parallel config: autotp_size 4 is refused, never run as data parallel.
+TEST(DeepSpeed, TensorParallelismIsRefusedNotDropped) {
+  TrainOptions o;
+  o.device = "cpu";
+  expect_error([&] { from_fixture(o, "deepspeedexamples_tensor_parallel_ds_config.json", 4); },
+               "tensor_parallel.autotp_size is 4: tensor parallelism is not in brisk yet");
+  std::vector<std::string> ignored;
+  apply_deepspeed_json(o, {{"tensor_parallel", {{"autotp_size", 1}, {"tp_overlap_comm", true}}}},
+                       "ds.json", 1, &ignored);
+  EXPECT_EQ(ignored, std::vector<std::string>{"tensor_parallel.tp_overlap_comm"});
+  auto refused = [&](const nlohmann::json& config, const std::string& message) {
+    SCOPED_TRACE(config.dump());
+    expect_error([&] { apply_deepspeed_json(o, config, "ds.json", 2); }, message);
+  };
+  refused({{"sequence_parallel_size", 2}}, "sequence_parallel_size is 2: sequence parallelism");
+  refused({{"amp", {{"enabled", true}}}}, "amp.enabled is true: apex's amp is not in brisk");
+  refused({{"zero_optimization", {{"zero_quantized_weights", true}}}},
+          "zero_optimization.zero_quantized_weights is true: ZeRO++'s quantized communication");
+  apply_deepspeed_json(o, {{"sequence_parallel_size", 1}, {"amp", {{"enabled", false}}}}, "ds.json",
+                       2);
+}
+
+// DeepSpeedExamples' ZenFlow config: explicit optimizer values equal to the options pass, a
+// different one is refused naming both, and ZenFlow's partial updates are refused.
+TEST(DeepSpeed, ZenFlowConfigChecksItsExplicitValuesAndIsRefused) {
+  TrainOptions o;
+  o.device = "cpu";
+  o.per_device_train_batch_size = 32;
+  o.bf16 = true;
+  o.weight_decay = 0.01;
+  expect_error([&] { from_fixture(o, "deepspeedexamples_zenflow_zf_config.json"); },
+               "optimizer.params.lr is 2e-05 but --learning_rate is 5e-05: set it to \"auto\"");
+  o.learning_rate = 2e-5;
+  expect_error([&] { from_fixture(o, "deepspeedexamples_zenflow_zf_config.json"); },
+               "zero_optimization.zenflow is not in brisk");
+}
+
+// optimizer.type: DeepSpeed's Adam and AdamW are adamw_torch; values "auto", equal, or refused.
+TEST(DeepSpeed, OptimizerTypesMapToAdamWOrAreRefusedByName) {
+  TrainOptions o;
+  o.device = "cpu";
+  auto optimizer = [](const std::string& type, const nlohmann::json& params) {
+    return nlohmann::json{{"optimizer", {{"type", type}, {"params", params}}}};
+  };
+  const nlohmann::json same = {{"lr", 5e-5},        {"betas", {0.9, 0.999}}, {"eps", 1e-8},
+                               {"weight_decay", 0}, {"torch_adam", false},   {"adam_w_mode", true}};
+  for (const char* type : {"AdamW", "Adam", "adamw"})
+    EXPECT_EQ(apply_deepspeed_json(o, optimizer(type, same), "ds.json", 1).optim, "adamw_torch");
+  auto refused = [&](const nlohmann::json& config, const std::string& message) {
+    SCOPED_TRACE(config.dump());
+    expect_error([&] { apply_deepspeed_json(o, config, "ds.json", 1); }, message);
+  };
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"betas", {0.8, 0.999}}}),
+          "optimizer.params.betas is [0.8,0.999] but --adam_beta1/--adam_beta2 is [0.9,0.999]");
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"eps", 1e-6}}),
+          "optimizer.params.eps is 1e-06 but --adam_epsilon");
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"weight_decay", 0.1}}),
+          "optimizer.params.weight_decay is 0.1 but --weight_decay is 0.0");
+  refused(optimizer("AdamW", nlohmann::json::object()),
+          "optimizer.params.lr is absent, so DeepSpeed takes its default 0.001, but "
+          "--learning_rate is 5e-05");
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"torch_adam", true}}),
+          "optimizer.params.weight_decay is absent, so DeepSpeed takes its default 0.01");
+  refused(optimizer("Adam", {{"lr", "auto"}, {"adam_w_mode", false}}),
+          "optimizer.params.adam_w_mode false makes Adam add the weight decay to the gradient");
+  refused(optimizer("Lamb", same), "optimizer.type \"Lamb\" is not in brisk");
+  refused(optimizer("OneBitAdam", same), "optimizer.type \"OneBitAdam\" is not in brisk");
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"amsgrad", true}}),
+          "optimizer.params.amsgrad is true: brisk's AdamW has it false");
+  refused(optimizer("AdamW", {{"lr", "auto"}, {"freeze_step", 4}}),
+          "optimizer.params.freeze_step is not a parameter of brisk's AdamW");
+  refused({{"optimizer", {{"params", same}}}}, "optimizer.type must name the optimizer");
+  refused({{"optimizer", {{"type", "AdamW"}, {"legacy_fusion", false}}}},
+          "optimizer.legacy_fusion is not a key brisk knows");
+  o.optim = "sgd";
+  refused(optimizer("AdamW", same), "optimizer.type is AdamW but --optim is sgd");
+}
+
+// scheduler.type: DeepSpeed's warm-up schedulers with their parameters, or refused by name.
+TEST(DeepSpeed, SchedulerTypesMapToDeepSpeedsCurvesOrAreRefusedByName) {
+  TrainOptions o;
+  o.device = "cpu";
+  auto scheduler = [](const std::string& type, const nlohmann::json& params) {
+    return nlohmann::json{{"scheduler", {{"type", type}, {"params", params}}}};
+  };
+  TrainOptions got = apply_deepspeed_json(o,
+                                          scheduler("WarmupCosineLR", {{"total_num_steps", 100},
+                                                                       {"warmup_num_steps", "auto"},
+                                                                       {"warmup_min_ratio", 0.1},
+                                                                       {"warmup_type", "linear"}}),
+                                          "ds.json", 1);
+  EXPECT_EQ(got.lr_scheduler_type, "cosine");
+  EXPECT_FALSE(got.deepspeed_scheduler.log_warmup);
+  EXPECT_DOUBLE_EQ(got.deepspeed_scheduler.cos_min_ratio, 1e-4) << "DeepSpeed's default";
+  EXPECT_DOUBLE_EQ(got.deepspeed_scheduler.warmup_min_ratio, 0.1);
+  EXPECT_EQ(got.deepspeed_scheduler.total_num_steps, 100);
+  got = apply_deepspeed_json(
+      o,
+      scheduler("WarmupLR",
+                {{"warmup_min_lr", 1e-5}, {"warmup_max_lr", 5e-5}, {"warmup_num_steps", "auto"}}),
+      "ds.json", 1);
+  EXPECT_DOUBLE_EQ(got.deepspeed_scheduler.warmup_min_ratio, 0.2);
+  // Without --max_steps the run's steps are known later: checked when the schedule is made.
+  got = apply_deepspeed_json(
+      o,
+      scheduler("WarmupDecayLR",
+                {{"total_num_steps", 100}, {"warmup_num_steps", 10}, {"warmup_max_lr", "auto"}}),
+      "ds.json", 1);
+  got.warmup_steps = 10;
+  EXPECT_EQ(learning_rate_schedule(got, 100).deepspeed.type, "WarmupDecayLR");
+  expect_error([&] { learning_rate_schedule(got, 90); },
+               "scheduler.params.total_num_steps is 100 but the run has 90 steps");
+
+  auto refused = [&](const nlohmann::json& config, const std::string& message) {
+    SCOPED_TRACE(config.dump());
+    expect_error([&] { apply_deepspeed_json(o, config, "ds.json", 1); }, message);
+  };
+  refused(scheduler("OneCycle", {}), "scheduler.type \"OneCycle\" is not in brisk");
+  refused(scheduler("WarmupLR", {{"warmup_num_steps", "auto"}, {"warmup_type", "exp"}}),
+          "scheduler.params.warmup_type must be \"log\" or \"linear\", got \"exp\"");
+  refused(scheduler("WarmupLR", {{"warmup_num_steps", "auto"}, {"warmup_max_lr", 1e-3}}),
+          "scheduler.params.warmup_max_lr is 0.001 but --learning_rate is 5e-05");
+  refused(scheduler("WarmupDecayLR", {{"warmup_num_steps", "auto"}}),
+          "scheduler.params.total_num_steps is required by WarmupDecayLR");
+  refused(scheduler("WarmupDecayLR", {{"warmup_num_steps", "auto"}, {"total_num_steps", "auto"}}),
+          "scheduler.params.warmup_max_lr is absent, so DeepSpeed takes its default 0.001");
+  refused(scheduler("WarmupCosineLR", {{"total_num_steps", "auto"},
+                                       {"warmup_num_steps", "auto"},
+                                       {"cos_min_ratio", "auto"}}),
+          "scheduler.params.cos_min_ratio must be a number in [0.0, 1.0]");
+  refused(scheduler("WarmupLR", {{"warmup_num_steps", "auto"}, {"cos_min_ratio", 0}}),
+          "scheduler.params.cos_min_ratio is not a parameter of WarmupLR");
+  refused({{"scheduler", {{"params", nlohmann::json::object()}}}},
+          "scheduler.type must name the scheduler");
+  o.max_steps = 50;
+  refused(scheduler("WarmupLR", {{"warmup_num_steps", 500}}),
+          "scheduler.params.warmup_num_steps is 500 but the run warms up 0 steps");
+  refused(scheduler("WarmupLR", nlohmann::json::object()),
+          "scheduler.params.warmup_num_steps is absent (DeepSpeed's default 1000) but the run");
+  refused(
+      scheduler("WarmupDecayLR",
+                {{"total_num_steps", 40}, {"warmup_max_lr", "auto"}, {"warmup_num_steps", "auto"}}),
+      "scheduler.params.total_num_steps is 40 but the run has 50 steps");
+  o.lr_scheduler_type = "cosine";
+  refused(scheduler("WarmupLR", {{"warmup_num_steps", "auto"}}),
+          "scheduler.type is WarmupLR but --lr_scheduler_type is cosine");
+}
+
+// The curves as DeepSpeed's engine runs them: its scheduler steps after each update, from
+// iteration -1, over a warm-up of at least 2 steps.
+TEST(DeepSpeed, CurvesFollowDeepSpeedsSchedulers) {
+  Schedule s{"constant_with_warmup", 4, 10, {}};
+  s.deepspeed.type = "WarmupLR";
+  EXPECT_EQ(s.factor(0), 0.0);
+  EXPECT_EQ(s.factor(1), 0.0);           // iteration 0: log(1)
+  EXPECT_NEAR(s.factor(2), 0.5, 1e-12);  // log 2 / log 4
+  EXPECT_NEAR(s.factor(3), std::log(3.0) / std::log(4.0), 1e-12);
+  EXPECT_EQ(s.factor(5), 1.0);
+  EXPECT_EQ(s.factor(9), 1.0);
+  s.deepspeed.type = "WarmupDecayLR";
+  s.deepspeed.log_warmup = false;
+  s.deepspeed.warmup_min_ratio = 0.1;
+  EXPECT_NEAR(s.factor(0), 0.1, 1e-12);
+  EXPECT_NEAR(s.factor(3), 0.1 + 0.9 * 0.5, 1e-12);
+  EXPECT_NEAR(s.factor(5), 1.0, 1e-12);
+  EXPECT_NEAR(s.factor(9), 0.1 + 0.9 * 2 / 6.0, 1e-12);  // iteration 8 of 10
+  s.deepspeed.type = "WarmupCosineLR";
+  s.deepspeed.cos_min_ratio = 0.01;
+  EXPECT_EQ(s.factor(0), 0.0);
+  EXPECT_NEAR(s.factor(5), 0.01 + 0.99 * 0.5 * (1 + std::cos(M_PI / 6)), 1e-12);
+  EXPECT_NEAR(s.factor(11), 0.01, 1e-12);
+  s.warmup_steps = 0;  // DeepSpeed warms up over 2 steps at least
+  EXPECT_NEAR(s.factor(2), 0.1 + 0.9 * 0.5, 1e-12);
+}
+
+// transformers' ZeRO-2 config with its WarmupLR: after the warm-up the run holds the peak rate,
+// where brisk's own default schedule would decay it.
+TEST(DeepSpeed, WarmupLRHoldsThePeakAfterTheWarmUp) {
+  TempDir dir("ds_warmup_lr");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  o.max_steps = 6;
+  o.warmup_steps = 3;
+  o.deepspeed = fixture("deepspeed/transformers_ds_config_zero2.json");
+  std::map<int64_t, double> lr;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("learning_rate")) lr[j["step"].get<int64_t>()] = j["learning_rate"];
+  });
+  ASSERT_EQ(lr.size(), 6u);
+  EXPECT_EQ(lr[1], 0.0);
+  EXPECT_EQ(lr[2], 0.0);
+  EXPECT_NEAR(lr[3], o.learning_rate * std::log(2.0) / std::log(3.0), 1e-12);
+  for (int64_t step = 4; step <= 6; ++step) EXPECT_EQ(lr[step], o.learning_rate) << step;
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
+// Reads a DeepSpeed config as Trainer and DeepSpeed's engine read it.
 #include "train/deepspeed.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "core/error.h"
@@ -8,8 +11,25 @@
 namespace brisk {
 namespace {
 
-bool is_auto(const nlohmann::json& v) {
+using nlohmann::json;
+
+bool is_auto(const json& v) {
   return v.is_string() && v.get<std::string>() == "auto";
+}
+
+// Numbers within rounding, arrays element by element, anything else exactly.
+bool same(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(x));
+  }
+  if (a.is_array() && b.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same(a[i], b[i])) return false;
+    return true;
+  }
+  return a == b;
 }
 
 // The reader of one config: each check names the key and the file.
@@ -20,12 +40,12 @@ struct Reader {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     BRISK_FAIL(origin, ": ", key, " ", what);
   }
-  const nlohmann::json& object(const nlohmann::json& v, const std::string& key) const {
+  const json& object(const json& v, const std::string& key) const {
     if (!v.is_object()) fail(key, "must be an object");
     return v;
   }
   // A number that must be a whole number in [lo, hi].
-  int64_t whole(const nlohmann::json& v, const std::string& key, double lo, double hi) const {
+  int64_t whole(const json& v, const std::string& key, double lo, double hi) const {
     if (!v.is_number()) fail(key, "must be a number or \"auto\"");
     const double x = v.get<double>();
     if (!(x >= lo && x <= hi) || x != std::floor(x))
@@ -33,29 +53,229 @@ struct Reader {
                     std::to_string(static_cast<int64_t>(hi)) + "], got " + v.dump());
     return static_cast<int64_t>(x);
   }
-  bool flag(const nlohmann::json& v, const std::string& key) const {
+  // A number in [lo, hi] (not "auto": Trainer fills in none of these).
+  double ratio(const json& v, const std::string& key, double lo, double hi) const {
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
+      fail(key, "must be a number in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
+                    v.dump());
+    return v.get<double>();
+  }
+  bool flag(const json& v, const std::string& key) const {
     if (!v.is_boolean()) fail(key, "must be true or false");
     return v.get<bool>();
   }
   // "auto", or a value equal to the option's (as Trainer requires of explicit values).
-  template <typename T>
-  void agrees(const nlohmann::json& v, const std::string& key, T option,
+  void agrees(const json& v, const std::string& key, const json& option,
               const std::string& option_name) const {
     if (is_auto(v)) return;
-    if (!v.is_number() && !v.is_boolean()) fail(key, "must be \"auto\" or a value");
-    const double x = v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>();
-    if (std::abs(x - static_cast<double>(option)) > 1e-12 * std::max(1.0, std::abs(x)))
-      fail(key, "is " + v.dump() + " but --" + option_name + " is " +
-                    nlohmann::json(option).dump() + ": set it to \"auto\" or to the same value");
+    if (!v.is_number() && !v.is_boolean() && !v.is_array())
+      fail(key, "must be \"auto\" or a value");
+    if (!same(v, option))
+      fail(key, "is " + v.dump() + " but --" + option_name + " is " + option.dump() +
+                    ": set it to \"auto\" or to the same value");
+  }
+  // params[key] as agrees(); absent, DeepSpeed runs with its default `fallback` (none: the
+  // option's value), which Trainer leaves unchecked and brisk checks.
+  void agrees_in(const json& params, const std::string& prefix, const std::string& key,
+                 const json& fallback, const json& option, const std::string& option_name) const {
+    if (params.contains(key)) return agrees(params[key], prefix + key, option, option_name);
+    if (!fallback.is_null() && !same(fallback, option))
+      fail(prefix + key, "is absent, so DeepSpeed takes its default " + fallback.dump() +
+                             ", but --" + option_name + " is " + option.dump() +
+                             ": set it to \"auto\"");
   }
   void ignore(const std::string& key) const {
     if (ignored) ignored->push_back(key);
   }
 };
 
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// optimizer: DeepSpeed's Adam and AdamW are brisk's adamw_torch (DeepSpeed's Adam decouples the
+// weight decay unless adam_w_mode is false); its settings must agree with the options.
+void read_optimizer(const Reader& r, const json& v, TrainOptions& o) {
+  const json& section = r.object(v, "optimizer");
+  for (const auto& [k, x] : section.items())
+    if (k != "type" && k != "params") r.fail("optimizer." + k, "is not a key brisk knows");
+  if (!section.contains("type") || !section["type"].is_string())
+    r.fail("optimizer.type", "must name the optimizer, as \"AdamW\"");
+  const std::string type = section["type"].get<std::string>();
+  if (lower(type) != "adam" && lower(type) != "adamw")
+    r.fail("optimizer.type",
+           "\"" + excerpt(type) + "\" is not in brisk (it runs DeepSpeed's Adam and AdamW as " +
+               "adamw_torch): remove the optimizer section to train with --optim");
+  if (canonical_optimizer_name(o.optim) != "adamw_torch")
+    r.fail("optimizer.type", "is " + type + " but --optim is " + o.optim +
+                                 ": DeepSpeed's optimizer replaces it; remove one of the two");
+  const json params =
+      section.contains("params") ? r.object(section["params"], "optimizer.params") : json::object();
+  const std::string p = "optimizer.params.";
+  bool torch_adam = false;
+  for (const auto& [k, x] : params.items()) {
+    if (k == "torch_adam") {
+      torch_adam = r.flag(x, p + k);  // which implementation: the same update
+    } else if (k == "adam_w_mode") {
+      if (!r.flag(x, p + k) && lower(type) == "adam")
+        r.fail(p + k,
+               "false makes Adam add the weight decay to the gradient (L2), which brisk "
+               "does not have: use AdamW or adam_w_mode true");
+    } else if (k == "bias_correction" || k == "amsgrad") {
+      if (r.flag(x, p + k) != (k == "bias_correction"))
+        r.fail(p + k, "is " + x.dump() + ": brisk's AdamW has it " +
+                          (k == "bias_correction" ? "true" : "false"));
+    } else if (k != "lr" && k != "betas" && k != "eps" && k != "weight_decay") {
+      r.fail(p + k, "is not a parameter of brisk's AdamW");
+    }
+  }
+  // Absent, DeepSpeed's defaults: its fused and CPU Adam's, or torch.optim.AdamW's decay.
+  const double decay = torch_adam && lower(type) == "adamw" ? 0.01 : 0.0;
+  r.agrees_in(params, p, "lr", 1e-3, o.learning_rate, "learning_rate");
+  r.agrees_in(params, p, "betas", json::array({0.9, 0.999}),
+              json::array({o.adam_beta1, o.adam_beta2}), "adam_beta1/--adam_beta2");
+  r.agrees_in(params, p, "eps", 1e-8, o.adam_epsilon, "adam_epsilon");
+  r.agrees_in(params, p, "weight_decay", decay, o.weight_decay, "weight_decay");
+}
+
+// scheduler: DeepSpeed's warm-up schedulers, run as DeepSpeed runs them (train/schedule.h).
+void read_scheduler(const Reader& r, const json& v, TrainOptions& o) {
+  const json& section = r.object(v, "scheduler");
+  for (const auto& [k, x] : section.items())
+    if (k != "type" && k != "params") r.fail("scheduler." + k, "is not a key brisk knows");
+  if (!section.contains("type") || !section["type"].is_string())
+    r.fail("scheduler.type", "must name the scheduler, as \"WarmupLR\"");
+  DeepSpeedCurve c;
+  c.type = section["type"].get<std::string>();
+  const std::string nearest = c.type == "WarmupLR"         ? "constant_with_warmup"
+                              : c.type == "WarmupDecayLR"  ? "linear"
+                              : c.type == "WarmupCosineLR" ? "cosine"
+                                                           : "";
+  if (nearest.empty())
+    r.fail("scheduler.type", "\"" + excerpt(c.type) + "\" is not in brisk (it runs WarmupLR, " +
+                                 "WarmupDecayLR and WarmupCosineLR): remove the scheduler " +
+                                 "section to use --lr_scheduler_type");
+  if (o.lr_scheduler_type != "linear" && o.lr_scheduler_type != nearest)
+    r.fail("scheduler.type", "is " + c.type + " but --lr_scheduler_type is " + o.lr_scheduler_type +
+                                 ": DeepSpeed's scheduler replaces it; remove one of the two");
+  const json params =
+      section.contains("params") ? r.object(section["params"], "scheduler.params") : json::object();
+  const std::string p = "scheduler.params.";
+  const bool cosine = c.type == "WarmupCosineLR", decays = c.type != "WarmupLR";
+  c.cos_min_ratio = cosine ? 1e-4 : 0.0;  // DeepSpeed's default
+  for (const auto& [k, x] : params.items()) {
+    if (k == "warmup_type") {
+      if (x != "log" && x != "linear")
+        r.fail(p + k, "must be \"log\" or \"linear\", got " + x.dump());
+      c.log_warmup = x == "log";
+    } else if (k == "warmup_num_steps") {
+      if (!is_auto(x)) c.warmup_num_steps = r.whole(x, p + k, 0, 1e15);
+    } else if (k == "total_num_steps" && decays) {
+      if (!is_auto(x)) c.total_num_steps = r.whole(x, p + k, 0, 1e15);
+    } else if (k == "warmup_min_lr" && !cosine) {
+      // Trainer fills "auto" with 0 and checks no explicit value: a ratio of the peak here.
+      if (!is_auto(x)) c.warmup_min_ratio = r.ratio(x, p + k, 0, o.learning_rate) / o.learning_rate;
+    } else if (k == "warmup_max_lr" && !cosine) {
+      r.agrees(x, p + k, o.learning_rate, "learning_rate");
+    } else if ((k == "warmup_min_ratio" || k == "cos_min_ratio") && cosine) {
+      (k == "cos_min_ratio" ? c.cos_min_ratio : c.warmup_min_ratio) = r.ratio(x, p + k, 0, 1);
+    } else {
+      r.fail(p + k, "is not a parameter of " + c.type);
+    }
+  }
+  if (decays && !params.contains("total_num_steps"))
+    r.fail(p + "total_num_steps", "is required by " + c.type + ": set it to \"auto\"");
+  if (c.type == "WarmupDecayLR")
+    r.agrees_in(params, p, "warmup_max_lr", 1e-3, o.learning_rate, "learning_rate");
+  if (!params.contains("warmup_num_steps")) {
+    c.warmup_num_steps = 1000;  // DeepSpeed's default
+    c.warmup_num_steps_absent = true;
+  }
+  o.lr_scheduler_type = nearest;
+  o.deepspeed_scheduler = c;
+}
+
+// Sections that change what a run computes and that brisk does not do: refused, never dropped.
+bool read_parallelism(const Reader& r, const std::string& key, const json& v) {
+  if (key == "tensor_parallel") {
+    for (const auto& [k, x] : r.object(v, key).items()) {
+      if (k == "autotp_size" && r.whole(x, key + "." + k, 0, 1e9) > 1)
+        r.fail(key + "." + k, "is " + x.dump() + ": tensor parallelism is not in brisk yet (its " +
+                                  "ranks are data parallel); set it to 1 or remove the section");
+      if (k != "autotp_size") r.ignore(key + "." + k);
+    }
+    return true;
+  }
+  if (key == "sequence_parallel_size") {
+    if (r.whole(v, key, 1, 1e9) > 1)
+      r.fail(key, "is " + v.dump() + ": sequence parallelism (Ulysses) is not in brisk yet");
+    return true;
+  }
+  if (key == "amp") {
+    for (const auto& [k, x] : r.object(v, key).items()) {
+      if (k == "enabled" && !is_auto(x) && r.flag(x, key + "." + k))
+        r.fail(key + "." + k, "is true: apex's amp is not in brisk (use fp16 or bf16)");
+      if (k != "enabled") r.ignore(key + "." + k);
+    }
+    return true;
+  }
+  return false;
+}
+
+void read_offload(const Reader& r, const std::string& k, const std::string& name, const json& x,
+                  TrainOptions& o) {
+  for (const auto& [d, y] : r.object(x, name).items()) {
+    if (d != "device") {
+      r.ignore(name + "." + d);
+      continue;
+    }
+    if (!y.is_string()) r.fail(name + ".device", "must be \"none\", \"cpu\" or \"nvme\"");
+    const std::string device = y.get<std::string>();
+    if (k == "offload_optimizer" && (device == "none" || device == "cpu")) {
+      o.offload_optimizer = device;
+      continue;
+    }
+    if (device == "none") continue;
+    r.fail(name + ".device", "\"" + excerpt(device) +
+                                 "\" is not supported yet (brisk offloads the " +
+                                 "optimizer to \"cpu\", nothing to \"nvme\", and keeps the " +
+                                 "parameters on the device)");
+  }
+}
+
+void read_zero(const Reader& r, const std::string& key, const json& v, TrainOptions& o) {
+  for (const auto& [k, x] : r.object(v, key).items()) {
+    const std::string name = key + "." + k;
+    if (k == "stage") {
+      o.zero_stage = r.whole(x, name, 0, 3);
+    } else if (k == "overlap_comm") {
+      // Without overlap, every gradient in one bucket summed after backward.
+      if (!is_auto(x) && !r.flag(x, name)) o.ddp_bucket_cap_mb = 1e6;
+    } else if (k == "reduce_bucket_size") {
+      // Elements; brisk sums float32 gradients.
+      if (!is_auto(x))
+        o.ddp_bucket_cap_mb =
+            std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20));
+    } else if (k == "stage3_prefetch_bucket_size") {
+      if (!is_auto(x)) o.stage3_prefetch_bucket_size = r.whole(x, name, 0, 1e15);
+    } else if (k == "offload_optimizer" || k == "offload_param") {
+      read_offload(r, k, name, x, o);
+    } else if (k == "zenflow") {
+      r.fail(name, "is not in brisk: ZenFlow updates only some of the gradients each step");
+    } else if ((k == "zero_quantized_weights" || k == "zero_quantized_gradients") &&
+               r.flag(x, name)) {
+      r.fail(name, "is true: ZeRO++'s quantized communication is not in brisk (it sends " +
+                       std::string("weights and gradients at full precision)"));
+    } else {
+      r.ignore(name);  // bucket sizes and thresholds of stages 2 and 3, contiguous_gradients...
+    }
+  }
+}
+
 }  // namespace
 
-TrainOptions apply_deepspeed_json(const TrainOptions& options, const nlohmann::json& ds,
+TrainOptions apply_deepspeed_json(const TrainOptions& options, const json& ds,
                                   const std::string& origin, int ranks,
                                   std::vector<std::string>* ignored) {
   TrainOptions o = options;
@@ -79,59 +299,18 @@ TrainOptions apply_deepspeed_json(const TrainOptions& options, const nlohmann::j
         else
           r.ignore(key + "." + k);  // loss-scale settings: brisk's scaler is Trainer's default
       }
-    } else if (key == "optimizer" || key == "scheduler") {
-      // Trainer's optimizer and schedule come from TrainingArguments; a config may only restate
-      // them as "auto".
-      for (const auto& [k, x] : r.object(v, key).items()) {
-        if (k == "type") continue;
-        if (k != "params") r.fail(key + "." + k, "is not a key brisk knows");
-        for (const auto& [p, y] : r.object(x, key + ".params").items())
-          if (!is_auto(y))
-            r.fail(key + ".params." + p,
-                   "must be \"auto\": brisk takes the " + key +
-                       "'s settings from its options (--optim, --learning_rate, ...)");
-      }
+    } else if (key == "optimizer") {
+      read_optimizer(r, v, o);
+    } else if (key == "scheduler") {
+      read_scheduler(r, v, o);
     } else if (key == "zero_optimization") {
-      for (const auto& [k, x] : r.object(v, key).items()) {
-        const std::string name = key + "." + k;
-        if (k == "stage") {
-          o.zero_stage = r.whole(x, name, 0, 3);
-        } else if (k == "overlap_comm") {
-          // Without overlap, every gradient in one bucket summed after backward.
-          if (!is_auto(x) && !r.flag(x, name)) o.ddp_bucket_cap_mb = 1e6;
-        } else if (k == "reduce_bucket_size") {
-          // Elements; brisk sums float32 gradients.
-          if (!is_auto(x))
-            o.ddp_bucket_cap_mb =
-                std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20));
-        } else if (k == "stage3_prefetch_bucket_size") {
-          if (!is_auto(x)) o.stage3_prefetch_bucket_size = r.whole(x, name, 0, 1e15);
-        } else if (k == "offload_optimizer" || k == "offload_param") {
-          for (const auto& [d, y] : r.object(x, name).items()) {
-            if (d != "device") {
-              r.ignore(name + "." + d);
-              continue;
-            }
-            if (!y.is_string()) r.fail(name + ".device", "must be \"none\", \"cpu\" or \"nvme\"");
-            const std::string device = y.get<std::string>();
-            if (k == "offload_optimizer" && (device == "none" || device == "cpu")) {
-              o.offload_optimizer = device;
-              continue;
-            }
-            if (device == "none") continue;
-            r.fail(name + ".device",
-                   "\"" + excerpt(device) + "\" is not supported yet (brisk offloads the " +
-                       "optimizer to \"cpu\", nothing to \"nvme\", and keeps the parameters " +
-                       "on the device)");
-          }
-        } else {
-          r.ignore(name);  // bucket sizes and thresholds of stages 2 and 3, contiguous_gradients...
-        }
-      }
-    } else {
+      read_zero(r, key, v, o);
+    } else if (!read_parallelism(r, key, v)) {
       r.ignore(key);
     }
   }
+  // With --max_steps the step counts are known now: a mismatch is refused before the run starts.
+  if (o.max_steps > 0) learning_rate_schedule(o, o.max_steps);
   return o;
 }
 
@@ -140,6 +319,27 @@ TrainOptions apply_deepspeed_config(const TrainOptions& o, int ranks,
   if (o.deepspeed.empty()) return o;
   const std::string origin = "--deepspeed '" + excerpt(o.deepspeed) + "'";
   return apply_deepspeed_json(o, read_json_file(o.deepspeed, origin), origin, ranks, ignored);
+}
+
+Schedule learning_rate_schedule(const TrainOptions& o, int64_t total_steps) {
+  const Schedule s{o.lr_scheduler_type,
+                   resolve_warmup_steps(o.warmup_steps, o.warmup_ratio, total_steps), total_steps,
+                   o.deepspeed_scheduler};
+  const DeepSpeedCurve& c = o.deepspeed_scheduler;
+  if (c.type.empty()) return s;
+  // As Trainer checks them once the run's steps are known.
+  const std::string origin = "--deepspeed '" + excerpt(o.deepspeed) + "': scheduler.params.";
+  BRISK_CHECK(c.warmup_num_steps < 0 || c.warmup_num_steps == s.warmup_steps, origin,
+              "warmup_num_steps is ",
+              c.warmup_num_steps_absent ? "absent (DeepSpeed's default 1000)"
+                                        : std::to_string(c.warmup_num_steps),
+              " but the run warms up ", s.warmup_steps,
+              " steps (--warmup_steps, --warmup_ratio): set it to \"auto\" or to the same value");
+  BRISK_CHECK(c.total_num_steps < 0 || c.total_num_steps == total_steps, origin,
+              "total_num_steps is ", c.total_num_steps, " but the run has ", total_steps,
+              " steps (--max_steps, or --num_train_epochs x steps per epoch): set it to \"auto\" "
+              "or to the same value");
+  return s;
 }
 
 }  // namespace brisk

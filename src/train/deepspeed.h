@@ -2,7 +2,10 @@
 // become its options, "auto" (Trainer's way of saying "from TrainingArguments") keeps the option,
 // and an explicit value that contradicts an option or asks for what brisk does not do is refused
 // naming the key. Keys brisk has no use for are listed, not refused (a DeepSpeed config carries
-// many: logging, autotuning, ...).
+// many: logging, autotuning, ...); sections that change what the run computes and that brisk does
+// not do (tensor_parallel, ZenFlow, ...) are refused. The optimizer and scheduler sections are
+// DeepSpeed's own, as Trainer hands them to DeepSpeed: Adam/AdamW run as adamw_torch, and WarmupLR,
+// WarmupDecayLR and WarmupCosineLR follow DeepSpeed's curves (train/schedule.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "train/options.h"
+#include "train/schedule.h"
 
 namespace brisk {
 
@@ -22,5 +26,8 @@ TrainOptions apply_deepspeed_config(const TrainOptions& o, int ranks,
 TrainOptions apply_deepspeed_json(const TrainOptions& o, const nlohmann::json& ds,
                                   const std::string& origin, int ranks,
                                   std::vector<std::string>* ignored = nullptr);
+// The run's schedule over `total_steps`: lr_scheduler_type's, or the config's scheduler, whose
+// explicit warmup_num_steps and total_num_steps must be the run's (refused otherwise).
+Schedule learning_rate_schedule(const TrainOptions& o, int64_t total_steps);
 
 }  // namespace brisk

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "optim/optimizer.h"
+#include "train/schedule.h"
 
 namespace brisk {
 
@@ -116,6 +117,9 @@ struct TrainOptions {
   // state and master copy in the plan's host block, stepped by a backend of their own.
   bool offload_on_cpu = false;
   std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
+  // Not an option: the DeepSpeed config's scheduler, whose curve the run follows (its nearest
+  // lr_scheduler_type is set alongside, for the record).
+  DeepSpeedCurve deepspeed_scheduler;
   bool disable_tqdm = false;
   std::string report_to = "none";  // none, tensorboard (or all: every integration brisk has)
   std::string logging_dir;         // "": output_dir/runs/<date and time>_<host>
@@ -274,9 +278,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("deepspeed", o.deepspeed,
     "a DeepSpeed config (ds_config.json): zero_optimization.stage, overlap_comm, "
     "reduce_bucket_size and stage3_prefetch_bucket_size set --zero_stage, the gradient buckets "
-    "and the prefetch; batch sizes, clipping, "
-    "fp16/bf16 "
-    "and optimizer/scheduler params must be \"auto\" or agree with the options");
+    "and the prefetch; optimizer Adam/AdamW runs as adamw_torch and scheduler WarmupLR, "
+    "WarmupDecayLR or WarmupCosineLR as DeepSpeed runs it; batch sizes, clipping, fp16/bf16 and "
+    "their parameters must be \"auto\" or agree with the options; tensor_parallel is refused");
   v("ddp_timeout", o.ddp_timeout,
     "data parallel: seconds a rank waits for the others in a collective before the run ends "
     "with a message (a rank stuck or gone); 0 = no limit");

@@ -619,9 +619,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   BRISK_CHECK(o.max_steps > 0 || epoch_steps < 9e15, "num_train_epochs ", o.num_train_epochs, " x ",
               steps_per_epoch, " steps per epoch is too many steps");
   const int64_t total_steps = o.max_steps > 0 ? o.max_steps : static_cast<int64_t>(epoch_steps);
-  const Schedule schedule{o.lr_scheduler_type,
-                          resolve_warmup_steps(o.warmup_steps, o.warmup_ratio, total_steps),
-                          total_steps};
+  const Schedule schedule = learning_rate_schedule(o, total_steps);
   BRISK_CHECK(state.global_step <= total_steps, "the checkpoint is at step ", state.global_step,
               ", past the run's ", total_steps, " steps");
   state.max_steps = total_steps;
