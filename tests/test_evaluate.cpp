@@ -385,6 +385,42 @@ TEST(Evaluate, GlueExportsWithIndexColumnsAndUnlabelledTestRows) {
   EXPECT_EQ(rows, 10);
 }
 
+// The same with files pandas wrote (scripts/make_glue_fixtures.py): to_csv's default index in
+// train.csv, GLUE's idx and withheld labels (-1) in dev.csv and test.csv.
+TEST(Evaluate, GlueFilesAsPandasWritesThem) {
+  TempDir dir("glue_pandas");
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = fixture("glue_pandas/train.csv");
+  o.validation_file = fixture("glue_pandas/dev.csv");
+  o.test_file = fixture("glue_pandas/test.csv");
+  o.tokenized_cache_dir = "none";
+  o.max_seq_length = 16;
+  o.max_steps = 3;
+  o.do_eval = true;
+  o.do_predict = true;
+  std::vector<std::string> notes;
+  nlohmann::json eval, predict;
+  train(o, [&](const nlohmann::json& r) {
+    if (r.contains("data_files")) notes.push_back(r["data_files"]);
+    if (r.contains("predict_runtime")) predict = r;
+    if (r.contains("eval_accuracy")) eval = r;
+  });
+  EXPECT_EQ(notes, (std::vector<std::string>{
+                       "column \"Unnamed: 0\" of train.csv holds whole numbers: skipped as an "
+                       "index column, not read as text",
+                       "column \"idx\" of dev.csv, test.csv holds whole numbers: skipped as an "
+                       "index column, not read as text"}));
+  EXPECT_FALSE(eval.is_null());
+  ASSERT_FALSE(predict.is_null());
+  EXPECT_FALSE(predict.contains("predict_accuracy")) << predict.dump();
+  std::ifstream pred(dir / "out/predict_results.txt");
+  std::string line;
+  int rows = -1;
+  while (std::getline(pred, line)) ++rows;
+  EXPECT_EQ(rows, 6);
+}
+
 // DistilBERT fine-tuned on the same files: no token types reach it, its saved folder is a
 // DistilBertForSequenceClassification with the label names.
 TEST(Evaluate, RunGlueWithDistilBert) {
