@@ -338,6 +338,22 @@ void write_glue_csv(const TempDir& dir, const std::string& name, int rows, int s
   }
 }
 
+// The notes of a run on GLUE files with pandas' index in train.csv and idx in dev/test.csv.
+const std::vector<std::string> kGlueIndexNotes = {
+    "column \"Unnamed: 0\" of train.csv holds whole numbers: skipped as an index column, not read "
+    "as text",
+    "column \"idx\" of dev.csv, test.csv holds whole numbers: skipped as an index column, not "
+    "read as text"};
+
+// The rows of a predict_results.txt, its header aside.
+int prediction_rows(const std::string& path) {
+  std::ifstream pred(path);
+  std::string line;
+  int rows = -1;
+  while (std::getline(pred, line)) ++rows;
+  return rows;
+}
+
 // A GLUE test split (label -1) is predicted without predict metrics; index columns are skipped
 // with one note per column name, and the run trains exactly as on the files without them.
 TEST(Evaluate, GlueExportsWithIndexColumnsAndUnlabelledTestRows) {
@@ -372,17 +388,9 @@ TEST(Evaluate, GlueExportsWithIndexColumnsAndUnlabelledTestRows) {
     EXPECT_FALSE(r.contains("predict_loss") || r.contains("predict_accuracy")) << r.dump();
   }
   EXPECT_TRUE(predicted);
-  EXPECT_EQ(notes, (std::vector<std::string>{
-                       "column \"Unnamed: 0\" of train.csv holds whole numbers: skipped as an "
-                       "index column, not read as text",
-                       "column \"idx\" of dev.csv, test.csv holds whole numbers: skipped as an "
-                       "index column, not read as text"}));
+  EXPECT_EQ(notes, kGlueIndexNotes);
   for (const nlohmann::json& r : plain_records) EXPECT_FALSE(r.contains("data_files")) << r.dump();
-  std::ifstream pred(dir / "indexed/predict_results.txt");
-  std::string line;
-  int rows = -1;
-  while (std::getline(pred, line)) ++rows;
-  EXPECT_EQ(rows, 10);
+  EXPECT_EQ(prediction_rows(dir / "indexed/predict_results.txt"), 10);
 }
 
 // The same with files pandas wrote (scripts/make_glue_fixtures.py): to_csv's default index in
@@ -406,19 +414,11 @@ TEST(Evaluate, GlueFilesAsPandasWritesThem) {
     if (r.contains("predict_runtime")) predict = r;
     if (r.contains("eval_accuracy")) eval = r;
   });
-  EXPECT_EQ(notes, (std::vector<std::string>{
-                       "column \"Unnamed: 0\" of train.csv holds whole numbers: skipped as an "
-                       "index column, not read as text",
-                       "column \"idx\" of dev.csv, test.csv holds whole numbers: skipped as an "
-                       "index column, not read as text"}));
+  EXPECT_EQ(notes, kGlueIndexNotes);
   EXPECT_FALSE(eval.is_null());
   ASSERT_FALSE(predict.is_null());
   EXPECT_FALSE(predict.contains("predict_accuracy")) << predict.dump();
-  std::ifstream pred(dir / "out/predict_results.txt");
-  std::string line;
-  int rows = -1;
-  while (std::getline(pred, line)) ++rows;
-  EXPECT_EQ(rows, 6);
+  EXPECT_EQ(prediction_rows(dir / "out/predict_results.txt"), 6);
 }
 
 // DistilBERT fine-tuned on the same files: no token types reach it, its saved folder is a
