@@ -223,11 +223,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto& [name, opt] : trainer_key_options) {
       if (opt->count() == 0) continue;
-      const nlohmann::json value = flag_value(trainer_key_flags[name]);
-      check_trainer_key(name, value, "--" + name);
-      const auto& seen = options.ignored_keys;
-      if (!value.is_null() && std::find(seen.begin(), seen.end(), name) == seen.end())
-        options.ignored_keys.push_back(name);
+      accept_trainer_key(options, name, flag_value(trainer_key_flags[name]), "--" + name);
     }
   } catch (const Error& err) {
     report_common_error(excerpt(err.what(), 1000));

@@ -76,14 +76,19 @@ void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::str
       BRISK_FAIL(origin, ": unknown option \"", excerpt(key), "\"",
                  near.empty() ? "" : " (did you mean \"" + near + "\"?)");
     }
-    check_trainer_key(key, value, origin);
-    if (!value.is_null() &&
-        std::find(o.ignored_keys.begin(), o.ignored_keys.end(), key) == o.ignored_keys.end())
-      o.ignored_keys.push_back(key);
+    accept_trainer_key(o, key, value, origin);
   }
   visit_options(o, [&](const char* name, auto& field, const char*) {
     if (own.contains(name) && !own[name].is_null()) read_option(own[name], field, origin, name);
   });
+}
+
+void accept_trainer_key(TrainOptions& o, const std::string& name, const nlohmann::json& value,
+                        const std::string& origin) {
+  check_trainer_key(name, value, origin);
+  const std::vector<std::string>& seen = o.ignored_keys;
+  if (!value.is_null() && std::find(seen.begin(), seen.end(), name) == seen.end())
+    o.ignored_keys.push_back(name);
 }
 
 void load_options_file(TrainOptions& o, const std::string& path) {

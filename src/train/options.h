@@ -296,6 +296,10 @@ void visit_options(Options& o, Visitor&& v) {
 // change nothing, noted in ignored_keys); other keys are refused by name.
 void apply_options_json(TrainOptions& o, const nlohmann::json& j, const std::string& origin);
 void load_options_file(TrainOptions& o, const std::string& path);
+// A key of train/trainer_keys.h given with `value`: refused (an Error opening with `origin`)
+// when the value would change the run, else noted once in o.ignored_keys (null: not given).
+void accept_trainer_key(TrainOptions& o, const std::string& name, const nlohmann::json& value,
+                        const std::string& origin);
 nlohmann::json options_to_json(const TrainOptions& o);
 // Refuses out-of-range and contradicting options with one message naming the problem.
 void validate_options(const TrainOptions& o);
