@@ -54,30 +54,24 @@ TEST(Outputs, FoldersHoldWhatTrainersHold) {
   EXPECT_EQ(ts["global_step"], 4);
 }
 
+// tests/fixtures/trainer_checkpoint/checkpoint-2, written by transformers' Trainer
+// (scripts/make_trainer_checkpoint_fixture.py).
 TEST(Outputs, ATrainersCheckpointIsExplainedNotCalledIncomplete) {
   TempDir dir("trainer_checkpoint");
-  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
-  o.max_steps = 1;
-  train(o, [](const nlohmann::json&) {});
-  // A folder as Trainer leaves it: the model as save_pretrained writes it, the rest pickled.
-  const std::string ckpt = dir / "checkpoint-500";
-  std::filesystem::create_directories(ckpt);
-  std::filesystem::copy_file(o.output_dir + "/model.safetensors", ckpt + "/model.safetensors");
-  std::filesystem::copy_file(o.output_dir + "/config.json", ckpt + "/config.json");
-  for (const char* f : {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"})
-    std::ofstream(ckpt + "/" + f) << "pickle";
-  std::ofstream(ckpt + "/trainer_state.json") << R"({"global_step": 500, "log_history": []})";
-  TrainOptions resumed = o;
-  resumed.output_dir = dir / "resumed";
-  resumed.resume_from_checkpoint = ckpt;
-  expect_error([&] { train(resumed, [](const nlohmann::json&) {}); },
+  const std::string ckpt = fixture("trainer_checkpoint/checkpoint-2");
+  TrainOptions o = tiny_options(ckpt, dir / "resumed");
+  o.resume_from_checkpoint = ckpt;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); },
                "was written by transformers' Trainer: brisk cannot read PyTorch's pickled "
                "optimizer state (optimizer.pt); give the folder as --model_name_or_path");
   // As the message says: its weights are a model folder.
-  TrainOptions from_weights = o;
-  from_weights.model_name_or_path = ckpt;
-  from_weights.output_dir = dir / "from_weights";
-  train(from_weights, [](const nlohmann::json&) {});
+  TrainOptions from_weights = tiny_options(ckpt, dir / "from_weights");
+  from_weights.max_steps = 1;
+  std::vector<std::string> fresh;
+  train(from_weights, [&](const nlohmann::json& j) {
+    if (j.contains("newly_initialized")) fresh = j["newly_initialized"];
+  });
+  EXPECT_TRUE(fresh.empty()) << "the classifier is in the checkpoint";
   EXPECT_TRUE(std::filesystem::exists(from_weights.output_dir + "/model.safetensors"));
 }
 
