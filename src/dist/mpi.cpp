@@ -5,22 +5,17 @@
 // while some thread is inside an MPI call.
 #include <mpi.h>
 
-#include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <exception>
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "dist/comm_thread.h"
 #include "dist/communicator.h"
 
 namespace brisk {
@@ -54,7 +49,8 @@ int count_of(int64_t n, const char* op) {
 
 class Mpi final : public Communicator {
  public:
-  explicit Mpi(const LaunchInfo& launch) {
+  explicit Mpi(const LaunchInfo& launch)
+      : watchdog_([this](const char* op, double waited) { expire(op, waited); }) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -80,18 +76,7 @@ class Mpi final : public Communicator {
     check(MPI_Op_create(bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
   }
   ~Mpi() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-    {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      watch_stop_ = true;
-    }
-    watch_cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
+    thread_.stop();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Op_free(&bf16_sum_);
@@ -116,37 +101,36 @@ class Mpi final : public Communicator {
   void start_all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "start_all_reduce_sum");
     if (!threaded_) return Communicator::start_all_reduce_sum(buf);
-    enqueue(Started{buf, Tensor(), {}, {}});
+    enqueue([this, buf] { all_reduce_now(buf); });
   }
   void start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                                   const Tensor& out, std::function<void()> then) override {
     if (!threaded_) return Communicator::start_reduce_scatter_sum_v(in, counts, out, then);
     check_reduce_scatter_v(in, counts, out);
-    enqueue(Started{in, out, counts, std::move(then)});
+    enqueue([this, in, counts, out, then = std::move(then)] {
+      reduce_scatter_v_now(in, counts, out);
+      if (then) then();
+    });
   }
   void start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
                           const Tensor& out) override {
     if (!threaded_) return Communicator::start_all_gather_v(in, counts, out);
     check_all_gather_v_ints(in, counts, out);
-    enqueue(Started{in, out, counts, {}, /*gather=*/true});
+    enqueue([this, in, counts, out] { all_gather_v_now(in, counts, out); });
   }
   double wait_started() override {
     if (!threaded_) return Communicator::wait_started();
     drain();
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(busy_seconds_, 0.0);
+    return thread_.take_busy_seconds();
   }
   void wait_started_until(int64_t keep) override {
-    if (!threaded_) return;
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ <= keep || error_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (threaded_) thread_.wait_until(keep);
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
     BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum: in and out overlap");
     drain();
-    const Watch watch(*this, "reduce_scatter_sum");
+    const Watchdog::Watch watch(watchdog_, "reduce_scatter_sum");
     check(
         MPI_Reduce_scatter_block(in.data(), out.data(), count_of(out.numel(), "reduce_scatter_sum"),
                                  type(in), op(in), MPI_COMM_WORLD),
@@ -167,7 +151,7 @@ class Mpi final : public Communicator {
     BRISK_CHECK(own_chunk || !overlap(in, out),
                 "all_gather: in overlaps out other than as this rank's chunk");
     drain();
-    const Watch watch(*this, "all_gather");
+    const Watchdog::Watch watch(watchdog_, "all_gather");
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
                         MPI_COMM_WORLD),
           "all_gather (MPI_Allgather)");
@@ -178,7 +162,7 @@ class Mpi final : public Communicator {
                 int root) override {
     check_gather(in, counts, out, root);
     drain();
-    const Watch watch(*this, "gather_v");
+    const Watchdog::Watch watch(watchdog_, "gather_v");
     const int64_t piece = int64_t{1} << 30;
     const auto size = static_cast<int64_t>(dtype_size(in.dtype()));
     constexpr int kTag = 7301;
@@ -215,7 +199,7 @@ class Mpi final : public Communicator {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
     drain();
-    const Watch watch(*this, "broadcast");
+    const Watchdog::Watch watch(watchdog_, "broadcast");
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
@@ -226,39 +210,19 @@ class Mpi final : public Communicator {
   }
   void barrier() override {
     drain();
-    const Watch watch(*this, "barrier");
+    const Watchdog::Watch watch(watchdog_, "barrier");
     check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)");
   }
-  void set_timeout(double seconds) override {
-    BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    timeout_ = seconds;
-    if (seconds > 0 && !watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
-    watch_cv_.notify_all();
-  }
+  void set_timeout(double seconds) override { watchdog_.set_timeout(seconds); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);  // MPI_Abort does not return; should it, this process still ends
   }
 
  private:
-  // A started collective: an all-reduce of `in` (counts empty), a reduce-scatter of pieces
-  // into `out` or (gather) an all-gather of pieces into `out`, then `then`.
-  struct Started {
-    Tensor in, out;
-    std::vector<int64_t> counts;
-    std::function<void()> then;
-    bool gather = false;
-  };
-  void enqueue(Started item) {
+  void enqueue(std::function<void()> job) {
     count_started();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-      queue_.push_back(std::move(item));
-      ++pending_;
-    }
-    work_cv_.notify_one();
+    thread_.enqueue(std::move(job));
   }
   void check_reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& counts,
                               const Tensor& out) const {
@@ -280,7 +244,7 @@ class Mpi final : public Communicator {
       displacements.push_back(at);
       at += static_cast<int>(c);
     }
-    const Watch watch(*this, "all_gather_v");
+    const Watchdog::Watch watch(watchdog_, "all_gather_v");
     check(MPI_Allgatherv(in.data(), ints[static_cast<size_t>(rank_)], type(in), out.data(),
                          ints.data(), displacements.data(), type(in), MPI_COMM_WORLD),
           "all_gather_v (MPI_Allgatherv)");
@@ -289,12 +253,12 @@ class Mpi final : public Communicator {
                             const Tensor& out) {
     std::vector<int> ints;
     for (int64_t c : counts) ints.push_back(static_cast<int>(c));
-    const Watch watch(*this, "reduce_scatter_sum_v");
+    const Watchdog::Watch watch(watchdog_, "reduce_scatter_sum_v");
     check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), MPI_COMM_WORLD),
           "reduce_scatter_sum_v (MPI_Reduce_scatter)");
   }
   void all_reduce_now(const Tensor& buf) {
-    const Watch watch(*this, "all_reduce_sum");
+    const Watchdog::Watch watch(watchdog_, "all_reduce_sum");
     // In pieces of at most 2^30 elements: MPI counts are int.
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
@@ -305,78 +269,17 @@ class Mpi final : public Communicator {
             "all_reduce_sum (MPI_Allreduce)");
     }
   }
-  // While a collective runs, the watchdog knows which and since when (one at a time: the
-  // caller's thread and the communication thread take turns).
-  struct Watch {
-    Mpi& m;
-    Watch(Mpi& mpi, const char* op) : m(mpi) {
-      std::lock_guard<std::mutex> lock(m.watch_mu_);
-      m.watched_op_ = op;
-      m.watched_since_ = std::chrono::steady_clock::now();
-    }
-    ~Watch() {
-      std::lock_guard<std::mutex> lock(m.watch_mu_);
-      m.watched_op_ = nullptr;
-    }
-  };
-  // The watchdog thread: a collective past the timeout ends the run.
-  void watch() {
-    std::unique_lock<std::mutex> lock(watch_mu_);
-    while (!watch_stop_) {
-      const double poll = std::min(1.0, std::max(0.05, timeout_ / 20));
-      watch_cv_.wait_for(lock, std::chrono::duration<double>(poll));
-      if (!watched_op_ || timeout_ <= 0) continue;
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - watched_since_).count();
-      if (waited < timeout_) continue;
-      std::fprintf(stderr,
-                   "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
-                   "(ddp_timeout): a rank is stuck or gone; ending the run\n",
-                   rank_, size_, watched_op_, waited);
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      std::_Exit(1);
-    }
+  // The watchdog's verdict: a collective past the timeout ends the run.
+  [[noreturn]] void expire(const char* op, double waited) {
+    std::fprintf(stderr,
+                 "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
+                 "(ddp_timeout): a rank is stuck or gone; ending the run\n",
+                 rank_, size_, op, waited);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
   }
-  // Waits for the started collectives (rethrowing the first failure).
-  void drain() {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-  // The communication thread: the started all-reduces in order; after a failure the rest are
-  // skipped (the failure ends the run, and every rank with it).
-  void work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      const Started item = std::move(queue_.front());
-      queue_.pop_front();
-      const bool skip = error_ != nullptr;
-      lock.unlock();
-      std::exception_ptr failure;
-      const auto start = std::chrono::steady_clock::now();
-      if (!skip) try {
-          if (item.counts.empty())
-            all_reduce_now(item.in);
-          else if (item.gather)
-            all_gather_v_now(item.in, item.counts, item.out);
-          else
-            reduce_scatter_v_now(item.in, item.counts, item.out);
-          if (item.then) item.then();
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      const double took =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      lock.lock();
-      busy_seconds_ += took;
-      if (failure && !error_) error_ = failure;
-      --pending_;
-      done_cv_.notify_all();  // wait_started_until waits for fewer than all
-    }
-  }
+  void drain() { thread_.drain(); }
   static MPI_Datatype type(const Tensor& t) {
     return t.dtype() == DType::f32   ? MPI_FLOAT
            : t.dtype() == DType::f64 ? MPI_DOUBLE
@@ -393,23 +296,8 @@ class Mpi final : public Communicator {
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   bool threaded_ = false;  // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
-  // The communication thread and what it shares with the caller, under mu_.
-  std::thread worker_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Started> queue_;
-  int64_t pending_ = 0;  // started and not finished
-  double busy_seconds_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  // The watchdog and what it watches, under watch_mu_.
-  std::thread watchdog_;
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  double timeout_ = 0;
-  const char* watched_op_ = nullptr;
-  std::chrono::steady_clock::time_point watched_since_;
-  bool watch_stop_ = false;
+  CommThread thread_;      // started collectives, in order
+  Watchdog watchdog_;
 };
 
 }  // namespace
