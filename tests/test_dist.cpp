@@ -110,6 +110,25 @@ TEST(Launch, BadOrContradictingVariablesAreRefusedByName) {
       "rank 0 of 2 (RANK, WORLD_SIZE) but the MPI launcher rank 1 of 2");
 }
 
+// brisk's rendezvous never takes torchrun's port: the one after it, or the one asked for.
+TEST(Launch, TheRendezvousPortIsDerivedFromMasterPort) {
+  EXPECT_EQ(launch({{"MASTER_PORT", "29500"}}).rendezvous_port, 29501);
+  EXPECT_EQ(launch({{"MASTER_PORT", "29500"}, {"BRISK_RENDEZVOUS_PORT", "40000"}}).rendezvous_port,
+            40000);
+  EXPECT_EQ(launch({{"MASTER_PORT", "65535"}}).rendezvous_port, 0);  // none after it
+  EXPECT_EQ(launch({}).rendezvous_port, 0);
+  expect_error(
+      [] {
+        launch({{"MASTER_PORT", "29500"}, {"BRISK_RENDEZVOUS_PORT", "29500"}});
+      },
+      "BRISK_RENDEZVOUS_PORT=29500 is MASTER_PORT, which torchrun's own store holds");
+  expect_error(
+      [] {
+        launch({{"BRISK_RENDEZVOUS_PORT", "0"}});
+      },
+      "BRISK_RENDEZVOUS_PORT=0 is outside");
+}
+
 // torchrun-style launches of several CPU processes have no transport: refused, naming mpirun.
 TEST(Launch, SeveralTorchrunProcessesAreRefusedOnTheCpu) {
   expect_error(

@@ -1,6 +1,7 @@
 // The TCP rendezvous of torchrun-style launches (dist/rendezvous.h), with every rank a thread of
-// this process on the loopback interface: rank 0's bytes reach every rank; a wrong world size, a
-// rank connecting twice, a missing rank or a missing rank 0 end with a message, in bounded time.
+// this process on the loopback interface: rank 0's bytes reach every rank; every rank's keys reach
+// every other; a wrong world size, a rank connecting twice, a missing rank, a missing rank 0 or a
+// port already taken end with a message, in bounded time.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -59,7 +60,8 @@ LaunchInfo rank_of(int rank, int size, int port) {
   l.rank = rank;
   l.size = size;
   l.master_addr = "127.0.0.1";
-  l.master_port = port;
+  l.master_port = port - 1;
+  l.rendezvous_port = port;
   return l;
 }
 
@@ -130,7 +132,46 @@ TEST(Rendezvous, DisagreementsAndAbsencesEndWithAMessage) {
                "found no rank 0 listening on 127.0.0.1:");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
   expect_error([&] { rendezvous_share(rank_of(1, 2, 0), {}, id.size(), 0.5); },
-               "MASTER_PORT must be set");
+               "set MASTER_PORT (brisk listens on MASTER_PORT + 1) or BRISK_RENDEZVOUS_PORT");
+}
+
+// As Gloo uses the store: each rank sets its own key, then reads every other rank's, in any order.
+TEST(Rendezvous, EveryRanksKeysReachEveryOtherRank) {
+  const int port = free_port();
+  constexpr int kRanks = 3;
+  std::vector<std::future<std::vector<std::string>>> ranks;
+  for (int r = kRanks - 1; r >= 0; --r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      RendezvousStore store(rank_of(r, kRanks, port), 20.0);
+      store.set("rank" + std::to_string(r), std::vector<uint8_t>(static_cast<size_t>(r + 1), 'a'));
+      std::vector<std::string> got;
+      for (int q = 0; q < kRanks; ++q) {
+        const std::vector<uint8_t> v = store.get("rank" + std::to_string(q));
+        got.emplace_back(v.begin(), v.end());
+      }
+      store.finish();
+      return got;
+    }));
+  for (auto& f : ranks) EXPECT_EQ(f.get(), (std::vector<std::string>{"a", "aa", "aaa"}));
+}
+
+// Something else (torchrun's own store, say) holds the port: rank 0 says which port, why it is
+// that one, and how to choose another.
+TEST(Rendezvous, APortAlreadyTakenIsRefusedNamingIt) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  expect_error([&] { rendezvous_share(rank_of(0, 2, port), {1}, 1, 1.0); },
+               "rank 0 cannot listen on port " + std::to_string(port) +
+                   " (brisk's rendezvous port: BRISK_RENDEZVOUS_PORT, else MASTER_PORT + 1): "
+                   "Address already in use; set BRISK_RENDEZVOUS_PORT to a free port");
+  ::close(fd);
 }
 
 }  // namespace

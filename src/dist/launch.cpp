@@ -94,6 +94,13 @@ LaunchInfo launch_info_from_env(const EnvLookup& lookup) {
               " is not below the number of ranks ", info.size);
   if (const auto addr = env("MASTER_ADDR")) info.master_addr = *addr;
   info.master_port = int_var(env, "MASTER_PORT", 1, 65535).value_or(0);
+  if (const auto port = int_var(env, "BRISK_RENDEZVOUS_PORT", 1, 65535)) {
+    BRISK_CHECK(*port != info.master_port, "environment variable BRISK_RENDEZVOUS_PORT=", *port,
+                " is MASTER_PORT, which torchrun's own store holds: choose another port");
+    info.rendezvous_port = *port;
+  } else if (info.master_port > 0 && info.master_port < 65535) {
+    info.rendezvous_port = info.master_port + 1;
+  }
   return info;
 }
 

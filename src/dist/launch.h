@@ -1,7 +1,8 @@
 // How this process was launched: its rank among how many, as an MPI launcher (mpirun, srun with
 // PMIx) or a torchrun-style launcher (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
 // tells it through the environment. Read once at start; contradicting or out-of-range values are
-// refused with a message naming the variable.
+// refused with a message naming the variable. BRISK_RENDEZVOUS_PORT picks the port of brisk's
+// own rendezvous.
 #pragma once
 
 #include <functional>
@@ -17,6 +18,9 @@ struct LaunchInfo {
   int rank = 0, size = 1, local_rank = 0;
   std::string master_addr;  // torchrun-style rendezvous, where given
   int master_port = 0;
+  // brisk's own rendezvous (dist/rendezvous.h): BRISK_RENDEZVOUS_PORT, else MASTER_PORT + 1
+  // (torchrun's own store holds MASTER_PORT); 0 when neither gives one.
+  int rendezvous_port = 0;
 };
 
 // Looks a variable up; empty when unset. The default reads the process environment.
