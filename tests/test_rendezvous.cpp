@@ -1,7 +1,8 @@
 // The TCP rendezvous of torchrun-style launches (dist/rendezvous.h), with every rank a thread of
 // this process on the loopback interface: rank 0's bytes reach every rank; every rank's keys reach
 // every other; a wrong world size, a rank connecting twice, a missing rank, a missing rank 0 or a
-// port already taken end with a message, in bounded time.
+// port already taken end with a message, in bounded time. Then Gloo's communicator, which finds
+// its ranks through it (the full suite runs across processes in tests/dist/).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -13,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "dist/rendezvous.h"
 #include "test_support.h"
 
@@ -172,6 +175,59 @@ TEST(Rendezvous, APortAlreadyTakenIsRefusedNamingIt) {
                    " (brisk's rendezvous port: BRISK_RENDEZVOUS_PORT, else MASTER_PORT + 1): "
                    "Address already in use; set BRISK_RENDEZVOUS_PORT to a free port");
   ::close(fd);
+}
+
+// Ranks as threads of this process (a torchrun-style launch of 3): sums of small whole numbers
+// (exact in any order, bf16 too), unequal pieces summed to their owners (one empty), gathers and a
+// broadcast, and a started sum whose consumer runs before the wait returns.
+TEST(Gloo, RanksAsThreadsCommunicateThroughIt) {
+  if (!gloo_built_in()) GTEST_SKIP() << "this brisk was built without Gloo";
+  const int port = free_port();
+  constexpr int N = 3;
+  auto rank = [&](int r) {
+    LaunchInfo l = rank_of(r, N, port);
+    const std::unique_ptr<Communicator> comm = make_communicator(l);
+    EXPECT_NE(comm->name().find("Gloo"), std::string::npos) << comm->name();
+    std::vector<float> f(1001);
+    std::vector<uint16_t> h(1001);
+    for (size_t i = 0; i < f.size(); ++i) {
+      f[i] = static_cast<float>((i + static_cast<size_t>(r)) % 50);
+      h[i] = float_to_bf16(f[i]);
+    }
+    comm->all_reduce_sum(Tensor(f.data(), Shape{1001}, DType::f32));
+    comm->all_reduce_sum(Tensor(h.data(), Shape{1001}, DType::bf16));
+    for (size_t i = 0; i < f.size(); ++i) {
+      const float want = static_cast<float>(i % 50 + (i + 1) % 50 + (i + 2) % 50);
+      EXPECT_EQ(f[i], want) << i;
+      EXPECT_EQ(bf16_to_float(h[i]), want) << i;
+    }
+    // Pieces of 4, 0 and 5 values: rank r's in is r + 1 everywhere.
+    const std::vector<int64_t> counts{4, 0, 5};
+    std::vector<double> in(9, r + 1.0), out(static_cast<size_t>(counts[static_cast<size_t>(r)]));
+    bool consumed = false;
+    comm->start_reduce_scatter_sum_v(Tensor(in.data(), Shape{9}, DType::f64), counts,
+                                     Tensor(out.data(), Shape{counts[r]}, DType::f64),
+                                     [&] { consumed = true; });
+    comm->wait_started();
+    EXPECT_TRUE(consumed);
+    EXPECT_EQ(out, std::vector<double>(out.size(), 6.0));
+    // Every rank's piece (rank q: counts[q] values of q) gathered to rank 2, and to all.
+    std::vector<double> mine(out.size(), r), all(9, -1.0), to_all(9, -1.0);
+    comm->gather_v(Tensor(mine.data(), Shape{counts[r]}, DType::f64), counts,
+                   Tensor(all.data(), Shape{9}, DType::f64), 2);
+    comm->all_gather_v(Tensor(mine.data(), Shape{counts[r]}, DType::f64), counts,
+                       Tensor(to_all.data(), Shape{9}, DType::f64));
+    const std::vector<double> joined{0, 0, 0, 0, 2, 2, 2, 2, 2};
+    if (r == 2) EXPECT_EQ(all, joined);
+    EXPECT_EQ(to_all, joined);
+    double value = r == 1 ? 42.5 : 0.0;
+    comm->broadcast(Tensor(&value, Shape{1}, DType::f64), 1);
+    EXPECT_EQ(value, 42.5);
+    comm->barrier();
+  };
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < N; ++r) ranks.push_back(std::async(std::launch::async, rank, r));
+  for (auto& f : ranks) f.get();
 }
 
 }  // namespace

@@ -203,6 +203,8 @@ std::unique_ptr<Communicator> make_single_process() {
 }
 
 std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch);  // mpi.cpp or no_mpi.cpp
+// gloo.cpp or no_gloo.cpp: the ranks wait at most `timeout_seconds` for each other to connect.
+std::unique_ptr<Communicator> make_gloo(const LaunchInfo& launch, double timeout_seconds);
 
 Communicator& world_communicator(Device memory) {
   if (memory == Device::cpu || launch_info_from_env().size == 1) {
@@ -238,11 +240,7 @@ std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch) {
     case Launcher::mpi:
       return make_mpi(launch);
     case Launcher::torchrun:
-      BRISK_CHECK(launch.size == 1, "a torchrun-style launch of ", launch.size,
-                  " processes (RANK, WORLD_SIZE): brisk's CPU processes communicate through MPI; "
-                  "start them with mpirun -np ",
-                  launch.size, " (or srun under Slurm)");
-      return make_single_process();
+      return launch.size == 1 ? make_single_process() : make_gloo(launch, 300);
   }
   return make_single_process();
 }

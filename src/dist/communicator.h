@@ -1,8 +1,9 @@
 // Collectives across the processes of a run (ranks), on flat buffers: what data parallelism and
 // ZeRO are built from. One Communicator per run, made from how the processes were launched
 // (dist/launch.h): a single process needs none and gets SingleProcess; `mpirun -np N brisk ...`
-// gets MPI (host memory). The buffers are float32, bf16 (sums of bf16 are taken in float32 and
-// rounded to bf16 at each partial sum, as NCCL's bf16 reductions do) or float64 (statistics).
+// gets MPI (host memory); `torchrun --no-python --nproc_per_node N brisk ...` gets Gloo. The
+// buffers are float32, bf16 (sums of bf16 are taken in float32 and rounded to bf16 at each partial
+// sum, as NCCL's bf16 reductions do) or float64 (statistics).
 #pragma once
 
 #include <functional>
@@ -128,16 +129,19 @@ std::string rank_tag();
 void end_every_rank_on_error(int code);
 
 // The communicator of this process: SingleProcess when `launch` says one process; MPI when the
-// run was started by an MPI launcher (and brisk was built with MPI, else a message saying so).
-// MPI is initialized here and finalized at exit.
+// run was started by an MPI launcher; Gloo for a torchrun-style launch without one (its ranks
+// connecting through the rendezvous of dist/rendezvous.h). Either refused, saying so, when brisk
+// was built without it. MPI is initialized here and finalized at exit.
 std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch);
 std::unique_ptr<Communicator> make_single_process();
-// Whether this brisk was built with MPI.
+// Whether this brisk was built with MPI; with Gloo.
 bool mpi_built_in();
+bool gloo_built_in();
 // The NCCL communicator (GPU memory), for `launch`'s rank of its size on the GPU local_rank
 // picks: NCCL's unique id goes from rank 0 to the others through `bootstrap` (a host
 // communicator of the same ranks, e.g. MPI's) or, when that is null, the TCP rendezvous on
-// MASTER_ADDR:MASTER_PORT (dist/rendezvous.h) waiting at most `timeout_seconds`. It takes
+// MASTER_ADDR at the port derived from MASTER_PORT (dist/rendezvous.h) waiting at most
+// `timeout_seconds`. It takes
 // host buffers too, copied to the GPU and back around the collective (the trainer's metrics and
 // texts; small).
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,

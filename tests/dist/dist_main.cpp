@@ -1,6 +1,6 @@
-// The collectives' test program, started by mpirun on several ranks (tests/CMakeLists.txt): every
-// rank runs every test; rank 0 prints gtest's progress, the others only their failures; the job
-// fails when any rank's test does.
+// The collectives' test program, started on several ranks by mpirun, or as torchrun starts them
+// (launch_env.sh, torchrun.sh; tests/CMakeLists.txt): every rank runs every test; rank 0 prints
+// gtest's progress, the others only their failures; the job fails when any rank's test does.
 #include <gtest/gtest.h>
 
 #include <iostream>

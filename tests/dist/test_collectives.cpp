@@ -1,6 +1,6 @@
-// The MPI communicator's collectives on every rank of the job, against sums and concatenations
-// computed in double from every rank's inputs (each rank makes all ranks' inputs from their
-// seeds). Odd lengths; float32 and bf16; in place where the collective allows it.
+// The host communicator's collectives (MPI's or Gloo's) on every rank of the job, against sums and
+// concatenations computed in double from every rank's inputs (each rank makes all ranks' inputs
+// from their seeds). Odd lengths; float32 and bf16; in place where the collective allows it.
 //
 // Tolerances: float32 sums of N terms differ from the fp64 sum by at most (N-1) ulps of the
 // running sum: 1e-6 of sum |terms| for N <= 3. bf16 sums round to 8 bits after every partial sum:
@@ -55,13 +55,15 @@ void expect_sums(const std::vector<double>& got, int64_t n, int salt, int64_t of
   EXPECT_EQ(bad, 0u) << "first at " << first << ": got " << got[first] << ", want " << want[first];
 }
 
+// mpirun's ranks talk through MPI, a torchrun-style launch's through Gloo.
 TEST(Collectives, RankAndSizeAreTheLaunchers) {
   const LaunchInfo launch = launch_info_from_env();
-  EXPECT_EQ(launch.launcher, Launcher::mpi);
   EXPECT_EQ(world().rank(), launch.rank);
   EXPECT_EQ(world().size(), launch.size);
-  EXPECT_GE(world().size(), 2) << "run me under mpirun -np 2 or more";
-  EXPECT_NE(world().name().find("MPI"), std::string::npos) << world().name();
+  EXPECT_GE(world().size(), 2) << "run me under mpirun -np 2 or more, or launch_env.sh 2";
+  ASSERT_NE(launch.launcher, Launcher::none);
+  const char* library = launch.launcher == Launcher::mpi ? "MPI" : "Gloo";
+  EXPECT_NE(world().name().find(library), std::string::npos) << world().name();
 }
 
 TEST(Collectives, AllReduceSumsEveryRanksBuffer) {

@@ -7,7 +7,7 @@
 
 namespace brisk::testing {
 
-// The communicator of this mpirun job (dist_main.cpp).
+// The communicator of this job (dist_main.cpp): MPI's under mpirun, else Gloo's.
 Communicator& world();
 
 // An NCCL communicator of the job's ranks (bootstrapped through world(), one GPU per rank), or
