@@ -2,6 +2,7 @@
 // runs on the built-in data, and every kind of bad input ends with one clear message and a
 // non-zero exit (never a signal).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,8 +33,9 @@ CliRun run_brisk(const std::string& args) {
   const std::string tag = std::to_string(::getpid());
   const std::string out = (dir / ("brisk_cli_out_" + tag + ".txt")).string();
   const std::string err = (dir / ("brisk_cli_err_" + tag + ".txt")).string();
-  const std::string cmd =
-      std::string(BRISK_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  // At most 60 s: a run that blocks (on a FIFO, a peer) fails its test instead of stalling it.
+  const std::string cmd = "timeout 60 " + std::string(BRISK_BINARY) + " " + args + " > " + out +
+                          " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r;
   r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128);
@@ -427,7 +429,7 @@ TEST(Cli, EstimateEqualsThePlanTrainAllocates) {
   expect_refused("estimate --learning_rate inf", "learning_rate must be a finite number");
   expect_refused("estimate --num_train_epochs 1e300", "num_train_epochs must be at most 1e12");
   expect_refused("estimate --options_file " + std::filesystem::temp_directory_path().string(),
-                 "is not a file");
+                 "is not a regular file (a folder)");
   namespace fs = std::filesystem;
   const fs::path bad_options =
       fs::temp_directory_path() / ("brisk_bad_options_" + std::to_string(::getpid()) + ".json");
@@ -509,7 +511,7 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
                                  std::string(100000, ']') + "}"),
        "nested deeper than 32 levels"},
       // Exceptions that used to escape main.
-      {"estimate --options_file " + dir.string(), "is not a file"},
+      {"estimate --options_file " + dir.string(), "is not a regular file (a folder)"},
       // Checkpoint state trusted on resume.
       {"train " + tiny + "--max_steps 3 --output_dir " + (dir / "resumed").string() +
            " --resume_from_checkpoint " + ckpt_dir + "/checkpoint-2",
@@ -769,6 +771,48 @@ TEST(Cli, TrainTakesATrainerUsersCommandLine) {
   EXPECT_EQ(help.out.find("--hub_token"), std::string::npos) << "the ignored keys are listed";
 }
 
+// Every input path that must be a regular file is checked as one without blocking: a FIFO (or a
+// symlink to one) as data, tokenizer, options, DeepSpeed config, model config, weights, batch,
+// token file or tokenize input is refused at once, naming it (opening a FIFO waits for a writer).
+TEST(Cli, SpecialFilesAreRefusedWithoutBlocking) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("brisk_fifo_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto link = [&](const std::string& name) {
+    fs::create_symlink(fifo, dir / name);
+    return (dir / name).string();
+  };
+  const std::string csv = link("train.csv"), json = link("options.json"),
+                    weights = link("model.safetensors"), tok = link("tokenizer.json");
+  std::ofstream(dir / "ok.csv") << "sentence,label\ngood film,1\nbad film,0\n";
+  const std::string ok = (dir / "ok.csv").string(), bert = fixture("bert_tiny/");
+  const std::string wp = " --tokenizer_name " + fixture("tokenizer/wordpiece");
+  const std::string out = " --output_dir " + (dir / "out").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --model bert-tiny --train_file " + csv + wp + out, "data file '" + csv + "'"},
+      {"train --model bert-tiny --train_file " + ok + " --validation_file " + csv + wp + out,
+       "data file '" + csv + "'"},
+      {"train --model bert-tiny --train_file " + ok + " --tokenizer_name " + tok + out,
+       "tokenizer file '" + tok + "'"},
+      {"train --options_file " + json, "options file '" + json + "'"},
+      {"train --deepspeed " + json + out, "'" + json + "'"},
+      {"estimate --model " + json, "'" + json + "'"},
+      {"train --model gpt2-tiny --dataset " + fifo + out, "token file '" + fifo + "'"},
+      {"forward-backward --config " + bert + " --weights " + weights + " --batch " + bert +
+           "batch.safetensors",
+       "safetensors file '" + weights + "'"},
+      {"forward-backward --config " + bert + " --batch " + fifo, "safetensors file '" + fifo + "'"},
+      {"tokenize --tokenizer " + fixture("tokenizer/wordpiece") + " --input " + fifo,
+       "input '" + fifo + "'"}};
+  for (const auto& [args, names] : cases) {
+    SCOPED_TRACE(args);
+    expect_refused(args, names + " is not a regular file (a FIFO)");
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Cli, BadInputEndsWithOneClearMessage) {
   const std::string bad = fixture("bad/");
   const std::string bert = fixture("bert_tiny/");
@@ -793,8 +837,9 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused("train --dataset_size 2 --per_device_train_batch_size 4",
                  "smaller than one batch");
   expect_refused("train --no_such_option 1", "no_such_option");
-  expect_refused("train --model nonexistent-model",
-                 "'nonexistent-model' is no folder or config.json here, and brisk downloads nothing");
+  expect_refused(
+      "train --model nonexistent-model",
+      "'nonexistent-model' is no folder or config.json here, and brisk downloads nothing");
   expect_refused("train --fp16 --bf16", "contradict each other");
   expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
   expect_refused("train --optim adam",

@@ -96,7 +96,8 @@ TEST(TextTable, TextFilesKeepEveryLine) {
   EXPECT_EQ(table_format_of("a.jsonl"), TableFormat::json_lines);
   expect_error([] { table_format_of("a.parquet"); }, "unknown data file type \".parquet\"");
   expect_error([] { read_text_table("/nonexistent/a.csv"); }, "cannot open data file");
-  expect_error([] { read_text_table("/tmp", TableFormat::csv); }, "is not a file");
+  expect_error([] { read_text_table("/tmp", TableFormat::csv); },
+               "data file '/tmp' is not a regular file (a folder)");
 }
 
 }  // namespace

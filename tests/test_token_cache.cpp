@@ -2,6 +2,7 @@
 // rows an earlier run tokenized (and tokenize again whenever the file, the options or the cache
 // itself changed).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -84,6 +85,24 @@ TEST(TokenCache, FingerprintsAreXxh3OfEachPartAndItsLength) {
   EXPECT_EQ(Fingerprint().add("abc").value(), 0x7ef7c2a83cf8364eull);
   EXPECT_NE(Fingerprint().add("ab").add("c").value(), Fingerprint().add("a").add("bc").value());
   EXPECT_EQ(Fingerprint().add("ab").add("c").value(), Fingerprint().add("ab").add("c").value());
+}
+
+// A cache path that is not a regular file (a FIFO, which blocks whoever opens it to read) is
+// a cache to rebuild, found without blocking; writing the new one replaces it.
+TEST(TokenCache, AFifoInThePlaceOfACacheIsNotWaitedOn) {
+  TempDir dir("cache_fifo");
+  const std::string path = dir / "rows.tok";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::string why;
+  EXPECT_FALSE(read_token_cache(path, 5, &why));
+  EXPECT_NE(why.find("is not a regular file (a FIFO)"), std::string::npos) << why;
+  auto a = std::make_shared<TokenArrays>();
+  a->offsets = {0, 2};
+  a->ids = {4, 5};
+  a->types = {0, 0};
+  a->labels = {1};
+  write_token_cache(path, 5, view_of(a));
+  EXPECT_TRUE(read_token_cache(path, 5, &why)) << why;
 }
 
 // Two runs on the same CSV: the second maps what the first tokenized, and trains the same; a

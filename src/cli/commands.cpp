@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/checked.h"
+#include "core/input_file.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
@@ -525,6 +526,7 @@ int run_tokenize(const TokenizeArgs& a) {
   const std::unique_ptr<Tokenizer> tok = Tokenizer::load(a.tokenizer);
   std::ifstream file;
   if (!a.input.empty()) {
+    InputFile(a.input, "input");  // a regular file (a FIFO would block the open below)
     file.open(a.input, std::ios::binary);
     BRISK_CHECK(file.good(), "cannot open input '", a.input, "'");
   }

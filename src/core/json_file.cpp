@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace brisk {
 
@@ -18,16 +19,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
   std::error_code ec;
   BRISK_CHECK(std::filesystem::exists(path, ec), "cannot open ", what, " '", path,
               "': no such file");
-  BRISK_CHECK(std::filesystem::is_regular_file(path, ec), what, " '", path, "' is not a file");
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  BRISK_CHECK(!ec && size <= max_bytes, what, " '", path, "' is larger than ",
-              format_mib(max_bytes));
-  std::ifstream in(path, std::ios::binary);
-  BRISK_CHECK(in.good(), "cannot open ", what, " '", path, "'");
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  BRISK_CHECK(in.gcount() == static_cast<std::streamsize>(size), "cannot read ", what, " '", path,
-              "'");
+  const std::string text = InputFile(path, what).read_all(max_bytes);
   return parse_json_bounded(text.data(), text.data() + text.size(), what + " '" + path + "'",
                             max_depth);
 }

@@ -14,31 +14,20 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/json_file.h"
 
 namespace brisk {
 
 namespace {
 constexpr uint64_t kMaxHeader = 100u << 20;
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY);
-  BRISK_CHECK(f.fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
-  struct stat st {};
-  BRISK_CHECK(::fstat(f.fd, &st) == 0, "cannot stat '", path, "'");
-  BRISK_CHECK(S_ISREG(st.st_mode), "'", path, "' is not a file");
-  size_ = static_cast<size_t>(st.st_size);
+  const InputFile f(path, "safetensors file");
+  size_ = f.size();
   BRISK_CHECK(size_ >= 8, "'", path, "' is not a safetensors file: only ", size_, " bytes");
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   BRISK_CHECK(map_ != MAP_FAILED, "cannot map '", path, "'");
   try {
     validate_and_index();

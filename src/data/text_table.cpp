@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/json_file.h"
 
 namespace brisk {
@@ -309,16 +310,11 @@ TextTable read_text_table(const std::string& path, bool keep_linebreaks) {
 }
 
 TextTable read_text_table(const std::string& path, TableFormat format, bool keep_linebreaks) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  BRISK_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
-  struct stat st {};
-  const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const InputFile file(path, "data file");
   Mapping m;
-  m.size = ok ? static_cast<size_t>(st.st_size) : 0;
-  if (ok && m.size > 0 && m.size <= kMaxFileBytes)
-    m.data = ::mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  BRISK_CHECK(ok, "data file '", path, "' is not a file");
+  m.size = file.size();
+  if (m.size > 0 && m.size <= kMaxFileBytes)
+    m.data = ::mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   BRISK_CHECK(m.size <= kMaxFileBytes, "data file '", path, "' is larger than 16 GiB");
   BRISK_CHECK(m.size == 0 || m.data != MAP_FAILED, "cannot map data file '", path, "'");
   const std::string_view text(static_cast<const char*>(m.size ? m.data : ""), m.size);

@@ -13,6 +13,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/json_file.h"
 
 namespace brisk {
@@ -38,30 +39,23 @@ struct MappedFile {
 };
 
 std::shared_ptr<MappedFile> map_file(const std::string& path, std::string* why) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    *why = std::strerror(errno);
-    return nullptr;
-  }
-  auto m = std::make_shared<MappedFile>();
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    *why = "not a file";
-    return nullptr;
-  }
-  m->size = static_cast<size_t>(st.st_size);
-  if (m->size > 0) {
-    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      *why = "cannot map it";
-      return nullptr;
+  try {
+    const InputFile file(path, "tokenization cache");
+    auto m = std::make_shared<MappedFile>();
+    m->size = file.size();
+    if (m->size > 0) {
+      void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+      if (p == MAP_FAILED) {
+        *why = "cannot map it";
+        return nullptr;
+      }
+      m->data = static_cast<const char*>(p);
     }
-    m->data = static_cast<const char*>(p);
+    return m;
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
   }
-  ::close(fd);
-  return m;
 }
 
 template <typename T>

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace brisk {
 
@@ -27,13 +28,12 @@ uint64_t read_le(const unsigned char* p, int bytes) {
 
 TokenFileDataset::TokenFileDataset(const std::string& path, int64_t seq_len, int64_t vocab_size)
     : path_(path), seq_len_(seq_len) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  BRISK_CHECK(fd >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
-  struct stat st {};
-  const bool stat_ok = ::fstat(fd, &st) == 0;
-  map_size_ = stat_ok ? static_cast<size_t>(st.st_size) : 0;
-  if (map_size_ >= kHeader) map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  {
+    const InputFile file(path, "token file");
+    map_size_ = file.size();
+    if (map_size_ >= kHeader)
+      map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  }
   BRISK_CHECK(map_size_ >= kHeader, "token file '", path, "' is too short for its ", kHeader,
               "-byte header (", map_size_, " bytes)");
   BRISK_CHECK(map_ != MAP_FAILED, "cannot map token file '", path, "'");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/json_file.h"
 
 namespace brisk {
@@ -35,15 +36,7 @@ std::unordered_map<std::string, int32_t> vocab_from_json(const nlohmann::json& v
 }
 
 std::string read_text(const std::string& path, const char* what) {
-  std::error_code ec;
-  BRISK_CHECK(fs::is_regular_file(path, ec), "cannot open ", what, " '", path, "'");
-  const auto size = fs::file_size(path, ec);
-  BRISK_CHECK(!ec && size <= kMaxTokenizerFile, what, " '", path, "' is larger than 256 MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  BRISK_CHECK(in.good() || in.eof(), "cannot read ", what, " '", path, "'");
-  return ss.str();
+  return InputFile(path, what).read_all(kMaxTokenizerFile);
 }
 
 // merges.txt lines ("a b", after an optional "#version" line), or tokenizer.json's merges
