@@ -14,6 +14,12 @@
 namespace brisk::testing {
 namespace {
 
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
@@ -35,7 +41,9 @@ TEST(Outputs, FoldersHoldWhatTrainersHold) {
   train(o, [](const nlohmann::json&) {});
   for (const std::string folder : {o.output_dir, o.output_dir + "/checkpoint-2"}) {
     SCOPED_TRACE(folder);
-    EXPECT_TRUE(std::filesystem::exists(folder + "/vocab.txt"));
+    EXPECT_EQ(slurp(folder + "/vocab.txt"), slurp(fixture("tokenizer/wordpiece/vocab.txt")));
+    for (const auto& e : std::filesystem::directory_iterator(folder))  // renamed into place
+      EXPECT_NE(e.path().extension(), ".tmp") << e.path();
     EXPECT_TRUE(std::filesystem::exists(folder + "/training_args.json"));
     const nlohmann::json ts = read_json(folder + "/trainer_state.json");
     EXPECT_EQ(ts["max_steps"], 4);

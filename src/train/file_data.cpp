@@ -11,6 +11,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/json_file.h"
 #include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/text_table.h"
@@ -357,8 +359,11 @@ void copy_tokenizer_files(const std::string& tokenizer_path, const std::string& 
   for (const char* name : kTokenizerFiles) {
     const fs::path from = src / name;
     if (!fs::is_regular_file(from, ec)) continue;
-    fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing, ec);
-    BRISK_CHECK(!ec, "cannot copy '", from.string(), "' into '", folder, "': ", ec.message());
+    // Written beside and renamed into place: a full disk never leaves a cut tokenizer file
+    // next to complete weights.
+    constexpr size_t kMaxTokenizerFile = size_t{256} << 20;
+    write_file_atomically((fs::path(folder) / name).string(),
+                          InputFile(from.string(), "tokenizer file").read_all(kMaxTokenizerFile));
   }
 }
 

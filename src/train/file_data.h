@@ -37,7 +37,8 @@ bool uses_text_files(const TrainOptions& o);
 FileData load_file_data(const TrainOptions& o, ModelConfig& config);
 
 // Copies the tokenizer's files (tokenizer.json, vocab files, tokenizer_config.json,
-// special_tokens_map.json) into `folder`, so that it is a complete transformers model folder.
+// special_tokens_map.json) into `folder`, so that it is a complete transformers model folder;
+// each is written beside and renamed into place (a full disk leaves no cut file).
 void copy_tokenizer_files(const std::string& tokenizer_path, const std::string& folder);
 
 }  // namespace brisk
