@@ -841,6 +841,14 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
       "train --model nonexistent-model",
       "'nonexistent-model' is no folder or config.json here, and brisk downloads nothing");
   expect_refused("train --fp16 --bf16", "contradict each other");
+  // Switches as argparse's string_to_bool reads them, counts exactly.
+  expect_refused("train --fp16=2", "--fp16: \"2\" is not true or false");
+  expect_refused("train --bf16 perhaps", "--bf16: \"perhaps\" is not true or false");
+  expect_refused(
+      "forward-backward --config " + bert + " --batch " + bert + "batch.safetensors --step -1",
+      "--step: \"-1\" is not a whole number");
+  expect_refused("tokenize --tokenizer " + fixture("tokenizer/wordpiece") + " --input " + bert,
+                 "is not a regular file (a folder)");
   expect_refused("train --lr_scheduler_type weird", "unknown lr_scheduler_type");
   expect_refused("train --optim adam",
                  "unknown optim \"adam\" (valid: adamw_torch, adamw_torch_fused, adafactor");

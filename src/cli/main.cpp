@@ -1,6 +1,7 @@
 // brisk command line: argument parsing only; every action lives in commands.cpp.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,21 @@ CLI::Validator whole_number() {
                std::to_string(std::numeric_limits<T>::max());
       },
       "", "whole number");
+}
+
+// A switch's text, as HfArgumentParser's string_to_bool reads it (any case): true, false, yes,
+// no, t, f, y, n, 1, 0. CLI11 alone would take any number, "2" included, for true.
+CLI::Validator switch_text() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::string t = text;
+        std::transform(t.begin(), t.end(), t.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        for (const char* ok : {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0"})
+          if (t == ok) return {};
+        return "\"" + brisk::excerpt(text) + "\" is not true or false";
+      },
+      "", "switch");
 }
 
 // An error every process of the launch meets alike (a bad flag or options file), written by rank
@@ -106,8 +122,10 @@ int main(int argc, char** argv) {
         opt->check(whole_number<Field>());  // "-1" or 10^30 would otherwise wrap or saturate
       if constexpr (std::is_same_v<Field, bool>)
         // --fp16, --fp16 true, --fp16=false; the help shows the real default.
-        opt->expected(0, 1)->default_str("true")->option_text(field ? "[BOOLEAN=true]"
-                                                                    : "[BOOLEAN=false]");
+        opt->expected(0, 1)
+            ->default_str("true")
+            ->check(switch_text())
+            ->option_text(field ? "[BOOLEAN=true]" : "[BOOLEAN=false]");
     };
     visit_options(options, [&](const char* name, auto& field, const char* help) {
       add_flag(std::string("--") + name, field, help, option_group(name));
@@ -145,8 +163,10 @@ int main(int argc, char** argv) {
       ->required();
   f->add_option("--output", fb.output, "write loss, logits and grad.<name> here (safetensors)");
   f->add_flag("--dropout", fb.dropout, "train-mode dropout (default off)");
-  f->add_option("--seed", fb.seed)->capture_default_str();
-  f->add_option("--step", fb.step, "step of the dropout RNG")->capture_default_str();
+  f->add_option("--seed", fb.seed)->capture_default_str()->check(whole_number<uint64_t>());
+  f->add_option("--step", fb.step, "step of the dropout RNG")
+      ->capture_default_str()
+      ->check(whole_number<uint64_t>());
 
   cli::EstimateArgs est;
   auto* e = app.add_subcommand("estimate",
