@@ -843,6 +843,8 @@ TEST(Cli, BadInputEndsWithOneClearMessage) {
   expect_refused("train --fp16 --bf16", "contradict each other");
   // Switches as argparse's string_to_bool reads them, counts exactly.
   expect_refused("train --fp16=2", "--fp16: \"2\" is not true or false");
+  expect_refused("train --dataset_size 4611686018427387904",
+                 "dataset_size and eval_dataset_size must be at most 2^40 samples");
   expect_refused("train --bf16 perhaps", "--bf16: \"perhaps\" is not true or false");
   expect_refused(
       "forward-backward --config " + bert + " --batch " + bert + "batch.safetensors --step -1",

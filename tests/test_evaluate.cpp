@@ -172,9 +172,16 @@ TEST(Evaluate, TheBestModelIsLoadedAtTheEnd) {
   expect_error([&] { train(bad, [](const nlohmann::json&) {}); },
                "must be a multiple of eval_steps");
   bad = o;
-  bad.metric_for_best_model = "bleu";
+  bad.metric_for_best_model = "mse";  // a regression's metric
   expect_error([&] { train(bad, [](const nlohmann::json&) {}); },
-               "metric_for_best_model \"eval_bleu\" is not among the evaluation's metrics");
+               "metric_for_best_model \"eval_mse\" is not among the evaluation's metrics");
+  // A name brisk never computes is refused before anything runs, with or without
+  // load_best_model_at_end.
+  bad = o;
+  bad.metric_for_best_model = "bleu";
+  bad.load_best_model_at_end = false;
+  expect_error([&] { validate_options(bad); },
+               "metric_for_best_model \"bleu\" is none of brisk's metrics");
 }
 
 TEST(Evaluate, PredictionsAreWrittenAsRunGlueWritesThem) {

@@ -189,6 +189,19 @@ void validate_options(const TrainOptions& o) {
   BRISK_CHECK(o.eval_steps >= 0, "eval_steps must not be negative, got ", o.eval_steps);
   positive("per_device_eval_batch_size", o.per_device_eval_batch_size);
   positive("eval_dataset_size", o.eval_dataset_size);
+  // Synthetic data sizes: far beyond any use, inside every per-sample array's byte count.
+  constexpr int64_t kMaxSamples = int64_t{1} << 40;
+  BRISK_CHECK(o.dataset_size <= kMaxSamples && o.eval_dataset_size <= kMaxSamples,
+              "dataset_size and eval_dataset_size must be at most 2^40 samples, got ",
+              std::max(o.dataset_size, o.eval_dataset_size));
+  const std::string metric = o.metric_for_best_model.rfind("eval_", 0) == 0
+                                 ? o.metric_for_best_model.substr(5)
+                                 : o.metric_for_best_model;
+  static const std::set<std::string> kMetrics = {"loss",    "accuracy",  "f1",        "mse",
+                                                 "pearson", "spearmanr", "perplexity"};
+  BRISK_CHECK(kMetrics.count(metric), "metric_for_best_model \"", excerpt(o.metric_for_best_model),
+              "\" is none of brisk's metrics (loss, accuracy, f1, mse, pearson, spearmanr, "
+              "perplexity)");
   BRISK_CHECK(o.greater_is_better.empty() || o.greater_is_better == "true" ||
                   o.greater_is_better == "false",
               "greater_is_better must be true or false, got \"", excerpt(o.greater_is_better),
