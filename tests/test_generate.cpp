@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "models/decoder.h"
 #include "test_support.h"
@@ -178,9 +179,11 @@ TEST(Generate, ContinuesAPromptWithATrainedFolder) {
   o.top_k = 1;
   EXPECT_EQ(generate(o).new_ids, greedy.new_ids) << "top_k 1 is greedy";
   // The context ends the generation: n_positions 40.
-  o.max_new_tokens = 100;
-  const Generation full = generate(o);
-  EXPECT_EQ(full.prompt_ids.size() + full.new_ids.size(), 40u);
+  for (const int64_t most : {int64_t{100}, std::numeric_limits<int64_t>::max()}) {
+    o.max_new_tokens = most;
+    const Generation full = generate(o);
+    EXPECT_EQ(full.prompt_ids.size() + full.new_ids.size(), 40u) << most;
+  }
   o.model_name_or_path = fixture("bert_tiny");
   expect_error([&] { generate(o); }, "no tokenizer");
 }

@@ -93,8 +93,10 @@ Generation generate(const GenerateOptions& o) {
   BRISK_CHECK(
       prompt < config.max_position_embeddings, "the prompt's ", prompt,
       " tokens leave no room in max_position_embeddings = ", config.max_position_embeddings);
+  // The context ends the generation; a larger max_new_tokens (up to 2^63 - 1) is clamped first,
+  // so the sum cannot overflow.
   const int64_t max_tokens =
-      std::min<int64_t>(config.max_position_embeddings, prompt + o.max_new_tokens);
+      prompt + std::min<int64_t>(o.max_new_tokens, config.max_position_embeddings - prompt);
   const Device device = resolve_device(o.device);
   auto be = make_backend(device);
   MemoryPlan plan;
