@@ -471,6 +471,10 @@ TEST(DeepSpeed, TheConfigsKeysBecomeOptions) {
   refused(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})",
           "optimizer.params.lr is 0.0001 but --learning_rate is 5e-05");
   refused(R"({"zero_optimization": {"stage": 5}})", "zero_optimization.stage must be a whole");
+  // Trainer fills in no stage: "auto" and other types are refused as numbers, the value shown.
+  for (const char* stage : {R"("auto")", R"("2")", "true", "null"})
+    refused(std::string(R"({"zero_optimization": {"stage": )") + stage + "}}",
+            std::string("zero_optimization.stage must be a whole number in [0, 3], got ") + stage);
   EXPECT_EQ(apply_deepspeed_json(o, nlohmann::json::parse(R"({"zero_optimization": {"stage": 3}})"),
                                  "ds.json", 2)
                 .zero_stage,

@@ -44,14 +44,15 @@ struct Reader {
     if (!v.is_object()) fail(key, "must be an object");
     return v;
   }
-  // A number that must be a whole number in [lo, hi].
+  // A whole number in [lo, hi] (where "auto" is allowed the caller takes it first). The value is
+  // shown cut short, whatever its type.
   int64_t whole(const json& v, const std::string& key, double lo, double hi) const {
-    if (!v.is_number()) fail(key, "must be a number or \"auto\"");
-    const double x = v.get<double>();
-    if (!(x >= lo && x <= hi) || x != std::floor(x))
+    const bool ok = v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi &&
+                    v.get<double>() == std::floor(v.get<double>());
+    if (!ok)
       fail(key, "must be a whole number in [" + std::to_string(static_cast<int64_t>(lo)) + ", " +
-                    std::to_string(static_cast<int64_t>(hi)) + "], got " + v.dump());
-    return static_cast<int64_t>(x);
+                    std::to_string(static_cast<int64_t>(hi)) + "], got " + excerpt(v.dump()));
+    return static_cast<int64_t>(v.get<double>());
   }
   // A number in [lo, hi] (not "auto": Trainer fills in none of these).
   double ratio(const json& v, const std::string& key, double lo, double hi) const {
