@@ -100,6 +100,13 @@ TEST(Launch, BadOrContradictingVariablesAreRefusedByName) {
       },
       "WORLD_SIZE=\"99999999999\" is not a whole number");
   expect_error([] { launch({{"MASTER_PORT", "70000"}}); }, "MASTER_PORT=70000 is outside");
+  // A long value is shown cut short.
+  try {
+    launch({{"RANK", std::string(5000, '7')}, {"WORLD_SIZE", "2"}});
+    ADD_FAILURE() << "a 5000-digit RANK was accepted";
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u) << e.what();
+  }
   expect_error(
       [] {
         launch({{"OMPI_COMM_WORLD_RANK", "1"},

@@ -16,7 +16,7 @@ std::optional<int> int_var(const EnvLookup& env, const std::string& name, int lo
   if (!v) return std::nullopt;
   BRISK_CHECK(
       !v->empty() && v->size() <= 9 && v->find_first_not_of("0123456789") == std::string::npos,
-      "environment variable ", name, "=\"", *v, "\" is not a whole number");
+      "environment variable ", name, "=\"", excerpt(*v), "\" is not a whole number");
   const int x = std::stoi(*v);
   BRISK_CHECK(x >= lo && x <= hi, "environment variable ", name, "=", x, " is outside [", lo, ", ",
               hi, "]");
