@@ -184,6 +184,22 @@ TEST(Evaluate, TheBestModelIsLoadedAtTheEnd) {
                "metric_for_best_model \"bleu\" is none of brisk's metrics");
 }
 
+// Evaluating without training a folder that holds no weights says so (it runs on random weights,
+// as Trainer evaluates a model made from its config) instead of passing in silence.
+TEST(Evaluate, EvaluatingRandomWeightsIsNotSilent) {
+  TempDir dir("eval_random");
+  TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
+  o.do_train = false;
+  o.do_eval = true;
+  o.eval_dataset_size = 8;
+  std::string warning;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("warning")) warning = j["warning"];
+  });
+  EXPECT_NE(warning.find("no trained weights"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("randomly initialized weights"), std::string::npos) << warning;
+}
+
 TEST(Evaluate, PredictionsAreWrittenAsRunGlueWritesThem) {
   TempDir dir("predict");
   TrainOptions o = learnable(write_config(dir, "bert", 0.0), dir / "out");

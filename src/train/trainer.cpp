@@ -458,6 +458,11 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
                               "be able to use it for predictions and inference."}});
     }
   } else {
+    // Not silent: evaluating or predicting without training on weights nobody trained.
+    if (!o.do_train && on_log)
+      on_log({{"warning", "no trained weights: '" + o.model_name_or_path +
+                              "' holds no model.safetensors, so evaluation and prediction run on "
+                              "randomly initialized weights"}});
     run.model->init_weights(be, o.seed);
   }
   run.precision->adopt_model_weights(be, run.model->params());
