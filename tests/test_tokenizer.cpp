@@ -186,6 +186,16 @@ TEST(Tokenizer, MalformedFilesAreRefusedByName) {
       "only a Split on a regex, isolated");
   expect_error([&] { Tokenizer::load(write("h.json", bpe_head + R"({"type": "Metaspace"}})")); },
                "pre_tokenizer \"Metaspace\" is not supported with BPE");
+  // A padding id outside the vocabulary (or not a whole number) is no token.
+  for (const char* id : {"2e+40", "1", "-1", "\"0\""})
+    expect_error(
+        [&] {
+          Tokenizer::load(
+              write("pad.json", R"({"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}},
+              "padding": {"pad_id": )" +
+                                    std::string(id) + "}}"));
+        },
+        std::string("padding.pad_id ") + id + " is not a token id (the vocabulary has 1)");
   const std::string wp_head = R"({"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}},
       "post_processor": {"type": "TemplateProcessing", )";
   expect_error(

@@ -176,9 +176,14 @@ struct TokenizerLoader {
     }
     read_post_processor(t, j.value("post_processor", nlohmann::json()), path);
     const nlohmann::json pad = j.value("padding", nlohmann::json());
-    if (pad.is_object() && pad.contains("pad_id") && pad["pad_id"].is_number_unsigned())
-      t.pad_id_ = static_cast<int32_t>(pad["pad_id"].get<uint64_t>() & 0x7fffffff);
-    else if (t.model_->id_of("[PAD]") >= 0)
+    if (pad.is_object() && pad.contains("pad_id")) {
+      const nlohmann::json& id = pad["pad_id"];
+      BRISK_CHECK(
+          id.is_number_unsigned() && id.get<uint64_t>() < static_cast<uint64_t>(t.vocab_size()),
+          "'", path, "': padding.pad_id ", excerpt(id.dump()),
+          " is not a token id (the vocabulary has ", t.vocab_size(), ")");
+      t.pad_id_ = static_cast<int32_t>(id.get<uint64_t>());
+    } else if (t.model_->id_of("[PAD]") >= 0)
       t.pad_id_ = t.model_->id_of("[PAD]");
   }
 
