@@ -200,6 +200,20 @@ TEST(Evaluate, EvaluatingRandomWeightsIsNotSilent) {
   EXPECT_NE(warning.find("randomly initialized weights"), std::string::npos) << warning;
 }
 
+// A validation file of a header alone is named as such, not as a missing --validation_file.
+TEST(Evaluate, AValidationFileWithoutRowsIsNamed) {
+  TempDir dir("eval_header_only");
+  std::ofstream(dir / "dev.csv") << "sentence,label\n";
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = write_varied_csv(dir, "train.csv", 16);
+  o.validation_file = dir / "dev.csv";
+  o.max_seq_length = 16;
+  o.do_eval = true;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); },
+               "validation file '" + o.validation_file + "' holds no rows to evaluate");
+}
+
 TEST(Evaluate, PredictionsAreWrittenAsRunGlueWritesThem) {
   TempDir dir("predict");
   TrainOptions o = learnable(write_config(dir, "bert", 0.0), dir / "out");

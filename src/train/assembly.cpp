@@ -64,6 +64,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files) {
+    BRISK_CHECK(!evaluates || r.files.eval || o.validation_file.empty(), "validation file '",
+                o.validation_file, "' holds no rows to evaluate");
     BRISK_CHECK(!evaluates || r.files.eval, "evaluation needs --validation_file",
                 layout.labels_per_token ? " (or --validation_split_percentage above 0)" : "");
     BRISK_CHECK(!o.do_predict || r.files.test, "do_predict needs --test_file");
