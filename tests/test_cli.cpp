@@ -542,8 +542,8 @@ TEST(Cli, EveryClassOfBadInputEndsWithOneShortLine) {
        "option \"max_steps\" must be a whole number"},
       // Messages: a huge value is shown as an excerpt (expect_refused bounds the line).
       {"estimate --options_file " +
-           file("long.json", R"({"optim": ")" + std::string(10 << 20, 'x') + "\"}"),
-       "larger than 1.0 MiB"},
+           file("long.json", R"({"optim": ")" + std::string(17 << 20, 'x') + "\"}"),
+       "larger than 16.0 MiB"},
       {"estimate --options_file " +
            file("long2.json", R"({"optim": ")" + std::string(3000, 'x') + "\"}"),
        "unknown optim \"xxx"},

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "core/dtype.h"
@@ -36,6 +37,15 @@ TEST(Inputs, MalformedConfigsAreRefusedWithAClearMessage) {
         config_from_json({{"model_type", "gpt2"}, {"vocab_size", 10.5}}, "x");
       },
       "\"vocab_size\" must be an integer");
+}
+
+// A config padded with whitespace past 1 MiB loads: the JSON files' limit is a generous 16 MiB.
+TEST(Inputs, AConfigPaddedWithWhitespaceLoads) {
+  TempDir dir("padded_config");
+  const std::string path = dir / "config.json";
+  std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 8, "n_layer": 1,)"
+                      << std::string(size_t{3} << 20, ' ') << R"("n_head": 2, "n_positions": 16})";
+  EXPECT_EQ(load_config(path).vocab_size, 64);
 }
 
 // transformers' activation names (hidden_act, activation_function) choose the backend's kinds; an

@@ -9,8 +9,9 @@
 
 namespace brisk {
 
+// 16 MiB by default: generous for configs and options files (whitespace included), bounded.
 nlohmann::json read_json_file(const std::string& path, const std::string& what,
-                              size_t max_bytes = size_t{1} << 20, int max_depth = 32);
+                              size_t max_bytes = size_t{16} << 20, int max_depth = 32);
 
 // Parses JSON text from input nested at most `max_depth` levels (checked while parsing); a
 // parse error becomes one short message naming `what`.
