@@ -1,7 +1,8 @@
-// The op interface every backend implements (cpu/ is the reference, cuda/ the GPU's). A backend knows tensors and
-// math, never models or the trainer. Gradients of parameters (dw, db, dgamma, dbeta, the
-// embedding tables) accumulate (+=), so that tied weights and gradient accumulation need no extra
-// buffers; gradients of activations (dx, dqkv, ...) are overwritten unless a flag says otherwise.
+// The op interface every backend implements (cpu/ is the reference, cuda/ the GPU's). A backend
+// knows tensors and math, never models or the trainer. Gradients of parameters (dw, db, dgamma,
+// dbeta, the embedding tables) accumulate (+=), so that tied weights and gradient accumulation need
+// no extra buffers; gradients of activations (dx, dqkv, ...) are overwritten unless a flag says
+// otherwise.
 #pragma once
 
 #include <functional>

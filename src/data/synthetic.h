@@ -1,6 +1,6 @@
 // The Hugging Face guides' dummy dataset: random token ids in [100, 30000) and labels as the guides
-// draw them (np.random.randint(0, 1) is always 0), generated per sample from (seed, index) so it needs no
-// storage. For causal LM the labels are the input ids.
+// draw them (np.random.randint(0, 1) is always 0), generated per sample from (seed, index) so it
+// needs no storage. For causal LM the labels are the input ids.
 #pragma once
 
 #include <cstdint>
