@@ -136,6 +136,8 @@ TEST(TrainerKeys, FlagTextsReadAsHfArgumentParserReadsThem) {
   EXPECT_EQ(flag_value("[]"), nlohmann::json::array());
   EXPECT_EQ(flag_value("full_shard"), nlohmann::json("full_shard"));
   EXPECT_EQ(flag_value("[oops"), nlohmann::json("[oops"));
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(flag_value(deep), nlohmann::json(deep)) << "nested past the bound: text";
   check_trainer_key("tp_size", flag_value("1"), "--tp_size");
   check_trainer_key("label_smoothing_factor", flag_value("0"), "--label_smoothing_factor");
   expect_error([] { check_trainer_key("push_to_hub", flag_value(""), "--push_to_hub"); },

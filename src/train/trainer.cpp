@@ -69,13 +69,14 @@ class Progress {
   void update(int64_t step, double loss) {
     if (mode_ == Mode::off) return;
     const auto now = std::chrono::steady_clock::now();
+    if (mode_ == Mode::lines && step != first_ + 1 && now - last_line_ < std::chrono::seconds(30))
+      return;
     const double elapsed = std::chrono::duration<double>(now - began_).count();
     const double rate = elapsed > 0 ? static_cast<double>(step - first_) / elapsed : 0;
     char left[64], spent[64];
     clock_text(spent, elapsed);
     clock_text(left, rate > 0 ? static_cast<double>(total_ - step) / rate : 0);
     if (mode_ == Mode::lines) {
-      if (step != first_ + 1 && now - last_line_ < std::chrono::seconds(30)) return;
       last_line_ = now;
       std::fprintf(stderr, "brisk: step %lld/%lld, %.2f steps/s, %s left, loss %.4f\n",
                    static_cast<long long>(step), static_cast<long long>(total_), rate, left, loss);

@@ -8,6 +8,7 @@
 #include <charconv>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace brisk {
 
@@ -251,8 +252,10 @@ nlohmann::json flag_value(const std::string& text) {
   if (on >= 0) return on == 1;
   if (text == "None" || text == "null") return nullptr;
   if (text.front() == '[' || text.front() == '{') {
-    nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
-    if (!parsed.is_discarded()) return parsed;
+    try {  // bounded in depth, as every JSON brisk reads; what does not parse stays text
+      return parse_json_bounded(text.data(), text.data() + text.size(), "a flag's value");
+    } catch (const Error&) {
+    }
   }
   return text;
 }
