@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -68,47 +69,44 @@ void expect_refused(const std::string& args, const std::string& needle) {
   EXPECT_LE(r.err.size(), 400u) << shown << ": the message echoes too much";
 }
 
-TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
-  const std::string folder = fixture("gpt2_tiny");
+// forward-backward on a fixture folder (its weights and batch) matches transformers' loss and
+// logits in its expected.safetensors; `more` checks further outputs before the file is removed.
+void expect_forward_backward_matches(
+    const std::string& name,
+    const std::function<void(const SafetensorsFile&, const SafetensorsFile&)>& more = {}) {
+  SCOPED_TRACE(name);
+  const std::string folder = fixture(name);
   const std::string out = (std::filesystem::temp_directory_path() /
-                           ("brisk_fb_" + std::to_string(::getpid()) + ".safetensors"))
+                           ("brisk_fb_" + name + std::to_string(::getpid()) + ".safetensors"))
                               .string();
   const CliRun r =
       run_brisk("forward-backward --config " + folder + " --weights " + folder +
                 "/model.safetensors --batch " + folder + "/batch.safetensors --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  SafetensorsFile got(out), want(folder + "/expected.safetensors");
-  EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
-  const Tensor& gl = got.get("logits");
-  ASSERT_EQ(gl.numel(), want.get("logits").numel());
-  EXPECT_LE(rel_error(gl.f32(), want.get("logits").f32(), gl.numel()), 1e-4);
-  const Tensor& gw = got.get("grad.transformer.wte.weight");
-  EXPECT_LE(rel_error(gw.f32(), want.get("grad.transformer.wte.weight").f32(), gw.numel()), 1e-4);
+  {
+    SafetensorsFile got(out), want(folder + "/expected.safetensors");
+    EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
+    const Tensor& gl = got.get("logits");
+    ASSERT_EQ(gl.numel(), want.get("logits").numel());
+    EXPECT_LE(rel_error(gl.f32(), want.get("logits").f32(), gl.numel()), 1e-4);
+    if (more) more(got, want);
+  }
   std::filesystem::remove(out);
+}
+
+TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
+  expect_forward_backward_matches("gpt2_tiny", [](const SafetensorsFile& got,
+                                                  const SafetensorsFile& want) {
+    const Tensor& gw = got.get("grad.transformer.wte.weight");
+    EXPECT_LE(rel_error(gw.f32(), want.get("grad.transformer.wte.weight").f32(), gw.numel()), 1e-4);
+  });
 }
 
 // The head follows config.json's `architectures`, as transformers' pipelines choose it: the
 // bert_mlm and distilbert_mlm folders (BertForMaskedLM, DistilBertForMaskedLM) run as masked LMs
 // without --mlm, reproducing transformers' loss and logits.
 TEST(Cli, ForwardBackwardTakesTheHeadFromArchitectures) {
-  for (const char* name : {"bert_mlm", "distilbert_mlm"}) {
-    SCOPED_TRACE(name);
-    const std::string folder = fixture(name);
-    const std::string out =
-        (std::filesystem::temp_directory_path() /
-         ("brisk_fb_" + std::string(name) + std::to_string(::getpid()) + ".safetensors"))
-            .string();
-    const CliRun r =
-        run_brisk("forward-backward --config " + folder + " --weights " + folder +
-                  "/model.safetensors --batch " + folder + "/batch.safetensors --output " + out);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    SafetensorsFile got(out), want(folder + "/expected.safetensors");
-    EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-4);
-    const Tensor& gl = got.get("logits");
-    ASSERT_EQ(gl.numel(), want.get("logits").numel());
-    EXPECT_LE(rel_error(gl.f32(), want.get("logits").f32(), gl.numel()), 1e-4);
-    std::filesystem::remove(out);
-  }
+  for (const char* name : {"bert_mlm", "distilbert_mlm"}) expect_forward_backward_matches(name);
 }
 
 TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {

@@ -258,6 +258,20 @@ void write_review_csv(const TempDir& dir, const std::string& name, int rows, int
   }
 }
 
+// A run_glue-style run of the fixture WordPiece BERT on dir's train.csv, dev.csv and test.csv
+// (sequences of 16, batches of 8, evaluated at the end).
+TrainOptions glue_options(const TempDir& dir, const std::string& out) {
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / out);
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.validation_file = dir / "dev.csv";
+  o.test_file = dir / "test.csv";
+  o.max_seq_length = 16;
+  o.per_device_train_batch_size = 8;
+  o.do_eval = true;
+  return o;
+}
+
 // A folder whose config names BertForMaskedLM (as bert-base-uncased's does) trains its masked-LM
 // head on a text file without --mlm, as the pipelines would load it, and a classifier on
 // labelled files (or the labelled synthetic data), as run_glue loads any checkpoint;
@@ -307,17 +321,9 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   write_csv("train.csv", 96, 1, true);
   write_csv("dev.csv", 30, 2, true);
   write_csv("test.csv", 10, 3, false);
-  const std::string model = write_wordpiece_bert(dir);
-  TrainOptions o = tiny_options(model, dir / "out");
-  o.tokenizer_name = fixture("tokenizer/wordpiece");
-  o.train_file = dir / "train.csv";
-  o.validation_file = dir / "dev.csv";
-  o.test_file = dir / "test.csv";
-  o.max_seq_length = 16;
-  o.per_device_train_batch_size = 8;
+  TrainOptions o = glue_options(dir, "out");
   o.max_steps = 60;
   o.learning_rate = 3e-3;
-  o.do_eval = true;
   o.do_predict = true;
   TrainSummary s;
   train_logging(o, &s);
@@ -400,15 +406,8 @@ TEST(Evaluate, GlueExportsWithIndexColumnsAndUnlabelledTestRows) {
     write_glue_csv(dir, "train.csv", 48, 1, train_index, false);
     write_glue_csv(dir, "dev.csv", 12, 2, other_index, false);
     write_glue_csv(dir, "test.csv", 10, 3, other_index, true);
-    TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / out);
-    o.tokenizer_name = fixture("tokenizer/wordpiece");
-    o.train_file = dir / "train.csv";
-    o.validation_file = dir / "dev.csv";
-    o.test_file = dir / "test.csv";
-    o.max_seq_length = 16;
-    o.per_device_train_batch_size = 8;
+    TrainOptions o = glue_options(dir, out);
     o.max_steps = 6;
-    o.do_eval = true;
     o.do_predict = true;
     TrainSummary s;
     *records = train_logging(o, &s);
