@@ -276,6 +276,13 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
                           "zero_optimization": {"stage": 1, "overlap_comm": true}})";
   const CliRun d =
       run_brisk("estimate --model bert-large-uncased --world_size 3 --deepspeed " + ds);
+  // A flag contradicting the config, and a misspelled key, are refused naming them.
+  expect_refused("estimate --world_size 3 --zero_stage 2 --deepspeed " + ds,
+                 "zero_optimization.stage is 1 but --zero_stage is 2");
+  std::ofstream(ds) << R"({"zero_optimization": {"stgae": 1}})";
+  expect_refused("estimate --world_size 3 --deepspeed " + ds,
+                 "zero_optimization.stgae is not a DeepSpeed key (did you mean "
+                 "zero_optimization.stage?)");
   fs::remove(ds);
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_NE(d.out.find("data parallel over 3 ranks, zero_stage 1"), std::string::npos) << d.out;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/deepspeed.h"
+#include "train/deepspeed_keys.h"
 #include "train/trainer.h"
 #include "train/zero.h"
 #include "trainer_support.h"
@@ -743,6 +745,95 @@ TEST(DeepSpeed, CurvesFollowDeepSpeedsSchedulers) {
 
 // transformers' ZeRO-2 config with its WarmupLR: after the warm-up the run holds the peak rate,
 // where brisk's own default schedule would decay it.
+// A key DeepSpeed does not have is refused naming it and the key meant, at the top level and in
+// the sections DeepSpeed reads strictly; every fixture config (real files) passes the check.
+TEST(DeepSpeed, UnknownKeysAreRefusedWithTheKeyMeant) {
+  TrainOptions o;
+  o.device = "cpu";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"zero_optimisation": {"stage": 2}})",
+       "ds.json: zero_optimisation is not a DeepSpeed key (did you mean zero_optimization?)"},
+      {R"({"zero_optimization": {"stgae": 2}})",
+       "ds.json: zero_optimization.stgae is not a DeepSpeed key (did you mean "
+       "zero_optimization.stage?)"},
+      {R"({"zero_optimization": {"reduce_bucket_sise": 5e8}})",
+       "(did you mean zero_optimization.reduce_bucket_size?)"},
+      {R"({"zero_optimization": {"offload_optimizer": {"devise": "cpu"}}})",
+       "zero_optimization.offload_optimizer.devise is not a DeepSpeed key (did you mean "
+       "zero_optimization.offload_optimizer.device?)"},
+      {R"({"fp16": {"enabled": "auto", "loss_scael": 0}})",
+       "fp16.loss_scael is not a DeepSpeed key (did you mean fp16.loss_scale?)"},
+      {R"({"bf16": {"enable": true}})", "bf16.enable is not a DeepSpeed key (did you mean"},
+      {R"({"completely_unrelated_setting": 1})",
+       "ds.json: completely_unrelated_setting is not a DeepSpeed key"},
+  };
+  for (const auto& [text, message] : cases) {
+    SCOPED_TRACE(text);
+    expect_error([&] { apply_deepspeed_json(o, nlohmann::json::parse(text), "ds.json", 1); },
+                 message);
+  }
+  // DeepSpeed's aliases and sections brisk passes over are keys too.
+  std::vector<std::string> ignored;
+  const TrainOptions got = apply_deepspeed_json(
+      o, nlohmann::json::parse(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 7,
+        "stage3_max_live_parameters": 1e9, "max_live_parameters": 1e9},
+        "flops_profiler": {"anything": 1}, "bfloat16": {"enabled": false}})"),
+      "ds.json", 2, &ignored);
+  EXPECT_EQ(got.stage3_prefetch_bucket_size, 7);
+  EXPECT_EQ(ignored.size(), 4u);
+  for (const char* name :
+       {"accelerate_zero_stage2_config.json", "deepspeedexamples_tensor_parallel_ds_config.json",
+        "deepspeedexamples_zenflow_zf_config.json", "transformers_ds_config_zero2.json",
+        "transformers_ds_config_zero3.json"})
+    EXPECT_NO_THROW(check_deepspeed_keys(read_json_file(fixture("deepspeed/") + name, name), name))
+        << name;
+}
+
+// A setting given both as a flag and in the config: the flag at its default yields, the same
+// value passes, another value is refused naming both.
+TEST(DeepSpeed, FlagsThatContradictTheConfigAreRefusedNamingBoth) {
+  TrainOptions o;
+  o.device = "cpu";
+  struct Case {
+    std::function<void(TrainOptions&)> flag;
+    std::string config, message;
+  };
+  const std::vector<Case> cases = {
+      {[](TrainOptions& t) { t.zero_stage = 1; }, R"({"zero_optimization": {"stage": 2}})",
+       "ds.json: zero_optimization.stage is 2 but --zero_stage is 1: give one of the two"},
+      {[](TrainOptions& t) { t.ddp_bucket_cap_mb = 50; },
+       R"({"zero_optimization": {"reduce_bucket_size": 1048576}})",
+       "zero_optimization.reduce_bucket_size is 4.0 but --ddp_bucket_cap_mb is 50.0"},
+      {[](TrainOptions& t) { t.ddp_bucket_cap_mb = 50; },
+       R"({"zero_optimization": {"overlap_comm": false}})",
+       "zero_optimization.overlap_comm is 1000000.0 but --ddp_bucket_cap_mb is 50.0"},
+      {[](TrainOptions& t) { t.stage3_prefetch_bucket_size = 100; },
+       R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7}})",
+       "zero_optimization.stage3_prefetch_bucket_size is 50000000 but "
+       "--stage3_prefetch_bucket_size is 100"},
+      {[](TrainOptions& t) { t.offload_optimizer = "cpu"; },
+       R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})",
+       "zero_optimization.offload_optimizer.device is \"none\" but --offload_optimizer is "
+       "\"cpu\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config);
+    TrainOptions given = o;
+    c.flag(given);
+    expect_error(
+        [&] { apply_deepspeed_json(given, nlohmann::json::parse(c.config), "ds.json", 2); },
+        c.message);
+  }
+  // The same value in both, or the flag at its default, passes.
+  TrainOptions given = o;
+  given.zero_stage = 2;
+  EXPECT_EQ(
+      apply_deepspeed_json(given, {{"zero_optimization", {{"stage", 2}}}}, "ds.json", 2).zero_stage,
+      2);
+  EXPECT_EQ(
+      apply_deepspeed_json(o, {{"zero_optimization", {{"stage", 2}}}}, "ds.json", 2).zero_stage, 2);
+}
+
 TEST(DeepSpeed, WarmupLRHoldsThePeakAfterTheWarmUp) {
   TempDir dir("ds_warmup_lr");
   TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");

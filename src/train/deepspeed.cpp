@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "train/deepspeed_keys.h"
 
 namespace brisk {
 namespace {
@@ -36,6 +37,7 @@ bool same(const json& a, const json& b) {
 struct Reader {
   const std::string& origin;
   std::vector<std::string>* ignored;
+  const TrainOptions& given;  // the options before the config
 
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     BRISK_FAIL(origin, ": ", key, " ", what);
@@ -93,6 +95,19 @@ struct Reader {
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
+}
+
+// An option a config key sets as well: a flag left at its default yields to the config, a flag
+// given another value contradicts it and is refused naming both.
+template <typename T>
+void set_option(const Reader& r, TrainOptions& o, T TrainOptions::*field, const T& value,
+                const std::string& key, const std::string& flag) {
+  static const TrainOptions defaults;
+  const T& given = r.given.*field;
+  if (!same(json(given), json(defaults.*field)) && !same(json(given), json(value)))
+    r.fail(key, "is " + json(value).dump() + " but --" + flag + " is " + json(given).dump() +
+                    ": give one of the two, or the same value in both");
+  o.*field = value;
 }
 
 // optimizer: DeepSpeed's Adam and AdamW are brisk's adamw_torch (DeepSpeed's Adam decouples the
@@ -234,7 +249,8 @@ void read_offload(const Reader& r, const std::string& k, const std::string& name
     if (!y.is_string()) r.fail(name + ".device", "must be \"none\", \"cpu\" or \"nvme\"");
     const std::string device = y.get<std::string>();
     if (k == "offload_optimizer" && (device == "none" || device == "cpu")) {
-      o.offload_optimizer = device;
+      set_option(r, o, &TrainOptions::offload_optimizer, device, name + ".device",
+                 "offload_optimizer");
       continue;
     }
     if (device == "none") continue;
@@ -249,17 +265,21 @@ void read_zero(const Reader& r, const std::string& key, const json& v, TrainOpti
   for (const auto& [k, x] : r.object(v, key).items()) {
     const std::string name = key + "." + k;
     if (k == "stage") {
-      o.zero_stage = r.whole(x, name, 0, 3);
+      set_option(r, o, &TrainOptions::zero_stage, r.whole(x, name, 0, 3), name, "zero_stage");
     } else if (k == "overlap_comm") {
       // Without overlap, every gradient in one bucket summed after backward.
-      if (!is_auto(x) && !r.flag(x, name)) o.ddp_bucket_cap_mb = 1e6;
+      if (!is_auto(x) && !r.flag(x, name))
+        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb, 1e6, name, "ddp_bucket_cap_mb");
     } else if (k == "reduce_bucket_size") {
       // Elements; brisk sums float32 gradients.
       if (!is_auto(x))
-        o.ddp_bucket_cap_mb =
-            std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20));
-    } else if (k == "stage3_prefetch_bucket_size") {
-      if (!is_auto(x)) o.stage3_prefetch_bucket_size = r.whole(x, name, 0, 1e15);
+        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb,
+                   std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20)),
+                   name, "ddp_bucket_cap_mb");
+    } else if (k == "stage3_prefetch_bucket_size" || k == "prefetch_bucket_size") {
+      if (!is_auto(x))
+        set_option(r, o, &TrainOptions::stage3_prefetch_bucket_size, r.whole(x, name, 0, 1e15),
+                   name, "stage3_prefetch_bucket_size");
     } else if (k == "offload_optimizer" || k == "offload_param") {
       read_offload(r, k, name, x, o);
     } else if (k == "zenflow") {
@@ -280,8 +300,9 @@ TrainOptions apply_deepspeed_json(const TrainOptions& options, const json& ds,
                                   const std::string& origin, int ranks,
                                   std::vector<std::string>* ignored) {
   TrainOptions o = options;
-  const Reader r{origin, ignored};
+  const Reader r{origin, ignored, options};
   if (!ds.is_object()) BRISK_FAIL(origin, ": a DeepSpeed config must be a JSON object");
+  check_deepspeed_keys(ds, origin);
   const int64_t micro = o.per_device_train_batch_size, accum = o.gradient_accumulation_steps;
   for (const auto& [key, v] : ds.items()) {
     if (key == "train_micro_batch_size_per_gpu") {

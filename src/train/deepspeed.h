@@ -1,8 +1,10 @@
 // --deepspeed ds_config.json, as Trainer takes it: the DeepSpeed keys brisk has a meaning for
 // become its options, "auto" (Trainer's way of saying "from TrainingArguments") keeps the option,
 // and an explicit value that contradicts an option or asks for what brisk does not do is refused
-// naming the key. Keys brisk has no use for are listed, not refused (a DeepSpeed config carries
-// many: logging, autotuning, ...); sections that change what the run computes and that brisk does
+// naming the key, as is a flag given another value than the config's (a flag at its default
+// yields). DeepSpeed's keys brisk has no use for are listed, not refused (a DeepSpeed config
+// carries many: logging, autotuning, ...), a key DeepSpeed does not have is refused
+// (train/deepspeed_keys.h); sections that change what the run computes and that brisk does
 // not do (tensor_parallel, ZenFlow, ...) are refused. The optimizer and scheduler sections are
 // DeepSpeed's own, as Trainer hands them to DeepSpeed: Adam/AdamW run as adamw_torch, and WarmupLR,
 // WarmupDecayLR and WarmupCosineLR follow DeepSpeed's curves (train/schedule.h).

@@ -379,10 +379,7 @@ const char* option_group(const std::string& name) {
   return "";
 }
 
-std::string closest_option(const std::string& name) {
-  std::vector<std::string> names = trainer_key_names();
-  TrainOptions o;
-  visit_options(o, [&](const char* n, auto&, const char*) { names.emplace_back(n); });
+std::string closest_name(const std::string& name, const std::vector<std::string>& names) {
   std::string best;
   size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;  // a few typos at most
   for (const std::string& candidate : names) {
@@ -390,6 +387,13 @@ std::string closest_option(const std::string& name) {
     if (d < best_distance) best_distance = d, best = candidate;
   }
   return best;
+}
+
+std::string closest_option(const std::string& name) {
+  std::vector<std::string> names = trainer_key_names();
+  TrainOptions o;
+  visit_options(o, [&](const char* n, auto&, const char*) { names.emplace_back(n); });
+  return closest_name(name, names);
 }
 
 }  // namespace brisk

@@ -280,7 +280,8 @@ void visit_options(Options& o, Visitor&& v) {
     "reduce_bucket_size and stage3_prefetch_bucket_size set --zero_stage, the gradient buckets "
     "and the prefetch; optimizer Adam/AdamW runs as adamw_torch and scheduler WarmupLR, "
     "WarmupDecayLR or WarmupCosineLR as DeepSpeed runs it; batch sizes, clipping, fp16/bf16 and "
-    "their parameters must be \"auto\" or agree with the options; tensor_parallel is refused");
+    "their parameters must be \"auto\" or agree with the options; a flag given another value "
+    "than the config's, a key DeepSpeed does not have and tensor_parallel are refused");
   v("ddp_timeout", o.ddp_timeout,
     "data parallel: seconds a rank waits for the others in a collective before the run ends "
     "with a message (a rank stuck or gone); 0 = no limit");
@@ -321,5 +322,7 @@ const char* option_group(const std::string& name);
 // The option or TrainingArguments key spelled most like `name` (a typo's likely meaning), or ""
 // when none is close.
 std::string closest_option(const std::string& name);
+// The one of `names` spelled most like `name`, or "" when none is within a few typos.
+std::string closest_name(const std::string& name, const std::vector<std::string>& names);
 
 }  // namespace brisk
