@@ -1,9 +1,13 @@
 // Checkpoint folders: atomic save by folder rename, validated load, rotation.
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -292,13 +296,77 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   return final_dir.string();
 }
 
-std::vector<std::string> remove_interrupted_saves(const std::string& output_dir) {
-  std::vector<std::string> removed;
+namespace {
+// The lock file's text: "PID HOST", read back for the message of a run refused. A holder that
+// has locked but not written it yet is given a moment.
+std::string lock_holder(int fd) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    char text[300] = {};
+    const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+    const std::string s(text, n > 0 ? static_cast<size_t>(n) : 0);
+    const size_t space = s.find(' ');
+    if (space != std::string::npos && s.back() == '\n')
+      return "PID " + s.substr(0, space) + " on host " +
+             excerpt(s.substr(space + 1, s.size() - space - 2));
+    ::usleep(10000);
+  }
+  return "PID unknown";
+}
+
+// Whether `fd` is still the file at `path`: a run that ended unlinks it, and a lock taken on the
+// unlinked file would exclude nobody.
+bool is_current(int fd, const std::string& path) {
+  struct stat held {
+  }, named{};
+  return ::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
+         held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+}
+}  // namespace
+
+OutputDirLock::OutputDirLock(const std::string& output_dir)
+    : dir_(output_dir), path_((fs::path(output_dir) / ".brisk-run.lock").string()) {
   std::error_code ec;
-  if (!fs::is_directory(output_dir, ec)) return removed;
+  created_ = fs::create_directories(dir_, ec);
+  BRISK_CHECK(!ec && fs::is_directory(dir_), "cannot create output_dir '", dir_,
+              "': ", ec ? ec.message() : "not a folder");
+  BRISK_CHECK(::access(dir_.c_str(), W_OK) == 0, "output_dir '", dir_, "' is not writable");
+  for (;;) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    BRISK_CHECK(fd_ >= 0, "cannot create the lock file '", path_, "': ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      const std::string holder = err == EWOULDBLOCK ? lock_holder(fd_) : "";
+      ::close(fd_);
+      fd_ = -1;
+      BRISK_CHECK(err != EWOULDBLOCK, "output_dir '", dir_, "' is in use by another run (", holder,
+                  "); give another --output_dir, or wait for that run to end");
+      BRISK_FAIL("cannot lock '", path_, "': ", std::strerror(err));
+    }
+    if (is_current(fd_, path_)) break;
+    ::close(fd_);  // the run holding it ended meanwhile: lock the file now there
+  }
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  const std::string text = std::to_string(::getpid()) + " " + host + "\n";
+  // Best effort: the text only names the holder in another run's message.
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t written = ::pwrite(fd_, text.data(), text.size(), 0);
+  }
+}
+
+OutputDirLock::~OutputDirLock() {
+  ::unlink(path_.c_str());  // while still locked: a run starting now locks a new file
+  ::close(fd_);
+  if (created_) ::rmdir(dir_.c_str());  // only when empty: a run that failed at start
+}
+
+SaveCleanup remove_interrupted_saves(const OutputDirLock& lock) {
+  SaveCleanup cleanup;
+  const std::string& output_dir = lock.dir();
+  std::error_code ec;
   std::vector<fs::path> entries;  // listed first: the loop renames and removes
   for (const auto& e : fs::directory_iterator(output_dir, ec))
-    if (e.is_directory()) entries.push_back(e.path());
+    if (e.is_directory(ec)) entries.push_back(e.path());
   for (const fs::path& path : entries) {
     const std::string name = path.filename().string();
     size_t mark = std::string::npos;
@@ -312,15 +380,22 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
     // A previous copy moved aside by a save that was interrupted before its new copy was in
     // place is the step's only complete checkpoint: it goes back.
     const fs::path final_dir = fs::path(output_dir) / ("checkpoint-" + step);
-    if (name[mark + 1] == 'o' && !fs::exists(final_dir)) {
+    if (name[mark + 1] == 'o' && !fs::exists(final_dir, ec)) {
       fs::rename(path, final_dir, ec);
-      removed.push_back(name + " (restored as checkpoint-" + step + ")");
+      BRISK_CHECK(
+          !ec, "cannot put '", path.string(), "' back as checkpoint-", step,
+          " (the step's only complete copy, moved aside by an interrupted save): ", ec.message());
+      cleanup.done.push_back(name + " (restored as checkpoint-" + step + ")");
       continue;
     }
     fs::remove_all(path, ec);
-    removed.push_back(name);
+    if (ec)
+      cleanup.failed.push_back("cannot remove the interrupted save '" + path.string() +
+                               "': " + ec.message());
+    else
+      cleanup.done.push_back(name);
   }
-  return removed;
+  return cleanup;
 }
 
 std::string last_checkpoint(const std::string& output_dir) {

@@ -88,11 +88,41 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
 // trainer_state.json's values, each checked before use (`where` names the file in messages).
 TrainerState parse_trainer_state(const nlohmann::json& ts, const std::string& where);
 
-// Cleans up after interrupted saves of earlier runs in output_dir: removes the unfinished
-// checkpoint-N.tmp-PID folders and the checkpoint-N.del-PID ones a rotation was deleting, and
-// puts a checkpoint-N.old-PID back as checkpoint-N when no checkpoint-N exists (else removes it);
-// returns what it did, one line per folder.
-std::vector<std::string> remove_interrupted_saves(const std::string& output_dir);
+// One run's hold on its output_dir: an advisory lock (flock) on output_dir/.brisk-run.lock, held
+// by the process that writes there (rank 0) from the start of the run to its end. The kernel
+// releases it when the process ends, however it ends, so a killed run leaves no stale lock.
+// The file holds the holder's PID and host, for the message of a run refused.
+class OutputDirLock {
+ public:
+  // Creates output_dir when missing and takes the lock; a second run on the same folder is
+  // refused, naming the folder and the PID holding it.
+  explicit OutputDirLock(const std::string& output_dir);
+  // Removes the lock file, then releases the lock (the folder too, when this run created it and
+  // it is empty).
+  ~OutputDirLock();
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_, path_;
+  int fd_ = -1;
+  bool created_ = false;
+};
+
+// What remove_interrupted_saves did: one line per folder removed or put back, and one per folder
+// it could not remove (left in place, named with the reason).
+struct SaveCleanup {
+  std::vector<std::string> done, failed;
+};
+
+// Cleans up after interrupted saves of earlier runs in the locked output_dir: removes the
+// unfinished checkpoint-N.tmp-PID folders and the checkpoint-N.del-PID ones a rotation was
+// deleting, and puts a checkpoint-N.old-PID back as checkpoint-N when no checkpoint-N exists (else
+// removes it). The lock proves that no other run writes there, so every such folder is stale
+// whatever its PID (which may be reused, be this process's, or another host's). A copy that
+// cannot be put back fails the run, naming it: resuming would silently take an older checkpoint.
+SaveCleanup remove_interrupted_saves(const OutputDirLock& lock);
 
 // The newest complete checkpoint-N folder in output_dir (every file present); fails naming
 // output_dir when there is none.

@@ -45,14 +45,6 @@ int64_t non_embedding_params(const ParameterSet& ps) {
   return n;
 }
 
-void prepare_output_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  BRISK_CHECK(!ec && fs::is_directory(dir), "cannot create output_dir '", dir,
-              "': ", ec ? ec.message() : "not a folder");
-  BRISK_CHECK(::access(dir.c_str(), W_OK) == 0, "output_dir '", dir, "' is not writable");
-}
-
 // The optimizer steps' progress on stderr. On a terminal: a bar redrawn in place with the rate and
 // the time left; a record written meanwhile goes above it (clear, write, redraw), as tqdm.write.
 // Off a terminal: a line after the first step, then one at most every 30 seconds, so that a log
@@ -544,11 +536,16 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     ~DeviceWork() { comm.set_device_stream(nullptr); }
   } device_work{dist};
   if (ranks > 1 && device != Device::cpu) dist.set_device_stream(be->device_stream());
-  // Before anything reads output_dir: a copy an interrupted save moved aside is back in place
-  // for --resume_from_checkpoint last.
-  if (lead)
-    for (const std::string& stale : remove_interrupted_saves(options.output_dir))
-      on_log({{"removed_interrupted_save", stale}});
+  // Every run writes into output_dir (results at least): rank 0, which writes, holds it for
+  // the whole run. Before anything reads it, a copy an interrupted save moved aside is back in
+  // place for --resume_from_checkpoint last.
+  std::optional<OutputDirLock> output_lock;
+  if (lead) {
+    output_lock.emplace(options.output_dir);
+    const SaveCleanup cleanup = remove_interrupted_saves(*output_lock);
+    for (const std::string& done : cleanup.done) on_log({{"removed_interrupted_save", done}});
+    for (const std::string& failed : cleanup.failed) on_log({{"warning", failed}});
+  }
   dist.barrier();
   TrainSummary s;
   const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
@@ -565,8 +562,6 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   MixedPrecision& precision = *run->precision;
   Optimizer* optimizer = run->optimizer.get();
   const MemoryPlan& plan = run->plan;
-  if (lead) prepare_output_dir(o.output_dir);
-  dist.barrier();
   const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
 
   s.device = be->name();
