@@ -1,8 +1,12 @@
 // TensorBoard event files byte for byte as tensorboard's own writer frames and serializes them
 // (tests/fixtures/tensorboard/reference.tfevents, from scripts/make_tensorboard_fixture.py).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +84,30 @@ TEST(TensorBoard, Crc32cGivesTheKnownValuesInHardwareAndSoftware) {
 
 // A run with --report_to tensorboard leaves one event file in logging_dir whose every record is
 // framed with valid checksums and whose tags are transformers' (train/loss, eval/loss, args, ...).
+// The whole records at the start of an event file (each framed with valid checksums), and whether
+// they are all it holds.
+struct Records {
+  int count = 0;
+  bool whole = true;
+};
+Records whole_records(const std::string& data) {
+  Records r;
+  for (size_t at = 0; at < data.size();) {
+    uint64_t len = 0;
+    uint32_t crc = 0;
+    if (at + 12 > data.size()) return {r.count, false};
+    std::memcpy(&len, data.data() + at, 8);
+    std::memcpy(&crc, data.data() + at + 8, 4);
+    if (crc != masked_crc32c(data.data() + at, 8) || len > data.size() - at - 16)
+      return {r.count, false};
+    std::memcpy(&crc, data.data() + at + 12 + len, 4);
+    if (crc != masked_crc32c(data.data() + at + 12, len)) return {r.count, false};
+    at += 12 + len + 4;
+    ++r.count;
+  }
+  return r;
+}
+
 TEST(TensorBoard, ATrainingRunReportsItsLogs) {
   TempDir dir("tb_run");
   TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out");
@@ -116,6 +144,87 @@ TEST(TensorBoard, ATrainingRunReportsItsLogs) {
   for (const char* tag : {"train/loss", "train/learning_rate", "eval/loss", "eval/perplexity",
                           "args", "model_config", "train/train_runtime", "train/train_loss"})
     EXPECT_NE(data.find(tag), std::string::npos) << tag;
+}
+
+}  // namespace
+}  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+// A full disk, as a file-size limit makes one without root (RLIMIT_FSIZE in a child, SIGXFSZ
+// ignored, so writes fail with EFBIG or fall short): the file keeps only whole records (none: no
+// file), the writer warns once and takes no more.
+TEST(TensorBoard, AFullDiskLeavesWholeRecordsAndOneWarning) {
+  TempDir dir("tb_full");
+  // The file-version record takes 40 bytes; a scalar about 40 more.
+  for (const rlim_t limit : {rlim_t{0}, rlim_t{20}, rlim_t{100}, rlim_t{1000}}) {
+    const std::string path = dir / ("limit_" + std::to_string(limit) + ".tfevents");
+    const pid_t child = ::fork();
+    if (child == 0) {
+      const struct rlimit small = {limit, limit};
+      ::signal(SIGXFSZ, SIG_IGN);
+      if (::setrlimit(RLIMIT_FSIZE, &small) != 0) ::_exit(2);
+      int warnings = 0;
+      bool named = true;
+      EventWriter w(path, 1700000000.0);
+      for (int step = 1; step <= 100; ++step) {
+        w.scalar("train/loss", 0.5f, step, 1700000001.0);
+        const std::string warning = w.take_warning();
+        named = named && (warning.empty() || warning.find(path) != std::string::npos);
+        warnings += warning.empty() ? 0 : 1;
+      }
+      ::_exit(warnings == 1 && named && w.stopped() ? 0 : 10 + warnings);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "limit " << limit << ": the child died of a signal";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "limit " << limit << ": warnings + 10, or 2";
+    std::error_code ec;
+    if (limit < 40) {
+      EXPECT_FALSE(std::filesystem::exists(path, ec)) << "limit " << limit << ": an empty file";
+      continue;
+    }
+    const std::string data = slurp(path);
+    const Records r = whole_records(data);
+    EXPECT_TRUE(r.whole) << "limit " << limit << ": cut after " << r.count << " records";
+    EXPECT_GE(r.count, 1) << limit;
+    EXPECT_LE(data.size(), limit);
+    EXPECT_GT(data.size() + 80, limit) << "stopped long before the disk was full";
+  }
+}
+
+// A run on a full disk: the events stop with one warning record and the file keeps whole
+// records, while the checkpoint's weights, which cannot be written either, end the run with an
+// error naming the file.
+TEST(TensorBoard, ARunOnAFullDiskWarnsOnceForItsEventsAndFailsItsSave) {
+  TempDir dir("tb_full_run");
+  const std::string out = dir / "stdout.txt", err = dir / "stderr.txt", tb = dir / "tb";
+  // bash's ulimit -f counts 1024-byte blocks: the events' first records fit, the options' text
+  // and the weights do not.
+  const std::string cmd = "trap '' XFSZ; ulimit -f 1; exec timeout 60 " +
+                          std::string(BRISK_BINARY) + " train --model bert-tiny --max_steps 4" +
+                          " --seq_len 8 --dataset_size 16 --save_steps 2 --disable_tqdm" +
+                          " --report_to tensorboard --logging_dir " + tb + " --output_dir " +
+                          (dir / "out") + " > " + out + " 2> " + err + " < /dev/null";
+  const int status = std::system(("bash -c \"" + cmd + "\"").c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string errors = slurp(err), log = slurp(out);
+  EXPECT_EQ(errors.rfind("brisk: error: failed while writing '", 0), 0u) << errors;
+  EXPECT_NE(errors.find("model.safetensors"), std::string::npos) << errors;
+  EXPECT_EQ(std::count(errors.begin(), errors.end(), '\n'), 1) << errors;
+  size_t warnings = 0;
+  for (size_t at = log.find("{\"warning\":\"TensorBoard events stopped"); at != std::string::npos;
+       at = log.find("{\"warning\":\"TensorBoard events stopped", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << log;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(tb)) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  const Records r = whole_records(slurp(files[0]));
+  EXPECT_TRUE(r.whole);
+  EXPECT_GE(r.count, 1);
 }
 
 }  // namespace

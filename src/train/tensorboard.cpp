@@ -1,6 +1,7 @@
 // TensorBoard event files (see tensorboard.h).
 #include "train/tensorboard.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.h"
 
@@ -134,9 +136,8 @@ std::string event_file_path(const std::string& dir, double wall_time) {
 EventWriter::EventWriter(const std::string& path, double wall_time) : path_(path) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  file_ = std::fopen(path.c_str(), "wb");
-  BRISK_CHECK(file_ != nullptr, "cannot write TensorBoard events to '", path,
-              "': ", std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  BRISK_CHECK(fd_ >= 0, "cannot write TensorBoard events to '", path, "': ", std::strerror(errno));
   std::string event;
   double_field(event, 1, wall_time);
   bytes_field(event, 3, "brain.Event:2");
@@ -144,17 +145,40 @@ EventWriter::EventWriter(const std::string& path, double wall_time) : path_(path
 }
 
 EventWriter::~EventWriter() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void EventWriter::record(const std::string& data) {
+  if (stopped_) return;
   std::string framed;
   fixed(framed, static_cast<uint64_t>(data.size()));
   fixed(framed, masked_crc32c(framed.data(), 8));
   framed += data;
   fixed(framed, masked_crc32c(data.data(), data.size()));
-  BRISK_CHECK(std::fwrite(framed.data(), 1, framed.size(), file_) == framed.size(),
-              "failed writing TensorBoard events to '", path_, "' (disk full?)");
+  for (size_t done = 0; done < framed.size();) {  // one write, unless a signal cuts it short
+    const ssize_t n = ::write(fd_, framed.data() + done, framed.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return stop(n < 0 ? errno : ENOSPC);
+    done += static_cast<size_t>(n);
+  }
+  whole_bytes_ += framed.size();
+  ++records_;
+}
+
+// Cuts the file back to its whole records (removes it when it has none) and takes no more.
+void EventWriter::stop(int err) {
+  stopped_ = true;
+  const bool cut = ::ftruncate(fd_, static_cast<off_t>(whole_bytes_)) == 0;
+  if (records_ == 0 && cut) ::unlink(path_.c_str());
+  warning_ = "TensorBoard events stopped: writing '" + path_ + "' failed (" + std::strerror(err) +
+             "), " +
+             (cut ? "the file keeps its " + std::to_string(records_) + " whole records"
+                  : "and cutting it back to its whole records failed too") +
+             "; the run goes on without them";
+}
+
+std::string EventWriter::take_warning() {
+  return std::exchange(warning_, std::string());
 }
 
 void EventWriter::scalar(const std::string& tag, float value, int64_t step, double wall_time) {
@@ -198,10 +222,6 @@ void EventWriter::log(const nlohmann::json& rec, int64_t step, double wall_time)
     if (key == "step" || !v.is_number() || !std::isfinite(v.get<double>())) continue;
     scalar(tag_of(key), v.get<float>(), step, wall_time);
   }
-}
-
-void EventWriter::flush() {
-  BRISK_CHECK(std::fflush(file_) == 0, "failed writing TensorBoard events to '", path_, "'");
 }
 
 }  // namespace brisk

@@ -5,15 +5,19 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 namespace brisk {
 
+// The file holds whole records only, whatever happens to the disk: each record goes to the file in
+// one write, and a write that fails or falls short (a full disk, a file-size limit) is cut back
+// to the last whole record, after which the writer takes no more (the run goes on without its
+// events) and take_warning() has the warning, once. A file left without any record is removed.
 class EventWriter {
  public:
-  // Opens `path` and writes the file-version event stamped `wall_time`.
+  // Opens `path` (failing, naming it, when it cannot) and writes the file-version event stamped
+  // `wall_time`.
   EventWriter(const std::string& path, double wall_time);
   ~EventWriter();
   EventWriter(const EventWriter&) = delete;
@@ -25,13 +29,20 @@ class EventWriter {
   void text(const std::string& tag, const std::string& text, int64_t step, double wall_time);
   // Every numeric entry of a log record but its step and epoch bookkeeping, at `step`.
   void log(const nlohmann::json& record, int64_t step, double wall_time);
-  void flush();
+  // The warning of the write that stopped the events, the first time it is asked; else "".
+  std::string take_warning();
+  bool stopped() const { return stopped_; }
   const std::string& path() const { return path_; }
 
  private:
   void record(const std::string& data);
+  void stop(int err);
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  uint64_t whole_bytes_ = 0;  // the whole records written so far
+  int64_t records_ = 0;
+  bool stopped_ = false;
+  std::string warning_;
 };
 
 // A new event file's path in `dir`: events.out.tfevents.<seconds>.<host>.<pid>.0, as

@@ -590,10 +590,22 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   TrainerState state =
       load_state(*be, *run, on_log, share ? &*share : nullptr, weights ? &*weights : nullptr);
   // --report_to tensorboard: every record also as TensorBoard scalars at the step it belongs to.
+  // Events that can no longer be written (a full disk) end with one warning; the run goes on,
+  // and its saves report the disk as errors of their own.
   std::unique_ptr<EventWriter> events;
   auto wall_time = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
+  };
+  Progress progress;
+  auto log_events = [&](const nlohmann::json& rec) {
+    if (!events) return;
+    events->log(rec, state.global_step, wall_time());
+    const std::string warning = events->take_warning();
+    if (warning.empty()) return;
+    progress.clear();
+    on_log({{"warning", warning}});
+    progress.redraw();
   };
   if (lead && reports_to_tensorboard(o)) {
     events =
@@ -601,15 +613,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     // As transformers' TensorBoardCallback at the start of training.
     events->text("args", options_to_json(o).dump(2), 0, wall_time());
     events->text("model_config", run->config.source.dump(2), 0, wall_time());
+    log_events(nlohmann::json::object());  // a warning of the three records above
   }
-  Progress progress;
   const LogSink report = [&](const nlohmann::json& rec) {
     progress.clear();
     on_log(rec);
     progress.redraw();
-    if (!events) return;
-    events->log(rec, state.global_step, wall_time());
-    events->flush();
+    log_events(rec);
   };
 
   // As Trainer, an epoch's last optimizer step takes the micro-batches left in it (fewer than
@@ -777,7 +787,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     nlohmann::json finished = train_metrics_json(s);
     finished["step"] = state.global_step;
     state.log_history.push_back(finished);
-    if (events) events->log(finished, state.global_step, wall_time());
+    log_events(finished);
     if (o.load_best_model_at_end) {
       // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights,
       // broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
