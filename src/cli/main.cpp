@@ -49,22 +49,6 @@ CLI::Validator switch_text() {
       "", "switch");
 }
 
-// An error every process of the launch meets alike (a bad flag or options file), written by rank
-// 0 alone (the rank read from the environment: these come before any communicator exists), so
-// mpirun shows it once. The others return a moment later: a launcher ends the job when the first
-// rank fails, which must not be before rank 0 has written the message.
-void report_common_error(const std::string& message) {
-  bool lead = true;
-  try {
-    lead = brisk::launch_info_from_env().rank == 0;
-  } catch (const brisk::Error&) {  // a contradicting environment: train reports it on every rank
-  }
-  if (lead)
-    std::cerr << "brisk: error: " << message << "\n";
-  else
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-}
-
 // A refused command line's message, with the option meant when an unknown one is a typo.
 std::string parse_error_message(const CLI::ParseError& err, int argc, char** argv) {
   std::string message = brisk::excerpt(err.what(), 300);
@@ -81,12 +65,33 @@ std::string parse_error_message(const CLI::ParseError& err, int argc, char** arg
   return message + " (see --help)";
 }
 
-// The error line, written whole in one write: a launcher that forwards several ranks' output
-// (mpirun) then cannot cut it with its own lines.
-void fail_line(const std::string& message) {
-  const std::string line = "brisk: error" + brisk::rank_tag() + ": " + message + "\n";
+// " (rank r of N)" in a launch of several processes, read from the environment (errors may come
+// before any communicator exists); "" for one process or a contradicting environment.
+std::string launch_tag() {
+  try {
+    const brisk::LaunchInfo launch = brisk::launch_info_from_env();
+    if (launch.size > 1)
+      return " (rank " + std::to_string(launch.rank) + " of " + std::to_string(launch.size) + ")";
+  } catch (const brisk::Error&) {  // the run itself reports that environment
+  }
+  return "";
+}
+
+// Reports an error and ends the run: one line, written whole in one write (a launcher that
+// forwards several ranks' output, as mpirun, cannot cut it with its own lines). In a launch of
+// several processes, rank 0 reports at once and the others only after a moment: an error every
+// rank meets alike (a bad flag, option or file) is then shown once, by rank 0, whose end makes the
+// launcher end the others before they write; an error of one rank alone is still shown, by that
+// rank. Then every rank of the run ends (a rank that failed must not leave the others waiting).
+int report_error(const std::string& message) {
+  const std::string tag = launch_tag();
+  if (!tag.empty() && tag.rfind(" (rank 0 ", 0) != 0)
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  const std::string line = "brisk: error" + tag + ": " + message + "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
+  brisk::end_every_rank_on_error(1);
+  return 1;
 }
 }  // namespace
 
@@ -104,8 +109,7 @@ int main(int argc, char** argv) {
   try {
     if (!options_file.empty()) load_options_file(options, options_file);
   } catch (const Error& err) {
-    report_common_error(excerpt(err.what(), 1000));  // a safety net
-    return 1;
+    return report_error(excerpt(err.what(), 1000));  // a safety net
   }
   // TrainingArguments keys brisk has no option for (train/trainer_keys.h), as given on the
   // command line: checked once parsing is done.
@@ -237,8 +241,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
     // One short line and exit 1, as every other refusal (CLI11 quotes the bad value whole).
-    report_common_error(parse_error_message(err, argc, argv));
-    return 1;
+    return report_error(parse_error_message(err, argc, argv));
   }
   try {
     for (const auto& [name, opt] : trainer_key_options) {
@@ -246,8 +249,7 @@ int main(int argc, char** argv) {
       accept_trainer_key(options, name, flag_value(trainer_key_flags[name]), "--" + name);
     }
   } catch (const Error& err) {
-    report_common_error(excerpt(err.what(), 1000));
-    return 1;
+    return report_error(excerpt(err.what(), 1000));
   }
   try {
     if (*t) return cli::run_train(options);
@@ -256,17 +258,11 @@ int main(int argc, char** argv) {
     if (*k) return cli::run_tokenize(tk);
     if (*g) return cli::run_generate(gen);
   } catch (const Error& err) {
-    fail_line(brisk::excerpt(err.what(), 1000));
-    end_every_rank_on_error(1);
-    return 1;
+    return report_error(excerpt(err.what(), 1000));
   } catch (const std::bad_alloc&) {
-    fail_line("out of host memory");
-    end_every_rank_on_error(1);
-    return 1;
+    return report_error("out of host memory");
   } catch (const std::exception& err) {
-    fail_line(brisk::excerpt(err.what(), 1000));  // a safety net
-    end_every_rank_on_error(1);
-    return 1;
+    return report_error(excerpt(err.what(), 1000));  // a safety net
   }
   return 0;
 }

@@ -223,12 +223,6 @@ Communicator& world_communicator(Device memory) {
   return *gpu;
 }
 
-std::string rank_tag() {
-  if (!world_made || world_made->size() == 1) return "";
-  return " (rank " + std::to_string(world_made->rank()) + " of " +
-         std::to_string(world_made->size()) + ")";
-}
-
 void end_every_rank_on_error(int code) {
   if (world_made && world_made->size() > 1) world_made->abort(code);
 }

@@ -123,8 +123,6 @@ std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
 // bootstrapped through the host communicator under an MPI launch, else through the TCP
 // rendezvous), which also takes host buffers (through the GPU); for one process, the host one.
 Communicator& world_communicator(Device memory = Device::cpu);
-// For error messages: " (rank r of N)" once a communicator of several ranks exists, else "".
-std::string rank_tag();
 // After an error: in a run of several processes, ends them all (code); otherwise returns.
 void end_every_rank_on_error(int code);
 
