@@ -202,21 +202,28 @@ std::unique_ptr<Communicator> make_single_process() {
   return std::make_unique<SingleProcess>();
 }
 
-std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch);  // mpi.cpp or no_mpi.cpp
-// gloo.cpp or no_gloo.cpp: the ranks wait at most `timeout_seconds` for each other to connect.
+// mpi.cpp or no_mpi.cpp, gloo.cpp or no_gloo.cpp: the ranks wait at most `timeout_seconds` for
+// each other to start (0: no bound).
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch, double timeout_seconds);
 std::unique_ptr<Communicator> make_gloo(const LaunchInfo& launch, double timeout_seconds);
 
-Communicator& world_communicator(Device memory) {
+Communicator& world_communicator(Device memory, double timeout_seconds) {
   if (memory == Device::cpu || launch_info_from_env().size == 1) {
-    static const std::unique_ptr<Communicator> world = make_communicator(launch_info_from_env());
+    static const std::unique_ptr<Communicator> world =
+        make_communicator(launch_info_from_env(), timeout_seconds);
     world_made = world.get();
     return *world;
   }
-  static const std::unique_ptr<Communicator> gpu = [] {
+  static const std::unique_ptr<Communicator> gpu = [timeout_seconds] {
     const LaunchInfo launch = launch_info_from_env();
     // Under MPI, the host communicator is the bootstrap, and the one that ends every rank.
-    Communicator* host = launch.launcher == Launcher::mpi ? &world_communicator() : nullptr;
-    std::unique_ptr<Communicator> made = make_nccl(launch, host);
+    Communicator* host = launch.launcher == Launcher::mpi
+                             ? &world_communicator(Device::cpu, timeout_seconds)
+                             : nullptr;
+    // The rendezvous (or the bootstrap's broadcast) bounds the start; NCCL's own initialization
+    // begins once every rank has the id.
+    std::unique_ptr<Communicator> made =
+        make_nccl(launch, host, timeout_seconds > 0 ? timeout_seconds : 1e9);
     if (!world_made) world_made = made.get();
     return made;
   }();
@@ -227,14 +234,16 @@ void end_every_rank_on_error(int code) {
   if (world_made && world_made->size() > 1) world_made->abort(code);
 }
 
-std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch) {
+std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch, double timeout_seconds) {
+  BRISK_CHECK(timeout_seconds >= 0, "the start's timeout must not be negative, got ",
+              timeout_seconds);
   switch (launch.launcher) {
     case Launcher::none:
       return make_single_process();
     case Launcher::mpi:
-      return make_mpi(launch);
+      return make_mpi(launch, timeout_seconds);
     case Launcher::torchrun:
-      return launch.size == 1 ? make_single_process() : make_gloo(launch, 300);
+      return launch.size == 1 ? make_single_process() : make_gloo(launch, timeout_seconds);
   }
   return make_single_process();
 }

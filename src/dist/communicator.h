@@ -122,7 +122,8 @@ std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
 // Host memory: make_communicator's. GPU memory, for a run of several processes: NCCL (make_nccl,
 // bootstrapped through the host communicator under an MPI launch, else through the TCP
 // rendezvous), which also takes host buffers (through the GPU); for one process, the host one.
-Communicator& world_communicator(Device memory = Device::cpu);
+// `timeout_seconds` (the first call's; 0: no bound) bounds the start, as make_communicator's.
+Communicator& world_communicator(Device memory = Device::cpu, double timeout_seconds = 1800);
 // After an error: in a run of several processes, ends them all (code); otherwise returns.
 void end_every_rank_on_error(int code);
 
@@ -130,7 +131,13 @@ void end_every_rank_on_error(int code);
 // run was started by an MPI launcher; Gloo for a torchrun-style launch without one (its ranks
 // connecting through the rendezvous of dist/rendezvous.h). Either refused, saying so, when brisk
 // was built without it. MPI is initialized here and finalized at exit.
-std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch);
+// The start is bounded as PyTorch's init_process_group bounds it: a rank that has not met every
+// other within `timeout_seconds` (ddp_timeout; 0: no bound) of its own start ends the run with
+// one line naming the stage it waited in (MPI's initialization, the rendezvous, the first
+// handshake) and, where the rendezvous knows them, the ranks that did not come. The collectives'
+// watchdog is set to the same timeout (Communicator::set_timeout may change it).
+std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch,
+                                                double timeout_seconds = 1800);
 std::unique_ptr<Communicator> make_single_process();
 // Whether this brisk was built with MPI; with Gloo.
 bool mpi_built_in();

@@ -50,12 +50,22 @@ class Store final : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::vector<uint8_t>(data.begin(), data.end()));
   }
+  // Connecting, Gloo waits for each other rank's address under its rank number: a rank that
+  // never sets it is named as the one that did not join.
   std::vector<char> get(const std::string& key) override {
-    const std::vector<uint8_t> value = store_.get(key);
+    std::vector<uint8_t> value;
+    try {
+      value = store_.get(key);
+    } catch (const Error& e) {
+      const bool rank = !key.empty() && key.size() < 8 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+      if (!rank) throw;
+      BRISK_FAIL("rank ", key, " did not join the run (ddp_timeout): ", e.what());
+    }
     return std::vector<char>(value.begin(), value.end());
   }
   void wait(const std::vector<std::string>& keys) override {
-    for (const std::string& key : keys) store_.get(key);  // bounded by the store's timeout
+    for (const std::string& key : keys) get(key);  // bounded by the store's timeout
   }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     wait(keys);
@@ -109,10 +119,14 @@ std::shared_ptr<gloo::transport::Device> make_device(const LaunchInfo& launch) {
 
 class Gloo final : public Communicator {
  public:
-  Gloo(const LaunchInfo& launch, double connect_timeout)
+  // The rendezvous and the connections wait at most `timeout` (0: no bound) for the other ranks;
+  // the collectives' watchdog starts with the same.
+  Gloo(const LaunchInfo& launch, double timeout)
       : rank_(launch.rank),
         size_(launch.size),
         watchdog_([this](const char* op, double waited) { expire(op, waited); }) {
+    watchdog_.set_timeout(timeout);
+    const double connect_timeout = timeout > 0 ? timeout : 1e9;
     auto device = make_device(launch);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(connect_timeout * 1000)));

@@ -5,6 +5,7 @@
 // while some thread is inside an MPI call.
 #include <mpi.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -49,21 +50,18 @@ int count_of(int64_t n, const char* op) {
 
 class Mpi final : public Communicator {
  public:
-  explicit Mpi(const LaunchInfo& launch)
-      : watchdog_([this](const char* op, double waited) { expire(op, waited); }) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      // A rank's communication thread shares the cores with its computing threads: waiting in
-      // MPI yields the core (sched_yield) rather than spinning on it, unless the user chose
-      // otherwise. Open MPI reads its parameters from the environment at initialization.
-      ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
-      int provided = 0;
-      // Serialized: the communication thread and the caller's thread call MPI in turn, never at
-      // once (blocking collectives first finish the started ones).
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-      std::atexit(finalize_at_exit);
+  // The watchdog bounds the start as it bounds a collective: MPI's initialization waits for
+  // every rank of the launch, the first barrier for every rank to have come this far.
+  Mpi(const LaunchInfo& launch, double timeout)
+      : rank_(launch.rank),
+        size_(launch.size),
+        watchdog_([this](const char* op, double waited) { expire(op, waited); }) {
+    watchdog_.set_timeout(timeout);
+    {
+      const Watchdog::Watch watch(watchdog_, "MPI_Init (the ranks' start)");
+      initialize();
     }
+    started_ = true;
     int level = 0;
     MPI_Query_thread(&level);
     threaded_ = level >= MPI_THREAD_SERIALIZED;
@@ -74,6 +72,8 @@ class Mpi final : public Communicator {
     BRISK_CHECK(rank_ == launch.rank && size_ == launch.size, "MPI says rank ", rank_, " of ",
                 size_, ", the launcher's environment rank ", launch.rank, " of ", launch.size);
     check(MPI_Op_create(bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
+    const Watchdog::Watch watch(watchdog_, "the first barrier (the ranks' start)");
+    check(MPI_Barrier(MPI_COMM_WORLD), "the first barrier (MPI_Barrier)");
   }
   ~Mpi() override {
     thread_.stop();
@@ -220,6 +220,20 @@ class Mpi final : public Communicator {
   }
 
  private:
+  void initialize() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    // A rank's communication thread shares the cores with its computing threads: waiting in
+    // MPI yields the core (sched_yield) rather than spinning on it, unless the user chose
+    // otherwise. Open MPI reads its parameters from the environment at initialization.
+    ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+    int provided = 0;
+    // Serialized: the communication thread and the caller's thread call MPI in turn, never at
+    // once (blocking collectives first finish the started ones).
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    std::atexit(finalize_at_exit);
+  }
   void enqueue(std::function<void()> job) {
     count_started();
     thread_.enqueue(std::move(job));
@@ -276,7 +290,8 @@ class Mpi final : public Communicator {
                  "(ddp_timeout): a rank is stuck or gone; ending the run\n",
                  rank_, size_, op, waited);
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    if (started_)
+      MPI_Abort(MPI_COMM_WORLD, 1);  // before MPI has started, the launcher ends the rest
     std::_Exit(1);
   }
   void drain() { thread_.drain(); }
@@ -295,15 +310,16 @@ class Mpi final : public Communicator {
 
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
-  bool threaded_ = false;  // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
-  CommThread thread_;      // started collectives, in order
+  bool threaded_ = false;             // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
+  std::atomic<bool> started_{false};  // MPI_Init returned: MPI_Abort may be called
+  CommThread thread_;                 // started collectives, in order
   Watchdog watchdog_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch) {
-  return std::make_unique<Mpi>(launch);
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch, double timeout_seconds) {
+  return std::make_unique<Mpi>(launch, timeout_seconds);
 }
 
 bool mpi_built_in() {

@@ -4,7 +4,7 @@
 
 namespace brisk {
 
-std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch) {
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch, double /*timeout_seconds*/) {
   BRISK_FAIL("this process is rank ", launch.rank, " of ", launch.size,
              " of an MPI launch, but brisk was built without MPI (install libopenmpi-dev and "
              "rebuild)");

@@ -514,7 +514,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
   // NCCL's.
-  Communicator& dist = comm ? *comm : world_communicator(device);
+  // The launch's ranks must all start within ddp_timeout, as init_process_group's timeout bounds.
+  Communicator& dist =
+      comm ? *comm : world_communicator(device, static_cast<double>(given.ddp_timeout));
   const int rank = dist.rank(), ranks = dist.size();
   const bool lead = rank == 0;
   std::vector<std::string> deepspeed_ignored;
