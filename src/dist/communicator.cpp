@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "dist/comm_thread.h"
 
 namespace brisk {
 
@@ -220,8 +222,20 @@ Communicator& world_communicator(Device memory, double timeout_seconds) {
     Communicator* host = launch.launcher == Launcher::mpi
                              ? &world_communicator(Device::cpu, timeout_seconds)
                              : nullptr;
-    // The rendezvous (or the bootstrap's broadcast) bounds the start; NCCL's own initialization
-    // begins once every rank has the id.
+    // The rendezvous (or the bootstrap's broadcast) waits at most the timeout for the NCCL id,
+    // and NCCL's own initialization, which has no bound, at most as long again: the watchdog
+    // ends the rank past both (the rendezvous names a rank that did not come first).
+    Watchdog start([&launch, host](const char* op, double waited) {
+      std::fprintf(stderr,
+                   "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
+                   "(ddp_timeout): a rank is stuck or gone; ending the run\n",
+                   launch.rank, launch.size, op, waited);
+      std::fflush(stderr);
+      if (host) host->abort(1);
+      std::_Exit(1);
+    });
+    start.set_timeout(2 * timeout_seconds);
+    const Watchdog::Watch watch(start, "NCCL's start (the ranks' start)");
     std::unique_ptr<Communicator> made =
         make_nccl(launch, host, timeout_seconds > 0 ? timeout_seconds : 1e9);
     if (!world_made) world_made = made.get();
