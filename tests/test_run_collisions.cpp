@@ -84,10 +84,10 @@ struct Holder {
   ~Holder() { kill(); }
 };
 
-// A second run on a held output_dir, whether it trains or only evaluates (both write there), ends
-// at start with one line naming the folder and the holder's PID, and touches nothing there: not
-// the holder's save folders, whose PID is alive. Once the holder is killed, a run starts (no stale
-// lock), finds those folders stale and cleans them up.
+// A second run on a held output_dir, whether it trains, evaluates or predicts (each writes there),
+// ends at start with one line naming the folder and the holder's PID, and touches nothing there:
+// not the holder's save folders, whose PID is alive. Once the holder is killed, a run starts (no
+// stale lock), finds those folders stale and cleans them up.
 TEST(RunCollisions, ASecondRunOnAHeldOutputDirEndsAtStartNamingTheHolder) {
   TempDir dir("collide");
   const std::string out = dir / "out", model = write_config(dir, "gpt2", 0.0);
@@ -98,13 +98,16 @@ TEST(RunCollisions, ASecondRunOnAHeldOutputDirEndsAtStartNamingTheHolder) {
   fs::create_directories(old);
   std::ofstream(old + "/trainer_state.json") << "{}";
   const std::string common = "--model " + model + " --output_dir " + out +
-                             " --max_steps 2 --seq_len 8 --dataset_size 8"
+                             " --max_steps 2 --seq_len 8 --dataset_size 8 --eval_dataset_size 8"
                              " --per_device_train_batch_size 4 --disable_tqdm";
+  const std::string classifier = write_config(dir, "bert", 0.0);
   const struct {
     const char* kind;
     std::string args;
   } runs[] = {{"training", "train " + common},
-              {"evaluation only", "train " + common + " --do_train false --do_eval"}};
+              {"evaluation only", "train " + common + " --do_train false --do_eval"},
+              {"prediction only", "train " + common + " --model " + classifier +
+                                      " --synthetic_task learnable --do_train false --do_predict"}};
   const std::string want = "brisk: error: output_dir '" + out + "' is in use by another run (PID " +
                            std::to_string(holder.pid) + " on host ";
   for (const auto& run : runs) {
