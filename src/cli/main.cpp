@@ -5,7 +5,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 #include <limits>
 #include <map>
 #include <thread>

@@ -316,8 +316,8 @@ std::string lock_holder(int fd) {
 // Whether `fd` is still the file at `path`: a run that ended unlinks it, and a lock taken on the
 // unlinked file would exclude nobody.
 bool is_current(int fd, const std::string& path) {
-  struct stat held {
-  }, named{};
+  struct stat held = {};
+  struct stat named = {};
   return ::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
          held.st_dev == named.st_dev && held.st_ino == named.st_ino;
 }
