@@ -25,13 +25,36 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what, 
 }
 
 namespace {
+// Whether JSON text nests objects and lists deeper than `max_depth` levels, found in one pass
+// that skips strings. The depth is checked before parsing, not in a parse callback: nlohmann's
+// callback parser scans a whole object each time one of its members ends, which makes a header
+// of n entries cost n^2.
+bool nested_deeper(const char* begin, const char* end, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (const char* p = begin; p < end; ++p) {
+    if (in_string) {
+      if (*p == '\\')
+        ++p;  // the escaped character
+      else if (*p == '"')
+        in_string = false;
+    } else if (*p == '"') {
+      in_string = true;
+    } else if (*p == '{' || *p == '[') {
+      if (++depth > max_depth) return true;
+    } else if (*p == '}' || *p == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 template <typename Json>
 Json parse_bounded(const char* begin, const char* end, const std::string& what, int max_depth) {
+  BRISK_CHECK(!nested_deeper(begin, end, max_depth), what,
+              " is not valid JSON: nested deeper than ", max_depth, " levels");
   try {
-    return Json::parse(begin, end, [max_depth](int depth, typename Json::parse_event_t, Json&) {
-      BRISK_CHECK(depth <= max_depth, "nested deeper than ", max_depth, " levels");
-      return true;
-    });
+    return Json::parse(begin, end);
   } catch (const std::exception& e) {
     // The parser's message quotes the offending token: keep the line short.
     BRISK_FAIL(what, " is not valid JSON: ", excerpt(e.what(), 160));

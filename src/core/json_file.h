@@ -1,6 +1,6 @@
 // Files in and out: reading a JSON file from input with bounds: a regular file of at most
-// `max_bytes`, nested at most `max_depth` levels (checked while parsing), refused with one short
-// message naming `what`.
+// `max_bytes`, nested at most `max_depth` levels (checked in one pass before parsing), refused
+// with one short message naming `what`.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +13,7 @@ namespace brisk {
 nlohmann::json read_json_file(const std::string& path, const std::string& what,
                               size_t max_bytes = size_t{16} << 20, int max_depth = 32);
 
-// Parses JSON text from input nested at most `max_depth` levels (checked while parsing); a
+// Parses JSON text from input nested at most `max_depth` levels (checked before parsing); a
 // parse error becomes one short message naming `what`.
 nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
                                   int max_depth = 32);

@@ -1,0 +1,92 @@
+// Data files and weights as an attacker writes them: many distinct keys, many header entries,
+// whole-number labels beyond 64 bits, tokenization caches with a matching checksum but values
+// (or arrays) this run cannot use. Each is read in time linear in its size, kept exact, rebuilt
+// or refused with one line; never a signal, a hang or silent garbage.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/json_file.h"
+#include "core/safetensors.h"
+#include "data/text_dataset.h"
+#include "data/text_table.h"
+#include "data/token_cache.h"
+#include "test_support.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A safetensors file of `n` one-element float32 entries ("t0", "t1", ...), written as text.
+std::string many_entries(const TempDir& dir, int n) {
+  std::string header = "{";
+  for (int i = 0; i < n; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[1],)" +
+              R"("data_offsets":[)" + std::to_string(4 * i) + "," + std::to_string(4 * i + 4) +
+              "]}";
+  header += "}";
+  while ((header.size() + 8) % 8) header += ' ';
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
+  const std::string path = dir / "many.safetensors";
+  std::ofstream(path, std::ios::binary) << bytes << header << std::string(4 * size_t(n), '\0');
+  return path;
+}
+
+// A header's work grows with its entries, not with their square: the JSON parser's callback,
+// used for the depth bound, scanned an object every time one of its members ended (100000
+// entries took minutes); writing searched an ordered object at each insertion.
+TEST(BoundedFiles, HeaderEntriesAreReadAndWrittenInLinearTime) {
+  TempDir dir("bounded_entries");
+  auto start = std::chrono::steady_clock::now();
+  const SafetensorsFile f(many_entries(dir, 100000));
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(f.names().size(), 100000u);
+  EXPECT_EQ(f.get("t99999").numel(), 1);
+  // Written back in the order given, as fast.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (int i = 0; i < 100000; i += 2) {
+    const std::string name = "t" + std::to_string(i);
+    tensors.emplace_back(name, f.get(name));
+  }
+  start = std::chrono::steady_clock::now();
+  write_safetensors(dir / "half.safetensors", tensors);
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(SafetensorsFile(dir / "half.safetensors").names().size(), 50000u);
+  // A name given twice would leave a header whose ranges do not tile: refused when writing.
+  expect_error(
+      [&] {
+        write_safetensors(dir / "twice.safetensors", {tensors[0], tensors[0]});
+      },
+      "write_safetensors: the name 't0' is given twice or reserved");
+}
+
+// The nesting bound is checked before parsing in one pass that skips strings; the limit still
+// holds and brackets inside strings (escaped quotes included) do not count.
+TEST(BoundedFiles, JsonNestingIsBoundedOutsideStringsOnly) {
+  auto parse = [](const std::string& s, int depth) {
+    return parse_json_bounded(s.data(), s.data() + s.size(), "x.json", depth);
+  };
+  EXPECT_EQ(parse(R"({"a": "[[[[{{{{", "b": "\"[[[["})", 1)["b"], "\"[[[[");
+  EXPECT_EQ(parse("[[[1]]]", 3)[0][0][0], 1);
+  expect_error([&] { parse("[[[[1]]]]", 3); }, "x.json is not valid JSON: nested deeper than 3");
+  expect_error([&] { parse(R"({"a": [)", 3); }, "x.json is not valid JSON: ");
+}
+
+}  // namespace
+}  // namespace brisk::testing
