@@ -76,6 +76,35 @@ TEST(BoundedFiles, HeaderEntriesAreReadAndWrittenInLinearTime) {
       "write_safetensors: the name 't0' is given twice or reserved");
 }
 
+// A JSON Lines file's work grows with its size, not with its square or cube: sizes that took
+// minutes when each new key re-laid the rows read so far (and an ordered document searched its
+// keys at each insertion) now take a fraction of a second. The bound is loose (far above what
+// they take) so that only a return of the superlinear work fails it.
+TEST(BoundedFiles, ManyDistinctKeysAreReadInLinearTime) {
+  // 4096 distinct keys (the most a table has), each first met on its own row, then more rows.
+  std::string jsonl;
+  for (int i = 0; i < 4095; ++i)
+    jsonl += "{\"text\": \"row\", \"k" + std::to_string(i) + "\": " + std::to_string(i) + "}\n";
+  for (int i = 0; i < 20000; ++i) jsonl += "{\"k4094\": 1}\n";
+  // One record naming every key: an ordered document searched its keys at each insertion.
+  std::string wide = "{";
+  for (int i = 0; i < 4096; ++i) wide += (i ? ",\"w" : "\"w") + std::to_string(i) + "\": 0";
+  wide += "}\n";
+  const auto start = std::chrono::steady_clock::now();
+  const TextTable t = parse_text_table(jsonl, TableFormat::json_lines, "many.jsonl");
+  const TextTable w = parse_text_table(wide, TableFormat::json_lines, "wide.jsonl");
+  EXPECT_LT(seconds_since(start), 10.0);
+  ASSERT_EQ(t.columns().size(), 4096u);
+  ASSERT_EQ(t.rows(), 4095 + 20000);
+  EXPECT_EQ(t.text(7, 8), "7");  // row 7 holds k7 (column 8, after "text")
+  EXPECT_EQ(t.kind(7, 9), CellKind::null);
+  EXPECT_EQ(t.kind(6, 8), CellKind::null);
+  EXPECT_EQ(t.text(5000, 4095), "1");
+  EXPECT_EQ(t.text(5000, 0), "");
+  EXPECT_EQ(w.columns().size(), 4096u);
+  EXPECT_EQ(w.columns()[4095], "w4095");
+}
+
 // The nesting bound is checked before parsing in one pass that skips strings; the limit still
 // holds and brackets inside strings (escaped quotes included) do not count.
 TEST(BoundedFiles, JsonNestingIsBoundedOutsideStringsOnly) {
@@ -86,6 +115,30 @@ TEST(BoundedFiles, JsonNestingIsBoundedOutsideStringsOnly) {
   EXPECT_EQ(parse("[[[1]]]", 3)[0][0][0], 1);
   expect_error([&] { parse("[[[[1]]]]", 3); }, "x.json is not valid JSON: nested deeper than 3");
   expect_error([&] { parse(R"({"a": [)", 3); }, "x.json is not valid JSON: ");
+}
+
+// What the JSON Lines reader refuses, each with the file and line.
+TEST(BoundedFiles, MalformedRecordsAreNamedByFileAndLine) {
+  std::string keys;
+  for (int i = 0; i <= 4096; ++i) keys += "{\"k" + std::to_string(i) + "\": 1}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {keys, "d.jsonl:4097: more than 4096 distinct keys"},
+      {"{\"a\": 1}\n{\"a\": {\"b\": 1}}\n", "d.jsonl:2: \"a\" holds a list or object"},
+      {"{\"a\": 1}\n5\n", "d.jsonl:2: a record must be a JSON object"},
+      {"{\"a\": 1}\n[{\"a\": 1}]\n", "d.jsonl:2: a record must be a JSON object"},
+      {"{\"a\": 1} {\"a\": 2}\n", "d.jsonl:1 is not valid JSON"},
+      {"[{\"a\": 1}, 2]", "d.jsonl:1: a record must be a JSON object"},
+      {"[{\"a\": 1}, [2]]", "d.jsonl:1: a record must be a JSON object"},
+      {"[{\"a\": [2]}]", "d.jsonl:1: \"a\" holds a list or object"},
+      {"[{\"a\": 1}", "d.jsonl:1 is not valid JSON"},
+  };
+  for (const auto& [text, needle] : cases)
+    expect_error([&] { parse_text_table(text, TableFormat::json_lines, "d.jsonl"); }, needle);
+  // A key given twice keeps its last value, as JSON readers do.
+  const TextTable t =
+      parse_text_table("{\"a\": 1, \"b\": 2, \"a\": null}\n", TableFormat::json_lines, "d.jsonl");
+  EXPECT_EQ(t.kind(0, 0), CellKind::null);
+  EXPECT_EQ(t.text(0, 1), "2");
 }
 
 }  // namespace

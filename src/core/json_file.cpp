@@ -48,28 +48,18 @@ bool nested_deeper(const char* begin, const char* end, int max_depth) {
   }
   return false;
 }
-
-template <typename Json>
-Json parse_bounded(const char* begin, const char* end, const std::string& what, int max_depth) {
-  BRISK_CHECK(!nested_deeper(begin, end, max_depth), what,
-              " is not valid JSON: nested deeper than ", max_depth, " levels");
-  try {
-    return Json::parse(begin, end);
-  } catch (const std::exception& e) {
-    // The parser's message quotes the offending token: keep the line short.
-    BRISK_FAIL(what, " is not valid JSON: ", excerpt(e.what(), 160));
-  }
-}
 }  // namespace
 
 nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
                                   int max_depth) {
-  return parse_bounded<nlohmann::json>(begin, end, what, max_depth);
-}
-
-nlohmann::ordered_json parse_ordered_json_bounded(const char* begin, const char* end,
-                                                  const std::string& what, int max_depth) {
-  return parse_bounded<nlohmann::ordered_json>(begin, end, what, max_depth);
+  BRISK_CHECK(!nested_deeper(begin, end, max_depth), what,
+              " is not valid JSON: nested deeper than ", max_depth, " levels");
+  try {
+    return nlohmann::json::parse(begin, end);
+  } catch (const std::exception& e) {
+    // The parser's message quotes the offending token: keep the line short.
+    BRISK_FAIL(what, " is not valid JSON: ", excerpt(e.what(), 160));
+  }
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {

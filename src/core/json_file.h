@@ -17,9 +17,6 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what,
 // parse error becomes one short message naming `what`.
 nlohmann::json parse_json_bounded(const char* begin, const char* end, const std::string& what,
                                   int max_depth = 32);
-// The same keeping objects' keys in the order the text gives them.
-nlohmann::ordered_json parse_ordered_json_bounded(const char* begin, const char* end,
-                                                  const std::string& what, int max_depth = 32);
 
 // Writes `text` to `path` through a temporary file beside it (written, flushed, fsynced, renamed):
 // a full disk or a kill leaves the previous file or none, never a truncated one, and ends in one

@@ -16,7 +16,6 @@
 
 #include "core/error.h"
 #include "core/input_file.h"
-#include "core/json_file.h"
 
 namespace brisk {
 
@@ -72,10 +71,20 @@ CellKind csv_kind(const std::string& s) {
 }
 }  // namespace
 
+// A cell of a JSON record: its column, text and kind.
+struct RecordCell {
+  uint32_t col;
+  CellKind kind;
+  std::string text;
+};
+
 // Fills a table row by row; rows are checked against the header.
 class TableBuilder {
  public:
-  explicit TableBuilder(const std::string& origin) { t_.origin_ = origin; }
+  explicit TableBuilder(const std::string& origin) {
+    t_.origin_ = origin;
+    t_.row_begin_.push_back(0);
+  }
 
   void set_columns(std::vector<std::string> names, int64_t line) {
     BRISK_CHECK(!names.empty(), at(line), "the header names no column");
@@ -88,48 +97,51 @@ class TableBuilder {
     }
     t_.columns_ = std::move(names);
   }
-  // A column for a JSON key met on `line`; earlier rows get a missing value in it.
-  size_t column_for(const std::string& name, int64_t line) {
+  // A column for a JSON key met on `line` (rows before it lack the key: they read as missing).
+  uint32_t column_for(const std::string& name, int64_t line) {
     const auto it = by_name_.find(name);
-    if (it != by_name_.end()) return it->second;
+    if (it != by_name_.end()) return static_cast<uint32_t>(it->second);
     BRISK_CHECK(t_.columns_.size() < kMaxColumns, at(line), "more than ", kMaxColumns,
                 " distinct keys");
     const size_t c = t_.columns_.size();
     by_name_.emplace(name, c);
     t_.columns_.push_back(name);
-    // Re-lay the rows so far with one more column (JSON Lines only; rare after the first row).
-    std::vector<std::string> cells;
-    std::vector<CellKind> kinds;
-    const size_t rows = t_.lines_.size();
-    cells.reserve((rows + 1) * (c + 1));
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t k = 0; k < c; ++k) {
-        cells.push_back(std::move(t_.cells_[r * c + k]));
-        kinds.push_back(t_.kinds_[r * c + k]);
-      }
-      cells.emplace_back();
-      kinds.push_back(CellKind::null);
-    }
-    t_.cells_ = std::move(cells);
-    t_.kinds_ = std::move(kinds);
-    return c;
+    return static_cast<uint32_t>(c);
   }
-  size_t columns() const { return t_.columns_.size(); }
 
+  // A row holding every column.
   void add_row(std::vector<std::string>& cells, std::vector<CellKind>& kinds, int64_t line) {
     BRISK_CHECK(cells.size() == t_.columns_.size(), at(line), "a row of ", cells.size(),
                 " fields where the header has ", t_.columns_.size());
     for (size_t i = 0; i < cells.size(); ++i) {
       t_.cells_.push_back(std::move(cells[i]));
       t_.kinds_.push_back(kinds[i]);
+      t_.cols_.push_back(static_cast<uint32_t>(i));
     }
-    t_.lines_.push_back(line);
+    end_row(line);
+  }
+  // A row holding the keys a record names; a key named twice keeps its last value, as JSON
+  // readers do.
+  void add_record(std::vector<RecordCell>& cells, int64_t line) {
+    std::stable_sort(cells.begin(), cells.end(),
+                     [](const RecordCell& a, const RecordCell& b) { return a.col < b.col; });
+    for (size_t i = 0; i < cells.size(); ++i) {
+      if (i + 1 < cells.size() && cells[i + 1].col == cells[i].col) continue;
+      t_.cells_.push_back(std::move(cells[i].text));
+      t_.kinds_.push_back(cells[i].kind);
+      t_.cols_.push_back(cells[i].col);
+    }
+    end_row(line);
   }
 
   std::string at(int64_t line) const { return t_.origin_ + ":" + std::to_string(line) + ": "; }
   TextTable finish() { return std::move(t_); }
 
  private:
+  void end_row(int64_t line) {
+    t_.row_begin_.push_back(static_cast<int64_t>(t_.cells_.size()));
+    t_.lines_.push_back(line);
+  }
   TextTable t_;
   std::unordered_map<std::string, size_t> by_name_;
 };
@@ -220,47 +232,96 @@ void for_each_line(std::string_view s, F&& f) {
   }
 }
 
-CellKind json_kind(const nlohmann::ordered_json& v) {
-  if (v.is_null()) return CellKind::null;
-  if (v.is_boolean()) return CellKind::boolean;
-  if (v.is_number_integer()) return CellKind::integer;
-  if (v.is_number()) return CellKind::real;
-  return CellKind::text;
-}
+// Reads JSON records straight into the table (nlohmann's SAX interface): no document is built,
+// so time and memory stay linear in the text however many keys a record names.
+class RecordReader {
+ public:
+  using Json = nlohmann::json;
+  // list: the text is one JSON list of records, else one record.
+  RecordReader(TableBuilder& out, bool list) : out_(out), record_depth_(list ? 2 : 1) {}
 
-void add_json_record(const nlohmann::ordered_json& rec, int64_t line, TableBuilder& out) {
-  BRISK_CHECK(rec.is_object(), out.at(line), "a record must be a JSON object");
-  std::vector<std::string> cells(out.columns());
-  std::vector<CellKind> kinds(out.columns(), CellKind::null);
-  for (const auto& [key, v] : rec.items()) {
-    BRISK_CHECK(!v.is_object() && !v.is_array(), out.at(line), "\"", excerpt(key),
-                "\" holds a list or object; a cell must be text, a number, true/false or null");
-    const size_t c = out.column_for(key, line);
-    if (c >= cells.size()) {
-      cells.resize(c + 1);
-      kinds.resize(c + 1, CellKind::null);
-    }
-    kinds[c] = json_kind(v);
-    cells[c] = v.is_string() ? v.get<std::string>() : v.is_null() ? std::string() : v.dump();
+  void read(std::string_view text, int64_t line) {
+    line_ = line;
+    depth_ = 0;
+    where_ = out_.at(line).substr(0, out_.at(line).size() - 2);
+    Json::sax_parse(text.data(), text.data() + text.size(), this);
   }
-  out.add_row(cells, kinds, line);
-}
+
+  bool null() { return value(CellKind::null, std::string()); }
+  bool boolean(bool b) { return value(CellKind::boolean, b ? "true" : "false"); }
+  bool number_integer(int64_t v) { return value(CellKind::integer, std::to_string(v)); }
+  bool number_unsigned(uint64_t v) { return value(CellKind::integer, std::to_string(v)); }
+  // A whole number beyond 64 bits keeps its digits (and stays a whole number): labels that
+  // differ stay distinct.
+  bool number_float(double v, const std::string& literal) {
+    if (literal.find_first_of(".eE") == std::string::npos) return value(CellKind::integer, literal);
+    return value(CellKind::real, std::isfinite(v) ? Json(v).dump() : literal);
+  }
+  bool string(std::string& s) { return value(CellKind::text, std::move(s)); }
+  bool binary(Json::binary_t&) { return value(CellKind::text, std::string()); }
+  bool key(std::string& k) {
+    key_ = std::move(k);
+    col_ = out_.column_for(key_, line_);
+    return true;
+  }
+  bool start_object(size_t) {
+    BRISK_CHECK(depth_ != record_depth_, out_.at(line_), "\"", excerpt(key_), kNested);
+    BRISK_CHECK(depth_ == record_depth_ - 1, out_.at(line_), misplaced());
+    if (++depth_ == record_depth_) cells_.clear();
+    return true;
+  }
+  bool end_object() {
+    if (depth_-- == record_depth_) out_.add_record(cells_, line_);
+    return true;
+  }
+  bool start_array(size_t) {
+    BRISK_CHECK(depth_ != record_depth_, out_.at(line_), "\"", excerpt(key_), kNested);
+    BRISK_CHECK(depth_ == 0 && record_depth_ == 2, out_.at(line_), misplaced());
+    ++depth_;
+    return true;
+  }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    // The parser's message quotes the offending token: keep the line short.
+    BRISK_FAIL(where_, " is not valid JSON: ", excerpt(e.what(), 160));
+  }
+
+ private:
+  static constexpr const char* kNested =
+      "\" holds a list or object; a cell must be text, a number, true/false or null";
+  const char* misplaced() const {
+    return record_depth_ == 2 && depth_ == 0 ? "not a list of records"
+                                             : "a record must be a JSON object";
+  }
+  bool value(CellKind kind, std::string text) {
+    BRISK_CHECK(depth_ == record_depth_, out_.at(line_), misplaced());
+    cells_.push_back({col_, kind, std::move(text)});
+    return true;
+  }
+
+  TableBuilder& out_;
+  int record_depth_;
+  int depth_ = 0;
+  int64_t line_ = 1;
+  std::string where_, key_;
+  uint32_t col_ = 0;
+  std::vector<RecordCell> cells_;
+};
 
 void parse_json_lines(std::string_view s, TableBuilder& out) {
   const size_t first = s.find_first_not_of(" \t\r\n");
   if (first != std::string_view::npos && s[first] == '[') {
     // A JSON list of records (what the datasets library also reads from a .json file).
-    const nlohmann::ordered_json all =
-        parse_ordered_json_bounded(s.data(), s.data() + s.size(), out.at(1), 32);
-    BRISK_CHECK(all.is_array(), out.at(1), "not a list of records");
-    for (const auto& rec : all) add_json_record(rec, 1, out);
+    RecordReader(out, true).read(s, 1);
     return;
   }
+  RecordReader reader(out, false);
   for_each_line(s, [&](int64_t line, std::string_view text, bool) {
     if (text.find_first_not_of(" \t") == std::string_view::npos) return;
-    add_json_record(parse_ordered_json_bounded(text.data(), text.data() + text.size(),
-                                               out.at(line).substr(0, out.at(line).size() - 2), 32),
-                    line, out);
+    reader.read(text, line);
   });
 }
 
@@ -288,6 +349,26 @@ int64_t TextTable::column(std::string_view name) const {
   for (size_t i = 0; i < columns_.size(); ++i)
     if (columns_[i] == name) return static_cast<int64_t>(i);
   return -1;
+}
+
+int64_t TextTable::find(int64_t row, int64_t col) const {
+  const auto r = static_cast<size_t>(row);
+  const int64_t begin = row_begin_[r], end = row_begin_[r + 1];
+  if (end - begin == static_cast<int64_t>(columns_.size())) return begin + col;  // a whole row
+  const auto first = cols_.begin() + begin, last = cols_.begin() + end;
+  const auto it = std::lower_bound(first, last, static_cast<uint32_t>(col));
+  return it != last && *it == static_cast<uint32_t>(col) ? begin + (it - first) : -1;
+}
+
+const std::string& TextTable::text(int64_t row, int64_t col) const {
+  static const std::string kMissing;
+  const int64_t i = find(row, col);
+  return i < 0 ? kMissing : cells_[static_cast<size_t>(i)];
+}
+
+CellKind TextTable::kind(int64_t row, int64_t col) const {
+  const int64_t i = find(row, col);
+  return i < 0 ? CellKind::null : kinds_[static_cast<size_t>(i)];
 }
 
 std::string TextTable::where(int64_t row) const {

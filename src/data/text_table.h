@@ -21,8 +21,9 @@ class TextTable {
   int64_t rows() const { return static_cast<int64_t>(lines_.size()); }
   // -1 when there is no such column.
   int64_t column(std::string_view name) const;
-  const std::string& text(int64_t row, int64_t col) const { return cells_[index(row, col)]; }
-  CellKind kind(int64_t row, int64_t col) const { return kinds_[index(row, col)]; }
+  // A cell a row lacks (a JSON record without the key) reads as "" of kind null.
+  const std::string& text(int64_t row, int64_t col) const;
+  CellKind kind(int64_t row, int64_t col) const;
   // The file's line the row starts on (1-based), for messages.
   int64_t line(int64_t row) const { return lines_[static_cast<size_t>(row)]; }
   // "file:line" of a row.
@@ -30,13 +31,16 @@ class TextTable {
 
  private:
   friend class TableBuilder;
-  size_t index(int64_t row, int64_t col) const {
-    return static_cast<size_t>(row) * columns_.size() + static_cast<size_t>(col);
-  }
+  // Where (row, col) lies in cells_, or -1 when the row lacks it.
+  int64_t find(int64_t row, int64_t col) const;
   std::string origin_;
   std::vector<std::string> columns_;
-  std::vector<std::string> cells_;  // row-major, rows() x columns().size()
+  // The cells rows hold, row by row and by column within a row: a row of JSON Lines holds the
+  // keys its record names only, so a file of many keys over many rows stays as large as its text.
+  std::vector<std::string> cells_;
   std::vector<CellKind> kinds_;
+  std::vector<uint32_t> cols_;      // each cell's column
+  std::vector<int64_t> row_begin_;  // row r's cells: [row_begin_[r], row_begin_[r + 1])
   std::vector<int64_t> lines_;
 };
 
