@@ -117,6 +117,60 @@ TEST(BoundedFiles, JsonNestingIsBoundedOutsideStringsOnly) {
   expect_error([&] { parse(R"({"a": [)", 3); }, "x.json is not valid JSON: ");
 }
 
+// Whole-number labels are compared by their exact digits, however many: 2^63 and 2^63 + 1 are
+// two classes (they were one, each read as the largest int64), sorted numerically, in JSON Lines
+// and CSV alike; "007" and "7" remain one class.
+TEST(BoundedFiles, WholeNumberLabelsBeyondSixtyFourBitsStayDistinct) {
+  struct Case {
+    const char* name;
+    TableFormat format;
+    std::string text;
+    std::vector<std::string> classes;
+  };
+  const std::vector<Case> cases = {
+      {"jsonl_unsigned",
+       TableFormat::json_lines,
+       "{\"s\": \"a\", \"label\": 9223372036854775808}\n"
+       "{\"s\": \"b\", \"label\": 9223372036854775809}\n"
+       "{\"s\": \"c\", \"label\": 1}\n",
+       {"1", "9223372036854775808", "9223372036854775809"}},
+      {"jsonl_beyond_64_bits",
+       TableFormat::json_lines,
+       "{\"s\": \"a\", \"label\": 100000000000000000000000000001}\n"
+       "{\"s\": \"b\", \"label\": 100000000000000000000000000000}\n"
+       "{\"s\": \"c\", \"label\": -100000000000000000000000000000}\n",
+       {"-100000000000000000000000000000", "100000000000000000000000000000",
+        "100000000000000000000000000001"}},
+      {"csv",
+       TableFormat::csv,
+       "s,label\na,9223372036854775808\nb,9223372036854775809\nc,-9223372036854775809\n"
+       "d,007\ne,7\n",
+       {"-9223372036854775809", "7", "9223372036854775808", "9223372036854775809"}},
+      {"csv_signs",
+       TableFormat::csv,
+       "s,label\na,-0\nb,+0\nc,-12\nd,-3\ne,+5\n",
+       {"-12", "-3", "0", "5"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const TextTable t = parse_text_table(c.text, c.format, c.name);
+    const LabelSet labels = label_set(t, t.column("label"));
+    EXPECT_FALSE(labels.regression);
+    EXPECT_TRUE(labels.whole);
+    EXPECT_EQ(labels.names, c.classes);
+    for (int64_t r = 0; r < t.rows(); ++r)
+      EXPECT_GE(labels.id_of(t.text(r, t.column("label"))), 0) << r;
+  }
+  // In an evaluation file a real of whole value names that class; any other real names none
+  // (it was cut to its whole part: 2.5 was class 2).
+  const LabelSet labels =
+      label_set(parse_text_table("s,label\na,1\nb,2\n", TableFormat::csv, "t"), 1);
+  EXPECT_EQ(labels.id_of("2.0"), 1);
+  EXPECT_EQ(labels.id_of("1e0"), 0);
+  EXPECT_EQ(labels.id_of("2.5"), -1);
+  EXPECT_EQ(labels.id_of("0x2"), -1);
+}
+
 // What the JSON Lines reader refuses, each with the file and line.
 TEST(BoundedFiles, MalformedRecordsAreNamedByFileAndLine) {
   std::string keys;

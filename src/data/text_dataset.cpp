@@ -49,8 +49,34 @@ ClassificationColumns classification_columns(const TextTable& t,
 }
 
 namespace {
+// A whole number's canonical digits ("+007" -> "7", "-0" -> "0"), exact at any length: labels
+// beyond 64 bits stay distinct. A real of whole value ("-1.0") names the same class; any other
+// text stays as it is (and names no class of whole numbers).
+std::string whole_key(const std::string& text) {
+  const bool minus = !text.empty() && text[0] == '-';
+  size_t i = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (i == text.size() || text.find_first_not_of("0123456789", i) != std::string::npos) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    const bool whole = !text.empty() && end == text.c_str() + text.size() &&
+                       text.find_first_of("xX") == std::string::npos && std::fabs(v) < 0x1p53 &&
+                       v == std::floor(v);
+    return whole ? std::to_string(static_cast<int64_t>(v)) : text;
+  }
+  while (i + 1 < text.size() && text[i] == '0') ++i;
+  const std::string digits = text.substr(i);
+  return minus && digits != "0" ? "-" + digits : digits;
+}
 std::string label_key(const std::string& text, bool whole) {
-  return whole ? std::to_string(std::strtoll(text.c_str(), nullptr, 10)) : text;
+  return whole ? whole_key(text) : text;
+}
+// Numeric order of canonical whole numbers.
+bool whole_less(const std::string& a, const std::string& b) {
+  const bool na = a[0] == '-', nb = b[0] == '-';
+  if (na != nb) return na;
+  // Same sign: the longer digits are the larger magnitude, equal lengths compare as text.
+  const bool smaller = a.size() != b.size() ? a.size() < b.size() : a < b;
+  return na ? a != b && !smaller : smaller;
 }
 // A regression label: a number whose float32 value is finite.
 float label_value(const TextTable& t, int64_t row, int64_t col) {
@@ -123,9 +149,7 @@ LabelSet label_set(const TextTable& train, int64_t label_column) {
     if (s.ids.emplace(key, 0).second) names.push_back(key);
   }
   if (all_whole)
-    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-      return std::strtoll(a.c_str(), nullptr, 10) < std::strtoll(b.c_str(), nullptr, 10);
-    });
+    std::sort(names.begin(), names.end(), whole_less);
   else
     std::sort(names.begin(), names.end());
   for (size_t i = 0; i < names.size(); ++i) s.ids[names[i]] = static_cast<int64_t>(i);

@@ -55,13 +55,13 @@ size_t invalid_utf8(std::string_view s) {
   return std::string_view::npos;
 }
 
-// What a CSV cell's text holds, as pandas would type it: empty -> missing, whole numbers,
-// reals, else text.
+// What a CSV cell's text holds, as pandas would type it: empty -> missing, whole numbers (of any
+// length: their digits are kept, and labels compare them exactly), reals, else text.
 CellKind csv_kind(const std::string& s) {
   if (s.empty()) return CellKind::null;
   size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
   if (i < s.size() && s.find_first_not_of("0123456789", i) == std::string::npos)
-    return s.size() - i <= 18 ? CellKind::integer : CellKind::real;
+    return CellKind::integer;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (end == s.c_str() + s.size() && std::isfinite(v) &&
