@@ -272,7 +272,10 @@ void write_safetensors(const std::string& path,
                        const std::map<std::string, std::string>& metadata,
                        const DeviceReader& read_device) {
   std::vector<Outgoing> entries;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& named : tensors) {
+    // (Plain locals: clang 14 cannot capture structured bindings in the lambda below.)
+    const std::string& name = named.first;
+    const Tensor& t = named.second;
     BRISK_CHECK(t.device() == Device::cpu || read_device, "write_safetensors: '", name,
                 "' is not in host memory and no reader was given");
     Outgoing e{&name, t.dtype(), &t.shape(), t.bytes(), nullptr, nullptr};
