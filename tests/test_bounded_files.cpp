@@ -195,5 +195,146 @@ TEST(BoundedFiles, MalformedRecordsAreNamedByFileAndLine) {
   EXPECT_EQ(t.text(0, 1), "2");
 }
 
+// Bytes in 8-byte-aligned memory, as a mapping is.
+struct Aligned {
+  std::vector<uint64_t> words;
+  size_t size = 0;
+  explicit Aligned(const std::string& bytes)
+      : words((bytes.size() + 7) / 8 + 1), size(bytes.size()) {
+    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
+  }
+  std::string_view view() const { return {reinterpret_cast<const char*>(words.data()), size}; }
+};
+
+// A cache with a matching checksum is used only when its values fit the run: ids inside the
+// vocabulary, types inside the model's, labels among the classes (or none), values not infinite.
+// Caches made by another program from the documented layout are accepted when they are valid:
+// without token types (all 0), of zero rows, or a token stream with types.
+TEST(BoundedFiles, TokenCacheValuesAreCheckedAgainstTheRun) {
+  const TokenLimits limits{100, 2, 3};
+  struct Case {
+    const char* name;
+    TokenArrays arrays;
+    const char* refused;  // nullptr: accepted
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Case> cases = {
+      {"fits", {{0, 2, 3}, {1, 99, 5}, {0, 1, 0}, {2, kIgnoreIndex}, {}}, nullptr},
+      {"id_beyond", {{0, 2, 3}, {1, 100, 5}, {0, 0, 0}, {0, 1}, {}}, "outside the vocabulary"},
+      {"id_negative", {{0, 1}, {-1}, {0}, {0}, {}}, "outside the vocabulary"},
+      {"type_beyond", {{0, 1}, {1}, {2}, {0}, {}}, "a token type outside"},
+      {"label_beyond", {{0, 1}, {1}, {0}, {3}, {}}, "a label outside the classes"},
+      {"label_negative", {{0, 1}, {1}, {0}, {-1}, {}}, "a label outside the classes"},
+      {"value_infinite", {{0, 1}, {1}, {0}, {}, {inf}}, "an infinite label value"},
+      {"value_none", {{0, 1}, {1}, {0}, {}, {nan}}, nullptr},
+      {"no_types", {{0, 2}, {4, 5}, {}, {1}, {}}, nullptr},
+      {"zero_rows", {{0}, {}, {}, {}, {}}, nullptr},
+      {"stream", {{}, {7, 8, 9, 10}, {}, {}, {}}, nullptr},
+      {"stream_with_types", {{}, {7, 8}, {0, 1}, {}, {}}, nullptr},
+      {"stream_id_beyond", {{}, {7, 800}, {}, {}, {}}, "outside the vocabulary"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto a = std::make_shared<TokenArrays>(c.arrays);
+    const Aligned bytes(serialize_token_cache(5, view_of(a)));
+    std::string why;
+    const auto rows = parse_token_cache(bytes.view(), 5, limits, &why);
+    if (!c.refused) {
+      ASSERT_TRUE(rows) << why;
+      EXPECT_EQ(rows->ids.size(), a->ids.size());
+      EXPECT_EQ(rows->types.size(), a->types.size());
+    } else {
+      EXPECT_FALSE(rows);
+      EXPECT_NE(why.find(c.refused), std::string::npos) << why;
+    }
+  }
+  // Rows without types fill type 0.
+  auto a = std::make_shared<TokenArrays>();
+  a->offsets = {0, 2};
+  a->ids = {4, 5};
+  a->labels = {1};
+  const TextClassificationDataset d(view_of(a), false, 0, 4);
+  EXPECT_EQ(d.size(), 1);
+}
+
+// A run given a cache whose checksum matches but whose ids lie beyond the vocabulary, or whose
+// rows are longer than this run's max_seq_length, tokenizes again (saying why) and trains as the
+// run that made the cache did.
+TEST(BoundedFiles, ACacheTheRunCannotUseIsRebuilt) {
+  TempDir dir("bounded_cache");
+  {
+    std::ofstream f(dir / "train.csv");
+    f << "sentence,label\n";
+    for (int i = 0; i < 24; ++i)
+      f << (i % 2 ? "good" : "bad") << " film " << i << "," << i % 2 << "\n";
+  }
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = dir / "train.csv";
+  o.max_seq_length = 16;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 2;
+  o.save_strategy = "no";
+  auto run = [&](std::string* note) {
+    std::string seen;
+    const TrainSummary s = train(o, [&](const nlohmann::json& r) {
+      if (r.contains("tokenized_cache")) seen += r["tokenized_cache"].get<std::string>() + "\n";
+    });
+    *note = seen;
+    return s.train_loss;
+  };
+  std::string note;
+  const double first = run(&note);
+  ASSERT_NE(note.find("tokenized, cached in"), std::string::npos) << note;
+  const fs::path cache = fs::directory_iterator(o.output_dir + "/tokenized_cache")->path();
+  // Rewrites the cache under its own key (a valid checksum) with `change` applied to its arrays.
+  auto tamper = [&](const std::function<void(TokenArrays&)>& change) {
+    std::ifstream in(cache, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    const Aligned bytes(s.str());
+    uint64_t key = 0;
+    std::memcpy(&key, bytes.view().data() + 8, sizeof key);
+    std::string why;
+    const TokenLimits wide{int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31};
+    const auto rows = parse_token_cache(bytes.view(), key, wide, &why);
+    ASSERT_TRUE(rows) << why;
+    TokenArrays a{{rows->offsets.begin(), rows->offsets.end()},
+                  {rows->ids.begin(), rows->ids.end()},
+                  {rows->types.begin(), rows->types.end()},
+                  {rows->labels.begin(), rows->labels.end()},
+                  {rows->values.begin(), rows->values.end()}};
+    change(a);
+    std::ofstream(cache, std::ios::binary)
+        << serialize_token_cache(key, view_of(std::make_shared<TokenArrays>(a)));
+  };
+  struct Case {
+    const char* name;
+    std::function<void(TokenArrays&)> change;
+    const char* why;
+  };
+  const std::vector<Case> cases = {
+      {"id_beyond_vocabulary", [](TokenArrays& a) { a.ids[1] = 5000; }, "outside the vocabulary"},
+      {"label_beyond_classes", [](TokenArrays& a) { a.labels[0] = 2; }, "outside the classes"},
+      {"row_too_long",
+       [](TokenArrays& a) {
+         a.ids.insert(a.ids.begin(), 20, 5);
+         a.types.insert(a.types.begin(), 20, 0);
+         for (size_t r = 1; r < a.offsets.size(); ++r) a.offsets[r] += 20;
+       },
+       "more than 16"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    tamper(c.change);
+    EXPECT_EQ(run(&note), first);
+    EXPECT_NE(note.find(c.why), std::string::npos) << note;
+    EXPECT_NE(note.find("tokenized again"), std::string::npos) << note;
+    run(&note);  // the rebuilt cache is mapped
+    EXPECT_NE(note.find("mapped from"), std::string::npos) << note;
+  }
+}
+
 }  // namespace
 }  // namespace brisk::testing

@@ -29,6 +29,9 @@ struct Aligned {
   std::string_view view() const { return {reinterpret_cast<const char*>(words.data()), size}; }
 };
 
+// Limits no value of these tests' caches reaches.
+const TokenLimits kWide{int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31};
+
 TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
   auto a = std::make_shared<TokenArrays>();
   a->offsets = {0, 3, 3, 5};
@@ -39,7 +42,7 @@ TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
   const std::string bytes = serialize_token_cache(77, rows);
   const Aligned good(bytes);
   std::string why;
-  const auto back = parse_token_cache(good.view(), 77, &why);
+  const auto back = parse_token_cache(good.view(), 77, kWide, &why);
   ASSERT_TRUE(back) << why;
   EXPECT_EQ(std::vector<int64_t>(back->offsets.begin(), back->offsets.end()), a->offsets);
   EXPECT_EQ(std::vector<int32_t>(back->ids.begin(), back->ids.end()), a->ids);
@@ -47,24 +50,24 @@ TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
   EXPECT_EQ(std::vector<int32_t>(back->labels.begin(), back->labels.end()), a->labels);
   EXPECT_TRUE(back->values.empty());
 
-  EXPECT_FALSE(parse_token_cache(good.view(), 78, &why));
+  EXPECT_FALSE(parse_token_cache(good.view(), 78, kWide, &why));
   EXPECT_NE(why.find("other data"), std::string::npos) << why;
   for (size_t n = 0; n < bytes.size(); ++n)  // every truncation
-    EXPECT_FALSE(parse_token_cache(Aligned(bytes.substr(0, n)).view(), 77, &why)) << n;
-  EXPECT_FALSE(parse_token_cache(Aligned(bytes + "x").view(), 77, &why));
+    EXPECT_FALSE(parse_token_cache(Aligned(bytes.substr(0, n)).view(), 77, kWide, &why)) << n;
+  EXPECT_FALSE(parse_token_cache(Aligned(bytes + "x").view(), 77, kWide, &why));
   for (size_t at = 48; at < bytes.size(); ++at) {  // every flipped byte of the arrays
     std::string bad = bytes;
     bad[at] ^= 0x10;
-    EXPECT_FALSE(parse_token_cache(Aligned(bad).view(), 77, &why)) << at;
+    EXPECT_FALSE(parse_token_cache(Aligned(bad).view(), 77, kWide, &why)) << at;
     EXPECT_NE(why.find("checksum"), std::string::npos) << why;
   }
   // A cache of format version 1 (hashed with FNV-1a) is not misread.
   std::string version1 = bytes;
   version1[7] = '1';
-  EXPECT_FALSE(parse_token_cache(Aligned(version1).view(), 77, &why));
+  EXPECT_FALSE(parse_token_cache(Aligned(version1).view(), 77, kWide, &why));
   EXPECT_NE(why.find("another version of the cache format"), std::string::npos) << why;
   std::string misaligned = " " + bytes;
-  EXPECT_FALSE(parse_token_cache(std::string_view(misaligned).substr(1), 77, &why));
+  EXPECT_FALSE(parse_token_cache(std::string_view(misaligned).substr(1), 77, kWide, &why));
 
   // The fuzz seeds (written by another program from the documented layout) parse too.
   for (const auto& [name, key] : {std::pair<const char*, uint64_t>{"classification.tok", 7},
@@ -74,7 +77,8 @@ TEST(TokenCache, RoundTripsAndRefusesWhatIsNotACompleteCacheForItsKey) {
                     std::ios::binary);
     std::stringstream s;
     s << f.rdbuf();
-    EXPECT_TRUE(parse_token_cache(Aligned(s.str()).view(), key, &why)) << name << ": " << why;
+    EXPECT_TRUE(parse_token_cache(Aligned(s.str()).view(), key, kWide, &why))
+        << name << ": " << why;
   }
 }
 
@@ -94,7 +98,7 @@ TEST(TokenCache, AFifoInThePlaceOfACacheIsNotWaitedOn) {
   const std::string path = dir / "rows.tok";
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   std::string why;
-  EXPECT_FALSE(read_token_cache(path, 5, &why));
+  EXPECT_FALSE(read_token_cache(path, 5, kWide, &why));
   EXPECT_NE(why.find("is not a regular file (a FIFO)"), std::string::npos) << why;
   auto a = std::make_shared<TokenArrays>();
   a->offsets = {0, 2};
@@ -102,7 +106,7 @@ TEST(TokenCache, AFifoInThePlaceOfACacheIsNotWaitedOn) {
   a->types = {0, 0};
   a->labels = {1};
   write_token_cache(path, 5, view_of(a));
-  EXPECT_TRUE(read_token_cache(path, 5, &why)) << why;
+  EXPECT_TRUE(read_token_cache(path, 5, kWide, &why)) << why;
 }
 
 // Two runs on the same CSV: the second maps what the first tokenized, and trains the same; a

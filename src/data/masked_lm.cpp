@@ -78,8 +78,9 @@ MaskedLmDataset::MaskedLmDataset(TokenizedRows rows, int64_t lead, int64_t trail
   BRISK_CHECK(masking.mask_id >= 0 && masking.mask_id < masking.vocab && masking.vocab > 0,
               "the mask token id ", masking.mask_id, " lies outside the tokenizer's ",
               masking.vocab, " tokens");
-  BRISK_CHECK(!rows_.offsets.empty() && rows_.types.size() == rows_.ids.size(),
-              "tokenized rows without the arrays a masked-LM dataset needs");
+  BRISK_CHECK(
+      !rows_.offsets.empty() && (rows_.types.empty() || rows_.types.size() == rows_.ids.size()),
+      "tokenized rows without the arrays a masked-LM dataset needs");
   const int64_t n = static_cast<int64_t>(rows_.offsets.size()) - 1;
   if (line_by_line_) {
     for (int64_t r = 0; r < n; ++r)

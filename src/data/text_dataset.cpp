@@ -211,7 +211,8 @@ TextClassificationDataset::TextClassificationDataset(TokenizedRows rows, bool re
                                                      int32_t pad, int64_t max_length)
     : max_length_(max_length), pad_(pad), regression_(regression), rows_(std::move(rows)) {
   const size_t n = rows_.offsets.empty() ? 0 : rows_.offsets.size() - 1;
-  BRISK_CHECK(!rows_.offsets.empty() && rows_.types.size() == rows_.ids.size() &&
+  BRISK_CHECK(!rows_.offsets.empty() &&
+                  (rows_.types.empty() || rows_.types.size() == rows_.ids.size()) &&
                   (regression ? rows_.values.size() == n && rows_.labels.empty()
                               : rows_.labels.size() == n && rows_.values.empty()),
               "tokenized rows without the arrays a classification dataset needs");
@@ -235,7 +236,8 @@ void TextClassificationDataset::fill_row(int64_t index, int64_t, const Batch& b,
     const bool real = t < n;
     ids[t] = real ? rows_.ids[static_cast<size_t>(begin + t)] : pad_;
     mask[t] = real ? 1 : 0;
-    if (types) types[t] = real ? rows_.types[static_cast<size_t>(begin + t)] : 0;
+    if (types)
+      types[t] = real && !rows_.types.empty() ? rows_.types[static_cast<size_t>(begin + t)] : 0;
   }
   if (regression_)
     b.label_values.f32()[row] = rows_.values[static_cast<size_t>(index)];

@@ -7,10 +7,13 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
+#include "backend/backend.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/input_file.h"
@@ -124,8 +127,29 @@ std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows) {
   return out + payload;
 }
 
+namespace {
+// Why the arrays' values do not fit `limits`, or nullptr.
+const char* out_of_limits(const TokenizedRows& r, const TokenLimits& limits) {
+  const auto below = [](int64_t bound) {
+    return [bound](int32_t v) { return v >= 0 && v < bound; };
+  };
+  if (!std::all_of(r.ids.begin(), r.ids.end(), below(limits.vocab)))
+    return "a token id outside the vocabulary";
+  if (!std::all_of(r.types.begin(), r.types.end(), below(limits.type_vocab)))
+    return "a token type outside the model's";
+  const auto class_or_none = [&](int32_t v) {
+    return v == kIgnoreIndex || below(limits.classes)(v);
+  };
+  if (!std::all_of(r.labels.begin(), r.labels.end(), class_or_none))
+    return "a label outside the classes";
+  if (!std::all_of(r.values.begin(), r.values.end(), [](float v) { return !std::isinf(v); }))
+    return "an infinite label value";
+  return nullptr;
+}
+}  // namespace
+
 std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t key,
-                                               std::string* why) {
+                                               const TokenLimits& limits, std::string* why) {
   auto fail = [&](const char* reason) {
     *why = reason;
     return std::nullopt;
@@ -139,7 +163,7 @@ std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t 
   if (h.key != key) return fail("made from other data, tokenizer or options");
   const bool offsets = h.flags & kOffsets;
   if (h.flags > 15 || h.rows > (uint64_t{1} << 40) || h.ids > (uint64_t{1} << 40) ||
-      (!offsets && (h.rows != 0 || h.flags != 0)) || (offsets && (h.flags & kTypes) == 0))
+      (!offsets && (h.rows != 0 || (h.flags & (kLabels | kValues)) != 0)))
     return fail("a header out of range");
   const int64_t rows = static_cast<int64_t>(h.rows), ids = static_cast<int64_t>(h.ids);
   int64_t size = sizeof h;
@@ -171,16 +195,17 @@ std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t 
     for (int64_t i = 0; i < rows; ++i)
       if (r.offsets[i] > r.offsets[i + 1]) return fail("offsets out of order");
   }
+  if (const char* bad = out_of_limits(r, limits)) return fail(bad);
   return r;
 }
 
 std::optional<TokenizedRows> read_token_cache(const std::string& path, uint64_t key,
-                                              std::string* why) {
+                                              const TokenLimits& limits, std::string* why) {
   const std::shared_ptr<MappedFile> m = map_file(path, why);
   if (!m) return std::nullopt;
   // The arrays are read in place: the header's 48 bytes keep them aligned.
   std::optional<TokenizedRows> r =
-      parse_token_cache(std::string_view(m->data ? m->data : "", m->size), key, why);
+      parse_token_cache(std::string_view(m->data ? m->data : "", m->size), key, limits, why);
   if (r) r->memory = m;
   return r;
 }

@@ -52,16 +52,28 @@ class Fingerprint {
   std::unique_ptr<XXH3_state_s, FreeState> state_;
 };
 
+// The values a cache must hold to be used: a cache whose checksum matches may still come from
+// another program or a damaged build. Token ids in [0, vocab), token types in [0, type_vocab),
+// labels in [0, classes) or kIgnoreIndex, regression values finite or NaN (no label).
+struct TokenLimits {
+  int64_t vocab = 0;
+  int64_t type_vocab = 1;
+  int64_t classes = 0;
+};
+
 // The cache file's bytes for `rows` under `key`.
 std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows);
 // Views the arrays of a cache file's bytes (8-byte aligned, as a mapping is); nullopt (and *why)
-// when the bytes are not a complete cache for `key`. The views point into `bytes`.
+// when the bytes are not a complete cache for `key` or hold values outside `limits` (one pass
+// over the arrays). The views point into `bytes`. Layout: the 48-byte header, then offsets
+// (rows + 1 int64, flag 1), ids (int32), types (int32, flag 2; absent: all 0), labels (int32 per
+// row, flag 4), values (float32 per row, flag 8); labels and values need offsets.
 std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t key,
-                                               std::string* why);
+                                               const TokenLimits& limits, std::string* why);
 
-// Maps `path` and parses it: nullopt (and *why) when absent, stale or damaged.
+// Maps `path` and parses it: nullopt (and *why) when absent, stale, damaged or out of `limits`.
 std::optional<TokenizedRows> read_token_cache(const std::string& path, uint64_t key,
-                                              std::string* why);
+                                              const TokenLimits& limits, std::string* why);
 // Writes the cache atomically (creating its folder).
 void write_token_cache(const std::string& path, uint64_t key, const TokenizedRows& rows);
 

@@ -120,11 +120,14 @@ class TokenCache {
     tokenizer_ = f.value();
   }
 
-  // The rows of `file` prepared as `shape` says: mapped from the cache when it holds them, else
-  // built and cached.
-  TokenizedRows get(const std::string& file, const std::string& shape,
-                    const std::function<TokenizedRows()>& build) {
-    if (dir_.empty()) return build();
+  // The dataset `make` builds from the rows of `file` prepared as `shape` says: rows mapped from
+  // the cache when it holds them with values inside `limits` and `make` accepts them, else built
+  // and cached.
+  using Make = std::function<std::unique_ptr<Dataset>(TokenizedRows)>;
+  std::unique_ptr<Dataset> get(const std::string& file, const std::string& shape,
+                               const TokenLimits& limits,
+                               const std::function<TokenizedRows()>& build, const Make& make) {
+    if (dir_.empty()) return make(build());
     const uint64_t key = Fingerprint()
                              .add("brisk tokenized rows 2")
                              .add_file(file)
@@ -134,23 +137,34 @@ class TokenCache {
     char name[32];
     std::snprintf(name, sizeof name, "%016llx.tok", static_cast<unsigned long long>(key));
     const std::string path = (fs::path(dir_) / name).string();
-    std::string why;
-    std::error_code ec;
-    if (!overwrite_ && fs::exists(path, ec)) {
-      if (std::optional<TokenizedRows> rows = read_token_cache(path, key, &why)) {
-        notes_->push_back("'" + file + "': the tokenized rows mapped from " + path);
-        return *rows;
-      }
-      notes_->push_back("'" + file + "': the cache " + path + " is unusable (" + why +
-                        "): tokenized again");
-    }
+    if (std::unique_ptr<Dataset> cached = mapped(file, path, key, limits, make)) return cached;
     TokenizedRows rows = build();
     write_token_cache(path, key, rows);
     notes_->push_back("'" + file + "': tokenized, cached in " + path);
-    return rows;
+    return make(std::move(rows));
   }
 
  private:
+  // The dataset of the rows cached at `path`, or null (noted) when there are none to use.
+  std::unique_ptr<Dataset> mapped(const std::string& file, const std::string& path, uint64_t key,
+                                  const TokenLimits& limits, const Make& make) {
+    std::error_code ec;
+    if (overwrite_ || !fs::exists(path, ec)) return nullptr;
+    std::string why;
+    if (std::optional<TokenizedRows> rows = read_token_cache(path, key, limits, &why)) {
+      try {
+        std::unique_ptr<Dataset> d = make(std::move(*rows));
+        notes_->push_back("'" + file + "': the tokenized rows mapped from " + path);
+        return d;
+      } catch (const Error& e) {  // arrays of another shape than this run's
+        why = e.what();
+      }
+    }
+    notes_->push_back("'" + file + "': the cache " + path + " is unusable (" + why +
+                      "): tokenized again");
+    return nullptr;
+  }
+
   std::string dir_;
   bool overwrite_;
   std::vector<std::string>* notes_;
@@ -237,7 +251,7 @@ void split_train_eval(const TrainOptions& o, const TextTable& train, const TextT
 // max_seq_length or kept one per line, masked as DataCollatorForLanguageModeling masks.
 FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& train,
                         const TextTable& eval, ProgressEncoder& tok, TokenCache& cache,
-                        SkippedColumns& skipped) {
+                        const TokenLimits& limits, SkippedColumns& skipped) {
   const Tokenizer& t = *d.tokenizer;
   d.seq_len = o.max_seq_length;
   BRISK_CHECK(o.test_file.empty(), "--test_file: a masked LM has no labels to predict");
@@ -260,12 +274,16 @@ FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& trai
     const std::string shape = "masked_lm " + std::to_string(col) + " " + std::to_string(first) +
                               " " + std::to_string(end) + " " + std::to_string(truncate) +
                               (o.line_by_line ? " line_by_line" : "");
-    TokenizedRows rows = cache.get(table.origin(), shape, [&] {
-      tok.start(table.origin());
-      return tokenize_lines(table, col, tok, first, end, truncate, o.line_by_line);
-    });
-    return std::make_unique<MaskedLmDataset>(std::move(rows), lead, trail, o.max_seq_length,
-                                             o.line_by_line, tok.pad_id(), masking);
+    return cache.get(
+        table.origin(), shape, limits,
+        [&] {
+          tok.start(table.origin());
+          return tokenize_lines(table, col, tok, first, end, truncate, o.line_by_line);
+        },
+        [&](TokenizedRows rows) {
+          return std::make_unique<MaskedLmDataset>(std::move(rows), lead, trail, o.max_seq_length,
+                                                   o.line_by_line, tok.pad_id(), masking);
+        });
   };
   split_train_eval(o, train, eval, d, samples);
   return d;
@@ -289,6 +307,8 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   const TextTable train = table(o.train_file), eval = table(o.validation_file),
                   test = table(o.test_file);
   TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
+  // What cached rows must hold: ids the model embeds, token types it has (labels: below).
+  TokenLimits limits{config.vocab_size, std::max<int64_t>(1, config.type_vocab_size), 0};
   SkippedColumns skipped;
   const TextTable& first_table = !o.train_file.empty()        ? train
                                  : !o.validation_file.empty() ? eval
@@ -301,6 +321,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   if (config.task == ModelTask::sequence_classification) {
     d.seq_len = o.max_seq_length;
     const LabelSet labels = run_labels(o, config, train, eval);
+    limits.classes = labels.regression ? 0 : static_cast<int64_t>(labels.names.size());
     // In the test file label -1 means "no label" (GLUE's test splits).
     auto dataset = [&](const TextTable& t, bool is_test) -> std::unique_ptr<Dataset> {
       if (t.rows() == 0) return nullptr;
@@ -308,12 +329,16 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
       skipped.add(t, c.skipped);
       const std::string shape =
           classification_shape(c, labels, o.max_seq_length) + (is_test ? " test" : "");
-      TokenizedRows rows = cache.get(t.origin(), shape, [&] {
-        tok.start(t.origin());
-        return TextClassificationDataset(t, c, labels, tok, o.max_seq_length, is_test).rows();
-      });
-      return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
-                                                         tok.pad_id(), o.max_seq_length);
+      return cache.get(
+          t.origin(), shape, limits,
+          [&] {
+            tok.start(t.origin());
+            return TextClassificationDataset(t, c, labels, tok, o.max_seq_length, is_test).rows();
+          },
+          [&](TokenizedRows rows) {
+            return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
+                                                               tok.pad_id(), o.max_seq_length);
+          });
     };
     d.train = dataset(train, false);
     d.eval = dataset(eval, false);
@@ -323,7 +348,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   }
 
   if (config.task == ModelTask::masked_lm) {
-    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, skipped);
+    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, limits, skipped);
     d.notes = skipped.notes();
     return d;
   }
@@ -339,11 +364,15 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     const std::string shape = "causal_lm " + std::to_string(col) + " " + std::to_string(first) +
                               " " + std::to_string(end) + " " + std::to_string(d.seq_len) +
                               (keep_linebreaks ? " linebreaks" : "");
-    TokenizedRows rows = cache.get(t.origin(), shape, [&] {
-      tok.start(t.origin());
-      return CausalLmDataset(t, col, tok, d.seq_len, first, end).rows();
-    });
-    return std::make_unique<CausalLmDataset>(std::move(rows), d.seq_len);
+    return cache.get(
+        t.origin(), shape, limits,
+        [&] {
+          tok.start(t.origin());
+          return CausalLmDataset(t, col, tok, d.seq_len, first, end).rows();
+        },
+        [&](TokenizedRows rows) {
+          return std::make_unique<CausalLmDataset>(std::move(rows), d.seq_len);
+        });
   };
   split_train_eval(o, train, eval, d, blocks);
   d.notes = skipped.notes();
