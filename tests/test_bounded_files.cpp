@@ -336,5 +336,53 @@ TEST(BoundedFiles, ACacheTheRunCannotUseIsRebuilt) {
   }
 }
 
+// The brisk binary on such files: exit 1 and one line naming the file, never a signal.
+TEST(BoundedFiles, TheCliRefusesBadDataFilesWithOneLine) {
+  TempDir dir("bounded_cli");
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return dir / name;
+  };
+  std::string keys;
+  for (int i = 0; i <= 4096; ++i)
+    keys += "{\"sentence\": \"a\", \"label\": 1, \"k" + std::to_string(i) + "\": 1}\n";
+  std::string deep_header = "{\"a\":" + std::string(100, '[') + std::string(100, ']') + "}";
+  std::string header_bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) header_bytes[i] = static_cast<char>(deep_header.size() >> (8 * i));
+  const std::string train = "train --model bert-tiny --tokenizer_name " +
+                            fixture("tokenizer/wordpiece") + " --max_steps 1 --output_dir " +
+                            (dir / "out") + " --train_file ";
+  const std::string bert = fixture("bert_tiny/");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {train + file("keys.jsonl", keys), "keys.jsonl:4095: more than 4096 distinct keys"},
+      {train + file("nested.jsonl", "{\"sentence\": \"a\", \"label\": [1]}\n"),
+       "nested.jsonl:1: \"label\" holds a list or object"},
+      {train + file("one_class.jsonl",
+                    "{\"sentence\": \"a\", \"label\": 9223372036854775808}\n"
+                    "{\"sentence\": \"b\", \"label\": 9223372036854775808}\n"),
+       "the labels take 1 value"},
+      {"forward-backward --config " + bert + " --batch " + bert + "batch.safetensors --weights " +
+           file("deep.safetensors", header_bytes + deep_header),
+       "nested deeper than 8 levels"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const std::string out = dir / "stdout", err = dir / "stderr";
+    const int status = std::system(("timeout 60 " + std::string(BRISK_BINARY) + " " + args + " > " +
+                                    out + " 2> " + err + " < /dev/null")
+                                       .c_str());
+    std::ifstream in(err);
+    std::stringstream s;
+    s << in.rdbuf();
+    const std::string e = s.str();
+    SCOPED_TRACE(args.substr(0, 160));
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 1) << e;
+    EXPECT_EQ(e.rfind("brisk: error: ", 0), 0u) << e;
+    EXPECT_NE(e.find(needle), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), e.size() - 1) << e;
+    EXPECT_LE(e.size(), 400u) << e;
+  }
+}
+
 }  // namespace
 }  // namespace brisk::testing
