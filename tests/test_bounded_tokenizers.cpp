@@ -222,5 +222,83 @@ TEST(BoundedTokenizers, CharsmapBlobsAreCheckedStrictly) {
                "a rule maps to byte 2 of its 3 bytes of strings");
 }
 
+// A byte-level BPE tokenizer.json (a..z, no merges) with a Split on `pattern`
+// before ByteLevel.
+std::string split_bpe(const std::string& pattern) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = c - 'a';
+  const nlohmann::json j = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", pattern}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}}};
+  return j.dump();
+}
+
+// A Unigram tokenizer.json whose normalizer replaces "a" with "aa" `steps`
+// times.
+std::string doubling_unigram(int steps) {
+  nlohmann::json chain = nlohmann::json::array();
+  for (int i = 0; i < steps; ++i)
+    chain.push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  return nlohmann::json{{"model",
+                         {{"type", "Unigram"},
+                          {"vocab", nlohmann::json::array({nlohmann::json::array({"a", -1.0})})},
+                          {"unk_id", 0}}},
+                        {"normalizer", {{"type", "Sequence"}, {"normalizers", chain}}}}
+      .dump();
+}
+
+struct Refusal {
+  const char* name;
+  std::function<std::string()> tokenizer;  // writes the files, returns the path
+  std::string text;
+  std::string message;  // a part of the one line expected
+};
+
+std::vector<Refusal> refusals() {
+  return {
+      {"catastrophic Split regex", [] { return write("regex.json", split_bpe("(a+)+$")); },
+       std::string(40, 'a') + "!",
+       "the pre-tokenizer pattern \"(a+)+$\" ran past PCRE2's match limit of "
+       "10000000 steps"},
+      {"Replace chain doubling the text",
+       [] { return write("doubling.json", doubling_unigram(40)); }, "aaaaaaaaaa",
+       "normalizer 9 (Replace \"a\") would make 5120 bytes of a text of 10, "
+       "more than the 8 x + "
+       "4096 bytes"},
+  };
+}
+
+TEST(BoundedTokenizers, UnboundedWorkIsRefusedNamingItsLimit) {
+  for (const Refusal& r : refusals()) {
+    SCOPED_TRACE(r.name);
+    const std::string path = r.tokenizer();
+    const auto t = Tokenizer::load(path);
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { t->tokenize(r.text); }, r.message);
+    expect_error([&] { t->tokenize(r.text); }, "'" + path + "'");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+  }
+}
+
+// The encoding runs in the command's parallel loop: the error is carried out of
+// it, naming the line.
+TEST(BoundedTokenizers, TheCommandLineEndsWithOneLineNeverASignal) {
+  for (const Refusal& r : refusals()) {
+    SCOPED_TRACE(r.name);
+    const std::string input = write("input.txt", "b\n" + r.text + "\nc\n");
+    expect_one_line(run_brisk("tokenize --tokenizer " + r.tokenizer() + " --input " + input),
+                    "line 2 of the input: '");
+    expect_one_line(run_brisk("tokenize --tokenizer " + r.tokenizer() + " --input " + input),
+                    r.message);
+  }
+}
+
 }  // namespace
 }  // namespace brisk::testing

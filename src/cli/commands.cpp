@@ -562,8 +562,22 @@ int run_tokenize(const TokenizeArgs& a) {
     }
     ids.assign(lines.size(), {});
     const auto n = static_cast<int64_t>(lines.size());
+    // An error may not leave the parallel loop: the first line's is raised after it.
+    int64_t failed = n;
+    std::string error;
 #pragma omp parallel for schedule(dynamic, 64)
-    for (int64_t i = 0; i < n; ++i) ids[i] = encode(lines[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      try {
+        ids[i] = encode(lines[i]);
+      } catch (const std::exception& e) {
+#pragma omp critical(brisk_tokenize_error)
+        if (i < failed) {
+          failed = i;
+          error = e.what();
+        }
+      }
+    }
+    BRISK_CHECK(failed == n, "line ", total_lines + failed + 1, " of the input: ", error);
     std::string out;
     for (const auto& v : ids) {
       total_tokens += static_cast<int64_t>(v.size());

@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -57,9 +58,35 @@ std::vector<std::string> byte_symbols() {
   return out;
 }
 
+// Bounds on one pcre2_match call of a pattern from a file, which may backtrack without end on some
+// text: its steps (the JIT's too), the interpreter's backtracking depth and its heap in KiB.
+constexpr uint32_t kRegexMatchLimit = 10'000'000;
+constexpr uint32_t kRegexDepthLimit = 100'000;
+constexpr uint32_t kRegexHeapLimitKiB = 64 * 1024;
+
+// The limit a failed match ran into, or PCRE2's own words for another failure.
+std::string match_failure(int rc) {
+  switch (rc) {
+    case PCRE2_ERROR_MATCHLIMIT:
+      return "ran past PCRE2's match limit of " + std::to_string(kRegexMatchLimit) + " steps";
+    case PCRE2_ERROR_DEPTHLIMIT:
+      return "ran past PCRE2's depth limit of " + std::to_string(kRegexDepthLimit);
+    case PCRE2_ERROR_HEAPLIMIT:
+      return "ran past PCRE2's heap limit of " + std::to_string(kRegexHeapLimitKiB) + " KiB";
+    case PCRE2_ERROR_JIT_STACKLIMIT:
+      return "ran past the PCRE2 JIT's stack";
+    default: {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      return std::string("failed: ") + reinterpret_cast<const char*>(message);
+    }
+  }
+}
+
 class Regex {
  public:
-  explicit Regex(const std::string& pattern) {
+  Regex(const std::string& pattern, const std::string& origin)
+      : pattern_(pattern), origin_(origin) {
     int err = 0;
     PCRE2_SIZE offset = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -71,9 +98,10 @@ class Regex {
                  ": ", reinterpret_cast<const char*>(message));
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
-    // A pattern from a file may backtrack without end on some text: bound its work per match.
     context_ = pcre2_match_context_create(nullptr);
-    pcre2_set_match_limit(context_, 1'000'000);
+    pcre2_set_match_limit(context_, kRegexMatchLimit);
+    pcre2_set_depth_limit(context_, kRegexDepthLimit);
+    pcre2_set_heap_limit(context_, kRegexHeapLimitKiB);
   }
   ~Regex() {
     pcre2_match_context_free(context_);
@@ -83,21 +111,23 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls f(begin, end) for each match and each stretch between matches, in order (the
-  // tokenizers library's Split with the Isolated behaviour).
+  // tokenizers library's Split with the Isolated behaviour). A match that runs into a limit ends
+  // the encoding with an error naming the pattern (the callers' parallel loops carry it out).
   template <typename F>
   void for_each(std::string_view text, F&& f) const {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
+    BRISK_CHECK(md != nullptr, "out of memory for a pre-tokenizer match");
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     PCRE2_SIZE at = 0, emitted = 0;
     // The text is valid UTF-8 (see ByteLevelBpe::encode) and matches start at character bounds.
     const uint32_t options = PCRE2_NO_UTF_CHECK;
     while (at < text.size()) {
-      const int rc = pcre2_match(code_, subject, text.size(), at, options, md, context_);
+      const int rc = pcre2_match(code_, subject, text.size(), at, options, md.get(), context_);
       if (rc == PCRE2_ERROR_NOMATCH) break;
-      // The match limit (or another failure): the rest stays one piece. Encoding runs inside
-      // parallel loops, where an exception cannot be carried out, so it never throws.
-      if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      BRISK_CHECK(rc >= 0, "'", origin_, "': the pre-tokenizer pattern \"", excerpt(pattern_),
+                  "\" ", match_failure(rc), " on a text of ", text.size(), " bytes");
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
       if (ov[1] == ov[0]) {  // an empty match splits nothing: move on one character
         at = ov[0] + 1;
         while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
@@ -107,11 +137,11 @@ class Regex {
       f(ov[0], ov[1]);
       at = emitted = ov[1];
     }
-    pcre2_match_data_free(md);
     if (emitted < text.size()) f(emitted, text.size());
   }
 
  private:
+  std::string pattern_, origin_;
   pcre2_code* code_ = nullptr;
   pcre2_match_context* context_ = nullptr;
 };
@@ -122,7 +152,7 @@ class ByteLevelBpe final : public TokenModel {
                const std::vector<std::pair<std::string, std::string>>& merges,
                const std::string& origin, const std::string& pattern, bool ignore_merges)
       : TokenModel(std::move(vocab)),
-        regex_(pattern.empty() ? std::string(kGpt2Pattern) : pattern),
+        regex_(pattern.empty() ? std::string(kGpt2Pattern) : pattern, origin),
         ignore_merges_(ignore_merges),
         symbols_(byte_symbols()) {
     for (size_t i = 0; i < merges.size(); ++i) {

@@ -28,9 +28,24 @@ std::string byte_token(unsigned char b) {
   return name;
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
+// `s` with every `from` (left to right, not overlapping) replaced by `to`, built anew: replacing
+// in place moves the rest of the text at each match.
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t begin = 0;
+  for (size_t at = s.find(from); at != std::string_view::npos; at = s.find(from, begin)) {
+    out.append(s, begin, at - begin).append(to);
+    begin = at + from.size();
+  }
+  return out.append(s, begin);
+}
+
+// The bytes replace_all(s, from, to) makes.
+size_t replaced_size(std::string_view s, std::string_view from, std::string_view to) {
+  size_t n = s.size();
+  for (size_t at = s.find(from); at != std::string_view::npos; at = s.find(from, at + from.size()))
+    n = n - from.size() + to.size();
+  return n;
 }
 
 class FallbackBpe final : public TokenModel {
@@ -39,7 +54,10 @@ class FallbackBpe final : public TokenModel {
               const std::vector<std::pair<std::string, std::string>>& merges,
               std::vector<TextEdit> normalizer, const std::string& unk, bool fuse_unk,
               const std::string& origin)
-      : TokenModel(std::move(vocab)), normalizer_(std::move(normalizer)), fuse_unk_(fuse_unk) {
+      : TokenModel(std::move(vocab)),
+        origin_(origin),
+        normalizer_(std::move(normalizer)),
+        fuse_unk_(fuse_unk) {
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [a, b] = merges[i];
       BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
@@ -57,7 +75,7 @@ class FallbackBpe final : public TokenModel {
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     std::string repaired;
-    const std::string s = apply_edits(valid_utf8(text, repaired), normalizer_);
+    const std::string s = apply_edits(valid_utf8(text, repaired), normalizer_, origin_);
     // Characters as symbols; one missing from the vocabulary becomes its bytes' tokens.
     std::vector<std::string> parts;
     std::vector<int32_t> fixed;  // per part: the unknown id, else -1 (only read to fuse them)
@@ -102,9 +120,7 @@ class FallbackBpe final : public TokenModel {
       if (b != byte_of_.end()) {
         out.push_back(static_cast<char>(b->second));
       } else {
-        std::string t = tokens_[id];
-        replace_all(t, "\xE2\x96\x81", " ");
-        out += t;
+        out += replace_all(tokens_[id], "\xE2\x96\x81", " ");
       }
     }
     if (!out.empty() && out[0] == ' ') out.erase(0, 1);
@@ -112,6 +128,7 @@ class FallbackBpe final : public TokenModel {
   }
 
  private:
+  std::string origin_;
   std::vector<TextEdit> normalizer_;
   bool fuse_unk_;
   int32_t unk_id_ = -1;
@@ -122,13 +139,22 @@ class FallbackBpe final : public TokenModel {
 
 }  // namespace
 
-std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits) {
+std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits,
+                        const std::string& origin) {
+  const size_t bound = kNormalizerGrowth * text.size() + kNormalizerSlack;
   std::string s(text);
-  for (const TextEdit& e : edits) {
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const TextEdit& e = edits[i];
+    const size_t made =
+        e.prepend ? (s.empty() ? 0 : s.size() + e.to.size()) : replaced_size(s, e.from, e.to);
+    BRISK_CHECK(made <= bound, "'", origin, "': normalizer ", i + 1, " (",
+                e.prepend ? "Prepend" : "Replace", " \"", excerpt(e.prepend ? e.to : e.from, 20),
+                "\") would make ", made, " bytes of a text of ", text.size(), ", more than the ",
+                kNormalizerGrowth, " x + ", kNormalizerSlack, " bytes normalizers may make");
     if (e.prepend) {
       if (!s.empty()) s.insert(0, e.to);  // Prepend leaves an empty text empty
     } else {
-      replace_all(s, e.from, e.to);
+      s = replace_all(s, e.from, e.to);
     }
   }
   return s;

@@ -240,7 +240,7 @@ struct TokenizerLoader {
     }
     return make_unigram(std::move(pieces), unk, flag_or(model, "byte_fallback", false),
                         text_edits(norm, path, "Unigram"), metaspace(pre, path),
-                        metaspace_decoding(decoder, path));
+                        metaspace_decoding(decoder, path), path);
   }
 
   // None, Metaspace, or Sequence [WhitespaceSplit, Metaspace].

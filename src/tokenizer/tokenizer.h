@@ -115,8 +115,13 @@ struct TextEdit {
   bool prepend = false;
   std::string from, to;
 };
-// `text` through the edits in order (Prepend leaves an empty text empty).
-std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits);
+// The most bytes a normalizer chain may make of a text of n bytes: kNormalizerGrowth * n +
+// kNormalizerSlack (Llama-2's makes 3 n + 3).
+constexpr size_t kNormalizerGrowth = 8, kNormalizerSlack = 4096;
+// `text` through the edits in order (Prepend leaves an empty text empty), in time linear in the
+// bytes made; a step that would make more than the bound above is refused naming it and `origin`.
+std::string apply_edits(std::string_view text, const std::vector<TextEdit>& edits,
+                        const std::string& origin);
 
 // Rust's char::is_whitespace (the White_Space property), as the tokenizers library splits.
 bool is_unicode_whitespace(int32_t c);
@@ -151,7 +156,7 @@ std::unique_ptr<TokenModel> make_unigram(std::vector<std::pair<std::string, doub
                                          int32_t unk_id, bool byte_fallback,
                                          std::vector<TextEdit> normalizer,
                                          std::optional<Metaspace> metaspace,
-                                         MetaspaceDecoding decoding);
+                                         MetaspaceDecoding decoding, const std::string& origin);
 // BPE over characters with <0xNN> byte tokens for characters the vocabulary lacks (Llama-2);
 // `unk` empty: none.
 std::unique_ptr<TokenModel> make_fallback_bpe(

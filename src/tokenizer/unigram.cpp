@@ -79,8 +79,9 @@ class Unigram final : public TokenModel {
  public:
   Unigram(std::vector<std::pair<std::string, double>> pieces, int32_t unk_id, bool byte_fallback,
           std::vector<TextEdit> normalizer, std::optional<Metaspace> metaspace,
-          MetaspaceDecoding decoding)
+          MetaspaceDecoding decoding, const std::string& origin)
       : TokenModel(ids_of(pieces)),
+        origin_(origin),
         unk_id_(unk_id),
         byte_fallback_(byte_fallback),
         normalizer_(std::move(normalizer)),
@@ -107,7 +108,7 @@ class Unigram final : public TokenModel {
   void encode_stretch(std::string_view text, bool at_start,
                       std::vector<int32_t>& out) const override {
     std::string repaired;
-    const std::string s = apply_edits(valid_utf8(text, repaired), normalizer_);
+    const std::string s = apply_edits(valid_utf8(text, repaired), normalizer_, origin_);
     if (!metaspace_) {
       encode_piece(s, out);
       return;
@@ -208,6 +209,7 @@ class Unigram final : public TokenModel {
     }
   }
 
+  std::string origin_;
   int32_t unk_id_;
   bool byte_fallback_;
   std::vector<TextEdit> normalizer_;
@@ -285,9 +287,9 @@ std::unique_ptr<TokenModel> make_unigram(std::vector<std::pair<std::string, doub
                                          int32_t unk_id, bool byte_fallback,
                                          std::vector<TextEdit> normalizer,
                                          std::optional<Metaspace> metaspace,
-                                         MetaspaceDecoding decoding) {
+                                         MetaspaceDecoding decoding, const std::string& origin) {
   return std::make_unique<Unigram>(std::move(pieces), unk_id, byte_fallback, std::move(normalizer),
-                                   std::move(metaspace), std::move(decoding));
+                                   std::move(metaspace), std::move(decoding), origin);
 }
 
 }  // namespace brisk
