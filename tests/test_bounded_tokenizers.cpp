@@ -1,9 +1,8 @@
-// Tokenizer files made to crash brisk or keep it busy without end (issue 50),
-// each class refused within seconds with one line naming it, in the library and
-// through `brisk tokenize` (exit 1, never a signal); SentencePiece models with
-// corrupted charsmaps, loaded in child processes so a crash fails the test;
-// long words costing n log n (merges) or n times the longest token (WordPiece);
-// the heap-driven merge loop against the rescan it replaced.
+// Tokenizer files made to crash brisk or keep it busy without end (issue 50), each class refused
+// within seconds with one line naming it, in the library and through `brisk tokenize` (exit 1,
+// never a signal); SentencePiece models with corrupted charsmaps, loaded in child processes so a
+// crash fails the test; long words costing n log n (merges) or n times the longest token
+// (WordPiece); the heap-driven merge loop against the rescan it replaced.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,9 +79,8 @@ void expect_one_line(const Run& r, const std::string& message) {
   EXPECT_LE(r.err.size(), 400u) << r.err;
 }
 
-// The byte range of the charsmap in a serialized ModelProto: field 3
-// (normalizer_spec), its field 2 (one-byte keys and lengths below 2^14 in the
-// fixture).
+// The byte range of the charsmap in a serialized ModelProto: field 3 (normalizer_spec), its
+// field 2 (one-byte keys and lengths below 2^14 in the fixture).
 std::pair<size_t, size_t> charsmap_range(const std::string& model) {
   auto varint = [&](size_t& at) {
     uint64_t v = 0;
@@ -116,9 +114,8 @@ std::pair<size_t, size_t> charsmap_range(const std::string& model) {
   return {from, to};
 }
 
-// Loads `model` in a child process and encodes texts over every byte: 0 it
-// worked, 1 refused naming the charsmap, 2 refused otherwise; a crash is a
-// signal.
+// Loads `model` in a child process and encodes texts over every byte: 0 it worked, 1 refused
+// naming the charsmap, 2 refused otherwise; a crash is a signal.
 int load_in_child(const std::string& path) {
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -143,9 +140,9 @@ int load_in_child(const std::string& path) {
   return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-// libsentencepiece 0.1.97 walks the trie unchecked: random trie bytes behind a
-// kept size prefix, or one flipped byte, crashed it. Every case now loads and
-// encodes, or is refused naming the file; random tries are refused.
+// libsentencepiece 0.1.97 walks the trie unchecked: random trie bytes behind a kept size prefix,
+// or one flipped byte, crashed it. Every case now loads and encodes, or is refused naming the
+// file; random tries are refused.
 TEST(BoundedTokenizers, CorruptCharsmapsAreRefusedNeverCrash) {
   const std::string model = read(fixture("tokenizer/sentencepiece_unigram/tokenizer.model"));
   const auto [from, to] = charsmap_range(model);
@@ -178,9 +175,7 @@ TEST(BoundedTokenizers, CorruptCharsmapsAreRefusedNeverCrash) {
   const std::string input = write("input.txt", "hello\n");
   expect_one_line(
       run_brisk("tokenize --tokenizer " + write("tokenizer.model", random) + " --input " + input),
-      "'" + path +
-          "': the SentencePiece normalizer's precompiled charsmap "
-          "is malformed");
+      "'" + path + "': the SentencePiece normalizer's precompiled charsmap is malformed");
 }
 
 // The blob's own checks, each refusal named.
@@ -193,9 +188,9 @@ TEST(BoundedTokenizers, CharsmapBlobsAreCheckedStrictly) {
       for (int i = 0; i < 4; ++i) blob.push_back(static_cast<char>(v >> (8 * i)));
     return blob + strings;
   };
-  // One rule, "a" -> "b": the root (unit 0, offset 0) has base 0; its child on
-  // 'a' (unit 'a') has a leaf below and offset 256, so the leaf is unit 'a' ^
-  // 256, holding value 0. The other units are leaves, which no walk follows.
+  // One rule, "a" -> "b": the root (unit 0, offset 0) has base 0; its child on 'a' (unit 'a')
+  // has a leaf below and offset 256, so the leaf is unit 'a' ^ 256, holding value 0. The other
+  // units are leaves, which no walk follows.
   std::vector<uint32_t> ok(512, 1u << 31);
   ok[0] = 0;
   ok['a'] = 'a' | (1u << 8) | (256u << 10);
@@ -222,8 +217,7 @@ TEST(BoundedTokenizers, CharsmapBlobsAreCheckedStrictly) {
                "a rule maps to byte 2 of its 3 bytes of strings");
 }
 
-// A byte-level BPE tokenizer.json (a..z, no merges) with a Split on `pattern`
-// before ByteLevel.
+// A byte-level BPE tokenizer.json (a..z, no merges) with a Split on `pattern` before ByteLevel.
 std::string split_bpe(const std::string& pattern) {
   nlohmann::json vocab = nlohmann::json::object();
   for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = c - 'a';
@@ -240,8 +234,7 @@ std::string split_bpe(const std::string& pattern) {
   return j.dump();
 }
 
-// A Unigram tokenizer.json whose normalizer replaces "a" with "aa" `steps`
-// times.
+// A Unigram tokenizer.json whose normalizer replaces "a" with "aa" `steps` times.
 std::string doubling_unigram(int steps) {
   nlohmann::json chain = nlohmann::json::array();
   for (int i = 0; i < steps; ++i)
@@ -265,12 +258,10 @@ std::vector<Refusal> refusals() {
   return {
       {"catastrophic Split regex", [] { return write("regex.json", split_bpe("(a+)+$")); },
        std::string(40, 'a') + "!",
-       "the pre-tokenizer pattern \"(a+)+$\" ran past PCRE2's match limit of "
-       "10000000 steps"},
+       "the pre-tokenizer pattern \"(a+)+$\" ran past PCRE2's match limit of 10000000 steps"},
       {"Replace chain doubling the text",
        [] { return write("doubling.json", doubling_unigram(40)); }, "aaaaaaaaaa",
-       "normalizer 9 (Replace \"a\") would make 5120 bytes of a text of 10, "
-       "more than the 8 x + "
+       "normalizer 9 (Replace \"a\") would make 5120 bytes of a text of 10, more than the 8 x + "
        "4096 bytes"},
   };
 }
@@ -287,8 +278,8 @@ TEST(BoundedTokenizers, UnboundedWorkIsRefusedNamingItsLimit) {
   }
 }
 
-// The encoding runs in the command's parallel loop: the error is carried out of
-// it, naming the line.
+// The encoding runs in the command's parallel loop: the error is carried out of it, naming the
+// line.
 TEST(BoundedTokenizers, TheCommandLineEndsWithOneLineNeverASignal) {
   for (const Refusal& r : refusals()) {
     SCOPED_TRACE(r.name);
@@ -298,6 +289,96 @@ TEST(BoundedTokenizers, TheCommandLineEndsWithOneLineNeverASignal) {
     expect_one_line(run_brisk("tokenize --tokenizer " + r.tokenizer() + " --input " + input),
                     r.message);
   }
+}
+
+// The merge loop before the heap: the lowest rank found by a rescan, every occurrence merged.
+void merge_by_rescan(std::vector<std::string>& parts,
+                     const std::unordered_map<std::string, int>& ranks) {
+  std::string key;
+  while (parts.size() > 1) {
+    int best = INT_MAX;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      key.assign(parts[i]).append(1, '\x01').append(parts[i + 1]);
+      const auto it = ranks.find(key);
+      if (it != ranks.end() && it->second < best) {
+        best = it->second;
+        at = i;
+      }
+    }
+    if (best == INT_MAX) break;
+    const std::string a = parts[at], b = parts[at + 1];
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (i + 1 < parts.size() && parts[i] == a && parts[i + 1] == b) {
+        merged.push_back(a + b);
+        ++i;
+      } else {
+        merged.push_back(parts[i]);
+      }
+    }
+    parts.swap(merged);
+  }
+}
+
+// Random merge lists over a small alphabet, in training order or shuffled (a merge may then use
+// a symbol a later one makes, or rank below the merge that made its side), on random words.
+TEST(BoundedTokenizers, HeapMergesEqualTheRescanTheyReplace) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<std::string> symbols = {"a", "b", "c"};
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (int m = 0; m < 12; ++m) {
+      const std::string& x = symbols[rng() % symbols.size()];
+      const std::string& y = symbols[rng() % symbols.size()];
+      merges.emplace_back(x, y);
+      symbols.push_back(x + y);
+    }
+    if (trial % 2) std::shuffle(merges.begin(), merges.end(), rng);
+    std::unordered_map<std::string, int> ranks;
+    for (size_t i = 0; i < merges.size(); ++i)
+      ranks.emplace(merges[i].first + '\x01' + merges[i].second, static_cast<int>(i));
+    for (int w = 0; w < 10; ++w) {
+      std::vector<std::string> word;
+      for (size_t n = rng() % 24; n > 0; --n) word.push_back(std::string(1, "abc"[rng() % 3]));
+      std::vector<std::string> want = word, got = word;
+      merge_by_rescan(want, ranks);
+      merge_pieces(got, ranks);
+      ASSERT_EQ(got, want) << "trial " << trial << " word " << w;
+    }
+  }
+}
+
+// Long words: 256 KiB of letters merged through the GPT-2 fixture (one piece: decoded back
+// whole), 100 KB split by WordPiece with no word limit (the rescan and the unbounded candidate
+// took minutes on these).
+TEST(BoundedTokenizers, LongWordsCostNearlyTheirLength) {
+  const auto gpt2 = Tokenizer::load(fixture("tokenizer/bpe/tokenizer.json"));
+  std::string word;
+  std::mt19937 rng(3);
+  for (int i = 0; i < (1 << 18); ++i) word.push_back("etaoinshrdlu"[rng() % 12]);
+  const std::vector<int32_t> ids = gpt2->tokenize(word);
+  EXPECT_LT(ids.size(), word.size() * 3 / 4);  // merged
+  EXPECT_EQ(gpt2->decode(ids), word);
+
+  nlohmann::json vocab = {{"[UNK]", 0}, {"a", 1}, {"##a", 2}, {"##aa", 3}};
+  const std::string path =
+      write("wordpiece.json", nlohmann::json{{"model",
+                                              {{"type", "WordPiece"},
+                                               {"vocab", vocab},
+                                               {"unk_token", "[UNK]"},
+                                               {"max_input_chars_per_word", 1000000000000}}}}
+                                  .dump());
+  const auto wp = Tokenizer::load(path);
+  const std::vector<int32_t> pieces = wp->tokenize(std::string(100001, 'a'));
+  ASSERT_EQ(pieces.size(), 50001u);
+  EXPECT_EQ(pieces.front(), 1);
+  EXPECT_EQ(pieces.back(), 3);
+  // A value beyond int64 is no limit, not a negative one that makes every word [UNK].
+  nlohmann::json huge = nlohmann::json::parse(read(path));
+  huge["model"]["max_input_chars_per_word"] = 18446744073709551615ull;
+  const auto wp2 = Tokenizer::load(write("wordpiece2.json", huge.dump()));
+  EXPECT_EQ(wp2->tokenize("aaa"), (std::vector<int32_t>{1, 3}));
 }
 
 }  // namespace

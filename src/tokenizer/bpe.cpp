@@ -157,6 +157,7 @@ class ByteLevelBpe final : public TokenModel {
         symbols_(byte_symbols()) {
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [a, b] = merges[i];
+      BRISK_CHECK(!a.empty() && !b.empty(), "'", origin, "': merge ", i + 1, " has an empty side");
       BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
                   excerpt(b), "\") makes a token the vocabulary lacks");
       ranks_.emplace(a + '\x01' + b, static_cast<int>(i));
@@ -215,17 +216,21 @@ class ByteLevelBpe final : public TokenModel {
     }
     merge_pieces(parts, ranks_);
     std::vector<int32_t> ids;
+    ids.reserve(parts.size());
     for (const std::string& p : parts) {
       // A symbol the vocabulary lacks is left out, as the library does without an unknown token.
       const auto it = vocab_.find(p);
       if (it != vocab_.end()) ids.push_back(it->second);
     }
     out.insert(out.end(), ids.begin(), ids.end());
+    if (word.size() > kMaxCachedPiece) return;
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (cache_.size() < kMaxCache) cache_.emplace(word, std::move(ids));
   }
 
-  static constexpr size_t kMaxCache = 1 << 18;  // pieces; bounded, as memory outside the plan
+  // Bounded, as memory outside the plan: pieces, and the bytes of one (long ones do not repeat).
+  static constexpr size_t kMaxCache = 1 << 18;
+  static constexpr size_t kMaxCachedPiece = 256;
   std::unordered_map<std::string, int> ranks_;
   Regex regex_;
   bool ignore_merges_;

@@ -60,6 +60,7 @@ class FallbackBpe final : public TokenModel {
         fuse_unk_(fuse_unk) {
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto& [a, b] = merges[i];
+      BRISK_CHECK(!a.empty() && !b.empty(), "'", origin, "': merge ", i + 1, " has an empty side");
       BRISK_CHECK(vocab_.count(a + b), "'", origin, "': merge ", i + 1, " (\"", excerpt(a), "\" \"",
                   excerpt(b), "\") makes a token the vocabulary lacks");
       ranks_.emplace(a + '\x01' + b, static_cast<int>(i));

@@ -20,6 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr size_t kMaxTokenizerFile = size_t{256} << 20;  // tokenizer.json of large vocabularies
+constexpr uint64_t kNoWordLimit = uint64_t{1} << 62;     // WordPiece's word length: none
 
 std::unordered_map<std::string, int32_t> vocab_from_json(const nlohmann::json& v,
                                                          const std::string& origin) {
@@ -132,10 +133,13 @@ struct TokenizerLoader {
       const bool strip = norm.contains("strip_accents") && norm["strip_accents"].is_boolean()
                              ? norm["strip_accents"].get<bool>()
                              : lowercase;  // null: follows lowercase
-      const int64_t max_chars = model.contains("max_input_chars_per_word") &&
-                                        model["max_input_chars_per_word"].is_number_unsigned()
-                                    ? model["max_input_chars_per_word"].get<int64_t>()
-                                    : 100;
+      // Any whole number is read as it is (one beyond 2^62 as none): the split's
+      // work is bounded by the longest token, not by this.
+      const nlohmann::json& limit = model.value("max_input_chars_per_word", nlohmann::json());
+      const int64_t max_chars =
+          limit.is_number_unsigned()
+              ? static_cast<int64_t>(std::min<uint64_t>(limit.get<uint64_t>(), kNoWordLimit))
+              : 100;
       t.model_ = make_wordpiece(vocab_from_json(model.value("vocab", nlohmann::json()), path),
                                 string_or(model, "unk_token", "[UNK]"), max_chars, lowercase, strip,
                                 flag_or(norm, "handle_chinese_chars", true),

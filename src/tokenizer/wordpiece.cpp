@@ -4,6 +4,7 @@
 // Unicode properties and decomposition come from utf8proc.
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -85,6 +86,7 @@ class WordPiece final : public TokenModel {
         strip_accents_(strip_accents),
         chinese_chars_(chinese_chars),
         clean_text_(clean_text) {
+    for (const auto& [token, id] : vocab_) longest_ = std::max(longest_, token.size());
     const auto it = vocab_.find(unk);
     BRISK_CHECK(it != vocab_.end(), "the WordPiece vocabulary lacks its unknown token \"",
                 excerpt(unk), "\"");
@@ -174,7 +176,10 @@ class WordPiece final : public TokenModel {
     size_t start = 0;
     std::string piece;
     while (start < word.size()) {
-      size_t end = word.size();
+      // No candidate longer than the longest token can match: a long word costs its length
+      // times the longest token's, not its length squared.
+      size_t end = start + std::min(word.size() - start, longest_);
+      while (end < word.size() && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) --end;
       int32_t found = -1;
       while (end > start) {
         piece.assign(start > 0 ? "##" : "");
@@ -199,6 +204,7 @@ class WordPiece final : public TokenModel {
   }
 
   int32_t unk_ = 0;
+  size_t longest_ = 0;  // bytes of the longest token
   int64_t max_chars_;
   bool lowercase_, strip_accents_, chinese_chars_, clean_text_;
 };
