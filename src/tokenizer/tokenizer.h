@@ -106,7 +106,8 @@ std::unique_ptr<TokenModel> make_byte_level_bpe(
     const std::string& pattern = {}, bool ignore_merges = false);
 
 // `text` itself when it is valid UTF-8; else a copy in `fixed` with U+FFFD for each byte that is
-// not (as WordPiece reads such text): PCRE2 must only see valid UTF-8, and encoding never throws.
+// not (as WordPiece reads such text): PCRE2 must only see valid UTF-8, and bad bytes never make
+// encoding fail.
 std::string_view valid_utf8(std::string_view text, std::string& fixed);
 
 // One normalizer step of the byte-fallback BPE and Unigram: Replace(from, to), or Prepend(to)
