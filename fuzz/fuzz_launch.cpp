@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::map<std::string, std::string> env;

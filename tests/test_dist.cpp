@@ -1,5 +1,6 @@
 // Launch information from the environment (MPI launchers, torchrun-style variables), and the
-// single-process communicator. The collectives across processes are tests/dist/ (run by mpirun).
+// single-process communicator. The collectives across processes are tests/parallel/ (run by
+// mpirun).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,15 +11,15 @@
 #include <vector>
 
 #include "core/json_file.h"
-#include "dist/communicator.h"
-#include "dist/grad_buckets.h"
-#include "dist/launch.h"
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/launch.h"
+#include "parallel/zero.h"
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/deepspeed.h"
 #include "train/deepspeed_keys.h"
 #include "train/trainer.h"
-#include "train/zero.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {
@@ -139,10 +140,10 @@ TEST(Launch, TheRendezvousPortIsDerivedFromMasterPort) {
 }
 
 // torchrun-style launches of several CPU processes go through Gloo: refused, naming mpirun, where
-// brisk was built without it (tests/dist/ runs them through Gloo otherwise).
+// brisk was built without it (tests/parallel/ runs them through Gloo otherwise).
 TEST(Launch, SeveralTorchrunProcessesWithoutGlooBuiltInAreRefused) {
   EXPECT_EQ(make_communicator(launch({{"RANK", "0"}, {"WORLD_SIZE", "1"}}))->size(), 1);
-  if (gloo_built_in()) GTEST_SKIP() << "this brisk has Gloo; tests/dist/ runs it through Gloo";
+  if (gloo_built_in()) GTEST_SKIP() << "this brisk has Gloo; tests/parallel/ runs it through Gloo";
   expect_error(
       [] {
         make_communicator(launch({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
@@ -152,7 +153,7 @@ TEST(Launch, SeveralTorchrunProcessesWithoutGlooBuiltInAreRefused) {
 }
 
 TEST(Launch, AnMpiLaunchWithoutMpiBuiltInIsRefused) {
-  if (mpi_built_in()) GTEST_SKIP() << "this brisk has MPI; tests/dist/ runs it under mpirun";
+  if (mpi_built_in()) GTEST_SKIP() << "this brisk has MPI; tests/parallel/ runs it under mpirun";
   expect_error(
       [] {
         make_communicator(launch({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));

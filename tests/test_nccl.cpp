@@ -1,7 +1,7 @@
-// The NCCL communicator (dist/nccl.cpp) in one process: every collective on GPU buffers, and host
-// buffers staged through the GPU (ZeRO's host-resident parts). Skips, saying why, where no GPU can
-// run it; without a GPU it checks that asking for NCCL ends with one clear message. Several ranks:
-// tests/dist/test_nccl_ranks.cpp.
+// The NCCL communicator (parallel/nccl.cpp) in one process: every collective on GPU buffers, and
+// host buffers staged through the GPU (ZeRO's host-resident parts). Skips, saying why, where no GPU
+// can run it; without a GPU it checks that asking for NCCL ends with one clear message. Several
+// ranks: tests/parallel/test_nccl_ranks.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend_support.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk::testing {
 namespace {

@@ -1,8 +1,8 @@
-// The TCP rendezvous of torchrun-style launches (dist/rendezvous.h), with every rank a thread of
-// this process on the loopback interface: rank 0's bytes reach every rank; every rank's keys reach
-// every other; a wrong world size, a rank connecting twice, a missing rank, a missing rank 0 or a
-// port already taken end with a message, in bounded time. Then Gloo's communicator, which finds
-// its ranks through it (the full suite runs across processes in tests/dist/).
+// The TCP rendezvous of torchrun-style launches (parallel/rendezvous.h), with every rank a thread
+// of this process on the loopback interface: rank 0's bytes reach every rank; every rank's keys
+// reach every other; a wrong world size, a rank connecting twice, a missing rank, a missing rank 0
+// or a port already taken end with a message, in bounded time. Then Gloo's communicator, which
+// finds its ranks through it (the full suite runs across processes in tests/parallel/).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,8 +16,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/rendezvous.h"
+#include "parallel/communicator.h"
+#include "parallel/rendezvous.h"
 #include "test_support.h"
 
 namespace brisk::testing {

@@ -2,7 +2,7 @@
 // global order, so a run saved at one per-device batch and accumulation continues at another on
 // the very samples the uninterrupted run takes (the losses to the order of their sums, the epochs
 // exactly), with file data, dynamic padding and group_by_length; a position no micro-batch of
-// the new split starts at is refused by name. (Across ranks: tests/dist/test_ddp.cpp.)
+// the new split starts at is refused by name. (Across ranks: tests/parallel/test_ddp.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -11,8 +11,8 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "dist/communicator.h"
 #include "models/config.h"
+#include "parallel/communicator.h"
 #include "train/options.h"
 #include "train/trainer_keys.h"
 

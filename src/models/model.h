@@ -96,7 +96,7 @@ struct PlanOptions {
   int64_t logits_rows = 0;
 };
 
-// ZeRO stage 3: who fills the model's weight slots (train/zero's ShardedWeights). Segments are
+// ZeRO stage 3: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
 // numbered as param_segments(); segments whose places overlap (Model::weights_overlap) hold their
 // weights in turn.
 class WeightSlots {

@@ -29,7 +29,7 @@ struct ParamInfo {
   int64_t offset = 0;      // in elements, within the flat buffer
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
   bool product = false;    // an operand of a matrix product
-  // A piece of a parameter (a ZeRO shard's, train/zero.h): the whole parameter's elements;
+  // A piece of a parameter (a ZeRO shard's, parallel/zero.h): the whole parameter's elements;
   // 0 for a whole parameter.
   int64_t whole_elements = 0;
   int64_t whole_numel() const { return whole_elements > 0 ? whole_elements : shape.numel(); }

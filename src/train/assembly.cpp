@@ -197,7 +197,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,
                        DType::f32, Shape{mine.elements.count});
       const int64_t receive = ShardedGradients::receive_elements(
-          r.shards, rank, r.model->param_segments(), gradient_piece_elements(o));
+          r.shards, rank, r.model->param_segments(), gradient_piece_elements(o.ddp_bucket_cap_mb));
       r.binder.declare(r.plan, &r.grad_receive, "zero.gradient_sums", Category::temporaries,
                        DType::f32, Shape{std::max<int64_t>(receive, 1)});
     }

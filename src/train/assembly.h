@@ -13,11 +13,11 @@
 #include "data/loader.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/zero.h"
 #include "precision/mixed_precision.h"
 #include "train/evaluate.h"
 #include "train/file_data.h"
 #include "train/options.h"
-#include "train/zero.h"
 
 namespace brisk {
 

@@ -16,8 +16,8 @@
 
 #include "core/json_file.h"
 #include "core/safetensors.h"
+#include "parallel/zero.h"
 #include "train/file_data.h"
-#include "train/zero.h"
 
 namespace brisk {
 

@@ -49,7 +49,7 @@ class GatheredReads;
 
 // Writes model.safetensors (transformers' names, from `weights`: the flat float32 weights or
 // master copy) and config.json into `folder`, as Trainer.save_model does. With `gathered`
-// (ZeRO, train/zero.h), the weights are its whole 0, read piece by piece (`weights` unused).
+// (ZeRO, parallel/zero.h), the weights are its whole 0, read piece by piece (`weights` unused).
 void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights,
                 GatheredReads* gathered = nullptr);
 
@@ -61,7 +61,7 @@ void save_model(Backend& be, const std::string& folder, const Model& model, cons
 // of the save sequence (counted down across saves; -1 = never). The points: after each of the six
 // files; when the step was saved before, after its old copy is moved aside and after the new one
 // is renamed into place; in rotation, after each folder is moved aside for deletion.
-// With `gathered` (ZeRO: checkpoint_parts, train/zero.h), the weights are its whole 0 and the
+// With `gathered` (ZeRO: checkpoint_parts, parallel/zero.h), the weights are its whole 0 and the
 // optimizer's state tensors its wholes 1, 2, ... (every rank's state laid end to end), read piece
 // by piece as the files are written (`weights` unused).
 // `tokenizer_path`, when not empty: the tokenizer whose files the checkpoint holds too, so that

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "data/loader.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "train/metrics.h"
 
 namespace brisk {

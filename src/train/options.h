@@ -103,7 +103,7 @@ struct TrainOptions {
   // collective (a rank stuck or gone); 0: for ever.
   int64_t ddp_timeout = 1800;
   // ZeRO: 1 partitions the optimizer state among the ranks, 2 the summed gradients too
-  // (train/zero.h); 0 keeps them whole.
+  // (parallel/zero.h); 0 keeps them whole.
   int64_t zero_stage = 0;
   // ZeRO stage 3: weights gathered ahead of the block that runs (DeepSpeed's
   // stage3_prefetch_bucket_size, in elements); below one block's, none are and one slot less is

@@ -18,11 +18,12 @@
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
-#include "dist/communicator.h"
-#include "dist/grad_buckets.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/step_control.h"
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/zero.h"
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
@@ -31,7 +32,6 @@
 #include "train/memory_html.h"
 #include "train/schedule.h"
 #include "train/tensorboard.h"
-#include "train/zero.h"
 
 namespace brisk {
 
@@ -658,7 +658,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   std::optional<ShardedGradients> sharded;
   if (ranks > 1 && o.do_train && !run->grad_shard.empty())
     sharded.emplace(*be, run->shards, dist.rank(), run->grad_shard, run->grad_receive,
-                    gradient_piece_elements(o));
+                    gradient_piece_elements(o.ddp_bucket_cap_mb));
   else if (ranks > 1 && o.do_train)
     buckets.emplace(model->params().flat_grads(), model->grad_segments(),
                     static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));

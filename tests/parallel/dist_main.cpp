@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "backend/backend.h"
-#include "dist/test_world.h"
+#include "parallel/test_world.h"
 
 namespace brisk::testing {
 

@@ -1,6 +1,6 @@
 // The build without MPI: a run launched by mpirun is refused with a message saying why.
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 

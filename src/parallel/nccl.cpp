@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/rendezvous.h"
+#include "parallel/communicator.h"
+#include "parallel/rendezvous.h"
 
 namespace brisk {
 namespace {

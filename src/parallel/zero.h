@@ -19,7 +19,6 @@
 #include "core/tensor.h"
 #include "models/model.h"
 #include "models/parameters.h"
-#include "train/options.h"
 
 namespace brisk {
 
@@ -90,8 +89,9 @@ class GatheredReads {
 std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partitioned, int rank,
                                      const Optimizer* optimizer);
 
-// ZeRO stage 2's pieces: ddp_bucket_cap_mb of float32 gradients (at least one element).
-int64_t gradient_piece_elements(const TrainOptions& o);
+// ZeRO stage 2's pieces: bucket_cap_mb (ddp_bucket_cap_mb) of float32 gradients (at least one
+// element).
+int64_t gradient_piece_elements(double bucket_cap_mb);
 
 // ZeRO stage 2: this rank's shard of the gradients, summed over the ranks segment by segment as
 // backward reports them final, on every micro-batch. A segment's sums are started (they run on

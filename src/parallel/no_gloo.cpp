@@ -1,7 +1,7 @@
 // The build without Gloo: CPU ranks of a torchrun-style launch are refused with a message saying
 // why and what else starts them.
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 

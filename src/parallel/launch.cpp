@@ -1,4 +1,4 @@
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 #include <cstdlib>
 #include <string>

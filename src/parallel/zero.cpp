@@ -1,4 +1,4 @@
-#include "train/zero.h"
+#include "parallel/zero.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,9 +10,9 @@
 #include "backend/backend.h"
 #include "core/checked.h"
 #include "core/error.h"
-#include "dist/communicator.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 
@@ -159,8 +159,8 @@ std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partiti
   return parts;
 }
 
-int64_t gradient_piece_elements(const TrainOptions& o) {
-  return std::max<int64_t>(1, static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024 / 4));
+int64_t gradient_piece_elements(double bucket_cap_mb) {
+  return std::max<int64_t>(1, static_cast<int64_t>(bucket_cap_mb * 1024 * 1024 / 4));
 }
 
 namespace {

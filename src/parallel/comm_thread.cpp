@@ -1,5 +1,5 @@
 // The host communicators' communication thread and watchdog (see comm_thread.h).
-#include "dist/comm_thread.h"
+#include "parallel/comm_thread.h"
 
 #include <algorithm>
 #include <utility>

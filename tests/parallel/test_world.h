@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk::testing {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dist/communicator.h"
-#include "dist/test_world.h"
+#include "parallel/communicator.h"
+#include "parallel/test_world.h"
 
 namespace brisk::testing {
 namespace {

@@ -1,6 +1,6 @@
 // The TCP rendezvous (see rendezvous.h): POSIX sockets, every wait bounded by poll(). Rank 0's
 // thread serves the other ranks' requests; its own go to the store directly.
-#include "dist/rendezvous.h"
+#include "parallel/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

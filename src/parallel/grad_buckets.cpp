@@ -1,8 +1,8 @@
-#include "dist/grad_buckets.h"
+#include "parallel/grad_buckets.h"
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 

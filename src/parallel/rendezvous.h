@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 namespace brisk {
 

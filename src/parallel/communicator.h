@@ -1,6 +1,6 @@
 // Collectives across the processes of a run (ranks), on flat buffers: what data parallelism and
 // ZeRO are built from. One Communicator per run, made from how the processes were launched
-// (dist/launch.h): a single process needs none and gets SingleProcess; `mpirun -np N brisk ...`
+// (parallel/launch.h): a single process needs none and gets SingleProcess; `mpirun -np N brisk ...`
 // gets MPI (host memory); `torchrun --no-python --nproc_per_node N brisk ...` gets Gloo. The
 // buffers are float32, bf16 (sums of bf16 are taken in float32 and rounded to bf16 at each partial
 // sum, as NCCL's bf16 reductions do) or float64 (statistics).
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 namespace brisk {
 
@@ -129,13 +129,13 @@ void end_every_rank_on_error(int code);
 
 // The communicator of this process: SingleProcess when `launch` says one process; MPI when the
 // run was started by an MPI launcher; Gloo for a torchrun-style launch without one (its ranks
-// connecting through the rendezvous of dist/rendezvous.h). Either refused, saying so, when brisk
-// was built without it. MPI is initialized here and finalized at exit.
-// The start is bounded as PyTorch's init_process_group bounds it: a rank that has not met every
-// other within `timeout_seconds` (ddp_timeout; 0: no bound) of its own start ends the run with
-// one line naming the stage it waited in (MPI's initialization, the rendezvous, the first
-// handshake) and, where the rendezvous knows them, the ranks that did not come. The collectives'
-// watchdog is set to the same timeout (Communicator::set_timeout may change it).
+// connecting through the rendezvous of parallel/rendezvous.h). Either refused, saying so, when
+// brisk was built without it. MPI is initialized here and finalized at exit. The start is bounded
+// as PyTorch's init_process_group bounds it: a rank that has not met every other within
+// `timeout_seconds` (ddp_timeout; 0: no bound) of its own start ends the run with one line naming
+// the stage it waited in (MPI's initialization, the rendezvous, the first handshake) and, where the
+// rendezvous knows them, the ranks that did not come. The collectives' watchdog is set to the same
+// timeout (Communicator::set_timeout may change it).
 std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch,
                                                 double timeout_seconds = 1800);
 std::unique_ptr<Communicator> make_single_process();
@@ -145,7 +145,7 @@ bool gloo_built_in();
 // The NCCL communicator (GPU memory), for `launch`'s rank of its size on the GPU local_rank
 // picks: NCCL's unique id goes from rank 0 to the others through `bootstrap` (a host
 // communicator of the same ranks, e.g. MPI's) or, when that is null, the TCP rendezvous on
-// MASTER_ADDR at the port derived from MASTER_PORT (dist/rendezvous.h) waiting at most
+// MASTER_ADDR at the port derived from MASTER_PORT (parallel/rendezvous.h) waiting at most
 // `timeout_seconds`. It takes
 // host buffers too, copied to the GPU and back around the collective (the trainer's metrics and
 // texts; small).

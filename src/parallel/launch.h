@@ -18,7 +18,7 @@ struct LaunchInfo {
   int rank = 0, size = 1, local_rank = 0;
   std::string master_addr;  // torchrun-style rendezvous, where given
   int master_port = 0;
-  // brisk's own rendezvous (dist/rendezvous.h): BRISK_RENDEZVOUS_PORT, else MASTER_PORT + 1
+  // brisk's own rendezvous (parallel/rendezvous.h): BRISK_RENDEZVOUS_PORT, else MASTER_PORT + 1
   // (torchrun's own store holds MASTER_PORT); 0 when neither gives one.
   int rendezvous_port = 0;
 };

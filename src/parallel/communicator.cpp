@@ -1,4 +1,4 @@
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
-#include "dist/comm_thread.h"
+#include "parallel/comm_thread.h"
 
 namespace brisk {
 

@@ -1,7 +1,7 @@
 // The Gloo communicator: host-memory collectives for the CPU ranks of a torchrun-style launch
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and no MPI launcher) over Gloo's TCP transport, the
 // library PyTorch's CPU collectives use. The ranks find each other through brisk's rendezvous
-// store (dist/rendezvous.h), served by rank 0 on the port derived from MASTER_PORT. As the MPI
+// store (parallel/rendezvous.h), served by rank 0 on the port derived from MASTER_PORT. As the MPI
 // communicator: started collectives run in order on a communication thread, a watchdog ends
 // the run at the timeout, bf16 sums are taken in float32 and rounded at each partial sum.
 #include <gloo/allgather.h>
@@ -30,9 +30,9 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/comm_thread.h"
-#include "dist/communicator.h"
-#include "dist/rendezvous.h"
+#include "parallel/comm_thread.h"
+#include "parallel/communicator.h"
+#include "parallel/rendezvous.h"
 
 namespace brisk {
 namespace {

@@ -19,11 +19,11 @@
 #include "backend/backend.h"
 #include "core/json_file.h"
 #include "core/safetensors.h"
-#include "dist/test_world.h"
+#include "parallel/test_world.h"
+#include "parallel/zero.h"
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/trainer.h"
-#include "train/zero.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {

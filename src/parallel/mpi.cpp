@@ -16,8 +16,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/comm_thread.h"
-#include "dist/communicator.h"
+#include "parallel/comm_thread.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 namespace {

@@ -7,7 +7,7 @@
 #include <csignal>
 #include <thread>
 
-#include "dist/test_world.h"
+#include "parallel/test_world.h"
 
 namespace brisk::testing {
 namespace {

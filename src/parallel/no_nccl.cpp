@@ -1,6 +1,6 @@
 // The build without NCCL (no CUDA toolkit, or one without NCCL): asking for it is refused.
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 

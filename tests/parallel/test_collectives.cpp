@@ -13,8 +13,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/launch.h"
-#include "dist/test_world.h"
+#include "parallel/launch.h"
+#include "parallel/test_world.h"
 
 namespace brisk::testing {
 namespace {
