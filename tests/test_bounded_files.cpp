@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -28,10 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // A safetensors file of `n` one-element float32 entries ("t0", "t1", ...), written as text.
 std::string many_entries(const TempDir& dir, int n) {
   std::string header = "{";
@@ -48,25 +43,21 @@ std::string many_entries(const TempDir& dir, int n) {
   return path;
 }
 
-// A header's work grows with its entries, not with their square: the JSON parser's callback,
-// used for the depth bound, scanned an object every time one of its members ended (100000
-// entries took minutes); writing searched an ordered object at each insertion.
-TEST(BoundedFiles, HeaderEntriesAreReadAndWrittenInLinearTime) {
+// A header of 100000 entries is read and written back whole (the JSON parser's callback, used for
+// the depth bound, once made this take minutes; the growth is measured by
+// bench/bounded_files.py, not here).
+TEST(BoundedFiles, ManyHeaderEntriesAreReadAndWrittenWhole) {
   TempDir dir("bounded_entries");
-  auto start = std::chrono::steady_clock::now();
   const SafetensorsFile f(many_entries(dir, 100000));
-  EXPECT_LT(seconds_since(start), 10.0);
   EXPECT_EQ(f.names().size(), 100000u);
   EXPECT_EQ(f.get("t99999").numel(), 1);
-  // Written back in the order given, as fast.
+  // Written back in the order given.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (int i = 0; i < 100000; i += 2) {
     const std::string name = "t" + std::to_string(i);
     tensors.emplace_back(name, f.get(name));
   }
-  start = std::chrono::steady_clock::now();
   write_safetensors(dir / "half.safetensors", tensors);
-  EXPECT_LT(seconds_since(start), 10.0);
   EXPECT_EQ(SafetensorsFile(dir / "half.safetensors").names().size(), 50000u);
   // A name given twice would leave a header whose ranges do not tile: refused when writing.
   expect_error(
@@ -76,11 +67,10 @@ TEST(BoundedFiles, HeaderEntriesAreReadAndWrittenInLinearTime) {
       "write_safetensors: the name 't0' is given twice or reserved");
 }
 
-// A JSON Lines file's work grows with its size, not with its square or cube: sizes that took
-// minutes when each new key re-laid the rows read so far (and an ordered document searched its
-// keys at each insertion) now take a fraction of a second. The bound is loose (far above what
-// they take) so that only a return of the superlinear work fails it.
-TEST(BoundedFiles, ManyDistinctKeysAreReadInLinearTime) {
+// A JSON Lines file of 4096 distinct keys, each first met on a later row, and one record naming
+// 4096 keys, read into the right cells (sizes that took minutes when each new key re-laid the
+// rows read so far; the growth is measured by bench/bounded_files.py, not here).
+TEST(BoundedFiles, ManyDistinctKeysAreReadIntoTheirCells) {
   // 4096 distinct keys (the most a table has), each first met on its own row, then more rows.
   std::string jsonl;
   for (int i = 0; i < 4095; ++i)
@@ -90,10 +80,8 @@ TEST(BoundedFiles, ManyDistinctKeysAreReadInLinearTime) {
   std::string wide = "{";
   for (int i = 0; i < 4096; ++i) wide += (i ? ",\"w" : "\"w") + std::to_string(i) + "\": 0";
   wide += "}\n";
-  const auto start = std::chrono::steady_clock::now();
   const TextTable t = parse_text_table(jsonl, TableFormat::json_lines, "many.jsonl");
   const TextTable w = parse_text_table(wide, TableFormat::json_lines, "wide.jsonl");
-  EXPECT_LT(seconds_since(start), 10.0);
   ASSERT_EQ(t.columns().size(), 4096u);
   ASSERT_EQ(t.rows(), 4095 + 20000);
   EXPECT_EQ(t.text(7, 8), "7");  // row 7 holds k7 (column 8, after "text")

@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
@@ -271,10 +270,8 @@ TEST(BoundedTokenizers, UnboundedWorkIsRefusedNamingItsLimit) {
     SCOPED_TRACE(r.name);
     const std::string path = r.tokenizer();
     const auto t = Tokenizer::load(path);
-    const auto start = std::chrono::steady_clock::now();
     expect_error([&] { t->tokenize(r.text); }, r.message);
     expect_error([&] { t->tokenize(r.text); }, "'" + path + "'");
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
   }
 }
 
@@ -351,8 +348,8 @@ TEST(BoundedTokenizers, HeapMergesEqualTheRescanTheyReplace) {
 
 // Long words: 256 KiB of letters merged through the GPT-2 fixture (one piece: decoded back
 // whole), 100 KB split by WordPiece with no word limit (the rescan and the unbounded candidate
-// took minutes on these).
-TEST(BoundedTokenizers, LongWordsCostNearlyTheirLength) {
+// took minutes on these; bench/bounded_tokenizers.py measures the growth).
+TEST(BoundedTokenizers, LongWordsAreTokenizedWhole) {
   const auto gpt2 = Tokenizer::load(fixture("tokenizer/bpe/tokenizer.json"));
   std::string word;
   std::mt19937 rng(3);
