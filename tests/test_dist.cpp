@@ -804,10 +804,12 @@ TEST(DeepSpeed, FlagsThatContradictTheConfigAreRefusedNamingBoth) {
        "ds.json: zero_optimization.stage is 2 but --zero_stage is 1: give one of the two"},
       {[](TrainOptions& t) { t.ddp_bucket_cap_mb = 50; },
        R"({"zero_optimization": {"reduce_bucket_size": 1048576}})",
-       "zero_optimization.reduce_bucket_size is 4.0 but --ddp_bucket_cap_mb is 50.0"},
+       "zero_optimization.reduce_bucket_size is 1048576 float32 elements (4.0 MiB) but "
+       "--ddp_bucket_cap_mb is 50.0"},
       {[](TrainOptions& t) { t.ddp_bucket_cap_mb = 50; },
        R"({"zero_optimization": {"overlap_comm": false}})",
-       "zero_optimization.overlap_comm is 1000000.0 but --ddp_bucket_cap_mb is 50.0"},
+       "zero_optimization.overlap_comm is false (one bucket after backward) but "
+       "--ddp_bucket_cap_mb is 50.0"},
       {[](TrainOptions& t) { t.stage3_prefetch_bucket_size = 100; },
        R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7}})",
        "zero_optimization.stage3_prefetch_bucket_size is 50000000 but "

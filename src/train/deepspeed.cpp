@@ -99,13 +99,16 @@ std::string lower(std::string s) {
 
 // An option a config key sets as well: a flag left at its default yields to the config, a flag
 // given another value contradicts it and is refused naming both.
+// `config_value` is the key's value as the config holds it (the option's value by default).
 template <typename T>
 void set_option(const Reader& r, TrainOptions& o, T TrainOptions::*field, const T& value,
-                const std::string& key, const std::string& flag) {
+                const std::string& key, const std::string& flag,
+                const std::string& config_value = "") {
   static const TrainOptions defaults;
   const T& given = r.given.*field;
   if (!same(json(given), json(defaults.*field)) && !same(json(given), json(value)))
-    r.fail(key, "is " + json(value).dump() + " but --" + flag + " is " + json(given).dump() +
+    r.fail(key, "is " + (config_value.empty() ? json(value).dump() : config_value) + " but --" +
+                    flag + " is " + json(given).dump() +
                     ": give one of the two, or the same value in both");
   o.*field = value;
 }
@@ -269,13 +272,16 @@ void read_zero(const Reader& r, const std::string& key, const json& v, TrainOpti
     } else if (k == "overlap_comm") {
       // Without overlap, every gradient in one bucket summed after backward.
       if (!is_auto(x) && !r.flag(x, name))
-        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb, 1e6, name, "ddp_bucket_cap_mb");
+        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb, 1e6, name, "ddp_bucket_cap_mb",
+                   "false (one bucket after backward)");
     } else if (k == "reduce_bucket_size") {
       // Elements; brisk sums float32 gradients.
-      if (!is_auto(x))
-        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb,
-                   std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20)),
-                   name, "ddp_bucket_cap_mb");
+      if (!is_auto(x)) {
+        const double mib =
+            std::min(1e6, static_cast<double>(r.whole(x, name, 1, 1e15)) * 4 / (1 << 20));
+        set_option(r, o, &TrainOptions::ddp_bucket_cap_mb, mib, name, "ddp_bucket_cap_mb",
+                   x.dump() + " float32 elements (" + json(mib).dump() + " MiB)");
+      }
     } else if (k == "stage3_prefetch_bucket_size" || k == "prefetch_bucket_size") {
       if (!is_auto(x))
         set_option(r, o, &TrainOptions::stage3_prefetch_bucket_size, r.whole(x, name, 0, 1e15),
