@@ -2,15 +2,17 @@
 # Runs on a lent GPU machine (device tool, carrying .dev from scripts/gpu_pack.sh): the GPU tests,
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
-#   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [profile] [vocab]
+#   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [vocab]
+# (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tar -xJf .dev/pack.tar.xz -C . build-gpu && tar -xJf .dev/pack.tar.xz -C .dev lib
 # The test programs name their fixtures and programs by the development checkout's paths.
 here=$(pwd); [ "$here" = /work/main ] || { mkdir -p /work; ln -sfn "$here" /work/main; }
-cuda_libs=$(dirname "$(find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o \
-  -name 'libcudart.so.13' \) 2>/dev/null | sort -u)" | sort -u | tr '\n' ':')
+cuda_libs=$(dirname $(find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o \
+  -name 'libcudart.so.13' -o -name 'libcudnn.so.9' \) 2>/dev/null | sort -u) | sort -u | tr '\n' ':')
+echo "libraries from: $cuda_libs"
 export LD_LIBRARY_PATH="$here/.dev/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 grep -m1 'model name' /proc/cpuinfo; nproc
@@ -28,7 +30,7 @@ write_config('$t/gpt2_$vocab', dict(GPT2, vocab_size=$vocab)); write_tokens('$t/
 for what in "${@:-tests}"; do
   case $what in
     tests)
-      build-gpu/tests/brisk_tests --gtest_filter='*cuda*:*Cuda*:*Gpu*:*GPU*:*Offload*:*Nccl*' \
+      build-gpu/tests/brisk_tests --gtest_filter='*cuda*:*Cuda*:*Gpu*:*GPU*:*Offload*:*Nccl*:FusedAttention*' \
         2>&1 | tee "$OUT/tests.log" | grep -E '^\[  (FAILED|PASSED) |^\[==|Failure' | head -60
       build-gpu/tests/brisk_dist_tests --gtest_filter='*Nccl*:*Gpu*:*Offload*' 2>&1 |
         tee "$OUT/dist_tests.log" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |^\[==|Failure' | head -30 ;;
@@ -39,6 +41,9 @@ for what in "${@:-tests}"; do
         2>&1 | tee "$OUT/offload.log" ;;
     bert) (cd bench && BRISK_BIN=$here/build-gpu/brisk PYTHONUNBUFFERED=1 python3 gpu_bert.py \
         --samples 128 --rows quick) 2>&1 | tee "$OUT/bert.log" ;;
+    anchors) (cd bench && BRISK_BIN=$here/build-gpu/brisk PYTHONUNBUFFERED=1 python3 gpu_anchors.py \
+        --systems "${ANCHORS:-brisk,torch,compile,trainer}" --json "$OUT/anchors.json") 2>&1 |
+        tee "$OUT/anchors.log" ;;
     profile)  # 2500 kernels after the first 2500 (about 1.4 steps), summed by name
       gpt2_train 50257 6 timeout 400 ncu --metrics gpu__time_duration.sum --csv \
         --launch-skip 2500 --launch-count 2500 --log-file "$OUT/ncu.csv" >/dev/null

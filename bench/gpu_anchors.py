@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""GPU anchors at the batch sizes people use: bert-large (sequence classification, 512 tokens)
+and GPT-2 124M (causal LM, 1024 tokens), random init, bf16, AdamW, trained by brisk, by a plain
+PyTorch loop (transformers' model with attn_implementation="sdpa", autocast bf16, fused AdamW),
+by the same loop under torch.compile, and by transformers' Trainer (bf16=True), one table.
+
+Each system runs `--warmup` steps and then `--steps` timed steps; samples/s counts the timed
+steps alone (brisk: the difference of a run of warmup+steps and one of warmup steps). GPU memory
+is what the process holds on the GPU: brisk's device_memory_used_bytes (its CUDA context and
+arena); for PyTorch, the peak the caching allocator reserved in that row plus the process's
+memory before the first tensor (its CUDA context), as nvidia-smi reads it.
+MFU = tokens/s x (6 N + 12 L C T) / peak (bench/gpu_bert.py's count; --peak_tflops, 989 for an
+H100 SXM's dense bf16).
+
+    python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2]
+(system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpu_bert import BERT_LARGE, BRISK, GPT2, flops_per_token, write_config, write_tokens
+
+BATCHES = {"bert": (4, 16, 32), "gpt2": (8, 16, 32)}
+SEQ = {"bert": 512, "gpt2": 1024}
+
+TORCH_CHILD = r'''
+import json, subprocess, sys, time
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import logging
+logging.set_verbosity_error()
+cfg_dir, model, system, batches, seq, warmup, steps = sys.argv[1:8]
+batches, seq, warmup, steps = json.loads(batches), int(seq), int(warmup), int(steps)
+def smi_used():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "-i", "0"], capture_output=True, text=True).stdout.split()[0]
+    return int(out) * 2**20
+torch.cuda.init(); torch.zeros(1, device="cuda")
+context = smi_used() - torch.cuda.memory_reserved()
+config = AutoConfig.from_pretrained(cfg_dir)
+config._attn_implementation = "sdpa"
+for batch in batches:
+    torch.manual_seed(0)
+    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    row = {"model": model, "batch": batch, "system": system}
+    try:
+        with torch.device("cuda"):
+            net = (AutoModelForCausalLM if model == "gpt2" else
+                   AutoModelForSequenceClassification).from_config(config, attn_implementation="sdpa")
+        net.train()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-5, fused=True)
+        ids = torch.randint(100, 30000, (batch, seq), device="cuda")
+        labels = ids if model == "gpt2" else torch.zeros(batch, dtype=torch.long, device="cuda")
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = net(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step(); opt.zero_grad(set_to_none=True)
+        run = torch.compile(step) if system == "compile" else step
+        t0 = time.perf_counter()
+        for _ in range(warmup): run()
+        torch.cuda.synchronize()
+        row["warmup_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps): run()
+        torch.cuda.synchronize()
+        row["samples_per_second"] = steps * batch / (time.perf_counter() - t0)
+        row["gpu_memory"] = torch.cuda.max_memory_reserved() + context
+        del net, opt
+    except torch.OutOfMemoryError:
+        row["error"] = "out of memory"
+    print(json.dumps(row), flush=True)
+'''
+
+TRAINER_CHILD = r'''
+import json, sys, time
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          Trainer, TrainerCallback, TrainingArguments, logging)
+logging.set_verbosity_error()
+cfg_dir, out_dir, model, batch, seq, warmup, steps = sys.argv[1:8]
+batch, seq, warmup, steps = int(batch), int(seq), int(warmup), int(steps)
+torch.cuda.init(); torch.zeros(1, device="cuda")
+import subprocess
+context = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                              "-i", "0"], capture_output=True, text=True).stdout.split()[0]) * 2**20
+context -= torch.cuda.memory_reserved()
+torch.manual_seed(0)
+config = AutoConfig.from_pretrained(cfg_dir)
+net = (AutoModelForCausalLM if model == "gpt2" else
+       AutoModelForSequenceClassification).from_config(config, attn_implementation="sdpa")
+samples = batch * (warmup + steps)
+ids = torch.randint(100, 30000, (samples, seq))
+class DS(torch.utils.data.Dataset):
+    def __len__(self): return samples
+    def __getitem__(self, i):
+        return {"input_ids": ids[i], "labels": ids[i] if model == "gpt2" else torch.tensor(0)}
+class Clock(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == warmup:
+            torch.cuda.synchronize(); self.t0 = time.perf_counter()
+    def on_train_end(self, args, state, control, **kw):
+        torch.cuda.synchronize(); self.t1 = time.perf_counter()
+clock = Clock()
+args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=batch, bf16=True,
+                         max_steps=warmup + steps, report_to="none", save_strategy="no",
+                         logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+                         optim="adamw_torch_fused")
+try:
+    Trainer(model=net, args=args, train_dataset=DS(), callbacks=[clock]).train()
+    row = {"samples_per_second": steps * batch / (clock.t1 - clock.t0),
+           "gpu_memory": torch.cuda.max_memory_reserved() + context}
+except torch.OutOfMemoryError:
+    row = {"error": "out of memory"}
+print(json.dumps(dict(row, model=model, batch=batch, system="trainer")), flush=True)
+'''
+
+
+def last_json(p):
+    rows = []
+    for line in p.stdout.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass  # the Trainer's own printed metrics
+    rows = [r for r in rows if isinstance(r, dict)]
+    if not rows:
+        return [{"error": (p.stderr.strip().splitlines() or ["failed"])[-1][:70]}]
+    return rows
+
+
+def brisk_seconds(cfg, data, model, batch, steps, out, env=None):
+    cmd = [BRISK, "train", "--device", "cuda", "--model", cfg, "--seq_len", str(SEQ[model]),
+           "--max_steps", str(steps), "--per_device_train_batch_size", str(batch),
+           "--bf16", "true", "--logging_steps", "1000000", "--save_strategy", "no",
+           "--output_dir", out, "--disable_tqdm", "true"]
+    cmd += ["--dataset", data] if model == "gpt2" else ["--dataset_size", str(batch * steps)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        return None, (p.stderr or p.stdout).strip().splitlines()[-1][:70]
+    with open(os.path.join(out, "train_results.json")) as f:
+        r = json.load(f)
+    return (r["train_runtime"], r["memory"]["device_memory_used_bytes"], wall), None
+
+
+def run_brisk(cfg, data, model, batch, a, tmp, env=None):
+    short, err = brisk_seconds(cfg, data, model, batch, a.warmup, os.path.join(tmp, "bs"), env)
+    if err:
+        return {"error": err}
+    full, err = brisk_seconds(cfg, data, model, batch, a.warmup + a.steps, os.path.join(tmp, "bf"),
+                              env)
+    if err:
+        return {"error": err}
+    return {"samples_per_second": a.steps * batch / (full[0] - short[0]), "gpu_memory": full[1]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--systems", default="brisk,torch,compile,trainer")
+    ap.add_argument("--models", default="bert,gpt2")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--peak_tflops", type=float, default=989.0)
+    ap.add_argument("--json", default="", help="also write the rows to this file")
+    ap.add_argument("--batches", default="", help="batch sizes instead of the defaults, as "
+                    "model:b1/b2,... (e.g. bert:32,gpt2:32)")
+    a = ap.parse_args()
+    for item in filter(None, a.batches.split(",")):
+        model, sizes = item.split(":")
+        BATCHES[model] = tuple(int(b) for b in sizes.split("/"))
+    systems, models = a.systems.split(","), a.models.split(",")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfgs = {"bert": write_config(os.path.join(tmp, "bert"), BERT_LARGE),
+                "gpt2": write_config(os.path.join(tmp, "gpt2"), GPT2)}
+        data = os.path.join(tmp, "tokens.bin")
+        if "gpt2" in models:
+            write_tokens(data, 32 * (a.warmup + a.steps) * 1024 + 1)
+        for model in models:
+            for system in systems:
+                if system in ("torch", "compile"):
+                    p = subprocess.run([sys.executable, "-c", TORCH_CHILD, cfgs[model], model,
+                                        system, json.dumps(BATCHES[model]), str(SEQ[model]),
+                                        str(a.warmup), str(a.steps)], capture_output=True, text=True)
+                    got = last_json(p)
+                    got = [dict(g, model=model, system=system) for g in got]
+                    if len(got) == 1 and "batch" not in got[0]:
+                        got = [dict(got[0], batch=b) for b in BATCHES[model]]
+                else:
+                    got = []
+                    for batch in BATCHES[model]:
+                        if system == "brisk-f32attn":  # its float32 attention kernels
+                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
+                                          dict(os.environ, BRISK_FUSED_ATTENTION="0"))
+                        elif system == "brisk":
+                            r = run_brisk(cfgs[model], data, model, batch, a, tmp)
+                        else:
+                            p = subprocess.run([sys.executable, "-c", TRAINER_CHILD, cfgs[model],
+                                                os.path.join(tmp, "hf"), model, str(batch),
+                                                str(SEQ[model]), str(a.warmup), str(a.steps)],
+                                               capture_output=True, text=True)
+                            r = last_json(p)[-1]
+                        got.append(dict(r, model=model, batch=batch, system=system))
+                for g in got:
+                    print(json.dumps(g), flush=True)
+                rows += got
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print_table(rows, systems, a.peak_tflops)
+
+
+def print_table(rows, systems, peak):
+    cfg = {"bert": BERT_LARGE, "gpt2": GPT2}
+    print(f"\n{'model':<12}{'batch':>6}" + "".join(f"{s + ' /s':>14}{'MFU':>6}{'GiB':>7}"
+                                             for s in systems))
+    keys = sorted({(r["model"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
+    for model, batch in keys:
+        line = f"{model:<12}{batch:>6}"
+        for s in systems:
+            r = next((r for r in rows if (r["model"], r["batch"], r["system"]) ==
+                      (model, batch, s)), {})
+            if "samples_per_second" not in r:
+                line += f"{r.get('error', 'n/a')[:26]:>27}"
+                continue
+            tokens = r["samples_per_second"] * SEQ[model]
+            mfu = tokens * flops_per_token(cfg[model], SEQ[model]) / (peak * 1e12)
+            line += f"{r['samples_per_second']:>14.1f}{100 * mfu:>5.1f}%{r['gpu_memory'] / 2**30:>7.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
