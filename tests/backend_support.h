@@ -198,10 +198,11 @@ class DeviceBuffers {
   }
   // The backend's own matmul buffers for operands of up to max_operand elements (after
   // set_matmul_dtype, as the trainer does).
-  void workspace(int64_t max_operand) {
+  void workspace(int64_t max_operand) { workspace(MatmulOperands(max_operand)); }
+  void workspace(const MatmulOperands& operands) {
     Block& b = blocks_.emplace_back();
     BufferBinder binder;
-    be_.plan_workspace(b.plan, binder, max_operand);
+    be_.plan_workspace(b.plan, binder, operands);
     b.plan.finalize();
     b.arena = std::make_unique<Arena>(b.plan, be_.device_memory(), be_.staging_memory());
     settle();

@@ -19,6 +19,19 @@ int64_t cpu_blocked_elements(int64_t rows, int64_t cols) {
   return checked_mul(checked_add(rows, kPad, what), checked_add(cols, kPad, what), what);
 }
 
+int64_t fused_attention_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D) {
+  const char* what = "the fused attention's workspace";
+  const int64_t tiles = (T + 127) / 128, padded = checked_mul(tiles, int64_t{128}, what);
+  const int64_t bias = checked_mul(checked_mul(B, checked_mul(T, T, what), what), int64_t{2}, what);
+  const int64_t rows = checked_mul(checked_mul(B, H, what), padded, what);
+  const int64_t queries = checked_mul(checked_mul(rows, D, what), int64_t{4}, what);
+  const int64_t copies = tiles + 1 + (K < H ? 1 : 0);
+  const int64_t cudnn =
+      checked_add(checked_mul(queries, copies, what), checked_mul(rows, int64_t{4}, what), what);
+  return checked_add(checked_add(bias, int64_t{256}, what),
+                     checked_add(cudnn, int64_t{1} << 20, what), what);
+}
+
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws) {
   const Category tmp = Category::temporaries;
@@ -45,11 +58,16 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
   binder.declare(plan, &ws.matmul_workspace, "backend.cublaslt_workspace", tmp, DType::u8,
                  Shape{kCublasLtWorkspaceBytes});
   if (product != DType::f32) {
-    binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product, Shape{operands.a});
+    // The fused attention stages in the same buffers (CudaBackend::attention_forward).
+    binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product,
+                   Shape{std::max(operands.a, operands.attention)});
     // The GPU holds no weight (hold_weight does nothing): B holds the held one too.
     binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product,
-                   Shape{std::max(operands.b, operands.held)});
+                   Shape{std::max({operands.b, operands.held, operands.attention})});
   }
+  if (product != DType::f32 && operands.attention_workspace > 0)
+    binder.declare(plan, &ws.attention_workspace, "backend.attention_workspace", tmp, DType::u8,
+                   Shape{operands.attention_workspace});
   // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest A operand.
   binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{operands.a});
   // Not a product buffer, but the GPU backend's only other one: planned here so that no

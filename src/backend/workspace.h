@@ -20,8 +20,13 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // and `held`, the one weight a caller holds (Backend::hold_weight; 0: none), not counted in B, with
 // its row length `held_cols`: the CPU keeps its rounded copies in a buffer of their own, a backend
 // that holds nothing sizes B for it.
+//
+// `attention` is what a GPU's fused 16-bit attention stages in each of A's and B's buffers between
+// products (its 16-bit qkv and output in A, their gradients in B): B T ((H + 2K) D + H D).
+// `attention_workspace` is bytes for the same attention's cuDNN workspace and key-mask bias
+// (fused_attention_workspace_bound).
 struct MatmulOperands {
-  int64_t a = 0, b = 0, held = 0, held_cols = 0;
+  int64_t a = 0, b = 0, held = 0, held_cols = 0, attention = 0, attention_workspace = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
   MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0,
                  int64_t held_columns = 0)
@@ -34,7 +39,15 @@ struct BackendWorkspace {
   Tensor held_weight;           // the held weight's bf16 copies (CPU)
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
+  Tensor attention_workspace;   // the fused attention's cuDNN workspace and mask bias (GPU)
 };
+
+// Bytes the GPU's fused attention over [B, T] with H query heads (sharing K key/value heads) of
+// width D may need: its key-mask bias, one 16-bit value per (batch, query, key), and cuDNN's
+// workspace. cuDNN 9.19's deterministic backward on an H100 asked for float32 dQ partials, one
+// copy of the queries per 128 keys, plus one more copy where K < H, plus 4 bytes per query row
+// (bench/gpu_anchors.py's shapes, exactly); the bound pads T to 128 and adds a copy and 1 MiB.
+int64_t fused_attention_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
 
 // The dtype the backend for `device` multiplies in for a run computing in `compute`: the GPU's
 // tensor cores take bf16 and fp16; the CPU multiplies bf16 on its matrix units where oneDNN finds

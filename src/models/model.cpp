@@ -276,7 +276,12 @@ MatmulOperands Model::matmul_operands() const {
   const int64_t activations = checked_mul(rows, widest, what);
   const int64_t a = std::max(activations, checked_mul(head_rows, head_width(), what));
   const int64_t b = std::max({activations, lm_head ? 0 : head, largest_weight});
-  return {a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
+  MatmulOperands operands{a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
+  operands.attention =
+      checked_mul(rows, checked_add(c.qkv_width(), c.attention_width(), what), what);
+  operands.attention_workspace = fused_attention_workspace_bound(
+      shape_.batch, shape_.seq, c.num_heads, c.kv_heads(), c.head_dim());
+  return operands;
 }
 
 const Tensor& Model::logits() const {

@@ -2,8 +2,11 @@
 // forward and a backward that recomputes the probabilities, with the CPU's dropout masks. Grouped-
 // query attention: query head h reads key/value head h / (H / K); the key/value gradient kernel
 // sums over the group's query heads itself, in a fixed order.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -657,6 +660,45 @@ void attention_backward(cudaStream_t s, const float* dout, const float* qkv, con
   } else {
     launch_backward<8>(s, dout, qkv, lse, delta, a, B, dqkv);
   }
+}
+
+namespace {
+
+template <typename Half>
+__global__ void fused_attention_inputs_kernel(const int32_t* key_mask, int64_t n, int64_t T,
+                                              Half masked, Half* bias,
+                                              int64_t* seed_offset, uint64_t seed) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first == 0 && seed_offset) {
+    seed_offset[0] = static_cast<int64_t>(seed);
+    seed_offset[1] = 0;
+  }
+  if (!bias) return;
+  // Element i of [B, 1, T, T] reads key i % T of batch row i / T^2.
+  for (int64_t i = first; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    bias[i] = key_mask[i / (T * T) * T + i % T] ? static_cast<Half>(0.0f) : masked;
+}
+
+}  // namespace
+
+void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
+                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed) {
+  const int64_t n = key_mask ? B * T * T : 0;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256 + 1, 1024));
+  // Far below any score, yet finite: a query row that sees no key spreads evenly instead of NaN.
+  constexpr float kMasked = -1e9f;
+  if (dtype == DType::bf16) {
+    fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
+        key_mask, n, T, __float2bfloat16_rn(kMasked), static_cast<__nv_bfloat16*>(key_mask ? bias : nullptr),
+        seed_offset, seed);
+  } else {
+    BRISK_CHECK(dtype == DType::f16, "fused attention inputs: bf16 or f16, not ", dtype_name(dtype));
+    // fp16's largest finite magnitude is 65504.
+    fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
+        key_mask, n, T, __float2half_rn(-65504.0f), static_cast<__half*>(key_mask ? bias : nullptr),
+        seed_offset, seed);
+  }
+  check_launch("fused_attention_inputs_kernel");
 }
 
 }  // namespace brisk::cuda

@@ -388,6 +388,12 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  dev(qkv, "qkv");
+  if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
+    expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
+    fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, out);
+    return;
+  }
   cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal, d.B,
                           d.T, d.H, d.K, d.D, scale, dropout_p, key,
                           dev(stats, "attention statistics"), dev(out, "attention output"));
@@ -420,6 +426,11 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  dev(qkv, "qkv");
+  if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
+    fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv);
+    return;
+  }
   cuda::attention_backward(
       stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"), dev(out, "attention output"),
       dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H,

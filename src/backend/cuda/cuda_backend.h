@@ -8,9 +8,11 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include "backend/backend.h"
+#include "backend/cuda/fused_attention.h"
 #include "backend/workspace.h"
 
 namespace brisk {
@@ -148,6 +150,24 @@ class CudaBackend final : public Backend {
   using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                              int, bool, int>;
   MatmulPlan& plan_for(const PlanKey& key);
+  // The fused (cuDNN, tensor-core) attention's problem for these arguments where it serves them:
+  // products in 16 bits, the planned operand buffers and the scratch large enough to stage it,
+  // and cuDNN builds both its graphs (cuda_fused_attention.cpp); otherwise nullopt, and the
+  // float32 kernels run. A function of the arguments and the plan alone, so a backward takes the
+  // path its forward took.
+  std::optional<cuda::FusedAttentionShape> fused_attention(const AttentionDims& d, bool masked,
+                                                           bool causal, float scale,
+                                                           float dropout_p) const;
+  cuda::FusedAttentionArgs fused_attention_inputs(const cuda::FusedAttentionShape& s,
+                                                  const Tensor& key_mask, const RngKey& key,
+                                                  const Tensor& scratch);
+  void fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
+                               const Tensor& key_mask, const RngKey& key, const Tensor& stats,
+                               const Tensor& scratch, const Tensor& out);
+  void fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
+                                const Tensor& qkv, const Tensor& out, const Tensor& stats,
+                                const Tensor& key_mask, const RngKey& key, const Tensor& scratch,
+                                const Tensor& dqkv);
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t uploaded_ = nullptr;  // recorded after each upload

@@ -170,5 +170,11 @@ void attention_backward(cudaStream_t s, const float* dout, const float* qkv, con
                         const float* lse, const int32_t* key_mask, bool causal, int64_t B,
                         int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
                         RngKey key, float* delta, float* dqkv);
+// The fused (cuDNN) attention's side inputs: bias [B,1,T,T] in the 16-bit `dtype` (for every query,
+// 0 where key_mask keeps the key, a large negative number elsewhere) when key_mask is given, and
+// seed_offset = {seed, 0} (cuDNN's dropout Philox seed and offset, int64) when seed_offset is
+// given.
+void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
+                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed);
 
 }  // namespace brisk::cuda

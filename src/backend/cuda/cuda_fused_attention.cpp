@@ -1,0 +1,124 @@
+// CudaBackend's attention on tensor cores (cuDNN's fused attention, fused_attention.h) for runs
+// whose products are 16-bit: q, k, v and the output are cast to the product dtype into the planned
+// operand buffers (they hold 16-bit values already: the block rounds them), cuDNN runs, and its
+// 16-bit results are cast back into the float32 containers. The key mask's bias and cuDNN's
+// workspace live in the planned attention workspace, the dropout seed in the attention scratch.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/fused_attention.h"
+
+namespace brisk {
+
+namespace {
+
+// BRISK_FUSED_ATTENTION=0 keeps the float32 kernels (to compare the two).
+bool fused_attention_wanted() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("BRISK_FUSED_ATTENTION");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return wanted;
+}
+// Bytes of the bias at the start of the attention workspace, rounded up to 256.
+int64_t bias_bytes(const cuda::FusedAttentionShape& s) {
+  if (!s.masked) return 0;
+  const int64_t n = s.B * s.T * s.T * 2;
+  return (n + 255) / 256 * 256;
+}
+
+// cuDNN's dropout seed for one site: the first two words of the site's own random stream, so each
+// layer and step draws its own mask, the same one in the forward and the backward.
+uint64_t dropout_seed(const RngKey& key) {
+  const Philox4 r = rng_block(key, ~uint64_t{0});
+  return (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
+}
+
+char* bytes_at(const Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.data()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+}  // namespace
+
+std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const AttentionDims& d,
+                                                                      bool masked, bool causal,
+                                                                      float scale,
+                                                                      float dropout_p) const {
+  if (matmul_dtype_ == DType::f32 || !fused_attention_wanted()) return std::nullopt;
+  // 16-bit q, k, v and output in A's buffer, their gradients in B's; the seed in the attention
+  // scratch (float32 [B,H,T]); the bias and cuDNN's workspace in the attention workspace.
+  const int64_t staged = d.B * d.T * (d.C + d.K * d.D * 2 + d.C);
+  if (ws_.operand_a.numel() < staged || ws_.operand_b.numel() < staged || d.B * d.H * d.T < 4 ||
+      d.D % 8 != 0 || ws_.attention_workspace.empty())
+    return std::nullopt;
+  cuda::FusedAttentionShape shape;
+  shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
+  shape.causal = causal, shape.masked = masked;
+  shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
+  if (!cuda::fused_attention_supported(shape)) return std::nullopt;
+  const int64_t need = bias_bytes(shape) + std::max(cuda::fused_attention_workspace(shape, false),
+                                                    cuda::fused_attention_workspace(shape, true));
+  if (need > static_cast<int64_t>(ws_.attention_workspace.bytes())) return std::nullopt;
+  return shape;
+}
+
+cuda::FusedAttentionArgs CudaBackend::fused_attention_inputs(const cuda::FusedAttentionShape& s,
+                                                             const Tensor& key_mask,
+                                                             const RngKey& key,
+                                                             const Tensor& scratch) {
+  cuda::FusedAttentionArgs a;
+  auto* seed_offset = static_cast<int64_t*>(scratch.data());
+  char* bias = static_cast<char*>(ws_.attention_workspace.data());
+  cuda::fused_attention_inputs(stream_, key_mask.empty() ? nullptr : key_mask.i32(), s.B, s.T,
+                               s.dtype, s.masked ? bias : nullptr,
+                               s.dropout_p > 0 ? seed_offset : nullptr, dropout_seed(key));
+  a.bias = s.masked ? bias : nullptr;
+  a.seed_offset = s.dropout_p > 0 ? seed_offset : nullptr;
+  a.workspace = bias + bias_bytes(s);
+  a.workspace_bytes = static_cast<int64_t>(ws_.attention_workspace.bytes()) - bias_bytes(s);
+  return a;
+}
+
+void CudaBackend::fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
+                                          const Tensor& key_mask, const RngKey& key,
+                                          const Tensor& stats, const Tensor& scratch,
+                                          const Tensor& out) {
+  cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
+  const int64_t n_qkv = qkv.numel(), n_out = out.numel();
+  void* qkv16 = ws_.operand_a.data();
+  void* out16 = bytes_at(ws_.operand_a, n_qkv);
+  cuda::cast(stream_, qkv.data(), DType::f32, qkv16, s.dtype, n_qkv);
+  a.qkv = qkv16;
+  a.out = out16;
+  a.stats = stats.f32();
+  cuda::fused_attention_forward(stream_, s, a);
+  cuda::cast(stream_, out16, s.dtype, out.data(), DType::f32, n_out);
+}
+
+void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
+                                           const Tensor& qkv, const Tensor& out,
+                                           const Tensor& stats, const Tensor& key_mask,
+                                           const RngKey& key, const Tensor& scratch,
+                                           const Tensor& dqkv) {
+  cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
+  const int64_t n_qkv = qkv.numel(), n_out = out.numel();
+  void* qkv16 = ws_.operand_a.data();
+  void* out16 = bytes_at(ws_.operand_a, n_qkv);
+  void* dqkv16 = ws_.operand_b.data();
+  void* dout16 = bytes_at(ws_.operand_b, n_qkv);
+  cuda::cast(stream_, qkv.data(), DType::f32, qkv16, s.dtype, n_qkv);
+  cuda::cast(stream_, out.data(), DType::f32, out16, s.dtype, n_out);
+  cuda::cast(stream_, dout.data(), DType::f32, dout16, s.dtype, n_out);
+  a.qkv = qkv16;
+  a.out = out16;
+  a.dout = dout16;
+  a.dqkv = dqkv16;
+  a.stats = stats.f32();
+  cuda::fused_attention_backward(stream_, s, a);
+  cuda::cast(stream_, dqkv16, s.dtype, dqkv.data(), DType::f32, n_qkv);
+}
+
+}  // namespace brisk

@@ -1,0 +1,350 @@
+// cuDNN's fused attention through the cudnn-frontend graph API (see fused_attention.h).
+#include "backend/cuda/fused_attention.h"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+#if defined(BRISK_HAVE_CUDNN_FRONTEND)
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+// The frontend's calls into libcudnn go through this handle
+// (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+#endif
+
+namespace brisk::cuda {
+
+#if defined(BRISK_HAVE_CUDNN_FRONTEND)
+namespace {
+
+namespace fe = cudnn_frontend;
+using Graph = fe::graph::Graph;
+using TensorAttr = fe::graph::Tensor_attributes;
+
+// The graphs' tensors by uid, so that a call maps pointers without keeping tensor handles.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+
+#define BRISK_STRINGIFY2(x) #x
+#define BRISK_STRINGIFY(x) BRISK_STRINGIFY2(x)
+
+struct Library {
+  bool ok = false;
+  std::string why;
+  cudnnHandle_t handle = nullptr;
+};
+
+// Opens libcudnn of the major version the headers describe, as the dynamic linker finds it,
+// else where the build found it; then makes the process's one handle (for the current GPU).
+Library open_library() {
+  Library lib;
+  const std::string soname = "libcudnn.so." BRISK_STRINGIFY(CUDNN_MAJOR);
+  void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+#ifdef BRISK_CUDNN_BUILD_DIR
+  if (!h)
+    h = dlopen((std::string(BRISK_CUDNN_BUILD_DIR "/") + soname).c_str(), RTLD_NOW | RTLD_LOCAL);
+#endif
+  if (!h) {
+    const char* err = dlerror();
+    lib.why = "cannot load " + soname + ": " + (err ? err : "not found");
+    return lib;
+  }
+  fe::cudnn_dlhandle = h;
+  // The frontend opens the CUDA runtime itself and would take the first of libcudart.so.12 and .13
+  // it finds; brisk's is the one it was built against (a user's own setting stays).
+  const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+  setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), 0);
+  try {
+    const size_t version = fe::detail::get_backend_version();
+    if (version < 90000) {
+      lib.why =
+          soname + " reports version " + std::to_string(version) + ", fused attention needs 9";
+      return lib;
+    }
+    if (fe::detail::create_handle(&lib.handle) != CUDNN_STATUS_SUCCESS) {
+      lib.why = "cudnnCreate failed";
+      return lib;
+    }
+  } catch (const std::exception& e) {
+    lib.why = e.what();
+    return lib;
+  }
+  lib.ok = true;
+  return lib;
+}
+
+Library& library() {
+  static Library lib = open_library();
+  return lib;
+}
+
+std::vector<int64_t> head_dims(const FusedAttentionShape& s, int64_t heads) {
+  return {s.B, heads, s.T, s.D};
+}
+// q, k and v heads inside packed [B, T, (H + 2K) D]; the output and its gradient are [B, T, H D].
+std::vector<int64_t> packed_strides(const FusedAttentionShape& s) {
+  const int64_t row = (s.H + 2 * s.K) * s.D;
+  return {s.T * row, s.D, row, 1};
+}
+std::vector<int64_t> out_strides(const FusedAttentionShape& s) {
+  return {s.T * s.H * s.D, s.D, s.H * s.D, 1};
+}
+
+std::shared_ptr<TensorAttr> add_tensor(Graph& g, Uid uid, const char* name,
+                                       std::vector<int64_t> dims, std::vector<int64_t> strides,
+                                       fe::DataType_t type) {
+  return g.tensor(TensorAttr()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim(std::move(dims))
+                      .set_stride(std::move(strides))
+                      .set_data_type(type));
+}
+void set_output(const std::shared_ptr<TensorAttr>& t, Uid uid, std::vector<int64_t> dims,
+                std::vector<int64_t> strides) {
+  t->set_output(true).set_uid(uid).set_dim(std::move(dims)).set_stride(std::move(strides));
+}
+
+struct Inputs {
+  std::shared_ptr<TensorAttr> q, k, v, bias, seed, offset;
+};
+
+Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
+  g.set_io_data_type(io)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  Inputs in;
+  in.q = add_tensor(g, kQ, "Q", head_dims(s, s.H), packed_strides(s), io);
+  in.k = add_tensor(g, kK, "K", head_dims(s, s.K), packed_strides(s), io);
+  in.v = add_tensor(g, kV, "V", head_dims(s, s.K), packed_strides(s), io);
+  // The key mask as a bias written out for every query: cuDNN 9.19 on an H100 misread a bias
+  // broadcast over the queries ([B,1,1,T], or stride 0) in the backward, and with stride 0 in the
+  // forward too.
+  if (s.masked)
+    in.bias = add_tensor(g, kBias, "bias", {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}, io);
+  if (s.dropout_p > 0) {
+    in.seed = add_tensor(g, kSeed, "seed", {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
+    in.offset = add_tensor(g, kOffset, "offset", {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
+  }
+  return in;
+}
+
+// Sets what forward and backward attributes share: scale, causality, bias and dropout.
+template <typename Attributes>
+void set_common(Attributes& a, const FusedAttentionShape& s, const Inputs& in) {
+  a.set_attn_scale(s.scale).set_causal_mask(s.causal);
+  if (in.bias) a.set_bias(in.bias);
+  if (in.seed) a.set_dropout(s.dropout_p, in.seed, in.offset);
+}
+
+std::vector<int64_t> stats_dims(const FusedAttentionShape& s) {
+  return {s.B, s.H, s.T, 1};
+}
+std::vector<int64_t> stats_strides(const FusedAttentionShape& s) {
+  return {s.H * s.T, s.T, 1, 1};
+}
+
+std::shared_ptr<Graph> forward_graph(const FusedAttentionShape& s, fe::DataType_t io) {
+  auto g = std::make_shared<Graph>();
+  const Inputs in = add_inputs(*g, s, io);
+  fe::graph::SDPA_attributes a;
+  a.set_name("brisk_attention").set_generate_stats(true);
+  set_common(a, s, in);
+  auto [o, stats] = g->sdpa(in.q, in.k, in.v, a);
+  set_output(o, kO, head_dims(s, s.H), out_strides(s));
+  set_output(stats, kStats, stats_dims(s), stats_strides(s));
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<Graph> backward_graph(const FusedAttentionShape& s, fe::DataType_t io,
+                                      bool deterministic) {
+  auto g = std::make_shared<Graph>();
+  const Inputs in = add_inputs(*g, s, io);
+  auto o = add_tensor(*g, kO, "O", head_dims(s, s.H), out_strides(s), io);
+  auto d_o = add_tensor(*g, kDO, "dO", head_dims(s, s.H), out_strides(s), io);
+  auto stats =
+      add_tensor(*g, kStats, "stats", stats_dims(s), stats_strides(s), fe::DataType_t::FLOAT);
+  fe::graph::SDPA_backward_attributes a;
+  a.set_name("brisk_attention_backward").set_deterministic_algorithm(deterministic);
+  set_common(a, s, in);
+  auto [dq, dk, dv] = g->sdpa_backward(in.q, in.k, in.v, o, d_o, stats, a);
+  set_output(dq, kDQ, head_dims(s, s.H), packed_strides(s));
+  set_output(dk, kDK, head_dims(s, s.K), packed_strides(s));
+  set_output(dv, kDV, head_dims(s, s.K), packed_strides(s));
+  return g;
+}
+
+// Builds a graph's plan on `handle`; returns cuDNN's message on failure, "" on success.
+std::string build(Graph& g, cudnnHandle_t handle) {
+  fe::error_t st = g.build(handle, {fe::HeurMode_t::A});
+  return st.is_good() ? std::string() : st.get_message();
+}
+
+struct Entry {
+  FusedAttentionShape shape;
+  std::shared_ptr<Graph> forward, backward;
+  std::string why_not;  // empty: both graphs built
+};
+
+std::mutex cache_mutex;
+std::vector<std::unique_ptr<Entry>> cache;
+
+Entry make_entry(const FusedAttentionShape& s) {
+  Entry e{s, nullptr, nullptr, ""};
+  Library& lib = library();
+  if (!lib.ok) {
+    e.why_not = lib.why;
+    return e;
+  }
+  if (s.dtype != DType::bf16 && s.dtype != DType::f16) {
+    e.why_not = "fused attention computes in bf16 or fp16, not " + std::string(dtype_name(s.dtype));
+    return e;
+  }
+  const fe::DataType_t io =
+      s.dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  try {
+    e.forward = forward_graph(s, io);
+    std::string why = build(*e.forward, lib.handle);
+    if (why.empty()) {
+      // Deterministic first (the same bits run after run), then cuDNN's fastest.
+      e.backward = backward_graph(s, io, true);
+      why = build(*e.backward, lib.handle);
+      if (!why.empty()) {
+        e.backward = backward_graph(s, io, false);
+        why = build(*e.backward, lib.handle);
+      }
+    }
+    e.why_not = why;
+  } catch (const std::exception& ex) {
+    e.why_not = ex.what();
+  }
+  if (e.why_not.empty() && (!e.forward || !e.backward)) e.why_not = "no graph";
+  return e;
+}
+
+const Entry& entry(const FusedAttentionShape& s) {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  for (const auto& e : cache)
+    if (e->shape == s) return *e;
+  cache.push_back(std::make_unique<Entry>(make_entry(s)));
+  return *cache.back();
+}
+
+const Entry& supported_entry(const FusedAttentionShape& s, const char* op) {
+  const Entry& e = entry(s);
+  BRISK_CHECK(e.why_not.empty(), op, ": cuDNN's fused attention is not available: ", e.why_not);
+  return e;
+}
+
+void execute(cudaStream_t stream, const Graph& g, std::unordered_map<int64_t, void*>& ptrs,
+             const FusedAttentionArgs& a, const char* op) {
+  int64_t need = 0;
+  BRISK_CHECK(g.get_workspace_size(need).is_good(), op, ": cuDNN gave no workspace size");
+  BRISK_CHECK(need <= a.workspace_bytes, op, ": cuDNN's attention needs ", need,
+              " bytes of workspace, the plan gave ", a.workspace_bytes);
+  cudnnHandle_t handle = library().handle;
+  BRISK_CHECK(fe::detail::set_stream(handle, stream) == CUDNN_STATUS_SUCCESS, op,
+              ": cudnnSetStream failed");
+  fe::error_t st = g.execute(handle, ptrs, a.workspace);
+  BRISK_CHECK(st.is_good(), op, ": cuDNN: ", st.get_message());
+}
+
+// Maps the inputs forward and backward share: q, k and v inside packed qkv, bias, seed, offset.
+std::unordered_map<int64_t, void*> input_pointers(const FusedAttentionShape& s,
+                                                  const FusedAttentionArgs& a, void* qkv) {
+  const int64_t width = static_cast<int64_t>(dtype_size(s.dtype));
+  char* base = static_cast<char*>(qkv);
+  std::unordered_map<int64_t, void*> p{
+      {kQ, base}, {kK, base + s.H * s.D * width}, {kV, base + (s.H + s.K) * s.D * width}};
+  if (s.masked) p[kBias] = const_cast<void*>(a.bias);
+  if (s.dropout_p > 0) {
+    p[kSeed] = const_cast<int64_t*>(a.seed_offset);
+    p[kOffset] = const_cast<int64_t*>(a.seed_offset + 1);
+  }
+  return p;
+}
+
+}  // namespace
+
+bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why_not) {
+  const Entry& e = entry(shape);
+  if (why_not) *why_not = e.why_not;
+  return e.why_not.empty();
+}
+
+int64_t fused_attention_workspace(const FusedAttentionShape& shape, bool backward) {
+  const Entry& e = supported_entry(shape, "fused attention");
+  int64_t need = 0;
+  BRISK_CHECK((backward ? e.backward : e.forward)->get_workspace_size(need).is_good(),
+              "fused attention: cuDNN gave no workspace size");
+  return need;
+}
+
+void fused_attention_forward(cudaStream_t s, const FusedAttentionShape& shape,
+                             const FusedAttentionArgs& a) {
+  const Entry& e = supported_entry(shape, "attention_forward");
+  auto ptrs = input_pointers(shape, a, const_cast<void*>(a.qkv));
+  ptrs[kO] = a.out;
+  ptrs[kStats] = a.stats;
+  execute(s, *e.forward, ptrs, a, "attention_forward");
+}
+
+void fused_attention_backward(cudaStream_t s, const FusedAttentionShape& shape,
+                              const FusedAttentionArgs& a) {
+  const Entry& e = supported_entry(shape, "attention_backward");
+  auto ptrs = input_pointers(shape, a, const_cast<void*>(a.qkv));
+  const int64_t width = static_cast<int64_t>(dtype_size(shape.dtype));
+  char* d = static_cast<char*>(a.dqkv);
+  ptrs[kO] = a.out;
+  ptrs[kStats] = a.stats;
+  ptrs[kDO] = const_cast<void*>(a.dout);
+  ptrs[kDQ] = d;
+  ptrs[kDK] = d + shape.H * shape.D * width;
+  ptrs[kDV] = d + (shape.H + shape.K) * shape.D * width;
+  execute(s, *e.backward, ptrs, a, "attention_backward");
+}
+
+bool cudnn_available(std::string* why_not) {
+  const Library& lib = library();
+  if (why_not) *why_not = lib.why;
+  return lib.ok;
+}
+
+bool cudnn_opened() {
+  return cudnn_frontend::cudnn_dlhandle != nullptr;
+}
+
+#else  // no cudnn-frontend headers at build time
+
+bool fused_attention_supported(const FusedAttentionShape&, std::string* why_not) {
+  if (why_not) *why_not = "this brisk was built without the cudnn-frontend headers";
+  return false;
+}
+int64_t fused_attention_workspace(const FusedAttentionShape&, bool) {
+  BRISK_FAIL("fused attention: this brisk was built without the cudnn-frontend headers");
+}
+void fused_attention_forward(cudaStream_t, const FusedAttentionShape&, const FusedAttentionArgs&) {
+  BRISK_FAIL("attention_forward: this brisk was built without the cudnn-frontend headers");
+}
+void fused_attention_backward(cudaStream_t, const FusedAttentionShape&, const FusedAttentionArgs&) {
+  BRISK_FAIL("attention_backward: this brisk was built without the cudnn-frontend headers");
+}
+bool cudnn_available(std::string* why_not) {
+  if (why_not) *why_not = "this brisk was built without the cudnn-frontend headers";
+  return false;
+}
+bool cudnn_opened() {
+  return false;
+}
+
+#endif
+
+}  // namespace brisk::cuda
