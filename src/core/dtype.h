@@ -41,5 +41,8 @@ float fp16_to_float(uint16_t h);
 
 enum class Device : uint8_t { cpu, cuda };
 const char* device_name(Device d);
+// The device whose memory is the host's: host staging, host copies, communicators over host
+// buffers. What else a device is, planning asks backend/device_traits.h.
+inline constexpr Device kHostDevice = Device::cpu;
 
 }  // namespace brisk

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/random_init.h"
 #include "models/bert.h"
@@ -159,7 +160,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
 void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                           Shape shape, DType dtype) {
   binder_.declare(plan, host, name, Category::data, dtype, shape, Placement::host);
-  if (options_.device == Device::cpu)
+  if (device_traits(options_.device).host_memory)
     binder_.alias(device, host);
   else
     binder_.declare(plan, device, name + ".device", Category::data, dtype, shape);
@@ -297,12 +298,9 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
   lm_head_weight_ = weight;
   const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
-  // product's operands 256-byte aligned) within kLogitsChunkBytes; the same at every length.
-  // The CPU's products get twice the bytes: over 128 rows (GPT-2) the head's products ran ~5% of
-  // a step slower than over 256, in float32 (the input gradient's above all) and in bf16 on AMX
-  // (+62 MiB there; SmolLM2 unchanged; 512 rows gave no more).
-  const int64_t chunk_bytes =
-      options_.device == Device::cpu ? 2 * kLogitsChunkBytes : kLogitsChunkBytes;
+  // product's operands 256-byte aligned) within the device's chunk bytes; the same at every
+  // length.
+  const int64_t chunk_bytes = device_traits(options_.device).logits_chunk_bytes;
   lm_chunk_rows_ = options_.logits_rows;
   if (lm_chunk_rows_ <= 0)
     for (lm_chunk_rows_ = 64; lm_chunk_rows_ * 2 * V * 4 <= chunk_bytes;) lm_chunk_rows_ *= 2;
@@ -314,7 +312,7 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
   // (as many bytes as a float32 chunk). Decided for the planned length: a shorter one (use_seq)
   // declares the same buffers, this one however few its rows.
   if (!replanning_)
-    lm_grouped_ = rows > lm_chunk_rows_ && options_.device == Device::cpu &&
+    lm_grouped_ = rows > lm_chunk_rows_ && device_traits(options_.device).products_round_operands &&
                   options_.activation_dtype == DType::bf16;
   if (lm_grouped_)
     declare(plan, &head_dlogits_, "lm_head.dlogits", Category::activations, DType::bf16,
@@ -526,7 +524,7 @@ void Model::find_grad_segments() {
   void* space =
       ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (space == MAP_FAILED) return;  // one segment: correct, without overlap
-  const Tensor reserved(space, Shape{total}, DType::f32, Device::cpu);
+  const Tensor reserved(space, Shape{total}, DType::f32, kHostDevice);
   params_.bind(reserved, reserved);
   const int L = static_cast<int>(config_.num_layers);
   const auto* base = static_cast<const char*>(space);

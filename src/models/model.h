@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/memory_plan.h"
 #include "core/safetensors.h"
 #include "core/weight_files.h"
@@ -59,7 +60,7 @@ struct PlanOptions {
   DType activation_dtype = DType::f32;
   // The device the run computes on: it decides the attention buffers and whether batches need a
   // device copy.
-  Device device = Device::cpu;
+  Device device = kHostDevice;
   // Selective recomputation (Korthikanti et al. 2022): keep every block's tensors but the
   // attention core's statistics (the probabilities on the CPU), one shared buffer rebuilt per
   // block in backward. Exact; not with gradient_checkpointing, which recomputes everything.
@@ -90,8 +91,8 @@ struct PlanOptions {
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_slots = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
-  // holds at most Model::kLogitsChunkBytes of them, twice that on the CPU (GPT-2: 128 rows, on the
-  // CPU 256). The head computes its logits, loss and (when training) its own
+  // holds at most the device's DeviceTraits::logits_chunk_bytes of them (GPT-2: 128 rows on a
+  // GPU, 256 on the CPU). The head computes its logits, loss and (when training) its own
   // backward chunk after chunk, so the whole logits never exist unless they fit.
   int64_t logits_rows = 0;
 };
@@ -339,7 +340,6 @@ class Model {
   // Language-model heads: logits_ holds a chunk of rows ([B,T,V] when all rows fit); the head's
   // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
   // head_backward (lm_head_dx).
-  static constexpr int64_t kLogitsChunkBytes = int64_t{32} << 20;
   // `weight`: the head's weight parameter, as lm_head_forward gets it.
   void declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight);
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against

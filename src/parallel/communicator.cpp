@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "parallel/comm_thread.h"
@@ -16,7 +17,7 @@ namespace brisk {
 
 void Communicator::check_buffer(const Tensor& t, const char* op) const {
   BRISK_CHECK(t.device() == memory(), op, ": the buffer must be in ",
-              memory() == Device::cpu ? "host" : "GPU", " memory");
+              device_traits(memory()).host_memory ? "host" : "GPU", " memory");
   // Copies (gathers, broadcasts) also move bytes: uint8 buffers.
   const bool copies = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0 ||
                       std::strcmp(op, "gather_v") == 0 || std::strcmp(op, "all_gather_v") == 0;
@@ -210,7 +211,7 @@ std::unique_ptr<Communicator> make_mpi(const LaunchInfo& launch, double timeout_
 std::unique_ptr<Communicator> make_gloo(const LaunchInfo& launch, double timeout_seconds);
 
 Communicator& world_communicator(Device memory, double timeout_seconds) {
-  if (memory == Device::cpu || launch_info_from_env().size == 1) {
+  if (device_traits(memory).host_memory || launch_info_from_env().size == 1) {
     static const std::unique_ptr<Communicator> world =
         make_communicator(launch_info_from_env(), timeout_seconds);
     world_made = world.get();
@@ -220,7 +221,7 @@ Communicator& world_communicator(Device memory, double timeout_seconds) {
     const LaunchInfo launch = launch_info_from_env();
     // Under MPI, the host communicator is the bootstrap, and the one that ends every rank.
     Communicator* host = launch.launcher == Launcher::mpi
-                             ? &world_communicator(Device::cpu, timeout_seconds)
+                             ? &world_communicator(kHostDevice, timeout_seconds)
                              : nullptr;
     // The rendezvous (or the bootstrap's broadcast) waits at most the timeout for the NCCL id,
     // and NCCL's own initialization, which has no bound, at most as long again: the watchdog

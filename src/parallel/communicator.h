@@ -89,7 +89,7 @@ class Communicator {
 
  protected:
   // Where the buffers must be: host memory (MPI), GPU memory (NCCL).
-  virtual Device memory() const { return Device::cpu; }
+  virtual Device memory() const { return kHostDevice; }
   // Throws naming `op` unless the buffers suit it: memory(), float32, bf16 or float64, in and
   // out of one type, out `factor` times in's length (reduce-scatter: in = size() x out).
   void check_buffer(const Tensor& t, const char* op) const;
@@ -123,7 +123,7 @@ std::vector<uint8_t> gather_pieces(Communicator& comm, const Tensor& piece,
 // bootstrapped through the host communicator under an MPI launch, else through the TCP
 // rendezvous), which also takes host buffers (through the GPU); for one process, the host one.
 // `timeout_seconds` (the first call's; 0: no bound) bounds the start, as make_communicator's.
-Communicator& world_communicator(Device memory = Device::cpu, double timeout_seconds = 1800);
+Communicator& world_communicator(Device memory = kHostDevice, double timeout_seconds = 1800);
 // After an error: in a run of several processes, ends them all (code); otherwise returns.
 void end_every_rank_on_error(int code);
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/device_traits.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous.h"
@@ -263,7 +264,7 @@ class Nccl final : public Communicator {
   Device memory() const override { return Device::cuda; }
 
  private:
-  static bool on_host(const Tensor& t) { return t.device() == Device::cpu; }
+  static bool on_host(const Tensor& t) { return device_traits(t.device()).host_memory; }
   // Runs `op` on GPU copies of whichever of in and out are host buffers; out's is copied back.
   template <typename Op>
   void through_device(const Tensor& in, const Tensor& out, Op op) {

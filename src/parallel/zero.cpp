@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "models/model.h"
@@ -195,7 +196,7 @@ int64_t ShardedGradients::receive_elements(const std::vector<ParamShard>& shards
 }
 
 void ShardedGradients::segment_done(Communicator& comm, const Model& model, int segment) {
-  const bool host = shard_.device() == Device::cpu;
+  const bool host = device_traits(shard_.device()).host_memory;
   BRISK_CHECK(receive_.device() == shard_.device() &&
                   model.grad_segment(segment).device() == shard_.device(),
               "internal error: ZeRO stage 2's gradients in two memories");

@@ -32,10 +32,11 @@ class MixedPrecision {
     BRISK_CHECK(!float32_weights || (compute == DType::bf16 && master_weights),
                 "internal error: float32 weights apply to bf16 with master weights only");
   }
-  // Whether a bf16 run on `device` computes with float32 weights (the CPU: its products round
-  // their operands when packing them anyway; a GPU keeps the compute copy).
-  static bool float32_weights_on(Device device, DType compute, bool master_weights) {
-    return device == Device::cpu && compute == DType::bf16 && master_weights;
+  // Whether a bf16 run computes with float32 weights: where the device's products round their
+  // operands as they pack them (DeviceTraits::products_round_operands: the CPU) no compute copy
+  // is needed; a GPU keeps one.
+  static bool float32_weights_on(bool products_round_operands, DType compute, bool master_weights) {
+    return products_round_operands && compute == DType::bf16 && master_weights;
   }
   // Inference in the 16-bit type (fp16_full_eval, bf16_full_eval): the weights rounded once, no
   // master copy; never updated.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "backend/device_traits.h"
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
@@ -113,16 +114,18 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                                                                     : DType::f32;
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
   r.precision =
-      full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
-                : std::make_unique<MixedPrecision>(
-                      compute, o.bf16_master_weights, LossScalerOptions{},
-                      MixedPrecision::float32_weights_on(device, compute, o.bf16_master_weights));
+      full_eval
+          ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+          : std::make_unique<MixedPrecision>(
+                compute, o.bf16_master_weights, LossScalerOptions{},
+                MixedPrecision::float32_weights_on(device_traits(device).products_round_operands,
+                                                   compute, o.bf16_master_weights));
   r.product = product_dtype(device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
   // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
   // there, unless a test asks for the GPU's path (offload_on_cpu).
-  r.offload =
-      o.do_train && o.offload_optimizer == "cpu" && (device != Device::cpu || o.offload_on_cpu);
+  r.offload = o.do_train && o.offload_optimizer == "cpu" &&
+              (!device_traits(device).host_memory || o.offload_on_cpu);
   if (r.offload) {
     r.precision->offload_master();
     r.optimizer->keep_state_in(Placement::host);
@@ -131,9 +134,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const bool zero = o.zero_stage >= 1 && ranks > 1;
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
-  // The CPU rebuilds the norms' and SwiGLU's outputs in backward rather than keep them per block
-  // (PlanOptions::recompute_elementwise): no measurable time, a third of what a llama block keeps.
-  model_options.recompute_elementwise = device == Device::cpu;
+  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   r.rank = rank;
   if (zero) {
     const Optimizer& optimizer = *r.optimizer;

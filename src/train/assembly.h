@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "backend/workspace.h"
 #include "core/memory_plan.h"
 #include "data/dataset.h"
@@ -23,7 +24,7 @@ namespace brisk {
 
 struct RunAssembly {
   TrainOptions options;  // as given, with the checkpoint's seed when resuming
-  Device device = Device::cpu;
+  Device device = kHostDevice;
   ModelConfig config;
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> owned_data;

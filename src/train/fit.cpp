@@ -54,23 +54,24 @@ size_t parse_memory_size(const std::string& text) {
 MemoryBudget memory_budget(const TrainOptions& o, Device device, const Backend* backend) {
   MemoryBudget b;
   b.device = device;
-  const bool gpu_here = backend && backend->device() == Device::cuda;
+  const bool host = device_traits(device).host_memory;
+  const bool device_here = backend && backend->device() == device && !host;
   if (!o.max_memory.empty()) {
     b.budget = parse_memory_size(o.max_memory);
     b.source = "--max_memory " + o.max_memory;
-    if (device == Device::cpu) {
+    if (host) {
       b.fixed = current_rss_bytes();
     } else {
-      const int64_t used = gpu_here ? backend->device_memory_used() : -1;
-      b.fixed = used > 0 ? static_cast<size_t>(used) : kCudaContextBytes;
+      const int64_t used = device_here ? backend->device_memory_used() : -1;
+      b.fixed = used > 0 ? static_cast<size_t>(used) : device_traits(device).context_bytes;
     }
     return b;
   }
-  if (device == Device::cpu) {
+  if (host) {
     b.budget = available_host_bytes();
     b.source = "the host's available memory";
   } else {
-    const int64_t free_bytes = gpu_here ? backend->device_memory_free() : -1;
+    const int64_t free_bytes = device_here ? backend->device_memory_free() : -1;
     BRISK_CHECK(free_bytes > 0,
                 "fitting a GPU run needs --max_memory where no GPU can be asked for its free "
                 "memory");
@@ -82,8 +83,9 @@ MemoryBudget memory_budget(const TrainOptions& o, Device device, const Backend* 
 }
 
 size_t needed_bytes(const MemoryPlan& plan, const MemoryBudget& budget) {
-  const size_t planned =
-      budget.device == Device::cuda ? plan.total_bytes(Placement::device) : plan.total_bytes();
+  const size_t planned = device_traits(budget.device).host_memory
+                             ? plan.total_bytes()
+                             : plan.total_bytes(Placement::device);
   return planned + budget.fixed + std::max(planned / 50, size_t{32} << 20);
 }
 
@@ -121,7 +123,7 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
   std::string savers;
   if (!o.gradient_checkpointing)
     savers += ", " + format_mib(need(1, true)) + " with --gradient_checkpointing";
-  if (device == Device::cuda && o.offload_optimizer == "none")
+  if (!device_traits(device).host_memory && o.offload_optimizer == "none")
     savers += ", " + format_mib(need(1, true, "cpu")) + " with " +
               (o.gradient_checkpointing ? "" : "--gradient_checkpointing and ") +
               "--offload_optimizer cpu";
@@ -130,38 +132,12 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
              format_mib(need(1, o.gradient_checkpointing)), savers);
 }
 
-// Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
-// AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
-// benchmark's shapes (docs/benchmarks-history.md, bench_matmul), attention in float32 at the sgemm
-// rate, ~10 GB/s for the optimizer's streaming pass over two threads, and 1.4 GB/s of planned
-// activation bytes through the elementwise passes (calibrated: bert-small bf16, batch 16 x 128,
-// 300 ms a step measured by bench/plan_check.py where flops alone predict 126 ms). GPU: an
-// H100 80GB running brisk (Nsight Compute, bert-large bf16 batch 4): cuBLASLt ~600 TFLOP/s in
-// bf16/fp16 (~350 tf32, ~50 fp32), brisk's float32 flash attention ~13 TFLOP/s, ~3 TB/s for the
-// optimizer, elementwise kernels ~21 ms over ~2.5 GB of activations (x 3: ~0.36 TB/s), ~30
-// launches of ~5 us per layer.
+// The device's measured rates (backend/device_traits.cpp); an offloaded optimizer's pass runs at
+// the host's.
 CostModel cost_model(Device device) {
   CostModel m;
-  if (device == Device::cuda) {
-    m.fp32_flops = 50e12;
-    m.tf32_flops = 350e12;
-    m.bf16_flops = m.fp16_flops = 600e12;
-    m.attention_flops = 13e12;
-    m.bandwidth = 3e12;
-    m.elementwise = 0.36e12;
-    m.layer_overhead = 150e-6;
-    m.host_bandwidth = cost_model(Device::cpu).bandwidth;
-    m.host_link = 25e9;  // assumed: a PCIe 4.0 x16 link's practical rate, not measured
-  } else {
-    m.fp32_flops = m.tf32_flops = m.fp16_flops = 156e9;  // fp16 is emulated in float32
-    m.bf16_flops = 757e9;
-    m.attention_flops = 156e9;
-    m.bandwidth = 10e9;
-    m.elementwise = 1.4e9;
-    m.layer_overhead = 50e-6;
-    m.host_bandwidth = m.bandwidth;
-    m.host_link = m.bandwidth;  // offload on the CPU (tests): copies within host memory
-  }
+  static_cast<DeviceRates&>(m) = device_traits(device).rates;
+  m.host_bandwidth = device_traits(kHostDevice).rates.bandwidth;
   return m;
 }
 

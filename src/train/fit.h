@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "train/options.h"
@@ -18,12 +19,6 @@ struct RunAssembly;
 
 namespace brisk {
 
-// What the GPU holds beyond the plan: "GPU memory occupied" minus the planned device bytes,
-// measured on an H100 80GB (driver 580.159.04, CUDA 13.0, 2026-11-22) as 1013 MiB in three
-// bert-large runs of different plans (fp32, bf16, Adafactor; within 0.5 MiB of each other): the
-// CUDA context, the loaded kernels of brisk and cuBLASLt, and the driver's own allocations.
-inline constexpr size_t kCudaContextBytes = size_t{1013} << 20;
-
 // Bytes from a size with an optional unit: decimal kB/KB, MB, GB, TB; binary KiB, MiB, GiB,
 // TiB (K, M, G, T alone are binary too); a fraction is allowed ("1.5GB"). Refuses the rest.
 size_t parse_memory_size(const std::string& text);
@@ -31,7 +26,7 @@ size_t parse_memory_size(const std::string& text);
 // The memory a run may use and what it needs beyond its plan. On the CPU the budget is the
 // process's resident memory; on a GPU, "GPU memory occupied".
 struct MemoryBudget {
-  Device device = Device::cpu;
+  Device device = kHostDevice;
   size_t budget = 0;   // bytes the run may use
   size_t fixed = 0;    // bytes the run takes besides its plan within that budget
   std::string source;  // where the budget came from, for messages
@@ -79,14 +74,9 @@ namespace brisk {
 // N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
 // Rates are measurements of brisk on one machine of each kind, named in fit.cpp (the host link:
 // assumed).
-struct CostModel {
-  double fp32_flops = 0, tf32_flops = 0, bf16_flops = 0, fp16_flops = 0;  // products
-  double attention_flops = 0;                                             // attention cores
-  double bandwidth = 0;                                                   // bytes/s
-  double elementwise = 0;     // activation bytes/s through the elementwise passes (calibrated)
-  double layer_overhead = 0;  // seconds per layer per micro-step (launches, host work)
-  double host_bandwidth = 0;  // bytes/s of an offloaded optimizer's pass in host memory
-  double host_link = 0;       // bytes/s each way between host memory and the device
+// The device's rates and the host's streaming rate (an offloaded optimizer's pass).
+struct CostModel : DeviceRates {
+  double host_bandwidth = 0;
 };
 CostModel cost_model(Device device);
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "precision/mixed_precision.h"
@@ -297,11 +298,7 @@ Device resolve_device(const TrainOptions& o) {
 }
 
 Device resolve_device(const std::string& device) {
-  if (device == "cpu") return Device::cpu;
-  if (device == "cuda") return Device::cuda;
-  BRISK_CHECK(device == "auto", "unknown device \"", excerpt(device),
-              "\" (valid: cpu, cuda, auto)");
-  return cuda_available() ? Device::cuda : Device::cpu;
+  return device_named(device);
 }
 
 }  // namespace brisk

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "data/loader.h"
@@ -537,7 +538,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     Communicator& comm;
     ~DeviceWork() { comm.set_device_stream(nullptr); }
   } device_work{dist};
-  if (ranks > 1 && device != Device::cpu) dist.set_device_stream(be->device_stream());
+  if (ranks > 1 && !device_traits(device).host_memory) dist.set_device_stream(be->device_stream());
   // Every run writes into output_dir (results at least): rank 0, which writes, holds it for
   // the whole run. Before anything reads it, a copy an interrupted save moved aside is back in
   // place for --resume_from_checkpoint last.
@@ -576,7 +577,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   model->bind(arena);
   run->binder.bind(arena);
   // offload_optimizer: the optimizer's state is in host memory, stepped by the CPU's backend.
-  const std::unique_ptr<Backend> host_be = run->offload ? make_backend(Device::cpu) : nullptr;
+  const std::unique_ptr<Backend> host_be = run->offload ? make_backend(kHostDevice) : nullptr;
   optimizer->reset(host_be ? *host_be : *be);
   // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
   std::optional<ShardedWeights> weights;

@@ -1,0 +1,77 @@
+// The devices' descriptions (device_traits.h).
+#include "backend/device_traits.h"
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace brisk {
+
+namespace {
+
+// Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
+// AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
+// benchmark's shapes (docs/benchmarks-history.md, bench_matmul), attention in float32 at the sgemm
+// rate, ~10 GB/s for the optimizer's streaming pass over two threads, and 1.4 GB/s of planned
+// activation bytes through the elementwise passes (calibrated: bert-small bf16, batch 16 x 128,
+// 300 ms a step measured by bench/plan_check.py where flops alone predict 126 ms). GPU: an
+// H100 80GB running brisk (Nsight Compute, bert-large bf16 batch 4): cuBLASLt ~600 TFLOP/s in
+// bf16/fp16 (~350 tf32, ~50 fp32), brisk's float32 flash attention ~13 TFLOP/s, ~3 TB/s for the
+// optimizer, elementwise kernels ~21 ms over ~2.5 GB of activations (x 3: ~0.36 TB/s), ~30
+// launches of ~5 us per layer; the host link assumed at a PCIe 4.0 x16 link's practical rate,
+// not measured.
+DeviceTraits cpu_traits() {
+  DeviceTraits t;
+  t.device = Device::cpu;
+  t.host_memory = true;
+  // Over 128 rows (GPT-2) the head's products ran ~5% of a step slower than over 256, in float32
+  // (the input gradient's above all) and in bf16 on AMX (+62 MiB there; SmolLM2 unchanged; 512
+  // rows gave no more).
+  t.logits_chunk_bytes = int64_t{64} << 20;
+  t.products_round_operands = true;
+  // No measurable time, a third of what a llama block keeps.
+  t.recompute_elementwise = true;
+  t.rates.fp32_flops = t.rates.tf32_flops = t.rates.fp16_flops = 156e9;  // fp16 emulated
+  t.rates.bf16_flops = 757e9;
+  t.rates.attention_flops = 156e9;
+  t.rates.bandwidth = 10e9;
+  t.rates.elementwise = 1.4e9;
+  t.rates.layer_overhead = 50e-6;
+  t.rates.host_link = t.rates.bandwidth;  // offload on the CPU (tests): copies within host memory
+  return t;
+}
+
+DeviceTraits cuda_traits() {
+  DeviceTraits t;
+  t.device = Device::cuda;
+  t.host_memory = false;
+  // 64 rows times a power of two within 32 MiB keeps a product's operands 256-byte aligned.
+  t.logits_chunk_bytes = int64_t{32} << 20;
+  t.products_round_operands = false;  // it keeps a 16-bit compute copy
+  t.recompute_elementwise = false;
+  t.context_bytes = kCudaContextBytes;
+  t.rates.fp32_flops = 50e12;
+  t.rates.tf32_flops = 350e12;
+  t.rates.bf16_flops = t.rates.fp16_flops = 600e12;
+  t.rates.attention_flops = 13e12;
+  t.rates.bandwidth = 3e12;
+  t.rates.elementwise = 0.36e12;
+  t.rates.layer_overhead = 150e-6;
+  t.rates.host_link = 25e9;
+  return t;
+}
+
+}  // namespace
+
+const DeviceTraits& device_traits(Device device) {
+  static const DeviceTraits cpu = cpu_traits(), cuda = cuda_traits();
+  return device == Device::cuda ? cuda : cpu;
+}
+
+Device device_named(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") return Device::cuda;
+  BRISK_CHECK(name == "auto", "unknown device \"", excerpt(name), "\" (valid: cpu, cuda, auto)");
+  return cuda_available() ? Device::cuda : Device::cpu;
+}
+
+}  // namespace brisk
