@@ -37,6 +37,21 @@ void Communicator::check_pair(const Tensor& in, const Tensor& out, int64_t in_pe
               " elements in and ", out.numel(), " out over ", size(), " ranks");
 }
 
+bool Communicator::check_all_gather(const Tensor& in, const Tensor& out) const {
+  check_pair(in, out, 1, size(), "all_gather");
+  const bool own_chunk =
+      in.data() == static_cast<char*>(out.data()) + static_cast<size_t>(rank()) * in.bytes();
+  BRISK_CHECK(own_chunk || !overlap(in, out),
+              "all_gather: in overlaps out other than as this rank's chunk");
+  return own_chunk;
+}
+
+bool Communicator::overlap(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.data());
+  const auto* pb = static_cast<const char*>(b.data());
+  return a.bytes() > 0 && b.bytes() > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
 int64_t Communicator::check_counts(const std::vector<int64_t>& counts, const char* op) const {
   BRISK_CHECK(counts.size() == static_cast<size_t>(size()), op, ": ", counts.size(), " counts for ",
               size(), " ranks");
@@ -84,10 +99,7 @@ void Communicator::check_all_gather_v(const Tensor& in, const std::vector<int64_
               dtype_name(out.dtype()));
   BRISK_CHECK(in.numel() == counts[static_cast<size_t>(rank())] && out.numel() == total, op, ": ",
               in.numel(), " elements in and ", out.numel(), " out for pieces adding up to ", total);
-  const auto* pi = static_cast<const char*>(in.data());
-  const auto* po = static_cast<const char*>(out.data());
-  BRISK_CHECK(in.bytes() == 0 || pi >= po + out.bytes() || po >= pi + in.bytes(), op,
-              ": in and out overlap");
+  BRISK_CHECK(!overlap(in, out), op, ": in and out overlap");
 }
 
 void Communicator::start_all_reduce_sum(const Tensor& buf) {

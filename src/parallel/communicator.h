@@ -95,6 +95,11 @@ class Communicator {
   void check_buffer(const Tensor& t, const char* op) const;
   void check_pair(const Tensor& in, const Tensor& out, int64_t in_per_out, int64_t out_per_in,
                   const char* op) const;
+  // all_gather's buffers: in is out's own chunk for this rank (ZeRO's way; returns true) or lies
+  // apart from out.
+  bool check_all_gather(const Tensor& in, const Tensor& out) const;
+  // Whether a and b share a byte.
+  static bool overlap(const Tensor& a, const Tensor& b);
   // A count for every rank, none negative; returns their sum.
   int64_t check_counts(const std::vector<int64_t>& counts, const char* op) const;
   // reduce_scatter_sum_v's and gather_v's buffers and counts.

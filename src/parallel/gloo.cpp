@@ -170,12 +170,7 @@ class Gloo final : public Communicator {
     reduce_scatter_v_now(in, counts, out, "reduce_scatter_sum_v");
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
-    check_pair(in, out, 1, size_, "all_gather");
-    // ZeRO's way: in is this rank's own chunk of out.
-    const bool own_chunk =
-        in.data() == static_cast<char*>(out.data()) + static_cast<size_t>(rank_) * in.bytes();
-    BRISK_CHECK(own_chunk || !overlap(in, out),
-                "all_gather: in overlaps out other than as this rank's chunk");
+    const bool own_chunk = check_all_gather(in, out);
     thread_.drain();
     if (out.bytes() == 0) return;
     run("all_gather", [&] {
@@ -376,12 +371,6 @@ class Gloo final : public Communicator {
     }
     for (size_t i = 0; i < receives; ++i) target->waitRecv(kForever);
   }
-  static bool overlap(const Tensor& a, const Tensor& b) {
-    const auto* pa = static_cast<const char*>(a.data());
-    const auto* pb = static_cast<const char*>(b.data());
-    return pa < pb + b.bytes() && pb < pa + a.bytes();
-  }
-
   int rank_ = 0, size_ = 1;
   std::shared_ptr<gloo::Context> context_;
   std::vector<uint8_t> scratch_;  // one piece of a reduce-scatter, received

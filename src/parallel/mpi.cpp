@@ -143,13 +143,8 @@ class Mpi final : public Communicator {
     reduce_scatter_v_now(in, counts, out);
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
-    check_pair(in, out, 1, size_, "all_gather");
+    const bool own_chunk = check_all_gather(in, out);
     const int n = count_of(in.numel(), "all_gather");
-    // ZeRO's way: in is this rank's own chunk of out.
-    const bool own_chunk =
-        in.data() == static_cast<char*>(out.data()) + static_cast<size_t>(rank_) * in.bytes();
-    BRISK_CHECK(own_chunk || !overlap(in, out),
-                "all_gather: in overlaps out other than as this rank's chunk");
     drain();
     const Watchdog::Watch watch(watchdog_, "all_gather");
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
@@ -302,12 +297,6 @@ class Mpi final : public Communicator {
                                      : MPI_UINT16_T;
   }
   MPI_Op op(const Tensor& t) const { return t.dtype() == DType::bf16 ? bf16_sum_ : MPI_SUM; }
-  static bool overlap(const Tensor& a, const Tensor& b) {
-    const auto* pa = static_cast<const char*>(a.data());
-    const auto* pb = static_cast<const char*>(b.data());
-    return pa < pb + b.bytes() && pb < pa + a.bytes();
-  }
-
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   bool threaded_ = false;             // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
