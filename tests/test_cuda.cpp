@@ -39,11 +39,11 @@
 
 #include "backend/backend.h"
 #include "backend_support.h"
+#include "core/quantization.h"
 #include "core/rng.h"
+#include "core/step_control.h"
 #include "data/dataset.h"
 #include "optim/optimizer.h"
-#include "optim/quantization.h"
-#include "optim/step_control.h"
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/trainer.h"

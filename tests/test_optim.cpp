@@ -11,9 +11,9 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/quantization.h"
+#include "core/step_control.h"
 #include "optim/optimizer.h"
-#include "optim/quantization.h"
-#include "optim/step_control.h"
 #include "test_support.h"
 #include "train/schedule.h"
 

@@ -61,7 +61,7 @@ struct RotaryDims {
 
 // One AdamW update (torch.optim.AdamW) over flat float32 buffers. decay_ranges is int64 [R,2]:
 // sorted [begin, end) element ranges that take weight decay. The gradient multiplier (clipping,
-// loss unscaling) and the skip flag come from `control` (see optim/step_control.h), which the
+// loss unscaling) and the skip flag come from `control` (see core/step_control.h), which the
 // backend's decide_step wrote, so no host round trip sits between the two.
 struct AdamWUpdate {
   Tensor weights, grads, exp_avg, exp_avg_sq, decay_ranges, control;
@@ -381,7 +381,7 @@ class Backend {
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).
   virtual void sum_squares(const Tensor& x, const Tensor& acc) = 0;
   // control (float32 [kControlSize]) = decide_step(stats (float64 [kStatsSize]), ...): see
-  // optim/step_control.h.
+  // core/step_control.h.
   virtual void decide_step(const Tensor& stats, double loss_scale, double max_norm,
                            const Tensor& control) = 0;
   virtual void adamw_update(const AdamWUpdate& u) = 0;

@@ -15,11 +15,11 @@
 #include "backend/device_traits.h"
 #include "core/memory_plan.h"
 #include "core/safetensors.h"
+#include "core/step_control.h"
 #include "core/weight_files.h"
 #include "models/config.h"
 #include "models/parameters.h"
 #include "models/transformer_block.h"
-#include "optim/step_control.h"
 
 namespace brisk {
 
@@ -158,7 +158,7 @@ class Model {
   void reset_batch();
   // Targets the loss of the current batch is summed over (labels other than kIgnoreIndex).
   int64_t count_targets() const;
-  // Per-step statistics on the device, float64 [kStatsSize] (optim/step_control.h): forward
+  // Per-step statistics on the device, float64 [kStatsSize] (core/step_control.h): forward
   // passes add their summed loss to kStatLoss; the trainer adds the gradients' sum of squares.
   const Tensor& step_stats() const { return stats_; }
   // The decision made from them on the device, float32 [kControlSize]: what optimizers read.

@@ -4,8 +4,8 @@
 // unsigned for the second) with one float32 absolute maximum per block of 256 values; smaller
 // parameters and embedding tables (Trainer registers nn.Embedding weights for 32-bit state) keep
 // float32 moments. The arithmetic is the backend's adamw_8bit_update.
+#include "core/quantization.h"
 #include "optim/optimizer.h"
-#include "optim/quantization.h"
 
 namespace brisk {
 

@@ -45,7 +45,7 @@ class Optimizer {
   virtual void reset(Backend& be) = 0;
   // Updates `weights` (the flat float32 weights the optimizer owns: the model's, or the fp32
   // master copy) from control[kControlMultiplier] * `grads`, unless control[kControlSkip] is set
-  // (optim/step_control.h). Counts the step either way; a skipped step is taken back with
+  // (core/step_control.h). Counts the step either way; a skipped step is taken back with
   // undo_step once the host knows of it. `lr` is the scheduled learning rate.
   void step(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,
             float lr) {

@@ -5,10 +5,10 @@
 #include <filesystem>
 
 #include "backend/device_traits.h"
+#include "core/step_control.h"
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
-#include "optim/step_control.h"
 #include "train/checkpoint.h"
 
 namespace brisk {

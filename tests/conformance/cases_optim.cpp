@@ -14,9 +14,9 @@
 
 #include "backend_support.h"
 #include "conformance/op_case.h"
+#include "core/quantization.h"
+#include "core/step_control.h"
 #include "optim/optimizer.h"
-#include "optim/quantization.h"
-#include "optim/step_control.h"
 
 namespace brisk::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "backend/workspace.h"
-#include "optim/step_control.h"
+#include "core/step_control.h"
 
 namespace brisk {
 
@@ -151,7 +151,7 @@ class CpuBackend final : public Backend {
 
 // Checks shared by the CPU kernels.
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
-// The gradient multiplier of the step decision (optim/step_control.h) in *multiplier; false when
+// The gradient multiplier of the step decision (core/step_control.h) in *multiplier; false when
 // the step is skipped.
 inline bool read_step_control(const Tensor& control, const char* op, float* multiplier) {
   expect(control, DType::f32, Shape{kControlSize}, op);

@@ -5,7 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_sum.h"
-#include "optim/step_control.h"
+#include "core/step_control.h"
 
 namespace brisk {
 

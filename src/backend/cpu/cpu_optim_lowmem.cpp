@@ -6,8 +6,8 @@
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_sum.h"
-#include "optim/quantization.h"
-#include "optim/step_control.h"
+#include "core/quantization.h"
+#include "core/step_control.h"
 
 namespace brisk {
 

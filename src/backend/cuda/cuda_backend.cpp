@@ -8,7 +8,7 @@
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
-#include "optim/step_control.h"
+#include "core/step_control.h"
 
 namespace brisk {
 

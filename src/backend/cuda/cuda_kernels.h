@@ -90,7 +90,7 @@ void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels,
 // ---- cuda_optim.cu ----
 // *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).
 void sum_squares(cudaStream_t s, const float* x, int64_t n, double* acc);
-// One thread: control = decide_step(stats...) (see optim/step_control.h).
+// One thread: control = decide_step(stats...) (see core/step_control.h).
 void decide_step(cudaStream_t s, const double* stats, double loss_scale, double max_norm,
                  float* control);
 // AdamW over the flat buffers in one launch. decay_ranges holds num_ranges sorted [begin, end)

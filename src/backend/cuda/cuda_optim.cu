@@ -7,8 +7,8 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
-#include "optim/quantization.h"
-#include "optim/step_control.h"
+#include "core/quantization.h"
+#include "core/step_control.h"
 
 namespace brisk::cuda {
 

@@ -1,5 +1,5 @@
 // The dynamic quantization map.
-#include "optim/quantization.h"
+#include "core/quantization.h"
 
 #include <algorithm>
 #include <cmath>
