@@ -666,8 +666,8 @@ namespace {
 
 template <typename Half>
 __global__ void fused_attention_inputs_kernel(const int32_t* key_mask, int64_t n, int64_t T,
-                                              Half masked, Half* bias,
-                                              int64_t* seed_offset, uint64_t seed) {
+                                              Half masked, Half* bias, int64_t* seed_offset,
+                                              uint64_t seed) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (first == 0 && seed_offset) {
     seed_offset[0] = static_cast<int64_t>(seed);
@@ -689,10 +689,11 @@ void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, 
   constexpr float kMasked = -1e9f;
   if (dtype == DType::bf16) {
     fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
-        key_mask, n, T, __float2bfloat16_rn(kMasked), static_cast<__nv_bfloat16*>(key_mask ? bias : nullptr),
-        seed_offset, seed);
+        key_mask, n, T, __float2bfloat16_rn(kMasked),
+        static_cast<__nv_bfloat16*>(key_mask ? bias : nullptr), seed_offset, seed);
   } else {
-    BRISK_CHECK(dtype == DType::f16, "fused attention inputs: bf16 or f16, not ", dtype_name(dtype));
+    BRISK_CHECK(dtype == DType::f16, "fused attention inputs: bf16 or f16, not ",
+                dtype_name(dtype));
     // fp16's largest finite magnitude is 65504.
     fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
         key_mask, n, T, __float2half_rn(-65504.0f), static_cast<__half*>(key_mask ? bias : nullptr),

@@ -3,7 +3,6 @@
 // operand buffers (they hold 16-bit values already: the block rounds them), cuDNN runs, and its
 // 16-bit results are cast back into the float32 containers. The key mask's bias and cuDNN's
 // workspace live in the planned attention workspace, the dropout seed in the attention scratch.
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -58,10 +57,10 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
   shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
   shape.causal = causal, shape.masked = masked;
   shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
-  if (!cuda::fused_attention_supported(shape)) return std::nullopt;
-  const int64_t need = bias_bytes(shape) + std::max(cuda::fused_attention_workspace(shape, false),
-                                                    cuda::fused_attention_workspace(shape, true));
-  if (need > static_cast<int64_t>(ws_.attention_workspace.bytes())) return std::nullopt;
+  int64_t workspace = 0;
+  if (!cuda::fused_attention_supported(shape, nullptr, &workspace) ||
+      bias_bytes(shape) + workspace > static_cast<int64_t>(ws_.attention_workspace.bytes()))
+    return std::nullopt;
   return shape;
 }
 

@@ -1,6 +1,7 @@
 // cuDNN's fused attention through the cudnn-frontend graph API (see fused_attention.h).
 #include "backend/cuda/fused_attention.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -191,14 +192,15 @@ std::string build(Graph& g, cudnnHandle_t handle) {
 struct Entry {
   FusedAttentionShape shape;
   std::shared_ptr<Graph> forward, backward;
-  std::string why_not;  // empty: both graphs built
+  int64_t forward_workspace = 0, backward_workspace = 0;  // bytes, asked once when built
+  std::string why_not;                                    // empty: both graphs built
 };
 
 std::mutex cache_mutex;
 std::vector<std::unique_ptr<Entry>> cache;
 
 Entry make_entry(const FusedAttentionShape& s) {
-  Entry e{s, nullptr, nullptr, ""};
+  Entry e{s, nullptr, nullptr, 0, 0, ""};
   Library& lib = library();
   if (!lib.ok) {
     e.why_not = lib.why;
@@ -227,6 +229,9 @@ Entry make_entry(const FusedAttentionShape& s) {
     e.why_not = ex.what();
   }
   if (e.why_not.empty() && (!e.forward || !e.backward)) e.why_not = "no graph";
+  if (e.why_not.empty() && (!e.forward->get_workspace_size(e.forward_workspace).is_good() ||
+                            !e.backward->get_workspace_size(e.backward_workspace).is_good()))
+    e.why_not = "cuDNN gave no workspace size";
   return e;
 }
 
@@ -244,10 +249,9 @@ const Entry& supported_entry(const FusedAttentionShape& s, const char* op) {
   return e;
 }
 
-void execute(cudaStream_t stream, const Graph& g, std::unordered_map<int64_t, void*>& ptrs,
-             const FusedAttentionArgs& a, const char* op) {
-  int64_t need = 0;
-  BRISK_CHECK(g.get_workspace_size(need).is_good(), op, ": cuDNN gave no workspace size");
+void execute(cudaStream_t stream, const Graph& g, int64_t need,
+             std::unordered_map<int64_t, void*>& ptrs, const FusedAttentionArgs& a,
+             const char* op) {
   BRISK_CHECK(need <= a.workspace_bytes, op, ": cuDNN's attention needs ", need,
               " bytes of workspace, the plan gave ", a.workspace_bytes);
   cudnnHandle_t handle = library().handle;
@@ -274,18 +278,17 @@ std::unordered_map<int64_t, void*> input_pointers(const FusedAttentionShape& s,
 
 }  // namespace
 
-bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why_not) {
+bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why_not,
+                               int64_t* workspace) {
   const Entry& e = entry(shape);
   if (why_not) *why_not = e.why_not;
+  if (workspace) *workspace = std::max(e.forward_workspace, e.backward_workspace);
   return e.why_not.empty();
 }
 
 int64_t fused_attention_workspace(const FusedAttentionShape& shape, bool backward) {
   const Entry& e = supported_entry(shape, "fused attention");
-  int64_t need = 0;
-  BRISK_CHECK((backward ? e.backward : e.forward)->get_workspace_size(need).is_good(),
-              "fused attention: cuDNN gave no workspace size");
-  return need;
+  return backward ? e.backward_workspace : e.forward_workspace;
 }
 
 void fused_attention_forward(cudaStream_t s, const FusedAttentionShape& shape,
@@ -294,7 +297,7 @@ void fused_attention_forward(cudaStream_t s, const FusedAttentionShape& shape,
   auto ptrs = input_pointers(shape, a, const_cast<void*>(a.qkv));
   ptrs[kO] = a.out;
   ptrs[kStats] = a.stats;
-  execute(s, *e.forward, ptrs, a, "attention_forward");
+  execute(s, *e.forward, e.forward_workspace, ptrs, a, "attention_forward");
 }
 
 void fused_attention_backward(cudaStream_t s, const FusedAttentionShape& shape,
@@ -309,7 +312,7 @@ void fused_attention_backward(cudaStream_t s, const FusedAttentionShape& shape,
   ptrs[kDQ] = d;
   ptrs[kDK] = d + shape.H * shape.D * width;
   ptrs[kDV] = d + (shape.H + shape.K) * shape.D * width;
-  execute(s, *e.backward, ptrs, a, "attention_backward");
+  execute(s, *e.backward, e.backward_workspace, ptrs, a, "attention_backward");
 }
 
 bool cudnn_available(std::string* why_not) {
@@ -324,7 +327,7 @@ bool cudnn_opened() {
 
 #else  // no cudnn-frontend headers at build time
 
-bool fused_attention_supported(const FusedAttentionShape&, std::string* why_not) {
+bool fused_attention_supported(const FusedAttentionShape&, std::string* why_not, int64_t*) {
   if (why_not) *why_not = "this brisk was built without the cudnn-frontend headers";
   return false;
 }

@@ -44,8 +44,11 @@ struct FusedAttentionArgs {
 };
 
 // Whether cuDNN can be opened and builds both the forward and the backward graph of `shape`
-// (built once per shape and cached). Never throws; when false, why_not (if given) says why.
-bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why_not = nullptr);
+// (built once per shape and cached). Never throws; when false, why_not (if given) says why; when
+// true, workspace (if given) receives the bytes the larger of the two needs (asked once per
+// shape, when built).
+bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why_not = nullptr,
+                               int64_t* workspace = nullptr);
 // Bytes of workspace the forward (backward = false) or backward graph of a supported shape needs.
 int64_t fused_attention_workspace(const FusedAttentionShape& shape, bool backward);
 // Enqueue the forward (out, stats) or the backward (dqkv) on stream s; throw naming cuDNN's
