@@ -2,8 +2,10 @@
 # Runs on a lent GPU machine (device tool, carrying .dev from scripts/gpu_pack.sh): the GPU tests,
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
-#   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [vocab]
-# (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer)
+#   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
+#     [vocab]
+# (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
+#  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,14 +18,14 @@ echo "libraries from: $cuda_libs"
 export LD_LIBRARY_PATH="$here/.dev/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 grep -m1 'model name' /proc/cpuinfo; nproc
-# GPT-2 124M (random init), bf16, batch 8 x 1024 on the GPU: gpt2_train VOCAB STEPS [launcher...]
+# GPT-2 124M (random init), bf16, batch $BATCH (8) x 1024 on the GPU: gpt2_train VOCAB STEPS [launcher...]
 gpt2_train() {
   local vocab=$1 steps=$2 t=/tmp/gpt2_bench; shift 2; mkdir -p $t
   (cd bench && python3 -c "from gpu_bert import GPT2, write_config, write_tokens
 write_config('$t/gpt2_$vocab', dict(GPT2, vocab_size=$vocab)); write_tokens('$t/tok.bin', 128 * 1024 + 1)")
   "$@" build-gpu/brisk train --device cuda --model $t/gpt2_$vocab --seq_len 1024 \
     --num_train_epochs 1 --logging_steps 1000000 --save_strategy no --output_dir $t/out \
-    --disable_tqdm true --dataset $t/tok.bin --per_device_train_batch_size 8 --bf16 true \
+    --disable_tqdm true --dataset $t/tok.bin --per_device_train_batch_size ${BATCH:-8} --bf16 true \
     --max_steps $steps >/dev/null 2>&1
   grep -o '"train_samples_per_second": *[0-9.]*' $t/out/train_results.json
 }
@@ -42,12 +44,22 @@ for what in "${@:-tests}"; do
     bert) (cd bench && BRISK_BIN=$here/build-gpu/brisk PYTHONUNBUFFERED=1 python3 gpu_bert.py \
         --samples 128 --rows quick) 2>&1 | tee "$OUT/bert.log" ;;
     anchors) (cd bench && BRISK_BIN=$here/build-gpu/brisk PYTHONUNBUFFERED=1 python3 gpu_anchors.py \
-        --systems "${ANCHORS:-brisk,torch,compile,trainer}" --json "$OUT/anchors.json") 2>&1 |
+        --systems "${ANCHORS:-brisk,torch,compile,trainer}" --json "$OUT/anchors.json" \
+        ${ANCHOR_ARGS:-}) 2>&1 |
         tee "$OUT/anchors.log" ;;
-    profile)  # 2500 kernels after the first 2500 (about 1.4 steps), summed by name
-      gpt2_train 50257 6 timeout 400 ncu --metrics gpu__time_duration.sum --csv \
-        --launch-skip 2500 --launch-count 2500 --log-file "$OUT/ncu.csv" >/dev/null
+    profile)  # $NCU_COUNT kernels (2500, about 1.4 steps at batch 8) after $NCU_SKIP, by name
+      gpt2_train 50257 6 timeout ${NCU_TIMEOUT:-400} ncu --metrics gpu__time_duration.sum --csv \
+        --launch-skip ${NCU_SKIP:-2500} --launch-count ${NCU_COUNT:-2500} \
+        --log-file "$OUT/ncu.csv" >/dev/null
       python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/profile.log" ;;
+    timeline)  # the kernels of 8 GPT-2 steps under Nsight Systems, summed by name
+      nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+        2>/dev/null | head -1)
+      [ -n "$nsys" ] || { echo "no nsys on this machine"; continue; }
+      gpt2_train 50257 8 timeout 300 "$nsys" profile -t cuda -o /tmp/timeline -f true >/dev/null
+      "$nsys" stats --report cuda_gpu_kern_sum --format csv /tmp/timeline.nsys-rep \
+        >"$OUT/kern_sum.csv" 2>/dev/null
+      python3 bench/ncu_summary.py "$OUT/kern_sum.csv" | tee "$OUT/timeline.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
       for v in 50257 50304 50257 50304; do echo "vocab $v: $(gpt2_train $v 16)"; done |
         tee "$OUT/vocab.log" ;;

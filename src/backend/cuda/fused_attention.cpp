@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -216,11 +217,14 @@ Entry make_entry(const FusedAttentionShape& s) {
     e.forward = forward_graph(s, io);
     std::string why = build(*e.forward, lib.handle);
     if (why.empty()) {
-      // Deterministic first (the same bits run after run), then cuDNN's fastest.
-      e.backward = backward_graph(s, io, true);
+      // Deterministic first (the same bits run after run), then cuDNN's fastest;
+      // BRISK_ATTENTION_DETERMINISTIC=0 tries the fastest first (to compare the two).
+      const char* v = std::getenv("BRISK_ATTENTION_DETERMINISTIC");
+      const bool first = !(v && std::string(v) == "0");
+      e.backward = backward_graph(s, io, first);
       why = build(*e.backward, lib.handle);
       if (!why.empty()) {
-        e.backward = backward_graph(s, io, false);
+        e.backward = backward_graph(s, io, !first);
         why = build(*e.backward, lib.handle);
       }
     }
