@@ -15,7 +15,10 @@ MFU = tokens/s x (6 N + 12 L C T) / peak (bench/gpu_bert.py's count; --peak_tflo
 H100 SXM's dense bf16).
 
     python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2]
-(system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels)
+(system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
+brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
+brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
+cast per product)
 """
 import argparse
 import json
@@ -204,6 +207,12 @@ def main():
                         if system == "brisk-f32attn":  # its float32 attention kernels
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp,
                                           dict(os.environ, BRISK_FUSED_ATTENTION="0"))
+                        elif system == "brisk-nondet":  # cuDNN's fastest attention backward
+                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
+                                          dict(os.environ, BRISK_ATTENTION_DETERMINISTIC="0"))
+                        elif system == "brisk-f32act":  # saved activations in float32 containers
+                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
+                                          dict(os.environ, BRISK_BF16_ACTIVATIONS="0"))
                         elif system == "brisk":
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp)
                         else:

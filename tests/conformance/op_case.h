@@ -77,5 +77,6 @@ std::vector<OpCase> attention_cases();    // cases_attention.cpp
 std::vector<OpCase> loss_cases();         // cases_loss.cpp: embedding, pooling, losses
 std::vector<OpCase> optim_cases();        // cases_optim.cpp: the optimizer step
 std::vector<OpCase> cast_cases();         // cases_cast.cpp: float32 <-> bf16, fp16
+std::vector<OpCase> stored_cases();       // cases_stored.cpp: ops on bf16 saved activations
 
 }  // namespace brisk::testing

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -87,12 +88,13 @@ __host__ __device__ inline BwdLayout bwd_layout(int D) {
 
 // dst[r][d] = src[(row0 + r) * src_ld + d] for r < rows, d < D; rows at or past T become zero so
 // that padded rows never carry garbage (or NaN) into a product.
-__device__ __forceinline__ void load_rows(float* dst, int dst_ld, const float* __restrict__ src,
+template <typename S>
+__device__ __forceinline__ void load_rows(float* dst, int dst_ld, const S* __restrict__ src,
                                           int64_t src_ld, int row0, int rows, int T, int D) {
   for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
     const int r = idx / D, d = idx - r * D;
     const int i = row0 + r;
-    dst[r * dst_ld + d] = i < T ? src[static_cast<int64_t>(i) * src_ld + d] : 0.0f;
+    dst[r * dst_ld + d] = i < T ? widen(src[static_cast<int64_t>(i) * src_ld + d]) : 0.0f;
   }
 }
 
@@ -205,9 +207,9 @@ struct AttnParams {
 
 // One block per (batch * head, tile of kFwdRows queries). Each thread keeps running max, sum and
 // output for its kFwdRows / 16 rows and feature columns tx + 16c (c < kSlots, D <= 16 * kSlots).
-template <int kSlots>
+template <int kSlots, typename Q>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(const float* __restrict__ qkv, AttnParams a, float* __restrict__ lse,
+    attention_forward_kernel(const Q* __restrict__ qkv, AttnParams a, float* __restrict__ lse,
                              float* __restrict__ out) {
   constexpr int R = kFwdRows, NC = kFwdCols, RM = R / 16, CM = NC / 16;
   constexpr int PLD = kScoreLd<RM, NC>;
@@ -225,10 +227,10 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = blockIdx.y * R;
   const int64_t C = static_cast<int64_t>(a.H) * D,
                 row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
-  const float* token0 = qkv + b * T * row_stride;
-  const float* q_base = token0 + h * D;
-  const float* k_base = token0 + C + kh * D;
-  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
+  const Q* token0 = qkv + b * T * row_stride;
+  const Q* q_base = token0 + h * D;
+  const Q* k_base = token0 + C + kh * D;
+  const Q* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
   load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
 
@@ -314,17 +316,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // delta[b,h,i] = dout_i . out_i, one warp per (b, i, h) row of D features.
+template <typename O>
 __global__ void __launch_bounds__(kThreads)
-    attention_delta_kernel(const float* __restrict__ dout, const float* __restrict__ out,
-                           int64_t rows, int T, int H, int D, float* __restrict__ delta) {
+    attention_delta_kernel(const float* __restrict__ dout, const O* __restrict__ out, int64_t rows,
+                           int T, int H, int D, float* __restrict__ delta) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp leaves together
   // [B,T,C] with C = H * D is [B,T,H,D]: row (b*T + i)*H + h starts at row * D.
   const float* g = dout + row * D;
-  const float* o = out + row * D;
+  const O* o = out + row * D;
   float sum = 0.0f;
-  for (int d = lane; d < D; d += 32) sum = fmaf(g[d], o[d], sum);
+  for (int d = lane; d < D; d += 32) sum = fmaf(g[d], widen(o[d]), sum);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) {
@@ -384,9 +387,9 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* delta_s,
 // dK and dV: one block per (batch * key/value head, tile of kBwdCols keys), looping over the query
 // heads of the group (one, without grouping) and for each over the query tiles that can see those
 // keys. Each thread accumulates keys ty * KM + r, feature columns tx + 16c.
-template <int kSlots>
+template <int kSlots, typename Q>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_kernel(const float* __restrict__ dout, const float* __restrict__ qkv,
+    attention_backward_dkdv_kernel(const float* __restrict__ dout, const Q* __restrict__ qkv,
                                    const float* __restrict__ lse, const float* __restrict__ delta,
                                    AttnParams a, float* __restrict__ dqkv) {
   constexpr int R = kBwdRows, NC = kBwdCols, RM = R / 16, CM = NC / 16, KM = NC / 16;
@@ -410,9 +413,9 @@ __global__ void __launch_bounds__(kThreads)
   const int k0 = blockIdx.y * NC;
   const int64_t C = static_cast<int64_t>(a.H) * D,
                 row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
-  const float* token0 = qkv + b * T * row_stride;
-  const float* k_base = token0 + C + kh * D;
-  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
+  const Q* token0 = qkv + b * T * row_stride;
+  const Q* k_base = token0 + C + kh * D;
+  const Q* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
   load_rows(Ks, ld, k_base, row_stride, k0, NC, T, D);
   load_rows(Vs, ld, v_base, row_stride, k0, NC, T, D);
@@ -429,7 +432,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q_begin = a.causal ? k0 - k0 % R : 0;
   for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
     const int64_t bh = b * a.H + h;
-    const float* q_base = token0 + h * D;
+    const Q* q_base = token0 + h * D;
     const float* do_base = dout + b * T * C + h * D;
     for (int q0 = q_begin; q0 < T; q0 += R) {
       __syncthreads();  // the previous tile's readers of Qs, dOs, Pd, dS, the stats, keep are done
@@ -471,9 +474,9 @@ __global__ void __launch_bounds__(kThreads)
 // dQ: one block per (batch * head, tile of kBwdRows queries), looping over the key tiles the
 // queries can see; no atomics, so results are reproducible. Each thread accumulates query rows
 // ty * RM + r, feature columns tx + 16c.
-template <int kSlots>
+template <int kSlots, typename Q>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_kernel(const float* __restrict__ dout, const float* __restrict__ qkv,
+    attention_backward_dq_kernel(const float* __restrict__ dout, const Q* __restrict__ qkv,
                                  const float* __restrict__ lse, const float* __restrict__ delta,
                                  AttnParams a, float* __restrict__ dqkv) {
   constexpr int R = kBwdRows, NC = kBwdCols, RM = R / 16, CM = NC / 16;
@@ -496,10 +499,10 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = blockIdx.y * R;
   const int64_t C = static_cast<int64_t>(a.H) * D,
                 row_stride = C + 2 * static_cast<int64_t>(a.K) * D;
-  const float* token0 = qkv + b * T * row_stride;
-  const float* q_base = token0 + h * D;
-  const float* k_base = token0 + C + kh * D;
-  const float* v_base = k_base + static_cast<int64_t>(a.K) * D;
+  const Q* token0 = qkv + b * T * row_stride;
+  const Q* q_base = token0 + h * D;
+  const Q* k_base = token0 + C + kh * D;
+  const Q* v_base = k_base + static_cast<int64_t>(a.K) * D;
 
   load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
   load_rows(dOs, ld, dout + b * T * C + h * D, C, q0, R, T, D);
@@ -593,25 +596,26 @@ bool make_params(const char* op, const int32_t* key_mask, bool causal, int64_t B
   return true;
 }
 
-template <int kSlots>
-void launch_forward(cudaStream_t s, const float* qkv, const AttnParams& a, int64_t BH, float* lse,
+template <int kSlots, typename Q>
+void launch_forward(cudaStream_t s, const Q* qkv, const AttnParams& a, int64_t BH, float* lse,
                     float* out) {
   const size_t smem = fwd_layout(a.D).bytes;
-  allow_shared_memory(attention_forward_kernel<kSlots>, smem, "attention_forward_kernel");
+  allow_shared_memory(attention_forward_kernel<kSlots, Q>, smem, "attention_forward_kernel");
   const dim3 grid(static_cast<unsigned>(BH),
                   static_cast<unsigned>((a.T + kFwdRows - 1) / kFwdRows));
   attention_forward_kernel<kSlots><<<grid, kThreads, smem, s>>>(qkv, a, lse, out);
   check_launch("attention_forward_kernel");
 }
 
-template <int kSlots>
-void launch_backward(cudaStream_t s, const float* dout, const float* qkv, const float* lse,
+template <int kSlots, typename Q>
+void launch_backward(cudaStream_t s, const float* dout, const Q* qkv, const float* lse,
                      const float* delta, const AttnParams& a, int64_t B, float* dqkv) {
   const int64_t BH = B * a.H, BK = B * a.K;
   const size_t smem = bwd_layout(a.D).bytes;
-  allow_shared_memory(attention_backward_dkdv_kernel<kSlots>, smem,
+  allow_shared_memory(attention_backward_dkdv_kernel<kSlots, Q>, smem,
                       "attention_backward_dkdv_kernel");
-  allow_shared_memory(attention_backward_dq_kernel<kSlots>, smem, "attention_backward_dq_kernel");
+  allow_shared_memory(attention_backward_dq_kernel<kSlots, Q>, smem,
+                      "attention_backward_dq_kernel");
   const dim3 kv_grid(static_cast<unsigned>(BK),
                      static_cast<unsigned>((a.T + kBwdCols - 1) / kBwdCols));
   attention_backward_dkdv_kernel<kSlots>
@@ -626,24 +630,26 @@ void launch_backward(cudaStream_t s, const float* dout, const float* qkv, const 
 
 }  // namespace
 
-void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
-                       int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, float scale,
-                       float dropout_p, RngKey key, float* lse, float* out) {
+void attention_forward(cudaStream_t s, In qkv, const int32_t* key_mask, bool causal, int64_t B,
+                       int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
+                       RngKey key, float* lse, float* out) {
   AttnParams a;
   if (!make_params("attention_forward", key_mask, causal, B, T, H, K, D, scale, dropout_p, key, &a))
     return;
   // Fewer feature slots per thread for small heads: fewer registers, no idle columns.
-  if (D <= 64) {
-    launch_forward<4>(s, qkv, a, B * H, lse, out);
-  } else {
-    launch_forward<8>(s, qkv, a, B * H, lse, out);
-  }
+  with_elements(qkv.bf16, [&](auto qt) {
+    const auto* q = static_cast<const decltype(qt)*>(qkv.data);
+    if (D <= 64)
+      launch_forward<4>(s, q, a, B * H, lse, out);
+    else
+      launch_forward<8>(s, q, a, B * H, lse, out);
+  });
 }
 
-void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
-                        const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
-                        RngKey key, float* delta, float* dqkv) {
+void attention_backward(cudaStream_t s, const float* dout, In qkv, In out, const float* lse,
+                        const int32_t* key_mask, bool causal, int64_t B, int64_t T, int64_t H,
+                        int64_t K, int64_t D, float scale, float dropout_p, RngKey key,
+                        float* delta, float* dqkv) {
   AttnParams a;
   if (!make_params("attention_backward", key_mask, causal, B, T, H, K, D, scale, dropout_p, key,
                    &a))
@@ -652,14 +658,19 @@ void attention_backward(cudaStream_t s, const float* dout, const float* qkv, con
   // already holds the dropped-out probabilities times V.
   const int64_t rows = B * T * H;
   constexpr int kRowsPerBlock = kThreads / 32;
-  attention_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                           kThreads, 0, s>>>(dout, out, rows, a.T, a.H, a.D, delta);
+  with_elements(out.bf16, [&](auto ot) {
+    attention_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                             kThreads, 0, s>>>(dout, static_cast<const decltype(ot)*>(out.data),
+                                               rows, a.T, a.H, a.D, delta);
+  });
   check_launch("attention_delta_kernel");
-  if (D <= 64) {
-    launch_backward<4>(s, dout, qkv, lse, delta, a, B, dqkv);
-  } else {
-    launch_backward<8>(s, dout, qkv, lse, delta, a, B, dqkv);
-  }
+  with_elements(qkv.bf16, [&](auto qt) {
+    const auto* q = static_cast<const decltype(qt)*>(qkv.data);
+    if (D <= 64)
+      launch_backward<4>(s, dout, q, lse, delta, a, B, dqkv);
+    else
+      launch_backward<8>(s, dout, q, lse, delta, a, B, dqkv);
+  });
 }
 
 namespace {

@@ -3,6 +3,8 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
@@ -136,6 +138,29 @@ void CudaBackend::synchronize() {
   check_cuda(cudaStreamSynchronize(stream_), "a GPU operation");
 }
 
+// ---- 16-bit activations ----
+
+bool CudaBackend::bf16_activations(DType dtype) const {
+  static const bool wanted = [] {
+    const char* v = std::getenv("BRISK_BF16_ACTIVATIONS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return wanted && dtype == DType::bf16 && matmul_dtype_ == DType::bf16;
+}
+
+cuda::In CudaBackend::dev_in(const Tensor& t, const char* what) const {
+  BRISK_CHECK(t.device() == Device::cuda, what, " is not in GPU memory");
+  const bool bf16 = t.dtype() == DType::bf16 && bf16_activations(DType::bf16);
+  BRISK_CHECK(t.dtype() == DType::f32 || bf16, what, " must be float32",
+              bf16_activations(DType::bf16) ? " or bf16" : "", ", got ", dtype_name(t.dtype()));
+  return {t.data(), bf16};
+}
+
+cuda::Out CudaBackend::dev_out(const Tensor& t, const char* what) const {
+  const cuda::In in = dev_in(t, what);
+  return {t.data(), in.bf16};
+}
+
 // ---- normalization ----
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -146,7 +171,7 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   same_numel(x, y, "layernorm_forward");
   BRISK_CHECK(mean.numel() == R && rstd.numel() == R, "layernorm_forward: statistics size");
   cuda::layernorm_forward(stream_, dev(x, "layernorm input"), dev(gamma, "gamma"),
-                          dev(beta, "beta"), eps, dev(y, "layernorm output"), dev(mean, "mean"),
+                          dev(beta, "beta"), eps, dev_out(y, "layernorm output"), dev(mean, "mean"),
                           dev(rstd, "rstd"), R, C);
 }
 
@@ -166,9 +191,9 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
                                   const Tensor& rstd) {
-  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward");
+  check_rmsnorm(x, gamma, rstd, y, "rmsnorm_forward", bf16_activations(y.dtype()));
   cuda::rmsnorm_forward(stream_, dev(x, "rmsnorm input"), dev(gamma, "gamma"), eps,
-                        dev(y, "rmsnorm output"), dev(rstd, "rstd"), rows(x), cols(x));
+                        dev_out(y, "rmsnorm output"), dev(rstd, "rstd"), rows(x), cols(x));
 }
 
 void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -204,30 +229,30 @@ void CudaBackend::rotary_backward(const Tensor& dqkv, int heads, int kv_heads, c
 
 void CudaBackend::activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
   same_numel(x, y, "activation_forward");
-  cuda::activation_forward(stream_, kind, dev(x, "activation input"), dev(y, "activation output"),
-                           x.numel());
+  cuda::activation_forward(stream_, kind, dev_in(x, "activation input"),
+                           dev_out(y, "activation output"), x.numel());
 }
 
 void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
                                       const Tensor& dx) {
   same_numel(x, dy, "activation_backward");
   same_numel(x, dx, "activation_backward");
-  cuda::activation_backward(stream_, kind, dev(x, "activation input"),
+  cuda::activation_backward(stream_, kind, dev_in(x, "activation input"),
                             dev(dy, "activation gradient"), dev(dx, "activation dx"), x.numel());
 }
 
 void CudaBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
-  const int64_t F = check_swiglu(gate_up, out, "swiglu_forward");
-  cuda::swiglu_forward(stream_, dev(gate_up, "swiglu input"), dev(out, "swiglu output"), rows(out),
-                       F);
+  const int64_t F = check_swiglu(gate_up, out, "swiglu_forward", bf16_activations(DType::bf16));
+  cuda::swiglu_forward(stream_, dev_in(gate_up, "swiglu input"), dev_out(out, "swiglu output"),
+                       rows(out), F);
 }
 
 void CudaBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
                                   const Tensor& dgate_up) {
-  const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward");
+  const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_activations(DType::bf16));
   same_numel(gate_up, dgate_up, "swiglu_backward dgate_up");
-  cuda::swiglu_backward(stream_, dev(gate_up, "swiglu input"), dev(dout, "swiglu gradient"),
-                        dev(dgate_up, "swiglu dgate_up"), rows(dout), F);
+  cuda::swiglu_backward(stream_, dev_in(gate_up, "swiglu input"), dev(dout, "swiglu gradient"),
+                        dev_out(dgate_up, "swiglu dgate_up"), rows(dout), F);
 }
 
 void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {
@@ -388,15 +413,15 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
-  dev(qkv, "qkv");
+  const cuda::In q = dev_in(qkv, "qkv");
   if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
     expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
     fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, out);
     return;
   }
-  cuda::attention_forward(stream_, dev(qkv, "qkv"), ids_or_null(key_mask, "key mask"), causal, d.B,
-                          d.T, d.H, d.K, d.D, scale, dropout_p, key,
-                          dev(stats, "attention statistics"), dev(out, "attention output"));
+  cuda::attention_forward(stream_, q, ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.K,
+                          d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
+                          dev(out, "attention output"));
 }
 
 void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
@@ -423,18 +448,18 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   expect(stats, DType::f32, want.stats, "attention_backward statistics");
   expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
-  expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward output");
+  expect(out, out.dtype(), Shape{d.B, d.T, d.C}, "attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
-  dev(qkv, "qkv");
+  const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
   if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
     fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv);
     return;
   }
-  cuda::attention_backward(
-      stream_, dev(dout, "attention gradient"), dev(qkv, "qkv"), dev(out, "attention output"),
-      dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H,
-      d.K, d.D, scale, dropout_p, key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+  cuda::attention_backward(stream_, dev(dout, "attention gradient"), q, o,
+                           dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"),
+                           causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p, key,
+                           dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
 }
 
 // ---- the optimizer step ----

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/fused_attention.h"
 #include "backend/workspace.h"
 
@@ -58,6 +59,11 @@ class CudaBackend final : public Backend {
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
+  // bf16 runs keep their saved activations in bf16 only: products, activations and attention
+  // read them as they lie, norms and activations write them (no per-product casts). Products
+  // still write float32 (stores_product_output false): cuBLASLt's bias epilogue adds a bias of
+  // the output's type.
+  bool reads_product_input(DType dtype) const override { return bf16_activations(dtype); }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
@@ -131,10 +137,11 @@ class CudaBackend final : public Backend {
 
  private:
   // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C; with
-  // `dtype` bf16 or f16 the operands are first cast into the planned operand buffers.
-  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-              int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
-              const float* bias, DType dtype);
+  // `dtype` bf16 or f16 the float32 operands are first cast into the planned operand buffers
+  // (A's into operand_a, B's into operand_b), operands stored in `dtype` read as they lie.
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cuda::In a, int64_t lda,
+              cuda::In b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const float* bias,
+              DType dtype);
   // cuBLASLt descriptors and the chosen algorithm for one product shape.
   struct MatmulPlan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -177,6 +184,12 @@ class CudaBackend final : public Backend {
   CudaDeviceMemory device_memory_;
   CudaPinnedMemory pinned_memory_;
   DType matmul_dtype_ = DType::f32;
+  // Whether `dtype` is bf16 and the products are (BRISK_BF16_ACTIVATIONS=0 turns it off, to
+  // compare with float32 containers).
+  bool bf16_activations(DType dtype) const;
+  // A tensor in GPU memory, float32 or, where bf16_activations, bf16.
+  cuda::In dev_in(const Tensor& t, const char* what) const;
+  cuda::Out dev_out(const Tensor& t, const char* what) const;
   bool tf32_ = false;
   BackendWorkspace ws_;  // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/activation.h"
+#include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 
@@ -12,37 +13,40 @@ namespace brisk::cuda {
 
 namespace {
 
-template <Activation A>
-__global__ void activation_forward_kernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = activation_value<A>(x[i]);
+template <Activation A, typename X, typename Y>
+__global__ void activation_forward_kernel(const X* x, Y* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    put(y + i, activation_value<A>(widen(x[i])));
 }
 
 // dx may alias dy: each element is read before it is written, by the same thread.
-template <Activation A>
-__global__ void activation_backward_kernel(const float* x, const float* dy, float* dx, int64_t n) {
+template <Activation A, typename X>
+__global__ void activation_backward_kernel(const X* x, const float* dy, float* dx, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = activation_grad<A>(x[i], dy[i]);
+    dx[i] = activation_grad<A>(widen(x[i]), dy[i]);
 }
 
 // Element i of out is pair (row, c) = (i / F, i % F) of gate_up's halves.
-__global__ void swiglu_forward_kernel(const float* gate_up, float* out, int64_t n, int64_t F) {
+template <typename G, typename Y>
+__global__ void swiglu_forward_kernel(const G* gate_up, Y* out, int64_t n, int64_t F) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t r = i / F, c = i - r * F;
-    const float* gate = gate_up + r * 2 * F + c;
-    out[i] = activation_value<Activation::silu>(gate[0]) * gate[F];
+    const G* gate = gate_up + r * 2 * F + c;
+    put(out + i, activation_value<Activation::silu>(widen(gate[0])) * widen(gate[F]));
   }
 }
 
 // One thread reads both inputs of a pair before writing both gradients: dgate_up may alias gate_up.
-__global__ void swiglu_backward_kernel(const float* gate_up, const float* dout, float* dgate_up,
-                                       int64_t n, int64_t F) {
+template <typename G, typename D>
+__global__ void swiglu_backward_kernel(const G* gate_up, const float* dout, D* dgate_up, int64_t n,
+                                       int64_t F) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t r = i / F, c = i - r * F;
-    const float* gate = gate_up + r * 2 * F + c;
-    const float v = gate[0], u = gate[F], g = dout[i];
-    float* d = dgate_up + r * 2 * F + c;
-    d[0] = activation_grad<Activation::silu>(v, g * u);
-    d[F] = g * activation_value<Activation::silu>(v);
+    const G* gate = gate_up + r * 2 * F + c;
+    const float v = widen(gate[0]), u = widen(gate[F]), g = dout[i];
+    D* d = dgate_up + r * 2 * F + c;
+    put(d, activation_grad<Activation::silu>(v, g * u));
+    put(d + F, g * activation_value<Activation::silu>(v));
   }
 }
 
@@ -146,35 +150,57 @@ void copy_async(cudaStream_t s, const void* src, void* dst, int64_t bytes) {
 
 }  // namespace
 
-void activation_forward(cudaStream_t s, Activation kind, const float* x, float* y, int64_t n) {
+void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n) {
   if (n <= 0) return;
   visit_activation(kind, [&](auto a) {
-    activation_forward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+    with_elements(x.bf16, [&](auto xt) {
+      with_elements(y.bf16, [&](auto yt) {
+        using X = decltype(xt);
+        using Y = decltype(yt);
+        activation_forward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(
+            static_cast<const X*>(x.data), static_cast<Y*>(y.data), n);
+      });
+    });
   });
   check_launch("activation_forward");
 }
 
-void activation_backward(cudaStream_t s, Activation kind, const float* x, const float* dy,
-                         float* dx, int64_t n) {
+void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, float* dx,
+                         int64_t n) {
   if (n <= 0) return;
   visit_activation(kind, [&](auto a) {
-    activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+    with_elements(x.bf16, [&](auto xt) {
+      activation_backward_kernel<decltype(a)::value>
+          <<<grid_for(n), kThreads, 0, s>>>(static_cast<const decltype(xt)*>(x.data), dy, dx, n);
+    });
   });
   check_launch("activation_backward");
 }
 
-void swiglu_forward(cudaStream_t s, const float* gate_up, float* out, int64_t rows, int64_t F) {
+void swiglu_forward(cudaStream_t s, In gate_up, Out out, int64_t rows, int64_t F) {
   const int64_t n = rows * F;
   if (n <= 0) return;
-  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(gate_up, out, n, F);
+  with_elements(gate_up.bf16, [&](auto gt) {
+    with_elements(out.bf16, [&](auto yt) {
+      swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(
+          static_cast<const decltype(gt)*>(gate_up.data), static_cast<decltype(yt)*>(out.data), n,
+          F);
+    });
+  });
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(cudaStream_t s, const float* gate_up, const float* dout, float* dgate_up,
-                     int64_t rows, int64_t F) {
+void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, Out dgate_up, int64_t rows,
+                     int64_t F) {
   const int64_t n = rows * F;
   if (n <= 0) return;
-  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(gate_up, dout, dgate_up, n, F);
+  with_elements(gate_up.bf16, [&](auto gt) {
+    with_elements(dgate_up.bf16, [&](auto dt) {
+      swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(
+          static_cast<const decltype(gt)*>(gate_up.data), dout,
+          static_cast<decltype(dt)*>(dgate_up.data), n, F);
+    });
+  });
   check_launch("swiglu_backward");
 }
 

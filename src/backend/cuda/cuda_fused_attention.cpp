@@ -1,7 +1,8 @@
 // CudaBackend's attention on tensor cores (cuDNN's fused attention, fused_attention.h) for runs
-// whose products are 16-bit: q, k, v and the output are cast to the product dtype into the planned
-// operand buffers (they hold 16-bit values already: the block rounds them), cuDNN runs, and its
-// 16-bit results are cast back into the float32 containers. The key mask's bias and cuDNN's
+// whose products are 16-bit: q, k, v and the output are read as they lie where they are stored in
+// the product dtype (a bf16 run's saved activations), else cast to it into the planned operand
+// buffers (they hold 16-bit values already: the block rounds them); cuDNN runs, and its 16-bit
+// results are cast back into the float32 containers. The key mask's bias and cuDNN's
 // workspace live in the planned attention workspace, the dropout seed in the attention scratch.
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +39,14 @@ uint64_t dropout_seed(const RngKey& key) {
 
 char* bytes_at(const Tensor& t, int64_t elements) {
   return static_cast<char*>(t.data()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+// t in the fused attention's 16-bit `dtype`: t itself where it is stored so (a bf16 run's saved
+// qkv and output), else cast into `staging`.
+void* in_dtype(cudaStream_t stream, const Tensor& t, DType dtype, void* staging) {
+  if (t.dtype() == dtype) return t.data();
+  cuda::cast(stream, t.data(), t.dtype(), staging, dtype, t.numel());
+  return staging;
 }
 
 }  // namespace
@@ -87,10 +96,8 @@ void CudaBackend::fused_attention_forward(const cuda::FusedAttentionShape& s, co
                                           const Tensor& out) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
   const int64_t n_qkv = qkv.numel(), n_out = out.numel();
-  void* qkv16 = ws_.operand_a.data();
   void* out16 = bytes_at(ws_.operand_a, n_qkv);
-  cuda::cast(stream_, qkv.data(), DType::f32, qkv16, s.dtype, n_qkv);
-  a.qkv = qkv16;
+  a.qkv = in_dtype(stream_, qkv, s.dtype, ws_.operand_a.data());
   a.out = out16;
   a.stats = stats.f32();
   cuda::fused_attention_forward(stream_, s, a);
@@ -104,15 +111,11 @@ void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, c
                                            const Tensor& dqkv) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
   const int64_t n_qkv = qkv.numel(), n_out = out.numel();
-  void* qkv16 = ws_.operand_a.data();
-  void* out16 = bytes_at(ws_.operand_a, n_qkv);
   void* dqkv16 = ws_.operand_b.data();
   void* dout16 = bytes_at(ws_.operand_b, n_qkv);
-  cuda::cast(stream_, qkv.data(), DType::f32, qkv16, s.dtype, n_qkv);
-  cuda::cast(stream_, out.data(), DType::f32, out16, s.dtype, n_out);
   cuda::cast(stream_, dout.data(), DType::f32, dout16, s.dtype, n_out);
-  a.qkv = qkv16;
-  a.out = out16;
+  a.qkv = in_dtype(stream_, qkv, s.dtype, ws_.operand_a.data());
+  a.out = in_dtype(stream_, out, s.dtype, bytes_at(ws_.operand_a, n_qkv));
   a.dout = dout16;
   a.dqkv = dqkv16;
   a.stats = stats.f32();

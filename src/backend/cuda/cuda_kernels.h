@@ -13,16 +13,33 @@
 
 namespace brisk::cuda {
 
+// Device arrays of float32 or bf16 elements (a bf16 run's saved activations and product outputs,
+// Backend::reads_product_input): read widened to float32, written rounded to nearest even.
+struct In {
+  const void* data;
+  bool bf16;
+};
+struct Out {
+  void* data;
+  bool bf16;
+};
+inline In f32_in(const float* p) {
+  return {p, false};
+}
+inline Out f32_out(float* p) {
+  return {p, false};
+}
+
 // ---- cuda_elementwise.cu ----
-void activation_forward(cudaStream_t s, Activation kind, const float* x, float* y, int64_t n);
+void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n);
 // dx = dy * f'(x); dx may alias dy.
-void activation_backward(cudaStream_t s, Activation kind, const float* x, const float* dy,
-                         float* dx, int64_t n);
+void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, float* dx,
+                         int64_t n);
 // SwiGLU over rows of gate_up [rows, 2F] (gate | up): out [rows, F] = silu(gate) * up.
-void swiglu_forward(cudaStream_t s, const float* gate_up, float* out, int64_t rows, int64_t F);
+void swiglu_forward(cudaStream_t s, In gate_up, Out out, int64_t rows, int64_t F);
 // dgate_up [rows, 2F] = (dout * up * silu'(gate) | dout * silu(gate)); may alias gate_up.
-void swiglu_backward(cudaStream_t s, const float* gate_up, const float* dout, float* dgate_up,
-                     int64_t rows, int64_t F);
+void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, Out dgate_up, int64_t rows,
+                     int64_t F);
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 // dx = dy * (1 - y^2); dx may alias dy.
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
@@ -40,7 +57,7 @@ void round_to(cudaStream_t s, DType type, const float* src, float* dst, int64_t 
 
 // ---- cuda_layernorm.cu ---- rows of C elements.
 void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
-                       float eps, float* y, float* mean, float* rstd, int64_t rows, int64_t C);
+                       float eps, Out y, float* mean, float* rstd, int64_t rows, int64_t C);
 // dx = (or += when accumulate_dx) input gradient; dgamma += ; dbeta += (deterministic order).
 void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx,
@@ -48,7 +65,7 @@ void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const f
 
 // ---- cuda_rmsnorm.cu ---- rows of C elements.
 // rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd * gamma; y may alias x.
-void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, float* y,
+void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, Out y,
                      float* rstd, int64_t rows, int64_t C);
 // dx = (or += when accumulate_dx) input gradient, may alias dy; dgamma += (null: skipped;
 // deterministic order).
@@ -161,15 +178,15 @@ void attention_decode(cudaStream_t s, const float* qkv, float* k_cache, float* v
 // lse [B,H,T] receives each row's log-sum-exp of scaled, masked scores (+inf marks a row that sees
 // no key: its output is zero). Dropout on probabilities uses element id ((b*H+h)*T+i)*T+j, as the
 // CPU. out [B,T,C].
-void attention_forward(cudaStream_t s, const float* qkv, const int32_t* key_mask, bool causal,
-                       int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, float scale,
-                       float dropout_p, RngKey key, float* lse, float* out);
+void attention_forward(cudaStream_t s, In qkv, const int32_t* key_mask, bool causal, int64_t B,
+                       int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
+                       RngKey key, float* lse, float* out);
 // dqkv [B,T,(H+2K)*D] (overwritten) from dout, the forward's out and lse; delta [B,H,T] is
 // scratch. A shared key/value head's gradient sums its query heads in a fixed order.
-void attention_backward(cudaStream_t s, const float* dout, const float* qkv, const float* out,
-                        const float* lse, const int32_t* key_mask, bool causal, int64_t B,
-                        int64_t T, int64_t H, int64_t K, int64_t D, float scale, float dropout_p,
-                        RngKey key, float* delta, float* dqkv);
+void attention_backward(cudaStream_t s, const float* dout, In qkv, In out, const float* lse,
+                        const int32_t* key_mask, bool causal, int64_t B, int64_t T, int64_t H,
+                        int64_t K, int64_t D, float scale, float dropout_p, RngKey key,
+                        float* delta, float* dqkv);
 // The fused (cuDNN) attention's side inputs: bias [B,1,T,T] in the 16-bit `dtype` (for every query,
 // 0 where key_mask keeps the key, a large negative number elsewhere) when key_mask is given, and
 // seed_offset = {seed, 0} (cuDNN's dropout Philox seed and offset, int64) when seed_offset is

@@ -1,5 +1,6 @@
 // LayerNorm forward and backward on CUDA: one warp per row for the row statistics and the input
 // gradient; the parameter gradients reduce over rows per column in a fixed order (deterministic).
+#include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 
@@ -14,10 +15,11 @@ constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
 
 // Two passes over the row as on the CPU (mean, then the biased variance about it), in float;
 // rstd = 1 / sqrt(var + eps). Each lane owns the columns c = lane (mod 32) in every pass, so y may
-// alias x. mean and rstd may be null (nothing saved).
+// alias x. mean and rstd may be null (nothing saved). Y: float, or bf16 (rounded as stored).
+template <typename Y>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
-    layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float eps,
-                             float* y, float* mean, float* rstd, int64_t rows, int64_t C) {
+    layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float eps, Y* y,
+                             float* mean, float* rstd, int64_t rows, int64_t C) {
   const int lane = threadIdx.x & 31;
   const float cf = static_cast<float>(C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -32,8 +34,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
       var += d * d;
     }
     const float s = 1.0f / sqrtf(warp_reduce(var, SumOp{}) / cf + eps);
-    float* yr = y + row * C;
-    for (int64_t c = lane; c < C; c += 32) yr[c] = (xr[c] - m) * s * gamma[c] + beta[c];
+    Y* yr = y + row * C;
+    for (int64_t c = lane; c < C; c += 32) put(yr + c, (xr[c] - m) * s * gamma[c] + beta[c]);
     if (lane == 0) {
       if (mean) mean[row] = m;
       if (rstd) rstd[row] = s;
@@ -116,10 +118,12 @@ __global__ void __launch_bounds__(kParamGradThreads)
 }  // namespace
 
 void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
-                       float eps, float* y, float* mean, float* rstd, int64_t rows, int64_t C) {
+                       float eps, Out y, float* mean, float* rstd, int64_t rows, int64_t C) {
   if (rows <= 0 || C <= 0) return;
-  layernorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
-      x, gamma, beta, eps, y, mean, rstd, rows, C);
+  with_elements(y.bf16, [&](auto yt) {
+    layernorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+        x, gamma, beta, eps, static_cast<decltype(yt)*>(y.data), mean, rstd, rows, C);
+  });
   check_launch("layernorm_forward");
 }
 

@@ -132,23 +132,31 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
-void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                         const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
-                         float* c, int64_t ldc, const float* bias, DType dtype) {
+namespace {
+// An operand of a 16-bit product: as it lies where it is stored in bf16 (`dtype` is then bf16:
+// bf16_activations), else its float32 values (16-bit ones in float32 containers, as on the CPU)
+// packed into `buffer` for the tensor cores.
+const void* packed(cudaStream_t stream, cuda::In x, int64_t n, DType dtype, const Tensor& buffer) {
+  if (x.bf16) return x.data;
+  BRISK_CHECK(!buffer.empty() && n <= buffer.numel(),
+              "16-bit matrix products need the backend's operand buffers in the plan");
+  cuda::cast(stream, x.data, DType::f32, buffer.data(), dtype, n);
+  return buffer.data();
+}
+}  // namespace
+
+void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cuda::In a,
+                         int64_t lda, cuda::In b, int64_t ldb, bool accumulate, float* c,
+                         int64_t ldc, const float* bias, DType dtype) {
   if (m == 0 || n == 0) return;
-  const void* pa = a;
-  const void* pb = b;
+  BRISK_CHECK((!a.bf16 && !b.bf16) || dtype == DType::bf16, "internal error: a bf16 operand of a ",
+              dtype_name(dtype), " product");
+  const void* pa = a.data;
+  const void* pb = b.data;
   if (dtype != DType::f32) {
-    // The operands hold 16-bit values in float32 containers (as on the CPU); tensor cores need
-    // them packed. A is stored with (trans_a ? k : m) rows of lda, B likewise.
-    const int64_t na = (trans_a ? k : m) * lda, nb = (trans_b ? n : k) * ldb;
-    BRISK_CHECK(
-        !ws_.operand_a.empty() && na <= ws_.operand_a.numel() && nb <= ws_.operand_b.numel(),
-        "16-bit matrix products need the backend's operand buffers in the plan");
-    cuda::cast(stream_, a, DType::f32, ws_.operand_a.data(), dtype, na);
-    cuda::cast(stream_, b, DType::f32, ws_.operand_b.data(), dtype, nb);
-    pa = ws_.operand_a.data();
-    pb = ws_.operand_b.data();
+    // A is stored with (trans_a ? k : m) rows of lda, B likewise.
+    pa = packed(stream_, a, (trans_a ? k : m) * lda, dtype, ws_.operand_a);
+    pb = packed(stream_, b, (trans_b ? n : k) * ldb, dtype, ws_.operand_b);
   }
   MatmulPlan& p =
       plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
@@ -173,8 +181,9 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_forward: plan_workspace was not called");
   const bool out_in = layout == WeightLayout::out_in;
   const float* bias = b.empty() ? nullptr : on_gpu(b, "linear bias");
-  matmul(false, out_in, m, n, k, on_gpu(x, "linear input"), k, on_gpu(w, "linear weight"),
-         out_in ? k : n, false, on_gpu(y, "linear output"), n, bias, matmul_dtype_);
+  matmul(false, out_in, m, n, k, dev_in(x, "linear input"), k,
+         cuda::f32_in(on_gpu(w, "linear weight")), out_in ? k : n, false,
+         on_gpu(y, "linear output"), n, bias, matmul_dtype_);
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -189,38 +198,36 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       if (!accumulate_dw && !t->empty()) fill(*t, 0.0f);
     return;
   }
-  const float* g = on_gpu(dy, "linear gradient");
-  on_gpu(x, "linear input");
-  on_gpu(w, "linear weight");
+  const cuda::In g = dev_in(dy, "linear gradient"), xi = dev_in(x, "linear input");
+  const cuda::In wi = cuda::f32_in(on_gpu(w, "linear weight"));
   for (const Tensor* t : {&dx, &dw, &db})
     if (!t->empty()) on_gpu(*t, "linear gradient output");
   const bool out_in = layout == WeightLayout::out_in;
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
-    matmul(false, !out_in, m, k, n, g, n, w.f32(), out_in ? k : n, accumulate_dx, dx.f32(), k,
-           nullptr, matmul_dtype_);
+    matmul(false, !out_in, m, k, n, g, n, wi, out_in ? k : n, accumulate_dx, dx.f32(), k, nullptr,
+           matmul_dtype_);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     if (out_in)
-      matmul(true, false, n, k, m, g, n, x.f32(), k, accumulate_dw, dw.f32(), k, nullptr,
-             matmul_dtype_);
+      matmul(true, false, n, k, m, g, n, xi, k, accumulate_dw, dw.f32(), k, nullptr, matmul_dtype_);
     else
-      matmul(true, false, k, n, m, x.f32(), k, g, n, accumulate_dw, dw.f32(), n, nullptr,
-             matmul_dtype_);
+      matmul(true, false, k, n, m, xi, k, g, n, accumulate_dw, dw.f32(), n, nullptr, matmul_dtype_);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
                 " values, expected ", n);
     BRISK_CHECK(m <= ws_.ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
+    BRISK_CHECK(!g.bf16, "linear_backward: a bias gradient sums a float32 dy, not bf16");
     if (!ones_ready_) {
       cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
       ones_ready_ = true;
     }
     // db[1,n] (+)= ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g, n, accumulate_dw, db.f32(), n, nullptr,
-           DType::f32);
+    matmul(false, false, 1, n, m, cuda::f32_in(ws_.ones.f32()), m, g, n, accumulate_dw, db.f32(), n,
+           nullptr, DType::f32);
   }
 }
 

@@ -1,6 +1,7 @@
 // RMSNorm forward and backward on CUDA (Llama's normalization): one warp per row for rstd and the
 // input gradient, as LayerNorm's kernels; the gamma gradient reduces over rows per column in a
 // fixed order (deterministic).
+#include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 
@@ -14,9 +15,10 @@ constexpr int kRowLanes = 32;      // ... read by this many warps, each over a s
 constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
 
 // rstd = 1 / sqrt(mean(x^2) + eps), y = (x * rstd) * gamma as the CPU. Each lane owns the columns
-// c = lane (mod 32) in both passes, so y may alias x.
+// c = lane (mod 32) in both passes, so y may alias x. Y: float, or bf16 (rounded as stored).
+template <typename Y>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
-    rmsnorm_forward_kernel(const float* x, const float* gamma, float eps, float* y, float* rstd,
+    rmsnorm_forward_kernel(const float* x, const float* gamma, float eps, Y* y, float* rstd,
                            int64_t rows, int64_t C) {
   const int lane = threadIdx.x & 31;
   const float cf = static_cast<float>(C);
@@ -26,8 +28,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     float ss = 0.0f;
     for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
     const float s = 1.0f / sqrtf(warp_reduce(ss, SumOp{}) / cf + eps);
-    float* yr = y + row * C;
-    for (int64_t c = lane; c < C; c += 32) yr[c] = xr[c] * s * gamma[c];
+    Y* yr = y + row * C;
+    for (int64_t c = lane; c < C; c += 32) put(yr + c, xr[c] * s * gamma[c]);
     if (lane == 0) rstd[row] = s;
   }
 }
@@ -86,11 +88,13 @@ __global__ void __launch_bounds__(kParamGradThreads)
 
 }  // namespace
 
-void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, float* y,
+void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, Out y,
                      float* rstd, int64_t rows, int64_t C) {
   if (rows <= 0 || C <= 0) return;
-  rmsnorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
-      x, gamma, eps, y, rstd, rows, C);
+  with_elements(y.bf16, [&](auto yt) {
+    rmsnorm_forward_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
+        x, gamma, eps, static_cast<decltype(yt)*>(y.data), rstd, rows, C);
+  });
   check_launch("rmsnorm_forward");
 }
 
