@@ -23,7 +23,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
-#include "parallel/grad_buckets.h"
+#include "parallel/gradient_sync.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
@@ -653,22 +653,10 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   const BestModel best(o);
-  // Data parallelism: the gradients' sums start bucket by bucket as backward finishes them on the
-  // last micro-batch; ZeRO stage 2 sums each segment into its owner's shard on every micro-batch.
-  std::optional<GradBuckets> buckets;
-  std::optional<ShardedGradients> sharded;
-  if (ranks > 1 && o.do_train && !run->grad_shard.empty())
-    sharded.emplace(*be, run->shards, dist.rank(), run->grad_shard, run->grad_receive,
-                    gradient_piece_elements(o.ddp_bucket_cap_mb));
-  else if (ranks > 1 && o.do_train)
-    buckets.emplace(model->params().flat_grads(), model->grad_segments(),
-                    static_cast<int64_t>(o.ddp_bucket_cap_mb * 1024 * 1024));
-  const Model::SegmentDone on_segment = [&](int i) {
-    if (sharded)
-      sharded->segment_done(dist, *model, i);
-    else
-      buckets->segment_done(dist, i);
-  };
+  // How the ranks' gradients become the global batch's (parallel/gradient_sync.h).
+  const std::unique_ptr<GradientSync> sync = make_gradient_sync(
+      *be, dist, *model,
+      {ranks, o.do_train, run->shards, run->grad_shard, run->grad_receive, o.ddp_bucket_cap_mb});
   while (o.do_train && state.global_step < total_steps) {
     const int64_t step = state.global_step;
     // The loss of the whole accumulated batch is its summed token loss over its target count.
@@ -678,7 +666,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     const float grad_scale =
         targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
     model->zero_accumulated_grads(*be);  // the first micro-batch writes the others
-    if (sharded) be->fill(sharded->shard(), 0.0f);
+    sync->begin_step();
     model->reset_step_stats(*be);
     for (int64_t micro = 0; micro < micro_steps; ++micro) {
       be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
@@ -692,26 +680,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       so.rng = RngKey{o.seed, static_cast<uint64_t>(micro_batch), 0};
       so.first_micro_batch = micro == 0;
       model->forward_step(*be, so);
-      // The last micro-batch's backward starts the gradient buckets' sums as they become final.
-      const bool last = micro == micro_steps - 1;
-      model->backward(*be, so, ranks > 1 && (sharded || last) ? on_segment : Model::SegmentDone());
+      model->backward(*be, so, sync->on_segment(micro == micro_steps - 1));
       ++micro_batch;
     }
-    if (ranks > 1) {  // the global batch's gradient and summed loss, on every rank
-      const auto wait_start = std::chrono::steady_clock::now();
-      if (buckets) {
-        s.communication_seconds += buckets->finish(dist);
-      } else {  // stage 2's sums ran during backward, which waited for them as its slots required
-        const auto [ran, waited] = sharded->take_seconds(dist);
-        s.communication_seconds += ran;
-        s.communication_wait_seconds += waited;
-      }
-      const auto stats_start = std::chrono::steady_clock::now();
-      dist.all_reduce_sum(model->step_stats());
-      const auto end = std::chrono::steady_clock::now();
-      s.communication_seconds += std::chrono::duration<double>(end - stats_start).count();
-      s.communication_wait_seconds += std::chrono::duration<double>(end - wait_start).count();
-    }
+    const SyncSeconds synced = sync->finish();  // the global batch's gradients and loss
+    s.communication_seconds += synced.ran;
+    s.communication_wait_seconds += synced.waited;
     // The schedule advances with the updates actually made (a skipped step does not count).
     const double lr = o.learning_rate * schedule.factor(optimizer->steps());
     const Update update =
