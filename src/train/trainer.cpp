@@ -506,7 +506,374 @@ nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptio
   return metrics;
 }
 
-// The stages: shape to memory, assemble (train/assembly.cpp), load state, the loop, summarize.
+namespace {
+
+// What a run writes and shows as it goes: records to rank 0's log sink, the progress bar kept
+// below them, and (--report_to tensorboard) every record also as TensorBoard scalars at the step
+// it belongs to. Events that can no longer be written (a full disk) end with one warning; the run
+// goes on, and its saves report the disk as errors of their own.
+class RunLog {
+ public:
+  RunLog(const LogSink& all_log, bool lead) : all_log_(all_log), lead_(lead) {}
+  // A record for the log alone (rank 0's).
+  void log(const nlohmann::json& rec) const {
+    if (lead_) all_log_(rec);
+  }
+  LogSink sink() const {
+    return [this](const nlohmann::json& rec) { log(rec); };
+  }
+  // As transformers' TensorBoardCallback at the start of training.
+  void open_events(const TrainOptions& o, const ModelConfig& config) {
+    events_ =
+        std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
+    events_->text("args", options_to_json(o).dump(2), 0, wall_time());
+    events_->text("model_config", config.source.dump(2), 0, wall_time());
+    event(nlohmann::json::object(), 0);  // a warning of the three records above
+  }
+  // A record as TensorBoard scalars at `step`.
+  void event(const nlohmann::json& rec, int64_t step) {
+    if (!events_) return;
+    events_->log(rec, step, wall_time());
+    const std::string warning = events_->take_warning();
+    if (warning.empty()) return;
+    progress.clear();
+    log({{"warning", warning}});
+    progress.redraw();
+  }
+  // A record for the log, above the progress bar, and as events.
+  void report(const nlohmann::json& rec, int64_t step) {
+    progress.clear();
+    log(rec);
+    progress.redraw();
+    event(rec, step);
+  }
+  Progress progress;
+
+ private:
+  static double wall_time() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  const LogSink& all_log_;
+  bool lead_;
+  std::unique_ptr<EventWriter> events_;
+};
+
+// What the stages after assembly share (train() makes it).
+struct RunContext {
+  const TrainOptions& o;
+  Communicator& dist;
+  Backend& be;
+  Backend* host_be;  // offload_optimizer: the CPU's backend, which steps the optimizer
+  RunAssembly& run;
+  ShardedWeights* weights;  // ZeRO stage 3
+  TrainerState& state;
+  TrainSummary& s;
+  PeakPhases& peaks;
+  RunLog& log;
+  FaultHooks& faults;
+  bool lead() const { return dist.rank() == 0; }
+  int ranks() const { return dist.size(); }
+};
+
+// The optimizer steps' bounds: as Trainer, an epoch's last optimizer step takes the micro-batches
+// left in it (fewer than the accumulation steps when they do not divide the epoch); no step spans
+// two epochs.
+struct StepBounds {
+  int64_t micro_per_epoch, steps_per_epoch, total_steps;
+};
+StepBounds step_bounds(const TrainOptions& o, const DataLoader& loader) {
+  StepBounds b;
+  b.micro_per_epoch = loader.batches_per_epoch();
+  b.steps_per_epoch =
+      (b.micro_per_epoch + o.gradient_accumulation_steps - 1) / o.gradient_accumulation_steps;
+  const double epoch_steps = std::ceil(o.num_train_epochs * static_cast<double>(b.steps_per_epoch));
+  BRISK_CHECK(o.max_steps > 0 || epoch_steps < 9e15, "num_train_epochs ", o.num_train_epochs, " x ",
+              b.steps_per_epoch, " steps per epoch is too many steps");
+  b.total_steps = o.max_steps > 0 ? o.max_steps : static_cast<int64_t>(epoch_steps);
+  return b;
+}
+
+// The training loop's running totals.
+struct LoopTotals {
+  double loss_sum = 0.0;
+  int64_t samples = 0;
+  LogWindow window;
+};
+
+// The steps' speed and loss, and where they ended, into the summary.
+void record_steps(TrainSummary& s, const TrainerState& state, const LoopTotals& totals,
+                  int64_t steps_run, double seconds) {
+  s.global_step = state.global_step;
+  s.epoch = state.epoch;
+  s.train_runtime = seconds;
+  s.train_samples_per_second = seconds > 0 ? totals.samples / seconds : 0;
+  s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
+  s.train_loss = steps_run > 0 ? totals.loss_sum / steps_run : 0;
+  s.total_flos = state.total_flos;
+}
+
+// One optimizer step: its micro-batches forward and backward, the ranks' gradients summed, the
+// update. `micro_batch` advances past the micro-batches taken.
+Update optimizer_step(RunContext& c, GradientSync& sync, const Schedule& schedule,
+                      int64_t micro_steps, int64_t& micro_batch, LoopTotals& totals,
+                      int64_t* targets_out, double* lr_out) {
+  Model& model = *c.run.model;
+  DataLoader& loader = *c.run.loader;
+  MixedPrecision& precision = *c.run.precision;
+  const int64_t step = c.state.global_step;
+  // The loss of the whole accumulated batch is its summed token loss over its target count.
+  const int64_t targets = loader.count_targets(micro_batch, micro_steps);
+  const double loss_scale = precision.loss_scale();
+  const float grad_scale =
+      targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
+  model.zero_accumulated_grads(c.be);  // the first micro-batch writes the others
+  sync.begin_step();
+  model.reset_step_stats(c.be);
+  for (int64_t micro = 0; micro < micro_steps; ++micro) {
+    c.be.wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
+    const int64_t rows = loader.next(model).rows * c.ranks();  // every rank has as many
+    totals.samples += rows;
+    totals.window.samples += rows;
+    StepOptions so;
+    so.training = true;
+    so.compute_grad = true;
+    so.loss_grad_scale = grad_scale;
+    so.rng = RngKey{c.o.seed, static_cast<uint64_t>(micro_batch), 0};
+    so.first_micro_batch = micro == 0;
+    model.forward_step(c.be, so);
+    model.backward(c.be, so, sync.on_segment(micro == micro_steps - 1));
+    ++micro_batch;
+  }
+  const SyncSeconds synced = sync.finish();  // the global batch's gradients and loss
+  c.s.communication_seconds += synced.ran;
+  c.s.communication_wait_seconds += synced.waited;
+  // The schedule advances with the updates actually made (a skipped step does not count).
+  const double lr = c.o.learning_rate * schedule.factor(c.run.optimizer->steps());
+  const Update update = apply_update(c.be, c.run, c.host_be, lr, loss_scale, step,
+                                     c.faults.overflow_at_step, c.dist, c.weights);
+  // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
+  c.s.communication_seconds += update.gather_seconds;
+  c.s.communication_wait_seconds += update.gather_seconds;
+  if (c.weights) c.s.communication_wait_seconds += c.weights->take_wait_seconds();
+  *targets_out = targets;
+  *lr_out = lr;
+  return update;
+}
+
+// A checkpoint, when one is due. ZeRO: rank 0 writes every rank's weights and optimizer state,
+// read from them piece by piece while the others serve the reads.
+void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
+                 const nlohmann::json& evaluated, bool due) {
+  if (!due) return;
+  const TrainOptions& o = c.o;
+  c.peaks.enter(PeakPhases::saves);
+  std::unique_ptr<GatheredReads> gathered = gather_for_save(c.run, c.dist, true);
+  if (gathered && !c.lead()) gathered->serve();
+  if (c.lead()) {
+    // The best model is decided before the save, so the checkpoint's state names it.
+    if (o.load_best_model_at_end && !evaluated.is_null() &&
+        best.better(best.value(evaluated), c.state.best_metric)) {
+      c.state.best_metric = best.value(evaluated);
+      c.state.best_model_checkpoint =
+          (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(c.state.global_step))).string();
+    }
+    Model& model = *c.run.model;
+    c.s.last_checkpoint = save_checkpoint(
+        c.be, o, model, c.run.precision->master(model.params()), *c.run.optimizer, schedule,
+        c.state, c.run.files.tokenizer ? c.run.files.tokenizer_path : std::string(),
+        &c.faults.kill_save_at_point, gathered.get());
+    if (gathered) gathered->done();
+  }
+  gathered.reset();
+  c.peaks.enter(PeakPhases::steps);
+}
+
+// The optimizer steps from the state's step to the last, with their logs, evaluations and saves;
+// the run's speed and loss into the summary.
+void train_steps(RunContext& c) {
+  const TrainOptions& o = c.o;
+  DataLoader& loader = *c.run.loader;
+  const StepBounds bounds = step_bounds(o, loader);
+  const Schedule schedule = learning_rate_schedule(o, bounds.total_steps);
+  TrainerState& state = c.state;
+  BRISK_CHECK(state.global_step <= bounds.total_steps, "the checkpoint is at step ",
+              state.global_step, ", past the run's ", bounds.total_steps, " steps");
+  state.max_steps = bounds.total_steps;
+  state.num_train_epochs =
+      (bounds.total_steps + bounds.steps_per_epoch - 1) / bounds.steps_per_epoch;
+  const double flos_per_token =
+      6.0 * static_cast<double>(non_embedding_params(c.run.model->params()));
+  c.log.progress.start(!c.lead() || o.disable_tqdm ? Progress::Mode::off
+                       : ::isatty(STDERR_FILENO)   ? Progress::Mode::bar
+                                                   : Progress::Mode::lines,
+                       bounds.total_steps, state.global_step);
+  int64_t micro_batch = first_micro_batch(state, loader);  // the next global micro-batch
+  loader.start(micro_batch);
+  LoopTotals totals;
+  const int64_t first_step = state.global_step;
+  c.peaks.enter(PeakPhases::steps);
+  const auto start = std::chrono::steady_clock::now();
+  const BestModel best(o);
+  // How the ranks' gradients become the global batch's (parallel/gradient_sync.h).
+  const std::unique_ptr<GradientSync> sync =
+      make_gradient_sync(c.be, c.dist, *c.run.model,
+                         {c.ranks(), o.do_train, c.run.shards, c.run.grad_shard, c.run.grad_receive,
+                          o.ddp_bucket_cap_mb});
+  while (o.do_train && state.global_step < bounds.total_steps) {
+    const int64_t micro_steps =
+        std::min(o.gradient_accumulation_steps,
+                 bounds.micro_per_epoch - micro_batch % bounds.micro_per_epoch);
+    const double loss_scale = c.run.precision->loss_scale();
+    int64_t targets = 0;
+    double lr = 0;
+    const Update update =
+        optimizer_step(c, *sync, schedule, micro_steps, micro_batch, totals, &targets, &lr);
+    const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
+    state.loss_scale = c.run.precision->loss_scale();
+    state.growth_tracker = c.run.precision->scaler().growth_tracker();
+    ++state.global_step;
+    state.sample_position = loader.position_of(micro_batch);
+    state.legacy_micro_batches = -1;
+    state.epoch = static_cast<double>(state.sample_position) / loader.samples_per_epoch();
+    const bool epoch_ended = micro_batch % bounds.micro_per_epoch == 0;
+    state.total_flos +=
+        flos_per_token *
+        static_cast<double>(c.ranks() * micro_steps * o.per_device_train_batch_size * o.seq_len);
+    totals.loss_sum += step_loss;
+    totals.window.loss += step_loss;
+    ++totals.window.steps;
+    c.log.progress.update(state.global_step, step_loss);
+    if (log_due(o, state.global_step, bounds.total_steps, epoch_ended)) {
+      nlohmann::json rec = totals.window.close(state, lr, update, loss_scale);
+      state.log_history.push_back(rec);
+      c.log.report(rec, state.global_step);
+    }
+    nlohmann::json evaluated;
+    // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
+    // step's sums.
+    if (c.run.eval_data && eval_due(o, state.global_step, epoch_ended)) {
+      evaluated =
+          c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.dist);
+      evaluated["epoch"] = state.epoch;
+      evaluated["step"] = state.global_step;
+      state.log_history.push_back(evaluated);
+      c.log.report(evaluated, state.global_step);
+    }
+    save_if_due(c, schedule, best, evaluated,
+                checkpoint_due(o, state.global_step, bounds.total_steps, epoch_ended));
+  }
+  record_steps(c.s, state, totals, state.global_step - first_step, seconds_since(start));
+}
+
+// load_best_model_at_end: rank 0 knows the best checkpoint; every rank evaluates and predicts with
+// its weights, broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
+void load_best_model(RunContext& c) {
+  std::string best_folder = c.lead() ? c.state.best_model_checkpoint : std::string();
+  if (c.ranks() > 1) best_folder = broadcast_string(c.dist, best_folder, 0);
+  if (best_folder.empty()) return;
+  Model& model = *c.run.model;
+  if (c.lead() || c.weights)
+    model.load_weights(c.be, WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
+  if (c.lead()) {
+    c.s.best_model_checkpoint = best_folder;
+    c.log.report({{"loaded_best_model", best_folder}, {"best_metric", c.state.best_metric}},
+                 c.state.global_step);
+  }
+  if (c.ranks() > 1 && !c.weights) c.dist.broadcast(model.params().flat_weights(), 0);
+  c.run.precision->adopt_model_weights(c.be, model.params());
+  if (c.weights) c.weights->publish();
+}
+
+// After the steps: the run's metrics logged as Trainer's last log, the best model loaded where
+// asked, and the final model and state saved into output_dir, as the example scripts'
+// trainer.save_model() and save_state().
+void finish_training(RunContext& c) {
+  const TrainOptions& o = c.o;
+  nlohmann::json finished = train_metrics_json(c.s);
+  finished["step"] = c.state.global_step;
+  c.state.log_history.push_back(finished);
+  c.log.event(finished, c.state.global_step);
+  if (o.load_best_model_at_end) load_best_model(c);
+  c.peaks.enter(PeakPhases::saves);
+  std::unique_ptr<GatheredReads> gathered = gather_for_save(c.run, c.dist, false);
+  if (gathered && !c.lead()) gathered->serve();
+  if (!c.lead()) return;
+  Model& model = *c.run.model;
+  save_model(c.be, o.output_dir, model, c.run.precision->master(model.params()), gathered.get());
+  if (gathered) gathered->done();
+  if (c.run.files.tokenizer) copy_tokenizer_files(c.run.files.tokenizer_path, o.output_dir);
+  write_file_atomically(fs::path(o.output_dir) / "trainer_state.json",
+                        trainer_state_json(c.state, o).dump(2) + "\n");
+  write_file_atomically(fs::path(o.output_dir) / "training_args.json",
+                        options_to_json(o).dump(2) + "\n");
+}
+
+// --do_eval and --do_predict after training, then rank 0's result files.
+void evaluate_and_write(RunContext& c, const Arena& arena) {
+  const TrainOptions& o = c.o;
+  TrainSummary& s = c.s;
+  c.peaks.enter(PeakPhases::steps);
+  nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
+  if (o.do_eval) {
+    s.eval_metrics =
+        c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.dist);
+    s.eval_metrics["epoch"] = c.state.epoch;
+    s.eval_metrics["eval_samples"] = c.run.eval_data->size();
+    c.log.report(s.eval_metrics, c.state.global_step);
+    if (c.lead())
+      write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
+                            s.eval_metrics.dump(2) + "\n");
+    all_results.update(s.eval_metrics);
+  }
+  if (o.do_predict) {
+    const LogSink report = [&](const nlohmann::json& rec) {
+      c.log.report(rec, c.state.global_step);
+    };
+    s.predict_metrics = write_predictions(c.be, c.run, o, report, c.dist);
+  }
+  c.peaks.enter(PeakPhases::done);
+  summarize_memory(c.be, c.run.plan, arena, c.peaks, s);
+  if (c.lead()) {  // rank 0 writes the results
+    write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
+    if (o.do_train)
+      write_file_atomically(fs::path(o.output_dir) / "train_results.json",
+                            summary_json(s).dump(2) + "\n");
+    write_file_atomically(fs::path(o.output_dir) / "all_results.json", all_results.dump(2) + "\n");
+  }
+  c.dist.barrier();
+}
+
+// The options as the run takes them: DeepSpeed's config applied (the keys without effect noted),
+// validated before and after.
+TrainOptions run_options(const TrainOptions& given, Communicator& dist,
+                         std::vector<std::string>* deepspeed_ignored) {
+  const int ranks = dist.size();
+  const TrainOptions options = apply_deepspeed_config(given, ranks, deepspeed_ignored);
+  validate_options(options);
+  if (ranks > 1) {
+    dist.set_timeout(static_cast<double>(options.ddp_timeout));
+    BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
+                " processes is not supported yet");
+  }
+  return options;
+}
+
+// Rank 0 holds output_dir, which every run writes into, for the whole run. Before anything reads
+// it, a copy an interrupted save moved aside is back in place for --resume_from_checkpoint last.
+void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, bool lead,
+                     const RunLog& log) {
+  if (!lead) return;
+  lock.emplace(o.output_dir);
+  const SaveCleanup cleanup = remove_interrupted_saves(*lock);
+  for (const std::string& done : cleanup.done) log.log({{"removed_interrupted_save", done}});
+  for (const std::string& failed : cleanup.failed) log.log({{"warning", failed}});
+}
+
+}  // namespace
+
+// The stages: shape to memory, assemble (train/assembly.cpp), load state, the steps
+// (train_steps), finish, evaluate and summarize.
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
                    FaultHooks faults, Communicator* comm) {
   validate_options(given);
@@ -514,318 +881,67 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
-  // NCCL's.
-  // The launch's ranks must all start within ddp_timeout, as init_process_group's timeout bounds.
+  // NCCL's. The launch's ranks must all start within ddp_timeout, as init_process_group's
+  // timeout bounds.
   Communicator& dist =
       comm ? *comm : world_communicator(device, static_cast<double>(given.ddp_timeout));
-  const int rank = dist.rank(), ranks = dist.size();
-  const bool lead = rank == 0;
+  const bool lead = dist.rank() == 0;
   std::vector<std::string> deepspeed_ignored;
-  const TrainOptions options = apply_deepspeed_config(given, ranks, &deepspeed_ignored);
-  validate_options(options);
-  if (ranks > 1) {
-    dist.set_timeout(static_cast<double>(options.ddp_timeout));
-    BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
-                " processes is not supported yet");
-  }
-  const LogSink on_log = [&](const nlohmann::json& rec) {
-    if (lead) all_log(rec);
-  };
-  if (!deepspeed_ignored.empty()) on_log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
+  const TrainOptions options = run_options(given, dist, &deepspeed_ignored);
+  RunLog log(all_log, lead);
+  if (!deepspeed_ignored.empty()) log.log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
   auto be = make_backend(device);
   // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
     Communicator& comm;
     ~DeviceWork() { comm.set_device_stream(nullptr); }
   } device_work{dist};
-  if (ranks > 1 && !device_traits(device).host_memory) dist.set_device_stream(be->device_stream());
-  // Every run writes into output_dir (results at least): rank 0, which writes, holds it for
-  // the whole run. Before anything reads it, a copy an interrupted save moved aside is back in
-  // place for --resume_from_checkpoint last.
+  if (dist.size() > 1 && !device_traits(device).host_memory)
+    dist.set_device_stream(be->device_stream());
   std::optional<OutputDirLock> output_lock;
-  if (lead) {
-    output_lock.emplace(options.output_dir);
-    const SaveCleanup cleanup = remove_interrupted_saves(*output_lock);
-    for (const std::string& done : cleanup.done) on_log({{"removed_interrupted_save", done}});
-    for (const std::string& failed : cleanup.failed) on_log({{"warning", failed}});
-  }
+  hold_output_dir(output_lock, options, lead, log);
   dist.barrier();
   TrainSummary s;
-  const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, on_log, s);
+  const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, log.sink(), s);
   // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
   if (!lead) dist.barrier();
   const std::unique_ptr<RunAssembly> run =
-      assemble_run(shaped, device, be.get(), dataset, rank, ranks);
+      assemble_run(shaped, device, be.get(), dataset, dist.rank(), dist.size());
   if (lead) dist.barrier();
-  for (const std::string& note : run->files.notes) on_log({{"data_files", note}});
-  for (const std::string& note : run->files.cache_notes) on_log({{"tokenized_cache", note}});
+  for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
+  for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;
-  Model* model = run->model.get();
-  DataLoader& loader = *run->loader;
-  MixedPrecision& precision = *run->precision;
-  Optimizer* optimizer = run->optimizer.get();
-  const MemoryPlan& plan = run->plan;
-  const int64_t B = o.per_device_train_batch_size, k = o.gradient_accumulation_steps;
-
+  Model& model = *run->model;
   s.device = be->name();
-  s.ranks = ranks;
+  s.ranks = dist.size();
   s.memory.device_memory_before_arena = be->device_memory_used();  // the CUDA context and libraries
-  check_plan_fits(*be, plan);
+  check_plan_fits(*be, run->plan);
   PeakPhases peaks;
   s.memory.rss_before_arena = current_rss_bytes();
-  Arena arena(plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
-  model->bind(arena);
+  Arena arena(run->plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
+  model.bind(arena);
   run->binder.bind(arena);
   // offload_optimizer: the optimizer's state is in host memory, stepped by the CPU's backend.
   const std::unique_ptr<Backend> host_be = run->offload ? make_backend(kHostDevice) : nullptr;
-  optimizer->reset(host_be ? *host_be : *be);
+  run->optimizer->reset(host_be ? *host_be : *be);
   // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
   std::optional<ShardedWeights> weights;
   if (!run->weight_shard.empty()) {
-    weights.emplace(*be, dist, *model, run->shards, dist.rank(), run->weight_shard);
-    model->set_weight_slots(&*weights);
-    precision.use_weight_shard(run->weight_shard);
+    weights.emplace(*be, dist, model, run->shards, dist.rank(), run->weight_shard);
+    model.set_weight_slots(&*weights);
+    run->precision->use_weight_shard(run->weight_shard);
   }
-
   // ZeRO: this rank's share of a checkpoint's optimizer state (the ranks' states end to end).
   std::optional<StateShare> share;
-  if (!run->shards.empty()) share = state_share(dist, *optimizer);
+  if (!run->shards.empty()) share = state_share(dist, *run->optimizer);
   TrainerState state =
-      load_state(*be, *run, on_log, share ? &*share : nullptr, weights ? &*weights : nullptr);
-  // --report_to tensorboard: every record also as TensorBoard scalars at the step it belongs to.
-  // Events that can no longer be written (a full disk) end with one warning; the run goes on,
-  // and its saves report the disk as errors of their own.
-  std::unique_ptr<EventWriter> events;
-  auto wall_time = [] {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  };
-  Progress progress;
-  auto log_events = [&](const nlohmann::json& rec) {
-    if (!events) return;
-    events->log(rec, state.global_step, wall_time());
-    const std::string warning = events->take_warning();
-    if (warning.empty()) return;
-    progress.clear();
-    on_log({{"warning", warning}});
-    progress.redraw();
-  };
-  if (lead && reports_to_tensorboard(o)) {
-    events =
-        std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
-    // As transformers' TensorBoardCallback at the start of training.
-    events->text("args", options_to_json(o).dump(2), 0, wall_time());
-    events->text("model_config", run->config.source.dump(2), 0, wall_time());
-    log_events(nlohmann::json::object());  // a warning of the three records above
-  }
-  const LogSink report = [&](const nlohmann::json& rec) {
-    progress.clear();
-    on_log(rec);
-    progress.redraw();
-    log_events(rec);
-  };
-
-  // As Trainer, an epoch's last optimizer step takes the micro-batches left in it (fewer than
-  // the accumulation steps when they do not divide the epoch); no step spans two epochs.
-  const int64_t micro_per_epoch = loader.batches_per_epoch();
-  const int64_t steps_per_epoch = (micro_per_epoch + k - 1) / k;
-  const double epoch_steps = std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch));
-  BRISK_CHECK(o.max_steps > 0 || epoch_steps < 9e15, "num_train_epochs ", o.num_train_epochs, " x ",
-              steps_per_epoch, " steps per epoch is too many steps");
-  const int64_t total_steps = o.max_steps > 0 ? o.max_steps : static_cast<int64_t>(epoch_steps);
-  const Schedule schedule = learning_rate_schedule(o, total_steps);
-  BRISK_CHECK(state.global_step <= total_steps, "the checkpoint is at step ", state.global_step,
-              ", past the run's ", total_steps, " steps");
-  state.max_steps = total_steps;
-  state.num_train_epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
-  const double flos_per_token = 6.0 * static_cast<double>(non_embedding_params(model->params()));
-
-  progress.start(!lead || o.disable_tqdm   ? Progress::Mode::off
-                 : ::isatty(STDERR_FILENO) ? Progress::Mode::bar
-                                           : Progress::Mode::lines,
-                 total_steps, state.global_step);
-  int64_t micro_batch = first_micro_batch(state, loader);  // the next global micro-batch
-  loader.start(micro_batch);
-  double loss_sum = 0.0;
-  int64_t samples = 0;
-  LogWindow window;
-  const int64_t first_step = state.global_step;
-  peaks.enter(PeakPhases::steps);
-  const auto start = std::chrono::steady_clock::now();
-  const BestModel best(o);
-  // How the ranks' gradients become the global batch's (parallel/gradient_sync.h).
-  const std::unique_ptr<GradientSync> sync = make_gradient_sync(
-      *be, dist, *model,
-      {ranks, o.do_train, run->shards, run->grad_shard, run->grad_receive, o.ddp_bucket_cap_mb});
-  while (o.do_train && state.global_step < total_steps) {
-    const int64_t step = state.global_step;
-    // The loss of the whole accumulated batch is its summed token loss over its target count.
-    const int64_t micro_steps = std::min(k, micro_per_epoch - micro_batch % micro_per_epoch);
-    const int64_t targets = loader.count_targets(micro_batch, micro_steps);
-    const double loss_scale = precision.loss_scale();
-    const float grad_scale =
-        targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
-    model->zero_accumulated_grads(*be);  // the first micro-batch writes the others
-    sync->begin_step();
-    model->reset_step_stats(*be);
-    for (int64_t micro = 0; micro < micro_steps; ++micro) {
-      be->wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
-      const int64_t rows = loader.next(*model).rows * ranks;  // every rank has as many
-      samples += rows;
-      window.samples += rows;
-      StepOptions so;
-      so.training = true;
-      so.compute_grad = true;
-      so.loss_grad_scale = grad_scale;
-      so.rng = RngKey{o.seed, static_cast<uint64_t>(micro_batch), 0};
-      so.first_micro_batch = micro == 0;
-      model->forward_step(*be, so);
-      model->backward(*be, so, sync->on_segment(micro == micro_steps - 1));
-      ++micro_batch;
-    }
-    const SyncSeconds synced = sync->finish();  // the global batch's gradients and loss
-    s.communication_seconds += synced.ran;
-    s.communication_wait_seconds += synced.waited;
-    // The schedule advances with the updates actually made (a skipped step does not count).
-    const double lr = o.learning_rate * schedule.factor(optimizer->steps());
-    const Update update =
-        apply_update(*be, *run, host_be.get(), lr, loss_scale, step, faults.overflow_at_step, dist,
-                     weights ? &*weights : nullptr);
-    // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
-    s.communication_seconds += update.gather_seconds;
-    s.communication_wait_seconds += update.gather_seconds;
-    if (weights) s.communication_wait_seconds += weights->take_wait_seconds();
-    const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
-    state.loss_scale = precision.loss_scale();
-    state.growth_tracker = precision.scaler().growth_tracker();
-
-    ++state.global_step;
-    state.sample_position = loader.position_of(micro_batch);
-    state.legacy_micro_batches = -1;
-    state.epoch = static_cast<double>(state.sample_position) / loader.samples_per_epoch();
-    const bool epoch_ended = micro_batch % micro_per_epoch == 0;
-    state.total_flos += flos_per_token * static_cast<double>(ranks * micro_steps * B * o.seq_len);
-    loss_sum += step_loss;
-    window.loss += step_loss;
-    ++window.steps;
-    progress.update(state.global_step, step_loss);
-    if (log_due(o, state.global_step, total_steps, epoch_ended)) {
-      nlohmann::json rec = window.close(state, lr, update, loss_scale);
-      state.log_history.push_back(rec);
-      report(rec);
-    }
-    nlohmann::json evaluated;
-    // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
-    // step's sums.
-    if (run->eval_data && eval_due(o, state.global_step, epoch_ended)) {
-      evaluated = run->evaluator.run(*be, *model, *run->eval_data, "eval", nullptr, &dist);
-      evaluated["epoch"] = state.epoch;
-      evaluated["step"] = state.global_step;
-      state.log_history.push_back(evaluated);
-      report(evaluated);
-    }
-    const bool save_now = checkpoint_due(o, state.global_step, total_steps, epoch_ended);
-    // ZeRO: rank 0 writes every rank's weights and optimizer state, read from them piece by piece
-    // while the others serve the reads.
-    if (save_now) peaks.enter(PeakPhases::saves);
-    std::unique_ptr<GatheredReads> gathered =
-        save_now ? gather_for_save(*run, dist, true) : nullptr;
-    if (gathered && !lead) gathered->serve();
-    if (lead && save_now) {
-      // The best model is decided before the save, so the checkpoint's state names it.
-      if (o.load_best_model_at_end && !evaluated.is_null() &&
-          best.better(best.value(evaluated), state.best_metric)) {
-        state.best_metric = best.value(evaluated);
-        state.best_model_checkpoint =
-            (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(state.global_step))).string();
-      }
-      s.last_checkpoint =
-          save_checkpoint(*be, o, *model, precision.master(model->params()), *optimizer, schedule,
-                          state, run->files.tokenizer ? run->files.tokenizer_path : std::string(),
-                          &faults.kill_save_at_point, gathered.get());
-      if (gathered) gathered->done();
-    }
-    gathered.reset();
-    if (save_now) peaks.enter(PeakPhases::steps);
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const int64_t steps_run = state.global_step - first_step;
-  s.global_step = state.global_step;
-  s.epoch = state.epoch;
-  s.train_runtime = seconds;
-  s.train_samples_per_second = seconds > 0 ? samples / seconds : 0;
-  s.train_steps_per_second = seconds > 0 ? steps_run / seconds : 0;
-  s.train_loss = steps_run > 0 ? loss_sum / steps_run : 0;
-  s.total_flos = state.total_flos;
-  if (o.do_train) {
-    // As Trainer's last log: the run's metrics, in the log history and TensorBoard (the
-    // summary prints them).
-    nlohmann::json finished = train_metrics_json(s);
-    finished["step"] = state.global_step;
-    state.log_history.push_back(finished);
-    log_events(finished);
-    if (o.load_best_model_at_end) {
-      // Rank 0 knows the best checkpoint; every rank evaluates and predicts with its weights,
-      // broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
-      std::string best_folder = lead ? state.best_model_checkpoint : std::string();
-      if (ranks > 1) best_folder = broadcast_string(dist, best_folder, 0);
-      if (!best_folder.empty()) {
-        if (lead || weights)
-          model->load_weights(*be,
-                              WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
-        if (lead) {
-          s.best_model_checkpoint = best_folder;
-          report({{"loaded_best_model", best_folder}, {"best_metric", state.best_metric}});
-        }
-        if (ranks > 1 && !weights) dist.broadcast(model->params().flat_weights(), 0);
-        precision.adopt_model_weights(*be, model->params());
-        if (weights) weights->publish();
-      }
-    }
-    // As the example scripts' trainer.save_model(): the final model in output_dir.
-    peaks.enter(PeakPhases::saves);
-    std::unique_ptr<GatheredReads> gathered = gather_for_save(*run, dist, false);
-    if (gathered && !lead) gathered->serve();
-    if (lead) {
-      save_model(*be, o.output_dir, *model, precision.master(model->params()), gathered.get());
-      if (gathered) gathered->done();
-      if (run->files.tokenizer) copy_tokenizer_files(run->files.tokenizer_path, o.output_dir);
-      // As the example scripts' trainer.save_state() and save_model()'s training_args.
-      write_file_atomically(fs::path(o.output_dir) / "trainer_state.json",
-                            trainer_state_json(state, o).dump(2) + "\n");
-      write_file_atomically(fs::path(o.output_dir) / "training_args.json",
-                            options_to_json(o).dump(2) + "\n");
-    }
-  }
-  peaks.enter(PeakPhases::steps);
-  nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
-  if (o.do_eval) {
-    s.eval_metrics = run->evaluator.run(*be, *model, *run->eval_data, "eval", nullptr, &dist);
-    s.eval_metrics["epoch"] = state.epoch;
-    s.eval_metrics["eval_samples"] = run->eval_data->size();
-    report(s.eval_metrics);
-    if (lead)
-      write_file_atomically(fs::path(o.output_dir) / "eval_results.json",
-                            s.eval_metrics.dump(2) + "\n");
-    all_results.update(s.eval_metrics);
-  }
-  if (o.do_predict) s.predict_metrics = write_predictions(*be, *run, o, report, dist);
-  if (!lead) {  // rank 0 writes the results
-    peaks.enter(PeakPhases::done);
-    summarize_memory(*be, plan, arena, peaks, s);
-    dist.barrier();
-    return s;
-  }
-  peaks.enter(PeakPhases::done);
-  summarize_memory(*be, plan, arena, peaks, s);
-
-  write_anatomy(o, s, (fs::path(o.output_dir) / "memory.html").string());
-  if (o.do_train)
-    write_file_atomically(fs::path(o.output_dir) / "train_results.json",
-                          summary_json(s).dump(2) + "\n");
-  write_file_atomically(fs::path(o.output_dir) / "all_results.json", all_results.dump(2) + "\n");
-  dist.barrier();
+      load_state(*be, *run, log.sink(), share ? &*share : nullptr, weights ? &*weights : nullptr);
+  if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
+  RunContext c{o,     dist, *be,   host_be.get(), *run,  weights ? &*weights : nullptr,
+               state, s,    peaks, log,           faults};
+  train_steps(c);
+  if (o.do_train) finish_training(c);
+  evaluate_and_write(c, arena);
   return s;
 }
 
