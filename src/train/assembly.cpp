@@ -26,26 +26,61 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& 
               " model needs --dataset synthetic");
   return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
 }
-}  // namespace
 
-std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, const Dataset* dataset, int rank,
-                                          int ranks) {
-  validate_options(options);
-  BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
-  auto run = std::make_unique<RunAssembly>();
-  RunAssembly& r = *run;
-  r.options = options;
-  TrainOptions& o = r.options;
-  // "last" (or "true", as Trainer.train(resume_from_checkpoint=True)): the newest complete one.
+// --resume_from_checkpoint: "last" (or "true", as Trainer.train(resume_from_checkpoint=True)) is
+// the newest complete one; a resumed run takes the checkpoint's seed.
+void resolve_resume(TrainOptions& o) {
   if (o.resume_from_checkpoint == "last" || o.resume_from_checkpoint == "true")
     o.resume_from_checkpoint = last_checkpoint(o.output_dir);
-  if (!o.resume_from_checkpoint.empty()) {
-    BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
-                o.resume_from_checkpoint, "' does not exist");
-    o.seed = checkpoint_seed(o.resume_from_checkpoint);
-  }
-  r.device = device;
+  if (o.resume_from_checkpoint.empty()) return;
+  BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
+              o.resume_from_checkpoint, "' does not exist");
+  o.seed = checkpoint_seed(o.resume_from_checkpoint);
+}
+
+// The data of a run on text files: the training, evaluation and prediction sets read from them.
+void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluates) {
+  const TrainOptions& o = r.options;
+  BRISK_CHECK(!evaluates || r.files.eval || o.validation_file.empty(), "validation file '",
+              o.validation_file, "' holds no rows to evaluate");
+  BRISK_CHECK(!evaluates || r.files.eval, "evaluation needs --validation_file",
+              layout.labels_per_token ? " (or --validation_split_percentage above 0)" : "");
+  BRISK_CHECK(!o.do_predict || r.files.test, "do_predict needs --test_file");
+  r.eval_data = r.files.eval.get();
+  r.test_data = r.files.test.get();
+  // A run that does not train still plans a loader: over the data it evaluates.
+  r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
+  r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
+}
+
+// The data of a run on `dataset`, or on the options' synthetic data or token file; synthetic
+// evaluation and prediction sets, seeded apart from the training samples.
+void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluates,
+                         const Dataset* dataset) {
+  const TrainOptions& o = r.options;
+  r.owned_data =
+      dataset ? nullptr : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);
+  r.data = dataset ? dataset : r.owned_data.get();
+  if (!evaluates && !o.do_predict) return;
+  BRISK_CHECK(o.dataset == "synthetic", "evaluation and prediction need --dataset synthetic ",
+              "for now (a token file has no evaluation split)");
+  auto synthetic = [&](uint64_t seed) {
+    return std::make_unique<SyntheticDataset>(
+        SyntheticOptions{o.eval_dataset_size, o.seq_len, 100, 30000, seed, o.synthetic_task},
+        r.config.vocab_size, layout.labels_per_token);
+  };
+  if (evaluates) r.owned_eval = synthetic(o.seed + 1);
+  BRISK_CHECK(!o.do_predict || !layout.labels_per_token,
+              "do_predict writes class predictions; a causal LM has no labels to predict");
+  if (o.do_predict) r.owned_test = synthetic(o.seed + 2);
+  r.eval_data = r.owned_eval.get();
+  r.test_data = r.owned_test.get();
+}
+
+// The model's config and the data: text files (their tokenizer sets the sequence length), the
+// given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
+BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B) {
+  TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
   const bool files = !dataset && uses_text_files(o);
@@ -60,51 +95,19 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     o.seq_len = r.files.seq_len;
   }
   r.model = Model::create(r.config);
-  // A run that does not train plans for the evaluation batch.
-  const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
-  if (files) {
-    BRISK_CHECK(!evaluates || r.files.eval || o.validation_file.empty(), "validation file '",
-                o.validation_file, "' holds no rows to evaluate");
-    BRISK_CHECK(!evaluates || r.files.eval, "evaluation needs --validation_file",
-                layout.labels_per_token ? " (or --validation_split_percentage above 0)" : "");
-    BRISK_CHECK(!o.do_predict || r.files.test, "do_predict needs --test_file");
-    r.eval_data = r.files.eval.get();
-    r.test_data = r.files.test.get();
-    // A run that does not train still plans a loader: over the data it evaluates.
-    r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
-    r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
-  } else {
-    r.owned_data =
-        dataset ? nullptr : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);
-    r.data = dataset ? dataset : r.owned_data.get();
-  }
-  if (!files && (evaluates || o.do_predict)) {
-    BRISK_CHECK(o.dataset == "synthetic", "evaluation and prediction need --dataset synthetic ",
-                "for now (a token file has no evaluation split)");
-    auto synthetic = [&](uint64_t seed) {
-      return std::make_unique<SyntheticDataset>(
-          SyntheticOptions{o.eval_dataset_size, o.seq_len, 100, 30000, seed, o.synthetic_task},
-          r.config.vocab_size, layout.labels_per_token);
-    };
-    // Seeded apart from the training samples: samples the model has not seen.
-    if (evaluates) r.owned_eval = synthetic(o.seed + 1);
-    BRISK_CHECK(!o.do_predict || !layout.labels_per_token,
-                "do_predict writes class predictions; a causal LM has no labels to predict");
-    if (o.do_predict) r.owned_test = synthetic(o.seed + 2);
-    r.eval_data = r.owned_eval.get();
-    r.test_data = r.owned_test.get();
-  }
+  if (files)
+    assemble_file_data(r, layout, evaluates);
+  else
+    assemble_other_data(r, layout, evaluates, dataset);
+  return layout;
+}
 
-  LoaderOptions loading;
-  loading.background = o.dataloader_num_workers > 0;
-  loading.dynamic_padding = !o.pad_to_max_length;
-  loading.length_group_batch =
-      o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
-  loading.rank = rank;
-  loading.ranks = ranks;
-  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
+// The precision policy, the optimizer, and where the optimizer's state lies.
+void assemble_precision(RunAssembly& r) {
+  const TrainOptions& o = r.options;
+  const DeviceTraits& traits = device_traits(r.device);
   // fp16_full_eval / bf16_full_eval: as Trainer, a run that does not train evaluates in the
   // 16-bit type throughout (weights rounded, no float32 master copy); while training they have
   // no effect.
@@ -113,104 +116,147 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                         : o.fp16 || (eval_only && o.fp16_full_eval) ? DType::f16
                                                                     : DType::f32;
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
-  r.precision =
-      full_eval
-          ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
-          : std::make_unique<MixedPrecision>(
-                compute, o.bf16_master_weights, LossScalerOptions{},
-                MixedPrecision::float32_weights_on(device_traits(device).products_round_operands,
-                                                   compute, o.bf16_master_weights));
-  r.product = product_dtype(device, r.precision->compute_dtype());
+  r.precision = full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+                          : std::make_unique<MixedPrecision>(
+                                compute, o.bf16_master_weights, LossScalerOptions{},
+                                MixedPrecision::float32_weights_on(traits.products_round_operands,
+                                                                   compute, o.bf16_master_weights));
+  r.product = product_dtype(r.device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
   // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
   // there, unless a test asks for the GPU's path (offload_on_cpu).
-  r.offload = o.do_train && o.offload_optimizer == "cpu" &&
-              (!device_traits(device).host_memory || o.offload_on_cpu);
+  r.offload =
+      o.do_train && o.offload_optimizer == "cpu" && (!traits.host_memory || o.offload_on_cpu);
   if (r.offload) {
     r.precision->offload_master();
     r.optimizer->keep_state_in(Placement::host);
   }
+}
 
-  const bool zero = o.zero_stage >= 1 && ranks > 1;
-  PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
-                            o.selective_recompute};
-  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
-  r.rank = rank;
-  if (zero) {
-    const Optimizer& optimizer = *r.optimizer;
-    r.shards = partition_params(r.model->params(), ranks,
-                                [&](const ParamInfo& p) { return optimizer.shard_granule(p); });
-    const int64_t mine = r.shards[static_cast<size_t>(rank)].elements.count;
-    if (mine == 0) {  // what the optimizer keeps on one rank outweighs a rank's share
-      std::string name;
-      int64_t kept = 0;
-      for (const ParamInfo& p : r.model->params().list()) {
-        const int64_t together = std::min(p.shape.numel(), optimizer.shard_granule(p));
-        if (together > kept) {
-          kept = together;
-          name = p.name;
-        }
+// ZeRO: every rank's parameters (shards), refused where a rank would get none; stage 2's and 3's
+// staging slots for the model's plan.
+void partition_for_zero(RunAssembly& r, int ranks, PlanOptions& model_options) {
+  const TrainOptions& o = r.options;
+  const Optimizer& optimizer = *r.optimizer;
+  r.shards = partition_params(r.model->params(), ranks,
+                              [&](const ParamInfo& p) { return optimizer.shard_granule(p); });
+  const int64_t mine = r.shards[static_cast<size_t>(r.rank)].elements.count;
+  if (mine == 0) {  // what the optimizer keeps on one rank outweighs a rank's share
+    std::string name;
+    int64_t kept = 0;
+    for (const ParamInfo& p : r.model->params().list()) {
+      const int64_t together = std::min(p.shape.numel(), optimizer.shard_granule(p));
+      if (together > kept) {
+        kept = together;
+        name = p.name;
       }
-      BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", rank, " of ", ranks,
-                 " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
-                 " elements together on one rank ('", name, "'), more than a rank's share of ",
-                 r.model->params().total_elements(), "; use fewer ranks or another --optim");
     }
-    // Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
-    // backward) unless that and the shard would hold more than whole gradients; then in one.
-    const int64_t total = r.model->params().total_elements();
-    if (o.zero_stage >= 2)
-      model_options.gradient_slots = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
-    // Stage 3 gathers the blocks' weights into two slots (the next block's gather overlaps a
-    // block's computation) unless that and the weight shard would hold more than whole weights,
-    // or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
-    // then) whole weights gathered after each update.
-    if (o.zero_stage >= 3) {
-      const int64_t one = r.model->staged_weight_elements(1),
-                    two = r.model->staged_weight_elements(2);
-      const int64_t block = r.model->block_elements(1);
-      const bool prefetch =
-          o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
-      model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
-    }
+    BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", r.rank, " of ", ranks,
+               " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
+               " elements together on one rank ('", name, "'), more than a rank's share of ",
+               r.model->params().total_elements(), "; use fewer ranks or another --optim");
   }
-  r.model->plan(r.plan, {B, o.seq_len}, model_options);
-  // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
-  r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
-                    zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
+  // Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
+  // backward) unless that and the shard would hold more than whole gradients; then in one.
+  const int64_t total = r.model->params().total_elements();
+  if (o.zero_stage >= 2)
+    model_options.gradient_slots = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
+  // Stage 3 gathers the blocks' weights into two slots (the next block's gather overlaps a
+  // block's computation) unless that and the weight shard would hold more than whole weights,
+  // or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
+  // then) whole weights gathered after each update.
+  if (o.zero_stage >= 3) {
+    const int64_t one = r.model->staged_weight_elements(1),
+                  two = r.model->staged_weight_elements(2);
+    const int64_t block = r.model->block_elements(1);
+    const bool prefetch =
+        o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
+    model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
+  }
+}
+
+// ZeRO's buffers: this rank's parameters for its optimizer, stage 3's weight shard, stage 2's
+// gradient shard and the slot its sums arrive in.
+void declare_zero_buffers(RunAssembly& r) {
+  const TrainOptions& o = r.options;
+  const ParamShard& mine = r.shards[static_cast<size_t>(r.rank)];
+  r.optimizer_params = shard_params(r.model->params(), mine);
+  if (o.zero_stage >= 3)
+    r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
+                     Shape{mine.elements.count});
+  if (o.zero_stage >= 2) {
+    r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients, DType::f32,
+                     Shape{mine.elements.count});
+    const int64_t receive = ShardedGradients::receive_elements(
+        r.shards, r.rank, r.model->param_segments(), gradient_piece_elements(o.ddp_bucket_cap_mb));
+    r.binder.declare(r.plan, &r.grad_receive, "zero.gradient_sums", Category::temporaries,
+                     DType::f32, Shape{std::max<int64_t>(receive, 1)});
+  }
+}
+
+// The products' workspace: the backend's own declarations, or (planning without one) the same
+// into `r.workspace`.
+void plan_products(RunAssembly& r, Backend* backend) {
   const MatmulOperands max_operands = r.model->matmul_operands();
   // With float32 weights the products round their operands to bf16, with or without bf16 units.
   const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;
   if (backend) {
     backend->set_matmul_dtype(operands);
-    backend->set_tf32(o.tf32);
+    backend->set_tf32(r.options.tf32);
     backend->plan_workspace(r.plan, r.binder, max_operands);
   } else {
-    plan_backend_workspace(device, operands, max_operands, r.plan, r.binder, r.workspace);
+    plan_backend_workspace(r.device, operands, max_operands, r.plan, r.binder, r.workspace);
   }
-  if (zero) {
-    const ParamShard& mine = r.shards[static_cast<size_t>(rank)];
-    r.optimizer_params = shard_params(r.model->params(), mine);
-    if (o.zero_stage >= 3)
-      r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
-                       Shape{mine.elements.count});
-    if (o.zero_stage >= 2) {
-      r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients,
-                       DType::f32, Shape{mine.elements.count});
-      const int64_t receive = ShardedGradients::receive_elements(
-          r.shards, rank, r.model->param_segments(), gradient_piece_elements(o.ddp_bucket_cap_mb));
-      r.binder.declare(r.plan, &r.grad_receive, "zero.gradient_sums", Category::temporaries,
-                       DType::f32, Shape{std::max<int64_t>(receive, 1)});
-    }
-  }
+}
+
+// offload_optimizer: host copies of the step's gradients (this rank's run) and decision.
+void declare_offload_buffers(RunAssembly& r) {
+  const ElementRange stepped = r.precision->master_elements(r.model->params());
+  r.binder.declare(r.plan, &r.offload_grads, "offload.gradients", Category::gradients, DType::f32,
+                   Shape{stepped.count}, Placement::host);
+  r.binder.declare(r.plan, &r.offload_control, "offload.step_control", Category::temporaries,
+                   DType::f32, Shape{kControlSize}, Placement::host);
+}
+
+}  // namespace
+
+std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
+                                          Backend* backend, const Dataset* dataset, int rank,
+                                          int ranks) {
+  validate_options(options);
+  BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
+  auto run = std::make_unique<RunAssembly>();
+  RunAssembly& r = *run;
+  r.options = options;
+  TrainOptions& o = r.options;
+  resolve_resume(o);
+  r.device = device;
+  r.rank = rank;
+  // A run that does not train plans for the evaluation batch.
+  const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
+  const BatchLayout layout = assemble_model_and_data(r, dataset, B);
+  LoaderOptions loading;
+  loading.background = o.dataloader_num_workers > 0;
+  loading.dynamic_padding = !o.pad_to_max_length;
+  loading.length_group_batch =
+      o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
+  loading.rank = rank;
+  loading.ranks = ranks;
+  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
+  assemble_precision(r);
+  const bool zero = o.zero_stage >= 1 && ranks > 1;
+  PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
+                            o.selective_recompute};
+  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
+  if (zero) partition_for_zero(r, ranks, model_options);
+  r.model->plan(r.plan, {B, o.seq_len}, model_options);
+  // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
+  r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
+                    zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
+  plan_products(r, backend);
+  if (zero) declare_zero_buffers(r);
   r.optimizer->plan(r.plan, r.binder, r.shards.empty() ? r.model->params() : r.optimizer_params);
-  if (r.offload) {
-    const ElementRange stepped = r.precision->master_elements(r.model->params());
-    r.binder.declare(r.plan, &r.offload_grads, "offload.gradients", Category::gradients, DType::f32,
-                     Shape{stepped.count}, Placement::host);
-    r.binder.declare(r.plan, &r.offload_control, "offload.step_control", Category::temporaries,
-                     DType::f32, Shape{kControlSize}, Placement::host);
-  }
+  if (r.offload) declare_offload_buffers(r);
   r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
     r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);
