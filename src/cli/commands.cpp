@@ -19,6 +19,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/rank_shares.h"
 #include "precision/mixed_precision.h"
 #include "tokenizer/tokenizer.h"
 #include "train/assembly.h"
@@ -236,132 +237,111 @@ namespace {
 // formula for the stage (Rajbhandari et al. 2020, mixed-precision Adam: 2 + 2 + K bytes per
 // parameter with K = 12, the K part divided by N from stage 1 on, the gradients' 2 from stage 2,
 // the weights' 2 from stage 3).
+// The inputs of rank_shares from rank 0's assembled run.
+RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run, int world) {
+  RankSharesInput in;
+  in.world = world;
+  in.planned = run.plan.bytes_by_category();
+  in.host_gradient_bytes =
+      run.offload
+          ? run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]
+          : 0;
+  in.params = run.model->params().total_elements();
+  in.shards = run.shards;
+  in.sharded_weights = !run.shards.empty() && o.zero_stage >= 3;
+  in.sharded_gradients = !run.shards.empty() && o.zero_stage >= 2;
+  in.sharded_master = run.precision->sharded_master();
+  in.offload = run.offload;
+  if (run.shards.empty())
+    in.optimizer_state = {
+        static_cast<double>(in.planned[static_cast<int>(Category::optimizer_state)])};
+  for (const ParamShard& shard : run.shards) {  // each rank's optimizer, planned alone
+    MemoryPlan scratch;
+    BufferBinder binder;
+    make_optimizer(optimizer_config(o))
+        ->plan(scratch, binder, shard_params(run.model->params(), shard));
+    in.optimizer_state.push_back(static_cast<double>(
+        scratch.bytes_by_category()[static_cast<int>(Category::optimizer_state)]));
+  }
+  return in;
+}
+
+// The ZeRO paper's bytes per parameter of mixed-precision Adam at this stage, beside brisk's.
+void print_paper_formula(const TrainOptions& o, const RunAssembly& run, const RankSharesInput& in) {
+  if (run.optimizer->name() != "adamw_torch") return;
+  const int world = in.world;
+  const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
+                       (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
+                       (run.shards.empty() ? 12.0 : 12.0 / world);
+  auto slots = [](int n, const char* what) {
+    return n == 0 ? std::string(", ") + what + " staged whole"
+                  : std::string(", ") + what + " staged in " +
+                        (n == 2 ? "two blocks' slots" : "one block's slot") +
+                        " or the embeddings' and head's, whichever holds more";
+  };
+  std::printf(
+      "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
+      "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
+      paper, in.sharded_gradients ? slots(run.model->staged_slots(), "gradients").c_str() : "",
+      in.sharded_weights ? slots(run.model->weight_slots(), "weights").c_str() : "");
+}
+
+// Each rank's model states (parallel/rank_shares.h), printed and as JSON.
 nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int world) {
   if (world == 1) return nlohmann::json::object();
-  const MemoryPlan& plan = run.plan;
-  const auto planned = plan.bytes_by_category();
-  const double n = static_cast<double>(run.model->params().total_elements());
-  auto bytes = [&](Category c) { return static_cast<double>(planned[static_cast<int>(c)]); };
-  // Stage 3: every rank keeps the embeddings, the head and the blocks' slots alike, and its own
-  // shard of the weights.
-  const bool sharded_weights = !run.shards.empty() && o.zero_stage >= 3;
-  const double weights =
-      bytes(Category::weights) -
-      (sharded_weights ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
-  // ZeRO partitions the float32 master copy (16-bit training) with the optimizer state.
-  const bool sharded_master = run.precision->sharded_master();
-  const double master = bytes(Category::master_weights);
-  // Stage 2: every rank stages the gradients alike and keeps its own shard of them (rank 0's
-  // plan holds its shard).
-  const bool sharded_grads = !run.shards.empty() && o.zero_stage >= 2;
-  // offload_optimizer: each rank also downloads its run of the gradients to host memory, where
-  // its master copy and optimizer state are (rank 0's plan holds its run).
-  const double host_copy = run.offload
-                               ? static_cast<double>(run.plan.bytes_by_category(
-                                     Placement::host)[static_cast<int>(Category::gradients)])
-                               : 0.0;
-  const double staged =
-      bytes(Category::gradients) - host_copy -
-      (sharded_grads ? 4.0 * static_cast<double>(run.shards[0].elements.count) : 0.0);
+  const RankSharesInput in = rank_shares_input(o, run, world);
+  const RankShares shares = rank_shares(in);
+  const double n = static_cast<double>(in.params);
   std::printf("data parallel over %d ranks, zero_stage %lld:\n", world,
               static_cast<long long>(o.zero_stage));
-  nlohmann::json per_rank = nlohmann::json::array();
-  double whole_state = 0, largest = 0;
-  std::vector<double> states;
-  if (run.shards.empty()) {
-    states.assign(static_cast<size_t>(world), bytes(Category::optimizer_state));
-    whole_state = bytes(Category::optimizer_state);
-  } else {
-    for (const ParamShard& shard : run.shards) {  // each rank's optimizer, planned alone
-      MemoryPlan scratch;
-      BufferBinder binder;
-      const ParameterSet mine = shard_params(run.model->params(), shard);
-      make_optimizer(optimizer_config(o))->plan(scratch, binder, mine);
-      states.push_back(static_cast<double>(
-          scratch.bytes_by_category()[static_cast<int>(Category::optimizer_state)]));
-      whole_state += states.back();
-    }
-  }
   std::printf("  %-6s %14s %14s %14s %14s %16s %22s\n", "rank", "parameters", "weights", "master",
               "gradients", "optimizer_state", "model states/param");
-  for (int r = 0; r < world; ++r) {
-    const double params =
-        run.shards.empty() ? n
-                           : static_cast<double>(run.shards[static_cast<size_t>(r)].elements.count);
-    const double masters = sharded_master ? 4.0 * params : master;
-    const double host_grads = run.offload ? 4.0 * params : 0.0;
-    const double grads = (sharded_grads ? staged + 4.0 * params : staged) + host_grads;
-    const double held = sharded_weights ? weights + 4.0 * params : weights;
-    const double state = states[static_cast<size_t>(r)];
-    const double total = held + masters + grads + state;
-    largest = std::max(largest, total);
-    per_rank.push_back({{"rank", r},
-                        {"parameters", params},
-                        {"weight_bytes", held},
-                        {"master_bytes", masters},
-                        {"gradient_bytes", grads},
-                        {"optimizer_state_bytes", state},
-                        {"host_bytes", run.offload ? masters + state + host_grads : 0.0}});
-    if (r < 8 || r == world - 1)
-      std::printf("  %-6d %14.0f %14s %14s %14s %16s %22.2f\n", r, params,
-                  format_mib(static_cast<size_t>(held)).c_str(),
-                  format_mib(static_cast<size_t>(masters)).c_str(),
-                  format_mib(static_cast<size_t>(grads)).c_str(),
-                  format_mib(static_cast<size_t>(state)).c_str(), total / n);
-    else if (r == 8)
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (const RankShare& r : shares.ranks) {
+    per_rank.push_back({{"rank", r.rank},
+                        {"parameters", r.params},
+                        {"weight_bytes", r.weights},
+                        {"master_bytes", r.master},
+                        {"gradient_bytes", r.gradients},
+                        {"optimizer_state_bytes", r.optimizer_state},
+                        {"host_bytes", r.host}});
+    if (r.rank < 8 || r.rank == world - 1)
+      std::printf("  %-6d %14.0f %14s %14s %14s %16s %22.2f\n", r.rank, r.params,
+                  format_mib(static_cast<size_t>(r.weights)).c_str(),
+                  format_mib(static_cast<size_t>(r.master)).c_str(),
+                  format_mib(static_cast<size_t>(r.gradients)).c_str(),
+                  format_mib(static_cast<size_t>(r.optimizer_state)).c_str(), r.total() / n);
+    else if (r.rank == 8)
       std::printf("  ...\n");
   }
-  const double K = whole_state / n;
   const std::string per_world = " / " + std::to_string(world);
-  const double master_share = sharded_master ? 4.0 * n / world : master;
-  const double sharing = run.shards.empty() ? 1.0 : world;  // ranks sharing the optimizer
-  const double host_share = run.offload ? 4.0 * n / sharing : 0.0;
-  const double grad_share = (sharded_grads ? (staged + 4.0 * n / world) : staged) + host_share;
-  const double weight_share = sharded_weights ? (weights + 4.0 * n / world) : weights;
-  const double stage_formula =
-      (weight_share + master_share + grad_share + whole_state / sharing) / n;
   std::printf(
       "  model states per rank: weights %.2f%s + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
-      weights / n, sharded_weights ? (" + 4" + per_world).c_str() : "",
-      sharded_master ? 4.0 : master / n, sharded_master ? per_world.c_str() : "", staged / n,
-      (std::string(sharded_grads ? " + 4" + per_world : "") +
-       (!run.offload         ? ""
-        : run.shards.empty() ? " + 4 on the host"
-                             : " + 4" + per_world + " on the host"))
+      shares.weights_alike, in.sharded_weights ? (" + 4" + per_world).c_str() : "",
+      in.sharded_master ? 4.0 : shares.master_alike, in.sharded_master ? per_world.c_str() : "",
+      shares.gradients_alike,
+      (std::string(in.sharded_gradients ? " + 4" + per_world : "") +
+       (!in.offload         ? ""
+        : in.shards.empty() ? " + 4 on the host"
+                            : " + 4" + per_world + " on the host"))
           .c_str(),
-      K, run.shards.empty() ? "" : per_world.c_str(), stage_formula, largest / n);
-  const double host_per_param =
-      run.offload ? (master_share + whole_state / sharing + host_share) / n : 0.0;
-  if (run.offload)
+      shares.optimizer, in.shards.empty() ? "" : per_world.c_str(), shares.model_states,
+      shares.largest);
+  if (in.offload)
     std::printf(
         "  offload_optimizer cpu: master, optimizer state and the gradients' host copy "
         "in host memory, %.2f bytes/param per rank; on the device %.2f\n",
-        host_per_param, (weight_share + grad_share - host_share) / n);
-  if (run.optimizer->name() == "adamw_torch") {
-    const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
-                         (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
-                         (run.shards.empty() ? 12.0 : 12.0 / world);
-    auto slots = [](int n, const char* what) {
-      return n == 0 ? std::string(", ") + what + " staged whole"
-                    : std::string(", ") + what + " staged in " +
-                          (n == 2 ? "two blocks' slots" : "one block's slot") +
-                          " or the embeddings' and head's, whichever holds more";
-    };
-    std::printf(
-        "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
-        "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
-        paper, sharded_grads ? slots(run.model->staged_slots(), "gradients").c_str() : "",
-        sharded_weights ? slots(run.model->weight_slots(), "weights").c_str() : "");
-  }
+        shares.host, shares.device);
+  print_paper_formula(o, run, in);
   return {{"world_size", world},
           {"zero_stage", o.zero_stage},
-          {"weight_bytes_per_param", weight_share / n},
-          {"master_bytes_per_param", master_share / n},
-          {"gradient_bytes_per_param", grad_share / n},
-          {"optimizer_bytes_per_param", K},
-          {"model_state_bytes_per_param", stage_formula},
-          {"host_model_state_bytes_per_param", host_per_param},
+          {"weight_bytes_per_param", shares.weights},
+          {"master_bytes_per_param", shares.master},
+          {"gradient_bytes_per_param", shares.gradients},
+          {"optimizer_bytes_per_param", shares.optimizer},
+          {"model_state_bytes_per_param", shares.model_states},
+          {"host_model_state_bytes_per_param", shares.host},
           {"ranks", per_rank}};
 }
 }  // namespace
