@@ -490,7 +490,8 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   const BlockStyle st = style(o.training);
   const bool direct = direct_saved_tensors(be);
   const int L = static_cast<int>(config_.num_layers);
-  // ZeRO stage 3's segments (param_segments()): the head 0, block l L - l, the embeddings L + 1.
+  // The staged weights' segments (param_segments()): the head 0, block l L - l, the embeddings
+  // L + 1.
   const int embeddings = L + 1;
   need_weights(embeddings, L);  // block 0 on its way while the embeddings compute
   embed_forward(be, o);
@@ -557,12 +558,12 @@ void Model::find_grad_segments() {
   segments_.push_back({0, first});
 }
 
-// Staged buffers (ZeRO): the blocks' parameters in `slots` slots used in turn (block b in slot b
-// mod slots), the head's and the embeddings' side by side at the end of the slots' space (or
-// after it where they are longer). Possible when the blocks are laid out alike (every model here)
-// and outnumber the slots. A tied head's gradient and the embeddings' are one tensor that the
-// head's chunks start in forward and the embeddings' backward ends: the embeddings' gradients are
-// then kept apart, before the slots.
+// Staged buffers (partitioned data parallelism): the blocks' parameters in `slots` slots used in
+// turn (block b in slot b mod slots), the head's and the embeddings' side by side at the end of the
+// slots' space (or after it where they are longer). Possible when the blocks are laid out alike
+// (every model here) and outnumber the slots. A tied head's gradient and the embeddings' are one
+// tensor that the head's chunks start in forward and the embeddings' backward ends: the embeddings'
+// gradients are then kept apart, before the slots.
 int64_t Model::block_elements(int slots) const {
   const size_t L = segments_.size() >= 3 ? segments_.size() - 2 : 0;
   if (slots < 1 || L <= static_cast<size_t>(slots)) return 0;
@@ -802,7 +803,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     if (source[i].empty()) missing.push_back(p.name);
   }
   if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
-  // Staged weights (ZeRO stage 3): a segment the file gives in part is first gathered, with its
+  // Staged weights: a segment the file gives in part is first gathered, with its
   // initialized values, into its place, which other segments have overwritten since.
   const bool gathered = weight_source_ && staged_weights();
   std::vector<bool> partial(segments_.size(), false);

@@ -74,7 +74,7 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
-  // ZeRO stage 2: gradient_slots (1 or 2) > 0 stages the gradients: the gradient buffer holds
+  // Staged gradients: gradient_slots (1 or 2) > 0 stages the gradients: the gradient buffer holds
   // the slots of that many blocks, which the blocks' gradients use in turn (block b in slot b mod
   // slots), and over the same space the head's and the embeddings' gradients (a tied head's
   // embeddings' gradients apart: the head's chunks start them in forward, the embeddings'
@@ -84,7 +84,7 @@ struct PlanOptions {
   // segment's. Models whose blocks are not laid out alike, or have no more blocks than slots,
   // keep whole gradients.
   int gradient_slots = 0;
-  // ZeRO stage 3: weight_slots (1 or 2) > 0 stages the weights: the weight buffer holds the slots
+  // Staged weights: weight_slots (1 or 2) > 0 stages the weights: the weight buffer holds the slots
   // of that many blocks, into which the model's WeightSlots gathers each block's weights before
   // the block runs (block b in slot b mod slots; with two, the next block's gather runs while a
   // block computes), and over the same space the embeddings' and the head's weights, each
@@ -97,7 +97,7 @@ struct PlanOptions {
   int64_t logits_rows = 0;
 };
 
-// ZeRO stage 3: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
+// Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
 // numbered as param_segments(); segments whose places overlap (Model::weights_overlap) hold their
 // weights in turn.
 class WeightSlots {
@@ -197,7 +197,7 @@ class Model {
   // cannot stage them.
   int64_t staged_gradient_elements(int slots) const;
   int64_t staged_weight_elements(int slots) const;
-  // ZeRO stage 3: whether the plan stages the weights, in how many slots; whether two segments'
+  // Whether the plan stages the weights, in how many slots; whether two segments'
   // weights lie over each other in the weight buffer (unstaged: each in its own range), and a
   // segment's view. `slots` fills the places (and hears of every segment written while weights
   // are initialized or loaded); without it the weights must not be staged.
@@ -212,7 +212,7 @@ class Model {
   using SegmentDone = std::function<void(int)>;
   void backward(Backend& be, const StepOptions& options, const SegmentDone& done = {});
   void zero_grads(Backend& be);
-  // Zeroes the gradients an optimizer step's first micro-batch adds to (StepOptions::
+  // Sets to zero the gradients an optimizer step's first micro-batch adds to (StepOptions::
   // first_micro_batch): all but the matrix products' weights (ParamInfo::product), whose first
   // gradient it writes over what the buffer holds.
   void zero_accumulated_grads(Backend& be);
@@ -284,7 +284,7 @@ class Model {
   // Initial values init_weights cannot derive from names and roles (e.g. sinusoidal positions):
   // runs after the generic initialization of parameter `param`, before the next one's.
   virtual void init_extra(Backend&, int /*param*/) {}
-  // ZeRO stage 3: whether the head reads the embeddings' weights (a tied language-model head),
+  // Staged weights: whether the head reads the embeddings' weights (a tied language-model head),
   // and whether the embeddings' backward reads them (an embedding LayerNorm).
   virtual bool head_reads_embeddings() const { return false; }
   virtual bool embed_backward_reads_weights() const { return false; }
@@ -396,7 +396,7 @@ class Model {
   bool places_overlap(int a, int b, const StagedLayout& layout) const;
   StagedLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
-  // ZeRO stage 3: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
+  // Staged weights: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;
   // The segment holding logical element `at`.

@@ -29,7 +29,8 @@ struct ParamInfo {
   int64_t offset = 0;      // in elements, within the flat buffer
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
   bool product = false;    // an operand of a matrix product
-  // A piece of a parameter (a ZeRO shard's, parallel/zero.h): the whole parameter's elements;
+  // A piece of a parameter (a rank's partition of it, parallel/zero.h): the whole parameter's
+  // elements;
   // 0 for a whole parameter.
   int64_t whole_elements = 0;
   int64_t whole_numel() const { return whole_elements > 0 ? whole_elements : shape.numel(); }
@@ -46,8 +47,8 @@ class ParameterSet {
 
   // Points the set at flat float32 buffers of total_elements() values laid out as the
   // parameters or, when offsets (one per parameter) are given, each parameter at its own offset
-  // there: ZeRO stage 2 lets the blocks' gradients share the slots of one or two blocks
-  // (PlanOptions::gradient_slots), stage 3 their weights (PlanOptions::weight_slots).
+  // there: staged gradients let the blocks' gradients share the slots of one or two blocks
+  // (PlanOptions::gradient_slots), staged weights their weights (PlanOptions::weight_slots).
   void bind(const Tensor& flat_weights, const Tensor& flat_grads,
             std::vector<int64_t> weight_offsets = {}, std::vector<int64_t> grad_offsets = {});
   void unbind() { weights_ = grads_ = Tensor(); }

@@ -27,8 +27,8 @@ void MixedPrecision::use_weight_shard(const Tensor& shard) {
               "internal error: a weight shard of ", shard.numel(), " elements for a run of ",
               shard_.count);
   BRISK_CHECK(has_master() || compute_ == DType::f32 || float32_weights_,
-              "--zero_stage 3 needs the float32 master copy with --bf16 (leave "
-              "--bf16_master_weights on)");
+              "internal error: bf16 weights kept in shards need the float32 master copy "
+              "(validate_options refuses the run)");
   weight_shard_ = shard;
 }
 

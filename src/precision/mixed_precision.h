@@ -59,15 +59,16 @@ class MixedPrecision {
   // bf16 with no compute copy: the weights are float32, updated as in fp32.
   bool float32_weights() const { return float32_weights_; }
 
-  // `shard` (ZeRO): the master copy holds only these elements of the parameters, this rank's
+  // `shard` (partitioned): the master copy holds only these elements of the parameters, this rank's
   // run; by default all of them.
   void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params,
             ElementRange shard = {0, -1});
-  // Whether the master copy holds only a run of the parameters (ZeRO with a master copy).
+  // Whether the master copy holds only a run of the parameters (partitioned, with a master
+  // copy).
   bool sharded_master() const { return has_master() && shard_.count >= 0; }
-  // ZeRO stage 3: the compute weights this rank keeps are `shard`, its run of them (the plan's
-  // run), not the model's buffer, which holds gathered blocks in turn. Without a master copy the
-  // optimizer updates it.
+  // Weights kept in shards: the compute weights this rank keeps are `shard`, its run of them (the
+  // plan's run), not the model's buffer, which holds gathered blocks in turn. Without a master copy
+  // the optimizer updates it.
   void use_weight_shard(const Tensor& shard);
   // Whether master() holds only this rank's run of the parameters (a sharded master copy, or
   // the weight shard of stage 3).
@@ -100,7 +101,7 @@ class MixedPrecision {
   DynamicLossScaler scaler_;
   Tensor master_;
   ElementRange shard_{0, -1};  // count -1: the whole parameters
-  Tensor weight_shard_;        // ZeRO stage 3
+  Tensor weight_shard_;        // weights kept in shards
   // The compute weights this rank keeps: all of them, or the weight shard.
   const Tensor& compute_weights(const ParameterSet& params) const {
     return weight_shard_.empty() ? params.flat_weights() : weight_shard_;
