@@ -102,15 +102,20 @@ nlohmann::json options_to_json(const TrainOptions& o) {
   return j;
 }
 
-void validate_options(const TrainOptions& o) {
-  auto positive = [](const char* name, auto v) {
-    BRISK_CHECK(v > 0, name, " must be positive, got ", v);
-  };
-  positive("per_device_train_batch_size", o.per_device_train_batch_size);
-  positive("gradient_accumulation_steps", o.gradient_accumulation_steps);
-  positive("seq_len", o.seq_len);
-  positive("logging_steps", o.logging_steps);
-  positive("adam_epsilon", o.adam_epsilon);
+namespace {
+
+// (brisk::excerpt: this file's own excerpt, of JSON, would quote the text once more.)
+void check_positive(const char* name, auto v) {
+  BRISK_CHECK(v > 0, name, " must be positive, got ", v);
+}
+
+// Sizes, finite numbers and bounded text.
+void check_sizes(const TrainOptions& o) {
+  check_positive("per_device_train_batch_size", o.per_device_train_batch_size);
+  check_positive("gradient_accumulation_steps", o.gradient_accumulation_steps);
+  check_positive("seq_len", o.seq_len);
+  check_positive("logging_steps", o.logging_steps);
+  check_positive("adam_epsilon", o.adam_epsilon);
   // Real-valued options are finite (flags can say inf or nan), counts and fractions bounded so
   // that step arithmetic stays exact.
   // Text options (paths, names) are at most 4096 bytes, the longest path Linux takes, so no
@@ -121,13 +126,17 @@ void validate_options(const TrainOptions& o) {
       BRISK_CHECK(std::isfinite(field), name, " must be a finite number, got ", field);
     if constexpr (std::is_same_v<Field, std::string>)
       BRISK_CHECK(field.size() <= 4096, name, " is ", field.size(),
-                  " characters long (at most 4096): \"", excerpt(field), "\"");
+                  " characters long (at most 4096): \"", brisk::excerpt(field), "\"");
   });
   constexpr double kMaxCount = 1e12;
   BRISK_CHECK(o.num_train_epochs <= kMaxCount, "num_train_epochs must be at most 1e12, got ",
               o.num_train_epochs);
   BRISK_CHECK(o.warmup_steps <= kMaxCount, "warmup_steps must be at most 1e12, got ",
               o.warmup_steps);
+}
+
+// Precision, recomputation, the optimizer's numbers and the learning-rate schedule.
+void check_precision_and_schedule(const TrainOptions& o) {
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
   BRISK_CHECK(!(o.fp16_full_eval && o.bf16_full_eval),
               "--fp16_full_eval and --bf16_full_eval contradict each other: choose one");
@@ -153,10 +162,15 @@ void validate_options(const TrainOptions& o) {
               "warmup_steps and warmup_ratio contradict each other: give one");
   const std::set<std::string> schedules{"linear", "cosine", "constant", "constant_with_warmup"};
   BRISK_CHECK(schedules.count(o.lr_scheduler_type), "unknown lr_scheduler_type \"",
-              excerpt(o.lr_scheduler_type),
+              brisk::excerpt(o.lr_scheduler_type),
               "\" (valid: linear, cosine, constant, constant_with_warmup)");
+}
+
+// Saving, data parallelism, the optimizer and the device.
+void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
-              "unknown save_strategy \"", excerpt(o.save_strategy), "\" (valid: no, steps, epoch)");
+              "unknown save_strategy \"", brisk::excerpt(o.save_strategy),
+              "\" (valid: no, steps, epoch)");
   BRISK_CHECK(o.save_steps >= 0, "save_steps must not be negative, got ", o.save_steps);
   BRISK_CHECK(o.save_total_limit >= 0, "save_total_limit must not be negative, got ",
               o.save_total_limit);
@@ -168,7 +182,7 @@ void validate_options(const TrainOptions& o) {
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
   BRISK_CHECK(o.offload_optimizer == "none" || o.offload_optimizer == "cpu",
-              "unknown offload_optimizer \"", excerpt(o.offload_optimizer),
+              "unknown offload_optimizer \"", brisk::excerpt(o.offload_optimizer),
               "\" (valid: none, cpu)");
   BRISK_CHECK(o.offload_optimizer == "none" || !o.bf16 || o.bf16_master_weights,
               "offload_optimizer cpu with --bf16 needs the float32 master copy (leave "
@@ -184,12 +198,17 @@ void validate_options(const TrainOptions& o) {
   make_optimizer(optimizer_config(o));  // refuses unknown names and bad optim_args
   MixedPrecision(o.bf16 ? DType::bf16 : DType::f32, o.bf16_master_weights);  // its rules
   BRISK_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "unknown device \"",
-              excerpt(o.device), "\" (valid: cpu, cuda, auto)");
+              brisk::excerpt(o.device), "\" (valid: cpu, cuda, auto)");
+}
+
+// Evaluation, the metric for the best model, and what the run does.
+void check_evaluation(const TrainOptions& o) {
   BRISK_CHECK(o.eval_strategy == "no" || o.eval_strategy == "steps" || o.eval_strategy == "epoch",
-              "unknown eval_strategy \"", excerpt(o.eval_strategy), "\" (valid: no, steps, epoch)");
+              "unknown eval_strategy \"", brisk::excerpt(o.eval_strategy),
+              "\" (valid: no, steps, epoch)");
   BRISK_CHECK(o.eval_steps >= 0, "eval_steps must not be negative, got ", o.eval_steps);
-  positive("per_device_eval_batch_size", o.per_device_eval_batch_size);
-  positive("eval_dataset_size", o.eval_dataset_size);
+  check_positive("per_device_eval_batch_size", o.per_device_eval_batch_size);
+  check_positive("eval_dataset_size", o.eval_dataset_size);
   // Synthetic data sizes: far beyond any use, inside every per-sample array's byte count.
   constexpr int64_t kMaxSamples = int64_t{1} << 40;
   BRISK_CHECK(o.dataset_size <= kMaxSamples && o.eval_dataset_size <= kMaxSamples,
@@ -200,19 +219,21 @@ void validate_options(const TrainOptions& o) {
                                  : o.metric_for_best_model;
   static const std::set<std::string> kMetrics = {"loss",    "accuracy",  "f1",        "mse",
                                                  "pearson", "spearmanr", "perplexity"};
-  BRISK_CHECK(kMetrics.count(metric), "metric_for_best_model \"", excerpt(o.metric_for_best_model),
+  BRISK_CHECK(kMetrics.count(metric), "metric_for_best_model \"",
+              brisk::excerpt(o.metric_for_best_model),
               "\" is none of brisk's metrics (loss, accuracy, f1, mse, pearson, spearmanr, "
               "perplexity)");
   BRISK_CHECK(o.greater_is_better.empty() || o.greater_is_better == "true" ||
                   o.greater_is_better == "false",
-              "greater_is_better must be true or false, got \"", excerpt(o.greater_is_better),
-              "\"");
+              "greater_is_better must be true or false, got \"",
+              brisk::excerpt(o.greater_is_better), "\"");
   BRISK_CHECK(o.do_train || o.do_eval || o.do_predict,
               "nothing to do: do_train, do_eval and do_predict are all false (a TrainingArguments "
               "file sets do_train false unless the script was given --do_train: add --do_train)");
   BRISK_CHECK(
       o.logging_strategy == "steps" || o.logging_strategy == "epoch" || o.logging_strategy == "no",
-      "unknown logging_strategy \"", excerpt(o.logging_strategy), "\" (valid: no, steps, epoch)");
+      "unknown logging_strategy \"", brisk::excerpt(o.logging_strategy),
+      "\" (valid: no, steps, epoch)");
   BRISK_CHECK(!(o.use_cpu && o.device == "cuda"),
               "--use_cpu and --device cuda contradict each other: choose one");
   for (const auto& [name, count] : {std::pair{"max_train_samples", o.max_train_samples},
@@ -229,13 +250,17 @@ void validate_options(const TrainOptions& o) {
                 "load_best_model_at_end: save_steps (", o.save_steps,
                 ") must be a multiple of eval_steps (", every, ")");
   }
+}
+
+// The data: text files or a dataset, their preparation, and the reports.
+void check_data(const TrainOptions& o) {
   const bool files = !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
   BRISK_CHECK(!files || o.dataset == "synthetic",
               "--dataset and --train_file/--validation_file/--test_file contradict each other: "
               "give one");
   BRISK_CHECK(!files || !o.do_train || !o.train_file.empty(),
               "do_train with text files needs --train_file");
-  positive("max_seq_length", o.max_seq_length);
+  check_positive("max_seq_length", o.max_seq_length);
   BRISK_CHECK(o.block_size >= 0, "block_size must not be negative, got ", o.block_size);
   BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
               "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
@@ -245,12 +270,25 @@ void validate_options(const TrainOptions& o) {
               o.validation_split_percentage);
   for (const std::string& name : report_targets(o))
     BRISK_CHECK(name == "none" || name == "tensorboard" || name == "all", "unknown report_to \"",
-                excerpt(name), "\" (valid: none, tensorboard, all; brisk reports to no other)");
+                brisk::excerpt(name),
+                "\" (valid: none, tensorboard, all; brisk reports to no other)");
   BRISK_CHECK(!o.output_dir.empty(), "output_dir must not be empty");
   BRISK_CHECK(o.dataset != "synthetic" || o.dataset_size > 0, "dataset_size must be positive");
   BRISK_CHECK(o.synthetic_task == "random" || o.synthetic_task == "learnable",
-              "unknown synthetic_task \"", excerpt(o.synthetic_task),
+              "unknown synthetic_task \"", brisk::excerpt(o.synthetic_task),
               "\" (valid: random, learnable)");
+}
+
+}  // namespace
+
+// In the order the checks ran when they were one function: the first problem found is the one
+// reported.
+void validate_options(const TrainOptions& o) {
+  check_sizes(o);
+  check_precision_and_schedule(o);
+  check_saving_and_parallelism(o);
+  check_evaluation(o);
+  check_data(o);
 }
 
 OptimizerConfig optimizer_config(const TrainOptions& o) {
