@@ -346,29 +346,36 @@ nlohmann::json print_ranks(const TrainOptions& o, const RunAssembly& run, int wo
 }
 }  // namespace
 
-int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
-  const std::string& json_path = args.json_path;
+namespace {
+
+// The options an estimate plans: DeepSpeed's config applied for `world` ranks, synthetic data
+// holding at least one batch per rank (so that planning many ranks needs no --dataset_size; the
+// plan holds 8 bytes per sample of it).
+TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& args) {
   validate_options(given);
   BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
               "--world_size must lie in [1, 1048576], got ", args.world_size);
   TrainOptions o = apply_deepspeed_config(given, static_cast<int>(args.world_size));
   validate_options(o);
-  // Synthetic data holds at least one batch per rank, so that planning many ranks needs no
-  // --dataset_size (the plan holds 8 bytes per sample of it).
   if (o.dataset == "synthetic" && o.train_file.empty())
     o.dataset_size = std::max(
         o.dataset_size, checked_mul(o.per_device_train_batch_size, args.world_size, "a batch"));
-  // An explicit device is planned whether or not it is present; auto picks as train would.
-  const Device device = o.use_cpu            ? Device::cpu
-                        : o.device == "auto" ? resolve_device("auto")
-                        : o.device == "cuda" ? Device::cuda
-                                             : Device::cpu;
-  const int world = static_cast<int>(args.world_size);
-  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
-  const MemoryPlan& plan = run->plan;
-  const int64_t n = run->model->params().total_elements();
-  const int64_t layers = run->config.num_layers;
-  const MixedPrecision& precision = *run->precision;
+  return o;
+}
+
+// An explicit device is planned whether or not it is present; auto picks as train would.
+Device estimate_device(const TrainOptions& o) {
+  return o.use_cpu            ? Device::cpu
+         : o.device == "auto" ? resolve_device("auto")
+         : o.device == "cuda" ? Device::cuda
+                              : Device::cpu;
+}
+
+// The run's first line: model, shape, precision, optimizer, device.
+void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device device) {
+  const int64_t n = r.model->params().total_elements();
+  const MixedPrecision& precision = *r.precision;
+  const RunAssembly* run = &r;
   std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n",
               o.model_name_or_path.c_str(), static_cast<long long>(n),
               static_cast<long long>(o.per_device_train_batch_size),
@@ -383,6 +390,13 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
               : precision.enabled() && !precision.has_master() ? " without master weights"
                                                                : "",
               run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+}
+
+// The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.
+void print_categories(const TrainOptions& o, const RunAssembly& r, Device device) {
+  const MemoryPlan& plan = r.plan;
+  const RunAssembly* run = &r;
+  const int64_t n = r.model->params().total_elements();
   const auto planned = plan.bytes_by_category();
   const RuleOfThumb rule = guides_rule(o);
   auto per_param = [&](size_t bytes) {
@@ -414,10 +428,12 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
         format_mib(host[static_cast<int>(Category::optimizer_state)]).c_str(),
         format_mib(host[static_cast<int>(Category::gradients)]).c_str());
   }
-  const nlohmann::json ranks_json = print_ranks(o, *run, world);
-  const size_t block = bytes_under(plan, "block.0.");
-  std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
-              static_cast<long long>(layers), format_mib(block * layers).c_str());
+}
+
+// What lies outside the plan, and the total to expect; returns the host's baseline (now).
+size_t print_fixed_overheads(const RunAssembly& r, Device device) {
+  const MemoryPlan& plan = r.plan;
+  const RunAssembly* run = &r;
   std::printf("fixed overheads assumed (not in the plan):\n");
   const size_t host_base = current_rss_bytes();
   std::printf("  %-34s %12s\n", "host: program and libraries (now)", format_mib(host_base).c_str());
@@ -434,71 +450,103 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
     std::printf("expect a process peak near %s\n",
                 format_mib(plan.total_bytes() + host_base).c_str());
   }
+  return host_base;
+}
+
+// --html: the plan's bars (or the --fit candidates'), with the fixed overheads.
+void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const MemoryPlan& plan,
+                         Device device, size_t host_base, const std::vector<FitCandidate>& fits) {
+  const auto planned = plan.bytes_by_category();
+  const size_t fixed = device == Device::cuda ? kCudaContextBytes : static_cast<size_t>(host_base);
+  const char* fixed_label =
+      device == Device::cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
+  std::vector<MemoryBar> bars;
+  if (fits.empty()) {
+    bars.push_back({"as asked", planned, fixed, fixed_label, {}});
+  } else {
+    for (size_t i = 0; i < fits.size() && i < 10; ++i) {
+      const TrainOptions& t = fits[i].options;
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "#%zu %lldx%lld %s\n", i + 1,
+                    static_cast<long long>(t.per_device_train_batch_size),
+                    static_cast<long long>(t.gradient_accumulation_steps), precision_of(t).c_str());
+      std::string label = shape;
+      label.append(t.optim);
+      if (t.gradient_checkpointing) label.append(" ckpt");
+      if (t.selective_recompute) label.append(" sel");
+      bars.push_back({label, fits[i].planned, fixed, fixed_label, {}});
+    }
+  }
+  write_memory_html(args.html_path, "brisk estimate: " + o.model_name_or_path,
+                    std::string("planned bytes by category on ") +
+                        (device == Device::cuda ? "cuda" : "cpu") +
+                        (fits.empty() ? "" : "; --fit candidates, fastest predicted first"),
+                    bars);
+}
+
+// --json: the plan, every buffer, the fit and the data-parallel report.
+void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
+                         size_t host_base, const nlohmann::json& fit_json,
+                         const nlohmann::json& ranks_json) {
+  const MemoryPlan& plan = run.plan;
+  const auto planned = plan.bytes_by_category();
+  const int64_t n = run.model->params().total_elements();
+  const int64_t layers = run.config.num_layers;
+  const size_t block = bytes_under(plan, "block.0.");
+  nlohmann::json planned_json = nlohmann::json::object();
+  for (int c = 0; c < kNumCategories; ++c)
+    planned_json[category_name(static_cast<Category>(c))] = planned[c];
+  // Every buffer of the plan, as declared: where each category's bytes go.
+  nlohmann::json buffers_json = nlohmann::json::array();
+  for (const BufferSpec& b : plan.buffers())
+    buffers_json.push_back({{"name", b.name},
+                            {"category", category_name(b.category)},
+                            {"dtype", dtype_name(b.dtype)},
+                            {"shape", b.shape.str()},
+                            {"bytes", b.bytes},
+                            {"placement", b.placement == Placement::host ? "host" : "device"}});
+  const nlohmann::json j = {
+      {"device", device == Device::cuda ? "cuda" : "cpu"},
+      {"parameters", n},
+      {"memory",
+       {{"planned_bytes", planned_json},
+        {"planned_total_bytes", plan.total_bytes()},
+        {"planned_device_bytes", plan.total_bytes(Placement::device)},
+        {"planned_host_bytes", plan.total_bytes(Placement::host)},
+        {"activations_per_block_bytes", block},
+        {"layers", layers},
+        {"host_baseline_bytes", host_base},
+        {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
+        {"buffers", buffers_json}}},
+      {"fit", fit_json},
+      {"data_parallel", ranks_json}};
+  std::ofstream out(json_path);
+  BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
+  out << j.dump(2) << "\n";
+  BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
+}
+
+}  // namespace
+
+int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
+  const TrainOptions o = estimate_options(given, args);
+  const Device device = estimate_device(o);
+  const int world = static_cast<int>(args.world_size);
+  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
+  print_estimate_header(o, *run, device);
+  print_categories(o, *run, device);
+  const nlohmann::json ranks_json = print_ranks(o, *run, world);
+  const size_t block = bytes_under(run->plan, "block.0.");
+  const int64_t layers = run->config.num_layers;
+  std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
+              static_cast<long long>(layers), format_mib(block * layers).c_str());
+  const size_t host_base = print_fixed_overheads(*run, device);
   nlohmann::json fit_json = nlohmann::json::array();
   std::vector<FitCandidate> fits;
   if (args.fit) fits = print_fit(o, device, args, fit_json);
-  if (!args.html_path.empty()) {
-    const size_t fixed =
-        device == Device::cuda ? kCudaContextBytes : static_cast<size_t>(host_base);
-    const char* fixed_label =
-        device == Device::cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
-    std::vector<MemoryBar> bars;
-    if (fits.empty()) {
-      bars.push_back({"as asked", planned, fixed, fixed_label, {}});
-    } else {
-      for (size_t i = 0; i < fits.size() && i < 10; ++i) {
-        const TrainOptions& t = fits[i].options;
-        char shape[96];
-        std::snprintf(shape, sizeof shape, "#%zu %lldx%lld %s\n", i + 1,
-                      static_cast<long long>(t.per_device_train_batch_size),
-                      static_cast<long long>(t.gradient_accumulation_steps),
-                      precision_of(t).c_str());
-        std::string label = shape;
-        label.append(t.optim);
-        if (t.gradient_checkpointing) label.append(" ckpt");
-        if (t.selective_recompute) label.append(" sel");
-        bars.push_back({label, fits[i].planned, fixed, fixed_label, {}});
-      }
-    }
-    write_memory_html(args.html_path, "brisk estimate: " + o.model_name_or_path,
-                      std::string("planned bytes by category on ") +
-                          (device == Device::cuda ? "cuda" : "cpu") +
-                          (fits.empty() ? "" : "; --fit candidates, fastest predicted first"),
-                      bars);
-  }
-  if (!json_path.empty()) {
-    nlohmann::json planned_json = nlohmann::json::object();
-    for (int c = 0; c < kNumCategories; ++c)
-      planned_json[category_name(static_cast<Category>(c))] = planned[c];
-    // Every buffer of the plan, as declared: where each category's bytes go.
-    nlohmann::json buffers_json = nlohmann::json::array();
-    for (const BufferSpec& b : plan.buffers())
-      buffers_json.push_back({{"name", b.name},
-                              {"category", category_name(b.category)},
-                              {"dtype", dtype_name(b.dtype)},
-                              {"shape", b.shape.str()},
-                              {"bytes", b.bytes},
-                              {"placement", b.placement == Placement::host ? "host" : "device"}});
-    const nlohmann::json j = {
-        {"device", device == Device::cuda ? "cuda" : "cpu"},
-        {"parameters", n},
-        {"memory",
-         {{"planned_bytes", planned_json},
-          {"planned_total_bytes", plan.total_bytes()},
-          {"planned_device_bytes", plan.total_bytes(Placement::device)},
-          {"planned_host_bytes", plan.total_bytes(Placement::host)},
-          {"activations_per_block_bytes", block},
-          {"layers", layers},
-          {"host_baseline_bytes", host_base},
-          {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
-          {"buffers", buffers_json}}},
-        {"fit", fit_json},
-        {"data_parallel", ranks_json}};
-    std::ofstream out(json_path);
-    BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
-    out << j.dump(2) << "\n";
-    BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
-  }
+  if (!args.html_path.empty()) write_estimate_html(o, args, run->plan, device, host_base, fits);
+  if (!args.json_path.empty())
+    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json);
   return 0;
 }
 
