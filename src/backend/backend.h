@@ -29,8 +29,6 @@ enum class Activation {
   quick_gelu,  // x * sigmoid(1.702 x)
 };
 
-inline constexpr int kIgnoreIndex = -100;
-
 // What a backend's attention keeps for its backward pass and the scratch it needs, per block:
 // both backends' flash-style attention keeps one log-sum-exp per query row [B,H,T] (float32);
 // the CUDA backend's scratch holds its delta per row, the CPU's a block of rows per (batch,

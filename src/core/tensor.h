@@ -11,6 +11,10 @@
 
 namespace brisk {
 
+// The label a loss skips (PyTorch's ignore_index): padding and unmasked tokens in the datasets,
+// skipped rows in the backends' losses.
+inline constexpr int kIgnoreIndex = -100;
+
 // A shape of up to kMaxDims dimensions, stored inline so views never allocate.
 class Shape {
  public:

@@ -13,11 +13,11 @@
 #include <cstring>
 #include <filesystem>
 
-#include "backend/backend.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_file.h"
+#include "core/tensor.h"
 
 namespace brisk {
 
