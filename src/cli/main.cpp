@@ -94,69 +94,64 @@ int report_error(const std::string& message) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
-  using namespace brisk;
-  CLI::App app{"brisk: train transformer models natively, with every byte planned"};
-  app.require_subcommand(1);
-  // A repeated flag keeps its last value, as argparse does.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+namespace {
 
-  // train and estimate take the same options. Options from a JSON file act as defaults that flags
-  // on the command line override.
-  TrainOptions options;
-  std::string options_file = cli::find_options_file(argc, argv);
-  try {
-    if (!options_file.empty()) load_options_file(options, options_file);
-  } catch (const Error& err) {
-    return report_error(excerpt(err.what(), 1000));  // a safety net
-  }
-  // TrainingArguments keys brisk has no option for (train/trainer_keys.h), as given on the
-  // command line: checked once parsing is done.
+// train's and estimate's options: TrainOptions' fields as flags, from an options file first
+// (flags override it), and the TrainingArguments keys brisk has no option for
+// (train/trainer_keys.h), checked once parsing is done.
+struct RunFlags {
+  brisk::TrainOptions options;
+  std::string options_file;
   std::map<std::string, std::string> trainer_key_flags;
   std::vector<std::pair<std::string, CLI::Option*>> trainer_key_options;
-  auto add_run_options = [&](CLI::App* sub) {
-    sub->add_option("--options_file", options_file, "JSON file of options (flags override it)");
-    // One flag of an option (the other spellings' hidden, group "").
-    auto add_flag = [&](const std::string& flag, auto& field, const std::string& help,
-                        const std::string& group) {
-      auto* opt = sub->add_option(flag, field, help)->capture_default_str()->group(group);
-      using Field = std::decay_t<decltype(field)>;
-      if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>)
-        opt->check(whole_number<Field>());  // "-1" or 10^30 would otherwise wrap or saturate
-      if constexpr (std::is_same_v<Field, bool>)
-        // --fp16, --fp16 true, --fp16=false; the help shows the real default.
-        opt->expected(0, 1)
-            ->default_str("true")
-            ->check(switch_text())
-            ->option_text(field ? "[BOOLEAN=true]" : "[BOOLEAN=false]");
-    };
-    visit_options(options, [&](const char* name, auto& field, const char* help) {
-      add_flag(std::string("--") + name, field, help, option_group(name));
-      for (const auto& [other, own] : other_spellings())
-        if (own == name) add_flag("--" + other, field, std::string("--") + name, "");
-    });
-    std::string builtins;
-    for (const std::string& n : builtin_config_names())
-      builtins += (builtins.empty() ? "" : ", ") + n;
-    sub->get_option("--model_name_or_path")
-        ->description("config.json, model folder, or a built-in configuration (random weights): " +
-                      builtins);
-    sub->add_option("--model", options.model_name_or_path, "alias of --model_name_or_path")
-        ->group("Model");
-    for (const std::string& name : trainer_key_names()) {
-      CLI::Option* opt = sub->add_option("--" + name, trainer_key_flags[name])->expected(0, 1);
-      opt->group("");  // accepted, not listed: see the footer
-      trainer_key_options.emplace_back(name, opt);
-    }
-    sub->footer(
-        "Other TrainingArguments and run_glue/run_clm/run_mlm options are accepted at values "
-        "that change nothing in brisk (listed as ignored when the run starts) and refused "
-        "otherwise, naming what to use instead (docs/usage.md).");
-  };
-  auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
-  add_run_options(t);
+};
 
-  cli::ForwardBackwardArgs fb;
+void add_run_options(CLI::App* sub, RunFlags& flags) {
+  using namespace brisk;
+  TrainOptions& options = flags.options;
+  std::string& options_file = flags.options_file;
+  auto& trainer_key_flags = flags.trainer_key_flags;
+  auto& trainer_key_options = flags.trainer_key_options;
+  sub->add_option("--options_file", options_file, "JSON file of options (flags override it)");
+  // One flag of an option (the other spellings' hidden, group "").
+  auto add_flag = [&](const std::string& flag, auto& field, const std::string& help,
+                      const std::string& group) {
+    auto* opt = sub->add_option(flag, field, help)->capture_default_str()->group(group);
+    using Field = std::decay_t<decltype(field)>;
+    if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>)
+      opt->check(whole_number<Field>());  // "-1" or 10^30 would otherwise wrap or saturate
+    if constexpr (std::is_same_v<Field, bool>)
+      // --fp16, --fp16 true, --fp16=false; the help shows the real default.
+      opt->expected(0, 1)
+          ->default_str("true")
+          ->check(switch_text())
+          ->option_text(field ? "[BOOLEAN=true]" : "[BOOLEAN=false]");
+  };
+  visit_options(options, [&](const char* name, auto& field, const char* help) {
+    add_flag(std::string("--") + name, field, help, option_group(name));
+    for (const auto& [other, own] : other_spellings())
+      if (own == name) add_flag("--" + other, field, std::string("--") + name, "");
+  });
+  std::string builtins;
+  for (const std::string& n : builtin_config_names())
+    builtins += (builtins.empty() ? "" : ", ") + n;
+  sub->get_option("--model_name_or_path")
+      ->description("config.json, model folder, or a built-in configuration (random weights): " +
+                    builtins);
+  sub->add_option("--model", options.model_name_or_path, "alias of --model_name_or_path")
+      ->group("Model");
+  for (const std::string& name : trainer_key_names()) {
+    CLI::Option* opt = sub->add_option("--" + name, trainer_key_flags[name])->expected(0, 1);
+    opt->group("");  // accepted, not listed: see the footer
+    trainer_key_options.emplace_back(name, opt);
+  }
+  sub->footer(
+      "Other TrainingArguments and run_glue/run_clm/run_mlm options are accepted at values "
+      "that change nothing in brisk (listed as ignored when the run starts) and refused "
+      "otherwise, naming what to use instead (docs/usage.md).");
+}
+
+CLI::App* add_forward_backward(CLI::App& app, brisk::cli::ForwardBackwardArgs& fb) {
   auto* f = app.add_subcommand("forward-backward",
                                "run one forward and backward pass and report loss, logits and "
                                "gradients");
@@ -171,11 +166,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(whole_number<uint64_t>());
 
-  cli::EstimateArgs est;
+  return f;
+}
+
+CLI::App* add_estimate(CLI::App& app, brisk::cli::EstimateArgs& est, RunFlags& flags) {
   auto* e = app.add_subcommand("estimate",
                                "print the memory plan of a training run (train's options; "
                                "--device cuda plans a GPU run without a GPU)");
-  add_run_options(e);
+  add_run_options(e, flags);
   e->add_option(
       "--output_json", est.json_path,
       "also write the plan as JSON (keys as train_results.json's memory, and every buffer)");
@@ -195,7 +193,10 @@ int main(int argc, char** argv) {
   e->add_option("--fit_optims", est.optims,
                 "optimizers --fit may choose, e.g. adamw_torch,adafactor (default: the run's)");
 
-  cli::TokenizeArgs tk;
+  return e;
+}
+
+CLI::App* add_tokenize(CLI::App& app, brisk::cli::TokenizeArgs& tk) {
   auto* k = app.add_subcommand("tokenize",
                                "print the ids of each input line as a JSON list (as transformers' "
                                "tokenizer(line)[\"input_ids\"])");
@@ -210,7 +211,11 @@ int main(int argc, char** argv) {
   k->add_flag("--count_only", tk.count_only,
               "print only the lines, tokens and seconds (tokenizer throughput)");
 
-  GenerateOptions gen;
+  return k;
+}
+
+CLI::App* add_generate(CLI::App& app, brisk::GenerateOptions& gen) {
+  using brisk::GenerateOptions;
   auto* g = app.add_subcommand("generate",
                                "continue a prompt with a trained causal LM (a key/value cache; "
                                "greedy, or sampled as transformers' generate)");
@@ -235,6 +240,34 @@ int main(int argc, char** argv) {
       ->check(whole_number<uint64_t>());
   g->add_option("--device", gen.device, "cpu, cuda, or auto")->capture_default_str();
 
+  return g;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace brisk;
+  CLI::App app{"brisk: train transformer models natively, with every byte planned"};
+  app.require_subcommand(1);
+  // A repeated flag keeps its last value, as argparse does.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  RunFlags flags;
+  flags.options_file = cli::find_options_file(argc, argv);
+  try {
+    if (!flags.options_file.empty()) load_options_file(flags.options, flags.options_file);
+  } catch (const Error& err) {
+    return report_error(excerpt(err.what(), 1000));  // a safety net
+  }
+  auto* t = app.add_subcommand("train", "train a model (TrainingArguments option names)");
+  add_run_options(t, flags);
+  cli::ForwardBackwardArgs fb;
+  CLI::App* f = add_forward_backward(app, fb);
+  cli::EstimateArgs est;
+  CLI::App* e = add_estimate(app, est, flags);
+  cli::TokenizeArgs tk;
+  CLI::App* k = add_tokenize(app, tk);
+  GenerateOptions gen;
+  CLI::App* g = add_generate(app, gen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -243,17 +276,18 @@ int main(int argc, char** argv) {
     return report_error(parse_error_message(err, argc, argv));
   }
   try {
-    for (const auto& [name, opt] : trainer_key_options) {
+    for (const auto& [name, opt] : flags.trainer_key_options) {
       if (opt->count() == 0) continue;
-      accept_trainer_key(options, name, flag_value(trainer_key_flags[name]), "--" + name);
+      accept_trainer_key(flags.options, name, flag_value(flags.trainer_key_flags[name]),
+                         "--" + name);
     }
   } catch (const Error& err) {
     return report_error(excerpt(err.what(), 1000));
   }
   try {
-    if (*t) return cli::run_train(options);
+    if (*t) return cli::run_train(flags.options);
     if (*f) return cli::run_forward_backward(fb);
-    if (*e) return cli::run_estimate(options, est);
+    if (*e) return cli::run_estimate(flags.options, est);
     if (*k) return cli::run_tokenize(tk);
     if (*g) return cli::run_generate(gen);
   } catch (const Error& err) {
