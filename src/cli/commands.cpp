@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/checked.h"
+#include "core/clock.h"
 #include "core/input_file.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
@@ -252,9 +253,10 @@ RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run,
   in.sharded_gradients = !run.shards.empty() && o.zero_stage >= 2;
   in.sharded_master = run.precision->sharded_master();
   in.offload = run.offload;
-  if (run.shards.empty())
-    in.optimizer_state = {
-        static_cast<double>(in.planned[static_cast<int>(Category::optimizer_state)])};
+  if (run.shards.empty())  // every rank's optimizer as rank 0's
+    in.optimizer_state.assign(
+        static_cast<size_t>(world),
+        static_cast<double>(in.planned[static_cast<int>(Category::optimizer_state)]));
   for (const ParamShard& shard : run.shards) {  // each rank's optimizer, planned alone
     MemoryPlan scratch;
     BufferBinder binder;
@@ -363,19 +365,10 @@ TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& arg
   return o;
 }
 
-// An explicit device is planned whether or not it is present; auto picks as train would.
-Device estimate_device(const TrainOptions& o) {
-  return o.use_cpu            ? Device::cpu
-         : o.device == "auto" ? resolve_device("auto")
-         : o.device == "cuda" ? Device::cuda
-                              : Device::cpu;
-}
-
 // The run's first line: model, shape, precision, optimizer, device.
 void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device device) {
   const int64_t n = r.model->params().total_elements();
   const MixedPrecision& precision = *r.precision;
-  const RunAssembly* run = &r;
   std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n",
               o.model_name_or_path.c_str(), static_cast<long long>(n),
               static_cast<long long>(o.per_device_train_batch_size),
@@ -389,13 +382,12 @@ void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device d
               precision.float32_weights()                      ? " with float32 weights"
               : precision.enabled() && !precision.has_master() ? " without master weights"
                                                                : "",
-              run->optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+              r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
 }
 
 // The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.
 void print_categories(const TrainOptions& o, const RunAssembly& r, Device device) {
   const MemoryPlan& plan = r.plan;
-  const RunAssembly* run = &r;
   const int64_t n = r.model->params().total_elements();
   const auto planned = plan.bytes_by_category();
   const RuleOfThumb rule = guides_rule(o);
@@ -419,7 +411,7 @@ void print_categories(const TrainOptions& o, const RunAssembly& r, Device device
     std::printf("\n");
   }
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
-  if (run->offload && device == Device::cuda) {
+  if (r.offload && device == Device::cuda) {
     const auto host = plan.bytes_by_category(Placement::host);
     std::printf(
         "  offload_optimizer cpu, in host memory: master_weights %s, optimizer_state %s, "
@@ -433,7 +425,6 @@ void print_categories(const TrainOptions& o, const RunAssembly& r, Device device
 // What lies outside the plan, and the total to expect; returns the host's baseline (now).
 size_t print_fixed_overheads(const RunAssembly& r, Device device) {
   const MemoryPlan& plan = r.plan;
-  const RunAssembly* run = &r;
   std::printf("fixed overheads assumed (not in the plan):\n");
   const size_t host_base = current_rss_bytes();
   std::printf("  %-34s %12s\n", "host: program and libraries (now)", format_mib(host_base).c_str());
@@ -442,7 +433,7 @@ size_t print_fixed_overheads(const RunAssembly& r, Device device) {
                 format_mib(kCudaContextBytes).c_str());
     std::printf(
         "  %-34s %12s\n",
-        run->offload ? "host: pinned, staging and optimizer" : "host: pinned staging (planned)",
+        r.offload ? "host: pinned, staging and optimizer" : "host: pinned staging (planned)",
         format_mib(plan.total_bytes(Placement::host)).c_str());
     std::printf("expect \"GPU memory occupied\" near %s\n",
                 format_mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
@@ -530,7 +521,8 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
 
 int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const TrainOptions o = estimate_options(given, args);
-  const Device device = estimate_device(o);
+  // An explicit device is planned whether or not it is present; auto picks as train would.
+  const Device device = resolve_device(o);
   const int world = static_cast<int>(args.world_size);
   const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
   print_estimate_header(o, *run, device);
@@ -621,8 +613,7 @@ int run_tokenize(const TokenizeArgs& a) {
     std::cout << out;
   }
   if (a.count_only) {
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs = seconds_since(start);
     std::cout << nlohmann::json{{"lines", total_lines},
                                 {"tokens", total_tokens},
                                 {"seconds", secs},

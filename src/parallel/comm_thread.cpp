@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace brisk {
@@ -60,8 +61,7 @@ void CommThread::work() {
       } catch (...) {
         failure = std::current_exception();
       }
-    const double took =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double took = seconds_since(start);
     lock.lock();
     busy_seconds_ += took;
     if (failure && !error_) error_ = failure;
@@ -104,8 +104,7 @@ void Watchdog::watch() {
     const double poll = std::min(1.0, std::max(0.05, timeout_ / 20));
     cv_.wait_for(lock, std::chrono::duration<double>(poll));
     if (!op_ || timeout_ <= 0) continue;
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+    const double waited = seconds_since(since_);
     if (waited >= timeout_) expire_(op_, waited);
   }
 }

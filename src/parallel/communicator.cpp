@@ -10,6 +10,7 @@
 
 #include "backend/device_traits.h"
 #include "core/checked.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "parallel/comm_thread.h"
 
@@ -106,8 +107,7 @@ void Communicator::start_all_reduce_sum(const Tensor& buf) {
   count_started();
   const auto start = std::chrono::steady_clock::now();
   all_reduce_sum(buf);
-  started_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  started_seconds_ += seconds_since(start);
 }
 
 void Communicator::start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
@@ -116,8 +116,7 @@ void Communicator::start_reduce_scatter_sum_v(const Tensor& in, const std::vecto
   const auto start = std::chrono::steady_clock::now();
   reduce_scatter_sum_v(in, counts, out);
   if (then) then();
-  started_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  started_seconds_ += seconds_since(start);
 }
 
 void Communicator::start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
@@ -125,8 +124,7 @@ void Communicator::start_all_gather_v(const Tensor& in, const std::vector<int64_
   count_started();
   const auto start = std::chrono::steady_clock::now();
   all_gather_v(in, counts, out);
-  started_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  started_seconds_ += seconds_since(start);
 }
 
 void Communicator::wait_started_until(int64_t /*keep*/) {}  // the default runs them at once

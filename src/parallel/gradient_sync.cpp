@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "backend/backend.h"
+#include "core/clock.h"
 #include "parallel/communicator.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/zero.h"
@@ -12,9 +13,6 @@ namespace brisk {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // One rank, or nothing to train: its gradients are the batch's.
 class OwnGradients final : public GradientSync {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/device_traits.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous.h"
@@ -387,8 +388,7 @@ class Nccl final : public Communicator {
       check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
       BRISK_CHECK(async == ncclSuccess || async == ncclInProgress, op,
                   " failed: ", ncclGetErrorString(async), " (a rank is gone?)");
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double waited = seconds_since(start);
       if (timeout_ > 0 && waited >= timeout_) {
         std::fprintf(stderr,
                      "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "

@@ -1,6 +1,9 @@
 #include "parallel/rank_shares.h"
 
 #include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
 
 namespace brisk {
 
@@ -25,7 +28,9 @@ RankShares rank_shares(const RankSharesInput& in) {
   const double host_copy = in.offload ? static_cast<double>(in.host_gradient_bytes) : 0.0;
   const double staged =
       bytes(Category::gradients) - host_copy - (in.sharded_gradients ? shard0 : 0.0);
-  double whole_state = 0;
+  BRISK_CHECK(in.optimizer_state.size() == static_cast<size_t>(in.world),
+              "internal error: optimizer state for ", in.optimizer_state.size(), " of ", in.world,
+              " ranks");
   for (int r = 0; r < in.world; ++r) {
     RankShare s;
     s.rank = r;
@@ -34,15 +39,15 @@ RankShares rank_shares(const RankSharesInput& in) {
     s.master = in.sharded_master ? 4.0 * s.params : master;
     const double host_grads = in.offload ? 4.0 * s.params : 0.0;
     s.gradients = (in.sharded_gradients ? staged + 4.0 * s.params : staged) + host_grads;
-    s.optimizer_state = in.optimizer_state.size() == 1 ? in.optimizer_state[0]
-                                                       : in.optimizer_state[static_cast<size_t>(r)];
+    s.optimizer_state = in.optimizer_state[static_cast<size_t>(r)];
     s.host = in.offload ? s.master + s.optimizer_state + host_grads : 0.0;
     out.largest = std::max(out.largest, s.total() / n);
     out.ranks.push_back(s);
   }
-  whole_state = in.optimizer_state.size() == 1 ? in.optimizer_state[0] : 0.0;
-  if (in.optimizer_state.size() != 1)
-    for (double s : in.optimizer_state) whole_state += s;
+  // The optimizer state of the whole model: one rank's, or the ranks' shares together.
+  const double whole_state = in.shards.empty() ? in.optimizer_state[0]
+                                               : std::accumulate(in.optimizer_state.begin(),
+                                                                 in.optimizer_state.end(), 0.0);
   const double world = static_cast<double>(in.world);
   const double sharing = in.shards.empty() ? 1.0 : world;  // ranks sharing the optimizer
   const double master_share = in.sharded_master ? 4.0 * n / world : master;

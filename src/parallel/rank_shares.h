@@ -22,7 +22,7 @@ struct RankSharesInput {
   bool sharded_gradients = false;       // stage 2: a rank keeps its shard of the summed gradients
   bool sharded_master = false;          // the float32 master copy partitioned with the optimizer
   bool offload = false;                 // master, optimizer state and a gradient copy on the host
-  std::vector<double> optimizer_state;  // bytes per rank; one value: every rank's
+  std::vector<double> optimizer_state;  // bytes per rank (world values)
 };
 
 struct RankShare {

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/checked.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
@@ -262,7 +263,7 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
     for (int64_t& t : ticket_)
       if (t <= wait_for) t = 0;
   }
-  waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  waited_ += seconds_since(start);
 }
 
 std::pair<double, double> ShardedGradients::take_seconds(Communicator& comm) {
@@ -309,7 +310,7 @@ void ShardedWeights::need(int segment) {
   const auto begin = std::chrono::steady_clock::now();
   comm_.wait_started_until(comm_.started() - ticket_[i]);
   ticket_[i] = 0;
-  waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  waited_ += seconds_since(begin);
 }
 
 void ShardedWeights::prefetch(int segment) {

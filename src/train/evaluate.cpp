@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/clock.h"
 #include "data/loader.h"
 #include "parallel/communicator.h"
 #include "train/metrics.h"
@@ -136,8 +137,7 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
       for (const Prediction& p : predicted) on_prediction(p);  // none but on rank 0
     }
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   nlohmann::json m;
   const double mean_loss =
       targets > 0 ? loss / static_cast<double>(targets) : std::numeric_limits<double>::quiet_NaN();

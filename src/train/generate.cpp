@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "backend/backend.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
@@ -134,7 +135,7 @@ Generation generate(const GenerateOptions& o) {
     }
     if (prompt + step + 1 < max_tokens) logits = decoder.feed(*be, {id});
   }
-  g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g.seconds = seconds_since(start);
   std::vector<int32_t> all = g.prompt_ids;
   all.insert(all.end(), g.new_ids.begin(), g.new_ids.end());
   g.text = tok->decode(all);

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/device_traits.h"
+#include "core/clock.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "core/step_control.h"
@@ -231,10 +232,6 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // ZeRO: what a save writes (the float32 weights or master copy, and for a checkpoint the
 // optimizer's state), gathered piece by piece to rank 0 as it writes the files (none when
@@ -613,11 +610,17 @@ void record_steps(TrainSummary& s, const TrainerState& state, const LoopTotals& 
   s.total_flos = state.total_flos;
 }
 
+// What an optimizer step did: its update, its loss (the accumulated batch's token loss over its
+// target count), and the learning rate and loss scale it ran with.
+struct StepResult {
+  Update update;
+  double loss = 0, lr = 0, loss_scale = 1;
+};
+
 // One optimizer step: its micro-batches forward and backward, the ranks' gradients summed, the
 // update. `micro_batch` advances past the micro-batches taken.
-Update optimizer_step(RunContext& c, GradientSync& sync, const Schedule& schedule,
-                      int64_t micro_steps, int64_t& micro_batch, LoopTotals& totals,
-                      int64_t* targets_out, double* lr_out) {
+StepResult optimizer_step(RunContext& c, GradientSync& sync, const Schedule& schedule,
+                          int64_t micro_steps, int64_t& micro_batch, LoopTotals& totals) {
   Model& model = *c.run.model;
   DataLoader& loader = *c.run.loader;
   MixedPrecision& precision = *c.run.precision;
@@ -649,16 +652,17 @@ Update optimizer_step(RunContext& c, GradientSync& sync, const Schedule& schedul
   c.s.communication_seconds += synced.ran;
   c.s.communication_wait_seconds += synced.waited;
   // The schedule advances with the updates actually made (a skipped step does not count).
-  const double lr = c.o.learning_rate * schedule.factor(c.run.optimizer->steps());
-  const Update update = apply_update(c.be, c.run, c.host_be, lr, loss_scale, step,
-                                     c.faults.overflow_at_step, c.dist, c.weights);
+  StepResult r;
+  r.lr = c.o.learning_rate * schedule.factor(c.run.optimizer->steps());
+  r.loss_scale = loss_scale;
+  r.update = apply_update(c.be, c.run, c.host_be, r.lr, loss_scale, step, c.faults.overflow_at_step,
+                          c.dist, c.weights);
+  r.loss = r.update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
   // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
-  c.s.communication_seconds += update.gather_seconds;
-  c.s.communication_wait_seconds += update.gather_seconds;
+  c.s.communication_seconds += r.update.gather_seconds;
+  c.s.communication_wait_seconds += r.update.gather_seconds;
   if (c.weights) c.s.communication_wait_seconds += c.weights->take_wait_seconds();
-  *targets_out = targets;
-  *lr_out = lr;
-  return update;
+  return r;
 }
 
 // A checkpoint, when one is due. ZeRO: rank 0 writes every rank's weights and optimizer state,
@@ -724,12 +728,8 @@ void train_steps(RunContext& c) {
     const int64_t micro_steps =
         std::min(o.gradient_accumulation_steps,
                  bounds.micro_per_epoch - micro_batch % bounds.micro_per_epoch);
-    const double loss_scale = c.run.precision->loss_scale();
-    int64_t targets = 0;
-    double lr = 0;
-    const Update update =
-        optimizer_step(c, *sync, schedule, micro_steps, micro_batch, totals, &targets, &lr);
-    const double step_loss = update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
+    const StepResult r = optimizer_step(c, *sync, schedule, micro_steps, micro_batch, totals);
+    const double step_loss = r.loss;
     state.loss_scale = c.run.precision->loss_scale();
     state.growth_tracker = c.run.precision->scaler().growth_tracker();
     ++state.global_step;
@@ -745,7 +745,7 @@ void train_steps(RunContext& c) {
     ++totals.window.steps;
     c.log.progress.update(state.global_step, step_loss);
     if (log_due(o, state.global_step, bounds.total_steps, epoch_ended)) {
-      nlohmann::json rec = totals.window.close(state, lr, update, loss_scale);
+      nlohmann::json rec = totals.window.close(state, r.lr, r.update, r.loss_scale);
       state.log_history.push_back(rec);
       c.log.report(rec, state.global_step);
     }

@@ -3,8 +3,6 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
@@ -141,10 +139,7 @@ void CudaBackend::synchronize() {
 // ---- 16-bit activations ----
 
 bool CudaBackend::bf16_activations(DType dtype) const {
-  static const bool wanted = [] {
-    const char* v = std::getenv("BRISK_BF16_ACTIVATIONS");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool wanted = !cuda::switched_off("BRISK_BF16_ACTIVATIONS");
   return wanted && dtype == DType::bf16 && matmul_dtype_ == DType::bf16;
 }
 

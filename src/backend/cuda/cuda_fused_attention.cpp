@@ -4,11 +4,9 @@
 // buffers (they hold 16-bit values already: the block rounds them); cuDNN runs, and its 16-bit
 // results are cast back into the float32 containers. The key mask's bias and cuDNN's
 // workspace live in the planned attention workspace, the dropout seed in the attention scratch.
-#include <cstdlib>
-#include <cstring>
-
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.h"
 #include "backend/cuda/fused_attention.h"
 
 namespace brisk {
@@ -17,10 +15,7 @@ namespace {
 
 // BRISK_FUSED_ATTENTION=0 keeps the float32 kernels (to compare the two).
 bool fused_attention_wanted() {
-  static const bool wanted = [] {
-    const char* v = std::getenv("BRISK_FUSED_ATTENTION");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool wanted = !cuda::switched_off("BRISK_FUSED_ATTENTION");
   return wanted;
 }
 // Bytes of the bias at the start of the attention workspace, rounded up to 256.

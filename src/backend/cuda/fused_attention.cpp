@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_launch.h"
 #include "core/error.h"
 
 #if defined(BRISK_HAVE_CUDNN_FRONTEND)
@@ -219,8 +220,7 @@ Entry make_entry(const FusedAttentionShape& s) {
     if (why.empty()) {
       // Deterministic first (the same bits run after run), then cuDNN's fastest;
       // BRISK_ATTENTION_DETERMINISTIC=0 tries the fastest first (to compare the two).
-      const char* v = std::getenv("BRISK_ATTENTION_DETERMINISTIC");
-      const bool first = !(v && std::string(v) == "0");
+      const bool first = !switched_off("BRISK_ATTENTION_DETERMINISTIC");
       e.backward = backward_graph(s, io, first);
       why = build(*e.backward, lib.handle);
       if (!why.empty()) {
