@@ -8,7 +8,7 @@ cd "${1:-$(dirname "$0")/..}"
 declare -A allowed=(
   [cli]="train parallel tokenizer precision optim models backend core"
   [train]="parallel tokenizer data precision optim models backend core"
-  [parallel]="optim models backend core"
+  [parallel]="precision optim models backend core"
   [tokenizer]="data core"
   [data]="models core"
   [precision]="models backend core"

@@ -390,7 +390,7 @@ TEST(Zero, EightBitShardsEndBetweenWholeBlocks) {
       const auto run = assemble_run(o, Device::cpu, nullptr, nullptr, r, N);
       for (const auto& [name, n] : sizes(*run)) sum[name] += n;
       const int64_t total = run->model->params().total_elements();
-      EXPECT_NEAR(static_cast<double>(run->shards[static_cast<size_t>(r)].elements.count),
+      EXPECT_NEAR(static_cast<double>(run->parallel.shards[static_cast<size_t>(r)].elements.count),
                   static_cast<double>(total) / N, 256.0)
           << "rank " << r << " of " << N;
       for (const ParamInfo& p : run->optimizer_params.list())

@@ -244,20 +244,20 @@ RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run,
   in.world = world;
   in.planned = run.plan.bytes_by_category();
   in.host_gradient_bytes =
-      run.offload
+      run.parallel.offload
           ? run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]
           : 0;
   in.params = run.model->params().total_elements();
-  in.shards = run.shards;
-  in.sharded_weights = !run.shards.empty() && o.zero_stage >= 3;
-  in.sharded_gradients = !run.shards.empty() && o.zero_stage >= 2;
+  in.shards = run.parallel.shards;
+  in.sharded_weights = !run.parallel.shards.empty() && o.zero_stage >= 3;
+  in.sharded_gradients = !run.parallel.shards.empty() && o.zero_stage >= 2;
   in.sharded_master = run.precision->sharded_master();
-  in.offload = run.offload;
-  if (run.shards.empty())  // every rank's optimizer as rank 0's
+  in.offload = run.parallel.offload;
+  if (run.parallel.shards.empty())  // every rank's optimizer as rank 0's
     in.optimizer_state.assign(
         static_cast<size_t>(world),
         static_cast<double>(in.planned[static_cast<int>(Category::optimizer_state)]));
-  for (const ParamShard& shard : run.shards) {  // each rank's optimizer, planned alone
+  for (const ParamShard& shard : run.parallel.shards) {  // each rank's optimizer, planned alone
     MemoryPlan scratch;
     BufferBinder binder;
     make_optimizer(optimizer_config(o))
@@ -274,7 +274,7 @@ void print_paper_formula(const TrainOptions& o, const RunAssembly& run, const Ra
   const int world = in.world;
   const double paper = (o.zero_stage >= 3 ? 2.0 / world : 2.0) +
                        (o.zero_stage >= 2 ? 2.0 / world : 2.0) +
-                       (run.shards.empty() ? 12.0 : 12.0 / world);
+                       (run.parallel.shards.empty() ? 12.0 : 12.0 / world);
   auto slots = [](int n, const char* what) {
     return n == 0 ? std::string(", ") + what + " staged whole"
                   : std::string(", ") + what + " staged in " +
@@ -411,7 +411,7 @@ void print_categories(const TrainOptions& o, const RunAssembly& r, Device device
     std::printf("\n");
   }
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
-  if (r.offload && device == Device::cuda) {
+  if (r.parallel.offload && device == Device::cuda) {
     const auto host = plan.bytes_by_category(Placement::host);
     std::printf(
         "  offload_optimizer cpu, in host memory: master_weights %s, optimizer_state %s, "
@@ -431,10 +431,10 @@ size_t print_fixed_overheads(const RunAssembly& r, Device device) {
   if (device == Device::cuda) {
     std::printf("  %-34s %12s\n", "GPU: context, kernels, libraries",
                 format_mib(kCudaContextBytes).c_str());
-    std::printf(
-        "  %-34s %12s\n",
-        r.offload ? "host: pinned, staging and optimizer" : "host: pinned staging (planned)",
-        format_mib(plan.total_bytes(Placement::host)).c_str());
+    std::printf("  %-34s %12s\n",
+                r.parallel.offload ? "host: pinned, staging and optimizer"
+                                   : "host: pinned staging (planned)",
+                format_mib(plan.total_bytes(Placement::host)).c_str());
     std::printf("expect \"GPU memory occupied\" near %s\n",
                 format_mib(plan.total_bytes(Placement::device) + kCudaContextBytes).c_str());
   } else {

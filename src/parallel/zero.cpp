@@ -153,6 +153,27 @@ void GatheredReads::serve() {
   }
 }
 
+StateShare state_share(Communicator& comm, const Optimizer& optimizer) {
+  const auto named = optimizer.state();
+  const auto N = static_cast<size_t>(comm.size());
+  std::vector<double> sizes(named.size() * N, 0.0);  // [tensor][rank]
+  for (size_t i = 0; i < named.size(); ++i)
+    sizes[i * N + static_cast<size_t>(comm.rank())] = static_cast<double>(named[i].second.numel());
+  comm.all_reduce_sum(Tensor(sizes.data(), Shape{static_cast<int64_t>(sizes.size())}, DType::f64));
+  StateShare share;
+  for (size_t i = 0; i < named.size(); ++i) {
+    int64_t before = 0, total = 0;
+    for (size_t r = 0; r < N; ++r) {
+      const auto n = static_cast<int64_t>(sizes[i * N + r]);
+      if (r < static_cast<size_t>(comm.rank())) before += n;
+      total += n;
+    }
+    share.offset.push_back(before);
+    share.total.push_back(total);
+  }
+  return share;
+}
+
 std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partitioned, int rank,
                                      const Optimizer* optimizer) {
   std::vector<Tensor> parts{weights_partitioned || rank == 0 ? weights : Tensor()};

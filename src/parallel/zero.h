@@ -45,6 +45,14 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
 // rank's optimizer is planned for.
 ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 
+// ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
+// of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.
+struct StateShare {
+  std::vector<int64_t> offset, total;
+};
+// Every rank, a collective: this rank's StateShare of `optimizer`'s state (planned and reset).
+StateShare state_share(Communicator& comm, const Optimizer& optimizer);
+
 // What a save writes when no rank holds it whole: arrays of bytes of which every rank holds a
 // part, each whole being the ranks' parts laid end to end in rank order — the weights or master
 // copy by the ranks' runs, each optimizer state tensor (every rank's state laid end to end is one

@@ -125,72 +125,11 @@ void assemble_precision(RunAssembly& r) {
   r.optimizer = make_optimizer(optimizer_config(o));
   // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
   // there, unless a test asks for the GPU's path (offload_on_cpu).
-  r.offload =
+  r.parallel.offload =
       o.do_train && o.offload_optimizer == "cpu" && (!traits.host_memory || o.offload_on_cpu);
-  if (r.offload) {
+  if (r.parallel.offload) {
     r.precision->offload_master();
     r.optimizer->keep_state_in(Placement::host);
-  }
-}
-
-// ZeRO: every rank's parameters (shards), refused where a rank would get none; stage 2's and 3's
-// staging slots for the model's plan.
-void partition_for_zero(RunAssembly& r, int ranks, PlanOptions& model_options) {
-  const TrainOptions& o = r.options;
-  const Optimizer& optimizer = *r.optimizer;
-  r.shards = partition_params(r.model->params(), ranks,
-                              [&](const ParamInfo& p) { return optimizer.shard_granule(p); });
-  const int64_t mine = r.shards[static_cast<size_t>(r.rank)].elements.count;
-  if (mine == 0) {  // what the optimizer keeps on one rank outweighs a rank's share
-    std::string name;
-    int64_t kept = 0;
-    for (const ParamInfo& p : r.model->params().list()) {
-      const int64_t together = std::min(p.shape.numel(), optimizer.shard_granule(p));
-      if (together > kept) {
-        kept = together;
-        name = p.name;
-      }
-    }
-    BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", r.rank, " of ", ranks,
-               " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
-               " elements together on one rank ('", name, "'), more than a rank's share of ",
-               r.model->params().total_elements(), "; use fewer ranks or another --optim");
-  }
-  // Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
-  // backward) unless that and the shard would hold more than whole gradients; then in one.
-  const int64_t total = r.model->params().total_elements();
-  if (o.zero_stage >= 2)
-    model_options.gradient_slots = r.model->staged_gradient_elements(2) + mine < total ? 2 : 1;
-  // Stage 3 gathers the blocks' weights into two slots (the next block's gather overlaps a
-  // block's computation) unless that and the weight shard would hold more than whole weights,
-  // or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
-  // then) whole weights gathered after each update.
-  if (o.zero_stage >= 3) {
-    const int64_t one = r.model->staged_weight_elements(1),
-                  two = r.model->staged_weight_elements(2);
-    const int64_t block = r.model->block_elements(1);
-    const bool prefetch =
-        o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
-    model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
-  }
-}
-
-// ZeRO's buffers: this rank's parameters for its optimizer, stage 3's weight shard, stage 2's
-// gradient shard and the slot its sums arrive in.
-void declare_zero_buffers(RunAssembly& r) {
-  const TrainOptions& o = r.options;
-  const ParamShard& mine = r.shards[static_cast<size_t>(r.rank)];
-  r.optimizer_params = shard_params(r.model->params(), mine);
-  if (o.zero_stage >= 3)
-    r.binder.declare(r.plan, &r.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
-                     Shape{mine.elements.count});
-  if (o.zero_stage >= 2) {
-    r.binder.declare(r.plan, &r.grad_shard, "zero.gradient_shard", Category::gradients, DType::f32,
-                     Shape{mine.elements.count});
-    const int64_t receive = ShardedGradients::receive_elements(
-        r.shards, r.rank, r.model->param_segments(), gradient_piece_elements(o.ddp_bucket_cap_mb));
-    r.binder.declare(r.plan, &r.grad_receive, "zero.gradient_sums", Category::temporaries,
-                     DType::f32, Shape{std::max<int64_t>(receive, 1)});
   }
 }
 
@@ -207,15 +146,6 @@ void plan_products(RunAssembly& r, Backend* backend) {
   } else {
     plan_backend_workspace(r.device, operands, max_operands, r.plan, r.binder, r.workspace);
   }
-}
-
-// offload_optimizer: host copies of the step's gradients (this rank's run) and decision.
-void declare_offload_buffers(RunAssembly& r) {
-  const ElementRange stepped = r.precision->master_elements(r.model->params());
-  r.binder.declare(r.plan, &r.offload_grads, "offload.gradients", Category::gradients, DType::f32,
-                   Shape{stepped.count}, Placement::host);
-  r.binder.declare(r.plan, &r.offload_control, "offload.step_control", Category::temporaries,
-                   DType::f32, Shape{kControlSize}, Placement::host);
 }
 
 }  // namespace
@@ -244,19 +174,22 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   loading.ranks = ranks;
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   assemble_precision(r);
-  const bool zero = o.zero_stage >= 1 && ranks > 1;
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
-  if (zero) partition_for_zero(r, ranks, model_options);
+  const ParallelPlanOptions layout_options{rank, ranks, o.zero_stage, o.stage3_prefetch_bucket_size,
+                                           o.ddp_bucket_cap_mb};
+  partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
-  r.precision->plan(r.plan, r.binder, r.model->params().total_elements(),
-                    zero ? r.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
+  const bool zero = !r.parallel.shards.empty();
+  r.precision->plan(
+      r.plan, r.binder, r.model->params().total_elements(),
+      zero ? r.parallel.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
   plan_products(r, backend);
-  if (zero) declare_zero_buffers(r);
-  r.optimizer->plan(r.plan, r.binder, r.shards.empty() ? r.model->params() : r.optimizer_params);
-  if (r.offload) declare_offload_buffers(r);
+  plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
+  r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());
+  plan_offload_buffers(*r.model, *r.precision, r.parallel, r.plan, r.binder);
   r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
     r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);

@@ -14,7 +14,7 @@
 #include "data/loader.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
-#include "parallel/zero.h"
+#include "parallel/policy.h"
 #include "precision/mixed_precision.h"
 #include "train/evaluate.h"
 #include "train/file_data.h"
@@ -39,20 +39,10 @@ struct RunAssembly {
   std::unique_ptr<MixedPrecision> precision;
   DType product = DType::f32;  // the dtype of the matrix products
   std::unique_ptr<Optimizer> optimizer;
-  // ZeRO stage 1 in a run of several ranks: every rank's parameters (shards[rank] are this
-  // rank's), and this rank's as the set its optimizer is planned for. Empty otherwise.
-  std::vector<ParamShard> shards;
+  // The parallel layout's buffers (ZeRO's shards, the offloaded optimizer's host copies), and
+  // with ZeRO the parameters of this rank's run, which its optimizer is planned for.
+  ParallelBuffers parallel;
   ParameterSet optimizer_params;
-  // ZeRO stage 2: this rank's shard of the summed gradients, and the slot its sums arrive in.
-  Tensor grad_shard, grad_receive;
-  // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
-  // embeddings, the head and slots for gathered blocks).
-  Tensor weight_shard;
-  // offload_optimizer on a GPU: the optimizer's state and the float32 master copy (of this
-  // rank's run) in host memory, stepped there by the CPU's backend from host copies of the
-  // step's gradients (this rank's run of them) and decision.
-  bool offload = false;
-  Tensor offload_grads, offload_control;
   int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized

@@ -11,6 +11,7 @@
 
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/zero.h"
 #include "train/options.h"
 #include "train/schedule.h"
 
@@ -45,8 +46,6 @@ struct TrainerState {
 // continue exactly (sample_position, loss_scale, growth_tracker).
 nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions& options);
 
-class GatheredReads;
-
 // Writes model.safetensors (transformers' names, from `weights`: the flat float32 weights or
 // master copy) and config.json into `folder`, as Trainer.save_model does. With `gathered`
 // (ZeRO, parallel/zero.h), the weights are its whole 0, read piece by piece (`weights` unused).
@@ -71,12 +70,6 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
                             const Schedule& schedule, const TrainerState& state,
                             const std::string& tokenizer_path, int* fail_at_point = nullptr,
                             GatheredReads* gathered = nullptr);
-
-// ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
-// of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.
-struct StateShare {
-  std::vector<int64_t> offset, total;
-};
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
 // and so is a checkpoint of another optimizer than `options.optim`. With `share`, the optimizer

@@ -24,8 +24,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
-#include "parallel/gradient_sync.h"
-#include "parallel/zero.h"
+#include "parallel/policy.h"
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
@@ -233,18 +232,6 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
 
-// ZeRO: what a save writes (the float32 weights or master copy, and for a checkpoint the
-// optimizer's state), gathered piece by piece to rank 0 as it writes the files (none when
-// nothing is partitioned).
-std::unique_ptr<GatheredReads> gather_for_save(const RunAssembly& run, Communicator& comm,
-                                               bool checkpoint) {
-  if (run.shards.empty()) return nullptr;
-  const MixedPrecision& precision = *run.precision;
-  return std::make_unique<GatheredReads>(
-      comm, checkpoint_parts(precision.master(run.model->params()), precision.sharded(),
-                             comm.rank(), checkpoint ? run.optimizer.get() : nullptr));
-}
-
 // Root's text, on every rank.
 std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
   double length = static_cast<double>(text.size());
@@ -255,77 +242,24 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
   return out;
 }
 
-// ZeRO (`shards` not empty): the optimizer updates this rank's shard of the weights, and every
-// shard is then broadcast from its owner. Stage 2 (`grad_shard` not empty): the summed gradients
-// are only this rank's shard, so the gradients' sum of squares is summed over the ranks too.
-// Stage 3 (`weights`): the rank keeps only its shard of the weights; the segments the model keeps
-// whole are gathered, the blocks' are when the model next needs them. Offloaded (`host`, the
-// CPU's backend): the step's gradients (this rank's run of them) and decision are downloaded to
-// host memory, where the optimizer updates the master copy, which is then uploaded.
-Update apply_update(Backend& be, RunAssembly& run, Backend* host, double lr, double loss_scale,
-                    int64_t step, int64_t overflow_at_step, Communicator& comm,
-                    ShardedWeights* weights) {
+// The update: the gradients' norm and the step's decision (skip, clip), the optimizer's step on
+// this rank's share and the weights shared by the run's parallel policy, the loss scaler told.
+Update apply_update(Backend& be, RunAssembly& run, ParallelPolicy& parallel, double lr,
+                    double loss_scale, int64_t step, int64_t overflow_at_step) {
   Model& model = *run.model;
-  Optimizer& optimizer = *run.optimizer;
   MixedPrecision& precision = *run.precision;
-  const std::vector<ParamShard>& shards = run.shards;
-  const bool sharded_grads = !run.grad_shard.empty();
-  const Tensor& grads = sharded_grads ? run.grad_shard : model.params().flat_grads();
+  const Tensor& grads = parallel.gradients();
   if (step == overflow_at_step)
     be.fill(Tensor(grads.data(), Shape{1}, DType::f32, grads.device()),
             std::numeric_limits<float>::infinity());
   const Tensor& stats = model.step_stats();
-  const Tensor& control = model.step_control();
   const Tensor grad_sumsq(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64,
                           stats.device());
   be.sum_squares(grads, grad_sumsq);
-  double gather_seconds = 0;
-  if (sharded_grads) {  // every rank added 0 before: the sum is the whole gradients'
-    const auto start = std::chrono::steady_clock::now();
-    comm.all_reduce_sum(grad_sumsq);
-    gather_seconds += seconds_since(start);
-  }
-  be.decide_step(stats, loss_scale, run.options.max_grad_norm, control);
-  const Tensor& master = precision.master(model.params());
+  double gather_seconds = parallel.sum_over_gradients(grad_sumsq);
+  be.decide_step(stats, loss_scale, run.options.max_grad_norm, model.step_control());
   const RngKey rounding{run.options.seed, static_cast<uint64_t>(step), kWeightRoundingSite};
-  // The optimizer's step on `stepped` of the gradients, where its state is.
-  auto optimizer_step = [&](const Tensor& weights_run, const Tensor& stepped) {
-    if (host) {
-      be.download(stepped, run.offload_grads);
-      be.download(control, run.offload_control);
-      optimizer.step(*host, weights_run, run.offload_grads, run.offload_control,
-                     static_cast<float>(lr));
-    } else {
-      optimizer.step(be, weights_run, stepped, control, static_cast<float>(lr));
-    }
-  };
-  if (shards.empty()) {
-    optimizer_step(master, grads);
-    // On a skip the weights are unchanged, and rounding them again changes nothing.
-    precision.refresh_weights(be, model.params(), rounding);
-  } else {
-    const ElementRange mine = shards[static_cast<size_t>(comm.rank())].elements;
-    const Tensor my_grads = sharded_grads ? grads : element_range(grads, mine.offset, mine.count);
-    // With a master copy, the rank holds the master of its run only: it rounds its run of the
-    // compute weights, which every rank then gathers. Otherwise the weights are what the
-    // optimizer updates: gathered, then (bf16 without a master) rounded alike on every rank.
-    const bool sharded_master = precision.sharded_master();
-    const Tensor& shared = sharded_master ? model.params().flat_weights() : master;
-    optimizer_step(precision.sharded() ? master : element_range(master, mine.offset, mine.count),
-                   my_grads);
-    if (sharded_master) precision.refresh_weights(be, model.params(), rounding);
-    const auto start = std::chrono::steady_clock::now();
-    if (weights) {
-      weights->publish();
-    } else {
-      for (int r = 0; r < comm.size(); ++r) {
-        const ElementRange e = shards[static_cast<size_t>(r)].elements;
-        if (e.count > 0) comm.broadcast(element_range(shared, e.offset, e.count), r);
-      }
-    }
-    gather_seconds += seconds_since(start);
-    if (!sharded_master) precision.refresh_weights(be, model.params(), rounding);
-  }
+  gather_seconds += parallel.step_weights(static_cast<float>(lr), rounding);
   const auto [loss_sum, sumsq] = model.read_step_stats(be);
   Update u;
   u.gather_seconds = gather_seconds;
@@ -336,7 +270,7 @@ Update apply_update(Backend& be, RunAssembly& run, Backend* host, double lr, dou
               std::isfinite(loss_sum) ? sumsq : loss_sum, " at step ", step + 1,
               "; stopping (lower the learning rate or check the data)");
   if (u.skipped)
-    optimizer.undo_step();
+    run.optimizer->undo_step();
   else
     u.grad_norm = std::sqrt(sumsq) / loss_scale;
   if (precision.uses_loss_scaling()) precision.scaler().update(u.skipped);
@@ -400,32 +334,10 @@ TrainOptions shape_to_memory(const TrainOptions& options, Device device, const B
   return shaped;
 }
 
-// ZeRO: where this rank's optimizer state lies in the ranks' states laid end to end.
-StateShare state_share(Communicator& comm, const Optimizer& optimizer) {
-  const auto named = optimizer.state();
-  const auto N = static_cast<size_t>(comm.size());
-  std::vector<double> sizes(named.size() * N, 0.0);  // [tensor][rank]
-  for (size_t i = 0; i < named.size(); ++i)
-    sizes[i * N + static_cast<size_t>(comm.rank())] = static_cast<double>(named[i].second.numel());
-  comm.all_reduce_sum(Tensor(sizes.data(), Shape{static_cast<int64_t>(sizes.size())}, DType::f64));
-  StateShare share;
-  for (size_t i = 0; i < named.size(); ++i) {
-    int64_t before = 0, total = 0;
-    for (size_t r = 0; r < N; ++r) {
-      const auto n = static_cast<int64_t>(sizes[i * N + r]);
-      if (r < static_cast<size_t>(comm.rank())) before += n;
-      total += n;
-    }
-    share.offset.push_back(before);
-    share.total.push_back(total);
-  }
-  return share;
-}
-
 // Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
 // optimizer state, the data position and the loss scaler.
 TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
-                        const StateShare* share, ShardedWeights* sharded) {
+                        ParallelPolicy& parallel) {
   const TrainOptions& o = run.options;
   TrainerState state;
   // model.safetensors, or the shards of model.safetensors.index.json.
@@ -433,7 +345,8 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
                                   ? WeightFiles::find_in_folder(o.model_name_or_path)
                                   : std::string();
   if (!o.resume_from_checkpoint.empty()) {
-    load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state, share);
+    load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state,
+                    parallel.state_share());
   } else if (!weights.empty()) {
     const std::vector<std::string> fresh =
         run.model->load_pretrained(be, WeightFiles(weights), o.seed, o.ignore_mismatched_sizes);
@@ -456,8 +369,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
                               "randomly initialized weights"}});
     run.model->init_weights(be, o.seed);
   }
-  run.precision->adopt_model_weights(be, run.model->params());
-  if (sharded) sharded->publish();
+  parallel.weights_written();
   if (!o.resume_from_checkpoint.empty() && run.precision->uses_loss_scaling())
     run.precision->scaler().restore(state.loss_scale, state.growth_tracker);
   return state;
@@ -561,9 +473,8 @@ struct RunContext {
   const TrainOptions& o;
   Communicator& dist;
   Backend& be;
-  Backend* host_be;  // offload_optimizer: the CPU's backend, which steps the optimizer
   RunAssembly& run;
-  ShardedWeights* weights;  // ZeRO stage 3
+  ParallelPolicy& parallel;
   TrainerState& state;
   TrainSummary& s;
   PeakPhases& peaks;
@@ -619,8 +530,8 @@ struct StepResult {
 
 // One optimizer step: its micro-batches forward and backward, the ranks' gradients summed, the
 // update. `micro_batch` advances past the micro-batches taken.
-StepResult optimizer_step(RunContext& c, GradientSync& sync, const Schedule& schedule,
-                          int64_t micro_steps, int64_t& micro_batch, LoopTotals& totals) {
+StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro_steps,
+                          int64_t& micro_batch, LoopTotals& totals) {
   Model& model = *c.run.model;
   DataLoader& loader = *c.run.loader;
   MixedPrecision& precision = *c.run.precision;
@@ -631,7 +542,7 @@ StepResult optimizer_step(RunContext& c, GradientSync& sync, const Schedule& sch
   const float grad_scale =
       targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
   model.zero_accumulated_grads(c.be);  // the first micro-batch writes the others
-  sync.begin_step();
+  c.parallel.begin_step();
   model.reset_step_stats(c.be);
   for (int64_t micro = 0; micro < micro_steps; ++micro) {
     c.be.wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
@@ -645,34 +556,35 @@ StepResult optimizer_step(RunContext& c, GradientSync& sync, const Schedule& sch
     so.rng = RngKey{c.o.seed, static_cast<uint64_t>(micro_batch), 0};
     so.first_micro_batch = micro == 0;
     model.forward_step(c.be, so);
-    model.backward(c.be, so, sync.on_segment(micro == micro_steps - 1));
+    model.backward(c.be, so, c.parallel.on_segment(micro == micro_steps - 1));
     ++micro_batch;
   }
-  const SyncSeconds synced = sync.finish();  // the global batch's gradients and loss
+  const SyncSeconds synced =
+      c.parallel.finish_gradients();  // the global batch's gradients and loss
   c.s.communication_seconds += synced.ran;
   c.s.communication_wait_seconds += synced.waited;
   // The schedule advances with the updates actually made (a skipped step does not count).
   StepResult r;
   r.lr = c.o.learning_rate * schedule.factor(c.run.optimizer->steps());
   r.loss_scale = loss_scale;
-  r.update = apply_update(c.be, c.run, c.host_be, r.lr, loss_scale, step, c.faults.overflow_at_step,
-                          c.dist, c.weights);
+  r.update =
+      apply_update(c.be, c.run, c.parallel, r.lr, loss_scale, step, c.faults.overflow_at_step);
   r.loss = r.update.loss_sum / static_cast<double>(std::max<int64_t>(targets, 1));
-  // ZeRO's gathering of the updated weights waits as the sums do: nothing overlaps it.
+  // Sharing the updated weights waits as the sums do: nothing overlaps it.
   c.s.communication_seconds += r.update.gather_seconds;
   c.s.communication_wait_seconds += r.update.gather_seconds;
-  if (c.weights) c.s.communication_wait_seconds += c.weights->take_wait_seconds();
+  c.s.communication_wait_seconds += c.parallel.take_weight_wait_seconds();
   return r;
 }
 
-// A checkpoint, when one is due. ZeRO: rank 0 writes every rank's weights and optimizer state,
-// read from them piece by piece while the others serve the reads.
+// A checkpoint, when one is due. Where the policy partitions them, rank 0 writes every rank's
+// weights and optimizer state, read from them piece by piece while the others serve the reads.
 void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
                  const nlohmann::json& evaluated, bool due) {
   if (!due) return;
   const TrainOptions& o = c.o;
   c.peaks.enter(PeakPhases::saves);
-  std::unique_ptr<GatheredReads> gathered = gather_for_save(c.run, c.dist, true);
+  std::unique_ptr<GatheredReads> gathered = c.parallel.gather_for_save(true);
   if (gathered && !c.lead()) gathered->serve();
   if (c.lead()) {
     // The best model is decided before the save, so the checkpoint's state names it.
@@ -719,16 +631,11 @@ void train_steps(RunContext& c) {
   c.peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   const BestModel best(o);
-  // How the ranks' gradients become the global batch's (parallel/gradient_sync.h).
-  const std::unique_ptr<GradientSync> sync =
-      make_gradient_sync(c.be, c.dist, *c.run.model,
-                         {c.ranks(), o.do_train, c.run.shards, c.run.grad_shard, c.run.grad_receive,
-                          o.ddp_bucket_cap_mb});
   while (o.do_train && state.global_step < bounds.total_steps) {
     const int64_t micro_steps =
         std::min(o.gradient_accumulation_steps,
                  bounds.micro_per_epoch - micro_batch % bounds.micro_per_epoch);
-    const StepResult r = optimizer_step(c, *sync, schedule, micro_steps, micro_batch, totals);
+    const StepResult r = optimizer_step(c, schedule, micro_steps, micro_batch, totals);
     const double step_loss = r.loss;
     state.loss_scale = c.run.precision->loss_scale();
     state.growth_tracker = c.run.precision->scaler().growth_tracker();
@@ -767,22 +674,17 @@ void train_steps(RunContext& c) {
 }
 
 // load_best_model_at_end: rank 0 knows the best checkpoint; every rank evaluates and predicts with
-// its weights, broadcast from rank 0 or (ZeRO stage 3) read by every rank, its shard of them.
+// its weights, read as the parallel policy shares them.
 void load_best_model(RunContext& c) {
   std::string best_folder = c.lead() ? c.state.best_model_checkpoint : std::string();
   if (c.ranks() > 1) best_folder = broadcast_string(c.dist, best_folder, 0);
   if (best_folder.empty()) return;
-  Model& model = *c.run.model;
-  if (c.lead() || c.weights)
-    model.load_weights(c.be, WeightFiles((fs::path(best_folder) / "model.safetensors").string()));
+  c.parallel.load_weights((fs::path(best_folder) / "model.safetensors").string());
   if (c.lead()) {
     c.s.best_model_checkpoint = best_folder;
     c.log.report({{"loaded_best_model", best_folder}, {"best_metric", c.state.best_metric}},
                  c.state.global_step);
   }
-  if (c.ranks() > 1 && !c.weights) c.dist.broadcast(model.params().flat_weights(), 0);
-  c.run.precision->adopt_model_weights(c.be, model.params());
-  if (c.weights) c.weights->publish();
 }
 
 // After the steps: the run's metrics logged as Trainer's last log, the best model loaded where
@@ -796,7 +698,7 @@ void finish_training(RunContext& c) {
   c.log.event(finished, c.state.global_step);
   if (o.load_best_model_at_end) load_best_model(c);
   c.peaks.enter(PeakPhases::saves);
-  std::unique_ptr<GatheredReads> gathered = gather_for_save(c.run, c.dist, false);
+  std::unique_ptr<GatheredReads> gathered = c.parallel.gather_for_save(false);
   if (gathered && !c.lead()) gathered->serve();
   if (!c.lead()) return;
   Model& model = *c.run.model;
@@ -921,24 +823,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   Arena arena(run->plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model.bind(arena);
   run->binder.bind(arena);
-  // offload_optimizer: the optimizer's state is in host memory, stepped by the CPU's backend.
-  const std::unique_ptr<Backend> host_be = run->offload ? make_backend(kHostDevice) : nullptr;
-  run->optimizer->reset(host_be ? *host_be : *be);
-  // ZeRO stage 3: the model's blocks gathered from every rank's shard of the weights.
-  std::optional<ShardedWeights> weights;
-  if (!run->weight_shard.empty()) {
-    weights.emplace(*be, dist, model, run->shards, dist.rank(), run->weight_shard);
-    model.set_weight_slots(&*weights);
-    run->precision->use_weight_shard(run->weight_shard);
-  }
-  // ZeRO: this rank's share of a checkpoint's optimizer state (the ranks' states end to end).
-  std::optional<StateShare> share;
-  if (!run->shards.empty()) share = state_share(dist, *run->optimizer);
-  TrainerState state =
-      load_state(*be, *run, log.sink(), share ? &*share : nullptr, weights ? &*weights : nullptr);
+  // How the ranks share the model's work: the gradients' sums, the update, the saves.
+  const std::unique_ptr<ParallelPolicy> parallel =
+      make_parallel_policy(*be, dist, model, *run->precision, *run->optimizer, run->parallel,
+                           {o.do_train, o.ddp_bucket_cap_mb});
+  TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
-  RunContext c{o,     dist, *be,   host_be.get(), *run,  weights ? &*weights : nullptr,
-               state, s,    peaks, log,           faults};
+  RunContext c{o, dist, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);

@@ -1,0 +1,99 @@
+// The planning half of the parallel policy (policy.h): ZeRO's partition, the model's staging
+// slots, and the buffers the layout needs in the run's plan.
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "core/step_control.h"
+#include "optim/optimizer.h"
+#include "parallel/policy.h"
+#include "precision/mixed_precision.h"
+
+namespace brisk {
+
+namespace {
+
+bool zero(const ParallelPlanOptions& o) {
+  return o.zero_stage >= 1 && o.ranks > 1;
+}
+
+// A rank that gets no parameters: what the optimizer keeps on one rank outweighs its share.
+[[noreturn]] void refuse_empty_rank(const Model& model, const Optimizer& optimizer,
+                                    const ParallelPlanOptions& o) {
+  std::string name;
+  int64_t kept = 0;
+  for (const ParamInfo& p : model.params().list()) {
+    const int64_t together = std::min(p.shape.numel(), optimizer.shard_granule(p));
+    if (together > kept) {
+      kept = together;
+      name = p.name;
+    }
+  }
+  BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", o.rank, " of ", o.ranks,
+             " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
+             " elements together on one rank ('", name, "'), more than a rank's share of ",
+             model.params().total_elements(), "; use fewer ranks or another --optim");
+}
+
+// Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
+// backward) unless that and the shard would hold more than whole gradients; then in one.
+// Stage 3 gathers the blocks' weights into two slots (the next block's gather overlaps a
+// block's computation) unless that and the weight shard would hold more than whole weights,
+// or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
+// then) whole weights gathered after each update.
+void choose_slots(const Model& model, const ParallelPlanOptions& o, int64_t mine,
+                  PlanOptions& model_options) {
+  const int64_t total = model.params().total_elements();
+  if (o.zero_stage >= 2)
+    model_options.gradient_slots = model.staged_gradient_elements(2) + mine < total ? 2 : 1;
+  if (o.zero_stage >= 3) {
+    const int64_t one = model.staged_weight_elements(1), two = model.staged_weight_elements(2);
+    const int64_t block = model.block_elements(1);
+    const bool prefetch =
+        o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
+    model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;
+  }
+}
+
+}  // namespace
+
+void partition_parameters(const Model& model, const Optimizer& optimizer,
+                          const ParallelPlanOptions& o, ParallelBuffers& buffers,
+                          PlanOptions& model_options) {
+  if (!zero(o)) return;
+  buffers.shards = partition_params(model.params(), o.ranks,
+                                    [&](const ParamInfo& p) { return optimizer.shard_granule(p); });
+  const int64_t mine = buffers.shards[static_cast<size_t>(o.rank)].elements.count;
+  if (mine == 0) refuse_empty_rank(model, optimizer, o);
+  choose_slots(model, o, mine, model_options);
+}
+
+void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, ParallelBuffers& b,
+                       ParameterSet& stepped, MemoryPlan& plan, BufferBinder& binder) {
+  if (b.shards.empty()) return;
+  const ParamShard& mine = b.shards[static_cast<size_t>(o.rank)];
+  stepped = shard_params(model.params(), mine);
+  if (o.zero_stage >= 3)
+    binder.declare(plan, &b.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
+                   Shape{mine.elements.count});
+  if (o.zero_stage >= 2) {
+    binder.declare(plan, &b.grad_shard, "zero.gradient_shard", Category::gradients, DType::f32,
+                   Shape{mine.elements.count});
+    const int64_t receive = ShardedGradients::receive_elements(
+        b.shards, o.rank, model.param_segments(), gradient_piece_elements(o.bucket_cap_mb));
+    binder.declare(plan, &b.grad_receive, "zero.gradient_sums", Category::temporaries, DType::f32,
+                   Shape{std::max<int64_t>(receive, 1)});
+  }
+}
+
+void plan_offload_buffers(const Model& model, const MixedPrecision& precision, ParallelBuffers& b,
+                          MemoryPlan& plan, BufferBinder& binder) {
+  if (!b.offload) return;
+  const ElementRange stepped = precision.master_elements(model.params());
+  binder.declare(plan, &b.offload_grads, "offload.gradients", Category::gradients, DType::f32,
+                 Shape{stepped.count}, Placement::host);
+  binder.declare(plan, &b.offload_control, "offload.step_control", Category::temporaries,
+                 DType::f32, Shape{kControlSize}, Placement::host);
+}
+
+}  // namespace brisk

@@ -1,0 +1,117 @@
+// A run's parallel policy: how the ranks of a launch share the work of one model, behind one
+// interface the training loop calls the same way whatever the layout. Today's policies are data
+// parallel: one process alone, data parallelism with gradient buckets, ZeRO stages 1 to 3, each
+// with or without the optimizer offloaded to the host (data_parallel.cpp). make_parallel_policy
+// picks one from the buffers the run's assembly planned for it. docs/architecture.md shows how a
+// new policy plugs in.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "models/model.h"
+#include "models/parameters.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/zero.h"
+
+namespace brisk {
+
+class Backend;
+class Communicator;
+class MixedPrecision;
+class Optimizer;
+
+// What a run's plan holds for its parallel layout, bound by the arena before the policy is made.
+struct ParallelBuffers {
+  // ZeRO in a run of several ranks: every rank's run of the parameters (shards[rank] is this
+  // rank's). Empty: every rank steps the whole parameters.
+  std::vector<ParamShard> shards;
+  // ZeRO stage 2: this rank's shard of the summed gradients, and the slot its sums arrive in.
+  Tensor grad_shard, grad_receive;
+  // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
+  // embeddings, the head and slots for gathered blocks).
+  Tensor weight_shard;
+  // offload_optimizer on a GPU: the optimizer's state and the float32 master copy (of this
+  // rank's run) in host memory, stepped there by the CPU's backend from host copies of the
+  // step's gradients (this rank's run of them) and decision.
+  bool offload = false;
+  Tensor offload_grads, offload_control;
+};
+
+// What a run's parallel layout is planned from (TrainingArguments' and DeepSpeed's names).
+struct ParallelPlanOptions {
+  int rank = 0, ranks = 1;
+  int64_t zero_stage = 0;                    // ZeRO when above 0 in a run of several ranks
+  int64_t stage3_prefetch_bucket_size = -1;  // elements; negative: no bound
+  double bucket_cap_mb = 25;                 // ddp_bucket_cap_mb
+};
+
+// Before the model's plan: ZeRO's partition of the parameters into `buffers.shards` (refused
+// where a rank would get none) and the slots the model stages its gradients (stage 2) and
+// weights (stage 3) in, into `model_options`. Nothing without ZeRO.
+void partition_parameters(const Model& model, const Optimizer& optimizer,
+                          const ParallelPlanOptions& o, ParallelBuffers& buffers,
+                          PlanOptions& model_options);
+// After the model's and the precision's plans, ZeRO's buffers (stage 3's weight shard, stage 2's
+// gradient shard and the slot its sums arrive in) and, into `stepped`, the parameters of this
+// rank's run, which its optimizer is planned for. Nothing without ZeRO.
+void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, ParallelBuffers& buffers,
+                       ParameterSet& stepped, MemoryPlan& plan, BufferBinder& binder);
+// offload_optimizer: host copies of the step's gradients (this rank's run) and decision.
+// Nothing without offloading.
+void plan_offload_buffers(const Model& model, const MixedPrecision& precision,
+                          ParallelBuffers& buffers, MemoryPlan& plan, BufferBinder& binder);
+
+class ParallelPolicy {
+ public:
+  virtual ~ParallelPolicy() = default;
+
+  // A step's gradients: before its first micro-batch; what backward calls as it finishes a
+  // segment of a micro-batch (`last`: the step's last); after its last backward, the global
+  // batch's gradients and step statistics on every rank.
+  virtual void begin_step() = 0;
+  virtual Model::SegmentDone on_segment(bool last) = 0;
+  virtual SyncSeconds finish_gradients() = 0;
+
+  // The gradients this rank's optimizer steps on: the whole, or this rank's shard.
+  virtual const Tensor& gradients() const = 0;
+  // A float64 sum each rank took over gradients(), made the sum over the whole gradients.
+  // Returns the seconds it took.
+  virtual double sum_over_gradients(const Tensor& sums) = 0;
+  // The optimizer's step on this rank's share of the parameters (the step's decision in the
+  // model's step_control()), then the updated weights on every rank, rounded by `rounding`.
+  // Returns the seconds spent sharing them.
+  virtual double step_weights(float lr, const RngKey& rounding) = 0;
+  // The seconds the model waited for weights held by other ranks, since the last call.
+  virtual double take_weight_wait_seconds() = 0;
+
+  // After the model's weights were written alike on every rank (loaded or initialized): the
+  // precision's copies and this rank's share taken from them.
+  virtual void weights_written() = 0;
+  // The weights of a safetensors file on every rank (read by the ranks that hold them).
+  virtual void load_weights(const std::string& file) = 0;
+  // Where this rank's optimizer state lies in a checkpoint's; null when it holds the whole.
+  virtual const StateShare* state_share() const = 0;
+  // What a save writes when no rank holds it whole (parallel/zero.h): the weights and, for a
+  // checkpoint, the optimizer's state, read from every rank; null when rank 0 holds it all.
+  virtual std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) = 0;
+};
+
+struct ParallelOptions {
+  bool training = true;
+  double bucket_cap_mb = 25;  // ddp_bucket_cap_mb
+};
+
+// The run's policy over `comm`'s ranks. Resets the optimizer's state (on the host's backend when
+// offloaded) and gives the model its weights' slots; with ZeRO a collective.
+std::unique_ptr<ParallelPolicy> make_parallel_policy(Backend& be, Communicator& comm, Model& model,
+                                                     MixedPrecision& precision,
+                                                     Optimizer& optimizer,
+                                                     const ParallelBuffers& buffers,
+                                                     const ParallelOptions& options);
+
+}  // namespace brisk
