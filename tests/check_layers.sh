@@ -10,10 +10,10 @@ declare -A allowed=(
   [train]="parallel tokenizer data precision optim models backend core"
   [parallel]="precision optim models backend core"
   [tokenizer]="data core"
-  [data]="models core"
+  [data]="core"
   [precision]="models backend core"
   [optim]="models backend core"
-  [models]="backend core"
+  [models]="data backend core"
   [backend]="core"
   [core]=""
 )

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "models/model.h"
+#include "data/batch.h"
 
 namespace brisk {
 

@@ -220,7 +220,7 @@ void DataLoader::produce(int64_t first) {
   }
 }
 
-LoadedBatch DataLoader::next(Model& model) {
+LoadedBatch DataLoader::next(BatchTarget& model) {
   const int64_t m = next_++;
   if (!options_.background) {
     const LoadedBatch shape = shape_of(m);

@@ -54,7 +54,7 @@ class DataLoader {
   // Starts producing from global micro-batch `first` (0 for a new run).
   void start(int64_t first);
   // Sets the model to the next micro-batch's length and fills its batch buffers with it.
-  LoadedBatch next(Model& model);
+  LoadedBatch next(BatchTarget& model);
   // The length this rank's rows of micro-batch m are padded to, `order` being the epoch's.
   int64_t padded_length(const int64_t* order, int64_t m) const;
 

@@ -373,11 +373,6 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
   }
 }
 
-void reset_label_values(const Batch& batch) {
-  const Tensor& t = batch.label_values;
-  if (!t.empty()) std::fill(t.f32(), t.f32() + t.numel(), std::numeric_limits<float>::quiet_NaN());
-}
-
 void Model::reset_batch() {
   auto set = [](const Tensor& t, int32_t v) {
     if (t.empty()) return;

@@ -17,41 +17,12 @@
 #include "core/safetensors.h"
 #include "core/step_control.h"
 #include "core/weight_files.h"
+#include "data/batch.h"
 #include "models/config.h"
 #include "models/parameters.h"
 #include "models/transformer_block.h"
 
 namespace brisk {
-
-struct BatchShape {
-  int64_t batch = 0;
-  int64_t seq = 0;
-};
-
-// Views of the arena's data buffers; whoever feeds the model writes into them.
-struct Batch {
-  Tensor input_ids;       // int32 [B,T]
-  Tensor attention_mask;  // int32 [B,T], 1 for real tokens, 0 for padding
-  Tensor token_type_ids;  // int32 [B,T] (BERT only; empty for GPT-2)
-  Tensor labels;          // int32 [B] (classification) or [B,T] (causal LM), kIgnoreIndex = none
-  Tensor label_values;    // float32 [B]: regression targets, NaN = none (labels is then empty)
-};
-
-// A regression target's "no label", as kIgnoreIndex is a class label's.
-inline bool no_label_value(float y) {
-  return y != y;
-}
-// Sets every regression target of the batch (if it has them) to "no label".
-void reset_label_values(const Batch& batch);
-
-// What a model's batches hold, as the model declares it: the data code fills them without knowing
-// the architecture.
-struct BatchLayout {
-  int64_t batch = 0, seq = 0;
-  bool token_types = false;       // token_type_ids (BERT)
-  bool labels_per_token = false;  // causal LM: labels [B,T]; classification: [B]
-  bool regression = false;        // label_values [B] instead of labels
-};
 
 struct PlanOptions {
   bool gradient_checkpointing = false;  // keep only block inputs, recompute inside backward
@@ -122,7 +93,7 @@ struct StepOptions {
   bool first_micro_batch = false;
 };
 
-class Model {
+class Model : public BatchTarget {
  public:
   static std::unique_ptr<Model> create(const ModelConfig& config);
   virtual ~Model() = default;
@@ -137,10 +108,10 @@ class Model {
   // planned buffers, every view shaped as a plan for that length shapes it (dynamic padding:
   // shorter batches compute less in the same memory). The shapes for a length are found once,
   // by planning the model again for it. The batch's contents are not kept.
-  void use_seq(int64_t seq);
+  void use_seq(int64_t seq) override;
   // The host-side batch the data loader writes; forward() validates it and copies it to the
   // device.
-  const Batch& batch() const { return batch_; }
+  const Batch& batch() const override { return batch_; }
   // The shape of the current micro-batch (use_seq), and the one the buffers were planned for.
   BatchShape batch_shape() const { return shape_; }
   BatchShape planned_shape() const { return planned_; }

@@ -1,0 +1,51 @@
+// What the data code fills and a model reads: the batch's buffers (views of the arena), their
+// shape, and what a model declares its batches hold. Data knows no architecture; a model knows no
+// dataset.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace brisk {
+
+struct BatchShape {
+  int64_t batch = 0;
+  int64_t seq = 0;
+};
+
+// Views of the arena's data buffers; whoever feeds the model writes into them.
+struct Batch {
+  Tensor input_ids;       // int32 [B,T]
+  Tensor attention_mask;  // int32 [B,T], 1 for real tokens, 0 for padding
+  Tensor token_type_ids;  // int32 [B,T] (BERT only; empty for GPT-2)
+  Tensor labels;          // int32 [B] (classification) or [B,T] (causal LM), kIgnoreIndex = none
+  Tensor label_values;    // float32 [B]: regression targets, NaN = none (labels is then empty)
+};
+
+// A regression target's "no label", as kIgnoreIndex is a class label's.
+inline bool no_label_value(float y) {
+  return y != y;
+}
+// Sets every regression target of the batch (if it has them) to "no label".
+void reset_label_values(const Batch& batch);
+
+// What a model's batches hold, as the model declares it: the data code fills them without knowing
+// the architecture.
+struct BatchLayout {
+  int64_t batch = 0, seq = 0;
+  bool token_types = false;       // token_type_ids (BERT)
+  bool labels_per_token = false;  // causal LM: labels [B,T]; classification: [B]
+  bool regression = false;        // label_values [B] instead of labels
+};
+
+// What a DataLoader fills: a model's batch buffers, shaped per micro-batch.
+class BatchTarget {
+ public:
+  virtual ~BatchTarget() = default;
+  // The buffers shaped for rows of `seq` tokens (1 to the planned length).
+  virtual void use_seq(int64_t seq) = 0;
+  virtual const Batch& batch() const = 0;
+};
+
+}  // namespace brisk
