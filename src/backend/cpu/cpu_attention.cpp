@@ -436,6 +436,134 @@ bool CpuBackend::prepare_attention_products() {
   return dnnl_->dtype() == DType::bf16;
 }
 
+namespace {
+// One call's constants, shared by the tasks of its parallel region.
+struct AttnCall {
+  AttnDims d;
+  PackedRow row_of;
+  HeadSrc base;                  // packed qkv
+  const int32_t* mask;           // [B, T] or null
+  float* scratch;                // the tasks' slots, per_task floats each
+  int64_t ld, per_task;          // qkv's row stride; floats per slot
+  int64_t half, Te, block_rows;  // D / 2 (bf16 pairs); even(T); query rows per block
+  // Causal masking; bf16 mode (probabilities rounded for their products); bf16 units; the bf16
+  // tiles; the float32 tiles (use_tiles, use_f32_tiles).
+  bool causal, round, units, tiles, f32_tiles;
+  bool amx;  // backward: dV's and dK's A transposed for AMX
+  float scale, dropout_p;
+  const RngKey& key;
+  Products product;
+};
+
+// The call's constants from its checked arguments (`units`: prepare_attention_products's answer;
+// `round`: bf16 mode, the probabilities rounded to bf16 for the products that read them).
+AttnCall make_call(const AttnDims& d, const HeadSrc& base, const Tensor& key_mask,
+                   const Tensor& scratch, int64_t per_task, bool causal, float scale,
+                   float dropout_p, const RngKey& key, bool round, bool units, bool f32_choice,
+                   const std::vector<std::unique_ptr<DnnlMatmul>>& dnnl) {
+  const PackedRow row_of(d);
+  const bool tiles = use_tiles(units, d.D), f32_tiles = use_f32_tiles(units, base, f32_choice);
+  return AttnCall{.d = d,
+                  .row_of = row_of,
+                  .base = base,
+                  .mask = key_mask.empty() ? nullptr : key_mask.i32(),
+                  .scratch = scratch.f32(),
+                  .ld = row_of.ld,
+                  .per_task = per_task,
+                  .half = d.D / 2,
+                  .Te = even(d.T),
+                  .block_rows = causal ? kCausalRows : kRows,
+                  .causal = causal,
+                  .round = round,
+                  .units = units,
+                  .tiles = tiles,
+                  .f32_tiles = f32_tiles,
+                  .amx = false,
+                  .scale = scale,
+                  .dropout_p = dropout_p,
+                  .key = key,
+                  .product = Products{dnnl, f32_tiles}};
+}
+
+// A forward task's operands: the scratch slot and, for the library products, q, k and v.
+struct ForwardOperands {
+  TaskScratch ts;
+  TileScratch tt;
+  Mat Q, K, V;
+};
+
+// Packs (or points at) query head h's q and its key/value head's k and v for task bh's products.
+ForwardOperands forward_operands(const AttnCall& c, int64_t bh) {
+  const AttnDims& d = c.d;
+  const int64_t b = bh / d.H, h = bh % d.H, ld = c.ld;
+  const HeadSrc token0 = c.base.at(b * d.T * ld);
+  const HeadSrc q = token0.at(c.row_of.q(d, h)), k = token0.at(c.row_of.k(d, h)),
+                v = token0.at(c.row_of.v(d, h));
+  ForwardOperands op{TaskScratch(c.scratch + bh * c.per_task, d.T, d.D),
+                     TileScratch(c.scratch + bh * c.per_task, d.T, d.D), Mat{}, Mat{}, Mat{}};
+  const TaskScratch& ts = op.ts;
+  const TileScratch& tt = op.tt;
+  if (c.tiles) {
+    with_source(
+        q, [&](auto p) { bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D); });
+    with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, c.Te); });
+    with_source(v, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.v2, d.D); });
+  } else {
+    op.Q = as_operand(q, d.T, d.D, ld, c.units, ts.q16, ts.qf);
+    op.K = as_operand(k, d.T, d.D, ld, c.units, ts.k16, ts.kf);
+    op.V = as_operand(v, d.T, d.D, ld, c.units, ts.v16, ts.vf);
+    if (c.f32_tiles) op.K = transposed(op.K, d.T, d.D, ts.kt);  // the B of the scores: K^T
+  }
+  return op;
+}
+
+// One block of rows query rows from i0 of task bh: scores, softmax (log-sum-exp into lse),
+// dropout, and the block's output rows ob + i0 * C = P' V.
+void forward_block(const AttnCall& c, const ForwardOperands& op, int64_t bh, int64_t i0, float* lse,
+                   float* ob) {
+  const AttnDims& d = c.d;
+  const TaskScratch& ts = op.ts;
+  const TileScratch& tt = op.tt;
+  const int32_t* mask_b = c.mask ? c.mask + bh / d.H * d.T : nullptr;
+  const int64_t rows = std::min(c.block_rows, d.T - i0), keys = c.causal ? i0 + rows : d.T;
+  if (c.tiles)
+    bf16_pair_product(rows, keys, c.half, tt.q16 + i0 * c.half, c.half, 1, tt.kt, c.Te, false, ts.s,
+                      d.T);
+  else
+    c.product(false, !c.f32_tiles, rows, keys, d.D, op.Q.from(i0), op.K, 0.0f, ts.s, d.T);
+  // The tiles without dropout: the probabilities straight into their bf16 rows.
+  const bool direct = c.tiles && c.dropout_p == 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r, visible = c.causal ? i + 1 : keys;
+    float* row = ts.s + r * d.T;
+    if (direct) {
+      lse[bh * d.T + i] = softmax_row_bf16(row, keys, visible, mask_b, c.scale,
+                                           reinterpret_cast<uint16_t*>(tt.rows16) + r * c.Te);
+      continue;
+    }
+    lse[bh * d.T + i] = softmax_row(row, keys, visible, mask_b, c.scale);
+    if (c.dropout_p > 0.0f)
+      dropout_range(c.key, c.dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
+  }
+  if (c.tiles) {
+    if (!direct) bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), c.Te);
+    bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, c.Te / 2, 1, tt.v2, d.D, false,
+                      ob + i0 * d.C, d.C);
+    return;
+  }
+  const Mat P = rounded_operand(ts.s, rows, keys, d.T, c.round, c.units, ts.a16);
+  c.product(false, false, rows, d.D, keys, P, op.V, 0.0f, ob + i0 * d.C, d.C);
+}
+
+// Task bh = (batch, query head) of the forward pass: its operands, then its blocks of rows.
+void forward_task(const AttnCall& c, int64_t bh, float* lse, float* o) {
+  const AttnDims& d = c.d;
+  const ForwardOperands op = forward_operands(c, bh);
+  float* ob = o + bh / d.H * d.T * d.C + bh % d.H * d.D;
+  for (int64_t i0 = 0; i0 < d.T; i0 += c.block_rows) forward_block(c, op, bh, i0, lse, ob);
+}
+}  // namespace
+
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                    int heads, int kv_heads, float scale, float dropout_p,
                                    const RngKey& key, const Tensor& stats, const Tensor& scratch,
@@ -449,78 +577,223 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
-  const PackedRow row_of(d);
-  const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
+  const int64_t per_task = cpu_attention_scratch_floats(d.T, d.D);
   check_operand(qkv, "attention_forward qkv");  // float32, or bf16 in bf16 mode
   const HeadSrc base{qkv.data(), qkv.dtype() == DType::bf16};
-  const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
+  // On bf16 units the scores' and the output's products read bf16 copies.
+  const bool units = prepare_attention_products();
+  const AttnCall c = make_call(d, base, key_mask, scratch, per_task, causal, scale, dropout_p, key,
+                               bf16_operands_, units, f32_attention_tiles_, attention_dnnl_);
   float* lse = stats.f32();
   float* o = out.f32();
-  // bf16 mode: the probabilities are rounded to bf16 for the product with v; on bf16 units that
-  // product and the scores' read bf16 copies.
-  const bool round = bf16_operands_, units = prepare_attention_products();
-  const bool tiles = use_tiles(units, d.D),
-             f32_tiles = use_f32_tiles(units, base, f32_attention_tiles_);
-  const Products product{attention_dnnl_, f32_tiles};
-  const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
 
   // Static: a thread takes the same tasks every step, so its oneDNN instance has made the
   // primitives for their shapes in the first step (with dynamic scheduling a thread that got no
   // task then would make them later, on a step that must not allocate).
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-    const int64_t b = bh / d.H, h = bh % d.H;
-    const HeadSrc token0 = base.at(b * d.T * ld);
-    const HeadSrc q = token0.at(row_of.q(d, h)), k = token0.at(row_of.k(d, h)),
-                  v = token0.at(row_of.v(d, h));
-    const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
-    float* ob = o + b * d.T * d.C + h * d.D;
-    const TaskScratch ts(scratch.f32() + bh * per_task, d.T, d.D);
-    const TileScratch tt(scratch.f32() + bh * per_task, d.T, d.D);
-    Mat Q{}, K{}, V{};
-    if (tiles) {
-      with_source(
-          q, [&](auto p) { bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D); });
-      with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, Te); });
-      with_source(v, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.v2, d.D); });
-    } else {
-      Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
-      K = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
-      V = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
-      if (f32_tiles) K = transposed(K, d.T, d.D, ts.kt);  // the B of the scores: K^T
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) forward_task(c, bh, lse, o);
+}
+
+namespace {
+// A backward task's scratch slot and its operands for the library products: K and V (KT, VT:
+// the B of the scores and of dP, K^T and V^T), and the current query head's Q and output
+// gradient G.
+struct BackwardOperands {
+  TaskScratch ts;
+  TileScratch tt;
+  Mat K, V, KT, VT, Q, G;
+};
+
+// Zeroes task bk's key and value gradient rows (dk, dv) and packs its k and v.
+BackwardOperands key_value_operands(const AttnCall& c, int64_t bk, float* dk, float* dv) {
+  const AttnDims& d = c.d;
+  const int64_t ld = c.ld, token0 = bk / d.K * d.T * ld, first_head = (bk % d.K) * c.row_of.group;
+  const HeadSrc k = c.base.at(token0 + c.row_of.k(d, first_head)),
+                v = c.base.at(token0 + c.row_of.v(d, first_head));
+  for (int64_t t = 0; t < d.T; ++t) {
+    std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
+    std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
+  }
+  BackwardOperands op{TaskScratch(c.scratch + bk * c.per_task, d.T, d.D),
+                      TileScratch(c.scratch + bk * c.per_task, d.T, d.D),
+                      Mat{},
+                      Mat{},
+                      Mat{},
+                      Mat{},
+                      Mat{},
+                      Mat{}};
+  const TaskScratch& ts = op.ts;
+  const TileScratch& tt = op.tt;
+  if (c.tiles) {
+    with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, c.Te); });
+    with_source(v, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.vt, c.Te); });
+    with_source(k, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.k2, d.D); });
+  } else {
+    op.K = op.KT = as_operand(k, d.T, d.D, ld, c.units, ts.k16, ts.kf);
+    op.V = op.VT = as_operand(v, d.T, d.D, ld, c.units, ts.v16, ts.vf);
+    if (c.f32_tiles) {  // the libraries read K and V transposed; the tiles read them packed so
+      op.KT = transposed(op.K, d.T, d.D, ts.kt);
+      op.VT = transposed(op.V, d.T, d.D, ts.vt);
     }
-    for (int64_t i0 = 0; i0 < d.T; i0 += block_rows) {
-      const int64_t rows = std::min(block_rows, d.T - i0), keys = causal ? i0 + rows : d.T;
-      if (tiles)
-        bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
-                          d.T);
+  }
+  return op;
+}
+
+// Packs query head q and its output gradient gh (row stride C) into op.
+void query_operands(const AttnCall& c, const HeadSrc& q, const float* gh, BackwardOperands& op) {
+  const AttnDims& d = c.d;
+  const int64_t ld = c.ld;
+  const TileScratch& tt = op.tt;
+  if (c.tiles) {
+    with_source(q, [&](auto p) {
+      bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
+      bf16_row_pairs(p, d.T, d.D, ld, tt.q2, d.D);
+    });
+    bf16_rows(gh, d.T, d.D, d.C, reinterpret_cast<uint16_t*>(tt.g16), d.D);
+    bf16_row_pairs(gh, d.T, d.D, d.C, tt.g2, d.D);
+  } else {
+    op.Q = as_operand(q, d.T, d.D, ld, c.units, op.ts.q16, op.ts.qf);
+    op.G = as_operand(gh, d.T, d.D, d.C, c.units, op.ts.g16);
+  }
+}
+
+// A block of backward: rows query rows from i0 of query head bh, reading keys keys.
+struct BackwardBlock {
+  int64_t bh, i0, rows, keys;
+};
+
+// The block's probabilities P, recomputed in ts.s from the scores and the log-sum-exp.
+void recompute_block(const AttnCall& c, const BackwardOperands& op, const BackwardBlock& blk,
+                     const float* lse) {
+  const AttnDims& d = c.d;
+  const int32_t* mask_b = c.mask ? c.mask + blk.bh / d.H * d.T : nullptr;
+  if (c.tiles)
+    bf16_pair_product(blk.rows, blk.keys, c.half, op.tt.q16 + blk.i0 * c.half, c.half, 1, op.tt.kt,
+                      c.Te, false, op.ts.s, d.T);
+  else
+    c.product(false, !c.f32_tiles, blk.rows, blk.keys, d.D, op.Q.from(blk.i0), op.KT, 0.0f, op.ts.s,
+              d.T);
+  for (int64_t r = 0; r < blk.rows; ++r) {
+    const int64_t i = blk.i0 + r;
+    recompute_row(op.ts.s + r * d.T, blk.keys, c.causal ? i + 1 : blk.keys, mask_b, c.scale,
+                  lse[blk.bh * d.T + i]);
+  }
+}
+
+// out += (the block's pairs of rows in pairs32)^T b; on AMX, whose tiles read A in rows, those
+// pairs transposed first into rows16 (free until dS is written there, and again once dQ has read
+// it).
+void add_transposed_product(const AttnCall& c, const TileScratch& tt, const BackwardBlock& blk,
+                            const uint32_t* b, float* out) {
+  const AttnDims& d = c.d;
+  const int64_t row_pairs = (blk.rows + 1) / 2;
+  if (c.amx) {
+    pairs_transposed(tt.pairs32, row_pairs, blk.keys, d.T, tt.rows16, row_pairs);
+    bf16_pair_product(blk.keys, d.D, row_pairs, tt.rows16, row_pairs, 1, b, d.D, true, out, c.ld);
+  } else {
+    bf16_pair_product(blk.keys, d.D, row_pairs, tt.pairs32, 1, d.T, b, d.D, true, out, c.ld);
+  }
+}
+
+// dV += P'^T dO: P' dropped out into p (or copied there, to be rounded without touching P),
+// rounded in bf16 mode; then dP' = dO V^T into p.
+void value_gradient(const AttnCall& c, const BackwardOperands& op, const BackwardBlock& blk,
+                    float* dv) {
+  const AttnDims& d = c.d;
+  const TaskScratch& ts = op.ts;
+  const TileScratch& tt = op.tt;
+  const int64_t rows = blk.rows, keys = blk.keys, i0 = blk.i0;
+  float* weights = ts.s;
+  if (c.dropout_p > 0.0f || (c.round && !c.units)) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (c.dropout_p > 0.0f)
+        dropout_range(c.key, c.dropout_p, prob_index(d, blk.bh, i0 + r, 0), keys, ts.s + r * d.T,
+                      nullptr, ts.p + r * d.T);
       else
-        product(false, !f32_tiles, rows, keys, d.D, Q.from(i0), K, 0.0f, ts.s, d.T);
-      // The tiles without dropout: the probabilities straight into their bf16 rows.
-      const bool direct = tiles && dropout_p == 0.0f;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r, visible = causal ? i + 1 : keys;
-        float* row = ts.s + r * d.T;
-        if (direct) {
-          lse[bh * d.T + i] = softmax_row_bf16(row, keys, visible, mask_b, scale,
-                                               reinterpret_cast<uint16_t*>(tt.rows16) + r * Te);
-          continue;
-        }
-        lse[bh * d.T + i] = softmax_row(row, keys, visible, mask_b, scale);
-        if (dropout_p > 0.0f)
-          dropout_range(key, dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
-      }
-      if (tiles) {
-        if (!direct) bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), Te);
-        bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.v2, d.D, false,
-                          ob + i0 * d.C, d.C);
-        continue;
-      }
-      const Mat P = rounded_operand(ts.s, rows, keys, d.T, round, units, ts.a16);
-      product(false, false, rows, d.D, keys, P, V, 0.0f, ob + i0 * d.C, d.C);
+        std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, ts.p + r * d.T);
+    }
+    weights = ts.p;
+  }
+  // (The tiles read P'^T as A from P' in pairs of rows, and the block's pairs of dO rows.)
+  if (c.tiles) {
+    bf16_row_pairs(weights, rows, keys, d.T, tt.pairs32, d.T);
+    add_transposed_product(c, tt, blk, tt.g2 + i0 / 2 * d.D, dv);
+    bf16_pair_product(rows, keys, c.half, tt.g16 + i0 * c.half, c.half, 1, tt.vt, c.Te, false, ts.p,
+                      d.T);
+  } else {
+    const Mat Pd = rounded_operand(weights, rows, keys, d.T, c.round, c.units, ts.a16);
+    c.product(true, false, keys, d.D, rows, Pd, op.G.from(i0), 1.0f, dv, c.ld);
+    // dP' = dO V^T into p, then dS over it.
+    c.product(false, !c.f32_tiles, rows, keys, d.D, op.G.from(i0), op.VT, 0.0f, ts.p, d.T);
+  }
+}
+
+// dP = dropout'(dP') in p, each row's sum_j P dP into dots; without the tiles also
+// dS = P * (dP - dot) * scale over it.
+void score_gradient(const AttnCall& c, const TaskScratch& ts, const BackwardBlock& blk,
+                    float* dots) {
+  const AttnDims& d = c.d;
+  const int64_t keys = blk.keys;
+  const float scale = c.scale;
+  for (int64_t r = 0; r < blk.rows; ++r) {
+    const float* pr = ts.s + r * d.T;
+    float* dr = ts.p + r * d.T;
+    if (c.dropout_p > 0.0f)
+      dropout_range(c.key, c.dropout_p, prob_index(d, blk.bh, blk.i0 + r, 0), keys, dr, nullptr,
+                    dr);
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
+    dots[r] = dot;
+    if (c.tiles) continue;  // dS goes straight into the tiles' bf16 layouts below
+#pragma omp simd
+    for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+  }
+}
+
+// One block of backward: P recomputed, dV, dS, then dQ = dS K and dK += dS^T Q (the tiles: dS
+// as rows, and in pairs of rows for dS^T).
+void backward_block(const AttnCall& c, const BackwardOperands& op, const BackwardBlock& blk,
+                    const float* lse, float* dq, float* dk, float* dv) {
+  const AttnDims& d = c.d;
+  const TaskScratch& ts = op.ts;
+  const TileScratch& tt = op.tt;
+  const int64_t rows = blk.rows, keys = blk.keys, i0 = blk.i0;
+  recompute_block(c, op, blk, lse);
+  value_gradient(c, op, blk, dv);
+  float dots[kRows];
+  score_gradient(c, ts, blk, dots);
+  if (c.tiles) {
+    score_gradient_bf16(ts.s, ts.p, dots, rows, keys, d.T, c.scale,
+                        reinterpret_cast<uint16_t*>(tt.rows16), c.Te, tt.pairs32, d.T);
+    bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, c.Te / 2, 1, tt.k2, d.D, false,
+                      dq + i0 * c.ld, c.ld);
+    add_transposed_product(c, tt, blk, tt.q2 + i0 / 2 * d.D, dk);
+    return;
+  }
+  const Mat dS = rounded_operand(ts.p, rows, keys, d.T, c.round, c.units, ts.a16);
+  c.product(false, false, rows, d.D, keys, dS, op.K, 0.0f, dq + i0 * c.ld, c.ld);
+  c.product(true, false, keys, d.D, rows, dS, op.Q.from(i0), 1.0f, dk, c.ld);
+}
+
+// Task bk = (batch, key/value head) of backward: its key and value gradients zeroed, then the
+// query heads of its group in turn, block by block.
+void backward_task(const AttnCall& c, int64_t bk, const float* g, const float* lse, float* dbase) {
+  const AttnDims& d = c.d;
+  const int64_t b = bk / d.K, token0 = b * d.T * c.ld, first_head = (bk % d.K) * c.row_of.group;
+  float* dk = dbase + token0 + c.row_of.k(d, first_head);
+  float* dv = dbase + token0 + c.row_of.v(d, first_head);
+  BackwardOperands op = key_value_operands(c, bk, dk, dv);
+  for (int64_t h = first_head; h < first_head + c.row_of.group; ++h) {
+    float* dq = dbase + token0 + c.row_of.q(d, h);
+    query_operands(c, c.base.at(token0 + c.row_of.q(d, h)), g + b * d.T * d.C + h * d.D, op);
+    for (int64_t i0 = 0; i0 < d.T; i0 += c.block_rows) {
+      const int64_t rows = std::min(c.block_rows, d.T - i0), keys = c.causal ? i0 + rows : d.T;
+      backward_block(c, op, BackwardBlock{b * d.H + h, i0, rows, keys}, lse, dq, dk, dv);
     }
   }
 }
+}  // namespace
 
 // One task per (batch, key/value head): the query heads of its group add their key and value
 // gradients in turn into rows zeroed first, so no two threads write the same rows and the sums
@@ -540,145 +813,20 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
-  const PackedRow row_of(d);
-  const int64_t ld = row_of.ld, per_task = cpu_attention_scratch_floats(d.T, d.D);
+  const int64_t per_task = cpu_attention_scratch_floats(d.T, d.D);
   check_operand(qkv, "attention_backward qkv");  // float32, or bf16 in bf16 mode
   const HeadSrc base{qkv.data(), qkv.dtype() == DType::bf16};
   const float* g = dout.f32();
   const float* lse = stats.f32();
-  const int32_t* mask = key_mask.empty() ? nullptr : key_mask.i32();
   float* dbase = dqkv.f32();
-  const bool round = bf16_operands_, units = prepare_attention_products();
-  const bool tiles = use_tiles(units, d.D),
-             f32_tiles = use_f32_tiles(units, base, f32_attention_tiles_);
-  const bool amx = tiles && cpu_amx_tiles_available();  // dV's and dK's A transposed for AMX
-  const Products product{attention_dnnl_, f32_tiles};
-  const int64_t half = d.D / 2, Te = even(d.T), block_rows = causal ? kCausalRows : kRows;
+  const bool units = prepare_attention_products();
+  AttnCall call = make_call(d, base, key_mask, scratch, per_task, causal, scale, dropout_p, key,
+                            bf16_operands_, units, f32_attention_tiles_, attention_dnnl_);
+  call.amx = call.tiles && cpu_amx_tiles_available();
+  const AttnCall& c = call;
 
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
-  for (int64_t bk = 0; bk < d.B * d.K; ++bk) {
-    const int64_t b = bk / d.K, token0 = b * d.T * ld;
-    const int32_t* mask_b = mask ? mask + b * d.T : nullptr;
-    const TaskScratch ts(scratch.f32() + bk * per_task, d.T, d.D);
-    const TileScratch tt(scratch.f32() + bk * per_task, d.T, d.D);
-    const int64_t first_head = (bk % d.K) * row_of.group;
-    const HeadSrc k = base.at(token0 + row_of.k(d, first_head)),
-                  v = base.at(token0 + row_of.v(d, first_head));
-    float* dk = dbase + token0 + row_of.k(d, first_head);
-    float* dv = dbase + token0 + row_of.v(d, first_head);
-    for (int64_t t = 0; t < d.T; ++t) {
-      std::fill(dk + t * ld, dk + t * ld + d.D, 0.0f);
-      std::fill(dv + t * ld, dv + t * ld + d.D, 0.0f);
-    }
-    Mat K{}, V{}, KT{}, VT{};  // KT, VT: the B of the scores and of dP (K^T, V^T)
-    if (tiles) {
-      with_source(k, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.kt, Te); });
-      with_source(v, [&](auto p) { bf16_column_pairs_transposed(p, d.T, d.D, ld, tt.vt, Te); });
-      with_source(k, [&](auto p) { bf16_row_pairs(p, d.T, d.D, ld, tt.k2, d.D); });
-    } else {
-      K = KT = as_operand(k, d.T, d.D, ld, units, ts.k16, ts.kf);
-      V = VT = as_operand(v, d.T, d.D, ld, units, ts.v16, ts.vf);
-      if (f32_tiles) {  // the libraries read K and V transposed; the tiles read them packed so
-        KT = transposed(K, d.T, d.D, ts.kt);
-        VT = transposed(V, d.T, d.D, ts.vt);
-      }
-    }
-    for (int64_t h = first_head; h < first_head + row_of.group; ++h) {
-      const int64_t bh = b * d.H + h;
-      float* dq = dbase + token0 + row_of.q(d, h);
-      const HeadSrc q = base.at(token0 + row_of.q(d, h));
-      const float* gh = g + b * d.T * d.C + h * d.D;
-      Mat Q{}, G{};
-      if (tiles) {
-        with_source(q, [&](auto p) {
-          bf16_rows(p, d.T, d.D, ld, reinterpret_cast<uint16_t*>(tt.q16), d.D);
-          bf16_row_pairs(p, d.T, d.D, ld, tt.q2, d.D);
-        });
-        bf16_rows(gh, d.T, d.D, d.C, reinterpret_cast<uint16_t*>(tt.g16), d.D);
-        bf16_row_pairs(gh, d.T, d.D, d.C, tt.g2, d.D);
-      } else {
-        Q = as_operand(q, d.T, d.D, ld, units, ts.q16, ts.qf);
-        G = as_operand(gh, d.T, d.D, d.C, units, ts.g16);
-      }
-      for (int64_t i0 = 0; i0 < d.T; i0 += block_rows) {
-        const int64_t rows = std::min(block_rows, d.T - i0), keys = causal ? i0 + rows : d.T;
-        // P, recomputed in s.
-        if (tiles)
-          bf16_pair_product(rows, keys, half, tt.q16 + i0 * half, half, 1, tt.kt, Te, false, ts.s,
-                            d.T);
-        else
-          product(false, !f32_tiles, rows, keys, d.D, Q.from(i0), KT, 0.0f, ts.s, d.T);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r;
-          recompute_row(ts.s + r * d.T, keys, causal ? i + 1 : keys, mask_b, scale,
-                        lse[bh * d.T + i]);
-        }
-        // dV += P'^T dO: P' dropped out into p (or copied there, to be rounded without touching
-        // P), rounded in bf16 mode.
-        float* weights = ts.s;
-        if (dropout_p > 0.0f || (round && !units)) {
-          for (int64_t r = 0; r < rows; ++r) {
-            if (dropout_p > 0.0f)
-              dropout_range(key, dropout_p, prob_index(d, bh, i0 + r, 0), keys, ts.s + r * d.T,
-                            nullptr, ts.p + r * d.T);
-            else
-              std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, ts.p + r * d.T);
-          }
-          weights = ts.p;
-        }
-        // (The tiles read P'^T as A from P' in pairs of rows, and the block's pairs of dO rows.)
-        const int64_t row_pairs = (rows + 1) / 2;
-        // out += (the block's pairs of rows in pairs32)^T b; on AMX, whose tiles read A in rows,
-        // those pairs transposed first into rows16 (free until dS is written there, and again
-        // once dQ has read it).
-        auto add_transposed_product = [&](const uint32_t* b, float* out) {
-          if (amx) {
-            pairs_transposed(tt.pairs32, row_pairs, keys, d.T, tt.rows16, row_pairs);
-            bf16_pair_product(keys, d.D, row_pairs, tt.rows16, row_pairs, 1, b, d.D, true, out, ld);
-          } else {
-            bf16_pair_product(keys, d.D, row_pairs, tt.pairs32, 1, d.T, b, d.D, true, out, ld);
-          }
-        };
-        if (tiles) {
-          bf16_row_pairs(weights, rows, keys, d.T, tt.pairs32, d.T);
-          add_transposed_product(tt.g2 + i0 / 2 * d.D, dv);
-          bf16_pair_product(rows, keys, half, tt.g16 + i0 * half, half, 1, tt.vt, Te, false, ts.p,
-                            d.T);
-        } else {
-          const Mat Pd = rounded_operand(weights, rows, keys, d.T, round, units, ts.a16);
-          product(true, false, keys, d.D, rows, Pd, G.from(i0), 1.0f, dv, ld);
-          // dP' = dO V^T into p, then dS over it.
-          product(false, !f32_tiles, rows, keys, d.D, G.from(i0), VT, 0.0f, ts.p, d.T);
-        }
-        float dots[kRows];
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* pr = ts.s + r * d.T;
-          float* dr = ts.p + r * d.T;
-          if (dropout_p > 0.0f)
-            dropout_range(key, dropout_p, prob_index(d, bh, i0 + r, 0), keys, dr, nullptr, dr);
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];
-          dots[r] = dot;
-          if (tiles) continue;  // dS goes straight into the tiles' bf16 layouts below
-#pragma omp simd
-          for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-        }
-        // dQ = dS K, dK += dS^T Q (the tiles: dS as rows, and in pairs of rows for dS^T).
-        if (tiles) {
-          score_gradient_bf16(ts.s, ts.p, dots, rows, keys, d.T, scale,
-                              reinterpret_cast<uint16_t*>(tt.rows16), Te, tt.pairs32, d.T);
-          bf16_pair_product(rows, d.D, (keys + 1) / 2, tt.rows16, Te / 2, 1, tt.k2, d.D, false,
-                            dq + i0 * ld, ld);
-          add_transposed_product(tt.q2 + i0 / 2 * d.D, dk);
-          continue;
-        }
-        const Mat dS = rounded_operand(ts.p, rows, keys, d.T, round, units, ts.a16);
-        product(false, false, rows, d.D, keys, dS, K, 0.0f, dq + i0 * ld, ld);
-        product(true, false, keys, d.D, rows, dS, Q.from(i0), 1.0f, dk, ld);
-      }
-    }
-  }
+  for (int64_t bk = 0; bk < d.B * d.K; ++bk) backward_task(c, bk, g, lse, dbase);
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
