@@ -124,6 +124,159 @@ void CpuBackend::sgd_update(const SgdUpdate& u) {
   });
 }
 
+namespace {
+// The step size for a slot of weights w (len of them): u.step_size, times the parameter's RMS
+// before this update (at least eps2) where u.scale_parameter.
+double adafactor_step(const AdafactorUpdate& u, const float* __restrict w, int64_t len, bool par) {
+  double step = u.step_size;
+  if (u.scale_parameter) {  // the parameter's RMS before this update
+    const double sq = ordered_sum(len, 4096, par, [w](int64_t begin, int64_t end) {
+      return sum_of_squares(w + begin, end - begin);
+    });
+    step *= std::max(static_cast<double>(u.eps2), std::sqrt(sq / static_cast<double>(len)));
+  }
+  return step;
+}
+
+// The factored second moment's update from gradients g [R, C] (times multiplier): row means into
+// v[0, R), column means into v[R, R + C); returns the mean of the new row values.
+double factored_moment(const float* __restrict g, float* __restrict v, int64_t R, int64_t C,
+                       float multiplier, float b2, float eps1, bool par) {
+  float* __restrict row = v;
+  float* __restrict col = v + R;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t r = 0; r < R; ++r) {
+    double acc = 0;
+    const float* __restrict gr = g + r * C;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t c = 0; c < C; ++c) {
+      const float gi = gr[c] * multiplier;
+      acc += static_cast<double>(gi * gi + eps1);
+    }
+    row[r] = b2 * row[r] + (1.0f - b2) * static_cast<float>(acc / C);
+  }
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+    const int64_t c1 = std::min(C, c0 + kCols);
+    double acc[kCols] = {};
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float gi = g[r * C + c] * multiplier;
+        acc[c - c0] += static_cast<double>(gi * gi + eps1);
+      }
+    for (int64_t c = c0; c < c1; ++c)
+      col[c] = b2 * col[c] + (1.0f - b2) * static_cast<float>(acc[c - c0] / R);
+  }
+  double sum = 0;
+  for (int64_t r = 0; r < R; ++r) sum += row[r];
+  return sum / static_cast<double>(R);
+}
+
+// The update before clipping and scaling, g * scale(i) for a per-element factor: of elements
+// [begin, end) (at most kRun) into out, row by row where the moment is factored, so that the
+// loops vectorize (one element at a time, with a division for its row and column, they made
+// Adafactor's step several times slower than AdamW's).
+struct RawUpdate {
+  const float* g;
+  const float* v;  // the second moment: full, or R row values then C column values
+  int64_t R, C;
+  float multiplier, rm;  // rm: the row values' mean
+  bool factored;
+  void operator()(int64_t begin, int64_t end, float* __restrict out) const {
+    const float* __restrict g = this->g;
+    const float* __restrict v = this->v;
+    if (!factored) {
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) out[i - begin] = g[i] * multiplier / std::sqrt(v[i]);
+      return;
+    }
+    for (int64_t i = begin; i < end;) {
+      const int64_t r = i / C, count = std::min(end, (r + 1) * C) - i;
+      const float row_factor = std::sqrt(v[r] / rm);
+      const float* __restrict gi = g + i;
+      const float* __restrict col = v + R + (i - r * C);  // the columns of elements i, i + 1, ...
+      float* __restrict o = out + (i - begin);
+#pragma omp simd
+      for (int64_t k = 0; k < count; ++k)
+        o[k] = gi[k] * multiplier / row_factor / std::sqrt(col[k]);
+      i += count;
+    }
+  }
+};
+
+// The sum of squares of the raw updates of len elements.
+double raw_sum_of_squares(const RawUpdate& raw, int64_t len, bool par) {
+  return ordered_sum(len, 4096, par, [&raw](int64_t begin, int64_t end) {
+    double part = 0;
+    float x[kRun];
+    for (int64_t i = begin; i < end; i += kRun) {
+      const int64_t n = std::min(kRun, end - i);
+      raw(i, i + n, x);
+      part += sum_of_squares(x, n);
+    }
+    return part;
+  });
+}
+
+// w -= decay * w + the scaled raw update (through the first moment m with b1, where m is not
+// null), kRun elements at a time.
+void apply_adafactor(const RawUpdate& raw, float* __restrict w, float* __restrict m, int64_t len,
+                     bool par, float scale, float decay, float b1) {
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < len; i += kRun) {
+    const int64_t n = std::min(kRun, len - i);
+    float x[kRun];
+    raw(i, i + n, x);
+    // Scaled in a pass of its own, so that the product is rounded before it is used, as
+    // transformers' Adafactor rounds it (the compiler would fuse it into the subtraction).
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) x[k] *= scale;
+    float* __restrict wi = w + i;
+    float* __restrict mi = m ? m + i : nullptr;
+    if (mi) {
+#pragma omp simd
+      for (int64_t k = 0; k < n; ++k) {
+        mi[k] = b1 * mi[k] + (1.0f - b1) * x[k];
+        wi[k] = (wi[k] - decay * wi[k]) - mi[k];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t k = 0; k < n; ++k) wi[k] = (wi[k] - decay * wi[k]) - x[k];
+    }
+  }
+}
+
+// One slot's Adafactor step (gradients times multiplier): second moment, clipped and scaled
+// update, weight decay.
+void adafactor_slot(const AdafactorUpdate& u, const ParamSlot& s, float multiplier) {
+  const int64_t R = s.rows, C = s.cols, len = s.numel;
+  const float b2 = u.beta2t, eps1 = u.eps1;
+  float* __restrict w = u.weights.f32() + s.offset;
+  const float* __restrict g = u.grads.f32() + s.offset;
+  float* __restrict v = u.second_moment.f32() + s.state;
+  float* __restrict m = !u.exp_avg.empty() ? u.exp_avg.f32() + s.offset : nullptr;
+  const bool par = len > 32768;
+  const double step = adafactor_step(u, w, len, par);
+  double row_mean = 1;
+  if (s.factored) {
+    row_mean = factored_moment(g, v, R, C, multiplier, b2, eps1, par);
+  } else {
+#pragma omp parallel for simd schedule(static) if (par)
+    for (int64_t i = 0; i < len; ++i) {
+      const float gi = g[i] * multiplier;
+      v[i] = b2 * v[i] + (1.0f - b2) * (gi * gi + eps1);
+    }
+  }
+  const RawUpdate raw{g, v, R, C, multiplier, static_cast<float>(row_mean), s.factored};
+  const double update_sq = raw_sum_of_squares(raw, len, par);
+  const double rms = std::sqrt(update_sq / static_cast<double>(len));
+  const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
+  const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
+  apply_adafactor(raw, w, m, len, par, scale, decay, u.beta1);
+}
+}  // namespace
+
 void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   const int64_t n = u.weights.numel();
   check_flat(u.weights, n, "adafactor_update", "weights");
@@ -134,122 +287,12 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
   float multiplier = 0;
   if (!read_step_control(u.control, "adafactor_update control", &multiplier)) return;
-  const float b2 = u.beta2t, eps1 = u.eps1;
   for (const ParamSlot& s : *u.slots) {
-    const int64_t R = s.rows, C = s.cols, len = s.numel;
-    const int64_t state_len = s.factored ? R + C : len;
+    const int64_t state_len = s.factored ? s.rows + s.cols : s.numel;
     BRISK_CHECK(s.state >= 0 && s.state + state_len <= u.second_moment.numel(),
                 "adafactor_update: a slot's state lies outside the state buffer");
-    if (len == 0) continue;
-    float* __restrict w = u.weights.f32() + s.offset;
-    const float* __restrict g = u.grads.f32() + s.offset;
-    float* __restrict v = u.second_moment.f32() + s.state;
-    float* __restrict m = first_moment ? u.exp_avg.f32() + s.offset : nullptr;
-    const bool par = len > 32768;
-    double step = u.step_size;
-    if (u.scale_parameter) {  // the parameter's RMS before this update
-      const double sq = ordered_sum(len, 4096, par, [w](int64_t begin, int64_t end) {
-        return sum_of_squares(w + begin, end - begin);
-      });
-      step *= std::max(static_cast<double>(u.eps2), std::sqrt(sq / static_cast<double>(len)));
-    }
-    // The update before clipping and scaling is g * scale(i) for a per-element factor.
-    double row_mean = 1;
-    if (s.factored) {
-      float* __restrict row = v;
-      float* __restrict col = v + R;
-#pragma omp parallel for schedule(static) if (par)
-      for (int64_t r = 0; r < R; ++r) {
-        double acc = 0;
-        const float* __restrict gr = g + r * C;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t c = 0; c < C; ++c) {
-          const float gi = gr[c] * multiplier;
-          acc += static_cast<double>(gi * gi + eps1);
-        }
-        row[r] = b2 * row[r] + (1.0f - b2) * static_cast<float>(acc / C);
-      }
-      constexpr int64_t kCols = 64;
-#pragma omp parallel for schedule(static) if (par)
-      for (int64_t c0 = 0; c0 < C; c0 += kCols) {
-        const int64_t c1 = std::min(C, c0 + kCols);
-        double acc[kCols] = {};
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t c = c0; c < c1; ++c) {
-            const float gi = g[r * C + c] * multiplier;
-            acc[c - c0] += static_cast<double>(gi * gi + eps1);
-          }
-        for (int64_t c = c0; c < c1; ++c)
-          col[c] = b2 * col[c] + (1.0f - b2) * static_cast<float>(acc[c - c0] / R);
-      }
-      double sum = 0;
-      for (int64_t r = 0; r < R; ++r) sum += row[r];
-      row_mean = sum / static_cast<double>(R);
-    } else {
-#pragma omp parallel for simd schedule(static) if (par)
-      for (int64_t i = 0; i < len; ++i) {
-        const float gi = g[i] * multiplier;
-        v[i] = b2 * v[i] + (1.0f - b2) * (gi * gi + eps1);
-      }
-    }
-    const float rm = static_cast<float>(row_mean);
-    // The unclipped updates of elements [begin, end) (at most kRun) into out: row by row where
-    // the moment is factored, so that the loops vectorize (one element at a time, with a division
-    // for its row and column, they made Adafactor's step several times slower than AdamW's).
-    auto raw = [&](int64_t begin, int64_t end, float* __restrict out) {
-      if (!s.factored) {
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) out[i - begin] = g[i] * multiplier / std::sqrt(v[i]);
-        return;
-      }
-      for (int64_t i = begin; i < end;) {
-        const int64_t r = i / C, count = std::min(end, (r + 1) * C) - i;
-        const float row_factor = std::sqrt(v[r] / rm);
-        const float* __restrict gi = g + i;
-        const float* __restrict col = v + R + (i - r * C);  // the columns of elements i, i + 1, ...
-        float* __restrict o = out + (i - begin);
-#pragma omp simd
-        for (int64_t k = 0; k < count; ++k)
-          o[k] = gi[k] * multiplier / row_factor / std::sqrt(col[k]);
-        i += count;
-      }
-    };
-    const double update_sq = ordered_sum(len, 4096, par, [&raw](int64_t begin, int64_t end) {
-      double part = 0;
-      float x[kRun];
-      for (int64_t i = begin; i < end; i += kRun) {
-        const int64_t n = std::min(kRun, end - i);
-        raw(i, i + n, x);
-        part += sum_of_squares(x, n);
-      }
-      return part;
-    });
-    const double rms = std::sqrt(update_sq / static_cast<double>(len));
-    const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
-    const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
-    const float b1 = u.beta1;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t i = 0; i < len; i += kRun) {
-      const int64_t n = std::min(kRun, len - i);
-      float x[kRun];
-      raw(i, i + n, x);
-      // Scaled in a pass of its own, so that the product is rounded before it is used, as
-      // transformers' Adafactor rounds it (the compiler would fuse it into the subtraction).
-#pragma omp simd
-      for (int64_t k = 0; k < n; ++k) x[k] *= scale;
-      float* __restrict wi = w + i;
-      float* __restrict mi = m ? m + i : nullptr;
-      if (mi) {
-#pragma omp simd
-        for (int64_t k = 0; k < n; ++k) {
-          mi[k] = b1 * mi[k] + (1.0f - b1) * x[k];
-          wi[k] = (wi[k] - decay * wi[k]) - mi[k];
-        }
-      } else {
-#pragma omp simd
-        for (int64_t k = 0; k < n; ++k) wi[k] = (wi[k] - decay * wi[k]) - x[k];
-      }
-    }
+    if (s.numel == 0) continue;
+    adafactor_slot(u, s, multiplier);
   }
 }
 
