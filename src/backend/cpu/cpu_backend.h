@@ -124,6 +124,17 @@ class CpuBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
               bool accumulate, void* c, int64_t ldc, const float* bias = nullptr,
               DType c_type = DType::f32);
+  // matmul's pieces: whether operand x passes through its packing buffer; B where the product
+  // reads it, the held weight's copy or B packed (*blocked: in the kernel's blocked layout);
+  // whether a transposed bf16 A goes plain through the A buffer; the rows [r0, r0 + rows) of C.
+  bool packs(const Operand& x) const;
+  const void* held_b(const DnnlMatmul::Product& p, const Operand& b, bool* blocked);
+  const void* packed_b(const DnnlMatmul::Product& p, const Operand& b, bool* blocked);
+  bool reads_a_plain(const DnnlMatmul::Product& p, const Operand& a, bool blocked,
+                     int64_t block) const;
+  void product_rows(const DnnlMatmul::Product& p, const Operand& a, const void* b0, int64_t r0,
+                    int64_t rows, bool blocked, bool plain_a, void* c, const float* bias,
+                    DType c_type);
   // Throws naming `op` unless x may be a product's operand (or a saved activation read or written
   // in its dtype): float32, or bf16 in bf16 mode.
   void check_operand(const Tensor& x, const char* op) const;

@@ -115,6 +115,117 @@ void CpuBackend::check_output(const Tensor& y, const Tensor& x, const char* op) 
   check_same_numel(x, y, op);
 }
 
+namespace {
+// Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
+// 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
+// such products go in blocks of rows, which bounds it to a few MiB at the same speed.
+constexpr int64_t kRowBlock = 4096;
+}  // namespace
+
+// In bf16 mode an operand passes through its packing buffer unless it already is bf16 and the
+// library multiplies bf16: float32 operands are rounded, bf16 ones widened for float32 products.
+bool CpuBackend::packs(const Operand& x) const {
+  // The type the library multiplies in: bf16 on oneDNN's bf16 units; otherwise float32 (bf16
+  // operands then rounded, or widened, to float32 holding bf16 values).
+  const DType library = dnnl_ ? dnnl_->dtype() : DType::f32;
+  return bf16_operands_ && !(x.dtype == DType::bf16 && library == DType::bf16);
+}
+
+// B (the held weight) as its bf16 copy in ws_.held_weight, made on first use: on bf16 units in
+// the blocked layout the product's kernel reads (*blocked), so the kernel does not copy B again
+// on every call.
+const void* CpuBackend::held_b(const DnnlMatmul::Product& p, const Operand& b, bool* blocked) {
+  const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
+  const bool two = ws_.held_weight.rank() == 2;  // a copy per way of reading it
+  const int which = two && !p.trans_b ? 1 : 0;
+  const Tensor slot = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
+  const DnnlMatmul::BlockedB layout =
+      two && !p.trans_a && bf16_units ? dnnl_->blocked_b(p) : DnnlMatmul::BlockedB{};
+  *blocked = layout.layout >= 0 && layout.bytes <= slot.bytes();
+  const int holds = *blocked ? layout.layout : kPlainCopy;
+  if (held_copy_[which] != holds) {
+    if (*blocked)
+      dnnl_->round_blocked_b(p, held_, DType::f32, slot.data());
+    else
+      bf16_operand(held_, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, b.ld, slot);
+    held_copy_[which] = holds;
+  }
+  return slot.data();
+}
+
+// B other than the held weight, where the product reads it. On bf16 units B (a float32 weight,
+// rounded, or bf16 activations or gradients as they lie) is written straight into the blocked
+// layout the kernel reads (*blocked) where brisk's packer writes that layout and the packing
+// buffer holds its padding; otherwise the kernel copies it into that layout inside the product
+// (a float32 B rounded plainly first, into the packing buffer, by the first block of rows).
+const void* CpuBackend::packed_b(const DnnlMatmul::Product& p, const Operand& b, bool* blocked) {
+  const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
+  const DnnlMatmul::BlockedB layout =
+      bf16_units && (!p.trans_a || p.m <= kRowBlock) ? dnnl_->blocked_b(p) : DnnlMatmul::BlockedB{};
+  *blocked = layout.own_packer && layout.bytes <= ws_.operand_b.bytes();
+  if (*blocked) {
+    dnnl_->round_blocked_b(p, b.data, b.dtype, ws_.operand_b.data());
+    return ws_.operand_b.data();
+  }
+  if (packs(b)) {
+    bf16_operand(b.data, b.dtype, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, b.ld,
+                 ws_.operand_b);
+    return ws_.operand_b.data();
+  }
+  return b.data;
+}
+
+// oneDNN 2.6 multiplies a transposed bf16 A on its AMX kernel only where A's columns lie
+// together (lda = the product's rows); a block of rows of a wider one, such as the LM head's
+// weight gradient's (4096 of the vocabulary's rows of a chunk's logits gradient), goes to its
+// gemm kernel at under half the rate (2 Intel AMX cores: 510-534 GFLOP/s in the step, 678 alone,
+// against 1356-1419 for the same product with A dense or plain).
+// brisk writes such a block plain into the A buffer instead (true here), and the kernel reads it
+// as rows.
+bool CpuBackend::reads_a_plain(const DnnlMatmul::Product& p, const Operand& a, bool blocked,
+                               int64_t block) const {
+  const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
+  const char* buffer = static_cast<const char*>(ws_.operand_a.data());
+  const bool a_in_buffer = static_cast<const char*>(a.data) >= buffer &&
+                           static_cast<const char*>(a.data) < buffer + ws_.operand_a.bytes();
+  return p.trans_a && bf16_units && a.dtype == DType::bf16 && !a_in_buffer &&
+         a.ld != std::min(block, p.m) && !blocked &&
+         std::min(block, p.m) * p.k <= ws_.operand_a.numel();
+}
+
+// The product's rows [r0, r0 + rows) of C, with B read at b0: A plain or packed as it needs,
+// then by oneDNN (B blocked or as it lies) or OpenBLAS.
+void CpuBackend::product_rows(const DnnlMatmul::Product& p, const Operand& a, const void* b0,
+                              int64_t r0, int64_t rows, bool blocked, bool plain_a, void* c,
+                              const float* bias, DType c_type) {
+  const bool trans_a = p.trans_a, trans_b = p.trans_b, accumulate = p.accumulate;
+  const int64_t n = p.n, k = p.k, ldb = p.ldb, ldc = p.ldc;
+  const size_t a_size = dtype_size(a.dtype);
+  const void* a0 = static_cast<const char*>(a.data) + (trans_a ? r0 : r0 * a.ld) * a_size;
+  if (plain_a) {
+    plain_from_transposed(static_cast<const uint16_t*>(a0), k, rows, a.ld,
+                          ws_.operand_a.as<uint16_t>());
+    dnnl_->run(false, trans_b, rows, n, k, ws_.operand_a.data(), k, b0, ldb, accumulate,
+               static_cast<char*>(c) + r0 * ldc * static_cast<int64_t>(dtype_size(c_type)), ldc,
+               bias, c_type);
+    return;
+  }
+  if (packs(a)) {
+    bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
+    a0 = ws_.operand_a.data();
+  }
+  void* c0 = static_cast<char*>(c) + r0 * ldc * static_cast<int64_t>(dtype_size(c_type));
+  if (blocked)  // one block: a held or blocked B is never read with more than kRowBlock rows
+    dnnl_->run_blocked_b(p, a0, b0, c, bias);
+  else if (dnnl_)
+    dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, ldb, accumulate, c0, ldc, bias, c_type);
+  else
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
+                static_cast<const float*>(a0), a.ld, static_cast<const float*>(b0), ldb,
+                accumulate ? 1.0f : 0.0f, static_cast<float*>(c0), ldc);
+}
+
 void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Operand a,
                         Operand b, bool accumulate, void* c, int64_t ldc, const float* bias,
                         DType c_type) {
@@ -129,101 +240,17 @@ void CpuBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   BRISK_CHECK(
       (a.dtype == DType::f32 || bf16_operands_) && (b.dtype == DType::f32 || bf16_operands_),
       "internal error: a 16-bit operand outside bf16 products");
-  // The type the library multiplies in: bf16 on oneDNN's bf16 units; otherwise float32 (bf16
-  // operands then rounded, or widened, to float32 holding bf16 values).
-  const DType library = dnnl_ ? dnnl_->dtype() : DType::f32;
-  // In bf16 mode an operand passes through its packing buffer unless it already is bf16 and the
-  // library multiplies bf16: float32 operands are rounded, bf16 ones widened for float32 products.
-  auto packed = [&](const Operand& x) {
-    return bf16_operands_ && !(x.dtype == DType::bf16 && library == DType::bf16);
-  };
-  const size_t a_size = dtype_size(a.dtype);
-  // Both libraries touch working memory in proportion to the rows of a transposed A (OpenBLAS
-  // 48 MiB more resident for GPT-2's LM-head weight gradient, 50257 rows), outside the plan:
-  // such products go in blocks of rows, which bounds it to a few MiB at the same speed.
-  constexpr int64_t kRowBlock = 4096;
-  // B rounded to bf16 where it is read from: the held weight's copy (hold_weight; on bf16 units
-  // in the blocked layout the product's kernel reads, so the kernel does not copy B again on
-  // every call), else the packing buffer, filled by the first block of rows and read by the
-  // others.
+  // B rounded to bf16 where it is read from: the held weight's copy, else the packing buffer,
+  // filled by the first block of rows and read by the others.
   const DnnlMatmul::Product product{trans_a,    trans_b,         m,     n, k, a.ld, b.ld, ldc,
                                     accumulate, bias != nullptr, c_bf16};
   bool blocked = false;
-  const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
-  const void* b0 = b.data;
-  if (held_ != nullptr && b.data == held_) {
-    const bool two = ws_.held_weight.rank() == 2;  // a copy per way of reading it
-    const int which = two && !trans_b ? 1 : 0;
-    const Tensor slot = two ? row_range(ws_.held_weight, which, 1) : ws_.held_weight;
-    const DnnlMatmul::BlockedB layout =
-        two && !trans_a && bf16_units ? dnnl_->blocked_b(product) : DnnlMatmul::BlockedB{};
-    blocked = layout.layout >= 0 && layout.bytes <= slot.bytes();
-    const int holds = blocked ? layout.layout : kPlainCopy;
-    if (held_copy_[which] != holds) {
-      if (blocked)
-        dnnl_->round_blocked_b(product, held_, DType::f32, slot.data());
-      else
-        bf16_operand(held_, trans_b ? n : k, trans_b ? k : n, b.ld, slot);
-      held_copy_[which] = holds;
-    }
-    b0 = slot.data();
-  } else {
-    // On bf16 units B (a float32 weight, rounded, or bf16 activations or gradients as they lie)
-    // is written straight into the blocked layout the kernel reads where brisk's packer writes
-    // that layout and the packing buffer holds its padding; otherwise the kernel copies it into
-    // that layout inside the product (a float32 B rounded plainly first).
-    const DnnlMatmul::BlockedB layout = bf16_units && (!trans_a || m <= kRowBlock)
-                                            ? dnnl_->blocked_b(product)
-                                            : DnnlMatmul::BlockedB{};
-    blocked = layout.own_packer && layout.bytes <= ws_.operand_b.bytes();
-    if (blocked) {
-      dnnl_->round_blocked_b(product, b.data, b.dtype, ws_.operand_b.data());
-      b0 = ws_.operand_b.data();
-    } else if (packed(b)) {
-      bf16_operand(b.data, b.dtype, trans_b ? n : k, trans_b ? k : n, b.ld, ws_.operand_b);
-      b0 = ws_.operand_b.data();
-    }
-  }
-  // oneDNN 2.6 multiplies a transposed bf16 A on its AMX kernel only where A's columns lie
-  // together (lda = the product's rows); a block of rows of a wider one, such as the LM head's
-  // weight gradient's (4096 of the vocabulary's rows of a chunk's logits gradient), goes to its
-  // gemm kernel at under half the rate (2 Intel AMX cores: 510-534 GFLOP/s in the step, 678 alone,
-  // against 1356-1419 for the same product with A dense or plain).
-  // brisk writes such a block plain into the A buffer instead, and the kernel reads it as rows.
-  const char* buffer = static_cast<const char*>(ws_.operand_a.data());
-  const bool a_in_buffer = static_cast<const char*>(a.data) >= buffer &&
-                           static_cast<const char*>(a.data) < buffer + ws_.operand_a.bytes();
+  const void* b0 = held_ != nullptr && b.data == held_ ? held_b(product, b, &blocked)
+                                                       : packed_b(product, b, &blocked);
   const int64_t block = trans_a ? kRowBlock : m;
-  const bool plain_a = trans_a && bf16_units && a.dtype == DType::bf16 && !a_in_buffer &&
-                       a.ld != std::min(block, m) && !blocked &&
-                       std::min(block, m) * k <= ws_.operand_a.numel();
-  for (int64_t r0 = 0; r0 < m; r0 += block) {
-    const int64_t rows = std::min(block, m - r0);
-    const void* a0 = static_cast<const char*>(a.data) + (trans_a ? r0 : r0 * a.ld) * a_size;
-    if (plain_a) {
-      plain_from_transposed(static_cast<const uint16_t*>(a0), k, rows, a.ld,
-                            ws_.operand_a.as<uint16_t>());
-      dnnl_->run(false, trans_b, rows, n, k, ws_.operand_a.data(), k, b0, b.ld, accumulate,
-                 static_cast<char*>(c) + r0 * ldc * static_cast<int64_t>(dtype_size(c_type)), ldc,
-                 bias, c_type);
-      continue;
-    }
-    if (packed(a)) {
-      bf16_operand(a0, a.dtype, trans_a ? k : rows, trans_a ? rows : k, a.ld, ws_.operand_a);
-      a0 = ws_.operand_a.data();
-    }
-    void* c0 = static_cast<char*>(c) + r0 * ldc * static_cast<int64_t>(dtype_size(c_type));
-    if (blocked)  // one block: a held or blocked B is never read with more than kRowBlock rows
-      dnnl_->run_blocked_b(product, a0, b0, c, bias);
-    else if (dnnl_)
-      dnnl_->run(trans_a, trans_b, rows, n, k, a0, a.ld, b0, b.ld, accumulate, c0, ldc, bias,
-                 c_type);
-    else
-      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                  trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
-                  static_cast<const float*>(a0), a.ld, static_cast<const float*>(b0), b.ld,
-                  accumulate ? 1.0f : 0.0f, static_cast<float*>(c0), ldc);
-  }
+  const bool plain_a = reads_a_plain(product, a, blocked, block);
+  for (int64_t r0 = 0; r0 < m; r0 += block)
+    product_rows(product, a, b0, r0, std::min(block, m - r0), blocked, plain_a, c, bias, c_type);
 }
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
