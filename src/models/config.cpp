@@ -293,108 +293,118 @@ void read_llama(const Reader& r, ModelConfig& c) {
   read_pad_token(r, c, -1);
 }
 
+// A BERT base-like config.json for sequence classification, at the given sizes.
+json bert_json(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t inter) {
+  return json{{"model_type", "bert"},
+              {"architectures", {"BertForSequenceClassification"}},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"intermediate_size", inter},
+              {"hidden_act", "gelu"},
+              {"hidden_dropout_prob", 0.1},
+              {"attention_probs_dropout_prob", 0.1},
+              {"max_position_embeddings", 512},
+              {"type_vocab_size", 2},
+              {"initializer_range", 0.02},
+              {"layer_norm_eps", 1e-12},
+              {"pad_token_id", 0},
+              {"position_embedding_type", "absolute"},
+              {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
+              {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
+}
+
+// A GPT-2 config.json (its vocabulary and defaults), at the given sizes.
+json gpt2_json(int64_t embd, int64_t layers, int64_t heads, int64_t positions) {
+  return json{{"model_type", "gpt2"},
+              {"architectures", {"GPT2LMHeadModel"}},
+              {"vocab_size", 50257},
+              {"n_embd", embd},
+              {"n_layer", layers},
+              {"n_head", heads},
+              {"n_positions", positions},
+              {"n_inner", nullptr},
+              {"activation_function", "gelu_new"},
+              {"resid_pdrop", 0.1},
+              {"embd_pdrop", 0.1},
+              {"attn_pdrop", 0.1},
+              {"layer_norm_epsilon", 1e-5},
+              {"initializer_range", 0.02},
+              {"bos_token_id", 50256},
+              {"eos_token_id", 50256},
+              {"tie_word_embeddings", true}};
+}
+
+// distilbert-base-uncased's config.json, for sequence classification.
+json distilbert_json() {
+  return json{{"model_type", "distilbert"},
+              {"architectures", {"DistilBertForSequenceClassification"}},
+              {"vocab_size", 30522},
+              {"dim", 768},
+              {"n_layers", 6},
+              {"n_heads", 12},
+              {"hidden_dim", 3072},
+              {"activation", "gelu"},
+              {"dropout", 0.1},
+              {"attention_dropout", 0.1},
+              {"seq_classif_dropout", 0.2},
+              {"max_position_embeddings", 512},
+              {"sinusoidal_pos_embds", false},
+              {"initializer_range", 0.02},
+              {"pad_token_id", 0},
+              {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
+              {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
+}
+
+// The llama family's published configs (their config.json keys and values).
+json llama_json(const char* type, const char* cls, int64_t vocab, int64_t hidden, int64_t layers,
+                int64_t heads, int64_t kv_heads, int64_t inter, int64_t positions, double theta,
+                double eps, bool tied) {
+  json j{{"model_type", type},
+         {"architectures", {cls}},
+         {"vocab_size", vocab},
+         {"hidden_size", hidden},
+         {"num_hidden_layers", layers},
+         {"num_attention_heads", heads},
+         {"num_key_value_heads", kv_heads},
+         {"intermediate_size", inter},
+         {"max_position_embeddings", positions},
+         {"rope_theta", theta},
+         {"rms_norm_eps", eps},
+         {"hidden_act", "silu"},
+         {"initializer_range", 0.02},
+         {"tie_word_embeddings", tied}};
+  return j;
+}
+
+// The built-in config.json of `name`, null where there is none.
 json builtin_json(const std::string& name) {
-  auto bert = [](int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t inter) {
-    return json{{"model_type", "bert"},
-                {"architectures", {"BertForSequenceClassification"}},
-                {"vocab_size", vocab},
-                {"hidden_size", hidden},
-                {"num_hidden_layers", layers},
-                {"num_attention_heads", heads},
-                {"intermediate_size", inter},
-                {"hidden_act", "gelu"},
-                {"hidden_dropout_prob", 0.1},
-                {"attention_probs_dropout_prob", 0.1},
-                {"max_position_embeddings", 512},
-                {"type_vocab_size", 2},
-                {"initializer_range", 0.02},
-                {"layer_norm_eps", 1e-12},
-                {"pad_token_id", 0},
-                {"position_embedding_type", "absolute"},
-                {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
-                {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
-  };
-  auto gpt2 = [](int64_t embd, int64_t layers, int64_t heads, int64_t positions) {
-    return json{{"model_type", "gpt2"},
-                {"architectures", {"GPT2LMHeadModel"}},
-                {"vocab_size", 50257},
-                {"n_embd", embd},
-                {"n_layer", layers},
-                {"n_head", heads},
-                {"n_positions", positions},
-                {"n_inner", nullptr},
-                {"activation_function", "gelu_new"},
-                {"resid_pdrop", 0.1},
-                {"embd_pdrop", 0.1},
-                {"attn_pdrop", 0.1},
-                {"layer_norm_epsilon", 1e-5},
-                {"initializer_range", 0.02},
-                {"bos_token_id", 50256},
-                {"eos_token_id", 50256},
-                {"tie_word_embeddings", true}};
-  };
-  if (name == "distilbert-base-uncased")
-    return json{{"model_type", "distilbert"},
-                {"architectures", {"DistilBertForSequenceClassification"}},
-                {"vocab_size", 30522},
-                {"dim", 768},
-                {"n_layers", 6},
-                {"n_heads", 12},
-                {"hidden_dim", 3072},
-                {"activation", "gelu"},
-                {"dropout", 0.1},
-                {"attention_dropout", 0.1},
-                {"seq_classif_dropout", 0.2},
-                {"max_position_embeddings", 512},
-                {"sinusoidal_pos_embds", false},
-                {"initializer_range", 0.02},
-                {"pad_token_id", 0},
-                {"id2label", {{"0", "LABEL_0"}, {"1", "LABEL_1"}}},
-                {"label2id", {{"LABEL_0", 0}, {"LABEL_1", 1}}}};
-  // The llama family's published configs (their config.json keys and values).
-  auto llama = [](const char* type, const char* cls, int64_t vocab, int64_t hidden, int64_t layers,
-                  int64_t heads, int64_t kv_heads, int64_t inter, int64_t positions, double theta,
-                  double eps, bool tied) {
-    json j{{"model_type", type},
-           {"architectures", {cls}},
-           {"vocab_size", vocab},
-           {"hidden_size", hidden},
-           {"num_hidden_layers", layers},
-           {"num_attention_heads", heads},
-           {"num_key_value_heads", kv_heads},
-           {"intermediate_size", inter},
-           {"max_position_embeddings", positions},
-           {"rope_theta", theta},
-           {"rms_norm_eps", eps},
-           {"hidden_act", "silu"},
-           {"initializer_range", 0.02},
-           {"tie_word_embeddings", tied}};
-    return j;
-  };
+  if (name == "distilbert-base-uncased") return distilbert_json();
   if (name == "smollm2-135m")
-    return llama("llama", "LlamaForCausalLM", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0, 1e-5,
-                 true);
+    return llama_json("llama", "LlamaForCausalLM", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0, 1e-5,
+                      true);
   if (name == "llama-2-7b")
-    return llama("llama", "LlamaForCausalLM", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0, 1e-5,
-                 false);
+    return llama_json("llama", "LlamaForCausalLM", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0,
+                      1e-5, false);
   if (name == "mistral-7b") {
-    json j = llama("mistral", "MistralForCausalLM", 32000, 4096, 32, 32, 8, 14336, 32768, 10000.0,
-                   1e-5, false);
+    json j = llama_json("mistral", "MistralForCausalLM", 32000, 4096, 32, 32, 8, 14336, 32768,
+                        10000.0, 1e-5, false);
     j["sliding_window"] = 4096;
     return j;
   }
   if (name == "qwen2-0.5b") {
-    json j = llama("qwen2", "Qwen2ForCausalLM", 151936, 896, 24, 14, 2, 4864, 32768, 1000000.0,
-                   1e-6, true);
+    json j = llama_json("qwen2", "Qwen2ForCausalLM", 151936, 896, 24, 14, 2, 4864, 32768, 1000000.0,
+                        1e-6, true);
     j["use_sliding_window"] = false;
     return j;
   }
-  if (name == "bert-base-uncased") return bert(30522, 768, 12, 12, 3072);
-  if (name == "bert-large-uncased") return bert(30522, 1024, 24, 16, 4096);
-  if (name == "bert-tiny") return bert(30522, 64, 2, 2, 128);
-  if (name == "gpt2") return gpt2(768, 12, 12, 1024);
-  if (name == "gpt2-medium") return gpt2(1024, 24, 16, 1024);
-  if (name == "gpt2-tiny") return gpt2(64, 2, 2, 256);
+  if (name == "bert-base-uncased") return bert_json(30522, 768, 12, 12, 3072);
+  if (name == "bert-large-uncased") return bert_json(30522, 1024, 24, 16, 4096);
+  if (name == "bert-tiny") return bert_json(30522, 64, 2, 2, 128);
+  if (name == "gpt2") return gpt2_json(768, 12, 12, 1024);
+  if (name == "gpt2-medium") return gpt2_json(1024, 24, 16, 1024);
+  if (name == "gpt2-tiny") return gpt2_json(64, 2, 2, 256);
   return json();
 }
 }  // namespace
