@@ -23,6 +23,87 @@ namespace brisk {
 
 namespace {
 constexpr uint64_t kMaxHeader = 100u << 20;
+
+// A header entry: its name, dtype, shape and byte range in the data section.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// The entry `name` of a header, checked against a data section of data_size bytes; throws an
+// Error saying what is wrong with it (the caller names the file and the entry).
+HeaderEntry read_entry(const std::string& name, const nlohmann::json& entry, uint64_t data_size) {
+  BRISK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                  entry.contains("data_offsets"),
+              "lacks dtype, shape or data_offsets");
+  const nlohmann::json& dt = entry["dtype"];
+  const nlohmann::json& sh = entry["shape"];
+  const nlohmann::json& off = entry["data_offsets"];
+  BRISK_CHECK(dt.is_string(), "dtype must be a string");
+  BRISK_CHECK(sh.is_array() && std::all_of(sh.begin(), sh.end(),
+                                           [](const auto& d) { return d.is_number_unsigned(); }),
+              "shape must be a list of non-negative whole numbers");
+  BRISK_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                  off[1].is_number_unsigned(),
+              "data_offsets must be two non-negative whole numbers");
+  HeaderEntry e{name, dtype_from_safetensors(dt.get<std::string>()), Shape{},
+                off[0].get<uint64_t>(), off[1].get<uint64_t>()};
+  for (const auto& d : sh) {
+    BRISK_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "dimension ",
+                d.get<uint64_t>(), " is too large");
+    e.shape.push_back(d.get<int64_t>());
+  }
+  BRISK_CHECK(e.begin <= e.end && e.end <= data_size, "data_offsets [", e.begin, ", ", e.end,
+              "] outside the data section of ", data_size, " bytes");
+  const int64_t need = checked_mul(e.shape.numel(), static_cast<int64_t>(dtype_size(e.dtype)),
+                                   "the tensor's byte size");
+  BRISK_CHECK(e.end - e.begin == static_cast<uint64_t>(need), "holds ", e.end - e.begin,
+              " bytes but shape ", e.shape.str(), " needs ", need);
+  return e;
+}
+
+// The header's tensor entries, each checked (read_entry), and its __metadata__ checked; errors
+// begin with `where`.
+std::vector<HeaderEntry> read_entries(const nlohmann::json& header, uint64_t data_size,
+                                      const std::string& where) {
+  std::vector<HeaderEntry> entries;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      BRISK_CHECK(entry.is_object() && std::all_of(entry.begin(), entry.end(),
+                                                   [](const auto& v) { return v.is_string(); }),
+                  where, "__metadata__ must map names to strings");
+      continue;
+    }
+    const std::string label = "entry '" + excerpt(name) + "': ";
+    try {
+      entries.push_back(read_entry(name, entry, data_size));
+    } catch (const Error& ex) {
+      BRISK_FAIL(where, label, ex.what());
+    }
+  }
+  return entries;
+}
+
+// Sorts the entries by offset and checks that they tile the data section of data_size bytes
+// exactly: no overlap, no gap, nothing after the last one.
+void check_tiling(std::vector<HeaderEntry>& entries, uint64_t data_size, const std::string& where) {
+  std::sort(entries.begin(), entries.end(),
+            [](const HeaderEntry& a, const HeaderEntry& b) { return a.begin < b.begin; });
+  uint64_t covered = 0;
+  for (const HeaderEntry& e : entries) {
+    BRISK_CHECK(e.begin == covered, where, "entry '", excerpt(e.name), "' starts at byte ", e.begin,
+                " where ",
+                e.begin < covered ? "the previous tensor's data ends at "
+                                  : "a gap begins: the data before it ends at ",
+                covered);
+    covered = e.end;
+  }
+  BRISK_CHECK(covered == data_size, where, "the header covers ", covered,
+              " bytes of the data section's ", data_size,
+              " (wrong header length or trailing data)");
+}
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -60,71 +141,10 @@ void SafetensorsFile::validate_and_index() {
   BRISK_CHECK(header.is_object(), where, "its header is not a JSON object");
   const size_t data_begin = 8 + header_len;
   const uint64_t data_size = size_ - data_begin;
+  std::vector<HeaderEntry> entries = read_entries(header, data_size, where);
+  check_tiling(entries, data_size, where);
 
-  struct Entry {
-    std::string name;
-    DType dtype;
-    Shape shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      BRISK_CHECK(entry.is_object() && std::all_of(entry.begin(), entry.end(),
-                                                   [](const auto& v) { return v.is_string(); }),
-                  where, "__metadata__ must map names to strings");
-      continue;
-    }
-    const std::string label = "entry '" + excerpt(name) + "': ";
-    try {
-      BRISK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
-                      entry.contains("data_offsets"),
-                  "lacks dtype, shape or data_offsets");
-      const nlohmann::json& dt = entry["dtype"];
-      const nlohmann::json& sh = entry["shape"];
-      const nlohmann::json& off = entry["data_offsets"];
-      BRISK_CHECK(dt.is_string(), "dtype must be a string");
-      BRISK_CHECK(
-          sh.is_array() && std::all_of(sh.begin(), sh.end(),
-                                       [](const auto& d) { return d.is_number_unsigned(); }),
-          "shape must be a list of non-negative whole numbers");
-      BRISK_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                      off[1].is_number_unsigned(),
-                  "data_offsets must be two non-negative whole numbers");
-      Entry e{name, dtype_from_safetensors(dt.get<std::string>()), Shape{}, off[0].get<uint64_t>(),
-              off[1].get<uint64_t>()};
-      for (const auto& d : sh) {
-        BRISK_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "dimension ",
-                    d.get<uint64_t>(), " is too large");
-        e.shape.push_back(d.get<int64_t>());
-      }
-      BRISK_CHECK(e.begin <= e.end && e.end <= data_size, "data_offsets [", e.begin, ", ", e.end,
-                  "] outside the data section of ", data_size, " bytes");
-      const int64_t need = checked_mul(e.shape.numel(), static_cast<int64_t>(dtype_size(e.dtype)),
-                                       "the tensor's byte size");
-      BRISK_CHECK(e.end - e.begin == static_cast<uint64_t>(need), "holds ", e.end - e.begin,
-                  " bytes but shape ", e.shape.str(), " needs ", need);
-      entries.push_back(std::move(e));
-    } catch (const Error& ex) {
-      BRISK_FAIL(where, label, ex.what());
-    }
-  }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  uint64_t covered = 0;
-  for (const Entry& e : entries) {
-    BRISK_CHECK(e.begin == covered, where, "entry '", excerpt(e.name), "' starts at byte ", e.begin,
-                " where ",
-                e.begin < covered ? "the previous tensor's data ends at "
-                                  : "a gap begins: the data before it ends at ",
-                covered);
-    covered = e.end;
-  }
-  BRISK_CHECK(covered == data_size, where, "the header covers ", covered,
-              " bytes of the data section's ", data_size,
-              " (wrong header length or trailing data)");
-
-  for (Entry& e : entries) {
+  for (HeaderEntry& e : entries) {
     char* at = static_cast<char*>(map_) + data_begin + e.begin;
     if (reinterpret_cast<uintptr_t>(at) % dtype_size(e.dtype) != 0) {
       // Bounded by the file's own size: each byte is copied at most once.
