@@ -542,6 +542,86 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   return 0;
 }
 
+namespace {
+// A line's ids: split at the pair separator (when given) into a sentence pair, encoded with the
+// special tokens or tokenized plainly.
+std::vector<int32_t> encode_line(const Tokenizer& tok, const TokenizeArgs& a,
+                                 std::string_view line) {
+  std::optional<std::string_view> pair;
+  std::string_view first = line;
+  const size_t sep = a.pair_separator.empty() ? std::string::npos : line.find(a.pair_separator);
+  if (sep != std::string::npos) {
+    first = line.substr(0, sep);
+    pair = line.substr(sep + a.pair_separator.size());
+  }
+  if (a.add_special_tokens) return tok.encode(first, pair, 0).ids;
+  std::vector<int32_t> ids = tok.tokenize(first);
+  if (pair) {
+    const std::vector<int32_t> b = tok.tokenize(*pair);
+    ids.insert(ids.end(), b.begin(), b.end());
+  }
+  return ids;
+}
+
+// Lines are read in chunks and encoded in parallel (OpenMP), printed in order.
+constexpr size_t kChunk = 8192;
+
+// Reads up to kChunk lines (a trailing '\r' dropped) into lines; false once the input ended.
+bool read_chunk(std::istream& in, std::vector<std::string>& lines) {
+  bool more = true;
+  lines.clear();
+  std::string line;
+  while (lines.size() < kChunk && (more = static_cast<bool>(std::getline(in, line)))) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  return more;
+}
+
+// Encodes a chunk's lines into ids in parallel; the first failing line's error is raised, naming
+// it (lines_before: the lines of the chunks before).
+void encode_chunk(const Tokenizer& tok, const TokenizeArgs& a,
+                  const std::vector<std::string>& lines, std::vector<std::vector<int32_t>>& ids,
+                  int64_t lines_before) {
+  ids.assign(lines.size(), {});
+  const auto n = static_cast<int64_t>(lines.size());
+  // An error may not leave the parallel loop: the first line's is raised after it.
+  int64_t failed = n;
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 64)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      ids[i] = encode_line(tok, a, lines[i]);
+    } catch (const std::exception& e) {
+#pragma omp critical(brisk_tokenize_error)
+      if (i < failed) {
+        failed = i;
+        error = e.what();
+      }
+    }
+  }
+  BRISK_CHECK(failed == n, "line ", lines_before + failed + 1, " of the input: ", error);
+}
+
+// The chunk's ids as lines "[id, id, ...]" (nothing when count_only); adds their count to
+// *total_tokens.
+std::string format_ids(const std::vector<std::vector<int32_t>>& ids, bool count_only,
+                       int64_t* total_tokens) {
+  std::string out;
+  for (const auto& v : ids) {
+    *total_tokens += static_cast<int64_t>(v.size());
+    if (count_only) continue;
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      out += std::to_string(v[i]);
+    }
+    out += "]\n";
+  }
+  return out;
+}
+}  // namespace
+
 int run_tokenize(const TokenizeArgs& a) {
   const std::unique_ptr<Tokenizer> tok = Tokenizer::load(a.tokenizer);
   std::ifstream file;
@@ -551,65 +631,15 @@ int run_tokenize(const TokenizeArgs& a) {
     BRISK_CHECK(file.good(), "cannot open input '", a.input, "'");
   }
   std::istream& in = a.input.empty() ? std::cin : file;
-  auto encode = [&](std::string_view line) {
-    std::optional<std::string_view> pair;
-    std::string_view first = line;
-    const size_t sep = a.pair_separator.empty() ? std::string::npos : line.find(a.pair_separator);
-    if (sep != std::string::npos) {
-      first = line.substr(0, sep);
-      pair = line.substr(sep + a.pair_separator.size());
-    }
-    if (a.add_special_tokens) return tok->encode(first, pair, 0).ids;
-    std::vector<int32_t> ids = tok->tokenize(first);
-    if (pair) {
-      const std::vector<int32_t> b = tok->tokenize(*pair);
-      ids.insert(ids.end(), b.begin(), b.end());
-    }
-    return ids;
-  };
-  // Lines are read in chunks and encoded in parallel (OpenMP), printed in order.
-  constexpr size_t kChunk = 8192;
   std::vector<std::string> lines;
   std::vector<std::vector<int32_t>> ids;
   int64_t total_lines = 0, total_tokens = 0;
   const auto start = std::chrono::steady_clock::now();
   for (bool more = true; more;) {
-    lines.clear();
-    std::string line;
-    while (lines.size() < kChunk && (more = static_cast<bool>(std::getline(in, line)))) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      lines.push_back(std::move(line));
-    }
-    ids.assign(lines.size(), {});
-    const auto n = static_cast<int64_t>(lines.size());
-    // An error may not leave the parallel loop: the first line's is raised after it.
-    int64_t failed = n;
-    std::string error;
-#pragma omp parallel for schedule(dynamic, 64)
-    for (int64_t i = 0; i < n; ++i) {
-      try {
-        ids[i] = encode(lines[i]);
-      } catch (const std::exception& e) {
-#pragma omp critical(brisk_tokenize_error)
-        if (i < failed) {
-          failed = i;
-          error = e.what();
-        }
-      }
-    }
-    BRISK_CHECK(failed == n, "line ", total_lines + failed + 1, " of the input: ", error);
-    std::string out;
-    for (const auto& v : ids) {
-      total_tokens += static_cast<int64_t>(v.size());
-      if (a.count_only) continue;
-      out += '[';
-      for (size_t i = 0; i < v.size(); ++i) {
-        if (i) out += ", ";
-        out += std::to_string(v[i]);
-      }
-      out += "]\n";
-    }
-    total_lines += n;
+    more = read_chunk(in, lines);
+    encode_chunk(*tok, a, lines, ids, total_lines);
+    const std::string out = format_ids(ids, a.count_only, &total_tokens);
+    total_lines += static_cast<int64_t>(lines.size());
     std::cout << out;
   }
   if (a.count_only) {
