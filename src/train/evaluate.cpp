@@ -27,6 +27,133 @@ std::vector<double> gather_doubles(Communicator& comm, std::vector<double> mine,
   return out;
 }
 
+// One evaluation's inputs and settings, shared by its batches.
+struct EvalContext {
+  Backend& be;
+  Model& model;
+  const Dataset& data;
+  const Tensor& logits;  // classification: the planned host buffer [B, L]; else empty
+  const std::function<void(const Prediction&)>& on_prediction;
+  StepOptions so;
+  int64_t planned_seq, L;
+  int ranks;
+  bool dynamic_padding, classification, regression;
+};
+
+// What evaluation counts as the batches stream by.
+struct EvalTally {
+  explicit EvalTally(int64_t labels) : scores(labels) {}
+  ClassificationMetrics scores;
+  RegressionMetrics numbers;
+  double loss = 0;
+  int64_t targets = 0, batches = 0;
+  std::vector<Prediction> predicted;  // several ranks: this rank's, for rank 0 to order
+};
+
+// The predictions of a classification or regression batch's rows from their logits: counted
+// in the metrics where the row has a label, and handed on (one rank) or kept (several).
+void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTally& t) {
+  const int64_t L = c.L;
+  const float* z = c.logits.f32();
+  for (int64_t r = 0; r < rows; ++r) {
+    Prediction p{first + r, 0, z[r * L]};
+    if (c.regression) {
+      const float y = c.model.batch().label_values.f32()[r];
+      if (!no_label_value(y)) t.numbers.add(y, p.value);
+    } else {
+      for (int64_t k = 1; k < L; ++k)  // the first of equal maxima, as argmax
+        if (z[r * L + k] > z[r * L + p.label]) p.label = k;
+      const int32_t y = c.model.batch().labels.i32()[r];
+      if (y != kIgnoreIndex) t.scores.add(y, p.label);
+    }
+    if (c.on_prediction && c.ranks == 1) c.on_prediction(p);
+    if (c.on_prediction && c.ranks > 1) t.predicted.push_back(p);
+  }
+}
+
+// The forward pass over rows samples from `first` (at their longest length with dynamic
+// padding), its loss and targets counted, its predictions tallied.
+void evaluate_batch(const EvalContext& c, int64_t first, int64_t rows, EvalTally& t) {
+  ++t.batches;
+  int64_t seq = c.planned_seq;
+  if (c.dynamic_padding) {
+    int64_t longest = 1;
+    for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, c.data.length(first + r));
+    seq = dynamic_padded_length(longest, c.planned_seq);
+  }
+  c.model.use_seq(seq);
+  c.model.reset_batch();
+  for (int64_t r = 0; r < rows; ++r) c.data.fill_row(first + r, 0, c.model.batch(), r);
+  t.targets += c.model.count_targets();
+  t.loss += c.model.forward(c.be, c.so);
+  if (!c.classification) return;
+  c.be.download(c.model.logits(), c.logits);
+  tally_predictions(c, first, rows, t);
+}
+
+// The sums of every rank's counts, and every rank's regression pairs, on every rank.
+void combine_ranks(Communicator& comm, bool regression, EvalTally& t) {
+  std::vector<double> sums{t.loss, static_cast<double>(t.targets), static_cast<double>(t.batches)};
+  const std::vector<double> counts = t.scores.counts();
+  sums.insert(sums.end(), counts.begin(), counts.end());
+  comm.all_reduce_sum(Tensor(sums.data(), Shape{static_cast<int64_t>(sums.size())}, DType::f64));
+  t.loss = sums[0];
+  t.targets = static_cast<int64_t>(sums[1]);
+  t.batches = static_cast<int64_t>(sums[2]);
+  t.scores.set_counts(std::vector<double>(sums.begin() + 3, sums.end()));
+  if (!regression) return;
+  std::vector<double> pairs;
+  for (int64_t i = 0; i < t.numbers.count(); ++i) {
+    pairs.push_back(t.numbers.labels()[static_cast<size_t>(i)]);
+    pairs.push_back(t.numbers.predictions()[static_cast<size_t>(i)]);
+  }
+  pairs = gather_doubles(comm, pairs);  // every rank's metrics agree
+  t.numbers = RegressionMetrics();
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2)
+    t.numbers.add(static_cast<float>(pairs[i]), static_cast<float>(pairs[i + 1]));
+}
+
+// Every rank's predictions gathered on rank 0 and handed on there in row order (none elsewhere).
+void deliver_predictions(Communicator& comm, std::vector<Prediction>& predicted,
+                         const std::function<void(const Prediction&)>& on_prediction) {
+  std::vector<double> mine;
+  for (const Prediction& p : predicted)
+    mine.insert(mine.end(), {static_cast<double>(p.index), static_cast<double>(p.label),
+                             static_cast<double>(p.value)});
+  const std::vector<double> all = gather_doubles(comm, mine, 0);  // rank 0 writes them
+  predicted.clear();
+  for (size_t i = 0; i + 2 < all.size(); i += 3)
+    predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
+                         static_cast<float>(all[i + 2])});
+  std::sort(predicted.begin(), predicted.end(),
+            [](const Prediction& a, const Prediction& b) { return a.index < b.index; });
+  for (const Prediction& p : predicted) on_prediction(p);  // none but on rank 0
+}
+
+// The metrics of a finished evaluation (see Evaluator::run) of `samples` rows in `seconds`.
+nlohmann::json eval_metrics(const EvalContext& c, const EvalTally& t, const std::string& prefix,
+                            double seconds, int64_t samples) {
+  nlohmann::json m;
+  const double mean_loss = t.targets > 0 ? t.loss / static_cast<double>(t.targets)
+                                         : std::numeric_limits<double>::quiet_NaN();
+  if (t.targets > 0) m[prefix + "_loss"] = mean_loss;
+  if (!c.classification && t.targets > 0)
+    m["perplexity"] = mean_loss < 709 ? std::exp(mean_loss) : std::numeric_limits<double>::max();
+  if (c.regression && t.numbers.count() > 0) {
+    m[prefix + "_mse"] = t.numbers.mse();
+    m[prefix + "_pearson"] = t.numbers.pearson();
+    m[prefix + "_spearmanr"] = t.numbers.spearman();
+  }
+  if (!c.regression && c.classification && t.scores.count() > 0) {
+    m[prefix + "_accuracy"] = t.scores.accuracy();
+    m[prefix + "_f1"] = t.scores.f1();
+  }
+  m[prefix + "_runtime"] = seconds;
+  m[prefix + "_samples_per_second"] = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
+  m[prefix + "_steps_per_second"] = seconds > 0 ? static_cast<double>(t.batches) / seconds : 0;
+  return m;
+}
+
 }  // namespace
 
 void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
@@ -47,16 +174,22 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   const BatchShape planned = model.planned_shape();
   const int64_t B = planned.batch;
   const bool classification = !logits_.empty();
-  const bool regression = model.config().regression;
-  const int64_t L = classification ? logits_.dim(1) : 0;
-  ClassificationMetrics scores(std::max<int64_t>(L, 2));
-  RegressionMetrics numbers;
   StepOptions so;
   so.training = false;
   so.compute_grad = false;
-  double loss = 0;
-  int64_t targets = 0, batches = 0;
-  std::vector<Prediction> predicted;  // several ranks: this rank's, for rank 0 to order
+  const EvalContext c{be,
+                      model,
+                      data,
+                      logits_,
+                      on_prediction,
+                      so,
+                      planned.seq,
+                      classification ? logits_.dim(1) : 0,
+                      ranks,
+                      dynamic_padding_,
+                      classification,
+                      model.config().regression};
+  EvalTally t(std::max<int64_t>(c.L, 2));
   // Batch i is rank i mod N's. When the model gathers its weights from every rank (ZeRO stage
   // 3), every rank runs as many forward passes: one without a batch of its own runs one over the
   // default batch and discards it.
@@ -70,93 +203,13 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
       model.forward(be, so);
       continue;
     }
-    ++batches;
-    const int64_t rows = std::min(B, data.size() - first);
-    int64_t seq = planned.seq;
-    if (dynamic_padding_) {
-      int64_t longest = 1;
-      for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, data.length(first + r));
-      seq = dynamic_padded_length(longest, planned.seq);
-    }
-    model.use_seq(seq);
-    model.reset_batch();
-    for (int64_t r = 0; r < rows; ++r) data.fill_row(first + r, 0, model.batch(), r);
-    targets += model.count_targets();
-    loss += model.forward(be, so);
-    if (!classification) continue;
-    be.download(model.logits(), logits_);
-    const float* z = logits_.f32();
-    for (int64_t r = 0; r < rows; ++r) {
-      Prediction p{first + r, 0, z[r * L]};
-      if (regression) {
-        const float y = model.batch().label_values.f32()[r];
-        if (!no_label_value(y)) numbers.add(y, p.value);
-      } else {
-        for (int64_t c = 1; c < L; ++c)  // the first of equal maxima, as argmax
-          if (z[r * L + c] > z[r * L + p.label]) p.label = c;
-        const int32_t y = model.batch().labels.i32()[r];
-        if (y != kIgnoreIndex) scores.add(y, p.label);
-      }
-      if (on_prediction && ranks == 1) on_prediction(p);
-      if (on_prediction && ranks > 1) predicted.push_back(p);
-    }
+    evaluate_batch(c, first, std::min(B, data.size() - first), t);
   }
   if (ranks > 1) {
-    // The sums of every rank's counts, and every rank's pairs and predictions.
-    std::vector<double> sums{loss, static_cast<double>(targets), static_cast<double>(batches)};
-    const std::vector<double> counts = scores.counts();
-    sums.insert(sums.end(), counts.begin(), counts.end());
-    comm->all_reduce_sum(Tensor(sums.data(), Shape{static_cast<int64_t>(sums.size())}, DType::f64));
-    loss = sums[0];
-    targets = static_cast<int64_t>(sums[1]);
-    batches = static_cast<int64_t>(sums[2]);
-    scores.set_counts(std::vector<double>(sums.begin() + 3, sums.end()));
-    if (regression) {
-      std::vector<double> pairs;
-      for (int64_t i = 0; i < numbers.count(); ++i) {
-        pairs.push_back(numbers.labels()[static_cast<size_t>(i)]);
-        pairs.push_back(numbers.predictions()[static_cast<size_t>(i)]);
-      }
-      pairs = gather_doubles(*comm, pairs);  // every rank's metrics agree
-      numbers = RegressionMetrics();
-      for (size_t i = 0; i + 1 < pairs.size(); i += 2)
-        numbers.add(static_cast<float>(pairs[i]), static_cast<float>(pairs[i + 1]));
-    }
-    if (on_prediction) {
-      std::vector<double> mine;
-      for (const Prediction& p : predicted)
-        mine.insert(mine.end(), {static_cast<double>(p.index), static_cast<double>(p.label),
-                                 static_cast<double>(p.value)});
-      const std::vector<double> all = gather_doubles(*comm, mine, 0);  // rank 0 writes them
-      predicted.clear();
-      for (size_t i = 0; i + 2 < all.size(); i += 3)
-        predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
-                             static_cast<float>(all[i + 2])});
-      std::sort(predicted.begin(), predicted.end(),
-                [](const Prediction& a, const Prediction& b) { return a.index < b.index; });
-      for (const Prediction& p : predicted) on_prediction(p);  // none but on rank 0
-    }
+    combine_ranks(*comm, c.regression, t);
+    if (on_prediction) deliver_predictions(*comm, t.predicted, on_prediction);
   }
-  const double seconds = seconds_since(start);
-  nlohmann::json m;
-  const double mean_loss =
-      targets > 0 ? loss / static_cast<double>(targets) : std::numeric_limits<double>::quiet_NaN();
-  if (targets > 0) m[prefix + "_loss"] = mean_loss;
-  if (!classification && targets > 0)
-    m["perplexity"] = mean_loss < 709 ? std::exp(mean_loss) : std::numeric_limits<double>::max();
-  if (regression && numbers.count() > 0) {
-    m[prefix + "_mse"] = numbers.mse();
-    m[prefix + "_pearson"] = numbers.pearson();
-    m[prefix + "_spearmanr"] = numbers.spearman();
-  }
-  if (!regression && classification && scores.count() > 0) {
-    m[prefix + "_accuracy"] = scores.accuracy();
-    m[prefix + "_f1"] = scores.f1();
-  }
-  m[prefix + "_runtime"] = seconds;
-  m[prefix + "_samples_per_second"] = seconds > 0 ? static_cast<double>(data.size()) / seconds : 0;
-  m[prefix + "_steps_per_second"] = seconds > 0 ? static_cast<double>(batches) / seconds : 0;
-  return m;
+  return eval_metrics(c, t, prefix, seconds_since(start), data.size());
 }
 
 }  // namespace brisk
