@@ -288,72 +288,45 @@ FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& trai
   split_train_eval(o, train, eval, d, samples);
   return d;
 }
-}  // namespace
 
-FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
-  FileData d;
-  d.tokenizer_path = o.tokenizer_name.empty() ? o.model_name_or_path : o.tokenizer_name;
-  d.tokenizer = Tokenizer::load(d.tokenizer_path);
-  BRISK_CHECK(d.tokenizer->vocab_size() <= config.vocab_size, "the tokenizer at '",
-              d.tokenizer_path, "' has ", d.tokenizer->vocab_size(),
-              " tokens, more than the model's vocab_size ", config.vocab_size);
-  ProgressEncoder tok(*d.tokenizer, !o.disable_tqdm && ::isatty(STDERR_FILENO));
-  // run_clm reads plain-text lines with their line breaks unless told otherwise.
-  // (run_mlm's text loader drops them: its default.)
-  const bool keep_linebreaks = config.task == ModelTask::causal_lm && o.keep_linebreaks;
-  auto table = [&](const std::string& path) {
-    return path.empty() ? TextTable() : read_text_table(path, keep_linebreaks);
+// run_glue, into d (in place: the cache writes its notes there): each file's rows tokenized
+// (cached per file) as sentences or sentence pairs with their labels; in the test file label -1
+// means "no label" (GLUE's test splits).
+void classification_data(const TrainOptions& o, ModelConfig& config, FileData& d,
+                         const TextTable& train, const TextTable& eval, const TextTable& test,
+                         ProgressEncoder& tok, TokenCache& cache, TokenLimits limits,
+                         SkippedColumns& skipped) {
+  d.seq_len = o.max_seq_length;
+  const LabelSet labels = run_labels(o, config, train, eval);
+  limits.classes = labels.regression ? 0 : static_cast<int64_t>(labels.names.size());
+  auto dataset = [&](const TextTable& t, bool is_test) -> std::unique_ptr<Dataset> {
+    if (t.rows() == 0) return nullptr;
+    const ClassificationColumns c = classification_columns(t, o.text_column_name);
+    skipped.add(t, c.skipped);
+    const std::string shape =
+        classification_shape(c, labels, o.max_seq_length) + (is_test ? " test" : "");
+    return cache.get(
+        t.origin(), shape, limits,
+        [&] {
+          tok.start(t.origin());
+          return TextClassificationDataset(t, c, labels, tok, o.max_seq_length, is_test).rows();
+        },
+        [&](TokenizedRows rows) {
+          return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
+                                                             tok.pad_id(), o.max_seq_length);
+        });
   };
-  const TextTable train = table(o.train_file), eval = table(o.validation_file),
-                  test = table(o.test_file);
-  TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
-  // What cached rows must hold: ids the model embeds, token types it has (labels: below).
-  TokenLimits limits{config.vocab_size, std::max<int64_t>(1, config.type_vocab_size), 0};
-  SkippedColumns skipped;
-  const TextTable& first_table = !o.train_file.empty()        ? train
-                                 : !o.validation_file.empty() ? eval
-                                                              : test;
-  // run_glue fine-tunes any checkpoint as a classifier (bert-base-uncased's config names
-  // BertForMaskedLM): a head taken from `architectures` gives way to labelled files.
-  if (config.task_from_architectures && first_table.column("label") >= 0)
-    use_sequence_classification(config);
+  d.train = dataset(train, false);
+  d.eval = dataset(eval, false);
+  d.test = dataset(test, true);
+}
 
-  if (config.task == ModelTask::sequence_classification) {
-    d.seq_len = o.max_seq_length;
-    const LabelSet labels = run_labels(o, config, train, eval);
-    limits.classes = labels.regression ? 0 : static_cast<int64_t>(labels.names.size());
-    // In the test file label -1 means "no label" (GLUE's test splits).
-    auto dataset = [&](const TextTable& t, bool is_test) -> std::unique_ptr<Dataset> {
-      if (t.rows() == 0) return nullptr;
-      const ClassificationColumns c = classification_columns(t, o.text_column_name);
-      skipped.add(t, c.skipped);
-      const std::string shape =
-          classification_shape(c, labels, o.max_seq_length) + (is_test ? " test" : "");
-      return cache.get(
-          t.origin(), shape, limits,
-          [&] {
-            tok.start(t.origin());
-            return TextClassificationDataset(t, c, labels, tok, o.max_seq_length, is_test).rows();
-          },
-          [&](TokenizedRows rows) {
-            return std::make_unique<TextClassificationDataset>(std::move(rows), labels.regression,
-                                                               tok.pad_id(), o.max_seq_length);
-          });
-    };
-    d.train = dataset(train, false);
-    d.eval = dataset(eval, false);
-    d.test = dataset(test, true);
-    d.notes = skipped.notes();
-    return d;
-  }
-
-  if (config.task == ModelTask::masked_lm) {
-    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, limits, skipped);
-    d.notes = skipped.notes();
-    return d;
-  }
-
-  // Causal LM, as run_clm: blocks of block_size tokens.
+// run_clm, into d (in place, as above): the text tokenized (cached per split) into blocks of
+// block_size tokens (at most 1024 or the model's positions by default).
+void causal_lm_data(const TrainOptions& o, const ModelConfig& config, FileData& d,
+                    const TextTable& train, const TextTable& eval, bool keep_linebreaks,
+                    ProgressEncoder& tok, TokenCache& cache, const TokenLimits& limits,
+                    SkippedColumns& skipped) {
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
   BRISK_CHECK(o.test_file.empty(), "--test_file: a causal LM has no labels to predict");
@@ -375,6 +348,43 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
         });
   };
   split_train_eval(o, train, eval, d, blocks);
+}
+}  // namespace
+
+FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
+  FileData d;
+  d.tokenizer_path = o.tokenizer_name.empty() ? o.model_name_or_path : o.tokenizer_name;
+  d.tokenizer = Tokenizer::load(d.tokenizer_path);
+  BRISK_CHECK(d.tokenizer->vocab_size() <= config.vocab_size, "the tokenizer at '",
+              d.tokenizer_path, "' has ", d.tokenizer->vocab_size(),
+              " tokens, more than the model's vocab_size ", config.vocab_size);
+  ProgressEncoder tok(*d.tokenizer, !o.disable_tqdm && ::isatty(STDERR_FILENO));
+  // run_clm reads plain-text lines with their line breaks unless told otherwise.
+  // (run_mlm's text loader drops them: its default.)
+  const bool keep_linebreaks = config.task == ModelTask::causal_lm && o.keep_linebreaks;
+  auto table = [&](const std::string& path) {
+    return path.empty() ? TextTable() : read_text_table(path, keep_linebreaks);
+  };
+  const TextTable train = table(o.train_file), eval = table(o.validation_file),
+                  test = table(o.test_file);
+  TokenCache cache(o, d.tokenizer_path, &d.cache_notes);
+  // What cached rows must hold: ids the model embeds, token types it has (labels: below).
+  const TokenLimits limits{config.vocab_size, std::max<int64_t>(1, config.type_vocab_size), 0};
+  SkippedColumns skipped;
+  const TextTable& first_table = !o.train_file.empty()        ? train
+                                 : !o.validation_file.empty() ? eval
+                                                              : test;
+  // run_glue fine-tunes any checkpoint as a classifier (bert-base-uncased's config names
+  // BertForMaskedLM): a head taken from `architectures` gives way to labelled files.
+  if (config.task_from_architectures && first_table.column("label") >= 0)
+    use_sequence_classification(config);
+
+  if (config.task == ModelTask::sequence_classification)
+    classification_data(o, config, d, train, eval, test, tok, cache, limits, skipped);
+  else if (config.task == ModelTask::masked_lm)
+    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, limits, skipped);
+  else  // causal LM, as run_clm
+    causal_lm_data(o, config, d, train, eval, keep_linebreaks, tok, cache, limits, skipped);
   d.notes = skipped.notes();
   return d;
 }
