@@ -56,21 +56,8 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   inputs_.clear();
   constants_.clear();
   seq_shapes_.clear();
-  const int64_t n = params_.total_elements();
-  const StagedLayout weights = staged_layout(options.weight_slots, false);
-  weight_layout_ =
-      !options.weights_only && weights.slots > 0 && weights.length < n ? weights : StagedLayout();
-  binder_.declare(plan, &flat_weights_,
-                  staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
-                  DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
-  declare_constants(plan, shape);
-  grad_layout_ = StagedLayout();
+  plan_flat_buffers(plan, shape, options);
   if (options.weights_only) return;
-  const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
-  if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
-  binder_.declare(
-      plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
-      Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
@@ -90,39 +77,41 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
       attention_buffers(options.device, shape.batch, c.num_heads, shape.seq, c.head_dim())};
   BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
               "selective recomputation and gradient checkpointing contradict each other");
+  plan_saved(plan, style, dims, options);
+  plan_step_buffers(plan, shape, style, dims);
+}
+
+// The flat weights (staged where options ask and it saves memory), the constants, and unless
+// options.weights_only the flat gradients (staged likewise).
+void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options) {
+  const int64_t n = params_.total_elements();
+  const StagedLayout weights = staged_layout(options.weight_slots, false);
+  weight_layout_ =
+      !options.weights_only && weights.slots > 0 && weights.length < n ? weights : StagedLayout();
+  binder_.declare(plan, &flat_weights_,
+                  staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
+                  DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
+  declare_constants(plan, shape);
+  grad_layout_ = StagedLayout();
+  if (options.weights_only) return;
+  const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
+  if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
+  binder_.declare(
+      plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
+      Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
+}
+
+// What the blocks save for backward: float32 tensors per block (one set, recomputed per block,
+// under gradient checkpointing), or the 16-bit stored copies of mixed precision; under selective
+// recomputation one buffer for every block's attention statistics.
+void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDims& dims,
+                       const PlanOptions& options) {
+  const ModelConfig& c = config_;
   const bool selective = options.selective_recompute;
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
   const bool low = options.activation_dtype != DType::f32;
-  if (low && !options.gradient_checkpointing) {
-    declare_block_saved(plan, binder_, work_, "block_work.", style, dims, SavedPart::low_precision,
-                        DType::f32, Category::temporaries);
-    stored_.assign(c.num_layers, BlockSaved());
-    const bool recompute = options.recompute_elementwise;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      const std::string prefix = "block." + std::to_string(l) + ".";
-      declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
-                          DType::f32, Category::activations, !selective);
-      declare_block_saved(plan, binder_, stored_[l], prefix, style, dims,
-                          recompute ? SavedPart::low_precision_kept : SavedPart::low_precision,
-                          options.activation_dtype, Category::activations, !selective);
-      const auto dst = low_precision_tensors(saved_[l]);
-      const auto src = low_precision_tensors(work_);
-      for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
-    }
-    // The recomputable tensors' 16-bit copies: one set, which every block writes in forward and
-    // backward rebuilds per block (block_recompute).
-    if (recompute) {
-      declare_block_saved(plan, binder_, shared_stored_, "block_recompute.", style, dims,
-                          SavedPart::recomputable, options.activation_dtype, Category::activations);
-      for (BlockSaved& st : stored_) {
-        const auto dst = recomputable_tensors(st, style);
-        const auto src = recomputable_tensors(shared_stored_, style);
-        for (size_t i = 0; i < dst.size(); ++i)
-          if (dst[i] != nullptr) binder_.alias(dst[i], src[i]);
-      }
-    }
-  }
+  if (low && !options.gradient_checkpointing) plan_low_precision_saved(plan, style, dims, options);
   for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
     if (options.gradient_checkpointing && l > 0) {
       // One set of internals, recomputed per block inside backward.
@@ -143,6 +132,48 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
             DType::f32, dims.attention.stats);
     for (BlockSaved& s : saved_) binder_.alias(&s.attn_stats, &shared_attn_stats_);
   }
+}
+
+// Mixed precision without checkpointing: per block the float32 tensors saved_[l] and the 16-bit
+// copies stored_[l], the low-precision ones viewing one float32 work set (work_); with
+// recompute_elementwise the recomputable copies share one set too.
+void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
+                                     const BlockDims& dims, const PlanOptions& options) {
+  const ModelConfig& c = config_;
+  const bool selective = options.selective_recompute;
+  declare_block_saved(plan, binder_, work_, "block_work.", style, dims, SavedPart::low_precision,
+                      DType::f32, Category::temporaries);
+  stored_.assign(c.num_layers, BlockSaved());
+  const bool recompute = options.recompute_elementwise;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string prefix = "block." + std::to_string(l) + ".";
+    declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
+                        DType::f32, Category::activations, !selective);
+    declare_block_saved(plan, binder_, stored_[l], prefix, style, dims,
+                        recompute ? SavedPart::low_precision_kept : SavedPart::low_precision,
+                        options.activation_dtype, Category::activations, !selective);
+    const auto dst = low_precision_tensors(saved_[l]);
+    const auto src = low_precision_tensors(work_);
+    for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
+  }
+  // The recomputable tensors' 16-bit copies: one set, which every block writes in forward and
+  // backward rebuilds per block (block_recompute).
+  if (!recompute) return;
+  declare_block_saved(plan, binder_, shared_stored_, "block_recompute.", style, dims,
+                      SavedPart::recomputable, options.activation_dtype, Category::activations);
+  for (BlockSaved& st : stored_) {
+    const auto dst = recomputable_tensors(st, style);
+    const auto src = recomputable_tensors(shared_stored_, style);
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (dst[i] != nullptr) binder_.alias(dst[i], src[i]);
+  }
+}
+
+// The buffers of a step outside the saved activations: the blocks' scratch, the hidden
+// gradient, the batch's inputs, the step's statistics and control, and the model's own.
+void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockStyle& style,
+                              const BlockDims& dims) {
+  const Shape btc{shape.batch, shape.seq, config_.hidden_size};
   declare_block_scratch(plan, binder_, scratch_, dims);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);

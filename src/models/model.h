@@ -343,6 +343,15 @@ class Model : public BatchTarget {
   BlockSaved work_;
   BlockSaved shared_stored_;  // recompute_elementwise: the recomputable tensors' 16-bit copies
   Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
+  // plan's parts: the flat weights, constants and gradients; the blocks' saved activations
+  // (plan_low_precision_saved: mixed precision's 16-bit copies); a step's other buffers.
+  void plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options);
+  void plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDims& dims,
+                  const PlanOptions& options);
+  void plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDims& dims,
+                                const PlanOptions& options);
+  void plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockStyle& style,
+                         const BlockDims& dims);
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;
