@@ -1,22 +1,15 @@
 #!/usr/bin/env bash
 # The include rule of docs/architecture.md as a test: each folder of src/ includes only itself and
-# the folders it is allowed (the table below, docs/architecture.md's), and third-party headers
-# only where that page says. A new include across folders fails here until the map says so.
+# the folders src/layers.txt allows it (the table the build's per-folder libraries link by), and
+# third-party headers only where that page says. A new include across folders fails here until
+# the table says so.
 #   bash tests/check_layers.sh [repository root]
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
-declare -A allowed=(
-  [cli]="train parallel tokenizer precision optim models backend core"
-  [train]="parallel tokenizer data precision optim models backend core"
-  [parallel]="precision optim models backend core"
-  [tokenizer]="data core"
-  [data]="core"
-  [precision]="models backend core"
-  [optim]="models backend core"
-  [models]="data backend core"
-  [backend]="core"
-  [core]=""
-)
+declare -A allowed=()
+while IFS=: read -r folder below; do
+  allowed[$folder]=$below
+done < <(grep -E '^[a-z_]+:' src/layers.txt)
 failures=0
 fail() {
   echo "check_layers: $*" >&2
@@ -25,7 +18,7 @@ fail() {
 for folder in src/*/; do
   folder=${folder#src/}
   folder=${folder%/}
-  [ -n "${allowed[$folder]+set}" ] || fail "src/$folder is not on the map (docs/architecture.md)"
+  [ -n "${allowed[$folder]+set}" ] || fail "src/$folder is not in src/layers.txt (docs/architecture.md)"
 done
 while IFS=: read -r file _ line; do
   folder=${file#src/}
@@ -34,7 +27,7 @@ while IFS=: read -r file _ line; do
   [ "$target" = "$folder" ] && continue
   case " ${allowed[$folder]:-} " in
     *" $target "*) ;;
-    *) fail "$file includes $target/, which $folder/ may not (docs/architecture.md): $line" ;;
+    *) fail "$file includes $target/, which $folder/ may not (src/layers.txt): $line" ;;
   esac
 done < <(grep -rnE '^#include "[a-z_0-9]+/' src)
 # Third-party headers at the edges: header pattern, then the files that may include it.
