@@ -354,11 +354,9 @@ namespace {
 // holding at least one batch per rank (so that planning many ranks needs no --dataset_size; the
 // plan holds 8 bytes per sample of it).
 TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& args) {
-  validate_options(given);
   BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
               "--world_size must lie in [1, 1048576], got ", args.world_size);
-  TrainOptions o = apply_deepspeed_config(given, static_cast<int>(args.world_size));
-  validate_options(o);
+  TrainOptions o = resolve_checkpoint(resolve_options(given, static_cast<int>(args.world_size)));
   if (o.dataset == "synthetic" && o.train_file.empty())
     o.dataset_size = std::max(
         o.dataset_size, checked_mul(o.per_device_train_batch_size, args.world_size, "a batch"));

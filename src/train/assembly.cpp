@@ -10,6 +10,7 @@
 #include "data/synthetic.h"
 #include "data/token_file.h"
 #include "train/checkpoint.h"
+#include "train/deepspeed.h"
 
 namespace brisk {
 
@@ -25,17 +26,6 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& 
   BRISK_CHECK(layout.labels_per_token, "token files train causal LMs; the ", c.type_name(),
               " model needs --dataset synthetic");
   return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
-}
-
-// --resume_from_checkpoint: "last" (or "true", as Trainer.train(resume_from_checkpoint=True)) is
-// the newest complete one; a resumed run takes the checkpoint's seed.
-void resolve_resume(TrainOptions& o) {
-  if (o.resume_from_checkpoint == "last" || o.resume_from_checkpoint == "true")
-    o.resume_from_checkpoint = last_checkpoint(o.output_dir);
-  if (o.resume_from_checkpoint.empty()) return;
-  BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
-              o.resume_from_checkpoint, "' does not exist");
-  o.seed = checkpoint_seed(o.resume_from_checkpoint);
 }
 
 // The data of a run on text files: the training, evaluation and prediction sets read from them.
@@ -150,16 +140,39 @@ void plan_products(RunAssembly& r, Backend* backend) {
 
 }  // namespace
 
+TrainOptions resolve_options(const TrainOptions& given, int ranks,
+                             std::vector<std::string>* ignored) {
+  validate_options(given);
+  const TrainOptions options = apply_deepspeed_config(given, ranks, ignored);
+  validate_options(options);
+  BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
+              ranks, " processes is not supported yet");
+  return options;
+}
+
+// "last" (or "true", as Trainer.train(resume_from_checkpoint=True)).
+TrainOptions resolve_checkpoint(const TrainOptions& options) {
+  TrainOptions o = options;
+  if (o.resume_from_checkpoint == "last" || o.resume_from_checkpoint == "true")
+    o.resume_from_checkpoint = last_checkpoint(o.output_dir);
+  if (o.resume_from_checkpoint.empty()) return o;
+  BRISK_CHECK(std::filesystem::is_directory(o.resume_from_checkpoint), "checkpoint folder '",
+              o.resume_from_checkpoint, "' does not exist");
+  o.seed = checkpoint_seed(o.resume_from_checkpoint);
+  return o;
+}
+
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset, int rank,
                                           int ranks) {
-  validate_options(options);
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
+  BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
+              "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,
+              " reached the assembly unresolved (resolve_checkpoint)");
   auto run = std::make_unique<RunAssembly>();
   RunAssembly& r = *run;
   r.options = options;
-  TrainOptions& o = r.options;
-  resolve_resume(o);
+  const TrainOptions& o = r.options;
   r.device = device;
   r.rank = rank;
   // A run that does not train plans for the evaluation batch.

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/device_traits.h"
@@ -22,8 +24,17 @@
 
 namespace brisk {
 
+// The options every part of a run reads, resolved once, in two steps. resolve_options: the given
+// options validated, a DeepSpeed config (--deepspeed) applied for `ranks` processes (its keys
+// without effect into `ignored`), and the result validated. resolve_checkpoint, once output_dir
+// is in order: --resume_from_checkpoint "last" (or "true") named as the newest complete
+// checkpoint, and that checkpoint's seed taken (a resumed run continues it).
+TrainOptions resolve_options(const TrainOptions& given, int ranks,
+                             std::vector<std::string>* ignored = nullptr);
+TrainOptions resolve_checkpoint(const TrainOptions& options);
+
 struct RunAssembly {
-  TrainOptions options;  // as given, with the checkpoint's seed when resuming
+  TrainOptions options;  // as given (seq_len: the text files', with --train_file)
   Device device = kHostDevice;
   ModelConfig config;
   std::unique_ptr<Model> model;
@@ -49,10 +60,12 @@ struct RunAssembly {
   BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views
 };
 
-// Plans the run on `device`. With a backend (for that device) the backend declares its own
-// workspace and is set to the run's product dtype and TF32 choice; without one, `workspace`
-// receives the same declarations. Trains on `dataset` when given, else on the options' dataset.
-// `rank` of `ranks`: this process's share of the training data in data-parallel runs.
+// Plans the run on `device` with `options` as resolve_options and resolve_checkpoint return them
+// (read, never rewritten: an unresolved "last" is refused). With a backend (for that device) the
+// backend declares its own workspace and is set to the run's product dtype and TF32 choice; without
+// one, `workspace` receives the same declarations. Trains on `dataset` when given, else on the
+// options' dataset. `rank` of `ranks`: this process's share of the training data in data-parallel
+// runs.
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset = nullptr,
                                           int rank = 0, int ranks = 1);

@@ -222,6 +222,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
           t.tf32 = precision == "tf32";
           t.optim = optim;
           t.auto_find_batch_size = false;
+          validate_options(t);  // a precision or optimizer of the lists may not go with the rest
           const auto run = assemble_run(t, device, nullptr);
           const size_t needed = needed_bytes(run->plan, budget);
           if (needed > budget.budget) {

@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/launch.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
 #include "train/assembly.h"
@@ -746,21 +747,6 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
   c.dist.barrier();
 }
 
-// The options as the run takes them: DeepSpeed's config applied (the keys without effect noted),
-// validated before and after.
-TrainOptions run_options(const TrainOptions& given, Communicator& dist,
-                         std::vector<std::string>* deepspeed_ignored) {
-  const int ranks = dist.size();
-  const TrainOptions options = apply_deepspeed_config(given, ranks, deepspeed_ignored);
-  validate_options(options);
-  if (ranks > 1) {
-    dist.set_timeout(static_cast<double>(options.ddp_timeout));
-    BRISK_CHECK(!options.auto_find_batch_size, "--auto_find_batch_size in a run of ", ranks,
-                " processes is not supported yet");
-  }
-  return options;
-}
-
 // Rank 0 holds output_dir, which every run writes into, for the whole run. Before anything reads
 // it, a copy an interrupted save moved aside is back in place for --resume_from_checkpoint last.
 void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, bool lead,
@@ -778,18 +764,19 @@ void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, 
 // (train_steps), finish, evaluate and summarize.
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
                    FaultHooks faults, Communicator* comm) {
-  validate_options(given);
-  const Device device = resolve_device(given);
+  std::vector<std::string> deepspeed_ignored;
+  const int ranks = comm ? comm->size() : launch_info_from_env().size;
+  const TrainOptions options = resolve_options(given, ranks, &deepspeed_ignored);
+  const Device device = resolve_device(options);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
   // NCCL's. The launch's ranks must all start within ddp_timeout, as init_process_group's
   // timeout bounds.
-  Communicator& dist =
-      comm ? *comm : world_communicator(device, static_cast<double>(given.ddp_timeout));
+  const auto timeout = static_cast<double>(options.ddp_timeout);
+  Communicator& dist = comm ? *comm : world_communicator(device, timeout);
+  if (dist.size() > 1) dist.set_timeout(timeout);
   const bool lead = dist.rank() == 0;
-  std::vector<std::string> deepspeed_ignored;
-  const TrainOptions options = run_options(given, dist, &deepspeed_ignored);
   RunLog log(all_log, lead);
   if (!deepspeed_ignored.empty()) log.log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
   auto be = make_backend(device);
@@ -804,11 +791,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   hold_output_dir(output_lock, options, lead, log);
   dist.barrier();
   TrainSummary s;
-  const TrainOptions shaped = shape_to_memory(options, device, *be, dataset, log.sink(), s);
+  const TrainOptions settled =
+      shape_to_memory(resolve_checkpoint(options), device, *be, dataset, log.sink(), s);
   // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
   if (!lead) dist.barrier();
   const std::unique_ptr<RunAssembly> run =
-      assemble_run(shaped, device, be.get(), dataset, dist.rank(), dist.size());
+      assemble_run(settled, device, be.get(), dataset, dist.rank(), dist.size());
   if (lead) dist.barrier();
   for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
