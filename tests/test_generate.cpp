@@ -8,7 +8,7 @@
 
 #include "models/decoder.h"
 #include "test_support.h"
-#include "train/generate.h"
+#include "eval/generate.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 

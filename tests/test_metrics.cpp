@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "test_support.h"
-#include "train/metrics.h"
+#include "eval/metrics.h"
 
 namespace brisk::testing {
 namespace {

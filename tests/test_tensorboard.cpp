@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "test_support.h"
-#include "train/tensorboard.h"
+#include "report/tensorboard.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 

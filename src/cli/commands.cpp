@@ -26,7 +26,7 @@
 #include "train/assembly.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
-#include "train/memory_html.h"
+#include "report/memory_html.h"
 
 namespace brisk::cli {
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "train/generate.h"
+#include "eval/generate.h"
 #include "train/trainer.h"
 
 namespace brisk::cli {

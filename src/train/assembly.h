@@ -18,7 +18,7 @@
 #include "optim/optimizer.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 #include "train/file_data.h"
 #include "train/options.h"
 

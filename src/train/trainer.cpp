@@ -31,9 +31,9 @@
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
-#include "train/memory_html.h"
+#include "report/memory_html.h"
 #include "train/schedule.h"
-#include "train/tensorboard.h"
+#include "report/tensorboard.h"
 
 namespace brisk {
 

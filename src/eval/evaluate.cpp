@@ -1,5 +1,5 @@
 // Evaluation and prediction over a dataset (see evaluate.h).
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "core/clock.h"
 #include "data/loader.h"
 #include "parallel/communicator.h"
-#include "train/metrics.h"
+#include "eval/metrics.h"
 
 namespace brisk {
 namespace {

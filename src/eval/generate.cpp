@@ -1,5 +1,5 @@
 // brisk generate (see generate.h).
-#include "train/generate.h"
+#include "eval/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "backend/backend.h"
+#include "backend/device_traits.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -15,7 +16,6 @@
 #include "models/decoder.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
-#include "train/options.h"
 
 namespace brisk {
 
@@ -98,7 +98,7 @@ Generation generate(const GenerateOptions& o) {
   // so the sum cannot overflow.
   const int64_t max_tokens =
       prompt + std::min<int64_t>(o.max_new_tokens, config.max_position_embeddings - prompt);
-  const Device device = resolve_device(o.device);
+  const Device device = device_named(o.device);
   auto be = make_backend(device);
   MemoryPlan plan;
   BufferBinder binder;

@@ -1,5 +1,5 @@
 // TensorBoard event files (see tensorboard.h).
-#include "train/tensorboard.h"
+#include "report/tensorboard.h"
 
 #include <fcntl.h>
 #include <unistd.h>

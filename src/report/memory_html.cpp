@@ -1,5 +1,5 @@
 // The memory anatomy page (see memory_html.h).
-#include "train/memory_html.h"
+#include "report/memory_html.h"
 
 #include <algorithm>
 #include <cmath>

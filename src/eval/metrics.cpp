@@ -1,5 +1,5 @@
 // Streaming evaluation metrics (see metrics.h).
-#include "train/metrics.h"
+#include "eval/metrics.h"
 
 #include <algorithm>
 #include <cmath>
