@@ -18,14 +18,14 @@ TEST(Nccl, WithoutAGpuAskingForItEndsWithAMessage) {
   std::string why;
   if (nccl_built_in() && cuda_available(&why)) GTEST_SKIP() << "a GPU is present";
   LaunchInfo one;
-  expect_error([&] { make_nccl(one, nullptr, 1.0); },
+  expect_error([&] { make_nccl(one, nullptr, Device::cuda, 1.0); },
                nccl_built_in() ? "NCCL: " : "built without NCCL");
 }
 
 TEST(Nccl, OneRanksCollectivesOnTheGpu) {
   if (!nccl_built_in()) GTEST_SKIP() << "brisk was built without NCCL";
   REQUIRE_GPU();
-  const std::unique_ptr<Communicator> comm = make_nccl(LaunchInfo{}, nullptr, 60.0);
+  const std::unique_ptr<Communicator> comm = make_nccl(LaunchInfo{}, nullptr, Device::cuda, 60.0);
   EXPECT_EQ(comm->size(), 1);
   EXPECT_NE(comm->name().find("NCCL"), std::string::npos);
   const std::unique_ptr<Backend> be = make_backend(Device::cuda);

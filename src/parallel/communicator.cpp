@@ -227,7 +227,7 @@ Communicator& world_communicator(Device memory, double timeout_seconds) {
     world_made = world.get();
     return *world;
   }
-  static const std::unique_ptr<Communicator> gpu = [timeout_seconds] {
+  static const std::unique_ptr<Communicator> gpu = [memory, timeout_seconds] {
     const LaunchInfo launch = launch_info_from_env();
     // Under MPI, the host communicator is the bootstrap, and the one that ends every rank.
     Communicator* host = launch.launcher == Launcher::mpi
@@ -248,7 +248,7 @@ Communicator& world_communicator(Device memory, double timeout_seconds) {
     start.set_timeout(2 * timeout_seconds);
     const Watchdog::Watch watch(start, "NCCL's start (the ranks' start)");
     std::unique_ptr<Communicator> made =
-        make_nccl(launch, host, timeout_seconds > 0 ? timeout_seconds : 1e9);
+        make_nccl(launch, host, memory, timeout_seconds > 0 ? timeout_seconds : 1e9);
     if (!world_made) world_made = made.get();
     return made;
   }();

@@ -151,11 +151,11 @@ bool gloo_built_in();
 // picks: NCCL's unique id goes from rank 0 to the others through `bootstrap` (a host
 // communicator of the same ranks, e.g. MPI's) or, when that is null, the TCP rendezvous on
 // MASTER_ADDR at the port derived from MASTER_PORT (parallel/rendezvous.h) waiting at most
-// `timeout_seconds`. It takes
-// host buffers too, copied to the GPU and back around the collective (the trainer's metrics and
-// texts; small).
+// `timeout_seconds`. `memory`: the run's device, whose memory the collectives read and write. It
+// takes host buffers too, copied to the GPU and back around the collective (the trainer's metrics
+// and texts; small).
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,
-                                        double timeout_seconds = 300);
+                                        Device memory, double timeout_seconds = 300);
 // Whether this brisk was built with NCCL (with the CUDA backend, where the toolkit has it).
 bool nccl_built_in();
 

@@ -50,8 +50,8 @@ ncclDataType_t type_of(const Tensor& t) {
 
 class Nccl final : public Communicator {
  public:
-  Nccl(const LaunchInfo& launch, Communicator* bootstrap, double timeout)
-      : rank_(launch.rank), size_(launch.size) {
+  Nccl(const LaunchInfo& launch, Communicator* bootstrap, Device memory, double timeout)
+      : rank_(launch.rank), size_(launch.size), memory_(memory) {
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "NCCL: counting GPUs");
     BRISK_CHECK(devices > 0, "NCCL: this process sees no GPU");
@@ -262,7 +262,7 @@ class Nccl final : public Communicator {
   }
 
  protected:
-  Device memory() const override { return Device::cuda; }
+  Device memory() const override { return memory_; }
 
  private:
   static bool on_host(const Tensor& t) { return device_traits(t.device()).host_memory; }
@@ -298,7 +298,7 @@ class Nccl final : public Communicator {
     if (upload && bytes > 0)
       check_cuda(cudaMemcpyAsync(staging_[i], host.data(), bytes, cudaMemcpyHostToDevice, stream_),
                  "NCCL: staging a host buffer");
-    return Tensor(staging_[i], bytes == 0 ? Shape{0} : host.shape(), host.dtype(), Device::cuda);
+    return Tensor(staging_[i], bytes == 0 ? Shape{0} : host.shape(), host.dtype(), memory_);
   }
   void unstage(int slot, const Tensor& host) {
     if (host.empty() || host.bytes() == 0) return;
@@ -417,6 +417,7 @@ class Nccl final : public Communicator {
     const char* op;
   };
   // A list reused step after step (no allocation once it has grown): [waited_, size) pending.
+  Device memory_;  // the GPU memory its collectives read and write
   std::vector<Started> started_;
   size_t waited_ = 0;
   std::vector<cudaEvent_t> free_events_;
@@ -427,8 +428,8 @@ class Nccl final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl(const LaunchInfo& launch, Communicator* bootstrap,
-                                        double timeout_seconds) {
-  return std::make_unique<Nccl>(launch, bootstrap, timeout_seconds);
+                                        Device memory, double timeout_seconds) {
+  return std::make_unique<Nccl>(launch, bootstrap, memory, timeout_seconds);
 }
 
 bool nccl_built_in() {

@@ -4,7 +4,7 @@
 
 namespace brisk {
 
-std::unique_ptr<Communicator> make_nccl(const LaunchInfo&, Communicator*, double) {
+std::unique_ptr<Communicator> make_nccl(const LaunchInfo&, Communicator*, Device, double) {
   BRISK_FAIL(
       "brisk was built without NCCL (it comes with the CUDA toolkit; rebuild where nvcc "
       "and nccl.h are found)");

@@ -35,7 +35,7 @@ std::unique_ptr<Communicator> nccl_world(std::string* why) {
   launch.rank = world().rank();
   launch.size = N;
   launch.local_rank = world().rank();
-  return make_nccl(launch, &world(), 60.0);
+  return make_nccl(launch, &world(), Device::cuda, 60.0);
 }
 
 }  // namespace brisk::testing
