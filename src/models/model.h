@@ -14,12 +14,12 @@
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/memory_plan.h"
+#include "core/parameters.h"
 #include "core/safetensors.h"
 #include "core/step_control.h"
 #include "core/weight_files.h"
 #include "data/batch.h"
 #include "models/config.h"
-#include "models/parameters.h"
 #include "models/transformer_block.h"
 
 namespace brisk {

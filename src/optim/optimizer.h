@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
-#include "models/parameters.h"
+#include "core/parameters.h"
 
 namespace brisk {
 

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "core/memory_plan.h"
+#include "core/parameters.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "models/model.h"
-#include "models/parameters.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/zero.h"
 

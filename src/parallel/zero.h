@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/parameters.h"
 #include "core/tensor.h"
 #include "models/model.h"
-#include "models/parameters.h"
 
 namespace brisk {
 

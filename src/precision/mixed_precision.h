@@ -11,7 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
-#include "models/parameters.h"
+#include "core/parameters.h"
 #include "precision/loss_scaler.h"
 
 namespace brisk {

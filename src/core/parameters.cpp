@@ -1,5 +1,5 @@
 // ParameterSet bookkeeping and views into the flat buffers.
-#include "models/parameters.h"
+#include "core/parameters.h"
 
 #include <algorithm>
 
