@@ -103,6 +103,41 @@ void Communicator::check_all_gather_v(const Tensor& in, const std::vector<int64_
   BRISK_CHECK(!overlap(in, out), op, ": in and out overlap");
 }
 
+void Communicator::check_peer(int peer, const char* op) const {
+  BRISK_CHECK(peer >= 0 && peer < size() && peer != rank(), op, ": rank ", peer,
+              " is not another rank of ", size());
+}
+
+void Communicator::check_all_to_all(const Tensor& in, const Tensor& out) const {
+  check_pair(in, out, 1, 1, "all_to_all");
+  BRISK_CHECK(in.numel() % size() == 0, "all_to_all: ", in.numel(), " elements are not ", size(),
+              " equal chunks");
+  BRISK_CHECK(!overlap(in, out), "all_to_all: in and out overlap");
+}
+
+namespace {
+[[noreturn]] void refuse(const Communicator& c, const char* op) {
+  BRISK_FAIL(c.name(), " has no ", op,
+             " yet: tensor, pipeline and sequence parallelism run on MPI (mpirun) for now");
+}
+}  // namespace
+
+void Communicator::send(const Tensor&, int) {
+  refuse(*this, "send");
+}
+void Communicator::receive(const Tensor&, int) {
+  refuse(*this, "receive");
+}
+void Communicator::send_receive(const Tensor&, int, const Tensor&, int) {
+  refuse(*this, "send_receive");
+}
+void Communicator::all_to_all(const Tensor&, const Tensor&) {
+  refuse(*this, "all_to_all");
+}
+std::unique_ptr<Communicator> Communicator::split(int, int) {
+  refuse(*this, "split");
+}
+
 void Communicator::start_all_reduce_sum(const Tensor& buf) {
   count_started();
   const auto start = std::chrono::steady_clock::now();
@@ -199,6 +234,21 @@ class SingleProcess final : public Communicator {
     check_all_gather_v(in, counts, out);
     if (in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
   }
+  // One process has no peer: check_peer refuses every rank.
+  void send(const Tensor&, int peer) override { check_peer(peer, "send"); }
+  void receive(const Tensor&, int peer) override { check_peer(peer, "receive"); }
+  void send_receive(const Tensor&, int to, const Tensor&, int) override {
+    check_peer(to, "send_receive");
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    if (in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
+  }
+  std::unique_ptr<Communicator> split(int color, int) override {
+    BRISK_CHECK(color >= 0, "split: color ", color, " is negative");
+    return make_single_process();
+  }
+
   void broadcast(const Tensor& buf, int root) override {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root == 0, "broadcast: root ", root, " of 1 rank");

@@ -51,6 +51,22 @@ class Communicator {
   // Returns when every rank has called it.
   virtual void barrier() = 0;
 
+  // Between two ranks and among every rank at once: what pipeline stages, sequence parallelism
+  // and experts exchange. The default (a communicator without them) refuses, naming itself.
+  // buf goes to rank `peer`, which receives it into a buffer of the same length and type.
+  virtual void send(const Tensor& buf, int peer);
+  virtual void receive(const Tensor& buf, int peer);
+  // `out` to rank `to` while `in` arrives from rank `from`, so that ranks sending to each other
+  // never wait on one another (a ring, or two stages exchanging activations and gradients).
+  virtual void send_receive(const Tensor& out, int to, const Tensor& in, int from);
+  // in and out of one length, size() equal chunks: chunk r of in goes to rank r, and chunk r of
+  // out becomes chunk rank() of rank r's in.
+  virtual void all_to_all(const Tensor& in, const Tensor& out);
+  // The ranks that pass the same `color` (>= 0) as a communicator of their own, ranked by `key`
+  // (ties in this communicator's rank order): a collective of every rank. The new communicator
+  // shares this one's timeout and order of started work.
+  virtual std::unique_ptr<Communicator> split(int color, int key);
+
   // Starts buf's all-reduce sum and returns: buf must not be read or written until
   // wait_started() returns. Every rank starts the same buffers in the same order. What data
   // parallelism overlaps with backward; here (the default) it runs at once. A blocking collective
@@ -109,6 +125,10 @@ class Communicator {
   // all_gather_v's.
   void check_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
                           const Tensor& out) const;
+  // A rank other than this one, for `op`.
+  void check_peer(int peer, const char* op) const;
+  // all_to_all's buffers.
+  void check_all_to_all(const Tensor& in, const Tensor& out) const;
   // Every start_* counts itself here (the caller's thread only).
   void count_started() { ++started_count_; }
 

@@ -1,4 +1,5 @@
-// The MPI communicator: host-memory collectives over MPI_COMM_WORLD (Open MPI, MPICH). bf16 sums
+// The MPI communicator: host-memory collectives over MPI_COMM_WORLD or a communicator split from
+// it (Open MPI, MPICH), point to point and all-to-all too. bf16 sums
 // use a user-defined reduction over 16-bit words (sum in float32, rounded to bf16). Started
 // all-reduces (data parallelism's gradient buckets) run in order on a communication thread of
 // their own, so that they proceed while the caller computes: MPI libraries move a message only
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -42,44 +44,86 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
+// Point-to-point messages' tag (gather_v's pieces use their own).
+constexpr int kPeerTag = 7302;
+
 // MPI counts are int: a buffer's elements, checked.
 int count_of(int64_t n, const char* op) {
   BRISK_CHECK(n <= INT_MAX, op, ": ", n, " elements per rank exceed MPI's int counts");
   return static_cast<int>(n);
 }
 
+bool finalized() {
+  int done = 0;
+  MPI_Finalized(&done);
+  return done != 0;
+}
+
+// What the world communicator and the ones split from it share: one thread through which every
+// started call goes (MPI_THREAD_SERIALIZED: never two threads in MPI at once), one watchdog, the
+// bf16 reduction, and the world rank that messages name.
+struct MpiShared {
+  MpiShared() : watchdog([this](const char* op, double waited) { expire(op, waited); }) {}
+  ~MpiShared() {
+    thread.stop();
+    if (!finalized() && bf16_sum != MPI_OP_NULL) MPI_Op_free(&bf16_sum);
+  }
+  // The watchdog's verdict: a collective past the timeout ends the run.
+  [[noreturn]] void expire(const char* op, double waited) {
+    std::fprintf(stderr,
+                 "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
+                 "(ddp_timeout): a rank is stuck or gone; ending the run\n",
+                 world_rank, world_size, op, waited);
+    std::fflush(stderr);
+    if (started)
+      MPI_Abort(MPI_COMM_WORLD, 1);  // before MPI has started, the launcher ends the rest
+    std::_Exit(1);
+  }
+  int world_rank = 0, world_size = 1;
+  MPI_Op bf16_sum = MPI_OP_NULL;
+  bool threaded = false;             // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
+  std::atomic<bool> started{false};  // MPI_Init returned: MPI_Abort may be called
+  CommThread thread;                 // every communicator's started work, in order
+  Watchdog watchdog;
+};
+
 class Mpi final : public Communicator {
  public:
-  // The watchdog bounds the start as it bounds a collective: MPI's initialization waits for
-  // every rank of the launch, the first barrier for every rank to have come this far.
+  // The world. The watchdog bounds the start as it bounds a collective: MPI's initialization
+  // waits for every rank of the launch, the first barrier for every rank to have come this far.
   Mpi(const LaunchInfo& launch, double timeout)
-      : rank_(launch.rank),
-        size_(launch.size),
-        watchdog_([this](const char* op, double waited) { expire(op, waited); }) {
-    watchdog_.set_timeout(timeout);
+      : s_(std::make_shared<MpiShared>()), rank_(launch.rank), size_(launch.size) {
+    s_->world_rank = launch.rank;
+    s_->world_size = launch.size;
+    s_->watchdog.set_timeout(timeout);
     {
-      const Watchdog::Watch watch(watchdog_, "MPI_Init (the ranks' start)");
+      const Watchdog::Watch watch(s_->watchdog, "MPI_Init (the ranks' start)");
       initialize();
     }
-    started_ = true;
+    s_->started = true;
     int level = 0;
     MPI_Query_thread(&level);
-    threaded_ = level >= MPI_THREAD_SERIALIZED;
+    s_->threaded = level >= MPI_THREAD_SERIALIZED;
     // Errors come back as codes, which become messages, instead of aborting inside MPI.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     BRISK_CHECK(rank_ == launch.rank && size_ == launch.size, "MPI says rank ", rank_, " of ",
                 size_, ", the launcher's environment rank ", launch.rank, " of ", launch.size);
-    check(MPI_Op_create(bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
-    const Watchdog::Watch watch(watchdog_, "the first barrier (the ranks' start)");
+    check(MPI_Op_create(bf16_sum, /*commute=*/1, &s_->bf16_sum), "MPI_Op_create");
+    const Watchdog::Watch watch(s_->watchdog, "the first barrier (the ranks' start)");
     check(MPI_Barrier(MPI_COMM_WORLD), "the first barrier (MPI_Barrier)");
   }
+  // A communicator split from another (`comm`: MPI_Comm_split's).
+  Mpi(std::shared_ptr<MpiShared> shared, MPI_Comm comm) : s_(std::move(shared)), comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   ~Mpi() override {
-    thread_.stop();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Op_free(&bf16_sum_);
+    if (comm_ == MPI_COMM_WORLD || finalized()) return;
+    drain();  // nothing started on it may still run
+    MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
@@ -100,12 +144,12 @@ class Mpi final : public Communicator {
   }
   void start_all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "start_all_reduce_sum");
-    if (!threaded_) return Communicator::start_all_reduce_sum(buf);
+    if (!s_->threaded) return Communicator::start_all_reduce_sum(buf);
     enqueue([this, buf] { all_reduce_now(buf); });
   }
   void start_reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
                                   const Tensor& out, std::function<void()> then) override {
-    if (!threaded_) return Communicator::start_reduce_scatter_sum_v(in, counts, out, then);
+    if (!s_->threaded) return Communicator::start_reduce_scatter_sum_v(in, counts, out, then);
     check_reduce_scatter_v(in, counts, out);
     enqueue([this, in, counts, out, then = std::move(then)] {
       reduce_scatter_v_now(in, counts, out);
@@ -114,26 +158,26 @@ class Mpi final : public Communicator {
   }
   void start_all_gather_v(const Tensor& in, const std::vector<int64_t>& counts,
                           const Tensor& out) override {
-    if (!threaded_) return Communicator::start_all_gather_v(in, counts, out);
+    if (!s_->threaded) return Communicator::start_all_gather_v(in, counts, out);
     check_all_gather_v_ints(in, counts, out);
     enqueue([this, in, counts, out] { all_gather_v_now(in, counts, out); });
   }
   double wait_started() override {
-    if (!threaded_) return Communicator::wait_started();
+    if (!s_->threaded) return Communicator::wait_started();
     drain();
-    return thread_.take_busy_seconds();
+    return s_->thread.take_busy_seconds();
   }
   void wait_started_until(int64_t keep) override {
-    if (threaded_) thread_.wait_until(keep);
+    if (s_->threaded) s_->thread.wait_until(keep);
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     check_pair(in, out, size_, 1, "reduce_scatter_sum");
     BRISK_CHECK(!overlap(in, out), "reduce_scatter_sum: in and out overlap");
     drain();
-    const Watchdog::Watch watch(watchdog_, "reduce_scatter_sum");
+    const Watchdog::Watch watch(s_->watchdog, "reduce_scatter_sum");
     check(
         MPI_Reduce_scatter_block(in.data(), out.data(), count_of(out.numel(), "reduce_scatter_sum"),
-                                 type(in), op(in), MPI_COMM_WORLD),
+                                 type(in), op(in), comm_),
         "reduce_scatter_sum (MPI_Reduce_scatter_block)");
   }
   void reduce_scatter_sum_v(const Tensor& in, const std::vector<int64_t>& counts,
@@ -146,9 +190,9 @@ class Mpi final : public Communicator {
     const bool own_chunk = check_all_gather(in, out);
     const int n = count_of(in.numel(), "all_gather");
     drain();
-    const Watchdog::Watch watch(watchdog_, "all_gather");
+    const Watchdog::Watch watch(s_->watchdog, "all_gather");
     check(MPI_Allgather(own_chunk ? MPI_IN_PLACE : in.data(), n, type(in), out.data(), n, type(in),
-                        MPI_COMM_WORLD),
+                        comm_),
           "all_gather (MPI_Allgather)");
   }
   // Point to point, in pieces of at most 2^30 elements (MPI counts are int), so that only the
@@ -157,7 +201,7 @@ class Mpi final : public Communicator {
                 int root) override {
     check_gather(in, counts, out, root);
     drain();
-    const Watchdog::Watch watch(watchdog_, "gather_v");
+    const Watchdog::Watch watch(s_->watchdog, "gather_v");
     const int64_t piece = int64_t{1} << 30;
     const auto size = static_cast<int64_t>(dtype_size(in.dtype()));
     constexpr int kTag = 7301;
@@ -165,7 +209,7 @@ class Mpi final : public Communicator {
       auto* base = static_cast<char*>(in.data());
       for (int64_t at = 0; at < in.numel(); at += piece)
         check(MPI_Send(base + at * size, static_cast<int>(std::min(piece, in.numel() - at)),
-                       type(in), root, kTag, MPI_COMM_WORLD),
+                       type(in), root, kTag, comm_),
               "gather_v (MPI_Send)");
       return;
     }
@@ -178,7 +222,7 @@ class Mpi final : public Communicator {
       } else {
         for (int64_t at = 0; at < n; at += piece)
           check(MPI_Recv(base + (first + at) * size, static_cast<int>(std::min(piece, n - at)),
-                         type(in), r, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                         type(in), r, kTag, comm_, MPI_STATUS_IGNORE),
                 "gather_v (MPI_Recv)");
       }
       first += n;
@@ -194,21 +238,70 @@ class Mpi final : public Communicator {
     check_buffer(buf, "broadcast");
     BRISK_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " of ", size_, " ranks");
     drain();
-    const Watchdog::Watch watch(watchdog_, "broadcast");
+    const Watchdog::Watch watch(s_->watchdog, "broadcast");
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
       const int n = static_cast<int>(std::min(piece, buf.numel() - at));
-      check(MPI_Bcast(base + at * dtype_size(buf.dtype()), n, type(buf), root, MPI_COMM_WORLD),
+      check(MPI_Bcast(base + at * dtype_size(buf.dtype()), n, type(buf), root, comm_),
             "broadcast (MPI_Bcast)");
     }
   }
   void barrier() override {
     drain();
-    const Watchdog::Watch watch(watchdog_, "barrier");
-    check(MPI_Barrier(MPI_COMM_WORLD), "barrier (MPI_Barrier)");
+    const Watchdog::Watch watch(s_->watchdog, "barrier");
+    check(MPI_Barrier(comm_), "barrier (MPI_Barrier)");
   }
-  void set_timeout(double seconds) override { watchdog_.set_timeout(seconds); }
+  void send(const Tensor& buf, int peer) override {
+    check_buffer(buf, "send");
+    check_peer(peer, "send");
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "send");
+    check(MPI_Send(buf.data(), count_of(buf.numel(), "send"), type(buf), peer, kPeerTag, comm_),
+          "send (MPI_Send)");
+  }
+  void receive(const Tensor& buf, int peer) override {
+    check_buffer(buf, "receive");
+    check_peer(peer, "receive");
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "receive");
+    MPI_Status status;
+    check(MPI_Recv(buf.data(), count_of(buf.numel(), "receive"), type(buf), peer, kPeerTag, comm_,
+                   &status),
+          "receive (MPI_Recv)");
+    check_arrived(status, buf, peer, "receive");
+  }
+  void send_receive(const Tensor& out, int to, const Tensor& in, int from) override {
+    check_buffer(out, "send_receive");
+    check_buffer(in, "send_receive");
+    check_peer(to, "send_receive");
+    check_peer(from, "send_receive");
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "send_receive");
+    MPI_Status status;
+    check(MPI_Sendrecv(out.data(), count_of(out.numel(), "send_receive"), type(out), to, kPeerTag,
+                       in.data(), count_of(in.numel(), "send_receive"), type(in), from, kPeerTag,
+                       comm_, &status),
+          "send_receive (MPI_Sendrecv)");
+    check_arrived(status, in, from, "send_receive");
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    const int chunk = count_of(in.numel() / size_, "all_to_all");
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "all_to_all");
+    check(MPI_Alltoall(in.data(), chunk, type(in), out.data(), chunk, type(out), comm_),
+          "all_to_all (MPI_Alltoall)");
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    BRISK_CHECK(color >= 0, "split: color ", color, " is negative");
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "split");
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &sub), "split (MPI_Comm_split)");
+    return std::make_unique<Mpi>(s_, sub);
+  }
+  void set_timeout(double seconds) override { s_->watchdog.set_timeout(seconds); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);  // MPI_Abort does not return; should it, this process still ends
@@ -231,7 +324,7 @@ class Mpi final : public Communicator {
   }
   void enqueue(std::function<void()> job) {
     count_started();
-    thread_.enqueue(std::move(job));
+    s_->thread.enqueue(std::move(job));
   }
   void check_reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& counts,
                               const Tensor& out) const {
@@ -253,56 +346,49 @@ class Mpi final : public Communicator {
       displacements.push_back(at);
       at += static_cast<int>(c);
     }
-    const Watchdog::Watch watch(watchdog_, "all_gather_v");
+    const Watchdog::Watch watch(s_->watchdog, "all_gather_v");
     check(MPI_Allgatherv(in.data(), ints[static_cast<size_t>(rank_)], type(in), out.data(),
-                         ints.data(), displacements.data(), type(in), MPI_COMM_WORLD),
+                         ints.data(), displacements.data(), type(in), comm_),
           "all_gather_v (MPI_Allgatherv)");
   }
   void reduce_scatter_v_now(const Tensor& in, const std::vector<int64_t>& counts,
                             const Tensor& out) {
     std::vector<int> ints;
     for (int64_t c : counts) ints.push_back(static_cast<int>(c));
-    const Watchdog::Watch watch(watchdog_, "reduce_scatter_sum_v");
-    check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), MPI_COMM_WORLD),
+    const Watchdog::Watch watch(s_->watchdog, "reduce_scatter_sum_v");
+    check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), comm_),
           "reduce_scatter_sum_v (MPI_Reduce_scatter)");
   }
   void all_reduce_now(const Tensor& buf) {
-    const Watchdog::Watch watch(watchdog_, "all_reduce_sum");
+    const Watchdog::Watch watch(s_->watchdog, "all_reduce_sum");
     // In pieces of at most 2^30 elements: MPI counts are int.
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
       const int n = static_cast<int>(std::min(piece, buf.numel() - at));
       check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
-                          MPI_COMM_WORLD),
+                          comm_),
             "all_reduce_sum (MPI_Allreduce)");
     }
   }
-  // The watchdog's verdict: a collective past the timeout ends the run.
-  [[noreturn]] void expire(const char* op, double waited) {
-    std::fprintf(stderr,
-                 "brisk: error (rank %d of %d): %s has waited %.0f s for the other ranks "
-                 "(ddp_timeout): a rank is stuck or gone; ending the run\n",
-                 rank_, size_, op, waited);
-    std::fflush(stderr);
-    if (started_)
-      MPI_Abort(MPI_COMM_WORLD, 1);  // before MPI has started, the launcher ends the rest
-    std::_Exit(1);
+  // A message shorter than the buffer it arrived in (a longer one fails MPI_Recv).
+  void check_arrived(const MPI_Status& status, const Tensor& buf, int peer, const char* op) const {
+    int count = 0;
+    MPI_Get_count(&status, type(buf), &count);
+    BRISK_CHECK(count == buf.numel(), op, ": rank ", peer, " sent ", count, " elements, ",
+                buf.numel(), " expected");
   }
-  void drain() { thread_.drain(); }
+  void drain() { s_->thread.drain(); }
   static MPI_Datatype type(const Tensor& t) {
     return t.dtype() == DType::f32   ? MPI_FLOAT
            : t.dtype() == DType::f64 ? MPI_DOUBLE
            : t.dtype() == DType::u8  ? MPI_UINT8_T
                                      : MPI_UINT16_T;
   }
-  MPI_Op op(const Tensor& t) const { return t.dtype() == DType::bf16 ? bf16_sum_ : MPI_SUM; }
+  MPI_Op op(const Tensor& t) const { return t.dtype() == DType::bf16 ? s_->bf16_sum : MPI_SUM; }
+  std::shared_ptr<MpiShared> s_;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
   int rank_ = 0, size_ = 1;
-  MPI_Op bf16_sum_ = MPI_OP_NULL;
-  bool threaded_ = false;             // MPI allows the communication thread (MPI_THREAD_SERIALIZED)
-  std::atomic<bool> started_{false};  // MPI_Init returned: MPI_Abort may be called
-  CommThread thread_;                 // started collectives, in order
-  Watchdog watchdog_;
 };
 
 }  // namespace

@@ -1,0 +1,54 @@
+// The ranks of a run as a grid of four dimensions: pipeline stages x data-parallel replicas x
+// sequence shards x tensor shards (pipeline slowest, tensor fastest, as Megatron-LM places them:
+// a tensor group's ranks are neighbours, on one host where a host holds several). A rank's
+// coordinate along each dimension, and per dimension the group of ranks that differ from it in
+// that dimension only: the communicator its parallelism runs over.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "parallel/communicator.h"
+
+namespace brisk {
+
+enum class MeshDim { pipeline = 0, data = 1, sequence = 2, tensor = 3 };
+inline constexpr int kMeshDims = 4;
+
+struct MeshShape {
+  std::array<int, kMeshDims> size{1, 1, 1, 1};  // by MeshDim
+  int operator[](MeshDim d) const { return size[static_cast<size_t>(d)]; }
+  int ranks() const { return size[0] * size[1] * size[2] * size[3]; }
+  // "pipeline 2 x data 1 x sequence 1 x tensor 2"
+  std::string str() const;
+};
+
+// The shape of `world_size` ranks for tp_size, pp_size and sp_size (accelerate's names), the data
+// dimension taking the ranks left over. Refuses degrees below 1 or whose product does not divide
+// the world, naming them.
+MeshShape mesh_shape(int world_size, int tp_size, int pp_size, int sp_size);
+
+// The world rank at `coordinate` in `shape`, and the coordinates of world rank `rank`.
+int mesh_rank(const MeshShape& shape, const std::array<int, kMeshDims>& coordinate);
+std::array<int, kMeshDims> mesh_coordinate(const MeshShape& shape, int rank);
+
+class DeviceMesh {
+ public:
+  // Every rank of `world` (a collective): its groups split from `world`, a dimension of one
+  // rank needing no communication of its own. Refuses a shape of another size than the world's.
+  DeviceMesh(Communicator& world, const MeshShape& shape);
+  const MeshShape& shape() const { return shape_; }
+  int coordinate(MeshDim d) const { return coordinate_[static_cast<size_t>(d)]; }
+  // The ranks that differ from this one along `d` only, ranked by their coordinate along it.
+  Communicator& group(MeshDim d) { return *groups_[static_cast<size_t>(d)]; }
+  Communicator& world() { return world_; }
+
+ private:
+  Communicator& world_;
+  MeshShape shape_;
+  std::array<int, kMeshDims> coordinate_{};
+  std::array<std::unique_ptr<Communicator>, kMeshDims> groups_;
+};
+
+}  // namespace brisk
