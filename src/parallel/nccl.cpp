@@ -76,9 +76,17 @@ class Nccl final : public Communicator {
       std::memcpy(&id, bytes.data(), sizeof id);
     }
     check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NCCL: a stream");
-    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "NCCL: barrier scratch");
-    check_cuda(cudaEventCreateWithFlags(&device_done_, cudaEventDisableTiming), "NCCL: an event");
+    open_streams();
+  }
+  // A communicator split from `parent` (ncclCommSplit's `comm`), on the parent's GPU, with its
+  // timeout and the backend's stream to follow.
+  Nccl(const Nccl& parent, ncclComm_t comm)
+      : rank_(0), size_(1), device_(parent.device_), comm_(comm), memory_(parent.memory_) {
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+    open_streams();
+    device_stream_ = parent.device_stream_;
+    timeout_ = parent.timeout_;
   }
   ~Nccl() override {
     for (size_t i = waited_; i < started_.size(); ++i)
@@ -248,6 +256,61 @@ class Nccl final : public Communicator {
                "barrier (ncclAllReduce)");
     finish("barrier");
   }
+  // Point to point and all-to-all: GPU buffers, each side's sends and receives grouped.
+  void send(const Tensor& buf, int peer) override {
+    check_buffer(buf, "send");
+    check_peer(peer, "send");
+    wait_for_device_work();
+    check_nccl(ncclSend(buf.data(), count(buf), type_of(buf), peer, comm_, stream_),
+               "send (ncclSend)");
+    finish("send");
+  }
+  void receive(const Tensor& buf, int peer) override {
+    check_buffer(buf, "receive");
+    check_peer(peer, "receive");
+    wait_for_device_work();
+    check_nccl(ncclRecv(buf.data(), count(buf), type_of(buf), peer, comm_, stream_),
+               "receive (ncclRecv)");
+    finish("receive");
+  }
+  void send_receive(const Tensor& out, int to, const Tensor& in, int from) override {
+    check_buffer(out, "send_receive");
+    check_buffer(in, "send_receive");
+    check_peer(to, "send_receive");
+    check_peer(from, "send_receive");
+    wait_for_device_work();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(ncclSend(out.data(), count(out), type_of(out), to, comm_, stream_),
+               "send_receive (ncclSend)");
+    check_nccl(ncclRecv(in.data(), count(in), type_of(in), from, comm_, stream_),
+               "send_receive (ncclRecv)");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("send_receive");
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    wait_for_device_work();
+    const size_t chunk = count(in) / static_cast<size_t>(size_);
+    const size_t chunk_bytes = chunk * dtype_size(in.dtype());
+    auto* from = static_cast<char*>(in.data());
+    auto* to = static_cast<char*>(out.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      const size_t at = static_cast<size_t>(r) * chunk_bytes;
+      check_nccl(ncclSend(from + at, chunk, type_of(in), r, comm_, stream_),
+                 "all_to_all (ncclSend)");
+      check_nccl(ncclRecv(to + at, chunk, type_of(out), r, comm_, stream_),
+                 "all_to_all (ncclRecv)");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("all_to_all");
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    BRISK_CHECK(color >= 0, "split: color ", color, " is negative");
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split (ncclCommSplit)");
+    return std::unique_ptr<Communicator>(new Nccl(*this, sub));
+  }
   void set_timeout(double seconds) override {
     BRISK_CHECK(seconds >= 0, "the collectives' timeout must not be negative, got ", seconds);
     timeout_ = seconds;
@@ -319,6 +382,13 @@ class Nccl final : public Communicator {
         staging_bytes_[i] = 0;
       }
   }
+  // The communicator's own stream, barrier scratch and event.
+  void open_streams() {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NCCL: a stream");
+    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "NCCL: barrier scratch");
+    check_cuda(cudaEventCreateWithFlags(&device_done_, cudaEventDisableTiming), "NCCL: an event");
+  }
+  static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
   // NCCL's stream waits (on the GPU) for what the backend's stream has queued so far.
   void wait_for_device_work() {
     if (!device_stream_) return;
@@ -410,6 +480,7 @@ class Nccl final : public Communicator {
   std::array<size_t, 2> staging_bytes_{};
   cudaStream_t device_stream_ = nullptr;  // the backend's (set_device_stream)
   cudaEvent_t device_done_ = nullptr;     // recorded on it before each collective
+  Device memory_;                         // the GPU memory its collectives read and write
   // Started collectives not yet waited for, oldest first: ticket, timing events, name.
   struct Started {
     int64_t ticket;
@@ -417,7 +488,6 @@ class Nccl final : public Communicator {
     const char* op;
   };
   // A list reused step after step (no allocation once it has grown): [waited_, size) pending.
-  Device memory_;  // the GPU memory its collectives read and write
   std::vector<Started> started_;
   size_t waited_ = 0;
   std::vector<cudaEvent_t> free_events_;

@@ -98,5 +98,42 @@ TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
   EXPECT_EQ(value, 42.5);
 }
 
+// Split groups, an exchange around a ring and an all-to-all on GPU buffers, against the values
+// each rank knows the others sent (whole numbers: exact).
+TEST(NcclRanks, SplitPointToPointAndAllToAllMoveTheRightChunks) {
+  std::string why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  const int N = world().size(), r = world().rank();
+  const std::unique_ptr<Backend> be = make_backend(Device::cuda);
+  const int64_t chunk = 257, n = chunk * N;
+  MemoryPlan plan;
+  plan.add("in", Category::temporaries, DType::f32, Shape{n});
+  plan.add("out", Category::temporaries, DType::f32, Shape{n});
+  plan.finalize();
+  Arena arena(plan, be->device_memory(), be->staging_memory());
+  const Tensor in = arena.tensor(0), out = arena.tensor(1);
+  auto value = [&](int from, int to, int64_t i) { return 1000.f * from + 10.f * to + i % 7; };
+  std::vector<float> mine(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  for (int p = 0; p < N; ++p)
+    for (int64_t i = 0; i < chunk; ++i) mine[static_cast<size_t>(p * chunk + i)] = value(r, p, i);
+  be->upload(Tensor(mine.data(), Shape{n}, DType::f32), in);
+  nccl->all_to_all(in, out);
+  be->download(out, Tensor(got.data(), Shape{n}, DType::f32));
+  for (int p = 0; p < N; ++p)
+    for (int64_t i = 0; i < chunk; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(p * chunk + i)], value(p, r, i)) << "from rank " << p;
+  const int next = (r + 1) % N, prev = (r + N - 1) % N;
+  nccl->send_receive(element_range(in, next * chunk, chunk), next, element_range(out, 0, chunk),
+                     prev);
+  be->download(element_range(out, 0, chunk), Tensor(got.data(), Shape{chunk}, DType::f32));
+  for (int64_t i = 0; i < chunk; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], value(prev, r, i));
+  const std::unique_ptr<Communicator> half = nccl->split(r % 2, r);
+  double sum = r, want = 0;
+  for (int p = r % 2; p < N; p += 2) want += p;
+  half->all_reduce_sum(Tensor(&sum, Shape{1}, DType::f64));
+  EXPECT_EQ(sum, want);
+}
+
 }  // namespace
 }  // namespace brisk::testing
