@@ -653,9 +653,14 @@ TEST(Evaluate, RunMlmOnATextFile) {
   TrainSummary s;
   const std::vector<nlohmann::json> logs = train_logging(o, &s);
   std::vector<double> losses;
-  for (const auto& j : logs)
+  std::string cache_notes;
+  for (const auto& j : logs) {
     if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+    if (j.contains("tokenized_cache")) cache_notes += j["tokenized_cache"].get<std::string>();
+  }
   ASSERT_GE(losses.size(), 20u);
+  // The tokenization cache says what it did, as for the other tasks.
+  EXPECT_NE(cache_notes.find("tokenized, cached in"), std::string::npos) << cache_notes;
   // Mean of the last five steps well below the first five (the masks differ per step).
   const double first = (losses[0] + losses[1] + losses[2] + losses[3] + losses[4]) / 5;
   const double last =

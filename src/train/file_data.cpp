@@ -248,10 +248,11 @@ void split_train_eval(const TrainOptions& o, const TextTable& train, const TextT
 }
 
 // run_mlm: lines tokenized with the template (cached per line), then grouped into blocks of
-// max_seq_length or kept one per line, masked as DataCollatorForLanguageModeling masks.
-FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& train,
-                        const TextTable& eval, ProgressEncoder& tok, TokenCache& cache,
-                        const TokenLimits& limits, SkippedColumns& skipped) {
+// max_seq_length or kept one per line, masked as DataCollatorForLanguageModeling masks. `d` in
+// place, as the cache writes its notes into it.
+void masked_lm_data(const TrainOptions& o, FileData& d, const TextTable& train,
+                    const TextTable& eval, ProgressEncoder& tok, TokenCache& cache,
+                    const TokenLimits& limits, SkippedColumns& skipped) {
   const Tokenizer& t = *d.tokenizer;
   d.seq_len = o.max_seq_length;
   BRISK_CHECK(o.test_file.empty(), "--test_file: a masked LM has no labels to predict");
@@ -286,7 +287,6 @@ FileData masked_lm_data(const TrainOptions& o, FileData d, const TextTable& trai
         });
   };
   split_train_eval(o, train, eval, d, samples);
-  return d;
 }
 
 // run_glue, into d (in place: the cache writes its notes there): each file's rows tokenized
@@ -382,7 +382,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   if (config.task == ModelTask::sequence_classification)
     classification_data(o, config, d, train, eval, test, tok, cache, limits, skipped);
   else if (config.task == ModelTask::masked_lm)
-    d = masked_lm_data(o, std::move(d), train, eval, tok, cache, limits, skipped);
+    masked_lm_data(o, d, train, eval, tok, cache, limits, skipped);
   else  // causal LM, as run_clm
     causal_lm_data(o, config, d, train, eval, keep_linebreaks, tok, cache, limits, skipped);
   d.notes = skipped.notes();
