@@ -6,9 +6,9 @@
 #include <fstream>
 #include <limits>
 
+#include "eval/generate.h"
 #include "models/decoder.h"
 #include "test_support.h"
-#include "eval/generate.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 

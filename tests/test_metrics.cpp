@@ -1,8 +1,8 @@
 // Evaluation metrics against values worked out by hand (the same scikit-learn and scipy give).
 #include <gtest/gtest.h>
 
-#include "test_support.h"
 #include "eval/metrics.h"
+#include "test_support.h"
 
 namespace brisk::testing {
 namespace {

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "test_support.h"
 #include "report/tensorboard.h"
+#include "test_support.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 

@@ -22,11 +22,11 @@
 #include "parallel/communicator.h"
 #include "parallel/rank_shares.h"
 #include "precision/mixed_precision.h"
+#include "report/memory_html.h"
 #include "tokenizer/tokenizer.h"
 #include "train/assembly.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
-#include "report/memory_html.h"
 
 namespace brisk::cli {
 

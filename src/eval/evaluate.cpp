@@ -10,8 +10,8 @@
 
 #include "core/clock.h"
 #include "data/loader.h"
-#include "parallel/communicator.h"
 #include "eval/metrics.h"
+#include "parallel/communicator.h"
 
 namespace brisk {
 namespace {

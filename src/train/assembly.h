@@ -14,11 +14,11 @@
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "eval/evaluate.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
-#include "eval/evaluate.h"
 #include "train/file_data.h"
 #include "train/options.h"
 

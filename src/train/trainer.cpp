@@ -27,13 +27,13 @@
 #include "parallel/launch.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
+#include "report/memory_html.h"
+#include "report/tensorboard.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
-#include "report/memory_html.h"
 #include "train/schedule.h"
-#include "report/tensorboard.h"
 
 namespace brisk {
 
