@@ -45,7 +45,7 @@ std::array<int, kMeshDims> mesh_coordinate(const MeshShape& shape, int rank) {
 // A group's color is the rank with its coordinate along d set to 0 (the same for every member,
 // different between groups); its key, the coordinate along d.
 DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape)
-    : world_(world), shape_(shape), coordinate_(mesh_coordinate(shape, world.rank())) {
+    : shape_(shape), coordinate_(mesh_coordinate(shape, world.rank())) {
   BRISK_CHECK(shape.ranks() == world.size(), "the mesh ", shape.str(), " holds ", shape.ranks(),
               " ranks, the run ", world.size());
   for (int d = 0; d < kMeshDims; ++d) {

@@ -42,10 +42,8 @@ class DeviceMesh {
   int coordinate(MeshDim d) const { return coordinate_[static_cast<size_t>(d)]; }
   // The ranks that differ from this one along `d` only, ranked by their coordinate along it.
   Communicator& group(MeshDim d) { return *groups_[static_cast<size_t>(d)]; }
-  Communicator& world() { return world_; }
 
  private:
-  Communicator& world_;
   MeshShape shape_;
   std::array<int, kMeshDims> coordinate_{};
   std::array<std::unique_ptr<Communicator>, kMeshDims> groups_;
