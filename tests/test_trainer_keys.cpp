@@ -81,7 +81,6 @@ TEST(TrainerKeys, KeysThatWouldChangeTheRunAreRefusedByName) {
       {{{"dataset_name", "wikitext"}}, "dataset_name = \"wikitext\""},
       {{{"neftune_noise_alpha", 5}}, "neftune_noise_alpha = 5"},
       {{{"data_seed", 3}}, "data_seed = 3"},
-      {{{"tp_size", 4}}, "tp_size = 4 is not implemented in brisk (tensor parallelism"},
       {{{"gradient_checkpointing_kwargs", {{"preserve_rng_state", false}}}},
        "gradient_checkpointing_kwargs"},
       {{{"lerning_rate", 1}}, "unknown option \"lerning_rate\" (did you mean \"learning_rate\"?)"},
@@ -93,15 +92,14 @@ TEST(TrainerKeys, KeysThatWouldChangeTheRunAreRefusedByName) {
   // The values that change nothing, however spelled, are accepted and listed once.
   const TrainOptions o =
       read_options({{"label_smoothing_factor", 0},
-                    {"tp_size", 1},
                     {"fsdp", ""},
                     {"gradient_checkpointing_kwargs", {{"use_reentrant", false}}},
                     {"data_seed", nullptr},
                     {"run_name", "my run"},
                     {"torch_compile", true}});
-  EXPECT_EQ(o.ignored_keys, (std::vector<std::string>{"fsdp", "gradient_checkpointing_kwargs",
-                                                      "label_smoothing_factor", "run_name",
-                                                      "torch_compile", "tp_size"}));
+  EXPECT_EQ(o.ignored_keys,
+            (std::vector<std::string>{"fsdp", "gradient_checkpointing_kwargs",
+                                      "label_smoothing_factor", "run_name", "torch_compile"}));
   EXPECT_EQ(closest_option("no_such_setting"), "");
 }
 
@@ -138,7 +136,6 @@ TEST(TrainerKeys, FlagTextsReadAsHfArgumentParserReadsThem) {
   EXPECT_EQ(flag_value("[oops"), nlohmann::json("[oops"));
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   EXPECT_EQ(flag_value(deep), nlohmann::json(deep)) << "nested past the bound: text";
-  check_trainer_key("tp_size", flag_value("1"), "--tp_size");
   check_trainer_key("label_smoothing_factor", flag_value("0"), "--label_smoothing_factor");
   expect_error([] { check_trainer_key("push_to_hub", flag_value(""), "--push_to_hub"); },
                "--push_to_hub: push_to_hub = true is not implemented");

@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/mesh.h"
 #include "parallel/rank_shares.h"
 #include "precision/mixed_precision.h"
 #include "report/memory_html.h"
@@ -521,11 +522,21 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const TrainOptions o = estimate_options(given, args);
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = resolve_device(o);
-  const int world = static_cast<int>(args.world_size);
-  const std::unique_ptr<RunAssembly> run = assemble_run(o, device, nullptr, nullptr, 0, world);
+  // With --tp_size the plan is a tensor rank's (every tensor rank's is alike) and the data
+  // parallelism runs over the world's replicas of tp_size ranks.
+  const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size),
+                                    static_cast<int>(std::max<int64_t>(1, o.tp_size)), 1, 1);
+  const int replicas = mesh[MeshDim::data];
+  const std::unique_ptr<RunAssembly> run =
+      assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
   print_estimate_header(o, *run, device);
+  if (o.tp_size > 1)
+    std::printf(
+        "tensor parallel over %lld ranks: each holds 1/%lld of every block's attention "
+        "heads and MLP width (the plan is each rank's)\n",
+        static_cast<long long>(o.tp_size), static_cast<long long>(o.tp_size));
   print_categories(o, *run, device);
-  const nlohmann::json ranks_json = print_ranks(o, *run, world);
+  const nlohmann::json ranks_json = print_ranks(o, *run, replicas);
   const size_t block = bytes_under(run->plan, "block.0.");
   const int64_t layers = run->config.num_layers;
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),

@@ -7,11 +7,31 @@
 
 namespace brisk {
 
-int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t whole_elements) {
+Shape ParamInfo::full_shape() const {
+  if (!split.split()) return shape;
+  Shape full;
+  for (int i = 0; i < shape.rank(); ++i)
+    full.push_back(i == split.dim ? checked_mul(shape[i], int64_t{split.ranks}, "a parameter")
+                                  : shape[i]);
+  return full;
+}
+
+SplitGeometry split_geometry(const ParamInfo& p) {
+  const int d = p.split.dim;
+  BRISK_CHECK(d < p.shape.rank() && p.split.pieces > 0 && p.shape[d] % p.split.pieces == 0,
+              "internal error: parameter '", p.name, "' is split along dimension ", d, " of ",
+              p.shape.str(), " in ", p.split.pieces, " parts");
+  int64_t inner = 1;
+  for (int i = d + 1; i < p.shape.rank(); ++i) inner *= p.shape[i];
+  return {p.shape[d], p.shape[d] / p.split.pieces, inner};
+}
+
+int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t whole_elements,
+                      ParamSplit split) {
   BRISK_CHECK(find(name) < 0, "parameter '", name, "' declared twice");
   by_name_.emplace(name, static_cast<int>(params_.size()));
   params_.push_back(ParamInfo{std::move(name), shape, role.decay, total_, role.embedding,
-                              role.product, whole_elements});
+                              role.product, whole_elements, split});
   total_ = checked_add(total_, shape.numel(), "the parameter count");
   return static_cast<int>(params_.size() - 1);
 }

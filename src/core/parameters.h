@@ -3,6 +3,7 @@
 // optimizers and checkpoint code see one contiguous span.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -22,6 +23,17 @@ inline constexpr ParamRole kBiasOrNorm{false, false, false};
 inline constexpr ParamRole kEmbedding{true, true, false};
 inline constexpr ParamRole kTiedEmbedding{true, true, true};  // also the LM head's weight
 
+// Tensor parallelism: a parameter that is one rank's slice of a whole one. The whole is cut along
+// dimension `dim` into `pieces` equal parts (the query, key and value of one packed matrix are
+// three), and each part into `ranks` equal slices; this rank holds slice `rank` of every part,
+// laid end to end. dim < 0: the parameter is whole on every rank (replicated).
+struct ParamSplit {
+  int dim = -1;
+  int pieces = 1;
+  int rank = 0, ranks = 1;
+  bool split() const { return dim >= 0 && ranks > 1; }
+};
+
 struct ParamInfo {
   std::string name;
   Shape shape;
@@ -34,12 +46,23 @@ struct ParamInfo {
   // 0 for a whole parameter.
   int64_t whole_elements = 0;
   int64_t whole_numel() const { return whole_elements > 0 ? whole_elements : shape.numel(); }
+  ParamSplit split;  // tensor parallelism: this rank's slice of the full parameter
+  // The full parameter's shape (shape itself unless split).
+  Shape full_shape() const;
 };
+
+// Tensor parallelism: the elements [first, first + n) of p (a split parameter, or a whole one) as
+// runs that lie together in the full parameter too: run(local, full, length) for each, local and
+// full being element offsets within p and within the full parameter, in order.
+template <typename Run>
+void for_each_split_run(const ParamInfo& p, int64_t first, int64_t n, Run run);
 
 class ParameterSet {
  public:
-  // `whole_elements`: for a piece of a parameter, the whole one's elements (ParamInfo).
-  int add(std::string name, Shape shape, ParamRole role, int64_t whole_elements = 0);
+  // `whole_elements`: for a piece of a parameter, the whole one's elements (ParamInfo); `split`:
+  // tensor parallelism's slice (shape is the slice's).
+  int add(std::string name, Shape shape, ParamRole role, int64_t whole_elements = 0,
+          ParamSplit split = {});
   int64_t total_elements() const { return total_; }
   const std::vector<ParamInfo>& list() const { return params_; }
   int find(const std::string& name) const;   // -1 when absent
@@ -71,5 +94,33 @@ class ParameterSet {
   // Empty: laid out as the parameters.
   std::vector<int64_t> weight_offsets_, grad_offsets_;
 };
+
+// A split parameter's geometry: along its dimension, `extent` elements (the slice's), `piece`
+// per part, each element of the dimension `inner` elements apart.
+struct SplitGeometry {
+  int64_t extent, piece, inner;
+};
+SplitGeometry split_geometry(const ParamInfo& p);
+
+template <typename Run>
+void for_each_split_run(const ParamInfo& p, int64_t first, int64_t n, Run run) {
+  if (!p.split.split()) {
+    if (n > 0) run(first, first, n);
+    return;
+  }
+  const SplitGeometry g = split_geometry(p);
+  const int64_t full_piece = g.piece * p.split.ranks;  // a part's elements along dim, full
+  const int64_t row = g.extent * g.inner;              // one index of the dims before `dim`
+  for (int64_t at = first; at < first + n;) {
+    const int64_t outer = at / row, in_row = at % row;
+    const int64_t k = in_row / g.inner, part = k / g.piece, offset = k % g.piece;
+    // Elements to the end of this part's slice along dim (they lie together in the full too).
+    const int64_t left = (g.piece - offset) * g.inner - in_row % g.inner;
+    const int64_t length = std::min(left, first + n - at);
+    const int64_t full_k = part * full_piece + p.split.rank * g.piece + offset;
+    run(at, (outer * g.extent * p.split.ranks + full_k) * g.inner + in_row % g.inner, length);
+    at += length;
+  }
+}
 
 }  // namespace brisk

@@ -44,7 +44,18 @@ struct RngKey {
   uint64_t seed = 0;
   uint64_t step = 0;  // the micro-step counter
   uint32_t site = 0;  // which dropout (layer and position in the layer)
+  // Attention dropout over a slice of the heads (tensor parallelism): this call's heads are
+  // first_head.. of heads_total, and draw the masks those heads draw in one process holding them
+  // all. heads_total 0: the call holds every head.
+  uint32_t first_head = 0, heads_total = 0;
 };
+
+// The head index, in the dropout's element ids, of attention head bh = b * heads + h of a call
+// with `heads` heads (attention_head_id(key, bh, heads) * T * T is where its probabilities start).
+BRISK_HD uint64_t attention_head_id(const RngKey& key, uint64_t bh, uint64_t heads) {
+  if (key.heads_total == 0) return bh;
+  return (bh / heads) * key.heads_total + key.first_head + bh % heads;
+}
 
 // Four random words for elements [4*group, 4*group + 4) of the site.
 BRISK_HD Philox4 rng_block(const RngKey& key, uint64_t group) {

@@ -539,6 +539,32 @@ void use_sequence_classification(ModelConfig& c) {
   c.task_from_architectures = false;
 }
 
+ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
+  BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "tensor-parallel rank ", rank, " of ",
+              ranks);
+  BRISK_CHECK(c.tensor_ranks == 1, "internal error: the config is a tensor-parallel share already");
+  auto divides = [&](int64_t count, const char* key) {
+    BRISK_CHECK(count % ranks == 0, "--tp_size ", ranks, " does not divide the ", c.type_name(),
+                " config's ", key, " = ", count,
+                " (tensor parallelism splits them evenly across the ranks)");
+  };
+  divides(c.num_heads, c.model_type == ModelType::gpt2         ? "n_head"
+                       : c.model_type == ModelType::distilbert ? "n_heads"
+                                                               : "num_attention_heads");
+  if (c.kv_heads() != c.num_heads) divides(c.kv_heads(), "num_key_value_heads");
+  divides(c.intermediate_size, c.model_type == ModelType::gpt2         ? "n_inner"
+                               : c.model_type == ModelType::distilbert ? "hidden_dim"
+                                                                       : "intermediate_size");
+  ModelConfig share = c;
+  share.explicit_head_dim = c.head_dim();
+  share.num_heads = c.num_heads / ranks;
+  share.num_kv_heads = c.kv_heads() / ranks;
+  share.intermediate_size = c.intermediate_size / ranks;
+  share.tensor_rank = rank;
+  share.tensor_ranks = ranks;
+  return share;
+}
+
 void disable_dropout(ModelConfig& c) {
   c.hidden_dropout = c.attention_dropout = c.embedding_dropout = c.classifier_dropout = 0.0f;
   c.attention_output_dropout = 0.0f;

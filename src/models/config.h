@@ -85,6 +85,9 @@ struct ModelConfig {
   float embedding_dropout = 0.1f;   // bert hidden_dropout_prob, gpt2 embd_pdrop
   float classifier_dropout = 0.1f;  // distilbert seq_classif_dropout
   Activation activation = Activation::gelu;
+  // Tensor parallelism: this config is rank `tensor_rank`'s share of `tensor_ranks`
+  // (tensor_parallel_share): num_heads, num_kv_heads and intermediate_size are the share's.
+  int tensor_rank = 0, tensor_ranks = 1;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
   int64_t head_dim() const {
@@ -116,6 +119,10 @@ void use_masked_lm(ModelConfig& c);
 // Makes a bert or distilbert `c` a sequence classifier again (its usual task), as run_glue loads
 // any checkpoint; throws for other architectures.
 void use_sequence_classification(ModelConfig& c);
+// Tensor parallelism (--tp_size): rank `rank` of `ranks`'s share of `c`: its query heads, key/value
+// heads and MLP width (a 1/ranks part of each; head_dim kept). Refuses, naming the count and the
+// config key, a count that `ranks` does not divide.
+ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -27,11 +27,17 @@ class Encoder final : public Model {
 
   void declare_params() override {
     const ModelConfig& c = config_;
-    const int64_t C = c.hidden_size, F = c.intermediate_size;
+    const int64_t C = c.hidden_size, F = c.intermediate_size, A = c.attention_width();
     const std::string base = n_.base;
-    auto linear = [&](const std::string& name, Shape w_shape) {
-      const int w = param(name + ".weight", w_shape, kLinearWeight);
-      param(name + ".bias", {w_shape[0]}, kBiasOrNorm);
+    // split: the dimension of the [out, in] weight tensor parallelism splits (-1: none); the
+    // bias is split with the output.
+    auto linear = [&](const std::string& name, Shape w_shape, int split = -1) {
+      const int w = split < 0 ? param(name + ".weight", w_shape, kLinearWeight)
+                              : split_param(name + ".weight", w_shape, kLinearWeight, split);
+      if (split == 0)
+        split_param(name + ".bias", {w_shape[0]}, kBiasOrNorm, 0);
+      else
+        param(name + ".bias", {w_shape[0]}, kBiasOrNorm);
       return w;  // the bias is w + 1
     };
     auto norm = [&](const std::string& name) {
@@ -52,16 +58,18 @@ class Encoder final : public Model {
       LayerIds ids{};
       // query, key and value weights lie end to end, then their biases, so that each group acts
       // as one [3C, C] projection (or [3C] bias).
-      ids.qkv_w_first = param(p + n_.query + ".weight", {C, C}, kLinearWeight);
-      param(p + n_.key + ".weight", {C, C}, kLinearWeight);
-      ids.qkv_w_last = param(p + n_.value + ".weight", {C, C}, kLinearWeight);
-      ids.qkv_b_first = param(p + n_.query + ".bias", {C}, kBiasOrNorm);
-      param(p + n_.key + ".bias", {C}, kBiasOrNorm);
-      ids.qkv_b_last = param(p + n_.value + ".bias", {C}, kBiasOrNorm);
-      ids.proj_w = linear(p + n_.attention_output, {C, C});
+      // Tensor parallelism splits query, key, value and the intermediate layer by output
+      // (column-parallel), the attention output and output layers by input (row-parallel).
+      ids.qkv_w_first = split_param(p + n_.query + ".weight", {A, C}, kLinearWeight, 0);
+      split_param(p + n_.key + ".weight", {A, C}, kLinearWeight, 0);
+      ids.qkv_w_last = split_param(p + n_.value + ".weight", {A, C}, kLinearWeight, 0);
+      ids.qkv_b_first = split_param(p + n_.query + ".bias", {A}, kBiasOrNorm, 0);
+      split_param(p + n_.key + ".bias", {A}, kBiasOrNorm, 0);
+      ids.qkv_b_last = split_param(p + n_.value + ".bias", {A}, kBiasOrNorm, 0);
+      ids.proj_w = linear(p + n_.attention_output, {C, A}, 1);
       ids.ln_a_g = norm(p + n_.attention_norm);
-      ids.fc_w = linear(p + n_.intermediate, {F, C});
-      ids.out_w = linear(p + n_.output, {C, F});
+      ids.fc_w = linear(p + n_.intermediate, {F, C}, 0);
+      ids.out_w = linear(p + n_.output, {C, F}, 1);
       ids.ln_b_g = norm(p + n_.output_norm);
       ids.proj_b = ids.proj_w + 1;
       ids.ln_a_b = ids.ln_a_g + 1;
@@ -105,10 +113,11 @@ class Encoder final : public Model {
     const int64_t C = config_.hidden_size;
     auto t = [&](int id) { return grads ? g(id) : w(id); };
     BlockParams b;
-    b.qkv_w = grads ? params_.grad_span(i.qkv_w_first, i.qkv_w_last, {3 * C, C})
-                    : params_.weight_span(i.qkv_w_first, i.qkv_w_last, {3 * C, C});
-    b.qkv_b = grads ? params_.grad_span(i.qkv_b_first, i.qkv_b_last, {3 * C})
-                    : params_.weight_span(i.qkv_b_first, i.qkv_b_last, {3 * C});
+    const int64_t QKV = config_.qkv_width();
+    b.qkv_w = grads ? params_.grad_span(i.qkv_w_first, i.qkv_w_last, {QKV, C})
+                    : params_.weight_span(i.qkv_w_first, i.qkv_w_last, {QKV, C});
+    b.qkv_b = grads ? params_.grad_span(i.qkv_b_first, i.qkv_b_last, {QKV})
+                    : params_.weight_span(i.qkv_b_first, i.qkv_b_last, {QKV});
     b.proj_w = t(i.proj_w);
     b.proj_b = t(i.proj_b);
     b.ln_a_g = t(i.ln_a_g);

@@ -22,6 +22,7 @@ class Gpt2 final : public Model {
   void declare_params() override {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
+    const int64_t QKV = c.qkv_width(), A = c.attention_width();
     wte_ = param("transformer.wte.weight", {c.vocab_size, C},
                  c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C}, kEmbedding);
@@ -30,15 +31,17 @@ class Gpt2 final : public Model {
       LayerIds ids{};
       ids.ln_a_g = param(p + "ln_1.weight", {C}, kBiasOrNorm);
       ids.ln_a_b = param(p + "ln_1.bias", {C}, kBiasOrNorm);
-      ids.qkv_w = param(p + "attn.c_attn.weight", {C, 3 * C}, kLinearWeight);
-      ids.qkv_b = param(p + "attn.c_attn.bias", {3 * C}, kBiasOrNorm);
-      ids.proj_w = param(p + "attn.c_proj.weight", {C, C}, kLinearWeight);
+      // Conv1D weights are [in, out]: the packed [q | k | v] (three parts) and c_fc split by
+      // output (column-parallel), the two c_proj by input (row-parallel).
+      ids.qkv_w = split_param(p + "attn.c_attn.weight", {C, QKV}, kLinearWeight, 1, 3);
+      ids.qkv_b = split_param(p + "attn.c_attn.bias", {QKV}, kBiasOrNorm, 0, 3);
+      ids.proj_w = split_param(p + "attn.c_proj.weight", {A, C}, kLinearWeight, 0);
       ids.proj_b = param(p + "attn.c_proj.bias", {C}, kBiasOrNorm);
       ids.ln_b_g = param(p + "ln_2.weight", {C}, kBiasOrNorm);
       ids.ln_b_b = param(p + "ln_2.bias", {C}, kBiasOrNorm);
-      ids.fc_w = param(p + "mlp.c_fc.weight", {C, F}, kLinearWeight);
-      ids.fc_b = param(p + "mlp.c_fc.bias", {F}, kBiasOrNorm);
-      ids.out_w = param(p + "mlp.c_proj.weight", {F, C}, kLinearWeight);
+      ids.fc_w = split_param(p + "mlp.c_fc.weight", {C, F}, kLinearWeight, 1);
+      ids.fc_b = split_param(p + "mlp.c_fc.bias", {F}, kBiasOrNorm, 0);
+      ids.out_w = split_param(p + "mlp.c_proj.weight", {F, C}, kLinearWeight, 0);
       ids.out_b = param(p + "mlp.c_proj.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }

@@ -33,24 +33,26 @@ class Llama final : public Model {
       const std::string a = p + "self_attn.", m = p + "mlp.";
       LayerIds ids;
       ids.ln_a = param(p + "input_layernorm.weight", {C}, kBiasOrNorm);
-      ids.q_w = param(a + "q_proj.weight", {QD, C}, kLinearWeight);
-      param(a + "k_proj.weight", {KD, C}, kLinearWeight);
-      ids.v_w = param(a + "v_proj.weight", {KD, C}, kLinearWeight);
+      // [out, in] weights: q/k/v and gate/up split by output (column-parallel), o_proj and
+      // down_proj by input (row-parallel).
+      ids.q_w = split_param(a + "q_proj.weight", {QD, C}, kLinearWeight, 0);
+      split_param(a + "k_proj.weight", {KD, C}, kLinearWeight, 0);
+      ids.v_w = split_param(a + "v_proj.weight", {KD, C}, kLinearWeight, 0);
       if (c.qkv_bias) {
-        ids.q_b = param(a + "q_proj.bias", {QD}, kBiasOrNorm);
-        param(a + "k_proj.bias", {KD}, kBiasOrNorm);
-        ids.v_b = param(a + "v_proj.bias", {KD}, kBiasOrNorm);
+        ids.q_b = split_param(a + "q_proj.bias", {QD}, kBiasOrNorm, 0);
+        split_param(a + "k_proj.bias", {KD}, kBiasOrNorm, 0);
+        ids.v_b = split_param(a + "v_proj.bias", {KD}, kBiasOrNorm, 0);
       }
-      ids.o_w = param(a + "o_proj.weight", {C, QD}, kLinearWeight);
+      ids.o_w = split_param(a + "o_proj.weight", {C, QD}, kLinearWeight, 1);
       if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);
       ids.ln_b = param(p + "post_attention_layernorm.weight", {C}, kBiasOrNorm);
-      ids.gate_w = param(m + "gate_proj.weight", {F, C}, kLinearWeight);
-      ids.up_w = param(m + "up_proj.weight", {F, C}, kLinearWeight);
+      ids.gate_w = split_param(m + "gate_proj.weight", {F, C}, kLinearWeight, 0);
+      ids.up_w = split_param(m + "up_proj.weight", {F, C}, kLinearWeight, 0);
       if (c.mlp_bias) {
-        ids.gate_b = param(m + "gate_proj.bias", {F}, kBiasOrNorm);
-        ids.up_b = param(m + "up_proj.bias", {F}, kBiasOrNorm);
+        ids.gate_b = split_param(m + "gate_proj.bias", {F}, kBiasOrNorm, 0);
+        ids.up_b = split_param(m + "up_proj.bias", {F}, kBiasOrNorm, 0);
       }
-      ids.down_w = param(m + "down_proj.weight", {C, F}, kLinearWeight);
+      ids.down_w = split_param(m + "down_proj.weight", {C, F}, kLinearWeight, 1);
       if (c.mlp_bias) ids.down_b = param(m + "down_proj.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }

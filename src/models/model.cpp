@@ -45,6 +45,12 @@ int Model::param(const std::string& name, Shape shape, ParamRole role) {
   return params_.add(name, shape, role);
 }
 
+int Model::split_param(const std::string& name, Shape shape, ParamRole role, int dim, int pieces) {
+  if (config_.tensor_ranks == 1) return param(name, shape, role);
+  return params_.add(name, shape, role, 0,
+                     ParamSplit{dim, pieces, config_.tensor_rank, config_.tensor_ranks});
+}
+
 void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   const ModelConfig& c = config_;
   BRISK_CHECK(shape.batch > 0 && shape.seq > 0, "batch size and sequence length must be positive");
@@ -479,6 +485,7 @@ BlockStyle Model::config_block_style(bool training) const {
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
+  s.tensor_group = tensor_group_;
   return s;
 }
 
@@ -508,6 +515,8 @@ bool Model::direct_saved_tensors(const Backend& be) const {
 }
 
 void Model::forward_step(Backend& be, const StepOptions& o) {
+  BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
+              "internal error: a tensor-parallel share runs without its group");
   validate_batch();
   prepare_batch();
   for (const auto& [host, device] : inputs_)
@@ -783,8 +792,10 @@ void Model::init_weights(Backend& be, uint64_t seed) {
       const int64_t n = piece.numel();
       if (bias || is_norm)
         std::fill(x, x + n, bias ? 0.0f : 1.0f);
-      else
-        fill_normal(seed, static_cast<uint32_t>(i), at, n, stddev, x);
+      else  // a split parameter's share draws its places' values in the full one
+        for_each_split_run(p, at, n, [&](int64_t local, int64_t full, int64_t length) {
+          fill_normal(seed, static_cast<uint32_t>(i), full, length, stddev, x + (local - at));
+        });
     });
     if (static_cast<int>(i) == padded_embedding_) {
       const Tensor table = params_.weight(padded_embedding_);
@@ -816,10 +827,10 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     if (file.has(p.name)) source[i] = p.name;
     if (source[i].empty() && in_base && file.has(p.name.substr(prefix.size())))
       source[i] = p.name.substr(prefix.size());
-    if (!source[i].empty() && file.get(source[i]).shape() != p.shape) {
+    if (!source[i].empty() && file.get(source[i]).shape() != p.full_shape()) {
       BRISK_CHECK(ignore_mismatched_sizes, "parameter '", source[i], "' in '",
                   file.file_of(source[i]).path(), "': shape ", file.get(source[i]).shape().str(),
-                  " where ", p.shape.str(),
+                  " where ", p.full_shape().str(),
                   " is expected (--ignore_mismatched_sizes initializes it anew)");
       source[i].clear();
     } else if (source[i].empty()) {
@@ -854,16 +865,19 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";
     // In 8 MiB ranges, each released once copied: the file's pages and the weights they fill
     // are never both resident in whole.
-    write_in_pieces(be, params_.weight(static_cast<int>(i)),
-                    [&](const Tensor& piece, int64_t first) {
-                      constexpr int64_t kRange = int64_t{2} << 20;  // elements
-                      for (int64_t at = 0; at < piece.numel(); at += kRange) {
-                        const int64_t n = std::min(kRange, piece.numel() - at);
-                        const Tensor part = element_range(src, first + at, n);
-                        copy_to_f32(part, element_range(piece, at, n), what);
-                        holder.release(part);
-                      }
-                    });
+    write_in_pieces(
+        be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t first) {
+          constexpr int64_t kRange = int64_t{2} << 20;  // elements
+          for (int64_t at = 0; at < piece.numel(); at += kRange) {
+            const int64_t n = std::min(kRange, piece.numel() - at);
+            // A split parameter's share: its runs' places in the full one.
+            for_each_split_run(p, first + at, n, [&](int64_t local, int64_t full, int64_t length) {
+              const Tensor part = element_range(src, full, length);
+              copy_to_f32(part, element_range(piece, local - first, length), what);
+              holder.release(part);
+            });
+          }
+        });
     written(i);
   }
   written_all();

@@ -177,6 +177,9 @@ class Model : public BatchTarget {
   bool weights_overlap(int a, int b) const { return places_overlap(a, b, weight_layout_); }
   Tensor weight_segment(int segment) const;
   void set_weight_slots(WeightSlots* slots) { weight_source_ = slots; }
+  // Tensor parallelism: the group this model's share runs in (config().tensor_ranks ranks); its
+  // blocks sum their partial products over it.
+  void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
   bool gathers_weights() const { return weight_source_ != nullptr; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
@@ -269,6 +272,10 @@ class Model : public BatchTarget {
 
   // Helpers for subclasses.
   int param(const std::string& name, Shape shape, ParamRole role);
+  // A parameter tensor parallelism splits along `dim` (its `pieces` parts each: ParamSplit):
+  // `shape` is this rank's share of it (the config's counts are); whole without tensor
+  // parallelism.
+  int split_param(const std::string& name, Shape shape, ParamRole role, int dim, int pieces = 1);
   void declare(MemoryPlan& plan, Tensor* view, const std::string& name, Category category,
                DType dtype, Shape shape) {
     binder_.declare(plan, view, name, category, dtype, shape);
@@ -376,6 +383,7 @@ class Model : public BatchTarget {
   bool places_overlap(int a, int b, const StagedLayout& layout) const;
   StagedLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
+  TensorGroup* tensor_group_ = nullptr;
   // Staged weights: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;

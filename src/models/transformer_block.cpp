@@ -139,6 +139,41 @@ Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce)
   return tmp;
 }
 
+// Tensor parallelism: whether this rank brings the terms every rank holds alike to a sum over the
+// group (rank 0 does: the row-parallel products' biases, the residual gradient of a post-norm
+// block), and that sum.
+bool adds_shared_terms(const BlockStyle& st) {
+  return st.tensor_group == nullptr || st.tensor_group->rank() == 0;
+}
+void sum_over_group(Backend& be, const BlockStyle& st, const Tensor& t) {
+  if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, t);
+}
+
+// A residual branch's last product x w (+ b), row-parallel under tensor parallelism: each rank's
+// partial product summed over the group in float32 (the bias added once), then rounded; else
+// branch_product's.
+Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& w,
+                     const Tensor& b, const Tensor& tmp) {
+  if (st.tensor_group == nullptr)
+    return branch_product(be, st.act_dtype, tmp,
+                          [&](const Tensor& y) { be.linear_forward(x, w, b, st.layout, y); });
+  be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, tmp);
+  sum_over_group(be, st, tmp);
+  be.round_to(st.act_dtype, tmp);
+  return tmp;
+}
+
+// The key of the attention's dropout: under tensor parallelism this rank's heads draw the masks
+// of their places among every head.
+RngKey attention_key(const BlockStyle& st, const RngKey& key, int layer) {
+  RngKey k = site_key(key, layer, kAttnProbs);
+  if (st.tensor_group != nullptr) {
+    k.first_head = static_cast<uint32_t>(st.tensor_group->rank() * st.heads);
+    k.heads_total = static_cast<uint32_t>(st.tensor_group->size() * st.heads);
+  }
+  return k;
+}
+
 // The element-wise ops whose saved results block_recompute rebuilds (recomputable_tensors), one
 // call each for it and block_forward: a pre-norm block's attention input LN_a(x) and MLP input
 // LN_b(res1), and the MLP activation's output.
@@ -245,7 +280,7 @@ void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_m
                           const Tensor& out, const RngKey& key, int layer) {
   be.attention_forward(qkv, key_mask, st.causal, st.heads, st.kv_heads,
                        layer_attention_scale(st, layer), st.attention_dropout,
-                       site_key(key, layer, kAttnProbs), s.attn_stats, scratch.attn, out);
+                       attention_key(st, key, layer), s.attn_stats, scratch.attn, out);
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
@@ -271,9 +306,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   }
   block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
   const Tensor& ctx = round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
-  const Tensor proj = branch_product(be, lp, scratch.tmp, [&](const Tensor& y) {
-    be.linear_forward(ctx, w.proj_w, w.proj_b, st.layout, y);
-  });
+  const Tensor proj = branch_output(be, st, ctx, w.proj_w, w.proj_b, scratch.tmp);
   be.dropout_add(x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual), s.res1);
   // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
   // rounded into the stored copy and in place.
@@ -289,9 +322,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       [&](const Tensor& y) { be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, y); });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
-  const Tensor mlp = branch_product(be, lp, scratch.tmp, [&](const Tensor& y) {
-    be.linear_forward(fc_act, w.out_w, w.out_b, st.layout, y);
-  });
+  const Tensor mlp = branch_output(be, st, fc_act, w.out_w, w.out_b, scratch.tmp);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     be.dropout_add(s.res1, mlp, st.residual_dropout, mlp_key, out);
@@ -321,7 +352,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an
   // fp16 overflow shows up as inf in the parameter gradients.
   const DType lp = st.act_dtype;
-  const RngKey attn_probs_key = site_key(key, layer, kAttnProbs);
+  const RngKey attn_probs_key = attention_key(st, key, layer);
   const RngKey attn_res_key = site_key(key, layer, kAttnResidual);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   // d_res1 is the gradient flowing on the residual stream between the two sublayers.
@@ -336,6 +367,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
     be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
                        accumulate_dw);
+    sum_over_group(be, st, sc.tmp2);
     be.round_to(lp, sc.tmp2);
     norm_backward(be, st, sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
                   g.ln_b_b);
@@ -349,8 +381,9 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
-    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, true, g.fc_w, g.fc_b,
-                       accumulate_dw);
+    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, adds_shared_terms(st), g.fc_w,
+                       g.fc_b, accumulate_dw);
+    sum_over_group(be, st, sc.tmp2);
     d_res1 = dh;  // dh is free again: it now receives d_res1
     norm_backward(be, st, sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
                   g.ln_a_b);
@@ -368,10 +401,13 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   if (st.pre_norm) {
     be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b,
                        accumulate_dw);
+    sum_over_group(be, st, sc.tmp2);
     be.round_to(lp, sc.tmp2);
     norm_backward(be, st, sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
   } else {
-    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, true, g.qkv_w, g.qkv_b, accumulate_dw);
+    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, adds_shared_terms(st), g.qkv_w, g.qkv_b,
+                       accumulate_dw);
+    sum_over_group(be, st, dh);
   }
 }
 

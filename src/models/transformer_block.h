@@ -14,6 +14,18 @@
 
 namespace brisk {
 
+// Tensor parallelism's group (parallel/ makes it from a communicator): the ranks that hold a
+// block's heads and MLP width between them, the rest of it alike.
+class TensorGroup {
+ public:
+  virtual ~TensorGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // buf (float32, in the backend's memory) becomes the sum over the group of every rank's buf,
+  // the same bits on every rank.
+  virtual void all_reduce_sum(Backend& be, const Tensor& buf) = 0;
+};
+
 struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
   bool causal = false;
@@ -42,6 +54,11 @@ struct BlockStyle {
   // Rotary position embedding tables [positions, head_dim / 2] from position 0 (rope.h); empty:
   // none. A sequence's tokens take the rows of their positions.
   Tensor rope_cos, rope_sin;
+  // Tensor parallelism (Megatron's): heads, kv_heads and the MLP width above are this rank's
+  // share; the query/key/value and first MLP products are split by output (column-parallel), the
+  // attention output and second MLP products by input (row-parallel), their partial outputs and
+  // the column-parallel products' input gradients summed over the group. Null: one rank.
+  TensorGroup* tensor_group = nullptr;
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;

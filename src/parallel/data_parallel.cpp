@@ -38,6 +38,10 @@ class DataParallel final : public ParallelPolicy {
     return b_.grad_shard.empty() ? model_.params().flat_grads() : b_.grad_shard;
   }
   double sum_over_gradients(const Tensor& sums) override;
+  double gradient_sum_squares(const Tensor& acc) override {
+    be_.sum_squares(gradients(), acc);
+    return sum_over_gradients(acc);
+  }
   double step_weights(float lr, const RngKey& rounding) override;
   double take_weight_wait_seconds() override {
     return weights_ ? weights_->take_wait_seconds() : 0.0;

@@ -82,6 +82,10 @@ class ParallelPolicy {
   // A float64 sum each rank took over gradients(), made the sum over the whole gradients.
   // Returns the seconds it took.
   virtual double sum_over_gradients(const Tensor& sums) = 0;
+  // acc (float64 [1], in the backend's memory) += the sum of squares of the model's gradients,
+  // every element of the whole model counted once whichever ranks hold it. Returns the seconds
+  // spent summing across ranks.
+  virtual double gradient_sum_squares(const Tensor& acc) = 0;
   // The optimizer's step on this rank's share of the parameters (the step's decision in the
   // model's step_control()), then the updated weights on every rank, rounded by `rounding`.
   // Returns the seconds spent sharing them.

@@ -67,7 +67,7 @@ class GatheredReads {
   // exchanged).
   GatheredReads(Communicator& comm, std::vector<Tensor> parts);
   // Rank 0, when it goes without done() (a failed write): the others' serve() ends.
-  ~GatheredReads();
+  virtual ~GatheredReads();
   GatheredReads(const GatheredReads&) = delete;
   GatheredReads& operator=(const GatheredReads&) = delete;
 
@@ -76,10 +76,24 @@ class GatheredReads {
   int64_t whole_bytes(size_t i) const { return starts_.at(i).back(); }
   // Rank 0: bytes [offset, offset + bytes) of whole i into dst (host memory).
   void read(size_t i, size_t offset, size_t bytes, void* dst);
+  // Rank 0: bytes [at, at + n) of parameter p's full tensor (float32), whole 0 being the
+  // weights laid out as the parameters; and the same of optimizer state tensor i (whole i + 1,
+  // laid out as the optimizer's state), its full size in bytes first. Tensor parallelism's
+  // saves map them onto the ranks' shares.
+  virtual void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) {
+    read(0, static_cast<size_t>(p.offset) * 4 + at, n, dst);
+  }
+  virtual int64_t state_bytes(size_t i) const { return whole_bytes(i + 1); }
+  virtual void read_state(size_t i, size_t at, size_t n, void* dst) { read(i + 1, at, n, dst); }
   // Rank 0: no more reads.
   void done();
   // The other ranks: answers rank 0's reads until it is done.
   void serve();
+
+ protected:
+  // Where rank r's part of whole i starts in it.
+  int64_t part_start(size_t i, int r) const { return starts_.at(i).at(static_cast<size_t>(r)); }
+  int64_t part_bytes(size_t i, int r) const { return part_start(i, r + 1) - part_start(i, r); }
 
  private:
   // Sends a request from rank 0 ({i, offset, bytes}; i = -1: done) and takes part in its gather.

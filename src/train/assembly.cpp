@@ -69,7 +69,8 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
-BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B) {
+BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B,
+                                    int tensor_rank) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
@@ -84,7 +85,8 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
     r.files.test = first_samples(std::move(r.files.test), o.max_predict_samples);
     o.seq_len = r.files.seq_len;
   }
-  r.model = Model::create(r.config);
+  const auto tp = static_cast<int>(o.tp_size);
+  r.model = Model::create(tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files)
@@ -164,7 +166,7 @@ TrainOptions resolve_checkpoint(const TrainOptions& options) {
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset, int rank,
-                                          int ranks) {
+                                          int ranks, int tensor_rank) {
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
               "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,
@@ -177,7 +179,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.rank = rank;
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
-  const BatchLayout layout = assemble_model_and_data(r, dataset, B);
+  const BatchLayout layout = assemble_model_and_data(r, dataset, B, tensor_rank);
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;

@@ -36,7 +36,7 @@ TrainOptions resolve_checkpoint(const TrainOptions& options);
 struct RunAssembly {
   TrainOptions options;  // as given (seq_len: the text files', with --train_file)
   Device device = kHostDevice;
-  ModelConfig config;
+  ModelConfig config;  // the whole model's (the model's own is its share with --tp_size)
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> owned_data;
   const Dataset* data = nullptr;
@@ -65,9 +65,10 @@ struct RunAssembly {
 // backend declares its own workspace and is set to the run's product dtype and TF32 choice; without
 // one, `workspace` receives the same declarations. Trains on `dataset` when given, else on the
 // options' dataset. `rank` of `ranks`: this process's share of the training data in data-parallel
-// runs.
+// runs (the data-parallel replicas'). `tensor_rank`: with --tp_size, this process's share of the
+// model (models/config.h tensor_parallel_share).
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset = nullptr,
-                                          int rank = 0, int ranks = 1);
+                                          int rank = 0, int ranks = 1, int tensor_rank = 0);
 
 }  // namespace brisk

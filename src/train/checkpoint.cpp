@@ -71,16 +71,11 @@ void write_model_weights(Backend& be, const std::string& path, const Model& mode
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (!gathered)
     return write_safetensors(path, model.named_views(weights), metadata, reader_for(be));
-  const ParameterSet& params = model.params();
-  BRISK_CHECK(gathered->whole_bytes(0) == params.total_elements() * 4,
-              "internal error: the gathered weights hold ", gathered->whole_bytes(0), " bytes");
   std::vector<StreamedTensor> out;
-  for (const ParamInfo& p : params.list()) {
-    const auto first = static_cast<size_t>(p.offset) * 4;
-    out.push_back({p.name, DType::f32, p.shape, [gathered, first](size_t at, size_t n, void* dst) {
-                     gathered->read(0, first + at, n, dst);
-                   }});
-  }
+  for (const ParamInfo& p : model.params().list())
+    out.push_back(
+        {p.name, DType::f32, p.full_shape(),
+         [gathered, &p](size_t at, size_t n, void* dst) { gathered->read_param(p, at, n, dst); }});
   write_streamed_safetensors(path, out, metadata);
 }
 
@@ -100,12 +95,12 @@ void write_optimizer_state(Backend& be, const Optimizer& optimizer, const std::s
   std::vector<StreamedTensor> out;
   for (size_t i = 0; i < own.size(); ++i) {
     const DType dtype = own[i].second.dtype();
-    const int64_t bytes = gathered->whole_bytes(i + 1), size = dtype_size(dtype);
+    const int64_t bytes = gathered->state_bytes(i), size = dtype_size(dtype);
     BRISK_CHECK(bytes % size == 0, "internal error: ", own[i].first, " gathered as ", bytes,
                 " bytes");
     out.push_back(
         {own[i].first, dtype, Shape{bytes / size},
-         [gathered, i](size_t at, size_t n, void* dst) { gathered->read(i + 1, at, n, dst); }});
+         [gathered, i](size_t at, size_t n, void* dst) { gathered->read_state(i, at, n, dst); }});
   }
   out.push_back({"step", DType::i64, Shape{}, [&step](size_t at, size_t n, void* dst) {
                    std::memcpy(dst, reinterpret_cast<const char*>(&step) + at, n);

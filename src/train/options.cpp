@@ -178,6 +178,14 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               "ddp_bucket_cap_mb must lie in (0, 1e6] MiB, got ", o.ddp_bucket_cap_mb);
   BRISK_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "zero_stage must be 0, 1, 2 or 3, got ",
               o.zero_stage);
+  BRISK_CHECK(o.tp_size >= 0 && o.tp_size <= 4096, "tp_size must lie in [0, 4096], got ",
+              o.tp_size);
+  BRISK_CHECK(o.tp_size == 1 || (o.zero_stage == 0 && o.offload_optimizer == "none"),
+              "--tp_size with --zero_stage or --offload_optimizer is not supported yet "
+              "(tensor parallelism runs with plain data parallelism for now)");
+  BRISK_CHECK(o.tp_size == 1 || o.resume_from_checkpoint.empty(),
+              "--resume_from_checkpoint with --tp_size is not supported yet (a tensor-parallel "
+              "run's checkpoints hold the full model, which a run without --tp_size resumes)");
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
@@ -407,7 +415,7 @@ const char* option_group(const std::string& name) {
       {"Logging",
        {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
       {"Several processes",
-       {"zero_stage", "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout",
+       {"zero_stage", "tp_size", "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout",
         "stage3_prefetch_bucket_size"}}};
   for (const auto& [group, names] : groups)
     if (std::find(names.begin(), names.end(), name) != names.end()) return group;

@@ -105,6 +105,10 @@ struct TrainOptions {
   // ZeRO: 1 partitions the optimizer state among the ranks, 2 the summed gradients too
   // (parallel/zero.h); 0 keeps them whole.
   int64_t zero_stage = 0;
+  // Tensor parallelism (accelerate's tp_size): ranks that hold each block's attention heads and
+  // MLP width between them (Megatron-LM's column- and row-parallel layers); the data-parallel
+  // replicas are the world's ranks over it. 0 or 1: none (TrainingArguments' default is 0).
+  int64_t tp_size = 1;
   // ZeRO stage 3: weights gathered ahead of the block that runs (DeepSpeed's
   // stage3_prefetch_bucket_size, in elements); below one block's, none are and one slot less is
   // planned. -1: one block ahead.
@@ -268,6 +272,10 @@ void visit_options(Options& o, Visitor&& v) {
     "2 (also only its 1/N of the summed gradients, summed in pieces of ddp_bucket_cap_mb "
     "during backward) or 3 (also only its 1/N of the weights: each block's gathered from every "
     "rank just before it runs, forward and backward)");
+  v("tp_size", o.tp_size,
+    "tensor parallelism: ranks that split each block's attention heads and MLP width between "
+    "them (Megatron-LM's layers; the embeddings and head are whole on each); the world's ranks "
+    "over tp_size are data-parallel replicas");
   v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
     "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
     "one block's weights none are (one block's slot less memory, no overlap); -1 = one block");

@@ -25,7 +25,9 @@
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
+#include "parallel/mesh.h"
 #include "parallel/policy.h"
+#include "parallel/tensor_parallel.h"
 #include "precision/mixed_precision.h"
 #include "report/memory_html.h"
 #include "report/tensorboard.h"
@@ -256,8 +258,7 @@ Update apply_update(Backend& be, RunAssembly& run, ParallelPolicy& parallel, dou
   const Tensor& stats = model.step_stats();
   const Tensor grad_sumsq(stats.as<double>() + kStatGradSumSq, Shape{1}, DType::f64,
                           stats.device());
-  be.sum_squares(grads, grad_sumsq);
-  double gather_seconds = parallel.sum_over_gradients(grad_sumsq);
+  double gather_seconds = parallel.gradient_sum_squares(grad_sumsq);
   be.decide_step(stats, loss_scale, run.options.max_grad_norm, model.step_control());
   const RngKey rounding{run.options.seed, static_cast<uint64_t>(step), kWeightRoundingSite};
   gather_seconds += parallel.step_weights(static_cast<float>(lr), rounding);
@@ -390,8 +391,9 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 
 // --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
+// The data replicas of `comm` predict their shares; `lead` writes the file.
 nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
-                                 const LogSink& on_log, Communicator& comm) {
+                                 const LogSink& on_log, Communicator& comm, bool lead) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
   nlohmann::json metrics = run.evaluator.run(
@@ -410,8 +412,7 @@ nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptio
         out += (named ? id2label[id].get<std::string>() : id) + "\n";
       },
       &comm);
-  if (comm.rank() == 0)
-    write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
+  if (lead) write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
   on_log(metrics);
   return metrics;
 }
@@ -472,7 +473,8 @@ class RunLog {
 // What the stages after assembly share (train() makes it).
 struct RunContext {
   const TrainOptions& o;
-  Communicator& dist;
+  Communicator& dist;  // every rank: the lead, the saves
+  Communicator& data;  // the data-parallel replicas (dist itself without tensor parallelism)
   Backend& be;
   RunAssembly& run;
   ParallelPolicy& parallel;
@@ -482,7 +484,7 @@ struct RunContext {
   RunLog& log;
   FaultHooks& faults;
   bool lead() const { return dist.rank() == 0; }
-  int ranks() const { return dist.size(); }
+  int ranks() const { return data.size(); }  // the replicas, each on its share of the data
 };
 
 // The optimizer steps' bounds: as Trainer, an epoch's last optimizer step takes the micro-batches
@@ -662,7 +664,7 @@ void train_steps(RunContext& c) {
     // step's sums.
     if (c.run.eval_data && eval_due(o, state.global_step, epoch_ended)) {
       evaluated =
-          c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.dist);
+          c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.data);
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
@@ -720,7 +722,7 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
   nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
   if (o.do_eval) {
     s.eval_metrics =
-        c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.dist);
+        c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.data);
     s.eval_metrics["epoch"] = c.state.epoch;
     s.eval_metrics["eval_samples"] = c.run.eval_data->size();
     c.log.report(s.eval_metrics, c.state.global_step);
@@ -733,7 +735,7 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
     const LogSink report = [&](const nlohmann::json& rec) {
       c.log.report(rec, c.state.global_step);
     };
-    s.predict_metrics = write_predictions(c.be, c.run, o, report, c.dist);
+    s.predict_metrics = write_predictions(c.be, c.run, o, report, c.data, c.lead());
   }
   c.peaks.enter(PeakPhases::done);
   summarize_memory(c.be, c.run.plan, arena, c.peaks, s);
@@ -789,6 +791,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     dist.set_device_stream(be->device_stream());
   std::optional<OutputDirLock> output_lock;
   hold_output_dir(output_lock, options, lead, log);
+  // Tensor parallelism: the mesh's tensor ranks share the model, its data ranks the data.
+  std::unique_ptr<DeviceMesh> mesh;
+  if (options.tp_size > 1)
+    mesh = std::make_unique<DeviceMesh>(
+        dist, mesh_shape(dist.size(), static_cast<int>(options.tp_size), 1, 1));
+  Communicator& data = mesh ? mesh->group(MeshDim::data) : dist;
   dist.barrier();
   TrainSummary s;
   const TrainOptions settled =
@@ -796,7 +804,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
   if (!lead) dist.barrier();
   const std::unique_ptr<RunAssembly> run =
-      assemble_run(settled, device, be.get(), dataset, dist.rank(), dist.size());
+      assemble_run(settled, device, be.get(), dataset, data.rank(), data.size(),
+                   mesh ? mesh->coordinate(MeshDim::tensor) : 0);
   if (lead) dist.barrier();
   for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
@@ -812,12 +821,15 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   model.bind(arena);
   run->binder.bind(arena);
   // How the ranks share the model's work: the gradients' sums, the update, the saves.
-  const std::unique_ptr<ParallelPolicy> parallel =
-      make_parallel_policy(*be, dist, model, *run->precision, *run->optimizer, run->parallel,
+  std::unique_ptr<ParallelPolicy> parallel =
+      make_parallel_policy(*be, data, model, *run->precision, *run->optimizer, run->parallel,
                            {o.do_train, o.ddp_bucket_cap_mb});
+  if (mesh)
+    parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,
+                                           *run->optimizer, std::move(parallel));
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
-  RunContext c{o, dist, *be, *run, *parallel, state, s, peaks, log, faults};
+  RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);

@@ -20,6 +20,7 @@
 #include "core/json_file.h"
 #include "core/safetensors.h"
 #include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
 #include "parallel/zero.h"
 #include "test_support.h"
 #include "train/assembly.h"
@@ -30,60 +31,6 @@ namespace brisk::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A folder every rank sees: rank 0's TempDir (removed with it), named by rank 0's pid.
-struct SharedDir {
-  std::unique_ptr<TempDir> owned;  // rank 0
-  std::string path;
-  explicit SharedDir(const std::string& name) {
-    double pid = world().rank() == 0 ? static_cast<double>(::getpid()) : 0.0;
-    world().broadcast(Tensor(&pid, Shape{1}, DType::f64), 0);
-    if (world().rank() == 0) owned = std::make_unique<TempDir>(name);
-    path = (fs::temp_directory_path() /
-            ("brisk_" + name + "_" + std::to_string(static_cast<long>(pid))))
-               .string();
-    world().barrier();
-  }
-  ~SharedDir() { world().barrier(); }  // nobody still reads when rank 0 removes it
-  std::string operator/(const std::string& rel) const { return path + "/" + rel; }
-  // A tiny model's folder (trainer_support's write_config), written by rank 0 while the others
-  // wait.
-  std::string model(const std::string& type, int layers = 2) const {
-    if (world().rank() == 0) write_config(*owned, type, 0.0, layers);
-    world().barrier();
-    return *this / (type + "_model");
-  }
-};
-
-struct Logged {
-  std::vector<double> losses;
-  std::string checkpoint;
-};
-
-Logged run(const TrainOptions& o, const Dataset* data, Communicator* comm) {
-  Logged r;
-  const TrainSummary s = train(
-      o,
-      [&](const nlohmann::json& j) {
-        if (j.contains("loss")) r.losses.push_back(j["loss"]);
-      },
-      data, {}, comm);
-  r.checkpoint = s.last_checkpoint;
-  return r;
-}
-
-// The run `got` trains as `want`: the same logged losses and final weights, within `tolerance`
-// (relative; sums taken in another order).
-void expect_trains_as(const Logged& got, const Logged& want, double tolerance = 1e-5) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], tolerance * std::abs(want.losses[i]))
-        << "step " << i + 1;
-  const std::vector<float> a = checkpoint_weights(got.checkpoint),
-                           b = checkpoint_weights(want.checkpoint);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
-}
 
 TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
   const int N = world().size();

@@ -42,9 +42,12 @@ using AttnDims = AttentionDims;
 constexpr int64_t kRows = 64, kCausalRows = 32;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Index of probability (b, h, i, j) in the flat [B,H,T,T] layout: the dropout element id.
-inline uint64_t prob_index(const AttnDims& d, int64_t bh, int64_t i, int64_t j) {
-  return static_cast<uint64_t>((bh * d.T + i) * d.T + j);
+// Index of probability (b, h, i, j) in the flat [B,H,T,T] layout of every head (RngKey's
+// first_head, heads_total): the dropout element id.
+inline uint64_t prob_index(const AttnDims& d, const RngKey& key, int64_t bh, int64_t i, int64_t j) {
+  const auto head = static_cast<int64_t>(
+      attention_head_id(key, static_cast<uint64_t>(bh), static_cast<uint64_t>(d.H)));
+  return static_cast<uint64_t>((head * d.T + i) * d.T + j);
 }
 
 // Where a token's heads start in a row of packed qkv [.., (H + 2K) * D]: query head h, and the
@@ -543,7 +546,7 @@ void forward_block(const AttnCall& c, const ForwardOperands& op, int64_t bh, int
     }
     lse[bh * d.T + i] = softmax_row(row, keys, visible, mask_b, c.scale);
     if (c.dropout_p > 0.0f)
-      dropout_range(c.key, c.dropout_p, prob_index(d, bh, i, 0), keys, row, nullptr, row);
+      dropout_range(c.key, c.dropout_p, prob_index(d, c.key, bh, i, 0), keys, row, nullptr, row);
   }
   if (c.tiles) {
     if (!direct) bf16_rows(ts.s, rows, keys, d.T, reinterpret_cast<uint16_t*>(tt.rows16), c.Te);
@@ -707,8 +710,8 @@ void value_gradient(const AttnCall& c, const BackwardOperands& op, const Backwar
   if (c.dropout_p > 0.0f || (c.round && !c.units)) {
     for (int64_t r = 0; r < rows; ++r) {
       if (c.dropout_p > 0.0f)
-        dropout_range(c.key, c.dropout_p, prob_index(d, blk.bh, i0 + r, 0), keys, ts.s + r * d.T,
-                      nullptr, ts.p + r * d.T);
+        dropout_range(c.key, c.dropout_p, prob_index(d, c.key, blk.bh, i0 + r, 0), keys,
+                      ts.s + r * d.T, nullptr, ts.p + r * d.T);
       else
         std::copy(ts.s + r * d.T, ts.s + r * d.T + keys, ts.p + r * d.T);
     }
@@ -739,8 +742,8 @@ void score_gradient(const AttnCall& c, const TaskScratch& ts, const BackwardBloc
     const float* pr = ts.s + r * d.T;
     float* dr = ts.p + r * d.T;
     if (c.dropout_p > 0.0f)
-      dropout_range(c.key, c.dropout_p, prob_index(d, blk.bh, blk.i0 + r, 0), keys, dr, nullptr,
-                    dr);
+      dropout_range(c.key, c.dropout_p, prob_index(d, c.key, blk.bh, blk.i0 + r, 0), keys, dr,
+                    nullptr, dr);
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < keys; ++j) dot += pr[j] * dr[j];

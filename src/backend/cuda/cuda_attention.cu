@@ -108,10 +108,11 @@ __device__ __forceinline__ void load_key_visibility(int* kvis, const int32_t* __
   }
 }
 
-// keep[r * COLS + c] = dropout keep flag of probability (query q0 + r, key k0 + c) of head bh,
-// element id ((bh * T + i) * T + j) as on the CPU. A Philox call yields the words of four
-// consecutive elements, so each call is made once per row and tile instead of once per element.
-// Rows or keys past T get flags too (ids past the row's end); they are never used.
+// keep[r * COLS + c] = dropout keep flag of probability (query q0 + r, key k0 + c) of head bh
+// (attention_head_id: counted among every head), element id ((bh * T + i) * T + j) as on the CPU. A
+// Philox call yields the words of four consecutive elements, so each call is made once per row and
+// tile instead of once per element. Rows or keys past T get flags too (ids past the row's end);
+// they are never used.
 template <int ROWS, int COLS>
 __device__ __forceinline__ void fill_keep(uint8_t* keep, const RngKey& key, uint32_t threshold,
                                           uint64_t bh, int T, int q0, int k0) {
@@ -249,7 +250,11 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous tile's readers of KV, Ps, kvis and keep are done
     load_rows(KV, ld, k_base, row_stride, k0, NC, T, D);
     load_key_visibility<NC>(kvis, a.key_mask, b, k0, T);
-    if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
+    if (a.dropout)
+      fill_keep<R, NC>(
+          keep, a.key, a.threshold,
+          attention_head_id(a.key, static_cast<uint64_t>(bh), static_cast<uint64_t>(a.H)), T, q0,
+          k0);
     __syncthreads();
 
     float s[RM][CM];
@@ -439,7 +444,11 @@ __global__ void __launch_bounds__(kThreads)
       load_rows(Qs, ld, q_base, row_stride, q0, R, T, D);
       load_rows(dOs, ld, do_base, C, q0, R, T, D);
       load_row_stats<R>(lse_s, delta_s, lse, delta, bh, q0, T);
-      if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
+      if (a.dropout)
+        fill_keep<R, NC>(
+            keep, a.key, a.threshold,
+            attention_head_id(a.key, static_cast<uint64_t>(bh), static_cast<uint64_t>(a.H)), T, q0,
+            k0);
       __syncthreads();
 
       backward_scores<RM, CM, NC, PLD>(a, Qs, dOs, Ks, Vs, lse_s, delta_s, kvis, keep, q0, k0, tx,
@@ -521,7 +530,11 @@ __global__ void __launch_bounds__(kThreads)
     load_rows(Ks, ld, k_base, row_stride, k0, NC, T, D);
     load_rows(Vs, ld, v_base, row_stride, k0, NC, T, D);
     load_key_visibility<NC>(kvis, a.key_mask, b, k0, T);
-    if (a.dropout) fill_keep<R, NC>(keep, a.key, a.threshold, bh, T, q0, k0);
+    if (a.dropout)
+      fill_keep<R, NC>(
+          keep, a.key, a.threshold,
+          attention_head_id(a.key, static_cast<uint64_t>(bh), static_cast<uint64_t>(a.H)), T, q0,
+          k0);
     __syncthreads();
 
     backward_scores<RM, CM, NC, PLD>(a, Qs, dOs, Ks, Vs, lse_s, delta_s, kvis, keep, q0, k0, tx, ty,

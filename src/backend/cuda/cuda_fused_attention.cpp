@@ -26,9 +26,10 @@ int64_t bias_bytes(const cuda::FusedAttentionShape& s) {
 }
 
 // cuDNN's dropout seed for one site: the first two words of the site's own random stream, so each
-// layer and step draws its own mask, the same one in the forward and the backward.
+// layer and step draws its own mask, the same one in the forward and the backward; a slice of the
+// heads (tensor parallelism) draws its own too.
 uint64_t dropout_seed(const RngKey& key) {
-  const Philox4 r = rng_block(key, ~uint64_t{0});
+  const Philox4 r = rng_block(key, ~uint64_t{0} - key.first_head);
   return (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
 }
 

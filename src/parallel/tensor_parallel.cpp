@@ -1,0 +1,215 @@
+// Tensor parallelism's policy (tensor_parallel.h): data parallelism's, with the gradients' norm
+// counted once per element of the whole model and saves that write full parameters.
+#include "parallel/tensor_parallel.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "backend/backend.h"
+#include "optim/optimizer.h"
+#include "parallel/communicator.h"
+#include "parallel/zero.h"
+#include "precision/mixed_precision.h"
+
+namespace brisk {
+
+namespace {
+
+class CommunicatorGroup final : public TensorGroup {
+ public:
+  explicit CommunicatorGroup(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  void all_reduce_sum(Backend&, const Tensor& buf) override { comm_.all_reduce_sum(buf); }
+
+ private:
+  Communicator& comm_;
+};
+
+// A save's reads of the full parameters (and of optimizer state laid out as them) from the
+// tensor ranks' shares: part i of world rank holders[t] is tensor rank t's whole i. A split
+// parameter's full tensor is assembled once, on its first read, from every share; the others
+// are read from tensor rank 0's.
+class SplitReads final : public GatheredReads {
+ public:
+  SplitReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& params,
+             std::vector<int> holders)
+      : GatheredReads(world, std::move(parts)), params_(params), holders_(std::move(holders)) {
+    for (const ParamInfo& p : params_.list()) {
+      full_offsets_.push_back(full_total_);
+      full_total_ += p.full_shape().numel();
+    }
+  }
+
+  void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
+    read_full(0, p, at, n, dst);
+  }
+
+  int64_t state_bytes(size_t i) const override { return full_total_ * element_bytes(i + 1); }
+
+  // State laid out as the parameters: the bytes of each full parameter they cover.
+  void read_state(size_t i, size_t at, size_t n, void* dst) override {
+    const auto bytes = static_cast<size_t>(element_bytes(i + 1));
+    auto* out = static_cast<char*>(dst);
+    for (size_t k = 0; k < params_.list().size() && n > 0; ++k) {
+      const ParamInfo& p = params_.list()[k];
+      const size_t begin = static_cast<size_t>(full_offsets_[k]) * bytes;
+      const size_t end = begin + static_cast<size_t>(p.full_shape().numel()) * bytes;
+      if (at >= end) continue;
+      const size_t take = std::min(n, end - at);
+      read_full(i + 1, p, at - begin, take, out);
+      out += take;
+      at += take;
+      n -= take;
+    }
+  }
+
+ private:
+  int64_t element_bytes(size_t whole) const {
+    const int64_t bytes = part_bytes(whole, holders_[0]);
+    BRISK_CHECK(bytes % params_.total_elements() == 0, "internal error: a save part of ", bytes,
+                " bytes for ", params_.total_elements(), " parameter elements");
+    return bytes / params_.total_elements();
+  }
+
+  // Bytes [at, at + n) of p's full tensor in whole `whole` (laid out as the parameters).
+  void read_full(size_t whole, const ParamInfo& p, size_t at, size_t n, void* dst) {
+    const auto bytes = static_cast<size_t>(element_bytes(whole));
+    const auto share = static_cast<size_t>(p.offset) * bytes;
+    if (!p.split.split()) {
+      read(whole, static_cast<size_t>(part_start(whole, holders_[0])) + share + at, n, dst);
+      return;
+    }
+    if (cached_whole_ != whole || cached_param_ != &p) assemble(whole, p, bytes, share);
+    std::memcpy(dst, cache_.data() + at, n);
+  }
+
+  // p's full tensor of whole `whole` into the cache, from every tensor rank's share.
+  void assemble(size_t whole, const ParamInfo& p, size_t bytes, size_t share) {
+    const auto local = static_cast<size_t>(p.shape.numel());
+    cache_.resize(static_cast<size_t>(p.full_shape().numel()) * bytes);
+    std::vector<char> piece(local * bytes);
+    ParamInfo q = p;
+    for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
+      read(whole, static_cast<size_t>(part_start(whole, holders_[static_cast<size_t>(t)])) + share,
+           piece.size(), piece.data());
+      q.split.rank = t;
+      for_each_split_run(q, 0, p.shape.numel(), [&](int64_t from, int64_t to, int64_t length) {
+        std::memcpy(cache_.data() + static_cast<size_t>(to) * bytes,
+                    piece.data() + static_cast<size_t>(from) * bytes,
+                    static_cast<size_t>(length) * bytes);
+      });
+    }
+    cached_whole_ = whole;
+    cached_param_ = &p;
+  }
+
+  const ParameterSet& params_;
+  std::vector<int> holders_;
+  std::vector<int64_t> full_offsets_;
+  int64_t full_total_ = 0;
+  std::vector<char> cache_;
+  size_t cached_whole_ = 0;
+  const ParamInfo* cached_param_ = nullptr;
+};
+
+class TensorParallel final : public ParallelPolicy {
+ public:
+  TensorParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
+                 MixedPrecision& precision, Optimizer& optimizer,
+                 std::unique_ptr<ParallelPolicy> data)
+      : be_(be),
+        world_(world),
+        mesh_(mesh),
+        model_(model),
+        precision_(precision),
+        optimizer_(optimizer),
+        data_(std::move(data)),
+        group_(make_tensor_group(mesh.group(MeshDim::tensor))) {
+    model_.set_tensor_group(group_.get());
+    const std::vector<ParamInfo>& params = model_.params().list();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].split.split()) split_.push_back(static_cast<int>(i));
+  }
+  ~TensorParallel() override { model_.set_tensor_group(nullptr); }
+
+  void begin_step() override { data_->begin_step(); }
+  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
+  SyncSeconds finish_gradients() override { return data_->finish_gradients(); }
+  const Tensor& gradients() const override { return data_->gradients(); }
+  double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
+
+  // Tensor rank 0 counts every element of its gradients, the others only their shares of the
+  // split parameters: the rest they hold alike.
+  double gradient_sum_squares(const Tensor& acc) override {
+    if (mesh_.coordinate(MeshDim::tensor) == 0)
+      be_.sum_squares(data_->gradients(), acc);
+    else
+      for (int i : split_) be_.sum_squares(model_.params().grad(i), acc);
+    double seconds = data_->sum_over_gradients(acc);
+    const auto start = std::chrono::steady_clock::now();
+    mesh_.group(MeshDim::tensor).all_reduce_sum(acc);
+    return seconds +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  double step_weights(float lr, const RngKey& rounding) override {
+    return data_->step_weights(lr, rounding);
+  }
+  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
+  void weights_written() override { data_->weights_written(); }
+  void load_weights(const std::string& file) override { data_->load_weights(file); }
+  const StateShare* state_share() const override { return data_->state_share(); }
+
+  // The first data replica's tensor ranks hold the parts.
+  std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
+    const bool holds = mesh_.coordinate(MeshDim::data) == 0;
+    std::vector<Tensor> parts{holds ? precision_.master(model_.params()) : Tensor()};
+    if (checkpoint)
+      for (const auto& named : optimizer_.state()) parts.push_back(holds ? named.second : Tensor());
+    std::vector<int> holders;
+    for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
+      holders.push_back(mesh_rank(mesh_.shape(), {0, 0, 0, t}));
+    return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
+                                        std::move(holders));
+  }
+
+ private:
+  Backend& be_;
+  Communicator& world_;
+  DeviceMesh& mesh_;
+  Model& model_;
+  MixedPrecision& precision_;
+  Optimizer& optimizer_;
+  std::unique_ptr<ParallelPolicy> data_;
+  std::unique_ptr<TensorGroup> group_;
+  std::vector<int> split_;  // the split parameters
+};
+
+// Refuses an optimizer whose state or step reaches across elements.
+void check_elementwise(const Optimizer& optimizer, const ParameterSet& params) {
+  bool elementwise = true;
+  for (const ParamInfo& p : params.list()) elementwise &= optimizer.shard_granule(p) == 1;
+  for (const auto& named : optimizer.state())
+    elementwise &= named.second.numel() == params.total_elements();
+  BRISK_CHECK(elementwise,
+              "tensor parallelism (--tp_size) needs an optimizer that keeps one value ",
+              "per parameter element (adamw_torch, sgd); ", optimizer.name(),
+              "'s step depends on how the parameters are split");
+}
+
+}  // namespace
+
+std::unique_ptr<TensorGroup> make_tensor_group(Communicator& tensor) {
+  return std::make_unique<CommunicatorGroup>(tensor);
+}
+
+std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
+    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
+    Optimizer& optimizer, std::unique_ptr<ParallelPolicy> data_parallel) {
+  check_elementwise(optimizer, model.params());
+  return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer,
+                                          std::move(data_parallel));
+}
+
+}  // namespace brisk

@@ -1,0 +1,94 @@
+// Tensor parallelism through the trainer on every rank of the job: tp ranks (with dp replicas
+// over them) train as one process with the same global batch, step by step and to the final
+// weights, which the run saves as the full model. GPT-2 (packed Conv1D query/key/value), a
+// llama with grouped-query attention and BERT (post-norm), with dropout on where there is one
+// replica (the attention's masks are drawn per head as one process draws them).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
+#include "test_support.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// A config whose head and MLP counts 2 and 3 divide: 6 query heads (llama: 12 query heads in
+// groups of two over 6 key/value heads).
+nlohmann::json divisible_config(const std::string& type, double dropout) {
+  if (type == "gpt2")
+    return {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 48},
+            {"n_layer", 2},           {"n_head", 6},           {"n_positions", 64},
+            {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
+  if (type == "llama")
+    return {{"model_type", "llama"},       {"vocab_size", 128},
+            {"hidden_size", 48},           {"num_hidden_layers", 2},
+            {"num_attention_heads", 12},   {"num_key_value_heads", 6},
+            {"intermediate_size", 60},     {"max_position_embeddings", 64},
+            {"tie_word_embeddings", false}};
+  return {{"model_type", "bert"},
+          {"vocab_size", 128},
+          {"hidden_size", 48},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 6},
+          {"intermediate_size", 66},
+          {"max_position_embeddings", 64},
+          {"hidden_dropout_prob", dropout},
+          {"attention_probs_dropout_prob", dropout}};
+}
+
+std::string write_model(const SharedDir& dir, const std::string& type, double dropout) {
+  const std::string folder = dir / (type + "_model");
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/config.json") << divisible_config(type, dropout).dump();
+  }
+  world().barrier();
+  return folder;
+}
+
+TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const double dropout = dp == 1 ? 0.1 : 0.0;  // replicas draw their own masks yet
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama", "bert"}) {
+    SCOPED_TRACE(type + " on tp " + std::to_string(tp) + " x dp " + std::to_string(dp));
+    SharedDir dir("tp_" + type);
+    const std::string model = write_model(dir, type, dropout);
+    UnequalLengths lm_data;  // 18 samples: 3 steps of 3 micro-batches of 2 rows
+    const Dataset* data = type == "bert" ? nullptr : &lm_data;
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.per_device_train_batch_size = 2 / dp;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 3;
+    o.tp_size = tp;
+    const Logged ranks = run(o, data, &world());
+    if (world().rank() != 0) continue;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2;
+    one.tp_size = 1;
+    const Logged single = run(one, data, alone.get());
+    expect_trains_as(ranks, single);
+  }
+}
+
+TEST(TensorParallel, UnsupportedLayoutsAreRefused) {
+  const int N = world().size();
+  SharedDir dir("tp_refused");
+  const std::string model = write_model(dir, "gpt2", 0.0);
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.tp_size = N + 1;
+  expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
+  o.tp_size = N == 4 ? 2 : N;
+  o.optim = "adafactor";
+  expect_error([&] { run(o, nullptr, &world()); }, "tensor parallelism (--tp_size) needs");
+}
+
+}  // namespace
+}  // namespace brisk::testing

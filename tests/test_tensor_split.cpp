@@ -1,0 +1,158 @@
+// Tensor parallelism's pieces on one process: where a rank's share of a split parameter lies in
+// the full one, the attention's dropout over a slice of the heads (the masks of those heads in a
+// call holding them all), and the config shares with the counts refused by name.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend_support.h"
+#include "core/parameters.h"
+#include "core/rng.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// Full element index of local element (o, k, i) of p's share: o along the dims before `dim`, k
+// along it, i after it, by ParamSplit's definition (each part cut into `ranks` slices).
+int64_t full_index_by_definition(const ParamInfo& p, int64_t local) {
+  int64_t inner = 1;
+  for (int d = p.split.dim + 1; d < p.shape.rank(); ++d) inner *= p.shape[d];
+  const int64_t extent = p.shape[p.split.dim], piece = extent / p.split.pieces;
+  const int64_t o = local / (extent * inner), k = local / inner % extent, i = local % inner;
+  const int64_t full_k = k / piece * piece * p.split.ranks + p.split.rank * piece + k % piece;
+  return (o * extent * p.split.ranks + full_k) * inner + i;
+}
+
+TEST(TensorSplit, RunsMapEveryShareElementToItsPlaceInTheFullParameter) {
+  struct Case {
+    Shape shape;
+    int dim, pieces, ranks;
+  };
+  for (const Case& c : {Case{{8, 6}, 1, 3, 2}, Case{{12, 5}, 0, 1, 3}, Case{{4, 6, 2}, 1, 2, 2},
+                        Case{{9}, 0, 3, 3}, Case{{6, 4}, 1, 1, 4}}) {
+    std::vector<int> hits;
+    for (int r = 0; r < c.ranks; ++r) {
+      ParamInfo p;
+      p.name = "w";
+      p.shape = c.shape;
+      p.split = ParamSplit{c.dim, c.pieces, r, c.ranks};
+      hits.resize(static_cast<size_t>(p.full_shape().numel()), 0);
+      std::vector<int64_t> mapped(static_cast<size_t>(p.shape.numel()), -1);
+      // In two calls split anywhere: the runs continue across the cut.
+      const int64_t cut = p.shape.numel() / 3;
+      auto record = [&](int64_t local, int64_t full, int64_t length) {
+        for (int64_t e = 0; e < length; ++e) mapped[static_cast<size_t>(local + e)] = full + e;
+      };
+      for_each_split_run(p, 0, cut, record);
+      for_each_split_run(p, cut, p.shape.numel() - cut, record);
+      for (int64_t e = 0; e < p.shape.numel(); ++e) {
+        ASSERT_EQ(mapped[static_cast<size_t>(e)], full_index_by_definition(p, e))
+            << c.shape.str() << " dim " << c.dim << " rank " << r << " element " << e;
+        ++hits[static_cast<size_t>(mapped[static_cast<size_t>(e)])];
+      }
+    }
+    for (int h : hits) EXPECT_EQ(h, 1) << "every full element belongs to one rank's share";
+  }
+}
+
+// qkv [B,T,(H+2K)*D] of the heads [h0, h0 + h) and key/value heads [k0, k0 + k).
+FVec slice_heads(const FVec& qkv, int B, int T, int H, int K, int D, int h0, int h, int k0, int k) {
+  FVec out;
+  const int W = (H + 2 * K) * D;
+  for (int bt = 0; bt < B * T; ++bt) {
+    const float* row = &qkv[static_cast<size_t>(bt) * W];
+    out.insert(out.end(), row + h0 * D, row + (h0 + h) * D);
+    out.insert(out.end(), row + (H + k0) * D, row + (H + k0 + k) * D);
+    out.insert(out.end(), row + (H + K + k0) * D, row + (H + K + k0 + k) * D);
+  }
+  return out;
+}
+
+TEST(TensorSplit, AttentionDropoutOfAHeadSliceDrawsTheMasksOfThoseHeads) {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(5);
+  const int B = 2, T = 7, H = 4, K = 2, D = 4, ranks = 2, h = H / ranks, k = K / ranks;
+  const float p = 0.3f, scale = 0.5f;
+  FVec qkv = randn(int64_t{B} * T * (H + 2 * K) * D, rng);
+  FVec dout = randn(int64_t{B} * T * H * D, rng);
+  const RngKey key{11, 3, 7};
+  auto run = [&](FVec& in, int heads, int kv, const RngKey& k_, FVec& dout_, FVec& dqkv) {
+    const AttentionBuffers ab = attention_buffers(Device::cpu, B, heads, T, D);
+    FVec stats(static_cast<size_t>(ab.stats.numel())),
+        scratch(static_cast<size_t>(ab.scratch.numel()));
+    FVec out(static_cast<size_t>(B) * T * heads * D);
+    dqkv.assign(in.size(), 0.f);
+    const Shape io{B, T, (heads + 2 * kv) * D}, o{B, T, heads * D};
+    be->attention_forward(Tensor(in.data(), io, DType::f32), Tensor(), true, heads, kv, scale, p,
+                          k_, Tensor(stats.data(), ab.stats, DType::f32),
+                          Tensor(scratch.data(), ab.scratch, DType::f32),
+                          Tensor(out.data(), o, DType::f32));
+    be->attention_backward(Tensor(dout_.data(), o, DType::f32), Tensor(in.data(), io, DType::f32),
+                           Tensor(out.data(), o, DType::f32),
+                           Tensor(stats.data(), ab.stats, DType::f32), Tensor(), true, heads, kv,
+                           scale, p, k_, Tensor(scratch.data(), ab.scratch, DType::f32),
+                           Tensor(dqkv.data(), io, DType::f32));
+    return out;
+  };
+  FVec dqkv_full;
+  const FVec full = run(qkv, H, K, key, dout, dqkv_full);
+  for (int r = 0; r < ranks; ++r) {
+    FVec part = slice_heads(qkv, B, T, H, K, D, r * h, h, r * k, k);
+    FVec dout_part;
+    for (int bt = 0; bt < B * T; ++bt)
+      dout_part.insert(dout_part.end(), dout.begin() + (bt * H + r * h) * D,
+                       dout.begin() + (bt * H + (r + 1) * h) * D);
+    RngKey sliced = key;
+    sliced.first_head = static_cast<uint32_t>(r * h);
+    sliced.heads_total = H;
+    FVec dqkv_part;
+    const FVec out = run(part, h, k, sliced, dout_part, dqkv_part);
+    FVec want;
+    for (int bt = 0; bt < B * T; ++bt)
+      want.insert(want.end(), full.begin() + (bt * H + r * h) * D,
+                  full.begin() + (bt * H + (r + 1) * h) * D);
+    EXPECT_EQ(out, want) << "rank " << r << ": the same masks, the same operations";
+    EXPECT_EQ(dqkv_part, slice_heads(dqkv_full, B, T, H, K, D, r * h, h, r * k, k)) << "rank " << r;
+  }
+  // Without the slice's place, its heads draw the first heads' masks: another output.
+  FVec part = slice_heads(qkv, B, T, H, K, D, h, h, k, k), dout_part(size_t(B) * T * h * D, 0.f);
+  FVec unused;
+  FVec want;
+  for (int bt = 0; bt < B * T; ++bt)
+    want.insert(want.end(), full.begin() + (bt * H + h) * D, full.begin() + (bt * H + 2 * h) * D);
+  EXPECT_NE(run(part, h, k, key, dout_part, unused), want);
+}
+
+TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) {
+  ModelConfig c = resolve_config("gpt2");
+  const ModelConfig share = tensor_parallel_share(c, 1, 4);
+  EXPECT_EQ(share.num_heads, 3);
+  EXPECT_EQ(share.intermediate_size, 768);
+  EXPECT_EQ(share.head_dim(), 64);
+  EXPECT_EQ(share.tensor_rank, 1);
+  expect_error([&] { tensor_parallel_share(c, 0, 5); }, "does not divide the gpt2 config's n_head");
+  ModelConfig llama = resolve_config("smollm2-135m");  // 9 heads over 3 key/value heads
+  expect_error([&] { tensor_parallel_share(llama, 0, 9); }, "num_key_value_heads = 3");
+  // The shares' split parameters make up the full ones; the others are whole on each.
+  const auto whole = Model::create(c);
+  int64_t total = 0;
+  for (int r = 0; r < 4; ++r) {
+    const auto part = Model::create(tensor_parallel_share(c, r, 4));
+    for (const ParamInfo& p : part->params().list()) {
+      EXPECT_EQ(p.full_shape(),
+                whole->params().list()[static_cast<size_t>(whole->params().index(p.name))].shape)
+          << p.name;
+      total += p.split.split() ? p.shape.numel() : (r == 0 ? p.shape.numel() : 0);
+    }
+  }
+  EXPECT_EQ(total, whole->params().total_elements());
+}
+
+}  // namespace
+}  // namespace brisk::testing
