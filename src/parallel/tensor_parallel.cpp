@@ -130,6 +130,7 @@ class TensorParallel final : public ParallelPolicy {
     const std::vector<ParamInfo>& params = model_.params().list();
     for (size_t i = 0; i < params.size(); ++i)
       if (params[i].split.split()) split_.push_back(static_cast<int>(i));
+    share_ = full_layout_share();
   }
   ~TensorParallel() override { model_.set_tensor_group(nullptr); }
 
@@ -159,7 +160,8 @@ class TensorParallel final : public ParallelPolicy {
   double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
   void weights_written() override { data_->weights_written(); }
   void load_weights(const std::string& file) override { data_->load_weights(file); }
-  const StateShare* state_share() const override { return data_->state_share(); }
+  // A checkpoint's state is laid out as the full parameters: this rank's elements, run by run.
+  const StateShare* state_share() const override { return &share_; }
 
   // The first data replica's tensor ranks hold the parts.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
@@ -184,6 +186,23 @@ class TensorParallel final : public ParallelPolicy {
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<TensorGroup> group_;
   std::vector<int> split_;  // the split parameters
+  StateShare share_;
+
+  StateShare full_layout_share() const {
+    StateShare share;
+    int64_t full_at = 0;
+    for (const ParamInfo& p : model_.params().list()) {
+      for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t full, int64_t length) {
+        share.runs.push_back({p.offset + local, full_at + full, length});
+      });
+      full_at += p.full_shape().numel();
+    }
+    for (size_t i = 0; i < optimizer_.state().size(); ++i) {
+      share.offset.push_back(0);
+      share.total.push_back(full_at);
+    }
+    return share;
+  }
 };
 
 // Refuses an optimizer whose state or step reaches across elements.

@@ -123,15 +123,25 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
     BRISK_CHECK(whole.numel() == want, "'", path, "': ", name, " holds ", whole.numel(),
                 " values; this run's ", optimizer.name(), " state has ", want,
                 " (another model or optim_args?)");
-    const Tensor src = share ? element_range(whole, share->offset[i], t.numel()) : whole;
+    const bool runs = share && !share->runs.empty();
+    const Tensor src = share && !runs ? element_range(whole, share->offset[i], t.numel()) : whole;
     BRISK_CHECK(t.dtype() == DType::f32 || src.dtype() == t.dtype(), "'", path, "': ", name,
                 " must be ", dtype_name(t.dtype()), ", not ", dtype_name(src.dtype()));
     // Piece by piece into wherever the state lives: no whole host copy on a GPU.
     const std::string what = name + " in " + path;  // a binding, which lambdas may not capture
+    auto copy = [&](int64_t from, const Tensor& to) {
+      const Tensor part = element_range(src, from, to.numel());
+      if (to.dtype() == DType::f32) return copy_to_f32(part, to, what);
+      std::copy_n(part.as<uint8_t>(), part.bytes(), to.as<uint8_t>());
+    };
     write_in_pieces(be, t, [&](const Tensor& piece, int64_t first) {
-      const Tensor part = element_range(src, first, piece.numel());
-      if (piece.dtype() == DType::f32) return copy_to_f32(part, piece, what);
-      std::copy_n(part.as<uint8_t>(), part.bytes(), piece.as<uint8_t>());
+      if (!runs) return copy(first, piece);
+      for (const StateShare::Run& r : share->runs) {  // the runs that meet the piece
+        const int64_t begin = std::max(first, r.local);
+        const int64_t end = std::min(first + piece.numel(), r.local + r.length);
+        if (begin < end)
+          copy(r.full + (begin - r.local), element_range(piece, begin - first, end - begin));
+      }
     });
   }
   const Tensor& step = file.get("step");

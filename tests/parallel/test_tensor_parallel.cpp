@@ -5,9 +5,11 @@
 // replica (the attention's masks are drawn per head as one process draws them).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/test_world.h"
 #include "parallel/train_ranks.h"
@@ -75,6 +77,63 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     one.tp_size = 1;
     const Logged single = run(one, data, alone.get());
     expect_trains_as(ranks, single);
+  }
+}
+
+// A resumed run `got` ends as the uninterrupted `want`: its steps' losses are want's last ones,
+// its final weights want's.
+void expect_resumes_as(const Logged& got, const Logged& want, double tolerance = 1e-5) {
+  ASSERT_LE(got.losses.size(), want.losses.size());
+  const size_t skipped = want.losses.size() - got.losses.size();
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[skipped + i],
+                tolerance * std::abs(want.losses[skipped + i]))
+        << "step " << skipped + i + 1;
+  const std::vector<float> a = checkpoint_weights(got.checkpoint),
+                           b = checkpoint_weights(want.checkpoint);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
+}
+
+// Checkpoints hold the full model and optimizer state whatever the layout: the ranks resume one
+// process's checkpoint and one process resumes the ranks', each ending as the run that went on.
+TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("tp_resume");
+  const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 2 / dp;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.tp_size = tp;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.tp_size = 1;
+  const Logged ranks = run(o, &data, &world());
+  Logged single;
+  if (world().rank() == 0) single = run(one, &data, alone.get());
+  world().barrier();  // one process's checkpoints are written
+  TrainOptions from_one = o;
+  from_one.output_dir = dir / "ranks_from_one";
+  from_one.resume_from_checkpoint = dir / "one/checkpoint-2";
+  const Logged resumed_on_ranks = run(from_one, &data, &world());
+  if (world().rank() != 0) return;
+  TrainOptions from_ranks = one;
+  from_ranks.output_dir = dir / "one_from_ranks";
+  from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
+  const Logged resumed_alone = run(from_ranks, &data, alone.get());
+  expect_trains_as(ranks, single);
+  {
+    SCOPED_TRACE("the ranks from one process's checkpoint");
+    expect_resumes_as(resumed_on_ranks, single);
+  }
+  {
+    SCOPED_TRACE("one process from the ranks' checkpoint");
+    expect_resumes_as(resumed_alone, single);
   }
 }
 
