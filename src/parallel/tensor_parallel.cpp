@@ -27,13 +27,14 @@ class CommunicatorGroup final : public TensorGroup {
 };
 
 // A save's reads of the full parameters (and of optimizer state laid out as them) from the
-// tensor ranks' shares: part i of world rank holders[t] is tensor rank t's whole i. A split
+// tensor ranks' shares: tensor rank t's whole i is part i of the world ranks holders[t] laid end
+// to end (its data replicas in order: ZeRO's runs, or the first replica's whole). A split
 // parameter's full tensor is assembled once, on its first read, from every share; the others
 // are read from tensor rank 0's.
 class SplitReads final : public GatheredReads {
  public:
   SplitReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& params,
-             std::vector<int> holders)
+             std::vector<std::vector<int>> holders)
       : GatheredReads(world, std::move(parts)), params_(params), holders_(std::move(holders)) {
     for (const ParamInfo& p : params_.list()) {
       full_offsets_.push_back(full_total_);
@@ -65,8 +66,27 @@ class SplitReads final : public GatheredReads {
   }
 
  private:
+  // Bytes [at, at + n) of tensor rank t's whole `whole`, from the parts of its holders.
+  void read_share(size_t whole, size_t t, size_t at, size_t n, char* dst) {
+    for (int r : holders_[t]) {
+      const auto length = static_cast<size_t>(part_bytes(whole, r));
+      if (at >= length) {
+        at -= length;
+        continue;
+      }
+      const size_t take = std::min(n, length - at);
+      read(whole, static_cast<size_t>(part_start(whole, r)) + at, take, dst);
+      dst += take;
+      n -= take;
+      at = 0;
+      if (n == 0) return;
+    }
+    BRISK_CHECK(n == 0, "internal error: a read past tensor rank ", t, "'s save part");
+  }
+
   int64_t element_bytes(size_t whole) const {
-    const int64_t bytes = part_bytes(whole, holders_[0]);
+    int64_t bytes = 0;
+    for (int r : holders_[0]) bytes += part_bytes(whole, r);
     BRISK_CHECK(bytes % params_.total_elements() == 0, "internal error: a save part of ", bytes,
                 " bytes for ", params_.total_elements(), " parameter elements");
     return bytes / params_.total_elements();
@@ -77,7 +97,7 @@ class SplitReads final : public GatheredReads {
     const auto bytes = static_cast<size_t>(element_bytes(whole));
     const auto share = static_cast<size_t>(p.offset) * bytes;
     if (!p.split.split()) {
-      read(whole, static_cast<size_t>(part_start(whole, holders_[0])) + share + at, n, dst);
+      read_share(whole, 0, share + at, n, static_cast<char*>(dst));
       return;
     }
     if (cached_whole_ != whole || cached_param_ != &p) assemble(whole, p, bytes, share);
@@ -91,8 +111,7 @@ class SplitReads final : public GatheredReads {
     std::vector<char> piece(local * bytes);
     ParamInfo q = p;
     for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
-      read(whole, static_cast<size_t>(part_start(whole, holders_[static_cast<size_t>(t)])) + share,
-           piece.size(), piece.data());
+      read_share(whole, static_cast<size_t>(t), share, piece.size(), piece.data());
       q.split.rank = t;
       for_each_split_run(q, 0, p.shape.numel(), [&](int64_t from, int64_t to, int64_t length) {
         std::memcpy(cache_.data() + static_cast<size_t>(to) * bytes,
@@ -105,7 +124,7 @@ class SplitReads final : public GatheredReads {
   }
 
   const ParameterSet& params_;
-  std::vector<int> holders_;
+  std::vector<std::vector<int>> holders_;
   std::vector<int64_t> full_offsets_;
   int64_t full_total_ = 0;
   std::vector<char> cache_;
@@ -116,7 +135,7 @@ class SplitReads final : public GatheredReads {
 class TensorParallel final : public ParallelPolicy {
  public:
   TensorParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
-                 MixedPrecision& precision, Optimizer& optimizer,
+                 MixedPrecision& precision, Optimizer& optimizer, ElementRange run,
                  std::unique_ptr<ParallelPolicy> data)
       : be_(be),
         world_(world),
@@ -125,7 +144,9 @@ class TensorParallel final : public ParallelPolicy {
         precision_(precision),
         optimizer_(optimizer),
         data_(std::move(data)),
-        group_(make_tensor_group(mesh.group(MeshDim::tensor))) {
+        group_(make_tensor_group(mesh.group(MeshDim::tensor))),
+        run_(run),
+        zero_(run.count < model.params().total_elements()) {
     model_.set_tensor_group(group_.get());
     const std::vector<ParamInfo>& params = model_.params().list();
     for (size_t i = 0; i < params.size(); ++i)
@@ -141,12 +162,21 @@ class TensorParallel final : public ParallelPolicy {
   double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
 
   // Tensor rank 0 counts every element of its gradients, the others only their shares of the
-  // split parameters: the rest they hold alike.
+  // split parameters: the rest they hold alike. Under ZeRO's stage 2 and 3 the gradients are
+  // this data rank's run of them.
   double gradient_sum_squares(const Tensor& acc) override {
-    if (mesh_.coordinate(MeshDim::tensor) == 0)
-      be_.sum_squares(data_->gradients(), acc);
-    else
-      for (int i : split_) be_.sum_squares(model_.params().grad(i), acc);
+    const Tensor& grads = data_->gradients();
+    const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
+    if (mesh_.coordinate(MeshDim::tensor) == 0) {
+      be_.sum_squares(grads, acc);
+    } else {
+      for (int i : split_) {
+        const ParamInfo& p = model_.params().list()[static_cast<size_t>(i)];
+        const int64_t lo = std::max(p.offset, base);
+        const int64_t hi = std::min(p.offset + p.shape.numel(), base + grads.numel());
+        if (lo < hi) be_.sum_squares(element_range(grads, lo - base, hi - lo), acc);
+      }
+    }
     double seconds = data_->sum_over_gradients(acc);
     const auto start = std::chrono::steady_clock::now();
     mesh_.group(MeshDim::tensor).all_reduce_sum(acc);
@@ -163,15 +193,18 @@ class TensorParallel final : public ParallelPolicy {
   // A checkpoint's state is laid out as the full parameters: this rank's elements, run by run.
   const StateShare* state_share() const override { return &share_; }
 
-  // The first data replica's tensor ranks hold the parts.
+  // Each tensor rank's share comes from its data replicas: under ZeRO their runs in order (as
+  // checkpoint_parts gives them), else the first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
-    const bool holds = mesh_.coordinate(MeshDim::data) == 0;
-    std::vector<Tensor> parts{holds ? precision_.master(model_.params()) : Tensor()};
-    if (checkpoint)
-      for (const auto& named : optimizer_.state()) parts.push_back(holds ? named.second : Tensor());
-    std::vector<int> holders;
+    const int data_rank = mesh_.coordinate(MeshDim::data);
+    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
+    std::vector<Tensor> parts = checkpoint_parts(precision_.master(model_.params()),
+                                                 precision_.sharded(), data_rank, state);
+    if (!zero_ && data_rank != 0) parts.assign(parts.size(), Tensor());
+    std::vector<std::vector<int>> holders(static_cast<size_t>(mesh_.shape()[MeshDim::tensor]));
     for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
-      holders.push_back(mesh_rank(mesh_.shape(), {0, 0, 0, t}));
+      for (int d = 0; d < mesh_.shape()[MeshDim::data]; ++d)
+        holders[static_cast<size_t>(t)].push_back(mesh_rank(mesh_.shape(), {0, d, 0, t}));
     return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
                                         std::move(holders));
   }
@@ -186,14 +219,22 @@ class TensorParallel final : public ParallelPolicy {
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<TensorGroup> group_;
   std::vector<int> split_;  // the split parameters
+  ElementRange run_;        // the parameters this data rank steps (ZeRO's run, or all)
+  bool zero_;               // the run is a part: ZeRO partitions the state
   StateShare share_;
 
+  // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
+  // checkpoint's, laid out as the full parameters.
   StateShare full_layout_share() const {
     StateShare share;
     int64_t full_at = 0;
+    const int64_t first = zero_ ? run_.offset : 0;
+    const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
     for (const ParamInfo& p : model_.params().list()) {
       for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t full, int64_t length) {
-        share.runs.push_back({p.offset + local, full_at + full, length});
+        const int64_t at = p.offset + local;
+        const int64_t lo = std::max(at, first), hi = std::min(at + length, end);
+        if (lo < hi) share.runs.push_back({lo - first, full_at + full + (lo - at), hi - lo});
       });
       full_at += p.full_shape().numel();
     }
@@ -205,12 +246,12 @@ class TensorParallel final : public ParallelPolicy {
   }
 };
 
-// Refuses an optimizer whose state or step reaches across elements.
-void check_elementwise(const Optimizer& optimizer, const ParameterSet& params) {
+// Refuses an optimizer whose state or step reaches across elements (its state is one value per
+// element of the parameters it steps, `stepped` of them).
+void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped) {
   bool elementwise = true;
   for (const ParamInfo& p : params.list()) elementwise &= optimizer.shard_granule(p) == 1;
-  for (const auto& named : optimizer.state())
-    elementwise &= named.second.numel() == params.total_elements();
+  for (const auto& named : optimizer.state()) elementwise &= named.second.numel() == stepped;
   BRISK_CHECK(elementwise,
               "tensor parallelism (--tp_size) needs an optimizer that keeps one value ",
               "per parameter element (adamw_torch, sgd); ", optimizer.name(),
@@ -225,9 +266,14 @@ std::unique_ptr<TensorGroup> make_tensor_group(Communicator& tensor) {
 
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
-    Optimizer& optimizer, std::unique_ptr<ParallelPolicy> data_parallel) {
-  check_elementwise(optimizer, model.params());
-  return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer,
+    Optimizer& optimizer, const ParallelBuffers& buffers,
+    std::unique_ptr<ParallelPolicy> data_parallel) {
+  const ElementRange run =
+      buffers.shards.empty()
+          ? ElementRange{0, model.params().total_elements()}
+          : buffers.shards[static_cast<size_t>(mesh.coordinate(MeshDim::data))].elements;
+  check_elementwise(optimizer, model.params(), run.count);
+  return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
                                           std::move(data_parallel));
 }
 

@@ -1,8 +1,9 @@
 // Tensor parallelism (Megatron-LM's) around data parallelism: the ranks of the mesh's tensor
 // dimension hold each block's heads and MLP width between them (a model made from
 // tensor_parallel_share, models/config.h) and the rest of the model alike; the mesh's data
-// dimension runs the data-parallel policy over the replicas. This policy counts the gradients'
-// norm once per element and saves the full parameters, gathered from the tensor ranks' shares.
+// dimension runs the data-parallel policy (DDP or ZeRO) over the replicas. This policy counts the
+// gradients' norm once per element and saves the full parameters, gathered from the tensor ranks'
+// shares (and their ZeRO runs).
 #pragma once
 
 #include <memory>
@@ -17,11 +18,13 @@ namespace brisk {
 std::unique_ptr<TensorGroup> make_tensor_group(Communicator& tensor);
 
 // Tensor parallelism over `mesh` (its tensor dimension of more than one rank) around
-// `data_parallel`, the policy over the mesh's data dimension. The model's blocks get their group.
-// Refuses an optimizer whose state is not one value per parameter element (its step would depend
-// on how the parameters are split).
+// `data_parallel`, the policy over the mesh's data dimension, made from `buffers` (ZeRO's
+// partition of this rank's share among the data replicas, or none). The model's blocks get their
+// group. Refuses an optimizer whose state is not one value per parameter element (its step would
+// depend on how the parameters are split).
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
-    Optimizer& optimizer, std::unique_ptr<ParallelPolicy> data_parallel);
+    Optimizer& optimizer, const ParallelBuffers& buffers,
+    std::unique_ptr<ParallelPolicy> data_parallel);
 
 }  // namespace brisk

@@ -180,9 +180,8 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.zero_stage);
   BRISK_CHECK(o.tp_size >= 0 && o.tp_size <= 4096, "tp_size must lie in [0, 4096], got ",
               o.tp_size);
-  BRISK_CHECK(o.tp_size <= 1 || (o.zero_stage == 0 && o.offload_optimizer == "none"),
-              "--tp_size with --zero_stage or --offload_optimizer is not supported yet "
-              "(tensor parallelism runs with plain data parallelism for now)");
+  BRISK_CHECK(o.tp_size <= 1 || o.offload_optimizer == "none",
+              "--tp_size with --offload_optimizer is not supported yet");
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);

@@ -826,7 +826,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                            {o.do_train, o.ddp_bucket_cap_mb});
   if (mesh)
     parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,
-                                           *run->optimizer, std::move(parallel));
+                                           *run->optimizer, run->parallel, std::move(parallel));
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};
