@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/json_file.h"
 #include "parallel/test_world.h"
 #include "parallel/train_ranks.h"
 #include "test_support.h"
@@ -85,6 +87,56 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
       if (world().rank() == 0) expect_trains_as(ranks, single);
     }
   }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Gradient checkpointing (each block's forward run again in backward, its sums over the group
+// with it), evaluation and prediction: BERT as one process, metrics and predictions alike. Then
+// bf16 with selective recomputation, where the partial products are summed in float32 before
+// their rounding, to bf16's precision.
+TEST(TensorParallel, RecomputationEvaluationAndBf16RunAsOneProcess) {
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("tp_recompute");
+  const std::string model = write_model(dir, "bert", dp == 1 ? 0.1 : 0.0);
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 4 / dp;
+  o.max_steps = 3;
+  o.tp_size = tp;
+  o.gradient_checkpointing = true;
+  o.do_eval = o.do_predict = true;
+  o.eval_dataset_size = 10;
+  o.per_device_eval_batch_size = 4 / dp;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = one.per_device_eval_batch_size = 4;
+  one.tp_size = 1;
+  const Logged ranks = run(o, nullptr, &world());
+  TrainOptions bf16 = o, bf16_one = one;
+  bf16.gradient_checkpointing = bf16_one.gradient_checkpointing = false;
+  bf16.selective_recompute = bf16_one.selective_recompute = true;
+  bf16.bf16 = bf16_one.bf16 = true;
+  bf16.do_eval = bf16.do_predict = bf16_one.do_eval = bf16_one.do_predict = false;
+  bf16.output_dir = dir / "ranks_bf16";
+  bf16_one.output_dir = dir / "one_bf16";
+  const Logged ranks_bf16 = run(bf16, nullptr, &world());
+  if (world().rank() != 0) return;
+  expect_trains_as(ranks, run(one, nullptr, alone.get()));
+  const nlohmann::json got = read_json_file(dir / "ranks/eval_results.json", "eval results");
+  const nlohmann::json want = read_json_file(dir / "one/eval_results.json", "eval results");
+  for (const char* metric : {"eval_loss", "eval_accuracy"})
+    EXPECT_NEAR(got[metric].get<double>(), want[metric].get<double>(),
+                1e-5 * std::abs(want[metric].get<double>()))
+        << metric;
+  EXPECT_EQ(read_text(dir / "ranks/predict_results.txt"),
+            read_text(dir / "one/predict_results.txt"));
+  const Logged single_bf16 = run(bf16_one, nullptr, alone.get());
+  expect_trains_as(ranks_bf16, single_bf16, 1e-2);
 }
 
 // A resumed run `got` ends as the uninterrupted `want`: its steps' losses are want's last ones,
