@@ -3,6 +3,7 @@
 // call holding them all), and the config shares with the counts refused by name.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "models/config.h"
 #include "models/model.h"
 #include "test_support.h"
+#include "train/parallelism_config.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -152,6 +155,46 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
     }
   }
   EXPECT_EQ(total, whole->params().total_elements());
+}
+
+// accelerate's ParallelismConfig keys as brisk's options, and what brisk does not have refused by
+// name.
+TEST(TensorSplit, ParallelismConfigSetsTheDegreesAndRefusesWhatBriskLacks) {
+  TempDir dir("parallelism_config");
+  auto options = [&](const std::string& json) {
+    std::ofstream(dir / "p.json") << json;
+    TrainOptions o;
+    o.parallelism_config = dir / "p.json";
+    return o;
+  };
+  TrainOptions o = apply_parallelism_config(options(R"({"tp_size": 2, "dp_shard_size": 2})"), 4);
+  EXPECT_EQ(o.tp_size, 2);
+  EXPECT_EQ(o.zero_stage, 3) << "FSDP's sharding is ZeRO stage 3";
+  o = apply_parallelism_config(
+      options(R"({"dp_replicate_size": 3, "tp_size": 1, "cp_size": 1, "tp_handler": null})"), 3);
+  EXPECT_EQ(o.tp_size, 1);
+  EXPECT_EQ(o.zero_stage, 0);
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"cp_size": 2, "tp_size": 2})", "cp_size = 2 (context parallelism) is not in brisk"},
+      {R"({"sp_size": 4})", "sp_size = 4 (sequence parallelism)"},
+      {R"({"tp_size": 2})", "dp_replicate_size x dp_shard_size x tp_size = 2 but the run has 4"},
+      {R"({"dp_replicate_size": 2, "dp_shard_size": 2})", "hybrid sharding"},
+      {R"({"tp_sise": 4})", "unknown key 'tp_sise'"},
+      {R"({"tp_size": 0})", "tp_size must be a whole number in [1, 4096], got 0"},
+      {R"({"tp_size": "4"})", "tp_size must be a whole number"},
+      {R"({"tp_handler": {"x": 1}, "tp_size": 4})", "tp_handler has settings"},
+      {R"([4])", "not a JSON object"},
+  };
+  for (const auto& [json, needle] : refused) {
+    SCOPED_TRACE(json);
+    expect_error([&] { apply_parallelism_config(options(json), 4); }, needle);
+  }
+  TrainOptions given = options(R"({"tp_size": 4})");
+  given.tp_size = 2;
+  expect_error([&] { apply_parallelism_config(given, 4); }, "tp_size = 4 but --tp_size 2");
+  given = options(R"({"dp_shard_size": 4})");
+  given.zero_stage = 1;
+  expect_error([&] { apply_parallelism_config(given, 4); }, "but --zero_stage 1 is given");
 }
 
 }  // namespace

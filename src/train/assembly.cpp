@@ -11,6 +11,7 @@
 #include "data/token_file.h"
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
+#include "train/parallelism_config.h"
 
 namespace brisk {
 
@@ -145,7 +146,8 @@ void plan_products(RunAssembly& r, Backend* backend) {
 TrainOptions resolve_options(const TrainOptions& given, int ranks,
                              std::vector<std::string>* ignored) {
   validate_options(given);
-  const TrainOptions options = apply_deepspeed_config(given, ranks, ignored);
+  const TrainOptions options =
+      apply_parallelism_config(apply_deepspeed_config(given, ranks, ignored), ranks);
   validate_options(options);
   BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");

@@ -109,6 +109,9 @@ struct TrainOptions {
   // MLP width between them (Megatron-LM's column- and row-parallel layers); the data-parallel
   // replicas are the world's ranks over it. 0 or 1: none (TrainingArguments' default is 0).
   int64_t tp_size = 1;
+  // accelerate's ParallelismConfig as a JSON file (train/parallelism_config.h): its degrees set
+  // tp_size and the data parallelism.
+  std::string parallelism_config;
   // ZeRO stage 3: weights gathered ahead of the block that runs (DeepSpeed's
   // stage3_prefetch_bucket_size, in elements); below one block's, none are and one slot less is
   // planned. -1: one block ahead.
@@ -276,6 +279,10 @@ void visit_options(Options& o, Visitor&& v) {
     "tensor parallelism: ranks that split each block's attention heads and MLP width between "
     "them (Megatron-LM's layers; the embeddings and head are whole on each); the world's ranks "
     "over tp_size are data-parallel replicas");
+  v("parallelism_config", o.parallelism_config,
+    "a JSON file of accelerate's ParallelismConfig keys: tp_size sets --tp_size, dp_shard_size "
+    "above 1 shards as --zero_stage 3, dp_replicate_size x dp_shard_size x tp_size must be the "
+    "processes; cp_size and sp_size above 1 are refused");
   v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
     "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
     "one block's weights none are (one block's slot less memory, no overlap); -1 = one block");

@@ -128,9 +128,6 @@ constexpr std::array kTable = {
     TrainerKey{"ignore_data_skip", "[false]", "a resumed brisk run continues at its data position"},
     TrainerKey{"data_seed", "[]", "brisk shuffles with --seed"},
     TrainerKey{"accelerator_config", "[{}]", "brisk has no Accelerate settings"},
-    TrainerKey{"parallelism_config", "[{}]",
-               "give --tp_size for tensor parallelism; context and sequence parallelism are "
-               "not in brisk yet"},
     TrainerKey{"dataloader_drop_last", "[false]", "brisk's last batch of an epoch may be short"},
     TrainerKey{"label_names", "[]", "brisk's labels are the data's label column"},
     TrainerKey{"train_sampling_strategy", R"(["random"])",
