@@ -79,15 +79,22 @@ def measured_table(a, tmp):
     cores = os.cpu_count()
     print(f"\n{a.measure_model}, batch {a.batch} x {a.seq}, bf16, {a.max_steps} steps, "
           f"{cpu_name()}, {cores} cores")
-    print("| layout | samples/s | loss | planned / rank | rank 0's peak RSS |")
-    print("|---|---:|---:|---:|---:|")
+    print("| layout | samples/s | loss | planned / rank | rank 0's peak RSS "
+          "| summed over the tensor group / step | formula | sums' share of the run |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    _, _, _, hidden, _, layers = next(s for s in SHAPES if s[0] == a.measure_model)
     for tp, threads in ((1, cores), (2, max(1, cores // 2))):
         r = train(a.measure_model, tp, threads, a, os.path.join(tmp, f"tp{tp}"))
         mem = r["memory"]
         planned = sum(mem["planned_bytes"].values())
+        summed = r.get("tensor_parallel_sum_bytes", 0) / a.max_steps
+        # 4 float32 [B, T, C] sums per block per micro-batch (2 forward, 2 backward).
+        formula = 4 * layers * a.batch * a.seq * hidden * 4 if tp > 1 else 0
         print(f"| tp {tp} ({tp} x {threads} threads) | {r['train_samples_per_second']:.2f} "
               f"| {r['train_loss']:.4f} | {planned / MIB:.0f} MiB "
-              f"| {mem['peak_rss_bytes'] / MIB:.0f} MiB |")
+              f"| {mem['peak_rss_bytes'] / MIB:.0f} MiB | {summed / MIB:.1f} MiB "
+              f"| {formula / MIB:.1f} MiB "
+              f"| {r['communication_seconds'] / r['train_runtime']:.0%} |")
 
 
 def main():

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory_plan.h"
@@ -98,6 +99,9 @@ class ParallelPolicy {
   virtual void weights_written() = 0;
   // The weights of a safetensors file on every rank (read by the ranks that hold them).
   virtual void load_weights(const std::string& file) = 0;
+  // What the layout measured of the run so far, by name (tensor parallelism: the bytes of
+  // activations and their gradients summed over the tensor group); none by default.
+  virtual std::vector<std::pair<std::string, double>> statistics() const { return {}; }
   // Where this rank's optimizer state lies in a checkpoint's; null when it holds the whole.
   virtual const StateShare* state_share() const = 0;
   // What a save writes when no rank holds it whole (parallel/zero.h): the weights and, for a

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "backend/backend.h"
 #include "optim/optimizer.h"
@@ -15,15 +16,25 @@ namespace brisk {
 
 namespace {
 
+// The tensor group over a communicator, counting the bytes it sums and the seconds that takes.
 class CommunicatorGroup final : public TensorGroup {
  public:
   explicit CommunicatorGroup(Communicator& comm) : comm_(comm) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
-  void all_reduce_sum(Backend&, const Tensor& buf) override { comm_.all_reduce_sum(buf); }
+  void all_reduce_sum(Backend&, const Tensor& buf) override {
+    const auto start = std::chrono::steady_clock::now();
+    comm_.all_reduce_sum(buf);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    bytes_ += static_cast<double>(buf.bytes());
+  }
+  double bytes() const { return bytes_; }
+  // The seconds since the last call.
+  double take_seconds() { return std::exchange(seconds_, 0.0); }
 
  private:
   Communicator& comm_;
+  double bytes_ = 0, seconds_ = 0;
 };
 
 // A save's reads of the full parameters (and of optimizer state laid out as them) from the
@@ -144,7 +155,7 @@ class TensorParallel final : public ParallelPolicy {
         precision_(precision),
         optimizer_(optimizer),
         data_(std::move(data)),
-        group_(make_tensor_group(mesh.group(MeshDim::tensor))),
+        group_(std::make_unique<CommunicatorGroup>(mesh.group(MeshDim::tensor))),
         run_(run),
         zero_(run.count < model.params().total_elements()) {
     model_.set_tensor_group(group_.get());
@@ -157,7 +168,17 @@ class TensorParallel final : public ParallelPolicy {
 
   void begin_step() override { data_->begin_step(); }
   Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
-  SyncSeconds finish_gradients() override { return data_->finish_gradients(); }
+  // The data replicas' sums, and the step's sums over the tensor group (blocking: all waited).
+  SyncSeconds finish_gradients() override {
+    SyncSeconds s = data_->finish_gradients();
+    const double tensor = group_->take_seconds();
+    s.ran += tensor;
+    s.waited += tensor;
+    return s;
+  }
+  std::vector<std::pair<std::string, double>> statistics() const override {
+    return {{"tensor_parallel_sum_bytes", group_->bytes()}};
+  }
   const Tensor& gradients() const override { return data_->gradients(); }
   double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
 
@@ -217,7 +238,7 @@ class TensorParallel final : public ParallelPolicy {
   MixedPrecision& precision_;
   Optimizer& optimizer_;
   std::unique_ptr<ParallelPolicy> data_;
-  std::unique_ptr<TensorGroup> group_;
+  std::unique_ptr<CommunicatorGroup> group_;
   std::vector<int> split_;  // the split parameters
   ElementRange run_;        // the parameters this data rank steps (ZeRO's run, or all)
   bool zero_;               // the run is a part: ZeRO partitions the state
@@ -259,10 +280,6 @@ void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, i
 }
 
 }  // namespace
-
-std::unique_ptr<TensorGroup> make_tensor_group(Communicator& tensor) {
-  return std::make_unique<CommunicatorGroup>(tensor);
-}
 
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,

@@ -14,9 +14,6 @@
 
 namespace brisk {
 
-// The block's view of the tensor dimension's communicator (sums in the backend's memory).
-std::unique_ptr<TensorGroup> make_tensor_group(Communicator& tensor);
-
 // Tensor parallelism over `mesh` (its tensor dimension of more than one rank) around
 // `data_parallel`, the policy over the mesh's data dimension, made from `buffers` (ZeRO's
 // partition of this rank's share among the data replicas, or none). The model's blocks get their

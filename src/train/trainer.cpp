@@ -831,6 +831,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
+  s.parallel = parallel->statistics();
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
   return s;
@@ -885,6 +886,7 @@ nlohmann::json summary_json(const TrainSummary& s) {
                      {"communication_seconds", s.communication_seconds},
                      {"communication_wait_seconds", s.communication_wait_seconds},
                      {"auto_find_batch_size", s.auto_fit}});
+  for (const auto& [name, value] : s.parallel) j[name] = value;
   return j;
 }
 

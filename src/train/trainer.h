@@ -8,6 +8,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/memory_plan.h"
 #include "data/dataset.h"
@@ -47,6 +49,8 @@ struct TrainSummary {
   double communication_seconds = 0;
   double communication_wait_seconds = 0;
   std::string auto_fit;  // with auto_find_batch_size: what was chosen and why
+  // The parallel layout's own measures (ParallelPolicy::statistics), rank 0's.
+  std::vector<std::pair<std::string, double>> parallel;
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
   nlohmann::json predict_metrics;     // --do_predict: the test data's metrics
