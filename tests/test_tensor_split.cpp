@@ -77,59 +77,73 @@ FVec slice_heads(const FVec& qkv, int B, int T, int H, int K, int D, int h0, int
   return out;
 }
 
-TEST(TensorSplit, AttentionDropoutOfAHeadSliceDrawsTheMasksOfThoseHeads) {
-  auto be = make_cpu_backend();
+struct AttentionRun {
+  FVec out, dqkv;
+};
+
+// Causal attention with dropout (p 0.3) over qkv of `heads` heads and `kv` key/value heads, and
+// its backward from dout, on `be`.
+AttentionRun attention_with_dropout(Backend& be, const FVec& qkv, const FVec& dout, int B, int T,
+                                    int heads, int kv, int D, const RngKey& key) {
+  DeviceBuffers buf(be);
+  const AttentionBuffers ab = attention_buffers(be.device(), B, heads, T, D);
+  const Tensor in = buf.put(qkv, {B, T, (heads + 2 * kv) * D});
+  const Tensor grad = buf.put(dout, {B, T, heads * D});
+  const Tensor stats = buf.alloc(ab.stats), scratch = buf.alloc(ab.scratch);
+  const Tensor out = buf.alloc({B, T, heads * D}), dqkv = buf.alloc(in.shape());
+  be.attention_forward(in, Tensor(), true, heads, kv, 0.5f, 0.3f, key, stats, scratch, out);
+  be.attention_backward(grad, in, out, stats, Tensor(), true, heads, kv, 0.5f, 0.3f, key, scratch,
+                        dqkv);
+  return {buf.get(out), buf.get(dqkv)};
+}
+
+// Heads [h0, h0 + h) of rows [B*T, heads*D].
+FVec head_columns(const FVec& rows, int BT, int heads, int D, int h0, int h) {
+  FVec out;
+  for (int bt = 0; bt < BT; ++bt)
+    out.insert(out.end(), rows.begin() + (bt * heads + h0) * D,
+               rows.begin() + (bt * heads + h0 + h) * D);
+  return out;
+}
+
+// Each rank's slice of the heads, with its place among them in the key, gives the full call's
+// outputs and gradients of those heads (`tolerance` 0: bit for bit).
+void expect_head_slices_draw_their_masks(Backend& be, double tolerance) {
   std::mt19937 rng(5);
   const int B = 2, T = 7, H = 4, K = 2, D = 4, ranks = 2, h = H / ranks, k = K / ranks;
-  const float p = 0.3f, scale = 0.5f;
-  FVec qkv = randn(int64_t{B} * T * (H + 2 * K) * D, rng);
-  FVec dout = randn(int64_t{B} * T * H * D, rng);
+  const FVec qkv = randn(int64_t{B} * T * (H + 2 * K) * D, rng);
+  const FVec dout = randn(int64_t{B} * T * H * D, rng);
   const RngKey key{11, 3, 7};
-  auto run = [&](FVec& in, int heads, int kv, const RngKey& k_, FVec& dout_, FVec& dqkv) {
-    const AttentionBuffers ab = attention_buffers(Device::cpu, B, heads, T, D);
-    FVec stats(static_cast<size_t>(ab.stats.numel())),
-        scratch(static_cast<size_t>(ab.scratch.numel()));
-    FVec out(static_cast<size_t>(B) * T * heads * D);
-    dqkv.assign(in.size(), 0.f);
-    const Shape io{B, T, (heads + 2 * kv) * D}, o{B, T, heads * D};
-    be->attention_forward(Tensor(in.data(), io, DType::f32), Tensor(), true, heads, kv, scale, p,
-                          k_, Tensor(stats.data(), ab.stats, DType::f32),
-                          Tensor(scratch.data(), ab.scratch, DType::f32),
-                          Tensor(out.data(), o, DType::f32));
-    be->attention_backward(Tensor(dout_.data(), o, DType::f32), Tensor(in.data(), io, DType::f32),
-                           Tensor(out.data(), o, DType::f32),
-                           Tensor(stats.data(), ab.stats, DType::f32), Tensor(), true, heads, kv,
-                           scale, p, k_, Tensor(scratch.data(), ab.scratch, DType::f32),
-                           Tensor(dqkv.data(), io, DType::f32));
-    return out;
-  };
-  FVec dqkv_full;
-  const FVec full = run(qkv, H, K, key, dout, dqkv_full);
+  const AttentionRun full = attention_with_dropout(be, qkv, dout, B, T, H, K, D, key);
   for (int r = 0; r < ranks; ++r) {
-    FVec part = slice_heads(qkv, B, T, H, K, D, r * h, h, r * k, k);
-    FVec dout_part;
-    for (int bt = 0; bt < B * T; ++bt)
-      dout_part.insert(dout_part.end(), dout.begin() + (bt * H + r * h) * D,
-                       dout.begin() + (bt * H + (r + 1) * h) * D);
     RngKey sliced = key;
     sliced.first_head = static_cast<uint32_t>(r * h);
     sliced.heads_total = H;
-    FVec dqkv_part;
-    const FVec out = run(part, h, k, sliced, dout_part, dqkv_part);
-    FVec want;
-    for (int bt = 0; bt < B * T; ++bt)
-      want.insert(want.end(), full.begin() + (bt * H + r * h) * D,
-                  full.begin() + (bt * H + (r + 1) * h) * D);
-    EXPECT_EQ(out, want) << "rank " << r << ": the same masks, the same operations";
-    EXPECT_EQ(dqkv_part, slice_heads(dqkv_full, B, T, H, K, D, r * h, h, r * k, k)) << "rank " << r;
+    const AttentionRun part =
+        attention_with_dropout(be, slice_heads(qkv, B, T, H, K, D, r * h, h, r * k, k),
+                               head_columns(dout, B * T, H, D, r * h, h), B, T, h, k, D, sliced);
+    EXPECT_TRUE(near(part.out, head_columns(full.out, B * T, H, D, r * h, h), tolerance))
+        << "rank " << r;
+    EXPECT_TRUE(
+        near(part.dqkv, slice_heads(full.dqkv, B, T, H, K, D, r * h, h, r * k, k), tolerance))
+        << "rank " << r;
   }
   // Without the slice's place, its heads draw the first heads' masks: another output.
-  FVec part = slice_heads(qkv, B, T, H, K, D, h, h, k, k), dout_part(size_t(B) * T * h * D, 0.f);
-  FVec unused;
-  FVec want;
-  for (int bt = 0; bt < B * T; ++bt)
-    want.insert(want.end(), full.begin() + (bt * H + h) * D, full.begin() + (bt * H + 2 * h) * D);
-  EXPECT_NE(run(part, h, k, key, dout_part, unused), want);
+  const AttentionRun unplaced =
+      attention_with_dropout(be, slice_heads(qkv, B, T, H, K, D, h, h, k, k),
+                             head_columns(dout, B * T, H, D, h, h), B, T, h, k, D, key);
+  EXPECT_FALSE(near(unplaced.out, head_columns(full.out, B * T, H, D, h, h), 1e-3));
+}
+
+TEST(TensorSplit, AttentionDropoutOfAHeadSliceDrawsTheMasksOfThoseHeads) {
+  auto be = make_cpu_backend();
+  expect_head_slices_draw_their_masks(*be, 0.0);
+}
+
+TEST(TensorSplit, CudaAttentionDropoutOfAHeadSliceDrawsTheMasksOfThoseHeads) {
+  REQUIRE_GPU();
+  auto be = make_cuda_backend();
+  expect_head_slices_draw_their_masks(*be, 1e-6);
 }
 
 TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) {

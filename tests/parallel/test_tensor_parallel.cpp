@@ -198,6 +198,39 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   }
 }
 
+// On GPUs through NCCL (the tensor group split from the run's NCCL communicator): tp over the
+// ranks, plain and under ZeRO 2, trains as one GPU process. Skipped without a GPU per rank.
+TEST(TensorParallel, GpuRanksTrainThroughNcclAsOneProcess) {
+  std::string why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("tp_nccl");
+  const std::string model = write_model(dir, "llama", 0.0);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
+  o.per_device_train_batch_size = 2 / dp;
+  o.gradient_accumulation_steps = 3;
+  o.max_steps = 3;
+  o.tp_size = tp;
+  const Logged ranks = run(o, &data, nccl.get());
+  TrainOptions z = o;
+  z.output_dir = dir / "zero2";
+  z.zero_stage = 2;
+  const Logged zero = run(z, &data, nccl.get());
+  world().barrier();
+  if (world().rank() != 0) return;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.tp_size = 1;
+  const Logged single = run(one, &data, alone.get());
+  expect_trains_as(ranks, single);
+  expect_trains_as(zero, single);
+}
+
 TEST(TensorParallel, UnsupportedLayoutsAreRefused) {
   const int N = world().size();
   SharedDir dir("tp_refused");
