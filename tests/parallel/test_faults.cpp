@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <memory>
 #include <thread>
 
 #include "parallel/test_world.h"
@@ -32,6 +33,16 @@ TEST(Faults, DISABLED_AStuckRankEndsAStartedSum) {
   float x = 1;
   world().start_all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
   world().wait_started();
+}
+
+// A sum over a group split from the world (tensor parallelism's, the mesh's) is watched as well.
+TEST(Faults, DISABLED_AStuckRankEndsASumOverASplitGroup) {
+  world().set_timeout(2);
+  const std::unique_ptr<Communicator> group = world().split(0, world().rank());
+  group->barrier();
+  if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  float x = 1;
+  group->all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
 }
 
 // Rank 1 is killed: the launcher ends the others, naming the rank.
