@@ -368,20 +368,20 @@ TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& arg
 void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device device) {
   const int64_t n = r.model->params().total_elements();
   const MixedPrecision& precision = *r.precision;
-  std::printf("%s: %lld parameters, batch %lld x %lld%s%s%s, %s, on %s\n",
-              o.model_name_or_path.c_str(), static_cast<long long>(n),
-              static_cast<long long>(o.per_device_train_batch_size),
-              static_cast<long long>(o.seq_len),
-              o.gradient_checkpointing ? ", gradient checkpointing"
-              : o.selective_recompute  ? ", selective recomputation"
-                                       : "",
-              o.bf16   ? ", bf16"
-              : o.fp16 ? ", fp16"
-                       : ", fp32",
-              precision.float32_weights()                      ? " with float32 weights"
-              : precision.enabled() && !precision.has_master() ? " without master weights"
-                                                               : "",
-              r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+  std::printf(
+      "%s: %lld parameters%s, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
+      static_cast<long long>(n), o.tp_size > 1 ? " on each tensor rank" : "",
+      static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
+      o.gradient_checkpointing ? ", gradient checkpointing"
+      : o.selective_recompute  ? ", selective recomputation"
+                               : "",
+      o.bf16   ? ", bf16"
+      : o.fp16 ? ", fp16"
+               : ", fp32",
+      precision.float32_weights()                      ? " with float32 weights"
+      : precision.enabled() && !precision.has_master() ? " without master weights"
+                                                       : "",
+      r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
 }
 
 // The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.
