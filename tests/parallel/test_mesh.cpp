@@ -28,12 +28,6 @@ FVec message(int r, int p, int n) {
   return v;
 }
 
-bool on_mpi() {
-  return launch_info_from_env().launcher == Launcher::mpi;
-}
-#define NEEDS_MPI() \
-  if (!on_mpi()) GTEST_SKIP() << "Gloo has no sub-communicators, point to point or all-to-all yet"
-
 TEST(PeerToPeer, SendReceiveAndExchangeAroundARing) {
   NEEDS_MPI();
   const int N = world().size(), r = world().rank();

@@ -56,6 +56,7 @@ std::string write_model(const SharedDir& dir, const std::string& type, double dr
 }
 
 TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
+  NEEDS_MPI();
   const int N = world().size();
   const int tp = N == 4 ? 2 : N, dp = N / tp;
   const double dropout = dp == 1 ? 0.1 : 0.0;  // replicas draw their own masks yet
@@ -99,6 +100,7 @@ std::string read_text(const std::string& path) {
 // bf16 with selective recomputation, where the partial products are summed in float32 before
 // their rounding, to bf16's precision.
 TEST(TensorParallel, RecomputationEvaluationAndBf16RunAsOneProcess) {
+  NEEDS_MPI();
   const int N = world().size();
   const int tp = N == 4 ? 2 : N, dp = N / tp;
   const std::unique_ptr<Communicator> alone = make_single_process();
@@ -157,6 +159,7 @@ void expect_resumes_as(const Logged& got, const Logged& want, double tolerance =
 // Checkpoints hold the full model and optimizer state whatever the layout: the ranks resume one
 // process's checkpoint and one process resumes the ranks', each ending as the run that went on.
 TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
+  NEEDS_MPI();
   const int N = world().size();
   const int tp = N == 4 ? 2 : N, dp = N / tp;
   const std::unique_ptr<Communicator> alone = make_single_process();
@@ -232,6 +235,7 @@ TEST(TensorParallel, GpuRanksTrainThroughNcclAsOneProcess) {
 }
 
 TEST(TensorParallel, UnsupportedLayoutsAreRefused) {
+  NEEDS_MPI();
   const int N = world().size();
   SharedDir dir("tp_refused");
   const std::string model = write_model(dir, "gpt2", 0.0);
