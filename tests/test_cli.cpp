@@ -664,6 +664,41 @@ TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
             ample["fit"][0]["predicted_step_seconds"].get<double>() + 2 * 4 * 124439808.0 / 25e9);
 }
 
+// estimate --fit --world_size searches the layouts of the ranks too: tensor parallelism's degrees
+// the model allows, data parallelism over the rest under each ZeRO stage, the global batch kept;
+// one process's layout does not fit here, others do.
+TEST(Cli, EstimateFitSearchesTheLayoutsOfTheRanks) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_fit_layouts_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const CliRun r = run_brisk(
+      "estimate --device cpu --model gpt2 --seq_len 128 --per_device_train_batch_size 2 "
+      "--world_size 4 --fit --max_memory 1800MiB --output_json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("over 4 ranks"), std::string::npos) << r.out;
+  const nlohmann::json fit = read_json(json)["fit"];
+  std::filesystem::remove(json);
+  ASSERT_FALSE(fit.empty());
+  std::set<int64_t> degrees, stages;
+  double previous = 0;
+  for (const auto& c : fit) {
+    const int64_t tp = c["tp_size"], dp = c["data_ranks"];
+    EXPECT_EQ(tp * dp, 4);
+    EXPECT_EQ(c["per_device_train_batch_size"].get<int64_t>() *
+                  c["gradient_accumulation_steps"].get<int64_t>() * dp,
+              8);
+    EXPECT_LE(c["needed_bytes"].get<size_t>(), size_t{1800} << 20);
+    EXPECT_GE(c["predicted_step_seconds"].get<double>(), previous);
+    previous = c["predicted_step_seconds"];
+    EXPECT_FALSE(tp == 1 && c["zero_stage"] == 0) << "one process's layout needs more";
+    degrees.insert(tp);
+    if (dp > 1) stages.insert(c["zero_stage"].get<int64_t>());
+  }
+  EXPECT_GT(degrees.size(), 1u) << fit.dump();
+  EXPECT_TRUE(stages.count(3)) << fit.dump();
+}
+
 // estimate --fit lists only configurations of the same global batch that fit, fastest first,
 // over the precisions and optimizers allowed; and says so when none fits.
 TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {

@@ -37,6 +37,9 @@ DeviceTraits cpu_traits() {
   t.rates.elementwise = 1.4e9;
   t.rates.layer_overhead = 50e-6;
   t.rates.host_link = t.rates.bandwidth;  // offload on the CPU (tests): copies within host memory
+  // MPI over shared memory between two single-threaded ranks on a 2-core Zen 4 (bench/tp_plan.py:
+  // GPT-2's tensor-parallel sums, waits included).
+  t.rates.collective = 0.8e9;
   return t;
 }
 
@@ -57,6 +60,9 @@ DeviceTraits cuda_traits() {
   t.rates.elementwise = 0.36e12;
   t.rates.layer_overhead = 150e-6;
   t.rates.host_link = 25e9;
+  // NCCL's ring all-reduce among 8 H100 SXM over NVLink 4, as nccl-tests' bus bandwidth is
+  // commonly reported (not measured by brisk: its NCCL paths have run on one GPU only).
+  t.rates.collective = 360e9;
   return t;
 }
 

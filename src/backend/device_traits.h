@@ -20,6 +20,8 @@ struct DeviceRates {
   double elementwise = 0;     // activation bytes/s through the elementwise passes (calibrated)
   double layer_overhead = 0;  // seconds per layer per micro-step (launches, host work)
   double host_link = 0;       // bytes/s each way between host memory and the device's
+  // Bytes/s a rank moves in a ring all-reduce among devices of this kind (its bus bandwidth).
+  double collective = 0;
 };
 
 struct DeviceTraits {

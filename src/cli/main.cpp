@@ -180,7 +180,9 @@ CLI::App* add_estimate(CLI::App& app, brisk::cli::EstimateArgs& est, RunFlags& f
   e->add_flag("--fit", est.fit,
               "rank every batch x accumulation (same global batch) x recomputation (none, "
               "selective, full) x "
-              "precision x optimizer allowed whose plan fits --max_memory, by predicted step time");
+              "precision x optimizer allowed whose plan fits --max_memory, by predicted step time; "
+              "with --world_size N also every layout of the N ranks: tensor-parallel degree x "
+              "data replicas x ZeRO stage");
   e->add_option(
       "--html", est.html_path,
       "draw the plan (with --fit: the best candidates) as stacked bars in this HTML file");

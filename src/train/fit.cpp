@@ -141,7 +141,27 @@ CostModel cost_model(Device device) {
   return m;
 }
 
-double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
+// The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
+// parallelism's 4 float32 [B, T, C] sums per block per micro-batch (6 recomputing), the data
+// replicas' sum of the float32 gradients once a step (ZeRO stage 3 gathers the weights besides:
+// 1.5 x).
+double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
+  const TrainOptions& o = run.options;
+  const ModelConfig& c = run.config;
+  auto ring = [](double ranks) { return 2 * (ranks - 1) / ranks; };
+  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
+  const double tokens = static_cast<double>(o.per_device_train_batch_size *
+                                            o.gradient_accumulation_steps * o.seq_len);
+  const double sums = o.gradient_checkpointing ? 6 : 4;
+  const double tensor = sums * static_cast<double>(c.num_layers) * tokens *
+                        static_cast<double>(c.hidden_size) * 4 * ring(t);
+  const double d = static_cast<double>(data_ranks);
+  const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
+                      (o.zero_stage >= 3 ? 1.5 : 1.0);
+  return (tensor + data) / m.collective;
+}
+
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
   const double L = static_cast<double>(c.num_layers), C = static_cast<double>(c.hidden_size);
@@ -156,8 +176,10 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
                       : run.product == DType::f16 ? m.fp16_flops
                       : o.tf32                    ? m.tf32_flops
                                                   : m.fp32_flops;
-  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate;
-  const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops;
+  // A tensor rank computes its share of every block's products and attention.
+  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
+  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t;
+  const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops / t;
   const auto bytes = run.plan.bytes_by_category();
   auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
   // The elementwise passes run over every activation a micro-step produces: what a run without
@@ -187,14 +209,45 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
       run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]);
   const double optimizer = 2 * states(Placement::device) / m.bandwidth +
                            2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
-  return matmul + attention + k * L * m.layer_overhead + activations + optimizer;
+  return matmul + attention + k * L * m.layer_overhead + activations + optimizer +
+         communication_seconds(run, m, data_ranks);
 }
+
+namespace {
+// A layout of `world` ranks: tp_size x data replicas, under a ZeRO stage.
+struct Layout {
+  int64_t tp = 1, zero = 0;
+  int data_ranks = 1;
+};
+
+// o's own layout for one process's search; for `world` ranks every tensor-parallel degree the
+// model's counts allow (tensor_parallel_share refuses the others) with each ZeRO stage where
+// there are several data replicas.
+std::vector<Layout> layouts(const TrainOptions& o, int world) {
+  if (world <= 1) return {{std::max<int64_t>(1, o.tp_size), o.zero_stage, 1}};
+  ModelConfig config = resolve_config(o.model_name_or_path);
+  std::vector<Layout> out;
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp || (tp > 1 && o.offload_optimizer != "none")) continue;
+    try {
+      if (tp > 1) tensor_parallel_share(config, 0, tp);
+    } catch (const Error&) {
+      continue;  // a count the degree does not divide
+    }
+    const int d = world / tp;
+    for (int64_t zero = 0; zero <= (d > 1 ? 3 : 0); ++zero) out.push_back({tp, zero, d});
+  }
+  return out;
+}
+}  // namespace
 
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const MemoryBudget& budget,
                                      const std::vector<std::string>& precisions,
-                                     const std::vector<std::string>& optims, int* rejected) {
-  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
+                                     const std::vector<std::string>& optims, int* rejected,
+                                     int world) {
+  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps *
+                         std::max(1, world) / std::max<int64_t>(1, o.tp_size);
   const CostModel model = cost_model(device);
   std::vector<FitCandidate> out;
   int refused = 0;
@@ -209,29 +262,33 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
         "\" in fit_precisions (valid: fp32, tf32, bf16, "
         "fp16)");
     for (const std::string& optim : optims)
-      for (int recompute = 0; recompute < 3; ++recompute)  // none, selective, full
-        for (int64_t b = 1; b <= std::min(global, samples); ++b) {
-          if (global % b) continue;
-          TrainOptions t = o;
-          t.per_device_train_batch_size = b;
-          t.gradient_accumulation_steps = global / b;
-          t.gradient_checkpointing = recompute == 2;
-          t.selective_recompute = recompute == 1;
-          t.bf16 = precision == "bf16";
-          t.fp16 = precision == "fp16";
-          t.tf32 = precision == "tf32";
-          t.optim = optim;
-          t.auto_find_batch_size = false;
-          validate_options(t);  // a precision or optimizer of the lists may not go with the rest
-          const auto run = assemble_run(t, device, nullptr);
-          const size_t needed = needed_bytes(run->plan, budget);
-          if (needed > budget.budget) {
-            ++refused;
-            continue;
+      for (const Layout& layout : layouts(o, world))
+        for (int recompute = 0; recompute < 3; ++recompute)  // none, selective, full
+          for (int64_t b = 1; b <= std::min(global / layout.data_ranks, samples); ++b) {
+            if (global % (b * layout.data_ranks)) continue;
+            TrainOptions t = o;
+            t.tp_size = layout.tp;
+            t.zero_stage = layout.zero;
+            t.per_device_train_batch_size = b;
+            t.gradient_accumulation_steps = global / (b * layout.data_ranks);
+            t.gradient_checkpointing = recompute == 2;
+            t.selective_recompute = recompute == 1;
+            t.bf16 = precision == "bf16";
+            t.fp16 = precision == "fp16";
+            t.tf32 = precision == "tf32";
+            t.optim = optim;
+            t.auto_find_batch_size = false;
+            validate_options(t);  // a precision or optimizer of the lists may not go with the rest
+            const auto run = assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0);
+            const size_t needed = needed_bytes(run->plan, budget);
+            if (needed > budget.budget) {
+              ++refused;
+              continue;
+            }
+            out.push_back({t, layout.data_ranks, needed,
+                           predicted_step_seconds(*run, model, layout.data_ranks),
+                           run->plan.bytes_by_category()});
           }
-          out.push_back(
-              {t, needed, predicted_step_seconds(*run, model), run->plan.bytes_by_category()});
-        }
   }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {
     return a.step_seconds < b.step_seconds;

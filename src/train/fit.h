@@ -79,22 +79,30 @@ struct CostModel : DeviceRates {
   double host_bandwidth = 0;
 };
 CostModel cost_model(Device device);
-double predicted_step_seconds(const RunAssembly& run, const CostModel& m);
+// A step's seconds on one rank of a run of `data_ranks` data-parallel replicas (each of
+// run.options.tp_size tensor ranks): its share of the products, the elementwise passes over its
+// activations, the optimizer's pass over its model states, and the sums across ranks, none
+// hidden behind computation.
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks = 1);
 
 struct FitCandidate {
-  TrainOptions options;
+  TrainOptions options;  // its tp_size and zero_stage: the layout
+  int data_ranks = 1;
   size_t needed = 0;
   double step_seconds = 0;
   std::array<size_t, kNumCategories> planned{};  // bytes by category
 };
 
 // Every configuration of the global batch (per_device_train_batch_size x
-// gradient_accumulation_steps) over per-device batch, recomputation (none, selective, full),
-// precision ("fp32", "bf16", "fp16", "tf32") and optimizer from the lists allowed, whose plan
-// fits the budget, fastest predicted first.
+// gradient_accumulation_steps x the data replicas of o's layout) over per-device batch,
+// recomputation (none, selective, full), precision ("fp32", "bf16", "fp16", "tf32") and optimizer
+// from the lists allowed, whose plan (rank 0's) fits the budget, fastest predicted first. For a
+// run of `world` processes, over the layouts too: every tensor-parallel degree dividing the world
+// and the model's counts, data parallelism over the rest of the ranks under each ZeRO stage.
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const MemoryBudget& budget,
                                      const std::vector<std::string>& precisions,
-                                     const std::vector<std::string>& optims, int* rejected);
+                                     const std::vector<std::string>& optims, int* rejected,
+                                     int world = 1);
 
 }  // namespace brisk
