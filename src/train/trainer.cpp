@@ -45,7 +45,7 @@ namespace {
 int64_t non_embedding_params(const ParameterSet& ps) {
   int64_t n = 0;
   for (const auto& p : ps.list())
-    if (!p.embedding) n += p.shape.numel();
+    if (!p.embedding) n += p.full_shape().numel();  // a tensor rank counts the whole model's
   return n;
 }
 

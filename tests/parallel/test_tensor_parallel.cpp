@@ -85,7 +85,14 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
       o.zero_stage = zero;
       o.output_dir = dir / ("ranks_zero" + std::to_string(zero));
       const Logged ranks = run(o, data, &world());
-      if (world().rank() == 0) expect_trains_as(ranks, single);
+      if (world().rank() != 0) continue;
+      expect_trains_as(ranks, single);
+      // The whole model's operations, as Trainer counts them.
+      auto flos = [](const std::string& out) {
+        return read_json_file(out + "/trainer_state.json", "trainer state")["total_flos"]
+            .get<double>();
+      };
+      EXPECT_EQ(flos(o.output_dir), flos(one.output_dir));
     }
   }
 }
