@@ -87,11 +87,6 @@ std::vector<double> eval_losses(const std::vector<nlohmann::json>& records) {
   return e;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // Evaluation is sharded (rank r takes every N-th batch) and its metrics made from every rank's
 // counts: as one process's, to the order of the loss sums, for classification (accuracy, macro
 // F1 of three labels), regression (MSE, Pearson, Spearman from every rank's pairs) and a causal

@@ -97,11 +97,6 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
   }
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // Gradient checkpointing (each block's forward run again in backward, its sums over the group
 // with it), evaluation and prediction: BERT as one process, metrics and predictions alike. Then
 // bf16 with selective recomputation, where the partial products are summed in float32 before

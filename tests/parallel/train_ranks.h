@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +43,12 @@ struct SharedDir {
     return *this / (type + "_model");
   }
 };
+
+// A file's whole text ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
 
 struct Logged {
   std::vector<double> losses;
