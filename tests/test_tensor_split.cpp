@@ -171,6 +171,38 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
   EXPECT_EQ(total, whole->params().total_elements());
 }
 
+// Pipeline stages hold equal runs of the blocks, the embeddings on the first and the head on the
+// last (a tied head's embeddings on both); every parameter of the whole model on one stage at
+// least, numbered by its place in the whole (what its initial values are drawn from).
+TEST(TensorSplit, PipelineStagesHoldRunsOfTheBlocksAndRefuseCountsThatDoNotDivide) {
+  const ModelConfig c = resolve_config("gpt2");  // 12 blocks, tied head
+  expect_error([&] { pipeline_share(c, 0, 5); },
+               "--pp_size 5 does not divide the gpt2 config's "
+               "n_layer = 12");
+  const auto whole = Model::create(c);
+  std::vector<int> holders(whole->params().list().size(), 0);
+  for (int s = 0; s < 3; ++s) {
+    const ModelConfig share = pipeline_share(c, s, 3);
+    EXPECT_EQ(share.first_layer(), 4 * s);
+    EXPECT_EQ(share.end_layer(), 4 * s + 4);
+    const auto stage = Model::create(share);
+    for (const ParamInfo& p : stage->params().list()) {
+      const int i = whole->params().index(p.name);
+      EXPECT_EQ(p.stream, i) << p.name;
+      EXPECT_EQ(p.shape, whole->params().list()[static_cast<size_t>(i)].shape) << p.name;
+      ++holders[static_cast<size_t>(i)];
+    }
+    EXPECT_EQ(stage->params().find("transformer.h." + std::to_string(4 * s) + ".ln_1.weight") >= 0,
+              true);
+    EXPECT_EQ(stage->params().find("transformer.wte.weight") >= 0, s != 1);  // tied: first, last
+    EXPECT_EQ(stage->params().find("transformer.wpe.weight") >= 0, s == 0);
+    EXPECT_EQ(stage->params().find("transformer.ln_f.weight") >= 0, s == 2);
+  }
+  for (size_t i = 0; i < holders.size(); ++i)
+    EXPECT_EQ(holders[i], whole->params().list()[i].name == "transformer.wte.weight" ? 2 : 1)
+        << whole->params().list()[i].name;
+}
+
 // accelerate's ParallelismConfig keys as brisk's options, and what brisk does not have refused by
 // name.
 TEST(TensorSplit, ParallelismConfigSetsTheDegreesAndRefusesWhatBriskLacks) {

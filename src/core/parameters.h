@@ -47,6 +47,9 @@ struct ParamInfo {
   int64_t whole_elements = 0;
   int64_t whole_numel() const { return whole_elements > 0 ? whole_elements : shape.numel(); }
   ParamSplit split;  // tensor parallelism: this rank's slice of the full parameter
+  // Its place among the whole model's parameters, where a pipeline stage holds only some: what
+  // its initial values are drawn from (-1: its place in this set).
+  int stream = -1;
   // The full parameter's shape (shape itself unless split).
   Shape full_shape() const;
 };
@@ -64,6 +67,8 @@ class ParameterSet {
   int add(std::string name, Shape shape, ParamRole role, int64_t whole_elements = 0,
           ParamSplit split = {});
   int64_t total_elements() const { return total_; }
+  // Parameter i's ParamInfo::stream.
+  void set_stream(int i, int stream) { params_.at(static_cast<size_t>(i)).stream = stream; }
   const std::vector<ParamInfo>& list() const { return params_; }
   int find(const std::string& name) const;   // -1 when absent
   int index(const std::string& name) const;  // throws when absent

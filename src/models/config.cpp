@@ -565,6 +565,22 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
   return share;
 }
 
+ModelConfig pipeline_share(const ModelConfig& c, int stage, int stages) {
+  BRISK_CHECK(stages >= 1 && stage >= 0 && stage < stages, "pipeline stage ", stage, " of ",
+              stages);
+  BRISK_CHECK(c.pipeline_stages == 1, "internal error: the config is a pipeline stage already");
+  const char* key = c.model_type == ModelType::gpt2         ? "n_layer"
+                    : c.model_type == ModelType::distilbert ? "n_layers"
+                                                            : "num_hidden_layers";
+  BRISK_CHECK(c.num_layers % stages == 0, "--pp_size ", stages, " does not divide the ",
+              c.type_name(), " config's ", key, " = ", c.num_layers,
+              " (pipeline parallelism gives each stage as many blocks)");
+  ModelConfig share = c;
+  share.pipeline_stage = stage;
+  share.pipeline_stages = stages;
+  return share;
+}
+
 void disable_dropout(ModelConfig& c) {
   c.hidden_dropout = c.attention_dropout = c.embedding_dropout = c.classifier_dropout = 0.0f;
   c.attention_output_dropout = 0.0f;

@@ -88,6 +88,10 @@ struct ModelConfig {
   // Tensor parallelism: this config is rank `tensor_rank`'s share of `tensor_ranks`
   // (tensor_parallel_share): num_heads, num_kv_heads and intermediate_size are the share's.
   int tensor_rank = 0, tensor_ranks = 1;
+  // Pipeline parallelism: this config is stage `pipeline_stage`'s of `pipeline_stages`
+  // (pipeline_share): its model holds blocks [first_layer(), end_layer()) of num_layers, the
+  // embeddings on the first stage and the head on the last (a tied head's embeddings there too).
+  int pipeline_stage = 0, pipeline_stages = 1;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
   int64_t head_dim() const {
@@ -97,6 +101,10 @@ struct ModelConfig {
   // Width of the packed query/key/value projection, (H + 2K) * D, and of the attention output.
   int64_t qkv_width() const { return (num_heads + 2 * kv_heads()) * head_dim(); }
   int64_t attention_width() const { return num_heads * head_dim(); }
+  int64_t first_layer() const { return num_layers / pipeline_stages * pipeline_stage; }
+  int64_t end_layer() const { return first_layer() + num_layers / pipeline_stages; }
+  bool first_stage() const { return pipeline_stage == 0; }
+  bool last_stage() const { return pipeline_stage == pipeline_stages - 1; }
   std::string type_name() const;  // config.json's model_type
 };
 
@@ -123,6 +131,9 @@ void use_sequence_classification(ModelConfig& c);
 // heads and MLP width (a 1/ranks part of each; head_dim kept). Refuses, naming the count and the
 // config key, a count that `ranks` does not divide.
 ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks);
+// Pipeline parallelism (--pp_size): stage `stage` of `stages`'s share of `c`, an equal run of its
+// blocks. Refuses, naming the config key, a block count that `stages` does not divide.
+ModelConfig pipeline_share(const ModelConfig& c, int stage, int stages);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -54,6 +54,7 @@ class Encoder final : public Model {
     emb_ln_g_ = norm(base + n_.embedding_norm);
     if (c.pad_token_id >= 0) set_padded_embedding(word_);
     for (int64_t l = 0; l < c.num_layers; ++l) {
+      enter_layer(l);
       const std::string p = base + n_.layer + std::to_string(l) + ".";
       LayerIds ids{};
       // query, key and value weights lie end to end, then their biases, so that each group acts
@@ -78,6 +79,7 @@ class Encoder final : public Model {
       ids.ln_b_b = ids.ln_b_g + 1;
       layers_.push_back(ids);
     }
+    enter_head();
     if (masked_lm()) {
       // In BERT's order: the decoder's bias, then the transform.
       mlm_bias_ = param(n_.mlm_bias, {c.vocab_size}, kBiasOrNorm);

@@ -27,6 +27,7 @@ class Gpt2 final : public Model {
                  c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C}, kEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
+      enter_layer(l);
       const std::string p = "transformer.h." + std::to_string(l) + ".";
       LayerIds ids{};
       ids.ln_a_g = param(p + "ln_1.weight", {C}, kBiasOrNorm);
@@ -45,6 +46,7 @@ class Gpt2 final : public Model {
       ids.out_b = param(p + "mlp.c_proj.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }
+    enter_head();
     lnf_g_ = param("transformer.ln_f.weight", {C}, kBiasOrNorm);
     lnf_b_ = param("transformer.ln_f.bias", {C}, kBiasOrNorm);
     // tie_word_embeddings false: the LM head has its own [V, C] weight (no bias).

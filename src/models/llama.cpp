@@ -29,6 +29,7 @@ class Llama final : public Model {
                    c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     if (c.pad_token_id >= 0) set_padded_embedding(embed_);
     for (int64_t l = 0; l < c.num_layers; ++l) {
+      enter_layer(l);
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string a = p + "self_attn.", m = p + "mlp.";
       LayerIds ids;
@@ -56,6 +57,7 @@ class Llama final : public Model {
       if (c.mlp_bias) ids.down_b = param(m + "down_proj.bias", {C}, kBiasOrNorm);
       layers_.push_back(ids);
     }
+    enter_head();
     norm_ = param("model.norm.weight", {C}, kBiasOrNorm);
     head_ = c.tied_lm_head ? embed_ : param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
   }

@@ -41,14 +41,29 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   return m;
 }
 
+bool Model::stage_holds(ParamRole role) const {
+  const ModelConfig& c = config_;
+  if (section_ < 0) return c.first_stage() || (c.last_stage() && role.embedding && role.product);
+  if (section_ >= c.num_layers) return c.last_stage();
+  return section_ >= c.first_layer() && section_ < c.end_layer();
+}
+
+int Model::numbered(int index) {
+  const int stream = declared_++;
+  if (index >= 0) params_.set_stream(index, stream);
+  return index;
+}
+
 int Model::param(const std::string& name, Shape shape, ParamRole role) {
-  return params_.add(name, shape, role);
+  return numbered(stage_holds(role) ? params_.add(name, shape, role) : -1);
 }
 
 int Model::split_param(const std::string& name, Shape shape, ParamRole role, int dim, int pieces) {
   if (config_.tensor_ranks == 1) return param(name, shape, role);
-  return params_.add(name, shape, role, 0,
-                     ParamSplit{dim, pieces, config_.tensor_rank, config_.tensor_ranks});
+  return numbered(stage_holds(role) ? params_.add(name, shape, role, 0,
+                                                  ParamSplit{dim, pieces, config_.tensor_rank,
+                                                             config_.tensor_ranks})
+                                    : -1);
 }
 
 void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
@@ -67,9 +82,12 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
 
   const Shape btc{shape.batch, shape.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
-  for (int64_t l = 0; l <= c.num_layers; ++l)
+  for (int64_t l = c.first_layer(); l <= c.end_layer(); ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
+  if (options.stashed_inputs > 0)
+    declare(plan, &stashed_, "pipeline.stashed_inputs", Category::activations, DType::f32,
+            {options.stashed_inputs, shape.batch, shape.seq, c.hidden_size});
   const BlockStyle style = this->style(true);
   const BlockDims dims{
       shape.batch,
@@ -118,11 +136,12 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
   stored_.clear();
   const bool low = options.activation_dtype != DType::f32;
   if (low && !options.gradient_checkpointing) plan_low_precision_saved(plan, style, dims, options);
-  for (int64_t l = 0; l < c.num_layers && stored_.empty(); ++l) {
-    if (options.gradient_checkpointing && l > 0) {
+  const int64_t first = c.first_layer();
+  for (int64_t l = first; l < c.end_layer() && stored_.empty(); ++l) {
+    if (options.gradient_checkpointing && l > first) {
       // One set of internals, recomputed per block inside backward.
       const auto dst = all_saved_tensors(saved_[l]);
-      const auto src = all_saved_tensors(saved_[0]);
+      const auto src = all_saved_tensors(saved_[first]);
       for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
       continue;
     }
@@ -151,7 +170,7 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
                       DType::f32, Category::temporaries);
   stored_.assign(c.num_layers, BlockSaved());
   const bool recompute = options.recompute_elementwise;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = c.first_layer(); l < c.end_layer(); ++l) {
     const std::string prefix = "block." + std::to_string(l) + ".";
     declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
                         DType::f32, Category::activations, !selective);
@@ -167,8 +186,8 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
   if (!recompute) return;
   declare_block_saved(plan, binder_, shared_stored_, "block_recompute.", style, dims,
                       SavedPart::recomputable, options.activation_dtype, Category::activations);
-  for (BlockSaved& st : stored_) {
-    const auto dst = recomputable_tensors(st, style);
+  for (int64_t l = c.first_layer(); l < c.end_layer(); ++l) {
+    const auto dst = recomputable_tensors(stored_[l], style);
     const auto src = recomputable_tensors(shared_stored_, style);
     for (size_t i = 0; i < dst.size(); ++i)
       if (dst[i] != nullptr) binder_.alias(dst[i], src[i]);
@@ -312,8 +331,10 @@ MatmulOperands Model::matmul_operands() const {
   // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
   const int64_t head = checked_mul(head_width(), c.hidden_size, what);
   const int64_t activations = checked_mul(rows, widest, what);
-  const int64_t a = std::max(activations, checked_mul(head_rows, head_width(), what));
-  const int64_t b = std::max({activations, lm_head ? 0 : head, largest_weight});
+  const bool holds_head = c.last_stage();
+  const int64_t a =
+      std::max(activations, holds_head ? checked_mul(head_rows, head_width(), what) : 0);
+  const int64_t b = std::max({activations, lm_head || !holds_head ? 0 : head, largest_weight});
   MatmulOperands operands{a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
   operands.attention =
       checked_mul(rows, checked_add(c.qkv_width(), c.attention_width(), what), what);
@@ -333,6 +354,8 @@ const Tensor& Model::logits() const {
 
 void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight) {
   lm_head_weight_ = weight;
+  lm_chunk_rows_ = 0;
+  if (!config_.last_stage()) return;  // a pipeline stage without the head
   const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
   // product's operands 256-byte aligned) within the device's chunk bytes; the same at every
@@ -524,22 +547,35 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   upload_constants(be);
   const BlockStyle st = style(o.training);
   const bool direct = direct_saved_tensors(be);
-  const int L = static_cast<int>(config_.num_layers);
-  // The staged weights' segments (param_segments()): the head 0, block l L - l, the embeddings
-  // L + 1.
-  const int embeddings = L + 1;
-  need_weights(embeddings, L);  // block 0 on its way while the embeddings compute
-  embed_forward(be, o);
-  for (int l = 0; l < L; ++l) {
-    need_weights(L - l, L - l - 1);  // then the next block's, or after the last the head's
+  // The segments (param_segments()) of the stage's blocks [first, end): the head 0, block l
+  // end - l, the embeddings end - first + 1.
+  const auto first = static_cast<int>(config_.first_layer());
+  const auto end = static_cast<int>(config_.end_layer());
+  const int embeddings = end - first + 1;
+  if (config_.first_stage()) {
+    need_weights(embeddings, end - first);  // the first block on its way while they compute
+    embed_forward(be, o);
+  }
+  for (int l = first; l < end; ++l) {
+    need_weights(end - l, end - l - 1);  // then the next block's, or after the last the head's
     block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
                   hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
     if (!stored_.empty() && !direct) transfer(be, work_, stored_[l], rebuilt(stored_[l], st));
   }
+  if (!config_.last_stage()) return;
   const bool tied = head_reads_embeddings();
   need_weights(0, tied ? embeddings : -1);
   if (tied) need_weights(embeddings, -1);
   head_forward(be, o);
+}
+
+Tensor Model::stashed_input(int slot) const {
+  // Slots a planned length apart: each keeps its micro-batch's length.
+  const int64_t stride = planned_.batch * planned_.seq * config_.hidden_size;
+  BRISK_CHECK(slot >= 0 && slot < options_.stashed_inputs, "internal error: stashed input ", slot,
+              " outside the planned slots");
+  return Tensor(stashed_.f32() + slot * stride, stage_input().shape(), DType::f32,
+                stashed_.device());
 }
 
 double Model::forward(Backend& be, const StepOptions& o) {
@@ -562,10 +598,10 @@ void Model::find_grad_segments() {
   if (space == MAP_FAILED) return;  // one segment: correct, without overlap
   const Tensor reserved(space, Shape{total}, DType::f32, kHostDevice);
   params_.bind(reserved, reserved);
-  const int L = static_cast<int>(config_.num_layers);
+  const auto first_layer = static_cast<int>(config_.first_layer());
   const auto* base = static_cast<const char*>(space);
   std::vector<ElementRange> blocks;
-  for (int l = 0; l < L; ++l) {
+  for (int l = first_layer; l < static_cast<int>(config_.end_layer()); ++l) {
     const BlockParams p = layer_params(l, true);
     int64_t lo = total, hi = 0, covered = 0;
     for (const Tensor* t : {&p.qkv_w, &p.qkv_b, &p.proj_w, &p.proj_b, &p.ln_a_g, &p.ln_a_b, &p.fc_w,
@@ -577,7 +613,7 @@ void Model::find_grad_segments() {
       covered += t->numel();
     }
     if (lo >= hi || covered != hi - lo ||
-        (l > 0 && blocks.back().offset + blocks.back().count != lo)) {
+        (l > first_layer && blocks.back().offset + blocks.back().count != lo)) {
       blocks.clear();
       break;
     }
@@ -641,8 +677,8 @@ int64_t Model::staged_gradient_elements(int slots) const {
   return l.slots > 0 ? l.length : params_.total_elements();
 }
 
-// Segment i of L + 2 is the head (0), block L - i, or the embeddings (L + 1); its place in a
-// buffer of `layout`.
+// Segment i of L + 2 (L: the blocks, a pipeline stage's) is the head (0), block L - i counted from
+// the first, or the embeddings (L + 1); its place in a buffer of `layout`.
 ElementRange Model::place(int segment, const StagedLayout& layout) const {
   const ElementRange r = segments_.at(static_cast<size_t>(segment));
   return {staged_offset(r.offset, layout), r.count};
@@ -700,15 +736,18 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   auto report = [&](int segment) {
     if (done && split) done(segment);
   };
-  head_backward(be, o);
+  if (config_.last_stage()) head_backward(be, o);  // else d_hidden_ holds the output's gradient
   report(0);
-  const int L = static_cast<int>(config_.num_layers);
+  // Segments as forward_step numbers them.
+  const auto first = static_cast<int>(config_.first_layer());
+  const auto end = static_cast<int>(config_.end_layer());
+  const int embeddings = end - first + 1;
   const bool embeddings_read = embed_backward_reads_weights();
-  for (int l = L - 1; l >= 0; --l) {
+  for (int l = end - 1; l >= first; --l) {
     // Then the block before, or after the first the embeddings' where their backward reads them.
-    need_weights(L - l, l > 0 ? L - l + 1 : embeddings_read ? L + 1 : -1);
+    need_weights(end - l, l > first ? end - l + 1 : embeddings_read ? embeddings : -1);
     // The shared internals still hold the last block's values from the forward pass.
-    const bool last = l == config_.num_layers - 1;
+    const bool last = l == config_.end_layer() - 1;
     if (options_.gradient_checkpointing && !last)
       block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
                     saved_[l], scratch_, o.rng, l);
@@ -734,10 +773,12 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
                    !o.first_micro_batch);
-    report(L - l);
+    report(end - l);
   }
-  if (embeddings_read) need_weights(L + 1, -1);
-  embed_backward(be, o);
+  if (config_.first_stage()) {
+    if (embeddings_read) need_weights(embeddings, -1);
+    embed_backward(be, o);
+  }
   if (done) done(split ? static_cast<int>(grad_segments_.size()) - 1 : 0);
 }
 
@@ -794,7 +835,8 @@ void Model::init_weights(Backend& be, uint64_t seed) {
         std::fill(x, x + n, bias ? 0.0f : 1.0f);
       else  // a split parameter's share draws its places' values in the full one
         for_each_split_run(p, at, n, [&](int64_t local, int64_t full, int64_t length) {
-          fill_normal(seed, static_cast<uint32_t>(i), full, length, stddev, x + (local - at));
+          fill_normal(seed, static_cast<uint32_t>(p.stream >= 0 ? p.stream : static_cast<int>(i)),
+                      full, length, stddev, x + (local - at));
         });
     });
     if (static_cast<int>(i) == padded_embedding_) {

@@ -66,6 +66,9 @@ struct PlanOptions {
   // GPU, 256 on the CPU). The head computes its logits, loss and (when training) its own
   // backward chunk after chunk, so the whole logits never exist unless they fit.
   int64_t logits_rows = 0;
+  // Pipeline parallelism: slots for this many micro-batches' stage inputs (stashed_input), which
+  // the stage keeps from their forward to their backward.
+  int stashed_inputs = 0;
 };
 
 // Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
@@ -180,6 +183,16 @@ class Model : public BatchTarget {
   // Tensor parallelism: the group this model's share runs in (config().tensor_ranks ranks); its
   // blocks sum their partial products over it.
   void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
+  // Pipeline parallelism (config().pipeline_stages > 1): the stage's input, which a stage after
+  // the first receives before forward_step; its output, after forward_step; the gradient
+  // flowing backwards, which a stage before the last receives (of its output) before backward,
+  // and which after backward holds that of its input. Views of the current length.
+  const Tensor& stage_input() const { return hidden_[static_cast<size_t>(config_.first_layer())]; }
+  const Tensor& stage_output() const { return hidden_[static_cast<size_t>(config_.end_layer())]; }
+  const Tensor& hidden_gradient() const { return d_hidden_; }
+  // PlanOptions::stashed_inputs: slot i of the stage inputs kept for backward, at the current
+  // length (each slot holds one of the planned length).
+  Tensor stashed_input(int slot) const;
   bool gathers_weights() const { return weight_source_ != nullptr; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
@@ -271,7 +284,13 @@ class Model : public BatchTarget {
   Device device() const { return options_.device; }
 
   // Helpers for subclasses.
+  // A parameter (declared in order: the embeddings', each block's after enter_layer, the head's
+  // after enter_head). Returns its index, or -1 when a pipeline stage does not hold it: a block
+  // outside its run, the embeddings past the first stage (but a tied head's on the last), the
+  // head before the last.
   int param(const std::string& name, Shape shape, ParamRole role);
+  void enter_layer(int64_t layer) { section_ = layer; }
+  void enter_head() { section_ = config_.num_layers; }
   // A parameter tensor parallelism splits along `dim` (its `pieces` parts each: ParamSplit):
   // `shape` is this rank's share of it (the config's counts are); whole without tensor
   // parallelism.
@@ -384,6 +403,14 @@ class Model : public BatchTarget {
   StagedLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
   TensorGroup* tensor_group_ = nullptr;
+  // Declaring parameters: the section (-1 the embeddings, a block's layer, num_layers the head)
+  // and how many the whole model has declared so far.
+  int64_t section_ = -1;
+  int declared_ = 0;
+  bool stage_holds(ParamRole role) const;
+  // The stage's own parameter after params_.add returned `index` (-1: none).
+  int numbered(int index);
+  Tensor stashed_;  // [stashed_inputs, B, T, C]
   // Staged weights: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;

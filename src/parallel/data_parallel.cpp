@@ -172,6 +172,17 @@ std::unique_ptr<GatheredReads> DataParallel::gather_for_save(bool checkpoint) {
 
 }  // namespace
 
+void ParallelPolicy::run_micro_batches(Backend& be, Model& model, int count,
+                                       const std::function<void(int)>& load,
+                                       const std::function<StepOptions(int)>& options) {
+  for (int i = 0; i < count; ++i) {
+    load(i);
+    const StepOptions o = options(i);
+    model.forward_step(be, o);
+    model.backward(be, o, on_segment(i == count - 1));
+  }
+}
+
 std::unique_ptr<ParallelPolicy> make_parallel_policy(Backend& be, Communicator& comm, Model& model,
                                                      MixedPrecision& precision,
                                                      Optimizer& optimizer,

@@ -6,6 +6,7 @@
 // new policy plugs in.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -77,6 +78,14 @@ class ParallelPolicy {
   virtual void begin_step() = 0;
   virtual Model::SegmentDone on_segment(bool last) = 0;
   virtual SyncSeconds finish_gradients() = 0;
+  // A step's `count` micro-batches forward and backward on this rank's model, between
+  // begin_step and finish_gradients: `load(i)` writes micro-batch i into the model's batch,
+  // `options(i)` gives its options (the same on every call). By default one after another;
+  // pipeline stages run theirs in the 1F1B order, exchanging activations and their gradients
+  // with the stages beside them.
+  virtual void run_micro_batches(Backend& be, Model& model, int count,
+                                 const std::function<void(int)>& load,
+                                 const std::function<StepOptions(int)>& options);
 
   // The gradients this rank's optimizer steps on: the whole, or this rank's shard.
   virtual const Tensor& gradients() const = 0;
@@ -102,11 +111,16 @@ class ParallelPolicy {
   // What the layout measured of the run so far, by name (tensor parallelism: the bytes of
   // activations and their gradients summed over the tensor group); none by default.
   virtual std::vector<std::pair<std::string, double>> statistics() const { return {}; }
+  // What it measured of the last step, by name (the pipeline's bubble), for the step's log.
+  virtual std::vector<std::pair<std::string, double>> step_statistics() const { return {}; }
   // Where this rank's optimizer state lies in a checkpoint's; null when it holds the whole.
   virtual const StateShare* state_share() const = 0;
   // What a save writes when no rank holds it whole (parallel/zero.h): the weights and, for a
   // checkpoint, the optimizer's state, read from every rank; null when rank 0 holds it all.
   virtual std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) = 0;
+  // The model a save writes when this rank's is a part of it (a pipeline stage's: the whole
+  // model's parameters, which gather_for_save reads); null: this rank's own.
+  virtual const Model* saved_model() const { return nullptr; }
 };
 
 struct ParallelOptions {

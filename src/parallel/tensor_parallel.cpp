@@ -267,19 +267,17 @@ class TensorParallel final : public ParallelPolicy {
   }
 };
 
-// Refuses an optimizer whose state or step reaches across elements (its state is one value per
-// element of the parameters it steps, `stepped` of them).
-void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped) {
+}  // namespace
+
+void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
+                       const char* layout) {
   bool elementwise = true;
   for (const ParamInfo& p : params.list()) elementwise &= optimizer.shard_granule(p) == 1;
   for (const auto& named : optimizer.state()) elementwise &= named.second.numel() == stepped;
-  BRISK_CHECK(elementwise,
-              "tensor parallelism (--tp_size) needs an optimizer that keeps one value ",
+  BRISK_CHECK(elementwise, layout, " needs an optimizer that keeps one value ",
               "per parameter element (adamw_torch, sgd); ", optimizer.name(),
               "'s step depends on how the parameters are split");
 }
-
-}  // namespace
 
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
@@ -289,7 +287,7 @@ std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
       buffers.shards.empty()
           ? ElementRange{0, model.params().total_elements()}
           : buffers.shards[static_cast<size_t>(mesh.coordinate(MeshDim::data))].elements;
-  check_elementwise(optimizer, model.params(), run.count);
+  check_elementwise(optimizer, model.params(), run.count, "tensor parallelism (--tp_size)");
   return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
                                           std::move(data_parallel));
 }

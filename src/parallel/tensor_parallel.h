@@ -19,6 +19,12 @@ namespace brisk {
 // partition of this rank's share among the data replicas, or none). The model's blocks get their
 // group. Refuses an optimizer whose state is not one value per parameter element (its step would
 // depend on how the parameters are split).
+// Refuses, naming `layout`, an optimizer whose state or step reaches across elements (its state
+// is one value per element of the parameters it steps, `stepped` of them): a layout that splits
+// the parameters or lays out their state otherwise than one process needs such an optimizer.
+void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
+                       const char* layout);
+
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
     Optimizer& optimizer, const ParallelBuffers& buffers,

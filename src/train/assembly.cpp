@@ -9,6 +9,7 @@
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
+#include "parallel/pipeline_parallel.h"
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
 #include "train/parallelism_config.h"
@@ -71,7 +72,7 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B,
-                                    int tensor_rank) {
+                                    int tensor_rank, int pipeline_stage) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
@@ -86,8 +87,10 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
     r.files.test = first_samples(std::move(r.files.test), o.max_predict_samples);
     o.seq_len = r.files.seq_len;
   }
-  const auto tp = static_cast<int>(o.tp_size);
-  r.model = Model::create(tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config);
+  const auto tp = static_cast<int>(o.tp_size), pp = static_cast<int>(o.pp_size);
+  ModelConfig share = tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config;
+  if (pp > 1) share = pipeline_share(share, pipeline_stage, pp);
+  r.model = Model::create(share);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files)
@@ -168,7 +171,7 @@ TrainOptions resolve_checkpoint(const TrainOptions& options) {
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset, int rank,
-                                          int ranks, int tensor_rank) {
+                                          int ranks, int tensor_rank, int pipeline_stage) {
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
               "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,
@@ -181,7 +184,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.rank = rank;
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
-  const BatchLayout layout = assemble_model_and_data(r, dataset, B, tensor_rank);
+  const BatchLayout layout = assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage);
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
@@ -194,6 +197,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
+  model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   const ParallelPlanOptions layout_options{rank, ranks, o.zero_stage, o.stage3_prefetch_bucket_size,
                                            o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);

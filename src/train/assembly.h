@@ -66,9 +66,11 @@ struct RunAssembly {
 // one, `workspace` receives the same declarations. Trains on `dataset` when given, else on the
 // options' dataset. `rank` of `ranks`: this process's share of the training data in data-parallel
 // runs (the data-parallel replicas'). `tensor_rank`: with --tp_size, this process's share of the
-// model (models/config.h tensor_parallel_share).
+// model (models/config.h tensor_parallel_share); `pipeline_stage`, with --pp_size, its stage
+// (pipeline_share).
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset = nullptr,
-                                          int rank = 0, int ranks = 1, int tensor_rank = 0);
+                                          int rank = 0, int ranks = 1, int tensor_rank = 0,
+                                          int pipeline_stage = 0);
 
 }  // namespace brisk

@@ -167,6 +167,21 @@ void check_precision_and_schedule(const TrainOptions& o) {
 }
 
 // Saving, data parallelism, the optimizer and the device.
+// What pipeline stages do not run yet is refused, naming it.
+void check_pipeline_options(const TrainOptions& o) {
+  BRISK_CHECK(o.pp_size >= 0 && o.pp_size <= 4096, "pp_size must lie in [0, 4096], got ",
+              o.pp_size);
+  if (o.pp_size <= 1) return;
+  const char* missing = o.tp_size > 1                   ? "--tp_size"
+                        : o.zero_stage > 0              ? "--zero_stage above 0"
+                        : o.offload_optimizer != "none" ? "--offload_optimizer"
+                        : o.do_eval || o.eval_strategy != "no" || o.do_predict
+                            ? "evaluation and prediction (--do_eval, --eval_strategy, --do_predict)"
+                            : nullptr;
+  BRISK_CHECK(missing == nullptr, "--pp_size with ", missing ? missing : "",
+              " is not supported yet");
+}
+
 void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
               "unknown save_strategy \"", brisk::excerpt(o.save_strategy),
@@ -182,6 +197,7 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.tp_size);
   BRISK_CHECK(o.tp_size <= 1 || o.offload_optimizer == "none",
               "--tp_size with --offload_optimizer is not supported yet");
+  check_pipeline_options(o);
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
@@ -411,7 +427,7 @@ const char* option_group(const std::string& name) {
       {"Logging",
        {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
       {"Several processes",
-       {"zero_stage", "tp_size", "parallelism_config", "deepspeed", "ddp_bucket_cap_mb",
+       {"zero_stage", "tp_size", "pp_size", "parallelism_config", "deepspeed", "ddp_bucket_cap_mb",
         "ddp_timeout", "stage3_prefetch_bucket_size"}}};
   for (const auto& [group, names] : groups)
     if (std::find(names.begin(), names.end(), name) != names.end()) return group;

@@ -109,6 +109,10 @@ struct TrainOptions {
   // MLP width between them (Megatron-LM's column- and row-parallel layers); the data-parallel
   // replicas are the world's ranks over it. 0 or 1: none (TrainingArguments' default is 0).
   int64_t tp_size = 1;
+  // Pipeline parallelism: stages that hold an equal run of the blocks each (the embeddings on the
+  // first, the head on the last), the micro-batches of a step (gradient_accumulation_steps) passing
+  // through them in the 1F1B order. 0 or 1: none.
+  int64_t pp_size = 1;
   // accelerate's ParallelismConfig as a JSON file (train/parallelism_config.h): its degrees set
   // tp_size and the data parallelism.
   std::string parallelism_config;
@@ -279,6 +283,11 @@ void visit_options(Options& o, Visitor&& v) {
     "tensor parallelism: ranks that split each block's attention heads and MLP width between "
     "them (Megatron-LM's layers; the embeddings and head are whole on each); the world's ranks "
     "over tp_size are data-parallel replicas");
+  v("pp_size", o.pp_size,
+    "pipeline parallelism: stages that hold an equal run of the blocks each, the step's "
+    "gradient_accumulation_steps micro-batches passing through them in the 1F1B order (stages "
+    "before the last keep their inputs and recompute their forward in backward); the world's "
+    "ranks over pp_size are data-parallel replicas");
   v("parallelism_config", o.parallelism_config,
     "a JSON file of accelerate's ParallelismConfig keys: tp_size sets --tp_size, dp_shard_size "
     "above 1 shards as --zero_stage 3, dp_replicate_size x dp_shard_size x tp_size must be the "

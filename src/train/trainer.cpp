@@ -26,6 +26,7 @@
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
 #include "parallel/policy.h"
 #include "parallel/tensor_parallel.h"
 #include "precision/mixed_precision.h"
@@ -547,21 +548,24 @@ StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro
   model.zero_accumulated_grads(c.be);  // the first micro-batch writes the others
   c.parallel.begin_step();
   model.reset_step_stats(c.be);
-  for (int64_t micro = 0; micro < micro_steps; ++micro) {
+  const int64_t step_first = micro_batch;
+  const auto load = [&](int) {
     c.be.wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
     const int64_t rows = loader.next(model).rows * c.ranks();  // every rank has as many
     totals.samples += rows;
     totals.window.samples += rows;
+  };
+  const auto options = [&](int micro) {
     StepOptions so;
     so.training = true;
     so.compute_grad = true;
     so.loss_grad_scale = grad_scale;
-    so.rng = RngKey{c.o.seed, static_cast<uint64_t>(micro_batch), 0};
+    so.rng = RngKey{c.o.seed, static_cast<uint64_t>(step_first + micro), 0};
     so.first_micro_batch = micro == 0;
-    model.forward_step(c.be, so);
-    model.backward(c.be, so, c.parallel.on_segment(micro == micro_steps - 1));
-    ++micro_batch;
-  }
+    return so;
+  };
+  c.parallel.run_micro_batches(c.be, model, static_cast<int>(micro_steps), load, options);
+  micro_batch += micro_steps;
   const SyncSeconds synced =
       c.parallel.finish_gradients();  // the global batch's gradients and loss
   c.s.communication_seconds += synced.ran;
@@ -598,9 +602,10 @@ void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
           (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(c.state.global_step))).string();
     }
     Model& model = *c.run.model;
+    const Model* whole = c.parallel.saved_model();
     c.s.last_checkpoint = save_checkpoint(
-        c.be, o, model, c.run.precision->master(model.params()), *c.run.optimizer, schedule,
-        c.state, c.run.files.tokenizer ? c.run.files.tokenizer_path : std::string(),
+        c.be, o, whole ? *whole : model, c.run.precision->master(model.params()), *c.run.optimizer,
+        schedule, c.state, c.run.files.tokenizer ? c.run.files.tokenizer_path : std::string(),
         &c.faults.kill_save_at_point, gathered.get());
     if (gathered) gathered->done();
   }
@@ -621,8 +626,10 @@ void train_steps(RunContext& c) {
   state.max_steps = bounds.total_steps;
   state.num_train_epochs =
       (bounds.total_steps + bounds.steps_per_epoch - 1) / bounds.steps_per_epoch;
+  const Model* whole = c.parallel.saved_model();  // a pipeline stage counts the whole model's
   const double flos_per_token =
-      6.0 * static_cast<double>(non_embedding_params(c.run.model->params()));
+      6.0 *
+      static_cast<double>(non_embedding_params((whole ? whole : c.run.model.get())->params()));
   c.log.progress.start(!c.lead() || o.disable_tqdm ? Progress::Mode::off
                        : ::isatty(STDERR_FILENO)   ? Progress::Mode::bar
                                                    : Progress::Mode::lines,
@@ -656,6 +663,7 @@ void train_steps(RunContext& c) {
     c.log.progress.update(state.global_step, step_loss);
     if (log_due(o, state.global_step, bounds.total_steps, epoch_ended)) {
       nlohmann::json rec = totals.window.close(state, r.lr, r.update, r.loss_scale);
+      for (const auto& [name, value] : c.parallel.step_statistics()) rec[name] = value;
       state.log_history.push_back(rec);
       c.log.report(rec, state.global_step);
     }
@@ -705,7 +713,9 @@ void finish_training(RunContext& c) {
   if (gathered && !c.lead()) gathered->serve();
   if (!c.lead()) return;
   Model& model = *c.run.model;
-  save_model(c.be, o.output_dir, model, c.run.precision->master(model.params()), gathered.get());
+  const Model* whole = c.parallel.saved_model();
+  save_model(c.be, o.output_dir, whole ? *whole : model, c.run.precision->master(model.params()),
+             gathered.get());
   if (gathered) gathered->done();
   if (c.run.files.tokenizer) copy_tokenizer_files(c.run.files.tokenizer_path, o.output_dir);
   write_file_atomically(fs::path(o.output_dir) / "trainer_state.json",
@@ -791,11 +801,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     dist.set_device_stream(be->device_stream());
   std::optional<OutputDirLock> output_lock;
   hold_output_dir(output_lock, options, lead, log);
-  // Tensor parallelism: the mesh's tensor ranks share the model, its data ranks the data.
+  // Tensor and pipeline parallelism: the mesh's tensor ranks and stages share the model, its
+  // data ranks the data.
   std::unique_ptr<DeviceMesh> mesh;
-  if (options.tp_size > 1)
+  if (options.tp_size > 1 || options.pp_size > 1)
     mesh = std::make_unique<DeviceMesh>(
-        dist, mesh_shape(dist.size(), static_cast<int>(options.tp_size), 1, 1));
+        dist, mesh_shape(dist.size(), static_cast<int>(std::max<int64_t>(options.tp_size, 1)),
+                         static_cast<int>(std::max<int64_t>(options.pp_size, 1)), 1));
   Communicator& data = mesh ? mesh->group(MeshDim::data) : dist;
   dist.barrier();
   TrainSummary s;
@@ -803,9 +815,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
       shape_to_memory(resolve_checkpoint(options), device, *be, dataset, log.sink(), s);
   // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
   if (!lead) dist.barrier();
-  const std::unique_ptr<RunAssembly> run =
-      assemble_run(settled, device, be.get(), dataset, data.rank(), data.size(),
-                   mesh ? mesh->coordinate(MeshDim::tensor) : 0);
+  const std::unique_ptr<RunAssembly> run = assemble_run(
+      settled, device, be.get(), dataset, data.rank(), data.size(),
+      mesh ? mesh->coordinate(MeshDim::tensor) : 0, mesh ? mesh->coordinate(MeshDim::pipeline) : 0);
   if (lead) dist.barrier();
   for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
@@ -824,9 +836,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   std::unique_ptr<ParallelPolicy> parallel =
       make_parallel_policy(*be, data, model, *run->precision, *run->optimizer, run->parallel,
                            {o.do_train, o.ddp_bucket_cap_mb});
-  if (mesh)
+  if (o.tp_size > 1)
     parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,
                                            *run->optimizer, run->parallel, std::move(parallel));
+  if (o.pp_size > 1)
+    parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
+                                             *run->optimizer, std::move(parallel));
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};

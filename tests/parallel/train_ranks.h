@@ -44,6 +44,42 @@ struct SharedDir {
   }
 };
 
+// A config whose head and MLP counts 2 and 3 divide: 6 query heads (llama: 12 query heads in
+// groups of two over 6 key/value heads); `layers` blocks.
+inline nlohmann::json divisible_config(const std::string& type, double dropout, int layers = 2) {
+  if (type == "gpt2")
+    return {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 48},
+            {"n_layer", layers},      {"n_head", 6},           {"n_positions", 64},
+            {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
+  if (type == "llama")
+    return {{"model_type", "llama"},       {"vocab_size", 128},
+            {"hidden_size", 48},           {"num_hidden_layers", layers},
+            {"num_attention_heads", 12},   {"num_key_value_heads", 6},
+            {"intermediate_size", 60},     {"max_position_embeddings", 64},
+            {"tie_word_embeddings", false}};
+  return {{"model_type", "bert"},
+          {"vocab_size", 128},
+          {"hidden_size", 48},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", 6},
+          {"intermediate_size", 66},
+          {"max_position_embeddings", 64},
+          {"hidden_dropout_prob", dropout},
+          {"attention_probs_dropout_prob", dropout}};
+}
+
+// divisible_config's model folder, written by rank 0 while the others wait.
+inline std::string write_model(const SharedDir& dir, const std::string& type, double dropout,
+                               int layers = 2) {
+  const std::string folder = dir / (type + "_model");
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/config.json") << divisible_config(type, dropout, layers).dump();
+  }
+  world().barrier();
+  return folder;
+}
+
 // A file's whole text ("" when it cannot be read).
 inline std::string read_text(const std::string& path) {
   std::ifstream f(path);
@@ -74,6 +110,21 @@ inline void expect_trains_as(const Logged& got, const Logged& want, double toler
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], tolerance * std::abs(want.losses[i]))
         << "step " << i + 1;
+  const std::vector<float> a = checkpoint_weights(got.checkpoint),
+                           b = checkpoint_weights(want.checkpoint);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
+}
+
+// A resumed run `got` ends as the uninterrupted `want`: its steps' losses are want's last ones,
+// its final weights want's.
+inline void expect_resumes_as(const Logged& got, const Logged& want, double tolerance = 1e-5) {
+  ASSERT_LE(got.losses.size(), want.losses.size());
+  const size_t skipped = want.losses.size() - got.losses.size();
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[skipped + i],
+                tolerance * std::abs(want.losses[skipped + i]))
+        << "step " << skipped + i + 1;
   const std::vector<float> a = checkpoint_weights(got.checkpoint),
                            b = checkpoint_weights(want.checkpoint);
   ASSERT_EQ(a.size(), b.size());

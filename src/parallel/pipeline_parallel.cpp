@@ -1,0 +1,376 @@
+// Pipeline parallelism's policy (pipeline_parallel.h): the 1F1B step through the stages, the
+// step's statistics and tied embeddings summed across them, and saves of the whole model.
+#include "parallel/pipeline_parallel.h"
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "backend/backend.h"
+#include "core/clock.h"
+#include "optim/optimizer.h"
+#include "parallel/communicator.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "precision/mixed_precision.h"
+
+namespace brisk {
+
+int pipeline_stashed_inputs(const ModelConfig& c) {
+  const bool middle = c.pipeline_stages > 1 && !c.first_stage() && !c.last_stage();
+  return middle ? c.pipeline_stages - c.pipeline_stage : 0;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Where each parameter of the whole model lies: the world rank holding it (its stage's first
+// data replica; a tied embedding the first stage's) and its offset in that stage's parameters.
+struct Placed {
+  int rank = 0;
+  int64_t offset = 0;
+};
+
+// A save's reads of the whole model from the stages: stage s's holder's part i is its
+// parameters (i = 0) or its optimizer state tensor i - 1, laid out as its parameters.
+class StageReads final : public GatheredReads {
+ public:
+  // `held`: the stages' parameter elements together (a tied embedding's twice).
+  StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
+             std::vector<Placed> placed, std::vector<int> holders, int64_t held)
+      : GatheredReads(world, std::move(parts)),
+        full_(full),
+        placed_(std::move(placed)),
+        holders_(std::move(holders)),
+        held_(held) {}
+
+  void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
+    const Placed& where = placed_.at(static_cast<size_t>(full_.index(p.name)));
+    read(0, static_cast<size_t>(part_start(0, where.rank) + where.offset * 4) + at, n, dst);
+  }
+
+  int64_t state_bytes(size_t i) const override {
+    return full_.total_elements() * element_bytes(i + 1);
+  }
+
+  // State laid out as the whole model's parameters: each parameter's bytes from its stage.
+  void read_state(size_t i, size_t at, size_t n, void* dst) override {
+    const auto bytes = static_cast<size_t>(element_bytes(i + 1));
+    auto* out = static_cast<char*>(dst);
+    for (size_t k = 0; k < full_.list().size() && n > 0; ++k) {
+      const ParamInfo& p = full_.list()[k];
+      const size_t begin = static_cast<size_t>(p.offset) * bytes;
+      const size_t end = begin + static_cast<size_t>(p.shape.numel()) * bytes;
+      if (at >= end) continue;
+      const size_t take = std::min(n, end - at);
+      const Placed& where = placed_[k];
+      const auto start = static_cast<size_t>(part_start(i + 1, where.rank)) +
+                         static_cast<size_t>(where.offset) * bytes;
+      read(i + 1, start + (at - begin), take, out);
+      out += take;
+      at += take;
+      n -= take;
+    }
+  }
+
+ private:
+  // The bytes per parameter element of whole `whole`, from the stages' parts.
+  int64_t element_bytes(size_t whole) const {
+    int64_t bytes = 0;
+    for (int r : holders_) bytes += part_bytes(whole, r);
+    BRISK_CHECK(held_ > 0 && bytes % held_ == 0, "internal error: a save part of ", bytes,
+                " bytes for ", held_, " parameter elements");
+    return bytes / held_;
+  }
+
+  const ParameterSet& full_;
+  std::vector<Placed> placed_;
+  std::vector<int> holders_;
+  int64_t held_;
+};
+
+class PipelineParallel final : public ParallelPolicy {
+ public:
+  PipelineParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
+                   const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
+                   std::unique_ptr<ParallelPolicy> data)
+      : be_(be),
+        world_(world),
+        mesh_(mesh),
+        pipe_(mesh.group(MeshDim::pipeline)),
+        model_(model),
+        full_(Model::create(full)),
+        precision_(precision),
+        optimizer_(optimizer),
+        data_(std::move(data)) {
+    place_parameters(full);
+    const int stage = pipe_.rank(), last = pipe_.size() - 1;
+    // The first and last stages sum their tied embeddings' gradients; the others take no part.
+    embedding_group_ = pipe_.split(stage == 0 || stage == last ? 0 : stage, stage);
+    for (size_t i = 0; i < model_.params().list().size(); ++i) {
+      const ParamInfo& p = model_.params().list()[i];
+      if (p.embedding && p.product && (stage == 0 || stage == last)) tied_ = static_cast<int>(i);
+    }
+    share_ = full_layout_share();
+    stash_batches();
+  }
+
+  void begin_step() override {
+    data_->begin_step();
+    // The first stage's tied embeddings: the head does not start their gradient here.
+    if (tied_ >= 0 && pipe_.rank() == 0) be_.fill(model_.params().grad(tied_), 0.0f);
+  }
+  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
+
+  void run_micro_batches(Backend& be, Model& model, int count, const std::function<void(int)>& load,
+                         const std::function<StepOptions(int)>& options) override;
+
+  // The data replicas' sums, then the loss summed over the stages (the last adds it) and the
+  // tied embeddings' gradients between the first and last.
+  SyncSeconds finish_gradients() override {
+    SyncSeconds s = data_->finish_gradients();
+    const Clock::time_point start = Clock::now();
+    pipe_.all_reduce_sum(model_.step_stats());
+    if (tied_ >= 0) embedding_group_->all_reduce_sum(model_.params().grad(tied_));
+    const double seconds = seconds_since(start);
+    s.ran += seconds;
+    s.waited += seconds;
+    return s;
+  }
+  const Tensor& gradients() const override { return data_->gradients(); }
+  double sum_over_gradients(const Tensor& sums) override {
+    const double seconds = data_->sum_over_gradients(sums);
+    const Clock::time_point start = Clock::now();
+    pipe_.all_reduce_sum(sums);
+    return seconds + seconds_since(start);
+  }
+
+  // Each stage counts its own parameters; the last stage's copy of tied embeddings is the
+  // first's.
+  double gradient_sum_squares(const Tensor& acc) override {
+    const Tensor& grads = data_->gradients();
+    const bool skip_tied = tied_ >= 0 && pipe_.rank() != 0;
+    if (!skip_tied) {
+      be_.sum_squares(grads, acc);
+    } else {
+      const ParamInfo& t = model_.params().list()[static_cast<size_t>(tied_)];
+      const int64_t end = t.offset + t.shape.numel();
+      if (t.offset > 0) be_.sum_squares(element_range(grads, 0, t.offset), acc);
+      if (end < grads.numel()) be_.sum_squares(element_range(grads, end, grads.numel() - end), acc);
+    }
+    return sum_over_gradients(acc);
+  }
+
+  double step_weights(float lr, const RngKey& rounding) override {
+    return data_->step_weights(lr, rounding);
+  }
+  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
+  void weights_written() override { data_->weights_written(); }
+  void load_weights(const std::string& file) override { data_->load_weights(file); }
+  // The share of the stages' time spent waiting for each other: over the steps so far, and in
+  // the last.
+  std::vector<std::pair<std::string, double>> statistics() const override {
+    return {{"pipeline_bubble_share", steps_ > 0 ? bubble_sum_ / static_cast<double>(steps_) : 0}};
+  }
+  std::vector<std::pair<std::string, double>> step_statistics() const override {
+    return {{"pipeline_bubble_share", last_bubble_}};
+  }
+  const StateShare* state_share() const override { return &share_; }
+  const Model* saved_model() const override { return full_.get(); }
+
+  // Each stage's first data replica holds its whole weights and state.
+  std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
+    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
+    std::vector<Tensor> parts =
+        checkpoint_parts(precision_.master(model_.params()), false, 0, state);
+    if (mesh_.coordinate(MeshDim::data) != 0) parts.assign(parts.size(), Tensor());
+    std::vector<int> holders;
+    for (int s = 0; s < pipe_.size(); ++s)
+      holders.push_back(mesh_rank(mesh_.shape(), {s, 0, 0, 0}));
+    return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
+                                        std::move(holders), held_elements_);
+  }
+
+ private:
+  Backend& be_;
+  Communicator& world_;
+  DeviceMesh& mesh_;
+  Communicator& pipe_;
+  Model& model_;
+  std::unique_ptr<Model> full_;  // the whole model's parameters (no buffers)
+  MixedPrecision& precision_;
+  Optimizer& optimizer_;
+  std::unique_ptr<ParallelPolicy> data_;
+  std::unique_ptr<Communicator> embedding_group_;
+  int tied_ = -1;  // a tied embedding the first and last stages both hold
+  std::vector<Placed> placed_;
+  int64_t held_elements_ = 0;
+  StateShare share_;
+  // The batches of micro-batches in flight, by slot and by field of Batch.
+  std::vector<std::vector<std::vector<char>>> batches_;
+  std::vector<int64_t> lengths_;
+  double bubble_sum_ = 0, last_bubble_ = 0;
+  int64_t steps_ = 0;
+
+  // Which rank holds each of the whole model's parameters, and where in its stage's.
+  void place_parameters(const ModelConfig& full) {
+    const int stages = pipe_.size();
+    placed_.assign(full_->params().list().size(), Placed{-1, 0});
+    for (int s = 0; s < stages; ++s) {
+      const std::unique_ptr<Model> stage = Model::create(pipeline_share(full, s, stages));
+      held_elements_ += stage->params().total_elements();
+      for (const ParamInfo& p : stage->params().list()) {
+        Placed& where = placed_[static_cast<size_t>(full_->params().index(p.name))];
+        if (where.rank >= 0) continue;  // a tied embedding: the first stage's
+        where = {mesh_rank(mesh_.shape(), {s, 0, 0, 0}), p.offset};
+      }
+    }
+  }
+
+  // Where this stage's optimizer state lies in a checkpoint's, laid out as the whole model's
+  // parameters.
+  StateShare full_layout_share() const {
+    StateShare share;
+    for (const ParamInfo& p : model_.params().list()) {
+      const ParamInfo& whole =
+          full_->params().list()[static_cast<size_t>(full_->params().index(p.name))];
+      share.runs.push_back({p.offset, whole.offset, p.shape.numel()});
+    }
+    for (size_t i = 0; i < optimizer_.state().size(); ++i) {
+      share.offset.push_back(0);
+      share.total.push_back(full_->params().total_elements());
+    }
+    return share;
+  }
+
+  // The fields of a batch, in a fixed order.
+  static std::array<const Tensor*, 5> fields(const Batch& b) {
+    return {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &b.label_values};
+  }
+  // Room for the batches a stage before the last recomputes from: one per micro-batch in flight.
+  void stash_batches() {
+    const int stage = pipe_.rank();
+    if (stage == pipe_.size() - 1) return;
+    batches_.resize(static_cast<size_t>(pipe_.size() - stage));
+    lengths_.assign(batches_.size(), 0);
+    for (auto& slot : batches_)
+      for (const Tensor* t : fields(model_.batch())) slot.emplace_back(t->empty() ? 0 : t->bytes());
+  }
+  // A micro-batch's batch and length into `slot`, and back.
+  void keep_batch(int slot) {
+    lengths_[static_cast<size_t>(slot)] = model_.batch_shape().seq;
+    auto& kept = batches_[static_cast<size_t>(slot)];
+    const auto f = fields(model_.batch());
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!f[i]->empty()) std::memcpy(kept[i].data(), f[i]->data(), f[i]->bytes());
+  }
+  void restore_batch(int slot) {
+    model_.use_seq(lengths_[static_cast<size_t>(slot)]);
+    const auto& kept = batches_[static_cast<size_t>(slot)];
+    const auto f = fields(model_.batch());
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!f[i]->empty()) std::memcpy(f[i]->data(), kept[i].data(), f[i]->bytes());
+  }
+  void record_bubble(double busy, double total) {
+    double times[2] = {busy, total};
+    pipe_.all_reduce_sum(Tensor(times, Shape{2}, DType::f64));
+    last_bubble_ = times[1] > 0 ? 1.0 - times[0] / times[1] : 0.0;
+    bubble_sum_ += last_bubble_;
+    ++steps_;
+  }
+};
+
+// The stage's 1F1B order (pipeline_schedule.h). A forward's output goes to the next stage, which
+// sends back its input's gradient for the backward; where a stage's next step is the other kind,
+// its send and the next step's receive are one exchange (Megatron-LM's send_forward_recv_backward
+// and send_backward_recv_forward), so that neighbouring stages never both wait to send.
+void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
+                                         const std::function<void(int)>& load,
+                                         const std::function<StepOptions(int)>& options) {
+  const Clock::time_point began = Clock::now();
+  const int s = pipe_.rank(), p = pipe_.size();
+  const bool first = s == 0, last = s == p - 1;
+  // Activations and gradients go as the planned length's buffers, which a shorter micro-batch's
+  // fill from the start: a stage may receive a micro-batch's before it has loaded it.
+  const BatchShape planned = model.planned_shape();
+  const auto whole = [&](const Tensor& t) {
+    return Tensor(t.data(), Shape{planned.batch * planned.seq * model.config().hidden_size},
+                  DType::f32, t.device());
+  };
+  const std::vector<PipeStep> ops = one_forward_one_backward(p, s, count);
+  const int slots = p - s;
+  bool input_ready = false, gradient_ready = false;
+  int resident = -1;  // the micro-batch whose activations the model holds
+  double waited = 0;
+  auto exchange = [&](const std::function<void()>& f) {
+    const Clock::time_point start = Clock::now();
+    f();
+    waited += seconds_since(start);
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int m = ops[i].micro_batch;
+    const bool next_backward = i + 1 < ops.size() && ops[i + 1].op == PipeOp::backward;
+    const StepOptions o = options(m);
+    if (ops[i].op == PipeOp::forward) {
+      load(m);
+      if (!last) keep_batch(m % slots);
+      if (!first && !input_ready)
+        exchange([&] { pipe_.receive(whole(model.stage_input()), s - 1); });
+      input_ready = false;
+      if (!first && !last) be.copy(model.stage_input(), model.stashed_input(m % slots));
+      model.forward_step(be, o);
+      resident = m;
+      if (last) continue;
+      if (next_backward) {
+        exchange([&] {
+          pipe_.send_receive(whole(model.stage_output()), s + 1, whole(model.hidden_gradient()),
+                             s + 1);
+        });
+        gradient_ready = true;
+      } else {
+        exchange([&] { pipe_.send(whole(model.stage_output()), s + 1); });
+      }
+      continue;
+    }
+    if (!last && !gradient_ready)
+      exchange([&] { pipe_.receive(whole(model.hidden_gradient()), s + 1); });
+    gradient_ready = false;
+    if (resident != m) {  // the forward again, from the kept batch and input
+      restore_batch(m % slots);
+      if (!first) be.copy(model.stashed_input(m % slots), model.stage_input());
+      model.forward_step(be, o);
+    }
+    resident = -1;
+    model.backward(be, o, on_segment(m == count - 1));
+    if (first) continue;
+    if (i + 1 < ops.size() && !next_backward) {
+      exchange([&] {
+        pipe_.send_receive(whole(model.hidden_gradient()), s - 1, whole(model.stage_input()),
+                           s - 1);
+      });
+      input_ready = true;
+    } else {
+      exchange([&] { pipe_.send(whole(model.hidden_gradient()), s - 1); });
+    }
+  }
+  be.synchronize();
+  const double total = seconds_since(began);
+  record_bubble(total - waited, total);
+}
+
+}  // namespace
+
+std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
+    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, const ModelConfig& full,
+    MixedPrecision& precision, Optimizer& optimizer,
+    std::unique_ptr<ParallelPolicy> data_parallel) {
+  check_elementwise(optimizer, model.params(), model.params().total_elements(),
+                    "pipeline parallelism (--pp_size)");
+  return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer,
+                                            std::move(data_parallel));
+}
+
+}  // namespace brisk

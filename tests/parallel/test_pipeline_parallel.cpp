@@ -1,0 +1,190 @@
+// Pipeline parallelism through the trainer on every rank of the job: stages (with dp replicas
+// over them) train as one process with the same global batch, step by step and to the final
+// weights, which the run saves as the whole model. GPT-2 (tied embeddings on the first and last
+// stages), a llama with grouped-query attention and untied head, and BERT (post-norm), with
+// dropout on where there is one replica: the stages draw one process's masks, their forward run
+// again before backward included.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/json_file.h"
+#include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
+#include "test_support.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+constexpr int kLayers = 6;  // 2 and 3 stages divide them
+
+// The layout of the world's ranks: pp 2 x dp 2 on 4 ranks, else as many stages as ranks.
+struct Layout {
+  int pp, dp;
+  Layout() : pp(world().size() == 4 ? 2 : world().size()), dp(world().size() / pp) {}
+  std::string str() const { return "pp " + std::to_string(pp) + " x dp " + std::to_string(dp); }
+};
+
+double total_flos(const std::string& out) {
+  return read_json_file(out + "/trainer_state.json", "trainer state")["total_flos"].get<double>();
+}
+
+TEST(PipelineParallel, StagesTrainAsOneProcessWithTheSameGlobalBatch) {
+  NEEDS_MPI();
+  const Layout l;
+  const double dropout = l.dp == 1 ? 0.1 : 0.0;  // replicas draw their own masks yet
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama", "bert"}) {
+    SCOPED_TRACE(type + " on " + l.str());
+    SharedDir dir("pp_" + type);
+    const std::string model = write_model(dir, type, dropout, kLayers);
+    UnequalLengths lm_data;  // 18 samples
+    const Dataset* data = type == "bert" ? nullptr : &lm_data;
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.per_device_train_batch_size = 2 / l.dp;
+    o.gradient_accumulation_steps = 4;  // more micro-batches than stages: the steady 1F1B
+    o.max_steps = 3;
+    o.max_grad_norm = 0.05;  // every step clipped: the norm over the stages must be the whole's
+    o.pp_size = l.pp;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2;
+    one.pp_size = 1;
+    const Logged ranks = run(o, data, &world());
+    if (world().rank() != 0) continue;
+    expect_trains_as(ranks, run(one, data, alone.get()));
+    EXPECT_EQ(total_flos(o.output_dir), total_flos(one.output_dir));  // the whole model's
+  }
+}
+
+// Fewer micro-batches than stages (no steady phase), gradient checkpointing inside the stages,
+// and bf16 with selective recomputation to bf16's precision.
+TEST(PipelineParallel, FewMicroBatchesRecomputationAndBf16RunAsOneProcess) {
+  NEEDS_MPI();
+  const Layout l;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("pp_variants");
+  const std::string model = write_model(dir, "gpt2", l.dp == 1 ? 0.1 : 0.0, kLayers);
+  UnequalLengths data;
+  struct Variant {
+    const char* name;
+    int accumulation;
+    bool checkpointing, bf16;
+    double tolerance;
+  };
+  for (const Variant v :
+       {Variant{"one micro-batch", 1, false, false, 1e-5},
+        Variant{"checkpointing", 3, true, false, 1e-5}, Variant{"bf16", 3, false, true, 1e-2}}) {
+    SCOPED_TRACE(std::string(v.name) + " on " + l.str());
+    TrainOptions o = tiny_options(model, dir / (std::string("ranks_") + v.name));
+    o.per_device_train_batch_size = 2 / l.dp;
+    o.gradient_accumulation_steps = v.accumulation;
+    o.max_steps = 3;
+    o.gradient_checkpointing = v.checkpointing;
+    o.bf16 = v.bf16;
+    o.selective_recompute = v.bf16;
+    o.pp_size = l.pp;
+    TrainOptions one = o;
+    one.output_dir = dir / (std::string("one_") + v.name);
+    one.per_device_train_batch_size = 2;
+    one.pp_size = 1;
+    const Logged ranks = run(o, &data, &world());
+    if (world().rank() == 0) expect_trains_as(ranks, run(one, &data, alone.get()), v.tolerance);
+    world().barrier();
+  }
+}
+
+// Checkpoints hold the whole model and optimizer state: the stages resume one process's
+// checkpoint and one process resumes the stages', each ending as the run that went on.
+TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
+  NEEDS_MPI();
+  const Layout l;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("pp_resume");
+  const std::string model = write_model(dir, "llama", 0.0, kLayers);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 2 / l.dp;
+  o.gradient_accumulation_steps = 2;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.pp_size = l.pp;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.pp_size = 1;
+  const Logged ranks = run(o, &data, &world());
+  Logged single;
+  if (world().rank() == 0) single = run(one, &data, alone.get());
+  world().barrier();  // one process's checkpoints are written
+  TrainOptions from_one = o;
+  from_one.output_dir = dir / "ranks_from_one";
+  from_one.resume_from_checkpoint = dir / "one/checkpoint-2";
+  const Logged resumed_on_ranks = run(from_one, &data, &world());
+  if (world().rank() != 0) return;
+  TrainOptions from_ranks = one;
+  from_ranks.output_dir = dir / "one_from_ranks";
+  from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
+  const Logged resumed_alone = run(from_ranks, &data, alone.get());
+  expect_trains_as(ranks, single);
+  {
+    SCOPED_TRACE("the stages from one process's checkpoint");
+    expect_resumes_as(resumed_on_ranks, single);
+  }
+  {
+    SCOPED_TRACE("one process from the stages' checkpoint");
+    expect_resumes_as(resumed_alone, single);
+  }
+}
+
+// On GPUs through NCCL (the stages' activations sent with ncclSend/ncclRecv): a llama on the
+// ranks' stages trains as one GPU process. Skipped without a GPU per rank.
+TEST(PipelineParallel, GpuStagesTrainThroughNcclAsOneProcess) {
+  std::string why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  const Layout l;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("pp_nccl");
+  const std::string model = write_model(dir, "llama", 0.0, kLayers);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
+  o.per_device_train_batch_size = 2 / l.dp;
+  o.gradient_accumulation_steps = 4;
+  o.max_steps = 3;
+  o.pp_size = l.pp;
+  const Logged ranks = run(o, &data, nccl.get());
+  world().barrier();
+  if (world().rank() != 0) return;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.pp_size = 1;
+  expect_trains_as(ranks, run(one, &data, alone.get()));
+}
+
+TEST(PipelineParallel, UnsupportedLayoutsAreRefused) {
+  NEEDS_MPI();
+  const Layout l;
+  SharedDir dir("pp_refused");
+  // Block counts that do not divide: models/config's pipeline_share (test_tensor_split.cpp).
+  const std::string model = write_model(dir, "gpt2", 0.0, kLayers);
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.pp_size = world().size() + 1;
+  expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
+  o.pp_size = l.pp;
+  o.zero_stage = 1;
+  expect_error([&] { run(o, nullptr, &world()); }, "--pp_size with --zero_stage");
+  o.zero_stage = 0;
+  o.do_eval = true;
+  expect_error([&] { run(o, nullptr, &world()); }, "--pp_size with evaluation");
+  o.do_eval = false;
+  o.optim = "adafactor";
+  expect_error([&] { run(o, nullptr, &world()); }, "pipeline parallelism (--pp_size) needs");
+}
+
+}  // namespace
+}  // namespace brisk::testing
