@@ -664,6 +664,36 @@ TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
             ample["fit"][0]["predicted_step_seconds"].get<double>() + 2 * 4 * 124439808.0 / 25e9);
 }
 
+// estimate --pp_size: each stage's plan. GPT-2's 12 blocks over 3 stages, 4 each; the first holds
+// the embeddings, the last the head and the tied embeddings again; the middle stage keeps the
+// inputs of its 2 micro-batches in flight; each boundary passes every micro-batch's activations.
+TEST(Cli, EstimatePlansEachPipelineStage) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_pp_stages_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const CliRun r = run_brisk(
+      "estimate --device cpu --model gpt2 --seq_len 128 --per_device_train_batch_size 2 "
+      "--gradient_accumulation_steps 4 --world_size 3 --pp_size 3 --output_json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("pipeline: 3 stages, 1F1B over 4 micro-batches"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("each boundary passes 3.0 MiB"), std::string::npos) << r.out;
+  const nlohmann::json stages = read_json(json)["pipeline_stages"];
+  std::filesystem::remove(json);
+  ASSERT_EQ(stages.size(), 3u);
+  const int64_t block = 7087872, wte = 50257 * 768, wpe = 1024 * 768, ln_f = 2 * 768;
+  EXPECT_EQ(stages[0]["parameters"], wte + wpe + 4 * block);
+  EXPECT_EQ(stages[1]["parameters"], 4 * block);
+  EXPECT_EQ(stages[2]["parameters"], wte + 4 * block + ln_f);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(stages[s]["first_layer"], 4 * s);
+    EXPECT_EQ(stages[s]["end_layer"], 4 * s + 4);
+  }
+  // The middle stage's planned inputs: 2 micro-batches of [2, 128, 768] float32.
+  EXPECT_GE(stages[1]["activations_bytes"].get<int64_t>(), int64_t{2} * 2 * 128 * 768 * 4);
+}
+
 // estimate --fit --world_size searches the layouts of the ranks too: tensor parallelism's degrees
 // the model allows, data parallelism over the rest under each ZeRO stage, the global batch kept;
 // one process's layout does not fit here, others do.

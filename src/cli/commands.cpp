@@ -488,7 +488,7 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
 // --json: the plan, every buffer, the fit and the data-parallel report.
 void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
                          size_t host_base, const nlohmann::json& fit_json,
-                         const nlohmann::json& ranks_json) {
+                         const nlohmann::json& ranks_json, const nlohmann::json& stages_json) {
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const int64_t n = run.model->params().total_elements();
@@ -520,7 +520,8 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
         {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
         {"buffers", buffers_json}}},
       {"fit", fit_json},
-      {"data_parallel", ranks_json}};
+      {"data_parallel", ranks_json},
+      {"pipeline_stages", stages_json}};
   std::ofstream out(json_path);
   BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
   out << j.dump(2) << "\n";
@@ -552,14 +553,55 @@ void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
 }
 }  // namespace
 
+// --pp_size: each stage's plan, which differ (the first holds the embeddings, the last the head,
+// those between the inputs of their micro-batches in flight), and what each stage boundary
+// passes per step: every micro-batch's [B, T, C] float32 activations forward and their
+// gradients back.
+nlohmann::json print_pipeline_stages(const TrainOptions& o, Device device, int replicas) {
+  const auto p = static_cast<int>(o.pp_size);
+  const int64_t m = o.gradient_accumulation_steps;
+  std::printf(
+      "pipeline: %d stages, 1F1B over %lld micro-batches (bubble (p - 1) / (m + p - 1) "
+      "= %.1f%% for stages that take as long):\n",
+      p, static_cast<long long>(m), 100.0 * (p - 1) / static_cast<double>(m + p - 1));
+  nlohmann::json stages = nlohmann::json::array();
+  int64_t boundary = 0;
+  for (int s = 0; s < p; ++s) {
+    const std::unique_ptr<RunAssembly> r =
+        assemble_run(o, device, nullptr, nullptr, 0, replicas, 0, s);
+    const ModelConfig& c = r->model->config();
+    const size_t planned = r->plan.total_bytes();
+    const size_t activations = r->plan.bytes_by_category()[static_cast<int>(Category::activations)];
+    std::printf("  stage %d: blocks %lld-%lld, %lld parameters, planned %s (activations %s)\n", s,
+                static_cast<long long>(c.first_layer()), static_cast<long long>(c.end_layer() - 1),
+                static_cast<long long>(r->model->params().total_elements()),
+                format_mib(planned).c_str(), format_mib(activations).c_str());
+    stages.push_back({{"stage", s},
+                      {"first_layer", c.first_layer()},
+                      {"end_layer", c.end_layer()},
+                      {"parameters", r->model->params().total_elements()},
+                      {"planned_total_bytes", planned},
+                      {"activations_bytes", activations}});
+    boundary = checked_mul(checked_mul(m, o.per_device_train_batch_size, "a step's rows"),
+                           checked_mul(o.seq_len, c.hidden_size * 4, "a row's bytes"),
+                           "a step's activations");
+  }
+  std::printf(
+      "  each boundary passes %s of activations forward and as many gradients back per "
+      "step\n",
+      format_mib(static_cast<size_t>(boundary)).c_str());
+  return stages;
+}
+
 int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const TrainOptions o = estimate_options(given, args);
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = resolve_device(o);
-  // With --tp_size the plan is a tensor rank's (every tensor rank's is alike) and the data
-  // parallelism runs over the world's replicas of tp_size ranks.
+  // With --tp_size the plan is a tensor rank's (every tensor rank's is alike), with --pp_size the
+  // first stage's (each stage's follows); the data parallelism runs over the world's replicas.
   const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size),
-                                    static_cast<int>(std::max<int64_t>(1, o.tp_size)), 1, 1);
+                                    static_cast<int>(std::max<int64_t>(1, o.tp_size)),
+                                    static_cast<int>(std::max<int64_t>(1, o.pp_size)), 1);
   const int replicas = mesh[MeshDim::data];
   const std::unique_ptr<RunAssembly> run =
       assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
@@ -567,6 +609,8 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   if (o.tp_size > 1) print_tensor_parallel(o, *run);
   print_categories(o, *run, device);
   const nlohmann::json ranks_json = print_ranks(o, *run, replicas);
+  const nlohmann::json stages_json =
+      o.pp_size > 1 ? print_pipeline_stages(o, device, replicas) : nlohmann::json::array();
   const size_t block = bytes_under(run->plan, "block.0.");
   const int64_t layers = run->config.num_layers;
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
@@ -577,7 +621,7 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   if (args.fit) fits = print_fit(o, device, args, fit_json);
   if (!args.html_path.empty()) write_estimate_html(o, args, run->plan, device, host_base, fits);
   if (!args.json_path.empty())
-    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json);
+    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json, stages_json);
   return 0;
 }
 

@@ -175,8 +175,9 @@ class PipelineParallel final : public ParallelPolicy {
   std::vector<std::pair<std::string, double>> statistics() const override {
     return {{"pipeline_bubble_share", steps_ > 0 ? bubble_sum_ / static_cast<double>(steps_) : 0}};
   }
+  // The last step's bubble, and the bytes of activations and gradients this rank sent in it.
   std::vector<std::pair<std::string, double>> step_statistics() const override {
-    return {{"pipeline_bubble_share", last_bubble_}};
+    return {{"pipeline_bubble_share", last_bubble_}, {"pipeline_sent_bytes", last_sent_}};
   }
   const StateShare* state_share() const override { return &share_; }
   const Model* saved_model() const override { return full_.get(); }
@@ -212,7 +213,7 @@ class PipelineParallel final : public ParallelPolicy {
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
   std::vector<int64_t> lengths_;
-  double bubble_sum_ = 0, last_bubble_ = 0;
+  double bubble_sum_ = 0, last_bubble_ = 0, last_sent_ = 0;
   int64_t steps_ = 0;
 
   // Which rank holds each of the whole model's parameters, and where in its stage's.
@@ -305,10 +306,13 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
   bool input_ready = false, gradient_ready = false;
   int resident = -1;  // the micro-batch whose activations the model holds
   double waited = 0;
-  auto exchange = [&](const std::function<void()>& f) {
+  last_sent_ = 0;
+  // An exchange that `sends` sends one planned buffer.
+  auto exchange = [&](const std::function<void()>& f, bool sends = true) {
     const Clock::time_point start = Clock::now();
     f();
     waited += seconds_since(start);
+    if (sends) last_sent_ += static_cast<double>(whole(model.stage_input()).bytes());
   };
   for (size_t i = 0; i < ops.size(); ++i) {
     const int m = ops[i].micro_batch;
@@ -318,7 +322,7 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
       load(m);
       if (!last) keep_batch(m % slots);
       if (!first && !input_ready)
-        exchange([&] { pipe_.receive(whole(model.stage_input()), s - 1); });
+        exchange([&] { pipe_.receive(whole(model.stage_input()), s - 1); }, false);
       input_ready = false;
       if (!first && !last) be.copy(model.stage_input(), model.stashed_input(m % slots));
       model.forward_step(be, o);
@@ -336,7 +340,7 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
       continue;
     }
     if (!last && !gradient_ready)
-      exchange([&] { pipe_.receive(whole(model.hidden_gradient()), s + 1); });
+      exchange([&] { pipe_.receive(whole(model.hidden_gradient()), s + 1); }, false);
     gradient_ready = false;
     if (resident != m) {  // the forward again, from the kept batch and input
       restore_batch(m % slots);
