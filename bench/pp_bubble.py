@@ -4,7 +4,8 @@ measures (the share of the stages' time spent waiting, pipeline_bubble_share in 
 1F1B's (p - 1) / (m + p - 1) for stages that take as long; the bytes rank 0 (the first stage)
 sends per step next to the formula m B T C x 4 (each micro-batch's output, float32); and the step
 speed, the planned bytes and rank 0's peak against one process with every thread on the same
-global batch.
+global batch. First, each stage's plan (`brisk estimate --pp_size p`) for GPT-2 124M and a Llama
+with 7B's shape.
 
 Stages before the last run each micro-batch's forward again just before its backward (they keep
 only its input), so the first stage works F + F + B where the last works F + B: the measured
@@ -43,6 +44,32 @@ def train(a, stages, micro, threads, out):
     steps = [json.loads(line) for line in (r.stdout + r.stderr).splitlines()
              if line.startswith("{") and '"loss"' in line and '"step"' in line]
     return json.load(open(os.path.join(out, "train_results.json"))), steps
+
+
+# name, batch, sequence, pipeline degrees
+SHAPES = [("gpt2", 4, 1024, (1, 2, 4)), ("llama-2-7b", 1, 4096, (1, 2, 4, 8))]
+
+
+def plan_table(tmp):
+    """Each stage's plan from `brisk estimate --pp_size p --bf16` (8 micro-batches)."""
+    print("| model | pp | stage 0 | a middle stage | last stage | largest against pp 1 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for model, batch, seq, degrees in SHAPES:
+        whole = None
+        for pp in degrees:
+            out = os.path.join(tmp, f"{model}_pp{pp}.json")
+            subprocess.run([BRISK, "estimate", "--model_name_or_path", model, "--pp_size", str(pp),
+                            "--world_size", str(pp), "--per_device_train_batch_size", str(batch),
+                            "--seq_len", str(seq), "--gradient_accumulation_steps", "8",
+                            "--bf16", "--output_json", out], check=True, capture_output=True)
+            j = json.load(open(out))
+            stages = j["pipeline_stages"] or [{"planned_total_bytes":
+                                               j["memory"]["planned_total_bytes"]}]
+            totals = [st["planned_total_bytes"] for st in stages]
+            whole = whole or totals[0]
+            middle = f"{totals[1] / MIB:.0f} MiB" if len(totals) > 2 else "-"
+            print(f"| {model} b{batch} s{seq} | {pp} | {totals[0] / MIB:.0f} MiB | {middle} "
+                  f"| {totals[-1] / MIB:.0f} MiB | {max(totals) / whole:.2f} |")
 
 
 def bubble_table(a, tmp):
@@ -92,6 +119,8 @@ def main():
     p.add_argument("--max_steps", type=int, default=4)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        plan_table(tmp)
+        print()
         bubble_table(a, tmp)
         memory_table(a, tmp)
 
