@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/step_control.h"
 #include "data/loader.h"
 #include "eval/metrics.h"
 #include "parallel/communicator.h"
+#include "parallel/policy.h"
 
 namespace brisk {
 namespace {
@@ -38,6 +40,13 @@ struct EvalContext {
   int64_t planned_seq, L;
   int ranks;
   bool dynamic_padding, classification, regression;
+  // Pipeline stages: the forward passes go through them, and only the last holds the results.
+  StagedForward* staged;
+  bool holds_results() const {
+    return !staged || staged->stages().rank() == staged->stages().size() - 1;
+  }
+  // Predictions are handed on once every rank's are gathered.
+  bool gathers() const { return ranks > 1 || staged; }
 };
 
 // What evaluation counts as the batches stream by.
@@ -66,8 +75,8 @@ void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTa
       const int32_t y = c.model.batch().labels.i32()[r];
       if (y != kIgnoreIndex) t.scores.add(y, p.label);
     }
-    if (c.on_prediction && c.ranks == 1) c.on_prediction(p);
-    if (c.on_prediction && c.ranks > 1) t.predicted.push_back(p);
+    if (c.on_prediction && !c.gathers()) c.on_prediction(p);
+    if (c.on_prediction && c.gathers()) t.predicted.push_back(p);
   }
 }
 
@@ -85,8 +94,14 @@ void evaluate_batch(const EvalContext& c, int64_t first, int64_t rows, EvalTally
   c.model.reset_batch();
   for (int64_t r = 0; r < rows; ++r) c.data.fill_row(first + r, 0, c.model.batch(), r);
   t.targets += c.model.count_targets();
-  t.loss += c.model.forward(c.be, c.so);
-  if (!c.classification) return;
+  if (c.staged) {
+    c.model.reset_step_stats(c.be);
+    c.staged->forward(c.be, c.model, c.so);
+    t.loss += c.model.read_step_stats(c.be)[kStatLoss];
+  } else {
+    t.loss += c.model.forward(c.be, c.so);
+  }
+  if (!c.classification || !c.holds_results()) return;
   c.be.download(c.model.logits(), c.logits);
   tally_predictions(c, first, rows, t);
 }
@@ -111,6 +126,22 @@ void combine_ranks(Communicator& comm, bool regression, EvalTally& t) {
   t.numbers = RegressionMetrics();
   for (size_t i = 0; i + 1 < pairs.size(); i += 2)
     t.numbers.add(static_cast<float>(pairs[i]), static_cast<float>(pairs[i + 1]));
+}
+
+// Pipeline stages: the last stage's counts, pairs and predictions on every stage (the others
+// counted nothing of their own).
+void combine_stages(const EvalContext& c, EvalTally& t) {
+  if (!c.holds_results()) t = EvalTally(std::max<int64_t>(c.L, 2));
+  combine_ranks(c.staged->stages(), c.regression, t);
+  std::vector<double> mine;
+  for (const Prediction& p : t.predicted)
+    mine.insert(mine.end(), {static_cast<double>(p.index), static_cast<double>(p.label),
+                             static_cast<double>(p.value)});
+  const std::vector<double> all = gather_doubles(c.staged->stages(), mine);
+  t.predicted.clear();
+  for (size_t i = 0; i + 2 < all.size(); i += 3)
+    t.predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
+                           static_cast<float>(all[i + 2])});
 }
 
 // Every rank's predictions gathered on rank 0 and handed on there in row order (none elsewhere).
@@ -168,7 +199,7 @@ void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
 nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                               const std::string& prefix,
                               const std::function<void(const Prediction&)>& on_prediction,
-                              Communicator* comm) {
+                              Communicator* comm, StagedForward* staged) {
   const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   const auto start = std::chrono::steady_clock::now();
   const BatchShape planned = model.planned_shape();
@@ -188,7 +219,8 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       ranks,
                       dynamic_padding_,
                       classification,
-                      model.config().regression};
+                      model.config().regression,
+                      staged};
   EvalTally t(std::max<int64_t>(c.L, 2));
   // Batch i is rank i mod N's. When the model gathers its weights from every rank (ZeRO stage
   // 3), every rank runs as many forward passes: one without a batch of its own runs one over the
@@ -205,10 +237,10 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
     }
     evaluate_batch(c, first, std::min(B, data.size() - first), t);
   }
-  if (ranks > 1) {
-    combine_ranks(*comm, c.regression, t);
-    if (on_prediction) deliver_predictions(*comm, t.predicted, on_prediction);
-  }
+  if (staged) combine_stages(c, t);
+  if (ranks > 1) combine_ranks(*comm, c.regression, t);
+  if (on_prediction && c.gathers())
+    deliver_predictions(comm ? *comm : staged->stages(), t.predicted, on_prediction);
   return eval_metrics(c, t, prefix, seconds_since(start), data.size());
 }
 

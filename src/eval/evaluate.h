@@ -18,6 +18,7 @@
 namespace brisk {
 
 class Communicator;
+class StagedForward;
 
 // One row's prediction: the class (classification) or the number (regression).
 struct Prediction {
@@ -39,10 +40,12 @@ class Evaluator {
   // unlabelled test set) count in no metric. `on_prediction`, when given, receives each
   // classification or regression row's prediction, in row order (on rank 0 of several: every
   // rank's; on the others none). With `comm` of several ranks, every rank must call run alike
-  // and gets the metrics of the whole dataset.
+  // and gets the metrics of the whole dataset. With `staged` (pipeline stages), every stage of
+  // the pipeline calls it alike: the forward passes go through the stages and every stage gets
+  // the metrics.
   nlohmann::json run(Backend& be, Model& model, const Dataset& data, const std::string& prefix,
                      const std::function<void(const Prediction&)>& on_prediction = nullptr,
-                     Communicator* comm = nullptr);
+                     Communicator* comm = nullptr, StagedForward* staged = nullptr);
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]

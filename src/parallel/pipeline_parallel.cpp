@@ -27,6 +27,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// `t` (a [B, T, C] float32 buffer of `model`'s) at the planned length: activations and gradients
+// go whole, a shorter micro-batch's filling them from the start, so that a stage may receive a
+// micro-batch's before it has loaded the batch.
+Tensor planned_buffer(const Model& model, const Tensor& t) {
+  const BatchShape planned = model.planned_shape();
+  return Tensor(t.data(), Shape{planned.batch * planned.seq * model.config().hidden_size},
+                DType::f32, t.device());
+}
+
 // Where each parameter of the whole model lies: the world rank holding it (its stage's first
 // data replica; a tied embedding the first stage's) and its offset in that stage's parameters.
 struct Placed {
@@ -92,7 +101,7 @@ class StageReads final : public GatheredReads {
   int64_t held_;
 };
 
-class PipelineParallel final : public ParallelPolicy {
+class PipelineParallel final : public ParallelPolicy, public StagedForward {
  public:
   PipelineParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
                    const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
@@ -181,6 +190,16 @@ class PipelineParallel final : public ParallelPolicy {
   }
   const StateShare* state_share() const override { return &share_; }
   const Model* saved_model() const override { return full_.get(); }
+  StagedForward* staged_forward() override { return this; }
+
+  // Evaluation's forward pass: batch after batch down the stages.
+  void forward(Backend& be, Model& model, const StepOptions& options) override {
+    const int s = pipe_.rank();
+    if (s > 0) pipe_.receive(planned_buffer(model, model.stage_input()), s - 1);
+    model.forward_step(be, options);
+    if (s < pipe_.size() - 1) pipe_.send(planned_buffer(model, model.stage_output()), s + 1);
+  }
+  Communicator& stages() override { return pipe_; }
 
   // Each stage's first data replica holds its whole weights and state.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
@@ -294,13 +313,7 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
   const Clock::time_point began = Clock::now();
   const int s = pipe_.rank(), p = pipe_.size();
   const bool first = s == 0, last = s == p - 1;
-  // Activations and gradients go as the planned length's buffers, which a shorter micro-batch's
-  // fill from the start: a stage may receive a micro-batch's before it has loaded it.
-  const BatchShape planned = model.planned_shape();
-  const auto whole = [&](const Tensor& t) {
-    return Tensor(t.data(), Shape{planned.batch * planned.seq * model.config().hidden_size},
-                  DType::f32, t.device());
-  };
+  const auto whole = [&](const Tensor& t) { return planned_buffer(model, t); };
   const std::vector<PipeStep> ops = one_forward_one_backward(p, s, count);
   const int slots = p - s;
   bool input_ready = false, gradient_ready = false;

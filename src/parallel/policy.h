@@ -68,6 +68,17 @@ void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, Paralle
 void plan_offload_buffers(const Model& model, const MixedPrecision& precision,
                           ParallelBuffers& buffers, MemoryPlan& plan, BufferBinder& binder);
 
+// A pipeline stage's part in evaluation and prediction: each batch's forward pass, its input
+// received from the stage before and its output sent to the next; the last stage adds the loss
+// and holds the logits.
+class StagedForward {
+ public:
+  virtual ~StagedForward() = default;
+  virtual void forward(Backend& be, Model& model, const StepOptions& options) = 0;
+  // The stages of this rank's pipeline, in order.
+  virtual Communicator& stages() = 0;
+};
+
 class ParallelPolicy {
  public:
   virtual ~ParallelPolicy() = default;
@@ -121,6 +132,8 @@ class ParallelPolicy {
   // The model a save writes when this rank's is a part of it (a pipeline stage's: the whole
   // model's parameters, which gather_for_save reads); null: this rank's own.
   virtual const Model* saved_model() const { return nullptr; }
+  // Where evaluation's forward passes go through pipeline stages; null: on this rank's model.
+  virtual StagedForward* staged_forward() { return nullptr; }
 };
 
 struct ParallelOptions {

@@ -394,7 +394,8 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
 // The data replicas of `comm` predict their shares; `lead` writes the file.
 nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
-                                 const LogSink& on_log, Communicator& comm, bool lead) {
+                                 const LogSink& on_log, Communicator& comm, bool lead,
+                                 StagedForward* staged) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
   nlohmann::json metrics = run.evaluator.run(
@@ -412,7 +413,7 @@ nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptio
             id2label.is_object() && id2label.contains(id) && id2label[id].is_string();
         out += (named ? id2label[id].get<std::string>() : id) + "\n";
       },
-      &comm);
+      &comm, staged);
   if (lead) write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
   on_log(metrics);
   return metrics;
@@ -671,8 +672,8 @@ void train_steps(RunContext& c) {
     // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
     // step's sums.
     if (c.run.eval_data && eval_due(o, state.global_step, epoch_ended)) {
-      evaluated =
-          c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.data);
+      evaluated = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
+                                      &c.data, c.parallel.staged_forward());
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
@@ -688,7 +689,7 @@ void train_steps(RunContext& c) {
 // its weights, read as the parallel policy shares them.
 void load_best_model(RunContext& c) {
   std::string best_folder = c.lead() ? c.state.best_model_checkpoint : std::string();
-  if (c.ranks() > 1) best_folder = broadcast_string(c.dist, best_folder, 0);
+  if (c.dist.size() > 1) best_folder = broadcast_string(c.dist, best_folder, 0);
   if (best_folder.empty()) return;
   c.parallel.load_weights((fs::path(best_folder) / "model.safetensors").string());
   if (c.lead()) {
@@ -731,8 +732,8 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
   c.peaks.enter(PeakPhases::steps);
   nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
   if (o.do_eval) {
-    s.eval_metrics =
-        c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr, &c.data);
+    s.eval_metrics = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
+                                         &c.data, c.parallel.staged_forward());
     s.eval_metrics["epoch"] = c.state.epoch;
     s.eval_metrics["eval_samples"] = c.run.eval_data->size();
     c.log.report(s.eval_metrics, c.state.global_step);
@@ -745,7 +746,8 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
     const LogSink report = [&](const nlohmann::json& rec) {
       c.log.report(rec, c.state.global_step);
     };
-    s.predict_metrics = write_predictions(c.be, c.run, o, report, c.data, c.lead());
+    s.predict_metrics =
+        write_predictions(c.be, c.run, o, report, c.data, c.lead(), c.parallel.staged_forward());
   }
   c.peaks.enter(PeakPhases::done);
   summarize_memory(c.be, c.run.plan, arena, c.peaks, s);

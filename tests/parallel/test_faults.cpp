@@ -45,6 +45,17 @@ TEST(Faults, DISABLED_AStuckRankEndsASumOverASplitGroup) {
   group->all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
 }
 
+// A pipeline stage waiting for its neighbour's activations (a receive on the mesh's pipeline
+// group) is watched as well: the neighbour stuck, the run ends at the timeout.
+TEST(Faults, DISABLED_AStuckStageEndsAReceive) {
+  world().set_timeout(2);
+  const std::unique_ptr<Communicator> stages = world().split(0, world().rank());
+  stages->barrier();
+  if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  float x = 1;
+  if (world().rank() == 0) stages->receive(Tensor(&x, Shape{1}, DType::f32), 1);
+}
+
 // Rank 1 is killed: the launcher ends the others, naming the rank.
 TEST(Faults, DISABLED_AKilledRankEndsTheRun) {
   world().barrier();

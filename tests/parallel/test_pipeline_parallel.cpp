@@ -6,6 +6,7 @@
 // again before backward included.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,48 @@ TEST(PipelineParallel, FewMicroBatchesRecomputationAndBf16RunAsOneProcess) {
   }
 }
 
+// Evaluation and prediction through the stages (BERT, a classifier: the last stage's logits),
+// during training (eval_steps) and after it, with the best model loaded at the end: metrics and
+// predictions as one process's.
+TEST(PipelineParallel, EvaluationAndPredictionRunThroughTheStages) {
+  NEEDS_MPI();
+  const Layout l;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("pp_eval");
+  const std::string model = write_model(dir, "bert", l.dp == 1 ? 0.1 : 0.0, kLayers);
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 4 / l.dp;
+  o.max_steps = 4;
+  o.pp_size = l.pp;
+  o.do_eval = o.do_predict = true;
+  o.eval_strategy = "steps";
+  o.eval_steps = o.save_steps = 2;
+  o.load_best_model_at_end = true;
+  o.eval_dataset_size = 10;
+  o.per_device_eval_batch_size = 4 / l.dp;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = one.per_device_eval_batch_size = 4;
+  one.pp_size = 1;
+  const Logged ranks = run(o, nullptr, &world());
+  if (world().rank() != 0) return;
+  expect_trains_as(ranks, run(one, nullptr, alone.get()));
+  const nlohmann::json got = read_json_file(dir / "ranks/eval_results.json", "eval results");
+  const nlohmann::json want = read_json_file(dir / "one/eval_results.json", "eval results");
+  for (const char* metric : {"eval_loss", "eval_accuracy"})
+    EXPECT_NEAR(got[metric].get<double>(), want[metric].get<double>(),
+                1e-5 * std::abs(want[metric].get<double>()))
+        << metric;
+  EXPECT_EQ(read_text(dir / "ranks/predict_results.txt"),
+            read_text(dir / "one/predict_results.txt"));
+  EXPECT_FALSE(read_text(dir / "ranks/predict_results.txt").empty());
+  auto best = [&](const std::string& out) {  // the best checkpoint's folder name
+    const nlohmann::json state = read_json_file(dir / (out + "/trainer_state.json"), "state");
+    return std::filesystem::path(state["best_model_checkpoint"].get<std::string>()).filename();
+  };
+  EXPECT_EQ(best("ranks"), best("one"));
+}
+
 // Checkpoints hold the whole model and optimizer state: the stages resume one process's
 // checkpoint and one process resumes the stages', each ending as the run that went on.
 TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
@@ -179,9 +222,6 @@ TEST(PipelineParallel, UnsupportedLayoutsAreRefused) {
   o.zero_stage = 1;
   expect_error([&] { run(o, nullptr, &world()); }, "--pp_size with --zero_stage");
   o.zero_stage = 0;
-  o.do_eval = true;
-  expect_error([&] { run(o, nullptr, &world()); }, "--pp_size with evaluation");
-  o.do_eval = false;
   o.optim = "adafactor";
   expect_error([&] { run(o, nullptr, &world()); }, "pipeline parallelism (--pp_size) needs");
 }
