@@ -8,6 +8,7 @@
 //   stage 3: the rank keeps only its run of the weights, gathered when the model needs them.
 // With the optimizer offloaded, the step runs on the host's backend from host copies of the
 // gradients (this rank's run) and of the step's decision.
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -38,8 +39,11 @@ class DataParallel final : public ParallelPolicy {
     return b_.grad_shard.empty() ? model_.params().flat_grads() : b_.grad_shard;
   }
   double sum_over_gradients(const Tensor& sums) override;
-  double gradient_sum_squares(const Tensor& acc) override {
-    be_.sum_squares(gradients(), acc);
+  double gradient_sum_squares(const Tensor& acc, int skip) override {
+    const int64_t base = partitioned() && !b_.grad_shard.empty()
+                             ? b_.shards[static_cast<size_t>(comm_.rank())].elements.offset
+                             : 0;
+    sum_squares_except(be_, model_.params(), gradients(), base, skip, acc);
     return sum_over_gradients(acc);
   }
   double step_weights(float lr, const RngKey& rounding) override;
@@ -171,6 +175,20 @@ std::unique_ptr<GatheredReads> DataParallel::gather_for_save(bool checkpoint) {
 }
 
 }  // namespace
+
+void sum_squares_except(Backend& be, const ParameterSet& params, const Tensor& grads, int64_t base,
+                        int skip, const Tensor& acc) {
+  if (skip < 0) {
+    be.sum_squares(grads, acc);
+    return;
+  }
+  const ParamInfo& p = params.list().at(static_cast<size_t>(skip));
+  const int64_t end = base + grads.numel();
+  const int64_t lo = std::clamp(p.offset, base, end);
+  const int64_t hi = std::clamp(p.offset + p.shape.numel(), base, end);
+  if (lo > base) be.sum_squares(element_range(grads, 0, lo - base), acc);
+  if (hi < end) be.sum_squares(element_range(grads, hi - base, end - hi), acc);
+}
 
 void ParallelPolicy::run_micro_batches(Backend& be, Model& model, int count,
                                        const std::function<void(int)>& load,

@@ -36,20 +36,24 @@ Tensor planned_buffer(const Model& model, const Tensor& t) {
                 DType::f32, t.device());
 }
 
-// Where each parameter of the whole model lies: the world rank holding it (its stage's first
-// data replica; a tied embedding the first stage's) and its offset in that stage's parameters.
+// Where a parameter of the whole model lies on one tensor rank: the world rank holding it (its
+// stage's first data replica; a tied embedding the first stage's) and its share there (offset
+// and split: the whole parameter without tensor parallelism).
 struct Placed {
-  int rank = 0;
-  int64_t offset = 0;
+  int rank = -1;
+  ParamInfo share;
 };
 
-// A save's reads of the whole model from the stages: stage s's holder's part i is its
-// parameters (i = 0) or its optimizer state tensor i - 1, laid out as its parameters.
+// A save's reads of the whole model from the stages (and their tensor ranks): holder r's part i
+// is its parameters (i = 0) or its optimizer state tensor i - 1, laid out as its parameters. A
+// parameter whole on each tensor rank is read from tensor rank 0's; a split one is assembled,
+// once, from every tensor rank's share.
 class StageReads final : public GatheredReads {
  public:
-  // `held`: the stages' parameter elements together (a tied embedding's twice).
+  // placed[k][t]: whole parameter k on tensor rank t. `held`: the holders' parameter elements
+  // together.
   StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
-             std::vector<Placed> placed, std::vector<int> holders, int64_t held)
+             std::vector<std::vector<Placed>> placed, std::vector<int> holders, int64_t held)
       : GatheredReads(world, std::move(parts)),
         full_(full),
         placed_(std::move(placed)),
@@ -57,8 +61,7 @@ class StageReads final : public GatheredReads {
         held_(held) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
-    const Placed& where = placed_.at(static_cast<size_t>(full_.index(p.name)));
-    read(0, static_cast<size_t>(part_start(0, where.rank) + where.offset * 4) + at, n, dst);
+    read_whole(0, static_cast<size_t>(full_.index(p.name)), at, n, static_cast<char*>(dst));
   }
 
   int64_t state_bytes(size_t i) const override {
@@ -75,10 +78,7 @@ class StageReads final : public GatheredReads {
       const size_t end = begin + static_cast<size_t>(p.shape.numel()) * bytes;
       if (at >= end) continue;
       const size_t take = std::min(n, end - at);
-      const Placed& where = placed_[k];
-      const auto start = static_cast<size_t>(part_start(i + 1, where.rank)) +
-                         static_cast<size_t>(where.offset) * bytes;
-      read(i + 1, start + (at - begin), take, out);
+      read_whole(i + 1, k, at - begin, take, out);
       out += take;
       at += take;
       n -= take;
@@ -86,7 +86,7 @@ class StageReads final : public GatheredReads {
   }
 
  private:
-  // The bytes per parameter element of whole `whole`, from the stages' parts.
+  // The bytes per parameter element of whole `whole`, from the holders' parts.
   int64_t element_bytes(size_t whole) const {
     int64_t bytes = 0;
     for (int r : holders_) bytes += part_bytes(whole, r);
@@ -95,10 +95,46 @@ class StageReads final : public GatheredReads {
     return bytes / held_;
   }
 
+  // Bytes [at, at + n) of whole parameter k in whole `whole` (laid out as the parameters).
+  void read_whole(size_t whole, size_t k, size_t at, size_t n, char* dst) {
+    const auto bytes = static_cast<size_t>(element_bytes(whole));
+    const Placed& first = placed_[k][0];
+    if (!first.share.split.split()) {
+      read(whole, share_start(whole, first, bytes) + at, n, dst);
+      return;
+    }
+    if (cached_whole_ != whole || cached_param_ != k) assemble(whole, k, bytes);
+    std::memcpy(dst, cache_.data() + at, n);
+  }
+
+  size_t share_start(size_t whole, const Placed& where, size_t bytes) const {
+    return static_cast<size_t>(part_start(whole, where.rank)) +
+           static_cast<size_t>(where.share.offset) * bytes;
+  }
+
+  // Split parameter k's whole tensor into the cache, from every tensor rank's share.
+  void assemble(size_t whole, size_t k, size_t bytes) {
+    cache_.resize(static_cast<size_t>(full_.list()[k].shape.numel()) * bytes);
+    for (const Placed& where : placed_[k]) {
+      std::vector<char> piece(static_cast<size_t>(where.share.shape.numel()) * bytes);
+      read(whole, share_start(whole, where, bytes), piece.size(), piece.data());
+      for_each_split_run(where.share, 0, where.share.shape.numel(),
+                         [&](int64_t local, int64_t at, int64_t length) {
+                           std::memcpy(cache_.data() + static_cast<size_t>(at) * bytes,
+                                       piece.data() + static_cast<size_t>(local) * bytes,
+                                       static_cast<size_t>(length) * bytes);
+                         });
+    }
+    cached_whole_ = whole;
+    cached_param_ = k;
+  }
+
   const ParameterSet& full_;
-  std::vector<Placed> placed_;
+  std::vector<std::vector<Placed>> placed_;
   std::vector<int> holders_;
   int64_t held_;
+  std::vector<char> cache_;
+  size_t cached_whole_ = 0, cached_param_ = static_cast<size_t>(-1);
 };
 
 class PipelineParallel final : public ParallelPolicy, public StagedForward {
@@ -159,18 +195,13 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
 
   // Each stage counts its own parameters; the last stage's copy of tied embeddings is the
   // first's.
-  double gradient_sum_squares(const Tensor& acc) override {
-    const Tensor& grads = data_->gradients();
-    const bool skip_tied = tied_ >= 0 && pipe_.rank() != 0;
-    if (!skip_tied) {
-      be_.sum_squares(grads, acc);
-    } else {
-      const ParamInfo& t = model_.params().list()[static_cast<size_t>(tied_)];
-      const int64_t end = t.offset + t.shape.numel();
-      if (t.offset > 0) be_.sum_squares(element_range(grads, 0, t.offset), acc);
-      if (end < grads.numel()) be_.sum_squares(element_range(grads, end, grads.numel() - end), acc);
-    }
-    return sum_over_gradients(acc);
+  double gradient_sum_squares(const Tensor& acc, int skip) override {
+    BRISK_CHECK(skip < 0, "internal error: a pipeline inside another layout");
+    const double seconds =
+        data_->gradient_sum_squares(acc, tied_ >= 0 && pipe_.rank() != 0 ? tied_ : -1);
+    const Clock::time_point start = Clock::now();
+    pipe_.all_reduce_sum(acc);
+    return seconds + seconds_since(start);
   }
 
   double step_weights(float lr, const RngKey& rounding) override {
@@ -207,11 +238,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
     std::vector<Tensor> parts =
         checkpoint_parts(precision_.master(model_.params()), false, 0, state);
     if (mesh_.coordinate(MeshDim::data) != 0) parts.assign(parts.size(), Tensor());
-    std::vector<int> holders;
-    for (int s = 0; s < pipe_.size(); ++s)
-      holders.push_back(mesh_rank(mesh_.shape(), {s, 0, 0, 0}));
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
-                                        std::move(holders), held_elements_);
+                                        holders_, held_elements_);
   }
 
  private:
@@ -225,8 +253,9 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   Optimizer& optimizer_;
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<Communicator> embedding_group_;
-  int tied_ = -1;  // a tied embedding the first and last stages both hold
-  std::vector<Placed> placed_;
+  int tied_ = -1;                            // a tied embedding the first and last stages both hold
+  std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
+  std::vector<int> holders_;
   int64_t held_elements_ = 0;
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
@@ -235,17 +264,24 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   double bubble_sum_ = 0, last_bubble_ = 0, last_sent_ = 0;
   int64_t steps_ = 0;
 
-  // Which rank holds each of the whole model's parameters, and where in its stage's.
+  // Which rank holds each of the whole model's parameters on each tensor rank, and where in its
+  // stage's share; the holders, and their parameters' elements together.
   void place_parameters(const ModelConfig& full) {
-    const int stages = pipe_.size();
-    placed_.assign(full_->params().list().size(), Placed{-1, 0});
+    const int stages = pipe_.size(), tensors = mesh_.shape()[MeshDim::tensor];
+    placed_.assign(full_->params().list().size(),
+                   std::vector<Placed>(static_cast<size_t>(tensors)));
     for (int s = 0; s < stages; ++s) {
-      const std::unique_ptr<Model> stage = Model::create(pipeline_share(full, s, stages));
-      held_elements_ += stage->params().total_elements();
-      for (const ParamInfo& p : stage->params().list()) {
-        Placed& where = placed_[static_cast<size_t>(full_->params().index(p.name))];
-        if (where.rank >= 0) continue;  // a tied embedding: the first stage's
-        where = {mesh_rank(mesh_.shape(), {s, 0, 0, 0}), p.offset};
+      for (int t = 0; t < tensors; ++t) {
+        const ModelConfig share = tensors > 1 ? tensor_parallel_share(full, t, tensors) : full;
+        const std::unique_ptr<Model> stage = Model::create(pipeline_share(share, s, stages));
+        const int holder = mesh_rank(mesh_.shape(), {s, 0, 0, t});
+        holders_.push_back(holder);
+        held_elements_ += stage->params().total_elements();
+        for (const ParamInfo& p : stage->params().list()) {
+          Placed& where =
+              placed_[static_cast<size_t>(full_->params().index(p.name))][static_cast<size_t>(t)];
+          if (where.rank < 0) where = {holder, p};  // a tied embedding: the first stage's
+        }
       }
     }
   }
@@ -255,9 +291,11 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   StateShare full_layout_share() const {
     StateShare share;
     for (const ParamInfo& p : model_.params().list()) {
-      const ParamInfo& whole =
-          full_->params().list()[static_cast<size_t>(full_->params().index(p.name))];
-      share.runs.push_back({p.offset, whole.offset, p.shape.numel()});
+      const int64_t whole =
+          full_->params().list()[static_cast<size_t>(full_->params().index(p.name))].offset;
+      for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t at, int64_t length) {
+        share.runs.push_back({p.offset + local, whole + at, length});
+      });
     }
     for (size_t i = 0; i < optimizer_.state().size(); ++i) {
       share.offset.push_back(0);

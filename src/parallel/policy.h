@@ -104,9 +104,10 @@ class ParallelPolicy {
   // Returns the seconds it took.
   virtual double sum_over_gradients(const Tensor& sums) = 0;
   // acc (float64 [1], in the backend's memory) += the sum of squares of the model's gradients,
-  // every element of the whole model counted once whichever ranks hold it. Returns the seconds
-  // spent summing across ranks.
-  virtual double gradient_sum_squares(const Tensor& acc) = 0;
+  // every element of the whole model counted once whichever ranks hold it, but parameter `skip`
+  // of this rank's (-1: none), which another rank counts (a pipeline's second copy of tied
+  // embeddings). Returns the seconds spent summing across ranks.
+  virtual double gradient_sum_squares(const Tensor& acc, int skip = -1) = 0;
   // The optimizer's step on this rank's share of the parameters (the step's decision in the
   // model's step_control()), then the updated weights on every rank, rounded by `rounding`.
   // Returns the seconds spent sharing them.
@@ -135,6 +136,11 @@ class ParallelPolicy {
   // Where evaluation's forward passes go through pipeline stages; null: on this rank's model.
   virtual StagedForward* staged_forward() { return nullptr; }
 };
+
+// acc += the sum of squares of `grads`, which hold the parameters' elements from `base` on, but
+// those of parameter `skip` (-1: none).
+void sum_squares_except(Backend& be, const ParameterSet& params, const Tensor& grads, int64_t base,
+                        int skip, const Tensor& acc);
 
 struct ParallelOptions {
   bool training = true;

@@ -185,13 +185,14 @@ class TensorParallel final : public ParallelPolicy {
   // Tensor rank 0 counts every element of its gradients, the others only their shares of the
   // split parameters: the rest they hold alike. Under ZeRO's stage 2 and 3 the gradients are
   // this data rank's run of them.
-  double gradient_sum_squares(const Tensor& acc) override {
+  double gradient_sum_squares(const Tensor& acc, int skip) override {
     const Tensor& grads = data_->gradients();
     const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
     if (mesh_.coordinate(MeshDim::tensor) == 0) {
-      be_.sum_squares(grads, acc);
+      sum_squares_except(be_, model_.params(), grads, base, skip, acc);
     } else {
       for (int i : split_) {
+        if (i == skip) continue;
         const ParamInfo& p = model_.params().list()[static_cast<size_t>(i)];
         const int64_t lo = std::max(p.offset, base);
         const int64_t hi = std::min(p.offset + p.shape.numel(), base + grads.numel());

@@ -1,9 +1,9 @@
 // Pipeline parallelism through the trainer on every rank of the job: stages (with dp replicas
-// over them) train as one process with the same global batch, step by step and to the final
-// weights, which the run saves as the whole model. GPT-2 (tied embeddings on the first and last
-// stages), a llama with grouped-query attention and untied head, and BERT (post-norm), with
-// dropout on where there is one replica: the stages draw one process's masks, their forward run
-// again before backward included.
+// over them, or tensor ranks inside them) train as one process with the same global batch, step by
+// step and to the final weights, which the run saves as the whole model. GPT-2 (tied embeddings on
+// the first and last stages), a llama with grouped-query attention and untied head, and BERT
+// (post-norm), with dropout on where there is one replica: the stages draw one process's masks,
+// their forward run again before backward included.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -180,6 +180,42 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   {
     SCOPED_TRACE("one process from the stages' checkpoint");
     expect_resumes_as(resumed_alone, single);
+  }
+}
+
+// Tensor parallelism inside the stages, tp 2 x pp 2 on 4 ranks: each stage's blocks split over
+// its tensor ranks, each tensor rank exchanging activations with its counterpart in the next
+// stage. GPT-2, the grouped-query llama and BERT as one process, with dropout; then one process
+// resumes the 4 ranks' checkpoint (assembled from every stage's tensor shares).
+TEST(PipelineParallel, TensorParallelStagesTrainAsOneProcess) {
+  NEEDS_MPI();
+  if (world().size() != 4) GTEST_SKIP() << "tp 2 x pp 2 needs 4 ranks, not " << world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama", "bert"}) {
+    SCOPED_TRACE(type + " on tp 2 x pp 2");
+    SharedDir dir("tp_pp_" + type);
+    const std::string model = write_model(dir, type, 0.1, kLayers);
+    UnequalLengths lm_data;
+    const Dataset* data = type == "bert" ? nullptr : &lm_data;
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 4;
+    o.save_steps = 2;
+    o.max_grad_norm = 0.05;
+    o.pp_size = 2;
+    o.tp_size = 2;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.pp_size = one.tp_size = 1;
+    const Logged ranks = run(o, data, &world());
+    if (world().rank() != 0) continue;
+    const Logged single = run(one, data, alone.get());
+    expect_trains_as(ranks, single);
+    TrainOptions from_ranks = one;
+    from_ranks.output_dir = dir / "one_from_ranks";
+    from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
+    expect_resumes_as(run(from_ranks, data, alone.get()), single);
   }
 }
 
