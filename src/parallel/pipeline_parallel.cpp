@@ -2,6 +2,7 @@
 // step's statistics and tied embeddings summed across them, and saves of the whole model.
 #include "parallel/pipeline_parallel.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -36,24 +37,26 @@ Tensor planned_buffer(const Model& model, const Tensor& t) {
                 DType::f32, t.device());
 }
 
-// Where a parameter of the whole model lies on one tensor rank: the world rank holding it (its
-// stage's first data replica; a tied embedding the first stage's) and its share there (offset
-// and split: the whole parameter without tensor parallelism).
+// Where a parameter of the whole model lies on one tensor rank: the holder of its stage's share
+// (a tied embedding's: the first stage's) and its share there (offset and split: the whole
+// parameter without tensor parallelism).
 struct Placed {
-  int rank = -1;
+  int holder = -1;
   ParamInfo share;
 };
 
-// A save's reads of the whole model from the stages (and their tensor ranks): holder r's part i
-// is its parameters (i = 0) or its optimizer state tensor i - 1, laid out as its parameters. A
-// parameter whole on each tensor rank is read from tensor rank 0's; a split one is assembled,
-// once, from every tensor rank's share.
+// A save's reads of the whole model from the stages (and their tensor ranks). A holder is the
+// data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
+// its optimizer state tensor i - 1 laid out as its parameters, is their parts end to end (ZeRO's
+// runs, or the first replica's whole). A parameter whole on each tensor rank is read from tensor
+// rank 0's share; a split one is assembled, once, from every tensor rank's.
 class StageReads final : public GatheredReads {
  public:
-  // placed[k][t]: whole parameter k on tensor rank t. `held`: the holders' parameter elements
-  // together.
+  // placed[k][t]: whole parameter k on tensor rank t; holders[h]: holder h's world ranks in data
+  // order. `held`: the holders' parameter elements together.
   StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
-             std::vector<std::vector<Placed>> placed, std::vector<int> holders, int64_t held)
+             std::vector<std::vector<Placed>> placed, std::vector<std::vector<int>> holders,
+             int64_t held)
       : GatheredReads(world, std::move(parts)),
         full_(full),
         placed_(std::move(placed)),
@@ -89,7 +92,8 @@ class StageReads final : public GatheredReads {
   // The bytes per parameter element of whole `whole`, from the holders' parts.
   int64_t element_bytes(size_t whole) const {
     int64_t bytes = 0;
-    for (int r : holders_) bytes += part_bytes(whole, r);
+    for (const std::vector<int>& ranks : holders_)
+      for (int r : ranks) bytes += part_bytes(whole, r);
     BRISK_CHECK(held_ > 0 && bytes % held_ == 0, "internal error: a save part of ", bytes,
                 " bytes for ", held_, " parameter elements");
     return bytes / held_;
@@ -100,16 +104,29 @@ class StageReads final : public GatheredReads {
     const auto bytes = static_cast<size_t>(element_bytes(whole));
     const Placed& first = placed_[k][0];
     if (!first.share.split.split()) {
-      read(whole, share_start(whole, first, bytes) + at, n, dst);
+      read_held(whole, first, static_cast<size_t>(first.share.offset) * bytes + at, n, dst);
       return;
     }
     if (cached_whole_ != whole || cached_param_ != k) assemble(whole, k, bytes);
     std::memcpy(dst, cache_.data() + at, n);
   }
 
-  size_t share_start(size_t whole, const Placed& where, size_t bytes) const {
-    return static_cast<size_t>(part_start(whole, where.rank)) +
-           static_cast<size_t>(where.share.offset) * bytes;
+  // Bytes [at, at + n) of `where`'s holder's whole `whole`, from its ranks' parts.
+  void read_held(size_t whole, const Placed& where, size_t at, size_t n, char* dst) {
+    for (int r : holders_[static_cast<size_t>(where.holder)]) {
+      const auto length = static_cast<size_t>(part_bytes(whole, r));
+      if (at >= length) {
+        at -= length;
+        continue;
+      }
+      const size_t take = std::min(n, length - at);
+      read(whole, static_cast<size_t>(part_start(whole, r)) + at, take, dst);
+      dst += take;
+      n -= take;
+      at = 0;
+      if (n == 0) return;
+    }
+    BRISK_CHECK(n == 0, "internal error: a read past a stage's save part");
   }
 
   // Split parameter k's whole tensor into the cache, from every tensor rank's share.
@@ -117,7 +134,8 @@ class StageReads final : public GatheredReads {
     cache_.resize(static_cast<size_t>(full_.list()[k].shape.numel()) * bytes);
     for (const Placed& where : placed_[k]) {
       std::vector<char> piece(static_cast<size_t>(where.share.shape.numel()) * bytes);
-      read(whole, share_start(whole, where, bytes), piece.size(), piece.data());
+      read_held(whole, where, static_cast<size_t>(where.share.offset) * bytes, piece.size(),
+                piece.data());
       for_each_split_run(where.share, 0, where.share.shape.numel(),
                          [&](int64_t local, int64_t at, int64_t length) {
                            std::memcpy(cache_.data() + static_cast<size_t>(at) * bytes,
@@ -131,7 +149,7 @@ class StageReads final : public GatheredReads {
 
   const ParameterSet& full_;
   std::vector<std::vector<Placed>> placed_;
-  std::vector<int> holders_;
+  std::vector<std::vector<int>> holders_;
   int64_t held_;
   std::vector<char> cache_;
   size_t cached_whole_ = 0, cached_param_ = static_cast<size_t>(-1);
@@ -139,9 +157,10 @@ class StageReads final : public GatheredReads {
 
 class PipelineParallel final : public ParallelPolicy, public StagedForward {
  public:
+  // `run`: the parameters this rank steps (ZeRO's run among the stage's data replicas, or all).
   PipelineParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
                    const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
-                   std::unique_ptr<ParallelPolicy> data)
+                   ElementRange run, std::unique_ptr<ParallelPolicy> data)
       : be_(be),
         world_(world),
         mesh_(mesh),
@@ -150,7 +169,9 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         full_(Model::create(full)),
         precision_(precision),
         optimizer_(optimizer),
-        data_(std::move(data)) {
+        data_(std::move(data)),
+        run_(run),
+        zero_(run.count < model.params().total_elements()) {
     place_parameters(full);
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
     // The first and last stages sum their tied embeddings' gradients; the others take no part.
@@ -232,12 +253,14 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   }
   Communicator& stages() override { return pipe_; }
 
-  // Each stage's first data replica holds its whole weights and state.
+  // Each stage's share comes from its data replicas: under ZeRO their runs in order, else the
+  // first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
     const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    std::vector<Tensor> parts =
-        checkpoint_parts(precision_.master(model_.params()), false, 0, state);
-    if (mesh_.coordinate(MeshDim::data) != 0) parts.assign(parts.size(), Tensor());
+    const int data_rank = mesh_.coordinate(MeshDim::data);
+    std::vector<Tensor> parts = checkpoint_parts(precision_.master(model_.params()),
+                                                 precision_.sharded(), data_rank, state);
+    if (!zero_ && data_rank != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
                                         holders_, held_elements_);
   }
@@ -254,8 +277,10 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<Communicator> embedding_group_;
   int tied_ = -1;                            // a tied embedding the first and last stages both hold
+  ElementRange run_;                         // the parameters this rank steps
+  bool zero_;                                // the run is a part: ZeRO partitions the stage's state
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
-  std::vector<int> holders_;
+  std::vector<std::vector<int>> holders_;    // each stage's share's data replicas
   int64_t held_elements_ = 0;
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
@@ -274,27 +299,33 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       for (int t = 0; t < tensors; ++t) {
         const ModelConfig share = tensors > 1 ? tensor_parallel_share(full, t, tensors) : full;
         const std::unique_ptr<Model> stage = Model::create(pipeline_share(share, s, stages));
-        const int holder = mesh_rank(mesh_.shape(), {s, 0, 0, t});
-        holders_.push_back(holder);
+        const auto holder = static_cast<int>(holders_.size());
+        holders_.emplace_back();
+        for (int d = 0; d < mesh_.shape()[MeshDim::data]; ++d)
+          holders_.back().push_back(mesh_rank(mesh_.shape(), {s, d, 0, t}));
         held_elements_ += stage->params().total_elements();
         for (const ParamInfo& p : stage->params().list()) {
           Placed& where =
               placed_[static_cast<size_t>(full_->params().index(p.name))][static_cast<size_t>(t)];
-          if (where.rank < 0) where = {holder, p};  // a tied embedding: the first stage's
+          if (where.holder < 0) where = {holder, p};  // a tied embedding: the first stage's
         }
       }
     }
   }
 
-  // Where this stage's optimizer state lies in a checkpoint's, laid out as the whole model's
-  // parameters.
+  // Where this rank's optimizer state (its run's) lies in a checkpoint's, laid out as the whole
+  // model's parameters.
   StateShare full_layout_share() const {
     StateShare share;
+    const int64_t first = zero_ ? run_.offset : 0;
+    const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
     for (const ParamInfo& p : model_.params().list()) {
       const int64_t whole =
           full_->params().list()[static_cast<size_t>(full_->params().index(p.name))].offset;
       for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t at, int64_t length) {
-        share.runs.push_back({p.offset + local, whole + at, length});
+        const int64_t from = p.offset + local;
+        const int64_t lo = std::max(from, first), hi = std::min(from + length, end);
+        if (lo < hi) share.runs.push_back({lo - first, whole + at + (lo - from), hi - lo});
       });
     }
     for (size_t i = 0; i < optimizer_.state().size(); ++i) {
@@ -420,11 +451,14 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
 
 std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, const ModelConfig& full,
-    MixedPrecision& precision, Optimizer& optimizer,
+    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
     std::unique_ptr<ParallelPolicy> data_parallel) {
-  check_elementwise(optimizer, model.params(), model.params().total_elements(),
-                    "pipeline parallelism (--pp_size)");
-  return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer,
+  const ElementRange run =
+      buffers.shards.empty()
+          ? ElementRange{0, model.params().total_elements()}
+          : buffers.shards[static_cast<size_t>(mesh.coordinate(MeshDim::data))].elements;
+  check_elementwise(optimizer, model.params(), run.count, "pipeline parallelism (--pp_size)");
+  return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
                                             std::move(data_parallel));
 }
 

@@ -172,7 +172,7 @@ void check_pipeline_options(const TrainOptions& o) {
   BRISK_CHECK(o.pp_size >= 0 && o.pp_size <= 4096, "pp_size must lie in [0, 4096], got ",
               o.pp_size);
   if (o.pp_size <= 1) return;
-  const char* missing = o.zero_stage > 0                ? "--zero_stage above 0"
+  const char* missing = o.zero_stage > 1                ? "--zero_stage above 1"
                         : o.offload_optimizer != "none" ? "--offload_optimizer"
                                                         : nullptr;
   BRISK_CHECK(missing == nullptr, "--pp_size with ", missing ? missing : "",

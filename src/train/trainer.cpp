@@ -843,7 +843,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                                            *run->optimizer, run->parallel, std::move(parallel));
   if (o.pp_size > 1)
     parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
-                                             *run->optimizer, std::move(parallel));
+                                             *run->optimizer, run->parallel, std::move(parallel));
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};
