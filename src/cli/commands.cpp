@@ -199,7 +199,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
       fit_search(o, device, budget, split_list(args.precisions, precision_of(o)),
                  split_list(args.optims, o.optim), &rejected, world);
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps * world /
-                         std::max<int64_t>(1, o.tp_size);
+                         std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size);
   std::printf(
       "fit: global batch %lld%s within %s per rank (%s): %zu configurations fit, %d do not\n",
       static_cast<long long>(global),
@@ -211,17 +211,19 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
               can_offload ? "a smaller batch, or the optimizer in host memory "
                             "(--offload_optimizer cpu)"
                           : "or a smaller batch");
-  std::printf("  %-4s %-16s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "layout", "batch x accum",
+  std::printf("  %-4s %-22s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "layout", "batch x accum",
               "recompute", "precision", "optim", "needs", "predicted/step");
   for (size_t i = 0; i < fits.size(); ++i) {
     const TrainOptions& t = fits[i].options;
     const std::string shape = std::to_string(t.per_device_train_batch_size) + " x " +
                               std::to_string(t.gradient_accumulation_steps);
-    const std::string layout = "tp " + std::to_string(std::max<int64_t>(1, t.tp_size)) + " x dp " +
+    const int64_t pp = std::max<int64_t>(1, t.pp_size);
+    const std::string layout = "tp " + std::to_string(std::max<int64_t>(1, t.tp_size)) +
+                               (pp > 1 ? " x pp " + std::to_string(pp) : "") + " x dp " +
                                std::to_string(fits[i].data_ranks) + " z" +
                                std::to_string(fits[i].data_ranks > 1 ? t.zero_stage : 0);
     if (i < 10)
-      std::printf("  %-4zu %-16s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, layout.c_str(),
+      std::printf("  %-4zu %-22s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, layout.c_str(),
                   shape.c_str(),
                   t.gradient_checkpointing ? "full"
                   : t.selective_recompute  ? "selective"
@@ -229,6 +231,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                   precision_of(t).c_str(), t.optim.c_str(), format_mib(fits[i].needed).c_str(),
                   fits[i].step_seconds * 1e3);
     out.push_back({{"tp_size", std::max<int64_t>(1, t.tp_size)},
+                   {"pp_size", pp},
                    {"data_ranks", fits[i].data_ranks},
                    {"zero_stage", t.zero_stage},
                    {"per_device_train_batch_size", t.per_device_train_batch_size},

@@ -142,23 +142,26 @@ CostModel cost_model(Device device) {
 }
 
 // The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
-// parallelism's 4 float32 [B, T, C] sums per block per micro-batch (6 recomputing), the data
-// replicas' sum of the float32 gradients once a step (ZeRO stage 3 gathers the weights besides:
-// 1.5 x).
+// parallelism's 4 float32 [B, T, C] sums per block of the stage per micro-batch (6
+// recomputing), the data replicas' sum of the stage's float32 gradients once a step (ZeRO stage
+// 3 gathers the weights besides: 1.5 x), and a pipeline stage's float32 [B, T, C] activations
+// sent on and gradients sent back per micro-batch.
 double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
   auto ring = [](double ranks) { return 2 * (ranks - 1) / ranks; };
   const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
+  const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
   const double tokens = static_cast<double>(o.per_device_train_batch_size *
                                             o.gradient_accumulation_steps * o.seq_len);
   const double sums = o.gradient_checkpointing ? 6 : 4;
-  const double tensor = sums * static_cast<double>(c.num_layers) * tokens *
+  const double tensor = sums * static_cast<double>(c.num_layers) / p * tokens *
                         static_cast<double>(c.hidden_size) * 4 * ring(t);
+  const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
   const double d = static_cast<double>(data_ranks);
   const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
                       (o.zero_stage >= 3 ? 1.5 : 1.0);
-  return (tensor + data) / m.collective;
+  return (tensor + data + stages) / m.collective;
 }
 
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
@@ -176,10 +179,14 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
                       : run.product == DType::f16 ? m.fp16_flops
                       : o.tf32                    ? m.tf32_flops
                                                   : m.fp32_flops;
-  // A tensor rank computes its share of every block's products and attention.
+  // A tensor rank computes its share of every block's products and attention. A pipeline stage
+  // computes its blocks, stages before the last running each forward twice (4/3), and the step
+  // takes (m + p - 1) stage-times of a micro-batch where one stage would take m (1F1B's bubble).
   const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
-  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t;
-  const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops / t;
+  const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
+  const double stage = p > 1 ? (k + p - 1) / k * 4.0 / 3.0 / p : 1.0;
+  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t * stage;
+  const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops / t * stage;
   const auto bytes = run.plan.bytes_by_category();
   auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
   // The elementwise passes run over every activation a micro-step produces: what a run without
@@ -209,35 +216,65 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
       run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]);
   const double optimizer = 2 * states(Placement::device) / m.bandwidth +
                            2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
-  return matmul + attention + k * L * m.layer_overhead + activations + optimizer +
+  return matmul + attention + k * L * m.layer_overhead * stage +
+         activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer +
          communication_seconds(run, m, data_ranks);
 }
 
 namespace {
-// A layout of `world` ranks: tp_size x data replicas, under a ZeRO stage.
+// A layout of `world` ranks: tp_size x pp_size x data replicas, under a ZeRO stage.
 struct Layout {
-  int64_t tp = 1, zero = 0;
+  int64_t tp = 1, pp = 1, zero = 0;
   int data_ranks = 1;
 };
 
-// o's own layout for one process's search; for `world` ranks every tensor-parallel degree the
-// model's counts allow (tensor_parallel_share refuses the others) with each ZeRO stage where
-// there are several data replicas.
+// Whether `config` splits into `tp` tensor shares and `pp` stages (the shares refuse counts the
+// degrees do not divide).
+bool splits(const ModelConfig& config, int tp, int pp) {
+  try {
+    if (tp > 1) tensor_parallel_share(config, 0, tp);
+    if (pp > 1) pipeline_share(config, 0, pp);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// o's own layout for one process's search; for `world` ranks every tensor-parallel degree and
+// pipeline depth the model's counts allow, with each ZeRO stage where there are several data
+// replicas (pipelines: ZeRO 0 and 1; no offloaded optimizer).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
-  if (world <= 1) return {{std::max<int64_t>(1, o.tp_size), o.zero_stage, 1}};
+  if (world <= 1)
+    return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size), o.zero_stage, 1}};
   ModelConfig config = resolve_config(o.model_name_or_path);
   std::vector<Layout> out;
-  for (int tp = 1; tp <= world; ++tp) {
-    if (world % tp || (tp > 1 && o.offload_optimizer != "none")) continue;
-    try {
-      if (tp > 1) tensor_parallel_share(config, 0, tp);
-    } catch (const Error&) {
-      continue;  // a count the degree does not divide
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; tp * pp <= world; ++pp) {
+      const bool offload = o.offload_optimizer != "none";
+      if (world % (tp * pp) || (offload && tp * pp > 1) || !splits(config, tp, pp)) continue;
+      const int d = world / (tp * pp);
+      const int64_t top = d == 1 ? 0 : pp > 1 ? 1 : 3;
+      for (int64_t zero = 0; zero <= top; ++zero) out.push_back({tp, pp, zero, d});
     }
-    const int d = world / tp;
-    for (int64_t zero = 0; zero <= (d > 1 ? 3 : 0); ++zero) out.push_back({tp, zero, d});
-  }
   return out;
+}
+
+// What the layout's run needs of the budget: its largest stage's plan (the first holds the
+// embeddings, the last the head, the second the most stashed inputs), and the stage the cost is
+// taken from (the first: it runs each forward twice).
+std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device, const Layout& layout,
+                                         const MemoryBudget& budget, size_t& needed) {
+  std::unique_ptr<RunAssembly> first =
+      assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0, 0);
+  needed = needed_bytes(first->plan, budget);
+  const auto p = static_cast<int>(layout.pp);
+  for (int s : {1, p - 1})
+    if (s > 0 && s < p)
+      needed = std::max(
+          needed,
+          needed_bytes(assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0, s)->plan,
+                       budget));
+  return first;
 }
 }  // namespace
 
@@ -247,7 +284,8 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const std::vector<std::string>& optims, int* rejected,
                                      int world) {
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps *
-                         std::max(1, world) / std::max<int64_t>(1, o.tp_size);
+                         std::max(1, world) / std::max<int64_t>(1, o.tp_size) /
+                         std::max<int64_t>(1, o.pp_size);
   const CostModel model = cost_model(device);
   std::vector<FitCandidate> out;
   int refused = 0;
@@ -268,6 +306,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             if (global % (b * layout.data_ranks)) continue;
             TrainOptions t = o;
             t.tp_size = layout.tp;
+            t.pp_size = layout.pp;
             t.zero_stage = layout.zero;
             t.per_device_train_batch_size = b;
             t.gradient_accumulation_steps = global / (b * layout.data_ranks);
@@ -279,8 +318,8 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             t.optim = optim;
             t.auto_find_batch_size = false;
             validate_options(t);  // a precision or optimizer of the lists may not go with the rest
-            const auto run = assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0);
-            const size_t needed = needed_bytes(run->plan, budget);
+            size_t needed = 0;
+            const auto run = plan_stages(t, device, layout, budget, needed);
             if (needed > budget.budget) {
               ++refused;
               continue;

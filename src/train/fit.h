@@ -72,6 +72,10 @@ namespace brisk {
 // and with offload_optimizer, the host's part of that pass at the host's bandwidth instead, and
 // 2 x 4 bytes per stepped parameter (gradients down, master up) / host link.
 // N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
+// Layouts of several ranks add the sums across them (communication_seconds); with p pipeline
+// stages over m micro-batches the blocks' terms take x (m + p - 1) / m x 4/3 / p (the first
+// stage's share: 1F1B's bubble, each forward run twice before the last stage) and the
+// elementwise passes x 4/3, the states being the stage's.
 // Rates are measurements of brisk on one machine of each kind, named in fit.cpp (the host link:
 // assumed).
 // The device's rates and the host's streaming rate (an offloaded optimizer's pass).
@@ -96,9 +100,10 @@ struct FitCandidate {
 // Every configuration of the global batch (per_device_train_batch_size x
 // gradient_accumulation_steps x the data replicas of o's layout) over per-device batch,
 // recomputation (none, selective, full), precision ("fp32", "bf16", "fp16", "tf32") and optimizer
-// from the lists allowed, whose plan (rank 0's) fits the budget, fastest predicted first. For a
-// run of `world` processes, over the layouts too: every tensor-parallel degree dividing the world
-// and the model's counts, data parallelism over the rest of the ranks under each ZeRO stage.
+// from the lists allowed, whose plan (rank 0's; with pipeline stages, the largest stage's) fits
+// the budget, fastest predicted first. For a run of `world` processes, over the layouts too:
+// every tensor-parallel degree and pipeline depth dividing the world and the model's counts,
+// data parallelism over the rest of the ranks under each ZeRO stage (0 and 1 with pipelines).
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const MemoryBudget& budget,
                                      const std::vector<std::string>& precisions,
