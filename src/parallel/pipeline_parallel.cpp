@@ -113,20 +113,7 @@ class StageReads final : public GatheredReads {
 
   // Bytes [at, at + n) of `where`'s holder's whole `whole`, from its ranks' parts.
   void read_held(size_t whole, const Placed& where, size_t at, size_t n, char* dst) {
-    for (int r : holders_[static_cast<size_t>(where.holder)]) {
-      const auto length = static_cast<size_t>(part_bytes(whole, r));
-      if (at >= length) {
-        at -= length;
-        continue;
-      }
-      const size_t take = std::min(n, length - at);
-      read(whole, static_cast<size_t>(part_start(whole, r)) + at, take, dst);
-      dst += take;
-      n -= take;
-      at = 0;
-      if (n == 0) return;
-    }
-    BRISK_CHECK(n == 0, "internal error: a read past a stage's save part");
+    read_across(whole, holders_[static_cast<size_t>(where.holder)], at, n, dst, "a stage");
   }
 
   // Split parameter k's whole tensor into the cache, from every tensor rank's share.

@@ -79,20 +79,7 @@ class SplitReads final : public GatheredReads {
  private:
   // Bytes [at, at + n) of tensor rank t's whole `whole`, from the parts of its holders.
   void read_share(size_t whole, size_t t, size_t at, size_t n, char* dst) {
-    for (int r : holders_[t]) {
-      const auto length = static_cast<size_t>(part_bytes(whole, r));
-      if (at >= length) {
-        at -= length;
-        continue;
-      }
-      const size_t take = std::min(n, length - at);
-      read(whole, static_cast<size_t>(part_start(whole, r)) + at, take, dst);
-      dst += take;
-      n -= take;
-      at = 0;
-      if (n == 0) return;
-    }
-    BRISK_CHECK(n == 0, "internal error: a read past tensor rank ", t, "'s save part");
+    read_across(whole, holders_[t], at, n, dst, "a tensor rank");
   }
 
   int64_t element_bytes(size_t whole) const {

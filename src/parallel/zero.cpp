@@ -137,6 +137,24 @@ void GatheredReads::read(size_t i, size_t offset, size_t bytes, void* dst) {
   answer(request, dst);
 }
 
+void GatheredReads::read_across(size_t i, const std::vector<int>& ranks, size_t at, size_t n,
+                                char* dst, const char* what) {
+  for (int r : ranks) {
+    const auto length = static_cast<size_t>(part_bytes(i, r));
+    if (at >= length) {
+      at -= length;
+      continue;
+    }
+    const size_t take = std::min(n, length - at);
+    read(i, static_cast<size_t>(part_start(i, r)) + at, take, dst);
+    dst += take;
+    n -= take;
+    at = 0;
+    if (n == 0) return;
+  }
+  BRISK_CHECK(n == 0, "internal error: a read past ", what, "'s save part");
+}
+
 void GatheredReads::done() {
   BRISK_CHECK(comm_.rank() == 0 && !done_, "internal error: a save ended twice");
   done_ = true;

@@ -101,6 +101,11 @@ class GatheredReads {
   // Where rank r's part of whole i starts in it.
   int64_t part_start(size_t i, int r) const { return starts_.at(i).at(static_cast<size_t>(r)); }
   int64_t part_bytes(size_t i, int r) const { return part_start(i, r + 1) - part_start(i, r); }
+  // Rank 0: bytes [at, at + n) of the parts of whole i that `ranks` hold, laid end to end in
+  // that order (a share's data replicas: ZeRO's runs, or one whole); `what` names them in an
+  // error.
+  void read_across(size_t i, const std::vector<int>& ranks, size_t at, size_t n, char* dst,
+                   const char* what);
 
  private:
   // Sends a request from rank 0 ({i, offset, bytes}; i = -1: done) and takes part in its gather.

@@ -154,7 +154,6 @@ TEST(PipelineParallel, EvaluationAndPredictionRunThroughTheStages) {
 TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   NEEDS_MPI();
   const Layout l;
-  const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("pp_resume");
   const std::string model = write_model(dir, "llama", 0.0, kLayers);
   UnequalLengths data;
@@ -170,28 +169,7 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   one.per_device_train_batch_size = 2;
   one.pp_size = 1;
   one.zero_stage = 0;
-  const Logged ranks = run(o, &data, &world());
-  Logged single;
-  if (world().rank() == 0) single = run(one, &data, alone.get());
-  world().barrier();  // one process's checkpoints are written
-  TrainOptions from_one = o;
-  from_one.output_dir = dir / "ranks_from_one";
-  from_one.resume_from_checkpoint = dir / "one/checkpoint-2";
-  const Logged resumed_on_ranks = run(from_one, &data, &world());
-  if (world().rank() != 0) return;
-  TrainOptions from_ranks = one;
-  from_ranks.output_dir = dir / "one_from_ranks";
-  from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
-  const Logged resumed_alone = run(from_ranks, &data, alone.get());
-  expect_trains_as(ranks, single);
-  {
-    SCOPED_TRACE("the stages from one process's checkpoint");
-    expect_resumes_as(resumed_on_ranks, single);
-  }
-  {
-    SCOPED_TRACE("one process from the stages' checkpoint");
-    expect_resumes_as(resumed_alone, single);
-  }
+  expect_resumes_across_layouts(o, one, &data);
 }
 
 // Tensor parallelism inside the stages, tp 2 x pp 2 on 4 ranks: each stage's blocks split over

@@ -115,7 +115,6 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   NEEDS_MPI();
   const int N = world().size();
   const int tp = N == 4 ? 2 : N, dp = N / tp;
-  const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("tp_resume");
   const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
   UnequalLengths data;
@@ -130,28 +129,7 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   one.per_device_train_batch_size = 2;
   one.tp_size = 1;
   one.zero_stage = 0;
-  const Logged ranks = run(o, &data, &world());
-  Logged single;
-  if (world().rank() == 0) single = run(one, &data, alone.get());
-  world().barrier();  // one process's checkpoints are written
-  TrainOptions from_one = o;
-  from_one.output_dir = dir / "ranks_from_one";
-  from_one.resume_from_checkpoint = dir / "one/checkpoint-2";
-  const Logged resumed_on_ranks = run(from_one, &data, &world());
-  if (world().rank() != 0) return;
-  TrainOptions from_ranks = one;
-  from_ranks.output_dir = dir / "one_from_ranks";
-  from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
-  const Logged resumed_alone = run(from_ranks, &data, alone.get());
-  expect_trains_as(ranks, single);
-  {
-    SCOPED_TRACE("the ranks from one process's checkpoint");
-    expect_resumes_as(resumed_on_ranks, single);
-  }
-  {
-    SCOPED_TRACE("one process from the ranks' checkpoint");
-    expect_resumes_as(resumed_alone, single);
-  }
+  expect_resumes_across_layouts(o, one, &data);
 }
 
 // On GPUs through NCCL (the tensor group split from the run's NCCL communicator): tp over the

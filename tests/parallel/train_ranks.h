@@ -131,4 +131,34 @@ inline void expect_resumes_as(const Logged& got, const Logged& want, double tole
   EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
 }
 
+// Checkpoints across layouts: `o` (the world's ranks, saving at step 2 into its output_dir) and
+// `one` (one process, the same run) train; the ranks resume one process's checkpoint-2 and one
+// process the ranks', each ending as one process's uninterrupted run.
+inline void expect_resumes_across_layouts(const TrainOptions& o, const TrainOptions& one,
+                                          const Dataset* data) {
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  const Logged ranks = run(o, data, &world());
+  Logged single;
+  if (world().rank() == 0) single = run(one, data, alone.get());
+  world().barrier();  // one process's checkpoints are written
+  TrainOptions from_one = o;
+  from_one.output_dir = o.output_dir + "_from_one";
+  from_one.resume_from_checkpoint = one.output_dir + "/checkpoint-2";
+  const Logged resumed_on_ranks = run(from_one, data, &world());
+  if (world().rank() != 0) return;
+  TrainOptions from_ranks = one;
+  from_ranks.output_dir = one.output_dir + "_from_ranks";
+  from_ranks.resume_from_checkpoint = o.output_dir + "/checkpoint-2";
+  const Logged resumed_alone = run(from_ranks, data, alone.get());
+  expect_trains_as(ranks, single);
+  {
+    SCOPED_TRACE("the ranks from one process's checkpoint");
+    expect_resumes_as(resumed_on_ranks, single);
+  }
+  {
+    SCOPED_TRACE("one process from the ranks' checkpoint");
+    expect_resumes_as(resumed_alone, single);
+  }
+}
+
 }  // namespace brisk::testing
