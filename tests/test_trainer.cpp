@@ -497,6 +497,33 @@ TEST(Trainer, AutoFindBatchSizeFitsTheBudgetAndKeepsTheGlobalBatch) {
   }
 }
 
+// auto_find_batch_size with pipeline stages fits the largest stage: GPT-2's last stage (the LM
+// head's logits) needs more than its first at every batch, and a budget the first stage's larger
+// batch fits but the last's does not gives the batch the last stage fits.
+TEST(Trainer, AutoFindBatchSizeFitsEveryPipelineStage) {
+  TrainOptions o;
+  o.model_name_or_path = "gpt2";
+  o.seq_len = 128;
+  o.per_device_train_batch_size = 8;
+  o.gradient_accumulation_steps = 1;
+  o.pp_size = 2;
+  const MemoryBudget unbounded{kHostDevice, size_t{1} << 40, 0, "a test budget"};
+  auto stage_need = [&](int64_t batch, int stage) {
+    TrainOptions t = o;
+    t.per_device_train_batch_size = batch;
+    t.gradient_accumulation_steps = 8 / batch;
+    return needed_bytes(assemble_run(t, kHostDevice, nullptr, nullptr, 0, 1, 0, stage)->plan,
+                        unbounded);
+  };
+  ASSERT_GT(stage_need(8, 1), stage_need(8, 0));
+  const MemoryBudget budget{kHostDevice, (stage_need(8, 0) + stage_need(8, 1)) / 2, 0,
+                            "a test budget"};
+  const BatchFit f = fit_batch(o, kHostDevice, budget, nullptr);
+  EXPECT_LT(f.batch, 8) << f.reason;
+  EXPECT_LE(stage_need(f.batch, 1), budget.budget) << f.reason;
+  EXPECT_EQ(f.needed, std::max(stage_need(f.batch, 0), stage_need(f.batch, 1)));
+}
+
 TEST(Trainer, TinyModelsLearnTheLearnableTask) {
   TempDir dir("learn");
   for (const std::string type : {"bert", "gpt2"}) {

@@ -89,6 +89,26 @@ size_t needed_bytes(const MemoryPlan& plan, const MemoryBudget& budget) {
   return planned + budget.fixed + std::max(planned / 50, size_t{32} << 20);
 }
 
+namespace {
+// The first stage's run of `t` (a pipeline's, or the whole run) and into `needed` what the run
+// needs of the budget: its largest stage's plan (the first holds the embeddings, the last the
+// head, the second the most stashed inputs).
+std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device,
+                                         const Dataset* dataset, int data_ranks,
+                                         const MemoryBudget& budget, size_t& needed) {
+  std::unique_ptr<RunAssembly> first =
+      assemble_run(t, device, nullptr, dataset, 0, data_ranks, 0, 0);
+  needed = needed_bytes(first->plan, budget);
+  const auto p = static_cast<int>(std::max<int64_t>(1, t.pp_size));
+  for (int s : {1, p - 1})
+    if (s > 0 && s < p)
+      needed = std::max(
+          needed, needed_bytes(assemble_run(t, device, nullptr, dataset, 0, data_ranks, 0, s)->plan,
+                               budget));
+  return first;
+}
+}  // namespace
+
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
                    const Dataset* dataset) {
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
@@ -99,7 +119,9 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
     t.gradient_accumulation_steps = global / batch;
     t.gradient_checkpointing = checkpointing;
     t.selective_recompute = t.selective_recompute && !checkpointing;
-    return needed_bytes(assemble_run(t, device, nullptr, dataset)->plan, budget);
+    size_t needed = 0;
+    plan_stages(t, device, dataset, 1, budget, needed);  // with pipeline stages, the largest's
+    return needed;
   };
   // The data bounds the batch: a loader refuses a batch larger than the dataset.
   TrainOptions one = o;
@@ -259,23 +281,6 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
   return out;
 }
 
-// What the layout's run needs of the budget: its largest stage's plan (the first holds the
-// embeddings, the last the head, the second the most stashed inputs), and the stage the cost is
-// taken from (the first: it runs each forward twice).
-std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device, const Layout& layout,
-                                         const MemoryBudget& budget, size_t& needed) {
-  std::unique_ptr<RunAssembly> first =
-      assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0, 0);
-  needed = needed_bytes(first->plan, budget);
-  const auto p = static_cast<int>(layout.pp);
-  for (int s : {1, p - 1})
-    if (s > 0 && s < p)
-      needed = std::max(
-          needed,
-          needed_bytes(assemble_run(t, device, nullptr, nullptr, 0, layout.data_ranks, 0, s)->plan,
-                       budget));
-  return first;
-}
 }  // namespace
 
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
@@ -319,7 +324,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             t.auto_find_batch_size = false;
             validate_options(t);  // a precision or optimizer of the lists may not go with the rest
             size_t needed = 0;
-            const auto run = plan_stages(t, device, layout, budget, needed);
+            const auto run = plan_stages(t, device, nullptr, layout.data_ranks, budget, needed);
             if (needed > budget.budget) {
               ++refused;
               continue;

@@ -49,9 +49,10 @@ struct BatchFit {
 };
 
 // The largest per-device batch dividing the global batch (per_device_train_batch_size x
-// gradient_accumulation_steps, and no larger than the data) whose run fits the budget, with the
-// accumulation raised or lowered to keep the global batch. Refuses, naming the smallest need
-// (batch 1 with gradient checkpointing), when even batch 1 does not fit.
+// gradient_accumulation_steps, and no larger than the data) whose run (with pipeline stages, its
+// largest stage) fits the budget, with the accumulation raised or lowered to keep the global
+// batch. Refuses, naming the smallest need (batch 1 with gradient checkpointing), when even
+// batch 1 does not fit.
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
                    const Dataset* dataset = nullptr);
 
