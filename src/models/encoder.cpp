@@ -288,7 +288,9 @@ class Encoder final : public Model {
     });
   }
 
-  bool head_reads_embeddings() const override { return masked_lm(); }  // the tied decoder
+  bool head_reads_embeddings() const override {  // the tied decoder, where the stage has it
+    return masked_lm() && config_.last_stage();
+  }
   bool embed_backward_reads_weights() const override { return true; }  // the LayerNorm
 
   static float dropout(float p, const StepOptions& o) { return o.training ? p : 0.0f; }

@@ -124,7 +124,7 @@ class Gpt2 final : public Model {
   }
 
   bool causal_lm() const override { return true; }
-  bool head_reads_embeddings() const override { return head_ == wte_; }
+  bool head_reads_embeddings() const override { return head_ >= 0 && head_ == wte_; }
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
     const Tensor wpe = w(wpe_);

@@ -171,7 +171,7 @@ class Llama final : public Model {
   }
 
   bool causal_lm() const override { return true; }
-  bool head_reads_embeddings() const override { return head_ == embed_; }
+  bool head_reads_embeddings() const override { return head_ >= 0 && head_ == embed_; }
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
     const int64_t T = ids.dim(1);

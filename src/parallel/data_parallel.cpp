@@ -40,9 +40,8 @@ class DataParallel final : public ParallelPolicy {
   }
   double sum_over_gradients(const Tensor& sums) override;
   double gradient_sum_squares(const Tensor& acc, int skip) override {
-    const int64_t base = partitioned() && !b_.grad_shard.empty()
-                             ? b_.shards[static_cast<size_t>(comm_.rank())].elements.offset
-                             : 0;
+    const int64_t base =
+        !b_.grad_shard.empty() ? b_.shards[static_cast<size_t>(comm_.rank())].elements.offset : 0;
     sum_squares_except(be_, model_.params(), gradients(), base, skip, acc);
     return sum_over_gradients(acc);
   }

@@ -273,6 +273,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
   std::vector<int64_t> lengths_;
+  std::vector<PipeStep> ops_;  // the stage's 1F1B order for ops_count_ micro-batches
+  int ops_count_ = -1;
   double bubble_sum_ = 0, last_bubble_ = 0, last_sent_ = 0;
   int64_t steps_ = 0;
 
@@ -370,14 +372,18 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
   const int s = pipe_.rank(), p = pipe_.size();
   const bool first = s == 0, last = s == p - 1;
   const auto whole = [&](const Tensor& t) { return planned_buffer(model, t); };
-  const std::vector<PipeStep> ops = one_forward_one_backward(p, s, count);
+  if (ops_count_ != count) {  // once per micro-batch count, not every step
+    ops_ = one_forward_one_backward(p, s, count);
+    ops_count_ = count;
+  }
+  const std::vector<PipeStep>& ops = ops_;
   const int slots = p - s;
   bool input_ready = false, gradient_ready = false;
   int resident = -1;  // the micro-batch whose activations the model holds
   double waited = 0;
   last_sent_ = 0;
   // An exchange that `sends` sends one planned buffer.
-  auto exchange = [&](const std::function<void()>& f, bool sends = true) {
+  auto exchange = [&](const auto& f, bool sends = true) {
     const Clock::time_point start = Clock::now();
     f();
     waited += seconds_since(start);
