@@ -106,6 +106,78 @@ TEST(CudaOps, Bf16ProductsNeedThePlannedWorkspace) {
                "operand buffers");
 }
 
+// A held weight (Backend::hold_weight) is cast once into its planned copy: the products that read
+// it give the same bits as unheld ones, read that copy until release_weight (a weight changed
+// meanwhile is not seen), and the weight itself after it.
+TEST(CudaOps, AHeldWeightIsCastOnceAndReadUntilReleased) {
+  REQUIRE_GPU();
+  auto gpu = gpu_backend();
+  DeviceBuffers d(*gpu);
+  gpu->set_matmul_dtype(DType::bf16);
+  const int64_t M = 37, K = 72, N = 40;
+  // A: x or dy; B: the weight unheld (the held one has its own copy).
+  d.workspace(MatmulOperands(M * std::max(K, N), N * K, N * K, K));
+  std::mt19937 rng(11);
+  const FVec w = randn(N * K, rng), changed = randn(N * K, rng);
+  const Tensor x = d.put(randn(M * K, rng), {M, K}), wt = d.put(w, {N, K});
+  const Tensor dy = d.put(randn(M * N, rng), {M, N});
+  const Tensor y = d.alloc({M, N}), dx = d.alloc({M, K});
+  auto products = [&] {
+    gpu->linear_forward(x, wt, Tensor(), WeightLayout::out_in, y);
+    gpu->linear_backward(x, wt, dy, WeightLayout::out_in, dx, false, Tensor(), Tensor(), true);
+    FVec out = d.get(y), back = d.get(dx);
+    out.insert(out.end(), back.begin(), back.end());
+    return out;
+  };
+  const FVec unheld = products();
+  gpu->hold_weight(wt);
+  EXPECT_EQ(products(), unheld);
+  d.set(wt, changed);  // breaks the caller's promise, to see which copy the products read
+  EXPECT_EQ(products(), unheld);
+  gpu->release_weight();
+  EXPECT_NE(products(), unheld);
+  d.set(wt, w);
+  EXPECT_EQ(products(), unheld);
+}
+
+// The norms' parameter gradients over many rows are summed in chunks of rows (their sums in the
+// cuBLASLt workspace, lent as scratch) where the workspace is planned, in one pass where it is
+// not: both add to what the gradients held and agree with the CPU backend.
+TEST(CudaOps, NormParameterGradientsOverRowChunksMatchTheCpu) {
+  REQUIRE_GPU();
+  auto cpu = make_cpu_backend();
+  const int64_t R = 4099, C = 96;  // 3 blocks of columns, so many chunks of rows
+  std::mt19937 rng(5);
+  const FVec x = randn(R * C, rng), dy = randn(R * C, rng), gamma = randn(C, rng, 0.5f, 1.f);
+  const FVec beta = randn(C, rng), before = randn(C, rng), before_b = randn(C, rng);
+  auto run = [&](Backend& be, bool planned, bool rms) {
+    DeviceBuffers d(be);
+    if (planned) d.workspace(64);
+    const Tensor xt = d.put(x, {R, C}), g = d.put(gamma, {C}), dyt = d.put(dy, {R, C});
+    const Tensor rstd = d.alloc({R}), mean = d.alloc({R}), y = d.alloc({R, C}),
+                 dx = d.alloc({R, C});
+    const Tensor dg = d.put(before, {C}), db = d.put(before_b, {C});
+    FVec out;
+    if (rms) {
+      be.rmsnorm_forward(xt, g, 1e-5f, y, rstd);
+      be.rmsnorm_backward(dyt, xt, g, rstd, dx, false, dg);
+    } else {
+      be.layernorm_forward(xt, g, d.put(beta, {C}), 1e-5f, y, mean, rstd);
+      be.layernorm_backward(dyt, xt, g, mean, rstd, dx, false, dg, db);
+      out = d.get(db);
+    }
+    const FVec gamma_grad = d.get(dg);
+    out.insert(out.end(), gamma_grad.begin(), gamma_grad.end());
+    return out;
+  };
+  for (bool rms : {false, true}) {
+    const FVec want = run(*cpu, false, rms);
+    for (bool planned : {true, false})
+      EXPECT_TRUE(rel_near(run(*gpu_backend(), planned, rms), want, 1e-5))
+          << (rms ? "rmsnorm" : "layernorm") << (planned ? ", in chunks" : ", in one pass");
+  }
+}
+
 // ---- the optimizer step (its ops are conformance entries): refusals ----
 
 TEST(CudaOps, StochasticRoundingIsOnlyToBf16) {

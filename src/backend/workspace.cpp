@@ -61,9 +61,12 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
     // The fused attention stages in the same buffers (CudaBackend::attention_forward).
     binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product,
                    Shape{std::max(operands.a, operands.attention)});
-    // The GPU holds no weight (hold_weight does nothing): B holds the held one too.
     binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product,
-                   Shape{std::max({operands.b, operands.held, operands.attention})});
+                   Shape{std::max(operands.b, operands.attention)});
+    // The held weight's copy, cast once while it is held (the LM head's, for all its chunks).
+    if (operands.held > 0)
+      binder.declare(plan, &ws.held_weight, "backend.held_weight", tmp, product,
+                     Shape{operands.held});
   }
   if (product != DType::f32 && operands.attention_workspace > 0)
     binder.declare(plan, &ws.attention_workspace, "backend.attention_workspace", tmp, DType::u8,

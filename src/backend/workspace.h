@@ -18,8 +18,7 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // The most elements of a product's operands, for sizing the buffers they are copied into: A
 // (activations and their gradients), B (weights, or activations in a weight gradient's product),
 // and `held`, the one weight a caller holds (Backend::hold_weight; 0: none), not counted in B, with
-// its row length `held_cols`: the CPU keeps its rounded copies in a buffer of their own, a backend
-// that holds nothing sizes B for it.
+// its row length `held_cols`: each backend keeps its rounded copies in a buffer of their own.
 //
 // `attention` is what a GPU's fused 16-bit attention stages in each of A's and B's buffers between
 // products (its 16-bit qkv and output in A, their gradients in B): B T ((H + 2K) D + H D).
@@ -36,7 +35,7 @@ struct MatmulOperands {
 struct BackendWorkspace {
   Tensor matmul_workspace;      // cuBLASLt's (GPU)
   Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: bf16 operands)
-  Tensor held_weight;           // the held weight's bf16 copies (CPU)
+  Tensor held_weight;           // the held weight's 16-bit copies (CPU: bf16, per layout)
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
   Tensor attention_workspace;   // the fused attention's cuDNN workspace and mask bias (GPU)

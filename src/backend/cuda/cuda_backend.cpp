@@ -170,6 +170,12 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
                           dev(rstd, "rstd"), R, C);
 }
 
+cuda::ColumnScratch CudaBackend::column_scratch() {
+  const Tensor& ws = ws_.matmul_workspace;
+  return {ws.empty() ? nullptr : static_cast<float*>(ws.data()),
+          static_cast<int64_t>(ws.bytes() / sizeof(float)), props_.multiProcessorCount};
+}
+
 void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                      bool accumulate_dx, const Tensor& dgamma,
@@ -181,7 +187,7 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   cuda::layernorm_backward(stream_, dev(dy, "layernorm gradient"), dev(x, "layernorm input"),
                            dev(gamma, "gamma"), dev(mean, "mean"), dev(rstd, "rstd"),
                            dev(dx, "layernorm dx"), accumulate_dx, dev_or_null(dgamma, "dgamma"),
-                           dev_or_null(dbeta, "dbeta"), R, C);
+                           dev_or_null(dbeta, "dbeta"), R, C, column_scratch());
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
@@ -199,7 +205,8 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   if (!dgamma.empty()) check_rmsnorm(x, dgamma, rstd, dy, "rmsnorm_backward dgamma");
   cuda::rmsnorm_backward(stream_, dev(dy, "rmsnorm gradient"), dev(x, "rmsnorm input"),
                          dev(gamma, "gamma"), dev(rstd, "rstd"), dev(dx, "rmsnorm dx"),
-                         accumulate_dx, dev_or_null(dgamma, "dgamma"), rows(x), cols(x));
+                         accumulate_dx, dev_or_null(dgamma, "dgamma"), rows(x), cols(x),
+                         column_scratch());
 }
 
 // ---- rotary position embedding ----

@@ -59,6 +59,10 @@ class CudaBackend final : public Backend {
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;
+  // A 16-bit product's held weight is cast once into its planned buffer (ws_.held_weight), not
+  // once per product: the LM head's weight, read by two products per chunk of rows.
+  void hold_weight(const Tensor& w) override;
+  void release_weight() override { held_ = nullptr; }
   // bf16 runs keep their saved activations in bf16 only: products, activations and attention
   // read them as they lie, norms and activations write them (no per-product casts). Products
   // still write float32 (stores_product_output false): cuBLASLt's bias epilogue adds a bias of
@@ -136,12 +140,15 @@ class CudaBackend final : public Backend {
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
-  // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C; with
-  // `dtype` bf16 or f16 the float32 operands are first cast into the planned operand buffers
-  // (A's into operand_a, B's into operand_b), operands stored in `dtype` read as they lie.
-  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cuda::In a, int64_t lda,
-              cuda::In b, int64_t ldb, bool accumulate, float* c, int64_t ldc, const float* bias,
-              DType dtype);
+  // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C;
+  // the operands already in `dtype` (operand()).
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+              int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
+              const float* bias, DType dtype);
+  // A product's operand of n stored elements as a `dtype` product reads it: float32 as it lies;
+  // for 16 bits the held weight's copy, an operand stored in bf16 as it lies, or float32 values
+  // cast into `buffer` (a planned operand buffer).
+  const void* operand(cuda::In x, int64_t n, DType dtype, const Tensor& buffer);
   // cuBLASLt descriptors and the chosen algorithm for one product shape.
   struct MatmulPlan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -190,9 +197,12 @@ class CudaBackend final : public Backend {
   // A tensor in GPU memory, float32 or, where bf16_activations, bf16.
   cuda::In dev_in(const Tensor& t, const char* what) const;
   cuda::Out dev_out(const Tensor& t, const char* what) const;
+  // cuBLASLt's workspace lent as float32 scratch between products (cuda_column_sums.cuh).
+  cuda::ColumnScratch column_scratch();
   bool tf32_ = false;
   BackendWorkspace ws_;  // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;
+  const float* held_ = nullptr;  // the held weight (its copy: ws_.held_weight), or null
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
 };
 

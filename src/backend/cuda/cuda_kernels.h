@@ -55,23 +55,33 @@ void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_
 // dst = src rounded to the nearest value of `type` (bf16 or f16) and kept as float32.
 void round_to(cudaStream_t s, DType type, const float* src, float* dst, int64_t n);
 
+// Float32 scratch in device memory a kernel may use in stream order (the backend lends its
+// cuBLASLt workspace between products), and the GPU's multiprocessor count. Empty: none.
+struct ColumnScratch {
+  float* data = nullptr;
+  int64_t floats = 0;
+  int multiprocessors = 0;
+};
+
 // ---- cuda_layernorm.cu ---- rows of C elements.
 void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
                        float eps, Out y, float* mean, float* rstd, int64_t rows, int64_t C);
-// dx = (or += when accumulate_dx) input gradient; dgamma += ; dbeta += (deterministic order).
+// dx = (or += when accumulate_dx) input gradient; dgamma += ; dbeta += (deterministic order,
+// over chunks of rows where `scratch` holds their sums).
 void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx,
-                        float* dgamma, float* dbeta, int64_t rows, int64_t C);
+                        float* dgamma, float* dbeta, int64_t rows, int64_t C,
+                        const ColumnScratch& scratch);
 
 // ---- cuda_rmsnorm.cu ---- rows of C elements.
 // rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd * gamma; y may alias x.
 void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, Out y,
                      float* rstd, int64_t rows, int64_t C);
 // dx = (or += when accumulate_dx) input gradient, may alias dy; dgamma += (null: skipped;
-// deterministic order).
+// deterministic order, over chunks of rows where `scratch` holds their sums).
 void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                       const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
-                      int64_t C);
+                      int64_t C, const ColumnScratch& scratch);
 
 // ---- cuda_rotary.cu ----
 // rotary_forward (inverse false) or rotary_backward (inverse true) of backend.h, in place on

@@ -1,5 +1,6 @@
 // LayerNorm forward and backward on CUDA: one warp per row for the row statistics and the input
 // gradient; the parameter gradients reduce over rows per column in a fixed order (deterministic).
+#include "backend/cuda/cuda_column_sums.cuh"
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -8,10 +9,7 @@ namespace brisk::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;   // warps per block, one row each
-constexpr int kColsPerBlock = 32;  // parameter-gradient kernel: one warp-wide column chunk ...
-constexpr int kRowLanes = 32;      // ... read by this many warps, each over a stride of rows
-constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 // Two passes over the row as on the CPU (mean, then the biased variance about it), in float;
 // rstd = 1 / sqrt(var + eps). Each lane owns the columns c = lane (mod 32) in every pass, so y may
@@ -73,24 +71,25 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   }
 }
 
-// dgamma[c] += sum_r dy[r,c] * xhat[r,c]; dbeta[c] += sum_r dy[r,c]. A block takes 32 adjacent
-// columns (coalesced rows of 128 bytes); its 32 warps split the rows by a fixed stride and their
-// partial sums meet in a fixed tree, so the result does not depend on scheduling. Either output
-// may be null.
-__global__ void __launch_bounds__(kParamGradThreads)
+// dgamma[c] += sum_r dy[r,c] * xhat[r,c]; dbeta[c] += sum_r dy[r,c], over the block's chunk of
+// rows (cuda_column_sums.cuh). A block takes 32 adjacent columns (coalesced rows of 128 bytes);
+// its 32 warps split the chunk's rows by a fixed stride and their partial sums meet in a fixed
+// tree, so the result does not depend on scheduling. Either output may be null.
+__global__ void __launch_bounds__(kSumThreads)
     layernorm_param_grad_kernel(const float* dy, const float* x, const float* mean,
-                                const float* rstd, float* dgamma, float* dbeta, int64_t rows,
-                                int64_t C) {
-  __shared__ float part_g[kRowLanes][kColsPerBlock];
-  __shared__ float part_b[kRowLanes][kColsPerBlock];
+                                const float* rstd, float* dgamma, float* dbeta, float* scratch,
+                                int64_t rows, int64_t chunk_rows, int64_t C) {
+  __shared__ float part_g[kSumLanes][kSumCols];
+  __shared__ float part_b[kSumLanes][kSumCols];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock; c0 < C;
-       c0 += static_cast<int64_t>(gridDim.x) * kColsPerBlock) {
+  const int64_t first = chunk_first_row(chunk_rows), end = chunk_end_row(chunk_rows, rows);
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kSumCols; c0 < C;
+       c0 += static_cast<int64_t>(gridDim.x) * kSumCols) {
     const int64_t c = c0 + tx;
     float acc_g = 0.0f, acc_b = 0.0f;
     if (c < C) {
 #pragma unroll 4
-      for (int64_t r = ty; r < rows; r += kRowLanes) {
+      for (int64_t r = first + ty; r < end; r += kSumLanes) {
         const float g = dy[r * C + c];
         acc_g += g * (x[r * C + c] - mean[r]) * rstd[r];
         acc_b += g;
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(kParamGradThreads)
     part_g[ty][tx] = acc_g;
     part_b[ty][tx] = acc_b;
     __syncthreads();
-    for (int half = kRowLanes / 2; half > 0; half >>= 1) {
+    for (int half = kSumLanes / 2; half > 0; half >>= 1) {
       if (ty < half) {
         part_g[ty][tx] += part_g[ty + half][tx];
         part_b[ty][tx] += part_b[ty + half][tx];
@@ -107,8 +106,8 @@ __global__ void __launch_bounds__(kParamGradThreads)
       __syncthreads();
     }
     if (ty == 0 && c < C) {
-      if (dgamma) dgamma[c] += part_g[0][tx];
-      if (dbeta) dbeta[c] += part_b[0][tx];
+      if (dgamma) put_column_sum(part_g[0][tx], dgamma, scratch, 0, C, c);
+      if (dbeta) put_column_sum(part_b[0][tx], dbeta, scratch, 1, C, c);
     }
     // The next chunk overwrites the partials that row 0 just read.
     __syncthreads();
@@ -129,13 +128,16 @@ void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const
 
 void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx,
-                        float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+                        float* dgamma, float* dbeta, int64_t rows, int64_t C,
+                        const ColumnScratch& scratch) {
   if (rows <= 0 || C <= 0) return;
   // Parameter gradients first: they read dy, which dx is allowed to overwrite.
   if (dgamma || dbeta) {
-    layernorm_param_grad_kernel<<<grid_for(C, kColsPerBlock), dim3(kColsPerBlock, kRowLanes), 0,
-                                  s>>>(dy, x, mean, rstd, dgamma, dbeta, rows, C);
+    const ColumnSplit split = column_split(rows, C, 2, scratch);
+    layernorm_param_grad_kernel<<<split.grid, dim3(kSumCols, kSumLanes), 0, s>>>(
+        dy, x, mean, rstd, dgamma, dbeta, scratch.data, rows, split.chunk_rows, C);
     check_launch("layernorm_backward (dgamma, dbeta)");
+    add_chunk_sums<2>(s, split, scratch.data, C, dgamma, dbeta);
   }
   if (!dx) return;
   layernorm_backward_dx_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(

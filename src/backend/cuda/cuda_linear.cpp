@@ -133,7 +133,7 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
 }
 
 namespace {
-// An operand of a 16-bit product: as it lies where it is stored in bf16 (`dtype` is then bf16:
+// An operand of a 16-bit product as it lies where it is stored in bf16 (`dtype` is then bf16:
 // bf16_activations), else its float32 values (16-bit ones in float32 containers, as on the CPU)
 // packed into `buffer` for the tensor cores.
 const void* packed(cudaStream_t stream, cuda::In x, int64_t n, DType dtype, const Tensor& buffer) {
@@ -145,28 +145,36 @@ const void* packed(cudaStream_t stream, cuda::In x, int64_t n, DType dtype, cons
 }
 }  // namespace
 
-void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cuda::In a,
-                         int64_t lda, cuda::In b, int64_t ldb, bool accumulate, float* c,
+void CudaBackend::hold_weight(const Tensor& w) {
+  release_weight();
+  const Tensor& copy = ws_.held_weight;
+  if (matmul_dtype_ == DType::f32 || copy.empty() || w.numel() > copy.numel()) return;
+  held_ = on_gpu(w, "held weight");
+  cuda::cast(stream_, held_, DType::f32, copy.data(), matmul_dtype_, w.numel());
+}
+
+const void* CudaBackend::operand(cuda::In x, int64_t n, DType dtype, const Tensor& buffer) {
+  BRISK_CHECK(!x.bf16 || dtype == DType::bf16, "internal error: a bf16 operand of a ",
+              dtype_name(dtype), " product");
+  if (dtype == DType::f32) return x.data;
+  if (held_ && x.data == held_ && !x.bf16 && n <= ws_.held_weight.numel())
+    return ws_.held_weight.data();
+  return packed(stream_, x, n, dtype, buffer);
+}
+
+void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                         int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
                          int64_t ldc, const float* bias, DType dtype) {
   if (m == 0 || n == 0) return;
-  BRISK_CHECK((!a.bf16 && !b.bf16) || dtype == DType::bf16, "internal error: a bf16 operand of a ",
-              dtype_name(dtype), " product");
-  const void* pa = a.data;
-  const void* pb = b.data;
-  if (dtype != DType::f32) {
-    // A is stored with (trans_a ? k : m) rows of lda, B likewise.
-    pa = packed(stream_, a, (trans_a ? k : m) * lda, dtype, ws_.operand_a);
-    pb = packed(stream_, b, (trans_b ? n : k) * ldb, dtype, ws_.operand_b);
-  }
   MatmulPlan& p =
       plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
-                       static_cast<int>(dtype), tf32_, common_alignment({pa, pb, c, bias})});
+                       static_cast<int>(dtype), tf32_, common_alignment({a, b, c, bias})});
   if (bias)
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof bias),
              "bias pointer");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c, &p.algo,
+  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                              ws_.matmul_workspace.data(), ws_.matmul_workspace.bytes(), stream_),
            "matmul");
 }
@@ -181,9 +189,10 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_forward: plan_workspace was not called");
   const bool out_in = layout == WeightLayout::out_in;
   const float* bias = b.empty() ? nullptr : on_gpu(b, "linear bias");
-  matmul(false, out_in, m, n, k, dev_in(x, "linear input"), k,
-         cuda::f32_in(on_gpu(w, "linear weight")), out_in ? k : n, false,
-         on_gpu(y, "linear output"), n, bias, matmul_dtype_);
+  const DType t = matmul_dtype_;
+  matmul(false, out_in, m, n, k, operand(dev_in(x, "linear input"), m * k, t, ws_.operand_a), k,
+         operand(cuda::f32_in(on_gpu(w, "linear weight")), n * k, t, ws_.operand_b), out_in ? k : n,
+         false, on_gpu(y, "linear output"), n, bias, t);
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -198,23 +207,28 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       if (!accumulate_dw && !t->empty()) fill(*t, 0.0f);
     return;
   }
-  const cuda::In g = dev_in(dy, "linear gradient"), xi = dev_in(x, "linear input");
+  const cuda::In g = dev_in(dy, "linear gradient");
   const cuda::In wi = cuda::f32_in(on_gpu(w, "linear weight"));
   for (const Tensor* t : {&dx, &dw, &db})
     if (!t->empty()) on_gpu(*t, "linear gradient output");
   const bool out_in = layout == WeightLayout::out_in;
+  const DType t = matmul_dtype_;
+  // dy is packed (16-bit products) once for both products, into A's buffer; dw's x goes into B's,
+  // which dx's weight no longer needs by then.
+  const void* pg = dx.empty() && dw.empty() ? nullptr : operand(g, m * n, t, ws_.operand_a);
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
-    matmul(false, !out_in, m, k, n, g, n, wi, out_in ? k : n, accumulate_dx, dx.f32(), k, nullptr,
-           matmul_dtype_);
+    matmul(false, !out_in, m, k, n, pg, n, operand(wi, n * k, t, ws_.operand_b), out_in ? k : n,
+           accumulate_dx, dx.f32(), k, nullptr, t);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
+    const void* px = operand(dev_in(x, "linear input"), m * k, t, ws_.operand_b);
     if (out_in)
-      matmul(true, false, n, k, m, g, n, xi, k, accumulate_dw, dw.f32(), k, nullptr, matmul_dtype_);
+      matmul(true, false, n, k, m, pg, n, px, k, accumulate_dw, dw.f32(), k, nullptr, t);
     else
-      matmul(true, false, k, n, m, xi, k, g, n, accumulate_dw, dw.f32(), n, nullptr, matmul_dtype_);
+      matmul(true, false, k, n, m, px, k, pg, n, accumulate_dw, dw.f32(), n, nullptr, t);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
@@ -226,8 +240,8 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       ones_ready_ = true;
     }
     // db[1,n] (+)= ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, cuda::f32_in(ws_.ones.f32()), m, g, n, accumulate_dw, db.f32(), n,
-           nullptr, DType::f32);
+    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g.data, n, accumulate_dw, db.f32(), n, nullptr,
+           DType::f32);
   }
 }
 

@@ -1,6 +1,7 @@
 // RMSNorm forward and backward on CUDA (Llama's normalization): one warp per row for rstd and the
 // input gradient, as LayerNorm's kernels; the gamma gradient reduces over rows per column in a
 // fixed order (deterministic).
+#include "backend/cuda/cuda_column_sums.cuh"
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -9,10 +10,7 @@ namespace brisk::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;   // warps per block, one row each
-constexpr int kColsPerBlock = 32;  // gamma-gradient kernel: one warp-wide column chunk ...
-constexpr int kRowLanes = 32;      // ... read by this many warps, each over a stride of rows
-constexpr int kParamGradThreads = kColsPerBlock * kRowLanes;
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 // rstd = 1 / sqrt(mean(x^2) + eps), y = (x * rstd) * gamma as the CPU. Each lane owns the columns
 // c = lane (mod 32) in both passes, so y may alias x. Y: float, or bf16 (rounded as stored).
@@ -57,30 +55,32 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   }
 }
 
-// dgamma[c] += sum_r dy[r,c] * x[r,c] * rstd[r]. A block takes 32 adjacent columns; its 32 warps
-// split the rows by a fixed stride and their partial sums meet in a fixed tree, so the result does
-// not depend on scheduling.
-__global__ void __launch_bounds__(kParamGradThreads)
+// dgamma[c] += sum_r dy[r,c] * x[r,c] * rstd[r], over the block's chunk of rows
+// (cuda_column_sums.cuh). A block takes 32 adjacent columns; its 32 warps split the chunk's rows
+// by a fixed stride and their partial sums meet in a fixed tree, so the result does not depend on
+// scheduling.
+__global__ void __launch_bounds__(kSumThreads)
     rmsnorm_gamma_grad_kernel(const float* dy, const float* x, const float* rstd, float* dgamma,
-                              int64_t rows, int64_t C) {
-  __shared__ float part[kRowLanes][kColsPerBlock];
+                              float* scratch, int64_t rows, int64_t chunk_rows, int64_t C) {
+  __shared__ float part[kSumLanes][kSumCols];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock; c0 < C;
-       c0 += static_cast<int64_t>(gridDim.x) * kColsPerBlock) {
+  const int64_t first = chunk_first_row(chunk_rows), end = chunk_end_row(chunk_rows, rows);
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kSumCols; c0 < C;
+       c0 += static_cast<int64_t>(gridDim.x) * kSumCols) {
     const int64_t c = c0 + tx;
     float acc = 0.0f;
     if (c < C) {
 #pragma unroll 4
-      for (int64_t r = ty; r < rows; r += kRowLanes)
+      for (int64_t r = first + ty; r < end; r += kSumLanes)
         acc += dy[r * C + c] * (x[r * C + c] * rstd[r]);
     }
     part[ty][tx] = acc;
     __syncthreads();
-    for (int half = kRowLanes / 2; half > 0; half >>= 1) {
+    for (int half = kSumLanes / 2; half > 0; half >>= 1) {
       if (ty < half) part[ty][tx] += part[ty + half][tx];
       __syncthreads();
     }
-    if (ty == 0 && c < C) dgamma[c] += part[0][tx];
+    if (ty == 0 && c < C) put_column_sum(part[0][tx], dgamma, scratch, 0, C, c);
     // The next chunk overwrites the partials that row 0 just read.
     __syncthreads();
   }
@@ -100,13 +100,15 @@ void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float e
 
 void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                       const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
-                      int64_t C) {
+                      int64_t C, const ColumnScratch& scratch) {
   if (rows <= 0 || C <= 0) return;
   // The gamma gradient first: it reads dy, which dx is allowed to overwrite.
   if (dgamma) {
-    rmsnorm_gamma_grad_kernel<<<grid_for(C, kColsPerBlock), dim3(kColsPerBlock, kRowLanes), 0, s>>>(
-        dy, x, rstd, dgamma, rows, C);
+    const ColumnSplit split = column_split(rows, C, 1, scratch);
+    rmsnorm_gamma_grad_kernel<<<split.grid, dim3(kSumCols, kSumLanes), 0, s>>>(
+        dy, x, rstd, dgamma, scratch.data, rows, split.chunk_rows, C);
     check_launch("rmsnorm_backward (dgamma)");
+    add_chunk_sums<1>(s, split, scratch.data, C, dgamma);
   }
   rmsnorm_backward_dx_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
       dy, x, gamma, rstd, dx, accumulate_dx, rows, C);
