@@ -140,6 +140,53 @@ TEST(CudaOps, AHeldWeightIsCastOnceAndReadUntilReleased) {
   EXPECT_EQ(products(), unheld);
 }
 
+// A float32 dy whose rows are not 16 bytes of bf16 values is packed with its rows padded (where
+// MatmulOperands::a_rows planned the room) or plainly (where not): both give the products of the
+// bf16-rounded operands, against an fp64 reference, in either weight layout.
+TEST(CudaOps, AGradientPackedWithPaddedRowsGivesTheSameProducts) {
+  REQUIRE_GPU();
+  const int64_t M = 37, K = 24, N = 50;  // rows of 50 bf16 values: 100 bytes
+  std::mt19937 rng(23);
+  const FVec x = randn(M * K, rng), w = randn(N * K, rng), dy = randn(M * N, rng);
+  const FVec xr = rounded(x, DType::bf16), wr = rounded(w, DType::bf16);
+  const FVec dyr = rounded(dy, DType::bf16);
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+    const bool out_in = layout == WeightLayout::out_in;
+    // W[n][k] as either layout stores it.
+    auto at = [&](const FVec& v, int64_t n, int64_t k) {
+      return out_in ? v[n * K + k] : v[k * N + n];
+    };
+    FVec want_dx(M * K), want_dw(N * K);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        double sum = 0;
+        for (int64_t n = 0; n < N; ++n) sum += double(dyr[i * N + n]) * at(wr, n, k);
+        want_dx[i * K + k] = static_cast<float>(sum);
+      }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double sum = 0;
+        for (int64_t i = 0; i < M; ++i) sum += double(dyr[i * N + n]) * xr[i * K + k];
+        want_dw[out_in ? n * K + k : k * N + n] = static_cast<float>(sum);
+      }
+    for (bool room : {true, false}) {
+      auto gpu = gpu_backend();
+      DeviceBuffers d(*gpu);
+      gpu->set_matmul_dtype(DType::bf16);
+      MatmulOperands operands(M * N, M * std::max(K, N));
+      operands.a_rows = room ? M : 0;
+      d.workspace(operands);
+      const Shape ws = out_in ? Shape{N, K} : Shape{K, N};
+      const Tensor dx = d.alloc({M, K}), dw = d.alloc(ws);
+      gpu->linear_backward(d.put(x, {M, K}), d.put(w, ws), d.put(dy, {M, N}), layout, dx, false, dw,
+                           Tensor(), false);
+      const char* what = room ? "padded rows" : "plain rows";
+      EXPECT_TRUE(rel_near(d.get(dx), want_dx, 1e-5)) << what << ", dx";
+      EXPECT_TRUE(rel_near(d.get(dw), want_dw, 1e-5)) << what << ", dw";
+    }
+  }
+}
+
 // The norms' parameter gradients over many rows are summed in chunks of rows (their sums in the
 // cuBLASLt workspace, lent as scratch) where the workspace is planned, in one pass where it is
 // not: both add to what the gradients held and agree with the CPU backend.

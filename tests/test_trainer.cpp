@@ -215,20 +215,24 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   ASSERT_TRUE(ws);
   EXPECT_EQ(ws->bytes, static_cast<size_t>(kCublasLtWorkspaceBytes));
   EXPECT_EQ(find(cpu->plan, "backend.cublaslt_workspace"), nullptr);
+  // A's rows (B x T at most) may be padded to 16 bytes each: 7 more values per row.
+  const MatmulOperands ops = gpu->model->matmul_operands();
+  EXPECT_EQ(ops.a_rows, B * T);
   const BufferSpec* operand = find(gpu->plan, "backend.operand_a");
   ASSERT_TRUE(operand);
   EXPECT_EQ(operand->dtype, DType::bf16);
-  EXPECT_EQ(operand->shape, (Shape{gpu->model->matmul_operands().a}));
-  // The LM head's weight is the held operand: the CPU keeps it apart, the GPU (which holds
-  // nothing) sizes B for it.
-  const MatmulOperands ops = gpu->model->matmul_operands();
+  EXPECT_EQ(operand->shape, (Shape{std::max(ops.a + 7 * ops.a_rows, ops.attention)}));
+  // The LM head's weight is the held operand: each device keeps its copy apart from B.
   ASSERT_GT(ops.held, 0);
   const int64_t hidden = gpu->model->config().hidden_size;
   EXPECT_EQ(ops.held_cols, hidden);
   const BufferSpec* gpu_b = find(gpu->plan, "backend.operand_b");
+  const BufferSpec* gpu_held = find(gpu->plan, "backend.held_weight");
   const BufferSpec* cpu_held = find(cpu->plan, "backend.bf16_held_weight");
-  ASSERT_TRUE(gpu_b && cpu_held);
-  EXPECT_EQ(gpu_b->shape, (Shape{std::max(ops.b, ops.held)}));
+  ASSERT_TRUE(gpu_b && gpu_held && cpu_held);
+  EXPECT_EQ(gpu_b->shape, (Shape{std::max(ops.b, ops.attention)}));
+  EXPECT_EQ(gpu_held->shape, (Shape{ops.held}));
+  EXPECT_EQ(gpu_held->dtype, DType::bf16);
   // On bf16 units one copy per way the products read it, in blocked layouts.
   EXPECT_EQ(cpu_held->shape, cpu_has_bf16_products()
                                  ? (Shape{2, cpu_blocked_elements(ops.held / hidden, hidden)})

@@ -47,8 +47,10 @@ DeviceTraits cuda_traits() {
   DeviceTraits t;
   t.device = Device::cuda;
   t.host_memory = false;
-  // 64 rows times a power of two within 32 MiB keeps a product's operands 256-byte aligned.
-  t.logits_chunk_bytes = int64_t{32} << 20;
+  // 64 rows times a power of two keeps a product's operands 256-byte aligned. 512 MiB: GPT-2's
+  // head in chunks of 2048 rows, so that its weight gradient's product (K = the chunk's rows)
+  // reads and writes the float32 dW [V, C] once per 2048 rows, not per 128.
+  t.logits_chunk_bytes = int64_t{512} << 20;
   t.products_round_operands = false;  // it keeps a 16-bit compute copy
   t.recompute_elementwise = false;
   t.context_bytes = kCudaContextBytes;

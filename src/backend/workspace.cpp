@@ -59,8 +59,10 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
                  Shape{kCublasLtWorkspaceBytes});
   if (product != DType::f32) {
     // The fused attention stages in the same buffers (CudaBackend::attention_forward).
+    const int64_t padded = checked_add(
+        operands.a, checked_mul(operands.a_rows, int64_t{7}, "operand padding"), "operand A");
     binder.declare(plan, &ws.operand_a, "backend.operand_a", tmp, product,
-                   Shape{std::max(operands.a, operands.attention)});
+                   Shape{std::max(padded, operands.attention)});
     binder.declare(plan, &ws.operand_b, "backend.operand_b", tmp, product,
                    Shape{std::max(operands.b, operands.attention)});
     // The held weight's copy, cast once while it is held (the LM head's, for all its chunks).

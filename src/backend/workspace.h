@@ -20,12 +20,15 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // and `held`, the one weight a caller holds (Backend::hold_weight; 0: none), not counted in B, with
 // its row length `held_cols`: each backend keeps its rounded copies in a buffer of their own.
 //
+// `a_rows` is the most rows of an A operand: a GPU pads the rows of a float32 one it packs to a
+// multiple of 8 values (16 bytes, as Hopper's kernels read them), 7 more values per row at most.
+//
 // `attention` is what a GPU's fused 16-bit attention stages in each of A's and B's buffers between
 // products (its 16-bit qkv and output in A, their gradients in B): B T ((H + 2K) D + H D).
 // `attention_workspace` is bytes for the same attention's cuDNN workspace and key-mask bias
 // (fused_attention_workspace_bound).
 struct MatmulOperands {
-  int64_t a = 0, b = 0, held = 0, held_cols = 0, attention = 0, attention_workspace = 0;
+  int64_t a = 0, b = 0, held = 0, held_cols = 0, a_rows = 0, attention = 0, attention_workspace = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
   MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0,
                  int64_t held_columns = 0)

@@ -336,6 +336,7 @@ MatmulOperands Model::matmul_operands() const {
       std::max(activations, holds_head ? checked_mul(head_rows, head_width(), what) : 0);
   const int64_t b = std::max({activations, lm_head || !holds_head ? 0 : head, largest_weight});
   MatmulOperands operands{a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
+  operands.a_rows = rows;
   operands.attention =
       checked_mul(rows, checked_add(c.qkv_width(), c.attention_width(), what), what);
   operands.attention_workspace = fused_attention_workspace_bound(

@@ -62,7 +62,7 @@ struct PlanOptions {
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_slots = 0;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
-  // holds at most the device's DeviceTraits::logits_chunk_bytes of them (GPT-2: 128 rows on a
+  // holds at most the device's DeviceTraits::logits_chunk_bytes of them (GPT-2: 2048 rows on a
   // GPU, 256 on the CPU). The head computes its logits, loss and (when training) its own
   // backward chunk after chunk, so the whole logits never exist unless they fit.
   int64_t logits_rows = 0;

@@ -149,6 +149,10 @@ class CudaBackend final : public Backend {
   // for 16 bits the held weight's copy, an operand stored in bf16 as it lies, or float32 values
   // cast into `buffer` (a planned operand buffer).
   const void* operand(cuda::In x, int64_t n, DType dtype, const Tensor& buffer);
+  // A linear layer's gradient dy [m, n] as operand A: where it is packed, rows whose 16-bit values
+  // are not a multiple of 16 bytes (the LM head's 50257) go *ld = n rounded up to 8 apart, so that
+  // the products run on Hopper's kernels (MatmulOperands::a_rows planned the room).
+  const void* gradient_operand(cuda::In g, int64_t m, int64_t n, DType dtype, int64_t* ld);
   // cuBLASLt descriptors and the chosen algorithm for one product shape.
   struct MatmulPlan {
     cublasLtMatmulDesc_t desc = nullptr;

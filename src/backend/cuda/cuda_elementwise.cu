@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "backend/activation.h"
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -120,6 +122,19 @@ __global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t 
 }
 __global__ void f32_to_f16_kernel(const float* in, __half* out, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __float2half_rn(in[i]);
+}
+// Rows of `cols` float32 values into 16-bit rows `ld` apart (the padding left as it was).
+template <typename H>
+__global__ void f32_rows_to_half_kernel(const float* in, int64_t rows, int64_t cols, H* out,
+                                        int64_t ld) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      if constexpr (std::is_same_v<H, __nv_bfloat16>)
+        out[r * ld + c] = __float2bfloat16_rn(in[r * cols + c]);
+      else
+        out[r * ld + c] = __float2half_rn(in[r * cols + c]);
+    }
 }
 __global__ void bf16_to_f32_kernel(const __nv_bfloat16* in, float* out, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = __bfloat162float(in[i]);
@@ -253,6 +268,21 @@ void fill(cudaStream_t s, float* x, float value, int64_t n) {
   if (n <= 0) return;
   fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, value, n);
   check_launch("fill");
+}
+
+void cast_rows(cudaStream_t s, const float* src, int64_t rows, int64_t cols, void* dst,
+               DType dst_type, int64_t ld) {
+  BRISK_CHECK(is_float16(dst_type) && ld >= cols, "cast_rows: float32 rows into 16-bit rows");
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(grid_for(cols, kThreads, 64),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  if (dst_type == DType::bf16)
+    f32_rows_to_half_kernel<<<grid, kThreads, 0, s>>>(src, rows, cols,
+                                                      static_cast<__nv_bfloat16*>(dst), ld);
+  else
+    f32_rows_to_half_kernel<<<grid, kThreads, 0, s>>>(src, rows, cols, static_cast<__half*>(dst),
+                                                      ld);
+  check_launch("cast_rows");
 }
 
 void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {

@@ -52,6 +52,9 @@ void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
 void fill(cudaStream_t s, float* x, float value, int64_t n);
 // dst = src converted (f32, bf16, f16; round to nearest even, fp16 overflow -> inf).
 void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+// Rows of `cols` float32 values rounded into 16-bit rows `ld` >= cols elements apart.
+void cast_rows(cudaStream_t s, const float* src, int64_t rows, int64_t cols, void* dst,
+               DType dst_type, int64_t ld);
 // dst = src rounded to the nearest value of `type` (bf16 or f16) and kept as float32.
 void round_to(cudaStream_t s, DType type, const float* src, float* dst, int64_t n);
 

@@ -162,6 +162,18 @@ const void* CudaBackend::operand(cuda::In x, int64_t n, DType dtype, const Tenso
   return packed(stream_, x, n, dtype, buffer);
 }
 
+const void* CudaBackend::gradient_operand(cuda::In g, int64_t m, int64_t n, DType dtype,
+                                          int64_t* ld) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  *ld = n;
+  if (dtype == DType::f32 || g.bf16 || padded == n || m * padded > ws_.operand_a.numel())
+    return operand(g, m * n, dtype, ws_.operand_a);
+  cuda::cast_rows(stream_, static_cast<const float*>(g.data), m, n, ws_.operand_a.data(), dtype,
+                  padded);
+  *ld = padded;
+  return ws_.operand_a.data();
+}
+
 void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                          int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
                          int64_t ldc, const float* bias, DType dtype) {
@@ -213,12 +225,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     if (!t->empty()) on_gpu(*t, "linear gradient output");
   const bool out_in = layout == WeightLayout::out_in;
   const DType t = matmul_dtype_;
-  // dy is packed (16-bit products) once for both products, into A's buffer; dw's x goes into B's,
-  // which dx's weight no longer needs by then.
-  const void* pg = dx.empty() && dw.empty() ? nullptr : operand(g, m * n, t, ws_.operand_a);
+  // dy is packed (16-bit products) once for both products, into A's buffer, its rows ld apart;
+  // dw's x goes into B's, which dx's weight no longer needs by then.
+  int64_t ld = n;
+  const void* pg = dx.empty() && dw.empty() ? nullptr : gradient_operand(g, m, n, t, &ld);
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
-    matmul(false, !out_in, m, k, n, pg, n, operand(wi, n * k, t, ws_.operand_b), out_in ? k : n,
+    matmul(false, !out_in, m, k, n, pg, ld, operand(wi, n * k, t, ws_.operand_b), out_in ? k : n,
            accumulate_dx, dx.f32(), k, nullptr, t);
   }
   if (!dw.empty()) {
@@ -226,9 +239,9 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     const void* px = operand(dev_in(x, "linear input"), m * k, t, ws_.operand_b);
     if (out_in)
-      matmul(true, false, n, k, m, pg, n, px, k, accumulate_dw, dw.f32(), k, nullptr, t);
+      matmul(true, false, n, k, m, pg, ld, px, k, accumulate_dw, dw.f32(), k, nullptr, t);
     else
-      matmul(true, false, k, n, m, px, k, pg, n, accumulate_dw, dw.f32(), n, nullptr, t);
+      matmul(true, false, k, n, m, px, k, pg, ld, accumulate_dw, dw.f32(), n, nullptr, t);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
