@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""GPU anchors at the batch sizes people use: bert-large (sequence classification, 512 tokens)
-and GPT-2 124M (causal LM, 1024 tokens), random init, bf16, AdamW, trained by brisk, by a plain
+"""GPU anchors at the batch sizes people use: bert-large (sequence classification, 512 tokens),
+GPT-2 124M (causal LM, 1024 tokens) and a Llama shape (TinyLlama 1.1B's: grouped-query attention,
+SwiGLU, RMSNorm, rotary; causal LM, 2048 tokens; --models llama), random init, bf16, AdamW,
+trained by brisk, by a plain
 PyTorch loop (transformers' model with attn_implementation="sdpa", autocast bf16, fused AdamW),
 by the same loop under torch.compile, and by transformers' Trainer (bf16=True), one table.
 
@@ -14,7 +16,7 @@ memory before the first tensor (its CUDA context), as nvidia-smi reads it.
 MFU = tokens/s x (6 N + 12 L C T) / peak (bench/gpu_bert.py's count; --peak_tflops, 989 for an
 H100 SXM's dense bf16).
 
-    python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2]
+    python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2,llama]
 (system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
 brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
 brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
@@ -30,8 +32,15 @@ import time
 
 from gpu_bert import BERT_LARGE, BRISK, GPT2, flops_per_token, write_config, write_tokens
 
-BATCHES = {"bert": (4, 16, 32), "gpt2": (8, 16, 32)}
-SEQ = {"bert": 512, "gpt2": 1024}
+# TinyLlama 1.1B's shape (its published configuration's sizes).
+LLAMA = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
+         "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+         "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+         "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False}
+CONFIGS = {"bert": BERT_LARGE, "gpt2": GPT2, "llama": LLAMA}
+BATCHES = {"bert": (4, 16, 32), "gpt2": (8, 16, 32), "llama": (4, 8)}
+SEQ = {"bert": 512, "gpt2": 1024, "llama": 2048}
+CAUSAL = ("gpt2", "llama")  # trained on a token file, labels = inputs
 
 TORCH_CHILD = r'''
 import json, subprocess, sys, time
@@ -39,8 +48,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 from transformers import logging
 logging.set_verbosity_error()
-cfg_dir, model, system, batches, seq, warmup, steps = sys.argv[1:8]
+cfg_dir, model, system, batches, seq, warmup, steps, causal = sys.argv[1:9]
 batches, seq, warmup, steps = json.loads(batches), int(seq), int(warmup), int(steps)
+causal = causal == "1"
 def smi_used():
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                           "-i", "0"], capture_output=True, text=True).stdout.split()[0]
@@ -55,12 +65,12 @@ for batch in batches:
     row = {"model": model, "batch": batch, "system": system}
     try:
         with torch.device("cuda"):
-            net = (AutoModelForCausalLM if model == "gpt2" else
+            net = (AutoModelForCausalLM if causal else
                    AutoModelForSequenceClassification).from_config(config, attn_implementation="sdpa")
         net.train()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-5, fused=True)
         ids = torch.randint(100, 30000, (batch, seq), device="cuda")
-        labels = ids if model == "gpt2" else torch.zeros(batch, dtype=torch.long, device="cuda")
+        labels = ids if causal else torch.zeros(batch, dtype=torch.long, device="cuda")
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = net(input_ids=ids, labels=labels).loss
@@ -90,8 +100,9 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
                           Trainer, TrainerCallback, TrainingArguments, logging)
 logging.set_verbosity_error()
-cfg_dir, out_dir, model, batch, seq, warmup, steps = sys.argv[1:8]
+cfg_dir, out_dir, model, batch, seq, warmup, steps, causal = sys.argv[1:9]
 batch, seq, warmup, steps = int(batch), int(seq), int(warmup), int(steps)
+causal = causal == "1"
 torch.cuda.init(); torch.zeros(1, device="cuda")
 import subprocess
 context = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
@@ -99,14 +110,14 @@ context = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format
 context -= torch.cuda.memory_reserved()
 torch.manual_seed(0)
 config = AutoConfig.from_pretrained(cfg_dir)
-net = (AutoModelForCausalLM if model == "gpt2" else
+net = (AutoModelForCausalLM if causal else
        AutoModelForSequenceClassification).from_config(config, attn_implementation="sdpa")
 samples = batch * (warmup + steps)
 ids = torch.randint(100, 30000, (samples, seq))
 class DS(torch.utils.data.Dataset):
     def __len__(self): return samples
     def __getitem__(self, i):
-        return {"input_ids": ids[i], "labels": ids[i] if model == "gpt2" else torch.tensor(0)}
+        return {"input_ids": ids[i], "labels": ids[i] if causal else torch.tensor(0)}
 class Clock(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == warmup:
@@ -151,7 +162,7 @@ def brisk_seconds(cfg, data, model, batch, steps, out, env=None):
            "--max_steps", str(steps), "--per_device_train_batch_size", str(batch),
            "--bf16", "true", "--logging_steps", "1000000", "--save_strategy", "no",
            "--output_dir", out, "--disable_tqdm", "true"]
-    cmd += ["--dataset", data] if model == "gpt2" else ["--dataset_size", str(batch * steps)]
+    cmd += ["--dataset", data] if model in CAUSAL else ["--dataset_size", str(batch * steps)]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -191,18 +202,19 @@ def main():
     systems, models = a.systems.split(","), a.models.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cfgs = {"bert": write_config(os.path.join(tmp, "bert"), BERT_LARGE),
-                "gpt2": write_config(os.path.join(tmp, "gpt2"), GPT2)}
+        cfgs = {m: write_config(os.path.join(tmp, m), CONFIGS[m]) for m in models}
         data = os.path.join(tmp, "tokens.bin")
-        if "gpt2" in models:
-            tokens = max(BATCHES["gpt2"]) * (a.warmup + BRISK_TIMED * a.steps) * 1024 + 1
-            write_tokens(data, tokens)
+        causal = [m for m in models if m in CAUSAL]
+        if causal:  # ids below 30000: within every vocabulary here
+            tokens = max(max(BATCHES[m]) * SEQ[m] for m in causal)
+            write_tokens(data, tokens * (a.warmup + BRISK_TIMED * a.steps) + 1)
         for model in models:
             for system in systems:
                 if system in ("torch", "compile"):
                     p = subprocess.run([sys.executable, "-c", TORCH_CHILD, cfgs[model], model,
                                         system, json.dumps(BATCHES[model]), str(SEQ[model]),
-                                        str(a.warmup), str(a.steps)], capture_output=True, text=True)
+                                        str(a.warmup), str(a.steps), str(int(model in CAUSAL))],
+                                       capture_output=True, text=True)
                     got = last_json(p)
                     got = [dict(g, model=model, system=system) for g in got]
                     if len(got) == 1 and "batch" not in got[0]:
@@ -224,7 +236,8 @@ def main():
                         else:
                             p = subprocess.run([sys.executable, "-c", TRAINER_CHILD, cfgs[model],
                                                 os.path.join(tmp, "hf"), model, str(batch),
-                                                str(SEQ[model]), str(a.warmup), str(a.steps)],
+                                                str(SEQ[model]), str(a.warmup), str(a.steps),
+                                                str(int(model in CAUSAL))],
                                                capture_output=True, text=True)
                             r = last_json(p)[-1]
                         got.append(dict(r, model=model, batch=batch, system=system))
@@ -238,7 +251,6 @@ def main():
 
 
 def print_table(rows, systems, peak):
-    cfg = {"bert": BERT_LARGE, "gpt2": GPT2}
     print(f"\n{'model':<12}{'batch':>6}" + "".join(f"{s + ' /s':>14}{'MFU':>6}{'GiB':>7}"
                                              for s in systems))
     keys = sorted({(r["model"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
@@ -251,7 +263,7 @@ def print_table(rows, systems, peak):
                 line += f"{r.get('error', 'n/a')[:26]:>27}"
                 continue
             tokens = r["samples_per_second"] * SEQ[model]
-            mfu = tokens * flops_per_token(cfg[model], SEQ[model]) / (peak * 1e12)
+            mfu = tokens * flops_per_token(CONFIGS[model], SEQ[model]) / (peak * 1e12)
             line += f"{r['samples_per_second']:>14.1f}{100 * mfu:>5.1f}%{r['gpu_memory'] / 2**30:>7.2f}"
         print(line)
 

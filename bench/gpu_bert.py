@@ -141,7 +141,10 @@ def run_hf(cfg_dir, out_dir, kind, samples, seq, opts):
 def flops_per_token(c, seq):
     L, C = c.get("num_hidden_layers", c.get("n_layer")), c.get("hidden_size", c.get("n_embd"))
     inner = c.get("intermediate_size", 4 * C)
-    n = L * (4 * C * C + 2 * C * inner)  # non-embedding matmul parameters
+    heads = c.get("num_attention_heads", c.get("n_head"))
+    kv = c.get("num_key_value_heads", heads) * C // heads  # key and value widths (GQA)
+    gated = 3 if c.get("model_type") in ("llama", "mistral", "qwen2") else 2  # gate, up, down
+    n = L * (2 * C * C + 2 * C * kv + gated * C * inner)  # non-embedding matmul parameters
     return 6 * n + 12 * L * C * seq
 
 
