@@ -190,11 +190,10 @@ void sum_squares_except(Backend& be, const ParameterSet& params, const Tensor& g
 }
 
 void ParallelPolicy::run_micro_batches(Backend& be, Model& model, int count,
-                                       const std::function<void(int)>& load,
-                                       const std::function<StepOptions(int)>& options) {
+                                       MicroBatches& batches) {
   for (int i = 0; i < count; ++i) {
-    load(i);
-    const StepOptions o = options(i);
+    batches.load(i);
+    const StepOptions o = batches.options(i);
     model.forward_step(be, o);
     model.backward(be, o, on_segment(i == count - 1));
   }

@@ -178,8 +178,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   }
   Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
 
-  void run_micro_batches(Backend& be, Model& model, int count, const std::function<void(int)>& load,
-                         const std::function<StepOptions(int)>& options) override;
+  void run_micro_batches(Backend& be, Model& model, int count, MicroBatches& batches) override;
 
   // The data replicas' sums, then the loss summed over the stages (the last adds it) and the
   // tied embeddings' gradients between the first and last.
@@ -366,8 +365,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
 // its send and the next step's receive are one exchange (Megatron-LM's send_forward_recv_backward
 // and send_backward_recv_forward), so that neighbouring stages never both wait to send.
 void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
-                                         const std::function<void(int)>& load,
-                                         const std::function<StepOptions(int)>& options) {
+                                         MicroBatches& batches) {
   const Clock::time_point began = Clock::now();
   const int s = pipe_.rank(), p = pipe_.size();
   const bool first = s == 0, last = s == p - 1;
@@ -392,9 +390,9 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
   for (size_t i = 0; i < ops.size(); ++i) {
     const int m = ops[i].micro_batch;
     const bool next_backward = i + 1 < ops.size() && ops[i + 1].op == PipeOp::backward;
-    const StepOptions o = options(m);
+    const StepOptions o = batches.options(m);
     if (ops[i].op == PipeOp::forward) {
-      load(m);
+      batches.load(m);
       if (!last) keep_batch(m % slots);
       if (!first && !input_ready)
         exchange([&] { pipe_.receive(whole(model.stage_input()), s - 1); }, false);

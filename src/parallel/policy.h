@@ -6,7 +6,6 @@
 // new policy plugs in.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,6 +77,15 @@ class StagedForward {
   // The stages of this rank's pipeline, in order.
   virtual Communicator& stages() = 0;
 };
+// The caller's side of a step's micro-batches (the trainer's loader and step options).
+class MicroBatches {
+ public:
+  virtual void load(int i) = 0;                  // writes micro-batch i into the model's batch
+  virtual StepOptions options(int i) const = 0;  // its options, the same on every call
+
+ protected:
+  ~MicroBatches() = default;
+};
 
 class ParallelPolicy {
  public:
@@ -90,13 +98,9 @@ class ParallelPolicy {
   virtual Model::SegmentDone on_segment(bool last) = 0;
   virtual SyncSeconds finish_gradients() = 0;
   // A step's `count` micro-batches forward and backward on this rank's model, between
-  // begin_step and finish_gradients: `load(i)` writes micro-batch i into the model's batch,
-  // `options(i)` gives its options (the same on every call). By default one after another;
-  // pipeline stages run theirs in the 1F1B order, exchanging activations and their gradients
-  // with the stages beside them.
-  virtual void run_micro_batches(Backend& be, Model& model, int count,
-                                 const std::function<void(int)>& load,
-                                 const std::function<StepOptions(int)>& options);
+  // begin_step and finish_gradients. By default one after another; pipeline stages run theirs in
+  // the 1F1B order, exchanging activations and their gradients with the stages beside them.
+  virtual void run_micro_batches(Backend& be, Model& model, int count, MicroBatches& batches);
 
   // The gradients this rank's optimizer steps on: the whole, or this rank's shard.
   virtual const Tensor& gradients() const = 0;

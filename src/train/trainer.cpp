@@ -533,6 +533,45 @@ struct StepResult {
   double loss = 0, lr = 0, loss_scale = 1;
 };
 
+// A step's micro-batches as the parallel policy takes them: the loader's next batch (counted in
+// the totals), and training options with the step's loss scale and each micro-batch's dropout
+// key.
+class StepBatches final : public MicroBatches {
+ public:
+  StepBatches(RunContext& c, DataLoader& loader, Model& model, LoopTotals& totals,
+              int64_t first_micro_batch, float grad_scale)
+      : c_(c),
+        loader_(loader),
+        model_(model),
+        totals_(totals),
+        first_(first_micro_batch),
+        grad_scale_(grad_scale) {}
+
+  void load(int) override {
+    c_.be.wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
+    const int64_t rows = loader_.next(model_).rows * c_.ranks();  // every rank has as many
+    totals_.samples += rows;
+    totals_.window.samples += rows;
+  }
+  StepOptions options(int micro) const override {
+    StepOptions so;
+    so.training = true;
+    so.compute_grad = true;
+    so.loss_grad_scale = grad_scale_;
+    so.rng = RngKey{c_.o.seed, static_cast<uint64_t>(first_ + micro), 0};
+    so.first_micro_batch = micro == 0;
+    return so;
+  }
+
+ private:
+  RunContext& c_;
+  DataLoader& loader_;
+  Model& model_;
+  LoopTotals& totals_;
+  int64_t first_;
+  float grad_scale_;
+};
+
 // One optimizer step: its micro-batches forward and backward, the ranks' gradients summed, the
 // update. `micro_batch` advances past the micro-batches taken.
 StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro_steps,
@@ -549,23 +588,8 @@ StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro
   model.zero_accumulated_grads(c.be);  // the first micro-batch writes the others
   c.parallel.begin_step();
   model.reset_step_stats(c.be);
-  const int64_t step_first = micro_batch;
-  const auto load = [&](int) {
-    c.be.wait_for_uploads();  // the previous micro-batch may still be on its way to the GPU
-    const int64_t rows = loader.next(model).rows * c.ranks();  // every rank has as many
-    totals.samples += rows;
-    totals.window.samples += rows;
-  };
-  const auto options = [&](int micro) {
-    StepOptions so;
-    so.training = true;
-    so.compute_grad = true;
-    so.loss_grad_scale = grad_scale;
-    so.rng = RngKey{c.o.seed, static_cast<uint64_t>(step_first + micro), 0};
-    so.first_micro_batch = micro == 0;
-    return so;
-  };
-  c.parallel.run_micro_batches(c.be, model, static_cast<int>(micro_steps), load, options);
+  StepBatches batches(c, loader, model, totals, micro_batch, grad_scale);
+  c.parallel.run_micro_batches(c.be, model, static_cast<int>(micro_steps), batches);
   micro_batch += micro_steps;
   const SyncSeconds synced =
       c.parallel.finish_gradients();  // the global batch's gradients and loss
