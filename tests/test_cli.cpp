@@ -829,6 +829,16 @@ TEST(Cli, TrainTakesATrainerUsersCommandLine) {
   EXPECT_NE(r.out.find("'gpt2-tiny' is brisk's built-in configuration"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("epoch                      = 1"), std::string::npos) << r.out;
+  // A refused option is all a run says: no note about its data or weights before it.
+  const CliRun refused = run_brisk(
+      "train --model gpt2-tiny --seq_len 16 --dataset_size 8 "
+      "--per_device_train_batch_size -1 --output_dir " +
+      out);
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_EQ(refused.out, "") << "printed before refusing";
+  EXPECT_NE(refused.err.find("per_device_train_batch_size must be positive"), std::string::npos)
+      << refused.err;
+  std::filesystem::remove_all(out);
   expect_refused("train --lerning_rate 1e-4", "(did you mean --learning_rate?)");
   expect_refused("train --push_to_hub", "push_to_hub = true is not implemented in brisk");
   expect_refused("train --task_name mrpc", "brisk reads no dataset hub");

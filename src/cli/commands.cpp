@@ -28,6 +28,7 @@
 #include "train/assembly.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
+#include "train/options.h"
 
 namespace brisk::cli {
 
@@ -71,6 +72,7 @@ void print_metrics(const char* split, const nlohmann::json& metrics) {
 }  // namespace
 
 int run_train(const TrainOptions& options) {
+  validate_options(options);  // a refused option says only why, before any note
   if (launch_info_from_env().rank == 0)
     for (const nlohmann::json& note : run_notes(options)) std::cout << note.dump() << std::endl;
   TrainSummary s =
