@@ -200,8 +200,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
   const std::vector<FitCandidate> fits =
       fit_search(o, device, budget, split_list(args.precisions, precision_of(o)),
                  split_list(args.optims, o.optim), &rejected, world);
-  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps * world /
-                         std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size);
+  const int64_t global = global_batch(o, world);
   std::printf(
       "fit: global batch %lld%s within %s per rank (%s): %zu configurations fit, %d do not\n",
       static_cast<long long>(global),

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 
+#include "core/checked.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
 #include "train/assembly.h"
@@ -270,9 +271,9 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
     return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size), o.zero_stage, 1}};
   ModelConfig config = resolve_config(o.model_name_or_path);
   std::vector<Layout> out;
+  const bool offload = o.offload_optimizer != "none";
   for (int tp = 1; tp <= world; ++tp)
     for (int pp = 1; tp * pp <= world; ++pp) {
-      const bool offload = o.offload_optimizer != "none";
       if (world % (tp * pp) || (offload && tp * pp > 1) || !splits(config, tp, pp)) continue;
       const int d = world / (tp * pp);
       const int64_t top = d == 1 ? 0 : pp > 1 ? 1 : 3;
@@ -283,14 +284,20 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
 
 }  // namespace
 
+int64_t global_batch(const TrainOptions& o, int world) {
+  const char* what = "the global batch";
+  const int64_t all =
+      checked_mul(checked_mul(o.per_device_train_batch_size, o.gradient_accumulation_steps, what),
+                  int64_t{std::max(1, world)}, what);
+  return all / std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size);
+}
+
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const MemoryBudget& budget,
                                      const std::vector<std::string>& precisions,
                                      const std::vector<std::string>& optims, int* rejected,
                                      int world) {
-  const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps *
-                         std::max(1, world) / std::max<int64_t>(1, o.tp_size) /
-                         std::max<int64_t>(1, o.pp_size);
+  const int64_t global = global_batch(o, world);
   const CostModel model = cost_model(device);
   std::vector<FitCandidate> out;
   int refused = 0;

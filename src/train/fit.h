@@ -98,6 +98,10 @@ struct FitCandidate {
   std::array<size_t, kNumCategories> planned{};  // bytes by category
 };
 
+// The global batch of o's options over `world` ranks: per_device_train_batch_size x
+// gradient_accumulation_steps x the data replicas (the ranks over tensor and pipeline degrees).
+int64_t global_batch(const TrainOptions& o, int world);
+
 // Every configuration of the global batch (per_device_train_batch_size x
 // gradient_accumulation_steps x the data replicas of o's layout) over per-device batch,
 // recomputation (none, selective, full), precision ("fp32", "bf16", "fp16", "tf32") and optimizer
