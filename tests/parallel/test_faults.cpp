@@ -35,12 +35,18 @@ TEST(Faults, DISABLED_AStuckRankEndsAStartedSum) {
   world().wait_started();
 }
 
-// A sum over a group split from the world (tensor parallelism's, the mesh's) is watched as well.
-TEST(Faults, DISABLED_AStuckRankEndsASumOverASplitGroup) {
+// A group split from the world (as the mesh's are) whose rank 1 then hangs, as rank_one_hangs.
+std::unique_ptr<Communicator> group_with_rank_one_stuck() {
   world().set_timeout(2);
-  const std::unique_ptr<Communicator> group = world().split(0, world().rank());
+  std::unique_ptr<Communicator> group = world().split(0, world().rank());
   group->barrier();
   if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  return group;
+}
+
+// A sum over a group split from the world (tensor parallelism's, the mesh's) is watched as well.
+TEST(Faults, DISABLED_AStuckRankEndsASumOverASplitGroup) {
+  const std::unique_ptr<Communicator> group = group_with_rank_one_stuck();
   float x = 1;
   group->all_reduce_sum(Tensor(&x, Shape{1}, DType::f32));
 }
@@ -48,10 +54,7 @@ TEST(Faults, DISABLED_AStuckRankEndsASumOverASplitGroup) {
 // A pipeline stage waiting for its neighbour's activations (a receive on the mesh's pipeline
 // group) is watched as well: the neighbour stuck, the run ends at the timeout.
 TEST(Faults, DISABLED_AStuckStageEndsAReceive) {
-  world().set_timeout(2);
-  const std::unique_ptr<Communicator> stages = world().split(0, world().rank());
-  stages->barrier();
-  if (world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  const std::unique_ptr<Communicator> stages = group_with_rank_one_stuck();
   float x = 1;
   if (world().rank() == 0) stages->receive(Tensor(&x, Shape{1}, DType::f32), 1);
 }

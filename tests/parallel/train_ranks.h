@@ -116,6 +116,21 @@ inline void expect_trains_as(const Logged& got, const Logged& want, double toler
   EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
 }
 
+// The runs writing into `got` and `want` evaluated and predicted alike: their eval_loss and
+// eval_accuracy (relative 1e-5) and their predictions file, which is not empty.
+inline void expect_evaluates_as(const std::filesystem::path& got,
+                                const std::filesystem::path& want) {
+  const nlohmann::json g = read_json_file(got / "eval_results.json", "eval results");
+  const nlohmann::json w = read_json_file(want / "eval_results.json", "eval results");
+  for (const char* metric : {"eval_loss", "eval_accuracy"})
+    EXPECT_NEAR(g[metric].get<double>(), w[metric].get<double>(),
+                1e-5 * std::abs(w[metric].get<double>()))
+        << metric;
+  const std::string predicted = read_text(got / "predict_results.txt");
+  EXPECT_EQ(predicted, read_text(want / "predict_results.txt"));
+  EXPECT_FALSE(predicted.empty());
+}
+
 // A resumed run `got` ends as the uninterrupted `want`: its steps' losses are want's last ones,
 // its final weights want's.
 inline void expect_resumes_as(const Logged& got, const Logged& want, double tolerance = 1e-5) {
