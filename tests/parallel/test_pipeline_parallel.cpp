@@ -29,10 +29,6 @@ struct Layout {
   std::string str() const { return "pp " + std::to_string(pp) + " x dp " + std::to_string(dp); }
 };
 
-double total_flos(const std::string& out) {
-  return read_json_file(out + "/trainer_state.json", "trainer state")["total_flos"].get<double>();
-}
-
 TEST(PipelineParallel, StagesTrainAsOneProcessWithTheSameGlobalBatch) {
   NEEDS_MPI();
   const Layout l;

@@ -86,6 +86,12 @@ inline std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
+// The total_flos a run wrote in its trainer_state.json (the whole model's operations, as
+// Trainer counts them).
+inline double total_flos(const std::string& out) {
+  return read_json_file(out + "/trainer_state.json", "trainer state")["total_flos"].get<double>();
+}
+
 struct Logged {
   std::vector<double> losses;
   std::string checkpoint;
