@@ -569,6 +569,32 @@ TEST(OpsMseLoss, MismatchedShapesAreRefused) {
                brisk::Error);
 }
 
+TEST(OpsCopyRows, RunsOutsideEitherTensorOrOfAnotherDtypeAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  FVec src(20, 1.f), dst(20, 0.f);
+  const brisk::Tensor s = view(src, {20}), d = view(dst, {20});
+  using brisk::RowCopy;
+  be->copy_rows(s, d, RowCopy{0, 5, 0, 5, 5, 4});  // exactly every element
+  EXPECT_EQ(dst, src);
+  auto refused = [&](const RowCopy& c, const char* needle) {
+    try {
+      be->copy_rows(s, d, c);
+      ADD_FAILURE() << "accepted " << needle;
+    } catch (const brisk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({1, 5, 0, 5, 5, 4}, "past the source");
+  refused({0, 5, 0, 6, 5, 4}, "past the destination");
+  refused({0, 4, 0, 5, 5, 2}, "overlap");
+  refused({0, 5, -1, 5, 5, 1}, "negative");
+  refused({0, 4, 0, 4, 1, int64_t{1} << 62}, "extent");
+  std::vector<int32_t> ints(20);
+  EXPECT_THROW(be->copy_rows(s, brisk::Tensor(ints.data(), brisk::Shape{20}, brisk::DType::i32),
+                             RowCopy{0, 1, 0, 1, 1, 1}),
+               brisk::Error);
+}
+
 // The CPU's vectorizable exp (softmax in attention and the loss), and its AVX-512 form (exp16,
 // attention's softmax), against exp in double: within 2 ulp over float's normal results, 0 below
 // them, inf above, NaN kept.

@@ -171,6 +171,34 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
   EXPECT_EQ(total, whole->params().total_elements());
 }
 
+// Sequence shares keep every parameter and head count and refuse, by name, head counts the ranks
+// do not divide, a task that reads the first token alone, and a length that does not split.
+TEST(TensorSplit, SequenceSharesRefuseHeadsTasksAndLengthsThatDoNotSplit) {
+  ModelConfig c = resolve_config("gpt2");  // 12 heads
+  const ModelConfig share = sequence_parallel_share(c, 1, 4);
+  EXPECT_EQ(share.num_heads, 12);
+  EXPECT_EQ(share.sequence_rank, 1);
+  EXPECT_EQ(Model::create(share)->params().total_elements(),
+            Model::create(c)->params().total_elements());
+  expect_error([&] { sequence_parallel_share(c, 0, 5); },
+               "--sp_size 5 does not divide the gpt2 config's n_head = 12");
+  ModelConfig llama = resolve_config("smollm2-135m");  // 9 heads over 3 key/value heads
+  expect_error([&] { sequence_parallel_share(llama, 0, 9); }, "num_key_value_heads = 3");
+  expect_error([&] { sequence_parallel_share(resolve_config("bert-tiny"), 0, 2); },
+               "needs a loss over every token");
+  // The plan: a length of 13 does not split among 2; 12 does, and each rank keeps 6 tokens.
+  const auto model = Model::create(sequence_parallel_share(resolve_config("gpt2-tiny"), 1, 2));
+  MemoryPlan plan;
+  expect_error(
+      [&] {
+        model->plan(plan, {2, 13}, PlanOptions{});
+      },
+      "sequences of 13 tokens do not split evenly among --sp_size 2");
+  MemoryPlan even;
+  model->plan(even, {2, 12}, PlanOptions{});
+  EXPECT_EQ(model->matmul_operands().a_rows, 2 * 6);  // the products' rows: its tokens
+}
+
 // Pipeline stages hold equal runs of the blocks, the embeddings on the first and the head on the
 // last (a tied head's embeddings on both); every parameter of the whole model on one stage at
 // least, numbered by its place in the whole (what its initial values are drawn from).

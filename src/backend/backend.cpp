@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/checked.h"
+
 namespace brisk {
 
 AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq,
@@ -60,6 +62,29 @@ void Backend::check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& 
               " rows (input ", x.shape().str(), ")");
   BRISK_CHECK(other.numel() == x.numel(), op, ": element counts differ (", x.shape().str(), " vs ",
               other.shape().str(), ")");
+}
+
+int64_t Backend::check_copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) {
+  BRISK_CHECK(src.dtype() == dst.dtype(), "copy_rows: ", dtype_name(src.dtype()), " into ",
+              dtype_name(dst.dtype()));
+  BRISK_CHECK(c.count >= 0 && c.rows >= 0 && c.src_at >= 0 && c.dst_at >= 0 && c.src_pitch >= 0 &&
+                  c.dst_pitch >= 0,
+              "copy_rows: negative extents");
+  BRISK_CHECK(c.rows <= 1 || (c.src_pitch >= c.count && c.dst_pitch >= c.count),
+              "copy_rows: runs of ", c.count, " elements ", c.src_pitch, " and ", c.dst_pitch,
+              " apart overlap");
+  if (c.count > 0 && c.rows > 0) {
+    const char* what = "copy_rows' extent";
+    auto end = [&](int64_t at, int64_t pitch) {
+      return checked_add(checked_add(at, checked_mul(c.rows - 1, pitch, what), what), c.count,
+                         what);
+    };
+    BRISK_CHECK(end(c.src_at, c.src_pitch) <= src.numel(), "copy_rows: runs past the source's ",
+                src.numel(), " elements");
+    BRISK_CHECK(end(c.dst_at, c.dst_pitch) <= dst.numel(),
+                "copy_rows: runs past the destination's ", dst.numel(), " elements");
+  }
+  return static_cast<int64_t>(dtype_size(src.dtype()));
 }
 
 RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,

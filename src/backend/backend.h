@@ -61,6 +61,12 @@ struct RotaryDims {
 // sorted [begin, end) element ranges that take weight decay. The gradient multiplier (clipping,
 // loss unscaling) and the skip flag come from `control` (see core/step_control.h), which the
 // backend's decide_step wrote, so no host round trip sits between the two.
+// Backend::copy_rows: `rows` runs of `count` elements, run i from element src_at + i * src_pitch
+// of the source to element dst_at + i * dst_pitch of the destination.
+struct RowCopy {
+  int64_t src_at = 0, src_pitch = 0, dst_at = 0, dst_pitch = 0, count = 0, rows = 0;
+};
+
 struct AdamWUpdate {
   Tensor weights, grads, exp_avg, exp_avg_sq, decay_ranges, control;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
@@ -265,7 +271,9 @@ class Backend {
   virtual void tanh_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy * (1 - y^2) from the saved output y; dx may alias dy.
   virtual void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
-  // y = dropout(x) with keep probability 1 - p and scaling 1 / (1 - p); y may alias x.
+  // y = dropout(x) with keep probability 1 - p and scaling 1 / (1 - p); y may alias x. Element
+  // i's mask is that of element key.first_element + i (a part of a larger tensor draws the
+  // whole's masks); so for the two below and dropout_add.
   virtual void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) = 0;
   // dx = the same mask applied to dy; dx may alias dy.
   virtual void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) = 0;
@@ -277,6 +285,12 @@ class Backend {
   virtual void add_inplace(const Tensor& y, const Tensor& x) = 0;
   virtual void fill(const Tensor& t, float value) = 0;
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // Strided runs of elements from src to dst (one dtype, both in the backend's memory, not
+  // overlapping): what an exchange of a tensor's columns or tokens between ranks packs with.
+  virtual void copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) = 0;
+  // Throws unless every run of `c` lies inside src and dst and the two are of one dtype; returns
+  // the bytes of an element.
+  static int64_t check_copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c);
   // dst = src converted between float32, bfloat16 and float16 (round to nearest even; values
   // beyond fp16's range become inf). Same dtypes: a copy.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;

@@ -48,6 +48,10 @@ struct RngKey {
   // first_head.. of heads_total, and draw the masks those heads draw in one process holding them
   // all. heads_total 0: the call holds every head.
   uint32_t first_head = 0, heads_total = 0;
+  // Element-wise dropout over part of a tensor (sequence parallelism: one sequence's tokens of
+  // this rank): the id of the call's first element in the whole tensor; the call's element i is
+  // element first_element + i of the whole.
+  uint64_t first_element = 0;
 };
 
 // The head index, in the dropout's element ids, of attention head bh = b * heads + h of a call

@@ -43,9 +43,9 @@ Batch shaped(const Batch& b, int64_t seq) {
 }
 }  // namespace
 
-int64_t dynamic_padded_length(int64_t longest, int64_t planned) {
-  constexpr int64_t kMultiple = 8;
-  const int64_t rounded = (std::max<int64_t>(longest, 1) + kMultiple - 1) / kMultiple * kMultiple;
+int64_t dynamic_padded_length(int64_t longest, int64_t planned, int64_t multiple) {
+  const int64_t step = std::lcm<int64_t>(8, std::max<int64_t>(multiple, 1));
+  const int64_t rounded = (std::max<int64_t>(longest, 1) + step - 1) / step * step;
   return std::min(rounded, planned);
 }
 
@@ -135,7 +135,7 @@ int64_t DataLoader::padded_length(const int64_t* order, int64_t m) const {
   int64_t longest = 1;
   for (int64_t r = 0; r < rows_of(m); ++r)
     longest = std::max(longest, data_.length(order[position(m, r, options_.rank) % data_.size()]));
-  return dynamic_padded_length(longest, layout_.seq);
+  return dynamic_padded_length(longest, layout_.seq, options_.length_multiple);
 }
 
 int64_t DataLoader::position_of(int64_t m) const {

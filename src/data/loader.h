@@ -30,6 +30,8 @@ struct LoaderOptions {
   // sample from position `rank` on. So global micro-batch m (all ranks' micro-batch m together)
   // holds the samples one process with ranks x the batch would have in its micro-batch m.
   int rank = 0, ranks = 1;
+  // Dynamic padding's lengths are multiples of this too (sequence parallelism splits them).
+  int64_t length_multiple = 1;
 };
 
 // A micro-batch handed to the model: its real rows and the sequence length it was padded to.
@@ -40,8 +42,8 @@ struct LoadedBatch {
 
 // Dynamic padding's length for a batch whose longest sample has `longest` tokens: rounded up to a
 // multiple of 8 (DataCollatorWithPadding's pad_to_multiple_of, which keeps the distinct shapes
-// few), at most the planned length.
-int64_t dynamic_padded_length(int64_t longest, int64_t planned);
+// few) and of `multiple`, at most the planned length.
+int64_t dynamic_padded_length(int64_t longest, int64_t planned, int64_t multiple = 1);
 
 class DataLoader {
  public:

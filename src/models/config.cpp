@@ -539,6 +539,15 @@ void use_sequence_classification(ModelConfig& c) {
   c.task_from_architectures = false;
 }
 
+namespace {
+// The config.json key of the query head count.
+const char* head_count_key(const ModelConfig& c) {
+  return c.model_type == ModelType::gpt2         ? "n_head"
+         : c.model_type == ModelType::distilbert ? "n_heads"
+                                                 : "num_attention_heads";
+}
+}  // namespace
+
 ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
   BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "tensor-parallel rank ", rank, " of ",
               ranks);
@@ -548,9 +557,7 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
                 " config's ", key, " = ", count,
                 " (tensor parallelism splits them evenly across the ranks)");
   };
-  divides(c.num_heads, c.model_type == ModelType::gpt2         ? "n_head"
-                       : c.model_type == ModelType::distilbert ? "n_heads"
-                                                               : "num_attention_heads");
+  divides(c.num_heads, head_count_key(c));
   if (c.kv_heads() != c.num_heads) divides(c.kv_heads(), "num_key_value_heads");
   divides(c.intermediate_size, c.model_type == ModelType::gpt2         ? "n_inner"
                                : c.model_type == ModelType::distilbert ? "hidden_dim"
@@ -562,6 +569,27 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
   share.intermediate_size = c.intermediate_size / ranks;
   share.tensor_rank = rank;
   share.tensor_ranks = ranks;
+  return share;
+}
+
+ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks) {
+  BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "sequence-parallel rank ", rank, " of ",
+              ranks);
+  BRISK_CHECK(c.sequence_ranks == 1, "internal error: the config is a sequence share already");
+  BRISK_CHECK(c.task == ModelTask::causal_lm || c.task == ModelTask::masked_lm, "--sp_size ", ranks,
+              " needs a loss over every token (a causal or masked language "
+              "model); the ",
+              c.type_name(), " config's task reads the first token alone");
+  const char* tp = c.tensor_ranks > 1 ? " (per --tp_size rank)" : "";
+  BRISK_CHECK(c.num_heads % ranks == 0, "--sp_size ", ranks, " does not divide the ", c.type_name(),
+              " config's ", head_count_key(c), " = ", c.num_heads, tp,
+              " (sequence parallelism gives each rank as many heads)");
+  BRISK_CHECK(c.kv_heads() % ranks == 0, "--sp_size ", ranks, " does not divide the ",
+              c.type_name(), " config's num_key_value_heads = ", c.kv_heads(), tp,
+              " (sequence parallelism gives each rank as many key/value heads)");
+  ModelConfig share = c;
+  share.sequence_rank = rank;
+  share.sequence_ranks = ranks;
   return share;
 }
 

@@ -92,6 +92,9 @@ struct ModelConfig {
   // (pipeline_share): its model holds blocks [first_layer(), end_layer()) of num_layers, the
   // embeddings on the first stage and the head on the last (a tied head's embeddings there too).
   int pipeline_stage = 0, pipeline_stages = 1;
+  // Sequence parallelism: this config is rank `sequence_rank`'s of `sequence_ranks`
+  // (sequence_parallel_share): its model holds that rank's tokens of every sequence.
+  int sequence_rank = 0, sequence_ranks = 1;
   nlohmann::json source;  // the JSON it was read from, written back into checkpoints
 
   int64_t head_dim() const {
@@ -134,6 +137,11 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks);
 // Pipeline parallelism (--pp_size): stage `stage` of `stages`'s share of `c`, an equal run of its
 // blocks. Refuses, naming the config key, a block count that `stages` does not divide.
 ModelConfig pipeline_share(const ModelConfig& c, int stage, int stages);
+// Sequence parallelism (--sp_size): rank `rank` of `ranks`'s share of `c` (its tokens of every
+// sequence; attention on every token of heads / ranks). Refuses, naming the config key, head
+// counts (of this tensor rank's share) that `ranks` does not divide, and a task whose loss is not
+// token by token (sequence classification reads the first token alone).
+ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -197,12 +197,12 @@ class Encoder final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(dev_batch_.input_ids, w(word_), w(pos_), dev_batch_.token_type_ids,
-                         type_table(false), emb_sum_);
+    be.embedding_forward(dev_batch_.input_ids, w(word_), position_rows(w(pos_)),
+                         dev_batch_.token_type_ids, type_table(false), emb_sum_);
     be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_g_ + 1), config_.layer_norm_eps,
                          hidden_[0], emb_mean_, emb_rstd_);
-    be.dropout_forward(hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
-                       hidden_[0]);
+    token_dropout(be, hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
+                  hidden_[0]);
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
@@ -263,12 +263,13 @@ class Encoder final : public Model {
   }
 
   void embed_backward(Backend& be, const StepOptions& o) override {
-    be.dropout_backward(d_hidden_, dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
-                        d_hidden_);
+    token_dropout(be, d_hidden_, dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
+                  d_hidden_, /*backward=*/true);
     be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
                           false, g(emb_ln_g_), g(emb_ln_g_ + 1));
     be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, config_.pad_token_id,
-                          dev_batch_.token_type_ids, g(word_), g(pos_), type_table(true));
+                          dev_batch_.token_type_ids, g(word_), position_rows(g(pos_)),
+                          type_table(true));
   }
 
   // DistilBERT's sinusoidal_pos_embds: the position table starts as sin/cos of

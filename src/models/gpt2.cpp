@@ -98,9 +98,10 @@ class Gpt2 final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(dev_batch_.input_ids, w(wte_), w(wpe_), Tensor(), Tensor(), hidden_[0]);
-    be.dropout_forward(hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
-                       site(o, kEmbeddingSite), hidden_[0]);
+    be.embedding_forward(dev_batch_.input_ids, w(wte_), position_rows(w(wpe_)), Tensor(), Tensor(),
+                         hidden_[0]);
+    token_dropout(be, hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
+                  site(o, kEmbeddingSite), hidden_[0]);
   }
 
   void prepare_batch() override { shift_labels(targets_host_); }
@@ -117,10 +118,10 @@ class Gpt2 final : public Model {
   }
 
   void embed_backward(Backend& be, const StepOptions& o) override {
-    be.dropout_backward(d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
-                        site(o, kEmbeddingSite), d_hidden_);
+    token_dropout(be, d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
+                  site(o, kEmbeddingSite), d_hidden_, /*backward=*/true);
     be.embedding_backward(d_hidden_, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), g(wte_),
-                          g(wpe_), Tensor());
+                          position_rows(g(wpe_)), Tensor());
   }
 
   bool causal_lm() const override { return true; }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "backend/device_traits.h"
@@ -76,29 +77,36 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   options_ = options;
   inputs_.clear();
   constants_.clear();
+  sliced_.clear();
   seq_shapes_.clear();
   plan_flat_buffers(plan, shape, options);
   if (options.weights_only) return;
 
-  const Shape btc{shape.batch, shape.seq, c.hidden_size};
+  BRISK_CHECK(shape.seq % c.sequence_ranks == 0, "sequences of ", shape.seq,
+              " tokens do not split evenly among --sp_size ", c.sequence_ranks,
+              " ranks (make --seq_len, --block_size or --max_seq_length a multiple of it)");
+  const BatchShape local = token_shape(shape);
+  const Shape btc{shape.batch, local.seq, c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
   for (int64_t l = c.first_layer(); l <= c.end_layer(); ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
   if (options.stashed_inputs > 0)
     declare(plan, &stashed_, "pipeline.stashed_inputs", Category::activations, DType::f32,
-            {options.stashed_inputs, shape.batch, shape.seq, c.hidden_size});
+            {options.stashed_inputs, shape.batch, local.seq, c.hidden_size});
   const BlockStyle style = this->style(true);
-  const BlockDims dims{
-      shape.batch,
-      shape.seq,
-      c.hidden_size,
-      c.intermediate_size,
-      c.num_heads,
-      c.kv_heads(),
-      c.head_dim(),
-      style.gated_mlp,
-      attention_buffers(options.device, shape.batch, c.num_heads, shape.seq, c.head_dim())};
+  // Attention runs on every token of num_heads / sequence_ranks heads.
+  const BlockDims dims{shape.batch,
+                       local.seq,
+                       c.hidden_size,
+                       c.intermediate_size,
+                       c.num_heads,
+                       c.kv_heads(),
+                       c.head_dim(),
+                       style.gated_mlp,
+                       attention_buffers(options.device, shape.batch,
+                                         c.num_heads / c.sequence_ranks, shape.seq, c.head_dim()),
+                       c.sequence_ranks};
   BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
@@ -198,24 +206,41 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
 // gradient, the batch's inputs, the step's statistics and control, and the model's own.
 void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockStyle& style,
                               const BlockDims& dims) {
-  const Shape btc{shape.batch, shape.seq, config_.hidden_size};
+  const BatchShape local = token_shape(shape);
+  const Shape btc{shape.batch, local.seq, config_.hidden_size};
   declare_block_scratch(plan, binder_, scratch_, dims);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
   declare_input(plan, &batch_.input_ids, &dev_batch_.input_ids, "batch.input_ids",
-                Shape{shape.batch, shape.seq});
+                Shape{shape.batch, local.seq});
   declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
-                Shape{shape.batch, shape.seq});
+                Shape{shape.batch, shape.seq}, DType::i32, /*whole_sequences=*/true);
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
   declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,
                   Shape{kStatsSize}, Placement::host);
-  declare_buffers(plan, shape);
+  declare_buffers(plan, local);
+}
+
+BatchShape Model::token_shape(BatchShape shape) const {
+  return {shape.batch, shape.seq / config_.sequence_ranks};
 }
 
 void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
-                          Shape shape, DType dtype) {
-  binder_.declare(plan, host, name, Category::data, dtype, shape, Placement::host);
+                          Shape shape, DType dtype, bool whole_sequences) {
+  const int64_t ranks = config_.sequence_ranks;
+  if (ranks > 1 && !whole_sequences && shape.rank() == 2) {
+    BRISK_CHECK(sliced_.size() < token_inputs_.size(),
+                "internal error: more sequence inputs than planned");
+    Tensor* tokens = &token_inputs_[sliced_.size()];
+    binder_.declare(plan, host, name, Category::data, dtype, Shape{shape[0], shape[1] * ranks},
+                    Placement::host);
+    sliced_.emplace_back(host, tokens);
+    host = tokens;  // the upload's source: this rank's tokens
+    binder_.declare(plan, host, name + ".tokens", Category::data, dtype, shape, Placement::host);
+  } else {
+    binder_.declare(plan, host, name, Category::data, dtype, shape, Placement::host);
+  }
   if (device_traits(options_.device).host_memory)
     binder_.alias(device, host);
   else
@@ -225,7 +250,7 @@ void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const 
 
 void Model::declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device,
                              const std::string& name, Shape shape, DType dtype) {
-  declare_input(plan, host, device, name, shape, dtype);
+  declare_input(plan, host, device, name, shape, dtype, /*whole_sequences=*/true);
   constants_.push_back(inputs_.back());
   inputs_.pop_back();
 }
@@ -313,7 +338,7 @@ MatmulOperands Model::matmul_operands() const {
   const char* what = "a matrix product's operand";
   // The gated MLP's first product is [gate | up], twice the intermediate width.
   const int64_t inner = checked_mul(style(true).gated_mlp ? 2 : 1, c.intermediate_size, what);
-  const int64_t rows = checked_mul(shape_.batch, shape_.seq, what);
+  const int64_t rows = checked_mul(shape_.batch, tokens(), what);
   // A language-model head multiplies a chunk of rows at a time, and holds its weight while it
   // runs (Backend::hold_weight): that weight is the `held` operand, not one of B's.
   const bool lm_head = lm_chunk_rows_ > 0;
@@ -339,14 +364,15 @@ MatmulOperands Model::matmul_operands() const {
   operands.a_rows = rows;
   operands.attention =
       checked_mul(rows, checked_add(c.qkv_width(), c.attention_width(), what), what);
-  operands.attention_workspace = fused_attention_workspace_bound(
-      shape_.batch, shape_.seq, c.num_heads, c.kv_heads(), c.head_dim());
+  operands.attention_workspace =
+      fused_attention_workspace_bound(shape_.batch, shape_.seq, c.num_heads / c.sequence_ranks,
+                                      c.kv_heads() / c.sequence_ranks, c.head_dim());
   return operands;
 }
 
 const Tensor& Model::logits() const {
   if (lm_chunk_rows_ > 0) {
-    const int64_t rows = shape_.batch * shape_.seq, kept = logits_.numel() / config_.vocab_size;
+    const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / config_.vocab_size;
     BRISK_CHECK(kept == rows, "the logits of ", rows, " rows were computed ", kept,
                 " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
   }
@@ -482,9 +508,11 @@ int64_t Model::count_targets() const {
   if (batch_.labels.rank() == 1) {
     for (int64_t b = 0; b < B; ++b) n += y[b] != kIgnoreIndex;
   } else {  // a causal LM's position t predicts label t+1; a masked LM's, label t
-    const int64_t first = config_.task == ModelTask::causal_lm ? 1 : 0;
+    // Under sequence parallelism, of this rank's positions only.
+    const int64_t shift = config_.task == ModelTask::causal_lm ? 1 : 0;
+    const int64_t from = first_token() + shift, to = std::min(first_token() + tokens() + shift, T);
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = first; t < T; ++t) n += y[b * T + t] != kIgnoreIndex;
+      for (int64_t t = from; t < to; ++t) n += y[b * T + t] != kIgnoreIndex;
   }
   return n;
 }
@@ -510,7 +538,39 @@ BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
   s.tensor_group = tensor_group_;
+  s.sequence_group = sequence_group_;
   return s;
+}
+
+void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& key, const Tensor& y,
+                          bool backward) const {
+  per_sequence(sequence_group_, x, key, [&](auto view, const RngKey& k) {
+    if (backward)
+      be.dropout_backward(view(x), p, k, view(y));
+    else
+      be.dropout_forward(view(x), p, k, view(y));
+  });
+}
+
+Tensor Model::position_rows(const Tensor& table) const {
+  const int64_t first = first_token(), C = table.dim(1);
+  BRISK_CHECK(first + tokens() <= table.dim(0), "positions up to ", first + tokens(),
+              " exceed the table's ", table.dim(0));
+  return Tensor(table.f32() + first * C, Shape{table.dim(0) - first, C}, DType::f32,
+                table.device());
+}
+
+void Model::slice_inputs() const {
+  for (const auto& [whole, tokens] : sliced_) {
+    const int64_t B = tokens->dim(0), t = tokens->dim(1), T = whole->dim(1);
+    const size_t bytes = dtype_size(tokens->dtype());
+    const auto* from = static_cast<const char*>(whole->data());
+    auto* to = static_cast<char*>(tokens->data());
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(to + static_cast<size_t>(b * t) * bytes,
+                  from + static_cast<size_t>(b * T + first_token()) * bytes,
+                  static_cast<size_t>(t) * bytes);
+  }
 }
 
 namespace {
@@ -541,8 +601,11 @@ bool Model::direct_saved_tensors(const Backend& be) const {
 void Model::forward_step(Backend& be, const StepOptions& o) {
   BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
               "internal error: a tensor-parallel share runs without its group");
+  BRISK_CHECK(config_.sequence_ranks == 1 || sequence_group_ != nullptr,
+              "internal error: a sequence-parallel share runs without its group");
   validate_batch();
   prepare_batch();
+  slice_inputs();
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);
@@ -572,7 +635,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
 
 Tensor Model::stashed_input(int slot) const {
   // Slots a planned length apart: each keeps its micro-batch's length.
-  const int64_t stride = planned_.batch * planned_.seq * config_.hidden_size;
+  const int64_t stride = planned_.batch * token_shape(planned_).seq * config_.hidden_size;
   BRISK_CHECK(slot >= 0 && slot < options_.stashed_inputs, "internal error: stashed input ", slot,
               " outside the planned slots");
   return Tensor(stashed_.f32() + slot * stride, stage_input().shape(), DType::f32,

@@ -183,6 +183,11 @@ class Model : public BatchTarget {
   // Tensor parallelism: the group this model's share runs in (config().tensor_ranks ranks); its
   // blocks sum their partial products over it.
   void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
+  // Sequence parallelism: the group this model's tokens run in (config().sequence_ranks ranks,
+  // sequence_parallel.h). The batch the loader writes holds whole sequences; the model computes
+  // on its rank's tokens of them (the planned length must split evenly), attention on every token
+  // of its share of the heads.
+  void set_sequence_group(SequenceGroup* group) { sequence_group_ = group; }
   // Pipeline parallelism (config().pipeline_stages > 1): the stage's input, which a stage after
   // the first receives before forward_step; its output, after forward_step; the gradient
   // flowing backwards, which a stage before the last receives (of its output) before backward,
@@ -300,9 +305,13 @@ class Model : public BatchTarget {
     binder_.declare(plan, view, name, category, dtype, shape);
   }
   // An input the host writes: a host buffer (category data) and, on a GPU, its device copy
-  // (on the CPU the two views are the same buffer). forward_step uploads every input.
+  // (on the CPU the two views are the same buffer). forward_step uploads every input. Under
+  // sequence parallelism a [B, T] input (`shape` this rank's tokens) is the whole sequences'
+  // [B, T * ranks] on the host, and the device copy holds this rank's tokens (copied out on the
+  // host, then uploaded), but for `whole_sequences` (the attention mask: attention reads every
+  // token).
   void declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
-                     Shape shape, DType dtype = DType::i32);
+                     Shape shape, DType dtype = DType::i32, bool whole_sequences = false);
   // A constant: host and device copies as an input's, uploaded once after bind.
   void declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                         Shape shape, DType dtype);
@@ -323,7 +332,17 @@ class Model : public BatchTarget {
     k.site = site;
     return k;
   }
-
+  // Dropout (backward: its gradient) over x [B, T, C] of the model's tokens, keyed as one process
+  // keys the whole sequences (per_sequence).
+  void token_dropout(Backend& be, const Tensor& x, float p, const RngKey& key, const Tensor& y,
+                     bool backward = false) const;
+  // The tokens of each sequence this model computes on (all but under sequence parallelism), and
+  // the position of the first.
+  int64_t tokens() const { return shape_.seq / config_.sequence_ranks; }
+  int64_t first_token() const { return config_.sequence_rank * tokens(); }
+  // A position table's rows from the model's first token on (embedding_forward adds row t to
+  // token t).
+  Tensor position_rows(const Tensor& table) const;
   ModelConfig config_;
   ParameterSet params_;
   BatchShape shape_, planned_;
@@ -403,6 +422,14 @@ class Model : public BatchTarget {
   StagedLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
   TensorGroup* tensor_group_ = nullptr;
+  SequenceGroup* sequence_group_ = nullptr;
+  // Sequence parallelism's [B, T] inputs: (whole sequences on the host, this rank's tokens on
+  // the host), copied by slice_inputs before the uploads; token_inputs_ holds the latter.
+  std::vector<std::pair<Tensor*, Tensor*>> sliced_;
+  std::array<Tensor, 4> token_inputs_;
+  void slice_inputs() const;
+  // The plan's shape of this model's tokens.
+  BatchShape token_shape(BatchShape shape) const;
   // Declaring parameters: the section (-1 the embeddings, a block's layer, num_layers the head)
   // and how many the whole model has declared so far.
   int64_t section_ = -1;

@@ -68,10 +68,26 @@ Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& 
 
 // The gradient through a residual branch's dropout: into tmp, or without dropout dy itself (the
 // products read it before the residual stream's gradient is added to).
-Tensor dropped(Backend& be, const Tensor& dy, float p, const RngKey& key, const Tensor& tmp) {
+Tensor dropped(Backend& be, const BlockStyle& st, const Tensor& dy, float p, const RngKey& key,
+               const Tensor& tmp) {
   if (p == 0.0f) return dy;
-  be.dropout_backward(dy, p, key, tmp);
+  per_sequence(st.sequence_group, dy, key,
+               [&](auto view, const RngKey& k) { be.dropout_backward(view(dy), p, k, view(tmp)); });
   return tmp;
+}
+
+// y = x + dropout(r) over the block's tokens (per_sequence's keys under sequence parallelism).
+void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& r, float p,
+                  const RngKey& key, const Tensor& y) {
+  per_sequence(st.sequence_group, x, key, [&](auto view, const RngKey& k) {
+    be.dropout_add(view(x), view(r), p, k, view(y));
+  });
+}
+
+// The position of the block's first token: under sequence parallelism this rank's tokens of
+// every sequence (t of them) start at rank * t.
+int64_t first_position(const BlockStyle& st, const Tensor& tokens) {
+  return splits_sequences(st.sequence_group) ? st.sequence_group->rank() * tokens.dim(1) : 0;
 }
 
 // Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
@@ -82,7 +98,27 @@ void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_
 
 void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
   if (!st.rope_cos.empty())
-    be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, 0);
+    be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin,
+                       first_position(st, dqkv));
+}
+
+// The heads attention computes: all of them, or under sequence parallelism this rank's share.
+int sequence_ranks(const BlockStyle& st) {
+  return splits_sequences(st.sequence_group) ? st.sequence_group->size() : 1;
+}
+
+// The column groups of qkv (query, key, value heads) and of ctx (query heads), D columns a head.
+ColumnGroups qkv_columns(const BlockStyle& st, int64_t head_dim) {
+  return {{st.heads * head_dim, st.kv_heads * head_dim, st.kv_heads * head_dim}, 3};
+}
+ColumnGroups ctx_columns(const BlockStyle& st, int64_t head_dim) {
+  return {{st.heads * head_dim, 0, 0}, 1};
+}
+
+// A view of `t`'s memory shaped as the heads of `tokens` [B, t, W]: [B, t*N, W/N], in `dtype`.
+Tensor heads_shaped(const Tensor& t, const Tensor& tokens, int64_t ranks, DType dtype) {
+  return Tensor(t.data(), Shape{tokens.dim(0), tokens.dim(1) * ranks, tokens.dim(2) / ranks}, dtype,
+                t.device());
 }
 
 // A saved tensor rounded to the activation dtype: into its 16-bit stored copy, which its readers
@@ -167,9 +203,13 @@ Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const T
 // of their places among every head.
 RngKey attention_key(const BlockStyle& st, const RngKey& key, int layer) {
   RngKey k = site_key(key, layer, kAttnProbs);
-  if (st.tensor_group != nullptr) {
-    k.first_head = static_cast<uint32_t>(st.tensor_group->rank() * st.heads);
-    k.heads_total = static_cast<uint32_t>(st.tensor_group->size() * st.heads);
+  const int ranks = sequence_ranks(st);
+  const int tensor_rank = st.tensor_group != nullptr ? st.tensor_group->rank() : 0;
+  const int tensor_ranks = st.tensor_group != nullptr ? st.tensor_group->size() : 1;
+  if (ranks * tensor_ranks > 1) {  // and a sequence rank's share of the tensor rank's heads
+    const int sequence_rank = ranks > 1 ? st.sequence_group->rank() : 0;
+    k.first_head = static_cast<uint32_t>(tensor_rank * st.heads + sequence_rank * st.heads / ranks);
+    k.heads_total = static_cast<uint32_t>(tensor_ranks * st.heads);
   }
   return k;
 }
@@ -200,6 +240,60 @@ const Tensor& mlp_output(Backend& be, const BlockStyle& st, const Tensor& fc_pre
 // The 16-bit stored copy of a saved tensor, where block_forward or block_recompute has them.
 const Tensor* stored_copy(const BlockSaved* stored, const Tensor BlockSaved::*member) {
   return stored != nullptr ? &(stored->*member) : nullptr;
+}
+
+// The columns of a head in qkv [B, t, W] (this rank's tokens, every head).
+int64_t head_columns(const BlockStyle& st, const Tensor& qkv_tokens) {
+  return qkv_tokens.dim(2) / (st.heads + 2 * st.kv_heads);
+}
+
+// Sequence parallelism's attention input: qkv of this rank's tokens (produce(y) writes the
+// product; rotary positions from its first token), rounded, then exchanged for every token of
+// its heads into the saved qkv (and its 16-bit copy, which the attention then reads).
+template <typename Produce>
+const Tensor& sequence_split_qkv(Backend& be, const BlockStyle& st, Produce produce,
+                                 const BlockSaved& s, const BlockScratch& sc, const Tensor* copy) {
+  produce(sc.d_qkv);
+  rotary_forward(be, st, sc.d_qkv, first_position(st, sc.d_qkv));
+  be.round_to(st.act_dtype, sc.d_qkv);
+  tokens_to_heads(be, *st.sequence_group, sc.d_qkv, s.qkv,
+                  qkv_columns(st, head_columns(st, sc.d_qkv)), sc.exchange);
+  if (copy == nullptr) return s.qkv;
+  be.cast(s.qkv, *copy);
+  return *copy;
+}
+
+// Sequence parallelism's attention over every token of this rank's heads, its output rounded and
+// exchanged back into this rank's tokens of every head: the saved ctx (and its 16-bit copy).
+const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+                                       const Tensor& qkv, const BlockSaved& s,
+                                       const BlockScratch& sc, const RngKey& key, int layer,
+                                       const Tensor* copy) {
+  block_attention_core(be, st, key_mask, qkv, s, sc, sc.heads_ctx, key, layer);
+  be.round_to(st.act_dtype, sc.heads_ctx);
+  heads_to_tokens(be, *st.sequence_group, sc.heads_ctx, s.ctx,
+                  ctx_columns(st, head_columns(st, sc.d_qkv)), sc.exchange);
+  return round_saved(be, st.act_dtype, s.ctx, copy);
+}
+
+// Its backward: sc.d_ctx (this rank's tokens) and the saved output exchanged for every token of
+// this rank's heads, the attention's backward there, its input gradient exchanged back into
+// sc.d_qkv (this rank's tokens, every head).
+void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+                                       const BlockSaved& s, const BlockScratch& sc,
+                                       const RngKey& key, int layer) {
+  SequenceGroup& group = *st.sequence_group;
+  const int ranks = group.size();
+  const ColumnGroups ctx = ctx_columns(st, head_columns(st, sc.d_qkv));
+  tokens_to_heads(be, group, sc.d_ctx, sc.heads_ctx, ctx, sc.exchange);
+  // The saved output's heads, in its dtype, where its gradient was (no longer needed).
+  const Tensor out = heads_shaped(sc.d_ctx, s.ctx, ranks, s.ctx.dtype());
+  tokens_to_heads(be, group, s.ctx, out, ctx, sc.exchange);
+  be.attention_backward(sc.heads_ctx, s.qkv, out, s.attn_stats, key_mask, st.causal,
+                        st.heads / ranks, st.kv_heads / ranks, layer_attention_scale(st, layer),
+                        st.attention_dropout, key, sc.attn, sc.heads_qkv);
+  heads_to_tokens(be, group, sc.heads_qkv, sc.d_qkv, qkv_columns(st, head_columns(st, sc.d_qkv)),
+                  sc.exchange);
 }
 }  // namespace
 
@@ -246,7 +340,8 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
       binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
-  low(&s.qkv, "qkv", Shape{d.batch, d.seq, d.qkv_width()});
+  // Under sequence parallelism the attention's input: every token of this rank's heads.
+  low(&s.qkv, "qkv", Shape{d.batch, d.seq * d.seq_ranks, d.qkv_width() / d.seq_ranks});
   if (with_attn_stats) full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
@@ -273,14 +368,24 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
   add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
   add(&s.attn, "attn", d.attention.scratch);
+  if (d.seq_ranks == 1) return;
+  const int64_t N = d.seq_ranks, T = d.seq * N;
+  add(&s.exchange, "sequence_exchange", Shape{d.batch * d.seq * d.qkv_width()});
+  add(&s.heads_ctx, "heads_ctx", Shape{d.batch, T, d.attention_width() / N});
+  add(&s.heads_qkv, "heads_qkv", Shape{d.batch, T, d.qkv_width() / N});
 }
 
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
                           const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
                           const Tensor& out, const RngKey& key, int layer) {
-  be.attention_forward(qkv, key_mask, st.causal, st.heads, st.kv_heads,
+  // qkv holds every token (of this rank's heads, under sequence parallelism): out, as many
+  // elements, is shaped alike.
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  const Tensor o(out.data(), Shape{B, T, out.numel() / (B * T)}, out.dtype(), out.device());
+  const int ranks = sequence_ranks(st);
+  be.attention_forward(qkv, key_mask, st.causal, st.heads / ranks, st.kv_heads / ranks,
                        layer_attention_scale(st, layer), st.attention_dropout,
-                       attention_key(st, key, layer), s.attn_stats, scratch.attn, out);
+                       attention_key(st, key, layer), s.attn_stats, scratch.attn, o);
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
@@ -297,17 +402,25 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   };
   const Tensor* qkv_copy = copy(&BlockSaved::qkv);
   const Tensor* qkv = nullptr;
-  if (st.rope_cos.empty()) {
-    qkv = &product_saved(be, lp, s.qkv, qkv_copy, qkv_product);
-  } else {  // rotary positions go on the float32 product, rounded after
-    qkv_product(s.qkv);
-    rotary_forward(be, st, s.qkv, 0);
-    qkv = &round_saved(be, lp, s.qkv, qkv_copy);
+  const Tensor* ctx = nullptr;
+  if (splits_sequences(st.sequence_group)) {
+    qkv = &sequence_split_qkv(be, st, qkv_product, s, scratch, qkv_copy);
+    ctx = &sequence_split_attention(be, st, key_mask, *qkv, s, scratch, key, layer,
+                                    copy(&BlockSaved::ctx));
+  } else {
+    if (st.rope_cos.empty()) {
+      qkv = &product_saved(be, lp, s.qkv, qkv_copy, qkv_product);
+    } else {  // rotary positions go on the float32 product, rounded after
+      qkv_product(s.qkv);
+      rotary_forward(be, st, s.qkv, 0);
+      qkv = &round_saved(be, lp, s.qkv, qkv_copy);
+    }
+    block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
+    ctx = &round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
   }
-  block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
-  const Tensor& ctx = round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
-  const Tensor proj = branch_output(be, st, ctx, w.proj_w, w.proj_b, scratch.tmp);
-  be.dropout_add(x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual), s.res1);
+  const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, scratch.tmp);
+  residual_add(be, st, x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
+               s.res1);
   // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
   // rounded into the stored copy and in place.
   const Tensor* m_in = &s.m_in;
@@ -325,9 +438,9 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor mlp = branch_output(be, st, fc_act, w.out_w, w.out_b, scratch.tmp);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
-    be.dropout_add(s.res1, mlp, st.residual_dropout, mlp_key, out);
+    residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
   } else {
-    be.dropout_add(s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
+    residual_add(be, st, s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
     const Tensor& y = out.empty() ? scratch.tmp : out;
     norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
   }
@@ -360,7 +473,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   if (st.pre_norm) {
     // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 is dh itself.
     d_res1 = dh;
-    be.linear_backward(s.fc_act, w.out_w, dropped(be, dh, st.residual_dropout, mlp_key, sc.tmp),
+    be.linear_backward(s.fc_act, w.out_w, dropped(be, st, dh, st.residual_dropout, mlp_key, sc.tmp),
                        st.layout, sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
@@ -376,7 +489,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
                   g.ln_b_b);
     be.linear_backward(s.fc_act, w.out_w,
-                       dropped(be, sc.tmp2, st.residual_dropout, mlp_key, sc.tmp), st.layout,
+                       dropped(be, st, sc.tmp2, st.residual_dropout, mlp_key, sc.tmp), st.layout,
                        sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
@@ -390,12 +503,16 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
   be.linear_backward(s.ctx, w.proj_w,
-                     dropped(be, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
+                     dropped(be, st, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
                      st.layout, sc.d_ctx, false, g.proj_w, g.proj_b, accumulate_dw);
   be.round_to(lp, sc.d_ctx);
-  be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
-                        st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
-                        attn_probs_key, sc.attn, sc.d_qkv);
+  if (splits_sequences(st.sequence_group)) {
+    sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
+  } else {
+    be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
+                          st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
+                          attn_probs_key, sc.attn, sc.d_qkv);
+  }
   rotary_backward(be, st, sc.d_qkv);
   if (!products_round(be, lp, g.qkv_b)) be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
+#include "models/sequence_parallel.h"
 
 namespace brisk {
 
@@ -59,6 +60,11 @@ struct BlockStyle {
   // attention output and second MLP products by input (row-parallel), their partial outputs and
   // the column-parallel products' input gradients summed over the group. Null: one rank.
   TensorGroup* tensor_group = nullptr;
+  // Sequence parallelism (DeepSpeed-Ulysses'): the block's tensors hold this rank's tokens of every
+  // sequence (sequence_parallel.h); attention runs on every token of heads / size() of the heads
+  // (and kv_heads / size()), its input and output exchanged by all-to-all; rotary positions start
+  // at this rank's first token. Null: every token.
+  SequenceGroup* sequence_group = nullptr;
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
@@ -101,15 +107,21 @@ std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& sty
 // Buffers shared by all blocks, used only within one block's forward or backward.
 // d_gate_up (gated MLPs whose saved gate_up is a 16-bit stored copy): where SwiGLU's input
 // gradient goes, the slot of the float32 working gate_up; else empty (the gradient is written over
-// the saved gate_up).
+// the saved gate_up). Under sequence parallelism: exchange, the all-to-all's buffer; heads_ctx
+// and heads_qkv, the attention's output (or its gradient) and input gradient over every token of
+// this rank's heads; else empty.
 struct BlockScratch {
   Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn, d_gate_up;
+  Tensor exchange, heads_ctx, heads_qkv;
 };
 
 struct BlockDims {
   int64_t batch, seq, hidden, inner, heads, kv_heads, head_dim;
   bool gated;                  // the gated MLP: its first product is 2 * inner wide
   AttentionBuffers attention;  // the backend's, for these dimensions
+  // Sequence parallelism: the ranks that share the sequences (seq is this rank's tokens; the
+  // saved qkv holds every token of its share of the heads).
+  int64_t seq_ranks = 1;
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   int64_t attention_width() const { return heads * head_dim; }

@@ -57,6 +57,17 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape)
     first[d] = 0;
     groups_[d] = world.split(mesh_rank(shape, first), coordinate_[d]);
   }
+  // The replicas: data and sequence coordinates vary (neighbours along both, data slower).
+  const int data = static_cast<int>(MeshDim::data), sequence = static_cast<int>(MeshDim::sequence);
+  if (shape.size[sequence] == 1) return;
+  std::array<int, kMeshDims> first = coordinate_;
+  first[data] = first[sequence] = 0;
+  replicas_ = world.split(mesh_rank(shape, first),
+                          coordinate_[data] * shape.size[sequence] + coordinate_[sequence]);
+}
+
+Communicator& DeviceMesh::replicas() {
+  return replicas_ ? *replicas_ : group(MeshDim::data);
 }
 
 }  // namespace brisk

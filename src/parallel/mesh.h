@@ -42,11 +42,16 @@ class DeviceMesh {
   int coordinate(MeshDim d) const { return coordinate_[static_cast<size_t>(d)]; }
   // The ranks that differ from this one along `d` only, ranked by their coordinate along it.
   Communicator& group(MeshDim d) { return *groups_[static_cast<size_t>(d)]; }
+  // The ranks that hold the same parameters and sum their gradients: the data and sequence
+  // dimensions together (rank data * sequence size + sequence; the data group without sequence
+  // parallelism).
+  Communicator& replicas();
 
  private:
   MeshShape shape_;
   std::array<int, kMeshDims> coordinate_{};
   std::array<std::unique_ptr<Communicator>, kMeshDims> groups_;
+  std::unique_ptr<Communicator> replicas_;  // with sequence parallelism
 };
 
 }  // namespace brisk

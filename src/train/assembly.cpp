@@ -72,7 +72,7 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B,
-                                    int tensor_rank, int pipeline_stage) {
+                                    int tensor_rank, int pipeline_stage, int sequence_rank) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
@@ -89,6 +89,8 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
   }
   const auto tp = static_cast<int>(o.tp_size), pp = static_cast<int>(o.pp_size);
   ModelConfig share = tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config;
+  if (o.sp_size > 1)
+    share = sequence_parallel_share(share, sequence_rank, static_cast<int>(o.sp_size));
   if (pp > 1) share = pipeline_share(share, pipeline_stage, pp);
   r.model = Model::create(share);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
@@ -171,7 +173,8 @@ TrainOptions resolve_checkpoint(const TrainOptions& options) {
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset, int rank,
-                                          int ranks, int tensor_rank, int pipeline_stage) {
+                                          int ranks, int tensor_rank, int pipeline_stage,
+                                          int sequence_rank) {
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
               "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,
@@ -184,7 +187,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.rank = rank;
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
-  const BatchLayout layout = assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage);
+  const BatchLayout layout =
+      assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage, sequence_rank);
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
@@ -192,21 +196,26 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
   loading.rank = rank;
   loading.ranks = ranks;
+  loading.length_multiple = std::max<int64_t>(o.sp_size, 1);
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   assemble_precision(r);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
-  const ParallelPlanOptions layout_options{rank, ranks, o.zero_stage, o.stage3_prefetch_bucket_size,
-                                           o.ddp_bucket_cap_mb};
+  // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
+  // sp_size sequence ranks.
+  const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
+  const int replica = rank * sp + sequence_rank;
+  const ParallelPlanOptions layout_options{replica, ranks * sp, o.zero_stage,
+                                           o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
   const bool zero = !r.parallel.shards.empty();
   r.precision->plan(
       r.plan, r.binder, r.model->params().total_elements(),
-      zero ? r.parallel.shards[static_cast<size_t>(rank)].elements : ElementRange{0, -1});
+      zero ? r.parallel.shards[static_cast<size_t>(replica)].elements : ElementRange{0, -1});
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
   r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());

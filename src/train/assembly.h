@@ -67,10 +67,11 @@ struct RunAssembly {
 // options' dataset. `rank` of `ranks`: this process's share of the training data in data-parallel
 // runs (the data-parallel replicas'). `tensor_rank`: with --tp_size, this process's share of the
 // model (models/config.h tensor_parallel_share); `pipeline_stage`, with --pp_size, its stage
-// (pipeline_share).
+// (pipeline_share); `sequence_rank`, with --sp_size, its tokens (sequence_parallel_share): the
+// ranks * sp_size replicas share ZeRO's partitions.
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, const Dataset* dataset = nullptr,
                                           int rank = 0, int ranks = 1, int tensor_rank = 0,
-                                          int pipeline_stage = 0);
+                                          int pipeline_stage = 0, int sequence_rank = 0);
 
 }  // namespace brisk

@@ -179,6 +179,21 @@ void check_pipeline_options(const TrainOptions& o) {
               " is not supported yet");
 }
 
+// What sequence parallelism does not run with yet is refused, naming it.
+void check_sequence_options(const TrainOptions& o) {
+  BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
+              o.sp_size);
+  if (o.sp_size <= 1) return;
+  const char* missing = o.tp_size > 1                   ? "--tp_size"
+                        : o.pp_size > 1                 ? "--pp_size"
+                        : o.offload_optimizer != "none" ? "--offload_optimizer"
+                        : o.do_eval || o.eval_strategy != "no" || o.do_predict
+                            ? "evaluation or prediction"
+                            : nullptr;
+  BRISK_CHECK(missing == nullptr, "--sp_size with ", missing ? missing : "",
+              " is not supported yet");
+}
+
 void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
               "unknown save_strategy \"", brisk::excerpt(o.save_strategy),
@@ -195,6 +210,7 @@ void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.tp_size <= 1 || o.offload_optimizer == "none",
               "--tp_size with --offload_optimizer is not supported yet");
   check_pipeline_options(o);
+  check_sequence_options(o);
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
@@ -424,8 +440,8 @@ const char* option_group(const std::string& name) {
       {"Logging",
        {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
       {"Several processes",
-       {"zero_stage", "tp_size", "pp_size", "parallelism_config", "deepspeed", "ddp_bucket_cap_mb",
-        "ddp_timeout", "stage3_prefetch_bucket_size"}}};
+       {"zero_stage", "tp_size", "pp_size", "sp_size", "parallelism_config", "deepspeed",
+        "ddp_bucket_cap_mb", "ddp_timeout", "stage3_prefetch_bucket_size"}}};
   for (const auto& [group, names] : groups)
     if (std::find(names.begin(), names.end(), name) != names.end()) return group;
   return "";

@@ -113,6 +113,10 @@ struct TrainOptions {
   // first, the head on the last), the micro-batches of a step (gradient_accumulation_steps) passing
   // through them in the 1F1B order. 0 or 1: none.
   int64_t pp_size = 1;
+  // Sequence parallelism (accelerate's sp_size, DeepSpeed-Ulysses' method): ranks that hold an
+  // equal run of every sequence's tokens each, attention exchanging tokens for heads by
+  // all-to-all; their gradients are summed with the data-parallel replicas'. 0 or 1: none.
+  int64_t sp_size = 1;
   // accelerate's ParallelismConfig as a JSON file (train/parallelism_config.h): its degrees set
   // tp_size and the data parallelism.
   std::string parallelism_config;
@@ -283,6 +287,11 @@ void visit_options(Options& o, Visitor&& v) {
     "tensor parallelism: ranks that split each block's attention heads and MLP width between "
     "them (Megatron-LM's layers; the embeddings and head are whole on each); the world's ranks "
     "over tp_size are data-parallel replicas");
+  v("sp_size", o.sp_size,
+    "sequence parallelism (DeepSpeed-Ulysses): ranks that hold an equal run of every "
+    "sequence's tokens each (the length a multiple of it), attention on every token of their "
+    "share of the heads by all-to-all; a causal or masked LM; the world's ranks over sp_size "
+    "are data-parallel replicas");
   v("pp_size", o.pp_size,
     "pipeline parallelism: stages that hold an equal run of the blocks each, the step's "
     "gradient_accumulation_steps micro-batches passing through them in the 1F1B order (stages "

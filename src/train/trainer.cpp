@@ -28,6 +28,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/policy.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "precision/mixed_precision.h"
 #include "report/memory_html.h"
@@ -827,14 +828,16 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
     dist.set_device_stream(be->device_stream());
   std::optional<OutputDirLock> output_lock;
   hold_output_dir(output_lock, options, lead, log);
-  // Tensor and pipeline parallelism: the mesh's tensor ranks and stages share the model, its
-  // data ranks the data.
+  // Tensor, pipeline and sequence parallelism: the mesh's tensor ranks, stages and sequence ranks
+  // share the model, its data ranks the data; data and sequence ranks sum the gradients.
   std::unique_ptr<DeviceMesh> mesh;
-  if (options.tp_size > 1 || options.pp_size > 1)
+  auto degree = [](int64_t size) { return static_cast<int>(std::max<int64_t>(size, 1)); };
+  if (options.tp_size > 1 || options.pp_size > 1 || options.sp_size > 1)
     mesh = std::make_unique<DeviceMesh>(
-        dist, mesh_shape(dist.size(), static_cast<int>(std::max<int64_t>(options.tp_size, 1)),
-                         static_cast<int>(std::max<int64_t>(options.pp_size, 1)), 1));
+        dist, mesh_shape(dist.size(), degree(options.tp_size), degree(options.pp_size),
+                         degree(options.sp_size)));
   Communicator& data = mesh ? mesh->group(MeshDim::data) : dist;
+  Communicator& replicas = mesh ? mesh->replicas() : dist;
   dist.barrier();
   TrainSummary s;
   const TrainOptions settled =
@@ -843,7 +846,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   if (!lead) dist.barrier();
   const std::unique_ptr<RunAssembly> run = assemble_run(
       settled, device, be.get(), dataset, data.rank(), data.size(),
-      mesh ? mesh->coordinate(MeshDim::tensor) : 0, mesh ? mesh->coordinate(MeshDim::pipeline) : 0);
+      mesh ? mesh->coordinate(MeshDim::tensor) : 0, mesh ? mesh->coordinate(MeshDim::pipeline) : 0,
+      mesh ? mesh->coordinate(MeshDim::sequence) : 0);
   if (lead) dist.barrier();
   for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
@@ -858,9 +862,14 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   Arena arena(run->plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model.bind(arena);
   run->binder.bind(arena);
+  std::unique_ptr<CommunicatorSequenceGroup> sequence;
+  if (o.sp_size > 1) {
+    sequence = std::make_unique<CommunicatorSequenceGroup>(mesh->group(MeshDim::sequence));
+    model.set_sequence_group(sequence.get());
+  }
   // How the ranks share the model's work: the gradients' sums, the update, the saves.
   std::unique_ptr<ParallelPolicy> parallel =
-      make_parallel_policy(*be, data, model, *run->precision, *run->optimizer, run->parallel,
+      make_parallel_policy(*be, replicas, model, *run->precision, *run->optimizer, run->parallel,
                            {o.do_train, o.ddp_bucket_cap_mb});
   if (o.tp_size > 1)
     parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,

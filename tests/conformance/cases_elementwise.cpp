@@ -141,12 +141,15 @@ OpCase swiglu_case(int64_t R, int64_t F, bool reference) {
 
 // Every dropout op, each into another buffer and in place, on views `offset` floats into their
 // buffers: offset 1 breaks the 16-byte alignment a GPU's vectorized path needs. The key's step
-// is beyond 32 bits. The reference draws the mask from the same keyed generator.
-OpCase dropout_case(int64_t n, float p, int64_t offset) {
-  const RngKey key{0x1234'5678'9abcULL, (1ULL << 32) + 7, 3};
+// is beyond 32 bits. The reference draws the mask from the same keyed generator. `first`: the
+// key's first_element (a part of a larger tensor: element i draws element first + i's mask; off
+// a multiple of 4, a GPU's groups of four words do not line up).
+OpCase dropout_case(int64_t n, float p, int64_t offset, uint64_t first = 0) {
+  RngKey key{0x1234'5678'9abcULL, (1ULL << 32) + 7, 3};
+  key.first_element = first;
   OpCase c;
   c.name = "dropout_n" + std::to_string(n) + "_p" + std::to_string(static_cast<int>(p * 100)) +
-           "_offset" + std::to_string(offset);
+           "_offset" + std::to_string(offset) + (first > 0 ? "_first" + std::to_string(first) : "");
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_d(n, rng)}, {"r", randn_d(n, rng)}};
   };
@@ -178,7 +181,7 @@ OpCase dropout_case(int64_t n, float p, int64_t offset) {
     Vec y(x.size()), add(x.size());
     int64_t dropped = 0;
     for (size_t e = 0; e < x.size(); ++e) {
-      const bool keep = p == 0.f || dropout_keep(key, e, threshold);
+      const bool keep = p == 0.f || dropout_keep(key, first + e, threshold);
       dropped += !keep;
       const double m = keep ? 1.0 / (1.0 - double(p)) : 0.0;
       y[e] = m * x[e];
@@ -249,6 +252,39 @@ OpCase add_fill_copy_case(int64_t n) {
   return c;
 }
 
+// copy_rows: strided runs from a source into a destination that starts with garbage (which the
+// runs must leave where they do not write), float32 and int32 exact. Runs of 5 elements, 7
+// apart in the source and 9 in the destination, as the sequence exchange's packing strides.
+OpCase copy_rows_case(DType dtype) {
+  const RowCopy rc{3, 7, 2, 9, 5, 11};
+  const int64_t src_n = rc.src_at + (rc.rows - 1) * rc.src_pitch + rc.count + 4;
+  const int64_t dst_n = rc.dst_at + (rc.rows - 1) * rc.dst_pitch + rc.count + 3;
+  OpCase c;
+  c.name = std::string("copy_rows_") + dtype_name(dtype);
+  c.inputs = [=](std::mt19937& rng) {
+    const IVec ints = randint(src_n, -1000, 1000, rng);
+    return Values{
+        {"src", dtype == DType::i32 ? Vec(ints.begin(), ints.end()) : randn_d(src_n, rng)},
+        {"garbage", Vec(static_cast<size_t>(dst_n), -7.0)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor src = d.put_as(in.at("src"), {src_n}, dtype);
+    const Tensor dst = d.put_as(in.at("garbage"), {dst_n}, dtype);
+    be.copy_rows(src, dst, rc);
+    return Values{{"dst", d.values(dst)}};
+  };
+  c.reference = [=](const Values& in) {
+    Vec dst = in.at("garbage");
+    for (int64_t i = 0; i < rc.rows; ++i)
+      for (int64_t j = 0; j < rc.count; ++j)
+        dst[rc.dst_at + i * rc.dst_pitch + j] = in.at("src")[rc.src_at + i * rc.src_pitch + j];
+    return Values{{"dst", dst}};
+  };
+  c.checks.push_back({"dst", Metric::exact});
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> elementwise_cases() {
@@ -265,6 +301,10 @@ std::vector<OpCase> elementwise_cases() {
   for (int64_t n : {91, 4773})
     for (int64_t offset : {0, 1})
       for (float p : {0.f, 0.1f, 0.5f}) cases.push_back(dropout_case(n, p, offset));
+  for (uint64_t first : {uint64_t{4096}, uint64_t{4098}, uint64_t{1} << 33})
+    cases.push_back(dropout_case(4773, 0.1f, 1, first));
+  cases.push_back(copy_rows_case(DType::f32));
+  cases.push_back(copy_rows_case(DType::i32));
   cases.push_back(add_fill_copy_case(37));
   cases.push_back(add_fill_copy_case(4773));
   return cases;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json_file.h"
 #include "parallel/test_world.h"
 #include "test_support.h"
 #include "train/trainer.h"

@@ -27,6 +27,16 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.bytes());
 }
 
+void CpuBackend::copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) {
+  const auto bytes = static_cast<size_t>(check_copy_rows(src, dst, c));
+  const auto* from = static_cast<const char*>(src.data());
+  auto* to = static_cast<char*>(dst.data());
+  for (int64_t i = 0; i < c.rows; ++i)
+    std::memcpy(to + static_cast<size_t>(c.dst_at + i * c.dst_pitch) * bytes,
+                from + static_cast<size_t>(c.src_at + i * c.src_pitch) * bytes,
+                static_cast<size_t>(c.count) * bytes);
+}
+
 void CpuBackend::first_token(const Tensor& x, const Tensor& out) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   expect(out, DType::f32, Shape{B, C}, "first_token output");

@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
   void add_inplace(const Tensor& y, const Tensor& x) override;
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   void round_to(DType dtype, const Tensor& src, const Tensor& dst) override;
   using Backend::round_to;

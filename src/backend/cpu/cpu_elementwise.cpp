@@ -43,8 +43,8 @@ void CpuBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, co
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i += kDropoutChunk)
-    dropout_range(key, p, static_cast<uint64_t>(i), std::min(kDropoutChunk, n - i), in + i, nullptr,
-                  out + i);
+    dropout_range(key, p, key.first_element + static_cast<uint64_t>(i),
+                  std::min(kDropoutChunk, n - i), in + i, nullptr, out + i);
 }
 
 void CpuBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) {
@@ -75,7 +75,7 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
     if (widen) bf16_widen_row(r16 + i, buf, m);
     const float* b = widen ? buf : r32 + i;
     if (p != 0.0f) {
-      dropout_range(key, p, static_cast<uint64_t>(i), m, b, a + i, out + i);
+      dropout_range(key, p, key.first_element + static_cast<uint64_t>(i), m, b, a + i, out + i);
       continue;
     }
 #pragma omp simd

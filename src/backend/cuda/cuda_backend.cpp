@@ -298,6 +298,22 @@ void CudaBackend::fill(const Tensor& t, float value) {
   cuda::fill(stream_, dev(t, "fill target"), value, t.numel());
 }
 
+void CudaBackend::copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) {
+  const auto bytes = static_cast<size_t>(check_copy_rows(src, dst, c));
+  BRISK_CHECK(src.device() == Device::cuda && dst.device() == Device::cuda,
+              "copy_rows: both tensors must be in GPU memory");
+  if (c.rows == 0 || c.count == 0) return;
+  const auto* from = static_cast<const char*>(src.data()) + static_cast<size_t>(c.src_at) * bytes;
+  auto* to = static_cast<char*>(dst.data()) + static_cast<size_t>(c.dst_at) * bytes;
+  // One run: the pitches do not matter (cudaMemcpy2D wants them at least the width).
+  const size_t width = static_cast<size_t>(c.count) * bytes;
+  const size_t src_pitch = c.rows == 1 ? width : static_cast<size_t>(c.src_pitch) * bytes;
+  const size_t dst_pitch = c.rows == 1 ? width : static_cast<size_t>(c.dst_pitch) * bytes;
+  check_cuda(cudaMemcpy2DAsync(to, dst_pitch, from, src_pitch, width, static_cast<size_t>(c.rows),
+                               cudaMemcpyDeviceToDevice, stream_),
+             "strided device copy");
+}
+
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   BRISK_CHECK(src.dtype() == dst.dtype(), "copy: dtypes differ");
   same_numel(src, dst, "copy");

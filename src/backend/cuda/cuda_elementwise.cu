@@ -72,8 +72,21 @@ template <bool kAdd>
 __global__ void dropout_kernel(const float* in, const float* add, float* out, int64_t n, RngKey key,
                                uint32_t threshold, float scale, bool vec4) {
   const int64_t groups = (n + 3) / 4;
+  // A call over part of the tensor (RngKey::first_element): its element i draws the word of
+  // element first_element + i; off the groups of four, each element's own.
+  const bool whole_groups = key.first_element % 4 == 0;
   for (int64_t g = global_thread(); g < groups; g += grid_threads()) {
-    const Philox4 words = rng_block(key, static_cast<uint64_t>(g));
+    if (!whole_groups) {
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * g + j;
+        if (i >= n) break;
+        const uint64_t e = key.first_element + static_cast<uint64_t>(i);
+        const float kept = rng_block(key, e / 4).v[e % 4] >= threshold ? in[i] * scale : 0.0f;
+        out[i] = kAdd ? add[i] + kept : kept;
+      }
+      continue;
+    }
+    const Philox4 words = rng_block(key, key.first_element / 4 + static_cast<uint64_t>(g));
     if (vec4 && 4 * g + 4 <= n) {
       const float4 x = reinterpret_cast<const float4*>(in)[g];
       float4 y;

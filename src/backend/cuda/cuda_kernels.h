@@ -44,7 +44,7 @@ void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 // dx = dy * (1 - y^2); dx may alias dy.
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
 // out[i] = (add ? add[i] : 0) + (keep(i) ? in[i] / (1 - p) : 0), keep(i) =
-// dropout_keep(key, i, dropout_threshold(p)) exactly as the CPU's dropout_range with first = 0.
+// dropout_keep(key, key.first_element + i, dropout_threshold(p)) exactly as the CPU's.
 // out may alias in or add. p == 0: out = add + in (a plain copy/add).
 void dropout(cudaStream_t s, const float* in, const float* add, float p, RngKey key, float* out,
              int64_t n);

@@ -1,0 +1,68 @@
+// Sequence parallelism (DeepSpeed-Ulysses) inside the model: the ranks of a sequence group hold
+// the tokens of every sequence between them, rank r tokens [r*t, (r+1)*t) of sequences of
+// t * size() tokens, and compute everything token by token on their own; attention exchanges
+// tokens for heads by an all-to-all (each rank then holds every token of its share of the heads)
+// and back.
+#pragma once
+
+#include <array>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+
+namespace brisk {
+
+// The ranks that split the sequences (parallel/ makes it from a communicator).
+class SequenceGroup {
+ public:
+  virtual ~SequenceGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // out's chunk j of size() equal chunks = rank j's chunk rank() of in (in the backend's memory,
+  // of one dtype, not overlapping).
+  virtual void all_to_all(Backend& be, const Tensor& in, const Tensor& out) = 0;
+};
+
+// The column groups of a packed tensor whose heads split: qkv's query, key and value columns
+// (each group split into size() equal parts, part j going to rank j), or ctx's one.
+struct ColumnGroups {
+  std::array<int64_t, 3> width{};
+  int count = 0;
+};
+
+// heads [B, t*N, W/N] = every token of this rank's part of each column group of tokens
+// [B, t, W] (N = the group's size): the all-to-all before attention. `buffer` holds at least
+// tokens.numel() elements of tokens' dtype (any dtype of at least that size in bytes).
+void tokens_to_heads(Backend& be, SequenceGroup& group, const Tensor& tokens, const Tensor& heads,
+                     const ColumnGroups& columns, const Tensor& buffer);
+// The inverse: tokens [B, t, W] (this rank's tokens, every column) from heads [B, t*N, W/N].
+void heads_to_tokens(Backend& be, SequenceGroup& group, const Tensor& heads, const Tensor& tokens,
+                     const ColumnGroups& columns, const Tensor& buffer);
+
+// Whether a group splits the sequences (null or one rank: no).
+inline bool splits_sequences(const SequenceGroup* g) {
+  return g != nullptr && g->size() > 1;
+}
+
+// A view of sequence b of x [B, ...], flat.
+Tensor sequence_view(const Tensor& x, int64_t b);
+
+// Runs op(view, key) over the sequences of x [B, t, ...] (this rank's t tokens of each): `view(y)`
+// views sequence b of a tensor laid out as x, and key's first_element is where that sequence's
+// tokens start in the whole [B, t*N, ...] tensor, so element-wise dropout draws the masks of one
+// process holding every token. Without a split: once, over the whole tensors, with `key`.
+template <typename Op>
+void per_sequence(const SequenceGroup* g, const Tensor& x, const RngKey& key, Op op) {
+  if (!splits_sequences(g)) {
+    op([](const Tensor& y) { return y; }, key);
+    return;
+  }
+  const int64_t B = x.dim(0), per = x.numel() / B;  // a sequence's elements on this rank
+  for (int64_t b = 0; b < B; ++b) {
+    RngKey k = key;
+    k.first_element = static_cast<uint64_t>((b * g->size() + g->rank()) * per);
+    op([b](const Tensor& y) { return sequence_view(y, b); }, k);
+  }
+}
+
+}  // namespace brisk

@@ -1,0 +1,159 @@
+// Sequence parallelism (DeepSpeed-Ulysses) on every rank of the job: the all-to-all exchanges
+// between a rank's tokens of every head and every token of its heads, against what each rank
+// computes for the others; then sp ranks (with dp replicas over them, plain or under ZeRO 1 and
+// 3) train as one process with the same global batch, step by step and to the final weights.
+// GPT-2 (learned positions, dropout on with one replica: every mask keyed by its token's place
+// in the whole sequence), a llama with grouped-query attention (rotary positions from the rank's
+// first token) and BERT's masked LM (post-norm, every token attending every token).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "models/sequence_parallel.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
+#include "test_support.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// The value of sequence b's token `token` (of the whole sequence) in column `column`.
+float entry(int64_t b, int64_t token, int64_t column) {
+  return static_cast<float>((b * 100 + token) * 100 + column);
+}
+
+TEST(SequenceParallel, ExchangesMoveTokensForHeadsAndBack) {
+  NEEDS_MPI();
+  const int N = world().size(), r = world().rank();
+  auto be = make_backend(kHostDevice);
+  CommunicatorSequenceGroup group(world());
+  // Query, key and value columns of 2N, N and N: each rank's part 2, 1 and 1 of them.
+  const ColumnGroups columns{{2 * N, N, N}, 3};
+  const int64_t B = 2, t = 3, W = 4 * N, T = t * N;
+  std::vector<float> tokens(static_cast<size_t>(B * t * W)), heads(tokens.size(), -1.f);
+  std::vector<float> back(tokens.size(), -1.f), buffer(tokens.size(), -1.f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t c = 0; c < W; ++c) tokens[(b * t + i) * W + c] = entry(b, r * t + i, c);
+  auto tensor = [](std::vector<float>& v, Shape s) { return Tensor(v.data(), s, DType::f32); };
+  const Tensor mine = tensor(tokens, {B, t, W}), theirs = tensor(heads, {B, T, 4});
+  const Tensor buf = tensor(buffer, {B * t * W});
+  tokens_to_heads(*be, group, mine, theirs, columns, buf);
+  // This rank's columns: 2 of the query group, 1 of the key's, 1 of the value's.
+  const int64_t own[4] = {2 * r, 2 * r + 1, 2 * N + r, 3 * N + r};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t k = 0; k < 4; ++k)
+        ASSERT_EQ(heads[(b * T + i) * 4 + k], entry(b, i, own[k]))
+            << "sequence " << b << " token " << i << " column " << k;
+  heads_to_tokens(*be, group, theirs, tensor(back, {B, t, W}), columns, buf);
+  EXPECT_EQ(back, tokens);
+  EXPECT_EQ(group.bytes(), 2.0 * B * t * W * sizeof(float));
+  // A buffer too small, or heads of another shape, are refused by name.
+  expect_error([&] { tokens_to_heads(*be, group, mine, theirs, columns, tensor(buffer, {5})); },
+               "sequence exchange: a buffer of");
+  expect_error(
+      [&] {
+        tokens_to_heads(*be, group, mine, tensor(heads, {B, t, 4 * N}), columns, buf);
+      },
+      "sequence exchange");
+}
+
+TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const double dropout = dp == 1 ? 0.1 : 0.0;  // data replicas draw their own masks yet
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama", "bert"}) {
+    SCOPED_TRACE(type + " on sp " + std::to_string(sp) + " x dp " + std::to_string(dp));
+    SharedDir dir("sp_" + type);
+    const std::string model = write_model(dir, type, dropout);
+    UnequalLengths data;  // 18 samples of 4 to 12 tokens: 3 steps of 3 micro-batches of 2 rows
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.mlm = type == "bert";  // every token a target (BertForMaskedLM)
+    o.per_device_train_batch_size = 2 / dp;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 3;
+    o.max_grad_norm = 0.05;  // every step clipped: the norm is the whole gradients'
+    o.sp_size = sp;
+    // Dynamic padding rounds lengths to multiples of 8 and of sp: 3 ranks pad to 12 where one
+    // process pads to 8, and the masks, keyed by place in the padded batch, would differ.
+    o.pad_to_max_length = 8 % sp != 0;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2;
+    one.sp_size = 1;
+    Logged single;
+    if (world().rank() == 0) single = run(one, &data, alone.get());
+    // ZeRO over the data and sequence ranks together.
+    for (const int64_t zero : {0, 1, 3}) {
+      SCOPED_TRACE("zero_stage " + std::to_string(zero));
+      o.zero_stage = zero;
+      o.output_dir = dir / ("ranks_zero" + std::to_string(zero));
+      const Logged ranks = run(o, &data, &world());
+      if (world().rank() != 0) continue;
+      expect_trains_as(ranks, single);
+    }
+  }
+}
+
+// Gradient checkpointing (each block's forward with its exchanges run again in backward) and
+// bf16 with selective recomputation (the attention statistics rebuilt from the exchanged qkv):
+// GPT-2 as one process, bf16 to its precision.
+TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("sp_recompute");
+  const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 2 / dp;
+  o.max_steps = 3;
+  o.sp_size = sp;
+  o.pad_to_max_length = 8 % sp != 0;  // the same lengths as one process (above)
+  o.gradient_checkpointing = true;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.sp_size = 1;
+  const Logged ranks = run(o, &data, &world());
+  TrainOptions bf16 = o, bf16_one = one;
+  bf16.gradient_checkpointing = bf16_one.gradient_checkpointing = false;
+  bf16.selective_recompute = bf16_one.selective_recompute = true;
+  bf16.bf16 = bf16_one.bf16 = true;
+  bf16.output_dir = dir / "ranks_bf16";
+  bf16_one.output_dir = dir / "one_bf16";
+  const Logged ranks_bf16 = run(bf16, &data, &world());
+  if (world().rank() != 0) return;
+  expect_trains_as(ranks, run(one, &data, alone.get()));
+  expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
+}
+
+// What every rank refuses before the run starts (the head counts and lengths a share refuses:
+// TensorSplit.SequenceShares...).
+TEST(SequenceParallel, UnsupportedLayoutsAreRefused) {
+  NEEDS_MPI();
+  const int N = world().size();
+  SharedDir dir("sp_refused");
+  const std::string gpt2 = write_model(dir, "gpt2", 0.0);
+  TrainOptions o = tiny_options(gpt2, dir / "out");
+  o.sp_size = N + 1;
+  expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
+  o.sp_size = N == 4 ? 2 : N;
+  o.tp_size = 2;
+  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --tp_size is not supported");
+  o.tp_size = 1;
+  o.do_eval = true;
+  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with evaluation");
+}
+
+}  // namespace
+}  // namespace brisk::testing
