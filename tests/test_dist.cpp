@@ -569,12 +569,17 @@ TEST(DeepSpeed, AccelerateTemplateRunsWarmupDecayLRWithFp16) {
   EXPECT_EQ(from_fixture(o, "accelerate_zero_stage2_config.json").weight_decay, 0.01);
 }
 
-// DeepSpeedExamples' tensor-parallel config: autotp_size 4 is refused, never run as data parallel.
-TEST(DeepSpeed, TensorParallelismIsRefusedNotDropped) {
+// DeepSpeedExamples' tensor-parallel config: autotp_size 4 is --tp_size 4 (never data parallel),
+// sequence_parallel_size --sp_size; a flag giving another degree is refused naming both.
+TEST(DeepSpeed, TensorAndSequenceParallelDegreesSetTheOptions) {
   TrainOptions o;
   o.device = "cpu";
-  expect_error([&] { from_fixture(o, "deepspeedexamples_tensor_parallel_ds_config.json", 4); },
-               "tensor_parallel.autotp_size is 4: tensor parallelism is not in brisk yet");
+  EXPECT_EQ(from_fixture(o, "deepspeedexamples_tensor_parallel_ds_config.json", 4).tp_size, 4);
+  TrainOptions given = o;
+  given.tp_size = 2;
+  expect_error([&] { from_fixture(given, "deepspeedexamples_tensor_parallel_ds_config.json", 4); },
+               "tensor_parallel.autotp_size is 4 but --tp_size is 2");
+  EXPECT_EQ(apply_deepspeed_json(o, {{"sequence_parallel_size", 2}}, "ds.json", 2).sp_size, 2);
   std::vector<std::string> ignored;
   apply_deepspeed_json(o, {{"tensor_parallel", {{"autotp_size", 1}, {"tp_overlap_comm", true}}}},
                        "ds.json", 1, &ignored);
@@ -583,7 +588,7 @@ TEST(DeepSpeed, TensorParallelismIsRefusedNotDropped) {
     SCOPED_TRACE(config.dump());
     expect_error([&] { apply_deepspeed_json(o, config, "ds.json", 2); }, message);
   };
-  refused({{"sequence_parallel_size", 2}}, "sequence_parallel_size is 2: sequence parallelism");
+  refused({{"sequence_parallel_size", 0}}, "sequence_parallel_size");
   refused({{"amp", {{"enabled", true}}}}, "amp.enabled is true: apex's amp is not in brisk");
   refused({{"zero_optimization", {{"zero_quantized_weights", true}}}},
           "zero_optimization.zero_quantized_weights is true: ZeRO++'s quantized communication");

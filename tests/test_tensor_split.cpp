@@ -248,10 +248,12 @@ TEST(TensorSplit, ParallelismConfigSetsTheDegreesAndRefusesWhatBriskLacks) {
       options(R"({"dp_replicate_size": 3, "tp_size": 1, "cp_size": 1, "tp_handler": null})"), 3);
   EXPECT_EQ(o.tp_size, 1);
   EXPECT_EQ(o.zero_stage, 0);
+  o = apply_parallelism_config(options(R"({"sp_size": 2, "dp_replicate_size": 2})"), 4);
+  EXPECT_EQ(o.sp_size, 2);
   const std::pair<std::string, std::string> refused[] = {
       {R"({"cp_size": 2, "tp_size": 2})", "cp_size = 2 (context parallelism) is not in brisk"},
-      {R"({"sp_size": 4})", "sp_size = 4 (sequence parallelism)"},
-      {R"({"tp_size": 2})", "dp_replicate_size x dp_shard_size x tp_size = 2 but the run has 4"},
+      {R"({"sp_size": 2})", "dp_replicate_size x dp_shard_size x tp_size x sp_size = 2 but the"},
+      {R"({"tp_size": 2})", "dp_replicate_size x dp_shard_size x tp_size x sp_size = 2 but the"},
       {R"({"dp_replicate_size": 2, "dp_shard_size": 2})", "hybrid sharding"},
       {R"({"tp_sise": 4})", "unknown key 'tp_sise'"},
       {R"({"tp_size": 0})", "tp_size must be a whole number in [1, 4096], got 0"},

@@ -215,20 +215,25 @@ void read_scheduler(const Reader& r, const json& v, TrainOptions& o) {
   o.deepspeed_scheduler = c;
 }
 
-// Sections that change what a run computes and that brisk does not do: refused, never dropped.
-bool read_parallelism(const Reader& r, const std::string& key, const json& v) {
+// The parallel degrees: tensor_parallel.autotp_size sets --tp_size (AutoTP splits the heads and
+// MLP width as brisk's tensor parallelism does), sequence_parallel_size (DeepSpeed-Ulysses)
+// --sp_size; the section's other settings have no effect in brisk.
+bool read_parallelism(const Reader& r, const std::string& key, const json& v, TrainOptions& o) {
   if (key == "tensor_parallel") {
     for (const auto& [k, x] : r.object(v, key).items()) {
-      if (k == "autotp_size" && r.whole(x, key + "." + k, 0, 1e9) > 1)
-        r.fail(key + "." + k, "is " + x.dump() + ": tensor parallelism is not in brisk yet (its " +
-                                  "ranks are data parallel); set it to 1 or remove the section");
-      if (k != "autotp_size") r.ignore(key + "." + k);
+      const std::string name = key + "." + k;
+      if (k != "autotp_size") {
+        r.ignore(name);
+        continue;
+      }
+      const int64_t size = r.whole(x, name, 0, 4096);
+      if (size > 1) set_option(r, o, &TrainOptions::tp_size, size, name, "tp_size");
     }
     return true;
   }
   if (key == "sequence_parallel_size") {
-    if (r.whole(v, key, 1, 1e9) > 1)
-      r.fail(key, "is " + v.dump() + ": sequence parallelism (Ulysses) is not in brisk yet");
+    const int64_t size = r.whole(v, key, 1, 4096);
+    if (size > 1) set_option(r, o, &TrainOptions::sp_size, size, key, "sp_size");
     return true;
   }
   if (key == "amp") {
@@ -333,7 +338,7 @@ TrainOptions apply_deepspeed_json(const TrainOptions& options, const json& ds,
       read_scheduler(r, v, o);
     } else if (key == "zero_optimization") {
       read_zero(r, key, v, o);
-    } else if (!read_parallelism(r, key, v)) {
+    } else if (!read_parallelism(r, key, v, o)) {
       r.ignore(key);
     }
   }

@@ -298,9 +298,9 @@ void visit_options(Options& o, Visitor&& v) {
     "before the last keep their inputs and recompute their forward in backward); the world's "
     "ranks over pp_size are data-parallel replicas");
   v("parallelism_config", o.parallelism_config,
-    "a JSON file of accelerate's ParallelismConfig keys: tp_size sets --tp_size, dp_shard_size "
-    "above 1 shards as --zero_stage 3, dp_replicate_size x dp_shard_size x tp_size must be the "
-    "processes; cp_size and sp_size above 1 are refused");
+    "a JSON file of accelerate's ParallelismConfig keys: tp_size and sp_size set --tp_size and "
+    "--sp_size, dp_shard_size above 1 shards as --zero_stage 3, dp_replicate_size x "
+    "dp_shard_size x tp_size x sp_size must be the processes; cp_size above 1 is refused");
   v("stage3_prefetch_bucket_size", o.stage3_prefetch_bucket_size,
     "ZeRO stage 3: elements of weights gathered ahead, while the block before computes; below "
     "one block's weights none are (one block's slot less memory, no overlap); -1 = one block");

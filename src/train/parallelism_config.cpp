@@ -47,18 +47,21 @@ TrainOptions apply_parallelism_config(const TrainOptions& given, int ranks) {
       read_degrees(read_json_file(given.parallelism_config, origin), origin);
   BRISK_CHECK(d["cp_size"] == 1, origin, ": cp_size = ", d["cp_size"],
               " (context parallelism) is not in brisk yet");
-  BRISK_CHECK(d["sp_size"] == 1, origin, ": sp_size = ", d["sp_size"],
-              " (sequence parallelism) is not in brisk yet");
   BRISK_CHECK(d["dp_replicate_size"] == 1 || d["dp_shard_size"] == 1, origin,
               ": dp_replicate_size and dp_shard_size both above 1 (hybrid sharding) is not in "
               "brisk yet");
-  BRISK_CHECK(given.tp_size <= 1 || given.tp_size == d["tp_size"], origin,
-              ": tp_size = ", d["tp_size"], " but --tp_size ", given.tp_size);
-  const int64_t product = d["dp_replicate_size"] * d["dp_shard_size"] * d["tp_size"];
-  BRISK_CHECK(product == ranks, origin, ": dp_replicate_size x dp_shard_size x tp_size = ", product,
+  for (const char* key : {"tp_size", "sp_size"}) {
+    const int64_t flag = key[0] == 't' ? given.tp_size : given.sp_size;
+    BRISK_CHECK(flag <= 1 || flag == d[key], origin, ": ", key, " = ", d[key], " but --", key, " ",
+                flag);
+  }
+  const int64_t product = d["dp_replicate_size"] * d["dp_shard_size"] * d["tp_size"] * d["sp_size"];
+  BRISK_CHECK(product == ranks, origin,
+              ": dp_replicate_size x dp_shard_size x tp_size x sp_size = ", product,
               " but the run has ", ranks, " process", ranks == 1 ? "" : "es");
   TrainOptions o = given;
   o.tp_size = d["tp_size"];
+  o.sp_size = d["sp_size"];
   if (d["dp_shard_size"] > 1) {
     BRISK_CHECK(given.zero_stage == 0 || given.zero_stage == 3, origin,
                 ": dp_shard_size shards the model states as --zero_stage 3 does, but --zero_stage ",
