@@ -88,7 +88,7 @@ void evaluate_batch(const EvalContext& c, int64_t first, int64_t rows, EvalTally
   if (c.dynamic_padding) {
     int64_t longest = 1;
     for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, c.data.length(first + r));
-    seq = dynamic_padded_length(longest, c.planned_seq);
+    seq = dynamic_padded_length(longest, c.planned_seq, c.model.config().sequence_ranks);
   }
   c.model.use_seq(seq);
   c.model.reset_batch();
@@ -199,7 +199,7 @@ void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
 nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                               const std::string& prefix,
                               const std::function<void(const Prediction&)>& on_prediction,
-                              Communicator* comm, StagedForward* staged) {
+                              Communicator* comm, StagedForward* staged, Communicator* sequence) {
   const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   const auto start = std::chrono::steady_clock::now();
   const BatchShape planned = model.planned_shape();
@@ -230,7 +230,9 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
   for (int64_t first = rank * B; first < (in_step ? rounds * ranks * B : data.size());
        first += ranks * B) {
     if (first >= data.size()) {
-      model.use_seq(dynamic_padding_ ? dynamic_padded_length(1, planned.seq) : planned.seq);
+      model.use_seq(dynamic_padding_
+                        ? dynamic_padded_length(1, planned.seq, model.config().sequence_ranks)
+                        : planned.seq);
       model.reset_batch();
       model.forward(be, so);
       continue;
@@ -238,6 +240,12 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
     evaluate_batch(c, first, std::min(B, data.size() - first), t);
   }
   if (staged) combine_stages(c, t);
+  if (sequence != nullptr) {  // each held its tokens' loss and targets
+    double sums[2] = {t.loss, static_cast<double>(t.targets)};
+    sequence->all_reduce_sum(Tensor(sums, Shape{2}, DType::f64));
+    t.loss = sums[0];
+    t.targets = static_cast<int64_t>(sums[1]);
+  }
   if (ranks > 1) combine_ranks(*comm, c.regression, t);
   if (on_prediction && c.gathers())
     deliver_predictions(comm ? *comm : staged->stages(), t.predicted, on_prediction);

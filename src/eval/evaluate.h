@@ -42,10 +42,12 @@ class Evaluator {
   // rank's; on the others none). With `comm` of several ranks, every rank must call run alike
   // and gets the metrics of the whole dataset. With `staged` (pipeline stages), every stage of
   // the pipeline calls it alike: the forward passes go through the stages and every stage gets
-  // the metrics.
+  // the metrics. With `sequence` (sequence parallelism: the ranks that split each batch's
+  // sequences), every rank of it calls run alike and their tokens' losses are summed.
   nlohmann::json run(Backend& be, Model& model, const Dataset& data, const std::string& prefix,
                      const std::function<void(const Prediction&)>& on_prediction = nullptr,
-                     Communicator* comm = nullptr, StagedForward* staged = nullptr);
+                     Communicator* comm = nullptr, StagedForward* staged = nullptr,
+                     Communicator* sequence = nullptr);
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]

@@ -476,8 +476,9 @@ class RunLog {
 // What the stages after assembly share (train() makes it).
 struct RunContext {
   const TrainOptions& o;
-  Communicator& dist;  // every rank: the lead, the saves
-  Communicator& data;  // the data-parallel replicas (dist itself without tensor parallelism)
+  Communicator& dist;      // every rank: the lead, the saves
+  Communicator& data;      // the data-parallel replicas (dist itself without tensor parallelism)
+  Communicator* sequence;  // sequence parallelism: the ranks that split the sequences; else null
   Backend& be;
   RunAssembly& run;
   ParallelPolicy& parallel;
@@ -698,7 +699,7 @@ void train_steps(RunContext& c) {
     // step's sums.
     if (c.run.eval_data && eval_due(o, state.global_step, epoch_ended)) {
       evaluated = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
-                                      &c.data, c.parallel.staged_forward());
+                                      &c.data, c.parallel.staged_forward(), c.sequence);
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
@@ -758,7 +759,7 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
   nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
   if (o.do_eval) {
     s.eval_metrics = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
-                                         &c.data, c.parallel.staged_forward());
+                                         &c.data, c.parallel.staged_forward(), c.sequence);
     s.eval_metrics["epoch"] = c.state.epoch;
     s.eval_metrics["eval_samples"] = c.run.eval_data->size();
     c.log.report(s.eval_metrics, c.state.global_step);
@@ -879,7 +880,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
                                              *run->optimizer, run->parallel, std::move(parallel));
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
-  RunContext c{o, dist, data, *be, *run, *parallel, state, s, peaks, log, faults};
+  Communicator* sequence_ranks = o.sp_size > 1 ? &mesh->group(MeshDim::sequence) : nullptr;
+  RunContext c{o, dist, data, sequence_ranks, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   s.parallel = parallel->statistics();
   if (o.do_train) finish_training(c);

@@ -104,8 +104,9 @@ TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
 }
 
 // Gradient checkpointing (each block's forward with its exchanges run again in backward) and
-// bf16 with selective recomputation (the attention statistics rebuilt from the exchanged qkv):
-// GPT-2 as one process, bf16 to its precision.
+// evaluation (each rank's tokens' losses summed), then bf16 with selective recomputation (the
+// attention statistics rebuilt from the exchanged qkv): GPT-2 as one process, bf16 to its
+// precision.
 TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   NEEDS_MPI();
   const int N = world().size();
@@ -120,12 +121,20 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   o.sp_size = sp;
   o.pad_to_max_length = 8 % sp != 0;  // the same lengths as one process (above)
   o.gradient_checkpointing = true;
+  o.do_eval = true;
+  o.eval_strategy = "steps";
+  o.eval_steps = 2;
+  o.eval_dataset_size = 10;
+  o.per_device_eval_batch_size = 4 / dp;
   TrainOptions one = o;
   one.output_dir = dir / "one";
   one.per_device_train_batch_size = 2;
+  one.per_device_eval_batch_size = 4;
   one.sp_size = 1;
   const Logged ranks = run(o, &data, &world());
   TrainOptions bf16 = o, bf16_one = one;
+  bf16.do_eval = bf16_one.do_eval = false;
+  bf16.eval_strategy = bf16_one.eval_strategy = "no";
   bf16.gradient_checkpointing = bf16_one.gradient_checkpointing = false;
   bf16.selective_recompute = bf16_one.selective_recompute = true;
   bf16.bf16 = bf16_one.bf16 = true;
@@ -134,6 +143,10 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   const Logged ranks_bf16 = run(bf16, &data, &world());
   if (world().rank() != 0) return;
   expect_trains_as(ranks, run(one, &data, alone.get()));
+  const auto eval_loss = [](const std::string& out) {
+    return read_json_file(out + "/eval_results.json", "eval results")["eval_loss"].get<double>();
+  };
+  EXPECT_NEAR(eval_loss(o.output_dir), eval_loss(one.output_dir), 1e-5 * eval_loss(one.output_dir));
   expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
 }
 
@@ -151,8 +164,8 @@ TEST(SequenceParallel, UnsupportedLayoutsAreRefused) {
   o.tp_size = 2;
   expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --tp_size is not supported");
   o.tp_size = 1;
-  o.do_eval = true;
-  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with evaluation");
+  o.offload_optimizer = "cpu";
+  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --offload_optimizer");
 }
 
 }  // namespace
