@@ -697,6 +697,34 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
   EXPECT_GE(stages[1]["activations_bytes"].get<int64_t>(), int64_t{2} * 2 * 128 * 768 * 4);
 }
 
+// estimate --sp_size: each rank's plan holds its share of the tokens (GPT-2's activations per
+// block fall by about the degree: all but attention's statistics and the exchange's buffers),
+// the ZeRO partitions span the data and sequence ranks together, and the all-to-alls' bytes
+// are printed (ExchangedBytesAreTheEstimates checks the formula against a run).
+TEST(Cli, EstimatePlansEachSequenceRanksTokens) {
+  const std::string common =
+      "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 "
+      "--zero_stage 1 --world_size 4";
+  CliRun one, four;
+  const nlohmann::json whole = estimate_json(common, &one);
+  const nlohmann::json split = estimate_json(common + " --sp_size 4", &four);
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_NE(four.out.find("sequence parallel over 4 ranks: each holds 256 of every sequence's "
+                          "1024 tokens, attention on all of them for 3 of 12 heads"),
+            std::string::npos)
+      << four.out;
+  EXPECT_NE(four.out.find("all-to-alls per step: 162.0 MiB"), std::string::npos) << four.out;
+  const double a1 = whole["memory"]["activations_per_block_bytes"].get<double>();
+  const double a4 = split["memory"]["activations_per_block_bytes"].get<double>();
+  EXPECT_LT(a4, 0.3 * a1);
+  EXPECT_GT(a4, 0.2 * a1);
+  EXPECT_EQ(split["data_parallel"]["ranks"].size(), 4u);  // ZeRO over the 4 sequence ranks
+  expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --tp_size 2",
+                 "--sp_size with --tp_size is not supported yet");
+  expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --seq_len 1023",
+                 "sequences of 1023 tokens do not split evenly among --sp_size 2");
+}
+
 // estimate --fit --world_size searches the layouts of the ranks too: tensor parallelism's degrees
 // and pipeline depths the model allows, data parallelism over the rest under each ZeRO stage
 // (pipelines: 0 and 1), the global batch kept; one process's layout does not fit here, others

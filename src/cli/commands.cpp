@@ -22,6 +22,7 @@
 #include "parallel/communicator.h"
 #include "parallel/mesh.h"
 #include "parallel/rank_shares.h"
+#include "parallel/sequence_parallel.h"
 #include "precision/mixed_precision.h"
 #include "report/memory_html.h"
 #include "tokenizer/tokenizer.h"
@@ -557,6 +558,29 @@ void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
 }
 }  // namespace
 
+namespace {
+// What a sequence rank holds and what its all-to-alls pass per step (sequence_exchange_bytes).
+void print_sequence_parallel(const TrainOptions& o, const RunAssembly& run, Device device) {
+  const int n = static_cast<int>(o.sp_size);
+  const ModelConfig& c = run.model->config();
+  std::printf(
+      "sequence parallel over %d ranks: each holds %lld of every sequence's %lld tokens, "
+      "attention on all of them for %lld of %lld heads (the plan is each rank's)\n",
+      n, static_cast<long long>(o.seq_len / n), static_cast<long long>(o.seq_len),
+      static_cast<long long>(c.num_heads / n), static_cast<long long>(c.num_heads));
+  // A GPU's 16-bit runs keep the attention output only as its 16-bit copy.
+  const bool low = (o.bf16 || o.fp16) && !device_traits(device).host_memory;
+  const double bytes =
+      sequence_exchange_bytes(c, o.per_device_train_batch_size, o.seq_len, n,
+                              o.gradient_accumulation_steps, o.gradient_checkpointing, low ? 2 : 4);
+  std::printf(
+      "  all-to-alls per step: %s through each rank's exchanges (qkv and attention output per "
+      "block, forward and backward), each rank sending %s\n",
+      format_mib(static_cast<size_t>(bytes)).c_str(),
+      format_mib(static_cast<size_t>(bytes * (n - 1) / n)).c_str());
+}
+}  // namespace
+
 // --pp_size: each stage's plan, which differ (the first holds the embeddings, the last the head,
 // those between the inputs of their micro-batches in flight), and what each stage boundary
 // passes per step: every micro-batch's [B, T, C] float32 activations forward and their
@@ -603,16 +627,19 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const Device device = resolve_device(o);
   // With --tp_size the plan is a tensor rank's (every tensor rank's is alike), with --pp_size the
   // first stage's (each stage's follows); the data parallelism runs over the world's replicas.
-  const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size),
-                                    static_cast<int>(std::max<int64_t>(1, o.tp_size)),
-                                    static_cast<int>(std::max<int64_t>(1, o.pp_size)), 1);
+  // With --sp_size the plan is sequence rank 0's (each holds as many tokens); the data and sequence
+  // ranks together share ZeRO's partitions.
+  auto degree = [](int64_t size) { return static_cast<int>(std::max<int64_t>(1, size)); };
+  const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size), degree(o.tp_size),
+                                    degree(o.pp_size), degree(o.sp_size));
   const int replicas = mesh[MeshDim::data];
   const std::unique_ptr<RunAssembly> run =
       assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
   print_estimate_header(o, *run, device);
   if (o.tp_size > 1) print_tensor_parallel(o, *run);
+  if (o.sp_size > 1) print_sequence_parallel(o, *run, device);
   print_categories(o, *run, device);
-  const nlohmann::json ranks_json = print_ranks(o, *run, replicas);
+  const nlohmann::json ranks_json = print_ranks(o, *run, replicas * mesh[MeshDim::sequence]);
   const nlohmann::json stages_json =
       o.pp_size > 1 ? print_pipeline_stages(o, device, replicas) : nlohmann::json::array();
   const size_t block = bytes_under(run->plan, "block.0.");

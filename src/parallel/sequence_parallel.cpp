@@ -8,4 +8,16 @@ void CommunicatorSequenceGroup::all_to_all(Backend&, const Tensor& in, const Ten
   bytes_ += static_cast<double>(in.bytes());
 }
 
+double sequence_exchange_bytes(const ModelConfig& c, int64_t batch, int64_t seq, int ranks,
+                               int64_t micro_batches, bool checkpointing, int64_t ctx_bytes) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq / ranks);
+  const auto qkv = static_cast<double>(c.qkv_width()),
+             ctx = static_cast<double>(c.attention_width());
+  const double forward = tokens * (qkv + ctx) * 4;
+  const double backward = tokens * ((qkv + ctx) * 4 + ctx * static_cast<double>(ctx_bytes));
+  const auto layers = static_cast<double>(c.num_layers);
+  const double again = checkpointing ? (layers - 1) * forward : 0;
+  return static_cast<double>(micro_batches) * (layers * (forward + backward) + again);
+}
+
 }  // namespace brisk

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "models/config.h"
 #include "models/sequence_parallel.h"
 #include "parallel/communicator.h"
 
@@ -23,5 +24,14 @@ class CommunicatorSequenceGroup final : public SequenceGroup {
   Communicator& comm_;
   double bytes_ = 0;
 };
+
+// The bytes one rank of `ranks` passes to all_to_all per step (its own chunk included; it sends
+// (ranks - 1) / ranks of them): each block of each of `micro_batches` micro-batches of
+// [batch, seq] exchanges its qkv and attention output forward (again in backward under gradient
+// checkpointing, but for the last block), and its attention output's gradient, the output itself
+// (`ctx_bytes` an element: its saved type) and the qkv gradient backward, float32 but the saved
+// output. `c` is the config of a tensor rank's share where there is one.
+double sequence_exchange_bytes(const ModelConfig& c, int64_t batch, int64_t seq, int ranks,
+                               int64_t micro_batches, bool checkpointing, int64_t ctx_bytes);
 
 }  // namespace brisk

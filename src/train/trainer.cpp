@@ -884,6 +884,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   RunContext c{o, dist, data, sequence_ranks, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   s.parallel = parallel->statistics();
+  if (sequence) s.parallel.emplace_back("sequence_all_to_all_bytes", sequence->bytes());
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
   return s;

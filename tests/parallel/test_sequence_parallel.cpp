@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/config.h"
 #include "models/sequence_parallel.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/test_world.h"
@@ -148,6 +149,34 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   };
   EXPECT_NEAR(eval_loss(o.output_dir), eval_loss(one.output_dir), 1e-5 * eval_loss(one.output_dir));
   expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
+}
+
+// The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints from
+// sequence_exchange_bytes: with and without gradient checkpointing, at the planned length.
+TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N;
+  SharedDir dir("sp_bytes");
+  const std::string model = write_model(dir, "llama", 0.0);
+  UnequalLengths data;
+  for (const bool checkpointing : {false, true}) {
+    TrainOptions o = tiny_options(model, dir / (checkpointing ? "ckpt" : "plain"));
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 2;
+    o.max_steps = 2;
+    o.sp_size = sp;
+    o.pad_to_max_length = true;  // every batch at the planned 12 tokens
+    o.gradient_checkpointing = checkpointing;
+    const TrainSummary s = train(
+        o, [](const nlohmann::json&) {}, &data, {}, &world());
+    double measured = -1;
+    for (const auto& [name, value] : s.parallel)
+      if (name == "sequence_all_to_all_bytes") measured = value;
+    const ModelConfig c = resolve_config(model);
+    EXPECT_EQ(measured, sequence_exchange_bytes(c, 2, 12, sp, 4, checkpointing, 4))
+        << "gradient_checkpointing " << checkpointing;
+  }
 }
 
 // What every rank refuses before the run starts (the head counts and lengths a share refuses:
