@@ -720,7 +720,7 @@ TEST(Cli, EstimatePlansEachSequenceRanksTokens) {
   EXPECT_GT(a4, 0.2 * a1);
   EXPECT_EQ(split["data_parallel"]["ranks"].size(), 4u);  // ZeRO over the 4 sequence ranks
   expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --tp_size 2",
-                 "--sp_size with --tp_size is not supported yet");
+                 "does not divide the run's 2 ranks");
   expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --seq_len 1023",
                  "sequences of 1023 tokens do not split evenly among --sp_size 2");
 }

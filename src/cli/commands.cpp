@@ -610,9 +610,10 @@ nlohmann::json print_pipeline_stages(const TrainOptions& o, Device device, int r
                       {"parameters", r->model->params().total_elements()},
                       {"planned_total_bytes", planned},
                       {"activations_bytes", activations}});
-    boundary = checked_mul(checked_mul(m, o.per_device_train_batch_size, "a step's rows"),
-                           checked_mul(o.seq_len, c.hidden_size * 4, "a row's bytes"),
-                           "a step's activations");
+    boundary =
+        checked_mul(checked_mul(m, o.per_device_train_batch_size, "a step's rows"),
+                    checked_mul(r->model->planned_tokens(), c.hidden_size * 4, "a row's bytes"),
+                    "a step's activations");
   }
   std::printf(
       "  each boundary passes %s of activations forward and as many gradients back per "

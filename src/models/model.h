@@ -118,6 +118,9 @@ class Model : public BatchTarget {
   // The shape of the current micro-batch (use_seq), and the one the buffers were planned for.
   BatchShape batch_shape() const { return shape_; }
   BatchShape planned_shape() const { return planned_; }
+  // The tokens of each planned sequence this model computes on: all of them, or under sequence
+  // parallelism its share (its activations' length).
+  int64_t planned_tokens() const { return planned_.seq / config_.sequence_ranks; }
   // The last forward pass's logits (overwritten by their gradient when it computed gradients).
   // A language-model head holds them whole only when the batch's rows fit its chunk
   // (PlanOptions::logits_rows); otherwise asking for them fails.

@@ -46,6 +46,10 @@ class DeviceMesh {
   // dimensions together (rank data * sequence size + sequence; the data group without sequence
   // parallelism).
   Communicator& replicas();
+  // This rank's place among them (replicas()'s rank).
+  int replica() const {
+    return coordinate(MeshDim::data) * shape_[MeshDim::sequence] + coordinate(MeshDim::sequence);
+  }
 
  private:
   MeshShape shape_;

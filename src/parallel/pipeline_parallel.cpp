@@ -33,7 +33,8 @@ using Clock = std::chrono::steady_clock;
 // micro-batch's before it has loaded the batch.
 Tensor planned_buffer(const Model& model, const Tensor& t) {
   const BatchShape planned = model.planned_shape();
-  return Tensor(t.data(), Shape{planned.batch * planned.seq * model.config().hidden_size},
+  return Tensor(t.data(),
+                Shape{planned.batch * model.planned_tokens() * model.config().hidden_size},
                 DType::f32, t.device());
 }
 
@@ -239,14 +240,14 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   }
   Communicator& stages() override { return pipe_; }
 
-  // Each stage's share comes from its data replicas: under ZeRO their runs in order, else the
-  // first replica's whole.
+  // Each stage's share comes from its replicas (data and sequence ranks): under ZeRO their runs
+  // in order, else the first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
     const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    const int data_rank = mesh_.coordinate(MeshDim::data);
-    std::vector<Tensor> parts = checkpoint_parts(precision_.master(model_.params()),
-                                                 precision_.sharded(), data_rank, state);
-    if (!zero_ && data_rank != 0) parts.assign(parts.size(), Tensor());
+    const int replica = mesh_.replica();
+    std::vector<Tensor> parts =
+        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
+    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
                                         holders_, held_elements_);
   }
@@ -290,7 +291,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         const auto holder = static_cast<int>(holders_.size());
         holders_.emplace_back();
         for (int d = 0; d < mesh_.shape()[MeshDim::data]; ++d)
-          holders_.back().push_back(mesh_rank(mesh_.shape(), {s, d, 0, t}));
+          for (int q = 0; q < mesh_.shape()[MeshDim::sequence]; ++q)
+            holders_.back().push_back(mesh_rank(mesh_.shape(), {s, d, q, t}));
         held_elements_ += stage->params().total_elements();
         for (const ParamInfo& p : stage->params().list()) {
           Placed& where =
@@ -444,10 +446,9 @@ std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, const ModelConfig& full,
     MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
     std::unique_ptr<ParallelPolicy> data_parallel) {
-  const ElementRange run =
-      buffers.shards.empty()
-          ? ElementRange{0, model.params().total_elements()}
-          : buffers.shards[static_cast<size_t>(mesh.coordinate(MeshDim::data))].elements;
+  const ElementRange run = buffers.shards.empty()
+                               ? ElementRange{0, model.params().total_elements()}
+                               : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
   check_elementwise(optimizer, model.params(), run.count, "pipeline parallelism (--pp_size)");
   return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
                                             std::move(data_parallel));

@@ -202,18 +202,20 @@ class TensorParallel final : public ParallelPolicy {
   // A checkpoint's state is laid out as the full parameters: this rank's elements, run by run.
   const StateShare* state_share() const override { return &share_; }
 
-  // Each tensor rank's share comes from its data replicas: under ZeRO their runs in order (as
-  // checkpoint_parts gives them), else the first replica's whole.
+  // Each tensor rank's share comes from its replicas (data and sequence ranks): under ZeRO their
+  // runs in order (as checkpoint_parts gives them), else the first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
-    const int data_rank = mesh_.coordinate(MeshDim::data);
+    const int replica = mesh_.replica();
     const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    std::vector<Tensor> parts = checkpoint_parts(precision_.master(model_.params()),
-                                                 precision_.sharded(), data_rank, state);
-    if (!zero_ && data_rank != 0) parts.assign(parts.size(), Tensor());
-    std::vector<std::vector<int>> holders(static_cast<size_t>(mesh_.shape()[MeshDim::tensor]));
-    for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
-      for (int d = 0; d < mesh_.shape()[MeshDim::data]; ++d)
-        holders[static_cast<size_t>(t)].push_back(mesh_rank(mesh_.shape(), {0, d, 0, t}));
+    std::vector<Tensor> parts =
+        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
+    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
+    const MeshShape& shape = mesh_.shape();
+    std::vector<std::vector<int>> holders(static_cast<size_t>(shape[MeshDim::tensor]));
+    for (int t = 0; t < shape[MeshDim::tensor]; ++t)
+      for (int d = 0; d < shape[MeshDim::data]; ++d)
+        for (int s = 0; s < shape[MeshDim::sequence]; ++s)
+          holders[static_cast<size_t>(t)].push_back(mesh_rank(shape, {0, d, s, t}));
     return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
                                         std::move(holders));
   }
@@ -271,10 +273,9 @@ std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
     Optimizer& optimizer, const ParallelBuffers& buffers,
     std::unique_ptr<ParallelPolicy> data_parallel) {
-  const ElementRange run =
-      buffers.shards.empty()
-          ? ElementRange{0, model.params().total_elements()}
-          : buffers.shards[static_cast<size_t>(mesh.coordinate(MeshDim::data))].elements;
+  const ElementRange run = buffers.shards.empty()
+                               ? ElementRange{0, model.params().total_elements()}
+                               : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
   check_elementwise(optimizer, model.params(), run.count, "tensor parallelism (--tp_size)");
   return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
                                           std::move(data_parallel));

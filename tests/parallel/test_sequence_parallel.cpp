@@ -151,6 +151,73 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
 }
 
+// Checkpoints hold the whole model and optimizer state: the sequence ranks (under ZeRO 2, its
+// runs over them) resume one process's checkpoint and one process resumes theirs, each ending as
+// the run that went on.
+TEST(SequenceParallel, CheckpointsResumeOnAnotherLayout) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  SharedDir dir("sp_resume");
+  const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 2 / dp;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.sp_size = sp;
+  o.pad_to_max_length = 8 % sp != 0;  // the same lengths as one process
+  o.zero_stage = 2;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.sp_size = 1;
+  one.zero_stage = 0;
+  expect_resumes_across_layouts(o, one, &data);
+}
+
+// On 4 ranks, sequence parallelism composed: tp 2 x sp 2 (each tensor rank's heads split again
+// among its sequence ranks; ZeRO over the sequence ranks) and pp 2 x sp 2 (the stages pass their
+// tokens' activations), each as one process with dropout on.
+TEST(SequenceParallel, WithTensorOrPipelineRanksTrainsAsOneProcess) {
+  NEEDS_MPI();
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks (Dist.SequenceParallelOn4Ranks)";
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama"}) {
+    SharedDir dir("sp_composed_" + type);
+    // Head counts tp x sp divides: GPT-2 4 heads, the llama 12 over 4 key/value heads.
+    const std::string model = dir / "model";
+    if (world().rank() == 0) {
+      nlohmann::json c = divisible_config(type, 0.1);
+      c[type == "gpt2" ? "n_head" : "num_key_value_heads"] = 4;
+      std::filesystem::create_directories(model);
+      std::ofstream(model + "/config.json") << c.dump();
+    }
+    world().barrier();
+    UnequalLengths data;
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 3;
+    o.max_grad_norm = 0.05;
+    o.sp_size = 2;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.sp_size = 1;
+    Logged single;
+    if (world().rank() == 0) single = run(one, &data, alone.get());
+    for (const char* layout : {"tp", "tp_zero1", "pp"}) {
+      SCOPED_TRACE(type + " on " + layout + " 2 x sp 2");
+      TrainOptions l = o;
+      l.output_dir = dir / layout;
+      (layout[0] == 't' ? l.tp_size : l.pp_size) = 2;
+      l.zero_stage = std::string(layout) == "tp_zero1" ? 1 : 0;
+      const Logged ranks = run(l, &data, &world());
+      if (world().rank() == 0) expect_trains_as(ranks, single);
+    }
+  }
+}
+
 // The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints from
 // sequence_exchange_bytes: with and without gradient checkpointing, at the planned length.
 TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
@@ -190,9 +257,6 @@ TEST(SequenceParallel, UnsupportedLayoutsAreRefused) {
   o.sp_size = N + 1;
   expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
   o.sp_size = N == 4 ? 2 : N;
-  o.tp_size = 2;
-  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --tp_size is not supported");
-  o.tp_size = 1;
   o.offload_optimizer = "cpu";
   expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --offload_optimizer");
 }
