@@ -719,6 +719,9 @@ TEST(Cli, EstimatePlansEachSequenceRanksTokens) {
   EXPECT_LT(a4, 0.3 * a1);
   EXPECT_GT(a4, 0.2 * a1);
   EXPECT_EQ(split["data_parallel"]["ranks"].size(), 4u);  // ZeRO over the 4 sequence ranks
+  // 12 blocks x 512 tokens x (qkv 2304 + output 768 forward, + 768 backward) float32 values.
+  EXPECT_EQ(split["sequence_parallel"]["all_to_all_bytes_per_step"].get<double>(),
+            12.0 * 512 * ((2304 + 768) * 2 + 768) * 4);
   expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --tp_size 2",
                  "does not divide the run's 2 ranks");
   expect_refused("estimate --model gpt2 --world_size 2 --sp_size 2 --seq_len 1023",

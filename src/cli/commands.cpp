@@ -493,7 +493,8 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
 // --json: the plan, every buffer, the fit and the data-parallel report.
 void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
                          size_t host_base, const nlohmann::json& fit_json,
-                         const nlohmann::json& ranks_json, const nlohmann::json& stages_json) {
+                         const nlohmann::json& ranks_json, const nlohmann::json& stages_json,
+                         const nlohmann::json& sequence_json) {
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const int64_t n = run.model->params().total_elements();
@@ -526,7 +527,8 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
         {"buffers", buffers_json}}},
       {"fit", fit_json},
       {"data_parallel", ranks_json},
-      {"pipeline_stages", stages_json}};
+      {"pipeline_stages", stages_json},
+      {"sequence_parallel", sequence_json}};
   std::ofstream out(json_path);
   BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
   out << j.dump(2) << "\n";
@@ -560,7 +562,7 @@ void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
 
 namespace {
 // What a sequence rank holds and what its all-to-alls pass per step (sequence_exchange_bytes).
-void print_sequence_parallel(const TrainOptions& o, const RunAssembly& run, Device device) {
+nlohmann::json print_sequence_parallel(const TrainOptions& o, const RunAssembly& run) {
   const int n = static_cast<int>(o.sp_size);
   const ModelConfig& c = run.model->config();
   std::printf(
@@ -568,8 +570,9 @@ void print_sequence_parallel(const TrainOptions& o, const RunAssembly& run, Devi
       "attention on all of them for %lld of %lld heads (the plan is each rank's)\n",
       n, static_cast<long long>(o.seq_len / n), static_cast<long long>(o.seq_len),
       static_cast<long long>(c.num_heads / n), static_cast<long long>(c.num_heads));
-  // A GPU's 16-bit runs keep the attention output only as its 16-bit copy.
-  const bool low = (o.bf16 || o.fp16) && !device_traits(device).host_memory;
+  // Where the products read bf16 activations, a mixed-precision run without checkpointing keeps
+  // the attention output only as its bf16 copy.
+  const bool low = run.product == DType::bf16 && !o.gradient_checkpointing;
   const double bytes =
       sequence_exchange_bytes(c, o.per_device_train_batch_size, o.seq_len, n,
                               o.gradient_accumulation_steps, o.gradient_checkpointing, low ? 2 : 4);
@@ -578,6 +581,7 @@ void print_sequence_parallel(const TrainOptions& o, const RunAssembly& run, Devi
       "block, forward and backward), each rank sending %s\n",
       format_mib(static_cast<size_t>(bytes)).c_str(),
       format_mib(static_cast<size_t>(bytes * (n - 1) / n)).c_str());
+  return {{"ranks", n}, {"tokens_per_rank", o.seq_len / n}, {"all_to_all_bytes_per_step", bytes}};
 }
 }  // namespace
 
@@ -638,7 +642,8 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
       assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
   print_estimate_header(o, *run, device);
   if (o.tp_size > 1) print_tensor_parallel(o, *run);
-  if (o.sp_size > 1) print_sequence_parallel(o, *run, device);
+  const nlohmann::json sequence_json =
+      o.sp_size > 1 ? print_sequence_parallel(o, *run) : nlohmann::json::object();
   print_categories(o, *run, device);
   const nlohmann::json ranks_json = print_ranks(o, *run, replicas * mesh[MeshDim::sequence]);
   const nlohmann::json stages_json =
@@ -653,7 +658,8 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   if (args.fit) fits = print_fit(o, device, args, fit_json);
   if (!args.html_path.empty()) write_estimate_html(o, args, run->plan, device, host_base, fits);
   if (!args.json_path.empty())
-    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json, stages_json);
+    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json, stages_json,
+                        sequence_json);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/workspace.h"
 #include "models/config.h"
 #include "models/sequence_parallel.h"
 #include "parallel/sequence_parallel.h"
@@ -219,7 +220,9 @@ TEST(SequenceParallel, WithTensorOrPipelineRanksTrainsAsOneProcess) {
 }
 
 // The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints from
-// sequence_exchange_bytes: with and without gradient checkpointing, at the planned length.
+// sequence_exchange_bytes: with and without gradient checkpointing, float32 and bf16 (where the
+// products read bf16, the attention output is exchanged back as its bf16 copy), at the planned
+// length.
 TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
   NEEDS_MPI();
   const int N = world().size();
@@ -227,8 +230,10 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
   SharedDir dir("sp_bytes");
   const std::string model = write_model(dir, "llama", 0.0);
   UnequalLengths data;
-  for (const bool checkpointing : {false, true}) {
-    TrainOptions o = tiny_options(model, dir / (checkpointing ? "ckpt" : "plain"));
+  for (const int variant : {0, 1, 2}) {
+    const bool checkpointing = variant == 1, bf16 = variant == 2;
+    TrainOptions o = tiny_options(model, dir / ("variant" + std::to_string(variant)));
+    o.bf16 = bf16;
     o.per_device_train_batch_size = 2;
     o.gradient_accumulation_steps = 2;
     o.max_steps = 2;
@@ -241,8 +246,9 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
     for (const auto& [name, value] : s.parallel)
       if (name == "sequence_all_to_all_bytes") measured = value;
     const ModelConfig c = resolve_config(model);
-    EXPECT_EQ(measured, sequence_exchange_bytes(c, 2, 12, sp, 4, checkpointing, 4))
-        << "gradient_checkpointing " << checkpointing;
+    const bool low = bf16 && product_dtype(kHostDevice, DType::bf16) == DType::bf16;
+    EXPECT_EQ(measured, sequence_exchange_bytes(c, 2, 12, sp, 4, checkpointing, low ? 2 : 4))
+        << "gradient_checkpointing " << checkpointing << ", bf16 " << bf16;
   }
 }
 
