@@ -1,7 +1,7 @@
 """A model of larger runs than this machine: for GPT-2 1.5B's, Llama 7B's and Llama 70B's shapes on
 8 to 1,024 H100s of 80 GB, which layouts fit and the one `brisk estimate --device cuda --bf16
 --fit --world_size N --max_memory 80GB` ranks first (tensor-parallel degree x pipeline depth x
-data replicas x ZeRO stage x batch split x recomputation), its predicted step and the MFU that implies (6 x
+sequence-parallel degree x data replicas x ZeRO stage x batch split x recomputation), its predicted step and the MFU that implies (6 x
 parameters x tokens per step over N x 989 TFLOP/s, the H100 SXM's dense bf16 peak). The global
 batch is 4 sequences per GPU. Not a measurement: brisk's cost model (src/train/fit.cpp,
 docs/memory.md), which prices every sum across ranks at one collective rate (360 GB/s, NVLink 4
@@ -58,7 +58,7 @@ def main():
     p.add_argument("--ranks", default="8,64,256,1024")
     a = p.parse_args()
     print("| model | GPUs | layouts that fit | first: layout | batch x accum | recompute "
-          "| needs / GPU | predicted step | MFU | tp 1, pp 1, ZeRO 0 fits |")
+          "| needs / GPU | predicted step | MFU | tp 1, pp 1, sp 1, ZeRO 0 fits |")
     print("|---|---:|---:|---|---|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, seq in MODELS:
@@ -70,16 +70,18 @@ def main():
                     continue
                 best = fits[0]
                 tp, pp, dp = best["tp_size"], best["pp_size"], best["data_ranks"]
+                sp = best.get("sp_size", 1)
                 tokens = 4 * n * seq
                 mfu = 6 * params * tokens / (best["predicted_step_seconds"] * n * PEAK)
-                layouts = {(c["tp_size"], c["pp_size"], c["data_ranks"], c["zero_stage"])
-                           for c in fits}
-                plain = any(c["tp_size"] == 1 and c["pp_size"] == 1 and c["zero_stage"] == 0
-                            for c in fits)
+                layouts = {(c["tp_size"], c["pp_size"], c.get("sp_size", 1), c["data_ranks"],
+                            c["zero_stage"]) for c in fits}
+                plain = any(c["tp_size"] == 1 and c["pp_size"] == 1 and c.get("sp_size", 1) == 1
+                            and c["zero_stage"] == 0 for c in fits)
                 recompute = ("full" if best["gradient_checkpointing"] else
                              "selective" if best["selective_recompute"] else "none")
                 print(f"| {name} (s {seq}) | {n} | {len(layouts)} "
-                      f"| tp {tp} x pp {pp} x dp {dp}, ZeRO {best['zero_stage'] if dp > 1 else 0} "
+                      f"| tp {tp} x pp {pp} x sp {sp} x dp {dp}, "
+                      f"ZeRO {best['zero_stage'] if dp * sp > 1 else 0} "
                       f"| {best['per_device_train_batch_size']} x "
                       f"{best['gradient_accumulation_steps']} | {recompute} "
                       f"| {best['needed_bytes'] / 2**30:.1f} GiB "

@@ -728,10 +728,10 @@ TEST(Cli, EstimatePlansEachSequenceRanksTokens) {
                  "sequences of 1023 tokens do not split evenly among --sp_size 2");
 }
 
-// estimate --fit --world_size searches the layouts of the ranks too: tensor parallelism's degrees
-// and pipeline depths the model allows, data parallelism over the rest under each ZeRO stage
-// (pipelines: 0 and 1), the global batch kept; one process's layout does not fit here, others
-// do.
+// estimate --fit --world_size searches the layouts of the ranks too: tensor parallelism's
+// degrees, pipeline depths and sequence-parallel degrees the model allows, data parallelism over
+// the rest under each ZeRO stage (pipelines: 0 and 1), the global batch kept; one process's
+// layout does not fit here, others do.
 TEST(Cli, EstimateFitSearchesTheLayoutsOfTheRanks) {
   const std::string json = (std::filesystem::temp_directory_path() /
                             ("brisk_fit_layouts_" + std::to_string(::getpid()) + ".json"))
@@ -745,12 +745,13 @@ TEST(Cli, EstimateFitSearchesTheLayoutsOfTheRanks) {
   const nlohmann::json fit = read_json(json)["fit"];
   std::filesystem::remove(json);
   ASSERT_FALSE(fit.empty());
-  std::set<int64_t> degrees, stages, depths;
+  std::set<int64_t> degrees, stages, depths, sequences;
   double previous = 0;
   for (const auto& c : fit) {
-    const int64_t tp = c["tp_size"], pp = c["pp_size"], dp = c["data_ranks"];
-    EXPECT_EQ(tp * pp * dp, 4);
+    const int64_t tp = c["tp_size"], pp = c["pp_size"], sp = c["sp_size"], dp = c["data_ranks"];
+    EXPECT_EQ(tp * pp * sp * dp, 4);
     depths.insert(pp);
+    sequences.insert(sp);
     if (pp > 1) EXPECT_LE(c["zero_stage"].get<int64_t>(), 1);
     EXPECT_EQ(c["per_device_train_batch_size"].get<int64_t>() *
                   c["gradient_accumulation_steps"].get<int64_t>() * dp,
@@ -758,12 +759,14 @@ TEST(Cli, EstimateFitSearchesTheLayoutsOfTheRanks) {
     EXPECT_LE(c["needed_bytes"].get<size_t>(), size_t{1800} << 20);
     EXPECT_GE(c["predicted_step_seconds"].get<double>(), previous);
     previous = c["predicted_step_seconds"];
-    EXPECT_FALSE(tp == 1 && pp == 1 && c["zero_stage"] == 0) << "one process's layout needs more";
+    EXPECT_FALSE(tp == 1 && pp == 1 && sp == 1 && c["zero_stage"] == 0)
+        << "one process's layout needs more";
     degrees.insert(tp);
-    if (dp > 1) stages.insert(c["zero_stage"].get<int64_t>());
+    if (dp * sp > 1) stages.insert(c["zero_stage"].get<int64_t>());
   }
   EXPECT_GT(degrees.size(), 1u) << fit.dump();
   EXPECT_GT(depths.size(), 1u) << fit.dump();
+  EXPECT_GT(sequences.size(), 1u) << fit.dump();
   EXPECT_TRUE(stages.count(3)) << fit.dump();
 }
 

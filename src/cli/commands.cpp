@@ -219,11 +219,12 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
     const TrainOptions& t = fits[i].options;
     const std::string shape = std::to_string(t.per_device_train_batch_size) + " x " +
                               std::to_string(t.gradient_accumulation_steps);
-    const int64_t pp = std::max<int64_t>(1, t.pp_size);
+    const int64_t pp = std::max<int64_t>(1, t.pp_size), sp = std::max<int64_t>(1, t.sp_size);
     const std::string layout = "tp " + std::to_string(std::max<int64_t>(1, t.tp_size)) +
-                               (pp > 1 ? " x pp " + std::to_string(pp) : "") + " x dp " +
+                               (pp > 1 ? " x pp " + std::to_string(pp) : "") +
+                               (sp > 1 ? " x sp " + std::to_string(sp) : "") + " x dp " +
                                std::to_string(fits[i].data_ranks) + " z" +
-                               std::to_string(fits[i].data_ranks > 1 ? t.zero_stage : 0);
+                               std::to_string(fits[i].data_ranks * sp > 1 ? t.zero_stage : 0);
     if (i < 10)
       std::printf("  %-4zu %-22s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, layout.c_str(),
                   shape.c_str(),
@@ -234,6 +235,7 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                   fits[i].step_seconds * 1e3);
     out.push_back({{"tp_size", std::max<int64_t>(1, t.tp_size)},
                    {"pp_size", pp},
+                   {"sp_size", sp},
                    {"data_ranks", fits[i].data_ranks},
                    {"zero_stage", t.zero_stage},
                    {"per_device_train_batch_size", t.per_device_train_batch_size},
@@ -570,12 +572,7 @@ nlohmann::json print_sequence_parallel(const TrainOptions& o, const RunAssembly&
       "attention on all of them for %lld of %lld heads (the plan is each rank's)\n",
       n, static_cast<long long>(o.seq_len / n), static_cast<long long>(o.seq_len),
       static_cast<long long>(c.num_heads / n), static_cast<long long>(c.num_heads));
-  // Where the products read bf16 activations, a mixed-precision run without checkpointing keeps
-  // the attention output only as its bf16 copy.
-  const bool low = run.product == DType::bf16 && !o.gradient_checkpointing;
-  const double bytes =
-      sequence_exchange_bytes(c, o.per_device_train_batch_size, o.seq_len, n,
-                              o.gradient_accumulation_steps, o.gradient_checkpointing, low ? 2 : 4);
+  const double bytes = sequence_step_bytes(run);
   std::printf(
       "  all-to-alls per step: %s through each rank's exchanges (qkv and attention output per "
       "block, forward and backward), each rank sending %s\n",

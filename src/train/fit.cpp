@@ -8,6 +8,7 @@
 #include "core/checked.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"
+#include "parallel/sequence_parallel.h"
 #include "train/assembly.h"
 
 namespace brisk {
@@ -175,8 +176,11 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   auto ring = [](double ranks) { return 2 * (ranks - 1) / ranks; };
   const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
   const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
+  const double s = static_cast<double>(std::max<int64_t>(1, o.sp_size));
+  // A rank's tokens: its share of each sequence under sequence parallelism.
   const double tokens = static_cast<double>(o.per_device_train_batch_size *
-                                            o.gradient_accumulation_steps * o.seq_len);
+                                            o.gradient_accumulation_steps * o.seq_len) /
+                        s;
   const double sums = o.gradient_checkpointing ? 6 : 4;
   const double tensor = sums * static_cast<double>(c.num_layers) / p * tokens *
                         static_cast<double>(c.hidden_size) * 4 * ring(t);
@@ -184,7 +188,20 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   const double d = static_cast<double>(data_ranks);
   const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
                       (o.zero_stage >= 3 ? 1.5 : 1.0);
-  return (tensor + data + stages) / m.collective;
+  // Sequence parallelism's all-to-alls: each rank sends (s - 1) / s of what it exchanges.
+  const double sequence = sequence_step_bytes(run) / p * (s - 1) / s;
+  return (tensor + data + stages + sequence) / m.collective;
+}
+
+double sequence_step_bytes(const RunAssembly& run) {
+  const TrainOptions& o = run.options;
+  if (o.sp_size <= 1) return 0;
+  // Where the products read bf16 activations, a mixed-precision run without checkpointing keeps
+  // the attention output only as its bf16 copy, which backward exchanges.
+  const bool low = run.product == DType::bf16 && !o.gradient_checkpointing;
+  return sequence_exchange_bytes(run.model->config(), o.per_device_train_batch_size, o.seq_len,
+                                 static_cast<int>(o.sp_size), o.gradient_accumulation_steps,
+                                 o.gradient_checkpointing, low ? 2 : 4);
 }
 
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
@@ -202,10 +219,12 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
                       : run.product == DType::f16 ? m.fp16_flops
                       : o.tf32                    ? m.tf32_flops
                                                   : m.fp32_flops;
-  // A tensor rank computes its share of every block's products and attention. A pipeline stage
+  // A tensor rank computes its share of every block's products and attention, a sequence rank
+  // the products of its tokens and attention for its heads (both 1/s). A pipeline stage
   // computes its blocks, stages before the last running each forward twice (4/3), and the step
   // takes (m + p - 1) stage-times of a micro-batch where one stage would take m (1F1B's bubble).
-  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
+  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size)) *
+                   static_cast<double>(std::max<int64_t>(1, o.sp_size));
   const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
   const double stage = p > 1 ? (k + p - 1) / k * 4.0 / 3.0 / p : 1.0;
   const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t * stage;
@@ -245,40 +264,48 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
 }
 
 namespace {
-// A layout of `world` ranks: tp_size x pp_size x data replicas, under a ZeRO stage.
+// A layout of `world` ranks: tp_size x pp_size x sp_size x data replicas, under a ZeRO stage.
 struct Layout {
-  int64_t tp = 1, pp = 1, zero = 0;
+  int64_t tp = 1, pp = 1, sp = 1, zero = 0;
   int data_ranks = 1;
 };
 
-// Whether `config` splits into `tp` tensor shares and `pp` stages (the shares refuse counts the
-// degrees do not divide).
-bool splits(const ModelConfig& config, int tp, int pp) {
+// Whether `config` splits into `tp` tensor shares, `sp` sequence shares of `seq` tokens and `pp`
+// stages (the shares refuse counts the degrees do not divide, and tasks sequence parallelism
+// cannot split).
+bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
   try {
-    if (tp > 1) tensor_parallel_share(config, 0, tp);
+    const ModelConfig share = tp > 1 ? tensor_parallel_share(config, 0, tp) : config;
+    if (sp > 1) sequence_parallel_share(share, 0, sp);
     if (pp > 1) pipeline_share(config, 0, pp);
-    return true;
+    return seq % sp == 0;
   } catch (const Error&) {
     return false;
   }
 }
 
-// o's own layout for one process's search; for `world` ranks every tensor-parallel degree and
-// pipeline depth the model's counts allow, with each ZeRO stage where there are several data
-// replicas (pipelines: ZeRO 0 and 1; no offloaded optimizer).
+// o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
+// pipeline depth and sequence-parallel degree the model's counts (and task, and length) allow,
+// with each ZeRO stage where there are several replicas (data and sequence ranks; pipelines:
+// ZeRO 0 and 1; no offloaded optimizer).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
   if (world <= 1)
-    return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size), o.zero_stage, 1}};
+    return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
+             std::max<int64_t>(1, o.sp_size), o.zero_stage, 1}};
   ModelConfig config = resolve_config(o.model_name_or_path);
+  if (o.mlm) use_masked_lm(config);
   std::vector<Layout> out;
   const bool offload = o.offload_optimizer != "none";
   for (int tp = 1; tp <= world; ++tp)
-    for (int pp = 1; tp * pp <= world; ++pp) {
-      if (world % (tp * pp) || (offload && tp * pp > 1) || !splits(config, tp, pp)) continue;
-      const int d = world / (tp * pp);
-      const int64_t top = d == 1 ? 0 : pp > 1 ? 1 : 3;
-      for (int64_t zero = 0; zero <= top; ++zero) out.push_back({tp, pp, zero, d});
-    }
+    for (int pp = 1; tp * pp <= world; ++pp)
+      for (int sp = 1; tp * pp * sp <= world; ++sp) {
+        const int model = tp * pp * sp;
+        if (world % model || (offload && model > 1) || !splits(config, tp, pp, sp, o.seq_len))
+          continue;
+        const int d = world / model;
+        const int64_t top = d * sp == 1 ? 0 : pp > 1 ? 1 : 3;
+        for (int64_t zero = 0; zero <= top; ++zero) out.push_back({tp, pp, sp, zero, d});
+      }
   return out;
 }
 
@@ -289,7 +316,8 @@ int64_t global_batch(const TrainOptions& o, int world) {
   const int64_t all =
       checked_mul(checked_mul(o.per_device_train_batch_size, o.gradient_accumulation_steps, what),
                   int64_t{std::max(1, world)}, what);
-  return all / std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size);
+  return all / std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size) /
+         std::max<int64_t>(1, o.sp_size);
 }
 
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
@@ -319,6 +347,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             TrainOptions t = o;
             t.tp_size = layout.tp;
             t.pp_size = layout.pp;
+            t.sp_size = layout.sp;
             t.zero_stage = layout.zero;
             t.per_device_train_batch_size = b;
             t.gradient_accumulation_steps = global / (b * layout.data_ranks);
@@ -336,8 +365,10 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
               ++refused;
               continue;
             }
+            // The gradients are summed over the data and sequence ranks together.
+            const int replicas = layout.data_ranks * static_cast<int>(layout.sp);
             out.push_back({t, layout.data_ranks, needed,
-                           predicted_step_seconds(*run, model, layout.data_ranks),
+                           predicted_step_seconds(*run, model, replicas),
                            run->plan.bytes_by_category()});
           }
   }

@@ -89,6 +89,10 @@ CostModel cost_model(Device device);
 // activations, the optimizer's pass over its model states, and the sums across ranks, none
 // hidden behind computation.
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks = 1);
+// The bytes a rank of run.options.sp_size sequence ranks passes to its all-to-alls per step
+// (parallel/sequence_parallel.h's sequence_exchange_bytes for the run's precision and
+// recomputation); 0 without sequence parallelism.
+double sequence_step_bytes(const RunAssembly& run);
 
 struct FitCandidate {
   TrainOptions options;  // its tp_size and zero_stage: the layout
@@ -99,7 +103,8 @@ struct FitCandidate {
 };
 
 // The global batch of o's options over `world` ranks: per_device_train_batch_size x
-// gradient_accumulation_steps x the data replicas (the ranks over tensor and pipeline degrees).
+// gradient_accumulation_steps x the data replicas (the ranks over tensor, pipeline and sequence
+// degrees).
 int64_t global_batch(const TrainOptions& o, int world);
 
 // Every configuration of the global batch (per_device_train_batch_size x
@@ -107,8 +112,9 @@ int64_t global_batch(const TrainOptions& o, int world);
 // recomputation (none, selective, full), precision ("fp32", "bf16", "fp16", "tf32") and optimizer
 // from the lists allowed, whose plan (rank 0's; with pipeline stages, the largest stage's) fits
 // the budget, fastest predicted first. For a run of `world` processes, over the layouts too:
-// every tensor-parallel degree and pipeline depth dividing the world and the model's counts,
-// data parallelism over the rest of the ranks under each ZeRO stage (0 and 1 with pipelines).
+// every tensor-parallel degree, pipeline depth and sequence-parallel degree dividing the world
+// and the model's counts, data parallelism over the rest of the ranks under each ZeRO stage (0
+// and 1 with pipelines; ZeRO's partitions over the data and sequence ranks together).
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
                                      const MemoryBudget& budget,
                                      const std::vector<std::string>& precisions,
