@@ -287,7 +287,7 @@ bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
 // o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
 // pipeline depth and sequence-parallel degree the model's counts (and task, and length) allow,
 // with each ZeRO stage where there are several replicas (data and sequence ranks; pipelines:
-// ZeRO 0 and 1; no offloaded optimizer).
+// ZeRO 0 and 1; an offloaded optimizer with neither tensor nor pipeline ranks).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
   if (world <= 1)
     return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
@@ -300,7 +300,7 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
     for (int pp = 1; tp * pp <= world; ++pp)
       for (int sp = 1; tp * pp * sp <= world; ++sp) {
         const int model = tp * pp * sp;
-        if (world % model || (offload && model > 1) || !splits(config, tp, pp, sp, o.seq_len))
+        if (world % model || (offload && tp * pp > 1) || !splits(config, tp, pp, sp, o.seq_len))
           continue;
         const int d = world / model;
         const int64_t top = d * sp == 1 ? 0 : pp > 1 ? 1 : 3;

@@ -179,15 +179,6 @@ void check_pipeline_options(const TrainOptions& o) {
               " is not supported yet");
 }
 
-// What sequence parallelism does not run with yet is refused, naming it.
-void check_sequence_options(const TrainOptions& o) {
-  BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
-              o.sp_size);
-  if (o.sp_size <= 1) return;
-  BRISK_CHECK(o.offload_optimizer == "none",
-              "--sp_size with --offload_optimizer is not supported yet");
-}
-
 void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
               "unknown save_strategy \"", brisk::excerpt(o.save_strategy),
@@ -204,7 +195,8 @@ void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.tp_size <= 1 || o.offload_optimizer == "none",
               "--tp_size with --offload_optimizer is not supported yet");
   check_pipeline_options(o);
-  check_sequence_options(o);
+  BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
+              o.sp_size);
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);

@@ -1,7 +1,8 @@
 // Sequence parallelism (DeepSpeed-Ulysses) on every rank of the job: the all-to-all exchanges
 // between a rank's tokens of every head and every token of its heads, against what each rank
-// computes for the others; then sp ranks (with dp replicas over them, plain or under ZeRO 1 and
-// 3) train as one process with the same global batch, step by step and to the final weights.
+// computes for the others; then sp ranks (with dp replicas over them, plain, under ZeRO 1 and 3,
+// and with the optimizer offloaded) train as one process with the same global batch, step by
+// step and to the final weights.
 // GPT-2 (learned positions, dropout on with one replica: every mask keyed by its token's place
 // in the whole sequence), a llama with grouped-query attention (rotary positions from the rank's
 // first token) and BERT's masked LM (post-norm, every token attending every token).
@@ -93,10 +94,13 @@ TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     one.sp_size = 1;
     Logged single;
     if (world().rank() == 0) single = run(one, &data, alone.get());
-    // ZeRO over the data and sequence ranks together.
-    for (const int64_t zero : {0, 1, 3}) {
+    // ZeRO over the data and sequence ranks together; the optimizer offloaded (the GPU's path,
+    // run on the CPU) under ZeRO 1.
+    for (const int64_t zero : {0, 1, 3, -1}) {
       SCOPED_TRACE("zero_stage " + std::to_string(zero));
-      o.zero_stage = zero;
+      o.zero_stage = zero < 0 ? 1 : zero;
+      o.offload_optimizer = zero < 0 ? "cpu" : "none";
+      o.offload_on_cpu = zero < 0;
       o.output_dir = dir / ("ranks_zero" + std::to_string(zero));
       const Logged ranks = run(o, &data, &world());
       if (world().rank() != 0) continue;
@@ -298,9 +302,8 @@ TEST(SequenceParallel, UnsupportedLayoutsAreRefused) {
   TrainOptions o = tiny_options(gpt2, dir / "out");
   o.sp_size = N + 1;
   expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
-  o.sp_size = N == 4 ? 2 : N;
-  o.offload_optimizer = "cpu";
-  expect_error([&] { run(o, nullptr, &world()); }, "--sp_size with --offload_optimizer");
+  o.sp_size = 5000;
+  expect_error([&] { run(o, nullptr, &world()); }, "sp_size must lie in [0, 4096], got 5000");
 }
 
 }  // namespace
