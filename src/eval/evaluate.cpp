@@ -42,8 +42,13 @@ struct EvalContext {
   bool dynamic_padding, classification, regression;
   // Pipeline stages: the forward passes go through them, and only the last holds the results.
   StagedForward* staged;
-  bool holds_results() const {
+  // Sequence parallelism: only the rank holding the first tokens holds a classifier's results.
+  Communicator* sequence;
+  bool last_stage() const {
     return !staged || staged->stages().rank() == staged->stages().size() - 1;
+  }
+  bool holds_results() const {
+    return last_stage() && (sequence == nullptr || sequence->rank() == 0);
   }
   // Predictions are handed on once every rank's are gathered.
   bool gathers() const { return ranks > 1 || staged; }
@@ -131,7 +136,7 @@ void combine_ranks(Communicator& comm, bool regression, EvalTally& t) {
 // Pipeline stages: the last stage's counts, pairs and predictions on every stage (the others
 // counted nothing of their own).
 void combine_stages(const EvalContext& c, EvalTally& t) {
-  if (!c.holds_results()) t = EvalTally(std::max<int64_t>(c.L, 2));
+  if (!c.last_stage()) t = EvalTally(std::max<int64_t>(c.L, 2));
   combine_ranks(c.staged->stages(), c.regression, t);
   std::vector<double> mine;
   for (const Prediction& p : t.predicted)
@@ -220,7 +225,8 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       dynamic_padding_,
                       classification,
                       model.config().regression,
-                      staged};
+                      staged,
+                      sequence};
   EvalTally t(std::max<int64_t>(c.L, 2));
   // Batch i is rank i mod N's. When the model gathers its weights from every rank (ZeRO stage
   // 3), every rank runs as many forward passes: one without a batch of its own runs one over the
@@ -240,11 +246,9 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
     evaluate_batch(c, first, std::min(B, data.size() - first), t);
   }
   if (staged) combine_stages(c, t);
-  if (sequence != nullptr) {  // each held its tokens' loss and targets
-    double sums[2] = {t.loss, static_cast<double>(t.targets)};
-    sequence->all_reduce_sum(Tensor(sums, Shape{2}, DType::f64));
-    t.loss = sums[0];
-    t.targets = static_cast<int64_t>(sums[1]);
+  if (sequence != nullptr) {  // each held its tokens' losses; the first a classifier's results
+    if (sequence->rank() != 0) t.batches = 0;
+    combine_ranks(*sequence, c.regression, t);
   }
   if (ranks > 1) combine_ranks(*comm, c.regression, t);
   if (on_prediction && c.gathers())

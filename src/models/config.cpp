@@ -576,10 +576,6 @@ ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks) {
   BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "sequence-parallel rank ", rank, " of ",
               ranks);
   BRISK_CHECK(c.sequence_ranks == 1, "internal error: the config is a sequence share already");
-  BRISK_CHECK(c.task == ModelTask::causal_lm || c.task == ModelTask::masked_lm, "--sp_size ", ranks,
-              " needs a loss over every token (a causal or masked language "
-              "model); the ",
-              c.type_name(), " config's task reads the first token alone");
   const char* tp = c.tensor_ranks > 1 ? " (per --tp_size rank)" : "";
   BRISK_CHECK(c.num_heads % ranks == 0, "--sp_size ", ranks, " does not divide the ", c.type_name(),
               " config's ", head_count_key(c), " = ", c.num_heads, tp,

@@ -138,9 +138,9 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks);
 // blocks. Refuses, naming the config key, a block count that `stages` does not divide.
 ModelConfig pipeline_share(const ModelConfig& c, int stage, int stages);
 // Sequence parallelism (--sp_size): rank `rank` of `ranks`'s share of `c` (its tokens of every
-// sequence; attention on every token of heads / ranks). Refuses, naming the config key, head
-// counts (of this tensor rank's share) that `ranks` does not divide, and a task whose loss is not
-// token by token (sequence classification reads the first token alone).
+// sequence; attention on every token of heads / ranks; a sequence classifier's head and loss on
+// the rank holding the first token). Refuses, naming the config key, head counts (of this tensor
+// rank's share) that `ranks` does not divide.
 ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);

@@ -499,6 +499,8 @@ void Model::shift_labels(const Tensor& targets) const {
 int64_t Model::count_targets() const {
   const int64_t B = shape_.batch, T = shape_.seq;
   int64_t n = 0;
+  // A sequence's own label (classification, regression) is the first token's rank's.
+  if (first_token() > 0 && (!batch_.label_values.empty() || batch_.labels.rank() == 1)) return 0;
   if (!batch_.label_values.empty()) {
     const float* v = batch_.label_values.f32();
     for (int64_t b = 0; b < B; ++b) n += !no_label_value(v[b]);
@@ -560,6 +562,14 @@ Tensor Model::position_rows(const Tensor& table) const {
                 table.device());
 }
 
+void Model::drop_sequence_labels() {
+  if (batch_.labels.rank() == 1) {
+    int32_t* y = batch_.labels.i32();
+    for (int64_t b = 0; b < batch_.labels.numel(); ++b) y[b] = kIgnoreIndex;
+  }
+  reset_label_values(batch_);
+}
+
 void Model::slice_inputs() const {
   for (const auto& [whole, tokens] : sliced_) {
     const int64_t B = tokens->dim(0), t = tokens->dim(1), T = whole->dim(1);
@@ -606,6 +616,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   validate_batch();
   prepare_batch();
   slice_inputs();
+  if (first_token() > 0) drop_sequence_labels();
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);

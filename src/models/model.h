@@ -431,6 +431,10 @@ class Model : public BatchTarget {
   std::vector<std::pair<Tensor*, Tensor*>> sliced_;
   std::array<Tensor, 4> token_inputs_;
   void slice_inputs() const;
+  // A rank past a sequence's first token: the batch's per-sequence labels (a classifier's, a
+  // regression's) become "none", so its head adds no loss and no gradient (the rank holding the
+  // first token computes them).
+  void drop_sequence_labels();
   // The plan's shape of this model's tokens.
   BatchShape token_shape(BatchShape shape) const;
   // Declaring parameters: the section (-1 the embeddings, a block's layer, num_layers the head)

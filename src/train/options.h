@@ -290,8 +290,8 @@ void visit_options(Options& o, Visitor&& v) {
   v("sp_size", o.sp_size,
     "sequence parallelism (DeepSpeed-Ulysses): ranks that hold an equal run of every "
     "sequence's tokens each (the length a multiple of it), attention on every token of their "
-    "share of the heads by all-to-all; a causal or masked LM; the world's ranks over sp_size "
-    "are data-parallel replicas");
+    "share of the heads by all-to-all; the world's ranks over sp_size are data-parallel "
+    "replicas");
   v("pp_size", o.pp_size,
     "pipeline parallelism: stages that hold an equal run of the blocks each, the step's "
     "gradient_accumulation_steps micro-batches passing through them in the 1F1B order (stages "

@@ -156,6 +156,34 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
 }
 
+// A sequence classifier (BERT on synthetic labels, dropout on with one replica): the rank holding
+// the first tokens computes the head and the loss, the others' labels are none; training,
+// evaluation's metrics and the predictions are one process's.
+TEST(SequenceParallel, ClassifiersTrainEvaluateAndPredictAsOneProcess) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("sp_classifier");
+  const std::string model = write_model(dir, "bert", dp == 1 ? 0.1 : 0.0);
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.per_device_train_batch_size = 4 / dp;
+  o.max_steps = 3;
+  o.max_grad_norm = 0.05;
+  o.sp_size = sp;
+  o.do_eval = o.do_predict = true;
+  o.eval_dataset_size = 10;
+  o.per_device_eval_batch_size = 4 / dp;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = one.per_device_eval_batch_size = 4;
+  one.sp_size = 1;
+  const Logged ranks = run(o, nullptr, &world());
+  if (world().rank() != 0) return;
+  expect_trains_as(ranks, run(one, nullptr, alone.get()));
+  expect_evaluates_as(dir / "ranks", dir / "one");
+}
+
 // Checkpoints hold the whole model and optimizer state: the sequence ranks (under ZeRO 2, its
 // runs over them) resume one process's checkpoint and one process resumes theirs, each ending as
 // the run that went on.
