@@ -1,10 +1,14 @@
 // Sequence parallelism's all-to-all over a communicator.
 #include "parallel/sequence_parallel.h"
 
+#include <chrono>
+
 namespace brisk {
 
 void CommunicatorSequenceGroup::all_to_all(Backend&, const Tensor& in, const Tensor& out) {
+  const auto start = std::chrono::steady_clock::now();
   comm_.all_to_all(in, out);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bytes_ += static_cast<double>(in.bytes());
 }
 

@@ -17,12 +17,14 @@ class CommunicatorSequenceGroup final : public SequenceGroup {
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
   void all_to_all(Backend& be, const Tensor& in, const Tensor& out) override;
-  // The bytes this rank sent (its own chunk included) since the start.
+  // The bytes this rank sent (its own chunk included) and the seconds the exchanges took (all of
+  // them waited for: an all-to-all blocks), since the start.
   double bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
 
  private:
   Communicator& comm_;
-  double bytes_ = 0;
+  double bytes_ = 0, seconds_ = 0;
 };
 
 // The bytes one rank of `ranks` passes to all_to_all per step (its own chunk included; it sends

@@ -884,7 +884,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   RunContext c{o, dist, data, sequence_ranks, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   s.parallel = parallel->statistics();
-  if (sequence) s.parallel.emplace_back("sequence_all_to_all_bytes", sequence->bytes());
+  if (sequence) {  // the training steps' all-to-alls, waited for as they ran
+    s.parallel.emplace_back("sequence_all_to_all_bytes", sequence->bytes());
+    s.parallel.emplace_back("sequence_all_to_all_seconds", sequence->seconds());
+    s.communication_seconds += sequence->seconds();
+    s.communication_wait_seconds += sequence->seconds();
+  }
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
   return s;
