@@ -10,69 +10,16 @@ speed, the planned bytes and rank 0's peak.
     python3 bench/tp_plan.py [--measure_model gpt2] [--max_steps 4]
 """
 import argparse
-import json
 import os
-import subprocess
 import tempfile
 
-from common import cpu_name
+from common import LAYOUT_SHAPES as SHAPES, cpu_name, layout_plan_table, layout_train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 MIB = 2**20
-STATES = ("weights", "master_weights", "gradients", "optimizer_state")
-# name, batch, sequence, hidden, heads, layers
-SHAPES = [("gpt2", 4, 1024, 768, 12, 12), ("llama-2-7b", 1, 4096, 4096, 32, 32)]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none")
-
-
-def plan(model, batch, seq, tp, tmp):
-    out = os.path.join(tmp, f"{model}_{tp}.json")
-    r = subprocess.run([BRISK, "estimate", "--model_name_or_path", model, "--tp_size", str(tp),
-                        "--world_size", str(tp), "--per_device_train_batch_size", str(batch),
-                        "--seq_len", str(seq), "--bf16", "--output_json", out],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, r.stderr.strip().splitlines()[-1]
-    return json.load(open(out))["memory"], None
 
 
 def megatron_layer_bytes(s, b, h, t):
     return s * b * h * (10 + 24 / t)
-
-
-def plan_table(tmp):
-    print("| model | tp | model states / rank | activations / rank | total / rank "
-          "| per block (brisk) | per layer (Megatron, flash) | brisk / Megatron |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for model, b, s, h, a, layers in SHAPES:
-        for tp in (1, 2, 4, 8):
-            m, error = plan(model, b, s, tp, tmp)
-            if m is None:
-                print(f"| {model} | {tp} | refused: {error} | | | | | |")
-                continue
-            planned = m["planned_bytes"]
-            states = sum(planned[k] for k in STATES)
-            block = m["activations_per_block_bytes"]
-            formula = megatron_layer_bytes(s, b, h, tp)
-            print(f"| {model} b{b} s{s} | {tp} | {states / MIB:.0f} MiB "
-                  f"| {planned['activations'] / MIB:.0f} MiB "
-                  f"| {m['planned_total_bytes'] / MIB:.0f} MiB | {block / MIB:.1f} MiB "
-                  f"| {formula / MIB:.1f} MiB | {block / formula:.2f} |")
-
-
-def train(model, tp, threads, a, out):
-    args = [BRISK, "train", "--model_name_or_path", model, "--tp_size", str(tp),
-            "--per_device_train_batch_size", str(a.batch), "--seq_len", str(a.seq),
-            "--max_steps", str(a.max_steps), "--logging_steps", str(a.max_steps),
-            "--output_dir", out, "--disable_tqdm", "--save_strategy", "no", "--bf16",
-            "--dataset_size", str(a.batch * a.max_steps)]
-    env = dict(ENV, OMP_NUM_THREADS=str(threads))
-    if tp > 1:
-        args = ["mpirun", "-np", str(tp), "--oversubscribe", "--bind-to", "none"] + args
-    subprocess.run(args, check=True, env=env, capture_output=True, text=True)
-    return json.load(open(os.path.join(out, "train_results.json")))
 
 
 def measured_table(a, tmp):
@@ -84,7 +31,8 @@ def measured_table(a, tmp):
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     _, _, _, hidden, _, layers = next(s for s in SHAPES if s[0] == a.measure_model)
     for tp, threads in ((1, cores), (2, max(1, cores // 2))):
-        r = train(a.measure_model, tp, threads, a, os.path.join(tmp, f"tp{tp}"))
+        r = layout_train("tp_size", tp, threads, a.measure_model, a.batch, a.seq, a.max_steps,
+                         os.path.join(tmp, f"tp{tp}"))
         mem = r["memory"]
         planned = sum(mem["planned_bytes"].values())
         summed = r.get("tensor_parallel_sum_bytes", 0) / a.max_steps
@@ -105,7 +53,7 @@ def main():
     p.add_argument("--max_steps", type=int, default=4)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        plan_table(tmp)
+        layout_plan_table("tp_size", "tp", "per layer (Megatron, flash)", megatron_layer_bytes, tmp)
         measured_table(a, tmp)
 
 

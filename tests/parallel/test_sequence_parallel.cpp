@@ -260,31 +260,9 @@ TEST(SequenceParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   if (!nccl) GTEST_SKIP() << why;
   const int N = world().size();
   if (N < 2) GTEST_SKIP() << "sequence parallelism needs 2 ranks, one GPU each";
-  const int sp = N == 4 ? 2 : N, dp = N / sp;
-  const std::unique_ptr<Communicator> alone = make_single_process();
-  SharedDir dir("sp_nccl");
-  const std::string model = write_model(dir, "llama", 0.0);
-  UnequalLengths data;
-  TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
-  o.per_device_train_batch_size = 2 / dp;
-  o.gradient_accumulation_steps = 3;
-  o.max_steps = 3;
-  o.sp_size = sp;
-  o.pad_to_max_length = 8 % sp != 0;
-  const Logged ranks = run(o, &data, nccl.get());
-  TrainOptions z = o;
-  z.output_dir = dir / "zero2";
-  z.zero_stage = 2;
-  const Logged zero = run(z, &data, nccl.get());
-  world().barrier();
-  if (world().rank() != 0) return;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.per_device_train_batch_size = 2;
-  one.sp_size = 1;
-  const Logged single = run(one, &data, alone.get());
-  expect_trains_as(ranks, single);
-  expect_trains_as(zero, single);
+  const int sp = N == 4 ? 2 : N;
+  expect_nccl_ranks_train_as_one_process(*nccl, "sp_nccl", N / sp,
+                                         [&](TrainOptions& o) { o.sp_size = sp; });
 }
 
 // The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints from

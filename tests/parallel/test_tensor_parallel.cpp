@@ -127,30 +127,9 @@ TEST(TensorParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   const std::unique_ptr<Communicator> nccl = nccl_world(&why);
   if (!nccl) GTEST_SKIP() << why;
   const int N = world().size();
-  const int tp = N == 4 ? 2 : N, dp = N / tp;
-  const std::unique_ptr<Communicator> alone = make_single_process();
-  SharedDir dir("tp_nccl");
-  const std::string model = write_model(dir, "llama", 0.0);
-  UnequalLengths data;
-  TrainOptions o = tiny_options(model, dir / "ranks", "cuda");
-  o.per_device_train_batch_size = 2 / dp;
-  o.gradient_accumulation_steps = 3;
-  o.max_steps = 3;
-  o.tp_size = tp;
-  const Logged ranks = run(o, &data, nccl.get());
-  TrainOptions z = o;
-  z.output_dir = dir / "zero2";
-  z.zero_stage = 2;
-  const Logged zero = run(z, &data, nccl.get());
-  world().barrier();
-  if (world().rank() != 0) return;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.per_device_train_batch_size = 2;
-  one.tp_size = 1;
-  const Logged single = run(one, &data, alone.get());
-  expect_trains_as(ranks, single);
-  expect_trains_as(zero, single);
+  const int tp = N == 4 ? 2 : N;
+  expect_nccl_ranks_train_as_one_process(*nccl, "tp_nccl", N / tp,
+                                         [&](TrainOptions& o) { o.tp_size = tp; });
 }
 
 TEST(TensorParallel, UnsupportedLayoutsAreRefused) {

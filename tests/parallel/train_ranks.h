@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -181,6 +182,37 @@ inline void expect_resumes_across_layouts(const TrainOptions& o, const TrainOpti
     SCOPED_TRACE("one process from the ranks' checkpoint");
     expect_resumes_as(resumed_alone, single);
   }
+}
+
+// On GPUs through NCCL (`nccl`: the run's NCCL communicator): a tiny llama on the world's ranks,
+// `replicas` data replicas of per-device batch 2 / replicas (3 micro-batches, 3 steps) laid out
+// by `layout` (which one process's options go without), trains plain and under ZeRO 2 as one
+// GPU process; in folders named after `name`.
+inline void expect_nccl_ranks_train_as_one_process(
+    Communicator& nccl, const std::string& name, int replicas,
+    const std::function<void(TrainOptions&)>& layout) {
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir(name);
+  const std::string model = write_model(dir, "llama", 0.0);
+  UnequalLengths data;
+  TrainOptions one = tiny_options(model, dir / "one", "cuda");
+  one.per_device_train_batch_size = 2;
+  one.gradient_accumulation_steps = 3;
+  one.max_steps = 3;
+  TrainOptions o = one;
+  o.output_dir = dir / "ranks";
+  o.per_device_train_batch_size = 2 / replicas;
+  layout(o);
+  const Logged ranks = run(o, &data, &nccl);
+  TrainOptions z = o;
+  z.output_dir = dir / "zero2";
+  z.zero_stage = 2;
+  const Logged zero = run(z, &data, &nccl);
+  world().barrier();
+  if (world().rank() != 0) return;
+  const Logged single = run(one, &data, alone.get());
+  expect_trains_as(ranks, single);
+  expect_trains_as(zero, single);
 }
 
 }  // namespace brisk::testing
