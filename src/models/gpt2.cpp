@@ -128,13 +128,7 @@ class Gpt2 final : public Model {
   bool head_reads_embeddings() const override { return head_ >= 0 && head_ == wte_; }
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
-    const Tensor wpe = w(wpe_);
-    const int64_t C = config_.hidden_size, T = ids.dim(1);
-    BRISK_CHECK(first >= 0 && first + T <= wpe.dim(0), "positions ", first, "..", first + T,
-                " exceed n_positions = ", wpe.dim(0));
-    // The position table from row `first` on: embedding_forward adds row t to token t.
-    const Tensor rows(static_cast<float*>(wpe.data()) + first * C, Shape{wpe.dim(0) - first, C},
-                      DType::f32, wpe.device());
+    const Tensor rows = position_rows(w(wpe_), first, ids.dim(1), "n_positions");
     be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out);
   }
 

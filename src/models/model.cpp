@@ -554,10 +554,10 @@ void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& k
   });
 }
 
-Tensor Model::position_rows(const Tensor& table) const {
-  const int64_t first = first_token(), C = table.dim(1);
-  BRISK_CHECK(first + tokens() <= table.dim(0), "positions up to ", first + tokens(),
-              " exceed the table's ", table.dim(0));
+Tensor Model::position_rows(const Tensor& table, int64_t first, int64_t count, const char* what) {
+  BRISK_CHECK(first >= 0 && first + count <= table.dim(0), "positions ", first, "..", first + count,
+              " exceed ", what, " = ", table.dim(0));
+  const int64_t C = table.dim(1);
   return Tensor(table.f32() + first * C, Shape{table.dim(0) - first, C}, DType::f32,
                 table.device());
 }
@@ -646,7 +646,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
 
 Tensor Model::stashed_input(int slot) const {
   // Slots a planned length apart: each keeps its micro-batch's length.
-  const int64_t stride = planned_.batch * token_shape(planned_).seq * config_.hidden_size;
+  const int64_t stride = planned_.batch * planned_tokens() * config_.hidden_size;
   BRISK_CHECK(slot >= 0 && slot < options_.stashed_inputs, "internal error: stashed input ", slot,
               " outside the planned slots");
   return Tensor(stashed_.f32() + slot * stride, stage_input().shape(), DType::f32,

@@ -120,7 +120,7 @@ class Model : public BatchTarget {
   BatchShape planned_shape() const { return planned_; }
   // The tokens of each planned sequence this model computes on: all of them, or under sequence
   // parallelism its share (its activations' length).
-  int64_t planned_tokens() const { return planned_.seq / config_.sequence_ranks; }
+  int64_t planned_tokens() const { return token_shape(planned_).seq; }
   // The last forward pass's logits (overwritten by their gradient when it computed gradients).
   // A language-model head holds them whole only when the batch's rows fit its chunk
   // (PlanOptions::logits_rows); otherwise asking for them fails.
@@ -341,11 +341,15 @@ class Model : public BatchTarget {
                      bool backward = false) const;
   // The tokens of each sequence this model computes on (all but under sequence parallelism), and
   // the position of the first.
-  int64_t tokens() const { return shape_.seq / config_.sequence_ranks; }
+  int64_t tokens() const { return token_shape(shape_).seq; }
   int64_t first_token() const { return config_.sequence_rank * tokens(); }
-  // A position table's rows from the model's first token on (embedding_forward adds row t to
-  // token t).
-  Tensor position_rows(const Tensor& table) const;
+  // A position table [P, C]'s rows from row `first` on (embedding_forward adds row t to token
+  // t): refused unless `count` tokens from `first` lie in the table (`what` names it). Without
+  // `first`, from the model's first token, for its tokens.
+  static Tensor position_rows(const Tensor& table, int64_t first, int64_t count, const char* what);
+  Tensor position_rows(const Tensor& table) const {
+    return position_rows(table, first_token(), tokens(), "the position table");
+  }
   ModelConfig config_;
   ParameterSet params_;
   BatchShape shape_, planned_;

@@ -57,13 +57,20 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape)
     first[d] = 0;
     groups_[d] = world.split(mesh_rank(shape, first), coordinate_[d]);
   }
-  // The replicas: data and sequence coordinates vary (neighbours along both, data slower).
+  // The replicas: data and sequence coordinates vary.
   const int data = static_cast<int>(MeshDim::data), sequence = static_cast<int>(MeshDim::sequence);
   if (shape.size[sequence] == 1) return;
   std::array<int, kMeshDims> first = coordinate_;
   first[data] = first[sequence] = 0;
-  replicas_ = world.split(mesh_rank(shape, first),
-                          coordinate_[data] * shape.size[sequence] + coordinate_[sequence]);
+  replicas_ = world.split(mesh_rank(shape, first), replica());
+}
+
+std::vector<int> replica_ranks(const MeshShape& shape, int stage, int tensor) {
+  std::vector<int> ranks;
+  for (int d = 0; d < shape[MeshDim::data]; ++d)
+    for (int s = 0; s < shape[MeshDim::sequence]; ++s)
+      ranks.push_back(mesh_rank(shape, {stage, d, s, tensor}));
+  return ranks;
 }
 
 Communicator& DeviceMesh::replicas() {

@@ -8,6 +8,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 
@@ -33,6 +34,14 @@ MeshShape mesh_shape(int world_size, int tp_size, int pp_size, int sp_size);
 int mesh_rank(const MeshShape& shape, const std::array<int, kMeshDims>& coordinate);
 std::array<int, kMeshDims> mesh_coordinate(const MeshShape& shape, int rank);
 
+// The replicas: the ranks that hold the same parameters and sum their gradients, the data and
+// sequence dimensions together. A rank's place among them (data slower), and the world ranks of
+// the replicas at pipeline stage `stage` and tensor rank `tensor`, in that order.
+inline int replica_rank(int data_rank, int sequence_rank, int sequence_ranks) {
+  return data_rank * sequence_ranks + sequence_rank;
+}
+std::vector<int> replica_ranks(const MeshShape& shape, int stage, int tensor);
+
 class DeviceMesh {
  public:
   // Every rank of `world` (a collective): its groups split from `world`, a dimension of one
@@ -42,13 +51,12 @@ class DeviceMesh {
   int coordinate(MeshDim d) const { return coordinate_[static_cast<size_t>(d)]; }
   // The ranks that differ from this one along `d` only, ranked by their coordinate along it.
   Communicator& group(MeshDim d) { return *groups_[static_cast<size_t>(d)]; }
-  // The ranks that hold the same parameters and sum their gradients: the data and sequence
-  // dimensions together (rank data * sequence size + sequence; the data group without sequence
-  // parallelism).
+  // The replicas' group (replica_rank's order; the data group without sequence parallelism),
+  // and this rank's place in it.
   Communicator& replicas();
-  // This rank's place among them (replicas()'s rank).
   int replica() const {
-    return coordinate(MeshDim::data) * shape_[MeshDim::sequence] + coordinate(MeshDim::sequence);
+    return replica_rank(coordinate(MeshDim::data), coordinate(MeshDim::sequence),
+                        shape_[MeshDim::sequence]);
   }
 
  private:

@@ -267,7 +267,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   ElementRange run_;                         // the parameters this rank steps
   bool zero_;                                // the run is a part: ZeRO partitions the stage's state
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
-  std::vector<std::vector<int>> holders_;    // each stage's share's data replicas
+  std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
@@ -289,10 +289,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         const ModelConfig share = tensors > 1 ? tensor_parallel_share(full, t, tensors) : full;
         const std::unique_ptr<Model> stage = Model::create(pipeline_share(share, s, stages));
         const auto holder = static_cast<int>(holders_.size());
-        holders_.emplace_back();
-        for (int d = 0; d < mesh_.shape()[MeshDim::data]; ++d)
-          for (int q = 0; q < mesh_.shape()[MeshDim::sequence]; ++q)
-            holders_.back().push_back(mesh_rank(mesh_.shape(), {s, d, q, t}));
+        holders_.push_back(replica_ranks(mesh_.shape(), s, t));
         held_elements_ += stage->params().total_elements();
         for (const ParamInfo& p : stage->params().list()) {
           Placed& where =

@@ -210,12 +210,9 @@ class TensorParallel final : public ParallelPolicy {
     std::vector<Tensor> parts =
         checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
     if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
-    const MeshShape& shape = mesh_.shape();
-    std::vector<std::vector<int>> holders(static_cast<size_t>(shape[MeshDim::tensor]));
-    for (int t = 0; t < shape[MeshDim::tensor]; ++t)
-      for (int d = 0; d < shape[MeshDim::data]; ++d)
-        for (int s = 0; s < shape[MeshDim::sequence]; ++s)
-          holders[static_cast<size_t>(t)].push_back(mesh_rank(shape, {0, d, s, t}));
+    std::vector<std::vector<int>> holders;
+    for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
+      holders.push_back(replica_ranks(mesh_.shape(), 0, t));
     return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
                                         std::move(holders));
   }

@@ -9,6 +9,7 @@
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
+#include "parallel/mesh.h"
 #include "parallel/pipeline_parallel.h"
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
@@ -206,7 +207,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
   // sp_size sequence ranks.
   const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
-  const int replica = rank * sp + sequence_rank;
+  const int replica = replica_rank(rank, sequence_rank, sp);
   const ParallelPlanOptions layout_options{replica, ranks * sp, o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);

@@ -168,8 +168,9 @@ CostModel cost_model(Device device) {
 // The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
 // parallelism's 4 float32 [B, T, C] sums per block of the stage per micro-batch (6
 // recomputing), the data replicas' sum of the stage's float32 gradients once a step (ZeRO stage
-// 3 gathers the weights besides: 1.5 x), and a pipeline stage's float32 [B, T, C] activations
-// sent on and gradients sent back per micro-batch.
+// 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T, C] activations sent
+// on and gradients sent back per micro-batch (T: a sequence rank's tokens), and a sequence rank's
+// all-to-alls. `data_ranks`: the replicas that sum the gradients.
 double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
@@ -271,8 +272,7 @@ struct Layout {
 };
 
 // Whether `config` splits into `tp` tensor shares, `sp` sequence shares of `seq` tokens and `pp`
-// stages (the shares refuse counts the degrees do not divide, and tasks sequence parallelism
-// cannot split).
+// stages (the shares refuse counts the degrees do not divide).
 bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
   try {
     const ModelConfig share = tp > 1 ? tensor_parallel_share(config, 0, tp) : config;
@@ -285,15 +285,14 @@ bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
 }
 
 // o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
-// pipeline depth and sequence-parallel degree the model's counts (and task, and length) allow,
+// pipeline depth and sequence-parallel degree the model's counts (and the length) allow,
 // with each ZeRO stage where there are several replicas (data and sequence ranks; pipelines:
 // ZeRO 0 and 1; an offloaded optimizer with neither tensor nor pipeline ranks).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
   if (world <= 1)
     return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
              std::max<int64_t>(1, o.sp_size), o.zero_stage, 1}};
-  ModelConfig config = resolve_config(o.model_name_or_path);
-  if (o.mlm) use_masked_lm(config);
+  const ModelConfig config = resolve_config(o.model_name_or_path);
   std::vector<Layout> out;
   const bool offload = o.offload_optimizer != "none";
   for (int tp = 1; tp <= world; ++tp)

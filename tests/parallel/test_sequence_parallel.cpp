@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/workspace.h"
 #include "models/config.h"
 #include "models/sequence_parallel.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/test_world.h"
 #include "parallel/train_ranks.h"
 #include "test_support.h"
+#include "train/assembly.h"
+#include "train/fit.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {
@@ -28,6 +29,25 @@ namespace {
 // The value of sequence b's token `token` (of the whole sequence) in column `column`.
 float entry(int64_t b, int64_t token, int64_t column) {
   return static_cast<float>((b * 100 + token) * 100 + column);
+}
+
+// The world's ranks as sequence x data ranks: 4 as 2 x 2, fewer as sequence ranks alone.
+struct SequenceLayout {
+  int sp, dp;
+};
+SequenceLayout sequence_layout() {
+  const int N = world().size();
+  const int sp = N == 4 ? 2 : N;
+  return {sp, N / sp};
+}
+
+// The ranks' options `o` (dp data replicas) as one process's with the same global batches.
+TrainOptions as_one_process(TrainOptions o, const std::string& out, int dp) {
+  o.output_dir = out;
+  o.per_device_train_batch_size *= dp;
+  o.per_device_eval_batch_size *= dp;
+  o.sp_size = 1;
+  return o;
 }
 
 TEST(SequenceParallel, ExchangesMoveTokensForHeadsAndBack) {
@@ -69,8 +89,7 @@ TEST(SequenceParallel, ExchangesMoveTokensForHeadsAndBack) {
 
 TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
   NEEDS_MPI();
-  const int N = world().size();
-  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const auto [sp, dp] = sequence_layout();
   const double dropout = dp == 1 ? 0.1 : 0.0;  // data replicas draw their own masks yet
   const std::unique_ptr<Communicator> alone = make_single_process();
   for (const std::string type : {"gpt2", "llama", "bert"}) {
@@ -88,10 +107,7 @@ TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     // Dynamic padding rounds lengths to multiples of 8 and of sp: 3 ranks pad to 12 where one
     // process pads to 8, and the masks, keyed by place in the padded batch, would differ.
     o.pad_to_max_length = 8 % sp != 0;
-    TrainOptions one = o;
-    one.output_dir = dir / "one";
-    one.per_device_train_batch_size = 2;
-    one.sp_size = 1;
+    const TrainOptions one = as_one_process(o, dir / "one", dp);
     Logged single;
     if (world().rank() == 0) single = run(one, &data, alone.get());
     // ZeRO over the data and sequence ranks together; the optimizer offloaded (the GPU's path,
@@ -115,8 +131,7 @@ TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
 // precision.
 TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   NEEDS_MPI();
-  const int N = world().size();
-  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const auto [sp, dp] = sequence_layout();
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("sp_recompute");
   const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
@@ -132,11 +147,7 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   o.eval_steps = 2;
   o.eval_dataset_size = 10;
   o.per_device_eval_batch_size = 4 / dp;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.per_device_train_batch_size = 2;
-  one.per_device_eval_batch_size = 4;
-  one.sp_size = 1;
+  const TrainOptions one = as_one_process(o, dir / "one", dp);
   const Logged ranks = run(o, &data, &world());
   TrainOptions bf16 = o, bf16_one = one;
   bf16.do_eval = bf16_one.do_eval = false;
@@ -161,8 +172,7 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
 // evaluation's metrics and the predictions are one process's.
 TEST(SequenceParallel, ClassifiersTrainEvaluateAndPredictAsOneProcess) {
   NEEDS_MPI();
-  const int N = world().size();
-  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const auto [sp, dp] = sequence_layout();
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir("sp_classifier");
   const std::string model = write_model(dir, "bert", dp == 1 ? 0.1 : 0.0);
@@ -174,10 +184,7 @@ TEST(SequenceParallel, ClassifiersTrainEvaluateAndPredictAsOneProcess) {
   o.do_eval = o.do_predict = true;
   o.eval_dataset_size = 10;
   o.per_device_eval_batch_size = 4 / dp;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.per_device_train_batch_size = one.per_device_eval_batch_size = 4;
-  one.sp_size = 1;
+  const TrainOptions one = as_one_process(o, dir / "one", dp);
   const Logged ranks = run(o, nullptr, &world());
   if (world().rank() != 0) return;
   expect_trains_as(ranks, run(one, nullptr, alone.get()));
@@ -189,8 +196,7 @@ TEST(SequenceParallel, ClassifiersTrainEvaluateAndPredictAsOneProcess) {
 // the run that went on.
 TEST(SequenceParallel, CheckpointsResumeOnAnotherLayout) {
   NEEDS_MPI();
-  const int N = world().size();
-  const int sp = N == 4 ? 2 : N, dp = N / sp;
+  const auto [sp, dp] = sequence_layout();
   SharedDir dir("sp_resume");
   const std::string model = write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0);
   UnequalLengths data;
@@ -201,10 +207,7 @@ TEST(SequenceParallel, CheckpointsResumeOnAnotherLayout) {
   o.sp_size = sp;
   o.pad_to_max_length = 8 % sp != 0;  // the same lengths as one process
   o.zero_stage = 2;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.per_device_train_batch_size = 2;
-  one.sp_size = 1;
+  TrainOptions one = as_one_process(o, dir / "one", dp);
   one.zero_stage = 0;
   expect_resumes_across_layouts(o, one, &data);
 }
@@ -234,9 +237,7 @@ TEST(SequenceParallel, WithTensorOrPipelineRanksTrainsAsOneProcess) {
     o.max_steps = 3;
     o.max_grad_norm = 0.05;
     o.sp_size = 2;
-    TrainOptions one = o;
-    one.output_dir = dir / "one";
-    one.sp_size = 1;
+    const TrainOptions one = as_one_process(o, dir / "one", 1);
     Logged single;
     if (world().rank() == 0) single = run(one, &data, alone.get());
     for (const char* layout : {"tp", "tp_zero1", "pp"}) {
@@ -258,21 +259,19 @@ TEST(SequenceParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   std::string why;
   const std::unique_ptr<Communicator> nccl = nccl_world(&why);
   if (!nccl) GTEST_SKIP() << why;
-  const int N = world().size();
-  if (N < 2) GTEST_SKIP() << "sequence parallelism needs 2 ranks, one GPU each";
-  const int sp = N == 4 ? 2 : N;
-  expect_nccl_ranks_train_as_one_process(*nccl, "sp_nccl", N / sp,
-                                         [&](TrainOptions& o) { o.sp_size = sp; });
+  if (world().size() < 2) GTEST_SKIP() << "sequence parallelism needs 2 ranks, one GPU each";
+  const auto [sp, dp] = sequence_layout();
+  expect_nccl_ranks_train_as_one_process(*nccl, "sp_nccl", dp,
+                                         [sp](TrainOptions& o) { o.sp_size = sp; });
 }
 
-// The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints from
-// sequence_exchange_bytes: with and without gradient checkpointing, float32 and bf16 (where the
-// products read bf16, the attention output is exchanged back as its bf16 copy), at the planned
-// length.
+// The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints
+// (sequence_step_bytes of the run's plan, per step): with and without gradient checkpointing,
+// float32 and bf16 (where the products read bf16, the attention output is exchanged back as its
+// bf16 copy), at the planned length. A llama (grouped-query qkv).
 TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
   NEEDS_MPI();
-  const int N = world().size();
-  const int sp = N == 4 ? 2 : N;
+  const int sp = sequence_layout().sp;
   SharedDir dir("sp_bytes");
   const std::string model = write_model(dir, "llama", 0.0);
   UnequalLengths data;
@@ -291,10 +290,14 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
     double measured = -1;
     for (const auto& [name, value] : s.parallel)
       if (name == "sequence_all_to_all_bytes") measured = value;
-    const ModelConfig c = resolve_config(model);
-    const bool low = bf16 && product_dtype(kHostDevice, DType::bf16) == DType::bf16;
-    EXPECT_EQ(measured, sequence_exchange_bytes(c, 2, 12, sp, 4, checkpointing, low ? 2 : 4))
+    const double estimated =
+        sequence_step_bytes(*assemble_run(o, kHostDevice, nullptr, &data, 0, 1, 0, 0, 0));
+    EXPECT_EQ(measured, 2 * estimated)  // two steps
         << "gradient_checkpointing " << checkpointing << ", bf16 " << bf16;
+    // Float32 activations are exchanged as float32 throughout: 4 bytes a value.
+    if (!bf16)
+      EXPECT_EQ(estimated,
+                sequence_exchange_bytes(resolve_config(model), 2, 12, sp, 2, checkpointing, 4));
   }
 }
 
