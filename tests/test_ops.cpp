@@ -342,24 +342,24 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
   IVec good_types{0, 1, 0};
   for (IVec ids : {IVec{0, 4, 1}, IVec{0, -1, 1}}) {
     EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), Tensor(), Tensor(),
-                                       Tensor(), view(out, {B, T, C})),
+                                       Tensor(), view(out, {B, T, C}), {}),
                  brisk::Error);
   }
   IVec ids{0, 1, 2}, bad_types{0, 2, 0};
   EXPECT_THROW(
       be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}),
-                            view(bad_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C})),
+                            view(bad_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C}), {}),
       brisk::Error);
   // A position table shorter than the sequence.
   EXPECT_THROW(
       be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T - 1, C}),
-                            view(good_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C})),
+                            view(good_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C}), {}),
       brisk::Error);
   // A padding_idx outside the word table (-1 means none; other negatives are refused).
   FVec dw(word.size(), 0.f);
   for (int64_t pad : {int64_t{V}, int64_t{-2}})
     EXPECT_THROW(be->embedding_backward(view(out, {B, T, C}), view(ids, {B, T}), pad, Tensor(),
-                                        view(dw, {V, C}), Tensor(), Tensor()),
+                                        view(dw, {V, C}), Tensor(), Tensor(), {}),
                  brisk::Error)
         << "padding_idx " << pad;
 }

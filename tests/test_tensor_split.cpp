@@ -64,6 +64,33 @@ TEST(TensorSplit, RunsMapEveryShareElementToItsPlaceInTheFullParameter) {
   }
 }
 
+// Vocabulary parallelism: 10 rows over 3 ranks of 4 rows each; the last holds 2 rows and 2 of
+// padding, which have no place in the full parameter (and are never mapped).
+TEST(TensorSplit, PaddedSharesMapTheirHeldRowsOnly) {
+  const int64_t full = 10, rows = 4, C = 3;
+  std::vector<int> hits(static_cast<size_t>(full * C), 0);
+  for (int r = 0; r < 3; ++r) {
+    ParamInfo p;
+    p.name = "wte";
+    p.shape = Shape{rows, C};
+    p.split = ParamSplit{0, 1, r, 3, full};
+    EXPECT_EQ(p.full_shape(), (Shape{full, C}));
+    std::vector<int64_t> mapped(static_cast<size_t>(rows * C), -1);
+    auto record = [&](int64_t local, int64_t at, int64_t length) {
+      for (int64_t e = 0; e < length; ++e) mapped[static_cast<size_t>(local + e)] = at + e;
+    };
+    for_each_split_run(p, 0, 5, record);  // cut inside a row: the runs continue across it
+    for_each_split_run(p, 5, rows * C - 5, record);
+    const int64_t held = r == 2 ? 2 : rows;
+    for (int64_t e = 0; e < rows * C; ++e) {
+      const int64_t want = e < held * C ? r * rows * C + e : -1;
+      ASSERT_EQ(mapped[static_cast<size_t>(e)], want) << "rank " << r << " element " << e;
+      if (want >= 0) ++hits[static_cast<size_t>(want)];
+    }
+  }
+  for (int h : hits) EXPECT_EQ(h, 1) << "every full element belongs to one rank's share";
+}
+
 // qkv [B,T,(H+2K)*D] of the heads [h0, h0 + h) and key/value heads [k0, k0 + k).
 FVec slice_heads(const FVec& qkv, int B, int T, int H, int K, int D, int h0, int h, int k0, int k) {
   FVec out;
@@ -165,8 +192,14 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
       EXPECT_EQ(p.full_shape(),
                 whole->params().list()[static_cast<size_t>(whole->params().index(p.name))].shape)
           << p.name;
-      total += p.split.split() ? p.shape.numel() : (r == 0 ? p.shape.numel() : 0);
+      if (p.split.split() || r == 0)
+        for_each_split_run(p, 0, p.shape.numel(),
+                           [&](int64_t, int64_t, int64_t length) { total += length; });
     }
+    // Vocabulary parallelism: 50257 rows as 4 x 12565, the last rank's 3 rows of padding.
+    const ParamInfo& wte = part->params().list()[static_cast<size_t>(part->params().index("transformer.wte.weight"))];
+    EXPECT_EQ(wte.shape, (Shape{12565, 768}));
+    EXPECT_EQ(split_geometry(wte).held, r == 3 ? 12562 : 12565);
   }
   EXPECT_EQ(total, whole->params().total_elements());
 }

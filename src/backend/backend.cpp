@@ -144,6 +144,24 @@ bool Backend::check_loss_grad(const Tensor& logits, bool write_grad, const Tenso
   return true;
 }
 
+int64_t Backend::check_cross_entropy_shard(const Tensor& logits, const Tensor& labels,
+                                           const VocabShard& shard, const Tensor& stats,
+                                           int64_t stat_slots, const char* op) {
+  BRISK_CHECK(logits.dtype() == DType::f32 && logits.rank() >= 1, op, ": logits ",
+              logits.shape().str(), " ", dtype_name(logits.dtype()), " are not float32 rows");
+  const int64_t V = logits.dim(-1), N = V > 0 ? logits.numel() / V : 0;
+  BRISK_CHECK(labels.dtype() == DType::i32 && labels.numel() == N, op, ": ", labels.numel(),
+              " labels for ", N, " rows of logits");
+  BRISK_CHECK(shard.first >= 0 && shard.vocab >= 0 && (shard.vocab == 0 || shard.first < shard.vocab),
+              op, ": columns from ", shard.first, " of a vocabulary of ", shard.vocab);
+  const char* what = "the cross-entropy's statistics";
+  BRISK_CHECK(stats.dtype() == DType::f32 && stat_slots >= 1 &&
+                  stats.numel() == checked_mul(checked_mul(stat_slots, N, what), 3, what),
+              op, ": statistics ", stats.shape().str(), " ", dtype_name(stats.dtype()), " for ",
+              stat_slots, " x ", N, " rows of 3 float32 values");
+  return shard.count(V);
+}
+
 void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* op) {
   BRISK_CHECK(padding_idx == -1 || (padding_idx >= 0 && padding_idx < rows), op, ": padding_idx ",
               padding_idx, " is neither -1 (none) nor a row of the word table of ", rows, " rows");

@@ -5,6 +5,7 @@
 // otherwise.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -65,6 +66,17 @@ struct RotaryDims {
 // of the source to element dst_at + i * dst_pitch of the destination.
 struct RowCopy {
   int64_t src_at = 0, src_pitch = 0, dst_at = 0, dst_pitch = 0, count = 0, rows = 0;
+};
+
+// Vocabulary parallelism (Megatron's): a tensor rank's rows of a word table, or columns of logits,
+// are ids [first, first + count) of a vocabulary of `vocab`; a rank's table may hold more rows
+// than `count` (padding, never read). vocab 0: the whole table (first 0, every row an id).
+struct VocabShard {
+  int64_t first = 0, vocab = 0;
+  // The ids a table (or logits) of `rows` rows (columns) holds.
+  int64_t count(int64_t rows) const {
+    return vocab == 0 ? rows : std::max<int64_t>(0, std::min(rows, vocab - first));
+  }
 };
 
 struct AdamWUpdate {
@@ -309,16 +321,20 @@ class Backend {
   // out[b,t,:] = word[ids[b,t]] + pos[t] + type_table[type_ids[b,t]]; pos and the type pair
   // may be empty. Callers validate ids on the host first (Model::check_ids): the CPU throws on
   // an id outside a table, a GPU cannot.
+  // `shard`: the word table holds those ids only; the word part of a token whose id it does not
+  // hold is zero (vocabulary parallelism: the tensor ranks' outputs then sum to the whole's).
   virtual void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                  const Tensor& type_ids, const Tensor& type_table,
-                                 const Tensor& out) = 0;
+                                 const Tensor& out, const VocabShard& shard) = 0;
   // Scatter-adds dout into the tables' gradients (empty ones are skipped). Tokens whose id is
   // padding_idx (-1: none) add nothing to dword, as nn.Embedding(padding_idx=...) keeps the
   // padding row's gradient at zero; they still add to dpos and dtype_table, whose embeddings have
   // no padding row in transformers.
+  // `shard`: tokens whose id the word table does not hold add nothing to dword (padding_idx is
+  // the whole vocabulary's id).
   virtual void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                   const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                                  const Tensor& dtype_table) = 0;
+                                  const Tensor& dtype_table, const VocabShard& shard) = 0;
 
   // ---- attention ----
   // Scaled dot-product attention over packed qkv [B,T,(H+2K)*D] with H = heads query heads and
@@ -378,6 +394,25 @@ class Backend {
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                                      float grad_scale, const Tensor& loss_sum,
                                      const Tensor& grad) = 0;
+  // Vocabulary-parallel softmax cross-entropy in two steps around a sum over the tensor ranks
+  // (Megatron's; the logits never gathered). Logits [N,V'] are columns of the whole's, `shard`
+  // saying which (columns past shard.count(V') are padding: no probability, zero gradient).
+  // First, stats [N,3] float32 = each row's maximum over its columns, the sum of e^(z - maximum)
+  // there, and the label's logit where this shard holds the label (else 0); zeros on ignored rows.
+  virtual void cross_entropy_stats(const Tensor& logits, const Tensor& labels,
+                                   const VocabShard& shard, const Tensor& stats) = 0;
+  // Then, from `stats` [R,N,3] (every shard's stats, each at its place and zeros elsewhere, summed
+  // over the ranks), softmax_cross_entropy's loss (every rank adds the whole rows' loss) and
+  // its gradient on these columns.
+  virtual void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
+                                        const VocabShard& shard, const Tensor& stats,
+                                        bool write_grad, float grad_scale, const Tensor& loss_sum,
+                                        const Tensor& grad) = 0;
+  // Throws unless the tensors have the shapes the two steps need; returns the logits' columns
+  // that are ids (shard.count).
+  static int64_t check_cross_entropy_shard(const Tensor& logits, const Tensor& labels,
+                                           const VocabShard& shard, const Tensor& stats,
+                                           int64_t stat_slots, const char* op);
   // Whether softmax_cross_entropy writes its gradient apart (write_grad and `grad` given); throws
   // unless such a `grad` is float32 or bf16 of the logits' rows and columns.
   static bool check_loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad);

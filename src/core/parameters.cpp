@@ -11,19 +11,24 @@ Shape ParamInfo::full_shape() const {
   if (!split.split()) return shape;
   Shape full;
   for (int i = 0; i < shape.rank(); ++i)
-    full.push_back(i == split.dim ? checked_mul(shape[i], int64_t{split.ranks}, "a parameter")
-                                  : shape[i]);
+    full.push_back(i != split.dim  ? shape[i]
+                   : split.full > 0 ? split.full
+                                    : checked_mul(shape[i], int64_t{split.ranks}, "a parameter"));
   return full;
 }
 
 SplitGeometry split_geometry(const ParamInfo& p) {
   const int d = p.split.dim;
-  BRISK_CHECK(d < p.shape.rank() && p.split.pieces > 0 && p.shape[d] % p.split.pieces == 0,
+  BRISK_CHECK(d < p.shape.rank() && p.split.pieces > 0 && p.shape[d] % p.split.pieces == 0 &&
+                  (p.split.full == 0 || p.split.pieces == 1),
               "internal error: parameter '", p.name, "' is split along dimension ", d, " of ",
               p.shape.str(), " in ", p.split.pieces, " parts");
   int64_t inner = 1;
   for (int i = d + 1; i < p.shape.rank(); ++i) inner *= p.shape[i];
-  return {p.shape[d], p.shape[d] / p.split.pieces, inner};
+  const int64_t piece = p.shape[d] / p.split.pieces, full = p.full_shape()[d];
+  const int64_t held =
+      p.split.full > 0 ? std::clamp(full - p.split.rank * piece, int64_t{0}, piece) : piece;
+  return {p.shape[d], piece, inner, full, held};
 }
 
 int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t whole_elements,

@@ -26,11 +26,14 @@ inline constexpr ParamRole kTiedEmbedding{true, true, true};  // also the LM hea
 // Tensor parallelism: a parameter that is one rank's slice of a whole one. The whole is cut along
 // dimension `dim` into `pieces` equal parts (the query, key and value of one packed matrix are
 // three), and each part into `ranks` equal slices; this rank holds slice `rank` of every part,
-// laid end to end. dim < 0: the parameter is whole on every rank (replicated).
+// laid end to end. dim < 0: the parameter is whole on every rank (replicated). `full` > 0 (one
+// part only): the whole's extent along dim, which the slices exceed together (a vocabulary the
+// ranks do not divide): the places of a slice past it are padding, no element of the whole.
 struct ParamSplit {
   int dim = -1;
   int pieces = 1;
   int rank = 0, ranks = 1;
+  int64_t full = 0;
   bool split() const { return dim >= 0 && ranks > 1; }
 };
 
@@ -101,9 +104,10 @@ class ParameterSet {
 };
 
 // A split parameter's geometry: along its dimension, `extent` elements (the slice's), `piece`
-// per part, each element of the dimension `inner` elements apart.
+// per part, each element of the dimension `inner` elements apart; `full` along it in the whole,
+// of which the slice holds the first `held` of each part (the rest padding).
 struct SplitGeometry {
-  int64_t extent, piece, inner;
+  int64_t extent, piece, inner, full, held;
 };
 SplitGeometry split_geometry(const ParamInfo& p);
 
@@ -119,11 +123,16 @@ void for_each_split_run(const ParamInfo& p, int64_t first, int64_t n, Run run) {
   for (int64_t at = first; at < first + n;) {
     const int64_t outer = at / row, in_row = at % row;
     const int64_t k = in_row / g.inner, part = k / g.piece, offset = k % g.piece;
+    const int64_t within = in_row % g.inner;
+    if (offset >= g.held) {  // padding to the end of this part's slice: no place in the full
+      at += std::min((g.piece - offset) * g.inner - within, first + n - at);
+      continue;
+    }
     // Elements to the end of this part's slice along dim (they lie together in the full too).
-    const int64_t left = (g.piece - offset) * g.inner - in_row % g.inner;
+    const int64_t left = (g.held - offset) * g.inner - within;
     const int64_t length = std::min(left, first + n - at);
     const int64_t full_k = part * full_piece + p.split.rank * g.piece + offset;
-    run(at, (outer * g.extent * p.split.ranks + full_k) * g.inner + in_row % g.inner, length);
+    run(at, (outer * g.full + full_k) * g.inner + within, length);
     at += length;
   }
 }

@@ -20,6 +20,8 @@ Decoder::Decoder(const Model& model, int64_t max_tokens, int64_t max_chunk)
   const ModelConfig& c = model.config();
   BRISK_CHECK(model.causal_lm(), "a ", model.class_name(),
               " does not generate text: it is not a causal language model");
+  BRISK_CHECK(c.tensor_ranks == 1 && c.pipeline_stages == 1 && c.sequence_ranks == 1,
+              "generation runs on one process, with the whole model");
   BRISK_CHECK(max_chunk >= 1 && max_chunk <= max_tokens, "decoding chunks of ", max_chunk,
               " tokens for a cache of ", max_tokens);
   BRISK_CHECK(

@@ -46,8 +46,8 @@ class Encoder final : public Model {
       return gamma;
     };
     // The masked-LM decoder multiplies by the word embeddings: a tied product operand.
-    word_ = param(base + n_.word + ".weight", {c.vocab_size, C},
-                  masked_lm() ? kTiedEmbedding : kEmbedding);
+    word_ = vocab_param(base + n_.word + ".weight", {c.vocab_size, C},
+                        masked_lm() ? kTiedEmbedding : kEmbedding);
     pos_ = param(base + n_.position + ".weight", {c.max_position_embeddings, C}, kEmbedding);
     if (token_types())
       type_ = param(base + n_.token_type + ".weight", {c.type_vocab_size, C}, kEmbedding);
@@ -82,7 +82,7 @@ class Encoder final : public Model {
     enter_head();
     if (masked_lm()) {
       // In BERT's order: the decoder's bias, then the transform.
-      mlm_bias_ = param(n_.mlm_bias, {c.vocab_size}, kBiasOrNorm);
+      mlm_bias_ = vocab_param(n_.mlm_bias, {c.vocab_size}, kBiasOrNorm);
       head_w_ = linear(n_.mlm_dense, {C, C});
       mlm_ln_g_ = norm(n_.mlm_norm);
       return;
@@ -92,7 +92,7 @@ class Encoder final : public Model {
   }
 
   int64_t head_width() const override {
-    return masked_lm() ? config_.vocab_size : config_.hidden_size;
+    return masked_lm() ? vocab_rows() : config_.hidden_size;
   }
   const char* base_prefix() const override { return n_.base; }
   const char* class_name() const override {
@@ -197,8 +197,8 @@ class Encoder final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(dev_batch_.input_ids, w(word_), position_rows(w(pos_)),
-                         dev_batch_.token_type_ids, type_table(false), emb_sum_);
+    embed_tokens(be, dev_batch_.input_ids, word_, position_rows(w(pos_)), dev_batch_.token_type_ids,
+                 type_table(false), emb_sum_);
     be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_g_ + 1), config_.layer_norm_eps,
                          hidden_[0], emb_mean_, emb_rstd_);
     token_dropout(be, hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
@@ -267,8 +267,8 @@ class Encoder final : public Model {
                   d_hidden_, /*backward=*/true);
     be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
                           false, g(emb_ln_g_), g(emb_ln_g_ + 1));
-    be.embedding_backward(scratch_.tmp, dev_batch_.input_ids, config_.pad_token_id,
-                          dev_batch_.token_type_ids, g(word_), position_rows(g(pos_)),
+    embed_tokens_backward(be, scratch_.tmp, dev_batch_.input_ids, config_.pad_token_id,
+                          dev_batch_.token_type_ids, word_, position_rows(g(pos_)),
                           type_table(true));
   }
 

@@ -23,8 +23,8 @@ class Gpt2 final : public Model {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
     const int64_t QKV = c.qkv_width(), A = c.attention_width();
-    wte_ = param("transformer.wte.weight", {c.vocab_size, C},
-                 c.tied_lm_head ? kTiedEmbedding : kEmbedding);
+    wte_ = vocab_param("transformer.wte.weight", {c.vocab_size, C},
+                       c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     wpe_ = param("transformer.wpe.weight", {c.max_position_embeddings, C}, kEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       enter_layer(l);
@@ -50,7 +50,8 @@ class Gpt2 final : public Model {
     lnf_g_ = param("transformer.ln_f.weight", {C}, kBiasOrNorm);
     lnf_b_ = param("transformer.ln_f.bias", {C}, kBiasOrNorm);
     // tie_word_embeddings false: the LM head has its own [V, C] weight (no bias).
-    head_ = c.tied_lm_head ? wte_ : param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
+    head_ =
+        c.tied_lm_head ? wte_ : vocab_param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
   }
 
   float init_std(const std::string& name) const override {
@@ -61,7 +62,7 @@ class Gpt2 final : public Model {
     return base;
   }
 
-  int64_t head_width() const override { return config_.vocab_size; }
+  int64_t head_width() const override { return vocab_rows(); }
   const char* base_prefix() const override { return "transformer."; }
   const char* class_name() const override { return "GPT2LMHeadModel"; }
   BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
@@ -98,8 +99,8 @@ class Gpt2 final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    be.embedding_forward(dev_batch_.input_ids, w(wte_), position_rows(w(wpe_)), Tensor(), Tensor(),
-                         hidden_[0]);
+    embed_tokens(be, dev_batch_.input_ids, wte_, position_rows(w(wpe_)), Tensor(), Tensor(),
+                 hidden_[0]);
     token_dropout(be, hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
                   site(o, kEmbeddingSite), hidden_[0]);
   }
@@ -120,7 +121,7 @@ class Gpt2 final : public Model {
   void embed_backward(Backend& be, const StepOptions& o) override {
     token_dropout(be, d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
                   site(o, kEmbeddingSite), d_hidden_, /*backward=*/true);
-    be.embedding_backward(d_hidden_, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), g(wte_),
+    embed_tokens_backward(be, d_hidden_, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), wte_,
                           position_rows(g(wpe_)), Tensor());
   }
 
@@ -129,7 +130,7 @@ class Gpt2 final : public Model {
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
     const Tensor rows = position_rows(w(wpe_), first, ids.dim(1), "n_positions");
-    be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out);
+    be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out, {});
   }
 
   void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed,

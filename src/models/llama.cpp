@@ -25,8 +25,8 @@ class Llama final : public Model {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.intermediate_size;
     const int64_t QD = c.attention_width(), KD = c.kv_heads() * c.head_dim();
-    embed_ = param("model.embed_tokens.weight", {c.vocab_size, C},
-                   c.tied_lm_head ? kTiedEmbedding : kEmbedding);
+    embed_ = vocab_param("model.embed_tokens.weight", {c.vocab_size, C},
+                         c.tied_lm_head ? kTiedEmbedding : kEmbedding);
     if (c.pad_token_id >= 0) set_padded_embedding(embed_);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       enter_layer(l);
@@ -59,10 +59,11 @@ class Llama final : public Model {
     }
     enter_head();
     norm_ = param("model.norm.weight", {C}, kBiasOrNorm);
-    head_ = c.tied_lm_head ? embed_ : param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
+    head_ =
+        c.tied_lm_head ? embed_ : vocab_param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
   }
 
-  int64_t head_width() const override { return config_.vocab_size; }
+  int64_t head_width() const override { return vocab_rows(); }
   const char* base_prefix() const override { return "model."; }
   const char* class_name() const override {
     switch (config_.model_type) {
@@ -151,7 +152,7 @@ class Llama final : public Model {
   void prepare_batch() override { shift_labels(targets_host_); }
 
   void embed_forward(Backend& be, const StepOptions&) override {
-    be.embedding_forward(dev_batch_.input_ids, w(embed_), Tensor(), Tensor(), Tensor(), hidden_[0]);
+    embed_tokens(be, dev_batch_.input_ids, embed_, Tensor(), Tensor(), Tensor(), hidden_[0]);
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
@@ -166,8 +167,8 @@ class Llama final : public Model {
   }
 
   void embed_backward(Backend& be, const StepOptions&) override {
-    be.embedding_backward(d_hidden_, dev_batch_.input_ids, config_.pad_token_id, Tensor(),
-                          g(embed_), Tensor(), Tensor());
+    embed_tokens_backward(be, d_hidden_, dev_batch_.input_ids, config_.pad_token_id, Tensor(),
+                          embed_, Tensor(), Tensor());
   }
 
   bool causal_lm() const override { return true; }
@@ -177,7 +178,7 @@ class Llama final : public Model {
     const int64_t T = ids.dim(1);
     BRISK_CHECK(first >= 0 && first + T <= rope_cos_.dim(0), "positions ", first, "..", first + T,
                 " exceed the ", rope_cos_.dim(0), " the model was planned for");
-    be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out);
+    be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out, {});
   }
 
   void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor&,

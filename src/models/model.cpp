@@ -67,6 +67,59 @@ int Model::split_param(const std::string& name, Shape shape, ParamRole role, int
                                     : -1);
 }
 
+int64_t Model::vocab_rows() const {
+  const ModelConfig& c = config_;
+  return c.tensor_ranks == 1 ? c.vocab_size : (c.vocab_size + c.tensor_ranks - 1) / c.tensor_ranks;
+}
+
+VocabShard Model::vocab_shard() const {
+  if (config_.tensor_ranks == 1) return {};
+  return {vocab_rows() * config_.tensor_rank, config_.vocab_size};
+}
+
+int Model::vocab_param(const std::string& name, Shape shape, ParamRole role) {
+  const ModelConfig& c = config_;
+  BRISK_CHECK(shape[0] == c.vocab_size, "internal error: a vocabulary table of ", shape[0],
+              " rows");
+  if (c.tensor_ranks == 1) return param(name, shape, role);
+  BRISK_CHECK(vocab_rows() * (c.tensor_ranks - 1) < c.vocab_size, "--tp_size ", c.tensor_ranks,
+              " leaves a tensor rank without a row of the vocabulary of ", c.vocab_size,
+              " (vocabulary parallelism gives each rank ", vocab_rows(), ")");
+  Shape share{vocab_rows()};
+  for (int i = 1; i < shape.rank(); ++i) share.push_back(shape[i]);
+  const ParamSplit split{0, 1, c.tensor_rank, c.tensor_ranks, c.vocab_size};
+  return numbered(stage_holds(role) ? params_.add(name, share, role, 0, split) : -1);
+}
+
+void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor& pos,
+                         const Tensor& type_ids, const Tensor& types, const Tensor& out) {
+  if (config_.tensor_ranks == 1) {
+    be.embedding_forward(ids, w(word), pos, type_ids, types, out, {});
+    return;
+  }
+  // Each rank's rows give their tokens' embeddings, zero elsewhere; the first adds the
+  // positions and types, once.
+  const bool first = config_.tensor_rank == 0;
+  be.embedding_forward(ids, w(word), first ? pos : Tensor(), first ? type_ids : Tensor(),
+                       first ? types : Tensor(), out, vocab_shard());
+  tensor_group_->all_reduce_sum(be, out);
+}
+
+void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor& ids,
+                                  int64_t padding_idx, const Tensor& type_ids, int word,
+                                  const Tensor& dpos, const Tensor& dtypes) {
+  be.embedding_backward(dout, ids, padding_idx, type_ids, g(word), dpos, dtypes, vocab_shard());
+}
+
+void Model::clear_padding(Backend& be, int i) {
+  const ParamInfo& p = params_.list()[static_cast<size_t>(i)];
+  if (!p.split.split() || p.split.full == 0) return;
+  const SplitGeometry g = split_geometry(p);
+  if (g.held == g.piece) return;
+  const Tensor t = params_.weight(i);
+  be.fill(element_range(t, g.held * g.inner, (g.piece - g.held) * g.inner), 0.0f);
+}
+
 void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
   const ModelConfig& c = config_;
   BRISK_CHECK(shape.batch > 0 && shape.seq > 0, "batch size and sequence length must be positive");
@@ -372,7 +425,7 @@ MatmulOperands Model::matmul_operands() const {
 
 const Tensor& Model::logits() const {
   if (lm_chunk_rows_ > 0) {
-    const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / config_.vocab_size;
+    const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / vocab_rows();
     BRISK_CHECK(kept == rows, "the logits of ", rows, " rows were computed ", kept,
                 " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
   }
@@ -383,7 +436,7 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
   lm_head_weight_ = weight;
   lm_chunk_rows_ = 0;
   if (!config_.last_stage()) return;  // a pipeline stage without the head
-  const int64_t V = config_.vocab_size, rows = s.batch * s.seq;
+  const int64_t V = vocab_rows(), rows = s.batch * s.seq;
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
   // product's operands 256-byte aligned) within the device's chunk bytes; the same at every
   // length.
@@ -406,11 +459,34 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
             {std::min(rows, 2 * lm_chunk_rows_), V});
   declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,
           {s.batch, s.seq, config_.hidden_size});
+  // Vocabulary parallelism: each tensor rank's statistics of a chunk's rows, summed across them.
+  if (config_.tensor_ranks > 1)
+    declare(plan, &head_stats_, "lm_head.vocab_stats", Category::activations, DType::f32,
+            {config_.tensor_ranks, std::min(rows, lm_chunk_rows_), 3});
+}
+
+void Model::lm_loss(Backend& be, const StepOptions& o, const Tensor& logits, const Tensor& labels,
+                    const Tensor& grad) {
+  if (config_.tensor_ranks == 1) {
+    be.softmax_cross_entropy(logits, labels, o.compute_grad, o.loss_grad_scale, loss_sum(), grad);
+    return;
+  }
+  // Every rank's maximum, sum of exponentials and label logit of each row, each at its place.
+  const int64_t n = labels.numel(), R = config_.tensor_ranks;
+  const Tensor stats(head_stats_.data(), Shape{R, n, 3}, DType::f32, head_stats_.device());
+  be.fill(stats, 0.0f);
+  const VocabShard shard = vocab_shard();
+  const Tensor mine(stats.f32() + config_.tensor_rank * n * 3, Shape{n, 3}, DType::f32,
+                    stats.device());
+  be.cross_entropy_stats(logits, labels, shard, mine);
+  tensor_group_->all_reduce_sum(be, stats);
+  be.cross_entropy_from_stats(logits, labels, shard, stats, o.compute_grad, o.loss_grad_scale,
+                              loss_sum(), grad);
 }
 
 void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight,
                             int bias, const Tensor& labels) {
-  const int64_t V = config_.vocab_size, rows = labels.numel();
+  const int64_t V = vocab_rows(), rows = labels.numel();
   const int64_t chunk = logits_.numel() / V;
   const Tensor b = bias >= 0 ? w(bias) : Tensor();
   const Tensor db = bias >= 0 && o.compute_grad ? g(bias) : Tensor();
@@ -436,8 +512,7 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     // (the bias's gradient needs the unrounded one in ls).
     const Tensor dl =
         grouped && o.compute_grad ? row_range(head_dlogits_, r0 - group, n) : Tensor();
-    be.softmax_cross_entropy(ls, whole ? labels : row_range(labels, r0, n, true), o.compute_grad,
-                             o.loss_grad_scale, loss_sum(), db.empty() ? dl : Tensor());
+    lm_loss(be, o, ls, whole ? labels : row_range(labels, r0, n, true), db.empty() ? dl : Tensor());
     if (!o.compute_grad) continue;
     if (!grouped) {
       be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, dx, false, g(weight), db,
@@ -458,6 +533,9 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
       group = r0 + n;
     }
   }
+  // Vocabulary parallelism: each rank's columns gave a part of the input gradient.
+  if (o.compute_grad && config_.tensor_ranks > 1)
+    tensor_group_->all_reduce_sum(be, row_range(head_dx_, 0, rows));
 }
 
 void Model::reset_batch() {
@@ -914,12 +992,13 @@ void Model::init_weights(Backend& be, uint64_t seed) {
                       full, length, stddev, x + (local - at));
         });
     });
-    if (static_cast<int>(i) == padded_embedding_) {
+    if (static_cast<int>(i) == padded_embedding_) {  // the padding id's row, where held
       const Tensor table = params_.weight(padded_embedding_);
-      const int64_t C = table.dim(1);
-      be.fill(element_range(table, config_.pad_token_id * C, C), 0.0f);
+      const int64_t C = table.dim(1), row = config_.pad_token_id - vocab_shard().first;
+      if (row >= 0 && row < table.dim(0)) be.fill(element_range(table, row * C, C), 0.0f);
     }
     init_extra(be, static_cast<int>(i));
+    clear_padding(be, static_cast<int>(i));
     written(i);  // staged weights: its segment's place may be overwritten after this
   }
   written_all();
@@ -995,6 +1074,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
             });
           }
         });
+    clear_padding(be, static_cast<int>(i));
     written(i);
   }
   written_all();

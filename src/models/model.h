@@ -287,6 +287,10 @@ class Model : public BatchTarget {
   virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
   virtual int64_t head_width() const = 0;
+  // The ids of the vocabulary this rank's vocabulary tables hold (VocabShard{}: all of them),
+  // and the tables' rows (vocab_param).
+  VocabShard vocab_shard() const;
+  int64_t vocab_rows() const;
 
   DType activation_dtype() const { return options_.activation_dtype; }
   Device device() const { return options_.device; }
@@ -303,6 +307,20 @@ class Model : public BatchTarget {
   // `shape` is this rank's share of it (the config's counts are); whole without tensor
   // parallelism.
   int split_param(const std::string& name, Shape shape, ParamRole role, int dim, int pieces = 1);
+  // A vocabulary table (word embeddings, a language-model head's weight or bias): `shape`'s
+  // first dimension is the whole vocabulary. Under tensor parallelism each rank holds an equal
+  // run of its rows (Megatron's vocabulary parallelism), the last rank's padded where the ranks
+  // do not divide the vocabulary.
+  int vocab_param(const std::string& name, Shape shape, ParamRole role);
+  // embedding_forward of the word table `word` (a vocab_param) and the given position rows and
+  // type table into out [B,T,C]; under tensor parallelism each rank adds its rows' tokens and
+  // the ranks' outputs are summed (the positions and types added once).
+  void embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor& pos,
+                    const Tensor& type_ids, const Tensor& types, const Tensor& out);
+  // Its backward: dout's rows into this rank's rows of `word`'s gradient, dpos and dtypes.
+  void embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor& ids,
+                             int64_t padding_idx, const Tensor& type_ids, int word,
+                             const Tensor& dpos, const Tensor& dtypes);
   void declare(MemoryPlan& plan, Tensor* view, const std::string& name, Category category,
                DType dtype, Shape shape) {
     binder_.declare(plan, view, name, category, dtype, shape);
@@ -375,11 +393,16 @@ class Model : public BatchTarget {
   void lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight, int bias,
                        const Tensor& labels);
   const Tensor& lm_head_dx() const { return head_dx_; }
+  // The language-model loss of a chunk of logits and labels (its gradient in place, or in `grad`):
+  // under tensor parallelism, of this rank's vocabulary columns, with the others' statistics.
+  void lm_loss(Backend& be, const StepOptions& o, const Tensor& logits, const Tensor& labels,
+               const Tensor& grad);
 
  private:
   BufferBinder binder_;
   PlanOptions options_;
   Tensor head_dx_;
+  Tensor head_stats_;          // [tensor ranks, chunk rows, 3]: vocabulary parallelism's (lm_loss)
   Tensor head_dlogits_;        // [rows of two chunks, V] bf16 (CPU bf16 runs; else empty)
   bool lm_grouped_ = false;    // head_dlogits_ is declared (decided by the full length's plan)
   bool replanning_ = false;    // use_seq is planning a shorter length
@@ -448,6 +471,8 @@ class Model : public BatchTarget {
   bool stage_holds(ParamRole role) const;
   // The stage's own parameter after params_.add returned `index` (-1: none).
   int numbered(int index);
+  // Zeros the padding rows of vocabulary table i (vocab_param), which no id reads.
+  void clear_padding(Backend& be, int i);
   Tensor stashed_;  // [stashed_inputs, B, T, C]
   // Staged weights: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.

@@ -54,9 +54,9 @@ OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables,
     const Tensor g = d.put_as(in.at("dout"), {B, T, C}), dw = d.put_as(in.at("dword0"), {V, C});
     const Tensor dp = d.put_as(in.at("dpos0"), {P, C}), dt = d.put_as(in.at("dtype0"), {NT, C});
     be.embedding_forward(ids, w, with_pos ? p : Tensor(), with_type ? types : Tensor(),
-                         with_type ? t : Tensor(), out);
+                         with_type ? t : Tensor(), out, {});
     be.embedding_backward(g, ids, padding ? pad_id : -1, with_type ? types : Tensor(), dw,
-                          with_pos ? dp : Tensor(), with_type ? dt : Tensor());
+                          with_pos ? dp : Tensor(), with_type ? dt : Tensor(), {});
     return Values{{"out", d.values(out)},
                   {"dword", d.values(dw)},
                   {"dpos", d.values(dp)},
@@ -85,6 +85,71 @@ OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables,
               {"dword", Metric::elementwise, 1e-5, 1e-6, "dword0"},
               {"dpos", Metric::elementwise, 1e-5, 0, "dpos0"},
               {"dtype", Metric::elementwise, 1e-5, 1e-4, "dtype0"}};
+  return c;
+}
+
+// Vocabulary parallelism: `ranks` shards of a word table of V rows (ceil(V / ranks) each, the
+// last padded), the first adding positions and types. The shards' outputs summed are the whole
+// table's embeddings, their gradients laid end to end the whole's (padding_idx 1 and the padding
+// rows getting none); a shard's word part of an id it does not hold is zero.
+OpCase embedding_shard_case(int64_t B, int64_t T, int64_t V, int64_t C, int ranks) {
+  const int64_t P = T + 3, NT = 2, pad_id = 1, rows = (V + ranks - 1) / ranks;
+  OpCase c;
+  c.name = "embedding_shards_B" + std::to_string(B) + "_T" + std::to_string(T) + "_V" +
+           std::to_string(V) + "_C" + std::to_string(C) + "_ranks" + std::to_string(ranks);
+  c.inputs = [=](std::mt19937& rng) {
+    IVec ids = randint(B * T, 0, static_cast<int32_t>(V), rng);
+    ids[0] = static_cast<int32_t>(V - 1);
+    ids[1] = pad_id;
+    const IVec types = randint(B * T, 0, static_cast<int32_t>(NT), rng);
+    return Values{{"ids", Vec(ids.begin(), ids.end())}, {"types", Vec(types.begin(), types.end())},
+                  {"word", randn_d(V * C, rng)},        {"pos", randn_d(P * C, rng)},
+                  {"type_table", randn_d(NT * C, rng)}, {"dout", randn_d(B * T * C, rng)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor ids = d.put_as(in.at("ids"), {B, T}, DType::i32);
+    const Tensor types = d.put_as(in.at("types"), {B, T}, DType::i32);
+    const Tensor p = d.put_as(in.at("pos"), {P, C}), t = d.put_as(in.at("type_table"), {NT, C});
+    const Tensor g = d.put_as(in.at("dout"), {B, T, C});
+    Vec sum(static_cast<size_t>(B * T * C), 0.0), dword, padding_grad;
+    for (int r = 0; r < ranks; ++r) {
+      const VocabShard shard{r * rows, V};
+      const int64_t held = shard.count(rows);
+      Vec table(in.at("word").begin() + r * rows * C,
+                in.at("word").begin() + (r * rows + held) * C);
+      table.resize(static_cast<size_t>(rows * C), 0.0);  // padding rows
+      const Tensor w = d.put_as(table, {rows, C}), dw = d.put(FVec(rows * C, 0.f), {rows, C});
+      const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
+      const bool first = r == 0;
+      be.embedding_forward(ids, w, first ? p : Tensor(), first ? types : Tensor(),
+                           first ? t : Tensor(), out, shard);
+      be.embedding_backward(g, ids, pad_id, types, dw, Tensor(), Tensor(), shard);
+      const Vec o = d.values(out), dwv = d.values(dw);
+      for (size_t i = 0; i < o.size(); ++i) sum[i] += o[i];
+      dword.insert(dword.end(), dwv.begin(), dwv.begin() + held * C);
+      padding_grad.insert(padding_grad.end(), dwv.begin() + held * C, dwv.end());
+    }
+    return Values{{"out", sum}, {"dword", dword}, {"padding_grad", padding_grad}};
+  };
+  c.reference = [=](const Values& in) {
+    const Vec &ids = in.at("ids"), &types = in.at("types"), &dout = in.at("dout");
+    Vec out(static_cast<size_t>(B * T * C)), dw(static_cast<size_t>(V * C), 0.0);
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const auto id = static_cast<int64_t>(ids[bt]), ty = static_cast<int64_t>(types[bt]);
+      for (int64_t j = 0; j < C; ++j) {
+        out[bt * C + j] = in.at("word")[id * C + j] + in.at("pos")[(bt % T) * C + j] +
+                          in.at("type_table")[ty * C + j];
+        if (id != pad_id) dw[id * C + j] += dout[bt * C + j];
+      }
+    }
+    return Values{{"out", out},
+                  {"dword", dw},
+                  {"padding_grad", Vec(static_cast<size_t>((rows * ranks - V) * C), 0.0)}};
+  };
+  c.checks = {{"out", Metric::elementwise, 1e-6, 1e-6},
+              {"dword", Metric::elementwise, 1e-5, 1e-6},
+              {"padding_grad", Metric::exact}};
   return c;
 }
 
@@ -211,6 +276,86 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
   return c;
 }
 
+// Vocabulary-parallel cross-entropy: the logits' columns in `ranks` shards (ceil(V / ranks)
+// each, the last padded with columns of garbage that must not count), each shard's statistics
+// at its place of a [ranks, N, 3] sum, then each shard's loss and gradient from that sum: every
+// shard's loss is the whole rows', the gradients laid end to end the whole's (zero on the
+// padding columns and on ignored rows 2 and N - 1). Row 5 hides entries with -inf logits.
+OpCase cross_entropy_shard_case(int64_t N, int64_t V, int ranks) {
+  const int64_t cols = (V + ranks - 1) / ranks;
+  const std::vector<int64_t> ignored = {2, N - 1};
+  const double scale = 1.0 / static_cast<double>(N - 2);
+  OpCase c;
+  c.name = "cross_entropy_shards_N" + std::to_string(N) + "_V" + std::to_string(V) + "_ranks" +
+           std::to_string(ranks);
+  c.inputs = [=](std::mt19937& rng) {
+    Vec logits = randn_d(N * V, rng, 3.0);
+    IVec labels = randint(N, 0, static_cast<int32_t>(V), rng);
+    labels[0] = 0;
+    labels[1] = static_cast<int32_t>(V - 1);
+    for (int64_t r : ignored) labels[r] = kIgnoreIndex;
+    for (int64_t j = 0; j < V; j += 3)
+      if (j != labels[5]) logits[5 * V + j] = -std::numeric_limits<double>::infinity();
+    return Values{{"logits", logits}, {"labels", Vec(labels.begin(), labels.end())}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor y = d.put_as(in.at("labels"), {N}, DType::i32);
+    // Shard r's columns of the logits, its padding columns large (they must not count).
+    auto shard_logits = [&](int r) {
+      Vec z(static_cast<size_t>(N * cols), 50.0);
+      const int64_t held = VocabShard{r * cols, V}.count(cols);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < held; ++j) z[n * cols + j] = in.at("logits")[n * V + r * cols + j];
+      return d.put_as(z, {N, cols});
+    };
+    Vec stats(static_cast<size_t>(ranks * N * 3), 0.0);
+    for (int r = 0; r < ranks; ++r) {
+      const Tensor st = d.put(FVec(N * 3, -7.f), {N, 3});
+      be.cross_entropy_stats(shard_logits(r), y, VocabShard{r * cols, V}, st);
+      const Vec v = d.values(st);
+      std::copy(v.begin(), v.end(), stats.begin() + r * N * 3);
+    }
+    const Tensor summed = d.put_as(stats, {ranks, N, 3});
+    Vec losses, grad(static_cast<size_t>(N * V)), padding_grad;
+    for (int r = 0; r < ranks; ++r) {
+      const VocabShard shard{r * cols, V};
+      const Tensor z = shard_logits(r), loss = d.put(std::vector<double>{0.0}, {1});
+      be.cross_entropy_from_stats(z, y, shard, summed, true, static_cast<float>(scale), loss,
+                                  Tensor());
+      losses.push_back(d.values(loss)[0]);
+      const Vec g = d.values(z);
+      const int64_t held = shard.count(cols);
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t j = 0; j < held; ++j) grad[n * V + r * cols + j] = g[n * cols + j];
+        for (int64_t j = held; j < cols; ++j) padding_grad.push_back(g[n * cols + j]);
+      }
+    }
+    Vec ignored_rows;
+    for (int64_t r : ignored)
+      ignored_rows.insert(ignored_rows.end(), &grad[r * V], &grad[r * V + V]);
+    return Values{{"loss_of_each_shard", losses},
+                  {"grad", grad},
+                  {"grad_of_ignored_rows", ignored_rows},
+                  {"padding_grad", padding_grad}};
+  };
+  c.reference = [=](const Values& in) {
+    const Vec& labels = in.at("labels");
+    const double loss = ref_cross_entropy(in.at("logits"), labels, V);
+    const Vec grad = fd_grad(in.at("logits"),
+                             [&](const Vec& v) { return scale * ref_cross_entropy(v, labels, V); });
+    return Values{{"loss_of_each_shard", Vec(static_cast<size_t>(ranks), loss)},
+                  {"grad", grad},
+                  {"grad_of_ignored_rows", Vec(ignored.size() * V, 0.0)},
+                  {"padding_grad", Vec(static_cast<size_t>(N * (cols * ranks - V)), 0.0)}};
+  };
+  c.checks = {{"loss_of_each_shard", Metric::normwise, 1e-5, 1e-5},
+              {"grad", Metric::normwise, 1e-4, 1e-5},
+              {"grad_of_ignored_rows", Metric::exact},
+              {"padding_grad", Metric::exact}};
+  return c;
+}
+
 // Squared error summed over labelled rows (row 1's target is NaN: unlabelled, its gradient
 // exactly zero); without gradients the predictions stay.
 OpCase mse_case(int64_t N) {
@@ -266,6 +411,8 @@ std::vector<OpCase> loss_cases() {
       cases.push_back(embedding_case(2, 9, 6, 7, t, padding));
       cases.push_back(embedding_case(3, 45, 50, 75, t, padding));
     }
+  cases.push_back(embedding_shard_case(2, 9, 7, 5, 2));
+  cases.push_back(embedding_shard_case(3, 45, 50, 75, 3));
   cases.push_back(first_token_case(2, 5, 7));
   cases.push_back(first_token_case(3, 45, 75));
   for (bool none : {false, true}) {
@@ -274,6 +421,8 @@ std::vector<OpCase> loss_cases() {
     // The wide-block path for vocabulary-sized rows.
     cases.push_back(cross_entropy_case(37, 8193, none, false));
   }
+  cases.push_back(cross_entropy_shard_case(7, 11, 2));
+  cases.push_back(cross_entropy_shard_case(9, 13, 4));  // the last shard holds 1 of its 4 columns
   cases.push_back(mse_case(6));
   cases.push_back(mse_case(300));  // more rows than a GPU kernel's threads
   return cases;

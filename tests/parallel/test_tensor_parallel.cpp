@@ -1,6 +1,7 @@
 // Tensor parallelism through the trainer on every rank of the job: tp ranks (with dp replicas
 // over them, plain or under ZeRO 1-3) train as one process with the same global batch, step by
-// step and to the final weights, which the run saves as the full model. GPT-2 (packed Conv1D
+// step and to the final weights, which the run saves as the full model. The embeddings and
+// language-model heads split by vocabulary (131 rows: the last rank's padded). GPT-2 (packed Conv1D
 // query/key/value), a llama with grouped-query attention and BERT (post-norm), with dropout on
 // where there is one replica (the attention's masks are drawn per head as one process draws them).
 #include <gtest/gtest.h>
@@ -27,13 +28,17 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
   const int tp = N == 4 ? 2 : N, dp = N / tp;
   const double dropout = dp == 1 ? 0.1 : 0.0;  // replicas draw their own masks yet
   const std::unique_ptr<Communicator> alone = make_single_process();
-  for (const std::string type : {"gpt2", "llama", "bert"}) {
+  // BERT as a sequence classifier and as a masked LM (its decoder tied to the word embeddings,
+  // both split by vocabulary, with the decoder's bias).
+  for (const std::string type : {"gpt2", "llama", "bert", "bert_mlm"}) {
     SCOPED_TRACE(type + " on tp " + std::to_string(tp) + " x dp " + std::to_string(dp));
     SharedDir dir("tp_" + type);
-    const std::string model = write_model(dir, type, dropout);
+    const bool mlm = type == "bert_mlm";
+    const std::string model = write_model(dir, mlm ? "bert" : type, dropout);
     UnequalLengths lm_data;  // 18 samples: 3 steps of 3 micro-batches of 2 rows
     const Dataset* data = type == "bert" ? nullptr : &lm_data;
     TrainOptions o = tiny_options(model, dir / "ranks");
+    o.mlm = mlm;  // every token a target
     o.per_device_train_batch_size = 2 / dp;
     o.gradient_accumulation_steps = 3;
     o.max_steps = 3;

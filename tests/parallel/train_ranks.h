@@ -47,20 +47,21 @@ struct SharedDir {
 };
 
 // A config whose head and MLP counts 2 and 3 divide: 6 query heads (llama: 12 query heads in
-// groups of two over 6 key/value heads); `layers` blocks.
+// groups of two over 6 key/value heads); `layers` blocks. A vocabulary of 131 (a prime): tensor
+// ranks split it with padding.
 inline nlohmann::json divisible_config(const std::string& type, double dropout, int layers = 2) {
   if (type == "gpt2")
-    return {{"model_type", "gpt2"},   {"vocab_size", 128},     {"n_embd", 48},
+    return {{"model_type", "gpt2"},   {"vocab_size", 131},     {"n_embd", 48},
             {"n_layer", layers},      {"n_head", 6},           {"n_positions", 64},
             {"resid_pdrop", dropout}, {"embd_pdrop", dropout}, {"attn_pdrop", dropout}};
   if (type == "llama")
-    return {{"model_type", "llama"},       {"vocab_size", 128},
+    return {{"model_type", "llama"},       {"vocab_size", 131},
             {"hidden_size", 48},           {"num_hidden_layers", layers},
             {"num_attention_heads", 12},   {"num_key_value_heads", 6},
             {"intermediate_size", 60},     {"max_position_embeddings", 64},
             {"tie_word_embeddings", false}};
   return {{"model_type", "bert"},
-          {"vocab_size", 128},
+          {"vocab_size", 131},
           {"hidden_size", 48},
           {"num_hidden_layers", layers},
           {"num_attention_heads", 6},

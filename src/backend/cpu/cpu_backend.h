@@ -78,10 +78,10 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table,
-                         const Tensor& out) override;
+                         const Tensor& out, const VocabShard& shard) override;
   void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                           const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                          const Tensor& dtype_table) override;
+                          const Tensor& dtype_table, const VocabShard& shard) override;
 
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
@@ -98,6 +98,12 @@ class CpuBackend final : public Backend {
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                              float grad_scale, const Tensor& loss_sum, const Tensor& grad) override;
+  void cross_entropy_stats(const Tensor& logits, const Tensor& labels, const VocabShard& shard,
+                           const Tensor& stats) override;
+  void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
+                                const VocabShard& shard, const Tensor& stats, bool write_grad,
+                                float grad_scale, const Tensor& loss_sum,
+                                const Tensor& grad) override;
   void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
                 const Tensor& loss_sum) override;
 

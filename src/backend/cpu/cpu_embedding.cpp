@@ -17,11 +17,12 @@ void check_ids(const Tensor& ids, int64_t rows, const char* what) {
 
 void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                    const Tensor& type_ids, const Tensor& type_table,
-                                   const Tensor& out) {
+                                   const Tensor& out, const VocabShard& shard) {
   BRISK_CHECK(ids.rank() == 2, "embedding_forward: ids must be [batch, seq]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = word.dim(1);
   expect(out, DType::f32, Shape{B, T, C}, "embedding_forward output");
-  check_ids(ids, word.dim(0), "token id");
+  const int64_t first = shard.first, held = shard.count(word.dim(0));
+  check_ids(ids, shard.vocab == 0 ? word.dim(0) : shard.vocab, "token id");
   BRISK_CHECK(pos.empty() || pos.dim(0) >= T, "sequence length ", T,
               " exceeds the position table of ", pos.empty() ? 0 : pos.dim(0));
   const bool typed = !type_ids.empty();
@@ -35,9 +36,12 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const 
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int64_t t = bt % T;
-    const float* wr = w + static_cast<int64_t>(id[bt]) * C;
+    const int64_t row = id[bt] - first;
     float* orow = o + bt * C;
-    for (int64_t c = 0; c < C; ++c) orow[c] = wr[c];
+    if (row >= 0 && row < held)
+      for (int64_t c = 0; c < C; ++c) orow[c] = w[row * C + c];
+    else
+      for (int64_t c = 0; c < C; ++c) orow[c] = 0.0f;
     if (p)
       for (int64_t c = 0; c < C; ++c) orow[c] += p[t * C + c];
     if (tt)
@@ -47,10 +51,12 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const 
 
 void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                     const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                                    const Tensor& dtype_table) {
+                                    const Tensor& dtype_table, const VocabShard& shard) {
   const int64_t B = ids.dim(0), T = ids.dim(1), C = dword.dim(1);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
-  check_padding_idx(padding_idx, dword.dim(0), "embedding_backward");
+  const int64_t first = shard.first, held = shard.count(dword.dim(0));
+  check_padding_idx(padding_idx, shard.vocab == 0 ? dword.dim(0) : shard.vocab,
+                    "embedding_backward");
   const int32_t* id = ids.i32();
   const int32_t* tid = type_ids.empty() ? nullptr : type_ids.i32();
   const float* g = dout.f32();
@@ -63,8 +69,9 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64
     const int64_t c1 = std::min(C, c0 + kBlock);
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const float* gr = g + bt * C;
-      if (id[bt] != padding_idx) {
-        float* wr = dw + static_cast<int64_t>(id[bt]) * C;
+      const int64_t row = id[bt] - first;
+      if (id[bt] != padding_idx && row >= 0 && row < held) {
+        float* wr = dw + row * C;
         for (int64_t c = c0; c < c1; ++c) wr[c] += gr[c];
       }
       if (dp) {

@@ -110,6 +110,109 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   });
 }
 
+namespace {
+void check_shard_labels(const Tensor& labels, const VocabShard& shard, int64_t held) {
+  const int64_t V = shard.vocab == 0 ? held : shard.vocab;
+  const int32_t* y = labels.i32();
+  for (int64_t r = 0; r < labels.numel(); ++r)
+    BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
+                " is outside [0, ", V, ")");
+}
+}  // namespace
+
+void CpuBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
+                                     const VocabShard& shard, const Tensor& stats) {
+  const int64_t held =
+      check_cross_entropy_shard(logits, labels, shard, stats, 1, "cross_entropy_stats");
+  check_shard_labels(labels, shard, held);
+  const int64_t V = cols_of(logits), N = rows_of(logits);
+  const int32_t* y = labels.i32();
+  const float* z = logits.f32();
+  float* out = stats.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* row = z + r * V;
+    float* st = out + r * 3;
+    if (y[r] == kIgnoreIndex || held == 0) {
+      st[0] = st[1] = st[2] = 0.0f;
+      continue;
+    }
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 1; j < held; ++j) mx = mx > row[j] ? mx : row[j];
+    constexpr int64_t kChunk = 512;
+    float chunk[kChunk];
+    double sum = 0.0;  // none where every held logit is -inf (a hidden part of the vocabulary)
+    for (int64_t j0 = 0; j0 < held && mx != -INFINITY; j0 += kChunk)
+      sum += exponentials(row + j0, std::min(kChunk, held - j0), mx, chunk);
+    const int64_t label = y[r] - shard.first;
+    st[0] = mx;
+    st[1] = static_cast<float>(sum);
+    st[2] = label >= 0 && label < held ? row[label] : 0.0f;
+  }
+}
+
+void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
+                                          const VocabShard& shard, const Tensor& stats,
+                                          bool write_grad, float grad_scale,
+                                          const Tensor& loss_sum, const Tensor& grad) {
+  expect(loss_sum, DType::f64, Shape{1}, "cross_entropy_from_stats loss_sum");
+  const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
+  const int64_t held = check_cross_entropy_shard(logits, labels, shard, stats, slots,
+                                                 "cross_entropy_from_stats");
+  check_shard_labels(labels, shard, held);
+  const bool apart = check_loss_grad(logits, write_grad, grad);
+  const bool g16 = apart && grad.dtype() == DType::bf16;
+  const int64_t V = cols_of(logits), N = rows_of(logits);
+  float* g32 = !write_grad ? nullptr : apart && !g16 ? grad.f32() : logits.f32();
+  uint16_t* g16_rows = g16 ? grad.as<uint16_t>() : nullptr;
+  const int32_t* y = labels.i32();
+  const float* st = stats.f32();
+  // Row r's loss from every shard's statistics; its gradient on these columns written.
+  auto row_loss = [&](int64_t r) -> double {
+    float* row = logits.f32() + r * V;
+    const int64_t label = y[r] - shard.first;
+    const bool owned = label >= 0 && label < held;
+    if (y[r] == kIgnoreIndex) {
+      if (g16)
+        std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
+      else if (write_grad)
+        std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
+      return 0.0;
+    }
+    float mx = st[r * 3];
+    for (int64_t k = 1; k < slots; ++k) mx = std::max(mx, st[(k * N + r) * 3]);
+    double sum = 0.0, target = 0.0;
+    for (int64_t k = 0; k < slots; ++k) {
+      const float* s = st + (k * N + r) * 3;
+      sum += static_cast<double>(s[1]) * std::exp(static_cast<double>(s[0]) - mx);
+      target += s[2];
+    }
+    if (write_grad) {
+      const float f = static_cast<float>(grad_scale / sum);
+      if (held > 0) exponentials(row, held, mx, row);
+      if (g16) {
+        uint16_t* out = g16_rows + r * V;
+        scaled_to_bf16(row, held, f, out);
+        std::fill(out + held, out + V, uint16_t{0});
+        if (owned) out[label] = float_to_bf16(row[label] * f - grad_scale);
+      } else {
+        float* out = g32 + r * V;
+#pragma omp simd
+        for (int64_t j = 0; j < held; ++j) out[j] = row[j] * f;
+        std::fill(out + held, out + V, 0.0f);
+        if (owned) out[label] -= grad_scale;
+      }
+    }
+    return std::log(sum) - (target - static_cast<double>(mx));
+  };
+  loss_sum.as<double>()[0] += ordered_sum(N, 1, true, [&](int64_t begin, int64_t end) {
+    double part = 0.0;
+    for (int64_t r = begin; r < end; ++r) part += row_loss(r);
+    return part;
+  });
+}
+
 void CpuBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
                           float grad_scale, const Tensor& loss_sum) {
   expect(loss_sum, DType::f64, Shape{1}, "mse_loss loss_sum");

@@ -351,7 +351,7 @@ void CudaBackend::stochastic_round(DType dtype, const Tensor& t, const RngKey& k
 
 void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                     const Tensor& type_ids, const Tensor& type_table,
-                                    const Tensor& out) {
+                                    const Tensor& out, const VocabShard& shard) {
   BRISK_CHECK(ids.rank() == 2, "embedding_forward: ids must be [B,T]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(word);
   expect(out, DType::f32, Shape{B, T, C}, "embedding_forward output");
@@ -360,20 +360,24 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const
   cuda::embedding_forward(stream_, ids_or_null(ids, "ids"), dev(word, "word table"),
                           dev_or_null(pos, "position table"), ids_or_null(type_ids, "type ids"),
                           dev_or_null(type_table, "type table"), dev(out, "embedding output"), B, T,
-                          C);
+                          C, shard.first, shard.count(word.dim(0)));
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                      const Tensor& type_ids, const Tensor& dword,
-                                     const Tensor& dpos, const Tensor& dtype_table) {
+                                     const Tensor& dpos, const Tensor& dtype_table,
+                                     const VocabShard& shard) {
   BRISK_CHECK(ids.rank() == 2, "embedding_backward: ids must be [B,T]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(dout);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
-  if (!dword.empty()) check_padding_idx(padding_idx, dword.dim(0), "embedding_backward");
+  if (!dword.empty())
+    check_padding_idx(padding_idx, shard.vocab == 0 ? dword.dim(0) : shard.vocab,
+                      "embedding_backward");
   cuda::embedding_backward(stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"),
                            padding_idx, ids_or_null(type_ids, "type ids"),
                            dev_or_null(dword, "dword"), dev_or_null(dpos, "dpos"),
-                           dev_or_null(dtype_table, "dtype_table"), B, T, C);
+                           dev_or_null(dtype_table, "dtype_table"), B, T, C, shard.first,
+                           dword.empty() ? 0 : shard.count(dword.dim(0)));
 }
 
 void CudaBackend::first_token(const Tensor& x, const Tensor& out) {
@@ -402,6 +406,32 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"), N, V,
                               write_grad, grad_scale, loss_sum.as<double>());
   // A separate gradient: computed in place, then converted (no GPU path writes it elsewhere yet).
+  if (apart) cast(logits, grad);
+}
+
+void CudaBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
+                                      const VocabShard& shard, const Tensor& stats) {
+  const int64_t held =
+      check_cross_entropy_shard(logits, labels, shard, stats, 1, "cross_entropy_stats");
+  cuda::cross_entropy_stats(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"),
+                            rows(logits), cols(logits), shard.first, held, dev(stats, "stats"));
+}
+
+void CudaBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
+                                           const VocabShard& shard, const Tensor& stats,
+                                           bool write_grad, float grad_scale,
+                                           const Tensor& loss_sum, const Tensor& grad) {
+  const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
+  const int64_t held = check_cross_entropy_shard(logits, labels, shard, stats, slots,
+                                                 "cross_entropy_from_stats");
+  BRISK_CHECK(
+      loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
+      "cross_entropy_from_stats: loss_sum must be one float64 in GPU memory");
+  const bool apart = check_loss_grad(logits, write_grad, grad);
+  cuda::cross_entropy_from_stats(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"),
+                                 rows(logits), cols(logits), shard.first, held,
+                                 dev(stats, "stats"), slots, write_grad, grad_scale,
+                                 loss_sum.as<double>());
   if (apart) cast(logits, grad);
 }
 

@@ -8,17 +8,19 @@ namespace brisk::cuda {
 namespace {
 
 // One block per token (b, t), threads across its C columns. The sum order is the CPU's:
-// (word + pos) + type.
+// (word + pos) + type. The table holds ids [first, first + held); other ids' word part is zero.
 __global__ void embedding_forward_kernel(const int32_t* ids, const float* word, const float* pos,
                                          const int32_t* type_ids, const float* type_table,
-                                         float* out, int64_t B, int64_t T, int64_t C) {
+                                         float* out, int64_t B, int64_t T, int64_t C,
+                                         int64_t first, int64_t held) {
   for (int64_t bt = blockIdx.x; bt < B * T; bt += gridDim.x) {
-    const float* wr = word + static_cast<int64_t>(ids[bt]) * C;
+    const int64_t row = ids[bt] - first;
+    const float* wr = row >= 0 && row < held ? word + row * C : nullptr;
     const float* pr = pos ? pos + (bt % T) * C : nullptr;
     const float* tr = type_ids ? type_table + static_cast<int64_t>(type_ids[bt]) * C : nullptr;
     float* orow = out + bt * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      float v = wr[c];
+      float v = wr ? wr[c] : 0.0f;
       if (pr) v += pr[c];
       if (tr) v += tr[c];
       orow[c] = v;
@@ -34,15 +36,16 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const float* word, 
 __global__ void embedding_backward_kernel(const float* dout, const int32_t* ids,
                                           int64_t padding_idx, const int32_t* type_ids,
                                           float* dword, float* dpos, float* dtype_table, int64_t B,
-                                          int64_t T, int64_t C) {
+                                          int64_t T, int64_t C, int64_t first, int64_t held) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       float acc = dpos ? dpos[t * C + c] : 0.0f;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t bt = b * T + t;
         const float g = dout[bt * C + c];
-        if (dword && ids[bt] != padding_idx)
-          atomicAdd(dword + static_cast<int64_t>(ids[bt]) * C + c, g);
+        const int64_t row = ids[bt] - first;
+        if (dword && ids[bt] != padding_idx && row >= 0 && row < held)
+          atomicAdd(dword + row * C + c, g);
         if (dtype_table) atomicAdd(dtype_table + static_cast<int64_t>(type_ids[bt]) * C + c, g);
         acc += g;
       }
@@ -70,25 +73,25 @@ __global__ void first_token_backward_kernel(const float* dout, float* dx, int64_
 
 void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
                        const int32_t* type_ids, const float* type_table, float* out, int64_t B,
-                       int64_t T, int64_t C) {
+                       int64_t T, int64_t C, int64_t first, int64_t held) {
   if (B <= 0 || T <= 0 || C <= 0) return;
   // The type term needs both the ids and the table; either alone means no token types.
   if (!type_ids || !type_table) type_ids = nullptr;
   const int threads = threads_for_row(C);
   embedding_forward_kernel<<<grid_for(B * T, 1, kMaxBlocks * 4), threads, 0, s>>>(
-      ids, word, pos, type_ids, type_table, out, B, T, C);
+      ids, word, pos, type_ids, type_table, out, B, T, C, first, held);
   check_launch("embedding_forward");
 }
 
 void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids, int64_t padding_idx,
                         const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
-                        int64_t B, int64_t T, int64_t C) {
+                        int64_t B, int64_t T, int64_t C, int64_t first, int64_t held) {
   if (B <= 0 || T <= 0 || C <= 0) return;
   if (!type_ids) dtype_table = nullptr;
   if (!dword && !dpos && !dtype_table) return;
   const int threads = threads_for_row(C);
   embedding_backward_kernel<<<grid_for(T, 1, kMaxBlocks * 4), threads, 0, s>>>(
-      dout, ids, padding_idx, type_ids, dword, dpos, dtype_table, B, T, C);
+      dout, ids, padding_idx, type_ids, dword, dpos, dtype_table, B, T, C, first, held);
   check_launch("embedding_backward");
 }
 

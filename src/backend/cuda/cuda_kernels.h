@@ -93,16 +93,17 @@ void rotary(cudaStream_t s, float* qkv, const float* cos, const float* sin, int6
             int64_t H, int64_t K, int64_t D, int64_t first_position, bool inverse);
 
 // ---- cuda_embedding.cu ----
-// out[b,t,:] = word[ids[b,t]] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0).
+// out[b,t,:] = word[ids[b,t] - first] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0),
+// the word part zero for an id outside [first, first + held) (a vocabulary-parallel rank's rows).
 // Ids are validated on the host before upload.
 void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
                        const int32_t* type_ids, const float* type_table, float* out, int64_t B,
-                       int64_t T, int64_t C);
+                       int64_t T, int64_t C, int64_t first, int64_t held);
 // Scatter-add of dout into the tables (null tables skipped); tokens whose id is padding_idx (-1:
 // none) skip dword only.
 void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids, int64_t padding_idx,
                         const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
-                        int64_t B, int64_t T, int64_t C);
+                        int64_t B, int64_t T, int64_t C, int64_t first, int64_t held);
 // out[b,:] = x[b,0,:]; backward: dx[b,0,:] += dout[b,:].
 void first_token(cudaStream_t s, const float* x, float* out, int64_t B, int64_t T, int64_t C);
 void first_token_backward(cudaStream_t s, const float* dout, float* dx, int64_t B, int64_t T,
@@ -116,6 +117,13 @@ void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t 
               float grad_scale, double* loss_sum);
 void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
                            int64_t V, bool write_grad, float grad_scale, double* loss_sum);
+// Vocabulary-parallel cross-entropy (Backend::cross_entropy_stats / _from_stats): logits [N,V]
+// whose first `held` columns are ids [first, first + held); stats [N,3], then [slots,N,3].
+void cross_entropy_stats(cudaStream_t s, const float* logits, const int32_t* labels, int64_t N,
+                         int64_t V, int64_t first, int64_t held, float* stats);
+void cross_entropy_from_stats(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
+                              int64_t V, int64_t first, int64_t held, const float* stats,
+                              int64_t slots, bool write_grad, float grad_scale, double* loss_sum);
 
 // ---- cuda_optim.cu ----
 // *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).

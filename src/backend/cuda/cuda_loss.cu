@@ -1,5 +1,6 @@
 // Fused softmax + cross-entropy on CUDA: the loss of each row and, in place of the logits, their
 // gradient; probabilities are never stored.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -58,6 +59,74 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* label
   }
 }
 
+// One block per row: the row's maximum over its `held` columns, the sum of e^(z - maximum)
+// there (as softmax_cross_entropy_kernel's first pass) and the label's logit where held.
+__global__ void cross_entropy_stats_kernel(const float* logits, const int32_t* labels, int64_t N,
+                                           int64_t V, int64_t first, int64_t held, float* stats) {
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float* z = logits + row * V;
+    float* st = stats + row * 3;
+    if (labels[row] < 0 || held <= 0) {  // uniform across the block
+      if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
+      continue;
+    }
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < held; j += blockDim.x) {
+      const float v = z[j];
+      if (v > m) {
+        sum = sum * expf(m - v) + 1.0f;
+        m = v;
+      } else {
+        sum += v == -INFINITY ? 0.0f : expf(v - m);
+      }
+    }
+    const float mx = block_reduce(m, shared_max, MaxOp{});
+    const double part = sum == 0.0f ? 0.0 : static_cast<double>(sum) * expf(m - mx);
+    const double total = block_reduce(part, shared_sum, SumOp{});
+    if (threadIdx.x == 0) {
+      const int64_t label = labels[row] - first;
+      st[0] = mx;
+      st[1] = static_cast<float>(total);
+      st[2] = label >= 0 && label < held ? z[label] : 0.0f;
+    }
+  }
+}
+
+// One block per row: the row's log-sum-exp from every shard's statistics, its loss added once
+// per row, and the gradient of these columns (zero past `held` and on ignored rows).
+__global__ void cross_entropy_from_stats_kernel(float* logits, const int32_t* labels, int64_t N,
+                                                int64_t V, int64_t first, int64_t held,
+                                                const float* stats, int64_t slots,
+                                                bool write_grad, float grad_scale,
+                                                double* loss_sum) {
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    float* z = logits + row * V;
+    if (labels[row] < 0) {
+      if (write_grad)
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) z[j] = 0.0f;
+      continue;
+    }
+    float mx = stats[row * 3];
+    for (int64_t k = 1; k < slots; ++k) mx = fmaxf(mx, stats[(k * N + row) * 3]);
+    double total = 0.0, target = 0.0;
+    for (int64_t k = 0; k < slots; ++k) {
+      const float* st = stats + (k * N + row) * 3;
+      total += static_cast<double>(st[1]) * exp(static_cast<double>(st[0]) - mx);
+      target += st[2];
+    }
+    if (threadIdx.x == 0 && loss_sum) atomicAdd(loss_sum, log(total) - (target - mx));
+    if (!write_grad) continue;
+    const int64_t label = labels[row] - first;
+    const float f = static_cast<float>(grad_scale / total);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const float g = j < held ? expf(z[j] - mx) * f : 0.0f;
+      z[j] = j == label ? g - grad_scale : g;
+    }
+  }
+}
+
 // One block: the rows of a regression head are one per sequence, a few hundred at most.
 __global__ void mse_loss_kernel(float* predictions, const float* targets, int64_t N,
                                 bool write_grad, float grad_scale, double* loss_sum) {
@@ -95,6 +164,26 @@ void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels,
   softmax_cross_entropy_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, write_grad,
                                                         grad_scale, loss_sum);
   check_launch("softmax_cross_entropy");
+}
+
+void cross_entropy_stats(cudaStream_t s, const float* logits, const int32_t* labels, int64_t N,
+                         int64_t V, int64_t first, int64_t held, float* stats) {
+  if (N <= 0 || V <= 0) return;
+  const int threads = held >= 8192 ? 512 : threads_for_row(std::max<int64_t>(held, 1));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
+  cross_entropy_stats_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, first, held, stats);
+  check_launch("cross_entropy_stats");
+}
+
+void cross_entropy_from_stats(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
+                              int64_t V, int64_t first, int64_t held, const float* stats,
+                              int64_t slots, bool write_grad, float grad_scale, double* loss_sum) {
+  if (N <= 0 || V <= 0) return;
+  const int threads = V >= 8192 ? 512 : threads_for_row(V);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
+  cross_entropy_from_stats_kernel<<<grid, threads, 0, s>>>(
+      logits, labels, N, V, first, held, stats, slots, write_grad, grad_scale, loss_sum);
+  check_launch("cross_entropy_from_stats");
 }
 
 }  // namespace brisk::cuda
