@@ -197,7 +197,8 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
                            [&](int64_t, int64_t, int64_t length) { total += length; });
     }
     // Vocabulary parallelism: 50257 rows as 4 x 12565, the last rank's 3 rows of padding.
-    const ParamInfo& wte = part->params().list()[static_cast<size_t>(part->params().index("transformer.wte.weight"))];
+    const ParamInfo& wte =
+        part->params().list()[static_cast<size_t>(part->params().index("transformer.wte.weight"))];
     EXPECT_EQ(wte.shape, (Shape{12565, 768}));
     EXPECT_EQ(split_geometry(wte).held, r == 3 ? 12562 : 12565);
   }

@@ -152,8 +152,9 @@ int64_t Backend::check_cross_entropy_shard(const Tensor& logits, const Tensor& l
   const int64_t V = logits.dim(-1), N = V > 0 ? logits.numel() / V : 0;
   BRISK_CHECK(labels.dtype() == DType::i32 && labels.numel() == N, op, ": ", labels.numel(),
               " labels for ", N, " rows of logits");
-  BRISK_CHECK(shard.first >= 0 && shard.vocab >= 0 && (shard.vocab == 0 || shard.first < shard.vocab),
-              op, ": columns from ", shard.first, " of a vocabulary of ", shard.vocab);
+  BRISK_CHECK(
+      shard.first >= 0 && shard.vocab >= 0 && (shard.vocab == 0 || shard.first < shard.vocab), op,
+      ": columns from ", shard.first, " of a vocabulary of ", shard.vocab);
   const char* what = "the cross-entropy's statistics";
   BRISK_CHECK(stats.dtype() == DType::f32 && stat_slots >= 1 &&
                   stats.numel() == checked_mul(checked_mul(stat_slots, N, what), 3, what),

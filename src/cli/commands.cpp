@@ -540,24 +540,21 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
 }  // namespace
 
 namespace {
-// What a tensor rank holds and what it sums per step: 4 [B, T, C] float32 sums per block per
-// micro-batch (2 forward, 2 backward; 6 when gradient checkpointing runs each forward again),
-// each rank sending 2 (t - 1) / t of a sum's bytes on a ring.
+// What a tensor rank holds and what it sums per step (tensor_step_bytes), each rank sending
+// 2 (t - 1) / t of a sum's bytes on a ring.
 void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
   const auto t = static_cast<double>(o.tp_size);
   std::printf(
       "tensor parallel over %lld ranks: each holds 1/%lld of every block's attention "
-      "heads and MLP width (the plan is each rank's)\n",
+      "heads and MLP width and of the vocabulary (the plan is each rank's)\n",
       static_cast<long long>(o.tp_size), static_cast<long long>(o.tp_size));
-  const double sums = o.gradient_checkpointing ? 6 : 4;
-  const double bytes =
-      sums * static_cast<double>(run.config.num_layers) *
-      static_cast<double>(o.per_device_train_batch_size * o.seq_len * run.config.hidden_size) * 4 *
-      static_cast<double>(o.gradient_accumulation_steps);
+  const double bytes = tensor_step_bytes(run);
   std::printf(
-      "  sums over the tensor group per step: %s of activations and gradients (%g per "
-      "block per micro-batch), each rank sending %s on a ring\n",
-      format_mib(static_cast<size_t>(bytes)).c_str(), sums,
+      "  sums over the tensor group per step: %s of activations and gradients (4 per "
+      "block per micro-batch%s, and the embeddings' and the head's), each rank sending %s on a "
+      "ring\n",
+      format_mib(static_cast<size_t>(bytes)).c_str(),
+      o.gradient_checkpointing ? " and the recomputed forwards'" : "",
       format_mib(static_cast<size_t>(bytes * 2 * (t - 1) / t)).c_str());
 }
 }  // namespace

@@ -11,7 +11,7 @@ Shape ParamInfo::full_shape() const {
   if (!split.split()) return shape;
   Shape full;
   for (int i = 0; i < shape.rank(); ++i)
-    full.push_back(i != split.dim  ? shape[i]
+    full.push_back(i != split.dim   ? shape[i]
                    : split.full > 0 ? split.full
                                     : checked_mul(shape[i], int64_t{split.ranks}, "a parameter"));
   return full;

@@ -91,9 +91,7 @@ class Encoder final : public Model {
     cls_w_ = linear(n_.classifier, {c.num_labels, C});
   }
 
-  int64_t head_width() const override {
-    return masked_lm() ? vocab_rows() : config_.hidden_size;
-  }
+  int64_t head_width() const override { return masked_lm() ? vocab_rows() : config_.hidden_size; }
   const char* base_prefix() const override { return n_.base; }
   const char* class_name() const override {
     return masked_lm() ? n_.masked_lm_class : n_.class_name;

@@ -50,8 +50,7 @@ class Gpt2 final : public Model {
     lnf_g_ = param("transformer.ln_f.weight", {C}, kBiasOrNorm);
     lnf_b_ = param("transformer.ln_f.bias", {C}, kBiasOrNorm);
     // tie_word_embeddings false: the LM head has its own [V, C] weight (no bias).
-    head_ =
-        c.tied_lm_head ? wte_ : vocab_param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
+    head_ = c.tied_lm_head ? wte_ : vocab_param("lm_head.weight", {c.vocab_size, C}, kLinearWeight);
   }
 
   float init_std(const std::string& name) const override {

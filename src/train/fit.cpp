@@ -166,11 +166,10 @@ CostModel cost_model(Device device) {
 }
 
 // The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
-// parallelism's 4 float32 [B, T, C] sums per block of the stage per micro-batch (6
-// recomputing), the data replicas' sum of the stage's float32 gradients once a step (ZeRO stage
-// 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T, C] activations sent
-// on and gradients sent back per micro-batch (T: a sequence rank's tokens), and a sequence rank's
-// all-to-alls. `data_ranks`: the replicas that sum the gradients.
+// parallelism's (tensor_step_bytes), the data replicas' sum of the stage's float32 gradients once a
+// step (ZeRO stage 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T, C]
+// activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and a
+// sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
 double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
@@ -182,9 +181,7 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   const double tokens = static_cast<double>(o.per_device_train_batch_size *
                                             o.gradient_accumulation_steps * o.seq_len) /
                         s;
-  const double sums = o.gradient_checkpointing ? 6 : 4;
-  const double tensor = sums * static_cast<double>(c.num_layers) / p * tokens *
-                        static_cast<double>(c.hidden_size) * 4 * ring(t);
+  const double tensor = tensor_step_bytes(run) * ring(t);
   const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
   const double d = static_cast<double>(data_ranks);
   const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
@@ -192,6 +189,27 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   // Sequence parallelism's all-to-alls: each rank sends (s - 1) / s of what it exchanges.
   const double sequence = sequence_step_bytes(run) / p * (s - 1) / s;
   return (tensor + data + stages + sequence) / m.collective;
+}
+
+double tensor_step_bytes(const RunAssembly& run) {
+  const TrainOptions& o = run.options;
+  const ModelConfig& c = run.model->config();  // the rank's share: its stage's blocks
+  if (o.tp_size <= 1) return 0;
+  const double activations = static_cast<double>(o.per_device_train_batch_size) *
+                             static_cast<double>(o.seq_len / std::max<int64_t>(1, o.sp_size)) *
+                             static_cast<double>(c.hidden_size) * 4;
+  // Gradient checkpointing runs each block's forward but the last's again, a pre-norm block's
+  // without its output (1 sum), a post-norm block's whole (2).
+  const double L = static_cast<double>(c.end_layer() - c.first_layer());
+  const double again = run.model->inference_style().pre_norm ? 1 : 2;
+  const double blocks = (4 * L + (o.gradient_checkpointing ? again * (L - 1) : 0)) * activations;
+  // Vocabulary parallelism: the embeddings' output on the first stage; on the last, the head's
+  // input gradient and each row's 3 statistics from every rank.
+  const double rows = activations / static_cast<double>(c.hidden_size) / 4;
+  const double ends =
+      (c.first_stage() ? activations : 0) +
+      (c.last_stage() ? activations + rows * 3 * 4 * static_cast<double>(o.tp_size) : 0);
+  return (blocks + ends) * static_cast<double>(o.gradient_accumulation_steps);
 }
 
 double sequence_step_bytes(const RunAssembly& run) {

@@ -93,6 +93,12 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
 // (parallel/sequence_parallel.h's sequence_exchange_bytes for the run's precision and
 // recomputation); 0 without sequence parallelism.
 double sequence_step_bytes(const RunAssembly& run);
+// The bytes a rank of run.options.tp_size tensor ranks sums over the tensor group per step:
+// 4 float32 [B, T, C] sums per block of its stage per micro-batch (2 forward, 2 backward; T a
+// sequence rank's tokens), those of the forwards gradient checkpointing runs again, and
+// vocabulary parallelism's: the embeddings' output on the first stage, the head's input
+// gradient and 3 float32 statistics per row and rank on the last. 0 without tensor parallelism.
+double tensor_step_bytes(const RunAssembly& run);
 
 struct FitCandidate {
   TrainOptions options;  // its tp_size and zero_stage: the layout

@@ -17,6 +17,8 @@
 #include "parallel/test_world.h"
 #include "parallel/train_ranks.h"
 #include "test_support.h"
+#include "train/assembly.h"
+#include "train/fit.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {
@@ -123,6 +125,39 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   one.tp_size = 1;
   one.zero_stage = 0;
   expect_resumes_across_layouts(o, one, &data);
+}
+
+// The bytes a rank sums over the tensor group in a run are what `brisk estimate` prints
+// (tensor_step_bytes, per step): the blocks' sums, with and without gradient checkpointing, and
+// vocabulary parallelism's (the embeddings' output, the head's input gradient and statistics).
+TEST(TensorParallel, SummedBytesAreTheEstimates) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N;
+  SharedDir dir("tp_bytes");
+  const std::string model = write_model(dir, "gpt2", 0.0);
+  UnequalLengths data;
+  for (const bool checkpointing : {false, true}) {
+    TrainOptions o = tiny_options(model, dir / (checkpointing ? "recompute" : "plain"));
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 2;
+    o.max_steps = 2;
+    o.tp_size = tp;
+    o.pad_to_max_length = true;  // every batch at the planned 12 tokens
+    o.gradient_checkpointing = checkpointing;
+    const TrainSummary s = train(
+        o, [](const nlohmann::json&) {}, &data, {}, &world());
+    double measured = -1;
+    for (const auto& [name, value] : s.parallel)
+      if (name == "tensor_parallel_sum_bytes") measured = value;
+    const auto run = assemble_run(o, kHostDevice, nullptr, &data, 0, N / tp, 0, 0, 0);
+    EXPECT_EQ(measured, 2 * tensor_step_bytes(*run)) << "gradient_checkpointing " << checkpointing;
+    // By hand: 2 blocks' 4 sums (and the first's attention output again, recomputing) and 2
+    // more of [2, 12, 48] float32, and 2 x 12 rows' 3 statistics from each rank, per
+    // micro-batch.
+    const double sums = (checkpointing ? 9 : 8) + 2;
+    EXPECT_EQ(tensor_step_bytes(*run), 2 * (sums * 2 * 12 * 48 * 4 + 24 * 3 * 4 * tp));
+  }
 }
 
 // On GPUs through NCCL (the tensor group split from the run's NCCL communicator): tp over the

@@ -77,8 +77,8 @@ class CpuBackend final : public Backend {
   void stochastic_round(DType dtype, const Tensor& t, const RngKey& key) override;
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
-                         const Tensor& type_ids, const Tensor& type_table,
-                         const Tensor& out, const VocabShard& shard) override;
+                         const Tensor& type_ids, const Tensor& type_table, const Tensor& out,
+                         const VocabShard& shard) override;
   void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                           const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                           const Tensor& dtype_table, const VocabShard& shard) override;
@@ -100,10 +100,9 @@ class CpuBackend final : public Backend {
                              float grad_scale, const Tensor& loss_sum, const Tensor& grad) override;
   void cross_entropy_stats(const Tensor& logits, const Tensor& labels, const VocabShard& shard,
                            const Tensor& stats) override;
-  void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
-                                const VocabShard& shard, const Tensor& stats, bool write_grad,
-                                float grad_scale, const Tensor& loss_sum,
-                                const Tensor& grad) override;
+  void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels, const VocabShard& shard,
+                                const Tensor& stats, bool write_grad, float grad_scale,
+                                const Tensor& loss_sum, const Tensor& grad) override;
   void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
                 const Tensor& loss_sum) override;
 

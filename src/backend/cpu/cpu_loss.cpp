@@ -154,12 +154,12 @@ void CpuBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
 
 void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
                                           const VocabShard& shard, const Tensor& stats,
-                                          bool write_grad, float grad_scale,
-                                          const Tensor& loss_sum, const Tensor& grad) {
+                                          bool write_grad, float grad_scale, const Tensor& loss_sum,
+                                          const Tensor& grad) {
   expect(loss_sum, DType::f64, Shape{1}, "cross_entropy_from_stats loss_sum");
   const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
-  const int64_t held = check_cross_entropy_shard(logits, labels, shard, stats, slots,
-                                                 "cross_entropy_from_stats");
+  const int64_t held =
+      check_cross_entropy_shard(logits, labels, shard, stats, slots, "cross_entropy_from_stats");
   check_shard_labels(labels, shard, held);
   const bool apart = check_loss_grad(logits, write_grad, grad);
   const bool g16 = apart && grad.dtype() == DType::bf16;

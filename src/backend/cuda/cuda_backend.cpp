@@ -422,16 +422,15 @@ void CudaBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& l
                                            bool write_grad, float grad_scale,
                                            const Tensor& loss_sum, const Tensor& grad) {
   const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
-  const int64_t held = check_cross_entropy_shard(logits, labels, shard, stats, slots,
-                                                 "cross_entropy_from_stats");
+  const int64_t held =
+      check_cross_entropy_shard(logits, labels, shard, stats, slots, "cross_entropy_from_stats");
   BRISK_CHECK(
       loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
       "cross_entropy_from_stats: loss_sum must be one float64 in GPU memory");
   const bool apart = check_loss_grad(logits, write_grad, grad);
   cuda::cross_entropy_from_stats(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"),
-                                 rows(logits), cols(logits), shard.first, held,
-                                 dev(stats, "stats"), slots, write_grad, grad_scale,
-                                 loss_sum.as<double>());
+                                 rows(logits), cols(logits), shard.first, held, dev(stats, "stats"),
+                                 slots, write_grad, grad_scale, loss_sum.as<double>());
   if (apart) cast(logits, grad);
 }
 

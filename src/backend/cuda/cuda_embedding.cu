@@ -11,8 +11,8 @@ namespace {
 // (word + pos) + type. The table holds ids [first, first + held); other ids' word part is zero.
 __global__ void embedding_forward_kernel(const int32_t* ids, const float* word, const float* pos,
                                          const int32_t* type_ids, const float* type_table,
-                                         float* out, int64_t B, int64_t T, int64_t C,
-                                         int64_t first, int64_t held) {
+                                         float* out, int64_t B, int64_t T, int64_t C, int64_t first,
+                                         int64_t held) {
   for (int64_t bt = blockIdx.x; bt < B * T; bt += gridDim.x) {
     const int64_t row = ids[bt] - first;
     const float* wr = row >= 0 && row < held ? word + row * C : nullptr;

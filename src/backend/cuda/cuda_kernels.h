@@ -93,9 +93,9 @@ void rotary(cudaStream_t s, float* qkv, const float* cos, const float* sin, int6
             int64_t H, int64_t K, int64_t D, int64_t first_position, bool inverse);
 
 // ---- cuda_embedding.cu ----
-// out[b,t,:] = word[ids[b,t] - first] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]] : 0),
-// the word part zero for an id outside [first, first + held) (a vocabulary-parallel rank's rows).
-// Ids are validated on the host before upload.
+// out[b,t,:] = word[ids[b,t] - first] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]]
+// : 0), the word part zero for an id outside [first, first + held) (a vocabulary-parallel rank's
+// rows). Ids are validated on the host before upload.
 void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
                        const int32_t* type_ids, const float* type_table, float* out, int64_t B,
                        int64_t T, int64_t C, int64_t first, int64_t held);

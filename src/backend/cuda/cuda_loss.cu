@@ -98,9 +98,8 @@ __global__ void cross_entropy_stats_kernel(const float* logits, const int32_t* l
 // per row, and the gradient of these columns (zero past `held` and on ignored rows).
 __global__ void cross_entropy_from_stats_kernel(float* logits, const int32_t* labels, int64_t N,
                                                 int64_t V, int64_t first, int64_t held,
-                                                const float* stats, int64_t slots,
-                                                bool write_grad, float grad_scale,
-                                                double* loss_sum) {
+                                                const float* stats, int64_t slots, bool write_grad,
+                                                float grad_scale, double* loss_sum) {
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     float* z = logits + row * V;
     if (labels[row] < 0) {
@@ -181,8 +180,8 @@ void cross_entropy_from_stats(cudaStream_t s, float* logits, const int32_t* labe
   if (N <= 0 || V <= 0) return;
   const int threads = V >= 8192 ? 512 : threads_for_row(V);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
-  cross_entropy_from_stats_kernel<<<grid, threads, 0, s>>>(
-      logits, labels, N, V, first, held, stats, slots, write_grad, grad_scale, loss_sum);
+  cross_entropy_from_stats_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, first, held, stats,
+                                                           slots, write_grad, grad_scale, loss_sum);
   check_launch("cross_entropy_from_stats");
 }
 
