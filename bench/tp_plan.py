@@ -36,8 +36,11 @@ def measured_table(a, tmp):
         mem = r["memory"]
         planned = sum(mem["planned_bytes"].values())
         summed = r.get("tensor_parallel_sum_bytes", 0) / a.max_steps
-        # 4 float32 [B, T, C] sums per block per micro-batch (2 forward, 2 backward).
-        formula = 4 * layers * a.batch * a.seq * hidden * 4 if tp > 1 else 0
+        # 4 float32 [B, T, C] sums per block per micro-batch (2 forward, 2 backward), and the
+        # vocabulary's: the embeddings' output, the head's input gradient, 3 statistics a row
+        # from each rank.
+        rows = a.batch * a.seq
+        formula = (4 * layers + 2) * rows * hidden * 4 + rows * 3 * 4 * tp if tp > 1 else 0
         print(f"| tp {tp} ({tp} x {threads} threads) | {r['train_samples_per_second']:.2f} "
               f"| {r['train_loss']:.4f} | {planned / MIB:.0f} MiB "
               f"| {mem['peak_rss_bytes'] / MIB:.0f} MiB | {summed / MIB:.1f} MiB "
