@@ -181,8 +181,24 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
   EXPECT_EQ(share.head_dim(), 64);
   EXPECT_EQ(share.tensor_rank, 1);
   expect_error([&] { tensor_parallel_share(c, 0, 5); }, "does not divide the gpt2 config's n_head");
-  ModelConfig llama = resolve_config("smollm2-135m");  // 9 heads over 3 key/value heads
-  expect_error([&] { tensor_parallel_share(llama, 0, 9); }, "num_key_value_heads = 3");
+  // Key/value heads fewer than the ranks: each held by ranks / K ranks in a row, slice r / copies
+  // of the whole projection; a count neither a divisor nor a multiple of K is refused.
+  ModelConfig mistral = resolve_config("mistral-7b");  // 32 heads over 8 key/value heads
+  const ModelConfig copied = tensor_parallel_share(mistral, 5, 16);
+  EXPECT_EQ(copied.num_heads, 2);
+  EXPECT_EQ(copied.num_kv_heads, 1);
+  EXPECT_EQ(copied.kv_head_copies, 2);
+  const auto copy = Model::create(copied);
+  const ParamInfo& k = copy->params().list()[static_cast<size_t>(
+      copy->params().index("model.layers.0.self_attn.k_proj.weight"))];
+  EXPECT_EQ(k.shape, (Shape{128, 4096}));
+  EXPECT_EQ(k.full_shape(), (Shape{1024, 4096}));
+  EXPECT_EQ(k.split.rank, 2);  // tensor ranks 4 and 5 hold the third key/value head
+  EXPECT_EQ(k.split.copies, 2);
+  ModelConfig qwen = resolve_config("qwen2-0.5b");  // 14 heads over 2 key/value heads
+  expect_error([&] { tensor_parallel_share(qwen, 0, 7); },
+               "--tp_size 7 is neither a divisor nor a multiple of the qwen2 config's "
+               "num_key_value_heads = 2");
   // The shares' split parameters make up the full ones; the others are whole on each.
   const auto whole = Model::create(c);
   int64_t total = 0;

@@ -29,11 +29,15 @@ inline constexpr ParamRole kTiedEmbedding{true, true, true};  // also the LM hea
 // laid end to end. dim < 0: the parameter is whole on every rank (replicated). `full` > 0 (one
 // part only): the whole's extent along dim, which the slices exceed together (a vocabulary the
 // ranks do not divide): the places of a slice past it are padding, no element of the whole.
+// `copies` > 1: each slice is held alike by that many tensor ranks in a row (key/value heads
+// fewer than the ranks): tensor rank r holds slice r / copies (`rank`), and `ranks` counts the
+// slices (1: every tensor rank holds the whole, which split() does not call split).
 struct ParamSplit {
   int dim = -1;
   int pieces = 1;
   int rank = 0, ranks = 1;
   int64_t full = 0;
+  int copies = 1;
   bool split() const { return dim >= 0 && ranks > 1; }
 };
 

@@ -558,14 +558,24 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
                 " (tensor parallelism splits them evenly across the ranks)");
   };
   divides(c.num_heads, head_count_key(c));
-  if (c.kv_heads() != c.num_heads) divides(c.kv_heads(), "num_key_value_heads");
+  // Fewer key/value heads than ranks: each goes to ranks / K ranks in a row (their query heads
+  // all read it), which the count must divide.
+  const int64_t K = c.kv_heads();
+  const bool copied = ranks > K;
+  if (copied)
+    BRISK_CHECK(ranks % K == 0, "--tp_size ", ranks, " is neither a divisor nor a multiple of the ",
+                c.type_name(), " config's num_key_value_heads = ", K,
+                " (tensor parallelism splits the key/value heads or gives each to as many ranks)");
+  else if (K != c.num_heads)
+    divides(K, "num_key_value_heads");
   divides(c.intermediate_size, c.model_type == ModelType::gpt2         ? "n_inner"
                                : c.model_type == ModelType::distilbert ? "hidden_dim"
                                                                        : "intermediate_size");
   ModelConfig share = c;
   share.explicit_head_dim = c.head_dim();
   share.num_heads = c.num_heads / ranks;
-  share.num_kv_heads = c.kv_heads() / ranks;
+  share.num_kv_heads = copied ? 1 : K / ranks;
+  share.kv_head_copies = copied ? static_cast<int>(ranks / K) : 1;
   share.intermediate_size = c.intermediate_size / ranks;
   share.tensor_rank = rank;
   share.tensor_ranks = ranks;

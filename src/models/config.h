@@ -88,6 +88,9 @@ struct ModelConfig {
   // Tensor parallelism: this config is rank `tensor_rank`'s share of `tensor_ranks`
   // (tensor_parallel_share): num_heads, num_kv_heads and intermediate_size are the share's.
   int tensor_rank = 0, tensor_ranks = 1;
+  // Key/value heads fewer than the tensor ranks: each is held by this many tensor ranks in a row
+  // (Megatron's replication; the share's num_kv_heads is 1). 1 when the ranks split them.
+  int kv_head_copies = 1;
   // Pipeline parallelism: this config is stage `pipeline_stage`'s of `pipeline_stages`
   // (pipeline_share): its model holds blocks [first_layer(), end_layer()) of num_layers, the
   // embeddings on the first stage and the head on the last (a tied head's embeddings there too).

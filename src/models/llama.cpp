@@ -35,14 +35,14 @@ class Llama final : public Model {
       LayerIds ids;
       ids.ln_a = param(p + "input_layernorm.weight", {C}, kBiasOrNorm);
       // [out, in] weights: q/k/v and gate/up split by output (column-parallel), o_proj and
-      // down_proj by input (row-parallel).
+      // down_proj by input (row-parallel); k/v copied where the ranks outnumber their heads.
       ids.q_w = split_param(a + "q_proj.weight", {QD, C}, kLinearWeight, 0);
-      split_param(a + "k_proj.weight", {KD, C}, kLinearWeight, 0);
-      ids.v_w = split_param(a + "v_proj.weight", {KD, C}, kLinearWeight, 0);
+      kv_param(a + "k_proj.weight", {KD, C}, kLinearWeight);
+      ids.v_w = kv_param(a + "v_proj.weight", {KD, C}, kLinearWeight);
       if (c.qkv_bias) {
         ids.q_b = split_param(a + "q_proj.bias", {QD}, kBiasOrNorm, 0);
-        split_param(a + "k_proj.bias", {KD}, kBiasOrNorm, 0);
-        ids.v_b = split_param(a + "v_proj.bias", {KD}, kBiasOrNorm, 0);
+        kv_param(a + "k_proj.bias", {KD}, kBiasOrNorm);
+        ids.v_b = kv_param(a + "v_proj.bias", {KD}, kBiasOrNorm);
       }
       ids.o_w = split_param(a + "o_proj.weight", {C, QD}, kLinearWeight, 1);
       if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);

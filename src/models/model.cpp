@@ -111,6 +111,14 @@ void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor&
   be.embedding_backward(dout, ids, padding_idx, type_ids, g(word), dpos, dtypes, vocab_shard());
 }
 
+int Model::kv_param(const std::string& name, Shape shape, ParamRole role) {
+  const int copies = config_.kv_head_copies;
+  if (copies == 1) return split_param(name, shape, role, 0);
+  const ParamSplit split{0, 1,     config_.tensor_rank / copies, config_.tensor_ranks / copies,
+                         0, copies};
+  return numbered(stage_holds(role) ? params_.add(name, shape, role, 0, split) : -1);
+}
+
 void Model::clear_padding(Backend& be, int i) {
   const ParamInfo& p = params_.list()[static_cast<size_t>(i)];
   if (!p.split.split() || p.split.full == 0) return;

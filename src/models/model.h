@@ -312,6 +312,9 @@ class Model : public BatchTarget {
   // run of its rows (Megatron's vocabulary parallelism), the last rank's padded where the ranks
   // do not divide the vocabulary.
   int vocab_param(const std::string& name, Shape shape, ParamRole role);
+  // A key/value projection's weight or bias (split by output like split_param's dim 0), which
+  // tensor ranks beyond the key/value heads hold in copies (ParamSplit::copies).
+  int kv_param(const std::string& name, Shape shape, ParamRole role);
   // embedding_forward of the word table `word` (a vocab_param) and the given position rows and
   // type table into out [B,T,C]; under tensor parallelism each rank adds its rows' tokens and
   // the ranks' outputs are summed (the positions and types added once).

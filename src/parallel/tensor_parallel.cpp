@@ -110,7 +110,7 @@ class SplitReads final : public GatheredReads {
     ParamInfo q = p;
     for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
       read_share(whole, static_cast<size_t>(t), share, piece.size(), piece.data());
-      q.split.rank = t;
+      q.split.rank = t / p.split.copies;  // copies hold their slice alike
       for_each_split_run(q, 0, p.shape.numel(), [&](int64_t from, int64_t to, int64_t length) {
         std::memcpy(cache_.data() + static_cast<size_t>(to) * bytes,
                     piece.data() + static_cast<size_t>(from) * bytes,
@@ -147,8 +147,17 @@ class TensorParallel final : public ParallelPolicy {
         zero_(run.count < model.params().total_elements()) {
     model_.set_tensor_group(group_.get());
     const std::vector<ParamInfo>& params = model_.params().list();
-    for (size_t i = 0; i < params.size(); ++i)
+    for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].split.split()) split_.push_back(static_cast<int>(i));
+      if (params[i].split.copies > 1) copied_.push_back(static_cast<int>(i));
+    }
+    // The tensor ranks that hold the same key/value heads, which sum those heads' gradients.
+    if (!copied_.empty()) {
+      const int copies = params[static_cast<size_t>(copied_[0])].split.copies;
+      const int t = mesh.coordinate(MeshDim::tensor);
+      copies_ = mesh.group(MeshDim::tensor).split(t / copies, t);
+      first_copy_ = t % copies == 0;
+    }
     share_ = full_layout_share();
   }
   ~TensorParallel() override { model_.set_tensor_group(nullptr); }
@@ -158,6 +167,7 @@ class TensorParallel final : public ParallelPolicy {
   // The data replicas' sums, and the step's sums over the tensor group (blocking: all waited).
   SyncSeconds finish_gradients() override {
     SyncSeconds s = data_->finish_gradients();
+    sum_copied_gradients();
     const double tensor = group_->take_seconds();
     s.ran += tensor;
     s.waited += tensor;
@@ -181,9 +191,9 @@ class TensorParallel final : public ParallelPolicy {
       for (int i : split_) {
         if (i == skip) continue;
         const ParamInfo& p = model_.params().list()[static_cast<size_t>(i)];
-        const int64_t lo = std::max(p.offset, base);
-        const int64_t hi = std::min(p.offset + p.shape.numel(), base + grads.numel());
-        if (lo < hi) be_.sum_squares(element_range(grads, lo - base, hi - lo), acc);
+        if (p.split.copies > 1 && !first_copy_) continue;  // its first copy counts it
+        const ElementRange r = held_range(p, base, grads.numel());
+        if (r.count > 0) be_.sum_squares(element_range(grads, r.offset, r.count), acc);
       }
     }
     double seconds = data_->sum_over_gradients(acc);
@@ -226,10 +236,46 @@ class TensorParallel final : public ParallelPolicy {
   Optimizer& optimizer_;
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<CommunicatorGroup> group_;
-  std::vector<int> split_;  // the split parameters
-  ElementRange run_;        // the parameters this data rank steps (ZeRO's run, or all)
-  bool zero_;               // the run is a part: ZeRO partitions the state
+  std::vector<int> split_;   // the split parameters
+  std::vector<int> copied_;  // those held in copies (key/value heads fewer than the ranks)
+  std::unique_ptr<Communicator> copies_;  // the tensor ranks holding this rank's copies
+  bool first_copy_ = true;
+  ElementRange run_;  // the parameters this data rank steps (ZeRO's run, or all)
+  bool zero_;         // the run is a part: ZeRO partitions the state
   StateShare share_;
+
+  // p's elements among the gradients this rank holds (from element `base` of the parameters, n
+  // of them), as a range of those gradients.
+  static ElementRange held_range(const ParamInfo& p, int64_t base, int64_t n) {
+    const int64_t lo = std::max(p.offset, base),
+                  hi = std::min(p.offset + p.shape.numel(), base + n);
+    return lo < hi ? ElementRange{lo - base, hi - lo} : ElementRange{};
+  }
+
+  // Each copy of a key/value head got the gradient of its own query heads: the copies sum them
+  // (after the data replicas' sums, which commute with them), neighbouring parameters at once.
+  void sum_copied_gradients() {
+    if (copied_.empty()) return;
+    const Tensor& grads = data_->gradients();
+    const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
+    ElementRange run;
+    auto flush = [&] {
+      if (run.count > 0) copies_->all_reduce_sum(element_range(grads, run.offset, run.count));
+      run = {};
+    };
+    for (int i : copied_) {
+      const ElementRange r =
+          held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
+      if (r.count == 0) continue;
+      if (run.count > 0 && run.offset + run.count == r.offset) {
+        run.count += r.count;
+        continue;
+      }
+      flush();
+      run = r;
+    }
+    flush();
+  }
 
   // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
   // checkpoint's, laid out as the full parameters.

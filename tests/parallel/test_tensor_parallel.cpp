@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -125,6 +126,61 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   one.tp_size = 1;
   one.zero_stage = 0;
   expect_resumes_across_layouts(o, one, &data);
+}
+
+// A llama folder (divisible_config's) with `kv_heads` key/value heads and biases on q, k, v and o.
+std::string write_kv_model(const SharedDir& dir, const std::string& name, int kv_heads) {
+  const std::string folder = dir / name;
+  if (world().rank() == 0) {
+    nlohmann::json c = divisible_config("llama", 0.0);
+    c["num_key_value_heads"] = kv_heads;
+    c["attention_bias"] = true;
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/config.json") << c.dump();
+  }
+  world().barrier();
+  return folder;
+}
+
+// Key/value heads fewer than the tensor ranks: each rank keeps a copy of the one its query heads
+// read (multi-query attention on 2 and 3 ranks; 2 key/value heads on 4 ranks, each copied
+// twice), the copies sum their gradients, the norm counts them once and saves hold them once:
+// as one process with every step clipped, and resumed across layouts with Adam's state. On 4
+// ranks, copies under ZeRO 2 too (tp 2 x dp 2, one key/value head): the copies sum the data
+// replicas' partitions of their gradients.
+TEST(TensorParallel, KeyValueHeadsFewerThanTheRanksAreCopied) {
+  NEEDS_MPI();
+  const int N = world().size();
+  SharedDir dir("tp_kv_copies");
+  UnequalLengths data;
+  TrainOptions o = tiny_options(write_kv_model(dir, "kv", N == 4 ? 2 : 1), dir / "ranks");
+  o.per_device_train_batch_size = 2;
+  o.gradient_accumulation_steps = 2;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.max_grad_norm = 0.05;
+  o.tp_size = N;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.tp_size = 1;
+  expect_resumes_across_layouts(o, one, &data);
+  if (N != 4) return;
+  SCOPED_TRACE("tp 2 x dp 2 under ZeRO 2, one key/value head");
+  TrainOptions zero = o;
+  zero.model_name_or_path = write_kv_model(dir, "mqa", 1);
+  zero.tp_size = 2;
+  zero.zero_stage = 2;
+  zero.per_device_train_batch_size = 1;
+  zero.output_dir = dir / "zero2";
+  TrainOptions zero_one = zero;
+  zero_one.tp_size = 1;
+  zero_one.zero_stage = 0;
+  zero_one.per_device_train_batch_size = 2;
+  zero_one.output_dir = dir / "zero2_one";
+  const Logged ranks = run(zero, &data, &world());
+  if (world().rank() != 0) return;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  expect_trains_as(ranks, run(zero_one, &data, alone.get()));
 }
 
 // The bytes a rank sums over the tensor group in a run are what `brisk estimate` prints
