@@ -304,24 +304,27 @@ bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
 
 // o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
 // pipeline depth and sequence-parallel degree the model's counts (and the length) allow,
-// with each ZeRO stage where there are several replicas (data and sequence ranks; pipelines:
-// ZeRO 0 and 1; an offloaded optimizer with neither tensor nor pipeline ranks).
+// with each ZeRO stage where there are several replicas (data and sequence ranks) that brisk
+// runs with them (unsupported_layout).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
   if (world <= 1)
     return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
              std::max<int64_t>(1, o.sp_size), o.zero_stage, 1}};
   const ModelConfig config = resolve_config(o.model_name_or_path);
   std::vector<Layout> out;
-  const bool offload = o.offload_optimizer != "none";
   for (int tp = 1; tp <= world; ++tp)
     for (int pp = 1; tp * pp <= world; ++pp)
       for (int sp = 1; tp * pp * sp <= world; ++sp) {
         const int model = tp * pp * sp;
-        if (world % model || (offload && tp * pp > 1) || !splits(config, tp, pp, sp, o.seq_len))
-          continue;
+        if (world % model || !splits(config, tp, pp, sp, o.seq_len)) continue;
         const int d = world / model;
-        const int64_t top = d * sp == 1 ? 0 : pp > 1 ? 1 : 3;
-        for (int64_t zero = 0; zero <= top; ++zero) out.push_back({tp, pp, sp, zero, d});
+        for (int64_t zero = 0; zero <= (d * sp == 1 ? 0 : 3); ++zero) {
+          TrainOptions t = o;
+          t.tp_size = tp;
+          t.pp_size = pp;
+          t.zero_stage = zero;
+          if (unsupported_layout(t) == nullptr) out.push_back({tp, pp, sp, zero, d});
+        }
       }
   return out;
 }

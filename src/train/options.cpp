@@ -166,19 +166,18 @@ void check_precision_and_schedule(const TrainOptions& o) {
               "\" (valid: linear, cosine, constant, constant_with_warmup)");
 }
 
-// Saving, data parallelism, the optimizer and the device.
-// What pipeline stages do not run yet is refused, naming it.
-void check_pipeline_options(const TrainOptions& o) {
-  BRISK_CHECK(o.pp_size >= 0 && o.pp_size <= 4096, "pp_size must lie in [0, 4096], got ",
-              o.pp_size);
-  if (o.pp_size <= 1) return;
-  const char* missing = o.zero_stage > 1                ? "--zero_stage above 1"
-                        : o.offload_optimizer != "none" ? "--offload_optimizer"
-                                                        : nullptr;
-  BRISK_CHECK(missing == nullptr, "--pp_size with ", missing ? missing : "",
-              " is not supported yet");
+}  // namespace
+
+const char* unsupported_layout(const TrainOptions& o) {
+  const bool offload = o.offload_optimizer != "none";
+  if (o.tp_size > 1 && offload) return "--tp_size with --offload_optimizer";
+  if (o.pp_size > 1 && o.zero_stage > 1) return "--pp_size with --zero_stage above 1";
+  if (o.pp_size > 1 && offload) return "--pp_size with --offload_optimizer";
+  return nullptr;
 }
 
+namespace {
+// Saving, data parallelism, the optimizer and the device.
 void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
               "unknown save_strategy \"", brisk::excerpt(o.save_strategy),
@@ -192,9 +191,10 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.zero_stage);
   BRISK_CHECK(o.tp_size >= 0 && o.tp_size <= 4096, "tp_size must lie in [0, 4096], got ",
               o.tp_size);
-  BRISK_CHECK(o.tp_size <= 1 || o.offload_optimizer == "none",
-              "--tp_size with --offload_optimizer is not supported yet");
-  check_pipeline_options(o);
+  BRISK_CHECK(o.pp_size >= 0 && o.pp_size <= 4096, "pp_size must lie in [0, 4096], got ",
+              o.pp_size);
+  const char* gap = unsupported_layout(o);
+  BRISK_CHECK(gap == nullptr, gap, " is not supported yet");
   BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
               o.sp_size);
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
