@@ -697,6 +697,35 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
   EXPECT_GE(stages[1]["activations_bytes"].get<int64_t>(), int64_t{2} * 2 * 128 * 768 * 4);
 }
 
+// estimate --tp_size: each rank's plan holds its share of the blocks and of the vocabulary
+// (GPT-2 over 4 ranks: 12565 of the 50257 rows each, the last with 3 of padding), and the sums
+// over the tensor group per step are printed (SummedBytesAreTheEstimates checks them against a
+// run).
+TEST(Cli, EstimatePlansEachTensorRanksShare) {
+  CliRun four;
+  const nlohmann::json j = estimate_json(
+      "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 --world_size 4 "
+      "--tp_size 4",
+      &four);
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_NE(four.out.find("tensor parallel over 4 ranks: each holds 1/4 of every block's "
+                          "attention heads and MLP width and of the vocabulary"),
+            std::string::npos)
+      << four.out;
+  // Per block 1/4 of c_attn, c_fc and both c_proj weights (and the first two's biases), whole
+  // norms and row-parallel biases; 12565 rows of wte; wpe and ln_f whole.
+  const int64_t split = (768 * 2304 + 2304 + 768 * 768 + 768 * 3072 + 3072 + 3072 * 768) / 4;
+  const int64_t whole = 4 * 768 + 2 * 768;
+  EXPECT_EQ(j["parameters"], 12 * (split + whole) + 12565 * 768 + 1024 * 768 + 2 * 768);
+  EXPECT_EQ(j["tensor_parallel"]["vocabulary_rows_per_rank"], 12565);
+  // 12 blocks' 4 sums and 2 more of [2, 1024, 768] float32, and 2048 rows' 3 statistics from
+  // each of the 4 ranks.
+  const double sums = (4.0 * 12 + 2) * 2 * 1024 * 768 * 4 + 2048.0 * 3 * 4 * 4;
+  EXPECT_EQ(j["tensor_parallel"]["sums_bytes_per_step"].get<double>(), sums);
+  EXPECT_NE(four.out.find("sums over the tensor group per step: 300.1 MiB"), std::string::npos)
+      << four.out;
+}
+
 // estimate --sp_size: each rank's plan holds its share of the tokens (GPT-2's activations per
 // block fall by about the degree: all but attention's statistics and the exchange's buffers),
 // the ZeRO partitions span the data and sequence ranks together, and the all-to-alls' bytes

@@ -492,11 +492,11 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
                     bars);
 }
 
-// --json: the plan, every buffer, the fit and the data-parallel report.
+// --json: the plan, every buffer, the fit and the parallel layout's reports (`layout`: the
+// data-parallel ranks, pipeline stages, tensor and sequence ranks, each under its key).
 void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
                          size_t host_base, const nlohmann::json& fit_json,
-                         const nlohmann::json& ranks_json, const nlohmann::json& stages_json,
-                         const nlohmann::json& sequence_json) {
+                         const nlohmann::json& layout) {
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const int64_t n = run.model->params().total_elements();
@@ -514,23 +514,20 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
                             {"shape", b.shape.str()},
                             {"bytes", b.bytes},
                             {"placement", b.placement == Placement::host ? "host" : "device"}});
-  const nlohmann::json j = {
-      {"device", device == Device::cuda ? "cuda" : "cpu"},
-      {"parameters", n},
-      {"memory",
-       {{"planned_bytes", planned_json},
-        {"planned_total_bytes", plan.total_bytes()},
-        {"planned_device_bytes", plan.total_bytes(Placement::device)},
-        {"planned_host_bytes", plan.total_bytes(Placement::host)},
-        {"activations_per_block_bytes", block},
-        {"layers", layers},
-        {"host_baseline_bytes", host_base},
-        {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
-        {"buffers", buffers_json}}},
-      {"fit", fit_json},
-      {"data_parallel", ranks_json},
-      {"pipeline_stages", stages_json},
-      {"sequence_parallel", sequence_json}};
+  nlohmann::json j = {{"device", device == Device::cuda ? "cuda" : "cpu"},
+                      {"parameters", n},
+                      {"memory",
+                       {{"planned_bytes", planned_json},
+                        {"planned_total_bytes", plan.total_bytes()},
+                        {"planned_device_bytes", plan.total_bytes(Placement::device)},
+                        {"planned_host_bytes", plan.total_bytes(Placement::host)},
+                        {"activations_per_block_bytes", block},
+                        {"layers", layers},
+                        {"host_baseline_bytes", host_base},
+                        {"device_context_bytes", device == Device::cuda ? kCudaContextBytes : 0},
+                        {"buffers", buffers_json}}},
+                      {"fit", fit_json}};
+  j.update(layout);
   std::ofstream out(json_path);
   BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
   out << j.dump(2) << "\n";
@@ -542,7 +539,7 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
 namespace {
 // What a tensor rank holds and what it sums per step (tensor_step_bytes), each rank sending
 // 2 (t - 1) / t of a sum's bytes on a ring.
-void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
+nlohmann::json print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
   const auto t = static_cast<double>(o.tp_size);
   std::printf(
       "tensor parallel over %lld ranks: each holds 1/%lld of every block's attention "
@@ -556,6 +553,9 @@ void print_tensor_parallel(const TrainOptions& o, const RunAssembly& run) {
       format_mib(static_cast<size_t>(bytes)).c_str(),
       o.gradient_checkpointing ? " and the recomputed forwards'" : "",
       format_mib(static_cast<size_t>(bytes * 2 * (t - 1) / t)).c_str());
+  return {{"ranks", o.tp_size},
+          {"vocabulary_rows_per_rank", run.model->vocab_rows()},
+          {"sums_bytes_per_step", bytes}};
 }
 }  // namespace
 
@@ -635,12 +635,14 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   const std::unique_ptr<RunAssembly> run =
       assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
   print_estimate_header(o, *run, device);
-  if (o.tp_size > 1) print_tensor_parallel(o, *run);
-  const nlohmann::json sequence_json =
+  nlohmann::json layout = nlohmann::json::object();
+  layout["tensor_parallel"] =
+      o.tp_size > 1 ? print_tensor_parallel(o, *run) : nlohmann::json::object();
+  layout["sequence_parallel"] =
       o.sp_size > 1 ? print_sequence_parallel(o, *run) : nlohmann::json::object();
   print_categories(o, *run, device);
-  const nlohmann::json ranks_json = print_ranks(o, *run, replicas * mesh[MeshDim::sequence]);
-  const nlohmann::json stages_json =
+  layout["data_parallel"] = print_ranks(o, *run, replicas * mesh[MeshDim::sequence]);
+  layout["pipeline_stages"] =
       o.pp_size > 1 ? print_pipeline_stages(o, device, replicas) : nlohmann::json::array();
   const size_t block = bytes_under(run->plan, "block.0.");
   const int64_t layers = run->config.num_layers;
@@ -652,8 +654,7 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   if (args.fit) fits = print_fit(o, device, args, fit_json);
   if (!args.html_path.empty()) write_estimate_html(o, args, run->plan, device, host_base, fits);
   if (!args.json_path.empty())
-    write_estimate_json(args.json_path, *run, device, host_base, fit_json, ranks_json, stages_json,
-                        sequence_json);
+    write_estimate_json(args.json_path, *run, device, host_base, fit_json, layout);
   return 0;
 }
 

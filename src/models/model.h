@@ -121,6 +121,10 @@ class Model : public BatchTarget {
   // The tokens of each planned sequence this model computes on: all of them, or under sequence
   // parallelism its share (its activations' length).
   int64_t planned_tokens() const { return token_shape(planned_).seq; }
+  // The ids of the vocabulary this rank's vocabulary tables hold (VocabShard{}: all of them),
+  // and the tables' rows (vocab_param).
+  VocabShard vocab_shard() const;
+  int64_t vocab_rows() const;
   // The last forward pass's logits (overwritten by their gradient when it computed gradients).
   // A language-model head holds them whole only when the batch's rows fit its chunk
   // (PlanOptions::logits_rows); otherwise asking for them fails.
@@ -287,10 +291,6 @@ class Model : public BatchTarget {
   virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).
   virtual int64_t head_width() const = 0;
-  // The ids of the vocabulary this rank's vocabulary tables hold (VocabShard{}: all of them),
-  // and the tables' rows (vocab_param).
-  VocabShard vocab_shard() const;
-  int64_t vocab_rows() const;
 
   DType activation_dtype() const { return options_.activation_dtype; }
   Device device() const { return options_.device; }
