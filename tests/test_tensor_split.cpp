@@ -222,7 +222,8 @@ TEST(TensorSplit, ConfigSharesSplitHeadsAndWidthAndRefuseCountsThatDoNotDivide) 
 }
 
 // Sequence shares keep every parameter and head count and refuse, by name, head counts the ranks
-// do not divide and a length that does not split.
+// do not divide (key/value heads: neither divide nor are a multiple of) and a length that does not
+// split.
 TEST(TensorSplit, SequenceSharesRefuseHeadsTasksAndLengthsThatDoNotSplit) {
   ModelConfig c = resolve_config("gpt2");  // 12 heads
   const ModelConfig share = sequence_parallel_share(c, 1, 4);
@@ -232,8 +233,13 @@ TEST(TensorSplit, SequenceSharesRefuseHeadsTasksAndLengthsThatDoNotSplit) {
             Model::create(c)->params().total_elements());
   expect_error([&] { sequence_parallel_share(c, 0, 5); },
                "--sp_size 5 does not divide the gpt2 config's n_head = 12");
-  ModelConfig llama = resolve_config("smollm2-135m");  // 9 heads over 3 key/value heads
-  expect_error([&] { sequence_parallel_share(llama, 0, 9); }, "num_key_value_heads = 3");
+  // Key/value heads fewer than the ranks are copied (9 ranks over SmolLM2's 3: each to 3
+  // ranks); a count neither a divisor nor a multiple of them is refused.
+  EXPECT_EQ(sequence_parallel_share(resolve_config("smollm2-135m"), 4, 9).sequence_rank, 4);
+  ModelConfig qwen = resolve_config("qwen2-0.5b");  // 14 heads over 2 key/value heads
+  expect_error([&] { sequence_parallel_share(qwen, 0, 7); },
+               "--sp_size 7 is neither a divisor nor a multiple of the qwen2 config's "
+               "num_key_value_heads = 2");
   EXPECT_EQ(sequence_parallel_share(resolve_config("bert-tiny"), 1, 2).sequence_rank, 1);
   // The plan: a length of 13 does not split among 2; 12 does, and each rank keeps 6 tokens.
   const auto model = Model::create(sequence_parallel_share(resolve_config("gpt2-tiny"), 1, 2));

@@ -590,9 +590,12 @@ ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks) {
   BRISK_CHECK(c.num_heads % ranks == 0, "--sp_size ", ranks, " does not divide the ", c.type_name(),
               " config's ", head_count_key(c), " = ", c.num_heads, tp,
               " (sequence parallelism gives each rank as many heads)");
-  BRISK_CHECK(c.kv_heads() % ranks == 0, "--sp_size ", ranks, " does not divide the ",
-              c.type_name(), " config's num_key_value_heads = ", c.kv_heads(), tp,
-              " (sequence parallelism gives each rank as many key/value heads)");
+  const int64_t K = c.kv_heads();
+  BRISK_CHECK(K % ranks == 0 || ranks % K == 0, "--sp_size ", ranks,
+              " is neither a divisor nor a multiple of the ", c.type_name(),
+              " config's num_key_value_heads = ", K, tp,
+              " (sequence parallelism gives each rank as many key/value heads, or copies one to "
+              "as many ranks)");
   ModelConfig share = c;
   share.sequence_rank = rank;
   share.sequence_ranks = ranks;

@@ -425,9 +425,9 @@ MatmulOperands Model::matmul_operands() const {
   operands.a_rows = rows;
   operands.attention =
       checked_mul(rows, checked_add(c.qkv_width(), c.attention_width(), what), what);
-  operands.attention_workspace =
-      fused_attention_workspace_bound(shape_.batch, shape_.seq, c.num_heads / c.sequence_ranks,
-                                      c.kv_heads() / c.sequence_ranks, c.head_dim());
+  operands.attention_workspace = fused_attention_workspace_bound(
+      shape_.batch, shape_.seq, c.num_heads / c.sequence_ranks,
+      std::max<int64_t>(1, c.kv_heads() / c.sequence_ranks), c.head_dim());
   return operands;
 }
 

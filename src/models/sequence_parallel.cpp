@@ -12,7 +12,7 @@ Tensor flat(const Tensor& t, int64_t numel, DType dtype) {
 }
 
 struct ExchangeDims {
-  int64_t B, t, N, W, part;  // part = W / N: a rank's columns
+  int64_t B, t, N, W, part;  // part: the columns a rank receives
   int64_t chunk() const { return B * t * part; }
 };
 
@@ -20,42 +20,78 @@ ExchangeDims exchange_dims(SequenceGroup& group, const Tensor& tokens, const Ten
                            const ColumnGroups& columns, const Tensor& buffer) {
   const int64_t N = group.size();
   BRISK_CHECK(tokens.rank() == 3 && heads.rank() == 3, "sequence exchange: [B, T, W] tensors");
-  const ExchangeDims d{tokens.dim(0), tokens.dim(1), N, tokens.dim(2), tokens.dim(2) / N};
   int64_t sum = 0;
   for (int g = 0; g < columns.count; ++g) {
-    BRISK_CHECK(columns.width[g] % N == 0, "sequence exchange: ", columns.width[g],
-                " columns do not split among ", N, " ranks");
+    const int64_t c = columns.copies[g];
+    BRISK_CHECK(c >= 1 && N % c == 0 && columns.width[g] * c % N == 0,
+                "sequence exchange: ", columns.width[g], " columns do not split among ", N,
+                " ranks in copies of ", c);
     sum += columns.width[g];
   }
+  const ExchangeDims d{tokens.dim(0), tokens.dim(1), N, tokens.dim(2), columns.part(N)};
   BRISK_CHECK(sum == d.W && heads.shape() == Shape({d.B, d.t * N, d.part}) &&
                   heads.dtype() == tokens.dtype(),
               "sequence exchange: ", tokens.shape().str(), " tokens for ", heads.shape().str(),
               " heads");
-  BRISK_CHECK(buffer.bytes() >= tokens.bytes(), "sequence exchange: a buffer of ", buffer.bytes(),
-              " bytes for ", tokens.bytes());
+  BRISK_CHECK(buffer.bytes() >= heads.bytes(), "sequence exchange: a buffer of ", buffer.bytes(),
+              " bytes for ", heads.bytes());
   return d;
 }
 
-// Between [B, t, W] (every column) and a rank's chunk [B, t, W/N] of its columns, for each
-// rank j: `to_chunks` copies tokens' columns into chunk j of `chunks`, else back.
-void columns_and_chunks(Backend& be, const ExchangeDims& d, const ColumnGroups& columns,
-                        const Tensor& tokens, const Tensor& chunks, bool to_chunks) {
+// Rank j's part of column group g: its first column in tokens, and its width.
+struct GroupPart {
+  int64_t column, width;
+};
+GroupPart group_part(const ExchangeDims& d, const ColumnGroups& columns, int g, int64_t j) {
+  int64_t start = 0;
+  for (int k = 0; k < g; ++k) start += columns.width[k];
+  const int64_t w = columns.width[g] * columns.copies[g] / d.N;
+  return {start + j / columns.copies[g] * w, w};
+}
+
+// tokens' [B, t, W] columns into each rank j's chunk [B, t, part] of `chunks`.
+void columns_to_chunks(Backend& be, const ExchangeDims& d, const ColumnGroups& columns,
+                       const Tensor& tokens, const Tensor& chunks) {
   for (int64_t j = 0; j < d.N; ++j) {
-    int64_t start = 0, at = 0;  // the group's first column in tokens, and in a chunk
+    int64_t at = 0;  // the group's first column in a chunk
     for (int g = 0; g < columns.count; ++g) {
-      const int64_t w = columns.width[g] / d.N;
-      const int64_t column = start + j * w, chunk = j * d.chunk() + at;
-      if (to_chunks)
-        be.copy_rows(tokens, chunks, {column, d.W, chunk, d.part, w, d.B * d.t});
-      else
-        be.copy_rows(chunks, tokens, {chunk, d.part, column, d.W, w, d.B * d.t});
-      start += columns.width[g];
-      at += w;
+      const GroupPart p = group_part(d, columns, g, j);
+      be.copy_rows(tokens, chunks, {p.column, d.W, j * d.chunk() + at, d.part, p.width, d.B * d.t});
+      at += p.width;
     }
   }
 }
 
-// Between heads [B, t*N, W/N] and chunks [N][B, t, W/N], chunk i holding rank i's tokens:
+// Back: each rank j's chunk into its columns of tokens; the copies of a part (ranks j with the
+// same j / copies) summed in `scratch` (2 B t part elements, float32) first.
+void chunks_to_columns(Backend& be, const ExchangeDims& d, const ColumnGroups& columns,
+                       const Tensor& chunks, const Tensor& tokens, const Tensor& scratch) {
+  int64_t at = 0;  // the group's first column in a chunk
+  for (int g = 0; g < columns.count; ++g) {
+    const int64_t c = columns.copies[g];
+    for (int64_t j = 0; j < d.N; j += c) {
+      const GroupPart p = group_part(d, columns, g, j);
+      const RowCopy into_tokens{j * d.chunk() + at, d.part, p.column, d.W, p.width, d.B * d.t};
+      if (c == 1) {
+        be.copy_rows(chunks, tokens, into_tokens);
+        continue;
+      }
+      BRISK_CHECK(chunks.dtype() == DType::f32, "sequence exchange: copies of ",
+                  dtype_name(chunks.dtype()), " columns cannot be summed");
+      const int64_t n = d.B * d.t * p.width;
+      const Tensor sum = element_range(scratch, 0, n), next = element_range(scratch, n, n);
+      for (int64_t k = 0; k < c; ++k) {
+        const RowCopy copy{(j + k) * d.chunk() + at, d.part, 0, p.width, p.width, d.B * d.t};
+        be.copy_rows(chunks, k == 0 ? sum : next, copy);
+        if (k > 0) be.add_inplace(sum, next);
+      }
+      be.copy_rows(sum, tokens, {0, p.width, p.column, d.W, p.width, d.B * d.t});
+    }
+    at += group_part(d, columns, g, 0).width;
+  }
+}
+
+// Between heads [B, t*N, part] and chunks [N][B, t, part], chunk i holding rank i's tokens:
 // `to_chunks` copies heads' tokens into chunks, else back.
 void tokens_and_chunks(Backend& be, const ExchangeDims& d, const Tensor& heads,
                        const Tensor& chunks, bool to_chunks) {
@@ -70,12 +106,18 @@ void tokens_and_chunks(Backend& be, const ExchangeDims& d, const Tensor& heads,
 
 }  // namespace
 
+int64_t ColumnGroups::part(int64_t ranks) const {
+  int64_t sum = 0;
+  for (int g = 0; g < count; ++g) sum += width[g] * copies[g] / ranks;
+  return sum;
+}
+
 void tokens_to_heads(Backend& be, SequenceGroup& group, const Tensor& tokens, const Tensor& heads,
                      const ColumnGroups& columns, const Tensor& buffer) {
   const ExchangeDims d = exchange_dims(group, tokens, heads, columns, buffer);
   const Tensor send = flat(heads, heads.numel(), heads.dtype());
-  const Tensor received = flat(buffer, tokens.numel(), tokens.dtype());
-  columns_and_chunks(be, d, columns, tokens, send, true);
+  const Tensor received = flat(buffer, heads.numel(), tokens.dtype());
+  columns_to_chunks(be, d, columns, tokens, send);
   group.all_to_all(be, send, received);
   tokens_and_chunks(be, d, heads, received, false);
 }
@@ -83,11 +125,11 @@ void tokens_to_heads(Backend& be, SequenceGroup& group, const Tensor& tokens, co
 void heads_to_tokens(Backend& be, SequenceGroup& group, const Tensor& heads, const Tensor& tokens,
                      const ColumnGroups& columns, const Tensor& buffer) {
   const ExchangeDims d = exchange_dims(group, tokens, heads, columns, buffer);
-  const Tensor send = flat(tokens, tokens.numel(), tokens.dtype());
-  const Tensor received = flat(buffer, tokens.numel(), tokens.dtype());
+  const Tensor send = flat(buffer, heads.numel(), tokens.dtype());
+  const Tensor received = flat(heads, heads.numel(), heads.dtype());
   tokens_and_chunks(be, d, heads, send, true);
   group.all_to_all(be, send, received);
-  columns_and_chunks(be, d, columns, tokens, received, false);
+  chunks_to_columns(be, d, columns, received, tokens, send);
 }
 
 Tensor sequence_view(const Tensor& x, int64_t b) {

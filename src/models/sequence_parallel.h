@@ -24,18 +24,24 @@ class SequenceGroup {
 };
 
 // The column groups of a packed tensor whose heads split: qkv's query, key and value columns
-// (each group split into size() equal parts, part j going to rank j), or ctx's one.
+// (each group split into size() equal parts, part j going to rank j), or ctx's one. copies[g] >
+// 1 (key/value heads fewer than the ranks): group g splits into size() / copies[g] parts, ranks
+// j with the same j / copies[g] receiving the same part.
 struct ColumnGroups {
   std::array<int64_t, 3> width{};
   int count = 0;
+  std::array<int64_t, 3> copies{1, 1, 1};
+  // The columns a rank receives of all groups, of `ranks`.
+  int64_t part(int64_t ranks) const;
 };
 
-// heads [B, t*N, W/N] = every token of this rank's part of each column group of tokens
-// [B, t, W] (N = the group's size): the all-to-all before attention. `buffer` holds at least
-// tokens.numel() elements of tokens' dtype (any dtype of at least that size in bytes).
+// heads [B, t*N, P] = every token of this rank's part of each column group of tokens [B, t, W]
+// (N = the group's size, P = columns.part(N)): the all-to-all before attention. `buffer` holds
+// at least heads.numel() elements of tokens' dtype (any dtype of at least that size in bytes).
 void tokens_to_heads(Backend& be, SequenceGroup& group, const Tensor& tokens, const Tensor& heads,
                      const ColumnGroups& columns, const Tensor& buffer);
-// The inverse: tokens [B, t, W] (this rank's tokens, every column) from heads [B, t*N, W/N].
+// The inverse: tokens [B, t, W] (this rank's tokens, every column) from heads [B, t*N, P], the
+// copies of a part summed (float32 only then); heads is overwritten.
 void heads_to_tokens(Backend& be, SequenceGroup& group, const Tensor& heads, const Tensor& tokens,
                      const ColumnGroups& columns, const Tensor& buffer);
 

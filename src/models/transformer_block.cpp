@@ -107,9 +107,18 @@ int sequence_ranks(const BlockStyle& st) {
   return splits_sequences(st.sequence_group) ? st.sequence_group->size() : 1;
 }
 
-// The column groups of qkv (query, key, value heads) and of ctx (query heads), D columns a head.
+// The key/value heads attention computes with: under sequence parallelism this rank's share, or
+// where the ranks outnumber them the one its query heads read (a copy).
+int sequence_kv_heads(const BlockStyle& st) {
+  return std::max(1, st.kv_heads / sequence_ranks(st));
+}
+
+// The column groups of qkv (query, key, value heads) and of ctx (query heads), D columns a head;
+// key/value heads fewer than the sequence ranks go to ranks / kv_heads ranks each.
 ColumnGroups qkv_columns(const BlockStyle& st, int64_t head_dim) {
-  return {{st.heads * head_dim, st.kv_heads * head_dim, st.kv_heads * head_dim}, 3};
+  const int64_t kv = st.kv_heads * head_dim;
+  const int64_t copies = std::max(1, sequence_ranks(st) / st.kv_heads);
+  return {{st.heads * head_dim, kv, kv}, 3, {1, copies, copies}};
 }
 ColumnGroups ctx_columns(const BlockStyle& st, int64_t head_dim) {
   return {{st.heads * head_dim, 0, 0}, 1};
@@ -290,7 +299,7 @@ void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const 
   const Tensor out = heads_shaped(sc.d_ctx, s.ctx, ranks, s.ctx.dtype());
   tokens_to_heads(be, group, s.ctx, out, ctx, sc.exchange);
   be.attention_backward(sc.heads_ctx, s.qkv, out, s.attn_stats, key_mask, st.causal,
-                        st.heads / ranks, st.kv_heads / ranks, layer_attention_scale(st, layer),
+                        st.heads / ranks, sequence_kv_heads(st), layer_attention_scale(st, layer),
                         st.attention_dropout, key, sc.attn, sc.heads_qkv);
   heads_to_tokens(be, group, sc.heads_qkv, sc.d_qkv, qkv_columns(st, head_columns(st, sc.d_qkv)),
                   sc.exchange);
@@ -341,7 +350,7 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   };
   if (style.pre_norm) low(&s.a_in, "a_in", btc);
   // Under sequence parallelism the attention's input: every token of this rank's heads.
-  low(&s.qkv, "qkv", Shape{d.batch, d.seq * d.seq_ranks, d.qkv_width() / d.seq_ranks});
+  low(&s.qkv, "qkv", Shape{d.batch, d.seq * d.seq_ranks, d.heads_qkv_width()});
   if (with_attn_stats) full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
@@ -370,9 +379,9 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.attn, "attn", d.attention.scratch);
   if (d.seq_ranks == 1) return;
   const int64_t N = d.seq_ranks, T = d.seq * N;
-  add(&s.exchange, "sequence_exchange", Shape{d.batch * d.seq * d.qkv_width()});
+  add(&s.exchange, "sequence_exchange", Shape{d.batch * T * d.heads_qkv_width()});
   add(&s.heads_ctx, "heads_ctx", Shape{d.batch, T, d.attention_width() / N});
-  add(&s.heads_qkv, "heads_qkv", Shape{d.batch, T, d.qkv_width() / N});
+  add(&s.heads_qkv, "heads_qkv", Shape{d.batch, T, d.heads_qkv_width()});
 }
 
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
@@ -383,7 +392,7 @@ void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_m
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   const Tensor o(out.data(), Shape{B, T, out.numel() / (B * T)}, out.dtype(), out.device());
   const int ranks = sequence_ranks(st);
-  be.attention_forward(qkv, key_mask, st.causal, st.heads / ranks, st.kv_heads / ranks,
+  be.attention_forward(qkv, key_mask, st.causal, st.heads / ranks, sequence_kv_heads(st),
                        layer_attention_scale(st, layer), st.attention_dropout,
                        attention_key(st, key, layer), s.attn_stats, scratch.attn, o);
 }

@@ -124,6 +124,11 @@ struct BlockDims {
   int64_t seq_ranks = 1;
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  // A sequence rank's qkv over every token: its query heads and its share of the key/value
+  // heads, or one copy where the ranks outnumber them.
+  int64_t heads_qkv_width() const {
+    return (heads / seq_ranks + 2 * std::max<int64_t>(1, kv_heads / seq_ranks)) * head_dim;
+  }
   int64_t attention_width() const { return heads * head_dim; }
   int64_t fc_width() const { return gated ? 2 * inner : inner; }
 };

@@ -32,7 +32,8 @@ class CommunicatorSequenceGroup final : public SequenceGroup {
 // [batch, seq] exchanges its qkv and attention output forward (again in backward under gradient
 // checkpointing, but for the last block), and its attention output's gradient, the output itself
 // (`ctx_bytes` an element: its saved type) and the qkv gradient backward, float32 but the saved
-// output. `c` is the config of a tensor rank's share where there is one.
+// output; key/value heads fewer than the ranks count once per copy. `c` is the config of a
+// tensor rank's share where there is one.
 double sequence_exchange_bytes(const ModelConfig& c, int64_t batch, int64_t seq, int ranks,
                                int64_t micro_batches, bool checkpointing, int64_t ctx_bytes);
 

@@ -8,6 +8,8 @@
 // first token) and BERT's masked LM (post-norm, every token attending every token).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +89,37 @@ TEST(SequenceParallel, ExchangesMoveTokensForHeadsAndBack) {
       "sequence exchange");
 }
 
+// Key/value columns fewer than the ranks: each rank receives a copy of the whole key and value
+// groups (2 columns each) beside its 2 query columns; back, the ranks' copies are summed (here
+// every rank returns what it received, so each key/value column comes back N times its value).
+TEST(SequenceParallel, ExchangesCopyKeyValueHeadsFewerThanTheRanksAndSumThemBack) {
+  NEEDS_MPI();
+  const int N = world().size(), r = world().rank();
+  auto be = make_backend(kHostDevice);
+  CommunicatorSequenceGroup group(world());
+  const ColumnGroups columns{{2 * N, 2, 2}, 3, {1, N, N}};
+  const int64_t B = 2, t = 3, W = 2 * N + 4, T = t * N, P = 6;
+  ASSERT_EQ(columns.part(N), P);
+  std::vector<float> tokens(static_cast<size_t>(B * t * W)), heads(static_cast<size_t>(B * T * P));
+  std::vector<float> back(tokens.size(), -1.f), buffer(heads.size(), -1.f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t c = 0; c < W; ++c) tokens[(b * t + i) * W + c] = entry(b, r * t + i, c);
+  auto tensor = [](std::vector<float>& v, Shape s) { return Tensor(v.data(), s, DType::f32); };
+  const Tensor buf = tensor(buffer, {B * T * P});
+  tokens_to_heads(*be, group, tensor(tokens, {B, t, W}), tensor(heads, {B, T, P}), columns, buf);
+  const int64_t own[P] = {2 * r, 2 * r + 1, 2 * N, 2 * N + 1, 2 * N + 2, 2 * N + 3};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t k = 0; k < P; ++k)
+        ASSERT_EQ(heads[(b * T + i) * P + k], entry(b, i, own[k]))
+            << "sequence " << b << " token " << i << " column " << k;
+  heads_to_tokens(*be, group, tensor(heads, {B, T, P}), tensor(back, {B, t, W}), columns, buf);
+  for (size_t e = 0; e < tokens.size(); ++e)
+    ASSERT_EQ(back[e], static_cast<int64_t>(e) % W < 2 * N ? tokens[e] : N * tokens[e])
+        << "element " << e;
+}
+
 TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
   NEEDS_MPI();
   const auto [sp, dp] = sequence_layout();
@@ -122,6 +155,41 @@ TEST(SequenceParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
       if (world().rank() != 0) continue;
       expect_trains_as(ranks, single);
     }
+  }
+}
+
+// Grouped-query attention with fewer key/value heads than sequence ranks (one on 2 and 3 ranks,
+// two on 4): each rank attends with a copy of the key/value head its query heads read, the
+// copies' gradients summed on the way back; as one process with attention dropout, plain and
+// recomputing.
+TEST(SequenceParallel, KeyValueHeadsFewerThanTheRanksAreCopied) {
+  NEEDS_MPI();
+  const int sp = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("sp_kv_copies");
+  const std::string model = dir / "llama_model";
+  if (world().rank() == 0) {
+    nlohmann::json c = divisible_config("llama", 0.0);
+    c["num_key_value_heads"] = sp == 4 ? 2 : 1;
+    c["attention_dropout"] = 0.1;
+    std::filesystem::create_directories(model);
+    std::ofstream(model + "/config.json") << c.dump();
+  }
+  world().barrier();
+  UnequalLengths data;
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "gradient checkpointing" : "plain");
+    TrainOptions o = tiny_options(model, dir / (checkpointing ? "ranks_recompute" : "ranks"));
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 3;
+    o.max_grad_norm = 0.05;
+    o.sp_size = sp;
+    o.pad_to_max_length = true;  // 12 tokens: every degree splits them
+    o.gradient_checkpointing = checkpointing;
+    const TrainOptions one = as_one_process(o, dir / (checkpointing ? "one_recompute" : "one"), 1);
+    const Logged ranks = run(o, &data, &world());
+    if (world().rank() == 0) expect_trains_as(ranks, run(one, &data, alone.get()));
   }
 }
 
@@ -268,15 +336,25 @@ TEST(SequenceParallel, GpuRanksTrainThroughNcclAsOneProcess) {
 // The bytes a rank passes to its all-to-alls in a run are what `brisk estimate` prints
 // (sequence_step_bytes of the run's plan, per step): with and without gradient checkpointing,
 // float32 and bf16 (where the products read bf16, the attention output is exchanged back as its
-// bf16 copy), at the planned length. A llama (grouped-query qkv).
+// bf16 copy), at the planned length. A llama (grouped-query qkv); then one with a single
+// key/value head, which every rank receives a copy of.
 TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
   NEEDS_MPI();
   const int sp = sequence_layout().sp;
   SharedDir dir("sp_bytes");
-  const std::string model = write_model(dir, "llama", 0.0);
+  const std::string llama = write_model(dir, "llama", 0.0);
+  const std::string mqa = dir / "mqa";
+  if (world().rank() == 0) {
+    nlohmann::json c = divisible_config("llama", 0.0);
+    c["num_key_value_heads"] = 1;
+    std::filesystem::create_directories(mqa);
+    std::ofstream(mqa + "/config.json") << c.dump();
+  }
+  world().barrier();
   UnequalLengths data;
-  for (const int variant : {0, 1, 2}) {
+  for (const int variant : {0, 1, 2, 3}) {
     const bool checkpointing = variant == 1, bf16 = variant == 2;
+    const std::string model = variant == 3 ? mqa : llama;
     TrainOptions o = tiny_options(model, dir / ("variant" + std::to_string(variant)));
     o.bf16 = bf16;
     o.per_device_train_batch_size = 2;
@@ -298,6 +376,13 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
     if (!bf16)
       EXPECT_EQ(estimated,
                 sequence_exchange_bytes(resolve_config(model), 2, 12, sp, 2, checkpointing, 4));
+    if (variant != 3) continue;
+    // By hand: a rank's 2 x 12 / sp tokens of qkv (12 query heads and sp copies of the key and
+    // value heads, 4 columns each) and of the 48-wide output forward; backward the output's
+    // gradient, the output and the qkv gradient: 2 blocks, 2 micro-batches.
+    const double tokens = 2.0 * 12 / sp, qkv = (12.0 + 2 * sp) * 4;
+    const double forward = tokens * (qkv + 48) * 4, backward = tokens * (qkv + 48 + 48) * 4;
+    EXPECT_EQ(estimated, 2 * 2 * (forward + backward));
   }
 }
 
