@@ -3,6 +3,7 @@
 // call holding them all), and the config shares with the counts refused by name.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include "core/rng.h"
 #include "models/config.h"
 #include "models/model.h"
+#include "parallel/split_bands.h"
 #include "test_support.h"
 #include "train/parallelism_config.h"
 #include "trainer_support.h"
@@ -89,6 +91,66 @@ TEST(TensorSplit, PaddedSharesMapTheirHeldRowsOnly) {
     }
   }
   for (int h : hits) EXPECT_EQ(h, 1) << "every full element belongs to one rank's share";
+}
+
+// A save's banded reads give every split parameter's full tensor, read in odd pieces, from
+// the slices alone, each band at most its bound (or one index of the dimensions before the split
+// one): the vocabulary split with padding, packed parts split by rows and by columns, and a 3-D
+// tensor split in the middle.
+TEST(TensorSplit, BandedReadsGiveTheFullTensorFromTheSlices) {
+  struct Case {
+    Shape full;
+    int dim, pieces, ranks;
+    int64_t padded_full;  // ParamSplit::full, 0: none
+  };
+  for (const Case& c : {Case{{10, 3}, 0, 1, 3, 10}, Case{{12, 5}, 0, 3, 2, 0},
+                        Case{{7, 12}, 1, 3, 2, 0}, Case{{4, 6, 5}, 1, 1, 3, 0}}) {
+    SCOPED_TRACE(c.full.str() + " dim " + std::to_string(c.dim));
+    // Slice s's local values: each element's index in the full tensor (-1 on padding).
+    std::vector<std::vector<float>> slices;
+    ParamInfo p;
+    p.name = "w";
+    for (int s = 0; s < c.ranks; ++s) {
+      Shape local;
+      for (int d = 0; d < c.full.rank(); ++d) {
+        const int64_t extent = c.full[d];
+        local.push_back(d != c.dim          ? extent
+                        : c.padded_full > 0 ? (extent + c.ranks - 1) / c.ranks
+                                            : extent / c.ranks);
+      }
+      p.shape = local;
+      p.split = ParamSplit{c.dim, c.pieces, s, c.ranks, c.padded_full};
+      std::vector<float> v(static_cast<size_t>(local.numel()), -1.f);
+      for_each_split_run(p, 0, local.numel(), [&](int64_t at, int64_t full, int64_t n) {
+        for (int64_t e = 0; e < n; ++e)
+          v[static_cast<size_t>(at + e)] = static_cast<float>(full + e);
+      });
+      slices.push_back(std::move(v));
+    }
+    ASSERT_EQ(p.full_shape(), c.full);
+    p.split.rank = 0;
+    const size_t bound = 4 * 7 * sizeof(float);  // 7 values: bands cut rows and parts
+    SplitBands bands(bound);
+    size_t largest = 0;
+    const int64_t n = c.full.numel();
+    std::vector<float> got(static_cast<size_t>(n), -2.f);
+    for (int64_t at = 0; at < n; at += 5) {
+      const int64_t take = std::min<int64_t>(5, n - at);
+      bands.read(p, sizeof(float), static_cast<size_t>(at) * 4, static_cast<size_t>(take) * 4,
+                 reinterpret_cast<char*>(got.data() + at),
+                 [&](int slice, size_t local, size_t count, char* dst) {
+                   const auto& v = slices[static_cast<size_t>(slice)];
+                   ASSERT_LE(local + count, v.size() * 4);
+                   std::memcpy(dst, reinterpret_cast<const char*>(v.data()) + local, count);
+                 });
+      largest = std::max(largest, bands.band_size());
+    }
+    for (int64_t e = 0; e < n; ++e) ASSERT_EQ(got[static_cast<size_t>(e)], e) << "element " << e;
+    // The smallest band: one index along the first dimension, or of those before the split one.
+    int64_t unit = 1;
+    for (int d = c.dim == 0 ? 1 : c.dim; d < c.full.rank(); ++d) unit *= c.full[d];
+    EXPECT_LE(largest, std::max<size_t>(bound, static_cast<size_t>(unit) * 4));
+  }
 }
 
 // qkv [B,T,(H+2K)*D] of the heads [h0, h0 + h) and key/value heads [k0, k0 + k).

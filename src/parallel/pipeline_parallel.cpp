@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/split_bands.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
@@ -50,7 +51,7 @@ struct Placed {
 // data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
 // its optimizer state tensor i - 1 laid out as its parameters, is their parts end to end (ZeRO's
 // runs, or the first replica's whole). A parameter whole on each tensor rank is read from tensor
-// rank 0's share; a split one is assembled, once, from every tensor rank's.
+// rank 0's share; a split one a band at a time from every tensor rank's (SplitBands).
 class StageReads final : public GatheredReads {
  public:
   // placed[k][t]: whole parameter k on tensor rank t; holders[h]: holder h's world ranks in data
@@ -108,8 +109,16 @@ class StageReads final : public GatheredReads {
       read_held(whole, first, static_cast<size_t>(first.share.offset) * bytes + at, n, dst);
       return;
     }
-    if (cached_whole_ != whole || cached_param_ != k) assemble(whole, k, bytes);
-    std::memcpy(dst, cache_.data() + at, n);
+    if (banded_whole_ != whole || banded_param_ != k) bands_.forget();
+    banded_whole_ = whole;
+    banded_param_ = k;
+    // A band at a time from the tensor ranks' shares (the first of a slice's copies).
+    bands_.read(
+        first.share, bytes, at, n, dst, [&](int slice, size_t local, size_t count, char* out) {
+          const Placed& where = placed_[k][static_cast<size_t>(slice * first.share.split.copies)];
+          read_held(whole, where, static_cast<size_t>(where.share.offset) * bytes + local, count,
+                    out);
+        });
   }
 
   // Bytes [at, at + n) of `where`'s holder's whole `whole`, from its ranks' parts.
@@ -117,30 +126,12 @@ class StageReads final : public GatheredReads {
     read_across(whole, holders_[static_cast<size_t>(where.holder)], at, n, dst, "a stage");
   }
 
-  // Split parameter k's whole tensor into the cache, from every tensor rank's share.
-  void assemble(size_t whole, size_t k, size_t bytes) {
-    cache_.resize(static_cast<size_t>(full_.list()[k].shape.numel()) * bytes);
-    for (const Placed& where : placed_[k]) {
-      std::vector<char> piece(static_cast<size_t>(where.share.shape.numel()) * bytes);
-      read_held(whole, where, static_cast<size_t>(where.share.offset) * bytes, piece.size(),
-                piece.data());
-      for_each_split_run(where.share, 0, where.share.shape.numel(),
-                         [&](int64_t local, int64_t at, int64_t length) {
-                           std::memcpy(cache_.data() + static_cast<size_t>(at) * bytes,
-                                       piece.data() + static_cast<size_t>(local) * bytes,
-                                       static_cast<size_t>(length) * bytes);
-                         });
-    }
-    cached_whole_ = whole;
-    cached_param_ = k;
-  }
-
   const ParameterSet& full_;
   std::vector<std::vector<Placed>> placed_;
   std::vector<std::vector<int>> holders_;
   int64_t held_;
-  std::vector<char> cache_;
-  size_t cached_whole_ = 0, cached_param_ = static_cast<size_t>(-1);
+  SplitBands bands_;
+  size_t banded_whole_ = 0, banded_param_ = static_cast<size_t>(-1);
 };
 
 class PipelineParallel final : public ParallelPolicy, public StagedForward {

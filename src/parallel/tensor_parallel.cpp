@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/split_bands.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
 
@@ -40,7 +41,7 @@ class CommunicatorGroup final : public TensorGroup {
 // A save's reads of the full parameters (and of optimizer state laid out as them) from the
 // tensor ranks' shares: tensor rank t's whole i is part i of the world ranks holders[t] laid end
 // to end (its data replicas in order: ZeRO's runs, or the first replica's whole). A split
-// parameter's full tensor is assembled once, on its first read, from every share; the others
+// parameter's full tensor is read a band at a time from every share (SplitBands); the others
 // are read from tensor rank 0's.
 class SplitReads final : public GatheredReads {
  public:
@@ -90,7 +91,8 @@ class SplitReads final : public GatheredReads {
     return bytes / params_.total_elements();
   }
 
-  // Bytes [at, at + n) of p's full tensor in whole `whole` (laid out as the parameters).
+  // Bytes [at, at + n) of p's full tensor in whole `whole` (laid out as the parameters): a split
+  // parameter's a band at a time from the tensor ranks' shares (the first of a slice's copies).
   void read_full(size_t whole, const ParamInfo& p, size_t at, size_t n, void* dst) {
     const auto bytes = static_cast<size_t>(element_bytes(whole));
     const auto share = static_cast<size_t>(p.offset) * bytes;
@@ -98,36 +100,23 @@ class SplitReads final : public GatheredReads {
       read_share(whole, 0, share + at, n, static_cast<char*>(dst));
       return;
     }
-    if (cached_whole_ != whole || cached_param_ != &p) assemble(whole, p, bytes, share);
-    std::memcpy(dst, cache_.data() + at, n);
-  }
-
-  // p's full tensor of whole `whole` into the cache, from every tensor rank's share.
-  void assemble(size_t whole, const ParamInfo& p, size_t bytes, size_t share) {
-    const auto local = static_cast<size_t>(p.shape.numel());
-    cache_.resize(static_cast<size_t>(p.full_shape().numel()) * bytes);
-    std::vector<char> piece(local * bytes);
-    ParamInfo q = p;
-    for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
-      read_share(whole, static_cast<size_t>(t), share, piece.size(), piece.data());
-      q.split.rank = t / p.split.copies;  // copies hold their slice alike
-      for_each_split_run(q, 0, p.shape.numel(), [&](int64_t from, int64_t to, int64_t length) {
-        std::memcpy(cache_.data() + static_cast<size_t>(to) * bytes,
-                    piece.data() + static_cast<size_t>(from) * bytes,
-                    static_cast<size_t>(length) * bytes);
-      });
-    }
-    cached_whole_ = whole;
-    cached_param_ = &p;
+    if (banded_whole_ != whole || banded_param_ != &p) bands_.forget();
+    banded_whole_ = whole;
+    banded_param_ = &p;
+    bands_.read(p, bytes, at, n, static_cast<char*>(dst),
+                [&](int slice, size_t local, size_t count, char* out) {
+                  read_share(whole, static_cast<size_t>(slice * p.split.copies), share + local,
+                             count, out);
+                });
   }
 
   const ParameterSet& params_;
   std::vector<std::vector<int>> holders_;
   std::vector<int64_t> full_offsets_;
   int64_t full_total_ = 0;
-  std::vector<char> cache_;
-  size_t cached_whole_ = 0;
-  const ParamInfo* cached_param_ = nullptr;
+  SplitBands bands_;
+  size_t banded_whole_ = 0;
+  const ParamInfo* banded_param_ = nullptr;
 };
 
 class TensorParallel final : public ParallelPolicy {
