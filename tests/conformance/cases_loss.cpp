@@ -198,6 +198,20 @@ double ref_cross_entropy(const Vec& logits, const Vec& labels, int64_t V) {
   return loss;
 }
 
+// Logits [N, V] (scale 3) and labels at both ends of the vocabulary, rows `ignored` without one,
+// row 5 with hidden vocabulary entries (-inf logits, as a masked vocabulary has).
+Values cross_entropy_inputs(int64_t N, int64_t V, const std::vector<int64_t>& ignored,
+                            std::mt19937& rng) {
+  Vec logits = randn_d(N * V, rng, 3.0);
+  IVec labels = randint(N, 0, static_cast<int32_t>(V), rng);
+  labels[0] = 0;
+  labels[1] = static_cast<int32_t>(V - 1);
+  for (int64_t r : ignored) labels[r] = kIgnoreIndex;
+  for (int64_t j = 0; j < V; j += 3)
+    if (j != labels[5]) logits[5 * V + j] = -std::numeric_limits<double>::infinity();
+  return Values{{"logits", logits}, {"labels", Vec(labels.begin(), labels.end())}};
+}
+
 // A pass without gradients (the loss added to the accumulator, logits left alone), then one with
 // (the loss again, the gradient over the logits scaled by 1/count). Labels at both ends of the
 // vocabulary; rows 2, 9 and 30 ignored (their gradient exactly zero); row 5 with hidden
@@ -210,15 +224,9 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
   c.name = "cross_entropy_N" + std::to_string(N) + "_V" + std::to_string(V) +
            (all_ignored ? "_all_ignored" : "");
   c.inputs = [=](std::mt19937& rng) {
-    Vec logits = randn_d(N * V, rng, 3.0);
-    IVec labels = randint(N, 0, static_cast<int32_t>(V), rng);
-    labels[0] = 0;
-    labels[1] = static_cast<int32_t>(V - 1);
-    for (int64_t r : ignored) labels[r] = kIgnoreIndex;
-    for (int64_t j = 0; j < V; j += 3)
-      if (j != labels[5]) logits[5 * V + j] = -std::numeric_limits<double>::infinity();
-    if (all_ignored) std::fill(labels.begin(), labels.end(), kIgnoreIndex);
-    return Values{{"logits", logits}, {"labels", Vec(labels.begin(), labels.end())}};
+    Values v = cross_entropy_inputs(N, V, ignored, rng);
+    if (all_ignored) std::fill(v["labels"].begin(), v["labels"].end(), kIgnoreIndex);
+    return v;
   };
   const double scale = all_ignored ? 1.0 : 1.0 / static_cast<double>(N - 3);
   c.run = [=](Backend& be, const Values& in) {
@@ -288,16 +296,7 @@ OpCase cross_entropy_shard_case(int64_t N, int64_t V, int ranks) {
   OpCase c;
   c.name = "cross_entropy_shards_N" + std::to_string(N) + "_V" + std::to_string(V) + "_ranks" +
            std::to_string(ranks);
-  c.inputs = [=](std::mt19937& rng) {
-    Vec logits = randn_d(N * V, rng, 3.0);
-    IVec labels = randint(N, 0, static_cast<int32_t>(V), rng);
-    labels[0] = 0;
-    labels[1] = static_cast<int32_t>(V - 1);
-    for (int64_t r : ignored) labels[r] = kIgnoreIndex;
-    for (int64_t j = 0; j < V; j += 3)
-      if (j != labels[5]) logits[5 * V + j] = -std::numeric_limits<double>::infinity();
-    return Values{{"logits", logits}, {"labels", Vec(labels.begin(), labels.end())}};
-  };
+  c.inputs = [=](std::mt19937& rng) { return cross_entropy_inputs(N, V, ignored, rng); };
   c.run = [=](Backend& be, const Values& in) {
     DeviceBuffers d(be);
     const Tensor y = d.put_as(in.at("labels"), {N}, DType::i32);

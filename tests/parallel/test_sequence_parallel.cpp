@@ -357,17 +357,9 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
     const std::string model = variant == 3 ? mqa : llama;
     TrainOptions o = tiny_options(model, dir / ("variant" + std::to_string(variant)));
     o.bf16 = bf16;
-    o.per_device_train_batch_size = 2;
-    o.gradient_accumulation_steps = 2;
-    o.max_steps = 2;
     o.sp_size = sp;
-    o.pad_to_max_length = true;  // every batch at the planned 12 tokens
     o.gradient_checkpointing = checkpointing;
-    const TrainSummary s = train(
-        o, [](const nlohmann::json&) {}, &data, {}, &world());
-    double measured = -1;
-    for (const auto& [name, value] : s.parallel)
-      if (name == "sequence_all_to_all_bytes") measured = value;
+    const double measured = statistic_of_two_steps(o, &data, "sequence_all_to_all_bytes");
     const double estimated =
         sequence_step_bytes(*assemble_run(o, kHostDevice, nullptr, &data, 0, 1, 0, 0, 0));
     EXPECT_EQ(measured, 2 * estimated)  // two steps

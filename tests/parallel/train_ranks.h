@@ -125,6 +125,22 @@ inline void expect_trains_as(const Logged& got, const Logged& want, double toler
   EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
 }
 
+// Runs `o` on the world's ranks for 2 steps of 2 micro-batches of 2 rows, every batch padded
+// to the planned 12 tokens (set in `o`), and returns its parallel statistic `name` (a byte or
+// second count train_results reports), -1 if absent.
+inline double statistic_of_two_steps(TrainOptions& o, const Dataset* data,
+                                     const std::string& name) {
+  o.per_device_train_batch_size = 2;
+  o.gradient_accumulation_steps = 2;
+  o.max_steps = 2;
+  o.pad_to_max_length = true;
+  const TrainSummary s = train(
+      o, [](const nlohmann::json&) {}, data, {}, &world());
+  for (const auto& [statistic, value] : s.parallel)
+    if (statistic == name) return value;
+  return -1;
+}
+
 // The runs writing into `got` and `want` evaluated and predicted alike: their eval_loss and
 // eval_accuracy (relative 1e-5) and their predictions file, which is not empty.
 inline void expect_evaluates_as(const std::filesystem::path& got,

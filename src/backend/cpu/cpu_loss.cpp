@@ -39,6 +39,13 @@ void scaled_to_bf16(const float* in, int64_t n, float f, uint16_t* out) {
 #pragma omp simd
   for (int64_t i = j; i < n; ++i) out[i] = float_to_bf16(in[i] * f);
 }
+// The gradient's row r of V columns zeroed where it is written: bf16 apart, or float32.
+void clear_gradient_row(uint16_t* g16_rows, float* g32, int64_t r, int64_t V) {
+  if (g16_rows != nullptr)
+    std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
+  else if (g32 != nullptr)
+    std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
+}
 }  // namespace
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
@@ -62,10 +69,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   auto row_loss = [&](int64_t r) -> double {
     float* row = z + r * V;
     if (y[r] == kIgnoreIndex) {
-      if (g16)
-        std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
-      else if (write_grad)
-        std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
+      clear_gradient_row(g16_rows, g32, r, V);
       return 0.0;
     }
     // The row's maximum, vectorized (exact in any order; a NaN reaches the loss through the
@@ -174,10 +178,7 @@ void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& la
     const int64_t label = y[r] - shard.first;
     const bool owned = label >= 0 && label < held;
     if (y[r] == kIgnoreIndex) {
-      if (g16)
-        std::fill(g16_rows + r * V, g16_rows + (r + 1) * V, uint16_t{0});
-      else if (write_grad)
-        std::fill(g32 + r * V, g32 + (r + 1) * V, 0.0f);
+      clear_gradient_row(g16_rows, g32, r, V);
       return 0.0;
     }
     float mx = st[r * 3];

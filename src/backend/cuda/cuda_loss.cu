@@ -10,6 +10,30 @@ namespace brisk::cuda {
 
 namespace {
 
+// The block's maximum of z[0, n) (mx) and the sum of e^(z - mx) there (total, in double), on
+// every thread: each thread keeps a running maximum and a sum relative to it (rescaled when the
+// maximum grows), so the row is read once.
+__device__ void row_max_and_sum(const float* z, int64_t n, float* shared_max, double* shared_sum,
+                                float& mx, double& total) {
+  float m = -INFINITY, sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = z[j];
+    if (v > m) {
+      sum = sum * expf(m - v) + 1.0f;  // m == -inf at first: expf(-inf) = 0
+      m = v;
+    } else {
+      // -inf - -inf would be NaN; such a logit contributes exp(-inf) = 0 on the CPU. NaN
+      // logits fall through to expf(NaN) and propagate, as on the CPU.
+      sum += v == -INFINITY ? 0.0f : expf(v - m);
+    }
+  }
+  mx = block_reduce(m, shared_max, MaxOp{});
+  // A thread that saw no finite logit has sum 0 and m -inf, and contributes 0 (not 0 * NaN).
+  // A +inf logit makes expf(inf - inf) NaN here, as exp(inf - inf) is NaN on the CPU.
+  const double part = sum == 0.0f ? 0.0 : static_cast<double>(sum) * expf(m - mx);
+  total = block_reduce(part, shared_sum, SumOp{});
+}
+
 // One block per row. The first pass keeps a running maximum and a sum of exponentials relative
 // to it per thread (rescaled when the maximum grows), so the row is read twice in all rather
 // than three times: vocabulary rows are large and rarely still in cache. The threads' sums meet
@@ -30,23 +54,9 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* label
     }
     // Read before the barriers in block_reduce; the gradient pass overwrites it afterwards.
     const float target = z[label];
-    float m = -INFINITY, sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      const float v = z[j];
-      if (v > m) {
-        sum = sum * expf(m - v) + 1.0f;  // m == -inf at first: expf(-inf) = 0
-        m = v;
-      } else {
-        // -inf - -inf would be NaN; such a logit contributes exp(-inf) = 0 on the CPU. NaN
-        // logits fall through to expf(NaN) and propagate, as on the CPU.
-        sum += v == -INFINITY ? 0.0f : expf(v - m);
-      }
-    }
-    const float mx = block_reduce(m, shared_max, MaxOp{});
-    // A thread that saw no finite logit has sum 0 and m -inf, and contributes 0 (not 0 * NaN).
-    // A +inf logit makes expf(inf - inf) NaN here, as exp(inf - inf) is NaN on the CPU.
-    const double part = sum == 0.0f ? 0.0 : static_cast<double>(sum) * expf(m - mx);
-    const double total = block_reduce(part, shared_sum, SumOp{});
+    float mx;
+    double total;
+    row_max_and_sum(z, V, shared_max, shared_sum, mx, total);
     if (threadIdx.x == 0 && loss_sum)
       atomicAdd(loss_sum, log(total) - static_cast<double>(target - mx));
     if (write_grad) {
@@ -72,19 +82,9 @@ __global__ void cross_entropy_stats_kernel(const float* logits, const int32_t* l
       if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
       continue;
     }
-    float m = -INFINITY, sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < held; j += blockDim.x) {
-      const float v = z[j];
-      if (v > m) {
-        sum = sum * expf(m - v) + 1.0f;
-        m = v;
-      } else {
-        sum += v == -INFINITY ? 0.0f : expf(v - m);
-      }
-    }
-    const float mx = block_reduce(m, shared_max, MaxOp{});
-    const double part = sum == 0.0f ? 0.0 : static_cast<double>(sum) * expf(m - mx);
-    const double total = block_reduce(part, shared_sum, SumOp{});
+    float mx;
+    double total;
+    row_max_and_sum(z, held, shared_max, shared_sum, mx, total);
     if (threadIdx.x == 0) {
       const int64_t label = labels[row] - first;
       st[0] = mx;
