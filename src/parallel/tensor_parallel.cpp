@@ -145,6 +145,7 @@ class TensorParallel final : public ParallelPolicy {
       const int copies = params[static_cast<size_t>(copied_[0])].split.copies;
       const int t = mesh.coordinate(MeshDim::tensor);
       copies_ = mesh.group(MeshDim::tensor).split(t / copies, t);
+      copies_group_ = std::make_unique<CommunicatorGroup>(*copies_);
       first_copy_ = t % copies == 0;
     }
     share_ = full_layout_share();
@@ -157,13 +158,16 @@ class TensorParallel final : public ParallelPolicy {
   SyncSeconds finish_gradients() override {
     SyncSeconds s = data_->finish_gradients();
     sum_copied_gradients();
-    const double tensor = group_->take_seconds();
+    const double tensor =
+        group_->take_seconds() + (copies_group_ ? copies_group_->take_seconds() : 0.0);
     s.ran += tensor;
     s.waited += tensor;
     return s;
   }
   std::vector<std::pair<std::string, double>> statistics() const override {
-    return {{"tensor_parallel_sum_bytes", group_->bytes()}};
+    if (!copies_group_) return {{"tensor_parallel_sum_bytes", group_->bytes()}};
+    return {{"tensor_parallel_sum_bytes", group_->bytes()},
+            {"tensor_parallel_copies_sum_bytes", copies_group_->bytes()}};
   }
   const Tensor& gradients() const override { return data_->gradients(); }
   double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
@@ -227,7 +231,8 @@ class TensorParallel final : public ParallelPolicy {
   std::unique_ptr<CommunicatorGroup> group_;
   std::vector<int> split_;   // the split parameters
   std::vector<int> copied_;  // those held in copies (key/value heads fewer than the ranks)
-  std::unique_ptr<Communicator> copies_;  // the tensor ranks holding this rank's copies
+  std::unique_ptr<Communicator> copies_;             // the tensor ranks holding this rank's copies
+  std::unique_ptr<CommunicatorGroup> copies_group_;  // over copies_, counting what it sums
   bool first_copy_ = true;
   ElementRange run_;  // the parameters this data rank steps (ZeRO's run, or all)
   bool zero_;         // the run is a part: ZeRO partitions the state
@@ -249,7 +254,8 @@ class TensorParallel final : public ParallelPolicy {
     const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
     ElementRange run;
     auto flush = [&] {
-      if (run.count > 0) copies_->all_reduce_sum(element_range(grads, run.offset, run.count));
+      if (run.count > 0)
+        copies_group_->all_reduce_sum(be_, element_range(grads, run.offset, run.count));
       run = {};
     };
     for (int i : copied_) {

@@ -39,6 +39,33 @@ void scaled_to_bf16(const float* in, int64_t n, float f, uint16_t* out) {
 #pragma omp simd
   for (int64_t i = j; i < n; ++i) out[i] = float_to_bf16(in[i] * f);
 }
+// A row's maximum over its n values (exact in any order; a NaN reaches the sum whichever maximum
+// it leaves) and the sum of e^(z - maximum), in float per chunk and double across chunks; the
+// exponentials are written over the row where `in_place`. A row of -inf only sums to 0.
+struct RowExponentials {
+  float max;
+  double sum;
+};
+RowExponentials row_exponentials(float* row, int64_t n, bool in_place) {
+  float mx = row[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 1; j < n; ++j) mx = mx > row[j] ? mx : row[j];
+  constexpr int64_t kChunk = 512;
+  float chunk[kChunk];
+  double sum = 0.0;
+  for (int64_t j0 = 0; j0 < n && mx != -INFINITY; j0 += kChunk)
+    sum += exponentials(row + j0, std::min(kChunk, n - j0), mx, in_place ? row + j0 : chunk);
+  return {mx, sum};
+}
+
+// Throws unless every label is kIgnoreIndex or lies in [0, V).
+void check_labels(const Tensor& labels, int64_t V) {
+  const int32_t* y = labels.i32();
+  for (int64_t r = 0; r < labels.numel(); ++r)
+    BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
+                " is outside [0, ", V, ")");
+}
+
 // The gradient's row r of V columns zeroed where it is written: bf16 apart, or float32.
 void clear_gradient_row(uint16_t* g16_rows, float* g32, int64_t r, int64_t V) {
   if (g16_rows != nullptr)
@@ -60,10 +87,8 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   const bool g16 = apart && grad.dtype() == DType::bf16;
   float* g32 = !write_grad ? nullptr : apart && !g16 ? grad.f32() : logits.f32();
   uint16_t* g16_rows = g16 ? grad.as<uint16_t>() : nullptr;
+  check_labels(labels, V);
   const int32_t* y = labels.i32();
-  for (int64_t r = 0; r < N; ++r)
-    BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
-                " is outside [0, ", V, ")");
   float* z = logits.f32();
   // Row r's loss; its gradient written as it goes.
   auto row_loss = [&](int64_t r) -> double {
@@ -72,23 +97,9 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
       clear_gradient_row(g16_rows, g32, r, V);
       return 0.0;
     }
-    // The row's maximum, vectorized (exact in any order; a NaN reaches the loss through the
-    // exponentials' sum whichever maximum it leaves).
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 1; j < V; ++j) mx = mx > row[j] ? mx : row[j];
     const float target = row[y[r]];
-    // exp in place (training: the row becomes its gradient) or into a chunk buffer, the sum in
-    // float per chunk and double across chunks.
-    constexpr int64_t kChunk = 512;
-    float chunk[kChunk];
-    double sum = 0.0;
-    for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-      const int64_t len = std::min(kChunk, V - j0);
-      const float* in = row + j0;
-      float* out = write_grad ? row + j0 : chunk;
-      sum += exponentials(in, len, mx, out);
-    }
+    // exp in place (training: the row becomes its gradient) or into a chunk buffer.
+    const auto [mx, sum] = row_exponentials(row, V, write_grad);
     const double loss = std::log(sum) - static_cast<double>(target - mx);
     if (write_grad) {
       // row holds the exponentials: scaled, less grad_scale at the label, and (bf16) rounded.
@@ -114,41 +125,24 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   });
 }
 
-namespace {
-void check_shard_labels(const Tensor& labels, const VocabShard& shard, int64_t held) {
-  const int64_t V = shard.vocab == 0 ? held : shard.vocab;
-  const int32_t* y = labels.i32();
-  for (int64_t r = 0; r < labels.numel(); ++r)
-    BRISK_CHECK(y[r] == kIgnoreIndex || (y[r] >= 0 && y[r] < V), "label ", y[r], " at row ", r,
-                " is outside [0, ", V, ")");
-}
-}  // namespace
-
 void CpuBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
                                      const VocabShard& shard, const Tensor& stats) {
   const int64_t held =
       check_cross_entropy_shard(logits, labels, shard, stats, 1, "cross_entropy_stats");
-  check_shard_labels(labels, shard, held);
+  check_labels(labels, shard.vocab == 0 ? held : shard.vocab);
   const int64_t V = cols_of(logits), N = rows_of(logits);
   const int32_t* y = labels.i32();
-  const float* z = logits.f32();
+  float* z = logits.f32();
   float* out = stats.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
-    const float* row = z + r * V;
+    float* row = z + r * V;
     float* st = out + r * 3;
     if (y[r] == kIgnoreIndex || held == 0) {
       st[0] = st[1] = st[2] = 0.0f;
       continue;
     }
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 1; j < held; ++j) mx = mx > row[j] ? mx : row[j];
-    constexpr int64_t kChunk = 512;
-    float chunk[kChunk];
-    double sum = 0.0;  // none where every held logit is -inf (a hidden part of the vocabulary)
-    for (int64_t j0 = 0; j0 < held && mx != -INFINITY; j0 += kChunk)
-      sum += exponentials(row + j0, std::min(kChunk, held - j0), mx, chunk);
+    const auto [mx, sum] = row_exponentials(row, held, false);
     const int64_t label = y[r] - shard.first;
     st[0] = mx;
     st[1] = static_cast<float>(sum);
@@ -164,7 +158,7 @@ void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& la
   const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
   const int64_t held =
       check_cross_entropy_shard(logits, labels, shard, stats, slots, "cross_entropy_from_stats");
-  check_shard_labels(labels, shard, held);
+  check_labels(labels, shard.vocab == 0 ? held : shard.vocab);
   const bool apart = check_loss_grad(logits, write_grad, grad);
   const bool g16 = apart && grad.dtype() == DType::bf16;
   const int64_t V = cols_of(logits), N = rows_of(logits);
