@@ -702,16 +702,16 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
 // over the tensor group per step are printed (SummedBytesAreTheEstimates checks them against a
 // run).
 TEST(Cli, EstimatePlansEachTensorRanksShare) {
-  CliRun four;
-  const nlohmann::json j = estimate_json(
+  const std::string common =
       "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 --world_size 4 "
-      "--tp_size 4",
-      &four);
-  ASSERT_EQ(four.exit_code, 0) << four.err;
-  EXPECT_NE(four.out.find("tensor parallel over 4 ranks: each holds 1/4 of every block's "
-                          "attention heads and MLP width and of the vocabulary"),
+      "--tp_size 4";
+  CliRun four, whole_tokens;
+  const nlohmann::json j = estimate_json(common + " --tp_sequence_parallel false", &whole_tokens);
+  ASSERT_EQ(whole_tokens.exit_code, 0) << whole_tokens.err;
+  EXPECT_NE(whole_tokens.out.find("tensor parallel over 4 ranks: each holds 1/4 of every block's "
+                                  "attention heads and MLP width and of the vocabulary"),
             std::string::npos)
-      << four.out;
+      << whole_tokens.out;
   // Per block 1/4 of c_attn, c_fc and both c_proj weights (and the first two's biases), whole
   // norms and row-parallel biases; 12565 rows of wte; wpe and ln_f whole.
   const int64_t split = (768 * 2304 + 2304 + 768 * 768 + 768 * 3072 + 3072 + 3072 * 768) / 4;
@@ -720,10 +720,29 @@ TEST(Cli, EstimatePlansEachTensorRanksShare) {
   EXPECT_EQ(j["tensor_parallel"]["vocabulary_rows_per_rank"], 12565);
   // 12 blocks' 4 sums and 2 more of [2, 1024, 768] float32, and 2048 rows' 3 statistics from
   // each of the 4 ranks.
-  const double sums = (4.0 * 12 + 2) * 2 * 1024 * 768 * 4 + 2048.0 * 3 * 4 * 4;
-  EXPECT_EQ(j["tensor_parallel"]["sums_bytes_per_step"].get<double>(), sums);
-  EXPECT_NE(four.out.find("sums over the tensor group per step: 300.1 MiB"), std::string::npos)
+  const double A = 2.0 * 1024 * 768 * 4, stats = 2048.0 * 3 * 4 * 4;
+  EXPECT_EQ(j["tensor_parallel"]["sums_bytes_per_step"].get<double>(), (4.0 * 12 + 2) * A + stats);
+  EXPECT_NE(whole_tokens.out.find("sums over the tensor group per step: 300.1 MiB"),
+            std::string::npos)
+      << whole_tokens.out;
+  // Megatron's sequence parallelism (the default): the blocks' sums become 10 whole tensors
+  // gathered or reduce-scattered per block (and the ends' 2); the 12 blocks' 4 norm parameters'
+  // gradients are summed once. The residual stream's saved tensors fall by 4 too.
+  const nlohmann::json sliced = estimate_json(common, &four);
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_EQ(sliced["tensor_parallel"]["sums_bytes_per_step"].get<double>(),
+            2 * A + stats + 12 * 4 * 768 * 4);
+  EXPECT_EQ(sliced["tensor_parallel"]["gathered_and_scattered_bytes_per_step"].get<double>(),
+            (10.0 * 12 + 2) * A);
+  EXPECT_NE(four.out.find("each rank holds 1/4 of the tokens there; per step it gathers and "
+                          "reduce-scatters 732.0 MiB"),
+            std::string::npos)
       << four.out;
+  const double a_whole = j["memory"]["activations_per_block_bytes"].get<double>();
+  const double a_sliced = sliced["memory"]["activations_per_block_bytes"].get<double>();
+  // A block's input, residual sum and MLP input [2, 1024, 768] and its 4 norm statistics
+  // [2, 1024] float32, each 3/4 smaller.
+  EXPECT_EQ(a_whole - a_sliced, 0.75 * (3 * A + 4 * 2048.0 * 4));
 }
 
 // estimate --sp_size: each rank's plan holds its share of the tokens (GPT-2's activations per

@@ -545,17 +545,29 @@ nlohmann::json print_tensor_parallel(const TrainOptions& o, const RunAssembly& r
       "tensor parallel over %lld ranks: each holds 1/%lld of every block's attention "
       "heads and MLP width and of the vocabulary (the plan is each rank's)\n",
       static_cast<long long>(o.tp_size), static_cast<long long>(o.tp_size));
-  const double bytes = tensor_step_bytes(run);
-  std::printf(
-      "  sums over the tensor group per step: %s of activations and gradients (4 per "
-      "block per micro-batch%s, and the embeddings' and the head's), each rank sending %s on a "
-      "ring\n",
-      format_mib(static_cast<size_t>(bytes)).c_str(),
-      o.gradient_checkpointing ? " and the recomputed forwards'" : "",
-      format_mib(static_cast<size_t>(bytes * 2 * (t - 1) / t)).c_str());
+  const double bytes = tensor_step_bytes(run), tokens = tensor_token_bytes(run);
+  if (tokens == 0)
+    std::printf(
+        "  sums over the tensor group per step: %s of activations and gradients (4 per "
+        "block per micro-batch%s, and the embeddings' and the head's), each rank sending %s on a "
+        "ring\n",
+        format_mib(static_cast<size_t>(bytes)).c_str(),
+        o.gradient_checkpointing ? " and the recomputed forwards'" : "",
+        format_mib(static_cast<size_t>(bytes * 2 * (t - 1) / t)).c_str());
+  else
+    std::printf(
+        "  sequence parallel between the split products: each rank holds 1/%lld of the tokens "
+        "there; per step it gathers and reduce-scatters %s (each rank sending %s) and sums %s "
+        "(the embeddings', the head's and the norms' gradients, each rank sending %s)\n",
+        static_cast<long long>(o.tp_size), format_mib(static_cast<size_t>(tokens)).c_str(),
+        format_mib(static_cast<size_t>(tokens * (t - 1) / t)).c_str(),
+        format_mib(static_cast<size_t>(bytes)).c_str(),
+        format_mib(static_cast<size_t>(bytes * 2 * (t - 1) / t)).c_str());
   return {{"ranks", o.tp_size},
           {"vocabulary_rows_per_rank", run.model->vocab_rows()},
-          {"sums_bytes_per_step", bytes}};
+          {"sequence_parallel", tokens > 0},
+          {"sums_bytes_per_step", bytes},
+          {"gathered_and_scattered_bytes_per_step", tokens}};
 }
 }  // namespace
 

@@ -38,6 +38,9 @@ struct ParamSplit {
   int rank = 0, ranks = 1;
   int64_t full = 0;
   int copies = 1;
+  // Whole on every rank (dim < 0), but each rank's gradient is only its tokens' part (a block's
+  // norm under Megatron's sequence parallelism): the group sums them.
+  bool partial = false;
   bool split() const { return dim >= 0 && ranks > 1; }
 };
 

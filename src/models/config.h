@@ -91,6 +91,9 @@ struct ModelConfig {
   // Key/value heads fewer than the tensor ranks: each is held by this many tensor ranks in a row
   // (Megatron's replication; the share's num_kv_heads is 1). 1 when the ranks split them.
   int kv_head_copies = 1;
+  // Megatron's sequence parallelism (--tp_sequence_parallel): between the blocks' tensor-parallel
+  // products the residual stream holds this tensor rank's slice of the tokens.
+  bool tensor_slices_tokens = false;
   // Pipeline parallelism: this config is stage `pipeline_stage`'s of `pipeline_stages`
   // (pipeline_share): its model holds blocks [first_layer(), end_layer()) of num_layers, the
   // embeddings on the first stage and the head on the last (a tied head's embeddings there too).

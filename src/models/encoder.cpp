@@ -45,6 +45,11 @@ class Encoder final : public Model {
       param(name + ".bias", {C}, kBiasOrNorm);
       return gamma;
     };
+    auto block_norm = [&](const std::string& name) {
+      const int gamma = token_param(name + ".weight", {C});
+      token_param(name + ".bias", {C});
+      return gamma;
+    };
     // The masked-LM decoder multiplies by the word embeddings: a tied product operand.
     word_ = vocab_param(base + n_.word + ".weight", {c.vocab_size, C},
                         masked_lm() ? kTiedEmbedding : kEmbedding);
@@ -68,10 +73,10 @@ class Encoder final : public Model {
       split_param(p + n_.key + ".bias", {A}, kBiasOrNorm, 0);
       ids.qkv_b_last = split_param(p + n_.value + ".bias", {A}, kBiasOrNorm, 0);
       ids.proj_w = linear(p + n_.attention_output, {C, A}, 1);
-      ids.ln_a_g = norm(p + n_.attention_norm);
+      ids.ln_a_g = block_norm(p + n_.attention_norm);
       ids.fc_w = linear(p + n_.intermediate, {F, C}, 0);
       ids.out_w = linear(p + n_.output, {C, F}, 1);
-      ids.ln_b_g = norm(p + n_.output_norm);
+      ids.ln_b_g = block_norm(p + n_.output_norm);
       ids.proj_b = ids.proj_w + 1;
       ids.ln_a_b = ids.ln_a_g + 1;
       ids.fc_b = ids.fc_w + 1;
@@ -198,14 +203,14 @@ class Encoder final : public Model {
     embed_tokens(be, dev_batch_.input_ids, word_, position_rows(w(pos_)), dev_batch_.token_type_ids,
                  type_table(false), emb_sum_);
     be.layernorm_forward(emb_sum_, w(emb_ln_g_), w(emb_ln_g_ + 1), config_.layer_norm_eps,
-                         hidden_[0], emb_mean_, emb_rstd_);
-    token_dropout(be, hidden_[0], dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
-                  hidden_[0]);
+                         embedding_output(), emb_mean_, emb_rstd_);
+    token_dropout(be, embedding_output(), dropout(config_.embedding_dropout, o),
+                  site(o, kEmbeddingSite), embedding_output());
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
     if (masked_lm()) return masked_lm_forward(be, o);
-    be.first_token(hidden_[config_.num_layers], first_);
+    be.first_token(head_input(), first_);
     if (n_.tanh_head) {
       be.linear_forward(first_, w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_act_);
       be.tanh_forward(head_act_, head_act_);
@@ -236,14 +241,13 @@ class Encoder final : public Model {
       be.activation_backward(Activation::relu, head_pre_, d_head_, d_head_);
     be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
                        g(head_w_), g(head_w_ + 1), accumulate);
-    be.fill(d_hidden_, 0.0f);
-    be.first_token_backward(d_first_, d_hidden_);
+    be.fill(head_input_grad(), 0.0f);
+    be.first_token_backward(d_first_, head_input_grad());
   }
 
   // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position.
   void masked_lm_forward(Backend& be, const StepOptions& o) {
-    be.linear_forward(hidden_[config_.num_layers], w(head_w_), w(head_w_ + 1), WeightLayout::out_in,
-                      head_pre_);
+    be.linear_forward(head_input(), w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_pre_);
     be.activation_forward(config_.activation, head_pre_, head_act_);
     be.layernorm_forward(head_act_, w(mlm_ln_g_), w(mlm_ln_g_ + 1), config_.layer_norm_eps,
                          mlm_out_, mlm_mean_, mlm_rstd_);
@@ -256,15 +260,16 @@ class Encoder final : public Model {
     be.layernorm_backward(lm_head_dx(), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
                           g(mlm_ln_g_), g(mlm_ln_g_ + 1));
     be.activation_backward(config_.activation, head_pre_, d_act, d_act);
-    be.linear_backward(hidden_[config_.num_layers], w(head_w_), d_act, WeightLayout::out_in,
-                       d_hidden_, false, g(head_w_), g(head_w_ + 1), accumulate_dw);
+    be.linear_backward(head_input(), w(head_w_), d_act, WeightLayout::out_in, head_input_grad(),
+                       false, g(head_w_), g(head_w_ + 1), accumulate_dw);
   }
 
   void embed_backward(Backend& be, const StepOptions& o) override {
-    token_dropout(be, d_hidden_, dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite),
-                  d_hidden_, /*backward=*/true);
-    be.layernorm_backward(d_hidden_, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp,
-                          false, g(emb_ln_g_), g(emb_ln_g_ + 1));
+    const Tensor& d = embedding_grad();
+    token_dropout(be, d, dropout(config_.embedding_dropout, o), site(o, kEmbeddingSite), d,
+                  /*backward=*/true);
+    be.layernorm_backward(d, emb_sum_, w(emb_ln_g_), emb_mean_, emb_rstd_, scratch_.tmp, false,
+                          g(emb_ln_g_), g(emb_ln_g_ + 1));
     embed_tokens_backward(be, scratch_.tmp, dev_batch_.input_ids, config_.pad_token_id,
                           dev_batch_.token_type_ids, word_, position_rows(g(pos_)),
                           type_table(true));

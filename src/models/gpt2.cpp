@@ -30,16 +30,16 @@ class Gpt2 final : public Model {
       enter_layer(l);
       const std::string p = "transformer.h." + std::to_string(l) + ".";
       LayerIds ids{};
-      ids.ln_a_g = param(p + "ln_1.weight", {C}, kBiasOrNorm);
-      ids.ln_a_b = param(p + "ln_1.bias", {C}, kBiasOrNorm);
+      ids.ln_a_g = token_param(p + "ln_1.weight", {C});
+      ids.ln_a_b = token_param(p + "ln_1.bias", {C});
       // Conv1D weights are [in, out]: the packed [q | k | v] (three parts) and c_fc split by
       // output (column-parallel), the two c_proj by input (row-parallel).
       ids.qkv_w = split_param(p + "attn.c_attn.weight", {C, QKV}, kLinearWeight, 1, 3);
       ids.qkv_b = split_param(p + "attn.c_attn.bias", {QKV}, kBiasOrNorm, 0, 3);
       ids.proj_w = split_param(p + "attn.c_proj.weight", {A, C}, kLinearWeight, 0);
       ids.proj_b = param(p + "attn.c_proj.bias", {C}, kBiasOrNorm);
-      ids.ln_b_g = param(p + "ln_2.weight", {C}, kBiasOrNorm);
-      ids.ln_b_b = param(p + "ln_2.bias", {C}, kBiasOrNorm);
+      ids.ln_b_g = token_param(p + "ln_2.weight", {C});
+      ids.ln_b_b = token_param(p + "ln_2.bias", {C});
       ids.fc_w = split_param(p + "mlp.c_fc.weight", {C, F}, kLinearWeight, 1);
       ids.fc_b = split_param(p + "mlp.c_fc.bias", {F}, kBiasOrNorm, 0);
       ids.out_w = split_param(p + "mlp.c_proj.weight", {F, C}, kLinearWeight, 0);
@@ -98,29 +98,30 @@ class Gpt2 final : public Model {
   }
 
   void embed_forward(Backend& be, const StepOptions& o) override {
-    embed_tokens(be, dev_batch_.input_ids, wte_, position_rows(w(wpe_)), Tensor(), Tensor(),
-                 hidden_[0]);
-    token_dropout(be, hidden_[0], o.training ? config_.embedding_dropout : 0.0f,
-                  site(o, kEmbeddingSite), hidden_[0]);
+    const Tensor& out = embedding_output();
+    embed_tokens(be, dev_batch_.input_ids, wte_, position_rows(w(wpe_)), Tensor(), Tensor(), out);
+    token_dropout(be, out, o.training ? config_.embedding_dropout : 0.0f, site(o, kEmbeddingSite),
+                  out);
   }
 
   void prepare_batch() override { shift_labels(targets_host_); }
 
   void head_forward(Backend& be, const StepOptions& o) override {
-    be.layernorm_forward(hidden_[config_.num_layers], w(lnf_g_), w(lnf_b_), config_.layer_norm_eps,
-                         lnf_out_, lnf_mean_, lnf_rstd_);
+    be.layernorm_forward(head_input(), w(lnf_g_), w(lnf_b_), config_.layer_norm_eps, lnf_out_,
+                         lnf_mean_, lnf_rstd_);
     lm_head_forward(be, o, lnf_out_, head_, -1, targets_);
   }
 
   void head_backward(Backend& be, const StepOptions&) override {
-    be.layernorm_backward(lm_head_dx(), hidden_[config_.num_layers], w(lnf_g_), lnf_mean_,
-                          lnf_rstd_, d_hidden_, false, g(lnf_g_), g(lnf_b_));
+    be.layernorm_backward(lm_head_dx(), head_input(), w(lnf_g_), lnf_mean_, lnf_rstd_,
+                          head_input_grad(), false, g(lnf_g_), g(lnf_b_));
   }
 
   void embed_backward(Backend& be, const StepOptions& o) override {
-    token_dropout(be, d_hidden_, o.training ? config_.embedding_dropout : 0.0f,
-                  site(o, kEmbeddingSite), d_hidden_, /*backward=*/true);
-    embed_tokens_backward(be, d_hidden_, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), wte_,
+    const Tensor& d = embedding_grad();
+    token_dropout(be, d, o.training ? config_.embedding_dropout : 0.0f, site(o, kEmbeddingSite), d,
+                  /*backward=*/true);
+    embed_tokens_backward(be, d, dev_batch_.input_ids, /*padding_idx=*/-1, Tensor(), wte_,
                           position_rows(g(wpe_)), Tensor());
   }
 

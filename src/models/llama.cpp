@@ -33,7 +33,7 @@ class Llama final : public Model {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string a = p + "self_attn.", m = p + "mlp.";
       LayerIds ids;
-      ids.ln_a = param(p + "input_layernorm.weight", {C}, kBiasOrNorm);
+      ids.ln_a = token_param(p + "input_layernorm.weight", {C});
       // [out, in] weights: q/k/v and gate/up split by output (column-parallel), o_proj and
       // down_proj by input (row-parallel); k/v copied where the ranks outnumber their heads.
       ids.q_w = split_param(a + "q_proj.weight", {QD, C}, kLinearWeight, 0);
@@ -46,7 +46,7 @@ class Llama final : public Model {
       }
       ids.o_w = split_param(a + "o_proj.weight", {C, QD}, kLinearWeight, 1);
       if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);
-      ids.ln_b = param(p + "post_attention_layernorm.weight", {C}, kBiasOrNorm);
+      ids.ln_b = token_param(p + "post_attention_layernorm.weight", {C});
       ids.gate_w = split_param(m + "gate_proj.weight", {F, C}, kLinearWeight, 0);
       ids.up_w = split_param(m + "up_proj.weight", {F, C}, kLinearWeight, 0);
       if (c.mlp_bias) {
@@ -152,23 +152,23 @@ class Llama final : public Model {
   void prepare_batch() override { shift_labels(targets_host_); }
 
   void embed_forward(Backend& be, const StepOptions&) override {
-    embed_tokens(be, dev_batch_.input_ids, embed_, Tensor(), Tensor(), Tensor(), hidden_[0]);
+    embed_tokens(be, dev_batch_.input_ids, embed_, Tensor(), Tensor(), Tensor(),
+                 embedding_output());
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
-    be.rmsnorm_forward(hidden_[config_.num_layers], w(norm_), config_.layer_norm_eps, norm_out_,
-                       norm_rstd_);
+    be.rmsnorm_forward(head_input(), w(norm_), config_.layer_norm_eps, norm_out_, norm_rstd_);
     lm_head_forward(be, o, norm_out_, head_, -1, targets_);
   }
 
   void head_backward(Backend& be, const StepOptions&) override {
-    be.rmsnorm_backward(lm_head_dx(), hidden_[config_.num_layers], w(norm_), norm_rstd_, d_hidden_,
-                        false, g(norm_));
+    be.rmsnorm_backward(lm_head_dx(), head_input(), w(norm_), norm_rstd_, head_input_grad(), false,
+                        g(norm_));
   }
 
   void embed_backward(Backend& be, const StepOptions&) override {
-    embed_tokens_backward(be, d_hidden_, dev_batch_.input_ids, config_.pad_token_id, Tensor(),
-                          embed_, Tensor(), Tensor());
+    embed_tokens_backward(be, embedding_grad(), dev_batch_.input_ids, config_.pad_token_id,
+                          Tensor(), embed_, Tensor(), Tensor());
   }
 
   bool causal_lm() const override { return true; }

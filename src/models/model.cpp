@@ -111,6 +111,13 @@ void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor&
   be.embedding_backward(dout, ids, padding_idx, type_ids, g(word), dpos, dtypes, vocab_shard());
 }
 
+int Model::token_param(const std::string& name, Shape shape) {
+  if (!slices_tokens()) return param(name, shape, kBiasOrNorm);
+  ParamSplit split{-1, 1, config_.tensor_rank, config_.tensor_ranks};
+  split.partial = true;
+  return numbered(stage_holds(kBiasOrNorm) ? params_.add(name, shape, kBiasOrNorm, 0, split) : -1);
+}
+
 int Model::kv_param(const std::string& name, Shape shape, ParamRole role) {
   const int copies = config_.kv_head_copies;
   if (copies == 1) return split_param(name, shape, role, 0);
@@ -147,14 +154,20 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               " tokens do not split evenly among --sp_size ", c.sequence_ranks,
               " ranks (make --seq_len, --block_size or --max_seq_length a multiple of it)");
   const BatchShape local = token_shape(shape);
-  const Shape btc{shape.batch, local.seq, c.hidden_size};
+  const int64_t slices = slices_tokens() ? c.tensor_ranks : 1;
+  BRISK_CHECK(local.seq % slices == 0, "sequences of ", local.seq, " tokens",
+              c.sequence_ranks > 1 ? " on each --sp_size rank" : "",
+              " do not split evenly among --tp_size ", slices,
+              " ranks under --tp_sequence_parallel (make --seq_len, --block_size or "
+              "--max_seq_length a multiple of it)");
+  const Shape btc{shape.batch, stream_tokens(shape), c.hidden_size};
   hidden_.assign(c.num_layers + 1, Tensor());
   for (int64_t l = c.first_layer(); l <= c.end_layer(); ++l)
     declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
             btc);
   if (options.stashed_inputs > 0)
     declare(plan, &stashed_, "pipeline.stashed_inputs", Category::activations, DType::f32,
-            {options.stashed_inputs, shape.batch, local.seq, c.hidden_size});
+            {options.stashed_inputs, shape.batch, stream_tokens(shape), c.hidden_size});
   const BlockStyle style = this->style(true);
   // Attention runs on every token of num_heads / sequence_ranks heads.
   const BlockDims dims{shape.batch,
@@ -167,7 +180,8 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
                        style.gated_mlp,
                        attention_buffers(options.device, shape.batch,
                                          c.num_heads / c.sequence_ranks, shape.seq, c.head_dim()),
-                       c.sequence_ranks};
+                       c.sequence_ranks,
+                       slices};
   BRISK_CHECK(!(options.selective_recompute && options.gradient_checkpointing),
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
@@ -268,10 +282,15 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
 void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockStyle& style,
                               const BlockDims& dims) {
   const BatchShape local = token_shape(shape);
-  const Shape btc{shape.batch, local.seq, config_.hidden_size};
+  const Shape btc{shape.batch, stream_tokens(shape), config_.hidden_size};
   declare_block_scratch(plan, binder_, scratch_, dims);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
+  if (slices_tokens()) {  // the embeddings' output, then the head's input, over every token
+    const Shape all{shape.batch, local.seq, config_.hidden_size};
+    declare(plan, &tokens_, "hidden.all_tokens", Category::activations, DType::f32, all);
+    declare(plan, &d_tokens_, "grad.hidden_all_tokens", Category::temporaries, DType::f32, all);
+  }
   declare_input(plan, &batch_.input_ids, &dev_batch_.input_ids, "batch.input_ids",
                 Shape{shape.batch, local.seq});
   declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
@@ -285,6 +304,10 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
 
 BatchShape Model::token_shape(BatchShape shape) const {
   return {shape.batch, shape.seq / config_.sequence_ranks};
+}
+
+int64_t Model::stream_tokens(const BatchShape& shape) const {
+  return token_shape(shape).seq / (slices_tokens() ? config_.tensor_ranks : 1);
 }
 
 void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
@@ -627,12 +650,13 @@ BlockStyle Model::style(bool training) const {
   s.act_dtype = options_.activation_dtype;
   s.tensor_group = tensor_group_;
   s.sequence_group = sequence_group_;
+  s.tensor_slices_tokens = slices_tokens();
   return s;
 }
 
 void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& key, const Tensor& y,
                           bool backward) const {
-  per_sequence(sequence_group_, x, key, [&](auto view, const RngKey& k) {
+  per_sequence(token_slice(sequence_group_), x, key, [&](auto view, const RngKey& k) {
     if (backward)
       be.dropout_backward(view(x), p, k, view(y));
     else
@@ -716,6 +740,8 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   if (config_.first_stage()) {
     need_weights(embeddings, end - first);  // the first block on its way while they compute
     embed_forward(be, o);
+    if (slices_tokens())  // every rank holds the same embeddings: its own tokens of them
+      slice_tokens(be, tokens_, hidden_[static_cast<size_t>(first)], tensor_group_->rank());
   }
   for (int l = first; l < end; ++l) {
     need_weights(end - l, end - l - 1);  // then the next block's, or after the last the head's
@@ -727,6 +753,9 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   const bool tied = head_reads_embeddings();
   need_weights(0, tied ? embeddings : -1);
   if (tied) need_weights(embeddings, -1);
+  if (slices_tokens())
+    gather_tokens(be, *tensor_group_, hidden_[static_cast<size_t>(end)], tokens_,
+                  scratch_.token_exchange);
   head_forward(be, o);
 }
 
@@ -897,7 +926,11 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   auto report = [&](int segment) {
     if (done && split) done(segment);
   };
-  if (config_.last_stage()) head_backward(be, o);  // else d_hidden_ holds the output's gradient
+  if (config_.last_stage()) {  // else d_hidden_ holds the output's gradient
+    head_backward(be, o);
+    // Every rank's head computes the same input gradient: its own tokens of it.
+    if (slices_tokens()) slice_tokens(be, d_tokens_, d_hidden_, tensor_group_->rank());
+  }
   report(0);
   // Segments as forward_step numbers them.
   const auto first = static_cast<int>(config_.first_layer());
@@ -938,6 +971,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   }
   if (config_.first_stage()) {
     if (embeddings_read) need_weights(embeddings, -1);
+    if (slices_tokens())
+      gather_tokens(be, *tensor_group_, d_hidden_, d_tokens_, scratch_.token_exchange);
     embed_backward(be, o);
   }
   if (done) done(split ? static_cast<int>(grad_segments_.size()) - 1 : 0);

@@ -118,9 +118,10 @@ class Model : public BatchTarget {
   // The shape of the current micro-batch (use_seq), and the one the buffers were planned for.
   BatchShape batch_shape() const { return shape_; }
   BatchShape planned_shape() const { return planned_; }
-  // The tokens of each planned sequence this model computes on: all of them, or under sequence
-  // parallelism its share (its activations' length).
-  int64_t planned_tokens() const { return token_shape(planned_).seq; }
+  // The tokens of each planned sequence in this model's residual stream: all of them, or under
+  // sequence parallelism its share (its activations' length; under Megatron's, its tensor rank's
+  // slice of that).
+  int64_t planned_tokens() const { return stream_tokens(planned_); }
   // The ids of the vocabulary this rank's vocabulary tables hold (VocabShard{}: all of them),
   // and the tables' rows (vocab_param).
   VocabShard vocab_shard() const;
@@ -190,6 +191,9 @@ class Model : public BatchTarget {
   // Tensor parallelism: the group this model's share runs in (config().tensor_ranks ranks); its
   // blocks sum their partial products over it.
   void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
+  // Megatron's sequence parallelism: the residual stream between the blocks' products holds this
+  // tensor rank's slice of the tokens.
+  bool slices_tokens() const { return config_.tensor_slices_tokens && config_.tensor_ranks > 1; }
   // Sequence parallelism: the group this model's tokens run in (config().sequence_ranks ranks,
   // sequence_parallel.h). The batch the loader writes holds whole sequences; the model computes
   // on its rank's tokens of them (the planned length must split evenly), attention on every token
@@ -312,6 +316,9 @@ class Model : public BatchTarget {
   // run of its rows (Megatron's vocabulary parallelism), the last rank's padded where the ranks
   // do not divide the vocabulary.
   int vocab_param(const std::string& name, Shape shape, ParamRole role);
+  // A block's norm parameter: under Megatron's sequence parallelism each tensor rank's gradient
+  // of it is its tokens' part (ParamSplit::partial), which the group sums.
+  int token_param(const std::string& name, Shape shape);
   // A key/value projection's weight or bias (split by output like split_param's dim 0), which
   // tensor ranks beyond the key/value heads hold in copies (ParamSplit::copies).
   int kv_param(const std::string& name, Shape shape, ParamRole role);
@@ -339,6 +346,15 @@ class Model : public BatchTarget {
   // A constant: host and device copies as an input's, uploaded once after bind.
   void declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                         Shape shape, DType dtype);
+  // The embeddings' output [B, T, C] and the head's input, and their gradients: hidden_[0],
+  // hidden_[L] and d_hidden_, or under Megatron's sequence parallelism (where those hold this
+  // tensor rank's tokens) every token's, which the model slices and gathers around the blocks.
+  const Tensor& embedding_output() const { return slices_tokens() ? tokens_ : hidden_[0]; }
+  const Tensor& head_input() const {
+    return slices_tokens() ? tokens_ : hidden_[static_cast<size_t>(config_.num_layers)];
+  }
+  const Tensor& head_input_grad() const { return slices_tokens() ? d_tokens_ : d_hidden_; }
+  const Tensor& embedding_grad() const { return slices_tokens() ? d_tokens_ : d_hidden_; }
   Tensor w(int index) const { return params_.weight(index); }
   Tensor g(int index) const { return params_.grad(index); }
   Tensor loss_sum() const {
@@ -477,6 +493,10 @@ class Model : public BatchTarget {
   // Zeros the padding rows of vocabulary table i (vocab_param), which no id reads.
   void clear_padding(Backend& be, int i);
   Tensor stashed_;  // [stashed_inputs, B, T, C]
+  // Megatron's sequence parallelism: every token's embeddings or head input, and their gradient.
+  Tensor tokens_, d_tokens_;
+  // The stream's tokens of `shape` (this tensor rank's under Megatron's sequence parallelism).
+  int64_t stream_tokens(const BatchShape& shape) const;
   // Staged weights: segment `segment`'s weights before it runs, and `next`'s started (-1: none)
   // where its place overlaps none in use.
   void need_weights(int segment, int next) const;

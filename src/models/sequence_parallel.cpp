@@ -132,6 +132,70 @@ void heads_to_tokens(Backend& be, SequenceGroup& group, const Tensor& heads, con
   chunks_to_columns(be, d, columns, received, tokens, send);
 }
 
+namespace {
+// `t` as a gather moves it: 16-bit data as bf16 (only its bits travel), its shape kept.
+Tensor gathered_as(const Tensor& t) {
+  const DType d = dtype_size(t.dtype()) == 2 ? DType::bf16 : t.dtype();
+  return Tensor(t.data(), t.shape(), d, t.device());
+}
+
+// The [B, t * N, W] token layout against N chunks [B, t, W] laid end to end (chunk r: rank r's
+// tokens): copies the chunks' tokens into `full`, or with `to_chunks` full's into the chunks.
+void full_and_chunks(Backend& be, const Tensor& full, const Tensor& chunks, int64_t N,
+                     bool to_chunks) {
+  const int64_t B = full.dim(0), run = full.numel() / B / N, chunk = B * run;
+  for (int64_t i = 0; i < N; ++i) {
+    if (to_chunks)
+      be.copy_rows(full, chunks, {i * run, N * run, i * chunk, run, run, B});
+    else
+      be.copy_rows(chunks, full, {i * chunk, run, i * run, N * run, run, B});
+  }
+}
+
+void check_token_slices(const TensorGroup& group, const Tensor& slice, const Tensor& full,
+                        const Tensor& buffer) {
+  const int64_t N = group.size();
+  BRISK_CHECK(slice.rank() == 3 && full.rank() == 3 && slice.dim(0) == full.dim(0) &&
+                  slice.dim(1) * N == full.dim(1) && slice.dim(2) == full.dim(2) &&
+                  slice.dtype() == full.dtype(),
+              "token slices: ", slice.shape().str(), " is not a slice of ", full.shape().str(),
+              " among ", N, " ranks");
+  BRISK_CHECK(full.dim(0) == 1 || buffer.bytes() >= full.bytes(), "token slices: a buffer of ",
+              buffer.bytes(), " bytes for ", full.bytes());
+}
+}  // namespace
+
+void gather_tokens(Backend& be, TensorGroup& group, const Tensor& slice, const Tensor& full,
+                   const Tensor& buffer) {
+  check_token_slices(group, slice, full, buffer);
+  const Tensor in = gathered_as(slice), out = gathered_as(full);
+  const Tensor in_flat = flat(in, in.numel(), in.dtype());
+  if (full.dim(0) == 1) return group.all_gather(be, in_flat, flat(out, out.numel(), out.dtype()));
+  const Tensor chunks = flat(buffer, out.numel(), out.dtype());
+  group.all_gather(be, in_flat, chunks);
+  full_and_chunks(be, out, chunks, group.size(), false);
+}
+
+void scatter_tokens_sum(Backend& be, TensorGroup& group, const Tensor& full, const Tensor& slice,
+                        const Tensor& buffer) {
+  check_token_slices(group, slice, full, buffer);
+  BRISK_CHECK(full.dtype() == DType::f32, "token slices: sums of ", dtype_name(full.dtype()));
+  const Tensor out = flat(slice, slice.numel(), DType::f32);
+  if (full.dim(0) == 1)
+    return group.reduce_scatter_sum(be, flat(full, full.numel(), DType::f32), out);
+  const Tensor chunks = flat(buffer, full.numel(), DType::f32);
+  full_and_chunks(be, full, chunks, group.size(), true);
+  group.reduce_scatter_sum(be, chunks, out);
+}
+
+void slice_tokens(Backend& be, const Tensor& full, const Tensor& slice, int64_t index) {
+  const int64_t B = slice.dim(0), run = slice.numel() / B, N = full.numel() / slice.numel();
+  BRISK_CHECK(full.dim(0) == B && full.numel() == N * slice.numel() && index >= 0 && index < N,
+              "token slices: slice ", index, " of ", full.shape().str(), " as ",
+              slice.shape().str());
+  be.copy_rows(full, slice, {index * run, N * run, 0, run, run, B});
+}
+
 Tensor sequence_view(const Tensor& x, int64_t b) {
   const int64_t per = x.numel() / x.dim(0);
   const auto bytes = static_cast<size_t>(per * static_cast<int64_t>(dtype_size(x.dtype())));

@@ -14,6 +14,53 @@ RngKey site_key(const RngKey& key, int layer, int which) {
   return k;
 }
 
+// Megatron's sequence parallelism: whether the residual stream holds this tensor rank's slice
+// of the tokens.
+bool slices_tokens(const BlockStyle& st) {
+  return st.tensor_slices_tokens && st.tensor_group != nullptr && st.tensor_group->size() > 1;
+}
+
+// Where the residual stream's tokens lie in each whole sequence: Ulysses' slice, and within it
+// the tensor rank's.
+TokenSlice stream_slice(const BlockStyle& st) {
+  const TokenSlice sequence = token_slice(st.sequence_group);
+  if (!slices_tokens(st)) return sequence;
+  return token_slice(sequence, st.tensor_group->rank(), st.tensor_group->size());
+}
+
+// Part k of float32 buffer `buf` shaped as the stream tensor `like` (tmp and tmp2 hold whole
+// tokens: several slices).
+Tensor slice_space(const Tensor& buf, const Tensor& like, int64_t k) {
+  BRISK_CHECK((k + 1) * like.numel() <= buf.numel(), "internal error: slice ", k, " of ",
+              like.shape().str(), " outside a buffer of ", buf.numel());
+  return Tensor(buf.f32() + k * like.numel(), like.shape(), DType::f32, buf.device());
+}
+
+// A product's input over every token: under Megatron's sequence parallelism x (this rank's
+// tokens, any dtype) all-gathered into `into` (viewed in x's dtype); else x itself.
+Tensor all_tokens(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& into,
+                  const BlockScratch& sc) {
+  if (!slices_tokens(st)) return x;
+  const Tensor full(into.data(), Shape{x.dim(0), x.dim(1) * st.tensor_group->size(), x.dim(2)},
+                    x.dtype(), into.device());
+  gather_tokens(be, *st.tensor_group, x, full, sc.token_exchange);
+  return full;
+}
+
+// The gradient of stream tensor `like` from a partial one over every token (float32, in `full`):
+// under Megatron's sequence parallelism this rank's tokens of the group's sum, into part k of
+// `into`; else the group's sum in place (full itself).
+Tensor stream_sum(Backend& be, const BlockStyle& st, const Tensor& full, const Tensor& like,
+                  const Tensor& into, int64_t k, const BlockScratch& sc) {
+  if (!slices_tokens(st)) {
+    if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, full);
+    return full;
+  }
+  const Tensor slice = slice_space(into, like, k);
+  scatter_tokens_sum(be, *st.tensor_group, full, slice, sc.token_exchange);
+  return slice;
+}
+
 // LayerNorm or RMSNorm, as the style says (RMSNorm has no bias and no mean).
 void norm_forward(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& gamma,
                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
@@ -69,9 +116,10 @@ Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& 
 // The gradient through a residual branch's dropout: into tmp, or without dropout dy itself (the
 // products read it before the residual stream's gradient is added to).
 Tensor dropped(Backend& be, const BlockStyle& st, const Tensor& dy, float p, const RngKey& key,
-               const Tensor& tmp) {
+               const Tensor& tmp_buffer) {
   if (p == 0.0f) return dy;
-  per_sequence(st.sequence_group, dy, key,
+  const Tensor tmp = slice_space(tmp_buffer, dy, 0);
+  per_sequence(stream_slice(st), dy, key,
                [&](auto view, const RngKey& k) { be.dropout_backward(view(dy), p, k, view(tmp)); });
   return tmp;
 }
@@ -79,7 +127,7 @@ Tensor dropped(Backend& be, const BlockStyle& st, const Tensor& dy, float p, con
 // y = x + dropout(r) over the block's tokens (per_sequence's keys under sequence parallelism).
 void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& r, float p,
                   const RngKey& key, const Tensor& y) {
-  per_sequence(st.sequence_group, x, key, [&](auto view, const RngKey& k) {
+  per_sequence(stream_slice(st), x, key, [&](auto view, const RngKey& k) {
     be.dropout_add(view(x), view(r), p, k, view(y));
   });
 }
@@ -194,18 +242,19 @@ void sum_over_group(Backend& be, const BlockStyle& st, const Tensor& t) {
   if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, t);
 }
 
-// A residual branch's last product x w (+ b), row-parallel under tensor parallelism: each rank's
-// partial product summed over the group in float32 (the bias added once), then rounded; else
-// branch_product's.
+// A residual branch's last product x w (+ b) for the stream tensor `like`, row-parallel under
+// tensor parallelism: each rank's partial product (in sc.tmp) summed over the group in float32
+// (the bias added once; under Megatron's sequence parallelism this rank's tokens of the sum, in
+// sc.tmp2), then rounded; else branch_product's, in sc.tmp.
 Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& w,
-                     const Tensor& b, const Tensor& tmp) {
+                     const Tensor& b, const Tensor& like, const BlockScratch& sc) {
   if (st.tensor_group == nullptr)
-    return branch_product(be, st.act_dtype, tmp,
+    return branch_product(be, st.act_dtype, sc.tmp,
                           [&](const Tensor& y) { be.linear_forward(x, w, b, st.layout, y); });
-  be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, tmp);
-  sum_over_group(be, st, tmp);
-  be.round_to(st.act_dtype, tmp);
-  return tmp;
+  be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
+  const Tensor sum = stream_sum(be, st, sc.tmp, like, sc.tmp2, 0, sc);
+  be.round_to(st.act_dtype, sum);
+  return sum;
 }
 
 // The key of the attention's dropout: under tensor parallelism this rank's heads draw the masks
@@ -333,8 +382,10 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
                          const std::string& prefix, const BlockStyle& style, const BlockDims& d,
                          SavedPart part, DType low_dtype, Category low_category,
                          bool with_attn_stats) {
-  const Shape btc{d.batch, d.seq, d.hidden};
-  const Shape bt{d.batch, d.seq};
+  // The residual stream's tokens (under Megatron's sequence parallelism this rank's slice): the
+  // norms' inputs, outputs and statistics, and the residual sums.
+  const Shape btc{d.batch, d.stream_seq(), d.hidden};
+  const Shape bt{d.batch, d.stream_seq()};
   const auto recomputable = recomputable_tensors(s, style);
   auto low = [&](Tensor* t, const char* name, Shape shape) {
     const bool rebuilt =
@@ -377,6 +428,10 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
   add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
   add(&s.attn, "attn", d.attention.scratch);
+  if (d.token_slices > 1) {
+    add(&s.gathered, "gathered_tokens", btc);
+    add(&s.token_exchange, "token_exchange", Shape{d.batch * d.seq * d.hidden});
+  }
   if (d.seq_ranks == 1) return;
   const int64_t N = d.seq_ranks, T = d.seq * N;
   add(&s.exchange, "sequence_exchange", Shape{d.batch * T * d.heads_qkv_width()});
@@ -406,8 +461,9 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const DType lp = st.act_dtype;
   const Tensor* a_in = &x;
   if (st.pre_norm) a_in = &attention_input(be, st, w, x, s, copy(&BlockSaved::a_in));
+  const Tensor a_all = all_tokens(be, st, *a_in, scratch.gathered, scratch);
   auto qkv_product = [&](const Tensor& y) {
-    be.linear_forward(*a_in, w.qkv_w, w.qkv_b, st.layout, y);
+    be.linear_forward(a_all, w.qkv_w, w.qkv_b, st.layout, y);
   };
   const Tensor* qkv_copy = copy(&BlockSaved::qkv);
   const Tensor* qkv = nullptr;
@@ -427,7 +483,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
     ctx = &round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
   }
-  const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, scratch.tmp);
+  const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch);
   residual_add(be, st, x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
                s.res1);
   // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
@@ -439,18 +495,19 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
     m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
   }
+  const Tensor m_all = all_tokens(be, st, *m_in, scratch.gathered, scratch);
   const Tensor& fc_pre = product_saved(
       be, lp, s.fc_pre, copy(&BlockSaved::fc_pre),
-      [&](const Tensor& y) { be.linear_forward(*m_in, w.fc_w, w.fc_b, st.layout, y); });
+      [&](const Tensor& y) { be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y); });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
-  const Tensor mlp = branch_output(be, st, fc_act, w.out_w, w.out_b, scratch.tmp);
+  const Tensor mlp = branch_output(be, st, fc_act, w.out_w, w.out_b, s.res1, scratch);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
   } else {
     residual_add(be, st, s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
-    const Tensor& y = out.empty() ? scratch.tmp : out;
+    const Tensor& y = out.empty() ? slice_space(scratch.tmp, s.res2, 0) : out;
     norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
   }
 }
@@ -477,43 +534,61 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   const RngKey attn_probs_key = attention_key(st, key, layer);
   const RngKey attn_res_key = site_key(key, layer, kAttnResidual);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
-  // d_res1 is the gradient flowing on the residual stream between the two sublayers.
+  // d_res1 is the gradient flowing on the residual stream between the two sublayers. Under
+  // Megatron's sequence parallelism the stream's gradients are this rank's tokens', gathered for
+  // the row-parallel products' backward, and the column-parallel products' input gradients are
+  // reduce-scattered (all_tokens, stream_sum).
   Tensor d_res1;
   if (st.pre_norm) {
     // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 is dh itself.
     d_res1 = dh;
-    be.linear_backward(s.fc_act, w.out_w, dropped(be, st, dh, st.residual_dropout, mlp_key, sc.tmp),
-                       st.layout, sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
+    const Tensor d_mlp =
+        all_tokens(be, st, dropped(be, st, dh, st.residual_dropout, mlp_key, sc.tmp), sc.tmp2, sc);
+    be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                       accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
-    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, false, g.fc_w, g.fc_b,
-                       accumulate_dw);
-    sum_over_group(be, st, sc.tmp2);
-    be.round_to(lp, sc.tmp2);
-    norm_backward(be, st, sc.tmp2, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
+    be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
+                       sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
+    const Tensor d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
+    be.round_to(lp, d_m_in);
+    norm_backward(be, st, d_m_in, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
                   g.ln_b_b);
   } else {
     // out = LN_b(res2), res2 = m_in + drop(mlp(m_in)), m_in = LN_a(res1).
-    norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, sc.tmp2, false, g.ln_b_g,
+    const Tensor d_res2 = slice_space(sc.tmp2, dh, 0);
+    norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, d_res2, false, g.ln_b_g,
                   g.ln_b_b);
-    be.linear_backward(s.fc_act, w.out_w,
-                       dropped(be, st, sc.tmp2, st.residual_dropout, mlp_key, sc.tmp), st.layout,
-                       sc.d_fc, false, g.out_w, g.out_b, accumulate_dw);
+    const Tensor d_mlp = all_tokens(
+        be, st, dropped(be, st, d_res2, st.residual_dropout, mlp_key, sc.tmp), sc.gathered, sc);
+    be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                       accumulate_dw);
     be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
-    be.linear_backward(s.m_in, w.fc_w, d_fc_pre, st.layout, sc.tmp2, adds_shared_terms(st), g.fc_w,
-                       g.fc_b, accumulate_dw);
-    sum_over_group(be, st, sc.tmp2);
+    const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);
+    Tensor d_m_in = sc.tmp2;
+    if (slices_tokens(st)) {  // this rank's tokens of the sum, and the residual's gradient
+      be.linear_backward(m_all, w.fc_w, d_fc_pre, st.layout, sc.tmp, false, g.fc_w, g.fc_b,
+                         accumulate_dw);
+      d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 1, sc);
+      be.add_inplace(d_m_in, d_res2);
+    } else {  // rank 0 adds the residual's gradient to the sum
+      be.linear_backward(m_all, w.fc_w, d_fc_pre, st.layout, sc.tmp2, adds_shared_terms(st), g.fc_w,
+                         g.fc_b, accumulate_dw);
+      sum_over_group(be, st, sc.tmp2);
+    }
     d_res1 = dh;  // dh is free again: it now receives d_res1
-    norm_backward(be, st, sc.tmp2, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
+    norm_backward(be, st, d_m_in, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
                   g.ln_a_b);
   }
   // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
-  be.linear_backward(s.ctx, w.proj_w,
-                     dropped(be, st, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
-                     st.layout, sc.d_ctx, false, g.proj_w, g.proj_b, accumulate_dw);
+  const Tensor d_attn =
+      all_tokens(be, st, dropped(be, st, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
+                 sc.tmp2, sc);
+  be.linear_backward(s.ctx, w.proj_w, d_attn, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
+                     accumulate_dw);
   be.round_to(lp, sc.d_ctx);
   if (splits_sequences(st.sequence_group)) {
     sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
@@ -525,12 +600,16 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   rotary_backward(be, st, sc.d_qkv);
   if (!products_round(be, lp, g.qkv_b)) be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
-    be.linear_backward(s.a_in, w.qkv_w, sc.d_qkv, st.layout, sc.tmp2, false, g.qkv_w, g.qkv_b,
-                       accumulate_dw);
-    sum_over_group(be, st, sc.tmp2);
-    be.round_to(lp, sc.tmp2);
-    norm_backward(be, st, sc.tmp2, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
-  } else {
+    be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
+                       sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
+    const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
+    be.round_to(lp, d_a_in);
+    norm_backward(be, st, d_a_in, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
+  } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
+    be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout, sc.tmp,
+                       false, g.qkv_w, g.qkv_b, accumulate_dw);
+    be.add_inplace(dh, stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc));
+  } else {  // rank 0 adds d_res1 to the sum
     be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, adds_shared_terms(st), g.qkv_w, g.qkv_b,
                        accumulate_dw);
     sum_over_group(be, st, dh);

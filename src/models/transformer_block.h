@@ -15,18 +15,6 @@
 
 namespace brisk {
 
-// Tensor parallelism's group (parallel/ makes it from a communicator): the ranks that hold a
-// block's heads and MLP width between them, the rest of it alike.
-class TensorGroup {
- public:
-  virtual ~TensorGroup() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  // buf (float32, in the backend's memory) becomes the sum over the group of every rank's buf,
-  // the same bits on every rank.
-  virtual void all_reduce_sum(Backend& be, const Tensor& buf) = 0;
-};
-
 struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
   bool causal = false;
@@ -65,6 +53,12 @@ struct BlockStyle {
   // (and kv_heads / size()), its input and output exchanged by all-to-all; rotary positions start
   // at this rank's first token. Null: every token.
   SequenceGroup* sequence_group = nullptr;
+  // Megatron's sequence parallelism under tensor parallelism: x, the residual stream, its norms
+  // and dropouts hold this tensor rank's slice of the tokens (TokenSlice: of the sequence group's
+  // tokens, where there is one); the column-parallel products read their inputs all-gathered,
+  // the row-parallel products' partial outputs are reduce-scattered, and the norms' parameters get
+  // each rank's tokens' part of their gradients (the group sums them; Model::token_param).
+  bool tensor_slices_tokens = false;
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
@@ -110,9 +104,14 @@ std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& sty
 // the saved gate_up). Under sequence parallelism: exchange, the all-to-all's buffer; heads_ctx
 // and heads_qkv, the attention's output (or its gradient) and input gradient over every token of
 // this rank's heads; else empty.
+// Under Megatron's sequence parallelism: gathered, a product's all-gathered input [B, T, C]
+// (float32's room, viewed in the input's dtype), and token_exchange, the gathers' and
+// reduce-scatters' buffer; tmp and tmp2 then hold whole tokens' partial products or gradients,
+// or slices' values in slice-sized parts.
 struct BlockScratch {
   Tensor tmp, tmp2, d_ctx, d_qkv, d_fc, attn, d_gate_up;
   Tensor exchange, heads_ctx, heads_qkv;
+  Tensor gathered, token_exchange;
 };
 
 struct BlockDims {
@@ -122,6 +121,10 @@ struct BlockDims {
   // Sequence parallelism: the ranks that share the sequences (seq is this rank's tokens; the
   // saved qkv holds every token of its share of the heads).
   int64_t seq_ranks = 1;
+  // Megatron's sequence parallelism: the tensor ranks whose slices of seq's tokens make the
+  // residual stream (x, the residual sums, the norms' inputs and outputs hold stream_seq()).
+  int64_t token_slices = 1;
+  int64_t stream_seq() const { return seq / token_slices; }
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   // A sequence rank's qkv over every token: its query heads and its share of the key/value

@@ -17,25 +17,41 @@ namespace brisk {
 
 namespace {
 
-// The tensor group over a communicator, counting the bytes it sums and the seconds that takes.
+// The tensor group over a communicator, counting the bytes it sums (all-reduces), the bytes of
+// the whole tensors it gathers and reduce-scatters (Megatron's sequence parallelism), and the
+// seconds that takes.
 class CommunicatorGroup final : public TensorGroup {
  public:
   explicit CommunicatorGroup(Communicator& comm) : comm_(comm) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
   void all_reduce_sum(Backend&, const Tensor& buf) override {
-    const auto start = std::chrono::steady_clock::now();
-    comm_.all_reduce_sum(buf);
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timed([&] { comm_.all_reduce_sum(buf); });
     bytes_ += static_cast<double>(buf.bytes());
   }
+  void all_gather(Backend&, const Tensor& in, const Tensor& out) override {
+    timed([&] { comm_.all_gather(in, out); });
+    token_bytes_ += static_cast<double>(out.bytes());
+  }
+  void reduce_scatter_sum(Backend&, const Tensor& in, const Tensor& out) override {
+    timed([&] { comm_.reduce_scatter_sum(in, out); });
+    token_bytes_ += static_cast<double>(in.bytes());
+  }
   double bytes() const { return bytes_; }
+  double token_bytes() const { return token_bytes_; }
   // The seconds since the last call.
   double take_seconds() { return std::exchange(seconds_, 0.0); }
 
  private:
   Communicator& comm_;
-  double bytes_ = 0, seconds_ = 0;
+  double bytes_ = 0, token_bytes_ = 0, seconds_ = 0;
+
+  template <typename Op>
+  void timed(Op op) {
+    const auto start = std::chrono::steady_clock::now();
+    op();
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 };
 
 // A save's reads of the full parameters (and of optimizer state laid out as them) from the
@@ -139,6 +155,7 @@ class TensorParallel final : public ParallelPolicy {
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].split.split()) split_.push_back(static_cast<int>(i));
       if (params[i].split.copies > 1) copied_.push_back(static_cast<int>(i));
+      if (params[i].split.partial) partial_.push_back(static_cast<int>(i));
     }
     // The tensor ranks that hold the same key/value heads, which sum those heads' gradients.
     if (!copied_.empty()) {
@@ -157,7 +174,8 @@ class TensorParallel final : public ParallelPolicy {
   // The data replicas' sums, and the step's sums over the tensor group (blocking: all waited).
   SyncSeconds finish_gradients() override {
     SyncSeconds s = data_->finish_gradients();
-    sum_copied_gradients();
+    if (!copied_.empty()) sum_gradients(copied_, *copies_group_);
+    sum_gradients(partial_, *group_);
     const double tensor =
         group_->take_seconds() + (copies_group_ ? copies_group_->take_seconds() : 0.0);
     s.ran += tensor;
@@ -165,9 +183,11 @@ class TensorParallel final : public ParallelPolicy {
     return s;
   }
   std::vector<std::pair<std::string, double>> statistics() const override {
-    if (!copies_group_) return {{"tensor_parallel_sum_bytes", group_->bytes()}};
-    return {{"tensor_parallel_sum_bytes", group_->bytes()},
-            {"tensor_parallel_copies_sum_bytes", copies_group_->bytes()}};
+    std::vector<std::pair<std::string, double>> out{
+        {"tensor_parallel_sum_bytes", group_->bytes()},
+        {"tensor_parallel_token_bytes", group_->token_bytes()}};
+    if (copies_group_) out.emplace_back("tensor_parallel_copies_sum_bytes", copies_group_->bytes());
+    return out;
   }
   const Tensor& gradients() const override { return data_->gradients(); }
   double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
@@ -229,8 +249,9 @@ class TensorParallel final : public ParallelPolicy {
   Optimizer& optimizer_;
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<CommunicatorGroup> group_;
-  std::vector<int> split_;   // the split parameters
-  std::vector<int> copied_;  // those held in copies (key/value heads fewer than the ranks)
+  std::vector<int> split_;    // the split parameters
+  std::vector<int> copied_;   // those held in copies (key/value heads fewer than the ranks)
+  std::vector<int> partial_;  // whole ones whose gradients are each rank's tokens' part
   std::unique_ptr<Communicator> copies_;             // the tensor ranks holding this rank's copies
   std::unique_ptr<CommunicatorGroup> copies_group_;  // over copies_, counting what it sums
   bool first_copy_ = true;
@@ -246,19 +267,19 @@ class TensorParallel final : public ParallelPolicy {
     return lo < hi ? ElementRange{lo - base, hi - lo} : ElementRange{};
   }
 
-  // Each copy of a key/value head got the gradient of its own query heads: the copies sum them
-  // (after the data replicas' sums, which commute with them), neighbouring parameters at once.
-  void sum_copied_gradients() {
-    if (copied_.empty()) return;
+  // Gradients of parameters `params` each rank of `group` holds a part of, summed over it (after
+  // the data replicas' sums, which commute with them), neighbouring parameters at once: each copy
+  // of a key/value head got the gradient of its own query heads; under Megatron's sequence
+  // parallelism each rank's norms that of its tokens.
+  void sum_gradients(const std::vector<int>& params, CommunicatorGroup& group) {
     const Tensor& grads = data_->gradients();
     const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
     ElementRange run;
     auto flush = [&] {
-      if (run.count > 0)
-        copies_group_->all_reduce_sum(be_, element_range(grads, run.offset, run.count));
+      if (run.count > 0) group.all_reduce_sum(be_, element_range(grads, run.offset, run.count));
       run = {};
     };
-    for (int i : copied_) {
+    for (int i : params) {
       const ElementRange r =
           held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
       if (r.count == 0) continue;
@@ -305,6 +326,10 @@ void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, i
   BRISK_CHECK(elementwise, layout, " needs an optimizer that keeps one value ",
               "per parameter element (adamw_torch, sgd); ", optimizer.name(),
               "'s step depends on how the parameters are split");
+}
+
+std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm) {
+  return std::make_unique<CommunicatorGroup>(comm);
 }
 
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(

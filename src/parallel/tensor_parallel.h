@@ -25,6 +25,9 @@ namespace brisk {
 void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
                        const char* layout);
 
+// The tensor group the policy gives the model, over `comm` (which outlives it).
+std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm);
+
 std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
     Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
     Optimizer& optimizer, const ParallelBuffers& buffers,

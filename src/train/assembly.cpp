@@ -90,6 +90,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
   }
   const auto tp = static_cast<int>(o.tp_size), pp = static_cast<int>(o.pp_size);
   ModelConfig share = tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config;
+  share.tensor_slices_tokens = tp > 1 && o.tp_sequence_parallel;
   if (o.sp_size > 1)
     share = sequence_parallel_share(share, sequence_rank, static_cast<int>(o.sp_size));
   if (pp > 1) share = pipeline_share(share, pipeline_stage, pp);
@@ -197,7 +198,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
   loading.rank = rank;
   loading.ranks = ranks;
-  loading.length_multiple = std::max<int64_t>(o.sp_size, 1);
+  // Sequence parallelism splits every batch's length: Ulysses' ranks, and within each Megatron's.
+  loading.length_multiple = std::max<int64_t>(o.sp_size, 1) *
+                            (o.tp_sequence_parallel ? std::max<int64_t>(o.tp_size, 1) : 1);
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   assemble_precision(r);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,

@@ -166,10 +166,11 @@ CostModel cost_model(Device device) {
 }
 
 // The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
-// parallelism's (tensor_step_bytes), the data replicas' sum of the stage's float32 gradients once a
-// step (ZeRO stage 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T, C]
-// activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and a
-// sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
+// parallelism's (tensor_step_bytes, and Megatron's sequence parallelism's gathers and
+// reduce-scatters: tensor_token_bytes), the data replicas' sum of the stage's float32 gradients
+// once a step (ZeRO stage 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T,
+// C] activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and
+// a sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
 double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
@@ -181,7 +182,8 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   const double tokens = static_cast<double>(o.per_device_train_batch_size *
                                             o.gradient_accumulation_steps * o.seq_len) /
                         s;
-  const double tensor = tensor_step_bytes(run) * ring(t);
+  // All-reduces send 2 (t - 1) / t of their bytes, gathers and reduce-scatters (t - 1) / t.
+  const double tensor = tensor_step_bytes(run) * ring(t) + tensor_token_bytes(run) * (t - 1) / t;
   const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
   const double d = static_cast<double>(data_ranks);
   const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
@@ -191,25 +193,58 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   return (tensor + data + stages + sequence) / m.collective;
 }
 
+namespace {
+// A float32 [B, T, C] tensor's bytes on a tensor rank (T: a sequence rank's tokens).
+double tensor_rank_activations(const RunAssembly& run) {
+  const TrainOptions& o = run.options;
+  return static_cast<double>(o.per_device_train_batch_size) *
+         static_cast<double>(o.seq_len / std::max<int64_t>(1, o.sp_size)) *
+         static_cast<double>(run.model->config().hidden_size) * 4;
+}
+}  // namespace
+
 double tensor_step_bytes(const RunAssembly& run) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.model->config();  // the rank's share: its stage's blocks
   if (o.tp_size <= 1) return 0;
-  const double activations = static_cast<double>(o.per_device_train_batch_size) *
-                             static_cast<double>(o.seq_len / std::max<int64_t>(1, o.sp_size)) *
-                             static_cast<double>(c.hidden_size) * 4;
+  const double activations = tensor_rank_activations(run);
   // Gradient checkpointing runs each block's forward but the last's again, a pre-norm block's
   // without its output (1 sum), a post-norm block's whole (2).
   const double L = static_cast<double>(c.end_layer() - c.first_layer());
   const double again = run.model->inference_style().pre_norm ? 1 : 2;
-  const double blocks = (4 * L + (o.gradient_checkpointing ? again * (L - 1) : 0)) * activations;
+  double blocks = (4 * L + (o.gradient_checkpointing ? again * (L - 1) : 0)) * activations;
+  double once = 0;  // per step
+  if (run.model->slices_tokens()) {
+    blocks = 0;
+    for (const ParamInfo& p : run.model->params().list())
+      if (p.split.partial) once += 4 * static_cast<double>(p.shape.numel());
+  }
   // Vocabulary parallelism: the embeddings' output on the first stage; on the last, the head's
   // input gradient and each row's 3 statistics from every rank.
   const double rows = activations / static_cast<double>(c.hidden_size) / 4;
   const double ends =
       (c.first_stage() ? activations : 0) +
       (c.last_stage() ? activations + rows * 3 * 4 * static_cast<double>(o.tp_size) : 0);
-  return (blocks + ends) * static_cast<double>(o.gradient_accumulation_steps);
+  return (blocks + ends) * static_cast<double>(o.gradient_accumulation_steps) + once;
+}
+
+double tensor_token_bytes(const RunAssembly& run) {
+  const TrainOptions& o = run.options;
+  const ModelConfig& c = run.model->config();
+  if (!run.model->slices_tokens()) return 0;
+  const double A = tensor_rank_activations(run);
+  // The norms' outputs in 16 bits where the products read them so and nothing is recomputed.
+  const double a = run.product == DType::bf16 && !o.gradient_checkpointing ? 0.5 : 1.0;
+  const bool pre = run.model->inference_style().pre_norm;
+  // Per block: a pre-norm block gathers both norms' outputs twice (4 a A), reduce-scatters 2
+  // outputs and 2 input gradients and gathers 2 output gradients (6 A); a post-norm block
+  // gathers its input twice and its MLP input twice (4 A + 2 a A) and the same 6 A. Recomputed
+  // forwards: a pre-norm block's up to its MLP input (3 A), a post-norm block's whole (4 A).
+  const double L = static_cast<double>(c.end_layer() - c.first_layer());
+  const double block = pre ? 6 * A + 4 * a * A : 8 * A + 2 * a * A;
+  const double again = o.gradient_checkpointing ? (pre ? 3 : 4) * A * (L - 1) : 0;
+  const double ends = (c.first_stage() ? A : 0) + (c.last_stage() ? A : 0);
+  return (L * block + again + ends) * static_cast<double>(o.gradient_accumulation_steps);
 }
 
 double sequence_step_bytes(const RunAssembly& run) {
@@ -289,14 +324,15 @@ struct Layout {
   int data_ranks = 1;
 };
 
-// Whether `config` splits into `tp` tensor shares, `sp` sequence shares of `seq` tokens and `pp`
-// stages (the shares refuse counts the degrees do not divide).
-bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq) {
+// Whether `config` splits into `tp` tensor shares, `sp` sequence shares of `seq` tokens (with
+// `sliced`, Megatron's sequence parallelism, each again into tp slices) and `pp` stages (the
+// shares refuse counts the degrees do not divide).
+bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq, bool sliced) {
   try {
     const ModelConfig share = tp > 1 ? tensor_parallel_share(config, 0, tp) : config;
     if (sp > 1) sequence_parallel_share(share, 0, sp);
     if (pp > 1) pipeline_share(config, 0, pp);
-    return seq % sp == 0;
+    return seq % (sp * (sliced ? tp : 1)) == 0;
   } catch (const Error&) {
     return false;
   }
@@ -316,7 +352,8 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
     for (int pp = 1; tp * pp <= world; ++pp)
       for (int sp = 1; tp * pp * sp <= world; ++sp) {
         const int model = tp * pp * sp;
-        if (world % model || !splits(config, tp, pp, sp, o.seq_len)) continue;
+        if (world % model || !splits(config, tp, pp, sp, o.seq_len, o.tp_sequence_parallel))
+          continue;
         const int d = world / model;
         for (int64_t zero = 0; zero <= (d * sp == 1 ? 0 : 3); ++zero) {
           TrainOptions t = o;

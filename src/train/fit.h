@@ -93,12 +93,24 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
 // (parallel/sequence_parallel.h's sequence_exchange_bytes for the run's precision and
 // recomputation); 0 without sequence parallelism.
 double sequence_step_bytes(const RunAssembly& run);
-// The bytes a rank of run.options.tp_size tensor ranks sums over the tensor group per step:
-// 4 float32 [B, T, C] sums per block of its stage per micro-batch (2 forward, 2 backward; T a
-// sequence rank's tokens), those of the forwards gradient checkpointing runs again, and
-// vocabulary parallelism's: the embeddings' output on the first stage, the head's input
-// gradient and 3 float32 statistics per row and rank on the last. 0 without tensor parallelism.
+// The bytes a rank of run.options.tp_size tensor ranks sums over the tensor group per step
+// (all-reduces): 4 float32 [B, T, C] sums per block of its stage per micro-batch (2 forward, 2
+// backward; T a sequence rank's tokens) and those of the forwards gradient checkpointing runs
+// again, unless Megatron's sequence parallelism gathers and reduce-scatters them instead (then
+// its norms' gradients, summed once a step: all of them, also where ZeRO 2 or 3 leaves a data
+// rank only its run); and vocabulary parallelism's: the embeddings' output on the first stage,
+// the head's input gradient and 3 float32 statistics per row and rank on the last. 0 without
+// tensor parallelism.
 double tensor_step_bytes(const RunAssembly& run);
+// Under Megatron's sequence parallelism, the bytes of the whole [B, T, C] tensors a tensor rank
+// all-gathers and reduce-scatters per step: per block and micro-batch the norms' outputs (a
+// post-norm block's input) gathered before the column-parallel products, forward and again in
+// backward (in the activations' 16-bit type where the products read it and nothing is
+// recomputed), the row-parallel products' float32 outputs and the column-parallel products' input
+// gradients reduce-scattered, the row-parallel products' output gradients gathered, and the
+// recomputed forwards'; the embeddings' gradient gathered on the first stage, the head's input
+// on the last. 0 otherwise.
+double tensor_token_bytes(const RunAssembly& run);
 
 struct FitCandidate {
   TrainOptions options;  // its tp_size and zero_stage: the layout

@@ -426,8 +426,8 @@ const char* option_group(const std::string& name) {
       {"Logging",
        {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
       {"Several processes",
-       {"zero_stage", "tp_size", "pp_size", "sp_size", "parallelism_config", "deepspeed",
-        "ddp_bucket_cap_mb", "ddp_timeout", "stage3_prefetch_bucket_size"}}};
+       {"zero_stage", "tp_size", "tp_sequence_parallel", "pp_size", "sp_size", "parallelism_config",
+        "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout", "stage3_prefetch_bucket_size"}}};
   for (const auto& [group, names] : groups)
     if (std::find(names.begin(), names.end(), name) != names.end()) return group;
   return "";

@@ -109,6 +109,10 @@ struct TrainOptions {
   // MLP width between them (Megatron-LM's column- and row-parallel layers); the data-parallel
   // replicas are the world's ranks over it. 0 or 1: none (TrainingArguments' default is 0).
   int64_t tp_size = 1;
+  // Megatron's sequence parallelism under tensor parallelism: between the column- and
+  // row-parallel products each tensor rank holds 1/tp_size of the tokens (the residual stream,
+  // norms and dropouts), gathering the products' inputs and reduce-scattering their outputs.
+  bool tp_sequence_parallel = true;
   // Pipeline parallelism: stages that hold an equal run of the blocks each (the embeddings on the
   // first, the head on the last), the micro-batches of a step (gradient_accumulation_steps) passing
   // through them in the 1F1B order. 0 or 1: none.
@@ -285,8 +289,13 @@ void visit_options(Options& o, Visitor&& v) {
     "rank just before it runs, forward and backward)");
   v("tp_size", o.tp_size,
     "tensor parallelism: ranks that split each block's attention heads and MLP width between "
-    "them (Megatron-LM's layers; the embeddings and head are whole on each); the world's ranks "
-    "over tp_size are data-parallel replicas");
+    "them (Megatron-LM's layers; the embeddings and language-model head split by vocabulary); "
+    "the world's ranks over tp_size are data-parallel replicas");
+  v("tp_sequence_parallel", o.tp_sequence_parallel,
+    "with tp_size: Megatron's sequence parallelism, each tensor rank holding 1/tp_size of the "
+    "tokens between the split products (the residual stream, norms and dropouts: their "
+    "activations fall with tp_size too), the products' inputs all-gathered and their outputs "
+    "reduce-scattered; false: every rank holds every token there, the outputs all-reduced");
   v("sp_size", o.sp_size,
     "sequence parallelism (DeepSpeed-Ulysses): ranks that hold an equal run of every "
     "sequence's tokens each (the length a multiple of it), attention on every token of their "

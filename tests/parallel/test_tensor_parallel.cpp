@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -14,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/json_file.h"
+#include "models/sequence_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/test_world.h"
 #include "parallel/train_ranks.h"
 #include "test_support.h"
@@ -47,6 +51,8 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     o.max_steps = 3;
     o.max_grad_norm = 0.05;  // every step clipped: the norm over the shares must be the whole's
     o.tp_size = tp;
+    // Megatron's sequence parallelism pads lengths to a multiple of tp: one process's lengths.
+    o.pad_to_max_length = 8 % tp != 0;
     TrainOptions one = o;
     one.output_dir = dir / "one";
     one.per_device_train_batch_size = 2;
@@ -63,7 +69,67 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
       expect_trains_as(ranks, single);
       EXPECT_EQ(total_flos(o.output_dir), total_flos(one.output_dir));  // the whole model's
     }
+    SCOPED_TRACE("without Megatron's sequence parallelism (every token on every rank)");
+    o.zero_stage = 0;
+    o.tp_sequence_parallel = false;
+    o.output_dir = dir / "ranks_whole_tokens";
+    const Logged whole = run(o, data, &world());
+    if (world().rank() == 0) expect_trains_as(whole, single);
   }
+}
+
+// Megatron's sequence parallelism's exchanges with the world as the tensor group, against what
+// each rank computes for the others: every rank's slice of the tokens gathered into every token
+// (float32, and 16-bit data moved as its bits; one sequence and several), and each rank's tokens
+// of the group's sum of whole tensors.
+TEST(TensorParallel, TokenSlicesGatherAndReduceScatter) {
+  NEEDS_MPI();
+  const int N = world().size(), r = world().rank();
+  auto be = make_backend(kHostDevice);
+  const std::unique_ptr<TensorGroup> group = make_tensor_group(world());
+  auto value = [](int64_t b, int64_t token, int64_t w) {
+    return static_cast<float>((b * 100 + token) * 10 + w);
+  };
+  for (const int64_t B : {1, 3}) {
+    SCOPED_TRACE("batch " + std::to_string(B));
+    const int64_t t = 2, W = 5, T = t * N;
+    const size_t n = static_cast<size_t>(B * T * W);
+    std::vector<float> slice(n / N), full(n, -1.f), buffer(n, -1.f);
+    std::vector<uint16_t> slice16(n / N), full16(n);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t w = 0; w < W; ++w) {
+          const auto e = static_cast<size_t>((b * t + i) * W + w);
+          slice[e] = value(b, r * t + i, w);
+          slice16[e] = static_cast<uint16_t>(slice[e]);  // bits of some fp16 number
+        }
+    const Tensor buf(buffer.data(), Shape{B * T * W}, DType::f32);
+    gather_tokens(*be, *group, Tensor(slice.data(), {B, t, W}, DType::f32),
+                  Tensor(full.data(), {B, T, W}, DType::f32), buf);
+    gather_tokens(*be, *group, Tensor(slice16.data(), {B, t, W}, DType::f16),
+                  Tensor(full16.data(), {B, T, W}, DType::f16), buf);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t w = 0; w < W; ++w) {
+          const auto e = static_cast<size_t>((b * T + i) * W + w);
+          ASSERT_EQ(full[e], value(b, i, w)) << "sequence " << b << " token " << i;
+          ASSERT_EQ(full16[e], static_cast<uint16_t>(value(b, i, w))) << "16-bit, token " << i;
+        }
+    // Rank q's whole tensor is (q + 1) times every value: the sum, N (N + 1) / 2 times.
+    for (size_t e = 0; e < n; ++e) full[e] *= static_cast<float>(r + 1);
+    std::vector<float> mine(n / N, -1.f);
+    scatter_tokens_sum(*be, *group, Tensor(full.data(), {B, T, W}, DType::f32),
+                       Tensor(mine.data(), {B, t, W}, DType::f32), buf);
+    for (size_t e = 0; e < mine.size(); ++e)
+      ASSERT_EQ(mine[e], slice[e] * static_cast<float>(N * (N + 1) / 2)) << "element " << e;
+  }
+  expect_error(
+      [&] {
+        std::vector<float> a(6), b(6 * N + 1);
+        gather_tokens(*be, *group, Tensor(a.data(), {1, 2, 3}, DType::f32),
+                      Tensor(b.data(), {1, 2 * N + 1, 3}, DType::f32), Tensor());
+      },
+      "is not a slice of");
 }
 
 // Gradient checkpointing (each block's forward run again in backward, its sums over the group
@@ -119,6 +185,7 @@ TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
   o.max_steps = 4;
   o.save_steps = 2;
   o.tp_size = tp;
+  o.pad_to_max_length = 8 % tp != 0;  // the same lengths as one process
   o.zero_stage = 2;  // the ranks' checkpoint gathered from ZeRO's runs of every share
   TrainOptions one = o;
   one.output_dir = dir / "one";
@@ -183,9 +250,9 @@ TEST(TensorParallel, KeyValueHeadsFewerThanTheRanksAreCopied) {
   expect_trains_as(ranks, run(zero_one, &data, alone.get()));
 }
 
-// The bytes a rank sums over the tensor group in a run are what `brisk estimate` prints
-// (tensor_step_bytes, per step): the blocks' sums, with and without gradient checkpointing, and
-// vocabulary parallelism's (the embeddings' output, the head's input gradient and statistics).
+// The bytes a rank sums over the tensor group in a run, and those it gathers and
+// reduce-scatters under Megatron's sequence parallelism, are what `brisk estimate` prints
+// (tensor_step_bytes and tensor_token_bytes, per step), with and without gradient checkpointing.
 TEST(TensorParallel, SummedBytesAreTheEstimates) {
   NEEDS_MPI();
   const int N = world().size();
@@ -193,18 +260,36 @@ TEST(TensorParallel, SummedBytesAreTheEstimates) {
   SharedDir dir("tp_bytes");
   const std::string model = write_model(dir, "gpt2", 0.0);
   UnequalLengths data;
-  for (const bool checkpointing : {false, true}) {
-    TrainOptions o = tiny_options(model, dir / (checkpointing ? "recompute" : "plain"));
-    o.tp_size = tp;
-    o.gradient_checkpointing = checkpointing;
-    const double measured = statistic_of_two_steps(o, &data, "tensor_parallel_sum_bytes");
-    const auto run = assemble_run(o, kHostDevice, nullptr, &data, 0, N / tp, 0, 0, 0);
-    EXPECT_EQ(measured, 2 * tensor_step_bytes(*run)) << "gradient_checkpointing " << checkpointing;
-    // By hand: 2 blocks' 4 sums (and the first's attention output again, recomputing) and 2
-    // more of [2, 12, 48] float32, and 2 x 12 rows' 3 statistics from each rank, per
-    // micro-batch.
-    const double sums = (checkpointing ? 9 : 8) + 2;
-    EXPECT_EQ(tensor_step_bytes(*run), 2 * (sums * 2 * 12 * 48 * 4 + 24 * 3 * 4 * tp));
+  const double A = 2 * 12 * 48 * 4;  // a float32 [2, 12, 48] tensor, per micro-batch
+  const double stats = 24 * 3 * 4 * tp;
+  for (const bool sequence : {false, true}) {
+    for (const bool checkpointing : {false, true}) {
+      SCOPED_TRACE(std::string("sequence parallel ") + (sequence ? "on" : "off") +
+                   ", gradient_checkpointing " + (checkpointing ? "on" : "off"));
+      TrainOptions o = tiny_options(
+          model, dir / (std::to_string(sequence) + "_" + std::to_string(checkpointing)));
+      o.tp_size = tp;
+      o.tp_sequence_parallel = sequence;
+      o.gradient_checkpointing = checkpointing;
+      const std::vector<double> measured = statistics_of_two_steps(
+          o, &data, {"tensor_parallel_sum_bytes", "tensor_parallel_token_bytes"});
+      const auto run = assemble_run(o, kHostDevice, nullptr, &data, 0, N / tp, 0, 0, 0);
+      EXPECT_EQ(measured[0], 2 * tensor_step_bytes(*run));
+      EXPECT_EQ(measured[1], 2 * tensor_token_bytes(*run));
+      if (!sequence) {
+        // By hand: 2 blocks' 4 sums (and the first's attention output again, recomputing) and
+        // 2 more, and 2 x 12 rows' 3 statistics from each rank, per micro-batch.
+        const double sums = (checkpointing ? 9 : 8) + 2;
+        EXPECT_EQ(tensor_step_bytes(*run), 2 * (sums * A + stats));
+        EXPECT_EQ(tensor_token_bytes(*run), 0);
+        continue;
+      }
+      // The embeddings' output and the head's input gradient summed, and the 2 blocks' 4 norm
+      // parameters of 48 once a step; per block 10 tensors gathered or reduce-scattered (and 3
+      // recomputing the first), and the ends' 2.
+      EXPECT_EQ(tensor_step_bytes(*run), 2 * (2 * A + stats) + 2 * 4 * 48 * 4);
+      EXPECT_EQ(tensor_token_bytes(*run), 2 * ((checkpointing ? 23 : 20) + 2) * A);
+    }
   }
 }
 

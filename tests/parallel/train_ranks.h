@@ -128,17 +128,23 @@ inline void expect_trains_as(const Logged& got, const Logged& want, double toler
 // Runs `o` on the world's ranks for 2 steps of 2 micro-batches of 2 rows, every batch padded
 // to the planned 12 tokens (set in `o`), and returns its parallel statistic `name` (a byte or
 // second count train_results reports), -1 if absent.
-inline double statistic_of_two_steps(TrainOptions& o, const Dataset* data,
-                                     const std::string& name) {
+inline std::vector<double> statistics_of_two_steps(TrainOptions& o, const Dataset* data,
+                                                   const std::vector<std::string>& names) {
   o.per_device_train_batch_size = 2;
   o.gradient_accumulation_steps = 2;
   o.max_steps = 2;
   o.pad_to_max_length = true;
   const TrainSummary s = train(
       o, [](const nlohmann::json&) {}, data, {}, &world());
+  std::vector<double> values(names.size(), -1);
   for (const auto& [statistic, value] : s.parallel)
-    if (statistic == name) return value;
-  return -1;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (statistic == names[i]) values[i] = value;
+  return values;
+}
+inline double statistic_of_two_steps(TrainOptions& o, const Dataset* data,
+                                     const std::string& name) {
+  return statistics_of_two_steps(o, data, {name})[0];
 }
 
 // The runs writing into `got` and `want` evaluated and predicted alike: their eval_loss and
