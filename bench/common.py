@@ -41,27 +41,28 @@ MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CO
 LAYOUT_SHAPES = [("gpt2", 4, 1024, 768, 12, 12), ("llama-2-7b", 1, 4096, 4096, 32, 32)]
 
 
-def layout_estimate(flag, degree, model, batch, seq, tmp):
-    """`brisk estimate --<flag> degree --world_size degree --bf16`'s JSON, or (None, the refusal's
-    last line)."""
-    out = os.path.join(tmp, f"{model}_{flag}{degree}.json")
+def layout_estimate(flag, degree, model, batch, seq, tmp, extra=()):
+    """`brisk estimate --<flag> degree --world_size degree --bf16` (and `extra` arguments)'s
+    JSON, or (None, the refusal's last line)."""
+    out = os.path.join(tmp, f"{model}_{flag}{degree}{''.join(extra)}.json")
     r = subprocess.run([BRISK, "estimate", "--model_name_or_path", model, f"--{flag}",
                         str(degree), "--world_size", str(degree), "--per_device_train_batch_size",
-                        str(batch), "--seq_len", str(seq), "--bf16", "--output_json", out],
+                        str(batch), "--seq_len", str(seq), "--bf16", "--output_json", out,
+                        *extra],
                        capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1]
     return json.load(open(out)), None
 
 
-def layout_train(flag, degree, threads, model, batch, seq, max_steps, out):
-    """A bf16 run of `degree` ranks (mpirun above 1) with --<flag> degree, `threads` each;
-    returns its train_results.json."""
+def layout_train(flag, degree, threads, model, batch, seq, max_steps, out, extra=()):
+    """A bf16 run of `degree` ranks (mpirun above 1) with --<flag> degree (and `extra`
+    arguments), `threads` each; returns its train_results.json."""
     args = [BRISK, "train", "--model_name_or_path", model, f"--{flag}", str(degree),
             "--per_device_train_batch_size", str(batch), "--seq_len", str(seq),
             "--max_steps", str(max_steps), "--logging_steps", str(max_steps),
             "--output_dir", out, "--disable_tqdm", "--save_strategy", "no", "--bf16",
-            "--dataset_size", str(batch * max_steps)]
+            "--dataset_size", str(batch * max_steps), *extra]
     env = dict(MPI_ENV, OMP_NUM_THREADS=str(threads))
     if degree > 1:
         args = ["mpirun", "-np", str(degree), "--oversubscribe", "--bind-to", "none"] + args
@@ -69,10 +70,10 @@ def layout_train(flag, degree, threads, model, batch, seq, max_steps, out):
     return json.load(open(os.path.join(out, "train_results.json")))
 
 
-def layout_plan_table(flag, name, formula_column, formula, tmp):
-    """Each rank's plan (layout_estimate) for degrees 1, 2, 4 and 8 of --<flag> (`name`: its
-    column), and the activations one block keeps against formula(s, b, h, degree), Megatron-LM's
-    per-layer bytes in 16-bit activations."""
+def layout_plan_table(flag, name, formula_column, formula, tmp, extra=()):
+    """Each rank's plan (layout_estimate, with `extra` arguments) for degrees 1, 2, 4 and 8 of
+    --<flag> (`name`: its column), and the activations one block keeps against
+    formula(s, b, h, degree), Megatron-LM's per-layer bytes in 16-bit activations."""
     mib = 2**20
     states = ("weights", "master_weights", "gradients", "optimizer_state")
     print(f"| model | {name} | model states / rank | activations / rank | total / rank "
@@ -80,7 +81,7 @@ def layout_plan_table(flag, name, formula_column, formula, tmp):
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for model, b, s, h, _, _ in LAYOUT_SHAPES:
         for degree in (1, 2, 4, 8):
-            j, error = layout_estimate(flag, degree, model, b, s, tmp)
+            j, error = layout_estimate(flag, degree, model, b, s, tmp, extra)
             if j is None:
                 print(f"| {model} | {degree} | refused: {error} | | | | | |")
                 continue

@@ -44,6 +44,14 @@ class Adafactor final : public Optimizer {
     if (!m_.empty()) s.emplace_back("exp_avg", m_);
     return s;
   }
+  // The second moment: a matrix's row and column statistics, a vector's every element.
+  int64_t state_elements(size_t i, const ParamInfo& p) const override {
+    const int64_t n = p.shape.numel();
+    if (i > 0 || p.shape.rank() < 2) return n;
+    const int64_t cols = p.shape[p.shape.rank() - 1];
+    return n / cols + cols;
+  }
+  bool elementwise_state() const override { return false; }
 
  protected:
   void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,

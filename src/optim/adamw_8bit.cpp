@@ -64,6 +64,14 @@ class AdamW8bit final : public Optimizer {
             {"exp_avg_absmax", absmax1_}, {"exp_avg_sq_absmax", absmax2_},
             {"exp_avg_32bit", m32_},      {"exp_avg_sq_32bit", v32_}};
   }
+  // In state()'s order: an 8-bit parameter's codes and block maxima, another's float32 moments.
+  int64_t state_elements(size_t i, const ParamInfo& p) const override {
+    const int64_t n = p.shape.numel();
+    if (i >= 4) return eight_bit(p) ? 0 : n;
+    if (!eight_bit(p)) return 0;
+    return i < 2 ? n : (n + kQuantBlock - 1) / kQuantBlock;
+  }
+  bool elementwise_state() const override { return false; }
 
  protected:
   void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,

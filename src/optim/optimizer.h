@@ -58,6 +58,13 @@ class Optimizer {
   // The state a checkpoint saves and restores bit for bit, by name (tables that reset rebuilds
   // are not part of it).
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // The elements of state tensor i (in state()'s order) that whole parameter p's state takes:
+  // plan lays each tensor out parameter after parameter, in order, so these place any set of
+  // whole parameters' state (a pipeline stage's among the whole model's). p's elements where the
+  // state is one value per element (the default).
+  virtual int64_t state_elements(size_t /*i*/, const ParamInfo& p) const { return p.shape.numel(); }
+  // Whether state_elements is p's elements for every tensor and parameter.
+  virtual bool elementwise_state() const { return true; }
 
  protected:
   virtual void update(Backend& be, const Tensor& weights, const Tensor& grads,

@@ -41,11 +41,40 @@ Tensor planned_buffer(const Model& model, const Tensor& t) {
 
 // Where a parameter of the whole model lies on one tensor rank: the holder of its stage's share
 // (a tied embedding's: the first stage's) and its share there (offset and split: the whole
-// parameter without tensor parallelism).
+// parameter without tensor parallelism); for an optimizer whose state is not laid out as the
+// parameters, where its part of each state tensor starts in the holder's.
 struct Placed {
   int holder = -1;
   ParamInfo share;
+  std::vector<int64_t> state_at;
 };
+
+// An optimizer's state laid out tensor by tensor, parameter after parameter
+// (Optimizer::state_elements), for state not laid out as the parameters: where parameter k's
+// part of tensor i starts and its length, and each tensor's elements and bytes per element.
+struct StateLayout {
+  std::vector<std::vector<int64_t>> at, length;  // [tensor][parameter]
+  std::vector<int64_t> total, element_bytes;     // [tensor]
+};
+
+StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params) {
+  StateLayout l;
+  const auto named = optimizer.state();
+  for (size_t i = 0; i < named.size(); ++i) {
+    int64_t at = 0;
+    l.at.emplace_back();
+    l.length.emplace_back();
+    for (const ParamInfo& p : params.list()) {
+      const int64_t n = optimizer.state_elements(i, p);
+      l.at.back().push_back(at);
+      l.length.back().push_back(n);
+      at += n;
+    }
+    l.total.push_back(at);
+    l.element_bytes.push_back(static_cast<int64_t>(dtype_size(named[i].second.dtype())));
+  }
+  return l;
+}
 
 // A save's reads of the whole model from the stages (and their tensor ranks). A holder is the
 // data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
@@ -56,34 +85,46 @@ class StageReads final : public GatheredReads {
  public:
   // placed[k][t]: whole parameter k on tensor rank t; holders[h]: holder h's world ranks in data
   // order. `held`: the holders' parameter elements together.
+  // `state`: the whole model's StateLayout, for state not laid out as the parameters (else null).
   StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
              std::vector<std::vector<Placed>> placed, std::vector<std::vector<int>> holders,
-             int64_t held)
+             int64_t held, const StateLayout* state)
       : GatheredReads(world, std::move(parts)),
         full_(full),
         placed_(std::move(placed)),
         holders_(std::move(holders)),
-        held_(held) {}
+        held_(held),
+        state_(state) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
     read_whole(0, static_cast<size_t>(full_.index(p.name)), at, n, static_cast<char*>(dst));
   }
 
   int64_t state_bytes(size_t i) const override {
+    if (state_) return state_->total[i] * state_->element_bytes[i];
     return full_.total_elements() * element_bytes(i + 1);
   }
 
-  // State laid out as the whole model's parameters: each parameter's bytes from its stage.
+  // The whole model's state: each parameter's bytes from its stage (laid out as the parameters,
+  // or as state_ says).
   void read_state(size_t i, size_t at, size_t n, void* dst) override {
-    const auto bytes = static_cast<size_t>(element_bytes(i + 1));
+    const auto bytes =
+        static_cast<size_t>(state_ ? state_->element_bytes[i] : element_bytes(i + 1));
     auto* out = static_cast<char*>(dst);
     for (size_t k = 0; k < full_.list().size() && n > 0; ++k) {
       const ParamInfo& p = full_.list()[k];
-      const size_t begin = static_cast<size_t>(p.offset) * bytes;
-      const size_t end = begin + static_cast<size_t>(p.shape.numel()) * bytes;
+      const size_t begin = static_cast<size_t>(state_ ? state_->at[i][k] : p.offset) * bytes;
+      const size_t end =
+          begin + static_cast<size_t>(state_ ? state_->length[i][k] : p.shape.numel()) * bytes;
       if (at >= end) continue;
       const size_t take = std::min(n, end - at);
-      read_whole(i + 1, k, at - begin, take, out);
+      if (state_) {  // whole parameters on one tensor rank
+        const Placed& where = placed_[k][0];
+        read_held(i + 1, where, static_cast<size_t>(where.state_at[i]) * bytes + at - begin, take,
+                  out);
+      } else {
+        read_whole(i + 1, k, at - begin, take, out);
+      }
       out += take;
       at += take;
       n -= take;
@@ -130,6 +171,7 @@ class StageReads final : public GatheredReads {
   std::vector<std::vector<Placed>> placed_;
   std::vector<std::vector<int>> holders_;
   int64_t held_;
+  const StateLayout* state_;
   SplitBands bands_;
   size_t banded_whole_ = 0, banded_param_ = static_cast<size_t>(-1);
 };
@@ -152,6 +194,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         run_(run),
         zero_(run.count < model.params().total_elements()) {
     place_parameters(full);
+    state_ = state_layout(optimizer_, full_->params());
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
     // The first and last stages sum their tied embeddings' gradients; the others take no part.
     embedding_group_ = pipe_.split(stage == 0 || stage == last ? 0 : stage, stage);
@@ -240,7 +283,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
     if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
-                                        holders_, held_elements_);
+                                        holders_, held_elements_,
+                                        optimizer_.elementwise_state() ? nullptr : &state_);
   }
 
  private:
@@ -260,6 +304,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
   std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
+  StateLayout state_;  // the whole model's optimizer state (for state not laid out as parameters)
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
@@ -282,10 +327,14 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         const auto holder = static_cast<int>(holders_.size());
         holders_.push_back(replica_ranks(mesh_.shape(), s, t));
         held_elements_ += stage->params().total_elements();
-        for (const ParamInfo& p : stage->params().list()) {
+        const StateLayout held = state_layout(optimizer_, stage->params());
+        for (size_t j = 0; j < stage->params().list().size(); ++j) {
+          const ParamInfo& p = stage->params().list()[j];
           Placed& where =
               placed_[static_cast<size_t>(full_->params().index(p.name))][static_cast<size_t>(t)];
-          if (where.holder < 0) where = {holder, p};  // a tied embedding: the first stage's
+          if (where.holder >= 0) continue;  // a tied embedding: the first stage's
+          where = {holder, p, {}};
+          for (const std::vector<int64_t>& at : held.at) where.state_at.push_back(at[j]);
         }
       }
     }
@@ -294,7 +343,9 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // Where this rank's optimizer state (its run's) lies in a checkpoint's, laid out as the whole
   // model's parameters.
   StateShare full_layout_share() const {
+    if (!optimizer_.elementwise_state()) return state_layout_share();
     StateShare share;
+    std::vector<StateShare::Run> runs;
     const int64_t first = zero_ ? run_.offset : 0;
     const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
     for (const ParamInfo& p : model_.params().list()) {
@@ -303,12 +354,30 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t at, int64_t length) {
         const int64_t from = p.offset + local;
         const int64_t lo = std::max(from, first), hi = std::min(from + length, end);
-        if (lo < hi) share.runs.push_back({lo - first, whole + at + (lo - from), hi - lo});
+        if (lo < hi) runs.push_back({lo - first, whole + at + (lo - from), hi - lo});
       });
     }
     for (size_t i = 0; i < optimizer_.state().size(); ++i) {
       share.offset.push_back(0);
       share.total.push_back(full_->params().total_elements());
+      share.runs.push_back(runs);
+    }
+    return share;
+  }
+
+  // The same for state not laid out as the parameters (whole parameters, neither split nor
+  // partitioned): each parameter's part of each tensor.
+  StateShare state_layout_share() const {
+    const StateLayout mine = state_layout(optimizer_, model_.params());
+    StateShare share{{}, state_.total, {}};
+    for (size_t i = 0; i < state_.total.size(); ++i) {
+      share.offset.push_back(0);
+      share.runs.emplace_back();
+      for (size_t j = 0; j < model_.params().list().size(); ++j) {
+        const auto k = static_cast<size_t>(full_->params().index(model_.params().list()[j].name));
+        if (mine.length[i][j] > 0)
+          share.runs.back().push_back({mine.at[i][j], state_.at[i][k], mine.length[i][j]});
+      }
     }
     return share;
   }
@@ -437,7 +506,13 @@ std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
   const ElementRange run = buffers.shards.empty()
                                ? ElementRange{0, model.params().total_elements()}
                                : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
-  check_elementwise(optimizer, model.params(), run.count, "pipeline parallelism (--pp_size)");
+  // State not laid out as the parameters is placed parameter by parameter: whole ones, on
+  // stages that hold each whole (the blocks' state depends on the whole parameter).
+  const bool whole =
+      run.count == model.params().total_elements() && model.config().tensor_ranks == 1;
+  if (!whole)
+    check_elementwise(optimizer, model.params(), run.count,
+                      "pipeline parallelism (--pp_size) with --zero_stage or --tp_size");
   return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
                                             std::move(data_parallel));
 }

@@ -297,6 +297,7 @@ class TensorParallel final : public ParallelPolicy {
   // checkpoint's, laid out as the full parameters.
   StateShare full_layout_share() const {
     StateShare share;
+    std::vector<StateShare::Run> runs;
     int64_t full_at = 0;
     const int64_t first = zero_ ? run_.offset : 0;
     const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
@@ -304,13 +305,14 @@ class TensorParallel final : public ParallelPolicy {
       for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t full, int64_t length) {
         const int64_t at = p.offset + local;
         const int64_t lo = std::max(at, first), hi = std::min(at + length, end);
-        if (lo < hi) share.runs.push_back({lo - first, full_at + full + (lo - at), hi - lo});
+        if (lo < hi) runs.push_back({lo - first, full_at + full + (lo - at), hi - lo});
       });
       full_at += p.full_shape().numel();
     }
     for (size_t i = 0; i < optimizer_.state().size(); ++i) {
       share.offset.push_back(0);
       share.total.push_back(full_at);
+      share.runs.push_back(runs);
     }
     return share;
   }

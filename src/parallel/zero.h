@@ -47,15 +47,16 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard);
 
 // ZeRO: where a rank's optimizer state lies in a checkpoint's, tensor by tensor (in the order
 // of Optimizer::state()): elements [offset, offset + its size) of a tensor of `total` elements.
-// Tensor parallelism: where each element of this rank's state lies in the checkpoint's (every
-// tensor laid out as the full parameters), run by run, the same runs for every tensor; `offset`
-// is then unused.
+// Tensor and pipeline parallelism: where each element of this rank's state lies in the
+// checkpoint's (the whole model's state), run by run, tensor by tensor (runs[i]: state tensor i's;
+// the same for every tensor where the state is laid out as the parameters); `offset` is then
+// unused.
 struct StateShare {
   std::vector<int64_t> offset, total;
   struct Run {
     int64_t local, full, length;
   };
-  std::vector<Run> runs;
+  std::vector<std::vector<Run>> runs;
 };
 // Every rank, a collective: this rank's StateShare of `optimizer`'s state (planned and reset).
 StateShare state_share(Communicator& comm, const Optimizer& optimizer);

@@ -136,7 +136,7 @@ void read_optimizer_state(Backend& be, const std::string& path, Optimizer& optim
     };
     write_in_pieces(be, t, [&](const Tensor& piece, int64_t first) {
       if (!runs) return copy(first, piece);
-      for (const StateShare::Run& r : share->runs) {  // the runs that meet the piece
+      for (const StateShare::Run& r : share->runs[i]) {  // the runs that meet the piece
         const int64_t begin = std::max(first, r.local);
         const int64_t end = std::min(first + piece.numel(), r.local + r.length);
         if (begin < end)

@@ -160,6 +160,36 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   expect_resumes_across_layouts(o, one, &data);
 }
 
+// Optimizers whose state is not laid out as the parameters: Adafactor (a matrix's row and column
+// statistics, with the first moment on) and 8-bit AdamW (block-wise codes for the larger
+// matrices, float32 moments for the rest, min_8bit_size low enough for the tiny model's blocks)
+// step each stage's whole parameters as one process does, and their checkpoints, placed parameter
+// by parameter, resume across layouts; on 4 ranks with plain data parallelism over the stages.
+TEST(PipelineParallel, PerTensorOptimizersTrainAndResumeAsOneProcess) {
+  NEEDS_MPI();
+  const Layout l;
+  for (const std::string optim : {"adafactor", "adamw_8bit"}) {
+    SCOPED_TRACE(optim + " on " + l.str());
+    SharedDir dir("pp_" + optim);
+    const std::string model = write_model(dir, "gpt2", 0.0, kLayers);  // a tied head
+    UnequalLengths data;
+    TrainOptions o = tiny_options(model, dir / "ranks");
+    o.optim = optim;
+    o.optim_args = optim == "adafactor" ? "beta1=0.9,scale_parameter=true" : "min_8bit_size=256";
+    o.per_device_train_batch_size = 2 / l.dp;
+    o.gradient_accumulation_steps = 2;
+    o.max_steps = 4;
+    o.save_steps = 2;
+    o.max_grad_norm = 0.05;
+    o.pp_size = l.pp;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2;
+    one.pp_size = 1;
+    expect_resumes_across_layouts(o, one, &data);
+  }
+}
+
 // Tensor parallelism inside the stages, tp 2 x pp 2 on 4 ranks: each stage's blocks split over
 // its tensor ranks, each tensor rank exchanging activations with its counterpart in the next
 // stage. GPT-2, the grouped-query llama and BERT as one process, with dropout; then one process
@@ -234,9 +264,12 @@ TEST(PipelineParallel, UnsupportedLayoutsAreRefused) {
   o.pp_size = l.pp;
   o.zero_stage = 2;
   expect_error([&] { run(o, nullptr, &world()); }, "--pp_size with --zero_stage above 1");
-  o.zero_stage = 0;
+  // Optimizers whose state is not one value per element, with the stages' state partitioned.
+  if (l.dp == 1) return;
+  o.zero_stage = 1;
   o.optim = "adafactor";
-  expect_error([&] { run(o, nullptr, &world()); }, "pipeline parallelism (--pp_size) needs");
+  expect_error([&] { run(o, nullptr, &world()); },
+               "pipeline parallelism (--pp_size) with --zero_stage or --tp_size needs");
 }
 
 }  // namespace
