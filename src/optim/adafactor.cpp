@@ -51,6 +51,12 @@ class Adafactor final : public Optimizer {
     const int64_t cols = p.shape[p.shape.rank() - 1];
     return n / cols + cols;
   }
+  // Partitions keep matrices whole (shard_granule); the first moment is one value per element.
+  int64_t state_offset(size_t i, const ParamInfo& p, int64_t element) const override {
+    BRISK_CHECK(i > 0 || element == 0 || p.shape.rank() < 2, "internal error: adafactor's ", p.name,
+                " cut at element ", element);
+    return element;
+  }
   bool elementwise_state() const override { return false; }
 
  protected:

@@ -71,6 +71,10 @@ class AdamW8bit final : public Optimizer {
     if (!eight_bit(p)) return 0;
     return i < 2 ? n : (n + kQuantBlock - 1) / kQuantBlock;
   }
+  // Partitions cut 8-bit parameters between whole blocks (shard_granule).
+  int64_t state_offset(size_t i, const ParamInfo& p, int64_t element) const override {
+    return i >= 2 && i < 4 && eight_bit(p) ? element / kQuantBlock : element;
+  }
   bool elementwise_state() const override { return false; }
 
  protected:

@@ -63,6 +63,11 @@ class Optimizer {
   // whole parameters' state (a pipeline stage's among the whole model's). p's elements where the
   // state is one value per element (the default).
   virtual int64_t state_elements(size_t /*i*/, const ParamInfo& p) const { return p.shape.numel(); }
+  // Where element `element` of whole parameter p (an element a partition may start p's piece
+  // at: shard_granule's multiples) starts its state in tensor i, from where p's starts.
+  virtual int64_t state_offset(size_t /*i*/, const ParamInfo& /*p*/, int64_t element) const {
+    return element;
+  }
   // Whether state_elements is p's elements for every tensor and parameter.
   virtual bool elementwise_state() const { return true; }
 

@@ -14,7 +14,6 @@
 #include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/split_bands.h"
-#include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
 
@@ -365,18 +364,33 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
     return share;
   }
 
-  // The same for state not laid out as the parameters (whole parameters, neither split nor
-  // partitioned): each parameter's part of each tensor.
+  // The same for state not laid out as the parameters (parameters not split): each piece's part
+  // of each tensor, the pieces those of the run (ZeRO's partition of the stage's parameters, as
+  // shard_params gives the optimizer them, or the whole stage).
   StateShare state_layout_share() const {
-    const StateLayout mine = state_layout(optimizer_, model_.params());
+    ParameterSet pieces;
+    std::vector<std::pair<size_t, int64_t>> from;  // each piece's whole parameter, first element
+    const int64_t begin = run_.offset, end = run_.offset + run_.count;
+    for (const ParamInfo& p : model_.params().list()) {
+      const int64_t n = p.shape.numel();
+      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + n);
+      if (lo >= hi) continue;
+      const bool whole = hi - lo == n;
+      pieces.add(p.name, whole ? p.shape : Shape{hi - lo},
+                 ParamRole{p.decay, p.embedding, p.product}, whole ? 0 : n);
+      from.emplace_back(static_cast<size_t>(full_->params().index(p.name)), lo - p.offset);
+    }
+    const StateLayout mine = state_layout(optimizer_, pieces);
     StateShare share{{}, state_.total, {}};
     for (size_t i = 0; i < state_.total.size(); ++i) {
       share.offset.push_back(0);
       share.runs.emplace_back();
-      for (size_t j = 0; j < model_.params().list().size(); ++j) {
-        const auto k = static_cast<size_t>(full_->params().index(model_.params().list()[j].name));
+      for (size_t j = 0; j < from.size(); ++j) {
+        const auto [k, first] = from[j];
+        const int64_t full =
+            state_.at[i][k] + optimizer_.state_offset(i, full_->params().list()[k], first);
         if (mine.length[i][j] > 0)
-          share.runs.back().push_back({mine.at[i][j], state_.at[i][k], mine.length[i][j]});
+          share.runs.back().push_back({mine.at[i][j], full, mine.length[i][j]});
       }
     }
     return share;
@@ -506,13 +520,6 @@ std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
   const ElementRange run = buffers.shards.empty()
                                ? ElementRange{0, model.params().total_elements()}
                                : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
-  // State not laid out as the parameters is placed parameter by parameter: whole ones, on
-  // stages that hold each whole (the blocks' state depends on the whole parameter).
-  const bool whole =
-      run.count == model.params().total_elements() && model.config().tensor_ranks == 1;
-  if (!whole)
-    check_elementwise(optimizer, model.params(), run.count,
-                      "pipeline parallelism (--pp_size) with --zero_stage or --tp_size");
   return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
                                             std::move(data_parallel));
 }
