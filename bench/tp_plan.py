@@ -9,7 +9,7 @@ with every thread against t ranks of one thread each (mpirun), the same global b
 with and without it: step speed, the planned bytes, rank 0's peak, and the bytes the tensor group
 summed, gathered and reduce-scattered against what `brisk estimate` predicts.
 
-    python3 bench/tp_plan.py [--measure_model gpt2] [--max_steps 4]
+    python3 bench/tp_plan.py [--measure_model gpt2] [--max_steps 8]
 """
 import argparse
 import os
@@ -62,7 +62,7 @@ def main():
     p.add_argument("--measure_model", default="gpt2")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--max_steps", type=int, default=4)
+    p.add_argument("--max_steps", type=int, default=8)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         print("With Megatron's sequence parallelism (the default):")
