@@ -137,15 +137,9 @@ TEST(PipelineParallel, EvaluationAndPredictionRunThroughTheStages) {
   EXPECT_EQ(best("ranks"), best("one"));
 }
 
-// Checkpoints hold the whole model and optimizer state: the stages resume one process's
-// checkpoint and one process resumes the stages', each ending as the run that went on.
-TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
-  NEEDS_MPI();
-  const Layout l;
-  SharedDir dir("pp_resume");
-  const std::string model = write_model(dir, "llama", 0.0, kLayers);
-  UnequalLengths data;
-  TrainOptions o = tiny_options(model, dir / "ranks");
+// The stages (o on layout l, 4 steps of 2 micro-batches, ZeRO 1 over a stage's replicas) and one
+// process with the same global batch, each resuming the other's checkpoint at step 2.
+void expect_stages_resume_across_layouts(TrainOptions o, const Layout& l, const Dataset* data) {
   o.per_device_train_batch_size = 2 / l.dp;
   o.gradient_accumulation_steps = 2;
   o.max_steps = 4;
@@ -153,11 +147,21 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   o.pp_size = l.pp;
   o.zero_stage = l.dp > 1 ? 1 : 0;  // the checkpoint gathered from ZeRO's runs of each stage
   TrainOptions one = o;
-  one.output_dir = dir / "one";
+  one.output_dir = o.output_dir + "_one";
   one.per_device_train_batch_size = 2;
   one.pp_size = 1;
   one.zero_stage = 0;
-  expect_resumes_across_layouts(o, one, &data);
+  expect_resumes_across_layouts(o, one, data);
+}
+
+// Checkpoints hold the whole model and optimizer state: the stages resume one process's
+// checkpoint and one process resumes the stages', each ending as the run that went on.
+TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
+  NEEDS_MPI();
+  SharedDir dir("pp_resume");
+  UnequalLengths data;
+  expect_stages_resume_across_layouts(
+      tiny_options(write_model(dir, "llama", 0.0, kLayers), dir / "ranks"), Layout(), &data);
 }
 
 // Optimizers whose state is not laid out as the parameters: Adafactor (a matrix's row and column
@@ -177,19 +181,8 @@ TEST(PipelineParallel, PerTensorOptimizersTrainAndResumeAsOneProcess) {
     TrainOptions o = tiny_options(model, dir / "ranks");
     o.optim = optim;
     o.optim_args = optim == "adafactor" ? "beta1=0.9,scale_parameter=true" : "min_8bit_size=256";
-    o.per_device_train_batch_size = 2 / l.dp;
-    o.gradient_accumulation_steps = 2;
-    o.max_steps = 4;
-    o.save_steps = 2;
     o.max_grad_norm = 0.05;
-    o.pp_size = l.pp;
-    o.zero_stage = l.dp > 1 ? 1 : 0;
-    TrainOptions one = o;
-    one.output_dir = dir / "one";
-    one.per_device_train_batch_size = 2;
-    one.pp_size = 1;
-    one.zero_stage = 0;
-    expect_resumes_across_layouts(o, one, &data);
+    expect_stages_resume_across_layouts(o, l, &data);
   }
 }
 
