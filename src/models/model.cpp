@@ -286,7 +286,8 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
   declare_block_scratch(plan, binder_, scratch_, dims);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
-  if (slices_tokens()) {  // the embeddings' output, then the head's input, over every token
+  // The embeddings' output (first stage), the head's input (last), over every token.
+  if (slices_tokens() && (config_.first_stage() || config_.last_stage())) {
     const Shape all{shape.batch, local.seq, config_.hidden_size};
     declare(plan, &tokens_, "hidden.all_tokens", Category::activations, DType::f32, all);
     declare(plan, &d_tokens_, "grad.hidden_all_tokens", Category::temporaries, DType::f32, all);

@@ -493,7 +493,8 @@ class Model : public BatchTarget {
   // Zeros the padding rows of vocabulary table i (vocab_param), which no id reads.
   void clear_padding(Backend& be, int i);
   Tensor stashed_;  // [stashed_inputs, B, T, C]
-  // Megatron's sequence parallelism: every token's embeddings or head input, and their gradient.
+  // Megatron's sequence parallelism: every token's embeddings or head input, and their gradient
+  // (on the first and last pipeline stages).
   Tensor tokens_, d_tokens_;
   // The stream's tokens of `shape` (this tensor rank's under Megatron's sequence parallelism).
   int64_t stream_tokens(const BatchShape& shape) const;

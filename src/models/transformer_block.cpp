@@ -47,13 +47,23 @@ Tensor all_tokens(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
   return full;
 }
 
+// Tensor parallelism: whether this rank brings the terms every rank holds alike to a sum over the
+// group (rank 0 does: the row-parallel products' biases, the residual gradient of a post-norm
+// block), and that sum.
+bool adds_shared_terms(const BlockStyle& st) {
+  return st.tensor_group == nullptr || st.tensor_group->rank() == 0;
+}
+void sum_over_group(Backend& be, const BlockStyle& st, const Tensor& t) {
+  if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, t);
+}
+
 // The gradient of stream tensor `like` from a partial one over every token (float32, in `full`):
 // under Megatron's sequence parallelism this rank's tokens of the group's sum, into part k of
 // `into`; else the group's sum in place (full itself).
 Tensor stream_sum(Backend& be, const BlockStyle& st, const Tensor& full, const Tensor& like,
                   const Tensor& into, int64_t k, const BlockScratch& sc) {
   if (!slices_tokens(st)) {
-    if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, full);
+    sum_over_group(be, st, full);
     return full;
   }
   const Tensor slice = slice_space(into, like, k);
@@ -230,16 +240,6 @@ Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce)
   produce(tmp);
   be.round_to(lp, tmp);
   return tmp;
-}
-
-// Tensor parallelism: whether this rank brings the terms every rank holds alike to a sum over the
-// group (rank 0 does: the row-parallel products' biases, the residual gradient of a post-norm
-// block), and that sum.
-bool adds_shared_terms(const BlockStyle& st) {
-  return st.tensor_group == nullptr || st.tensor_group->rank() == 0;
-}
-void sum_over_group(Backend& be, const BlockStyle& st, const Tensor& t) {
-  if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, t);
 }
 
 // A residual branch's last product x w (+ b) for the stream tensor `like`, row-parallel under

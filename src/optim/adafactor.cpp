@@ -57,7 +57,6 @@ class Adafactor final : public Optimizer {
                 " cut at element ", element);
     return element;
   }
-  bool elementwise_state() const override { return false; }
 
  protected:
   void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,

@@ -75,7 +75,6 @@ class AdamW8bit final : public Optimizer {
   int64_t state_offset(size_t i, const ParamInfo& p, int64_t element) const override {
     return i >= 2 && i < 4 && eight_bit(p) ? element / kQuantBlock : element;
   }
-  bool elementwise_state() const override { return false; }
 
  protected:
   void update(Backend& be, const Tensor& weights, const Tensor& grads, const Tensor& control,

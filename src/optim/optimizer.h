@@ -68,8 +68,6 @@ class Optimizer {
   virtual int64_t state_offset(size_t /*i*/, const ParamInfo& /*p*/, int64_t element) const {
     return element;
   }
-  // Whether state_elements is p's elements for every tensor and parameter.
-  virtual bool elementwise_state() const { return true; }
 
  protected:
   virtual void update(Backend& be, const Tensor& weights, const Tensor& grads,

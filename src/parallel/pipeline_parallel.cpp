@@ -75,6 +75,14 @@ StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params)
   return l;
 }
 
+// Whether `l` is the parameters' layout in every tensor: state that is one value per element.
+bool laid_out_as(const StateLayout& l, const ParameterSet& params) {
+  for (const std::vector<int64_t>& lengths : l.length)
+    for (size_t k = 0; k < lengths.size(); ++k)
+      if (lengths[k] != params.list()[k].shape.numel()) return false;
+  return true;
+}
+
 // A save's reads of the whole model from the stages (and their tensor ranks). A holder is the
 // data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
 // its optimizer state tensor i - 1 laid out as its parameters, is their parts end to end (ZeRO's
@@ -194,6 +202,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         zero_(run.count < model.params().total_elements()) {
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
+    per_element_ = laid_out_as(state_, full_->params());
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
     // The first and last stages sum their tied embeddings' gradients; the others take no part.
     embedding_group_ = pipe_.split(stage == 0 || stage == last ? 0 : stage, stage);
@@ -282,8 +291,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
     if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
-                                        holders_, held_elements_,
-                                        optimizer_.elementwise_state() ? nullptr : &state_);
+                                        holders_, held_elements_, per_element_ ? nullptr : &state_);
   }
 
  private:
@@ -303,7 +311,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
   std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
-  StateLayout state_;  // the whole model's optimizer state (for state not laid out as parameters)
+  StateLayout state_;        // the whole model's optimizer state
+  bool per_element_ = true;  // state_ is the parameters' layout (one value per element)
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
@@ -342,7 +351,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // Where this rank's optimizer state (its run's) lies in a checkpoint's, laid out as the whole
   // model's parameters.
   StateShare full_layout_share() const {
-    if (!optimizer_.elementwise_state()) return state_layout_share();
+    if (!per_element_) return state_layout_share();
     StateShare share;
     std::vector<StateShare::Run> runs;
     const int64_t first = zero_ ? run_.offset : 0;

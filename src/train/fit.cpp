@@ -238,7 +238,7 @@ double tensor_token_bytes(const RunAssembly& run) {
   const bool pre = run.model->inference_style().pre_norm;
   // Per block: a pre-norm block gathers both norms' outputs twice (4 a A), reduce-scatters 2
   // outputs and 2 input gradients and gathers 2 output gradients (6 A); a post-norm block
-  // gathers its input twice and its MLP input twice (4 A + 2 a A) and the same 6 A. Recomputed
+  // gathers its input twice and its MLP input twice (2 A + 2 a A) and the same 6 A. Recomputed
   // forwards: a pre-norm block's up to its MLP input (3 A), a post-norm block's whole (4 A).
   const double L = static_cast<double>(c.end_layer() - c.first_layer());
   const double block = pre ? 6 * A + 4 * a * A : 8 * A + 2 * a * A;
