@@ -169,10 +169,7 @@ void check_precision_and_schedule(const TrainOptions& o) {
 }  // namespace
 
 const char* unsupported_layout(const TrainOptions& o) {
-  const bool offload = o.offload_optimizer != "none";
-  if (o.tp_size > 1 && offload) return "--tp_size with --offload_optimizer";
   if (o.pp_size > 1 && o.zero_stage > 1) return "--pp_size with --zero_stage above 1";
-  if (o.pp_size > 1 && offload) return "--pp_size with --offload_optimizer";
   return nullptr;
 }
 

@@ -52,11 +52,14 @@ TEST(PipelineParallel, StagesTrainAsOneProcessWithTheSameGlobalBatch) {
     one.pp_size = 1;
     Logged single;
     if (world().rank() == 0) single = run(one, data, alone.get());
-    // ZeRO stage 1 over the data replicas (with one replica, none).
-    for (const int64_t zero : {0, 1}) {
+    // ZeRO stage 1 over the data replicas (with one replica, none); the optimizer offloaded
+    // (the GPU's path, run on the CPU), under ZeRO 1 where there are replicas.
+    for (const int64_t zero : {0, 1, -1}) {
       if (zero > 0 && l.dp == 1) continue;
       SCOPED_TRACE("zero_stage " + std::to_string(zero));
-      o.zero_stage = zero;
+      o.zero_stage = zero < 0 ? (l.dp > 1 ? 1 : 0) : zero;
+      o.offload_optimizer = zero < 0 ? "cpu" : "none";
+      o.offload_on_cpu = zero < 0;
       o.output_dir = dir / ("ranks_zero" + std::to_string(zero));
       const Logged ranks = run(o, data, &world());
       if (world().rank() != 0) continue;

@@ -60,9 +60,12 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     Logged single;
     if (world().rank() == 0) single = run(one, data, alone.get());
     // ZeRO over the data replicas (with one replica, plain data parallelism).
-    for (const int64_t zero : {0, 1, 2, 3}) {
+    // The optimizer offloaded (the GPU's path, run on the CPU) under ZeRO 1.
+    for (const int64_t zero : {0, 1, 2, 3, -1}) {
       SCOPED_TRACE("zero_stage " + std::to_string(zero));
-      o.zero_stage = zero;
+      o.zero_stage = zero < 0 ? 1 : zero;
+      o.offload_optimizer = zero < 0 ? "cpu" : "none";
+      o.offload_on_cpu = zero < 0;
       o.output_dir = dir / ("ranks_zero" + std::to_string(zero));
       const Logged ranks = run(o, data, &world());
       if (world().rank() != 0) continue;
@@ -71,6 +74,8 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
     }
     SCOPED_TRACE("without Megatron's sequence parallelism (every token on every rank)");
     o.zero_stage = 0;
+    o.offload_optimizer = "none";
+    o.offload_on_cpu = false;
     o.tp_sequence_parallel = false;
     o.output_dir = dir / "ranks_whole_tokens";
     const Logged whole = run(o, data, &world());
