@@ -188,7 +188,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // `run`: the parameters this rank steps (ZeRO's run among the stage's data replicas, or all).
   PipelineParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
                    const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
-                   ElementRange run, std::unique_ptr<ParallelPolicy> data)
+                   ElementRange run, std::unique_ptr<ParallelPolicy> data, Tensor scratch)
       : be_(be),
         world_(world),
         mesh_(mesh),
@@ -199,7 +199,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         optimizer_(optimizer),
         data_(std::move(data)),
         run_(run),
-        zero_(run.count < model.params().total_elements()) {
+        zero_(run.count < model.params().total_elements()),
+        scratch_(scratch) {
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
     per_element_ = laid_out_as(state_, full_->params());
@@ -210,6 +211,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       const ParamInfo& p = model_.params().list()[i];
       if (p.embedding && p.product && (stage == 0 || stage == last)) tied_ = static_cast<int>(i);
     }
+    if (sharded_gradients()) join_tied_replicas(stage == 0 || stage == last);
     share_ = full_layout_share();
     stash_batches();
   }
@@ -229,7 +231,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
     SyncSeconds s = data_->finish_gradients();
     const Clock::time_point start = Clock::now();
     pipe_.all_reduce_sum(model_.step_stats());
-    if (tied_ >= 0) embedding_group_->all_reduce_sum(model_.params().grad(tied_));
+    if (tied_ >= 0) sum_tied_gradients();
     const double seconds = seconds_since(start);
     s.ran += seconds;
     s.waited += seconds;
@@ -305,9 +307,14 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   Optimizer& optimizer_;
   std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<Communicator> embedding_group_;
-  int tied_ = -1;                            // a tied embedding the first and last stages both hold
-  ElementRange run_;                         // the parameters this rank steps
-  bool zero_;                                // the run is a part: ZeRO partitions the stage's state
+  int tied_ = -1;     // a tied embedding the first and last stages both hold
+  ElementRange run_;  // the parameters this rank steps
+  bool zero_;         // the run is a part: ZeRO partitions the stage's state
+  // ZeRO 2 and 3: every replica of the first and last stages (of this tensor rank), the slot their
+  // sums of tied embeddings' gradients pass through, and the elements of it each sum takes.
+  std::unique_ptr<Communicator> tied_replicas_;
+  Tensor scratch_;
+  int64_t tied_chunk_ = 0;
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
   std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
@@ -321,6 +328,53 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   int ops_count_ = -1;
   double bubble_sum_ = 0, last_bubble_ = 0, last_sent_ = 0;
   int64_t steps_ = 0;
+
+  // ZeRO 2 and 3: the data policy's gradients are this rank's run of the stage's.
+  bool sharded_gradients() const {
+    return data_->gradients().numel() < model_.params().total_elements();
+  }
+
+  // Every rank, a collective: the replicas of the first and last stages (`ends`) with this
+  // tensor rank as a group of their own, and the chunk their sums take (the smallest slot's).
+  void join_tied_replicas(bool ends) {
+    const int tensors = mesh_.shape()[MeshDim::tensor];
+    const int color = ends ? mesh_.coordinate(MeshDim::tensor) : tensors + world_.rank();
+    tied_replicas_ = world_.split(color, world_.rank());
+    std::vector<double> slots(static_cast<size_t>(tied_replicas_->size()), 0.0);
+    slots[static_cast<size_t>(tied_replicas_->rank())] = static_cast<double>(scratch_.numel());
+    tied_replicas_->all_reduce_sum(
+        Tensor(slots.data(), Shape{static_cast<int64_t>(slots.size())}, DType::f64));
+    tied_chunk_ = static_cast<int64_t>(*std::min_element(slots.begin(), slots.end()));
+    BRISK_CHECK(!ends || tied_chunk_ > 0, "internal error: no slot for the tied embeddings' sums");
+  }
+
+  // The tied embeddings' gradients summed between the first and last stages. Under ZeRO 2 and 3
+  // each replica holds its run of them, and the two stages' runs differ: every replica of both
+  // adds its part of a chunk of the table into zeros, the chunk is summed over all of them, and
+  // each takes its part back.
+  void sum_tied_gradients() {
+    const ParamInfo& p = model_.params().list()[static_cast<size_t>(tied_)];
+    if (!sharded_gradients()) {
+      embedding_group_->all_reduce_sum(model_.params().grad(tied_));
+      return;
+    }
+    const Tensor& shard = data_->gradients();
+    const int64_t n = p.shape.numel();
+    // The table's elements [lo, hi) in this rank's run.
+    const int64_t lo = std::clamp(run_.offset - p.offset, int64_t{0}, n);
+    const int64_t hi = std::clamp(run_.offset + run_.count - p.offset, int64_t{0}, n);
+    for (int64_t at = 0; at < n; at += tied_chunk_) {
+      const int64_t len = std::min(tied_chunk_, n - at);
+      const Tensor chunk = element_range(scratch_, 0, len);
+      const int64_t a = std::max(at, lo), b = std::min(at + len, hi);
+      const Tensor mine =
+          b > a ? element_range(shard, p.offset + a - run_.offset, b - a) : Tensor();
+      be_.fill(chunk, 0.0f);
+      if (b > a) be_.copy(mine, element_range(chunk, a - at, b - a));
+      tied_replicas_->all_reduce_sum(chunk);
+      if (b > a) be_.copy(element_range(chunk, a - at, b - a), mine);
+    }
+  }
 
   // Which rank holds each of the whole model's parameters on each tensor rank, and where in its
   // stage's share; the holders, and their parameters' elements together.
@@ -530,7 +584,7 @@ std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
                                ? ElementRange{0, model.params().total_elements()}
                                : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
   return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
-                                            std::move(data_parallel));
+                                            std::move(data_parallel), buffers.grad_receive);
 }
 
 }  // namespace brisk

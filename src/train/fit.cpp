@@ -168,7 +168,9 @@ CostModel cost_model(Device device) {
 // The sums across ranks, as ring all-reduces at the collective bandwidth, none hidden: tensor
 // parallelism's (tensor_step_bytes, and Megatron's sequence parallelism's gathers and
 // reduce-scatters: tensor_token_bytes), the data replicas' sum of the stage's float32 gradients
-// once a step (ZeRO stage 3 gathers the weights besides: 1.5 x), a pipeline stage's float32 [B, T,
+// (once a step; ZeRO stage 2 reduce-scatters each micro-batch's and gathers the updated runs once,
+// (m + 1) / 2 x over m micro-batches; stage 3 gathers the weights for each micro-batch's forward
+// and backward besides, 1.5 m x), a pipeline stage's float32 [B, T,
 // C] activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and
 // a sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
 double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
@@ -186,8 +188,10 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   const double tensor = tensor_step_bytes(run) * ring(t) + tensor_token_bytes(run) * (t - 1) / t;
   const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
   const double d = static_cast<double>(data_ranks);
-  const double data = 4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) *
-                      (o.zero_stage >= 3 ? 1.5 : 1.0);
+  const auto micro = static_cast<double>(o.gradient_accumulation_steps);
+  const double passes = o.zero_stage >= 3 ? 1.5 * micro : o.zero_stage == 2 ? (micro + 1) / 2 : 1;
+  const double data =
+      4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) * passes;
   // Sequence parallelism's all-to-alls: each rank sends (s - 1) / s of what it exchanges.
   const double sequence = sequence_step_bytes(run) / p * (s - 1) / s;
   return (tensor + data + stages + sequence) / m.collective;
@@ -340,8 +344,7 @@ bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq, bool
 
 // o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
 // pipeline depth and sequence-parallel degree the model's counts (and the length) allow,
-// with each ZeRO stage where there are several replicas (data and sequence ranks) that brisk
-// runs with them (unsupported_layout).
+// with each ZeRO stage where there are several replicas (data and sequence ranks).
 std::vector<Layout> layouts(const TrainOptions& o, int world) {
   if (world <= 1)
     return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
@@ -355,13 +358,8 @@ std::vector<Layout> layouts(const TrainOptions& o, int world) {
         if (world % model || !splits(config, tp, pp, sp, o.seq_len, o.tp_sequence_parallel))
           continue;
         const int d = world / model;
-        for (int64_t zero = 0; zero <= (d * sp == 1 ? 0 : 3); ++zero) {
-          TrainOptions t = o;
-          t.tp_size = tp;
-          t.pp_size = pp;
-          t.zero_stage = zero;
-          if (unsupported_layout(t) == nullptr) out.push_back({tp, pp, sp, zero, d});
-        }
+        for (int64_t zero = 0; zero <= (d * sp == 1 ? 0 : 3); ++zero)
+          out.push_back({tp, pp, sp, zero, d});
       }
   return out;
 }

@@ -166,14 +166,6 @@ void check_precision_and_schedule(const TrainOptions& o) {
               "\" (valid: linear, cosine, constant, constant_with_warmup)");
 }
 
-}  // namespace
-
-const char* unsupported_layout(const TrainOptions& o) {
-  if (o.pp_size > 1 && o.zero_stage > 1) return "--pp_size with --zero_stage above 1";
-  return nullptr;
-}
-
-namespace {
 // Saving, data parallelism, the optimizer and the device.
 void check_saving_and_parallelism(const TrainOptions& o) {
   BRISK_CHECK(o.save_strategy == "no" || o.save_strategy == "steps" || o.save_strategy == "epoch",
@@ -190,8 +182,6 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.tp_size);
   BRISK_CHECK(o.pp_size >= 0 && o.pp_size <= 4096, "pp_size must lie in [0, 4096], got ",
               o.pp_size);
-  const char* gap = unsupported_layout(o);
-  BRISK_CHECK(gap == nullptr, gap, " is not supported yet");
   BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
               o.sp_size);
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,

@@ -346,10 +346,6 @@ void accept_trainer_key(TrainOptions& o, const std::string& name, const nlohmann
 nlohmann::json options_to_json(const TrainOptions& o);
 // Refuses out-of-range and contradicting options with one message naming the problem.
 void validate_options(const TrainOptions& o);
-// What brisk does not run yet of o's parallel layout, as the flags that cannot go together
-// ("--pp_size with --zero_stage above 1"), or null: validate_options refuses it, and
-// `brisk estimate --fit` leaves such layouts out.
-const char* unsupported_layout(const TrainOptions& o);
 // The optimizer settings among the options.
 OptimizerConfig optimizer_config(const TrainOptions& o);
 // The TensorBoard folder: logging_dir, or output_dir/runs/<date and time>_<host> as transformers
