@@ -116,12 +116,33 @@ struct SgdUpdate {
 // max(1, rms(update) / clip_threshold), step size `step_size`, times max(eps2, rms(w)) when
 // scale_parameter; exp_avg (empty without beta1) averages the scaled update; decoupled weight
 // decay w -= weight_decay * step * w on decay slots. beta2t and step_size come from the host.
+//
+// Tensor parallelism: a slot in `split` is one rank's share of a parameter split over a group, and
+// its statistics are the whole parameter's. Its second moment (at the slot's state) is the whole
+// one, whole_rows x whole_cols as a matrix (rows then cols values where factored), alike on every
+// rank of the group; `row` and `col` give the whole row and column of each of the share's rows and
+// columns (-1: padding, not stepped). The update takes each share's float64 partial sums into
+// `sums` (from `sums_at`: the whole moment's sums, whole_rows + whole_cols of them where factored,
+// else one per element, then the parameter's sum of squares; after every slot's, one sum of the
+// update's squares per slot, in order), adding them over the group with `group_sum` twice: after
+// the gradient statistics, and after the update's squares.
+struct SplitSlot {
+  size_t slot = 0;  // in slots
+  int64_t whole_rows = 0, whole_cols = 0;
+  std::vector<int64_t> row, col;
+  bool counted = true;  // this rank's elements enter the sums (the first of a slice's copies)
+  int64_t sums_at = 0;
+};
+
 struct AdafactorUpdate {
   Tensor weights, grads, second_moment, exp_avg, control;
   const std::vector<ParamSlot>* slots = nullptr;
   float step_size = 0, beta2t = 0, eps1 = 1e-30f, eps2 = 1e-3f, clip_threshold = 1.0f;
   float beta1 = 0, weight_decay = 0;
   bool scale_parameter = false;
+  const std::vector<SplitSlot>* split = nullptr;  // null or empty: every slot whole
+  Tensor sums;                                    // float64
+  std::function<void(const Tensor&)> group_sum;
 };
 
 // 8-bit AdamW (block-wise quantized moments, as bitsandbytes): per slot with blocks >= 0 the
@@ -434,6 +455,8 @@ class Backend {
   virtual void adamw_update(const AdamWUpdate& u) = 0;
   virtual void sgd_update(const SgdUpdate& u) = 0;
   virtual void adafactor_update(const AdafactorUpdate& u) = 0;
+  // Whether adafactor_update steps split slots (AdafactorUpdate::split).
+  virtual bool sums_split_statistics() const { return false; }
   virtual void adamw_8bit_update(const AdamW8bitUpdate& u) = 0;
 };
 

@@ -3,7 +3,9 @@
 // turn on scale_parameter, relative_step (with warmup_init) and beta1, and set clip_threshold and
 // decay_rate. State: a row and a column statistic per matrix, a full second moment per vector,
 // and with beta1 a first moment per parameter. The arithmetic is the backend's adafactor_update.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "optim/optimizer.h"
 
@@ -23,16 +25,33 @@ class Adafactor final : public Optimizer {
   std::string name() const override { return "adafactor"; }
   void plan(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params) override {
     slots_ = param_slots(params);
-    int64_t state = 0;
-    for (ParamSlot& s : slots_) {
-      s.state = state;
-      state += s.factored ? s.rows + s.cols : s.numel;
+    split_ = split_slots(params);
+    int64_t state = 0, sums = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i].state = state;
+      state += state_elements(0, params.list()[i]);
     }
+    for (SplitSlot& x : split_) {  // the moment's sums and the weights' squares
+      x.sums_at = sums;
+      sums += state_elements(0, params.list()[x.slot]) + 1;
+    }
+    sums += static_cast<int64_t>(split_.size());  // the updates' squares
     binder.declare(plan, &v_, "adafactor.exp_avg_sq", Category::optimizer_state, DType::f32,
                    Shape{state}, placement_);
     if (o_.beta1 >= 0)
       binder.declare(plan, &m_, "adafactor.exp_avg", Category::optimizer_state, DType::f32,
                      Shape{params.total_elements()}, placement_);
+    if (!split_.empty())
+      binder.declare(plan, &sums_, "adafactor.split_sums", Category::temporaries, DType::f64,
+                     Shape{sums}, placement_);
+  }
+  // A split parameter's statistics are the whole one's: summed over the group.
+  bool steps_split_parameters(const Backend& be) const override {
+    return be.sums_split_statistics();
+  }
+  void join_split_group(const SplitGroup& group) override {
+    group_ = group.sum;
+    for (size_t k = 0; k < split_.size(); ++k) split_[k].counted = group.rank % copies_[k] == 0;
   }
   void reset(Backend& be) override {
     be.fill(v_, 0.0f);
@@ -44,11 +63,15 @@ class Adafactor final : public Optimizer {
     if (!m_.empty()) s.emplace_back("exp_avg", m_);
     return s;
   }
-  // The second moment: a matrix's row and column statistics, a vector's every element.
+  // The second moment: a matrix's row and column statistics, a vector's every element, of the
+  // whole parameter where p is a tensor rank's share (alike on every rank); the first moment
+  // one value per element of p.
   int64_t state_elements(size_t i, const ParamInfo& p) const override {
-    const int64_t n = p.shape.numel();
-    if (i > 0 || p.shape.rank() < 2) return n;
-    const int64_t cols = p.shape[p.shape.rank() - 1];
+    if (i > 0) return p.shape.numel();
+    const Shape whole = p.full_shape();
+    const int64_t n = whole.numel();
+    if (whole.rank() < 2) return n;
+    const int64_t cols = whole[whole.rank() - 1];
     return n / cols + cols;
   }
   // Partitions keep matrices whole (shard_granule); the first moment is one value per element.
@@ -81,13 +104,57 @@ class Adafactor final : public Optimizer {
     u.beta1 = static_cast<float>(std::max(o_.beta1, 0.0));
     u.weight_decay = static_cast<float>(o_.weight_decay);
     u.scale_parameter = o_.scale_parameter;
+    BRISK_CHECK(split_.empty() || group_,
+                "internal error: adafactor steps split parameters without their group");
+    u.split = &split_;
+    u.sums = sums_;
+    u.group_sum = group_;
     be.adafactor_update(u);
   }
 
  private:
+  // Tensor parallelism's shares among params: where each row and column of theirs lies in the
+  // whole parameter.
+  std::vector<SplitSlot> split_slots(const ParameterSet& params) {
+    std::vector<SplitSlot> out;
+    copies_.clear();
+    for (size_t i = 0; i < params.list().size(); ++i) {
+      const ParamInfo& p = params.list()[i];
+      if (!p.split.split()) continue;
+      const ParamSlot& s = slots_[i];
+      const Shape whole = p.full_shape();
+      SplitSlot x;
+      x.slot = i;
+      x.whole_cols = whole.rank() ? whole[whole.rank() - 1] : 1;
+      x.whole_rows = whole.numel() / x.whole_cols;
+      x.row.assign(static_cast<size_t>(s.rows), -1);
+      x.col.assign(static_cast<size_t>(s.cols), -1);
+      // Each row's place from its first placed element; the columns' from the first placed row.
+      for (int64_t r = 0; r < s.rows; ++r)
+        for_each_split_run(p, r * s.cols, s.cols, [&](int64_t, int64_t full, int64_t) {
+          if (x.row[static_cast<size_t>(r)] < 0)
+            x.row[static_cast<size_t>(r)] = full / x.whole_cols;
+        });
+      const auto placed =
+          std::find_if(x.row.begin(), x.row.end(), [](int64_t r) { return r >= 0; });
+      const int64_t first = placed - x.row.begin();
+      if (placed != x.row.end())
+        for_each_split_run(p, first * s.cols, s.cols, [&](int64_t local, int64_t full, int64_t n) {
+          for (int64_t k = 0; k < n; ++k)
+            x.col[static_cast<size_t>(local - first * s.cols + k)] = (full + k) % x.whole_cols;
+        });
+      out.push_back(std::move(x));
+      copies_.push_back(p.split.copies);
+    }
+    return out;
+  }
+
   AdafactorOptions o_;
   std::vector<ParamSlot> slots_;
-  Tensor v_, m_;
+  std::vector<SplitSlot> split_;
+  std::vector<int> copies_;  // per split slot: the ranks holding its slice
+  std::function<void(const Tensor&)> group_;
+  Tensor v_, m_, sums_;
 };
 }  // namespace
 

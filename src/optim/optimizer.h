@@ -4,6 +4,7 @@
 // device memory), and named state for checkpoints.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +64,17 @@ class Optimizer {
   // whole parameters' state (a pipeline stage's among the whole model's). p's elements where the
   // state is one value per element (the default).
   virtual int64_t state_elements(size_t /*i*/, const ParamInfo& p) const { return p.shape.numel(); }
+  // Tensor parallelism, for an optimizer whose state is not one value per element: whether it
+  // steps a tensor rank's share of a split parameter as the whole would be stepped, summing its
+  // whole-parameter statistics over the group (join_split_group), on backend `be`.
+  virtual bool steps_split_parameters(const Backend& /*be*/) const { return false; }
+  // The group holding the other shares of this rank's split parameters: a float64 buffer's sum
+  // over it, and this rank's place in it. Before the first step.
+  struct SplitGroup {
+    std::function<void(const Tensor&)> sum;
+    int rank = 0;
+  };
+  virtual void join_split_group(const SplitGroup& /*group*/) {}
   // Where element `element` of whole parameter p (an element a partition may start p's piece
   // at: shard_granule's multiples) starts its state in tensor i, from where p's starts.
   virtual int64_t state_offset(size_t /*i*/, const ParamInfo& /*p*/, int64_t element) const {

@@ -48,41 +48,6 @@ struct Placed {
   std::vector<int64_t> state_at;
 };
 
-// An optimizer's state laid out tensor by tensor, parameter after parameter
-// (Optimizer::state_elements), for state not laid out as the parameters: where parameter k's
-// part of tensor i starts and its length, and each tensor's elements and bytes per element.
-struct StateLayout {
-  std::vector<std::vector<int64_t>> at, length;  // [tensor][parameter]
-  std::vector<int64_t> total, element_bytes;     // [tensor]
-};
-
-StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params) {
-  StateLayout l;
-  const auto named = optimizer.state();
-  for (size_t i = 0; i < named.size(); ++i) {
-    int64_t at = 0;
-    l.at.emplace_back();
-    l.length.emplace_back();
-    for (const ParamInfo& p : params.list()) {
-      const int64_t n = optimizer.state_elements(i, p);
-      l.at.back().push_back(at);
-      l.length.back().push_back(n);
-      at += n;
-    }
-    l.total.push_back(at);
-    l.element_bytes.push_back(static_cast<int64_t>(dtype_size(named[i].second.dtype())));
-  }
-  return l;
-}
-
-// Whether `l` is the parameters' layout in every tensor: state that is one value per element.
-bool laid_out_as(const StateLayout& l, const ParameterSet& params) {
-  for (const std::vector<int64_t>& lengths : l.length)
-    for (size_t k = 0; k < lengths.size(); ++k)
-      if (lengths[k] != params.list()[k].shape.numel()) return false;
-  return true;
-}
-
 // A save's reads of the whole model from the stages (and their tensor ranks). A holder is the
 // data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
 // its optimizer state tensor i - 1 laid out as its parameters, is their parts end to end (ZeRO's
@@ -92,40 +57,42 @@ class StageReads final : public GatheredReads {
  public:
   // placed[k][t]: whole parameter k on tensor rank t; holders[h]: holder h's world ranks in data
   // order. `held`: the holders' parameter elements together.
-  // `state`: the whole model's StateLayout, for state not laid out as the parameters (else null).
+  // `state`: the whole model's StateLayout; `per_element[i]`: whether state tensor i is laid out
+  // as the parameters (else as `state` says, each parameter's whole on tensor rank 0).
   StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
              std::vector<std::vector<Placed>> placed, std::vector<std::vector<int>> holders,
-             int64_t held, const StateLayout* state)
+             int64_t held, const StateLayout& state, std::vector<bool> per_element)
       : GatheredReads(world, std::move(parts)),
         full_(full),
         placed_(std::move(placed)),
         holders_(std::move(holders)),
         held_(held),
-        state_(state) {}
+        state_(state),
+        per_element_(std::move(per_element)) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
     read_whole(0, static_cast<size_t>(full_.index(p.name)), at, n, static_cast<char*>(dst));
   }
 
   int64_t state_bytes(size_t i) const override {
-    if (state_) return state_->total[i] * state_->element_bytes[i];
+    if (!per_element_.at(i)) return state_.total[i] * state_.element_bytes[i];
     return full_.total_elements() * element_bytes(i + 1);
   }
 
   // The whole model's state: each parameter's bytes from its stage (laid out as the parameters,
   // or as state_ says).
   void read_state(size_t i, size_t at, size_t n, void* dst) override {
-    const auto bytes =
-        static_cast<size_t>(state_ ? state_->element_bytes[i] : element_bytes(i + 1));
+    const bool whole = !per_element_.at(i);
+    const auto bytes = static_cast<size_t>(whole ? state_.element_bytes[i] : element_bytes(i + 1));
     auto* out = static_cast<char*>(dst);
     for (size_t k = 0; k < full_.list().size() && n > 0; ++k) {
       const ParamInfo& p = full_.list()[k];
-      const size_t begin = static_cast<size_t>(state_ ? state_->at[i][k] : p.offset) * bytes;
+      const size_t begin = static_cast<size_t>(whole ? state_.at[i][k] : p.offset) * bytes;
       const size_t end =
-          begin + static_cast<size_t>(state_ ? state_->length[i][k] : p.shape.numel()) * bytes;
+          begin + static_cast<size_t>(whole ? state_.length[i][k] : p.shape.numel()) * bytes;
       if (at >= end) continue;
       const size_t take = std::min(n, end - at);
-      if (state_) {  // whole parameters on one tensor rank
+      if (whole) {  // each parameter's whole, alike on every tensor rank: tensor rank 0's
         const Placed& where = placed_[k][0];
         read_held(i + 1, where, static_cast<size_t>(where.state_at[i]) * bytes + at - begin, take,
                   out);
@@ -178,7 +145,8 @@ class StageReads final : public GatheredReads {
   std::vector<std::vector<Placed>> placed_;
   std::vector<std::vector<int>> holders_;
   int64_t held_;
-  const StateLayout* state_;
+  const StateLayout& state_;
+  std::vector<bool> per_element_;
   SplitBands bands_;
   size_t banded_whole_ = 0, banded_param_ = static_cast<size_t>(-1);
 };
@@ -203,7 +171,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         scratch_(scratch) {
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
-    per_element_ = laid_out_as(state_, full_->params());
+    for (size_t i = 0; i < state_.total.size(); ++i)
+      per_element_.push_back(laid_out_as(state_, i, full_->params()));
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
     // The first and last stages sum their tied embeddings' gradients; the others take no part.
     embedding_group_ = pipe_.split(stage == 0 || stage == last ? 0 : stage, stage);
@@ -293,7 +262,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
     if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
-                                        holders_, held_elements_, per_element_ ? nullptr : &state_);
+                                        holders_, held_elements_, state_, per_element_);
   }
 
  private:
@@ -318,8 +287,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
   std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
-  StateLayout state_;        // the whole model's optimizer state
-  bool per_element_ = true;  // state_ is the parameters' layout (one value per element)
+  StateLayout state_;              // the whole model's optimizer state
+  std::vector<bool> per_element_;  // by state tensor: laid out as the parameters
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
@@ -405,7 +374,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // Where this rank's optimizer state (its run's) lies in a checkpoint's, laid out as the whole
   // model's parameters.
   StateShare full_layout_share() const {
-    if (!per_element_) return state_layout_share();
+    const StateShare placed = state_layout_share();
     StateShare share;
     std::vector<StateShare::Run> runs;
     const int64_t first = zero_ ? run_.offset : 0;
@@ -420,16 +389,18 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       });
     }
     for (size_t i = 0; i < optimizer_.state().size(); ++i) {
+      const bool element = per_element_[i];
       share.offset.push_back(0);
-      share.total.push_back(full_->params().total_elements());
-      share.runs.push_back(runs);
+      share.total.push_back(element ? full_->params().total_elements() : placed.total[i]);
+      share.runs.push_back(element ? runs : placed.runs[i]);
     }
     return share;
   }
 
-  // The same for state not laid out as the parameters (parameters not split): each piece's part
-  // of each tensor, the pieces those of the run (ZeRO's partition of the stage's parameters, as
-  // shard_params gives the optimizer them, or the whole stage).
+  // The same for state not laid out as the parameters (each parameter's the whole one's, alike
+  // on every tensor rank): each piece's part of each tensor, the pieces those of the run (ZeRO's
+  // partition of the stage's parameters, as shard_params gives the optimizer them, or the whole
+  // stage).
   StateShare state_layout_share() const {
     ParameterSet pieces;
     std::vector<std::pair<size_t, int64_t>> from;  // each piece's whole parameter, first element
@@ -440,7 +411,8 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       if (lo >= hi) continue;
       const bool whole = hi - lo == n;
       pieces.add(p.name, whole ? p.shape : Shape{hi - lo},
-                 ParamRole{p.decay, p.embedding, p.product}, whole ? 0 : n);
+                 ParamRole{p.decay, p.embedding, p.product}, whole ? 0 : n,
+                 whole ? p.split : ParamSplit{});
       from.emplace_back(static_cast<size_t>(full_->params().index(p.name)), lo - p.offset);
     }
     const StateLayout mine = state_layout(optimizer_, pieces);

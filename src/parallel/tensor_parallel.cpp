@@ -61,9 +61,16 @@ class CommunicatorGroup final : public TensorGroup {
 // are read from tensor rank 0's.
 class SplitReads final : public GatheredReads {
  public:
+  // `state`: the optimizer's StateLayout over params (their shares); a tensor of it not laid out
+  // as the parameters holds each parameter's whole state, alike on every tensor rank.
   SplitReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& params,
-             std::vector<std::vector<int>> holders)
-      : GatheredReads(world, std::move(parts)), params_(params), holders_(std::move(holders)) {
+             std::vector<std::vector<int>> holders, StateLayout state)
+      : GatheredReads(world, std::move(parts)),
+        params_(params),
+        holders_(std::move(holders)),
+        state_(std::move(state)) {
+    for (size_t i = 0; i < state_.total.size(); ++i)
+      per_element_.push_back(laid_out_as(state_, i, params_));
     for (const ParamInfo& p : params_.list()) {
       full_offsets_.push_back(full_total_);
       full_total_ += p.full_shape().numel();
@@ -74,10 +81,18 @@ class SplitReads final : public GatheredReads {
     read_full(0, p, at, n, dst);
   }
 
-  int64_t state_bytes(size_t i) const override { return full_total_ * element_bytes(i + 1); }
+  int64_t state_bytes(size_t i) const override {
+    if (!per_element_.at(i)) return state_.total[i] * state_.element_bytes[i];
+    return full_total_ * element_bytes(i + 1);
+  }
 
-  // State laid out as the parameters: the bytes of each full parameter they cover.
+  // State laid out as the parameters: the bytes of each full parameter they cover. Else tensor
+  // rank 0's (its replicas' runs of it in order).
   void read_state(size_t i, size_t at, size_t n, void* dst) override {
+    if (!per_element_.at(i)) {
+      read_share(i + 1, 0, at, n, static_cast<char*>(dst));
+      return;
+    }
     const auto bytes = static_cast<size_t>(element_bytes(i + 1));
     auto* out = static_cast<char*>(dst);
     for (size_t k = 0; k < params_.list().size() && n > 0; ++k) {
@@ -128,6 +143,8 @@ class SplitReads final : public GatheredReads {
 
   const ParameterSet& params_;
   std::vector<std::vector<int>> holders_;
+  StateLayout state_;
+  std::vector<bool> per_element_;  // by state tensor
   std::vector<int64_t> full_offsets_;
   int64_t full_total_ = 0;
   SplitBands bands_;
@@ -237,7 +254,8 @@ class TensorParallel final : public ParallelPolicy {
     for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
       holders.push_back(replica_ranks(mesh_.shape(), 0, t));
     return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
-                                        std::move(holders));
+                                        std::move(holders),
+                                        state_layout(optimizer_, model_.params()));
   }
 
  private:
@@ -294,7 +312,8 @@ class TensorParallel final : public ParallelPolicy {
   }
 
   // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
-  // checkpoint's, laid out as the full parameters.
+  // checkpoint's, laid out as the full parameters; a tensor of whole parameters' state (alike on
+  // every tensor rank: the share's layout is the full one's) from the run's first parameter on.
   StateShare full_layout_share() const {
     StateShare share;
     std::vector<StateShare::Run> runs;
@@ -309,10 +328,23 @@ class TensorParallel final : public ParallelPolicy {
       });
       full_at += p.full_shape().numel();
     }
-    for (size_t i = 0; i < optimizer_.state().size(); ++i) {
+    const StateLayout layout = state_layout(optimizer_, model_.params());
+    for (size_t i = 0; i < layout.total.size(); ++i) {
       share.offset.push_back(0);
-      share.total.push_back(full_at);
-      share.runs.push_back(runs);
+      if (laid_out_as(layout, i, model_.params())) {
+        share.total.push_back(full_at);
+        share.runs.push_back(runs);
+        continue;
+      }
+      share.total.push_back(layout.total[i]);
+      share.runs.emplace_back();
+      int64_t local = 0;
+      for (size_t k = 0; k < layout.at[i].size(); ++k) {
+        const ParamInfo& p = model_.params().list()[k];
+        if (p.offset < first || p.offset + p.shape.numel() > end) continue;  // not in the run
+        share.runs.back().push_back({local, layout.at[i][k], layout.length[i][k]});
+        local += layout.length[i][k];
+      }
     }
     return share;
   }
@@ -320,15 +352,25 @@ class TensorParallel final : public ParallelPolicy {
 
 }  // namespace
 
-void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
-                       const char* layout) {
+namespace {
+// Tensor parallelism's optimizer: one whose state is one value per element of the parameters it
+// steps (`stepped` of them), or one that sums a split parameter's statistics over the group on
+// this backend (then joined to the group).
+void join_optimizer(Backend& be, Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
+                    Communicator& group) {
+  if (optimizer.steps_split_parameters(be)) {
+    optimizer.join_split_group(
+        {[&group](const Tensor& t) { group.all_reduce_sum(t); }, group.rank()});
+    return;
+  }
   bool elementwise = true;
   for (const ParamInfo& p : params.list()) elementwise &= optimizer.shard_granule(p) == 1;
   for (const auto& named : optimizer.state()) elementwise &= named.second.numel() == stepped;
-  BRISK_CHECK(elementwise, layout, " needs an optimizer that keeps one value ",
-              "per parameter element (adamw_torch, sgd); ", optimizer.name(),
-              "'s step depends on how the parameters are split");
+  BRISK_CHECK(elementwise, "tensor parallelism (--tp_size) needs an optimizer that steps a split ",
+              "parameter's shares as the whole (adamw_torch, sgd; adafactor on the CPU); ",
+              optimizer.name(), " on ", be.name(), " would depend on how the parameters are split");
 }
+}  // namespace
 
 std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm) {
   return std::make_unique<CommunicatorGroup>(comm);
@@ -341,7 +383,7 @@ std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
   const ElementRange run = buffers.shards.empty()
                                ? ElementRange{0, model.params().total_elements()}
                                : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
-  check_elementwise(optimizer, model.params(), run.count, "tensor parallelism (--tp_size)");
+  join_optimizer(be, optimizer, model.params(), run.count, mesh.group(MeshDim::tensor));
   return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
                                           std::move(data_parallel));
 }

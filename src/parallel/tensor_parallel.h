@@ -17,13 +17,9 @@ namespace brisk {
 // Tensor parallelism over `mesh` (its tensor dimension of more than one rank) around
 // `data_parallel`, the policy over the mesh's data dimension, made from `buffers` (ZeRO's
 // partition of this rank's share among the data replicas, or none). The model's blocks get their
-// group. Refuses an optimizer whose state is not one value per parameter element (its step would
-// depend on how the parameters are split).
-// Refuses, naming `layout`, an optimizer whose state or step reaches across elements (its state
-// is one value per element of the parameters it steps, `stepped` of them): a layout that splits
-// the parameters or lays out their state otherwise than one process needs such an optimizer.
-void check_elementwise(const Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
-                       const char* layout);
+// group, and the optimizer, where its state is not one value per parameter element, the group
+// to sum a split parameter's statistics over (Optimizer::join_split_group); refused where it
+// cannot (its step would depend on how the parameters are split).
 
 // The tensor group the policy gives the model, over `comm` (which outlives it).
 std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm);

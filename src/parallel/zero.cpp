@@ -70,8 +70,10 @@ ParameterSet shard_params(const ParameterSet& params, const ParamShard& shard) {
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
     if (lo >= hi) continue;
     const bool whole = lo == p.offset && hi == p.offset + p.shape.numel();
+    // A whole parameter keeps its tensor-parallel split (an optimizer's state may be the full
+    // parameter's); a piece is flat.
     out.add(p.name, whole ? p.shape : Shape{hi - lo}, ParamRole{p.decay, p.embedding, p.product},
-            whole ? 0 : p.shape.numel());
+            whole ? 0 : p.shape.numel(), whole ? p.split : ParamSplit{});
   }
   return out;
 }
@@ -169,6 +171,32 @@ void GatheredReads::serve() {
     answer(request, nullptr);
     if (request[0] < 0) return;
   }
+}
+
+StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params) {
+  StateLayout l;
+  const auto named = optimizer.state();
+  for (size_t i = 0; i < named.size(); ++i) {
+    int64_t at = 0;
+    l.at.emplace_back();
+    l.length.emplace_back();
+    for (const ParamInfo& p : params.list()) {
+      const int64_t n = optimizer.state_elements(i, p);
+      l.at.back().push_back(at);
+      l.length.back().push_back(n);
+      at += n;
+    }
+    l.total.push_back(at);
+    l.element_bytes.push_back(static_cast<int64_t>(dtype_size(named[i].second.dtype())));
+  }
+  return l;
+}
+
+bool laid_out_as(const StateLayout& l, size_t i, const ParameterSet& params) {
+  const std::vector<int64_t>& lengths = l.length.at(i);
+  for (size_t k = 0; k < lengths.size(); ++k)
+    if (lengths[k] != params.list()[k].shape.numel()) return false;
+  return true;
 }
 
 StateShare state_share(Communicator& comm, const Optimizer& optimizer) {

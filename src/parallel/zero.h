@@ -58,6 +58,18 @@ struct StateShare {
   };
   std::vector<std::vector<Run>> runs;
 };
+// An optimizer's state laid out tensor by tensor, parameter after parameter
+// (Optimizer::state_elements): where parameter k's part of tensor i starts and its length, and
+// each tensor's elements and bytes per element.
+struct StateLayout {
+  std::vector<std::vector<int64_t>> at, length;  // [tensor][parameter]
+  std::vector<int64_t> total, element_bytes;     // [tensor]
+};
+StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params);
+// Whether tensor i of `l` is laid out as the parameters: one value per element (of a tensor
+// rank's share, where the parameters are split).
+bool laid_out_as(const StateLayout& l, size_t i, const ParameterSet& params);
+
 // Every rank, a collective: this rank's StateShare of `optimizer`'s state (planned and reset).
 StateShare state_share(Communicator& comm, const Optimizer& optimizer);
 

@@ -234,6 +234,25 @@ TEST(PipelineParallel, TensorParallelStagesTrainAsOneProcess) {
     from_ranks.resume_from_checkpoint = dir / "ranks/checkpoint-2";
     expect_resumes_as(run(from_ranks, data, alone.get()), single);
   }
+  // Adafactor (with its first moment), each stage's split statistics summed over its tensor
+  // ranks; its checkpoints (whole moments from tensor rank 0, the first moment by shares)
+  // resume across layouts.
+  SCOPED_TRACE("adafactor on tp 2 x pp 2");
+  SharedDir dir("tp_pp_adafactor");
+  UnequalLengths data;
+  TrainOptions o = tiny_options(write_model(dir, "gpt2", 0.0, kLayers), dir / "ranks");
+  o.optim = "adafactor";
+  o.optim_args = "beta1=0.9,scale_parameter=true";
+  o.learning_rate = 0.01;
+  o.per_device_train_batch_size = 2;
+  o.gradient_accumulation_steps = 2;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.pp_size = o.tp_size = 2;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.pp_size = one.tp_size = 1;
+  expect_resumes_across_layouts(o, one, &data);
 }
 
 // On GPUs through NCCL (the stages' activations sent with ncclSend/ncclRecv): a llama on the

@@ -255,6 +255,56 @@ TEST(TensorParallel, KeyValueHeadsFewerThanTheRanksAreCopied) {
   expect_trains_as(ranks, run(zero_one, &data, alone.get()));
 }
 
+// Adafactor's statistics span whole parameters: each tensor rank keeps the whole second moment
+// of its split parameters (row and column statistics, or a vector's elements) and sums its
+// share's partial sums over the group, so the step is one process's; with the first moment,
+// scale_parameter and clipping on. GPT-2 (its packed query/key/value split by columns, the
+// vocabulary by rows with padding) under ZeRO 3 where there are replicas; then the llama of
+// key/value copies (on 4 ranks each of its 2 heads held by 2: their sums counted once), whose
+// checkpoints (the whole moments from tensor rank 0, the first moment by shares) resume across
+// layouts.
+TEST(TensorParallel, AdafactorSumsSplitStatisticsAsOneProcess) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  SharedDir dir("tp_adafactor");
+  UnequalLengths data;
+  TrainOptions o = tiny_options(write_model(dir, "gpt2", dp == 1 ? 0.1 : 0.0), dir / "ranks");
+  o.optim = "adafactor";
+  o.optim_args = "beta1=0.9,scale_parameter=true,clip_threshold=0.5";
+  o.learning_rate = 0.05;  // steps of 5% of each parameter's RMS: each statistic shows
+  o.per_device_train_batch_size = 2 / dp;
+  o.gradient_accumulation_steps = 3;
+  o.max_steps = 3;
+  o.tp_size = tp;
+  o.zero_stage = dp > 1 ? 3 : 0;
+  o.pad_to_max_length = 8 % tp != 0;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2;
+  one.tp_size = 1;
+  one.zero_stage = 0;
+  const Logged ranks = run(o, &data, &world());
+  if (world().rank() == 0) expect_trains_as(ranks, run(one, &data, alone.get()));
+  world().barrier();
+  SCOPED_TRACE("key/value heads copied on tp " + std::to_string(N));
+  TrainOptions copied = o;
+  copied.model_name_or_path = write_kv_model(dir, "kv", N == 4 ? 2 : 1);
+  copied.output_dir = dir / "kv_ranks";
+  copied.per_device_train_batch_size = 2;
+  copied.gradient_accumulation_steps = 2;
+  copied.max_steps = 4;
+  copied.save_steps = 2;
+  copied.tp_size = N;
+  copied.zero_stage = 0;
+  copied.optim_args = "scale_parameter=true,clip_threshold=100";  // the moments' scale unclipped
+  TrainOptions copied_one = copied;
+  copied_one.output_dir = dir / "kv_one";
+  copied_one.tp_size = 1;
+  expect_resumes_across_layouts(copied, copied_one, &data);
+}
+
 // The bytes a rank sums over the tensor group in a run, and those it gathers and
 // reduce-scatters under Megatron's sequence parallelism, are what `brisk estimate` prints
 // (tensor_step_bytes and tensor_token_bytes, per step), with and without gradient checkpointing.
@@ -319,7 +369,7 @@ TEST(TensorParallel, UnsupportedLayoutsAreRefused) {
   o.tp_size = N + 1;
   expect_error([&] { run(o, nullptr, &world()); }, "does not divide");
   o.tp_size = N == 4 ? 2 : N;
-  o.optim = "adafactor";
+  o.optim = "adamw_8bit";
   expect_error([&] { run(o, nullptr, &world()); }, "tensor parallelism (--tp_size) needs");
 }
 

@@ -112,6 +112,7 @@ class CpuBackend final : public Backend {
   void adamw_update(const AdamWUpdate& u) override;
   void sgd_update(const SgdUpdate& u) override;
   void adafactor_update(const AdafactorUpdate& u) override;
+  bool sums_split_statistics() const override { return true; }
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:

@@ -275,6 +275,135 @@ void adafactor_slot(const AdafactorUpdate& u, const ParamSlot& s, float multipli
   const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
   apply_adafactor(raw, w, m, len, par, scale, decay, u.beta1);
 }
+// Tensor parallelism's shares (AdafactorUpdate::split). The elements of share x of slot s that
+// have a place in the whole parameter, as f(local element, whole row, whole column).
+template <typename F>
+void for_each_placed(const ParamSlot& s, const SplitSlot& x, F f) {
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const int64_t wr = x.row[static_cast<size_t>(r)];
+    if (wr < 0) continue;
+    for (int64_t c = 0; c < s.cols; ++c) {
+      const int64_t wc = x.col[static_cast<size_t>(c)];
+      if (wc >= 0) f(r * s.cols + c, wr, wc);
+    }
+  }
+}
+
+// The share's partial sums: of g^2 + eps1 by whole row and column (factored) or element, and of
+// the weights' squares.
+void split_gradient_sums(const AdafactorUpdate& u, const ParamSlot& s, const SplitSlot& x,
+                         float multiplier, double* sums) {
+  const float* g = u.grads.f32() + s.offset;
+  const float* w = u.weights.f32() + s.offset;
+  const int64_t WR = x.whole_rows, WC = x.whole_cols;
+  double* weight_sq = sums + (s.factored ? WR + WC : WR * WC);
+  for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+    const float gi = g[i] * multiplier;
+    const float q = gi * gi + u.eps1;
+    if (s.factored) {
+      sums[wr] += q;
+      sums[WR + wc] += q;
+    } else {
+      sums[wr * WC + wc] = q;
+    }
+    *weight_sq += static_cast<double>(w[i]) * w[i];
+  });
+}
+
+// The whole second moment from the group's sums (alike on every rank); returns the mean of the
+// new row values (1 unfactored).
+double split_moment(const AdafactorUpdate& u, const ParamSlot& s, const SplitSlot& x,
+                    const double* sums) {
+  const float b2 = u.beta2t;
+  float* v = u.second_moment.f32() + s.state;
+  const int64_t WR = x.whole_rows, WC = x.whole_cols;
+  if (!s.factored) {
+    for (int64_t i = 0; i < WR * WC; ++i)
+      v[i] = b2 * v[i] + (1.0f - b2) * static_cast<float>(sums[i]);
+    return 1;
+  }
+  for (int64_t r = 0; r < WR; ++r)
+    v[r] = b2 * v[r] + (1.0f - b2) * static_cast<float>(sums[r] / static_cast<double>(WC));
+  for (int64_t c = 0; c < WC; ++c)
+    v[WR + c] =
+        b2 * v[WR + c] + (1.0f - b2) * static_cast<float>(sums[WR + c] / static_cast<double>(WR));
+  double row_sum = 0;
+  for (int64_t r = 0; r < WR; ++r) row_sum += v[r];
+  return row_sum / static_cast<double>(WR);
+}
+
+// Element i's update before clipping and scaling (RawUpdate's arithmetic at whole places).
+float split_raw(const ParamSlot& s, const SplitSlot& x, const float* v, const float* g, float rm,
+                float multiplier, int64_t i, int64_t wr, int64_t wc) {
+  if (!s.factored) return g[i] * multiplier / std::sqrt(v[wr * x.whole_cols + wc]);
+  const float row_factor = std::sqrt(v[wr] / rm);
+  return g[i] * multiplier / row_factor / std::sqrt(v[x.whole_rows + wc]);
+}
+
+void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
+  const std::vector<SplitSlot>& split = *u.split;
+  const auto n = static_cast<int64_t>(split.size());
+  BRISK_CHECK(u.sums.dtype() == DType::f64 && u.sums.numel() >= n && u.group_sum,
+              "adafactor_update: split slots need float64 sums and a group to add them over");
+  double* sums = u.sums.as<double>();
+  const int64_t tail = u.sums.numel() - n;  // the updates' sums of squares
+  std::fill_n(sums, u.sums.numel(), 0.0);
+  for (const SplitSlot& x : split) {
+    const ParamSlot& s = (*u.slots).at(x.slot);
+    const int64_t len = (s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols);
+    BRISK_CHECK(x.row.size() == static_cast<size_t>(s.rows) &&
+                    x.col.size() == static_cast<size_t>(s.cols) && x.sums_at >= 0 &&
+                    x.sums_at + len + 1 <= tail && s.state + len <= u.second_moment.numel(),
+                "adafactor_update: a split slot does not match its slot, sums or state");
+    if (x.counted) split_gradient_sums(u, s, x, multiplier, sums + x.sums_at);
+  }
+  u.group_sum(element_range(u.sums, 0, tail));
+  std::vector<float> row_means(split.size());
+  for (size_t k = 0; k < split.size(); ++k) {
+    const SplitSlot& x = split[k];
+    const ParamSlot& s = (*u.slots)[x.slot];
+    const float* v = u.second_moment.f32() + s.state;
+    const float* g = u.grads.f32() + s.offset;
+    row_means[k] = static_cast<float>(split_moment(u, s, x, sums + x.sums_at));
+    if (!x.counted) continue;
+    double sq = 0;
+    for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+      const double r = split_raw(s, x, v, g, row_means[k], multiplier, i, wr, wc);
+      sq += r * r;
+    });
+    sums[tail + static_cast<int64_t>(k)] = sq;
+  }
+  u.group_sum(element_range(u.sums, tail, n));
+  for (size_t k = 0; k < split.size(); ++k) {
+    const SplitSlot& x = split[k];
+    const ParamSlot& s = (*u.slots)[x.slot];
+    const auto whole = static_cast<double>(x.whole_rows * x.whole_cols);
+    const double* own = sums + x.sums_at;
+    double step = u.step_size;
+    if (u.scale_parameter) {
+      const double weight_sq =
+          own[s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols];
+      step *= std::max(static_cast<double>(u.eps2), std::sqrt(weight_sq / whole));
+    }
+    const double rms = std::sqrt(sums[tail + static_cast<int64_t>(k)] / whole);
+    const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
+    const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
+    const float b1 = u.beta1;
+    const float* v = u.second_moment.f32() + s.state;
+    const float* g = u.grads.f32() + s.offset;
+    float* w = u.weights.f32() + s.offset;
+    float* m = !u.exp_avg.empty() ? u.exp_avg.f32() + s.offset : nullptr;
+    for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+      const float x_i = split_raw(s, x, v, g, row_means[k], multiplier, i, wr, wc) * scale;
+      if (m) {
+        m[i] = b1 * m[i] + (1.0f - b1) * x_i;
+        w[i] = (w[i] - decay * w[i]) - m[i];
+      } else {
+        w[i] = (w[i] - decay * w[i]) - x_i;
+      }
+    });
+  }
+}
 }  // namespace
 
 void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
@@ -287,13 +416,19 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
   float multiplier = 0;
   if (!read_step_control(u.control, "adafactor_update control", &multiplier)) return;
-  for (const ParamSlot& s : *u.slots) {
+  std::vector<bool> shares(u.slots->size(), false);
+  if (u.split)
+    for (const SplitSlot& x : *u.split) shares.at(x.slot) = true;
+  for (size_t i = 0; i < u.slots->size(); ++i) {
+    const ParamSlot& s = (*u.slots)[i];
+    if (shares[i]) continue;
     const int64_t state_len = s.factored ? s.rows + s.cols : s.numel;
     BRISK_CHECK(s.state >= 0 && s.state + state_len <= u.second_moment.numel(),
                 "adafactor_update: a slot's state lies outside the state buffer");
     if (s.numel == 0) continue;
     adafactor_slot(u, s, multiplier);
   }
+  if (u.split && !u.split->empty()) adafactor_split_slots(u, multiplier);
 }
 
 void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
