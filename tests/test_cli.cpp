@@ -701,6 +701,28 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
 // (GPT-2 over 4 ranks: 12565 of the 50257 rows each, the last with 3 of padding), and the sums
 // over the tensor group per step are printed (SummedBytesAreTheEstimates checks them against a
 // run).
+// Adafactor under tensor parallelism plans the whole second moment of every parameter on each
+// tensor rank (a split matrix's whole row and column statistics: GPT-2's 321617 values, as one
+// process's), and the float64 sums of the split parameters' statistics: per block c_attn
+// (768 + 2304 and its 2304-value bias), attn.c_proj (768 + 768), c_fc (768 + 3072 and 3072) and
+// mlp.c_proj (3072 + 768), each with its weights' squares; wte (50257 + 768 + 1); then one update
+// sum per split parameter.
+TEST(Cli, EstimatePlansAdafactorsWholeStatisticsOnEachTensorRank) {
+  auto buffer = [](const nlohmann::json& j, const std::string& name) {
+    for (const auto& b : j["memory"]["buffers"])
+      if (b["name"] == name) return b["bytes"].get<int64_t>();
+    return int64_t{-1};
+  };
+  const std::string common = "--device cpu --model gpt2 --optim adafactor --seq_len 128 ";
+  const nlohmann::json one = estimate_json(common);
+  const nlohmann::json two = estimate_json(common + "--world_size 2 --tp_size 2");
+  EXPECT_EQ(buffer(one, "adafactor.exp_avg_sq"), 321617 * 4);
+  EXPECT_EQ(buffer(two, "adafactor.exp_avg_sq"), 321617 * 4);
+  EXPECT_EQ(buffer(one, "adafactor.split_sums"), -1);
+  const int64_t block = (3072 + 1) + (2304 + 1) + (1536 + 1) + (3840 + 1) + (3072 + 1) + (3840 + 1);
+  EXPECT_EQ(buffer(two, "adafactor.split_sums"), (12 * block + 51025 + 1 + 12 * 6 + 1) * 8);
+}
+
 TEST(Cli, EstimatePlansEachTensorRanksShare) {
   const std::string common =
       "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 --world_size 4 "
