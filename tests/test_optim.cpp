@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/quantization.h"
@@ -163,6 +165,155 @@ TEST(Optimizers, AdafactorMatchesTransformers) {
     EXPECT_LE(rel_error(s.f32(), row.f32(), 5), 1e-5);
     EXPECT_LE(rel_error(s.f32() + 5, col.f32(), 7), 1e-5);
     EXPECT_LE(rel_error(s.f32() + 12, bias.f32(), 5), 1e-5);
+  }
+}
+
+// Tensor parallelism's Adafactor: two shares of each split parameter, stepped on two threads
+// whose group sums pass between them, against the whole parameters stepped alone (the path
+// AdafactorMatchesTransformers checks). A matrix split by rows (5 rows as 3 + 2, the second share
+// padded with a row that has no place), one split by columns, a split vector and a whole one;
+// the first moment, scale_parameter and clipping on.
+struct SplitSpec {
+  std::string name;
+  Shape whole;
+  int dim;  // -1: not split
+  ParamRole role;
+};
+const std::vector<SplitSpec> kSplitSpecs = {{"rows.weight", Shape{5, 6}, 0, kLinearWeight},
+                                            {"cols.weight", Shape{4, 6}, 1, kLinearWeight},
+                                            {"split.bias", Shape{6}, 0, kBiasOrNorm},
+                                            {"norm.weight", Shape{6}, -1, kBiasOrNorm}};
+
+// Adafactor over one rank's shares (ranks 0 and 1 of 2; rank -1: the whole parameters), with
+// the whole parameters' weights and gradients taken into its shares (padding: zeros).
+class ShareRun {
+ public:
+  explicit ShareRun(int rank) : rank_(rank), be_(make_cpu_backend()) {
+    OptimizerConfig c =
+        config("adafactor", "beta1=0.9,scale_parameter=true,clip_threshold=0.5", 0.01);
+    opt_ = make_optimizer(c);
+    for (const SplitSpec& p : kSplitSpecs) {
+      const bool split_here = rank >= 0 && p.dim >= 0;
+      Shape shape;  // a share: half the split dimension, rounded up (the last share padded)
+      for (int d = 0; d < p.whole.rank(); ++d)
+        shape.push_back(split_here && d == p.dim ? (p.whole[d] + 1) / 2 : p.whole[d]);
+      ParamSplit split;
+      if (split_here) split = ParamSplit{p.dim, 1, rank, 2, p.whole[p.dim], 1};
+      ps_.add(p.name, shape, p.role, 0, split);
+    }
+    w_.resize(ps_.total_elements());
+    g_.resize(w_.size());
+    ps_.bind(Tensor(w_.data(), Shape{ps_.total_elements()}, DType::f32),
+             Tensor(g_.data(), Shape{ps_.total_elements()}, DType::f32));
+    opt_->plan(plan_, binder_, ps_);
+    binder_.declare(plan_, &control_, "control", Category::temporaries, DType::f32,
+                    Shape{kControlSize});
+    plan_.finalize();
+    arena_ = std::make_unique<Arena>(plan_, Device::cpu);
+    binder_.bind(*arena_);
+    opt_->reset(*be_);
+    control_.f32()[kControlMultiplier] = 1.0f;
+    control_.f32()[kControlSkip] = 0.0f;
+  }
+  Optimizer& optimizer() { return *opt_; }
+
+  // Whole parameter k's element (r, c) (a vector's c) for each of this rank's elements of it.
+  template <typename F>
+  void each(size_t k, F f) const {
+    const ParamInfo& p = ps_.list()[k];
+    const int64_t cols = p.shape[p.shape.rank() - 1];
+    const int64_t rows = p.shape.numel() / cols;
+    const SplitSpec& spec = kSplitSpecs[k];
+    const int64_t whole_cols = spec.whole[spec.whole.rank() - 1];
+    const int64_t whole_rows = spec.whole.numel() / whole_cols;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        int64_t wr = r, wc = c;
+        if (p.split.split() && spec.whole.rank() == 2 && spec.dim == 0) wr += rank_ * rows;
+        if (p.split.split() && (spec.whole.rank() == 1 || spec.dim == 1)) wc += rank_ * cols;
+        f(p.offset + r * cols + c, wr < whole_rows ? wr * whole_cols + wc : -1);
+      }
+  }
+  // One step from the whole parameters' gradients, after taking their weights (step 0).
+  void step(const std::vector<std::vector<float>>& weights,
+            const std::vector<std::vector<float>>& grads, bool first) {
+    for (size_t k = 0; k < kSplitSpecs.size(); ++k)
+      each(k, [&](int64_t i, int64_t whole) {
+        if (first) w_[i] = whole < 0 ? 0.0f : weights[k][whole];
+        g_[i] = whole < 0 ? 0.0f : grads[k][whole];
+      });
+    opt_->step(*be_, ps_.flat_weights(), ps_.flat_grads(), control_, 0.05f);
+  }
+  float weight(int64_t i) const { return w_[i]; }
+  // The whole run's (rank -1) element `at` of parameter k.
+  float whole_weight(size_t k, int64_t at) const { return w_[ps_.list()[k].offset + at]; }
+  Tensor state(size_t i) const { return opt_->state()[i].second; }
+
+ private:
+  int rank_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Optimizer> opt_;
+  ParameterSet ps_;
+  std::vector<float> w_, g_;
+  MemoryPlan plan_;
+  BufferBinder binder_;
+  Tensor control_;
+  std::unique_ptr<Arena> arena_;
+};
+
+// Two threads' group: each sum adds both threads' buffers (float64) into both.
+class PairSum {
+ public:
+  void sum(int rank, const Tensor& t) {
+    const auto n = static_cast<size_t>(t.numel());
+    parts_[rank].assign(t.as<double>(), t.as<double>() + n);
+    barrier_.arrive_and_wait();
+    for (size_t i = 0; i < n; ++i) t.as<double>()[i] = parts_[0][i] + parts_[1][i];
+    barrier_.arrive_and_wait();  // both read before either writes again
+  }
+
+ private:
+  std::vector<double> parts_[2];
+  std::barrier<> barrier_{2};
+};
+
+TEST(Optimizers, AdafactorSplitSharesStepAsTheWholeParameters) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto draw = [&] {
+    std::vector<std::vector<float>> values;
+    for (const SplitSpec& p : kSplitSpecs) {
+      values.emplace_back(static_cast<size_t>(p.whole.numel()));
+      for (float& x : values.back()) x = normal(rng);
+    }
+    return values;
+  };
+  const auto weights = draw();
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (int t = 0; t < 3; ++t) grads.push_back(draw());
+  ShareRun whole(-1), share0(0), share1(1);
+  PairSum pair;
+  share0.optimizer().join_split_group({[&](const Tensor& t) { pair.sum(0, t); }, 0});
+  share1.optimizer().join_split_group({[&](const Tensor& t) { pair.sum(1, t); }, 1});
+  for (int t = 0; t < 3; ++t) {
+    whole.step(weights, grads[t], t == 0);
+    std::thread other([&] { share1.step(weights, grads[t], t == 0); });
+    share0.step(weights, grads[t], t == 0);
+    other.join();
+  }
+  for (ShareRun* share : {&share0, &share1})
+    for (size_t k = 0; k < kSplitSpecs.size(); ++k) {
+      SCOPED_TRACE(kSplitSpecs[k].name);
+      share->each(k, [&](int64_t i, int64_t at) {
+        if (at < 0) return;
+        EXPECT_NEAR(share->weight(i), whole.whole_weight(k, at), 1e-6);
+      });
+    }
+  // The whole second moments, alike on both ranks and the whole run's.
+  for (const ShareRun* share : {&share0, &share1}) {
+    const Tensor a = share->state(0), b = whole.state(0);
+    ASSERT_EQ(a.numel(), b.numel());
+    EXPECT_LE(rel_error(a.f32(), b.f32(), a.numel()), 1e-6);
   }
 }
 
