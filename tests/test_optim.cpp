@@ -27,22 +27,18 @@ struct Param {
   bool decay;
 };
 
-// An optimizer over a fixture's parameters on the CPU, stepped as Trainer steps it: the raw
-// gradients, the global norm clipped to 1.0 and folded into the update by decide_step, the
-// learning rate from the schedule (or constant).
-class FixtureRun {
- public:
-  FixtureRun(const SafetensorsFile& f, const std::vector<Param>& params, const std::string& init,
-             const OptimizerConfig& config)
-      : f_(f), params_(params), be_(make_cpu_backend()), opt_(make_optimizer(config)) {
-    for (const Param& p : params)
-      ps_.add(p.name, f.get(init + p.name).shape(), p.decay ? kLinearWeight : kBiasOrNorm);
-    w_.resize(ps_.total_elements());
+// An optimizer on the CPU over a ParameterSet of its own, with flat float32 weights and
+// gradients and a plan of its state and the step's statistics and decision.
+class PlannedOptimizer {
+ protected:
+  explicit PlannedOptimizer(const OptimizerConfig& config)
+      : be_(make_cpu_backend()), opt_(make_optimizer(config)) {}
+  // Once the parameters are added: the flat buffers bound, the optimizer planned and reset.
+  void bind_and_plan() {
+    w_.resize(static_cast<size_t>(ps_.total_elements()));
     g_.resize(w_.size());
     ps_.bind(Tensor(w_.data(), Shape{ps_.total_elements()}, DType::f32),
              Tensor(g_.data(), Shape{ps_.total_elements()}, DType::f32));
-    for (size_t i = 0; i < params.size(); ++i)
-      copy_to_f32(f.get(init + params[i].name), ps_.weight(static_cast<int>(i)), "init");
     opt_->plan(plan_, binder_, ps_);
     binder_.declare(plan_, &stats_, "stats", Category::temporaries, DType::f64, Shape{kStatsSize});
     binder_.declare(plan_, &control_, "control", Category::temporaries, DType::f32,
@@ -51,6 +47,31 @@ class FixtureRun {
     arena_ = std::make_unique<Arena>(plan_, Device::cpu);
     binder_.bind(*arena_);
     opt_->reset(*be_);
+  }
+
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Optimizer> opt_;
+  ParameterSet ps_;
+  std::vector<float> w_, g_;
+  MemoryPlan plan_;
+  BufferBinder binder_;
+  Tensor stats_, control_;
+  std::unique_ptr<Arena> arena_;
+};
+
+// An optimizer over a fixture's parameters on the CPU, stepped as Trainer steps it: the raw
+// gradients, the global norm clipped to 1.0 and folded into the update by decide_step, the
+// learning rate from the schedule (or constant).
+class FixtureRun : PlannedOptimizer {
+ public:
+  FixtureRun(const SafetensorsFile& f, const std::vector<Param>& params, const std::string& init,
+             const OptimizerConfig& config)
+      : PlannedOptimizer(config), f_(f), params_(params) {
+    for (const Param& p : params)
+      ps_.add(p.name, f.get(init + p.name).shape(), p.decay ? kLinearWeight : kBiasOrNorm);
+    bind_and_plan();
+    for (size_t i = 0; i < params.size(); ++i)
+      copy_to_f32(f.get(init + params[i].name), ps_.weight(static_cast<int>(i)), "init");
   }
 
   // Steps with gradients "<grads><step>.<name>", learning rate lr(step).
@@ -98,14 +119,6 @@ class FixtureRun {
  private:
   const SafetensorsFile& f_;
   std::vector<Param> params_;
-  std::unique_ptr<Backend> be_;
-  std::unique_ptr<Optimizer> opt_;
-  ParameterSet ps_;
-  std::vector<float> w_, g_;
-  MemoryPlan plan_;
-  BufferBinder binder_;
-  Tensor stats_, control_;
-  std::unique_ptr<Arena> arena_;
 };
 
 const std::vector<Param> kParams = {
@@ -186,12 +199,12 @@ const std::vector<SplitSpec> kSplitSpecs = {{"rows.weight", Shape{5, 6}, 0, kLin
 
 // Adafactor over one rank's shares (ranks 0 and 1 of 2; rank -1: the whole parameters), with
 // the whole parameters' weights and gradients taken into its shares (padding: zeros).
-class ShareRun {
+class ShareRun : PlannedOptimizer {
  public:
-  explicit ShareRun(int rank) : rank_(rank), be_(make_cpu_backend()) {
-    OptimizerConfig c =
-        config("adafactor", "beta1=0.9,scale_parameter=true,clip_threshold=0.5", 0.01);
-    opt_ = make_optimizer(c);
+  explicit ShareRun(int rank)
+      : PlannedOptimizer(
+            config("adafactor", "beta1=0.9,scale_parameter=true,clip_threshold=0.5", 0.01)),
+        rank_(rank) {
     for (const SplitSpec& p : kSplitSpecs) {
       const bool split_here = rank >= 0 && p.dim >= 0;
       Shape shape;  // a share: half the split dimension, rounded up (the last share padded)
@@ -201,17 +214,7 @@ class ShareRun {
       if (split_here) split = ParamSplit{p.dim, 1, rank, 2, p.whole[p.dim], 1};
       ps_.add(p.name, shape, p.role, 0, split);
     }
-    w_.resize(ps_.total_elements());
-    g_.resize(w_.size());
-    ps_.bind(Tensor(w_.data(), Shape{ps_.total_elements()}, DType::f32),
-             Tensor(g_.data(), Shape{ps_.total_elements()}, DType::f32));
-    opt_->plan(plan_, binder_, ps_);
-    binder_.declare(plan_, &control_, "control", Category::temporaries, DType::f32,
-                    Shape{kControlSize});
-    plan_.finalize();
-    arena_ = std::make_unique<Arena>(plan_, Device::cpu);
-    binder_.bind(*arena_);
-    opt_->reset(*be_);
+    bind_and_plan();
     control_.f32()[kControlMultiplier] = 1.0f;
     control_.f32()[kControlSkip] = 0.0f;
   }
@@ -251,14 +254,6 @@ class ShareRun {
 
  private:
   int rank_;
-  std::unique_ptr<Backend> be_;
-  std::unique_ptr<Optimizer> opt_;
-  ParameterSet ps_;
-  std::vector<float> w_, g_;
-  MemoryPlan plan_;
-  BufferBinder binder_;
-  Tensor control_;
-  std::unique_ptr<Arena> arena_;
 };
 
 // Two threads' group: each sum adds both threads' buffers (float64) into both.
