@@ -275,6 +275,7 @@ void adafactor_slot(const AdafactorUpdate& u, const ParamSlot& s, float multipli
   const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
   apply_adafactor(raw, w, m, len, par, scale, decay, u.beta1);
 }
+
 // Tensor parallelism's shares (AdafactorUpdate::split). The elements of share x of slot s that
 // have a place in the whole parameter, as f(local element, whole row, whole column).
 template <typename F>
@@ -340,6 +341,50 @@ float split_raw(const ParamSlot& s, const SplitSlot& x, const float* v, const fl
   return g[i] * multiplier / row_factor / std::sqrt(v[x.whole_rows + wc]);
 }
 
+// Share k's step from the group's sums (own: its moment's and weights' sums; update_sq: the
+// update's squares): clipped, scaled and decayed as adafactor_slot steps a whole parameter.
+void split_apply(const AdafactorUpdate& u, const SplitSlot& x, const double* own, double update_sq,
+                 float row_mean, float multiplier) {
+  const ParamSlot& s = (*u.slots)[x.slot];
+  const int64_t len = s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols;
+  const auto whole = static_cast<double>(x.whole_rows * x.whole_cols);
+  double step = u.step_size;
+  if (u.scale_parameter) step *= std::max(static_cast<double>(u.eps2), std::sqrt(own[len] / whole));
+  const double rms = std::sqrt(update_sq / whole);
+  const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
+  const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
+  const float b1 = u.beta1;
+  const float* v = u.second_moment.f32() + s.state;
+  const float* g = u.grads.f32() + s.offset;
+  float* w = u.weights.f32() + s.offset;
+  float* m = !u.exp_avg.empty() ? u.exp_avg.f32() + s.offset : nullptr;
+  for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+    const float step_i = split_raw(s, x, v, g, row_mean, multiplier, i, wr, wc) * scale;
+    if (m) {
+      m[i] = b1 * m[i] + (1.0f - b1) * step_i;
+      w[i] = (w[i] - decay * w[i]) - m[i];
+    } else {
+      w[i] = (w[i] - decay * w[i]) - step_i;
+    }
+  });
+}
+
+// Each share's partial sums of its gradient statistics and weights (after checking it against
+// its slot and state), into sums.
+void split_statistics(const AdafactorUpdate& u, float multiplier, double* sums, int64_t tail) {
+  for (const SplitSlot& x : *u.split) {
+    const ParamSlot& s = (*u.slots).at(x.slot);
+    const int64_t len = s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols;
+    BRISK_CHECK(x.row.size() == static_cast<size_t>(s.rows) &&
+                    x.col.size() == static_cast<size_t>(s.cols) && x.sums_at >= 0 &&
+                    x.sums_at + len + 1 <= tail && s.state + len <= u.second_moment.numel(),
+                "adafactor_update: a split slot does not match its slot, sums or state");
+    if (x.counted) split_gradient_sums(u, s, x, multiplier, sums + x.sums_at);
+  }
+}
+
+// Three phases, the group's sums between them: the statistics' partial sums; the whole moments
+// and the update's squares; the step.
 void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
   const std::vector<SplitSlot>& split = *u.split;
   const auto n = static_cast<int64_t>(split.size());
@@ -348,24 +393,16 @@ void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
   double* sums = u.sums.as<double>();
   const int64_t tail = u.sums.numel() - n;  // the updates' sums of squares
   std::fill_n(sums, u.sums.numel(), 0.0);
-  for (const SplitSlot& x : split) {
-    const ParamSlot& s = (*u.slots).at(x.slot);
-    const int64_t len = (s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols);
-    BRISK_CHECK(x.row.size() == static_cast<size_t>(s.rows) &&
-                    x.col.size() == static_cast<size_t>(s.cols) && x.sums_at >= 0 &&
-                    x.sums_at + len + 1 <= tail && s.state + len <= u.second_moment.numel(),
-                "adafactor_update: a split slot does not match its slot, sums or state");
-    if (x.counted) split_gradient_sums(u, s, x, multiplier, sums + x.sums_at);
-  }
+  split_statistics(u, multiplier, sums, tail);
   u.group_sum(element_range(u.sums, 0, tail));
   std::vector<float> row_means(split.size());
   for (size_t k = 0; k < split.size(); ++k) {
     const SplitSlot& x = split[k];
     const ParamSlot& s = (*u.slots)[x.slot];
-    const float* v = u.second_moment.f32() + s.state;
-    const float* g = u.grads.f32() + s.offset;
     row_means[k] = static_cast<float>(split_moment(u, s, x, sums + x.sums_at));
     if (!x.counted) continue;
+    const float* v = u.second_moment.f32() + s.state;
+    const float* g = u.grads.f32() + s.offset;
     double sq = 0;
     for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
       const double r = split_raw(s, x, v, g, row_means[k], multiplier, i, wr, wc);
@@ -374,35 +411,9 @@ void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
     sums[tail + static_cast<int64_t>(k)] = sq;
   }
   u.group_sum(element_range(u.sums, tail, n));
-  for (size_t k = 0; k < split.size(); ++k) {
-    const SplitSlot& x = split[k];
-    const ParamSlot& s = (*u.slots)[x.slot];
-    const auto whole = static_cast<double>(x.whole_rows * x.whole_cols);
-    const double* own = sums + x.sums_at;
-    double step = u.step_size;
-    if (u.scale_parameter) {
-      const double weight_sq =
-          own[s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols];
-      step *= std::max(static_cast<double>(u.eps2), std::sqrt(weight_sq / whole));
-    }
-    const double rms = std::sqrt(sums[tail + static_cast<int64_t>(k)] / whole);
-    const float scale = static_cast<float>(step / std::max(1.0, rms / u.clip_threshold));
-    const float decay = s.decay ? static_cast<float>(u.weight_decay * step) : 0.0f;
-    const float b1 = u.beta1;
-    const float* v = u.second_moment.f32() + s.state;
-    const float* g = u.grads.f32() + s.offset;
-    float* w = u.weights.f32() + s.offset;
-    float* m = !u.exp_avg.empty() ? u.exp_avg.f32() + s.offset : nullptr;
-    for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
-      const float x_i = split_raw(s, x, v, g, row_means[k], multiplier, i, wr, wc) * scale;
-      if (m) {
-        m[i] = b1 * m[i] + (1.0f - b1) * x_i;
-        w[i] = (w[i] - decay * w[i]) - m[i];
-      } else {
-        w[i] = (w[i] - decay * w[i]) - x_i;
-      }
-    });
-  }
+  for (size_t k = 0; k < split.size(); ++k)
+    split_apply(u, split[k], sums + split[k].sums_at, sums[tail + static_cast<int64_t>(k)],
+                row_means[k], multiplier);
 }
 }  // namespace
 
