@@ -123,6 +123,7 @@ class Adafactor final : public Optimizer {
       if (!p.split.split()) continue;
       const ParamSlot& s = slots_[i];
       const Shape whole = p.full_shape();
+      slots_[i].share = true;
       SplitSlot x;
       x.slot = i;
       x.whole_cols = whole.rank() ? whole[whole.rank() - 1] : 1;

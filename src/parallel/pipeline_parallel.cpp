@@ -180,7 +180,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       const ParamInfo& p = model_.params().list()[i];
       if (p.embedding && p.product && (stage == 0 || stage == last)) tied_ = static_cast<int>(i);
     }
-    if (sharded_gradients()) join_tied_replicas(stage == 0 || stage == last);
+    if (sharded_gradients() && ties_embeddings()) join_tied_replicas(stage == 0 || stage == last);
     share_ = full_layout_share();
     stash_batches();
   }
@@ -301,6 +301,14 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // ZeRO 2 and 3: the data policy's gradients are this rank's run of the stage's.
   bool sharded_gradients() const {
     return data_->gradients().numel() < model_.params().total_elements();
+  }
+
+  // Whether the whole model's head reads its embedding table (the first and last stages both
+  // hold it): known alike on every rank.
+  bool ties_embeddings() const {
+    const std::vector<ParamInfo>& params = full_->params().list();
+    return std::any_of(params.begin(), params.end(),
+                       [](const ParamInfo& p) { return p.embedding && p.product; });
   }
 
   // Every rank, a collective: the replicas of the first and last stages (`ends`) with this

@@ -311,26 +311,30 @@ void split_gradient_sums(const AdafactorUpdate& u, const ParamSlot& s, const Spl
   });
 }
 
-// The whole second moment from the group's sums (alike on every rank); returns the mean of the
-// new row values (1 unfactored).
-double split_moment(const AdafactorUpdate& u, const ParamSlot& s, const SplitSlot& x,
-                    const double* sums) {
+// The whole second moment from the group's sums (alike on every rank).
+void split_moment(const AdafactorUpdate& u, const ParamSlot& s, const SplitSlot& x,
+                  const double* sums) {
   const float b2 = u.beta2t;
   float* v = u.second_moment.f32() + s.state;
   const int64_t WR = x.whole_rows, WC = x.whole_cols;
   if (!s.factored) {
     for (int64_t i = 0; i < WR * WC; ++i)
       v[i] = b2 * v[i] + (1.0f - b2) * static_cast<float>(sums[i]);
-    return 1;
+    return;
   }
   for (int64_t r = 0; r < WR; ++r)
     v[r] = b2 * v[r] + (1.0f - b2) * static_cast<float>(sums[r] / static_cast<double>(WC));
   for (int64_t c = 0; c < WC; ++c)
     v[WR + c] =
         b2 * v[WR + c] + (1.0f - b2) * static_cast<float>(sums[WR + c] / static_cast<double>(WR));
+}
+
+// The mean of a factored whole moment's row values (1 unfactored), as adafactor_slot takes it.
+float split_row_mean(const ParamSlot& s, const SplitSlot& x, const float* v) {
+  if (!s.factored) return 1.0f;
   double row_sum = 0;
-  for (int64_t r = 0; r < WR; ++r) row_sum += v[r];
-  return row_sum / static_cast<double>(WR);
+  for (int64_t r = 0; r < x.whole_rows; ++r) row_sum += v[r];
+  return static_cast<float>(row_sum / static_cast<double>(x.whole_rows));
 }
 
 // Element i's update before clipping and scaling (RawUpdate's arithmetic at whole places).
@@ -344,7 +348,7 @@ float split_raw(const ParamSlot& s, const SplitSlot& x, const float* v, const fl
 // Share k's step from the group's sums (own: its moment's and weights' sums; update_sq: the
 // update's squares): clipped, scaled and decayed as adafactor_slot steps a whole parameter.
 void split_apply(const AdafactorUpdate& u, const SplitSlot& x, const double* own, double update_sq,
-                 float row_mean, float multiplier) {
+                 float multiplier) {
   const ParamSlot& s = (*u.slots)[x.slot];
   const int64_t len = s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols;
   const auto whole = static_cast<double>(x.whole_rows * x.whole_cols);
@@ -356,6 +360,7 @@ void split_apply(const AdafactorUpdate& u, const SplitSlot& x, const double* own
   const float b1 = u.beta1;
   const float* v = u.second_moment.f32() + s.state;
   const float* g = u.grads.f32() + s.offset;
+  const float row_mean = split_row_mean(s, x, v);
   float* w = u.weights.f32() + s.offset;
   float* m = !u.exp_avg.empty() ? u.exp_avg.f32() + s.offset : nullptr;
   for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
@@ -395,17 +400,17 @@ void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
   std::fill_n(sums, u.sums.numel(), 0.0);
   split_statistics(u, multiplier, sums, tail);
   u.group_sum(element_range(u.sums, 0, tail));
-  std::vector<float> row_means(split.size());
   for (size_t k = 0; k < split.size(); ++k) {
     const SplitSlot& x = split[k];
     const ParamSlot& s = (*u.slots)[x.slot];
-    row_means[k] = static_cast<float>(split_moment(u, s, x, sums + x.sums_at));
+    split_moment(u, s, x, sums + x.sums_at);
     if (!x.counted) continue;
     const float* v = u.second_moment.f32() + s.state;
     const float* g = u.grads.f32() + s.offset;
+    const float row_mean = split_row_mean(s, x, v);
     double sq = 0;
     for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
-      const double r = split_raw(s, x, v, g, row_means[k], multiplier, i, wr, wc);
+      const double r = split_raw(s, x, v, g, row_mean, multiplier, i, wr, wc);
       sq += r * r;
     });
     sums[tail + static_cast<int64_t>(k)] = sq;
@@ -413,7 +418,7 @@ void adafactor_split_slots(const AdafactorUpdate& u, float multiplier) {
   u.group_sum(element_range(u.sums, tail, n));
   for (size_t k = 0; k < split.size(); ++k)
     split_apply(u, split[k], sums + split[k].sums_at, sums[tail + static_cast<int64_t>(k)],
-                row_means[k], multiplier);
+                multiplier);
 }
 }  // namespace
 
@@ -427,19 +432,22 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   BRISK_CHECK(u.second_moment.dtype() == DType::f32, "adafactor_update: float32 state expected");
   float multiplier = 0;
   if (!read_step_control(u.control, "adafactor_update control", &multiplier)) return;
-  std::vector<bool> shares(u.slots->size(), false);
-  if (u.split)
-    for (const SplitSlot& x : *u.split) shares.at(x.slot) = true;
-  for (size_t i = 0; i < u.slots->size(); ++i) {
-    const ParamSlot& s = (*u.slots)[i];
-    if (shares[i]) continue;
+  size_t shares = 0;
+  for (const ParamSlot& s : *u.slots) {
+    if (s.share) {
+      ++shares;
+      continue;
+    }
     const int64_t state_len = s.factored ? s.rows + s.cols : s.numel;
     BRISK_CHECK(s.state >= 0 && s.state + state_len <= u.second_moment.numel(),
                 "adafactor_update: a slot's state lies outside the state buffer");
     if (s.numel == 0) continue;
     adafactor_slot(u, s, multiplier);
   }
-  if (u.split && !u.split->empty()) adafactor_split_slots(u, multiplier);
+  BRISK_CHECK(shares == (u.split ? u.split->size() : 0), "adafactor_update: ", shares,
+              " slots are shares, but ", u.split ? u.split->size() : 0,
+              " split slots describe them");
+  if (shares > 0) adafactor_split_slots(u, multiplier);
 }
 
 void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
