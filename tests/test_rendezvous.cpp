@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <string>
@@ -178,8 +179,8 @@ TEST(Rendezvous, APortAlreadyTakenIsRefusedNamingIt) {
 }
 
 // Ranks as threads of this process (a torchrun-style launch of 3): sums of small whole numbers
-// (exact in any order, bf16 too), unequal pieces summed to their owners (one empty), gathers and a
-// broadcast, and a started sum whose consumer runs before the wait returns.
+// (exact in any order, bf16 too), maxima, unequal pieces summed to their owners (one empty),
+// gathers and a broadcast, and a started sum whose consumer runs before the wait returns.
 TEST(Gloo, RanksAsThreadsCommunicateThroughIt) {
   if (!gloo_built_in()) GTEST_SKIP() << "this brisk was built without Gloo";
   const int port = free_port();
@@ -201,6 +202,13 @@ TEST(Gloo, RanksAsThreadsCommunicateThroughIt) {
       EXPECT_EQ(f[i], want) << i;
       EXPECT_EQ(bf16_to_float(h[i]), want) << i;
     }
+    // The largest of 70,000 values, gathered in two pieces.
+    std::vector<float> m(70'000);
+    for (size_t i = 0; i < m.size(); ++i)
+      m[i] = static_cast<float>((i + static_cast<size_t>(r)) % 50);
+    comm->all_reduce_max(Tensor(m.data(), Shape{70'000}, DType::f32));
+    for (size_t i = 0; i < m.size(); ++i)
+      EXPECT_EQ(m[i], static_cast<float>(std::max({i % 50, (i + 1) % 50, (i + 2) % 50}))) << i;
     // Pieces of 4, 0 and 5 values: rank r's in is r + 1 everywhere.
     const std::vector<int64_t> counts{4, 0, 5};
     std::vector<double> in(9, r + 1.0), out(static_cast<size_t>(counts[static_cast<size_t>(r)]));

@@ -138,6 +138,22 @@ std::unique_ptr<Communicator> Communicator::split(int, int) {
   refuse(*this, "split");
 }
 
+void Communicator::all_reduce_max(const Tensor& buf) {
+  check_buffer(buf, "all_reduce_max");
+  BRISK_CHECK(buf.dtype() == DType::f32, "all_reduce_max: float32 expected, not ",
+              dtype_name(buf.dtype()));
+  const int64_t piece = std::min<int64_t>(buf.numel(), 1 << 16);
+  std::vector<float> all(static_cast<size_t>(piece * size()));
+  float* out = buf.f32();
+  for (int64_t at = 0; at < buf.numel(); at += piece) {
+    const int64_t n = std::min(piece, buf.numel() - at);
+    all_gather(Tensor(out + at, Shape{n}, DType::f32),
+               Tensor(all.data(), Shape{n * size()}, DType::f32));
+    for (int r = 0; r < size(); ++r)
+      for (int64_t i = 0; i < n; ++i) out[at + i] = std::max(out[at + i], all[r * n + i]);
+  }
+}
+
 void Communicator::start_all_reduce_sum(const Tensor& buf) {
   count_started();
   const auto start = std::chrono::steady_clock::now();

@@ -26,6 +26,9 @@ class Communicator {
 
   // In place: buf becomes the elementwise sum of every rank's buf (the same shape on all).
   virtual void all_reduce_sum(const Tensor& buf) = 0;
+  // In place: float32 buf becomes the elementwise largest of every rank's buf. The default
+  // gathers every rank's buf a piece at a time.
+  virtual void all_reduce_max(const Tensor& buf);
   // in holds size() equal chunks of out's length; out becomes the sum over ranks of chunk
   // rank() of their in.
   virtual void reduce_scatter_sum(const Tensor& in, const Tensor& out) = 0;

@@ -142,6 +142,13 @@ class Mpi final : public Communicator {
     drain();
     all_reduce_now(buf);
   }
+  void all_reduce_max(const Tensor& buf) override {
+    check_buffer(buf, "all_reduce_max");
+    BRISK_CHECK(buf.dtype() == DType::f32, "all_reduce_max: float32 expected, not ",
+                dtype_name(buf.dtype()));
+    drain();
+    all_reduce_now(buf, MPI_MAX, "all_reduce_max");
+  }
   void start_all_reduce_sum(const Tensor& buf) override {
     check_buffer(buf, "start_all_reduce_sum");
     if (!s_->threaded) return Communicator::start_all_reduce_sum(buf);
@@ -359,16 +366,18 @@ class Mpi final : public Communicator {
     check(MPI_Reduce_scatter(in.data(), out.data(), ints.data(), type(in), op(in), comm_),
           "reduce_scatter_sum_v (MPI_Reduce_scatter)");
   }
-  void all_reduce_now(const Tensor& buf) {
-    const Watchdog::Watch watch(s_->watchdog, "all_reduce_sum");
+  // `reduce`: the sum unless given.
+  void all_reduce_now(const Tensor& buf, MPI_Op reduce = MPI_OP_NULL,
+                      const char* what = "all_reduce_sum") {
+    const Watchdog::Watch watch(s_->watchdog, what);
     // In pieces of at most 2^30 elements: MPI counts are int.
     const int64_t piece = int64_t{1} << 30;
     auto* base = static_cast<char*>(buf.data());
     for (int64_t at = 0; at < buf.numel(); at += piece) {
       const int n = static_cast<int>(std::min(piece, buf.numel() - at));
-      check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf), op(buf),
-                          comm_),
-            "all_reduce_sum (MPI_Allreduce)");
+      check(MPI_Allreduce(MPI_IN_PLACE, base + at * dtype_size(buf.dtype()), n, type(buf),
+                          reduce == MPI_OP_NULL ? op(buf) : reduce, comm_),
+            what);
     }
   }
   // A message shorter than the buffer it arrived in (a longer one fails MPI_Recv).

@@ -112,12 +112,14 @@ class Nccl final : public Communicator {
   void all_reduce_sum(const Tensor& buf) override {
     if (on_host(buf))
       return in_place_through_device(buf, [&](const Tensor& b) { all_reduce_sum(b); });
-    check_buffer(buf, "all_reduce_sum");
-    wait_for_device_work();
-    check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
-                             ncclSum, comm_, stream_),
-               "all_reduce_sum (ncclAllReduce)");
-    finish("all_reduce_sum");
+    all_reduce(buf, ncclSum, "all_reduce_sum");
+  }
+  void all_reduce_max(const Tensor& buf) override {
+    BRISK_CHECK(buf.dtype() == DType::f32, "all_reduce_max: float32 expected, not ",
+                dtype_name(buf.dtype()));
+    if (on_host(buf))
+      return in_place_through_device(buf, [&](const Tensor& b) { all_reduce_max(b); });
+    all_reduce(buf, ncclMax, "all_reduce_max");
   }
   void reduce_scatter_sum(const Tensor& in, const Tensor& out) override {
     if (on_host(in) || on_host(out))
@@ -329,6 +331,15 @@ class Nccl final : public Communicator {
 
  private:
   static bool on_host(const Tensor& t) { return device_traits(t.device()).host_memory; }
+  // In place on the GPU: buf reduced by `reduce` over the ranks.
+  void all_reduce(const Tensor& buf, ncclRedOp_t reduce, const char* op) {
+    check_buffer(buf, op);
+    wait_for_device_work();
+    check_nccl(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()), type_of(buf),
+                             reduce, comm_, stream_),
+               op);
+    finish(op);
+  }
   // Runs `op` on GPU copies of whichever of in and out are host buffers; out's is copied back.
   template <typename Op>
   void through_device(const Tensor& in, const Tensor& out, Op op) {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "parallel/launch.h"
 #include "parallel/test_world.h"
+#include "test_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -117,6 +118,26 @@ TEST(Collectives, AllReduceOfExactSumsIsTheSameOnEveryRank) {
     for (int r = 0; r < world().size(); ++r) want += (i * 7 + r * 13) % 101;
     ASSERT_EQ(v[i], want) << i;
   }
+}
+
+// The largest of every rank's float32 values, exact; in pieces where the communicator gathers
+// them (Gloo's: the default's 65,536 values).
+TEST(Collectives, AllReduceMaxTakesEveryRanksLargest) {
+  const int64_t n = 100'003;
+  FVec v = input(world().rank(), n, 3);
+  world().all_reduce_max(Tensor(v.data(), Shape{n}, DType::f32));
+  std::vector<FVec> all;
+  for (int r = 0; r < world().size(); ++r) all.push_back(input(r, n, 3));
+  size_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float want = all[0][i];
+    for (const FVec& a : all) want = std::max(want, a[i]);
+    bad += v[i] != want;
+  }
+  EXPECT_EQ(bad, 0u);
+  std::vector<double> wide(3, 1.0);
+  expect_error([&] { world().all_reduce_max(Tensor(wide.data(), Shape{3}, DType::f64)); },
+               "float32 expected");
 }
 
 TEST(Collectives, ReduceScatterGivesEachRankItsChunksSum) {

@@ -36,6 +36,12 @@ TEST(NcclRanks, CollectivesMatchTheHostCommunicators) {
   std::vector<float> got(static_cast<size_t>(n));
   be->download(a, Tensor(got.data(), Shape{n}, DType::f32));
   EXPECT_EQ(got, want);  // small whole numbers: exact in any order
+  std::vector<float> largest = mine;
+  world().all_reduce_max(Tensor(largest.data(), Shape{n}, DType::f32));
+  be->upload(Tensor(mine.data(), Shape{n}, DType::f32), a);
+  nccl->all_reduce_max(a);
+  be->download(a, Tensor(got.data(), Shape{n}, DType::f32));
+  EXPECT_EQ(got, largest);
   // Pieces of unequal length (rank 1's empty) summed to their owners.
   std::vector<int64_t> counts;
   int64_t offset = 0, total = 0;
