@@ -723,6 +723,28 @@ TEST(Cli, EstimatePlansAdafactorsWholeStatisticsOnEachTensorRank) {
   EXPECT_EQ(buffer(two, "adafactor.split_sums"), (12 * block + 51025 + 1 + 12 * 6 + 1) * 8);
 }
 
+// 8-bit AdamW's blocks are the full parameters': each tensor rank plans the codes of its share
+// and the maxima of every block of its split parameters (GPT-2's four matrices per block; the
+// rest too small for 8 bits, or embeddings), and room for both moments' new maxima.
+TEST(Cli, EstimatePlansEightBitBlockMaximaOfTheFullParameters) {
+  auto buffer = [](const nlohmann::json& j, const std::string& name) {
+    for (const auto& b : j["memory"]["buffers"])
+      if (b["name"] == name) return b["bytes"].get<int64_t>();
+    return int64_t{-1};
+  };
+  const std::string common = "--device cpu --model gpt2 --optim adamw_8bit --seq_len 128 ";
+  const nlohmann::json one = estimate_json(common);
+  const nlohmann::json two = estimate_json(common + "--world_size 2 --tp_size 2");
+  const int64_t matrices = 768 * 2304 + 768 * 768 + 2 * 768 * 3072;  // a block's
+  const int64_t blocks = 12 * matrices / 256;
+  EXPECT_EQ(buffer(one, "adamw_8bit.exp_avg_codes"), 12 * matrices);
+  EXPECT_EQ(buffer(two, "adamw_8bit.exp_avg_codes"), 12 * matrices / 2);
+  for (const nlohmann::json* j : {&one, &two})
+    EXPECT_EQ(buffer(*j, "adamw_8bit.exp_avg_sq_absmax"), blocks * 4);
+  EXPECT_EQ(buffer(one, "adamw_8bit.split_maxima"), -1);
+  EXPECT_EQ(buffer(two, "adamw_8bit.split_maxima"), 2 * blocks * 4);
+}
+
 TEST(Cli, EstimatePlansEachTensorRanksShare) {
   const std::string common =
       "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 --world_size 4 "

@@ -181,31 +181,24 @@ TEST(Optimizers, AdafactorMatchesTransformers) {
   }
 }
 
-// Tensor parallelism's Adafactor: two shares of each split parameter, stepped on two threads
-// whose group sums pass between them, against the whole parameters stepped alone (the path
-// AdafactorMatchesTransformers checks). A matrix split by rows (5 rows as 3 + 2, the second share
-// padded with a row that has no place), one split by columns, a split vector and a whole one;
-// the first moment, scale_parameter and clipping on.
+// Tensor parallelism's optimizers whose step reads a whole parameter: two shares of each split
+// parameter, stepped on two threads whose group sums and maxima pass between them, against the
+// whole parameters stepped alone. Each parameter split in two by `dim` (-1: not split), the
+// second share padded where the dimension is odd (a row or column with no place).
 struct SplitSpec {
   std::string name;
   Shape whole;
-  int dim;  // -1: not split
+  int dim;
   ParamRole role;
 };
-const std::vector<SplitSpec> kSplitSpecs = {{"rows.weight", Shape{5, 6}, 0, kLinearWeight},
-                                            {"cols.weight", Shape{4, 6}, 1, kLinearWeight},
-                                            {"split.bias", Shape{6}, 0, kBiasOrNorm},
-                                            {"norm.weight", Shape{6}, -1, kBiasOrNorm}};
 
-// Adafactor over one rank's shares (ranks 0 and 1 of 2; rank -1: the whole parameters), with
+// An optimizer over one rank's shares (ranks 0 and 1 of 2; rank -1: the whole parameters), with
 // the whole parameters' weights and gradients taken into its shares (padding: zeros).
 class ShareRun : PlannedOptimizer {
  public:
-  explicit ShareRun(int rank)
-      : PlannedOptimizer(
-            config("adafactor", "beta1=0.9,scale_parameter=true,clip_threshold=0.5", 0.01)),
-        rank_(rank) {
-    for (const SplitSpec& p : kSplitSpecs) {
+  ShareRun(int rank, const std::vector<SplitSpec>& specs, const OptimizerConfig& config)
+      : PlannedOptimizer(config), rank_(rank), specs_(specs) {
+    for (const SplitSpec& p : specs) {
       const bool split_here = rank >= 0 && p.dim >= 0;
       Shape shape;  // a share: half the split dimension, rounded up (the last share padded)
       for (int d = 0; d < p.whole.rank(); ++d)
@@ -220,13 +213,14 @@ class ShareRun : PlannedOptimizer {
   }
   Optimizer& optimizer() { return *opt_; }
 
-  // Whole parameter k's element (r, c) (a vector's c) for each of this rank's elements of it.
+  // Whole parameter k's element (r, c) (a vector's c) for each of this rank's elements of it, as
+  // f(the element's place among the flat parameters, its place in the whole one or -1).
   template <typename F>
   void each(size_t k, F f) const {
     const ParamInfo& p = ps_.list()[k];
     const int64_t cols = p.shape[p.shape.rank() - 1];
     const int64_t rows = p.shape.numel() / cols;
-    const SplitSpec& spec = kSplitSpecs[k];
+    const SplitSpec& spec = specs_[k];
     const int64_t whole_cols = spec.whole[spec.whole.rank() - 1];
     const int64_t whole_rows = spec.whole.numel() / whole_cols;
     for (int64_t r = 0; r < rows; ++r)
@@ -234,13 +228,14 @@ class ShareRun : PlannedOptimizer {
         int64_t wr = r, wc = c;
         if (p.split.split() && spec.whole.rank() == 2 && spec.dim == 0) wr += rank_ * rows;
         if (p.split.split() && (spec.whole.rank() == 1 || spec.dim == 1)) wc += rank_ * cols;
-        f(p.offset + r * cols + c, wr < whole_rows ? wr * whole_cols + wc : -1);
+        f(p.offset + r * cols + c,
+          wr < whole_rows && wc < whole_cols ? wr * whole_cols + wc : int64_t{-1});
       }
   }
   // One step from the whole parameters' gradients, after taking their weights (step 0).
   void step(const std::vector<std::vector<float>>& weights,
             const std::vector<std::vector<float>>& grads, bool first) {
-    for (size_t k = 0; k < kSplitSpecs.size(); ++k)
+    for (size_t k = 0; k < specs_.size(); ++k)
       each(k, [&](int64_t i, int64_t whole) {
         if (first) w_[i] = whole < 0 ? 0.0f : weights[k][whole];
         g_[i] = whole < 0 ? 0.0f : grads[k][whole];
@@ -254,30 +249,43 @@ class ShareRun : PlannedOptimizer {
 
  private:
   int rank_;
+  std::vector<SplitSpec> specs_;
 };
 
-// Two threads' group: each sum adds both threads' buffers (float64) into both.
-class PairSum {
+// Two threads' group: each call combines both threads' buffers (a float64 sum, a float32
+// maximum) into both.
+class PairGroup {
  public:
-  void sum(int rank, const Tensor& t) {
-    const auto n = static_cast<size_t>(t.numel());
-    parts_[rank].assign(t.as<double>(), t.as<double>() + n);
-    barrier_.arrive_and_wait();
-    for (size_t i = 0; i < n; ++i) t.as<double>()[i] = parts_[0][i] + parts_[1][i];
-    barrier_.arrive_and_wait();  // both read before either writes again
+  Optimizer::SplitGroup member(int rank) {
+    return {[this, rank](const Tensor& t) { combine<double>(rank, t, std::plus<double>()); },
+            [this, rank](const Tensor& t) {
+              combine<float>(rank, t, [](float a, float b) { return std::max(a, b); });
+            },
+            rank};
   }
 
  private:
+  template <typename T, typename Op>
+  void combine(int rank, const Tensor& t, Op op) {
+    const auto n = static_cast<size_t>(t.numel());
+    parts_[rank].assign(t.as<T>(), t.as<T>() + n);
+    barrier_.arrive_and_wait();
+    for (size_t i = 0; i < n; ++i) t.as<T>()[i] = static_cast<T>(op(parts_[0][i], parts_[1][i]));
+    barrier_.arrive_and_wait();  // both read before either writes again
+  }
   std::vector<double> parts_[2];
   std::barrier<> barrier_{2};
 };
 
-TEST(Optimizers, AdafactorSplitSharesStepAsTheWholeParameters) {
+// Three steps of the two shares (on two threads) and of the whole parameters from normal weights
+// and gradients; each share's weights are the whole run's. Returns the runs: whole, share 0, 1.
+std::array<std::unique_ptr<ShareRun>, 3> step_shares(const std::vector<SplitSpec>& specs,
+                                                     const OptimizerConfig& config) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   auto draw = [&] {
     std::vector<std::vector<float>> values;
-    for (const SplitSpec& p : kSplitSpecs) {
+    for (const SplitSpec& p : specs) {
       values.emplace_back(static_cast<size_t>(p.whole.numel()));
       for (float& x : values.back()) x = normal(rng);
     }
@@ -286,29 +294,80 @@ TEST(Optimizers, AdafactorSplitSharesStepAsTheWholeParameters) {
   const auto weights = draw();
   std::vector<std::vector<std::vector<float>>> grads;
   for (int t = 0; t < 3; ++t) grads.push_back(draw());
-  ShareRun whole(-1), share0(0), share1(1);
-  PairSum pair;
-  share0.optimizer().join_split_group({[&](const Tensor& t) { pair.sum(0, t); }, 0});
-  share1.optimizer().join_split_group({[&](const Tensor& t) { pair.sum(1, t); }, 1});
+  std::array<std::unique_ptr<ShareRun>, 3> runs;
+  for (int r = -1; r < 2; ++r)
+    runs[static_cast<size_t>(r + 1)] = std::make_unique<ShareRun>(r, specs, config);
+  ShareRun &whole = *runs[0], &share0 = *runs[1], &share1 = *runs[2];
+  PairGroup pair;
+  share0.optimizer().join_split_group(pair.member(0));
+  share1.optimizer().join_split_group(pair.member(1));
   for (int t = 0; t < 3; ++t) {
     whole.step(weights, grads[t], t == 0);
     std::thread other([&] { share1.step(weights, grads[t], t == 0); });
     share0.step(weights, grads[t], t == 0);
     other.join();
   }
-  for (ShareRun* share : {&share0, &share1})
-    for (size_t k = 0; k < kSplitSpecs.size(); ++k) {
-      SCOPED_TRACE(kSplitSpecs[k].name);
+  for (const ShareRun* share : {&share0, &share1})
+    for (size_t k = 0; k < specs.size(); ++k) {
+      SCOPED_TRACE(specs[k].name);
       share->each(k, [&](int64_t i, int64_t at) {
         if (at < 0) return;
         EXPECT_NEAR(share->weight(i), whole.whole_weight(k, at), 1e-6);
       });
     }
-  // The whole second moments, alike on both ranks and the whole run's.
-  for (const ShareRun* share : {&share0, &share1}) {
-    const Tensor a = share->state(0), b = whole.state(0);
+  return runs;
+}
+
+// Adafactor (the path AdafactorMatchesTransformers checks): a matrix split by rows (5 as 3 + 2),
+// one by columns, a split vector and a whole one; the first moment, scale_parameter and clipping
+// on. Each rank keeps the whole second moments, the whole run's.
+TEST(Optimizers, AdafactorSplitSharesStepAsTheWholeParameters) {
+  const auto runs =
+      step_shares({{"rows.weight", Shape{5, 6}, 0, kLinearWeight},
+                   {"cols.weight", Shape{4, 6}, 1, kLinearWeight},
+                   {"split.bias", Shape{6}, 0, kBiasOrNorm},
+                   {"norm.weight", Shape{6}, -1, kBiasOrNorm}},
+                  config("adafactor", "beta1=0.9,scale_parameter=true,clip_threshold=0.5", 0.01));
+  for (size_t r = 1; r < 3; ++r) {
+    const Tensor a = runs[r]->state(0), b = runs[0]->state(0);
     ASSERT_EQ(a.numel(), b.numel());
     EXPECT_LE(rel_error(a.f32(), b.f32(), a.numel()), 1e-6);
+  }
+}
+
+// 8-bit AdamW (the path AdamW8bitMatchesBitsandbytes checks): the quantization blocks (256
+// values) are the whole parameter's, across the shares' rows and columns, so each share's codes
+// are the whole run's codes of its elements and each rank's block maxima the whole run's. A
+// matrix split by rows (45 as 23 + 22), one by columns, a split vector and a whole one in 8 bits
+// (min_8bit_size=256), and a split vector too small for them.
+TEST(Optimizers, EightBitAdamWSplitSharesStepAsTheWholeParameters) {
+  const std::vector<SplitSpec> specs = {{"rows.weight", Shape{45, 20}, 0, kLinearWeight},
+                                        {"cols.weight", Shape{24, 30}, 1, kLinearWeight},
+                                        {"split.bias", Shape{600}, 0, kBiasOrNorm},
+                                        {"norm.weight", Shape{300}, -1, kBiasOrNorm},
+                                        {"small.bias", Shape{6}, 0, kBiasOrNorm}};
+  const auto runs = step_shares(specs, config("adamw_8bit", "min_8bit_size=256", 0.1));
+  for (size_t r = 1; r < 3; ++r) {
+    for (size_t i : {size_t{2}, size_t{3}}) {  // the moments' block maxima
+      const Tensor a = runs[r]->state(i), b = runs[0]->state(i);
+      ASSERT_EQ(a.numel(), b.numel());
+      EXPECT_EQ(std::vector<float>(a.f32(), a.f32() + a.numel()),
+                std::vector<float>(b.f32(), b.f32() + b.numel()));
+    }
+    for (size_t i : {size_t{0}, size_t{1}}) {  // the codes, 8-bit parameter after parameter
+      const uint8_t* share = runs[r]->state(i).as<uint8_t>();
+      const uint8_t* whole = runs[0]->state(i).as<uint8_t>();
+      int64_t share_at = 0, whole_at = 0;
+      for (size_t k = 0; k + 1 < specs.size(); ++k) {
+        int64_t held = 0;
+        runs[r]->each(k, [&](int64_t, int64_t at) {
+          if (at >= 0) EXPECT_EQ(share[share_at + held], whole[whole_at + at]) << specs[k].name;
+          ++held;
+        });
+        share_at += held;
+        whole_at += specs[k].whole.numel();
+      }
+    }
   }
 }
 

@@ -132,7 +132,7 @@ struct SplitSlot {
   int64_t whole_rows = 0, whole_cols = 0;
   std::vector<int64_t> row, col;
   bool counted = true;  // this rank's elements enter the sums (the first of a slice's copies)
-  int64_t sums_at = 0;
+  int64_t sums_at = 0;  // Adafactor: its place in the sums; 8-bit AdamW: in the maxima
 };
 
 struct AdafactorUpdate {
@@ -152,6 +152,13 @@ struct AdafactorUpdate {
 // float32 with the new moments, then re-quantizes them to the nearest code under the block's new
 // absolute maximum. Slots with blocks < 0 keep float32 moments in exp_avg32/exp_avg_sq32.
 inline constexpr int64_t kQuantBlock = 256;
+//
+// Tensor parallelism: an 8-bit slot in `split` (SplitSlot, as Adafactor's) is a tensor rank's
+// share of a split parameter, whose blocks are the full parameter's (element at whole row r and
+// column c in block (r x whole_cols + c) / kQuantBlock, from the slot's `blocks`; their maxima
+// alike on every rank). The update takes each share's new block maxima into `maxima` (the first
+// moment's for every split slot from its sums_at, then the second's, as many again), makes each
+// the group's largest with `group_max`, and quantizes both moments under them.
 struct AdamW8bitUpdate {
   Tensor weights, grads, control;
   Tensor exp_avg32, exp_avg_sq32;     // float32 state of the 32-bit slots
@@ -161,6 +168,9 @@ struct AdamW8bitUpdate {
   const std::vector<ParamSlot>* slots = nullptr;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;
+  const std::vector<SplitSlot>* split = nullptr;  // null or empty: every slot whole
+  Tensor maxima;                                  // float32
+  std::function<void(const Tensor&)> group_max;
 };
 
 class Backend {

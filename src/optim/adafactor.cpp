@@ -74,6 +74,7 @@ class Adafactor final : public Optimizer {
     const int64_t cols = whole[whole.rank() - 1];
     return n / cols + cols;
   }
+  bool state_per_element(size_t i, const ParamInfo&) const override { return i > 0; }
   // Partitions keep matrices whole (shard_granule); the first moment is one value per element.
   int64_t state_offset(size_t i, const ParamInfo& p, int64_t element) const override {
     BRISK_CHECK(i > 0 || element == 0 || p.shape.rank() < 2, "internal error: adafactor's ", p.name,
@@ -113,37 +114,15 @@ class Adafactor final : public Optimizer {
   }
 
  private:
-  // Tensor parallelism's shares among params: where each row and column of theirs lies in the
-  // whole parameter.
+  // Tensor parallelism's shares among params.
   std::vector<SplitSlot> split_slots(const ParameterSet& params) {
     std::vector<SplitSlot> out;
     copies_.clear();
     for (size_t i = 0; i < params.list().size(); ++i) {
       const ParamInfo& p = params.list()[i];
       if (!p.split.split()) continue;
-      const ParamSlot& s = slots_[i];
-      const Shape whole = p.full_shape();
       slots_[i].share = true;
-      SplitSlot x;
-      x.slot = i;
-      x.whole_cols = whole.rank() ? whole[whole.rank() - 1] : 1;
-      x.whole_rows = whole.numel() / x.whole_cols;
-      x.row.assign(static_cast<size_t>(s.rows), -1);
-      x.col.assign(static_cast<size_t>(s.cols), -1);
-      // Each row's place from its first placed element; the columns' from the first placed row.
-      for (int64_t r = 0; r < s.rows; ++r)
-        for_each_split_run(p, r * s.cols, s.cols, [&](int64_t, int64_t full, int64_t) {
-          if (x.row[static_cast<size_t>(r)] < 0)
-            x.row[static_cast<size_t>(r)] = full / x.whole_cols;
-        });
-      const auto placed =
-          std::find_if(x.row.begin(), x.row.end(), [](int64_t r) { return r >= 0; });
-      const int64_t first = placed - x.row.begin();
-      if (placed != x.row.end())
-        for_each_split_run(p, first * s.cols, s.cols, [&](int64_t local, int64_t full, int64_t n) {
-          for (int64_t k = 0; k < n; ++k)
-            x.col[static_cast<size_t>(local - first * s.cols + k)] = (full + k) % x.whole_cols;
-        });
+      SplitSlot x = split_slot(p, slots_[i], i);
       out.push_back(std::move(x));
       copies_.push_back(p.split.copies);
     }

@@ -1,6 +1,7 @@
 // The optimizer factory, optim_args and the parameter tables the optimizers share.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -109,6 +110,29 @@ std::vector<ParamSlot> param_slots(const ParameterSet& params) {
     slots.push_back(s);
   }
   return slots;
+}
+
+SplitSlot split_slot(const ParamInfo& p, const ParamSlot& s, size_t index) {
+  const Shape whole = p.full_shape();
+  SplitSlot x;
+  x.slot = index;
+  x.whole_cols = whole.rank() ? whole[whole.rank() - 1] : 1;
+  x.whole_rows = whole.numel() / x.whole_cols;
+  x.row.assign(static_cast<size_t>(s.rows), -1);
+  x.col.assign(static_cast<size_t>(s.cols), -1);
+  // Each row's place from its first placed element; the columns' from the first placed row.
+  for (int64_t r = 0; r < s.rows; ++r)
+    for_each_split_run(p, r * s.cols, s.cols, [&](int64_t, int64_t full, int64_t) {
+      if (x.row[static_cast<size_t>(r)] < 0) x.row[static_cast<size_t>(r)] = full / x.whole_cols;
+    });
+  const auto placed = std::find_if(x.row.begin(), x.row.end(), [](int64_t r) { return r >= 0; });
+  const int64_t first = placed - x.row.begin();
+  if (placed != x.row.end())
+    for_each_split_run(p, first * s.cols, s.cols, [&](int64_t local, int64_t full, int64_t n) {
+      for (int64_t k = 0; k < n; ++k)
+        x.col[static_cast<size_t>(local - first * s.cols + k)] = (full + k) % x.whole_cols;
+    });
+  return x;
 }
 
 void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,

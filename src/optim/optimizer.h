@@ -64,6 +64,10 @@ class Optimizer {
   // whole parameters' state (a pipeline stage's among the whole model's). p's elements where the
   // state is one value per element (the default).
   virtual int64_t state_elements(size_t /*i*/, const ParamInfo& p) const { return p.shape.numel(); }
+  // Tensor parallelism: whether state tensor i holds, for p (a tensor rank's share of a split
+  // parameter), one value per element of the share (the default), or the full parameter's whole
+  // state, alike on every tensor rank (as state_elements counts it).
+  virtual bool state_per_element(size_t /*i*/, const ParamInfo& /*p*/) const { return true; }
   // Tensor parallelism, for an optimizer whose state is not one value per element: whether it
   // steps a tensor rank's share of a split parameter as the whole would be stepped, summing its
   // whole-parameter statistics over the group (join_split_group), on backend `be`.
@@ -71,7 +75,8 @@ class Optimizer {
   // The group holding the other shares of this rank's split parameters: a float64 buffer's sum
   // over it, and this rank's place in it. Before the first step.
   struct SplitGroup {
-    std::function<void(const Tensor&)> sum;
+    std::function<void(const Tensor&)> sum;  // float64
+    std::function<void(const Tensor&)> max;  // float32, each element the largest of the group's
     int rank = 0;
   };
   virtual void join_split_group(const SplitGroup& /*group*/) {}
@@ -118,18 +123,24 @@ std::vector<int64_t> decay_ranges(const ParameterSet& params);
 // One slot per parameter (offset, size, matrix view, decay); state and blocks left for the
 // optimizer to fill.
 std::vector<ParamSlot> param_slots(const ParameterSet& params);
+// Tensor parallelism: slot `index` (s, of parameter p, a tensor rank's share of a split
+// parameter) as AdafactorUpdate::split describes it: the whole row and column of each of its rows
+// and columns (padding -1); counted and sums_at left for the optimizer.
+SplitSlot split_slot(const ParamInfo& p, const ParamSlot& s, size_t index);
 // Declares the decay table as an int64 [R,2] buffer and fills it in reset (fill_decay_ranges).
 void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,
                           Tensor* view, const std::string& name, Placement placement);
 void fill_decay_ranges(Backend& be, const ParameterSet& params, const Tensor& table);
 
 // 8-bit AdamW's state layout: slots with eight_bit[i] get 8-bit codes from `state` and absmax
-// blocks from `blocks`; the others float32 moments from `state` (blocks = -1). Returns the sizes.
+// blocks from `blocks` (block_counts[i] of them: a split parameter's whole ones; null: the
+// slot's); the others float32 moments from `state` (blocks = -1). Returns the sizes.
 struct QuantizedStateSizes {
   int64_t values8 = 0, blocks = 0, values32 = 0;
 };
 QuantizedStateSizes place_8bit_state(std::vector<ParamSlot>& slots,
-                                     const std::vector<bool>& eight_bit);
+                                     const std::vector<bool>& eight_bit,
+                                     const std::vector<int64_t>* block_counts = nullptr);
 
 std::unique_ptr<Optimizer> make_sgd(const OptimizerConfig& config, OptimArgs& args);
 std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& config, OptimArgs& args);

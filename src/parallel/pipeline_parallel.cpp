@@ -50,54 +50,46 @@ struct Placed {
 
 // A save's reads of the whole model from the stages (and their tensor ranks). A holder is the
 // data replicas of one stage's share (one tensor rank's): its whole i, its parameters (i = 0) or
-// its optimizer state tensor i - 1 laid out as its parameters, is their parts end to end (ZeRO's
-// runs, or the first replica's whole). A parameter whole on each tensor rank is read from tensor
-// rank 0's share; a split one a band at a time from every tensor rank's (SplitBands).
+// its optimizer state tensor i - 1, is their parts end to end (ZeRO's runs, or the first
+// replica's whole). A parameter whole on each tensor rank is read from tensor rank 0's share; a
+// split one (and its per-element state) a band at a time from every tensor rank's (SplitBands).
 class StageReads final : public GatheredReads {
  public:
   // placed[k][t]: whole parameter k on tensor rank t; holders[h]: holder h's world ranks in data
-  // order. `held`: the holders' parameter elements together.
-  // `state`: the whole model's StateLayout; `per_element[i]`: whether state tensor i is laid out
-  // as the parameters (else as `state` says, each parameter's whole on tensor rank 0).
+  // order. `held`: the holders' parameter elements together. `state`: the whole model's
+  // StateLayout (the checkpoint's).
   StageReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& full,
              std::vector<std::vector<Placed>> placed, std::vector<std::vector<int>> holders,
-             int64_t held, const StateLayout& state, std::vector<bool> per_element)
+             int64_t held, const StateLayout& state)
       : GatheredReads(world, std::move(parts)),
         full_(full),
         placed_(std::move(placed)),
         holders_(std::move(holders)),
         held_(held),
-        state_(state),
-        per_element_(std::move(per_element)) {}
+        state_(state) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
     read_whole(0, static_cast<size_t>(full_.index(p.name)), at, n, static_cast<char*>(dst));
   }
 
-  int64_t state_bytes(size_t i) const override {
-    if (!per_element_.at(i)) return state_.total[i] * state_.element_bytes[i];
-    return full_.total_elements() * element_bytes(i + 1);
-  }
+  int64_t state_bytes(size_t i) const override { return state_.total[i] * state_.element_bytes[i]; }
 
-  // The whole model's state: each parameter's bytes from its stage (laid out as the parameters,
-  // or as state_ says).
+  // The whole model's state: each parameter's from its stage (a split one's per-element state
+  // from every tensor rank, the rest tensor rank 0's).
   void read_state(size_t i, size_t at, size_t n, void* dst) override {
-    const bool whole = !per_element_.at(i);
-    const auto bytes = static_cast<size_t>(whole ? state_.element_bytes[i] : element_bytes(i + 1));
+    const auto bytes = static_cast<size_t>(state_.element_bytes[i]);
     auto* out = static_cast<char*>(dst);
     for (size_t k = 0; k < full_.list().size() && n > 0; ++k) {
-      const ParamInfo& p = full_.list()[k];
-      const size_t begin = static_cast<size_t>(whole ? state_.at[i][k] : p.offset) * bytes;
-      const size_t end =
-          begin + static_cast<size_t>(whole ? state_.length[i][k] : p.shape.numel()) * bytes;
+      const auto begin = static_cast<size_t>(state_.at[i][k]) * bytes;
+      const size_t end = begin + static_cast<size_t>(state_.length[i][k]) * bytes;
       if (at >= end) continue;
       const size_t take = std::min(n, end - at);
-      if (whole) {  // each parameter's whole, alike on every tensor rank: tensor rank 0's
+      if (state_.per_element[i][k]) {
+        read_whole(i + 1, k, at - begin, take, out);
+      } else {
         const Placed& where = placed_[k][0];
         read_held(i + 1, where, static_cast<size_t>(where.state_at[i]) * bytes + at - begin, take,
                   out);
-      } else {
-        read_whole(i + 1, k, at - begin, take, out);
       }
       out += take;
       at += take;
@@ -106,22 +98,29 @@ class StageReads final : public GatheredReads {
   }
 
  private:
-  // The bytes per parameter element of whole `whole`, from the holders' parts.
+  // The bytes per element of whole `whole`: a weight's (from the holders' parts), a state
+  // tensor's.
   int64_t element_bytes(size_t whole) const {
+    if (whole > 0) return state_.element_bytes[whole - 1];
     int64_t bytes = 0;
     for (const std::vector<int>& ranks : holders_)
-      for (int r : ranks) bytes += part_bytes(whole, r);
+      for (int r : ranks) bytes += part_bytes(0, r);
     BRISK_CHECK(held_ > 0 && bytes % held_ == 0, "internal error: a save part of ", bytes,
                 " bytes for ", held_, " parameter elements");
     return bytes / held_;
   }
 
-  // Bytes [at, at + n) of whole parameter k in whole `whole` (laid out as the parameters).
+  // Bytes [at, at + n) of whole parameter k in whole `whole` (its weights, or its state laid out
+  // one value per element of its shares).
   void read_whole(size_t whole, size_t k, size_t at, size_t n, char* dst) {
     const auto bytes = static_cast<size_t>(element_bytes(whole));
+    auto start = [&](const Placed& where) {
+      return static_cast<size_t>(whole == 0 ? where.share.offset : where.state_at[whole - 1]) *
+             bytes;
+    };
     const Placed& first = placed_[k][0];
     if (!first.share.split.split()) {
-      read_held(whole, first, static_cast<size_t>(first.share.offset) * bytes + at, n, dst);
+      read_held(whole, first, start(first) + at, n, dst);
       return;
     }
     if (banded_whole_ != whole || banded_param_ != k) bands_.forget();
@@ -131,8 +130,7 @@ class StageReads final : public GatheredReads {
     bands_.read(
         first.share, bytes, at, n, dst, [&](int slice, size_t local, size_t count, char* out) {
           const Placed& where = placed_[k][static_cast<size_t>(slice * first.share.split.copies)];
-          read_held(whole, where, static_cast<size_t>(where.share.offset) * bytes + local, count,
-                    out);
+          read_held(whole, where, start(where) + local, count, out);
         });
   }
 
@@ -146,7 +144,6 @@ class StageReads final : public GatheredReads {
   std::vector<std::vector<int>> holders_;
   int64_t held_;
   const StateLayout& state_;
-  std::vector<bool> per_element_;
   SplitBands bands_;
   size_t banded_whole_ = 0, banded_param_ = static_cast<size_t>(-1);
 };
@@ -171,8 +168,6 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         scratch_(scratch) {
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
-    for (size_t i = 0; i < state_.total.size(); ++i)
-      per_element_.push_back(laid_out_as(state_, i, full_->params()));
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
     // The first and last stages sum their tied embeddings' gradients; the others take no part.
     embedding_group_ = pipe_.split(stage == 0 || stage == last ? 0 : stage, stage);
@@ -262,7 +257,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
     if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     return std::make_unique<StageReads>(world_, std::move(parts), full_->params(), placed_,
-                                        holders_, held_elements_, state_, per_element_);
+                                        holders_, held_elements_, state_);
   }
 
  private:
@@ -287,8 +282,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   std::vector<std::vector<Placed>> placed_;  // by whole parameter, then tensor rank
   std::vector<std::vector<int>> holders_;    // each stage's share's replicas
   int64_t held_elements_ = 0;
-  StateLayout state_;              // the whole model's optimizer state
-  std::vector<bool> per_element_;  // by state tensor: laid out as the parameters
+  StateLayout state_;  // the whole model's optimizer state
   StateShare share_;
   // The batches of micro-batches in flight, by slot and by field of Batch.
   std::vector<std::vector<std::vector<char>>> batches_;
@@ -379,64 +373,18 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
     }
   }
 
-  // Where this rank's optimizer state (its run's) lies in a checkpoint's, laid out as the whole
-  // model's parameters.
+  // Where this rank's optimizer state (its run's: ZeRO's partition of the stage's parameters, or
+  // the whole stage) lies in a checkpoint's, laid out as the whole model's parameters.
   StateShare full_layout_share() const {
-    const StateShare placed = state_layout_share();
-    StateShare share;
-    std::vector<StateShare::Run> runs;
-    const int64_t first = zero_ ? run_.offset : 0;
-    const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
-    for (const ParamInfo& p : model_.params().list()) {
-      const int64_t whole =
-          full_->params().list()[static_cast<size_t>(full_->params().index(p.name))].offset;
-      for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t at, int64_t length) {
-        const int64_t from = p.offset + local;
-        const int64_t lo = std::max(from, first), hi = std::min(from + length, end);
-        if (lo < hi) runs.push_back({lo - first, whole + at + (lo - from), hi - lo});
-      });
-    }
-    for (size_t i = 0; i < optimizer_.state().size(); ++i) {
-      const bool element = per_element_[i];
-      share.offset.push_back(0);
-      share.total.push_back(element ? full_->params().total_elements() : placed.total[i]);
-      share.runs.push_back(element ? runs : placed.runs[i]);
-    }
-    return share;
-  }
-
-  // The same for state not laid out as the parameters (each parameter's the whole one's, alike
-  // on every tensor rank): each piece's part of each tensor, the pieces those of the run (ZeRO's
-  // partition of the stage's parameters, as shard_params gives the optimizer them, or the whole
-  // stage).
-  StateShare state_layout_share() const {
-    ParameterSet pieces;
-    std::vector<std::pair<size_t, int64_t>> from;  // each piece's whole parameter, first element
+    std::vector<HeldPiece> held;
     const int64_t begin = run_.offset, end = run_.offset + run_.count;
     for (const ParamInfo& p : model_.params().list()) {
-      const int64_t n = p.shape.numel();
-      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + n);
-      if (lo >= hi) continue;
-      const bool whole = hi - lo == n;
-      pieces.add(p.name, whole ? p.shape : Shape{hi - lo},
-                 ParamRole{p.decay, p.embedding, p.product}, whole ? 0 : n,
-                 whole ? p.split : ParamSplit{});
-      from.emplace_back(static_cast<size_t>(full_->params().index(p.name)), lo - p.offset);
+      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
+      if (lo < hi)
+        held.push_back(
+            {&p, static_cast<size_t>(full_->params().index(p.name)), lo - p.offset, hi - lo});
     }
-    const StateLayout mine = state_layout(optimizer_, pieces);
-    StateShare share{{}, state_.total, {}};
-    for (size_t i = 0; i < state_.total.size(); ++i) {
-      share.offset.push_back(0);
-      share.runs.emplace_back();
-      for (size_t j = 0; j < from.size(); ++j) {
-        const auto [k, first] = from[j];
-        const int64_t full =
-            state_.at[i][k] + optimizer_.state_offset(i, full_->params().list()[k], first);
-        if (mine.length[i][j] > 0)
-          share.runs.back().push_back({mine.at[i][j], full, mine.length[i][j]});
-      }
-    }
-    return share;
+    return checkpoint_state_share(optimizer_, held, state_);
   }
 
   // The fields of a batch, in a fixed order.

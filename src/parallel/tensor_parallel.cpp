@@ -54,54 +54,45 @@ class CommunicatorGroup final : public TensorGroup {
   }
 };
 
-// A save's reads of the full parameters (and of optimizer state laid out as them) from the
-// tensor ranks' shares: tensor rank t's whole i is part i of the world ranks holders[t] laid end
-// to end (its data replicas in order: ZeRO's runs, or the first replica's whole). A split
-// parameter's full tensor is read a band at a time from every share (SplitBands); the others
-// are read from tensor rank 0's.
+// A save's reads of the full parameters and the optimizer state from the tensor ranks' shares:
+// tensor rank t's whole i is part i of the world ranks holders[t] laid end to end (its data
+// replicas in order: ZeRO's runs, or the first replica's whole). A split parameter's full tensor
+// (and its per-element state) is read a band at a time from every share (SplitBands); the rest
+// from tensor rank 0's.
 class SplitReads final : public GatheredReads {
  public:
-  // `state`: the optimizer's StateLayout over params (their shares); a tensor of it not laid out
-  // as the parameters holds each parameter's whole state, alike on every tensor rank.
+  // `shares`: the optimizer's StateLayout over params (their shares, alike on every tensor rank);
+  // `full`: one process's, the checkpoint's.
   SplitReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& params,
-             std::vector<std::vector<int>> holders, StateLayout state)
+             std::vector<std::vector<int>> holders, StateLayout shares, StateLayout full)
       : GatheredReads(world, std::move(parts)),
         params_(params),
         holders_(std::move(holders)),
-        state_(std::move(state)) {
-    for (size_t i = 0; i < state_.total.size(); ++i)
-      per_element_.push_back(laid_out_as(state_, i, params_));
-    for (const ParamInfo& p : params_.list()) {
-      full_offsets_.push_back(full_total_);
-      full_total_ += p.full_shape().numel();
-    }
-  }
+        shares_(std::move(shares)),
+        full_(std::move(full)) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
-    read_full(0, p, at, n, dst);
+    const auto bytes = static_cast<size_t>(weight_bytes());
+    read_full(0, p, static_cast<size_t>(p.offset) * bytes, bytes, at, n, dst);
   }
 
-  int64_t state_bytes(size_t i) const override {
-    if (!per_element_.at(i)) return state_.total[i] * state_.element_bytes[i];
-    return full_total_ * element_bytes(i + 1);
-  }
+  int64_t state_bytes(size_t i) const override { return full_.total[i] * full_.element_bytes[i]; }
 
-  // State laid out as the parameters: the bytes of each full parameter they cover. Else tensor
-  // rank 0's (its replicas' runs of it in order).
+  // Each full parameter's state in turn: a split one's per-element state from every tensor
+  // rank's share, any other tensor rank 0's (its replicas' runs of it in order).
   void read_state(size_t i, size_t at, size_t n, void* dst) override {
-    if (!per_element_.at(i)) {
-      read_share(i + 1, 0, at, n, static_cast<char*>(dst));
-      return;
-    }
-    const auto bytes = static_cast<size_t>(element_bytes(i + 1));
+    const auto bytes = static_cast<size_t>(full_.element_bytes[i]);
     auto* out = static_cast<char*>(dst);
     for (size_t k = 0; k < params_.list().size() && n > 0; ++k) {
-      const ParamInfo& p = params_.list()[k];
-      const size_t begin = static_cast<size_t>(full_offsets_[k]) * bytes;
-      const size_t end = begin + static_cast<size_t>(p.full_shape().numel()) * bytes;
+      const auto begin = static_cast<size_t>(full_.at[i][k]) * bytes;
+      const size_t end = begin + static_cast<size_t>(full_.length[i][k]) * bytes;
       if (at >= end) continue;
       const size_t take = std::min(n, end - at);
-      read_full(i + 1, p, at - begin, take, out);
+      const auto share = static_cast<size_t>(shares_.at[i][k]) * bytes;
+      if (shares_.per_element[i][k])
+        read_full(i + 1, params_.list()[k], share, bytes, at - begin, take, out);
+      else
+        read_share(i + 1, 0, share + at - begin, take, out);
       out += take;
       at += take;
       n -= take;
@@ -114,19 +105,20 @@ class SplitReads final : public GatheredReads {
     read_across(whole, holders_[t], at, n, dst, "a tensor rank");
   }
 
-  int64_t element_bytes(size_t whole) const {
+  // The bytes of a weight (of the master copy, where there is one).
+  int64_t weight_bytes() const {
     int64_t bytes = 0;
-    for (int r : holders_[0]) bytes += part_bytes(whole, r);
+    for (int r : holders_[0]) bytes += part_bytes(0, r);
     BRISK_CHECK(bytes % params_.total_elements() == 0, "internal error: a save part of ", bytes,
                 " bytes for ", params_.total_elements(), " parameter elements");
     return bytes / params_.total_elements();
   }
 
-  // Bytes [at, at + n) of p's full tensor in whole `whole` (laid out as the parameters): a split
-  // parameter's a band at a time from the tensor ranks' shares (the first of a slice's copies).
-  void read_full(size_t whole, const ParamInfo& p, size_t at, size_t n, void* dst) {
-    const auto bytes = static_cast<size_t>(element_bytes(whole));
-    const auto share = static_cast<size_t>(p.offset) * bytes;
+  // Bytes [at, at + n) of p's full tensor in whole `whole`, whose share starts at byte `share`
+  // of each tensor rank's (`bytes` per element): a split parameter's a band at a time from the
+  // tensor ranks' shares (the first of a slice's copies).
+  void read_full(size_t whole, const ParamInfo& p, size_t share, size_t bytes, size_t at, size_t n,
+                 void* dst) {
     if (!p.split.split()) {
       read_share(whole, 0, share + at, n, static_cast<char*>(dst));
       return;
@@ -143,10 +135,7 @@ class SplitReads final : public GatheredReads {
 
   const ParameterSet& params_;
   std::vector<std::vector<int>> holders_;
-  StateLayout state_;
-  std::vector<bool> per_element_;  // by state tensor
-  std::vector<int64_t> full_offsets_;
-  int64_t full_total_ = 0;
+  StateLayout shares_, full_;
   SplitBands bands_;
   size_t banded_whole_ = 0;
   const ParamInfo* banded_param_ = nullptr;
@@ -253,9 +242,9 @@ class TensorParallel final : public ParallelPolicy {
     std::vector<std::vector<int>> holders;
     for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
       holders.push_back(replica_ranks(mesh_.shape(), 0, t));
-    return std::make_unique<SplitReads>(world_, std::move(parts), model_.params(),
-                                        std::move(holders),
-                                        state_layout(optimizer_, model_.params()));
+    return std::make_unique<SplitReads>(
+        world_, std::move(parts), model_.params(), std::move(holders),
+        state_layout(optimizer_, model_.params()), full_state_layout(optimizer_, model_.params()));
   }
 
  private:
@@ -312,41 +301,18 @@ class TensorParallel final : public ParallelPolicy {
   }
 
   // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
-  // checkpoint's, laid out as the full parameters; a tensor of whole parameters' state (alike on
-  // every tensor rank: the share's layout is the full one's) from the run's first parameter on.
+  // checkpoint's, laid out as the full parameters.
   StateShare full_layout_share() const {
-    StateShare share;
-    std::vector<StateShare::Run> runs;
-    int64_t full_at = 0;
+    std::vector<HeldPiece> held;
     const int64_t first = zero_ ? run_.offset : 0;
     const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
-    for (const ParamInfo& p : model_.params().list()) {
-      for_each_split_run(p, 0, p.shape.numel(), [&](int64_t local, int64_t full, int64_t length) {
-        const int64_t at = p.offset + local;
-        const int64_t lo = std::max(at, first), hi = std::min(at + length, end);
-        if (lo < hi) runs.push_back({lo - first, full_at + full + (lo - at), hi - lo});
-      });
-      full_at += p.full_shape().numel();
+    const std::vector<ParamInfo>& list = model_.params().list();
+    for (size_t k = 0; k < list.size(); ++k) {
+      const ParamInfo& p = list[k];
+      const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.shape.numel());
+      if (lo < hi) held.push_back({&p, k, lo - p.offset, hi - lo});
     }
-    const StateLayout layout = state_layout(optimizer_, model_.params());
-    for (size_t i = 0; i < layout.total.size(); ++i) {
-      share.offset.push_back(0);
-      if (laid_out_as(layout, i, model_.params())) {
-        share.total.push_back(full_at);
-        share.runs.push_back(runs);
-        continue;
-      }
-      share.total.push_back(layout.total[i]);
-      share.runs.emplace_back();
-      int64_t local = 0;
-      for (size_t k = 0; k < layout.at[i].size(); ++k) {
-        const ParamInfo& p = model_.params().list()[k];
-        if (p.offset < first || p.offset + p.shape.numel() > end) continue;  // not in the run
-        share.runs.back().push_back({local, layout.at[i][k], layout.length[i][k]});
-        local += layout.length[i][k];
-      }
-    }
-    return share;
+    return checkpoint_state_share(optimizer_, held, full_state_layout(optimizer_, model_.params()));
   }
 };
 
@@ -359,16 +325,20 @@ namespace {
 void join_optimizer(Backend& be, Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
                     Communicator& group) {
   if (optimizer.steps_split_parameters(be)) {
-    optimizer.join_split_group(
-        {[&group](const Tensor& t) { group.all_reduce_sum(t); }, group.rank()});
+    Optimizer::SplitGroup g;
+    g.sum = [&group](const Tensor& t) { group.all_reduce_sum(t); };
+    g.max = [&group](const Tensor& t) { group.all_reduce_max(t); };
+    g.rank = group.rank();
+    optimizer.join_split_group(g);
     return;
   }
   bool elementwise = true;
   for (const ParamInfo& p : params.list()) elementwise &= optimizer.shard_granule(p) == 1;
   for (const auto& named : optimizer.state()) elementwise &= named.second.numel() == stepped;
   BRISK_CHECK(elementwise, "tensor parallelism (--tp_size) needs an optimizer that steps a split ",
-              "parameter's shares as the whole (adamw_torch, sgd; adafactor on the CPU); ",
-              optimizer.name(), " on ", be.name(), " would depend on how the parameters are split");
+              "parameter's shares as the whole (adamw_torch, sgd; adafactor and adamw_8bit on the ",
+              "CPU); ", optimizer.name(), " on ", be.name(),
+              " would depend on how the parameters are split");
 }
 }  // namespace
 

@@ -180,10 +180,12 @@ StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params)
     int64_t at = 0;
     l.at.emplace_back();
     l.length.emplace_back();
+    l.per_element.emplace_back();
     for (const ParamInfo& p : params.list()) {
       const int64_t n = optimizer.state_elements(i, p);
       l.at.back().push_back(at);
       l.length.back().push_back(n);
+      l.per_element.back().push_back(optimizer.state_per_element(i, p));
       at += n;
     }
     l.total.push_back(at);
@@ -192,11 +194,41 @@ StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params)
   return l;
 }
 
-bool laid_out_as(const StateLayout& l, size_t i, const ParameterSet& params) {
-  const std::vector<int64_t>& lengths = l.length.at(i);
-  for (size_t k = 0; k < lengths.size(); ++k)
-    if (lengths[k] != params.list()[k].shape.numel()) return false;
-  return true;
+StateLayout full_state_layout(const Optimizer& optimizer, const ParameterSet& shares) {
+  ParameterSet full;
+  for (const ParamInfo& p : shares.list())
+    full.add(p.name, p.full_shape(), ParamRole{p.decay, p.embedding, p.product});
+  return state_layout(optimizer, full);
+}
+
+StateShare checkpoint_state_share(const Optimizer& optimizer, const std::vector<HeldPiece>& held,
+                                  const StateLayout& full) {
+  ParameterSet pieces;
+  for (const HeldPiece& h : held) {
+    const ParamInfo& p = *h.param;
+    const bool whole = h.count == p.shape.numel();
+    pieces.add(p.name, whole ? p.shape : Shape{h.count}, ParamRole{p.decay, p.embedding, p.product},
+               whole ? 0 : p.shape.numel(), whole ? p.split : ParamSplit{});
+  }
+  const StateLayout mine = state_layout(optimizer, pieces);
+  StateShare share{std::vector<int64_t>(full.total.size(), 0), full.total, {}};
+  for (size_t i = 0; i < full.total.size(); ++i) {
+    std::vector<StateShare::Run>& runs = share.runs.emplace_back();
+    for (size_t j = 0; j < held.size(); ++j) {
+      const HeldPiece& h = held[j];
+      const int64_t local = mine.at[i][j], length = mine.length[i][j];
+      const int64_t base = full.at[i][h.full];
+      if (length == 0) continue;
+      if (!optimizer.state_per_element(i, *h.param)) {
+        runs.push_back({local, base + optimizer.state_offset(i, *h.param, h.first), length});
+        continue;
+      }
+      for_each_split_run(*h.param, h.first, h.count, [&](int64_t at, int64_t place, int64_t n) {
+        runs.push_back({local + at - h.first, base + place, n});
+      });
+    }
+  }
+  return share;
 }
 
 StateShare state_share(Communicator& comm, const Optimizer& optimizer) {

@@ -61,14 +61,30 @@ struct StateShare {
 // An optimizer's state laid out tensor by tensor, parameter after parameter
 // (Optimizer::state_elements): where parameter k's part of tensor i starts and its length, and
 // each tensor's elements and bytes per element.
+// `per_element`: whether a split parameter's part is one value per element of its share, or the
+// full parameter's whole state (Optimizer::state_per_element).
 struct StateLayout {
   std::vector<std::vector<int64_t>> at, length;  // [tensor][parameter]
+  std::vector<std::vector<bool>> per_element;    // [tensor][parameter]
   std::vector<int64_t> total, element_bytes;     // [tensor]
 };
 StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params);
-// Whether tensor i of `l` is laid out as the parameters: one value per element (of a tensor
-// rank's share, where the parameters are split).
-bool laid_out_as(const StateLayout& l, size_t i, const ParameterSet& params);
+// One process's layout (a checkpoint's) of the full parameters that `shares` (a tensor rank's
+// parameters) are shares of.
+StateLayout full_state_layout(const Optimizer& optimizer, const ParameterSet& shares);
+
+// A part of the parameters an optimizer steps: elements [first, first + count) of `param` (a
+// tensor rank's share or a whole parameter), whole parameter `full` of a checkpoint.
+struct HeldPiece {
+  const ParamInfo* param = nullptr;
+  size_t full = 0;
+  int64_t first = 0, count = 0;
+};
+// Where the state of an optimizer planned for `held` (as shard_params gives them) lies in a
+// checkpoint laid out as `full`, run by run: a split parameter's per-element state by the places
+// of its share's elements, any other state from where the piece's first element puts it.
+StateShare checkpoint_state_share(const Optimizer& optimizer, const std::vector<HeldPiece>& held,
+                                  const StateLayout& full);
 
 // Every rank, a collective: this rank's StateShare of `optimizer`'s state (planned and reset).
 StateShare state_share(Communicator& comm, const Optimizer& optimizer);

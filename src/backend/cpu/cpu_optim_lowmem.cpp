@@ -450,6 +450,65 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
   if (shares > 0) adafactor_split_slots(u, multiplier);
 }
 
+namespace {
+// 8-bit AdamW on tensor parallelism's shares (AdamW8bitUpdate::split): the moments dequantized
+// under the full parameter's blocks, the weights stepped and each block's new maxima taken over
+// the group; then the new moments (computed again from the old codes) quantized under them.
+void adamw_8bit_split_slots(const AdamW8bitUpdate& u, const AdamWStep& adam, float multiplier) {
+  const std::vector<SplitSlot>& split = *u.split;
+  BRISK_CHECK(u.maxima.dtype() == DType::f32 && u.maxima.numel() % 2 == 0 && u.group_max,
+              "adamw_8bit_update: split slots need float32 maxima and a group to take them over");
+  const int64_t half = u.maxima.numel() / 2;
+  float* max1 = u.maxima.f32();
+  float* max2 = max1 + half;
+  std::fill_n(max1, u.maxima.numel(), 0.0f);
+  const float* qs = u.qmap_signed.f32();
+  const float* qu = u.qmap_unsigned.f32();
+  // Element i's moments moved by its gradient; the weight too where w is not null.
+  auto moments = [&](const ParamSlot& s, int64_t i, int64_t b, float* w, float& m, float& v) {
+    m = qs[u.exp_avg8.as<uint8_t>()[s.state + i]] * u.absmax1.f32()[s.blocks + b];
+    v = qu[u.exp_avg_sq8.as<uint8_t>()[s.state + i]] * u.absmax2.f32()[s.blocks + b];
+    const float g = u.grads.f32()[s.offset + i] * multiplier;
+    const float decay = s.decay ? 1.0f - u.lr * u.weight_decay : 1.0f;
+    const float stepped = adam.update(w ? *w : 0.0f, g, decay, m, v);
+    if (w) *w = stepped;
+  };
+  for (const SplitSlot& x : split) {
+    const ParamSlot& s = (*u.slots).at(x.slot);
+    const int64_t blocks = (x.whole_rows * x.whole_cols + kQuantBlock - 1) / kQuantBlock;
+    BRISK_CHECK(s.blocks >= 0 && s.blocks + blocks <= u.absmax1.numel() && x.sums_at >= 0 &&
+                    x.sums_at + blocks <= half && s.state + s.numel <= u.exp_avg8.numel(),
+                "adamw_8bit_update: a split slot does not match its state or maxima");
+    for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+      const int64_t b = (wr * x.whole_cols + wc) / kQuantBlock;
+      float m = 0, v = 0;
+      moments(s, i, b, u.weights.f32() + s.offset + i, m, v);
+      max1[x.sums_at + b] = std::max(max1[x.sums_at + b], std::fabs(m));
+      max2[x.sums_at + b] = std::max(max2[x.sums_at + b], v);
+    });
+  }
+  u.group_max(u.maxima);
+  for (const SplitSlot& x : split) {
+    const ParamSlot& s = (*u.slots)[x.slot];
+    for_each_placed(s, x, [&](int64_t i, int64_t wr, int64_t wc) {
+      const int64_t b = (wr * x.whole_cols + wc) / kQuantBlock;
+      float m = 0, v = 0;
+      moments(s, i, b, nullptr, m, v);
+      const float a1 = max1[x.sums_at + b], a2 = max2[x.sums_at + b];
+      u.exp_avg8.as<uint8_t>()[s.state + i] = quantize_nearest(qs, m * (a1 > 0 ? 1.0f / a1 : 0.0f));
+      u.exp_avg_sq8.as<uint8_t>()[s.state + i] =
+          quantize_nearest(qu, v * (a2 > 0 ? 1.0f / a2 : 0.0f));
+    });
+  }
+  for (const SplitSlot& x : split) {
+    const ParamSlot& s = (*u.slots)[x.slot];
+    const int64_t blocks = (x.whole_rows * x.whole_cols + kQuantBlock - 1) / kQuantBlock;
+    std::copy_n(max1 + x.sums_at, blocks, u.absmax1.f32() + s.blocks);
+    std::copy_n(max2 + x.sums_at, blocks, u.absmax2.f32() + s.blocks);
+  }
+}
+}  // namespace
+
 void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
   const int64_t n = u.weights.numel();
   check_flat(u.weights, n, "adamw_8bit_update", "weights");
@@ -468,7 +527,12 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
   const AdamWStep adam(u.lr, u.beta1, u.beta2, u.eps, u.step);
   const float* qs = u.qmap_signed.f32();
   const float* qu = u.qmap_unsigned.f32();
+  size_t shares = 0;
   for (const ParamSlot& s : *u.slots) {
+    if (s.share) {
+      ++shares;
+      continue;
+    }
     float* __restrict w = u.weights.f32() + s.offset;
     const float* __restrict g = u.grads.f32() + s.offset;
     const float decay = s.decay ? 1.0f - u.lr * u.weight_decay : 1.0f;
@@ -513,6 +577,10 @@ void CpuBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
       quantize_row(qu, v, inv2, count, c2 + begin);
     }
   }
+  BRISK_CHECK(shares == (u.split ? u.split->size() : 0), "adamw_8bit_update: ", shares,
+              " slots are shares, but ", u.split ? u.split->size() : 0,
+              " split slots describe them");
+  if (shares > 0) adamw_8bit_split_slots(u, adam, multiplier);
 }
 
 void CpuBackend::stochastic_round(DType dtype, const Tensor& t, const RngKey& key) {

@@ -556,6 +556,8 @@ void CudaBackend::adafactor_update(const AdafactorUpdate& u) {
   same_numel(u.weights, u.grads, "adafactor_update");
   if (!u.exp_avg.empty()) same_numel(u.weights, u.exp_avg, "adafactor_update exp_avg");
   check_param_slots(u.slots, n, "adafactor_update");
+  BRISK_CHECK(!u.split || u.split->empty(),
+              "adafactor_update: this backend does not step tensor ranks' shares");
   expect(u.control, DType::f32, Shape{kControlSize}, "adafactor_update control");
   BRISK_CHECK(!ws_.optimizer_scratch.empty(),
               "adafactor_update: the backend's scratch is not planned (plan_workspace)");
@@ -586,6 +588,8 @@ void CudaBackend::adamw_8bit_update(const AdamW8bitUpdate& u) {
   const int64_t n = u.weights.numel();
   same_numel(u.weights, u.grads, op);
   check_param_slots(u.slots, n, op);
+  BRISK_CHECK(!u.split || u.split->empty(), op,
+              ": this backend does not step tensor ranks' shares");
   BRISK_CHECK(u.exp_avg8.numel() == u.exp_avg_sq8.numel() &&
                   u.absmax1.numel() == u.absmax2.numel() &&
                   u.exp_avg32.numel() == u.exp_avg_sq32.numel(),
