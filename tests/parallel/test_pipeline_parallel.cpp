@@ -235,24 +235,33 @@ TEST(PipelineParallel, TensorParallelStagesTrainAsOneProcess) {
     expect_resumes_as(run(from_ranks, data, alone.get()), single);
   }
   // Adafactor (with its first moment), each stage's split statistics summed over its tensor
-  // ranks; its checkpoints (whole moments from tensor rank 0, the first moment by shares)
-  // resume across layouts.
-  SCOPED_TRACE("adafactor on tp 2 x pp 2");
-  SharedDir dir("tp_pp_adafactor");
-  UnequalLengths data;
-  TrainOptions o = tiny_options(write_model(dir, "gpt2", 0.0, kLayers), dir / "ranks");
-  o.optim = "adafactor";
-  o.optim_args = "beta1=0.9,scale_parameter=true";
-  o.learning_rate = 0.01;
-  o.per_device_train_batch_size = 2;
-  o.gradient_accumulation_steps = 2;
-  o.max_steps = 4;
-  o.save_steps = 2;
-  o.pp_size = o.tp_size = 2;
-  TrainOptions one = o;
-  one.output_dir = dir / "one";
-  one.pp_size = one.tp_size = 1;
-  expect_resumes_across_layouts(o, one, &data);
+  // ranks, and 8-bit AdamW, its blocks' maxima taken over them; their checkpoints (whole-parameter
+  // state from tensor rank 0, per-element state by shares) resume across layouts. 8-bit codes
+  // as TensorParallel.EightBitAdamWTakesBlockMaximaOverTheGroupAsOneProcess compares them.
+  for (const std::string optim : {"adafactor", "adamw_8bit"}) {
+    SCOPED_TRACE(optim + " on tp 2 x pp 2");
+    const bool quantized = optim == "adamw_8bit";
+    SharedDir dir("tp_pp_" + optim);
+    UnequalLengths data;
+    TrainOptions o = tiny_options(write_model(dir, "gpt2", 0.0, kLayers), dir / "ranks");
+    o.optim = optim;
+    o.optim_args = quantized ? "min_8bit_size=256" : "beta1=0.9,scale_parameter=true";
+    o.learning_rate = 0.01;
+    o.per_device_train_batch_size = 2;
+    o.gradient_accumulation_steps = 2;
+    o.max_steps = 4;
+    o.save_steps = 2;
+    o.pp_size = o.tp_size = 2;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.pp_size = one.tp_size = 1;
+    expect_resumes_across_layouts(o, one, &data, quantized ? 1e-3 : 1e-5);
+    if (world().rank() == 0 && quantized)
+      for (const std::string& got :
+           {o.output_dir, o.output_dir + "_from_one", one.output_dir + "_from_ranks"})
+        expect_quantized_state_as(got + "/checkpoint-4", one.output_dir + "/checkpoint-4");
+    world().barrier();
+  }
 }
 
 // On GPUs through NCCL (the stages' activations sent with ncclSend/ncclRecv): a llama on the

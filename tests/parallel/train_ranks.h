@@ -183,9 +183,10 @@ inline void expect_resumes_as(const Logged& got, const Logged& want, double tole
 // summation order (tensor ranks' partial products, data replicas' gradient sums) move a moment
 // near the midpoint of two codes onto the other, whose step moves the next gradients a little.
 // The optimizer state of checkpoint `got` is `want`'s: its float32 tensors (moments, block
-// maxima) within relative 1e-5; each 8-bit code's value (a fraction of its block's maximum)
-// within twice the map's widest gap between neighbours of want's, at most one code in a hundred
-// differing (measured after 4 steps on 4 ranks: 36 of 34,816, by up to one gap).
+// maxima) within relative 1e-4 (measured up to 2e-5 after 4 steps at learning rate 0.01); each
+// 8-bit code's value (a fraction of its block's maximum) within twice the map's widest gap
+// between neighbours of want's, at most one code in a hundred differing (measured after 4 steps
+// on 4 ranks: 36 of 34 thousand, by up to one gap).
 inline void expect_quantized_state_as(const std::string& got, const std::string& want) {
   const auto a = optimizer_state(got), b = optimizer_state(want);
   ASSERT_EQ(a.size(), b.size());
@@ -195,7 +196,7 @@ inline void expect_quantized_state_as(const std::string& got, const std::string&
     const std::vector<float>& v = a.at(name);
     ASSERT_EQ(v.size(), values.size());
     if (!name.ends_with("_codes")) {
-      EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 1e-5);
+      EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 1e-4);
       continue;
     }
     const std::array<float, 256> map = dynamic_quant_map(!name.starts_with("exp_avg_sq"));
