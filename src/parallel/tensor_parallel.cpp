@@ -321,9 +321,9 @@ class TensorParallel final : public ParallelPolicy {
 namespace {
 // Tensor parallelism's optimizer: one whose state is one value per element of the parameters it
 // steps (`stepped` of them), or one that sums a split parameter's statistics over the group on
-// this backend (then joined to the group).
-void join_optimizer(Backend& be, Optimizer& optimizer, const ParameterSet& params, int64_t stepped,
-                    Communicator& group) {
+// backend `be`, the one it steps on (then joined to the group).
+void join_optimizer(const Backend& be, Optimizer& optimizer, const ParameterSet& params,
+                    int64_t stepped, Communicator& group) {
   if (optimizer.steps_split_parameters(be)) {
     Optimizer::SplitGroup g;
     g.sum = [&group](const Tensor& t) { group.all_reduce_sum(t); };
@@ -337,7 +337,7 @@ void join_optimizer(Backend& be, Optimizer& optimizer, const ParameterSet& param
   for (const auto& named : optimizer.state()) elementwise &= named.second.numel() == stepped;
   BRISK_CHECK(elementwise, "tensor parallelism (--tp_size) needs an optimizer that steps a split ",
               "parameter's shares as the whole (adamw_torch, sgd; adafactor and adamw_8bit on the ",
-              "CPU); ", optimizer.name(), " on ", be.name(),
+              "CPU, on a GPU with --offload_optimizer cpu); ", optimizer.name(), " on ", be.name(),
               " would depend on how the parameters are split");
 }
 }  // namespace
@@ -353,7 +353,10 @@ std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
   const ElementRange run = buffers.shards.empty()
                                ? ElementRange{0, model.params().total_elements()}
                                : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
-  join_optimizer(be, optimizer, model.params(), run.count, mesh.group(MeshDim::tensor));
+  // An offloaded optimizer steps on the host's backend.
+  const std::unique_ptr<Backend> host = buffers.offload ? make_backend(kHostDevice) : nullptr;
+  join_optimizer(host ? *host : be, optimizer, model.params(), run.count,
+                 mesh.group(MeshDim::tensor));
   return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
                                           std::move(data_parallel));
 }

@@ -268,9 +268,9 @@ struct SplitStepCase {
 };
 
 // GPT-2 (its packed query/key/value split by columns, the vocabulary by rows with padding) as one
-// process; then the llama of key/value copies (on 4 ranks each of its 2 heads held by 2), whose
-// checkpoints (the whole parameters' state from tensor rank 0, per-element state by shares)
-// resume across layouts.
+// process, with the optimizer in device memory and offloaded; then the llama of key/value copies
+// (on 4 ranks each of its 2 heads held by 2), whose checkpoints (the whole parameters' state from
+// tensor rank 0, per-element state by shares) resume across layouts.
 void expect_split_steps_as_one_process(const SplitStepCase& c) {
   const int N = world().size();
   const int tp = N == 4 ? 2 : N, dp = N / tp;
@@ -293,10 +293,18 @@ void expect_split_steps_as_one_process(const SplitStepCase& c) {
   one.tp_size = 1;
   one.zero_stage = 0;
   const Logged ranks = run(o, &data, &world());
+  TrainOptions offloaded = o;  // the GPU's path, run on the CPU: the host's backend steps
+  offloaded.output_dir = dir / "ranks_offloaded";
+  offloaded.offload_optimizer = "cpu";
+  offloaded.offload_on_cpu = true;
+  const Logged from_host = run(offloaded, &data, &world());
   if (world().rank() == 0) {
     const Logged single = run(one, &data, alone.get());
-    expect_trains_as(ranks, single, c.tolerance);
-    if (c.quantized) expect_quantized_state_as(ranks.checkpoint, single.checkpoint);
+    for (const Logged* got : {&ranks, &from_host}) {
+      SCOPED_TRACE(got->checkpoint);
+      expect_trains_as(*got, single, c.tolerance);
+      if (c.quantized) expect_quantized_state_as(got->checkpoint, single.checkpoint);
+    }
   }
   world().barrier();
   SCOPED_TRACE("key/value heads copied on tp " + std::to_string(N));
@@ -403,6 +411,42 @@ TEST(TensorParallel, GpuRanksTrainThroughNcclAsOneProcess) {
   const int tp = N == 4 ? 2 : N;
   expect_nccl_ranks_train_as_one_process(*nccl, "tp_nccl", N / tp,
                                          [&](TrainOptions& o) { o.tp_size = tp; });
+}
+
+// On GPUs the CUDA backend does not step tensor ranks' shares of whole-parameter state: adafactor
+// and adamw_8bit under --tp_size are refused by name, and train as one process with the
+// optimizer offloaded (the host's backend steps, the group's sums and maxima through the GPUs),
+// one process's offloaded too. Skipped without a GPU per rank.
+TEST(TensorParallel, GpuRanksStepWholeParameterOptimizersOffloaded) {
+  std::string why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string optim : {"adafactor", "adamw_8bit"}) {
+    SCOPED_TRACE(optim);
+    const bool quantized = optim == "adamw_8bit";
+    SharedDir dir("tp_nccl_" + optim);
+    UnequalLengths data;
+    TrainOptions one = tiny_options(write_model(dir, "llama", 0.0), dir / "one", "cuda");
+    one.optim = optim;
+    one.optim_args = quantized ? "min_8bit_size=256" : "beta1=0.9,scale_parameter=true";
+    one.per_device_train_batch_size = 2;
+    one.gradient_accumulation_steps = 3;
+    one.max_steps = 3;
+    TrainOptions o = one;
+    o.output_dir = dir / "ranks";
+    o.per_device_train_batch_size = 2 / (N / tp);
+    o.tp_size = tp;
+    expect_error([&] { run(o, &data, nccl.get()); }, "--offload_optimizer cpu");
+    o.offload_optimizer = one.offload_optimizer = "cpu";
+    const Logged ranks = run(o, &data, nccl.get());
+    world().barrier();
+    if (world().rank() == 0)
+      expect_trains_as(ranks, run(one, &data, alone.get()), quantized ? 1e-3 : 1e-5);
+    world().barrier();
+  }
 }
 
 TEST(TensorParallel, UnsupportedLayoutsAreRefused) {
