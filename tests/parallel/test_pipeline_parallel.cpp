@@ -73,7 +73,8 @@ TEST(PipelineParallel, StagesTrainAsOneProcessWithTheSameGlobalBatch) {
 }
 
 // Fewer micro-batches than stages (no steady phase), gradient checkpointing inside the stages,
-// and bf16 with selective recomputation to bf16's precision.
+// and bf16 and fp16 (its loss scaled on the last stage, its gradients unscaled on every one) with
+// selective recomputation to their precision.
 TEST(PipelineParallel, FewMicroBatchesRecomputationAndBf16RunAsOneProcess) {
   NEEDS_MPI();
   const Layout l;
@@ -84,12 +85,13 @@ TEST(PipelineParallel, FewMicroBatchesRecomputationAndBf16RunAsOneProcess) {
   struct Variant {
     const char* name;
     int accumulation;
-    bool checkpointing, bf16;
+    bool checkpointing, bf16, fp16;
     double tolerance;
   };
-  for (const Variant v :
-       {Variant{"one micro-batch", 1, false, false, 1e-5},
-        Variant{"checkpointing", 3, true, false, 1e-5}, Variant{"bf16", 3, false, true, 1e-2}}) {
+  for (const Variant v : {Variant{"one micro-batch", 1, false, false, false, 1e-5},
+                          Variant{"checkpointing", 3, true, false, false, 1e-5},
+                          Variant{"bf16", 3, false, true, false, 1e-2},
+                          Variant{"fp16", 3, false, false, true, 1e-2}}) {
     SCOPED_TRACE(std::string(v.name) + " on " + l.str());
     TrainOptions o = tiny_options(model, dir / (std::string("ranks_") + v.name));
     o.per_device_train_batch_size = 2 / l.dp;
@@ -97,7 +99,8 @@ TEST(PipelineParallel, FewMicroBatchesRecomputationAndBf16RunAsOneProcess) {
     o.max_steps = 3;
     o.gradient_checkpointing = v.checkpointing;
     o.bf16 = v.bf16;
-    o.selective_recompute = v.bf16;
+    o.fp16 = v.fp16;
+    o.selective_recompute = v.bf16 || v.fp16;
     o.pp_size = l.pp;
     TrainOptions one = o;
     one.output_dir = dir / (std::string("one_") + v.name);

@@ -195,8 +195,8 @@ TEST(SequenceParallel, KeyValueHeadsFewerThanTheRanksAreCopied) {
 
 // Gradient checkpointing (each block's forward with its exchanges run again in backward) and
 // evaluation (each rank's tokens' losses summed), then bf16 with selective recomputation (the
-// attention statistics rebuilt from the exchanged qkv): GPT-2 as one process, bf16 to its
-// precision.
+// attention statistics rebuilt from the exchanged qkv), and fp16 with its loss scaling: GPT-2 as
+// one process, the 16-bit runs to their precision.
 TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   NEEDS_MPI();
   const auto [sp, dp] = sequence_layout();
@@ -225,7 +225,13 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   bf16.bf16 = bf16_one.bf16 = true;
   bf16.output_dir = dir / "ranks_bf16";
   bf16_one.output_dir = dir / "one_bf16";
+  TrainOptions fp16 = bf16, fp16_one = bf16_one;
+  fp16.bf16 = fp16_one.bf16 = false;
+  fp16.fp16 = fp16_one.fp16 = true;
+  fp16.output_dir = dir / "ranks_fp16";
+  fp16_one.output_dir = dir / "one_fp16";
   const Logged ranks_bf16 = run(bf16, &data, &world());
+  const Logged ranks_fp16 = run(fp16, &data, &world());
   if (world().rank() != 0) return;
   expect_trains_as(ranks, run(one, &data, alone.get()));
   const auto eval_loss = [](const std::string& out) {
@@ -233,6 +239,7 @@ TEST(SequenceParallel, RecomputationAndBf16RunAsOneProcess) {
   };
   EXPECT_NEAR(eval_loss(o.output_dir), eval_loss(one.output_dir), 1e-5 * eval_loss(one.output_dir));
   expect_trains_as(ranks_bf16, run(bf16_one, &data, alone.get()), 1e-2);
+  expect_trains_as(ranks_fp16, run(fp16_one, &data, alone.get()), 1e-2);
 }
 
 // A sequence classifier (BERT on synthetic labels, dropout on with one replica): the rank holding

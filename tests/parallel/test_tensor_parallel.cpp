@@ -140,7 +140,7 @@ TEST(TensorParallel, TokenSlicesGatherAndReduceScatter) {
 // Gradient checkpointing (each block's forward run again in backward, its sums over the group
 // with it), evaluation and prediction: BERT as one process, metrics and predictions alike. Then
 // bf16 with selective recomputation, where the partial products are summed in float32 before
-// their rounding, to bf16's precision.
+// their rounding, to bf16's precision, and fp16 with its loss scaling likewise.
 TEST(TensorParallel, RecomputationEvaluationAndBf16RunAsOneProcess) {
   NEEDS_MPI();
   const int N = world().size();
@@ -168,12 +168,18 @@ TEST(TensorParallel, RecomputationEvaluationAndBf16RunAsOneProcess) {
   bf16.do_eval = bf16.do_predict = bf16_one.do_eval = bf16_one.do_predict = false;
   bf16.output_dir = dir / "ranks_bf16";
   bf16_one.output_dir = dir / "one_bf16";
+  TrainOptions fp16 = bf16, fp16_one = bf16_one;
+  fp16.bf16 = fp16_one.bf16 = false;
+  fp16.fp16 = fp16_one.fp16 = true;
+  fp16.output_dir = dir / "ranks_fp16";
+  fp16_one.output_dir = dir / "one_fp16";
   const Logged ranks_bf16 = run(bf16, nullptr, &world());
+  const Logged ranks_fp16 = run(fp16, nullptr, &world());
   if (world().rank() != 0) return;
   expect_trains_as(ranks, run(one, nullptr, alone.get()));
   expect_evaluates_as(dir / "ranks", dir / "one");
-  const Logged single_bf16 = run(bf16_one, nullptr, alone.get());
-  expect_trains_as(ranks_bf16, single_bf16, 1e-2);
+  expect_trains_as(ranks_bf16, run(bf16_one, nullptr, alone.get()), 1e-2);
+  expect_trains_as(ranks_fp16, run(fp16_one, nullptr, alone.get()), 1e-2);
 }
 
 // Checkpoints hold the full model and optimizer state whatever the layout: the ranks resume one
