@@ -697,10 +697,13 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
   EXPECT_GE(stages[1]["activations_bytes"].get<int64_t>(), int64_t{2} * 2 * 128 * 768 * 4);
 }
 
-// estimate --tp_size: each rank's plan holds its share of the blocks and of the vocabulary
-// (GPT-2 over 4 ranks: 12565 of the 50257 rows each, the last with 3 of padding), and the sums
-// over the tensor group per step are printed (SummedBytesAreTheEstimates checks them against a
-// run).
+// The bytes of buffer `name` in an estimate's plan (-1: none).
+int64_t planned_bytes(const nlohmann::json& j, const std::string& name) {
+  for (const auto& b : j["memory"]["buffers"])
+    if (b["name"] == name) return b["bytes"].get<int64_t>();
+  return -1;
+}
+
 // Adafactor under tensor parallelism plans the whole second moment of every parameter on each
 // tensor rank (a split matrix's whole row and column statistics: GPT-2's 321617 values, as one
 // process's), and the float64 sums of the split parameters' statistics: per block c_attn
@@ -708,43 +711,37 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
 // mlp.c_proj (3072 + 768), each with its weights' squares; wte (50257 + 768 + 1); then one update
 // sum per split parameter.
 TEST(Cli, EstimatePlansAdafactorsWholeStatisticsOnEachTensorRank) {
-  auto buffer = [](const nlohmann::json& j, const std::string& name) {
-    for (const auto& b : j["memory"]["buffers"])
-      if (b["name"] == name) return b["bytes"].get<int64_t>();
-    return int64_t{-1};
-  };
   const std::string common = "--device cpu --model gpt2 --optim adafactor --seq_len 128 ";
   const nlohmann::json one = estimate_json(common);
   const nlohmann::json two = estimate_json(common + "--world_size 2 --tp_size 2");
-  EXPECT_EQ(buffer(one, "adafactor.exp_avg_sq"), 321617 * 4);
-  EXPECT_EQ(buffer(two, "adafactor.exp_avg_sq"), 321617 * 4);
-  EXPECT_EQ(buffer(one, "adafactor.split_sums"), -1);
+  EXPECT_EQ(planned_bytes(one, "adafactor.exp_avg_sq"), 321617 * 4);
+  EXPECT_EQ(planned_bytes(two, "adafactor.exp_avg_sq"), 321617 * 4);
+  EXPECT_EQ(planned_bytes(one, "adafactor.split_sums"), -1);
   const int64_t block = (3072 + 1) + (2304 + 1) + (1536 + 1) + (3840 + 1) + (3072 + 1) + (3840 + 1);
-  EXPECT_EQ(buffer(two, "adafactor.split_sums"), (12 * block + 51025 + 1 + 12 * 6 + 1) * 8);
+  EXPECT_EQ(planned_bytes(two, "adafactor.split_sums"), (12 * block + 51025 + 1 + 12 * 6 + 1) * 8);
 }
 
 // 8-bit AdamW's blocks are the full parameters': each tensor rank plans the codes of its share
 // and the maxima of every block of its split parameters (GPT-2's four matrices per block; the
 // rest too small for 8 bits, or embeddings), and room for both moments' new maxima.
 TEST(Cli, EstimatePlansEightBitBlockMaximaOfTheFullParameters) {
-  auto buffer = [](const nlohmann::json& j, const std::string& name) {
-    for (const auto& b : j["memory"]["buffers"])
-      if (b["name"] == name) return b["bytes"].get<int64_t>();
-    return int64_t{-1};
-  };
   const std::string common = "--device cpu --model gpt2 --optim adamw_8bit --seq_len 128 ";
   const nlohmann::json one = estimate_json(common);
   const nlohmann::json two = estimate_json(common + "--world_size 2 --tp_size 2");
   const int64_t matrices = 768 * 2304 + 768 * 768 + 2 * 768 * 3072;  // a block's
   const int64_t blocks = 12 * matrices / 256;
-  EXPECT_EQ(buffer(one, "adamw_8bit.exp_avg_codes"), 12 * matrices);
-  EXPECT_EQ(buffer(two, "adamw_8bit.exp_avg_codes"), 12 * matrices / 2);
+  EXPECT_EQ(planned_bytes(one, "adamw_8bit.exp_avg_codes"), 12 * matrices);
+  EXPECT_EQ(planned_bytes(two, "adamw_8bit.exp_avg_codes"), 12 * matrices / 2);
   for (const nlohmann::json* j : {&one, &two})
-    EXPECT_EQ(buffer(*j, "adamw_8bit.exp_avg_sq_absmax"), blocks * 4);
-  EXPECT_EQ(buffer(one, "adamw_8bit.split_maxima"), -1);
-  EXPECT_EQ(buffer(two, "adamw_8bit.split_maxima"), 2 * blocks * 4);
+    EXPECT_EQ(planned_bytes(*j, "adamw_8bit.exp_avg_sq_absmax"), blocks * 4);
+  EXPECT_EQ(planned_bytes(one, "adamw_8bit.split_maxima"), -1);
+  EXPECT_EQ(planned_bytes(two, "adamw_8bit.split_maxima"), 2 * blocks * 4);
 }
 
+// estimate --tp_size: each rank's plan holds its share of the blocks and of the vocabulary
+// (GPT-2 over 4 ranks: 12565 of the 50257 rows each, the last with 3 of padding), and the sums
+// over the tensor group per step are printed (SummedBytesAreTheEstimates checks them against a
+// run).
 TEST(Cli, EstimatePlansEachTensorRanksShare) {
   const std::string common =
       "--device cpu --model gpt2 --seq_len 1024 --per_device_train_batch_size 2 --world_size 4 "
