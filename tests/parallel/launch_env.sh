@@ -19,16 +19,25 @@ for ((r = 0; r < n; r++)); do
     MASTER_PORT=$port "$@" &
   rank_of[$!]=$r
 done
+# Each copy's status as it ends (polled: `wait -n` can miss a copy that ended before it was
+# called, and then reports no process at all).
 status=0
-for ((left = n; left > 0; left--)); do
-  wait -n -p pid
-  rc=$?
-  [ "$rc" -eq 0 ] || [ "$status" -ne 0 ] || {
-    status=$rc
-    how="exit code $rc"
-    [ "$rc" -gt 128 ] && how="signal $((rc - 128))"
-    echo "launch_env.sh: rank ${rank_of[$pid]} of $n ended with $how; ending the others" >&2
-    for other in "${!rank_of[@]}"; do [ "$other" = "$pid" ] || kill "$other" 2>/dev/null; done
-  }
+declare -A running
+for pid in "${!rank_of[@]}"; do running[$pid]=1; done
+while [ "${#running[@]}" -gt 0 ]; do
+  for pid in "${!running[@]}"; do
+    kill -0 "$pid" 2>/dev/null && continue
+    wait "$pid"
+    rc=$?
+    unset "running[$pid]"
+    [ "$rc" -eq 0 ] || [ "$status" -ne 0 ] || {
+      status=$rc
+      how="exit code $rc"
+      [ "$rc" -gt 128 ] && how="signal $((rc - 128))"
+      echo "launch_env.sh: rank ${rank_of[$pid]} of $n ended with $how; ending the others" >&2
+      for other in "${!running[@]}"; do kill "$other" 2>/dev/null; done
+    }
+  done
+  [ "${#running[@]}" -eq 0 ] || sleep 0.1
 done
 exit "$status"
