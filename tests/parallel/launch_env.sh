@@ -19,25 +19,32 @@ for ((r = 0; r < n; r++)); do
     MASTER_PORT=$port "$@" &
   rank_of[$!]=$r
 done
-# Each copy's status as it ends (polled: `wait -n` can miss a copy that ended before it was
-# called, and then reports no process at all).
+# Each copy's status as it ends, in the order they end (wait -n). wait -n can find none of them
+# when a copy it had already reaped is left; those are then waited for by pid.
 status=0
 declare -A running
 for pid in "${!rank_of[@]}"; do running[$pid]=1; done
+report() {
+  unset "running[$1]"
+  [ "$2" -eq 0 ] || [ "$status" -ne 0 ] || {
+    status=$2
+    how="exit code $2"
+    [ "$2" -gt 128 ] && how="signal $(($2 - 128))"
+    echo "launch_env.sh: rank ${rank_of[$1]} of $n ended with $how; ending the others" >&2
+    for other in "${!running[@]}"; do kill "$other" 2>/dev/null; done
+  }
+}
 while [ "${#running[@]}" -gt 0 ]; do
-  for pid in "${!running[@]}"; do
-    kill -0 "$pid" 2>/dev/null && continue
-    wait "$pid"
-    rc=$?
-    unset "running[$pid]"
-    [ "$rc" -eq 0 ] || [ "$status" -ne 0 ] || {
-      status=$rc
-      how="exit code $rc"
-      [ "$rc" -gt 128 ] && how="signal $((rc - 128))"
-      echo "launch_env.sh: rank ${rank_of[$pid]} of $n ended with $how; ending the others" >&2
-      for other in "${!running[@]}"; do kill "$other" 2>/dev/null; done
-    }
-  done
-  [ "${#running[@]}" -eq 0 ] || sleep 0.1
+  pid=""
+  wait -n -p pid "${!running[@]}"
+  rc=$?
+  if [ -z "$pid" ]; then
+    for pid in "${!running[@]}"; do
+      wait "$pid"
+      report "$pid" $?
+    done
+    break
+  fi
+  report "$pid" "$rc"
 done
 exit "$status"
