@@ -112,6 +112,40 @@ TEST(OpsRmsNorm, MismatchedShapesAreRefused) {
                brisk::Error);  // dgamma
 }
 
+// The router's shapes (k above the experts, int32 experts, the rows' counts) and experts out of
+// range in backward are refused by name.
+TEST(OpsMoeRoute, BadShapesAndExpertsAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int N = 3, E = 4;
+  FVec z(N * E, 0.5f), p(N * E), w(N * (E + 1)), dw(N * (E + 1)), dz(N * E);
+  std::vector<int32_t> x(N * (E + 1), 0);
+  const Tensor experts(x.data(), Shape{N, 2}, DType::i32);
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_route_forward(view(z, {N, E}), true, view(p, {N, E}), view(w, {N, E + 1}),
+                              Tensor(x.data(), Shape{N, E + 1}, DType::i32));
+      },
+      "5 experts per token of 4");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_route_forward(view(z, {N, E}), true, view(p, {N, E}), view(w, {N, 2}),
+                              Tensor(x.data(), Shape{N, 2}, DType::f32));
+      },
+      "are not float32 and int32");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_route_forward(view(z, {N, E - 1}), true, view(p, {N, E}), view(w, {N, 2}), experts);
+      },
+      "logits");
+  x[3] = E;  // token 1's second expert
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_route_backward(view(p, {N, E}), view(w, {N, 2}), experts, view(dw, {N, 2}),
+                               Tensor(), true, view(dz, {N, E}));
+      },
+      "expert 4 of 4");
+}
+
 // rope_tables against transformers' own LlamaRotaryEmbedding (scripts/make_rope_fixture.py):
 // rope types default (Llama-2, Qwen2's theta 1e6, a six-wide head), linear and llama3 (3.1, 3.2).
 // Tolerances: inv_freq within 2 ulp (float32 steps in transformers' order; only pow is not

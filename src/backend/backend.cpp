@@ -163,6 +163,22 @@ int64_t Backend::check_cross_entropy_shard(const Tensor& logits, const Tensor& l
   return shard.count(V);
 }
 
+std::pair<int64_t, int64_t> Backend::check_moe_route(const Tensor& probs, const Tensor& weights,
+                                                     const Tensor& experts, const char* op) {
+  BRISK_CHECK(probs.dtype() == DType::f32 && probs.rank() == 2 && probs.dim(1) >= 1, op,
+              ": router probabilities ", probs.shape().str(), " ", dtype_name(probs.dtype()),
+              " are not float32 [tokens, experts]");
+  const int64_t N = probs.dim(0), E = probs.dim(1);
+  BRISK_CHECK(weights.dtype() == DType::f32 && weights.rank() == 2 && weights.dim(0) == N &&
+                  experts.dtype() == DType::i32 && experts.shape() == weights.shape(),
+              op, ": weights ", weights.shape().str(), " ", dtype_name(weights.dtype()),
+              " and experts ", experts.shape().str(), " ", dtype_name(experts.dtype()),
+              " are not float32 and int32 [", N, ", k]");
+  const int64_t k = weights.dim(1);
+  BRISK_CHECK(k >= 1 && k <= E, op, ": ", k, " experts per token of ", E);
+  return {E, k};
+}
+
 void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* op) {
   BRISK_CHECK(padding_idx == -1 || (padding_idx >= 0 && padding_idx < rows), op, ": padding_idx ",
               padding_idx, " is neither -1 (none) nor a row of the word table of ", rows, " rows");

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/workspace.h"
@@ -455,6 +456,23 @@ class Backend {
   // mean) is this sum with grad_scale = 1 / counted rows.
   virtual void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
                         float grad_scale, const Tensor& loss_sum) = 0;
+
+  // ---- mixture of experts ----
+  // Routing (moe_route.h: transformers' Mixtral, Qwen2-MoE and OLMoE routers) of N tokens by
+  // their float32 router logits [N,E]: probs [N,E] their softmax, experts [N,k] (int32) each
+  // token's k most probable (the lower of two alike first), weights [N,k] their probabilities,
+  // divided by their sum where `normalize`.
+  virtual void moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
+                                 const Tensor& weights, const Tensor& experts) = 0;
+  // dlogits [N,E] (written): the logits' gradient from the weights' (dweights [N,k]) and, unless
+  // empty, a term dprobs [N,E] added to the probabilities' gradient.
+  virtual void moe_route_backward(const Tensor& probs, const Tensor& weights, const Tensor& experts,
+                                  const Tensor& dweights, const Tensor& dprobs, bool normalize,
+                                  const Tensor& dlogits) = 0;
+  // Throws unless probs [N,E], weights [N,k] and experts [N,k] are a routing's (float32, int32;
+  // 1 <= k <= E); returns E and k.
+  static std::pair<int64_t, int64_t> check_moe_route(const Tensor& probs, const Tensor& weights,
+                                                     const Tensor& experts, const char* op);
 
   // ---- the optimizer step ----
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).

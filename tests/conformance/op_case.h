@@ -78,5 +78,6 @@ std::vector<OpCase> loss_cases();         // cases_loss.cpp: embedding, pooling,
 std::vector<OpCase> optim_cases();        // cases_optim.cpp: the optimizer step
 std::vector<OpCase> cast_cases();         // cases_cast.cpp: float32 <-> bf16, fp16
 std::vector<OpCase> stored_cases();       // cases_stored.cpp: ops on bf16 saved activations
+std::vector<OpCase> moe_cases();          // cases_moe.cpp: mixture-of-experts routing
 
 }  // namespace brisk::testing

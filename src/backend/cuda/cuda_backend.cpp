@@ -448,6 +448,40 @@ void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, boo
                  grad_scale, loss_sum.as<double>());
 }
 
+// ---- mixture of experts ----
+
+namespace {
+// The experts of a routing, int32 in GPU memory.
+int32_t* experts_on_gpu(const Tensor& t, const char* op) {
+  BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, op,
+              ": experts must be int32 in GPU memory");
+  return t.i32();
+}
+}  // namespace
+
+void CudaBackend::moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
+                                    const Tensor& weights, const Tensor& experts) {
+  const auto [E, k] = check_moe_route(probs, weights, experts, "moe_route_forward");
+  same_numel(logits, probs, "moe_route_forward logits");
+  cuda::moe_route(stream_, dev(logits, "router logits"), probs.dim(0), E, k, normalize,
+                  dev(probs, "router probabilities"), dev(weights, "routing weights"),
+                  experts_on_gpu(experts, "moe_route_forward"));
+}
+
+void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
+                                     const Tensor& experts, const Tensor& dweights,
+                                     const Tensor& dprobs, bool normalize, const Tensor& dlogits) {
+  const auto [E, k] = check_moe_route(probs, weights, experts, "moe_route_backward");
+  same_numel(weights, dweights, "moe_route_backward dweights");
+  same_numel(probs, dlogits, "moe_route_backward dlogits");
+  if (!dprobs.empty()) same_numel(probs, dprobs, "moe_route_backward dprobs");
+  cuda::moe_route_backward(
+      stream_, dev(probs, "router probabilities"), dev(weights, "routing weights"),
+      experts_on_gpu(experts, "moe_route_backward"), dev(dweights, "routing weights' gradient"),
+      dev_or_null(dprobs, "router probabilities' gradient"), probs.dim(0), E, k, normalize,
+      dev(dlogits, "router logits' gradient"));
+}
+
 // ---- attention ----
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,

@@ -136,6 +136,11 @@ class CudaBackend final : public Backend {
                                 const Tensor& loss_sum, const Tensor& grad) override;
   void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
                 const Tensor& loss_sum) override;
+  void moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
+                         const Tensor& weights, const Tensor& experts) override;
+  void moe_route_backward(const Tensor& probs, const Tensor& weights, const Tensor& experts,
+                          const Tensor& dweights, const Tensor& dprobs, bool normalize,
+                          const Tensor& dlogits) override;
 
   void sum_squares(const Tensor& x, const Tensor& acc) override;
   void decide_step(const Tensor& stats, double loss_scale, double max_norm,

@@ -125,6 +125,15 @@ void cross_entropy_from_stats(cudaStream_t s, float* logits, const int32_t* labe
                               int64_t V, int64_t first, int64_t held, const float* stats,
                               int64_t slots, bool write_grad, float grad_scale, double* loss_sum);
 
+// ---- cuda_moe.cu ----
+// Backend::moe_route_forward and moe_route_backward (moe_route.h), one thread per token; the
+// experts must be a routing's (the CPU checks them; these trust them). dprobs may be null.
+void moe_route(cudaStream_t s, const float* logits, int64_t N, int64_t E, int64_t k, bool normalize,
+               float* probs, float* weights, int32_t* experts);
+void moe_route_backward(cudaStream_t s, const float* probs, const float* weights,
+                        const int32_t* experts, const float* dweights, const float* dprobs,
+                        int64_t N, int64_t E, int64_t k, bool normalize, float* dlogits);
+
 // ---- cuda_optim.cu ----
 // *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).
 void sum_squares(cudaStream_t s, const float* x, int64_t n, double* acc);
