@@ -96,7 +96,7 @@ struct ParamSlot {
   bool decay = false;             // takes weight decay
   int64_t state = 0;              // first element of the tensor's state in the state buffer(s)
   int64_t blocks = -1;            // 8-bit AdamW: first absmax block; -1 = 32-bit state
-  bool share = false;             // a tensor rank's share, stepped as AdafactorUpdate::split says
+  bool share = false;             // a tensor rank's share, stepped as `split` says (SplitSlot)
 };
 
 // Throws naming `op` unless every slot lies within flat buffers of n elements.

@@ -121,9 +121,7 @@ class Adafactor final : public Optimizer {
     for (size_t i = 0; i < params.list().size(); ++i) {
       const ParamInfo& p = params.list()[i];
       if (!p.split.split()) continue;
-      slots_[i].share = true;
-      SplitSlot x = split_slot(p, slots_[i], i);
-      out.push_back(std::move(x));
+      out.push_back(split_slot(p, slots_[i], i));
       copies_.push_back(p.split.copies);
     }
     return out;

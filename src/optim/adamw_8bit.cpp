@@ -135,7 +135,6 @@ class AdamW8bit final : public Optimizer {
     for (size_t i = 0; i < params.list().size(); ++i) {
       const ParamInfo& p = params.list()[i];
       if (!eight_bit(p) || !p.split.split()) continue;
-      slots_[i].share = true;
       SplitSlot x = split_slot(p, slots_[i], i);
       x.sums_at = blocks;
       blocks += state_elements(2, p);

@@ -112,7 +112,8 @@ std::vector<ParamSlot> param_slots(const ParameterSet& params) {
   return slots;
 }
 
-SplitSlot split_slot(const ParamInfo& p, const ParamSlot& s, size_t index) {
+SplitSlot split_slot(const ParamInfo& p, ParamSlot& s, size_t index) {
+  s.share = true;
   const Shape whole = p.full_shape();
   SplitSlot x;
   x.slot = index;

@@ -124,9 +124,9 @@ std::vector<int64_t> decay_ranges(const ParameterSet& params);
 // optimizer to fill.
 std::vector<ParamSlot> param_slots(const ParameterSet& params);
 // Tensor parallelism: slot `index` (s, of parameter p, a tensor rank's share of a split
-// parameter) as AdafactorUpdate::split describes it: the whole row and column of each of its rows
-// and columns (padding -1); counted and sums_at left for the optimizer.
-SplitSlot split_slot(const ParamInfo& p, const ParamSlot& s, size_t index);
+// parameter), marked a share, as AdafactorUpdate::split describes it: the whole row and column of
+// each of its rows and columns (padding -1); counted and sums_at left for the optimizer.
+SplitSlot split_slot(const ParamInfo& p, ParamSlot& s, size_t index);
 // Declares the decay table as an int64 [R,2] buffer and fills it in reset (fill_decay_ranges).
 void declare_decay_ranges(MemoryPlan& plan, BufferBinder& binder, const ParameterSet& params,
                           Tensor* view, const std::string& name, Placement placement);

@@ -142,6 +142,7 @@ void Communicator::all_reduce_max(const Tensor& buf) {
   check_buffer(buf, "all_reduce_max");
   BRISK_CHECK(buf.dtype() == DType::f32, "all_reduce_max: float32 expected, not ",
               dtype_name(buf.dtype()));
+  if (size() == 1) return;
   const int64_t piece = std::min<int64_t>(buf.numel(), 1 << 16);
   std::vector<float> all(static_cast<size_t>(piece * size()));
   float* out = buf.f32();

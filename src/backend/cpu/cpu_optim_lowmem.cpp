@@ -276,8 +276,17 @@ void adafactor_slot(const AdafactorUpdate& u, const ParamSlot& s, float multipli
   apply_adafactor(raw, w, m, len, par, scale, decay, u.beta1);
 }
 
-// Tensor parallelism's shares (AdafactorUpdate::split). The elements of share x of slot s that
-// have a place in the whole parameter, as f(local element, whole row, whole column).
+// Tensor parallelism's shares (AdafactorUpdate::split, AdamW8bitUpdate::split). Throws naming
+// `op` unless x maps every row and column of slot s.
+void check_share(const ParamSlot& s, const SplitSlot& x, const char* op) {
+  BRISK_CHECK(x.row.size() == static_cast<size_t>(s.rows) &&
+                  x.col.size() == static_cast<size_t>(s.cols) && x.whole_rows >= 0 &&
+                  x.whole_cols >= 0,
+              op, ": a split slot's rows and columns are not its slot's");
+}
+
+// The elements of share x of slot s that have a place in the whole parameter, as f(local
+// element, whole row, whole column).
 template <typename F>
 void for_each_placed(const ParamSlot& s, const SplitSlot& x, F f) {
   for (int64_t r = 0; r < s.rows; ++r) {
@@ -380,10 +389,10 @@ void split_statistics(const AdafactorUpdate& u, float multiplier, double* sums, 
   for (const SplitSlot& x : *u.split) {
     const ParamSlot& s = (*u.slots).at(x.slot);
     const int64_t len = s.factored ? x.whole_rows + x.whole_cols : x.whole_rows * x.whole_cols;
-    BRISK_CHECK(x.row.size() == static_cast<size_t>(s.rows) &&
-                    x.col.size() == static_cast<size_t>(s.cols) && x.sums_at >= 0 &&
-                    x.sums_at + len + 1 <= tail && s.state + len <= u.second_moment.numel(),
-                "adafactor_update: a split slot does not match its slot, sums or state");
+    check_share(s, x, "adafactor_update");
+    BRISK_CHECK(
+        x.sums_at >= 0 && x.sums_at + len + 1 <= tail && s.state + len <= u.second_moment.numel(),
+        "adafactor_update: a split slot does not match its sums or state");
     if (x.counted) split_gradient_sums(u, s, x, multiplier, sums + x.sums_at);
   }
 }
@@ -451,6 +460,11 @@ void CpuBackend::adafactor_update(const AdafactorUpdate& u) {
 }
 
 namespace {
+// The quantization blocks of share x's whole parameter.
+int64_t whole_blocks(const SplitSlot& x) {
+  return (x.whole_rows * x.whole_cols + kQuantBlock - 1) / kQuantBlock;
+}
+
 // 8-bit AdamW on tensor parallelism's shares (AdamW8bitUpdate::split): the moments dequantized
 // under the full parameter's blocks, the weights stepped and each block's new maxima taken over
 // the group; then the new moments (computed again from the old codes) quantized under them.
@@ -475,7 +489,8 @@ void adamw_8bit_split_slots(const AdamW8bitUpdate& u, const AdamWStep& adam, flo
   };
   for (const SplitSlot& x : split) {
     const ParamSlot& s = (*u.slots).at(x.slot);
-    const int64_t blocks = (x.whole_rows * x.whole_cols + kQuantBlock - 1) / kQuantBlock;
+    const int64_t blocks = whole_blocks(x);
+    check_share(s, x, "adamw_8bit_update");
     BRISK_CHECK(s.blocks >= 0 && s.blocks + blocks <= u.absmax1.numel() && x.sums_at >= 0 &&
                     x.sums_at + blocks <= half && s.state + s.numel <= u.exp_avg8.numel(),
                 "adamw_8bit_update: a split slot does not match its state or maxima");
@@ -502,9 +517,8 @@ void adamw_8bit_split_slots(const AdamW8bitUpdate& u, const AdamWStep& adam, flo
   }
   for (const SplitSlot& x : split) {
     const ParamSlot& s = (*u.slots)[x.slot];
-    const int64_t blocks = (x.whole_rows * x.whole_cols + kQuantBlock - 1) / kQuantBlock;
-    std::copy_n(max1 + x.sums_at, blocks, u.absmax1.f32() + s.blocks);
-    std::copy_n(max2 + x.sums_at, blocks, u.absmax2.f32() + s.blocks);
+    std::copy_n(max1 + x.sums_at, whole_blocks(x), u.absmax1.f32() + s.blocks);
+    std::copy_n(max2 + x.sums_at, whole_blocks(x), u.absmax2.f32() + s.blocks);
   }
 }
 }  // namespace

@@ -27,11 +27,14 @@ float* dev(const Tensor& t, const char* what) {
 float* dev_or_null(const Tensor& t, const char* what) {
   return t.empty() ? nullptr : dev(t, what);
 }
-const int32_t* ids_or_null(const Tensor& t, const char* what) {
-  if (t.empty()) return nullptr;
+// An int32 tensor in device memory (ids, labels, experts).
+int32_t* dev_i32(const Tensor& t, const char* what) {
   BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, what,
               " must be int32 in GPU memory");
   return t.i32();
+}
+const int32_t* ids_or_null(const Tensor& t, const char* what) {
+  return t.empty() ? nullptr : dev_i32(t, what);
 }
 void same_numel(const Tensor& a, const Tensor& b, const char* op) {
   BRISK_CHECK(a.numel() == b.numel(), op, ": element counts differ (", a.shape().str(), " vs ",
@@ -450,22 +453,13 @@ void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, boo
 
 // ---- mixture of experts ----
 
-namespace {
-// The experts of a routing, int32 in GPU memory.
-int32_t* experts_on_gpu(const Tensor& t, const char* op) {
-  BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, op,
-              ": experts must be int32 in GPU memory");
-  return t.i32();
-}
-}  // namespace
-
 void CudaBackend::moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
                                     const Tensor& weights, const Tensor& experts) {
   const auto [E, k] = check_moe_route(probs, weights, experts, "moe_route_forward");
   same_numel(logits, probs, "moe_route_forward logits");
   cuda::moe_route(stream_, dev(logits, "router logits"), probs.dim(0), E, k, normalize,
                   dev(probs, "router probabilities"), dev(weights, "routing weights"),
-                  experts_on_gpu(experts, "moe_route_forward"));
+                  dev_i32(experts, "routed experts"));
 }
 
 void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
@@ -475,11 +469,11 @@ void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
   same_numel(weights, dweights, "moe_route_backward dweights");
   same_numel(probs, dlogits, "moe_route_backward dlogits");
   if (!dprobs.empty()) same_numel(probs, dprobs, "moe_route_backward dprobs");
-  cuda::moe_route_backward(
-      stream_, dev(probs, "router probabilities"), dev(weights, "routing weights"),
-      experts_on_gpu(experts, "moe_route_backward"), dev(dweights, "routing weights' gradient"),
-      dev_or_null(dprobs, "router probabilities' gradient"), probs.dim(0), E, k, normalize,
-      dev(dlogits, "router logits' gradient"));
+  cuda::moe_route_backward(stream_, dev(probs, "router probabilities"),
+                           dev(weights, "routing weights"), dev_i32(experts, "routed experts"),
+                           dev(dweights, "routing weights' gradient"),
+                           dev_or_null(dprobs, "router probabilities' gradient"), probs.dim(0), E,
+                           k, normalize, dev(dlogits, "router logits' gradient"));
 }
 
 // ---- attention ----
