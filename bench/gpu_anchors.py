@@ -20,7 +20,7 @@ H100 SXM's dense bf16).
 (system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
 brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
 brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
-cast per product)
+cast per product; brisk-base: the build at $BRISK_BASE_BIN, to compare two builds in one run)
 """
 import argparse
 import json
@@ -157,8 +157,8 @@ def last_json(p):
 BRISK_TIMED = 10
 
 
-def brisk_seconds(cfg, data, model, batch, steps, out, env=None):
-    cmd = [BRISK, "train", "--device", "cuda", "--model", cfg, "--seq_len", str(SEQ[model]),
+def brisk_seconds(cfg, data, model, batch, steps, out, env=None, binary=None):
+    cmd = [binary or BRISK, "train", "--device", "cuda", "--model", cfg, "--seq_len", str(SEQ[model]),
            "--max_steps", str(steps), "--per_device_train_batch_size", str(batch),
            "--bf16", "true", "--logging_steps", "1000000", "--save_strategy", "no",
            "--output_dir", out, "--disable_tqdm", "true"]
@@ -173,13 +173,14 @@ def brisk_seconds(cfg, data, model, batch, steps, out, env=None):
     return (r["train_runtime"], r["memory"]["device_memory_used_bytes"], wall), None
 
 
-def run_brisk(cfg, data, model, batch, a, tmp, env=None):
-    short, err = brisk_seconds(cfg, data, model, batch, a.warmup, os.path.join(tmp, "bs"), env)
+def run_brisk(cfg, data, model, batch, a, tmp, env=None, binary=None):
+    short, err = brisk_seconds(cfg, data, model, batch, a.warmup, os.path.join(tmp, "bs"), env,
+                               binary)
     if err:
         return {"error": err}
     timed = BRISK_TIMED * a.steps
     full, err = brisk_seconds(cfg, data, model, batch, a.warmup + timed, os.path.join(tmp, "bf"),
-                              env)
+                              env, binary)
     if err:
         return {"error": err}
     return {"samples_per_second": timed * batch / (full[0] - short[0]), "gpu_memory": full[1]}
@@ -231,6 +232,9 @@ def main():
                         elif system == "brisk-f32act":  # saved activations in float32 containers
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp,
                                           dict(os.environ, BRISK_BF16_ACTIVATIONS="0"))
+                        elif system == "brisk-base":  # another build: $BRISK_BASE_BIN
+                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
+                                          binary=os.environ["BRISK_BASE_BIN"])
                         elif system == "brisk":
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp)
                         else:

@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab]
+#     [vocab] [same]
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
 set -uo pipefail
@@ -18,12 +18,13 @@ echo "libraries from: $cuda_libs"
 export LD_LIBRARY_PATH="$here/.dev/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 grep -m1 'model name' /proc/cpuinfo; nproc
-# GPT-2 124M (random init), bf16, batch $BATCH (8) x 1024 on the GPU: gpt2_train VOCAB STEPS [launcher...]
+# GPT-2 124M (random init), bf16, batch $BATCH (8) x 1024 on the GPU, by $BRISK_TRAIN (this build):
+#   gpt2_train VOCAB STEPS [launcher...]
 gpt2_train() {
   local vocab=$1 steps=$2 t=/tmp/gpt2_bench; shift 2; mkdir -p $t
   (cd bench && python3 -c "from gpu_bert import GPT2, write_config, write_tokens
 write_config('$t/gpt2_$vocab', dict(GPT2, vocab_size=$vocab)); write_tokens('$t/tok.bin', 128 * 1024 + 1)")
-  "$@" build-gpu/brisk train --device cuda --model $t/gpt2_$vocab --seq_len 1024 \
+  "$@" ${BRISK_TRAIN:-build-gpu/brisk} train --device cuda --model $t/gpt2_$vocab --seq_len 1024 \
     --num_train_epochs 1 --logging_steps 1000000 --save_strategy no --output_dir $t/out \
     --disable_tqdm true --dataset $t/tok.bin --per_device_train_batch_size ${BATCH:-8} --bf16 true \
     --max_steps $steps >/dev/null 2>&1
@@ -60,6 +61,12 @@ for what in "${@:-tests}"; do
       "$nsys" stats --report cuda_gpu_kern_sum --format csv /tmp/timeline.nsys-rep \
         >"$OUT/kern_sum.csv" 2>/dev/null
       python3 bench/ncu_summary.py "$OUT/kern_sum.csv" | tee "$OUT/timeline.log" ;;
+    same)  # this build against $BRISK_BASE_BIN: GPT-2's loss over 20 steps (with dropout), which a
+      # change that keeps the bits keeps to the last digit
+      for bin in "$BRISK_BASE_BIN" build-gpu/brisk; do
+        BRISK_TRAIN=$bin gpt2_train 50257 20 >/dev/null
+        echo "$bin: $(grep -o '"train_loss": *[0-9.e+-]*' /tmp/gpt2_bench/out/train_results.json)"
+      done | tee "$OUT/same.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
       for v in 50257 50304 50257 50304; do echo "vocab $v: $(gpt2_train $v 16)"; done |
         tee "$OUT/vocab.log" ;;

@@ -39,6 +39,7 @@
 
 #include "backend/backend.h"
 #include "backend_support.h"
+#include "core/dtype.h"
 #include "core/quantization.h"
 #include "core/rng.h"
 #include "core/step_control.h"
@@ -104,6 +105,52 @@ TEST(CudaOps, Bf16ProductsNeedThePlannedWorkspace) {
   const Tensor x = d.alloc({4, 8}), w = d.alloc({8, 8}), y = d.alloc({4, 8});
   expect_error([&] { gpu->linear_forward(x, w, Tensor(), WeightLayout::out_in, y); },
                "operand buffers");
+}
+
+// A bf16 run's product output stored in bf16 (Backend::stores_product_output) holds the float32
+// output rounded to nearest even, bit for bit: both layouts, with and without a bias (of bf16
+// values, as a GPU's 16-bit run's compute copy holds), from a float32 or bf16 input, from a held
+// weight. Products in float32 refuse a bf16 output.
+TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
+  REQUIRE_GPU();
+  auto gpu = gpu_backend();
+  DeviceBuffers d(*gpu);
+  gpu->set_matmul_dtype(DType::bf16);
+  EXPECT_TRUE(gpu->stores_product_output(DType::bf16));
+  EXPECT_FALSE(gpu->stores_product_output(DType::f16));
+  const int64_t M = 37, K = 72, N = 40;
+  d.workspace(MatmulOperands(M * std::max(K, N), N * K, N * K, K));
+  std::mt19937 rng(12);
+  const FVec x = randn(M * K, rng), w = randn(N * K, rng);
+  FVec b = randn(N, rng);
+  for (float& v : b) v = bf16_to_float(float_to_bf16(v));
+  std::vector<uint16_t> x16(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x16[i] = float_to_bf16(x[i]);
+  const Tensor x32t = d.put(x, {M, K}), x16t = d.put(x16, {M, K}, DType::bf16);
+  const Tensor bt = d.put(b, {N}), y32 = d.alloc({M, N}), y16 = d.alloc({M, N}, DType::bf16);
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out})
+    for (bool with_bias : {false, true})
+      for (bool bf16_input : {false, true})
+        for (bool held : {false, true}) {
+          const Tensor wt = d.put(w, layout == WeightLayout::out_in ? Shape{N, K} : Shape{K, N});
+          const Tensor& xt = bf16_input ? x16t : x32t;
+          if (held) gpu->hold_weight(wt);
+          gpu->linear_forward(xt, wt, with_bias ? bt : Tensor(), layout, y16);
+          gpu->linear_forward(xt, wt, with_bias ? bt : Tensor(), layout, y32);
+          if (held) gpu->release_weight();
+          const FVec want = d.get(y32);
+          const std::vector<uint16_t> got = d.get<uint16_t>(y16);
+          int64_t differ = 0;
+          for (int64_t i = 0; i < M * N; ++i) differ += got[i] != float_to_bf16(want[i]);
+          EXPECT_EQ(differ, 0) << (layout == WeightLayout::out_in ? "out_in" : "in_out")
+                               << (with_bias ? ", bias" : "") << (bf16_input ? ", bf16 input" : "")
+                               << (held ? ", held weight" : "");
+        }
+  gpu->set_matmul_dtype(DType::f32);
+  EXPECT_FALSE(gpu->stores_product_output(DType::bf16));
+  const Tensor wt = d.put(w, {N, K});
+  expect_error([&] { gpu->linear_forward(x32t, wt, Tensor(), WeightLayout::out_in, y16); },
+               "linear output");
 }
 
 // A held weight (Backend::hold_weight) is cast once into its planned copy: the products that read

@@ -167,8 +167,11 @@ OpCase swiglu_case() {
   return c;
 }
 
-// A product reading a bf16 input x (and, without a bias, a bf16 gradient dy); weights float32
-// holding bf16 values, so every product is exact up to float32 accumulation.
+// A product reading a bf16 input x (and, without a bias, a bf16 gradient dy); weights and bias
+// float32 holding bf16 values (a 16-bit run's compute copy), so every product is exact up to
+// float32 accumulation. Its output also stored in bf16 where the backend's products store it
+// (Backend::stores_product_output; elsewhere rounded after), and dropout_add reading that as the
+// float32 copy of its values.
 OpCase linear_case(bool bias) {
   const int64_t M = 33, K = 48, N = 40;
   OpCase c;
@@ -176,8 +179,9 @@ OpCase linear_case(bool bias) {
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_bf16(M * K, rng)},
                   {"w", randn_bf16(N * K, rng, 0.3)},
-                  {"b", randn_d(N, rng)},
-                  {"dy", randn_bf16(M * N, rng)}};
+                  {"b", randn_bf16(N, rng)},
+                  {"dy", randn_bf16(M * N, rng)},
+                  {"res", randn_d(M * N, rng)}};
   };
   c.run = [=](Backend& be, const Values& in) {
     bf16_mode(be);
@@ -191,17 +195,39 @@ OpCase linear_case(bool bias) {
     be.linear_backward(x, w, dy, WeightLayout::out_in, dx, false, dw, bias ? db : Tensor(), false);
     Values out{{"y", d.values(y)}, {"dx", d.values(dx)}, {"dw", d.values(dw)}};
     if (bias) out["db"] = d.values(db);
+    const Tensor y16 = d.alloc({M, N}, DType::bf16);
+    out["dropout_add_diff"] = Vec(M * N, 0.0);  // where products store no bf16: nothing to compare
+    if (!be.stores_product_output(DType::bf16)) {
+      be.cast(y, y16);
+      out["y16"] = bf16_values(d, y16);
+      return out;
+    }
+    be.linear_forward(x, w, bias ? b : Tensor(), WeightLayout::out_in, y16);
+    out["y16"] = bf16_values(d, y16);
+    const Tensor res = d.put_as(in.at("res"), {M, N}), y16_32 = d.alloc({M, N});
+    const Tensor z = d.alloc({M, N}), z32 = d.alloc({M, N});
+    be.cast(y16, y16_32);
+    const RngKey key{7, 2, 1};
+    be.dropout_add(res, y16, 0.25f, key, z);
+    be.dropout_add(res, y16_32, 0.25f, key, z32);
+    const Vec zv = d.values(z), z32v = d.values(z32);
+    for (int64_t i = 0; i < M * N; ++i) out["dropout_add_diff"][i] = zv[i] - z32v[i];
     return out;
   };
   c.reference = [=](const Values& in) {
     const Vec &x = in.at("x"), &w = in.at("w"), &b = in.at("b"), &dy = in.at("dy");
-    Values want{{"y", Vec(M * N)}, {"dx", Vec(M * K)}, {"dw", Vec(N * K)}};
+    Values want{{"y", Vec(M * N)},
+                {"dx", Vec(M * K)},
+                {"dw", Vec(N * K)},
+                {"y16", Vec(M * N)},
+                {"dropout_add_diff", Vec(M * N, 0.0)}};
     if (bias) want["db"] = Vec(N);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
         double s = bias ? b[j] : 0.0;
         for (int64_t k = 0; k < K; ++k) s += x[i * K + k] * w[j * K + k];
         want["y"][i * N + j] = s;
+        want["y16"][i * N + j] = round_bf16(s);
         for (int64_t k = 0; k < K; ++k) {
           want["dx"][i * K + k] += dy[i * N + j] * w[j * K + k];
           want["dw"][j * K + k] += dy[i * N + j] * x[i * K + k];
@@ -211,6 +237,8 @@ OpCase linear_case(bool bias) {
     return want;
   };
   c.checks = {{"y", Metric::elementwise, 1e-5, 1e-5},
+              {"y16", Metric::elementwise, kRounded, kRounded},
+              {"dropout_add_diff", Metric::elementwise, 0, 0},
               {"dx", Metric::normwise, 1e-5, 1e-5},
               {"dw", Metric::normwise, 1e-5, 1e-5}};
   if (bias) c.checks.push_back({"db", Metric::normwise, 1e-5, 1e-5});

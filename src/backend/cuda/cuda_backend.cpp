@@ -274,21 +274,21 @@ void CudaBackend::tanh_backward(const Tensor& y, const Tensor& dy, const Tensor&
 
 void CudaBackend::dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) {
   same_numel(x, y, "dropout_forward");
-  cuda::dropout(stream_, dev(x, "dropout input"), nullptr, p, key, dev(y, "dropout output"),
-                x.numel());
+  cuda::dropout(stream_, cuda::f32_in(dev(x, "dropout input")), nullptr, p, key,
+                dev(y, "dropout output"), x.numel());
 }
 
 void CudaBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) {
   same_numel(dy, dx, "dropout_backward");
-  cuda::dropout(stream_, dev(dy, "dropout gradient"), nullptr, p, key, dev(dx, "dropout dx"),
-                dy.numel());
+  cuda::dropout(stream_, cuda::f32_in(dev(dy, "dropout gradient")), nullptr, p, key,
+                dev(dx, "dropout dx"), dy.numel());
 }
 
 void CudaBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                               const Tensor& y) {
   same_numel(x, r, "dropout_add");
   same_numel(x, y, "dropout_add");
-  cuda::dropout(stream_, dev(r, "dropout_add input"), dev(x, "dropout_add residual"), p, key,
+  cuda::dropout(stream_, dev_in(r, "dropout_add input"), dev(x, "dropout_add residual"), p, key,
                 dev(y, "dropout_add output"), x.numel());
 }
 

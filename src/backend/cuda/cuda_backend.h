@@ -64,10 +64,12 @@ class CudaBackend final : public Backend {
   void hold_weight(const Tensor& w) override;
   void release_weight() override { held_ = nullptr; }
   // bf16 runs keep their saved activations in bf16 only: products, activations and attention
-  // read them as they lie, norms and activations write them (no per-product casts). Products
-  // still write float32 (stores_product_output false): cuBLASLt's bias epilogue adds a bias of
-  // the output's type.
+  // read them as they lie, norms, activations and products write them (no per-product casts, no
+  // rounding passes). cuBLASLt adds a bias of the output's type, so a bf16 output's bias is cast
+  // to bf16 first (into the tail of its workspace): the same bits where its values are bf16
+  // ones, as the compute copy's are in a GPU's bf16 run (a float32 master rounded, or none).
   bool reads_product_input(DType dtype) const override { return bf16_activations(dtype); }
+  bool stores_product_output(DType dtype) const override { return bf16_activations(dtype); }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
@@ -151,11 +153,12 @@ class CudaBackend final : public Backend {
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
-  // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), float32 C;
-  // the operands already in `dtype` (operand()).
+  // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), C float32 or
+  // (a bf16 product) bf16, the bias of C's type; the operands already in `dtype` (operand()).
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-              int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
-              const float* bias, DType dtype);
+              int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c, int64_t ldc,
+              const void* bias, DType dtype);
+  const void* bias_operand(const float* bias, int64_t n);
   // A product's operand of n stored elements as a `dtype` product reads it: float32 as it lies;
   // for 16 bits the held weight's copy, an operand stored in bf16 as it lies, or float32 values
   // cast into `buffer` (a planned operand buffer).
@@ -174,10 +177,11 @@ class CudaBackend final : public Backend {
     MatmulPlan& operator=(const MatmulPlan&) = delete;
     ~MatmulPlan();
   };
-  // The last field is the operands' common pointer alignment (bytes, at most 256): cuBLASLt's
-  // heuristic otherwise assumes 256 and may pick a kernel that refuses less aligned pointers.
+  // The last but one field is the operands' common pointer alignment (bytes, at most 256):
+  // cuBLASLt's heuristic otherwise assumes 256 and may pick a kernel that refuses less aligned
+  // pointers. The last: whether the output is 16-bit.
   using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                             int, bool, int>;
+                             int, bool, int, bool>;
   MatmulPlan& plan_for(const PlanKey& key);
   // The fused (cuDNN, tensor-core) attention's problem for these arguments where it serves them:
   // products in 16 bits, the planned operand buffers and the scratch large enough to stage it,

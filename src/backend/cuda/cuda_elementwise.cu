@@ -68,8 +68,10 @@ __global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx,
 // i's word is rng_block(key, i / 4).v[i % 4], as on the CPU. With 16-byte aligned pointers a full
 // group moves as one float4, which keeps the accesses coalesced. out may alias in or add (the
 // same element is read before it is written, by the same thread).
-template <bool kAdd>
-__global__ void dropout_kernel(const float* in, const float* add, float* out, int64_t n, RngKey key,
+// `in` is float32 or bf16 (a branch's product stored rounded, Backend::stores_product_output),
+// read widened; only float32 moves as float4.
+template <bool kAdd, typename TIn>
+__global__ void dropout_kernel(const TIn* in, const float* add, float* out, int64_t n, RngKey key,
                                uint32_t threshold, float scale, bool vec4) {
   const int64_t groups = (n + 3) / 4;
   // A call over part of the tensor (RngKey::first_element): its element i draws the word of
@@ -81,13 +83,14 @@ __global__ void dropout_kernel(const float* in, const float* add, float* out, in
         const int64_t i = 4 * g + j;
         if (i >= n) break;
         const uint64_t e = key.first_element + static_cast<uint64_t>(i);
-        const float kept = rng_block(key, e / 4).v[e % 4] >= threshold ? in[i] * scale : 0.0f;
+        const float kept =
+            rng_block(key, e / 4).v[e % 4] >= threshold ? widen(in[i]) * scale : 0.0f;
         out[i] = kAdd ? add[i] + kept : kept;
       }
       continue;
     }
     const Philox4 words = rng_block(key, key.first_element / 4 + static_cast<uint64_t>(g));
-    if (vec4 && 4 * g + 4 <= n) {
+    if (std::is_same_v<TIn, float> && vec4 && 4 * g + 4 <= n) {
       const float4 x = reinterpret_cast<const float4*>(in)[g];
       float4 y;
       y.x = words.v[0] >= threshold ? x.x * scale : 0.0f;
@@ -108,7 +111,7 @@ __global__ void dropout_kernel(const float* in, const float* add, float* out, in
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i < n) {
-        const float kept = words.v[j] >= threshold ? in[i] * scale : 0.0f;
+        const float kept = words.v[j] >= threshold ? widen(in[i]) * scale : 0.0f;
         out[i] = kAdd ? add[i] + kept : kept;
       }
     }
@@ -119,9 +122,10 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// y may alias x (p == 0 dropout_add with out == in).
-__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = a[i] + b[i];
+// y may alias x (p == 0 dropout_add with out == in); b float32 or bf16.
+template <typename B>
+__global__ void add_kernel(const float* a, const B* b, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = a[i] + widen(b[i]);
 }
 
 __global__ void fill_kernel(float* x, float value, int64_t n) {
@@ -244,30 +248,31 @@ void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, i
   check_launch("tanh_backward");
 }
 
-void dropout(cudaStream_t s, const float* in, const float* add, float p, RngKey key, float* out,
-             int64_t n) {
+void dropout(cudaStream_t s, In in, const float* add, float p, RngKey key, float* out, int64_t n) {
   BRISK_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is outside [0, 1)");
+  BRISK_CHECK(add || !in.bf16, "internal error: dropout of a bf16 input without an add");
   if (n <= 0) return;
-  if (p == 0.0f) {
-    // Every element is kept with scale 1: no random numbers needed.
-    if (add) {
-      add_kernel<<<grid_for(n), kThreads, 0, s>>>(add, in, out, n);
-      check_launch("dropout (add)");
-    } else {
-      copy_async(s, in, out, n * static_cast<int64_t>(sizeof(float)));
+  with_elements(in.bf16, [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = static_cast<const T*>(in.data);
+    if (p == 0.0f) {
+      // Every element is kept with scale 1: no random numbers needed.
+      if (add)
+        add_kernel<<<grid_for(n), kThreads, 0, s>>>(add, x, out, n);
+      else
+        copy_async(s, x, out, n * static_cast<int64_t>(sizeof(float)));
+      return;
     }
-    return;
-  }
-  const uint32_t threshold = dropout_threshold(p);
-  const float scale = 1.0f / (1.0f - p);
-  const unsigned grid = grid_for((n + 3) / 4);
-  const bool vec4 = aligned16(in) && aligned16(out) && (!add || aligned16(add));
-  if (add) {
-    dropout_kernel<true><<<grid, kThreads, 0, s>>>(in, add, out, n, key, threshold, scale, vec4);
-  } else {
-    dropout_kernel<false>
-        <<<grid, kThreads, 0, s>>>(in, nullptr, out, n, key, threshold, scale, vec4);
-  }
+    const uint32_t threshold = dropout_threshold(p);
+    const float scale = 1.0f / (1.0f - p);
+    const unsigned grid = grid_for((n + 3) / 4);
+    const bool vec4 = aligned16(x) && aligned16(out) && (!add || aligned16(add));
+    if (add)
+      dropout_kernel<true><<<grid, kThreads, 0, s>>>(x, add, out, n, key, threshold, scale, vec4);
+    else
+      dropout_kernel<false>
+          <<<grid, kThreads, 0, s>>>(x, nullptr, out, n, key, threshold, scale, vec4);
+  });
   check_launch("dropout");
 }
 

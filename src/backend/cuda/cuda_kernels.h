@@ -45,9 +45,9 @@ void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
 // out[i] = (add ? add[i] : 0) + (keep(i) ? in[i] / (1 - p) : 0), keep(i) =
 // dropout_keep(key, key.first_element + i, dropout_threshold(p)) exactly as the CPU's.
-// out may alias in or add. p == 0: out = add + in (a plain copy/add).
-void dropout(cudaStream_t s, const float* in, const float* add, float p, RngKey key, float* out,
-             int64_t n);
+// out may alias in or add. p == 0: out = add + in (a plain copy/add). `in` may be bf16 where
+// there is an add (dropout_add's branch, stored rounded by its product).
+void dropout(cudaStream_t s, In in, const float* add, float p, RngKey key, float* out, int64_t n);
 void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
 void fill(cudaStream_t s, float* x, float value, int64_t n);
 // dst = src converted (f32, bf16, f16; round to nearest even, fp16 overflow -> inf).

@@ -43,6 +43,11 @@ int common_alignment(std::initializer_list<const void*> pointers) {
   return static_cast<int>(bits & (~bits + 1));
 }
 
+// The tail of cuBLASLt's workspace that its products never see: a bf16 output's bias cast to bf16
+// there (cuBLASLt adds a bias of the output's type), 128 Ki values at most.
+constexpr int64_t kBiasCopyBytes = int64_t{256} << 10;
+constexpr int64_t kProductWorkspaceBytes = kCublasLtWorkspaceBytes - kBiasCopyBytes;
+
 struct LinearDims {
   int64_t m, k, n;
 };
@@ -77,8 +82,12 @@ void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulO
 CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32, align] = key;
+  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32, align, out16] =
+      key;
   const DType dtype = static_cast<DType>(dtype_int);
+  // A 16-bit output (C and D) is the float32 result rounded as it is stored; its bias is of its
+  // type (cuBLASLt's rule).
+  const cudaDataType_t out_type = out16 ? cuda_type(dtype) : CUDA_R_32F;
   auto p = std::make_unique<MatmulPlan>();
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLASLt's
   // first operand is our B and its second our A, each transposed exactly when ours is.
@@ -98,7 +107,7 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
     check_lt(
         cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
         "bias epilogue");
-    const cudaDataType_t bias_type = CUDA_R_32F;
+    const cudaDataType_t bias_type = out_type;
     check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                &bias_type, sizeof bias_type),
              "bias type");
@@ -109,10 +118,10 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
            "layout of B");
   check_lt(cublaslt().MatrixLayoutCreate(&p->b, in, trans_a ? m : k, trans_a ? k : m, lda),
            "layout of A");
-  check_lt(cublaslt().MatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "layout of C");
+  check_lt(cublaslt().MatrixLayoutCreate(&p->c, out_type, n, m, ldc), "layout of C");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublaslt().MatmulPreferenceCreate(&pref), "preference");
-  const size_t ws = kCublasLtWorkspaceBytes;
+  const size_t ws = kProductWorkspaceBytes;
   cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                           sizeof ws);
   const uint32_t min_align = static_cast<uint32_t>(align);
@@ -145,6 +154,18 @@ const void* packed(cudaStream_t stream, cuda::In x, int64_t n, DType dtype, cons
 }
 }  // namespace
 
+// A bf16 output's bias, cast to bf16 into the workspace's tail (kBiasCopyBytes): the same sum as
+// the float32 bias where its values are bf16 ones, as a GPU's 16-bit runs' compute copies are.
+const void* CudaBackend::bias_operand(const float* bias, int64_t n) {
+  BRISK_CHECK(n <= kBiasCopyBytes / 2, "linear_forward: a bias of ", n,
+              " values is wider than a bf16 output's bias may be (", kBiasCopyBytes / 2, ")");
+  BRISK_CHECK(ws_.matmul_workspace.bytes() == kCublasLtWorkspaceBytes,
+              "linear_forward: plan_workspace was not called");
+  void* tail = static_cast<char*>(ws_.matmul_workspace.data()) + kProductWorkspaceBytes;
+  cuda::cast(stream_, bias, DType::f32, tail, DType::bf16, n);
+  return tail;
+}
+
 void CudaBackend::hold_weight(const Tensor& w) {
   release_weight();
   const Tensor& copy = ws_.held_weight;
@@ -175,19 +196,21 @@ const void* CudaBackend::gradient_operand(cuda::In g, int64_t m, int64_t n, DTyp
 }
 
 void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-                         int64_t lda, const void* b, int64_t ldb, bool accumulate, float* c,
-                         int64_t ldc, const float* bias, DType dtype) {
+                         int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c,
+                         int64_t ldc, const void* bias, DType dtype) {
   if (m == 0 || n == 0) return;
-  MatmulPlan& p =
-      plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
-                       static_cast<int>(dtype), tf32_, common_alignment({a, b, c, bias})});
+  BRISK_CHECK(!c.bf16 || dtype == DType::bf16, "internal error: a bf16 output of a ",
+              dtype_name(dtype), " product");
+  MatmulPlan& p = plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
+                                   static_cast<int>(dtype), tf32_,
+                                   common_alignment({a, b, c.data, bias}), c.bf16});
   if (bias)
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof bias),
              "bias pointer");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                             ws_.matmul_workspace.data(), ws_.matmul_workspace.bytes(), stream_),
+  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c.data, p.c, c.data, p.c,
+                             &p.algo, ws_.matmul_workspace.data(), kProductWorkspaceBytes, stream_),
            "matmul");
 }
 
@@ -200,11 +223,14 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
               " values, expected ", n);
   BRISK_CHECK(!ws_.matmul_workspace.empty(), "linear_forward: plan_workspace was not called");
   const bool out_in = layout == WeightLayout::out_in;
-  const float* bias = b.empty() ? nullptr : on_gpu(b, "linear bias");
+  const cuda::Out out = dev_out(y, "linear output");  // bf16: stores_product_output
+  const void* bias = b.empty()  ? nullptr
+                     : out.bf16 ? bias_operand(on_gpu(b, "linear bias"), n)
+                                : on_gpu(b, "linear bias");
   const DType t = matmul_dtype_;
   matmul(false, out_in, m, n, k, operand(dev_in(x, "linear input"), m * k, t, ws_.operand_a), k,
          operand(cuda::f32_in(on_gpu(w, "linear weight")), n * k, t, ws_.operand_b), out_in ? k : n,
-         false, on_gpu(y, "linear output"), n, bias, t);
+         false, out, n, bias, t);
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -232,16 +258,18 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
     matmul(false, !out_in, m, k, n, pg, ld, operand(wi, n * k, t, ws_.operand_b), out_in ? k : n,
-           accumulate_dx, dx.f32(), k, nullptr, t);
+           accumulate_dx, cuda::f32_out(dx.f32()), k, nullptr, t);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     const void* px = operand(dev_in(x, "linear input"), m * k, t, ws_.operand_b);
     if (out_in)
-      matmul(true, false, n, k, m, pg, ld, px, k, accumulate_dw, dw.f32(), k, nullptr, t);
+      matmul(true, false, n, k, m, pg, ld, px, k, accumulate_dw, cuda::f32_out(dw.f32()), k,
+             nullptr, t);
     else
-      matmul(true, false, k, n, m, px, k, pg, ld, accumulate_dw, dw.f32(), n, nullptr, t);
+      matmul(true, false, k, n, m, px, k, pg, ld, accumulate_dw, cuda::f32_out(dw.f32()), n,
+             nullptr, t);
   }
   if (!db.empty()) {
     BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
@@ -253,8 +281,8 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       ones_ready_ = true;
     }
     // db[1,n] (+)= ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g.data, n, accumulate_dw, db.f32(), n, nullptr,
-           DType::f32);
+    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g.data, n, accumulate_dw,
+           cuda::f32_out(db.f32()), n, nullptr, DType::f32);
   }
 }
 
