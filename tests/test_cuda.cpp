@@ -107,21 +107,31 @@ TEST(CudaOps, Bf16ProductsNeedThePlannedWorkspace) {
                "operand buffers");
 }
 
-// A bf16 run's product output stored in bf16 (Backend::stores_product_output) holds the float32
-// output rounded to nearest even, bit for bit: both layouts, with and without a bias (of bf16
-// values, as a GPU's 16-bit run's compute copy holds), from a float32 or bf16 input, from a held
-// weight. Products in float32 refuse a bf16 output.
+// A bf16 run's product output stored in bf16 holds the float32 output rounded to nearest even, bit
+// for bit: both layouts, with and without a bias (of bf16 values, as a GPU's 16-bit run's compute
+// copy holds), from a float32 or bf16 input, from a held weight; dropout_add reads it as the
+// float32 copy of its values. The model writes such outputs (Backend::stores_product_output) only
+// where BRISK_BF16_PRODUCT_OUTPUT=1 opts in. Products in float32 refuse a bf16 output.
 TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
   REQUIRE_GPU();
+  if (std::getenv("BRISK_BF16_PRODUCT_OUTPUT") == nullptr) {
+    setenv("BRISK_BF16_PRODUCT_OUTPUT", "1", 1);
+    auto opted = gpu_backend();
+    unsetenv("BRISK_BF16_PRODUCT_OUTPUT");
+    opted->set_matmul_dtype(DType::bf16);
+    EXPECT_TRUE(opted->stores_product_output(DType::bf16));
+    EXPECT_FALSE(opted->stores_product_output(DType::f16));
+    auto plain = gpu_backend();
+    plain->set_matmul_dtype(DType::bf16);
+    EXPECT_FALSE(plain->stores_product_output(DType::bf16));
+  }
   auto gpu = gpu_backend();
   DeviceBuffers d(*gpu);
   gpu->set_matmul_dtype(DType::bf16);
-  EXPECT_TRUE(gpu->stores_product_output(DType::bf16));
-  EXPECT_FALSE(gpu->stores_product_output(DType::f16));
   const int64_t M = 37, K = 72, N = 40;
   d.workspace(MatmulOperands(M * std::max(K, N), N * K, N * K, K));
   std::mt19937 rng(12);
-  const FVec x = randn(M * K, rng), w = randn(N * K, rng);
+  const FVec x = randn(M * K, rng), w = randn(N * K, rng), res = randn(M * N, rng);
   FVec b = randn(N, rng);
   for (float& v : b) v = bf16_to_float(float_to_bf16(v));
   std::vector<uint16_t> x16(M * K);
@@ -146,8 +156,17 @@ TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
                                << (with_bias ? ", bias" : "") << (bf16_input ? ", bf16 input" : "")
                                << (held ? ", held weight" : "");
         }
+  // The branch as dropout_add reads it, kept or dropped alike.
+  const Tensor widened = d.alloc({M, N}), rt = d.put(res, {M, N});
+  const Tensor z16 = d.alloc({M, N}), z32 = d.alloc({M, N});
+  gpu->cast(y16, widened);
+  for (float drop : {0.0f, 0.25f}) {
+    const RngKey key{5, 3, 2};
+    gpu->dropout_add(rt, y16, drop, key, z16);
+    gpu->dropout_add(rt, widened, drop, key, z32);
+    EXPECT_EQ(d.get(z16), d.get(z32)) << "dropout " << drop;
+  }
   gpu->set_matmul_dtype(DType::f32);
-  EXPECT_FALSE(gpu->stores_product_output(DType::bf16));
   const Tensor wt = d.put(w, {N, K});
   expect_error([&] { gpu->linear_forward(x32t, wt, Tensor(), WeightLayout::out_in, y16); },
                "linear output");

@@ -75,7 +75,7 @@ cuda::AdamWArgs adamw_args(float lr, float beta1, float beta2, float eps, float 
 }
 }  // namespace
 
-CudaBackend::CudaBackend() {
+CudaBackend::CudaBackend() : stores_bf16_outputs_(cuda::switched_on("BRISK_BF16_PRODUCT_OUTPUT")) {
   check_cuda(cudaGetDevice(&device_index_), "cudaGetDevice");
   check_cuda(cudaGetDeviceProperties(&props_, device_index_), "cudaGetDeviceProperties");
   BRISK_CHECK(props_.major >= 8, "--device cuda: ", props_.name, " (compute capability ",

@@ -64,12 +64,16 @@ class CudaBackend final : public Backend {
   void hold_weight(const Tensor& w) override;
   void release_weight() override { held_ = nullptr; }
   // bf16 runs keep their saved activations in bf16 only: products, activations and attention
-  // read them as they lie, norms, activations and products write them (no per-product casts, no
-  // rounding passes). cuBLASLt adds a bias of the output's type, so a bf16 output's bias is cast
-  // to bf16 first (into the tail of its workspace): the same bits where its values are bf16
-  // ones, as the compute copy's are in a GPU's bf16 run (a float32 master rounded, or none).
+  // read them as they lie, norms and activations write them (no per-product casts).
   bool reads_product_input(DType dtype) const override { return bf16_activations(dtype); }
-  bool stores_product_output(DType dtype) const override { return bf16_activations(dtype); }
+  // Products writing bf16 outputs, opted into with BRISK_BF16_PRODUCT_OUTPUT=1 (no float32
+  // output, no rounding pass; measured slower on GPT-2 on an H200: docs/benchmarks.md).
+  // cuBLASLt adds a bias of the output's type, so a bf16 output's bias is cast to bf16 first
+  // (into the tail of its workspace): the same bits where its values are bf16 ones, as the
+  // compute copy's are in a GPU's bf16 run (a float32 master rounded, or none).
+  bool stores_product_output(DType dtype) const override {
+    return stores_bf16_outputs_ && bf16_activations(dtype);
+  }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
@@ -219,7 +223,8 @@ class CudaBackend final : public Backend {
   // cuBLASLt's workspace lent as float32 scratch between products (cuda_column_sums.cuh).
   cuda::ColumnScratch column_scratch();
   bool tf32_ = false;
-  BackendWorkspace ws_;  // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
+  bool stores_bf16_outputs_;  // BRISK_BF16_PRODUCT_OUTPUT=1
+  BackendWorkspace ws_;       // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;
   const float* held_ = nullptr;  // the held weight (its copy: ws_.held_weight), or null
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;

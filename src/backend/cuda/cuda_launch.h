@@ -45,6 +45,11 @@ inline bool switched_off(const char* name) {
   const char* v = std::getenv(name);
   return v && std::strcmp(v, "0") == 0;
 }
+// Whether the environment variable `name` is "1": an opt-in.
+inline bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, "1") == 0;
+}
 
 inline void check_cuda(cudaError_t err, const char* what) {
   BRISK_CHECK(err == cudaSuccess, "CUDA ", what, " failed: ", cudaGetErrorString(err));
