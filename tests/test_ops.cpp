@@ -146,6 +146,58 @@ TEST(OpsMoeRoute, BadShapesAndExpertsAreRefused) {
       "expert 4 of 4");
 }
 
+TEST(OpsMoeDispatch, BadShapesExpertsAndPositionsAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int N = 3, k = 2, E = 4, C = 5;
+  std::vector<int32_t> x{0, 1, 2, 3, 1, 2}, counts(E), pos(N * k);
+  FVec in(N * C), rows(N * k * C), y(N * C), w(N * k), dw(N * k), drows(N * k * C);
+  const Tensor experts(x.data(), Shape{N, k}, DType::i32);
+  const Tensor positions(pos.data(), Shape{N, k}, DType::i32);
+  auto dispatch = [&](int64_t num_experts, const Tensor& c) {
+    be->moe_dispatch(experts, num_experts, c, positions);
+  };
+  brisk::testing::expect_error(
+      [&] { dispatch(E, Tensor(counts.data(), Shape{E - 1}, DType::i32)); }, "counts");
+  brisk::testing::expect_error([&] { dispatch(0, Tensor(counts.data(), Shape{0}, DType::i32)); },
+                               "experts >= 1");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_dispatch(experts, E, Tensor(counts.data(), Shape{E}, DType::i32),
+                         Tensor(pos.data(), Shape{k, N}, DType::i32));
+      },
+      "positions");
+  x[3] = E;
+  brisk::testing::expect_error([&] { dispatch(E, Tensor(counts.data(), Shape{E}, DType::i32)); },
+                               "expert 4 of 4");
+  x[3] = 3;
+  dispatch(E, Tensor(counts.data(), Shape{E}, DType::i32));
+  EXPECT_EQ(counts, (std::vector<int32_t>{1, 2, 2, 1}));
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 3, 5, 2, 4}));
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_gather(view(in, {N, C}), positions, view(rows, {N * k, C - 1}));
+      },
+      "rows");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_combine(view(rows, {N * k, C}), positions, view(w, {N, k - 1}), view(y, {N, C}),
+                        false);
+      },
+      "weights");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_combine_backward(view(y, {N, C}), view(rows, {N * k, C}), positions, Tensor(),
+                                 view(drows, {N * k, C}), view(dw, {N, k}));
+      },
+      "both needed");
+  pos[2] = N * k;
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_gather(view(in, {N, C}), positions, view(rows, {N * k, C}));
+      },
+      "position 6 is not one of 6 routed rows");
+}
+
 // rope_tables against transformers' own LlamaRotaryEmbedding (scripts/make_rope_fixture.py):
 // rope types default (Llama-2, Qwen2's theta 1e6, a six-wide head), linear and llama3 (3.1, 3.2).
 // Tolerances: inv_freq within 2 ulp (float32 steps in transformers' order; only pow is not

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/checked.h"
@@ -177,6 +178,54 @@ std::pair<int64_t, int64_t> Backend::check_moe_route(const Tensor& probs, const 
   const int64_t k = weights.dim(1);
   BRISK_CHECK(k >= 1 && k <= E, op, ": ", k, " experts per token of ", E);
   return {E, k};
+}
+
+int64_t Backend::check_moe_dispatch(const Tensor& experts, int64_t num_experts,
+                                    const Tensor& counts, const Tensor& positions) {
+  BRISK_CHECK(experts.dtype() == DType::i32 && experts.rank() == 2 &&
+                  positions.dtype() == DType::i32 && positions.shape() == experts.shape(),
+              "moe_dispatch: experts ", experts.shape().str(), " ", dtype_name(experts.dtype()),
+              " and positions ", positions.shape().str(), " ", dtype_name(positions.dtype()),
+              " are not both int32 [tokens, k]");
+  BRISK_CHECK(num_experts >= 1 && counts.dtype() == DType::i32 && counts.numel() == num_experts,
+              "moe_dispatch: counts ", counts.shape().str(), " ", dtype_name(counts.dtype()),
+              " are not int32 [", num_experts, "] (experts >= 1)");
+  BRISK_CHECK(experts.numel() <= std::numeric_limits<int32_t>::max(),
+              "moe_dispatch: ", experts.numel(), " routed rows exceed int32 positions");
+  return experts.numel();
+}
+
+Backend::MoeRows Backend::check_moe_rows(const Tensor& positions, const Tensor& rows,
+                                         const Tensor& tokens, const Tensor& weights,
+                                         const char* op) {
+  BRISK_CHECK(positions.dtype() == DType::i32 && positions.rank() == 2, op, ": positions ",
+              positions.shape().str(), " ", dtype_name(positions.dtype()),
+              " are not int32 [tokens, k]");
+  const int64_t N = positions.dim(0), k = positions.dim(1);
+  BRISK_CHECK(
+      tokens.dtype() == DType::f32 && tokens.rank() >= 1 && N > 0 && tokens.numel() % N == 0, op,
+      ": tokens ", tokens.shape().str(), " ", dtype_name(tokens.dtype()),
+      " are not float32 rows of ", N, " tokens");
+  const int64_t C = tokens.numel() / N;
+  BRISK_CHECK(rows.dtype() == DType::f32 && rows.numel() == checked_mul(N * k, C, op), op,
+              ": rows ", rows.shape().str(), " ", dtype_name(rows.dtype()), " are not float32 [",
+              N * k, ", ", C, "]");
+  BRISK_CHECK(N * k <= std::numeric_limits<int32_t>::max(), op, ": ", N * k,
+              " routed rows exceed int32 positions");
+  BRISK_CHECK(weights.empty() || (weights.dtype() == DType::f32 && weights.numel() == N * k), op,
+              ": weights ", weights.shape().str(), " ", dtype_name(weights.dtype()),
+              " are not float32 [", N, ", ", k, "]");
+  return {N, k, C};
+}
+
+Backend::MoeRows Backend::check_moe_combine_backward(const Tensor& dy, const Tensor& rows,
+                                                     const Tensor& positions, const Tensor& weights,
+                                                     const Tensor& drows, const Tensor& dweights) {
+  const char* op = "moe_combine_backward";
+  BRISK_CHECK(!weights.empty() && !dweights.empty(), op,
+              ": the weights and their gradient are both needed");
+  check_moe_rows(positions, drows, dy, dweights, op);
+  return check_moe_rows(positions, rows, dy, weights, op);
 }
 
 void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* op) {

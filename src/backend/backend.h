@@ -473,6 +473,41 @@ class Backend {
   // 1 <= k <= E); returns E and k.
   static std::pair<int64_t, int64_t> check_moe_route(const Tensor& probs, const Tensor& weights,
                                                      const Tensor& experts, const char* op);
+  // The dispatch of N tokens' routed pairs (experts [N,k], int32, each in [0, E)) into rows
+  // grouped by expert, for products over each expert's rows alone: counts [E] (int32) the pairs
+  // each expert receives, positions [N,k] (int32) each pair's row. Expert e's rows are
+  // [offset_e, offset_e + counts[e]), offset_e = counts[0] + ... + counts[e-1], its pairs in the
+  // order of the tokens (then of their slots): the same rows on every backend. An expert out of
+  // range throws where the backend can check (the CPU) and gets no row elsewhere.
+  virtual void moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
+                            const Tensor& positions) = 0;
+  // rows [N*k, C]: rows[positions[n,j]] = x[n] (float32): each token's input to its k experts.
+  virtual void moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) = 0;
+  // y [N,C] = (or += when accumulate) sum over j of weights[n,j] * rows[positions[n,j]], j in
+  // order; without weights (empty) the plain sum: the gather's backward, a token's gradient from
+  // its k rows'.
+  virtual void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
+                           const Tensor& y, bool accumulate) = 0;
+  // moe_combine's backward (written): drows[positions[n,j]] = weights[n,j] * dy[n] and
+  // dweights[n,j] = dy[n] . rows[positions[n,j]].
+  virtual void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& positions,
+                                    const Tensor& weights, const Tensor& drows,
+                                    const Tensor& dweights) = 0;
+  // Throws unless experts and positions are int32 [N,k] and counts int32 [num_experts >= 1];
+  // returns N * k.
+  static int64_t check_moe_dispatch(const Tensor& experts, int64_t num_experts,
+                                    const Tensor& counts, const Tensor& positions);
+  // Throws unless positions [N,k] (int32), rows [N*k, C] and tokens [N, C] (float32) and, unless
+  // empty, weights [N,k] (float32) belong together; returns N, k and C.
+  struct MoeRows {
+    int64_t N, k, C;
+  };
+  static MoeRows check_moe_rows(const Tensor& positions, const Tensor& rows, const Tensor& tokens,
+                                const Tensor& weights, const char* op);
+  // check_moe_rows for moe_combine_backward's arguments, weights and dweights given.
+  static MoeRows check_moe_combine_backward(const Tensor& dy, const Tensor& rows,
+                                            const Tensor& positions, const Tensor& weights,
+                                            const Tensor& drows, const Tensor& dweights);
 
   // ---- the optimizer step ----
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).

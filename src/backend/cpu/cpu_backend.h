@@ -110,6 +110,14 @@ class CpuBackend final : public Backend {
   void moe_route_backward(const Tensor& probs, const Tensor& weights, const Tensor& experts,
                           const Tensor& dweights, const Tensor& dprobs, bool normalize,
                           const Tensor& dlogits) override;
+  void moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
+                    const Tensor& positions) override;
+  void moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) override;
+  void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
+                   const Tensor& y, bool accumulate) override;
+  void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& positions,
+                            const Tensor& weights, const Tensor& drows,
+                            const Tensor& dweights) override;
 
   void sum_squares(const Tensor& x, const Tensor& acc) override;
   void decide_step(const Tensor& stats, double loss_scale, double max_norm,

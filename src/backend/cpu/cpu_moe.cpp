@@ -1,4 +1,9 @@
-// Mixture of experts on the CPU: the routing of each token (moe_route.h), rows in parallel.
+// Mixture of experts on the CPU: the routing of each token (moe_route.h), rows in parallel; the
+// dispatch of the routed pairs into rows grouped by expert, one pass in order; the gather into
+// those rows and the weighted combine out of them (and its backward), tokens or rows in parallel.
+#include <cstring>
+#include <vector>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/moe_route.h"
 
@@ -9,6 +14,12 @@ namespace {
 void check_rows(const Tensor& t, int64_t N, int64_t E, const char* op, const char* what) {
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == N * E, op, ": ", what, " ", t.shape().str(),
               " ", dtype_name(t.dtype()), " is not float32 [", N, ", ", E, "]");
+}
+// Throws unless every position is a row of `rows` routed rows.
+void check_positions(const int32_t* pos, int64_t n, int64_t rows, const char* op) {
+  for (int64_t i = 0; i < n; ++i)
+    BRISK_CHECK(pos[i] >= 0 && pos[i] < rows, op, ": position ", pos[i], " is not one of ", rows,
+                " routed rows");
 }
 }  // namespace
 
@@ -44,6 +55,79 @@ void CpuBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
   for (int64_t n = 0; n < N; ++n)
     moe_route_row_backward(p + n * E, w + n * k, x + n * k, dw + n * k, dp ? dp + n * E : nullptr,
                            static_cast<int>(E), static_cast<int>(k), normalize, dz + n * E);
+}
+
+void CpuBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
+                              const Tensor& positions) {
+  const int64_t pairs = check_moe_dispatch(experts, num_experts, counts, positions);
+  const int32_t* x = experts.i32();
+  int32_t *count = counts.i32(), *pos = positions.i32();
+  std::vector<int32_t> next(num_experts, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    BRISK_CHECK(x[i] >= 0 && x[i] < num_experts, "moe_dispatch: expert ", x[i], " of ",
+                num_experts);
+    ++next[x[i]];
+  }
+  int32_t offset = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    count[e] = next[e];
+    next[e] = offset;
+    offset += count[e];
+  }
+  for (int64_t i = 0; i < pairs; ++i) pos[i] = next[x[i]]++;
+}
+
+void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
+  const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
+  const int32_t* pos = positions.i32();
+  check_positions(pos, N * k, N * k, "moe_gather");
+  const float* in = x.f32();
+  float* out = rows.f32();
+#pragma omp parallel for schedule(static) if (N * k * C > 65536)
+  for (int64_t i = 0; i < N * k; ++i)
+    std::memcpy(out + pos[i] * C, in + (i / k) * C, C * sizeof(float));
+}
+
+void CpuBackend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
+                             const Tensor& y, bool accumulate) {
+  const auto [N, k, C] = check_moe_rows(positions, rows, y, weights, "moe_combine");
+  const int32_t* pos = positions.i32();
+  check_positions(pos, N * k, N * k, "moe_combine");
+  const float* r = rows.f32();
+  const float* w = weights.empty() ? nullptr : weights.f32();
+  float* out = y.f32();
+#pragma omp parallel for schedule(static) if (N * k * C > 65536)
+  for (int64_t n = 0; n < N; ++n) {
+    float* yn = out + n * C;
+    if (!accumulate) std::fill(yn, yn + C, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float* rj = r + pos[n * k + j] * C;
+      const float wj = w ? w[n * k + j] : 1.0f;
+      for (int64_t c = 0; c < C; ++c) yn[c] += wj * rj[c];
+    }
+  }
+}
+
+void CpuBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& positions,
+                                      const Tensor& weights, const Tensor& drows,
+                                      const Tensor& dweights) {
+  const auto [N, k, C] = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
+  const int32_t* pos = positions.i32();
+  check_positions(pos, N * k, N * k, "moe_combine_backward");
+  const float *g = dy.f32(), *r = rows.f32(), *w = weights.f32();
+  float *dr = drows.f32(), *dw = dweights.f32();
+#pragma omp parallel for schedule(static) if (N * k * C > 65536)
+  for (int64_t i = 0; i < N * k; ++i) {
+    const float* gn = g + (i / k) * C;
+    const float* ri = r + pos[i] * C;
+    float* dri = dr + pos[i] * C;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      dri[c] = w[i] * gn[c];
+      dot += gn[c] * ri[c];
+    }
+    dw[i] = dot;
+  }
 }
 
 }  // namespace brisk

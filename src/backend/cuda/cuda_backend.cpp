@@ -476,6 +476,37 @@ void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
                            k, normalize, dev(dlogits, "router logits' gradient"));
 }
 
+void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
+                               const Tensor& positions) {
+  const int64_t pairs = check_moe_dispatch(experts, num_experts, counts, positions);
+  cuda::moe_dispatch(stream_, dev_i32(experts, "routed experts"), pairs, num_experts,
+                     dev_i32(counts, "expert counts"), dev_i32(positions, "routed positions"));
+}
+
+void CudaBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
+  const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
+  cuda::moe_gather(stream_, dev(x, "moe_gather input"), dev_i32(positions, "routed positions"), N,
+                   k, C, dev(rows, "routed rows"));
+}
+
+void CudaBackend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
+                              const Tensor& y, bool accumulate) {
+  const auto [N, k, C] = check_moe_rows(positions, rows, y, weights, "moe_combine");
+  cuda::moe_combine(stream_, dev(rows, "routed rows"), dev_i32(positions, "routed positions"),
+                    dev_or_null(weights, "routing weights"), N, k, C, accumulate,
+                    dev(y, "moe_combine output"));
+}
+
+void CudaBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows,
+                                       const Tensor& positions, const Tensor& weights,
+                                       const Tensor& drows, const Tensor& dweights) {
+  const auto [N, k, C] = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
+  cuda::moe_combine_backward(
+      stream_, dev(dy, "moe_combine gradient"), dev(rows, "routed rows"),
+      dev_i32(positions, "routed positions"), dev(weights, "routing weights"), N, k, C,
+      dev(drows, "routed rows' gradient"), dev(dweights, "routing weights' gradient"));
+}
+
 // ---- attention ----
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,

@@ -133,6 +133,17 @@ void moe_route(cudaStream_t s, const float* logits, int64_t N, int64_t E, int64_
 void moe_route_backward(cudaStream_t s, const float* probs, const float* weights,
                         const int32_t* experts, const float* dweights, const float* dprobs,
                         int64_t N, int64_t E, int64_t k, bool normalize, float* dlogits);
+// Backend::moe_dispatch, moe_gather, moe_combine and moe_combine_backward (weights null: the plain
+// sum); positions out of range are skipped.
+void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,
+                  int32_t* positions);
+void moe_gather(cudaStream_t s, const float* x, const int32_t* positions, int64_t N, int64_t k,
+                int64_t C, float* rows);
+void moe_combine(cudaStream_t s, const float* rows, const int32_t* positions, const float* weights,
+                 int64_t N, int64_t k, int64_t C, bool accumulate, float* y);
+void moe_combine_backward(cudaStream_t s, const float* dy, const float* rows,
+                          const int32_t* positions, const float* weights, int64_t N, int64_t k,
+                          int64_t C, float* drows, float* dweights);
 
 // ---- cuda_optim.cu ----
 // *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).

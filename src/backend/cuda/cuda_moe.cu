@@ -1,5 +1,7 @@
 // Mixture of experts on CUDA: the routing of each token (moe_route.h, the CPU's arithmetic), one
-// thread per token.
+// thread per token; the dispatch, one thread per expert walking the pairs in order (the CPU's
+// rows; work E x N k, simple before fast); the gather and the combine, a thread per element; the
+// combine's weight gradients, a warp per routed row.
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 #include "backend/moe_route.h"
@@ -23,7 +25,109 @@ __global__ void moe_route_backward_kernel(const float* probs, const float* weigh
                            dprobs ? dprobs + n * E : nullptr, E, k, normalize, dlogits + n * E);
 }
 
+// Each expert's count of pairs (one thread per expert).
+__global__ void moe_count_kernel(const int32_t* experts, int64_t pairs, int E, int32_t* counts) {
+  const int e = static_cast<int>(global_thread());
+  if (e >= E) return;
+  int32_t c = 0;
+  for (int64_t i = 0; i < pairs; ++i) c += experts[i] == e;
+  counts[e] = c;
+}
+
+// Each pair's row: its expert's offset plus the pairs of that expert before it.
+__global__ void moe_position_kernel(const int32_t* experts, int64_t pairs, int E,
+                                    const int32_t* counts, int32_t* positions) {
+  const int e = static_cast<int>(global_thread());
+  if (e >= E) return;
+  int32_t next = 0;
+  for (int f = 0; f < e; ++f) next += counts[f];
+  for (int64_t i = 0; i < pairs; ++i)
+    if (experts[i] == e) positions[i] = next++;
+}
+
+__global__ void moe_gather_kernel(const float* x, const int32_t* positions, int64_t pairs, int k,
+                                  int64_t C, float* rows) {
+  for (int64_t t = global_thread(); t < pairs * C; t += grid_threads()) {
+    const int64_t i = t / C, c = t % C;
+    const int32_t p = positions[i];
+    if (p >= 0 && p < pairs) rows[p * C + c] = x[(i / k) * C + c];
+  }
+}
+
+__global__ void moe_combine_kernel(const float* rows, const int32_t* positions,
+                                   const float* weights, int64_t N, int k, int64_t C,
+                                   bool accumulate, float* y) {
+  const int64_t pairs = N * k;
+  for (int64_t t = global_thread(); t < N * C; t += grid_threads()) {
+    const int64_t n = t / C, c = t % C;
+    float sum = accumulate ? y[t] : 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int32_t p = positions[n * k + j];
+      if (p >= 0 && p < pairs) sum += (weights ? weights[n * k + j] : 1.0f) * rows[p * C + c];
+    }
+    y[t] = sum;
+  }
+}
+
+// One warp per routed row: its gradient, and its weight's as a dot product summed lane by lane
+// then across the warp (a fixed order).
+__global__ void moe_combine_backward_kernel(const float* dy, const float* rows,
+                                            const int32_t* positions, const float* weights,
+                                            int64_t pairs, int k, int64_t C, float* drows,
+                                            float* dweights) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = grid_threads() / 32;
+  for (int64_t i = global_thread() / 32; i < pairs; i += warps) {
+    const int32_t p = positions[i];
+    const bool valid = p >= 0 && p < pairs;
+    const float* g = dy + (i / k) * C;
+    float dot = 0.0f;
+    for (int64_t c = lane; c < C && valid; c += 32) {
+      drows[p * C + c] = weights[i] * g[c];
+      dot += g[c] * rows[p * C + c];
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      dot += __shfl_down_sync(0xffffffffu, dot, offset);
+    if (lane == 0) dweights[i] = dot;
+  }
+}
+
 }  // namespace
+
+void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,
+                  int32_t* positions) {
+  const unsigned grid = grid_for(E);
+  moe_count_kernel<<<grid, kThreads, 0, s>>>(experts, pairs, static_cast<int>(E), counts);
+  if (pairs > 0)
+    moe_position_kernel<<<grid, kThreads, 0, s>>>(experts, pairs, static_cast<int>(E), counts,
+                                                  positions);
+  check_launch("moe_dispatch");
+}
+
+void moe_gather(cudaStream_t s, const float* x, const int32_t* positions, int64_t N, int64_t k,
+                int64_t C, float* rows) {
+  if (N * k * C <= 0) return;
+  moe_gather_kernel<<<grid_for(N * k * C), kThreads, 0, s>>>(x, positions, N * k,
+                                                             static_cast<int>(k), C, rows);
+  check_launch("moe_gather");
+}
+
+void moe_combine(cudaStream_t s, const float* rows, const int32_t* positions, const float* weights,
+                 int64_t N, int64_t k, int64_t C, bool accumulate, float* y) {
+  if (N * C <= 0) return;
+  moe_combine_kernel<<<grid_for(N * C), kThreads, 0, s>>>(rows, positions, weights, N,
+                                                          static_cast<int>(k), C, accumulate, y);
+  check_launch("moe_combine");
+}
+
+void moe_combine_backward(cudaStream_t s, const float* dy, const float* rows,
+                          const int32_t* positions, const float* weights, int64_t N, int64_t k,
+                          int64_t C, float* drows, float* dweights) {
+  if (N * k <= 0) return;
+  moe_combine_backward_kernel<<<grid_for(N * k * 32), kThreads, 0, s>>>(
+      dy, rows, positions, weights, N * k, static_cast<int>(k), C, drows, dweights);
+  check_launch("moe_combine_backward");
+}
 
 void moe_route(cudaStream_t s, const float* logits, int64_t N, int64_t E, int64_t k, bool normalize,
                float* probs, float* weights, int32_t* experts) {
