@@ -1,0 +1,109 @@
+#include "models/moe_layer.h"
+
+#include "core/checked.h"
+
+namespace brisk {
+
+namespace {
+
+// Expert e's [rows, cols] matrix of a [E, rows, cols] tensor.
+Tensor expert_matrix(const Tensor& t, int64_t e) {
+  return Tensor(element_range(t, e * t.dim(1) * t.dim(2), t.dim(1) * t.dim(2)).data(),
+                Shape{t.dim(1), t.dim(2)}, t.dtype(), t.device());
+}
+
+// f(e, rows of e's first routed row, its count) for every expert, in order.
+template <typename F>
+void for_each_expert(const std::vector<int32_t>& counts, F f) {
+  int64_t first = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    f(static_cast<int64_t>(e), first, static_cast<int64_t>(counts[e]));
+    first += counts[e];
+  }
+}
+
+void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const char* op) {
+  BRISK_CHECK(s.experts >= 1 && s.top_k >= 1 && s.top_k <= s.experts, op, ": top ", s.top_k, " of ",
+              s.experts, " experts");
+  BRISK_CHECK(x.numel() == checked_mul(s.tokens, s.hidden, op), op, ": input ", x.shape().str(),
+              " is not [", s.tokens, ", ", s.hidden, "]");
+  BRISK_CHECK(w.router.shape() == Shape({s.experts, s.hidden}) &&
+                  w.gate_up.shape() == Shape({s.experts, 2 * s.inner, s.hidden}) &&
+                  w.down.shape() == Shape({s.experts, s.hidden, s.inner}),
+              op, ": expert weights ", w.router.shape().str(), ", ", w.gate_up.shape().str(), ", ",
+              w.down.shape().str(), " do not fit ", s.experts, " experts of ", s.hidden, " -> ",
+              s.inner);
+}
+
+}  // namespace
+
+std::vector<Shape> moe_saved_shapes(const MoeShape& s) {
+  const int64_t N = s.tokens, k = s.top_k, E = s.experts, rows = checked_mul(N, k, "moe rows");
+  return {
+      {N, E},          {N, k},          {N, k}, {N, k}, {E}, {rows, s.hidden}, {rows, 2 * s.inner},
+      {rows, s.inner}, {rows, s.hidden}};
+}
+
+std::vector<Shape> moe_scratch_shapes(const MoeShape& s) {
+  const int64_t N = s.tokens, k = s.top_k, rows = checked_mul(N, k, "moe rows");
+  return {{N, s.experts},  {rows, s.hidden},    {N, k},
+          {rows, s.inner}, {rows, 2 * s.inner}, {rows, s.hidden}};
+}
+
+void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
+                 const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
+                 std::vector<int32_t>& counts) {
+  check_moe(s, w, x, "moe_forward");
+  const WeightLayout out_in = WeightLayout::out_in;
+  be.linear_forward(x, w.router, Tensor(), out_in, scratch.logits);
+  be.moe_route_forward(scratch.logits, s.normalize, saved.probs, saved.weights, saved.experts);
+  be.moe_dispatch(saved.experts, s.experts, saved.counts, saved.positions);
+  counts.assign(s.experts, 0);
+  be.download(saved.counts, Tensor(counts.data(), Shape{s.experts}, DType::i32, Device::cpu));
+  be.moe_gather(x, saved.positions, saved.rows);
+  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+    if (n > 0)
+      be.linear_forward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e), Tensor(),
+                        out_in, row_range(saved.gate_up, first, n));
+  });
+  be.swiglu_forward(saved.gate_up, saved.act);
+  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+    if (n > 0)
+      be.linear_forward(row_range(saved.act, first, n), expert_matrix(w.down, e), Tensor(), out_in,
+                        row_range(saved.out, first, n));
+  });
+  be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
+}
+
+void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
+                  const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
+                  const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
+                  const Tensor& dx, bool accumulate_dw) {
+  check_moe(s, w, x, "moe_backward");
+  BRISK_CHECK(static_cast<int64_t>(counts.size()) == s.experts, "moe_backward: ", counts.size(),
+              " expert counts for ", s.experts, " experts");
+  const WeightLayout out_in = WeightLayout::out_in;
+  be.moe_combine_backward(dy, saved.out, saved.positions, saved.weights, scratch.d_out,
+                          scratch.dweights);
+  // An expert without rows still writes its gradients (zeros) unless they are added to.
+  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+    be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
+                       row_range(scratch.d_out, first, n), out_in,
+                       row_range(scratch.d_act, first, n), false, expert_matrix(g.down, e),
+                       Tensor(), accumulate_dw);
+  });
+  be.swiglu_backward(saved.gate_up, scratch.d_act, scratch.d_gate_up);
+  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+    be.linear_backward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e),
+                       row_range(scratch.d_gate_up, first, n), out_in,
+                       row_range(scratch.d_rows, first, n), false, expert_matrix(g.gate_up, e),
+                       Tensor(), accumulate_dw);
+  });
+  be.moe_combine(scratch.d_rows, saved.positions, Tensor(), dx, false);
+  be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
+                        s.normalize, scratch.logits);
+  be.linear_backward(x, w.router, scratch.logits, out_in, dx, true, g.router, Tensor(),
+                     accumulate_dw);
+}
+
+}  // namespace brisk

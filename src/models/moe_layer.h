@@ -1,0 +1,58 @@
+// A sparse mixture-of-experts MLP as transformers' Mixtral, Qwen2-MoE and OLMoE blocks compute it:
+// a router (a bias-free linear layer to E logits), each token's top-k experts (Backend::
+// moe_route_forward), and each chosen expert's SwiGLU MLP on that token, summed with the routing
+// weights. Dropless: every routed pair is computed. The pairs are grouped by expert
+// (moe_dispatch), so each expert's two products run on its own rows only, and the routing of a
+// micro-batch fixes no buffer size: the N k routed rows are N k whatever the routing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace brisk {
+
+struct MoeShape {
+  int64_t tokens = 0, hidden = 0, inner = 0, experts = 0, top_k = 0;
+  bool normalize = true;  // norm_topk_prob (Mixtral: always)
+};
+
+// Weights (or their gradients, laid out alike), out_in: router [E, C]; gate_up [E, 2F, C], each
+// expert's gate then up rows (transformers 5's packed gate_up_proj); down [E, C, F].
+struct MoeWeights {
+  Tensor router, gate_up, down;
+};
+
+// What the forward keeps for the backward, float32 unless named: probs [N, E], weights [N, k],
+// experts and positions [N, k] (int32), counts [E] (int32), rows [N k, C] (the tokens as routed),
+// gate_up [N k, 2F], act [N k, F], out [N k, C] (each expert's output per routed row).
+struct MoeSaved {
+  Tensor probs, weights, experts, positions, counts, rows, gate_up, act, out;
+};
+
+// The backward's temporaries: logits [N, E] (the forward's too), d_out [N k, C], dweights [N, k],
+// d_act [N k, F], d_gate_up [N k, 2F], d_rows [N k, C].
+struct MoeScratch {
+  Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows;
+};
+
+// The shapes of MoeSaved's and MoeScratch's tensors, in their field order, for planning.
+std::vector<Shape> moe_saved_shapes(const MoeShape& s);
+std::vector<Shape> moe_scratch_shapes(const MoeShape& s);
+
+// y [N, C] = the layer's output for x [N, C]; `counts` receives each expert's routed rows (read
+// back to the host: the products need them).
+void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
+                 const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
+                 std::vector<int32_t>& counts);
+
+// From dy [N, C]: dx [N, C] written, the weights' gradients g written (or added to where
+// accumulate_dw), with `counts` as the forward gave them. dprobs [N, E], unless empty, is added to
+// the router probabilities' gradient (the load-balancing loss's).
+void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
+                  const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
+                  const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
+                  const Tensor& dx, bool accumulate_dw);
+
+}  // namespace brisk

@@ -1,0 +1,179 @@
+// The sparse mixture-of-experts MLP (models/moe_layer.h) against an fp64 reference that computes
+// each token's chosen experts one by one: the output, and every gradient (input, router, experts)
+// against finite differences of that reference. Routings with one, two and all experts per token,
+// normalized or not, and an expert that no token chooses (its gradients written as zeros). On the
+// CPU, and on a GPU where there is one.
+//
+// Tolerances: float32 sums over at most C + F terms against fp64: 1e-5 relative (element-wise,
+// against max(1, |want|)) for the output; the gradients 1e-4 normwise against central differences
+// (h = 1e-4, whose own error is about h^2 times the third derivative).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend_support.h"
+#include "conformance/op_case.h"
+#include "models/moe_layer.h"
+
+namespace brisk::testing {
+namespace {
+
+struct Params {
+  Vec x, router, gate_up, down;
+};
+
+// fp64: y [N, C] for the layer's parameters, each token through its top-k experts.
+Vec ref_moe(const MoeShape& s, const Params& p) {
+  const int64_t N = s.tokens, C = s.hidden, F = s.inner, E = s.experts, k = s.top_k;
+  Vec y(N * C, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    const double* x = &p.x[n * C];
+    Vec prob(E);
+    for (int64_t e = 0; e < E; ++e) prob[e] = std::inner_product(x, x + C, &p.router[e * C], 0.0);
+    const double top = *std::max_element(prob.begin(), prob.end());
+    double sum = 0;
+    for (double& v : prob) sum += (v = std::exp(v - top));
+    for (double& v : prob) v /= sum;
+    std::vector<int64_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) chosen += prob[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[j];
+      const double w = s.normalize ? prob[e] / chosen : prob[e];
+      Vec act(F);
+      for (int64_t f = 0; f < F; ++f) {
+        const double gate = std::inner_product(x, x + C, &p.gate_up[(e * 2 * F + f) * C], 0.0);
+        const double up = std::inner_product(x, x + C, &p.gate_up[(e * 2 * F + F + f) * C], 0.0);
+        act[f] = gate / (1.0 + std::exp(-gate)) * up;
+      }
+      for (int64_t c = 0; c < C; ++c)
+        y[n * C + c] +=
+            w * std::inner_product(act.begin(), act.end(), &p.down[(e * C + c) * F], 0.0);
+    }
+  }
+  return y;
+}
+
+// The gradient of sum(ref_moe * dy) with respect to one parameter (`which` of Params), by central
+// differences.
+Vec fd_moe(const MoeShape& s, const Params& p, Vec Params::*which, const Vec& dy) {
+  return fd_grad(p.*which, [&](const Vec& v) {
+    Params q = p;
+    q.*which = v;
+    return dot(ref_moe(s, q), dy);
+  });
+}
+
+// The last expert's logit made far below the others' for every token: the router's row for it
+// zero, the others' first weight 6 and more, every token's first input above 1.
+void leave_idle(Params& p, int64_t N, int64_t C, int64_t E) {
+  for (int64_t c = 0; c < C; ++c) p.router[(E - 1) * C + c] = 0.0;
+  for (int64_t e = 0; e + 1 < E; ++e) p.router[e * C] = 6.0 + 0.1 * static_cast<double>(e);
+  for (int64_t n = 0; n < N; ++n) p.x[n * C] = std::abs(p.x[n * C]) + 1.0;
+}
+
+FVec as_floats(const Vec& v) {
+  return FVec(v.begin(), v.end());
+}
+
+void check_layer(Backend& be, const MoeShape& s, bool idle_expert, uint32_t seed) {
+  SCOPED_TRACE(std::string(be.name()) + " k=" + std::to_string(s.top_k) +
+               (s.normalize ? " normalized" : "") + (idle_expert ? " idle expert" : ""));
+  const int64_t N = s.tokens, C = s.hidden, F = s.inner, E = s.experts;
+  std::mt19937 rng(seed);
+  Params p{randn_d(N * C, rng), randn_d(E * C, rng, 0.7), randn_d(E * 2 * F * C, rng, 0.5),
+           randn_d(E * C * F, rng, 0.5)};
+  if (idle_expert) leave_idle(p, N, C, E);
+  const Vec dy = randn_d(N * C, rng);
+
+  DeviceBuffers d(be);
+  auto alloc_all = [&](const std::vector<Shape>& shapes, std::initializer_list<Tensor*> into,
+                       std::initializer_list<int> int_fields) {
+    size_t i = 0;
+    for (Tensor* t : into) {
+      const bool is_int =
+          std::find(int_fields.begin(), int_fields.end(), static_cast<int>(i)) != int_fields.end();
+      *t = d.alloc(shapes[i++], is_int ? DType::i32 : DType::f32);
+    }
+  };
+  MoeSaved saved;
+  MoeScratch scratch;
+  alloc_all(moe_saved_shapes(s),
+            {&saved.probs, &saved.weights, &saved.experts, &saved.positions, &saved.counts,
+             &saved.rows, &saved.gate_up, &saved.act, &saved.out},
+            {2, 3, 4});
+  alloc_all(moe_scratch_shapes(s),
+            {&scratch.logits, &scratch.d_out, &scratch.dweights, &scratch.d_act, &scratch.d_gate_up,
+             &scratch.d_rows},
+            {});
+  const Tensor x = d.put(as_floats(p.x), {N, C}), y = d.alloc({N, C}), dx = d.alloc({N, C});
+  const MoeWeights w{d.put(as_floats(p.router), {E, C}), d.put(as_floats(p.gate_up), {E, 2 * F, C}),
+                     d.put(as_floats(p.down), {E, C, F})};
+  // Gradients start as NaNs: every one must be written.
+  const float nan = std::nanf("");
+  const MoeWeights g{d.put(FVec(E * C, nan), {E, C}),
+                     d.put(FVec(E * 2 * F * C, nan), {E, 2 * F, C}),
+                     d.put(FVec(E * C * F, nan), {E, C, F})};
+  std::vector<int32_t> counts;
+  moe_forward(be, s, w, x, saved, scratch, y, counts);
+  if (idle_expert) EXPECT_EQ(counts[E - 1], 0);
+  EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), N * s.top_k);
+  const Tensor dyt = d.put(as_floats(dy), {N, C});
+  moe_backward(be, s, w, g, x, saved, scratch, counts, dyt, Tensor(), dx, false);
+
+  const Vec want = ref_moe(s, p);
+  EXPECT_TRUE(near(d.get(y), as_floats(want), 1e-5)) << "output";
+  EXPECT_TRUE(rel_near(d.get(dx), as_floats(fd_moe(s, p, &Params::x, dy)), 1e-4)) << "dx";
+  EXPECT_TRUE(rel_near(d.get(g.router), as_floats(fd_moe(s, p, &Params::router, dy)), 1e-4))
+      << "router";
+  EXPECT_TRUE(rel_near(d.get(g.gate_up), as_floats(fd_moe(s, p, &Params::gate_up, dy)), 1e-4))
+      << "gate_up";
+  EXPECT_TRUE(rel_near(d.get(g.down), as_floats(fd_moe(s, p, &Params::down, dy)), 1e-4)) << "down";
+}
+
+void check_layers(Backend& be) {
+  const int64_t N = 9, C = 6, F = 5, E = 4;
+  check_layer(be, MoeShape{N, C, F, E, 2, true}, false, 1);
+  check_layer(be, MoeShape{N, C, F, E, 2, false}, false, 2);
+  check_layer(be, MoeShape{N, C, F, E, 1, true}, false, 3);
+  check_layer(be, MoeShape{N, C, F, E, 4, false}, false, 4);
+  check_layer(be, MoeShape{N, C, F, E, 2, true}, true, 5);
+}
+
+TEST(MoeLayer, MatchesTheReferenceAndItsFiniteDifferences) {
+  auto be = make_cpu_backend();
+  check_layers(*be);
+}
+
+TEST(MoeLayer, MatchesTheReferenceOnTheGpu) {
+  REQUIRE_GPU();
+  auto be = make_backend(Device::cuda);
+  check_layers(*be);
+}
+
+TEST(MoeLayer, BadShapesAreRefused) {
+  auto be = make_cpu_backend();
+  DeviceBuffers d(*be);
+  const MoeShape s{3, 4, 2, 2, 3, true};
+  const Tensor x = d.alloc({3, 4});
+  const MoeWeights w{d.alloc({2, 4}), d.alloc({2, 4, 4}), d.alloc({2, 4, 2})};
+  std::vector<int32_t> counts;
+  expect_error([&] { moe_forward(*be, s, w, x, MoeSaved{}, MoeScratch{}, x, counts); },
+               "top 3 of 2 experts");
+  MoeShape wide = s;
+  wide.top_k = 1;
+  wide.inner = 3;
+  expect_error([&] { moe_forward(*be, wide, w, x, MoeSaved{}, MoeScratch{}, x, counts); },
+               "do not fit 2 experts");
+}
+
+}  // namespace
+}  // namespace brisk::testing
