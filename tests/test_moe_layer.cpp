@@ -2,7 +2,8 @@
 // each token's chosen experts one by one: the output, and every gradient (input, router, experts)
 // against finite differences of that reference. Routings with one, two and all experts per token,
 // normalized or not, and an expert that no token chooses (its gradients written as zeros). On the
-// CPU, and on a GPU where there is one.
+// CPU, and on a GPU where there is one. The load-balancing loss and its gradient as transformers'
+// load_balancing_loss_func gives them, over several layers with padded tokens.
 //
 // Tolerances: float32 sums over at most C + F terms against fp64: 1e-5 relative (element-wise,
 // against max(1, |want|)) for the output; the gradients 1e-4 normwise against central differences
@@ -157,6 +158,86 @@ TEST(MoeLayer, MatchesTheReferenceOnTheGpu) {
   REQUIRE_GPU();
   auto be = make_backend(Device::cuda);
   check_layers(*be);
+}
+
+// transformers' load_balancing_loss_func in fp64: the L layers' tokens concatenated, the masked
+// means of each slot's one-hot expert choice and of the probabilities, their products summed over
+// slots and experts, times E.
+double ref_balance(const std::vector<Vec>& probs, const std::vector<Vec>& experts, const Vec& mask,
+                   int64_t E, int64_t k) {
+  const int64_t N = static_cast<int64_t>(mask.size());
+  const double tokens =
+      static_cast<double>(probs.size()) * std::accumulate(mask.begin(), mask.end(), 0.0);
+  Vec chosen(k * E, 0.0), prob(E, 0.0);
+  for (size_t l = 0; l < probs.size(); ++l)
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t j = 0; j < k; ++j)
+        chosen[j * E + static_cast<int64_t>(experts[l][n * k + j])] += mask[n] / tokens;
+      for (int64_t e = 0; e < E; ++e) prob[e] += mask[n] * probs[l][n * E + e] / tokens;
+    }
+  double loss = 0;
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t e = 0; e < E; ++e) loss += chosen[j * E + e] * prob[e];
+  return loss * static_cast<double>(E);
+}
+
+// Three layers' routings of 11 tokens (3 masked out) over 5 experts, 2 each: the loss from the
+// layers' statistics as transformers computes it, and each layer's probabilities' gradient
+// (coef times it) against finite differences.
+void check_balance(Backend& be) {
+  const int64_t L = 3, N = 11, E = 5, k = 2;
+  const double coef = 0.02;
+  std::mt19937 rng(8);
+  const Vec mask{1, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1};
+  std::vector<Vec> probs, experts;
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int64_t l = 0; l < L; ++l) {
+    Vec p(N * E);
+    for (double& v : p) v = unit(rng);
+    probs.push_back(p);
+    Vec x;
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<int> pool{0, 1, 2, 3, 4};
+      std::shuffle(pool.begin(), pool.end(), rng);
+      x.insert(x.end(), pool.begin(), pool.begin() + k);
+    }
+    experts.push_back(x);
+  }
+  DeviceBuffers d(be);
+  const Tensor m = d.put(IVec(mask.begin(), mask.end()), {N});
+  std::vector<std::vector<float>> stats;
+  std::vector<Tensor> p_t;
+  for (int64_t l = 0; l < L; ++l) {
+    p_t.push_back(d.put(as_floats(probs[l]), {N, E}));
+    const Tensor st = d.alloc({2, E});
+    be.moe_balance_stats(p_t[l], d.put(IVec(experts[l].begin(), experts[l].end()), {N, k}), m, st);
+    stats.push_back(d.get(st));
+  }
+  const MoeBalanceLoss got = moe_balance_loss(stats, E, 8, coef);
+  EXPECT_NEAR(got.loss, ref_balance(probs, experts, mask, E, k), 1e-6);
+  const Tensor scale = d.put(got.scale, {E});
+  for (int64_t l = 0; l < L; ++l) {
+    const Tensor dp = d.put(FVec(N * E, std::nanf("")), {N, E});
+    be.moe_balance_backward(m, scale, dp);
+    Vec want = fd_grad(probs[l], [&](const Vec& v) {
+      std::vector<Vec> q = probs;
+      q[l] = v;
+      return ref_balance(q, experts, mask, E, k);
+    });
+    for (double& v : want) v *= coef;
+    EXPECT_TRUE(rel_near(d.get(dp), as_floats(want), 1e-6, 1e-6)) << "layer " << l;
+  }
+}
+
+TEST(MoeBalance, LossAndGradientAreTransformers) {
+  auto be = make_cpu_backend();
+  check_balance(*be);
+}
+
+TEST(MoeBalance, LossAndGradientAreTransformersOnTheGpu) {
+  REQUIRE_GPU();
+  auto be = make_backend(Device::cuda);
+  check_balance(*be);
 }
 
 TEST(MoeLayer, BadShapesAreRefused) {

@@ -198,6 +198,35 @@ TEST(OpsMoeDispatch, BadShapesExpertsAndPositionsAreRefused) {
       "position 6 is not one of 6 routed rows");
 }
 
+TEST(OpsMoeBalance, BadShapesAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int N = 3, k = 2, E = 4;
+  std::vector<int32_t> x{0, 1, 2, 3, 1, 4}, mask{1, 0, 1};
+  FVec p(N * E), stats(2 * E), scale(E), dp(N * E);
+  const Tensor experts(x.data(), Shape{N, k}, DType::i32), m(mask.data(), Shape{N}, DType::i32);
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_balance_stats(view(p, {N, E}), experts, m, view(stats, {E}));
+      },
+      "statistics");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_balance_stats(view(p, {N, E}), experts, Tensor(mask.data(), Shape{2}, DType::i32),
+                              view(stats, {2, E}));
+      },
+      "mask");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_balance_stats(view(p, {N, E}), experts, m, view(stats, {2, E}));
+      },
+      "expert 4 of 4");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_balance_backward(m, view(scale, {E - 1}), view(dp, {N, E}));
+      },
+      "scale");
+}
+
 // rope_tables against transformers' own LlamaRotaryEmbedding (scripts/make_rope_fixture.py):
 // rope types default (Llama-2, Qwen2's theta 1e6, a six-wide head), linear and llama3 (3.1, 3.2).
 // Tolerances: inv_freq within 2 ulp (float32 steps in transformers' order; only pow is not

@@ -195,6 +195,40 @@ int64_t Backend::check_moe_dispatch(const Tensor& experts, int64_t num_experts,
   return experts.numel();
 }
 
+namespace {
+void check_balance_mask(const Tensor& mask, int64_t N, const char* op) {
+  BRISK_CHECK(mask.empty() || (mask.dtype() == DType::i32 && mask.numel() == N), op, ": mask ",
+              mask.shape().str(), " ", dtype_name(mask.dtype()), " is not int32 [", N, "]");
+}
+}  // namespace
+
+Backend::MoeBalance Backend::check_moe_balance_stats(const Tensor& probs, const Tensor& experts,
+                                                     const Tensor& mask, const Tensor& stats) {
+  const char* op = "moe_balance_stats";
+  BRISK_CHECK(probs.dtype() == DType::f32 && probs.rank() == 2, op, ": probabilities ",
+              probs.shape().str(), " ", dtype_name(probs.dtype()), " are not float32 [tokens, E]");
+  const int64_t N = probs.dim(0), E = probs.dim(1);
+  BRISK_CHECK(experts.dtype() == DType::i32 && experts.rank() == 2 && experts.dim(0) == N, op,
+              ": experts ", experts.shape().str(), " ", dtype_name(experts.dtype()),
+              " are not int32 [", N, ", k]");
+  check_balance_mask(mask, N, op);
+  BRISK_CHECK(stats.dtype() == DType::f32 && stats.numel() == 2 * E, op, ": statistics ",
+              stats.shape().str(), " ", dtype_name(stats.dtype()), " are not float32 [2, ", E, "]");
+  return {N, E, experts.dim(1)};
+}
+
+Backend::MoeBalance Backend::check_moe_balance_backward(const Tensor& mask, const Tensor& scale,
+                                                        const Tensor& dprobs) {
+  const char* op = "moe_balance_backward";
+  BRISK_CHECK(dprobs.dtype() == DType::f32 && dprobs.rank() == 2, op, ": gradient ",
+              dprobs.shape().str(), " ", dtype_name(dprobs.dtype()), " is not float32 [tokens, E]");
+  const int64_t N = dprobs.dim(0), E = dprobs.dim(1);
+  check_balance_mask(mask, N, op);
+  BRISK_CHECK(scale.dtype() == DType::f32 && scale.numel() == E, op, ": scale ",
+              scale.shape().str(), " ", dtype_name(scale.dtype()), " is not float32 [", E, "]");
+  return {N, E, 0};
+}
+
 Backend::MoeRows Backend::check_moe_rows(const Tensor& positions, const Tensor& rows,
                                          const Tensor& tokens, const Tensor& weights,
                                          const char* op) {

@@ -493,6 +493,24 @@ class Backend {
   virtual void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& positions,
                                     const Tensor& weights, const Tensor& drows,
                                     const Tensor& dweights) = 0;
+  // One layer's statistics for transformers' load-balancing loss over N tokens, those whose mask
+  // is 0 (int32 [N]; empty: none) left out: stats [2, E] float32 = (how many of the tokens' routed
+  // pairs went to each expert; the sum of each expert's probabilities), each summed over the
+  // tokens in order.
+  virtual void moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
+                                 const Tensor& stats) = 0;
+  // The loss's gradient for one layer's probabilities: dprobs [N, E] (written) = mask[n] *
+  // scale[e] (mask as moe_balance_stats'; scale float32 [E]).
+  virtual void moe_balance_backward(const Tensor& mask, const Tensor& scale,
+                                    const Tensor& dprobs) = 0;
+  // Throw unless the arguments are as the two ops above take them; return N, E (and k).
+  struct MoeBalance {
+    int64_t N, E, k;
+  };
+  static MoeBalance check_moe_balance_stats(const Tensor& probs, const Tensor& experts,
+                                            const Tensor& mask, const Tensor& stats);
+  static MoeBalance check_moe_balance_backward(const Tensor& mask, const Tensor& scale,
+                                               const Tensor& dprobs);
   // Throws unless experts and positions are int32 [N,k] and counts int32 [num_experts >= 1];
   // returns N * k.
   static int64_t check_moe_dispatch(const Tensor& experts, int64_t num_experts,

@@ -50,6 +50,30 @@ std::vector<Shape> moe_scratch_shapes(const MoeShape& s) {
           {rows, s.inner}, {rows, 2 * s.inner}, {rows, s.hidden}};
 }
 
+MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,
+                                int64_t tokens, double coef) {
+  const int64_t E = experts;
+  BRISK_CHECK(!stats.empty() && tokens > 0, "the load-balancing loss needs a layer and a token");
+  std::vector<double> routed(E, 0.0), prob(E, 0.0);
+  for (const std::vector<float>& s : stats) {
+    BRISK_CHECK(static_cast<int64_t>(s.size()) == 2 * E, "load-balancing statistics of ", s.size(),
+                " values for ", E, " experts");
+    for (int64_t e = 0; e < E; ++e) {
+      routed[e] += s[e];
+      prob[e] += s[E + e];
+    }
+  }
+  const double denom = static_cast<double>(stats.size()) * static_cast<double>(tokens);
+  MoeBalanceLoss out;
+  out.scale.resize(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const double f = routed[e] / denom;
+    out.loss += static_cast<double>(E) * f * (prob[e] / denom);
+    out.scale[e] = static_cast<float>(coef * static_cast<double>(E) * f / denom);
+  }
+  return out;
+}
+
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
                  std::vector<int32_t>& counts) {

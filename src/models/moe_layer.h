@@ -55,4 +55,17 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
                   const Tensor& dx, bool accumulate_dw);
 
+// transformers' load-balancing loss (load_balancing_loss_func) over a micro-batch's L sparse
+// layers, from each layer's Backend::moe_balance_stats ([2, E], read back) and the count of
+// unmasked tokens: loss = E * sum_e F_e P_e, with F_e the pairs routed to expert e and P_e the sum
+// of its probabilities, each over L * tokens. scale[e] = coef * E * F_e / (L * tokens) is the
+// gradient of coef * loss by a layer's probability of e for an unmasked token
+// (moe_balance_backward spreads it).
+struct MoeBalanceLoss {
+  double loss = 0;
+  std::vector<float> scale;
+};
+MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,
+                                int64_t tokens, double coef);
+
 }  // namespace brisk

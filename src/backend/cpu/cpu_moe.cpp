@@ -130,4 +130,34 @@ void CpuBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows, cons
   }
 }
 
+void CpuBackend::moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
+                                   const Tensor& stats) {
+  const auto [N, E, k] = check_moe_balance_stats(probs, experts, mask, stats);
+  const float* p = probs.f32();
+  const int32_t* x = experts.i32();
+  const int32_t* m = mask.empty() ? nullptr : mask.i32();
+  float *count = stats.f32(), *sum = stats.f32() + E;
+  std::fill(count, count + 2 * E, 0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    if (m && m[n] == 0) continue;
+    for (int64_t j = 0; j < k; ++j) {
+      BRISK_CHECK(x[n * k + j] >= 0 && x[n * k + j] < E, "moe_balance_stats: expert ", x[n * k + j],
+                  " of ", E);
+      count[x[n * k + j]] += 1.0f;
+    }
+    for (int64_t e = 0; e < E; ++e) sum[e] += p[n * E + e];
+  }
+}
+
+void CpuBackend::moe_balance_backward(const Tensor& mask, const Tensor& scale,
+                                      const Tensor& dprobs) {
+  const MoeBalance b = check_moe_balance_backward(mask, scale, dprobs);
+  const int64_t N = b.N, E = b.E;
+  const int32_t* m = mask.empty() ? nullptr : mask.i32();
+  const float* s = scale.f32();
+  float* d = dprobs.f32();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) d[n * E + e] = (m && m[n] == 0) ? 0.0f : s[e];
+}
+
 }  // namespace brisk

@@ -476,6 +476,21 @@ void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
                            k, normalize, dev(dlogits, "router logits' gradient"));
 }
 
+void CudaBackend::moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
+                                    const Tensor& stats) {
+  const auto [N, E, k] = check_moe_balance_stats(probs, experts, mask, stats);
+  cuda::moe_balance_stats(stream_, dev(probs, "router probabilities"),
+                          dev_i32(experts, "routed experts"), ids_or_null(mask, "token mask"), N, E,
+                          k, dev(stats, "balance statistics"));
+}
+
+void CudaBackend::moe_balance_backward(const Tensor& mask, const Tensor& scale,
+                                       const Tensor& dprobs) {
+  const MoeBalance b = check_moe_balance_backward(mask, scale, dprobs);
+  cuda::moe_balance_backward(stream_, ids_or_null(mask, "token mask"), dev(scale, "balance scale"),
+                             b.N, b.E, dev(dprobs, "router probabilities' gradient"));
+}
+
 void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
                                const Tensor& positions) {
   const int64_t pairs = check_moe_dispatch(experts, num_experts, counts, positions);

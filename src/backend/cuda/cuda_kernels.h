@@ -133,6 +133,11 @@ void moe_route(cudaStream_t s, const float* logits, int64_t N, int64_t E, int64_
 void moe_route_backward(cudaStream_t s, const float* probs, const float* weights,
                         const int32_t* experts, const float* dweights, const float* dprobs,
                         int64_t N, int64_t E, int64_t k, bool normalize, float* dlogits);
+// Backend::moe_balance_stats (one thread per expert, the CPU's order) and moe_balance_backward.
+void moe_balance_stats(cudaStream_t s, const float* probs, const int32_t* experts,
+                       const int32_t* mask, int64_t N, int64_t E, int64_t k, float* stats);
+void moe_balance_backward(cudaStream_t s, const int32_t* mask, const float* scale, int64_t N,
+                          int64_t E, float* dprobs);
 // Backend::moe_dispatch, moe_gather, moe_combine and moe_combine_backward (weights null: the plain
 // sum); positions out of range are skipped.
 void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,

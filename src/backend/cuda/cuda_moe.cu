@@ -92,7 +92,47 @@ __global__ void moe_combine_backward_kernel(const float* dy, const float* rows,
   }
 }
 
+// One thread per expert: its routed pairs and its probabilities' sum over the unmasked tokens, in
+// token order (the CPU's sums).
+__global__ void moe_balance_stats_kernel(const float* probs, const int32_t* experts,
+                                         const int32_t* mask, int64_t N, int E, int k,
+                                         float* stats) {
+  const int e = static_cast<int>(global_thread());
+  if (e >= E) return;
+  float count = 0.0f, sum = 0.0f;
+  for (int64_t n = 0; n < N; ++n) {
+    if (mask && mask[n] == 0) continue;
+    for (int j = 0; j < k; ++j) count += experts[n * k + j] == e ? 1.0f : 0.0f;
+    sum += probs[n * E + e];
+  }
+  stats[e] = count;
+  stats[E + e] = sum;
+}
+
+__global__ void moe_balance_backward_kernel(const int32_t* mask, const float* scale, int64_t N,
+                                            int E, float* dprobs) {
+  for (int64_t t = global_thread(); t < N * E; t += grid_threads()) {
+    const int64_t n = t / E;
+    dprobs[t] = mask && mask[n] == 0 ? 0.0f : scale[t % E];
+  }
+}
+
 }  // namespace
+
+void moe_balance_stats(cudaStream_t s, const float* probs, const int32_t* experts,
+                       const int32_t* mask, int64_t N, int64_t E, int64_t k, float* stats) {
+  moe_balance_stats_kernel<<<grid_for(E), kThreads, 0, s>>>(
+      probs, experts, mask, N, static_cast<int>(E), static_cast<int>(k), stats);
+  check_launch("moe_balance_stats");
+}
+
+void moe_balance_backward(cudaStream_t s, const int32_t* mask, const float* scale, int64_t N,
+                          int64_t E, float* dprobs) {
+  if (N * E <= 0) return;
+  moe_balance_backward_kernel<<<grid_for(N * E), kThreads, 0, s>>>(mask, scale, N,
+                                                                   static_cast<int>(E), dprobs);
+  check_launch("moe_balance_backward");
+}
 
 void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,
                   int32_t* positions) {
