@@ -1,4 +1,5 @@
-// The sparse mixture-of-experts MLP (models/moe_layer.h) against an fp64 reference that computes
+// The sparse mixture-of-experts MLP (models/moe_layer.h) against transformers' Mixtral and OLMoE
+// blocks (fixtures from scripts/make_moe_fixtures.py), and against an fp64 reference that computes
 // each token's chosen experts one by one: the output, and every gradient (input, router, experts)
 // against finite differences of that reference. Routings with one, two and all experts per token,
 // normalized or not, and an expert that no token chooses (its gradients written as zeros). On the
@@ -19,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend_support.h"
 #include "conformance/op_case.h"
+#include "core/safetensors.h"
 #include "models/moe_layer.h"
 
 namespace brisk::testing {
@@ -85,6 +87,25 @@ FVec as_floats(const Vec& v) {
   return FVec(v.begin(), v.end());
 }
 
+// The layer's saved tensors and temporaries for shape s, allocated in d.
+struct LayerBuffers {
+  MoeSaved saved;
+  MoeScratch scratch;
+};
+LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
+  LayerBuffers b;
+  const std::vector<Shape> ss = moe_saved_shapes(s), cs = moe_scratch_shapes(s);
+  Tensor* saved[] = {&b.saved.probs,     &b.saved.weights, &b.saved.experts,
+                     &b.saved.positions, &b.saved.counts,  &b.saved.rows,
+                     &b.saved.gate_up,   &b.saved.act,     &b.saved.out};
+  for (size_t i = 0; i < ss.size(); ++i)  // experts, positions and counts are int32
+    *saved[i] = d.alloc(ss[i], i >= 2 && i <= 4 ? DType::i32 : DType::f32);
+  Tensor* scratch[] = {&b.scratch.logits, &b.scratch.d_out,     &b.scratch.dweights,
+                       &b.scratch.d_act,  &b.scratch.d_gate_up, &b.scratch.d_rows};
+  for (size_t i = 0; i < cs.size(); ++i) *scratch[i] = d.alloc(cs[i]);
+  return b;
+}
+
 void check_layer(Backend& be, const MoeShape& s, bool idle_expert, uint32_t seed) {
   SCOPED_TRACE(std::string(be.name()) + " k=" + std::to_string(s.top_k) +
                (s.normalize ? " normalized" : "") + (idle_expert ? " idle expert" : ""));
@@ -96,25 +117,7 @@ void check_layer(Backend& be, const MoeShape& s, bool idle_expert, uint32_t seed
   const Vec dy = randn_d(N * C, rng);
 
   DeviceBuffers d(be);
-  auto alloc_all = [&](const std::vector<Shape>& shapes, std::initializer_list<Tensor*> into,
-                       std::initializer_list<int> int_fields) {
-    size_t i = 0;
-    for (Tensor* t : into) {
-      const bool is_int =
-          std::find(int_fields.begin(), int_fields.end(), static_cast<int>(i)) != int_fields.end();
-      *t = d.alloc(shapes[i++], is_int ? DType::i32 : DType::f32);
-    }
-  };
-  MoeSaved saved;
-  MoeScratch scratch;
-  alloc_all(moe_saved_shapes(s),
-            {&saved.probs, &saved.weights, &saved.experts, &saved.positions, &saved.counts,
-             &saved.rows, &saved.gate_up, &saved.act, &saved.out},
-            {2, 3, 4});
-  alloc_all(moe_scratch_shapes(s),
-            {&scratch.logits, &scratch.d_out, &scratch.dweights, &scratch.d_act, &scratch.d_gate_up,
-             &scratch.d_rows},
-            {});
+  const auto [saved, scratch] = layer_buffers(d, s);
   const Tensor x = d.put(as_floats(p.x), {N, C}), y = d.alloc({N, C}), dx = d.alloc({N, C});
   const MoeWeights w{d.put(as_floats(p.router), {E, C}), d.put(as_floats(p.gate_up), {E, 2 * F, C}),
                      d.put(as_floats(p.down), {E, C, F})};
@@ -158,6 +161,55 @@ TEST(MoeLayer, MatchesTheReferenceOnTheGpu) {
   REQUIRE_GPU();
   auto be = make_backend(Device::cuda);
   check_layers(*be);
+}
+
+// A block of transformers (tests/fixtures/moe/<name>.safetensors, scripts/make_moe_fixtures.py):
+// its weights, input and upstream gradient through moe_forward and moe_backward, the output and
+// every gradient against transformers' (fp32 both; 1e-5 normwise).
+void check_against_transformers(Backend& be, const std::string& name, int64_t E, int64_t k,
+                                bool normalize) {
+  SCOPED_TRACE(std::string(be.name()) + " " + name);
+  const SafetensorsFile f(fixture("moe/" + name + ".safetensors"));
+  auto values = [&](const std::string& key) {
+    const Tensor& t = f.get(key);
+    return FVec(t.f32(), t.f32() + t.numel());
+  };
+  const int64_t C = f.get("x").dim(2), N = f.get("x").numel() / C;
+  const int64_t F = f.get("param.experts.down_proj").dim(2);
+  const MoeShape s{N, C, F, E, k, normalize};
+  DeviceBuffers d(be);
+  const auto [saved, scratch] = layer_buffers(d, s);
+  const MoeWeights w{d.put(values("param.gate.weight"), {E, C}),
+                     d.put(values("param.experts.gate_up_proj"), {E, 2 * F, C}),
+                     d.put(values("param.experts.down_proj"), {E, C, F})};
+  const MoeWeights g{d.alloc({E, C}), d.alloc({E, 2 * F, C}), d.alloc({E, C, F})};
+  const Tensor x = d.put(values("x"), {N, C}), y = d.alloc({N, C}), dx = d.alloc({N, C});
+  std::vector<int32_t> counts;
+  moe_forward(be, s, w, x, saved, scratch, y, counts);
+  moe_backward(be, s, w, g, x, saved, scratch, counts, d.put(values("dy"), {N, C}), Tensor(), dx,
+               false);
+  EXPECT_TRUE(rel_near(d.get(y), values("y"), 1e-5)) << "output";
+  EXPECT_TRUE(rel_near(d.get(dx), values("grad.x"), 1e-5)) << "dx";
+  EXPECT_TRUE(rel_near(d.get(g.router), values("grad.gate.weight"), 1e-5)) << "router";
+  EXPECT_TRUE(rel_near(d.get(g.gate_up), values("grad.experts.gate_up_proj"), 1e-5)) << "gate_up";
+  EXPECT_TRUE(rel_near(d.get(g.down), values("grad.experts.down_proj"), 1e-5)) << "down";
+}
+
+void check_transformers_blocks(Backend& be) {
+  check_against_transformers(be, "mixtral_block", 5, 2, true);
+  check_against_transformers(be, "olmoe_block", 6, 3, false);
+  check_against_transformers(be, "olmoe_block_normalized", 6, 3, true);
+}
+
+TEST(MoeLayer, MatchesTransformersBlocks) {
+  auto be = make_cpu_backend();
+  check_transformers_blocks(*be);
+}
+
+TEST(MoeLayer, MatchesTransformersBlocksOnTheGpu) {
+  REQUIRE_GPU();
+  auto be = make_backend(Device::cuda);
+  check_transformers_blocks(*be);
 }
 
 // transformers' load_balancing_loss_func in fp64: the L layers' tokens concatenated, the masked

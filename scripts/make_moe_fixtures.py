@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Regenerates the mixture-of-experts fixtures under tests/fixtures/moe/ with PyTorch + transformers.
+
+Sparse MoE blocks alone (<name>.safetensors): transformers' MixtralSparseMoeBlock (top 2 of 5,
+renormalized) and OlmoeSparseMoeBlock (top 3 of 6, norm_topk_prob false, and true), fp32, on
+random hidden states x [2, 7, 12] with an upstream gradient dy (the experts' eager loop:
+transformers' grouped_mm default needs 16-byte strides, which the odd sizes here do not have):
+  x, dy, y (the block's output), grad.x, and for each parameter param.<name> and grad.<name>
+  (the router's weight, the experts as the block holds them), with its shape as transformers has it.
+Whole causal LMs (mixtral_tiny/, qwen2_moe_tiny/, olmoe_tiny/, as scripts/make_fixtures.py writes
+its models: config.json, model.safetensors as save_pretrained writes it, batch.safetensors,
+expected.safetensors with loss, logits, aux_loss and grad.<parameter>), with output_router_logits
+so that the load-balancing loss is in the loss; padding in the batch.
+
+Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_moe_fixtures.py
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig
+from transformers import MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from make_fixtures import dump, perturb  # noqa: E402
+
+OUT = os.path.join(HERE, "..", "tests", "fixtures", "moe")
+
+
+def block(name, module, gen):
+    perturb(module, gen)
+    x = torch.randn(2, 7, 12, generator=gen, requires_grad=True)
+    dy = torch.randn(2, 7, 12, generator=gen)
+    out = module(x)
+    y = out[0] if isinstance(out, tuple) else out
+    (y * dy).sum().backward()
+    tensors = {"x": x.detach(), "dy": dy, "y": y.detach(), "grad.x": x.grad}
+    for pname, p in module.named_parameters():
+        tensors["param." + pname] = p.detach()
+        tensors["grad." + pname] = p.grad
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(OUT, name + ".safetensors"))
+    print(name, {k: tuple(v.shape) for k, v in tensors.items() if k.startswith("param.")})
+
+
+def blocks(gen):
+    mixtral = MixtralConfig(hidden_size=12, intermediate_size=7, num_local_experts=5,
+                            num_experts_per_tok=2, experts_implementation="eager")
+    block("mixtral_block", MixtralSparseMoeBlock(mixtral), gen)
+    for norm in (False, True):
+        olmoe = OlmoeConfig(hidden_size=12, intermediate_size=7, num_experts=6,
+                            num_experts_per_tok=3, norm_topk_prob=norm,
+                            experts_implementation="eager")
+        block("olmoe_block" + ("_normalized" if norm else ""), OlmoeSparseMoeBlock(olmoe), gen)
+
+
+def causal_batch(vocab, gen):
+    B, T = 2, 9
+    input_ids = torch.randint(0, vocab, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 6:] = 0
+    labels = input_ids.clone()
+    labels[mask == 0] = -100
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def models(gen):
+    common = dict(vocab_size=61, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                  num_key_value_heads=1, max_position_embeddings=32, output_router_logits=True,
+                  router_aux_loss_coef=0.05, attn_implementation="eager",
+                  experts_implementation="eager")
+    specs = [
+        ("mixtral_tiny", MixtralForCausalLM,
+         MixtralConfig(intermediate_size=7, num_local_experts=5, num_experts_per_tok=2, **common)),
+        ("qwen2_moe_tiny", Qwen2MoeForCausalLM,
+         Qwen2MoeConfig(intermediate_size=11, moe_intermediate_size=7, num_experts=6,
+                        num_experts_per_tok=2, norm_topk_prob=False,
+                        shared_expert_intermediate_size=9, decoder_sparse_step=1,
+                        mlp_only_layers=[1], tie_word_embeddings=True, **common)),
+        ("olmoe_tiny", OlmoeForCausalLM,
+         OlmoeConfig(intermediate_size=7, num_experts=6, num_experts_per_tok=3,
+                     norm_topk_prob=False, eos_token_id=None, pad_token_id=None, **common)),
+    ]
+    for name, cls, cfg in specs:
+        model = cls(cfg)
+        perturb(model, gen)
+        folder = os.path.join(OUT, name)
+        batch = causal_batch(cfg.vocab_size, gen)
+        dump(model, batch, "labels", folder)
+        model.eval()
+        aux = model(**batch).aux_loss
+        if aux is not None:  # the load-balancing loss alone, beside dump's files
+            save_file({"aux_loss": aux.detach().reshape(()).contiguous()},
+                      os.path.join(folder, "aux_loss.safetensors"))
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    gen = torch.Generator().manual_seed(53)
+    torch.manual_seed(53)
+    blocks(gen)
+    models(gen)
+
+
+if __name__ == "__main__":
+    main()
