@@ -2,7 +2,8 @@
 """Regenerates the mixture-of-experts fixtures under tests/fixtures/moe/ with PyTorch + transformers.
 
 Sparse MoE blocks alone (<name>.safetensors): transformers' MixtralSparseMoeBlock (top 2 of 5,
-renormalized) and OlmoeSparseMoeBlock (top 3 of 6, norm_topk_prob false, and true), fp32, on
+renormalized), Qwen2MoeSparseMoeBlock (top 2 of 5, not renormalized, a shared expert of 9 under
+its sigmoid gate) and OlmoeSparseMoeBlock (top 3 of 6, norm_topk_prob false, and true), fp32, on
 random hidden states x [2, 7, 12] with an upstream gradient dy (the experts' eager loop:
 transformers' grouped_mm default needs 16-byte strides, which the odd sizes here do not have):
   x, dy, y (the block's output), grad.x, and for each parameter param.<name> and grad.<name>
@@ -23,6 +24,7 @@ from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig
 from transformers import MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,6 +52,10 @@ def blocks(gen):
     mixtral = MixtralConfig(hidden_size=12, intermediate_size=7, num_local_experts=5,
                             num_experts_per_tok=2, experts_implementation="eager")
     block("mixtral_block", MixtralSparseMoeBlock(mixtral), gen)
+    qwen2 = Qwen2MoeConfig(hidden_size=12, moe_intermediate_size=7, num_experts=5,
+                           num_experts_per_tok=2, norm_topk_prob=False,
+                           shared_expert_intermediate_size=9, experts_implementation="eager")
+    block("qwen2_moe_block", Qwen2MoeSparseMoeBlock(qwen2), gen)
     for norm in (False, True):
         olmoe = OlmoeConfig(hidden_size=12, intermediate_size=7, num_experts=6,
                             num_experts_per_tok=3, norm_topk_prob=norm,

@@ -1,10 +1,11 @@
-// The sparse mixture-of-experts MLP (models/moe_layer.h) against transformers' Mixtral and OLMoE
-// blocks (fixtures from scripts/make_moe_fixtures.py), and against an fp64 reference that computes
-// each token's chosen experts one by one: the output, and every gradient (input, router, experts)
-// against finite differences of that reference. Routings with one, two and all experts per token,
-// normalized or not, and an expert that no token chooses (its gradients written as zeros). On the
-// CPU, and on a GPU where there is one. The load-balancing loss and its gradient as transformers'
-// load_balancing_loss_func gives them, over several layers with padded tokens.
+// The sparse mixture-of-experts MLP (models/moe_layer.h) against transformers' Mixtral, Qwen2-MoE
+// (a shared expert) and OLMoE blocks (fixtures from scripts/make_moe_fixtures.py), and against an
+// fp64 reference that computes each token's chosen experts one by one: the output, and every
+// gradient (input, router, experts) against finite differences of that reference. Routings with
+// one, two and all experts per token, normalized or not, and an expert that no token chooses (its
+// gradients written as zeros). On the CPU, and on a GPU where there is one. The load-balancing loss
+// and its gradient as transformers' load_balancing_loss_func gives them, over several layers with
+// padded tokens.
 //
 // Tolerances: float32 sums over at most C + F terms against fp64: 1e-5 relative (element-wise,
 // against max(1, |want|)) for the output; the gradients 1e-4 normwise against central differences
@@ -95,13 +96,18 @@ struct LayerBuffers {
 LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
   LayerBuffers b;
   const std::vector<Shape> ss = moe_saved_shapes(s), cs = moe_scratch_shapes(s);
-  Tensor* saved[] = {&b.saved.probs,     &b.saved.weights, &b.saved.experts,
-                     &b.saved.positions, &b.saved.counts,  &b.saved.rows,
-                     &b.saved.gate_up,   &b.saved.act,     &b.saved.out};
+  Tensor* saved[] = {&b.saved.probs,        &b.saved.weights,      &b.saved.experts,
+                     &b.saved.positions,    &b.saved.counts,       &b.saved.rows,
+                     &b.saved.gate_up,      &b.saved.act,          &b.saved.out,
+                     &b.saved.shared_logit, &b.saved.shared_scale, &b.saved.shared_gate_up,
+                     &b.saved.shared_act,   &b.saved.shared_out};
   for (size_t i = 0; i < ss.size(); ++i)  // experts, positions and counts are int32
     *saved[i] = d.alloc(ss[i], i >= 2 && i <= 4 ? DType::i32 : DType::f32);
-  Tensor* scratch[] = {&b.scratch.logits, &b.scratch.d_out,     &b.scratch.dweights,
-                       &b.scratch.d_act,  &b.scratch.d_gate_up, &b.scratch.d_rows};
+  Tensor* scratch[] = {&b.scratch.logits,       &b.scratch.d_out,
+                       &b.scratch.dweights,     &b.scratch.d_act,
+                       &b.scratch.d_gate_up,    &b.scratch.d_rows,
+                       &b.scratch.d_shared_out, &b.scratch.d_shared_scale,
+                       &b.scratch.d_shared_act, &b.scratch.d_shared_gate_up};
   for (size_t i = 0; i < cs.size(); ++i) *scratch[i] = d.alloc(cs[i]);
   return b;
 }
@@ -174,15 +180,32 @@ void check_against_transformers(Backend& be, const std::string& name, int64_t E,
     const Tensor& t = f.get(key);
     return FVec(t.f32(), t.f32() + t.numel());
   };
+  // transformers' shared expert (Qwen2-MoE): gate_proj and up_proj, packed here as one [2S, C].
+  const bool shared = f.has("param.shared_expert_gate.weight");
+  auto both = [&](const std::string& prefix) {
+    FVec v = values(prefix + "shared_expert.gate_proj.weight");
+    const FVec up = values(prefix + "shared_expert.up_proj.weight");
+    v.insert(v.end(), up.begin(), up.end());
+    return v;
+  };
   const int64_t C = f.get("x").dim(2), N = f.get("x").numel() / C;
   const int64_t F = f.get("param.experts.down_proj").dim(2);
-  const MoeShape s{N, C, F, E, k, normalize};
+  const int64_t S = shared ? f.get("param.shared_expert.down_proj.weight").dim(1) : 0;
+  const MoeShape s{N, C, F, E, k, normalize, S};
   DeviceBuffers d(be);
   const auto [saved, scratch] = layer_buffers(d, s);
-  const MoeWeights w{d.put(values("param.gate.weight"), {E, C}),
-                     d.put(values("param.experts.gate_up_proj"), {E, 2 * F, C}),
-                     d.put(values("param.experts.down_proj"), {E, C, F})};
-  const MoeWeights g{d.alloc({E, C}), d.alloc({E, 2 * F, C}), d.alloc({E, C, F})};
+  MoeWeights w{d.put(values("param.gate.weight"), {E, C}),
+               d.put(values("param.experts.gate_up_proj"), {E, 2 * F, C}),
+               d.put(values("param.experts.down_proj"), {E, C, F})};
+  MoeWeights g{d.alloc({E, C}), d.alloc({E, 2 * F, C}), d.alloc({E, C, F})};
+  if (shared) {
+    w.shared_gate_up = d.put(both("param."), {2 * S, C});
+    w.shared_down = d.put(values("param.shared_expert.down_proj.weight"), {C, S});
+    w.shared_gate = d.put(values("param.shared_expert_gate.weight"), {1, C});
+    g.shared_gate_up = d.alloc({2 * S, C});
+    g.shared_down = d.alloc({C, S});
+    g.shared_gate = d.alloc({1, C});
+  }
   const Tensor x = d.put(values("x"), {N, C}), y = d.alloc({N, C}), dx = d.alloc({N, C});
   std::vector<int32_t> counts;
   moe_forward(be, s, w, x, saved, scratch, y, counts);
@@ -193,10 +216,17 @@ void check_against_transformers(Backend& be, const std::string& name, int64_t E,
   EXPECT_TRUE(rel_near(d.get(g.router), values("grad.gate.weight"), 1e-5)) << "router";
   EXPECT_TRUE(rel_near(d.get(g.gate_up), values("grad.experts.gate_up_proj"), 1e-5)) << "gate_up";
   EXPECT_TRUE(rel_near(d.get(g.down), values("grad.experts.down_proj"), 1e-5)) << "down";
+  if (!shared) return;
+  EXPECT_TRUE(rel_near(d.get(g.shared_gate_up), both("grad."), 1e-5)) << "shared gate_up";
+  EXPECT_TRUE(rel_near(d.get(g.shared_down), values("grad.shared_expert.down_proj.weight"), 1e-5))
+      << "shared down";
+  EXPECT_TRUE(rel_near(d.get(g.shared_gate), values("grad.shared_expert_gate.weight"), 1e-5))
+      << "shared gate";
 }
 
 void check_transformers_blocks(Backend& be) {
   check_against_transformers(be, "mixtral_block", 5, 2, true);
+  check_against_transformers(be, "qwen2_moe_block", 5, 2, false);
   check_against_transformers(be, "olmoe_block", 6, 3, false);
   check_against_transformers(be, "olmoe_block_normalized", 6, 3, true);
 }

@@ -12,9 +12,9 @@
 namespace brisk {
 
 // Every kind, for code that handles each in turn (tests, dispatch tables).
-inline constexpr Activation kAllActivations[] = {Activation::gelu, Activation::gelu_tanh,
-                                                 Activation::relu, Activation::silu,
-                                                 Activation::quick_gelu};
+inline constexpr Activation kAllActivations[] = {Activation::gelu,       Activation::gelu_tanh,
+                                                 Activation::relu,       Activation::silu,
+                                                 Activation::quick_gelu, Activation::sigmoid};
 
 constexpr const char* activation_name(Activation a) {
   switch (a) {
@@ -28,6 +28,8 @@ constexpr const char* activation_name(Activation a) {
       return "silu";
     case Activation::quick_gelu:
       return "quick_gelu";
+    case Activation::sigmoid:
+      return "sigmoid";
   }
   return "unknown";
 }
@@ -55,6 +57,8 @@ BRISK_HD float activation_value(float v) {
   } else if constexpr (A == Activation::silu) {
     // x / (1 + e^-x) rather than x * sigmoid(x): one division, and as PyTorch's kernels write it.
     return v / (1.0f + std::exp(-v));
+  } else if constexpr (A == Activation::sigmoid) {
+    return 1.0f / (1.0f + std::exp(-v));
   } else {
     static_assert(A == Activation::quick_gelu);
     return v / (1.0f + std::exp(-kQuickGeluSlope * v));
@@ -79,6 +83,9 @@ BRISK_HD float activation_grad(float v, float g) {
   } else if constexpr (A == Activation::silu) {
     const float s = 1.0f / (1.0f + std::exp(-v));
     return g * s * (1.0f + v * (1.0f - s));
+  } else if constexpr (A == Activation::sigmoid) {
+    const float s = 1.0f / (1.0f + std::exp(-v));
+    return g * s * (1.0f - s);
   } else {
     static_assert(A == Activation::quick_gelu);
     const float s = 1.0f / (1.0f + std::exp(-kQuickGeluSlope * v));
@@ -101,6 +108,8 @@ void visit_activation(Activation kind, Fn&& fn) {
       return fn(std::integral_constant<Activation, Activation::silu>{});
     case Activation::quick_gelu:
       return fn(std::integral_constant<Activation, Activation::quick_gelu>{});
+    case Activation::sigmoid:
+      return fn(std::integral_constant<Activation, Activation::sigmoid>{});
   }
   BRISK_FAIL("unknown activation kind ", static_cast<int>(kind));
 }

@@ -232,10 +232,12 @@ Backend::MoeBalance Backend::check_moe_balance_backward(const Tensor& mask, cons
 Backend::MoeRows Backend::check_moe_rows(const Tensor& positions, const Tensor& rows,
                                          const Tensor& tokens, const Tensor& weights,
                                          const char* op) {
-  BRISK_CHECK(positions.dtype() == DType::i32 && positions.rank() == 2, op, ": positions ",
-              positions.shape().str(), " ", dtype_name(positions.dtype()),
+  BRISK_CHECK(positions.empty() || (positions.dtype() == DType::i32 && positions.rank() == 2), op,
+              ": positions ", positions.shape().str(), " ", dtype_name(positions.dtype()),
               " are not int32 [tokens, k]");
-  const int64_t N = positions.dim(0), k = positions.dim(1);
+  // No positions: each token's own row, k = 1.
+  const int64_t N = positions.empty() ? (rows.rank() >= 1 ? rows.dim(0) : 0) : positions.dim(0);
+  const int64_t k = positions.empty() ? 1 : positions.dim(1);
   BRISK_CHECK(
       tokens.dtype() == DType::f32 && tokens.rank() >= 1 && N > 0 && tokens.numel() % N == 0, op,
       ": tokens ", tokens.shape().str(), " ", dtype_name(tokens.dtype()),

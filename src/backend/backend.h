@@ -29,6 +29,7 @@ enum class Activation {
   relu,        // max(x, 0), derivative 0 at x = 0 as in PyTorch
   silu,        // x * sigmoid(x): "silu", "swish"
   quick_gelu,  // x * sigmoid(1.702 x)
+  sigmoid,     // 1 / (1 + e^-x): a gate (Qwen2-MoE's shared expert's), not an MLP's activation
 };
 
 // What a backend's attention keeps for its backward pass and the scratch it needs, per block:
@@ -485,7 +486,8 @@ class Backend {
   virtual void moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) = 0;
   // y [N,C] = (or += when accumulate) sum over j of weights[n,j] * rows[positions[n,j]], j in
   // order; without weights (empty) the plain sum: the gather's backward, a token's gradient from
-  // its k rows'.
+  // its k rows'. Without positions (empty), k = 1 and token n's row is row n: rows scaled by a
+  // weight each (Qwen2-MoE's shared expert under its gate).
   virtual void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
                            const Tensor& y, bool accumulate) = 0;
   // moe_combine's backward (written): drows[positions[n,j]] = weights[n,j] * dy[n] and

@@ -33,21 +33,67 @@ void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const ch
               op, ": expert weights ", w.router.shape().str(), ", ", w.gate_up.shape().str(), ", ",
               w.down.shape().str(), " do not fit ", s.experts, " experts of ", s.hidden, " -> ",
               s.inner);
+  const int64_t S = s.shared_inner;
+  BRISK_CHECK(S == 0 || (w.shared_gate_up.shape() == Shape({2 * S, s.hidden}) &&
+                         w.shared_down.shape() == Shape({s.hidden, S}) &&
+                         w.shared_gate.shape() == Shape({1, s.hidden})),
+              op, ": shared expert weights ", w.shared_gate_up.shape().str(), ", ",
+              w.shared_down.shape().str(), ", ", w.shared_gate.shape().str(), " do not fit ",
+              s.hidden, " -> ", S);
+}
+
+// y += sigmoid(x . shared_gate) * the shared expert's SwiGLU MLP of x, row by row (moe_combine
+// without positions: each token's own row).
+void shared_forward(Backend& be, const MoeWeights& w, const Tensor& x, const MoeSaved& saved,
+                    const Tensor& y) {
+  const WeightLayout out_in = WeightLayout::out_in;
+  be.linear_forward(x, w.shared_gate_up, Tensor(), out_in, saved.shared_gate_up);
+  be.swiglu_forward(saved.shared_gate_up, saved.shared_act);
+  be.linear_forward(saved.shared_act, w.shared_down, Tensor(), out_in, saved.shared_out);
+  be.linear_forward(x, w.shared_gate, Tensor(), out_in, saved.shared_logit);
+  be.activation_forward(Activation::sigmoid, saved.shared_logit, saved.shared_scale);
+  be.moe_combine(saved.shared_out, Tensor(), saved.shared_scale, y, true);
+}
+
+// shared_forward's backward: its gradients written (or added to), dx added to.
+void shared_backward(Backend& be, const MoeWeights& w, const MoeWeights& g, const Tensor& x,
+                     const MoeSaved& saved, const MoeScratch& scratch, const Tensor& dy,
+                     const Tensor& dx, bool accumulate_dw) {
+  const WeightLayout out_in = WeightLayout::out_in;
+  be.moe_combine_backward(dy, saved.shared_out, Tensor(), saved.shared_scale, scratch.d_shared_out,
+                          scratch.d_shared_scale);
+  be.activation_backward(Activation::sigmoid, saved.shared_logit, scratch.d_shared_scale,
+                         scratch.d_shared_scale);
+  be.linear_backward(saved.shared_act, w.shared_down, scratch.d_shared_out, out_in,
+                     scratch.d_shared_act, false, g.shared_down, Tensor(), accumulate_dw);
+  be.swiglu_backward(saved.shared_gate_up, scratch.d_shared_act, scratch.d_shared_gate_up);
+  be.linear_backward(x, w.shared_gate_up, scratch.d_shared_gate_up, out_in, dx, true,
+                     g.shared_gate_up, Tensor(), accumulate_dw);
+  be.linear_backward(x, w.shared_gate, scratch.d_shared_scale, out_in, dx, true, g.shared_gate,
+                     Tensor(), accumulate_dw);
 }
 
 }  // namespace
 
 std::vector<Shape> moe_saved_shapes(const MoeShape& s) {
   const int64_t N = s.tokens, k = s.top_k, E = s.experts, rows = checked_mul(N, k, "moe rows");
-  return {
+  std::vector<Shape> shapes{
       {N, E},          {N, k},          {N, k}, {N, k}, {E}, {rows, s.hidden}, {rows, 2 * s.inner},
       {rows, s.inner}, {rows, s.hidden}};
+  if (s.shared_inner > 0)
+    shapes.insert(shapes.end(),
+                  {{N, 1}, {N, 1}, {N, 2 * s.shared_inner}, {N, s.shared_inner}, {N, s.hidden}});
+  return shapes;
 }
 
 std::vector<Shape> moe_scratch_shapes(const MoeShape& s) {
   const int64_t N = s.tokens, k = s.top_k, rows = checked_mul(N, k, "moe rows");
-  return {{N, s.experts},  {rows, s.hidden},    {N, k},
-          {rows, s.inner}, {rows, 2 * s.inner}, {rows, s.hidden}};
+  std::vector<Shape> shapes{{N, s.experts},  {rows, s.hidden},    {N, k},
+                            {rows, s.inner}, {rows, 2 * s.inner}, {rows, s.hidden}};
+  if (s.shared_inner > 0)
+    shapes.insert(shapes.end(),
+                  {{N, s.hidden}, {N, 1}, {N, s.shared_inner}, {N, 2 * s.shared_inner}});
+  return shapes;
 }
 
 MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,
@@ -97,6 +143,7 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
                         row_range(saved.out, first, n));
   });
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
+  if (s.shared_inner > 0) shared_forward(be, w, x, saved, y);
 }
 
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
@@ -128,6 +175,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                         s.normalize, scratch.logits);
   be.linear_backward(x, w.router, scratch.logits, out_in, dx, true, g.router, Tensor(),
                      accumulate_dw);
+  if (s.shared_inner > 0) shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw);
 }
 
 }  // namespace brisk

@@ -1,9 +1,10 @@
 // A sparse mixture-of-experts MLP as transformers' Mixtral, Qwen2-MoE and OLMoE blocks compute it:
 // a router (a bias-free linear layer to E logits), each token's top-k experts (Backend::
 // moe_route_forward), and each chosen expert's SwiGLU MLP on that token, summed with the routing
-// weights. Dropless: every routed pair is computed. The pairs are grouped by expert
-// (moe_dispatch), so each expert's two products run on its own rows only, and the routing of a
-// micro-batch fixes no buffer size: the N k routed rows are N k whatever the routing.
+// weights; with Qwen2-MoE's shared expert, a SwiGLU MLP every token goes through, scaled by
+// sigmoid(x . shared_gate), added. Dropless: every routed pair is computed. The pairs are grouped
+// by expert (moe_dispatch), so each expert's two products run on its own rows only, and the routing
+// of a micro-batch fixes no buffer size: the N k routed rows are N k whatever the routing.
 #pragma once
 
 #include <cstdint>
@@ -15,29 +16,38 @@ namespace brisk {
 
 struct MoeShape {
   int64_t tokens = 0, hidden = 0, inner = 0, experts = 0, top_k = 0;
-  bool normalize = true;  // norm_topk_prob (Mixtral: always)
+  bool normalize = true;     // norm_topk_prob (Mixtral: always)
+  int64_t shared_inner = 0;  // shared_expert_intermediate_size S (Qwen2-MoE); 0: none
 };
 
 // Weights (or their gradients, laid out alike), out_in: router [E, C]; gate_up [E, 2F, C], each
-// expert's gate then up rows (transformers 5's packed gate_up_proj); down [E, C, F].
+// expert's gate then up rows (transformers 5's packed gate_up_proj); down [E, C, F]. The shared
+// expert's: shared_gate_up [2S, C] (gate_proj then up_proj), shared_down [C, S], shared_gate
+// [1, C].
 struct MoeWeights {
   Tensor router, gate_up, down;
+  Tensor shared_gate_up, shared_down, shared_gate;
 };
 
 // What the forward keeps for the backward, float32 unless named: probs [N, E], weights [N, k],
 // experts and positions [N, k] (int32), counts [E] (int32), rows [N k, C] (the tokens as routed),
-// gate_up [N k, 2F], act [N k, F], out [N k, C] (each expert's output per routed row).
+// gate_up [N k, 2F], act [N k, F], out [N k, C] (each expert's output per routed row); the shared
+// expert's gate logit and scale [N, 1], gate_up [N, 2S], act [N, S] and out [N, C].
 struct MoeSaved {
   Tensor probs, weights, experts, positions, counts, rows, gate_up, act, out;
+  Tensor shared_logit, shared_scale, shared_gate_up, shared_act, shared_out;
 };
 
 // The backward's temporaries: logits [N, E] (the forward's too), d_out [N k, C], dweights [N, k],
-// d_act [N k, F], d_gate_up [N k, 2F], d_rows [N k, C].
+// d_act [N k, F], d_gate_up [N k, 2F], d_rows [N k, C]; the shared expert's d_out [N, C], d_scale
+// [N, 1], d_act [N, S], d_gate_up [N, 2S].
 struct MoeScratch {
   Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows;
+  Tensor d_shared_out, d_shared_scale, d_shared_act, d_shared_gate_up;
 };
 
-// The shapes of MoeSaved's and MoeScratch's tensors, in their field order, for planning.
+// The shapes of MoeSaved's and MoeScratch's tensors, in their field order (the shared expert's
+// only where there is one), for planning.
 std::vector<Shape> moe_saved_shapes(const MoeShape& s);
 std::vector<Shape> moe_scratch_shapes(const MoeShape& s);
 

@@ -35,6 +35,8 @@ double ref_activation(Activation kind, double x) {
       return x / (1.0 + std::exp(-x));
     case Activation::quick_gelu:
       return x / (1.0 + std::exp(-1.702 * x));
+    case Activation::sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
   }
   return NAN;
 }

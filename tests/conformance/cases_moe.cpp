@@ -166,12 +166,14 @@ Vec ref_combine(const Vec& rows, const Vec& pos, const Vec* w, const Vec* y0, in
 }
 
 // The gather of x into the routed rows, the combine of other rows (weighted, or the plain sum;
-// written or added to y0), and the weighted combine's backward, on the rows of a random routing.
+// written or added to y0), and the weighted combine's backward, on the rows of a random routing;
+// with `own_rows` (k = 1, one expert) the combines are given no positions: each token's own row.
 OpCase combine_case(int64_t N, int64_t E, int64_t k, int64_t C, bool weighted, bool accumulate,
-                    bool reference) {
+                    bool reference, bool own_rows = false) {
   OpCase c;
   c.name = "moe_gather_combine_N" + std::to_string(N) + "_k" + std::to_string(k) + "_C" +
-           std::to_string(C) + (weighted ? "_weighted" : "") + (accumulate ? "_accumulate" : "");
+           std::to_string(C) + (weighted ? "_weighted" : "") + (accumulate ? "_accumulate" : "") +
+           (own_rows ? "_own_rows" : "");
   c.inputs = [=](std::mt19937& rng) {
     const Vec experts = random_experts(N, E, k, false, rng);
     return Values{{"positions", ref_dispatch(experts, E).at("positions")},
@@ -191,8 +193,9 @@ OpCase combine_case(int64_t N, int64_t E, int64_t k, int64_t C, bool weighted, b
     const Tensor drows = d.put(FVec(N * k * C, -7.f), {N * k, C});
     const Tensor dw = d.put(FVec(N * k, -7.f), {N, k});
     be.moe_gather(x, pos, gathered);
-    be.moe_combine(rows, pos, weighted ? w : Tensor(), y, accumulate);
-    be.moe_combine_backward(dy, rows, pos, w, drows, dw);
+    const Tensor combined = own_rows ? Tensor() : pos;
+    be.moe_combine(rows, combined, weighted ? w : Tensor(), y, accumulate);
+    be.moe_combine_backward(dy, rows, combined, w, drows, dw);
     return Values{{"gathered", d.values(gathered)},
                   {"y", d.values(y)},
                   {"drows", d.values(drows)},
@@ -240,7 +243,9 @@ std::vector<OpCase> moe_cases() {
           combine_case(7, 5, 2, 5, true, false, true),
           combine_case(6, 4, 1, 9, false, true, true),
           combine_case(5, 8, 4, 3, true, true, true),
-          combine_case(300, 16, 2, 257, true, false, false)};
+          combine_case(300, 16, 2, 257, true, false, false),
+          combine_case(8, 1, 1, 6, true, true, true, true),
+          combine_case(300, 1, 1, 129, true, false, false, true)};
 }
 
 }  // namespace brisk::testing

@@ -15,9 +15,14 @@ void check_rows(const Tensor& t, int64_t N, int64_t E, const char* op, const cha
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == N * E, op, ": ", what, " ", t.shape().str(),
               " ", dtype_name(t.dtype()), " is not float32 [", N, ", ", E, "]");
 }
-// Throws unless every position is a row of `rows` routed rows.
+// Pair i's row: positions[i], or i itself where there are none.
+inline int64_t row_of(const int32_t* pos, int64_t i) {
+  return pos ? pos[i] : i;
+}
+
+// Throws unless every position is a row of `rows` routed rows (none: each pair's own row).
 void check_positions(const int32_t* pos, int64_t n, int64_t rows, const char* op) {
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; pos != nullptr && i < n; ++i)
     BRISK_CHECK(pos[i] >= 0 && pos[i] < rows, op, ": position ", pos[i], " is not one of ", rows,
                 " routed rows");
 }
@@ -79,6 +84,7 @@ void CpuBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const 
 
 void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
   const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
+  BRISK_CHECK(!positions.empty(), "moe_gather: no positions");
   const int32_t* pos = positions.i32();
   check_positions(pos, N * k, N * k, "moe_gather");
   const float* in = x.f32();
@@ -91,7 +97,7 @@ void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tens
 void CpuBackend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
                              const Tensor& y, bool accumulate) {
   const auto [N, k, C] = check_moe_rows(positions, rows, y, weights, "moe_combine");
-  const int32_t* pos = positions.i32();
+  const int32_t* pos = positions.empty() ? nullptr : positions.i32();
   check_positions(pos, N * k, N * k, "moe_combine");
   const float* r = rows.f32();
   const float* w = weights.empty() ? nullptr : weights.f32();
@@ -101,7 +107,7 @@ void CpuBackend::moe_combine(const Tensor& rows, const Tensor& positions, const 
     float* yn = out + n * C;
     if (!accumulate) std::fill(yn, yn + C, 0.0f);
     for (int64_t j = 0; j < k; ++j) {
-      const float* rj = r + pos[n * k + j] * C;
+      const float* rj = r + row_of(pos, n * k + j) * C;
       const float wj = w ? w[n * k + j] : 1.0f;
       for (int64_t c = 0; c < C; ++c) yn[c] += wj * rj[c];
     }
@@ -112,15 +118,15 @@ void CpuBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows, cons
                                       const Tensor& weights, const Tensor& drows,
                                       const Tensor& dweights) {
   const auto [N, k, C] = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
-  const int32_t* pos = positions.i32();
+  const int32_t* pos = positions.empty() ? nullptr : positions.i32();
   check_positions(pos, N * k, N * k, "moe_combine_backward");
   const float *g = dy.f32(), *r = rows.f32(), *w = weights.f32();
   float *dr = drows.f32(), *dw = dweights.f32();
 #pragma omp parallel for schedule(static) if (N * k * C > 65536)
   for (int64_t i = 0; i < N * k; ++i) {
     const float* gn = g + (i / k) * C;
-    const float* ri = r + pos[i] * C;
-    float* dri = dr + pos[i] * C;
+    const float* ri = r + row_of(pos, i) * C;
+    float* dri = dr + row_of(pos, i) * C;
     float dot = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
       dri[c] = w[i] * gn[c];

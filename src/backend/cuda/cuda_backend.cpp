@@ -500,6 +500,7 @@ void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const
 
 void CudaBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
   const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
+  BRISK_CHECK(!positions.empty(), "moe_gather: no positions");
   cuda::moe_gather(stream_, dev(x, "moe_gather input"), dev_i32(positions, "routed positions"), N,
                    k, C, dev(rows, "routed rows"));
 }
@@ -507,7 +508,7 @@ void CudaBackend::moe_gather(const Tensor& x, const Tensor& positions, const Ten
 void CudaBackend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
                               const Tensor& y, bool accumulate) {
   const auto [N, k, C] = check_moe_rows(positions, rows, y, weights, "moe_combine");
-  cuda::moe_combine(stream_, dev(rows, "routed rows"), dev_i32(positions, "routed positions"),
+  cuda::moe_combine(stream_, dev(rows, "routed rows"), ids_or_null(positions, "routed positions"),
                     dev_or_null(weights, "routing weights"), N, k, C, accumulate,
                     dev(y, "moe_combine output"));
 }
@@ -518,7 +519,7 @@ void CudaBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows,
   const auto [N, k, C] = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
   cuda::moe_combine_backward(
       stream_, dev(dy, "moe_combine gradient"), dev(rows, "routed rows"),
-      dev_i32(positions, "routed positions"), dev(weights, "routing weights"), N, k, C,
+      ids_or_null(positions, "routed positions"), dev(weights, "routing weights"), N, k, C,
       dev(drows, "routed rows' gradient"), dev(dweights, "routing weights' gradient"));
 }
 

@@ -139,7 +139,7 @@ void moe_balance_stats(cudaStream_t s, const float* probs, const int32_t* expert
 void moe_balance_backward(cudaStream_t s, const int32_t* mask, const float* scale, int64_t N,
                           int64_t E, float* dprobs);
 // Backend::moe_dispatch, moe_gather, moe_combine and moe_combine_backward (weights null: the plain
-// sum); positions out of range are skipped.
+// sum; positions null, in the combines: each pair's own row); positions out of range are skipped.
 void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,
                   int32_t* positions);
 void moe_gather(cudaStream_t s, const float* x, const int32_t* positions, int64_t N, int64_t k,

@@ -62,7 +62,7 @@ __global__ void moe_combine_kernel(const float* rows, const int32_t* positions,
     const int64_t n = t / C, c = t % C;
     float sum = accumulate ? y[t] : 0.0f;
     for (int j = 0; j < k; ++j) {
-      const int32_t p = positions[n * k + j];
+      const int64_t p = positions ? positions[n * k + j] : n * k + j;
       if (p >= 0 && p < pairs) sum += (weights ? weights[n * k + j] : 1.0f) * rows[p * C + c];
     }
     y[t] = sum;
@@ -78,7 +78,7 @@ __global__ void moe_combine_backward_kernel(const float* dy, const float* rows,
   const int lane = threadIdx.x % 32;
   const int64_t warps = grid_threads() / 32;
   for (int64_t i = global_thread() / 32; i < pairs; i += warps) {
-    const int32_t p = positions[i];
+    const int64_t p = positions ? positions[i] : i;
     const bool valid = p >= 0 && p < pairs;
     const float* g = dy + (i / k) * C;
     float dot = 0.0f;
