@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -158,15 +159,18 @@ void check_layers(Backend& be) {
   check_layer(be, MoeShape{N, C, F, E, 2, true}, true, 5);
 }
 
-TEST(MoeLayer, MatchesTheReferenceAndItsFiniteDifferences) {
-  auto be = make_cpu_backend();
-  check_layers(*be);
-}
+// Each test on the CPU and on the GPU (skipped without one).
+class MoeOn : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Device::cuda) REQUIRE_GPU();
+    be_ = make_backend(GetParam());
+  }
+  std::unique_ptr<Backend> be_;
+};
 
-TEST(MoeLayer, MatchesTheReferenceOnTheGpu) {
-  REQUIRE_GPU();
-  auto be = make_backend(Device::cuda);
-  check_layers(*be);
+TEST_P(MoeOn, LayerMatchesTheReferenceAndItsFiniteDifferences) {
+  check_layers(*be_);
 }
 
 // A block of transformers (tests/fixtures/moe/<name>.safetensors, scripts/make_moe_fixtures.py):
@@ -231,15 +235,8 @@ void check_transformers_blocks(Backend& be) {
   check_against_transformers(be, "olmoe_block_normalized", 6, 3, true);
 }
 
-TEST(MoeLayer, MatchesTransformersBlocks) {
-  auto be = make_cpu_backend();
-  check_transformers_blocks(*be);
-}
-
-TEST(MoeLayer, MatchesTransformersBlocksOnTheGpu) {
-  REQUIRE_GPU();
-  auto be = make_backend(Device::cuda);
-  check_transformers_blocks(*be);
+TEST_P(MoeOn, LayerMatchesTransformersBlocks) {
+  check_transformers_blocks(*be_);
 }
 
 // transformers' load_balancing_loss_func in fp64: the L layers' tokens concatenated, the masked
@@ -311,16 +308,14 @@ void check_balance(Backend& be) {
   }
 }
 
-TEST(MoeBalance, LossAndGradientAreTransformers) {
-  auto be = make_cpu_backend();
-  check_balance(*be);
+TEST_P(MoeOn, BalanceLossAndGradientAreTransformers) {
+  check_balance(*be_);
 }
 
-TEST(MoeBalance, LossAndGradientAreTransformersOnTheGpu) {
-  REQUIRE_GPU();
-  auto be = make_backend(Device::cuda);
-  check_balance(*be);
-}
+INSTANTIATE_TEST_SUITE_P(Every, MoeOn, ::testing::Values(Device::cpu, Device::cuda),
+                         [](const ::testing::TestParamInfo<Device>& p) {
+                           return std::string(p.param == Device::cuda ? "cuda" : "cpu");
+                         });
 
 TEST(MoeLayer, BadShapesAreRefused) {
   auto be = make_cpu_backend();
