@@ -15,6 +15,7 @@ void check_rows(const Tensor& t, int64_t N, int64_t E, const char* op, const cha
   BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == N * E, op, ": ", what, " ", t.shape().str(),
               " ", dtype_name(t.dtype()), " is not float32 [", N, ", ", E, "]");
 }
+
 // Pair i's row: positions[i], or i itself where there are none.
 inline int64_t row_of(const int32_t* pos, int64_t i) {
   return pos ? pos[i] : i;
