@@ -190,6 +190,11 @@ TEST(OpsMoeDispatch, BadShapesExpertsAndPositionsAreRefused) {
                                  view(drows, {N * k, C}), view(dw, {N, k}));
       },
       "both needed");
+  brisk::testing::expect_error(
+      [&] {
+        be->moe_gather(view(in, {N, C}), Tensor(), view(rows, {N * k, C}));
+      },
+      "no positions");
   pos[2] = N * k;
   brisk::testing::expect_error(
       [&] {

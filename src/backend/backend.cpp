@@ -254,6 +254,12 @@ Backend::MoeRows Backend::check_moe_rows(const Tensor& positions, const Tensor& 
   return {N, k, C};
 }
 
+Backend::MoeRows Backend::check_moe_gather(const Tensor& x, const Tensor& positions,
+                                           const Tensor& rows) {
+  BRISK_CHECK(!positions.empty(), "moe_gather: no positions");
+  return check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
+}
+
 Backend::MoeRows Backend::check_moe_combine_backward(const Tensor& dy, const Tensor& rows,
                                                      const Tensor& positions, const Tensor& weights,
                                                      const Tensor& drows, const Tensor& dweights) {

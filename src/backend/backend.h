@@ -497,8 +497,8 @@ class Backend {
                                     const Tensor& dweights) = 0;
   // One layer's statistics for transformers' load-balancing loss over N tokens, those whose mask
   // is 0 (int32 [N]; empty: none) left out: stats [2, E] float32 = (how many of the tokens' routed
-  // pairs went to each expert; the sum of each expert's probabilities), each summed over the
-  // tokens in order.
+  // pairs went to each expert, exact up to 2^24; the sum of each expert's probabilities), each
+  // summed over the tokens in order.
   virtual void moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
                                  const Tensor& stats) = 0;
   // The loss's gradient for one layer's probabilities: dprobs [N, E] (written) = mask[n] *
@@ -517,13 +517,16 @@ class Backend {
   // returns N * k.
   static int64_t check_moe_dispatch(const Tensor& experts, int64_t num_experts,
                                     const Tensor& counts, const Tensor& positions);
-  // Throws unless positions [N,k] (int32), rows [N*k, C] and tokens [N, C] (float32) and, unless
-  // empty, weights [N,k] (float32) belong together; returns N, k and C.
+  // Throws unless positions [N,k] (int32; empty: k = 1, each token's own row), rows [N*k, C] and
+  // tokens [N, C] (float32) and, unless empty, weights [N,k] (float32) belong together; returns
+  // N, k and C.
   struct MoeRows {
     int64_t N, k, C;
   };
   static MoeRows check_moe_rows(const Tensor& positions, const Tensor& rows, const Tensor& tokens,
                                 const Tensor& weights, const char* op);
+  // check_moe_rows for moe_gather's arguments, positions given.
+  static MoeRows check_moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows);
   // check_moe_rows for moe_combine_backward's arguments, weights and dweights given.
   static MoeRows check_moe_combine_backward(const Tensor& dy, const Tensor& rows,
                                             const Tensor& positions, const Tensor& weights,

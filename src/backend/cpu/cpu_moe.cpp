@@ -84,8 +84,7 @@ void CpuBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const 
 }
 
 void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
-  const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
-  BRISK_CHECK(!positions.empty(), "moe_gather: no positions");
+  const auto [N, k, C] = check_moe_gather(x, positions, rows);
   const int32_t* pos = positions.i32();
   check_positions(pos, N * k, N * k, "moe_gather");
   const float* in = x.f32();

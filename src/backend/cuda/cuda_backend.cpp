@@ -499,8 +499,7 @@ void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const
 }
 
 void CudaBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
-  const auto [N, k, C] = check_moe_rows(positions, rows, x, Tensor(), "moe_gather");
-  BRISK_CHECK(!positions.empty(), "moe_gather: no positions");
+  const auto [N, k, C] = check_moe_gather(x, positions, rows);
   cuda::moe_gather(stream_, dev(x, "moe_gather input"), dev_i32(positions, "routed positions"), N,
                    k, C, dev(rows, "routed rows"));
 }
