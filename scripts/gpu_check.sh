@@ -3,7 +3,8 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same]
+#     [vocab] [same] [speed]
+# (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
 set -uo pipefail
@@ -33,7 +34,8 @@ write_config('$t/gpt2_$vocab', dict(GPT2, vocab_size=$vocab)); write_tokens('$t/
 for what in "${@:-tests}"; do
   case $what in
     tests)
-      build-gpu/tests/brisk_tests --gtest_filter='*cuda*:*Cuda*:*Gpu*:*GPU*:*Offload*:*Nccl*:FusedAttention*' \
+      build-gpu/tests/brisk_tests \
+        --gtest_filter="${TESTS:-*cuda*:*Cuda*:*Gpu*:*GPU*:*Offload*:*Nccl*:FusedAttention*}" \
         2>&1 | tee "$OUT/tests.log" | grep -E '^\[  (FAILED|PASSED) |^\[==|Failure' | head -60
       build-gpu/tests/brisk_dist_tests --gtest_filter='*Nccl*:*Gpu*:*Offload*' 2>&1 |
         tee "$OUT/dist_tests.log" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |^\[==|Failure' | head -30 ;;
@@ -49,7 +51,8 @@ for what in "${@:-tests}"; do
         ${ANCHOR_ARGS:-}) 2>&1 |
         tee "$OUT/anchors.log" ;;
     profile)  # $NCU_COUNT kernels (2500, about 1.4 steps at batch 8) after $NCU_SKIP, by name
-      gpt2_train 50257 6 timeout ${NCU_TIMEOUT:-400} ncu --metrics gpu__time_duration.sum --csv \
+      # (GPT-2 with $VOCAB tokens, 50257 by default)
+      gpt2_train ${VOCAB:-50257} 6 timeout ${NCU_TIMEOUT:-400} ncu --metrics gpu__time_duration.sum --csv \
         --launch-skip ${NCU_SKIP:-2500} --launch-count ${NCU_COUNT:-2500} \
         --log-file "$OUT/ncu.csv" >/dev/null
       python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/profile.log" ;;
@@ -67,6 +70,10 @@ for what in "${@:-tests}"; do
         BRISK_TRAIN=$bin gpt2_train 50257 20 >/dev/null
         echo "$bin: $(grep -o '"train_loss": *[0-9.e+-]*' /tmp/gpt2_bench/out/train_results.json)"
       done | tee "$OUT/same.log" ;;
+    speed)  # this build against $BRISK_BASE_BIN, alternated: GPT-2's samples/s over 16 steps
+      for bin in "$BRISK_BASE_BIN" build-gpu/brisk "$BRISK_BASE_BIN" build-gpu/brisk; do
+        echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 16)"
+      done | tee "$OUT/speed.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
       for v in 50257 50304 50257 50304; do echo "vocab $v: $(gpt2_train $v 16)"; done |
         tee "$OUT/vocab.log" ;;

@@ -97,6 +97,11 @@ struct LayerBuffers {
 LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
   LayerBuffers b;
   const std::vector<Shape> ss = moe_saved_shapes(s), cs = moe_scratch_shapes(s);
+  // The products' operands: the weights and the routed rows' tensors at most.
+  int64_t largest = s.experts * 2 * s.inner * s.hidden;
+  for (const std::vector<Shape>* shapes : {&ss, &cs})
+    for (const Shape& shape : *shapes) largest = std::max(largest, shape.numel());
+  d.workspace(largest);
   Tensor* saved[] = {&b.saved.probs,        &b.saved.weights,      &b.saved.experts,
                      &b.saved.positions,    &b.saved.counts,       &b.saved.rows,
                      &b.saved.gate_up,      &b.saved.act,          &b.saved.out,
