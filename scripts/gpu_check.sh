@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed]
+#     [vocab] [same] [speed] [head]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
@@ -74,6 +74,8 @@ for what in "${@:-tests}"; do
       for bin in "$BRISK_BASE_BIN" build-gpu/brisk "$BRISK_BASE_BIN" build-gpu/brisk; do
         echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 16)"
       done | tee "$OUT/speed.log" ;;
+    head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
+      python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
       for v in 50257 50304 50257 50304; do echo "vocab $v: $(gpt2_train $v 16)"; done |
         tee "$OUT/vocab.log" ;;

@@ -221,13 +221,18 @@ TEST(Cli, EstimateListsEveryBufferOfThePlan) {
 }
 
 // The LM head's chunk of logits by device: the CPU's 256 of GPT-2's 4096 rows, a GPU's 2048 (its
-// weight gradient's product then reads and writes dW once per 2048 rows).
+// weight gradient's product then reads and writes dW once per 2048 rows), its rows padded to
+// 50304 columns on a GPU in bf16 (Model::declare_lm_logits).
 TEST(Cli, EstimateSizesTheLogitsChunkByPrecisionAndDevice) {
-  for (const auto& [flags, rows] :
-       std::vector<std::pair<std::string, int>>{{"--device cpu", 256},
-                                                {"--device cpu --bf16", 256},
-                                                {"--device cuda", 2048},
-                                                {"--device cuda --bf16", 2048}}) {
+  struct Case {
+    std::string flags;
+    int rows, width;
+  };
+  for (const auto& [flags, rows, width] :
+       std::vector<Case>{{"--device cpu", 256, 50257},
+                         {"--device cpu --bf16", 256, 50257},
+                         {"--device cuda", 2048, 50257},
+                         {"--device cuda --bf16", 2048, 50304}}) {
     SCOPED_TRACE(flags);
     const nlohmann::json j =
         estimate_json("--model gpt2 --per_device_train_batch_size 4 --seq_len 1024 " + flags);
@@ -235,7 +240,7 @@ TEST(Cli, EstimateSizesTheLogitsChunkByPrecisionAndDevice) {
     for (const auto& b : j["memory"]["buffers"])
       if (b["name"] == "logits") {
         ++logits;
-        EXPECT_EQ(b["shape"], "[" + std::to_string(rows) + ", 50257]");
+        EXPECT_EQ(b["shape"], "[" + std::to_string(rows) + ", " + std::to_string(width) + "]");
       }
     EXPECT_EQ(logits, 1);
   }

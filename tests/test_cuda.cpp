@@ -206,6 +206,58 @@ TEST(CudaOps, AHeldWeightIsCastOnceAndReadUntilReleased) {
   EXPECT_EQ(products(), unheld);
 }
 
+// A weight held padded with zero rows (hold_padded_weight, the LM head's on a GPU): the products
+// over the padded rows give x W^T with zero columns past W's rows, dx = dy W over the real
+// columns of dy (its padding ones zero, as the loss leaves them), and dw of W's rows only, all
+// against an fp64 reference of the bf16-rounded operands; the padding rows are zeros even where
+// the copy held other values before.
+TEST(CudaOps, APaddedHeldWeightGivesTheUnpaddedProducts) {
+  REQUIRE_GPU();
+  const int64_t M = 37, K = 24, N = 50, P = 64;  // W [N, K] padded to P rows
+  std::mt19937 rng(29);
+  const FVec x = randn(M * K, rng), w = randn(N * K, rng), dy = randn(M * N, rng);
+  const FVec xr = rounded(x, DType::bf16), wr = rounded(w, DType::bf16);
+  const FVec dyr = rounded(dy, DType::bf16);
+  FVec want_y(M * P, 0.0f), want_dx(M * K), want_dw(N * K), dy_padded(M * P, 0.0f);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t n = 0; n < N; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += double(xr[i * K + k]) * wr[n * K + k];
+      want_y[i * P + n] = static_cast<float>(sum);
+      dy_padded[i * P + n] = dy[i * N + n];
+    }
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) sum += double(dyr[i * N + n]) * wr[n * K + k];
+      want_dx[i * K + k] = static_cast<float>(sum);
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double sum = 0;
+      for (int64_t i = 0; i < M; ++i) sum += double(dyr[i * N + n]) * xr[i * K + k];
+      want_dw[n * K + k] = static_cast<float>(sum);
+    }
+  auto gpu = gpu_backend();
+  DeviceBuffers d(*gpu);
+  gpu->set_matmul_dtype(DType::bf16);
+  d.workspace(MatmulOperands(M * P, M * K, P * K, K));
+  const Tensor wt = d.put(w, {N, K}), y = d.alloc({M, P}), dx = d.alloc({M, K});
+  const Tensor dw = d.alloc({N, K});
+  // A larger weight held first leaves its values where the padding goes.
+  gpu->hold_padded_weight(d.put(randn(P * K, rng), {P, K}), P);
+  const Tensor held = gpu->hold_padded_weight(wt, P);
+  ASSERT_EQ(held.shape(), (Shape{P, K}));
+  gpu->linear_forward(d.put(x, {M, K}), held, Tensor(), WeightLayout::out_in, y);
+  gpu->linear_backward(d.put(x, {M, K}), held, d.put(dy_padded, {M, P}), WeightLayout::out_in, dx,
+                       false, dw, Tensor(), false);
+  gpu->release_weight();
+  EXPECT_TRUE(rel_near(d.get(y), want_y, 1e-5)) << "y";
+  EXPECT_TRUE(rel_near(d.get(dx), want_dx, 1e-5)) << "dx";
+  EXPECT_TRUE(rel_near(d.get(dw), want_dw, 1e-5)) << "dw";
+  expect_error([&] { gpu->hold_padded_weight(wt, 2 * P); }, "held copy");
+}
+
 // A float32 dy whose rows are not 16 bytes of bf16 values is packed with its rows padded (where
 // MatmulOperands::a_rows planned the room) or plainly (where not): both give the products of the
 // bf16-rounded operands, against an fp64 reference, in either weight layout.
@@ -340,6 +392,16 @@ ModelRun run_model(const std::string& name, Device device, DType act, bool dropo
   const int64_t targets = m.model->count_targets();
   r.eval_loss = m.model->forward(*m.be, eval) / targets;
   r.logits = to_host(*m.be, m.model->logits());
+  // A padded head's rows (bf16 on the GPU) past the vocabulary: zeros, then left out.
+  const int64_t width = m.model->logits().dim(-1), V = m.model->config().vocab_size;
+  if (m.model->logits_width() > V && width > V) {
+    FVec kept;
+    for (size_t at = 0; at < r.logits.size(); at += static_cast<size_t>(width)) {
+      kept.insert(kept.end(), r.logits.begin() + at, r.logits.begin() + at + V);
+      for (int64_t c = V; c < width; ++c) EXPECT_EQ(r.logits[at + c], 0.0f) << "padding column";
+    }
+    r.logits = kept;
+  }
   r.loss = m.step(dropout);  // with dropout on: the masks are the same on both backends
   r.grads = m.grads();
   r.params = m.model->params().list();
@@ -374,6 +436,7 @@ void compare_models(const std::string& name, DType act, bool dropout, double tol
 TEST(CudaModels, LanguageModelHeadsInChunksEqualTheWholeHead) {
   REQUIRE_GPU();
   expect_chunked_lm_heads_equal_whole_ones(kGpu);
+  expect_chunked_lm_heads_equal_whole_ones(kGpu, DType::bf16);  // padded heads
 }
 
 // Float32: as close as the CPU is to PyTorch (test_models.cpp), with dropout off and on (the

@@ -206,6 +206,46 @@ TEST(Models, ThePaddingRowStartsAtZeroAndGetsNoGradient) {
   }
 }
 
+// A language-model head's logits rows are padded where the device asks it of bf16 runs
+// (DeviceTraits::bf16_head_row_multiple: a GPU's, for sm90 product kernels) and the head has no
+// bias; the held operand (the weight's padded copy) and A's room (the logits' gradient) follow.
+// Planned here for a GPU without one: the plan alone decides. The CPU refuses a padded weight.
+TEST(Models, TheHeadIsPaddedOnlyWhereTheDeviceAsksForBf16) {
+  struct Case {
+    const char* name;
+    Device device;
+    DType act;
+    int64_t width;
+  };
+  for (const Case& c : {Case{"gpt2_tiny", Device::cuda, DType::bf16, 128},
+                        Case{"llama_tiny", Device::cuda, DType::bf16, 128},
+                        Case{"gpt2_tiny", Device::cuda, DType::f32, 89},
+                        Case{"gpt2_tiny", Device::cpu, DType::bf16, 89},
+                        Case{"bert_mlm", Device::cuda, DType::bf16, 97}}) {  // a biased head
+    SCOPED_TRACE(std::string(c.name) + " " + device_name(c.device) + " " + dtype_name(c.act));
+    ModelConfig config = load_config(fixture(std::string(c.name) + "/config.json"));
+    if (std::string(c.name) == "bert_mlm") use_masked_lm(config);
+    auto model = Model::create(config);
+    MemoryPlan plan;
+    PlanOptions options;
+    options.device = c.device;
+    options.activation_dtype = c.act;
+    model->plan(plan, BatchShape{2, 8}, options);
+    EXPECT_EQ(model->logits_width(), c.width);
+    EXPECT_EQ(plan.buffer(plan.find("logits")).shape, (Shape{2, 8, c.width}));
+    const MatmulOperands operands = model->matmul_operands();
+    EXPECT_EQ(operands.held, c.width * config.hidden_size);
+    EXPECT_GE(operands.a, 16 * c.width);
+  }
+  auto cpu = make_cpu_backend();
+  std::vector<float> w(12);
+  expect_error(
+      [&] {
+        cpu->hold_padded_weight(Tensor(w.data(), Shape{3, 4}, DType::f32), 8);
+      },
+      "does not pad held weights");
+}
+
 // sinusoidal_pos_embds: a fresh model's position table equals transformers' initial one.
 TEST(Models, DistilBertSinusoidalPositionsStartAsTransformersInitializesThem) {
   LoadedModel m(fixture("distilbert_sinusoidal"));

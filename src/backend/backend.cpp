@@ -30,6 +30,11 @@ AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const c
   return {qkv.dim(0), qkv.dim(1), heads * D, heads, D, kv_heads};
 }
 
+Tensor Backend::hold_padded_weight(const Tensor&, int64_t) {
+  BRISK_CHECK(false, "the ", name(), " backend does not pad held weights");
+  return Tensor();
+}
+
 void Backend::check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
                                      const Tensor& v_cache, int64_t past, int heads, int kv_heads,
                                      const Tensor& out, AttentionDims* dims) {

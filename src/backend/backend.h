@@ -245,6 +245,13 @@ class Backend {
   // nothing to prepare (or no buffer planned) both do nothing.
   virtual void hold_weight(const Tensor& /*w*/) {}
   virtual void release_weight() {}
+  // hold_weight for a backend whose bf16 products may read a weight [V, C] padded with zero
+  // rows: returns the weight to give the products, [rows, C] (rows >= V), its first V rows w's
+  // rounded to bf16, the rest zeros, valid until release_weight(). A linear_backward given it
+  // may write a dw of w's V rows (the products' K and N then span all rows, M only V: every
+  // operand's extent a multiple of 8 but dw's rows). Needs MatmulOperands::held >= rows * C.
+  // Backends without it throw (DeviceTraits::bf16_head_row_multiple is 1 for them).
+  virtual Tensor hold_padded_weight(const Tensor& w, int64_t rows);
 
   // ---- normalization ----
   // Over the last dimension C: y = (x - mean) * rstd * gamma + beta; saves mean and rstd

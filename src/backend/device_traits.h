@@ -37,6 +37,10 @@ struct DeviceTraits {
   bool products_round_operands = false;
   // The norms' and SwiGLU's outputs are rebuilt in backward rather than kept per block.
   bool recompute_elementwise = false;
+  // bf16 runs: a language-model head without a bias multiplies its weight padded with zero rows
+  // to a multiple of this (Backend::hold_padded_weight), and its logits' rows are that wide (the
+  // padding columns take no probability and no gradient). 1: never padded.
+  int64_t bf16_head_row_multiple = 1;
   // Bytes a process holds on the device before its arena, where nothing can be asked (a GPU's
   // context); 0 where the host's resident memory is measured instead.
   size_t context_bytes = 0;

@@ -157,7 +157,7 @@ class Encoder final : public Model {
       declare(plan, &mlm_out_, "mlm.norm", Category::activations, DType::f32, {B, T, C});
       declare(plan, &mlm_mean_, "mlm.mean", Category::activations, DType::f32, {B, T});
       declare(plan, &mlm_rstd_, "mlm.rstd", Category::activations, DType::f32, {B, T});
-      declare_lm_logits(plan, s, word_);
+      declare_lm_logits(plan, s, word_, mlm_bias_ >= 0);
       return;
     }
     declare(plan, &first_, "pooler.first", Category::activations, DType::f32, {B, C});

@@ -89,7 +89,7 @@ class Gpt2 final : public Model {
     declare(plan, &lnf_out_, "ln_f.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &lnf_mean_, "ln_f.mean", Category::activations, DType::f32, {B, T});
     declare(plan, &lnf_rstd_, "ln_f.rstd", Category::activations, DType::f32, {B, T});
-    declare_lm_logits(plan, s, head_);
+    declare_lm_logits(plan, s, head_, false);
   }
 
   void validate_batch() const override {

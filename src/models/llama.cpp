@@ -141,7 +141,7 @@ class Llama final : public Model {
     declare_input(plan, &targets_host_, &targets_, "batch.shifted_labels", {B, T});
     declare(plan, &norm_out_, "norm.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &norm_rstd_, "norm.rstd", Category::activations, DType::f32, {B, T});
-    declare_lm_logits(plan, s, head_);
+    declare_lm_logits(plan, s, head_, false);
   }
 
   void validate_batch() const override {

@@ -439,11 +439,11 @@ MatmulOperands Model::matmul_operands() const {
                              checked_mul(inner, c.hidden_size, what)});
   // A is an activation or its gradient (the head's: a chunk of logits' gradient); B a weight (the
   // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
-  const int64_t head = checked_mul(head_width(), c.hidden_size, what);
+  const int64_t head = checked_mul(logits_width(), c.hidden_size, what);
   const int64_t activations = checked_mul(rows, widest, what);
   const bool holds_head = c.last_stage();
   const int64_t a =
-      std::max(activations, holds_head ? checked_mul(head_rows, head_width(), what) : 0);
+      std::max(activations, holds_head ? checked_mul(head_rows, logits_width(), what) : 0);
   const int64_t b = std::max({activations, lm_head || !holds_head ? 0 : head, largest_weight});
   MatmulOperands operands{a, b, lm_head ? head : 0, lm_head ? c.hidden_size : 0};
   operands.a_rows = rows;
@@ -457,18 +457,23 @@ MatmulOperands Model::matmul_operands() const {
 
 const Tensor& Model::logits() const {
   if (lm_chunk_rows_ > 0) {
-    const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / vocab_rows();
+    const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / lm_width_;
     BRISK_CHECK(kept == rows, "the logits of ", rows, " rows were computed ", kept,
                 " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
   }
   return logits_;
 }
 
-void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight) {
+void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight, bool biased) {
   lm_head_weight_ = weight;
-  lm_chunk_rows_ = 0;
+  lm_chunk_rows_ = lm_width_ = 0;
   if (!config_.last_stage()) return;  // a pipeline stage without the head
-  const int64_t V = vocab_rows(), rows = s.batch * s.seq;
+  const int64_t rows = s.batch * s.seq;
+  lm_width_ = vocab_rows();
+  const int64_t multiple = device_traits(options_.device).bf16_head_row_multiple;
+  if (!biased && config_.tensor_ranks == 1 && options_.activation_dtype == DType::bf16)
+    lm_width_ = checked_add(lm_width_, multiple - 1, "the logits' width") / multiple * multiple;
+  const int64_t V = lm_width_;
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
   // product's operands 256-byte aligned) within the device's chunk bytes; the same at every
   // length.
@@ -491,43 +496,54 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight)
             {std::min(rows, 2 * lm_chunk_rows_), V});
   declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,
           {s.batch, s.seq, config_.hidden_size});
-  // Vocabulary parallelism: each tensor rank's statistics of a chunk's rows, summed across them.
-  if (config_.tensor_ranks > 1)
+  // Vocabulary parallelism: each tensor rank's statistics of a chunk's rows, summed across them
+  // (a padded head's, of its one rank).
+  if (config_.tensor_ranks > 1 || V > vocab_rows())
     declare(plan, &head_stats_, "lm_head.vocab_stats", Category::activations, DType::f32,
             {config_.tensor_ranks, std::min(rows, lm_chunk_rows_), 3});
 }
 
 void Model::lm_loss(Backend& be, const StepOptions& o, const Tensor& logits, const Tensor& labels,
                     const Tensor& grad) {
-  if (config_.tensor_ranks == 1) {
+  if (config_.tensor_ranks == 1 && lm_width_ == vocab_rows()) {
     be.softmax_cross_entropy(logits, labels, o.compute_grad, o.loss_grad_scale, loss_sum(), grad);
     return;
   }
+  // Vocabulary parallelism's two steps (a padded head's too, on its one rank: its padding
+  // columns take no probability and no gradient).
   // Every rank's maximum, sum of exponentials and label logit of each row, each at its place.
   const int64_t n = labels.numel(), R = config_.tensor_ranks;
   const Tensor stats(head_stats_.data(), Shape{R, n, 3}, DType::f32, head_stats_.device());
   be.fill(stats, 0.0f);
-  const VocabShard shard = vocab_shard();
+  const VocabShard shard =
+      config_.tensor_ranks > 1 ? vocab_shard() : VocabShard{0, config_.vocab_size};
   const Tensor mine(stats.f32() + config_.tensor_rank * n * 3, Shape{n, 3}, DType::f32,
                     stats.device());
   be.cross_entropy_stats(logits, labels, shard, mine);
-  tensor_group_->all_reduce_sum(be, stats);
+  if (config_.tensor_ranks > 1) tensor_group_->all_reduce_sum(be, stats);
   be.cross_entropy_from_stats(logits, labels, shard, stats, o.compute_grad, o.loss_grad_scale,
                               loss_sum(), grad);
 }
 
 void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight,
                             int bias, const Tensor& labels) {
-  const int64_t V = vocab_rows(), rows = labels.numel();
-  const int64_t chunk = logits_.numel() / V;
+  const int64_t rows = labels.numel(), chunk = logits_.numel() / lm_width_;
   const Tensor b = bias >= 0 ? w(bias) : Tensor();
   const Tensor db = bias >= 0 && o.compute_grad ? g(bias) : Tensor();
-  // The weight is read by two products per chunk and does not change meanwhile.
+  // The weight is read by two products per chunk and does not change meanwhile; a padded head's
+  // products read it padded.
   struct Held {
     Backend& be;
-    Held(Backend& backend, const Tensor& weight) : be(backend) { be.hold_weight(weight); }
+    Tensor weight;
+    Held(Backend& backend, const Tensor& w, int64_t rows) : be(backend), weight(w) {
+      if (rows > w.dim(0))
+        weight = be.hold_padded_weight(w, rows);
+      else
+        be.hold_weight(w);
+    }
     ~Held() { be.release_weight(); }
-  } held(be, w(weight));
+  } held(be, w(weight), lm_width_);
+  const Tensor& wt = held.weight;
   // The input gradient and dW of rows [group, r0) still to add (grouped: their dlogits in
   // head_dlogits_).
   const bool grouped = !head_dlogits_.empty() && be.reads_product_input(DType::bf16);
@@ -539,7 +555,7 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     const Tensor xs = whole ? x : row_range(x, r0, n);
     const Tensor ls = whole ? logits_ : row_range(logits_, 0, n);
     const Tensor dx = whole ? head_dx_ : row_range(head_dx_, r0, n);
-    be.linear_forward(xs, w(weight), b, WeightLayout::out_in, ls);
+    be.linear_forward(xs, wt, b, WeightLayout::out_in, ls);
     // Grouped without a bias: the gradient written in bf16 straight into its rows of dlogits
     // (the bias's gradient needs the unrounded one in ls).
     const Tensor dl =
@@ -547,19 +563,19 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
     lm_loss(be, o, ls, whole ? labels : row_range(labels, r0, n, true), db.empty() ? dl : Tensor());
     if (!o.compute_grad) continue;
     if (!grouped) {
-      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, dx, false, g(weight), db,
+      be.linear_backward(xs, wt, ls, WeightLayout::out_in, dx, false, g(weight), db,
                          !o.first_micro_batch || r0 > 0);
       continue;
     }
     if (!db.empty()) {
       be.cast(ls, dl);  // from the unrounded gradient, as unchunked
-      be.linear_backward(xs, w(weight), ls, WeightLayout::out_in, Tensor(), false, Tensor(), db,
+      be.linear_backward(xs, wt, ls, WeightLayout::out_in, Tensor(), false, Tensor(), db,
                          !o.first_micro_batch || r0 > 0);
     }
     // The group's input gradient and its share of dW, from its rounded dlogits.
     if (r0 + n - group == group_rows || r0 + n == rows) {
       const int64_t span = r0 + n - group;
-      be.linear_backward(row_range(x, group, span), w(weight), row_range(head_dlogits_, 0, span),
+      be.linear_backward(row_range(x, group, span), wt, row_range(head_dlogits_, 0, span),
                          WeightLayout::out_in, row_range(head_dx_, group, span), false, g(weight),
                          Tensor(), !o.first_micro_batch || group > 0);
       group = r0 + n;

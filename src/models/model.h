@@ -128,8 +128,10 @@ class Model : public BatchTarget {
   int64_t vocab_rows() const;
   // The last forward pass's logits (overwritten by their gradient when it computed gradients).
   // A language-model head holds them whole only when the batch's rows fit its chunk
-  // (PlanOptions::logits_rows); otherwise asking for them fails.
+  // (PlanOptions::logits_rows); otherwise asking for them fails. Their rows are
+  // logits_width() wide: a padded head's (declare_lm_logits) past the vocabulary.
   const Tensor& logits() const;
+  int64_t logits_width() const { return lm_width_ > 0 ? lm_width_ : head_width(); }
 
   // The most elements the operands of the model's linear layers have at the planned batch shape
   // (A: activations and their gradients; B: weights, or activations in a weight gradient's
@@ -400,8 +402,11 @@ class Model : public BatchTarget {
   // Language-model heads: logits_ holds a chunk of rows ([B,T,V] when all rows fit); the head's
   // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
   // head_backward (lm_head_dx).
-  // `weight`: the head's weight parameter, as lm_head_forward gets it.
-  void declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight);
+  // `weight`: the head's weight parameter, as lm_head_forward gets it; `biased`: whether it gets
+  // a bias too. In bf16 on a device that wants it (DeviceTraits::bf16_head_row_multiple), an
+  // unbiased head's logits rows are padded: V' = logits_width() >= V columns, the weight padded
+  // with zero rows alike (Backend::hold_padded_weight).
+  void declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight, bool biased);
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
   // each chunk's backward: lm_head_dx's rows = dlogits W, and dW (db) += its share. W is
@@ -426,6 +431,7 @@ class Model : public BatchTarget {
   bool lm_grouped_ = false;    // head_dlogits_ is declared (decided by the full length's plan)
   bool replanning_ = false;    // use_seq is planning a shorter length
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
+  int64_t lm_width_ = 0;       // its columns: the vocabulary rows, or padded (declare_lm_logits)
   int lm_head_weight_ = -1;    // the LM head's weight parameter
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length

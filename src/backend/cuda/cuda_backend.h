@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
   // A 16-bit product's held weight is cast once into its planned buffer (ws_.held_weight), not
   // once per product: the LM head's weight, read by two products per chunk of rows.
   void hold_weight(const Tensor& w) override;
+  Tensor hold_padded_weight(const Tensor& w, int64_t rows) override;
   void release_weight() override { held_ = nullptr; }
   // bf16 runs keep their saved activations in bf16 only: products, activations and attention
   // read them as they lie, norms and activations write them (no per-product casts).

@@ -35,6 +35,14 @@ float* on_gpu(const Tensor& t, const char* what) {
   return t.f32();
 }
 
+// A linear layer's weight: float32, or bf16 for bf16 products (hold_padded_weight's copy, whether
+// or not the run reads its activations in bf16).
+cuda::In weight_in(const Tensor& w, DType product) {
+  if (w.dtype() == DType::bf16 && product == DType::bf16 && w.device() == Device::cuda)
+    return {w.data(), true};
+  return cuda::f32_in(on_gpu(w, "linear weight"));
+}
+
 // The largest power of two up to 256 dividing every given address (null pointers ignored).
 int common_alignment(std::initializer_list<const void*> pointers) {
   uintptr_t bits = 256;
@@ -174,6 +182,23 @@ void CudaBackend::hold_weight(const Tensor& w) {
   cuda::cast(stream_, held_, DType::f32, copy.data(), matmul_dtype_, w.numel());
 }
 
+Tensor CudaBackend::hold_padded_weight(const Tensor& w, int64_t rows) {
+  release_weight();
+  const Tensor& copy = ws_.held_weight;
+  BRISK_CHECK(w.rank() == 2 && rows >= w.dim(0), "hold_padded_weight: ", rows,
+              " rows for a weight ", w.shape().str());
+  const int64_t cols = w.dim(1);
+  BRISK_CHECK(matmul_dtype_ == DType::bf16 && rows * cols <= copy.numel(),
+              "hold_padded_weight: needs bf16 products and a held copy of ", rows * cols,
+              " values (planned: ", copy.numel(), ")");
+  cuda::cast(stream_, on_gpu(w, "held weight"), DType::f32, copy.data(), DType::bf16, w.numel());
+  const size_t tail = static_cast<size_t>(rows * cols - w.numel()) * sizeof(uint16_t);
+  cuda::check_cuda(
+      cudaMemsetAsync(static_cast<uint16_t*>(copy.data()) + w.numel(), 0, tail, stream_),
+      "hold_padded_weight");
+  return Tensor(copy.data(), Shape{rows, cols}, DType::bf16, Device::cuda);
+}
+
 const void* CudaBackend::operand(cuda::In x, int64_t n, DType dtype, const Tensor& buffer) {
   BRISK_CHECK(!x.bf16 || dtype == DType::bf16, "internal error: a bf16 operand of a ",
               dtype_name(dtype), " product");
@@ -229,8 +254,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
                                 : on_gpu(b, "linear bias");
   const DType t = matmul_dtype_;
   matmul(false, out_in, m, n, k, operand(dev_in(x, "linear input"), m * k, t, ws_.operand_a), k,
-         operand(cuda::f32_in(on_gpu(w, "linear weight")), n * k, t, ws_.operand_b), out_in ? k : n,
-         false, out, n, bias, t);
+         operand(weight_in(w, t), n * k, t, ws_.operand_b), out_in ? k : n, false, out, n, bias, t);
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -246,7 +270,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     return;
   }
   const cuda::In g = dev_in(dy, "linear gradient");
-  const cuda::In wi = cuda::f32_in(on_gpu(w, "linear weight"));
+  const cuda::In wi = weight_in(w, matmul_dtype_);
   for (const Tensor* t : {&dx, &dw, &db})
     if (!t->empty()) on_gpu(*t, "linear gradient output");
   const bool out_in = layout == WeightLayout::out_in;
@@ -261,11 +285,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
            accumulate_dx, cuda::f32_out(dx.f32()), k, nullptr, t);
   }
   if (!dw.empty()) {
-    BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",
+    // A padded weight's gradient: its first rows only (hold_padded_weight).
+    const bool first_rows = out_in && dw.rank() == 2 && dw.dim(1) == k && dw.dim(0) <= n;
+    BRISK_CHECK(dw.shape() == w.shape() || first_rows, "linear_backward: weight gradient shape ",
                 dw.shape().str(), " differs from the weight's ", w.shape().str());
     const void* px = operand(dev_in(x, "linear input"), m * k, t, ws_.operand_b);
     if (out_in)
-      matmul(true, false, n, k, m, pg, ld, px, k, accumulate_dw, cuda::f32_out(dw.f32()), k,
+      matmul(true, false, dw.dim(0), k, m, pg, ld, px, k, accumulate_dw, cuda::f32_out(dw.f32()), k,
              nullptr, t);
     else
       matmul(true, false, k, n, m, px, k, pg, ld, accumulate_dw, cuda::f32_out(dw.f32()), n,
