@@ -166,6 +166,88 @@ TEST(Inputs, LlamaFamilyConfigKeysAreHonoredOrRefused) {
   EXPECT_FALSE(c.qkv_bias || c.attn_out_bias || c.mlp_bias);
 }
 
+// The mixture-of-experts configs (transformers 5.24's, tests/fixtures/moe): the experts read as
+// transformers reads them, its defaults where a key is left out, and what brisk does not
+// implement, or cannot mean anything, refused by name. Their models are refused until built.
+TEST(Inputs, MixtureOfExpertsConfigsAreReadAsTransformersReadsThem) {
+  const nlohmann::json mixtral = load_config(fixture("moe/mixtral_tiny/config.json")).source;
+  const nlohmann::json qwen = load_config(fixture("moe/qwen2_moe_tiny/config.json")).source;
+  const nlohmann::json olmoe = load_config(fixture("moe/olmoe_tiny/config.json")).source;
+  ModelConfig c = config_from_json(mixtral, "cfg");
+  EXPECT_EQ(c.model_type, ModelType::mixtral);
+  EXPECT_EQ(c.moe.experts, 5);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.inner, 7);
+  EXPECT_EQ(c.moe.shared_inner, 0);
+  EXPECT_TRUE(c.moe.normalize);  // Mixtral always rescales
+  EXPECT_TRUE(c.moe.aux_loss);
+  EXPECT_EQ(c.moe.aux_loss_coef, 0.05);
+  EXPECT_TRUE(c.moe.sparse(0) && c.moe.sparse(1));
+  EXPECT_EQ(c.kv_heads(), 1);
+  EXPECT_EQ(c.sliding_window, 0);  // null
+  EXPECT_FALSE(c.qkv_bias || c.attn_out_bias || c.mlp_bias || c.qk_norm || c.tied_lm_head);
+  c = config_from_json(qwen, "cfg");
+  EXPECT_EQ(c.model_type, ModelType::qwen2_moe);
+  EXPECT_EQ(c.moe.experts, 6);
+  EXPECT_EQ(c.moe.inner, 7);  // moe_intermediate_size; the dense layers' MLP is 11 wide
+  EXPECT_EQ(c.intermediate_size, 11);
+  EXPECT_EQ(c.moe.shared_inner, 9);
+  EXPECT_FALSE(c.moe.normalize);
+  EXPECT_TRUE(c.moe.sparse(0));
+  EXPECT_FALSE(c.moe.sparse(1));  // mlp_only_layers [1]
+  EXPECT_TRUE(c.qkv_bias && c.tied_lm_head);
+  EXPECT_FALSE(c.attn_out_bias || c.mlp_bias);
+  c = config_from_json(olmoe, "cfg");
+  EXPECT_EQ(c.model_type, ModelType::olmoe);
+  EXPECT_EQ(c.moe.top_k, 3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.pad_token_id, -1);  // null in the file
+  // decoder_sparse_step 2: every second layer sparse.
+  nlohmann::json j = qwen;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = nlohmann::json::array();
+  c = config_from_json(j, "cfg");
+  EXPECT_FALSE(c.moe.sparse(0));
+  EXPECT_TRUE(c.moe.sparse(1));
+  // transformers' defaults (Mixtral-8x7B's, Qwen1.5-MoE-A2.7B's, OLMoE-1B-7B's sizes).
+  c = config_from_json({{"model_type", "mixtral"}}, "cfg");
+  EXPECT_EQ(c.moe.experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.inner, 14336);
+  EXPECT_EQ(c.kv_heads(), 8);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.moe.aux_loss_coef, 0.001);
+  EXPECT_FALSE(c.moe.aux_loss);
+  EXPECT_FLOAT_EQ(c.layer_norm_eps, 1e-5f);
+  c = config_from_json({{"model_type", "qwen2_moe"}}, "cfg");
+  EXPECT_EQ(c.moe.experts, 60);
+  EXPECT_EQ(c.moe.top_k, 4);
+  EXPECT_EQ(c.moe.inner, 1408);
+  EXPECT_EQ(c.moe.shared_inner, 5632);
+  EXPECT_EQ(c.vocab_size, 151936);
+  c = config_from_json({{"model_type", "olmoe"}}, "cfg");
+  EXPECT_EQ(c.moe.experts, 64);
+  EXPECT_EQ(c.moe.top_k, 8);
+  EXPECT_EQ(c.moe.inner, 2048);
+  EXPECT_EQ(c.moe.aux_loss_coef, 0.01);
+  EXPECT_EQ(c.pad_token_id, 1);
+  EXPECT_EQ(c.vocab_size, 50304);
+  auto refused = [](nlohmann::json j, const char* key, nlohmann::json value, const char* needle) {
+    j[key] = value;
+    expect_error([&] { config_from_json(j, "cfg"); }, needle);
+  };
+  refused(mixtral, "num_experts_per_tok", 6, "num_experts_per_tok 6 exceeds the 5 experts");
+  refused(mixtral, "num_local_experts", 0, "\"num_local_experts\" must be positive");
+  refused(qwen, "num_experts", 0, "\"num_experts\" must be positive");
+  refused(olmoe, "num_experts_per_tok", 0, "\"num_experts_per_tok\" must be positive");
+  refused(mixtral, "router_jitter_noise", 0.1, "router_jitter_noise");
+  refused(olmoe, "clip_qkv", 8.0, "\"clip_qkv\" is not supported");
+  refused(qwen, "mlp_only_layers", {2}, "not a layer index in [0, 2)");
+  refused(qwen, "router_aux_loss_coef", -1, "must be a number >= 0");
+  expect_error([&] { Model::create(config_from_json(mixtral, "cfg")); },
+               "does not build their models yet");
+}
+
 // A sliding window shorter than the sequence would change attention: refused when planned.
 TEST(Inputs, SequencesLongerThanTheSlidingWindowAreRefused) {
   nlohmann::json j = load_config(fixture("mistral_tiny/config.json")).source;

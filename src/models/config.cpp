@@ -64,6 +64,14 @@ struct Reader {
         origin, ": \"", key, "\" must be a positive number, got ", excerpt(j[key].dump()));
     return j[key].get<double>();
   }
+  // A finite number >= 0 (loss coefficients).
+  double nonnegative_or(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    BRISK_CHECK(
+        j[key].is_number() && j[key].get<double>() >= 0 && std::isfinite(j[key].get<double>()),
+        origin, ": \"", key, "\" must be a number >= 0, got ", excerpt(j[key].dump()));
+    return j[key].get<double>();
+  }
   bool flag_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     BRISK_CHECK(j[key].is_boolean(), origin, ": \"", key, "\" must be true or false");
@@ -235,18 +243,43 @@ void read_rope(const Reader& r, ModelConfig& c) {
   s.original_max_position_embeddings = rope.size("original_max_position_embeddings", kMaxPositions);
 }
 
+// The decoder family's defaults where a config leaves a key out (transformers' config classes;
+// kv_heads 0: as many as the query heads).
+struct DecoderDefaults {
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, positions;
+  float eps;
+};
+DecoderDefaults decoder_defaults(ModelType t) {
+  switch (t) {
+    case ModelType::mistral:
+      return {32000, 4096, 14336, 32, 32, 0, 4096 * 32, 1e-6f};
+    case ModelType::qwen2:
+      return {151936, 4096, 11008, 32, 32, 0, 32768, 1e-6f};
+    case ModelType::mixtral:
+      return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-5f};
+    case ModelType::qwen2_moe:
+      return {151936, 2048, 5632, 24, 16, 0, 32768, 1e-6f};
+    case ModelType::olmoe:
+      return {50304, 2048, 2048, 16, 16, 0, 4096, 1e-5f};
+    default:
+      return {32000, 4096, 11008, 32, 32, 0, 2048, 1e-6f};
+  }
+}
+
 // LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM: the same decoder (RMSNorm, rotary
-// positions, SwiGLU MLP, grouped-query attention); they differ in biases and defaults.
+// positions, SwiGLU MLP, grouped-query attention); they differ in biases and defaults. The
+// mixture-of-experts decoders share it (read_moe reads their experts).
 void read_llama(const Reader& r, ModelConfig& c) {
   const ModelType t = c.model_type;
+  const DecoderDefaults d = decoder_defaults(t);
   c.causal = true;
-  c.vocab_size = r.size_or("vocab_size", t == ModelType::qwen2 ? 151936 : 32000, kMaxVocab);
-  c.hidden_size = r.size_or("hidden_size", 4096, kMaxHidden);
-  c.intermediate_size =
-      r.size_or("intermediate_size", t == ModelType::mistral ? 14336 : 11008, kMaxIntermediate);
-  c.num_layers = r.size_or("num_hidden_layers", 32, kMaxLayers);
-  c.num_heads = r.size_or("num_attention_heads", 32, kMaxHeads);
-  c.num_kv_heads = r.size_or("num_key_value_heads", c.num_heads, kMaxHeads);
+  c.vocab_size = r.size_or("vocab_size", d.vocab, kMaxVocab);
+  c.hidden_size = r.size_or("hidden_size", d.hidden, kMaxHidden);
+  c.intermediate_size = r.size_or("intermediate_size", d.intermediate, kMaxIntermediate);
+  c.num_layers = r.size_or("num_hidden_layers", d.layers, kMaxLayers);
+  c.num_heads = r.size_or("num_attention_heads", d.heads, kMaxHeads);
+  c.num_kv_heads =
+      r.size_or("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : c.num_heads, kMaxHeads);
   BRISK_CHECK(c.num_heads % c.num_kv_heads == 0, r.origin, ": num_attention_heads ", c.num_heads,
               " is not a multiple of num_key_value_heads ", c.num_kv_heads);
   if (r.has("head_dim")) {
@@ -258,10 +291,8 @@ void read_llama(const Reader& r, ModelConfig& c) {
   }
   BRISK_CHECK(c.head_dim() % 2 == 0, r.origin, ": head_dim ", c.head_dim(),
               " is odd; rotary embeddings turn pairs of channels");
-  c.max_position_embeddings = r.size_or(
-      "max_position_embeddings",
-      t == ModelType::llama ? 2048 : (t == ModelType::mistral ? 4096 * 32 : 32768), kMaxPositions);
-  c.layer_norm_eps = r.epsilon_or("rms_norm_eps", 1e-6f);
+  c.max_position_embeddings = r.size_or("max_position_embeddings", d.positions, kMaxPositions);
+  c.layer_norm_eps = r.epsilon_or("rms_norm_eps", d.eps);
   const std::string act = r.string_or("hidden_act", "silu");
   BRISK_CHECK(activation_from(act, r.origin) == Activation::silu, r.origin, ": hidden_act \"",
               excerpt(act), "\" is not supported for ", c.type_name(),
@@ -271,8 +302,8 @@ void read_llama(const Reader& r, ModelConfig& c) {
   c.hidden_dropout = c.attention_output_dropout = c.embedding_dropout = 0.0f;
   c.classifier_dropout = 0.0f;
   c.attention_dropout = r.prob_or("attention_dropout", 0.0f);
-  if (t == ModelType::qwen2) {
-    c.qkv_bias = true;
+  if (t == ModelType::qwen2 || t == ModelType::qwen2_moe) {
+    c.qkv_bias = t == ModelType::qwen2 || r.flag_or("qkv_bias", true);
     c.attn_out_bias = c.mlp_bias = false;
   } else {
     // Mistral's config has neither key; its layers have no biases.
@@ -282,15 +313,64 @@ void read_llama(const Reader& r, ModelConfig& c) {
   read_rope(r, c);
   // Sliding-window attention (Mistral; Qwen2 with use_sliding_window) only differs from full
   // attention on sequences longer than the window: the model refuses those when it is planned.
-  const bool windowed =
-      t == ModelType::mistral || (t == ModelType::qwen2 && r.flag_or("use_sliding_window", false));
+  // Mixtral's window is null by default.
+  const bool qwen = t == ModelType::qwen2 || t == ModelType::qwen2_moe;
+  const bool windowed = t == ModelType::mistral || t == ModelType::mixtral ||
+                        (qwen && r.flag_or("use_sliding_window", false));
   if (windowed && r.has("sliding_window"))
     c.sliding_window = r.size("sliding_window", kMaxPositions);
-  else if (windowed && !r.j.contains("sliding_window"))
+  else if (windowed && t != ModelType::mixtral && !r.j.contains("sliding_window"))
     c.sliding_window = 4096;  // the configs' default; null means no window
   // Validated only: pretraining_tp is how transformers slices its products, the result the same.
   r.size_or("pretraining_tp", 1, kMaxHeads);
-  read_pad_token(r, c, -1);
+  read_pad_token(r, c, t == ModelType::olmoe ? 1 : -1);
+}
+
+// Qwen2-MoE's mlp_only_layers: layer indices in [0, layers).
+std::vector<int64_t> read_layer_list(const Reader& r, const char* key, int64_t layers) {
+  std::vector<int64_t> out;
+  if (!r.has(key)) return out;
+  const json& v = r.j[key];
+  BRISK_CHECK(v.is_array(), r.origin, ": \"", key, "\" must be a list of layer indices");
+  for (const json& e : v) {
+    BRISK_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < layers,
+                r.origin, ": \"", key, "\" holds ", excerpt(e.dump()),
+                ", not a layer index in [0, ", layers, ")");
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+// The experts of MixtralForCausalLM, Qwen2MoeForCausalLM and OlmoeForCausalLM (transformers'
+// names and defaults); what brisk does not implement is refused by name.
+void read_moe(const Reader& r, ModelConfig& c) {
+  const ModelType t = c.model_type;
+  MoeConfig& m = c.moe;
+  const bool mixtral = t == ModelType::mixtral, qwen = t == ModelType::qwen2_moe;
+  m.experts = r.size_or(mixtral ? "num_local_experts" : "num_experts",
+                        mixtral ? 8 : (qwen ? 60 : 64), kMaxHeads);
+  m.top_k = r.size_or("num_experts_per_tok", mixtral ? 2 : (qwen ? 4 : 8), kMaxHeads);
+  BRISK_CHECK(m.top_k <= m.experts, r.origin, ": num_experts_per_tok ", m.top_k, " exceeds the ",
+              m.experts, " experts");
+  m.inner = qwen ? r.size_or("moe_intermediate_size", 1408, kMaxIntermediate) : c.intermediate_size;
+  if (qwen) m.shared_inner = r.size_or("shared_expert_intermediate_size", 5632, kMaxIntermediate);
+  m.normalize = mixtral || r.flag_or("norm_topk_prob", false);
+  m.aux_loss = r.flag_or("output_router_logits", false);
+  m.aux_loss_coef = r.nonnegative_or("router_aux_loss_coef", mixtral || qwen ? 0.001 : 0.01);
+  if (qwen) {
+    m.sparse_step = r.size_or("decoder_sparse_step", 1, kMaxLayers);
+    m.dense_layers = read_layer_list(r, "mlp_only_layers", c.num_layers);
+  }
+  if (mixtral)
+    BRISK_CHECK(
+        r.nonnegative_or("router_jitter_noise", 0.0) == 0.0, r.origin,
+        ": \"router_jitter_noise\" above 0 is not supported (brisk's router adds no noise)");
+  if (t == ModelType::olmoe) {
+    c.qk_norm = true;
+    BRISK_CHECK(!r.has("clip_qkv"), r.origin,
+                ": \"clip_qkv\" is not supported (brisk does not clip the query/key/value "
+                "projections)");
+  }
 }
 
 // A BERT base-like config.json for sequence classification, at the given sizes.
@@ -463,9 +543,17 @@ ModelConfig config_from_json(const json& j, const std::string& origin) {
                                        : ModelType::qwen2;
     c.task = ModelTask::causal_lm;
     read_llama(r, c);
+  } else if (type == "mixtral" || type == "qwen2_moe" || type == "olmoe") {
+    c.model_type = type == "mixtral"     ? ModelType::mixtral
+                   : type == "qwen2_moe" ? ModelType::qwen2_moe
+                                         : ModelType::olmoe;
+    c.task = ModelTask::causal_lm;
+    read_llama(r, c);
+    read_moe(r, c);
   } else {
     BRISK_FAIL(origin, ": unknown model_type \"", excerpt(type),
-               "\" (supported: bert, distilbert, gpt2, llama, mistral, qwen2)");
+               "\" (supported: bert, distilbert, gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, "
+               "olmoe)");
   }
   if (has_masked_lm_head(c) && names_masked_lm_head(r)) {
     c.task = ModelTask::masked_lm;
@@ -517,8 +605,19 @@ std::string ModelConfig::type_name() const {
       return "mistral";
     case ModelType::qwen2:
       return "qwen2";
+    case ModelType::mixtral:
+      return "mixtral";
+    case ModelType::qwen2_moe:
+      return "qwen2_moe";
+    case ModelType::olmoe:
+      return "olmoe";
   }
   return "?";
+}
+
+bool MoeConfig::sparse(int64_t layer) const {
+  return experts > 0 && (layer + 1) % sparse_step == 0 &&
+         std::find(dense_layers.begin(), dense_layers.end(), layer) == dense_layers.end();
 }
 
 bool has_masked_lm_head(const ModelConfig& c) {

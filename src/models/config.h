@@ -12,8 +12,9 @@
 namespace brisk {
 
 // llama, mistral and qwen2 share one implementation (models/llama.cpp): their configs differ in
-// which keys they have and in their defaults.
-enum class ModelType { bert, distilbert, gpt2, llama, mistral, qwen2 };
+// which keys they have and in their defaults. mixtral, qwen2_moe and olmoe are that decoder with
+// mixture-of-experts MLPs (MoeConfig).
+enum class ModelType { bert, distilbert, gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, olmoe };
 // What a model learns, which decides its head and how data files are prepared (run_glue,
 // run_clm or run_mlm).
 enum class ModelTask { sequence_classification, causal_lm, masked_lm };
@@ -30,6 +31,23 @@ inline constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
 inline constexpr int64_t kMaxPositions = int64_t{1} << 22;
 inline constexpr int64_t kMaxTypes = 1024;
 inline constexpr int64_t kMaxLabels = int64_t{1} << 20;
+
+// Mixture of experts (models/moe_layer.h): a sparse layer's MLP is `experts` SwiGLU experts of
+// width `inner`, each token routed to its top `top_k` by a router's softmax, and Qwen2-MoE's shared
+// expert of width shared_inner (0: none) besides. experts == 0: every layer dense.
+struct MoeConfig {
+  int64_t experts = 0, top_k = 0, inner = 0, shared_inner = 0;
+  bool normalize = false;  // norm_topk_prob: the top-k weights rescaled to sum to 1 (Mixtral's)
+  // transformers' load-balancing loss times router_aux_loss_coef, added to the loss only where the
+  // config asks for the router logits (output_router_logits), as transformers adds it.
+  bool aux_loss = false;
+  double aux_loss_coef = 0;
+  // Qwen2-MoE: layer l is sparse where (l + 1) % sparse_step == 0 and l is not in dense_layers
+  // (decoder_sparse_step, mlp_only_layers); its dense layers' MLP is intermediate_size wide.
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_layers;
+  bool sparse(int64_t layer) const;
+};
 
 struct ModelConfig {
   ModelType model_type = ModelType::bert;
@@ -85,6 +103,10 @@ struct ModelConfig {
   float embedding_dropout = 0.1f;   // bert hidden_dropout_prob, gpt2 embd_pdrop
   float classifier_dropout = 0.1f;  // distilbert seq_classif_dropout
   Activation activation = Activation::gelu;
+  MoeConfig moe;
+  // OLMoE: an RMSNorm over the whole query projection and one over the key projection, before
+  // the rotary embedding.
+  bool qk_norm = false;
   // Tensor parallelism: this config is rank `tensor_rank`'s share of `tensor_ranks`
   // (tensor_parallel_share): num_heads, num_kv_heads and intermediate_size are the share's.
   int tensor_rank = 0, tensor_ranks = 1;

@@ -36,6 +36,11 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
     case ModelType::qwen2:
       m = make_llama(config);
       break;
+    case ModelType::mixtral:
+    case ModelType::qwen2_moe:
+    case ModelType::olmoe:
+      BRISK_FAIL("model_type \"", config.type_name(),
+                 "\": brisk reads mixture-of-experts configs but does not build their models yet");
   }
   m->declare_params();
   m->find_grad_segments();
