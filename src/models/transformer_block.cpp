@@ -355,6 +355,14 @@ void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const 
 }
 }  // namespace
 
+// Whether layer `layer`'s MLP is st.sparse_mlp's; refuses a block style it does not serve.
+bool sparse_layer(const BlockStyle& st, int layer) {
+  if (st.sparse_mlp == nullptr || !st.sparse_mlp->sparse(layer)) return false;
+  BRISK_CHECK(st.pre_norm && st.tensor_group == nullptr && st.act_dtype == DType::f32,
+              "a sparse MLP needs a pre-norm float32 block without tensor parallelism");
+  return true;
+}
+
 float layer_attention_scale(const BlockStyle& st, int layer) {
   return st.scale_by_inverse_layer ? st.attention_scale / static_cast<float>(layer + 1)
                                    : st.attention_scale;
@@ -496,6 +504,13 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
   }
   const Tensor m_all = all_tokens(be, st, *m_in, scratch.gathered, scratch);
+  if (sparse_layer(st, layer)) {
+    const Tensor y = slice_space(scratch.tmp, s.res1, 0);
+    st.sparse_mlp->forward(be, layer, m_all, y);
+    if (!out.empty())
+      residual_add(be, st, s.res1, y, st.residual_dropout, site_key(key, layer, kMlpResidual), out);
+    return;
+  }
   const Tensor& fc_pre = product_saved(
       be, lp, s.fc_pre, copy(&BlockSaved::fc_pre),
       [&](const Tensor& y) { be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y); });
@@ -524,6 +539,22 @@ void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, co
                stored_copy(stored, &BlockSaved::fc_act));
 }
 
+namespace {
+// A pre-norm block's sparse MLP backward: the MLP input's gradient into sc.tmp (dy moved out of
+// its way first where dropout left it there).
+void sparse_mlp_backward(Backend& be, const BlockStyle& st, const BlockSaved& s,
+                         const BlockScratch& sc, const Tensor& d_mlp, int layer,
+                         bool accumulate_dw) {
+  const Tensor dx = slice_space(sc.tmp, s.res1, 0);
+  Tensor dy = d_mlp;
+  if (dy.data() == dx.data()) {
+    dy = slice_space(sc.tmp2, s.res1, 0);
+    be.copy(d_mlp, dy);
+  }
+  st.sparse_mlp->backward(be, layer, s.m_in, dy, dx, accumulate_dw);
+}
+}  // namespace
+
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
                     const Tensor& x, const Tensor& key_mask, const BlockSaved& s,
                     const BlockScratch& sc, const Tensor& dh, const RngKey& key, int layer,
@@ -544,13 +575,17 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     d_res1 = dh;
     const Tensor d_mlp =
         all_tokens(be, st, dropped(be, st, dh, st.residual_dropout, mlp_key, sc.tmp), sc.tmp2, sc);
-    be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                       accumulate_dw);
-    be.round_to(lp, sc.d_fc);
-    const Tensor d_fc_pre =
-        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
-    be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
-                       sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
+    if (sparse_layer(st, layer)) {
+      sparse_mlp_backward(be, st, s, sc, d_mlp, layer, accumulate_dw);
+    } else {
+      be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                         accumulate_dw);
+      be.round_to(lp, sc.d_fc);
+      const Tensor d_fc_pre =
+          mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
+      be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
+                         sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
+    }
     const Tensor d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     be.round_to(lp, d_m_in);
     norm_backward(be, st, d_m_in, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,

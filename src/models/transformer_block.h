@@ -15,6 +15,20 @@
 
 namespace brisk {
 
+// A sparse MLP in place of a block's dense one, for the layers it claims (a mixture of experts:
+// models/moe_layer.h). It holds its layers' weights, gradients and what their backward reads.
+class SparseMlp {
+ public:
+  virtual ~SparseMlp() = default;
+  virtual bool sparse(int layer) const = 0;
+  // y [B, T, C] float32 = layer `layer`'s MLP of x [B, T, C] (the MLP's input).
+  virtual void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
+  // dx [B, T, C] written from dy, the MLP output's gradient (dy and dx do not overlap); the layer's
+  // parameter gradients written, or added to where accumulate_dw.
+  virtual void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                        bool accumulate_dw) = 0;
+};
+
 struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
   bool causal = false;
@@ -62,6 +76,9 @@ struct BlockStyle {
   // Storage type of activations that feed matrix products (f32, or bf16/f16 in mixed
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
+  // The layers whose MLP is sparse run this one instead of fc/out (their fc_pre and fc_act are
+  // neither written nor read); pre-norm float32 blocks without tensor parallelism. Null: none.
+  SparseMlp* sparse_mlp = nullptr;
 };
 
 // Parameters (or their gradients) of one block. ln_a is the LayerNorm (or RMSNorm) around
