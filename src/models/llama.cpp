@@ -5,6 +5,9 @@
 #include "models/llama.h"
 
 #include <algorithm>
+#include <memory>
+
+#include "models/moe_mlps.h"
 
 namespace brisk {
 
@@ -21,8 +24,41 @@ class Llama final : public Model {
     int gate_w = -1, up_w = -1, gate_b = -1, up_b = -1, down_w = -1, down_b = -1;
   };
 
+  // A sparse layer's router, experts and shared expert, in transformers' names (Mixtral's
+  // block_sparse_moe.experts.<e>.w1/w3/w2; Qwen2-MoE's mlp.experts.<e>.gate_proj/up_proj/
+  // down_proj), declared so that the experts' gate and up projections lie as one [E, 2F, C] and
+  // their down projections as one [E, C, F] (MoeLayerIds).
+  MoeLayerIds declare_experts(const std::string& p) {
+    const ModelConfig& c = config_;
+    const int64_t C = c.hidden_size, F = c.moe.inner, S = c.moe.shared_inner;
+    const bool mixtral = c.model_type == ModelType::mixtral;
+    const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    auto expert = [&](int64_t e, const char* name) {
+      return m + "experts." + std::to_string(e) + "." + name + ".weight";
+    };
+    MoeLayerIds ids;
+    ids.router = param(m + "gate.weight", {c.moe.experts, C}, kLinearWeight);
+    for (int64_t e = 0; e < c.moe.experts; ++e) {
+      const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kLinearWeight);
+      ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kLinearWeight);
+      if (e == 0) ids.gate_first = gate;
+    }
+    for (int64_t e = 0; e < c.moe.experts; ++e) {
+      ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kLinearWeight);
+      if (e == 0) ids.down_first = ids.down_last;
+    }
+    if (S == 0) return ids;
+    ids.shared_first = param(m + "shared_expert.gate_proj.weight", {S, C}, kLinearWeight);
+    param(m + "shared_expert.up_proj.weight", {S, C}, kLinearWeight);
+    ids.shared_down = param(m + "shared_expert.down_proj.weight", {C, S}, kLinearWeight);
+    ids.shared_gate = param(m + "shared_expert_gate.weight", {1, C}, kLinearWeight);
+    return ids;
+  }
+
   void declare_params() override {
     const ModelConfig& c = config_;
+    if (c.moe.experts > 0)
+      moe_ = std::make_unique<MoeMlps>(c.moe, params_, c.hidden_size, c.num_layers);
     const int64_t C = c.hidden_size, F = c.intermediate_size;
     const int64_t QD = c.attention_width(), KD = c.kv_heads() * c.head_dim();
     embed_ = vocab_param("model.embed_tokens.weight", {c.vocab_size, C},
@@ -47,6 +83,11 @@ class Llama final : public Model {
       ids.o_w = split_param(a + "o_proj.weight", {C, QD}, kLinearWeight, 1);
       if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);
       ids.ln_b = token_param(p + "post_attention_layernorm.weight", {C});
+      if (c.moe.sparse(l)) {
+        moe_->add_layer(l, declare_experts(p));
+        layers_.push_back(ids);
+        continue;
+      }
       ids.gate_w = split_param(m + "gate_proj.weight", {F, C}, kLinearWeight, 0);
       ids.up_w = split_param(m + "up_proj.weight", {F, C}, kLinearWeight, 0);
       if (c.mlp_bias) {
@@ -71,6 +112,10 @@ class Llama final : public Model {
         return "MistralForCausalLM";
       case ModelType::qwen2:
         return "Qwen2ForCausalLM";
+      case ModelType::mixtral:
+        return "MixtralForCausalLM";
+      case ModelType::qwen2_moe:
+        return "Qwen2MoeForCausalLM";
       default:
         return "LlamaForCausalLM";
     }
@@ -87,6 +132,7 @@ class Llama final : public Model {
     s.gated_mlp = true;
     s.rope_cos = rope_cos_;
     s.rope_sin = rope_sin_;
+    s.sparse_mlp = moe_.get();
     return s;
   }
 
@@ -142,6 +188,21 @@ class Llama final : public Model {
     declare(plan, &norm_out_, "norm.out", Category::activations, DType::f32, {B, T, C});
     declare(plan, &norm_rstd_, "norm.rstd", Category::activations, DType::f32, {B, T});
     declare_lm_logits(plan, s, head_, false);
+    if (moe_) declare_experts_buffers(plan, s);
+  }
+
+  // Mixture of experts: float32, one rank, for now.
+  void declare_experts_buffers(MemoryPlan& plan, const BatchShape& s) {
+    const ModelConfig& c = config_;
+    BRISK_CHECK(activation_dtype() == DType::f32, c.type_name(),
+                ": mixture-of-experts layers train in float32 only for now (not --bf16/--fp16)");
+    BRISK_CHECK(c.tensor_ranks == 1 && c.sequence_ranks == 1 && c.pipeline_stages == 1,
+                c.type_name(),
+                ": mixture-of-experts layers do not run under tensor, sequence or pipeline "
+                "parallelism yet");
+    moe_->declare([&](Tensor* t, const std::string& name, Category category, DType dtype,
+                      Shape shape) { declare(plan, t, name, category, dtype, shape); },
+                  s.batch * s.seq);
   }
 
   void validate_batch() const override {
@@ -157,8 +218,22 @@ class Llama final : public Model {
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
+    if (moe_) add_balance_loss(be, o);
     be.rmsnorm_forward(head_input(), w(norm_), config_.layer_norm_eps, norm_out_, norm_rstd_);
     lm_head_forward(be, o, norm_out_, head_, -1, targets_);
+  }
+
+  // transformers' load-balancing loss over the unmasked tokens, added to the summed loss as this
+  // micro-batch's share of the batch's mean (its targets' share; one micro-batch: the loss plus
+  // coef x aux, as transformers adds it), its gradient taken alike.
+  void add_balance_loss(Backend& be, const StepOptions& o) {
+    const int32_t* mask = batch_.attention_mask.i32();
+    int64_t unmasked = 0;
+    for (int64_t i = 0; i < batch_.attention_mask.numel(); ++i) unmasked += mask[i] != 0;
+    moe_->set_mask(dev_batch_.attention_mask);
+    const auto targets = static_cast<double>(count_targets());
+    const double aux = moe_->balance_loss(be, unmasked, o.loss_grad_scale * targets);
+    if (aux != 0.0) add_to_loss(be, aux * targets);
   }
 
   void head_backward(Backend& be, const StepOptions&) override {
@@ -189,6 +264,7 @@ class Llama final : public Model {
 
   int embed_ = 0, norm_ = 0, head_ = 0;
   std::vector<LayerIds> layers_;
+  std::unique_ptr<MoeMlps> moe_;  // mixture-of-experts decoders' sparse MLPs
   Tensor targets_host_, targets_, norm_out_, norm_rstd_;
   Tensor rope_cos_host_, rope_cos_, rope_sin_host_, rope_sin_;
 };

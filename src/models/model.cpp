@@ -34,13 +34,14 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
     case ModelType::llama:
     case ModelType::mistral:
     case ModelType::qwen2:
-      m = make_llama(config);
-      break;
     case ModelType::mixtral:
     case ModelType::qwen2_moe:
+      m = make_llama(config);
+      break;
     case ModelType::olmoe:
-      BRISK_FAIL("model_type \"", config.type_name(),
-                 "\": brisk reads mixture-of-experts configs but does not build their models yet");
+      BRISK_FAIL(
+          "model_type \"olmoe\": brisk reads OLMoE configs but does not build the model "
+          "yet (its query/key norms)");
   }
   m->declare_params();
   m->find_grad_segments();
@@ -353,6 +354,12 @@ void Model::upload_constants(Backend& be) const {
 
 void Model::reset_step_stats(Backend& be) {
   std::fill(stats_host_.as<double>(), stats_host_.as<double>() + kStatsSize, 0.0);
+  be.upload(stats_host_, stats_);
+}
+
+void Model::add_to_loss(Backend& be, double value) {
+  be.download(stats_, stats_host_);
+  stats_host_.as<double>()[kStatLoss] += value;
   be.upload(stats_host_, stats_);
 }
 

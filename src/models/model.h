@@ -362,6 +362,8 @@ class Model : public BatchTarget {
   Tensor loss_sum() const {
     return Tensor(stats_.as<double>() + kStatLoss, Shape{1}, DType::f64, stats_.device());
   }
+  // Adds `value` to the summed loss (a term computed on the host).
+  void add_to_loss(Backend& be, double value);
   void check_ids(const Tensor& ids, int64_t limit, const char* what) const;
   // Causal LM: each label is a token id or kIgnoreIndex; position t's target is label t + 1.
   void check_token_labels() const;

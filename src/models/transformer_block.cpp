@@ -655,6 +655,8 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out) {
   BRISK_CHECK(style.pre_norm && style.causal, "incremental decoding needs pre-norm causal blocks");
+  BRISK_CHECK(style.sparse_mlp == nullptr || !style.sparse_mlp->sparse(layer),
+              "incremental decoding through mixture-of-experts layers is not built yet");
   norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
   rotary_forward(be, style, s.qkv, past);

@@ -1,0 +1,127 @@
+#include "models/moe_mlps.h"
+
+#include "core/checked.h"
+
+namespace brisk {
+
+MoeMlps::MoeMlps(const MoeConfig& c, const ParameterSet& params, int64_t hidden, int64_t layers)
+    : c_(c),
+      params_(params),
+      hidden_(hidden),
+      layers_(static_cast<size_t>(layers)),
+      counts_(static_cast<size_t>(layers)) {}
+
+void MoeMlps::add_layer(int64_t layer, const MoeLayerIds& ids) {
+  layers_.at(static_cast<size_t>(layer)).ids = ids;
+}
+
+bool MoeMlps::sparse(int layer) const {
+  return layer >= 0 && layer < static_cast<int>(layers_.size()) &&
+         layers_[static_cast<size_t>(layer)].ids.router >= 0;
+}
+
+MoeShape MoeMlps::shape() const {
+  return {tokens_, hidden_, c_.inner, c_.experts, c_.top_k, c_.normalize, c_.shared_inner};
+}
+
+void MoeMlps::declare(const Declare& declare, int64_t tokens) {
+  tokens_ = tokens;
+  const MoeShape s = shape();
+  const std::vector<Shape> saved = moe_saved_shapes(s), scratch = moe_scratch_shapes(s);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!sparse(static_cast<int>(l))) continue;
+    const std::string p = "moe." + std::to_string(l) + ".";
+    MoeSaved& m = layers_[l].saved;
+    Tensor* t[] = {&m.probs,        &m.weights,        &m.experts,    &m.positions, &m.counts,
+                   &m.rows,         &m.gate_up,        &m.act,        &m.out,       &m.shared_logit,
+                   &m.shared_scale, &m.shared_gate_up, &m.shared_act, &m.shared_out};
+    for (size_t i = 0; i < saved.size(); ++i)  // experts, positions and counts are int32
+      declare(t[i], p + "saved." + std::to_string(i), Category::activations,
+              i >= 2 && i <= 4 ? DType::i32 : DType::f32, saved[i]);
+    if (!c_.aux_loss) continue;
+    declare(&layers_[l].stats, p + "balance_stats", Category::activations, DType::f32,
+            {2, c_.experts});
+    declare(&layers_[l].scale, p + "balance_scale", Category::activations, DType::f32,
+            {c_.experts});
+  }
+  Tensor* t[] = {&scratch_.logits,          &scratch_.d_out,          &scratch_.dweights,
+                 &scratch_.d_act,           &scratch_.d_gate_up,      &scratch_.d_rows,
+                 &scratch_.d_shared_out,    &scratch_.d_shared_scale, &scratch_.d_shared_act,
+                 &scratch_.d_shared_gate_up};
+  for (size_t i = 0; i < scratch.size(); ++i)
+    declare(t[i], "moe.scratch." + std::to_string(i), Category::temporaries, DType::f32,
+            scratch[i]);
+  if (c_.aux_loss)
+    declare(&dprobs_, "moe.balance_dprobs", Category::temporaries, DType::f32,
+            {tokens, c_.experts});
+}
+
+MoeWeights MoeMlps::weights(const MoeLayerIds& i, bool grads) const {
+  auto one = [&](int id) {
+    return id < 0 ? Tensor() : grads ? params_.grad(id) : params_.weight(id);
+  };
+  auto span = [&](int first, int last, Shape shape) {
+    return grads ? params_.grad_span(first, last, shape) : params_.weight_span(first, last, shape);
+  };
+  const int64_t C = hidden_, F = c_.inner, E = c_.experts, S = c_.shared_inner;
+  MoeWeights w{one(i.router), span(i.gate_first, i.gate_last, {E, 2 * F, C}),
+               span(i.down_first, i.down_last, {E, C, F})};
+  if (i.shared_first >= 0) {
+    w.shared_gate_up = span(i.shared_first, i.shared_first + 1, {2 * S, C});
+    w.shared_down = one(i.shared_down);
+    w.shared_gate = one(i.shared_gate);
+  }
+  return w;
+}
+
+namespace {
+Tensor as_rows(const Tensor& t, int64_t cols) {
+  return Tensor(t.data(), Shape{t.numel() / cols, cols}, t.dtype(), t.device());
+}
+}  // namespace
+
+void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
+  Layer& l = layers_.at(static_cast<size_t>(layer));
+  moe_forward(be, shape(), weights(l.ids, false), as_rows(x, hidden_), l.saved, scratch_,
+              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)]);
+  balanced_ = false;
+}
+
+void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                       bool accumulate_dw) {
+  const Layer& l = layers_.at(static_cast<size_t>(layer));
+  if (balanced_) be.moe_balance_backward(flat_mask(), l.scale, dprobs_);
+  moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true), as_rows(x, hidden_),
+               l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
+               balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw);
+}
+
+Tensor MoeMlps::flat_mask() const {
+  return mask_.empty() ? Tensor()
+                       : Tensor(mask_.data(), Shape{mask_.numel()}, DType::i32, mask_.device());
+}
+
+double MoeMlps::balance_loss(Backend& be, int64_t unmasked, double grad_weight) {
+  balanced_ = false;
+  if (!c_.aux_loss || unmasked == 0) return 0.0;
+  const int64_t E = c_.experts;
+  std::vector<std::vector<float>> stats;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!sparse(static_cast<int>(l))) continue;
+    be.moe_balance_stats(layers_[l].saved.probs, layers_[l].saved.experts, flat_mask(),
+                         layers_[l].stats);
+    stats.emplace_back(static_cast<size_t>(2 * E));
+    be.download(layers_[l].stats,
+                Tensor(stats.back().data(), Shape{2, E}, DType::f32, Device::cpu));
+  }
+  const MoeBalanceLoss b = moe_balance_loss(stats, E, unmasked, c_.aux_loss_coef);
+  std::vector<float> scale(b.scale.size());
+  for (size_t e = 0; e < scale.size(); ++e) scale[e] = static_cast<float>(b.scale[e] * grad_weight);
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (sparse(static_cast<int>(l)))
+      be.upload(Tensor(scale.data(), Shape{E}, DType::f32, Device::cpu), layers_[l].scale);
+  balanced_ = true;
+  return c_.aux_loss_coef * b.loss;
+}
+
+}  // namespace brisk

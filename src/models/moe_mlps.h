@@ -1,0 +1,75 @@
+// The sparse MLPs of a mixture-of-experts decoder (Mixtral, Qwen2-MoE): each sparse layer's
+// moe_layer over its parameters, as the block's SparseMlp, what each layer keeps for its backward,
+// and transformers' load-balancing loss over the layers, added to the model's loss.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "core/parameters.h"
+#include "models/config.h"
+#include "models/moe_layer.h"
+#include "models/transformer_block.h"
+
+namespace brisk {
+
+// One sparse layer's parameters (indices into the model's ParameterSet): the router [E, C]; the
+// experts' gate and up projections [F, C] each, expert after expert (gate_first .. gate_last, so
+// together [E, 2F, C]); their down projections [C, F] (down_first .. down_last: [E, C, F]); the
+// shared expert's gate and up [S, C] (shared_first, shared_first + 1), down [C, S] and gate
+// [1, C] (-1 without one).
+struct MoeLayerIds {
+  int router = -1, gate_first = -1, gate_last = -1, down_first = -1, down_last = -1;
+  int shared_first = -1, shared_down = -1, shared_gate = -1;
+};
+
+class MoeMlps final : public SparseMlp {
+ public:
+  using Declare = std::function<void(Tensor*, const std::string&, Category, DType, Shape)>;
+  MoeMlps(const MoeConfig& c, const ParameterSet& params, int64_t hidden, int64_t layers);
+
+  void add_layer(int64_t layer, const MoeLayerIds& ids);
+  // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors and balance
+  // statistics, the shared temporaries.
+  void declare(const Declare& declare, int64_t tokens);
+  // The micro-batch's attention mask [B, T] int32 (empty: every token counts), for the balance
+  // loss. Its token count is the planned one (declare, again for each length).
+  void set_mask(const Tensor& mask) { mask_ = mask; }
+
+  bool sparse(int layer) const override;
+  void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
+  void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                bool accumulate_dw) override;
+
+  // After every layer's forward, where the config asks for it (MoeConfig::aux_loss): coef x
+  // transformers' load-balancing loss over the micro-batch's unmasked tokens (`unmasked`), its
+  // gradient taken times `grad_weight` by the layers' backward. Returns 0 without it.
+  double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
+
+  const std::vector<int32_t>& counts(int layer) const { return counts_[layer]; }
+
+ private:
+  struct Layer {
+    MoeLayerIds ids;
+    MoeSaved saved;
+    Tensor stats, scale;  // the balance loss's [2, E] statistics, its gradient's [E] scale
+  };
+  MoeShape shape() const;
+  MoeWeights weights(const MoeLayerIds& ids, bool grads) const;
+  Tensor flat_mask() const;
+
+  MoeConfig c_;
+  const ParameterSet& params_;
+  int64_t hidden_;
+  std::vector<Layer> layers_;  // by layer index; a dense layer's router is -1
+  std::vector<std::vector<int32_t>> counts_;
+  MoeScratch scratch_;
+  Tensor dprobs_, scale_host_, stats_host_;
+  Tensor mask_;
+  int64_t tokens_ = 0;
+  bool balanced_ = false;  // balance_loss gave this micro-batch's layers a gradient
+};
+
+}  // namespace brisk
