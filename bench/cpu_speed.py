@@ -5,6 +5,8 @@ loop under torch.compile and transformers' Trainer, in one invocation on this ma
   bert     BERT 4 x 256 (intermediate 1024, sequence classification), batch 8 x 128
   gpt2     GPT-2 124M (causal LM), batch 4 x 256
   smollm2  SmolLM2-135M's architecture (Llama: 30 x 576, 9 query / 3 key-value heads), batch 4 x 256
+  mixtral  a small Mixtral (4 x 512, 8 experts of 1024, top 2, the load-balancing loss), 4 x 256
+  mixtral_dense  the llama of its active size (an MLP of 2048), 4 x 256
 
 each in fp32 and bf16 (autocast in the PyTorch loops, as Trainer), dropout 0, AdamW, random
 tokens, weights initialized from the config. Prints samples/s (the PyTorch loops after their
@@ -64,6 +66,23 @@ MODELS = {
         "num_key_value_heads": 3, "intermediate_size": 1536, "max_position_embeddings": 8192,
         "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
         "initializer_range": 0.02, "tie_word_embeddings": True, "attention_dropout": 0.0},
+        "batch": 4, "seq": 256, "steps": 8},
+    # A small Mixtral (8 experts, top 2; float32 only in brisk for now) and the dense llama of
+    # the same active size (its MLP as wide as the two experts a token runs through).
+    "mixtral": {"config": {
+        "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
+        "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "intermediate_size": 1024, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": False,
+        "attention_dropout": 0.0, "output_router_logits": True, "router_aux_loss_coef": 0.02},
+        "batch": 4, "seq": 256, "steps": 8},
+    "mixtral_dense": {"config": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000,
+        "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "intermediate_size": 2048, "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5, "hidden_act": "silu", "initializer_range": 0.02,
+        "tie_word_embeddings": False, "attention_dropout": 0.0},
         "batch": 4, "seq": 256, "steps": 8},
 }
 
@@ -125,10 +144,12 @@ def flops_per_sample(cfg, seq):
         c, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
         block = 4 * c * c + 2 * c * inter
         head = 0  # the pooler and classifier see one token per sample: negligible
-    else:  # llama
+    else:  # llama, and mixtral's active experts (top k of them per token) and router
         c, layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
         kv = c // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
-        block = 2 * c * c + 2 * c * kv + 3 * c * inter
+        experts = cfg.get("num_local_experts", 0)
+        active = inter * (cfg["num_experts_per_tok"] if experts else 1)
+        block = 2 * c * c + 2 * c * kv + 3 * c * active + c * experts
         head = c * cfg["vocab_size"]
     per_token = 6 * (layers * block + head) + 12 * layers * seq * c
     return per_token * seq

@@ -276,6 +276,22 @@ TEST(Models, Qwen2MoeForCausalLMMatchesTransformers) {
   compare_moe_with_transformers("qwen2_moe_tiny");
 }
 
+// Active parameters per token: all but the experts a token is not routed to, in the sparse
+// layers only (Qwen2-MoE's layer 1 is dense); a dense model's are all of them.
+TEST(Models, AMixtureOfExpertsCountsItsActiveParameters) {
+  struct Case {
+    const char* folder;
+    int64_t inactive;
+  };
+  for (const Case& c :
+       {Case{"moe/mixtral_tiny", 2 * 3 * 7 * 12 * (5 - 2)},
+        Case{"moe/qwen2_moe_tiny", 1 * 3 * 7 * 12 * (6 - 2)}, Case{"gpt2_tiny", 0}}) {
+    SCOPED_TRACE(c.folder);
+    auto model = Model::create(resolve_config(fixture(c.folder)));
+    EXPECT_EQ(model->active_parameters(), model->params().total_elements() - c.inactive);
+  }
+}
+
 // A language-model head's logits rows are padded where the device asks it of bf16 runs
 // (DeviceTraits::bf16_head_row_multiple: a GPU's, for sm90 product kernels) and the head has no
 // bias; the held operand (the weight's padded copy) and A's room (the logits' gradient) follow.

@@ -384,11 +384,13 @@ TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& arg
 
 // The run's first line: model, shape, precision, optimizer, device.
 void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device device) {
-  const int64_t n = r.model->params().total_elements();
+  const int64_t n = r.model->params().total_elements(), active = r.model->active_parameters();
   const MixedPrecision& precision = *r.precision;
+  const std::string active_note =
+      active == n ? "" : " (" + std::to_string(active) + " active per token)";
   std::printf(
-      "%s: %lld parameters%s, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
-      static_cast<long long>(n), o.tp_size > 1 ? " on each tensor rank" : "",
+      "%s: %lld parameters%s%s, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
+      static_cast<long long>(n), active_note.c_str(), o.tp_size > 1 ? " on each tensor rank" : "",
       static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
       o.gradient_checkpointing ? ", gradient checkpointing"
       : o.selective_recompute  ? ", selective recomputation"
@@ -516,6 +518,7 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
                             {"placement", b.placement == Placement::host ? "host" : "device"}});
   nlohmann::json j = {{"device", device == Device::cuda ? "cuda" : "cpu"},
                       {"parameters", n},
+                      {"active_parameters", run.model->active_parameters()},
                       {"memory",
                        {{"planned_bytes", planned_json},
                         {"planned_total_bytes", plan.total_bytes()},

@@ -48,6 +48,14 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   return m;
 }
 
+int64_t Model::active_parameters() const {
+  const MoeConfig& m = config_.moe;
+  int64_t sparse = 0;
+  for (int64_t l = config_.first_layer(); l < config_.end_layer(); ++l) sparse += m.sparse(l);
+  const int64_t expert = 3 * m.inner * config_.hidden_size;  // gate, up and down
+  return params_.total_elements() - sparse * expert * (m.experts - m.top_k);
+}
+
 bool Model::stage_holds(ParamRole role) const {
   const ModelConfig& c = config_;
   if (section_ < 0) return c.first_stage() || (c.last_stage() && role.embedding && role.product);

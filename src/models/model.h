@@ -103,6 +103,9 @@ class Model : public BatchTarget {
 
   const ModelConfig& config() const { return config_; }
   const ParameterSet& params() const { return params_; }
+  // The parameters one token's forward pass reads: all of them but, in a mixture of experts'
+  // sparse layers, the experts it is not routed to (E - k of E).
+  int64_t active_parameters() const;
 
   // Declares weights, gradients, data, activations and temporaries for micro-batches of `shape`.
   void plan(MemoryPlan& plan, BatchShape shape, PlanOptions options);
