@@ -49,6 +49,39 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   return rel_error(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())));
 }
 
+// A mixture of experts' step logs say how many routed pairs each expert took since the last log
+// line (every token's top k, in every sparse layer, of every training micro-batch: none from
+// evaluation) and the balance, the busiest expert's share over the mean.
+TEST(Trainer, MixtureOfExpertsLogsTheTokensEachExpertTook) {
+  TempDir dir("moe_log");
+  const std::string model = write_model_folder(
+      dir, "mixtral",
+      R"({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 16, "intermediate_size": 8,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+          "num_local_experts": 3, "num_experts_per_tok": 2, "max_position_embeddings": 64,
+          "output_router_logits": true})");
+  TrainOptions o = tiny_options(model, dir / "out");
+  o.logging_steps = 2;
+  o.gradient_accumulation_steps = 2;
+  o.do_eval = true;
+  o.eval_strategy = "steps";
+  o.eval_steps = 1;
+  std::vector<nlohmann::json> logs;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("expert_tokens")) logs.push_back(j);
+  });
+  ASSERT_EQ(logs.size(), 2u);  // steps 2 and 4
+  for (const nlohmann::json& j : logs) {
+    const auto tokens = j["expert_tokens"].get<std::vector<int64_t>>();
+    ASSERT_EQ(tokens.size(), 3u);
+    int64_t sum = 0, most = 0;
+    for (int64_t n : tokens) sum += n, most = std::max(most, n);
+    // 2 steps x 2 micro-batches x 4 sequences x 12 tokens x top 2 x 2 layers.
+    EXPECT_EQ(sum, 2 * 2 * 4 * 12 * 2 * 2);
+    EXPECT_DOUBLE_EQ(j["expert_balance"].get<double>(), most / (sum / 3.0));
+  }
+}
+
 // A kill at every point of the save sequence leaves a complete checkpoint: the previous one
 // until the new one is renamed into place, the new one from then on; the next start cleans up,
 // and `--resume_from_checkpoint last` continues from it to the uninterrupted run's weights.

@@ -219,6 +219,7 @@ class Llama final : public Model {
 
   void head_forward(Backend& be, const StepOptions& o) override {
     if (moe_) add_balance_loss(be, o);
+    if (moe_ && o.compute_grad) moe_->tally();
     be.rmsnorm_forward(head_input(), w(norm_), config_.layer_norm_eps, norm_out_, norm_rstd_);
     lm_head_forward(be, o, norm_out_, head_, -1, targets_);
   }
@@ -247,6 +248,18 @@ class Llama final : public Model {
   }
 
   bool causal_lm() const override { return true; }
+
+  // Mixture of experts: the routed pairs per expert over the sparse layers (this rank's tokens)
+  // and their balance, the busiest expert's pairs over the mean (1: even).
+  nlohmann::json take_log_statistics() override {
+    if (!moe_) return nlohmann::json::object();
+    const std::vector<int64_t> t = moe_->take_tally();
+    if (t.empty()) return nlohmann::json::object();
+    int64_t sum = 0, most = 0;
+    for (int64_t n : t) sum += n, most = std::max(most, n);
+    const double mean = static_cast<double>(sum) / static_cast<double>(t.size());
+    return {{"expert_tokens", t}, {"expert_balance", mean > 0 ? most / mean : 0.0}};
+  }
   bool head_reads_embeddings() const override { return head_ >= 0 && head_ == embed_; }
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {

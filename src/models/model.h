@@ -106,6 +106,9 @@ class Model : public BatchTarget {
   // The parameters one token's forward pass reads: all of them but, in a mixture of experts'
   // sparse layers, the experts it is not routed to (E - k of E).
   int64_t active_parameters() const;
+  // Statistics of the training micro-batches since the last call, for the step log (a mixture
+  // of experts: the routed pairs per expert and their balance); an empty object where none.
+  virtual nlohmann::json take_log_statistics() { return nlohmann::json::object(); }
 
   // Declares weights, gradients, data, activations and temporaries for micro-batches of `shape`.
   void plan(MemoryPlan& plan, BatchShape shape, PlanOptions options);

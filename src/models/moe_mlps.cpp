@@ -101,6 +101,19 @@ Tensor MoeMlps::flat_mask() const {
                        : Tensor(mask_.data(), Shape{mask_.numel()}, DType::i32, mask_.device());
 }
 
+void MoeMlps::tally() {
+  tally_.resize(static_cast<size_t>(c_.experts), 0);
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (sparse(static_cast<int>(l)))
+      for (size_t e = 0; e < counts_[l].size(); ++e) tally_[e] += counts_[l][e];
+}
+
+std::vector<int64_t> MoeMlps::take_tally() {
+  std::vector<int64_t> t;
+  t.swap(tally_);
+  return t;
+}
+
 double MoeMlps::balance_loss(Backend& be, int64_t unmasked, double grad_weight) {
   balanced_ = false;
   if (!c_.aux_loss || unmasked == 0) return 0.0;

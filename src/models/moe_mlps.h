@@ -49,6 +49,10 @@ class MoeMlps final : public SparseMlp {
   double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
 
   const std::vector<int32_t>& counts(int layer) const { return counts_[layer]; }
+  // After a training micro-batch's forward: its routed pairs per expert, summed over the sparse
+  // layers, added to the log window's; take_tally hands those over and starts a new window.
+  void tally();
+  std::vector<int64_t> take_tally();
 
  private:
   struct Layer {
@@ -70,6 +74,7 @@ class MoeMlps final : public SparseMlp {
   Tensor mask_;
   int64_t tokens_ = 0;
   bool balanced_ = false;  // balance_loss gave this micro-batch's layers a gradient
+  std::vector<int64_t> tally_;
 };
 
 }  // namespace brisk

@@ -691,6 +691,7 @@ void train_steps(RunContext& c) {
     if (log_due(o, state.global_step, bounds.total_steps, epoch_ended)) {
       nlohmann::json rec = totals.window.close(state, r.lr, r.update, r.loss_scale);
       for (const auto& [name, value] : c.parallel.step_statistics()) rec[name] = value;
+      rec.update(c.run.model->take_log_statistics());
       state.log_history.push_back(rec);
       c.log.report(rec, state.global_step);
     }
