@@ -11,7 +11,11 @@ transformers' grouped_mm default needs 16-byte strides, which the odd sizes here
 Whole causal LMs (mixtral_tiny/, qwen2_moe_tiny/, olmoe_tiny/, as scripts/make_fixtures.py writes
 its models: config.json, model.safetensors as save_pretrained writes it, batch.safetensors,
 expected.safetensors with loss, logits, aux_loss and grad.<parameter>), with output_router_logits
-so that the load-balancing loss is in the loss; padding in the batch.
+so that the load-balancing loss is in the loss; padding in the batch. Then a few training steps
+of mixtral_tiny and qwen2_moe_tiny from those files (train_steps.safetensors: each step's loss,
+and every parameter after the last step): the batch each step, AdamW (lr 1e-2, betas 0.9/0.999,
+eps 1e-8, no weight decay), gradients clipped to norm 1, a constant learning rate, as
+`brisk train` runs them with those options.
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_moe_fixtures.py
 """
@@ -103,12 +107,41 @@ def models(gen):
                       os.path.join(folder, "aux_loss.safetensors"))
 
 
+TRAIN_STEPS = 3
+
+
+def train_steps():
+    """Trains the saved tiny models on their saved batch (train_steps.safetensors)."""
+    from safetensors.torch import load_file
+    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
+        folder = os.path.join(OUT, name)
+        model = cls.from_pretrained(folder, attn_implementation="eager",
+                                    experts_implementation="eager")
+        model.train()
+        batch = {k: v.long() for k, v in load_file(os.path.join(folder, "batch.safetensors")).items()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.0)
+        losses = []
+        for _ in range(TRAIN_STEPS):
+            loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        out = {"losses": torch.tensor(losses, dtype=torch.float32)}
+        for n, p in model.named_parameters():
+            out["final." + n] = p.detach().contiguous()
+        save_file(out, os.path.join(folder, "train_steps.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(53)
     torch.manual_seed(53)
     blocks(gen)
     models(gen)
+    train_steps()
 
 
 if __name__ == "__main__":

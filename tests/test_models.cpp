@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "test_support.h"
@@ -207,35 +206,6 @@ TEST(Models, ThePaddingRowStartsAtZeroAndGetsNoGradient) {
   }
 }
 
-// A mixture-of-experts fixture's expected gradient of brisk's parameter `name`: transformers 5
-// reports the experts packed (mlp.experts.gate_up_proj [E, 2F, C], each expert's gate rows then
-// its up rows; mlp.experts.down_proj [E, C, F]) and Mixtral's router as mlp.gate, where brisk
-// holds the experts one by one under the file's names.
-std::vector<float> expected_moe_grad(const SafetensorsFile& expected, const std::string& name,
-                                     const ModelConfig& c) {
-  static const std::regex expert(
-      R"(model\.layers\.(\d+)\.(block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight)");
-  auto values = [&](const std::string& n, int64_t at, int64_t count) {
-    const Tensor& t = expected.get(n);
-    EXPECT_LE(at + count, t.numel()) << n;
-    return std::vector<float>(t.f32() + at, t.f32() + at + count);
-  };
-  std::smatch m;
-  if (std::regex_match(name, m, expert)) {
-    const std::string base = "grad.model.layers." + m[1].str() + ".mlp.experts.";
-    const int64_t e = std::stoll(m[3].str()), C = c.hidden_size, F = c.moe.inner;
-    const std::string which = m[4].str();
-    if (which == "w2" || which == "down_proj") return values(base + "down_proj", e * C * F, C * F);
-    const bool up = which == "w3" || which == "up_proj";
-    return values(base + "gate_up_proj", e * 2 * F * C + (up ? F * C : 0), F * C);
-  }
-  std::string n = name;
-  const size_t moe = n.find("block_sparse_moe.gate.");
-  if (moe != std::string::npos) n.replace(moe, 17, "mlp.");  // "block_sparse_moe."
-  const Tensor& t = expected.get("grad." + n);
-  return std::vector<float>(t.f32(), t.f32() + t.numel());
-}
-
 // A mixture-of-experts causal LM (tests/fixtures/moe, scripts/make_moe_fixtures.py: transformers'
 // eager experts, output_router_logits with router_aux_loss_coef 0.05, a padded sequence): logits,
 // the loss with the load-balancing loss added, and every gradient, as transformers gives them.
@@ -259,7 +229,7 @@ void compare_moe_with_transformers(const std::string& name) {
   EXPECT_NEAR(eval_loss, want_loss, kTolerance * std::abs(want_loss));
   const ModelConfig& c = m.model->config();
   for (const ParamInfo& p : m.model->params().list()) {
-    const std::vector<float> want = expected_moe_grad(expected, p.name, c);
+    const std::vector<float> want = moe_fixture_values(expected, "grad.", p.name, c);
     const Tensor got = m.model->params().grad(m.model->params().index(p.name));
     ASSERT_EQ(static_cast<size_t>(got.numel()), want.size()) << p.name;
     EXPECT_LE(rel_error(got.f32(), want.data(), got.numel(), 1e-3), kTolerance)

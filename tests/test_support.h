@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <memory>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,6 +162,34 @@ inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
     EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())),
               bf16 ? 2e-3 : 1e-5);
   }
+}
+
+// A mixture-of-experts fixture's values (tests/fixtures/moe) for brisk's parameter `name` under
+// `prefix` ("grad.", "final."): transformers 5 names the experts packed (mlp.experts.gate_up_proj
+// [E, 2F, C], each expert's gate rows then its up rows; mlp.experts.down_proj [E, C, F]) and
+// Mixtral's router mlp.gate, where brisk holds the experts one by one under the file's names.
+inline std::vector<float> moe_fixture_values(const SafetensorsFile& f, const std::string& prefix,
+                                             const std::string& name, const ModelConfig& c) {
+  static const std::regex expert(
+      R"(model\.layers\.(\d+)\.(block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight)");
+  auto values = [&](const std::string& n, int64_t at, int64_t count) {
+    const Tensor& t = f.get(n);
+    EXPECT_LE(at + count, t.numel()) << n;
+    return std::vector<float>(t.f32() + at, t.f32() + at + count);
+  };
+  std::smatch m;
+  if (std::regex_match(name, m, expert)) {
+    const std::string base = prefix + "model.layers." + m[1].str() + ".mlp.experts.";
+    const int64_t e = std::stoll(m[3].str()), C = c.hidden_size, F = c.moe.inner;
+    const std::string which = m[4].str();
+    if (which == "w2" || which == "down_proj") return values(base + "down_proj", e * C * F, C * F);
+    const bool up = which == "w3" || which == "up_proj";
+    return values(base + "gate_up_proj", e * 2 * F * C + (up ? F * C : 0), F * C);
+  }
+  std::string n = name;
+  const size_t moe = n.find("block_sparse_moe.gate.");
+  if (moe != std::string::npos) n.replace(moe, 17, "mlp.");  // "block_sparse_moe."
+  return values(prefix + n, 0, f.get(prefix + n).numel());
 }
 
 }  // namespace brisk::testing

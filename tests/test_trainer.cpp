@@ -82,6 +82,64 @@ TEST(Trainer, MixtureOfExpertsLogsTheTokensEachExpertTook) {
   }
 }
 
+// A fixture's batch (batch.safetensors: input_ids, attention_mask, labels [B, T]) as a dataset of
+// its B rows.
+class FixtureRows final : public Dataset {
+ public:
+  explicit FixtureRows(const std::string& file) : f_(file) {}
+  int64_t size() const override { return f_.get("input_ids").dim(0); }
+  int64_t seq_len() const override { return f_.get("input_ids").dim(1); }
+  void fill_row(int64_t i, int64_t, const Batch& b, int64_t row) const override {
+    const int64_t T = seq_len();
+    for (const auto& [name, dst] :
+         {std::pair{"input_ids", b.input_ids}, std::pair{"attention_mask", b.attention_mask},
+          std::pair{"labels", b.labels}})
+      std::copy_n(f_.get(name).i32() + i * T, T, dst.i32() + row * T);
+  }
+  // Causal LM: the labels at positions 1.. (position t's target is label t + 1).
+  int64_t count_targets(int64_t i, int64_t) const override {
+    const int32_t* y = f_.get("labels").i32() + i * seq_len();
+    return std::count_if(y + 1, y + seq_len(), [](int32_t v) { return v != kIgnoreIndex; });
+  }
+
+ private:
+  SafetensorsFile f_;
+};
+
+// Three training steps of the mixture-of-experts fixtures (scripts/make_moe_fixtures.py: the
+// same batch each step, AdamW at a constant 1e-2, gradients clipped to norm 1, the
+// load-balancing loss in the loss) give transformers' losses and final weights.
+TEST(Trainer, MixtureOfExpertsTrainAsTransformersDoes) {
+  for (const char* name : {"mixtral_tiny", "qwen2_moe_tiny"}) {
+    SCOPED_TRACE(name);
+    TempDir dir("moe_steps");
+    const std::string folder = fixture(std::string("moe/") + name);
+    FixtureRows rows(folder + "/batch.safetensors");
+    TrainOptions o = tiny_options(folder, dir / "out");
+    o.seq_len = rows.seq_len();
+    o.per_device_train_batch_size = rows.size();
+    o.max_steps = 3;
+    o.learning_rate = 1e-2;
+    o.lr_scheduler_type = "constant";
+    o.weight_decay = 0.0;
+    o.save_steps = 3;
+    const Result r = run(o, &rows);
+    SafetensorsFile want(folder + "/train_steps.safetensors");
+    const Tensor& losses = want.get("losses");
+    ASSERT_EQ(r.losses.size(), 3u);
+    for (int s = 0; s < 3; ++s)
+      EXPECT_NEAR(r.losses[s], losses.f32()[s], 1e-4 * losses.f32()[s]) << "step " << s + 1;
+    SafetensorsFile got(dir / "out/checkpoint-3/model.safetensors");
+    const ModelConfig c = resolve_config(folder);
+    for (const std::string& n : got.names()) {
+      const Tensor& t = got.get(n);
+      const std::vector<float> w = moe_fixture_values(want, "final.", n, c);
+      ASSERT_EQ(static_cast<size_t>(t.numel()), w.size()) << n;
+      EXPECT_LE(rel_error(t.f32(), w.data(), t.numel()), 1e-4) << n;
+    }
+  }
+}
+
 // A kill at every point of the save sequence leaves a complete checkpoint: the previous one
 // until the new one is renamed into place, the new one from then on; the next start cleans up,
 // and `--resume_from_checkpoint last` continues from it to the uninterrupted run's weights.
