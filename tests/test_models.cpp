@@ -19,12 +19,9 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-void compare_with_transformers(const std::string& name, bool masked_lm = false) {
-  const std::string folder = fixture(name);
-  LoadedModel m(folder, {}, false, DType::f32, 0, masked_lm);
-  SafetensorsFile expected(folder + "/expected.safetensors");
-
-  // Logits from an evaluation pass (the training pass overwrites them with their gradient).
+// The logits of an evaluation pass (a training pass overwrites them with their gradient), its
+// loss and a training step's against the fixture's; the step's gradients are then in place.
+void compare_logits_and_losses(LoadedModel& m, const SafetensorsFile& expected) {
   StepOptions eval;
   eval.training = false;
   eval.compute_grad = false;
@@ -34,11 +31,17 @@ void compare_with_transformers(const std::string& name, bool masked_lm = false) 
   ASSERT_EQ(m.model->logits().numel(), want_logits.numel());
   EXPECT_LE(rel_error(m.model->logits().f32(), want_logits.f32(), want_logits.numel()), kTolerance)
       << "logits";
-
   const double loss = m.step(false);
   const float want_loss = expected.get("loss").f32()[0];
   EXPECT_NEAR(loss, want_loss, kTolerance * std::abs(want_loss));
   EXPECT_NEAR(eval_loss, want_loss, kTolerance * std::abs(want_loss));
+}
+
+void compare_with_transformers(const std::string& name, bool masked_lm = false) {
+  const std::string folder = fixture(name);
+  LoadedModel m(folder, {}, false, DType::f32, 0, masked_lm);
+  SafetensorsFile expected(folder + "/expected.safetensors");
+  compare_logits_and_losses(m, expected);
 
   int compared = 0;
   for (const ParamInfo& p : m.model->params().list()) {
@@ -214,19 +217,7 @@ void compare_moe_with_transformers(const std::string& name) {
   const std::string folder = fixture("moe/" + name);
   LoadedModel m(folder);
   SafetensorsFile expected(folder + "/expected.safetensors");
-  StepOptions eval;
-  eval.training = false;
-  eval.compute_grad = false;
-  const int64_t targets = m.model->count_targets();
-  const double eval_loss = m.model->forward(*m.be, eval) / targets;
-  const Tensor& want_logits = expected.get("logits");
-  ASSERT_EQ(m.model->logits().numel(), want_logits.numel());
-  EXPECT_LE(rel_error(m.model->logits().f32(), want_logits.f32(), want_logits.numel()), kTolerance)
-      << "logits";
-  const double loss = m.step(false);
-  const float want_loss = expected.get("loss").f32()[0];
-  EXPECT_NEAR(loss, want_loss, kTolerance * std::abs(want_loss));
-  EXPECT_NEAR(eval_loss, want_loss, kTolerance * std::abs(want_loss));
+  compare_logits_and_losses(m, expected);
   const ModelConfig& c = m.model->config();
   for (const ParamInfo& p : m.model->params().list()) {
     const std::vector<float> want = moe_fixture_values(expected, "grad.", p.name, c);

@@ -68,6 +68,23 @@ struct BlockRun {
   FVec out, dx, qkv_w, proj_w, ln_a, fc_w, out_w, ln_b, router;
 };
 
+// A block's saved tensors and scratch for style st, in the backend's memory.
+struct BlockBuffers {
+  MemoryPlan plan;
+  BufferBinder binder;
+  BlockSaved saved;
+  BlockScratch scratch;
+  std::unique_ptr<Arena> arena;
+  BlockBuffers(Backend& be, const BlockStyle& st) {
+    const BlockDims dims{B, T, C, F, H, K, D, true, attention_buffers(be.device(), B, H, T, D)};
+    declare_block_saved(plan, binder, saved, "block.", st, dims);
+    declare_block_scratch(plan, binder, scratch, dims);
+    plan.finalize();
+    arena = std::make_unique<Arena>(plan, be.device_memory(), be.staging_memory());
+    binder.bind(*arena);
+  }
+};
+
 BlockRun run_block(Backend& be, int layer, bool with_one_expert) {
   BlockStyle st;
   st.pre_norm = st.causal = st.rms_norm = st.gated_mlp = true;
@@ -76,16 +93,9 @@ BlockRun run_block(Backend& be, int layer, bool with_one_expert) {
   st.heads = H;
   st.kv_heads = K;
   st.attention_scale = 0.5f;
-  const BlockDims dims{B, T, C, F, H, K, D, true, attention_buffers(be.device(), B, H, T, D)};
-  MemoryPlan plan;
-  BufferBinder binder;
-  BlockSaved saved;
-  BlockScratch scratch;
-  declare_block_saved(plan, binder, saved, "block.", st, dims);
-  declare_block_scratch(plan, binder, scratch, dims);
-  plan.finalize();
-  Arena arena(plan, be.device_memory(), be.staging_memory());
-  binder.bind(arena);
+  const BlockBuffers bufs(be, st);
+  const BlockSaved& saved = bufs.saved;
+  const BlockScratch& scratch = bufs.scratch;
 
   DeviceBuffers d(be);
   d.workspace(B * T * std::max<int64_t>(2 * F, (H + 2 * K) * D));
@@ -161,16 +171,7 @@ TEST_P(MoeBlockOn, ASparseMlpNeedsAPreNormFloat32Block) {
   BlockStyle st;
   st.pre_norm = false;
   st.sparse_mlp = &one;
-  const BlockDims dims{B, T, C, F, H, K, D, true, attention_buffers(be_->device(), B, H, T, D)};
-  MemoryPlan plan;
-  BufferBinder binder;
-  BlockSaved saved;
-  BlockScratch scratch;
-  declare_block_saved(plan, binder, saved, "block.", st, dims);
-  declare_block_scratch(plan, binder, scratch, dims);
-  plan.finalize();
-  Arena arena(plan, be_->device_memory(), be_->staging_memory());
-  binder.bind(arena);
+  const BlockBuffers bufs(*be_, st);
   BlockParams p;
   p.qkv_w = d.alloc({(H + 2 * K) * D, C});
   p.proj_w = d.alloc({C, H * D});
@@ -182,8 +183,9 @@ TEST_P(MoeBlockOn, ASparseMlpNeedsAPreNormFloat32Block) {
   st.attention_scale = 0.5f;
   d.workspace(B * T * 2 * F);
   const Tensor x = d.alloc({B, T, C}), out = d.alloc({B, T, C});
-  expect_error([&] { block_forward(*be_, st, p, x, Tensor(), out, saved, scratch, RngKey{}, 0); },
-               "pre-norm float32 block");
+  expect_error(
+      [&] { block_forward(*be_, st, p, x, Tensor(), out, bufs.saved, bufs.scratch, RngKey{}, 0); },
+      "pre-norm float32 block");
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, MoeBlockOn, ::testing::Values(Device::cpu, Device::cuda),
