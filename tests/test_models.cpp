@@ -232,6 +232,18 @@ TEST(Models, MixtralForCausalLMMatchesTransformers) {
   compare_moe_with_transformers("mixtral_tiny");
 }
 
+// Gradient checkpointing runs the experts' forward again in backward: the loss and every
+// gradient (the load-balancing loss's included) are the same bits.
+TEST(Models, MixtureOfExpertsRecomputeExactly) {
+  const std::string folder = fixture("moe/mixtral_tiny");
+  LoadedModel plain(folder);
+  PlanOptions checkpointed;
+  checkpointed.gradient_checkpointing = true;
+  LoadedModel recomputed(folder, checkpointed);
+  EXPECT_EQ(recomputed.step(false), plain.step(false));
+  EXPECT_EQ(recomputed.grads(), plain.grads());
+}
+
 // A shared expert under its sigmoid gate, a dense layer (mlp_only_layers), a tied head.
 TEST(Models, Qwen2MoeForCausalLMMatchesTransformers) {
   compare_moe_with_transformers("qwen2_moe_tiny");

@@ -84,7 +84,6 @@ void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) 
   Layer& l = layers_.at(static_cast<size_t>(layer));
   moe_forward(be, shape(), weights(l.ids, false), as_rows(x, hidden_), l.saved, scratch_,
               as_rows(y, hidden_), counts_[static_cast<size_t>(layer)]);
-  balanced_ = false;
 }
 
 void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,

@@ -73,7 +73,9 @@ class MoeMlps final : public SparseMlp {
   Tensor dprobs_, scale_host_, stats_host_;
   Tensor mask_;
   int64_t tokens_ = 0;
-  bool balanced_ = false;  // balance_loss gave this micro-batch's layers a gradient
+  // balance_loss gave this micro-batch's layers a gradient (a forward run again in backward, as
+  // gradient checkpointing runs it, keeps it).
+  bool balanced_ = false;
   std::vector<int64_t> tally_;
 };
 
