@@ -30,15 +30,11 @@ class OneExpert final : public SparseMlp {
     std::mt19937 rng(3);
     w_ = {d.put(randn(C, rng), {1, C}), view(fc_w, {1, 2 * F, C}), view(out_w, {1, C, F})};
     g_ = {d.alloc({1, C}), d.alloc({1, 2 * F, C}), d.alloc({1, C, F})};
-    const std::vector<Shape> ss = moe_saved_shapes(shape_), cs = moe_scratch_shapes(shape_);
-    Tensor* saved[] = {&saved_.probs,     &saved_.weights, &saved_.experts,
-                       &saved_.positions, &saved_.counts,  &saved_.rows,
-                       &saved_.gate_up,   &saved_.act,     &saved_.out};
-    for (size_t i = 0; i < ss.size(); ++i)  // experts, positions and counts are int32
-      *saved[i] = d.alloc(ss[i], i >= 2 && i <= 4 ? DType::i32 : DType::f32);
-    Tensor* scratch[] = {&scratch_.logits, &scratch_.d_out,     &scratch_.dweights,
-                         &scratch_.d_act,  &scratch_.d_gate_up, &scratch_.d_rows};
-    for (size_t i = 0; i < cs.size(); ++i) *scratch[i] = d.alloc(cs[i]);
+    const auto alloc = [&](Tensor* t, const std::string&, DType dtype, Shape shape) {
+      *t = d.alloc(shape, dtype);
+    };
+    declare_moe_saved(shape_, saved_, alloc);
+    declare_moe_scratch(shape_, scratch_, alloc);
   }
   bool sparse(int layer) const override { return layer == layer_; }
   void forward(Backend& be, int, const Tensor& x, const Tensor& y) override {

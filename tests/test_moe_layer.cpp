@@ -96,25 +96,15 @@ struct LayerBuffers {
 };
 LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
   LayerBuffers b;
-  const std::vector<Shape> ss = moe_saved_shapes(s), cs = moe_scratch_shapes(s);
   // The products' operands: the weights and the routed rows' tensors at most.
   int64_t largest = s.experts * 2 * s.inner * s.hidden;
-  for (const std::vector<Shape>* shapes : {&ss, &cs})
-    for (const Shape& shape : *shapes) largest = std::max(largest, shape.numel());
+  const auto alloc = [&](Tensor* t, const std::string&, DType dtype, Shape shape) {
+    *t = d.alloc(shape, dtype);
+    largest = std::max(largest, shape.numel());
+  };
+  declare_moe_saved(s, b.saved, alloc);
+  declare_moe_scratch(s, b.scratch, alloc);
   d.workspace(largest);
-  Tensor* saved[] = {&b.saved.probs,        &b.saved.weights,      &b.saved.experts,
-                     &b.saved.positions,    &b.saved.counts,       &b.saved.rows,
-                     &b.saved.gate_up,      &b.saved.act,          &b.saved.out,
-                     &b.saved.shared_logit, &b.saved.shared_scale, &b.saved.shared_gate_up,
-                     &b.saved.shared_act,   &b.saved.shared_out};
-  for (size_t i = 0; i < ss.size(); ++i)  // experts, positions and counts are int32
-    *saved[i] = d.alloc(ss[i], i >= 2 && i <= 4 ? DType::i32 : DType::f32);
-  Tensor* scratch[] = {&b.scratch.logits,       &b.scratch.d_out,
-                       &b.scratch.dweights,     &b.scratch.d_act,
-                       &b.scratch.d_gate_up,    &b.scratch.d_rows,
-                       &b.scratch.d_shared_out, &b.scratch.d_shared_scale,
-                       &b.scratch.d_shared_act, &b.scratch.d_shared_gate_up};
-  for (size_t i = 0; i < cs.size(); ++i) *scratch[i] = d.alloc(cs[i]);
   return b;
 }
 

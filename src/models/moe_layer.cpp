@@ -75,25 +75,44 @@ void shared_backward(Backend& be, const MoeWeights& w, const MoeWeights& g, cons
 
 }  // namespace
 
-std::vector<Shape> moe_saved_shapes(const MoeShape& s) {
+void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare) {
   const int64_t N = s.tokens, k = s.top_k, E = s.experts, rows = checked_mul(N, k, "moe rows");
-  std::vector<Shape> shapes{
-      {N, E},          {N, k},          {N, k}, {N, k}, {E}, {rows, s.hidden}, {rows, 2 * s.inner},
-      {rows, s.inner}, {rows, s.hidden}};
-  if (s.shared_inner > 0)
-    shapes.insert(shapes.end(),
-                  {{N, 1}, {N, 1}, {N, 2 * s.shared_inner}, {N, s.shared_inner}, {N, s.hidden}});
-  return shapes;
+  auto f32 = [&](Tensor* t, const char* name, Shape shape) {
+    declare(t, std::string("saved.") + name, DType::f32, shape);
+  };
+  f32(&m.probs, "probs", {N, E});
+  f32(&m.weights, "weights", {N, k});
+  declare(&m.experts, "saved.experts", DType::i32, {N, k});
+  declare(&m.positions, "saved.positions", DType::i32, {N, k});
+  declare(&m.counts, "saved.counts", DType::i32, {E});
+  f32(&m.rows, "rows", {rows, s.hidden});
+  f32(&m.gate_up, "gate_up", {rows, 2 * s.inner});
+  f32(&m.act, "act", {rows, s.inner});
+  f32(&m.out, "out", {rows, s.hidden});
+  if (s.shared_inner == 0) return;
+  f32(&m.shared_logit, "shared_logit", {N, 1});
+  f32(&m.shared_scale, "shared_scale", {N, 1});
+  f32(&m.shared_gate_up, "shared_gate_up", {N, 2 * s.shared_inner});
+  f32(&m.shared_act, "shared_act", {N, s.shared_inner});
+  f32(&m.shared_out, "shared_out", {N, s.hidden});
 }
 
-std::vector<Shape> moe_scratch_shapes(const MoeShape& s) {
+void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& declare) {
   const int64_t N = s.tokens, k = s.top_k, rows = checked_mul(N, k, "moe rows");
-  std::vector<Shape> shapes{{N, s.experts},  {rows, s.hidden},    {N, k},
-                            {rows, s.inner}, {rows, 2 * s.inner}, {rows, s.hidden}};
-  if (s.shared_inner > 0)
-    shapes.insert(shapes.end(),
-                  {{N, s.hidden}, {N, 1}, {N, s.shared_inner}, {N, 2 * s.shared_inner}});
-  return shapes;
+  auto f32 = [&](Tensor* t, const char* name, Shape shape) {
+    declare(t, std::string("scratch.") + name, DType::f32, shape);
+  };
+  f32(&m.logits, "logits", {N, s.experts});
+  f32(&m.d_out, "d_out", {rows, s.hidden});
+  f32(&m.dweights, "dweights", {N, k});
+  f32(&m.d_act, "d_act", {rows, s.inner});
+  f32(&m.d_gate_up, "d_gate_up", {rows, 2 * s.inner});
+  f32(&m.d_rows, "d_rows", {rows, s.hidden});
+  if (s.shared_inner == 0) return;
+  f32(&m.d_shared_out, "d_shared_out", {N, s.hidden});
+  f32(&m.d_shared_scale, "d_shared_scale", {N, 1});
+  f32(&m.d_shared_act, "d_shared_act", {N, s.shared_inner});
+  f32(&m.d_shared_gate_up, "d_shared_gate_up", {N, 2 * s.shared_inner});
 }
 
 MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,

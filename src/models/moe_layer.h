@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -46,10 +48,12 @@ struct MoeScratch {
   Tensor d_shared_out, d_shared_scale, d_shared_act, d_shared_gate_up;
 };
 
-// The shapes of MoeSaved's and MoeScratch's tensors, in their field order (the shared expert's
-// only where there is one), for planning.
-std::vector<Shape> moe_saved_shapes(const MoeShape& s);
-std::vector<Shape> moe_scratch_shapes(const MoeShape& s);
+// Declares MoeSaved's and MoeScratch's tensors (the shared expert's only where there is one):
+// declare(tensor, name, dtype, shape) for each, named "saved.<field>" and "scratch.<field>";
+// experts, positions and counts are int32, the rest float32.
+using MoeDeclare = std::function<void(Tensor*, const std::string&, DType, Shape)>;
+void declare_moe_saved(const MoeShape& s, MoeSaved& saved, const MoeDeclare& declare);
+void declare_moe_scratch(const MoeShape& s, MoeScratch& scratch, const MoeDeclare& declare);
 
 // y [N, C] = the layer's output for x [N, C]; `counts` receives each expert's routed rows (read
 // back to the host: the products need them).

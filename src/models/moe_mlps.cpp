@@ -1,5 +1,7 @@
 #include "models/moe_mlps.h"
 
+#include <algorithm>
+
 #include "core/checked.h"
 
 namespace brisk {
@@ -27,33 +29,28 @@ MoeShape MoeMlps::shape() const {
 void MoeMlps::declare(const Declare& declare, int64_t tokens) {
   tokens_ = tokens;
   const MoeShape s = shape();
-  const std::vector<Shape> saved = moe_saved_shapes(s), scratch = moe_scratch_shapes(s);
+  int64_t sparse_layers = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!sparse(static_cast<int>(l))) continue;
+    ++sparse_layers;
     const std::string p = "moe." + std::to_string(l) + ".";
-    MoeSaved& m = layers_[l].saved;
-    Tensor* t[] = {&m.probs,        &m.weights,        &m.experts,    &m.positions, &m.counts,
-                   &m.rows,         &m.gate_up,        &m.act,        &m.out,       &m.shared_logit,
-                   &m.shared_scale, &m.shared_gate_up, &m.shared_act, &m.shared_out};
-    for (size_t i = 0; i < saved.size(); ++i)  // experts, positions and counts are int32
-      declare(t[i], p + "saved." + std::to_string(i), Category::activations,
-              i >= 2 && i <= 4 ? DType::i32 : DType::f32, saved[i]);
-    if (!c_.aux_loss) continue;
-    declare(&layers_[l].stats, p + "balance_stats", Category::activations, DType::f32,
-            {2, c_.experts});
-    declare(&layers_[l].scale, p + "balance_scale", Category::activations, DType::f32,
-            {c_.experts});
+    declare_moe_saved(s, layers_[l].saved,
+                      [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
+                        declare(t, p + name, Category::activations, dtype, shape);
+                      });
   }
-  Tensor* t[] = {&scratch_.logits,          &scratch_.d_out,          &scratch_.dweights,
-                 &scratch_.d_act,           &scratch_.d_gate_up,      &scratch_.d_rows,
-                 &scratch_.d_shared_out,    &scratch_.d_shared_scale, &scratch_.d_shared_act,
-                 &scratch_.d_shared_gate_up};
-  for (size_t i = 0; i < scratch.size(); ++i)
-    declare(t[i], "moe.scratch." + std::to_string(i), Category::temporaries, DType::f32,
-            scratch[i]);
-  if (c_.aux_loss)
-    declare(&dprobs_, "moe.balance_dprobs", Category::temporaries, DType::f32,
-            {tokens, c_.experts});
+  declare_moe_scratch(s, scratch_,
+                      [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
+                        declare(t, "moe." + name, Category::temporaries, dtype, shape);
+                      });
+  if (!c_.aux_loss) return;
+  const int64_t E = c_.experts;
+  declare(&stats_, "moe.balance_stats", Category::activations, DType::f32, {sparse_layers, 2, E});
+  declare(&scale_, "moe.balance_scale", Category::activations, DType::f32, {E});
+  declare(&dprobs_, "moe.balance_dprobs", Category::temporaries, DType::f32, {tokens, E});
+  stats_flat_.resize(static_cast<size_t>(sparse_layers * 2 * E));
+  stats_host_.assign(static_cast<size_t>(sparse_layers), std::vector<float>(2 * E));
+  scale_host_.resize(static_cast<size_t>(E));
 }
 
 MoeWeights MoeMlps::weights(const MoeLayerIds& i, bool grads) const {
@@ -89,7 +86,7 @@ void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) 
 void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
                        bool accumulate_dw) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
-  if (balanced_) be.moe_balance_backward(flat_mask(), l.scale, dprobs_);
+  if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
   moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true), as_rows(x, hidden_),
                l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
                balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw);
@@ -117,21 +114,20 @@ double MoeMlps::balance_loss(Backend& be, int64_t unmasked, double grad_weight) 
   balanced_ = false;
   if (!c_.aux_loss || unmasked == 0) return 0.0;
   const int64_t E = c_.experts;
-  std::vector<std::vector<float>> stats;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    if (!sparse(static_cast<int>(l))) continue;
-    be.moe_balance_stats(layers_[l].saved.probs, layers_[l].saved.experts, flat_mask(),
-                         layers_[l].stats);
-    stats.emplace_back(static_cast<size_t>(2 * E));
-    be.download(layers_[l].stats,
-                Tensor(stats.back().data(), Shape{2, E}, DType::f32, Device::cpu));
-  }
-  const MoeBalanceLoss b = moe_balance_loss(stats, E, unmasked, c_.aux_loss_coef);
-  std::vector<float> scale(b.scale.size());
-  for (size_t e = 0; e < scale.size(); ++e) scale[e] = static_cast<float>(b.scale[e] * grad_weight);
+  int64_t at = 0;  // the sparse layers' statistics, side by side, read back at once
   for (size_t l = 0; l < layers_.size(); ++l)
     if (sparse(static_cast<int>(l)))
-      be.upload(Tensor(scale.data(), Shape{E}, DType::f32, Device::cpu), layers_[l].scale);
+      be.moe_balance_stats(
+          layers_[l].saved.probs, layers_[l].saved.experts, flat_mask(),
+          Tensor(stats_.f32() + 2 * E * at++, Shape{2, E}, DType::f32, stats_.device()));
+  be.download(stats_, Tensor(stats_flat_.data(), stats_.shape(), DType::f32, Device::cpu));
+  for (size_t l = 0; l < stats_host_.size(); ++l)
+    std::copy_n(stats_flat_.begin() + static_cast<int64_t>(l) * 2 * E, 2 * E,
+                stats_host_[l].begin());
+  const MoeBalanceLoss b = moe_balance_loss(stats_host_, E, unmasked, c_.aux_loss_coef);
+  for (size_t e = 0; e < scale_host_.size(); ++e)
+    scale_host_[e] = static_cast<float>(b.scale[e] * grad_weight);
+  be.upload(Tensor(scale_host_.data(), Shape{E}, DType::f32, Device::cpu), scale_);
   balanced_ = true;
   return c_.aux_loss_coef * b.loss;
 }

@@ -31,8 +31,8 @@ class MoeMlps final : public SparseMlp {
   MoeMlps(const MoeConfig& c, const ParameterSet& params, int64_t hidden, int64_t layers);
 
   void add_layer(int64_t layer, const MoeLayerIds& ids);
-  // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors and balance
-  // statistics, the shared temporaries.
+  // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors, the shared
+  // temporaries, and the balance loss's statistics of every sparse layer and gradient scale.
   void declare(const Declare& declare, int64_t tokens);
   // The micro-batch's attention mask [B, T] int32 (empty: every token counts), for the balance
   // loss. Its token count is the planned one (declare, again for each length).
@@ -48,7 +48,6 @@ class MoeMlps final : public SparseMlp {
   // gradient taken times `grad_weight` by the layers' backward. Returns 0 without it.
   double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
 
-  const std::vector<int32_t>& counts(int layer) const { return counts_[layer]; }
   // After a training micro-batch's forward: its routed pairs per expert, summed over the sparse
   // layers, added to the log window's; take_tally hands those over and starts a new window.
   void tally();
@@ -58,7 +57,6 @@ class MoeMlps final : public SparseMlp {
   struct Layer {
     MoeLayerIds ids;
     MoeSaved saved;
-    Tensor stats, scale;  // the balance loss's [2, E] statistics, its gradient's [E] scale
   };
   MoeShape shape() const;
   MoeWeights weights(const MoeLayerIds& ids, bool grads) const;
@@ -70,7 +68,11 @@ class MoeMlps final : public SparseMlp {
   std::vector<Layer> layers_;  // by layer index; a dense layer's router is -1
   std::vector<std::vector<int32_t>> counts_;
   MoeScratch scratch_;
-  Tensor dprobs_, scale_host_, stats_host_;
+  // The balance loss: every sparse layer's [2, E] statistics (one download), the gradient's [E]
+  // scale (the same for every layer), dprobs [N, E]; their host copies.
+  Tensor stats_, scale_, dprobs_;
+  std::vector<float> stats_flat_, scale_host_;
+  std::vector<std::vector<float>> stats_host_;
   Tensor mask_;
   int64_t tokens_ = 0;
   // balance_loss gave this micro-batch's layers a gradient (a forward run again in backward, as
