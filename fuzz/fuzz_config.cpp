@@ -11,7 +11,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const brisk::ModelConfig config = brisk::load_config(path);
     // Sizes the fuzzer can reach in a few ms: bigger configs are valid but slow, not bugs.
-    if (config.num_layers > 64 || config.vocab_size > (1 << 20) || config.hidden_size > 4096)
+    if (config.num_layers > 64 || config.vocab_size > (1 << 20) || config.hidden_size > 4096 ||
+        config.moe.experts > 64)
       return 0;
     auto model = brisk::Model::create(config);
     brisk::MemoryPlan plan;
