@@ -307,11 +307,11 @@ def llama_fixtures():
     greedy_generation("llama_tiny", LlamaForCausalLM)
 
 
-def greedy_generation(name="gpt2_tiny", cls=GPT2LMHeadModel):
+def greedy_generation(name="gpt2_tiny", cls=GPT2LMHeadModel, **load):
     # transformers' greedy generate() on a saved tiny causal LM: the first row's first 5 tokens
-    # as the prompt, 10 new tokens (gpt2_tiny's n_positions is 19).
+    # as the prompt, 10 new tokens (gpt2_tiny's n_positions is 19); `load` goes to from_pretrained.
     folder = os.path.join(OUT, name)
-    model = cls.from_pretrained(folder, attn_implementation="eager").eval()
+    model = cls.from_pretrained(folder, attn_implementation="eager", **load).eval()
     from safetensors.torch import load_file
     prompt = load_file(os.path.join(folder, "batch.safetensors"))["input_ids"][:1, :5].long()
     with torch.no_grad():

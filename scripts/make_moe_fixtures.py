@@ -15,7 +15,8 @@ so that the load-balancing loss is in the loss; padding in the batch. Then a few
 of mixtral_tiny and qwen2_moe_tiny from those files (train_steps.safetensors: each step's loss,
 and every parameter after the last step): the batch each step, AdamW (lr 1e-2, betas 0.9/0.999,
 eps 1e-8, no weight decay), gradients clipped to norm 1, a constant learning rate, as
-`brisk train` runs them with those options.
+`brisk train` runs them with those options. And transformers' greedy generate() on those two
+(generate.json: a 5-token prompt and the 10 tokens after it).
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_moe_fixtures.py
 """
@@ -32,7 +33,7 @@ from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_fixtures import dump, perturb  # noqa: E402
+from make_fixtures import dump, greedy_generation, perturb  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "moe")
 
@@ -135,6 +136,12 @@ def train_steps():
         save_file(out, os.path.join(folder, "train_steps.safetensors"))
 
 
+def generations():
+    """transformers' greedy generate() on the saved tiny models (generate.json)."""
+    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
+        greedy_generation(os.path.join("moe", name), cls, experts_implementation="eager")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(53)
@@ -142,6 +149,7 @@ def main():
     blocks(gen)
     models(gen)
     train_steps()
+    generations()
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
   // Rotary positions from the cache's position on, grouped-query caches, SwiGLU, RMSNorm.
   matches_the_full_forward_at_every_position("llama_tiny");
   matches_the_full_forward_at_every_position("qwen2_tiny");
+  // Mixtures of experts: each new token routed through its own top-k experts (and a shared one).
+  matches_the_full_forward_at_every_position("moe/mixtral_tiny");
+  matches_the_full_forward_at_every_position("moe/qwen2_moe_tiny");
 }
 
 void greedy_decoding_equals_transformers_generate(const std::string& name) {
@@ -101,6 +104,8 @@ void greedy_decoding_equals_transformers_generate(const std::string& name) {
 TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
   greedy_decoding_equals_transformers_generate("gpt2_tiny");
   greedy_decoding_equals_transformers_generate("llama_tiny");
+  greedy_decoding_equals_transformers_generate("moe/mixtral_tiny");
+  greedy_decoding_equals_transformers_generate("moe/qwen2_moe_tiny");
 }
 
 TEST(Decoder, ABertDoesNotGenerate) {

@@ -63,6 +63,12 @@ void Decoder::plan(MemoryPlan& plan, BufferBinder& binder) {
   work(&scratch_.fc, "fc", {1, T, fc_width});
   work(&scratch_.fc_act, "fc_act", {1, T, F});
   work(&scratch_.tmp, "tmp", {1, T, C});
+  if (style.sparse_mlp != nullptr)
+    style.sparse_mlp->declare_inference(
+        [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
+          binder.declare(plan, t, "decode." + name, Category::temporaries, dtype, shape);
+        },
+        T);
   work(&last_, "last", {1, 1, C});
   work(&normed_, "normed", {1, 1, C});
   work(&mean_, "head_mean", {1, 1});

@@ -115,6 +115,25 @@ void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& dec
   f32(&m.d_shared_gate_up, "d_shared_gate_up", {N, 2 * s.shared_inner});
 }
 
+MoeSaved moe_saved_rows(const MoeSaved& m, int64_t tokens, int64_t top_k) {
+  auto first = [](const Tensor& t, int64_t n) { return t.empty() ? t : row_range(t, 0, n); };
+  const int64_t N = tokens, rows = checked_mul(tokens, top_k, "moe rows");
+  return {first(m.probs, N),
+          first(m.weights, N),
+          first(m.experts, N),
+          first(m.positions, N),
+          m.counts,
+          first(m.rows, rows),
+          first(m.gate_up, rows),
+          first(m.act, rows),
+          first(m.out, rows),
+          first(m.shared_logit, N),
+          first(m.shared_scale, N),
+          first(m.shared_gate_up, N),
+          first(m.shared_act, N),
+          first(m.shared_out, N)};
+}
+
 MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,
                                 int64_t tokens, double coef) {
   const int64_t E = experts;

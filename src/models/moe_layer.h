@@ -55,6 +55,10 @@ using MoeDeclare = std::function<void(Tensor*, const std::string&, DType, Shape)
 void declare_moe_saved(const MoeShape& s, MoeSaved& saved, const MoeDeclare& declare);
 void declare_moe_scratch(const MoeShape& s, MoeScratch& scratch, const MoeDeclare& declare);
 
+// The first `tokens` tokens' part of buffers declared for more (counts whole), for a forward over
+// fewer tokens.
+MoeSaved moe_saved_rows(const MoeSaved& saved, int64_t tokens, int64_t top_k);
+
 // y [N, C] = the layer's output for x [N, C]; `counts` receives each expert's routed rows (read
 // back to the host: the products need them).
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,

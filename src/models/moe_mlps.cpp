@@ -92,6 +92,30 @@ void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy
                balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw);
 }
 
+void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {
+  infer_tokens_ = tokens;
+  MoeShape s = shape();
+  s.tokens = tokens;
+  declare_moe_saved(s, infer_saved_,
+                    [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
+                      declare(t, "moe.infer." + name, dtype, shape);
+                    });
+  declare(&infer_logits_, "moe.infer.logits", DType::f32, {tokens, c_.experts});
+}
+
+void MoeMlps::infer(Backend& be, int layer, const Tensor& x, const Tensor& y) {
+  const Layer& l = layers_.at(static_cast<size_t>(layer));
+  MoeShape s = shape();
+  s.tokens = x.numel() / hidden_;
+  BRISK_CHECK(s.tokens >= 1 && s.tokens <= infer_tokens_, "mixture-of-experts inference on ",
+              s.tokens, " tokens; buffers for ", infer_tokens_);
+  MoeScratch scratch;
+  scratch.logits = row_range(infer_logits_, 0, s.tokens);
+  moe_forward(be, s, weights(l.ids, false), as_rows(x, hidden_),
+              moe_saved_rows(infer_saved_, s.tokens, s.top_k), scratch, as_rows(y, hidden_),
+              infer_counts_);
+}
+
 Tensor MoeMlps::flat_mask() const {
   return mask_.empty() ? Tensor()
                        : Tensor(mask_.data(), Shape{mask_.numel()}, DType::i32, mask_.device());

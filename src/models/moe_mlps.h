@@ -42,6 +42,8 @@ class MoeMlps final : public SparseMlp {
   void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
   void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
                 bool accumulate_dw) override;
+  void declare_inference(const SparseMlp::Declare& declare, int64_t tokens) override;
+  void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
 
   // After every layer's forward, where the config asks for it (MoeConfig::aux_loss): coef x
   // transformers' load-balancing loss over the micro-batch's unmasked tokens (`unmasked`), its
@@ -79,6 +81,11 @@ class MoeMlps final : public SparseMlp {
   // gradient checkpointing runs it, keeps it).
   bool balanced_ = false;
   std::vector<int64_t> tally_;
+  // Inference's buffers, for up to infer_tokens_ tokens, shared by the layers.
+  MoeSaved infer_saved_;
+  Tensor infer_logits_;
+  std::vector<int32_t> infer_counts_;
+  int64_t infer_tokens_ = 0;
 };
 
 }  // namespace brisk

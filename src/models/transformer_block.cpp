@@ -655,8 +655,6 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out) {
   BRISK_CHECK(style.pre_norm && style.causal, "incremental decoding needs pre-norm causal blocks");
-  BRISK_CHECK(style.sparse_mlp == nullptr || !style.sparse_mlp->sparse(layer),
-              "incremental decoding through mixture-of-experts layers is not built yet");
   norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
   rotary_forward(be, style, s.qkv, past);
@@ -666,9 +664,13 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
   be.copy(x, s.res);
   be.add_inplace(s.res, s.tmp);
   norm_forward(be, style, s.res, w.ln_b_g, w.ln_b_b, s.a, s.mean, s.rstd);
-  be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
-  mlp_activation_forward(be, style, s.fc, s.fc_act);
-  be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
+  if (style.sparse_mlp != nullptr && style.sparse_mlp->sparse(layer)) {
+    style.sparse_mlp->infer(be, layer, s.a, s.tmp);
+  } else {
+    be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
+    mlp_activation_forward(be, style, s.fc, s.fc_act);
+    be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
+  }
   be.copy(s.res, out);
   be.add_inplace(out, s.tmp);
 }

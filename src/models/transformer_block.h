@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -27,6 +28,12 @@ class SparseMlp {
   // parameter gradients written, or added to where accumulate_dw.
   virtual void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
                         bool accumulate_dw) = 0;
+  // Inference without a backward (incremental decoding): declare(tensor, name, dtype, shape) for
+  // the buffers of up to `tokens` tokens, then infer writes y [.., C] = the MLP of x [.., C] for
+  // as many.
+  using Declare = std::function<void(Tensor*, const std::string&, DType, Shape)>;
+  virtual void declare_inference(const Declare& declare, int64_t tokens) = 0;
+  virtual void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
 };
 
 struct BlockStyle {
