@@ -15,7 +15,7 @@ so that the load-balancing loss is in the loss; padding in the batch. Then a few
 of mixtral_tiny and qwen2_moe_tiny from those files (train_steps.safetensors: each step's loss,
 and every parameter after the last step): the batch each step, AdamW (lr 1e-2, betas 0.9/0.999,
 eps 1e-8, no weight decay), gradients clipped to norm 1, a constant learning rate, as
-`brisk train` runs them with those options. And transformers' greedy generate() on those two
+`brisk train` runs them with those options. And transformers' greedy generate() on the three
 (generate.json: a 5-token prompt and the 10 tokens after it).
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_moe_fixtures.py
@@ -138,7 +138,8 @@ def train_steps():
 
 def generations():
     """transformers' greedy generate() on the saved tiny models (generate.json)."""
-    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
+    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM),
+                      ("olmoe_tiny", OlmoeForCausalLM)):
         greedy_generation(os.path.join("moe", name), cls, experts_implementation="eager")
 
 

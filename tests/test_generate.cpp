@@ -79,6 +79,7 @@ TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
   // Mixtures of experts: each new token routed through its own top-k experts (and a shared one).
   matches_the_full_forward_at_every_position("moe/mixtral_tiny");
   matches_the_full_forward_at_every_position("moe/qwen2_moe_tiny");
+  matches_the_full_forward_at_every_position("moe/olmoe_tiny");  // query/key norms
 }
 
 void greedy_decoding_equals_transformers_generate(const std::string& name) {
@@ -106,6 +107,7 @@ TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
   greedy_decoding_equals_transformers_generate("llama_tiny");
   greedy_decoding_equals_transformers_generate("moe/mixtral_tiny");
   greedy_decoding_equals_transformers_generate("moe/qwen2_moe_tiny");
+  greedy_decoding_equals_transformers_generate("moe/olmoe_tiny");
 }
 
 TEST(Decoder, ABertDoesNotGenerate) {

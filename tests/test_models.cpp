@@ -234,19 +234,29 @@ TEST(Models, MixtralForCausalLMMatchesTransformers) {
 
 // Gradient checkpointing runs the experts' forward again in backward: the loss and every
 // gradient (the load-balancing loss's included) are the same bits.
+// (OLMoE: the query/key norms' inputs saved again.)
 TEST(Models, MixtureOfExpertsRecomputeExactly) {
-  const std::string folder = fixture("moe/mixtral_tiny");
-  LoadedModel plain(folder);
-  PlanOptions checkpointed;
-  checkpointed.gradient_checkpointing = true;
-  LoadedModel recomputed(folder, checkpointed);
-  EXPECT_EQ(recomputed.step(false), plain.step(false));
-  EXPECT_EQ(recomputed.grads(), plain.grads());
+  for (const char* name : {"moe/mixtral_tiny", "moe/olmoe_tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = fixture(name);
+    LoadedModel plain(folder);
+    PlanOptions checkpointed;
+    checkpointed.gradient_checkpointing = true;
+    LoadedModel recomputed(folder, checkpointed);
+    EXPECT_EQ(recomputed.step(false), plain.step(false));
+    EXPECT_EQ(recomputed.grads(), plain.grads());
+  }
 }
 
 // A shared expert under its sigmoid gate, a dense layer (mlp_only_layers), a tied head.
 TEST(Models, Qwen2MoeForCausalLMMatchesTransformers) {
   compare_moe_with_transformers("qwen2_moe_tiny");
+}
+
+// OLMoE: RMSNorms over the query and the key projections before the rotary positions, top 3 of 6
+// experts without renormalizing, no pad token.
+TEST(Models, OlmoeForCausalLMMatchesTransformers) {
+  compare_moe_with_transformers("olmoe_tiny");
 }
 
 // Active parameters per token: all but the experts a token is not routed to, in the sparse
@@ -256,9 +266,9 @@ TEST(Models, AMixtureOfExpertsCountsItsActiveParameters) {
     const char* folder;
     int64_t inactive;
   };
-  for (const Case& c :
-       {Case{"moe/mixtral_tiny", 2 * 3 * 7 * 12 * (5 - 2)},
-        Case{"moe/qwen2_moe_tiny", 1 * 3 * 7 * 12 * (6 - 2)}, Case{"gpt2_tiny", 0}}) {
+  for (const Case& c : {Case{"moe/mixtral_tiny", 2 * 3 * 7 * 12 * (5 - 2)},
+                        Case{"moe/qwen2_moe_tiny", 1 * 3 * 7 * 12 * (6 - 2)},
+                        Case{"moe/olmoe_tiny", 2 * 3 * 7 * 12 * (6 - 3)}, Case{"gpt2_tiny", 0}}) {
     SCOPED_TRACE(c.folder);
     auto model = Model::create(resolve_config(fixture(c.folder)));
     EXPECT_EQ(model->active_parameters(), model->params().total_elements() - c.inactive);

@@ -1,7 +1,8 @@
 // The llama family (see llama.h). Names as transformers': model.embed_tokens,
 // model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-// mlp.{gate,up,down}_proj}, model.norm, lm_head. Which linear layers have biases comes from the
-// config (llama: attention_bias, mlp_bias; qwen2: q/k/v only; mistral: none).
+// mlp.{gate,up,down}_proj}, model.norm, lm_head; OLMoE's self_attn.{q,k}_norm. Which linear layers
+// have biases comes from the config (llama: attention_bias, mlp_bias; qwen2: q/k/v only; mistral:
+// none).
 #include "models/llama.h"
 
 #include <algorithm>
@@ -22,12 +23,13 @@ class Llama final : public Model {
   struct LayerIds {
     int ln_a = -1, q_w = -1, v_w = -1, q_b = -1, v_b = -1, o_w = -1, o_b = -1, ln_b = -1;
     int gate_w = -1, up_w = -1, gate_b = -1, up_b = -1, down_w = -1, down_b = -1;
+    int q_norm = -1, k_norm = -1;
   };
 
   // A sparse layer's router, experts and shared expert, in transformers' names (Mixtral's
-  // block_sparse_moe.experts.<e>.w1/w3/w2; Qwen2-MoE's mlp.experts.<e>.gate_proj/up_proj/
-  // down_proj), declared so that the experts' gate and up projections lie as one [E, 2F, C] and
-  // their down projections as one [E, C, F] (MoeLayerIds).
+  // block_sparse_moe.experts.<e>.w1/w3/w2; Qwen2-MoE's and OLMoE's mlp.experts.<e>.gate_proj/
+  // up_proj/down_proj), declared so that the experts' gate and up projections lie as one [E, 2F, C]
+  // and their down projections as one [E, C, F] (MoeLayerIds).
   MoeLayerIds declare_experts(const std::string& p) {
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, F = c.moe.inner, S = c.moe.shared_inner;
@@ -82,6 +84,10 @@ class Llama final : public Model {
       }
       ids.o_w = split_param(a + "o_proj.weight", {C, QD}, kLinearWeight, 1);
       if (c.attn_out_bias) ids.o_b = param(a + "o_proj.bias", {C}, kBiasOrNorm);
+      if (c.qk_norm) {
+        ids.q_norm = param(a + "q_norm.weight", {QD}, kBiasOrNorm);
+        ids.k_norm = param(a + "k_norm.weight", {KD}, kBiasOrNorm);
+      }
       ids.ln_b = token_param(p + "post_attention_layernorm.weight", {C});
       if (c.moe.sparse(l)) {
         moe_->add_layer(l, declare_experts(p));
@@ -116,6 +122,8 @@ class Llama final : public Model {
         return "MixtralForCausalLM";
       case ModelType::qwen2_moe:
         return "Qwen2MoeForCausalLM";
+      case ModelType::olmoe:
+        return "OlmoeForCausalLM";
       default:
         return "LlamaForCausalLM";
     }
@@ -130,6 +138,7 @@ class Llama final : public Model {
     s.layout = WeightLayout::out_in;
     s.rms_norm = true;
     s.gated_mlp = true;
+    s.qk_norm = config_.qk_norm;
     s.rope_cos = rope_cos_;
     s.rope_sin = rope_sin_;
     s.sparse_mlp = moe_.get();
@@ -157,6 +166,8 @@ class Llama final : public Model {
     b.out_w = t(i.down_w);
     b.out_b = t(i.down_b);
     b.ln_b_g = t(i.ln_b);
+    b.q_norm = t(i.q_norm);
+    b.k_norm = t(i.k_norm);
     return b;
   }
 

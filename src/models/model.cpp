@@ -36,12 +36,9 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
     case ModelType::qwen2:
     case ModelType::mixtral:
     case ModelType::qwen2_moe:
+    case ModelType::olmoe:
       m = make_llama(config);
       break;
-    case ModelType::olmoe:
-      BRISK_FAIL(
-          "model_type \"olmoe\": brisk reads OLMoE configs but does not build the model "
-          "yet (its query/key norms)");
   }
   m->declare_params();
   m->find_grad_segments();

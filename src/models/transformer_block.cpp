@@ -355,6 +355,56 @@ void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const 
 }
 }  // namespace
 
+// Columns [at, at + part's width) of every row of qkv [.., W] copied into part [.., width]
+// (into_part), or back.
+void copy_columns(Backend& be, const Tensor& qkv, int64_t at, const Tensor& part, bool into_part) {
+  const int64_t W = qkv.dim(qkv.rank() - 1), width = part.dim(part.rank() - 1);
+  const int64_t rows = part.numel() / width;
+  if (into_part)
+    be.copy_rows(qkv, part, {at, W, 0, width, width, rows});
+  else
+    be.copy_rows(part, qkv, {0, width, at, W, width, rows});
+}
+
+// BlockStyle::qk_norm's two parts of qkv [B, T, W]: the query heads' columns, then the key heads'.
+std::array<std::pair<int64_t, int64_t>, 2> qk_columns(const BlockStyle& st, const Tensor& qkv) {
+  BRISK_CHECK(
+      !st.rope_cos.empty() && st.tensor_group == nullptr && !splits_sequences(st.sequence_group),
+      "query/key norms need rotary blocks without tensor or sequence parallelism");
+  const int64_t D = head_columns(st, qkv);
+  return {{{0, st.heads * D}, {st.heads * D, st.kv_heads * D}}};
+}
+
+// qkv's query and key columns replaced by their norms: each part copied into in[i] (kept for the
+// backward, or a temporary), normalized into `room`'s first elements (which may be in[i]), rstd[i]
+// written, and copied back.
+void qk_norm_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& qkv,
+                     const std::array<Tensor, 2>& in, const std::array<Tensor, 2>& rstd,
+                     const Tensor& room) {
+  const auto parts = qk_columns(st, qkv);
+  const std::array<Tensor, 2> gamma{w.q_norm, w.k_norm};
+  for (size_t i = 0; i < 2; ++i) {
+    copy_columns(be, qkv, parts[i].first, in[i], true);
+    const Tensor y = slice_space(room, in[i], 0);
+    be.rmsnorm_forward(in[i], gamma[i], st.eps, y, rstd[i]);
+    copy_columns(be, qkv, parts[i].first, y, false);
+  }
+}
+
+// Its backward, in place on the query and key columns of sc.d_qkv (sc.d_ctx the temporary).
+void qk_norm_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
+                      const BlockSaved& s, const BlockScratch& sc) {
+  const auto parts = qk_columns(st, sc.d_qkv);
+  const std::array<Tensor, 2> gamma{w.q_norm, w.k_norm}, d_gamma{g.q_norm, g.k_norm};
+  const std::array<Tensor, 2> in{s.q_in, s.k_in}, rstd{s.rstd_q, s.rstd_k};
+  for (size_t i = 0; i < 2; ++i) {
+    const Tensor d = slice_space(sc.d_ctx, in[i], 0);
+    copy_columns(be, sc.d_qkv, parts[i].first, d, true);
+    be.rmsnorm_backward(d, in[i], gamma[i], rstd[i], d, false, d_gamma[i]);
+    copy_columns(be, sc.d_qkv, parts[i].first, d, false);
+  }
+}
+
 // Whether layer `layer`'s MLP is st.sparse_mlp's; refuses a block style it does not serve.
 bool sparse_layer(const BlockStyle& st, int layer) {
   if (st.sparse_mlp == nullptr || !st.sparse_mlp->sparse(layer)) return false;
@@ -381,9 +431,10 @@ std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& sty
           style.gated_mlp ? &s.fc_act : nullptr};
 }
 
-std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s) {
-  return {&s.a_in,   &s.qkv,  &s.attn_stats, &s.ctx,    &s.res1,   &s.m_in,  &s.fc_pre,
-          &s.fc_act, &s.res2, &s.mean_a,     &s.rstd_a, &s.mean_b, &s.rstd_b};
+std::array<Tensor*, 17> all_saved_tensors(BlockSaved& s) {
+  return {&s.a_in,   &s.qkv,    &s.attn_stats, &s.ctx,    &s.res1,   &s.m_in,
+          &s.fc_pre, &s.fc_act, &s.res2,       &s.mean_a, &s.rstd_a, &s.mean_b,
+          &s.rstd_b, &s.q_in,   &s.k_in,       &s.rstd_q, &s.rstd_k};
 }
 
 void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
@@ -421,6 +472,11 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   full(&s.rstd_a, "rstd_a", bt);
   if (!style.rms_norm) full(&s.mean_b, "mean_b", bt);
   full(&s.rstd_b, "rstd_b", bt);
+  if (!style.qk_norm) return;
+  full(&s.q_in, "q_in", Shape{d.batch, d.seq, d.attention_width()});
+  full(&s.k_in, "k_in", Shape{d.batch, d.seq, d.kv_heads * d.head_dim});
+  full(&s.rstd_q, "rstd_q", Shape{d.batch, d.seq});
+  full(&s.rstd_k, "rstd_k", Shape{d.batch, d.seq});
 }
 
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& s,
@@ -485,6 +541,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       qkv = &product_saved(be, lp, s.qkv, qkv_copy, qkv_product);
     } else {  // rotary positions go on the float32 product, rounded after
       qkv_product(s.qkv);
+      if (st.qk_norm)
+        qk_norm_forward(be, st, w, s.qkv, {s.q_in, s.k_in}, {s.rstd_q, s.rstd_k}, scratch.d_ctx);
       rotary_forward(be, st, s.qkv, 0);
       qkv = &round_saved(be, lp, s.qkv, qkv_copy);
     }
@@ -633,6 +691,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                           attn_probs_key, sc.attn, sc.d_qkv);
   }
   rotary_backward(be, st, sc.d_qkv);
+  if (st.qk_norm) qk_norm_backward(be, st, w, g, s, sc);
   if (!products_round(be, lp, g.qkv_b)) be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
@@ -657,6 +716,12 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
   BRISK_CHECK(style.pre_norm && style.causal, "incremental decoding needs pre-norm causal blocks");
   norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
+  if (style.qk_norm) {  // each part normalized in place in ctx's room, before the attention
+    const int64_t T = s.qkv.dim(1), D = s.qkv.dim(2) / (style.heads + 2 * style.kv_heads);
+    const Tensor q(s.ctx.data(), Shape{1, T, style.heads * D}, DType::f32, s.ctx.device());
+    const Tensor k(s.ctx.data(), Shape{1, T, style.kv_heads * D}, DType::f32, s.ctx.device());
+    qk_norm_forward(be, style, w, s.qkv, {q, k}, {s.rstd, s.rstd}, s.ctx);
+  }
   rotary_forward(be, style, s.qkv, past);
   be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.kv_heads,
                       layer_attention_scale(style, layer), s.ctx);

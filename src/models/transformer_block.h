@@ -61,6 +61,10 @@ struct BlockStyle {
   // the activation is silu(gate) * up (SwiGLU).
   bool rms_norm = false;
   bool gated_mlp = false;
+  // OLMoE's query/key norms: each token's query heads, then its key heads, RMSNormed as one row
+  // (q_norm [heads * D], k_norm [kv_heads * D]) between the qkv product and the rotary positions.
+  // Rotary blocks without tensor or sequence parallelism.
+  bool qk_norm = false;
   // Rotary position embedding tables [positions, head_dim / 2] from position 0 (rope.h); empty:
   // none. A sequence's tokens take the rows of their positions.
   Tensor rope_cos, rope_sin;
@@ -97,14 +101,18 @@ struct BlockParams {
   Tensor ln_a_g, ln_a_b;
   Tensor fc_w, fc_b, out_w, out_b;
   Tensor ln_b_g, ln_b_b;
+  Tensor q_norm, k_norm;  // BlockStyle::qk_norm's
 };
 
 // What the block saves for backward. a_in is the attention input (pre-norm: LN_a(x); post-norm:
 // x itself, so it is not stored); attn_stats is what the backend's attention keeps; res1 = x +
 // attention; m_in is the MLP input; res2 (post-norm only) is the input of the final LayerNorm.
+// With query/key norms: q_in [B, T, heads * D] and k_in [B, T, kv_heads * D], the norms' inputs,
+// and their rstd_q and rstd_k.
 struct BlockSaved {
   Tensor a_in, qkv, attn_stats, ctx, res1, m_in, fc_pre, fc_act, res2;
   Tensor mean_a, rstd_a, mean_b, rstd_b;
+  Tensor q_in, k_in, rstd_q, rstd_k;
 };
 
 // The saved tensors kept in the activation dtype under mixed precision (those that feed matrix
@@ -114,7 +122,7 @@ struct BlockSaved {
 // their 16-bit copies are the only ones either pass reads.
 std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s);
 // Every saved tensor (for sharing one set among blocks).
-std::array<Tensor*, 13> all_saved_tensors(BlockSaved& s);
+std::array<Tensor*, 17> all_saved_tensors(BlockSaved& s);
 // The low-precision tensors backward rebuilds cheaply from what a block keeps, by the element-wise
 // ops that made them (block_recompute): a pre-norm block's norm outputs a_in and m_in (from its
 // input and res1), and a gated MLP's SwiGLU output fc_act (from fc_pre). Entries a style does not
