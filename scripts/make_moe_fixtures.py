@@ -16,7 +16,9 @@ of mixtral_tiny and qwen2_moe_tiny from those files (train_steps.safetensors: ea
 and every parameter after the last step): the batch each step, AdamW (lr 1e-2, betas 0.9/0.999,
 eps 1e-8, no weight decay), gradients clipped to norm 1, a constant learning rate, as
 `brisk train` runs them with those options. And transformers' greedy generate() on the three
-(generate.json: a 5-token prompt and the 10 tokens after it).
+(generate.json: a 5-token prompt and the 10 tokens after it). mixtral_tiny/packed/ and
+qwen2_moe_tiny/packed/: their weights as transformers 5 holds them in memory (packed experts),
+sharded, as save_pretrained(save_original_format=False) writes them.
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_moe_fixtures.py
 """
@@ -143,6 +145,19 @@ def generations():
         greedy_generation(os.path.join("moe", name), cls, experts_implementation="eager")
 
 
+def packed_copies():
+    """The saved tiny models again in transformers 5's in-memory layout (packed/: each layer's
+    experts as one gate_up_proj [E, 2F, C] and one down_proj [E, C, F], Mixtral's router as
+    mlp.gate), in shards of at most 8 kB with their index."""
+    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
+        folder = os.path.join(OUT, name)
+        model = cls.from_pretrained(folder, experts_implementation="eager")
+        model.save_pretrained(os.path.join(folder, "packed"), save_original_format=False,
+                              max_shard_size="8kB")
+        os.remove(os.path.join(folder, "packed", "config.json"))
+        os.remove(os.path.join(folder, "packed", "generation_config.json"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(53)
@@ -151,6 +166,7 @@ def main():
     models(gen)
     train_steps()
     generations()
+    packed_copies()
 
 
 if __name__ == "__main__":

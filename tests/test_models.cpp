@@ -259,6 +259,44 @@ TEST(Models, OlmoeForCausalLMMatchesTransformers) {
   compare_moe_with_transformers("olmoe_tiny");
 }
 
+// transformers 5 saves the experts as it holds them where asked (save_pretrained with
+// save_original_format=False: each layer's gate_up_proj [E, 2F, C] and down_proj [E, C, F],
+// Mixtral's router as mlp.gate), here in shards: they load into the weights the per-expert file
+// gives. A packed tensor of another shape is refused by name.
+TEST(Models, PackedExpertsLoadAsThePerExpertFile) {
+  auto weights = [](const LoadedModel& m) {
+    return to_host(*m.be, m.model->params().flat_weights());
+  };
+  for (const char* name : {"moe/mixtral_tiny", "moe/qwen2_moe_tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = fixture(name);
+    LoadedModel per_expert(folder), packed(folder);
+    packed.model->init_weights(*packed.be, 5);
+    ASSERT_NE(weights(packed), weights(per_expert));
+    packed.model->load_weights(*packed.be,
+                               WeightFiles(folder + "/packed/model.safetensors.index.json"));
+    EXPECT_EQ(weights(packed), weights(per_expert));
+  }
+  // Layer 0's experts' gate and up projections packed one row too short.
+  const std::string folder = fixture("moe/mixtral_tiny");
+  SafetensorsFile file(folder + "/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> entries;
+  for (const std::string& n : file.names())
+    if (n.find("layers.0.block_sparse_moe.experts") == std::string::npos ||
+        n.find(".w2.") != std::string::npos)
+      entries.emplace_back(n, file.get(n));
+  std::vector<float> short_rows(5 * 13 * 12);
+  entries.emplace_back("model.layers.0.mlp.experts.gate_up_proj",
+                       Tensor(short_rows.data(), Shape{5, 13, 12}, DType::f32, Device::cpu));
+  TempDir dir("packed_experts");
+  write_safetensors(dir / "model.safetensors", entries);
+  LoadedModel m(folder);
+  expect_error([&] { m.model->load_weights(*m.be, WeightFiles(dir / "model.safetensors")); },
+               "tensor 'model.layers.0.mlp.experts.gate_up_proj' in '" +
+                   (dir / "model.safetensors") +
+                   "': shape [5, 13, 12] where [5, 14, 12] is expected");
+}
+
 // Active parameters per token: all but the experts a token is not routed to, in the sparse
 // layers only (Qwen2-MoE's layer 1 is dense); a dense model's are all of them.
 TEST(Models, AMixtureOfExpertsCountsItsActiveParameters) {

@@ -38,15 +38,22 @@ class Llama final : public Model {
     auto expert = [&](int64_t e, const char* name) {
       return m + "experts." + std::to_string(e) + "." + name + ".weight";
     };
+    // transformers 5's packed layout, which a file may hold instead (Mixtral's router as mlp.gate).
+    const int64_t E = c.moe.experts;
+    const std::string gate_up = p + "mlp.experts.gate_up_proj", down = p + "mlp.experts.down_proj";
     MoeLayerIds ids;
-    ids.router = param(m + "gate.weight", {c.moe.experts, C}, kLinearWeight);
-    for (int64_t e = 0; e < c.moe.experts; ++e) {
+    ids.router = param(m + "gate.weight", {E, C}, kLinearWeight);
+    also_packed_in(ids.router, p + "mlp.gate.weight", {E, C}, 0);
+    for (int64_t e = 0; e < E; ++e) {
       const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kLinearWeight);
       ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kLinearWeight);
+      also_packed_in(gate, gate_up, {E, 2 * F, C}, 2 * e * F * C);
+      also_packed_in(ids.gate_last, gate_up, {E, 2 * F, C}, (2 * e + 1) * F * C);
       if (e == 0) ids.gate_first = gate;
     }
-    for (int64_t e = 0; e < c.moe.experts; ++e) {
+    for (int64_t e = 0; e < E; ++e) {
       ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kLinearWeight);
+      also_packed_in(ids.down_last, down, {E, C, F}, e * C * F);
       if (e == 0) ids.down_first = ids.down_last;
     }
     if (S == 0) return ids;

@@ -1081,36 +1081,54 @@ void Model::init_weights(Backend& be, uint64_t seed) {
   written_all();
 }
 
+void Model::also_packed_in(int param, const std::string& name, Shape shape, int64_t first) {
+  if (param >= 0) packed_[param] = {name, std::move(shape), first};
+}
+
 void Model::load_weights(Backend& be, const WeightFiles& file) {
-  for (const ParamInfo& p : params_.list())
-    BRISK_CHECK(file.has(p.name), "weights file '", file.path(), "' lacks parameter '", p.name,
-                "' of the ", config_.type_name(), " model");
-  load_pretrained(be, file, 0);  // every name is present: nothing is initialized
+  for (size_t i = 0; i < params_.list().size(); ++i)
+    BRISK_CHECK(!weight_source(file, i).name.empty(), "weights file '", file.path(),
+                "' lacks parameter '", params_.list()[i].name, "' of the ", config_.type_name(),
+                " model");
+  load_pretrained(be, file, 0);  // every parameter is present: nothing is initialized
+}
+
+Model::WeightSource Model::weight_source(const WeightFiles& file, size_t i) const {
+  const ParamInfo& p = params_.list()[i];
+  const std::string prefix = base_prefix();
+  if (file.has(p.name)) return {p.name};
+  if (p.name.rfind(prefix, 0) == 0 && file.has(p.name.substr(prefix.size())))
+    return {p.name.substr(prefix.size())};
+  const auto packed = packed_.find(static_cast<int>(i));
+  if (packed == packed_.end() || !file.has(packed->second.name)) return {};
+  const PackedSource& s = packed->second;
+  BRISK_CHECK(file.get(s.name).shape() == s.shape, "tensor '", s.name, "' in '",
+              file.file_of(s.name).path(), "': shape ", file.get(s.name).shape().str(), " where ",
+              s.shape.str(), " is expected");
+  return {s.name, s.first, true};
 }
 
 std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
                                                 bool ignore_mismatched_sizes) {
   const std::string prefix = base_prefix();
-  // Each parameter's name in the file, or "" where the file does not give it.
-  std::vector<std::string> source(params_.list().size());
+  // Each parameter's tensor in the file; no name where the file does not give it.
+  std::vector<WeightSource> source(params_.list().size());
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
     const bool in_base = p.name.rfind(prefix, 0) == 0;
-    if (file.has(p.name)) source[i] = p.name;
-    if (source[i].empty() && in_base && file.has(p.name.substr(prefix.size())))
-      source[i] = p.name.substr(prefix.size());
-    if (!source[i].empty() && file.get(source[i]).shape() != p.full_shape()) {
-      BRISK_CHECK(ignore_mismatched_sizes, "parameter '", source[i], "' in '",
-                  file.file_of(source[i]).path(), "': shape ", file.get(source[i]).shape().str(),
-                  " where ", p.full_shape().str(),
+    source[i] = weight_source(file, i);
+    const std::string& name = source[i].name;
+    if (!name.empty() && !source[i].packed && file.get(name).shape() != p.full_shape()) {
+      BRISK_CHECK(ignore_mismatched_sizes, "parameter '", name, "' in '", file.file_of(name).path(),
+                  "': shape ", file.get(name).shape().str(), " where ", p.full_shape().str(),
                   " is expected (--ignore_mismatched_sizes initializes it anew)");
-      source[i].clear();
-    } else if (source[i].empty()) {
+      source[i] = {};
+    } else if (name.empty()) {
       BRISK_CHECK(!in_base, "weights file '", file.path(), "' lacks parameter '", p.name,
                   "' of the ", config_.type_name(), " model");
     }
-    if (source[i].empty()) missing.push_back(p.name);
+    if (source[i].name.empty()) missing.push_back(p.name);
   }
   if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
   // Staged weights: a segment the file gives in part is first gathered, with its
@@ -1128,11 +1146,12 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
           p.offset == segments_[static_cast<size_t>(segment)].offset)
         weight_source_->need(segment);
     }
-    const std::string& name = source[i];
+    const std::string& name = source[i].name;
     if (name.empty()) {
       written(i);
       continue;
     }
+    const int64_t from = source[i].first;  // within a packed tensor
     const Tensor& src = file.get(name);
     const SafetensorsFile& holder = file.file_of(name);
     const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";
@@ -1145,7 +1164,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
             const int64_t n = std::min(kRange, piece.numel() - at);
             // A split parameter's share: its runs' places in the full one.
             for_each_split_run(p, first + at, n, [&](int64_t local, int64_t full, int64_t length) {
-              const Tensor part = element_range(src, full, length);
+              const Tensor part = element_range(src, from + full, length);
               copy_to_f32(part, element_range(piece, local - first, length), what);
               holder.release(part);
             });

@@ -327,6 +327,10 @@ class Model : public BatchTarget {
   // A block's norm parameter: under Megatron's sequence parallelism each tensor rank's gradient
   // of it is its tokens' part (ParamSplit::partial), which the group sums.
   int token_param(const std::string& name, Shape shape);
+  // Parameter `param` may be read too from tensor `name` of a weights file, shaped `shape`, from
+  // its element `first` on: a layout packing several parameters into one tensor (transformers
+  // 5's experts, [E, 2F, C] gate_up_proj). Its own name is looked for first.
+  void also_packed_in(int param, const std::string& name, Shape shape, int64_t first);
   // A key/value projection's weight or bias (split by output like split_param's dim 0), which
   // tensor ranks beyond the key/value heads hold in copies (ParamSplit::copies).
   int kv_param(const std::string& name, Shape shape, ParamRole role);
@@ -431,6 +435,24 @@ class Model : public BatchTarget {
                const Tensor& grad);
 
  private:
+  // A weights file's tensor a parameter is read from, from its element `first` on (`packed`: a
+  // tensor also_packed_in names, its shape checked).
+  struct WeightSource {
+    std::string name;
+    int64_t first = 0;
+    bool packed = false;
+  };
+  // Where `file` holds parameter i: its name, its name without the base model's prefix
+  // (base_only), or a packed tensor (also_packed_in); an empty name where it holds none of them.
+  WeightSource weight_source(const WeightFiles& file, size_t i) const;
+
+  struct PackedSource {
+    std::string name;
+    Shape shape;
+    int64_t first = 0;
+  };
+  std::map<int, PackedSource> packed_;  // by parameter index
+
   BufferBinder binder_;
   PlanOptions options_;
   Tensor head_dx_;
