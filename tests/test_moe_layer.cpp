@@ -307,6 +307,50 @@ TEST_P(MoeOn, BalanceLossAndGradientAreTransformers) {
   check_balance(*be_);
 }
 
+// fp64: ST-MoE's router z-loss sum over the kept tokens of logsumexp(logits)^2.
+double ref_z_sum(const Vec& logits, const Vec& mask, int64_t E) {
+  double total = 0;
+  for (size_t n = 0; n < mask.size(); ++n) {
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[n * E + e]);
+    total += mask[n] * std::log(sum) * std::log(sum);
+  }
+  return total;
+}
+
+// The router z-loss's statistics (each token's logsumexp, 0 where masked out, and the sum of
+// their squares) against fp64, and its gradient added to the logits' against finite differences
+// of that sum, scaled.
+TEST_P(MoeOn, RouterZLossAndGradientMatchTheReference) {
+  Backend& be = *be_;
+  const int64_t N = 9, E = 5;
+  const float scale = 0.3f;
+  std::mt19937 rng(12);
+  std::normal_distribution<double> normal(0.0, 2.0);
+  Vec logits(N * E), probs(N * E), start(N * E);
+  for (double& v : logits) v = normal(rng);
+  for (double& v : start) v = normal(rng);
+  const Vec mask{1, 0, 1, 1, 1, 0, 1, 1, 1};
+  Vec lse(N);
+  for (int64_t n = 0; n < N; ++n) {
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[n * E + e]);
+    for (int64_t e = 0; e < E; ++e) probs[n * E + e] = std::exp(logits[n * E + e]) / sum;
+    lse[n] = mask[n] * std::log(sum);
+  }
+  DeviceBuffers d(be);
+  const Tensor m = d.put(IVec(mask.begin(), mask.end()), {N});
+  const Tensor z = d.put(FVec(N, std::nanf("")), {N}), sum = d.put(FVec{std::nanf("")}, {1});
+  be.moe_z_stats(d.put(as_floats(logits), {N, E}), m, z, sum);
+  EXPECT_TRUE(rel_near(d.get(z), as_floats(lse), 1e-6, 1e-6));
+  EXPECT_NEAR(d.get(sum)[0], ref_z_sum(logits, mask, E), 1e-5 * ref_z_sum(logits, mask, E));
+  const Tensor dlogits = d.put(as_floats(start), {N, E});
+  be.moe_z_backward(d.put(as_floats(probs), {N, E}), z, scale, dlogits);
+  Vec want = fd_grad(logits, [&](const Vec& v) { return ref_z_sum(v, mask, E); });
+  for (int64_t i = 0; i < N * E; ++i) want[i] = start[i] + scale * want[i];
+  EXPECT_TRUE(rel_near(d.get(dlogits), as_floats(want), 1e-4, 1e-5));
+}
+
 INSTANTIATE_TEST_SUITE_P(Every, MoeOn, ::testing::Values(Device::cpu, Device::cuda),
                          [](const ::testing::TestParamInfo<Device>& p) {
                            return std::string(p.param == Device::cuda ? "cuda" : "cpu");

@@ -230,6 +230,14 @@ TEST(OpsMoeBalance, BadShapesAreRefused) {
         be->moe_balance_backward(m, view(scale, {E - 1}), view(dp, {N, E}));
       },
       "scale");
+  FVec logits(N * E), z(N), sum(1);
+  brisk::testing::expect_error(
+      [&] { be->moe_z_stats(view(logits, {N, E}), m, view(z, {N - 1}), view(sum, {1})); }, "z");
+  brisk::testing::expect_error(
+      [&] { be->moe_z_stats(view(logits, {N, E}), m, view(z, {N}), view(stats, {2})); }, "sum");
+  brisk::testing::expect_error(
+      [&] { be->moe_z_backward(view(p, {N, E}), view(z, {N}), 1.0f, view(dp, {N, E - 1})); },
+      "dlogits");
 }
 
 // rope_tables against transformers' own LlamaRotaryEmbedding (scripts/make_rope_fixture.py):

@@ -234,6 +234,23 @@ Backend::MoeBalance Backend::check_moe_balance_backward(const Tensor& mask, cons
   return {N, E, 0};
 }
 
+Backend::MoeBalance Backend::check_moe_z(const Tensor& values, const Tensor& mask,
+                                         const Tensor& z, const Tensor& other, bool backward) {
+  const char* op = backward ? "moe_z_backward" : "moe_z_stats";
+  BRISK_CHECK(values.dtype() == DType::f32 && values.rank() == 2, op, ": ",
+              backward ? "probabilities " : "logits ", values.shape().str(), " ",
+              dtype_name(values.dtype()), " are not float32 [tokens, E]");
+  const int64_t N = values.dim(0), E = values.dim(1);
+  check_balance_mask(mask, N, op);
+  BRISK_CHECK(z.dtype() == DType::f32 && z.numel() == N, op, ": z ", z.shape().str(), " ",
+              dtype_name(z.dtype()), " is not float32 [", N, "]");
+  const int64_t want = backward ? N * E : 1;
+  BRISK_CHECK(other.dtype() == DType::f32 && other.numel() == want, op, ": ",
+              backward ? "dlogits " : "sum ", other.shape().str(), " ", dtype_name(other.dtype()),
+              " is not float32 of ", want, " values");
+  return {N, E, 0};
+}
+
 Backend::MoeRows Backend::check_moe_rows(const Tensor& positions, const Tensor& rows,
                                          const Tensor& tokens, const Tensor& weights,
                                          const char* op) {

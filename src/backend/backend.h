@@ -512,6 +512,15 @@ class Backend {
   // scale[e] (mask as moe_balance_stats'; scale float32 [E]).
   virtual void moe_balance_backward(const Tensor& mask, const Tensor& scale,
                                     const Tensor& dprobs) = 0;
+  // ST-MoE's router z-loss for one layer's router logits [N,E] (float32), tokens whose mask is 0
+  // (as moe_balance_stats') left out: z [N] (written) each token's logsumexp of its logits (0
+  // where masked out), sum [1] (written) the sum of z^2 over the tokens in order.
+  virtual void moe_z_stats(const Tensor& logits, const Tensor& mask, const Tensor& z,
+                           const Tensor& sum) = 0;
+  // The gradient of scale * that sum: dlogits [N,E] += scale * 2 z[n] * probs[n,e], probs being
+  // the logits' softmax (moe_route_forward's).
+  virtual void moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
+                              const Tensor& dlogits) = 0;
   // Throw unless the arguments are as the two ops above take them; return N, E (and k).
   struct MoeBalance {
     int64_t N, E, k;
@@ -520,6 +529,9 @@ class Backend {
                                             const Tensor& mask, const Tensor& stats);
   static MoeBalance check_moe_balance_backward(const Tensor& mask, const Tensor& scale,
                                                const Tensor& dprobs);
+  // For moe_z_stats (`values`: logits, `other`: the sum [1]) and moe_z_backward (probs, dlogits).
+  static MoeBalance check_moe_z(const Tensor& values, const Tensor& mask, const Tensor& z,
+                                const Tensor& other, bool backward);
   // Throws unless experts and positions are int32 [N,k] and counts int32 [num_experts >= 1];
   // returns N * k.
   static int64_t check_moe_dispatch(const Tensor& experts, int64_t num_experts,

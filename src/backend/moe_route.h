@@ -13,6 +13,16 @@
 
 namespace brisk {
 
+// The logsumexp of a token's E router logits (the maximum subtracted, exponentials summed in
+// expert order): ST-MoE's router z-loss squares it.
+BRISK_HD float moe_logsumexp(const float* logits, int E) {
+  float top = logits[0];
+  for (int e = 1; e < E; ++e) top = logits[e] > top ? logits[e] : top;
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += expf(logits[e] - top);
+  return top + logf(sum);
+}
+
 // Whether expert a with probability pa comes before expert b with pb: the more probable first,
 // and of two alike the lower (torch.topk's order on the CPU).
 BRISK_HD bool moe_before(float pa, int a, float pb, int b) {

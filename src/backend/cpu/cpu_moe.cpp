@@ -166,4 +166,27 @@ void CpuBackend::moe_balance_backward(const Tensor& mask, const Tensor& scale,
     for (int64_t e = 0; e < E; ++e) d[n * E + e] = (m && m[n] == 0) ? 0.0f : s[e];
 }
 
+void CpuBackend::moe_z_stats(const Tensor& logits, const Tensor& mask, const Tensor& z,
+                             const Tensor& sum) {
+  const MoeBalance b = check_moe_z(logits, mask, z, sum, false);
+  const int32_t* m = mask.empty() ? nullptr : mask.i32();
+  float total = 0.0f;
+  for (int64_t n = 0; n < b.N; ++n) {
+    const bool kept = !m || m[n] != 0;
+    const float lse = kept ? moe_logsumexp(logits.f32() + n * b.E, static_cast<int>(b.E)) : 0.0f;
+    z.f32()[n] = lse;
+    total += lse * lse;
+  }
+  sum.f32()[0] = total;
+}
+
+void CpuBackend::moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
+                                const Tensor& dlogits) {
+  const MoeBalance b = check_moe_z(probs, Tensor(), z, dlogits, true);
+  for (int64_t n = 0; n < b.N; ++n) {
+    const float g = 2.0f * scale * z.f32()[n];
+    for (int64_t e = 0; e < b.E; ++e) dlogits.f32()[n * b.E + e] += g * probs.f32()[n * b.E + e];
+  }
+}
+
 }  // namespace brisk

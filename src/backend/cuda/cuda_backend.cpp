@@ -491,6 +491,20 @@ void CudaBackend::moe_balance_backward(const Tensor& mask, const Tensor& scale,
                              b.N, b.E, dev(dprobs, "router probabilities' gradient"));
 }
 
+void CudaBackend::moe_z_stats(const Tensor& logits, const Tensor& mask, const Tensor& z,
+                              const Tensor& sum) {
+  const MoeBalance b = check_moe_z(logits, mask, z, sum, false);
+  cuda::moe_z_stats(stream_, dev(logits, "router logits"), ids_or_null(mask, "token mask"), b.N,
+                    b.E, dev(z, "router z"), dev(sum, "router z-loss sum"));
+}
+
+void CudaBackend::moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
+                                 const Tensor& dlogits) {
+  const MoeBalance b = check_moe_z(probs, Tensor(), z, dlogits, true);
+  cuda::moe_z_backward(stream_, dev(probs, "router probabilities"), dev(z, "router z"), scale,
+                       b.N, b.E, dev(dlogits, "router logits' gradient"));
+}
+
 void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
                                const Tensor& positions) {
   const int64_t pairs = check_moe_dispatch(experts, num_experts, counts, positions);

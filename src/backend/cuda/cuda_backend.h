@@ -151,6 +151,10 @@ class CudaBackend final : public Backend {
   void moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
                          const Tensor& stats) override;
   void moe_balance_backward(const Tensor& mask, const Tensor& scale, const Tensor& dprobs) override;
+  void moe_z_stats(const Tensor& logits, const Tensor& mask, const Tensor& z,
+                   const Tensor& sum) override;
+  void moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
+                      const Tensor& dlogits) override;
   void moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
                     const Tensor& positions) override;
   void moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) override;

@@ -138,6 +138,12 @@ void moe_balance_stats(cudaStream_t s, const float* probs, const int32_t* expert
                        const int32_t* mask, int64_t N, int64_t E, int64_t k, float* stats);
 void moe_balance_backward(cudaStream_t s, const int32_t* mask, const float* scale, int64_t N,
                           int64_t E, float* dprobs);
+// Backend::moe_z_stats (a thread per token, then one summing in the CPU's order) and
+// moe_z_backward.
+void moe_z_stats(cudaStream_t s, const float* logits, const int32_t* mask, int64_t N, int64_t E,
+                 float* z, float* sum);
+void moe_z_backward(cudaStream_t s, const float* probs, const float* z, float scale, int64_t N,
+                    int64_t E, float* dlogits);
 // Backend::moe_dispatch, moe_gather, moe_combine and moe_combine_backward (weights null: the plain
 // sum; positions null, in the combines: each pair's own row); positions out of range are skipped.
 void moe_dispatch(cudaStream_t s, const int32_t* experts, int64_t pairs, int64_t E, int32_t* counts,

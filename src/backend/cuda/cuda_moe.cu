@@ -117,7 +117,42 @@ __global__ void moe_balance_backward_kernel(const int32_t* mask, const float* sc
   }
 }
 
+__global__ void moe_z_kernel(const float* logits, const int32_t* mask, int64_t N, int E,
+                             float* z) {
+  for (int64_t n = global_thread(); n < N; n += grid_threads())
+    z[n] = mask && mask[n] == 0 ? 0.0f : moe_logsumexp(logits + n * E, E);
+}
+
+__global__ void moe_z_sum_kernel(const float* z, int64_t N, float* sum) {
+  if (global_thread() != 0) return;
+  float total = 0.0f;
+  for (int64_t n = 0; n < N; ++n) total += z[n] * z[n];
+  sum[0] = total;
+}
+
+__global__ void moe_z_backward_kernel(const float* probs, const float* z, float scale, int64_t N,
+                                      int E, float* dlogits) {
+  for (int64_t t = global_thread(); t < N * E; t += grid_threads())
+    dlogits[t] += 2.0f * scale * z[t / E] * probs[t];
+}
+
 }  // namespace
+
+void moe_z_stats(cudaStream_t s, const float* logits, const int32_t* mask, int64_t N, int64_t E,
+                 float* z, float* sum) {
+  if (N > 0)
+    moe_z_kernel<<<grid_for(N), kThreads, 0, s>>>(logits, mask, N, static_cast<int>(E), z);
+  moe_z_sum_kernel<<<1, 1, 0, s>>>(z, N, sum);
+  check_launch("moe_z_stats");
+}
+
+void moe_z_backward(cudaStream_t s, const float* probs, const float* z, float scale, int64_t N,
+                    int64_t E, float* dlogits) {
+  if (N * E <= 0) return;
+  moe_z_backward_kernel<<<grid_for(N * E), kThreads, 0, s>>>(probs, z, scale, N,
+                                                             static_cast<int>(E), dlogits);
+  check_launch("moe_z_backward");
+}
 
 void moe_balance_stats(cudaStream_t s, const float* probs, const int32_t* experts,
                        const int32_t* mask, int64_t N, int64_t E, int64_t k, float* stats) {
