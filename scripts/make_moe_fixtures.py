@@ -16,7 +16,8 @@ of mixtral_tiny and qwen2_moe_tiny from those files (train_steps.safetensors: ea
 and every parameter after the last step): the batch each step, AdamW (lr 1e-2, betas 0.9/0.999,
 eps 1e-8, no weight decay), gradients clipped to norm 1, a constant learning rate, as
 `brisk train` runs them with those options. And transformers' greedy generate() on the three
-(generate.json: a 5-token prompt and the 10 tokens after it). mixtral_tiny/packed/ and
+(generate.json: a 5-token prompt and the 10 tokens after it). z_loss.safetensors: the
+router z-loss (coef 0.1) added to their loss, and the gradients. mixtral_tiny/packed/ and
 qwen2_moe_tiny/packed/: their weights as transformers 5 holds them in memory (packed experts),
 sharded, as save_pretrained(save_original_format=False) writes them.
 
@@ -138,6 +139,32 @@ def train_steps():
         save_file(out, os.path.join(folder, "train_steps.safetensors"))
 
 
+Z_LOSS_COEF = 0.1
+
+
+def z_losses():
+    """ST-MoE's router z-loss added to the saved tiny models' loss (z_loss.safetensors: z_loss,
+    the total loss and every gradient): Z_LOSS_COEF x the mean over the sparse layers and the
+    unmasked tokens of logsumexp(router logits)^2, as `brisk train --router_z_loss_coef` adds it."""
+    from safetensors.torch import load_file
+    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
+        folder = os.path.join(OUT, name)
+        model = cls.from_pretrained(folder, attn_implementation="eager",
+                                    experts_implementation="eager")
+        model.eval()
+        batch = {k: v.long() for k, v in load_file(os.path.join(folder, "batch.safetensors")).items()}
+        out = model(**batch)
+        mask = batch["attention_mask"].reshape(-1).float()
+        lse = torch.stack([torch.logsumexp(r.float(), dim=-1) for r in out.router_logits])
+        z = Z_LOSS_COEF * (lse.square() * mask).sum() / (len(out.router_logits) * mask.sum())
+        loss = out.loss + z
+        loss.backward()
+        data = {"z_loss": z.detach().reshape(()), "loss": loss.detach().reshape(())}
+        for n, p in model.named_parameters():
+            data["grad." + n] = p.grad.detach().contiguous()
+        save_file(data, os.path.join(folder, "z_loss.safetensors"))
+
+
 def generations():
     """transformers' greedy generate() on the saved tiny models (generate.json)."""
     for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM),
@@ -165,6 +192,7 @@ def main():
     blocks(gen)
     models(gen)
     train_steps()
+    z_losses()
     generations()
     packed_copies()
 

@@ -212,12 +212,8 @@ TEST(Models, ThePaddingRowStartsAtZeroAndGetsNoGradient) {
 // A mixture-of-experts causal LM (tests/fixtures/moe, scripts/make_moe_fixtures.py: transformers'
 // eager experts, output_router_logits with router_aux_loss_coef 0.05, a padded sequence): logits,
 // the loss with the load-balancing loss added, and every gradient, as transformers gives them.
-void compare_moe_with_transformers(const std::string& name) {
-  SCOPED_TRACE(name);
-  const std::string folder = fixture("moe/" + name);
-  LoadedModel m(folder);
-  SafetensorsFile expected(folder + "/expected.safetensors");
-  compare_logits_and_losses(m, expected);
+// Every gradient of a mixture-of-experts model against a fixture's (grad.<transformers' name>).
+void compare_moe_gradients(const LoadedModel& m, const SafetensorsFile& expected) {
   const ModelConfig& c = m.model->config();
   for (const ParamInfo& p : m.model->params().list()) {
     const std::vector<float> want = moe_fixture_values(expected, "grad.", p.name, c);
@@ -226,6 +222,38 @@ void compare_moe_with_transformers(const std::string& name) {
     EXPECT_LE(rel_error(got.f32(), want.data(), got.numel(), 1e-3), kTolerance)
         << "gradient of " << p.name;
   }
+}
+
+void compare_moe_with_transformers(const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string folder = fixture("moe/" + name);
+  LoadedModel m(folder);
+  SafetensorsFile expected(folder + "/expected.safetensors");
+  compare_logits_and_losses(m, expected);
+  compare_moe_gradients(m, expected);
+}
+
+// ST-MoE's router z-loss (--router_z_loss_coef 0.1): coef x the mean over the sparse layers
+// (Qwen2-MoE's one) and the unmasked tokens of logsumexp(router logits)^2, added to the loss with
+// its gradient: the loss and every gradient are PyTorch's autograd of the same sum
+// (z_loss.safetensors). A dense model or a negative coef is refused.
+TEST(Models, TheRouterZLossIsAddedWithItsGradient) {
+  for (const char* name : {"moe/mixtral_tiny", "moe/qwen2_moe_tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = fixture(name);
+    LoadedModel plain(folder);
+    LoadedModel m(folder, {}, false, DType::f32, 0, false,
+                  [](ModelConfig& c) { use_router_z_loss(c, 0.1); });
+    SafetensorsFile expected(folder + "/z_loss.safetensors");
+    const double loss = m.step(false), want = expected.get("loss").f32()[0];
+    EXPECT_NEAR(loss, want, kTolerance * want);
+    EXPECT_NEAR(loss - plain.step(false), expected.get("z_loss").f32()[0], 1e-5);
+    compare_moe_gradients(m, expected);
+  }
+  ModelConfig gpt2 = resolve_config(fixture("gpt2_tiny"));
+  expect_error([&] { use_router_z_loss(gpt2, 0.1); }, "needs a mixture-of-experts model");
+  ModelConfig mixtral = resolve_config(fixture("moe/mixtral_tiny"));
+  expect_error([&] { use_router_z_loss(mixtral, -1); }, "must be a number >= 0");
 }
 
 TEST(Models, MixtralForCausalLMMatchesTransformers) {

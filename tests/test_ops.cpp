@@ -232,11 +232,19 @@ TEST(OpsMoeBalance, BadShapesAreRefused) {
       "scale");
   FVec logits(N * E), z(N), sum(1);
   brisk::testing::expect_error(
-      [&] { be->moe_z_stats(view(logits, {N, E}), m, view(z, {N - 1}), view(sum, {1})); }, "z");
+      [&] {
+        be->moe_z_stats(view(logits, {N, E}), m, view(z, {N - 1}), view(sum, {1}));
+      },
+      "z");
   brisk::testing::expect_error(
-      [&] { be->moe_z_stats(view(logits, {N, E}), m, view(z, {N}), view(stats, {2})); }, "sum");
+      [&] {
+        be->moe_z_stats(view(logits, {N, E}), m, view(z, {N}), view(stats, {2}));
+      },
+      "sum");
   brisk::testing::expect_error(
-      [&] { be->moe_z_backward(view(p, {N, E}), view(z, {N}), 1.0f, view(dp, {N, E - 1})); },
+      [&] {
+        be->moe_z_backward(view(p, {N, E}), view(z, {N}), 1.0f, view(dp, {N, E - 1}));
+      },
       "dlogits");
 }
 

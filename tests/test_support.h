@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <string>
@@ -67,11 +68,14 @@ struct LoadedModel {
   std::unique_ptr<Arena> arena;
 
   // masked_lm: the folder's BERT as BertForMaskedLM (what --mlm asks for).
+  // `configure` changes the config before the model is made.
   LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
-              DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false)
+              DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false,
+              const std::function<void(ModelConfig&)>& configure = nullptr)
       : be(make_backend(options.device)) {
     ModelConfig c = resolve_config(folder);
     if (masked_lm) use_masked_lm(c);
+    if (configure) configure(c);
     if (!dropout) disable_dropout(c);
     model = Model::create(c);
     SafetensorsFile batch(folder + "/batch.safetensors");

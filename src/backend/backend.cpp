@@ -234,8 +234,8 @@ Backend::MoeBalance Backend::check_moe_balance_backward(const Tensor& mask, cons
   return {N, E, 0};
 }
 
-Backend::MoeBalance Backend::check_moe_z(const Tensor& values, const Tensor& mask,
-                                         const Tensor& z, const Tensor& other, bool backward) {
+Backend::MoeBalance Backend::check_moe_z(const Tensor& values, const Tensor& mask, const Tensor& z,
+                                         const Tensor& other, bool backward) {
   const char* op = backward ? "moe_z_backward" : "moe_z_stats";
   BRISK_CHECK(values.dtype() == DType::f32 && values.rank() == 2, op, ": ",
               backward ? "probabilities " : "logits ", values.shape().str(), " ",

@@ -631,6 +631,14 @@ void use_masked_lm(ModelConfig& c) {
   c.task_from_architectures = false;
 }
 
+void use_router_z_loss(ModelConfig& c, double coef) {
+  BRISK_CHECK(std::isfinite(coef) && coef >= 0, "router_z_loss_coef must be a number >= 0, got ",
+              coef);
+  BRISK_CHECK(coef == 0 || c.moe.experts > 0, "--router_z_loss_coef needs a mixture-of-experts ",
+              "model; ", c.type_name(), " has no router");
+  c.moe.z_loss_coef = coef;
+}
+
 void use_sequence_classification(ModelConfig& c) {
   BRISK_CHECK(has_masked_lm_head(c), "sequence classification needs a bert or distilbert model; ",
               c.type_name(), " has no classification head in brisk");

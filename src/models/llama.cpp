@@ -231,27 +231,28 @@ class Llama final : public Model {
   void prepare_batch() override { shift_labels(targets_host_); }
 
   void embed_forward(Backend& be, const StepOptions&) override {
+    if (moe_) moe_->set_mask(dev_batch_.attention_mask);
     embed_tokens(be, dev_batch_.input_ids, embed_, Tensor(), Tensor(), Tensor(),
                  embedding_output());
   }
 
   void head_forward(Backend& be, const StepOptions& o) override {
-    if (moe_) add_balance_loss(be, o);
+    if (moe_) add_router_losses(be, o);
     if (moe_ && o.compute_grad) moe_->tally();
     be.rmsnorm_forward(head_input(), w(norm_), config_.layer_norm_eps, norm_out_, norm_rstd_);
     lm_head_forward(be, o, norm_out_, head_, -1, targets_);
   }
 
-  // transformers' load-balancing loss over the unmasked tokens, added to the summed loss as this
-  // micro-batch's share of the batch's mean (its targets' share; one micro-batch: the loss plus
-  // coef x aux, as transformers adds it), its gradient taken alike.
-  void add_balance_loss(Backend& be, const StepOptions& o) {
+  // The router losses over the unmasked tokens (transformers' load-balancing loss, the z-loss
+  // where asked for), added to the summed loss as this micro-batch's share of the batch's mean
+  // (its targets' share; one micro-batch: the loss plus coef x aux, as transformers adds it), their
+  // gradients taken alike.
+  void add_router_losses(Backend& be, const StepOptions& o) {
     const int32_t* mask = batch_.attention_mask.i32();
     int64_t unmasked = 0;
     for (int64_t i = 0; i < batch_.attention_mask.numel(); ++i) unmasked += mask[i] != 0;
-    moe_->set_mask(dev_batch_.attention_mask);
     const auto targets = static_cast<double>(count_targets());
-    const double aux = moe_->balance_loss(be, unmasked, o.loss_grad_scale * targets);
+    const double aux = moe_->router_losses(be, unmasked, o.loss_grad_scale * targets);
     if (aux != 0.0) add_to_loss(be, aux * targets);
   }
 

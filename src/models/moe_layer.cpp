@@ -89,6 +89,7 @@ void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare
   f32(&m.gate_up, "gate_up", {rows, 2 * s.inner});
   f32(&m.act, "act", {rows, s.inner});
   f32(&m.out, "out", {rows, s.hidden});
+  if (s.z_loss) f32(&m.z, "z", {N});
   if (s.shared_inner == 0) return;
   f32(&m.shared_logit, "shared_logit", {N, 1});
   f32(&m.shared_scale, "shared_scale", {N, 1});
@@ -131,7 +132,8 @@ MoeSaved moe_saved_rows(const MoeSaved& m, int64_t tokens, int64_t top_k) {
           first(m.shared_scale, N),
           first(m.shared_gate_up, N),
           first(m.shared_act, N),
-          first(m.shared_out, N)};
+          first(m.shared_out, N),
+          first(m.z, N)};
 }
 
 MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, int64_t experts,
@@ -160,10 +162,11 @@ MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, in
 
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts) {
+                 std::vector<int32_t>& counts, const MoeZLoss& z) {
   check_moe(s, w, x, "moe_forward");
   const WeightLayout out_in = WeightLayout::out_in;
   be.linear_forward(x, w.router, Tensor(), out_in, scratch.logits);
+  if (s.z_loss) be.moe_z_stats(scratch.logits, z.mask, saved.z, z.sum);
   be.moe_route_forward(scratch.logits, s.normalize, saved.probs, saved.weights, saved.experts);
   be.moe_dispatch(saved.experts, s.experts, saved.counts, saved.positions);
   counts.assign(s.experts, 0);
@@ -187,7 +190,7 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
-                  const Tensor& dx, bool accumulate_dw) {
+                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z) {
   check_moe(s, w, x, "moe_backward");
   BRISK_CHECK(static_cast<int64_t>(counts.size()) == s.experts, "moe_backward: ", counts.size(),
               " expert counts for ", s.experts, " experts");
@@ -211,6 +214,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   be.moe_combine(scratch.d_rows, saved.positions, Tensor(), dx, false);
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
                         s.normalize, scratch.logits);
+  if (s.z_loss && z.scale != 0.0f) be.moe_z_backward(saved.probs, saved.z, z.scale, scratch.logits);
   be.linear_backward(x, w.router, scratch.logits, out_in, dx, true, g.router, Tensor(),
                      accumulate_dw);
   if (s.shared_inner > 0) shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw);

@@ -20,6 +20,7 @@ struct MoeShape {
   int64_t tokens = 0, hidden = 0, inner = 0, experts = 0, top_k = 0;
   bool normalize = true;     // norm_topk_prob (Mixtral: always)
   int64_t shared_inner = 0;  // shared_expert_intermediate_size S (Qwen2-MoE); 0: none
+  bool z_loss = false;       // ST-MoE's router z-loss (opt-in): saved.z is kept
 };
 
 // Weights (or their gradients, laid out alike), out_in: router [E, C]; gate_up [E, 2F, C], each
@@ -34,10 +35,20 @@ struct MoeWeights {
 // What the forward keeps for the backward, float32 unless named: probs [N, E], weights [N, k],
 // experts and positions [N, k] (int32), counts [E] (int32), rows [N k, C] (the tokens as routed),
 // gate_up [N k, 2F], act [N k, F], out [N k, C] (each expert's output per routed row); the shared
-// expert's gate logit and scale [N, 1], gate_up [N, 2S], act [N, S] and out [N, C].
+// expert's gate logit and scale [N, 1], gate_up [N, 2S], act [N, S] and out [N, C]; with the
+// router z-loss, z [N] (Backend::moe_z_stats').
 struct MoeSaved {
   Tensor probs, weights, experts, positions, counts, rows, gate_up, act, out;
   Tensor shared_logit, shared_scale, shared_gate_up, shared_act, shared_out;
+  Tensor z;
+};
+
+// The router z-loss's arguments (MoeShape::z_loss): the forward's token mask (int32 [N]; empty:
+// every token) and where it writes the sum of z^2 ([1]); the backward's scale (the gradient of
+// scale x that sum is added to the router logits').
+struct MoeZLoss {
+  Tensor mask, sum;
+  float scale = 0.0f;
 };
 
 // The backward's temporaries: logits [N, E] (the forward's too), d_out [N k, C], dweights [N, k],
@@ -63,7 +74,7 @@ MoeSaved moe_saved_rows(const MoeSaved& saved, int64_t tokens, int64_t top_k);
 // back to the host: the products need them).
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts);
+                 std::vector<int32_t>& counts, const MoeZLoss& z = {});
 
 // From dy [N, C]: dx [N, C] written, the weights' gradients g written (or added to where
 // accumulate_dw), with `counts` as the forward gave them. dprobs [N, E], unless empty, is added to
@@ -71,7 +82,7 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
-                  const Tensor& dx, bool accumulate_dw);
+                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z = {});
 
 // transformers' load-balancing loss (load_balancing_loss_func) over a micro-batch's L sparse
 // layers, from each layer's Backend::moe_balance_stats ([2, E], read back) and the count of

@@ -23,7 +23,8 @@ bool MoeMlps::sparse(int layer) const {
 }
 
 MoeShape MoeMlps::shape() const {
-  return {tokens_, hidden_, c_.inner, c_.experts, c_.top_k, c_.normalize, c_.shared_inner};
+  return {tokens_,  hidden_,      c_.inner,        c_.experts,
+          c_.top_k, c_.normalize, c_.shared_inner, c_.z_loss_coef > 0};
 }
 
 void MoeMlps::declare(const Declare& declare, int64_t tokens) {
@@ -32,7 +33,7 @@ void MoeMlps::declare(const Declare& declare, int64_t tokens) {
   int64_t sparse_layers = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!sparse(static_cast<int>(l))) continue;
-    ++sparse_layers;
+    layers_[l].slot = sparse_layers++;
     const std::string p = "moe." + std::to_string(l) + ".";
     declare_moe_saved(s, layers_[l].saved,
                       [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
@@ -43,14 +44,23 @@ void MoeMlps::declare(const Declare& declare, int64_t tokens) {
                       [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
                         declare(t, "moe." + name, Category::temporaries, dtype, shape);
                       });
-  if (!c_.aux_loss) return;
-  const int64_t E = c_.experts;
-  declare(&stats_, "moe.balance_stats", Category::activations, DType::f32, {sparse_layers, 2, E});
+  sparse_layers_ = sparse_layers;
+  const int64_t E = c_.aux_loss ? c_.experts : 0, z = s.z_loss ? 1 : 0;
+  if (E + z == 0) return;
+  const int64_t stats = checked_mul(sparse_layers, 2 * E + z, "router loss statistics");
+  declare(&stats_, "moe.router_loss_stats", Category::activations, DType::f32, {stats});
+  stats_flat_.resize(static_cast<size_t>(stats));  // (stats_ is bound later)
+  if (E == 0) return;
   declare(&scale_, "moe.balance_scale", Category::activations, DType::f32, {E});
   declare(&dprobs_, "moe.balance_dprobs", Category::temporaries, DType::f32, {tokens, E});
-  stats_flat_.resize(static_cast<size_t>(sparse_layers * 2 * E));
   stats_host_.assign(static_cast<size_t>(sparse_layers), std::vector<float>(2 * E));
   scale_host_.resize(static_cast<size_t>(E));
+}
+
+MoeZLoss MoeMlps::z_loss(const Layer& l) const {
+  if (c_.z_loss_coef <= 0) return {};
+  const int64_t at = sparse_layers_ * (c_.aux_loss ? 2 * c_.experts : 0) + l.slot;
+  return {flat_mask(), Tensor(stats_.f32() + at, Shape{1}, DType::f32, stats_.device()), z_scale_};
 }
 
 MoeWeights MoeMlps::weights(const MoeLayerIds& i, bool grads) const {
@@ -80,7 +90,7 @@ Tensor as_rows(const Tensor& t, int64_t cols) {
 void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
   moe_forward(be, shape(), weights(l.ids, false), as_rows(x, hidden_), l.saved, scratch_,
-              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)]);
+              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l));
 }
 
 void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
@@ -89,7 +99,7 @@ void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy
   if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
   moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true), as_rows(x, hidden_),
                l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
-               balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw);
+               balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l));
 }
 
 void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {
@@ -107,6 +117,7 @@ void MoeMlps::infer(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
   MoeShape s = shape();
   s.tokens = x.numel() / hidden_;
+  s.z_loss = false;
   BRISK_CHECK(s.tokens >= 1 && s.tokens <= infer_tokens_, "mixture-of-experts inference on ",
               s.tokens, " tokens; buffers for ", infer_tokens_);
   MoeScratch scratch;
@@ -134,17 +145,36 @@ std::vector<int64_t> MoeMlps::take_tally() {
   return t;
 }
 
-double MoeMlps::balance_loss(Backend& be, int64_t unmasked, double grad_weight) {
+double MoeMlps::router_losses(Backend& be, int64_t unmasked, double grad_weight) {
   balanced_ = false;
-  if (!c_.aux_loss || unmasked == 0) return 0.0;
+  z_scale_ = 0.0f;
+  if ((!c_.aux_loss && c_.z_loss_coef <= 0) || unmasked == 0) return 0.0;
   const int64_t E = c_.experts;
-  int64_t at = 0;  // the sparse layers' statistics, side by side, read back at once
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (sparse(static_cast<int>(l)))
-      be.moe_balance_stats(
-          layers_[l].saved.probs, layers_[l].saved.experts, flat_mask(),
-          Tensor(stats_.f32() + 2 * E * at++, Shape{2, E}, DType::f32, stats_.device()));
+  if (c_.aux_loss)  // the sparse layers' statistics, side by side, beside the z-loss sums
+    for (const Layer& l : layers_)
+      if (l.ids.router >= 0)
+        be.moe_balance_stats(
+            l.saved.probs, l.saved.experts, flat_mask(),
+            Tensor(stats_.f32() + 2 * E * l.slot, Shape{2, E}, DType::f32, stats_.device()));
   be.download(stats_, Tensor(stats_flat_.data(), stats_.shape(), DType::f32, Device::cpu));
+  const double balance = c_.aux_loss ? balance_loss(be, unmasked, grad_weight) : 0.0;
+  return balance + router_z_loss(unmasked, grad_weight);
+}
+
+// The z-loss's mean over the sparse layers and unmasked tokens from the downloaded sums.
+double MoeMlps::router_z_loss(int64_t unmasked, double grad_weight) {
+  if (c_.z_loss_coef <= 0) return 0.0;
+  const auto first = stats_flat_.end() - sparse_layers_;
+  double sum = 0.0;
+  for (auto it = first; it != stats_flat_.end(); ++it) sum += *it;
+  const double tokens = static_cast<double>(sparse_layers_) * static_cast<double>(unmasked);
+  z_scale_ = static_cast<float>(c_.z_loss_coef * grad_weight / tokens);
+  return c_.z_loss_coef * sum / tokens;
+}
+
+// The load-balancing loss from the downloaded statistics; its gradient's scale uploaded.
+double MoeMlps::balance_loss(Backend& be, int64_t unmasked, double grad_weight) {
+  const int64_t E = c_.experts;
   for (size_t l = 0; l < stats_host_.size(); ++l)
     std::copy_n(stats_flat_.begin() + static_cast<int64_t>(l) * 2 * E, 2 * E,
                 stats_host_[l].begin());

@@ -32,10 +32,11 @@ class MoeMlps final : public SparseMlp {
 
   void add_layer(int64_t layer, const MoeLayerIds& ids);
   // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors, the shared
-  // temporaries, and the balance loss's statistics of every sparse layer and gradient scale.
+  // temporaries, and the router losses' statistics of every sparse layer and gradient scale.
   void declare(const Declare& declare, int64_t tokens);
-  // The micro-batch's attention mask [B, T] int32 (empty: every token counts), for the balance
-  // loss. Its token count is the planned one (declare, again for each length).
+  // The micro-batch's attention mask [B, T] int32 (empty: every token counts), for the router
+  // losses; set before the forward. Its token count is the planned one (declare, again for each
+  // length).
   void set_mask(const Tensor& mask) { mask_ = mask; }
 
   bool sparse(int layer) const override;
@@ -45,10 +46,11 @@ class MoeMlps final : public SparseMlp {
   void declare_inference(const SparseMlp::Declare& declare, int64_t tokens) override;
   void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
 
-  // After every layer's forward, where the config asks for it (MoeConfig::aux_loss): coef x
-  // transformers' load-balancing loss over the micro-batch's unmasked tokens (`unmasked`), its
-  // gradient taken times `grad_weight` by the layers' backward. Returns 0 without it.
-  double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
+  // After every layer's forward: the router losses the config asks for over the micro-batch's
+  // unmasked tokens (`unmasked`), their gradients taken times `grad_weight` by the layers'
+  // backward: coef x transformers' load-balancing loss (MoeConfig::aux_loss), plus the router
+  // z-loss (MoeConfig::z_loss_coef). Returns 0 without them.
+  double router_losses(Backend& be, int64_t unmasked, double grad_weight);
 
   // After a training micro-batch's forward: its routed pairs per expert, summed over the sparse
   // layers, added to the log window's; take_tally hands those over and starts a new window.
@@ -59,10 +61,14 @@ class MoeMlps final : public SparseMlp {
   struct Layer {
     MoeLayerIds ids;
     MoeSaved saved;
+    int64_t slot = 0;  // among the sparse layers
   };
   MoeShape shape() const;
   MoeWeights weights(const MoeLayerIds& ids, bool grads) const;
   Tensor flat_mask() const;
+  MoeZLoss z_loss(const Layer& l) const;
+  double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
+  double router_z_loss(int64_t unmasked, double grad_weight);
 
   MoeConfig c_;
   const ParameterSet& params_;
@@ -70,8 +76,10 @@ class MoeMlps final : public SparseMlp {
   std::vector<Layer> layers_;  // by layer index; a dense layer's router is -1
   std::vector<std::vector<int32_t>> counts_;
   MoeScratch scratch_;
-  // The balance loss: every sparse layer's [2, E] statistics (one download), the gradient's [E]
-  // scale (the same for every layer), dprobs [N, E]; their host copies.
+  // The router losses' statistics, read back at once: every sparse layer's [2, E] of the balance
+  // loss, then every sparse layer's z-loss sum; the balance loss's gradient [E] scale (the same for
+  // every layer) and dprobs [N, E]; their host copies.
+  int64_t sparse_layers_ = 0;
   Tensor stats_, scale_, dprobs_;
   std::vector<float> stats_flat_, scale_host_;
   std::vector<std::vector<float>> stats_host_;
@@ -80,6 +88,7 @@ class MoeMlps final : public SparseMlp {
   // balance_loss gave this micro-batch's layers a gradient (a forward run again in backward, as
   // gradient checkpointing runs it, keeps it).
   bool balanced_ = false;
+  float z_scale_ = 0.0f;  // the z-loss's gradient scale (0: none)
   std::vector<int64_t> tally_;
   // Inference's buffers, for up to infer_tokens_ tokens, shared by the layers.
   MoeSaved infer_saved_;

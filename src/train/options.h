@@ -31,6 +31,8 @@ struct TrainOptions {
   int64_t validation_split_percentage = 5;  // causal/masked LM without a validation file
   // run_mlm: a BERT model learns masked tokens (BertForMaskedLM) instead of classifying.
   bool mlm = false;
+  // ST-MoE's router z-loss on a mixture of experts (0: none, as the architectures define them).
+  double router_z_loss_coef = 0;
   double mlm_probability = 0.15;
   bool line_by_line = false;  // masked LM: one sample per line instead of grouped blocks
   // The example scripts' max_*_samples: only the first this many samples (0: all).
@@ -172,6 +174,10 @@ void visit_options(Options& o, Visitor&& v) {
   v("max_eval_samples", o.max_eval_samples, "evaluate the first this many samples only (0 = all)");
   v("max_predict_samples", o.max_predict_samples,
     "predict the first this many samples only (0 = all)");
+  v("router_z_loss_coef", o.router_z_loss_coef,
+    "mixture of experts: add ST-MoE's router z-loss, this coef x the mean over the sparse layers "
+    "and unmasked tokens of logsumexp(router logits)^2 (0: none, as Mixtral, Qwen2-MoE and OLMoE "
+    "train)");
   v("ignore_mismatched_sizes", o.ignore_mismatched_sizes,
     "initialize anew the model folder's tensors whose shapes differ from the model's (e.g. a "
     "classifier of another number of labels) instead of refusing the folder");

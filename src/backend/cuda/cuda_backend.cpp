@@ -501,8 +501,8 @@ void CudaBackend::moe_z_stats(const Tensor& logits, const Tensor& mask, const Te
 void CudaBackend::moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
                                  const Tensor& dlogits) {
   const MoeBalance b = check_moe_z(probs, Tensor(), z, dlogits, true);
-  cuda::moe_z_backward(stream_, dev(probs, "router probabilities"), dev(z, "router z"), scale,
-                       b.N, b.E, dev(dlogits, "router logits' gradient"));
+  cuda::moe_z_backward(stream_, dev(probs, "router probabilities"), dev(z, "router z"), scale, b.N,
+                       b.E, dev(dlogits, "router logits' gradient"));
 }
 
 void CudaBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
