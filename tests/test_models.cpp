@@ -243,7 +243,7 @@ TEST(Models, TheRouterZLossIsAddedWithItsGradient) {
     const std::string folder = fixture(name);
     LoadedModel plain(folder);
     LoadedModel m(folder, {}, false, DType::f32, 0, false,
-                  [](ModelConfig& c) { use_router_z_loss(c, 0.1); });
+                  [](ModelConfig& c) { use_router_options(c, 0.1); });
     SafetensorsFile expected(folder + "/z_loss.safetensors");
     const double loss = m.step(false), want = expected.get("loss").f32()[0];
     EXPECT_NEAR(loss, want, kTolerance * want);
@@ -251,9 +251,14 @@ TEST(Models, TheRouterZLossIsAddedWithItsGradient) {
     compare_moe_gradients(m, expected);
   }
   ModelConfig gpt2 = resolve_config(fixture("gpt2_tiny"));
-  expect_error([&] { use_router_z_loss(gpt2, 0.1); }, "needs a mixture-of-experts model");
+  expect_error([&] { use_router_options(gpt2, 0.1); },
+               "--router_z_loss_coef needs a mixture-of-experts model");
+  expect_error([&] { use_router_options(gpt2, 0, 1.5); },
+               "--moe_capacity_factor needs a mixture-of-experts model");
   ModelConfig mixtral = resolve_config(fixture("moe/mixtral_tiny"));
-  expect_error([&] { use_router_z_loss(mixtral, -1); }, "must be a number >= 0");
+  expect_error([&] { use_router_options(mixtral, -1); }, "must be a number >= 0");
+  expect_error([&] { use_router_options(mixtral, 0, std::nan("")); },
+               "moe_capacity_factor must be a number >= 0");
 }
 
 TEST(Models, MixtralForCausalLMMatchesTransformers) {

@@ -36,6 +36,7 @@ struct Params {
 Vec ref_moe(const MoeShape& s, const Params& p) {
   const int64_t N = s.tokens, C = s.hidden, F = s.inner, E = s.experts, k = s.top_k;
   Vec y(N * C, 0.0);
+  std::vector<int64_t> taken(E, 0);  // each expert's pairs so far (capacity)
   for (int64_t n = 0; n < N; ++n) {
     const double* x = &p.x[n * C];
     Vec prob(E);
@@ -52,6 +53,7 @@ Vec ref_moe(const MoeShape& s, const Params& p) {
     for (int64_t j = 0; j < k; ++j) chosen += prob[order[j]];
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[j];
+      if (s.capacity > 0 && ++taken[e] > s.capacity) continue;  // dropped
       const double w = s.normalize ? prob[e] / chosen : prob[e];
       Vec act(F);
       for (int64_t f = 0; f < F; ++f) {
@@ -98,8 +100,10 @@ LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
   LayerBuffers b;
   // The products' operands: the weights and the routed rows' tensors at most.
   int64_t largest = s.experts * 2 * s.inner * s.hidden;
+  // Float buffers start as NaNs: what the layer reads it must have written.
   const auto alloc = [&](Tensor* t, const std::string&, DType dtype, Shape shape) {
-    *t = d.alloc(shape, dtype);
+    *t = dtype == DType::f32 ? d.put(FVec(shape.numel(), std::nanf("")), shape)
+                             : d.alloc(shape, dtype);
     largest = std::max(largest, shape.numel());
   };
   declare_moe_saved(s, b.saved, alloc);
@@ -110,7 +114,8 @@ LayerBuffers layer_buffers(DeviceBuffers& d, const MoeShape& s) {
 
 void check_layer(Backend& be, const MoeShape& s, bool idle_expert, uint32_t seed) {
   SCOPED_TRACE(std::string(be.name()) + " k=" + std::to_string(s.top_k) +
-               (s.normalize ? " normalized" : "") + (idle_expert ? " idle expert" : ""));
+               (s.normalize ? " normalized" : "") + (idle_expert ? " idle expert" : "") +
+               " capacity " + std::to_string(s.capacity));
   const int64_t N = s.tokens, C = s.hidden, F = s.inner, E = s.experts;
   std::mt19937 rng(seed);
   Params p{randn_d(N * C, rng), randn_d(E * C, rng, 0.7), randn_d(E * 2 * F * C, rng, 0.5),
@@ -132,6 +137,7 @@ void check_layer(Backend& be, const MoeShape& s, bool idle_expert, uint32_t seed
   moe_forward(be, s, w, x, saved, scratch, y, counts);
   if (idle_expert) EXPECT_EQ(counts[E - 1], 0);
   EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), N * s.top_k);
+  if (s.capacity > 0) EXPECT_GT(moe_dropped(s, counts), 0);
   const Tensor dyt = d.put(as_floats(dy), {N, C});
   moe_backward(be, s, w, g, x, saved, scratch, counts, dyt, Tensor(), dx, false);
 
@@ -152,6 +158,25 @@ void check_layers(Backend& be) {
   check_layer(be, MoeShape{N, C, F, E, 1, true}, false, 3);
   check_layer(be, MoeShape{N, C, F, E, 4, false}, false, 4);
   check_layer(be, MoeShape{N, C, F, E, 2, true}, true, 5);
+  // Switch's capacity: 3 rows per expert of the 18 pairs (moe_capacity(0.6, 9, 2, 4)), the pairs
+  // past it dropped; and the idle expert's share taken by the others.
+  const int64_t capacity = moe_capacity(0.6, N, 2, E);
+  EXPECT_EQ(capacity, 3);
+  check_layer(be, MoeShape{N, C, F, E, 2, true, 0, false, capacity}, false, 6);
+  check_layer(be, MoeShape{N, C, F, E, 2, false, 0, false, capacity}, true, 7);
+}
+
+TEST(MoeLayer, TheCapacityIsSwitchs) {
+  EXPECT_EQ(moe_capacity(0, 100, 2, 8), 0);      // dropless
+  EXPECT_EQ(moe_capacity(1.0, 100, 2, 8), 25);   // the even share
+  EXPECT_EQ(moe_capacity(1.25, 100, 2, 8), 32);  // 31.25 rounded up
+  EXPECT_EQ(moe_capacity(8.0, 100, 2, 8), 100);  // no expert takes a token twice
+  EXPECT_EQ(moe_capacity(1e-9, 100, 2, 8), 1);
+  MoeShape s{100, 4, 4, 3, 2, true};
+  s.capacity = 60;
+  EXPECT_EQ(moe_dropped(s, {80, 60, 60}), 20);
+  s.capacity = 0;
+  EXPECT_EQ(moe_dropped(s, {80, 60, 60}), 0);
 }
 
 // Each test on the CPU and on the GPU (skipped without one).

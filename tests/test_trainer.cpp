@@ -82,6 +82,44 @@ TEST(Trainer, MixtureOfExpertsLogsTheTokensEachExpertTook) {
   }
 }
 
+// Switch's capacity (--moe_capacity_factor): at 0.5, each expert of 3 computes at most 16 of a
+// micro-batch's 96 routed pairs per layer, so at least half of them are dropped, and the log
+// counts them (at most the pairs routed); the loss moves. At 1.5 (= experts / top k) the capacity
+// is every token: nothing is dropped and the losses are the dropless run's, bit for bit.
+TEST(Trainer, AnExpertCapacityDropsPairsAndCountsThem) {
+  TempDir dir("moe_capacity");
+  const std::string model = write_model_folder(
+      dir, "mixtral",
+      R"({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 16, "intermediate_size": 8,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+          "num_local_experts": 3, "num_experts_per_tok": 2, "max_position_embeddings": 64})");
+  auto run = [&](double factor) {
+    TrainOptions o = tiny_options(model, dir / "out");
+    o.logging_steps = 2;
+    o.gradient_accumulation_steps = 2;
+    o.moe_capacity_factor = factor;
+    std::vector<nlohmann::json> logs;
+    train(o, [&](const nlohmann::json& j) {
+      if (j.contains("expert_tokens")) logs.push_back(j);
+    });
+    return logs;
+  };
+  const auto dropless = run(0), dropping = run(0.5), roomy = run(1.5);
+  ASSERT_EQ(dropless.size(), 2u);
+  ASSERT_EQ(dropping.size(), 2u);
+  ASSERT_EQ(roomy.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(dropless[i].contains("expert_dropped"));
+    // 2 steps x 2 micro-batches x 2 layers: 96 pairs each, 3 x 16 computed at most.
+    const int64_t pairs = 2 * 2 * 2 * 96, dropped = dropping[i]["expert_dropped"].get<int64_t>();
+    EXPECT_GE(dropped, pairs - 2 * 2 * 2 * 3 * 16);
+    EXPECT_LE(dropped, pairs);
+    EXPECT_NE(dropping[i]["loss"], dropless[i]["loss"]);
+    EXPECT_EQ(roomy[i]["expert_dropped"].get<int64_t>(), 0);
+    EXPECT_EQ(roomy[i]["loss"], dropless[i]["loss"]);
+  }
+}
+
 // A fixture's batch (batch.safetensors: input_ids, attention_mask, labels [B, T]) as a dataset of
 // its B rows.
 class FixtureRows final : public Dataset {

@@ -631,12 +631,16 @@ void use_masked_lm(ModelConfig& c) {
   c.task_from_architectures = false;
 }
 
-void use_router_z_loss(ModelConfig& c, double coef) {
-  BRISK_CHECK(std::isfinite(coef) && coef >= 0, "router_z_loss_coef must be a number >= 0, got ",
-              coef);
-  BRISK_CHECK(coef == 0 || c.moe.experts > 0, "--router_z_loss_coef needs a mixture-of-experts ",
-              "model; ", c.type_name(), " has no router");
-  c.moe.z_loss_coef = coef;
+void use_router_options(ModelConfig& c, double z_loss_coef, double capacity_factor) {
+  const std::pair<const char*, double> options[] = {{"router_z_loss_coef", z_loss_coef},
+                                                    {"moe_capacity_factor", capacity_factor}};
+  for (const auto& [name, value] : options) {
+    BRISK_CHECK(std::isfinite(value) && value >= 0, name, " must be a number >= 0, got ", value);
+    BRISK_CHECK(value == 0 || c.moe.experts > 0, "--", name, " needs a mixture-of-experts model; ",
+                c.type_name(), " has no router");
+  }
+  c.moe.z_loss_coef = z_loss_coef;
+  c.moe.capacity_factor = capacity_factor;
 }
 
 void use_sequence_classification(ModelConfig& c) {

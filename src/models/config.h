@@ -45,6 +45,10 @@ struct MoeConfig {
   // ST-MoE's router z-loss, coef x the mean over the sparse layers and unmasked tokens of
   // logsumexp(router logits)^2: brisk's opt-in (--router_z_loss_coef), 0 (none) by default.
   double z_loss_coef = 0;
+  // Switch Transformer's capacity factor (--moe_capacity_factor): each expert computes at most
+  // ceil(factor x tokens x top_k / experts) of a micro-batch's routed pairs, the rest dropped. 0:
+  // dropless, as the architectures define them.
+  double capacity_factor = 0;
   // Qwen2-MoE: layer l is sparse where (l + 1) % sparse_step == 0 and l is not in dense_layers
   // (decoder_sparse_step, mlp_only_layers); its dense layers' MLP is intermediate_size wide.
   int64_t sparse_step = 1;
@@ -158,9 +162,10 @@ bool has_masked_lm_head(const ModelConfig& c);
 // Makes `c` a masked language model (BertForMaskedLM or DistilBertForMaskedLM, as run_mlm loads
 // AutoModelForMaskedLM); throws for architectures without one.
 void use_masked_lm(ModelConfig& c);
-// Adds ST-MoE's router z-loss at `coef` (--router_z_loss_coef, >= 0; 0: none) to a mixture of
-// experts; throws for a dense model given a positive coef.
-void use_router_z_loss(ModelConfig& c, double coef);
+// A mixture of experts' opt-in routing options: ST-MoE's router z-loss at `z_loss_coef`
+// (--router_z_loss_coef) and Switch's `capacity_factor` (--moe_capacity_factor); each >= 0, 0:
+// none. Throws for a dense model given either.
+void use_router_options(ModelConfig& c, double z_loss_coef, double capacity_factor = 0);
 // Makes a bert or distilbert `c` a sequence classifier again (its usual task), as run_glue loads
 // any checkpoint; throws for other architectures.
 void use_sequence_classification(ModelConfig& c);

@@ -269,15 +269,18 @@ class Llama final : public Model {
   bool causal_lm() const override { return true; }
 
   // Mixture of experts: the routed pairs per expert over the sparse layers (this rank's tokens)
-  // and their balance, the busiest expert's pairs over the mean (1: even).
+  // and their balance, the busiest expert's pairs over the mean (1: even); with a capacity, the
+  // pairs dropped.
   nlohmann::json take_log_statistics() override {
     if (!moe_) return nlohmann::json::object();
-    const std::vector<int64_t> t = moe_->take_tally();
-    if (t.empty()) return nlohmann::json::object();
+    const MoeMlps::Tally t = moe_->take_tally();
+    if (t.pairs.empty()) return nlohmann::json::object();
     int64_t sum = 0, most = 0;
-    for (int64_t n : t) sum += n, most = std::max(most, n);
-    const double mean = static_cast<double>(sum) / static_cast<double>(t.size());
-    return {{"expert_tokens", t}, {"expert_balance", mean > 0 ? most / mean : 0.0}};
+    for (int64_t n : t.pairs) sum += n, most = std::max(most, n);
+    const double mean = static_cast<double>(sum) / static_cast<double>(t.pairs.size());
+    nlohmann::json j{{"expert_tokens", t.pairs}, {"expert_balance", mean > 0 ? most / mean : 0.0}};
+    if (config_.moe.capacity_factor > 0) j["expert_dropped"] = t.dropped;
+    return j;
   }
   bool head_reads_embeddings() const override { return head_ >= 0 && head_ == embed_; }
 

@@ -1,5 +1,8 @@
 #include "models/moe_layer.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/checked.h"
 
 namespace brisk {
@@ -12,13 +15,30 @@ Tensor expert_matrix(const Tensor& t, int64_t e) {
                 Shape{t.dim(1), t.dim(2)}, t.dtype(), t.device());
 }
 
-// f(e, rows of e's first routed row, its count) for every expert, in order.
+// The rows expert e computes of the `count` routed to it.
+int64_t kept_rows(const MoeShape& s, int64_t count) {
+  return s.capacity > 0 ? std::min(count, s.capacity) : count;
+}
+
+// f(e, e's first routed row, the rows it computes) for every expert, in order.
 template <typename F>
-void for_each_expert(const std::vector<int32_t>& counts, F f) {
+void for_each_expert(const MoeShape& s, const std::vector<int32_t>& counts, F f) {
   int64_t first = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
-    f(static_cast<int64_t>(e), first, static_cast<int64_t>(counts[e]));
+    f(static_cast<int64_t>(e), first, kept_rows(s, counts[e]));
     first += counts[e];
+  }
+}
+
+// Zeroes rows [.., C] of `t` that their experts dropped (past the capacity).
+void zero_dropped(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
+                  const Tensor& t) {
+  if (s.capacity == 0) return;
+  int64_t first = 0;
+  for (const int32_t count : counts) {
+    const int64_t kept = kept_rows(s, count);
+    if (kept < count) be.fill(row_range(t, first + kept, count - kept), 0.0f);
+    first += count;
   }
 }
 
@@ -116,6 +136,21 @@ void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& dec
   f32(&m.d_shared_gate_up, "d_shared_gate_up", {N, 2 * s.shared_inner});
 }
 
+int64_t moe_dropped(const MoeShape& s, const std::vector<int32_t>& counts) {
+  int64_t dropped = 0;
+  for (const int32_t count : counts) dropped += count - kept_rows(s, count);
+  return dropped;
+}
+
+int64_t moe_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  if (factor <= 0) return 0;
+  const double rows = std::ceil(factor * static_cast<double>(tokens) * static_cast<double>(top_k) /
+                                static_cast<double>(experts));
+  // An expert takes a token once at most: N rows is no cap.
+  return rows >= static_cast<double>(tokens) ? tokens
+                                             : std::max<int64_t>(1, static_cast<int64_t>(rows));
+}
+
 MoeSaved moe_saved_rows(const MoeSaved& m, int64_t tokens, int64_t top_k) {
   auto first = [](const Tensor& t, int64_t n) { return t.empty() ? t : row_range(t, 0, n); };
   const int64_t N = tokens, rows = checked_mul(tokens, top_k, "moe rows");
@@ -172,17 +207,18 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   counts.assign(s.experts, 0);
   be.download(saved.counts, Tensor(counts.data(), Shape{s.experts}, DType::i32, Device::cpu));
   be.moe_gather(x, saved.positions, saved.rows);
-  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     if (n > 0)
       be.linear_forward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e), Tensor(),
                         out_in, row_range(saved.gate_up, first, n));
   });
   be.swiglu_forward(saved.gate_up, saved.act);
-  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     if (n > 0)
       be.linear_forward(row_range(saved.act, first, n), expert_matrix(w.down, e), Tensor(), out_in,
                         row_range(saved.out, first, n));
   });
+  zero_dropped(be, s, counts, saved.out);  // a dropped pair adds nothing
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
   if (s.shared_inner > 0) shared_forward(be, w, x, saved, y);
 }
@@ -198,19 +234,21 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   be.moe_combine_backward(dy, saved.out, saved.positions, saved.weights, scratch.d_out,
                           scratch.dweights);
   // An expert without rows still writes its gradients (zeros) unless they are added to.
-  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
                        row_range(scratch.d_out, first, n), out_in,
                        row_range(scratch.d_act, first, n), false, expert_matrix(g.down, e),
                        Tensor(), accumulate_dw);
   });
+  zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
   be.swiglu_backward(saved.gate_up, scratch.d_act, scratch.d_gate_up);
-  for_each_expert(counts, [&](int64_t e, int64_t first, int64_t n) {
+  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     be.linear_backward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e),
                        row_range(scratch.d_gate_up, first, n), out_in,
                        row_range(scratch.d_rows, first, n), false, expert_matrix(g.gate_up, e),
                        Tensor(), accumulate_dw);
   });
+  zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input gets no gradient
   be.moe_combine(scratch.d_rows, saved.positions, Tensor(), dx, false);
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
                         s.normalize, scratch.logits);

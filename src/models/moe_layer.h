@@ -21,7 +21,16 @@ struct MoeShape {
   bool normalize = true;     // norm_topk_prob (Mixtral: always)
   int64_t shared_inner = 0;  // shared_expert_intermediate_size S (Qwen2-MoE); 0: none
   bool z_loss = false;       // ST-MoE's router z-loss (opt-in): saved.z is kept
+  // Switch Transformer's expert capacity (opt-in): each expert computes its first `capacity`
+  // routed rows (in the tokens' order, then their slots'); a pair past it is dropped: it adds
+  // nothing to its token's output and gets no gradient. 0: dropless.
+  int64_t capacity = 0;
 };
+
+// The routed pairs past the experts' capacity (0 where dropless), from the forward's counts.
+int64_t moe_dropped(const MoeShape& s, const std::vector<int32_t>& counts);
+// Switch's capacity for N tokens: ceil(factor x N k / E) rows per expert (0 for factor 0).
+int64_t moe_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts);
 
 // Weights (or their gradients, laid out alike), out_in: router [E, C]; gate_up [E, 2F, C], each
 // expert's gate then up rows (transformers 5's packed gate_up_proj); down [E, C, F]. The shared

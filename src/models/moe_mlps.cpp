@@ -23,8 +23,15 @@ bool MoeMlps::sparse(int layer) const {
 }
 
 MoeShape MoeMlps::shape() const {
-  return {tokens_,  hidden_,      c_.inner,        c_.experts,
-          c_.top_k, c_.normalize, c_.shared_inner, c_.z_loss_coef > 0};
+  return {tokens_,
+          hidden_,
+          c_.inner,
+          c_.experts,
+          c_.top_k,
+          c_.normalize,
+          c_.shared_inner,
+          c_.z_loss_coef > 0,
+          moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts)};
 }
 
 void MoeMlps::declare(const Declare& declare, int64_t tokens) {
@@ -118,6 +125,7 @@ void MoeMlps::infer(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   MoeShape s = shape();
   s.tokens = x.numel() / hidden_;
   s.z_loss = false;
+  s.capacity = 0;  // generation routes dropless
   BRISK_CHECK(s.tokens >= 1 && s.tokens <= infer_tokens_, "mixture-of-experts inference on ",
               s.tokens, " tokens; buffers for ", infer_tokens_);
   MoeScratch scratch;
@@ -134,14 +142,17 @@ Tensor MoeMlps::flat_mask() const {
 
 void MoeMlps::tally() {
   tally_.resize(static_cast<size_t>(c_.experts), 0);
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (sparse(static_cast<int>(l)))
-      for (size_t e = 0; e < counts_[l].size(); ++e) tally_[e] += counts_[l][e];
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!sparse(static_cast<int>(l))) continue;
+    for (size_t e = 0; e < counts_[l].size(); ++e) tally_[e] += counts_[l][e];
+    dropped_ += moe_dropped(shape(), counts_[l]);
+  }
 }
 
-std::vector<int64_t> MoeMlps::take_tally() {
-  std::vector<int64_t> t;
-  t.swap(tally_);
+MoeMlps::Tally MoeMlps::take_tally() {
+  Tally t{std::move(tally_), dropped_};
+  tally_.clear();
+  dropped_ = 0;
   return t;
 }
 

@@ -53,9 +53,14 @@ class MoeMlps final : public SparseMlp {
   double router_losses(Backend& be, int64_t unmasked, double grad_weight);
 
   // After a training micro-batch's forward: its routed pairs per expert, summed over the sparse
-  // layers, added to the log window's; take_tally hands those over and starts a new window.
+  // layers, and the pairs past the experts' capacity, added to the log window's; take_tally hands
+  // those over (no pairs: no micro-batch since) and starts a new window.
   void tally();
-  std::vector<int64_t> take_tally();
+  struct Tally {
+    std::vector<int64_t> pairs;
+    int64_t dropped = 0;
+  };
+  Tally take_tally();
 
  private:
   struct Layer {
@@ -90,6 +95,7 @@ class MoeMlps final : public SparseMlp {
   bool balanced_ = false;
   float z_scale_ = 0.0f;  // the z-loss's gradient scale (0: none)
   std::vector<int64_t> tally_;
+  int64_t dropped_ = 0;
   // Inference's buffers, for up to infer_tokens_ tokens, shared by the layers.
   MoeSaved infer_saved_;
   Tensor infer_logits_;

@@ -77,7 +77,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
-  use_router_z_loss(r.config, o.router_z_loss_coef);
+  use_router_options(r.config, o.router_z_loss_coef, o.moe_capacity_factor);
   const bool files = !dataset && uses_text_files(o);
   // Synthetic data is labelled: a head taken from `architectures` gives way to it, as to
   // labelled files (train/file_data).

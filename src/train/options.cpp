@@ -268,8 +268,6 @@ void check_data(const TrainOptions& o) {
               "do_train with text files needs --train_file");
   check_positive("max_seq_length", o.max_seq_length);
   BRISK_CHECK(o.block_size >= 0, "block_size must not be negative, got ", o.block_size);
-  BRISK_CHECK(std::isfinite(o.router_z_loss_coef) && o.router_z_loss_coef >= 0,
-              "router_z_loss_coef must be a number >= 0, got ", o.router_z_loss_coef);
   BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
               "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
   BRISK_CHECK(!o.line_by_line || o.mlm, "line_by_line shapes masked-LM data: it needs --mlm");
@@ -373,7 +371,7 @@ const char* option_group(const std::string& name) {
   static const std::vector<std::pair<const char*, std::vector<std::string>>> groups = {
       {"Model",
        {"model_name_or_path", "tokenizer_name", "ignore_mismatched_sizes", "mlm",
-        "router_z_loss_coef"}},
+        "router_z_loss_coef", "moe_capacity_factor"}},
       {"Data",
        {"train_file",
         "validation_file",

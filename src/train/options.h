@@ -33,6 +33,7 @@ struct TrainOptions {
   bool mlm = false;
   // ST-MoE's router z-loss on a mixture of experts (0: none, as the architectures define them).
   double router_z_loss_coef = 0;
+  double moe_capacity_factor = 0;  // Switch's expert capacity (0: dropless)
   double mlm_probability = 0.15;
   bool line_by_line = false;  // masked LM: one sample per line instead of grouped blocks
   // The example scripts' max_*_samples: only the first this many samples (0: all).
@@ -178,6 +179,11 @@ void visit_options(Options& o, Visitor&& v) {
     "mixture of experts: add ST-MoE's router z-loss, this coef x the mean over the sparse layers "
     "and unmasked tokens of logsumexp(router logits)^2 (0: none, as Mixtral, Qwen2-MoE and OLMoE "
     "train)");
+  v("moe_capacity_factor", o.moe_capacity_factor,
+    "mixture of experts: each expert computes at most ceil(factor x tokens x top_k / experts) "
+    "of a micro-batch's routed pairs (in token order), the rest dropped and counted in the log "
+    "as expert_dropped (Switch Transformer's capacity; generation stays dropless); 0: dropless, "
+    "as transformers computes these models");
   v("ignore_mismatched_sizes", o.ignore_mismatched_sizes,
     "initialize anew the model folder's tensors whose shapes differ from the model's (e.g. a "
     "classifier of another number of labels) instead of refusing the folder");
