@@ -9,6 +9,15 @@ namespace brisk {
 
 namespace {
 
+std::function<void(const char*)>& phase_hook() {
+  static std::function<void(const char*)> hook;
+  return hook;
+}
+
+void phase_done(const char* phase) {
+  if (phase_hook()) phase_hook()(phase);
+}
+
 // Expert e's [rows, cols] matrix of a [E, rows, cols] tensor.
 Tensor expert_matrix(const Tensor& t, int64_t e) {
   return Tensor(element_range(t, e * t.dim(1) * t.dim(2), t.dim(1) * t.dim(2)).data(),
@@ -151,6 +160,10 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t top_k, int64_t exper
                                              : std::max<int64_t>(1, static_cast<int64_t>(rows));
 }
 
+void set_moe_phase_hook(std::function<void(const char*)> hook) {
+  phase_hook() = std::move(hook);
+}
+
 MoeSaved moe_saved_rows(const MoeSaved& m, int64_t tokens, int64_t top_k) {
   auto first = [](const Tensor& t, int64_t n) { return t.empty() ? t : row_range(t, 0, n); };
   const int64_t N = tokens, rows = checked_mul(tokens, top_k, "moe rows");
@@ -203,10 +216,12 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   be.linear_forward(x, w.router, Tensor(), out_in, scratch.logits);
   if (s.z_loss) be.moe_z_stats(scratch.logits, z.mask, saved.z, z.sum);
   be.moe_route_forward(scratch.logits, s.normalize, saved.probs, saved.weights, saved.experts);
+  phase_done("router");
   be.moe_dispatch(saved.experts, s.experts, saved.counts, saved.positions);
   counts.assign(s.experts, 0);
   be.download(saved.counts, Tensor(counts.data(), Shape{s.experts}, DType::i32, Device::cpu));
   be.moe_gather(x, saved.positions, saved.rows);
+  phase_done("dispatch");
   for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     if (n > 0)
       be.linear_forward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e), Tensor(),
@@ -219,8 +234,12 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
                         row_range(saved.out, first, n));
   });
   zero_dropped(be, s, counts, saved.out);  // a dropped pair adds nothing
+  phase_done("experts");
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
-  if (s.shared_inner > 0) shared_forward(be, w, x, saved, y);
+  phase_done("combine");
+  if (s.shared_inner == 0) return;
+  shared_forward(be, w, x, saved, y);
+  phase_done("shared");
 }
 
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
@@ -233,6 +252,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   const WeightLayout out_in = WeightLayout::out_in;
   be.moe_combine_backward(dy, saved.out, saved.positions, saved.weights, scratch.d_out,
                           scratch.dweights);
+  phase_done("combine");
   // An expert without rows still writes its gradients (zeros) unless they are added to.
   for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
     be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
@@ -249,13 +269,18 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                        Tensor(), accumulate_dw);
   });
   zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input gets no gradient
+  phase_done("experts");
   be.moe_combine(scratch.d_rows, saved.positions, Tensor(), dx, false);
+  phase_done("dispatch");
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
                         s.normalize, scratch.logits);
   if (s.z_loss && z.scale != 0.0f) be.moe_z_backward(saved.probs, saved.z, z.scale, scratch.logits);
   be.linear_backward(x, w.router, scratch.logits, out_in, dx, true, g.router, Tensor(),
                      accumulate_dw);
-  if (s.shared_inner > 0) shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw);
+  phase_done("router");
+  if (s.shared_inner == 0) return;
+  shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw);
+  phase_done("shared");
 }
 
 }  // namespace brisk

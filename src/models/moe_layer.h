@@ -93,6 +93,12 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
                   const Tensor& dx, bool accumulate_dw, const MoeZLoss& z = {});
 
+// For benchmarks (bench/moe_cpu.cpp): `hook(phase)` is called after each phase of moe_forward and
+// moe_backward ran: "router" (the router's product and the routing; backward: theirs), "dispatch"
+// (the rows grouped by expert and gathered; backward: the rows' gradients summed per token),
+// "experts" (their products and activation), "combine", "shared" (the shared expert). Empty: none.
+void set_moe_phase_hook(std::function<void(const char* phase)> hook);
+
 // transformers' load-balancing loss (load_balancing_loss_func) over a micro-batch's L sparse
 // layers, from each layer's Backend::moe_balance_stats ([2, E], read back) and the count of
 // unmasked tokens: loss = E * sum_e F_e P_e, with F_e the pairs routed to expert e and P_e the sum
