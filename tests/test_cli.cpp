@@ -187,6 +187,34 @@ nlohmann::json estimate_json(const std::string& args, CliRun* out = nullptr) {
   return j;
 }
 
+// A mixture of experts' estimate names its active parameters and the routed experts' part of the
+// plan: 2 layers x 4 experts x 3 x 8 x 16 = 3072 of 8912 parameters, their float32 weights and
+// gradients exactly, AdamW's two moments within the optimizer's tables' share. A dense model has
+// no such line.
+TEST(Cli, EstimateShowsTheExpertsPartOfThePlan) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("brisk_cli_moe_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "mixtral", "vocab_size": 128,
+      "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "max_position_embeddings": 64})";
+  CliRun r;
+  const nlohmann::json j = estimate_json(
+      "--model " + dir.string() + " --seq_len 16 --per_device_train_batch_size 2", &r);
+  fs::remove_all(dir);
+  EXPECT_NE(r.out.find("8912 parameters (7376 active per token)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of which the routed experts' (3072 parameters, 34.5%)"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(j["expert_parameters"], 3072);
+  EXPECT_EQ(j["expert_bytes"]["weights"], 3072 * 4);
+  EXPECT_EQ(j["expert_bytes"]["gradients"], 3072 * 4);
+  EXPECT_NEAR(j["expert_bytes"]["optimizer_state"].get<double>(), 3072 * 8, 3072 * 8 * 0.01);
+  const nlohmann::json dense = estimate_json("--model gpt2-tiny --seq_len 16", &r);
+  EXPECT_EQ(r.out.find("routed experts"), std::string::npos);
+  EXPECT_EQ(dense["expert_parameters"], 0);
+}
+
 // estimate --output_json lists every buffer of the plan; they add up to each category's bytes.
 // GPT-2's LM head holds 256 of the 1024 rows' logits at a time on the CPU (64 MiB at most), and
 // the products' operand buffers are sized by that chunk.

@@ -404,6 +404,41 @@ void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device d
       r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
 }
 
+// A mixture of experts: the routed experts' parameters and their part of the planned weights,
+// gradients, master weights and optimizer state: each category's bytes in the share of its
+// elements the experts hold (the optimizer's by its state's elements, state_elements).
+struct ExpertShare {
+  int64_t parameters = 0;
+  std::array<size_t, kNumCategories> bytes{};
+};
+ExpertShare expert_share(const RunAssembly& r) {
+  ExpertShare s;
+  const auto planned = r.plan.bytes_by_category();
+  int64_t all = 0;
+  double state_all = 0, state_experts = 0;
+  const size_t states = r.optimizer->state().size();
+  for (const ParamInfo& p : r.model->params().list()) {
+    all += p.shape.numel();
+    double state = 0;
+    for (size_t i = 0; i < states; ++i)
+      state += static_cast<double>(r.optimizer->state_elements(i, p));
+    state_all += state;
+    if (!p.expert) continue;
+    s.parameters += p.shape.numel();
+    state_experts += state;
+  }
+  if (s.parameters == 0) return s;
+  const double share = static_cast<double>(s.parameters) / static_cast<double>(all);
+  for (const Category c : {Category::weights, Category::gradients, Category::master_weights})
+    s.bytes[static_cast<int>(c)] =
+        static_cast<size_t>(static_cast<double>(planned[static_cast<int>(c)]) * share + 0.5);
+  const int state = static_cast<int>(Category::optimizer_state);
+  if (state_all > 0)
+    s.bytes[state] =
+        static_cast<size_t>(static_cast<double>(planned[state]) * state_experts / state_all + 0.5);
+  return s;
+}
+
 // The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.
 void print_categories(const TrainOptions& o, const RunAssembly& r, Device device) {
   const MemoryPlan& plan = r.plan;
@@ -430,6 +465,20 @@ void print_categories(const TrainOptions& o, const RunAssembly& r, Device device
     std::printf("\n");
   }
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
+  const ExpertShare experts = expert_share(r);
+  if (experts.parameters > 0) {
+    std::printf("  of which the routed experts' (%lld parameters, %.1f%%):",
+                static_cast<long long>(experts.parameters),
+                100.0 * static_cast<double>(experts.parameters) / static_cast<double>(n));
+    const char* sep = " ";
+    for (int c = 0; c < kNumCategories; ++c) {
+      if (experts.bytes[c] == 0) continue;
+      std::printf("%s%s %s", sep, category_name(static_cast<Category>(c)),
+                  format_mib(experts.bytes[c]).c_str());
+      sep = ", ";
+    }
+    std::printf("\n");
+  }
   if (r.parallel.offload && device == Device::cuda) {
     const auto host = plan.bytes_by_category(Placement::host);
     std::printf(
@@ -494,6 +543,15 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
                     bars);
 }
 
+// The routed experts' bytes by category (expert_share), those they have.
+nlohmann::json expert_bytes_json(const RunAssembly& run) {
+  const ExpertShare s = expert_share(run);
+  nlohmann::json j = nlohmann::json::object();
+  for (int c = 0; c < kNumCategories; ++c)
+    if (s.bytes[c] > 0) j[category_name(static_cast<Category>(c))] = s.bytes[c];
+  return j;
+}
+
 // --json: the plan, every buffer, the fit and the parallel layout's reports (`layout`: the
 // data-parallel ranks, pipeline stages, tensor and sequence ranks, each under its key).
 void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
@@ -519,6 +577,8 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
   nlohmann::json j = {{"device", device == Device::cuda ? "cuda" : "cpu"},
                       {"parameters", n},
                       {"active_parameters", run.model->active_parameters()},
+                      {"expert_parameters", expert_share(run).parameters},
+                      {"expert_bytes", expert_bytes_json(run)},
                       {"memory",
                        {{"planned_bytes", planned_json},
                         {"planned_total_bytes", plan.total_bytes()},

@@ -37,6 +37,7 @@ int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t who
   by_name_.emplace(name, static_cast<int>(params_.size()));
   params_.push_back(ParamInfo{std::move(name), shape, role.decay, total_, role.embedding,
                               role.product, whole_elements, split});
+  params_.back().expert = role.expert;
   total_ = checked_add(total_, shape.numel(), "the parameter count");
   return static_cast<int>(params_.size() - 1);
 }

@@ -17,8 +17,10 @@ struct ParamRole {
   bool decay = true;       // takes weight decay (false for biases and LayerNorm parameters)
   bool embedding = false;  // an embedding table (nn.Embedding in transformers)
   bool product = false;    // an operand of a matrix product (linear weights, a tied LM head)
+  bool expert = false;     // a routed expert's weight (a mixture of experts)
 };
 inline constexpr ParamRole kLinearWeight{true, false, true};
+inline constexpr ParamRole kExpertWeight{true, false, true, true};
 inline constexpr ParamRole kBiasOrNorm{false, false, false};
 inline constexpr ParamRole kEmbedding{true, true, false};
 inline constexpr ParamRole kTiedEmbedding{true, true, true};  // also the LM head's weight
@@ -60,6 +62,7 @@ struct ParamInfo {
   // Its place among the whole model's parameters, where a pipeline stage holds only some: what
   // its initial values are drawn from (-1: its place in this set).
   int stream = -1;
+  bool expert = false;  // a routed expert's weight (ParamRole::expert)
   // The full parameter's shape (shape itself unless split).
   Shape full_shape() const;
 };

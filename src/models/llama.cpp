@@ -45,14 +45,14 @@ class Llama final : public Model {
     ids.router = param(m + "gate.weight", {E, C}, kLinearWeight);
     also_packed_in(ids.router, p + "mlp.gate.weight", {E, C}, 0);
     for (int64_t e = 0; e < E; ++e) {
-      const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kLinearWeight);
-      ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kLinearWeight);
+      const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kExpertWeight);
+      ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kExpertWeight);
       also_packed_in(gate, gate_up, {E, 2 * F, C}, 2 * e * F * C);
       also_packed_in(ids.gate_last, gate_up, {E, 2 * F, C}, (2 * e + 1) * F * C);
       if (e == 0) ids.gate_first = gate;
     }
     for (int64_t e = 0; e < E; ++e) {
-      ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kLinearWeight);
+      ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kExpertWeight);
       also_packed_in(ids.down_last, down, {E, C, F}, e * C * F);
       if (e == 0) ids.down_first = ids.down_last;
     }
