@@ -165,7 +165,7 @@ TEST_P(MoeBlockOn, AOneExpertSparseMlpIsTheDenseBlock) {
 }
 
 // The block refuses a sparse MLP where its style is not one the sparse path serves.
-TEST_P(MoeBlockOn, ASparseMlpNeedsAPreNormFloat32Block) {
+TEST_P(MoeBlockOn, ASparseMlpNeedsAPreNormBlock) {
   DeviceBuffers d(*be_);
   const Tensor w = d.alloc({2 * F, C}), o = d.alloc({C, F});
   OneExpert one(d, w, o, 0);
@@ -186,7 +186,7 @@ TEST_P(MoeBlockOn, ASparseMlpNeedsAPreNormFloat32Block) {
   const Tensor x = d.alloc({B, T, C}), out = d.alloc({B, T, C});
   expect_error(
       [&] { block_forward(*be_, st, p, x, Tensor(), out, bufs.saved, bufs.scratch, RngKey{}, 0); },
-      "pre-norm float32 block");
+      "pre-norm block without tensor parallelism");
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, MoeBlockOn, ::testing::Values(Device::cpu, Device::cuda),

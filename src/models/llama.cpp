@@ -209,18 +209,17 @@ class Llama final : public Model {
     if (moe_) declare_experts_buffers(plan, s);
   }
 
-  // Mixture of experts: float32, one rank, for now.
+  // Mixture of experts: one rank, for now; in mixed precision the experts compute in float32
+  // from their widened inputs.
   void declare_experts_buffers(MemoryPlan& plan, const BatchShape& s) {
     const ModelConfig& c = config_;
-    BRISK_CHECK(activation_dtype() == DType::f32, c.type_name(),
-                ": mixture-of-experts layers train in float32 only for now (not --bf16/--fp16)");
     BRISK_CHECK(c.tensor_ranks == 1 && c.sequence_ranks == 1 && c.pipeline_stages == 1,
                 c.type_name(),
                 ": mixture-of-experts layers do not run under tensor, sequence or pipeline "
                 "parallelism yet");
     moe_->declare([&](Tensor* t, const std::string& name, Category category, DType dtype,
                       Shape shape) { declare(plan, t, name, category, dtype, shape); },
-                  s.batch * s.seq);
+                  s.batch * s.seq, activation_dtype() != DType::f32);
   }
 
   void validate_batch() const override {

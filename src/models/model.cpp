@@ -445,7 +445,10 @@ MatmulOperands Model::matmul_operands() const {
   // runs (Backend::hold_weight): that weight is the `held` operand, not one of B's.
   const bool lm_head = lm_chunk_rows_ > 0;
   const int64_t head_rows = lm_head ? std::min(rows, lm_chunk_rows_) : rows;
-  const int64_t widest = std::max({c.qkv_width(), inner, c.hidden_size});
+  // A mixture of experts: each expert's gate and up as one [2F, C] on at most every row (a
+  // token takes an expert once), the shared expert's likewise.
+  const int64_t experts_inner = checked_mul(2, std::max(c.moe.inner, c.moe.shared_inner), what);
+  const int64_t widest = std::max({c.qkv_width(), inner, c.hidden_size, experts_inner});
   int64_t largest_weight = 0;
   for (int i = 0; i < static_cast<int>(params_.list().size()); ++i)
     if (params_.list()[i].product && !(lm_head && i == lm_head_weight_))
@@ -453,7 +456,8 @@ MatmulOperands Model::matmul_operands() const {
   // Query, key and value weights are multiplied as one [(H + 2K) D, C] matrix, gate and up as
   // one [2F, C].
   largest_weight = std::max({largest_weight, checked_mul(c.qkv_width(), c.hidden_size, what),
-                             checked_mul(inner, c.hidden_size, what)});
+                             checked_mul(inner, c.hidden_size, what),
+                             checked_mul(experts_inner, c.hidden_size, what)});
   // A is an activation or its gradient (the head's: a chunk of logits' gradient); B a weight (the
   // head's, [width, hidden], tied or not), or an activation in a weight gradient's product.
   const int64_t head = checked_mul(logits_width(), c.hidden_size, what);

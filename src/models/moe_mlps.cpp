@@ -34,7 +34,7 @@ MoeShape MoeMlps::shape() const {
           moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts)};
 }
 
-void MoeMlps::declare(const Declare& declare, int64_t tokens) {
+void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
   tokens_ = tokens;
   const MoeShape s = shape();
   int64_t sparse_layers = 0;
@@ -46,6 +46,8 @@ void MoeMlps::declare(const Declare& declare, int64_t tokens) {
                       [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
                         declare(t, p + name, Category::activations, dtype, shape);
                       });
+    if (widened)
+      declare(&layers_[l].input, p + "input", Category::activations, DType::f32, {tokens, hidden_});
   }
   declare_moe_scratch(s, scratch_,
                       [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
@@ -94,9 +96,17 @@ Tensor as_rows(const Tensor& t, int64_t cols) {
 }
 }  // namespace
 
+Tensor MoeMlps::float32_input(Backend& be, const Layer& l, const Tensor& x, bool widen) const {
+  if (x.dtype() == DType::f32) return as_rows(x, hidden_);
+  BRISK_CHECK(!l.input.empty(), "a mixture-of-experts layer given ", dtype_name(x.dtype()),
+              " inputs was planned for float32 ones");
+  if (widen) be.cast(x, l.input);
+  return l.input;
+}
+
 void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
-  moe_forward(be, shape(), weights(l.ids, false), as_rows(x, hidden_), l.saved, scratch_,
+  moe_forward(be, shape(), weights(l.ids, false), float32_input(be, l, x, true), l.saved, scratch_,
               as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l));
 }
 
@@ -104,8 +114,9 @@ void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy
                        bool accumulate_dw) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
   if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
-  moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true), as_rows(x, hidden_),
-               l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
+  moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true),
+               float32_input(be, l, x, false), l.saved, scratch_,
+               counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
                balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l));
 }
 

@@ -32,8 +32,11 @@ class MoeMlps final : public SparseMlp {
 
   void add_layer(int64_t layer, const MoeLayerIds& ids);
   // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors, the shared
-  // temporaries, and the router losses' statistics of every sparse layer and gradient scale.
-  void declare(const Declare& declare, int64_t tokens);
+  // temporaries, and the router losses' statistics of every sparse layer and gradient scale. In
+  // mixed precision (`widened`: the blocks hand the MLPs 16-bit inputs) each layer also keeps
+  // its input widened to float32: the experts compute in float32, their products in the
+  // backend's product dtype.
+  void declare(const Declare& declare, int64_t tokens, bool widened = false);
   // The micro-batch's attention mask [B, T] int32 (empty: every token counts), for the router
   // losses; set before the forward. Its token count is the planned one (declare, again for each
   // length).
@@ -66,11 +69,15 @@ class MoeMlps final : public SparseMlp {
   struct Layer {
     MoeLayerIds ids;
     MoeSaved saved;
+    Tensor input;      // float32 [N, C], where the blocks' inputs are 16-bit
     int64_t slot = 0;  // among the sparse layers
   };
   MoeShape shape() const;
   MoeWeights weights(const MoeLayerIds& ids, bool grads) const;
   Tensor flat_mask() const;
+  // x [.., C] as float32 rows: x itself, or widened into l.input (`widen`: the forward's; the
+  // backward reads what it wrote).
+  Tensor float32_input(Backend& be, const Layer& l, const Tensor& x, bool widen) const;
   MoeZLoss z_loss(const Layer& l) const;
   double balance_loss(Backend& be, int64_t unmasked, double grad_weight);
   double router_z_loss(int64_t unmasked, double grad_weight);

@@ -408,8 +408,8 @@ void qk_norm_backward(Backend& be, const BlockStyle& st, const BlockParams& w, c
 // Whether layer `layer`'s MLP is st.sparse_mlp's; refuses a block style it does not serve.
 bool sparse_layer(const BlockStyle& st, int layer) {
   if (st.sparse_mlp == nullptr || !st.sparse_mlp->sparse(layer)) return false;
-  BRISK_CHECK(st.pre_norm && st.tensor_group == nullptr && st.act_dtype == DType::f32,
-              "a sparse MLP needs a pre-norm float32 block without tensor parallelism");
+  BRISK_CHECK(st.pre_norm && st.tensor_group == nullptr,
+              "a sparse MLP needs a pre-norm block without tensor parallelism");
   return true;
 }
 

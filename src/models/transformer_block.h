@@ -22,7 +22,8 @@ class SparseMlp {
  public:
   virtual ~SparseMlp() = default;
   virtual bool sparse(int layer) const = 0;
-  // y [B, T, C] float32 = layer `layer`'s MLP of x [B, T, C] (the MLP's input).
+  // y [B, T, C] float32 = layer `layer`'s MLP of x [B, T, C] (the MLP's input: float32, or its
+  // 16-bit stored copy in mixed precision).
   virtual void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
   // dx [B, T, C] written from dy, the MLP output's gradient (dy and dx do not overlap); the layer's
   // parameter gradients written, or added to where accumulate_dw.
@@ -88,7 +89,7 @@ struct BlockStyle {
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
   // The layers whose MLP is sparse run this one instead of fc/out (their fc_pre and fc_act are
-  // neither written nor read); pre-norm float32 blocks without tensor parallelism. Null: none.
+  // neither written nor read); pre-norm blocks without tensor parallelism. Null: none.
   SparseMlp* sparse_mlp = nullptr;
 };
 
