@@ -72,6 +72,50 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
     }
 }
 
+// A mixture of experts (a tiny Mixtral) on N ranks of 2 rows: without the load-balancing loss it
+// trains as one process with their 2N rows (the experts' gradients summed over the ranks like any
+// other); with it, each rank's loss is its own micro-batch's (as under transformers' DDP, not the
+// global batch's: the loss is not linear in the routing counts), and ZeRO stage 2 trains as plain
+// data parallelism. To the sums' order (1e-5).
+TEST(DataParallel, AMixtureOfExpertsTrainsAsOneProcessAndUnderZero) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const bool balance : {false, true}) {
+    const std::string tag = balance ? "moe_balance" : "moe";
+    SCOPED_TRACE(tag);
+    SharedDir dir(tag);
+    if (world().rank() == 0)
+      write_model_folder(*dir.owned, "mixtral",
+                         std::string(R"({"model_type": "mixtral", "vocab_size": 128,
+              "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 3,
+              "num_experts_per_tok": 2, "max_position_embeddings": 64, "router_aux_loss_coef": 0.1,
+              "output_router_logits": )") +
+                             (balance ? "true}" : "false}"));
+    world().barrier();
+    TrainOptions o = tiny_options(dir / "mixtral", dir / "ranks");
+    o.per_device_train_batch_size = 2;
+    o.max_steps = 3;
+    const Logged ranks = run(o, nullptr, &world());
+    Logged zero;
+    if (balance) {
+      TrainOptions z = o;
+      z.output_dir = dir / "zero";
+      z.zero_stage = 2;
+      zero = run(z, nullptr, &world());
+    }
+    if (world().rank() != 0) continue;
+    if (balance) {
+      expect_trains_as(zero, ranks);
+      continue;
+    }
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2 * N;
+    expect_trains_as(ranks, run(one, nullptr, alone.get()));
+  }
+}
+
 std::vector<nlohmann::json> records_of(const TrainOptions& o, Communicator* comm) {
   std::vector<nlohmann::json> records;
   train(
