@@ -114,15 +114,21 @@ def models(gen):
 TRAIN_STEPS = 3
 
 
-def train_steps():
-    """Trains the saved tiny models on their saved batch (train_steps.safetensors)."""
+def saved_models():
+    """The saved tiny Mixtral and Qwen2-MoE: each one's folder, model (eager experts) and batch."""
     from safetensors.torch import load_file
     for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
         folder = os.path.join(OUT, name)
         model = cls.from_pretrained(folder, attn_implementation="eager",
                                     experts_implementation="eager")
-        model.train()
         batch = {k: v.long() for k, v in load_file(os.path.join(folder, "batch.safetensors")).items()}
+        yield folder, model, batch
+
+
+def train_steps():
+    """Trains the saved tiny models on their saved batch (train_steps.safetensors)."""
+    for folder, model, batch in saved_models():
+        model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.0)
         losses = []
@@ -146,13 +152,8 @@ def z_losses():
     """ST-MoE's router z-loss added to the saved tiny models' loss (z_loss.safetensors: z_loss,
     the total loss and every gradient): Z_LOSS_COEF x the mean over the sparse layers and the
     unmasked tokens of logsumexp(router logits)^2, as `brisk train --router_z_loss_coef` adds it."""
-    from safetensors.torch import load_file
-    for name, cls in (("mixtral_tiny", MixtralForCausalLM), ("qwen2_moe_tiny", Qwen2MoeForCausalLM)):
-        folder = os.path.join(OUT, name)
-        model = cls.from_pretrained(folder, attn_implementation="eager",
-                                    experts_implementation="eager")
+    for folder, model, batch in saved_models():
         model.eval()
-        batch = {k: v.long() for k, v in load_file(os.path.join(folder, "batch.safetensors")).items()}
         out = model(**batch)
         mask = batch["attention_mask"].reshape(-1).float()
         lse = torch.stack([torch.logsumexp(r.float(), dim=-1) for r in out.router_logits])

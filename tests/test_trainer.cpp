@@ -54,12 +54,7 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
 // evaluation) and the balance, the busiest expert's share over the mean.
 TEST(Trainer, MixtureOfExpertsLogsTheTokensEachExpertTook) {
   TempDir dir("moe_log");
-  const std::string model = write_model_folder(
-      dir, "mixtral",
-      R"({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 16, "intermediate_size": 8,
-          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-          "num_local_experts": 3, "num_experts_per_tok": 2, "max_position_embeddings": 64,
-          "output_router_logits": true})");
+  const std::string model = write_tiny_mixtral(dir, R"("output_router_logits": true)");
   TrainOptions o = tiny_options(model, dir / "out");
   o.logging_steps = 2;
   o.gradient_accumulation_steps = 2;
@@ -88,11 +83,7 @@ TEST(Trainer, MixtureOfExpertsLogsTheTokensEachExpertTook) {
 // is every token: nothing is dropped and the losses are the dropless run's, bit for bit.
 TEST(Trainer, AnExpertCapacityDropsPairsAndCountsThem) {
   TempDir dir("moe_capacity");
-  const std::string model = write_model_folder(
-      dir, "mixtral",
-      R"({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 16, "intermediate_size": 8,
-          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-          "num_local_experts": 3, "num_experts_per_tok": 2, "max_position_embeddings": 64})");
+  const std::string model = write_tiny_mixtral(dir);
   auto run = [&](double factor) {
     TrainOptions o = tiny_options(model, dir / "out");
     o.logging_steps = 2;

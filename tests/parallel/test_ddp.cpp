@@ -85,13 +85,9 @@ TEST(DataParallel, AMixtureOfExpertsTrainsAsOneProcessAndUnderZero) {
     SCOPED_TRACE(tag);
     SharedDir dir(tag);
     if (world().rank() == 0)
-      write_model_folder(*dir.owned, "mixtral",
-                         std::string(R"({"model_type": "mixtral", "vocab_size": 128,
-              "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 3,
-              "num_experts_per_tok": 2, "max_position_embeddings": 64, "router_aux_loss_coef": 0.1,
-              "output_router_logits": )") +
-                             (balance ? "true}" : "false}"));
+      write_tiny_mixtral(*dir.owned, std::string(R"("router_aux_loss_coef": 0.1, )") +
+                                         R"("output_router_logits": )" +
+                                         (balance ? "true" : "false"));
     world().barrier();
     TrainOptions o = tiny_options(dir / "mixtral", dir / "ranks");
     o.per_device_train_batch_size = 2;
