@@ -305,10 +305,28 @@ TEST(Models, MixturesOfExpertsTrainInBf16) {
     EXPECT_LE(
         rel_error(got_grads.data(), want_grads.data(), static_cast<int64_t>(want_grads.size())),
         5e-2);
+    PlanOptions elementwise = bf16;
+    elementwise.recompute_elementwise = true;
     bf16.gradient_checkpointing = true;
-    LoadedModel recomputed(folder, bf16, false, DType::bf16);
-    EXPECT_EQ(recomputed.step(false), got);
-    EXPECT_EQ(recomputed.grads(), got_grads);
+    for (const PlanOptions& o : {bf16, elementwise}) {
+      LoadedModel recomputed(folder, o, false, DType::bf16);
+      EXPECT_EQ(recomputed.step(false), got);
+      EXPECT_EQ(recomputed.grads(), got_grads);
+    }
+  }
+}
+
+// A sparse layer plans no dense MLP buffers (fc_pre, fc_act), in float32 and in bf16's stored
+// copies: Qwen2-MoE's layer 0 is sparse, its layer 1 dense.
+TEST(Models, SparseLayersPlanNoDenseMlpBuffers) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    PlanOptions o;
+    o.activation_dtype = dtype;
+    LoadedModel m(fixture("moe/qwen2_moe_tiny"), o, false, dtype);
+    for (const char* name : {"fc_pre", "fc_act"}) {
+      EXPECT_LT(m.plan.find(std::string("block.0.") + name), 0) << name;
+      EXPECT_GE(m.plan.find(std::string("block.1.") + name), 0) << name;
+    }
   }
 }
 

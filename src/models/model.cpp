@@ -219,6 +219,13 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
       Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
 }
 
+// Layer l's dimensions: a sparse MLP's layer has no dense MLP (inner 0: no fc_pre or fc_act).
+BlockDims Model::layer_dims(const BlockDims& dims, const BlockStyle& style, int64_t l) const {
+  BlockDims d = dims;
+  if (style.sparse_mlp != nullptr && style.sparse_mlp->sparse(static_cast<int>(l))) d.inner = 0;
+  return d;
+}
+
 // What the blocks save for backward: float32 tensors per block (one set, recomputed per block,
 // under gradient checkpointing), or the 16-bit stored copies of mixed precision; under selective
 // recomputation one buffer for every block's attention statistics.
@@ -241,7 +248,9 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
     }
     const std::string prefix =
         options.gradient_checkpointing ? "block_recompute." : "block." + std::to_string(l) + ".";
-    declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::all, DType::f32,
+    // (The recomputed set serves every layer: planned for a dense one.)
+    const BlockDims d = options.gradient_checkpointing ? dims : layer_dims(dims, style, l);
+    declare_block_saved(plan, binder_, saved_[l], prefix, style, d, SavedPart::all, DType::f32,
                         Category::activations, !selective);
   }
   // Selective recomputation: the blocks' attention statistics share one buffer, rebuilt per block
@@ -268,7 +277,7 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
     const std::string prefix = "block." + std::to_string(l) + ".";
     declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
                         DType::f32, Category::activations, !selective);
-    declare_block_saved(plan, binder_, stored_[l], prefix, style, dims,
+    declare_block_saved(plan, binder_, stored_[l], prefix, style, layer_dims(dims, style, l),
                         recompute ? SavedPart::low_precision_kept : SavedPart::low_precision,
                         options.activation_dtype, Category::activations, !selective);
     const auto dst = low_precision_tensors(saved_[l]);
@@ -736,6 +745,7 @@ namespace {
 // stored copies are used: direct_saved_tensors).
 // Tensors `rebuilt` names (the recomputable ones under recompute_elementwise: backward rebuilds
 // them) are not moved.
+// (A tensor a block does not have, a sparse MLP's fc_pre and fc_act, is not copied.)
 void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
               const std::array<Tensor*, 3>& rebuilt) {
   auto is_rebuilt = [&](const Tensor* t) {
@@ -744,7 +754,8 @@ void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
   const auto src = low_precision_tensors(from);
   const auto dst = low_precision_tensors(to);
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty() && !is_rebuilt(src[i]) && !is_rebuilt(dst[i])) be.cast(*src[i], *dst[i]);
+    if (!src[i]->empty() && !dst[i]->empty() && !is_rebuilt(src[i]) && !is_rebuilt(dst[i]))
+      be.cast(*src[i], *dst[i]);
 }
 }  // namespace
 

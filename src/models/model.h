@@ -476,6 +476,7 @@ class Model : public BatchTarget {
   // plan's parts: the flat weights, constants and gradients; the blocks' saved activations
   // (plan_low_precision_saved: mixed precision's 16-bit copies); a step's other buffers.
   void plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options);
+  BlockDims layer_dims(const BlockDims& dims, const BlockStyle& style, int64_t l) const;
   void plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDims& dims,
                   const PlanOptions& options);
   void plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDims& dims,

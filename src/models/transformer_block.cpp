@@ -465,8 +465,10 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
   low(&s.m_in, "m_in", btc);
-  low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.fc_width()});
-  low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
+  if (d.inner > 0) {  // (a sparse MLP's layer has none)
+    low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.fc_width()});
+    low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
+  }
   if (!style.pre_norm) full(&s.res2, "res2", btc);
   if (!style.rms_norm) full(&s.mean_a, "mean_a", bt);
   full(&s.rstd_a, "rstd_a", bt);
@@ -591,10 +593,11 @@ void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, co
     attention_input(be, st, w, x, s, stored_copy(stored, &BlockSaved::a_in));
     mlp_input(be, st, w, s, stored_copy(stored, &BlockSaved::m_in));
   }
-  // block_forward's fc_pre: the stored copy where there is one, else the float32 one rounded.
-  if (st.gated_mlp)
-    mlp_output(be, st, stored != nullptr ? stored->fc_pre : s.fc_pre, s,
-               stored_copy(stored, &BlockSaved::fc_act));
+  // block_forward's fc_pre: the stored copy where there is one, else the float32 one rounded
+  // (none: a sparse MLP's layer).
+  const Tensor& fc_pre = stored != nullptr ? stored->fc_pre : s.fc_pre;
+  if (st.gated_mlp && !fc_pre.empty())
+    mlp_output(be, st, fc_pre, s, stored_copy(stored, &BlockSaved::fc_act));
 }
 
 namespace {

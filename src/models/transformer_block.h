@@ -89,7 +89,8 @@ struct BlockStyle {
   // precision). On the CPU the math stays float32 and such outputs are rounded to this type.
   DType act_dtype = DType::f32;
   // The layers whose MLP is sparse run this one instead of fc/out (their fc_pre and fc_act are
-  // neither written nor read); pre-norm blocks without tensor parallelism. Null: none.
+  // neither planned (BlockDims::inner 0), written nor read); pre-norm blocks without tensor
+  // parallelism. Null: none.
   SparseMlp* sparse_mlp = nullptr;
 };
 
@@ -147,6 +148,7 @@ struct BlockScratch {
   Tensor gathered, token_exchange;
 };
 
+// inner 0: the layer's MLP is a sparse one (BlockStyle::sparse_mlp), which plans its own buffers.
 struct BlockDims {
   int64_t batch, seq, hidden, inner, heads, kv_heads, head_dim;
   bool gated;                  // the gated MLP: its first product is 2 * inner wide
