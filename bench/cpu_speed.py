@@ -67,7 +67,7 @@ MODELS = {
         "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
         "initializer_range": 0.02, "tie_word_embeddings": True, "attention_dropout": 0.0},
         "batch": 4, "seq": 256, "steps": 8},
-    # A small Mixtral (8 experts, top 2; float32 only in brisk for now) and the dense llama of
+    # A small Mixtral (8 experts, top 2) and the dense llama of
     # the same active size (its MLP as wide as the two experts a token runs through).
     "mixtral": {"config": {
         "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
