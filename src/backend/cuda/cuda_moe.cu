@@ -117,8 +117,7 @@ __global__ void moe_balance_backward_kernel(const int32_t* mask, const float* sc
   }
 }
 
-__global__ void moe_z_kernel(const float* logits, const int32_t* mask, int64_t N, int E,
-                             float* z) {
+__global__ void moe_z_kernel(const float* logits, const int32_t* mask, int64_t N, int E, float* z) {
   for (int64_t n = global_thread(); n < N; n += grid_threads())
     z[n] = mask && mask[n] == 0 ? 0.0f : moe_logsumexp(logits + n * E, E);
 }
@@ -140,8 +139,7 @@ __global__ void moe_z_backward_kernel(const float* probs, const float* z, float 
 
 void moe_z_stats(cudaStream_t s, const float* logits, const int32_t* mask, int64_t N, int64_t E,
                  float* z, float* sum) {
-  if (N > 0)
-    moe_z_kernel<<<grid_for(N), kThreads, 0, s>>>(logits, mask, N, static_cast<int>(E), z);
+  if (N > 0) moe_z_kernel<<<grid_for(N), kThreads, 0, s>>>(logits, mask, N, static_cast<int>(E), z);
   moe_z_sum_kernel<<<1, 1, 0, s>>>(z, N, sum);
   check_launch("moe_z_stats");
 }
