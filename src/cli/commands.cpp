@@ -543,9 +543,8 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
                     bars);
 }
 
-// The routed experts' bytes by category (expert_share), those they have.
-nlohmann::json expert_bytes_json(const RunAssembly& run) {
-  const ExpertShare s = expert_share(run);
+// The routed experts' bytes by category, those they have.
+nlohmann::json expert_bytes_json(const ExpertShare& s) {
   nlohmann::json j = nlohmann::json::object();
   for (int c = 0; c < kNumCategories; ++c)
     if (s.bytes[c] > 0) j[category_name(static_cast<Category>(c))] = s.bytes[c];
@@ -560,6 +559,7 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const int64_t n = run.model->params().total_elements();
+  const ExpertShare experts = expert_share(run);
   const int64_t layers = run.config.num_layers;
   const size_t block = bytes_under(plan, "block.0.");
   nlohmann::json planned_json = nlohmann::json::object();
@@ -577,8 +577,8 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
   nlohmann::json j = {{"device", device == Device::cuda ? "cuda" : "cpu"},
                       {"parameters", n},
                       {"active_parameters", run.model->active_parameters()},
-                      {"expert_parameters", expert_share(run).parameters},
-                      {"expert_bytes", expert_bytes_json(run)},
+                      {"expert_parameters", experts.parameters},
+                      {"expert_bytes", expert_bytes_json(experts)},
                       {"memory",
                        {{"planned_bytes", planned_json},
                         {"planned_total_bytes", plan.total_bytes()},

@@ -153,10 +153,11 @@ Tensor MoeMlps::flat_mask() const {
 
 void MoeMlps::tally() {
   tally_.resize(static_cast<size_t>(c_.experts), 0);
+  const MoeShape s = shape();
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!sparse(static_cast<int>(l))) continue;
     for (size_t e = 0; e < counts_[l].size(); ++e) tally_[e] += counts_[l][e];
-    dropped_ += moe_dropped(shape(), counts_[l]);
+    dropped_ += moe_dropped(s, counts_[l]);
   }
 }
 
