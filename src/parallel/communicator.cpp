@@ -115,6 +115,24 @@ void Communicator::check_all_to_all(const Tensor& in, const Tensor& out) const {
   BRISK_CHECK(!overlap(in, out), "all_to_all: in and out overlap");
 }
 
+void Communicator::check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send,
+                                      const Tensor& out,
+                                      const std::vector<int64_t>& receive) const {
+  const char* op = "all_to_all_v";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  BRISK_CHECK(in.dtype() == out.dtype(), op, ": in and out are ", dtype_name(in.dtype()), " and ",
+              dtype_name(out.dtype()));
+  const int64_t sent = check_counts(send, op), received = check_counts(receive, op);
+  BRISK_CHECK(sent == in.numel() && received == out.numel(), op, ": ", in.numel(),
+              " elements in and ", out.numel(), " out for pieces adding up to ", sent, " and ",
+              received);
+  const auto me = static_cast<size_t>(rank());
+  BRISK_CHECK(send[me] == receive[me], op, ": ", send[me], " elements to this rank, ", receive[me],
+              " from it");
+  BRISK_CHECK(!overlap(in, out), op, ": in and out overlap");
+}
+
 namespace {
 [[noreturn]] void refuse(const Communicator& c, const char* op) {
   BRISK_FAIL(c.name(), " has no ", op,
@@ -133,6 +151,10 @@ void Communicator::send_receive(const Tensor&, int, const Tensor&, int) {
 }
 void Communicator::all_to_all(const Tensor&, const Tensor&) {
   refuse(*this, "all_to_all");
+}
+void Communicator::all_to_all_v(const Tensor&, const std::vector<int64_t>&, const Tensor&,
+                                const std::vector<int64_t>&) {
+  refuse(*this, "all_to_all_v");
 }
 std::unique_ptr<Communicator> Communicator::split(int, int) {
   refuse(*this, "split");
@@ -259,6 +281,11 @@ class SingleProcess final : public Communicator {
   }
   void all_to_all(const Tensor& in, const Tensor& out) override {
     check_all_to_all(in, out);
+    if (in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
+  }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send, const Tensor& out,
+                    const std::vector<int64_t>& receive) override {
+    check_all_to_all_v(in, send, out, receive);
     if (in.bytes() > 0) std::memcpy(out.data(), in.data(), in.bytes());
   }
   std::unique_ptr<Communicator> split(int color, int) override {

@@ -65,6 +65,11 @@ class Communicator {
   // in and out of one length, size() equal chunks: chunk r of in goes to rank r, and chunk r of
   // out becomes chunk rank() of rank r's in.
   virtual void all_to_all(const Tensor& in, const Tensor& out);
+  // Pieces of any length: in holds send[r] elements for each rank r in rank order, and out
+  // receives receive[r] elements from each rank r in rank order (counts: size() entries each; rank
+  // p's receive[r] is rank r's send[p]). Expert parallelism's dispatch and combine.
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send, const Tensor& out,
+                            const std::vector<int64_t>& receive);
   // The ranks that pass the same `color` (>= 0) as a communicator of their own, ranked by `key`
   // (ties in this communicator's rank order): a collective of every rank. The new communicator
   // shares this one's timeout and order of started work.
@@ -132,6 +137,8 @@ class Communicator {
   void check_peer(int peer, const char* op) const;
   // all_to_all's buffers.
   void check_all_to_all(const Tensor& in, const Tensor& out) const;
+  void check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send, const Tensor& out,
+                          const std::vector<int64_t>& receive) const;
   // Every start_* counts itself here (the caller's thread only).
   void count_started() { ++started_count_; }
 

@@ -53,6 +53,16 @@ int count_of(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
+// Counts as MPI's ints (each checked by the caller's total), and where each piece starts.
+std::vector<int> ints(const std::vector<int64_t>& counts) {
+  return std::vector<int>(counts.begin(), counts.end());
+}
+std::vector<int> starts(const std::vector<int>& counts) {
+  std::vector<int> at(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) at[i] = at[i - 1] + counts[i - 1];
+  return at;
+}
+
 bool finalized() {
   int done = 0;
   MPI_Finalized(&done);
@@ -299,6 +309,20 @@ class Mpi final : public Communicator {
     const Watchdog::Watch watch(s_->watchdog, "all_to_all");
     check(MPI_Alltoall(in.data(), chunk, type(in), out.data(), chunk, type(out), comm_),
           "all_to_all (MPI_Alltoall)");
+  }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send, const Tensor& out,
+                    const std::vector<int64_t>& receive) override {
+    check_all_to_all_v(in, send, out, receive);
+    // MPI's counts and displacements are int.
+    count_of(in.numel(), "all_to_all_v");
+    count_of(out.numel(), "all_to_all_v");
+    const std::vector<int> send_counts = ints(send), send_at = starts(send_counts),
+                           receive_counts = ints(receive), receive_at = starts(receive_counts);
+    drain();
+    const Watchdog::Watch watch(s_->watchdog, "all_to_all_v");
+    check(MPI_Alltoallv(in.data(), send_counts.data(), send_at.data(), type(in), out.data(),
+                        receive_counts.data(), receive_at.data(), type(out), comm_),
+          "all_to_all_v (MPI_Alltoallv)");
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
     BRISK_CHECK(color >= 0, "split: color ", color, " is negative");

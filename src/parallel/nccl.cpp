@@ -307,6 +307,36 @@ class Nccl final : public Communicator {
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     finish("all_to_all");
   }
+  // Pieces of any length: a send and a receive per rank with something to pass, grouped; this
+  // rank's own piece copied.
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send, const Tensor& out,
+                    const std::vector<int64_t>& receive) override {
+    if (on_host(in) || on_host(out))
+      return through_device(
+          in, out, [&](const Tensor& i, const Tensor& o) { all_to_all_v(i, send, o, receive); });
+    check_all_to_all_v(in, send, out, receive);
+    wait_for_device_work();
+    const size_t esize = dtype_size(in.dtype());
+    auto* from = static_cast<char*>(in.data());
+    auto* to = static_cast<char*>(out.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      const auto n_out = static_cast<size_t>(send[static_cast<size_t>(r)]);
+      const auto n_in = static_cast<size_t>(receive[static_cast<size_t>(r)]);
+      if (r == rank_ && n_out > 0)
+        check_cuda(cudaMemcpyAsync(to, from, n_out * esize, cudaMemcpyDeviceToDevice, stream_),
+                   "all_to_all_v (own piece)");
+      else if (n_out > 0)
+        check_nccl(ncclSend(from, n_out, type_of(in), r, comm_, stream_),
+                   "all_to_all_v (ncclSend)");
+      if (r != rank_ && n_in > 0)
+        check_nccl(ncclRecv(to, n_in, type_of(out), r, comm_, stream_), "all_to_all_v (ncclRecv)");
+      from += n_out * esize;
+      to += n_in * esize;
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    finish("all_to_all_v");
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     BRISK_CHECK(color >= 0, "split: color ", color, " is negative");
     ncclComm_t sub = nullptr;

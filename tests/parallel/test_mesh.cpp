@@ -85,6 +85,33 @@ TEST(PeerToPeer, AllToAllSendsChunkRToRankR) {
   EXPECT_THROW(world().all_to_all(view(odd), view(odd_out)), Error);
 }
 
+// Rank r's piece for rank p: of 0 to 4 elements, some empty.
+int piece(int r, int p) {
+  return (3 * r + p) % 5;
+}
+
+TEST(PeerToPeer, AllToAllVSendsPiecesOfAnyLength) {
+  NEEDS_MPI();
+  const int N = world().size(), r = world().rank();
+  FVec in, want;
+  std::vector<int64_t> send, receive;
+  for (int p = 0; p < N; ++p) {
+    const FVec to_p = message(r, p, piece(r, p)), from_p = message(p, r, piece(p, r));
+    in.insert(in.end(), to_p.begin(), to_p.end());
+    want.insert(want.end(), from_p.begin(), from_p.end());
+    send.push_back(piece(r, p));
+    receive.push_back(piece(p, r));
+  }
+  FVec out(want.size(), -1.f);
+  world().all_to_all_v(view(in), send, view(out), receive);
+  EXPECT_EQ(out, want);
+  // Counts that do not add up to the buffers are refused before anything is sent.
+  FVec longer(out.size() + 1);
+  EXPECT_THROW(world().all_to_all_v(view(in), send, view(longer), receive), Error);
+  receive.pop_back();
+  EXPECT_THROW(world().all_to_all_v(view(in), send, view(out), receive), Error);
+}
+
 TEST(Split, EachGroupSumsAmongItselfInKeyOrder) {
   NEEDS_MPI();
   const int N = world().size(), r = world().rank();
