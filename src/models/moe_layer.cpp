@@ -39,6 +39,66 @@ void for_each_expert(const MoeShape& s, const std::vector<int32_t>& counts, F f)
   }
 }
 
+// f(local expert, its block's first row, the block's rows, whether it is the expert's first block)
+// for each block of rows this rank's experts compute, in row order (counts as moe_forward gives
+// them): each expert's routed rows with every expert here; under expert parallelism each rank's
+// rows for each local expert, rank after rank.
+template <typename F>
+void for_each_block(const MoeShape& s, const std::vector<int32_t>& counts, F f) {
+  if (s.expert_ranks == 1) {
+    for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) { f(e, first, n, true); });
+    return;
+  }
+  const int64_t local = moe_local_experts(s);
+  int64_t first = 0;
+  for (int64_t r = 0; r < s.expert_ranks; ++r)
+    for (int64_t e = 0; e < local; ++e) {
+      const int64_t n = counts[static_cast<size_t>(s.experts + r * local + e)];
+      f(e, first, n, r == 0);
+      first += n;
+    }
+}
+
+// Expert parallelism's traffic in rows (counts as moe_forward gives them): send[r], this rank's
+// routed rows for rank r's experts (one run of the rows grouped by expert); receive[r], rank r's
+// for this rank's experts.
+struct Traffic {
+  std::vector<int64_t> send, receive;
+  int64_t received = 0;
+};
+Traffic traffic(const MoeShape& s, const std::vector<int32_t>& counts) {
+  const int64_t local = moe_local_experts(s);
+  Traffic t{std::vector<int64_t>(static_cast<size_t>(s.expert_ranks), 0),
+            std::vector<int64_t>(static_cast<size_t>(s.expert_ranks), 0)};
+  for (int64_t r = 0; r < s.expert_ranks; ++r)
+    for (int64_t e = 0; e < local; ++e) {
+      t.send[static_cast<size_t>(r)] += counts[static_cast<size_t>(r * local + e)];
+      t.receive[static_cast<size_t>(r)] += counts[static_cast<size_t>(s.experts + r * local + e)];
+    }
+  for (const int64_t n : t.receive) t.received += n;
+  return t;
+}
+
+// After this rank's E routed counts, what every rank of the group routed to this rank's experts.
+void count_received(const MoeShape& s, ExpertGroup& group, std::vector<int32_t>& counts) {
+  const std::vector<int32_t> all = group.all_gather(counts);
+  const int64_t local = moe_local_experts(s), mine = group.rank() * local;
+  for (int64_t r = 0; r < s.expert_ranks; ++r)
+    for (int64_t e = 0; e < local; ++e)
+      counts.push_back(all[static_cast<size_t>(r * s.experts + mine + e)]);
+}
+
+// Rows [.., C] to the ranks and from them (counts in rows).
+void exchange_rows(Backend& be, ExpertGroup& group, const Tensor& in,
+                   const std::vector<int64_t>& send, const Tensor& out,
+                   const std::vector<int64_t>& receive) {
+  const int64_t C = in.dim(1);
+  std::vector<int64_t> send_elements, receive_elements;
+  for (const int64_t n : send) send_elements.push_back(n * C);
+  for (const int64_t n : receive) receive_elements.push_back(n * C);
+  group.all_to_all_v(be, in, send_elements, out, receive_elements);
+}
+
 // Zeroes rows [.., C] of `t` that their experts dropped (past the capacity).
 void zero_dropped(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
                   const Tensor& t) {
@@ -51,17 +111,25 @@ void zero_dropped(Backend& be, const MoeShape& s, const std::vector<int32_t>& co
   }
 }
 
-void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const char* op) {
+void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const ExpertGroup* group,
+               const char* op) {
   BRISK_CHECK(s.experts >= 1 && s.top_k >= 1 && s.top_k <= s.experts, op, ": top ", s.top_k, " of ",
               s.experts, " experts");
+  BRISK_CHECK(s.expert_ranks >= 1 && s.experts % s.expert_ranks == 0, op, ": ", s.experts,
+              " experts over ", s.expert_ranks, " ranks");
+  BRISK_CHECK(s.expert_ranks == 1 || (group && group->size() == s.expert_ranks), op,
+              ": expert parallelism over ", s.expert_ranks, " ranks needs their group");
+  BRISK_CHECK(s.expert_ranks == 1 || s.capacity == 0, op,
+              ": an expert capacity under expert parallelism is not supported yet");
+  const int64_t E = moe_local_experts(s);
   BRISK_CHECK(x.numel() == checked_mul(s.tokens, s.hidden, op), op, ": input ", x.shape().str(),
               " is not [", s.tokens, ", ", s.hidden, "]");
   BRISK_CHECK(w.router.shape() == Shape({s.experts, s.hidden}) &&
-                  w.gate_up.shape() == Shape({s.experts, 2 * s.inner, s.hidden}) &&
-                  w.down.shape() == Shape({s.experts, s.hidden, s.inner}),
+                  w.gate_up.shape() == Shape({E, 2 * s.inner, s.hidden}) &&
+                  w.down.shape() == Shape({E, s.hidden, s.inner}),
               op, ": expert weights ", w.router.shape().str(), ", ", w.gate_up.shape().str(), ", ",
-              w.down.shape().str(), " do not fit ", s.experts, " experts of ", s.hidden, " -> ",
-              s.inner);
+              w.down.shape().str(), " do not fit ", s.experts, " experts (", E, " here) of ",
+              s.hidden, " -> ", s.inner);
   const int64_t S = s.shared_inner;
   BRISK_CHECK(S == 0 || (w.shared_gate_up.shape() == Shape({2 * S, s.hidden}) &&
                          w.shared_down.shape() == Shape({s.hidden, S}) &&
@@ -104,8 +172,19 @@ void shared_backward(Backend& be, const MoeWeights& w, const MoeWeights& g, cons
 
 }  // namespace
 
+int64_t moe_local_experts(const MoeShape& s) {
+  return s.expert_ranks > 1 ? s.experts / s.expert_ranks : s.experts;
+}
+
+int64_t moe_expert_rows(const MoeShape& s) {
+  if (s.expert_ranks == 1) return checked_mul(s.tokens, s.top_k, "moe rows");
+  const int64_t per_token = std::min(s.top_k, moe_local_experts(s));
+  return checked_mul(checked_mul(s.expert_ranks, s.tokens, "moe rows"), per_token, "moe rows");
+}
+
 void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare) {
   const int64_t N = s.tokens, k = s.top_k, E = s.experts, rows = checked_mul(N, k, "moe rows");
+  const int64_t R = moe_expert_rows(s);
   auto f32 = [&](Tensor* t, const char* name, Shape shape) {
     declare(t, std::string("saved.") + name, DType::f32, shape);
   };
@@ -114,9 +193,9 @@ void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare
   declare(&m.experts, "saved.experts", DType::i32, {N, k});
   declare(&m.positions, "saved.positions", DType::i32, {N, k});
   declare(&m.counts, "saved.counts", DType::i32, {E});
-  f32(&m.rows, "rows", {rows, s.hidden});
-  f32(&m.gate_up, "gate_up", {rows, 2 * s.inner});
-  f32(&m.act, "act", {rows, s.inner});
+  f32(&m.rows, "rows", {R, s.hidden});
+  f32(&m.gate_up, "gate_up", {R, 2 * s.inner});
+  f32(&m.act, "act", {R, s.inner});
   f32(&m.out, "out", {rows, s.hidden});
   if (s.z_loss) f32(&m.z, "z", {N});
   if (s.shared_inner == 0) return;
@@ -129,15 +208,17 @@ void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare
 
 void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& declare) {
   const int64_t N = s.tokens, k = s.top_k, rows = checked_mul(N, k, "moe rows");
+  const int64_t R = moe_expert_rows(s);
   auto f32 = [&](Tensor* t, const char* name, Shape shape) {
     declare(t, std::string("scratch.") + name, DType::f32, shape);
   };
   f32(&m.logits, "logits", {N, s.experts});
   f32(&m.d_out, "d_out", {rows, s.hidden});
   f32(&m.dweights, "dweights", {N, k});
-  f32(&m.d_act, "d_act", {rows, s.inner});
-  f32(&m.d_gate_up, "d_gate_up", {rows, 2 * s.inner});
-  f32(&m.d_rows, "d_rows", {rows, s.hidden});
+  f32(&m.d_act, "d_act", {R, s.inner});
+  f32(&m.d_gate_up, "d_gate_up", {R, 2 * s.inner});
+  f32(&m.d_rows, "d_rows", {R, s.hidden});
+  if (s.expert_ranks > 1) f32(&m.expert_out, "expert_out", {R, s.hidden});
   if (s.shared_inner == 0) return;
   f32(&m.d_shared_out, "d_shared_out", {N, s.hidden});
   f32(&m.d_shared_scale, "d_shared_scale", {N, 1});
@@ -147,7 +228,10 @@ void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& dec
 
 int64_t moe_dropped(const MoeShape& s, const std::vector<int32_t>& counts) {
   int64_t dropped = 0;
-  for (const int32_t count : counts) dropped += count - kept_rows(s, count);
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int32_t count = counts.at(static_cast<size_t>(e));
+    dropped += count - kept_rows(s, count);
+  }
   return dropped;
 }
 
@@ -210,8 +294,8 @@ MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, in
 
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts, const MoeZLoss& z) {
-  check_moe(s, w, x, "moe_forward");
+                 std::vector<int32_t>& counts, const MoeZLoss& z, ExpertGroup* group) {
+  check_moe(s, w, x, group, "moe_forward");
   const WeightLayout out_in = WeightLayout::out_in;
   be.linear_forward(x, w.router, Tensor(), out_in, scratch.logits);
   if (s.z_loss) be.moe_z_stats(scratch.logits, z.mask, saved.z, z.sum);
@@ -220,21 +304,33 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   be.moe_dispatch(saved.experts, s.experts, saved.counts, saved.positions);
   counts.assign(s.experts, 0);
   be.download(saved.counts, Tensor(counts.data(), Shape{s.experts}, DType::i32, Device::cpu));
-  be.moe_gather(x, saved.positions, saved.rows);
+  // Under expert parallelism the routed rows are gathered into `out` (free until their outputs
+  // come back) and sent to their experts' ranks.
+  const bool across = s.expert_ranks > 1;
+  be.moe_gather(x, saved.positions, across ? saved.out : saved.rows);
+  Traffic t;
+  if (across) {
+    count_received(s, *group, counts);
+    t = traffic(s, counts);
+    exchange_rows(be, *group, saved.out, t.send, row_range(saved.rows, 0, t.received), t.receive);
+  }
+  const int64_t R = across ? t.received : s.tokens * s.top_k;
   phase_done("dispatch");
-  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
+  const Tensor out = across ? scratch.expert_out : saved.out;
+  for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool) {
     if (n > 0)
       be.linear_forward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e), Tensor(),
                         out_in, row_range(saved.gate_up, first, n));
   });
-  be.swiglu_forward(saved.gate_up, saved.act);
-  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
+  if (R > 0) be.swiglu_forward(row_range(saved.gate_up, 0, R), row_range(saved.act, 0, R));
+  for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool) {
     if (n > 0)
       be.linear_forward(row_range(saved.act, first, n), expert_matrix(w.down, e), Tensor(), out_in,
-                        row_range(saved.out, first, n));
+                        row_range(out, first, n));
   });
   zero_dropped(be, s, counts, saved.out);  // a dropped pair adds nothing
   phase_done("experts");
+  if (across) exchange_rows(be, *group, row_range(out, 0, R), t.receive, saved.out, t.send);
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
   phase_done("combine");
   if (s.shared_inner == 0) return;
@@ -245,32 +341,44 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
-                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z) {
-  check_moe(s, w, x, "moe_backward");
-  BRISK_CHECK(static_cast<int64_t>(counts.size()) == s.experts, "moe_backward: ", counts.size(),
-              " expert counts for ", s.experts, " experts");
+                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z, ExpertGroup* group) {
+  check_moe(s, w, x, group, "moe_backward");
+  const bool across = s.expert_ranks > 1;
+  // E routed counts, and under expert parallelism ranks x E / ranks received.
+  const size_t want = static_cast<size_t>(s.experts) * (across ? 2 : 1);
+  BRISK_CHECK(counts.size() == want, "moe_backward: ", counts.size(), " expert counts, ", want,
+              " expected");
   const WeightLayout out_in = WeightLayout::out_in;
   be.moe_combine_backward(dy, saved.out, saved.positions, saved.weights, scratch.d_out,
                           scratch.dweights);
   phase_done("combine");
+  // Under expert parallelism the outputs' gradients go to the experts' ranks, and the rows'
+  // gradients come back into d_out (free once sent).
+  const Traffic t = across ? traffic(s, counts) : Traffic{};
+  const int64_t R = across ? t.received : s.tokens * s.top_k;
+  const Tensor d_out = across ? row_range(scratch.expert_out, 0, R) : scratch.d_out;
+  if (across) exchange_rows(be, *group, scratch.d_out, t.send, d_out, t.receive);
   // An expert without rows still writes its gradients (zeros) unless they are added to.
-  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
+  for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
     be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
-                       row_range(scratch.d_out, first, n), out_in,
-                       row_range(scratch.d_act, first, n), false, expert_matrix(g.down, e),
-                       Tensor(), accumulate_dw);
+                       row_range(d_out, first, n), out_in, row_range(scratch.d_act, first, n),
+                       false, expert_matrix(g.down, e), Tensor(), accumulate_dw || !first_block);
   });
   zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
-  be.swiglu_backward(saved.gate_up, scratch.d_act, scratch.d_gate_up);
-  for_each_expert(s, counts, [&](int64_t e, int64_t first, int64_t n) {
+  if (R > 0)
+    be.swiglu_backward(row_range(saved.gate_up, 0, R), row_range(scratch.d_act, 0, R),
+                       row_range(scratch.d_gate_up, 0, R));
+  for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
     be.linear_backward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e),
                        row_range(scratch.d_gate_up, first, n), out_in,
                        row_range(scratch.d_rows, first, n), false, expert_matrix(g.gate_up, e),
-                       Tensor(), accumulate_dw);
+                       Tensor(), accumulate_dw || !first_block);
   });
   zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input gets no gradient
   phase_done("experts");
-  be.moe_combine(scratch.d_rows, saved.positions, Tensor(), dx, false);
+  if (across)
+    exchange_rows(be, *group, row_range(scratch.d_rows, 0, R), t.receive, scratch.d_out, t.send);
+  be.moe_combine(across ? scratch.d_out : scratch.d_rows, saved.positions, Tensor(), dx, false);
   phase_done("dispatch");
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
                         s.normalize, scratch.logits);

@@ -25,6 +25,33 @@ struct MoeShape {
   // routed rows (in the tokens' order, then their slots'); a pair past it is dropped: it adds
   // nothing to its token's output and gets no gradient. 0: dropless.
   int64_t capacity = 0;
+  // Expert parallelism: the ranks of an ExpertGroup hold the experts between them, E / ranks
+  // each (rank r experts [r E / ranks, (r + 1) E / ranks)); the weights the layer is given are this
+  // rank's experts'. 1: every expert here.
+  int64_t expert_ranks = 1;
+};
+
+// This rank's experts (E / expert_ranks).
+int64_t moe_local_experts(const MoeShape& s);
+// The rows this rank's experts compute in a micro-batch, at most: the N k routed rows with every
+// expert here; under expert parallelism what the group's ranks may send them, ranks x N x
+// min(k, local experts) (a token sends at most that many of its rows to one rank).
+int64_t moe_expert_rows(const MoeShape& s);
+
+// Expert parallelism's group (parallel/ makes it from a communicator): the ranks that hold a
+// layer's experts between them, each routing its own tokens and sending each routed row to the
+// rank of its expert, which sends the expert's output back.
+class ExpertGroup {
+ public:
+  virtual ~ExpertGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's `counts` (host; the same length on every rank), laid end to end in rank order.
+  virtual std::vector<int32_t> all_gather(const std::vector<int32_t>& counts) = 0;
+  // in's pieces to each rank and out's from each (float32 in the backend's memory; counts in
+  // elements), as Communicator::all_to_all_v passes them.
+  virtual void all_to_all_v(Backend& be, const Tensor& in, const std::vector<int64_t>& send,
+                            const Tensor& out, const std::vector<int64_t>& receive) = 0;
 };
 
 // The routed pairs past the experts' capacity (0 where dropless), from the forward's counts.
@@ -42,8 +69,9 @@ struct MoeWeights {
 };
 
 // What the forward keeps for the backward, float32 unless named: probs [N, E], weights [N, k],
-// experts and positions [N, k] (int32), counts [E] (int32), rows [N k, C] (the tokens as routed),
-// gate_up [N k, 2F], act [N k, F], out [N k, C] (each expert's output per routed row); the shared
+// experts and positions [N, k] (int32), counts [E] (int32), rows [R, C] (the rows this rank's
+// experts compute: the tokens as routed, or as the group sent them; R = moe_expert_rows), gate_up
+// [R, 2F], act [R, F], out [N k, C] (each expert's output per routed row); the shared
 // expert's gate logit and scale [N, 1], gate_up [N, 2S], act [N, S] and out [N, C]; with the
 // router z-loss, z [N] (Backend::moe_z_stats').
 struct MoeSaved {
@@ -61,10 +89,11 @@ struct MoeZLoss {
 };
 
 // The backward's temporaries: logits [N, E] (the forward's too), d_out [N k, C], dweights [N, k],
-// d_act [N k, F], d_gate_up [N k, 2F], d_rows [N k, C]; the shared expert's d_out [N, C], d_scale
-// [N, 1], d_act [N, S], d_gate_up [N, 2S].
+// d_act [R, F], d_gate_up [R, 2F], d_rows [R, C]; the shared expert's d_out [N, C], d_scale
+// [N, 1], d_act [N, S], d_gate_up [N, 2S]. Under expert parallelism, expert_out [R, C]: the
+// experts' outputs before they go back (the forward's) and their gradients as they arrive.
 struct MoeScratch {
-  Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows;
+  Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows, expert_out;
   Tensor d_shared_out, d_shared_scale, d_shared_act, d_shared_gate_up;
 };
 
@@ -80,18 +109,23 @@ void declare_moe_scratch(const MoeShape& s, MoeScratch& scratch, const MoeDeclar
 MoeSaved moe_saved_rows(const MoeSaved& saved, int64_t tokens, int64_t top_k);
 
 // y [N, C] = the layer's output for x [N, C]; `counts` receives each expert's routed rows (read
-// back to the host: the products need them).
+// back to the host: the products need them) and, under expert parallelism (`group`, of
+// s.expert_ranks ranks), after those E the rows each rank of the group sent each of this rank's
+// experts (rank after rank).
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts, const MoeZLoss& z = {});
+                 std::vector<int32_t>& counts, const MoeZLoss& z = {},
+                 ExpertGroup* group = nullptr);
 
 // From dy [N, C]: dx [N, C] written, the weights' gradients g written (or added to where
-// accumulate_dw), with `counts` as the forward gave them. dprobs [N, E], unless empty, is added to
-// the router probabilities' gradient (the load-balancing loss's).
+// accumulate_dw), with `counts` and `group` as the forward had them: under expert parallelism
+// this rank's experts' gradients over the rows of every rank of the group. dprobs [N, E], unless
+// empty, is added to the router probabilities' gradient (the load-balancing loss's).
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
-                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z = {});
+                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z = {},
+                  ExpertGroup* group = nullptr);
 
 // For benchmarks (bench/moe_cpu.cpp): `hook(phase)` is called after each phase of moe_forward and
 // moe_backward ran: "router" (the router's product and the routing; backward: theirs), "dispatch"

@@ -156,7 +156,7 @@ void MoeMlps::tally() {
   const MoeShape s = shape();
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!sparse(static_cast<int>(l))) continue;
-    for (size_t e = 0; e < counts_[l].size(); ++e) tally_[e] += counts_[l][e];
+    for (size_t e = 0; e < tally_.size(); ++e) tally_[e] += counts_[l][e];
     dropped_ += moe_dropped(s, counts_[l]);
   }
 }

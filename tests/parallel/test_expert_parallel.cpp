@@ -1,0 +1,162 @@
+// Expert parallelism (models/moe_layer.h over parallel/expert_parallel.h) on every rank of the
+// job: each rank routes its own tokens and holds E / ranks experts; its outputs, its input's and
+// router's gradients equal one process's with every expert on the same tokens, and its experts'
+// gradients equal the sum over the ranks of one process's. Float32 sums of the same terms in
+// another order (a rank's rows arrive in blocks): 1e-5 relative to max(1, |want|).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend_support.h"
+#include "models/moe_layer.h"
+#include "parallel/expert_parallel.h"
+#include "parallel/test_world.h"
+
+namespace brisk::testing {
+namespace {
+
+using FVec = std::vector<float>;
+
+FVec randn(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  FVec v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+void expect_near(const FVec& got, const FVec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5 * std::max(1.0f, std::abs(want[i])))
+        << what << " element " << i;
+}
+
+// One layer's weights and their gradients (every expert's, or this rank's), and its buffers.
+struct Layer {
+  MoeWeights w, g;
+  MoeSaved saved;
+  MoeScratch scratch;
+};
+
+// The layer for shape s in d: weights [E or local, ...] from the full ones (this rank's experts'
+// rows where s splits them), gradients and buffers starting as NaNs (every one must be written).
+Layer make_layer(DeviceBuffers& d, const MoeShape& s, int rank, const FVec& router,
+                 const FVec& gate_up, const FVec& down) {
+  const int64_t C = s.hidden, F = s.inner, E = s.experts, L = moe_local_experts(s);
+  const auto first = static_cast<int64_t>(s.expert_ranks > 1 ? rank : 0) * L;
+  auto experts = [&](const FVec& all, int64_t per) {
+    return FVec(all.begin() + first * per, all.begin() + (first + L) * per);
+  };
+  const float nan = std::nanf("");
+  Layer l;
+  l.w = {d.put(router, {E, C}), d.put(experts(gate_up, 2 * F * C), {L, 2 * F, C}),
+         d.put(experts(down, C * F), {L, C, F})};
+  l.g = {d.put(FVec(E * C, nan), {E, C}), d.put(FVec(L * 2 * F * C, nan), {L, 2 * F, C}),
+         d.put(FVec(L * C * F, nan), {L, C, F})};
+  int64_t largest = L * 2 * F * C;
+  const auto alloc = [&](Tensor* t, const std::string&, DType dtype, Shape shape) {
+    *t = dtype == DType::f32 ? d.put(FVec(shape.numel(), nan), shape) : d.alloc(shape, dtype);
+    largest = std::max(largest, shape.numel());
+  };
+  declare_moe_saved(s, l.saved, alloc);
+  declare_moe_scratch(s, l.scratch, alloc);
+  d.workspace(largest);
+  return l;
+}
+
+struct Case {
+  int64_t experts_per_rank, top_k;
+  bool normalize;
+  bool last_rank_idle;  // no token chooses the last rank's experts
+};
+
+void check_case(const Case& c) {
+  const int P = world().size(), r = world().rank();
+  SCOPED_TRACE("experts per rank " + std::to_string(c.experts_per_rank) + ", top " +
+               std::to_string(c.top_k) + (c.last_rank_idle ? ", last rank idle" : ""));
+  MoeShape one{7, 6, 5, c.experts_per_rank * P, c.top_k, c.normalize};
+  MoeShape split = one;
+  split.expert_ranks = P;
+  const int64_t N = one.tokens, C = one.hidden, F = one.inner, E = one.experts;
+  std::mt19937 shared(11);  // the same weights on every rank
+  FVec router = randn(E * C, shared, 0.7f), gate_up = randn(E * 2 * F * C, shared, 0.5f);
+  const FVec down = randn(E * C * F, shared, 0.5f);
+  std::mt19937 own(100 + r);  // this rank's tokens
+  FVec x = randn(N * C, own, 1.0f);
+  const FVec dy = randn(N * C, own, 1.0f);
+  if (c.last_rank_idle) {
+    for (int64_t e = E - c.experts_per_rank; e < E; ++e)
+      for (int64_t i = 0; i < C; ++i) router[e * C + i] = 0.0f;
+    for (int64_t e = 0; e < E - c.experts_per_rank; ++e) router[e * C] = 6.0f + 0.1f * e;
+    for (int64_t n = 0; n < N; ++n) x[n * C] = std::abs(x[n * C]) + 1.0f;
+  }
+
+  auto be = make_backend(kHostDevice);
+  DeviceBuffers d(*be);
+  const Tensor xs = d.put(x, {N, C}), dys = d.put(dy, {N, C});
+  // One process with every expert.
+  Layer whole = make_layer(d, one, r, router, gate_up, down);
+  const Tensor y1 = d.alloc({N, C}), dx1 = d.alloc({N, C});
+  std::vector<int32_t> counts1;
+  moe_forward(*be, one, whole.w, xs, whole.saved, whole.scratch, y1, counts1);
+  moe_backward(*be, one, whole.w, whole.g, xs, whole.saved, whole.scratch, counts1, dys, Tensor(),
+               dx1, false);
+  // The experts split over the ranks.
+  CommunicatorExpertGroup group(world());
+  Layer part = make_layer(d, split, r, router, gate_up, down);
+  const Tensor y = d.alloc({N, C}), dx = d.alloc({N, C});
+  std::vector<int32_t> counts;
+  moe_forward(*be, split, part.w, xs, part.saved, part.scratch, y, counts, {}, &group);
+  moe_backward(*be, split, part.w, part.g, xs, part.saved, part.scratch, counts, dys, Tensor(), dx,
+               false, {}, &group);
+
+  EXPECT_EQ(std::vector<int32_t>(counts.begin(), counts.begin() + E), counts1);
+  if (c.last_rank_idle && r == P - 1 && P > 1)
+    EXPECT_EQ(std::vector<int32_t>(counts.begin() + E, counts.end()),
+              std::vector<int32_t>(counts.size() - E, 0));
+  expect_near(d.get(y), d.get(y1), "output");
+  expect_near(d.get(dx), d.get(dx1), "input's gradient");
+  expect_near(d.get(part.g.router), d.get(whole.g.router), "router's gradient");
+  // This rank's experts' gradients: the sum over the ranks of one process's.
+  for (const auto& [mine, all, what] : {std::tuple{part.g.gate_up, whole.g.gate_up, "gate_up"},
+                                        std::tuple{part.g.down, whole.g.down, "down"}}) {
+    FVec sum = d.get(all);
+    world().all_reduce_sum(Tensor(sum.data(), Shape{static_cast<int64_t>(sum.size())}, DType::f32));
+    const auto per = static_cast<int64_t>(sum.size()) / E, first = r * c.experts_per_rank * per;
+    expect_near(d.get(mine), FVec(sum.begin() + first, sum.begin() + first + mine.numel()),
+                std::string(what) + "'s gradient");
+  }
+}
+
+TEST(ExpertParallel, ALayerComputesAsOneProcessWithEveryExpert) {
+  NEEDS_MPI();
+  check_case({2, 2, true, false});
+  check_case({1, 1, false, false});
+  check_case({3, 4, true, false});  // a token sends up to 3 rows to one rank
+  check_case({2, 2, false, true});  // the last rank's experts get no row and write zeros
+}
+
+TEST(ExpertParallel, TheGroupMustFitTheExperts) {
+  NEEDS_MPI();
+  const int P = world().size();
+  auto be = make_backend(kHostDevice);
+  DeviceBuffers d(*be);
+  MoeShape s{3, 4, 2, 2 * P, 2, true};
+  s.expert_ranks = P;
+  const FVec router(2 * P * 4, 0.1f), gate_up(2 * P * 4 * 4, 0.1f), down(2 * P * 4 * 2, 0.1f);
+  Layer l = make_layer(d, s, world().rank(), router, gate_up, down);
+  const Tensor x = d.put(FVec(12, 0.5f), {3, 4}), y = d.alloc({3, 4});
+  std::vector<int32_t> counts;
+  // Without its group, or experts that do not split evenly.
+  EXPECT_THROW(moe_forward(*be, s, l.w, x, l.saved, l.scratch, y, counts), Error);
+  s.experts += 1;
+  CommunicatorExpertGroup group(world());
+  EXPECT_THROW(moe_forward(*be, s, l.w, x, l.saved, l.scratch, y, counts, {}, &group), Error);
+}
+
+}  // namespace
+}  // namespace brisk::testing
