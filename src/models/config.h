@@ -53,7 +53,12 @@ struct MoeConfig {
   // (decoder_sparse_step, mlp_only_layers); its dense layers' MLP is intermediate_size wide.
   int64_t sparse_step = 1;
   std::vector<int64_t> dense_layers;
+  // Expert parallelism: this config is rank `expert_rank`'s of `expert_ranks`, which holds experts
+  // [first_expert(), first_expert() + local_experts()) (named by their index in the whole).
+  int expert_rank = 0, expert_ranks = 1;
   bool sparse(int64_t layer) const;
+  int64_t local_experts() const { return experts / expert_ranks; }
+  int64_t first_expert() const { return local_experts() * expert_rank; }
 };
 
 struct ModelConfig {

@@ -39,22 +39,24 @@ class Llama final : public Model {
       return m + "experts." + std::to_string(e) + "." + name + ".weight";
     };
     // transformers 5's packed layout, which a file may hold instead (Mixtral's router as mlp.gate).
-    const int64_t E = c.moe.experts;
+    // Under expert parallelism, this rank's experts only.
+    const int64_t E = c.moe.experts, first = c.moe.first_expert();
+    const int64_t end = first + c.moe.local_experts();
     const std::string gate_up = p + "mlp.experts.gate_up_proj", down = p + "mlp.experts.down_proj";
     MoeLayerIds ids;
     ids.router = param(m + "gate.weight", {E, C}, kLinearWeight);
     also_packed_in(ids.router, p + "mlp.gate.weight", {E, C}, 0);
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = first; e < end; ++e) {
       const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kExpertWeight);
       ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kExpertWeight);
       also_packed_in(gate, gate_up, {E, 2 * F, C}, 2 * e * F * C);
       also_packed_in(ids.gate_last, gate_up, {E, 2 * F, C}, (2 * e + 1) * F * C);
-      if (e == 0) ids.gate_first = gate;
+      if (e == first) ids.gate_first = gate;
     }
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = first; e < end; ++e) {
       ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kExpertWeight);
       also_packed_in(ids.down_last, down, {E, C, F}, e * C * F);
-      if (e == 0) ids.down_first = ids.down_last;
+      if (e == first) ids.down_first = ids.down_last;
     }
     if (S == 0) return ids;
     ids.shared_first = param(m + "shared_expert.gate_proj.weight", {S, C}, kLinearWeight);
@@ -231,6 +233,7 @@ class Llama final : public Model {
 
   void embed_forward(Backend& be, const StepOptions&) override {
     if (moe_) moe_->set_mask(dev_batch_.attention_mask);
+    if (moe_) moe_->set_group(expert_group());
     embed_tokens(be, dev_batch_.input_ids, embed_, Tensor(), Tensor(), Tensor(),
                  embedding_output());
   }

@@ -772,6 +772,8 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
               "internal error: a tensor-parallel share runs without its group");
   BRISK_CHECK(config_.sequence_ranks == 1 || sequence_group_ != nullptr,
               "internal error: a sequence-parallel share runs without its group");
+  BRISK_CHECK(config_.moe.expert_ranks == 1 || expert_group_ != nullptr,
+              "internal error: an expert-parallel share runs without its group");
   validate_batch();
   prepare_batch();
   slice_inputs();

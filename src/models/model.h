@@ -20,6 +20,7 @@
 #include "core/weight_files.h"
 #include "data/batch.h"
 #include "models/config.h"
+#include "models/moe_layer.h"
 #include "models/transformer_block.h"
 
 namespace brisk {
@@ -207,6 +208,9 @@ class Model : public BatchTarget {
   // on its rank's tokens of them (the planned length must split evenly), attention on every token
   // of its share of the heads.
   void set_sequence_group(SequenceGroup* group) { sequence_group_ = group; }
+  // Expert parallelism: the group whose ranks hold this model's experts between them
+  // (config().moe.expert_ranks ranks, models/moe_layer.h); this model holds its rank's.
+  void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
   // Pipeline parallelism (config().pipeline_stages > 1): the stage's input, which a stage after
   // the first receives before forward_step; its output, after forward_step; the gradient
   // flowing backwards, which a stage before the last receives (of its output) before backward,
@@ -268,6 +272,7 @@ class Model : public BatchTarget {
 
  protected:
   explicit Model(const ModelConfig& config) : config_(config) {}
+  ExpertGroup* expert_group() const { return expert_group_; }
   // Subclass hooks.
   virtual void declare_params() = 0;
   // The block wiring the architecture fixes (norm placement, weight layout); the rest of the style
@@ -509,6 +514,7 @@ class Model : public BatchTarget {
   WeightSlots* weight_source_ = nullptr;
   TensorGroup* tensor_group_ = nullptr;
   SequenceGroup* sequence_group_ = nullptr;
+  ExpertGroup* expert_group_ = nullptr;
   // Sequence parallelism's [B, T] inputs: (whole sequences on the host, this rank's tokens on
   // the host), copied by slice_inputs before the uploads; token_inputs_ holds the latter.
   std::vector<std::pair<Tensor*, Tensor*>> sliced_;

@@ -31,7 +31,8 @@ MoeShape MoeMlps::shape() const {
           c_.normalize,
           c_.shared_inner,
           c_.z_loss_coef > 0,
-          moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts)};
+          moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts),
+          c_.expert_ranks};
 }
 
 void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
@@ -79,7 +80,7 @@ MoeWeights MoeMlps::weights(const MoeLayerIds& i, bool grads) const {
   auto span = [&](int first, int last, Shape shape) {
     return grads ? params_.grad_span(first, last, shape) : params_.weight_span(first, last, shape);
   };
-  const int64_t C = hidden_, F = c_.inner, E = c_.experts, S = c_.shared_inner;
+  const int64_t C = hidden_, F = c_.inner, E = c_.local_experts(), S = c_.shared_inner;
   MoeWeights w{one(i.router), span(i.gate_first, i.gate_last, {E, 2 * F, C}),
                span(i.down_first, i.down_last, {E, C, F})};
   if (i.shared_first >= 0) {
@@ -107,17 +108,17 @@ Tensor MoeMlps::float32_input(Backend& be, const Layer& l, const Tensor& x, bool
 void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
   moe_forward(be, shape(), weights(l.ids, false), float32_input(be, l, x, true), l.saved, scratch_,
-              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l));
+              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l), group_);
 }
 
 void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
                        bool accumulate_dw) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
   if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
-  moe_backward(be, shape(), weights(l.ids, false), weights(l.ids, true),
-               float32_input(be, l, x, false), l.saved, scratch_,
-               counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
-               balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l));
+  moe_backward(
+      be, shape(), weights(l.ids, false), weights(l.ids, true), float32_input(be, l, x, false),
+      l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
+      balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l), group_);
 }
 
 void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {

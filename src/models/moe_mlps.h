@@ -41,6 +41,9 @@ class MoeMlps final : public SparseMlp {
   // losses; set before the forward. Its token count is the planned one (declare, again for each
   // length).
   void set_mask(const Tensor& mask) { mask_ = mask; }
+  // Expert parallelism's group (MoeConfig::expert_ranks of them; null: every expert here); set
+  // before the forward.
+  void set_group(ExpertGroup* group) { group_ = group; }
 
   bool sparse(int layer) const override;
   void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
@@ -96,6 +99,7 @@ class MoeMlps final : public SparseMlp {
   std::vector<float> stats_flat_, scale_host_;
   std::vector<std::vector<float>> stats_host_;
   Tensor mask_;
+  ExpertGroup* group_ = nullptr;
   int64_t tokens_ = 0;
   // balance_loss gave this micro-batch's layers a gradient (a forward run again in backward, as
   // gradient checkpointing runs it, keeps it).

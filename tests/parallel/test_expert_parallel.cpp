@@ -15,6 +15,7 @@
 #include "models/moe_layer.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/test_world.h"
+#include "test_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -156,6 +157,44 @@ TEST(ExpertParallel, TheGroupMustFitTheExperts) {
   s.experts += 1;
   CommunicatorExpertGroup group(world());
   EXPECT_THROW(moe_forward(*be, s, l.w, x, l.saved, l.scratch, y, counts, {}, &group), Error);
+}
+
+// A model made for expert rank r of `ep` declares only its experts (by their names in the whole)
+// and loads them from the checkpoint; run on the same batch as one process with every expert, its
+// loss and dense gradients are that process's and its experts' gradients `ep` times theirs (every
+// rank of the group routed the same tokens to them). The world's ranks as expert groups: all of
+// them where the fixtures' six experts split so, else pairs.
+TEST(ExpertParallel, AModelHoldsItsExpertsAndComputesAsOneProcess) {
+  NEEDS_MPI();
+  const int P = world().size(), r = world().rank(), ep = 6 % P == 0 ? P : 2;
+  const std::unique_ptr<Communicator> ranks = world().split(r / ep, r);
+  CommunicatorExpertGroup group(*ranks);
+  for (const char* name : {"moe/qwen2_moe_tiny", "moe/olmoe_tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = fixture(name);
+    LoadedModel whole(folder);
+    LoadedModel part(folder, {}, false, DType::f32, 0, false, [&](ModelConfig& c) {
+      c.moe.expert_rank = group.rank();
+      c.moe.expert_ranks = ep;
+    });
+    part.model->set_expert_group(&group);
+    const double loss = part.step(false), want = whole.step(false);
+    EXPECT_NEAR(loss, want, 1e-6 * std::abs(want));
+    int64_t experts = 0, all_experts = 0;
+    for (const ParamInfo& p : whole.model->params().list()) all_experts += p.expert;
+    const std::vector<ParamInfo>& params = part.model->params().list();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamInfo& p = params[i];
+      SCOPED_TRACE(p.name);
+      const int k = whole.model->params().index(p.name);
+      experts += p.expert;
+      FVec want_grad = to_host(*whole.be, whole.model->params().grad(k));
+      for (float& v : want_grad) v *= p.expert ? static_cast<float>(ep) : 1.0f;
+      expect_near(to_host(*part.be, part.model->params().grad(static_cast<int>(i))), want_grad,
+                  "gradient");
+    }
+    EXPECT_EQ(experts * ep, all_experts);
+  }
 }
 
 }  // namespace
