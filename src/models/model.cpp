@@ -62,7 +62,11 @@ bool Model::stage_holds(ParamRole role) const {
 
 int Model::numbered(int index) {
   const int stream = declared_++;
-  if (index >= 0) params_.set_stream(index, stream);
+  if (index >= 0) {
+    params_.set_stream(index, stream);
+    param_sections_.resize(static_cast<size_t>(index) + 1, -1);
+    param_sections_[static_cast<size_t>(index)] = section_;
+  }
   return index;
 }
 
@@ -825,43 +829,29 @@ double Model::forward(Backend& be, const StepOptions& o) {
   return read_step_stats(be)[kStatLoss];
 }
 
-// Each block's gradient tensors (BlockParams) must fill one range, the blocks one after another;
-// the head's parameters follow the last block and the embeddings precede the first (the
-// declaration order of every model here; tests check that each range is final when reported).
-// Found once, at creation, from the views layer_params gives over address space reserved for the
-// purpose (never touched: nothing is allocated).
+// Each block's parameters (those declared after its enter_layer: BlockParams' and a sparse MLP's)
+// must fill one range, the blocks one after another; the head's parameters follow the last block
+// and the embeddings precede the first (the declaration order of every model here; tests check
+// that each range is final when reported). Otherwise one segment: correct, without overlap.
 void Model::find_grad_segments() {
   const int64_t total = params_.total_elements();
   segments_.assign(1, ElementRange{0, total});
-  const auto bytes = static_cast<size_t>(checked_mul(total, 4, "the gradients' bytes"));
-  void* space =
-      ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (space == MAP_FAILED) return;  // one segment: correct, without overlap
-  const Tensor reserved(space, Shape{total}, DType::f32, kHostDevice);
-  params_.bind(reserved, reserved);
   const auto first_layer = static_cast<int>(config_.first_layer());
-  const auto* base = static_cast<const char*>(space);
+  const std::vector<ParamInfo>& list = params_.list();
   std::vector<ElementRange> blocks;
   for (int l = first_layer; l < static_cast<int>(config_.end_layer()); ++l) {
-    const BlockParams p = layer_params(l, true);
     int64_t lo = total, hi = 0, covered = 0;
-    for (const Tensor* t : {&p.qkv_w, &p.qkv_b, &p.proj_w, &p.proj_b, &p.ln_a_g, &p.ln_a_b, &p.fc_w,
-                            &p.fc_b, &p.out_w, &p.out_b, &p.ln_b_g, &p.ln_b_b}) {
-      if (t->empty() || t->numel() == 0) continue;
-      const int64_t at = (static_cast<const char*>(t->data()) - base) / dtype_size(t->dtype());
-      lo = std::min(lo, at);
-      hi = std::max(hi, at + t->numel());
-      covered += t->numel();
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (i >= param_sections_.size() || param_sections_[i] != l) continue;
+      lo = std::min(lo, list[i].offset);
+      hi = std::max(hi, list[i].offset + list[i].shape.numel());
+      covered += list[i].shape.numel();
     }
     if (lo >= hi || covered != hi - lo ||
-        (l > first_layer && blocks.back().offset + blocks.back().count != lo)) {
-      blocks.clear();
-      break;
-    }
+        (l > first_layer && blocks.back().offset + blocks.back().count != lo))
+      return;
     blocks.push_back({lo, hi - lo});
   }
-  params_.unbind();
-  ::munmap(space, bytes);
   if (blocks.empty()) return;
   const int64_t first = blocks.front().offset;
   const int64_t end = blocks.back().offset + blocks.back().count;

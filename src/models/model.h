@@ -529,6 +529,7 @@ class Model : public BatchTarget {
   // Declaring parameters: the section (-1 the embeddings, a block's layer, num_layers the head)
   // and how many the whole model has declared so far.
   int64_t section_ = -1;
+  std::vector<int64_t> param_sections_;  // by parameter: the section it was declared in
   int declared_ = 0;
   bool stage_holds(ParamRole role) const;
   // The stage's own parameter after params_.add returned `index` (-1: none).

@@ -75,8 +75,9 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
 // A mixture of experts (a tiny Mixtral) on N ranks of 2 rows: without the load-balancing loss it
 // trains as one process with their 2N rows (the experts' gradients summed over the ranks like any
 // other); with it, each rank's loss is its own micro-batch's (as under transformers' DDP, not the
-// global batch's: the loss is not linear in the routing counts), and ZeRO stage 2 trains as plain
-// data parallelism. To the sums' order (1e-5).
+// global batch's: the loss is not linear in the routing counts), and ZeRO stages 2 and 3 (the
+// experts' weights gathered with their blocks') train as plain data parallelism. To the sums'
+// order (1e-5).
 TEST(DataParallel, AMixtureOfExpertsTrainsAsOneProcessAndUnderZero) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
@@ -93,16 +94,17 @@ TEST(DataParallel, AMixtureOfExpertsTrainsAsOneProcessAndUnderZero) {
     o.per_device_train_batch_size = 2;
     o.max_steps = 3;
     const Logged ranks = run(o, nullptr, &world());
-    Logged zero;
-    if (balance) {
+    std::vector<Logged> zero;
+    for (const int64_t stage : {2, 3}) {
+      if (!balance) break;
       TrainOptions z = o;
-      z.output_dir = dir / "zero";
-      z.zero_stage = 2;
-      zero = run(z, nullptr, &world());
+      z.output_dir = dir / ("zero" + std::to_string(stage));
+      z.zero_stage = stage;
+      zero.push_back(run(z, nullptr, &world()));
     }
     if (world().rank() != 0) continue;
     if (balance) {
-      expect_trains_as(zero, ranks);
+      for (const Logged& z : zero) expect_trains_as(z, ranks);
       continue;
     }
     TrainOptions one = o;
