@@ -65,15 +65,17 @@ inline std::string write_model_folder(const TempDir& dir, const std::string& nam
   return folder;
 }
 
-// A tiny Mixtral under dir/mixtral (vocabulary 128, 2 layers of 16, 3 experts of 8, top 2);
-// `extra`: more config members (JSON text after a comma, e.g. "\"output_router_logits\": true").
-inline std::string write_tiny_mixtral(const TempDir& dir, const std::string& extra = "") {
+// A tiny Mixtral under dir/mixtral (vocabulary 128, 2 layers of 16, `experts` experts of 8, top
+// 2); `extra`: more config members (JSON text after a comma, e.g. "\"output_router_logits\":
+// true").
+inline std::string write_tiny_mixtral(const TempDir& dir, const std::string& extra = "",
+                                      int experts = 3) {
   return write_model_folder(
       dir, "mixtral",
       R"({"model_type": "mixtral", "vocab_size": 128, "hidden_size": 16, "intermediate_size": 8,
           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-          "num_local_experts": 3, "num_experts_per_tok": 2, "max_position_embeddings": 64)" +
-          (extra.empty() ? std::string() : ", " + extra) + "}");
+          "num_experts_per_tok": 2, "max_position_embeddings": 64, "num_local_experts": )" +
+          std::to_string(experts) + (extra.empty() ? std::string() : ", " + extra) + "}");
 }
 
 // A tiny BERT for the fixture WordPiece tokenizer's 1200 tokens (tokenizer/wordpiece), dropout off.

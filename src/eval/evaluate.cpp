@@ -228,10 +228,10 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       staged,
                       sequence};
   EvalTally t(std::max<int64_t>(c.L, 2));
-  // Batch i is rank i mod N's. When the model gathers its weights from every rank (ZeRO stage
-  // 3), every rank runs as many forward passes: one without a batch of its own runs one over the
-  // default batch and discards it.
-  const bool in_step = ranks > 1 && model.gathers_weights();
+  // Batch i is rank i mod N's. When a forward pass meets the other ranks (ZeRO stage 3's
+  // gathers, expert parallelism), every rank runs as many forward passes: one without a batch of
+  // its own runs one over the default batch and discards it.
+  const bool in_step = ranks > 1 && model.forward_meets_peers();
   const int64_t rounds = (data.size() + ranks * B - 1) / (ranks * B);
   for (int64_t first = rank * B; first < (in_step ? rounds * ranks * B : data.size());
        first += ranks * B) {

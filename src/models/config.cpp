@@ -693,6 +693,21 @@ ModelConfig tensor_parallel_share(const ModelConfig& c, int rank, int ranks) {
   return share;
 }
 
+ModelConfig expert_parallel_share(const ModelConfig& c, int rank, int ranks) {
+  BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "expert-parallel rank ", rank, " of ",
+              ranks);
+  BRISK_CHECK(c.moe.experts > 0, "--ep_size needs a mixture-of-experts model; ", c.type_name(),
+              " has no experts");
+  BRISK_CHECK(c.moe.experts % ranks == 0, "--ep_size ", ranks, " does not divide the ",
+              c.type_name(), " config's ",
+              c.model_type == ModelType::mixtral ? "num_local_experts" : "num_experts", " = ",
+              c.moe.experts, " (expert parallelism gives each rank as many experts)");
+  ModelConfig share = c;
+  share.moe.expert_rank = rank;
+  share.moe.expert_ranks = ranks;
+  return share;
+}
+
 ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks) {
   BRISK_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "sequence-parallel rank ", rank, " of ",
               ranks);

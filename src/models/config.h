@@ -186,6 +186,10 @@ ModelConfig pipeline_share(const ModelConfig& c, int stage, int stages);
 // the rank holding the first token). Refuses, naming the config key, head counts (of this tensor
 // rank's share) that `ranks` does not divide.
 ModelConfig sequence_parallel_share(const ModelConfig& c, int rank, int ranks);
+// Expert parallelism (--ep_size): rank `rank` of `ranks`'s share of `c`, an equal run of every
+// sparse layer's experts. Refuses a dense model, and an expert count that `ranks` does not divide
+// (naming the config key).
+ModelConfig expert_parallel_share(const ModelConfig& c, int rank, int ranks);
 // Sets every dropout probability to zero (for tests and exact comparisons).
 void disable_dropout(ModelConfig& c);
 

@@ -46,14 +46,22 @@ class Llama final : public Model {
     MoeLayerIds ids;
     ids.router = param(m + "gate.weight", {E, C}, kLinearWeight);
     also_packed_in(ids.router, p + "mlp.gate.weight", {E, C}, 0);
-    for (int64_t e = first; e < end; ++e) {
+    // Another rank's experts: skipped in the order (their initial values drawn there).
+    auto held = [&](int64_t e, int count) {
+      if (e >= first && e < end) return true;
+      for (int i = 0; i < count; ++i) skip_param();
+      return false;
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      if (!held(e, 2)) continue;
       const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kExpertWeight);
       ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kExpertWeight);
       also_packed_in(gate, gate_up, {E, 2 * F, C}, 2 * e * F * C);
       also_packed_in(ids.gate_last, gate_up, {E, 2 * F, C}, (2 * e + 1) * F * C);
       if (e == first) ids.gate_first = gate;
     }
-    for (int64_t e = first; e < end; ++e) {
+    for (int64_t e = 0; e < E; ++e) {
+      if (!held(e, 1)) continue;
       ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kExpertWeight);
       also_packed_in(ids.down_last, down, {E, C, F}, e * C * F);
       if (e == first) ids.down_first = ids.down_last;

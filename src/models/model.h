@@ -222,6 +222,9 @@ class Model : public BatchTarget {
   // length (each slot holds one of the planned length).
   Tensor stashed_input(int slot) const;
   bool gathers_weights() const { return weight_source_ != nullptr; }
+  // Whether a forward pass takes part in collectives of other ranks (ZeRO stage 3's gathers of
+  // the weights, expert parallelism's exchanges of routed rows): every rank then runs as many.
+  bool forward_meets_peers() const { return gathers_weights() || config_.moe.expert_ranks > 1; }
   // backward's report: grad_segments()[i] is final (its computation issued: on a GPU, in stream
   // order), for the last micro-batch of an accumulated step (every micro-batch when staged).
   using SegmentDone = std::function<void(int)>;
@@ -318,6 +321,10 @@ class Model : public BatchTarget {
   // outside its run, the embeddings past the first stage (but a tied head's on the last), the
   // head before the last.
   int param(const std::string& name, Shape shape, ParamRole role);
+  // A parameter of the whole model this one does not hold (another expert rank's expert): it
+  // keeps the others' places in the order, so that every rank's initial values are the whole
+  // model's.
+  void skip_param() { numbered(-1); }
   void enter_layer(int64_t layer) { section_ = layer; }
   void enter_head() { section_ = config_.num_layers; }
   // A parameter tensor parallelism splits along `dim` (its `pieces` parts each: ParamSplit):

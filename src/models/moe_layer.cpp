@@ -179,7 +179,8 @@ int64_t moe_local_experts(const MoeShape& s) {
 int64_t moe_expert_rows(const MoeShape& s) {
   if (s.expert_ranks == 1) return checked_mul(s.tokens, s.top_k, "moe rows");
   const int64_t per_token = std::min(s.top_k, moe_local_experts(s));
-  return checked_mul(checked_mul(s.expert_ranks, s.tokens, "moe rows"), per_token, "moe rows");
+  const int64_t tokens = std::max(s.tokens, s.peer_tokens);
+  return checked_mul(checked_mul(s.expert_ranks, tokens, "moe rows"), per_token, "moe rows");
 }
 
 void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare) {

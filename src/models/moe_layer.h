@@ -29,13 +29,17 @@ struct MoeShape {
   // each (rank r experts [r E / ranks, (r + 1) E / ranks)); the weights the layer is given are this
   // rank's experts'. 1: every expert here.
   int64_t expert_ranks = 1;
+  // The most tokens a rank of the group routes at once (the planned micro-batch's: ranks may pass
+  // shorter ones, of different lengths); 0: tokens.
+  int64_t peer_tokens = 0;
 };
 
 // This rank's experts (E / expert_ranks).
 int64_t moe_local_experts(const MoeShape& s);
 // The rows this rank's experts compute in a micro-batch, at most: the N k routed rows with every
 // expert here; under expert parallelism what the group's ranks may send them, ranks x N x
-// min(k, local experts) (a token sends at most that many of its rows to one rank).
+// min(k, local experts) (a token sends at most that many of its rows to one rank), N the most
+// tokens a rank routes (peer_tokens).
 int64_t moe_expert_rows(const MoeShape& s);
 
 // Expert parallelism's group (parallel/ makes it from a communicator): the ranks that hold a

@@ -32,11 +32,13 @@ MoeShape MoeMlps::shape() const {
           c_.shared_inner,
           c_.z_loss_coef > 0,
           moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts),
-          c_.expert_ranks};
+          c_.expert_ranks,
+          peer_tokens_};
 }
 
 void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
   tokens_ = tokens;
+  peer_tokens_ = std::max(peer_tokens_, tokens);  // the first plan's: the planned length
   const MoeShape s = shape();
   int64_t sparse_layers = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -122,6 +124,8 @@ void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy
 }
 
 void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {
+  BRISK_CHECK(c_.expert_ranks == 1,
+              "generation under expert parallelism (--ep_size) is not supported yet");
   infer_tokens_ = tokens;
   MoeShape s = shape();
   s.tokens = tokens;

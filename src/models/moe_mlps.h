@@ -101,6 +101,9 @@ class MoeMlps final : public SparseMlp {
   Tensor mask_;
   ExpertGroup* group_ = nullptr;
   int64_t tokens_ = 0;
+  // Under expert parallelism, the planned micro-batch's tokens: what another rank may route at
+  // once (a shorter length's plan keeps the expert side's buffers for it).
+  int64_t peer_tokens_ = 0;
   // balance_loss gave this micro-batch's layers a gradient (a forward run again in backward, as
   // gradient checkpointing runs it, keeps it).
   bool balanced_ = false;

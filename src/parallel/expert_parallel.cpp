@@ -1,9 +1,17 @@
 // Expert parallelism's exchanges over a communicator.
 #include "parallel/expert_parallel.h"
 
+#include <algorithm>
 #include <chrono>
+#include <string>
+#include <utility>
 
+#include "backend/backend.h"
 #include "core/checked.h"
+#include "optim/optimizer.h"
+#include "parallel/part_reads.h"
+#include "parallel/zero.h"
+#include "precision/mixed_precision.h"
 
 namespace brisk {
 
@@ -30,6 +38,201 @@ void CommunicatorExpertGroup::all_to_all_v(Backend&, const Tensor& in,
   comm_.all_to_all_v(in, send, out, receive);
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   bytes_ += static_cast<double>(in.bytes());
+}
+
+}  // namespace brisk
+
+namespace brisk {
+
+namespace {
+
+class ExpertParallel final : public ParallelPolicy {
+ public:
+  ExpertParallel(Backend& be, Communicator& world, Communicator& experts, Model& model,
+                 const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
+                 ElementRange run, std::unique_ptr<ParallelPolicy> data)
+      : be_(be),
+        world_(world),
+        experts_(experts),
+        model_(model),
+        full_(Model::create(full)),
+        precision_(precision),
+        optimizer_(optimizer),
+        data_(std::move(data)),
+        run_(run),
+        zero_(run.count < model.params().total_elements()) {
+    const std::vector<ParamInfo>& params = model_.params().list();
+    for (size_t i = 0; i < params.size(); ++i)
+      (params[i].expert ? experts_of_rank_ : shared_).push_back(static_cast<int>(i));
+    place_parameters(full);
+    state_ = state_layout(optimizer_, full_->params());
+    share_ = full_layout_share();
+  }
+
+  void begin_step() override { data_->begin_step(); }
+  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
+  // The replicas' sums, then the step's statistics and the shared parameters' gradients over
+  // the expert group (blocking: all waited for).
+  SyncSeconds finish_gradients() override {
+    SyncSeconds s = data_->finish_gradients();
+    const Clock::time_point start = Clock::now();
+    experts_.all_reduce_sum(model_.step_stats());
+    sum_over_experts(shared_);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    s.ran += seconds;
+    s.waited += seconds;
+    return s;
+  }
+  const Tensor& gradients() const override { return data_->gradients(); }
+  double sum_over_gradients(const Tensor& sums) override {
+    const double seconds = data_->sum_over_gradients(sums);
+    const Clock::time_point start = Clock::now();
+    experts_.all_reduce_sum(sums);
+    return seconds + std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  // Expert rank 0 counts every element of its gradients, the others their experts' only: the
+  // rest they hold alike.
+  double gradient_sum_squares(const Tensor& acc, int skip) override {
+    BRISK_CHECK(skip < 0, "internal error: expert parallelism inside another layout");
+    const Tensor& grads = data_->gradients();
+    const int64_t base = held_base(grads);
+    if (experts_.rank() == 0) {
+      sum_squares_except(be_, model_.params(), grads, base, -1, acc);
+    } else {
+      for (int i : experts_of_rank_) {
+        const ElementRange r =
+            held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
+        if (r.count > 0) be_.sum_squares(element_range(grads, r.offset, r.count), acc);
+      }
+    }
+    return sum_over_gradients(acc);
+  }
+  double step_weights(float lr, const RngKey& rounding) override {
+    return data_->step_weights(lr, rounding);
+  }
+  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
+  void weights_written() override { data_->weights_written(); }
+  void load_weights(const std::string& file) override { data_->load_weights(file); }
+  const StateShare* state_share() const override { return &share_; }
+  const Model* saved_model() const override { return full_.get(); }
+
+  // Each expert rank's share comes from its replicas: under ZeRO their runs in order, else the
+  // first replica's whole.
+  std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
+    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
+    const int replica = world_.rank() / experts_.size();
+    std::vector<Tensor> parts =
+        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
+    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
+    return std::make_unique<PartReads>(world_, std::move(parts), full_->params(), placed_, holders_,
+                                       held_elements_, state_);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // Where this rank's gradients start among the parameters: ZeRO's run, or all of them.
+  int64_t held_base(const Tensor& grads) const {
+    return grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
+  }
+  // p's elements among the gradients this rank holds (from element `base` of the parameters, n
+  // of them), as a range of those gradients.
+  static ElementRange held_range(const ParamInfo& p, int64_t base, int64_t n) {
+    const int64_t lo = std::max(p.offset, base),
+                  hi = std::min(p.offset + p.shape.numel(), base + n);
+    return lo < hi ? ElementRange{lo - base, hi - lo} : ElementRange{};
+  }
+
+  // The gradients of `params` (each rank's part of the batch's) summed over the expert group,
+  // neighbouring parameters at once.
+  void sum_over_experts(const std::vector<int>& params) {
+    const Tensor& grads = data_->gradients();
+    const int64_t base = held_base(grads);
+    ElementRange run;
+    auto flush = [&] {
+      if (run.count > 0) experts_.all_reduce_sum(element_range(grads, run.offset, run.count));
+      run = {};
+    };
+    for (int i : params) {
+      const ElementRange r =
+          held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
+      if (r.count == 0) continue;
+      if (run.count > 0 && run.offset + run.count == r.offset) {
+        run.count += r.count;
+        continue;
+      }
+      flush();
+      run = r;
+    }
+    flush();
+  }
+
+  // Which expert rank holds each of the whole model's parameters (the shared ones: rank 0), and
+  // where in its share; the holders (each expert rank's replicas), their elements together.
+  void place_parameters(const ModelConfig& full) {
+    const int ranks = experts_.size(), replicas = world_.size() / ranks;
+    placed_.assign(full_->params().list().size(), std::vector<Placed>(1));
+    for (int h = 0; h < ranks; ++h) {
+      const std::unique_ptr<Model> share = Model::create(expert_parallel_share(full, h, ranks));
+      std::vector<int> holder;
+      for (int d = 0; d < replicas; ++d) holder.push_back(d * ranks + h);
+      holders_.push_back(holder);
+      held_elements_ += share->params().total_elements();
+      const StateLayout held = state_layout(optimizer_, share->params());
+      for (size_t j = 0; j < share->params().list().size(); ++j) {
+        const ParamInfo& p = share->params().list()[j];
+        Placed& where = placed_[static_cast<size_t>(full_->params().index(p.name))][0];
+        if (where.holder >= 0) continue;  // a shared parameter: rank 0's
+        where = {h, p, {}};
+        for (const std::vector<int64_t>& at : held.at) where.state_at.push_back(at[j]);
+      }
+    }
+  }
+
+  // Where this rank's optimizer state (its run's: ZeRO's partition of its share, or the whole
+  // share) lies in a checkpoint's, laid out as the whole model's parameters.
+  StateShare full_layout_share() const {
+    std::vector<HeldPiece> held;
+    const int64_t begin = run_.offset, end = run_.offset + run_.count;
+    for (const ParamInfo& p : model_.params().list()) {
+      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
+      if (lo < hi)
+        held.push_back(
+            {&p, static_cast<size_t>(full_->params().index(p.name)), lo - p.offset, hi - lo});
+    }
+    return checkpoint_state_share(optimizer_, held, state_);
+  }
+
+  Backend& be_;
+  Communicator& world_;
+  Communicator& experts_;
+  Model& model_;
+  std::unique_ptr<Model> full_;  // the whole model's parameters (no buffers)
+  MixedPrecision& precision_;
+  Optimizer& optimizer_;
+  std::unique_ptr<ParallelPolicy> data_;
+  ElementRange run_;  // the parameters this rank steps
+  bool zero_;         // the run is a part: ZeRO partitions the share's state
+  std::vector<int> experts_of_rank_, shared_;  // this share's expert parameters, and the rest
+  std::vector<std::vector<Placed>> placed_;    // by whole parameter (one tensor rank)
+  std::vector<std::vector<int>> holders_;      // each expert rank's replicas
+  int64_t held_elements_ = 0;
+  StateLayout state_;  // the whole model's optimizer state
+  StateShare share_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParallelPolicy> make_expert_parallel_policy(
+    Backend& be, Communicator& world, Communicator& experts, Model& model, const ModelConfig& full,
+    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
+    std::unique_ptr<ParallelPolicy> data_parallel) {
+  const int replica = world.rank() / experts.size();
+  const ElementRange run = buffers.shards.empty()
+                               ? ElementRange{0, model.params().total_elements()}
+                               : buffers.shards[static_cast<size_t>(replica)].elements;
+  return std::make_unique<ExpertParallel>(be, world, experts, model, full, precision, optimizer,
+                                          run, std::move(data_parallel));
 }
 
 }  // namespace brisk

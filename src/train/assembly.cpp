@@ -73,7 +73,8 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B,
-                                    int tensor_rank, int pipeline_stage, int sequence_rank) {
+                                    int tensor_rank, int pipeline_stage, int sequence_rank,
+                                    int expert_rank) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
@@ -95,6 +96,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int6
   if (o.sp_size > 1)
     share = sequence_parallel_share(share, sequence_rank, static_cast<int>(o.sp_size));
   if (pp > 1) share = pipeline_share(share, pipeline_stage, pp);
+  if (o.ep_size > 1) share = expert_parallel_share(share, expert_rank, static_cast<int>(o.ep_size));
   r.model = Model::create(share);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
@@ -190,8 +192,13 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.rank = rank;
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
+  // Expert parallelism: runs of ep_size data ranks hold the experts between them; the ZeRO
+  // replicas are the ranks that hold the same experts.
+  const int ep = static_cast<int>(std::max<int64_t>(o.ep_size, 1));
+  BRISK_CHECK(ranks % ep == 0, "--ep_size ", ep, " does not divide the ", ranks,
+              " data-parallel ranks");
   const BatchLayout layout =
-      assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage, sequence_rank);
+      assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage, sequence_rank, rank % ep);
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
@@ -211,8 +218,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
   // sp_size sequence ranks.
   const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
-  const int replica = replica_rank(rank, sequence_rank, sp);
-  const ParallelPlanOptions layout_options{replica, ranks * sp, o.zero_stage,
+  const int replica = replica_rank(rank, sequence_rank, sp) / ep;
+  const ParallelPlanOptions layout_options{replica, ranks * sp / ep, o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);

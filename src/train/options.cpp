@@ -184,6 +184,12 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.pp_size);
   BRISK_CHECK(o.sp_size >= 0 && o.sp_size <= 4096, "sp_size must lie in [0, 4096], got ",
               o.sp_size);
+  BRISK_CHECK(o.ep_size >= 0 && o.ep_size <= 4096, "ep_size must lie in [0, 4096], got ",
+              o.ep_size);
+  BRISK_CHECK(o.ep_size <= 1 || (o.tp_size <= 1 && o.pp_size <= 1 && o.sp_size <= 1),
+              "--ep_size with tensor, pipeline or sequence parallelism is not supported yet");
+  BRISK_CHECK(o.ep_size <= 1 || o.moe_capacity_factor == 0,
+              "--moe_capacity_factor with --ep_size is not supported yet");
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);
@@ -415,8 +421,9 @@ const char* option_group(const std::string& name) {
       {"Logging",
        {"logging_strategy", "logging_steps", "report_to", "logging_dir", "disable_tqdm"}},
       {"Several processes",
-       {"zero_stage", "tp_size", "tp_sequence_parallel", "pp_size", "sp_size", "parallelism_config",
-        "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout", "stage3_prefetch_bucket_size"}}};
+       {"zero_stage", "tp_size", "tp_sequence_parallel", "pp_size", "sp_size", "ep_size",
+        "parallelism_config", "deepspeed", "ddp_bucket_cap_mb", "ddp_timeout",
+        "stage3_prefetch_bucket_size"}}};
   for (const auto& [group, names] : groups)
     if (std::find(names.begin(), names.end(), name) != names.end()) return group;
   return "";

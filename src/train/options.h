@@ -124,6 +124,10 @@ struct TrainOptions {
   // equal run of every sequence's tokens each, attention exchanging tokens for heads by
   // all-to-all; their gradients are summed with the data-parallel replicas'. 0 or 1: none.
   int64_t sp_size = 1;
+  // Expert parallelism (DeepSpeed-MoE's ep_size): data-parallel ranks that hold a mixture of
+  // experts' experts between them, each routing its own tokens to the experts' ranks by
+  // all-to-all; 0 or 1: none.
+  int64_t ep_size = 1;
   // accelerate's ParallelismConfig as a JSON file (train/parallelism_config.h): its degrees set
   // tp_size and the data parallelism.
   std::string parallelism_config;
@@ -313,6 +317,11 @@ void visit_options(Options& o, Visitor&& v) {
     "sequence's tokens each (the length a multiple of it), attention on every token of their "
     "share of the heads by all-to-all; the world's ranks over sp_size are data-parallel "
     "replicas");
+  v("ep_size", o.ep_size,
+    "expert parallelism (a mixture of experts): ranks that hold an equal share of every sparse "
+    "layer's experts each, every rank routing its own tokens' rows to the experts' ranks and "
+    "back by all-to-all; the experts' gradients are summed over the ranks that hold the same "
+    "experts (world / ep_size of them), the rest over every rank");
   v("pp_size", o.pp_size,
     "pipeline parallelism: stages that hold an equal run of the blocks each, the step's "
     "gradient_accumulation_steps micro-batches passing through them in the 1F1B order (stages "

@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/launch.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline_parallel.h"
@@ -801,6 +802,32 @@ void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, 
 
 }  // namespace
 
+// Expert parallelism's ranks: runs of ep_size ranks hold the experts between them (the group,
+// whose exchanges `exchange` makes for the model); the ranks that hold the same experts, one of
+// each run, sum their gradients (the replicas). None without it.
+struct ExpertRanks {
+  std::unique_ptr<Communicator> group, replicas;
+  std::unique_ptr<CommunicatorExpertGroup> exchange;
+};
+ExpertRanks split_expert_ranks(Communicator& dist, int64_t ep_size) {
+  ExpertRanks e;
+  if (ep_size <= 1) return e;
+  const int ep = static_cast<int>(ep_size);
+  e.group = dist.split(dist.rank() / ep, dist.rank());
+  e.replicas = dist.split(dist.rank() % ep, dist.rank());
+  e.exchange = std::make_unique<CommunicatorExpertGroup>(*e.group);
+  return e;
+}
+
+// An exchange the model's layers ran (sequence or expert parallelism's all-to-alls): its bytes and
+// seconds, all of them waited for as they ran.
+void add_exchanges(TrainSummary& s, const std::string& name, double bytes, double seconds) {
+  s.parallel.emplace_back(name + "_all_to_all_bytes", bytes);
+  s.parallel.emplace_back(name + "_all_to_all_seconds", seconds);
+  s.communication_seconds += seconds;
+  s.communication_wait_seconds += seconds;
+}
+
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the steps
 // (train_steps), finish, evaluate and summarize.
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
@@ -839,7 +866,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
         dist, mesh_shape(dist.size(), degree(options.tp_size), degree(options.pp_size),
                          degree(options.sp_size)));
   Communicator& data = mesh ? mesh->group(MeshDim::data) : dist;
-  Communicator& replicas = mesh ? mesh->replicas() : dist;
+  ExpertRanks experts = split_expert_ranks(dist, options.ep_size);
+  Communicator& replicas = mesh ? mesh->replicas() : experts.replicas ? *experts.replicas : dist;
   dist.barrier();
   TrainSummary s;
   const TrainOptions settled =
@@ -876,6 +904,12 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   if (o.tp_size > 1)
     parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,
                                            *run->optimizer, run->parallel, std::move(parallel));
+  if (experts.group) {
+    model.set_expert_group(experts.exchange.get());
+    parallel =
+        make_expert_parallel_policy(*be, dist, *experts.group, model, run->config, *run->precision,
+                                    *run->optimizer, run->parallel, std::move(parallel));
+  }
   if (o.pp_size > 1)
     parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
                                              *run->optimizer, run->parallel, std::move(parallel));
@@ -885,12 +919,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   RunContext c{o, dist, data, sequence_ranks, *be, *run, *parallel, state, s, peaks, log, faults};
   train_steps(c);
   s.parallel = parallel->statistics();
-  if (sequence) {  // the training steps' all-to-alls, waited for as they ran
-    s.parallel.emplace_back("sequence_all_to_all_bytes", sequence->bytes());
-    s.parallel.emplace_back("sequence_all_to_all_seconds", sequence->seconds());
-    s.communication_seconds += sequence->seconds();
-    s.communication_wait_seconds += sequence->seconds();
-  }
+  if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());
+  if (experts.exchange)
+    add_exchanges(s, "expert", experts.exchange->bytes(), experts.exchange->seconds());
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
   return s;

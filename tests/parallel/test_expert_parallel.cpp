@@ -15,6 +15,7 @@
 #include "models/moe_layer.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
 #include "test_support.h"
 
 namespace brisk::testing {
@@ -194,6 +195,35 @@ TEST(ExpertParallel, AModelHoldsItsExpertsAndComputesAsOneProcess) {
                   "gradient");
     }
     EXPECT_EQ(experts * ep, all_experts);
+  }
+}
+
+// Training with --ep_size 2 (the world's ranks in pairs, each holding two of a tiny Mixtral's four
+// experts; on 4 ranks two pairs, each expert's holders summing its gradients) trains as plain
+// data parallelism on the same ranks, with the load-balancing loss (each rank's own micro-batch's,
+// as under DDP): the same losses and the same whole model saved, the experts read from their
+// ranks. Under ZeRO 1, 2 and 3 too (the states sharded over each expert's holders). To the sums'
+// order (1e-5).
+TEST(ExpertParallel, TrainsAsDataParallelismAndSavesTheWholeModel) {
+  NEEDS_MPI();
+  if (world().size() % 2 != 0) GTEST_SKIP() << "expert parallelism here pairs the ranks";
+  SharedDir dir("ep_train");
+  if (world().rank() == 0)
+    write_tiny_mixtral(*dir.owned, R"("router_aux_loss_coef": 0.1, "output_router_logits": true)",
+                       4);
+  world().barrier();
+  TrainOptions o = tiny_options(dir / "mixtral", dir / "ddp");
+  o.per_device_train_batch_size = 2;
+  o.max_steps = 3;
+  const Logged ddp = run(o, nullptr, &world());
+  for (const int64_t zero : {0, 1, 2, 3}) {
+    SCOPED_TRACE("zero stage " + std::to_string(zero));
+    TrainOptions e = o;
+    e.output_dir = dir / ("ep_zero" + std::to_string(zero));
+    e.ep_size = 2;
+    e.zero_stage = zero;
+    const Logged experts = run(e, nullptr, &world());
+    if (world().rank() == 0) expect_trains_as(experts, ddp);
   }
 }
 
