@@ -215,6 +215,50 @@ TEST(Cli, EstimateShowsTheExpertsPartOfThePlan) {
   EXPECT_EQ(dense["expert_parameters"], 0);
 }
 
+// estimate --ep_size: the plan is expert rank 0's, with half the experts; its experts' buffers
+// hold the rows every rank may send them (2 ranks x 32 tokens x min(top 2, 2 experts)); ZeRO
+// partitions over the ranks that hold the same experts. Layouts it cannot take are refused.
+TEST(Cli, EstimatePlansAnExpertRanksShare) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("brisk_cli_ep_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "mixtral", "vocab_size": 128,
+      "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "max_position_embeddings": 64})";
+  const std::string model =
+      "--model " + dir.string() + " --seq_len 16 --per_device_train_batch_size 2 ";
+  CliRun r;
+  const nlohmann::json j = estimate_json(model + "--world_size 4 --ep_size 2 --zero_stage 2", &r);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("expert parallel over 2 ranks: each holds 2 of every sparse layer's 4 "
+                       "experts (1536 expert parameters"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(j["parameters"], 8912 - 1536);
+  EXPECT_EQ(j["expert_parameters"], 1536);
+  EXPECT_EQ(j["expert_parallel"]["receive_rows_bound"], 128);
+  EXPECT_EQ(j["data_parallel"]["ranks"].size(), 2u);
+  int rows = 0;
+  for (const auto& b : j["memory"]["buffers"])
+    if (b["name"] == "moe.0.saved.rows") {
+      ++rows;
+      EXPECT_EQ(b["shape"], "[128, 16]");
+    }
+  EXPECT_EQ(rows, 1);
+  expect_refused("estimate " + model + "--world_size 3 --ep_size 3",
+                 "--ep_size 3 does not divide the mixtral config's num_local_experts = 4");
+  expect_refused("estimate " + model + "--world_size 2 --ep_size 4",
+                 "--ep_size 4 does not divide the 2 data-parallel ranks");
+  expect_refused("estimate " + model + "--world_size 4 --ep_size 2 --tp_size 2",
+                 "--ep_size with tensor, pipeline or sequence parallelism is not supported yet");
+  expect_refused("estimate " + model + "--world_size 4 --ep_size 2 --moe_capacity_factor 1.5",
+                 "--moe_capacity_factor with --ep_size is not supported yet");
+  expect_refused("estimate --model gpt2-tiny --world_size 2 --ep_size 2",
+                 "--ep_size needs a mixture-of-experts model; gpt2 has no experts");
+  fs::remove_all(dir);
+}
+
 // estimate --output_json lists every buffer of the plan; they add up to each category's bytes.
 // GPT-2's LM head holds 256 of the 1024 rows' logits at a time on the CPU (64 MiB at most), and
 // the products' operand buffers are sized by that chunk.

@@ -18,6 +18,7 @@
 #include "core/safetensors.h"
 #include "models/batch.h"
 #include "models/model.h"
+#include "models/moe_layer.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/mesh.h"
@@ -386,22 +387,27 @@ TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& arg
 void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device device) {
   const int64_t n = r.model->params().total_elements(), active = r.model->active_parameters();
   const MixedPrecision& precision = *r.precision;
-  const std::string active_note =
-      active == n ? "" : " (" + std::to_string(active) + " active per token)";
-  std::printf(
-      "%s: %lld parameters%s%s, batch %lld x %lld%s%s%s, %s, on %s\n", o.model_name_or_path.c_str(),
-      static_cast<long long>(n), active_note.c_str(), o.tp_size > 1 ? " on each tensor rank" : "",
-      static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
-      o.gradient_checkpointing ? ", gradient checkpointing"
-      : o.selective_recompute  ? ", selective recomputation"
-                               : "",
-      o.bf16   ? ", bf16"
-      : o.fp16 ? ", fp16"
-               : ", fp32",
-      precision.float32_weights()                      ? " with float32 weights"
-      : precision.enabled() && !precision.has_master() ? " without master weights"
-                                                       : "",
-      r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+  const std::string active_note = active == n
+                                      ? ""
+                                      : " (" + std::to_string(active) + " active per token" +
+                                            (o.ep_size > 1 ? " in the whole model)" : ")");
+  std::printf("%s: %lld parameters%s%s, batch %lld x %lld%s%s%s, %s, on %s\n",
+              o.model_name_or_path.c_str(), static_cast<long long>(n), active_note.c_str(),
+              o.tp_size > 1   ? " on each tensor rank"
+              : o.ep_size > 1 ? " on each expert rank"
+                              : "",
+              static_cast<long long>(o.per_device_train_batch_size),
+              static_cast<long long>(o.seq_len),
+              o.gradient_checkpointing ? ", gradient checkpointing"
+              : o.selective_recompute  ? ", selective recomputation"
+                                       : "",
+              o.bf16   ? ", bf16"
+              : o.fp16 ? ", fp16"
+                       : ", fp32",
+              precision.float32_weights()                      ? " with float32 weights"
+              : precision.enabled() && !precision.has_master() ? " without master weights"
+                                                               : "",
+              r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
 }
 
 // A mixture of experts: the routed experts' parameters and their part of the planned weights,
@@ -652,6 +658,34 @@ nlohmann::json print_sequence_parallel(const TrainOptions& o, const RunAssembly&
       format_mib(static_cast<size_t>(bytes * (n - 1) / n)).c_str());
   return {{"ranks", n}, {"tokens_per_rank", o.seq_len / n}, {"all_to_all_bytes_per_step", bytes}};
 }
+
+// --ep_size: the plan is expert rank 0's (its share of the experts); each rank's experts may
+// receive up to ranks x N x min(k, E / ranks) rows per sparse layer and micro-batch (N the
+// planned micro-batch's tokens), the bound their buffers are planned for.
+nlohmann::json print_expert_parallel(const TrainOptions& o, const RunAssembly& run) {
+  const ModelConfig& c = run.model->config();
+  int64_t held = 0;
+  for (const ParamInfo& p : run.model->params().list())
+    if (p.expert) held += p.shape.numel();
+  const BatchShape planned = run.model->planned_shape();
+  MoeShape s{planned.batch * planned.seq, c.hidden_size, c.moe.inner, c.moe.experts, c.moe.top_k};
+  s.expert_ranks = o.ep_size;
+  const int64_t rows = moe_expert_rows(s);
+  std::printf(
+      "expert parallel over %lld ranks: each holds %lld of every sparse layer's %lld experts "
+      "(%lld expert parameters; the plan is rank 0's)\n",
+      static_cast<long long>(o.ep_size), static_cast<long long>(c.moe.local_experts()),
+      static_cast<long long>(c.moe.experts), static_cast<long long>(held));
+  std::printf(
+      "  rows its experts may receive per sparse layer and micro-batch: %lld (%lld ranks x %lld "
+      "tokens x %lld), the bound their buffers are planned for\n",
+      static_cast<long long>(rows), static_cast<long long>(o.ep_size),
+      static_cast<long long>(s.tokens), static_cast<long long>(rows / o.ep_size / s.tokens));
+  return {{"ranks", o.ep_size},
+          {"experts_per_rank", c.moe.local_experts()},
+          {"expert_parameters_per_rank", held},
+          {"receive_rows_bound", rows}};
+}
 }  // namespace
 
 // --pp_size: each stage's plan, which differ (the first holds the embeddings, the last the head,
@@ -715,8 +749,13 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
       o.tp_size > 1 ? print_tensor_parallel(o, *run) : nlohmann::json::object();
   layout["sequence_parallel"] =
       o.sp_size > 1 ? print_sequence_parallel(o, *run) : nlohmann::json::object();
+  layout["expert_parallel"] =
+      o.ep_size > 1 ? print_expert_parallel(o, *run) : nlohmann::json::object();
   print_categories(o, *run, device);
-  layout["data_parallel"] = print_ranks(o, *run, replicas * mesh[MeshDim::sequence]);
+  // The ranks that share ZeRO's partitions: under expert parallelism, those holding the same
+  // experts.
+  layout["data_parallel"] =
+      print_ranks(o, *run, replicas * mesh[MeshDim::sequence] / degree(o.ep_size));
   layout["pipeline_stages"] =
       o.pp_size > 1 ? print_pipeline_stages(o, device, replicas) : nlohmann::json::array();
   const size_t block = bytes_under(run->plan, "block.0.");

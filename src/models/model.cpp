@@ -50,7 +50,8 @@ int64_t Model::active_parameters() const {
   int64_t sparse = 0;
   for (int64_t l = config_.first_layer(); l < config_.end_layer(); ++l) sparse += m.sparse(l);
   const int64_t expert = 3 * m.inner * config_.hidden_size;  // gate, up and down
-  return params_.total_elements() - sparse * expert * (m.experts - m.top_k);
+  // An expert rank's share holds local_experts of them; a token's active ones are the whole's.
+  return params_.total_elements() - sparse * expert * (m.local_experts() - m.top_k);
 }
 
 bool Model::stage_holds(ParamRole role) const {

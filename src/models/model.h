@@ -105,7 +105,8 @@ class Model : public BatchTarget {
   const ModelConfig& config() const { return config_; }
   const ParameterSet& params() const { return params_; }
   // The parameters one token's forward pass reads: all of them but, in a mixture of experts'
-  // sparse layers, the experts it is not routed to (E - k of E).
+  // sparse layers, the experts it is not routed to (E - k of E); the whole model's, for an expert
+  // rank's share too.
   int64_t active_parameters() const;
   // Statistics of the training micro-batches since the last call, for the step log (a mixture
   // of experts: the routed pairs per expert and their balance); an empty object where none.

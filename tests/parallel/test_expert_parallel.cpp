@@ -227,5 +227,49 @@ TEST(ExpertParallel, TrainsAsDataParallelismAndSavesTheWholeModel) {
   }
 }
 
+// Checkpoints hold the whole model and one process's optimizer state: the --ep_size ranks (under
+// ZeRO 2 on 4 ranks: gathered from each share's runs) resume one process's checkpoint and one
+// process resumes theirs, each ending as the run that went on. No load-balancing loss, so that
+// the ranks train as one process with their rows.
+TEST(ExpertParallel, CheckpointsResumeOnAnotherLayout) {
+  NEEDS_MPI();
+  const int N = world().size();
+  if (N % 2 != 0) GTEST_SKIP() << "expert parallelism here pairs the ranks";
+  SharedDir dir("ep_resume");
+  if (world().rank() == 0) write_tiny_mixtral(*dir.owned, "", 4);
+  world().barrier();
+  TrainOptions o = tiny_options(dir / "mixtral", dir / "ranks");
+  o.per_device_train_batch_size = 2;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  o.ep_size = 2;
+  o.zero_stage = 2;
+  TrainOptions one = o;
+  one.output_dir = dir / "one";
+  one.per_device_train_batch_size = 2 * N;
+  one.ep_size = 1;
+  one.zero_stage = 0;
+  expect_resumes_across_layouts(o, one, nullptr);
+}
+
+// The rows' bytes a run reports: per step, micro-batch and sparse layer each rank passes its N k
+// routed rows out and their gradients back, and the rows it received back and their gradients
+// out: summed over the ranks, 4 N k rows of C float32 each.
+TEST(ExpertParallel, TheRunReportsTheRowsItExchanged) {
+  NEEDS_MPI();
+  const int N = world().size();
+  if (N % 2 != 0) GTEST_SKIP() << "expert parallelism here pairs the ranks";
+  SharedDir dir("ep_bytes");
+  if (world().rank() == 0) write_tiny_mixtral(*dir.owned, "", 4);
+  world().barrier();
+  TrainOptions o = tiny_options(dir / "mixtral", dir / "out");
+  o.ep_size = 2;
+  o.dataset_size = 16 * N;  // every micro-batch whole
+  double bytes = statistic_of_two_steps(o, nullptr, "expert_all_to_all_bytes");
+  world().all_reduce_sum(Tensor(&bytes, Shape{1}, DType::f64));
+  // 2 steps x 2 micro-batches x 2 sparse layers; 2 x 12 tokens, top 2, C = 16.
+  EXPECT_EQ(bytes, 2.0 * 2 * 2 * N * (4 * 24 * 2) * 16 * 4);
+}
+
 }  // namespace
 }  // namespace brisk::testing
