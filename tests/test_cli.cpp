@@ -252,8 +252,6 @@ TEST(Cli, EstimatePlansAnExpertRanksShare) {
                  "--ep_size 4 does not divide the 2 data-parallel ranks");
   expect_refused("estimate " + model + "--world_size 4 --ep_size 2 --tp_size 2",
                  "--ep_size with tensor, pipeline or sequence parallelism is not supported yet");
-  expect_refused("estimate " + model + "--world_size 4 --ep_size 2 --moe_capacity_factor 1.5",
-                 "--moe_capacity_factor with --ep_size is not supported yet");
   expect_refused("estimate --model gpt2-tiny --world_size 2 --ep_size 2",
                  "--ep_size needs a mixture-of-experts model; gpt2 has no experts");
   fs::remove_all(dir);

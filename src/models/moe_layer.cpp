@@ -99,12 +99,14 @@ void exchange_rows(Backend& be, ExpertGroup& group, const Tensor& in,
   group.all_to_all_v(be, in, send_elements, out, receive_elements);
 }
 
-// Zeroes rows [.., C] of `t` that their experts dropped (past the capacity).
+// Zeroes rows [.., C] of `t` (this rank's routed rows, grouped by expert: the first E counts) that
+// their experts dropped (past the capacity).
 void zero_dropped(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
                   const Tensor& t) {
   if (s.capacity == 0) return;
   int64_t first = 0;
-  for (const int32_t count : counts) {
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int32_t count = counts[static_cast<size_t>(e)];
     const int64_t kept = kept_rows(s, count);
     if (kept < count) be.fill(row_range(t, first + kept, count - kept), 0.0f);
     first += count;
@@ -119,8 +121,6 @@ void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const Ex
               " experts over ", s.expert_ranks, " ranks");
   BRISK_CHECK(s.expert_ranks == 1 || (group && group->size() == s.expert_ranks), op,
               ": expert parallelism over ", s.expert_ranks, " ranks needs their group");
-  BRISK_CHECK(s.expert_ranks == 1 || s.capacity == 0, op,
-              ": an expert capacity under expert parallelism is not supported yet");
   const int64_t E = moe_local_experts(s);
   BRISK_CHECK(x.numel() == checked_mul(s.tokens, s.hidden, op), op, ": input ", x.shape().str(),
               " is not [", s.tokens, ", ", s.hidden, "]");
@@ -329,9 +329,11 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
       be.linear_forward(row_range(saved.act, first, n), expert_matrix(w.down, e), Tensor(), out_in,
                         row_range(out, first, n));
   });
-  zero_dropped(be, s, counts, saved.out);  // a dropped pair adds nothing
   phase_done("experts");
   if (across) exchange_rows(be, *group, row_range(out, 0, R), t.receive, saved.out, t.send);
+  // A dropped pair adds nothing (under expert parallelism its expert computed it: each rank drops
+  // its own pairs past the capacity, as data parallelism's ranks do).
+  zero_dropped(be, s, counts, saved.out);
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
   phase_done("combine");
   if (s.shared_inner == 0) return;
@@ -358,14 +360,18 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   const Traffic t = across ? traffic(s, counts) : Traffic{};
   const int64_t R = across ? t.received : s.tokens * s.top_k;
   const Tensor d_out = across ? row_range(scratch.expert_out, 0, R) : scratch.d_out;
-  if (across) exchange_rows(be, *group, scratch.d_out, t.send, d_out, t.receive);
+  if (across) {
+    zero_dropped(be, s, counts, scratch.d_out);  // a dropped pair's expert gets no gradient
+    exchange_rows(be, *group, scratch.d_out, t.send, d_out, t.receive);
+  }
   // An expert without rows still writes its gradients (zeros) unless they are added to.
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
     be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
                        row_range(d_out, first, n), out_in, row_range(scratch.d_act, first, n),
                        false, expert_matrix(g.down, e), Tensor(), accumulate_dw || !first_block);
   });
-  zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
+  if (!across)
+    zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
   if (R > 0)
     be.swiglu_backward(row_range(saved.gate_up, 0, R), row_range(scratch.d_act, 0, R),
                        row_range(scratch.d_gate_up, 0, R));
@@ -375,7 +381,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                        row_range(scratch.d_rows, first, n), false, expert_matrix(g.gate_up, e),
                        Tensor(), accumulate_dw || !first_block);
   });
-  zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input gets no gradient
+  if (!across) zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input: none
   phase_done("experts");
   if (across)
     exchange_rows(be, *group, row_range(scratch.d_rows, 0, R), t.receive, scratch.d_out, t.send);

@@ -188,8 +188,6 @@ void check_saving_and_parallelism(const TrainOptions& o) {
               o.ep_size);
   BRISK_CHECK(o.ep_size <= 1 || (o.tp_size <= 1 && o.pp_size <= 1 && o.sp_size <= 1),
               "--ep_size with tensor, pipeline or sequence parallelism is not supported yet");
-  BRISK_CHECK(o.ep_size <= 1 || o.moe_capacity_factor == 0,
-              "--moe_capacity_factor with --ep_size is not supported yet");
   BRISK_CHECK(o.stage3_prefetch_bucket_size >= -1,
               "stage3_prefetch_bucket_size must be -1 (one block) or at least 0, got ",
               o.stage3_prefetch_bucket_size);

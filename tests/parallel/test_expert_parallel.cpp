@@ -73,14 +73,17 @@ Layer make_layer(DeviceBuffers& d, const MoeShape& s, int rank, const FVec& rout
 struct Case {
   int64_t experts_per_rank, top_k;
   bool normalize;
-  bool last_rank_idle;  // no token chooses the last rank's experts
+  bool last_rank_idle;   // no token chooses the last rank's experts
+  int64_t capacity = 0;  // each rank's, over its own tokens
 };
 
 void check_case(const Case& c) {
   const int P = world().size(), r = world().rank();
   SCOPED_TRACE("experts per rank " + std::to_string(c.experts_per_rank) + ", top " +
-               std::to_string(c.top_k) + (c.last_rank_idle ? ", last rank idle" : ""));
+               std::to_string(c.top_k) + (c.last_rank_idle ? ", last rank idle" : "") +
+               ", capacity " + std::to_string(c.capacity));
   MoeShape one{7, 6, 5, c.experts_per_rank * P, c.top_k, c.normalize};
+  one.capacity = c.capacity;
   MoeShape split = one;
   split.expert_ranks = P;
   const int64_t N = one.tokens, C = one.hidden, F = one.inner, E = one.experts;
@@ -117,6 +120,7 @@ void check_case(const Case& c) {
                false, {}, &group);
 
   EXPECT_EQ(std::vector<int32_t>(counts.begin(), counts.begin() + E), counts1);
+  if (c.capacity > 0) EXPECT_GT(moe_dropped(one, counts1), 0);
   if (c.last_rank_idle && r == P - 1 && P > 1)
     EXPECT_EQ(std::vector<int32_t>(counts.begin() + E, counts.end()),
               std::vector<int32_t>(counts.size() - E, 0));
@@ -138,8 +142,9 @@ TEST(ExpertParallel, ALayerComputesAsOneProcessWithEveryExpert) {
   NEEDS_MPI();
   check_case({2, 2, true, false});
   check_case({1, 1, false, false});
-  check_case({3, 4, true, false});  // a token sends up to 3 rows to one rank
-  check_case({2, 2, false, true});  // the last rank's experts get no row and write zeros
+  check_case({3, 4, true, false});     // a token sends up to 3 rows to one rank
+  check_case({2, 2, false, true});     // the last rank's experts get no row and write zeros
+  check_case({1, 2, true, false, 2});  // pairs past 2 per expert dropped by their own rank
 }
 
 TEST(ExpertParallel, TheGroupMustFitTheExperts) {
