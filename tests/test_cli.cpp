@@ -246,6 +246,15 @@ TEST(Cli, EstimatePlansAnExpertRanksShare) {
       EXPECT_EQ(b["shape"], "[128, 16]");
     }
   EXPECT_EQ(rows, 1);
+  // A capacity bounds what each rank sends each expert: ceil(1.0 x 32 x 2 / 4) = 16 rows each.
+  CliRun capped;
+  const nlohmann::json c =
+      estimate_json(model + "--world_size 4 --ep_size 2 --moe_capacity_factor 1.0", &capped);
+  EXPECT_EQ(c["expert_parallel"]["receive_rows_bound"], 64);
+  EXPECT_NE(capped.out.find("64 (each rank sends each of the 4 experts at most its capacity, 16 "
+                            "rows)"),
+            std::string::npos)
+      << capped.out;
   expect_refused("estimate " + model + "--world_size 3 --ep_size 3",
                  "--ep_size 3 does not divide the mixtral config's num_local_experts = 4");
   expect_refused("estimate " + model + "--world_size 2 --ep_size 4",

@@ -670,17 +670,24 @@ nlohmann::json print_expert_parallel(const TrainOptions& o, const RunAssembly& r
   const BatchShape planned = run.model->planned_shape();
   MoeShape s{planned.batch * planned.seq, c.hidden_size, c.moe.inner, c.moe.experts, c.moe.top_k};
   s.expert_ranks = o.ep_size;
+  s.capacity = moe_capacity(c.moe.capacity_factor, s.tokens, c.moe.top_k, c.moe.experts);
   const int64_t rows = moe_expert_rows(s);
+  const int64_t per_token = std::min(c.moe.top_k, c.moe.local_experts());
+  const std::string why = rows < o.ep_size * s.tokens * per_token
+                              ? "each rank sends each of the " + std::to_string(c.moe.experts) +
+                                    " experts at most its capacity, " + std::to_string(s.capacity) +
+                                    " rows"
+                              : std::to_string(o.ep_size) + " ranks x " + std::to_string(s.tokens) +
+                                    " tokens x " + std::to_string(per_token);
   std::printf(
       "expert parallel over %lld ranks: each holds %lld of every sparse layer's %lld experts "
       "(%lld expert parameters; the plan is rank 0's)\n",
       static_cast<long long>(o.ep_size), static_cast<long long>(c.moe.local_experts()),
       static_cast<long long>(c.moe.experts), static_cast<long long>(held));
   std::printf(
-      "  rows its experts may receive per sparse layer and micro-batch: %lld (%lld ranks x %lld "
-      "tokens x %lld), the bound their buffers are planned for\n",
-      static_cast<long long>(rows), static_cast<long long>(o.ep_size),
-      static_cast<long long>(s.tokens), static_cast<long long>(rows / o.ep_size / s.tokens));
+      "  rows its experts may receive per sparse layer and micro-batch: %lld (%s), the bound "
+      "their buffers are planned for\n",
+      static_cast<long long>(rows), why.c_str());
   return {{"ranks", o.ep_size},
           {"experts_per_rank", c.moe.local_experts()},
           {"expert_parameters_per_rank", held},

@@ -33,7 +33,7 @@ int64_t kept_rows(const MoeShape& s, int64_t count) {
 template <typename F>
 void for_each_expert(const MoeShape& s, const std::vector<int32_t>& counts, F f) {
   int64_t first = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
+  for (size_t e = 0; e < static_cast<size_t>(s.experts); ++e) {
     f(static_cast<int64_t>(e), first, kept_rows(s, counts[e]));
     first += counts[e];
   }
@@ -72,16 +72,26 @@ Traffic traffic(const MoeShape& s, const std::vector<int32_t>& counts) {
             std::vector<int64_t>(static_cast<size_t>(s.expert_ranks), 0)};
   for (int64_t r = 0; r < s.expert_ranks; ++r)
     for (int64_t e = 0; e < local; ++e) {
-      t.send[static_cast<size_t>(r)] += counts[static_cast<size_t>(r * local + e)];
+      t.send[static_cast<size_t>(r)] += kept_rows(s, counts[static_cast<size_t>(r * local + e)]);
       t.receive[static_cast<size_t>(r)] += counts[static_cast<size_t>(s.experts + r * local + e)];
     }
   for (const int64_t n : t.receive) t.received += n;
   return t;
 }
 
-// After this rank's E routed counts, what every rank of the group routed to this rank's experts.
+// The rows this rank sends.
+int64_t sent_rows(const Traffic& t) {
+  int64_t n = 0;
+  for (const int64_t r : t.send) n += r;
+  return n;
+}
+
+// After this rank's E routed counts, what every rank of the group sends this rank's experts (the
+// rows it routed to them, those within its capacity where there is one).
 void count_received(const MoeShape& s, ExpertGroup& group, std::vector<int32_t>& counts) {
-  const std::vector<int32_t> all = group.all_gather(counts);
+  std::vector<int32_t> sent(counts);
+  for (int32_t& n : sent) n = static_cast<int32_t>(kept_rows(s, n));
+  const std::vector<int32_t> all = group.all_gather(sent);
   const int64_t local = moe_local_experts(s), mine = group.rank() * local;
   for (int64_t r = 0; r < s.expert_ranks; ++r)
     for (int64_t e = 0; e < local; ++e)
@@ -97,6 +107,32 @@ void exchange_rows(Backend& be, ExpertGroup& group, const Tensor& in,
   for (const int64_t n : send) send_elements.push_back(n * C);
   for (const int64_t n : receive) receive_elements.push_back(n * C);
   group.all_to_all_v(be, in, send_elements, out, receive_elements);
+}
+
+// Under expert parallelism with a capacity, the rows each rank sends are its kept ones: those of
+// `sorted` (this rank's routed rows grouped by expert) packed one after another into `packed`, and
+// back (the dropped rows zeroed). Without a capacity, `sorted` itself.
+Tensor pack_kept(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
+                 const Tensor& sorted, const Tensor& packed) {
+  if (s.capacity == 0) return sorted;
+  int64_t at = 0;
+  for_each_expert(s, counts, [&](int64_t, int64_t first, int64_t kept) {
+    if (kept > 0) be.copy(row_range(sorted, first, kept), row_range(packed, at, kept));
+    at += kept;
+  });
+  return row_range(packed, 0, at);
+}
+void zero_dropped(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
+                  const Tensor& t);
+void unpack_kept(Backend& be, const MoeShape& s, const std::vector<int32_t>& counts,
+                 const Tensor& packed, const Tensor& sorted) {
+  if (s.capacity == 0) return;
+  int64_t at = 0;
+  for_each_expert(s, counts, [&](int64_t, int64_t first, int64_t kept) {
+    if (kept > 0) be.copy(row_range(packed, at, kept), row_range(sorted, first, kept));
+    at += kept;
+  });
+  zero_dropped(be, s, counts, sorted);
 }
 
 // Zeroes rows [.., C] of `t` (this rank's routed rows, grouped by expert: the first E counts) that
@@ -180,7 +216,12 @@ int64_t moe_expert_rows(const MoeShape& s) {
   if (s.expert_ranks == 1) return checked_mul(s.tokens, s.top_k, "moe rows");
   const int64_t per_token = std::min(s.top_k, moe_local_experts(s));
   const int64_t tokens = std::max(s.tokens, s.peer_tokens);
-  return checked_mul(checked_mul(s.expert_ranks, tokens, "moe rows"), per_token, "moe rows");
+  const int64_t rows =
+      checked_mul(checked_mul(s.expert_ranks, tokens, "moe rows"), per_token, "moe rows");
+  // With a capacity each rank sends each expert at most its capacity's rows.
+  const int64_t capacity = std::max(s.capacity, s.peer_capacity);
+  if (capacity == 0) return rows;
+  return std::min(rows, checked_mul(s.experts, capacity, "moe rows"));
 }
 
 void declare_moe_saved(const MoeShape& s, MoeSaved& m, const MoeDeclare& declare) {
@@ -220,6 +261,7 @@ void declare_moe_scratch(const MoeShape& s, MoeScratch& m, const MoeDeclare& dec
   f32(&m.d_gate_up, "d_gate_up", {R, 2 * s.inner});
   f32(&m.d_rows, "d_rows", {R, s.hidden});
   if (s.expert_ranks > 1) f32(&m.expert_out, "expert_out", {R, s.hidden});
+  if (s.expert_ranks > 1 && s.capacity > 0) f32(&m.sent, "sent", {rows, s.hidden});
   if (s.shared_inner == 0) return;
   f32(&m.d_shared_out, "d_shared_out", {N, s.hidden});
   f32(&m.d_shared_scale, "d_shared_scale", {N, 1});
@@ -313,7 +355,8 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   if (across) {
     count_received(s, *group, counts);
     t = traffic(s, counts);
-    exchange_rows(be, *group, saved.out, t.send, row_range(saved.rows, 0, t.received), t.receive);
+    exchange_rows(be, *group, pack_kept(be, s, counts, saved.out, scratch.sent), t.send,
+                  row_range(saved.rows, 0, t.received), t.receive);
   }
   const int64_t R = across ? t.received : s.tokens * s.top_k;
   phase_done("dispatch");
@@ -330,10 +373,15 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
                         row_range(out, first, n));
   });
   phase_done("experts");
-  if (across) exchange_rows(be, *group, row_range(out, 0, R), t.receive, saved.out, t.send);
-  // A dropped pair adds nothing (under expert parallelism its expert computed it: each rank drops
-  // its own pairs past the capacity, as data parallelism's ranks do).
-  zero_dropped(be, s, counts, saved.out);
+  // Under expert parallelism each rank drops its own pairs past the capacity (as data
+  // parallelism's ranks do) and sends only the rest; a dropped pair adds nothing.
+  if (across) {
+    const Tensor back = s.capacity > 0 ? row_range(scratch.sent, 0, sent_rows(t)) : saved.out;
+    exchange_rows(be, *group, row_range(out, 0, R), t.receive, back, t.send);
+    unpack_kept(be, s, counts, back, saved.out);
+  } else {
+    zero_dropped(be, s, counts, saved.out);
+  }
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
   phase_done("combine");
   if (s.shared_inner == 0) return;
@@ -360,10 +408,9 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   const Traffic t = across ? traffic(s, counts) : Traffic{};
   const int64_t R = across ? t.received : s.tokens * s.top_k;
   const Tensor d_out = across ? row_range(scratch.expert_out, 0, R) : scratch.d_out;
-  if (across) {
-    zero_dropped(be, s, counts, scratch.d_out);  // a dropped pair's expert gets no gradient
-    exchange_rows(be, *group, scratch.d_out, t.send, d_out, t.receive);
-  }
+  if (across)
+    exchange_rows(be, *group, pack_kept(be, s, counts, scratch.d_out, scratch.sent), t.send, d_out,
+                  t.receive);
   // An expert without rows still writes its gradients (zeros) unless they are added to.
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
     be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
@@ -383,8 +430,11 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   });
   if (!across) zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input: none
   phase_done("experts");
-  if (across)
-    exchange_rows(be, *group, row_range(scratch.d_rows, 0, R), t.receive, scratch.d_out, t.send);
+  if (across) {  // a dropped pair's input gets no gradient
+    const Tensor back = s.capacity > 0 ? row_range(scratch.sent, 0, sent_rows(t)) : scratch.d_out;
+    exchange_rows(be, *group, row_range(scratch.d_rows, 0, R), t.receive, back, t.send);
+    unpack_kept(be, s, counts, back, scratch.d_out);
+  }
   be.moe_combine(across ? scratch.d_out : scratch.d_rows, saved.positions, Tensor(), dx, false);
   phase_done("dispatch");
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,

@@ -32,6 +32,8 @@ struct MoeShape {
   // The most tokens a rank of the group routes at once (the planned micro-batch's: ranks may pass
   // shorter ones, of different lengths); 0: tokens.
   int64_t peer_tokens = 0;
+  // The capacity of such a micro-batch (peer_tokens'); 0: capacity.
+  int64_t peer_capacity = 0;
 };
 
 // This rank's experts (E / expert_ranks).
@@ -39,7 +41,8 @@ int64_t moe_local_experts(const MoeShape& s);
 // The rows this rank's experts compute in a micro-batch, at most: the N k routed rows with every
 // expert here; under expert parallelism what the group's ranks may send them, ranks x N x
 // min(k, local experts) (a token sends at most that many of its rows to one rank), N the most
-// tokens a rank routes (peer_tokens).
+// tokens a rank routes (peer_tokens); with a capacity, at most E x the capacity (of peer_tokens):
+// each rank sends each expert only the rows within it.
 int64_t moe_expert_rows(const MoeShape& s);
 
 // Expert parallelism's group (parallel/ makes it from a communicator): the ranks that hold a
@@ -95,9 +98,10 @@ struct MoeZLoss {
 // The backward's temporaries: logits [N, E] (the forward's too), d_out [N k, C], dweights [N, k],
 // d_act [R, F], d_gate_up [R, 2F], d_rows [R, C]; the shared expert's d_out [N, C], d_scale
 // [N, 1], d_act [N, S], d_gate_up [N, 2S]. Under expert parallelism, expert_out [R, C]: the
-// experts' outputs before they go back (the forward's) and their gradients as they arrive.
+// experts' outputs before they go back (the forward's) and their gradients as they arrive; with a
+// capacity too, sent [N k, C]: the rows within it packed, as sent and as they come back.
 struct MoeScratch {
-  Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows, expert_out;
+  Tensor logits, d_out, dweights, d_act, d_gate_up, d_rows, expert_out, sent;
   Tensor d_shared_out, d_shared_scale, d_shared_act, d_shared_gate_up;
 };
 

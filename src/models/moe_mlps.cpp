@@ -33,7 +33,8 @@ MoeShape MoeMlps::shape() const {
           c_.z_loss_coef > 0,
           moe_capacity(c_.capacity_factor, tokens_, c_.top_k, c_.experts),
           c_.expert_ranks,
-          peer_tokens_};
+          peer_tokens_,
+          moe_capacity(c_.capacity_factor, peer_tokens_, c_.top_k, c_.experts)};
 }
 
 void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
