@@ -35,40 +35,43 @@ def write_model(tmp, name, config):
     return folder
 
 
-def estimate(folder, ep, batch, seq, tmp):
-    out = os.path.join(tmp, f"estimate_{os.path.basename(folder)}_{ep}.json")
+def estimate(folder, ep, batch, seq, capacity, tmp):
+    out = os.path.join(tmp, f"estimate_{os.path.basename(folder)}_{ep}_{capacity}.json")
     subprocess.run([BRISK, "estimate", "--model_name_or_path", folder, "--ep_size", str(ep),
                     "--world_size", str(ep), "--per_device_train_batch_size", str(batch),
-                    "--seq_len", str(seq), "--bf16", "--output_json", out],
+                    "--seq_len", str(seq), "--bf16", "--output_json", out,
+                    "--moe_capacity_factor", str(capacity)],
                    check=True, capture_output=True, text=True)
     return json.load(open(out))
 
 
 def plan_table(models, tmp):
     states = ("weights", "master_weights", "gradients", "optimizer_state")
-    print("| model | ep | parameters / rank | experts' / rank | model states / rank "
-          "| rows received (bound) | activations / rank | total / rank |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | ep | capacity factor | parameters / rank | experts' / rank "
+          "| model states / rank | rows received (bound) | activations / rank | total / rank |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, folder, batch, seq in models:
-        for ep in (1, 2, 4, 8):
-            j = estimate(folder, ep, batch, seq, tmp)
+        for ep, capacity in ((1, 0), (2, 0), (4, 0), (8, 0), (2, 1.25), (8, 1.25)):
+            j = estimate(folder, ep, batch, seq, capacity, tmp)
             planned = j["memory"]["planned_bytes"]
             held = sum(planned[k] for k in states)
             rows = j["expert_parallel"].get("receive_rows_bound", batch * seq * 2)
-            print(f"| {name} b{batch} s{seq} | {ep} | {j['parameters'] / 1e6:.1f}M "
+            print(f"| {name} b{batch} s{seq} | {ep} | {capacity or 'dropless'} "
+                  f"| {j['parameters'] / 1e6:.1f}M "
                   f"| {j['expert_parameters'] / 1e6:.1f}M | {held / MIB:.0f} MiB | {rows} "
                   f"| {planned['activations'] / MIB:.0f} MiB "
                   f"| {j['memory']['planned_total_bytes'] / MIB:.0f} MiB |")
 
 
-def train(folder, ep, a, out):
+def train(folder, ep, capacity, a, out):
     """bf16 on 2 ranks of one thread each; returns train_results.json."""
     args = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", BRISK, "train",
             "--model_name_or_path", folder, "--ep_size", str(ep),
             "--per_device_train_batch_size", str(a.batch), "--seq_len", str(a.seq),
             "--max_steps", str(a.max_steps), "--logging_steps", str(a.max_steps),
             "--output_dir", out, "--disable_tqdm", "--save_strategy", "no", "--bf16",
-            "--dataset_size", str(2 * a.batch * a.max_steps)]
+            "--dataset_size", str(2 * a.batch * a.max_steps), "--moe_capacity_factor",
+            str(capacity)]
     subprocess.run(args, check=True, env=dict(MPI_ENV, OMP_NUM_THREADS="1"), capture_output=True,
                    text=True)
     return json.load(open(os.path.join(out, "train_results.json")))
@@ -81,11 +84,12 @@ def measured_table(folder, a, tmp):
           "| all-to-all bytes / step (rank 0) | all-to-alls' share of the run "
           "| all communication's share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for ep in (1, 2):
-        r = train(folder, ep, a, os.path.join(tmp, f"ep{ep}"))
+    for ep, capacity in ((1, 0), (2, 0), (1, 1.25), (2, 1.25)):
+        r = train(folder, ep, capacity, a, os.path.join(tmp, f"ep{ep}_{capacity}"))
         mem = r["memory"]
         passed = r.get("expert_all_to_all_bytes", 0) / a.max_steps
-        print(f"| {'data parallel' if ep == 1 else 'ep 2'} "
+        layout = "data parallel" if ep == 1 else "ep 2"
+        print(f"| {layout}{f', capacity {capacity}' if capacity else ''} "
               f"| {r['train_samples_per_second']:.2f} | {r['train_loss']:.4f} "
               f"| {sum(mem['planned_bytes'].values()) / MIB:.0f} MiB "
               f"| {mem['peak_rss_bytes'] / MIB:.0f} MiB | {passed / MIB:.1f} MiB "
