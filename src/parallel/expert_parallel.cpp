@@ -66,7 +66,8 @@ class ExpertParallel final : public ParallelPolicy {
       (params[i].expert ? experts_of_rank_ : shared_).push_back(static_cast<int>(i));
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
-    share_ = full_layout_share();
+    // Where this rank's optimizer state (its run's) lies in a checkpoint's.
+    share_ = whole_layout_share(optimizer_, model_.params(), full_->params(), run_, state_);
   }
 
   void begin_step() override { data_->begin_step(); }
@@ -135,36 +136,13 @@ class ExpertParallel final : public ParallelPolicy {
   int64_t held_base(const Tensor& grads) const {
     return grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
   }
-  // p's elements among the gradients this rank holds (from element `base` of the parameters, n
-  // of them), as a range of those gradients.
-  static ElementRange held_range(const ParamInfo& p, int64_t base, int64_t n) {
-    const int64_t lo = std::max(p.offset, base),
-                  hi = std::min(p.offset + p.shape.numel(), base + n);
-    return lo < hi ? ElementRange{lo - base, hi - lo} : ElementRange{};
-  }
-
   // The gradients of `params` (each rank's part of the batch's) summed over the expert group,
   // neighbouring parameters at once.
   void sum_over_experts(const std::vector<int>& params) {
     const Tensor& grads = data_->gradients();
-    const int64_t base = held_base(grads);
-    ElementRange run;
-    auto flush = [&] {
-      if (run.count > 0) experts_.all_reduce_sum(element_range(grads, run.offset, run.count));
-      run = {};
-    };
-    for (int i : params) {
-      const ElementRange r =
-          held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
-      if (r.count == 0) continue;
-      if (run.count > 0 && run.offset + run.count == r.offset) {
-        run.count += r.count;
-        continue;
-      }
-      flush();
-      run = r;
-    }
-    flush();
+    for_each_held_run(
+        model_.params(), params, held_base(grads), grads.numel(),
+        [&](ElementRange r) { experts_.all_reduce_sum(element_range(grads, r.offset, r.count)); });
   }
 
   // Which expert rank holds each of the whole model's parameters (the shared ones: rank 0), and
@@ -178,29 +156,8 @@ class ExpertParallel final : public ParallelPolicy {
       for (int d = 0; d < replicas; ++d) holder.push_back(d * ranks + h);
       holders_.push_back(holder);
       held_elements_ += share->params().total_elements();
-      const StateLayout held = state_layout(optimizer_, share->params());
-      for (size_t j = 0; j < share->params().list().size(); ++j) {
-        const ParamInfo& p = share->params().list()[j];
-        Placed& where = placed_[static_cast<size_t>(full_->params().index(p.name))][0];
-        if (where.holder >= 0) continue;  // a shared parameter: rank 0's
-        where = {h, p, {}};
-        for (const std::vector<int64_t>& at : held.at) where.state_at.push_back(at[j]);
-      }
+      place_part(optimizer_, share->params(), full_->params(), h, 0, placed_);  // shared: rank 0's
     }
-  }
-
-  // Where this rank's optimizer state (its run's: ZeRO's partition of its share, or the whole
-  // share) lies in a checkpoint's, laid out as the whole model's parameters.
-  StateShare full_layout_share() const {
-    std::vector<HeldPiece> held;
-    const int64_t begin = run_.offset, end = run_.offset + run_.count;
-    for (const ParamInfo& p : model_.params().list()) {
-      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
-      if (lo < hi)
-        held.push_back(
-            {&p, static_cast<size_t>(full_->params().index(p.name)), lo - p.offset, hi - lo});
-    }
-    return checkpoint_state_share(optimizer_, held, state_);
   }
 
   Backend& be_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -124,5 +125,24 @@ class PartReads final : public GatheredReads {
   SplitBands bands_;
   size_t banded_whole_ = 0, banded_param_ = static_cast<size_t>(-1);
 };
+
+// p's elements among the gradients a rank holds (from element `base` of the parameters, n of them),
+// as a range of those gradients (empty where it holds none).
+ElementRange held_range(const ParamInfo& p, int64_t base, int64_t n);
+// f(range) for the held ranges of parameters `ids` of `params` (as held_range), neighbouring
+// parameters' as one range: the runs a layout sums over a group at once.
+void for_each_held_run(const ParameterSet& params, const std::vector<int>& ids, int64_t base,
+                       int64_t n, const std::function<void(ElementRange)>& f);
+// Where the optimizer state of elements `run` of a rank's part of the parameters (`part`) lies
+// in a checkpoint's laid out as the whole model's (`whole`'s parameters, by name; its state
+// `layout`).
+StateShare whole_layout_share(const Optimizer& optimizer, const ParameterSet& part,
+                              const ParameterSet& whole, ElementRange run,
+                              const StateLayout& layout);
+// Each parameter of `part` (the part of holder `holder`, on tensor rank `tensor`) placed among the
+// whole model's (`whole`, by name) in `placed` (by whole parameter, then tensor rank), with where
+// its optimizer state starts; a parameter placed already keeps its first holder.
+void place_part(const Optimizer& optimizer, const ParameterSet& part, const ParameterSet& whole,
+                int holder, size_t tensor, std::vector<std::vector<Placed>>& placed);
 
 }  // namespace brisk

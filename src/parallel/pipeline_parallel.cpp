@@ -66,7 +66,9 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       if (p.embedding && p.product && (stage == 0 || stage == last)) tied_ = static_cast<int>(i);
     }
     if (sharded_gradients() && ties_embeddings()) join_tied_replicas(stage == 0 || stage == last);
-    share_ = full_layout_share();
+    // Where this rank's optimizer state (its run's: ZeRO's partition of the stage's parameters,
+    // or the whole stage) lies in a checkpoint's, laid out as the whole model's parameters.
+    share_ = whole_layout_share(optimizer_, model_.params(), full_->params(), run_, state_);
     stash_batches();
   }
 
@@ -250,31 +252,11 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
         const auto holder = static_cast<int>(holders_.size());
         holders_.push_back(replica_ranks(mesh_.shape(), s, t));
         held_elements_ += stage->params().total_elements();
-        const StateLayout held = state_layout(optimizer_, stage->params());
-        for (size_t j = 0; j < stage->params().list().size(); ++j) {
-          const ParamInfo& p = stage->params().list()[j];
-          Placed& where =
-              placed_[static_cast<size_t>(full_->params().index(p.name))][static_cast<size_t>(t)];
-          if (where.holder >= 0) continue;  // a tied embedding: the first stage's
-          where = {holder, p, {}};
-          for (const std::vector<int64_t>& at : held.at) where.state_at.push_back(at[j]);
-        }
+        // A tied embedding: the first stage's.
+        place_part(optimizer_, stage->params(), full_->params(), holder, static_cast<size_t>(t),
+                   placed_);
       }
     }
-  }
-
-  // Where this rank's optimizer state (its run's: ZeRO's partition of the stage's parameters, or
-  // the whole stage) lies in a checkpoint's, laid out as the whole model's parameters.
-  StateShare full_layout_share() const {
-    std::vector<HeldPiece> held;
-    const int64_t begin = run_.offset, end = run_.offset + run_.count;
-    for (const ParamInfo& p : model_.params().list()) {
-      const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.shape.numel());
-      if (lo < hi)
-        held.push_back(
-            {&p, static_cast<size_t>(full_->params().index(p.name)), lo - p.offset, hi - lo});
-    }
-    return checkpoint_state_share(optimizer_, held, state_);
   }
 
   // The fields of a batch, in a fixed order.

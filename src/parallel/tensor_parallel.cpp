@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/part_reads.h"
 #include "parallel/split_bands.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
@@ -266,14 +267,6 @@ class TensorParallel final : public ParallelPolicy {
   bool zero_;         // the run is a part: ZeRO partitions the state
   StateShare share_;
 
-  // p's elements among the gradients this rank holds (from element `base` of the parameters, n
-  // of them), as a range of those gradients.
-  static ElementRange held_range(const ParamInfo& p, int64_t base, int64_t n) {
-    const int64_t lo = std::max(p.offset, base),
-                  hi = std::min(p.offset + p.shape.numel(), base + n);
-    return lo < hi ? ElementRange{lo - base, hi - lo} : ElementRange{};
-  }
-
   // Gradients of parameters `params` each rank of `group` holds a part of, summed over it (after
   // the data replicas' sums, which commute with them), neighbouring parameters at once: each copy
   // of a key/value head got the gradient of its own query heads; under Megatron's sequence
@@ -281,38 +274,17 @@ class TensorParallel final : public ParallelPolicy {
   void sum_gradients(const std::vector<int>& params, CommunicatorGroup& group) {
     const Tensor& grads = data_->gradients();
     const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
-    ElementRange run;
-    auto flush = [&] {
-      if (run.count > 0) group.all_reduce_sum(be_, element_range(grads, run.offset, run.count));
-      run = {};
-    };
-    for (int i : params) {
-      const ElementRange r =
-          held_range(model_.params().list()[static_cast<size_t>(i)], base, grads.numel());
-      if (r.count == 0) continue;
-      if (run.count > 0 && run.offset + run.count == r.offset) {
-        run.count += r.count;
-        continue;
-      }
-      flush();
-      run = r;
-    }
-    flush();
+    for_each_held_run(model_.params(), params, base, grads.numel(), [&](ElementRange r) {
+      group.all_reduce_sum(be_, element_range(grads, r.offset, r.count));
+    });
   }
 
   // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
   // checkpoint's, laid out as the full parameters.
   StateShare full_layout_share() const {
-    std::vector<HeldPiece> held;
-    const int64_t first = zero_ ? run_.offset : 0;
-    const int64_t end = zero_ ? run_.offset + run_.count : model_.params().total_elements();
-    const std::vector<ParamInfo>& list = model_.params().list();
-    for (size_t k = 0; k < list.size(); ++k) {
-      const ParamInfo& p = list[k];
-      const int64_t lo = std::max(first, p.offset), hi = std::min(end, p.offset + p.shape.numel());
-      if (lo < hi) held.push_back({&p, k, lo - p.offset, hi - lo});
-    }
-    return checkpoint_state_share(optimizer_, held, full_state_layout(optimizer_, model_.params()));
+    const ElementRange run = zero_ ? run_ : ElementRange{0, model_.params().total_elements()};
+    return whole_layout_share(optimizer_, model_.params(), model_.params(), run,
+                              full_state_layout(optimizer_, model_.params()));
   }
 };
 
