@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/checked.h"
+#include "core/clock.h"
 #include "optim/optimizer.h"
 #include "parallel/part_reads.h"
 #include "parallel/zero.h"
@@ -27,7 +28,7 @@ std::vector<int32_t> CommunicatorExpertGroup::all_gather(const std::vector<int32
   std::vector<double> all(static_cast<size_t>(checked_mul(n, size(), "expert counts")));
   comm_.all_gather(Tensor(mine.data(), Shape{n}, DType::f64),
                    Tensor(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64));
-  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  seconds_ += seconds_since(start);
   return std::vector<int32_t>(all.begin(), all.end());
 }
 
@@ -36,7 +37,7 @@ void CommunicatorExpertGroup::all_to_all_v(Backend&, const Tensor& in,
                                            const std::vector<int64_t>& receive) {
   const auto start = Clock::now();
   comm_.all_to_all_v(in, send, out, receive);
-  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  seconds_ += seconds_since(start);
   bytes_ += static_cast<double>(in.bytes());
 }
 
@@ -79,7 +80,7 @@ class ExpertParallel final : public ParallelPolicy {
     const Clock::time_point start = Clock::now();
     experts_.all_reduce_sum(model_.step_stats());
     sum_over_experts(shared_);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double seconds = seconds_since(start);
     s.ran += seconds;
     s.waited += seconds;
     return s;
@@ -89,7 +90,7 @@ class ExpertParallel final : public ParallelPolicy {
     const double seconds = data_->sum_over_gradients(sums);
     const Clock::time_point start = Clock::now();
     experts_.all_reduce_sum(sums);
-    return seconds + std::chrono::duration<double>(Clock::now() - start).count();
+    return seconds + seconds_since(start);
   }
   // Expert rank 0 counts every element of its gradients, the others their experts' only: the
   // rest they hold alike.
@@ -130,8 +131,6 @@ class ExpertParallel final : public ParallelPolicy {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-
   // Where this rank's gradients start among the parameters: ZeRO's run, or all of them.
   int64_t held_base(const Tensor& grads) const {
     return grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
