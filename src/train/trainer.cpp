@@ -800,8 +800,6 @@ void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, 
   for (const std::string& failed : cleanup.failed) log.log({{"warning", failed}});
 }
 
-}  // namespace
-
 // Expert parallelism's ranks: runs of ep_size ranks hold the experts between them (the group,
 // whose exchanges `exchange` makes for the model); the ranks that hold the same experts, one of
 // each run, sum their gradients (the replicas). None without it.
@@ -827,6 +825,8 @@ void add_exchanges(TrainSummary& s, const std::string& name, double bytes, doubl
   s.communication_seconds += seconds;
   s.communication_wait_seconds += seconds;
 }
+
+}  // namespace
 
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the steps
 // (train_steps), finish, evaluate and summarize.
