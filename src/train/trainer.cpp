@@ -488,6 +488,7 @@ struct RunContext {
   PeakPhases& peaks;
   RunLog& log;
   FaultHooks& faults;
+  const StepEvents& events;
   bool lead() const { return dist.rank() == 0; }
   int ranks() const { return data.size(); }  // the replicas, each on its share of the data
 };
@@ -641,6 +642,15 @@ void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
   c.peaks.enter(PeakPhases::steps);
 }
 
+// The front end's events after a step (rank 0's); whether it asks the training to end there.
+bool step_events(RunContext& c, bool saved, bool epoch_ended) {
+  const StepEvents& e = c.events;
+  if (!c.lead()) return false;
+  if (saved && e.on_save) e.on_save(c.s.last_checkpoint);
+  if (epoch_ended && e.on_epoch_end) e.on_epoch_end(c.state.global_step);
+  return c.dist.size() == 1 && e.stop && e.stop(c.state.global_step);
+}
+
 // The optimizer steps from the state's step to the last, with their logs, evaluations and saves;
 // the run's speed and loss into the summary.
 void train_steps(RunContext& c) {
@@ -707,8 +717,9 @@ void train_steps(RunContext& c) {
       state.log_history.push_back(evaluated);
       c.log.report(evaluated, state.global_step);
     }
-    save_if_due(c, schedule, best, evaluated,
-                checkpoint_due(o, state.global_step, bounds.total_steps, epoch_ended));
+    const bool save = checkpoint_due(o, state.global_step, bounds.total_steps, epoch_ended);
+    save_if_due(c, schedule, best, evaluated, save);
+    if (step_events(c, save, epoch_ended)) break;
   }
   record_steps(c.s, state, totals, state.global_step - first_step, seconds_since(start));
 }
@@ -831,7 +842,7 @@ void add_exchanges(TrainSummary& s, const std::string& name, double bytes, doubl
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the steps
 // (train_steps), finish, evaluate and summarize.
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
-                   FaultHooks faults, Communicator* comm) {
+                   FaultHooks faults, Communicator* comm, const StepEvents& events) {
   std::vector<std::string> deepspeed_ignored;
   const int ranks = comm ? comm->size() : launch_info_from_env().size;
   const TrainOptions options = resolve_options(given, ranks, &deepspeed_ignored);
@@ -916,7 +927,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   Communicator* sequence_ranks = o.sp_size > 1 ? &mesh->group(MeshDim::sequence) : nullptr;
-  RunContext c{o, dist, data, sequence_ranks, *be, *run, *parallel, state, s, peaks, log, faults};
+  RunContext c{o, dist,  data, sequence_ranks, *be,   *run, *parallel, state,
+               s, peaks, log,  faults,         events};
   train_steps(c);
   s.parallel = parallel->statistics();
   if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());

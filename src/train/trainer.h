@@ -74,12 +74,22 @@ struct FaultHooks {
   int kill_save_at_point = -1;
 };
 
+// A front end's calls between optimizer steps (the Python API's callbacks), each made with no
+// step under way, on rank 0; none by default.
+struct StepEvents {
+  std::function<void(const std::string& checkpoint)> on_save;  // a checkpoint was written
+  std::function<void(int64_t global_step)> on_epoch_end;       // the step ended an epoch
+  // After each step with its log, evaluation and save: true ends the training there as its last
+  // step would (the model saved, then evaluated and predicted as asked). One process only.
+  std::function<bool(int64_t global_step)> stop;
+};
+
 // Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
 // Data parallel over `comm`'s ranks (default: the processes of the launch, world_communicator());
 // only rank 0's on_log is called.
 TrainSummary train(const TrainOptions& options, const LogSink& on_log,
                    const Dataset* dataset = nullptr, FaultHooks faults = {},
-                   Communicator* comm = nullptr);
+                   Communicator* comm = nullptr, const StepEvents& events = {});
 
 // train_results.json: the training metrics (train_metrics_json) with the memory anatomy.
 nlohmann::json summary_json(const TrainSummary& s);
