@@ -42,6 +42,7 @@ check_edge 'gloo/' '^src/parallel/gloo\.cpp$'
 check_edge 'nccl\.h' '^src/parallel/nccl\.cpp$'
 check_edge '(cuda_runtime|cuda_bf16|cuda_fp16|cublasLt|cudnn)' '^src/(backend/cuda/|parallel/nccl\.cpp$)'
 check_edge '(dnnl|oneapi/dnnl|cblas)' '^src/backend/cpu/'
+check_edge 'nanobind/' '^src/python/'
 if [ "$failures" -gt 0 ]; then
   echo "check_layers: $failures problem(s)" >&2
   exit 1

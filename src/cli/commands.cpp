@@ -559,9 +559,8 @@ nlohmann::json expert_bytes_json(const ExpertShare& s) {
 
 // --json: the plan, every buffer, the fit and the parallel layout's reports (`layout`: the
 // data-parallel ranks, pipeline stages, tensor and sequence ranks, each under its key).
-void write_estimate_json(const std::string& json_path, const RunAssembly& run, Device device,
-                         size_t host_base, const nlohmann::json& fit_json,
-                         const nlohmann::json& layout) {
+nlohmann::json estimate_json(const RunAssembly& run, Device device, size_t host_base,
+                             const nlohmann::json& fit_json, const nlohmann::json& layout) {
   const MemoryPlan& plan = run.plan;
   const auto planned = plan.bytes_by_category();
   const int64_t n = run.model->params().total_elements();
@@ -597,6 +596,10 @@ void write_estimate_json(const std::string& json_path, const RunAssembly& run, D
                         {"buffers", buffers_json}}},
                       {"fit", fit_json}};
   j.update(layout);
+  return j;
+}
+
+void write_estimate_json(const std::string& json_path, const nlohmann::json& j) {
   std::ofstream out(json_path);
   BRISK_CHECK(out.good(), "cannot write '", json_path, "'");
   out << j.dump(2) << "\n";
@@ -736,7 +739,7 @@ nlohmann::json print_pipeline_stages(const TrainOptions& o, Device device, int r
   return stages;
 }
 
-int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
+nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
   const TrainOptions o = estimate_options(given, args);
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = resolve_device(o);
@@ -774,8 +777,12 @@ int run_estimate(const TrainOptions& given, const EstimateArgs& args) {
   std::vector<FitCandidate> fits;
   if (args.fit) fits = print_fit(o, device, args, fit_json);
   if (!args.html_path.empty()) write_estimate_html(o, args, run->plan, device, host_base, fits);
-  if (!args.json_path.empty())
-    write_estimate_json(args.json_path, *run, device, host_base, fit_json, layout);
+  return estimate_json(*run, device, host_base, fit_json, layout);
+}
+
+int run_estimate(const TrainOptions& options, const EstimateArgs& args) {
+  const nlohmann::json j = estimate(options, args);
+  if (!args.json_path.empty()) write_estimate_json(args.json_path, j);
   return 0;
 }
 
@@ -890,6 +897,14 @@ int run_tokenize(const TokenizeArgs& a) {
   }
   std::cout.flush();
   return 0;
+}
+
+std::vector<std::vector<int32_t>> tokenize_texts(const TokenizeArgs& a,
+                                                 const std::vector<std::string>& texts) {
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(a.tokenizer);
+  std::vector<std::vector<int32_t>> ids;
+  encode_chunk(*tok, a, texts, ids, 0);
+  return ids;
 }
 
 int run_generate(const GenerateOptions& options) {

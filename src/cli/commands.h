@@ -1,7 +1,9 @@
 // The actions behind the brisk subcommands; main.cpp only parses arguments and calls these.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "eval/generate.h"
 #include "train/trainer.h"
@@ -34,6 +36,9 @@ struct EstimateArgs {
   int64_t world_size = 1;  // plan rank 0 of a data-parallel run of this many processes
 };
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
+// The same plan printed, returned as the JSON --output_json writes (the Python API's
+// estimate_memory).
+nlohmann::json estimate(const TrainOptions& options, const EstimateArgs& args);
 
 // Reads text lines (a file, or stdin when empty) and prints each one's ids as a JSON list.
 struct TokenizeArgs {
@@ -44,6 +49,9 @@ struct TokenizeArgs {
   bool count_only = false;     // print only the counts and the time (for benchmarks)
 };
 int run_tokenize(const TokenizeArgs& args);
+// The ids of each text as run_tokenize prints a line's (args.input and count_only unused).
+std::vector<std::vector<int32_t>> tokenize_texts(const TokenizeArgs& args,
+                                                 const std::vector<std::string>& texts);
 
 // Prints the prompt and its continuation (stdout) and the speed (stderr).
 int run_generate(const GenerateOptions& options);

@@ -1,0 +1,255 @@
+"""Trainer: transformers' Trainer shape over brisk's engine.
+
+Each of train(), evaluate() and predict() is one engine run in this process, with every byte
+planned before its first step. The model between runs lives in files: after train() it is the
+folder output_dir holds (config, weights, tokenizer), which evaluate(), predict() and
+save_model() then read.
+"""
+
+import collections
+import json
+import os
+import shutil
+
+import numpy as np
+
+from . import _brisk
+from .callbacks import CallbackHandler, TrainerControl, TrainerState
+from .data import data_file
+from .training_args import TrainingArguments
+
+TrainOutput = collections.namedtuple("TrainOutput", ["global_step", "training_loss", "metrics"])
+PredictionOutput = collections.namedtuple("PredictionOutput",
+                                          ["predictions", "label_ids", "metrics"])
+
+_TRAIN_METRICS = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
+                  "total_flos", "train_loss", "epoch")
+_MODEL_FILES_SKIPPED = ("checkpoint-", "runs", "tokenized_cache", "brisk_inputs")
+
+
+class Trainer:
+    """Trains, evaluates and predicts as transformers' Trainer does, natively.
+
+    model: a model folder (config.json, model.safetensors, tokenizer files), a config.json, one
+    of brisk's built-in configuration names (random weights), or a config as a dict.
+    args: brisk.TrainingArguments, a transformers.TrainingArguments, a dict of its keys, or None.
+    Datasets: file paths (CSV, TSV, JSON Lines, text), datasets.Dataset or DatasetDict, pandas
+    DataFrames, dicts of columns or lists of records, with text columns brisk tokenizes.
+    tokenizer (or processing_class): a folder or tokenizer file, when the model folder has none.
+    callbacks: TrainerCallback objects (brisk's or transformers'), called between steps.
+    """
+
+    def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None,
+                 tokenizer=None, processing_class=None, compute_metrics=None, callbacks=None,
+                 data_collator=None):
+        if model is None:
+            raise ValueError("Trainer needs a model: a folder, a config.json, a built-in name or "
+                             "a config dict")
+        if compute_metrics is not None:
+            raise ValueError("compute_metrics is not supported yet: brisk computes loss, "
+                             "accuracy, F1, MSE, Pearson, Spearman and perplexity itself")
+        if data_collator is not None:
+            raise ValueError("data_collator: brisk pads and collates natively (dynamic "
+                             "padding: TrainingArguments' group_by_length and the engine's "
+                             "own); leave it None")
+        self.args = TrainingArguments.of(args)
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        tokenizer = tokenizer if tokenizer is not None else processing_class
+        self._tokenizer = "" if tokenizer is None else _path_of(tokenizer, "tokenizer")
+        self._model = self._model_source(model)
+        self.callback_handler = CallbackHandler(callbacks or [])
+        self.state = TrainerState()
+        self.control = TrainerControl()
+
+    # --- what transformers' Trainer offers -------------------------------------------------
+
+    def train(self, resume_from_checkpoint=None):
+        """Trains on train_dataset (evaluating on eval_dataset as eval_strategy says); returns
+        TrainOutput(global_step, training_loss, metrics). Ctrl-C ends the run at the end of the
+        step under way, with the model and state saved, then raises KeyboardInterrupt."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs a train_dataset")
+        options = self._options(do_train=True, do_eval=False, do_predict=False,
+                                train_file=data_file(self.train_dataset, "train", self._inputs()),
+                                validation_file=data_file(self.eval_dataset, "eval",
+                                                          self._inputs()))
+        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
+            options["resume_from_checkpoint"] = (
+                "last" if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint))
+        self.control = TrainerControl()
+        self.state = TrainerState()
+        self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
+        summary = self._run(options)
+        self._model = self.args.output_dir
+        self._read_state()
+        metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}
+        self.callback_handler.call("on_train_end", self.args, self.state, self.control)
+        return TrainOutput(summary["global_step"], summary["train_loss"], metrics)
+
+    def evaluate(self, eval_dataset=None, metric_key_prefix="eval"):
+        """The model's metrics on eval_dataset (default: the Trainer's), as eval_results.json."""
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if data is None:
+            raise ValueError("Trainer.evaluate() needs an eval_dataset")
+        if metric_key_prefix != "eval":
+            raise ValueError("metric_key_prefix: brisk names evaluation metrics eval_*")
+        options = self._options(do_train=False, do_eval=True, do_predict=False,
+                                validation_file=data_file(data, "eval", self._inputs()))
+        metrics = self._run(options)["eval_metrics"]
+        self.callback_handler.call("on_evaluate", self.args, self.state, self.control,
+                                   metrics=metrics)
+        return metrics
+
+    def predict(self, test_dataset):
+        """PredictionOutput(predictions, label_ids, metrics): the predicted class ids (or values
+        for a regression) as a NumPy array, the dataset's labels where it has them."""
+        path = data_file(test_dataset, "test", self._inputs())
+        options = self._options(do_train=False, do_eval=False, do_predict=True, test_file=path)
+        summary = self._run(options)
+        predictions = self._read_predictions()
+        return PredictionOutput(predictions, _labels_of(path, self._config()),
+                                summary["predict_metrics"])
+
+    def save_model(self, output_dir=None):
+        """Writes the model folder (config, weights, tokenizer files) into output_dir (default:
+        args.output_dir, where train() already saved it)."""
+        target = os.fspath(output_dir) if output_dir is not None else self.args.output_dir
+        source = self._model
+        if not os.path.isdir(source):
+            raise ValueError("save_model: the model is %r, no trained folder yet: call train()"
+                             % source)
+        if os.path.abspath(source) == os.path.abspath(target):
+            return
+        os.makedirs(target, exist_ok=True)
+        for name in os.listdir(source):
+            path = os.path.join(source, name)
+            if os.path.isfile(path) and not name.startswith(_MODEL_FILES_SKIPPED):
+                shutil.copy2(path, os.path.join(target, name))
+
+    def estimate_memory(self, world_size=1):
+        """The plan of the training run these arguments describe, before any run: the JSON of
+        `brisk estimate --output_json` (memory.planned_bytes holds the bytes by category)."""
+        options = self._options(do_train=True, do_eval=False, do_predict=False,
+                                train_file=data_file(self.train_dataset, "train", self._inputs()))
+        return json.loads(_brisk.estimate(json.dumps(options), world_size))
+
+    def memory_html(self):
+        """The last run's memory anatomy (output_dir/memory.html), displayable in Jupyter."""
+        return _Html(os.path.join(self.args.output_dir, "memory.html"))
+
+    def add_callback(self, callback):
+        self.callback_handler.add(callback)
+
+    # --- the engine runs ---------------------------------------------------------------------
+
+    def _inputs(self):
+        return os.path.join(self.args.output_dir, "brisk_inputs")
+
+    def _model_source(self, model):
+        if isinstance(model, dict):
+            folder = self._inputs()
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, "config.json")
+            with open(path, "w", encoding="utf-8") as out:
+                json.dump(model, out, indent=2)
+            return path
+        return _path_of(model, "model")
+
+    def _options(self, **run):
+        options = self.args.given()
+        options["model_name_or_path"] = self._model
+        if self._tokenizer:
+            options["tokenizer_name"] = self._tokenizer
+        for key, value in run.items():
+            if value != "" or key in options:
+                options[key] = value
+        return options
+
+    def _run(self, options):
+        def on_log(text):
+            record = json.loads(text)
+            if any(k in record for k in ("loss", "eval_loss", "train_runtime")):
+                self.state.log_history.append(record)
+                self.state.global_step = record.get("step", self.state.global_step)
+                self.state.epoch = record.get("epoch", self.state.epoch)
+            self.callback_handler.call("on_log", self.args, self.state, self.control,
+                                       logs=record)
+            if "eval_loss" in record and "step" in record:
+                self.callback_handler.call("on_evaluate", self.args, self.state, self.control,
+                                           metrics=record)
+
+        def on_save(checkpoint):
+            self.callback_handler.call("on_save", self.args, self.state, self.control,
+                                       checkpoint=checkpoint)
+
+        def on_epoch_end(step):
+            self.state.global_step = step
+            self.callback_handler.call("on_epoch_end", self.args, self.state, self.control)
+
+        def stop(step):
+            self.state.global_step = step
+            return bool(self.control.should_training_stop)
+
+        return json.loads(_brisk.train(json.dumps(options), on_log, on_save, on_epoch_end, stop))
+
+    def _read_state(self):
+        path = os.path.join(self.args.output_dir, "trainer_state.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                self.state.update(json.load(f))
+
+    def _config(self):
+        path = self._model if self._model.endswith(".json") else os.path.join(self._model,
+                                                                                "config.json")
+        if not os.path.isfile(path):
+            return {}
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def _read_predictions(self):
+        config = self._config()
+        label2id = config.get("label2id") or {}
+        values = []
+        with open(os.path.join(self.args.output_dir, "predict_results.txt"),
+                  encoding="utf-8") as f:
+            next(f)  # index  prediction
+            for line in f:
+                value = line.rstrip("\n").split("\t", 1)[1]
+                values.append(label2id[value] if value in label2id else float(value))
+        dtype = np.float32 if config.get("problem_type") == "regression" else np.int64
+        return np.asarray(values, dtype=dtype)
+
+
+def _path_of(value, what):
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    name = getattr(value, "name_or_path", None)  # a transformers model or tokenizer
+    if isinstance(name, str) and os.path.exists(name):
+        return name
+    raise TypeError("%s: give a folder, a file or a built-in name, not %s"
+                    % (what, type(value).__name__))
+
+
+def _labels_of(path, config):
+    """The label column of a JSON Lines file the Trainer wrote, as class ids (None without)."""
+    if not path.endswith(".jsonl") or not os.path.isfile(path):
+        return None
+    label2id = config.get("label2id") or {}
+    labels = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            value = json.loads(line).get("label")
+            if value is None:
+                return None
+            labels.append(label2id.get(value, value) if isinstance(value, str) else value)
+    return np.asarray(labels)
+
+
+class _Html:
+    def __init__(self, path):
+        self.path = path
+
+    def _repr_html_(self):
+        with open(self.path, encoding="utf-8") as f:
+            return f.read()

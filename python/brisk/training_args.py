@@ -1,0 +1,93 @@
+"""TrainingArguments: the options of a brisk run under transformers' names and defaults."""
+
+import json
+
+from . import _brisk
+
+
+def _jsonable(value):
+    """A TrainingArguments value as JSON holds it (enums by value, paths and the rest as text)."""
+    value = getattr(value, "value", value)
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a NumPy scalar
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+_SCRIPT_KEYS = ("do_train", "do_eval", "do_predict")
+
+
+class TrainingArguments:
+    """The options of `brisk train`, named and defaulted as transformers' TrainingArguments.
+
+    The engine checks them when they are made: an unknown key, a value brisk cannot honour or
+    options that contradict each other raise BriskError with the engine's message. Keys of
+    transformers' TrainingArguments that change nothing in brisk are accepted and listed in
+    `ignored_keys`.
+    """
+
+    def __init__(self, output_dir=None, **kwargs):
+        given = dict(kwargs)
+        if output_dir is not None:
+            given["output_dir"] = output_dir
+        given = {key: _jsonable(value) for key, value in given.items()}
+        # As in transformers, do_train, do_eval and do_predict are for scripts: the Trainer's
+        # method called decides what a run does.
+        scripts = {key: given.pop(key) for key in _SCRIPT_KEYS if key in given}
+        resolved = json.loads(_brisk.resolve_options(json.dumps(given)))
+        object.__setattr__(self, "_given", given)
+        object.__setattr__(self, "_values", dict(resolved["options"], **scripts))
+        object.__setattr__(self, "ignored_keys", list(resolved["ignored"]))
+
+    @classmethod
+    def from_dict(cls, values):
+        """From a dict of TrainingArguments keys (e.g. transformers' `args.to_dict()`)."""
+        return cls(**dict(values))
+
+    @classmethod
+    def of(cls, args):
+        """`args` as brisk's TrainingArguments: itself, a dict, an object with `to_dict()` (a
+        transformers.TrainingArguments), or None for the defaults."""
+        if args is None:
+            return cls()
+        if isinstance(args, cls):
+            return args
+        if isinstance(args, dict):
+            return cls.from_dict(args)
+        if hasattr(args, "to_dict"):
+            return cls.from_dict(args.to_dict())
+        raise TypeError("args must be brisk.TrainingArguments, transformers.TrainingArguments "
+                        "or a dict, not %s" % type(args).__name__)
+
+    def __getattr__(self, name):
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError("TrainingArguments has no option %r" % name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("TrainingArguments are checked when made: use replace(%s=...)" % name)
+
+    def replace(self, **changes):
+        """A copy with `changes` applied (checked again)."""
+        given = dict(self._given)
+        given.update({k: self._values[k] for k in _SCRIPT_KEYS if k in self._values})
+        given.update(changes)
+        return TrainingArguments(**given)
+
+    def to_dict(self):
+        """Every option's value, under brisk's names."""
+        return dict(self._values)
+
+    def given(self):
+        """The keys given, as given (what runs pass to the engine)."""
+        return dict(self._given)
+
+    def __repr__(self):
+        shown = ", ".join("%s=%r" % item for item in sorted(self._given.items()))
+        return "TrainingArguments(%s)" % shown

@@ -1,0 +1,182 @@
+// brisk._brisk: the engine's actions for the Python package (python/brisk). Options, records and
+// results cross as JSON text, which the package turns into Python values; the engine's refusals
+// become brisk.BriskError (a ValueError) with the engine's one-line message.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "parallel/launch.h"
+#include "train/options.h"
+#include "train/trainer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// The options a JSON object of TrainingArguments names gives, validated.
+brisk::TrainOptions options_of(const std::string& text) {
+  brisk::TrainOptions o;
+  brisk::apply_options_json(o, nlohmann::json::parse(text), "TrainingArguments");
+  brisk::validate_options(o);
+  return o;
+}
+
+// Every option's value (brisk's names) and the keys accepted without effect.
+std::string resolve_options(const std::string& text) {
+  const brisk::TrainOptions o = options_of(text);
+  return nlohmann::json{{"options", brisk::options_to_json(o)}, {"ignored", o.ignored_keys}}.dump();
+}
+
+// A process a launcher started as one of several: the Python API runs one process only.
+void refuse_launch() {
+  const brisk::LaunchInfo launch = brisk::launch_info_from_env();
+  BRISK_CHECK(launch.size <= 1, "this process is rank ", launch.rank, " of ", launch.size,
+              ": the Python API runs one process; launch runs of several with the brisk "
+              "program under mpirun or torchrun");
+}
+
+// Calls into Python from the engine's thread, holding the interpreter while they run. An
+// interrupt (Ctrl-C) met in a callback or pending at a step's end ends the training after that
+// step, as a callback's stop would; it is raised once the run has finished.
+class PythonEvents {
+ public:
+  PythonEvents(nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
+               nb::callable stop)
+      : on_log_(std::move(on_log)),
+        on_save_(std::move(on_save)),
+        on_epoch_end_(std::move(on_epoch_end)),
+        stop_(std::move(stop)) {}
+
+  brisk::LogSink log_sink() {
+    return [this](const nlohmann::json& rec) { call([&] { on_log_(rec.dump()); }); };
+  }
+  brisk::StepEvents step_events() {
+    brisk::StepEvents e;
+    e.on_save = [this](const std::string& checkpoint) { call([&] { on_save_(checkpoint); }); };
+    e.on_epoch_end = [this](int64_t step) { call([&] { on_epoch_end_(step); }); };
+    e.stop = [this](int64_t step) {
+      bool stop = false;
+      call([&] {
+        if (PyErr_CheckSignals() != 0) throw nb::python_error();
+        stop = nb::cast<bool>(stop_(step));
+      });
+      return stop || interrupt_.has_value();
+    };
+    return e;
+  }
+  // Raises the interrupt that ended the run, if one did.
+  void raise_interrupt() {
+    if (interrupt_) throw std::move(*interrupt_);
+  }
+
+ private:
+  // Runs `f` holding the interpreter; an interrupt it raises is kept for the step's end, any
+  // other Python error ends the run.
+  template <typename F>
+  void call(F&& f) {
+    nb::gil_scoped_acquire held;
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      if (!e.matches(PyExc_KeyboardInterrupt)) throw;
+      if (!interrupt_) interrupt_.emplace(std::move(e));
+    }
+  }
+
+  nb::callable on_log_, on_save_, on_epoch_end_, stop_;
+  std::optional<nb::python_error> interrupt_;
+};
+
+// Runs `brisk train` on the options (JSON); returns the summary: train_results.json's keys, with
+// eval_metrics and predict_metrics.
+std::string train(const std::string& text, nb::callable on_log, nb::callable on_save,
+                  nb::callable on_epoch_end, nb::callable stop) {
+  const brisk::TrainOptions o = options_of(text);
+  refuse_launch();
+  PythonEvents events(std::move(on_log), std::move(on_save), std::move(on_epoch_end),
+                      std::move(stop));
+  const brisk::LogSink sink = events.log_sink();
+  const brisk::StepEvents steps = events.step_events();
+  brisk::TrainSummary s;
+  {
+    nb::gil_scoped_release released;
+    for (const nlohmann::json& note : brisk::run_notes(o)) sink(note);
+    s = brisk::train(o, sink, nullptr, {}, nullptr, steps);
+  }
+  events.raise_interrupt();
+  nlohmann::json j = brisk::summary_json(s);
+  j["eval_metrics"] = s.eval_metrics;
+  j["predict_metrics"] = s.predict_metrics;
+  j["last_checkpoint"] = s.last_checkpoint;
+  j["best_model_checkpoint"] = s.best_model_checkpoint;
+  return j.dump();
+}
+
+// `brisk estimate --output_json`'s JSON of the options' run (the plan is printed too).
+std::string estimate(const std::string& text, int64_t world_size) {
+  const brisk::TrainOptions o = options_of(text);
+  brisk::cli::EstimateArgs args;
+  args.world_size = world_size;
+  nb::gil_scoped_release released;
+  return brisk::cli::estimate(o, args).dump();
+}
+
+std::vector<std::vector<int32_t>> tokenize(const std::string& tokenizer,
+                                           const std::vector<std::string>& texts,
+                                           bool add_special_tokens,
+                                           const std::string& pair_separator) {
+  brisk::cli::TokenizeArgs args;
+  args.tokenizer = tokenizer;
+  args.add_special_tokens = add_special_tokens;
+  args.pair_separator = pair_separator;
+  nb::gil_scoped_release released;
+  return brisk::cli::tokenize_texts(args, texts);
+}
+
+// `brisk generate`'s continuation: {"text", "prompt_ids", "new_ids", "seconds", ...}.
+std::string generate(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  brisk::GenerateOptions g;
+  g.model_name_or_path = j.at("model").get<std::string>();
+  g.prompt = j.at("prompt").get<std::string>();
+  g.max_new_tokens = j.value("max_new_tokens", g.max_new_tokens);
+  g.do_sample = j.value("do_sample", g.do_sample);
+  g.temperature = j.value("temperature", g.temperature);
+  g.top_k = j.value("top_k", g.top_k);
+  g.top_p = j.value("top_p", g.top_p);
+  g.seed = j.value("seed", g.seed);
+  g.device = j.value("device", g.device);
+  brisk::Generation out;
+  {
+    nb::gil_scoped_release released;
+    out = brisk::generate(g);
+  }
+  return nlohmann::json{{"text", out.text},
+                        {"prompt_ids", out.prompt_ids},
+                        {"new_ids", out.new_ids},
+                        {"seconds", out.seconds},
+                        {"planned_bytes", out.planned_bytes},
+                        {"stopped_at_eos", out.stopped_at_eos}}
+      .dump();
+}
+
+}  // namespace
+
+NB_MODULE(_brisk, m) {
+  m.doc() = "brisk's engine (use the brisk package's Trainer and functions)";
+  nb::exception<brisk::Error>(m, "BriskError", PyExc_ValueError);
+  m.def("resolve_options", &resolve_options, "options_json"_a);
+  m.def("train", &train, "options_json"_a, "on_log"_a, "on_save"_a, "on_epoch_end"_a, "stop"_a);
+  m.def("estimate", &estimate, "options_json"_a, "world_size"_a = 1);
+  m.def("tokenize", &tokenize, "tokenizer"_a, "texts"_a, "add_special_tokens"_a = true,
+        "pair_separator"_a = "");
+  m.def("generate", &generate, "options_json"_a);
+}
