@@ -5,7 +5,8 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev
           libcli11-dev libgtest-dev libdnnl-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
-          libxxhash-dev libopenmpi-dev openmpi-bin libgloo-dev python3 python3-pip unzip bzip2)
+          libxxhash-dev libopenmpi-dev openmpi-bin libgloo-dev python3 python3-pip python3-venv
+          python3-dev unzip bzip2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

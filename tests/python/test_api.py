@@ -1,0 +1,114 @@
+"""TrainingArguments, refusals, tokenize and generate; the module imports without torch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import brisk
+from conftest import FIXTURES, WORDPIECE, read_glue
+
+
+def test_imports_without_torch():
+    code = "import sys, brisk; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_training_arguments_have_the_programs_names_and_defaults():
+    args = brisk.TrainingArguments(output_dir="out", learning_rate=3e-5, warmup_ratio=0.1)
+    assert (args.output_dir, args.learning_rate, args.warmup_ratio) == ("out", 3e-5, 0.1)
+    assert args.per_device_train_batch_size == 8 and args.lr_scheduler_type == "linear"
+    assert brisk.TrainingArguments().output_dir == "trainer_output"
+    assert args.replace(learning_rate=1e-4).learning_rate == 1e-4
+    # An older spelling and a key without effect in brisk.
+    args = brisk.TrainingArguments(evaluation_strategy="epoch", push_to_hub=False)
+    assert args.eval_strategy == "epoch" and args.ignored_keys == ["push_to_hub"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"learnig_rate": 1e-3}, 'unknown option "learnig_rate" (did you mean "learning_rate"?)'),
+    ({"fp16": True, "bf16": True}, "--fp16 and --bf16 contradict each other"),
+    ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be positive"),
+    ({"push_to_hub": True}, "push_to_hub"),
+])
+def test_bad_arguments_raise_the_engines_message(kwargs, message):
+    with pytest.raises(brisk.BriskError) as caught:
+        brisk.TrainingArguments(**kwargs)
+    assert message in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_transformers_training_arguments_is_accepted(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-5,
+                                            per_device_train_batch_size=4, num_train_epochs=2,
+                                            eval_strategy="epoch", weight_decay=0.01)
+    for given in (theirs, theirs.to_dict()):
+        ours = brisk.Trainer(model="bert-tiny", args=given).args
+        assert (ours.learning_rate, ours.per_device_train_batch_size, ours.num_train_epochs,
+                ours.eval_strategy, ours.weight_decay) == (2e-5, 4, 2, "epoch", 0.01)
+        assert ours.output_dir == str(tmp_path)
+
+
+def test_bad_inputs_raise_one_message(tmp_path):
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=1)
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(brisk.BriskError, match="no-such-model"):
+        brisk.Trainer(model=missing, args=args, train_dataset=read_glue("train.csv"),
+                      tokenizer=WORDPIECE).train()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model_type": "bert", "vocab_size": -4}')
+    with pytest.raises(brisk.BriskError, match="vocab_size"):
+        brisk.Trainer(model=str(bad), args=args, train_dataset=read_glue("train.csv"),
+                      tokenizer=WORDPIECE).train()
+    with pytest.raises(TypeError, match="a dataset is"):
+        brisk.Trainer(model="bert-tiny", args=args, train_dataset=42).train()
+    with pytest.raises(ValueError, match="tokenized columns"):
+        brisk.Trainer(model="bert-tiny", args=args,
+                      train_dataset={"input_ids": [[1, 2]], "label": [0]}).train()
+    with pytest.raises(ValueError, match="columns of different lengths"):
+        brisk.Trainer(model="bert-tiny", args=args,
+                      train_dataset={"sentence": ["a", "b"], "label": [0]}).train()
+    with pytest.raises(ValueError, match="compute_metrics"):
+        brisk.Trainer(model="bert-tiny", args=args, compute_metrics=lambda p: {})
+
+
+def test_tokenize_equals_the_program(program):
+    with open(os.path.join(FIXTURES, "tokenizer", "texts.json")) as f:
+        texts = json.load(f)
+    texts = [t for t in texts if "\n" not in t and "\r" not in t]  # the program reads lines
+    done = subprocess.run([program, "tokenize", "--tokenizer", WORDPIECE],
+                          input="\n".join(texts) + "\n", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = [json.loads(line) for line in done.stdout.splitlines()]
+    assert brisk.tokenize(WORDPIECE, texts) == expected
+    assert brisk.tokenize(WORDPIECE, texts[0]) == expected[0]
+    with pytest.raises(brisk.BriskError):
+        brisk.tokenize(os.path.join(FIXTURES, "no-such-tokenizer"), ["text"])
+
+
+def test_generate_equals_the_program(tmp_path, program):
+    """A tiny GPT-2 trained through the API on a list of texts, then continued by both."""
+    with open(os.path.join(FIXTURES, "tokenizer", "texts.json")) as f:
+        texts = json.load(f) * 6
+    config = {"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
+              "n_positions": 40, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    folder = str(tmp_path / "lm")
+    args = brisk.TrainingArguments(output_dir=folder, block_size=32, max_steps=5,
+                                   disable_tqdm=True)
+    brisk.Trainer(model=config, args=args, train_dataset=texts,
+                  tokenizer=os.path.join(FIXTURES, "tokenizer", "bpe")).train()
+    prompt = "The quick brown fox"
+    out = brisk.generate(folder, prompt, max_new_tokens=12, device="cpu")
+    done = subprocess.run([program, "generate", "--model", folder, "--prompt", prompt,
+                           "--max_new_tokens", "12", "--device", "cpu"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out["text"] == done.stdout.rstrip("\n") and out["text"].startswith(prompt)
+    assert len(out["new_ids"]) == 12 and out["planned_bytes"] > 0
+    with pytest.raises(brisk.BriskError, match="no tokenizer"):
+        brisk.generate(os.path.join(FIXTURES, "bert_tiny"), prompt)

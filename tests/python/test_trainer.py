@@ -1,0 +1,188 @@
+"""brisk.Trainer against the brisk program on the same inputs."""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import brisk
+from conftest import RUN, WORDPIECE, losses, read_glue, run_cli, write_csv
+
+
+def trainer(tmp_path, config, train, eval_data=None, callbacks=None, **changes):
+    options = dict(RUN, **changes)
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **options)
+    return brisk.Trainer(model=config, args=args, train_dataset=train, eval_dataset=eval_data,
+                         tokenizer=WORDPIECE, callbacks=callbacks)
+
+
+def cli_options(tmp_path, config, train_csv, **extra):
+    return dict(RUN, model_name_or_path=config, tokenizer_name=WORDPIECE, train_file=train_csv,
+                output_dir=str(tmp_path / "cli"), **extra)
+
+
+def api_losses(t):
+    return [(r["step"], r["loss"]) for r in t.state.log_history if "loss" in r]
+
+
+def test_train_equals_the_program(tmp_path, program, bert_config):
+    train = read_glue("train.csv")
+    t = trainer(tmp_path, bert_config, train)
+    out = t.train()
+    cli = run_cli(program, "train", cli_options(tmp_path, bert_config,
+                                                write_csv(train, tmp_path / "train.csv")))
+    assert len(api_losses(t)) == out.global_step == 12  # 24 rows, batch 4, 2 epochs
+    assert [s for s, _ in api_losses(t)] == [s for s, _ in losses(cli)]
+    assert [v for _, v in api_losses(t)] == pytest.approx([v for _, v in losses(cli)], rel=1e-6)
+    with open(tmp_path / "cli" / "train_results.json") as f:
+        assert out.training_loss == pytest.approx(json.load(f)["train_loss"], rel=1e-6)
+    assert set(out.metrics) >= {"train_runtime", "train_samples_per_second", "train_loss"}
+    assert t.state.global_step == 12 and t.state.log_history[-1]["train_loss"] > 0
+    assert os.path.isfile(tmp_path / "api" / "model.safetensors")
+
+
+def test_datasets_and_dataframes_train_alike(tmp_path, bert_config):
+    pandas = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    columns = read_glue("train.csv")
+    frame = pandas.DataFrame(columns)
+    records = [{"sentence": s, "label": l} for s, l in zip(columns["sentence"], columns["label"])]
+    runs = {}
+    for name, data in [("columns", columns), ("records", records), ("frame", frame),
+                       ("dataset", datasets.Dataset.from_pandas(frame)),
+                       ("dataset_dict", datasets.DatasetDict(
+                           {"train": datasets.Dataset.from_pandas(frame)}))]:
+        t = trainer(tmp_path / name, bert_config, data, max_steps=4)
+        t.train()
+        runs[name] = api_losses(t)
+    assert len(runs["columns"]) == 4
+    for name, got in runs.items():
+        assert got == runs["columns"], name
+
+
+def test_evaluate_and_predict_equal_the_program(tmp_path, program, bert_config):
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    dev["label"] = [i % 2 for i in range(len(dev["label"]))]  # GLUE's withheld -1s, labelled
+    t = trainer(tmp_path, bert_config, train, dev, max_steps=5)
+    t.train()
+    metrics = t.evaluate()
+    predicted = t.predict(dev)
+    dev_csv = write_csv(dev, tmp_path / "dev.csv")
+    run_cli(program, "train", cli_options(tmp_path, bert_config,
+                                          write_csv(train, tmp_path / "train.csv"),
+                                          validation_file=dev_csv, test_file=dev_csv,
+                                          max_steps=5, do_eval=True, do_predict=True))
+    with open(tmp_path / "cli" / "eval_results.json") as f:
+        cli_metrics = json.load(f)
+    for key in ("eval_loss", "eval_accuracy", "eval_f1"):
+        assert metrics[key] == pytest.approx(cli_metrics[key], rel=1e-6), key
+    with open(tmp_path / "cli" / "predict_results.txt") as f:
+        cli_predicted = [int(line.split("\t")[1]) for line in f.read().splitlines()[1:]]
+    assert predicted.predictions.dtype == np.int64
+    assert predicted.predictions.tolist() == cli_predicted
+    assert predicted.label_ids.tolist() == dev["label"]
+    assert predicted.metrics["predict_accuracy"] == pytest.approx(
+        np.mean(predicted.predictions == predicted.label_ids))
+
+
+def test_save_model_writes_a_model_folder(tmp_path, bert_config):
+    t = trainer(tmp_path, bert_config, read_glue("train.csv"), max_steps=2)
+    t.train()
+    t.save_model(tmp_path / "saved")
+    names = set(os.listdir(tmp_path / "saved"))
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= names
+    assert not any(n.startswith("checkpoint-") or n == "brisk_inputs" for n in names)
+    again = brisk.Trainer(model=str(tmp_path / "saved"),
+                          args=brisk.TrainingArguments(output_dir=str(tmp_path / "again"), **RUN))
+    assert again.evaluate(read_glue("train.csv"))["eval_loss"] == pytest.approx(
+        t.evaluate(read_glue("train.csv"))["eval_loss"], rel=1e-6)
+
+
+def test_estimate_memory_equals_the_program(tmp_path, program, bert_config):
+    train = read_glue("train.csv")
+    t = trainer(tmp_path, bert_config, train, per_device_train_batch_size=8, bf16=True)
+    plan = t.estimate_memory()
+    json_path = tmp_path / "plan.json"
+    run_cli(program, "estimate",
+            cli_options(tmp_path, bert_config, write_csv(train, tmp_path / "train.csv"),
+                        per_device_train_batch_size=8, bf16=True),
+            "--output_json", str(json_path))
+    with open(json_path) as f:
+        cli_plan = json.load(f)
+    assert plan["memory"]["planned_bytes"] == cli_plan["memory"]["planned_bytes"]
+    assert plan["memory"]["planned_total_bytes"] > 0
+    # All but the host's baseline: what this process (a Python interpreter) holds already.
+    for ours in (plan, cli_plan):
+        assert ours["memory"].pop("host_baseline_bytes") > 0
+    assert plan == cli_plan
+
+
+class Recorder(brisk.TrainerCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.append(("train_begin",))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "loss" in logs:
+            self.events.append(("log", logs["step"]))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.events.append(("evaluate", metrics["step"]))
+
+    def on_save(self, args, state, control, checkpoint=None, **kwargs):
+        self.events.append(("save", os.path.basename(checkpoint)))
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.events.append(("epoch_end", state.global_step))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append(("train_end", state.global_step))
+
+
+def test_callbacks_see_the_events_in_order(tmp_path, bert_config):
+    recorder = Recorder()
+    t = trainer(tmp_path, bert_config, read_glue("train.csv"), read_glue("train.csv"),
+                callbacks=[recorder], eval_strategy="epoch", save_strategy="epoch")
+    t.train()
+    expected = [("train_begin",)]
+    for epoch in (1, 2):
+        expected += [("log", s) for s in range(6 * epoch - 5, 6 * epoch + 1)]
+        expected += [("evaluate", 6 * epoch), ("save", "checkpoint-%d" % (6 * epoch)),
+                     ("epoch_end", 6 * epoch)]
+    assert recorder.events == expected + [("train_end", 12)]
+
+
+class StopAt(brisk.TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs.get("step") == self.step:
+            control.should_training_stop = True
+
+
+def test_a_callback_stops_the_training(tmp_path, bert_config):
+    t = trainer(tmp_path, bert_config, read_glue("train.csv"), callbacks=[StopAt(3)])
+    out = t.train()
+    assert out.global_step == 3
+    with open(tmp_path / "api" / "trainer_state.json") as f:
+        assert json.load(f)["global_step"] == 3
+
+
+class Interrupt(brisk.TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs.get("step") == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C in a notebook
+
+
+def test_ctrl_c_stops_at_a_step_boundary(tmp_path, bert_config):
+    t = trainer(tmp_path, bert_config, read_glue("train.csv"), callbacks=[Interrupt()])
+    with pytest.raises(KeyboardInterrupt):
+        t.train()
+    with open(tmp_path / "api" / "trainer_state.json") as f:
+        assert json.load(f)["global_step"] == 2  # the step under way finished, then saved
+    assert os.path.isfile(tmp_path / "api" / "model.safetensors")
