@@ -752,7 +752,7 @@ nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
                                     degree(o.pp_size), degree(o.sp_size));
   const int replicas = mesh[MeshDim::data];
   const std::unique_ptr<RunAssembly> run =
-      assemble_run(o, device, nullptr, nullptr, 0, replicas, 0);
+      assemble_run(o, device, nullptr, GivenData(args.tokenized), 0, replicas, 0);
   print_estimate_header(o, *run, device);
   nlohmann::json layout = nlohmann::json::object();
   layout["tensor_parallel"] =

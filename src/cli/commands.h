@@ -34,6 +34,7 @@ struct EstimateArgs {
   std::string optims;      // comma-separated, for --fit; empty: the run's own
   std::string html_path;   // draw the plan (or the fit's candidates) into this HTML file
   int64_t world_size = 1;  // plan rank 0 of a data-parallel run of this many processes
+  const TokenizedInput* tokenized = nullptr;  // rows tokenized before the run (the Python API)
 };
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
 // The same plan printed, returned as the JSON --output_json writes (the Python API's

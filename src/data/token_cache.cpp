@@ -127,8 +127,6 @@ std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows) {
   return out + payload;
 }
 
-namespace {
-// Why the arrays' values do not fit `limits`, or nullptr.
 const char* out_of_limits(const TokenizedRows& r, const TokenLimits& limits) {
   const auto below = [](int64_t bound) {
     return [bound](int32_t v) { return v >= 0 && v < bound; };
@@ -146,7 +144,6 @@ const char* out_of_limits(const TokenizedRows& r, const TokenLimits& limits) {
     return "an infinite label value";
   return nullptr;
 }
-}  // namespace
 
 std::optional<TokenizedRows> parse_token_cache(std::string_view bytes, uint64_t key,
                                                const TokenLimits& limits, std::string* why) {

@@ -61,6 +61,10 @@ struct TokenLimits {
   int64_t classes = 0;
 };
 
+// Why the arrays' values do not fit `limits` ("a token id outside the vocabulary", ...), or
+// nullptr when they do.
+const char* out_of_limits(const TokenizedRows& rows, const TokenLimits& limits);
+
 // The cache file's bytes for `rows` under `key`.
 std::string serialize_token_cache(uint64_t key, const TokenizedRows& rows);
 // Views the arrays of a cache file's bytes (8-byte aligned, as a mapping is); nullopt (and *why)

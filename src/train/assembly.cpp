@@ -46,18 +46,19 @@ void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluate
   r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
 }
 
-// The data of a run on `dataset`, or on the options' synthetic data or token file; synthetic
-// evaluation and prediction sets, seeded apart from the training samples.
+// The data of a run on the given training set, or on the options' synthetic data or token file;
+// synthetic evaluation and prediction sets, seeded apart from the training samples.
 void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluates,
-                         const Dataset* dataset) {
+                         GivenData dataset) {
   const TrainOptions& o = r.options;
-  r.owned_data =
-      dataset ? nullptr : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);
-  r.data = dataset ? dataset : r.owned_data.get();
+  r.owned_data = dataset.train
+                     ? nullptr
+                     : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);
+  r.data = dataset.train ? dataset.train : r.owned_data.get();
   if (!evaluates && !o.do_predict) return;
   BRISK_CHECK(o.dataset == "synthetic", "evaluation and prediction need --dataset synthetic ",
               "for now (a token file has no evaluation split)");
-  auto synthetic = [&](uint64_t seed) {
+  const auto synthetic = [&](uint64_t seed) {
     return std::make_unique<SyntheticDataset>(
         SyntheticOptions{o.eval_dataset_size, o.seq_len, 100, 30000, seed, o.synthetic_task},
         r.config.vocab_size, layout.labels_per_token);
@@ -72,19 +73,20 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
-BatchLayout assemble_model_and_data(RunAssembly& r, const Dataset* dataset, int64_t B,
-                                    int tensor_rank, int pipeline_stage, int sequence_rank,
-                                    int expert_rank) {
+BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B, int tensor_rank,
+                                    int pipeline_stage, int sequence_rank, int expert_rank) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
   use_router_options(r.config, o.router_z_loss_coef, o.moe_capacity_factor);
-  const bool files = !dataset && uses_text_files(o);
+  const bool files = !dataset.train && (dataset.tokenized || uses_text_files(o));
   // Synthetic data is labelled: a head taken from `architectures` gives way to it, as to
   // labelled files (train/file_data).
   if (!files && r.config.task_from_architectures) use_sequence_classification(r.config);
   if (files) {
-    r.files = load_file_data(o, r.config);  // classification: the config learns the labels
+    // Classification: the config learns the labels.
+    r.files = dataset.tokenized ? tokenized_data(o, r.config, *dataset.tokenized)
+                                : load_file_data(o, r.config);
     r.files.train = first_samples(std::move(r.files.train), o.max_train_samples);
     r.files.eval = first_samples(std::move(r.files.eval), o.max_eval_samples);
     r.files.test = first_samples(std::move(r.files.test), o.max_predict_samples);
@@ -177,9 +179,8 @@ TrainOptions resolve_checkpoint(const TrainOptions& options) {
 }
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, const Dataset* dataset, int rank,
-                                          int ranks, int tensor_rank, int pipeline_stage,
-                                          int sequence_rank) {
+                                          Backend* backend, GivenData dataset, int rank, int ranks,
+                                          int tensor_rank, int pipeline_stage, int sequence_rank) {
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
               "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,

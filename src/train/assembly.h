@@ -21,6 +21,7 @@
 #include "precision/mixed_precision.h"
 #include "train/file_data.h"
 #include "train/options.h"
+#include "train/tokenized_data.h"
 
 namespace brisk {
 
@@ -70,7 +71,7 @@ struct RunAssembly {
 // (pipeline_share); `sequence_rank`, with --sp_size, its tokens (sequence_parallel_share): the
 // ranks * sp_size replicas share ZeRO's partitions.
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, const Dataset* dataset = nullptr,
+                                          Backend* backend, GivenData dataset = nullptr,
                                           int rank = 0, int ranks = 1, int tensor_rank = 0,
                                           int pipeline_stage = 0, int sequence_rank = 0);
 

@@ -95,9 +95,9 @@ namespace {
 // The first stage's run of `t` (a pipeline's, or the whole run) and into `needed` what the run
 // needs of the budget: its largest stage's plan (the first holds the embeddings, the last the
 // head, the second the most stashed inputs).
-std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device,
-                                         const Dataset* dataset, int data_ranks,
-                                         const MemoryBudget& budget, size_t& needed) {
+std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device, GivenData dataset,
+                                         int data_ranks, const MemoryBudget& budget,
+                                         size_t& needed) {
   std::unique_ptr<RunAssembly> first =
       assemble_run(t, device, nullptr, dataset, 0, data_ranks, 0, 0);
   needed = needed_bytes(first->plan, budget);
@@ -112,7 +112,7 @@ std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device,
 }  // namespace
 
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
-                   const Dataset* dataset) {
+                   GivenData dataset) {
   const int64_t global = o.per_device_train_batch_size * o.gradient_accumulation_steps;
   auto need = [&](int64_t batch, bool checkpointing, const std::string& offload = "") {
     TrainOptions t = o;

@@ -12,6 +12,7 @@
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "train/options.h"
+#include "train/tokenized_data.h"
 
 namespace brisk {
 struct RunAssembly;
@@ -54,7 +55,7 @@ struct BatchFit {
 // batch. Refuses, naming the smallest need (batch 1 with gradient checkpointing), when even
 // batch 1 does not fit.
 BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& budget,
-                   const Dataset* dataset = nullptr);
+                   GivenData dataset = nullptr);
 
 }  // namespace brisk
 

@@ -324,7 +324,7 @@ void check_plan_fits(const Backend& be, const MemoryPlan& plan) {
 // Stage 1: with auto_find_batch_size, the options reshaped to the memory budget (logged and
 // recorded in the summary); otherwise the options as given.
 TrainOptions shape_to_memory(const TrainOptions& options, Device device, const Backend& be,
-                             const Dataset* dataset, const LogSink& on_log, TrainSummary& s) {
+                             GivenData dataset, const LogSink& on_log, TrainSummary& s) {
   TrainOptions shaped = options;
   if (!options.auto_find_batch_size) return shaped;
   const BatchFit f = fit_batch(options, device, memory_budget(options, device, &be), dataset);
@@ -841,7 +841,7 @@ void add_exchanges(TrainSummary& s, const std::string& name, double bytes, doubl
 
 // The stages: shape to memory, assemble (train/assembly.cpp), load state, the steps
 // (train_steps), finish, evaluate and summarize.
-TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Dataset* dataset,
+TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData dataset,
                    FaultHooks faults, Communicator* comm, const StepEvents& events) {
   std::vector<std::string> deepspeed_ignored;
   const int ranks = comm ? comm->size() : launch_info_from_env().size;
@@ -939,11 +939,11 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, const Data
   return s;
 }
 
-std::vector<nlohmann::json> run_notes(const TrainOptions& o) {
+std::vector<nlohmann::json> run_notes(const TrainOptions& o, bool data_given) {
   std::vector<nlohmann::json> records;
   if (!o.ignored_keys.empty()) records.push_back({{"options_without_effect", o.ignored_keys}});
   std::vector<std::string> notes;
-  if (o.do_train && !uses_text_files(o) && o.dataset == "synthetic")
+  if (o.do_train && !data_given && !uses_text_files(o) && o.dataset == "synthetic")
     notes.push_back("no data files given: training on synthetic data (" +
                     std::to_string(o.dataset_size) + " random sequences of " +
                     std::to_string(o.seq_len) +

@@ -14,6 +14,7 @@
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "train/options.h"
+#include "train/tokenized_data.h"
 
 namespace brisk {
 
@@ -59,8 +60,8 @@ struct TrainSummary {
 
 // The records a run opens with on the command line, before train() (rank 0): the keys given
 // that change nothing in brisk, and what a user may not have meant: training on synthetic data,
-// or from a built-in configuration's random weights.
-std::vector<nlohmann::json> run_notes(const TrainOptions& o);
+// or from a built-in configuration's random weights. data_given: the caller gives the data.
+std::vector<nlohmann::json> run_notes(const TrainOptions& o, bool data_given = false);
 
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
 using LogSink = std::function<void(const nlohmann::json&)>;
@@ -84,12 +85,13 @@ struct StepEvents {
   std::function<bool(int64_t global_step)> stop;
 };
 
-// Trains on `dataset` when given, else on the one the options name (synthetic or a token file).
+// Trains on `dataset` when given (a Dataset, or rows tokenized before the run), else on the one
+// the options name (text files, synthetic data or a token file).
 // Data parallel over `comm`'s ranks (default: the processes of the launch, world_communicator());
 // only rank 0's on_log is called.
-TrainSummary train(const TrainOptions& options, const LogSink& on_log,
-                   const Dataset* dataset = nullptr, FaultHooks faults = {},
-                   Communicator* comm = nullptr, const StepEvents& events = {});
+TrainSummary train(const TrainOptions& options, const LogSink& on_log, GivenData dataset = nullptr,
+                   FaultHooks faults = {}, Communicator* comm = nullptr,
+                   const StepEvents& events = {});
 
 // train_results.json: the training metrics (train_metrics_json) with the memory anatomy.
 nlohmann::json summary_json(const TrainSummary& s);
