@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _brisk
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
-from .data import data_file
+from .data import source
 from .training_args import TrainingArguments
 
 TrainOutput = collections.namedtuple("TrainOutput", ["global_step", "training_loss", "metrics"])
@@ -70,17 +70,15 @@ class Trainer:
         step under way, with the model and state saved, then raises KeyboardInterrupt."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset")
-        options = self._options(do_train=True, do_eval=False, do_predict=False,
-                                train_file=data_file(self.train_dataset, "train", self._inputs()),
-                                validation_file=data_file(self.eval_dataset, "eval",
-                                                          self._inputs()))
+        files, tokenized = self._data(train=self.train_dataset, eval=self.eval_dataset)
+        options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             options["resume_from_checkpoint"] = (
                 "last" if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint))
         self.control = TrainerControl()
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
-        summary = self._run(options)
+        summary = self._run(options, tokenized)
         self._model = self.args.output_dir
         self._read_state()
         metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}
@@ -94,9 +92,9 @@ class Trainer:
             raise ValueError("Trainer.evaluate() needs an eval_dataset")
         if metric_key_prefix != "eval":
             raise ValueError("metric_key_prefix: brisk names evaluation metrics eval_*")
-        options = self._options(do_train=False, do_eval=True, do_predict=False,
-                                validation_file=data_file(data, "eval", self._inputs()))
-        metrics = self._run(options)["eval_metrics"]
+        files, tokenized = self._data(eval=data)
+        options = self._options(do_train=False, do_eval=True, do_predict=False, **files)
+        metrics = self._run(options, tokenized)["eval_metrics"]
         self.callback_handler.call("on_evaluate", self.args, self.state, self.control,
                                    metrics=metrics)
         return metrics
@@ -104,12 +102,13 @@ class Trainer:
     def predict(self, test_dataset):
         """PredictionOutput(predictions, label_ids, metrics): the predicted class ids (or values
         for a regression) as a NumPy array, the dataset's labels where it has them."""
-        path = data_file(test_dataset, "test", self._inputs())
-        options = self._options(do_train=False, do_eval=False, do_predict=True, test_file=path)
-        summary = self._run(options)
+        files, tokenized = self._data(test=test_dataset)
+        options = self._options(do_train=False, do_eval=False, do_predict=True, **files)
+        summary = self._run(options, tokenized)
         predictions = self._read_predictions()
-        return PredictionOutput(predictions, _labels_of(path, self._config()),
-                                summary["predict_metrics"])
+        labels = (_labels_of(files["test_file"], self._config()) if tokenized is None else
+                  tokenized["test"].get("labels", tokenized["test"].get("values")))
+        return PredictionOutput(predictions, labels, summary["predict_metrics"])
 
     def save_model(self, output_dir=None):
         """Writes the model folder (config, weights, tokenizer files) into output_dir (default:
@@ -130,9 +129,9 @@ class Trainer:
     def estimate_memory(self, world_size=1):
         """The plan of the training run these arguments describe, before any run: the JSON of
         `brisk estimate --output_json` (memory.planned_bytes holds the bytes by category)."""
-        options = self._options(do_train=True, do_eval=False, do_predict=False,
-                                train_file=data_file(self.train_dataset, "train", self._inputs()))
-        return json.loads(_brisk.estimate(json.dumps(options), world_size))
+        files, tokenized = self._data(train=self.train_dataset)
+        options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
+        return json.loads(_brisk.estimate(json.dumps(options), tokenized, world_size))
 
     def memory_html(self):
         """The last run's memory anatomy (output_dir/memory.html), displayable in Jupyter."""
@@ -156,17 +155,28 @@ class Trainer:
             return path
         return _path_of(model, "model")
 
+    def _data(self, **splits):
+        """The run's data: options naming files, and the tokenized splits' arrays (or None)."""
+        option = {"train": "train_file", "eval": "validation_file", "test": "test_file"}
+        files, tokenized = {name: "" for name in option.values()}, {}
+        for role, data in splits.items():
+            path, arrays = source(data, role, self._inputs())
+            if arrays is not None:
+                tokenized[role] = arrays
+            files[option[role]] = path
+        if tokenized and any(files.values()):
+            raise ValueError("give a run's datasets all as text or all tokenized (input_ids)")
+        return files, tokenized or None
+
     def _options(self, **run):
         options = self.args.given()
         options["model_name_or_path"] = self._model
         if self._tokenizer:
             options["tokenizer_name"] = self._tokenizer
-        for key, value in run.items():
-            if value != "" or key in options:
-                options[key] = value
+        options.update(run)
         return options
 
-    def _run(self, options):
+    def _run(self, options, tokenized=None):
         def on_log(text):
             record = json.loads(text)
             if any(k in record for k in ("loss", "eval_loss", "train_runtime")):
@@ -191,7 +201,8 @@ class Trainer:
             self.state.global_step = step
             return bool(self.control.should_training_stop)
 
-        return json.loads(_brisk.train(json.dumps(options), on_log, on_save, on_epoch_end, stop))
+        return json.loads(_brisk.train(json.dumps(options), tokenized, on_log, on_save,
+                                       on_epoch_end, stop))
 
     def _read_state(self):
         path = os.path.join(self.args.output_dir, "trainer_state.json")

@@ -2,11 +2,14 @@
 // results cross as JSON text, which the package turns into Python values; the engine's refusals
 // become brisk.BriskError (a ValueError) with the engine's one-line message.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,44 @@ void refuse_launch() {
   BRISK_CHECK(launch.size <= 1, "this process is rank ", launch.rank, " of ", launch.size,
               ": the Python API runs one process; launch runs of several with the brisk "
               "program under mpirun or torchrun");
+}
+
+// Keeps a Python object alive while rows view its arrays; released holding the interpreter.
+std::shared_ptr<const void> keep(nb::handle object) {
+  return std::shared_ptr<const void>(new nb::object(nb::borrow(object)), [](const void* p) {
+    nb::gil_scoped_acquire held;
+    delete static_cast<const nb::object*>(p);
+  });
+}
+
+template <typename T>
+std::span<const T> span_of(nb::handle array) {
+  const auto a = nb::cast<nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(array);
+  return {a.data(), a.shape(0)};
+}
+
+// A split's rows viewed in its NumPy arrays (the package makes them: offsets int64, ids int32,
+// labels int32 or values float32, types int32), which stay alive as long as the rows.
+brisk::TokenizedRows rows_of(nb::dict split) {
+  brisk::TokenizedRows r;
+  r.offsets = span_of<int64_t>(split["offsets"]);
+  r.ids = span_of<int32_t>(split["ids"]);
+  if (split.contains("labels")) r.labels = span_of<int32_t>(split["labels"]);
+  if (split.contains("values")) r.values = span_of<float>(split["values"]);
+  if (split.contains("types")) r.types = span_of<int32_t>(split["types"]);
+  r.memory = keep(split);
+  return r;
+}
+
+// The tokenized splits the package gives ({"train": {...}, "eval": ..., "test": ...}).
+std::optional<brisk::TokenizedInput> tokenized_of(const std::optional<nb::dict>& splits) {
+  if (!splits) return std::nullopt;
+  brisk::TokenizedInput in;
+  const std::pair<const char*, std::optional<brisk::TokenizedRows>*> parts[] = {
+      {"train", &in.train}, {"eval", &in.eval}, {"test", &in.test}};
+  for (const auto& [name, rows] : parts)
+    if (splits->contains(name)) *rows = rows_of(nb::cast<nb::dict>((*splits)[name]));
+  return in;
 }
 
 // Calls into Python from the engine's thread, holding the interpreter while they run. An
@@ -97,10 +138,13 @@ class PythonEvents {
 
 // Runs `brisk train` on the options (JSON); returns the summary: train_results.json's keys, with
 // eval_metrics and predict_metrics.
-std::string train(const std::string& text, nb::callable on_log, nb::callable on_save,
-                  nb::callable on_epoch_end, nb::callable stop) {
+std::string train(const std::string& text, const std::optional<nb::dict>& tokenized,
+                  nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
+                  nb::callable stop) {
   const brisk::TrainOptions o = options_of(text);
   refuse_launch();
+  const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
+  const brisk::GivenData given(rows ? &*rows : nullptr);
   PythonEvents events(std::move(on_log), std::move(on_save), std::move(on_epoch_end),
                       std::move(stop));
   const brisk::LogSink sink = events.log_sink();
@@ -108,8 +152,8 @@ std::string train(const std::string& text, nb::callable on_log, nb::callable on_
   brisk::TrainSummary s;
   {
     nb::gil_scoped_release released;
-    for (const nlohmann::json& note : brisk::run_notes(o)) sink(note);
-    s = brisk::train(o, sink, nullptr, {}, nullptr, steps);
+    for (const nlohmann::json& note : brisk::run_notes(o, rows.has_value())) sink(note);
+    s = brisk::train(o, sink, given, {}, nullptr, steps);
   }
   events.raise_interrupt();
   nlohmann::json j = brisk::summary_json(s);
@@ -121,10 +165,13 @@ std::string train(const std::string& text, nb::callable on_log, nb::callable on_
 }
 
 // `brisk estimate --output_json`'s JSON of the options' run (the plan is printed too).
-std::string estimate(const std::string& text, int64_t world_size) {
+std::string estimate(const std::string& text, const std::optional<nb::dict>& tokenized,
+                     int64_t world_size) {
   const brisk::TrainOptions o = options_of(text);
+  const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
   brisk::cli::EstimateArgs args;
   args.world_size = world_size;
+  args.tokenized = rows ? &*rows : nullptr;
   nb::gil_scoped_release released;
   return brisk::cli::estimate(o, args).dump();
 }
@@ -174,8 +221,9 @@ NB_MODULE(_brisk, m) {
   m.doc() = "brisk's engine (use the brisk package's Trainer and functions)";
   nb::exception<brisk::Error>(m, "BriskError", PyExc_ValueError);
   m.def("resolve_options", &resolve_options, "options_json"_a);
-  m.def("train", &train, "options_json"_a, "on_log"_a, "on_save"_a, "on_epoch_end"_a, "stop"_a);
-  m.def("estimate", &estimate, "options_json"_a, "world_size"_a = 1);
+  m.def("train", &train, "options_json"_a, "tokenized"_a.none(), "on_log"_a, "on_save"_a,
+        "on_epoch_end"_a, "stop"_a);
+  m.def("estimate", &estimate, "options_json"_a, "tokenized"_a.none(), "world_size"_a = 1);
   m.def("tokenize", &tokenize, "tokenizer"_a, "texts"_a, "add_special_tokens"_a = true,
         "pair_separator"_a = "");
   m.def("generate", &generate, "options_json"_a);

@@ -1,0 +1,124 @@
+"""Datasets already tokenized (input_ids columns): read in place, trained as their text is."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import brisk
+from brisk.data import tokenized_split
+from conftest import FIXTURES, RUN, TINY_BERT, WORDPIECE, read_glue
+
+BPE = os.path.join(FIXTURES, "tokenizer", "bpe")
+
+
+def tokenized(columns):
+    """The glue columns with input_ids from brisk's tokenizer (CLS ... SEP), label kept."""
+    return {"input_ids": brisk.tokenize(WORDPIECE, columns["sentence"]),
+            "label": columns["label"]}
+
+
+def losses_of(tmp_path, name, train, eval_data=None, **changes):
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / name),
+                                   **dict(RUN, max_seq_length=32, **changes))
+    t = brisk.Trainer(model=dict(TINY_BERT), args=args, train_dataset=train, eval_dataset=eval_data,
+                      tokenizer=WORDPIECE)
+    t.train()
+    return t, [(r["step"], r["loss"]) for r in t.state.log_history if "loss" in r]
+
+
+def test_tokenized_tables_train_as_their_text(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    text = read_glue("train.csv")
+    ids = tokenized(text)
+    assert max(len(r) for r in ids["input_ids"]) <= 32  # no truncation on either side
+    _, expected = losses_of(tmp_path, "text", text)
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "label": datasets.Value("int64")})
+    runs = {"columns": ids, "frame": pandas.DataFrame(ids),
+            "records": [{"input_ids": i, "label": l} for i, l in zip(ids["input_ids"],
+                                                                     ids["label"])],
+            "dataset": datasets.Dataset.from_dict(ids, features=features)}
+    for name, data in runs.items():
+        _, got = losses_of(tmp_path, name, data)
+        assert got == expected, name
+    assert len(expected) == 12
+
+
+def test_a_datasets_token_ids_are_read_in_place():
+    datasets = pytest.importorskip("datasets")
+    ids = tokenized(read_glue("train.csv"))
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict(ids, features=features)
+    split = tokenized_split(ds)
+    column = ds.data.table.column("input_ids").chunk(0)
+    arrow_values = column.values.buffers()[1].address
+    first = column.offsets[0].as_py()
+    assert split["ids"].__array_interface__["data"][0] == arrow_values + 4 * first
+    assert split["ids"].tolist() == [i for row in ids["input_ids"] for i in row]
+    assert split["labels"].tolist() == ids["label"]
+    # A selection of rows (an indices mapping) reads the rows it selects.
+    picked = tokenized_split(ds.select([3, 1]))
+    assert picked["ids"].tolist() == ids["input_ids"][3] + ids["input_ids"][1]
+
+
+def test_evaluate_and_predict_on_tokenized_rows_equal_text(tmp_path):
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    dev["label"] = [i % 2 for i in range(len(dev["label"]))]
+    t, _ = losses_of(tmp_path, "run", train, max_steps=4)
+    by_text, by_ids = t.evaluate(dev), t.evaluate(tokenized(dev))
+    for key in ("eval_loss", "eval_accuracy"):
+        assert by_ids[key] == pytest.approx(by_text[key], rel=1e-6), key
+    text_predicted = t.predict(dev)
+    unlabelled = {"input_ids": tokenized(dev)["input_ids"]}
+    predicted = t.predict(unlabelled)
+    assert predicted.predictions.tolist() == text_predicted.predictions.tolist()
+    assert predicted.label_ids is None
+
+
+def test_a_causal_lm_learns_tokenized_text_as_its_text(tmp_path):
+    with open(os.path.join(FIXTURES, "tokenizer", "texts.json")) as f:
+        texts = json.load(f) * 6
+    config = {"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
+              "n_positions": 40, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    runs = {}
+    # A text file trains on the rows after run_clm's validation split (5%: 18 of 360 rows); a
+    # tokenized dataset is a training set as it is.
+    ids = brisk.tokenize(BPE, texts[18:])
+    for name, data in [("text", texts), ("ids", {"input_ids": ids}),
+                       ("ids_and_labels", {"input_ids": ids, "labels": ids})]:
+        args = brisk.TrainingArguments(output_dir=str(tmp_path / name), block_size=32,
+                                       max_steps=4, logging_steps=1, disable_tqdm=True)
+        t = brisk.Trainer(model=config, args=args, train_dataset=data, tokenizer=BPE)
+        t.train()
+        runs[name] = [(r["step"], r["loss"]) for r in t.state.log_history if "loss" in r]
+    assert len(runs["text"]) == 4
+    assert runs["ids"] == runs["text"] and runs["ids_and_labels"] == runs["text"]
+    bad = {"input_ids": ids, "labels": [row[::-1] for row in ids]}
+    with pytest.raises(ValueError, match="per-token labels other than the inputs"):
+        brisk.Trainer(model=config, args=args, train_dataset=bad).train()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["label"].__setitem__(0, 5), "the training set's tokenized rows hold a label "
+                                             "outside the classes"),
+    (lambda d: d["input_ids"][0].__setitem__(1, 1200), "a token id outside the vocabulary"),
+    (lambda d: d["input_ids"].__setitem__(0, list(range(2, 50))), "holds 48 tokens, more than 32"),
+])
+def test_bad_tokenized_rows_raise_the_engines_message(tmp_path, change, message):
+    data = tokenized(read_glue("train.csv"))
+    change(data)
+    with pytest.raises(brisk.BriskError, match=message):
+        losses_of(tmp_path, "bad", data)
+
+
+def test_padded_or_mixed_data_is_refused(tmp_path):
+    data = tokenized(read_glue("train.csv"))
+    padded = dict(data, attention_mask=[[1] * (len(r) - 1) + [0] for r in data["input_ids"]])
+    with pytest.raises(ValueError, match="padded rows"):
+        losses_of(tmp_path, "padded", padded)
+    with pytest.raises(ValueError, match="all as text or all tokenized"):
+        losses_of(tmp_path, "mixed", data, read_glue("dev.csv"))
