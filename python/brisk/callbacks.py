@@ -42,6 +42,9 @@ class TrainerCallback:
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         pass
 
+    def on_step_end(self, args, state, control, **kwargs):
+        pass
+
     def on_save(self, args, state, control, **kwargs):
         pass
 

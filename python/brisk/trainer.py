@@ -61,6 +61,7 @@ class Trainer:
         self.callback_handler = CallbackHandler(callbacks or [])
         self.state = TrainerState()
         self.control = TrainerControl()
+        self.memory = None  # the last run's memory anatomy (train_results.json's "memory")
 
     # --- what transformers' Trainer offers -------------------------------------------------
 
@@ -133,6 +134,23 @@ class Trainer:
         options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
         return json.loads(_brisk.estimate(json.dumps(options), tokenized, world_size))
 
+    def memory_table(self):
+        """The last run's memory anatomy as text: planned bytes by category, then measured."""
+        if not self.memory:
+            raise ValueError("no run yet: memory_table() follows train(), evaluate() or "
+                             "predict() (estimate_memory() plans one before)")
+        mib = 1 << 20
+        lines = ["%-22s %12s" % ("memory", "MiB")]
+        for category, size in self.memory["planned_bytes"].items():
+            lines.append("%-22s %12.1f" % (category, size / mib))
+        for key, name in (("arena_bytes", "planned (allocated)"), ("peak_rss_bytes",
+                                                                   "process peak"),
+                          ("peak_rss_steps_bytes", "  during steps"),
+                          ("device_memory_used_bytes", "GPU memory occupied")):
+            if self.memory.get(key, -1) >= 0:
+                lines.append("%-22s %12.1f" % (name, self.memory[key] / mib))
+        return "\n".join(lines)
+
     def memory_html(self):
         """The last run's memory anatomy (output_dir/memory.html), displayable in Jupyter."""
         return _Html(os.path.join(self.args.output_dir, "memory.html"))
@@ -197,12 +215,22 @@ class Trainer:
             self.state.global_step = step
             self.callback_handler.call("on_epoch_end", self.args, self.state, self.control)
 
-        def stop(step):
-            self.state.global_step = step
+        def on_step_end(step, max_steps):
+            self.state.global_step, self.state.max_steps = step, max_steps
+            if progress is not None:
+                progress.update(step, max_steps)
+            self.callback_handler.call("on_step_end", self.args, self.state, self.control)
             return bool(self.control.should_training_stop)
 
-        return json.loads(_brisk.train(json.dumps(options), tokenized, on_log, on_save,
-                                       on_epoch_end, stop))
+        progress = _Progress.open(self.args, options)
+        try:
+            summary = json.loads(_brisk.train(json.dumps(options), tokenized, on_log, on_save,
+                                              on_epoch_end, on_step_end))
+        finally:
+            if progress is not None:
+                progress.close()
+        self.memory = summary.get("memory", self.memory)
+        return summary
 
     def _read_state(self):
         path = os.path.join(self.args.output_dir, "trainer_state.json")
@@ -255,6 +283,35 @@ def _labels_of(path, config):
                 return None
             labels.append(label2id.get(value, value) if isinstance(value, str) else value)
     return np.asarray(labels)
+
+
+class _Progress:
+    """The steps as a tqdm bar (tqdm.auto: a widget in Jupyter, text in a terminal) in place of
+    the engine's own, where tqdm is installed and disable_tqdm is off."""
+
+    @classmethod
+    def open(cls, args, options):
+        if args.disable_tqdm:
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return None  # the engine draws its own on a terminal
+        options["disable_tqdm"] = True
+        return cls(tqdm)
+
+    def __init__(self, tqdm):
+        self._tqdm = tqdm
+        self.bar = None
+
+    def update(self, step, max_steps):
+        if self.bar is None:
+            self.bar = self._tqdm(total=max_steps, initial=step - 1, unit="step")
+        self.bar.update(step - self.bar.n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Html:

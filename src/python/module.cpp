@@ -90,11 +90,11 @@ std::optional<brisk::TokenizedInput> tokenized_of(const std::optional<nb::dict>&
 class PythonEvents {
  public:
   PythonEvents(nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
-               nb::callable stop)
+               nb::callable on_step_end)
       : on_log_(std::move(on_log)),
         on_save_(std::move(on_save)),
         on_epoch_end_(std::move(on_epoch_end)),
-        stop_(std::move(stop)) {}
+        on_step_end_(std::move(on_step_end)) {}
 
   brisk::LogSink log_sink() {
     return [this](const nlohmann::json& rec) { call([&] { on_log_(rec.dump()); }); };
@@ -103,11 +103,11 @@ class PythonEvents {
     brisk::StepEvents e;
     e.on_save = [this](const std::string& checkpoint) { call([&] { on_save_(checkpoint); }); };
     e.on_epoch_end = [this](int64_t step) { call([&] { on_epoch_end_(step); }); };
-    e.stop = [this](int64_t step) {
+    e.on_step_end = [this](int64_t step, int64_t max_steps) {
       bool stop = false;
       call([&] {
         if (PyErr_CheckSignals() != 0) throw nb::python_error();
-        stop = nb::cast<bool>(stop_(step));
+        stop = nb::cast<bool>(on_step_end_(step, max_steps));
       });
       return stop || interrupt_.has_value();
     };
@@ -132,7 +132,7 @@ class PythonEvents {
     }
   }
 
-  nb::callable on_log_, on_save_, on_epoch_end_, stop_;
+  nb::callable on_log_, on_save_, on_epoch_end_, on_step_end_;
   std::optional<nb::python_error> interrupt_;
 };
 
@@ -140,13 +140,13 @@ class PythonEvents {
 // eval_metrics and predict_metrics.
 std::string train(const std::string& text, const std::optional<nb::dict>& tokenized,
                   nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
-                  nb::callable stop) {
+                  nb::callable on_step_end) {
   const brisk::TrainOptions o = options_of(text);
   refuse_launch();
   const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
   const brisk::GivenData given(rows ? &*rows : nullptr);
   PythonEvents events(std::move(on_log), std::move(on_save), std::move(on_epoch_end),
-                      std::move(stop));
+                      std::move(on_step_end));
   const brisk::LogSink sink = events.log_sink();
   const brisk::StepEvents steps = events.step_events();
   brisk::TrainSummary s;
@@ -222,7 +222,7 @@ NB_MODULE(_brisk, m) {
   nb::exception<brisk::Error>(m, "BriskError", PyExc_ValueError);
   m.def("resolve_options", &resolve_options, "options_json"_a);
   m.def("train", &train, "options_json"_a, "tokenized"_a.none(), "on_log"_a, "on_save"_a,
-        "on_epoch_end"_a, "stop"_a);
+        "on_epoch_end"_a, "on_step_end"_a);
   m.def("estimate", &estimate, "options_json"_a, "tokenized"_a.none(), "world_size"_a = 1);
   m.def("tokenize", &tokenize, "tokenizer"_a, "texts"_a, "add_special_tokens"_a = true,
         "pair_separator"_a = "");

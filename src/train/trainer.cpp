@@ -648,7 +648,8 @@ bool step_events(RunContext& c, bool saved, bool epoch_ended) {
   if (!c.lead()) return false;
   if (saved && e.on_save) e.on_save(c.s.last_checkpoint);
   if (epoch_ended && e.on_epoch_end) e.on_epoch_end(c.state.global_step);
-  return c.dist.size() == 1 && e.stop && e.stop(c.state.global_step);
+  return e.on_step_end && e.on_step_end(c.state.global_step, c.state.max_steps) &&
+         c.dist.size() == 1;
 }
 
 // The optimizer steps from the state's step to the last, with their logs, evaluations and saves;

@@ -80,9 +80,10 @@ struct FaultHooks {
 struct StepEvents {
   std::function<void(const std::string& checkpoint)> on_save;  // a checkpoint was written
   std::function<void(int64_t global_step)> on_epoch_end;       // the step ended an epoch
-  // After each step with its log, evaluation and save: true ends the training there as its last
-  // step would (the model saved, then evaluated and predicted as asked). One process only.
-  std::function<bool(int64_t global_step)> stop;
+  // After each step (of max_steps) with its log, evaluation and save: true ends the training
+  // there as its last step would (the model saved, then evaluated and predicted as asked); one
+  // process only.
+  std::function<bool(int64_t global_step, int64_t max_steps)> on_step_end;
 };
 
 // Trains on `dataset` when given (a Dataset, or rows tokenized before the run), else on the one

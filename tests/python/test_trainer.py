@@ -186,3 +186,28 @@ def test_ctrl_c_stops_at_a_step_boundary(tmp_path, bert_config):
     with open(tmp_path / "api" / "trainer_state.json") as f:
         assert json.load(f)["global_step"] == 2  # the step under way finished, then saved
     assert os.path.isfile(tmp_path / "api" / "model.safetensors")
+
+
+class StepEnds(brisk.TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append((state.global_step, state.max_steps))
+
+
+def test_steps_show_as_a_progress_bar_and_step_ends(tmp_path, bert_config, capsys):
+    pytest.importorskip("tqdm")
+    ends = StepEnds()
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"),
+                                   **dict(RUN, disable_tqdm=False))
+    t = brisk.Trainer(model=bert_config, args=args, train_dataset=read_glue("train.csv"),
+                      tokenizer=WORDPIECE, callbacks=[ends])
+    t.train()
+    assert ends.steps == [(s, 12) for s in range(1, 13)]
+    assert "12/12" in capsys.readouterr().err  # tqdm's bar, not the engine's
+    table = t.memory_table()
+    for line in ("weights", "optimizer_state", "activations", "process peak"):
+        assert line in table
+    with open(tmp_path / "api" / "train_results.json") as f:
+        assert t.memory == json.load(f)["memory"]
