@@ -14,8 +14,8 @@ One process per run (several processes: the brisk program under mpirun or torchr
 from ._brisk import BriskError
 from .callbacks import TrainerCallback, TrainerControl, TrainerState
 from .functions import generate, tokenize
-from .trainer import PredictionOutput, Trainer, TrainOutput
+from .trainer import EvalPrediction, PredictionOutput, Trainer, TrainOutput
 from .training_args import TrainingArguments
 
-__all__ = ["BriskError", "PredictionOutput", "TrainOutput", "Trainer", "TrainerCallback",
+__all__ = ["BriskError", "EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer", "TrainerCallback",
            "TrainerControl", "TrainerState", "TrainingArguments", "generate", "tokenize"]

@@ -21,6 +21,7 @@ from .training_args import TrainingArguments
 TrainOutput = collections.namedtuple("TrainOutput", ["global_step", "training_loss", "metrics"])
 PredictionOutput = collections.namedtuple("PredictionOutput",
                                           ["predictions", "label_ids", "metrics"])
+EvalPrediction = collections.namedtuple("EvalPrediction", ["predictions", "label_ids"])
 
 _TRAIN_METRICS = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
                   "total_flos", "train_loss", "epoch")
@@ -37,6 +38,8 @@ class Trainer:
     DataFrames, dicts of columns or lists of records, with text columns brisk tokenizes.
     tokenizer (or processing_class): a folder or tokenizer file, when the model folder has none.
     callbacks: TrainerCallback objects (brisk's or transformers'), called between steps.
+    compute_metrics: called by evaluate() with EvalPrediction(logits, label_ids); its metrics
+    join brisk's own (evaluations inside train() report brisk's own only).
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None,
@@ -45,9 +48,6 @@ class Trainer:
         if model is None:
             raise ValueError("Trainer needs a model: a folder, a config.json, a built-in name or "
                              "a config dict")
-        if compute_metrics is not None:
-            raise ValueError("compute_metrics is not supported yet: brisk computes loss, "
-                             "accuracy, F1, MSE, Pearson, Spearman and perplexity itself")
         if data_collator is not None:
             raise ValueError("data_collator: brisk pads and collates natively (dynamic "
                              "padding: TrainingArguments' group_by_length and the engine's "
@@ -55,6 +55,7 @@ class Trainer:
         self.args = TrainingArguments.of(args)
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
+        self.compute_metrics = compute_metrics
         tokenizer = tokenizer if tokenizer is not None else processing_class
         self._tokenizer = "" if tokenizer is None else _path_of(tokenizer, "tokenizer")
         self._model = self._model_source(model)
@@ -79,7 +80,7 @@ class Trainer:
         self.control = TrainerControl()
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
-        summary = self._run(options, tokenized)
+        summary, _ = self._run(options, tokenized)
         self._model = self.args.output_dir
         self._read_state()
         metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}
@@ -87,29 +88,40 @@ class Trainer:
         return TrainOutput(summary["global_step"], summary["train_loss"], metrics)
 
     def evaluate(self, eval_dataset=None, metric_key_prefix="eval"):
-        """The model's metrics on eval_dataset (default: the Trainer's), as eval_results.json."""
+        """The model's metrics on eval_dataset (default: the Trainer's), as eval_results.json,
+        with compute_metrics' (prefixed eval_) where it is given."""
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
         if data is None:
             raise ValueError("Trainer.evaluate() needs an eval_dataset")
         if metric_key_prefix != "eval":
             raise ValueError("metric_key_prefix: brisk names evaluation metrics eval_*")
         files, tokenized = self._data(eval=data)
-        options = self._options(do_train=False, do_eval=True, do_predict=False, **files)
-        metrics = self._run(options, tokenized)["eval_metrics"]
+        predicts = self.compute_metrics is not None
+        if predicts:  # the logits of the same rows, from the same run
+            files["test_file"] = files["validation_file"]
+            if tokenized is not None:
+                tokenized["test"] = tokenized["eval"]
+        options = self._options(do_train=False, do_eval=True, do_predict=predicts, **files)
+        summary, logits = self._run(options, tokenized)
+        metrics = summary["eval_metrics"]
+        if predicts:
+            labels = self._labels(files["test_file"], tokenized)
+            computed = self.compute_metrics(EvalPrediction(logits, labels)) or {}
+            metrics.update({k if k.startswith("eval_") else "eval_" + k: v
+                            for k, v in computed.items()})
         self.callback_handler.call("on_evaluate", self.args, self.state, self.control,
                                    metrics=metrics)
         return metrics
 
     def predict(self, test_dataset):
-        """PredictionOutput(predictions, label_ids, metrics): the predicted class ids (or values
-        for a regression) as a NumPy array, the dataset's labels where it has them."""
+        """PredictionOutput(predictions, label_ids, metrics): the rows' logits as a NumPy array
+        [rows, num_labels] (a regression's numbers: [rows, 1]), the dataset's labels where it has
+        them; predict_results.txt in output_dir holds the predicted labels by name."""
         files, tokenized = self._data(test=test_dataset)
         options = self._options(do_train=False, do_eval=False, do_predict=True, **files)
-        summary = self._run(options, tokenized)
-        predictions = self._read_predictions()
-        labels = (_labels_of(files["test_file"], self._config()) if tokenized is None else
-                  tokenized["test"].get("labels", tokenized["test"].get("values")))
-        return PredictionOutput(predictions, labels, summary["predict_metrics"])
+        summary, logits = self._run(options, tokenized)
+        return PredictionOutput(logits, self._labels(files["test_file"], tokenized),
+                                summary["predict_metrics"])
 
     def save_model(self, output_dir=None):
         """Writes the model folder (config, weights, tokenizer files) into output_dir (default:
@@ -224,13 +236,15 @@ class Trainer:
 
         progress = _Progress.open(self.args, options)
         try:
-            summary = json.loads(_brisk.train(json.dumps(options), tokenized, on_log, on_save,
-                                              on_epoch_end, on_step_end))
+            text, logits = _brisk.train(json.dumps(options), tokenized, on_log, on_save,
+                                        on_epoch_end, on_step_end)
+            result = json.loads(text), logits
         finally:
             if progress is not None:
                 progress.close()
+        summary, logits = result
         self.memory = summary.get("memory", self.memory)
-        return summary
+        return summary, logits
 
     def _read_state(self):
         path = os.path.join(self.args.output_dir, "trainer_state.json")
@@ -246,18 +260,11 @@ class Trainer:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
 
-    def _read_predictions(self):
-        config = self._config()
-        label2id = config.get("label2id") or {}
-        values = []
-        with open(os.path.join(self.args.output_dir, "predict_results.txt"),
-                  encoding="utf-8") as f:
-            next(f)  # index  prediction
-            for line in f:
-                value = line.rstrip("\n").split("\t", 1)[1]
-                values.append(label2id[value] if value in label2id else float(value))
-        dtype = np.float32 if config.get("problem_type") == "regression" else np.int64
-        return np.asarray(values, dtype=dtype)
+    def _labels(self, path, tokenized):
+        """The prediction set's labels (None where it has none)."""
+        if tokenized is not None:
+            return tokenized["test"].get("labels", tokenized["test"].get("values"))
+        return _labels_of(path, self._config())
 
 
 def _path_of(value, what):

@@ -25,6 +25,7 @@ result = trainer.train()
 print(result.global_step, result.training_loss)
 print(trainer.evaluate())
 
-# %% Predictions as a NumPy array of class ids, and the memory anatomy (a picture in Jupyter).
-print(trainer.predict(dev.head(8)).predictions)
+# %% Predictions (logits) as a NumPy array, and the memory anatomy (a picture in Jupyter).
+print(trainer.predict(dev.head(8)).predictions.argmax(-1))
+print(trainer.memory_table())
 trainer.memory_html()

@@ -70,7 +70,7 @@ void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTa
   const int64_t L = c.L;
   const float* z = c.logits.f32();
   for (int64_t r = 0; r < rows; ++r) {
-    Prediction p{first + r, 0, z[r * L]};
+    Prediction p{first + r, 0, z[r * L], {z + r * L, static_cast<size_t>(L)}};
     if (c.regression) {
       const float y = c.model.batch().label_values.f32()[r];
       if (!no_label_value(y)) t.numbers.add(y, p.value);
@@ -81,7 +81,7 @@ void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTa
       if (y != kIgnoreIndex) t.scores.add(y, p.label);
     }
     if (c.on_prediction && !c.gathers()) c.on_prediction(p);
-    if (c.on_prediction && c.gathers()) t.predicted.push_back(p);
+    if (c.on_prediction && c.gathers()) t.predicted.push_back({p.index, p.label, p.value, {}});
   }
 }
 
@@ -159,8 +159,10 @@ void deliver_predictions(Communicator& comm, std::vector<Prediction>& predicted,
   const std::vector<double> all = gather_doubles(comm, mine, 0);  // rank 0 writes them
   predicted.clear();
   for (size_t i = 0; i + 2 < all.size(); i += 3)
-    predicted.push_back({static_cast<int64_t>(all[i]), static_cast<int64_t>(all[i + 1]),
-                         static_cast<float>(all[i + 2])});
+    predicted.push_back({static_cast<int64_t>(all[i]),
+                         static_cast<int64_t>(all[i + 1]),
+                         static_cast<float>(all[i + 2]),
+                         {}});
   std::sort(predicted.begin(), predicted.end(),
             [](const Prediction& a, const Prediction& b) { return a.index < b.index; });
   for (const Prediction& p : predicted) on_prediction(p);  // none but on rank 0

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 
 #include "backend/backend.h"
@@ -20,11 +21,13 @@ namespace brisk {
 class Communicator;
 class StagedForward;
 
-// One row's prediction: the class (classification) or the number (regression).
+// One row's prediction: the class (classification) or the number (regression), and in a run of
+// one process the row's logits (valid during the call that hands the prediction on).
 struct Prediction {
   int64_t index = 0;
   int64_t label = 0;
   float value = 0;
+  std::span<const float> logits;
 };
 
 class Evaluator {

@@ -136,11 +136,21 @@ class PythonEvents {
   std::optional<nb::python_error> interrupt_;
 };
 
-// Runs `brisk train` on the options (JSON); returns the summary: train_results.json's keys, with
-// eval_metrics and predict_metrics.
-std::string train(const std::string& text, const std::optional<nb::dict>& tokenized,
-                  nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
-                  nb::callable on_step_end) {
+// The prediction set's logits as a NumPy array [rows, labels] owning them (None without).
+nb::object logits_array(std::vector<float>&& logits, int64_t rows) {
+  if (rows <= 0 || logits.empty() || logits.size() % static_cast<size_t>(rows) != 0)
+    return nb::none();
+  auto* held = new std::vector<float>(std::move(logits));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  const size_t shape[2] = {static_cast<size_t>(rows), held->size() / static_cast<size_t>(rows)};
+  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(held->data(), 2, shape, owner));
+}
+
+// Runs `brisk train` on the options (JSON); returns the summary (train_results.json's keys, with
+// eval_metrics and predict_metrics) and the prediction set's logits (or None).
+nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenized,
+                nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
+                nb::callable on_step_end) {
   const brisk::TrainOptions o = options_of(text);
   refuse_launch();
   const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
@@ -161,7 +171,7 @@ std::string train(const std::string& text, const std::optional<nb::dict>& tokeni
   j["predict_metrics"] = s.predict_metrics;
   j["last_checkpoint"] = s.last_checkpoint;
   j["best_model_checkpoint"] = s.best_model_checkpoint;
-  return j.dump();
+  return nb::make_tuple(j.dump(), logits_array(std::move(s.predict_logits), s.predict_rows));
 }
 
 // `brisk estimate --output_json`'s JSON of the options' run (the plan is printed too).

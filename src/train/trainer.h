@@ -55,6 +55,8 @@ struct TrainSummary {
   MemoryReport memory;
   nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
   nlohmann::json predict_metrics;     // --do_predict: the test data's metrics
+  std::vector<float> predict_logits;  // and its rows' logits, row after row (one process only)
+  int64_t predict_rows = 0;
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
 

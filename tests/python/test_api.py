@@ -70,8 +70,6 @@ def test_bad_inputs_raise_one_message(tmp_path):
     with pytest.raises(ValueError, match="columns of different lengths"):
         brisk.Trainer(model="bert-tiny", args=args,
                       train_dataset={"sentence": ["a", "b"], "label": [0]}).train()
-    with pytest.raises(ValueError, match="compute_metrics"):
-        brisk.Trainer(model="bert-tiny", args=args, compute_metrics=lambda p: {})
 
 
 def test_tokenize_equals_the_program(program):

@@ -75,7 +75,7 @@ def test_evaluate_and_predict_on_tokenized_rows_equal_text(tmp_path):
     text_predicted = t.predict(dev)
     unlabelled = {"input_ids": tokenized(dev)["input_ids"]}
     predicted = t.predict(unlabelled)
-    assert predicted.predictions.tolist() == text_predicted.predictions.tolist()
+    assert predicted.predictions.tolist() == text_predicted.predictions.tolist()  # the logits
     assert predicted.label_ids is None
 
 

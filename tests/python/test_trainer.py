@@ -80,11 +80,12 @@ def test_evaluate_and_predict_equal_the_program(tmp_path, program, bert_config):
         assert metrics[key] == pytest.approx(cli_metrics[key], rel=1e-6), key
     with open(tmp_path / "cli" / "predict_results.txt") as f:
         cli_predicted = [int(line.split("\t")[1]) for line in f.read().splitlines()[1:]]
-    assert predicted.predictions.dtype == np.int64
-    assert predicted.predictions.tolist() == cli_predicted
+    assert predicted.predictions.shape == (len(dev["label"]), 2)
+    classes = predicted.predictions.argmax(-1)
+    assert classes.tolist() == cli_predicted
     assert predicted.label_ids.tolist() == dev["label"]
     assert predicted.metrics["predict_accuracy"] == pytest.approx(
-        np.mean(predicted.predictions == predicted.label_ids))
+        np.mean(classes == predicted.label_ids))
 
 
 def test_save_model_writes_a_model_folder(tmp_path, bert_config):
@@ -211,3 +212,23 @@ def test_steps_show_as_a_progress_bar_and_step_ends(tmp_path, bert_config, capsy
         assert line in table
     with open(tmp_path / "api" / "train_results.json") as f:
         assert t.memory == json.load(f)["memory"]
+
+
+def test_compute_metrics_sees_the_logits_and_labels(tmp_path, bert_config):
+    seen = []
+
+    def compute_metrics(p):
+        seen.append(p)
+        return {"my_accuracy": float(np.mean(p.predictions.argmax(-1) == p.label_ids))}
+
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    dev["label"] = [i % 2 for i in range(len(dev["label"]))]
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **dict(RUN, max_steps=4))
+    t = brisk.Trainer(model=bert_config, args=args, train_dataset=train, tokenizer=WORDPIECE,
+                      compute_metrics=compute_metrics)
+    t.train()
+    metrics = t.evaluate(dev)
+    assert len(seen) == 1 and seen[0].predictions.shape == (len(dev["label"]), 2)
+    assert seen[0].label_ids.tolist() == dev["label"]
+    assert metrics["eval_my_accuracy"] == pytest.approx(metrics["eval_accuracy"])
+    assert t.predict(dev).predictions.tolist() == seen[0].predictions.tolist()
