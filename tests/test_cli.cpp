@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "test_support.h"
+#include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
@@ -135,6 +136,23 @@ TEST(Cli, EstimatePrintsThePlanByCategory) {
   ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
   EXPECT_NE(bf16.out.find("master_weights"), std::string::npos);
   expect_refused("estimate --fp16 --bf16", "contradict");
+}
+
+// A run on a text file plans its rows' length (max_seq_length), and the first line says so.
+TEST(Cli, EstimateOfATextFileRunShowsItsRowLength) {
+  TempDir dir("cli_estimate_text");
+  std::ofstream(dir / "train.csv") << "sentence,label\ngood film,1\nbad film,0\n";
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32,
+             "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 48,
+             "max_position_embeddings": 64})";
+  const CliRun r = run_brisk("estimate --model " + (dir / "config.json") +
+                             " --tokenizer_name " + fixture("tokenizer/wordpiece") +
+                             " --train_file " + (dir / "train.csv") +
+                             " --max_seq_length 24 --per_device_train_batch_size 2 --output_dir " +
+                             (dir / "out"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("batch 2 x 24, fp32"), std::string::npos) << r.out;
 }
 
 // The optimizer-state line of `brisk estimate`, in MiB.

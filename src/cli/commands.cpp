@@ -397,7 +397,7 @@ void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device d
               : o.ep_size > 1 ? " on each expert rank"
                               : "",
               static_cast<long long>(o.per_device_train_batch_size),
-              static_cast<long long>(o.seq_len),
+              static_cast<long long>(r.options.seq_len),  // a text file's max_seq_length, ...
               o.gradient_checkpointing ? ", gradient checkpointing"
               : o.selective_recompute  ? ", selective recomputation"
                                        : "",
