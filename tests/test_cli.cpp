@@ -146,11 +146,10 @@ TEST(Cli, EstimateOfATextFileRunShowsItsRowLength) {
       << R"({"model_type": "bert", "vocab_size": 1200, "hidden_size": 32,
              "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 48,
              "max_position_embeddings": 64})";
-  const CliRun r = run_brisk("estimate --model " + (dir / "config.json") +
-                             " --tokenizer_name " + fixture("tokenizer/wordpiece") +
-                             " --train_file " + (dir / "train.csv") +
-                             " --max_seq_length 24 --per_device_train_batch_size 2 --output_dir " +
-                             (dir / "out"));
+  const CliRun r = run_brisk(
+      "estimate --model " + (dir / "config.json") + " --tokenizer_name " +
+      fixture("tokenizer/wordpiece") + " --train_file " + (dir / "train.csv") +
+      " --max_seq_length 24 --per_device_train_batch_size 2 --output_dir " + (dir / "out"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("batch 2 x 24, fp32"), std::string::npos) << r.out;
 }
