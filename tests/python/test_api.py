@@ -107,3 +107,16 @@ def test_generate_equals_the_program(tmp_path, program):
     assert len(out["new_ids"]) == 12 and out["planned_bytes"] > 0
     with pytest.raises(brisk.BriskError, match="no tokenizer"):
         brisk.generate(os.path.join(FIXTURES, "bert_tiny"), prompt)
+
+
+@pytest.mark.skipif(not os.environ.get("BRISK_WHEEL_INSTALLED"),
+                    reason="the package was not installed from scripts/wheel.sh's wheel")
+def test_the_wheel_carries_the_libraries_it_links():
+    module = brisk._brisk.__file__
+    done = subprocess.run(["ldd", module], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    resolved = dict(line.split(" => ", 1) for line in done.stdout.splitlines() if " => " in line)
+    libraries = {name.strip(): path for name, path in resolved.items()}
+    for lib in ("dnnl", "openblas", "pcre2-8", "utf8proc", "sentencepiece", "xxhash"):
+        found = [path for name, path in libraries.items() if name.startswith("lib" + lib)]
+        assert found and "brisk.libs" in found[0], (lib, found, done.stdout)
