@@ -19,6 +19,12 @@ def generate(model, prompt, max_new_tokens=20, do_sample=False, temperature=1.0,
              top_p=1.0, seed=42, device="auto"):
     """Continues `prompt` with the causal LM in folder `model`: a dict with the text (prompt and
     continuation), prompt_ids, new_ids, seconds, planned_bytes and stopped_at_eos."""
+    if not isinstance(prompt, str):
+        raise TypeError("prompt must be a str, not %s" % type(prompt).__name__)
+    for name, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k), ("seed", seed)):
+        if int(value) < 0 or int(value) >= 2**63:
+            raise ValueError("%s must be a whole number from 0 to 2**63 - 1, got %r"
+                             % (name, value))
     options = {"model": os.fspath(model), "prompt": prompt, "max_new_tokens": int(max_new_tokens),
                "do_sample": bool(do_sample), "temperature": float(temperature),
                "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed), "device": device}

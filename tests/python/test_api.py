@@ -107,6 +107,23 @@ def test_generate_equals_the_program(tmp_path, program):
     assert len(out["new_ids"]) == 12 and out["planned_bytes"] > 0
     with pytest.raises(brisk.BriskError, match="no tokenizer"):
         brisk.generate(os.path.join(FIXTURES, "bert_tiny"), prompt)
+    with pytest.raises(ValueError, match="seed must be a whole number"):
+        brisk.generate(folder, prompt, seed=-1)
+
+
+def test_a_process_of_a_launch_is_refused(tmp_path):
+    """Runs of several processes stay with the program under a launcher."""
+    code = ("import brisk\n"
+            "args = brisk.TrainingArguments(output_dir=%r, max_steps=1)\n"
+            "try:\n"
+            "    brisk.Trainer(model='bert-tiny', args=args).estimate_memory()\n"
+            "    brisk.Trainer(model='bert-tiny', args=args, train_dataset=%r).train()\n"
+            "except brisk.BriskError as e:\n"
+            "    print(e)\n" % (str(tmp_path), os.path.join(FIXTURES, "glue_pandas", "train.csv")))
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "this process is rank 1 of 2: the Python API runs one process" in done.stdout
 
 
 @pytest.mark.skipif(not os.environ.get("BRISK_WHEEL_INSTALLED"),
