@@ -142,7 +142,7 @@ class Trainer:
     def estimate_memory(self, world_size=1):
         """The plan of the training run these arguments describe, before any run: the JSON of
         `brisk estimate --output_json` (memory.planned_bytes holds the bytes by category)."""
-        files, tokenized = self._data(train=self.train_dataset)
+        files, tokenized = self._data(train=self.train_dataset, eval=self.eval_dataset)
         options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
         return json.loads(_brisk.estimate(json.dumps(options), tokenized, world_size))
 

@@ -102,13 +102,15 @@ def test_save_model_writes_a_model_folder(tmp_path, bert_config):
 
 
 def test_estimate_memory_equals_the_program(tmp_path, program, bert_config):
-    train = read_glue("train.csv")
-    t = trainer(tmp_path, bert_config, train, per_device_train_batch_size=8, bf16=True)
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    t = trainer(tmp_path, bert_config, train, dev, per_device_train_batch_size=8, bf16=True,
+                eval_strategy="epoch")
     plan = t.estimate_memory()
     json_path = tmp_path / "plan.json"
     run_cli(program, "estimate",
             cli_options(tmp_path, bert_config, write_csv(train, tmp_path / "train.csv"),
-                        per_device_train_batch_size=8, bf16=True),
+                        validation_file=write_csv(dev, tmp_path / "dev.csv"),
+                        per_device_train_batch_size=8, bf16=True, eval_strategy="epoch"),
             "--output_json", str(json_path))
     with open(json_path) as f:
         cli_plan = json.load(f)
