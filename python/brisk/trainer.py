@@ -35,7 +35,8 @@ class Trainer:
     of brisk's built-in configuration names (random weights), or a config as a dict.
     args: brisk.TrainingArguments, a transformers.TrainingArguments, a dict of its keys, or None.
     Datasets: file paths (CSV, TSV, JSON Lines, text), datasets.Dataset or DatasetDict, pandas
-    DataFrames, dicts of columns or lists of records, with text columns brisk tokenizes.
+    DataFrames, dicts of columns or lists of records, with text columns brisk tokenizes or
+    input_ids it reads in place.
     tokenizer (or processing_class): a folder or tokenizer file, when the model folder has none.
     callbacks: TrainerCallback objects (brisk's or transformers'), called between steps.
     compute_metrics: called by evaluate() with EvalPrediction(logits, label_ids); its metrics

@@ -234,3 +234,14 @@ def test_compute_metrics_sees_the_logits_and_labels(tmp_path, bert_config):
     assert seen[0].label_ids.tolist() == dev["label"]
     assert metrics["eval_my_accuracy"] == pytest.approx(metrics["eval_accuracy"])
     assert t.predict(dev).predictions.tolist() == seen[0].predictions.tolist()
+
+
+def test_resuming_from_a_checkpoint_continues_the_run(tmp_path, bert_config):
+    whole = trainer(tmp_path / "whole", bert_config, read_glue("train.csv"),
+                    save_strategy="steps", save_steps=6)
+    whole.train()
+    resumed = trainer(tmp_path / "resumed", bert_config, read_glue("train.csv"))
+    resumed.train(resume_from_checkpoint=tmp_path / "whole" / "api" / "checkpoint-6")
+    # The history carries the checkpoint's steps, as transformers' does.
+    assert api_losses(resumed) == api_losses(whole)
+    assert [s for s, _ in api_losses(resumed)] == list(range(1, 13))
