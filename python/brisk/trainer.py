@@ -105,6 +105,8 @@ class Trainer:
         options = self._options(do_train=False, do_eval=True, do_predict=predicts, **files)
         summary, logits = self._run(options, tokenized)
         metrics = summary["eval_metrics"]
+        if self.state.epoch:  # the run evaluated the model of that epoch, which it did not train
+            metrics["epoch"] = self.state.epoch
         if predicts:
             labels = self._labels(files["test_file"], tokenized)
             computed = self.compute_metrics(EvalPrediction(logits, labels)) or {}
@@ -205,15 +207,23 @@ class Trainer:
         if self._tokenizer:
             options["tokenizer_name"] = self._tokenizer
         options.update(run)
+        if not options["do_train"]:  # evaluate() and predict(): the strategies are train()'s
+            options.update(eval_strategy="no", load_best_model_at_end=False)
         return options
 
     def _run(self, options, tokenized=None):
         def on_log(text):
             record = json.loads(text)
+            if not options["do_train"] and "epoch" in record and self.state.epoch:
+                record["epoch"] = self.state.epoch  # of the model trained, as Trainer logs it
             if any(k in record for k in ("loss", "eval_loss", "train_runtime")):
                 self.state.log_history.append(record)
                 self.state.global_step = record.get("step", self.state.global_step)
                 self.state.epoch = record.get("epoch", self.state.epoch)
+            if progress is not None and progress.bar is not None:
+                progress.bar.write(json.dumps(record))  # above the bar
+            else:
+                print(json.dumps(record), flush=True)  # as the program prints its records
             self.callback_handler.call("on_log", self.args, self.state, self.control,
                                        logs=record)
             if "eval_loss" in record and "step" in record:

@@ -65,7 +65,8 @@ def test_datasets_and_dataframes_train_alike(tmp_path, bert_config):
 def test_evaluate_and_predict_equal_the_program(tmp_path, program, bert_config):
     train, dev = read_glue("train.csv"), read_glue("dev.csv")
     dev["label"] = [i % 2 for i in range(len(dev["label"]))]  # GLUE's withheld -1s, labelled
-    t = trainer(tmp_path, bert_config, train, dev, max_steps=5)
+    t = trainer(tmp_path, bert_config, train, dev, max_steps=5, eval_strategy="steps",
+                eval_steps=5)
     t.train()
     metrics = t.evaluate()
     predicted = t.predict(dev)
@@ -76,7 +77,7 @@ def test_evaluate_and_predict_equal_the_program(tmp_path, program, bert_config):
                                           max_steps=5, do_eval=True, do_predict=True))
     with open(tmp_path / "cli" / "eval_results.json") as f:
         cli_metrics = json.load(f)
-    for key in ("eval_loss", "eval_accuracy", "eval_f1"):
+    for key in ("eval_loss", "eval_accuracy", "eval_f1", "epoch"):
         assert metrics[key] == pytest.approx(cli_metrics[key], rel=1e-6), key
     with open(tmp_path / "cli" / "predict_results.txt") as f:
         cli_predicted = [int(line.split("\t")[1]) for line in f.read().splitlines()[1:]]
@@ -208,7 +209,10 @@ def test_steps_show_as_a_progress_bar_and_step_ends(tmp_path, bert_config, capsy
                       tokenizer=WORDPIECE, callbacks=[ends])
     t.train()
     assert ends.steps == [(s, 12) for s in range(1, 13)]
-    assert "12/12" in capsys.readouterr().err  # tqdm's bar, not the engine's
+    shown = capsys.readouterr()
+    assert "12/12" in shown.err  # tqdm's bar, not the engine's
+    records = [json.loads(line) for line in shown.out.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))  # above the bar
     table = t.memory_table()
     for line in ("weights", "optimizer_state", "activations", "process peak"):
         assert line in table
