@@ -7,6 +7,7 @@ save_model() then read.
 """
 
 import collections
+import csv
 import json
 import os
 import shutil
@@ -39,8 +40,9 @@ class Trainer:
     input_ids it reads in place.
     tokenizer (or processing_class): a folder or tokenizer file, when the model folder has none.
     callbacks: TrainerCallback objects (brisk's or transformers'), called between steps.
-    compute_metrics: called by evaluate() with EvalPrediction(logits, label_ids); its metrics
-    join brisk's own (evaluations inside train() report brisk's own only).
+    compute_metrics: called after each evaluation (inside train() and by evaluate()) with
+    EvalPrediction(logits, label_ids); its metrics join brisk's own, prefixed eval_ (and may be
+    metric_for_best_model).
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None,
@@ -81,7 +83,8 @@ class Trainer:
         self.control = TrainerControl()
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
-        summary, _ = self._run(options, tokenized)
+        summary, _ = self._run(options, tokenized,
+                               self._labels(files["validation_file"], tokenized, "eval"))
         self._model = self.args.output_dir
         self._read_state()
         metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}
@@ -97,21 +100,12 @@ class Trainer:
         if metric_key_prefix != "eval":
             raise ValueError("metric_key_prefix: brisk names evaluation metrics eval_*")
         files, tokenized = self._data(eval=data)
-        predicts = self.compute_metrics is not None
-        if predicts:  # the logits of the same rows, from the same run
-            files["test_file"] = files["validation_file"]
-            if tokenized is not None:
-                tokenized["test"] = tokenized["eval"]
-        options = self._options(do_train=False, do_eval=True, do_predict=predicts, **files)
-        summary, logits = self._run(options, tokenized)
+        options = self._options(do_train=False, do_eval=True, do_predict=False, **files)
+        summary, _ = self._run(options, tokenized,
+                               self._labels(files["validation_file"], tokenized, "eval"))
         metrics = summary["eval_metrics"]
         if self.state.epoch:  # the run evaluated the model of that epoch, which it did not train
             metrics["epoch"] = self.state.epoch
-        if predicts:
-            labels = self._labels(files["test_file"], tokenized)
-            computed = self.compute_metrics(EvalPrediction(logits, labels)) or {}
-            metrics.update({k if k.startswith("eval_") else "eval_" + k: v
-                            for k, v in computed.items()})
         self.callback_handler.call("on_evaluate", self.args, self.state, self.control,
                                    metrics=metrics)
         return metrics
@@ -123,7 +117,7 @@ class Trainer:
         files, tokenized = self._data(test=test_dataset)
         options = self._options(do_train=False, do_eval=False, do_predict=True, **files)
         summary, logits = self._run(options, tokenized)
-        return PredictionOutput(logits, self._labels(files["test_file"], tokenized),
+        return PredictionOutput(logits, self._labels(files["test_file"], tokenized, "test"),
                                 summary["predict_metrics"])
 
     def save_model(self, output_dir=None):
@@ -211,7 +205,7 @@ class Trainer:
             options.update(eval_strategy="no", load_best_model_at_end=False)
         return options
 
-    def _run(self, options, tokenized=None):
+    def _run(self, options, tokenized=None, eval_labels=None):
         def on_log(text):
             record = json.loads(text)
             if not options["do_train"] and "epoch" in record and self.state.epoch:
@@ -248,7 +242,8 @@ class Trainer:
         progress = _Progress.open(self.args, options)
         try:
             text, logits = _brisk.train(json.dumps(options), tokenized, on_log, on_save,
-                                        on_epoch_end, on_step_end)
+                                        on_epoch_end, on_step_end,
+                                        self._evaluation_metrics(eval_labels))
             result = json.loads(text), logits
         finally:
             if progress is not None:
@@ -256,6 +251,19 @@ class Trainer:
         summary, logits = result
         self.memory = summary.get("memory", self.memory)
         return summary, logits
+
+    def _evaluation_metrics(self, labels):
+        """compute_metrics as the engine calls it after each evaluation: the rows' logits in,
+        its metrics (prefixed eval_) out as JSON; None without compute_metrics."""
+        if self.compute_metrics is None:
+            return None
+
+        def metrics(logits):
+            computed = self.compute_metrics(EvalPrediction(logits, labels)) or {}
+            return json.dumps({(k if k.startswith("eval_") else "eval_" + k):
+                               (v.item() if hasattr(v, "item") else v)
+                               for k, v in computed.items()})
+        return metrics
 
     def _read_state(self):
         path = os.path.join(self.args.output_dir, "trainer_state.json")
@@ -271,11 +279,12 @@ class Trainer:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
 
-    def _labels(self, path, tokenized):
-        """The prediction set's labels (None where it has none)."""
+    def _labels(self, path, tokenized, role):
+        """The labels of the run's set for `role` (None where it has none)."""
         if tokenized is not None:
-            return tokenized["test"].get("labels", tokenized["test"].get("values"))
-        return _labels_of(path, self._config())
+            split = tokenized.get(role, {})
+            return split.get("labels", split.get("values"))
+        return _labels_of(path, self._config()) if path else None
 
 
 def _path_of(value, what):
@@ -289,18 +298,34 @@ def _path_of(value, what):
 
 
 def _labels_of(path, config):
-    """The label column of a JSON Lines file the Trainer wrote, as class ids (None without)."""
-    if not path.endswith(".jsonl") or not os.path.isfile(path):
+    """The label column of a data file (JSON Lines, CSV, TSV) as class ids where the config names
+    them (else as the file holds them); None without one."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8", newline="") as f:
+        if path.endswith((".json", ".jsonl")):
+            values = [json.loads(line).get("label") for line in f if line.strip()]
+        elif path.endswith((".csv", ".tsv")):
+            rows = csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ",")
+            values = [_cell(row.get("label")) for row in rows]
+        else:
+            return None
+    if not values or any(v is None for v in values):
         return None
     label2id = config.get("label2id") or {}
-    labels = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            value = json.loads(line).get("label")
-            if value is None:
-                return None
-            labels.append(label2id.get(value, value) if isinstance(value, str) else value)
-    return np.asarray(labels)
+    return np.asarray([label2id.get(v, v) if isinstance(v, str) else v for v in values])
+
+
+def _cell(text):
+    """A CSV cell as run_glue's labels read it: a whole number, a real number, else text."""
+    if text is None:
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 class _Progress:

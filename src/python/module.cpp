@@ -24,17 +24,20 @@ using namespace nb::literals;
 
 namespace {
 
-// The options a JSON object of TrainingArguments names gives, validated.
-brisk::TrainOptions options_of(const std::string& text) {
+// The options a JSON object of TrainingArguments names gives, validated; caller_metrics: a
+// compute_metrics adds metrics that metric_for_best_model may name.
+brisk::TrainOptions options_of(const std::string& text, bool caller_metrics) {
   brisk::TrainOptions o;
   brisk::apply_options_json(o, nlohmann::json::parse(text), "TrainingArguments");
+  o.caller_metrics = caller_metrics;
   brisk::validate_options(o);
   return o;
 }
 
 // Every option's value (brisk's names) and the keys accepted without effect.
 std::string resolve_options(const std::string& text) {
-  const brisk::TrainOptions o = options_of(text);
+  // (TrainingArguments do not know whether a Trainer will compute metrics of its own.)
+  const brisk::TrainOptions o = options_of(text, true);
   return nlohmann::json{{"options", brisk::options_to_json(o)}, {"ignored", o.ignored_keys}}.dump();
 }
 
@@ -84,23 +87,43 @@ std::optional<brisk::TokenizedInput> tokenized_of(const std::optional<nb::dict>&
   return in;
 }
 
+// Logits as a NumPy array [rows, labels] owning them (None without).
+nb::object logits_array(std::vector<float>&& logits, int64_t rows) {
+  if (rows <= 0 || logits.empty() || logits.size() % static_cast<size_t>(rows) != 0)
+    return nb::none();
+  auto* held = new std::vector<float>(std::move(logits));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  const size_t shape[2] = {static_cast<size_t>(rows), held->size() / static_cast<size_t>(rows)};
+  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(held->data(), 2, shape, owner));
+}
+
 // Calls into Python from the engine's thread, holding the interpreter while they run. An
 // interrupt (Ctrl-C) met in a callback or pending at a step's end ends the training after that
 // step, as a callback's stop would; it is raised once the run has finished.
 class PythonEvents {
  public:
   PythonEvents(nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
-               nb::callable on_step_end)
+               nb::callable on_step_end, nb::object evaluation_metrics)
       : on_log_(std::move(on_log)),
         on_save_(std::move(on_save)),
         on_epoch_end_(std::move(on_epoch_end)),
-        on_step_end_(std::move(on_step_end)) {}
+        on_step_end_(std::move(on_step_end)),
+        evaluation_metrics_(std::move(evaluation_metrics)) {}
 
   brisk::LogSink log_sink() {
     return [this](const nlohmann::json& rec) { call([&] { on_log_(rec.dump()); }); };
   }
   brisk::StepEvents step_events() {
     brisk::StepEvents e;
+    if (!evaluation_metrics_.is_none())
+      e.evaluation_metrics = [this](std::vector<float>&& logits, int64_t rows) {
+        nlohmann::json metrics = nlohmann::json::object();
+        call([&] {
+          nb::object array = logits_array(std::move(logits), rows);
+          metrics = nlohmann::json::parse(nb::cast<std::string>(evaluation_metrics_(array)));
+        });
+        return metrics;
+      };
     e.on_save = [this](const std::string& checkpoint) { call([&] { on_save_(checkpoint); }); };
     e.on_epoch_end = [this](int64_t step) { call([&] { on_epoch_end_(step); }); };
     e.on_step_end = [this](int64_t step, int64_t max_steps) {
@@ -133,30 +156,21 @@ class PythonEvents {
   }
 
   nb::callable on_log_, on_save_, on_epoch_end_, on_step_end_;
+  nb::object evaluation_metrics_;  // a callable taking the logits, returning JSON; or None
   std::optional<nb::python_error> interrupt_;
 };
-
-// The prediction set's logits as a NumPy array [rows, labels] owning them (None without).
-nb::object logits_array(std::vector<float>&& logits, int64_t rows) {
-  if (rows <= 0 || logits.empty() || logits.size() % static_cast<size_t>(rows) != 0)
-    return nb::none();
-  auto* held = new std::vector<float>(std::move(logits));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  const size_t shape[2] = {static_cast<size_t>(rows), held->size() / static_cast<size_t>(rows)};
-  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(held->data(), 2, shape, owner));
-}
 
 // Runs `brisk train` on the options (JSON); returns the summary (train_results.json's keys, with
 // eval_metrics and predict_metrics) and the prediction set's logits (or None).
 nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenized,
                 nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
-                nb::callable on_step_end) {
-  const brisk::TrainOptions o = options_of(text);
+                nb::callable on_step_end, nb::object evaluation_metrics) {
+  const brisk::TrainOptions o = options_of(text, !evaluation_metrics.is_none());
   refuse_launch();
   const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
   const brisk::GivenData given(rows ? &*rows : nullptr);
   PythonEvents events(std::move(on_log), std::move(on_save), std::move(on_epoch_end),
-                      std::move(on_step_end));
+                      std::move(on_step_end), std::move(evaluation_metrics));
   const brisk::LogSink sink = events.log_sink();
   const brisk::StepEvents steps = events.step_events();
   brisk::TrainSummary s;
@@ -177,7 +191,7 @@ nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenize
 // `brisk estimate --output_json`'s JSON of the options' run (the plan is printed too).
 std::string estimate(const std::string& text, const std::optional<nb::dict>& tokenized,
                      int64_t world_size) {
-  const brisk::TrainOptions o = options_of(text);
+  const brisk::TrainOptions o = options_of(text, true);
   const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
   brisk::cli::EstimateArgs args;
   args.world_size = world_size;
@@ -232,7 +246,7 @@ NB_MODULE(_brisk, m) {
   nb::exception<brisk::Error>(m, "BriskError", PyExc_ValueError);
   m.def("resolve_options", &resolve_options, "options_json"_a);
   m.def("train", &train, "options_json"_a, "tokenized"_a.none(), "on_log"_a, "on_save"_a,
-        "on_epoch_end"_a, "on_step_end"_a);
+        "on_epoch_end"_a, "on_step_end"_a, "evaluation_metrics"_a.none() = nb::none());
   m.def("estimate", &estimate, "options_json"_a, "tokenized"_a.none(), "world_size"_a = 1);
   m.def("tokenize", &tokenize, "tokenizer"_a, "texts"_a, "add_special_tokens"_a = true,
         "pair_separator"_a = "");

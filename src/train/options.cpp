@@ -229,7 +229,7 @@ void check_evaluation(const TrainOptions& o) {
                                  : o.metric_for_best_model;
   static const std::set<std::string> kMetrics = {"loss",    "accuracy",  "f1",        "mse",
                                                  "pearson", "spearmanr", "perplexity"};
-  BRISK_CHECK(kMetrics.count(metric), "metric_for_best_model \"",
+  BRISK_CHECK(o.caller_metrics || kMetrics.count(metric), "metric_for_best_model \"",
               brisk::excerpt(o.metric_for_best_model),
               "\" is none of brisk's metrics (loss, accuracy, f1, mse, pearson, spearmanr, "
               "perplexity)");

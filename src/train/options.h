@@ -152,6 +152,10 @@ struct TrainOptions {
   // Not an option: the TrainingArguments and example-script keys given that change nothing in
   // brisk (train/trainer_keys.h), listed once when the run starts.
   std::vector<std::string> ignored_keys;
+  // The caller adds metrics of its own to each evaluation (the Python API's compute_metrics):
+  // metric_for_best_model may name one of those, found when the first evaluation ends. Not an
+  // option (no flag or key sets it).
+  bool caller_metrics = false;
 };
 
 // Calls v(name, field, help) for every option, in a stable order.

@@ -644,6 +644,21 @@ void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
   c.peaks.enter(PeakPhases::steps);
 }
 
+// The evaluation set's metrics, with the front end's metrics of its logits where it asks for them
+// (one process).
+nlohmann::json evaluate_eval_set(RunContext& c) {
+  const auto& extra = c.events.evaluation_metrics;
+  const bool logits = extra && c.dist.size() == 1;
+  std::vector<float> z;
+  std::function<void(const Prediction&)> collect;
+  if (logits)
+    collect = [&](const Prediction& p) { z.insert(z.end(), p.logits.begin(), p.logits.end()); };
+  nlohmann::json m = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", collect,
+                                         &c.data, c.parallel.staged_forward(), c.sequence);
+  if (logits && !z.empty()) m.update(extra(std::move(z), c.run.eval_data->size()));
+  return m;
+}
+
 // The front end's events after a step (rank 0's); whether it asks the training to end there.
 bool step_events(RunContext& c, bool saved, bool epoch_ended) {
   const StepEvents& e = c.events;
@@ -713,8 +728,7 @@ void train_steps(RunContext& c) {
     // Every rank evaluates its share; saves are rank 0's, the others wait for it at the next
     // step's sums.
     if (c.run.eval_data && eval_due(o, state.global_step, epoch_ended)) {
-      evaluated = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
-                                      &c.data, c.parallel.staged_forward(), c.sequence);
+      evaluated = evaluate_eval_set(c);
       evaluated["epoch"] = state.epoch;
       evaluated["step"] = state.global_step;
       state.log_history.push_back(evaluated);
@@ -774,8 +788,7 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
   c.peaks.enter(PeakPhases::steps);
   nlohmann::json all_results = o.do_train ? train_metrics_json(s) : nlohmann::json::object();
   if (o.do_eval) {
-    s.eval_metrics = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", nullptr,
-                                         &c.data, c.parallel.staged_forward(), c.sequence);
+    s.eval_metrics = evaluate_eval_set(c);
     s.eval_metrics["epoch"] = c.state.epoch;
     s.eval_metrics["eval_samples"] = c.run.eval_data->size();
     c.log.report(s.eval_metrics, c.state.global_step);

@@ -86,6 +86,10 @@ struct StepEvents {
   // there as its last step would (the model saved, then evaluated and predicted as asked); one
   // process only.
   std::function<bool(int64_t global_step, int64_t max_steps)> on_step_end;
+  // After each evaluation of a classifier (during training and the last), in a run of one
+  // process: the rows' logits, row after row; returns metrics (a JSON object) that join the
+  // evaluation's before it is logged, saved or compared (metric_for_best_model may name them).
+  std::function<nlohmann::json(std::vector<float>&& logits, int64_t rows)> evaluation_metrics;
 };
 
 // Trains on `dataset` when given (a Dataset, or rows tokenized before the run), else on the one

@@ -65,6 +65,10 @@ def test_bad_inputs_raise_one_message(tmp_path):
     with pytest.raises(brisk.BriskError, match="vocab_size"):
         brisk.Trainer(model=str(bad), args=args, train_dataset=read_glue("train.csv"),
                       tokenizer=WORDPIECE).train()
+    # A metric of compute_metrics' may be metric_for_best_model; without one, brisk's only.
+    custom = args.replace(metric_for_best_model="my_accuracy")
+    with pytest.raises(brisk.BriskError, match="is none of brisk's metrics"):
+        brisk.Trainer(model="bert-tiny", args=custom, train_dataset=read_glue("train.csv")).train()
     with pytest.raises(TypeError, match="a dataset is"):
         brisk.Trainer(model="bert-tiny", args=args, train_dataset=42).train()
     with pytest.raises(ValueError, match="columns of different lengths"):

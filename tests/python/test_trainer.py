@@ -225,19 +225,30 @@ def test_compute_metrics_sees_the_logits_and_labels(tmp_path, bert_config):
 
     def compute_metrics(p):
         seen.append(p)
-        return {"my_accuracy": float(np.mean(p.predictions.argmax(-1) == p.label_ids))}
+        return {"my_accuracy": np.mean(p.predictions.argmax(-1) == p.label_ids)}
 
     train, dev = read_glue("train.csv"), read_glue("dev.csv")
     dev["label"] = [i % 2 for i in range(len(dev["label"]))]
-    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **dict(RUN, max_steps=4))
-    t = brisk.Trainer(model=bert_config, args=args, train_dataset=train, tokenizer=WORDPIECE,
-                      compute_metrics=compute_metrics)
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"),
+                                   **dict(RUN, eval_strategy="epoch", save_strategy="epoch",
+                                          load_best_model_at_end=True,
+                                          metric_for_best_model="my_accuracy"))
+    t = brisk.Trainer(model=bert_config, args=args, train_dataset=train, eval_dataset=dev,
+                      tokenizer=WORDPIECE, compute_metrics=compute_metrics)
     t.train()
-    metrics = t.evaluate(dev)
-    assert len(seen) == 1 and seen[0].predictions.shape == (len(dev["label"]), 2)
-    assert seen[0].label_ids.tolist() == dev["label"]
+    evaluated = [r for r in t.state.log_history if "eval_loss" in r]
+    assert len(seen) == len(evaluated) == 2  # each epoch's evaluation inside train()
+    for p, record in zip(seen, evaluated):
+        assert p.predictions.shape == (len(dev["label"]), 2)
+        assert p.label_ids.tolist() == dev["label"]
+        assert record["eval_my_accuracy"] == pytest.approx(record["eval_accuracy"])
+    assert t.state.best_metric == max(r["eval_my_accuracy"] for r in evaluated)
+    metrics = t.evaluate(write_csv(dev, tmp_path / "dev.csv"))  # a file's labels too
+    assert len(seen) == 3 and seen[2].label_ids.tolist() == dev["label"]
     assert metrics["eval_my_accuracy"] == pytest.approx(metrics["eval_accuracy"])
-    assert t.predict(dev).predictions.tolist() == seen[0].predictions.tolist()
+    with open(tmp_path / "api" / "eval_results.json") as f:
+        assert json.load(f)["eval_my_accuracy"] == metrics["eval_my_accuracy"]
+    assert t.predict(dev).predictions.tolist() == seen[2].predictions.tolist()
 
 
 def test_resuming_from_a_checkpoint_continues_the_run(tmp_path, bert_config):
