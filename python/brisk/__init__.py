@@ -17,5 +17,6 @@ from .functions import generate, tokenize
 from .trainer import EvalPrediction, PredictionOutput, Trainer, TrainOutput
 from .training_args import TrainingArguments
 
-__all__ = ["BriskError", "EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer", "TrainerCallback",
-           "TrainerControl", "TrainerState", "TrainingArguments", "generate", "tokenize"]
+__all__ = ["BriskError", "EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer",
+           "TrainerCallback", "TrainerControl", "TrainerState", "TrainingArguments", "generate",
+           "tokenize"]

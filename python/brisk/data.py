@@ -49,7 +49,7 @@ def _is_tokenized(data):
 
 def _int32(values, what):
     """`values` as int32, viewed when they are int32 already, refused when one does not fit."""
-    values = np.asarray(values)
+    values = np.ascontiguousarray(values)  # (a view where it is contiguous already)
     if values.dtype == np.int32:
         return values
     if values.dtype.kind not in "iu":
@@ -122,7 +122,8 @@ def _labels(get_scalar, get_lists, names, ids_offsets, ids):
 def _rows(get_lists, name):
     """List column `name` as zero-based offsets and the values they index (a view)."""
     offsets, values = get_lists(name)
-    return offsets - offsets[0], values[offsets[0]:offsets[-1]]
+    zero_based = np.ascontiguousarray(offsets - offsets[0], dtype=np.int64)
+    return zero_based, values[offsets[0]:offsets[-1]]
 
 
 def tokenized_split(data):
@@ -160,8 +161,8 @@ def _write_columns(columns, path):
     if len(lengths) > 1:
         raise ValueError("columns of different lengths: %s"
                          % ", ".join("%s %d" % (n, len(columns[n])) for n in names))
-    _write_records(({n: columns[n][i] for n in names} for i in range(lengths.pop() if names else 0)),
-                   path)
+    rows = lengths.pop() if names else 0
+    _write_records(({n: columns[n][i] for n in names} for i in range(rows)), path)
 
 
 def source(data, role, folder):
