@@ -83,8 +83,13 @@ class Trainer:
         self.control = TrainerControl()
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
-        summary, _ = self._run(options, tokenized,
-                               self._labels(files["validation_file"], tokenized, "eval"))
+        try:
+            summary, _ = self._run(options, tokenized,
+                                   self._labels(files["validation_file"], tokenized, "eval"))
+        except KeyboardInterrupt:  # the run ended after a step, its model and state saved
+            self._model = self.args.output_dir
+            self._read_state()
+            raise
         self._model = self.args.output_dir
         self._read_state()
         metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}

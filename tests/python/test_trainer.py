@@ -189,6 +189,8 @@ def test_ctrl_c_stops_at_a_step_boundary(tmp_path, bert_config):
         t.train()
     with open(tmp_path / "api" / "trainer_state.json") as f:
         assert json.load(f)["global_step"] == 2  # the step under way finished, then saved
+    assert t.state.global_step == 2  # and the Trainer goes on from that model
+    assert t.evaluate(read_glue("train.csv"))["eval_loss"] > 0
     assert os.path.isfile(tmp_path / "api" / "model.safetensors")
 
 
