@@ -106,7 +106,7 @@ def _labels(get_scalar, get_lists, names, ids_offsets, ids):
         return {}
     try:
         offsets, values = get_lists(name)
-    except (AttributeError, TypeError, KeyError):
+    except (AttributeError, TypeError, KeyError, ValueError):  # a label per row, not a list
         offsets = None
     if offsets is not None:
         if not (np.array_equal(offsets, ids_offsets) and np.array_equal(values, ids)):

@@ -120,5 +120,8 @@ def test_padded_or_mixed_data_is_refused(tmp_path):
     padded = dict(data, attention_mask=[[1] * (len(r) - 1) + [0] for r in data["input_ids"]])
     with pytest.raises(ValueError, match="padded rows"):
         losses_of(tmp_path, "padded", padded)
+    named = dict(data, label=["good" if l else "bad" for l in data["label"]])
+    with pytest.raises(ValueError, match="column label: whole numbers expected"):
+        losses_of(tmp_path, "named", named)
     with pytest.raises(ValueError, match="all as text or all tokenized"):
         losses_of(tmp_path, "mixed", data, read_glue("dev.csv"))
