@@ -57,9 +57,12 @@ std::shared_ptr<const void> keep(nb::handle object) {
   });
 }
 
+// The array's elements where they lie: no conversion (a converted copy would not outlive this
+// call), so an array of another dtype or layout is refused.
 template <typename T>
 std::span<const T> span_of(nb::handle array) {
-  const auto a = nb::cast<nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(array);
+  using Array = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  const auto a = nb::cast<Array>(array, /*convert=*/false);
   return {a.data(), a.shape(0)};
 }
 

@@ -125,3 +125,13 @@ def test_padded_or_mixed_data_is_refused(tmp_path):
         losses_of(tmp_path, "named", named)
     with pytest.raises(ValueError, match="all as text or all tokenized"):
         losses_of(tmp_path, "mixed", data, read_glue("dev.csv"))
+
+
+def test_the_engine_takes_no_array_it_would_have_to_convert(tmp_path):
+    """Arrays of another dtype are refused, never viewed through a temporary copy."""
+    split = tokenized_split(tokenized(read_glue("train.csv")))
+    options = json.dumps({"model_name_or_path": "bert-tiny", "output_dir": str(tmp_path)})
+    for name, wrong in (("ids", np.int64), ("offsets", np.int32), ("labels", np.float32)):
+        bad = dict(split, **{name: split[name].astype(wrong)})
+        with pytest.raises((TypeError, RuntimeError)):
+            brisk._brisk.estimate(options, {"train": bad})
