@@ -175,6 +175,9 @@ def source(data, role, folder):
         return os.fspath(data), None
     if _is_dataset_dict(data):
         data = _split_of(data, role)
+    if type(data).__name__ == "IterableDataset":
+        raise TypeError("a streaming datasets.IterableDataset: brisk plans a run over a whole "
+                        "dataset; pass a datasets.Dataset (or a file)")
     if _is_tokenized(data):
         return "", tokenized_split(data)
     return data_file(data, role, folder), None

@@ -69,6 +69,10 @@ def test_bad_inputs_raise_one_message(tmp_path):
     custom = args.replace(metric_for_best_model="my_accuracy")
     with pytest.raises(brisk.BriskError, match="is none of brisk's metrics"):
         brisk.Trainer(model="bert-tiny", args=custom, train_dataset=read_glue("train.csv")).train()
+    datasets = pytest.importorskip("datasets")
+    stream = datasets.IterableDataset.from_generator(lambda: iter([{"sentence": "a", "label": 0}]))
+    with pytest.raises(TypeError, match="a streaming datasets.IterableDataset"):
+        brisk.Trainer(model="bert-tiny", args=args, train_dataset=stream).train()
     with pytest.raises(TypeError, match="a dataset is"):
         brisk.Trainer(model="bert-tiny", args=args, train_dataset=42).train()
     with pytest.raises(ValueError, match="columns of different lengths"):
