@@ -209,17 +209,11 @@ nlohmann::json estimate_json(const std::string& args, CliRun* out = nullptr) {
 // gradients exactly, AdamW's two moments within the optimizer's tables' share. A dense model has
 // no such line.
 TEST(Cli, EstimateShowsTheExpertsPartOfThePlan) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("brisk_cli_moe_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << R"({"model_type": "mixtral", "vocab_size": 128,
-      "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
-      "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
-      "num_experts_per_tok": 2, "max_position_embeddings": 64})";
+  TempDir dir("cli_moe");
+  const std::string folder = write_tiny_mixtral(dir, "", 4);
   CliRun r;
-  const nlohmann::json j = estimate_json(
-      "--model " + dir.string() + " --seq_len 16 --per_device_train_batch_size 2", &r);
-  fs::remove_all(dir);
+  const nlohmann::json j =
+      estimate_json("--model " + folder + " --seq_len 16 --per_device_train_batch_size 2", &r);
   EXPECT_NE(r.out.find("8912 parameters (7376 active per token)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("of which the routed experts' (3072 parameters, 34.5%)"), std::string::npos)
       << r.out;
@@ -236,15 +230,9 @@ TEST(Cli, EstimateShowsTheExpertsPartOfThePlan) {
 // hold the rows every rank may send them (2 ranks x 32 tokens x min(top 2, 2 experts)); ZeRO
 // partitions over the ranks that hold the same experts. Layouts it cannot take are refused.
 TEST(Cli, EstimatePlansAnExpertRanksShare) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("brisk_cli_ep_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << R"({"model_type": "mixtral", "vocab_size": 128,
-      "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
-      "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4,
-      "num_experts_per_tok": 2, "max_position_embeddings": 64})";
-  const std::string model =
-      "--model " + dir.string() + " --seq_len 16 --per_device_train_batch_size 2 ";
+  TempDir dir("cli_ep");
+  const std::string folder = write_tiny_mixtral(dir, "", 4);
+  const std::string model = "--model " + folder + " --seq_len 16 --per_device_train_batch_size 2 ";
   CliRun r;
   const nlohmann::json j = estimate_json(model + "--world_size 4 --ep_size 2 --zero_stage 2", &r);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -280,7 +268,6 @@ TEST(Cli, EstimatePlansAnExpertRanksShare) {
                  "--ep_size with tensor, pipeline or sequence parallelism is not supported yet");
   expect_refused("estimate --model gpt2-tiny --world_size 2 --ep_size 2",
                  "--ep_size needs a mixture-of-experts model; gpt2 has no experts");
-  fs::remove_all(dir);
 }
 
 // estimate --output_json lists every buffer of the plan; they add up to each category's bytes.
