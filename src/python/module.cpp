@@ -118,6 +118,7 @@ class PythonEvents {
   }
   brisk::StepEvents step_events() {
     brisk::StepEvents e;
+    e.keep_prediction_logits = true;  // predict() returns them
     if (!evaluation_metrics_.is_none())
       e.evaluation_metrics = [this](std::vector<float>&& logits, int64_t rows) {
         nlohmann::json metrics = nlohmann::json::object();

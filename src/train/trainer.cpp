@@ -395,7 +395,7 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 // --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
 // The data replicas of `comm` predict their shares; `lead` writes the file. In a run of one
-// process the rows' logits go into *logits, row after row.
+// process the rows' logits go into *logits, row after row, when it is given.
 nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
                                  const LogSink& on_log, Communicator& comm, bool lead,
                                  StagedForward* staged, std::vector<float>* logits) {
@@ -404,7 +404,7 @@ nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptio
   nlohmann::json metrics = run.evaluator.run(
       be, *run.model, *run.test_data, "predict",
       [&](const Prediction& p) {
-        logits->insert(logits->end(), p.logits.begin(), p.logits.end());
+        if (logits) logits->insert(logits->end(), p.logits.begin(), p.logits.end());
         out += std::to_string(p.index) + "\t";
         if (run.config.regression) {
           char number[64];
@@ -801,8 +801,9 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
     const LogSink report = [&](const nlohmann::json& rec) {
       c.log.report(rec, c.state.global_step);
     };
-    s.predict_metrics = write_predictions(c.be, c.run, o, report, c.data, c.lead(),
-                                          c.parallel.staged_forward(), &s.predict_logits);
+    s.predict_metrics =
+        write_predictions(c.be, c.run, o, report, c.data, c.lead(), c.parallel.staged_forward(),
+                          c.events.keep_prediction_logits ? &s.predict_logits : nullptr);
     s.predict_rows = c.run.test_data->size();
   }
   c.peaks.enter(PeakPhases::done);

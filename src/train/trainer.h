@@ -53,9 +53,10 @@ struct TrainSummary {
   // The parallel layout's own measures (ParallelPolicy::statistics), rank 0's.
   std::vector<std::pair<std::string, double>> parallel;
   MemoryReport memory;
-  nlohmann::json eval_metrics;        // --do_eval: the final evaluation (eval_results.json)
-  nlohmann::json predict_metrics;     // --do_predict: the test data's metrics
-  std::vector<float> predict_logits;  // and its rows' logits, row after row (one process only)
+  nlohmann::json eval_metrics;     // --do_eval: the final evaluation (eval_results.json)
+  nlohmann::json predict_metrics;  // --do_predict: the test data's metrics
+  // and its rows' logits, row after row, where StepEvents::keep_prediction_logits asks
+  std::vector<float> predict_logits;
   int64_t predict_rows = 0;
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
@@ -90,6 +91,8 @@ struct StepEvents {
   // process: the rows' logits, row after row; returns metrics (a JSON object) that join the
   // evaluation's before it is logged, saved or compared (metric_for_best_model may name them).
   std::function<nlohmann::json(std::vector<float>&& logits, int64_t rows)> evaluation_metrics;
+  // Keep the prediction set's logits in the summary (predict_logits; one process).
+  bool keep_prediction_logits = false;
 };
 
 // Trains on `dataset` when given (a Dataset, or rows tokenized before the run), else on the one
