@@ -689,12 +689,45 @@ TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   EXPECT_GT(activations_mib(cpu.out), 0.0);
 }
 
+// A GPU's bf16 run computes with float32 weights and a bf16 copy of them for its products
+// (6 bytes a parameter) where that holds no more than a 16-bit compute copy and the master copy
+// (4 bytes each): on one rank, under ZeRO 1 on 2 ranks and under ZeRO 3 (staged weights, no copy);
+// not under ZeRO 1 on 3 ranks (4 + 4/3) or offloaded (4 on the GPU). fp16 always keeps both.
+TEST(Cli, EstimateOfAGpuBf16RunChoosesFloat32WeightsWhereTheyHoldLess) {
+  const double n = 335143938.0;
+  struct Layout {
+    std::string args;
+    bool float32_weights;
+  };
+  const std::vector<Layout> layouts = {{"--bf16", true},
+                                       {"--bf16 --world_size 2 --zero_stage 1", true},
+                                       {"--bf16 --world_size 3 --zero_stage 1", false},
+                                       {"--bf16 --world_size 3 --zero_stage 3", true},
+                                       {"--bf16 --offload_optimizer cpu", false},
+                                       {"--fp16", false}};
+  for (const Layout& l : layouts) {
+    const nlohmann::json j = estimate_json("--model bert-large-uncased --device cuda " + l.args);
+    const nlohmann::json& planned = j["memory"]["planned_bytes"];
+    double copy = 0;
+    for (const nlohmann::json& b : j["memory"]["buffers"])
+      if (b["name"] == "backend.weights_copy") copy = b["bytes"].get<double>();
+    const bool staged = l.args.find("zero_stage 3") != std::string::npos;
+    if (l.float32_weights) {
+      EXPECT_EQ(planned["master_weights"].get<double>(), 0.0) << l.args;
+      EXPECT_NEAR(copy, staged ? 0.0 : 2.0 * n, 1.0) << l.args;
+    } else {
+      EXPECT_GT(planned["master_weights"].get<double>(), 0.0) << l.args;
+      EXPECT_EQ(copy, 0.0) << l.args;
+    }
+  }
+}
+
 // offload_optimizer cpu (in a DeepSpeed config or as the option) plans a GPU run's float32 master
 // copy and optimizer state in host memory, with a host copy of the gradients: the GPU's plan
 // loses exactly the first two, the host's gains all three; under ZeRO each rank's share. On the
-// CPU it changes nothing.
+// CPU it changes nothing. (fp16: a bf16 run on one GPU has no master copy to move.)
 TEST(Cli, EstimatePlansAnOffloadedOptimizerInHostMemory) {
-  const std::string run = "--model bert-large-uncased --bf16 --device cuda";
+  const std::string run = "--model bert-large-uncased --fp16 --device cuda";
   const nlohmann::json on_gpu = estimate_json(run);
   CliRun r;
   const nlohmann::json off = estimate_json(run + " --offload_optimizer cpu", &r);

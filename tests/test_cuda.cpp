@@ -206,6 +206,50 @@ TEST(CudaOps, AHeldWeightIsCastOnceAndReadUntilReleased) {
   EXPECT_EQ(products(), unheld);
 }
 
+// Held weights (Backend::hold_weights: a bf16 run's whole float32 weights, once per optimizer step)
+// are cast once into their planned copy: a product whose weight lies inside them, in either layout,
+// gives the same bits as without it and reads the copy until release_weights (a weight changed
+// meanwhile is not seen), the weight itself after it; the held weight of the LM head inside them
+// reads it too.
+TEST(CudaOps, HeldWeightsAreCastOnceAndReadUntilReleased) {
+  REQUIRE_GPU();
+  auto gpu = gpu_backend();
+  DeviceBuffers d(*gpu);
+  gpu->set_matmul_dtype(DType::bf16);
+  const int64_t M = 37, K = 72, N = 40, lead = 24;  // the weight lies `lead` values in
+  MatmulOperands ops(M * std::max(K, N), N * K, N * K, K);
+  ops.weights = lead + N * K;
+  d.workspace(ops);
+  std::mt19937 rng(13);
+  const FVec w = randn(lead + N * K, rng), changed = randn(lead + N * K, rng);
+  const Tensor flat = d.put(w, {lead + N * K});
+  const Tensor wt(flat.f32() + lead, Shape{N, K}, DType::f32, Device::cuda);
+  const Tensor x = d.put(randn(M * K, rng), {M, K}), xn = d.put(randn(M * N, rng), {M, N});
+  const Tensor dy = d.put(randn(M * N, rng), {M, N});
+  const Tensor y = d.alloc({M, N}), dx = d.alloc({M, K}), yk = d.alloc({M, K});
+  auto products = [&] {
+    gpu->linear_forward(x, wt, Tensor(), WeightLayout::out_in, y);
+    gpu->linear_backward(x, wt, dy, WeightLayout::out_in, dx, false, Tensor(), Tensor(), true);
+    gpu->linear_forward(xn, wt, Tensor(), WeightLayout::in_out, yk);  // wt as [N, K] in_out
+    FVec out = d.get(y), back = d.get(dx), other = d.get(yk);
+    out.insert(out.end(), back.begin(), back.end());
+    out.insert(out.end(), other.begin(), other.end());
+    return out;
+  };
+  const FVec unheld = products();
+  gpu->hold_weights(flat);
+  EXPECT_EQ(products(), unheld);
+  gpu->hold_weight(wt);  // inside the held weights: read from their copy
+  EXPECT_EQ(products(), unheld);
+  gpu->release_weight();
+  d.set(flat, changed);  // breaks the caller's promise, to see which copy the products read
+  EXPECT_EQ(products(), unheld);
+  gpu->release_weights();
+  EXPECT_NE(products(), unheld);
+  d.set(flat, w);
+  EXPECT_EQ(products(), unheld);
+}
+
 // A weight held padded with zero rows (hold_padded_weight, the LM head's on a GPU): the products
 // over the padded rows give x W^T with zero columns past W's rows, dx = dy W over the real
 // columns of dy (its padding ones zero, as the loss leaves them), and dw of W's rows only, all

@@ -303,9 +303,34 @@ TEST(Trainer, SaveStrategyNoWritesNoCheckpointAndEpochSavesAtEachEpochsEnd) {
         << step;
 }
 
+// The products' bf16 copy of the weights (Backend::hold_weights, a GPU's way; on the CPU where a
+// test asks for it) gives the bits of products that round the weights themselves, so long as it
+// is made again after every update and nothing writes the weights while it is held: steps of two
+// micro-batches with evaluations between them train to the same losses, evaluation and weights.
+TEST(Trainer, AWeightsCopyMadeEachStepTrainsAsTheProductsRounding) {
+  TempDir dir("weights_copy");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "rounding");
+  o.bf16 = true;
+  o.gradient_accumulation_steps = 2;
+  o.do_eval = true;
+  o.eval_strategy = "steps";
+  o.eval_steps = 2;
+  const Result rounding = run(o);
+  o.output_dir = dir / "copy";
+  o.weights_copy_on_cpu = true;
+  const auto plan = assemble_run(o, Device::cpu, nullptr);
+  EXPECT_EQ(plan->plan.bytes_by_category()[static_cast<int>(Category::weights)],
+            static_cast<size_t>(6 * plan->model->params().total_elements()));
+  const Result copy = run(o);
+  ASSERT_EQ(rounding.losses.size(), 4u);
+  EXPECT_EQ(copy.losses, rounding.losses);
+  EXPECT_EQ(copy.summary.eval_metrics["eval_loss"], rounding.summary.eval_metrics["eval_loss"]);
+  EXPECT_EQ(checkpoint_weights(dir / "copy"), checkpoint_weights(dir / "rounding"));
+}
+
 // A GPU run is planned on any machine: the GPU's attention keeps one log-sum-exp per row instead
 // of the probabilities, batches get device copies, and the backend plans cuBLASLt's workspace,
-// 16-bit operand copies, the ones column and the optimizer scratch.
+// 16-bit operand copies, the ones column, the optimizer scratch and the weights' bf16 copy.
 TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   TempDir dir("gpu_plan");
   TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out", "cuda");
@@ -362,18 +387,25 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;
   EXPECT_GE(device_copies, 3);  // input ids, attention mask and labels at least
   EXPECT_EQ(gpu->product, DType::bf16);
-  // Everything the optimizer holds is the same on both devices; the GPU keeps a bf16 compute copy
-  // beside the float32 master weights, the CPU computes with the float32 weights themselves.
-  for (Category c : {Category::weights, Category::gradients, Category::optimizer_state})
+  // Everything the optimizer holds is the same on both devices, and both compute with the float32
+  // weights themselves (no master copy); the GPU's products read a bf16 copy of them besides.
+  for (Category c : {Category::gradients, Category::optimizer_state, Category::master_weights})
     EXPECT_EQ(gpu->plan.bytes_by_category()[static_cast<int>(c)],
               cpu->plan.bytes_by_category()[static_cast<int>(c)])
         << category_name(c);
-  const int master = static_cast<int>(Category::master_weights);
-  EXPECT_EQ(gpu->plan.bytes_by_category()[master],
-            gpu->plan.bytes_by_category()[static_cast<int>(Category::weights)]);
-  EXPECT_EQ(cpu->plan.bytes_by_category()[master], 0u);
+  const int weights = static_cast<int>(Category::weights);
+  const int64_t n = gpu->model->params().total_elements();
+  const BufferSpec* copy = find(gpu->plan, "backend.weights_copy");
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(copy->dtype, DType::bf16);
+  EXPECT_EQ(copy->shape, (Shape{n}));
+  EXPECT_EQ(copy->category, Category::weights);
+  EXPECT_EQ(gpu->plan.bytes_by_category()[weights],
+            cpu->plan.bytes_by_category()[weights] + static_cast<size_t>(2 * n));
+  EXPECT_EQ(find(cpu->plan, "backend.weights_copy"), nullptr);
+  EXPECT_EQ(cpu->plan.bytes_by_category()[static_cast<int>(Category::master_weights)], 0u);
   EXPECT_TRUE(cpu->precision->float32_weights());
-  EXPECT_FALSE(gpu->precision->float32_weights());
+  EXPECT_TRUE(gpu->precision->float32_weights());
 }
 
 // The data loader's sample orders grow with the data set, so they are planned: two int64 per

@@ -252,6 +252,13 @@ class Backend {
   // operand's extent a multiple of 8 but dw's rows). Needs MatmulOperands::held >= rows * C.
   // Backends without it throw (DeviceTraits::bf16_head_row_multiple is 1 for them).
   virtual Tensor hold_padded_weight(const Tensor& w, int64_t rows);
+  // The caller promises that no value of `weights` (float32: a model's whole weights) changes
+  // until release_weights(): where a copy is planned (MatmulOperands::weights) they are rounded
+  // into it once, now, and the products whose weight lies inside them read it, not their own
+  // rounding of it (the GPU's bf16 products: one cast per optimizer step instead of one per
+  // product). The same bits either way. Where no copy is planned both do nothing.
+  virtual void hold_weights(const Tensor& /*weights*/) {}
+  virtual void release_weights() {}
 
   // ---- normalization ----
   // Over the last dimension C: y = (x - mean) * rstd * gamma + beta; saves mean and rstd
@@ -593,5 +600,19 @@ void write_in_pieces(Backend& be, const Tensor& dst,
 // (tables, maps); large ones go through write_in_pieces or a streaming writer.
 void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
                     const std::function<void(const Tensor&)>& fn);
+
+// Holds `weights` for a scope (Backend::hold_weights); empty: nothing is held.
+class HeldWeights {
+ public:
+  HeldWeights(Backend& be, const Tensor& weights) : be_(be) {
+    if (!weights.empty()) be_.hold_weights(weights);
+  }
+  ~HeldWeights() { be_.release_weights(); }
+  HeldWeights(const HeldWeights&) = delete;
+  HeldWeights& operator=(const HeldWeights&) = delete;
+
+ private:
+  Backend& be_;
+};
 
 }  // namespace brisk

@@ -51,7 +51,8 @@ DeviceTraits cuda_traits() {
   // head in chunks of 2048 rows, so that its weight gradient's product (K = the chunk's rows)
   // reads and writes the float32 dW [V, C] once per 2048 rows, not per 128.
   t.logits_chunk_bytes = int64_t{512} << 20;
-  t.products_round_operands = false;  // it keeps a 16-bit compute copy
+  t.products_round_operands = false;
+  t.bf16_weights_copy = true;
   // cuBLASLt runs a product whose rows or columns are an odd vocabulary (GPT-2's 50257) on sm75
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at
   // 50304 (docs/benchmarks.md, "The LM head padded").

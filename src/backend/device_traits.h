@@ -35,6 +35,10 @@ struct DeviceTraits {
   // compute copy of the weights, and the LM head's products read the logits' gradient rounded
   // once, two chunks at a time.
   bool products_round_operands = false;
+  // bf16 training may compute with the float32 weights too (no 16-bit compute copy), its products
+  // reading a bf16 copy of them made once per optimizer step (Backend::hold_weights), as a GPU's
+  // tensor cores read their operands from memory (where that holds less: train/assembly.cpp).
+  bool bf16_weights_copy = false;
   // The norms' and SwiGLU's outputs are rebuilt in backward rather than kept per block.
   bool recompute_elementwise = false;
   // bf16 runs: a language-model head without a bias multiplies its weight padded with zero rows

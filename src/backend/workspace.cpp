@@ -2,6 +2,7 @@
 #include "backend/workspace.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "core/checked.h"
@@ -32,6 +33,29 @@ int64_t fused_attention_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t
                      checked_add(cudnn, int64_t{1} << 20, what), what);
 }
 
+const void* WeightsCopy::find(const void* x, int64_t n) const {
+  if (!base_) return nullptr;
+  // Compared as addresses: x may lie anywhere, inside the weights or not.
+  const auto at = reinterpret_cast<uintptr_t>(x), begin = reinterpret_cast<uintptr_t>(base_);
+  const uintptr_t end = begin + static_cast<uintptr_t>(count_) * sizeof(float);
+  if (at < begin || at >= end || (at - begin) % sizeof(float) != 0 || n < 0 ||
+      static_cast<uintptr_t>(n) > (end - at) / sizeof(float))
+    return nullptr;
+  const auto index = static_cast<int64_t>((at - begin) / sizeof(float));
+  return static_cast<const char*>(copy_.data()) +
+         index * static_cast<int64_t>(dtype_size(copy_.dtype()));
+}
+
+namespace {
+// The held weights' copy: the model's weights, so counted among them.
+void plan_weights_copy(DType dtype, const MatmulOperands& operands, MemoryPlan& plan,
+                       BufferBinder& binder, BackendWorkspace& ws) {
+  if (operands.weights > 0)
+    binder.declare(plan, &ws.weights_copy, "backend.weights_copy", Category::weights, dtype,
+                   Shape{operands.weights});
+}
+}  // namespace
+
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws) {
   const Category tmp = Category::temporaries;
@@ -52,6 +76,7 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
                                : Shape{operands.held};
         binder.declare(plan, &ws.held_weight, "backend.bf16_held_weight", tmp, packed, held);
       }
+      plan_weights_copy(DType::bf16, operands, plan, binder, ws);
     }
     return;
   }
@@ -69,6 +94,7 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
     if (operands.held > 0)
       binder.declare(plan, &ws.held_weight, "backend.held_weight", tmp, product,
                      Shape{operands.held});
+    plan_weights_copy(product, operands, plan, binder, ws);
   }
   if (product != DType::f32 && operands.attention_workspace > 0)
     binder.declare(plan, &ws.attention_workspace, "backend.attention_workspace", tmp, DType::u8,

@@ -27,8 +27,14 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // products (its 16-bit qkv and output in A, their gradients in B): B T ((H + 2K) D + H D).
 // `attention_workspace` is bytes for the same attention's cuDNN workspace and key-mask bias
 // (fused_attention_workspace_bound).
+//
+// `weights` is the elements of the weights a caller holds for a stretch of steps
+// (Backend::hold_weights: the model's, resident, in a run that computes with float32 weights on a
+// device whose traits ask for a copy), copied once per hold into a 16-bit buffer the products
+// read; 0: none planned.
 struct MatmulOperands {
-  int64_t a = 0, b = 0, held = 0, held_cols = 0, a_rows = 0, attention = 0, attention_workspace = 0;
+  int64_t a = 0, b = 0, held = 0, held_cols = 0, a_rows = 0, attention = 0, attention_workspace = 0,
+          weights = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
   MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0,
                  int64_t held_columns = 0)
@@ -42,6 +48,27 @@ struct BackendWorkspace {
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
   Tensor attention_workspace;   // the fused attention's cuDNN workspace and mask bias (GPU)
+  Tensor weights_copy;          // the held weights' 16-bit copy (MatmulOperands::weights)
+};
+
+// The weights a caller holds (Backend::hold_weights) and their 16-bit copy, laid out alike: a
+// product operand of float32 values inside them is read from the copy instead.
+class WeightsCopy {
+ public:
+  void hold(const float* weights, int64_t count, const Tensor& copy) {
+    base_ = weights;
+    count_ = count;
+    copy_ = copy;
+  }
+  void release() { base_ = nullptr; }
+  bool held() const { return base_ != nullptr; }
+  // The copy of the n float32 values at x, or null where they do not all lie in the held weights.
+  const void* find(const void* x, int64_t n) const;
+
+ private:
+  const float* base_ = nullptr;
+  int64_t count_ = 0;
+  Tensor copy_;
 };
 
 // Bytes the GPU's fused attention over [B, T] with H query heads (sharing K key/value heads) of

@@ -230,6 +230,7 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       staged,
                       sequence};
   EvalTally t(std::max<int64_t>(c.L, 2));
+  const HeldWeights held(be, model.resident_weights());  // nothing changes them meanwhile
   // Batch i is rank i mod N's. When a forward pass meets the other ranks (ZeRO stage 3's
   // gathers, expert parallelism), every rank runs as many forward passes: one without a batch of
   // its own runs one over the default batch and discards it.

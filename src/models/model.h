@@ -223,6 +223,11 @@ class Model : public BatchTarget {
   // length (each slot holds one of the planned length).
   Tensor stashed_input(int slot) const;
   bool gathers_weights() const { return weight_source_ != nullptr; }
+  // The weights as one buffer that nothing else writes during a step (Backend::hold_weights);
+  // empty where they are gathered (ZeRO 3, staged or not).
+  Tensor resident_weights() const {
+    return staged_weights() || gathers_weights() ? Tensor() : params().flat_weights();
+  }
   // Whether a forward pass takes part in collectives of other ranks (ZeRO stage 3's gathers of
   // the weights, expert parallelism's exchanges of routed rows): every rank then runs as many.
   bool forward_meets_peers() const { return gathers_weights() || config_.moe.expert_ranks > 1; }

@@ -2,11 +2,12 @@
 // optimizer updates float32 master weights (category master_weights) and the model computes with
 // weights rounded to the 16-bit type after every update; fp16 also scales the loss dynamically.
 // That compute copy stays in a float32 container holding 16-bit values; the saved activations
-// are 16-bit for real (see Model::plan). bf16 on the CPU keeps no compute copy
-// (float32_weights): the model computes with the float32 weights themselves, as autocast does:
-// the matrix products round their operands to bf16 as they pack them, every other op reads the
-// float32 weights, and the optimizer updates them as in fp32 (no master copy, 4 bytes a
-// parameter less).
+// are 16-bit for real (see Model::plan). bf16 keeps no compute copy where the device allows it and
+// it holds less (float32_weights; train/assembly.cpp decides): the model computes with the float32
+// weights themselves, as autocast does: the matrix products round their operands to bf16 (the CPU's
+// as they pack them, a GPU's from a bf16 copy of the weights made once per optimizer step,
+// Backend::hold_weights), every other op reads the float32 weights, and the optimizer updates them
+// as in fp32 (no master copy, 4 bytes a parameter less).
 #pragma once
 
 #include "backend/backend.h"
@@ -33,10 +34,10 @@ class MixedPrecision {
                 "internal error: float32 weights apply to bf16 with master weights only");
   }
   // Whether a bf16 run computes with float32 weights: where the device's products round their
-  // operands as they pack them (DeviceTraits::products_round_operands: the CPU) no compute copy
-  // is needed; a GPU keeps one.
-  static bool float32_weights_on(bool products_round_operands, DType compute, bool master_weights) {
-    return products_round_operands && compute == DType::bf16 && master_weights;
+  // operands themselves (DeviceTraits::products_round_operands or bf16_weights_copy: both the
+  // CPU and a GPU) no compute copy is needed.
+  static bool float32_weights_on(bool products_round, DType compute, bool master_weights) {
+    return products_round && compute == DType::bf16 && master_weights;
   }
   // Inference in the 16-bit type (fp16_full_eval, bf16_full_eval): the weights rounded once, no
   // master copy; never updated.

@@ -109,10 +109,32 @@ BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B
   return layout;
 }
 
-// The precision policy, the optimizer, and where the optimizer's state lies.
-void assemble_precision(RunAssembly& r) {
+// Whether a bf16 run with master weights computes with float32 weights instead. Where the
+// products round their operands themselves (the CPU) it always does. Where they read a bf16
+// copy of the weights (a GPU) it does when that holds no more device memory a parameter than the
+// 16-bit compute copy and master it replaces: 4 bytes and a 2-byte copy against 4 and the
+// master's 4 (ZeRO 1 and 2 shard it over the replicas, offloading moves it to the host); under
+// ZeRO 3 the weights are staged, with no copy: 4/N against 8/N.
+bool computes_with_float32_weights(const TrainOptions& o, const DeviceTraits& traits,
+                                   bool offloaded, int replicas) {
+  if (traits.products_round_operands) return true;
+  if (!traits.bf16_weights_copy) return false;
+  if (o.zero_stage == 3) return true;
+  const double master_bytes = offloaded           ? 0.0
+                              : o.zero_stage >= 1 ? 4.0 / std::max(replicas, 1)
+                                                  : 4.0;
+  return 2.0 <= master_bytes;
+}
+
+// The precision policy, the optimizer, and where the optimizer's state lies; `replicas`: the
+// ranks ZeRO partitions over.
+void assemble_precision(RunAssembly& r, int replicas) {
   const TrainOptions& o = r.options;
   const DeviceTraits& traits = device_traits(r.device);
+  // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
+  // there, unless a test asks for the GPU's path (offload_on_cpu).
+  r.parallel.offload =
+      o.do_train && o.offload_optimizer == "cpu" && (!traits.host_memory || o.offload_on_cpu);
   // fp16_full_eval / bf16_full_eval: as Trainer, a run that does not train evaluates in the
   // 16-bit type throughout (weights rounded, no float32 master copy); while training they have
   // no effect.
@@ -121,17 +143,15 @@ void assemble_precision(RunAssembly& r) {
                         : o.fp16 || (eval_only && o.fp16_full_eval) ? DType::f16
                                                                     : DType::f32;
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
-  r.precision = full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
-                          : std::make_unique<MixedPrecision>(
-                                compute, o.bf16_master_weights, LossScalerOptions{},
-                                MixedPrecision::float32_weights_on(traits.products_round_operands,
-                                                                   compute, o.bf16_master_weights));
+  r.precision =
+      full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+                : std::make_unique<MixedPrecision>(
+                      compute, o.bf16_master_weights, LossScalerOptions{},
+                      MixedPrecision::float32_weights_on(
+                          computes_with_float32_weights(o, traits, r.parallel.offload, replicas),
+                          compute, o.bf16_master_weights));
   r.product = product_dtype(r.device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
-  // A CPU run's optimizer state is in host memory already: offload_optimizer changes nothing
-  // there, unless a test asks for the GPU's path (offload_on_cpu).
-  r.parallel.offload =
-      o.do_train && o.offload_optimizer == "cpu" && (!traits.host_memory || o.offload_on_cpu);
   if (r.parallel.offload) {
     r.precision->offload_master();
     r.optimizer->keep_state_in(Placement::host);
@@ -141,7 +161,11 @@ void assemble_precision(RunAssembly& r) {
 // The products' workspace: the backend's own declarations, or (planning without one) the same
 // into `r.workspace`.
 void plan_products(RunAssembly& r, Backend* backend) {
-  const MatmulOperands max_operands = r.model->matmul_operands();
+  MatmulOperands max_operands = r.model->matmul_operands();
+  // The products' bf16 copy of float32 weights where they stay in one buffer (not gathered).
+  const bool copy = device_traits(r.device).bf16_weights_copy || r.options.weights_copy_on_cpu;
+  if (copy && r.precision->float32_weights() && r.options.zero_stage < 3)
+    max_operands.weights = r.model->params().total_elements();
   // With float32 weights the products round their operands to bf16, with or without bf16 units.
   const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;
   if (backend) {
@@ -211,15 +235,15 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   loading.length_multiple = std::max<int64_t>(o.sp_size, 1) *
                             (o.tp_sequence_parallel ? std::max<int64_t>(o.tp_size, 1) : 1);
   r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
-  assemble_precision(r);
-  PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
-                            o.selective_recompute};
-  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
-  model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
   // sp_size sequence ranks.
   const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
   const int replica = replica_rank(rank, sequence_rank, sp) / ep;
+  assemble_precision(r, ranks * sp / ep);
+  PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
+                            o.selective_recompute};
+  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
+  model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   const ParallelPlanOptions layout_options{replica, ranks * sp / ep, o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);

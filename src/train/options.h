@@ -142,6 +142,9 @@ struct TrainOptions {
   // Tests only (not an option): a CPU run with offload_optimizer "cpu" takes the GPU's path, its
   // state and master copy in the plan's host block, stepped by a backend of their own.
   bool offload_on_cpu = false;
+  // Tests only (not an option): a CPU bf16 run's products read a bf16 copy of the weights made
+  // once per step, as a GPU's do (DeviceTraits::bf16_weights_copy).
+  bool weights_copy_on_cpu = false;
   std::string deepspeed;  // a DeepSpeed config file read as Trainer reads it (train/deepspeed.h)
   // Not an option: the DeepSpeed config's scheduler, whose curve the run follows (its nearest
   // lr_scheduler_type is set alongside, for the record).

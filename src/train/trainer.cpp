@@ -595,7 +595,11 @@ StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro
   c.parallel.begin_step();
   model.reset_step_stats(c.be);
   StepBatches batches(c, loader, model, totals, micro_batch, grad_scale);
-  c.parallel.run_micro_batches(c.be, model, static_cast<int>(micro_steps), batches);
+  {
+    // The weights stay as they are until the update: the products may read one copy of them.
+    const HeldWeights held(c.be, model.resident_weights());
+    c.parallel.run_micro_batches(c.be, model, static_cast<int>(micro_steps), batches);
+  }
   micro_batch += micro_steps;
   const SyncSeconds synced =
       c.parallel.finish_gradients();  // the global batch's gradients and loss

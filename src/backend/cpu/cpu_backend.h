@@ -27,6 +27,10 @@ class CpuBackend final : public Backend {
   }
   void hold_weight(const Tensor& w) override;
   void release_weight() override;
+  // Where planned (tests: TrainOptions::weights_copy_on_cpu), the weights rounded to bf16 once
+  // per hold into ws_.weights_copy, which the products read as their bf16 B.
+  void hold_weights(const Tensor& weights) override;
+  void release_weights() override { weights_copy_.release(); }
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
 
   MemoryResource& device_memory() override { return host_memory(); }
@@ -143,7 +147,11 @@ class CpuBackend final : public Backend {
     int64_t ld;
     Operand(const float* p, int64_t stride) : data(p), dtype(DType::f32), ld(stride) {}
     Operand(const Tensor& t, int64_t stride) : data(t.data()), dtype(t.dtype()), ld(stride) {}
+    Operand(const void* p, DType type, int64_t stride) : data(p), dtype(type), ld(stride) {}
   };
+  // A linear layer's weight as B: its copy where the weights holding it are held (hold_weights),
+  // unless it is the held weight (hold_weight, with copies of its own); else itself.
+  Operand weight_operand(const Tensor& w, int64_t stride) const;
   // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
   // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
   // read where they lie when the library multiplies bf16). C is float32, or bf16 (`c_type`)
@@ -185,6 +193,7 @@ class CpuBackend final : public Backend {
   static constexpr int kNoCopy = -2, kPlainCopy = -1;
   const float* held_ = nullptr;
   int held_copy_[2] = {kNoCopy, kNoCopy};
+  WeightsCopy weights_copy_;  // the held weights (hold_weights)
 };
 
 // Checks shared by the CPU kernels.

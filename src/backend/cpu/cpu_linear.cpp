@@ -99,6 +99,22 @@ void CpuBackend::hold_weight(const Tensor& w) {
   if (w.numel() <= copy_elements) held_ = w.f32();
 }
 
+void CpuBackend::hold_weights(const Tensor& weights) {
+  release_weights();
+  const Tensor& copy = ws_.weights_copy;
+  if (!bf16_operands_ || copy.empty() || weights.numel() > copy.numel()) return;
+  cast(weights, element_range(copy, 0, weights.numel()));
+  weights_copy_.hold(weights.f32(), weights.numel(), copy);
+}
+
+CpuBackend::Operand CpuBackend::weight_operand(const Tensor& w, int64_t stride) const {
+  const float* p = w.f32();
+  if (p != held_)
+    if (const void* copy = weights_copy_.find(p, w.numel()))
+      return Operand(copy, DType::bf16, stride);
+  return Operand(p, stride);
+}
+
 void CpuBackend::release_weight() {
   held_ = nullptr;
   held_copy_[0] = held_copy_[1] = kNoCopy;
@@ -279,7 +295,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
   }
   const bool out_in = layout == WeightLayout::out_in;
-  matmul(false, out_in, m, n, k, Operand(x, k), Operand(w.f32(), out_in ? k : n), bias_first,
+  matmul(false, out_in, m, n, k, Operand(x, k), weight_operand(w, out_in ? k : n), bias_first,
          y.data(), n, bias_first ? nullptr : bias, y.dtype());
 }
 
@@ -308,9 +324,9 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   if (!dx.empty()) {
     check_same_numel(dx, x, "linear_backward dx");
     if (layout == WeightLayout::out_in)
-      matmul(false, false, m, k, n, gy, Operand(w.f32(), k), accumulate_dx, dx.f32(), k);
+      matmul(false, false, m, k, n, gy, weight_operand(w, k), accumulate_dx, dx.f32(), k);
     else
-      matmul(false, true, m, k, n, gy, Operand(w.f32(), n), accumulate_dx, dx.f32(), k);
+      matmul(false, true, m, k, n, gy, weight_operand(w, n), accumulate_dx, dx.f32(), k);
   }
   if (!dw.empty()) {
     BRISK_CHECK(dw.shape() == w.shape(), "linear_backward: weight gradient shape ",

@@ -64,14 +64,19 @@ class CudaBackend final : public Backend {
   void hold_weight(const Tensor& w) override;
   Tensor hold_padded_weight(const Tensor& w, int64_t rows) override;
   void release_weight() override { held_ = nullptr; }
+  // A 16-bit run's float32 weights cast once per hold into ws_.weights_copy, which the products
+  // read (a bf16 run's weights, once per optimizer step).
+  void hold_weights(const Tensor& weights) override;
+  void release_weights() override { weights_copy_.release(); }
   // bf16 runs keep their saved activations in bf16 only: products, activations and attention
   // read them as they lie, norms and activations write them (no per-product casts).
   bool reads_product_input(DType dtype) const override { return bf16_activations(dtype); }
   // Products writing bf16 outputs, opted into with BRISK_BF16_PRODUCT_OUTPUT=1 (no float32
   // output, no rounding pass; measured slower on GPT-2 on an H200: docs/benchmarks.md).
   // cuBLASLt adds a bias of the output's type, so a bf16 output's bias is cast to bf16 first
-  // (into the tail of its workspace): the same bits where its values are bf16 ones, as the
-  // compute copy's are in a GPU's bf16 run (a float32 master rounded, or none).
+  // (into the tail of its workspace), as autocast rounds it: the same bits as the CPU's sums only
+  // where its values are bf16 ones (a bf16 run keeping a 16-bit compute copy, not one computing
+  // with float32 weights).
   bool stores_product_output(DType dtype) const override {
     return stores_bf16_outputs_ && bf16_activations(dtype);
   }
@@ -243,6 +248,7 @@ class CudaBackend final : public Backend {
   BackendWorkspace ws_;       // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;
   const float* held_ = nullptr;  // the held weight (its copy: ws_.held_weight), or null
+  WeightsCopy weights_copy_;     // the held weights (hold_weights)
   std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
 };
 

@@ -163,7 +163,7 @@ const void* packed(cudaStream_t stream, cuda::In x, int64_t n, DType dtype, cons
 }  // namespace
 
 // A bf16 output's bias, cast to bf16 into the workspace's tail (kBiasCopyBytes): the same sum as
-// the float32 bias where its values are bf16 ones, as a GPU's 16-bit runs' compute copies are.
+// the float32 bias where its values are bf16 ones (a 16-bit compute copy's).
 const void* CudaBackend::bias_operand(const float* bias, int64_t n) {
   BRISK_CHECK(n <= kBiasCopyBytes / 2, "linear_forward: a bias of ", n,
               " values is wider than a bf16 output's bias may be (", kBiasCopyBytes / 2, ")");
@@ -174,10 +174,22 @@ const void* CudaBackend::bias_operand(const float* bias, int64_t n) {
   return tail;
 }
 
+void CudaBackend::hold_weights(const Tensor& weights) {
+  release_weights();
+  const Tensor& copy = ws_.weights_copy;
+  if (matmul_dtype_ == DType::f32 || copy.empty() || copy.dtype() != matmul_dtype_ ||
+      weights.numel() > copy.numel())
+    return;
+  cuda::cast(stream_, on_gpu(weights, "held weights"), DType::f32, copy.data(), matmul_dtype_,
+             weights.numel());
+  weights_copy_.hold(weights.f32(), weights.numel(), copy);
+}
+
 void CudaBackend::hold_weight(const Tensor& w) {
   release_weight();
   const Tensor& copy = ws_.held_weight;
   if (matmul_dtype_ == DType::f32 || copy.empty() || w.numel() > copy.numel()) return;
+  if (weights_copy_.find(w.data(), w.numel())) return;  // its copy is made already
   held_ = on_gpu(w, "held weight");
   cuda::cast(stream_, held_, DType::f32, copy.data(), matmul_dtype_, w.numel());
 }
@@ -203,6 +215,8 @@ const void* CudaBackend::operand(cuda::In x, int64_t n, DType dtype, const Tenso
   BRISK_CHECK(!x.bf16 || dtype == DType::bf16, "internal error: a bf16 operand of a ",
               dtype_name(dtype), " product");
   if (dtype == DType::f32) return x.data;
+  if (!x.bf16)
+    if (const void* copy = weights_copy_.find(x.data, n)) return copy;
   if (held_ && x.data == held_ && !x.bf16 && n <= ws_.held_weight.numel())
     return ws_.held_weight.data();
   return packed(stream_, x, n, dtype, buffer);
