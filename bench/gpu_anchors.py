@@ -11,8 +11,9 @@ steps alone (brisk: the difference of a run of warmup + 10 x steps and one of wa
 start-up, cuDNN's graph builds included, varies by up to a second). "compile" compiles the model
 (torch.compile(model), as Trainer's torch_compile does); the optimizer step stays eager. GPU memory
 is what the process holds on the GPU: brisk's device_memory_used_bytes (its CUDA context and
-arena); for PyTorch, the peak the caching allocator reserved in that row plus the process's
-memory before the first tensor (its CUDA context), as nvidia-smi reads it.
+arena); for PyTorch, the peak the caching allocator reserved in that row plus what nvidia-smi
+reads outside the allocator after the row's steps (its CUDA context and the kernels cuBLAS, cuDNN
+and compiled code loaded; before 2026-11-28 only the context before the first tensor).
 MFU = tokens/s x (6 N + 12 L C T) / peak (bench/gpu_bert.py's count; --peak_tflops, 989 for an
 H100 SXM's dense bf16).
 
@@ -87,7 +88,10 @@ for batch in batches:
         for _ in range(steps): run()
         torch.cuda.synchronize()
         row["samples_per_second"] = steps * batch / (time.perf_counter() - t0)
-        row["gpu_memory"] = torch.cuda.max_memory_reserved() + context
+        # What the process holds outside the caching allocator, read now: its CUDA context and the
+        # kernels cuBLAS, cuDNN and compiled code loaded since the first tensor.
+        outside = max(context, smi_used() - torch.cuda.memory_reserved())
+        row["gpu_memory"] = torch.cuda.max_memory_reserved() + outside
         del net, opt
     except torch.OutOfMemoryError:
         row["error"] = "out of memory"
@@ -131,8 +135,12 @@ args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=batch, 
                          optim="adamw_torch_fused")
 try:
     Trainer(model=net, args=args, train_dataset=DS(), callbacks=[clock]).train()
+    # Outside the caching allocator, read after training: the context and the libraries' kernels.
+    used = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                               "-i", "0"], capture_output=True, text=True).stdout.split()[0]) * 2**20
+    outside = max(context, used - torch.cuda.memory_reserved())
     row = {"samples_per_second": steps * batch / (clock.t1 - clock.t0),
-           "gpu_memory": torch.cuda.max_memory_reserved() + context}
+           "gpu_memory": torch.cuda.max_memory_reserved() + outside}
 except torch.OutOfMemoryError:
     row = {"error": "out of memory"}
 print(json.dumps(dict(row, model=model, batch=batch, system="trainer")), flush=True)
