@@ -90,6 +90,21 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
   EXPECT_EQ(e.eval_metrics["eval_accuracy"], results["eval_accuracy"]);
   EXPECT_FALSE(fs::exists(only.output_dir + "/train_results.json"));
   EXPECT_FALSE(fs::exists(only.output_dir + "/model.safetensors"));
+  // It planned no gradients and no optimizer state (the Trainer allocates neither to evaluate);
+  // resuming a checkpoint's state, or a layout that reads them (ZeRO), still plans both.
+  auto planned = [](const TrainOptions& t, Category c) {
+    return assemble_run(t, Device::cpu, nullptr)->plan.bytes_by_category()[static_cast<int>(c)];
+  };
+  TrainOptions zero = only;
+  zero.zero_stage = 1;
+  TrainOptions resumed = only;
+  resumed.resume_from_checkpoint = s.last_checkpoint;
+  for (Category c : {Category::gradients, Category::optimizer_state}) {
+    EXPECT_EQ(planned(only, c), 0u) << category_name(c);
+    EXPECT_GT(planned(o, c), 0u) << category_name(c);
+    EXPECT_EQ(planned(zero, c), planned(o, c)) << category_name(c);
+    EXPECT_EQ(planned(resumed, c), planned(o, c)) << category_name(c);
+  }
 
   // bf16_full_eval / fp16_full_eval: 16-bit throughout, the same metrics up to its rounding, and
   // the activations planned at 2 bytes.

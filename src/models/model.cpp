@@ -205,7 +205,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
 }
 
 // The flat weights (staged where options ask and it saves memory), the constants, and unless
-// options.weights_only the flat gradients (staged likewise).
+// options.weights_only or not options.gradients the flat gradients (staged likewise).
 void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options) {
   const int64_t n = params_.total_elements();
   const StagedLayout weights = staged_layout(options.weight_slots, false);
@@ -216,7 +216,7 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
                   DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
   declare_constants(plan, shape);
   grad_layout_ = StagedLayout();
-  if (options.weights_only) return;
+  if (options.weights_only || !options.gradients) return;
   const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
   if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
   binder_.declare(

@@ -46,6 +46,8 @@ struct PlanOptions {
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
+  // A run that only evaluates or predicts: no gradient buffer (its forward passes compute none).
+  bool gradients = true;
   // Staged gradients: gradient_slots (1 or 2) > 0 stages the gradients: the gradient buffer holds
   // the slots of that many blocks, which the blocks' gradients use in turn (block b in slot b mod
   // slots), and over the same space the head's and the embeddings' gradients (a tied head's

@@ -85,7 +85,7 @@ DataParallel::DataParallel(Backend& be, Communicator& comm, Model& model, MixedP
       optimizer_(optimizer),
       b_(buffers),
       host_(buffers.offload ? make_backend(kHostDevice) : nullptr) {
-  optimizer_.reset(host_ ? *host_ : be_);
+  if (o.training) optimizer_.reset(host_ ? *host_ : be_);  // else it never steps
   if (!b_.weight_shard.empty()) {
     weights_.emplace(be_, comm_, model_, b_.shards, comm_.rank(), b_.weight_shard);
     model_.set_weight_slots(&*weights_);

@@ -126,6 +126,14 @@ bool computes_with_float32_weights(const TrainOptions& o, const DeviceTraits& tr
   return 2.0 <= master_bytes;
 }
 
+// Whether the run plans gradients and optimizer state. One that only evaluates or predicts needs
+// neither, where its layout never reads them (data parallelism without ZeRO) and no checkpoint's
+// optimizer state is loaded into it.
+bool plans_training_state(const TrainOptions& o) {
+  if (o.do_train || !o.resume_from_checkpoint.empty()) return true;
+  return o.zero_stage > 0 || o.tp_size > 1 || o.pp_size > 1 || o.ep_size > 1 || o.sp_size > 1;
+}
+
 // The precision policy, the optimizer, and where the optimizer's state lies; `replicas`: the
 // ranks ZeRO partitions over.
 void assemble_precision(RunAssembly& r, int replicas) {
@@ -244,6 +252,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
+  model_options.gradients = plans_training_state(o);
   const ParallelPlanOptions layout_options{replica, ranks * sp / ep, o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
@@ -255,7 +264,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       zero ? r.parallel.shards[static_cast<size_t>(replica)].elements : ElementRange{0, -1});
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
-  r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());
+  if (model_options.gradients)
+    r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());
   plan_offload_buffers(*r.model, *r.precision, r.parallel, r.plan, r.binder);
   r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
