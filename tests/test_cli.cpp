@@ -152,6 +152,16 @@ TEST(Cli, EstimateOfATextFileRunShowsItsRowLength) {
       " --max_seq_length 24 --per_device_train_batch_size 2 --output_dir " + (dir / "out"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("batch 2 x 24, fp32"), std::string::npos) << r.out;
+  // A run that only evaluates: its evaluation batch, and no optimizer.
+  std::ofstream(dir / "validation.csv") << "sentence,label\ngood film,1\nbad film,0\n";
+  const CliRun e =
+      run_brisk("estimate --model " + (dir / "config.json") + " --tokenizer_name " +
+                fixture("tokenizer/wordpiece") + " --validation_file " + (dir / "validation.csv") +
+                " --do_train false --do_eval --max_seq_length 24 --per_device_eval_batch_size 3 "
+                "--output_dir " +
+                (dir / "out"));
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_NE(e.out.find("batch 3 x 24, fp32, evaluation only"), std::string::npos) << e.out;
 }
 
 // The optimizer-state line of `brisk estimate`, in MiB.

@@ -105,6 +105,14 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
     EXPECT_EQ(planned(zero, c), planned(o, c)) << category_name(c);
     EXPECT_EQ(planned(resumed, c), planned(o, c)) << category_name(c);
   }
+  // Fewer rows than one evaluation batch: one partial batch, the same metrics.
+  TrainOptions wide = only;
+  wide.output_dir = dir / "eval_wide";
+  wide.per_device_eval_batch_size = 64;
+  TrainSummary w;
+  train_logging(wide, &w);
+  EXPECT_NEAR(w.eval_metrics["eval_loss"].get<double>(), results["eval_loss"].get<double>(), 1e-5);
+  EXPECT_EQ(w.eval_metrics["eval_samples"], 60);
 
   // bf16_full_eval / fp16_full_eval: 16-bit throughout, the same metrics up to its rounding, and
   // the activations planned at 2 bytes.

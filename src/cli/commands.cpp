@@ -396,7 +396,7 @@ void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device d
               o.tp_size > 1   ? " on each tensor rank"
               : o.ep_size > 1 ? " on each expert rank"
                               : "",
-              static_cast<long long>(o.per_device_train_batch_size),
+              static_cast<long long>(r.model->planned_shape().batch),  // the eval batch's, ...
               static_cast<long long>(r.options.seq_len),  // a text file's max_seq_length, ...
               o.gradient_checkpointing ? ", gradient checkpointing"
               : o.selective_recompute  ? ", selective recomputation"
@@ -407,7 +407,8 @@ void print_estimate_header(const TrainOptions& o, const RunAssembly& r, Device d
               precision.float32_weights()                      ? " with float32 weights"
               : precision.enabled() && !precision.has_master() ? " without master weights"
                                                                : "",
-              r.optimizer->name().c_str(), device == Device::cuda ? "cuda" : "cpu");
+              o.do_train ? r.optimizer->name().c_str() : "evaluation only",
+              device == Device::cuda ? "cuda" : "cpu");
 }
 
 // A mixture of experts: the routed experts' parameters and their part of the planned weights,

@@ -239,6 +239,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
   loading.rank = rank;
   loading.ranks = ranks;
+  loading.trains = o.do_train;
   // Sequence parallelism splits every batch's length: Ulysses' ranks, and within each Megatron's.
   loading.length_multiple = std::max<int64_t>(o.sp_size, 1) *
                             (o.tp_sequence_parallel ? std::max<int64_t>(o.tp_size, 1) : 1);
