@@ -172,6 +172,20 @@ TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
                "linear output");
 }
 
+// Products that read a held copy: the same bits after `change` breaks the caller's promise (to
+// see which copy they read), other bits after `release`, the same again after `restore`.
+void expect_read_until_released(const std::function<FVec()>& products, const FVec& unheld,
+                                const std::function<void()>& change,
+                                const std::function<void()>& release,
+                                const std::function<void()>& restore) {
+  change();
+  EXPECT_EQ(products(), unheld);
+  release();
+  EXPECT_NE(products(), unheld);
+  restore();
+  EXPECT_EQ(products(), unheld);
+}
+
 // A held weight (Backend::hold_weight) is cast once into its planned copy: the products that read
 // it give the same bits as unheld ones, read that copy until release_weight (a weight changed
 // meanwhile is not seen), and the weight itself after it.
@@ -198,12 +212,9 @@ TEST(CudaOps, AHeldWeightIsCastOnceAndReadUntilReleased) {
   const FVec unheld = products();
   gpu->hold_weight(wt);
   EXPECT_EQ(products(), unheld);
-  d.set(wt, changed);  // breaks the caller's promise, to see which copy the products read
-  EXPECT_EQ(products(), unheld);
-  gpu->release_weight();
-  EXPECT_NE(products(), unheld);
-  d.set(wt, w);
-  EXPECT_EQ(products(), unheld);
+  expect_read_until_released(
+      products, unheld, [&] { d.set(wt, changed); }, [&] { gpu->release_weight(); },
+      [&] { d.set(wt, w); });
 }
 
 // Held weights (Backend::hold_weights: a bf16 run's whole float32 weights, once per optimizer step)
@@ -242,12 +253,9 @@ TEST(CudaOps, HeldWeightsAreCastOnceAndReadUntilReleased) {
   gpu->hold_weight(wt);  // inside the held weights: read from their copy
   EXPECT_EQ(products(), unheld);
   gpu->release_weight();
-  d.set(flat, changed);  // breaks the caller's promise, to see which copy the products read
-  EXPECT_EQ(products(), unheld);
-  gpu->release_weights();
-  EXPECT_NE(products(), unheld);
-  d.set(flat, w);
-  EXPECT_EQ(products(), unheld);
+  expect_read_until_released(
+      products, unheld, [&] { d.set(flat, changed); }, [&] { gpu->release_weights(); },
+      [&] { d.set(flat, w); });
 }
 
 // A weight held padded with zero rows (hold_padded_weight, the LM head's on a GPU): the products
