@@ -105,6 +105,18 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
     EXPECT_EQ(planned(zero, c), planned(o, c)) << category_name(c);
     EXPECT_EQ(planned(resumed, c), planned(o, c)) << category_name(c);
   }
+  // fp16: no master copy either, the weights rounded once; the metrics up to that rounding.
+  TrainOptions fp16 = only;
+  fp16.fp16 = true;
+  fp16.output_dir = dir / "eval_fp16_weights";
+  TrainOptions fp16_training = o;
+  fp16_training.fp16 = true;
+  EXPECT_EQ(planned(fp16, Category::master_weights), 0u);
+  EXPECT_GT(planned(fp16_training, Category::master_weights), 0u);
+  TrainSummary h;
+  train_logging(fp16, &h);
+  EXPECT_NEAR(h.eval_metrics["eval_loss"].get<double>(), results["eval_loss"].get<double>(),
+              0.02 * results["eval_loss"].get<double>());
   // Fewer rows than one evaluation batch: one partial batch, the same metrics.
   TrainOptions wide = only;
   wide.output_dir = dir / "eval_wide";

@@ -151,8 +151,11 @@ void assemble_precision(RunAssembly& r, int replicas) {
                         : o.fp16 || (eval_only && o.fp16_full_eval) ? DType::f16
                                                                     : DType::f32;
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
+  // A run that plans no training state keeps no master copy either: fp16's weights are rounded
+  // once, as an update would round them (bf16 computes with float32 weights there).
+  const bool no_master = full_eval || (compute == DType::f16 && !plans_training_state(o));
   r.precision =
-      full_eval ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+      no_master ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
                 : std::make_unique<MixedPrecision>(
                       compute, o.bf16_master_weights, LossScalerOptions{},
                       MixedPrecision::float32_weights_on(
