@@ -257,6 +257,12 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(o);
+  if (!model_options.gradients) {
+    // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
+    // checkpointing lays them out (the same forward, bit for bit).
+    model_options.gradient_checkpointing = true;
+    model_options.selective_recompute = false;
+  }
   const ParallelPlanOptions layout_options{replica, ranks * sp / ep, o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
