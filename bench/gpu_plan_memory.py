@@ -6,7 +6,10 @@ context brisk assumes (what "GPU memory occupied" should read), for this build a
 $BRISK_BASE_BIN names another, that build, beside the GPU memory transformers' Trainer held in
 the same rows when last measured (H100, 2026-11-26: docs/benchmarks.md, "With the Trainer").
 
-    python bench/gpu_plan_memory.py [--json rows.json]
+    python bench/gpu_plan_memory.py [--json rows.json] [--eval]
+
+--eval plans runs that only evaluate (--do_train false --do_eval, the batch as the evaluation
+batch); the Trainer's column then stays empty (not measured).
 """
 import argparse
 import json
@@ -24,10 +27,12 @@ TRAINER_H100_GIB = {("bert", 4): 7.20, ("bert", 16): 13.34, ("bert", 32): 21.53,
                     ("gpt2", 8): 14.55, ("gpt2", 16): 24.49, ("gpt2", 32): 47.77}
 
 
-def planned(binary, cfg, model, batch, tmp):
+def planned(binary, cfg, model, batch, tmp, evaluates):
     out = os.path.join(tmp, "estimate.json")
     cmd = [binary, "estimate", "--device", "cuda", "--model", cfg, "--seq_len", str(SEQ[model]),
            "--per_device_train_batch_size", str(batch), "--bf16", "true", "--output_json", out]
+    if evaluates:
+        cmd += ["--do_train", "false", "--do_eval", "--per_device_eval_batch_size", str(batch)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"{binary}: {(p.stderr or p.stdout).strip()}")
@@ -41,6 +46,7 @@ def planned(binary, cfg, model, batch, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="", help="also write the rows to this file")
+    ap.add_argument("--eval", action="store_true", help="runs that only evaluate")
     a = ap.parse_args()
     base = os.environ.get("BRISK_BASE_BIN", "")
     rows = []
@@ -49,10 +55,10 @@ def main():
             cfg = write_config(os.path.join(tmp, model), config)
             for batch in BATCHES[model]:
                 row = {"model": model, "batch": batch,
-                       "brisk": planned(BRISK, cfg, model, batch, tmp),
-                       "trainer_gib": TRAINER_H100_GIB.get((model, batch))}
+                       "brisk": planned(BRISK, cfg, model, batch, tmp, a.eval),
+                       "trainer_gib": None if a.eval else TRAINER_H100_GIB.get((model, batch))}
                 if base:
-                    row["base"] = planned(base, cfg, model, batch, tmp)
+                    row["base"] = planned(base, cfg, model, batch, tmp, a.eval)
                 rows.append(row)
     head = "| model | batch | brisk GiB (weights, master) |"
     head += " base GiB (weights, master) |" if base else ""
