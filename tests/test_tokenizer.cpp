@@ -6,6 +6,7 @@
 // library); single texts, texts without special tokens, truncated pairs with their token
 // types, decoding.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -47,6 +48,24 @@ void expect_like_the_library(const std::string& name, const std::string& path) {
     EXPECT_EQ(t->decode(want["single"][i].get<std::vector<int32_t>>()),
               want["decoded"][i].get<std::string>())
         << "line " << i;
+}
+
+// A folder holds a tokenizer where it holds a file load() reads one from; a file path, a missing
+// folder or a folder with none of them does not.
+TEST(Tokenizer, AFolderHoldsOneWhereLoadFindsAFile) {
+  for (const char* name : {"wordpiece", "bpe", "sentencepiece_bpe"})
+    EXPECT_TRUE(Tokenizer::in_folder(fixture(std::string("tokenizer/") + name))) << name;
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("brisk_tokenizer_folder_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_FALSE(Tokenizer::in_folder(dir.string()));
+  EXPECT_FALSE(Tokenizer::in_folder((dir / "missing").string()));
+  EXPECT_FALSE(Tokenizer::in_folder(fixture("tokenizer/wordpiece/vocab.txt")));
+  std::ofstream(dir / "vocab.txt") << "[PAD]\n";
+  EXPECT_TRUE(Tokenizer::in_folder(dir.string()));
+  fs::remove_all(dir);
 }
 
 TEST(Tokenizer, WordPieceEqualsTheLibrary) {

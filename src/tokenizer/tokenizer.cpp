@@ -484,6 +484,14 @@ struct TokenizerLoader {
   }
 };
 
+bool Tokenizer::in_folder(const std::string& folder) {
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return false;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json"})
+    if (fs::exists(fs::path(folder) / name, ec)) return true;
+  return false;
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   auto t = std::make_unique<Tokenizer>();
   t->origin_ = path;

@@ -56,6 +56,8 @@ class Tokenizer final : public TextEncoder {
   // A folder (tokenizer.json, tokenizer.model, vocab.txt, or vocab.json + merges.txt) or one of
   // those files.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
+  // Whether `folder` is a folder holding a file load() reads a tokenizer from.
+  static bool in_folder(const std::string& folder);
 
   // The ids of `text` without special tokens added (added tokens in the text are still matched).
   std::vector<int32_t> tokenize(std::string_view text) const;

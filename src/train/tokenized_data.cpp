@@ -2,7 +2,6 @@
 #include "train/tokenized_data.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -14,19 +13,12 @@
 namespace brisk {
 
 namespace {
-namespace fs = std::filesystem;
 
 // The tokenizer to save with the model: tokenizer_name, or the model folder's when it has one.
 void load_tokenizer(const TrainOptions& o, FileData& d) {
-  std::error_code ec;
-  const bool folder = fs::is_directory(o.model_name_or_path, ec);
-  const bool has_own = folder && (fs::exists(fs::path(o.model_name_or_path) / "tokenizer.json") ||
-                                  fs::exists(fs::path(o.model_name_or_path) / "vocab.txt") ||
-                                  fs::exists(fs::path(o.model_name_or_path) / "vocab.json") ||
-                                  fs::exists(fs::path(o.model_name_or_path) / "tokenizer.model"));
-  d.tokenizer_path = !o.tokenizer_name.empty() ? o.tokenizer_name
-                     : has_own                 ? o.model_name_or_path
-                                               : std::string();
+  d.tokenizer_path = !o.tokenizer_name.empty()                    ? o.tokenizer_name
+                     : Tokenizer::in_folder(o.model_name_or_path) ? o.model_name_or_path
+                                                                  : std::string();
   if (!d.tokenizer_path.empty()) d.tokenizer = Tokenizer::load(d.tokenizer_path);
 }
 
