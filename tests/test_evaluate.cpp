@@ -400,6 +400,16 @@ TEST(Evaluate, RunGlueOnACsvFile) {
   train_logging(again, &e);
   EXPECT_NEAR(e.eval_metrics["eval_loss"].get<double>(), s.eval_metrics["eval_loss"].get<double>(),
               1e-5);
+  // Fewer rows than one evaluation batch (8): one partial batch, as the Trainer evaluates them
+  // (a run that does not train has no training loader to refuse them).
+  write_csv("two.csv", 2, 4, true);
+  TrainOptions two = again;
+  two.validation_file = dir / "two.csv";
+  two.output_dir = dir / "two";
+  TrainSummary t;
+  train_logging(two, &t);
+  EXPECT_EQ(t.eval_metrics["eval_samples"], 2);
+  EXPECT_TRUE(std::isfinite(t.eval_metrics["eval_loss"].get<double>())) << t.eval_metrics.dump();
   // Bad data ends with a message naming the file and line.
   std::ofstream(dir / "bad.csv") << "sentence,label\n\"unclosed,positive\n";
   o.validation_file = dir / "bad.csv";

@@ -78,8 +78,8 @@ DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed,
     : data_(data), layout_(layout), seed_(seed), options_(options) {
   BRISK_CHECK(options.ranks >= 1 && options.rank >= 0 && options.rank < options.ranks,
               "the loader of rank ", options.rank, " of ", options.ranks, " ranks");
-  BRISK_CHECK(!options.trains || data.size() / options.ranks >= layout.batch, "the dataset of ",
-              data.size(), " samples is smaller than one batch of ", layout.batch,
+  BRISK_CHECK(data.size() / options.ranks >= layout.batch, "the dataset of ", data.size(),
+              " samples is smaller than one batch of ", layout.batch,
               options.ranks > 1 ? " on each of " + std::to_string(options.ranks) + " ranks" : "");
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
               " tokens do not fit the planned sequence length ", layout.seq);

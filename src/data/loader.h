@@ -32,9 +32,6 @@ struct LoaderOptions {
   int rank = 0, ranks = 1;
   // Dynamic padding's lengths are multiples of this too (sequence parallelism splits them).
   int64_t length_multiple = 1;
-  // Whether training takes batches from it: a run that only evaluates or predicts plans the
-  // loader's buffers but draws nothing, so its data may hold less than one batch.
-  bool trains = true;
 };
 
 // A micro-batch handed to the model: its real rows and the sequence length it was padded to.

@@ -242,11 +242,11 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
   loading.rank = rank;
   loading.ranks = ranks;
-  loading.trains = o.do_train;
   // Sequence parallelism splits every batch's length: Ulysses' ranks, and within each Megatron's.
   loading.length_multiple = std::max<int64_t>(o.sp_size, 1) *
                             (o.tp_sequence_parallel ? std::max<int64_t>(o.tp_size, 1) : 1);
-  r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
+  // Training's batches; a run that does not train has none (the evaluator loads its own).
+  if (o.do_train) r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
   // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
   // sp_size sequence ranks.
   const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
@@ -277,7 +277,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   if (model_options.gradients)
     r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());
   plan_offload_buffers(*r.model, *r.precision, r.parallel, r.plan, r.binder);
-  r.loader->plan(r.plan, r.binder);
+  if (r.loader) r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
     r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);
   r.plan.finalize();

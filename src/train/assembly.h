@@ -41,7 +41,7 @@ struct RunAssembly {
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> owned_data;
   const Dataset* data = nullptr;
-  std::unique_ptr<DataLoader> loader;
+  std::unique_ptr<DataLoader> loader;  // training's batches: none in a run that does not train
   // Evaluation (--do_eval, --eval_strategy) and prediction (--do_predict) data, when asked for.
   FileData files;  // --train_file and friends: the tokenizer and the datasets read from them
   std::unique_ptr<Dataset> owned_eval, owned_test;

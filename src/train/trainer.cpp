@@ -701,7 +701,7 @@ void train_steps(RunContext& c) {
   c.peaks.enter(PeakPhases::steps);
   const auto start = std::chrono::steady_clock::now();
   const BestModel best(o);
-  while (o.do_train && state.global_step < bounds.total_steps) {
+  while (state.global_step < bounds.total_steps) {
     const int64_t micro_steps =
         std::min(o.gradient_accumulation_steps,
                  bounds.micro_per_epoch - micro_batch % bounds.micro_per_epoch);
@@ -951,7 +951,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   Communicator* sequence_ranks = o.sp_size > 1 ? &mesh->group(MeshDim::sequence) : nullptr;
   RunContext c{o, dist,  data, sequence_ranks, *be,   *run, *parallel, state,
                s, peaks, log,  faults,         events};
-  train_steps(c);
+  if (o.do_train) train_steps(c);
   s.parallel = parallel->statistics();
   if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());
   if (experts.exchange)
