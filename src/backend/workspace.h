@@ -61,7 +61,6 @@ class WeightsCopy {
     copy_ = copy;
   }
   void release() { base_ = nullptr; }
-  bool held() const { return base_ != nullptr; }
   // The copy of the n float32 values at x, or null where they do not all lie in the held weights.
   const void* find(const void* x, int64_t n) const;
 
