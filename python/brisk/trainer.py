@@ -7,12 +7,10 @@ save_model() then read.
 """
 
 import collections
-import csv
 import json
 import os
 import shutil
 
-import numpy as np
 
 from . import _brisk
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
@@ -84,8 +82,7 @@ class Trainer:
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
         try:
-            summary, _ = self._run(options, tokenized,
-                                   self._labels(files["validation_file"], tokenized, "eval"))
+            summary, _ = self._run(options, tokenized)
         except KeyboardInterrupt:  # the run ended after a step, its model and state saved
             self._model = self.args.output_dir
             self._read_state()
@@ -106,8 +103,7 @@ class Trainer:
             raise ValueError("metric_key_prefix: brisk names evaluation metrics eval_*")
         files, tokenized = self._data(eval=data)
         options = self._options(do_train=False, do_eval=True, do_predict=False, **files)
-        summary, _ = self._run(options, tokenized,
-                               self._labels(files["validation_file"], tokenized, "eval"))
+        summary, _ = self._run(options, tokenized)
         metrics = summary["eval_metrics"]
         if self.state.epoch:  # the run evaluated the model of that epoch, which it did not train
             metrics["epoch"] = self.state.epoch
@@ -121,9 +117,8 @@ class Trainer:
         them; predict_results.txt in output_dir holds the predicted labels by name."""
         files, tokenized = self._data(test=test_dataset)
         options = self._options(do_train=False, do_eval=False, do_predict=True, **files)
-        summary, logits = self._run(options, tokenized)
-        return PredictionOutput(logits, self._labels(files["test_file"], tokenized, "test"),
-                                summary["predict_metrics"])
+        summary, (logits, label_ids) = self._run(options, tokenized)
+        return PredictionOutput(logits, label_ids, summary["predict_metrics"])
 
     def save_model(self, output_dir=None):
         """Writes the model folder (config, weights, tokenizer files) into output_dir (default:
@@ -210,7 +205,8 @@ class Trainer:
             options.update(eval_strategy="no", load_best_model_at_end=False)
         return options
 
-    def _run(self, options, tokenized=None, eval_labels=None):
+    def _run(self, options, tokenized=None):
+        """One engine run: its summary and the prediction set's (logits, label_ids)."""
         def on_log(text):
             record = json.loads(text)
             if not options["do_train"] and "epoch" in record and self.state.epoch:
@@ -246,25 +242,26 @@ class Trainer:
 
         progress = _Progress.open(self.args, options)
         try:
-            text, logits = _brisk.train(json.dumps(options), tokenized, on_log, on_save,
-                                        on_epoch_end, on_step_end,
-                                        self._evaluation_metrics(eval_labels))
-            result = json.loads(text), logits
+            text, logits, label_ids = _brisk.train(json.dumps(options), tokenized, on_log,
+                                                   on_save, on_epoch_end, on_step_end,
+                                                   self._evaluation_metrics())
+            result = json.loads(text), (logits, label_ids)
         finally:
             if progress is not None:
                 progress.close()
-        summary, logits = result
+        summary, predicted = result
         self.memory = summary.get("memory", self.memory)
-        return summary, logits
+        return summary, predicted
 
-    def _evaluation_metrics(self, labels):
-        """compute_metrics as the engine calls it after each evaluation: the rows' logits in,
-        its metrics (prefixed eval_) out as JSON; None without compute_metrics."""
+    def _evaluation_metrics(self):
+        """compute_metrics as the engine calls it after each evaluation: the rows' logits and
+        their labels as the engine read them in, its metrics (prefixed eval_) out as JSON; None
+        without compute_metrics."""
         if self.compute_metrics is None:
             return None
 
-        def metrics(logits):
-            computed = self.compute_metrics(EvalPrediction(logits, labels)) or {}
+        def metrics(logits, label_ids):
+            computed = self.compute_metrics(EvalPrediction(logits, label_ids)) or {}
             return json.dumps({(k if k.startswith("eval_") else "eval_" + k):
                                (v.item() if hasattr(v, "item") else v)
                                for k, v in computed.items()})
@@ -276,21 +273,6 @@ class Trainer:
             with open(path, encoding="utf-8") as f:
                 self.state.update(json.load(f))
 
-    def _config(self):
-        path = self._model if self._model.endswith(".json") else os.path.join(self._model,
-                                                                                "config.json")
-        if not os.path.isfile(path):
-            return {}
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-
-    def _labels(self, path, tokenized, role):
-        """The labels of the run's set for `role` (None where it has none)."""
-        if tokenized is not None:
-            split = tokenized.get(role, {})
-            return split.get("labels", split.get("values"))
-        return _labels_of(path, self._config()) if path else None
-
 
 def _path_of(value, what):
     if isinstance(value, (str, os.PathLike)):
@@ -300,37 +282,6 @@ def _path_of(value, what):
         return name
     raise TypeError("%s: give a folder, a file or a built-in name, not %s"
                     % (what, type(value).__name__))
-
-
-def _labels_of(path, config):
-    """The label column of a data file (JSON Lines, CSV, TSV) as class ids where the config names
-    them (else as the file holds them); None without one."""
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8", newline="") as f:
-        if path.endswith((".json", ".jsonl")):
-            values = [json.loads(line).get("label") for line in f if line.strip()]
-        elif path.endswith((".csv", ".tsv")):
-            rows = csv.DictReader(f, delimiter="\t" if path.endswith(".tsv") else ",")
-            values = [_cell(row.get("label")) for row in rows]
-        else:
-            return None
-    if not values or any(v is None for v in values):
-        return None
-    label2id = config.get("label2id") or {}
-    return np.asarray([label2id.get(v, v) if isinstance(v, str) else v for v in values])
-
-
-def _cell(text):
-    """A CSV cell as run_glue's labels read it: a whole number, a real number, else text."""
-    if text is None:
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 class _Progress:

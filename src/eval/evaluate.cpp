@@ -73,12 +73,18 @@ void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTa
     Prediction p{first + r, 0, z[r * L], {z + r * L, static_cast<size_t>(L)}};
     if (c.regression) {
       const float y = c.model.batch().label_values.f32()[r];
-      if (!no_label_value(y)) t.numbers.add(y, p.value);
+      if (!no_label_value(y)) {
+        t.numbers.add(y, p.value);
+        p.target = y;
+      }
     } else {
       for (int64_t k = 1; k < L; ++k)  // the first of equal maxima, as argmax
         if (z[r * L + k] > z[r * L + p.label]) p.label = k;
       const int32_t y = c.model.batch().labels.i32()[r];
-      if (y != kIgnoreIndex) t.scores.add(y, p.label);
+      if (y != kIgnoreIndex) {
+        t.scores.add(y, p.label);
+        p.target = static_cast<float>(y);
+      }
     }
     if (c.on_prediction && !c.gathers()) c.on_prediction(p);
     if (c.on_prediction && c.gathers()) t.predicted.push_back({p.index, p.label, p.value, {}});

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -28,6 +29,9 @@ struct Prediction {
   int64_t label = 0;
   float value = 0;
   std::span<const float> logits;
+  // The row's own label (a class id, or a regression value); NaN where it has none. Handed on
+  // in one process only, as the logits.
+  float target = std::numeric_limits<float>::quiet_NaN();
 };
 
 class Evaluator {

@@ -7,6 +7,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -90,14 +93,30 @@ std::optional<brisk::TokenizedInput> tokenized_of(const std::optional<nb::dict>&
   return in;
 }
 
-// Logits as a NumPy array [rows, labels] owning them (None without).
-nb::object logits_array(std::vector<float>&& logits, int64_t rows) {
-  if (rows <= 0 || logits.empty() || logits.size() % static_cast<size_t>(rows) != 0)
-    return nb::none();
-  auto* held = new std::vector<float>(std::move(logits));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  const size_t shape[2] = {static_cast<size_t>(rows), held->size() / static_cast<size_t>(rows)};
-  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(held->data(), 2, shape, owner));
+// `values` as a NumPy array of `shape` owning them.
+template <typename T>
+nb::object owned_array(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+  auto* held = new std::vector<T>(std::move(values));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, T>(held->data(), shape.size(), shape.begin(), owner));
+}
+
+// An evaluated set's rows as NumPy arrays: the logits [rows, labels], and the rows' own labels
+// as Trainer's label_ids (int64 class ids, -100 where a row has none, or float32 regression
+// values; None where no row has one). (None, None) without rows.
+nb::tuple rows_arrays(brisk::EvaluatedRows&& r) {
+  if (r.rows <= 0 || r.logits.empty() || r.logits.size() % static_cast<size_t>(r.rows) != 0)
+    return nb::make_tuple(nb::none(), nb::none());
+  const auto rows = static_cast<size_t>(r.rows), width = r.logits.size() / rows;
+  nb::object logits = owned_array(std::move(r.logits), {rows, width});
+  const bool any =
+      std::any_of(r.targets.begin(), r.targets.end(), [](float t) { return !std::isnan(t); });
+  if (!any || r.targets.size() != rows) return nb::make_tuple(logits, nb::none());
+  if (r.regression) return nb::make_tuple(logits, owned_array(std::move(r.targets), {rows}));
+  std::vector<int64_t> ids(rows);
+  std::transform(r.targets.begin(), r.targets.end(), ids.begin(),
+                 [](float t) { return std::isnan(t) ? int64_t{-100} : static_cast<int64_t>(t); });
+  return nb::make_tuple(logits, owned_array(std::move(ids), {rows}));
 }
 
 // Calls into Python from the engine's thread, holding the interpreter while they run. An
@@ -118,13 +137,14 @@ class PythonEvents {
   }
   brisk::StepEvents step_events() {
     brisk::StepEvents e;
-    e.keep_prediction_logits = true;  // predict() returns them
+    e.keep_predictions = true;  // predict() returns them
     if (!evaluation_metrics_.is_none())
-      e.evaluation_metrics = [this](std::vector<float>&& logits, int64_t rows) {
+      e.evaluation_metrics = [this](brisk::EvaluatedRows&& rows) {
         nlohmann::json metrics = nlohmann::json::object();
         call([&] {
-          nb::object array = logits_array(std::move(logits), rows);
-          metrics = nlohmann::json::parse(nb::cast<std::string>(evaluation_metrics_(array)));
+          const nb::tuple arrays = rows_arrays(std::move(rows));
+          metrics = nlohmann::json::parse(
+              nb::cast<std::string>(evaluation_metrics_(arrays[0], arrays[1])));
         });
         return metrics;
       };
@@ -160,12 +180,12 @@ class PythonEvents {
   }
 
   nb::callable on_log_, on_save_, on_epoch_end_, on_step_end_;
-  nb::object evaluation_metrics_;  // a callable taking the logits, returning JSON; or None
+  nb::object evaluation_metrics_;  // a callable of logits and label_ids returning JSON; or None
   std::optional<nb::python_error> interrupt_;
 };
 
 // Runs `brisk train` on the options (JSON); returns the summary (train_results.json's keys, with
-// eval_metrics and predict_metrics) and the prediction set's logits (or None).
+// eval_metrics and predict_metrics), the prediction set's logits and its label_ids (or None).
 nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenized,
                 nb::callable on_log, nb::callable on_save, nb::callable on_epoch_end,
                 nb::callable on_step_end, nb::object evaluation_metrics) {
@@ -189,7 +209,8 @@ nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenize
   j["predict_metrics"] = s.predict_metrics;
   j["last_checkpoint"] = s.last_checkpoint;
   j["best_model_checkpoint"] = s.best_model_checkpoint;
-  return nb::make_tuple(j.dump(), logits_array(std::move(s.predict_logits), s.predict_rows));
+  const nb::tuple predicted = rows_arrays(std::move(s.predicted));
+  return nb::make_tuple(j.dump(), predicted[0], predicted[1]);
 }
 
 // `brisk estimate --output_json`'s JSON of the options' run (the plan is printed too).

@@ -395,16 +395,17 @@ void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& ar
 // --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
 // names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
 // The data replicas of `comm` predict their shares; `lead` writes the file. In a run of one
-// process the rows' logits go into *logits, row after row, when it is given.
+// process the rows go into *rows when it is given.
 nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
                                  const LogSink& on_log, Communicator& comm, bool lead,
-                                 StagedForward* staged, std::vector<float>* logits) {
+                                 StagedForward* staged, EvaluatedRows* rows) {
   const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
   std::string out = "index\tprediction\n";
+  if (rows) rows->regression = run.config.regression;
   nlohmann::json metrics = run.evaluator.run(
       be, *run.model, *run.test_data, "predict",
       [&](const Prediction& p) {
-        if (logits) logits->insert(logits->end(), p.logits.begin(), p.logits.end());
+        if (rows) rows->add(p);
         out += std::to_string(p.index) + "\t";
         if (run.config.regression) {
           char number[64];
@@ -652,14 +653,14 @@ void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
 // (one process).
 nlohmann::json evaluate_eval_set(RunContext& c) {
   const auto& extra = c.events.evaluation_metrics;
-  const bool logits = extra && c.dist.size() == 1;
-  std::vector<float> z;
+  const bool collects = extra && c.dist.size() == 1;
+  EvaluatedRows rows;
+  rows.regression = c.run.config.regression;
   std::function<void(const Prediction&)> collect;
-  if (logits)
-    collect = [&](const Prediction& p) { z.insert(z.end(), p.logits.begin(), p.logits.end()); };
+  if (collects) collect = [&](const Prediction& p) { rows.add(p); };
   nlohmann::json m = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", collect,
                                          &c.data, c.parallel.staged_forward(), c.sequence);
-  if (logits && !z.empty()) m.update(extra(std::move(z), c.run.eval_data->size()));
+  if (rows.rows > 0) m.update(extra(std::move(rows)));
   return m;
 }
 
@@ -807,8 +808,7 @@ void evaluate_and_write(RunContext& c, const Arena& arena) {
     };
     s.predict_metrics =
         write_predictions(c.be, c.run, o, report, c.data, c.lead(), c.parallel.staged_forward(),
-                          c.events.keep_prediction_logits ? &s.predict_logits : nullptr);
-    s.predict_rows = c.run.test_data->size();
+                          c.events.keep_predictions ? &s.predicted : nullptr);
   }
   c.peaks.enter(PeakPhases::done);
   summarize_memory(c.be, c.run.plan, arena, c.peaks, s);

@@ -13,6 +13,7 @@
 
 #include "core/memory_plan.h"
 #include "data/dataset.h"
+#include "eval/evaluate.h"
 #include "train/options.h"
 #include "train/tokenized_data.h"
 
@@ -31,6 +32,19 @@ struct MemoryReport {
   // allocated (the CUDA context and libraries) and at the end; -1 when not known (the CPU).
   int64_t device_memory_before_arena = -1;
   int64_t device_memory_used = -1;
+};
+
+// A classifier's evaluated or predicted rows, in row order (one process): their logits, row after
+// row, and their own labels (class ids, or regression values; NaN where a row has none).
+struct EvaluatedRows {
+  std::vector<float> logits, targets;
+  int64_t rows = 0;
+  bool regression = false;
+  void add(const Prediction& p) {
+    logits.insert(logits.end(), p.logits.begin(), p.logits.end());
+    targets.push_back(p.target);
+    ++rows;
+  }
 };
 
 struct TrainSummary {
@@ -55,9 +69,8 @@ struct TrainSummary {
   MemoryReport memory;
   nlohmann::json eval_metrics;     // --do_eval: the final evaluation (eval_results.json)
   nlohmann::json predict_metrics;  // --do_predict: the test data's metrics
-  // and its rows' logits, row after row, where StepEvents::keep_prediction_logits asks
-  std::vector<float> predict_logits;
-  int64_t predict_rows = 0;
+  // and its rows, where StepEvents::keep_predictions asks
+  EvaluatedRows predicted;
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
 
@@ -88,11 +101,11 @@ struct StepEvents {
   // process only.
   std::function<bool(int64_t global_step, int64_t max_steps)> on_step_end;
   // After each evaluation of a classifier (during training and the last), in a run of one
-  // process: the rows' logits, row after row; returns metrics (a JSON object) that join the
-  // evaluation's before it is logged, saved or compared (metric_for_best_model may name them).
-  std::function<nlohmann::json(std::vector<float>&& logits, int64_t rows)> evaluation_metrics;
-  // Keep the prediction set's logits in the summary (predict_logits; one process).
-  bool keep_prediction_logits = false;
+  // process: its rows; returns metrics (a JSON object) that join the evaluation's before it is
+  // logged, saved or compared (metric_for_best_model may name them).
+  std::function<nlohmann::json(EvaluatedRows&& rows)> evaluation_metrics;
+  // Keep the prediction set's rows in the summary (TrainSummary::predicted; one process).
+  bool keep_predictions = false;
 };
 
 // Trains on `dataset` when given (a Dataset, or rows tokenized before the run), else on the one

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import brisk
-from conftest import RUN, WORDPIECE, losses, read_glue, run_cli, write_csv
+from conftest import RUN, TINY_BERT, WORDPIECE, losses, read_glue, run_cli, write_csv
 
 
 def trainer(tmp_path, config, train, eval_data=None, callbacks=None, **changes):
@@ -262,3 +262,36 @@ def test_resuming_from_a_checkpoint_continues_the_run(tmp_path, bert_config):
     # The history carries the checkpoint's steps, as transformers' does.
     assert api_losses(resumed) == api_losses(whole)
     assert [s for s, _ in api_losses(resumed)] == list(range(1, 13))
+
+
+def test_label_ids_are_the_labels_the_engine_read(tmp_path):
+    """predict() and compute_metrics get each row's label as the engine read it: text labels as
+    the class ids of the label2id it learned, a regression's numbers as float32."""
+    train = read_glue("train.csv")
+    names = ["bad", "good"]
+    text = {"sentence": train["sentence"], "label": [names[v] for v in train["label"]]}
+    seen = []
+    config = tmp_path / "classes.json"
+    config.write_text(json.dumps(TINY_BERT))
+    t = trainer(tmp_path / "text", str(config), text, text, max_steps=2, eval_strategy="steps",
+                eval_steps=2)
+    t.compute_metrics = lambda p: seen.append(p.label_ids) or {}
+    t.train()
+    predicted = t.predict(text)
+    with open(tmp_path / "text" / "api" / "config.json") as f:
+        label2id = json.load(f)["label2id"]
+    want = [label2id[n] for n in text["label"]]
+    assert predicted.label_ids.dtype == np.int64 and predicted.label_ids.tolist() == want
+    assert seen and seen[-1].tolist() == want
+
+    values = {"sentence": train["sentence"], "label": [0.25 + 1.5 * v for v in train["label"]]}
+    regression = dict(TINY_BERT, num_labels=1, problem_type="regression")
+    for key in ("id2label", "label2id"):
+        regression.pop(key, None)
+    config = tmp_path / "regression.json"
+    config.write_text(json.dumps(regression))
+    t = trainer(tmp_path / "numbers", str(config), values, max_steps=2)
+    t.train()
+    predicted = t.predict(values)
+    assert predicted.label_ids.dtype == np.float32
+    assert predicted.label_ids.tolist() == values["label"]
