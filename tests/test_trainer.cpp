@@ -367,6 +367,10 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   ASSERT_TRUE(operand);
   EXPECT_EQ(operand->dtype, DType::bf16);
   EXPECT_EQ(operand->shape, (Shape{std::max(ops.a + 7 * ops.a_rows, ops.attention)}));
+  // A bias gradient sums dy's rows against ones: one a row, not one an element of A.
+  const BufferSpec* ones = find(gpu->plan, "backend.ones");
+  ASSERT_TRUE(ones);
+  EXPECT_EQ(ones->shape, (Shape{B * T}));
   // The LM head's weight is the held operand: each device keeps its copy apart from B.
   ASSERT_GT(ops.held, 0);
   const int64_t hidden = gpu->model->config().hidden_size;

@@ -99,8 +99,10 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
   if (product != DType::f32 && operands.attention_workspace > 0)
     binder.declare(plan, &ws.attention_workspace, "backend.attention_workspace", tmp, DType::u8,
                    Shape{operands.attention_workspace});
-  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the largest A operand.
-  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, Shape{operands.a});
+  // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the products' rows (where
+  // they are not given, the largest A operand's elements).
+  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32,
+                 Shape{operands.a_rows > 0 ? operands.a_rows : operands.a});
   // Not a product buffer, but the GPU backend's only other one: planned here so that no
   // optimizer step allocates. Adafactor reuses it tensor after tensor, in stream order.
   binder.declare(plan, &ws.optimizer_scratch, "backend.optimizer_scratch", tmp, DType::f64,

@@ -20,8 +20,8 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // and `held`, the one weight a caller holds (Backend::hold_weight; 0: none), not counted in B, with
 // its row length `held_cols`: each backend keeps its rounded copies in a buffer of their own.
 //
-// `a_rows` is the most rows of an A operand: a GPU pads the rows of a float32 one it packs to a
-// multiple of 8 values (16 bytes, as Hopper's kernels read them), 7 more values per row at most.
+// `a_rows` is the most rows of an A operand or of a bias gradient's dy (summed against as many
+// ones); a GPU pads a float32 A's packed rows to a multiple of 8 values (16 bytes), 7 more each.
 //
 // `attention` is what a GPU's fused 16-bit attention stages in each of A's and B's buffers between
 // products (its 16-bit qkv and output in A, their gradients in B): B T ((H + 2K) D + H D).
