@@ -392,16 +392,19 @@ TEST(Cli, EstimatePlansEachRanksShareUnderZero) {
                  "--zero_stage 3 with --bf16 needs the float32 master copy");
 }
 
-// With bf16 on GPUs the float32 master copy is partitioned with the optimizer state: each rank
-// plans the master of its run, the runs adding up to 4 bytes per parameter. On CPUs bf16 keeps
-// no master copy (it computes with the float32 weights).
+// With fp16 the float32 master copy is partitioned with the optimizer state: each rank plans the
+// master of its run, the runs adding up to 4 bytes per parameter. bf16 keeps no master copy (it
+// computes with the float32 weights), on CPUs and on GPUs.
 TEST(Cli, EstimatePartitionsTheMasterCopyUnderZero) {
-  const nlohmann::json cpu =
-      estimate_json("--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1 --device cpu");
-  for (const nlohmann::json& rank : cpu["data_parallel"]["ranks"])
-    EXPECT_EQ(rank["master_bytes"].get<double>(), 0.0);
+  for (const char* device : {"cpu", "cuda"}) {
+    const nlohmann::json bf16 =
+        estimate_json("--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1 --device " +
+                      std::string(device));
+    for (const nlohmann::json& rank : bf16["data_parallel"]["ranks"])
+      EXPECT_EQ(rank["master_bytes"].get<double>(), 0.0) << device;
+  }
   const nlohmann::json j = estimate_json(
-      "--model bert-large-uncased --bf16 --world_size 3 --zero_stage 1 --device cuda");
+      "--model bert-large-uncased --fp16 --world_size 3 --zero_stage 1 --device cuda");
   const nlohmann::json& dp = j["data_parallel"];
   ASSERT_EQ(dp["ranks"].size(), 3u);
   double masters = 0;
@@ -699,11 +702,12 @@ TEST(Cli, EstimatePlansAGpuRunWithoutAGpu) {
   EXPECT_GT(activations_mib(cpu.out), 0.0);
 }
 
-// A GPU's bf16 run computes with float32 weights and a bf16 copy of them for its products
-// (6 bytes a parameter) where that holds no more than a 16-bit compute copy and the master copy
-// (4 bytes each): on one rank, under ZeRO 1 on 2 ranks and under ZeRO 3 (staged weights, no copy);
-// not under ZeRO 1 on 3 ranks (4 + 4/3) or offloaded (4 on the GPU). fp16 always keeps both.
-TEST(Cli, EstimateOfAGpuBf16RunChoosesFloat32WeightsWhereTheyHoldLess) {
+// A GPU's bf16 run computes with float32 weights, no master copy (4 bytes a parameter, never more
+// than a 16-bit compute copy and a master), and its products read a bf16 copy of them (2 bytes
+// more) where that holds no more than the master would: on one rank and under ZeRO 1 on 2 ranks;
+// not under ZeRO 1 on 3 ranks (a master of 4/3), offloaded (none on the GPU) or under ZeRO 3
+// (staged weights). fp16 keeps a compute copy and a master.
+TEST(Cli, EstimateOfAGpuBf16RunPlansAWeightsCopyWhereItHoldsNoMoreThanAMaster) {
   const double n = 335143938.0;
   struct Layout {
     std::string args;
@@ -711,17 +715,24 @@ TEST(Cli, EstimateOfAGpuBf16RunChoosesFloat32WeightsWhereTheyHoldLess) {
   };
   const std::vector<Layout> layouts = {{"--bf16", true, true},
                                        {"--bf16 --world_size 2 --zero_stage 1", true, true},
-                                       {"--bf16 --world_size 3 --zero_stage 1", false, false},
+                                       {"--bf16 --world_size 3 --zero_stage 1", true, false},
                                        {"--bf16 --world_size 3 --zero_stage 3", true, false},
-                                       {"--bf16 --offload_optimizer cpu", false, false},
+                                       {"--bf16 --offload_optimizer cpu", true, false},
                                        {"--fp16", false, false}};
   for (const Layout& l : layouts) {
-    const nlohmann::json j = estimate_json("--model bert-large-uncased --device cuda " + l.args);
-    double copy = 0;
-    for (const nlohmann::json& b : j["memory"]["buffers"])
+    CliRun r;
+    const nlohmann::json j =
+        estimate_json("--model bert-large-uncased --device cuda " + l.args, &r);
+    double copy = 0, master_on_gpu = 0;
+    for (const nlohmann::json& b : j["memory"]["buffers"]) {
       if (b["name"] == "backend.weights_copy") copy = b["bytes"].get<double>();
-    const double master = j["memory"]["planned_bytes"]["master_weights"].get<double>();
-    EXPECT_EQ(master == 0.0, l.float32_weights) << l.args;
+      if (b["category"] == "master_weights" && b["placement"] == "device")
+        master_on_gpu += b["bytes"].get<double>();
+    }
+    EXPECT_EQ(r.out.find("with float32 weights") != std::string::npos, l.float32_weights) << l.args;
+    EXPECT_EQ(master_on_gpu == 0.0,
+              l.float32_weights || l.args.find("offload") != std::string::npos)
+        << l.args;
     EXPECT_NEAR(copy, l.copy ? 2.0 * n : 0.0, 1.0) << l.args;
   }
 }

@@ -109,21 +109,27 @@ BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B
   return layout;
 }
 
-// Whether a bf16 run with master weights computes with float32 weights instead. Where the
-// products round their operands themselves (the CPU) it always does. Where they read a bf16
-// copy of the weights (a GPU) it does when that holds no more device memory a parameter than the
-// 16-bit compute copy and master it replaces: 4 bytes and a 2-byte copy against 4 and the
-// master's 4 (ZeRO 1 and 2 shard it over the replicas, offloading moves it to the host); under
-// ZeRO 3 the weights are staged, with no copy: 4/N against 8/N.
-bool computes_with_float32_weights(const TrainOptions& o, const DeviceTraits& traits,
-                                   bool offloaded, int replicas) {
-  if (traits.products_round_operands) return true;
-  if (!traits.bf16_weights_copy) return false;
-  if (o.zero_stage == 3) return true;
+// Whether a bf16 run with master weights computes with float32 weights instead of a 16-bit
+// compute copy and a master: where the products round their operands themselves (the CPU) or
+// cast them as they read them (a GPU), always. That holds 4 bytes a parameter on the device
+// against the compute copy's 4 and the master's (4, 4/N under ZeRO 1 and 2, none offloaded);
+// weights_copy says where the products may read a bf16 copy of them besides.
+bool computes_with_float32_weights(const DeviceTraits& traits) {
+  return traits.products_round_operands || traits.bf16_weights_copy;
+}
+
+// Whether a GPU's products read a bf16 copy of the float32 weights, made once per hold
+// (Backend::hold_weights), rather than casting each weight as they read it: where the copy's 2
+// bytes a parameter hold no more than the master a compute copy would have kept (4 bytes, 4/N
+// under ZeRO 1 and 2 over N replicas, none where it is offloaded). Not under ZeRO 3: its weights
+// are gathered, not resident.
+bool weights_copy(const TrainOptions& o, const DeviceTraits& traits, bool offloaded, int replicas) {
+  if (!traits.bf16_weights_copy && !o.weights_copy_on_cpu) return false;
+  if (o.zero_stage == 3) return false;
   const double master_bytes = offloaded           ? 0.0
                               : o.zero_stage >= 1 ? 4.0 / std::max(replicas, 1)
                                                   : 4.0;
-  return 2.0 <= master_bytes;
+  return 2.0 <= master_bytes || o.weights_copy_on_cpu;
 }
 
 // Whether the run plans gradients and optimizer state. One that only evaluates or predicts needs
@@ -154,13 +160,13 @@ void assemble_precision(RunAssembly& r, int replicas) {
   // A run that plans no training state keeps no master copy either: fp16's weights are rounded
   // once, as an update would round them (bf16 computes with float32 weights there).
   const bool no_master = full_eval || (compute == DType::f16 && !plans_training_state(o));
-  r.precision =
-      no_master ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
-                : std::make_unique<MixedPrecision>(
-                      compute, o.bf16_master_weights, LossScalerOptions{},
-                      MixedPrecision::float32_weights_on(
-                          computes_with_float32_weights(o, traits, r.parallel.offload, replicas),
-                          compute, o.bf16_master_weights));
+  r.precision = no_master
+                    ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
+                    : std::make_unique<MixedPrecision>(
+                          compute, o.bf16_master_weights, LossScalerOptions{},
+                          MixedPrecision::float32_weights_on(computes_with_float32_weights(traits),
+                                                             compute, o.bf16_master_weights));
+  r.weights_copy = weights_copy(o, traits, r.parallel.offload, replicas);
   r.product = product_dtype(r.device, r.precision->compute_dtype());
   r.optimizer = make_optimizer(optimizer_config(o));
   if (r.parallel.offload) {
@@ -173,9 +179,8 @@ void assemble_precision(RunAssembly& r, int replicas) {
 // into `r.workspace`.
 void plan_products(RunAssembly& r, Backend* backend) {
   MatmulOperands max_operands = r.model->matmul_operands();
-  // The products' bf16 copy of float32 weights where they stay in one buffer (not gathered).
-  const bool copy = device_traits(r.device).bf16_weights_copy || r.options.weights_copy_on_cpu;
-  if (copy && r.precision->float32_weights() && r.options.zero_stage < 3)
+  // The products' bf16 copy of float32 weights (weights_copy).
+  if (r.weights_copy && r.precision->float32_weights())
     max_operands.weights = r.model->params().total_elements();
   // With float32 weights the products round their operands to bf16, with or without bf16 units.
   const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;

@@ -50,6 +50,8 @@ struct RunAssembly {
   Evaluator evaluator;
   std::unique_ptr<MixedPrecision> precision;
   DType product = DType::f32;  // the dtype of the matrix products
+  // The products read a bf16 copy of the float32 weights (Backend::hold_weights) where planned.
+  bool weights_copy = false;
   std::unique_ptr<Optimizer> optimizer;
   // The parallel layout's buffers (ZeRO's shards, the offloaded optimizer's host copies), and
   // with ZeRO the parameters of this rank's run, which its optimizer is planned for.
