@@ -328,6 +328,35 @@ TEST(Trainer, AWeightsCopyMadeEachStepTrainsAsTheProductsRounding) {
   EXPECT_EQ(checkpoint_weights(dir / "copy"), checkpoint_weights(dir / "rounding"));
 }
 
+// Where the products read the blocks' 16-bit stored copies as they lie (bf16 on the CPU and on a
+// GPU), backward never reads the float32 working set: its gradients of the attention's output,
+// qkv and the MLP's activation take that set's ctx, qkv and fc_act instead of buffers of their own
+// (TrainerOn.GradientCheckpointingChangesMemoryNotResults trains such a run: a backward that read
+// the working set would then differ). Not in float32, nor under gradient checkpointing (no
+// working set).
+TEST(Trainer, ABf16BackwardWritesWhereTheForwardWorked) {
+  TempDir dir("shared_scratch");
+  TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out", "cuda");
+  auto has = [](const RunAssembly& r, const std::string& name) {
+    for (const BufferSpec& b : r.plan.buffers())
+      if (b.name == name) return true;
+    return false;
+  };
+  for (const Device device : {Device::cuda, Device::cpu})
+    for (const bool bf16 : {false, true})
+      for (const bool checkpointing : {false, true}) {
+        o.bf16 = bf16;
+        o.gradient_checkpointing = checkpointing;
+        const auto r = assemble_run(o, device, nullptr);
+        const bool shared = bf16 && !checkpointing;
+        for (const char* name :
+             {"block_scratch.d_ctx", "block_scratch.d_qkv", "block_scratch.d_fc"})
+          EXPECT_EQ(has(*r, name), !shared)
+              << name << (bf16 ? " bf16" : " fp32") << (checkpointing ? " checkpointed" : "");
+        EXPECT_EQ(has(*r, "block_work.fc_act"), shared);
+      }
+}
+
 // A GPU run is planned on any machine: the GPU's attention keeps one log-sum-exp per row instead
 // of the probabilities, batches get device copies, and the backend plans cuBLASLt's workspace,
 // 16-bit operand copies, the ones column, the optimizer scratch and the weights' bf16 copy.

@@ -308,7 +308,8 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
                               const BlockDims& dims) {
   const BatchShape local = token_shape(shape);
   const Shape btc{shape.batch, stream_tokens(shape), config_.hidden_size};
-  declare_block_scratch(plan, binder_, scratch_, dims);
+  const bool unread_work = !stored_.empty() && options_.reads_stored_copies;
+  declare_block_scratch(plan, binder_, scratch_, dims, unread_work ? &work_ : nullptr);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
   // The embeddings' output (first stage), the head's input (last), over every token.
@@ -769,7 +770,11 @@ std::array<Tensor*, 3> Model::rebuilt(BlockSaved& s, const BlockStyle& st) const
 }
 
 bool Model::direct_saved_tensors(const Backend& be) const {
-  return !stored_.empty() && be.reads_product_input(options_.activation_dtype);
+  const bool direct = !stored_.empty() && be.reads_product_input(options_.activation_dtype);
+  BRISK_CHECK(direct || stored_.empty() || !options_.reads_stored_copies,
+              "internal error: the blocks' backward buffers share a working set this backend "
+              "reads (planned with reads_stored_copies)");
+  return direct;
 }
 
 void Model::forward_step(Backend& be, const StepOptions& o) {

@@ -43,6 +43,11 @@ struct PlanOptions {
   // element-wise ops from what the block keeps. Exact; the CPU's runs set it (train's assembly):
   // in bf16, batch 4 x 256, SmolLM2-135M keeps 152 MiB less, GPT-2 34 MiB.
   bool recompute_elementwise = false;
+  // Mixed precision: the backend reads the 16-bit stored copies as they lie
+  // (Backend::reads_product_input), so backward never reads the blocks' float32 working set and
+  // their backward scratch shares its room (set by train's assembly; a forward on a backend that
+  // does not read them so is refused).
+  bool reads_stored_copies = false;
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;

@@ -482,7 +482,7 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
 }
 
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& s,
-                           const BlockDims& d) {
+                           const BlockDims& d, const BlockSaved* room) {
   const Shape btc{d.batch, d.seq, d.hidden};
   auto add = [&](Tensor* t, const char* name, Shape shape) {
     binder.declare(plan, t, std::string("block_scratch.") + name, Category::temporaries, DType::f32,
@@ -490,9 +490,17 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   };
   add(&s.tmp, "tmp", btc);
   add(&s.tmp2, "tmp2", btc);
-  add(&s.d_ctx, "d_ctx", Shape{d.batch, d.seq, d.attention_width()});
-  add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
-  add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
+  // The working set's ctx, qkv and fc_act have these shapes where its qkv is this rank's tokens'
+  // (no sequence parallelism) and it has an MLP.
+  if (room != nullptr && d.seq_ranks == 1 && d.inner > 0) {
+    binder.alias(&s.d_ctx, &room->ctx);
+    binder.alias(&s.d_qkv, &room->qkv);
+    binder.alias(&s.d_fc, &room->fc_act);
+  } else {
+    add(&s.d_ctx, "d_ctx", Shape{d.batch, d.seq, d.attention_width()});
+    add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
+    add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
+  }
   add(&s.attn, "attn", d.attention.scratch);
   if (d.token_slices > 1) {
     add(&s.gathered, "gathered_tokens", btc);

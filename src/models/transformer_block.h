@@ -183,8 +183,11 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& sav
                          SavedPart part = SavedPart::all, DType low_dtype = DType::f32,
                          Category low_category = Category::activations,
                          bool with_attn_stats = true);
+// `room`: a float32 working set of the blocks' saved tensors that backward never reads (the
+// backend reads their 16-bit stored copies as they lie); backward's own buffers of the same shapes
+// (d_ctx, d_qkv, d_fc) then take its room instead of their own.
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
-                           const BlockDims& d);
+                           const BlockDims& d, const BlockSaved* room = nullptr);
 
 // The attention scale of block `layer` (GPT-2's scale_attn_by_inverse_layer_idx divides by
 // layer + 1).

@@ -175,6 +175,22 @@ void assemble_precision(RunAssembly& r, int replicas) {
   }
 }
 
+// The dtype the products read their operands in: with float32 weights they round them to bf16,
+// with or without bf16 units.
+DType product_operands(const RunAssembly& r) {
+  return r.precision->float32_weights() ? DType::bf16 : r.product;
+}
+
+// Whether the products read the blocks' 16-bit stored activations as they lie: the backend's
+// answer once it multiplies in the run's operand dtype; planning without one, every backend's
+// for bf16 operands and activations (a GPU's BRISK_BF16_ACTIVATIONS=0 aside).
+bool reads_stored_copies(const RunAssembly& r, Backend* backend) {
+  const DType stored = r.precision->compute_dtype();
+  if (!backend) return stored == DType::bf16 && product_operands(r) == DType::bf16;
+  backend->set_matmul_dtype(product_operands(r));
+  return backend->reads_product_input(stored);
+}
+
 // The products' workspace: the backend's own declarations, or (planning without one) the same
 // into `r.workspace`.
 void plan_products(RunAssembly& r, Backend* backend) {
@@ -182,8 +198,7 @@ void plan_products(RunAssembly& r, Backend* backend) {
   // The products' bf16 copy of float32 weights (weights_copy).
   if (r.weights_copy && r.precision->float32_weights())
     max_operands.weights = r.model->params().total_elements();
-  // With float32 weights the products round their operands to bf16, with or without bf16 units.
-  const DType operands = r.precision->float32_weights() ? DType::bf16 : r.product;
+  const DType operands = product_operands(r);
   if (backend) {
     backend->set_matmul_dtype(operands);
     backend->set_tf32(r.options.tf32);
@@ -262,6 +277,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(o);
+  model_options.reads_stored_copies = reads_stored_copies(r, backend);
   if (!model_options.gradients) {
     // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
     // checkpointing lays them out (the same forward, bit for bit).
