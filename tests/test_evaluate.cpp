@@ -106,8 +106,19 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
     EXPECT_EQ(planned(resumed, c), planned(o, c)) << category_name(c);
   }
   // Nor activations for a backward pass: its blocks share one set of internals, and in the
-  // training run's evaluation batch it gives that run's final evaluation bit for bit.
+  // training run's evaluation batch it gives that run's final evaluation bit for bit. Nor the
+  // buffers only a backward pass writes.
   EXPECT_LT(planned(only, Category::activations), planned(o, Category::activations));
+  for (const char* name : {"grad.hidden", "block_scratch.d_qkv", "block_scratch.d_fc"}) {
+    auto has = [&](const TrainOptions& t) {
+      const auto run = assemble_run(t, Device::cpu, nullptr);
+      for (const BufferSpec& b : run->plan.buffers())
+        if (b.name == name) return true;
+      return false;
+    };
+    EXPECT_FALSE(has(only)) << name;
+    EXPECT_TRUE(has(o)) << name;
+  }
   TrainOptions same = only;
   same.output_dir = dir / "eval_same_batch";
   same.per_device_eval_batch_size = o.per_device_eval_batch_size;

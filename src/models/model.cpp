@@ -309,9 +309,11 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
   const BatchShape local = token_shape(shape);
   const Shape btc{shape.batch, stream_tokens(shape), config_.hidden_size};
   const bool unread_work = !stored_.empty() && options_.reads_stored_copies;
-  declare_block_scratch(plan, binder_, scratch_, dims, unread_work ? &work_ : nullptr);
+  // A run that computes no gradients (PlanOptions::gradients) has no backward pass.
+  const bool backward = options_.gradients;
+  declare_block_scratch(plan, binder_, scratch_, dims, unread_work ? &work_ : nullptr, backward);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
-  declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
+  if (backward) declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
   // The embeddings' output (first stage), the head's input (last), over every token.
   if (slices_tokens() && (config_.first_stage() || config_.last_stage())) {
     const Shape all{shape.batch, local.seq, config_.hidden_size};

@@ -185,9 +185,11 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& sav
                          bool with_attn_stats = true);
 // `room`: a float32 working set of the blocks' saved tensors that backward never reads (the
 // backend reads their 16-bit stored copies as they lie); backward's own buffers of the same shapes
-// (d_ctx, d_qkv, d_fc) then take its room instead of their own.
+// (d_ctx, d_qkv, d_fc) then take its room instead of their own. Without `backward` (forward
+// passes only) the buffers only backward uses are not planned.
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
-                           const BlockDims& d, const BlockSaved* room = nullptr);
+                           const BlockDims& d, const BlockSaved* room = nullptr,
+                           bool backward = true);
 
 // The attention scale of block `layer` (GPT-2's scale_attn_by_inverse_layer_idx divides by
 // layer + 1).
