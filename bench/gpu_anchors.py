@@ -7,8 +7,9 @@ PyTorch loop (transformers' model with attn_implementation="sdpa", autocast bf16
 by the same loop under torch.compile, and by transformers' Trainer (bf16=True), one table.
 
 Each system runs `--warmup` steps and then `--steps` timed steps; samples/s counts the timed
-steps alone (brisk: the difference of a run of warmup + 10 x steps and one of warmup steps, whose
-start-up, cuDNN's graph builds included, varies by up to a second). "compile" compiles the model
+steps alone (brisk: the difference of a run of warmup + 10 x steps, more where a batch holds fewer
+than 16384 tokens (brisk_timed_steps), and one of warmup steps, whose start-up, cuDNN's graph
+builds included, varies by up to a second). "compile" compiles the model
 (torch.compile(model), as Trainer's torch_compile does); the optimizer step stays eager. GPU memory
 is what the process holds on the GPU: brisk's device_memory_used_bytes (its CUDA context and
 arena); for PyTorch, the peak the caching allocator reserved in that row plus what nvidia-smi
@@ -161,8 +162,15 @@ def last_json(p):
 
 
 # brisk's timed steps per --steps: its runs' start-up varies by up to a second (two H200 calls
-# gave 211 and 293 samples/s for one build over 3 x 10 steps), so the timed work is made longer.
+# gave 211 and 293 samples/s for one build over 3 x 10 steps), so the timed work is made longer:
+# 10 x steps, and at least as many tokens as 10 x steps of 16384 tokens (bert-large batch 4
+# timed over 10 x 10 steps took 1-2 s and read 577 samples/s on an H200 on 2026-11-28).
 BRISK_TIMED = 10
+BRISK_TIMED_TOKENS = 16384
+
+
+def brisk_timed_steps(model, batch, steps):
+    return BRISK_TIMED * steps * max(1, BRISK_TIMED_TOKENS // (batch * SEQ[model]))
 
 
 def brisk_seconds(cfg, data, model, batch, steps, out, env=None, binary=None):
@@ -186,7 +194,7 @@ def run_brisk(cfg, data, model, batch, a, tmp, env=None, binary=None):
                                binary)
     if err:
         return {"error": err}
-    timed = BRISK_TIMED * a.steps
+    timed = brisk_timed_steps(model, batch, a.steps)
     full, err = brisk_seconds(cfg, data, model, batch, a.warmup + timed, os.path.join(tmp, "bf"),
                               env, binary)
     if err:
@@ -215,8 +223,9 @@ def main():
         data = os.path.join(tmp, "tokens.bin")
         causal = [m for m in models if m in CAUSAL]
         if causal:  # ids below 30000: within every vocabulary here
-            tokens = max(max(BATCHES[m]) * SEQ[m] for m in causal)
-            write_tokens(data, tokens * (a.warmup + BRISK_TIMED * a.steps) + 1)
+            tokens = max(b * SEQ[m] * (a.warmup + brisk_timed_steps(m, b, a.steps))
+                         for m in causal for b in BATCHES[m])
+            write_tokens(data, tokens + 1)
         for model in models:
             for system in systems:
                 if system in ("torch", "compile"):
