@@ -122,14 +122,14 @@ bool computes_with_float32_weights(const DeviceTraits& traits) {
 // (Backend::hold_weights), rather than casting each weight as they read it: where the copy's 2
 // bytes a parameter hold no more than the master a compute copy would have kept (4 bytes, 4/N
 // under ZeRO 1 and 2 over N replicas, none where it is offloaded). Not under ZeRO 3: its weights
-// are gathered, not resident.
+// are gathered, not resident. (A CPU test asks for it wherever they are resident.)
 bool weights_copy(const TrainOptions& o, const DeviceTraits& traits, bool offloaded, int replicas) {
-  if (!traits.bf16_weights_copy && !o.weights_copy_on_cpu) return false;
   if (o.zero_stage == 3) return false;
+  if (o.weights_copy_on_cpu) return true;
   const double master_bytes = offloaded           ? 0.0
                               : o.zero_stage >= 1 ? 4.0 / std::max(replicas, 1)
                                                   : 4.0;
-  return 2.0 <= master_bytes || o.weights_copy_on_cpu;
+  return traits.bf16_weights_copy && 2.0 <= master_bytes;
 }
 
 // Whether the run plans gradients and optimizer state. One that only evaluates or predicts needs
