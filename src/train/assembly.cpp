@@ -181,13 +181,20 @@ DType product_operands(const RunAssembly& r) {
   return r.precision->float32_weights() ? DType::bf16 : r.product;
 }
 
+// The backend's products in the run's operand dtype and TF32 choice, set before anything is
+// planned that asks how it multiplies.
+void configure_products(const RunAssembly& r, Backend* backend) {
+  if (!backend) return;
+  backend->set_matmul_dtype(product_operands(r));
+  backend->set_tf32(r.options.tf32);
+}
+
 // Whether the products read the blocks' 16-bit stored activations as they lie: the backend's
-// answer once it multiplies in the run's operand dtype; planning without one, every backend's
-// for bf16 operands and activations (a GPU's BRISK_BF16_ACTIVATIONS=0 aside).
-bool reads_stored_copies(const RunAssembly& r, Backend* backend) {
+// answer (configure_products set its dtype); planning without one, every backend's for bf16
+// operands and activations (a GPU's BRISK_BF16_ACTIVATIONS=0 aside).
+bool reads_stored_copies(const RunAssembly& r, const Backend* backend) {
   const DType stored = r.precision->compute_dtype();
   if (!backend) return stored == DType::bf16 && product_operands(r) == DType::bf16;
-  backend->set_matmul_dtype(product_operands(r));
   return backend->reads_product_input(stored);
 }
 
@@ -198,14 +205,11 @@ void plan_products(RunAssembly& r, Backend* backend) {
   // The products' bf16 copy of float32 weights (weights_copy).
   if (r.weights_copy && r.precision->float32_weights())
     max_operands.weights = r.model->params().total_elements();
-  const DType operands = product_operands(r);
-  if (backend) {
-    backend->set_matmul_dtype(operands);
-    backend->set_tf32(r.options.tf32);
+  if (backend)
     backend->plan_workspace(r.plan, r.binder, max_operands);
-  } else {
-    plan_backend_workspace(r.device, operands, max_operands, r.plan, r.binder, r.workspace);
-  }
+  else
+    plan_backend_workspace(r.device, product_operands(r), max_operands, r.plan, r.binder,
+                           r.workspace);
 }
 
 }  // namespace
@@ -272,6 +276,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
   const int replica = replica_rank(rank, sequence_rank, sp) / ep;
   assemble_precision(r, ranks * sp / ep);
+  configure_products(r, backend);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
