@@ -105,13 +105,14 @@ nb::object owned_array(std::vector<T>&& values, std::initializer_list<size_t> sh
 // as Trainer's label_ids (int64 class ids, -100 where a row has none, or float32 regression
 // values; None where no row has one). (None, None) without rows.
 nb::tuple rows_arrays(brisk::EvaluatedRows&& r) {
-  if (r.rows <= 0 || r.logits.empty() || r.logits.size() % static_cast<size_t>(r.rows) != 0)
+  const size_t rows = r.rows();
+  if (rows == 0 || r.logits.empty() || r.logits.size() % rows != 0)
     return nb::make_tuple(nb::none(), nb::none());
-  const auto rows = static_cast<size_t>(r.rows), width = r.logits.size() / rows;
+  const size_t width = r.logits.size() / rows;
   nb::object logits = owned_array(std::move(r.logits), {rows, width});
   const bool any =
       std::any_of(r.targets.begin(), r.targets.end(), [](float t) { return !std::isnan(t); });
-  if (!any || r.targets.size() != rows) return nb::make_tuple(logits, nb::none());
+  if (!any) return nb::make_tuple(logits, nb::none());
   if (r.regression) return nb::make_tuple(logits, owned_array(std::move(r.targets), {rows}));
   std::vector<int64_t> ids(rows);
   std::transform(r.targets.begin(), r.targets.end(), ids.begin(),

@@ -660,7 +660,7 @@ nlohmann::json evaluate_eval_set(RunContext& c) {
   if (collects) collect = [&](const Prediction& p) { rows.add(p); };
   nlohmann::json m = c.run.evaluator.run(c.be, *c.run.model, *c.run.eval_data, "eval", collect,
                                          &c.data, c.parallel.staged_forward(), c.sequence);
-  if (rows.rows > 0) m.update(extra(std::move(rows)));
+  if (rows.rows() > 0) m.update(extra(std::move(rows)));
   return m;
 }
 

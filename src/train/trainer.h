@@ -37,13 +37,12 @@ struct MemoryReport {
 // A classifier's evaluated or predicted rows, in row order (one process): their logits, row after
 // row, and their own labels (class ids, or regression values; NaN where a row has none).
 struct EvaluatedRows {
-  std::vector<float> logits, targets;
-  int64_t rows = 0;
+  std::vector<float> logits, targets;  // targets: one a row
   bool regression = false;
+  size_t rows() const { return targets.size(); }
   void add(const Prediction& p) {
     logits.insert(logits.end(), p.logits.begin(), p.logits.end());
     targets.push_back(p.target);
-    ++rows;
   }
 };
 
