@@ -68,10 +68,11 @@ struct LoadedModel {
   std::unique_ptr<Arena> arena;
 
   // masked_lm: the folder's BERT as BertForMaskedLM (what --mlm asks for).
-  // `configure` changes the config before the model is made.
+  // `configure` changes the config before the model is made; init_seed > 0 initializes the
+  // weights from that seed instead of loading the folder's (a config of another shape).
   LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
               DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false,
-              const std::function<void(ModelConfig&)>& configure = nullptr)
+              const std::function<void(ModelConfig&)>& configure = nullptr, uint64_t init_seed = 0)
       : be(make_backend(options.device)) {
     ModelConfig c = resolve_config(folder);
     if (masked_lm) use_masked_lm(c);
@@ -87,7 +88,10 @@ struct LoadedModel {
     arena = std::make_unique<Arena>(plan, be->device_memory(), be->staging_memory());
     model->bind(*arena);
     binder.bind(*arena);
-    model->load_weights(*be, WeightFiles(folder + "/model.safetensors"));
+    if (init_seed > 0)
+      model->init_weights(*be, init_seed);
+    else
+      model->load_weights(*be, WeightFiles(folder + "/model.safetensors"));
     model->use_seq(shape.seq);
     load_batch(batch, *model, *be);
   }

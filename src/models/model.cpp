@@ -177,14 +177,12 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               " ranks under --tp_sequence_parallel (make --seq_len, --block_size or "
               "--max_seq_length a multiple of it)");
   const Shape btc{shape.batch, stream_tokens(shape), c.hidden_size};
-  hidden_.assign(c.num_layers + 1, Tensor());
-  for (int64_t l = c.first_layer(); l <= c.end_layer(); ++l)
-    declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
-            btc);
+  const BlockStyle style = this->style(true);
+  block_inputs_ = block_inputs(options, style);
+  declare_hidden(plan, btc);
   if (options.stashed_inputs > 0)
     declare(plan, &stashed_, "pipeline.stashed_inputs", Category::activations, DType::f32,
             {options.stashed_inputs, shape.batch, stream_tokens(shape), c.hidden_size});
-  const BlockStyle style = this->style(true);
   // Attention runs on every token of num_heads / sequence_ranks heads.
   const BlockDims dims{shape.batch,
                        local.seq,
@@ -202,6 +200,33 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
   plan_step_buffers(plan, shape, style, dims);
+}
+
+Model::BlockInputs Model::block_inputs(const PlanOptions& options, const BlockStyle& style) const {
+  if (!options.gradients) return BlockInputs::in_turn;
+  const bool rebuildable = !style.pre_norm && style.sparse_mlp == nullptr &&
+                           !options.gradient_checkpointing && options.weight_slots == 0;
+  return options.recompute_block_inputs && rebuildable ? BlockInputs::rebuilt : BlockInputs::kept;
+}
+
+// The stage's input and output each in its own buffer; the blocks' inputs between them too, or
+// (block_inputs_ other than kept) in two buffers in turn: input l over input l - 2.
+void Model::declare_hidden(MemoryPlan& plan, const Shape& btc) {
+  const int64_t first = config_.first_layer(), end = config_.end_layer();
+  hidden_.assign(config_.num_layers + 1, Tensor());
+  for (int64_t l = first; l <= end; ++l) {
+    if (block_inputs_ != BlockInputs::kept && l > first + 2 && l < end)
+      binder_.alias(&hidden_[l], &hidden_[l - 2]);
+    else
+      declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
+              btc);
+  }
+}
+
+// Input l's buffer took input l + 2 after it, unless that is the stage's output (its own).
+bool Model::rebuilds_input(int64_t l) const {
+  return block_inputs_ == BlockInputs::rebuilt && l > config_.first_layer() &&
+         l + 2 < config_.end_layer();
 }
 
 // The flat weights (staged where options ask and it saves memory), the constants, and unless
@@ -996,6 +1021,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
                     saved_[l], scratch_, o.rng, l);
     if (!stored_.empty() && !last && !direct)
       transfer(be, stored_[l], work_, rebuilt(stored_[l], st));
+    if (rebuilds_input(l))
+      post_norm_output(be, st, layer_params(l - 1, false), saved_[l - 1], hidden_[l]);
     // The 16-bit copies, read as they are.
     BlockSaved saved = saved_[l];
     if (direct) {

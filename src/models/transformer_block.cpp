@@ -591,9 +591,13 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
   } else {
     residual_add(be, st, s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
-    const Tensor& y = out.empty() ? slice_space(scratch.tmp, s.res2, 0) : out;
-    norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, y, s.mean_b, s.rstd_b);
+    post_norm_output(be, st, w, s, out.empty() ? slice_space(scratch.tmp, s.res2, 0) : out);
   }
+}
+
+void post_norm_output(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockSaved& s,
+                      const Tensor& out) {
+  norm_forward(be, st, s.res2, w.ln_b_g, w.ln_b_b, out, s.mean_b, s.rstd_b);
 }
 
 void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,

@@ -215,6 +215,12 @@ void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, c
 void block_recompute(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
                      const BlockSaved& s, const BlockSaved* stored = nullptr);
 
+// A post-norm block's output LN_b(res2) from what the block keeps (s.res2; the statistics are
+// written again, with the same values): block_forward's last op, so the next block's input is
+// rebuilt bit for bit.
+void post_norm_output(Backend& be, const BlockStyle& style, const BlockParams& w,
+                      const BlockSaved& s, const Tensor& out);
+
 // The attention core of block_forward alone: s.attn_stats from qkv (the saved one, rounded as
 // the forward pass rounds it, or its 16-bit stored copy), its output into `out`. Selective
 // recomputation calls it in backward to rebuild the statistics it did not keep, bit-identical to

@@ -280,6 +280,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
+  model_options.recompute_block_inputs = true;
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(o);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
