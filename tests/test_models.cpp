@@ -854,6 +854,73 @@ TEST(Models, AnEvaluationOnlyPlanTakesTheBlockInputsInTurn) {
   }
 }
 
+// A buffer laid over others starts `back` bytes (rounded down to the alignment) before the end of
+// those declared before it, in its placement only; the next starts after it; its overlap is
+// counted once in the total.
+TEST(MemoryPlan, ABufferLaidOverOthersStartsWhereItReachesBack) {
+  MemoryPlan plan;
+  plan.add("a", Category::activations, DType::u8, Shape{1000});
+  plan.add("b", Category::activations, DType::u8, Shape{1000});
+  plan.add("pinned", Category::data, DType::u8, Shape{100}, Placement::host);
+  EXPECT_EQ(plan.end(Placement::device), 2048u);
+  const BufferId c = plan.add_over("c", Category::gradients, DType::u8, Shape{3000}, 600);
+  const BufferId d = plan.add("d", Category::temporaries, DType::u8, Shape{10});
+  EXPECT_EQ(plan.end(Placement::device), 4864u);
+  EXPECT_EQ(plan.overlaid_bytes(), 512u);
+  plan.finalize();
+  EXPECT_EQ(plan.buffer(c).offset, 1536u);
+  EXPECT_EQ(plan.buffer(d).offset, 4608u);
+  EXPECT_EQ(plan.total_bytes(Placement::device), 4864u);
+  EXPECT_EQ(plan.total_bytes(Placement::host), 256u);
+  MemoryPlan early;
+  early.add_over("first", Category::gradients, DType::u8, Shape{10}, 256);
+  expect_error([&] { early.finalize(); }, "reaches back before the plan's start");
+}
+
+// The gradients laid over the blocks' consumed activations (PlanOptions::gradients_over_
+// activations) are the same bit for bit after a step of one micro-batch, with dropout on (the
+// first micro-batch zeroes each segment's added-to gradients as backward reaches it), and the
+// plan is smaller by what they overlay: every segment but the last block's and the head's, where
+// the head is not tied to the embeddings (a tied head writes them first: none).
+void gradients_over_activations_are_exact(const std::string& name, PlanOptions whole,
+                                          bool masked_lm = false) {
+  SCOPED_TRACE(name + " " + dtype_name(whole.activation_dtype));
+  PlanOptions over = whole;
+  over.gradients_over_activations = true;
+  auto six = [](ModelConfig& c) { c.num_layers = 6; };
+  LoadedModel a(fixture(name), whole, /*dropout=*/true, DType::f32, 0, masked_lm, six, 11);
+  LoadedModel b(fixture(name), over, /*dropout=*/true, DType::f32, 0, masked_lm, six, 11);
+  for (uint64_t micro_step : {3, 4}) {  // a forward over the last step's gradients, a backward
+    EXPECT_EQ(a.step(true, 7, micro_step), b.step(true, 7, micro_step));
+    EXPECT_EQ(a.grads(), b.grads());
+  }
+  const Model& m = *b.model;
+  const int64_t total = m.params().total_elements();
+  const size_t over_bytes = b.plan.overlaid_bytes();
+  EXPECT_EQ(a.plan.overlaid_bytes(), 0u);
+  EXPECT_EQ(a.plan.total_bytes() - b.plan.total_bytes(), over_bytes);
+  if (masked_lm || name.starts_with("gpt2")) {
+    EXPECT_EQ(over_bytes, 0u) << "a tied head writes the embeddings' gradients first";
+    return;
+  }
+  EXPECT_GT(over_bytes, 0u);
+  EXPECT_LT(over_bytes, static_cast<size_t>(total) * 4);
+}
+
+TEST(Models, GradientsOverConsumedActivationsAreBitIdentical) {
+  gradients_over_activations_are_exact("bert_tiny", {false, DType::f32});
+  gradients_over_activations_are_exact("bert_tiny", {false, DType::bf16});
+  PlanOptions selective{false, DType::bf16};
+  selective.selective_recompute = true;
+  selective.recompute_block_inputs = true;
+  gradients_over_activations_are_exact("distilbert_tiny", selective);
+  PlanOptions elementwise{false, DType::bf16};
+  elementwise.recompute_elementwise = true;
+  gradients_over_activations_are_exact("llama_tiny", elementwise);
+  gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f16});
+  gradients_over_activations_are_exact("bert_mlm", {false, DType::bf16}, /*masked_lm=*/true);
+}
+
 TEST(Models, BertGradientCheckpointingIsBitIdentical) {
   checkpointing_is_exact("bert_tiny");
 }

@@ -35,10 +35,18 @@
 namespace brisk::cli {
 
 namespace {
-void print_plan(const std::array<size_t, kNumCategories>& planned, size_t total) {
+// The plan's bytes laid over others, counted in two categories above it.
+void print_overlaid(size_t overlaid) {
+  if (overlaid > 0)
+    std::printf("  %-16s %12s   (gradients over consumed activations: counted twice above)\n",
+                "overlaid", format_mib(overlaid).c_str());
+}
+
+void print_plan(const std::array<size_t, kNumCategories>& planned, size_t overlaid, size_t total) {
   for (int c = 0; c < kNumCategories; ++c)
     std::printf("  %-16s %12s\n", category_name(static_cast<Category>(c)),
                 format_mib(planned[c]).c_str());
+  print_overlaid(overlaid);
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(total).c_str());
 }
 }  // namespace
@@ -84,7 +92,7 @@ int run_train(const TrainOptions& options) {
   print_metrics("eval", s.eval_metrics);
   print_metrics("predict", s.predict_metrics);
   std::printf("***** memory anatomy *****\n");
-  print_plan(s.memory.planned, s.memory.arena_bytes);
+  print_plan(s.memory.planned, s.memory.overlaid, s.memory.arena_bytes);
   std::printf("  %-16s %12s\n", "process peak", format_mib(s.memory.peak_rss).c_str());
   std::printf("  %-16s %12s\n", "  before arena", format_mib(s.memory.rss_before_arena).c_str());
   std::printf("  %-16s %12s\n", "  during steps", format_mib(s.memory.peak_rss_steps).c_str());
@@ -471,6 +479,7 @@ void print_categories(const TrainOptions& o, const RunAssembly& r, Device device
                   rule.weights);
     std::printf("\n");
   }
+  print_overlaid(plan.overlaid_bytes());
   std::printf("  %-16s %12s\n", "total (planned)", format_mib(plan.total_bytes()).c_str());
   const ExpertShare experts = expert_share(r);
   if (experts.parameters > 0) {
@@ -588,6 +597,7 @@ nlohmann::json estimate_json(const RunAssembly& run, Device device, size_t host_
                       {"memory",
                        {{"planned_bytes", planned_json},
                         {"planned_total_bytes", plan.total_bytes()},
+                        {"overlaid_bytes", plan.overlaid_bytes()},
                         {"planned_device_bytes", plan.total_bytes(Placement::device)},
                         {"planned_host_bytes", plan.total_bytes(Placement::host)},
                         {"activations_per_block_bytes", block},

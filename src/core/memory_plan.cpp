@@ -31,15 +31,42 @@ BufferId MemoryPlan::add(std::string name, Category category, DType dtype, Shape
   return static_cast<BufferId>(buffers_.size() - 1);
 }
 
+BufferId MemoryPlan::add_over(std::string name, Category category, DType dtype, Shape shape,
+                              size_t back, Placement placement) {
+  const BufferId id = add(std::move(name), category, dtype, shape, placement);
+  buffers_[static_cast<size_t>(id)].back = back / kAlignment * kAlignment;
+  return id;
+}
+
+namespace {
+// Where buffer b starts after those before it ended at `end`, which it advances past b.
+size_t place(const BufferSpec& b, size_t& end) {
+  BRISK_CHECK(b.back <= end, "internal error: '", b.name, "' reaches back before the plan's start");
+  const size_t offset = end - b.back;
+  const int64_t padded =
+      checked_add(static_cast<int64_t>(b.bytes), MemoryPlan::kAlignment - 1, "the memory plan") /
+      MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+  end = std::max(end, static_cast<size_t>(
+                          checked_add(static_cast<int64_t>(offset), padded, "the memory plan")));
+  return offset;
+}
+}  // namespace
+
+size_t MemoryPlan::end(Placement placement) const {
+  size_t end = 0;
+  for (const auto& b : buffers_)
+    if (b.placement == placement) place(b, end);
+  return end;
+}
+
+size_t MemoryPlan::overlaid_bytes() const {
+  size_t sum = 0;
+  for (const auto& b : buffers_) sum += std::min(b.back, b.bytes);
+  return sum;
+}
+
 void MemoryPlan::finalize() {
-  for (auto& b : buffers_) {
-    size_t& off = total_[static_cast<int>(b.placement)];
-    b.offset = off;
-    const int64_t padded =
-        checked_add(static_cast<int64_t>(b.bytes), kAlignment - 1, "the memory plan") / kAlignment *
-        kAlignment;
-    off = static_cast<size_t>(checked_add(static_cast<int64_t>(off), padded, "the memory plan"));
-  }
+  for (auto& b : buffers_) b.offset = place(b, total_[static_cast<int>(b.placement)]);
   finalized_ = true;
 }
 

@@ -41,6 +41,7 @@ struct BufferSpec {
   Placement placement = Placement::device;
   size_t bytes = 0;   // numel * dtype size
   size_t offset = 0;  // within its placement's block; assigned by MemoryPlan::finalize
+  size_t back = 0;    // MemoryPlan::add_over's: bytes it lies over those declared before it
 };
 
 class MemoryPlan {
@@ -50,6 +51,15 @@ class MemoryPlan {
 
   BufferId add(std::string name, Category category, DType dtype, Shape shape,
                Placement placement = Placement::device);
+  // A buffer laid over the last `back` bytes (rounded down to the alignment) of those declared
+  // before it in its placement, which the caller knows to be dead whenever it is live; buffers
+  // declared after it start after its end.
+  BufferId add_over(std::string name, Category category, DType dtype, Shape shape, size_t back,
+                    Placement placement = Placement::device);
+  // Where the next buffer of `placement` would start (finalize's offsets so far).
+  size_t end(Placement placement) const;
+  // Bytes that lie over others (add_over's): bytes_by_category counts them twice.
+  size_t overlaid_bytes() const;
   // Assigns offsets; no buffer may be added afterwards.
   void finalize();
   bool finalized() const { return finalized_; }
@@ -124,6 +134,12 @@ class BufferBinder {
                Shape shape, Placement placement = Placement::device) {
     entries_.push_back(
         {view, plan.add(std::move(name), category, dtype, shape, placement), nullptr});
+  }
+  // declare's, laid over `back` bytes before it (MemoryPlan::add_over).
+  void declare_over(MemoryPlan& plan, Tensor* view, std::string name, Category category,
+                    DType dtype, Shape shape, size_t back) {
+    entries_.push_back(
+        {view, plan.add_over(std::move(name), category, dtype, shape, back), nullptr});
   }
   // After binding, *view is the same tensor as *source (shared buffers).
   void alias(Tensor* view, const Tensor* source) { entries_.push_back({view, -1, source}); }

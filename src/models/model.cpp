@@ -241,9 +241,13 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
                   DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
   declare_constants(plan, shape);
   grad_layout_ = StagedLayout();
+  grads_over_blocks_ = false;
   if (options.weights_only || !options.gradients) return;
   const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
   if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
+  grads_over_blocks_ = options.gradients_over_activations && !options.gradient_checkpointing &&
+                       !staged_gradients() && segments_.size() > 2;
+  if (grads_over_blocks_) return;  // declare_gradients_over_blocks, after the blocks' tensors
   binder_.declare(
       plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
       Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
@@ -265,9 +269,11 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
   const bool selective = options.selective_recompute;
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
+  block_ends_.clear();
   const bool low = options.activation_dtype != DType::f32;
   if (low && !options.gradient_checkpointing) plan_low_precision_saved(plan, style, dims, options);
   const int64_t first = c.first_layer();
+  if (stored_.empty()) blocks_start_ = plan.end(Placement::device);
   for (int64_t l = first; l < c.end_layer() && stored_.empty(); ++l) {
     if (options.gradient_checkpointing && l > first) {
       // One set of internals, recomputed per block inside backward.
@@ -282,7 +288,9 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
     const BlockDims d = options.gradient_checkpointing ? dims : layer_dims(dims, style, l);
     declare_block_saved(plan, binder_, saved_[l], prefix, style, d, SavedPart::all, DType::f32,
                         Category::activations, !selective);
+    block_ends_.push_back(plan.end(Placement::device));
   }
+  if (grads_over_blocks_ && stored_.empty()) declare_gradients_over_blocks(plan);
   // Selective recomputation: the blocks' attention statistics share one buffer, rebuilt per block
   // in backward.
   if (selective) {
@@ -303,6 +311,7 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
                       DType::f32, Category::temporaries);
   stored_.assign(c.num_layers, BlockSaved());
   const bool recompute = options.recompute_elementwise;
+  blocks_start_ = plan.end(Placement::device);
   for (int64_t l = c.first_layer(); l < c.end_layer(); ++l) {
     const std::string prefix = "block." + std::to_string(l) + ".";
     declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
@@ -313,7 +322,9 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
     const auto dst = low_precision_tensors(saved_[l]);
     const auto src = low_precision_tensors(work_);
     for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
+    block_ends_.push_back(plan.end(Placement::device));
   }
+  if (grads_over_blocks_) declare_gradients_over_blocks(plan);
   // The recomputable tensors' 16-bit copies: one set, which every block writes in forward and
   // backward rebuilds per block (block_recompute).
   if (!recompute) return;
@@ -325,6 +336,31 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
     for (size_t i = 0; i < dst.size(); ++i)
       if (dst[i] != nullptr) binder_.alias(dst[i], src[i]);
   }
+}
+
+// The flat gradients over the blocks' saved tensors, reaching back as far as gradient_reach
+// allows.
+void Model::declare_gradients_over_blocks(MemoryPlan& plan) {
+  binder_.declare_over(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
+                       Shape{params_.total_elements()}, gradient_reach());
+}
+
+// How far before the blocks' end the gradients may start (PlanOptions::
+// gradients_over_activations): the most any segment allows, given the lowest place it may take.
+// Segments as find_grad_segments lays them: the head's, the blocks' from the last, the
+// embeddings'.
+size_t Model::gradient_reach() const {
+  const size_t end = block_ends_.back(), bytes = dtype_size(DType::f32);
+  const size_t blocks = block_ends_.size(), last = segments_.size() - 1;
+  int64_t start = 0;  // the lowest start every segment allows
+  for (size_t s = 0; s <= last; ++s) {
+    size_t lowest = end;  // the head's, and a tied head's embeddings'
+    if (s > 0 && s < last) lowest = block_ends_[blocks - s];  // after its block's tensors
+    if (s == last && !head_reads_embeddings()) lowest = blocks_start_;
+    start = std::max(
+        start, static_cast<int64_t>(lowest) - segments_[s].offset * static_cast<int64_t>(bytes));
+  }
+  return end - static_cast<size_t>(std::min(start, static_cast<int64_t>(end)));
 }
 
 // The buffers of a step outside the saved activations: the blocks' scratch, the hidden
@@ -1040,6 +1076,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (options_.selective_recompute && !last)
       block_attention_core(be, st, dev_batch_.attention_mask, saved.qkv, saved, scratch_,
                            scratch_.d_ctx, o.rng, l);
+    if (grads_over_blocks_ && o.first_micro_batch)  // forward wrote over them
+      zero_accumulated_grads(be, segments_[static_cast<size_t>(end - l)]);
     block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
                    dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
                    !o.first_micro_batch);
@@ -1049,6 +1087,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     if (embeddings_read) need_weights(embeddings, -1);
     if (slices_tokens())
       gather_tokens(be, *tensor_group_, d_hidden_, d_tokens_, scratch_.token_exchange);
+    if (grads_over_blocks_ && o.first_micro_batch && !head_reads_embeddings())
+      zero_accumulated_grads(be, segments_.back());
     embed_backward(be, o);
   }
   if (done) done(split ? static_cast<int>(grad_segments_.size()) - 1 : 0);
@@ -1058,16 +1098,18 @@ void Model::zero_grads(Backend& be) {
   be.fill(params_.flat_grads(), 0.0f);
 }
 
-void Model::zero_accumulated_grads(Backend& be) {
+void Model::zero_accumulated_grads(Backend& be, ElementRange range) {
   // Runs of neighbouring parameters filled at once (a block's norms and biases lie between its
   // weights; a staged slot holds each block's parameters at the same places).
   const std::vector<ParamInfo>& list = params_.list();
+  const int64_t end = range.count < 0 ? params_.total_elements() : range.offset + range.count;
   Tensor run;
   auto flush = [&] {
     if (!run.empty()) be.fill(run, 0.0f);
     run = Tensor();
   };
   for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    if (list[i].offset < range.offset || list[i].offset >= end) continue;
     if (list[i].product) {
       flush();
       continue;

@@ -55,6 +55,15 @@ struct PlanOptions {
   // block before's norm may be away) or sparse MLPs. Set by train's assembly: at bert-large's
   // batch 32 x 512 it keeps 21 x 64 MiB less. (A run without gradients shares them anyway.)
   bool recompute_block_inputs = false;
+  // The flat gradients laid over the blocks' saved tensors as far as backward allows: each
+  // segment's over the tensors of blocks whose backward is done before it first writes them
+  // (block l's over those of blocks l + 1 on, the embeddings' over any block's unless a tied
+  // head writes them first, the head's over none), where they exist only from backward to the
+  // update, as PyTorch's autograd makes them. The first micro-batch's backward then zeroes each
+  // segment's added-to gradients just before writing them. Only for a step of one micro-batch
+  // (train's assembly: one process, no gradient accumulation); not under gradient checkpointing
+  // or staged gradients.
+  bool gradients_over_activations = false;
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
   bool weights_only = false;
@@ -253,7 +262,9 @@ class Model : public BatchTarget {
   // Sets to zero the gradients an optimizer step's first micro-batch adds to (StepOptions::
   // first_micro_batch): all but the matrix products' weights (ParamInfo::product), whose first
   // gradient it writes over what the buffer holds.
-  void zero_accumulated_grads(Backend& be);
+  void zero_accumulated_grads(Backend& be) { zero_accumulated_grads(be, {0, -1}); }
+  // Those of the parameters starting in `range` of the flat gradients (count -1: to the end).
+  void zero_accumulated_grads(Backend& be, ElementRange range);
 
   // Initializes weights as transformers does (normal(0, initializer_range), zero biases, unit
   // LayerNorm), deterministically from `seed`.
@@ -524,6 +535,14 @@ class Model : public BatchTarget {
                                 const PlanOptions& options);
   void plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockStyle& style,
                          const BlockDims& dims);
+  // PlanOptions::gradients_over_activations: whether the plan lays them so (decided by
+  // plan_flat_buffers, which then leaves them to declare_gradients_over_blocks), and where the
+  // blocks' saved tensors start and each block's end (plan_saved records them).
+  bool grads_over_blocks_ = false;
+  size_t blocks_start_ = 0;
+  std::vector<size_t> block_ends_;
+  void declare_gradients_over_blocks(MemoryPlan& plan);
+  size_t gradient_reach() const;
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;

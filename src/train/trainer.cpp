@@ -384,6 +384,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
 void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& arena,
                       const PeakPhases& peaks, TrainSummary& s) {
   s.memory.planned = plan.bytes_by_category();
+  s.memory.overlaid = plan.overlaid_bytes();
   s.memory.arena_bytes = arena.capacity();
   s.memory.peak_rss = peaks.overall();
   s.memory.peak_rss_steps = peaks.peak[PeakPhases::steps];
@@ -998,6 +999,7 @@ nlohmann::json summary_json(const TrainSummary& s) {
       nlohmann::json{{"global_step", s.global_step},
                      {"memory",
                       {{"planned_bytes", planned},
+                       {"overlaid_bytes", s.memory.overlaid},
                        {"arena_bytes", s.memory.arena_bytes},
                        {"rss_before_arena_bytes", s.memory.rss_before_arena},
                        {"peak_rss_bytes", s.memory.peak_rss},

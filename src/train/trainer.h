@@ -23,6 +23,9 @@ class Communicator;
 
 struct MemoryReport {
   std::array<size_t, kNumCategories> planned{};  // bytes by category
+  // Of those, bytes laid over others (MemoryPlan::overlaid_bytes: the gradients over the blocks'
+  // consumed activations), counted twice in `planned`.
+  size_t overlaid = 0;
   size_t arena_bytes = 0;       // the plan plus alignment padding: what was allocated
   size_t rss_before_arena = 0;  // process resident memory before the arena was allocated
   size_t peak_rss = 0;          // measured peak of the whole run (setup, steps and saves)
