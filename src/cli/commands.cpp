@@ -537,7 +537,7 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
       device == Device::cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
   std::vector<MemoryBar> bars;
   if (fits.empty()) {
-    bars.push_back({"as asked", planned, fixed, fixed_label, {}});
+    bars.push_back({"as asked", planned, plan.overlaid_bytes(), fixed, fixed_label, {}});
   } else {
     for (size_t i = 0; i < fits.size() && i < 10; ++i) {
       const TrainOptions& t = fits[i].options;
@@ -549,7 +549,7 @@ void write_estimate_html(const TrainOptions& o, const EstimateArgs& args, const 
       label.append(t.optim);
       if (t.gradient_checkpointing) label.append(" ckpt");
       if (t.selective_recompute) label.append(" sel");
-      bars.push_back({label, fits[i].planned, fixed, fixed_label, {}});
+      bars.push_back({label, fits[i].planned, fits[i].overlaid, fixed, fixed_label, {}});
     }
   }
   write_memory_html(args.html_path, "brisk estimate: " + o.model_name_or_path,

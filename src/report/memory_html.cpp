@@ -12,6 +12,8 @@
 namespace brisk {
 
 namespace {
+constexpr int kGradients = static_cast<int>(Category::gradients);
+
 // One color per category, in the order of Category; the fixed part is grey.
 constexpr const char* kColors[kNumCategories] = {"#4e79a7", "#a0cbe8", "#f28e2b", "#e15759",
                                                  "#59a14f", "#edc948", "#b07aa1"};
@@ -68,7 +70,7 @@ struct Chart {
 Chart chart_for(const std::vector<MemoryBar>& bars) {
   size_t top = 1;
   for (const MemoryBar& b : bars) {
-    size_t total = b.fixed;
+    size_t total = b.fixed - b.overlaid;
     for (size_t v : b.planned) total += v;
     top = std::max(top, total);
     for (const auto& [name, v] : b.measured) top = std::max(top, v);
@@ -141,7 +143,7 @@ void svg_bar(std::string& svg, const Chart& ch, const MemoryBar& b, size_t i) {
   const int x = Chart::left + static_cast<int>(i) * (Chart::bar_w + Chart::gap);
   double base = 0;
   for (int c = 0; c < kNumCategories; ++c)
-    svg_segment(svg, ch, x, &base, b.planned[c], kColors[c],
+    svg_segment(svg, ch, x, &base, b.planned[c] - (c == kGradients ? b.overlaid : 0), kColors[c],
                 category_name(static_cast<Category>(c)));
   svg_segment(svg, ch, x, &base, b.fixed, kFixedColor, b.fixed_label);
   svg += "<text x=\"" + std::to_string(x + Chart::bar_w / 2) + "\" y=\"" + num(ch.y_of(base) - 4) +
@@ -174,7 +176,12 @@ std::string table_html(const std::vector<MemoryBar>& bars) {
   table += "</tr>";
   for (int c = 0; c < kNumCategories; ++c) {
     table += std::string("<tr><td>") + category_name(static_cast<Category>(c)) + "</td>";
-    for (const MemoryBar& b : bars) table += "<td>" + format_mib(b.planned[c]) + "</td>";
+    for (const MemoryBar& b : bars) {
+      table += "<td>" + format_mib(b.planned[c]);
+      if (c == kGradients && b.overlaid > 0)
+        table += " (" + format_mib(b.overlaid) + " over consumed activations)";
+      table += "</td>";
+    }
     table += "</tr>";
   }
   table += "<tr><td>outside the plan</td>";

@@ -14,8 +14,9 @@ namespace brisk {
 
 struct MemoryBar {
   std::string label;  // e.g. "batch 8 x 1\nbf16": a newline starts a second line under the bar
-  std::array<size_t, kNumCategories> planned{};          // bytes by category
-  size_t fixed = 0;                                      // outside the plan (libraries, context)
+  std::array<size_t, kNumCategories> planned{};  // bytes by category
+  size_t overlaid = 0;  // of the gradients', bytes over consumed activations (drawn once)
+  size_t fixed = 0;     // outside the plan (libraries, context)
   std::string fixed_label = "outside the plan";          // what `fixed` is
   std::vector<std::pair<std::string, size_t>> measured;  // e.g. {"process peak", bytes}
 };

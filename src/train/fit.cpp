@@ -424,7 +424,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             const int replicas = layout.data_ranks * static_cast<int>(layout.sp);
             out.push_back({t, layout.data_ranks, needed,
                            predicted_step_seconds(*run, model, replicas),
-                           run->plan.bytes_by_category()});
+                           run->plan.bytes_by_category(), run->plan.overlaid_bytes()});
           }
   }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {

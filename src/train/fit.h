@@ -119,6 +119,7 @@ struct FitCandidate {
   size_t needed = 0;
   double step_seconds = 0;
   std::array<size_t, kNumCategories> planned{};  // bytes by category
+  size_t overlaid = 0;                           // of those, laid over others (counted twice)
 };
 
 // The global batch of o's options over `world` ranks: per_device_train_batch_size x

@@ -217,6 +217,7 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
   bar.label = "batch " + std::to_string(o.per_device_train_batch_size) + " x " +
               std::to_string(o.gradient_accumulation_steps);
   bar.planned = s.memory.planned;
+  bar.overlaid = s.memory.overlaid;
   const bool gpu = s.memory.device_memory_used >= 0;
   if (gpu) {
     bar.fixed = static_cast<size_t>(std::max<int64_t>(0, s.memory.device_memory_before_arena));
