@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The memory plan against the process: for bert-small, bert-base and GPT-2 124M, fp32 and bf16,
-recomputation none, selective and full, brisk's planned bytes, the resident memory before the arena,
+recomputation none, selective and full, brisk's planned bytes (the gradients laid over consumed
+activations counted once; those bytes beside them), the resident memory before the arena,
 and the measured process peak (2 steps and a checkpoint save), with the ratio and issue 10's bound
 (peak <= plan + before + max(2%, 32 MiB)). Then `brisk estimate --fit` for one budget, its top
 three configurations run for real: is the predicted order the measured order?
@@ -38,7 +39,7 @@ def plan_rows(tmp, steps):
     with open(os.path.join(small, "config.json"), "w") as f:
         json.dump(BERT_SMALL, f)
     models = [("bert-small", small, 8), ("bert-base", "bert-base-uncased", 4), ("gpt2-124M", "gpt2", 4)]
-    print(f"{'model':<11}{'prec':<6}{'ckpt':<10}{'planned':>11}{'before':>10}{'peak':>11}"
+    print(f"{'model':<11}{'prec':<6}{'ckpt':<10}{'planned':>11}{'overlaid':>11}{'before':>10}{'peak':>11}"
           f"{'steps pk':>11}{'saves pk':>11}{'peak/(plan+before)':>20}{'bound':>7}")
     for name, model, batch in models:
         for prec in ("fp32", "bf16"):
@@ -57,10 +58,12 @@ def plan_rows(tmp, steps):
                 brisk(args)
                 with open(os.path.join(out, "train_results.json")) as f:
                     m = json.load(f)["memory"]
-                planned = sum(m["planned_bytes"].values())
+                # The gradients laid over consumed activations count once.
+                planned = sum(m["planned_bytes"].values()) - m.get("overlaid_bytes", 0)
                 before, peak = m["rss_before_arena_bytes"], m["peak_rss_bytes"]
                 bound = planned + before + max(planned // 50, 32 * MiB)
-                print(f"{name:<11}{prec:<6}{ckpt:<10}{planned / MiB:>9.1f}Mi{before / MiB:>8.1f}Mi"
+                print(f"{name:<11}{prec:<6}{ckpt:<10}{planned / MiB:>9.1f}Mi"
+                      f"{m.get('overlaid_bytes', 0) / MiB:>9.1f}Mi{before / MiB:>8.1f}Mi"
                       f"{peak / MiB:>9.1f}Mi{m['peak_rss_steps_bytes'] / MiB:>9.1f}Mi"
                       f"{m['peak_rss_saves_bytes'] / MiB:>9.1f}Mi{peak / (planned + before):>20.3f}"
                       f"{'ok' if peak <= bound else 'OVER':>7}", flush=True)
