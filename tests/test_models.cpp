@@ -884,7 +884,8 @@ TEST(MemoryPlan, ABufferLaidOverOthersStartsWhereItReachesBack) {
 // the head is not tied to the embeddings (a tied head writes them first: none).
 void gradients_over_activations_are_exact(const std::string& name, PlanOptions whole,
                                           bool masked_lm = false) {
-  SCOPED_TRACE(name + " " + dtype_name(whole.activation_dtype));
+  SCOPED_TRACE(name + " " + dtype_name(whole.activation_dtype) +
+               (whole.gradient_checkpointing ? ", checkpointed" : ""));
   PlanOptions over = whole;
   over.gradients_over_activations = true;
   auto six = [](ModelConfig& c) { c.num_layers = 6; };
@@ -918,6 +919,9 @@ TEST(Models, GradientsOverConsumedActivationsAreBitIdentical) {
   elementwise.recompute_elementwise = true;
   gradients_over_activations_are_exact("llama_tiny", elementwise);
   gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f16});
+  // Under gradient checkpointing, over the blocks' inputs.
+  gradients_over_activations_are_exact("bert_tiny", {true, DType::f32});
+  gradients_over_activations_are_exact("llama_tiny", {true, DType::bf16});
   gradients_over_activations_are_exact("bert_mlm", {false, DType::bf16}, /*masked_lm=*/true);
 }
 

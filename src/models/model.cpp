@@ -211,16 +211,30 @@ Model::BlockInputs Model::block_inputs(const PlanOptions& options, const BlockSt
 
 // The stage's input and output each in its own buffer; the blocks' inputs between them too, or
 // (block_inputs_ other than kept) in two buffers in turn: input l over input l - 2.
+// Under gradient checkpointing the inputs are what each block keeps (keeps_blocks).
 void Model::declare_hidden(MemoryPlan& plan, const Shape& btc) {
   const int64_t first = config_.first_layer(), end = config_.end_layer();
+  const bool kept = options_.gradient_checkpointing;
   hidden_.assign(config_.num_layers + 1, Tensor());
   for (int64_t l = first; l <= end; ++l) {
+    if (kept && l == first) begin_blocks_kept(plan);
     if (block_inputs_ != BlockInputs::kept && l > first + 2 && l < end)
       binder_.alias(&hidden_[l], &hidden_[l - 2]);
     else
       declare(plan, &hidden_[l], "hidden." + std::to_string(l), Category::activations, DType::f32,
               btc);
+    if (kept && l < end) end_block_kept(plan, l + 1 == end);
   }
+}
+
+void Model::begin_blocks_kept(const MemoryPlan& plan) {
+  blocks_start_ = plan.end(Placement::device);
+  block_ends_.clear();
+}
+
+void Model::end_block_kept(MemoryPlan& plan, bool last) {
+  block_ends_.push_back(plan.end(Placement::device));
+  if (last && grads_over_blocks_) declare_gradients_over_blocks(plan);
 }
 
 // Input l's buffer took input l + 2 after it, unless that is the stage's output (its own).
@@ -245,8 +259,8 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
   if (options.weights_only || !options.gradients) return;
   const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
   if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
-  grads_over_blocks_ = options.gradients_over_activations && !options.gradient_checkpointing &&
-                       !staged_gradients() && segments_.size() > 2;
+  grads_over_blocks_ =
+      options.gradients_over_activations && !staged_gradients() && segments_.size() > 2;
   if (grads_over_blocks_) return;  // declare_gradients_over_blocks, after the blocks' tensors
   binder_.declare(
       plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
@@ -269,11 +283,11 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
   const bool selective = options.selective_recompute;
   saved_.assign(c.num_layers, BlockSaved());
   stored_.clear();
-  block_ends_.clear();
   const bool low = options.activation_dtype != DType::f32;
   if (low && !options.gradient_checkpointing) plan_low_precision_saved(plan, style, dims, options);
   const int64_t first = c.first_layer();
-  if (stored_.empty()) blocks_start_ = plan.end(Placement::device);
+  const bool per_block = stored_.empty() && !options.gradient_checkpointing;
+  if (per_block) begin_blocks_kept(plan);
   for (int64_t l = first; l < c.end_layer() && stored_.empty(); ++l) {
     if (options.gradient_checkpointing && l > first) {
       // One set of internals, recomputed per block inside backward.
@@ -288,9 +302,8 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
     const BlockDims d = options.gradient_checkpointing ? dims : layer_dims(dims, style, l);
     declare_block_saved(plan, binder_, saved_[l], prefix, style, d, SavedPart::all, DType::f32,
                         Category::activations, !selective);
-    block_ends_.push_back(plan.end(Placement::device));
+    if (per_block) end_block_kept(plan, l + 1 == c.end_layer());
   }
-  if (grads_over_blocks_ && stored_.empty()) declare_gradients_over_blocks(plan);
   // Selective recomputation: the blocks' attention statistics share one buffer, rebuilt per block
   // in backward.
   if (selective) {
@@ -311,7 +324,7 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
                       DType::f32, Category::temporaries);
   stored_.assign(c.num_layers, BlockSaved());
   const bool recompute = options.recompute_elementwise;
-  blocks_start_ = plan.end(Placement::device);
+  begin_blocks_kept(plan);
   for (int64_t l = c.first_layer(); l < c.end_layer(); ++l) {
     const std::string prefix = "block." + std::to_string(l) + ".";
     declare_block_saved(plan, binder_, saved_[l], prefix, style, dims, SavedPart::full_precision,
@@ -322,9 +335,8 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
     const auto dst = low_precision_tensors(saved_[l]);
     const auto src = low_precision_tensors(work_);
     for (size_t i = 0; i < dst.size(); ++i) binder_.alias(dst[i], src[i]);
-    block_ends_.push_back(plan.end(Placement::device));
+    end_block_kept(plan, l + 1 == c.end_layer());
   }
-  if (grads_over_blocks_) declare_gradients_over_blocks(plan);
   // The recomputable tensors' 16-bit copies: one set, which every block writes in forward and
   // backward rebuilds per block (block_recompute).
   if (!recompute) return;

@@ -61,8 +61,8 @@ struct PlanOptions {
   // head writes them first, the head's over none), where they exist only from backward to the
   // update, as PyTorch's autograd makes them. The first micro-batch's backward then zeroes each
   // segment's added-to gradients just before writing them. Only for a step of one micro-batch
-  // (train's assembly: one process, no gradient accumulation); not under gradient checkpointing
-  // or staged gradients.
+  // (train's assembly: one process, no gradient accumulation); not with staged gradients. Under
+  // gradient checkpointing what the blocks keep is their inputs: the gradients lie over those.
   bool gradients_over_activations = false;
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.
@@ -537,10 +537,15 @@ class Model : public BatchTarget {
                          const BlockDims& dims);
   // PlanOptions::gradients_over_activations: whether the plan lays them so (decided by
   // plan_flat_buffers, which then leaves them to declare_gradients_over_blocks), and where the
-  // blocks' saved tensors start and each block's end (plan_saved records them).
+  // tensors the blocks keep for backward start and each block's end: their saved tensors, or
+  // under gradient checkpointing their inputs. Whoever declares those, block after block, calls
+  // begin_blocks_kept first and end_block_kept after each block, which after the last lays the
+  // gradients over them.
   bool grads_over_blocks_ = false;
   size_t blocks_start_ = 0;
   std::vector<size_t> block_ends_;
+  void begin_blocks_kept(const MemoryPlan& plan);
+  void end_block_kept(MemoryPlan& plan, bool last);
   void declare_gradients_over_blocks(MemoryPlan& plan);
   size_t gradient_reach() const;
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
