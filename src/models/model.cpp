@@ -211,7 +211,7 @@ Model::BlockInputs Model::block_inputs(const PlanOptions& options, const BlockSt
 
 // The stage's input and output each in its own buffer; the blocks' inputs between them too, or
 // (block_inputs_ other than kept) in two buffers in turn: input l over input l - 2.
-// Under gradient checkpointing the inputs are what each block keeps (keeps_blocks).
+// Under gradient checkpointing the inputs are what each block keeps (begin_blocks_kept).
 void Model::declare_hidden(MemoryPlan& plan, const Shape& btc) {
   const int64_t first = config_.first_layer(), end = config_.end_layer();
   const bool kept = options_.gradient_checkpointing;
