@@ -495,7 +495,7 @@ TEST(Trainer, ThePlanAccountsForTheProcessMemory) {
     const MemoryReport& m = r.summary.memory;
     size_t planned = 0;
     for (size_t b : m.planned) planned += b;
-    // One process, one micro-batch a step: the gradients lie over consumed activations,
+    // One micro-batch a step: the gradients lie over consumed activations,
     // counted once in the arena.
     EXPECT_GT(m.overlaid, 0u);
     planned -= m.overlaid;

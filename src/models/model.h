@@ -61,8 +61,9 @@ struct PlanOptions {
   // head writes them first, the head's over none), where they exist only from backward to the
   // update, as PyTorch's autograd makes them. The first micro-batch's backward then zeroes each
   // segment's added-to gradients just before writing them. Only for a step of one micro-batch
-  // (train's assembly: one process, no gradient accumulation); not with staged gradients. Under
-  // gradient checkpointing what the blocks keep is their inputs: the gradients lie over those.
+  // (train's assembly: no gradient accumulation, no pipeline; the ranks' sums end before the
+  // update); not with staged gradients (PlanOptions::gradient_slots). Under gradient
+  // checkpointing what the blocks keep is their inputs: the gradients lie over those.
   bool gradients_over_activations = false;
   // Inference with a key/value cache (models/decoder.h): the weights alone; the decoder plans
   // its own buffers.

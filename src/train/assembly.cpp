@@ -212,11 +212,10 @@ void plan_products(RunAssembly& r, Backend* backend) {
                            r.workspace);
 }
 
-// Whether every optimizer step is one micro-batch of one process: its gradients are needed
-// from its backward to its update only.
-bool one_micro_batch_alone(const TrainOptions& o, int ranks) {
-  return ranks == 1 && o.tp_size <= 1 && o.pp_size <= 1 && o.sp_size <= 1 &&
-         o.gradient_accumulation_steps == 1;
+// Whether every optimizer step is one micro-batch (no accumulation, no pipeline's): its
+// gradients are needed from its backward to its update only (the ranks' sums included).
+bool one_micro_batch(const TrainOptions& o) {
+  return o.pp_size <= 1 && o.gradient_accumulation_steps == 1;
 }
 
 }  // namespace
@@ -288,7 +287,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                             o.selective_recompute};
   model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
   model_options.recompute_block_inputs = true;
-  model_options.gradients_over_activations = one_micro_batch_alone(o, ranks);
+  model_options.gradients_over_activations = one_micro_batch(o);
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(o);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
