@@ -320,8 +320,10 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
                                      const BlockDims& dims, const PlanOptions& options) {
   const ModelConfig& c = config_;
   const bool selective = options.selective_recompute;
-  declare_block_saved(plan, binder_, work_, "block_work.", style, dims, SavedPart::low_precision,
-                      DType::f32, Category::temporaries);
+  declare_block_saved(
+      plan, binder_, work_, "block_work.", style, dims,
+      options.reads_stored_copies ? SavedPart::working_set : SavedPart::low_precision, DType::f32,
+      Category::temporaries);
   stored_.assign(c.num_layers, BlockSaved());
   const bool recompute = options.recompute_elementwise;
   begin_blocks_kept(plan);

@@ -450,6 +450,7 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
     const bool rebuilt =
         std::find(recomputable.begin(), recomputable.end(), t) != recomputable.end();
     const bool wanted = part == SavedPart::all || part == SavedPart::low_precision ||
+                        part == SavedPart::working_set ||
                         (part == SavedPart::low_precision_kept && !rebuilt) ||
                         (part == SavedPart::recomputable && rebuilt);
     if (wanted) binder.declare(plan, t, prefix + name, low_category, low_dtype, shape);
@@ -465,7 +466,10 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
   low(&s.m_in, "m_in", btc);
-  if (d.inner > 0) {  // (a sparse MLP's layer has none)
+  if (d.inner > 0 && part == SavedPart::working_set && !style.gated_mlp) {
+    low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
+    binder.alias(&s.fc_pre, &s.fc_act);
+  } else if (d.inner > 0) {  // (a sparse MLP's layer has none)
     low(&s.fc_pre, "fc_pre", Shape{d.batch, d.seq, d.fc_width()});
     low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
   }

@@ -172,8 +172,18 @@ struct BlockDims {
 };
 
 // Which saved tensors to declare: all of them, only the low-precision ones, or only the rest;
-// the low-precision ones but the recomputable ones (recomputable_tensors), or only those.
-enum class SavedPart { all, low_precision, full_precision, low_precision_kept, recomputable };
+// the low-precision ones but the recomputable ones (recomputable_tensors), or only those. A
+// float32 working set whose readers read the 16-bit stored copies as they lie (working_set) is
+// low_precision's, but an ungated MLP's fc_pre and fc_act share one room: its forward writes
+// fc_act straight into the stored copy, from fc_pre's copy, once fc_pre's float32 is rounded.
+enum class SavedPart {
+  all,
+  low_precision,
+  full_precision,
+  low_precision_kept,
+  recomputable,
+  working_set
+};
 
 // Declares saved tensors; the low-precision ones get `low_dtype` and `low_category`. Without
 // `with_attn_stats` the attention core's statistics are left to the caller (selective
