@@ -332,9 +332,10 @@ TEST(Trainer, AWeightsCopyMadeEachStepTrainsAsTheProductsRounding) {
 // GPU), backward never reads the float32 working set: its gradients of the attention's output,
 // qkv and the MLP's activation take that set's ctx, qkv and fc_act instead of buffers of their own
 // (TrainerOn.GradientCheckpointingChangesMemoryNotResults trains such a run: a backward that read
-// the working set would then differ), and an ungated MLP's fc_pre takes fc_act's room (without
+// the working set would then differ), an ungated MLP's fc_pre takes fc_act's room (without
 // stored copies read as they lie, Models.CheckpointingIsBitIdenticalWith16BitActivations would
-// differ). Not in float32, nor under gradient checkpointing (no working set).
+// differ) and a pre-norm block's norm outputs take none (without them, Models tests fail). Not in
+// float32, nor under gradient checkpointing (no working set).
 TEST(Trainer, ABf16BackwardWritesWhereTheForwardWorked) {
   TempDir dir("shared_scratch");
   TrainOptions o = tiny_options(write_config(dir, "gpt2", 0.0), dir / "out", "cuda");
@@ -355,8 +356,10 @@ TEST(Trainer, ABf16BackwardWritesWhereTheForwardWorked) {
           EXPECT_EQ(has(*r, name), !shared)
               << name << (bf16 ? " bf16" : " fp32") << (checkpointing ? " checkpointed" : "");
         EXPECT_EQ(has(*r, "block_work.fc_act"), shared);
-        // GPT-2's ungated MLP: the working set's fc_pre lies in fc_act's room.
-        EXPECT_FALSE(has(*r, "block_work.fc_pre"));
+        // GPT-2's ungated MLP: the working set's fc_pre lies in fc_act's room; its pre-norm
+        // blocks' norms write their outputs straight into the stored copies.
+        for (const char* name : {"block_work.fc_pre", "block_work.a_in", "block_work.m_in"})
+          EXPECT_FALSE(has(*r, name)) << name;
       }
   // A gated MLP's backward uses both (d_gate_up in fc_pre's room, d_fc in fc_act's).
   o.model_name_or_path = "smollm2-135m";

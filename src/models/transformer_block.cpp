@@ -459,13 +459,15 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
     if (part == SavedPart::all || part == SavedPart::full_precision)
       binder.declare(plan, t, prefix + name, Category::activations, DType::f32, shape);
   };
-  if (style.pre_norm) low(&s.a_in, "a_in", btc);
+  // A pre-norm block's norms write their outputs straight into the stored copies: a working set
+  // has no room for them.
+  if (style.pre_norm && part != SavedPart::working_set) low(&s.a_in, "a_in", btc);
   // Under sequence parallelism the attention's input: every token of this rank's heads.
   low(&s.qkv, "qkv", Shape{d.batch, d.seq * d.seq_ranks, d.heads_qkv_width()});
   if (with_attn_stats) full(&s.attn_stats, "attn_stats", d.attention.stats);
   low(&s.ctx, "ctx", Shape{d.batch, d.seq, d.attention_width()});
   full(&s.res1, "res1", btc);
-  low(&s.m_in, "m_in", btc);
+  if (!style.pre_norm || part != SavedPart::working_set) low(&s.m_in, "m_in", btc);
   if (d.inner > 0 && part == SavedPart::working_set && !style.gated_mlp) {
     low(&s.fc_act, "fc_act", Shape{d.batch, d.seq, d.inner});
     binder.alias(&s.fc_pre, &s.fc_act);

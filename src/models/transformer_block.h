@@ -174,8 +174,9 @@ struct BlockDims {
 // Which saved tensors to declare: all of them, only the low-precision ones, or only the rest;
 // the low-precision ones but the recomputable ones (recomputable_tensors), or only those. A
 // float32 working set whose readers read the 16-bit stored copies as they lie (working_set) is
-// low_precision's, but an ungated MLP's fc_pre and fc_act share one room: its forward writes
-// fc_act straight into the stored copy, from fc_pre's copy, once fc_pre's float32 is rounded.
+// low_precision's, but an ungated MLP's fc_pre and fc_act share one room (its forward writes
+// fc_act straight into the stored copy, from fc_pre's copy, once fc_pre's float32 is rounded),
+// and a pre-norm block's norm outputs a_in and m_in have none (written straight into theirs).
 enum class SavedPart {
   all,
   low_precision,
