@@ -1112,6 +1112,12 @@ void Model::zero_grads(Backend& be) {
   be.fill(params_.flat_grads(), 0.0f);
 }
 
+void Model::zero_accumulated_grads(Backend& be) {
+  if (!grads_over_blocks_) return zero_accumulated_grads(be, {0, -1});
+  zero_accumulated_grads(be, segments_.front());  // the head's
+  if (head_reads_embeddings()) zero_accumulated_grads(be, segments_.back());
+}
+
 void Model::zero_accumulated_grads(Backend& be, ElementRange range) {
   // Runs of neighbouring parameters filled at once (a block's norms and biases lie between its
   // weights; a staged slot holds each block's parameters at the same places).

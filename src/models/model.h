@@ -263,7 +263,9 @@ class Model : public BatchTarget {
   // Sets to zero the gradients an optimizer step's first micro-batch adds to (StepOptions::
   // first_micro_batch): all but the matrix products' weights (ParamInfo::product), whose first
   // gradient it writes over what the buffer holds.
-  void zero_accumulated_grads(Backend& be) { zero_accumulated_grads(be, {0, -1}); }
+  // Where the gradients lie over consumed activations (PlanOptions::gradients_over_activations),
+  // only those of the segments backward does not zero itself.
+  void zero_accumulated_grads(Backend& be);
   // Those of the parameters starting in `range` of the flat gradients (count -1: to the end).
   void zero_accumulated_grads(Backend& be, ElementRange range);
 
