@@ -70,8 +70,9 @@ struct Chart {
 Chart chart_for(const std::vector<MemoryBar>& bars) {
   size_t top = 1;
   for (const MemoryBar& b : bars) {
-    size_t total = b.fixed - b.overlaid;
+    size_t total = b.fixed;
     for (size_t v : b.planned) total += v;
+    total -= b.overlaid;  // drawn once
     top = std::max(top, total);
     for (const auto& [name, v] : b.measured) top = std::max(top, v);
   }
