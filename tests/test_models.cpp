@@ -306,7 +306,7 @@ TEST(Models, MixturesOfExpertsTrainInBf16) {
         rel_error(got_grads.data(), want_grads.data(), static_cast<int64_t>(want_grads.size())),
         5e-2);
     PlanOptions elementwise = bf16;
-    elementwise.recompute_elementwise = true;
+    elementwise.recompute_norms = elementwise.recompute_activation = true;
     bf16.gradient_checkpointing = true;
     for (const PlanOptions& o : {bf16, elementwise}) {
       LoadedModel recomputed(folder, o, false, DType::bf16);
@@ -750,20 +750,23 @@ TEST(Models, SelectiveRecomputationIsBitIdentical) {
   selective_recompute_is_exact("distilbert_tiny", DType::bf16);
 }
 
-// The norms' and SwiGLU's outputs rebuilt per block in backward instead of kept
-// (PlanOptions::recompute_elementwise) give the same loss and gradients bit for bit, with dropout
-// on, where the CPU reads the stored bf16 copies as they are (bf16 products) and where it widens
-// them into the float32 working set (fp16, bf16 on float32 products); with selective
-// recomputation too. The plan keeps fewer activation bytes: no per-block a_in or m_in of a
-// pre-norm block, nor fc_act of a gated MLP.
+// The norms' and the MLP activation's outputs rebuilt per block in backward instead of kept
+// (PlanOptions::recompute_norms, recompute_activation: both, or the activation's alone) give the
+// same loss and gradients bit for bit, with dropout on, where the CPU reads the stored bf16
+// copies as they are (bf16 products) and where it widens them into the float32 working set
+// (fp16, bf16 on float32 products); with selective recomputation too. The plan keeps fewer
+// activation bytes: no per-block a_in or m_in of a pre-norm block where the norms are rebuilt,
+// no per-block fc_act where the activation's output is.
 void elementwise_recompute_is_exact(const std::string& name, DType act_dtype, DType matmul_dtype,
-                                    bool selective = false) {
+                                    bool norms = true, bool selective = false) {
   SCOPED_TRACE(name + " " + dtype_name(act_dtype) + " on " + dtype_name(matmul_dtype) +
-               " products" + (selective ? ", selective" : ""));
+               " products" + (norms ? "" : ", the activation alone") +
+               (selective ? ", selective" : ""));
   PlanOptions kept{false, act_dtype};
   kept.selective_recompute = selective;
   PlanOptions rebuilt = kept;
-  rebuilt.recompute_elementwise = true;
+  rebuilt.recompute_norms = norms;
+  rebuilt.recompute_activation = true;
   LoadedModel a(fixture(name), kept, /*dropout=*/true, matmul_dtype);
   LoadedModel b(fixture(name), rebuilt, /*dropout=*/true, matmul_dtype);
   // Two micro-batches (the second adds to the first's gradients), each backward over every block.
@@ -772,22 +775,32 @@ void elementwise_recompute_is_exact(const std::string& name, DType act_dtype, DT
   EXPECT_EQ(a.grads(), b.grads());
   const int act = static_cast<int>(Category::activations);
   EXPECT_LT(b.plan.bytes_by_category()[act], a.plan.bytes_by_category()[act]);
-  // Pre-norm blocks rebuild their norms' outputs, gated MLPs their SwiGLU output.
-  std::vector<std::string> rebuilt_names{".1.a_in", ".1.m_in"};
-  if (!name.starts_with("gpt2")) rebuilt_names.push_back(".1.fc_act");
-  for (const std::string& per_block : rebuilt_names)
+  auto kept_per_block = [&](const std::string& per_block) {
     for (const auto& buffer : b.plan.buffers())
-      EXPECT_FALSE(buffer.name.ends_with(per_block)) << buffer.name << " is kept per block";
+      if (buffer.name.starts_with("block.1.") && buffer.name.ends_with(per_block)) return true;
+    return false;
+  };
+  EXPECT_FALSE(kept_per_block(".fc_act"));
+  // (A post-norm block's m_in is its residual too: kept.)
+  const bool pre_norm = !name.starts_with("bert");
+  EXPECT_EQ(kept_per_block(".a_in"), pre_norm && !norms);
+  EXPECT_EQ(kept_per_block(".m_in"), !pre_norm || !norms);
 }
 
 TEST(Models, ElementwiseRecomputationIsBitIdentical) {
-  // (A post-norm block with a GELU, BERT's, rebuilds nothing.)
   for (const char* name : {"gpt2_tiny", "llama_tiny", "gpt2_variant"})
     for (DType products : {DType::bf16, DType::f32}) {
       elementwise_recompute_is_exact(name, DType::bf16, products);
       if (products == DType::f32) elementwise_recompute_is_exact(name, DType::f16, products);
     }
-  elementwise_recompute_is_exact("qwen2_tiny", DType::bf16, DType::bf16, /*selective=*/true);
+  elementwise_recompute_is_exact("qwen2_tiny", DType::bf16, DType::bf16, true, /*selective=*/true);
+  // The activation's output alone (a GPU's choice); a post-norm block (BERT's) has no norm
+  // output to rebuild, its GELU's.
+  for (const char* name : {"gpt2_tiny", "llama_tiny", "bert_tiny"}) {
+    elementwise_recompute_is_exact(name, DType::bf16, DType::bf16, /*norms=*/false);
+    elementwise_recompute_is_exact(name, DType::f16, DType::f32, /*norms=*/false);
+  }
+  elementwise_recompute_is_exact("bert_tiny", DType::bf16, DType::bf16, true, /*selective=*/true);
 }
 
 // Post-norm blocks' inputs in two buffers in turn, each rebuilt in backward from the block
@@ -916,7 +929,7 @@ TEST(Models, GradientsOverConsumedActivationsAreBitIdentical) {
   selective.recompute_block_inputs = true;
   gradients_over_activations_are_exact("distilbert_tiny", selective);
   PlanOptions elementwise{false, DType::bf16};
-  elementwise.recompute_elementwise = true;
+  elementwise.recompute_norms = elementwise.recompute_activation = true;
   gradients_over_activations_are_exact("llama_tiny", elementwise);
   gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f16});
   // Under gradient checkpointing, over the blocks' inputs.

@@ -118,7 +118,7 @@ TEST_P(TrainerOn, AccumulationEqualsTheLargeBatch) {
 
 // With dropout, in fp32 and bf16: the recomputation is exact. Four blocks: checkpointing keeps
 // one block's internals in float32, which can outweigh what two tiny blocks keep in bf16 on the
-// CPU (whose plain runs keep no pre-norm block's norm outputs: PlanOptions::recompute_elementwise).
+// CPU (whose plain runs keep no pre-norm block's norm outputs: PlanOptions::recompute_norms).
 TEST_P(TrainerOn, GradientCheckpointingChangesMemoryNotResults) {
   TempDir dir("ckpt");
   for (const std::string type : {"bert", "gpt2"})

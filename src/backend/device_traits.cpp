@@ -28,8 +28,10 @@ DeviceTraits cpu_traits() {
   // rows gave no more).
   t.logits_chunk_bytes = int64_t{64} << 20;
   t.products_round_operands = true;
-  // No measurable time, a third of what a llama block keeps.
-  t.recompute_elementwise = true;
+  // No measurable time, a third of what a llama block keeps; a GELU's output too (GPT-2 bf16
+  // 66 MiB less at the same speed on a Zen 4, bert-small -1.8% within its noise).
+  t.recompute_norms = true;
+  t.recompute_activation = true;
   t.rates.fp32_flops = t.rates.tf32_flops = t.rates.fp16_flops = 156e9;  // fp16 emulated
   t.rates.bf16_flops = 757e9;
   t.rates.attention_flops = 156e9;
@@ -57,7 +59,12 @@ DeviceTraits cuda_traits() {
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at
   // 50304 (docs/benchmarks.md, "The LM head padded").
   t.bf16_head_row_multiple = 64;
-  t.recompute_elementwise = false;
+  // The MLP activation's output rebuilt from fc_pre (one memory-bound pass over B x T x inner
+  // bf16 values a block: at an H100's bandwidth ~2 ms of a bert-large batch 32 step; not measured):
+  // 384 MiB of bert-large's plan at batch 4, 3 GiB at batch 32. The norms' outputs are kept
+  // (rebuilding them reads the float32 residual stream: more time for less memory).
+  t.recompute_norms = false;
+  t.recompute_activation = true;
   t.context_bytes = kCudaContextBytes;
   t.rates.fp32_flops = 50e12;
   t.rates.tf32_flops = 350e12;

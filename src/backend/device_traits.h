@@ -39,8 +39,10 @@ struct DeviceTraits {
   // reading a bf16 copy of them made once per optimizer step (Backend::hold_weights), as a GPU's
   // tensor cores read their operands from memory (where that holds less: train/assembly.cpp).
   bool bf16_weights_copy = false;
-  // The norms' and SwiGLU's outputs are rebuilt in backward rather than kept per block.
-  bool recompute_elementwise = false;
+  // Mixed precision: the pre-norm blocks' norm outputs, and the MLP activation's output, rebuilt
+  // in backward rather than kept per block (PlanOptions::recompute_norms, recompute_activation).
+  bool recompute_norms = false;
+  bool recompute_activation = false;
   // bf16 runs: a language-model head without a bias multiplies its weight padded with zero rows
   // to a multiple of this (Backend::hold_padded_weight), and its logits' rows are that wide (the
   // padding columns take no probability and no gradient). 1: never padded.

@@ -315,7 +315,8 @@ void Model::plan_saved(MemoryPlan& plan, const BlockStyle& style, const BlockDim
 
 // Mixed precision without checkpointing: per block the float32 tensors saved_[l] and the 16-bit
 // copies stored_[l], the low-precision ones viewing one float32 work set (work_); with
-// recompute_elementwise the recomputable copies share one set too.
+// elementwise recomputation (PlanOptions::recomputes_elementwise) the recomputable copies share one
+// set too.
 void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
                                      const BlockDims& dims, const PlanOptions& options) {
   const ModelConfig& c = config_;
@@ -325,7 +326,7 @@ void Model::plan_low_precision_saved(MemoryPlan& plan, const BlockStyle& style,
       options.reads_stored_copies ? SavedPart::working_set : SavedPart::low_precision, DType::f32,
       Category::temporaries);
   stored_.assign(c.num_layers, BlockSaved());
-  const bool recompute = options.recompute_elementwise;
+  const bool recompute = options.recomputes_elementwise();
   begin_blocks_kept(plan);
   for (int64_t l = c.first_layer(); l < c.end_layer(); ++l) {
     const std::string prefix = "block." + std::to_string(l) + ".";
@@ -781,6 +782,8 @@ BlockStyle Model::style(bool training) const {
   s.tensor_group = tensor_group_;
   s.sequence_group = sequence_group_;
   s.tensor_slices_tokens = slices_tokens();
+  s.rebuilds_norms = options_.recompute_norms;
+  s.rebuilds_activation = options_.recompute_activation;
   return s;
 }
 
@@ -826,7 +829,7 @@ void Model::slice_inputs() const {
 namespace {
 // Copies between a block's float32 working tensors and its 16-bit stored copies (unless only the
 // stored copies are used: direct_saved_tensors).
-// Tensors `rebuilt` names (the recomputable ones under recompute_elementwise: backward rebuilds
+// Tensors `rebuilt` names (the recomputable ones under elementwise recomputation: backward rebuilds
 // them) are not moved.
 // (A tensor a block does not have, a sparse MLP's fc_pre and fc_act, is not copied.)
 void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
@@ -843,7 +846,7 @@ void transfer(Backend& be, BlockSaved& from, BlockSaved& to,
 }  // namespace
 
 std::array<Tensor*, 3> Model::rebuilt(BlockSaved& s, const BlockStyle& st) const {
-  return options_.recompute_elementwise ? recomputable_tensors(s, st) : std::array<Tensor*, 3>{};
+  return options_.recomputes_elementwise() ? recomputable_tensors(s, st) : std::array<Tensor*, 3>{};
 }
 
 bool Model::direct_saved_tensors(const Backend& be) const {
@@ -1082,7 +1085,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     }
     // The recomputable tensors of this block, from what it kept (the last block's are still in
     // place).
-    if (!stored_.empty() && options_.recompute_elementwise && !last)
+    if (!stored_.empty() && options_.recomputes_elementwise() && !last)
       block_recompute(be, st, layer_params(l, false), hidden_[l], saved_[l],
                       direct ? &stored_[l] : nullptr);
     // Selective recomputation: the statistics of this block, from its kept qkv (the last

@@ -38,11 +38,14 @@ struct PlanOptions {
   // block in backward. Exact; not with gradient_checkpointing, which recomputes everything.
   bool selective_recompute = false;
   // Mixed precision without gradient checkpointing: the blocks' recomputable tensors
-  // (recomputable_tensors: a pre-norm block's norm outputs, a gated MLP's SwiGLU output) are not
-  // kept per block but in one shared buffer each, rebuilt per block in backward by the same
-  // element-wise ops from what the block keeps. Exact; the CPU's runs set it (train's assembly):
-  // in bf16, batch 4 x 256, SmolLM2-135M keeps 152 MiB less, GPT-2 34 MiB.
-  bool recompute_elementwise = false;
+  // (recomputable_tensors: a pre-norm block's norm outputs, with recompute_norms; the MLP
+  // activation's output, SwiGLU's or a GELU's, with recompute_activation) are not kept per block
+  // but in one shared buffer each, rebuilt per block in backward by the same element-wise ops
+  // from what the block keeps. Exact; train's assembly sets them as the device's traits say: in
+  // bf16, batch 4 x 256, both keep SmolLM2-135M 152 MiB less, the norms GPT-2 34 MiB.
+  bool recompute_norms = false;
+  bool recompute_activation = false;
+  bool recomputes_elementwise() const { return recompute_norms || recompute_activation; }
   // Mixed precision: the backend reads the 16-bit stored copies as they lie
   // (Backend::reads_product_input), so backward never reads the blocks' float32 working set and
   // their backward scratch shares its room (set by train's assembly; a forward on a backend that
@@ -526,7 +529,7 @@ class Model : public BatchTarget {
   // tensors, and the shared float32 set the block computes in (saved_[l] views it).
   std::vector<BlockSaved> stored_;
   BlockSaved work_;
-  BlockSaved shared_stored_;  // recompute_elementwise: the recomputable tensors' 16-bit copies
+  BlockSaved shared_stored_;  // the recomputable tensors' shared 16-bit copies
   Tensor shared_attn_stats_;  // selective recomputation: every block's statistics, in turn
   // plan's parts: the flat weights, constants and gradients; the blocks' saved activations
   // (plan_low_precision_saved: mixed precision's 16-bit copies); a step's other buffers.
@@ -554,7 +557,7 @@ class Model : public BatchTarget {
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;
-  // Block tensors of `s` that backward rebuilds (recompute_elementwise), else none.
+  // Block tensors of `s` that backward rebuilds (PlanOptions::recomputes_elementwise), else none.
   std::array<Tensor*, 3> rebuilt(BlockSaved& s, const BlockStyle& st) const;
   Tensor flat_weights_, flat_grads_;
   // The gradient segments of the parameter layout (found at creation) and, after bind, of the

@@ -427,8 +427,9 @@ std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s) {
 }
 
 std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& style) {
-  return {style.pre_norm ? &s.a_in : nullptr, style.pre_norm ? &s.m_in : nullptr,
-          style.gated_mlp ? &s.fc_act : nullptr};
+  const bool norms = style.pre_norm && style.rebuilds_norms;
+  return {norms ? &s.a_in : nullptr, norms ? &s.m_in : nullptr,
+          style.rebuilds_activation ? &s.fc_act : nullptr};
 }
 
 std::array<Tensor*, 17> all_saved_tensors(BlockSaved& s) {
@@ -608,14 +609,14 @@ void post_norm_output(Backend& be, const BlockStyle& st, const BlockParams& w, c
 
 void block_recompute(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
                      const BlockSaved& s, const BlockSaved* stored) {
-  if (st.pre_norm) {
+  if (st.pre_norm && st.rebuilds_norms) {
     attention_input(be, st, w, x, s, stored_copy(stored, &BlockSaved::a_in));
     mlp_input(be, st, w, s, stored_copy(stored, &BlockSaved::m_in));
   }
   // block_forward's fc_pre: the stored copy where there is one, else the float32 one rounded
   // (none: a sparse MLP's layer).
   const Tensor& fc_pre = stored != nullptr ? stored->fc_pre : s.fc_pre;
-  if (st.gated_mlp && !fc_pre.empty())
+  if (st.rebuilds_activation && !fc_pre.empty())
     mlp_output(be, st, fc_pre, s, stored_copy(stored, &BlockSaved::fc_act));
 }
 

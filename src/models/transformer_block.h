@@ -92,6 +92,11 @@ struct BlockStyle {
   // neither planned (BlockDims::inner 0), written nor read); pre-norm blocks without tensor
   // parallelism. Null: none.
   SparseMlp* sparse_mlp = nullptr;
+  // Mixed precision: the 16-bit outputs backward rebuilds from what the block keeps
+  // (block_recompute) rather than keep per block: a pre-norm block's norm outputs, the MLP
+  // activation's output (PlanOptions::recompute_norms, recompute_activation).
+  bool rebuilds_norms = false;
+  bool rebuilds_activation = false;
 };
 
 // Parameters (or their gradients) of one block. ln_a is the LayerNorm (or RMSNorm) around
@@ -127,9 +132,8 @@ std::array<Tensor*, 6> low_precision_tensors(BlockSaved& s);
 std::array<Tensor*, 17> all_saved_tensors(BlockSaved& s);
 // The low-precision tensors backward rebuilds cheaply from what a block keeps, by the element-wise
 // ops that made them (block_recompute): a pre-norm block's norm outputs a_in and m_in (from its
-// input and res1), and a gated MLP's SwiGLU output fc_act (from fc_pre). Entries a style does not
-// rebuild are null: a GELU's output is kept (rebuilding it cost GPT-2 2.3% of a bf16 step on the
-// CPU; SwiGLU's, nothing measurable on SmolLM2).
+// input and res1) where style.rebuilds_norms, and the MLP activation's output fc_act (from
+// fc_pre) where style.rebuilds_activation. Entries a style does not rebuild are null.
 std::array<Tensor*, 3> recomputable_tensors(BlockSaved& s, const BlockStyle& style);
 
 // Buffers shared by all blocks, used only within one block's forward or backward.

@@ -285,7 +285,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   configure_products(r, backend);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
-  model_options.recompute_elementwise = device_traits(device).recompute_elementwise;
+  model_options.recompute_norms = device_traits(device).recompute_norms;
+  model_options.recompute_activation = device_traits(device).recompute_activation;
   model_options.recompute_block_inputs = true;
   model_options.gradients_over_activations = one_micro_batch(o);
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
