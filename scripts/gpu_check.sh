@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [head]
+#     [vocab] [same] [speed] [rebuild] [head]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
@@ -70,6 +70,12 @@ for what in "${@:-tests}"; do
         BRISK_TRAIN=$bin gpt2_train 50257 20 >/dev/null
         echo "$bin: $(grep -o '"train_loss": *[0-9.e+-]*' /tmp/gpt2_bench/out/train_results.json)"
       done | tee "$OUT/same.log" ;;
+    rebuild)  # the MLP activation's output kept (BRISK_RECOMPUTE_ACTIVATION=0) against rebuilt in
+      # backward (this build's default), alternated: GPT-2's samples/s over 16 steps
+      for keep in 0 1 0 1; do
+        if [ $keep = 0 ]; then echo "kept: $(BRISK_RECOMPUTE_ACTIVATION=0 gpt2_train 50257 16)"
+        else echo "rebuilt: $(gpt2_train 50257 16)"; fi
+      done | tee "$OUT/rebuild.log" ;;
     speed)  # this build against $BRISK_BASE_BIN, alternated: GPT-2's samples/s over 16 steps
       for bin in "$BRISK_BASE_BIN" build-gpu/brisk "$BRISK_BASE_BIN" build-gpu/brisk; do
         echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 16)"

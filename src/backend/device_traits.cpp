@@ -1,12 +1,21 @@
 // The devices' descriptions (device_traits.h).
 #include "backend/device_traits.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/backend.h"
 #include "core/error.h"
 
 namespace brisk {
 
 namespace {
+
+// Whether the environment variable `name` is "0" (a measurement switch).
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
 // AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT
@@ -63,8 +72,9 @@ DeviceTraits cuda_traits() {
   // bf16 values a block: at an H100's bandwidth ~2 ms of a bert-large batch 32 step; not measured):
   // 384 MiB of bert-large's plan at batch 4, 3 GiB at batch 32. The norms' outputs are kept
   // (rebuilding them reads the float32 residual stream: more time for less memory).
+  // BRISK_RECOMPUTE_ACTIVATION=0 keeps it, to measure (scripts/gpu_check.sh rebuild).
   t.recompute_norms = false;
-  t.recompute_activation = true;
+  t.recompute_activation = !switched_off("BRISK_RECOMPUTE_ACTIVATION");
   t.context_bytes = kCudaContextBytes;
   t.rates.fp32_flops = 50e12;
   t.rates.tf32_flops = 350e12;
