@@ -60,8 +60,10 @@ struct PlanOptions {
   bool recompute_block_inputs = false;
   // The flat gradients laid over the blocks' saved tensors as far as backward allows: each
   // segment's over the tensors of blocks whose backward is done before it first writes them
-  // (block l's over those of blocks l + 1 on, the embeddings' over any block's unless a tied
-  // head writes them first, the head's over none), where they exist only from backward to the
+  // (block l's over those of blocks l + 1 on, the embeddings' over any block's, the head's over
+  // none; a tied head, which writes the embeddings' gradients in the forward pass, then writes
+  // them into a buffer of their own, copied in before the embeddings' backward, where the
+  // gradients lie over more than that buffer takes), where they exist only from backward to the
   // update, as PyTorch's autograd makes them. The first micro-batch's backward then zeroes each
   // segment's added-to gradients just before writing them. Only for a step of one micro-batch
   // (train's assembly: no gradient accumulation, no pipeline; the ranks' sums end before the
@@ -553,7 +555,22 @@ class Model : public BatchTarget {
   void begin_blocks_kept(const MemoryPlan& plan);
   void end_block_kept(MemoryPlan& plan, bool last);
   void declare_gradients_over_blocks(MemoryPlan& plan);
-  size_t gradient_reach() const;
+  // How far before the blocks' end the flat gradients may start; `embeddings_over_blocks`:
+  // whether the embeddings' segment may lie over the blocks' tensors (nothing writes it before
+  // their backward).
+  size_t gradient_reach(bool embeddings_over_blocks) const;
+  // A tied head's weight gradient apart from the flat gradients (gradients_over_activations),
+  // where that lays more of them over the blocks' tensors than it takes; else empty.
+  Tensor tied_head_grad_;
+  // Whether the embeddings' gradients lie over the blocks' tensors: nothing writes them before
+  // the embeddings' backward (no tied head, or its gradient apart).
+  bool embeddings_over_blocks() const {
+    return !head_reads_embeddings() || !tied_head_grad_.empty();
+  }
+  // The tied embedding table's parameter (embedding and product operand), or -1.
+  int tied_table() const;
+  // The gradient the language-model head's weight `weight` is written into.
+  Tensor head_weight_grad(int weight) const;
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;
