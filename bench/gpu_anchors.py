@@ -22,7 +22,9 @@ H100 SXM's dense bf16).
 (system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
 brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
 brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
-cast per product; brisk-base: the build at $BRISK_BASE_BIN, to compare two builds in one run)
+cast per product; brisk-keptact: brisk with BRISK_RECOMPUTE_ACTIVATION=0, the MLP activation's
+output kept per block, not rebuilt in backward; brisk-base: the build at $BRISK_BASE_BIN, to
+compare two builds in one run)
 """
 import argparse
 import json
@@ -43,6 +45,12 @@ CONFIGS = {"bert": BERT_LARGE, "gpt2": GPT2, "llama": LLAMA}
 BATCHES = {"bert": (4, 16, 32), "gpt2": (8, 16, 32), "llama": (4, 8)}
 SEQ = {"bert": 512, "gpt2": 1024, "llama": 2048}
 CAUSAL = ("gpt2", "llama")  # trained on a token file, labels = inputs
+# brisk with a measurement switch: its float32 attention kernels, cuDNN's fastest attention
+# backward, saved activations in float32 containers, the MLP activation's output kept.
+SWITCHED = {"brisk-f32attn": {"BRISK_FUSED_ATTENTION": "0"},
+            "brisk-nondet": {"BRISK_ATTENTION_DETERMINISTIC": "0"},
+            "brisk-f32act": {"BRISK_BF16_ACTIVATIONS": "0"},
+            "brisk-keptact": {"BRISK_RECOMPUTE_ACTIVATION": "0"}}
 
 TORCH_CHILD = r'''
 import json, subprocess, sys, time
@@ -217,6 +225,10 @@ def main():
         model, sizes = item.split(":")
         BATCHES[model] = tuple(int(b) for b in sizes.split("/"))
     systems, models = a.systems.split(","), a.models.split(",")
+    known = {"brisk", "brisk-base", "torch", "compile", "trainer", *SWITCHED}
+    unknown = [s for s in systems if s not in known]
+    if unknown:
+        sys.exit(f"unknown --systems {','.join(unknown)} (known: {','.join(sorted(known))})")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cfgs = {m: write_config(os.path.join(tmp, m), CONFIGS[m]) for m in models}
@@ -240,15 +252,9 @@ def main():
                 else:
                     got = []
                     for batch in BATCHES[model]:
-                        if system == "brisk-f32attn":  # its float32 attention kernels
+                        if system in SWITCHED:  # this build with a measurement switch
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp,
-                                          dict(os.environ, BRISK_FUSED_ATTENTION="0"))
-                        elif system == "brisk-nondet":  # cuDNN's fastest attention backward
-                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
-                                          dict(os.environ, BRISK_ATTENTION_DETERMINISTIC="0"))
-                        elif system == "brisk-f32act":  # saved activations in float32 containers
-                            r = run_brisk(cfgs[model], data, model, batch, a, tmp,
-                                          dict(os.environ, BRISK_BF16_ACTIVATIONS="0"))
+                                          dict(os.environ, **SWITCHED[system]))
                         elif system == "brisk-base":  # another build: $BRISK_BASE_BIN
                             r = run_brisk(cfgs[model], data, model, batch, a, tmp,
                                           binary=os.environ["BRISK_BASE_BIN"])
