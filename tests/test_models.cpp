@@ -897,20 +897,22 @@ TEST(MemoryPlan, ABufferLaidOverOthersStartsWhereItReachesBack) {
 // the head is not tied to the embeddings (a tied head writes them first: none).
 // `vocab` > 0: the model with that many tokens (random weights either way). `apart_pays`: a tied
 // head's weight gradient goes apart (else its table is too large against what it frees).
+// `plan_seq`: planned for that length, run at the batch's (shorter) one.
 void gradients_over_activations_are_exact(const std::string& name, PlanOptions whole,
                                           bool masked_lm = false, int64_t vocab = 0,
-                                          bool apart_pays = true) {
+                                          bool apart_pays = true, int64_t plan_seq = 0) {
   SCOPED_TRACE(name + " " + dtype_name(whole.activation_dtype) +
                (whole.gradient_checkpointing ? ", checkpointed" : "") +
-               (vocab > 0 ? ", vocabulary " + std::to_string(vocab) : ""));
+               (vocab > 0 ? ", vocabulary " + std::to_string(vocab) : "") +
+               (plan_seq > 0 ? ", planned for " + std::to_string(plan_seq) : ""));
   PlanOptions over = whole;
   over.gradients_over_activations = true;
   auto six = [vocab](ModelConfig& c) {
     c.num_layers = 6;
     if (vocab > 0) c.vocab_size = vocab;
   };
-  LoadedModel a(fixture(name), whole, /*dropout=*/true, DType::f32, 0, masked_lm, six, 11);
-  LoadedModel b(fixture(name), over, /*dropout=*/true, DType::f32, 0, masked_lm, six, 11);
+  LoadedModel a(fixture(name), whole, /*dropout=*/true, DType::f32, plan_seq, masked_lm, six, 11);
+  LoadedModel b(fixture(name), over, /*dropout=*/true, DType::f32, plan_seq, masked_lm, six, 11);
   for (uint64_t micro_step : {3, 4}) {  // a forward over the last step's gradients, a backward
     EXPECT_EQ(a.step(true, 7, micro_step), b.step(true, 7, micro_step));
     EXPECT_EQ(a.grads(), b.grads());
@@ -951,6 +953,8 @@ TEST(Models, GradientsOverConsumedActivationsAreBitIdentical) {
   // Tied heads: their weight gradient apart, or with a large table none laid over.
   gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f16});
   gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f32}, false, 20000, false);
+  // Decided for the planned length: run at a shorter one, whose own plan would not take it.
+  gradients_over_activations_are_exact("gpt2_tiny", {false, DType::f32}, false, 1500, true, 19);
   gradients_over_activations_are_exact("bert_mlm", {false, DType::bf16}, /*masked_lm=*/true);
   // Under gradient checkpointing, over the blocks' inputs.
   gradients_over_activations_are_exact("bert_tiny", {true, DType::f32});
