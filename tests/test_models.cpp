@@ -893,8 +893,8 @@ TEST(MemoryPlan, ABufferLaidOverOthersStartsWhereItReachesBack) {
 // The gradients laid over the blocks' consumed activations (PlanOptions::gradients_over_
 // activations) are the same bit for bit after a step of one micro-batch, with dropout on (the
 // first micro-batch zeroes each segment's added-to gradients as backward reaches it), and the
-// plan is smaller by what they overlay: every segment but the last block's and the head's, where
-// the head is not tied to the embeddings (a tied head writes them first: none).
+// plan is smaller by what they overlay (every segment but the last block's and the head's) less
+// what a tied head's weight gradient apart takes.
 // `vocab` > 0: the model with that many tokens (random weights either way). `apart_pays`: a tied
 // head's weight gradient goes apart (else its table is too large against what it frees).
 // `plan_seq`: planned for that length, run at the batch's (shorter) one.
