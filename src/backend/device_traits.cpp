@@ -1,21 +1,13 @@
 // The devices' descriptions (device_traits.h).
 #include "backend/device_traits.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/switches.h"
 
 namespace brisk {
 
 namespace {
-
-// Whether the environment variable `name` is "0" (a measurement switch).
-bool switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
 
 // Rates measured on 2026-11-22 and before. CPU: the development machine (2 threads of an
 // AVX-512/AMX Xeon): OpenBLAS sgemm ~156 GFLOP/s and oneDNN bf16 ~757 GFLOP/s at the BERT

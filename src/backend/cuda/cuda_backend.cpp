@@ -75,7 +75,7 @@ cuda::AdamWArgs adamw_args(float lr, float beta1, float beta2, float eps, float 
 }
 }  // namespace
 
-CudaBackend::CudaBackend() : stores_bf16_outputs_(cuda::switched_on("BRISK_BF16_PRODUCT_OUTPUT")) {
+CudaBackend::CudaBackend() : stores_bf16_outputs_(switched_on("BRISK_BF16_PRODUCT_OUTPUT")) {
   check_cuda(cudaGetDevice(&device_index_), "cudaGetDevice");
   check_cuda(cudaGetDeviceProperties(&props_, device_index_), "cudaGetDeviceProperties");
   BRISK_CHECK(props_.major >= 8, "--device cuda: ", props_.name, " (compute capability ",
@@ -142,7 +142,7 @@ void CudaBackend::synchronize() {
 // ---- 16-bit activations ----
 
 bool CudaBackend::bf16_activations(DType dtype) const {
-  static const bool wanted = !cuda::switched_off("BRISK_BF16_ACTIVATIONS");
+  static const bool wanted = !switched_off("BRISK_BF16_ACTIVATIONS");
   return wanted && dtype == DType::bf16 && matmul_dtype_ == DType::bf16;
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 // BRISK_FUSED_ATTENTION=0 keeps the float32 kernels (to compare the two).
 bool fused_attention_wanted() {
-  static const bool wanted = !cuda::switched_off("BRISK_FUSED_ATTENTION");
+  static const bool wanted = !switched_off("BRISK_FUSED_ATTENTION");
   return wanted;
 }
 // Bytes of the bias at the start of the attention workspace, rounded up to 256.

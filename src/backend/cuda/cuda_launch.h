@@ -6,10 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
+#include "core/switches.h"
 
 namespace brisk::cuda {
 
@@ -37,18 +36,6 @@ inline int threads_for_row(int64_t cols, int max_threads = kThreads) {
 inline void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   BRISK_CHECK(err == cudaSuccess, "CUDA error at kernel ", kernel, ": ", cudaGetErrorString(err));
-}
-
-// Whether the environment variable `name` is "0": the measurement switches that turn a GPU path
-// off to compare (BRISK_FUSED_ATTENTION, BRISK_BF16_ACTIVATIONS, BRISK_ATTENTION_DETERMINISTIC).
-inline bool switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, "0") == 0;
-}
-// Whether the environment variable `name` is "1": an opt-in.
-inline bool switched_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, "1") == 0;
 }
 
 inline void check_cuda(cudaError_t err, const char* what) {
