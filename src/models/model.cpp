@@ -256,7 +256,7 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
   declare_constants(plan, shape);
   grad_layout_ = StagedLayout();
   grads_over_blocks_ = false;
-  if (!replanning_) tied_grad_apart_ = false;
+  if (!replanning_) tied_apart_ = -1;
   if (options.weights_only || !options.gradients) return;
   const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
   if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
@@ -363,16 +363,18 @@ void Model::declare_gradients_over_blocks(MemoryPlan& plan) {
   const bool tied = head_reads_embeddings();
   const size_t reach = gradient_reach(!tied), apart_reach = gradient_reach(true);
   // Decided for the planned length (a shorter one's plan declares the same buffers).
-  if (tied && tied_table() >= 0 && !replanning_) {
-    const size_t table =
-        params_.list()[static_cast<size_t>(tied_table())].shape.numel() * sizeof(float);
-    tied_grad_apart_ = std::min(apart_reach, bytes) >= std::min(reach, bytes) + 2 * table;
+  const int table = tied ? tied_table() : -1;
+  if (table >= 0 && !replanning_) {
+    const size_t table_bytes =
+        params_.list()[static_cast<size_t>(table)].shape.numel() * sizeof(float);
+    const bool apart = std::min(apart_reach, bytes) >= std::min(reach, bytes) + 2 * table_bytes;
+    tied_apart_ = apart ? table : -1;
   }
   binder_.declare_over(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
-                       Shape{params_.total_elements()}, tied_grad_apart_ ? apart_reach : reach);
-  if (tied_grad_apart_)
+                       Shape{params_.total_elements()}, tied_apart_ >= 0 ? apart_reach : reach);
+  if (tied_apart_ >= 0)
     declare(plan, &tied_head_grad_, "lm_head.tied_gradient", Category::gradients, DType::f32,
-            params_.list()[static_cast<size_t>(tied_table())].shape);
+            params_.list()[static_cast<size_t>(tied_apart_)].shape);
 }
 
 int Model::tied_table() const {
@@ -383,7 +385,7 @@ int Model::tied_table() const {
 }
 
 Tensor Model::head_weight_grad(int weight) const {
-  return tied_grad_apart_ && weight == tied_table() ? tied_head_grad_ : g(weight);
+  return weight == tied_apart_ ? tied_head_grad_ : g(weight);
 }
 
 // How far before the blocks' end the gradients may start (PlanOptions::
@@ -1132,7 +1134,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
       gather_tokens(be, *tensor_group_, d_hidden_, d_tokens_, scratch_.token_exchange);
     if (grads_over_blocks_ && o.first_micro_batch && embeddings_over_blocks()) {
       zero_accumulated_grads(be, segments_.back());
-      if (tied_grad_apart_) be.copy(tied_head_grad_, g(tied_table()));
+      if (tied_apart_ >= 0) be.copy(tied_head_grad_, g(tied_apart_));
     }
     embed_backward(be, o);
   }

@@ -561,12 +561,12 @@ class Model : public BatchTarget {
   size_t gradient_reach(bool embeddings_over_blocks) const;
   // A tied head's weight gradient apart from the flat gradients (gradients_over_activations),
   // where that lays more of them over the blocks' tensors than it takes (decided for the planned
-  // length).
-  bool tied_grad_apart_ = false;
+  // length): the tied table's parameter, or -1 where its gradient lies in the flat gradients.
+  int tied_apart_ = -1;
   Tensor tied_head_grad_;
   // Whether the embeddings' gradients lie over the blocks' tensors: nothing writes them before
   // the embeddings' backward (no tied head, or its gradient apart).
-  bool embeddings_over_blocks() const { return !head_reads_embeddings() || tied_grad_apart_; }
+  bool embeddings_over_blocks() const { return !head_reads_embeddings() || tied_apart_ >= 0; }
   // The tied embedding table's parameter (embedding and product operand), or -1.
   int tied_table() const;
   // The gradient the language-model head's weight `weight` is written into.
