@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [rebuild] [head]
+#     [vocab] [same] [speed] [rebuild] [head] [mlm]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
@@ -80,6 +80,18 @@ for what in "${@:-tests}"; do
       for bin in "$BRISK_BASE_BIN" build-gpu/brisk "$BRISK_BASE_BIN" build-gpu/brisk; do
         echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 16)"
       done | tee "$OUT/speed.log" ;;
+    mlm)  # BERT-base as a masked LM (a head with a bias), bf16, batch $BATCH (32) x 128, its
+      # head padded (this build's default) against unpadded (BRISK_PAD_HEAD=0), alternated
+      t=/tmp/mlm_bench; mkdir -p $t
+      for i in $(seq 2000); do cat tests/fixtures/smollm2_kjv/psalm23.txt; done >$t/train.txt
+      for pad in 0 1 0 1; do
+        BRISK_PAD_HEAD=$pad build-gpu/brisk train --device cuda --model bert-base-uncased --mlm \
+          --tokenizer_name tests/fixtures/tokenizer/wordpiece --train_file $t/train.txt \
+          --max_seq_length 128 --per_device_train_batch_size ${BATCH:-32} --bf16 true \
+          --max_steps 40 --logging_steps 1000000 --save_strategy no --output_dir $t/out \
+          --disable_tqdm true >"$OUT/mlm_pad$pad.log" 2>&1
+        echo "padded=$pad: $(grep -o '"train_samples_per_second": *[0-9.]*' $t/out/train_results.json)"
+      done | tee "$OUT/mlm.log" ;;
     head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
       python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated

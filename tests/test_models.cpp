@@ -391,9 +391,10 @@ TEST(Models, AMixtureOfExpertsCountsItsActiveParameters) {
 }
 
 // A language-model head's logits rows are padded where the device asks it of bf16 runs
-// (DeviceTraits::bf16_head_row_multiple: a GPU's, for sm90 product kernels) and the head has no
-// bias; the held operand (the weight's padded copy) and A's room (the logits' gradient) follow.
-// Planned here for a GPU without one: the plan alone decides. The CPU refuses a padded weight.
+// (DeviceTraits::bf16_head_row_multiple: a GPU's, for sm90 product kernels); the held operand
+// (the weight's padded copy) and A's room (the logits' gradient) follow, and a head's bias is
+// copied into a buffer of the padded width (Model::head_bias). Planned here for a GPU without
+// one: the plan alone decides. The CPU refuses a padded weight.
 TEST(Models, TheHeadIsPaddedOnlyWhereTheDeviceAsksForBf16) {
   struct Case {
     const char* name;
@@ -405,7 +406,8 @@ TEST(Models, TheHeadIsPaddedOnlyWhereTheDeviceAsksForBf16) {
                         Case{"llama_tiny", Device::cuda, DType::bf16, 128},
                         Case{"gpt2_tiny", Device::cuda, DType::f32, 89},
                         Case{"gpt2_tiny", Device::cpu, DType::bf16, 89},
-                        Case{"bert_mlm", Device::cuda, DType::bf16, 97}}) {  // a biased head
+                        Case{"bert_mlm", Device::cuda, DType::f32, 97},  // a biased head
+                        Case{"bert_mlm", Device::cuda, DType::bf16, 128}}) {
     SCOPED_TRACE(std::string(c.name) + " " + device_name(c.device) + " " + dtype_name(c.act));
     ModelConfig config = load_config(fixture(std::string(c.name) + "/config.json"));
     if (std::string(c.name) == "bert_mlm") use_masked_lm(config);
@@ -417,6 +419,9 @@ TEST(Models, TheHeadIsPaddedOnlyWhereTheDeviceAsksForBf16) {
     model->plan(plan, BatchShape{2, 8}, options);
     EXPECT_EQ(model->logits_width(), c.width);
     EXPECT_EQ(plan.buffer(plan.find("logits")).shape, (Shape{2, 8, c.width}));
+    const int bias = plan.find("lm_head.padded_bias");
+    EXPECT_EQ(bias >= 0, std::string(c.name) == "bert_mlm" && c.width == 128);
+    if (bias >= 0) EXPECT_EQ(plan.buffer(bias).shape, (Shape{c.width}));
     const MatmulOperands operands = model->matmul_operands();
     EXPECT_EQ(operands.held, c.width * config.hidden_size);
     EXPECT_GE(operands.a, 16 * c.width);

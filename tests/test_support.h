@@ -129,7 +129,7 @@ struct LoadedModel {
 // below), which moves it by a bf16 step: distilbert_mlm's gradients measured 7.9e-4 apart on an
 // Intel host (the portable build, OpenBLAS, any thread count) and 2e-8 here. bf16 runs are
 // therefore held to 2e-3, a bf16 step's scale; a wrong chunk is far outside either bound. On a
-// GPU in bf16, gpt2_tiny's and llama_tiny's heads are padded (logits_width()).
+// GPU in bf16, every head here is padded (logits_width()), the masked LMs' with their biases.
 inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
                                                      DType activations = DType::f32) {
   const bool bf16 = activations == DType::bf16;

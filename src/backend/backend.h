@@ -249,7 +249,8 @@ class Backend {
   // rows: returns the weight to give the products, [rows, C] (rows >= V), its first V rows w's
   // rounded to bf16, the rest zeros, valid until release_weight(). A linear_backward given it
   // may write a dw of w's V rows (the products' K and N then span all rows, M only V: every
-  // operand's extent a multiple of 8 but dw's rows). Needs MatmulOperands::held >= rows * C.
+  // operand's extent a multiple of 8 but dw's rows) and a db of the first V columns; its
+  // linear_forward takes a bias of all rows. Needs MatmulOperands::held >= rows * C.
   // Backends without it throw (DeviceTraits::bf16_head_row_multiple is 1 for them).
   virtual Tensor hold_padded_weight(const Tensor& w, int64_t rows);
   // The caller promises that no value of `weights` (float32: a model's whole weights) changes

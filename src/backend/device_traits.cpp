@@ -58,8 +58,9 @@ DeviceTraits cuda_traits() {
   t.bf16_weights_copy = true;
   // cuBLASLt runs a product whose rows or columns are an odd vocabulary (GPT-2's 50257) on sm75
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at
-  // 50304 (docs/benchmarks.md, "The LM head padded").
-  t.bf16_head_row_multiple = 64;
+  // 50304 (docs/benchmarks.md, "The LM head padded"). BRISK_PAD_HEAD=0 leaves it unpadded, to
+  // measure (scripts/gpu_check.sh mlm).
+  t.bf16_head_row_multiple = switched_off("BRISK_PAD_HEAD") ? 1 : 64;
   // The MLP activation's output rebuilt from fc_pre (one memory-bound pass over B x T x inner
   // bf16 values a block: at an H100's bandwidth ~2 ms of a bert-large batch 32 step; not measured):
   // 384 MiB of bert-large's plan at batch 4, 3 GiB at batch 32. The norms' outputs are kept

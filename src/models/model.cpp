@@ -613,9 +613,11 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight,
   const int64_t rows = s.batch * s.seq;
   lm_width_ = vocab_rows();
   const int64_t multiple = device_traits(options_.device).bf16_head_row_multiple;
-  if (!biased && config_.tensor_ranks == 1 && options_.activation_dtype == DType::bf16)
+  if (config_.tensor_ranks == 1 && options_.activation_dtype == DType::bf16)
     lm_width_ = checked_add(lm_width_, multiple - 1, "the logits' width") / multiple * multiple;
   const int64_t V = lm_width_;
+  if (biased && V > vocab_rows())
+    declare(plan, &head_bias_, "lm_head.padded_bias", Category::activations, DType::f32, {V});
   // 64 rows times a power of two (chunks that divide the usual batch x length, and keep a GPU
   // product's operands 256-byte aligned) within the device's chunk bytes; the same at every
   // length.
@@ -667,10 +669,19 @@ void Model::lm_loss(Backend& be, const StepOptions& o, const Tensor& logits, con
                               loss_sum(), grad);
 }
 
+Tensor Model::head_bias(Backend& be, const Tensor& bias) const {
+  if (head_bias_.empty()) return bias;
+  be.fill(element_range(head_bias_, bias.numel(), head_bias_.numel() - bias.numel()), 0.0f);
+  be.copy(bias, element_range(head_bias_, 0, bias.numel()));
+  return head_bias_;
+}
+
 void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight,
                             int bias, const Tensor& labels) {
   const int64_t rows = labels.numel(), chunk = logits_.numel() / lm_width_;
-  const Tensor b = bias >= 0 ? w(bias) : Tensor();
+  const Tensor b = bias >= 0 ? head_bias(be, w(bias)) : Tensor();
+  // A padded head's bias gradient: of the vocabulary's columns, the first (Backend::
+  // linear_backward).
   const Tensor db = bias >= 0 && o.compute_grad ? g(bias) : Tensor();
   // The weight is read by two products per chunk and does not change meanwhile; a padded head's
   // products read it padded.

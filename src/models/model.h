@@ -475,9 +475,9 @@ class Model : public BatchTarget {
   // input gradient [B,T,C] is written during the forward pass (lm_head_forward) and read by
   // head_backward (lm_head_dx).
   // `weight`: the head's weight parameter, as lm_head_forward gets it; `biased`: whether it gets
-  // a bias too. In bf16 on a device that wants it (DeviceTraits::bf16_head_row_multiple), an
-  // unbiased head's logits rows are padded: V' = logits_width() >= V columns, the weight padded
-  // with zero rows alike (Backend::hold_padded_weight).
+  // a bias too. In bf16 on a device that wants it (DeviceTraits::bf16_head_row_multiple), the
+  // head's logits rows are padded: V' = logits_width() >= V columns, the weight padded with zero
+  // rows alike (Backend::hold_padded_weight), a bias with zeros (head_bias_).
   void declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight, bool biased);
   // logits = x W^T (+ b) over the rows of x [B,T,C], then their softmax cross-entropy against
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
@@ -518,6 +518,7 @@ class Model : public BatchTarget {
   Tensor head_dx_;
   Tensor head_stats_;          // [tensor ranks, chunk rows, 3]: vocabulary parallelism's (lm_loss)
   Tensor head_dlogits_;        // [rows of two chunks, V] bf16 (CPU bf16 runs; else empty)
+  Tensor head_bias_;           // [V'] a padded head's bias, zeros past the vocabulary's (or empty)
   bool lm_grouped_ = false;    // head_dlogits_ is declared (decided by the full length's plan)
   bool replanning_ = false;    // use_seq is planning a shorter length
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
@@ -571,6 +572,8 @@ class Model : public BatchTarget {
   int tied_table() const;
   // The gradient the language-model head's weight `weight` is written into.
   Tensor head_weight_grad(int weight) const;
+  // The bias the head's products add: `bias`, or a padded head's copy of it (head_bias_).
+  Tensor head_bias(Backend& be, const Tensor& bias) const;
   // Whether the blocks' low-precision tensors live only in their 16-bit stored copies, which the
   // backend reads as they are (block_forward's `stored`).
   bool direct_saved_tensors(const Backend& be) const;

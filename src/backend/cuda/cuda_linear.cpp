@@ -312,7 +312,9 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
              nullptr, t);
   }
   if (!db.empty()) {
-    BRISK_CHECK(db.numel() == n, "linear_backward: bias gradient has ", db.numel(),
+    // A padded weight's bias gradient: its first columns only, as dw's rows.
+    const int64_t nb = db.numel();
+    BRISK_CHECK(nb == n || (out_in && nb < n), "linear_backward: bias gradient has ", nb,
                 " values, expected ", n);
     BRISK_CHECK(m <= ws_.ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
     BRISK_CHECK(!g.bf16, "linear_backward: a bias gradient sums a float32 dy, not bf16");
@@ -320,9 +322,9 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
       ones_ready_ = true;
     }
-    // db[1,n] (+)= ones[1,m] dy[m,n], in float32 whatever the operand type.
-    matmul(false, false, 1, n, m, ws_.ones.f32(), m, g.data, n, accumulate_dw,
-           cuda::f32_out(db.f32()), n, nullptr, DType::f32);
+    // db[1,nb] (+)= ones[1,m] dy[m,:nb], in float32 whatever the operand type.
+    matmul(false, false, 1, nb, m, ws_.ones.f32(), m, g.data, n, accumulate_dw,
+           cuda::f32_out(db.f32()), nb, nullptr, DType::f32);
   }
 }
 
