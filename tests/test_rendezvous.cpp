@@ -38,6 +38,33 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// A socket bound to a loopback port and connected to that same port, where nobody listens, is
+// connected to itself (TCP's simultaneous open: what a rank connecting to rank 0's port before it
+// listens may be given, and must not take for rank 0); a connection to a listener is not.
+TEST(Rendezvous, AConnectionToItselfIsToldFromOneToAListener) {
+  const int self = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(self, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(self, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_EQ(::connect(self, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_TRUE(connected_to_itself(self));
+  ::close(self);
+
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0),
+            client = ::socket(AF_INET, SOCK_STREAM, 0);
+  a.sin_port = 0;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_FALSE(connected_to_itself(client));
+  ::close(client);
+  ::close(listener);
+}
+
 // Connects to the loopback port (retrying while nobody listens), sends `bytes` and hangs up.
 void send_raw(int port, const std::string& bytes) {
   for (int attempt = 0; attempt < 200; ++attempt) {

@@ -150,11 +150,12 @@ int connect_to_rank_zero(const LaunchInfo& launch, Clock::time_point deadline, d
     for (addrinfo* a = found; a; a = a->ai_next) {
       Socket s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
       if (s.fd < 0) continue;
-      if (::connect(s.fd, a->ai_addr, a->ai_addrlen) == 0) {
+      const bool connected = ::connect(s.fd, a->ai_addr, a->ai_addrlen) == 0;
+      if (connected && !connected_to_itself(s.fd)) {
         ::freeaddrinfo(found);
         return std::exchange(s.fd, -1);
       }
-      last_error = std::strerror(errno);
+      last_error = connected ? "a connection to itself" : std::strerror(errno);
     }
     if (ms_left(deadline) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, ms_left(deadline))));
@@ -165,6 +166,15 @@ int connect_to_rank_zero(const LaunchInfo& launch, Clock::time_point deadline, d
 }
 
 }  // namespace
+
+bool connected_to_itself(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t mine_len = sizeof mine, peer_len = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+    return false;
+  return mine_len == peer_len && std::memcmp(&mine, &peer, mine_len) == 0;
+}
 
 // Rank 0's side: the store, and a thread answering the other ranks.
 struct RendezvousStore::Server {

@@ -47,4 +47,9 @@ class RendezvousStore {
 std::vector<uint8_t> rendezvous_share(const LaunchInfo& launch, const std::vector<uint8_t>& blob,
                                       size_t blob_size, double timeout_seconds);
 
+// Whether the connected socket `fd` is connected to itself: a connection to a port of this host
+// that nobody listens on yet may be given that port as its own (TCP's simultaneous open), and
+// would then keep rank 0 from listening there. Other ranks' connections to it are retried.
+bool connected_to_itself(int fd);
+
 }  // namespace brisk

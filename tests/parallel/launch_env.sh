@@ -2,7 +2,8 @@
 # launch_env.sh N COMMAND...: starts N copies of COMMAND on this host as torchrun starts its
 # workers, without MPI: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and
 # MASTER_PORT (a port nobody listens on, nor on the one after it, which brisk's rendezvous takes;
-# MASTER_PORT from the environment when set). Fails when any copy fails, ending the others then,
+# below Linux's ephemeral ports, 32768 on, which connections take as their own; MASTER_PORT from
+# the environment when set). Fails when any copy fails, ending the others then,
 # as torchrun does, and names the rank that failed first.
 set -u
 n=$1
@@ -10,7 +11,7 @@ shift
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 port=${MASTER_PORT:-}
 while [ -z "$port" ]; do
-  port=$((20000 + RANDOM % 40000))
+  port=$((20000 + RANDOM % 12000))
   if listening "$port" || listening $((port + 1)); then port=""; fi
 done
 declare -A rank_of
