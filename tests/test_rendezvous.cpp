@@ -24,13 +24,19 @@
 namespace brisk::testing {
 namespace {
 
-// A port nobody listens on now (the kernel's pick for a socket closed at once).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// The loopback address at `port` (0: the kernel's pick, where bound).
+sockaddr_in loopback(int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+// A port nobody listens on now (the kernel's pick for a socket closed at once).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback(0);
   EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -43,9 +49,7 @@ int free_port() {
 // listens may be given, and must not take for rank 0); a connection to a listener is not.
 TEST(Rendezvous, AConnectionToItselfIsToldFromOneToAListener) {
   const int self = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = loopback(0);
   ASSERT_EQ(::bind(self, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   socklen_t len = sizeof a;
   ASSERT_EQ(::getsockname(self, reinterpret_cast<sockaddr*>(&a), &len), 0);
@@ -55,7 +59,7 @@ TEST(Rendezvous, AConnectionToItselfIsToldFromOneToAListener) {
 
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0),
             client = ::socket(AF_INET, SOCK_STREAM, 0);
-  a.sin_port = 0;
+  a = loopback(0);
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(listener, 1), 0);
   ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
@@ -69,10 +73,7 @@ TEST(Rendezvous, AConnectionToItselfIsToldFromOneToAListener) {
 void send_raw(int port, const std::string& bytes) {
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
+    sockaddr_in a = loopback(port);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
       if (!bytes.empty())
         EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), 0), ssize_t(bytes.size()));
