@@ -265,7 +265,8 @@ TEST(CudaOps, HeldWeightsAreCastOnceAndReadUntilReleased) {
 // the copy held other values before.
 TEST(CudaOps, APaddedHeldWeightGivesTheUnpaddedProducts) {
   REQUIRE_GPU();
-  const int64_t M = 37, K = 24, N = 50, P = 64;  // W [N, K] padded to P rows
+  // W [N, K] padded to P rows; dW's rows in two products, 64 and the 11 left.
+  const int64_t M = 37, K = 24, N = 75, P = 128;
   std::mt19937 rng(29);
   const FVec x = randn(M * K, rng), w = randn(N * K, rng), dy = randn(M * N, rng);
   FVec bias = randn(N, rng), want_db(N, 0.0f);

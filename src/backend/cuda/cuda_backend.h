@@ -183,6 +183,8 @@ class CudaBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c, int64_t ldc,
               const void* bias, DType dtype);
+  void weight_grad_rows(const Tensor& dw, int64_t k, int64_t m, const void* dy, int64_t ld,
+                        const void* x, bool accumulate, DType t, bool padded);
   const void* bias_operand(const float* bias, int64_t n);
   // A product's operand of n stored elements as a `dtype` product reads it: float32 as it lies;
   // for 16 bits the held weight's copy, an operand stored in bf16 as it lies, or float32 values
