@@ -71,24 +71,26 @@ for what in "${@:-tests}"; do
         echo "$bin: $(grep -o '"train_loss": *[0-9.e+-]*' /tmp/gpt2_bench/out/train_results.json)"
       done | tee "$OUT/same.log" ;;
     rebuild)  # the MLP activation's output kept (BRISK_RECOMPUTE_ACTIVATION=0) against rebuilt in
-      # backward (this build's default), alternated: GPT-2's samples/s over 16 steps
+      # backward (this build's default), alternated: GPT-2's samples/s over $STEPS (16) steps
       for keep in 0 1 0 1; do
-        if [ $keep = 0 ]; then echo "kept: $(BRISK_RECOMPUTE_ACTIVATION=0 gpt2_train 50257 16)"
-        else echo "rebuilt: $(gpt2_train 50257 16)"; fi
+        if [ $keep = 0 ]; then
+          echo "kept: $(BRISK_RECOMPUTE_ACTIVATION=0 gpt2_train 50257 ${STEPS:-16})"
+        else echo "rebuilt: $(gpt2_train 50257 ${STEPS:-16})"; fi
       done | tee "$OUT/rebuild.log" ;;
-    speed)  # this build against $BRISK_BASE_BIN, alternated: GPT-2's samples/s over 16 steps
+    speed)  # this build against $BRISK_BASE_BIN, alternated: GPT-2's samples/s over $STEPS (16)
       for bin in "$BRISK_BASE_BIN" build-gpu/brisk "$BRISK_BASE_BIN" build-gpu/brisk; do
-        echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 16)"
+        echo "$bin: $(BRISK_TRAIN=$bin gpt2_train 50257 ${STEPS:-16})"
       done | tee "$OUT/speed.log" ;;
-    mlm)  # BERT-base as a masked LM (a head with a bias), bf16, batch $BATCH (32) x 128, its
-      # head padded (this build's default) against unpadded (BRISK_PAD_HEAD=0), alternated
+    mlm)  # BERT-base as a masked LM (a head with a bias), bf16, batch $BATCH (32) x 128, $STEPS
+      # (40) steps, its head padded (this build's default) against unpadded (BRISK_PAD_HEAD=0),
+      # alternated
       t=/tmp/mlm_bench; mkdir -p $t
       for i in $(seq 2000); do cat tests/fixtures/smollm2_kjv/psalm23.txt; done >$t/train.txt
       for pad in 0 1 0 1; do
         BRISK_PAD_HEAD=$pad build-gpu/brisk train --device cuda --model bert-base-uncased --mlm \
           --tokenizer_name tests/fixtures/tokenizer/wordpiece --train_file $t/train.txt \
           --max_seq_length 128 --per_device_train_batch_size ${BATCH:-32} --bf16 true \
-          --max_steps 40 --logging_steps 1000000 --save_strategy no --output_dir $t/out \
+          --max_steps ${STEPS:-40} --logging_steps 1000000 --save_strategy no --output_dir $t/out \
           --disable_tqdm true >"$OUT/mlm_pad$pad.log" 2>&1
         echo "padded=$pad: $(grep -o '"train_samples_per_second": *[0-9.]*' $t/out/train_results.json)"
       done | tee "$OUT/mlm.log" ;;
