@@ -109,7 +109,8 @@ TEST(Evaluate, DuringAndAfterTrainingAsTheTrainerReportsIt) {
   // training run's evaluation batch it gives that run's final evaluation bit for bit. Nor the
   // buffers only a backward pass writes.
   EXPECT_LT(planned(only, Category::activations), planned(o, Category::activations));
-  for (const char* name : {"grad.hidden", "block_scratch.d_qkv", "block_scratch.d_fc"}) {
+  for (const char* name :
+       {"grad.hidden", "block_scratch.d_ctx", "block_scratch.d_qkv", "block_scratch.d_fc"}) {
     auto has = [&](const TrainOptions& t) {
       const auto run = assemble_run(t, Device::cpu, nullptr);
       for (const BufferSpec& b : run->plan.buffers())

@@ -415,7 +415,8 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
   const bool unread_work = !stored_.empty() && options_.reads_stored_copies;
   // A run that computes no gradients (PlanOptions::gradients) has no backward pass.
   const bool backward = options_.gradients;
-  declare_block_scratch(plan, binder_, scratch_, dims, unread_work ? &work_ : nullptr, backward);
+  declare_block_scratch(plan, binder_, scratch_, dims, unread_work ? &work_ : nullptr, backward,
+                        style.qk_norm);
   if (!stored_.empty() && style.gated_mlp) binder_.alias(&scratch_.d_gate_up, &work_.fc_pre);
   if (backward) declare(plan, &d_hidden_, "grad.hidden", Category::temporaries, DType::f32, btc);
   // The embeddings' output (first stage), the head's input (last), over every token.

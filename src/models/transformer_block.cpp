@@ -489,7 +489,8 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& s,
 }
 
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& s,
-                           const BlockDims& d, const BlockSaved* room, bool backward) {
+                           const BlockDims& d, const BlockSaved* room, bool backward,
+                           bool qk_norm) {
   const Shape btc{d.batch, d.seq, d.hidden};
   auto add = [&](Tensor* t, const char* name, Shape shape) {
     binder.declare(plan, t, std::string("block_scratch.") + name, Category::temporaries, DType::f32,
@@ -505,7 +506,7 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
     binder.alias(&s.d_fc, &room->fc_act);
   } else {
     // (A forward pass uses d_ctx under query/key norms, d_qkv under sequence parallelism.)
-    add(&s.d_ctx, "d_ctx", Shape{d.batch, d.seq, d.attention_width()});
+    if (backward || qk_norm) add(&s.d_ctx, "d_ctx", Shape{d.batch, d.seq, d.attention_width()});
     if (backward || d.seq_ranks > 1) add(&s.d_qkv, "d_qkv", Shape{d.batch, d.seq, d.qkv_width()});
     if (backward) add(&s.d_fc, "d_fc", Shape{d.batch, d.seq, d.inner});
   }

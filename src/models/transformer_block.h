@@ -201,10 +201,11 @@ void declare_block_saved(MemoryPlan& plan, BufferBinder& binder, BlockSaved& sav
 // `room`: a float32 working set of the blocks' saved tensors that backward never reads (the
 // backend reads their 16-bit stored copies as they lie); backward's own buffers of the same shapes
 // (d_ctx, d_qkv, d_fc) then take its room instead of their own. Without `backward` (forward
-// passes only) the buffers only backward uses are not planned.
+// passes only) the buffers only backward uses are not planned: d_ctx only with `qk_norm` (the
+// blocks' query/key norms, whose forward uses it).
 void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch& scratch,
                            const BlockDims& d, const BlockSaved* room = nullptr,
-                           bool backward = true);
+                           bool backward = true, bool qk_norm = false);
 
 // The attention scale of block `layer` (GPT-2's scale_attn_by_inverse_layer_idx divides by
 // layer + 1).
