@@ -213,15 +213,26 @@ const Tensor& produce_saved(Backend& be, DType lp, const Tensor& work, const Ten
   return target;
 }
 
-// A saved product's output (produce(y) writes it): straight into its 16-bit stored copy where
-// the backend's products store that dtype (the same bits as rounding after), else into the
-// float32 work tensor, then rounded (round_saved).
+// A saved product's output (produce(y) writes it). Where the backend's products store the 16-bit
+// dtype: straight into the stored copy, or without one (a checkpointed forward) into `spare`, a
+// buffer of backward's then unused, widened into the float32 work tensor after - so that a run
+// with copies and one without get the same values where the product stores them otherwise than
+// rounding after would (cuBLASLt adds a bf16 output's bias in bf16). Else into the float32 work
+// tensor, then rounded (round_saved).
 template <typename Produce>
 const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
-                            Produce produce) {
-  if (copy != nullptr && be.stores_product_output(lp)) {
-    produce(*copy);
-    return *copy;
+                            const Tensor& spare, Produce produce) {
+  if (be.stores_product_output(lp)) {
+    if (copy != nullptr) {
+      produce(*copy);
+      return *copy;
+    }
+    if (spare.bytes() >= work.numel() * dtype_size(lp) && spare.data() != work.data()) {
+      const Tensor stored(spare.data(), work.shape(), lp, spare.device());
+      produce(stored);
+      be.cast(stored, work);
+      return work;
+    }
   }
   produce(work);
   return round_saved(be, lp, work, copy);
@@ -557,7 +568,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
                                     copy(&BlockSaved::ctx));
   } else {
     if (st.rope_cos.empty()) {
-      qkv = &product_saved(be, lp, s.qkv, qkv_copy, qkv_product);
+      qkv = &product_saved(be, lp, s.qkv, qkv_copy, scratch.d_qkv, qkv_product);
     } else {  // rotary positions go on the float32 product, rounded after
       qkv_product(s.qkv);
       if (st.qk_norm)
@@ -589,7 +600,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     return;
   }
   const Tensor& fc_pre = product_saved(
-      be, lp, s.fc_pre, copy(&BlockSaved::fc_pre),
+      be, lp, s.fc_pre, copy(&BlockSaved::fc_pre), scratch.d_fc,
       [&](const Tensor& y) { be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y); });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
