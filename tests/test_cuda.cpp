@@ -500,6 +500,14 @@ TEST(CudaModels, LanguageModelHeadsInChunksEqualTheWholeHead) {
   expect_chunked_lm_heads_equal_whole_ones(kGpu, DType::bf16);  // padded heads
 }
 
+// The masked LMs' labelled rows gathered and their gradients moved back (moe_gather,
+// moe_combine) on the GPU, in float32 and with padded bf16 heads.
+TEST(CudaModels, AMaskedLmDecodesItsLabelledRowsAloneAsEveryRow) {
+  REQUIRE_GPU();
+  expect_labelled_rows_equal_every_row(kGpu);
+  expect_labelled_rows_equal_every_row(kGpu, DType::bf16);
+}
+
 // Float32: as close as the CPU is to PyTorch (test_models.cpp), with dropout off and on (the
 // masks come from the same counter-based generator on both backends).
 TEST(CudaModels, BertMatchesTheCpuBackendInFp32) {

@@ -495,6 +495,11 @@ TEST(Models, LanguageModelHeadsInChunksEqualTheWholeHeadInBf16) {
   expect_chunked_lm_heads_equal_whole_ones(Device::cpu, DType::bf16);
 }
 
+TEST(Models, AMaskedLmDecodesItsLabelledRowsAloneAsEveryRow) {
+  expect_labelled_rows_equal_every_row(Device::cpu);
+  expect_labelled_rows_equal_every_row(Device::cpu, DType::bf16);
+}
+
 // A bf16 head planned in chunks (so with its rounded logit gradients, lm_head.dlogits) runs a
 // shorter batch whose rows fit one chunk in the same buffers (use_seq declares what the full
 // length did): the loss and gradients of a model planned for that length, which has no such

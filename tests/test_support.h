@@ -3,10 +3,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <regex>
 #include <string>
 #include <utility>
@@ -170,6 +173,82 @@ inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
     EXPECT_LE(rel_error(got.data(), want_grads.data(), static_cast<int64_t>(got.size())),
               bf16 ? 2e-3 : 1e-5);
   }
+}
+
+// Fixture `name` (a BERT or DistilBERT) copied into `folder` with a batch of `batch` x `seq`
+// tokens drawn from `seed`, `percent` of them labelled (about), as a masked LM's, in `file`.
+inline void write_masked_lm_folder(const std::string& name, const std::string& folder,
+                                   int64_t batch, int64_t seq, uint64_t seed, int percent = 15,
+                                   const std::string& file = "batch.safetensors") {
+  namespace fs = std::filesystem;
+  fs::create_directories(folder);
+  for (const char* part : {"config.json", "model.safetensors"})
+    fs::copy_file(fs::path(fixture(name)) / part, fs::path(folder) / part,
+                  fs::copy_options::overwrite_existing);
+  const ModelConfig c = resolve_config(folder);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> ids(batch * seq), mask(batch * seq, 1), types(batch * seq, 0),
+      labels(batch * seq, kIgnoreIndex);
+  std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(c.vocab_size) - 1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = token(rng);
+    if (static_cast<int>(rng() % 100) < percent) labels[i] = token(rng);
+  }
+  auto t = [&](std::vector<int32_t>& v) {
+    return Tensor(v.data(), Shape{batch, seq}, DType::i32, Device::cpu);
+  };
+  std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"input_ids", t(ids)}, {"attention_mask", t(mask)}, {"labels", t(labels)}};
+  if (c.type_vocab_size > 0) tensors.emplace_back("token_type_ids", t(types));
+  write_safetensors(folder + "/" + file, tensors);
+}
+
+// A masked LM's decoder over the labelled rows alone (PlanOptions::labelled_rows_only: sparse
+// prediction, the default) equals it over every row: the training loss and every gradient,
+// within summation order (bf16 held to a bf16 step's scale, as the chunked heads are above).
+// 8 x 16 tokens, 15% labelled: the decoder takes 64 rows of 128, the rest of its input gradient
+// zeros, though a step before (of a batch 60% labelled: 128 rows) left them written. Evaluation
+// computes every row, and its logits can be read; a training step's cannot.
+inline void expect_labelled_rows_equal_every_row(Device device, DType activations = DType::f32) {
+  const std::string root = (std::filesystem::temp_directory_path() /
+                            ("brisk_labelled_rows_" + std::to_string(::getpid())))
+                               .string();
+  for (const char* name : {"bert_mlm", "distilbert_mlm"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = root + "/" + name;
+    write_masked_lm_folder(name, folder, 8, 16, 5);
+    write_masked_lm_folder(name, folder, 8, 16, 6, 60, "dense.safetensors");
+    PlanOptions every, labelled;
+    every.device = labelled.device = device;
+    every.activation_dtype = labelled.activation_dtype = activations;
+    every.labelled_rows_only = false;
+    LoadedModel want(folder, every, false, activations, 0, true);
+    LoadedModel got(folder, labelled, false, activations, 0, true);
+    EXPECT_LT(want.plan.find("batch.mlm_rows"), 0);
+    EXPECT_GE(got.plan.find("batch.mlm_rows"), 0);
+    for (const char* file : {"dense.safetensors", "batch.safetensors"}) {
+      SCOPED_TRACE(file);
+      for (LoadedModel* m : {&want, &got})
+        load_batch(SafetensorsFile(folder + "/" + file), *m->model, *m->be);
+      const int64_t targets = got.model->count_targets();
+      EXPECT_TRUE(file[0] == 'd' ? targets > 64 : targets > 0 && targets < 64) << targets;
+      const double want_loss = want.step(true);
+      EXPECT_NEAR(got.step(true), want_loss, 1e-6 * std::abs(want_loss));
+      if (file[0] == 'b') EXPECT_THROW(got.model->logits(), Error);  // 64 rows of 128
+      const std::vector<float> want_grads = want.grads(), got_grads = got.grads();
+      ASSERT_EQ(got_grads.size(), want_grads.size());
+      EXPECT_LE(
+          rel_error(got_grads.data(), want_grads.data(), static_cast<int64_t>(got_grads.size())),
+          activations == DType::bf16 ? 2e-3 : 1e-5);
+    }
+    StepOptions eval;
+    eval.training = false;
+    eval.compute_grad = false;
+    const double want_eval = want.model->forward(*want.be, eval);
+    EXPECT_NEAR(got.model->forward(*got.be, eval), want_eval, 1e-6 * std::abs(want_eval));
+    EXPECT_EQ(got.model->logits().numel(), want.model->logits().numel());
+  }
+  std::filesystem::remove_all(root);
 }
 
 // A mixture-of-experts fixture's values (tests/fixtures/moe) for brisk's parameter `name` under

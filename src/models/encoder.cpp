@@ -141,9 +141,13 @@ class Encoder final : public Model {
     if (token_types())
       declare_input(plan, &batch_.token_type_ids, &dev_batch_.token_type_ids,
                     "batch.token_type_ids", {B, T});
-    if (masked_lm())
+    if (masked_lm()) {
       declare_input(plan, &batch_.labels, &dev_batch_.labels, "batch.labels", {B, T});
-    else if (config_.regression)
+      if (labelled_rows_only()) {
+        declare_input(plan, &rows_host_, &rows_, "batch.mlm_rows", {B * T});
+        declare_input(plan, &row_labels_host_, &row_labels_, "batch.mlm_row_labels", {B * T});
+      }
+    } else if (config_.regression)
       declare_input(plan, &batch_.label_values, &dev_batch_.label_values, "batch.label_values", {B},
                     DType::f32);
     else
@@ -192,6 +196,38 @@ class Encoder final : public Model {
     for (int64_t b = 0; b < shape_.batch; ++b)
       BRISK_CHECK(y[b] == kIgnoreIndex || (y[b] >= 0 && y[b] < config_.num_labels), "label ", y[b],
                   " of sequence ", b, " is outside [0, ", config_.num_labels, ")");
+  }
+
+  // Sparse prediction: in steps that compute gradients, the decoder of a masked LM over the
+  // labelled rows alone (PlanOptions::labelled_rows_only), as the loss reads no other row.
+  bool labelled_rows_only() const {
+    const PlanOptions& o = plan_options();
+    return masked_lm() && o.gradients && o.labelled_rows_only && config_.tensor_ranks == 1 &&
+           config_.sequence_ranks == 1;
+  }
+
+  // Each token's row among the decoder's (rows_host_): the labelled first, in order, then the
+  // rest; row_labels_host_ their labels. The decoder takes the labelled rows, rounded up to a
+  // multiple of 64 (fewer product shapes; at least 64, so that every step writes the head's
+  // gradient), those past them ignored.
+  void prepare_batch() override {
+    if (!labelled_rows_only()) return;
+    const int64_t n = batch_.labels.numel();
+    const int32_t* y = batch_.labels.i32();
+    int32_t* row = rows_host_.i32();
+    int32_t* label = row_labels_host_.i32();
+    int32_t next = 0;
+    auto place = [&](bool labelled) {
+      for (int64_t i = 0; i < n; ++i)
+        if ((y[i] != kIgnoreIndex) == labelled) {
+          row[i] = next;
+          label[next++] = y[i];
+        }
+    };
+    place(true);
+    const int64_t count = next;
+    place(false);
+    decoder_rows_ = std::min(n, std::max<int64_t>(64, (count + 63) / 64 * 64));
   }
 
   Tensor type_table(bool grads) const {
@@ -245,20 +281,43 @@ class Encoder final : public Model {
     be.first_token_backward(d_first_, head_input_grad());
   }
 
-  // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position.
+  // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position, or
+  // with labelled_rows_only the decoder over the labelled rows, gathered into the block
+  // scratch's tmp (free while the head runs; lm_head_forward computes its backward too).
   void masked_lm_forward(Backend& be, const StepOptions& o) {
     be.linear_forward(head_input(), w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_pre_);
     be.activation_forward(config_.activation, head_pre_, head_act_);
     be.layernorm_forward(head_act_, w(mlm_ln_g_), w(mlm_ln_g_ + 1), config_.layer_norm_eps,
                          mlm_out_, mlm_mean_, mlm_rstd_);
-    lm_head_forward(be, o, mlm_out_, word_, mlm_bias_, dev_batch_.labels);
+    if (!labelled_rows_only() || !o.compute_grad)
+      return lm_head_forward(be, o, mlm_out_, word_, mlm_bias_, dev_batch_.labels);
+    const int64_t n = rows_.numel();
+    be.moe_gather(row_range(mlm_out_, 0, n), token_rows(), row_range(scratch_.tmp, 0, n));
+    lm_head_forward(be, o, row_range(scratch_.tmp, 0, decoder_rows_), word_, mlm_bias_,
+                    row_range(row_labels_, 0, decoder_rows_));
+  }
+
+  Tensor token_rows() const {
+    return Tensor(rows_.data(), Shape{rows_.numel(), 1}, DType::i32, rows_.device());
+  }
+
+  // The transform's output gradient: the decoder's input gradient, or with labelled_rows_only
+  // its rows moved back to their tokens (the rows past the decoder's zero) into tmp.
+  Tensor mlm_output_grad(Backend& be) {
+    if (!labelled_rows_only()) return lm_head_dx();
+    const int64_t n = rows_.numel();
+    const Tensor dx = row_range(lm_head_dx(), 0, n);
+    be.fill(row_range(dx, decoder_rows_, n - decoder_rows_), 0.0f);
+    const Tensor d_out = row_range(scratch_.tmp, 0, n);
+    be.moe_combine(dx, token_rows(), Tensor(), d_out, false);
+    return Tensor(d_out.data(), head_act_.shape(), DType::f32, d_out.device());
   }
 
   // The block scratch is free while the rest of the head runs: tmp2 holds its gradient.
   void masked_lm_backward(Backend& be, bool accumulate_dw) {
     const Tensor& d_act = scratch_.tmp2;
-    be.layernorm_backward(lm_head_dx(), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act, false,
-                          g(mlm_ln_g_), g(mlm_ln_g_ + 1));
+    be.layernorm_backward(mlm_output_grad(be), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act,
+                          false, g(mlm_ln_g_), g(mlm_ln_g_ + 1));
     be.activation_backward(config_.activation, head_pre_, d_act, d_act);
     be.linear_backward(head_input(), w(head_w_), d_act, WeightLayout::out_in, head_input_grad(),
                        false, g(head_w_), g(head_w_ + 1), accumulate_dw);
@@ -305,6 +364,10 @@ class Encoder final : public Model {
   std::vector<LayerIds> layers_;
   Tensor emb_sum_, emb_mean_, emb_rstd_, first_, head_pre_, head_act_, dropped_, d_head_, d_first_;
   Tensor mlm_out_, mlm_mean_, mlm_rstd_;  // masked LM: the transform's LayerNorm
+  // labelled_rows_only: each token's decoder row and the rows' labels (prepare_batch), on the
+  // host and the device; how many rows the decoder takes.
+  Tensor rows_host_, rows_, row_labels_host_, row_labels_;
+  int64_t decoder_rows_ = 0;
 };
 }  // namespace
 

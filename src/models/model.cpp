@@ -601,6 +601,10 @@ MatmulOperands Model::matmul_operands() const {
 const Tensor& Model::logits() const {
   if (lm_chunk_rows_ > 0) {
     const int64_t rows = shape_.batch * tokens(), kept = logits_.numel() / lm_width_;
+    BRISK_CHECK(lm_rows_ < 0 || lm_rows_ == rows, "the logits were computed for ", lm_rows_,
+                " of the ", rows,
+                " rows (a masked LM's labelled rows: plan with "
+                "labelled_rows_only false)");
     BRISK_CHECK(kept == rows, "the logits of ", rows, " rows were computed ", kept,
                 " rows at a time and are not kept whole; plan with logits_rows >= ", rows);
   }
@@ -680,6 +684,7 @@ Tensor Model::head_bias(Backend& be, const Tensor& bias) const {
 void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight,
                             int bias, const Tensor& labels) {
   const int64_t rows = labels.numel(), chunk = logits_.numel() / lm_width_;
+  lm_rows_ = rows;
   const Tensor b = bias >= 0 ? head_bias(be, w(bias)) : Tensor();
   // A padded head's bias gradient: of the vocabulary's columns, the first (Backend::
   // linear_backward).
@@ -705,7 +710,8 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
   int64_t group = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
-    const bool whole = n == rows;  // one chunk: the tensors as they are
+    // One chunk of the logits' planned rows: the tensors as they are.
+    const bool whole = n == rows && rows * lm_width_ == logits_.numel();
     const Tensor xs = whole ? x : row_range(x, r0, n);
     const Tensor ls = whole ? logits_ : row_range(logits_, 0, n);
     const Tensor dx = whole ? head_dx_ : row_range(head_dx_, r0, n);

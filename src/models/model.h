@@ -96,6 +96,9 @@ struct PlanOptions {
   // GPU, 256 on the CPU). The head computes its logits, loss and (when training) its own
   // backward chunk after chunk, so the whole logits never exist unless they fit.
   int64_t logits_rows = 0;
+  // A masked LM's decoder, in passes that compute gradients, over the labelled rows alone
+  // (sparse prediction: the loss reads no other row); its logits are then not the batch's.
+  bool labelled_rows_only = true;
   // Pipeline parallelism: slots for this many micro-batches' stage inputs (stashed_input), which
   // the stage keeps from their forward to their backward.
   int stashed_inputs = 0;
@@ -406,6 +409,7 @@ class Model : public BatchTarget {
   // token).
   void declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                      Shape shape, DType dtype = DType::i32, bool whole_sequences = false);
+  const PlanOptions& plan_options() const { return options_; }
   // A constant: host and device copies as an input's, uploaded once after bind.
   void declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
                         Shape shape, DType dtype);
@@ -523,6 +527,7 @@ class Model : public BatchTarget {
   bool replanning_ = false;    // use_seq is planning a shorter length
   int64_t lm_chunk_rows_ = 0;  // rows of a logits chunk (0: no LM head)
   int64_t lm_width_ = 0;       // its columns: the vocabulary rows, or padded (declare_lm_logits)
+  int64_t lm_rows_ = -1;       // the rows the last lm_head_forward computed
   int lm_head_weight_ = -1;    // the LM head's weight parameter
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length

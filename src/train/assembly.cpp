@@ -6,6 +6,7 @@
 
 #include "backend/device_traits.h"
 #include "core/step_control.h"
+#include "core/switches.h"
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
@@ -292,6 +293,8 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(o);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
+  // BRISK_LABELLED_ROWS_ONLY=0: a masked LM decodes every row in training too, to compare.
+  model_options.labelled_rows_only = !switched_off("BRISK_LABELLED_ROWS_ONLY");
   if (!model_options.gradients) {
     // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
     // checkpointing lays them out (the same forward, bit for bit).
