@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [rebuild] [head] [mlm]
+#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
@@ -94,6 +94,9 @@ for what in "${@:-tests}"; do
           --disable_tqdm true >"$OUT/mlm_pad$pad.log" 2>&1
         echo "padded=$pad: $(grep -o '"train_samples_per_second": *[0-9.]*' $t/out/train_results.json)"
       done | tee "$OUT/mlm.log" ;;
+    mlm-rows)  # bench/mlm_rows.sh: a masked LM's decoder over the labelled rows against every row
+      BRISK_BIN=build-gpu/brisk BATCH=${BATCH:-32} STEPS=${STEPS:-300} bash bench/mlm_rows.sh cuda \
+        2>&1 | tee "$OUT/mlm_rows.log" ;;
     head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
       python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
