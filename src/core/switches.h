@@ -1,7 +1,7 @@
 // The environment's measurement switches: a variable set to "0" turns a path off to compare
 // against (BRISK_FUSED_ATTENTION, BRISK_BF16_ACTIVATIONS, BRISK_RECOMPUTE_ACTIVATION,
-// BRISK_LABELLED_ROWS_ONLY, ...), one
-// set to "1" opts into a path that is off by default (BRISK_BF16_PRODUCT_OUTPUT).
+// BRISK_LABELLED_ROWS_ONLY, ...), one set to "1" opts into a path that is off by default
+// (BRISK_BF16_PRODUCT_OUTPUT).
 #pragma once
 
 #include <cstdlib>
