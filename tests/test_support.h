@@ -175,6 +175,19 @@ inline void expect_chunked_lm_heads_equal_whole_ones(Device device,
   }
 }
 
+// A fresh folder under the temp directory, removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name) {
+    path = std::filesystem::temp_directory_path() /
+           (std::string("brisk_") + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
+};
+
 // Fixture `name` (a BERT or DistilBERT) copied into `folder` with a batch of `batch` x `seq`
 // tokens drawn from `seed`, `percent` of them labelled (about), as a masked LM's, in `file`.
 inline void write_masked_lm_folder(const std::string& name, const std::string& folder,
@@ -210,12 +223,10 @@ inline void write_masked_lm_folder(const std::string& name, const std::string& f
 // zeros, though a step before (of a batch 60% labelled: 128 rows) left them written. Evaluation
 // computes every row, and its logits can be read; a training step's cannot.
 inline void expect_labelled_rows_equal_every_row(Device device, DType activations = DType::f32) {
-  const std::string root = (std::filesystem::temp_directory_path() /
-                            ("brisk_labelled_rows_" + std::to_string(::getpid())))
-                               .string();
+  const TempDir root("labelled_rows");
   for (const char* name : {"bert_mlm", "distilbert_mlm"}) {
     SCOPED_TRACE(name);
-    const std::string folder = root + "/" + name;
+    const std::string folder = root / name;
     write_masked_lm_folder(name, folder, 8, 16, 5);
     write_masked_lm_folder(name, folder, 8, 16, 6, 60, "dense.safetensors");
     PlanOptions every, labelled;
@@ -226,15 +237,16 @@ inline void expect_labelled_rows_equal_every_row(Device device, DType activation
     LoadedModel got(folder, labelled, false, activations, 0, true);
     EXPECT_LT(want.plan.find("batch.mlm_rows"), 0);
     EXPECT_GE(got.plan.find("batch.mlm_rows"), 0);
-    for (const char* file : {"dense.safetensors", "batch.safetensors"}) {
+    for (const bool dense : {true, false}) {
+      const std::string file = dense ? "dense.safetensors" : "batch.safetensors";
       SCOPED_TRACE(file);
       for (LoadedModel* m : {&want, &got})
         load_batch(SafetensorsFile(folder + "/" + file), *m->model, *m->be);
       const int64_t targets = got.model->count_targets();
-      EXPECT_TRUE(file[0] == 'd' ? targets > 64 : targets > 0 && targets < 64) << targets;
+      EXPECT_TRUE(dense ? targets > 64 : targets > 0 && targets < 64) << targets;
       const double want_loss = want.step(true);
       EXPECT_NEAR(got.step(true), want_loss, 1e-6 * std::abs(want_loss));
-      if (file[0] == 'b') EXPECT_THROW(got.model->logits(), Error);  // 64 rows of 128
+      if (!dense) EXPECT_THROW(got.model->logits(), Error);  // 64 rows of 128
       const std::vector<float> want_grads = want.grads(), got_grads = got.grads();
       ASSERT_EQ(got_grads.size(), want_grads.size());
       EXPECT_LE(
@@ -248,7 +260,6 @@ inline void expect_labelled_rows_equal_every_row(Device device, DType activation
     EXPECT_NEAR(got.model->forward(*got.be, eval), want_eval, 1e-6 * std::abs(want_eval));
     EXPECT_EQ(got.model->logits().numel(), want.model->logits().numel());
   }
-  std::filesystem::remove_all(root);
 }
 
 // A mixture-of-experts fixture's values (tests/fixtures/moe) for brisk's parameter `name` under

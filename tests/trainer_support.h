@@ -1,5 +1,5 @@
 // Helpers shared by the trainer tests on the CPU (test_trainer.cpp) and the GPU (test_cuda.cpp):
-// temporary folders, tiny model configs and short runs' options.
+// tiny model configs and short runs' options (temporary folders: test_support.h's TempDir).
 #pragma once
 
 #include <unistd.h>
@@ -14,22 +14,10 @@
 #include "core/safetensors.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "test_support.h"
 #include "train/options.h"
 
 namespace brisk::testing {
-
-// A fresh folder under the temp directory, removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& name) {
-    path = std::filesystem::temp_directory_path() /
-           (std::string("brisk_") + name + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
-};
 
 // Tiny models with vocabulary 128 (the synthetic ids are 100..127), dropout as given, of `layers`
 // blocks (ZeRO stages five in two slots).
