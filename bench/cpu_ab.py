@@ -9,11 +9,14 @@ mean gain of AFTER over BEFORE.
 
 BEFORE_BIN is typically a build of the commit before a change, e.g. from a worktree:
     git worktree add /tmp/before HEAD~1 && (cd /tmp/before && scripts/build.sh)
+or the same binary with a measurement switch set for the BEFORE runs:
+    python3 bench/cpu_ab.py build/brisk build/brisk --before-env BRISK_FUSED_RESIDUAL_NORM=0
 """
 import argparse
 import os
 import tempfile
 
+from common import cpu_name
 from cpu_speed import MODELS, run_brisk, write_config
 
 
@@ -26,16 +29,21 @@ def main():
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: cpu_speed's)")
     p.add_argument("--optim", default="adamw_torch", help="brisk's --optim (default adamw_torch)")
+    p.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable set for the BEFORE runs only (repeatable)")
     a = p.parse_args()
+    before_env = dict(kv.split("=", 1) for kv in a.before_env)
     m = MODELS[a.row]
     steps = a.steps or m["steps"]
+    print(f"cpu: {cpu_name()}", flush=True)
     runs = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         cfg_dir = write_config(tmp, a.row)
         for pair in range(a.pairs):
             for name, binary in (("before", a.before), ("after", a.after)):
                 r = run_brisk(cfg_dir, os.path.join(tmp, f"{name}-{pair}"), a.precision, m, steps,
-                              os.path.abspath(binary), a.optim)
+                              os.path.abspath(binary), a.optim,
+                              before_env if name == "before" else None)
                 runs[name].append(r["samples_per_second"])
                 print(f"{a.row} {a.precision} {a.optim} pair {pair + 1} {name}: "
                       f"{r['samples_per_second']:.3f} samples/s, "

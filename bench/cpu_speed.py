@@ -174,9 +174,10 @@ def brisk_command(cfg_dir, out_dir, precision, m, steps, brisk=BRISK, optim="ada
             "--fp16", "true" if precision == "fp16" else "false"]
 
 
-def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK, optim="adamw_torch"):
+def run_brisk(cfg_dir, out_dir, precision, m, steps, brisk=BRISK, optim="adamw_torch", env=None):
     cmd = brisk_command(cfg_dir, out_dir, precision, m, steps, brisk, optim)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, **(env or {})))
     with open(os.path.join(out_dir, "train_results.json")) as f:
         r = json.load(f)
     return {"samples_per_second": r["train_samples_per_second"],

@@ -3,7 +3,7 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows]
+#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
@@ -97,6 +97,12 @@ for what in "${@:-tests}"; do
     mlm-rows)  # bench/mlm_rows.sh: a masked LM's decoder over the labelled rows against every row
       BRISK_BIN=build-gpu/brisk BATCH=${BATCH:-32} STEPS=${STEPS:-300} bash bench/mlm_rows.sh cuda \
         2>&1 | tee "$OUT/mlm_rows.log" ;;
+    residual-norm)  # the residual add before a norm fused (this build's default) against two
+      # passes (BRISK_FUSED_RESIDUAL_NORM=0): the op alone, then GPT-2's samples/s over $STEPS (16)
+      build-gpu/bench_residual_norm cuda 2>&1 | tee "$OUT/residual_norm.log"
+      for fused in 0 1 0 1; do
+        echo "fused=$fused: $(BRISK_FUSED_RESIDUAL_NORM=$fused gpt2_train 50257 ${STEPS:-16})"
+      done | tee -a "$OUT/residual_norm.log" ;;
     head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
       python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated

@@ -70,6 +70,26 @@ void Backend::check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& 
               other.shape().str(), ")");
 }
 
+void Backend::norm_forward(const Tensor& x, const Norm& n, const Tensor& y) {
+  if (n.rms)
+    rmsnorm_forward(x, n.gamma, n.eps, y, n.rstd);
+  else
+    layernorm_forward(x, n.gamma, n.beta, n.eps, y, n.mean, n.rstd);
+}
+
+void Backend::check_norm(const Tensor& x, const Norm& n, const Tensor& y, const char* op,
+                         bool bf16_mode) {
+  check_rmsnorm(x, n.gamma, n.rstd, y, op, bf16_mode);
+  if (n.rms) {
+    BRISK_CHECK(n.beta.empty() && n.mean.empty(), op, ": an RMSNorm has no beta and no mean");
+    return;
+  }
+  BRISK_CHECK(n.beta.dtype() == DType::f32 && n.mean.dtype() == DType::f32, op,
+              ": beta and mean must be float32");
+  BRISK_CHECK(n.beta.numel() == n.gamma.numel() && n.mean.numel() == n.rstd.numel(), op,
+              ": beta or mean sizes do not match ", x.shape().str());
+}
+
 int64_t Backend::check_copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& c) {
   BRISK_CHECK(src.dtype() == dst.dtype(), "copy_rows: ", dtype_name(src.dtype()), " into ",
               dtype_name(dst.dtype()));

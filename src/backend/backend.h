@@ -287,6 +287,20 @@ class Backend {
   // CPU bf16 run's output y).
   static void check_rmsnorm(const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                             const Tensor& other, const char* op, bool bf16_mode = false);
+  // A norm's parameters and the statistics it saves: LayerNorm's, or with `rms` RMSNorm's (beta
+  // and mean empty).
+  struct Norm {
+    Tensor gamma, beta;
+    float eps = 0.0f;
+    bool rms = false;
+    Tensor mean, rstd;
+  };
+  // y = the norm of x: layernorm_forward or rmsnorm_forward, as `n` says.
+  void norm_forward(const Tensor& x, const Norm& n, const Tensor& y);
+  // check_rmsnorm's checks of x, n's gamma and rstd and y, and LayerNorm's beta [C] and mean (one
+  // per row), or their absence under `rms`.
+  static void check_norm(const Tensor& x, const Norm& n, const Tensor& y, const char* op,
+                         bool bf16_mode);
 
   // ---- rotary position embedding ----
   // RoPE as transformers' Llama applies it (q * cos + rotate_half(q) * sin), in place on the
@@ -342,6 +356,11 @@ class Backend {
   // the dtype stores_product_output names (a product's output as it stored it).
   virtual void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                            const Tensor& y) = 0;
+  // sum = x + dropout(r) (dropout_add's), then y = the norm of sum (norm_forward's): the residual
+  // add before a norm, in one pass over the rows, which the norm reads as they are summed rather
+  // than from memory - the bits of the two calls. sum may alias x; y aliases none of them.
+  virtual void dropout_add_norm(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                                const Tensor& sum, const Norm& norm, const Tensor& y) = 0;
   // y += x
   virtual void add_inplace(const Tensor& y, const Tensor& x) = 0;
   virtual void fill(const Tensor& t, float value) = 0;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/switches.h"
+
 namespace brisk {
 
 namespace {
@@ -71,13 +73,17 @@ Tensor stream_sum(Backend& be, const BlockStyle& st, const Tensor& full, const T
   return slice;
 }
 
-// LayerNorm or RMSNorm, as the style says (RMSNorm has no bias and no mean).
+// LayerNorm or RMSNorm, as the style says (RMSNorm has no bias and no mean), with parameters
+// gamma and beta, saving mean and rstd.
+Backend::Norm block_norm(const BlockStyle& st, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& mean, const Tensor& rstd) {
+  if (st.rms_norm) return {gamma, Tensor(), st.eps, true, Tensor(), rstd};
+  return {gamma, beta, st.eps, false, mean, rstd};
+}
+
 void norm_forward(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& gamma,
                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  if (st.rms_norm)
-    be.rmsnorm_forward(x, gamma, st.eps, y, rstd);
-  else
-    be.layernorm_forward(x, gamma, beta, st.eps, y, mean, rstd);
+  be.norm_forward(x, block_norm(st, gamma, beta, mean, rstd), y);
 }
 
 void norm_backward(Backend& be, const BlockStyle& st, const Tensor& dy, const Tensor& x,
@@ -139,6 +145,30 @@ void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
                   const RngKey& key, const Tensor& y) {
   per_sequence(stream_slice(st), x, key, [&](auto view, const RngKey& k) {
     be.dropout_add(view(x), view(r), p, k, view(y));
+  });
+}
+
+// sum = x + dropout(r), then y = the norm n of sum (its statistics saved) over the block's tokens:
+// one backend call (per_sequence's keys under sequence parallelism, each sequence's rows);
+// BRISK_FUSED_RESIDUAL_NORM=0 makes it the two calls, to compare.
+void residual_norm(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& r, float p,
+                   const RngKey& key, const Tensor& sum, const Backend::Norm& n, const Tensor& y) {
+  static const bool fused = !switched_off("BRISK_FUSED_RESIDUAL_NORM");
+  if (!fused) {
+    residual_add(be, st, x, r, p, key, sum);
+    be.norm_forward(sum, n, y);
+    return;
+  }
+  const int64_t C = x.dim(-1);
+  per_sequence(stream_slice(st), x, key, [&](auto view, const RngKey& k) {
+    auto rows = [&](const Tensor& t) {
+      const Tensor v = view(t);
+      return Tensor(v.data(), Shape{v.numel() / C, C}, v.dtype(), v.device());
+    };
+    Backend::Norm part = n;
+    part.rstd = view(n.rstd);
+    if (!n.rms) part.mean = view(n.mean);
+    be.dropout_add_norm(rows(x), rows(r), p, k, rows(sum), part, rows(y));
   });
 }
 
@@ -285,7 +315,8 @@ RngKey attention_key(const BlockStyle& st, const RngKey& key, int layer) {
 
 // The element-wise ops whose saved results block_recompute rebuilds (recomputable_tensors), one
 // call each for it and block_forward: a pre-norm block's attention input LN_a(x) and MLP input
-// LN_b(res1), and the MLP activation's output.
+// LN_b(res1) (which block_forward takes with the sum res1: residual_norm's, the same bits), and
+// the MLP activation's output.
 const Tensor& attention_input(Backend& be, const BlockStyle& st, const BlockParams& w,
                               const Tensor& x, const BlockSaved& s, const Tensor* copy) {
   return produce_saved(be, st.act_dtype, s.a_in, copy, [&](const Tensor& y) {
@@ -580,15 +611,19 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     ctx = &round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
   }
   const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch);
-  residual_add(be, st, x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
-               s.res1);
-  // MLP sublayer. A post-norm block's MLP input is its residual too: computed in float32, then
-  // rounded into the stored copy and in place.
+  // The residual sum res1 and the MLP's input, its norm. A post-norm block's MLP input is its
+  // residual too: computed in float32, then rounded into the stored copy and in place.
+  auto attention_residual = [&](const Backend::Norm& n, const Tensor& y) {
+    residual_norm(be, st, x, proj, st.attention_output_dropout, site_key(key, layer, kAttnResidual),
+                  s.res1, n, y);
+  };
   const Tensor* m_in = &s.m_in;
   if (st.pre_norm) {
-    m_in = &mlp_input(be, st, w, s, copy(&BlockSaved::m_in));
+    m_in = &produce_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), [&](const Tensor& y) {
+      attention_residual(block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), y);
+    });
   } else {
-    norm_forward(be, st, s.res1, w.ln_a_g, w.ln_a_b, s.m_in, s.mean_a, s.rstd_a);
+    attention_residual(block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a), s.m_in);
     m_in = &round_saved(be, lp, s.m_in, copy(&BlockSaved::m_in), true);
   }
   const Tensor m_all = all_tokens(be, st, *m_in, scratch.gathered, scratch);
@@ -608,9 +643,12 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
-  } else {
+  } else if (!out.empty()) {
+    residual_norm(be, st, s.m_in, mlp, st.residual_dropout, mlp_key, s.res2,
+                  block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), out);
+  } else {  // only the statistics are needed: the norm's output goes over mlp, in tmp
     residual_add(be, st, s.m_in, mlp, st.residual_dropout, mlp_key, s.res2);
-    post_norm_output(be, st, w, s, out.empty() ? slice_space(scratch.tmp, s.res2, 0) : out);
+    post_norm_output(be, st, w, s, slice_space(scratch.tmp, s.res2, 0));
   }
 }
 

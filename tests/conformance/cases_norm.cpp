@@ -178,6 +178,102 @@ OpCase rmsnorm_case(Shape xs, float eps, bool accumulate, bool with_dgamma, bool
   return c;
 }
 
+// ---- the residual add before a norm ----
+
+// sum = x + dropout(r) from the keyed generator, then its LayerNorm (beta given) or RMSNorm.
+Vec ref_residual_norm(const Vec& x, const Vec& r, const Vec& gamma, const Vec& beta, float p,
+                      const RngKey& key, double eps, int64_t C, bool rms, Vec* sum, Vec* mean,
+                      Vec* rstd) {
+  const uint32_t threshold = dropout_threshold(p);
+  sum->resize(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    const bool keep = p == 0.f || dropout_keep(key, key.first_element + e, threshold);
+    (*sum)[e] = x[e] + (keep ? r[e] / (1.0 - double(p)) : 0.0);
+  }
+  return rms ? ref_rmsnorm(*sum, gamma, eps, C, rstd)
+             : ref_layernorm(*sum, gamma, beta, eps, C, mean, rstd);
+}
+
+// dropout_add_norm against the fp64 reference, and against dropout_add then the norm on the same
+// backend: the same bits (the differences checked against zero). `first`: the key's
+// first_element; with C odd or `first` off a multiple of 4 rows start off the generator's groups
+// of four words. The reference is the forward alone: cheap at every size.
+OpCase dropout_add_norm_case(Shape xs, float p, bool rms, uint64_t first) {
+  const int64_t C = xs[xs.rank() - 1], R = xs.numel() / C;
+  RngKey key{0x5eed'0001ULL, (1ULL << 32) + 3, 5};
+  key.first_element = first;
+  OpCase c;
+  c.name = std::string("dropout_add_") + (rms ? "rmsnorm_" : "layernorm_") + shape_name(xs) + "_p" +
+           std::to_string(static_cast<int>(p * 100)) +
+           (first > 0 ? "_first" + std::to_string(first) : "");
+  c.inputs = [=](std::mt19937& rng) {
+    return Values{{"x", randn_d(R * C, rng, 2.0, 1.0)},
+                  {"r", randn_d(R * C, rng)},
+                  {"gamma", randn_d(C, rng, 0.1, 1.0)},
+                  {"beta", randn_d(C, rng, 0.1)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor x = d.put_as(in.at("x"), xs), r = d.put_as(in.at("r"), xs);
+    auto norm = [&] {
+      return Backend::Norm{d.put_as(in.at("gamma"), {C}),
+                           rms ? Tensor() : d.put_as(in.at("beta"), {C}),
+                           1e-5f,
+                           rms,
+                           rms ? Tensor() : d.put(FVec(R, -7.f), {R}),
+                           d.put(FVec(R, -7.f), {R})};
+    };
+    const Backend::Norm fused = norm(), separate = norm();
+    const FVec garbage(static_cast<size_t>(R * C), -7.f);
+    const Tensor sum = d.put(garbage, xs), y = d.put(garbage, xs);
+    const Tensor sum2 = d.put(garbage, xs), y2 = d.put(garbage, xs);
+    const Tensor sum_in_x = d.put_as(in.at("x"), xs), y3 = d.put(garbage, xs);
+    be.dropout_add_norm(x, r, p, key, sum, fused, y);
+    be.dropout_add(x, r, p, key, sum2);
+    be.norm_forward(sum2, separate, y2);
+    be.dropout_add_norm(sum_in_x, r, p, key, sum_in_x, norm(), y3);
+    auto diff = [&](const Tensor& a, const Tensor& b) {
+      Vec va = d.values(a), vb = d.values(b);
+      for (size_t i = 0; i < va.size(); ++i) va[i] -= vb[i];
+      return va;
+    };
+    Values out{{"sum", d.values(sum)},
+               {"y", d.values(y)},
+               {"rstd", d.values(fused.rstd)},
+               {"sum_less_separate", diff(sum, sum2)},
+               {"y_less_separate", diff(y, y2)},
+               {"rstd_less_separate", diff(fused.rstd, separate.rstd)},
+               {"sum_over_x_less_sum", diff(sum_in_x, sum)},
+               {"y_over_x_less_y", diff(y3, y)}};
+    if (!rms) {
+      out["mean"] = d.values(fused.mean);
+      out["mean_less_separate"] = diff(fused.mean, separate.mean);
+    }
+    return out;
+  };
+  const std::vector<std::string> zeros = {"sum_less_separate", "y_less_separate",
+                                          "rstd_less_separate", "sum_over_x_less_sum",
+                                          "y_over_x_less_y"};
+  c.reference = [=](const Values& in) {
+    Values want;
+    Vec mean;
+    want["y"] = ref_residual_norm(in.at("x"), in.at("r"), in.at("gamma"), in.at("beta"), p, key,
+                                  1e-5, C, rms, &want["sum"], &mean, &want["rstd"]);
+    for (const std::string& z : zeros) want[z] = Vec(static_cast<size_t>(R * C), 0.0);
+    want["rstd_less_separate"] = Vec(static_cast<size_t>(R), 0.0);
+    if (!rms) {
+      want["mean"] = mean;
+      want["mean_less_separate"] = Vec(static_cast<size_t>(R), 0.0);
+    }
+    return want;
+  };
+  c.checks = {{"sum"}, {"y"}, {"rstd"}};
+  if (!rms) c.checks.push_back({"mean"});
+  for (const std::string& z : zeros) c.checks.push_back({z, Metric::exact});
+  if (!rms) c.checks.push_back({"mean_less_separate", Metric::exact});
+  return c;
+}
+
 // ---- rotary ----
 
 // transformers' apply_rotary_pos_emb on packed qkv [B,T,(H+2K)*D], literally: per query and key
@@ -268,6 +364,14 @@ std::vector<OpCase> norm_cases() {
                                     {Shape{2, 19, 1031}, 1e-6f}})
         cases.push_back(rmsnorm_case(xs, eps, acc, dgamma, false));
     }
+  for (bool rms : {false, true}) {
+    cases.push_back(dropout_add_norm_case({7, 13}, 0.25f, rms, 0));
+    cases.push_back(dropout_add_norm_case({3, 2, 16}, 0.0f, rms, 0));
+    cases.push_back(dropout_add_norm_case({5, 12}, 0.5f, rms, 6));
+    // A GPU's rows: several groups of four per lane, C a multiple of 4 or not.
+    cases.push_back(dropout_add_norm_case({37, 768}, 0.1f, rms, 0));
+    cases.push_back(dropout_add_norm_case({2, 19, 1031}, 0.1f, rms, 4));
+  }
   // MHA, GQA and MQA layouts, from position 0 and later ones; D = 2 the narrowest.
   cases.push_back(rotary_case(2, 5, 3, 3, 8, 0, 10000.0, true));
   cases.push_back(rotary_case(2, 3, 4, 2, 6, 7, 10000.0, true));

@@ -71,6 +71,8 @@ class CpuBackend final : public Backend {
   void dropout_backward(const Tensor& dy, float p, const RngKey& key, const Tensor& dx) override;
   void dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                    const Tensor& y) override;
+  void dropout_add_norm(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                        const Tensor& sum, const Norm& norm, const Tensor& y) override;
   void add_inplace(const Tensor& y, const Tensor& x) override;
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& src, const Tensor& dst) override;

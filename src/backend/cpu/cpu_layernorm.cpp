@@ -1,11 +1,10 @@
-// LayerNorm forward and backward on the CPU, row-parallel; parameter gradients column-blocked so
-// no per-thread buffers are needed. A row's sums are vector reductions (lanes of partial sums,
-// the same order on every run and thread count).
+// LayerNorm forward and backward on the CPU, row-parallel (a forward row: cpu_norm_rows.h);
+// parameter gradients column-blocked so no per-thread buffers are needed. A row's sums are vector
+// reductions (lanes of partial sums, the same order on every run and thread count).
 #include <algorithm>
-#include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_store.h"
+#include "backend/cpu/cpu_norm_rows.h"
 
 namespace brisk {
 
@@ -22,22 +21,8 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
   char* out = static_cast<char*>(y.data());
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(y.dtype());
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = in + r * C;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < C; ++c) sum += xr[c];
-    const float m = sum / C;
-    float var = 0.0f;
-#pragma omp simd reduction(+ : var)
-    for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
-    const float s = 1.0f / std::sqrt(var / C + eps);
-    store_row(out + r * row_bytes, bf16, C, [&](float* yr, int64_t c0, int64_t n) {
-      for (int64_t c = 0; c < n; ++c) yr[c] = (xr[c0 + c] - m) * s * g[c0 + c] + bt[c0 + c];
-    });
-    mu[r] = m;
-    rs[r] = s;
-  }
+  for (int64_t r = 0; r < R; ++r)
+    layernorm_row(in + r * C, C, g, bt, eps, out + r * row_bytes, bf16, mu + r, rs + r);
 }
 
 void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

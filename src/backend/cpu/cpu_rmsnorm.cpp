@@ -2,10 +2,9 @@
 // gradient column-blocked as LayerNorm's, so no per-thread buffers are needed; a row's sums are
 // vector reductions, as LayerNorm's.
 #include <algorithm>
-#include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_store.h"
+#include "backend/cpu/cpu_norm_rows.h"
 
 namespace brisk {
 
@@ -19,19 +18,8 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps
   char* out = static_cast<char*>(y.data());
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(y.dtype());
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = in + r * C;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-    const float s = 1.0f / std::sqrt(ss / C + eps);
-    // (x * rstd) * gamma, in transformers' order; element c is read before it is written, so y
-    // may alias x.
-    store_row(out + r * row_bytes, bf16, C, [&](float* yr, int64_t c0, int64_t n) {
-      for (int64_t c = 0; c < n; ++c) yr[c] = xr[c0 + c] * s * g[c0 + c];
-    });
-    rs[r] = s;
-  }
+  for (int64_t r = 0; r < R; ++r)
+    rmsnorm_row(in + r * C, C, g, eps, out + r * row_bytes, bf16, rs + r);
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

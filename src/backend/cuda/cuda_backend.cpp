@@ -292,6 +292,18 @@ void CudaBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const R
                 dev(y, "dropout_add output"), x.numel());
 }
 
+void CudaBackend::dropout_add_norm(const Tensor& x, const Tensor& r, float p, const RngKey& key,
+                                   const Tensor& sum, const Norm& norm, const Tensor& y) {
+  same_numel(x, r, "dropout_add_norm");
+  check_norm(x, norm, sum, "dropout_add_norm", false);
+  check_norm(x, norm, y, "dropout_add_norm", bf16_activations(y.dtype()));
+  cuda::dropout_add_norm(
+      stream_, dev(x, "dropout_add_norm residual"), dev_in(r, "dropout_add_norm input"), p, key,
+      dev(sum, "dropout_add_norm sum"), dev(norm.gamma, "gamma"),
+      norm.rms ? nullptr : dev(norm.beta, "beta"), norm.eps, dev_out(y, "dropout_add_norm output"),
+      norm.rms ? nullptr : dev(norm.mean, "mean"), dev(norm.rstd, "rstd"), rows(x), cols(x));
+}
+
 void CudaBackend::add_inplace(const Tensor& y, const Tensor& x) {
   same_numel(x, y, "add_inplace");
   cuda::add_inplace(stream_, dev(y, "add_inplace target"), dev(x, "add_inplace source"), x.numel());

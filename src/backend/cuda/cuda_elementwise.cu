@@ -69,7 +69,8 @@ __global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx,
 // group moves as one float4, which keeps the accesses coalesced. out may alias in or add (the
 // same element is read before it is written, by the same thread).
 // `in` is float32 or bf16 (a branch's product stored rounded, Backend::stores_product_output),
-// read widened; only float32 moves as float4.
+// read widened; only float32 moves as float4. The scaling is its own rounding (__fmul_rn: never
+// fused with the add), as on the CPU and in dropout_add_norm.
 template <bool kAdd, typename TIn>
 __global__ void dropout_kernel(const TIn* in, const float* add, float* out, int64_t n, RngKey key,
                                uint32_t threshold, float scale, bool vec4) {
@@ -84,7 +85,7 @@ __global__ void dropout_kernel(const TIn* in, const float* add, float* out, int6
         if (i >= n) break;
         const uint64_t e = key.first_element + static_cast<uint64_t>(i);
         const float kept =
-            rng_block(key, e / 4).v[e % 4] >= threshold ? widen(in[i]) * scale : 0.0f;
+            rng_block(key, e / 4).v[e % 4] >= threshold ? __fmul_rn(widen(in[i]), scale) : 0.0f;
         out[i] = kAdd ? add[i] + kept : kept;
       }
       continue;
@@ -93,10 +94,10 @@ __global__ void dropout_kernel(const TIn* in, const float* add, float* out, int6
     if (std::is_same_v<TIn, float> && vec4 && 4 * g + 4 <= n) {
       const float4 x = reinterpret_cast<const float4*>(in)[g];
       float4 y;
-      y.x = words.v[0] >= threshold ? x.x * scale : 0.0f;
-      y.y = words.v[1] >= threshold ? x.y * scale : 0.0f;
-      y.z = words.v[2] >= threshold ? x.z * scale : 0.0f;
-      y.w = words.v[3] >= threshold ? x.w * scale : 0.0f;
+      y.x = words.v[0] >= threshold ? __fmul_rn(x.x, scale) : 0.0f;
+      y.y = words.v[1] >= threshold ? __fmul_rn(x.y, scale) : 0.0f;
+      y.z = words.v[2] >= threshold ? __fmul_rn(x.z, scale) : 0.0f;
+      y.w = words.v[3] >= threshold ? __fmul_rn(x.w, scale) : 0.0f;
       if constexpr (kAdd) {
         const float4 a = reinterpret_cast<const float4*>(add)[g];
         y.x = a.x + y.x;
@@ -111,7 +112,7 @@ __global__ void dropout_kernel(const TIn* in, const float* add, float* out, int6
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i < n) {
-        const float kept = words.v[j] >= threshold ? widen(in[i]) * scale : 0.0f;
+        const float kept = words.v[j] >= threshold ? __fmul_rn(widen(in[i]), scale) : 0.0f;
         out[i] = kAdd ? add[i] + kept : kept;
       }
     }

@@ -48,6 +48,12 @@ void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, i
 // out may alias in or add. p == 0: out = add + in (a plain copy/add). `in` may be bf16 where
 // there is an add (dropout_add's branch, stored rounded by its product).
 void dropout(cudaStream_t s, In in, const float* add, float p, RngKey key, float* out, int64_t n);
+// ---- cuda_residual_norm.cu ---- rows of C elements.
+// sum = x + dropout(r) (dropout's values and masks; sum may alias x), then y = the norm of sum:
+// LayerNorm (layernorm_forward's bits), or RMSNorm where beta is null (mean then unused).
+void dropout_add_norm(cudaStream_t s, const float* x, In r, float p, RngKey key, float* sum,
+                      const float* gamma, const float* beta, float eps, Out y, float* mean,
+                      float* rstd, int64_t rows, int64_t C);
 void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
 void fill(cudaStream_t s, float* x, float value, int64_t n);
 // dst = src converted (f32, bf16, f16; round to nearest even, fp16 overflow -> inf).

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
+#include "backend/cuda/cuda_norm_rows.cuh"
 
 namespace brisk::cuda {
 
@@ -11,34 +12,15 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
-// Two passes over the row as on the CPU (mean, then the biased variance about it), in float;
-// rstd = 1 / sqrt(var + eps). Each lane owns the columns c = lane (mod 32) in every pass, so y may
-// alias x. mean and rstd may be null (nothing saved). Y: float, or bf16 (rounded as stored).
+// A warp per row (cuda_norm_rows.cuh). mean and rstd may be null (nothing saved).
 template <typename Y>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float eps, Y* y,
                              float* mean, float* rstd, int64_t rows, int64_t C) {
-  const int lane = threadIdx.x & 31;
-  const float cf = static_cast<float>(C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    const float* xr = x + row * C;
-    float sum = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) sum += xr[c];
-    const float m = warp_reduce(sum, SumOp{}) / cf;
-    float var = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float d = xr[c] - m;
-      var += d * d;
-    }
-    const float s = 1.0f / sqrtf(warp_reduce(var, SumOp{}) / cf + eps);
-    Y* yr = y + row * C;
-    for (int64_t c = lane; c < C; c += 32) put(yr + c, (xr[c] - m) * s * gamma[c] + beta[c]);
-    if (lane == 0) {
-      if (mean) mean[row] = m;
-      if (rstd) rstd[row] = s;
-    }
-  }
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock)
+    layernorm_row(x + row * C, gamma, beta, eps, y + row * C, C, mean ? mean + row : nullptr,
+                  rstd ? rstd + row : nullptr);
 }
 
 // dx = rstd * (dy*gamma - mean(dy*gamma) - xhat * mean(dy*gamma*xhat)), the CPU's formula. Lanes

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
+#include "backend/cuda/cuda_norm_rows.cuh"
 
 namespace brisk::cuda {
 
@@ -12,24 +13,14 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
-// rstd = 1 / sqrt(mean(x^2) + eps), y = (x * rstd) * gamma as the CPU. Each lane owns the columns
-// c = lane (mod 32) in both passes, so y may alias x. Y: float, or bf16 (rounded as stored).
+// A warp per row (cuda_norm_rows.cuh).
 template <typename Y>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     rmsnorm_forward_kernel(const float* x, const float* gamma, float eps, Y* y, float* rstd,
                            int64_t rows, int64_t C) {
-  const int lane = threadIdx.x & 31;
-  const float cf = static_cast<float>(C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    const float* xr = x + row * C;
-    float ss = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
-    const float s = 1.0f / sqrtf(warp_reduce(ss, SumOp{}) / cf + eps);
-    Y* yr = y + row * C;
-    for (int64_t c = lane; c < C; c += 32) put(yr + c, xr[c] * s * gamma[c]);
-    if (lane == 0) rstd[row] = s;
-  }
+       row < rows; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock)
+    rmsnorm_row(x + row * C, gamma, eps, y + row * C, C, rstd + row);
 }
 
 // dx = rstd * (dy*gamma - xhat * mean(dy*gamma*xhat)), the CPU's formula. Lanes own fixed columns
