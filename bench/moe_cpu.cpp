@@ -127,7 +127,7 @@ int main() {
   });
   const double dense_bwd = timed_ms([&] {
     be->linear_backward(b.act, b.out_w, b.dy, out_in, b.d_act, false, b.d_out_w, Tensor(), false);
-    be->swiglu_backward(b.fc, b.d_act, b.d_fc);
+    be->swiglu_backward(b.fc, b.d_act, b.d_fc, DType::f32);
     be->linear_backward(b.x, b.fc_w, b.d_fc, out_in, b.dx, false, b.d_fc_w, Tensor(), false);
   });
   double moe_fwd = 0, moe_bwd = 0;

@@ -668,7 +668,8 @@ TEST(OpsSwiGlu, MismatchedShapesAreRefused) {
   EXPECT_THROW(be->swiglu_forward(view(odd, {R, 5}), view(y, {R, F})), brisk::Error);
   EXPECT_THROW(be->swiglu_forward(view(gu, {R, 2 * F}), view(small, {R, F - 1})), brisk::Error);
   EXPECT_THROW(be->swiglu_forward(view(gu, {R / 2, 4 * F}), view(y, {R, F})), brisk::Error);
-  EXPECT_THROW(be->swiglu_backward(view(gu, {R, 2 * F}), view(dout, {R, F}), view(d_small, {R, F})),
+  EXPECT_THROW(be->swiglu_backward(view(gu, {R, 2 * F}), view(dout, {R, F}), view(d_small, {R, F}),
+                                   DType::f32),
                brisk::Error);
 }
 
@@ -850,9 +851,10 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
       FVec y(x.size()), y16(x.size()), dx(x.size()), dx16(x.size());
       be->activation_forward(k, view(x, {R, 2 * F}), view(y, {R, 2 * F}));
       be->activation_forward(k, half(x16, {R, 2 * F}), view(y16, {R, 2 * F}));
-      be->activation_backward(k, view(x, {R, 2 * F}), view(dy, {R, 2 * F}), view(dx, {R, 2 * F}));
+      be->activation_backward(k, view(x, {R, 2 * F}), view(dy, {R, 2 * F}), view(dx, {R, 2 * F}),
+                              DType::f32);
       be->activation_backward(k, half(x16, {R, 2 * F}), view(dy, {R, 2 * F}),
-                              view(dx16, {R, 2 * F}));
+                              view(dx16, {R, 2 * F}), DType::f32);
       EXPECT_EQ(y16, y);
       EXPECT_EQ(dx16, dx);
       std::vector<uint16_t> out16(x.size());
@@ -863,8 +865,9 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
     FVec dout = randn(y.size(), rng);
     be->swiglu_forward(view(x, {R, 2 * F}), view(y, {R, F}));
     be->swiglu_forward(half(x16, {R, 2 * F}), view(y16, {R, F}));
-    be->swiglu_backward(view(x, {R, 2 * F}), view(dout, {R, F}), view(dgu, {R, 2 * F}));
-    be->swiglu_backward(half(x16, {R, 2 * F}), view(dout, {R, F}), view(dgu16, {R, 2 * F}));
+    be->swiglu_backward(view(x, {R, 2 * F}), view(dout, {R, F}), view(dgu, {R, 2 * F}), DType::f32);
+    be->swiglu_backward(half(x16, {R, 2 * F}), view(dout, {R, F}), view(dgu16, {R, 2 * F}),
+                        DType::f32);
     EXPECT_EQ(y16, y) << "swiglu_forward";
     EXPECT_EQ(dgu16, dgu) << "swiglu_backward";
     std::vector<uint16_t> act16(y.size());
@@ -876,10 +879,12 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
       FVec xw = rounded(randn(size_t(R) * 2 * wide, rng, 2.5f)), gw = randn(size_t(R) * wide, rng);
       std::vector<uint16_t> xw16 = bf16_of(xw), d16(xw.size()), d16b(xw.size());
       FVec d(xw.size());
-      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), view(d, {R, 2 * wide}));
-      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), half(d16, {R, 2 * wide}));
-      be->swiglu_backward(half(xw16, {R, 2 * wide}), view(gw, {R, wide}),
-                          half(d16b, {R, 2 * wide}));
+      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), view(d, {R, 2 * wide}),
+                          DType::f32);
+      be->swiglu_backward(view(xw, {R, 2 * wide}), view(gw, {R, wide}), half(d16, {R, 2 * wide}),
+                          DType::f32);
+      be->swiglu_backward(half(xw16, {R, 2 * wide}), view(gw, {R, wide}), half(d16b, {R, 2 * wide}),
+                          DType::f32);
       EXPECT_EQ(d16, bf16_of(d)) << "swiglu_backward written in bf16, F " << wide;
       EXPECT_EQ(d16b, bf16_of(d)) << "swiglu_backward from and to bf16, F " << wide;
     }
@@ -932,8 +937,9 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
   FVec y(6 * 11);
   EXPECT_THROW(be->swiglu_forward(half(gu16, {6, 22}), view(y, {6, 11})), brisk::Error);
   FVec gu(6 * 2 * 11, 1.f);
-  EXPECT_THROW(be->swiglu_backward(view(gu, {6, 22}), view(y, {6, 11}), half(gu16, {6, 22})),
-               brisk::Error);
+  EXPECT_THROW(
+      be->swiglu_backward(view(gu, {6, 22}), view(y, {6, 11}), half(gu16, {6, 22}), DType::f32),
+      brisk::Error);
   EXPECT_THROW(
       be->activation_forward(brisk::Activation::gelu, half(gu16, {6, 22}), view(y, {6, 11})),
       brisk::Error);

@@ -326,8 +326,10 @@ class Backend {
   virtual void activation_forward(Activation kind, const Tensor& x, const Tensor& y) = 0;
   // dx = dy * f'(x); dx may alias dy. For both and SwiGLU's below, x (gate_up) may be stored in
   // the 16-bit dtype where reads_product_input(dtype) says so, as a block's saved MLP input is.
+  // With `round_dy` a 16-bit dtype, dy's values are rounded to it as they are read (the gradient
+  // of a 16-bit activation: round_to's bits, without a pass of its own); f32: as they are.
   virtual void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
-                                   const Tensor& dx) = 0;
+                                   const Tensor& dx, DType round_dy) = 0;
   // SwiGLU, Llama's gated MLP activation act_fn(gate_proj(x)) * up_proj(x) with SiLU: gate_up is
   // [..., 2F], each row the gate in its first F columns and up in its last F (gate_proj and
   // up_proj laid end to end, so that one product computes both); out [..., F] =
@@ -336,9 +338,10 @@ class Backend {
   // dgate_up [..., 2F] (overwritten) = the gradient of both halves for dout [..., F]:
   // dgate = dout * up * silu'(gate), dup = dout * silu(gate). dgate_up may alias gate_up. It is
   // float32, or bf16 where reads_product_input(bf16) says so (the float32 results rounded as they
-  // are stored, for the products that read it).
-  virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout,
-                               const Tensor& dgate_up) = 0;
+  // are stored, for the products that read it). dout rounded as read to `round_dout` as
+  // activation_backward's dy.
+  virtual void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                               DType round_dout) = 0;
   // Throws naming `op` unless gate_up [..., 2F] and half [..., F] (out or dout) are float32 (or
   // bf16, where `bf16_mode`) with the same rows; returns F.
   static int64_t check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op,

@@ -274,7 +274,7 @@ class Encoder final : public Model {
     if (n_.tanh_head)
       be.tanh_backward(head_act_, d_head_, d_head_);
     else
-      be.activation_backward(Activation::relu, head_pre_, d_head_, d_head_);
+      be.activation_backward(Activation::relu, head_pre_, d_head_, d_head_, DType::f32);
     be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
                        g(head_w_), g(head_w_ + 1), accumulate);
     be.fill(head_input_grad(), 0.0f);
@@ -318,7 +318,7 @@ class Encoder final : public Model {
     const Tensor& d_act = scratch_.tmp2;
     be.layernorm_backward(mlm_output_grad(be), head_act_, w(mlm_ln_g_), mlm_mean_, mlm_rstd_, d_act,
                           false, g(mlm_ln_g_), g(mlm_ln_g_ + 1));
-    be.activation_backward(config_.activation, head_pre_, d_act, d_act);
+    be.activation_backward(config_.activation, head_pre_, d_act, d_act, DType::f32);
     be.linear_backward(head_input(), w(head_w_), d_act, WeightLayout::out_in, head_input_grad(),
                        false, g(head_w_), g(head_w_ + 1), accumulate_dw);
   }

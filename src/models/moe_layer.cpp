@@ -196,10 +196,11 @@ void shared_backward(Backend& be, const MoeWeights& w, const MoeWeights& g, cons
   be.moe_combine_backward(dy, saved.shared_out, Tensor(), saved.shared_scale, scratch.d_shared_out,
                           scratch.d_shared_scale);
   be.activation_backward(Activation::sigmoid, saved.shared_logit, scratch.d_shared_scale,
-                         scratch.d_shared_scale);
+                         scratch.d_shared_scale, DType::f32);
   be.linear_backward(saved.shared_act, w.shared_down, scratch.d_shared_out, out_in,
                      scratch.d_shared_act, false, g.shared_down, Tensor(), accumulate_dw);
-  be.swiglu_backward(saved.shared_gate_up, scratch.d_shared_act, scratch.d_shared_gate_up);
+  be.swiglu_backward(saved.shared_gate_up, scratch.d_shared_act, scratch.d_shared_gate_up,
+                     DType::f32);
   be.linear_backward(x, w.shared_gate_up, scratch.d_shared_gate_up, out_in, dx, true,
                      g.shared_gate_up, Tensor(), accumulate_dw);
   be.linear_backward(x, w.shared_gate, scratch.d_shared_scale, out_in, dx, true, g.shared_gate,
@@ -421,7 +422,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
     zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
   if (R > 0)
     be.swiglu_backward(row_range(saved.gate_up, 0, R), row_range(scratch.d_act, 0, R),
-                       row_range(scratch.d_gate_up, 0, R));
+                       row_range(scratch.d_gate_up, 0, R), DType::f32);
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
     be.linear_backward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e),
                        row_range(scratch.d_gate_up, first, n), out_in,

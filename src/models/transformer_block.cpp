@@ -112,20 +112,21 @@ bool products_round(const Backend& be, DType lp, const Tensor& db) {
   return lp == DType::bf16 && db.empty() && be.reads_product_input(DType::bf16);
 }
 
-// The gradient of the MLP's first product from d_act (overwritten): in place for an activation;
-// for SwiGLU written over fc (its saved [gate | up], not needed after this), or where fc is a
-// 16-bit stored copy into d_gate_up's slot, there in bf16 where the products would round it
-// anyway (products_round, given fc's bias gradient fc_db).
+// The gradient of the MLP's first product from d_act (overwritten; the float32 gradient of the
+// activation's output, rounded to the activation dtype as it is read): in place for an
+// activation; for SwiGLU written over fc (its saved [gate | up], not needed after this), or where
+// fc is a 16-bit stored copy into d_gate_up's slot, there in bf16 where the products would round
+// it anyway (products_round, given fc's bias gradient fc_db).
 Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
                                const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
   if (!st.gated_mlp) {
-    be.activation_backward(st.activation, fc, d_act, d_act);
+    be.activation_backward(st.activation, fc, d_act, d_act, st.act_dtype);
     return d_act;
   }
   Tensor d = fc.dtype() == DType::f32 ? fc : d_gate_up;
   if (fc.dtype() == DType::bf16 && products_round(be, st.act_dtype, fc_db))
     d = Tensor(d.data(), d.shape(), DType::bf16, d.device());
-  be.swiglu_backward(fc, d_act, d);
+  be.swiglu_backward(fc, d_act, d, st.act_dtype);
   return d;
 }
 
@@ -711,7 +712,6 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     } else {
       be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                          accumulate_dw);
-      be.round_to(lp, sc.d_fc);
       const Tensor d_fc_pre =
           mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
       be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
@@ -730,7 +730,6 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
         be, st, dropped(be, st, d_res2, st.residual_dropout, mlp_key, sc.tmp), sc.gathered, sc);
     be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
-    be.round_to(lp, sc.d_fc);
     const Tensor d_fc_pre =
         mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
     const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);

@@ -47,7 +47,25 @@ void put_edges(Vec& x) {
   std::copy(std::begin(edges), std::end(edges), x.begin());
 }
 
-// y = f(x), dx = dy * f'(x), and dx computed over dy. `kind` empty: tanh, whose backward reads y.
+// out = (the op run on dy rounded to `dtype` as it reads it) - (the op run on dy rounded by
+// round_to first): zeros, for the 16-bit dtypes. run(dy, round_dy, out) runs the op.
+template <typename Run>
+Vec rounded_less_separate(Backend& be, DeviceBuffers& d, const Vec& dy, Shape dy_shape,
+                          Shape out_shape, DType dtype, Run run) {
+  const Tensor g = d.put_as(dy, dy_shape), g_rounded = d.put_as(dy, dy_shape);
+  const Tensor a = d.put(FVec(out_shape.numel(), -7.f), out_shape);
+  const Tensor b = d.put(FVec(out_shape.numel(), -7.f), out_shape);
+  run(g, dtype, a);
+  be.round_to(dtype, g_rounded);
+  run(g_rounded, DType::f32, b);
+  Vec va = d.values(a);
+  const Vec vb = d.values(b);
+  for (size_t i = 0; i < va.size(); ++i) va[i] -= vb[i];
+  return va;
+}
+
+// y = f(x), dx = dy * f'(x), and dx computed over dy; dy rounded to bf16 and fp16 as read against
+// rounded first. `kind` empty: tanh, whose backward reads y.
 OpCase activation_case(const Activation* kind, int64_t M, int64_t C, bool reference) {
   const Activation k = kind ? *kind : Activation::gelu;
   const Shape s{M, C};
@@ -63,16 +81,32 @@ OpCase activation_case(const Activation* kind, int64_t M, int64_t C, bool refere
     const Tensor x = d.put_as(in.at("x"), s), y = d.put(FVec(M * C, -7.f), s);
     const Tensor dy = d.put_as(in.at("dy"), s), dx = d.put(FVec(M * C, -7.f), s);
     const Tensor dx_in_dy = d.put_as(in.at("dy"), s);
+    Values out;
     if (kind) {
       be.activation_forward(k, x, y);
-      be.activation_backward(k, x, dy, dx);
-      be.activation_backward(k, x, dx_in_dy, dx_in_dy);
+      be.activation_backward(k, x, dy, dx, DType::f32);
+      be.activation_backward(k, x, dx_in_dy, dx_in_dy, DType::f32);
+      for (const auto& [t, name] :
+           {std::pair{DType::bf16, "dx_rounded_bf16"}, std::pair{DType::f16, "dx_rounded_f16"}})
+        out[name] = rounded_less_separate(be, d, in.at("dy"), s, s, t,
+                                          [&](const Tensor& g, DType r, const Tensor& o) {
+                                            be.activation_backward(k, x, g, o, r);
+                                          });
+      // Over dy itself.
+      out["dx_over_dy_rounded"] = rounded_less_separate(
+          be, d, in.at("dy"), s, s, DType::bf16, [&](const Tensor& g, DType r, const Tensor& o) {
+            be.activation_backward(k, x, g, g, r);
+            be.copy(g, o);
+          });
     } else {
       be.tanh_forward(x, y);
       be.tanh_backward(y, dy, dx);
       be.tanh_backward(y, dx_in_dy, dx_in_dy);
     }
-    return Values{{"y", d.values(y)}, {"dx", d.values(dx)}, {"dx_over_dy", d.values(dx_in_dy)}};
+    out["y"] = d.values(y);
+    out["dx"] = d.values(dx);
+    out["dx_over_dy"] = d.values(dx_in_dy);
+    return out;
   };
   if (reference)
     c.reference = [=](const Values& in) {
@@ -85,11 +119,18 @@ OpCase activation_case(const Activation* kind, int64_t M, int64_t C, bool refere
         // At relu's kink the difference gives 1/2; PyTorch's derivative there is 0.
         dx[i] = dy[i] * (kind && k == Activation::relu && x[i] == 0.0 ? 0.0 : slope);
       }
-      return Values{{"y", y}, {"dx", dx}, {"dx_over_dy", dx}};
+      Values want{{"y", y}, {"dx", dx}, {"dx_over_dy", dx}};
+      if (kind)
+        for (const char* z : {"dx_rounded_bf16", "dx_rounded_f16", "dx_over_dy_rounded"})
+          want[z] = Vec(x.size(), 0.0);
+      return want;
     };
   c.checks = {{"y", Metric::elementwise, kFwd, 1e-5},
               {"dx", Metric::normwise, kGrad, 1e-5},
               {"dx_over_dy", Metric::normwise, kGrad, 1e-5}};
+  if (kind)
+    for (const char* z : {"dx_rounded_bf16", "dx_rounded_f16", "dx_over_dy_rounded"})
+      c.checks.push_back({z, Metric::exact});
   return c;
 }
 
@@ -110,12 +151,18 @@ OpCase swiglu_case(int64_t R, int64_t F, bool reference) {
     const Tensor dgu = d.put(FVec(R * 2 * F, -7.f), {R, 2 * F});
     const Tensor over = d.put_as(in.at("gate_up"), {R, 2 * F});
     be.swiglu_forward(gu, y);
-    be.swiglu_backward(gu, dout, dgu);
-    be.swiglu_backward(over, dout, over);
-    return Values{{"y", d.values(y)},
-                  {"dgate_up", d.values(dgu)},
-                  {"dgate_up_over_gate_up", d.values(over)},
-                  {"dout_after", d.values(dout)}};
+    be.swiglu_backward(gu, dout, dgu, DType::f32);
+    be.swiglu_backward(over, dout, over, DType::f32);
+    Values out{{"y", d.values(y)},
+               {"dgate_up", d.values(dgu)},
+               {"dgate_up_over_gate_up", d.values(over)},
+               {"dout_after", d.values(dout)}};
+    for (const auto& [t, name] : {std::pair{DType::bf16, "dgate_up_rounded_bf16"},
+                                  std::pair{DType::f16, "dgate_up_rounded_f16"}})
+      out[name] = rounded_less_separate(
+          be, d, in.at("dout"), {R, F}, {R, 2 * F}, t,
+          [&](const Tensor& g, DType r, const Tensor& o) { be.swiglu_backward(gu, g, o, r); });
+    return out;
   };
   if (reference)
     c.reference = [=](const Values& in) {
@@ -132,12 +179,16 @@ OpCase swiglu_case(int64_t R, int64_t F, bool reference) {
       return Values{{"y", f(in.at("gate_up"))},
                     {"dgate_up", dgu},
                     {"dgate_up_over_gate_up", dgu},
-                    {"dout_after", in.at("dout")}};
+                    {"dout_after", in.at("dout")},
+                    {"dgate_up_rounded_bf16", Vec(dgu.size(), 0.0)},
+                    {"dgate_up_rounded_f16", Vec(dgu.size(), 0.0)}};
     };
   c.checks = {{"y", Metric::elementwise, kFwd, 1e-5},
               {"dgate_up", Metric::normwise, kGrad, 1e-5},
               {"dgate_up_over_gate_up", Metric::normwise, kGrad, 1e-5},
-              {"dout_after", Metric::exact}};
+              {"dout_after", Metric::exact},
+              {"dgate_up_rounded_bf16", Metric::exact},
+              {"dgate_up_rounded_f16", Metric::exact}};
   return c;
 }
 

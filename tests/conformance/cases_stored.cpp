@@ -105,7 +105,7 @@ OpCase activation_case() {
     const Tensor y = d.alloc({n}), dy = d.put_as(in.at("dy"), {n}), dx = d.alloc({n});
     be.activation_forward(Activation::gelu, x, y16);
     be.activation_forward(Activation::gelu, x, y);
-    be.activation_backward(Activation::gelu, x, dy, dx);
+    be.activation_backward(Activation::gelu, x, dy, dx, DType::f32);
     return Values{{"y16", bf16_values(d, y16)}, {"y", d.values(y)}, {"dx", d.values(dx)}};
   };
   c.reference = [=](const Values& in) {
@@ -140,8 +140,8 @@ OpCase swiglu_case() {
     const Tensor y = d.alloc({R, F}, DType::bf16), dout = d.put_as(in.at("dout"), {R, F});
     const Tensor d16 = d.alloc({R, 2 * F}, DType::bf16), d32 = d.alloc({R, 2 * F});
     be.swiglu_forward(gu, y);
-    be.swiglu_backward(gu, dout, d16);
-    be.swiglu_backward(gu, dout, d32);
+    be.swiglu_backward(gu, dout, d16, DType::f32);
+    be.swiglu_backward(gu, dout, d32, DType::f32);
     return Values{
         {"y", bf16_values(d, y)}, {"dgate_up16", bf16_values(d, d16)}, {"dgate_up", d.values(d32)}};
   };

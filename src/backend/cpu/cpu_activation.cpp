@@ -36,6 +36,21 @@ const float* widened(const uint16_t* in, int64_t n, float* buf) {
   return buf;
 }
 
+// g[0, n) (n <= kBlock) rounded to `dtype` into buf (round_to's bits, through cpu_tiles' rows,
+// which are not built with -ffast-math and so keep NaN a NaN); f32: g itself.
+const float* rounded(const float* g, int64_t n, DType dtype, float* buf) {
+  if (dtype == DType::f32) return g;
+  if (dtype == DType::f16) {
+    fp16_rounded_row(g, buf, n);
+    return buf;
+  }
+  BRISK_CHECK(dtype == DType::bf16, "a gradient rounded to ", dtype_name(dtype));
+  uint16_t half[kBlock];
+  bf16_round_row(g, half, n);
+  bf16_widen_row(half, buf, n);
+  return buf;
+}
+
 template <Activation A>
 [[gnu::noinline]] void forward_block(const float* in, float* out, int64_t n) {
 #pragma omp simd
@@ -63,12 +78,12 @@ void forward_loop(const T* in, void* out, DType out_type, int64_t n) {
 }
 
 template <Activation A, typename T>
-void backward_loop(const T* in, const float* g, float* out, int64_t n) {
+void backward_loop(const T* in, const float* g, DType round_g, float* out, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
-    float buf[kBlock];
-    backward_block<A>(widened(in + b, m, buf), g + b, out + b, m);
+    float buf[kBlock], g_buf[kBlock];
+    backward_block<A>(widened(in + b, m, buf), rounded(g + b, m, round_g, g_buf), out + b, m);
   }
 }
 
@@ -103,15 +118,15 @@ void CpuBackend::activation_forward(Activation kind, const Tensor& x, const Tens
 }
 
 void CpuBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
-                                     const Tensor& dx) {
+                                     const Tensor& dx, DType round_dy) {
   check_operand(x, "activation_backward");
   check_same_numel(x, dy, "activation_backward");
   check_same_numel(x, dx, "activation_backward");
   const float* g = dy.f32();
   float* out = dx.f32();
   with_input(x, [&](auto in) {
-    visit_activation(kind,
-                     [&](auto a) { backward_loop<decltype(a)::value>(in, g, out, x.numel()); });
+    visit_activation(
+        kind, [&](auto a) { backward_loop<decltype(a)::value>(in, g, round_dy, out, x.numel()); });
   });
 }
 
@@ -138,8 +153,8 @@ void CpuBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   });
 }
 
-void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
-                                 const Tensor& dgate_up) {
+void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                                 DType round_dout) {
   const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_operands_);
   const bool bf16 = dgate_up.dtype() == DType::bf16;
   BRISK_CHECK((dgate_up.dtype() == DType::f32 || (bf16 && bf16_operands_)) &&
@@ -158,15 +173,17 @@ void CpuBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
         const auto* gate = in + r * 2 * F + c;
         float gate_buf[kBlock], up_buf[kBlock];
         const float *v = widened(gate, m, gate_buf), *u = widened(gate + F, m, up_buf);
+        float g_buf[kBlock];
+        const float* gr = rounded(g + r * F + c, m, round_dout, g_buf);
         if (!bf16) {
           float* dgate = d + r * 2 * F + c;
-          swiglu_backward_block(v, u, g + r * F + c, dgate, dgate + F, m);
+          swiglu_backward_block(v, u, gr, dgate, dgate + F, m);
           continue;
         }
         // The float32 results rounded as they are stored: the bits a bf16 product's packing
         // would give them.
         float dgate[kBlock], dup[kBlock];
-        swiglu_backward_block(v, u, g + r * F + c, dgate, dup, m);
+        swiglu_backward_block(v, u, gr, dgate, dup, m);
         bf16_round_row(dgate, d16 + r * 2 * F + c, m);
         bf16_round_row(dup, d16 + r * 2 * F + F + c, m);
       }

@@ -239,11 +239,12 @@ void CudaBackend::activation_forward(Activation kind, const Tensor& x, const Ten
 }
 
 void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
-                                      const Tensor& dx) {
+                                      const Tensor& dx, DType round_dy) {
   same_numel(x, dy, "activation_backward");
   same_numel(x, dx, "activation_backward");
   cuda::activation_backward(stream_, kind, dev_in(x, "activation input"),
-                            dev(dy, "activation gradient"), dev(dx, "activation dx"), x.numel());
+                            dev(dy, "activation gradient"), round_dy, dev(dx, "activation dx"),
+                            x.numel());
 }
 
 void CudaBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
@@ -252,12 +253,12 @@ void CudaBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {
                        rows(out), F);
 }
 
-void CudaBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout,
-                                  const Tensor& dgate_up) {
+void CudaBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                                  DType round_dout) {
   const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_activations(DType::bf16));
   same_numel(gate_up, dgate_up, "swiglu_backward dgate_up");
   cuda::swiglu_backward(stream_, dev_in(gate_up, "swiglu input"), dev(dout, "swiglu gradient"),
-                        dev_out(dgate_up, "swiglu dgate_up"), rows(dout), F);
+                        round_dout, dev_out(dgate_up, "swiglu dgate_up"), rows(dout), F);
 }
 
 void CudaBackend::tanh_forward(const Tensor& x, const Tensor& y) {

@@ -100,10 +100,11 @@ class CudaBackend final : public Backend {
                        const Tensor& sin, int64_t first_position) override;
 
   void activation_forward(Activation kind, const Tensor& x, const Tensor& y) override;
-  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy,
-                           const Tensor& dx) override;
+  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                           DType round_dy) override;
   void swiglu_forward(const Tensor& gate_up, const Tensor& out) override;
-  void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up) override;
+  void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                       DType round_dout) override;
   void tanh_forward(const Tensor& x, const Tensor& y) override;
   void tanh_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void dropout_forward(const Tensor& x, float p, const RngKey& key, const Tensor& y) override;

@@ -21,11 +21,13 @@ __global__ void activation_forward_kernel(const X* x, Y* y, int64_t n) {
     put(y + i, activation_value<A>(widen(x[i])));
 }
 
-// dx may alias dy: each element is read before it is written, by the same thread.
+// dx may alias dy: each element is read before it is written, by the same thread. dy is rounded
+// to round_dy as it is read.
 template <Activation A, typename X>
-__global__ void activation_backward_kernel(const X* x, const float* dy, float* dx, int64_t n) {
+__global__ void activation_backward_kernel(const X* x, const float* dy, DType round_dy, float* dx,
+                                           int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = activation_grad<A>(widen(x[i]), dy[i]);
+    dx[i] = activation_grad<A>(widen(x[i]), rounded(dy[i], round_dy));
 }
 
 // Element i of out is pair (row, c) = (i / F, i % F) of gate_up's halves.
@@ -40,12 +42,12 @@ __global__ void swiglu_forward_kernel(const G* gate_up, Y* out, int64_t n, int64
 
 // One thread reads both inputs of a pair before writing both gradients: dgate_up may alias gate_up.
 template <typename G, typename D>
-__global__ void swiglu_backward_kernel(const G* gate_up, const float* dout, D* dgate_up, int64_t n,
-                                       int64_t F) {
+__global__ void swiglu_backward_kernel(const G* gate_up, const float* dout, DType round_dout,
+                                       D* dgate_up, int64_t n, int64_t F) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t r = i / F, c = i - r * F;
     const G* gate = gate_up + r * 2 * F + c;
-    const float v = widen(gate[0]), u = widen(gate[F]), g = dout[i];
+    const float v = widen(gate[0]), u = widen(gate[F]), g = rounded(dout[i], round_dout);
     D* d = dgate_up + r * 2 * F + c;
     put(d, activation_grad<Activation::silu>(v, g * u));
     put(d + F, g * activation_value<Activation::silu>(v));
@@ -198,13 +200,13 @@ void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n)
   check_launch("activation_forward");
 }
 
-void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, float* dx,
-                         int64_t n) {
+void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, DType round_dy,
+                         float* dx, int64_t n) {
   if (n <= 0) return;
   visit_activation(kind, [&](auto a) {
     with_elements(x.bf16, [&](auto xt) {
-      activation_backward_kernel<decltype(a)::value>
-          <<<grid_for(n), kThreads, 0, s>>>(static_cast<const decltype(xt)*>(x.data), dy, dx, n);
+      activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(
+          static_cast<const decltype(xt)*>(x.data), dy, round_dy, dx, n);
     });
   });
   check_launch("activation_backward");
@@ -223,14 +225,14 @@ void swiglu_forward(cudaStream_t s, In gate_up, Out out, int64_t rows, int64_t F
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, Out dgate_up, int64_t rows,
-                     int64_t F) {
+void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, DType round_dout, Out dgate_up,
+                     int64_t rows, int64_t F) {
   const int64_t n = rows * F;
   if (n <= 0) return;
   with_elements(gate_up.bf16, [&](auto gt) {
     with_elements(dgate_up.bf16, [&](auto dt) {
       swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(
-          static_cast<const decltype(gt)*>(gate_up.data), dout,
+          static_cast<const decltype(gt)*>(gate_up.data), dout, round_dout,
           static_cast<decltype(dt)*>(dgate_up.data), n, F);
     });
   });

@@ -32,14 +32,15 @@ inline Out f32_out(float* p) {
 
 // ---- cuda_elementwise.cu ----
 void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n);
-// dx = dy * f'(x); dx may alias dy.
-void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, float* dx,
-                         int64_t n);
+// dx = round(dy) * f'(x), dy rounded to round_dy (bf16, f16; f32: as it is); dx may alias dy.
+void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, DType round_dy,
+                         float* dx, int64_t n);
 // SwiGLU over rows of gate_up [rows, 2F] (gate | up): out [rows, F] = silu(gate) * up.
 void swiglu_forward(cudaStream_t s, In gate_up, Out out, int64_t rows, int64_t F);
-// dgate_up [rows, 2F] = (dout * up * silu'(gate) | dout * silu(gate)); may alias gate_up.
-void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, Out dgate_up, int64_t rows,
-                     int64_t F);
+// dgate_up [rows, 2F] = (dout * up * silu'(gate) | dout * silu(gate)), dout rounded to
+// round_dout; may alias gate_up.
+void swiglu_backward(cudaStream_t s, In gate_up, const float* dout, DType round_dout, Out dgate_up,
+                     int64_t rows, int64_t F);
 void tanh_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 // dx = dy * (1 - y^2); dx may alias dy.
 void tanh_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t n);
