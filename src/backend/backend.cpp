@@ -77,6 +77,19 @@ void Backend::norm_forward(const Tensor& x, const Norm& n, const Tensor& y) {
     layernorm_forward(x, n.gamma, n.beta, n.eps, y, n.mean, n.rstd);
 }
 
+void Backend::norm_backward(const Tensor& dy, const Tensor& x, const Norm& n, const Tensor& dx,
+                            bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta,
+                            DType round_dy, const BranchDropout& branch) {
+  if (round_dy != DType::f32) round_to(round_dy, dy);
+  if (n.rms) {
+    BRISK_CHECK(dbeta.empty(), "norm_backward: an RMSNorm has no beta");
+    rmsnorm_backward(dy, x, n.gamma, n.rstd, dx, accumulate_dx, dgamma);
+  } else {
+    layernorm_backward(dy, x, n.gamma, n.mean, n.rstd, dx, accumulate_dx, dgamma, dbeta);
+  }
+  if (!branch.grad.empty()) dropout_backward(dx, branch.p, branch.key, branch.grad);
+}
+
 void Backend::check_norm(const Tensor& x, const Norm& n, const Tensor& y, const char* op,
                          bool bf16_mode) {
   check_rmsnorm(x, n.gamma, n.rstd, y, op, bf16_mode);

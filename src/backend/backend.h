@@ -297,6 +297,23 @@ class Backend {
   };
   // y = the norm of x: layernorm_forward or rmsnorm_forward, as `n` says.
   void norm_forward(const Tensor& x, const Norm& n, const Tensor& y);
+  // A residual branch's gradient through its dropout, taken where the gradient of the residual sum
+  // is written (norm_backward): grad = dropout_backward(that gradient) with p and key. grad
+  // empty: none.
+  struct BranchDropout {
+    Tensor grad;
+    float p = 0.0f;
+    RngKey key;
+  };
+  // The gradient through norm n (x its input, its saved statistics) for dy: dx = (or += when
+  // accumulate_dx) the input gradient, dgamma += and dbeta += (skipped when empty), dy's values
+  // rounded to round_dy as they are read (f32: as they are) - what round_to, layernorm_backward or
+  // rmsnorm_backward and, with branch.grad, dropout_backward of the dx just written give, in one
+  // pass over the rows where the backend fuses them (by default those calls). dx aliases neither
+  // dy nor x; branch.grad may alias dy. dy may be left rounded in place.
+  virtual void norm_backward(const Tensor& dy, const Tensor& x, const Norm& n, const Tensor& dx,
+                             bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta,
+                             DType round_dy, const BranchDropout& branch);
   // check_rmsnorm's checks of x, n's gamma and rstd and y, and LayerNorm's beta [C] and mean (one
   // per row), or their absence under `rms`.
   static void check_norm(const Tensor& x, const Norm& n, const Tensor& y, const char* op,

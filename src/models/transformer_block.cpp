@@ -86,15 +86,6 @@ void norm_forward(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
   be.norm_forward(x, block_norm(st, gamma, beta, mean, rstd), y);
 }
 
-void norm_backward(Backend& be, const BlockStyle& st, const Tensor& dy, const Tensor& x,
-                   const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                   bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta) {
-  if (st.rms_norm)
-    be.rmsnorm_backward(dy, x, gamma, rstd, dx, accumulate_dx, dgamma);
-  else
-    be.layernorm_backward(dy, x, gamma, mean, rstd, dx, accumulate_dx, dgamma, dbeta);
-}
-
 // MLP activation: SwiGLU over [gate | up] when gated.
 void mlp_activation_forward(Backend& be, const BlockStyle& st, const Tensor& fc,
                             const Tensor& act) {
@@ -147,6 +138,20 @@ void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
   per_sequence(stream_slice(st), x, key, [&](auto view, const RngKey& k) {
     be.dropout_add(view(x), view(r), p, k, view(y));
   });
+}
+
+// The gradient through norm n whose input was a residual sum (dy rounded to round_dy as it is
+// read, into dx, added to it where accumulate_dx), and that sum's residual branch's gradient
+// through its dropout (p, key): into tmp_buffer by the same backend call where the stream is
+// whole, else after it (dropped's); without dropout dx itself. Returns the branch's gradient.
+Tensor norm_backward_branch(Backend& be, const BlockStyle& st, const Tensor& dy, const Tensor& x,
+                            const Backend::Norm& n, const Tensor& dx, bool accumulate_dx,
+                            const Tensor& dgamma, const Tensor& dbeta, DType round_dy, float p,
+                            const RngKey& key, const Tensor& tmp_buffer) {
+  Backend::BranchDropout branch;
+  if (p != 0.0f && stream_slice(st).count == 1) branch = {slice_space(tmp_buffer, dx, 0), p, key};
+  be.norm_backward(dy, x, n, dx, accumulate_dx, dgamma, dbeta, round_dy, branch);
+  return branch.grad.empty() ? dropped(be, st, dx, p, key, tmp_buffer) : branch.grad;
 }
 
 // sum = x + dropout(r), then y = the norm n of sum (its statistics saved) over the block's tokens:
@@ -697,11 +702,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   const RngKey attn_probs_key = attention_key(st, key, layer);
   const RngKey attn_res_key = site_key(key, layer, kAttnResidual);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
-  // d_res1 is the gradient flowing on the residual stream between the two sublayers. Under
-  // Megatron's sequence parallelism the stream's gradients are this rank's tokens', gathered for
-  // the row-parallel products' backward, and the column-parallel products' input gradients are
-  // reduce-scattered (all_tokens, stream_sum).
-  Tensor d_res1;
+  // d_res1 is the gradient flowing on the residual stream between the two sublayers, d_proj the
+  // attention branch's below its dropout (res1 = x + drop(proj(attn(a_in)))), taken with d_res1.
+  // Under Megatron's sequence parallelism the stream's gradients are this rank's tokens', gathered
+  // for the row-parallel products' backward, and the column-parallel products' input gradients
+  // are reduce-scattered (all_tokens, stream_sum).
+  Tensor d_res1, d_proj;
   if (st.pre_norm) {
     // out = res1 + drop(mlp(LN_b(res1))): dh already is d_out, and d_res1 is dh itself.
     d_res1 = dh;
@@ -718,16 +724,18 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                          sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
     }
     const Tensor d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
-    be.round_to(lp, d_m_in);
-    norm_backward(be, st, d_m_in, s.res1, w.ln_b_g, s.mean_b, s.rstd_b, d_res1, true, g.ln_b_g,
-                  g.ln_b_b);
+    d_proj = norm_backward_branch(
+        be, st, d_m_in, s.res1, block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), d_res1,
+        true, g.ln_b_g, g.ln_b_b, lp, st.attention_output_dropout, attn_res_key, sc.tmp);
   } else {
     // out = LN_b(res2), res2 = m_in + drop(mlp(m_in)), m_in = LN_a(res1).
     const Tensor d_res2 = slice_space(sc.tmp2, dh, 0);
-    norm_backward(be, st, dh, s.res2, w.ln_b_g, s.mean_b, s.rstd_b, d_res2, false, g.ln_b_g,
-                  g.ln_b_b);
     const Tensor d_mlp = all_tokens(
-        be, st, dropped(be, st, d_res2, st.residual_dropout, mlp_key, sc.tmp), sc.gathered, sc);
+        be, st,
+        norm_backward_branch(be, st, dh, s.res2,
+                             block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), d_res2, false,
+                             g.ln_b_g, g.ln_b_b, DType::f32, st.residual_dropout, mlp_key, sc.tmp),
+        sc.gathered, sc);
     be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
                        accumulate_dw);
     const Tensor d_fc_pre =
@@ -745,13 +753,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
       sum_over_group(be, st, sc.tmp2);
     }
     d_res1 = dh;  // dh is free again: it now receives d_res1
-    norm_backward(be, st, d_m_in, s.res1, w.ln_a_g, s.mean_a, s.rstd_a, d_res1, false, g.ln_a_g,
-                  g.ln_a_b);
+    d_proj = norm_backward_branch(
+        be, st, d_m_in, s.res1, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a), d_res1,
+        false, g.ln_a_g, g.ln_a_b, DType::f32, st.attention_output_dropout, attn_res_key, sc.tmp);
   }
-  // res1 = x + drop(proj(attn(a_in))): d_x starts as d_res1 (same buffer dh).
-  const Tensor d_attn =
-      all_tokens(be, st, dropped(be, st, d_res1, st.attention_output_dropout, attn_res_key, sc.tmp),
-                 sc.tmp2, sc);
+  // d_x starts as d_res1 (same buffer dh).
+  const Tensor d_attn = all_tokens(be, st, d_proj, sc.tmp2, sc);
   be.linear_backward(s.ctx, w.proj_w, d_attn, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
                      accumulate_dw);
   be.round_to(lp, sc.d_ctx);
@@ -769,8 +776,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
                        sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
-    be.round_to(lp, d_a_in);
-    norm_backward(be, st, d_a_in, x, w.ln_a_g, s.mean_a, s.rstd_a, dh, true, g.ln_a_g, g.ln_a_b);
+    be.norm_backward(d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a), dh, true,
+                     g.ln_a_g, g.ln_a_b, lp, {});
   } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
     be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout, sc.tmp,
                        false, g.qkv_w, g.qkv_b, accumulate_dw);

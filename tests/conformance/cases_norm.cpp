@@ -9,6 +9,7 @@
 #include "backend/rope.h"
 #include "backend_support.h"
 #include "conformance/op_case.h"
+#include "core/dtype.h"
 
 namespace brisk::testing {
 namespace {
@@ -274,6 +275,107 @@ OpCase dropout_add_norm_case(Shape xs, float p, bool rms, uint64_t first) {
   return c;
 }
 
+// Backend::norm_backward: dy rounded to bf16 as read (or not), the branch's gradient through its
+// dropout written over dy (or none), dx written or added to. Against the fp64 reference (finite
+// differences of the forward at the rounded dy; the branch the reference mask over the whole dx)
+// and, exactly, against round_to, the norm's own backward and dropout_backward on the same
+// backend. Without `reference` (a GPU's sizes, where finite differences would take minutes) only
+// the latter.
+OpCase norm_backward_case(Shape xs, bool rms, bool round, float p, bool accumulate,
+                          bool reference = true) {
+  const int64_t C = xs[xs.rank() - 1], R = xs.numel() / C;
+  RngKey key{0x5eed'0002ULL, 9, 4};
+  key.first_element = 8;
+  const DType round_dy = round ? DType::bf16 : DType::f32;
+  OpCase c;
+  c.name = std::string("norm_backward_") + (rms ? "rmsnorm_" : "layernorm_") + shape_name(xs) +
+           (round ? "_bf16dy" : "") + (p > 0 ? "_branch" : "") + (accumulate ? "_dxadd" : "");
+  c.inputs = [=](std::mt19937& rng) {
+    return Values{{"x", randn_d(R * C, rng, 2.0, 1.0)}, {"gamma", randn_d(C, rng, 0.1, 1.0)},
+                  {"dy", randn_d(R * C, rng)},          {"dx0", randn_d(R * C, rng)},
+                  {"dgamma0", randn_d(C, rng)},         {"dbeta0", randn_d(C, rng)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    DeviceBuffers d(be);
+    const Tensor x = d.put_as(in.at("x"), xs), g = d.put_as(in.at("gamma"), {C});
+    const Tensor beta = d.put(FVec(C, 0.f), {C}), mean = d.put(FVec(R, 0.f), {R});
+    const Tensor rstd = d.put(FVec(R, 0.f), {R}), y = d.put(FVec(R * C, 0.f), xs);
+    const Backend::Norm n{g, rms ? Tensor() : beta, 1e-5f, rms, rms ? Tensor() : mean, rstd};
+    be.norm_forward(x, n, y);  // the statistics
+    // Fused: the branch over dy. Separate: the three calls.
+    Values out;
+    for (const bool fused : {true, false}) {
+      const Tensor dy = d.put_as(in.at("dy"), xs), dx = d.put_as(in.at("dx0"), xs);
+      const Tensor dg = d.put_as(in.at("dgamma0"), {C}), db = d.put_as(in.at("dbeta0"), {C});
+      const Tensor dbeta = rms ? Tensor() : db, branch = p > 0 ? dy : Tensor();
+      if (fused) {
+        be.norm_backward(dy, x, n, dx, accumulate, dg, dbeta, round_dy, {branch, p, key});
+      } else {
+        if (round) be.round_to(round_dy, dy);
+        if (rms)
+          be.rmsnorm_backward(dy, x, g, rstd, dx, accumulate, dg);
+        else
+          be.layernorm_backward(dy, x, g, mean, rstd, dx, accumulate, dg, db);
+        if (p > 0) be.dropout_backward(dx, p, key, branch);
+      }
+      Values v{{"dx", d.values(dx)}, {"dgamma", d.values(dg)}, {"dbeta", d.values(db)}};
+      if (p > 0) v["branch"] = d.values(branch);
+      for (auto& [name, values] : v) {
+        if (fused) {
+          out[name] = values;
+          continue;
+        }
+        Vec diff = out.at(name);
+        for (size_t i = 0; i < diff.size(); ++i) diff[i] -= values[i];
+        out[name + "_less_separate"] = diff;
+      }
+    }
+    return out;
+  };
+  c.reference = [=](const Values& in) {
+    Values zeros;
+    for (const char* z : {"dx", "branch"})
+      zeros[std::string(z) + "_less_separate"] = Vec(static_cast<size_t>(R * C), 0.0);
+    zeros["dgamma_less_separate"] = zeros["dbeta_less_separate"] = Vec(static_cast<size_t>(C), 0.0);
+    if (!reference) return zeros;
+    const Vec &x = in.at("x"), &g = in.at("gamma");
+    Vec dy = in.at("dy");
+    if (round)
+      for (double& v : dy) v = bf16_to_float(float_to_bf16(static_cast<float>(v)));
+    const Vec beta(static_cast<size_t>(C), 0.0);
+    auto f = [&](const Vec& xv, const Vec& gv) {
+      return rms ? ref_rmsnorm(xv, gv, 1e-5, C) : ref_layernorm(xv, gv, beta, 1e-5, C);
+    };
+    Values want;
+    want["dx"] = fd_vjp(
+        x, [&](const Vec& v) { return f(v, g); }, dy);
+    want["dgamma"] = fd_vjp(
+        g, [&](const Vec& v) { return f(x, v); }, dy);
+    want["dbeta"] = Vec(static_cast<size_t>(C), 0.0);  // RMSNorm's: left as it was
+    if (!rms)
+      for (int64_t i = 0; i < R * C; ++i) want["dbeta"][i % C] += dy[i];
+    if (p > 0) {
+      const uint32_t threshold = dropout_threshold(p);
+      Vec& b = want["branch"];
+      b.resize(static_cast<size_t>(R * C));
+      for (int64_t i = 0; i < R * C; ++i) {
+        const double total = want["dx"][i] + (accumulate ? in.at("dx0")[i] : 0.0);
+        b[i] = dropout_keep(key, key.first_element + i, threshold) ? total / (1.0 - p) : 0.0;
+      }
+    }
+    want.merge(zeros);
+    return want;
+  };
+  c.checks = {{"dx", Metric::normwise, 1e-4, 1e-5, accumulate ? "dx0" : ""},
+              {"dgamma", Metric::normwise, 1e-4, 1e-5, "dgamma0"},
+              {"dbeta", Metric::normwise, 1e-4, 1e-5, "dbeta0"}};
+  if (p > 0) c.checks.push_back({"branch", Metric::normwise, 1e-4, 1e-5});
+  for (const char* z : {"dx", "dgamma", "dbeta"})
+    c.checks.push_back({std::string(z) + "_less_separate", Metric::exact});
+  if (p > 0) c.checks.push_back({"branch_less_separate", Metric::exact});
+  return c;
+}
+
 // ---- rotary ----
 
 // transformers' apply_rotary_pos_emb on packed qkv [B,T,(H+2K)*D], literally: per query and key
@@ -372,6 +474,13 @@ std::vector<OpCase> norm_cases() {
     cases.push_back(dropout_add_norm_case({37, 768}, 0.1f, rms, 0));
     cases.push_back(dropout_add_norm_case({2, 19, 1031}, 0.1f, rms, 4));
   }
+  for (bool rms : {false, true})
+    for (bool round : {false, true}) {
+      cases.push_back(norm_backward_case({7, 13}, rms, round, 0.25f, true));
+      cases.push_back(norm_backward_case({5, 12}, rms, round, 0.0f, false));
+      cases.push_back(norm_backward_case({3, 2, 16}, rms, round, 0.5f, false));
+      cases.push_back(norm_backward_case({37, 768}, rms, round, 0.1f, true, false));
+    }
   // MHA, GQA and MQA layouts, from position 0 and later ones; D = 2 the narrowest.
   cases.push_back(rotary_case(2, 5, 3, 3, 8, 0, 10000.0, true));
   cases.push_back(rotary_case(2, 3, 4, 2, 6, 7, 10000.0, true));

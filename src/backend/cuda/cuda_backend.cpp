@@ -27,6 +27,11 @@ float* dev(const Tensor& t, const char* what) {
 float* dev_or_null(const Tensor& t, const char* what) {
   return t.empty() ? nullptr : dev(t, what);
 }
+// Throws naming `op` unless `dtype` is one a gradient may be rounded to as it is read (f32: none).
+void check_rounding(DType dtype, const char* op) {
+  BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+              ": cannot round to ", dtype_name(dtype));
+}
 // An int32 tensor in device memory (ids, labels, experts).
 int32_t* dev_i32(const Tensor& t, const char* what) {
   BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, what,
@@ -190,7 +195,7 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   cuda::layernorm_backward(stream_, dev(dy, "layernorm gradient"), dev(x, "layernorm input"),
                            dev(gamma, "gamma"), dev(mean, "mean"), dev(rstd, "rstd"),
                            dev(dx, "layernorm dx"), accumulate_dx, dev_or_null(dgamma, "dgamma"),
-                           dev_or_null(dbeta, "dbeta"), R, C, column_scratch());
+                           dev_or_null(dbeta, "dbeta"), R, C, column_scratch(), DType::f32, {});
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
@@ -209,7 +214,35 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   cuda::rmsnorm_backward(stream_, dev(dy, "rmsnorm gradient"), dev(x, "rmsnorm input"),
                          dev(gamma, "gamma"), dev(rstd, "rstd"), dev(dx, "rmsnorm dx"),
                          accumulate_dx, dev_or_null(dgamma, "dgamma"), rows(x), cols(x),
-                         column_scratch());
+                         column_scratch(), DType::f32, {});
+}
+
+// One pass: the rounding of dy as the kernels read it, the branch's dropout after each row's dx.
+void CudaBackend::norm_backward(const Tensor& dy, const Tensor& x, const Norm& n, const Tensor& dx,
+                                bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta,
+                                DType round_dy, const BranchDropout& branch) {
+  check_norm(x, n, dy, "norm_backward", false);
+  check_rounding(round_dy, "norm_backward");
+  check_norm(x, n, dx, "norm_backward dx", false);
+  BRISK_CHECK(!n.rms || dbeta.empty(), "norm_backward: an RMSNorm has no beta");
+  for (const Tensor* t : {&dgamma, &dbeta})
+    BRISK_CHECK(t->empty() || t->numel() == n.gamma.numel(),
+                "norm_backward: parameter gradient size");
+  BRISK_CHECK(branch.grad.empty() || branch.grad.numel() == dx.numel(),
+              "norm_backward: the branch's gradient is not shaped as dx");
+  BRISK_CHECK(branch.p >= 0.0f && branch.p < 1.0f, "dropout probability ", branch.p,
+              " is outside [0, 1)");
+  const cuda::BranchGrad b{dev_or_null(branch.grad, "the branch's gradient"), branch.p, branch.key};
+  const float *g = dev(dy, "norm gradient"), *in = dev(x, "norm input");
+  if (n.rms)
+    cuda::rmsnorm_backward(stream_, g, in, dev(n.gamma, "gamma"), dev(n.rstd, "rstd"),
+                           dev(dx, "norm dx"), accumulate_dx, dev_or_null(dgamma, "dgamma"),
+                           rows(x), cols(x), column_scratch(), round_dy, b);
+  else
+    cuda::layernorm_backward(stream_, g, in, dev(n.gamma, "gamma"), dev(n.mean, "mean"),
+                             dev(n.rstd, "rstd"), dev(dx, "norm dx"), accumulate_dx,
+                             dev_or_null(dgamma, "dgamma"), dev_or_null(dbeta, "dbeta"), rows(x),
+                             cols(x), column_scratch(), round_dy, b);
 }
 
 // ---- rotary position embedding ----
@@ -242,6 +275,7 @@ void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Te
                                       const Tensor& dx, DType round_dy) {
   same_numel(x, dy, "activation_backward");
   same_numel(x, dx, "activation_backward");
+  check_rounding(round_dy, "activation_backward");
   cuda::activation_backward(stream_, kind, dev_in(x, "activation input"),
                             dev(dy, "activation gradient"), round_dy, dev(dx, "activation dx"),
                             x.numel());
@@ -257,6 +291,7 @@ void CudaBackend::swiglu_backward(const Tensor& gate_up, const Tensor& dout, con
                                   DType round_dout) {
   const int64_t F = check_swiglu(gate_up, dout, "swiglu_backward", bf16_activations(DType::bf16));
   same_numel(gate_up, dgate_up, "swiglu_backward dgate_up");
+  check_rounding(round_dout, "swiglu_backward");
   cuda::swiglu_backward(stream_, dev_in(gate_up, "swiglu input"), dev(dout, "swiglu gradient"),
                         round_dout, dev_out(dgate_up, "swiglu dgate_up"), rows(dout), F);
 }

@@ -113,6 +113,9 @@ class CudaBackend final : public Backend {
                    const Tensor& y) override;
   void dropout_add_norm(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                         const Tensor& sum, const Norm& norm, const Tensor& y) override;
+  void norm_backward(const Tensor& dy, const Tensor& x, const Norm& n, const Tensor& dx,
+                     bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta, DType round_dy,
+                     const BranchDropout& branch) override;
   void add_inplace(const Tensor& y, const Tensor& x) override;
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& src, const Tensor& dst) override;

@@ -73,25 +73,36 @@ struct ColumnScratch {
   int multiprocessors = 0;
 };
 
+// A residual branch's gradient through its dropout, written by a norm's backward from the dx it has
+// just written (Backend::BranchDropout): grad null: none.
+struct BranchGrad {
+  float* grad = nullptr;
+  float p = 0.0f;
+  RngKey key;
+};
+
 // ---- cuda_layernorm.cu ---- rows of C elements.
 void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
                        float eps, Out y, float* mean, float* rstd, int64_t rows, int64_t C);
 // dx = (or += when accumulate_dx) input gradient; dgamma += ; dbeta += (deterministic order,
-// over chunks of rows where `scratch` holds their sums).
+// over chunks of rows where `scratch` holds their sums); dy rounded to round_dy as it is read
+// (f32: as it is); branch.grad = dropout of the dx written (may alias dy).
 void layernorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx,
                         float* dgamma, float* dbeta, int64_t rows, int64_t C,
-                        const ColumnScratch& scratch);
+                        const ColumnScratch& scratch, DType round_dy, const BranchGrad& branch);
 
 // ---- cuda_rmsnorm.cu ---- rows of C elements.
 // rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd * gamma; y may alias x.
 void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float eps, Out y,
                      float* rstd, int64_t rows, int64_t C);
 // dx = (or += when accumulate_dx) input gradient, may alias dy; dgamma += (null: skipped;
-// deterministic order, over chunks of rows where `scratch` holds their sums).
+// deterministic order, over chunks of rows where `scratch` holds their sums); dy rounded and the
+// branch's gradient as layernorm_backward's.
 void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                       const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
-                      int64_t C, const ColumnScratch& scratch);
+                      int64_t C, const ColumnScratch& scratch, DType round_dy,
+                      const BranchGrad& branch);
 
 // ---- cuda_rotary.cu ----
 // rotary_forward (inverse false) or rotary_backward (inverse true) of backend.h, in place on

@@ -2,6 +2,7 @@
 // input gradient, as LayerNorm's kernels; the gamma gradient reduces over rows per column in a
 // fixed order (deterministic).
 #include "backend/cuda/cuda_column_sums.cuh"
+#include "backend/cuda/cuda_dropout_rows.cuh"
 #include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -23,12 +24,13 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     rmsnorm_row(x + row * C, gamma, eps, y + row * C, C, rstd + row);
 }
 
-// dx = rstd * (dy*gamma - xhat * mean(dy*gamma*xhat)), the CPU's formula. Lanes own fixed columns
-// across both passes, so dx may alias dy (the gamma gradient is taken first).
+// dx = rstd * (dy*gamma - xhat * mean(dy*gamma*xhat)), the CPU's formula, dy rounded to round_dy
+// as read. Lanes own fixed columns across both passes, so dx may alias dy (the gamma gradient is
+// taken first). A branch's gradient as LayerNorm's.
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
-    rmsnorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma,
-                               const float* rstd, float* dx, bool accumulate_dx, int64_t rows,
-                               int64_t C) {
+    rmsnorm_backward_dx_kernel(const float* dy, DType round_dy, const float* x, const float* gamma,
+                               const float* rstd, float* dx, bool accumulate_dx, float* branch,
+                               RowDropout drop, int64_t rows, int64_t C) {
   const int lane = threadIdx.x & 31;
   const float cf = static_cast<float>(C);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -36,13 +38,18 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     const float *xr = x + row * C, *gr = dy + row * C;
     const float s = rstd[row];
     float sum_dx = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) sum_dx += gr[c] * gamma[c] * (xr[c] * s);
+    for (int64_t c = lane; c < C; c += 32)
+      sum_dx += rounded(gr[c], round_dy) * gamma[c] * (xr[c] * s);
     const float mean_dx = warp_reduce(sum_dx, SumOp{}) / cf;
     float* dr = dx + row * C;
     for (int64_t c = lane; c < C; c += 32) {
-      const float v = s * (gr[c] * gamma[c] - xr[c] * s * mean_dx);
+      const float v = s * (rounded(gr[c], round_dy) * gamma[c] - xr[c] * s * mean_dx);
       dr[c] = accumulate_dx ? dr[c] + v : v;
     }
+    if (branch == nullptr) continue;
+    __syncwarp();  // the dropout's lanes read columns other lanes wrote
+    dropout_row(static_cast<const float*>(nullptr), static_cast<const float*>(dr), drop,
+                drop.key.first_element + static_cast<uint64_t>(row * C), branch + row * C, C);
   }
 }
 
@@ -51,8 +58,9 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 // by a fixed stride and their partial sums meet in a fixed tree, so the result does not depend on
 // scheduling.
 __global__ void __launch_bounds__(kSumThreads)
-    rmsnorm_gamma_grad_kernel(const float* dy, const float* x, const float* rstd, float* dgamma,
-                              float* scratch, int64_t rows, int64_t chunk_rows, int64_t C) {
+    rmsnorm_gamma_grad_kernel(const float* dy, DType round_dy, const float* x, const float* rstd,
+                              float* dgamma, float* scratch, int64_t rows, int64_t chunk_rows,
+                              int64_t C) {
   __shared__ float part[kSumLanes][kSumCols];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t first = chunk_first_row(chunk_rows), end = chunk_end_row(chunk_rows, rows);
@@ -63,7 +71,7 @@ __global__ void __launch_bounds__(kSumThreads)
     if (c < C) {
 #pragma unroll 4
       for (int64_t r = first + ty; r < end; r += kSumLanes)
-        acc += dy[r * C + c] * (x[r * C + c] * rstd[r]);
+        acc += rounded(dy[r * C + c], round_dy) * (x[r * C + c] * rstd[r]);
     }
     part[ty][tx] = acc;
     __syncthreads();
@@ -91,18 +99,20 @@ void rmsnorm_forward(cudaStream_t s, const float* x, const float* gamma, float e
 
 void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
                       const float* rstd, float* dx, bool accumulate_dx, float* dgamma, int64_t rows,
-                      int64_t C, const ColumnScratch& scratch) {
+                      int64_t C, const ColumnScratch& scratch, DType round_dy,
+                      const BranchGrad& branch) {
   if (rows <= 0 || C <= 0) return;
   // The gamma gradient first: it reads dy, which dx is allowed to overwrite.
   if (dgamma) {
     const ColumnSplit split = column_split(rows, C, 1, scratch);
     rmsnorm_gamma_grad_kernel<<<split.grid, dim3(kSumCols, kSumLanes), 0, s>>>(
-        dy, x, rstd, dgamma, scratch.data, rows, split.chunk_rows, C);
+        dy, round_dy, x, rstd, dgamma, scratch.data, rows, split.chunk_rows, C);
     check_launch("rmsnorm_backward (dgamma)");
     add_chunk_sums<1>(s, split, scratch.data, C, dgamma);
   }
   rmsnorm_backward_dx_kernel<<<grid_for(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
-      dy, x, gamma, rstd, dx, accumulate_dx, rows, C);
+      dy, round_dy, x, gamma, rstd, dx, accumulate_dx, branch.grad,
+      row_dropout(branch.p, branch.key), rows, C);
   check_launch("rmsnorm_backward (dx)");
 }
 
