@@ -140,6 +140,14 @@ void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
   });
 }
 
+// Whether a residual add and the norm after it (and their gradients) go in one backend call each:
+// BRISK_FUSED_RESIDUAL_NORM=0 makes them the separate calls (round_to, the norm, the dropout), to
+// compare.
+bool fuses_residual_norm() {
+  static const bool fused = !switched_off("BRISK_FUSED_RESIDUAL_NORM");
+  return fused;
+}
+
 // The gradient through norm n whose input was a residual sum (dy rounded to round_dy as it is
 // read, into dx, added to it where accumulate_dx), and that sum's residual branch's gradient
 // through its dropout (p, key): into tmp_buffer by the same backend call where the stream is
@@ -148,6 +156,11 @@ Tensor norm_backward_branch(Backend& be, const BlockStyle& st, const Tensor& dy,
                             const Backend::Norm& n, const Tensor& dx, bool accumulate_dx,
                             const Tensor& dgamma, const Tensor& dbeta, DType round_dy, float p,
                             const RngKey& key, const Tensor& tmp_buffer) {
+  if (!fuses_residual_norm()) {
+    if (round_dy != DType::f32) be.round_to(round_dy, dy);
+    be.norm_backward(dy, x, n, dx, accumulate_dx, dgamma, dbeta, DType::f32, {});
+    return dropped(be, st, dx, p, key, tmp_buffer);
+  }
   Backend::BranchDropout branch;
   if (p != 0.0f && stream_slice(st).count == 1) branch = {slice_space(tmp_buffer, dx, 0), p, key};
   be.norm_backward(dy, x, n, dx, accumulate_dx, dgamma, dbeta, round_dy, branch);
@@ -155,12 +168,10 @@ Tensor norm_backward_branch(Backend& be, const BlockStyle& st, const Tensor& dy,
 }
 
 // sum = x + dropout(r), then y = the norm n of sum (its statistics saved) over the block's tokens:
-// one backend call (per_sequence's keys under sequence parallelism, each sequence's rows);
-// BRISK_FUSED_RESIDUAL_NORM=0 makes it the two calls, to compare.
+// one backend call (per_sequence's keys under sequence parallelism, each sequence's rows).
 void residual_norm(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& r, float p,
                    const RngKey& key, const Tensor& sum, const Backend::Norm& n, const Tensor& y) {
-  static const bool fused = !switched_off("BRISK_FUSED_RESIDUAL_NORM");
-  if (!fused) {
+  if (!fuses_residual_norm()) {
     residual_add(be, st, x, r, p, key, sum);
     be.norm_forward(sum, n, y);
     return;
@@ -776,8 +787,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
                        sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
-    be.norm_backward(d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a), dh, true,
-                     g.ln_a_g, g.ln_a_b, lp, {});
+    norm_backward_branch(be, st, d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a),
+                         dh, true, g.ln_a_g, g.ln_a_b, lp, 0.0f, RngKey{}, sc.tmp);
   } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
     be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout, sc.tmp,
                        false, g.qkv_w, g.qkv_b, accumulate_dw);
