@@ -12,6 +12,7 @@
 #include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/random_init.h"
+#include "core/switches.h"
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/gpt2.h"
@@ -903,6 +904,17 @@ bool Model::direct_saved_tensors(const Backend& be) const {
   return direct;
 }
 
+namespace {
+// Whether the host's attention mask [B, T] hides a key (a zero); BRISK_UNMASKED_ATTENTION=0: always
+// taken as hiding one, to compare.
+bool hides_keys(const Tensor& mask) {
+  static const bool skips = !switched_off("BRISK_UNMASKED_ATTENTION");
+  if (!skips || mask.empty()) return !mask.empty();
+  const int32_t* m = mask.i32();
+  return std::any_of(m, m + mask.numel(), [](int32_t v) { return v == 0; });
+}
+}  // namespace
+
 void Model::forward_step(Backend& be, const StepOptions& o) {
   BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
               "internal error: a tensor-parallel share runs without its group");
@@ -913,6 +925,7 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   validate_batch();
   prepare_batch();
   slice_inputs();
+  hides_keys_ = hides_keys(batch_.attention_mask);
   if (first_token() > 0) drop_sequence_labels();
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);
@@ -932,8 +945,8 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   }
   for (int l = first; l < end; ++l) {
     need_weights(end - l, end - l - 1);  // then the next block's, or after the last the head's
-    block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask,
-                  hidden_[l + 1], saved_[l], scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
+    block_forward(be, st, layer_params(l, false), hidden_[l], key_mask(), hidden_[l + 1], saved_[l],
+                  scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
     if (!stored_.empty() && !direct) transfer(be, work_, stored_[l], rebuilt(stored_[l], st));
   }
   if (!config_.last_stage()) return;
@@ -1116,8 +1129,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.end_layer() - 1;
     if (options_.gradient_checkpointing && !last)
-      block_forward(be, st, layer_params(l, false), hidden_[l], dev_batch_.attention_mask, Tensor(),
-                    saved_[l], scratch_, o.rng, l);
+      block_forward(be, st, layer_params(l, false), hidden_[l], key_mask(), Tensor(), saved_[l],
+                    scratch_, o.rng, l);
     if (!stored_.empty() && !last && !direct)
       transfer(be, stored_[l], work_, rebuilt(stored_[l], st));
     if (rebuilds_input(l))
@@ -1137,13 +1150,12 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
     if (options_.selective_recompute && !last)
-      block_attention_core(be, st, dev_batch_.attention_mask, saved.qkv, saved, scratch_,
-                           scratch_.d_ctx, o.rng, l);
+      block_attention_core(be, st, key_mask(), saved.qkv, saved, scratch_, scratch_.d_ctx, o.rng,
+                           l);
     if (grads_over_blocks_ && o.first_micro_batch)  // forward wrote over them
       zero_accumulated_grads(be, segments_[static_cast<size_t>(end - l)]);
-    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l],
-                   dev_batch_.attention_mask, saved, scratch_, d_hidden_, o.rng, l,
-                   !o.first_micro_batch);
+    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l], key_mask(),
+                   saved, scratch_, d_hidden_, o.rng, l, !o.first_micro_batch);
     report(end - l);
   }
   if (config_.first_stage()) {

@@ -459,8 +459,13 @@ class Model : public BatchTarget {
   ModelConfig config_;
   ParameterSet params_;
   BatchShape shape_, planned_;
-  Batch batch_;                 // host
-  Batch dev_batch_;             // what the kernels read
+  Batch batch_;      // host
+  Batch dev_batch_;  // what the kernels read
+  // Whether the micro-batch's attention mask hides a key (forward_step): where it hides none the
+  // blocks' attention runs unmasked (key_mask()), the same values without the mask's work (a
+  // GPU's fused attention builds a [B, T, T] bias from it). BRISK_UNMASKED_ATTENTION=0 keeps it.
+  bool hides_keys_ = true;
+  Tensor key_mask() const { return hides_keys_ ? dev_batch_.attention_mask : Tensor(); }
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
   // How the blocks' inputs are kept: each its own buffer, or (between the stage's first and last)
   // two buffers in turn, which backward reads nothing from (no gradients) or rebuilds.

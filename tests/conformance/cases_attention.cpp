@@ -114,6 +114,18 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
     be.attention_forward(q, m, causal, h, k, scale, p, key, stats, scratch, out);
     be.attention_backward(g, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq);
     Values v{{"out", d.values(out)}, {"dqkv", d.values(dq)}};
+    if (mask == Mask::none) {  // a mask that hides no key: the unmasked results, exactly
+      const Tensor ones = d.put(std::vector<int32_t>(static_cast<size_t>(B * T), 1), {B, T});
+      const Tensor out1 = d.put(FVec(B * T * C, -7.f), {B, T, C});
+      const Tensor dq1 = d.put_as(in.at("dqkv0"), {B, T, W});
+      be.attention_forward(q, ones, causal, h, k, scale, p, key, stats, scratch, out1);
+      be.attention_backward(g, q, out1, stats, ones, causal, h, k, scale, p, key, scratch, dq1);
+      Vec o1 = d.values(out1), d1 = d.values(dq1);
+      for (size_t i = 0; i < o1.size(); ++i) o1[i] -= v["out"][i];
+      for (size_t i = 0; i < d1.size(); ++i) d1[i] -= v["dqkv"][i];
+      v["out_all_ones_less_unmasked"] = o1;
+      v["dqkv_all_ones_less_unmasked"] = d1;
+    }
     if (mask == Mask::empty_rows) {
       const Vec &o = v["out"], &dqkv = v["dqkv"];
       v["out_of_hidden_sequence"] = Vec(o.begin() + 2 * T * C, o.end());
@@ -127,9 +139,16 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
       auto f = [&](const Vec& v) {
         return ref_attention(v, in.at("mask"), causal, B, T, H, K, D, scale, p, key);
       };
-      return Values{{"out", f(in.at("qkv"))}, {"dqkv", fd_vjp(in.at("qkv"), f, in.at("dout"))}};
+      return Values{{"out", f(in.at("qkv"))},
+                    {"dqkv", fd_vjp(in.at("qkv"), f, in.at("dout"))},
+                    {"out_all_ones_less_unmasked", Vec(static_cast<size_t>(B * T * C), 0.0)},
+                    {"dqkv_all_ones_less_unmasked", Vec(static_cast<size_t>(B * T * W), 0.0)}};
     };
   c.checks = {{"out", Metric::elementwise, 1e-5, 1e-5}, {"dqkv", Metric::normwise, 1e-4, 1e-5}};
+  if (mask == Mask::none) {
+    c.checks.push_back({"out_all_ones_less_unmasked", Metric::exact});
+    c.checks.push_back({"dqkv_all_ones_less_unmasked", Metric::exact});
+  }
   if (mask == Mask::empty_rows) {  // zeros on the CPU, which the small cases check
     c.checks.push_back({"out_of_hidden_sequence", Metric::exact});
     c.checks.push_back({"dqkv_of_hidden_sequence", Metric::exact});
