@@ -3,8 +3,9 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm]
+#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm] [switch]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
+# (switch: GPT-2 with the measurement switch $SWITCH set to 0 against unset, alternated)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
 set -uo pipefail
@@ -103,6 +104,11 @@ for what in "${@:-tests}"; do
       for fused in 0 1 0 1; do
         echo "fused=$fused: $(BRISK_FUSED_RESIDUAL_NORM=$fused gpt2_train 50257 ${STEPS:-16})"
       done | tee -a "$OUT/residual_norm.log" ;;
+    switch)  # GPT-2's samples/s over $STEPS (16) with $SWITCH=0 (a path turned off) and without
+      for off in 1 0 1 0; do
+        if [ $off = 1 ]; then echo "$SWITCH=0: $(export "$SWITCH=0"; gpt2_train 50257 ${STEPS:-16})"
+        else echo "default: $(gpt2_train 50257 ${STEPS:-16})"; fi
+      done | tee "$OUT/switch_$SWITCH.log" ;;
     head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
       python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
