@@ -51,7 +51,8 @@ int main() {
         be->attention_forward(tq, Tensor(), true, H, K, scale, 0.0f, key, ts, tsc, to);
       };
       auto bwd = [&] {
-        be->attention_backward(tg, tq, to, ts, Tensor(), true, H, K, scale, 0.0f, key, tsc, tdq);
+        be->attention_backward(tg, tq, to, ts, Tensor(), true, H, K, scale, 0.0f, key, tsc, tdq,
+                               DType::f32, DType::f32);
       };
       fwd();
       bwd();

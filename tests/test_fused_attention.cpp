@@ -60,9 +60,10 @@ AttnInputs make_inputs(const AttnCase& c, uint32_t seed) {
   return in;
 }
 
-// Forward and backward on `be`, its products in `product` (bf16: the fused attention on a GPU).
+// Forward and backward on `be`, its products in `product` (bf16: the fused attention on a GPU),
+// the backward rounding dout and dqkv to `round`.
 AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType product,
-               const RngKey& key) {
+               const RngKey& key, DType round = DType::f32) {
   DeviceBuffers d(be);
   be.set_matmul_dtype(product);
   // What Model::matmul_operands asks for the fused attention.
@@ -80,7 +81,7 @@ AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType produ
   be.attention_forward(qkv, mask, c.causal, static_cast<int>(c.H), static_cast<int>(c.K), scale,
                        c.dropout, key, stats, scratch, out);
   be.attention_backward(dout, qkv, out, stats, mask, c.causal, static_cast<int>(c.H),
-                        static_cast<int>(c.K), scale, c.dropout, key, scratch, dqkv);
+                        static_cast<int>(c.K), scale, c.dropout, key, scratch, dqkv, round, round);
   return {d.get<float>(out), d.get<float>(dqkv)};
 }
 
@@ -125,6 +126,24 @@ TEST(FusedAttention, AgreesWithTheFloat32Reference) {
     EXPECT_TRUE(rel_near(simt.out, want.out, 1e-5));
     EXPECT_FALSE(rel_near(fused.out, simt.out, 1e-6));
   }
+}
+
+// Rounding dout and dqkv to bf16 as the block asks is the fused attention's own casts: the bits
+// of rounding them before and after, from a dout that is not bf16 already.
+TEST(FusedAttention, RoundsItsGradientsAsPassesOfTheirOwnWould) {
+  const AttnCase c = kCases[1];
+  REQUIRE_FUSED(c);
+  AttnInputs in = make_inputs(c, 9);
+  std::mt19937 rng(10);
+  in.dout = randn(static_cast<int64_t>(in.dout.size()), rng);
+  auto gpu = make_cuda_backend();
+  const AttnResult asked = run(*gpu, c, in, DType::bf16, RngKey{2, 2, 2}, DType::bf16);
+  AttnInputs rounded_in = in;
+  rounded_in.dout = rounded(in.dout, DType::bf16);
+  const AttnResult passes = run(*gpu, c, rounded_in, DType::bf16, RngKey{2, 2, 2});
+  EXPECT_TRUE(identical(asked.out, passes.out));
+  EXPECT_TRUE(identical(asked.dqkv, rounded(passes.dqkv, DType::bf16)));
+  EXPECT_TRUE(identical(asked.dqkv, rounded(asked.dqkv, DType::bf16))) << "dqkv holds bf16 values";
 }
 
 double dot(const FVec& a, const FVec& b) {

@@ -517,14 +517,14 @@ TEST(OpsAttention, GroupedQueryEqualsMultiHeadOverRepeatedKeys) {
                         view(stats, ab.stats), view(scratch, ab.scratch), view(out, {B, T, C}));
   be->attention_backward(view(dout, {B, T, C}), view(qkv, {B, T, W}), view(out, {B, T, C}),
                          view(stats, ab.stats), Tensor(), true, H, K, scale, 0.f, RngKey{},
-                         view(scratch, ab.scratch), view(dqkv, {B, T, W}));
+                         view(scratch, ab.scratch), view(dqkv, {B, T, W}), DType::f32, DType::f32);
   be->attention_forward(view(wide, {B, T, 3 * C}), Tensor(), true, H, H, scale, 0.f, RngKey{},
                         view(stats, ab.stats), view(scratch, ab.scratch),
                         view(out_wide, {B, T, C}));
   be->attention_backward(view(dout, {B, T, C}), view(wide, {B, T, 3 * C}),
                          view(out_wide, {B, T, C}), view(stats, ab.stats), Tensor(), true, H, H,
                          scale, 0.f, RngKey{}, view(scratch, ab.scratch),
-                         view(dwide, {B, T, 3 * C}));
+                         view(dwide, {B, T, 3 * C}), DType::f32, DType::f32);
   EXPECT_EQ(out, out_wide) << "the same float32 operations per query head";
   Vec want(qkv.size(), 0.0);  // dq as is; dk, dv summed over the group
   for (int bt = 0; bt < B * T; ++bt)
@@ -558,7 +558,7 @@ TEST(OpsAttention, UnevenHeadGroupsAreRefused) {
   EXPECT_THROW(be->attention_backward(view(out, {B, T, 4 * D}), view(qkv, {B, T, 14 * D}),
                                       view(out, {B, T, 4 * D}), view(stats, {B, 4, T}), Tensor(),
                                       false, 4, 2, 1.f, 0.f, RngKey{}, view(scratch, {B, 4, T}),
-                                      view(qkv, {B, T, 14 * D})),
+                                      view(qkv, {B, T, 14 * D}), DType::f32, DType::f32),
                brisk::Error);
   // Caches must hold K * D columns, not H * D.
   FVec q8(size_t(B) * T * 8 * D, 0.5f), wide_cache(size_t(B) * T * 4 * D);
@@ -579,11 +579,11 @@ TEST(OpsAttention, NonFiniteScaleIsRefused) {
                                        RngKey{}, view(stats, ab.stats), view(scratch, ab.scratch),
                                        view(out, {B, T, C})),
                  brisk::Error);
-    EXPECT_THROW(
-        be->attention_backward(view(out, {B, T, C}), view(qkv, {B, T, 3 * C}), view(out, {B, T, C}),
-                               view(stats, ab.stats), Tensor(), false, H, H, scale, 0.f, RngKey{},
-                               view(scratch, ab.scratch), view(dqkv, {B, T, 3 * C})),
-        brisk::Error);
+    EXPECT_THROW(be->attention_backward(
+                     view(out, {B, T, C}), view(qkv, {B, T, 3 * C}), view(out, {B, T, C}),
+                     view(stats, ab.stats), Tensor(), false, H, H, scale, 0.f, RngKey{},
+                     view(scratch, ab.scratch), view(dqkv, {B, T, 3 * C}), DType::f32, DType::f32),
+                 brisk::Error);
     EXPECT_THROW(be->attention_decode(view(qkv, {B, T, 3 * C}), view(kc, {B, T, C}),
                                       view(vc, {B, T, C}), 0, H, H, scale, view(out, {B, T, C})),
                  brisk::Error);
@@ -922,7 +922,8 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
                               view(s, ab.stats), view(scratch, ab.scratch), view(o, {B, T, C}));
         be->attention_backward(view(g, {B, T, C}), in, view(o, {B, T, C}), view(s, ab.stats),
                                view(mask, {B, T}), true, H, K, 0.3f, 0.f, RngKey{},
-                               view(scratch, ab.scratch), view(dq, {B, T, W}));
+                               view(scratch, ab.scratch), view(dq, {B, T, W}), DType::f32,
+                               DType::f32);
       };
       run(view(qkv, {B, T, W}), out, stats, d);
       run(half(qkv16, {B, T, W}), out16, stats16, d16);

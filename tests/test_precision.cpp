@@ -1135,7 +1135,8 @@ void CpuProducts::attention_stays_close_to_float32(int64_t T, int64_t D) {
                            Tensor(out.data(), {B, T, C}, DType::f32));
       be.attention_backward(Tensor(dout.data(), {B, T, C}, DType::f32), q,
                             Tensor(out.data(), {B, T, C}, DType::f32), st, m, causal, H, K, 0.25f,
-                            p_drop, key, sc, Tensor(dqkv.data(), {B, T, W}, DType::f32));
+                            p_drop, key, sc, Tensor(dqkv.data(), {B, T, W}, DType::f32), DType::f32,
+                            DType::f32);
       out.insert(out.end(), dqkv.begin(), dqkv.end());
       return out;
     };

@@ -182,7 +182,7 @@ AttentionRun attention_with_dropout(Backend& be, const FVec& qkv, const FVec& do
   const Tensor out = buf.alloc({B, T, heads * D}), dqkv = buf.alloc(in.shape());
   be.attention_forward(in, Tensor(), true, heads, kv, 0.5f, 0.3f, key, stats, scratch, out);
   be.attention_backward(grad, in, out, stats, Tensor(), true, heads, kv, 0.5f, 0.3f, key, scratch,
-                        dqkv);
+                        dqkv, DType::f32, DType::f32);
   return {buf.get(out), buf.get(dqkv)};
 }
 

@@ -444,11 +444,15 @@ class Backend {
   // block's saved qkv is.
   // dqkv [B,T,(H+2K)*D] = the gradient of the packed input (a shared key/value head gets the sum
   // over its query heads), from the forward pass's qkv, out and stats and the same mask,
-  // causality, scale, dropout and key.
+  // causality, scale, dropout and key. dout's values are rounded to round_dout as they are read
+  // (dout may be left so, in place) and dqkv's to round_dqkv as they are written (f32: as they
+  // are): a 16-bit run's roundings of these gradients, which an attention that takes and gives
+  // that dtype does in its own casts.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& stats, const Tensor& key_mask, bool causal,
                                   int heads, int kv_heads, float scale, float dropout_p,
-                                  const RngKey& key, const Tensor& scratch, const Tensor& dqkv) = 0;
+                                  const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                  DType round_dout, DType round_dqkv) = 0;
 
   // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,(H+2K)*D]
   // packs the T new tokens at positions past..past+T-1 as attention_forward's. Their keys and

@@ -408,7 +408,7 @@ void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const 
   tokens_to_heads(be, group, s.ctx, out, ctx, sc.exchange);
   be.attention_backward(sc.heads_ctx, s.qkv, out, s.attn_stats, key_mask, st.causal,
                         st.heads / ranks, sequence_kv_heads(st), layer_attention_scale(st, layer),
-                        st.attention_dropout, key, sc.attn, sc.heads_qkv);
+                        st.attention_dropout, key, sc.attn, sc.heads_qkv, DType::f32, DType::f32);
   heads_to_tokens(be, group, sc.heads_qkv, sc.d_qkv, qkv_columns(st, head_columns(st, sc.d_qkv)),
                   sc.exchange);
 }
@@ -772,17 +772,24 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   const Tensor d_attn = all_tokens(be, st, d_proj, sc.tmp2, sc);
   be.linear_backward(s.ctx, w.proj_w, d_attn, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
                      accumulate_dw);
-  be.round_to(lp, sc.d_ctx);
+  // The gradients of the attention's output and of qkv rounded to lp: by the attention itself
+  // (its 16-bit casts, where it has them) unless the exchanges, the rotary positions or the
+  // query/key norms come between.
+  const bool rounds_dqkv = !products_round(be, lp, g.qkv_b);
+  const bool qkv_as_given = st.rope_cos.empty() && !st.qk_norm;
   if (splits_sequences(st.sequence_group)) {
+    be.round_to(lp, sc.d_ctx);
     sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
   } else {
     be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
                           st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
-                          attn_probs_key, sc.attn, sc.d_qkv);
+                          attn_probs_key, sc.attn, sc.d_qkv, lp,
+                          rounds_dqkv && qkv_as_given ? lp : DType::f32);
   }
   rotary_backward(be, st, sc.d_qkv);
   if (st.qk_norm) qk_norm_backward(be, st, w, g, s, sc);
-  if (!products_round(be, lp, g.qkv_b)) be.round_to(lp, sc.d_qkv);
+  if (rounds_dqkv && (splits_sequences(st.sequence_group) || !qkv_as_given))
+    be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
                        sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);

@@ -112,19 +112,37 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
     const Tensor g = d.put_as(in.at("dout"), {B, T, C}), dq = d.put_as(in.at("dqkv0"), {B, T, W});
     const int h = static_cast<int>(H), k = static_cast<int>(K);
     be.attention_forward(q, m, causal, h, k, scale, p, key, stats, scratch, out);
-    be.attention_backward(g, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq);
+    be.attention_backward(g, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq, DType::f32,
+                          DType::f32);
     Values v{{"out", d.values(out)}, {"dqkv", d.values(dq)}};
     if (mask == Mask::none) {  // a mask that hides no key: the unmasked results, exactly
       const Tensor ones = d.put(std::vector<int32_t>(static_cast<size_t>(B * T), 1), {B, T});
       const Tensor out1 = d.put(FVec(B * T * C, -7.f), {B, T, C});
       const Tensor dq1 = d.put_as(in.at("dqkv0"), {B, T, W});
       be.attention_forward(q, ones, causal, h, k, scale, p, key, stats, scratch, out1);
-      be.attention_backward(g, q, out1, stats, ones, causal, h, k, scale, p, key, scratch, dq1);
+      be.attention_backward(g, q, out1, stats, ones, causal, h, k, scale, p, key, scratch, dq1,
+                            DType::f32, DType::f32);
       Vec o1 = d.values(out1), d1 = d.values(dq1);
       for (size_t i = 0; i < o1.size(); ++i) o1[i] -= v["out"][i];
       for (size_t i = 0; i < d1.size(); ++i) d1[i] -= v["dqkv"][i];
       v["out_all_ones_less_unmasked"] = o1;
       v["dqkv_all_ones_less_unmasked"] = d1;
+      // The gradients rounded to bf16 by the backward (round_dout, round_dqkv) against round_to
+      // before and after it.
+      const Tensor g2 = d.put_as(in.at("dout"), {B, T, C}),
+                   dq2 = d.put_as(in.at("dqkv0"), {B, T, W});
+      const Tensor g3 = d.put_as(in.at("dout"), {B, T, C}),
+                   dq3 = d.put_as(in.at("dqkv0"), {B, T, W});
+      be.attention_backward(g2, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq2,
+                            DType::bf16, DType::bf16);
+      be.round_to(DType::bf16, g3);
+      be.attention_backward(g3, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq3,
+                            DType::f32, DType::f32);
+      be.round_to(DType::bf16, dq3);
+      Vec r2 = d.values(dq2);
+      const Vec r3 = d.values(dq3);
+      for (size_t i = 0; i < r2.size(); ++i) r2[i] -= r3[i];
+      v["dqkv_rounded_less_passes"] = r2;
     }
     if (mask == Mask::empty_rows) {
       const Vec &o = v["out"], &dqkv = v["dqkv"];
@@ -142,12 +160,14 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
       return Values{{"out", f(in.at("qkv"))},
                     {"dqkv", fd_vjp(in.at("qkv"), f, in.at("dout"))},
                     {"out_all_ones_less_unmasked", Vec(static_cast<size_t>(B * T * C), 0.0)},
-                    {"dqkv_all_ones_less_unmasked", Vec(static_cast<size_t>(B * T * W), 0.0)}};
+                    {"dqkv_all_ones_less_unmasked", Vec(static_cast<size_t>(B * T * W), 0.0)},
+                    {"dqkv_rounded_less_passes", Vec(static_cast<size_t>(B * T * W), 0.0)}};
     };
   c.checks = {{"out", Metric::elementwise, 1e-5, 1e-5}, {"dqkv", Metric::normwise, 1e-4, 1e-5}};
   if (mask == Mask::none) {
     c.checks.push_back({"out_all_ones_less_unmasked", Metric::exact});
     c.checks.push_back({"dqkv_all_ones_less_unmasked", Metric::exact});
+    c.checks.push_back({"dqkv_rounded_less_passes", Metric::exact});
   }
   if (mask == Mask::empty_rows) {  // zeros on the CPU, which the small cases check
     c.checks.push_back({"out_of_hidden_sequence", Metric::exact});

@@ -269,11 +269,11 @@ OpCase attention_case() {
     be.attention_forward(q16, Tensor(), true, H, H, scale, 0.0f, RngKey{}, stats, scratch, out);
     be.cast(out, out16);
     be.attention_backward(dout, q16, out16, stats, Tensor(), true, H, H, scale, 0.0f, RngKey{},
-                          scratch, dq16);
+                          scratch, dq16, DType::f32, DType::f32);
     const Tensor out16_32 = d.alloc(os);
     be.cast(out16, out16_32);
     be.attention_backward(dout, q32, out16_32, stats, Tensor(), true, H, H, scale, 0.0f, RngKey{},
-                          scratch, dq32);
+                          scratch, dq32, DType::f32, DType::f32);
     const Vec o = d.values(out), o32 = d.values(out32), g = d.values(dq16), g32 = d.values(dq32);
     Vec out_diff(o.size()), grad_diff(g.size());
     for (size_t i = 0; i < o.size(); ++i) out_diff[i] = o[i] - o32[i];

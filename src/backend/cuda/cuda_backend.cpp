@@ -624,7 +624,8 @@ void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, con
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                      const Tensor& stats, const Tensor& key_mask, bool causal,
                                      int heads, int kv_heads, float scale, float dropout_p,
-                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv) {
+                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                     DType round_dout, DType round_dqkv) {
   const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
@@ -634,15 +635,23 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   expect(out, out.dtype(), Shape{d.B, d.T, d.C}, "attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
   if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  check_rounding(round_dout, "attention_backward");
+  check_rounding(round_dqkv, "attention_backward");
   const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
-  if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
+  const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p);
+  // The fused attention takes dout in its 16-bit dtype and gives dqkv in it: roundings to that
+  // dtype are its own casts (round to nearest even, exact back to float32).
+  const DType own = fused ? fused->dtype : DType::f32;
+  if (round_dout != DType::f32 && round_dout != own) round_to(round_dout, dout);
+  if (fused) {
     fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv);
-    return;
+  } else {
+    cuda::attention_backward(stream_, dev(dout, "attention gradient"), q, o,
+                             dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"),
+                             causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p, key,
+                             dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
   }
-  cuda::attention_backward(stream_, dev(dout, "attention gradient"), q, o,
-                           dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"),
-                           causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p, key,
-                           dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+  if (round_dqkv != DType::f32 && round_dqkv != own) round_to(round_dqkv, dqkv);
 }
 
 // ---- the optimizer step ----

@@ -138,7 +138,8 @@ class CudaBackend final : public Backend {
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
                           int kv_heads, float scale, float dropout_p, const RngKey& key,
-                          const Tensor& scratch, const Tensor& dqkv) override;
+                          const Tensor& scratch, const Tensor& dqkv, DType round_dout,
+                          DType round_dqkv) override;
 
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                         int64_t past, int heads, int kv_heads, float scale,
