@@ -122,11 +122,8 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
       be.attention_forward(q, ones, causal, h, k, scale, p, key, stats, scratch, out1);
       be.attention_backward(g, q, out1, stats, ones, causal, h, k, scale, p, key, scratch, dq1,
                             DType::f32, DType::f32);
-      Vec o1 = d.values(out1), d1 = d.values(dq1);
-      for (size_t i = 0; i < o1.size(); ++i) o1[i] -= v["out"][i];
-      for (size_t i = 0; i < d1.size(); ++i) d1[i] -= v["dqkv"][i];
-      v["out_all_ones_less_unmasked"] = o1;
-      v["dqkv_all_ones_less_unmasked"] = d1;
+      v["out_all_ones_less_unmasked"] = minus(d.values(out1), v["out"]);
+      v["dqkv_all_ones_less_unmasked"] = minus(d.values(dq1), v["dqkv"]);
       // The gradients rounded to bf16 by the backward (round_dout, round_dqkv) against round_to
       // before and after it.
       const Tensor g2 = d.put_as(in.at("dout"), {B, T, C}),
@@ -139,10 +136,7 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
       be.attention_backward(g3, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq3,
                             DType::f32, DType::f32);
       be.round_to(DType::bf16, dq3);
-      Vec r2 = d.values(dq2);
-      const Vec r3 = d.values(dq3);
-      for (size_t i = 0; i < r2.size(); ++i) r2[i] -= r3[i];
-      v["dqkv_rounded_less_passes"] = r2;
+      v["dqkv_rounded_less_passes"] = minus(d.values(dq2), d.values(dq3));
     }
     if (mask == Mask::empty_rows) {
       const Vec &o = v["out"], &dqkv = v["dqkv"];

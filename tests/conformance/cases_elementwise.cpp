@@ -58,10 +58,7 @@ Vec rounded_less_separate(Backend& be, DeviceBuffers& d, const Vec& dy, Shape dy
   run(g, dtype, a);
   be.round_to(dtype, g_rounded);
   run(g_rounded, DType::f32, b);
-  Vec va = d.values(a);
-  const Vec vb = d.values(b);
-  for (size_t i = 0; i < va.size(); ++i) va[i] -= vb[i];
-  return va;
+  return minus(d.values(a), d.values(b));
 }
 
 // y = f(x), dx = dy * f'(x), and dx computed over dy; dy rounded to bf16 and fp16 as read against

@@ -65,6 +65,9 @@ Vec fd_grad(Vec x, const std::function<double(const Vec&)>& loss, double h = 1e-
 // The gradient of sum(f(x) * upstream) with respect to x, by finite differences of f.
 Vec fd_vjp(const Vec& x, const std::function<Vec(const Vec&)>& f, const Vec& upstream,
            double h = 1e-4);
+// a - b element by element (over the shorter): what one way of computing an output differs from
+// another by, checked against zeros.
+Vec minus(const Vec& a, const Vec& b);
 // A part of a case's name: "37x75" for a shape.
 std::string shape_name(const Shape& s);
 

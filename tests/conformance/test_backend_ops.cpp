@@ -43,6 +43,12 @@ Vec fd_vjp(const Vec& x, const std::function<Vec(const Vec&)>& f, const Vec& ups
       x, [&](const Vec& v) { return dot(f(v), upstream); }, h);
 }
 
+Vec minus(const Vec& a, const Vec& b) {
+  Vec r(a);
+  for (size_t i = 0; i < r.size() && i < b.size(); ++i) r[i] -= b[i];
+  return r;
+}
+
 std::string shape_name(const Shape& s) {
   std::string n;
   for (int i = 0; i < s.rank(); ++i) n += (i ? "x" : "") + std::to_string(s[i]);
@@ -97,12 +103,6 @@ namespace {
          << (metric == Metric::normwise ? "relative error " : "error ") << error << " > " << tol
          << "; worst element " << at << " of " << got.size() << ": got " << got[at] << ", want "
          << want[at];
-}
-
-Vec minus(const Vec& a, const Vec& b) {
-  Vec r(a);
-  for (size_t i = 0; i < r.size() && i < b.size(); ++i) r[i] -= b[i];
-  return r;
 }
 
 // The output a check looks at, less its starting value where it accumulates.

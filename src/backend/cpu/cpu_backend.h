@@ -179,6 +179,8 @@ class CpuBackend final : public Backend {
   void check_operand(const Tensor& x, const char* op) const;
   // check_operand for an output y, which must also hold as many elements as x.
   void check_output(const Tensor& y, const Tensor& x, const char* op) const;
+  // Throws naming `op` unless r, a residual branch for x, fits it and p is a dropout probability.
+  void check_residual_branch(const Tensor& x, const Tensor& r, float p, const char* op) const;
   std::unique_ptr<DnnlMatmul> dnnl_;  // oneDNN's products (bf16 or float32); null: OpenBLAS
   // Attention's products, one instance per OpenMP thread in dnnl_'s type; empty: OpenBLAS.
   std::vector<std::unique_ptr<DnnlMatmul>> attention_dnnl_;

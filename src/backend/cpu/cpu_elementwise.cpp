@@ -58,13 +58,20 @@ void CpuBackend::dropout_backward(const Tensor& dy, float p, const RngKey& key, 
   dropout_forward(dy, p, key, dx);
 }
 
+// A residual branch r to add to x through dropout p: as many elements, float32 or the dtype the
+// products store.
+void CpuBackend::check_residual_branch(const Tensor& x, const Tensor& r, float p,
+                                       const char* op) const {
+  check_same_numel(x, r, op);
+  check_dropout_p(p);
+  BRISK_CHECK(r.dtype() == DType::f32 || stores_product_output(r.dtype()), op, ": a ",
+              dtype_name(r.dtype()), " branch where float32 is expected");
+}
+
 void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                              const Tensor& y) {
-  check_same_numel(x, r, "dropout_add");
+  check_residual_branch(x, r, p, "dropout_add");
   check_same_numel(x, y, "dropout_add");
-  check_dropout_p(p);
-  BRISK_CHECK(r.dtype() == DType::f32 || stores_product_output(r.dtype()), "dropout_add: a ",
-              dtype_name(r.dtype()), " branch where float32 is expected");
   const float* a = x.f32();
   float* out = y.f32();
   const int64_t n = x.numel();
@@ -83,10 +90,7 @@ void CpuBackend::dropout_add(const Tensor& x, const Tensor& r, float p, const Rn
 // measures it against the two passes.
 void CpuBackend::dropout_add_norm(const Tensor& x, const Tensor& r, float p, const RngKey& key,
                                   const Tensor& sum, const Norm& norm, const Tensor& y) {
-  check_same_numel(x, r, "dropout_add_norm");
-  check_dropout_p(p);
-  BRISK_CHECK(r.dtype() == DType::f32 || stores_product_output(r.dtype()), "dropout_add_norm: a ",
-              dtype_name(r.dtype()), " branch where float32 is expected");
+  check_residual_branch(x, r, p, "dropout_add_norm");
   check_norm(x, norm, sum, "dropout_add_norm", false);
   check_norm(x, norm, y, "dropout_add_norm", bf16_operands_);
   const int64_t C = cols_of(x), R = rows_of(x);
