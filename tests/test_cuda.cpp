@@ -37,6 +37,7 @@
 #include "backend/cuda/cublaslt_api.h"
 #endif
 
+#include "backend/activation.h"
 #include "backend/backend.h"
 #include "backend_support.h"
 #include "core/dtype.h"
@@ -170,6 +171,52 @@ TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
   const Tensor wt = d.put(w, {N, K});
   expect_error([&] { gpu->linear_forward(x32t, wt, Tensor(), WeightLayout::out_in, y16); },
                "linear output");
+}
+
+// A tanh GELU's gradient in the product's epilogue (linear_activation_backward, cuBLASLt's DGELU):
+// written in bf16 where the saved pre-activation is bf16 and its rows a multiple of 8 values, each
+// element within a bf16 rounding (2^-8 of it, or of 1) of the separate calls' (product, then the
+// gradient of dy W rounded to bf16); the erf GELU, and rows of 44 values, take the two calls.
+TEST(CudaOps, ATanhGeluGradientRunsInTheProductsEpilogue) {
+  REQUIRE_GPU();
+  auto gpu = gpu_backend();
+  DeviceBuffers d(*gpu);
+  gpu->set_matmul_dtype(DType::bf16);
+  const int64_t M = 128, N = 64;
+  d.workspace(MatmulOperands(M * 256, 256 * N));
+  std::mt19937 rng(17);
+  for (const int64_t K : {int64_t{256}, int64_t{44}})
+    for (const Activation kind : {Activation::gelu_tanh, Activation::gelu}) {
+      std::vector<uint16_t> pre16(M * K), x16(M * K);
+      const FVec pre = randn(M * K, rng, 2.0f);
+      for (int64_t i = 0; i < M * K; ++i) {
+        pre16[i] = float_to_bf16(pre[i]);
+        x16[i] = float_to_bf16(std::tanh(pre[i]));  // any saved input of the product
+      }
+      const Tensor pt = d.put(pre16, {M, K}, DType::bf16), xt = d.put(x16, {M, K}, DType::bf16);
+      const Tensor w = d.put(randn(N * K, rng, 0.3f), {N, K}),
+                   dy = d.put(randn(M * N, rng), {M, N});
+      const Tensor dx = d.alloc({M, K}), dw = d.alloc({N, K}), db = d.alloc({N});
+      const Tensor got = gpu->linear_activation_backward(xt, w, dy, WeightLayout::out_in, kind, pt,
+                                                         DType::bf16, dx, dw, db, false);
+      const bool fused = kind == Activation::gelu_tanh && K % 8 == 0;
+      ASSERT_EQ(got.dtype(), fused ? DType::bf16 : DType::f32)
+          << activation_name(kind) << " K " << K;
+      FVec g(M * K);
+      if (fused) {
+        const std::vector<uint16_t> bits = d.get<uint16_t>(got);
+        for (int64_t i = 0; i < M * K; ++i) g[i] = bf16_to_float(bits[i]);
+      } else {
+        g = d.get(got);
+      }
+      const Tensor sep = d.alloc({M, K});
+      gpu->linear_backward(xt, w, dy, WeightLayout::out_in, sep, false, Tensor(), Tensor(), false);
+      gpu->activation_backward(kind, pt, sep, sep, DType::bf16);
+      const FVec want = d.get(sep);
+      for (int64_t i = 0; i < M * K; ++i)
+        ASSERT_LE(std::fabs(g[i] - want[i]), 0x1p-8 * std::max(1.0f, std::fabs(want[i])))
+            << activation_name(kind) << " K " << K << " at " << i;
+    }
 }
 
 // Products that read a held copy: the same bits after `change` breaks the caller's promise (to

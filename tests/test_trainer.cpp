@@ -411,6 +411,10 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   const BufferSpec* ones = find(gpu->plan, "backend.ones");
   ASSERT_TRUE(ones);
   EXPECT_EQ(ones->shape, (Shape{B * T}));
+  const BufferSpec* ones16 = find(gpu->plan, "backend.ones16");  // those of a bf16 dy
+  ASSERT_TRUE(ones16);
+  EXPECT_EQ(ones16->shape, (Shape{B * T}));
+  EXPECT_EQ(ones16->dtype, DType::bf16);
   // The LM head's weight is the held operand: each device keeps its copy apart from B.
   ASSERT_GT(ops.held, 0);
   const int64_t hidden = gpu->model->config().hidden_size;

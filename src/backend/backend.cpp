@@ -77,6 +77,15 @@ void Backend::norm_forward(const Tensor& x, const Norm& n, const Tensor& y) {
     layernorm_forward(x, n.gamma, n.beta, n.eps, y, n.mean, n.rstd);
 }
 
+Tensor Backend::linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                           WeightLayout layout, Activation kind, const Tensor& pre,
+                                           DType round, const Tensor& dx, const Tensor& dw,
+                                           const Tensor& db, bool accumulate_dw) {
+  linear_backward(x, w, dy, layout, dx, false, dw, db, accumulate_dw);
+  activation_backward(kind, pre, dx, dx, round);
+  return dx;
+}
+
 void Backend::norm_backward(const Tensor& dy, const Tensor& x, const Norm& n, const Tensor& dx,
                             bool accumulate_dx, const Tensor& dgamma, const Tensor& dbeta,
                             DType round_dy, const BranchDropout& branch) {

@@ -231,6 +231,19 @@ class Backend {
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                const Tensor& dw, const Tensor& db, bool accumulate_dw) = 0;
+  // linear_backward of a product whose input x was act(pre), its input gradient taken on through
+  // the activation: dx = act'(pre) * (dy W), with dy W rounded to `round` first
+  // (activation_backward's round_dy), written (not added); dw and db as linear_backward's. pre and
+  // x are saved activations (float32, or stored in 16 bits where reads_product_input). Returns the
+  // tensor holding dx: dx itself (float32), or where the backend applies act' in the product's
+  // epilogue (the GPU's tanh GELU, cuBLASLt's DGELU) a view of dx's memory in `round`: the
+  // product's float32 result times act', rounded once as it is stored. A later linear_backward
+  // takes either as its dy, bias gradient included. The default: linear_backward, then
+  // activation_backward in place.
+  virtual Tensor linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                            WeightLayout layout, Activation kind, const Tensor& pre,
+                                            DType round, const Tensor& dx, const Tensor& dw,
+                                            const Tensor& db, bool accumulate_dw);
   // Whether linear_forward and linear_backward read an input x stored in the 16-bit `dtype` as it
   // is (the CPU's bf16 products: no float32 copy, no packing per product).
   virtual bool reads_product_input(DType /*dtype*/) const { return false; }

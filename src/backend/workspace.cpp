@@ -101,8 +101,9 @@ void plan_backend_workspace(Device device, DType product, MatmulOperands operand
                    Shape{operands.attention_workspace});
   // Bias gradients are column sums: ones[1,M] x dy[M,N]; M is at most the products' rows (where
   // they are not given, the largest A operand's elements).
-  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32,
-                 Shape{operands.a_rows > 0 ? operands.a_rows : operands.a});
+  const Shape ones{operands.a_rows > 0 ? operands.a_rows : operands.a};
+  binder.declare(plan, &ws.ones, "backend.ones", tmp, DType::f32, ones);
+  if (product != DType::f32) binder.declare(plan, &ws.ones16, "backend.ones16", tmp, product, ones);
   // Not a product buffer, but the GPU backend's only other one: planned here so that no
   // optimizer step allocates. Adafactor reuses it tensor after tensor, in stream order.
   binder.declare(plan, &ws.optimizer_scratch, "backend.optimizer_scratch", tmp, DType::f64,

@@ -46,6 +46,7 @@ struct BackendWorkspace {
   Tensor operand_a, operand_b;  // 16-bit copies of product operands (GPU; CPU: bf16 operands)
   Tensor held_weight;           // the held weight's 16-bit copies (CPU: bf16, per layout)
   Tensor ones;                  // a column of ones: bias gradients as a product (GPU)
+  Tensor ones16;                // the same in the products' 16-bit type: of a 16-bit dy (GPU)
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
   Tensor attention_workspace;   // the fused attention's cuDNN workspace and mask bias (GPU)
   Tensor weights_copy;          // the held weights' 16-bit copy (MatmulOperands::weights)

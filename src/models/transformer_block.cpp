@@ -103,22 +103,33 @@ bool products_round(const Backend& be, DType lp, const Tensor& db) {
   return lp == DType::bf16 && db.empty() && be.reads_product_input(DType::bf16);
 }
 
-// The gradient of the MLP's first product from d_act (overwritten; the float32 gradient of the
-// activation's output, rounded to the activation dtype as it is read): in place for an
-// activation; for SwiGLU written over fc (its saved [gate | up], not needed after this), or where
+// SwiGLU's gradient, from d_act (the float32 gradient of its output, rounded to the activation
+// dtype as it is read): written over fc (its saved [gate | up], not needed after this), or where
 // fc is a 16-bit stored copy into d_gate_up's slot, there in bf16 where the products would round
 // it anyway (products_round, given fc's bias gradient fc_db).
-Tensor mlp_activation_backward(Backend& be, const BlockStyle& st, const Tensor& fc,
-                               const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
-  if (!st.gated_mlp) {
-    be.activation_backward(st.activation, fc, d_act, d_act, st.act_dtype);
-    return d_act;
-  }
+Tensor swiglu_backward_into(Backend& be, const BlockStyle& st, const Tensor& fc,
+                            const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
   Tensor d = fc.dtype() == DType::f32 ? fc : d_gate_up;
   if (fc.dtype() == DType::bf16 && products_round(be, st.act_dtype, fc_db))
     d = Tensor(d.data(), d.shape(), DType::bf16, d.device());
   be.swiglu_backward(fc, d_act, d, st.act_dtype);
   return d;
+}
+
+// The gradient at the MLP's first product's output, from d_mlp at its second's: the second
+// product's backward (its weight's and bias's gradients) taken on through the activation, in one
+// backend call for an activation (linear_activation_backward: in the product where the backend
+// can, written in bf16 there), SwiGLU's after.
+Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
+                           const BlockParams& g, const BlockSaved& s, const BlockScratch& sc,
+                           const Tensor& d_mlp, bool accumulate_dw) {
+  if (!st.gated_mlp)
+    return be.linear_activation_backward(s.fc_act, w.out_w, d_mlp, st.layout, st.activation,
+                                         s.fc_pre, st.act_dtype, sc.d_fc, g.out_w, g.out_b,
+                                         accumulate_dw);
+  be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
+                     accumulate_dw);
+  return swiglu_backward_into(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
 }
 
 // The gradient through a residual branch's dropout: into tmp, or without dropout dy itself (the
@@ -727,10 +738,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     if (sparse_layer(st, layer)) {
       sparse_mlp_backward(be, st, s, sc, d_mlp, layer, accumulate_dw);
     } else {
-      be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                         accumulate_dw);
-      const Tensor d_fc_pre =
-          mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
+      const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw);
       be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
                          sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
     }
@@ -747,10 +755,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                              block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), d_res2, false,
                              g.ln_b_g, g.ln_b_b, DType::f32, st.residual_dropout, mlp_key, sc.tmp),
         sc.gathered, sc);
-    be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                       accumulate_dw);
-    const Tensor d_fc_pre =
-        mlp_activation_backward(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
+    const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw);
     const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);
     Tensor d_m_in = sc.tmp2;
     if (slices_tokens(st)) {  // this rank's tokens of the sum, and the residual's gradient

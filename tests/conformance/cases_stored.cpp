@@ -167,15 +167,16 @@ OpCase swiglu_case() {
   return c;
 }
 
-// A product reading a bf16 input x (and, without a bias, a bf16 gradient dy); weights and bias
-// float32 holding bf16 values (a 16-bit run's compute copy), so every product is exact up to
-// float32 accumulation. Its output also stored in bf16 where the backend's products store it
-// (Backend::stores_product_output; elsewhere rounded after), and dropout_add reading that as the
-// float32 copy of its values.
-OpCase linear_case(bool bias) {
+// A product reading a bf16 input x (and where dy16, a bf16 gradient dy, its bias gradient too);
+// weights and bias float32 holding bf16 values (a 16-bit run's compute copy), so every product is
+// exact up to float32 accumulation. Its output also stored in bf16 where the backend's products
+// store it (Backend::stores_product_output; elsewhere rounded after), and dropout_add reading that
+// as the float32 copy of its values.
+OpCase linear_case(bool bias, bool dy16) {
   const int64_t M = 33, K = 48, N = 40;
   OpCase c;
-  c.name = std::string("stored_linear_bf16_input") + (bias ? "_bias" : "_dy_bf16");
+  c.name =
+      std::string("stored_linear_bf16_input") + (bias ? "_bias" : "") + (dy16 ? "_dy_bf16" : "");
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_bf16(M * K, rng)},
                   {"w", randn_bf16(N * K, rng, 0.3)},
@@ -189,7 +190,7 @@ OpCase linear_case(bool bias) {
     d.workspace(std::max({M * K, N * K, M * N}));
     const Tensor x = put_bf16(d, in.at("x"), {M, K}), w = d.put_as(in.at("w"), {N, K});
     const Tensor b = d.put_as(in.at("b"), {N}), y = d.alloc({M, N});
-    const Tensor dy = bias ? d.put_as(in.at("dy"), {M, N}) : put_bf16(d, in.at("dy"), {M, N});
+    const Tensor dy = dy16 ? put_bf16(d, in.at("dy"), {M, N}) : d.put_as(in.at("dy"), {M, N});
     const Tensor dx = d.alloc({M, K}), dw = d.alloc({N, K}), db = d.alloc({N});
     be.linear_forward(x, w, bias ? b : Tensor(), WeightLayout::out_in, y);
     be.linear_backward(x, w, dy, WeightLayout::out_in, dx, false, dw, bias ? db : Tensor(), false);
@@ -245,6 +246,77 @@ OpCase linear_case(bool bias) {
   return c;
 }
 
+double ref_activation(Activation kind, double v) {
+  if (kind == Activation::gelu) return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+  const double u = std::sqrt(2.0 / M_PI) * (v + activation_constants::kGeluCubic * v * v * v);
+  return 0.5 * v * (1.0 + std::tanh(u));  // gelu_tanh
+}
+
+// linear_backward through the activation before the product (an MLP's second product over its
+// saved, bf16 pre-activation and activation), then the first product's bias gradient from the
+// gradient it returns (float32, or bf16 where the backend fuses the activation's gradient into
+// the product). dy W is rounded to bf16 before act' on one side, the product after on the other:
+// each within 2^-9 of the fp64 value, 5e-3 norm-wise (GELU's erf and tanh forms' slopes differ by
+// 8.7e-4 at most: below what bf16 resolves, so this checks the product and the slope, not which
+// form). K not a multiple of 8: no GPU epilogue.
+OpCase linear_activation_case(Activation kind, int64_t K) {
+  const int64_t M = 33, N = 40, K1 = 24;
+  OpCase c;
+  c.name = std::string("stored_linear_activation_backward_") + activation_name(kind) + "_K" +
+           std::to_string(K);
+  c.inputs = [=](std::mt19937& rng) {
+    Values v{{"pre", randn_bf16(M * K, rng, 2.0)},
+             {"w", randn_bf16(N * K, rng, 0.3)},
+             {"dy", randn_bf16(M * N, rng)},
+             {"x1", randn_bf16(M * K1, rng)},
+             {"w1", randn_bf16(K * K1, rng, 0.3)}};
+    v["x"] = Vec(M * K);
+    for (int64_t i = 0; i < M * K; ++i) v["x"][i] = round_bf16(ref_activation(kind, v["pre"][i]));
+    return v;
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    bf16_mode(be);
+    DeviceBuffers d(be);
+    d.workspace(std::max({M * K, N * K, M * N, M * K1}));
+    const Tensor pre = put_bf16(d, in.at("pre"), {M, K}), x = put_bf16(d, in.at("x"), {M, K});
+    const Tensor w = d.put_as(in.at("w"), {N, K}), dy = d.put_as(in.at("dy"), {M, N});
+    const Tensor dx = d.put(FVec(M * K, -7.f), {M, K}), dw = d.put(FVec(N * K, -7.f), {N, K});
+    const Tensor db = d.put(FVec(N, -7.f), {N}), db1 = d.put(FVec(K, -7.f), {K});
+    const Tensor x1 = put_bf16(d, in.at("x1"), {M, K1}), w1 = d.put_as(in.at("w1"), {K, K1});
+    const Tensor d_pre = be.linear_activation_backward(x, w, dy, WeightLayout::out_in, kind, pre,
+                                                       DType::bf16, dx, dw, db, false);
+    BRISK_CHECK(d_pre.data() == dx.data(), "the gradient is not in dx's memory");
+    be.linear_backward(x1, w1, d_pre, WeightLayout::out_in, Tensor(), false, Tensor(), db1, false);
+    const Vec dxv = d_pre.dtype() == DType::bf16 ? bf16_values(d, d_pre) : d.values(d_pre);
+    return Values{{"dx", dxv}, {"dw", d.values(dw)}, {"db", d.values(db)}, {"db1", d.values(db1)}};
+  };
+  c.reference = [=](const Values& in) {
+    const Vec &pre = in.at("pre"), &x = in.at("x"), &w = in.at("w"), &dy = in.at("dy");
+    Values want{{"dx", Vec(M * K)}, {"dw", Vec(N * K)}, {"db", Vec(N)}, {"db1", Vec(K)}};
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t j = 0; j < N; ++j) s += dy[i * N + j] * w[j * K + k];
+        const double v = pre[i * K + k];
+        const double slope =
+            (ref_activation(kind, v + 1e-4) - ref_activation(kind, v - 1e-4)) / 2e-4;
+        want["dx"][i * K + k] = s * slope;
+        want["db1"][k] += s * slope;
+      }
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        want["db"][j] += dy[i * N + j];
+        for (int64_t k = 0; k < K; ++k) want["dw"][j * K + k] += dy[i * N + j] * x[i * K + k];
+      }
+    return want;
+  };
+  c.checks = {{"dx", Metric::normwise, 5e-3, 5e-3},
+              {"dw", Metric::normwise, 1e-5, 1e-5},
+              {"db", Metric::normwise, 1e-5, 1e-5},
+              {"db1", Metric::normwise, 5e-3, 5e-3}};
+  return c;
+}
+
 // Causal attention reading a bf16 qkv (and, backward, a bf16 output) against the same op reading
 // float32 copies of the same values: the differences are checked against zero, the results
 // against the CPU.
@@ -293,8 +365,17 @@ OpCase attention_case() {
 }  // namespace
 
 std::vector<OpCase> stored_cases() {
-  return {norm_case(false),  norm_case(true),    activation_case(), swiglu_case(),
-          linear_case(true), linear_case(false), attention_case()};
+  return {norm_case(false),
+          norm_case(true),
+          activation_case(),
+          swiglu_case(),
+          linear_case(true, false),
+          linear_case(false, true),
+          linear_case(true, true),
+          attention_case(),
+          linear_activation_case(Activation::gelu_tanh, 48),
+          linear_activation_case(Activation::gelu, 48),
+          linear_activation_case(Activation::gelu_tanh, 44)};
 }
 
 }  // namespace brisk::testing

@@ -32,6 +32,15 @@ class CudaPinnedMemory final : public MemoryResource {
   void deallocate(void* p) override;
 };
 
+namespace cuda {
+// A product's epilogue other than its bias: cuBLASLt's mode and its auxiliary matrix, laid out as
+// the output (C's leading dimension, C's type).
+struct Epilogue {
+  cublasLtEpilogue_t mode = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* aux = nullptr;
+};
+}  // namespace cuda
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend();
@@ -83,6 +92,12 @@ class CudaBackend final : public Backend {
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
+  // A tanh GELU's gradient in the product's epilogue (cuBLASLt's DGELU, reading pre as its
+  // auxiliary matrix) where fuses_activation_gradient; else Backend's two calls.
+  Tensor linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                    WeightLayout layout, Activation kind, const Tensor& pre,
+                                    DType round, const Tensor& dx, const Tensor& dw,
+                                    const Tensor& db, bool accumulate_dw) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
@@ -185,14 +200,37 @@ class CudaBackend final : public Backend {
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
  private:
+  using Epilogue = cuda::Epilogue;
   // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), C float32 or
   // (a bf16 product) bf16, the bias of C's type; the operands already in `dtype` (operand()).
-  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+  // With an `extra` epilogue it computes nothing and returns false where cuBLASLt has no
+  // algorithm for it; otherwise it returns true (or throws).
+  bool matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c, int64_t ldc,
-              const void* bias, DType dtype);
+              const void* bias, DType dtype, const Epilogue& extra = {});
+  // linear_backward's input gradient: into `f32` (added to where accumulate), or with an `extra`
+  // epilogue written in bf16 into f32's memory.
+  struct DxProduct {
+    Tensor f32;
+    bool accumulate = false;
+    Epilogue extra{};
+  };
+  // linear_backward's products; returns whether dx's took its epilogue.
+  bool backward_products(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
+                         const DxProduct& dx, const Tensor& dw, const Tensor& db,
+                         bool accumulate_dw);
+  // Whether linear_activation_backward applies `kind`'s gradient in the product's epilogue: a
+  // tanh GELU (cuBLASLt's formula) in a bf16 run, pre stored in bf16, rows a multiple of 8 values
+  // (the auxiliary matrix's leading dimension); BRISK_FUSED_ACTIVATION_GRADIENT=0 turns it off.
+  bool fuses_activation_gradient(Activation kind, const Tensor& x, const Tensor& pre, DType round,
+                                 const Tensor& dx) const;
   void weight_grad_rows(const Tensor& dw, int64_t k, int64_t m, const void* dy, int64_t ld,
                         const void* x, bool accumulate, DType t, bool padded);
   const void* bias_operand(const float* bias, int64_t n);
+  // A bias gradient db (its first columns: a padded weight's) from dy [m, n].
+  void bias_gradient(cuda::In dy, int64_t m, int64_t n, const Tensor& db, bool accumulate);
+  // ws_.ones filled with 1.0, and ws_.ones16 with its 16-bit 1.0 where planned.
+  void fill_ones();
   // A product's operand of n stored elements as a `dtype` product reads it: float32 as it lies;
   // for 16 bits the held weight's copy, an operand stored in bf16 as it lies, or float32 values
   // cast into `buffer` (a planned operand buffer).
@@ -211,12 +249,15 @@ class CudaBackend final : public Backend {
     MatmulPlan& operator=(const MatmulPlan&) = delete;
     ~MatmulPlan();
   };
-  // The last but one field is the operands' common pointer alignment (bytes, at most 256):
+  // The ninth field is the epilogue (a cublasLtEpilogue_t: DEFAULT, BIAS, or an Epilogue's
+  // mode). The last but one is the operands' common pointer alignment (bytes, at most 256):
   // cuBLASLt's heuristic otherwise assumes 256 and may pick a kernel that refuses less aligned
   // pointers. The last: whether the output is 16-bit.
-  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                              int, bool, int, bool>;
-  MatmulPlan& plan_for(const PlanKey& key);
+  // The key's plan, made on first use (aux: an epilogue's auxiliary matrix, whose address the
+  // heuristic reads); null where cuBLASLt has no algorithm for an Epilogue's mode (remembered).
+  MatmulPlan* plan_for(const PlanKey& key, const void* aux);
   // The fused (cuDNN, tensor-core) attention's problem for these arguments where it serves them:
   // products in 16 bits, the planned operand buffers and the scratch large enough to stage it,
   // and cuDNN builds both its graphs (cuda_fused_attention.cpp); otherwise nullopt, and the

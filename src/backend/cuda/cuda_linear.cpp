@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
+#include "core/switches.h"
 
 namespace brisk {
 
@@ -56,6 +57,28 @@ int common_alignment(std::initializer_list<const void*> pointers) {
 constexpr int64_t kBiasCopyBytes = int64_t{256} << 10;
 constexpr int64_t kProductWorkspaceBytes = kCublasLtWorkspaceBytes - kBiasCopyBytes;
 
+// A plan's epilogue: a bias of the output's type (out_type), or a mode reading or writing an
+// auxiliary matrix laid out as the output (leading dimension ldc, at aux, whose address the
+// heuristic reads; the call sets it again).
+void set_epilogue(cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, cudaDataType_t out_type,
+                  const void* aux, int64_t ldc) {
+  if (epi == CUBLASLT_EPILOGUE_DEFAULT) return;
+  check_lt(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+           "epilogue");
+  if (epi == CUBLASLT_EPILOGUE_BIAS) {
+    check_lt(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type,
+                                               sizeof out_type),
+             "bias type");
+    return;
+  }
+  check_lt(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc,
+                                             sizeof ldc),
+           "epilogue input's leading dimension");
+  check_lt(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                             sizeof aux),
+           "epilogue input pointer");
+}
+
 struct LinearDims {
   int64_t m, k, n;
 };
@@ -87,10 +110,10 @@ void CudaBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulO
   ones_ready_ = false;
 }
 
-CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
+CudaBackend::MatmulPlan* CudaBackend::plan_for(const PlanKey& key, const void* aux) {
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, dtype_int, tf32, align, out16] =
+  if (it != plans_.end()) return it->second.get();
+  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue, dtype_int, tf32, align, out16] =
       key;
   const DType dtype = static_cast<DType>(dtype_int);
   // A 16-bit output (C and D) is the float32 result rounded as it is stored; its bias is of its
@@ -110,16 +133,8 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                              sizeof op_second),
            "transpose attribute");
-  if (has_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    check_lt(
-        cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
-        "bias epilogue");
-    const cudaDataType_t bias_type = out_type;
-    check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                               &bias_type, sizeof bias_type),
-             "bias type");
-  }
+  const auto epi = static_cast<cublasLtEpilogue_t>(epilogue);
+  set_epilogue(p->desc, epi, out_type, aux, ldc);
   const cudaDataType_t in = cuda_type(dtype);
   // Stored (pre-op) shapes in column-major terms.
   check_lt(cublaslt().MatrixLayoutCreate(&p->a, in, trans_b ? k : n, trans_b ? n : k, ldb),
@@ -142,11 +157,13 @@ CudaBackend::MatmulPlan& CudaBackend::plan_for(const PlanKey& key) {
   const cublasStatus_t st = cublaslt().MatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c,
                                                               pref, 1, &result, &found);
   cublaslt().MatmulPreferenceDestroy(pref);
-  BRISK_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for a ", m,
-              " x ", k, " x ", n, " ", dtype_name(dtype), " product (status ", static_cast<int>(st),
-              ")");
-  p->algo = result.algo;
-  return *plans_.emplace(key, std::move(p)).first->second;
+  const bool extra = epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS;
+  if (extra && (st != CUBLAS_STATUS_SUCCESS || found == 0)) p.reset();  // the caller's fallback
+  BRISK_CHECK(extra || (st == CUBLAS_STATUS_SUCCESS && found > 0),
+              "cuBLASLt has no algorithm for a ", m, " x ", k, " x ", n, " ", dtype_name(dtype),
+              " product (status ", static_cast<int>(st), ")");
+  if (p) p->algo = result.algo;
+  return plans_.emplace(key, std::move(p)).first->second.get();
 }
 
 namespace {
@@ -234,23 +251,43 @@ const void* CudaBackend::gradient_operand(cuda::In g, int64_t m, int64_t n, DTyp
   return ws_.operand_a.data();
 }
 
-void CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+bool CudaBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                          int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c,
-                         int64_t ldc, const void* bias, DType dtype) {
-  if (m == 0 || n == 0) return;
+                         int64_t ldc, const void* bias, DType dtype, const Epilogue& extra) {
+  if (m == 0 || n == 0) return true;
   BRISK_CHECK(!c.bf16 || dtype == DType::bf16, "internal error: a bf16 output of a ",
               dtype_name(dtype), " product");
-  MatmulPlan& p = plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr,
+  BRISK_CHECK(!bias || extra.mode == CUBLASLT_EPILOGUE_DEFAULT,
+              "internal error: a bias with another epilogue");
+  const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : extra.mode;
+  MatmulPlan* p = plan_for(PlanKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(epi),
                                    static_cast<int>(dtype), tf32_,
-                                   common_alignment({a, b, c.data, bias}), c.bf16});
+                                   common_alignment({a, b, c.data, bias, extra.aux}), c.bf16},
+                           extra.aux);
+  if (p == nullptr) return false;
   if (bias)
-    check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+    check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof bias),
              "bias pointer");
+  if (extra.aux)
+    check_lt(cublaslt().MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                               &extra.aux, sizeof extra.aux),
+             "epilogue input pointer");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublaslt().Matmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c.data, p.c, c.data, p.c,
-                             &p.algo, ws_.matmul_workspace.data(), kProductWorkspaceBytes, stream_),
-           "matmul");
+  check_lt(
+      cublaslt().Matmul(lt_, p->desc, &alpha, b, p->a, a, p->b, &beta, c.data, p->c, c.data, p->c,
+                        &p->algo, ws_.matmul_workspace.data(), kProductWorkspaceBytes, stream_),
+      "matmul");
+  return true;
+}
+
+void CudaBackend::fill_ones() {
+  cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
+  if (!ws_.ones16.empty()) {  // 1.0 in 16 bits, cast from the float32 ones
+    const int64_t n = std::min(ws_.ones.numel(), ws_.ones16.numel());
+    cuda::cast(stream_, ws_.ones.f32(), DType::f32, ws_.ones16.data(), ws_.ones16.dtype(), n);
+  }
+  ones_ready_ = true;
 }
 
 // dw[rows, k] (+)= dy[:, :rows]^T x. A padded weight's gradient (padded: fewer rows than dy's
@@ -289,6 +326,37 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   WeightLayout layout, const Tensor& dx, bool accumulate_dx,
                                   const Tensor& dw, const Tensor& db, bool accumulate_dw) {
+  backward_products(x, w, dy, layout, DxProduct{dx, accumulate_dx}, dw, db, accumulate_dw);
+}
+
+bool CudaBackend::fuses_activation_gradient(Activation kind, const Tensor& x, const Tensor& pre,
+                                            DType round, const Tensor& dx) const {
+  static const bool fused = !switched_off("BRISK_FUSED_ACTIVATION_GRADIENT");
+  return fused && kind == Activation::gelu_tanh && round == DType::bf16 &&
+         bf16_activations(DType::bf16) && pre.dtype() == DType::bf16 && x.rank() > 0 &&
+         pre.numel() == x.numel() && dx.numel() == x.numel() && x.dim(-1) % 8 == 0;
+}
+
+Tensor CudaBackend::linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                               WeightLayout layout, Activation kind,
+                                               const Tensor& pre, DType round, const Tensor& dx,
+                                               const Tensor& dw, const Tensor& db,
+                                               bool accumulate_dw) {
+  if (!fuses_activation_gradient(kind, x, pre, round, dx))
+    return Backend::linear_activation_backward(x, w, dy, layout, kind, pre, round, dx, dw, db,
+                                               accumulate_dw);
+  dev_in(pre, "activation input");
+  const DxProduct d{dx, false, Epilogue{CUBLASLT_EPILOGUE_DGELU, pre.data()}};
+  if (backward_products(x, w, dy, layout, d, dw, db, accumulate_dw))
+    return Tensor(dx.data(), pre.shape(), DType::bf16, Device::cuda);
+  activation_backward(kind, pre, dx, dx, round);  // no epilogue kernel: dx was written in float32
+  return dx;
+}
+
+bool CudaBackend::backward_products(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                    WeightLayout layout, const DxProduct& dxp, const Tensor& dw,
+                                    const Tensor& db, bool accumulate_dw) {
+  const Tensor& dx = dxp.f32;
   const auto [m, k, n] = linear_dims(x, w, layout, "linear_backward");
   BRISK_CHECK(dy.numel() == m * n, "linear_backward: gradient ", dy.shape().str(),
               " does not hold ", m, " x ", n);
@@ -296,7 +364,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   if (m == 0) {  // no rows: written gradients are zeros, added ones unchanged
     for (const Tensor* t : {&dw, &db})
       if (!accumulate_dw && !t->empty()) fill(*t, 0.0f);
-    return;
+    return false;
   }
   const cuda::In g = dev_in(dy, "linear gradient");
   const cuda::In wi = weight_in(w, matmul_dtype_);
@@ -308,10 +376,17 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   // dw's x goes into B's, which dx's weight no longer needs by then.
   int64_t ld = n;
   const void* pg = dx.empty() && dw.empty() ? nullptr : gradient_operand(g, m, n, t, &ld);
+  bool epilogue = false;
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
-    matmul(false, !out_in, m, k, n, pg, ld, operand(wi, n * k, t, ws_.operand_b), out_in ? k : n,
-           accumulate_dx, cuda::f32_out(dx.f32()), k, nullptr, t);
+    const void* pw = operand(wi, n * k, t, ws_.operand_b);
+    const int64_t ldw = out_in ? k : n;
+    if (dxp.extra.mode != CUBLASLT_EPILOGUE_DEFAULT)
+      epilogue = matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, false, {dx.data(), true}, k,
+                        nullptr, t, dxp.extra);
+    if (!epilogue)
+      matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, dxp.accumulate, cuda::f32_out(dx.f32()), k,
+             nullptr, t);
   }
   if (!dw.empty()) {
     // A padded weight's gradient: its first rows only (hold_padded_weight).
@@ -327,19 +402,22 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   }
   if (!db.empty()) {
     // A padded weight's bias gradient: its first columns only, as dw's rows.
-    const int64_t nb = db.numel();
-    BRISK_CHECK(nb == n || (out_in && nb < n), "linear_backward: bias gradient has ", nb,
-                " values, expected ", n);
-    BRISK_CHECK(m <= ws_.ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
-    BRISK_CHECK(!g.bf16, "linear_backward: a bias gradient sums a float32 dy, not bf16");
-    if (!ones_ready_) {
-      cuda::fill(stream_, ws_.ones.f32(), 1.0f, ws_.ones.numel());
-      ones_ready_ = true;
-    }
-    // db[1,nb] (+)= ones[1,m] dy[m,:nb], in float32 whatever the operand type.
-    matmul(false, false, 1, nb, m, ws_.ones.f32(), m, g.data, n, accumulate_dw,
-           cuda::f32_out(db.f32()), nb, nullptr, DType::f32);
+    BRISK_CHECK(db.numel() == n || (out_in && db.numel() < n),
+                "linear_backward: bias gradient has ", db.numel(), " values, expected ", n);
+    bias_gradient(g, m, n, db, accumulate_dw);
   }
+  return epilogue;
+}
+
+// db[1,nb] (+)= ones[1,m] dy[m,:nb]: in float32 whatever the operand type, but a bf16 dy's (a
+// product's gradient written in bf16, linear_activation_backward's) with bf16 ones.
+void CudaBackend::bias_gradient(cuda::In dy, int64_t m, int64_t n, const Tensor& db,
+                                bool accumulate) {
+  const Tensor& ones = dy.bf16 ? ws_.ones16 : ws_.ones;
+  BRISK_CHECK(m <= ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
+  if (!ones_ready_) fill_ones();
+  matmul(false, false, 1, db.numel(), m, ones.data(), m, dy.data, n, accumulate,
+         cuda::f32_out(db.f32()), db.numel(), nullptr, dy.bf16 ? DType::bf16 : DType::f32);
 }
 
 }  // namespace brisk
