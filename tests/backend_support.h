@@ -20,6 +20,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "test_support.h"
 
@@ -195,6 +196,17 @@ class DeviceBuffers {
       default:
         return widen(get<uint16_t>(t));
     }
+  }
+  // A float32 or 16-bit floating-point tensor's values, as floats.
+  FVec floats(const Tensor& t) {
+    if (t.dtype() == DType::f32) return get<float>(t);
+    BRISK_CHECK(t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+                "DeviceBuffers::floats: ", dtype_name(t.dtype()));
+    const std::vector<uint16_t> bits = get<uint16_t>(t);
+    FVec v(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i)
+      v[i] = t.dtype() == DType::bf16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
+    return v;
   }
   // The backend's own matmul buffers for operands of up to max_operand elements (after
   // set_matmul_dtype, as the trainer does).

@@ -43,6 +43,7 @@ struct AttnInputs {
 
 struct AttnResult {
   FVec out, dqkv;
+  DType dqkv_dtype;  // the dtype attention_backward gave it in
 };
 
 // bf16 values throughout, as a bf16 block's rounded activations are; the mask keeps key 0 of
@@ -80,9 +81,10 @@ AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType produ
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   be.attention_forward(qkv, mask, c.causal, static_cast<int>(c.H), static_cast<int>(c.K), scale,
                        c.dropout, key, stats, scratch, out);
-  be.attention_backward(dout, qkv, out, stats, mask, c.causal, static_cast<int>(c.H),
-                        static_cast<int>(c.K), scale, c.dropout, key, scratch, dqkv, round, round);
-  return {d.get<float>(out), d.get<float>(dqkv)};
+  const Tensor given = be.attention_backward(dout, qkv, out, stats, mask, c.causal,
+                                             static_cast<int>(c.H), static_cast<int>(c.K), scale,
+                                             c.dropout, key, scratch, dqkv, round, round);
+  return {d.get<float>(out), d.floats(given), given.dtype()};
 }
 
 // Skips where cuDNN cannot be opened; fails where it opens but refuses a case brisk sends it.
@@ -129,7 +131,8 @@ TEST(FusedAttention, AgreesWithTheFloat32Reference) {
 }
 
 // Rounding dout and dqkv to bf16 as the block asks is the fused attention's own casts: the bits
-// of rounding them before and after, from a dout that is not bf16 already.
+// of rounding them before and after, from a dout that is not bf16 already; dqkv then stays in
+// bf16 (for products that read it so), float32 where no rounding is asked.
 TEST(FusedAttention, RoundsItsGradientsAsPassesOfTheirOwnWould) {
   const AttnCase c = kCases[1];
   REQUIRE_FUSED(c);
@@ -144,6 +147,8 @@ TEST(FusedAttention, RoundsItsGradientsAsPassesOfTheirOwnWould) {
   EXPECT_TRUE(identical(asked.out, passes.out));
   EXPECT_TRUE(identical(asked.dqkv, rounded(passes.dqkv, DType::bf16)));
   EXPECT_TRUE(identical(asked.dqkv, rounded(asked.dqkv, DType::bf16))) << "dqkv holds bf16 values";
+  EXPECT_EQ(asked.dqkv_dtype, DType::bf16);
+  EXPECT_EQ(passes.dqkv_dtype, DType::f32);
 }
 
 double dot(const FVec& a, const FVec& b) {

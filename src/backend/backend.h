@@ -460,12 +460,15 @@ class Backend {
   // causality, scale, dropout and key. dout's values are rounded to round_dout as they are read
   // (dout may be left so, in place) and dqkv's to round_dqkv as they are written (f32: as they
   // are): a 16-bit run's roundings of these gradients, which an attention that takes and gives
-  // that dtype does in its own casts.
-  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                  const Tensor& stats, const Tensor& key_mask, bool causal,
-                                  int heads, int kv_heads, float scale, float dropout_p,
-                                  const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
-                                  DType round_dout, DType round_dqkv) = 0;
+  // that dtype does in its own casts. Returns the tensor holding dqkv: dqkv itself (float32), or
+  // where the attention gives its gradient in round_dqkv and products read that dtype
+  // (reads_product_input: the GPU's fused attention in a bf16 run) a view of dqkv's memory in it,
+  // the same values without a widening pass; a later linear_backward takes either as its dy.
+  virtual Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& stats, const Tensor& key_mask, bool causal,
+                                    int heads, int kv_heads, float scale, float dropout_p,
+                                    const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                    DType round_dout, DType round_dqkv) = 0;
 
   // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,(H+2K)*D]
   // packs the T new tokens at positions past..past+T-1 as attention_forward's. Their keys and

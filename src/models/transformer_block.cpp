@@ -782,31 +782,32 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   // query/key norms come between.
   const bool rounds_dqkv = !products_round(be, lp, g.qkv_b);
   const bool qkv_as_given = st.rope_cos.empty() && !st.qk_norm;
+  Tensor d_qkv = sc.d_qkv;  // or, given in bf16 by the attention, its bf16 view
   if (splits_sequences(st.sequence_group)) {
     be.round_to(lp, sc.d_ctx);
     sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
   } else {
-    be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal, st.heads,
-                          st.kv_heads, layer_attention_scale(st, layer), st.attention_dropout,
-                          attn_probs_key, sc.attn, sc.d_qkv, lp,
-                          rounds_dqkv && qkv_as_given ? lp : DType::f32);
+    d_qkv = be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal,
+                                  st.heads, st.kv_heads, layer_attention_scale(st, layer),
+                                  st.attention_dropout, attn_probs_key, sc.attn, sc.d_qkv, lp,
+                                  rounds_dqkv && qkv_as_given ? lp : DType::f32);
   }
   rotary_backward(be, st, sc.d_qkv);
   if (st.qk_norm) qk_norm_backward(be, st, w, g, s, sc);
   if (rounds_dqkv && (splits_sequences(st.sequence_group) || !qkv_as_given))
     be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
-    be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout,
+    be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, d_qkv, st.layout,
                        sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     norm_backward_branch(be, st, d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a),
                          dh, true, g.ln_a_g, g.ln_a_b, lp, 0.0f, RngKey{}, sc.tmp);
   } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
-    be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, sc.d_qkv, st.layout, sc.tmp,
+    be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, d_qkv, st.layout, sc.tmp,
                        false, g.qkv_w, g.qkv_b, accumulate_dw);
     be.add_inplace(dh, stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc));
   } else {  // rank 0 adds d_res1 to the sum
-    be.linear_backward(x, w.qkv_w, sc.d_qkv, st.layout, dh, adds_shared_terms(st), g.qkv_w, g.qkv_b,
+    be.linear_backward(x, w.qkv_w, d_qkv, st.layout, dh, adds_shared_terms(st), g.qkv_w, g.qkv_b,
                        accumulate_dw);
     sum_over_group(be, st, dh);
   }

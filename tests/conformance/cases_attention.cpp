@@ -130,13 +130,15 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
                    dq2 = d.put_as(in.at("dqkv0"), {B, T, W});
       const Tensor g3 = d.put_as(in.at("dout"), {B, T, C}),
                    dq3 = d.put_as(in.at("dqkv0"), {B, T, W});
-      be.attention_backward(g2, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq2,
-                            DType::bf16, DType::bf16);
+      const Tensor given = be.attention_backward(g2, q, out, stats, m, causal, h, k, scale, p, key,
+                                                 scratch, dq2, DType::bf16, DType::bf16);
       be.round_to(DType::bf16, g3);
       be.attention_backward(g3, q, out, stats, m, causal, h, k, scale, p, key, scratch, dq3,
                             DType::f32, DType::f32);
       be.round_to(DType::bf16, dq3);
-      v["dqkv_rounded_less_passes"] = minus(d.values(dq2), d.values(dq3));
+      const FVec given_values = d.floats(given);  // bf16 where products read it so
+      v["dqkv_rounded_less_passes"] =
+          minus(Vec(given_values.begin(), given_values.end()), d.values(dq3));
     }
     if (mask == Mask::empty_rows) {
       const Vec &o = v["out"], &dqkv = v["dqkv"];

@@ -804,11 +804,11 @@ void backward_task(const AttnCall& c, int64_t bk, const float* g, const float* l
 // and the log-sum-exp (with the forward pass's mask and causality), then dV += P'^T dO (P' the
 // dropped-out probabilities), dP = dropout'(dO V^T), dS = P * (dP - sum_j P dP) * scale,
 // dQ = dS K and dK += dS^T Q.
-void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
-                                    const Tensor& stats, const Tensor& key_mask, bool causal,
-                                    int heads, int kv_heads, float scale, float dropout_p,
-                                    const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
-                                    DType round_dout, DType round_dqkv) {
+Tensor CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
+                                      const Tensor& stats, const Tensor& key_mask, bool causal,
+                                      int heads, int kv_heads, float scale, float dropout_p,
+                                      const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                      DType round_dout, DType round_dqkv) {
   const AttnDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   const AttentionBuffers want = attention_buffers(Device::cpu, d.B, d.H, d.T, d.D);
@@ -833,6 +833,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 #pragma omp parallel for schedule(static)  // the same tasks per thread every step (see forward)
   for (int64_t bk = 0; bk < d.B * d.K; ++bk) backward_task(c, bk, g, lse, dbase);
   if (round_dqkv != DType::f32) round_to(round_dqkv, dqkv);
+  return dqkv;
 }
 
 void CpuBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,

@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& probs, const Tensor& scratch, const Tensor& out) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+  Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
                           int kv_heads, float scale, float dropout_p, const RngKey& key,
                           const Tensor& scratch, const Tensor& dqkv, DType round_dout,

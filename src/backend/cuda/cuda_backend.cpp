@@ -621,11 +621,11 @@ void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, con
                          k_cache.dim(1), d.H, d.K, d.D, past, scale);
 }
 
-void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                     const Tensor& stats, const Tensor& key_mask, bool causal,
-                                     int heads, int kv_heads, float scale, float dropout_p,
-                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
-                                     DType round_dout, DType round_dqkv) {
+Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                       const Tensor& stats, const Tensor& key_mask, bool causal,
+                                       int heads, int kv_heads, float scale, float dropout_p,
+                                       const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                       DType round_dout, DType round_dqkv) {
   const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
   check_attention_scale(scale, "attention_backward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
@@ -640,11 +640,14 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
   const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p);
   // The fused attention takes dout in its 16-bit dtype and gives dqkv in it: roundings to that
-  // dtype are its own casts (round to nearest even, exact back to float32).
+  // dtype are its own casts (round to nearest even, exact back to float32), or where products
+  // read it, dqkv is left in it (in dqkv's memory).
   const DType own = fused ? fused->dtype : DType::f32;
+  const bool keeps_own = fused && round_dqkv == own && bf16_activations(own);
   if (round_dout != DType::f32 && round_dout != own) round_to(round_dout, dout);
   if (fused) {
-    fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv);
+    fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv,
+                             keeps_own);
   } else {
     cuda::attention_backward(stream_, dev(dout, "attention gradient"), q, o,
                              dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"),
@@ -652,6 +655,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
                              dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
   }
   if (round_dqkv != DType::f32 && round_dqkv != own) round_to(round_dqkv, dqkv);
+  return keeps_own ? Tensor(dqkv.data(), dqkv.shape(), own, Device::cuda) : dqkv;
 }
 
 // ---- the optimizer step ----

@@ -150,11 +150,11 @@ class CudaBackend final : public Backend {
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& stats, const Tensor& scratch, const Tensor& out) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
-                          int kv_heads, float scale, float dropout_p, const RngKey& key,
-                          const Tensor& scratch, const Tensor& dqkv, DType round_dout,
-                          DType round_dqkv) override;
+  Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                            const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
+                            int kv_heads, float scale, float dropout_p, const RngKey& key,
+                            const Tensor& scratch, const Tensor& dqkv, DType round_dout,
+                            DType round_dqkv) override;
 
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                         int64_t past, int heads, int kv_heads, float scale,
@@ -275,7 +275,7 @@ class CudaBackend final : public Backend {
   void fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
                                 const Tensor& qkv, const Tensor& out, const Tensor& stats,
                                 const Tensor& key_mask, const RngKey& key, const Tensor& scratch,
-                                const Tensor& dqkv);
+                                const Tensor& dqkv, bool keeps_dtype);
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t uploaded_ = nullptr;  // recorded after each upload

@@ -2,7 +2,8 @@
 // whose products are 16-bit: q, k, v and the output are read as they lie where they are stored in
 // the product dtype (a bf16 run's saved activations), else cast to it into the planned operand
 // buffers (they hold 16-bit values already: the block rounds them); cuDNN runs, and its 16-bit
-// results are cast back into the float32 containers. The key mask's bias and cuDNN's
+// results are cast back into the float32 containers (dqkv: or left in its dtype in its container's
+// memory, for products that read it so). The key mask's bias and cuDNN's
 // workspace live in the planned attention workspace, the dropout seed in the attention scratch.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -104,10 +105,10 @@ void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, c
                                            const Tensor& qkv, const Tensor& out,
                                            const Tensor& stats, const Tensor& key_mask,
                                            const RngKey& key, const Tensor& scratch,
-                                           const Tensor& dqkv) {
+                                           const Tensor& dqkv, bool keeps_dtype) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
   const int64_t n_qkv = qkv.numel(), n_out = out.numel();
-  void* dqkv16 = ws_.operand_b.data();
+  void* dqkv16 = keeps_dtype ? dqkv.data() : ws_.operand_b.data();
   void* dout16 = bytes_at(ws_.operand_b, n_qkv);
   cuda::cast(stream_, dout.data(), DType::f32, dout16, s.dtype, n_out);
   a.qkv = in_dtype(stream_, qkv, s.dtype, ws_.operand_a.data());
@@ -116,7 +117,7 @@ void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, c
   a.dqkv = dqkv16;
   a.stats = stats.f32();
   cuda::fused_attention_backward(stream_, s, a);
-  cuda::cast(stream_, dqkv16, s.dtype, dqkv.data(), DType::f32, n_qkv);
+  if (!keeps_dtype) cuda::cast(stream_, dqkv16, s.dtype, dqkv.data(), DType::f32, n_qkv);
 }
 
 }  // namespace brisk
