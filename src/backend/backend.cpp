@@ -77,6 +77,24 @@ void Backend::norm_forward(const Tensor& x, const Norm& n, const Tensor& y) {
     layernorm_forward(x, n.gamma, n.beta, n.eps, y, n.mean, n.rstd);
 }
 
+void Backend::attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+                                       int heads, int kv_heads, float scale, float dropout_p,
+                                       const RngKey& key, const Tensor& stats,
+                                       const Tensor& scratch, const Tensor& out,
+                                       const Tensor& stored) {
+  check_stored_output(out, stored);
+  attention_forward(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats, scratch,
+                    out);
+  cast(out, stored);
+}
+
+void Backend::check_stored_output(const Tensor& out, const Tensor& stored) {
+  BRISK_CHECK(stored.shape() == out.shape() &&
+                  (stored.dtype() == DType::bf16 || stored.dtype() == DType::f16),
+              "attention_forward_stored: a stored output ", stored.shape().str(), " ",
+              dtype_name(stored.dtype()), " for ", out.shape().str());
+}
+
 Tensor Backend::linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                            WeightLayout layout, Activation kind, const Tensor& pre,
                                            DType round, const Tensor& dx, const Tensor& dw,

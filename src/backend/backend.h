@@ -453,6 +453,17 @@ class Backend {
   virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                                  int kv_heads, float scale, float dropout_p, const RngKey& key,
                                  const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;
+  // attention_forward with its output rounded into `stored` (out's shape, 16-bit: a saved
+  // output's stored copy), out then scratch that may be left unwritten. The default:
+  // attention_forward into out, then cast. A backend whose attention gives stored's dtype writes
+  // it there itself (the GPU's cuDNN attention in a bf16 run): no float32 output, no cast.
+  virtual void attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+                                        int heads, int kv_heads, float scale, float dropout_p,
+                                        const RngKey& key, const Tensor& stats,
+                                        const Tensor& scratch, const Tensor& out,
+                                        const Tensor& stored);
+  // That `stored` is 16-bit and shaped as out.
+  static void check_stored_output(const Tensor& out, const Tensor& stored);
   // Both read qkv stored in the 16-bit dtype where reads_product_input(dtype) says so, as a
   // block's saved qkv is.
   // dqkv [B,T,(H+2K)*D] = the gradient of the packed input (a shared key/value head gets the sum

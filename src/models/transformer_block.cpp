@@ -594,15 +594,22 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
 
 void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
                           const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
-                          const Tensor& out, const RngKey& key, int layer) {
+                          const Tensor& out, const RngKey& key, int layer, const Tensor* stored) {
   // qkv holds every token (of this rank's heads, under sequence parallelism): out, as many
   // elements, is shaped alike.
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   const Tensor o(out.data(), Shape{B, T, out.numel() / (B * T)}, out.dtype(), out.device());
-  const int ranks = sequence_ranks(st);
-  be.attention_forward(qkv, key_mask, st.causal, st.heads / ranks, sequence_kv_heads(st),
-                       layer_attention_scale(st, layer), st.attention_dropout,
-                       attention_key(st, key, layer), s.attn_stats, scratch.attn, o);
+  const int heads = st.heads / sequence_ranks(st);
+  const float scale = layer_attention_scale(st, layer);
+  const RngKey k = attention_key(st, key, layer);
+  if (stored == nullptr) {
+    be.attention_forward(qkv, key_mask, st.causal, heads, sequence_kv_heads(st), scale,
+                         st.attention_dropout, k, s.attn_stats, scratch.attn, o);
+    return;
+  }
+  const Tensor so(stored->data(), o.shape(), stored->dtype(), stored->device());
+  be.attention_forward_stored(qkv, key_mask, st.causal, heads, sequence_kv_heads(st), scale,
+                              st.attention_dropout, k, s.attn_stats, scratch.attn, o, so);
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
@@ -635,8 +642,9 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       rotary_forward(be, st, s.qkv, 0);
       qkv = &round_saved(be, lp, s.qkv, qkv_copy);
     }
-    block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer);
-    ctx = &round_saved(be, lp, s.ctx, copy(&BlockSaved::ctx));
+    const Tensor* ctx_copy = copy(&BlockSaved::ctx);
+    block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer, ctx_copy);
+    ctx = ctx_copy != nullptr ? ctx_copy : &round_saved(be, lp, s.ctx, nullptr);
   }
   const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch);
   // The residual sum res1 and the MLP's input, its norm. A post-norm block's MLP input is its

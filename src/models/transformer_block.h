@@ -238,12 +238,14 @@ void post_norm_output(Backend& be, const BlockStyle& style, const BlockParams& w
                       const BlockSaved& s, const Tensor& out);
 
 // The attention core of block_forward alone: s.attn_stats from qkv (the saved one, rounded as
-// the forward pass rounds it, or its 16-bit stored copy), its output into `out`. Selective
-// recomputation calls it in backward to rebuild the statistics it did not keep, bit-identical to
-// the first pass.
+// the forward pass rounds it, or its 16-bit stored copy), its output into `out`, or where
+// `stored` is given rounded into that 16-bit copy (out then scratch: attention_forward_stored).
+// Selective recomputation calls it in backward to rebuild the statistics it did not keep,
+// bit-identical to the first pass.
 void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& key_mask,
                           const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
-                          const Tensor& out, const RngKey& key, int layer);
+                          const Tensor& out, const RngKey& key, int layer,
+                          const Tensor* stored = nullptr);
 
 // On entry dh holds the gradient of the block's output; on exit the gradient of its input x.
 // Parameter gradients accumulate into g; the linear layers' weight and bias gradients are

@@ -319,7 +319,7 @@ OpCase linear_activation_case(Activation kind, int64_t K) {
 
 // Causal attention reading a bf16 qkv (and, backward, a bf16 output) against the same op reading
 // float32 copies of the same values: the differences are checked against zero, the results
-// against the CPU.
+// against the CPU; its output written into a bf16 stored copy, exactly against the cast.
 OpCase attention_case() {
   const int64_t B = 2, T = 37, H = 2, D = 16, C = H * D;
   OpCase c;
@@ -340,6 +340,11 @@ OpCase attention_case() {
     be.attention_forward(q32, Tensor(), true, H, H, scale, 0.0f, RngKey{}, stats, scratch, out32);
     be.attention_forward(q16, Tensor(), true, H, H, scale, 0.0f, RngKey{}, stats, scratch, out);
     be.cast(out, out16);
+    // Straight into a stored copy: the same bits as the cast (a GPU's fused attention writes them).
+    const Tensor stored = d.alloc(os, DType::bf16), spare = d.alloc(os);
+    be.attention_forward_stored(q16, Tensor(), true, H, H, scale, 0.0f, RngKey{}, stats, scratch,
+                                spare, stored);
+    const Vec stored_less_cast = minus(bf16_values(d, stored), bf16_values(d, out16));
     be.attention_backward(dout, q16, out16, stats, Tensor(), true, H, H, scale, 0.0f, RngKey{},
                           scratch, dq16, DType::f32, DType::f32);
     const Tensor out16_32 = d.alloc(os);
@@ -350,15 +355,22 @@ OpCase attention_case() {
     Vec out_diff(o.size()), grad_diff(g.size());
     for (size_t i = 0; i < o.size(); ++i) out_diff[i] = o[i] - o32[i];
     for (size_t i = 0; i < g.size(); ++i) grad_diff[i] = g[i] - g32[i];
-    return Values{{"out", o}, {"dqkv", g}, {"out_diff", out_diff}, {"dqkv_diff", grad_diff}};
+    return Values{{"out", o},
+                  {"dqkv", g},
+                  {"out_diff", out_diff},
+                  {"dqkv_diff", grad_diff},
+                  {"stored_less_cast", stored_less_cast}};
   };
   c.reference = [=](const Values&) {
-    return Values{{"out_diff", Vec(B * T * C, 0.0)}, {"dqkv_diff", Vec(B * T * 3 * C, 0.0)}};
+    return Values{{"out_diff", Vec(B * T * C, 0.0)},
+                  {"dqkv_diff", Vec(B * T * 3 * C, 0.0)},
+                  {"stored_less_cast", Vec(B * T * C, 0.0)}};
   };
   c.checks = {{"out", Metric::normwise, 0, 2e-2},
               {"dqkv", Metric::normwise, 0, 2e-2},
               {"out_diff", Metric::elementwise, 1e-6, 1e-6},
-              {"dqkv_diff", Metric::elementwise, 1e-6, 1e-6}};
+              {"dqkv_diff", Metric::elementwise, 1e-6, 1e-6},
+              {"stored_less_cast", Metric::exact, 0, 0}};
   return c;
 }
 

@@ -590,6 +590,27 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& stats, const Tensor& scratch,
                                     const Tensor& out) {
+  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
+                       scratch, out, nullptr);
+}
+
+void CudaBackend::attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+                                           int heads, int kv_heads, float scale, float dropout_p,
+                                           const RngKey& key, const Tensor& stats,
+                                           const Tensor& scratch, const Tensor& out,
+                                           const Tensor& stored) {
+  check_stored_output(out, stored);
+  BRISK_CHECK(stored.device() == Device::cuda,
+              "attention_forward: the stored output is not in GPU memory");
+  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
+                       scratch, out, &stored);
+}
+
+void CudaBackend::attention_forward_to(const Tensor& qkv, const Tensor& key_mask, bool causal,
+                                       int heads, int kv_heads, float scale, float dropout_p,
+                                       const RngKey& key, const Tensor& stats,
+                                       const Tensor& scratch, const Tensor& out,
+                                       const Tensor* stored) {
   const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
   check_attention_scale(scale, "attention_forward");
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
@@ -599,12 +620,15 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
   const cuda::In q = dev_in(qkv, "qkv");
   if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
     expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
-    fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, out);
+    const bool direct = stored && stored->dtype() == fused->dtype && bf16_activations(fused->dtype);
+    fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, direct ? *stored : out);
+    if (stored && !direct) cast(out, *stored);
     return;
   }
   cuda::attention_forward(stream_, q, ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.K,
                           d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
                           dev(out, "attention output"));
+  if (stored) cast(out, *stored);
 }
 
 void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,

@@ -150,6 +150,10 @@ class CudaBackend final : public Backend {
   void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& stats, const Tensor& scratch, const Tensor& out) override;
+  void attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+                                int kv_heads, float scale, float dropout_p, const RngKey& key,
+                                const Tensor& stats, const Tensor& scratch, const Tensor& out,
+                                const Tensor& stored) override;
   Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                             const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
                             int kv_heads, float scale, float dropout_p, const RngKey& key,
@@ -269,6 +273,13 @@ class CudaBackend final : public Backend {
   cuda::FusedAttentionArgs fused_attention_inputs(const cuda::FusedAttentionShape& s,
                                                   const Tensor& key_mask, const RngKey& key,
                                                   const Tensor& scratch);
+  // Both attention_forward calls: the output into out, or (stored given) rounded into *stored,
+  // straight from the fused attention where it gives stored's dtype.
+  void attention_forward_to(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+                            int kv_heads, float scale, float dropout_p, const RngKey& key,
+                            const Tensor& stats, const Tensor& scratch, const Tensor& out,
+                            const Tensor* stored);
+  // out: float32 (cast from the attention's own dtype), or in that dtype, written as it is.
   void fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
                                const Tensor& key_mask, const RngKey& key, const Tensor& stats,
                                const Tensor& scratch, const Tensor& out);

@@ -93,12 +93,13 @@ void CudaBackend::fused_attention_forward(const cuda::FusedAttentionShape& s, co
                                           const Tensor& out) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
   const int64_t n_qkv = qkv.numel(), n_out = out.numel();
-  void* out16 = bytes_at(ws_.operand_a, n_qkv);
+  const bool direct = out.dtype() == s.dtype;
+  void* out16 = direct ? out.data() : bytes_at(ws_.operand_a, n_qkv);
   a.qkv = in_dtype(stream_, qkv, s.dtype, ws_.operand_a.data());
   a.out = out16;
   a.stats = stats.f32();
   cuda::fused_attention_forward(stream_, s, a);
-  cuda::cast(stream_, out16, s.dtype, out.data(), DType::f32, n_out);
+  if (!direct) cuda::cast(stream_, out16, s.dtype, out.data(), DType::f32, n_out);
 }
 
 void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
