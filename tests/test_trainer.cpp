@@ -430,6 +430,13 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   EXPECT_EQ(cpu_held->shape, cpu_has_bf16_products()
                                  ? (Shape{2, cpu_blocked_elements(ops.held / hidden, hidden)})
                                  : (Shape{ops.held}));
+  // The GPU's products read the unbiased head's logits gradient in bf16, as the loss writes it,
+  // a chunk at a time (here the one chunk of every row); the CPU's only over more than a chunk.
+  const BufferSpec* dlogits = find(gpu->plan, "lm_head.dlogits");
+  ASSERT_TRUE(dlogits);
+  EXPECT_EQ(dlogits->dtype, DType::bf16);
+  EXPECT_EQ(dlogits->shape, (Shape{B * T, gpu->model->logits_width()}));
+  EXPECT_EQ(find(cpu->plan, "lm_head.dlogits"), nullptr);
   int device_copies = 0;
   for (const BufferSpec& b : gpu->plan.buffers())
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;

@@ -29,6 +29,7 @@ DeviceTraits cpu_traits() {
   // rows gave no more).
   t.logits_chunk_bytes = int64_t{64} << 20;
   t.products_round_operands = true;
+  t.head_grad_chunks = 2;
   // No measurable time, a third of what a llama block keeps; a GELU's output too (GPT-2 bf16
   // 66 MiB less at the same speed on a Zen 4, bert-small -1.8% within its noise).
   t.recompute_norms = true;
@@ -55,6 +56,9 @@ DeviceTraits cuda_traits() {
   // reads and writes the float32 dW [V, C] once per 2048 rows, not per 128.
   t.logits_chunk_bytes = int64_t{512} << 20;
   t.products_round_operands = false;
+  // GPT-2 batch 32: the cast of 1.6 G logits' gradients a step and half of the loss's writes
+  // (about 13 GB of memory traffic), for 206 MB of dlogits (not yet measured on a GPU).
+  t.head_grad_chunks = 1;
   t.bf16_weights_copy = true;
   // cuBLASLt runs a product whose rows or columns are an odd vocabulary (GPT-2's 50257) on sm75
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at

@@ -32,9 +32,15 @@ struct DeviceTraits {
   // Bytes of one chunk of a language model's logits (the head runs a chunk of rows at a time).
   int64_t logits_chunk_bytes = 0;
   // Its bf16 products round float32 operands as they pack them: bf16 training needs no 16-bit
-  // compute copy of the weights, and the LM head's products read the logits' gradient rounded
-  // once, two chunks at a time.
+  // compute copy of the weights.
   bool products_round_operands = false;
+  // bf16 runs: the LM head's products read the logits' gradient as the loss writes it, in bf16,
+  // this many chunks of it at a time (Model::lm_head_forward): 2, where a float32 gradient is
+  // packed once for both products anyway, gives dW [V, C] half the reads and writes and needs
+  // more than a chunk of rows; 1 spares the products' cast of a float32 gradient to bf16, and
+  // the loss half its writes, where the head has no bias (a bias's gradient sums the unrounded
+  // one). 0: the products read the float32 gradient.
+  int64_t head_grad_chunks = 0;
   // bf16 training may compute with the float32 weights too (no 16-bit compute copy), its products
   // reading a bf16 copy of them made once per optimizer step (Backend::hold_weights), as a GPU's
   // tensor cores read their operands from memory (where that holds less: train/assembly.cpp).

@@ -635,15 +635,16 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight,
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {s.batch, s.seq, V});
   else
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {lm_chunk_rows_, V});
-  // The CPU's bf16 products read the logits' gradient rounded once, two chunks of it at a time
-  // (as many bytes as a float32 chunk). Decided for the planned length: a shorter one (use_seq)
-  // declares the same buffers, this one however few its rows.
+  // bf16 products read the logits' gradient rounded once, as the loss writes it, a group of
+  // DeviceTraits::head_grad_chunks chunks at a time. Decided for the planned length: a shorter
+  // one (use_seq) declares the same buffers, this one however few its rows.
+  const int64_t group = device_traits(options_.device).head_grad_chunks;
   if (!replanning_)
-    lm_grouped_ = rows > lm_chunk_rows_ && device_traits(options_.device).products_round_operands &&
-                  options_.activation_dtype == DType::bf16;
+    lm_grouped_ = options_.activation_dtype == DType::bf16 &&
+                  (group > 1 ? rows > lm_chunk_rows_ : group == 1 && !biased);
   if (lm_grouped_)
     declare(plan, &head_dlogits_, "lm_head.dlogits", Category::activations, DType::bf16,
-            {std::min(rows, 2 * lm_chunk_rows_), V});
+            {std::min(rows, group * lm_chunk_rows_), V});
   declare(plan, &head_dx_, "lm_head.dx", Category::activations, DType::f32,
           {s.batch, s.seq, config_.hidden_size});
   // Vocabulary parallelism: each tensor rank's statistics of a chunk's rows, summed across them

@@ -492,9 +492,10 @@ class Model : public BatchTarget {
   // labels (one per row; the loss added to loss_sum()), chunk by chunk; with o.compute_grad also
   // each chunk's backward: lm_head_dx's rows = dlogits W, and dW (db) += its share. W is
   // parameter `weight` ([V,C], out_in), b parameter `bias` (-1: none). Where the backend reads
-  // bf16 product inputs (the CPU's bf16 products), the chunks' dlogits are rounded once into
-  // head_dlogits_, which both products read as they are, and dW gets the share of two chunks at a
-  // time (a longer product: the [V,C] gradient is read and written half as often).
+  // bf16 product inputs and the device groups them (DeviceTraits::head_grad_chunks), the chunks'
+  // dlogits are rounded once into head_dlogits_, which both products read as they are, and dW
+  // gets the share of a group of chunks at a time (two: the [V,C] gradient is read and written
+  // half as often).
   void lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, int weight, int bias,
                        const Tensor& labels);
   const Tensor& lm_head_dx() const { return head_dx_; }
@@ -526,7 +527,7 @@ class Model : public BatchTarget {
   PlanOptions options_;
   Tensor head_dx_;
   Tensor head_stats_;          // [tensor ranks, chunk rows, 3]: vocabulary parallelism's (lm_loss)
-  Tensor head_dlogits_;        // [rows of two chunks, V] bf16 (CPU bf16 runs; else empty)
+  Tensor head_dlogits_;        // [rows of a group of chunks, V] bf16 (bf16 runs; else empty)
   Tensor head_bias_;           // [V'] a padded head's bias, zeros past the vocabulary's (or empty)
   bool lm_grouped_ = false;    // head_dlogits_ is declared (decided by the full length's plan)
   bool replanning_ = false;    // use_seq is planning a shorter length

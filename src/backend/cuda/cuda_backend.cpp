@@ -453,11 +453,17 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   BRISK_CHECK(
       loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
       "softmax_cross_entropy: loss_sum must be one float64 in GPU memory");
-  const bool apart = check_loss_grad(logits, write_grad, grad);
-  cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"), N, V,
-                              write_grad, grad_scale, loss_sum.as<double>());
-  // A separate gradient: computed in place, then converted (no GPU path writes it elsewhere yet).
-  if (apart) cast(logits, grad);
+  cuda::softmax_cross_entropy(stream_, dev(logits, "logits"), loss_grad(logits, write_grad, grad),
+                              ids_or_null(labels, "labels"), N, V, write_grad, grad_scale,
+                              loss_sum.as<double>());
+}
+
+// Where a loss writes its gradient: apart (check_loss_grad), or a null Out: over the logits.
+cuda::Out CudaBackend::loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad) const {
+  if (!check_loss_grad(logits, write_grad, grad)) return {nullptr, false};
+  BRISK_CHECK(grad.device() == Device::cuda,
+              "softmax_cross_entropy: the gradient is not in GPU memory");
+  return {grad.data(), grad.dtype() == DType::bf16};
 }
 
 void CudaBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
@@ -478,11 +484,10 @@ void CudaBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& l
   BRISK_CHECK(
       loss_sum.dtype() == DType::f64 && loss_sum.numel() == 1 && loss_sum.device() == Device::cuda,
       "cross_entropy_from_stats: loss_sum must be one float64 in GPU memory");
-  const bool apart = check_loss_grad(logits, write_grad, grad);
-  cuda::cross_entropy_from_stats(stream_, dev(logits, "logits"), ids_or_null(labels, "labels"),
+  cuda::cross_entropy_from_stats(stream_, dev(logits, "logits"),
+                                 loss_grad(logits, write_grad, grad), ids_or_null(labels, "labels"),
                                  rows(logits), cols(logits), shard.first, held, dev(stats, "stats"),
                                  slots, write_grad, grad_scale, loss_sum.as<double>());
-  if (apart) cast(logits, grad);
 }
 
 void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,

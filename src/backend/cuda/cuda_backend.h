@@ -302,6 +302,7 @@ class CudaBackend final : public Backend {
   // A tensor in GPU memory, float32 or, where bf16_activations, bf16.
   cuda::In dev_in(const Tensor& t, const char* what) const;
   cuda::Out dev_out(const Tensor& t, const char* what) const;
+  cuda::Out loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad) const;
   // cuBLASLt's workspace lent as float32 scratch between products (cuda_column_sums.cuh).
   cuda::ColumnScratch column_scratch();
   bool tf32_ = false;

@@ -1,8 +1,9 @@
-// Fused softmax + cross-entropy on CUDA: the loss of each row and, in place of the logits, their
-// gradient; probabilities are never stored.
+// Fused softmax + cross-entropy on CUDA: the loss of each row and, in place of the logits or in a
+// float32 or bf16 tensor of their shape, their gradient; probabilities are never stored.
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/cuda_elements.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 
@@ -38,18 +39,21 @@ __device__ void row_max_and_sum(const float* z, int64_t n, float* shared_max, do
 // to it per thread (rescaled when the maximum grows), so the row is read twice in all rather
 // than three times: vocabulary rows are large and rarely still in cache. The threads' sums meet
 // in double, as the CPU sums in double. Rows whose label is kIgnoreIndex, or (never after the
-// host's validation) outside [0, V), count no loss and get a zero gradient row.
-__global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* labels, int64_t N,
-                                             int64_t V, bool write_grad, float grad_scale,
-                                             double* loss_sum) {
+// host's validation) outside [0, V), count no loss and get a zero gradient row. The gradient goes
+// to `grad` (the logits themselves, or apart: G bf16 rounds it to nearest even).
+template <typename G>
+__global__ void softmax_cross_entropy_kernel(const float* logits, G* grad, const int32_t* labels,
+                                             int64_t N, int64_t V, bool write_grad,
+                                             float grad_scale, double* loss_sum) {
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    float* z = logits + row * V;
+    const float* z = logits + row * V;
+    G* gz = grad + row * V;
     const int32_t label = labels[row];
     if (label < 0 || label >= V) {  // the branch is uniform across the block
       if (write_grad)
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) z[j] = 0.0f;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) put(gz + j, 0.0f);
       continue;
     }
     // Read before the barriers in block_reduce; the gradient pass overwrites it afterwards.
@@ -63,7 +67,7 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* label
       const float f = static_cast<float>(grad_scale / total);
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         const float g = expf(z[j] - mx) * f;
-        z[j] = j == label ? g - grad_scale : g;
+        put(gz + j, j == label ? g - grad_scale : g);
       }
     }
   }
@@ -95,16 +99,19 @@ __global__ void cross_entropy_stats_kernel(const float* logits, const int32_t* l
 }
 
 // One block per row: the row's log-sum-exp from every shard's statistics, its loss added once
-// per row, and the gradient of these columns (zero past `held` and on ignored rows).
-__global__ void cross_entropy_from_stats_kernel(float* logits, const int32_t* labels, int64_t N,
-                                                int64_t V, int64_t first, int64_t held,
+// per row, and the gradient of these columns (zero past `held` and on ignored rows) into `grad`
+// (as softmax_cross_entropy_kernel's).
+template <typename G>
+__global__ void cross_entropy_from_stats_kernel(const float* logits, G* grad, const int32_t* labels,
+                                                int64_t N, int64_t V, int64_t first, int64_t held,
                                                 const float* stats, int64_t slots, bool write_grad,
                                                 float grad_scale, double* loss_sum) {
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    float* z = logits + row * V;
+    const float* z = logits + row * V;
+    G* gz = grad + row * V;
     if (labels[row] < 0) {
       if (write_grad)
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) z[j] = 0.0f;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) put(gz + j, 0.0f);
       continue;
     }
     float mx = stats[row * 3];
@@ -121,7 +128,7 @@ __global__ void cross_entropy_from_stats_kernel(float* logits, const int32_t* la
     const float f = static_cast<float>(grad_scale / total);
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
       const float g = j < held ? expf(z[j] - mx) * f : 0.0f;
-      z[j] = j == label ? g - grad_scale : g;
+      put(gz + j, j == label ? g - grad_scale : g);
     }
   }
 }
@@ -154,14 +161,19 @@ void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t 
   check_launch("mse_loss");
 }
 
-void softmax_cross_entropy(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
-                           int64_t V, bool write_grad, float grad_scale, double* loss_sum) {
+void softmax_cross_entropy(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
+                           int64_t N, int64_t V, bool write_grad, float grad_scale,
+                           double* loss_sum) {
   if (N <= 0 || V <= 0) return;
   // Wide blocks for vocabulary-sized rows, narrow ones for classification heads (V of 2 or 3).
   const int threads = V >= 8192 ? 512 : threads_for_row(V);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
-  softmax_cross_entropy_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, write_grad,
-                                                        grad_scale, loss_sum);
+  void* out = grad.data ? grad.data : logits;
+  with_elements(grad.bf16, [&](auto g) {
+    using G = decltype(g);
+    softmax_cross_entropy_kernel<<<grid, threads, 0, s>>>(logits, static_cast<G*>(out), labels, N,
+                                                          V, write_grad, grad_scale, loss_sum);
+  });
   check_launch("softmax_cross_entropy");
 }
 
@@ -174,14 +186,19 @@ void cross_entropy_stats(cudaStream_t s, const float* logits, const int32_t* lab
   check_launch("cross_entropy_stats");
 }
 
-void cross_entropy_from_stats(cudaStream_t s, float* logits, const int32_t* labels, int64_t N,
-                              int64_t V, int64_t first, int64_t held, const float* stats,
+void cross_entropy_from_stats(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
+                              int64_t N, int64_t V, int64_t first, int64_t held, const float* stats,
                               int64_t slots, bool write_grad, float grad_scale, double* loss_sum) {
   if (N <= 0 || V <= 0) return;
   const int threads = V >= 8192 ? 512 : threads_for_row(V);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
-  cross_entropy_from_stats_kernel<<<grid, threads, 0, s>>>(logits, labels, N, V, first, held, stats,
-                                                           slots, write_grad, grad_scale, loss_sum);
+  void* out = grad.data ? grad.data : logits;
+  with_elements(grad.bf16, [&](auto g) {
+    using G = decltype(g);
+    cross_entropy_from_stats_kernel<<<grid, threads, 0, s>>>(logits, static_cast<G*>(out), labels,
+                                                             N, V, first, held, stats, slots,
+                                                             write_grad, grad_scale, loss_sum);
+  });
   check_launch("cross_entropy_from_stats");
 }
 
