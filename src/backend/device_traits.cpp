@@ -58,7 +58,8 @@ DeviceTraits cuda_traits() {
   t.products_round_operands = false;
   // GPT-2 batch 32: the cast of 1.6 G logits' gradients a step and half of the loss's writes
   // (about 13 GB of memory traffic), for 206 MB of dlogits (not yet measured on a GPU).
-  t.head_grad_chunks = 1;
+  // BRISK_BF16_HEAD_GRAD=0 keeps the float32 gradient, to compare.
+  t.head_grad_chunks = switched_off("BRISK_BF16_HEAD_GRAD") ? 0 : 1;
   t.bf16_weights_copy = true;
   // cuBLASLt runs a product whose rows or columns are an odd vocabulary (GPT-2's 50257) on sm75
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at

@@ -591,6 +591,11 @@ void CudaBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows,
 
 // ---- attention ----
 
+bool CudaBackend::keeps_attention_dtype(const cuda::FusedAttentionShape& s) const {
+  static const bool wanted = !switched_off("BRISK_ATTENTION_BF16_IO");
+  return wanted && bf16_activations(s.dtype);
+}
+
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& stats, const Tensor& scratch,
@@ -625,7 +630,7 @@ void CudaBackend::attention_forward_to(const Tensor& qkv, const Tensor& key_mask
   const cuda::In q = dev_in(qkv, "qkv");
   if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
     expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
-    const bool direct = stored && stored->dtype() == fused->dtype && bf16_activations(fused->dtype);
+    const bool direct = stored && stored->dtype() == fused->dtype && keeps_attention_dtype(*fused);
     fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, direct ? *stored : out);
     if (stored && !direct) cast(out, *stored);
     return;
@@ -672,7 +677,7 @@ Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, co
   // dtype are its own casts (round to nearest even, exact back to float32), or where products
   // read it, dqkv is left in it (in dqkv's memory).
   const DType own = fused ? fused->dtype : DType::f32;
-  const bool keeps_own = fused && round_dqkv == own && bf16_activations(own);
+  const bool keeps_own = fused && round_dqkv == own && keeps_attention_dtype(*fused);
   if (round_dout != DType::f32 && round_dout != own) round_to(round_dout, dout);
   if (fused) {
     fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv,

@@ -279,6 +279,10 @@ class CudaBackend final : public Backend {
                             int kv_heads, float scale, float dropout_p, const RngKey& key,
                             const Tensor& stats, const Tensor& scratch, const Tensor& out,
                             const Tensor* stored);
+  // Whether the fused attention's output goes straight into a stored copy of its dtype, and its
+  // input gradient stays in it (attention_forward_stored, attention_backward): where products read
+  // that dtype; BRISK_ATTENTION_BF16_IO=0 casts both through float32, to compare.
+  bool keeps_attention_dtype(const cuda::FusedAttentionShape& s) const;
   // out: float32 (cast from the attention's own dtype), or in that dtype, written as it is.
   void fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
                                const Tensor& key_mask, const RngKey& key, const Tensor& stats,
