@@ -414,7 +414,9 @@ bool CudaBackend::backward_products(const Tensor& x, const Tensor& w, const Tens
 void CudaBackend::bias_gradient(cuda::In dy, int64_t m, int64_t n, const Tensor& db,
                                 bool accumulate) {
   const Tensor& ones = dy.bf16 ? ws_.ones16 : ws_.ones;
-  BRISK_CHECK(m <= ones.numel(), "linear_backward: ", m, " rows exceed the planned ones");
+  BRISK_CHECK(m <= ones.numel() && (!dy.bf16 || ones.dtype() == DType::bf16),
+              "linear_backward: ", m,
+              " rows exceed the planned ones (or a bf16 gradient in a run without bf16 ones)");
   if (!ones_ready_) fill_ones();
   matmul(false, false, 1, db.numel(), m, ones.data(), m, dy.data, n, accumulate,
          cuda::f32_out(db.f32()), db.numel(), nullptr, dy.bf16 ? DType::bf16 : DType::f32);
