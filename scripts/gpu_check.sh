@@ -3,9 +3,10 @@
 # then the GPU benchmarks named as arguments (gpu_offload, gpu_bert; a GPT-2 bf16 step's kernels
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
-#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm] [switch]
+#     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm] [switch] [switches]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
-# (switch: GPT-2 with the measurement switch $SWITCH set to 0 against unset, alternated)
+# (switch: GPT-2 with the measurement switch $SWITCH set to 0 against unset, alternated;
+#  switches: every switch in $SWITCHES at once)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
 set -uo pipefail
@@ -109,6 +110,14 @@ for what in "${@:-tests}"; do
         if [ $off = 1 ]; then echo "$SWITCH=0: $(export "$SWITCH=0"; gpt2_train 50257 ${STEPS:-16})"
         else echo "default: $(gpt2_train 50257 ${STEPS:-16})"; fi
       done | tee "$OUT/switch_$SWITCH.log" ;;
+    switches)  # GPT-2's samples/s over $STEPS (16) with every switch in $SWITCHES set to 0 at once
+      # (default: the paths of 2026-11-28 and -29, written without a GPU) against none, alternated
+      off=${SWITCHES:-BRISK_FUSED_RESIDUAL_NORM BRISK_UNMASKED_ATTENTION BRISK_FUSED_ACTIVATION_GRADIENT BRISK_ATTENTION_BF16_IO BRISK_BF16_HEAD_GRAD}
+      for all in 1 0 1 0; do
+        if [ $all = 1 ]; then
+          echo "all off: $(for v in $off; do export "$v=0"; done; gpt2_train 50257 ${STEPS:-16})"
+        else echo "default: $(gpt2_train 50257 ${STEPS:-16})"; fi
+      done | tee "$OUT/switches.log" ;;
     head)  # the LM head's products alone, through PyTorch's cuBLASLt, by vocabulary and stride
       python3 bench/gpu_head_products.py 2>&1 | grep -v Warning | tee "$OUT/head.log" ;;
     vocab)  # the LM head's row stride: 50257 against 50304 (a multiple of 8), alternated
