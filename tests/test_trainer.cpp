@@ -437,6 +437,12 @@ TEST(Trainer, AGpuRunIsPlannedWithoutAGpu) {
   EXPECT_EQ(dlogits->dtype, DType::bf16);
   EXPECT_EQ(dlogits->shape, (Shape{B * T, gpu->model->logits_width()}));
   EXPECT_EQ(find(cpu->plan, "lm_head.dlogits"), nullptr);
+  TrainOptions evaluates = o;  // a run computing no gradients keeps none
+  evaluates.device = "cuda";
+  evaluates.do_train = false;
+  evaluates.do_eval = true;
+  evaluates.eval_dataset_size = 8;
+  EXPECT_EQ(find(assemble_run(evaluates, Device::cuda, nullptr)->plan, "lm_head.dlogits"), nullptr);
   int device_copies = 0;
   for (const BufferSpec& b : gpu->plan.buffers())
     if (b.category == Category::data && b.placement == Placement::device) ++device_copies;

@@ -636,11 +636,12 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight,
   else
     declare(plan, &logits_, "logits", Category::activations, DType::f32, {lm_chunk_rows_, V});
   // bf16 products read the logits' gradient rounded once, as the loss writes it, a group of
-  // DeviceTraits::head_grad_chunks chunks at a time. Decided for the planned length: a shorter
-  // one (use_seq) declares the same buffers, this one however few its rows.
+  // DeviceTraits::head_grad_chunks chunks at a time (in runs that compute gradients). Decided for
+  // the planned length: a shorter one (use_seq) declares the same buffers, this one however few
+  // its rows.
   const int64_t group = device_traits(options_.device).head_grad_chunks;
   if (!replanning_)
-    lm_grouped_ = options_.activation_dtype == DType::bf16 &&
+    lm_grouped_ = options_.gradients && options_.activation_dtype == DType::bf16 &&
                   (group > 1 ? rows > lm_chunk_rows_ : group == 1 && !biased);
   if (lm_grouped_)
     declare(plan, &head_dlogits_, "lm_head.dlogits", Category::activations, DType::bf16,
