@@ -112,7 +112,7 @@ for what in "${@:-tests}"; do
       done | tee "$OUT/switch_$SWITCH.log" ;;
     switches)  # GPT-2's samples/s over $STEPS (16) with every switch in $SWITCHES set to 0 at once
       # (default: the paths of 2026-11-28 and -29, written without a GPU) against none, alternated
-      off=${SWITCHES:-BRISK_FUSED_RESIDUAL_NORM BRISK_UNMASKED_ATTENTION BRISK_FUSED_ACTIVATION_GRADIENT BRISK_ATTENTION_BF16_IO BRISK_BF16_HEAD_GRAD}
+      off=${SWITCHES:-BRISK_FUSED_RESIDUAL_NORM BRISK_UNMASKED_ATTENTION BRISK_BF16_ACTIVATION_GRADIENT BRISK_ATTENTION_BF16_IO BRISK_BF16_HEAD_GRAD}
       for all in 1 0 1 0; do
         if [ $all = 1 ]; then
           echo "all off: $(for v in $off; do export "$v=0"; done; gpt2_train 50257 ${STEPS:-16})"

@@ -235,9 +235,10 @@ class Backend {
   // the activation: dx = act'(pre) * (dy W), with dy W rounded to `round` first
   // (activation_backward's round_dy), written (not added); dw and db as linear_backward's. pre and
   // x are saved activations (float32, or stored in 16 bits where reads_product_input). Returns the
-  // tensor holding dx: dx itself (float32), or where the backend applies act' in the product's
-  // epilogue (the GPU's tanh GELU, cuBLASLt's DGELU) a view of dx's memory in `round`: the
-  // product's float32 result times act', rounded once as it is stored. A later linear_backward
+  // tensor holding dx: dx itself (float32), or where the backend's products read `round` (a GPU's
+  // bf16 run) a view of dx's memory in it, dx rounded as it is stored (as the products would
+  // round it; a bias gradient then sums the rounded values), for a tanh GELU the product's
+  // float32 dy W times act' in one rounding (cuBLASLt's DGELU epilogue). A later linear_backward
   // takes either as its dy, bias gradient included. The default: linear_backward, then
   // activation_backward in place.
   virtual Tensor linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

@@ -277,8 +277,8 @@ void CudaBackend::activation_backward(Activation kind, const Tensor& x, const Te
   same_numel(x, dx, "activation_backward");
   check_rounding(round_dy, "activation_backward");
   cuda::activation_backward(stream_, kind, dev_in(x, "activation input"),
-                            dev(dy, "activation gradient"), round_dy, dev(dx, "activation dx"),
-                            x.numel());
+                            cuda::f32_in(dev(dy, "activation gradient")), round_dy,
+                            cuda::f32_out(dev(dx, "activation dx")), x.numel());
 }
 
 void CudaBackend::swiglu_forward(const Tensor& gate_up, const Tensor& out) {

@@ -92,8 +92,9 @@ class CudaBackend final : public Backend {
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
-  // A tanh GELU's gradient in the product's epilogue (cuBLASLt's DGELU, reading pre as its
-  // auxiliary matrix) where fuses_activation_gradient; else Backend's two calls.
+  // In a bf16 run, the gradient written in bf16: a tanh GELU's in the product's epilogue
+  // (cuBLASLt's DGELU, reading pre as its auxiliary matrix) where fuses_activation_gradient, else
+  // after the product's bf16 dy W; else Backend's two calls.
   Tensor linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                     WeightLayout layout, Activation kind, const Tensor& pre,
                                     DType round, const Tensor& dx, const Tensor& dw,
@@ -212,22 +213,27 @@ class CudaBackend final : public Backend {
   bool matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, cuda::Out c, int64_t ldc,
               const void* bias, DType dtype, const Epilogue& extra = {});
-  // linear_backward's input gradient: into `f32` (added to where accumulate), or with an `extra`
-  // epilogue written in bf16 into f32's memory.
+  // linear_backward's input gradient: into `f32` (added to where accumulate), or where bf16
+  // written in bf16 into f32's memory, through the `extra` epilogue where cuBLASLt has one.
   struct DxProduct {
     Tensor f32;
     bool accumulate = false;
+    bool bf16 = false;
     Epilogue extra{};
   };
   // linear_backward's products; returns whether dx's took its epilogue.
   bool backward_products(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                          const DxProduct& dx, const Tensor& dw, const Tensor& db,
                          bool accumulate_dw);
-  // Whether linear_activation_backward applies `kind`'s gradient in the product's epilogue: a
-  // tanh GELU (cuBLASLt's formula) in a bf16 run, pre stored in bf16, rows a multiple of 8 values
-  // (the auxiliary matrix's leading dimension); BRISK_FUSED_ACTIVATION_GRADIENT=0 turns it off.
-  bool fuses_activation_gradient(Activation kind, const Tensor& x, const Tensor& pre, DType round,
-                                 const Tensor& dx) const;
+  // Whether linear_activation_backward writes its gradient in bf16 (a bf16 run, pre stored in
+  // bf16, the gradient rounded to bf16): the product's dy W stored rounded, the activation's
+  // gradient in place; BRISK_BF16_ACTIVATION_GRADIENT=0 keeps Backend's float32 calls.
+  bool bf16_activation_gradient(const Tensor& x, const Tensor& pre, DType round,
+                                const Tensor& dx) const;
+  // Whether it then applies `kind`'s gradient in the product's epilogue: a tanh GELU (cuBLASLt's
+  // formula), rows a multiple of 8 values (the auxiliary matrix's leading dimension);
+  // BRISK_FUSED_ACTIVATION_GRADIENT=0 turns it off.
+  bool fuses_activation_gradient(Activation kind, const Tensor& x) const;
   void weight_grad_rows(const Tensor& dw, int64_t k, int64_t m, const void* dy, int64_t ld,
                         const void* x, bool accumulate, DType t, bool padded);
   const void* bias_operand(const float* bias, int64_t n);

@@ -21,13 +21,13 @@ __global__ void activation_forward_kernel(const X* x, Y* y, int64_t n) {
     put(y + i, activation_value<A>(widen(x[i])));
 }
 
-// dx may alias dy: each element is read before it is written, by the same thread. dy is rounded
-// to round_dy as it is read.
-template <Activation A, typename X>
-__global__ void activation_backward_kernel(const X* x, const float* dy, DType round_dy, float* dx,
+// dx may alias dy (both of type G): each element is read before it is written, by the same
+// thread. dy is rounded to round_dy as it is read.
+template <Activation A, typename X, typename G>
+__global__ void activation_backward_kernel(const X* x, const G* dy, DType round_dy, G* dx,
                                            int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
-    dx[i] = activation_grad<A>(widen(x[i]), rounded(dy[i], round_dy));
+    put(dx + i, activation_grad<A>(widen(x[i]), rounded(widen(dy[i]), round_dy)));
 }
 
 // Element i of out is pair (row, c) = (i / F, i % F) of gate_up's halves.
@@ -200,13 +200,18 @@ void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n)
   check_launch("activation_forward");
 }
 
-void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, DType round_dy,
-                         float* dx, int64_t n) {
+void activation_backward(cudaStream_t s, Activation kind, In x, In dy, DType round_dy, Out dx,
+                         int64_t n) {
   if (n <= 0) return;
+  BRISK_CHECK(dy.bf16 == dx.bf16, "activation_backward: dy and dx of different types");
   visit_activation(kind, [&](auto a) {
     with_elements(x.bf16, [&](auto xt) {
-      activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(
-          static_cast<const decltype(xt)*>(x.data), dy, round_dy, dx, n);
+      with_elements(dy.bf16, [&](auto g) {
+        using G = decltype(g);
+        activation_backward_kernel<decltype(a)::value><<<grid_for(n), kThreads, 0, s>>>(
+            static_cast<const decltype(xt)*>(x.data), static_cast<const G*>(dy.data), round_dy,
+            static_cast<G*>(dx.data), n);
+      });
     });
   });
   check_launch("activation_backward");

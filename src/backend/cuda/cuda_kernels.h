@@ -32,9 +32,10 @@ inline Out f32_out(float* p) {
 
 // ---- cuda_elementwise.cu ----
 void activation_forward(cudaStream_t s, Activation kind, In x, Out y, int64_t n);
-// dx = round(dy) * f'(x), dy rounded to round_dy (bf16, f16; f32: as it is); dx may alias dy.
-void activation_backward(cudaStream_t s, Activation kind, In x, const float* dy, DType round_dy,
-                         float* dx, int64_t n);
+// dx = round(dy) * f'(x), dy rounded to round_dy (bf16, f16; f32: as it is); dy and dx both
+// float32 or both bf16 (dx rounded as it is stored); dx may alias dy.
+void activation_backward(cudaStream_t s, Activation kind, In x, In dy, DType round_dy, Out dx,
+                         int64_t n);
 // SwiGLU over rows of gate_up [rows, 2F] (gate | up): out [rows, F] = silu(gate) * up.
 void swiglu_forward(cudaStream_t s, In gate_up, Out out, int64_t rows, int64_t F);
 // dgate_up [rows, 2F] = (dout * up * silu'(gate) | dout * silu(gate)), dout rounded to

@@ -329,12 +329,17 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   backward_products(x, w, dy, layout, DxProduct{dx, accumulate_dx}, dw, db, accumulate_dw);
 }
 
-bool CudaBackend::fuses_activation_gradient(Activation kind, const Tensor& x, const Tensor& pre,
-                                            DType round, const Tensor& dx) const {
+bool CudaBackend::bf16_activation_gradient(const Tensor& x, const Tensor& pre, DType round,
+                                           const Tensor& dx) const {
+  static const bool wanted = !switched_off("BRISK_BF16_ACTIVATION_GRADIENT");
+  return wanted && round == DType::bf16 && bf16_activations(DType::bf16) &&
+         pre.dtype() == DType::bf16 && x.rank() > 0 && pre.numel() == x.numel() &&
+         dx.numel() == x.numel() && dx.dtype() == DType::f32;
+}
+
+bool CudaBackend::fuses_activation_gradient(Activation kind, const Tensor& x) const {
   static const bool fused = !switched_off("BRISK_FUSED_ACTIVATION_GRADIENT");
-  return fused && kind == Activation::gelu_tanh && round == DType::bf16 &&
-         bf16_activations(DType::bf16) && pre.dtype() == DType::bf16 && x.rank() > 0 &&
-         pre.numel() == x.numel() && dx.numel() == x.numel() && x.dim(-1) % 8 == 0;
+  return fused && kind == Activation::gelu_tanh && x.dim(-1) % 8 == 0;
 }
 
 Tensor CudaBackend::linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -342,15 +347,21 @@ Tensor CudaBackend::linear_activation_backward(const Tensor& x, const Tensor& w,
                                                const Tensor& pre, DType round, const Tensor& dx,
                                                const Tensor& dw, const Tensor& db,
                                                bool accumulate_dw) {
-  if (!fuses_activation_gradient(kind, x, pre, round, dx))
+  if (!bf16_activation_gradient(x, pre, round, dx))
     return Backend::linear_activation_backward(x, w, dy, layout, kind, pre, round, dx, dw, db,
                                                accumulate_dw);
-  dev_in(pre, "activation input");
-  const DxProduct d{dx, false, Epilogue{CUBLASLT_EPILOGUE_DGELU, pre.data()}};
-  if (backward_products(x, w, dy, layout, d, dw, db, accumulate_dw))
-    return Tensor(dx.data(), pre.shape(), DType::bf16, Device::cuda);
-  activation_backward(kind, pre, dx, dx, round);  // no epilogue kernel: dx was written in float32
-  return dx;
+  const cuda::In p = dev_in(pre, "activation input");
+  const Epilogue epilogue = fuses_activation_gradient(kind, x)
+                                ? Epilogue{CUBLASLT_EPILOGUE_DGELU, pre.data()}
+                                : Epilogue{};
+  const Tensor d16(dx.data(), pre.shape(), DType::bf16, Device::cuda);
+  // Without the epilogue the product stores dy W rounded to bf16 (activation_backward's round_dy,
+  // as it would read it), and the activation's gradient follows in place.
+  if (!backward_products(x, w, dy, layout, DxProduct{dx, false, true, epilogue}, dw, db,
+                         accumulate_dw))
+    cuda::activation_backward(stream_, kind, p, {d16.data(), true}, DType::f32, {d16.data(), true},
+                              pre.numel());
+  return d16;
 }
 
 bool CudaBackend::backward_products(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -379,14 +390,16 @@ bool CudaBackend::backward_products(const Tensor& x, const Tensor& w, const Tens
   bool epilogue = false;
   if (!dx.empty()) {
     BRISK_CHECK(dx.numel() == x.numel(), "linear_backward: dx size");
+    BRISK_CHECK(!dxp.bf16 || (t == DType::bf16 && !dxp.accumulate),
+                "internal error: a bf16 dx of a ", dtype_name(t), " product, or added to");
     const void* pw = operand(wi, n * k, t, ws_.operand_b);
     const int64_t ldw = out_in ? k : n;
+    const cuda::Out out{dx.data(), dxp.bf16};
     if (dxp.extra.mode != CUBLASLT_EPILOGUE_DEFAULT)
-      epilogue = matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, false, {dx.data(), true}, k,
-                        nullptr, t, dxp.extra);
+      epilogue =
+          matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, false, out, k, nullptr, t, dxp.extra);
     if (!epilogue)
-      matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, dxp.accumulate, cuda::f32_out(dx.f32()), k,
-             nullptr, t);
+      matmul(false, !out_in, m, k, n, pg, ld, pw, ldw, dxp.accumulate, out, k, nullptr, t);
   }
   if (!dw.empty()) {
     // A padded weight's gradient: its first rows only (hold_padded_weight).
