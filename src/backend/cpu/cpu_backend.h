@@ -94,10 +94,10 @@ class CpuBackend final : public Backend {
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& probs, const Tensor& scratch, const Tensor& out) override;
   Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
-                          int kv_heads, float scale, float dropout_p, const RngKey& key,
-                          const Tensor& scratch, const Tensor& dqkv, DType round_dout,
-                          DType round_dqkv) override;
+                            const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
+                            int kv_heads, float scale, float dropout_p, const RngKey& key,
+                            const Tensor& scratch, const Tensor& dqkv, DType round_dout,
+                            DType round_dqkv) override;
 
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                         int64_t past, int heads, int kv_heads, float scale,

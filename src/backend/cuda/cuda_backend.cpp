@@ -461,8 +461,7 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 // Where a loss writes its gradient: apart (check_loss_grad), or a null Out: over the logits.
 cuda::Out CudaBackend::loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad) const {
   if (!check_loss_grad(logits, write_grad, grad)) return {nullptr, false};
-  BRISK_CHECK(grad.device() == Device::cuda,
-              "softmax_cross_entropy: the gradient is not in GPU memory");
+  BRISK_CHECK(grad.device() == Device::cuda, "cross-entropy: the gradient is not in GPU memory");
   return {grad.data(), grad.dtype() == DType::bf16};
 }
 
