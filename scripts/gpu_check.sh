@@ -4,6 +4,7 @@
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
 #     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm] [switch] [switches]
+#     [padded]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (switch: GPT-2 with the measurement switch $SWITCH set to 0 against unset, alternated;
 #  switches: every switch in $SWITCHES at once)
@@ -96,6 +97,31 @@ for what in "${@:-tests}"; do
           --disable_tqdm true >"$OUT/mlm_pad$pad.log" 2>&1
         echo "padded=$pad: $(grep -o '"train_samples_per_second": *[0-9.]*' $t/out/train_results.json)"
       done | tee "$OUT/mlm.log" ;;
+    padded)  # right-padded fine-tuning batches: bert-large classification, bf16, batch $BATCH (32)
+      # x 512 (--pad_to_max_length), rows of about 40 to 500 tokens, $STEPS (40) steps; cuDNN's
+      # padding mask (this build's default) against the mask as a bias
+      # (BRISK_ATTENTION_PADDING_MASK=0), alternated
+      t=/tmp/padded_bench; mkdir -p $t
+      python3 - $t/train.csv <<'PY'
+import random, sys
+words = open("tests/fixtures/smollm2_kjv/psalm23.txt").read().replace('"', '').split()
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    f.write("sentence,label\n")
+    for i in range(4000):
+        n = random.randint(30, 400)
+        f.write('"%s",%d\n' % (" ".join(random.choice(words) for _ in range(n)), i % 2))
+PY
+      for mask in 0 1 0 1; do
+        BRISK_ATTENTION_PADDING_MASK=$mask build-gpu/brisk train --device cuda \
+          --model bert-large-uncased --tokenizer_name tests/fixtures/tokenizer/wordpiece \
+          --train_file $t/train.csv --max_seq_length 512 --pad_to_max_length true \
+          --per_device_train_batch_size ${BATCH:-32} --bf16 true --max_steps ${STEPS:-40} \
+          --logging_steps 1000000 --save_strategy no --output_dir $t/out --disable_tqdm true \
+          >"$OUT/padded_mask$mask.log" 2>&1
+        echo "padding mask=$mask: $(grep -o '"train_samples_per_second": *[0-9.]*' \
+          $t/out/train_results.json)"
+      done | tee "$OUT/padded.log" ;;
     mlm-rows)  # bench/mlm_rows.sh: a masked LM's decoder over the labelled rows against every row
       BRISK_BIN=build-gpu/brisk BATCH=${BATCH:-32} STEPS=${STEPS:-300} bash bench/mlm_rows.sh cuda \
         2>&1 | tee "$OUT/mlm_rows.log" ;;

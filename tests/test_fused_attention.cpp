@@ -34,11 +34,12 @@ struct AttnCase {
   int64_t B, T, H, K, D;
   bool causal = false, masked = false;
   float dropout = 0.0f;
+  bool padded = false;  // the mask right-padded, given with its rows' key counts
 };
 
 struct AttnInputs {
   FVec qkv, dout;
-  IVec mask;
+  IVec mask, lengths;
 };
 
 struct AttnResult {
@@ -48,13 +49,20 @@ struct AttnResult {
 
 // bf16 values throughout, as a bf16 block's rounded activations are; the mask keeps key 0 of
 // every row (so every query sees a key) and drops about a quarter of the others, not only at the
-// end.
+// end; or (padded) keeps a prefix of each row, given with the rows' key counts.
 AttnInputs make_inputs(const AttnCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   AttnInputs in;
   in.qkv = rounded(randn(c.B * c.T * (c.H + 2 * c.K) * c.D, rng), DType::bf16);
   in.dout = rounded(randn(c.B * c.T * c.H * c.D, rng), DType::bf16);
-  if (c.masked) {
+  if (c.masked && c.padded) {  // rows keeping all keys, about half, one
+    in.mask.assign(static_cast<size_t>(c.B * c.T), 0);
+    for (int64_t b = 0; b < c.B; ++b) {
+      const int64_t n = b % 3 == 0 ? c.T : b % 3 == 1 ? c.T / 2 + 1 : 1;
+      in.lengths.push_back(static_cast<int32_t>(n));
+      std::fill_n(in.mask.begin() + b * c.T, n, 1);
+    }
+  } else if (c.masked) {
     in.mask = randint(c.B * c.T, 0, 4, rng);
     for (int64_t b = 0; b < c.B; ++b) in.mask[static_cast<size_t>(b * c.T)] = 1;
   }
@@ -75,7 +83,8 @@ AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType produ
   const Shape packed{c.B, c.T, (c.H + 2 * c.K) * c.D}, flat{c.B, c.T, c.H * c.D};
   const AttentionBuffers ab = attention_buffers(be.device(), c.B, c.H, c.T, c.D);
   const Tensor qkv = d.put(in.qkv, packed), dout = d.put(in.dout, flat);
-  const Tensor mask = c.masked ? d.put(in.mask, {c.B, c.T}) : Tensor();
+  KeyMask mask = c.masked ? KeyMask(d.put(in.mask, {c.B, c.T})) : KeyMask();
+  if (c.padded) mask.lengths = d.put(in.lengths, {c.B});
   const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
   const Tensor out = d.alloc(flat), dqkv = d.alloc(packed);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
@@ -89,15 +98,21 @@ AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType produ
 
 // Skips where cuDNN cannot be opened; fails where it opens but refuses a case brisk sends it.
 #if defined(BRISK_HAVE_CUDA)
+// The fused attention's problem for a case, as the backend forms it.
+cuda::FusedAttentionShape fused_shape(const AttnCase& c) {
+  cuda::FusedAttentionShape shape;
+  shape.B = c.B, shape.T = c.T, shape.H = c.H, shape.K = c.K, shape.D = c.D;
+  shape.causal = c.causal, shape.masked = c.masked && !c.padded, shape.padded = c.padded;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.D)), shape.dropout_p = c.dropout;
+  return shape;
+}
+
 #define REQUIRE_FUSED(c)                                                             \
   do {                                                                               \
     REQUIRE_GPU();                                                                   \
     std::string why;                                                                 \
     if (!cuda::cudnn_available(&why)) GTEST_SKIP() << "no cuDNN to run it: " << why; \
-    const cuda::FusedAttentionShape shape{                                           \
-        c.B,       c.T,        c.H,      c.K,                                        \
-        c.D,       c.causal,   c.masked, 1.0f / std::sqrt(static_cast<float>(c.D)),  \
-        c.dropout, DType::bf16};                                                     \
+    const cuda::FusedAttentionShape shape = fused_shape(c);                          \
     ASSERT_TRUE(cuda::fused_attention_supported(shape, &why)) << why;                \
   } while (false)
 #else
@@ -127,6 +142,31 @@ TEST(FusedAttention, AgreesWithTheFloat32Reference) {
     const AttnResult simt = run(*gpu, c, in, DType::f32, RngKey{1, 1, 1});
     EXPECT_TRUE(rel_near(simt.out, want.out, 1e-5));
     EXPECT_FALSE(rel_near(fused.out, simt.out, 1e-6));
+  }
+}
+
+// A right-padded batch given its rows' key counts runs cuDNN's padding mask (no bias): the
+// float32 reference's values given the mask alone, and the bias's where the counts are not given.
+TEST(FusedAttention, ARightPaddedBatchHidesItsPaddingWithoutABias) {
+  const AttnCase padded[] = {
+      {4, 67, 4, 4, 64, false, true, 0.0f, true},   // odd length, one row keeping a single key
+      {3, 128, 8, 2, 128, true, true, 0.0f, true},  // grouped-query, causal
+  };
+  for (const AttnCase& c : padded) {
+    REQUIRE_FUSED(c);
+    SCOPED_TRACE("T=" + std::to_string(c.T) + (c.causal ? " causal" : ""));
+    const AttnInputs in = make_inputs(c, 11);
+    AttnCase bias = c;
+    bias.padded = false;
+    auto cpu = make_cpu_backend();
+    auto gpu = make_cuda_backend();
+    const AttnResult want = run(*cpu, bias, in, DType::f32, RngKey{3, 3, 3});
+    const AttnResult fused = run(*gpu, c, in, DType::bf16, RngKey{3, 3, 3});
+    const AttnResult biased = run(*gpu, bias, in, DType::bf16, RngKey{3, 3, 3});
+    EXPECT_TRUE(rel_near(fused.out, want.out, 1e-2));
+    EXPECT_TRUE(rel_near(fused.dqkv, want.dqkv, 2e-2));
+    EXPECT_TRUE(rel_near(fused.out, biased.out, 1e-2));
+    EXPECT_TRUE(rel_near(fused.dqkv, biased.dqkv, 2e-2));
   }
 }
 
@@ -222,10 +262,7 @@ TEST(FusedAttention, TheWorkspaceBoundHoldsAtTheBenchShapes) {
   for (const AttnCase& c : bench) {
     REQUIRE_FUSED(c);
 #if defined(BRISK_HAVE_CUDA)
-    const cuda::FusedAttentionShape shape{
-        c.B,       c.T,        c.H,      c.K,
-        c.D,       c.causal,   c.masked, 1.0f / std::sqrt(static_cast<float>(c.D)),
-        c.dropout, DType::bf16};
+    const cuda::FusedAttentionShape shape = fused_shape(c);
     ASSERT_TRUE(cuda::fused_attention_supported(shape));
     const int64_t forward = cuda::fused_attention_workspace(shape, false),
                   backward = cuda::fused_attention_workspace(shape, true);

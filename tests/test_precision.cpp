@@ -1099,7 +1099,9 @@ TEST_P(CpuProducts, ABf16OutputGradientGivesTheSameBitsAsItsFloat32) {
 // gradient rounded to bf16, on bf16 units or not) against float32 attention, which the
 // conformance suite holds to its fp64 reference: within bf16's precision on q, k, v rounded to
 // bf16, over three blocks of query rows (the last one short: 2 rows, or 3 with an odd length
-// that the bf16 tiles pad), causal with dropout and grouped heads, or with a key mask.
+// that the bf16 tiles pad), causal with dropout and grouped heads, or with a key mask; and a
+// right-padded batch given its rows' key counts too (odd ones), against the float32 attention
+// given the mask alone.
 TEST_P(CpuProducts, AttentionStaysCloseToFloat32) {
   for (const auto& [T, D] : {std::pair<int64_t, int64_t>{130, 16}, {131, 64}})
     attention_stays_close_to_float32(T, D);
@@ -1119,34 +1121,42 @@ void CpuProducts::attention_stays_close_to_float32(int64_t T, int64_t D) {
   std::vector<int32_t> mask(B * T, 1);
   for (int64_t t = 100; t < T; ++t) mask[t] = 0;   // the first sequence's last 30 keys hidden
   std::fill(mask.begin() + 2 * T, mask.end(), 0);  // the third sequence's queries see no key
+  std::vector<int32_t> right_padded(B * T, 0), lengths{101, static_cast<int32_t>(T), 37};
+  for (int64_t b = 0; b < B; ++b)
+    std::fill_n(right_padded.begin() + b * T, lengths[static_cast<size_t>(b)], 1);
   const AttentionBuffers ab = attention_buffers(Device::cpu, B, H, T, D);
-  for (const bool causal : {true, false}) {
-    auto run = [&](Backend& be) {
-      // Scratch as a previous layer leaves it, not zeros.
-      std::vector<float> stats(ab.stats.numel()), scratch(ab.scratch.numel(), 1.0f), out(B * T * C),
-          dqkv(qkv.size());
-      const Tensor q(qkv.data(), {B, T, W}, DType::f32);
-      const Tensor m = causal ? Tensor() : Tensor(mask.data(), {B, T}, DType::i32);
-      const float p_drop = causal ? 0.1f : 0.0f;
-      const RngKey key{3, 1, 0};
-      const Tensor st(stats.data(), ab.stats, DType::f32),
-          sc(scratch.data(), ab.scratch, DType::f32);
-      be.attention_forward(q, m, causal, H, K, 0.25f, p_drop, key, st, sc,
-                           Tensor(out.data(), {B, T, C}, DType::f32));
-      be.attention_backward(Tensor(dout.data(), {B, T, C}, DType::f32), q,
-                            Tensor(out.data(), {B, T, C}, DType::f32), st, m, causal, H, K, 0.25f,
-                            p_drop, key, sc, Tensor(dqkv.data(), {B, T, W}, DType::f32), DType::f32,
-                            DType::f32);
-      out.insert(out.end(), dqkv.begin(), dqkv.end());
-      return out;
-    };
-    const std::vector<float> want = run(*reference), got = run(*p.be);
-    const double err = rel_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
-    EXPECT_LE(err, p.bf16 ? 5e-3 : 1e-5) << (causal ? "causal" : "masked");
-    if (p.bf16) EXPECT_GT(err, 0.0) << "bf16 mode rounds the probabilities";
-    if (!causal)  // queries that see no key: zero outputs
-      EXPECT_EQ(std::count(got.begin() + 2 * T * C, got.begin() + 3 * T * C, 0.0f), T * C);
-  }
+  for (const bool causal : {true, false})
+    for (const bool padded : {false, true}) {
+      auto run = [&](Backend& be, bool with_lengths) {
+        // Scratch as a previous layer leaves it, not zeros (nor a float whose low bf16 half is).
+        std::vector<float> stats(ab.stats.numel()), scratch(ab.scratch.numel(), 1.1f),
+            out(B * T * C), dqkv(qkv.size());
+        const Tensor q(qkv.data(), {B, T, W}, DType::f32);
+        KeyMask m = causal ? KeyMask() : KeyMask(Tensor(mask.data(), {B, T}, DType::i32));
+        if (padded) m = KeyMask(Tensor(right_padded.data(), {B, T}, DType::i32));
+        if (with_lengths) m.lengths = Tensor(lengths.data(), {B}, DType::i32);
+        const float p_drop = causal ? 0.1f : 0.0f;
+        const RngKey key{3, 1, 0};
+        const Tensor st(stats.data(), ab.stats, DType::f32),
+            sc(scratch.data(), ab.scratch, DType::f32);
+        be.attention_forward(q, m, causal, H, K, 0.25f, p_drop, key, st, sc,
+                             Tensor(out.data(), {B, T, C}, DType::f32));
+        be.attention_backward(Tensor(dout.data(), {B, T, C}, DType::f32), q,
+                              Tensor(out.data(), {B, T, C}, DType::f32), st, m, causal, H, K, 0.25f,
+                              p_drop, key, sc, Tensor(dqkv.data(), {B, T, W}, DType::f32),
+                              DType::f32, DType::f32);
+        out.insert(out.end(), dqkv.begin(), dqkv.end());
+        return out;
+      };
+      const std::vector<float> want = run(*reference, false), got = run(*p.be, padded);
+      const double err = rel_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
+      EXPECT_LE(err, p.bf16 ? 5e-3 : 1e-5) << (padded   ? "right-padded"
+                                               : causal ? "causal"
+                                                        : "masked");
+      if (p.bf16) EXPECT_GT(err, 0.0) << "bf16 mode rounds the probabilities";
+      if (!causal && !padded)  // queries that see no key: zero outputs
+        EXPECT_EQ(std::count(got.begin() + 2 * T * C, got.begin() + 3 * T * C, 0.0f), T * C);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, CpuProducts,

@@ -77,7 +77,7 @@ void Backend::norm_forward(const Tensor& x, const Norm& n, const Tensor& y) {
     layernorm_forward(x, n.gamma, n.beta, n.eps, y, n.mean, n.rstd);
 }
 
-void Backend::attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+void Backend::attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                        int heads, int kv_heads, float scale, float dropout_p,
                                        const RngKey& key, const Tensor& stats,
                                        const Tensor& scratch, const Tensor& out,
@@ -197,6 +197,14 @@ int64_t Backend::check_swiglu(const Tensor& gate_up, const Tensor& half, const c
 
 void Backend::check_attention_scale(float scale, const char* op) {
   BRISK_CHECK(std::isfinite(scale), op, ": the attention scale ", scale, " is not finite");
+}
+
+void Backend::check_key_mask(const KeyMask& mask, int64_t B, int64_t T, const char* op) {
+  // (Fixed names: a step's calls build no strings.)
+  if (!mask.keep.empty()) expect(mask.keep, DType::i32, Shape{B, T}, "the attention's key mask");
+  if (mask.lengths.empty()) return;
+  BRISK_CHECK(!mask.keep.empty(), op, ": key lengths without the mask they describe");
+  expect(mask.lengths, DType::i32, Shape{B}, "the attention's key lengths");
 }
 
 bool Backend::check_loss_grad(const Tensor& logits, bool write_grad, const Tensor& grad) {

@@ -54,6 +54,20 @@ struct AttentionDims {
 };
 AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op);
 
+// The keys each batch row's queries may see. `keep` is int32 [B,T] (nonzero keeps the key) or
+// empty (every key). Where the batch is right-padded - each row keeps its first n keys, n >= 1 -
+// `lengths` (int32 [B], each row's n) may come with it: the same mask, which a backend may read
+// instead of keep (the GPU's fused attention then skips the padded keys and writes no bias).
+struct KeyMask {
+  Tensor keep;
+  Tensor lengths;
+  KeyMask() = default;
+  KeyMask(Tensor keep_mask) : keep(std::move(keep_mask)) {}  // NOLINT: a mask alone converts
+  KeyMask(Tensor keep_mask, Tensor row_lengths)
+      : keep(std::move(keep_mask)), lengths(std::move(row_lengths)) {}
+  bool empty() const { return keep.empty(); }
+};
+
 // Batch, sequence, query heads, key/value heads and head width of packed q/k/v
 // [B, T, (H + 2K) * D]: the H query heads first, then K key heads, then K value heads.
 struct RotaryDims {
@@ -444,21 +458,21 @@ class Backend {
   // the K value heads along the last dimension. Grouped-query attention (transformers' repeat_kv):
   // query head h reads key/value head h / (H/K), so H % K == 0; K == H is multi-head attention
   // over [B,T,3C] (head h uses columns [h*D, (h+1)*D) of q, k and v), C = H*D; K == 1 is
-  // multi-query attention. key_mask is int32 [B,T] (nonzero keeps the key) or empty; causal hides
+  // multi-query attention. key_mask says which keys each row may see (KeyMask); causal hides
   // later keys. Scores q.k are multiplied by `scale`, a
   // finite number the model chooses (usually 1/sqrt(D)). A query that can see no key at all gets
   // zero probabilities and a zero output (transformers would spread it uniformly; such rows only
   // occur at padding, whose loss is ignored).
   // stats and scratch are shaped by attention_buffers(device()); stats keeps what the backward
   // pass needs (the log-sum-exp of each query row's scores). out is [B,T,C].
-  virtual void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+  virtual void attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                                  int kv_heads, float scale, float dropout_p, const RngKey& key,
                                  const Tensor& stats, const Tensor& scratch, const Tensor& out) = 0;
   // attention_forward with its output rounded into `stored` (out's shape, 16-bit: a saved
   // output's stored copy), out then scratch that may be left unwritten. The default:
   // attention_forward into out, then cast. A backend whose attention gives stored's dtype writes
   // it there itself (the GPU's cuDNN attention in a bf16 run): no float32 output, no cast.
-  virtual void attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+  virtual void attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                         int heads, int kv_heads, float scale, float dropout_p,
                                         const RngKey& key, const Tensor& stats,
                                         const Tensor& scratch, const Tensor& out,
@@ -477,7 +491,7 @@ class Backend {
   // (reads_product_input: the GPU's fused attention in a bf16 run) a view of dqkv's memory in it,
   // the same values without a widening pass; a later linear_backward takes either as its dy.
   virtual Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                    const Tensor& stats, const Tensor& key_mask, bool causal,
+                                    const Tensor& stats, const KeyMask& key_mask, bool causal,
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
                                     DType round_dout, DType round_dqkv) = 0;
@@ -496,6 +510,9 @@ class Backend {
                                      const Tensor& out, AttentionDims* dims);
   // Throws naming `op` unless the attention score scale is finite.
   static void check_attention_scale(float scale, const char* op);
+  // Throws naming `op` unless the key mask is empty or keep is int32 [B,T], and lengths empty or
+  // int32 [B] beside a keep (its values are not read here).
+  static void check_key_mask(const KeyMask& mask, int64_t B, int64_t T, const char* op);
   // Throws naming `op` unless padding_idx is -1 (none) or a row of a word table of `rows` rows.
   static void check_padding_idx(int64_t padding_idx, int64_t rows, const char* op);
 

@@ -3,11 +3,28 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/error.h"
+
 namespace brisk {
 
 void reset_label_values(const Batch& batch) {
   const Tensor& t = batch.label_values;
   if (!t.empty()) std::fill(t.f32(), t.f32() + t.numel(), std::numeric_limits<float>::quiet_NaN());
+}
+
+bool right_padded_lengths(const Tensor& mask, const Tensor& lengths) {
+  BRISK_CHECK(mask.rank() == 2 && lengths.numel() == mask.dim(0) && mask.dtype() == DType::i32 &&
+                  lengths.dtype() == DType::i32,
+              "internal error: key lengths of a mask ", mask.shape().str(), " into ",
+              lengths.shape().str());
+  const int64_t B = mask.dim(0), T = mask.dim(1);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = mask.i32() + b * T;
+    const int64_t n = std::find(row, row + T, 0) - row;
+    if (n == 0 || std::any_of(row + n, row + T, [](int32_t v) { return v != 0; })) return false;
+    lengths.i32()[b] = static_cast<int32_t>(n);
+  }
+  return true;
 }
 
 }  // namespace brisk

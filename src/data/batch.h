@@ -29,6 +29,10 @@ inline bool no_label_value(float y) {
 }
 // Sets every regression target of the batch (if it has them) to "no label".
 void reset_label_values(const Batch& batch);
+// Whether attention mask [B,T] is right-padded: each row keeps (nonzero) its first n keys, n >= 1,
+// and no later one. If so, each row's n into lengths (int32 [B]); if not, lengths is left part
+// written.
+bool right_padded_lengths(const Tensor& mask, const Tensor& lengths);
 
 // What a model's batches hold, as the model declares it: the data code fills them without knowing
 // the architecture.

@@ -430,6 +430,7 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
                 Shape{shape.batch, local.seq});
   declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
                 Shape{shape.batch, shape.seq}, DType::i32, /*whole_sequences=*/true);
+  declare_key_lengths(plan, shape.batch);
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
   declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,
@@ -465,6 +466,16 @@ void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const 
   else
     binder_.declare(plan, device, name + ".device", Category::data, dtype, shape);
   inputs_.emplace_back(host, device);
+}
+
+void Model::declare_key_lengths(MemoryPlan& plan, int64_t batch) {
+  binder_.declare(plan, &key_lengths_host_, "batch.key_lengths", Category::data, DType::i32,
+                  Shape{batch}, Placement::host);
+  if (device_traits(options_.device).host_memory)
+    binder_.alias(&key_lengths_, &key_lengths_host_);
+  else
+    declare(plan, &key_lengths_, "batch.key_lengths.device", Category::data, DType::i32,
+            Shape{batch});
 }
 
 void Model::declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device,
@@ -917,6 +928,12 @@ bool hides_keys(const Tensor& mask) {
 }
 }  // namespace
 
+KeyMask Model::key_mask() const {
+  if (!hides_keys_) return {};
+  if (keys_right_padded_) return {dev_batch_.attention_mask, key_lengths_};
+  return dev_batch_.attention_mask;
+}
+
 void Model::forward_step(Backend& be, const StepOptions& o) {
   BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
               "internal error: a tensor-parallel share runs without its group");
@@ -928,6 +945,9 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   prepare_batch();
   slice_inputs();
   hides_keys_ = hides_keys(batch_.attention_mask);
+  keys_right_padded_ =
+      hides_keys_ && right_padded_lengths(batch_.attention_mask, key_lengths_host_);
+  if (keys_right_padded_) be.upload(key_lengths_host_, key_lengths_);
   if (first_token() > 0) drop_sequence_labels();
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);

@@ -465,7 +465,12 @@ class Model : public BatchTarget {
   // blocks' attention runs unmasked (key_mask()), the same values without the mask's work (a
   // GPU's fused attention builds a [B, T, T] bias from it). BRISK_UNMASKED_ATTENTION=0 keeps it.
   bool hides_keys_ = true;
-  Tensor key_mask() const { return hides_keys_ ? dev_batch_.attention_mask : Tensor(); }
+  // Whether the mask is right-padded (each row keeps its first keys): then key_mask() gives the
+  // rows' key counts with it (key_lengths_, uploaded from key_lengths_host_ per micro-batch).
+  bool keys_right_padded_ = false;
+  Tensor key_lengths_host_, key_lengths_;
+  void declare_key_lengths(MemoryPlan& plan, int64_t batch);
+  KeyMask key_mask() const;
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
   // How the blocks' inputs are kept: each its own buffer, or (between the stage's first and last)
   // two buffers in turn, which backward reads nothing from (no gradients) or rebuilds.

@@ -393,7 +393,7 @@ const Tensor& sequence_split_qkv(Backend& be, const BlockStyle& st, Produce prod
 
 // Sequence parallelism's attention over every token of this rank's heads, its output rounded and
 // exchanged back into this rank's tokens of every head: the saved ctx (and its 16-bit copy).
-const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const KeyMask& key_mask,
                                        const Tensor& qkv, const BlockSaved& s,
                                        const BlockScratch& sc, const RngKey& key, int layer,
                                        const Tensor* copy) {
@@ -407,7 +407,7 @@ const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const 
 // Its backward: sc.d_ctx (this rank's tokens) and the saved output exchanged for every token of
 // this rank's heads, the attention's backward there, its input gradient exchanged back into
 // sc.d_qkv (this rank's tokens, every head).
-void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const KeyMask& key_mask,
                                        const BlockSaved& s, const BlockScratch& sc,
                                        const RngKey& key, int layer) {
   SequenceGroup& group = *st.sequence_group;
@@ -592,7 +592,7 @@ void declare_block_scratch(MemoryPlan& plan, BufferBinder& binder, BlockScratch&
   add(&s.heads_qkv, "heads_qkv", Shape{d.batch, T, d.heads_qkv_width()});
 }
 
-void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_mask,
+void block_attention_core(Backend& be, const BlockStyle& st, const KeyMask& key_mask,
                           const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
                           const Tensor& out, const RngKey& key, int layer, const Tensor* stored) {
   // qkv holds every token (of this rank's heads, under sequence parallelism): out, as many
@@ -613,7 +613,7 @@ void block_attention_core(Backend& be, const BlockStyle& st, const Tensor& key_m
 }
 
 void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, const Tensor& x,
-                   const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
+                   const KeyMask& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer,
                    const BlockSaved* stored) {
   auto copy = [&](const Tensor BlockSaved::*member) { return stored_copy(stored, member); };
@@ -723,7 +723,7 @@ void sparse_mlp_backward(Backend& be, const BlockStyle& st, const BlockSaved& s,
 }  // namespace
 
 void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, const BlockParams& g,
-                    const Tensor& x, const Tensor& key_mask, const BlockSaved& s,
+                    const Tensor& x, const KeyMask& key_mask, const BlockSaved& s,
                     const BlockScratch& sc, const Tensor& dh, const RngKey& key, int layer,
                     bool accumulate_dw) {
   // In mixed precision the gradients of 16-bit activations are 16-bit too (rounded here), so an

@@ -220,7 +220,7 @@ uint32_t block_rng_site(int layer, int which);
 // 16-bit copies and their readers read those; s's float32 ones are then scratch (m_in of a
 // post-norm block, a residual too, stays rounded in s as well).
 void block_forward(Backend& be, const BlockStyle& style, const BlockParams& w, const Tensor& x,
-                   const Tensor& key_mask, const Tensor& out, const BlockSaved& s,
+                   const KeyMask& key_mask, const Tensor& out, const BlockSaved& s,
                    const BlockScratch& scratch, const RngKey& key, int layer,
                    const BlockSaved* stored = nullptr);
 
@@ -242,7 +242,7 @@ void post_norm_output(Backend& be, const BlockStyle& style, const BlockParams& w
 // `stored` is given rounded into that 16-bit copy (out then scratch: attention_forward_stored).
 // Selective recomputation calls it in backward to rebuild the statistics it did not keep,
 // bit-identical to the first pass.
-void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& key_mask,
+void block_attention_core(Backend& be, const BlockStyle& style, const KeyMask& key_mask,
                           const Tensor& qkv, const BlockSaved& s, const BlockScratch& scratch,
                           const Tensor& out, const RngKey& key, int layer,
                           const Tensor* stored = nullptr);
@@ -251,7 +251,7 @@ void block_attention_core(Backend& be, const BlockStyle& style, const Tensor& ke
 // Parameter gradients accumulate into g; the linear layers' weight and bias gradients are
 // written instead when `accumulate_dw` is false (the step's first micro-batch).
 void block_backward(Backend& be, const BlockStyle& style, const BlockParams& w,
-                    const BlockParams& g, const Tensor& x, const Tensor& key_mask,
+                    const BlockParams& g, const Tensor& x, const KeyMask& key_mask,
                     const BlockSaved& s, const BlockScratch& scratch, const Tensor& dh,
                     const RngKey& key, int layer, bool accumulate_dw);
 

@@ -173,6 +173,74 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
   return c;
 }
 
+// A right-padded batch: row b keeps its first {T - 1, T / 3, 1}[b % 3] keys, passed as the mask and
+// its rows' key counts (KeyMask::lengths), which a backend may read instead. The outputs against
+// the fp64 reference (the gradient by finite differences where `differences`, in the small cases),
+// and against the same call given the mask alone: the same values (a backend that skips the
+// padded keys adds no terms but zeros, in an order that may differ).
+OpCase padded_attention_case(AttentionShape s, bool causal, float p, bool differences) {
+  const auto [B, T, H, K, D] = s;
+  const int64_t C = H * D, W = (H + 2 * K) * D;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const RngKey key{42, 3, 5};
+  OpCase c;
+  c.name = "attention_B" + std::to_string(B) + "_T" + std::to_string(T) + "_H" + std::to_string(H) +
+           "_K" + std::to_string(K) + "_D" + std::to_string(D) + "_padded" +
+           (causal ? "_causal" : "") + (p > 0 ? "_dropout" : "");
+  auto kept = [=](int64_t b) {
+    return b % 3 == 0 ? T - 1 : b % 3 == 1 ? std::max<int64_t>(1, T / 3) : 1;
+  };
+  c.inputs = [=](std::mt19937& rng) {
+    Vec m(static_cast<size_t>(B * T), 0.0);
+    for (int64_t b = 0; b < B; ++b) std::fill(m.begin() + b * T, m.begin() + b * T + kept(b), 1.0);
+    return Values{{"qkv", randn_d(B * T * W, rng)}, {"mask", m}, {"dout", randn_d(B * T * C, rng)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    const AttentionBuffers ab = attention_buffers(be.device(), B, H, T, D);
+    DeviceBuffers d(be);
+    std::vector<int32_t> n(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) n[static_cast<size_t>(b)] = static_cast<int32_t>(kept(b));
+    const Tensor q = d.put_as(in.at("qkv"), {B, T, W});
+    const Tensor m = d.put_as(in.at("mask"), {B, T}, DType::i32);
+    const KeyMask padded(m, d.put(n, {B}));
+    const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
+    const Tensor g = d.put_as(in.at("dout"), {B, T, C});
+    const int h = static_cast<int>(H), k = static_cast<int>(K);
+    Values v;
+    for (const KeyMask* mask : {&padded, static_cast<const KeyMask*>(nullptr)}) {
+      const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
+      const Tensor dq = d.put(FVec(B * T * W, -7.f), {B, T, W});
+      const KeyMask& used = mask ? *mask : KeyMask(m);
+      be.attention_forward(q, used, causal, h, k, scale, p, key, stats, scratch, out);
+      be.attention_backward(g, q, out, stats, used, causal, h, k, scale, p, key, scratch, dq,
+                            DType::f32, DType::f32);
+      if (mask) {
+        v["out"] = d.values(out);
+        v["dqkv"] = d.values(dq);
+      } else {
+        v["out_padded_less_masked"] = minus(v["out"], d.values(out));
+        v["dqkv_padded_less_masked"] = minus(v["dqkv"], d.values(dq));
+      }
+    }
+    return v;
+  };
+  c.reference = [=](const Values& in) {
+    auto f = [&](const Vec& v) {
+      return ref_attention(v, in.at("mask"), causal, B, T, H, K, D, scale, p, key);
+    };
+    Values want{{"out", f(in.at("qkv"))},
+                {"out_padded_less_masked", Vec(static_cast<size_t>(B * T * C), 0.0)},
+                {"dqkv_padded_less_masked", Vec(static_cast<size_t>(B * T * W), 0.0)}};
+    if (differences) want["dqkv"] = fd_vjp(in.at("qkv"), f, in.at("dout"));
+    return want;
+  };
+  c.checks = {{"out", Metric::elementwise, 1e-5, 1e-5},
+              {"out_padded_less_masked", Metric::elementwise, 1e-6, 1e-6},
+              {"dqkv_padded_less_masked", Metric::elementwise, 1e-6, 1e-6}};
+  if (differences) c.checks.push_back({"dqkv", Metric::normwise, 1e-4, 1e-5});
+  return c;
+}
+
 // A prompt and then further chunks fed to attention_decode over caches of S positions: each
 // chunk's output is the causal attention of the whole sequence at its positions, and the caches
 // hold every position's key and value (zeros after).
@@ -273,6 +341,14 @@ std::vector<OpCase> attention_cases() {
         for (bool causal : {false, true})
           cases.push_back(
               attention_case({2, T, H, K, D}, 1.0, Mask::none, causal, causal ? 0.1f : 0.f, false));
+  // Right-padded batches given with their rows' key counts: small against finite differences; a
+  // CPU's several blocks of queries (T = 130), odd key counts (15, 43).
+  for (bool causal : {false, true})
+    for (float p : {0.f, 0.3f}) cases.push_back(padded_attention_case(mha, causal, p, true));
+  cases.push_back(padded_attention_case({2, 5, 4, 2, 3}, true, 0.2f, true));
+  for (int64_t T : {45, 130})
+    for (bool causal : {false, true})
+      cases.push_back(padded_attention_case({3, T, 2, 2, 64}, causal, causal ? 0.1f : 0.f, false));
   // Decoding: a prompt, one token, more tokens; at the usual scale and another.
   cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, 1.0));
   cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, std::sqrt(5.0)));

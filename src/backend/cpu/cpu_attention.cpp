@@ -446,6 +446,7 @@ struct AttnCall {
   PackedRow row_of;
   HeadSrc base;                  // packed qkv
   const int32_t* mask;           // [B, T] or null
+  const int32_t* lengths;        // [B]: a right-padded mask's keys per row, or null
   float* scratch;                // the tasks' slots, per_task floats each
   int64_t ld, per_task;          // qkv's row stride; floats per slot
   int64_t half, Te, block_rows;  // D / 2 (bf16 pairs); even(T); query rows per block
@@ -458,9 +459,24 @@ struct AttnCall {
   Products product;
 };
 
+// Throws naming `op` unless each row's key length is in [1, T] and its mask row keeps exactly its
+// first that many keys: the CPU reads the lengths to skip a right-padded row's padding.
+void check_key_lengths(const KeyMask& m, int64_t T, const char* op) {
+  if (m.lengths.empty()) return;
+  for (int64_t b = 0; b < m.lengths.numel(); ++b) {
+    const int32_t n = m.lengths.i32()[b];
+    BRISK_CHECK(n >= 1 && n <= T, op, ": key length ", n, " of row ", b, " is outside [1, ", T,
+                "]");
+    const int32_t* row = m.keep.i32() + b * T;
+    BRISK_CHECK(std::all_of(row, row + n, [](int32_t v) { return v != 0; }) &&
+                    std::all_of(row + n, row + T, [](int32_t v) { return v == 0; }),
+                op, ": row ", b, " of the key mask does not keep exactly its first ", n, " keys");
+  }
+}
+
 // The call's constants from its checked arguments (`units`: prepare_attention_products's answer;
 // `round`: bf16 mode, the probabilities rounded to bf16 for the products that read them).
-AttnCall make_call(const AttnDims& d, const HeadSrc& base, const Tensor& key_mask,
+AttnCall make_call(const AttnDims& d, const HeadSrc& base, const KeyMask& key_mask,
                    const Tensor& scratch, int64_t per_task, bool causal, float scale,
                    float dropout_p, const RngKey& key, bool round, bool units, bool f32_choice,
                    const std::vector<std::unique_ptr<DnnlMatmul>>& dnnl) {
@@ -469,7 +485,8 @@ AttnCall make_call(const AttnDims& d, const HeadSrc& base, const Tensor& key_mas
   return AttnCall{.d = d,
                   .row_of = row_of,
                   .base = base,
-                  .mask = key_mask.empty() ? nullptr : key_mask.i32(),
+                  .mask = key_mask.empty() ? nullptr : key_mask.keep.i32(),
+                  .lengths = key_mask.lengths.empty() ? nullptr : key_mask.lengths.i32(),
                   .scratch = scratch.f32(),
                   .ld = row_of.ld,
                   .per_task = per_task,
@@ -486,6 +503,12 @@ AttnCall make_call(const AttnDims& d, const HeadSrc& base, const Tensor& key_mas
                   .dropout_p = dropout_p,
                   .key = key,
                   .product = Products{dnnl, f32_tiles}};
+}
+
+// The keys batch row b's queries read: every key, or a right-padded row's kept keys (the rest
+// skipped; an odd count is as a causal block's, the bf16 tiles' rows zeroed after it).
+int64_t key_span(const AttnCall& c, int64_t b) {
+  return c.lengths ? std::min<int64_t>(c.d.T, c.lengths[b]) : c.d.T;
 }
 
 // A forward task's operands: the scratch slot and, for the library products, q, k and v.
@@ -528,7 +551,8 @@ void forward_block(const AttnCall& c, const ForwardOperands& op, int64_t bh, int
   const TaskScratch& ts = op.ts;
   const TileScratch& tt = op.tt;
   const int32_t* mask_b = c.mask ? c.mask + bh / d.H * d.T : nullptr;
-  const int64_t rows = std::min(c.block_rows, d.T - i0), keys = c.causal ? i0 + rows : d.T;
+  const int64_t rows = std::min(c.block_rows, d.T - i0);
+  const int64_t keys = std::min(c.causal ? i0 + rows : d.T, key_span(c, bh / d.H));
   if (c.tiles)
     bf16_pair_product(rows, keys, c.half, tt.q16 + i0 * c.half, c.half, 1, tt.kt, c.Te, false, ts.s,
                       d.T);
@@ -537,7 +561,7 @@ void forward_block(const AttnCall& c, const ForwardOperands& op, int64_t bh, int
   // The tiles without dropout: the probabilities straight into their bf16 rows.
   const bool direct = c.tiles && c.dropout_p == 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r, visible = c.causal ? i + 1 : keys;
+    const int64_t i = i0 + r, visible = c.causal ? std::min(i + 1, keys) : keys;
     float* row = ts.s + r * d.T;
     if (direct) {
       lse[bh * d.T + i] = softmax_row_bf16(row, keys, visible, mask_b, c.scale,
@@ -567,7 +591,7 @@ void forward_task(const AttnCall& c, int64_t bh, float* lse, float* o) {
 }
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
+void CpuBackend::attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                    int heads, int kv_heads, float scale, float dropout_p,
                                    const RngKey& key, const Tensor& stats, const Tensor& scratch,
                                    const Tensor& out) {
@@ -577,7 +601,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bo
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
-  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
+  check_key_mask(key_mask, d.B, d.T, "attention_forward");
+  check_key_lengths(key_mask, d.T, "attention_forward");
   BRISK_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, "attention dropout ", dropout_p,
               " is outside [0, 1)");
   const int64_t per_task = cpu_attention_scratch_floats(d.T, d.D);
@@ -678,8 +703,8 @@ void recompute_block(const AttnCall& c, const BackwardOperands& op, const Backwa
               d.T);
   for (int64_t r = 0; r < blk.rows; ++r) {
     const int64_t i = blk.i0 + r;
-    recompute_row(op.ts.s + r * d.T, blk.keys, c.causal ? i + 1 : blk.keys, mask_b, c.scale,
-                  lse[blk.bh * d.T + i]);
+    recompute_row(op.ts.s + r * d.T, blk.keys, c.causal ? std::min(i + 1, blk.keys) : blk.keys,
+                  mask_b, c.scale, lse[blk.bh * d.T + i]);
   }
 }
 
@@ -791,7 +816,8 @@ void backward_task(const AttnCall& c, int64_t bk, const float* g, const float* l
     float* dq = dbase + token0 + c.row_of.q(d, h);
     query_operands(c, c.base.at(token0 + c.row_of.q(d, h)), g + b * d.T * d.C + h * d.D, op);
     for (int64_t i0 = 0; i0 < d.T; i0 += c.block_rows) {
-      const int64_t rows = std::min(c.block_rows, d.T - i0), keys = c.causal ? i0 + rows : d.T;
+      const int64_t rows = std::min(c.block_rows, d.T - i0);
+      const int64_t keys = std::min(c.causal ? i0 + rows : d.T, key_span(c, b));
       backward_block(c, op, BackwardBlock{b * d.H + h, i0, rows, keys}, lse, dq, dk, dv);
     }
   }
@@ -805,7 +831,7 @@ void backward_task(const AttnCall& c, int64_t bk, const float* g, const float* l
 // dropped-out probabilities), dP = dropout'(dO V^T), dS = P * (dP - sum_j P dP) * scale,
 // dQ = dS K and dK += dS^T Q.
 Tensor CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
-                                      const Tensor& stats, const Tensor& key_mask, bool causal,
+                                      const Tensor& stats, const KeyMask& key_mask, bool causal,
                                       int heads, int kv_heads, float scale, float dropout_p,
                                       const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
                                       DType round_dout, DType round_dqkv) {
@@ -816,7 +842,8 @@ Tensor CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, con
   expect(stats, DType::f32, want.stats, "attention_backward statistics");
   expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
-  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention mask");
+  check_key_mask(key_mask, d.B, d.T, "attention_backward");
+  check_key_lengths(key_mask, d.T, "attention_backward");
   const int64_t per_task = cpu_attention_scratch_floats(d.T, d.D);
   check_operand(qkv, "attention_backward qkv");  // float32, or bf16 in bf16 mode
   const HeadSrc base{qkv.data(), qkv.dtype() == DType::bf16};

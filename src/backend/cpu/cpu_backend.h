@@ -90,11 +90,11 @@ class CpuBackend final : public Backend {
                           const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                           const Tensor& dtype_table, const VocabShard& shard) override;
 
-  void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+  void attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& probs, const Tensor& scratch, const Tensor& out) override;
   Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                            const Tensor& probs, const Tensor& key_mask, bool causal, int heads,
+                            const Tensor& probs, const KeyMask& key_mask, bool causal, int heads,
                             int kv_heads, float scale, float dropout_p, const RngKey& key,
                             const Tensor& scratch, const Tensor& dqkv, DType round_dout,
                             DType round_dqkv) override;

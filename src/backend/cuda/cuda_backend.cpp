@@ -41,6 +41,11 @@ int32_t* dev_i32(const Tensor& t, const char* what) {
 const int32_t* ids_or_null(const Tensor& t, const char* what) {
   return t.empty() ? nullptr : dev_i32(t, what);
 }
+// Throws unless the key mask's tensors are in GPU memory.
+void check_mask_on_device(const KeyMask& m) {
+  ids_or_null(m.keep, "the attention's key mask");
+  ids_or_null(m.lengths, "the attention's key lengths");
+}
 void same_numel(const Tensor& a, const Tensor& b, const char* op) {
   BRISK_CHECK(a.numel() == b.numel(), op, ": element counts differ (", a.shape().str(), " vs ",
               b.shape().str(), ")");
@@ -595,7 +600,7 @@ bool CudaBackend::keeps_attention_dtype(const cuda::FusedAttentionShape& s) cons
   return wanted && bf16_activations(s.dtype);
 }
 
-void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal,
+void CudaBackend::attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& stats, const Tensor& scratch,
                                     const Tensor& out) {
@@ -603,7 +608,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& key_mask, b
                        scratch, out, nullptr);
 }
 
-void CudaBackend::attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal,
+void CudaBackend::attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                            int heads, int kv_heads, float scale, float dropout_p,
                                            const RngKey& key, const Tensor& stats,
                                            const Tensor& scratch, const Tensor& out,
@@ -615,7 +620,7 @@ void CudaBackend::attention_forward_stored(const Tensor& qkv, const Tensor& key_
                        scratch, out, &stored);
 }
 
-void CudaBackend::attention_forward_to(const Tensor& qkv, const Tensor& key_mask, bool causal,
+void CudaBackend::attention_forward_to(const Tensor& qkv, const KeyMask& key_mask, bool causal,
                                        int heads, int kv_heads, float scale, float dropout_p,
                                        const RngKey& key, const Tensor& stats,
                                        const Tensor& scratch, const Tensor& out,
@@ -625,17 +630,18 @@ void CudaBackend::attention_forward_to(const Tensor& qkv, const Tensor& key_mask
   const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
   expect(stats, DType::f32, want.stats, "attention_forward statistics");
   expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
-  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  check_key_mask(key_mask, d.B, d.T, "attention_forward");
+  check_mask_on_device(key_mask);
   const cuda::In q = dev_in(qkv, "qkv");
-  if (const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p)) {
+  if (const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p)) {
     expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
     const bool direct = stored && stored->dtype() == fused->dtype && keeps_attention_dtype(*fused);
     fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, direct ? *stored : out);
     if (stored && !direct) cast(out, *stored);
     return;
   }
-  cuda::attention_forward(stream_, q, ids_or_null(key_mask, "key mask"), causal, d.B, d.T, d.H, d.K,
-                          d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
+  cuda::attention_forward(stream_, q, ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H,
+                          d.K, d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
                           dev(out, "attention output"));
   if (stored) cast(out, *stored);
 }
@@ -655,7 +661,7 @@ void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, con
 }
 
 Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                       const Tensor& stats, const Tensor& key_mask, bool causal,
+                                       const Tensor& stats, const KeyMask& key_mask, bool causal,
                                        int heads, int kv_heads, float scale, float dropout_p,
                                        const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
                                        DType round_dout, DType round_dqkv) {
@@ -667,11 +673,12 @@ Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, co
   expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
   expect(out, out.dtype(), Shape{d.B, d.T, d.C}, "attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
-  if (!key_mask.empty()) expect(key_mask, DType::i32, Shape{d.B, d.T}, "attention key mask");
+  check_key_mask(key_mask, d.B, d.T, "attention_backward");
+  check_mask_on_device(key_mask);
   check_rounding(round_dout, "attention_backward");
   check_rounding(round_dqkv, "attention_backward");
   const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
-  const auto fused = fused_attention(d, !key_mask.empty(), causal, scale, dropout_p);
+  const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p);
   // The fused attention takes dout in its 16-bit dtype and gives dqkv in it: roundings to that
   // dtype are its own casts (round to nearest even, exact back to float32), or where products
   // read it, dqkv is left in it (in dqkv's memory).
@@ -682,10 +689,10 @@ Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, co
     fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv,
                              keeps_own);
   } else {
-    cuda::attention_backward(stream_, dev(dout, "attention gradient"), q, o,
-                             dev(stats, "attention statistics"), ids_or_null(key_mask, "key mask"),
-                             causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p, key,
-                             dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+    cuda::attention_backward(
+        stream_, dev(dout, "attention gradient"), q, o, dev(stats, "attention statistics"),
+        ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p,
+        key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
   }
   if (round_dqkv != DType::f32 && round_dqkv != own) round_to(round_dqkv, dqkv);
   return keeps_own ? Tensor(dqkv.data(), dqkv.shape(), own, Device::cuda) : dqkv;

@@ -148,15 +148,15 @@ class CudaBackend final : public Backend {
                           const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
                           const Tensor& dtype_table, const VocabShard& shard) override;
 
-  void attention_forward(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+  void attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
                          const Tensor& stats, const Tensor& scratch, const Tensor& out) override;
-  void attention_forward_stored(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+  void attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                                 int kv_heads, float scale, float dropout_p, const RngKey& key,
                                 const Tensor& stats, const Tensor& scratch, const Tensor& out,
                                 const Tensor& stored) override;
   Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                            const Tensor& stats, const Tensor& key_mask, bool causal, int heads,
+                            const Tensor& stats, const KeyMask& key_mask, bool causal, int heads,
                             int kv_heads, float scale, float dropout_p, const RngKey& key,
                             const Tensor& scratch, const Tensor& dqkv, DType round_dout,
                             DType round_dqkv) override;
@@ -273,15 +273,15 @@ class CudaBackend final : public Backend {
   // and cuDNN builds both its graphs (cuda_fused_attention.cpp); otherwise nullopt, and the
   // float32 kernels run. A function of the arguments and the plan alone, so a backward takes the
   // path its forward took.
-  std::optional<cuda::FusedAttentionShape> fused_attention(const AttentionDims& d, bool masked,
-                                                           bool causal, float scale,
-                                                           float dropout_p) const;
+  std::optional<cuda::FusedAttentionShape> fused_attention(const AttentionDims& d,
+                                                           const KeyMask& mask, bool causal,
+                                                           float scale, float dropout_p) const;
   cuda::FusedAttentionArgs fused_attention_inputs(const cuda::FusedAttentionShape& s,
-                                                  const Tensor& key_mask, const RngKey& key,
+                                                  const KeyMask& key_mask, const RngKey& key,
                                                   const Tensor& scratch);
   // Both attention_forward calls: the output into out, or (stored given) rounded into *stored,
   // straight from the fused attention where it gives stored's dtype.
-  void attention_forward_to(const Tensor& qkv, const Tensor& key_mask, bool causal, int heads,
+  void attention_forward_to(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                             int kv_heads, float scale, float dropout_p, const RngKey& key,
                             const Tensor& stats, const Tensor& scratch, const Tensor& out,
                             const Tensor* stored);
@@ -291,11 +291,11 @@ class CudaBackend final : public Backend {
   bool keeps_attention_dtype(const cuda::FusedAttentionShape& s) const;
   // out: float32 (cast from the attention's own dtype), or in that dtype, written as it is.
   void fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
-                               const Tensor& key_mask, const RngKey& key, const Tensor& stats,
+                               const KeyMask& key_mask, const RngKey& key, const Tensor& stats,
                                const Tensor& scratch, const Tensor& out);
   void fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
                                 const Tensor& qkv, const Tensor& out, const Tensor& stats,
-                                const Tensor& key_mask, const RngKey& key, const Tensor& scratch,
+                                const KeyMask& key_mask, const RngKey& key, const Tensor& scratch,
                                 const Tensor& dqkv, bool keeps_dtype);
 
   cudaStream_t stream_ = nullptr;

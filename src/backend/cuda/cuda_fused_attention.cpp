@@ -3,8 +3,10 @@
 // the product dtype (a bf16 run's saved activations), else cast to it into the planned operand
 // buffers (they hold 16-bit values already: the block rounds them); cuDNN runs, and its 16-bit
 // results are cast back into the float32 containers (dqkv: or left in its dtype in its container's
-// memory, for products that read it so). The key mask's bias and cuDNN's
-// workspace live in the planned attention workspace, the dropout seed in the attention scratch.
+// memory, for products that read it so). The key mask - a bias, or for a right-padded batch each
+// row's query and key counts (cuDNN's padding mask, the key counts read where the model put them)
+// - and cuDNN's workspace live in the planned attention workspace, the dropout seed in the
+// attention scratch.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -19,10 +21,15 @@ bool fused_attention_wanted() {
   static const bool wanted = !switched_off("BRISK_FUSED_ATTENTION");
   return wanted;
 }
-// Bytes of the bias at the start of the attention workspace, rounded up to 256.
-int64_t bias_bytes(const cuda::FusedAttentionShape& s) {
-  if (!s.masked) return 0;
-  const int64_t n = s.B * s.T * s.T * 2;
+// BRISK_ATTENTION_PADDING_MASK=0 passes a right-padded batch's mask as a bias too (to compare).
+bool padding_mask_wanted() {
+  static const bool wanted = !switched_off("BRISK_ATTENTION_PADDING_MASK");
+  return wanted;
+}
+// Bytes of the mask at the start of the attention workspace (the bias, or a padded shape's
+// queries per row), rounded up to 256.
+int64_t mask_bytes(const cuda::FusedAttentionShape& s) {
+  const int64_t n = s.masked ? s.B * s.T * s.T * 2 : s.padded ? s.B * 4 : 0;
   return (n + 255) / 256 * 256;
 }
 
@@ -49,8 +56,8 @@ void* in_dtype(cudaStream_t stream, const Tensor& t, DType dtype, void* staging)
 }  // namespace
 
 std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const AttentionDims& d,
-                                                                      bool masked, bool causal,
-                                                                      float scale,
+                                                                      const KeyMask& mask,
+                                                                      bool causal, float scale,
                                                                       float dropout_p) const {
   if (matmul_dtype_ == DType::f32 || !fused_attention_wanted()) return std::nullopt;
   // 16-bit q, k, v and output in A's buffer, their gradients in B's; the seed in the attention
@@ -61,34 +68,38 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
     return std::nullopt;
   cuda::FusedAttentionShape shape;
   shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
-  shape.causal = causal, shape.masked = masked;
+  shape.padded = !mask.lengths.empty() && padding_mask_wanted();
+  shape.causal = causal, shape.masked = !mask.empty() && !shape.padded;
   shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
   int64_t workspace = 0;
   if (!cuda::fused_attention_supported(shape, nullptr, &workspace) ||
-      bias_bytes(shape) + workspace > static_cast<int64_t>(ws_.attention_workspace.bytes()))
+      mask_bytes(shape) + workspace > static_cast<int64_t>(ws_.attention_workspace.bytes()))
     return std::nullopt;
   return shape;
 }
 
 cuda::FusedAttentionArgs CudaBackend::fused_attention_inputs(const cuda::FusedAttentionShape& s,
-                                                             const Tensor& key_mask,
+                                                             const KeyMask& key_mask,
                                                              const RngKey& key,
                                                              const Tensor& scratch) {
   cuda::FusedAttentionArgs a;
   auto* seed_offset = static_cast<int64_t*>(scratch.data());
-  char* bias = static_cast<char*>(ws_.attention_workspace.data());
-  cuda::fused_attention_inputs(stream_, key_mask.empty() ? nullptr : key_mask.i32(), s.B, s.T,
-                               s.dtype, s.masked ? bias : nullptr,
-                               s.dropout_p > 0 ? seed_offset : nullptr, dropout_seed(key));
-  a.bias = s.masked ? bias : nullptr;
+  char* mask = static_cast<char*>(ws_.attention_workspace.data());
+  auto* seq_len_q = reinterpret_cast<int32_t*>(mask);
+  cuda::fused_attention_inputs(stream_, s.masked ? key_mask.keep.i32() : nullptr, s.B, s.T, s.dtype,
+                               s.masked ? mask : nullptr, s.dropout_p > 0 ? seed_offset : nullptr,
+                               dropout_seed(key), s.padded ? seq_len_q : nullptr);
+  a.bias = s.masked ? mask : nullptr;
+  a.seq_len_q = s.padded ? seq_len_q : nullptr;
+  a.seq_len_kv = s.padded ? key_mask.lengths.i32() : nullptr;
   a.seed_offset = s.dropout_p > 0 ? seed_offset : nullptr;
-  a.workspace = bias + bias_bytes(s);
-  a.workspace_bytes = static_cast<int64_t>(ws_.attention_workspace.bytes()) - bias_bytes(s);
+  a.workspace = mask + mask_bytes(s);
+  a.workspace_bytes = static_cast<int64_t>(ws_.attention_workspace.bytes()) - mask_bytes(s);
   return a;
 }
 
 void CudaBackend::fused_attention_forward(const cuda::FusedAttentionShape& s, const Tensor& qkv,
-                                          const Tensor& key_mask, const RngKey& key,
+                                          const KeyMask& key_mask, const RngKey& key,
                                           const Tensor& stats, const Tensor& scratch,
                                           const Tensor& out) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);
@@ -104,7 +115,7 @@ void CudaBackend::fused_attention_forward(const cuda::FusedAttentionShape& s, co
 
 void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, const Tensor& dout,
                                            const Tensor& qkv, const Tensor& out,
-                                           const Tensor& stats, const Tensor& key_mask,
+                                           const Tensor& stats, const KeyMask& key_mask,
                                            const RngKey& key, const Tensor& scratch,
                                            const Tensor& dqkv, bool keeps_dtype) {
   cuda::FusedAttentionArgs a = fused_attention_inputs(s, key_mask, key, scratch);

@@ -263,8 +263,9 @@ void attention_backward(cudaStream_t s, const float* dout, In qkv, In out, const
 // The fused (cuDNN) attention's side inputs: bias [B,1,T,T] in the 16-bit `dtype` (for every query,
 // 0 where key_mask keeps the key, a large negative number elsewhere) when key_mask is given, and
 // seed_offset = {seed, 0} (cuDNN's dropout Philox seed and offset, int64) when seed_offset is
-// given.
+// given, and seq_len_q [B] = T (a padding mask's queries per row: every row's) when given.
 void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
-                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed);
+                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed,
+                            int32_t* seq_len_q);
 
 }  // namespace brisk::cuda

@@ -33,7 +33,22 @@ using Graph = fe::graph::Graph;
 using TensorAttr = fe::graph::Tensor_attributes;
 
 // The graphs' tensors by uid, so that a call maps pointers without keeping tensor handles.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kBias,
+  kSeed,
+  kOffset,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqLenQ,
+  kSeqLenKV
+};
 
 #define BRISK_STRINGIFY2(x) #x
 #define BRISK_STRINGIFY(x) BRISK_STRINGIFY2(x)
@@ -116,7 +131,7 @@ void set_output(const std::shared_ptr<TensorAttr>& t, Uid uid, std::vector<int64
 }
 
 struct Inputs {
-  std::shared_ptr<TensorAttr> q, k, v, bias, seed, offset;
+  std::shared_ptr<TensorAttr> q, k, v, bias, seq_len_q, seq_len_kv, seed, offset;
 };
 
 Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
@@ -132,6 +147,12 @@ Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
   // forward too.
   if (s.masked)
     in.bias = add_tensor(g, kBias, "bias", {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}, io);
+  // A right-padded batch's mask as cuDNN's padding mask: queries per row (all T) and keys per row.
+  if (s.padded) {
+    const std::vector<int64_t> per_row{s.B, 1, 1, 1}, strides{1, 1, 1, 1};
+    in.seq_len_q = add_tensor(g, kSeqLenQ, "seq_len_q", per_row, strides, fe::DataType_t::INT32);
+    in.seq_len_kv = add_tensor(g, kSeqLenKV, "seq_len_kv", per_row, strides, fe::DataType_t::INT32);
+  }
   if (s.dropout_p > 0) {
     in.seed = add_tensor(g, kSeed, "seed", {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
     in.offset = add_tensor(g, kOffset, "offset", {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
@@ -139,11 +160,13 @@ Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
   return in;
 }
 
-// Sets what forward and backward attributes share: scale, causality, bias and dropout.
+// Sets what forward and backward attributes share: scale, causality, the mask and dropout.
 template <typename Attributes>
 void set_common(Attributes& a, const FusedAttentionShape& s, const Inputs& in) {
   a.set_attn_scale(s.scale).set_causal_mask(s.causal);
   if (in.bias) a.set_bias(in.bias);
+  if (in.seq_len_q)
+    a.set_padding_mask(true).set_seq_len_q(in.seq_len_q).set_seq_len_kv(in.seq_len_kv);
   if (in.seed) a.set_dropout(s.dropout_p, in.seed, in.offset);
 }
 
@@ -265,7 +288,7 @@ void execute(cudaStream_t stream, const Graph& g, int64_t need,
   BRISK_CHECK(st.is_good(), op, ": cuDNN: ", st.get_message());
 }
 
-// Maps the inputs forward and backward share: q, k and v inside packed qkv, bias, seed, offset.
+// Maps the inputs forward and backward share: q, k and v inside packed qkv, the mask, seed, offset.
 std::unordered_map<int64_t, void*> input_pointers(const FusedAttentionShape& s,
                                                   const FusedAttentionArgs& a, void* qkv) {
   const int64_t width = static_cast<int64_t>(dtype_size(s.dtype));
@@ -273,6 +296,10 @@ std::unordered_map<int64_t, void*> input_pointers(const FusedAttentionShape& s,
   std::unordered_map<int64_t, void*> p{
       {kQ, base}, {kK, base + s.H * s.D * width}, {kV, base + (s.H + s.K) * s.D * width}};
   if (s.masked) p[kBias] = const_cast<void*>(a.bias);
+  if (s.padded) {
+    p[kSeqLenQ] = const_cast<int32_t*>(a.seq_len_q);
+    p[kSeqLenKV] = const_cast<int32_t*>(a.seq_len_kv);
+  }
   if (s.dropout_p > 0) {
     p[kSeed] = const_cast<int64_t*>(a.seed_offset);
     p[kOffset] = const_cast<int64_t*>(a.seed_offset + 1);

@@ -21,6 +21,7 @@ struct FusedAttentionShape {
   int64_t B = 0, T = 0, H = 0, K = 0, D = 0;
   bool causal = false;
   bool masked = false;  // a key mask, passed as an additive bias [B, 1, T, T]
+  bool padded = false;  // a right-padded batch's key mask, as each row's key count (no bias)
   float scale = 1.0f;
   float dropout_p = 0.0f;
   DType dtype = DType::bf16;  // of q, k, v, the output and their gradients
@@ -29,11 +30,14 @@ struct FusedAttentionShape {
 
 // Device pointers of one call. qkv, out, dout and dqkv are in `dtype`; stats is float32 [B,H,T]
 // (the natural log-sum-exp of each query row's scaled scores, as the forward writes it); bias is
-// `dtype` [B,1,T,T] or null; seed_offset is int64 [2] (cuDNN's Philox seed and offset) or null
-// without dropout. The workspace is `workspace_bytes` of device memory.
+// `dtype` [B,1,T,T] or null; seq_len_q and seq_len_kv are int32 [B] (a padded shape's queries per
+// row, T each, and keys per row) or null; seed_offset is int64 [2] (cuDNN's Philox seed and offset)
+// or null without dropout. The workspace is `workspace_bytes` of device memory.
 struct FusedAttentionArgs {
   const void* qkv = nullptr;
   const void* bias = nullptr;
+  const int32_t* seq_len_q = nullptr;
+  const int32_t* seq_len_kv = nullptr;
   const int64_t* seed_offset = nullptr;
   void* out = nullptr;
   float* stats = nullptr;
