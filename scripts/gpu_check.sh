@@ -99,8 +99,8 @@ for what in "${@:-tests}"; do
       done | tee "$OUT/mlm.log" ;;
     padded)  # right-padded fine-tuning batches: bert-large classification, bf16, batch $BATCH (32)
       # x 512 (--pad_to_max_length), rows of about 40 to 500 tokens, $STEPS (40) steps; cuDNN's
-      # padding mask (this build's default) against the mask as a bias
-      # (BRISK_ATTENTION_PADDING_MASK=0), alternated
+      # padding mask (this build's default) against the mask alone, as a bias
+      # (BRISK_KEY_LENGTHS=0), alternated
       t=/tmp/padded_bench; mkdir -p $t
       python3 - $t/train.csv <<'PY'
 import random, sys
@@ -112,14 +112,14 @@ with open(sys.argv[1], "w") as f:
         n = random.randint(30, 400)
         f.write('"%s",%d\n' % (" ".join(random.choice(words) for _ in range(n)), i % 2))
 PY
-      for mask in 0 1 0 1; do
-        BRISK_ATTENTION_PADDING_MASK=$mask build-gpu/brisk train --device cuda \
+      for counts in 0 1 0 1; do
+        BRISK_KEY_LENGTHS=$counts build-gpu/brisk train --device cuda \
           --model bert-large-uncased --tokenizer_name tests/fixtures/tokenizer/wordpiece \
           --train_file $t/train.csv --max_seq_length 512 --pad_to_max_length true \
           --per_device_train_batch_size ${BATCH:-32} --bf16 true --max_steps ${STEPS:-40} \
           --logging_steps 1000000 --save_strategy no --output_dir $t/out --disable_tqdm true \
-          >"$OUT/padded_mask$mask.log" 2>&1
-        echo "padding mask=$mask: $(grep -o '"train_samples_per_second": *[0-9.]*' \
+          >"$OUT/padded_counts$counts.log" 2>&1
+        echo "key counts=$counts: $(grep -o '"train_samples_per_second": *[0-9.]*' \
           $t/out/train_results.json)"
       done | tee "$OUT/padded.log" ;;
     mlm-rows)  # bench/mlm_rows.sh: a masked LM's decoder over the labelled rows against every row

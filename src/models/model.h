@@ -467,6 +467,7 @@ class Model : public BatchTarget {
   bool hides_keys_ = true;
   // Whether the mask is right-padded (each row keeps its first keys): then key_mask() gives the
   // rows' key counts with it (key_lengths_, uploaded from key_lengths_host_ per micro-batch).
+  // BRISK_KEY_LENGTHS=0 gives the mask alone, to compare.
   bool keys_right_padded_ = false;
   Tensor key_lengths_host_, key_lengths_;
   void declare_key_lengths(MemoryPlan& plan, int64_t batch);

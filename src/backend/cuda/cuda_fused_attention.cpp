@@ -21,11 +21,6 @@ bool fused_attention_wanted() {
   static const bool wanted = !switched_off("BRISK_FUSED_ATTENTION");
   return wanted;
 }
-// BRISK_ATTENTION_PADDING_MASK=0 passes a right-padded batch's mask as a bias too (to compare).
-bool padding_mask_wanted() {
-  static const bool wanted = !switched_off("BRISK_ATTENTION_PADDING_MASK");
-  return wanted;
-}
 // Bytes of the mask at the start of the attention workspace (the bias, or a padded shape's
 // queries per row), rounded up to 256.
 int64_t mask_bytes(const cuda::FusedAttentionShape& s) {
@@ -68,7 +63,7 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
     return std::nullopt;
   cuda::FusedAttentionShape shape;
   shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
-  shape.padded = !mask.lengths.empty() && padding_mask_wanted();
+  shape.padded = !mask.lengths.empty();
   shape.causal = causal, shape.masked = !mask.empty() && !shape.padded;
   shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
   int64_t workspace = 0;
