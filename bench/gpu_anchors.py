@@ -16,7 +16,9 @@ arena); for PyTorch, the peak the caching allocator reserved in that row plus wh
 reads outside the allocator after the row's steps (its CUDA context and the kernels cuBLAS, cuDNN
 and compiled code loaded; before 2026-11-28 only the context before the first tensor).
 MFU = tokens/s x (6 N + 12 L C T) / peak (bench/gpu_bert.py's count; --peak_tflops, 989 for an
-H100 SXM's dense bf16).
+H100 SXM's dense bf16): the blocks' products and attention. "+head" counts the causal LMs' head
+products too (6 V C a token, V the real vocabulary), as llm.c and PaLM count them (the tied
+embedding in N): GPT-2's head is 27% of the flops so counted.
 
     python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2,llama]
 (system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
@@ -277,9 +279,16 @@ def main():
     print_table(rows, systems, a.peak_tflops)
 
 
+def head_flops_per_token(model):
+    """The LM head's three products per token (6 V C) for the causal LMs; the classifier's are
+    negligible."""
+    c = CONFIGS[model]
+    return 6 * c["vocab_size"] * c.get("hidden_size", c.get("n_embd")) if model in CAUSAL else 0
+
+
 def print_table(rows, systems, peak):
-    print(f"\n{'model':<12}{'batch':>6}" + "".join(f"{s + ' /s':>14}{'MFU':>6}{'GiB':>7}"
-                                             for s in systems))
+    print(f"\n{'model':<12}{'batch':>6}" + "".join(
+        f"{s + ' /s':>14}{'MFU':>6}{'+head':>6}{'GiB':>7}" for s in systems))
     keys = sorted({(r["model"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
     for model, batch in keys:
         line = f"{model:<12}{batch:>6}"
@@ -287,11 +296,14 @@ def print_table(rows, systems, peak):
             r = next((r for r in rows if (r["model"], r["batch"], r["system"]) ==
                       (model, batch, s)), {})
             if "samples_per_second" not in r:
-                line += f"{r.get('error', 'n/a')[:26]:>27}"
+                line += f"{r.get('error', 'n/a')[:32]:>33}"
                 continue
             tokens = r["samples_per_second"] * SEQ[model]
-            mfu = tokens * flops_per_token(CONFIGS[model], SEQ[model]) / (peak * 1e12)
-            line += f"{r['samples_per_second']:>14.1f}{100 * mfu:>5.1f}%{r['gpu_memory'] / 2**30:>7.2f}"
+            blocks = flops_per_token(CONFIGS[model], SEQ[model])
+            mfu = tokens * blocks / (peak * 1e12)
+            with_head = tokens * (blocks + head_flops_per_token(model)) / (peak * 1e12)
+            line += (f"{r['samples_per_second']:>14.1f}{100 * mfu:>5.1f}%{100 * with_head:>5.1f}%"
+                     f"{r['gpu_memory'] / 2**30:>7.2f}")
         print(line)
 
 
