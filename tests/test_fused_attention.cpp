@@ -318,6 +318,40 @@ TEST(FusedAttention, TheProductBuffersHoldItsStaging) {
 }
 
 // A CPU run never opens libcudnn.
+// The graphs brisk describes pass the frontend's validation against libcudnn, which needs no
+// GPU: the cases above (masked, right-padded, causal, grouped-query, multi-query), with dropout,
+// and the bench shapes. A graph cuDNN refuses fails here, before a GPU session. Refused on purpose:
+// a bias over a key mask whose rows the queries' heads do not divide (H % K != 0).
+TEST(FusedAttention, ItsGraphsPassTheFrontendsValidationWithoutAGpu) {
+#if !defined(BRISK_HAVE_CUDA)
+  GTEST_SKIP() << "this brisk was built without the CUDA toolkit";
+#else
+  std::string why;
+  if (!cuda::cudnn_loadable(&why)) GTEST_SKIP() << "no libcudnn to validate against: " << why;
+  std::vector<AttnCase> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({4, 67, 4, 4, 64, false, true, 0.0f, true});
+  cases.push_back({3, 128, 8, 2, 128, true, true, 0.1f, true});
+  cases.push_back({32, 512, 16, 16, 64, false, true, 0.1f, true});   // bert-large, padded
+  cases.push_back({32, 512, 16, 16, 64, false, true, 0.1f, false});  // its bias
+  cases.push_back({32, 1024, 12, 12, 64, true, false, 0.1f});        // GPT-2
+  cases.push_back({4, 2048, 32, 4, 64, true, false, 0.0f});          // a Llama's
+  for (AttnCase c : cases)
+    for (const float dropout : {0.0f, 0.1f}) {
+      c.dropout = dropout;
+      EXPECT_TRUE(cuda::fused_attention_graphs_valid(fused_shape(c), 90, &why))
+          << "B=" << c.B << " T=" << c.T << " H=" << c.H << " K=" << c.K << " D=" << c.D
+          << (c.causal ? " causal" : "")
+          << (c.padded   ? " padded"
+              : c.masked ? " masked"
+                         : "")
+          << " dropout " << dropout << ": " << why;
+    }
+  AttnCase odd{2, 64, 6, 4, 64};  // 6 query heads over 4 key/value heads
+  EXPECT_FALSE(cuda::fused_attention_graphs_valid(fused_shape(odd), 90, &why));
+  EXPECT_FALSE(why.empty());
+#endif
+}
+
 TEST(FusedAttention, CudnnIsOpenedOnlyWhenAsked) {
 #if !defined(BRISK_HAVE_CUDA)
   GTEST_SKIP() << "this brisk was built without the CUDA toolkit";

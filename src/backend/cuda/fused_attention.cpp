@@ -54,7 +54,8 @@ enum Uid : int64_t {
 #define BRISK_STRINGIFY(x) BRISK_STRINGIFY2(x)
 
 struct Library {
-  bool ok = false;
+  bool loaded = false;  // libcudnn opened, of a version fused attention needs
+  bool ok = false;      // and a handle made (a GPU)
   std::string why;
   cudnnHandle_t handle = nullptr;
 };
@@ -86,6 +87,7 @@ Library open_library() {
           soname + " reports version " + std::to_string(version) + ", fused attention needs 9";
       return lib;
     }
+    lib.loaded = true;
     if (fe::detail::create_handle(&lib.handle) != CUDNN_STATUS_SUCCESS) {
       lib.why = "cudnnCreate failed";
       return lib;
@@ -177,8 +179,17 @@ std::vector<int64_t> stats_strides(const FusedAttentionShape& s) {
   return {s.H * s.T, s.T, 1, 1};
 }
 
-std::shared_ptr<Graph> forward_graph(const FusedAttentionShape& s, fe::DataType_t io) {
+// A graph for a GPU of compute capability sm_version, or (0) the current GPU's, asked when the
+// frontend needs it (its nodes take the graph's context as they are added).
+std::shared_ptr<Graph> new_graph(int sm_version) {
   auto g = std::make_shared<Graph>();
+  if (sm_version > 0) g->set_sm_version(sm_version);
+  return g;
+}
+
+std::shared_ptr<Graph> forward_graph(const FusedAttentionShape& s, fe::DataType_t io,
+                                     int sm_version = 0) {
+  auto g = new_graph(sm_version);
   const Inputs in = add_inputs(*g, s, io);
   fe::graph::SDPA_attributes a;
   a.set_name("brisk_attention").set_generate_stats(true);
@@ -191,8 +202,8 @@ std::shared_ptr<Graph> forward_graph(const FusedAttentionShape& s, fe::DataType_
 }
 
 std::shared_ptr<Graph> backward_graph(const FusedAttentionShape& s, fe::DataType_t io,
-                                      bool deterministic) {
-  auto g = std::make_shared<Graph>();
+                                      bool deterministic, int sm_version = 0) {
+  auto g = new_graph(sm_version);
   const Inputs in = add_inputs(*g, s, io);
   auto o = add_tensor(*g, kO, "O", head_dims(s, s.H), out_strides(s), io);
   auto d_o = add_tensor(*g, kDO, "dO", head_dims(s, s.H), out_strides(s), io);
@@ -224,19 +235,21 @@ struct Entry {
 std::mutex cache_mutex;
 std::vector<std::unique_ptr<Entry>> cache;
 
+// Why the fused attention cannot take `dtype` ("" where it can: bf16, fp16).
+std::string unsupported_dtype(DType dtype) {
+  if (dtype == DType::bf16 || dtype == DType::f16) return "";
+  return "fused attention computes in bf16 or fp16, not " + std::string(dtype_name(dtype));
+}
+fe::DataType_t io_type(DType dtype) {
+  return dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
 Entry make_entry(const FusedAttentionShape& s) {
   Entry e{s, nullptr, nullptr, 0, 0, ""};
   Library& lib = library();
-  if (!lib.ok) {
-    e.why_not = lib.why;
-    return e;
-  }
-  if (s.dtype != DType::bf16 && s.dtype != DType::f16) {
-    e.why_not = "fused attention computes in bf16 or fp16, not " + std::string(dtype_name(s.dtype));
-    return e;
-  }
-  const fe::DataType_t io =
-      s.dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  e.why_not = lib.ok ? unsupported_dtype(s.dtype) : lib.why;
+  if (!e.why_not.empty()) return e;
+  const fe::DataType_t io = io_type(s.dtype);
   try {
     e.forward = forward_graph(s, io);
     std::string why = build(*e.forward, lib.handle);
@@ -352,6 +365,30 @@ bool cudnn_available(std::string* why_not) {
   return lib.ok;
 }
 
+bool cudnn_loadable(std::string* why_not) {
+  const Library& lib = library();
+  if (why_not) *why_not = lib.loaded ? "" : lib.why;
+  return lib.loaded;
+}
+
+bool fused_attention_graphs_valid(const FusedAttentionShape& shape, int sm_version,
+                                  std::string* why_not) {
+  const Library& lib = library();
+  std::string why = lib.loaded ? unsupported_dtype(shape.dtype) : lib.why;
+  if (why.empty()) try {
+      const fe::DataType_t io = io_type(shape.dtype);
+      fe::error_t forward = forward_graph(shape, io, sm_version)->validate();
+      fe::error_t backward = backward_graph(shape, io, true, sm_version)->validate();
+      if (!forward.is_good()) why = "the forward graph: " + forward.get_message();
+      if (forward.is_good() && !backward.is_good())
+        why = "the backward graph: " + backward.get_message();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  if (why_not) *why_not = why;
+  return why.empty();
+}
+
 bool cudnn_opened() {
   return cudnn_frontend::cudnn_dlhandle != nullptr;
 }
@@ -374,6 +411,12 @@ void fused_attention_backward(cudaStream_t, const FusedAttentionShape&, const Fu
 bool cudnn_available(std::string* why_not) {
   if (why_not) *why_not = "this brisk was built without the cudnn-frontend headers";
   return false;
+}
+bool cudnn_loadable(std::string* why_not) {
+  return cudnn_available(why_not);
+}
+bool fused_attention_graphs_valid(const FusedAttentionShape&, int, std::string* why_not) {
+  return cudnn_available(why_not);
 }
 bool cudnn_opened() {
   return false;

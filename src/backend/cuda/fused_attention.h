@@ -66,5 +66,15 @@ void fused_attention_backward(cudaStream_t s, const FusedAttentionShape& shape,
 bool cudnn_available(std::string* why_not = nullptr);
 // Whether libcudnn has been opened in this process (tests: a CPU run never opens it).
 bool cudnn_opened();
+// Whether libcudnn opens, of a version fused attention needs, GPU or not (opened now, once per
+// process); when not, why_not (if given) says why.
+bool cudnn_loadable(std::string* why_not = nullptr);
+// Whether the forward and backward graphs of `shape` pass the frontend's validation against the
+// library for a GPU of compute capability sm_version (90: Hopper's; their tensors' dimensions and
+// strides, the mask's and dropout's attributes), which needs libcudnn but no GPU: what a machine
+// without one can check of the graphs brisk builds. When not, why_not (if given) says why
+// (libcudnn absent included: see cudnn_loadable).
+bool fused_attention_graphs_valid(const FusedAttentionShape& shape, int sm_version,
+                                  std::string* why_not = nullptr);
 
 }  // namespace brisk::cuda
