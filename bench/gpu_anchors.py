@@ -21,6 +21,9 @@ products too (6 V C a token, V the real vocabulary), as llm.c and PaLM count the
 embedding in N): GPT-2's head is 27% of the flops so counted.
 
     python bench/gpu_anchors.py [--systems brisk,torch,compile,trainer] [--models bert,gpt2,llama]
+        [--batches bert:32/fit,gpt2:8/32/fit] [--fit_memory_gib G] [--plan_only]
+(batch "fit": the largest multiple of 4 whose brisk plan, `brisk estimate --device cuda`, fits the
+GPU's free memory or G GiB; --plan_only prints the batches and their plans, no GPU needed)
 (system brisk-f32attn: brisk with BRISK_FUSED_ATTENTION=0, its float32 attention kernels;
 brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
 brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
@@ -212,6 +215,43 @@ def run_brisk(cfg, data, model, batch, a, tmp, env=None, binary=None):
     return {"samples_per_second": timed * batch / (full[0] - short[0]), "gpu_memory": full[1]}
 
 
+def planned_device_bytes(cfg, model, batch, tmp):
+    """brisk's plan of a bf16 GPU run of this batch (`brisk estimate --device cuda`, no GPU
+    needed): its device buffers and its CUDA context, as check_plan_fits counts them."""
+    out = os.path.join(tmp, "plan.json")
+    p = subprocess.run([BRISK, "estimate", "--device", "cuda", "--model", cfg, "--seq_len",
+                        str(SEQ[model]), "--per_device_train_batch_size", str(batch), "--bf16",
+                        "true", "--output_json", out], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"brisk estimate failed: {(p.stderr or p.stdout).strip()[-200:]}")
+    with open(out) as f:
+        m = json.load(f)["memory"]
+    return m["planned_device_bytes"] + m["device_context_bytes"]
+
+
+def gpu_free_bytes():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
+                          "-i", "0"], capture_output=True, text=True).stdout.split()
+    if not out:
+        sys.exit("--batches MODEL:fit needs nvidia-smi (or --fit_memory_gib)")
+    return int(out[0]) * 2**20
+
+
+def largest_fitting_batch(cfg, model, budget, tmp):
+    """The largest batch, a multiple of 4, whose brisk plan fits `budget` bytes: the issue's
+    "largest batch that fits", as brisk's own plan reads it."""
+    fits = lambda b: planned_device_bytes(cfg, model, b, tmp) <= budget
+    if not fits(4):
+        sys.exit(f"{model}: not even batch 4 fits {budget / 2**30:.1f} GiB")
+    lo, hi = 4, 8
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 4:  # lo fits, hi does not
+        mid = (lo + hi) // 8 * 4
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--systems", default="brisk,torch,compile,trainer")
@@ -221,11 +261,16 @@ def main():
     ap.add_argument("--peak_tflops", type=float, default=989.0)
     ap.add_argument("--json", default="", help="also write the rows to this file")
     ap.add_argument("--batches", default="", help="batch sizes instead of the defaults, as "
-                    "model:b1/b2,... (e.g. bert:32,gpt2:32)")
+                    "model:b1/b2,... (e.g. bert:32,gpt2:32); 'fit': the largest batch (a multiple "
+                    "of 4) whose brisk plan fits the GPU's free memory (bert:32/fit)")
+    ap.add_argument("--fit_memory_gib", type=float, default=0.0,
+                    help="the memory 'fit' plans for (default: nvidia-smi's free memory)")
+    ap.add_argument("--plan_only", action="store_true",
+                    help="print the batches (with 'fit' resolved) and stop; needs no GPU")
     a = ap.parse_args()
     for item in filter(None, a.batches.split(",")):
         model, sizes = item.split(":")
-        BATCHES[model] = tuple(int(b) for b in sizes.split("/"))
+        BATCHES[model] = tuple(b if b == "fit" else int(b) for b in sizes.split("/"))
     systems, models = a.systems.split(","), a.models.split(",")
     known = {"brisk", "brisk-base", "torch", "compile", "trainer", *SWITCHED}
     unknown = [s for s in systems if s not in known]
@@ -234,6 +279,17 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cfgs = {m: write_config(os.path.join(tmp, m), CONFIGS[m]) for m in models}
+        if any("fit" in BATCHES[m] for m in models):
+            budget = a.fit_memory_gib * 2**30 if a.fit_memory_gib > 0 else gpu_free_bytes()
+            for m in models:
+                BATCHES[m] = tuple(largest_fitting_batch(cfgs[m], m, budget, tmp)
+                                   if b == "fit" else b for b in BATCHES[m])
+        if a.plan_only:
+            for m in models:
+                print(m, "batches", "/".join(str(b) for b in BATCHES[m]), "planned GiB",
+                      "/".join(f"{planned_device_bytes(cfgs[m], m, b, tmp) / 2**30:.2f}"
+                               for b in BATCHES[m]))
+            return
         data = os.path.join(tmp, "tokens.bin")
         causal = [m for m in models if m in CAUSAL]
         if causal:  # ids below 30000: within every vocabulary here
