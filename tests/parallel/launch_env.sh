@@ -39,7 +39,7 @@ while [ "${#running[@]}" -gt 0 ]; do
   pid=""
   wait -n -p pid "${!running[@]}"
   rc=$?
-  if [ -z "$pid" ]; then
+  if [ -z "${pid:-}" ]; then  # (wait -n unsets pid where it finds none)
     for pid in "${!running[@]}"; do
       wait "$pid"
       report "$pid" $?
