@@ -946,8 +946,8 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   slice_inputs();
   hides_keys_ = hides_keys(batch_.attention_mask);
   static const bool counts_keys = !switched_off("BRISK_KEY_LENGTHS");
-  keys_right_padded_ = counts_keys && hides_keys_ &&
-                       right_padded_lengths(batch_.attention_mask, key_lengths_host_);
+  keys_right_padded_ =
+      counts_keys && hides_keys_ && right_padded_lengths(batch_.attention_mask, key_lengths_host_);
   if (keys_right_padded_) be.upload(key_lengths_host_, key_lengths_);
   if (first_token() > 0) drop_sequence_labels();
   for (const auto& [host, device] : inputs_)
