@@ -590,6 +590,27 @@ TEST(OpsAttention, NonFiniteScaleIsRefused) {
   }
 }
 
+// Key counts the mask does not bear out, or without a mask, or out of [1, T], are refused naming
+// the row: the CPU reads them to skip keys.
+TEST(OpsAttention, KeyCountsTheMaskDoesNotKeepAreRefused) {
+  auto be = brisk::make_cpu_backend();
+  const int B = 2, T = 4, H = 1, D = 2, C = H * D;
+  const brisk::AttentionBuffers ab = brisk::attention_buffers(brisk::Device::cpu, B, H, T, D);
+  FVec qkv(size_t(B) * T * 3 * C, 0.5f), stats(ab.stats.numel()), scratch(ab.scratch.numel());
+  FVec out(size_t(B) * T * C);
+  IVec mask{1, 1, 0, 0, 1, 1, 1, 0};
+  auto forward = [&](IVec counts, bool with_mask) {
+    const brisk::KeyMask m(with_mask ? view(mask, {B, T}) : Tensor(), view(counts, {B}));
+    be->attention_forward(view(qkv, {B, T, 3 * C}), m, false, H, H, 1.f, 0.f, RngKey{},
+                          view(stats, ab.stats), view(scratch, ab.scratch), view(out, {B, T, C}));
+  };
+  forward({2, 3}, true);  // what the mask keeps
+  brisk::testing::expect_error([&] { forward({2, 2}, true); }, "row 1 of the key mask");
+  brisk::testing::expect_error([&] { forward({2, 5}, true); }, "key length 5 of row 1");
+  brisk::testing::expect_error([&] { forward({0, 3}, true); }, "key length 0 of row 0");
+  brisk::testing::expect_error([&] { forward({2, 3}, false); }, "without the mask");
+}
+
 // The summed loss softmax_cross_entropy adds to its float64 accumulator.
 double cross_entropy(brisk::Backend& be, FVec& logits, IVec& labels, int N, int V, bool write_grad,
                      float scale) {

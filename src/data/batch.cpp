@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/mask_rows.h"
 
 namespace brisk {
 
@@ -21,7 +22,7 @@ bool right_padded_lengths(const Tensor& mask, const Tensor& lengths) {
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* row = mask.i32() + b * T;
     const int64_t n = std::find(row, row + T, 0) - row;
-    if (n == 0 || std::any_of(row + n, row + T, [](int32_t v) { return v != 0; })) return false;
+    if (n == 0 || !keeps_first_keys(row, T, n)) return false;
     lengths.i32()[b] = static_cast<int32_t>(n);
   }
   return true;

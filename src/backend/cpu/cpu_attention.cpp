@@ -27,6 +27,7 @@
 #include "backend/cpu/cpu_exp.h"
 #include "backend/cpu/cpu_tiles.h"
 #include "core/checked.h"
+#include "core/mask_rows.h"
 
 namespace brisk {
 
@@ -467,10 +468,8 @@ void check_key_lengths(const KeyMask& m, int64_t T, const char* op) {
     const int32_t n = m.lengths.i32()[b];
     BRISK_CHECK(n >= 1 && n <= T, op, ": key length ", n, " of row ", b, " is outside [1, ", T,
                 "]");
-    const int32_t* row = m.keep.i32() + b * T;
-    BRISK_CHECK(std::all_of(row, row + n, [](int32_t v) { return v != 0; }) &&
-                    std::all_of(row + n, row + T, [](int32_t v) { return v == 0; }),
-                op, ": row ", b, " of the key mask does not keep exactly its first ", n, " keys");
+    BRISK_CHECK(keeps_first_keys(m.keep.i32() + b * T, T, n), op, ": row ", b,
+                " of the key mask does not keep exactly its first ", n, " keys");
   }
 }
 
