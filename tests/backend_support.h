@@ -197,6 +197,15 @@ class DeviceBuffers {
         return widen(get<uint16_t>(t));
     }
   }
+  // `key` drawing the same numbers with `held` of its step in this backend's memory, as a
+  // recorded step's keys hold it (RngKey::step_offset).
+  RngKey hold_step(RngKey key, uint64_t held) {
+    BRISK_CHECK(held <= key.step, "DeviceBuffers::hold_step: more than the key's step");
+    const Tensor word = put(std::vector<int64_t>{static_cast<int64_t>(held)}, {1});
+    key.step -= held;
+    key.step_offset = static_cast<const uint64_t*>(word.data());
+    return key;
+  }
   // A float32 or 16-bit floating-point tensor's values, as floats.
   FVec floats(const Tensor& t) {
     if (t.dtype() == DType::f32) return get<float>(t);

@@ -70,10 +70,12 @@ AttnInputs make_inputs(const AttnCase& c, uint32_t seed) {
 }
 
 // Forward and backward on `be`, its products in `product` (bf16: the fused attention on a GPU),
-// the backward rounding dout and dqkv to `round`.
+// the backward rounding dout and dqkv to `round`; `held` of the key's step given in the backend's
+// memory (RngKey::step_offset).
 AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType product,
-               const RngKey& key, DType round = DType::f32) {
+               const RngKey& given_key, DType round = DType::f32, uint64_t held = 0) {
   DeviceBuffers d(be);
+  const RngKey key = held > 0 ? d.hold_step(given_key, held) : given_key;
   be.set_matmul_dtype(product);
   // What Model::matmul_operands asks for the fused attention.
   MatmulOperands operands(c.B * c.T * ((c.H + 2 * c.K) * c.D + c.H * c.D));
@@ -219,6 +221,9 @@ TEST(FusedAttention, DropoutIsReproducibleAndTheBackwardUsesTheForwardsMask) {
   EXPECT_TRUE(identical(a.dqkv, again.dqkv));
   const AttnResult other = run(*gpu, c, in, DType::bf16, RngKey{5, 4, 9});
   EXPECT_FALSE(rel_near(a.out, other.out, 1e-2)) << "another step draws another mask";
+  const AttnResult held = run(*gpu, c, in, DType::bf16, RngKey{5, 3, 9}, DType::f32, 2);
+  EXPECT_TRUE(identical(a.out, held.out)) << "a step held in GPU memory draws the same mask";
+  EXPECT_TRUE(identical(a.dqkv, held.dqkv));
   // O = (P * M) V is linear in V, so <dV, V> = <dO, O> for the mask the forward drew: a backward
   // with any other mask misses by far more than rounding.
   const double lhs = value_dot(c, a.dqkv, in.qkv), rhs = dot(in.dout, a.out);

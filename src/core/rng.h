@@ -52,7 +52,15 @@ struct RngKey {
   // this rank): the id of the call's first element in the whole tensor; the call's element i is
   // element first_element + i of the whole.
   uint64_t first_element = 0;
+  // Where set, a word in the backend's memory added to `step` as the numbers are drawn: a
+  // recorded step (Backend::record) replays with the step written there, its key held fixed.
+  const uint64_t* step_offset = nullptr;
 };
+
+// The micro-step counter a key draws with.
+BRISK_HD uint64_t drawn_step(const RngKey& key) {
+  return key.step + (key.step_offset ? *key.step_offset : 0);
+}
 
 // The head index, in the dropout's element ids, of attention head bh = b * heads + h of a call
 // with `heads` heads (attention_head_id(key, bh, heads) * T * T is where its probabilities start).
@@ -63,9 +71,10 @@ BRISK_HD uint64_t attention_head_id(const RngKey& key, uint64_t bh, uint64_t hea
 
 // Four random words for elements [4*group, 4*group + 4) of the site.
 BRISK_HD Philox4 rng_block(const RngKey& key, uint64_t group) {
+  const uint64_t step = drawn_step(key);
   Philox4 ctr{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), key.site,
-               static_cast<uint32_t>(key.step)}};
-  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ static_cast<uint32_t>(key.step >> 32);
+               static_cast<uint32_t>(step)}};
+  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ static_cast<uint32_t>(step >> 32);
   return philox4x32_10(ctr, k0, static_cast<uint32_t>(key.seed >> 32));
 }
 
@@ -104,14 +113,15 @@ inline void mulhilo16(__m512i c, __m512i m, __m512i* lo, __m512i* hi) {
 
 inline void rng_blocks(const RngKey& key, uint64_t first, uint32_t* out) {
   uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+  const uint64_t step = drawn_step(key);
   for (int l = 0; l < kPhiloxLanes; ++l) {
     const uint64_t g = first + static_cast<uint64_t>(l);
     c0[l] = static_cast<uint32_t>(g);
     c1[l] = static_cast<uint32_t>(g >> 32);
     c2[l] = key.site;
-    c3[l] = static_cast<uint32_t>(key.step);
+    c3[l] = static_cast<uint32_t>(step);
   }
-  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ static_cast<uint32_t>(key.step >> 32);
+  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ static_cast<uint32_t>(step >> 32);
   uint32_t k1 = static_cast<uint32_t>(key.seed >> 32);
 #ifdef BRISK_PHILOX_AVX512
   {

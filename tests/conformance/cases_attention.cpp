@@ -71,8 +71,10 @@ struct AttentionShape {
   int64_t B, T, H, K, D;
 };
 
+// `held`: that much of the dropout key's step given in the backend's memory
+// (RngKey::step_offset), the same masks drawn.
 OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool causal, float p,
-                      bool reference) {
+                      bool reference, uint64_t held = 0) {
   const auto [B, T, H, K, D] = s;
   const int64_t C = H * D, W = (H + 2 * K) * D;
   const float scale = static_cast<float>(scale_factor / std::sqrt(static_cast<double>(D)));
@@ -83,7 +85,7 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
            "_K" + std::to_string(K) + "_D" + std::to_string(D) + "_scale" +
            std::to_string(static_cast<int>(std::lround(scale_factor * 100))) +
            mask_names[static_cast<int>(mask)] + (causal ? "_causal" : "") +
-           (p > 0 ? "_dropout" : "");
+           (p > 0 ? "_dropout" : "") + (held > 0 ? "_step_held" : "");
   c.inputs = [=](std::mt19937& rng) {
     Vec m;
     if (mask == Mask::tail) {
@@ -102,9 +104,10 @@ OpCase attention_case(AttentionShape s, double scale_factor, Mask mask, bool cau
                   {"dout", randn_d(B * T * C, rng)},
                   {"dqkv0", randn_d(B * T * W, rng)}};  // overwritten
   };
-  c.run = [=](Backend& be, const Values& in) {
+  c.run = [=, c_key = key](Backend& be, const Values& in) {
     const AttentionBuffers ab = attention_buffers(be.device(), B, H, T, D);
     DeviceBuffers d(be);
+    const RngKey key = held > 0 ? d.hold_step(c_key, held) : c_key;
     const Tensor q = d.put_as(in.at("qkv"), {B, T, W});
     const Tensor m = mask == Mask::none ? Tensor() : d.put_as(in.at("mask"), {B, T}, DType::i32);
     const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
@@ -352,6 +355,10 @@ std::vector<OpCase> attention_cases() {
         for (bool causal : {false, true})
           cases.push_back(
               attention_case({2, T, H, K, D}, 1.0, Mask::none, causal, causal ? 0.1f : 0.f, false));
+  // Dropout's step in the backend's memory: small, and a GPU's tiles.
+  for (bool causal : {false, true})
+    cases.push_back(attention_case(mha, 1.0, Mask::tail, causal, 0.3f, true, 2));
+  cases.push_back(attention_case({3, 130, 2, 2, 64}, 0.5, Mask::empty_rows, true, 0.1f, false, 2));
   // Right-padded batches given with their rows' key counts: small against finite differences; a
   // CPU's several blocks of queries (T = 130), odd key counts (15, 43).
   for (bool causal : {false, true})

@@ -193,17 +193,19 @@ OpCase swiglu_case(int64_t R, int64_t F, bool reference) {
 // buffers: offset 1 breaks the 16-byte alignment a GPU's vectorized path needs. The key's step
 // is beyond 32 bits. The reference draws the mask from the same keyed generator. `first`: the
 // key's first_element (a part of a larger tensor: element i draws element first + i's mask; off
-// a multiple of 4, a GPU's groups of four words do not line up).
-OpCase dropout_case(int64_t n, float p, int64_t offset, uint64_t first = 0) {
+// a multiple of 4, a GPU's groups of four words do not line up). `held`: that much of the key's
+// step given in the backend's memory (RngKey::step_offset), the same numbers drawn.
+OpCase dropout_case(int64_t n, float p, int64_t offset, uint64_t first = 0, uint64_t held = 0) {
   RngKey key{0x1234'5678'9abcULL, (1ULL << 32) + 7, 3};
   key.first_element = first;
   OpCase c;
   c.name = "dropout_n" + std::to_string(n) + "_p" + std::to_string(static_cast<int>(p * 100)) +
-           "_offset" + std::to_string(offset) + (first > 0 ? "_first" + std::to_string(first) : "");
+           "_offset" + std::to_string(offset) +
+           (first > 0 ? "_first" + std::to_string(first) : "") + (held > 0 ? "_step_held" : "");
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_d(n, rng)}, {"r", randn_d(n, rng)}};
   };
-  c.run = [=](Backend& be, const Values& in) {
+  c.run = [=, c_key = key](Backend& be, const Values& in) {
     DeviceBuffers d(be);
     auto view = [&](const Vec& v) {
       Vec padded(static_cast<size_t>(offset), 0.0);
@@ -215,6 +217,7 @@ OpCase dropout_case(int64_t n, float p, int64_t offset, uint64_t first = 0) {
     const Tensor x = view(in.at("x")), r = view(in.at("r")), y = view(garbage);
     const Tensor y_in_x = view(in.at("x")), dx = view(garbage), dx_in_dy = view(in.at("x"));
     const Tensor sum = view(garbage), sum_in_x = view(in.at("x"));
+    const RngKey key = held > 0 ? d.hold_step(c_key, held) : c_key;
     be.dropout_forward(x, p, key, y);
     be.dropout_forward(y_in_x, p, key, y_in_x);
     be.dropout_backward(x, p, key, dx);  // x as the upstream gradient
@@ -353,6 +356,7 @@ std::vector<OpCase> elementwise_cases() {
       for (float p : {0.f, 0.1f, 0.5f}) cases.push_back(dropout_case(n, p, offset));
   for (uint64_t first : {uint64_t{4096}, uint64_t{4098}, uint64_t{1} << 33})
     cases.push_back(dropout_case(4773, 0.1f, 1, first));
+  cases.push_back(dropout_case(4773, 0.1f, 1, 4098, (1ULL << 32) - 1));
   cases.push_back(copy_rows_case(DType::f32));
   cases.push_back(copy_rows_case(DType::i32));
   cases.push_back(add_fill_copy_case(37));

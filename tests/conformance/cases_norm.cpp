@@ -199,22 +199,24 @@ Vec ref_residual_norm(const Vec& x, const Vec& r, const Vec& gamma, const Vec& b
 // backend: the same bits (the differences checked against zero). `first`: the key's
 // first_element; with C odd or `first` off a multiple of 4 rows start off the generator's groups
 // of four words. The reference is the forward alone: cheap at every size.
-OpCase dropout_add_norm_case(Shape xs, float p, bool rms, uint64_t first) {
+// `held`: that much of the key's step given in the backend's memory (RngKey::step_offset).
+OpCase dropout_add_norm_case(Shape xs, float p, bool rms, uint64_t first, uint64_t held = 0) {
   const int64_t C = xs[xs.rank() - 1], R = xs.numel() / C;
   RngKey key{0x5eed'0001ULL, (1ULL << 32) + 3, 5};
   key.first_element = first;
   OpCase c;
   c.name = std::string("dropout_add_") + (rms ? "rmsnorm_" : "layernorm_") + shape_name(xs) + "_p" +
            std::to_string(static_cast<int>(p * 100)) +
-           (first > 0 ? "_first" + std::to_string(first) : "");
+           (first > 0 ? "_first" + std::to_string(first) : "") + (held > 0 ? "_step_held" : "");
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_d(R * C, rng, 2.0, 1.0)},
                   {"r", randn_d(R * C, rng)},
                   {"gamma", randn_d(C, rng, 0.1, 1.0)},
                   {"beta", randn_d(C, rng, 0.1)}};
   };
-  c.run = [=](Backend& be, const Values& in) {
+  c.run = [=, c_key = key](Backend& be, const Values& in) {
     DeviceBuffers d(be);
+    const RngKey key = held > 0 ? d.hold_step(c_key, held) : c_key;
     const Tensor x = d.put_as(in.at("x"), xs), r = d.put_as(in.at("r"), xs);
     auto norm = [&] {
       return Backend::Norm{d.put_as(in.at("gamma"), {C}),
@@ -468,6 +470,7 @@ std::vector<OpCase> norm_cases() {
     // A GPU's rows: several groups of four per lane, C a multiple of 4 or not.
     cases.push_back(dropout_add_norm_case({37, 768}, 0.1f, rms, 0));
     cases.push_back(dropout_add_norm_case({2, 19, 1031}, 0.1f, rms, 4));
+    cases.push_back(dropout_add_norm_case({5, 12}, 0.5f, rms, 6, 4));
   }
   for (bool rms : {false, true})
     for (bool round : {false, true}) {

@@ -691,10 +691,11 @@ namespace {
 template <typename Half>
 __global__ void fused_attention_inputs_kernel(const int32_t* key_mask, int64_t n, int64_t T,
                                               Half masked, Half* bias, int64_t* seed_offset,
-                                              uint64_t seed, int32_t* seq_len_q, int64_t B) {
+                                              RngKey key, int32_t* seq_len_q, int64_t B) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (first == 0 && seed_offset) {
-    seed_offset[0] = static_cast<int64_t>(seed);
+    const Philox4 r = rng_block(key, ~uint64_t{0} - key.first_head);
+    seed_offset[0] = static_cast<int64_t>((static_cast<uint64_t>(r.v[1]) << 32) | r.v[0]);
     seed_offset[1] = 0;
   }
   if (seq_len_q)
@@ -709,7 +710,7 @@ __global__ void fused_attention_inputs_kernel(const int32_t* key_mask, int64_t n
 }  // namespace
 
 void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
-                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed,
+                            DType dtype, void* bias, int64_t* seed_offset, RngKey key,
                             int32_t* seq_len_q) {
   const int64_t n = key_mask && bias ? B * T * T : 0;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256 + 1, 1024));
@@ -718,14 +719,14 @@ void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, 
   if (dtype == DType::bf16) {
     fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
         key_mask, n, T, __float2bfloat16_rn(kMasked),
-        static_cast<__nv_bfloat16*>(key_mask ? bias : nullptr), seed_offset, seed, seq_len_q, B);
+        static_cast<__nv_bfloat16*>(key_mask ? bias : nullptr), seed_offset, key, seq_len_q, B);
   } else {
     BRISK_CHECK(dtype == DType::f16, "fused attention inputs: bf16 or f16, not ",
                 dtype_name(dtype));
     // fp16's largest finite magnitude is 65504.
     fused_attention_inputs_kernel<<<blocks, 256, 0, s>>>(
         key_mask, n, T, __float2half_rn(-65504.0f), static_cast<__half*>(key_mask ? bias : nullptr),
-        seed_offset, seed, seq_len_q, B);
+        seed_offset, key, seq_len_q, B);
   }
   check_launch("fused_attention_inputs_kernel");
 }

@@ -28,14 +28,6 @@ int64_t mask_bytes(const cuda::FusedAttentionShape& s) {
   return (n + 255) / 256 * 256;
 }
 
-// cuDNN's dropout seed for one site: the first two words of the site's own random stream, so each
-// layer and step draws its own mask, the same one in the forward and the backward; a slice of the
-// heads (tensor parallelism) draws its own too.
-uint64_t dropout_seed(const RngKey& key) {
-  const Philox4 r = rng_block(key, ~uint64_t{0} - key.first_head);
-  return (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
-}
-
 char* bytes_at(const Tensor& t, int64_t elements) {
   return static_cast<char*>(t.data()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
 }
@@ -83,7 +75,7 @@ cuda::FusedAttentionArgs CudaBackend::fused_attention_inputs(const cuda::FusedAt
   auto* seq_len_q = reinterpret_cast<int32_t*>(mask);
   cuda::fused_attention_inputs(stream_, s.masked ? key_mask.keep.i32() : nullptr, s.B, s.T, s.dtype,
                                s.masked ? mask : nullptr, s.dropout_p > 0 ? seed_offset : nullptr,
-                               dropout_seed(key), s.padded ? seq_len_q : nullptr);
+                               key, s.padded ? seq_len_q : nullptr);
   a.bias = s.masked ? mask : nullptr;
   a.seq_len_q = s.padded ? seq_len_q : nullptr;
   a.seq_len_kv = s.padded ? key_mask.lengths.i32() : nullptr;

@@ -262,10 +262,12 @@ void attention_backward(cudaStream_t s, const float* dout, In qkv, In out, const
                         float* delta, float* dqkv);
 // The fused (cuDNN) attention's side inputs: bias [B,1,T,T] in the 16-bit `dtype` (for every query,
 // 0 where key_mask keeps the key, a large negative number elsewhere) when key_mask is given, and
-// seed_offset = {seed, 0} (cuDNN's dropout Philox seed and offset, int64) when seed_offset is
-// given, and seq_len_q [B] = T (a padding mask's queries per row: every row's) when given.
+// seed_offset = {seed, 0} (cuDNN's dropout Philox seed and offset, int64: the first two words of
+// the key's own random stream, so each layer and step draws its own mask, the same one forward and
+// backward, and a slice of the heads its own; drawn on the device, where a key's step may lie) when
+// seed_offset is given, and seq_len_q [B] = T (a padding mask's queries per row) when given.
 void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
-                            DType dtype, void* bias, int64_t* seed_offset, uint64_t seed,
+                            DType dtype, void* bias, int64_t* seed_offset, RngKey key,
                             int32_t* seq_len_q);
 
 }  // namespace brisk::cuda
