@@ -189,6 +189,15 @@ struct AdamW8bitUpdate {
   std::function<void(const Tensor&)> group_max;
 };
 
+// Work recorded once (Backend::record) and run again as recorded: the same ops on the same
+// buffers with the same arguments; what changes between runs must be read from memory (a key's
+// held step, RngKey::step_offset).
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+  virtual void run() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -230,6 +239,13 @@ class Backend {
   // The GPU stream every op is queued on (a cudaStream_t), so that work on another stream (NCCL's
   // collectives) can be ordered after it without the host waiting; null on the CPU.
   virtual void* device_stream() const { return nullptr; }
+  // Whether record() can record (a GPU's graphs: one launch for a micro-batch's many kernels).
+  virtual bool records_work() const { return false; }
+  // Records the ops `work` issues without running them (nothing may wait for the device or
+  // allocate meanwhile); null where the backend cannot record.
+  virtual std::unique_ptr<RecordedWork> record(const std::function<void()>& /*work*/) {
+    return nullptr;
+  }
 
   // ---- matrix products ----
   // y[M,N] = x[M,K] W^T + b (out_in, W [N,K]) or x W + b (in_out, W [K,N]); b may be empty.

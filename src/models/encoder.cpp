@@ -229,6 +229,9 @@ class Encoder final : public Model {
     place(false);
     decoder_rows_ = std::min(n, std::max<int64_t>(64, (count + 63) / 64 * 64));
   }
+  void add_step_signature(std::vector<int64_t>& s) const override {
+    if (labelled_rows_only()) s.push_back(decoder_rows_);
+  }
 
   Tensor type_table(bool grads) const {
     if (!token_types()) return Tensor();

@@ -430,7 +430,10 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
                 Shape{shape.batch, local.seq});
   declare_input(plan, &batch_.attention_mask, &dev_batch_.attention_mask, "batch.attention_mask",
                 Shape{shape.batch, shape.seq}, DType::i32, /*whole_sequences=*/true);
-  declare_key_lengths(plan, shape.batch);
+  declare_uploaded(plan, &key_lengths_host_, &key_lengths_, "batch.key_lengths", DType::i32,
+                   Shape{shape.batch});
+  if (options_.held_step)
+    declare_uploaded(plan, &held_step_host_, &held_step_, "step.held", DType::i64, Shape{1});
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
   declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,
@@ -468,14 +471,13 @@ void Model::declare_input(MemoryPlan& plan, Tensor* host, Tensor* device, const 
   inputs_.emplace_back(host, device);
 }
 
-void Model::declare_key_lengths(MemoryPlan& plan, int64_t batch) {
-  binder_.declare(plan, &key_lengths_host_, "batch.key_lengths", Category::data, DType::i32,
-                  Shape{batch}, Placement::host);
+void Model::declare_uploaded(MemoryPlan& plan, Tensor* host, Tensor* device,
+                             const std::string& name, DType dtype, Shape shape) {
+  binder_.declare(plan, host, name, Category::data, dtype, shape, Placement::host);
   if (device_traits(options_.device).host_memory)
-    binder_.alias(&key_lengths_, &key_lengths_host_);
+    binder_.alias(device, host);
   else
-    declare(plan, &key_lengths_, "batch.key_lengths.device", Category::data, DType::i32,
-            Shape{batch});
+    declare(plan, device, name + ".device", Category::data, dtype, shape);
 }
 
 void Model::declare_constant(MemoryPlan& plan, Tensor* host, Tensor* device,
@@ -935,6 +937,11 @@ KeyMask Model::key_mask() const {
 }
 
 void Model::forward_step(Backend& be, const StepOptions& o) {
+  load_step(be);
+  forward_compute(be, o);
+}
+
+void Model::load_step(Backend& be) {
   BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
               "internal error: a tensor-parallel share runs without its group");
   BRISK_CHECK(config_.sequence_ranks == 1 || sequence_group_ != nullptr,
@@ -953,6 +960,23 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
   for (const auto& [host, device] : inputs_)
     if (!host->empty()) be.upload(*host, *device);
   upload_constants(be);
+}
+
+std::vector<int64_t> Model::step_signature(const StepOptions& o) const {
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &o.loss_grad_scale, sizeof scale_bits);
+  std::vector<int64_t> s = {shape_.batch, shape_.seq,     hides_keys_,         keys_right_padded_,
+                            o.training,   o.compute_grad, o.first_micro_batch, scale_bits};
+  add_step_signature(s);
+  return s;
+}
+
+bool Model::computes_alone() const {
+  return config_.tensor_ranks == 1 && config_.sequence_ranks == 1 && config_.pipeline_stages == 1 &&
+         config_.moe.experts == 0 && !gathers_weights() && !staged_weights() && !staged_gradients();
+}
+
+void Model::forward_compute(Backend& be, const StepOptions& o) {
   const BlockStyle st = style(o.training);
   const bool direct = direct_saved_tensors(be);
   // The segments (param_segments()) of the stage's blocks [first, end): the head 0, block l

@@ -102,6 +102,9 @@ struct PlanOptions {
   // Pipeline parallelism: slots for this many micro-batches' stage inputs (stashed_input), which
   // the stage keeps from their forward to their backward.
   int stashed_inputs = 0;
+  // Recorded steps (models/step_recorder.h): the word its replays read their micro-step from
+  // (held_step()), in host and backend memory.
+  bool held_step = false;
 };
 
 // Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
@@ -191,8 +194,25 @@ class Model : public BatchTarget {
   // Copies the statistics to the host (waits for the device).
   std::array<double, 2> read_step_stats(Backend& be);
 
-  // Adds the loss summed over the targets of the batch to step_stats() without waiting for it.
+  // Adds the loss summed over the targets of the batch to step_stats() without waiting for it:
+  // load_step, then forward_compute.
   void forward_step(Backend& be, const StepOptions& options);
+  // The host's part of a forward pass: the batch checked, its decisions made (which keys the
+  // attention reads, a masked LM's labelled rows), its inputs uploaded.
+  void load_step(Backend& be);
+  // The backend's part, on the batch load_step left: the same work again for the same
+  // step_signature (what a recorded step replays, models/step_recorder.h).
+  void forward_compute(Backend& be, const StepOptions& options);
+  // Everything of the loaded batch and of `options` that forward_compute and backward decide by
+  // on the host, but the dropout keys' step: two micro-batches with equal signatures launch the
+  // same work on the same buffers.
+  std::vector<int64_t> step_signature(const StepOptions& options) const;
+  // Whether a micro-batch's forward and backward are this model's own work alone, on buffers
+  // fixed by the plan (no exchanges with other ranks, no weights gathered into slots, no
+  // routing decided on the host): what a recorded step needs.
+  bool computes_alone() const;
+  // PlanOptions::held_step's word: host, and where the kernels read it.
+  std::pair<Tensor, Tensor> held_step() const { return {held_step_host_, held_step_}; }
   // forward_step from zeroed statistics; returns that summed loss (waits for the device).
   double forward(Backend& be, const StepOptions& options);
   // The flat gradients in the order backward finishes them: element ranges of flat_grads() (the
@@ -336,6 +356,8 @@ class Model : public BatchTarget {
   virtual void validate_batch() const = 0;
   // Host-side inputs derived from the batch (GPT-2's shifted labels), before the upload.
   virtual void prepare_batch() {}
+  // What prepare_batch decided that forward and backward read on the host (step_signature).
+  virtual void add_step_signature(std::vector<int64_t>&) const {}
   virtual void embed_forward(Backend& be, const StepOptions& o) = 0;  // writes hidden_[0]
   // From hidden_[L]; adds the summed loss to loss_sum().
   virtual void head_forward(Backend& be, const StepOptions& o) = 0;
@@ -470,7 +492,11 @@ class Model : public BatchTarget {
   // BRISK_KEY_LENGTHS=0 gives the mask alone, to compare.
   bool keys_right_padded_ = false;
   Tensor key_lengths_host_, key_lengths_;
-  void declare_key_lengths(MemoryPlan& plan, int64_t batch);
+  Tensor held_step_host_, held_step_;  // PlanOptions::held_step
+  // A buffer the host writes and uploads itself (not one of the batch's inputs): its host copy,
+  // and a device copy where the device has its own memory.
+  void declare_uploaded(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,
+                        DType dtype, Shape shape);
   KeyMask key_mask() const;
   std::vector<Tensor> hidden_;  // hidden_[l] is the input of block l; hidden_[L] the last output
   // How the blocks' inputs are kept: each its own buffer, or (between the stage's first and last)

@@ -194,8 +194,13 @@ void ParallelPolicy::run_micro_batches(Backend& be, Model& model, int count,
   for (int i = 0; i < count; ++i) {
     batches.load(i);
     const StepOptions o = batches.options(i);
+    const Model::SegmentDone done = on_segment(i == count - 1);
+    if (recorder_ && !done) {
+      recorder_->run(o);
+      continue;
+    }
     model.forward_step(be, o);
-    model.backward(be, o, on_segment(i == count - 1));
+    model.backward(be, o, done);
   }
 }
 

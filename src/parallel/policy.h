@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "models/model.h"
+#include "models/step_recorder.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/zero.h"
 
@@ -139,6 +140,12 @@ class ParallelPolicy {
   virtual const Model* saved_model() const { return nullptr; }
   // Where evaluation's forward passes go through pipeline stages; null: on this rank's model.
   virtual StagedForward* staged_forward() { return nullptr; }
+  // The default run_micro_batches runs a micro-batch whose backward reports no segment through
+  // `recorder` (models/step_recorder.h: recorded once, then replayed); null: as it is.
+  void record_micro_batches(StepRecorder* recorder) { recorder_ = recorder; }
+
+ protected:
+  StepRecorder* recorder_ = nullptr;
 };
 
 // acc += the sum of squares of `grads`, which hold the parameters' elements from `base` on, but

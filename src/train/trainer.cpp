@@ -22,6 +22,7 @@
 #include "core/step_control.h"
 #include "data/loader.h"
 #include "models/model.h"
+#include "models/step_recorder.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
@@ -948,12 +949,23 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   if (o.pp_size > 1)
     parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
                                              *run->optimizer, run->parallel, std::move(parallel));
+  // The micro-batches recorded and replayed where the device and the model allow it.
+  std::unique_ptr<StepRecorder> recorder;
+  if (o.do_train && StepRecorder::possible(*be, model)) {
+    recorder = std::make_unique<StepRecorder>(*be, model);
+    parallel->record_micro_batches(recorder.get());
+  }
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   Communicator* sequence_ranks = o.sp_size > 1 ? &mesh->group(MeshDim::sequence) : nullptr;
   RunContext c{o, dist,  data, sequence_ranks, *be,   *run, *parallel, state,
                s, peaks, log,  faults,         events};
   if (o.do_train) train_steps(c);
+  if (recorder) {
+    const StepRecorder::Counts& n = recorder->counts();
+    log.log({{"recorded_micro_batches",
+              {{"ran", n.ran}, {"recorded", n.recorded}, {"replayed", n.replayed}}}});
+  }
   s.parallel = parallel->statistics();
   if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());
   if (experts.exchange)

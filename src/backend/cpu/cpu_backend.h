@@ -13,7 +13,7 @@
 
 namespace brisk {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   CpuBackend() { set_matmul_dtype(DType::f32); }
   Device device() const override { return Device::cpu; }

@@ -149,6 +149,45 @@ void CudaBackend::synchronize() {
   check_cuda(cudaStreamSynchronize(stream_), "a GPU operation");
 }
 
+namespace {
+
+// An instantiated graph, launched on the stream it was captured from.
+class CudaGraph final : public RecordedWork {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void run() override { check_cuda(cudaGraphLaunch(exec_, stream_), "launching a recorded step"); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordedWork> CudaBackend::record(const std::function<void()>& work) {
+  // Thread-local: this thread's calls that would wait for the device fail the capture.
+  check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+             "starting to record a step");
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's own error, if any, is the one thrown
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(stream_, &graph), "recording a step as a CUDA graph");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(made, "instantiating a recorded step");
+  return std::make_unique<CudaGraph>(exec, stream_);
+}
+
 // ---- 16-bit activations ----
 
 bool CudaBackend::bf16_activations(DType dtype) const {

@@ -65,6 +65,9 @@ class CudaBackend final : public Backend {
   void download(const Tensor& src, const Tensor& dst) override;
   void synchronize() override;
   void* device_stream() const override { return stream_; }
+  bool records_work() const override { return true; }
+  // A CUDA graph captured from the stream.
+  std::unique_ptr<RecordedWork> record(const std::function<void()>& work) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout,
                       const Tensor& y) override;

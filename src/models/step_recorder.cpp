@@ -1,0 +1,53 @@
+#include "models/step_recorder.h"
+
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace brisk {
+
+StepRecorder::StepRecorder(Backend& be, Model& model) : be_(be), model_(model) {
+  BRISK_CHECK(possible(be, model), "internal error: a step recorder where none can record");
+}
+
+bool StepRecorder::possible(const Backend& be, const Model& model) {
+  return be.records_work() && model.computes_alone() && !model.held_step().second.empty();
+}
+
+void StepRecorder::run(const StepOptions& given) {
+  model_.load_step(be_);
+  // The key's step from memory, the same for every micro-batch of a signature.
+  const auto [host, device] = model_.held_step();
+  std::memcpy(host.data(), &given.rng.step, sizeof given.rng.step);
+  be_.upload(host, device);
+  StepOptions o = given;
+  o.rng.step = 0;
+  o.rng.step_offset = static_cast<const uint64_t*>(device.data());
+  auto compute = [this, o] {
+    model_.forward_compute(be_, o);
+    model_.backward(be_, o);
+  };
+  std::vector<int64_t> signature = model_.step_signature(o);
+  auto it = entries_.find(signature);
+  if (it == entries_.end() && entries_.size() < kMostSignatures)
+    it = entries_.emplace(std::move(signature), Entry()).first;
+  Entry* e = it == entries_.end() ? nullptr : &it->second;
+  if (e && !e->work && e->seen && recordings_ < kMostRecordings) {
+    e->work = be_.record(compute);
+    BRISK_CHECK(e->work != nullptr, "internal error: the backend recorded nothing");
+    ++recordings_;
+    ++counts_.recorded;
+  } else if (e && e->work) {
+    ++counts_.replayed;
+  }
+  if (e && e->work) {
+    e->work->run();
+    return;
+  }
+  if (e) e->seen = true;
+  ++counts_.ran;
+  compute();
+}
+
+}  // namespace brisk

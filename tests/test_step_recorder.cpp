@@ -1,0 +1,125 @@
+// Recorded micro-batches (models/step_recorder.h) against the same micro-batches run as usual: the
+// same losses and gradients, bit for bit, through an optimizer step's first micro-batch and the
+// ones that add to it, dropout drawing each micro-batch's own masks from the step held in memory.
+// On the CPU a recording is its closure (what a graph is: the ops with the arguments they were
+// recorded with, run again); on a GPU, CUDA graphs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend_support.h"
+#include "models/step_recorder.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+// The CPU backend, recording work as its closure.
+class ClosureRecordingCpu final : public CpuBackend {
+ public:
+  bool records_work() const override { return true; }
+  std::unique_ptr<RecordedWork> record(const std::function<void()>& work) override {
+    struct Closure final : RecordedWork {
+      explicit Closure(std::function<void()> f) : work(std::move(f)) {}
+      void run() override { work(); }
+      std::function<void()> work;
+    };
+    return std::make_unique<Closure>(work);
+  }
+};
+
+struct MicroBatch {
+  bool first;
+  uint64_t step;
+};
+
+// Six micro-batches, two optimizer steps of three (the first of each writes the gradients the
+// others add to), each its own micro-step: on `usual` as the trainer runs them, on `recorded`
+// through a StepRecorder; the summed losses and the gradients after each compared.
+void expect_recorded_as_run(LoadedModel& usual, LoadedModel& recorded) {
+  ASSERT_TRUE(StepRecorder::possible(*recorded.be, *recorded.model));
+  StepRecorder recorder(*recorded.be, *recorded.model);
+  const MicroBatch batches[] = {{true, 40}, {false, 41}, {false, 42},
+                                {true, 43}, {false, 44}, {false, 45}};
+  std::vector<double> losses;
+  for (const MicroBatch& mb : batches) {
+    SCOPED_TRACE("micro-step " + std::to_string(mb.step));
+    StepOptions so;
+    so.first_micro_batch = mb.first;
+    so.rng = RngKey{11, mb.step, 0};
+    so.loss_grad_scale = 1.0f / static_cast<float>(usual.model->count_targets());
+    for (LoadedModel* m : {&usual, &recorded}) {
+      if (mb.first) m->model->zero_accumulated_grads(*m->be);
+      m->model->reset_step_stats(*m->be);
+    }
+    usual.model->forward_step(*usual.be, so);
+    usual.model->backward(*usual.be, so);
+    recorder.run(so);
+    const double loss = usual.model->read_step_stats(*usual.be)[kStatLoss];
+    EXPECT_EQ(recorded.model->read_step_stats(*recorded.be)[kStatLoss], loss);
+    EXPECT_EQ(recorded.grads(), usual.grads());
+    losses.push_back(loss);
+  }
+  // Not vacuous: every micro-step drew its own dropout masks (the batch is the same each time).
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_NE(losses[i], losses[i - 1]);
+  // Each signature (first or not) ran once, was recorded the second time, then replayed.
+  const StepRecorder::Counts& n = recorder.counts();
+  EXPECT_EQ(n.ran, 2);
+  EXPECT_EQ(n.recorded, 2);
+  EXPECT_EQ(n.replayed, 2);
+}
+
+TEST(StepRecorder, ReplaysGiveWhatTheMicroBatchesGaveOnTheCpu) {
+  const std::vector<std::pair<const char*, bool>> models{
+      {"bert_tiny", false}, {"bert_mlm", true}, {"gpt2_tiny", false}, {"llama_tiny", false}};
+  for (const auto& [name, masked_lm] : models)
+    for (DType type : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(name) + " " + dtype_name(type));
+      PlanOptions options;
+      options.activation_dtype = type;
+      // Llama's config has no dropout: its attention's, as the others have.
+      auto attention_dropout = [](ModelConfig& c) { c.attention_dropout = 0.1f; };
+      LoadedModel usual(fixture(name), options, /*dropout=*/true, type, 0, masked_lm,
+                        attention_dropout);
+      options.held_step = true;
+      LoadedModel recorded(fixture(name), options, /*dropout=*/true, type, 0, masked_lm,
+                           attention_dropout, 0, std::make_unique<ClosureRecordingCpu>());
+      expect_recorded_as_run(usual, recorded);
+    }
+}
+
+TEST(StepRecorder, RecordsOnlyWhereTheBackendRecordsAndTheStepIsHeld) {
+  PlanOptions held;
+  held.held_step = true;
+  LoadedModel plain_backend(fixture("bert_tiny"), held);
+  EXPECT_FALSE(StepRecorder::possible(*plain_backend.be, *plain_backend.model));
+  LoadedModel unplanned(fixture("bert_tiny"), PlanOptions(), false, DType::f32, 0, false, nullptr,
+                        0, std::make_unique<ClosureRecordingCpu>());
+  EXPECT_FALSE(StepRecorder::possible(*unplanned.be, *unplanned.model));
+  expect_error([&] { StepRecorder r(*unplanned.be, *unplanned.model); }, "internal error");
+}
+
+// CUDA graphs: the same micro-batches recorded and replayed on the GPU, float32 and bf16.
+TEST(StepRecorder, ReplaysGiveWhatTheMicroBatchesGaveOnTheGpu) {
+  REQUIRE_GPU();
+  for (const char* name : {"bert_tiny", "gpt2_tiny"})
+    for (DType type : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(name) + " " + dtype_name(type));
+      PlanOptions options;
+      options.device = Device::cuda;
+      options.activation_dtype = type;
+      LoadedModel usual(fixture(name), options, /*dropout=*/true, type);
+      options.held_step = true;
+      LoadedModel recorded(fixture(name), options, /*dropout=*/true, type);
+      expect_recorded_as_run(usual, recorded);
+    }
+}
+
+}  // namespace
+}  // namespace brisk::testing
