@@ -4,7 +4,7 @@
 # under Nsight Compute; GPT-2 with its vocabulary padded to a multiple of 8), logs under $OUT.
 #   bash scripts/gpu_check.sh [tests] [cpu-suite] [offload] [bert] [anchors] [profile] [timeline]
 #     [vocab] [same] [speed] [rebuild] [head] [mlm] [mlm-rows] [residual-norm] [switch] [switches]
-#     [padded]
+#     [padded] [recorded]
 # (tests: $TESTS, a gtest filter, narrows brisk_tests' GPU tests)
 # (switch: GPT-2 with the measurement switch $SWITCH set to 0 against unset, alternated;
 #  switches: every switch in $SWITCHES at once)
@@ -131,6 +131,11 @@ PY
       for fused in 0 1 0 1; do
         echo "fused=$fused: $(BRISK_FUSED_RESIDUAL_NORM=$fused gpt2_train 50257 ${STEPS:-16})"
       done | tee -a "$OUT/residual_norm.log" ;;
+    recorded)  # recorded micro-batches (CUDA graphs: BRISK_RECORDED_STEPS=1) against the usual
+      # launches: GPT-2's samples/s at batch $BATCH (8) over $STEPS (16), alternated
+      for on in 1 0 1 0; do
+        echo "recorded=$on: $(BRISK_RECORDED_STEPS=$on gpt2_train 50257 ${STEPS:-16})"
+      done | tee "$OUT/recorded.log" ;;
     switch)  # GPT-2's samples/s over $STEPS (16) with $SWITCH=0 (a path turned off) and without
       for off in 1 0 1 0; do
         if [ $off = 1 ]; then echo "$SWITCH=0: $(export "$SWITCH=0"; gpt2_train 50257 ${STEPS:-16})"
