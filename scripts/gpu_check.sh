@@ -10,18 +10,34 @@
 #  switches: every switch in $SWITCHES at once)
 # (anchors: bench/gpu_anchors.py with the systems in $ANCHORS, default brisk,torch,compile,trainer,
 #  and more arguments in $ANCHOR_ARGS, e.g. --batches bert:32,gpt2:32)
+# (BUDGET=seconds: the modes in order, each ended when the budget is spent, the rest skipped and
+#  named, so that one call within the device's per-command limit brings back what finished)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar -xJf .dev/pack.tar.xz -C . build-gpu && tar -xJf .dev/pack.tar.xz -C .dev lib
-# The test programs name their fixtures and programs by the development checkout's paths.
-here=$(pwd); [ "$here" = /work/main ] || { mkdir -p /work; ln -sfn "$here" /work/main; }
-cuda_libs=$(dirname $(find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o \
-  -name 'libcudart.so.13' -o -name 'libcudnn.so.9' \) 2>/dev/null | sort -u) | sort -u | tr '\n' ':')
-echo "libraries from: $cuda_libs"
-export LD_LIBRARY_PATH="$here/.dev/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-grep -m1 'model name' /proc/cpuinfo; nproc
+here=$(pwd)
+if [ -z "${GPU_CHECK_SET_UP:-}" ]; then
+  tar -xJf .dev/pack.tar.xz -C . build-gpu && tar -xJf .dev/pack.tar.xz -C .dev lib
+  # The test programs name their fixtures and programs by the development checkout's paths.
+  [ "$here" = /work/main ] || { mkdir -p /work; ln -sfn "$here" /work/main; }
+  cuda_libs=$(dirname $(find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o \
+    -name 'libcudart.so.13' -o -name 'libcudnn.so.9' \) 2>/dev/null | sort -u) | sort -u | tr '\n' ':')
+  echo "libraries from: $cuda_libs"
+  export LD_LIBRARY_PATH="$here/.dev/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  grep -m1 'model name' /proc/cpuinfo; nproc
+  export GPU_CHECK_SET_UP=1
+fi
+if [ -n "${BUDGET:-}" ]; then
+  deadline=$(($(date +%s) + BUDGET))
+  for what in "${@:-tests}"; do
+    left=$((deadline - $(date +%s)))
+    if [ "$left" -lt 15 ]; then echo "gpu_check: $what skipped, the budget is spent"; continue; fi
+    echo "gpu_check: $what ($left s left)"
+    BUDGET= timeout "$left" bash "$0" "$what" || echo "gpu_check: $what ended with status $?"
+  done
+  exit 0
+fi
 # GPT-2 124M (random init), bf16, batch $BATCH (8) x 1024 on the GPU, by $BRISK_TRAIN (this build):
 #   gpt2_train VOCAB STEPS [launcher...]
 gpt2_train() {
