@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend_support.h"
+#include "models/batch.h"
 #include "models/step_recorder.h"
 #include "test_support.h"
 
@@ -103,6 +104,78 @@ TEST(StepRecorder, ReplaysGiveWhatTheMicroBatchesGaveOnTheCpu) {
                            attention_dropout, 0, std::make_unique<ClosureRecordingCpu>());
       expect_recorded_as_run(usual, recorded, 0.0);
     }
+}
+
+// A batch of `seq` tokens a row, its ids and labels drawn from `salt`: labels per token (a
+// language model's, the ids themselves) or per row.
+void fill_batch(Model& model, int64_t seq, int salt) {
+  model.use_seq(seq);
+  model.reset_batch();
+  const Batch& b = model.batch();
+  const int64_t n = b.input_ids.numel();
+  for (int64_t i = 0; i < n; ++i)
+    b.input_ids.i32()[i] = static_cast<int32_t>((i * 7 + salt * 13 + 1) % 50);
+  const int64_t labels = b.labels.numel();
+  for (int64_t i = 0; i < labels; ++i)
+    b.labels.i32()[i] = labels == n ? b.input_ids.i32()[i] : static_cast<int32_t>((i + salt) % 2);
+}
+
+// An evaluation's forward passes (no dropout, no gradients) through the recorder: the same losses
+// and logits as the usual forward, over lengths that take their own recordings (dynamic padding:
+// each length its own signature), on `device`'s backend or, given, on `backend`; to `tol` (0: bit
+// for bit; a GPU's loss sums add by atomics). A recorded closure reads the model's views as they
+// are when it runs, so on the CPU a signature that missed the length would pass: the GPU's graphs,
+// which keep the views they were recorded with, check that.
+void expect_recorded_forward(Device device, std::function<std::unique_ptr<Backend>()> backend,
+                             double tol) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny"}) {
+    SCOPED_TRACE(name);
+    const int64_t T = batch_shape_of(SafetensorsFile(fixture(name) + "/batch.safetensors")).seq;
+    PlanOptions options;
+    options.device = device;
+    LoadedModel usual(fixture(name), options, false, DType::f32, T + 3);
+    options.held_step = true;
+    LoadedModel recorded(fixture(name), options, false, DType::f32, T + 3, false, nullptr, 0,
+                         backend ? backend() : nullptr);
+    StepRecorder recorder(*recorded.be, *recorded.model);
+    StepOptions so;
+    so.training = false;
+    so.compute_grad = false;
+    int salt = 0;
+    for (const int64_t seq : {T, T + 3, T, T + 3, T, T + 3}) {
+      SCOPED_TRACE("length " + std::to_string(seq));
+      for (LoadedModel* m : {&usual, &recorded}) fill_batch(*m->model, seq, salt);
+      ++salt;
+      const double loss = usual.model->forward(*usual.be, so);
+      EXPECT_GT(loss, 0.0);
+      recorded.model->reset_step_stats(*recorded.be);
+      recorder.forward(so);
+      const double got = recorded.model->read_step_stats(*recorded.be)[kStatLoss];
+      const FVec logits = to_host(*recorded.be, recorded.model->logits());
+      const FVec want = to_host(*usual.be, usual.model->logits());
+      if (tol == 0) {
+        EXPECT_EQ(got, loss);
+        EXPECT_EQ(logits, want);
+      } else {
+        EXPECT_NEAR(got, loss, tol * loss);
+        EXPECT_LT(rel_error(logits.data(), want.data(), static_cast<int64_t>(want.size())), tol);
+      }
+    }
+    const StepRecorder::Counts& n = recorder.counts();
+    EXPECT_EQ(n.ran, 2);
+    EXPECT_EQ(n.recorded, 2);
+    EXPECT_EQ(n.replayed, 2);
+  }
+}
+
+TEST(StepRecorder, RecordedForwardPassesGiveTheUsualLossesAndLogits) {
+  expect_recorded_forward(
+      Device::cpu, [] { return std::make_unique<ClosureRecordingCpu>(); }, 0.0);
+}
+
+TEST(StepRecorder, RecordedForwardPassesGiveTheUsualLossesAndLogitsOnTheGpu) {
+  REQUIRE_GPU();
+  expect_recorded_forward(Device::cuda, nullptr, 1e-6);
 }
 
 TEST(StepRecorder, RecordsOnlyWhereTheBackendRecordsAndTheStepIsHeld) {

@@ -44,6 +44,7 @@ struct EvalContext {
   StagedForward* staged;
   // Sequence parallelism: only the rank holding the first tokens holds a classifier's results.
   Communicator* sequence;
+  StepRecorder* recorder;  // where the forward passes are recorded and replayed; else null
   bool last_stage() const {
     return !staged || staged->stages().rank() == staged->stages().size() - 1;
   }
@@ -105,9 +106,12 @@ void evaluate_batch(const EvalContext& c, int64_t first, int64_t rows, EvalTally
   c.model.reset_batch();
   for (int64_t r = 0; r < rows; ++r) c.data.fill_row(first + r, 0, c.model.batch(), r);
   t.targets += c.model.count_targets();
-  if (c.staged) {
+  if (c.staged || c.recorder) {
     c.model.reset_step_stats(c.be);
-    c.staged->forward(c.be, c.model, c.so);
+    if (c.staged)
+      c.staged->forward(c.be, c.model, c.so);
+    else
+      c.recorder->forward(c.so);
     t.loss += c.model.read_step_stats(c.be)[kStatLoss];
   } else {
     t.loss += c.model.forward(c.be, c.so);
@@ -234,7 +238,8 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       classification,
                       model.config().regression,
                       staged,
-                      sequence};
+                      sequence,
+                      staged ? nullptr : recorder_};
   EvalTally t(std::max<int64_t>(c.L, 2));
   const HeldWeights held(be, model.resident_weights());  // nothing changes them meanwhile
   // Batch i is rank i mod N's. When a forward pass meets the other ranks (ZeRO stage 3's

@@ -16,6 +16,7 @@
 #include "core/memory_plan.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/step_recorder.h"
 
 namespace brisk {
 
@@ -55,10 +56,14 @@ class Evaluator {
                      const std::function<void(const Prediction&)>& on_prediction = nullptr,
                      Communicator* comm = nullptr, StagedForward* staged = nullptr,
                      Communicator* sequence = nullptr);
+  // The forward passes of one process's own batches through `recorder` (recorded once per
+  // signature, then replayed: models/step_recorder.h); null: as they are.
+  void record_forward(StepRecorder* recorder) { recorder_ = recorder; }
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]
   bool dynamic_padding_ = false;
+  StepRecorder* recorder_ = nullptr;
 };
 
 }  // namespace brisk

@@ -15,7 +15,15 @@ bool StepRecorder::possible(const Backend& be, const Model& model) {
   return be.records_work() && model.computes_alone() && !model.held_step().second.empty();
 }
 
-void StepRecorder::run(const StepOptions& given) {
+void StepRecorder::run(const StepOptions& options) {
+  through(options, true);
+}
+
+void StepRecorder::forward(const StepOptions& options) {
+  through(options, false);
+}
+
+void StepRecorder::through(const StepOptions& given, bool backward) {
   model_.load_step(be_);
   // The key's step from memory, the same for every micro-batch of a signature.
   const auto [host, device] = model_.held_step();
@@ -24,11 +32,12 @@ void StepRecorder::run(const StepOptions& given) {
   StepOptions o = given;
   o.rng.step = 0;
   o.rng.step_offset = static_cast<const uint64_t*>(device.data());
-  auto compute = [this, o] {
+  auto compute = [this, o, backward] {
     model_.forward_compute(be_, o);
-    model_.backward(be_, o);
+    if (backward) model_.backward(be_, o);
   };
   std::vector<int64_t> signature = model_.step_signature(o);
+  signature.push_back(backward);
   auto it = entries_.find(signature);
   if (it == entries_.end() && entries_.size() < kMostSignatures)
     it = entries_.emplace(std::move(signature), Entry()).first;

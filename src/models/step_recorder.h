@@ -21,7 +21,7 @@ class StepRecorder {
  public:
   // Recordings kept (dynamic padding records one per length seen twice), and signatures
   // remembered; past them micro-batches run as usual.
-  static constexpr size_t kMostRecordings = 16, kMostSignatures = 256;
+  static constexpr size_t kMostRecordings = 32, kMostSignatures = 256;
 
   StepRecorder(Backend& be, Model& model);
   // Whether a run may record: the backend records, the model computes alone (Model::
@@ -31,6 +31,8 @@ class StepRecorder {
   // Model::forward_step then Model::backward (reporting no segments) of the batch the model
   // holds, run, recorded or replayed.
   void run(const StepOptions& options);
+  // Model::forward_step alone (an evaluation's batch), the same way.
+  void forward(const StepOptions& options);
 
   struct Counts {
     int64_t ran = 0, recorded = 0, replayed = 0;
@@ -38,6 +40,7 @@ class StepRecorder {
   const Counts& counts() const { return counts_; }
 
  private:
+  void through(const StepOptions& options, bool backward);
   struct Entry {
     bool seen = false;
     std::unique_ptr<RecordedWork> work;

@@ -295,7 +295,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
   // BRISK_LABELLED_ROWS_ONLY=0: a masked LM decodes every row in training too, to compare.
   model_options.labelled_rows_only = !switched_off("BRISK_LABELLED_ROWS_ONLY");
-  model_options.held_step = model_options.gradients && device_traits(device).records_steps;
+  model_options.held_step = device_traits(device).records_steps;
   if (!model_options.gradients) {
     // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
     // checkpointing lays them out (the same forward, bit for bit).

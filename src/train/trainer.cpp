@@ -949,11 +949,13 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   if (o.pp_size > 1)
     parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
                                              *run->optimizer, run->parallel, std::move(parallel));
-  // The micro-batches recorded and replayed where the device and the model allow it.
+  // The micro-batches and evaluation's forward passes recorded and replayed where the device
+  // and the model allow it.
   std::unique_ptr<StepRecorder> recorder;
-  if (o.do_train && StepRecorder::possible(*be, model)) {
+  if (StepRecorder::possible(*be, model)) {
     recorder = std::make_unique<StepRecorder>(*be, model);
     parallel->record_micro_batches(recorder.get());
+    run->evaluator.record_forward(recorder.get());
   }
   TrainerState state = load_state(*be, *run, log.sink(), *parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
@@ -961,17 +963,17 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   RunContext c{o, dist,  data, sequence_ranks, *be,   *run, *parallel, state,
                s, peaks, log,  faults,         events};
   if (o.do_train) train_steps(c);
-  if (recorder) {
-    const StepRecorder::Counts& n = recorder->counts();
-    log.log({{"recorded_micro_batches",
-              {{"ran", n.ran}, {"recorded", n.recorded}, {"replayed", n.replayed}}}});
-  }
   s.parallel = parallel->statistics();
   if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());
   if (experts.exchange)
     add_exchanges(s, "expert", experts.exchange->bytes(), experts.exchange->seconds());
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
+  if (recorder) {
+    const StepRecorder::Counts& n = recorder->counts();
+    log.log({{"recorded_passes",
+              {{"ran", n.ran}, {"recorded", n.recorded}, {"replayed", n.replayed}}}});
+  }
   return s;
 }
 
