@@ -28,8 +28,9 @@ GPU's free memory or G GiB; --plan_only prints the batches and their plans, no G
 brisk-nondet: brisk with BRISK_ATTENTION_DETERMINISTIC=0, cuDNN's fastest attention backward;
 brisk-f32act: brisk with BRISK_BF16_ACTIVATIONS=0, its saved activations in float32 containers
 cast per product; brisk-keptact: brisk with BRISK_RECOMPUTE_ACTIVATION=0, the MLP activation's
-output kept per block, not rebuilt in backward; brisk-base: the build at $BRISK_BASE_BIN, to
-compare two builds in one run)
+output kept per block, not rebuilt in backward; brisk-graphs: brisk with BRISK_RECORDED_STEPS=1,
+its micro-batches recorded as CUDA graphs and replayed; brisk-base: the build at $BRISK_BASE_BIN,
+to compare two builds in one run)
 """
 import argparse
 import json
@@ -51,11 +52,13 @@ BATCHES = {"bert": (4, 16, 32), "gpt2": (8, 16, 32), "llama": (4, 8)}
 SEQ = {"bert": 512, "gpt2": 1024, "llama": 2048}
 CAUSAL = ("gpt2", "llama")  # trained on a token file, labels = inputs
 # brisk with a measurement switch: its float32 attention kernels, cuDNN's fastest attention
-# backward, saved activations in float32 containers, the MLP activation's output kept.
+# backward, saved activations in float32 containers, the MLP activation's output kept, recorded
+# micro-batches (CUDA graphs).
 SWITCHED = {"brisk-f32attn": {"BRISK_FUSED_ATTENTION": "0"},
             "brisk-nondet": {"BRISK_ATTENTION_DETERMINISTIC": "0"},
             "brisk-f32act": {"BRISK_BF16_ACTIVATIONS": "0"},
-            "brisk-keptact": {"BRISK_RECOMPUTE_ACTIVATION": "0"}}
+            "brisk-keptact": {"BRISK_RECOMPUTE_ACTIVATION": "0"},
+            "brisk-graphs": {"BRISK_RECORDED_STEPS": "1"}}
 
 TORCH_CHILD = r'''
 import json, subprocess, sys, time
