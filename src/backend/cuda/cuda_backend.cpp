@@ -172,15 +172,19 @@ std::unique_ptr<RecordedWork> CudaBackend::record(const std::function<void()>& w
   check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
              "starting to record a step");
   cudaGraph_t graph = nullptr;
-  try {
-    work();
-  } catch (...) {
+  auto end_capture = [&] {
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // the capture's own error, if any, is the one thrown
-    throw;
+    cudaGetLastError();  // the capture's own error is the one reported
+  };
+  try {
+    work();
+  } catch (const std::exception& e) {
+    end_capture();
+    BRISK_FAIL(e.what(), " (while recording a step as a CUDA graph: BRISK_RECORDED_STEPS=1)");
   }
-  check_cuda(cudaStreamEndCapture(stream_, &graph), "recording a step as a CUDA graph");
+  check_cuda(cudaStreamEndCapture(stream_, &graph),
+             "recording a step as a CUDA graph (BRISK_RECORDED_STEPS=1)");
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
