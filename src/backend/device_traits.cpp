@@ -66,7 +66,8 @@ DeviceTraits cuda_traits() {
   // 50304 (docs/benchmarks.md, "The LM head padded"). BRISK_PAD_HEAD=0 leaves it unpadded, to
   // measure (scripts/gpu_check.sh mlm).
   t.bf16_head_row_multiple = switched_off("BRISK_PAD_HEAD") ? 1 : 64;
-  // CUDA graphs of the micro-batches: opt-in with BRISK_RECORDED_STEPS=1 until measured on a GPU.
+  // CUDA graphs of the micro-batches and evaluation passes: opt-in with BRISK_RECORDED_STEPS=1
+  // until measured on a GPU.
   t.records_steps = switched_on("BRISK_RECORDED_STEPS");
   // The MLP activation's output rebuilt from fc_pre (one memory-bound pass over B x T x inner
   // bf16 values a block: at an H100's bandwidth ~2 ms of a bert-large batch 32 step; not measured):
