@@ -4,7 +4,6 @@
 #include <limits>
 
 #include "core/error.h"
-#include "core/mask_rows.h"
 
 namespace brisk {
 
@@ -21,8 +20,10 @@ bool right_padded_lengths(const Tensor& mask, const Tensor& lengths) {
   const int64_t B = mask.dim(0), T = mask.dim(1);
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* row = mask.i32() + b * T;
-    const int64_t n = std::find(row, row + T, 0) - row;
-    if (n == 0 || !keeps_first_keys(row, T, n)) return false;
+    const int32_t* first_hidden = std::find(row, row + T, 0);
+    const int64_t n = first_hidden - row;  // every key before it kept: only the rest is read
+    if (n == 0 || std::any_of(first_hidden, row + T, [](int32_t v) { return v != 0; }))
+      return false;
     lengths.i32()[b] = static_cast<int32_t>(n);
   }
   return true;

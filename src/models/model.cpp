@@ -962,13 +962,12 @@ void Model::load_step(Backend& be) {
   upload_constants(be);
 }
 
-std::vector<int64_t> Model::step_signature(const StepOptions& o) const {
+void Model::step_signature(const StepOptions& o, std::vector<int64_t>& s) const {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &o.loss_grad_scale, sizeof scale_bits);
-  std::vector<int64_t> s = {shape_.batch, shape_.seq,     hides_keys_,         keys_right_padded_,
-                            o.training,   o.compute_grad, o.first_micro_batch, scale_bits};
+  s.assign({shape_.batch, shape_.seq, hides_keys_, keys_right_padded_, o.training, o.compute_grad,
+            o.first_micro_batch, scale_bits});
   add_step_signature(s);
-  return s;
 }
 
 bool Model::computes_alone() const {

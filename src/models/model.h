@@ -205,8 +205,8 @@ class Model : public BatchTarget {
   void forward_compute(Backend& be, const StepOptions& options);
   // Everything of the loaded batch and of `options` that forward_compute and backward decide by
   // on the host, but the dropout keys' step: two micro-batches with equal signatures launch the
-  // same work on the same buffers.
-  std::vector<int64_t> step_signature(const StepOptions& options) const;
+  // same work on the same buffers. Written into `out` (kept by the caller: no allocation a step).
+  void step_signature(const StepOptions& options, std::vector<int64_t>& out) const;
   // Whether a micro-batch's forward and backward are this model's own work alone, on buffers
   // fixed by the plan (no exchanges with other ranks, no weights gathered into slots, no
   // routing decided on the host): what a recorded step needs.

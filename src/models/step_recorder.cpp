@@ -1,7 +1,6 @@
 #include "models/step_recorder.h"
 
 #include <cstring>
-#include <utility>
 
 #include "core/error.h"
 
@@ -36,27 +35,28 @@ void StepRecorder::through(const StepOptions& given, bool backward) {
     model_.forward_compute(be_, o);
     if (backward) model_.backward(be_, o);
   };
-  std::vector<int64_t> signature = model_.step_signature(o);
-  signature.push_back(backward);
-  auto it = entries_.find(signature);
+  model_.step_signature(o, signature_);
+  signature_.push_back(backward);
+  auto it = entries_.find(signature_);
   if (it == entries_.end() && entries_.size() < kMostSignatures)
-    it = entries_.emplace(std::move(signature), Entry()).first;
+    it = entries_.emplace(signature_, Entry()).first;
   Entry* e = it == entries_.end() ? nullptr : &it->second;
-  if (e && !e->work && e->seen && recordings_ < kMostRecordings) {
+  const bool records = e && !e->work && e->seen && recordings_ < kMostRecordings;
+  if (!e || (!e->work && !records)) {  // first seen, or past the limits: as usual
+    if (e) e->seen = true;
+    ++counts_.ran;
+    compute();
+    return;
+  }
+  if (records) {
     e->work = be_.record(compute);
     BRISK_CHECK(e->work != nullptr, "internal error: the backend recorded nothing");
     ++recordings_;
     ++counts_.recorded;
-  } else if (e && e->work) {
+  } else {
     ++counts_.replayed;
   }
-  if (e && e->work) {
-    e->work->run();
-    return;
-  }
-  if (e) e->seen = true;
-  ++counts_.ran;
-  compute();
+  e->work->run();
 }
 
 }  // namespace brisk

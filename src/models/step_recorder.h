@@ -48,6 +48,7 @@ class StepRecorder {
   Backend& be_;
   Model& model_;
   std::map<std::vector<int64_t>, Entry> entries_;
+  std::vector<int64_t> signature_;  // the current pass's, reused
   size_t recordings_ = 0;
   Counts counts_;
 };

@@ -172,15 +172,12 @@ std::unique_ptr<RecordedWork> CudaBackend::record(const std::function<void()>& w
   check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
              "starting to record a step");
   cudaGraph_t graph = nullptr;
-  auto end_capture = [&] {
-    cudaStreamEndCapture(stream_, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // the capture's own error is the one reported
-  };
   try {
     work();
   } catch (const std::exception& e) {
-    end_capture();
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's own error is the one reported
     BRISK_FAIL(e.what(), " (while recording a step as a CUDA graph: BRISK_RECORDED_STEPS=1)");
   }
   check_cuda(cudaStreamEndCapture(stream_, &graph),
