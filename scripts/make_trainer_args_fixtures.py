@@ -1,14 +1,19 @@
 """TrainingArguments fixtures: option files written by transformers' own
-TrainingArguments.to_json_string(), as a Trainer user has them, for tests/test_trainer_keys.cpp.
+TrainingArguments.to_json_string(), as a Trainer user has them, for tests/test_trainer_keys.cpp
+and the Python package's tests.
 
-  python scripts/make_trainer_args_fixtures.py            # with transformers 5.x installed
-  python scripts/make_trainer_args_fixtures.py --v4       # with transformers 4.46.x installed
+  python scripts/make_trainer_args_fixtures.py
 
-(pip install transformers; torch is not needed.) Each run writes the files of the installed
-major version under tests/fixtures/trainer_args/.
+writes training_args_<version>[_accelerate]_{defaults,set}.json under
+tests/fixtures/trainer_args/ for the transformers installed (with "_accelerate" when accelerate is
+installed too: TrainingArguments then writes AcceleratorConfig's defaults). Run it once per
+version kept there (4.46 through 5.x). torch is needed only where accelerate is installed.
+The older training_args_v4_* (4.46, without accelerate) and training_args_v5_* (5.0, without
+accelerate) were written the same way.
 """
+import dataclasses
+import importlib.util
 import os
-import sys
 
 import transformers
 from transformers import TrainingArguments
@@ -21,7 +26,7 @@ SET = dict(output_dir="out", do_train=True, do_eval=True, logging_strategy="epoc
            save_strategy="epoch", report_to=["tensorboard"], learning_rate=3e-5,
            per_device_train_batch_size=4, per_device_eval_batch_size=4, greater_is_better=True,
            metric_for_best_model="accuracy", load_best_model_at_end=True, warmup_steps=2, seed=7,
-           num_train_epochs=2, weight_decay=0.01, save_total_limit=2)
+           num_train_epochs=2, weight_decay=0.01, save_total_limit=2, eval_strategy="epoch")
 
 
 def write(name, args):
@@ -31,19 +36,19 @@ def write(name, args):
 
 
 def main():
-    major = int(transformers.__version__.split(".")[0])
-    if "--v4" in sys.argv:
-        assert major == 4, "--v4 needs transformers 4.x installed"
-        write("training_args_v4_defaults.json", TrainingArguments(output_dir="out"))
-        # 4.x's older spelling of eval_strategy, and its gradient checkpointing flag.
-        write("training_args_v4_set.json",
-              TrainingArguments(evaluation_strategy="epoch", gradient_checkpointing=True, **SET))
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    tag = transformers.__version__
+    if importlib.util.find_spec("accelerate") is not None:
+        tag += "_accelerate"
+    write("training_args_%s_defaults.json" % tag, TrainingArguments(output_dir="out"))
+    # 5.x names gradient checkpointing activation_checkpointing (the older name still reads).
+    if "activation_checkpointing" in fields:
+        recompute = dict(activation_checkpointing=True,
+                         activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        assert major >= 5, "without --v4 this needs transformers 5.x installed"
-        write("training_args_v5_defaults.json", TrainingArguments(output_dir="out"))
-        write("training_args_v5_set.json",
-              TrainingArguments(eval_strategy="epoch", activation_checkpointing=True,
-                                activation_checkpointing_kwargs={"use_reentrant": False}, **SET))
+        recompute = dict(gradient_checkpointing=True,
+                         gradient_checkpointing_kwargs={"use_reentrant": False})
+    write("training_args_%s_set.json" % tag, TrainingArguments(**recompute, **SET))
 
 
 if __name__ == "__main__":

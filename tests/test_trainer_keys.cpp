@@ -5,10 +5,13 @@
 // ignore_mismatched_sizes and logging_strategy as they behave there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "cli_support.h"
 #include "test_support.h"
 #include "train/options.h"
 #include "train/trainer.h"
@@ -28,14 +31,28 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// The fixture files whose names end in `suffix`: one per transformers version kept, with and
+// without accelerate installed.
+std::vector<std::string> trainer_args_files(const std::string& suffix) {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(fixture("trainer_args"))) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > suffix.size() && name.ends_with(suffix)) files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 TEST(TrainerKeys, ATrainingArgumentsFileOfEachVersionIsReadAsTrainerReadsIt) {
-  for (const char* file : {"training_args_v4_set.json", "training_args_v5_set.json"}) {
+  const std::vector<std::string> set = trainer_args_files("_set.json");
+  ASSERT_GE(set.size(), 6u) << "4.46, 4.57, 5.0 and 5.x with accelerate, and two without";
+  for (const std::string& file : set) {
     SCOPED_TRACE(file);
     TrainOptions o;
-    load_options_file(o, fixture(std::string("trainer_args/") + file));
+    load_options_file(o, file);
     EXPECT_TRUE(o.do_train);
     EXPECT_TRUE(o.do_eval);
-    EXPECT_EQ(o.eval_strategy, "epoch");  // 4.x: evaluation_strategy
+    EXPECT_EQ(o.eval_strategy, "epoch");  // 4.46 without accelerate: evaluation_strategy
     EXPECT_EQ(o.save_strategy, "epoch");
     EXPECT_EQ(o.logging_strategy, "epoch");
     EXPECT_EQ(o.report_to, "tensorboard");  // ["tensorboard"]
@@ -54,18 +71,82 @@ TEST(TrainerKeys, ATrainingArgumentsFileOfEachVersionIsReadAsTrainerReadsIt) {
     EXPECT_TRUE(has(o.ignored_keys, "push_to_hub"));
     EXPECT_TRUE(has(o.ignored_keys, "hub_token"));
     EXPECT_FALSE(has(o.ignored_keys, "learning_rate"));
+    EXPECT_EQ(has(o.ignored_keys, "accelerator_config"),
+              file.find("_accelerate_") != std::string::npos);
     validate_options(o);
   }
   // Defaults as TrainingArguments has them: do_train false, so a run must ask for it.
-  for (const char* file : {"training_args_v4_defaults.json", "training_args_v5_defaults.json"}) {
+  const std::vector<std::string> defaults = trainer_args_files("_defaults.json");
+  ASSERT_EQ(defaults.size(), set.size());
+  for (const std::string& file : defaults) {
     SCOPED_TRACE(file);
     TrainOptions o;
-    load_options_file(o, fixture(std::string("trainer_args/") + file));
+    load_options_file(o, file);
     EXPECT_FALSE(o.do_train);
     expect_error([&] { validate_options(o); }, "nothing to do");
     o.do_train = true;
     validate_options(o);
   }
+}
+
+// accelerator_config, as TrainingArguments writes it with accelerate installed: each key
+// compared by value with what changes nothing in brisk; another value refused naming the key.
+TEST(TrainerKeys, AcceleratorConfigIsReadKeyByKey) {
+  const nlohmann::json defaults = {{"split_batches", false},
+                                   {"dispatch_batches", nullptr},
+                                   {"even_batches", true},
+                                   {"use_seedable_sampler", true},
+                                   {"non_blocking", false},
+                                   {"use_configured_state", false},
+                                   {"gradient_accumulation_kwargs", nullptr}};
+  EXPECT_EQ(read_options({{"accelerator_config", defaults}}).ignored_keys,
+            std::vector<std::string>{"accelerator_config"});
+  read_options({{"accelerator_config", nlohmann::json::object()}});
+  read_options({{"accelerator_config",
+                 {{"gradient_accumulation_kwargs", nlohmann::json::object()},
+                  {"use_seedable_sampler", false},
+                  {"non_blocking", true}}}});
+  const std::vector<std::pair<nlohmann::json, std::string>> refused = {
+      {{{"split_batches", true}},
+       "accelerator_config.split_batches = true is not implemented in brisk (each brisk rank"},
+      {{{"even_batches", false}}, "accelerator_config.even_batches = false"},
+      {{{"dispatch_batches", true}}, "accelerator_config.dispatch_batches = true"},
+      {{{"gradient_accumulation_kwargs", {{"sync_each_batch", true}}}},
+       "accelerator_config.gradient_accumulation_kwargs = {\"sync_each_batch\":true}"},
+      {{{"splitbatches", false}}, "accelerator_config holds the unknown key \"splitbatches\""}};
+  for (const auto& [value, needle] : refused) {
+    SCOPED_TRACE(value.dump());
+    expect_error([&] { read_options({{"accelerator_config", value}}); }, needle);
+  }
+  expect_error(
+      [] {
+        read_options({{"accelerator_config", "accelerate.json"}});
+      },
+      "accelerator_config must be a JSON object of AcceleratorConfig's keys");
+}
+
+// Values compared by value, not by text: 0 and 0.0, and the same inside lists and dicts.
+TEST(TrainerKeys, InertValuesAreComparedByValue) {
+  read_options({{"label_smoothing_factor", 0.0}, {"past_index", -1.0}});
+  read_options({{"accelerator_config", {{"even_batches", true}, {"split_batches", false}}}});
+  expect_error(
+      [] {
+        read_options({{"label_smoothing_factor", 1e-300}});
+      },
+      "label_smoothing_factor");
+}
+
+// A key of megabytes (a pasted file, a mangled JSON) is refused at once: the suggestion compares
+// it only with names of comparable length.
+TEST(TrainerKeys, ALongUnknownKeyIsRefusedWithoutComparingItToEveryName) {
+  const std::string key(10'000'000, 'k');
+  EXPECT_EQ(closest_option(key), "");
+  EXPECT_EQ(closest_option("learning_rat"), "learning_rate");
+  EXPECT_EQ(closest_option(std::string(60, 'x')), "");
+  TempDir dir("long_key");
+  const std::string path = dir / "options.json";
+  std::ofstream(path) << nlohmann::json{{key, 1}}.dump();
+  expect_refused("train --options_file " + path, "unknown option \"kkkk", 20);
 }
 
 TEST(TrainerKeys, KeysThatWouldChangeTheRunAreRefusedByName) {

@@ -1,6 +1,7 @@
 """TrainingArguments: the options of a brisk run under transformers' names and defaults."""
 
 import json
+import os
 
 from . import _brisk
 
@@ -22,6 +23,30 @@ def _jsonable(value):
 _SCRIPT_KEYS = ("do_train", "do_eval", "do_predict")
 
 
+def _holds_arguments(value):
+    """Whether `value` is a set of TrainingArguments: a dict, brisk's own, or an object with
+    `to_dict()` (transformers' TrainingArguments and its subclasses, TRL's SFTConfig)."""
+    return isinstance(value, (dict, TrainingArguments)) or (
+        not isinstance(value, (str, bytes, os.PathLike)) and callable(getattr(value, "to_dict",
+                                                                                 None)))
+
+
+def _arguments_of(value):
+    """The keys and values of such a set, as a dict."""
+    if isinstance(value, TrainingArguments):
+        given = value.given()
+        given.update({k: value._values[k] for k in _SCRIPT_KEYS if k in value._values})
+        return given
+    values = value if isinstance(value, dict) else value.to_dict()
+    if not isinstance(values, dict):
+        raise TypeError("%s.to_dict() returned %s, not a dict"
+                        % (type(value).__name__, type(values).__name__))
+    bad = [k for k in values if not isinstance(k, str)]
+    if bad:
+        raise TypeError("TrainingArguments keys must be strings, not %r" % (bad[0],))
+    return dict(values)
+
+
 class TrainingArguments:
     """The options of `brisk train`, named and defaulted as transformers' TrainingArguments.
 
@@ -33,8 +58,13 @@ class TrainingArguments:
 
     def __init__(self, output_dir=None, **kwargs):
         given = dict(kwargs)
-        if output_dir is not None:
-            given["output_dir"] = output_dir
+        if _holds_arguments(output_dir):  # TrainingArguments(args) of transformers' or a dict
+            given = dict(_arguments_of(output_dir), **kwargs)
+        elif output_dir is not None:
+            if not isinstance(output_dir, (str, os.PathLike)):
+                raise TypeError("output_dir must be a path, a TrainingArguments or a dict, not %s"
+                                % type(output_dir).__name__)
+            given["output_dir"] = os.fspath(output_dir)
         given = {key: _jsonable(value) for key, value in given.items()}
         # As in transformers, do_train, do_eval and do_predict are for scripts: the Trainer's
         # method called decides what a run does.
@@ -57,10 +87,8 @@ class TrainingArguments:
             return cls()
         if isinstance(args, cls):
             return args
-        if isinstance(args, dict):
-            return cls.from_dict(args)
-        if hasattr(args, "to_dict"):
-            return cls.from_dict(args.to_dict())
+        if _holds_arguments(args):
+            return cls.from_dict(_arguments_of(args))
         raise TypeError("args must be brisk.TrainingArguments, transformers.TrainingArguments "
                         "or a dict, not %s" % type(args).__name__)
 
@@ -75,10 +103,7 @@ class TrainingArguments:
 
     def replace(self, **changes):
         """A copy with `changes` applied (checked again)."""
-        given = dict(self._given)
-        given.update({k: self._values[k] for k in _SCRIPT_KEYS if k in self._values})
-        given.update(changes)
-        return TrainingArguments(**given)
+        return TrainingArguments(self, **changes)
 
     def to_dict(self):
         """Every option's value, under brisk's names."""

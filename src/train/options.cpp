@@ -431,6 +431,12 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
   std::string best;
   size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;  // a few typos at most
   for (const std::string& candidate : names) {
+    // The lengths' difference bounds the distance from below, and the distance allowed grows
+    // with name's length by a quarter of it: only names within 4/3 of a candidate's length are
+    // compared, so the work stays a few candidates' lengths squared whatever `name` holds.
+    const size_t apart = name.size() > candidate.size() ? name.size() - candidate.size()
+                                                        : candidate.size() - name.size();
+    if (apart >= best_distance) continue;
     const size_t d = edit_distance(name, candidate);
     if (d < best_distance) best_distance = d, best = candidate;
   }

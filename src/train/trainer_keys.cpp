@@ -127,7 +127,8 @@ constexpr std::array kTable = {
                "brisk cannot reach a hub: upload output_dir with your own tools"},
     TrainerKey{"ignore_data_skip", "[false]", "a resumed brisk run continues at its data position"},
     TrainerKey{"data_seed", "[]", "brisk shuffles with --seed"},
-    TrainerKey{"accelerator_config", "[{}]", "brisk has no Accelerate settings"},
+    // A dict of settings: each of its keys checked as a key of its own (kAcceleratorConfig).
+    TrainerKey{"accelerator_config", "{}", "brisk has no Accelerate settings"},
     TrainerKey{"dataloader_drop_last", "[false]", "brisk's last batch of an epoch may be short"},
     TrainerKey{"label_names", "[]", "brisk's labels are the data's label column"},
     TrainerKey{"train_sampling_strategy", R"(["random"])",
@@ -164,16 +165,71 @@ constexpr std::array kTable = {
     TrainerKey{"config_overrides", "[]", "edit config.json instead"},
 };
 
-const TrainerKey* find_key(const std::string& name) {
-  const auto it = std::find_if(kTable.begin(), kTable.end(),
-                               [&](const TrainerKey& k) { return name == k.name; });
-  return it == kTable.end() ? nullptr : &*it;
+// The keys of transformers' AcceleratorConfig (4.46 through 5.x; to_json_string writes its
+// defaults when accelerate is installed), each checked as a key of the table is.
+constexpr const char* kOwnShare = "each brisk rank reads its own share of every batch";
+constexpr std::array kAcceleratorConfig = {
+    TrainerKey{"split_batches", "[false]", kOwnShare},
+    TrainerKey{"dispatch_batches", "[false]", kOwnShare},
+    TrainerKey{"even_batches", "[true]", kOwnShare},
+    TrainerKey{"use_seedable_sampler", "*", "brisk shuffles with --seed"},
+    TrainerKey{"non_blocking", "*", "brisk's loader stages its own copies"},
+    TrainerKey{"gradient_accumulation_kwargs", "[{}]",
+               "brisk accumulates gradient_accumulation_steps micro-batches"},
+    TrainerKey{"use_configured_state", "[false]", "brisk has no Accelerate state"},
+};
+
+template <typename Table>
+const TrainerKey* find_in(const Table& table, const std::string& name) {
+  const auto it =
+      std::find_if(table.begin(), table.end(), [&](const TrainerKey& k) { return name == k.name; });
+  return it == table.end() ? nullptr : &*it;
 }
 
-// Whether two values are the same setting: numbers by value (0 and 0.0), the rest as JSON.
+const TrainerKey* find_key(const std::string& name) {
+  return find_in(kTable, name);
+}
+
+// Whether two values are the same setting: numbers by value (0 and 0.0), lists item by item,
+// dicts key by key, the rest as JSON.
 bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
   if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  if (a.type() != b.type() || a.size() != b.size()) return false;
+  if (a.is_array())
+    return std::equal(
+        a.begin(), a.end(), b.begin(),
+        [](const nlohmann::json& x, const nlohmann::json& y) { return same_value(x, y); });
+  if (a.is_object()) {
+    for (const auto& [key, value] : a.items())
+      if (!b.contains(key) || !same_value(value, b.at(key))) return false;
+    return true;
+  }
   return a == b;
+}
+
+// Accepts `value` of `key` (named `shown` in messages) when it is null, the key takes any value,
+// or it is one of the key's inert values.
+void check_value(const TrainerKey& key, const std::string& shown, const nlohmann::json& value,
+                 const std::string& origin) {
+  if (value.is_null() || std::string(key.inert) == "*") return;
+  const nlohmann::json inert = nlohmann::json::parse(key.inert);
+  const bool accepted = std::any_of(inert.begin(), inert.end(),
+                                    [&](const nlohmann::json& v) { return same_value(v, value); });
+  BRISK_CHECK(accepted, origin, ": ", shown, " = ", excerpt(value.dump()),
+              " is not implemented in brisk (", key.instead, ")");
+}
+
+// accelerator_config: a dict whose every key is accepted by kAcceleratorConfig.
+void check_accelerator_config(const nlohmann::json& value, const std::string& origin) {
+  BRISK_CHECK(value.is_object(), origin,
+              ": accelerator_config must be a JSON object of "
+              "AcceleratorConfig's keys, got ",
+              excerpt(value.dump()));
+  for (const auto& [name, v] : value.items()) {
+    const TrainerKey* key = find_in(kAcceleratorConfig, name);
+    BRISK_CHECK(key, origin, ": accelerator_config holds the unknown key \"", excerpt(name), "\"");
+    check_value(*key, "accelerator_config." + name, v, origin);
+  }
 }
 
 // 1 or 0 when `text` is one of HfArgumentParser's spellings of a switch (in any case), else -1.
@@ -202,12 +258,9 @@ void check_trainer_key(const std::string& name, const nlohmann::json& value,
                        const std::string& origin) {
   const TrainerKey* key = find_key(name);
   BRISK_CHECK(key, origin, ": unknown option \"", excerpt(name), "\"");
-  if (value.is_null() || std::string(key->inert) == "*") return;
-  const nlohmann::json inert = nlohmann::json::parse(key->inert);
-  const bool accepted = std::any_of(inert.begin(), inert.end(),
-                                    [&](const nlohmann::json& v) { return same_value(v, value); });
-  BRISK_CHECK(accepted, origin, ": ", name, " = ", excerpt(value.dump()),
-              " is not implemented in brisk (", key->instead, ")");
+  if (std::string(key->inert) == "{}" && !value.is_null())
+    return check_accelerator_config(value, origin);
+  check_value(*key, name, value, origin);
 }
 
 const std::vector<std::pair<std::string, std::string>>& other_spellings() {

@@ -1,5 +1,6 @@
 """TrainingArguments, refusals, tokenize and generate; the module imports without torch."""
 
+import glob
 import json
 import os
 import subprocess
@@ -52,6 +53,66 @@ def test_a_transformers_training_arguments_is_accepted(tmp_path):
         assert (ours.learning_rate, ours.per_device_train_batch_size, ours.num_train_epochs,
                 ours.eval_strategy, ours.weight_decay) == (2e-5, 4, 2, "epoch", 0.01)
         assert ours.output_dir == str(tmp_path)
+
+
+_ARGS_FILES = sorted(glob.glob(os.path.join(FIXTURES, "trainer_args", "*.json")))
+
+
+class _TheirArguments:
+    """Stands in for a transformers TrainingArguments (or TRL's SFTConfig): an object with
+    to_dict()."""
+
+    def __init__(self, values):
+        self._values = values
+
+    def to_dict(self):
+        return dict(self._values)
+
+
+@pytest.mark.parametrize("path", _ARGS_FILES, ids=os.path.basename)
+def test_every_training_arguments_file_reads_as_keywords_dict_and_object(path):
+    """TrainingArguments of transformers 4.46 through 5.x, with accelerate and without, as
+    to_json_string() wrote them: by keywords, as a dict, as an object, positional or args=."""
+    with open(path) as f:
+        values = json.load(f)
+    for made in (lambda: brisk.TrainingArguments(**values),
+                 lambda: brisk.TrainingArguments(values),
+                 lambda: brisk.TrainingArguments(_TheirArguments(values)),
+                 lambda: brisk.TrainingArguments.of(_TheirArguments(values)),
+                 lambda: brisk.Trainer(model="bert-tiny", args=values).args):
+        args = made()
+        assert args.learning_rate == values["learning_rate"]
+        assert args.per_device_train_batch_size == values["per_device_train_batch_size"]
+        assert args.output_dir == values["output_dir"]
+    assert len(_ARGS_FILES) >= 12
+
+
+def test_a_positional_training_arguments_is_read_never_ignored(tmp_path):
+    theirs = _TheirArguments({"output_dir": str(tmp_path), "learning_rate": 0.002})
+    assert brisk.TrainingArguments(theirs).learning_rate == 0.002
+    assert brisk.TrainingArguments(theirs, learning_rate=0.1).learning_rate == 0.1
+    ours = brisk.TrainingArguments(str(tmp_path), learning_rate=0.003)
+    assert brisk.TrainingArguments(ours).learning_rate == 0.003
+    assert ours.replace(seed=3).learning_rate == 0.003
+    assert brisk.TrainingArguments(tmp_path).output_dir == str(tmp_path)  # a PathLike
+    with pytest.raises(TypeError, match="output_dir must be a path, a TrainingArguments or a "
+                                        "dict, not int"):
+        brisk.TrainingArguments(3)
+
+    class Odd:
+        def to_dict(self):
+            return [1]
+
+    with pytest.raises(TypeError, match="Odd.to_dict\\(\\) returned list, not a dict"):
+        brisk.TrainingArguments(Odd())
+
+
+def test_a_real_transformers_training_arguments_positional(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.TrainingArguments(output_dir=str(tmp_path), learning_rate=0.002)
+    for made in (brisk.TrainingArguments(theirs), brisk.TrainingArguments(**theirs.to_dict()),
+                 brisk.TrainingArguments.of(theirs)):
+        assert made.learning_rate == 0.002 and made.output_dir == str(tmp_path)
 
 
 def test_bad_inputs_raise_one_message(tmp_path):
