@@ -16,59 +16,12 @@
 #include <sstream>
 #include <vector>
 
+#include "cli_support.h"
 #include "test_support.h"
 #include "trainer_support.h"
 
 namespace brisk::testing {
 namespace {
-
-struct CliRun {
-  int exit_code = -1;
-  bool signaled = false;
-  std::string out, err;
-};
-
-CliRun run_brisk(const std::string& args) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path();
-  // Per-process names: CTest runs tests in parallel processes.
-  const std::string tag = std::to_string(::getpid());
-  const std::string out = (dir / ("brisk_cli_out_" + tag + ".txt")).string();
-  const std::string err = (dir / ("brisk_cli_err_" + tag + ".txt")).string();
-  // At most 60 s: a run that blocks (on a FIFO, a peer) fails its test instead of stalling it.
-  const std::string cmd = "timeout 60 " + std::string(BRISK_BINARY) + " " + args + " > " + out +
-                          " 2> " + err + " < /dev/null";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::filesystem::remove(out);
-  std::filesystem::remove(err);
-  return r;
-}
-
-// Refused as every bad input must be: exit 1 (never a signal), and on stderr one short line
-// naming the problem.
-void expect_refused(const std::string& args, const std::string& needle) {
-  const std::string shown = args.size() <= 200 ? args : args.substr(0, 200) + "...";
-  const CliRun r = run_brisk(args);
-  EXPECT_FALSE(r.signaled) << shown << ": crashed\n" << r.err;
-  EXPECT_EQ(r.exit_code, 1) << shown;
-  EXPECT_NE(r.err.find(needle), std::string::npos)
-      << shown << ": stderr \"" << r.err << "\" does not mention \"" << needle << "\"";
-  EXPECT_EQ(r.err.rfind("brisk: error: ", 0), 0u) << shown << ": " << r.err;
-  EXPECT_TRUE(!r.err.empty() && r.err.find('\n') == r.err.size() - 1)
-      << shown << ": not one line: " << r.err;
-  EXPECT_LE(r.err.size(), 400u) << shown << ": the message echoes too much";
-}
 
 // forward-backward on a fixture folder (its weights and batch) matches transformers' loss and
 // logits in its expected.safetensors; `more` checks further outputs before the file is removed.
@@ -108,6 +61,36 @@ TEST(Cli, ForwardBackwardWritesLossLogitsAndGradients) {
 // without --mlm, reproducing transformers' loss and logits.
 TEST(Cli, ForwardBackwardTakesTheHeadFromArchitectures) {
   for (const char* name : {"bert_mlm", "distilbert_mlm"}) expect_forward_backward_matches(name);
+}
+
+// forward-backward reports every row's logits, whatever the labels: the fixture's 3 rows of 10
+// tokens repeated 3 times (90 rows, 21 labelled: fewer than a masked LM's training pass decodes)
+// give transformers' logits for each repeat.
+TEST(Cli, ForwardBackwardOfAMaskedLmWritesEveryRowsLogits) {
+  const std::string folder = fixture("bert_mlm");
+  TempDir dir("fb_mlm_rows");
+  std::vector<std::pair<std::string, Tensor>> tiled;
+  std::vector<std::vector<int32_t>> columns;
+  {
+    SafetensorsFile batch(folder + "/batch.safetensors");
+    for (const std::string& name : batch.names()) {
+      const Tensor& t = batch.get(name);
+      std::vector<int32_t>& v = columns.emplace_back();
+      for (int repeat = 0; repeat < 3; ++repeat) v.insert(v.end(), t.i32(), t.i32() + t.numel());
+      tiled.emplace_back(name, Tensor(v.data(), Shape{3 * t.dim(0), t.dim(1)}, DType::i32));
+    }
+    write_safetensors(dir / "batch.safetensors", tiled);
+  }
+  const CliRun r = run_brisk("forward-backward --config " + folder + " --weights " + folder +
+                             "/model.safetensors --batch " + dir / "batch.safetensors" +
+                             " --output " + dir / "out.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  SafetensorsFile got(dir / "out.safetensors"), want(folder + "/expected.safetensors");
+  const Tensor& w = want.get("logits");
+  ASSERT_EQ(got.get("logits").numel(), 3 * w.numel());
+  for (int repeat = 0; repeat < 3; ++repeat)
+    EXPECT_LE(rel_error(got.get("logits").f32() + repeat * w.numel(), w.f32(), w.numel()), 1e-4)
+        << "repeat " << repeat;
 }
 
 TEST(Cli, TrainRunsOnTheBuiltInDataAndPrintsTheSummary) {
@@ -818,9 +801,18 @@ TEST(Cli, EstimatePlansEachPipelineStage) {
   EXPECT_NE(r.out.find("pipeline: 3 stages, 1F1B over 4 micro-batches"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("each boundary passes 3.0 MiB"), std::string::npos) << r.out;
-  const nlohmann::json stages = read_json(json)["pipeline_stages"];
+  const nlohmann::json whole = read_json(json), stages = whole["pipeline_stages"];
   std::filesystem::remove(json);
   ASSERT_EQ(stages.size(), 3u);
+  // The headline is the largest stage's: the last, with the head and its logits.
+  int64_t largest = 0;
+  for (const auto& s : stages) largest = std::max(largest, s["peak_bytes"].get<int64_t>());
+  EXPECT_EQ(whole["planned_stage"], 2);
+  EXPECT_EQ(stages[2]["peak_bytes"], largest);
+  EXPECT_EQ(whole["memory"]["planned_total_bytes"], stages[2]["planned_total_bytes"]);
+  EXPECT_EQ(whole["parameters"], stages[2]["parameters"]);
+  EXPECT_NE(r.out.find("the plan of pipeline stage 2 of 3, the largest rank's"), std::string::npos)
+      << r.out;
   const int64_t block = 7087872, wte = 50257 * 768, wpe = 1024 * 768, ln_f = 2 * 768;
   EXPECT_EQ(stages[0]["parameters"], wte + wpe + 4 * block);
   EXPECT_EQ(stages[1]["parameters"], 4 * block);

@@ -82,9 +82,6 @@ void print_metrics(const char* split, const nlohmann::json& metrics) {
 }  // namespace
 
 int run_train(const TrainOptions& options) {
-  validate_options(options);  // a refused option says only why, before any note
-  if (launch_info_from_env().rank == 0)
-    for (const nlohmann::json& note : run_notes(options)) std::cout << note.dump() << std::endl;
   TrainSummary s =
       train(options, [](const nlohmann::json& log) { std::cout << log.dump() << std::endl; });
   if (launch_info_from_env().rank != 0) return 0;  // rank 0 reports for a run of several
@@ -117,7 +114,8 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   MemoryPlan plan;
   const BatchShape shape = batch_shape_of(batch_file);
   PlanOptions options;
-  options.logits_rows = shape.batch * shape.seq;  // written out whole
+  options.logits_rows = shape.batch * shape.seq;  // written out whole, every row's
+  options.labelled_rows_only = false;
   model->plan(plan, shape, options);
   plan.finalize();
   Arena arena(plan, Device::cpu);
@@ -712,42 +710,60 @@ nlohmann::json print_expert_parallel(const TrainOptions& o, const RunAssembly& r
 // --pp_size: each stage's plan, which differ (the first holds the embeddings, the last the head,
 // those between the inputs of their micro-batches in flight), and what each stage boundary
 // passes per step: every micro-batch's [B, T, C] float32 activations forward and their
-// gradients back.
-nlohmann::json print_pipeline_stages(const TrainOptions& o, Device device, int replicas) {
+// gradients back. `peak_bytes`: what the stage's process holds of its plan on `device`.
+nlohmann::json pipeline_stages(const TrainOptions& o, Device device, int replicas) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (int s = 0; s < static_cast<int>(o.pp_size); ++s) {
+    const std::unique_ptr<RunAssembly> r =
+        assemble_run(o, device, nullptr, nullptr, 0, replicas, 0, s);
+    const ModelConfig& c = r->model->config();
+    const size_t planned = r->plan.total_bytes();
+    stages.push_back(
+        {{"stage", s},
+         {"first_layer", c.first_layer()},
+         {"end_layer", c.end_layer()},
+         {"parameters", r->model->params().total_elements()},
+         {"planned_total_bytes", planned},
+         {"peak_bytes", device == Device::cuda ? r->plan.total_bytes(Placement::device) : planned},
+         {"activations_bytes",
+          r->plan.bytes_by_category()[static_cast<int>(Category::activations)]},
+         {"boundary_bytes",
+          checked_mul(checked_mul(o.gradient_accumulation_steps, o.per_device_train_batch_size,
+                                  "a step's rows"),
+                      checked_mul(r->model->planned_tokens(), c.hidden_size * 4, "a row's bytes"),
+                      "a step's activations")}});
+  }
+  return stages;
+}
+
+// The stage whose process holds the most: the one a machine must be sized for.
+int largest_stage(const nlohmann::json& stages) {
+  int largest = 0;
+  for (const nlohmann::json& s : stages)
+    if (s["peak_bytes"].get<size_t>() > stages[largest]["peak_bytes"].get<size_t>())
+      largest = s["stage"].get<int>();
+  return largest;
+}
+
+void print_pipeline_stages(const TrainOptions& o, const nlohmann::json& stages) {
   const auto p = static_cast<int>(o.pp_size);
   const int64_t m = o.gradient_accumulation_steps;
   std::printf(
       "pipeline: %d stages, 1F1B over %lld micro-batches (bubble (p - 1) / (m + p - 1) "
       "= %.1f%% for stages that take as long):\n",
       p, static_cast<long long>(m), 100.0 * (p - 1) / static_cast<double>(m + p - 1));
-  nlohmann::json stages = nlohmann::json::array();
-  int64_t boundary = 0;
-  for (int s = 0; s < p; ++s) {
-    const std::unique_ptr<RunAssembly> r =
-        assemble_run(o, device, nullptr, nullptr, 0, replicas, 0, s);
-    const ModelConfig& c = r->model->config();
-    const size_t planned = r->plan.total_bytes();
-    const size_t activations = r->plan.bytes_by_category()[static_cast<int>(Category::activations)];
-    std::printf("  stage %d: blocks %lld-%lld, %lld parameters, planned %s (activations %s)\n", s,
-                static_cast<long long>(c.first_layer()), static_cast<long long>(c.end_layer() - 1),
-                static_cast<long long>(r->model->params().total_elements()),
-                format_mib(planned).c_str(), format_mib(activations).c_str());
-    stages.push_back({{"stage", s},
-                      {"first_layer", c.first_layer()},
-                      {"end_layer", c.end_layer()},
-                      {"parameters", r->model->params().total_elements()},
-                      {"planned_total_bytes", planned},
-                      {"activations_bytes", activations}});
-    boundary =
-        checked_mul(checked_mul(m, o.per_device_train_batch_size, "a step's rows"),
-                    checked_mul(r->model->planned_tokens(), c.hidden_size * 4, "a row's bytes"),
-                    "a step's activations");
-  }
+  const int largest = largest_stage(stages);
+  for (const nlohmann::json& s : stages)
+    std::printf("  stage %d: blocks %lld-%lld, %lld parameters, planned %s (activations %s)%s\n",
+                s["stage"].get<int>(), s["first_layer"].get<long long>(),
+                s["end_layer"].get<long long>() - 1, s["parameters"].get<long long>(),
+                format_mib(s["planned_total_bytes"].get<size_t>()).c_str(),
+                format_mib(s["activations_bytes"].get<size_t>()).c_str(),
+                s["stage"].get<int>() == largest ? ", the largest: the plan above" : "");
   std::printf(
       "  each boundary passes %s of activations forward and as many gradients back per "
       "step\n",
-      format_mib(static_cast<size_t>(boundary)).c_str());
-  return stages;
+      format_mib(stages.back()["boundary_bytes"].get<size_t>()).c_str());
 }
 
 nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
@@ -755,16 +771,22 @@ nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
   // An explicit device is planned whether or not it is present; auto picks as train would.
   const Device device = resolve_device(o);
   // With --tp_size the plan is a tensor rank's (every tensor rank's is alike), with --pp_size the
-  // first stage's (each stage's follows); the data parallelism runs over the world's replicas.
+  // largest stage's (each stage's follows); the data parallelism runs over the world's replicas.
   // With --sp_size the plan is sequence rank 0's (each holds as many tokens); the data and sequence
   // ranks together share ZeRO's partitions.
   auto degree = [](int64_t size) { return static_cast<int>(std::max<int64_t>(1, size)); };
   const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size), degree(o.tp_size),
                                     degree(o.pp_size), degree(o.sp_size));
   const int replicas = mesh[MeshDim::data];
+  const nlohmann::json stages =
+      o.pp_size > 1 ? pipeline_stages(o, device, replicas) : nlohmann::json::array();
+  const int stage = o.pp_size > 1 ? largest_stage(stages) : 0;
   const std::unique_ptr<RunAssembly> run =
-      assemble_run(o, device, nullptr, GivenData(args.tokenized), 0, replicas, 0);
+      assemble_run(o, device, nullptr, GivenData(args.tokenized), 0, replicas, 0, stage);
   print_estimate_header(o, *run, device);
+  if (o.pp_size > 1)
+    std::printf("the plan of pipeline stage %d of %lld, the largest rank's:\n", stage,
+                static_cast<long long>(o.pp_size));
   nlohmann::json layout = nlohmann::json::object();
   layout["tensor_parallel"] =
       o.tp_size > 1 ? print_tensor_parallel(o, *run) : nlohmann::json::object();
@@ -777,8 +799,9 @@ nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
   // experts.
   layout["data_parallel"] =
       print_ranks(o, *run, replicas * mesh[MeshDim::sequence] / degree(o.ep_size));
-  layout["pipeline_stages"] =
-      o.pp_size > 1 ? print_pipeline_stages(o, device, replicas) : nlohmann::json::array();
+  if (o.pp_size > 1) print_pipeline_stages(o, stages);
+  layout["pipeline_stages"] = stages;
+  layout["planned_stage"] = stage;
   const size_t block = bytes_under(run->plan, "block.0.");
   const int64_t layers = run->config.num_layers;
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),

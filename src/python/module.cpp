@@ -201,7 +201,6 @@ nb::tuple train(const std::string& text, const std::optional<nb::dict>& tokenize
   brisk::TrainSummary s;
   {
     nb::gil_scoped_release released;
-    for (const nlohmann::json& note : brisk::run_notes(o, rows.has_value())) sink(note);
     s = brisk::train(o, sink, given, {}, nullptr, steps);
   }
   events.raise_interrupt();

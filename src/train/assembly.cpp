@@ -227,6 +227,7 @@ TrainOptions resolve_options(const TrainOptions& given, int ranks,
   const TrainOptions options =
       apply_parallelism_config(apply_deepspeed_config(given, ranks, ignored), ranks);
   validate_options(options);
+  check_layout_divides(options, ranks);
   BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");
   return options;

@@ -111,6 +111,7 @@ void set_option(const Reader& r, TrainOptions& o, T TrainOptions::*field, const 
                     flag + " is " + json(given).dump() +
                     ": give one of the two, or the same value in both");
   o.*field = value;
+  o.set_by[flag] = r.origin + ": " + key;
 }
 
 // optimizer: DeepSpeed's Adam and AdamW are brisk's adamw_torch (DeepSpeed's Adam decouples the

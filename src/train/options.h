@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -155,6 +156,10 @@ struct TrainOptions {
   // Not an option: the TrainingArguments and example-script keys given that change nothing in
   // brisk (train/trainer_keys.h), listed once when the run starts.
   std::vector<std::string> ignored_keys;
+  // Not an option: the config key that set an option, by the option's name, as messages name it
+  // ("--deepspeed 'ds.json': tensor_parallel.autotp_size"); an option absent was given as a flag
+  // or an options file's key (option_source).
+  std::map<std::string, std::string> set_by;
   // The caller adds metrics of its own to each evaluation (the Python API's compute_metrics):
   // metric_for_best_model may name one of those, found when the first evaluation ends. Not an
   // option (no flag or key sets it).
@@ -386,6 +391,12 @@ bool reports_to_tensorboard(const TrainOptions& o);
 // makes it cpu.
 Device resolve_device(const TrainOptions& o);
 Device resolve_device(const std::string& device);
+// How the user gave option `name`, as a message names it: the config key that set it, else
+// "--name".
+std::string option_source(const TrainOptions& o, const std::string& name);
+// The tensor, pipeline and sequence degrees divide `ranks`, and the expert degree the data ranks
+// they leave; a refusal names each degree as the user gave it (option_source).
+void check_layout_divides(const TrainOptions& o, int ranks);
 // The heading an option is listed under in --help ("" for none: a test keeps every option
 // under one).
 const char* option_group(const std::string& name);

@@ -62,6 +62,8 @@ TrainOptions apply_parallelism_config(const TrainOptions& given, int ranks) {
   TrainOptions o = given;
   o.tp_size = d["tp_size"];
   o.sp_size = d["sp_size"];
+  for (const char* key : {"tp_size", "sp_size"})
+    if (d[key] > 1) o.set_by[key] = origin + ": " + key;
   if (d["dp_shard_size"] > 1) {
     BRISK_CHECK(given.zero_stage == 0 || given.zero_stage == 3, origin,
                 ": dp_shard_size shards the model states as --zero_stage 3 does, but --zero_stage ",

@@ -915,6 +915,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
       mesh ? mesh->coordinate(MeshDim::tensor) : 0, mesh ? mesh->coordinate(MeshDim::pipeline) : 0,
       mesh ? mesh->coordinate(MeshDim::sequence) : 0);
   if (lead) dist.barrier();
+  // The notes follow the checks: a refused run prints only why.
+  for (const nlohmann::json& note : run_notes(options, dataset.train || dataset.tokenized))
+    log.log(note);
   for (const std::string& note : run->files.notes) log.log({{"data_files", note}});
   for (const std::string& note : run->files.cache_notes) log.log({{"tokenized_cache", note}});
   const TrainOptions& o = run->options;

@@ -76,9 +76,9 @@ struct TrainSummary {
   std::string best_model_checkpoint;  // load_best_model_at_end: the checkpoint loaded
 };
 
-// The records a run opens with on the command line, before train() (rank 0): the keys given
-// that change nothing in brisk, and what a user may not have meant: training on synthetic data,
-// or from a built-in configuration's random weights. data_given: the caller gives the data.
+// The records train() logs once the run is checked and assembled (rank 0): the keys given that
+// change nothing in brisk, and what a user may not have meant: training on synthetic data, or
+// from a built-in configuration's random weights. data_given: the caller gives the data.
 std::vector<nlohmann::json> run_notes(const TrainOptions& o, bool data_given = false);
 
 // Receives each log record: {"step", "epoch", "loss", "learning_rate", "grad_norm", ...}.
