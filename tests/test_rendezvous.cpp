@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous.h"
+#include "parallel/route.h"
 #include "test_support.h"
 
 namespace brisk::testing {
@@ -264,6 +265,25 @@ TEST(Gloo, RanksAsThreadsCommunicateThroughIt) {
   std::vector<std::future<void>> ranks;
   for (int r = 0; r < N; ++r) ranks.push_back(std::async(std::launch::async, rank, r));
   for (auto& f : ranks) f.get();
+}
+
+}  // namespace
+}  // namespace brisk::testing
+
+namespace brisk::testing {
+namespace {
+
+// The route to MASTER_ADDR: from loopback to loopback here (the two-host case runs in
+// Dist.TwoHostsTrainAsOne); a name that does not resolve is refused naming the variable.
+TEST(Route, TheLocalEndOfTheRouteToAHostIsFoundOrRefusedByName) {
+  const LocalRoute local = route_to("127.0.0.1", "MASTER_ADDR");
+  EXPECT_EQ(local.address, "127.0.0.1");
+  EXPECT_EQ(local.interface, "lo");
+  EXPECT_TRUE(is_loopback("127.0.0.1") && is_loopback("localhost") && is_loopback("::1"));
+  EXPECT_FALSE(is_loopback("10.0.0.1"));
+  expect_error([] { route_to("", "MASTER_ADDR"); }, "MASTER_ADDR is not set");
+  // A numeric address of no family resolves without asking a name server.
+  expect_error([] { route_to("[10.0.0.1", "MASTER_ADDR"); }, "MASTER_ADDR=[10.0.0.1 does not");
 }
 
 }  // namespace

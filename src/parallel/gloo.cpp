@@ -33,6 +33,7 @@
 #include "parallel/comm_thread.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous.h"
+#include "parallel/route.h"
 
 namespace brisk {
 namespace {
@@ -92,20 +93,17 @@ Reduce sum_of(DType t) {
 
 // Where this rank's end of the connections listens: the loopback interface when MASTER_ADDR is
 // this host's loopback (every rank on one host), else GLOO_SOCKET_IFNAME's interface (PyTorch's
-// variable) or the address of this host's name.
+// variable) or the address this host reaches MASTER_ADDR from (route_to).
 std::shared_ptr<gloo::transport::Device> make_device(const LaunchInfo& launch) {
   gloo::transport::tcp::attr attr;
   const std::string& m = launch.master_addr;
   const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-  if (m == "127.0.0.1" || m == "localhost" || m == "::1") {
+  if (is_loopback(m)) {
     attr.hostname = "127.0.0.1";
   } else if (iface && *iface) {
     attr.iface = std::string(iface).substr(0, std::string(iface).find(','));
   } else {
-    char host[256] = {};
-    BRISK_CHECK(::gethostname(host, sizeof host - 1) == 0,
-                "Gloo: this host has no name: ", std::strerror(errno), " (set GLOO_SOCKET_IFNAME)");
-    attr.hostname = host;
+    attr.hostname = route_to(m, "MASTER_ADDR").address;
   }
   try {
     return gloo::transport::tcp::CreateDevice(attr);

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous.h"
+#include "parallel/route.h"
 
 namespace brisk {
 namespace {
@@ -48,6 +49,16 @@ ncclDataType_t type_of(const Tensor& t) {
   }
 }
 
+// NCCL's sockets (its bootstrap, and its transport between hosts without InfiniBand) on the
+// interface that reaches MASTER_ADDR, when the launch gives one beyond this host and the user
+// named none (NCCL_SOCKET_IFNAME): NCCL would otherwise take the first interface it likes.
+void name_socket_interface(const LaunchInfo& launch) {
+  const char* given = std::getenv("NCCL_SOCKET_IFNAME");
+  if ((given && *given) || launch.master_addr.empty() || is_loopback(launch.master_addr)) return;
+  const LocalRoute route = route_to(launch.master_addr, "MASTER_ADDR");
+  if (!route.interface.empty()) ::setenv("NCCL_SOCKET_IFNAME", ("=" + route.interface).c_str(), 0);
+}
+
 class Nccl final : public Communicator {
  public:
   Nccl(const LaunchInfo& launch, Communicator* bootstrap, Device memory, double timeout)
@@ -57,6 +68,7 @@ class Nccl final : public Communicator {
     BRISK_CHECK(devices > 0, "NCCL: this process sees no GPU");
     device_ = launch.local_rank % devices;
     check_cuda(cudaSetDevice(device_), "NCCL: selecting the GPU");
+    if (size_ > 1) name_socket_interface(launch);
     ncclUniqueId id{};
     std::vector<uint8_t> bytes(sizeof id);
     if (rank_ == 0) {
