@@ -116,9 +116,9 @@ TEST(CudaOps, Bf16ProductsNeedThePlannedWorkspace) {
 TEST(CudaOps, ABf16ProductOutputIsTheFloat32OneRounded) {
   REQUIRE_GPU();
   if (std::getenv("BRISK_BF16_PRODUCT_OUTPUT") == nullptr) {
-    setenv("BRISK_BF16_PRODUCT_OUTPUT", "1", 1);
+    set_switch("BRISK_BF16_PRODUCT_OUTPUT", "1");
     auto opted = gpu_backend();
-    unsetenv("BRISK_BF16_PRODUCT_OUTPUT");
+    set_switch("BRISK_BF16_PRODUCT_OUTPUT", nullptr);
     opted->set_matmul_dtype(DType::bf16);
     EXPECT_TRUE(opted->stores_product_output(DType::bf16));
     EXPECT_FALSE(opted->stores_product_output(DType::f16));

@@ -1036,9 +1036,9 @@ TEST(Models, TrainingStepAllocatesNothing) {
   for (const bool openblas : {true, false})
     for (const char* name : {"bert_tiny", "gpt2_tiny"})
       for (DType act : {DType::f32, DType::bf16}) {
-        ::setenv("BRISK_CPU_PRODUCTS", openblas ? "openblas" : "onednn", 1);
+        set_switch("BRISK_CPU_PRODUCTS", openblas ? "openblas" : "onednn");
         LoadedModel m(fixture(name), {false, act}, /*dropout=*/true);
-        ::unsetenv("BRISK_CPU_PRODUCTS");
+        set_switch("BRISK_CPU_PRODUCTS", nullptr);
         m.step(true);  // warm-up: thread pools start and primitives are made on first use
         // Every buffer was used: each block's high-water mark is the end of its last buffer.
         std::array<size_t, kNumPlacements> end{};

@@ -856,9 +856,9 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
   for (const char* library : {"default", "openblas"}) {
     SCOPED_TRACE(library);
     if (std::string(library) == "openblas")
-      ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+      brisk::testing::set_switch("BRISK_CPU_PRODUCTS", "openblas");
     else
-      ::unsetenv("BRISK_CPU_PRODUCTS");
+      brisk::testing::set_switch("BRISK_CPU_PRODUCTS", nullptr);
     auto be = brisk::make_cpu_backend();
     be->set_matmul_dtype(DType::bf16);
     // The activations and SwiGLU.
@@ -953,7 +953,7 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
       EXPECT_EQ(d16, d) << "attention_backward";
     }
   }
-  ::unsetenv("BRISK_CPU_PRODUCTS");
+  brisk::testing::set_switch("BRISK_CPU_PRODUCTS", nullptr);
   auto be = brisk::make_cpu_backend();  // float32 mode
   std::vector<uint16_t> gu16(6 * 2 * 11, 0x3f80);
   FVec y(6 * 11);

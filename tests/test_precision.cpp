@@ -246,12 +246,12 @@ struct ProductsBackend {
   BufferBinder binder;
   std::unique_ptr<Arena> arena;
   explicit ProductsBackend(MatmulOperands operands) {
-    if (openblas) ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
-    if (param == "onednn") ::setenv("BRISK_CPU_PRODUCTS", "onednn", 1);
+    if (openblas) set_switch("BRISK_CPU_PRODUCTS", "openblas");
+    if (param == "onednn") set_switch("BRISK_CPU_PRODUCTS", "onednn");
     be = make_cpu_backend();
     be->set_matmul_dtype(bf16 ? DType::bf16 : DType::f32);
     be->plan_workspace(plan, binder, operands);  // the library decides the packing type
-    ::unsetenv("BRISK_CPU_PRODUCTS");
+    set_switch("BRISK_CPU_PRODUCTS", nullptr);
     plan.finalize();
     arena = std::make_unique<Arena>(plan, Device::cpu);
     binder.bind(*arena);

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_support.h"
 #include "test_support.h"
@@ -57,6 +59,27 @@ TEST(Refusals, NotesFollowTheChecks) {
   ASSERT_EQ(ran.exit_code, 0) << ran.err;
   EXPECT_NE(ran.out.find("training on synthetic data"), std::string::npos) << ran.out;
   EXPECT_NE(ran.out.find("built-in configuration"), std::string::npos) << ran.out;
+}
+
+// A measurement switch set to a value it does not take is refused at start, named, whether or
+// not the run would reach its path.
+TEST(Refusals, ASwitchSetToAValueItDoesNotTakeIsRefusedByName) {
+  const std::vector<std::pair<const char*, const char*>> bad = {{"BRISK_RECORDED_STEPS", "true"},
+                                                                {"BRISK_RECORDED_STEPS", "banana"},
+                                                                {"BRISK_FUSED_ATTENTION", "false"},
+                                                                {"BRISK_CPU_PRODUCTS", "mkl"},
+                                                                {"BRISK_KEY_LENGTHS", " 0"}};
+  for (const auto& [name, value] : bad) {
+    SCOPED_TRACE(std::string(name) + "=" + value);
+    ::setenv(name, value, 1);
+    expect_refused(
+        "estimate --model gpt2-tiny --seq_len 64",
+        "environment variable " + std::string(name) + "=" + value + ": the switch takes");
+    ::unsetenv(name);
+  }
+  ::setenv("BRISK_CPU_PRODUCTS", "openblas", 1);
+  EXPECT_EQ(run_brisk("estimate --model gpt2-tiny --seq_len 64").exit_code, 0);
+  ::unsetenv("BRISK_CPU_PRODUCTS");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "core/safetensors.h"
+#include "core/switches.h"
 #include "models/batch.h"
 #include "models/model.h"
 
@@ -24,6 +25,15 @@ namespace brisk::testing {
 
 // Heap allocations made through operator new so far (test_alloc_counter.cpp).
 size_t heap_allocations();
+
+// Sets (or, with nullptr, unsets) a measurement switch for what this process reads next.
+inline void set_switch(const char* name, const char* value) {
+  if (value)
+    ::setenv(name, value, 1);
+  else
+    ::unsetenv(name);
+  forget_switches();
+}
 
 inline std::string fixture(const std::string& rel) {
   return std::string(BRISK_FIXTURES_DIR) + "/" + rel;

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/switches.h"
 #include "models/config.h"
 #include "parallel/communicator.h"
 #include "train/options.h"
@@ -287,6 +288,7 @@ int main(int argc, char** argv) {
     return report_error(excerpt(err.what(), 1000));
   }
   try {
+    check_switches();  // a measurement switch set to a value it does not take, before any work
     if (*t) return cli::run_train(flags.options);
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(flags.options, est);

@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/switches.h"
 #include "parallel/launch.h"
 #include "train/options.h"
 #include "train/trainer.h"
@@ -30,6 +31,7 @@ namespace {
 // The options a JSON object of TrainingArguments names gives, validated; caller_metrics: a
 // compute_metrics adds metrics that metric_for_best_model may name.
 brisk::TrainOptions options_of(const std::string& text, bool caller_metrics) {
+  brisk::check_switches();
   brisk::TrainOptions o;
   brisk::apply_options_json(o, nlohmann::json::parse(text), "TrainingArguments");
   o.caller_metrics = caller_metrics;
@@ -239,6 +241,7 @@ std::vector<std::vector<int32_t>> tokenize(const std::string& tokenizer,
 
 // `brisk generate`'s continuation: {"text", "prompt_ids", "new_ids", "seconds", ...}.
 std::string generate(const std::string& text) {
+  brisk::check_switches();
   const nlohmann::json j = nlohmann::json::parse(text);
   brisk::GenerateOptions g;
   g.model_name_or_path = j.at("model").get<std::string>();

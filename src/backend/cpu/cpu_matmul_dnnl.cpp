@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_tiles.h"
 #include "core/error.h"
+#include "core/switches.h"
 
 #ifdef BRISK_HAVE_DNNL
 #include <map>
@@ -27,8 +28,7 @@ namespace {
 std::atomic<uint64_t> g_calls{0};
 
 bool products_env_is(const char* library) {
-  const char* v = std::getenv("BRISK_CPU_PRODUCTS");
-  return v != nullptr && std::strcmp(v, library) == 0;
+  return switch_value("BRISK_CPU_PRODUCTS") == library;
 }
 }  // namespace
 
