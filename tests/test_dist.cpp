@@ -772,6 +772,12 @@ TEST(DeepSpeed, UnknownKeysAreRefusedWithTheKeyMeant) {
       {R"({"bf16": {"enable": true}})", "bf16.enable is not a DeepSpeed key (did you mean"},
       {R"({"completely_unrelated_setting": 1})",
        "ds.json: completely_unrelated_setting is not a DeepSpeed key"},
+      {R"({"tensor_parallel": {"autotp_sise": 2}})",
+       "ds.json: tensor_parallel.autotp_sise is not a DeepSpeed key (did you mean "
+       "tensor_parallel.autotp_size?)"},
+      {R"({"tensor_parallel": {"tp": {"tp_sise": 2}}})",
+       "tensor_parallel.tp.tp_sise is not a DeepSpeed key (did you mean "
+       "tensor_parallel.tp.tp_size?)"},
   };
   for (const auto& [text, message] : cases) {
     SCOPED_TRACE(text);

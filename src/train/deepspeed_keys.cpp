@@ -144,6 +144,13 @@ const std::map<std::string, Keys>& sections() {
   static const std::map<std::string, Keys> all = {
       {"", top_level_keys()},
       {"zero_optimization", zero_keys()},
+      // TPTrainingConfig (AutoTP), with its aliases tp and kernel_inject.
+      {"tensor_parallel",
+       {"dtype", "autotp_size", "tp_overlap_comm", "tensor_parallel", "tp",
+        "injection_policy_tuple", "partition_config", "preset_model", "keep_module_on_host",
+        "replace_with_kernel_inject", "kernel_inject"}},
+      {"tensor_parallel.tensor_parallel", {"tp_size", "tp_grain_size", "mpu", "tp_group"}},
+      {"tensor_parallel.tp", {"tp_size", "tp_grain_size", "mpu", "tp_group"}},
       {"zero_optimization.offload_param",
        {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"}},
       {"zero_optimization.offload_optimizer",
