@@ -243,7 +243,21 @@ TEST(Inputs, MixtureOfExpertsConfigsAreReadAsTransformersReadsThem) {
   refused(mixtral, "router_jitter_noise", 0.1, "router_jitter_noise");
   refused(olmoe, "clip_qkv", 8.0, "\"clip_qkv\" is not supported");
   refused(qwen, "mlp_only_layers", {2}, "not a layer index in [0, 2)");
-  refused(qwen, "router_aux_loss_coef", -1, "must be a number >= 0");
+  refused(qwen, "router_aux_loss_coef", -1,
+          "\"router_aux_loss_coef\" must be a number in [0, 1000]");
+  // Finite in double, not in float32's sums of the loss: bounded where read.
+  refused(olmoe, "router_aux_loss_coef", 1e300, "must be a number in [0, 1000], got 1e+300");
+  // No sparse layer left: refused, not met at the first step's load-balancing loss.
+  refused(qwen, "decoder_sparse_step", 3,
+          "decoder_sparse_step 3 and mlp_only_layers leave none of "
+          "the 2 layers sparse");
+  refused(qwen, "mlp_only_layers", {0, 1}, "leave none of the 2 layers sparse");
+  expect_error(
+      [] {
+        ModelConfig c = config_from_json({{"model_type", "olmoe"}}, "cfg");
+        use_router_options(c, 1e300);
+      },
+      "router_z_loss_coef must be a number in [0, 1000], got 1e+300");
 }
 
 // A sliding window shorter than the sequence would change attention: refused when planned.

@@ -61,6 +61,15 @@ TEST(Refusals, NotesFollowTheChecks) {
   EXPECT_NE(ran.out.find("built-in configuration"), std::string::npos) << ran.out;
 }
 
+// Real options finite in double but not in the float32 that computes with them are refused.
+TEST(Refusals, RealOptionsBeyondFloat32AreRefusedByName) {
+  expect_refused("estimate --model gpt2-tiny --seq_len 64 --learning_rate 1e300",
+                 "learning_rate must be a number float32 holds (at most 3.4e38 in size), got "
+                 "1e+300");
+  expect_refused("estimate --model gpt2-tiny --seq_len 64 --adam_epsilon 1e39",
+                 "adam_epsilon must be a number float32 holds");
+}
+
 // A measurement switch set to a value it does not take is refused at start, named, whether or
 // not the run would reach its path.
 TEST(Refusals, ASwitchSetToAValueItDoesNotTakeIsRefusedByName) {

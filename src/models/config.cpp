@@ -64,12 +64,12 @@ struct Reader {
         origin, ": \"", key, "\" must be a positive number, got ", excerpt(j[key].dump()));
     return j[key].get<double>();
   }
-  // A finite number >= 0 (loss coefficients).
-  double nonnegative_or(const char* key, double fallback) const {
+  // A number in [0, max] (loss coefficients: float32 scales the loss and its gradients by them).
+  double nonnegative_or(const char* key, double fallback, double max = kMaxCoefficient) const {
     if (!has(key)) return fallback;
-    BRISK_CHECK(
-        j[key].is_number() && j[key].get<double>() >= 0 && std::isfinite(j[key].get<double>()),
-        origin, ": \"", key, "\" must be a number >= 0, got ", excerpt(j[key].dump()));
+    BRISK_CHECK(j[key].is_number() && j[key].get<double>() >= 0 && j[key].get<double>() <= max,
+                origin, ": \"", key, "\" must be a number in [0, ", max, "], got ",
+                excerpt(j[key].dump()));
     return j[key].get<double>();
   }
   bool flag_or(const char* key, bool fallback) const {
@@ -360,6 +360,12 @@ void read_moe(const Reader& r, ModelConfig& c) {
   if (qwen) {
     m.sparse_step = r.size_or("decoder_sparse_step", 1, kMaxLayers);
     m.dense_layers = read_layer_list(r, "mlp_only_layers", c.num_layers);
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) sparse += m.sparse(l) ? 1 : 0;
+    BRISK_CHECK(sparse > 0, r.origin, ": decoder_sparse_step ", m.sparse_step,
+                " and mlp_only_layers leave none of the ", c.num_layers,
+                " layers sparse: a mixture of experts without experts (a dense model is a qwen2 "
+                "config)");
   }
   if (mixtral)
     BRISK_CHECK(
@@ -635,7 +641,8 @@ void use_router_options(ModelConfig& c, double z_loss_coef, double capacity_fact
   const std::pair<const char*, double> options[] = {{"router_z_loss_coef", z_loss_coef},
                                                     {"moe_capacity_factor", capacity_factor}};
   for (const auto& [name, value] : options) {
-    BRISK_CHECK(std::isfinite(value) && value >= 0, name, " must be a number >= 0, got ", value);
+    BRISK_CHECK(value >= 0 && value <= kMaxCoefficient, name, " must be a number in [0, ",
+                kMaxCoefficient, "], got ", value);
     BRISK_CHECK(value == 0 || c.moe.experts > 0, "--", name, " needs a mixture-of-experts model; ",
                 c.type_name(), " has no router");
   }

@@ -31,6 +31,9 @@ inline constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
 inline constexpr int64_t kMaxPositions = int64_t{1} << 22;
 inline constexpr int64_t kMaxTypes = 1024;
 inline constexpr int64_t kMaxLabels = int64_t{1} << 20;
+// Loss coefficients and the router's capacity factor (config keys and options): float32 scales
+// losses and gradients by them; the published configs use 0.001 to 2.
+inline constexpr double kMaxCoefficient = 1000;
 
 // Mixture of experts (models/moe_layer.h): a sparse layer's MLP is `experts` SwiGLU experts of
 // width `inner`, each token routed to its top `top_k` by a router's softmax, and Qwen2-MoE's shared

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <type_traits>
 
@@ -116,8 +117,8 @@ void check_sizes(const TrainOptions& o) {
   check_positive("seq_len", o.seq_len);
   check_positive("logging_steps", o.logging_steps);
   check_positive("adam_epsilon", o.adam_epsilon);
-  // Real-valued options are finite (flags can say inf or nan), counts and fractions bounded so
-  // that step arithmetic stays exact.
+  // Real-valued options are finite (flags can say inf or nan), and finite where float32
+  // computes with them; counts and fractions bounded so that step arithmetic stays exact.
   // Text options (paths, names) are at most 4096 bytes, the longest path Linux takes, so no
   // message quoting one can grow without bound.
   visit_options(o, [](const char* name, const auto& field, const char*) {
@@ -133,6 +134,12 @@ void check_sizes(const TrainOptions& o) {
               o.num_train_epochs);
   BRISK_CHECK(o.warmup_steps <= kMaxCount, "warmup_steps must be at most 1e12, got ",
               o.warmup_steps);
+  // The rest are read by float32 arithmetic (the learning rate, the optimizer's numbers).
+  visit_options(o, [](const char* name, const auto& field, const char*) {
+    if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>)
+      BRISK_CHECK(std::abs(field) <= std::numeric_limits<float>::max(), name,
+                  " must be a number float32 holds (at most 3.4e38 in size), got ", field);
+  });
 }
 
 // Precision, recomputation, the optimizer's numbers and the learning-rate schedule.
