@@ -11,8 +11,7 @@ import json
 import os
 import shutil
 
-
-from . import _brisk
+from . import _brisk, checks
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .data import source
 from .training_args import TrainingArguments
@@ -73,11 +72,11 @@ class Trainer:
         step under way, with the model and state saved, then raises KeyboardInterrupt."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset")
+        resume = _checkpoint(resume_from_checkpoint)
         files, tokenized = self._data(train=self.train_dataset, eval=self.eval_dataset)
         options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
-        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
-            options["resume_from_checkpoint"] = (
-                "last" if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint))
+        if resume:
+            options["resume_from_checkpoint"] = resume
         self.control = TrainerControl()
         self.state = TrainerState()
         self.callback_handler.call("on_train_begin", self.args, self.state, self.control)
@@ -115,6 +114,8 @@ class Trainer:
         """PredictionOutput(predictions, label_ids, metrics): the rows' logits as a NumPy array
         [rows, num_labels] (a regression's numbers: [rows, 1]), the dataset's labels where it has
         them; predict_results.txt in output_dir holds the predicted labels by name."""
+        if test_dataset is None:
+            raise ValueError("Trainer.predict() needs a test_dataset")
         files, tokenized = self._data(test=test_dataset)
         options = self._options(do_train=False, do_eval=False, do_predict=True, **files)
         summary, (logits, label_ids) = self._run(options, tokenized)
@@ -123,7 +124,8 @@ class Trainer:
     def save_model(self, output_dir=None):
         """Writes the model folder (config, weights, tokenizer files) into output_dir (default:
         args.output_dir, where train() already saved it)."""
-        target = os.fspath(output_dir) if output_dir is not None else self.args.output_dir
+        target = (checks.path(output_dir, "output_dir") if output_dir is not None
+                  else self.args.output_dir)
         source = self._model
         if not os.path.isdir(source):
             raise ValueError("save_model: the model is %r, no trained folder yet: call train()"
@@ -139,9 +141,10 @@ class Trainer:
     def estimate_memory(self, world_size=1):
         """The plan of the training run these arguments describe, before any run: the JSON of
         `brisk estimate --output_json` (memory.planned_bytes holds the bytes by category)."""
+        world_size = checks.whole(world_size, "world_size", 1, 2**20)
         files, tokenized = self._data(train=self.train_dataset, eval=self.eval_dataset)
         options = self._options(do_train=True, do_eval=False, do_predict=False, **files)
-        return json.loads(_brisk.estimate(json.dumps(options), tokenized, world_size))
+        return json.loads(_brisk.estimate(checks.dumps(options), tokenized, world_size))
 
     def memory_table(self):
         """The last run's memory anatomy as text: planned bytes by category, then measured."""
@@ -174,11 +177,12 @@ class Trainer:
 
     def _model_source(self, model):
         if isinstance(model, dict):
+            text = checks.dumps(model, "model", indent=2)
             folder = self._inputs()
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, "config.json")
             with open(path, "w", encoding="utf-8") as out:
-                json.dump(model, out, indent=2)
+                out.write(text)
             return path
         return _path_of(model, "model")
 
@@ -242,7 +246,7 @@ class Trainer:
 
         progress = _Progress.open(self.args, options)
         try:
-            text, logits, label_ids = _brisk.train(json.dumps(options), tokenized, on_log,
+            text, logits, label_ids = _brisk.train(checks.dumps(options), tokenized, on_log,
                                                    on_save, on_epoch_end, on_step_end,
                                                    self._evaluation_metrics())
             result = json.loads(text), (logits, label_ids)
@@ -274,9 +278,22 @@ class Trainer:
                 self.state.update(json.load(f))
 
 
+def _checkpoint(value):
+    """resume_from_checkpoint as the engine's option: True (the last checkpoint) or a folder;
+    "" for None or False (no resume)."""
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return "last"
+    if isinstance(value, (str, os.PathLike)):
+        return checks.path(value, "resume_from_checkpoint")
+    raise TypeError("resume_from_checkpoint must be a checkpoint folder, True (the last) or "
+                    "None, not %s" % type(value).__name__)
+
+
 def _path_of(value, what):
     if isinstance(value, (str, os.PathLike)):
-        return os.fspath(value)
+        return checks.path(value, what)
     name = getattr(value, "name_or_path", None)  # a transformers model or tokenizer
     if isinstance(name, str) and os.path.exists(name):
         return name

@@ -3,7 +3,7 @@
 import json
 import os
 
-from . import _brisk
+from . import _brisk, checks
 
 
 def _jsonable(value):
@@ -64,12 +64,12 @@ class TrainingArguments:
             if not isinstance(output_dir, (str, os.PathLike)):
                 raise TypeError("output_dir must be a path, a TrainingArguments or a dict, not %s"
                                 % type(output_dir).__name__)
-            given["output_dir"] = os.fspath(output_dir)
+            given["output_dir"] = checks.path(output_dir, "output_dir")
         given = {key: _jsonable(value) for key, value in given.items()}
         # As in transformers, do_train, do_eval and do_predict are for scripts: the Trainer's
         # method called decides what a run does.
         scripts = {key: given.pop(key) for key in _SCRIPT_KEYS if key in given}
-        resolved = json.loads(_brisk.resolve_options(json.dumps(given)))
+        resolved = json.loads(_brisk.resolve_options(checks.dumps(given)))
         object.__setattr__(self, "_given", given)
         object.__setattr__(self, "_values", dict(resolved["options"], **scripts))
         object.__setattr__(self, "ignored_keys", list(resolved["ignored"]))
@@ -77,7 +77,10 @@ class TrainingArguments:
     @classmethod
     def from_dict(cls, values):
         """From a dict of TrainingArguments keys (e.g. transformers' `args.to_dict()`)."""
-        return cls(**dict(values))
+        if not isinstance(values, dict):
+            raise TypeError("TrainingArguments.from_dict takes a dict, not %s"
+                            % type(values).__name__)
+        return cls(values)
 
     @classmethod
     def of(cls, args):

@@ -3,13 +3,15 @@
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import brisk
-from conftest import FIXTURES, WORDPIECE, read_glue
+from conftest import FIXTURES, TINY_BERT, WORDPIECE, read_glue
 
 
 def test_imports_without_torch():
@@ -139,6 +141,69 @@ def test_bad_inputs_raise_one_message(tmp_path):
     with pytest.raises(ValueError, match="columns of different lengths"):
         brisk.Trainer(model="bert-tiny", args=args,
                       train_dataset={"sentence": ["a", "b"], "label": [0]}).train()
+
+
+def test_non_finite_numbers_never_reach_the_engine(tmp_path):
+    """A NaN or an infinity is refused naming its option or config key, never written as JSON's
+    NaN literal the engine cannot parse."""
+    nan, inf = float("nan"), float("inf")
+    for kwargs, message in [({"learning_rate": nan}, "learning_rate must be a finite number, "
+                                                      "got nan"),
+                            ({"num_train_epochs": np.float32(inf)}, "num_train_epochs must be a "
+                                                                     "finite number, got inf"),
+                            ({"lr_scheduler_kwargs": {"min_lr": -inf}},
+                             "lr_scheduler_kwargs['min_lr'] must be a finite number, got -inf")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            brisk.TrainingArguments(**kwargs)
+    args = brisk.TrainingArguments(output_dir=str(tmp_path), max_steps=1)
+    with pytest.raises(ValueError, match=re.escape("model['layer_norm_eps'] must be a finite")):
+        brisk.Trainer(model=dict(TINY_BERT, layer_norm_eps=nan), args=args)
+    with pytest.raises(ValueError, match="temperature must be a finite number, got nan"):
+        brisk.generate(str(tmp_path), "a prompt", temperature=nan)
+
+
+def test_arguments_are_checked_naming_them(tmp_path):
+    """Each argument converted for the engine is checked first: TypeError for a wrong type,
+    ValueError for a bad value, either naming the argument."""
+    model = os.path.join(FIXTURES, "bert_tiny")
+    args = brisk.TrainingArguments(output_dir=str(tmp_path), max_steps=1)
+    trainer = brisk.Trainer(model="bert-tiny", args=args, train_dataset=read_glue("train.csv"))
+    for call, error, message in [
+            (lambda: brisk.generate(model, "a", device=1), TypeError,
+             "device must be a str, not int"),
+            (lambda: brisk.generate(model, "a", max_new_tokens="x"), TypeError,
+             "max_new_tokens must be a whole number (an int), not str"),
+            (lambda: brisk.generate(model, "a", top_k=True), TypeError,
+             "top_k must be a whole number (an int), not bool"),
+            (lambda: brisk.generate(model, "a", max_new_tokens=2.5), TypeError,
+             "max_new_tokens must be a whole number (an int), not float"),
+            (lambda: brisk.generate(model, "a", do_sample="yes"), TypeError,
+             "do_sample must be True or False, not str"),
+            (lambda: brisk.generate(model, 3), TypeError, "prompt must be a str, not int"),
+            (lambda: brisk.generate(None, "a"), TypeError,
+             "model must be a path (a str or os.PathLike), not NoneType"),
+            (lambda: brisk.tokenize(WORDPIECE, None), TypeError,
+             "texts must be a str or a list of str, not NoneType"),
+            (lambda: brisk.tokenize(WORDPIECE, [1, 2]), TypeError,
+             "texts[0] must be a str, not int"),
+            (lambda: brisk.tokenize(WORDPIECE, "a", add_special_tokens=None), TypeError,
+             "add_special_tokens must be True or False, not NoneType"),
+            (lambda: brisk.tokenize(3, "a"), TypeError, "tokenizer must be a path"),
+            (lambda: trainer.train(resume_from_checkpoint=3), TypeError,
+             "resume_from_checkpoint must be a checkpoint folder, True (the last) or None, "
+             "not int"),
+            (lambda: trainer.estimate_memory(world_size="2"), TypeError,
+             "world_size must be a whole number (an int), not str"),
+            (lambda: trainer.estimate_memory(world_size=0), ValueError,
+             "world_size must be a whole number from 1 to 1048576, got 0"),
+            (lambda: trainer.predict(None), ValueError, "Trainer.predict() needs a test_dataset"),
+            (lambda: trainer.save_model(3), TypeError, "output_dir must be a path"),
+            (lambda: brisk.TrainingArguments.from_dict(5), TypeError,
+             "TrainingArguments.from_dict takes a dict, not int")]:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+    assert brisk.tokenize(WORDPIECE, ("a", np.str_("b"))) == brisk.tokenize(WORDPIECE, ["a", "b"])
+    assert not os.path.exists(tmp_path / "brisk_inputs")  # refused before any file was written
 
 
 def test_tokenize_equals_the_program(program):
