@@ -144,8 +144,8 @@ def test_bad_inputs_raise_one_message(tmp_path):
 
 
 def test_non_finite_numbers_never_reach_the_engine(tmp_path):
-    """A NaN or an infinity is refused naming its option or config key, never written as JSON's
-    NaN literal the engine cannot parse."""
+    """A NaN or an infinity is refused naming its option, config key, or dataset row and column,
+    never written as JSON's NaN literal the engine cannot parse."""
     nan, inf = float("nan"), float("inf")
     for kwargs, message in [({"learning_rate": nan}, "learning_rate must be a finite number, "
                                                       "got nan"),
@@ -158,8 +158,18 @@ def test_non_finite_numbers_never_reach_the_engine(tmp_path):
     args = brisk.TrainingArguments(output_dir=str(tmp_path), max_steps=1)
     with pytest.raises(ValueError, match=re.escape("model['layer_norm_eps'] must be a finite")):
         brisk.Trainer(model=dict(TINY_BERT, layer_norm_eps=nan), args=args)
+    train = read_glue("train.csv")
+    train["label"][2] = nan
+    with pytest.raises(ValueError, match="train_dataset row 2, column label must be a finite "
+                                         "number, got nan"):
+        brisk.Trainer(model="bert-tiny", args=args, train_dataset=train).train()
+    records = [{"sentence": "a", "label": 0}, {"sentence": "b", "label": np.float64(inf)}]
+    with pytest.raises(ValueError, match="eval_dataset row 1, column label must be a finite "
+                                         "number, got inf"):
+        brisk.Trainer(model="bert-tiny", args=args).evaluate(records)
     with pytest.raises(ValueError, match="temperature must be a finite number, got nan"):
         brisk.generate(str(tmp_path), "a prompt", temperature=nan)
+    assert not os.path.exists(tmp_path / "brisk_inputs" / "eval.jsonl")
 
 
 def test_arguments_are_checked_naming_them(tmp_path):
@@ -204,6 +214,36 @@ def test_arguments_are_checked_naming_them(tmp_path):
             call()
     assert brisk.tokenize(WORDPIECE, ("a", np.str_("b"))) == brisk.tokenize(WORDPIECE, ["a", "b"])
     assert not os.path.exists(tmp_path / "brisk_inputs")  # refused before any file was written
+
+
+def test_empty_datasets_and_missing_labels_are_named(tmp_path):
+    """A table without rows is called empty, naming its role; a tokenized table's missing label
+    (None, NaN, pandas' NA) is refused naming its row, never read as no label or a real."""
+    pandas = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    args = brisk.TrainingArguments(output_dir=str(tmp_path), max_steps=1)
+    trainer = brisk.Trainer(model="bert-tiny", args=args)
+    for empty in ([], {}, {"sentence": [], "label": []}, {"input_ids": []},
+                  pandas.DataFrame({"sentence": [], "label": []}),
+                  datasets.Dataset.from_dict({"sentence": [], "label": []}),
+                  datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": []})})):
+        for call, name in ((lambda: brisk.Trainer(model="bert-tiny", args=args,
+                                                  train_dataset=empty).train(), "train_dataset"),
+                           (lambda: trainer.evaluate(empty), "eval_dataset"),
+                           (lambda: trainer.predict(empty), "test_dataset")):
+            with pytest.raises(ValueError, match="^%s is empty$" % name):
+                call()
+    ids = brisk.tokenize(WORDPIECE, read_glue("train.csv")["sentence"][:4])
+    for labels in ([0.5, float("nan"), 1.5, 2.0], [0, None, 1, 0],
+                   pandas.array([0, None, 1, 0], dtype="Int64")):
+        for table in ({"input_ids": ids, "label": labels},
+                      pandas.DataFrame({"input_ids": ids, "label": labels})):
+            with pytest.raises(ValueError, match=re.escape(
+                    "eval_dataset row 1, column label is missing (")):
+                trainer.evaluate(table)
+    arrow = datasets.Dataset.from_dict({"input_ids": ids, "label": [0, None, 1, 0]})
+    with pytest.raises(ValueError, match=re.escape("test_dataset row 1, column label is missing")):
+        trainer.predict(arrow)
 
 
 def test_tokenize_equals_the_program(program):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -121,7 +122,7 @@ def test_padded_or_mixed_data_is_refused(tmp_path):
     with pytest.raises(ValueError, match="padded rows"):
         losses_of(tmp_path, "padded", padded)
     named = dict(data, label=["good" if l else "bad" for l in data["label"]])
-    with pytest.raises(ValueError, match="column label: whole numbers expected"):
+    with pytest.raises(ValueError, match="train_dataset row 0, column label: 'good' is not a number"):
         losses_of(tmp_path, "named", named)
     with pytest.raises(ValueError, match="all as text or all tokenized"):
         losses_of(tmp_path, "mixed", data, read_glue("dev.csv"))
@@ -135,3 +136,56 @@ def test_the_engine_takes_no_array_it_would_have_to_convert(tmp_path):
         bad = dict(split, **{name: split[name].astype(wrong)})
         with pytest.raises((TypeError, RuntimeError)):
             brisk._brisk.estimate(options, {"train": bad})
+
+
+
+
+_BAD_ROWS = [  # (column, its row 2, the message after "train_dataset row 2")
+    ("input_ids", [101, 5.7, 102], ", column input_ids: 5.7 is not a whole number"),
+    ("input_ids", None, ", column input_ids is missing (None)"),
+    ("input_ids", [101, [7, 8], 102], ", column input_ids: [7, 8] is not a number"),
+    ("input_ids", [101, "7", 102], ", column input_ids: '7' is not a number"),
+    ("input_ids", [101, True, 102], ", column input_ids: True is a bool, not a number"),
+    ("input_ids", np.array([101, 2**63, 102], dtype=np.uint64),
+     ", column input_ids: 9223372036854775808 is outside int32"),
+    ("input_ids", [101, 2**70, 102], ", column input_ids: 1180591620717411303424 is outside "
+                                     "int32"),
+    ("input_ids", "101 7 102", ", column input_ids: '101 7 102' is not a list of numbers"),
+    ("token_type_ids", [0, float("nan"), 0], ", column token_type_ids is missing (nan)"),
+    ("attention_mask", [1, 1], ": attention_mask and input_ids differ in length"),
+]
+
+
+def test_tokenized_rows_are_checked_naming_column_and_row(tmp_path):
+    """One check of every kind of table's rows, Arrow's included: each a list of whole numbers
+    (whole floats too) in int32 range; the first bad one named by dataset, row and column."""
+    pandas = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    pyarrow = pytest.importorskip("pyarrow")
+    for column, row, message in _BAD_ROWS:
+        columns = {"input_ids": [[101, 7, 102]] * 4, "token_type_ids": [[0, 0, 0]] * 4,
+                   "attention_mask": [[1, 1, 1]] * 4, "label": [0, 1, 0, 1]}
+        columns[column] = columns[column][:2] + [row] + columns[column][3:]
+        records = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        for table in (columns, records, pandas.DataFrame(columns)):
+            with pytest.raises(ValueError, match=re.escape("train_dataset row 2" + message)):
+                tokenized_split(table, "train_dataset")
+        try:
+            arrow = datasets.Dataset.from_dict(columns)
+        except (pyarrow.lib.ArrowException, OverflowError):  # a row Arrow cannot type
+            continue
+        with pytest.raises(ValueError, match=r"train_dataset row 2\b.*" + column):
+            tokenized_split(arrow, "train_dataset")
+    nested = datasets.Dataset.from_dict({"input_ids": [[[1]], [[2], [3]]]})
+    with pytest.raises(ValueError, match=r"row 0, column input_ids: .* is not a number"):
+        tokenized_split(nested)
+    holes = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, None]]})
+    with pytest.raises(ValueError, match=r"row 1, column input_ids is missing"):
+        tokenized_split(holes)
+    for whole in (datasets.Dataset.from_dict({"input_ids": [[1.0, 2.0], [3.0]]}),
+                  {"input_ids": [[1.0, 2.0], [np.float32(3)]]}):
+        assert tokenized_split(whole)["ids"].tolist() == [1, 2, 3]
+    args = brisk.TrainingArguments(output_dir=str(tmp_path), max_steps=1)
+    with pytest.raises(ValueError, match=re.escape("eval_dataset row 0, column input_ids: 5.5 is "
+                                                   "not a whole number")):
+        brisk.Trainer(model="bert-tiny", args=args).evaluate({"input_ids": [[101, 5.5]]})
