@@ -55,16 +55,36 @@ class TrainerCallback:
         pass
 
 
+# The events a run calls, in the order of the methods above.
+EVENTS = ("on_train_begin", "on_log", "on_evaluate", "on_step_end", "on_save", "on_epoch_end",
+          "on_train_end")
+
+
 class CallbackHandler:
     """Calls each callback's method of an event, in order, where it has one."""
 
     def __init__(self, callbacks):
+        if not isinstance(callbacks, (list, tuple)):
+            raise TypeError("callbacks must be a list of callbacks, not %s"
+                            % type(callbacks).__name__)
         self.callbacks = []
         for callback in callbacks:
             self.add(callback)
 
     def add(self, callback):
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+        """Adds `callback` (an object, or a class made with no arguments), checked now: an event
+        attribute it has is a method, and it has at least one."""
+        callback = callback() if isinstance(callback, type) else callback
+        name = type(callback).__name__
+        events = [e for e in EVENTS if getattr(callback, e, None) is not None]
+        if not events:
+            raise TypeError("callback %s has none of the events (%s): subclass TrainerCallback"
+                            % (name, ", ".join(EVENTS)))
+        for event in events:
+            if not callable(getattr(callback, event)):
+                raise TypeError("callback %s: %s must be a method, not %s"
+                                % (name, event, type(getattr(callback, event)).__name__))
+        self.callbacks.append(callback)
 
     def call(self, event, args, state, control, **kwargs):
         for callback in self.callbacks:

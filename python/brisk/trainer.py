@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 
+import numpy as np
+
 from . import _brisk, checks
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .data import source
@@ -263,12 +265,14 @@ class Trainer:
         without compute_metrics."""
         if self.compute_metrics is None:
             return None
+        if not callable(self.compute_metrics):
+            raise TypeError("compute_metrics must be a function of an EvalPrediction, not %s"
+                            % type(self.compute_metrics).__name__)
 
         def metrics(logits, label_ids):
-            computed = self.compute_metrics(EvalPrediction(logits, label_ids)) or {}
-            return json.dumps({(k if k.startswith("eval_") else "eval_" + k):
-                               (v.item() if hasattr(v, "item") else v)
-                               for k, v in computed.items()})
+            computed = _metrics_of(self.compute_metrics(EvalPrediction(logits, label_ids)))
+            return checks.dumps({(k if k.startswith("eval_") else "eval_" + k): v
+                                 for k, v in computed.items()})
         return metrics
 
     def _read_state(self):
@@ -289,6 +293,23 @@ def _checkpoint(value):
         return checks.path(value, "resume_from_checkpoint")
     raise TypeError("resume_from_checkpoint must be a checkpoint folder, True (the last) or "
                     "None, not %s" % type(value).__name__)
+
+
+def _metrics_of(computed):
+    """compute_metrics' result checked: a dict of names (str) to finite numbers (NumPy scalars
+    too)."""
+    if not isinstance(computed, dict):
+        raise TypeError("compute_metrics must return a dict of metric names to numbers, not %s"
+                        % type(computed).__name__)
+    metrics = {}
+    for name, value in computed.items():
+        if not isinstance(name, str):
+            raise TypeError("compute_metrics returned the key %s: metric names are str"
+                            % checks.shown(name))
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        metrics[name] = checks.real(value, "compute_metrics' %s" % name)
+    return metrics
 
 
 def _path_of(value, what):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -295,3 +296,43 @@ def test_label_ids_are_the_labels_the_engine_read(tmp_path):
     predicted = t.predict(values)
     assert predicted.label_ids.dtype == np.float32
     assert predicted.label_ids.tolist() == values["label"]
+
+
+class LogIsNoMethod(brisk.TrainerCallback):
+    on_log = 3
+
+
+def test_compute_metrics_results_and_callbacks_are_checked(tmp_path, bert_config):
+    """compute_metrics must return a dict of names to finite numbers (NumPy's too); a callback's
+    events must be methods, checked when it is added."""
+    dev = read_glue("dev.csv")
+    dev["label"] = [i % 2 for i in range(len(dev["label"]))]
+    t = trainer(tmp_path, bert_config, read_glue("train.csv"))
+    for result, error, message in [
+            ([0.5], TypeError, "compute_metrics must return a dict of metric names to numbers, "
+                               "not list"),
+            (None, TypeError, "compute_metrics must return a dict of metric names to numbers, "
+                              "not NoneType"),
+            ({1: 0.5}, TypeError, "compute_metrics returned the key 1: metric names are str"),
+            ({"score": "high"}, TypeError, "compute_metrics' score must be a number, not str"),
+            ({"score": True}, TypeError, "compute_metrics' score must be a number, not bool"),
+            ({"score": np.float32("nan")}, ValueError,
+             "compute_metrics' score must be a finite number, got nan")]:
+        t.compute_metrics = lambda p, result=result: result
+        with pytest.raises(error, match=re.escape(message)):
+            t.evaluate(dev)
+    t.compute_metrics = 5
+    with pytest.raises(TypeError, match="compute_metrics must be a function of an EvalPrediction, "
+                                        "not int"):
+        t.evaluate(dev)
+    t.compute_metrics = lambda p: {"a": np.float32(0.5), "b": np.int64(3), "c": np.array(0.25)}
+    metrics = t.evaluate(dev)
+    assert (metrics["eval_a"], metrics["eval_b"], metrics["eval_c"]) == (0.5, 3, 0.25)
+
+    with pytest.raises(TypeError, match="callback LogIsNoMethod: on_log must be a method, not "
+                                        "int"):
+        t.add_callback(LogIsNoMethod)
+    with pytest.raises(TypeError, match="callback object has none of the events"):
+        t.add_callback(object())
+    with pytest.raises(TypeError, match="callbacks must be a list of callbacks, not Recorder"):
+        trainer(tmp_path, bert_config, read_glue("train.csv"), callbacks=Recorder())
