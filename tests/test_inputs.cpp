@@ -351,6 +351,27 @@ TEST(Inputs, CorruptOrMismatchedWeightsAreRefused) {
   m->bind(arena);
   expect_error([&] { m->load_weights(*be, WeightFiles(fixture("bert_tiny/model.safetensors"))); },
                "lacks parameter 'transformer.wte.weight'");
+  // A NaN or an infinity in a weight is refused naming the tensor, before any step routes or
+  // sums with it.
+  TempDir dir("nan_weights");
+  for (const float bad : {std::nanf(""), -INFINITY}) {
+    std::vector<std::vector<float>> values;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    {
+      SafetensorsFile f(fixture("gpt2_tiny/model.safetensors"));
+      for (const std::string& name : f.names()) {
+        const Tensor& t = f.get(name);
+        ASSERT_EQ(t.dtype(), DType::f32) << name;
+        std::vector<float>& v = values.emplace_back(t.f32(), t.f32() + t.numel());
+        if (name == "transformer.h.0.mlp.c_fc.weight") v[3] = bad;
+        tensors.emplace_back(name, Tensor(v.data(), t.shape(), DType::f32));
+      }
+      write_safetensors(dir / "model.safetensors", tensors);
+    }
+    expect_error([&] { m->load_weights(*be, WeightFiles(dir / "model.safetensors")); },
+                 "parameter 'transformer.h.0.mlp.c_fc.weight' in '" + dir / "model.safetensors" +
+                     "' holds NaN or infinite values");
+  }
 }
 
 TEST(Inputs, SafetensorsRoundTripIsAtomic) {

@@ -169,6 +169,9 @@ TEST(OpsMoeDispatch, BadShapesExpertsAndPositionsAreRefused) {
   x[3] = E;
   brisk::testing::expect_error([&] { dispatch(E, Tensor(counts.data(), Shape{E}, DType::i32)); },
                                "expert 4 of 4");
+  x[3] = -1;  // what routing NaN probabilities picks
+  brisk::testing::expect_error([&] { dispatch(E, Tensor(counts.data(), Shape{E}, DType::i32)); },
+                               "the router's probabilities are NaN");
   x[3] = 3;
   dispatch(E, Tensor(counts.data(), Shape{E}, DType::i32));
   EXPECT_EQ(counts, (std::vector<int32_t>{1, 2, 2, 1}));

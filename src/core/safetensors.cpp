@@ -205,6 +205,15 @@ void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what) 
     default:
       BRISK_FAIL(what, ": dtype ", dtype_name(src.dtype()), " cannot be read as floats");
   }
+  // A NaN or infinity read in would surface steps later as an expert -1 or a NaN loss blamed on
+  // the learning rate: refused here, naming the tensor (one pass over what was just written).
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, out + i, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  BRISK_CHECK(!bad, what, " holds NaN or infinite values");
 }
 
 namespace {

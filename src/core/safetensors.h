@@ -40,7 +40,8 @@ class SafetensorsFile {
   std::vector<std::unique_ptr<uint64_t[]>> aligned_copies_;  // data the file holds misaligned
 };
 
-// Copies `src` (any float dtype the file holds) into the float32 tensor `dst` of equal shape.
+// Copies `src` (any float dtype the file holds) into the float32 tensor `dst` of equal shape;
+// refuses a NaN or infinite value, naming `what`.
 void copy_to_f32(const Tensor& src, const Tensor& dst, const std::string& what);
 
 // Copies `bytes` bytes of a tensor that lives off the host, from byte `offset` on, into `dst`.

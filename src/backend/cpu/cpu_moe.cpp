@@ -70,8 +70,11 @@ void CpuBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const 
   int32_t *count = counts.i32(), *pos = positions.i32();
   std::vector<int32_t> next(num_experts, 0);
   for (int64_t i = 0; i < pairs; ++i) {
-    BRISK_CHECK(x[i] >= 0 && x[i] < num_experts, "moe_dispatch: expert ", x[i], " of ",
-                num_experts);
+    // The router picks no expert (-1) only where its probabilities are NaN.
+    BRISK_CHECK(x[i] >= 0,
+                "the router's probabilities are NaN (the activations reaching it "
+                "are not finite): the run diverged; try a lower learning_rate");
+    BRISK_CHECK(x[i] < num_experts, "moe_dispatch: expert ", x[i], " of ", num_experts);
     ++next[x[i]];
   }
   int32_t offset = 0;
