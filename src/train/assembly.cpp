@@ -233,6 +233,54 @@ TrainOptions resolve_options(const TrainOptions& given, int ranks,
   return options;
 }
 
+std::vector<AgreedValue> agreed_values(const TrainOptions& o) {
+  std::vector<AgreedValue> values;
+  auto add = [&](const std::string& name, const auto& value) {
+    values.push_back({name, nlohmann::json(value).dump()});
+  };
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"tp_size", o.tp_size},
+                                    {"pp_size", o.pp_size},
+                                    {"sp_size", o.sp_size},
+                                    {"ep_size", o.ep_size},
+                                    {"zero_stage", o.zero_stage},
+                                    {"per_device_train_batch_size", o.per_device_train_batch_size},
+                                    {"gradient_accumulation_steps", o.gradient_accumulation_steps},
+                                    {"max_steps", o.max_steps},
+                                    {"seq_len", o.seq_len},
+                                    {"max_seq_length", o.max_seq_length},
+                                    {"block_size", o.block_size},
+                                    {"dataset_size", o.dataset_size}})
+    add(option_source(o, name), value);
+  add("--tp_sequence_parallel", o.tp_sequence_parallel);
+  add("--bf16", o.bf16);
+  add("--fp16", o.fp16);
+  add("--bf16_master_weights", o.bf16_master_weights);
+  add("--gradient_checkpointing", o.gradient_checkpointing);
+  add("--selective_recompute", o.selective_recompute);
+  add("--optim", o.optim);
+  add("--offload_optimizer", o.offload_optimizer);
+  add("--seed", o.seed);
+  add("--num_train_epochs", o.num_train_epochs);
+  add("--learning_rate", o.learning_rate);
+  add("--do_train", o.do_train);
+  add("--do_eval", o.do_eval);
+  const ModelConfig c = resolve_config(o.model_name_or_path);
+  const std::string in = o.model_name_or_path + "'s config ";
+  add(in + "model_type", c.type_name());
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                                    {"hidden_size", c.hidden_size},
+                                    {"num_hidden_layers", c.num_layers},
+                                    {"num_attention_heads", c.num_heads},
+                                    {"num_key_value_heads", c.kv_heads()},
+                                    {"intermediate_size", c.intermediate_size},
+                                    {"max_position_embeddings", c.max_position_embeddings},
+                                    {"experts", c.moe.experts},
+                                    {"num_experts_per_tok", c.moe.top_k},
+                                    {"moe_intermediate_size", c.moe.inner}})
+    add(in + name, value);
+  return values;
+}
+
 // "last" (or "true", as Trainer.train(resume_from_checkpoint=True)).
 TrainOptions resolve_checkpoint(const TrainOptions& options) {
   TrainOptions o = options;

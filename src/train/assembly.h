@@ -17,6 +17,7 @@
 #include "eval/evaluate.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/agreement.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
 #include "train/file_data.h"
@@ -33,6 +34,9 @@ namespace brisk {
 TrainOptions resolve_options(const TrainOptions& given, int ranks,
                              std::vector<std::string>* ignored = nullptr);
 TrainOptions resolve_checkpoint(const TrainOptions& options);
+// What every rank of a run must hold alike (parallel/agreement.h): the resolved layout, the
+// options that shape a step and the model config's shapes, each named as the user gave it.
+std::vector<AgreedValue> agreed_values(const TrainOptions& o);
 
 struct RunAssembly {
   TrainOptions options;  // as given (seq_len: the text files', with --train_file)

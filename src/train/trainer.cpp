@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "models/step_recorder.h"
 #include "optim/optimizer.h"
+#include "parallel/agreement.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/launch.h"
@@ -239,16 +240,6 @@ void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::stri
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
 // stay below 2^31).
 constexpr uint32_t kWeightRoundingSite = 0x80000000u;
-
-// Root's text, on every rank.
-std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
-  double length = static_cast<double>(text.size());
-  comm.broadcast(Tensor(&length, Shape{1}, DType::f64), root);
-  std::string out = comm.rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
-  if (!out.empty())
-    comm.broadcast(Tensor(out.data(), Shape{static_cast<int64_t>(out.size())}, DType::u8), root);
-  return out;
-}
 
 // The update: the gradients' norm and the step's decision (skip, clip), the optimizer's step on
 // this rank's share and the weights shared by the run's parallel policy, the loss scaler told.
@@ -753,7 +744,7 @@ void train_steps(RunContext& c) {
 // its weights, read as the parallel policy shares them.
 void load_best_model(RunContext& c) {
   std::string best_folder = c.lead() ? c.state.best_model_checkpoint : std::string();
-  if (c.dist.size() > 1) best_folder = broadcast_string(c.dist, best_folder, 0);
+  if (c.dist.size() > 1) best_folder = broadcast_text(c.dist, best_folder, 0);
   if (best_folder.empty()) return;
   c.parallel.load_weights((fs::path(best_folder) / "model.safetensors").string());
   if (c.lead()) {
@@ -880,6 +871,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   const auto timeout = static_cast<double>(options.ddp_timeout);
   Communicator& dist = comm ? *comm : world_communicator(device, timeout);
   if (dist.size() > 1) dist.set_timeout(timeout);
+  if (dist.size() > 1) check_ranks_agree(dist, agreed_values(options));
   const bool lead = dist.rank() == 0;
   RunLog log(all_log, lead);
   if (!deepspeed_ignored.empty()) log.log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
