@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/json_file.h"
 #include "test_support.h"
 #include "tokenizer/charsmap.h"
 #include "tokenizer/merges.h"
@@ -286,6 +287,57 @@ TEST(BoundedTokenizers, TheCommandLineEndsWithOneLineNeverASignal) {
     expect_one_line(run_brisk("tokenize --tokenizer " + r.tokenizer() + " --input " + input),
                     r.message);
   }
+}
+
+// The bpe fixture with `n` added tokens prefix + "i>" (ids after its vocabulary).
+std::string with_added_tokens(int n, const std::string& prefix = "<added_") {
+  nlohmann::json j = read_json_file(fixture("tokenizer/bpe/tokenizer.json"), "fixture");
+  const int64_t first = static_cast<int64_t>(j["model"]["vocab"].size());
+  for (int i = 0; i < n; ++i)
+    j["added_tokens"].push_back(
+        {{"id", first + i}, {"content", prefix + std::to_string(i) + ">"}, {"special", false}});
+  return write("added_" + std::to_string(n) + ".json", j.dump());
+}
+
+// Added tokens are found by one walk of a trie from each position: the longest one there, as
+// the scan of every token found it (a reference kept here), and in time bounded by the longest
+// token whatever their number: 40,000 tokens sharing a prefix over a 200,000-character line.
+TEST(BoundedTokenizers, AddedTokensAreMatchedInOnePassLongestFirst) {
+  const auto t = Tokenizer::load(with_added_tokens(12));
+  const std::string text = "a<added_1><added_11>b<added_<added_2<added_10>><added_1";
+  std::vector<int32_t> want;
+  size_t start = 0;
+  auto plain = [&](size_t end) {
+    if (end > start) {
+      const std::vector<int32_t> ids = t->tokenize(text.substr(start, end - start));
+      want.insert(want.end(), ids.begin(), ids.end());
+    }
+  };
+  for (size_t at = 0; at < text.size();) {  // every token compared at every position
+    size_t longest = 0;
+    int32_t id = -1;
+    for (int i = 0; i < 12; ++i) {
+      const std::string token = "<added_" + std::to_string(i) + ">";
+      if (text.compare(at, token.size(), token) == 0 && token.size() > longest)
+        longest = token.size(), id = t->token_id(token);
+    }
+    if (longest == 0) {
+      ++at;
+      continue;
+    }
+    plain(at);
+    want.push_back(id);
+    start = at += longest;
+  }
+  plain(text.size());
+  EXPECT_EQ(t->tokenize(text), want);
+  // Every position of the line starts every token's 32-byte prefix.
+  const std::string input = write("added_line.txt", std::string(200000, 'a') + "\n");
+  const struct Run r =
+      run_brisk("tokenize --count_only --tokenizer " +
+                with_added_tokens(40000, std::string(32, 'a')) + " --input " + input);
+  EXPECT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // The merge loop before the heap: the lowest rank found by a rescan, every occurrence merged.

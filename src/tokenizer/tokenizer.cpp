@@ -528,22 +528,50 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   std::stable_sort(t->added_.begin(), t->added_.end(), [](const auto& a, const auto& b) {
     return a.content.size() > b.content.size();
   });
-  for (const AddedToken& a : t->added_)
-    t->first_bytes_[static_cast<unsigned char>(a.content[0])] = true;
+  t->index_added_tokens();
   return t;
+}
+
+void Tokenizer::index_added_tokens() {
+  added_edges_.clear();
+  added_at_.assign(1, -1);
+  for (size_t i = 0; i < added_.size(); ++i) {
+    const std::string& content = added_[i].content;
+    first_bytes_[static_cast<unsigned char>(content[0])] = true;
+    int32_t node = 0;
+    for (const char c : content) {
+      const uint64_t edge = uint64_t{static_cast<uint32_t>(node)} << 8 | static_cast<uint8_t>(c);
+      const auto [it, made] =
+          added_edges_.try_emplace(edge, static_cast<int32_t>(added_at_.size()));
+      if (made) added_at_.push_back(-1);
+      node = it->second;
+    }
+    // Of two alike, the first (of equal length, as the longest-first order kept them).
+    if (added_at_[static_cast<size_t>(node)] < 0)
+      added_at_[static_cast<size_t>(node)] = static_cast<int32_t>(i);
+  }
+}
+
+const AddedToken* Tokenizer::longest_added(std::string_view text, size_t at) const {
+  if (!first_bytes_[static_cast<unsigned char>(text[at])]) return nullptr;
+  const AddedToken* hit = nullptr;
+  int32_t node = 0;
+  for (size_t i = at; i < text.size(); ++i) {
+    const auto it = added_edges_.find(uint64_t{static_cast<uint32_t>(node)} << 8 |
+                                      static_cast<uint8_t>(text[i]));
+    if (it == added_edges_.end()) break;
+    node = it->second;
+    const int32_t token = added_at_[static_cast<size_t>(node)];
+    if (token >= 0) hit = &added_[static_cast<size_t>(token)];
+  }
+  return hit;
 }
 
 std::vector<int32_t> Tokenizer::tokenize(std::string_view text) const {
   std::vector<int32_t> out;
   size_t start = 0, at = 0;
   while (at < text.size()) {
-    const AddedToken* hit = nullptr;
-    if (first_bytes_[static_cast<unsigned char>(text[at])])
-      for (const AddedToken& a : added_)
-        if (text.compare(at, a.content.size(), a.content) == 0) {
-          hit = &a;
-          break;
-        }
+    const AddedToken* hit = longest_added(text, at);
     if (!hit) {
       ++at;
       continue;

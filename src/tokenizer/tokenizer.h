@@ -82,6 +82,13 @@ class Tokenizer final : public TextEncoder {
   std::unique_ptr<TokenModel> model_;
   std::vector<AddedToken> added_;        // matched in the raw text, longest first
   std::array<bool, 256> first_bytes_{};  // bytes an added token starts with
+  // The added tokens as a trie of their bytes: node n's child by byte b is
+  // added_edges_[n << 8 | b]; added_at_[n] the added token ending there (-1: none). One walk
+  // from a position finds its longest added token, in at most the longest token's length.
+  std::unordered_map<uint64_t, int32_t> added_edges_;
+  std::vector<int32_t> added_at_;
+  void index_added_tokens();
+  const AddedToken* longest_added(std::string_view text, size_t at) const;
   // The post-processor's template: special ids or a sequence (A or B), each with a token type.
   struct TemplatePiece {
     int sequence = -1;  // 0: A, 1: B, -1: the special ids
