@@ -259,6 +259,17 @@ std::vector<Refusal> refusals() {
       {"catastrophic Split regex", [] { return write("regex.json", split_bpe("(a+)+$")); },
        std::string(40, 'a') + "!",
        "the pre-tokenizer pattern \"(a+)+$\" ran past PCRE2's match limit of 10000000 steps"},
+      // Each position backtracks up to 2^20 steps, under PCRE2's per-match limit, before the
+      // one-character alternative matches: the text's budget ends it.
+      {"Split regex under the match limit at every position of a long line",
+       [] { return write("regex_every.json", split_bpe("(a+)+$|.")); },
+       [] {
+         std::string line;
+         while (line.size() < 400000) line += std::string(20, 'a') + "!";
+         return line;
+       }(),
+       "the pre-tokenizer pattern \"(a+)+$|.\" ran past its budget of 45600512 steps for a "
+       "text of 400008 bytes"},
       {"Replace chain doubling the text",
        [] { return write("doubling.json", doubling_unigram(40)); }, "aaaaaaaaaa",
        "normalizer 9 (Replace \"a\") would make 5120 bytes of a text of 10, more than the 8 x + "

@@ -5,6 +5,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <memory>
@@ -63,6 +64,13 @@ std::vector<std::string> byte_symbols() {
 constexpr uint32_t kRegexMatchLimit = 10'000'000;
 constexpr uint32_t kRegexDepthLimit = 100'000;
 constexpr uint32_t kRegexHeapLimitKiB = 64 * 1024;
+// One text's budget (PCRE2's limits bound one call, and a text makes a call per match): each
+// call first runs under kRegexFirstTry steps (the published patterns take tens), then under
+// twice as many until it ends or reaches kRegexMatchLimit; the steps of the tries that ran out
+// are charged to the text, which may spend twice kRegexMatchLimit (one match's way to the
+// limit) and kRegexStepsPerByte per byte.
+constexpr uint32_t kRegexFirstTry = 1024;
+constexpr uint64_t kRegexStepsPerByte = 64;
 
 // The limit a failed match ran into, or PCRE2's own words for another failure.
 std::string match_failure(int rc) {
@@ -118,12 +126,15 @@ class Regex {
     const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
         pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
     BRISK_CHECK(md != nullptr, "out of memory for a pre-tokenizer match");
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    // This text's own limits (the context is shared by the threads encoding other texts).
+    const std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> context(
+        pcre2_match_context_copy(context_), &pcre2_match_context_free);
+    BRISK_CHECK(context != nullptr, "out of memory for a pre-tokenizer match");
+    const uint64_t budget = 2 * uint64_t{kRegexMatchLimit} + kRegexStepsPerByte * text.size();
+    uint64_t spent = 0;
     PCRE2_SIZE at = 0, emitted = 0;
-    // The text is valid UTF-8 (see ByteLevelBpe::encode) and matches start at character bounds.
-    const uint32_t options = PCRE2_NO_UTF_CHECK;
     while (at < text.size()) {
-      const int rc = pcre2_match(code_, subject, text.size(), at, options, md.get(), context_);
+      const int rc = match_within(text, at, budget, spent, md.get(), context.get());
       if (rc == PCRE2_ERROR_NOMATCH) break;
       BRISK_CHECK(rc >= 0, "'", origin_, "': the pre-tokenizer pattern \"", excerpt(pattern_),
                   "\" ", match_failure(rc), " on a text of ", text.size(), " bytes");
@@ -141,6 +152,25 @@ class Regex {
   }
 
  private:
+  // One pcre2_match from `at`, under the first try's steps, then twice as many at a time; the
+  // tries that run out are charged to `spent`, refused past `budget`.
+  int match_within(std::string_view text, PCRE2_SIZE at, uint64_t budget, uint64_t& spent,
+                   pcre2_match_data* md, pcre2_match_context* context) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    // The text is valid UTF-8 (see ByteLevelBpe::encode) and matches start at character bounds.
+    for (uint32_t limit = kRegexFirstTry;; limit = std::min(2 * limit, kRegexMatchLimit)) {
+      pcre2_set_match_limit(context, limit);
+      const int rc = pcre2_match(code_, subject, text.size(), at, PCRE2_NO_UTF_CHECK, md, context);
+      if (rc != PCRE2_ERROR_MATCHLIMIT || limit == kRegexMatchLimit) return rc;
+      spent += limit;
+      BRISK_CHECK(spent <= budget, "'", origin_, "': the pre-tokenizer pattern \"",
+                  excerpt(pattern_), "\" ran past its budget of ", budget, " steps for a text of ",
+                  text.size(),
+                  " bytes (PCRE2's match limit bounds one match, this budget every "
+                  "match of one text)");
+    }
+  }
+
   std::string pattern_, origin_;
   pcre2_code* code_ = nullptr;
   pcre2_match_context* context_ = nullptr;
