@@ -155,6 +155,15 @@ TEST(TokenCache, ALaterRunMapsTheRowsAnEarlierRunTokenized) {
   }
   EXPECT_EQ(run(o, &note), first);
   EXPECT_NE(note.find("checksum"), std::string::npos) << note;
+  // A header naming a newer format version: tokenized again, never mapped.
+  for (const auto& e : fs::directory_iterator(o.output_dir + "/tokenized_cache")) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(7);
+    f.put('3');
+  }
+  EXPECT_EQ(run(o, &note), first);
+  EXPECT_NE(note.find("another version of the cache format"), std::string::npos) << note;
+  EXPECT_EQ(note.find("mapped from"), std::string::npos) << note;
   // Another file: another key.
   write_csv(48);
   run(o, &note);
