@@ -238,18 +238,26 @@ TEST(Evaluate, TheBestModelIsLoadedAtTheEnd) {
 
 // Evaluating without training a folder that holds no weights says so (it runs on random weights,
 // as Trainer evaluates a model made from its config) instead of passing in silence.
-TEST(Evaluate, EvaluatingRandomWeightsIsNotSilent) {
+// A run that does not train on a folder without weights (or a config.json alone) is refused
+// before any work, as transformers' from_pretrained refuses it; a built-in name evaluates its
+// random weights, with a note.
+TEST(Evaluate, EvaluatingAFolderWithoutWeightsIsRefused) {
   TempDir dir("eval_random");
   TrainOptions o = tiny_options(write_config(dir, "bert", 0.0), dir / "out");
   o.do_train = false;
   o.do_eval = true;
   o.eval_dataset_size = 8;
-  std::string warning;
+  for (const std::string& model : {dir.path.string(), dir / "config.json"}) {
+    o.model_name_or_path = model;
+    expect_error([&] { train(o, [](const nlohmann::json&) {}); },
+                 "'" + model + "' holds no model.safetensors: a run that does not train");
+  }
+  o.model_name_or_path = "bert-tiny";
+  std::string note;
   train(o, [&](const nlohmann::json& j) {
-    if (j.contains("warning")) warning = j["warning"];
+    if (j.contains("note")) note += j["note"].get<std::string>();
   });
-  EXPECT_NE(warning.find("no trained weights"), std::string::npos) << warning;
-  EXPECT_NE(warning.find("randomly initialized weights"), std::string::npos) << warning;
+  EXPECT_NE(note.find("built-in configuration"), std::string::npos) << note;
 }
 
 // A validation file of a header alone is named as such, not as a missing --validation_file.

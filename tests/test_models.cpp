@@ -256,9 +256,9 @@ TEST(Models, TheRouterZLossIsAddedWithItsGradient) {
   expect_error([&] { use_router_options(gpt2, 0, 1.5); },
                "--moe_capacity_factor needs a mixture-of-experts model");
   ModelConfig mixtral = resolve_config(fixture("moe/mixtral_tiny"));
-  expect_error([&] { use_router_options(mixtral, -1); }, "must be a number >= 0");
+  expect_error([&] { use_router_options(mixtral, -1); }, "must be a number in [0, 1000]");
   expect_error([&] { use_router_options(mixtral, 0, std::nan("")); },
-               "moe_capacity_factor must be a number >= 0");
+               "moe_capacity_factor must be a number in [0, 1000]");
 }
 
 TEST(Models, MixtralForCausalLMMatchesTransformers) {

@@ -7,6 +7,7 @@
 #include "backend/device_traits.h"
 #include "core/step_control.h"
 #include "core/switches.h"
+#include "core/weight_files.h"
 #include "data/first_samples.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
@@ -231,6 +232,16 @@ TrainOptions resolve_options(const TrainOptions& given, int ranks,
   BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");
   return options;
+}
+
+void check_weights_to_evaluate(const TrainOptions& o) {
+  if (o.do_train || !o.resume_from_checkpoint.empty() || is_builtin_config(o.model_name_or_path))
+    return;
+  const std::string& m = o.model_name_or_path;
+  const bool weights = std::filesystem::is_directory(m) && !WeightFiles::find_in_folder(m).empty();
+  BRISK_CHECK(weights, "'", m, "' holds no model.safetensors: a run that does not train ",
+              "(--do_train false) evaluates and predicts trained weights; give the folder of a "
+              "trained model, or train");
 }
 
 std::vector<AgreedValue> agreed_values(const TrainOptions& o) {

@@ -34,6 +34,10 @@ namespace brisk {
 TrainOptions resolve_options(const TrainOptions& given, int ranks,
                              std::vector<std::string>* ignored = nullptr);
 TrainOptions resolve_checkpoint(const TrainOptions& options);
+// A run that does not train evaluates and predicts trained weights: a model folder without
+// model.safetensors (or its shards), or a config.json alone, is refused, as transformers'
+// from_pretrained refuses it (brisk's built-in names run on random weights, with a note).
+void check_weights_to_evaluate(const TrainOptions& o);
 // What every rank of a run must hold alike (parallel/agreement.h): the resolved layout, the
 // options that shape a step and the model config's shapes, each named as the user gave it.
 std::vector<AgreedValue> agreed_values(const TrainOptions& o);

@@ -359,12 +359,7 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
                               "]. You should probably TRAIN this model on a down-stream task to "
                               "be able to use it for predictions and inference."}});
     }
-  } else {
-    // Not silent: evaluating or predicting without training on weights nobody trained.
-    if (!o.do_train && on_log)
-      on_log({{"warning", "no trained weights: '" + o.model_name_or_path +
-                              "' holds no model.safetensors, so evaluation and prediction run on "
-                              "randomly initialized weights"}});
+  } else {  // (a run that does not train has trained weights: check_weights_to_evaluate)
     run.model->init_weights(be, o.seed);
   }
   parallel.weights_written();
@@ -862,6 +857,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   std::vector<std::string> deepspeed_ignored;
   const int ranks = comm ? comm->size() : launch_info_from_env().size;
   const TrainOptions options = resolve_options(given, ranks, &deepspeed_ignored);
+  check_weights_to_evaluate(options);
   const Device device = resolve_device(options);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
