@@ -19,6 +19,12 @@ constexpr size_t kMaxShards = 100000;
 constexpr size_t kMaxIndexBytes = size_t{64} << 20;
 }  // namespace
 
+std::vector<std::string> WeightFiles::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : where_) out.push_back(name);
+  return out;
+}
+
 std::string WeightFiles::find_in_folder(const std::string& folder) {
   for (const char* name : {kSingle, kIndex})
     if (fs::exists(fs::path(folder) / name)) return (fs::path(folder) / name).string();

@@ -21,6 +21,8 @@ class WeightFiles {
   static std::string find_in_folder(const std::string& folder);
 
   bool has(const std::string& name) const { return where_.count(name) != 0; }
+  // Every tensor's name, in order.
+  std::vector<std::string> names() const;
   // Throws naming the files when the tensor is absent.
   const Tensor& get(const std::string& name) const;
   // The file holding `name` (for messages and SafetensorsFile::release).

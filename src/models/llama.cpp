@@ -38,6 +38,9 @@ class Llama final : public Model {
     auto expert = [&](int64_t e, const char* name) {
       return m + "experts." + std::to_string(e) + "." + name + ".weight";
     };
+    auto in_mlp = [&](int64_t e, const char* name) {
+      return p + "mlp.experts." + std::to_string(e) + "." + name + ".weight";
+    };
     // transformers 5's packed layout, which a file may hold instead (Mixtral's router as mlp.gate).
     // Under expert parallelism, this rank's experts only.
     const int64_t E = c.moe.experts, first = c.moe.first_expert();
@@ -56,6 +59,10 @@ class Llama final : public Model {
       if (!held(e, 2)) continue;
       const int gate = param(expert(e, mixtral ? "w1" : "gate_proj"), {F, C}, kExpertWeight);
       ids.gate_last = param(expert(e, mixtral ? "w3" : "up_proj"), {F, C}, kExpertWeight);
+      if (mixtral) {  // the spelling of transformers 5's converter, under mlp.
+        also_named(gate, in_mlp(e, "w1"));
+        also_named(ids.gate_last, in_mlp(e, "w3"));
+      }
       also_packed_in(gate, gate_up, {E, 2 * F, C}, 2 * e * F * C);
       also_packed_in(ids.gate_last, gate_up, {E, 2 * F, C}, (2 * e + 1) * F * C);
       if (e == first) ids.gate_first = gate;
@@ -63,6 +70,7 @@ class Llama final : public Model {
     for (int64_t e = 0; e < E; ++e) {
       if (!held(e, 1)) continue;
       ids.down_last = param(expert(e, mixtral ? "w2" : "down_proj"), {C, F}, kExpertWeight);
+      if (mixtral) also_named(ids.down_last, in_mlp(e, "w2"));
       also_packed_in(ids.down_last, down, {E, C, F}, e * C * F);
       if (e == first) ids.down_first = ids.down_last;
     }

@@ -15,6 +15,7 @@
 #include "core/switches.h"
 #include "models/bert.h"
 #include "models/distilbert.h"
+#include "models/expert_weights.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
 
@@ -1298,7 +1299,12 @@ void Model::also_packed_in(int param, const std::string& name, Shape shape, int6
   if (param >= 0) packed_[param] = {name, std::move(shape), first};
 }
 
+void Model::also_named(int param, const std::string& name) {
+  if (param >= 0) aliases_[param] = name;
+}
+
 void Model::load_weights(Backend& be, const WeightFiles& file) {
+  check_expert_tensors(config_, file);  // before a missing expert is named in another layout
   for (size_t i = 0; i < params_.list().size(); ++i)
     BRISK_CHECK(!weight_source(file, i).name.empty(), "weights file '", file.path(),
                 "' lacks parameter '", params_.list()[i].name, "' of the ", config_.type_name(),
@@ -1312,6 +1318,8 @@ Model::WeightSource Model::weight_source(const WeightFiles& file, size_t i) cons
   if (file.has(p.name)) return {p.name};
   if (p.name.rfind(prefix, 0) == 0 && file.has(p.name.substr(prefix.size())))
     return {p.name.substr(prefix.size())};
+  const auto alias = aliases_.find(static_cast<int>(i));
+  if (alias != aliases_.end() && file.has(alias->second)) return {alias->second};
   const auto packed = packed_.find(static_cast<int>(i));
   if (packed == packed_.end() || !file.has(packed->second.name)) return {};
   const PackedSource& s = packed->second;
@@ -1323,6 +1331,7 @@ Model::WeightSource Model::weight_source(const WeightFiles& file, size_t i) cons
 
 std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
                                                 bool ignore_mismatched_sizes) {
+  check_expert_tensors(config_, file);
   const std::string prefix = base_prefix();
   // Each parameter's tensor in the file; no name where the file does not give it.
   std::vector<WeightSource> source(params_.list().size());

@@ -407,6 +407,9 @@ class Model : public BatchTarget {
   // its element `first` on: a layout packing several parameters into one tensor (transformers
   // 5's experts, [E, 2F, C] gate_up_proj). Its own name is looked for first.
   void also_packed_in(int param, const std::string& name, Shape shape, int64_t first);
+  // Parameter `param` may be read too from tensor `name` of its own shape (another spelling a
+  // converter writes); its own name is looked for first.
+  void also_named(int param, const std::string& name);
   // A key/value projection's weight or bias (split by output like split_param's dim 0), which
   // tensor ranks beyond the key/value heads hold in copies (ParamSplit::copies).
   int kv_param(const std::string& name, Shape shape, ParamRole role);
@@ -554,6 +557,7 @@ class Model : public BatchTarget {
     int64_t first = 0;
   };
   std::map<int, PackedSource> packed_;  // by parameter index
+  std::map<int, std::string> aliases_;  // by parameter index
 
   BufferBinder binder_;
   PlanOptions options_;

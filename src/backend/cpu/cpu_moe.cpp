@@ -29,9 +29,13 @@ void check_positions(const int32_t* pos, int64_t n, int64_t rows, const char* op
 }
 }  // namespace
 
+// (Shapes as plain variables, not structured bindings: clang 14's OpenMP regions cannot capture
+// those.)
 void CpuBackend::moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
                                    const Tensor& weights, const Tensor& experts) {
-  const auto [E, k] = check_moe_route(probs, weights, experts, "moe_route_forward");
+  const std::pair<int64_t, int64_t> shape =
+      check_moe_route(probs, weights, experts, "moe_route_forward");
+  const int64_t E = shape.first, k = shape.second;
   const int64_t N = probs.dim(0);
   check_rows(logits, N, E, "moe_route_forward", "logits");
   const float* z = logits.f32();
@@ -46,7 +50,9 @@ void CpuBackend::moe_route_forward(const Tensor& logits, bool normalize, const T
 void CpuBackend::moe_route_backward(const Tensor& probs, const Tensor& weights,
                                     const Tensor& experts, const Tensor& dweights,
                                     const Tensor& dprobs, bool normalize, const Tensor& dlogits) {
-  const auto [E, k] = check_moe_route(probs, weights, experts, "moe_route_backward");
+  const std::pair<int64_t, int64_t> shape =
+      check_moe_route(probs, weights, experts, "moe_route_backward");
+  const int64_t E = shape.first, k = shape.second;
   const int64_t N = probs.dim(0);
   check_rows(dweights, N, k, "moe_route_backward", "dweights");
   check_rows(dlogits, N, E, "moe_route_backward", "dlogits");
@@ -87,7 +93,8 @@ void CpuBackend::moe_dispatch(const Tensor& experts, int64_t num_experts, const 
 }
 
 void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) {
-  const auto [N, k, C] = check_moe_gather(x, positions, rows);
+  const auto shape = check_moe_gather(x, positions, rows);
+  const int64_t N = shape.N, k = shape.k, C = shape.C;
   const int32_t* pos = positions.i32();
   check_positions(pos, N * k, N * k, "moe_gather");
   const float* in = x.f32();
@@ -99,7 +106,8 @@ void CpuBackend::moe_gather(const Tensor& x, const Tensor& positions, const Tens
 
 void CpuBackend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights,
                              const Tensor& y, bool accumulate) {
-  const auto [N, k, C] = check_moe_rows(positions, rows, y, weights, "moe_combine");
+  const auto shape = check_moe_rows(positions, rows, y, weights, "moe_combine");
+  const int64_t N = shape.N, k = shape.k, C = shape.C;
   const int32_t* pos = positions.empty() ? nullptr : positions.i32();
   check_positions(pos, N * k, N * k, "moe_combine");
   const float* r = rows.f32();
@@ -120,7 +128,8 @@ void CpuBackend::moe_combine(const Tensor& rows, const Tensor& positions, const 
 void CpuBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& positions,
                                       const Tensor& weights, const Tensor& drows,
                                       const Tensor& dweights) {
-  const auto [N, k, C] = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
+  const auto shape = check_moe_combine_backward(dy, rows, positions, weights, drows, dweights);
+  const int64_t N = shape.N, k = shape.k, C = shape.C;
   const int32_t* pos = positions.empty() ? nullptr : positions.i32();
   check_positions(pos, N * k, N * k, "moe_combine_backward");
   const float *g = dy.f32(), *r = rows.f32(), *w = weights.f32();
@@ -141,7 +150,8 @@ void CpuBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows, cons
 
 void CpuBackend::moe_balance_stats(const Tensor& probs, const Tensor& experts, const Tensor& mask,
                                    const Tensor& stats) {
-  const auto [N, E, k] = check_moe_balance_stats(probs, experts, mask, stats);
+  const auto shape = check_moe_balance_stats(probs, experts, mask, stats);
+  const int64_t N = shape.N, E = shape.E, k = shape.k;
   const float* p = probs.f32();
   const int32_t* x = experts.i32();
   const int32_t* m = mask.empty() ? nullptr : mask.i32();
