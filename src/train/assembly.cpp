@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "backend/device_traits.h"
 #include "core/step_control.h"
@@ -249,32 +250,35 @@ std::vector<AgreedValue> agreed_values(const TrainOptions& o) {
   auto add = [&](const std::string& name, const auto& value) {
     values.push_back({name, nlohmann::json(value).dump()});
   };
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"tp_size", o.tp_size},
-                                    {"pp_size", o.pp_size},
-                                    {"sp_size", o.sp_size},
-                                    {"ep_size", o.ep_size},
-                                    {"zero_stage", o.zero_stage},
-                                    {"per_device_train_batch_size", o.per_device_train_batch_size},
-                                    {"gradient_accumulation_steps", o.gradient_accumulation_steps},
-                                    {"max_steps", o.max_steps},
-                                    {"seq_len", o.seq_len},
-                                    {"max_seq_length", o.max_seq_length},
-                                    {"block_size", o.block_size},
-                                    {"dataset_size", o.dataset_size}})
-    add(option_source(o, name), value);
-  add("--tp_sequence_parallel", o.tp_sequence_parallel);
-  add("--bf16", o.bf16);
-  add("--fp16", o.fp16);
-  add("--bf16_master_weights", o.bf16_master_weights);
-  add("--gradient_checkpointing", o.gradient_checkpointing);
-  add("--selective_recompute", o.selective_recompute);
-  add("--optim", o.optim);
-  add("--offload_optimizer", o.offload_optimizer);
-  add("--seed", o.seed);
-  add("--num_train_epochs", o.num_train_epochs);
-  add("--learning_rate", o.learning_rate);
-  add("--do_train", o.do_train);
-  add("--do_eval", o.do_eval);
+  // The options that shape the layout or a step (paths may differ between hosts).
+  static const std::set<std::string> agreed = {"tp_size",
+                                               "pp_size",
+                                               "sp_size",
+                                               "ep_size",
+                                               "zero_stage",
+                                               "tp_sequence_parallel",
+                                               "per_device_train_batch_size",
+                                               "gradient_accumulation_steps",
+                                               "max_steps",
+                                               "num_train_epochs",
+                                               "seq_len",
+                                               "max_seq_length",
+                                               "block_size",
+                                               "dataset_size",
+                                               "bf16",
+                                               "fp16",
+                                               "bf16_master_weights",
+                                               "gradient_checkpointing",
+                                               "selective_recompute",
+                                               "optim",
+                                               "offload_optimizer",
+                                               "seed",
+                                               "learning_rate",
+                                               "do_train",
+                                               "do_eval"};
+  visit_options(o, [&](const char* name, const auto& field, const char*) {
+    if (agreed.count(name)) add(option_source(o, name), field);
+  });
   const ModelConfig c = resolve_config(o.model_name_or_path);
   const std::string in = o.model_name_or_path + "'s config ";
   add(in + "model_type", c.type_name());
