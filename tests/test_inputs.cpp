@@ -140,6 +140,8 @@ TEST(Inputs, LlamaFamilyConfigKeysAreHonoredOrRefused) {
           "names no rope_type");
   refused(llama, "rope_parameters", {{"rope_type", "default"}, {"rope_theta", -1}},
           "must be a positive number");
+  refused(llama, "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e300}},
+          "\"rope_theta\" must be a positive number float32 holds, got 1e+300");
   refused(qwen2, "hidden_size", 30, "not divisible by the number of attention heads 4");
   // transformers 4's spelling: rope_theta at the top level, rope_scaling with "type".
   nlohmann::json j = llama;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/error.h"
 #include "core/json_file.h"
@@ -56,12 +57,14 @@ struct Reader {
     BRISK_CHECK(j[key].is_string(), origin, ": \"", key, "\" must be a string");
     return j[key].get<std::string>();
   }
-  // A finite positive number (rope_theta, scaling factors).
+  // A positive number float32 holds (rope_theta, scaling factors: the rotary tables are
+  // float32).
   double positive_or(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    BRISK_CHECK(
-        j[key].is_number() && j[key].get<double>() > 0 && std::isfinite(j[key].get<double>()),
-        origin, ": \"", key, "\" must be a positive number, got ", excerpt(j[key].dump()));
+    BRISK_CHECK(j[key].is_number() && j[key].get<double>() > 0 &&
+                    j[key].get<double>() <= std::numeric_limits<float>::max(),
+                origin, ": \"", key, "\" must be a positive number float32 holds, got ",
+                excerpt(j[key].dump()));
     return j[key].get<double>();
   }
   // A number in [0, max] (loss coefficients: float32 scales the loss and its gradients by them).
