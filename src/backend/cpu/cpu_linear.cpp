@@ -201,9 +201,10 @@ const void* CpuBackend::packed_b(const DnnlMatmul::Product& p, const Operand& b,
 bool CpuBackend::reads_a_plain(const DnnlMatmul::Product& p, const Operand& a, bool blocked,
                                int64_t block) const {
   const bool bf16_units = dnnl_ && dnnl_->dtype() == DType::bf16;
-  const char* buffer = static_cast<const char*>(ws_.operand_a.data());
-  const bool a_in_buffer = static_cast<const char*>(a.data) >= buffer &&
-                           static_cast<const char*>(a.data) < buffer + ws_.operand_a.bytes();
+  // (As addresses: the buffer may be unplanned, its pointer null.)
+  const auto at = reinterpret_cast<uintptr_t>(a.data);
+  const auto buffer = reinterpret_cast<uintptr_t>(ws_.operand_a.data());
+  const bool a_in_buffer = at >= buffer && at - buffer < ws_.operand_a.bytes();
   return p.trans_a && bf16_units && a.dtype == DType::bf16 && !a_in_buffer &&
          a.ld != std::min(block, p.m) && !blocked &&
          std::min(block, p.m) * p.k <= ws_.operand_a.numel();
