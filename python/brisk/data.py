@@ -375,6 +375,29 @@ def source(data, role, folder):
     return data_file(data, role, folder), None
 
 
+def _check_finite(table, name, role):
+    """The real-valued columns of an Arrow table or a DataFrame hold no infinity, and the labels
+    of a train or eval split no NaN (a test split's NaN is a row without a label): their own JSON
+    writers would write either as null, which the engine would then blame on the file written
+    here. One vectorized pass per real column."""
+    is_arrow = hasattr(table, "schema")
+    for column in (table.column_names if is_arrow else list(table.columns)):
+        values = table.column(column) if is_arrow else table[column]
+        try:
+            values = np.asarray(values.to_numpy(zero_copy_only=False) if is_arrow
+                                else values.to_numpy(), dtype=np.float64)
+        except (TypeError, ValueError, AttributeError):
+            continue  # not a real-valued column
+        if values.ndim != 1:
+            continue
+        labels = column in ("label", "labels") and role != "test"
+        bad = np.isinf(values) | (np.isnan(values) if labels else False)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError("%s row %d, column %s must be a finite number, got %r"
+                             % (name, row, column, float(values[row])))
+
+
 def data_file(data, role, folder):
     """A JSON Lines file of text table `data` for `role`, written into `folder`."""
     name = _NAMES[role]
@@ -382,9 +405,12 @@ def data_file(data, role, folder):
     path = os.path.join(folder, role + ".jsonl")
     if hasattr(data, "column_names") and hasattr(data, "to_json"):  # datasets.Dataset
         _check_columns(data.column_names)
+        _check_finite(data.data.table if getattr(data, "_indices", None) is None
+                      else data.with_format("arrow")[:], name, role)
         data.to_json(path, lines=True, force_ascii=False)
     elif hasattr(data, "columns") and hasattr(data, "to_json"):  # pandas.DataFrame
         _check_columns(list(data.columns))
+        _check_finite(data, name, role)
         data.to_json(path, orient="records", lines=True, force_ascii=False)
     elif isinstance(data, dict):
         _check_columns(list(data))

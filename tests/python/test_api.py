@@ -167,6 +167,21 @@ def test_non_finite_numbers_never_reach_the_engine(tmp_path):
     with pytest.raises(ValueError, match="eval_dataset row 1, column label must be a finite "
                                          "number, got inf"):
         brisk.Trainer(model="bert-tiny", args=args).evaluate(records)
+    # DataFrames and Datasets, whose own JSON writers write NaN and infinity as null.
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"sentence": ["a", "b", "c"], "label": [0.5, nan, 1.5]})
+    with pytest.raises(ValueError, match="train_dataset row 1, column label must be a finite "
+                                         "number, got nan"):
+        brisk.Trainer(model="bert-tiny", args=args, train_dataset=frame).train()
+    frame["label"] = [0.5, 1.0, -inf]
+    with pytest.raises(ValueError, match="eval_dataset row 2, column label must be a finite "
+                                         "number, got -inf"):
+        brisk.Trainer(model="bert-tiny", args=args).evaluate(frame)
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"sentence": ["a", "b"], "label": [inf, 1.0]})
+    with pytest.raises(ValueError, match="train_dataset row 0, column label must be a finite "
+                                         "number, got inf"):
+        brisk.Trainer(model="bert-tiny", args=args, train_dataset=table).train()
     with pytest.raises(ValueError, match="temperature must be a finite number, got nan"):
         brisk.generate(str(tmp_path), "a prompt", temperature=nan)
     assert not os.path.exists(tmp_path / "brisk_inputs" / "eval.jsonl")
