@@ -249,8 +249,9 @@ TEST(Evaluate, EvaluatingAFolderWithoutWeightsIsRefused) {
   o.eval_dataset_size = 8;
   for (const std::string& model : {dir.path.string(), dir / "config.json"}) {
     o.model_name_or_path = model;
-    expect_error([&] { train(o, [](const nlohmann::json&) {}); },
-                 "'" + model + "' holds no model.safetensors: a run that does not train");
+    expect_error(
+        [&] { train(o, [](const nlohmann::json&) {}); },
+        "'" + model + "' holds no model.safetensors: evaluating or predicting without training");
   }
   o.model_name_or_path = "bert-tiny";
   std::string note;

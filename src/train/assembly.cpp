@@ -240,9 +240,9 @@ void check_weights_to_evaluate(const TrainOptions& o) {
     return;
   const std::string& m = o.model_name_or_path;
   const bool weights = std::filesystem::is_directory(m) && !WeightFiles::find_in_folder(m).empty();
-  BRISK_CHECK(weights, "'", m, "' holds no model.safetensors: a run that does not train ",
-              "(--do_train false) evaluates and predicts trained weights; give the folder of a "
-              "trained model, or train");
+  BRISK_CHECK(weights, "'", m, "' holds no model.safetensors: evaluating or predicting ",
+              "without training needs trained weights; give the folder of a trained model, or "
+              "train first");
 }
 
 std::vector<AgreedValue> agreed_values(const TrainOptions& o) {

@@ -308,6 +308,7 @@ def test_compute_metrics_results_and_callbacks_are_checked(tmp_path, bert_config
     dev = read_glue("dev.csv")
     dev["label"] = [i % 2 for i in range(len(dev["label"]))]
     t = trainer(tmp_path, bert_config, read_glue("train.csv"))
+    t.train()  # evaluate() reads trained weights
     for result, error, message in [
             ([0.5], TypeError, "compute_metrics must return a dict of metric names to numbers, "
                                "not list"),
