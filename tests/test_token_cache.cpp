@@ -147,20 +147,20 @@ TEST(TokenCache, ALaterRunMapsTheRowsAnEarlierRunTokenized) {
   over.overwrite_cache = true;
   run(over, &note);
   EXPECT_NE(note.find("tokenized, cached in"), std::string::npos) << note;
+  // Byte `at` of every cache file set to `byte`.
+  auto overwrite = [&](std::streamoff at, char byte) {
+    for (const auto& e : fs::directory_iterator(o.output_dir + "/tokenized_cache")) {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(at);
+      f.put(byte);
+    }
+  };
   // Damaged: tokenized again, with the reason.
-  for (const auto& e : fs::directory_iterator(o.output_dir + "/tokenized_cache")) {
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(60);
-    f.put('\x7f');
-  }
+  overwrite(60, '\x7f');
   EXPECT_EQ(run(o, &note), first);
   EXPECT_NE(note.find("checksum"), std::string::npos) << note;
   // A header naming a newer format version: tokenized again, never mapped.
-  for (const auto& e : fs::directory_iterator(o.output_dir + "/tokenized_cache")) {
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(7);
-    f.put('3');
-  }
+  overwrite(7, '3');
   EXPECT_EQ(run(o, &note), first);
   EXPECT_NE(note.find("another version of the cache format"), std::string::npos) << note;
   EXPECT_EQ(note.find("mapped from"), std::string::npos) << note;
