@@ -226,12 +226,8 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
     const TrainOptions& t = fits[i].options;
     const std::string shape = std::to_string(t.per_device_train_batch_size) + " x " +
                               std::to_string(t.gradient_accumulation_steps);
-    const int64_t pp = std::max<int64_t>(1, t.pp_size), sp = std::max<int64_t>(1, t.sp_size);
-    const std::string layout = "tp " + std::to_string(std::max<int64_t>(1, t.tp_size)) +
-                               (pp > 1 ? " x pp " + std::to_string(pp) : "") +
-                               (sp > 1 ? " x sp " + std::to_string(sp) : "") + " x dp " +
-                               std::to_string(fits[i].data_ranks) + " z" +
-                               std::to_string(fits[i].data_ranks * sp > 1 ? t.zero_stage : 0);
+    const ParallelLayout parallel = parallel_layout(t, world);
+    const std::string layout = parallel.str();
     if (i < 10)
       std::printf("  %-4zu %-22s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1, layout.c_str(),
                   shape.c_str(),
@@ -240,9 +236,9 @@ std::vector<FitCandidate> print_fit(const TrainOptions& o, Device device, const 
                                            : "none",
                   precision_of(t).c_str(), t.optim.c_str(), format_mib(fits[i].needed).c_str(),
                   fits[i].step_seconds * 1e3);
-    out.push_back({{"tp_size", std::max<int64_t>(1, t.tp_size)},
-                   {"pp_size", pp},
-                   {"sp_size", sp},
+    out.push_back({{"tp_size", parallel.degree(MeshDim::tensor)},
+                   {"pp_size", parallel.degree(MeshDim::pipeline)},
+                   {"sp_size", parallel.degree(MeshDim::sequence)},
                    {"data_ranks", fits[i].data_ranks},
                    {"zero_stage", t.zero_stage},
                    {"per_device_train_batch_size", t.per_device_train_batch_size},
@@ -711,11 +707,11 @@ nlohmann::json print_expert_parallel(const TrainOptions& o, const RunAssembly& r
 // those between the inputs of their micro-batches in flight), and what each stage boundary
 // passes per step: every micro-batch's [B, T, C] float32 activations forward and their
 // gradients back. `peak_bytes`: what the stage's process holds of its plan on `device`.
-nlohmann::json pipeline_stages(const TrainOptions& o, Device device, int replicas) {
+nlohmann::json pipeline_stages(const TrainOptions& o, Device device, const ParallelLayout& layout) {
   nlohmann::json stages = nlohmann::json::array();
-  for (int s = 0; s < static_cast<int>(o.pp_size); ++s) {
+  for (int s = 0; s < layout.degree(MeshDim::pipeline); ++s) {
     const std::unique_ptr<RunAssembly> r =
-        assemble_run(o, device, nullptr, nullptr, 0, replicas, 0, s);
+        assemble_run(o, device, nullptr, nullptr, layout, layout.first_rank_of_stage(s));
     const ModelConfig& c = r->model->config();
     const size_t planned = r->plan.total_bytes();
     stages.push_back(
@@ -774,15 +770,13 @@ nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
   // largest stage's (each stage's follows); the data parallelism runs over the world's replicas.
   // With --sp_size the plan is sequence rank 0's (each holds as many tokens); the data and sequence
   // ranks together share ZeRO's partitions.
-  auto degree = [](int64_t size) { return static_cast<int>(std::max<int64_t>(1, size)); };
-  const MeshShape mesh = mesh_shape(static_cast<int>(args.world_size), degree(o.tp_size),
-                                    degree(o.pp_size), degree(o.sp_size));
-  const int replicas = mesh[MeshDim::data];
+  const ParallelLayout parallel = parallel_layout(o, static_cast<int>(args.world_size));
+  const bool pipeline = parallel.on(MeshDim::pipeline);
   const nlohmann::json stages =
-      o.pp_size > 1 ? pipeline_stages(o, device, replicas) : nlohmann::json::array();
-  const int stage = o.pp_size > 1 ? largest_stage(stages) : 0;
-  const std::unique_ptr<RunAssembly> run =
-      assemble_run(o, device, nullptr, GivenData(args.tokenized), 0, replicas, 0, stage);
+      pipeline ? pipeline_stages(o, device, parallel) : nlohmann::json::array();
+  const int stage = pipeline ? largest_stage(stages) : 0;
+  const std::unique_ptr<RunAssembly> run = assemble_run(
+      o, device, nullptr, GivenData(args.tokenized), parallel, parallel.first_rank_of_stage(stage));
   print_estimate_header(o, *run, device);
   if (o.pp_size > 1)
     std::printf("the plan of pipeline stage %d of %lld, the largest rank's:\n", stage,
@@ -797,8 +791,7 @@ nlohmann::json estimate(const TrainOptions& given, const EstimateArgs& args) {
   print_categories(o, *run, device);
   // The ranks that share ZeRO's partitions: under expert parallelism, those holding the same
   // experts.
-  layout["data_parallel"] =
-      print_ranks(o, *run, replicas * mesh[MeshDim::sequence] / degree(o.ep_size));
+  layout["data_parallel"] = print_ranks(o, *run, parallel.replicas());
   if (o.pp_size > 1) print_pipeline_stages(o, stages);
   layout["pipeline_stages"] = stages;
   layout["planned_stage"] = stage;

@@ -204,12 +204,10 @@ void ParallelPolicy::run_micro_batches(Backend& be, Model& model, int count,
   }
 }
 
-std::unique_ptr<ParallelPolicy> make_parallel_policy(Backend& be, Communicator& comm, Model& model,
-                                                     MixedPrecision& precision,
-                                                     Optimizer& optimizer,
-                                                     const ParallelBuffers& buffers,
-                                                     const ParallelOptions& options) {
-  return std::make_unique<DataParallel>(be, comm, model, precision, optimizer, buffers, options);
+std::unique_ptr<ParallelPolicy> make_data_parallel(const ParallelContext& c,
+                                                   Communicator& replicas) {
+  return std::make_unique<DataParallel>(c.be, replicas, c.model, c.precision, c.optimizer,
+                                        c.buffers, c.options);
 }
 
 }  // namespace brisk

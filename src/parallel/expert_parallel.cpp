@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/clock.h"
 #include "optim/optimizer.h"
+#include "parallel/layered_policy.h"
 #include "parallel/part_reads.h"
 #include "parallel/zero.h"
 #include "precision/mixed_precision.h"
@@ -47,57 +48,38 @@ namespace brisk {
 
 namespace {
 
-class ExpertParallel final : public ParallelPolicy {
+class ExpertParallel final : public LayeredPolicy {
  public:
-  ExpertParallel(Backend& be, Communicator& world, Communicator& experts, Model& model,
-                 const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
-                 ElementRange run, std::unique_ptr<ParallelPolicy> data)
-      : be_(be),
-        world_(world),
-        experts_(experts),
-        model_(model),
-        full_(Model::create(full)),
-        precision_(precision),
-        optimizer_(optimizer),
-        data_(std::move(data)),
-        run_(run),
-        zero_(run.count < model.params().total_elements()) {
+  ExpertParallel(const ParallelContext& c, std::unique_ptr<ParallelPolicy> inner)
+      : LayeredPolicy(c, std::move(inner)),
+        experts_(c.mesh.group(MeshDim::expert)),
+        full_(Model::create(c.full)) {
     const std::vector<ParamInfo>& params = model_.params().list();
     for (size_t i = 0; i < params.size(); ++i)
       (params[i].expert ? experts_of_rank_ : shared_).push_back(static_cast<int>(i));
-    place_parameters(full);
+    place_parameters(c.full);
     state_ = state_layout(optimizer_, full_->params());
     // Where this rank's optimizer state (its run's) lies in a checkpoint's.
     share_ = whole_layout_share(optimizer_, model_.params(), full_->params(), run_, state_);
   }
 
-  void begin_step() override { data_->begin_step(); }
-  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
   // The replicas' sums, then the step's statistics and the shared parameters' gradients over
   // the expert group (blocking: all waited for).
   SyncSeconds finish_gradients() override {
-    SyncSeconds s = data_->finish_gradients();
-    const Clock::time_point start = Clock::now();
-    experts_.all_reduce_sum(model_.step_stats());
-    sum_over_experts(shared_);
-    const double seconds = seconds_since(start);
-    s.ran += seconds;
-    s.waited += seconds;
-    return s;
+    return finish_then([&] {
+      experts_.all_reduce_sum(model_.step_stats());
+      sum_over_experts(shared_);
+    });
   }
-  const Tensor& gradients() const override { return data_->gradients(); }
   double sum_over_gradients(const Tensor& sums) override {
-    const double seconds = data_->sum_over_gradients(sums);
-    const Clock::time_point start = Clock::now();
-    experts_.all_reduce_sum(sums);
-    return seconds + seconds_since(start);
+    return sum_over_gradients_then(sums, experts_);
   }
   // Expert rank 0 counts every element of its gradients, the others their experts' only: the
   // rest they hold alike.
   double gradient_sum_squares(const Tensor& acc, int skip) override {
     BRISK_CHECK(skip < 0, "internal error: expert parallelism inside another layout");
-    const Tensor& grads = data_->gradients();
-    const int64_t base = held_base(grads);
+    const Tensor& grads = inner().gradients();
+    const int64_t base = held_base();
     if (experts_.rank() == 0) {
       sum_squares_except(be_, model_.params(), grads, base, -1, acc);
     } else {
@@ -109,38 +91,23 @@ class ExpertParallel final : public ParallelPolicy {
     }
     return sum_over_gradients(acc);
   }
-  double step_weights(float lr, const RngKey& rounding) override {
-    return data_->step_weights(lr, rounding);
-  }
-  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
-  void weights_written() override { data_->weights_written(); }
-  void load_weights(const std::string& file) override { data_->load_weights(file); }
   const StateShare* state_share() const override { return &share_; }
   const Model* saved_model() const override { return full_.get(); }
 
   // Each expert rank's share comes from its replicas: under ZeRO their runs in order, else the
   // first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
-    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    const int replica = world_.rank() / experts_.size();
-    std::vector<Tensor> parts =
-        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
-    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
-    return std::make_unique<PartReads>(world_, std::move(parts), full_->params(), placed_, holders_,
-                                       held_elements_, state_);
+    return std::make_unique<PartReads>(world_, saved_parts(checkpoint), full_->params(), placed_,
+                                       holders_, held_elements_, state_);
   }
 
  private:
-  // Where this rank's gradients start among the parameters: ZeRO's run, or all of them.
-  int64_t held_base(const Tensor& grads) const {
-    return grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
-  }
   // The gradients of `params` (each rank's part of the batch's) summed over the expert group,
   // neighbouring parameters at once.
   void sum_over_experts(const std::vector<int>& params) {
-    const Tensor& grads = data_->gradients();
+    const Tensor& grads = inner().gradients();
     for_each_held_run(
-        model_.params(), params, held_base(grads), grads.numel(),
+        model_.params(), params, held_base(), grads.numel(),
         [&](ElementRange r) { experts_.all_reduce_sum(element_range(grads, r.offset, r.count)); });
   }
 
@@ -159,16 +126,8 @@ class ExpertParallel final : public ParallelPolicy {
     }
   }
 
-  Backend& be_;
-  Communicator& world_;
   Communicator& experts_;
-  Model& model_;
   std::unique_ptr<Model> full_;  // the whole model's parameters (no buffers)
-  MixedPrecision& precision_;
-  Optimizer& optimizer_;
-  std::unique_ptr<ParallelPolicy> data_;
-  ElementRange run_;  // the parameters this rank steps
-  bool zero_;         // the run is a part: ZeRO partitions the share's state
   std::vector<int> experts_of_rank_, shared_;  // this share's expert parameters, and the rest
   std::vector<std::vector<Placed>> placed_;    // by whole parameter (one tensor rank)
   std::vector<std::vector<int>> holders_;      // each expert rank's replicas
@@ -179,16 +138,9 @@ class ExpertParallel final : public ParallelPolicy {
 
 }  // namespace
 
-std::unique_ptr<ParallelPolicy> make_expert_parallel_policy(
-    Backend& be, Communicator& world, Communicator& experts, Model& model, const ModelConfig& full,
-    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel) {
-  const int replica = world.rank() / experts.size();
-  const ElementRange run = buffers.shards.empty()
-                               ? ElementRange{0, model.params().total_elements()}
-                               : buffers.shards[static_cast<size_t>(replica)].elements;
-  return std::make_unique<ExpertParallel>(be, world, experts, model, full, precision, optimizer,
-                                          run, std::move(data_parallel));
+std::unique_ptr<ParallelPolicy> make_expert_parallel(const ParallelContext& c,
+                                                     std::unique_ptr<ParallelPolicy> inner) {
+  return std::make_unique<ExpertParallel>(c, std::move(inner));
 }
 
 }  // namespace brisk

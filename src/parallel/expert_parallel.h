@@ -33,16 +33,14 @@ class CommunicatorExpertGroup final : public ExpertGroup {
   double bytes_ = 0, seconds_ = 0;
 };
 
-// Expert parallelism (DeepSpeed-MoE's, over data-parallel ranks) around `data_parallel`, the
-// policy over the ranks that hold the same experts (`model` is expert rank experts.rank()'s share
-// of the whole model of config `full`, expert_parallel_share): the experts' gradients are those
+// Expert parallelism (DeepSpeed-MoE's, over the mesh's expert runs of data ranks) around `inner`,
+// the policy over the ranks that hold the same experts (the model is its expert rank's share of
+// the whole model of config `full`, expert_parallel_share): the experts' gradients are those
 // ranks' sums; the rest, alike on every rank, are summed over `experts` too (so over every rank),
 // as are the step's statistics. The gradients' norm counts each element of the whole model once;
 // saves write the whole model, each expert read from its rank (and its ZeRO runs), and a
 // checkpoint's optimizer state is laid out as one process's.
-std::unique_ptr<ParallelPolicy> make_expert_parallel_policy(
-    Backend& be, Communicator& world, Communicator& experts, Model& model, const ModelConfig& full,
-    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel);
+std::unique_ptr<ParallelPolicy> make_expert_parallel(const ParallelContext& c,
+                                                     std::unique_ptr<ParallelPolicy> inner);
 
 }  // namespace brisk

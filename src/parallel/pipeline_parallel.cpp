@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/layered_policy.h"
 #include "parallel/part_reads.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero.h"
@@ -38,24 +39,14 @@ Tensor planned_buffer(const Model& model, const Tensor& t) {
                 DType::f32, t.device());
 }
 
-class PipelineParallel final : public ParallelPolicy, public StagedForward {
+class PipelineParallel final : public LayeredPolicy, public StagedForward {
  public:
-  // `run`: the parameters this rank steps (ZeRO's run among the stage's data replicas, or all).
-  PipelineParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
-                   const ModelConfig& full, MixedPrecision& precision, Optimizer& optimizer,
-                   ElementRange run, std::unique_ptr<ParallelPolicy> data, Tensor scratch)
-      : be_(be),
-        world_(world),
-        mesh_(mesh),
-        pipe_(mesh.group(MeshDim::pipeline)),
-        model_(model),
-        full_(Model::create(full)),
-        precision_(precision),
-        optimizer_(optimizer),
-        data_(std::move(data)),
-        run_(run),
-        zero_(run.count < model.params().total_elements()),
-        scratch_(scratch) {
+  PipelineParallel(const ParallelContext& c, std::unique_ptr<ParallelPolicy> inner)
+      : LayeredPolicy(c, std::move(inner)),
+        pipe_(c.mesh.group(MeshDim::pipeline)),
+        full_(Model::create(c.full)),
+        scratch_(c.buffers.grad_receive) {
+    const ModelConfig& full = c.full;
     place_parameters(full);
     state_ = state_layout(optimizer_, full_->params());
     const int stage = pipe_.rank(), last = pipe_.size() - 1;
@@ -73,32 +64,22 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   }
 
   void begin_step() override {
-    data_->begin_step();
+    inner().begin_step();
     // The first stage's tied embeddings: the head does not start their gradient here.
     if (tied_ >= 0 && pipe_.rank() == 0) be_.fill(model_.params().grad(tied_), 0.0f);
   }
-  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
-
   void run_micro_batches(Backend& be, Model& model, int count, MicroBatches& batches) override;
 
   // The data replicas' sums, then the loss summed over the stages (the last adds it) and the
   // tied embeddings' gradients between the first and last.
   SyncSeconds finish_gradients() override {
-    SyncSeconds s = data_->finish_gradients();
-    const Clock::time_point start = Clock::now();
-    pipe_.all_reduce_sum(model_.step_stats());
-    if (tied_ >= 0) sum_tied_gradients();
-    const double seconds = seconds_since(start);
-    s.ran += seconds;
-    s.waited += seconds;
-    return s;
+    return finish_then([&] {
+      pipe_.all_reduce_sum(model_.step_stats());
+      if (tied_ >= 0) sum_tied_gradients();
+    });
   }
-  const Tensor& gradients() const override { return data_->gradients(); }
   double sum_over_gradients(const Tensor& sums) override {
-    const double seconds = data_->sum_over_gradients(sums);
-    const Clock::time_point start = Clock::now();
-    pipe_.all_reduce_sum(sums);
-    return seconds + seconds_since(start);
+    return sum_over_gradients_then(sums, pipe_);
   }
 
   // Each stage counts its own parameters; the last stage's copy of tied embeddings is the
@@ -106,22 +87,19 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   double gradient_sum_squares(const Tensor& acc, int skip) override {
     BRISK_CHECK(skip < 0, "internal error: a pipeline inside another layout");
     const double seconds =
-        data_->gradient_sum_squares(acc, tied_ >= 0 && pipe_.rank() != 0 ? tied_ : -1);
+        inner().gradient_sum_squares(acc, tied_ >= 0 && pipe_.rank() != 0 ? tied_ : -1);
     const Clock::time_point start = Clock::now();
     pipe_.all_reduce_sum(acc);
     return seconds + seconds_since(start);
   }
 
-  double step_weights(float lr, const RngKey& rounding) override {
-    return data_->step_weights(lr, rounding);
-  }
-  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
-  void weights_written() override { data_->weights_written(); }
-  void load_weights(const std::string& file) override { data_->load_weights(file); }
   // The share of the stages' time spent waiting for each other: over the steps so far, and in
   // the last.
   std::vector<std::pair<std::string, double>> statistics() const override {
-    return {{"pipeline_bubble_share", steps_ > 0 ? bubble_sum_ / static_cast<double>(steps_) : 0}};
+    std::vector<std::pair<std::string, double>> out = inner().statistics();
+    out.emplace_back("pipeline_bubble_share",
+                     steps_ > 0 ? bubble_sum_ / static_cast<double>(steps_) : 0);
+    return out;
   }
   // The last step's bubble, and the bytes of activations and gradients this rank sent in it.
   std::vector<std::pair<std::string, double>> step_statistics() const override {
@@ -143,29 +121,15 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
   // Each stage's share comes from its replicas (data and sequence ranks): under ZeRO their runs
   // in order, else the first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
-    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    const int replica = mesh_.replica();
-    std::vector<Tensor> parts =
-        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
-    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
-    return std::make_unique<PartReads>(world_, std::move(parts), full_->params(), placed_, holders_,
-                                       held_elements_, state_);
+    return std::make_unique<PartReads>(world_, saved_parts(checkpoint), full_->params(), placed_,
+                                       holders_, held_elements_, state_);
   }
 
  private:
-  Backend& be_;
-  Communicator& world_;
-  DeviceMesh& mesh_;
   Communicator& pipe_;
-  Model& model_;
   std::unique_ptr<Model> full_;  // the whole model's parameters (no buffers)
-  MixedPrecision& precision_;
-  Optimizer& optimizer_;
-  std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<Communicator> embedding_group_;
-  int tied_ = -1;     // a tied embedding the first and last stages both hold
-  ElementRange run_;  // the parameters this rank steps
-  bool zero_;         // the run is a part: ZeRO partitions the stage's state
+  int tied_ = -1;  // a tied embedding the first and last stages both hold
   // ZeRO 2 and 3: every replica of the first and last stages (of this tensor rank), the slot their
   // sums of tied embeddings' gradients pass through, and the elements of it each sum takes.
   std::unique_ptr<Communicator> tied_replicas_;
@@ -186,7 +150,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
 
   // ZeRO 2 and 3: the data policy's gradients are this rank's run of the stage's.
   bool sharded_gradients() const {
-    return data_->gradients().numel() < model_.params().total_elements();
+    return inner().gradients().numel() < model_.params().total_elements();
   }
 
   // Whether the whole model's head reads its embedding table (the first and last stages both
@@ -221,7 +185,7 @@ class PipelineParallel final : public ParallelPolicy, public StagedForward {
       embedding_group_->all_reduce_sum(model_.params().grad(tied_));
       return;
     }
-    const Tensor& shard = data_->gradients();
+    const Tensor& shard = inner().gradients();
     const int64_t n = p.shape.numel();
     // The table's elements [lo, hi) in this rank's run.
     const int64_t lo = std::clamp(run_.offset - p.offset, int64_t{0}, n);
@@ -376,15 +340,9 @@ void PipelineParallel::run_micro_batches(Backend& be, Model& model, int count,
 
 }  // namespace
 
-std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
-    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, const ModelConfig& full,
-    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel) {
-  const ElementRange run = buffers.shards.empty()
-                               ? ElementRange{0, model.params().total_elements()}
-                               : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
-  return std::make_unique<PipelineParallel>(be, world, mesh, model, full, precision, optimizer, run,
-                                            std::move(data_parallel), buffers.grad_receive);
+std::unique_ptr<ParallelPolicy> make_pipeline_parallel(const ParallelContext& c,
+                                                       std::unique_ptr<ParallelPolicy> inner) {
+  return std::make_unique<PipelineParallel>(c, std::move(inner));
 }
 
 }  // namespace brisk

@@ -24,14 +24,12 @@ namespace brisk {
 // forward.
 int pipeline_stashed_inputs(const ModelConfig& c);
 
-// Pipeline parallelism over `mesh` (its pipeline dimension of more than one rank) around
-// `data_parallel`, the policy over the mesh's data dimension (DDP, or ZeRO stage 1 made from
-// `buffers`), or tensor parallelism's around it. `full`: the whole
-// model's config, of which `model` is this rank's stage. Refuses an optimizer whose state is not
-// one value per parameter element (a checkpoint lays its state out as one process's).
-std::unique_ptr<ParallelPolicy> make_pipeline_parallel_policy(
-    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, const ModelConfig& full,
-    MixedPrecision& precision, Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel);
+// Pipeline parallelism over the mesh's pipeline dimension (of more than one rank) around `inner`,
+// the policy over the mesh's replicas (DDP, or ZeRO stage 1 made from the buffers), or tensor
+// parallelism's around it. The model is this rank's stage of the whole model of config `full`.
+// Refuses an optimizer whose state is not one value per parameter element (a checkpoint lays its
+// state out as one process's).
+std::unique_ptr<ParallelPolicy> make_pipeline_parallel(const ParallelContext& c,
+                                                       std::unique_ptr<ParallelPolicy> inner);
 
 }  // namespace brisk

@@ -1,9 +1,10 @@
 // A run's parallel policy: how the ranks of a launch share the work of one model, behind one
-// interface the training loop calls the same way whatever the layout. Today's policies are data
-// parallel: one process alone, data parallelism with gradient buckets, ZeRO stages 1 to 3, each
-// with or without the optimizer offloaded to the host (data_parallel.cpp). make_parallel_policy
-// picks one from the buffers the run's assembly planned for it. docs/architecture.md shows how a
-// new policy plugs in.
+// interface the training loop calls the same way whatever the layout. The innermost is data
+// parallel (data_parallel.cpp: one process alone, DDP's gradient buckets, ZeRO stages 1 to 3,
+// each with or without the optimizer offloaded to the host, as the run's assembly planned its
+// buffers); tensor, expert and pipeline parallelism wrap it in layers (layered_policy.h), which
+// parallel/layout.h's make_parallel stacks as the run's layout asks. docs/architecture.md shows
+// how a new layer plugs in.
 #pragma once
 
 #include <memory>
@@ -18,6 +19,7 @@
 #include "models/model.h"
 #include "models/step_recorder.h"
 #include "parallel/gradient_sync.h"
+#include "parallel/mesh.h"
 #include "parallel/zero.h"
 
 namespace brisk {
@@ -158,12 +160,25 @@ struct ParallelOptions {
   double bucket_cap_mb = 25;  // ddp_bucket_cap_mb
 };
 
-// The run's policy over `comm`'s ranks. Resets the optimizer's state (on the host's backend when
-// offloaded) and gives the model its weights' slots; with ZeRO a collective.
-std::unique_ptr<ParallelPolicy> make_parallel_policy(Backend& be, Communicator& comm, Model& model,
-                                                     MixedPrecision& precision,
-                                                     Optimizer& optimizer,
-                                                     const ParallelBuffers& buffers,
-                                                     const ParallelOptions& options);
+// What a policy of a layout is made from: the run's backend, world and mesh, the model (this
+// rank's share of the whole model of config `full`), its precision and optimizer, and the
+// buffers the run's assembly planned for the layout.
+struct ParallelContext {
+  Backend& be;
+  Communicator& world;
+  DeviceMesh& mesh;
+  Model& model;
+  const ModelConfig& full;
+  MixedPrecision& precision;
+  Optimizer& optimizer;
+  const ParallelBuffers& buffers;
+  ParallelOptions options;
+};
+
+// Data parallelism (DDP, or ZeRO by the buffers planned) over `replicas`, the ranks that hold the
+// same parameters. Resets the optimizer's state (on the host's backend when offloaded) and gives
+// the model its weights' slots; with ZeRO a collective.
+std::unique_ptr<ParallelPolicy> make_data_parallel(const ParallelContext& c,
+                                                   Communicator& replicas);
 
 }  // namespace brisk

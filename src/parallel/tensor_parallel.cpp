@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/layered_policy.h"
 #include "parallel/part_reads.h"
 #include "parallel/split_bands.h"
 #include "parallel/zero.h"
@@ -142,21 +143,11 @@ class SplitReads final : public GatheredReads {
   const ParamInfo* banded_param_ = nullptr;
 };
 
-class TensorParallel final : public ParallelPolicy {
+class TensorParallel final : public LayeredPolicy {
  public:
-  TensorParallel(Backend& be, Communicator& world, DeviceMesh& mesh, Model& model,
-                 MixedPrecision& precision, Optimizer& optimizer, ElementRange run,
-                 std::unique_ptr<ParallelPolicy> data)
-      : be_(be),
-        world_(world),
-        mesh_(mesh),
-        model_(model),
-        precision_(precision),
-        optimizer_(optimizer),
-        data_(std::move(data)),
-        group_(std::make_unique<CommunicatorGroup>(mesh.group(MeshDim::tensor))),
-        run_(run),
-        zero_(run.count < model.params().total_elements()) {
+  TensorParallel(const ParallelContext& c, std::unique_ptr<ParallelPolicy> inner)
+      : LayeredPolicy(c, std::move(inner)),
+        group_(std::make_unique<CommunicatorGroup>(c.mesh.group(MeshDim::tensor))) {
     model_.set_tensor_group(group_.get());
     const std::vector<ParamInfo>& params = model_.params().list();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -167,8 +158,8 @@ class TensorParallel final : public ParallelPolicy {
     // The tensor ranks that hold the same key/value heads, which sum those heads' gradients.
     if (!copied_.empty()) {
       const int copies = params[static_cast<size_t>(copied_[0])].split.copies;
-      const int t = mesh.coordinate(MeshDim::tensor);
-      copies_ = mesh.group(MeshDim::tensor).split(t / copies, t);
+      const int t = mesh_.coordinate(MeshDim::tensor);
+      copies_ = mesh_.group(MeshDim::tensor).split(t / copies, t);
       copies_group_ = std::make_unique<CommunicatorGroup>(*copies_);
       first_copy_ = t % copies == 0;
     }
@@ -176,11 +167,9 @@ class TensorParallel final : public ParallelPolicy {
   }
   ~TensorParallel() override { model_.set_tensor_group(nullptr); }
 
-  void begin_step() override { data_->begin_step(); }
-  Model::SegmentDone on_segment(bool last) override { return data_->on_segment(last); }
   // The data replicas' sums, and the step's sums over the tensor group (blocking: all waited).
   SyncSeconds finish_gradients() override {
-    SyncSeconds s = data_->finish_gradients();
+    SyncSeconds s = inner().finish_gradients();
     if (!copied_.empty()) sum_gradients(copied_, *copies_group_);
     sum_gradients(partial_, *group_);
     const double tensor =
@@ -190,21 +179,19 @@ class TensorParallel final : public ParallelPolicy {
     return s;
   }
   std::vector<std::pair<std::string, double>> statistics() const override {
-    std::vector<std::pair<std::string, double>> out{
-        {"tensor_parallel_sum_bytes", group_->bytes()},
-        {"tensor_parallel_token_bytes", group_->token_bytes()}};
+    std::vector<std::pair<std::string, double>> out = inner().statistics();
+    out.emplace_back("tensor_parallel_sum_bytes", group_->bytes());
+    out.emplace_back("tensor_parallel_token_bytes", group_->token_bytes());
     if (copies_group_) out.emplace_back("tensor_parallel_copies_sum_bytes", copies_group_->bytes());
     return out;
   }
-  const Tensor& gradients() const override { return data_->gradients(); }
-  double sum_over_gradients(const Tensor& sums) override { return data_->sum_over_gradients(sums); }
 
   // Tensor rank 0 counts every element of its gradients, the others only their shares of the
   // split parameters: the rest they hold alike. Under ZeRO's stage 2 and 3 the gradients are
   // this data rank's run of them.
   double gradient_sum_squares(const Tensor& acc, int skip) override {
-    const Tensor& grads = data_->gradients();
-    const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
+    const Tensor& grads = inner().gradients();
+    const int64_t base = held_base();
     if (mesh_.coordinate(MeshDim::tensor) == 0) {
       sum_squares_except(be_, model_.params(), grads, base, skip, acc);
     } else {
@@ -216,46 +203,24 @@ class TensorParallel final : public ParallelPolicy {
         if (r.count > 0) be_.sum_squares(element_range(grads, r.offset, r.count), acc);
       }
     }
-    double seconds = data_->sum_over_gradients(acc);
-    const auto start = std::chrono::steady_clock::now();
-    mesh_.group(MeshDim::tensor).all_reduce_sum(acc);
-    return seconds +
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return sum_over_gradients_then(acc, mesh_.group(MeshDim::tensor));
   }
 
-  double step_weights(float lr, const RngKey& rounding) override {
-    return data_->step_weights(lr, rounding);
-  }
-  double take_weight_wait_seconds() override { return data_->take_weight_wait_seconds(); }
-  void weights_written() override { data_->weights_written(); }
-  void load_weights(const std::string& file) override { data_->load_weights(file); }
   // A checkpoint's state is laid out as the full parameters: this rank's elements, run by run.
   const StateShare* state_share() const override { return &share_; }
 
   // Each tensor rank's share comes from its replicas (data and sequence ranks): under ZeRO their
   // runs in order (as checkpoint_parts gives them), else the first replica's whole.
   std::unique_ptr<GatheredReads> gather_for_save(bool checkpoint) override {
-    const int replica = mesh_.replica();
-    const Optimizer* state = checkpoint ? &optimizer_ : nullptr;
-    std::vector<Tensor> parts =
-        checkpoint_parts(precision_.master(model_.params()), precision_.sharded(), replica, state);
-    if (!zero_ && replica != 0) parts.assign(parts.size(), Tensor());
     std::vector<std::vector<int>> holders;
     for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
       holders.push_back(replica_ranks(mesh_.shape(), 0, t));
     return std::make_unique<SplitReads>(
-        world_, std::move(parts), model_.params(), std::move(holders),
+        world_, saved_parts(checkpoint), model_.params(), std::move(holders),
         state_layout(optimizer_, model_.params()), full_state_layout(optimizer_, model_.params()));
   }
 
  private:
-  Backend& be_;
-  Communicator& world_;
-  DeviceMesh& mesh_;
-  Model& model_;
-  MixedPrecision& precision_;
-  Optimizer& optimizer_;
-  std::unique_ptr<ParallelPolicy> data_;
   std::unique_ptr<CommunicatorGroup> group_;
   std::vector<int> split_;    // the split parameters
   std::vector<int> copied_;   // those held in copies (key/value heads fewer than the ranks)
@@ -263,8 +228,6 @@ class TensorParallel final : public ParallelPolicy {
   std::unique_ptr<Communicator> copies_;             // the tensor ranks holding this rank's copies
   std::unique_ptr<CommunicatorGroup> copies_group_;  // over copies_, counting what it sums
   bool first_copy_ = true;
-  ElementRange run_;  // the parameters this data rank steps (ZeRO's run, or all)
-  bool zero_;         // the run is a part: ZeRO partitions the state
   StateShare share_;
 
   // Gradients of parameters `params` each rank of `group` holds a part of, summed over it (after
@@ -272,9 +235,8 @@ class TensorParallel final : public ParallelPolicy {
   // of a key/value head got the gradient of its own query heads; under Megatron's sequence
   // parallelism each rank's norms that of its tokens.
   void sum_gradients(const std::vector<int>& params, CommunicatorGroup& group) {
-    const Tensor& grads = data_->gradients();
-    const int64_t base = grads.numel() == model_.params().total_elements() ? 0 : run_.offset;
-    for_each_held_run(model_.params(), params, base, grads.numel(), [&](ElementRange r) {
+    const Tensor& grads = inner().gradients();
+    for_each_held_run(model_.params(), params, held_base(), grads.numel(), [&](ElementRange r) {
       group.all_reduce_sum(be_, element_range(grads, r.offset, r.count));
     });
   }
@@ -318,19 +280,13 @@ std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm) {
   return std::make_unique<CommunicatorGroup>(comm);
 }
 
-std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
-    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
-    Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel) {
-  const ElementRange run = buffers.shards.empty()
-                               ? ElementRange{0, model.params().total_elements()}
-                               : buffers.shards[static_cast<size_t>(mesh.replica())].elements;
+std::unique_ptr<ParallelPolicy> make_tensor_parallel(const ParallelContext& c,
+                                                     std::unique_ptr<ParallelPolicy> inner) {
   // An offloaded optimizer steps on the host's backend.
-  const std::unique_ptr<Backend> host = buffers.offload ? make_backend(kHostDevice) : nullptr;
-  join_optimizer(host ? *host : be, optimizer, model.params(), run.count,
-                 mesh.group(MeshDim::tensor));
-  return std::make_unique<TensorParallel>(be, world, mesh, model, precision, optimizer, run,
-                                          std::move(data_parallel));
+  const std::unique_ptr<Backend> host = c.buffers.offload ? make_backend(kHostDevice) : nullptr;
+  join_optimizer(host ? *host : c.be, c.optimizer, c.model.params(), stepped_run(c).count,
+                 c.mesh.group(MeshDim::tensor));
+  return std::make_unique<TensorParallel>(c, std::move(inner));
 }
 
 }  // namespace brisk

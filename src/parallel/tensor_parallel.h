@@ -9,24 +9,20 @@
 #include <memory>
 
 #include "models/model.h"
-#include "parallel/mesh.h"
 #include "parallel/policy.h"
 
 namespace brisk {
 
-// Tensor parallelism over `mesh` (its tensor dimension of more than one rank) around
-// `data_parallel`, the policy over the mesh's data dimension, made from `buffers` (ZeRO's
-// partition of this rank's share among the data replicas, or none). The model's blocks get their
-// group, and the optimizer, where its state is not one value per parameter element, the group
-// to sum a split parameter's statistics over (Optimizer::join_split_group); refused where it
-// cannot (its step would depend on how the parameters are split).
+// Tensor parallelism over the mesh's tensor dimension (of more than one rank) around `inner`, the
+// policy over the mesh's replicas (made from the buffers: ZeRO's partition of this rank's share
+// among them, or none). The model's blocks get their group, and the optimizer, where its state is
+// not one value per parameter element, the group to sum a split parameter's statistics over
+// (Optimizer::join_split_group); refused where it cannot (its step would depend on how the
+// parameters are split).
+std::unique_ptr<ParallelPolicy> make_tensor_parallel(const ParallelContext& c,
+                                                     std::unique_ptr<ParallelPolicy> inner);
 
 // The tensor group the policy gives the model, over `comm` (which outlives it).
 std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm);
-
-std::unique_ptr<ParallelPolicy> make_tensor_parallel_policy(
-    Backend& be, Communicator& world, DeviceMesh& mesh, Model& model, MixedPrecision& precision,
-    Optimizer& optimizer, const ParallelBuffers& buffers,
-    std::unique_ptr<ParallelPolicy> data_parallel);
 
 }  // namespace brisk

@@ -76,8 +76,7 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
-BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B, int tensor_rank,
-                                    int pipeline_stage, int sequence_rank, int expert_rank) {
+BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
   if (o.mlm) use_masked_lm(r.config);
@@ -95,14 +94,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B
     r.files.test = first_samples(std::move(r.files.test), o.max_predict_samples);
     o.seq_len = r.files.seq_len;
   }
-  const auto tp = static_cast<int>(o.tp_size), pp = static_cast<int>(o.pp_size);
-  ModelConfig share = tp > 1 ? tensor_parallel_share(r.config, tensor_rank, tp) : r.config;
-  share.tensor_slices_tokens = tp > 1 && o.tp_sequence_parallel;
-  if (o.sp_size > 1)
-    share = sequence_parallel_share(share, sequence_rank, static_cast<int>(o.sp_size));
-  if (pp > 1) share = pipeline_share(share, pipeline_stage, pp);
-  if (o.ep_size > 1) share = expert_parallel_share(share, expert_rank, static_cast<int>(o.ep_size));
-  r.model = Model::create(share);
+  r.model = Model::create(rank_share(r.config, r.layout, r.place));
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files)
@@ -138,9 +130,10 @@ bool weights_copy(const TrainOptions& o, const DeviceTraits& traits, bool offloa
 // Whether the run plans gradients and optimizer state. One that only evaluates or predicts needs
 // neither, where its layout never reads them (data parallelism without ZeRO) and no checkpoint's
 // optimizer state is loaded into it.
-bool plans_training_state(const TrainOptions& o) {
+bool plans_training_state(const RunAssembly& r) {
+  const TrainOptions& o = r.options;
   if (o.do_train || !o.resume_from_checkpoint.empty()) return true;
-  return o.zero_stage > 0 || o.tp_size > 1 || o.pp_size > 1 || o.ep_size > 1 || o.sp_size > 1;
+  return o.zero_stage > 0 || r.layout.model_parallel() || r.layout.on(MeshDim::expert);
 }
 
 // The precision policy, the optimizer, and where the optimizer's state lies; `replicas`: the
@@ -162,7 +155,7 @@ void assemble_precision(RunAssembly& r, int replicas) {
   const bool full_eval = eval_only && (o.bf16_full_eval || o.fp16_full_eval);
   // A run that plans no training state keeps no master copy either: fp16's weights are rounded
   // once, as an update would round them (bf16 computes with float32 weights there).
-  const bool no_master = full_eval || (compute == DType::f16 && !plans_training_state(o));
+  const bool no_master = full_eval || (compute == DType::f16 && !plans_training_state(r));
   r.precision = no_master
                     ? std::make_unique<MixedPrecision>(compute, MixedPrecision::kNoMaster)
                     : std::make_unique<MixedPrecision>(
@@ -229,7 +222,7 @@ TrainOptions resolve_options(const TrainOptions& given, int ranks,
   const TrainOptions options =
       apply_parallelism_config(apply_deepspeed_config(given, ranks, ignored), ranks);
   validate_options(options);
-  check_layout_divides(options, ranks);
+  parallel_layout(options, ranks);
   BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");
   return options;
@@ -309,8 +302,14 @@ TrainOptions resolve_checkpoint(const TrainOptions& options) {
 }
 
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
-                                          Backend* backend, GivenData dataset, int rank, int ranks,
-                                          int tensor_rank, int pipeline_stage, int sequence_rank) {
+                                          Backend* backend, GivenData dataset, int rank,
+                                          int world) {
+  return assemble_run(options, device, backend, dataset, parallel_layout(options, world), rank);
+}
+
+std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
+                                          Backend* backend, GivenData dataset,
+                                          const ParallelLayout& parallel, int rank) {
   BRISK_CHECK(!backend || backend->device() == device, "the backend runs on another device");
   BRISK_CHECK(options.resume_from_checkpoint != "last" && options.resume_from_checkpoint != "true",
               "internal: --resume_from_checkpoint ", options.resume_from_checkpoint,
@@ -320,33 +319,25 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   r.options = options;
   const TrainOptions& o = r.options;
   r.device = device;
-  r.rank = rank;
+  r.layout = parallel;
+  r.place = parallel.place(rank);
+  const int ranks = parallel.degree(MeshDim::data);  // the shares of the data
   // A run that does not train plans for the evaluation batch.
   const int64_t B = o.do_train ? o.per_device_train_batch_size : o.per_device_eval_batch_size;
-  // Expert parallelism: runs of ep_size data ranks hold the experts between them; the ZeRO
-  // replicas are the ranks that hold the same experts.
-  const int ep = static_cast<int>(std::max<int64_t>(o.ep_size, 1));
-  BRISK_CHECK(ranks % ep == 0, "--ep_size ", ep, " does not divide the ", ranks,
-              " data-parallel ranks");
-  const BatchLayout layout =
-      assemble_model_and_data(r, dataset, B, tensor_rank, pipeline_stage, sequence_rank, rank % ep);
+  const BatchLayout layout = assemble_model_and_data(r, dataset, B);
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
   loading.length_group_batch =
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
-  loading.rank = rank;
+  loading.rank = r.place.data;
   loading.ranks = ranks;
-  // Sequence parallelism splits every batch's length: Ulysses' ranks, and within each Megatron's.
-  loading.length_multiple = std::max<int64_t>(o.sp_size, 1) *
-                            (o.tp_sequence_parallel ? std::max<int64_t>(o.tp_size, 1) : 1);
+  loading.length_multiple = parallel.sequence_multiple();
   // Training's batches; a run that does not train has none (the evaluator loads its own).
   if (o.do_train) r.loader = std::make_unique<DataLoader>(*r.data, layout, o.seed, loading);
-  // The replicas that sum the gradients (and share ZeRO's partitions): the data ranks, each of
-  // sp_size sequence ranks.
-  const int sp = static_cast<int>(std::max<int64_t>(o.sp_size, 1));
-  const int replica = replica_rank(rank, sequence_rank, sp) / ep;
-  assemble_precision(r, ranks * sp / ep);
+  // The replicas that sum the gradients (and share ZeRO's partitions).
+  const int replica = r.place.replica;
+  assemble_precision(r, parallel.replicas());
   configure_products(r, backend);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
@@ -355,7 +346,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.recompute_block_inputs = true;
   model_options.gradients_over_activations = one_micro_batch(o);
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
-  model_options.gradients = plans_training_state(o);
+  model_options.gradients = plans_training_state(r);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
   // BRISK_LABELLED_ROWS_ONLY=0: a masked LM decodes every row in training too, to compare.
   model_options.labelled_rows_only = !switched_off("BRISK_LABELLED_ROWS_ONLY");
@@ -366,7 +357,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
     model_options.gradient_checkpointing = true;
     model_options.selective_recompute = false;
   }
-  const ParallelPlanOptions layout_options{replica, ranks * sp / ep, o.zero_stage,
+  const ParallelPlanOptions layout_options{replica, parallel.replicas(), o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);

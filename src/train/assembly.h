@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/agreement.h"
+#include "parallel/layout.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
 #include "train/file_data.h"
@@ -61,28 +62,31 @@ struct RunAssembly {
   // The products read a bf16 copy of the float32 weights (Backend::hold_weights) where planned.
   bool weights_copy = false;
   std::unique_ptr<Optimizer> optimizer;
+  ParallelLayout layout;  // the run's
+  RankPlace place;        // this rank's in it
   // The parallel layout's buffers (ZeRO's shards, the offloaded optimizer's host copies), and
   // with ZeRO the parameters of this rank's run, which its optimizer is planned for.
   ParallelBuffers parallel;
   ParameterSet optimizer_params;
-  int rank = 0;
   BackendWorkspace workspace;  // the backend's buffers when planning without one
   MemoryPlan plan;             // finalized
   BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views
 };
 
 // Plans the run on `device` with `options` as resolve_options and resolve_checkpoint return them
-// (read, never rewritten: an unresolved "last" is refused). With a backend (for that device) the
-// backend declares its own workspace and is set to the run's product dtype and TF32 choice; without
-// one, `workspace` receives the same declarations. Trains on `dataset` when given, else on the
-// options' dataset. `rank` of `ranks`: this process's share of the training data in data-parallel
-// runs (the data-parallel replicas'). `tensor_rank`: with --tp_size, this process's share of the
-// model (models/config.h tensor_parallel_share); `pipeline_stage`, with --pp_size, its stage
-// (pipeline_share); `sequence_rank`, with --sp_size, its tokens (sequence_parallel_share): the
-// ranks * sp_size replicas share ZeRO's partitions.
+// (read, never rewritten: an unresolved "last" is refused), for rank `rank` of `layout`: its
+// share of the model (models/config.h's tensor, sequence, pipeline and expert shares) and of the
+// data, and with ZeRO its replica's partition. With a backend (for that device) the backend
+// declares its own workspace and is set to the run's product dtype and TF32 choice; without one,
+// `workspace` receives the same declarations. Trains on `dataset` when given, else on the
+// options' dataset.
+std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
+                                          Backend* backend, GivenData dataset,
+                                          const ParallelLayout& layout, int rank);
+// The same for rank `rank` of `world` ranks laid out as the options say (world 0: the fewest
+// ranks their degrees take).
 std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device device,
                                           Backend* backend, GivenData dataset = nullptr,
-                                          int rank = 0, int ranks = 1, int tensor_rank = 0,
-                                          int pipeline_stage = 0, int sequence_rank = 0);
+                                          int rank = 0, int world = 0);
 
 }  // namespace brisk

@@ -96,17 +96,17 @@ namespace {
 // needs of the budget: its largest stage's plan (the first holds the embeddings, the last the
 // head, the second the most stashed inputs).
 std::unique_ptr<RunAssembly> plan_stages(const TrainOptions& t, Device device, GivenData dataset,
-                                         int data_ranks, const MemoryBudget& budget,
+                                         const ParallelLayout& layout, const MemoryBudget& budget,
                                          size_t& needed) {
-  std::unique_ptr<RunAssembly> first =
-      assemble_run(t, device, nullptr, dataset, 0, data_ranks, 0, 0);
+  std::unique_ptr<RunAssembly> first = assemble_run(t, device, nullptr, dataset, layout, 0);
   needed = needed_bytes(first->plan, budget);
-  const auto p = static_cast<int>(std::max<int64_t>(1, t.pp_size));
+  const int p = layout.degree(MeshDim::pipeline);
   for (int s : {1, p - 1})
     if (s > 0 && s < p)
-      needed = std::max(
-          needed, needed_bytes(assemble_run(t, device, nullptr, dataset, 0, data_ranks, 0, s)->plan,
-                               budget));
+      needed = std::max(needed, needed_bytes(assemble_run(t, device, nullptr, dataset, layout,
+                                                          layout.first_rank_of_stage(s))
+                                                 ->plan,
+                                             budget));
   return first;
 }
 }  // namespace
@@ -122,7 +122,8 @@ BatchFit fit_batch(const TrainOptions& o, Device device, const MemoryBudget& bud
     t.gradient_checkpointing = checkpointing;
     t.selective_recompute = t.selective_recompute && !checkpointing;
     size_t needed = 0;
-    plan_stages(t, device, dataset, 1, budget, needed);  // with pipeline stages, the largest's
+    // With pipeline stages, the largest's.
+    plan_stages(t, device, dataset, parallel_layout(t, 0), budget, needed);
     return needed;
   };
   // The data bounds the batch: a loader refuses a batch larger than the dataset.
@@ -173,13 +174,13 @@ CostModel cost_model(Device device) {
 // and backward besides, 1.5 m x), a pipeline stage's float32 [B, T,
 // C] activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and
 // a sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
-double communication_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
+double communication_seconds(const RunAssembly& run, const CostModel& m) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
   auto ring = [](double ranks) { return 2 * (ranks - 1) / ranks; };
-  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size));
-  const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
-  const double s = static_cast<double>(std::max<int64_t>(1, o.sp_size));
+  const double t = run.layout.degree(MeshDim::tensor);
+  const double p = run.layout.degree(MeshDim::pipeline);
+  const double s = run.layout.degree(MeshDim::sequence);
   // A rank's tokens: its share of each sequence under sequence parallelism.
   const double tokens = static_cast<double>(o.per_device_train_batch_size *
                                             o.gradient_accumulation_steps * o.seq_len) /
@@ -187,7 +188,7 @@ double communication_seconds(const RunAssembly& run, const CostModel& m, int dat
   // All-reduces send 2 (t - 1) / t of their bytes, gathers and reduce-scatters (t - 1) / t.
   const double tensor = tensor_step_bytes(run) * ring(t) + tensor_token_bytes(run) * (t - 1) / t;
   const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
-  const double d = static_cast<double>(data_ranks);
+  const double d = run.layout.replicas();
   const auto micro = static_cast<double>(o.gradient_accumulation_steps);
   const double passes = o.zero_stage >= 3 ? 1.5 * micro : o.zero_stage == 2 ? (micro + 1) / 2 : 1;
   const double data =
@@ -202,7 +203,7 @@ namespace {
 double tensor_rank_activations(const RunAssembly& run) {
   const TrainOptions& o = run.options;
   return static_cast<double>(o.per_device_train_batch_size) *
-         static_cast<double>(o.seq_len / std::max<int64_t>(1, o.sp_size)) *
+         static_cast<double>(o.seq_len / run.layout.degree(MeshDim::sequence)) *
          static_cast<double>(run.model->config().hidden_size) * 4;
 }
 }  // namespace
@@ -262,7 +263,7 @@ double sequence_step_bytes(const RunAssembly& run) {
                                  o.gradient_checkpointing, low ? 2 : 4);
 }
 
-double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks) {
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.config;
   const double L = static_cast<double>(c.num_layers), C = static_cast<double>(c.hidden_size);
@@ -281,9 +282,8 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
   // the products of its tokens and attention for its heads (both 1/s). A pipeline stage
   // computes its blocks, stages before the last running each forward twice (4/3), and the step
   // takes (m + p - 1) stage-times of a micro-batch where one stage would take m (1F1B's bubble).
-  const double t = static_cast<double>(std::max<int64_t>(1, o.tp_size)) *
-                   static_cast<double>(std::max<int64_t>(1, o.sp_size));
-  const double p = static_cast<double>(std::max<int64_t>(1, o.pp_size));
+  const double t = run.layout.degree(MeshDim::tensor) * run.layout.degree(MeshDim::sequence);
+  const double p = run.layout.degree(MeshDim::pipeline);
   const double stage = p > 1 ? (k + p - 1) / k * 4.0 / 3.0 / p : 1.0;
   const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t * stage;
   const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops / t * stage;
@@ -318,16 +318,10 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int da
                            2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
   return matmul + attention + k * L * m.layer_overhead * stage +
          activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer +
-         communication_seconds(run, m, data_ranks);
+         communication_seconds(run, m);
 }
 
 namespace {
-// A layout of `world` ranks: tp_size x pp_size x sp_size x data replicas, under a ZeRO stage.
-struct Layout {
-  int64_t tp = 1, pp = 1, sp = 1, zero = 0;
-  int data_ranks = 1;
-};
-
 // Whether `config` splits into `tp` tensor shares, `sp` sequence shares of `seq` tokens (with
 // `sliced`, Megatron's sequence parallelism, each again into tp slices) and `pp` stages (the
 // shares refuse counts the degrees do not divide).
@@ -345,21 +339,22 @@ bool splits(const ModelConfig& config, int tp, int pp, int sp, int64_t seq, bool
 // o's own layout for one process's search; for `world` ranks every tensor-parallel degree,
 // pipeline depth and sequence-parallel degree the model's counts (and the length) allow,
 // with each ZeRO stage where there are several replicas (data and sequence ranks).
-std::vector<Layout> layouts(const TrainOptions& o, int world) {
-  if (world <= 1)
-    return {{std::max<int64_t>(1, o.tp_size), std::max<int64_t>(1, o.pp_size),
-             std::max<int64_t>(1, o.sp_size), o.zero_stage, 1}};
+std::vector<ParallelLayout> layouts(const TrainOptions& o, int world) {
+  if (world <= 1) return {parallel_layout(o, 0)};
   const ModelConfig config = resolve_config(o.model_name_or_path);
-  std::vector<Layout> out;
+  std::vector<ParallelLayout> out;
   for (int tp = 1; tp <= world; ++tp)
     for (int pp = 1; tp * pp <= world; ++pp)
       for (int sp = 1; tp * pp * sp <= world; ++sp) {
         const int model = tp * pp * sp;
         if (world % model || !splits(config, tp, pp, sp, o.seq_len, o.tp_sequence_parallel))
           continue;
-        const int d = world / model;
-        for (int64_t zero = 0; zero <= (d * sp == 1 ? 0 : 3); ++zero)
-          out.push_back({tp, pp, sp, zero, d});
+        // Expert parallelism (the options' degree) goes with data parallelism alone.
+        if (o.ep_size > 1 && (model > 1 || (world / model) % o.ep_size)) continue;
+        ParallelDegrees d{tp, pp, sp, o.ep_size, 0, o.tp_sequence_parallel, {}};
+        const int replicas = ParallelLayout(world, d).replicas();
+        for (d.zero_stage = 0; d.zero_stage <= (replicas == 1 ? 0 : 3); ++d.zero_stage)
+          out.emplace_back(world, d);
       }
   return out;
 }
@@ -371,8 +366,9 @@ int64_t global_batch(const TrainOptions& o, int world) {
   const int64_t all =
       checked_mul(checked_mul(o.per_device_train_batch_size, o.gradient_accumulation_steps, what),
                   int64_t{std::max(1, world)}, what);
-  return all / std::max<int64_t>(1, o.tp_size) / std::max<int64_t>(1, o.pp_size) /
-         std::max<int64_t>(1, o.sp_size);
+  const ParallelLayout layout = parallel_layout(o, world);
+  return all / layout.degree(MeshDim::tensor) / layout.degree(MeshDim::pipeline) /
+         layout.degree(MeshDim::sequence);
 }
 
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
@@ -395,17 +391,18 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
         "\" in fit_precisions (valid: fp32, tf32, bf16, "
         "fp16)");
     for (const std::string& optim : optims)
-      for (const Layout& layout : layouts(o, world))
-        for (int recompute = 0; recompute < 3; ++recompute)  // none, selective, full
-          for (int64_t b = 1; b <= std::min(global / layout.data_ranks, samples); ++b) {
-            if (global % (b * layout.data_ranks)) continue;
+      for (const ParallelLayout& layout : layouts(o, world))
+        for (int recompute = 0; recompute < 3; ++recompute) {  // none, selective, full
+          const int data_ranks = layout.degree(MeshDim::data);
+          for (int64_t b = 1; b <= std::min(global / data_ranks, samples); ++b) {
+            if (global % (b * data_ranks)) continue;
             TrainOptions t = o;
-            t.tp_size = layout.tp;
-            t.pp_size = layout.pp;
-            t.sp_size = layout.sp;
-            t.zero_stage = layout.zero;
+            t.tp_size = layout.degree(MeshDim::tensor);
+            t.pp_size = layout.degree(MeshDim::pipeline);
+            t.sp_size = layout.degree(MeshDim::sequence);
+            t.zero_stage = layout.zero_stage();
             t.per_device_train_batch_size = b;
-            t.gradient_accumulation_steps = global / (b * layout.data_ranks);
+            t.gradient_accumulation_steps = global / (b * data_ranks);
             t.gradient_checkpointing = recompute == 2;
             t.selective_recompute = recompute == 1;
             t.bf16 = precision == "bf16";
@@ -415,17 +412,15 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
             t.auto_find_batch_size = false;
             validate_options(t);  // a precision or optimizer of the lists may not go with the rest
             size_t needed = 0;
-            const auto run = plan_stages(t, device, nullptr, layout.data_ranks, budget, needed);
+            const auto run = plan_stages(t, device, nullptr, layout, budget, needed);
             if (needed > budget.budget) {
               ++refused;
               continue;
             }
-            // The gradients are summed over the data and sequence ranks together.
-            const int replicas = layout.data_ranks * static_cast<int>(layout.sp);
-            out.push_back({t, layout.data_ranks, needed,
-                           predicted_step_seconds(*run, model, replicas),
+            out.push_back({t, data_ranks, needed, predicted_step_seconds(*run, model),
                            run->plan.bytes_by_category(), run->plan.overlaid_bytes()});
           }
+        }
   }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {
     return a.step_seconds < b.step_seconds;

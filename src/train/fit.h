@@ -85,11 +85,10 @@ struct CostModel : DeviceRates {
   double host_bandwidth = 0;
 };
 CostModel cost_model(Device device);
-// A step's seconds on one rank of a run of `data_ranks` data-parallel replicas (each of
-// run.options.tp_size tensor ranks): its share of the products, the elementwise passes over its
-// activations, the optimizer's pass over its model states, and the sums across ranks, none
-// hidden behind computation.
-double predicted_step_seconds(const RunAssembly& run, const CostModel& m, int data_ranks = 1);
+// A step's seconds on one rank of the run's layout: its share of the products, the elementwise
+// passes over its activations, the optimizer's pass over its model states, and the sums across
+// ranks (its replicas', tensor, sequence and pipeline groups'), none hidden behind computation.
+double predicted_step_seconds(const RunAssembly& run, const CostModel& m);
 // The bytes a rank of run.options.sp_size sequence ranks passes to its all-to-alls per step
 // (parallel/sequence_parallel.h's sequence_exchange_bytes for the run's precision and
 // recomputation); 0 without sequence parallelism.

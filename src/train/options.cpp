@@ -455,22 +455,16 @@ std::string option_source(const TrainOptions& o, const std::string& name) {
   return it == o.set_by.end() ? "--" + name : it->second;
 }
 
-void check_layout_divides(const TrainOptions& o, int ranks) {
-  std::string degrees;
-  int64_t product = 1;
-  int given = 0;
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"tp_size", o.tp_size},
-                                   {"pp_size", o.pp_size},
-                                   {"sp_size", o.sp_size}}) {
-    if (size <= 1) continue;
-    degrees += (given++ ? " x " : "") + option_source(o, name) + " " + std::to_string(size);
-    product *= size;
-  }
-  BRISK_CHECK(ranks % product == 0, degrees, given > 1 ? " = " + std::to_string(product) : "",
-              " does not divide the run's ", ranks, ranks == 1 ? " rank" : " ranks");
-  const int64_t data = ranks / product;
-  BRISK_CHECK(o.ep_size <= 1 || data % o.ep_size == 0, option_source(o, "ep_size"), " ", o.ep_size,
-              " does not divide the ", data, " data-parallel rank", data == 1 ? "" : "s");
+ParallelLayout parallel_layout(const TrainOptions& o, int world) {
+  ParallelDegrees d;
+  d.tp_size = o.tp_size;
+  d.pp_size = o.pp_size;
+  d.sp_size = o.sp_size;
+  d.ep_size = o.ep_size;
+  d.zero_stage = o.zero_stage;
+  d.tp_sequence_parallel = o.tp_sequence_parallel;
+  d.source = [&o](const std::string& name) { return option_source(o, name); };
+  return ParallelLayout(world > 0 ? world : d.fewest_ranks(), d);
 }
 
 std::string closest_option(const std::string& name) {

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "optim/optimizer.h"
+#include "parallel/layout.h"
 #include "train/schedule.h"
 
 namespace brisk {
@@ -394,9 +395,10 @@ Device resolve_device(const std::string& device);
 // How the user gave option `name`, as a message names it: the config key that set it, else
 // "--name".
 std::string option_source(const TrainOptions& o, const std::string& name);
-// The tensor, pipeline and sequence degrees divide `ranks`, and the expert degree the data ranks
-// they leave; a refusal names each degree as the user gave it (option_source).
-void check_layout_divides(const TrainOptions& o, int ranks);
+// The run's layout over `world` ranks (0: the fewest its degrees take): the tensor, pipeline and
+// sequence degrees must divide it, and the expert degree the data ranks they leave; a refusal
+// names each degree as the user gave it (option_source).
+ParallelLayout parallel_layout(const TrainOptions& o, int world);
 // The heading an option is listed under in --help ("" for none: a test keeps every option
 // under one).
 const char* option_group(const std::string& name);

@@ -26,13 +26,10 @@
 #include "optim/optimizer.h"
 #include "parallel/agreement.h"
 #include "parallel/communicator.h"
-#include "parallel/expert_parallel.h"
 #include "parallel/launch.h"
+#include "parallel/layout.h"
 #include "parallel/mesh.h"
-#include "parallel/pipeline_parallel.h"
 #include "parallel/policy.h"
-#include "parallel/sequence_parallel.h"
-#include "parallel/tensor_parallel.h"
 #include "precision/mixed_precision.h"
 #include "report/memory_html.h"
 #include "report/tensorboard.h"
@@ -822,23 +819,6 @@ void hold_output_dir(std::optional<OutputDirLock>& lock, const TrainOptions& o, 
   for (const std::string& failed : cleanup.failed) log.log({{"warning", failed}});
 }
 
-// Expert parallelism's ranks: runs of ep_size ranks hold the experts between them (the group,
-// whose exchanges `exchange` makes for the model); the ranks that hold the same experts, one of
-// each run, sum their gradients (the replicas). None without it.
-struct ExpertRanks {
-  std::unique_ptr<Communicator> group, replicas;
-  std::unique_ptr<CommunicatorExpertGroup> exchange;
-};
-ExpertRanks split_expert_ranks(Communicator& dist, int64_t ep_size) {
-  ExpertRanks e;
-  if (ep_size <= 1) return e;
-  const int ep = static_cast<int>(ep_size);
-  e.group = dist.split(dist.rank() / ep, dist.rank());
-  e.replicas = dist.split(dist.rank() % ep, dist.rank());
-  e.exchange = std::make_unique<CommunicatorExpertGroup>(*e.group);
-  return e;
-}
-
 // An exchange the model's layers ran (sequence or expert parallelism's all-to-alls): its bytes and
 // seconds, all of them waited for as they ran.
 void add_exchanges(TrainSummary& s, const std::string& name, double bytes, double seconds) {
@@ -881,27 +861,18 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
     dist.set_device_stream(be->device_stream());
   std::optional<OutputDirLock> output_lock;
   hold_output_dir(output_lock, options, lead, log);
-  // Tensor, pipeline and sequence parallelism: the mesh's tensor ranks, stages and sequence ranks
-  // share the model, its data ranks the data; data and sequence ranks sum the gradients.
-  std::unique_ptr<DeviceMesh> mesh;
-  auto degree = [](int64_t size) { return static_cast<int>(std::max<int64_t>(size, 1)); };
-  if (options.tp_size > 1 || options.pp_size > 1 || options.sp_size > 1)
-    mesh = std::make_unique<DeviceMesh>(
-        dist, mesh_shape(dist.size(), degree(options.tp_size), degree(options.pp_size),
-                         degree(options.sp_size)));
-  Communicator& data = mesh ? mesh->group(MeshDim::data) : dist;
-  ExpertRanks experts = split_expert_ranks(dist, options.ep_size);
-  Communicator& replicas = mesh ? mesh->replicas() : experts.replicas ? *experts.replicas : dist;
+  // The mesh's tensor ranks, stages, sequence and expert ranks share the model, its data ranks
+  // the data; the replicas (data and sequence ranks) sum the gradients.
+  const ParallelLayout layout = parallel_layout(options, dist.size());
+  DeviceMesh mesh(dist, layout.mesh());
   dist.barrier();
   TrainSummary s;
   const TrainOptions settled =
       shape_to_memory(resolve_checkpoint(options), device, *be, dataset, log.sink(), s);
   // Rank 0 first: it tokenizes data files into the cache, which the other ranks then read.
   if (!lead) dist.barrier();
-  const std::unique_ptr<RunAssembly> run = assemble_run(
-      settled, device, be.get(), dataset, data.rank(), data.size(),
-      mesh ? mesh->coordinate(MeshDim::tensor) : 0, mesh ? mesh->coordinate(MeshDim::pipeline) : 0,
-      mesh ? mesh->coordinate(MeshDim::sequence) : 0);
+  const std::unique_ptr<RunAssembly> run =
+      assemble_run(settled, device, be.get(), dataset, layout, dist.rank());
   if (lead) dist.barrier();
   // The notes follow the checks: a refused run prints only why.
   for (const nlohmann::json& note : run_notes(options, dataset.train || dataset.tokenized))
@@ -919,45 +890,29 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   Arena arena(run->plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model.bind(arena);
   run->binder.bind(arena);
-  std::unique_ptr<CommunicatorSequenceGroup> sequence;
-  if (o.sp_size > 1) {
-    sequence = std::make_unique<CommunicatorSequenceGroup>(mesh->group(MeshDim::sequence));
-    model.set_sequence_group(sequence.get());
-  }
   // How the ranks share the model's work: the gradients' sums, the update, the saves.
-  std::unique_ptr<ParallelPolicy> parallel =
-      make_parallel_policy(*be, replicas, model, *run->precision, *run->optimizer, run->parallel,
-                           {o.do_train, o.ddp_bucket_cap_mb});
-  if (o.tp_size > 1)
-    parallel = make_tensor_parallel_policy(*be, dist, *mesh, model, *run->precision,
-                                           *run->optimizer, run->parallel, std::move(parallel));
-  if (experts.group) {
-    model.set_expert_group(experts.exchange.get());
-    parallel =
-        make_expert_parallel_policy(*be, dist, *experts.group, model, run->config, *run->precision,
-                                    *run->optimizer, run->parallel, std::move(parallel));
-  }
-  if (o.pp_size > 1)
-    parallel = make_pipeline_parallel_policy(*be, dist, *mesh, model, run->config, *run->precision,
-                                             *run->optimizer, run->parallel, std::move(parallel));
+  ParallelRun parallel_run = make_parallel(
+      layout, {*be, dist, mesh, model, run->config, *run->precision, *run->optimizer, run->parallel,
+               {o.do_train, o.ddp_bucket_cap_mb}});
+  ParallelPolicy& parallel = *parallel_run.policy;
   // The micro-batches and evaluation's forward passes recorded and replayed where the device
   // and the model allow it.
   std::unique_ptr<StepRecorder> recorder;
   if (StepRecorder::possible(*be, model)) {
     recorder = std::make_unique<StepRecorder>(*be, model);
-    parallel->record_micro_batches(recorder.get());
+    parallel.record_micro_batches(recorder.get());
     run->evaluator.record_forward(recorder.get());
   }
-  TrainerState state = load_state(*be, *run, log.sink(), *parallel);
+  TrainerState state = load_state(*be, *run, log.sink(), parallel);
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
-  Communicator* sequence_ranks = o.sp_size > 1 ? &mesh->group(MeshDim::sequence) : nullptr;
-  RunContext c{o, dist,  data, sequence_ranks, *be,   *run, *parallel, state,
-               s, peaks, log,  faults,         events};
+  Communicator* sequence_ranks =
+      layout.on(MeshDim::sequence) ? &mesh.group(MeshDim::sequence) : nullptr;
+  RunContext c{o,     dist,  mesh.group(MeshDim::data), sequence_ranks, *be,   *run, parallel,
+               state, s,     peaks,                     log,            faults, events};
   if (o.do_train) train_steps(c);
-  s.parallel = parallel->statistics();
-  if (sequence) add_exchanges(s, "sequence", sequence->bytes(), sequence->seconds());
-  if (experts.exchange)
-    add_exchanges(s, "expert", experts.exchange->bytes(), experts.exchange->seconds());
+  s.parallel = parallel.statistics();
+  for (const ParallelRun::Exchange& e : parallel_run.exchanges())
+    add_exchanges(s, e.name, e.bytes, e.seconds);
   if (o.do_train) finish_training(c);
   evaluate_and_write(c, arena);
   if (recorder) {

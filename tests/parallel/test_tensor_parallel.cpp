@@ -387,7 +387,7 @@ TEST(TensorParallel, SummedBytesAreTheEstimates) {
       o.gradient_checkpointing = checkpointing;
       const std::vector<double> measured = statistics_of_two_steps(
           o, &data, {"tensor_parallel_sum_bytes", "tensor_parallel_token_bytes"});
-      const auto run = assemble_run(o, kHostDevice, nullptr, &data, 0, N / tp, 0, 0, 0);
+      const auto run = assemble_run(o, kHostDevice, nullptr, &data, 0, N);
       EXPECT_EQ(measured[0], 2 * tensor_step_bytes(*run));
       EXPECT_EQ(measured[1], 2 * tensor_token_bytes(*run));
       if (!sequence) {
