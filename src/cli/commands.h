@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "eval/generate.h"
+#include "train/estimate.h"
 #include "train/trainer.h"
 
 namespace brisk::cli {
@@ -24,22 +25,10 @@ int run_train(const TrainOptions& options);
 // The value of --options_file in argv, if any (read before the other flags so they override it).
 std::string find_options_file(int argc, char** argv);
 int run_forward_backward(const ForwardBackwardArgs& args);
-// Plans the run `options` describe on their device (cuda needs no GPU) and prints the plan by
+// Plans the run `options` describe on their device (train/estimate.h) and prints the plan by
 // category and per block, the fixed overheads it assumes and the guides' rules of thumb; writes
-// it as JSON too when json_path is not empty.
-struct EstimateArgs {
-  std::string json_path;   // also write the plan (and the fit) as JSON here
-  bool fit = false;        // rank the configurations that fit max_memory
-  std::string precisions;  // comma-separated, for --fit; empty: the run's own
-  std::string optims;      // comma-separated, for --fit; empty: the run's own
-  std::string html_path;   // draw the plan (or the fit's candidates) into this HTML file
-  int64_t world_size = 1;  // plan rank 0 of a data-parallel run of this many processes
-  const TokenizedInput* tokenized = nullptr;  // rows tokenized before the run (the Python API)
-};
+// it as JSON and HTML too where asked.
 int run_estimate(const TrainOptions& options, const EstimateArgs& args);
-// The same plan printed, returned as the JSON --output_json writes (the Python API's
-// estimate_memory).
-nlohmann::json estimate(const TrainOptions& options, const EstimateArgs& args);
 
 // Reads text lines (a file, or stdin when empty) and prints each one's ids as a JSON list.
 struct TokenizeArgs {
@@ -50,10 +39,6 @@ struct TokenizeArgs {
   bool count_only = false;     // print only the counts and the time (for benchmarks)
 };
 int run_tokenize(const TokenizeArgs& args);
-// The ids of each text as run_tokenize prints a line's (args.input and count_only unused).
-std::vector<std::vector<int32_t>> tokenize_texts(const TokenizeArgs& args,
-                                                 const std::vector<std::string>& texts);
-
 // Prints the prompt and its continuation (stdout) and the speed (stderr).
 int run_generate(const GenerateOptions& options);
 

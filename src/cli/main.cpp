@@ -170,7 +170,7 @@ CLI::App* add_forward_backward(CLI::App& app, brisk::cli::ForwardBackwardArgs& f
   return f;
 }
 
-CLI::App* add_estimate(CLI::App& app, brisk::cli::EstimateArgs& est, RunFlags& flags) {
+CLI::App* add_estimate(CLI::App& app, brisk::EstimateArgs& est, RunFlags& flags) {
   auto* e = app.add_subcommand("estimate",
                                "print the memory plan of a training run (train's options; "
                                "--device cuda plans a GPU run without a GPU)");
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
   add_run_options(t, flags);
   cli::ForwardBackwardArgs fb;
   CLI::App* f = add_forward_backward(app, fb);
-  cli::EstimateArgs est;
+  EstimateArgs est;
   CLI::App* e = add_estimate(app, est, flags);
   cli::TokenizeArgs tk;
   CLI::App* k = add_tokenize(app, tk);

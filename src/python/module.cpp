@@ -16,10 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
 #include "core/error.h"
 #include "core/switches.h"
 #include "parallel/launch.h"
+#include "eval/generate.h"
+#include "tokenizer/encode_lines.h"
+#include "tokenizer/tokenizer.h"
+#include "train/estimate.h"
 #include "train/options.h"
 #include "train/trainer.h"
 
@@ -220,23 +223,22 @@ std::string estimate(const std::string& text, const std::optional<nb::dict>& tok
                      int64_t world_size) {
   const brisk::TrainOptions o = options_of(text, true);
   const std::optional<brisk::TokenizedInput> rows = tokenized_of(tokenized);
-  brisk::cli::EstimateArgs args;
+  brisk::EstimateArgs args;
   args.world_size = world_size;
   args.tokenized = rows ? &*rows : nullptr;
   nb::gil_scoped_release released;
-  return brisk::cli::estimate(o, args).dump();
+  const brisk::Estimate e = brisk::plan_estimate(o, args);
+  brisk::print_estimate(e);
+  return brisk::estimate_json(e).dump();
 }
 
 std::vector<std::vector<int32_t>> tokenize(const std::string& tokenizer,
                                            const std::vector<std::string>& texts,
                                            bool add_special_tokens,
                                            const std::string& pair_separator) {
-  brisk::cli::TokenizeArgs args;
-  args.tokenizer = tokenizer;
-  args.add_special_tokens = add_special_tokens;
-  args.pair_separator = pair_separator;
   nb::gil_scoped_release released;
-  return brisk::cli::tokenize_texts(args, texts);
+  const std::unique_ptr<brisk::Tokenizer> tok = brisk::Tokenizer::load(tokenizer);
+  return brisk::encode_lines(*tok, {add_special_tokens, pair_separator}, texts);
 }
 
 // `brisk generate`'s continuation: {"text", "prompt_ids", "new_ids", "seconds", ...}.

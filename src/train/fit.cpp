@@ -417,7 +417,7 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
               ++refused;
               continue;
             }
-            out.push_back({t, data_ranks, needed, predicted_step_seconds(*run, model),
+            out.push_back({t, layout, data_ranks, needed, predicted_step_seconds(*run, model),
                            run->plan.bytes_by_category(), run->plan.overlaid_bytes()});
           }
         }

@@ -114,6 +114,7 @@ double tensor_token_bytes(const RunAssembly& run);
 
 struct FitCandidate {
   TrainOptions options;  // its tp_size and zero_stage: the layout
+  ParallelLayout layout;
   int data_ranks = 1;
   size_t needed = 0;
   double step_seconds = 0;
