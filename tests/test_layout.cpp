@@ -19,8 +19,8 @@ TEST(Layout, OneProcessHasEveryDimensionOff) {
   EXPECT_EQ(one.world(), 1);
   EXPECT_EQ(one.replicas(), 1);
   EXPECT_FALSE(one.model_parallel());
-  for (MeshDim d : {MeshDim::pipeline, MeshDim::data, MeshDim::sequence, MeshDim::tensor,
-                    MeshDim::expert})
+  for (MeshDim d :
+       {MeshDim::pipeline, MeshDim::data, MeshDim::sequence, MeshDim::tensor, MeshDim::expert})
     EXPECT_FALSE(one.on(d));
   EXPECT_EQ(one.sequence_multiple(), 1);
   EXPECT_EQ(one.str(), "tp 1 x dp 1 z0");
@@ -74,17 +74,29 @@ TEST(Layout, ExpertRunsDivideTheDataRanks) {
     EXPECT_EQ(l.place(r).replica, r / 2);
     EXPECT_EQ(l.place(r).data, r);
   }
-  expect_error([] { ParallelLayout(3, ParallelDegrees{1, 1, 1, 2, 0, false, {}}); },
-               "--ep_size 2 does not divide the 3 data-parallel ranks");
+  expect_error(
+      [] {
+        ParallelLayout(3, ParallelDegrees{1, 1, 1, 2, 0, false, {}});
+      },
+      "--ep_size 2 does not divide the 3 data-parallel ranks");
 }
 
 TEST(Layout, RefusalsNameTheOptionsAsGiven) {
-  expect_error([] { ParallelLayout(6, ParallelDegrees{2, 2, 1, 1, 0, false, {}}); },
-               "--tp_size 2 x --pp_size 2 = 4 does not divide the run's 6 ranks");
-  expect_error([] { ParallelLayout(1, ParallelDegrees{1, 1, 1, 1, 4, false, {}}); },
-               "--zero_stage must be 0, 1, 2 or 3, got 4");
-  expect_error([] { ParallelLayout(1, ParallelDegrees{-1, 1, 1, 1, 0, false, {}}); },
-               "--tp_size must lie in [0, 4096], got -1");
+  expect_error(
+      [] {
+        ParallelLayout(6, ParallelDegrees{2, 2, 1, 1, 0, false, {}});
+      },
+      "--tp_size 2 x --pp_size 2 = 4 does not divide the run's 6 ranks");
+  expect_error(
+      [] {
+        ParallelLayout(1, ParallelDegrees{1, 1, 1, 1, 4, false, {}});
+      },
+      "--zero_stage must be 0, 1, 2 or 3, got 4");
+  expect_error(
+      [] {
+        ParallelLayout(1, ParallelDegrees{-1, 1, 1, 1, 0, false, {}});
+      },
+      "--tp_size must lie in [0, 4096], got -1");
   expect_error([] { ParallelLayout(0, {}); }, "a run of 0 ranks");
   TrainOptions o;
   o.sp_size = 2;

@@ -734,8 +734,7 @@ TEST(Trainer, AutoFindBatchSizeFitsEveryPipelineStage) {
     TrainOptions t = o;
     t.per_device_train_batch_size = batch;
     t.gradient_accumulation_steps = 8 / batch;
-    return needed_bytes(assemble_run(t, kHostDevice, nullptr, nullptr, stage)->plan,
-                        unbounded);
+    return needed_bytes(assemble_run(t, kHostDevice, nullptr, nullptr, stage)->plan, unbounded);
   };
   ASSERT_GT(stage_need(8, 1), stage_need(8, 0));
   const MemoryBudget budget{kHostDevice, (stage_need(8, 0) + stage_need(8, 1)) / 2, 0,

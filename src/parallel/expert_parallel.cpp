@@ -106,9 +106,9 @@ class ExpertParallel final : public LayeredPolicy {
   // neighbouring parameters at once.
   void sum_over_experts(const std::vector<int>& params) {
     const Tensor& grads = inner().gradients();
-    for_each_held_run(
-        model_.params(), params, held_base(), grads.numel(),
-        [&](ElementRange r) { experts_.all_reduce_sum(element_range(grads, r.offset, r.count)); });
+    for_each_held_run(model_.params(), params, held_base(), grads.numel(), [&](ElementRange r) {
+      experts_.all_reduce_sum(element_range(grads, r.offset, r.count));
+    });
   }
 
   // Which expert rank holds each of the whole model's parameters (the shared ones: rank 0), and
@@ -127,7 +127,7 @@ class ExpertParallel final : public LayeredPolicy {
   }
 
   Communicator& experts_;
-  std::unique_ptr<Model> full_;  // the whole model's parameters (no buffers)
+  std::unique_ptr<Model> full_;                // the whole model's parameters (no buffers)
   std::vector<int> experts_of_rank_, shared_;  // this share's expert parameters, and the rest
   std::vector<std::vector<Placed>> placed_;    // by whole parameter (one tensor rank)
   std::vector<std::vector<int>> holders_;      // each expert rank's replicas

@@ -37,7 +37,7 @@ struct ParallelDegrees {
 struct RankPlace {
   int rank = 0;
   int stage = 0, data = 0, sequence = 0, tensor = 0;  // its mesh coordinates
-  int expert = 0;   // its place in its run of expert ranks
+  int expert = 0;                                     // its place in its run of expert ranks
   int replica = 0;  // its place among the replicas that hold the same parameters
 };
 
@@ -83,8 +83,7 @@ class ParallelLayout {
 
 // The share of the whole model of config `whole` that rank `at` holds: its tensor rank's heads
 // and width, its sequence rank's heads, its stage's blocks and its expert rank's experts.
-ModelConfig rank_share(const ModelConfig& whole, const ParallelLayout& layout,
-                       const RankPlace& at);
+ModelConfig rank_share(const ModelConfig& whole, const ParallelLayout& layout, const RankPlace& at);
 
 // The policy stack of a layout and the groups the model's layers exchange over (which the model
 // holds while it lives).

@@ -26,8 +26,8 @@ MeshShape mesh_shape(int world_size, int tp_size, int pp_size, int sp_size, int 
               " x --sp_size ", sp_size, " = ", model, " does not divide the run's ", world_size,
               " ranks");
   const auto data = static_cast<int>(world_size / model);
-  BRISK_CHECK(ep_size >= 1 && data % ep_size == 0, "--ep_size ", ep_size,
-              " does not divide the ", data, " data-parallel rank", data == 1 ? "" : "s");
+  BRISK_CHECK(ep_size >= 1 && data % ep_size == 0, "--ep_size ", ep_size, " does not divide the ",
+              data, " data-parallel rank", data == 1 ? "" : "s");
   MeshShape s;
   s.size = {pp_size, data, sp_size, tp_size};
   s.experts = ep_size;
@@ -77,9 +77,9 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape)
   first = coordinate_;
   first[data] = coordinate_[data] % ep;
   first[sequence] = 0;
-  expert_replicas_ = ep == 1 ? replicas_
-                             : &split(mesh_rank(shape, first), replica(),
-                                      int64_t{shape.size[data]} / ep * sp);
+  expert_replicas_ =
+      ep == 1 ? replicas_
+              : &split(mesh_rank(shape, first), replica(), int64_t{shape.size[data]} / ep * sp);
 }
 
 int DeviceMesh::coordinate(MeshDim d) const {

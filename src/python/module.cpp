@@ -18,8 +18,8 @@
 
 #include "core/error.h"
 #include "core/switches.h"
-#include "parallel/launch.h"
 #include "eval/generate.h"
+#include "parallel/launch.h"
 #include "tokenizer/encode_lines.h"
 #include "tokenizer/tokenizer.h"
 #include "train/estimate.h"

@@ -13,8 +13,7 @@ std::vector<int32_t> encode_line(const Tokenizer& tok, const LineEncoding& how,
                                  std::string_view line) {
   std::optional<std::string_view> pair;
   std::string_view first = line;
-  const size_t sep =
-      how.pair_separator.empty() ? std::string::npos : line.find(how.pair_separator);
+  const size_t sep = how.pair_separator.empty() ? std::string::npos : line.find(how.pair_separator);
   if (sep != std::string::npos) {
     first = line.substr(0, sep);
     pair = line.substr(sep + how.pair_separator.size());

@@ -244,8 +244,7 @@ Estimate plan_estimate(const TrainOptions& given, const EstimateArgs& args) {
                        e.layout.first_rank_of_stage(e.planned_stage));
   const RunAssembly& run = *e.run;
   if (e.layout.on(MeshDim::tensor)) e.tensor_parallel = tensor_parallel_report(e.layout, run);
-  if (e.layout.on(MeshDim::sequence))
-    e.sequence_parallel = sequence_parallel_report(e.layout, run);
+  if (e.layout.on(MeshDim::sequence)) e.sequence_parallel = sequence_parallel_report(e.layout, run);
   if (e.layout.on(MeshDim::expert)) e.expert_parallel = expert_parallel_report(e.layout, run);
   // The ranks that share ZeRO's partitions: under expert parallelism, those holding the same
   // experts.

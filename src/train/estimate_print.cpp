@@ -20,7 +20,9 @@ void print_overlaid(size_t overlaid) {
 
 namespace {
 
-std::string mib(double bytes) { return format_mib(static_cast<size_t>(bytes)); }
+std::string mib(double bytes) {
+  return format_mib(static_cast<size_t>(bytes));
+}
 
 // The run's first line: model, shape, precision, optimizer, device.
 void print_header(const Estimate& e) {
@@ -62,7 +64,8 @@ void print_tensor_parallel(const Estimate& e) {
       "tensor parallel over %lld ranks: each holds 1/%lld of every block's attention "
       "heads and MLP width and of the vocabulary (the plan is each rank's)\n",
       ranks, ranks);
-  const double bytes = j["sums_bytes_per_step"], tokens = j["gathered_and_scattered_bytes_per_step"];
+  const double bytes = j["sums_bytes_per_step"],
+               tokens = j["gathered_and_scattered_bytes_per_step"];
   if (tokens == 0)
     std::printf(
         "  sums over the tensor group per step: %s of activations and gradients (4 per "
@@ -389,7 +392,8 @@ void write_estimate_html(const Estimate& e, const std::string& path) {
   const MemoryPlan& plan = e.run->plan;
   const bool cuda = e.device == Device::cuda;
   const size_t fixed = cuda ? kCudaContextBytes : e.host_base;
-  const char* fixed_label = cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
+  const char* fixed_label =
+      cuda ? "GPU context, kernels, libraries" : "host: program and libraries";
   std::vector<MemoryBar> bars;
   if (e.fits.empty())
     bars.push_back(

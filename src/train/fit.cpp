@@ -317,8 +317,7 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double optimizer = 2 * states(Placement::device) / m.bandwidth +
                            2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
   return matmul + attention + k * L * m.layer_overhead * stage +
-         activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer +
-         communication_seconds(run, m);
+         activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer + communication_seconds(run, m);
 }
 
 namespace {

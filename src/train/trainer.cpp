@@ -31,12 +31,12 @@
 #include "parallel/mesh.h"
 #include "parallel/policy.h"
 #include "precision/mixed_precision.h"
-#include "report/memory_html.h"
-#include "report/tensorboard.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
 #include "train/deepspeed.h"
 #include "train/fit.h"
+#include "train/run_log.h"
+#include "train/run_outputs.h"
 #include "train/schedule.h"
 
 namespace brisk {
@@ -50,72 +50,6 @@ int64_t non_embedding_params(const ParameterSet& ps) {
     if (!p.embedding) n += p.full_shape().numel();  // a tensor rank counts the whole model's
   return n;
 }
-
-// The optimizer steps' progress on stderr. On a terminal: a bar redrawn in place with the rate and
-// the time left; a record written meanwhile goes above it (clear, write, redraw), as tqdm.write.
-// Off a terminal: a line after the first step, then one at most every 30 seconds, so that a log
-// file shows a live run long before logging_steps. Formats into fixed buffers: no allocation.
-class Progress {
- public:
-  enum class Mode { off, bar, lines };
-  void start(Mode mode, int64_t total, int64_t first_step) {
-    mode_ = mode;
-    total_ = std::max<int64_t>(total, 1);
-    first_ = first_step;
-    began_ = std::chrono::steady_clock::now();
-  }
-  void update(int64_t step, double loss) {
-    if (mode_ == Mode::off) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (mode_ == Mode::lines && step != first_ + 1 && now - last_line_ < std::chrono::seconds(30))
-      return;
-    const double elapsed = std::chrono::duration<double>(now - began_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(step - first_) / elapsed : 0;
-    char left[64], spent[64];
-    clock_text(spent, elapsed);
-    clock_text(left, rate > 0 ? static_cast<double>(total_ - step) / rate : 0);
-    if (mode_ == Mode::lines) {
-      last_line_ = now;
-      std::fprintf(stderr, "brisk: step %lld/%lld, %.2f steps/s, %s left, loss %.4f\n",
-                   static_cast<long long>(step), static_cast<long long>(total_), rate, left, loss);
-      return;
-    }
-    constexpr int kWidth = 30;
-    char bar[kWidth + 1];
-    std::fill(bar, bar + kWidth, ' ');
-    std::fill(bar, bar + kWidth * step / total_, '#');
-    bar[kWidth] = '\0';
-    std::snprintf(line_, sizeof line_, "[%s] %lld/%lld [%s<%s, %.2f it/s, loss %.4f]", bar,
-                  static_cast<long long>(step), static_cast<long long>(total_), spent, left, rate,
-                  loss);
-    redraw();
-    if (step == total_) {
-      std::fprintf(stderr, "\n");
-      line_[0] = '\0';
-    }
-  }
-  // Around a record written to the terminal.
-  void clear() const {
-    if (mode_ == Mode::bar && line_[0]) std::fprintf(stderr, "\r\033[K");
-  }
-  void redraw() const {
-    if (mode_ == Mode::bar && line_[0]) std::fprintf(stderr, "\r%s\033[K", line_);
-  }
-
- private:
-  // mm:ss, or h:mm:ss from an hour on.
-  static void clock_text(char (&out)[64], double seconds) {
-    const long long s = static_cast<long long>(std::min(seconds, 3.6e8));
-    if (s >= 3600)
-      std::snprintf(out, sizeof out, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
-    else
-      std::snprintf(out, sizeof out, "%02lld:%02lld", s / 60, s % 60);
-  }
-  Mode mode_ = Mode::off;
-  int64_t total_ = 1, first_ = 0;
-  std::chrono::steady_clock::time_point began_, last_line_;
-  char line_[1024] = "";
-};
 
 // The update after an optimizer step's micro-steps, decided on the device: the gradients' sum of
 // squares, then skip (non-finite loss or gradient) or the multiplier that folds clipping and
@@ -166,72 +100,6 @@ int64_t first_micro_batch(const TrainerState& state, const DataLoader& loader) {
   } catch (const Error& e) {
     throw Error(std::string("--resume_from_checkpoint: ") + e.what());
   }
-}
-
-// load_best_model_at_end: the evaluation's value of metric_for_best_model and whether it beats
-// the best so far (greater_is_better defaults to false for loss and perplexity, as transformers'
-// does for loss).
-struct BestModel {
-  std::string key;
-  bool greater = false;
-  explicit BestModel(const TrainOptions& o) {
-    const std::string& m = o.metric_for_best_model;
-    key = m == "perplexity" || m.rfind("eval_", 0) == 0 ? m : "eval_" + m;
-    greater = o.greater_is_better.empty() ? !(key == "eval_loss" || key == "perplexity")
-                                          : o.greater_is_better == "true";
-  }
-  double value(const nlohmann::json& metrics) const {
-    if (!metrics.contains(key) || !metrics[key].is_number()) {
-      std::string have;
-      for (const auto& [name, v] : metrics.items())
-        if (name.rfind("eval_", 0) == 0 || name == "perplexity") have += " " + name;
-      BRISK_FAIL("metric_for_best_model \"", excerpt(key),
-                 "\" is not among the evaluation's metrics:", have);
-    }
-    return metrics[key].get<double>();
-  }
-  bool better(double v, double best) const {
-    return std::isnan(best) || (greater ? v > best : v < best);
-  }
-};
-
-// The process's peak resident memory by phase of the run: the kernel's high-water mark is read
-// and reset at each change of phase, so the steps' own peak is known apart from the saves'.
-struct PeakPhases {
-  enum Phase { setup, steps, saves, done };
-  std::array<size_t, 3> peak{};
-  Phase current = setup;
-  PeakPhases() { reset_peak_rss(); }  // the peak reported is this run's
-  void enter(Phase next) {
-    peak[current] = std::max(peak[current], peak_rss_bytes());
-    reset_peak_rss();
-    current = next;
-  }
-  size_t overall() const { return *std::max_element(peak.begin(), peak.end()); }
-};
-
-// output_dir/memory.html: the plan by category, what lay outside it, and the measured peaks.
-void write_anatomy(const TrainOptions& o, const TrainSummary& s, const std::string& path) {
-  MemoryBar bar;
-  bar.label = "batch " + std::to_string(o.per_device_train_batch_size) + " x " +
-              std::to_string(o.gradient_accumulation_steps);
-  bar.planned = s.memory.planned;
-  bar.overlaid = s.memory.overlaid;
-  const bool gpu = s.memory.device_memory_used >= 0;
-  if (gpu) {
-    bar.fixed = static_cast<size_t>(std::max<int64_t>(0, s.memory.device_memory_before_arena));
-    bar.fixed_label = "GPU memory before the arena";
-    bar.measured = {{"GPU memory occupied", static_cast<size_t>(s.memory.device_memory_used)}};
-  } else {
-    bar.fixed = s.memory.rss_before_arena;
-    bar.fixed_label = "resident before the arena";
-    bar.measured = {{"process peak", s.memory.peak_rss},
-                    {"peak during steps", s.memory.peak_rss_steps}};
-  }
-  write_memory_html(path, "brisk memory anatomy: " + o.model_name_or_path,
-                    "device " + s.device + "; planned bytes by category, what lay outside the " +
-                        "plan, and the measured peaks (lines)",
-                    {bar});
 }
 
 // The RNG site of the stochastic rounding of bf16 weights without a master copy (dropout sites
@@ -365,103 +233,9 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
   return state;
 }
 
-// Stage 5: the memory anatomy, planned and measured.
-void summarize_memory(const Backend& be, const MemoryPlan& plan, const Arena& arena,
-                      const PeakPhases& peaks, TrainSummary& s) {
-  s.memory.planned = plan.bytes_by_category();
-  s.memory.overlaid = plan.overlaid_bytes();
-  s.memory.arena_bytes = arena.capacity();
-  s.memory.peak_rss = peaks.overall();
-  s.memory.peak_rss_steps = peaks.peak[PeakPhases::steps];
-  s.memory.peak_rss_saves = peaks.peak[PeakPhases::saves];
-  s.memory.device_memory_used = be.device_memory_used();
-}
 }  // namespace
 
-// --do_predict: predict_results.txt as run_glue writes it (index and label name per test row,
-// names from the config's id2label when it has them; for regression the number, as "{:3.3f}").
-// The data replicas of `comm` predict their shares; `lead` writes the file. In a run of one
-// process the rows go into *rows when it is given.
-nlohmann::json write_predictions(Backend& be, RunAssembly& run, const TrainOptions& o,
-                                 const LogSink& on_log, Communicator& comm, bool lead,
-                                 StagedForward* staged, EvaluatedRows* rows) {
-  const nlohmann::json id2label = run.config.source.value("id2label", nlohmann::json::object());
-  std::string out = "index\tprediction\n";
-  if (rows) rows->regression = run.config.regression;
-  nlohmann::json metrics = run.evaluator.run(
-      be, *run.model, *run.test_data, "predict",
-      [&](const Prediction& p) {
-        if (rows) rows->add(p);
-        out += std::to_string(p.index) + "\t";
-        if (run.config.regression) {
-          char number[64];
-          std::snprintf(number, sizeof number, "%.3f", static_cast<double>(p.value));
-          out += std::string(number) + "\n";
-          return;
-        }
-        const std::string id = std::to_string(p.label);
-        const bool named =
-            id2label.is_object() && id2label.contains(id) && id2label[id].is_string();
-        out += (named ? id2label[id].get<std::string>() : id) + "\n";
-      },
-      &comm, staged);
-  if (lead) write_file_atomically((fs::path(o.output_dir) / "predict_results.txt").string(), out);
-  on_log(metrics);
-  return metrics;
-}
-
 namespace {
-
-// What a run writes and shows as it goes: records to rank 0's log sink, the progress bar kept
-// below them, and (--report_to tensorboard) every record also as TensorBoard scalars at the step
-// it belongs to. Events that can no longer be written (a full disk) end with one warning; the run
-// goes on, and its saves report the disk as errors of their own.
-class RunLog {
- public:
-  RunLog(const LogSink& all_log, bool lead) : all_log_(all_log), lead_(lead) {}
-  // A record for the log alone (rank 0's).
-  void log(const nlohmann::json& rec) const {
-    if (lead_) all_log_(rec);
-  }
-  LogSink sink() const {
-    return [this](const nlohmann::json& rec) { log(rec); };
-  }
-  // As transformers' TensorBoardCallback at the start of training.
-  void open_events(const TrainOptions& o, const ModelConfig& config) {
-    events_ =
-        std::make_unique<EventWriter>(event_file_path(logging_dir(o), wall_time()), wall_time());
-    events_->text("args", options_to_json(o).dump(2), 0, wall_time());
-    events_->text("model_config", config.source.dump(2), 0, wall_time());
-    event(nlohmann::json::object(), 0);  // a warning of the three records above
-  }
-  // A record as TensorBoard scalars at `step`.
-  void event(const nlohmann::json& rec, int64_t step) {
-    if (!events_) return;
-    events_->log(rec, step, wall_time());
-    const std::string warning = events_->take_warning();
-    if (warning.empty()) return;
-    progress.clear();
-    log({{"warning", warning}});
-    progress.redraw();
-  }
-  // A record for the log, above the progress bar, and as events.
-  void report(const nlohmann::json& rec, int64_t step) {
-    progress.clear();
-    log(rec);
-    progress.redraw();
-    event(rec, step);
-  }
-  Progress progress;
-
- private:
-  static double wall_time() {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-  const LogSink& all_log_;
-  bool lead_;
-  std::unique_ptr<EventWriter> events_;
-};
 
 // What the stages after assembly share (train() makes it).
 struct RunContext {
@@ -891,9 +665,15 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   model.bind(arena);
   run->binder.bind(arena);
   // How the ranks share the model's work: the gradients' sums, the update, the saves.
-  ParallelRun parallel_run = make_parallel(
-      layout, {*be, dist, mesh, model, run->config, *run->precision, *run->optimizer, run->parallel,
-               {o.do_train, o.ddp_bucket_cap_mb}});
+  ParallelRun parallel_run = make_parallel(layout, {*be,
+                                                    dist,
+                                                    mesh,
+                                                    model,
+                                                    run->config,
+                                                    *run->precision,
+                                                    *run->optimizer,
+                                                    run->parallel,
+                                                    {o.do_train, o.ddp_bucket_cap_mb}});
   ParallelPolicy& parallel = *parallel_run.policy;
   // The micro-batches and evaluation's forward passes recorded and replayed where the device
   // and the model allow it.
@@ -907,8 +687,19 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   if (lead && reports_to_tensorboard(o)) log.open_events(o, run->config);
   Communicator* sequence_ranks =
       layout.on(MeshDim::sequence) ? &mesh.group(MeshDim::sequence) : nullptr;
-  RunContext c{o,     dist,  mesh.group(MeshDim::data), sequence_ranks, *be,   *run, parallel,
-               state, s,     peaks,                     log,            faults, events};
+  RunContext c{o,
+               dist,
+               mesh.group(MeshDim::data),
+               sequence_ranks,
+               *be,
+               *run,
+               parallel,
+               state,
+               s,
+               peaks,
+               log,
+               faults,
+               events};
   if (o.do_train) train_steps(c);
   s.parallel = parallel.statistics();
   for (const ParallelRun::Exchange& e : parallel_run.exchanges())
@@ -921,60 +712,6 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
               {{"ran", n.ran}, {"recorded", n.recorded}, {"replayed", n.replayed}}}});
   }
   return s;
-}
-
-std::vector<nlohmann::json> run_notes(const TrainOptions& o, bool data_given) {
-  std::vector<nlohmann::json> records;
-  if (!o.ignored_keys.empty()) records.push_back({{"options_without_effect", o.ignored_keys}});
-  std::vector<std::string> notes;
-  if (o.do_train && !data_given && !uses_text_files(o) && o.dataset == "synthetic")
-    notes.push_back("no data files given: training on synthetic data (" +
-                    std::to_string(o.dataset_size) + " random sequences of " +
-                    std::to_string(o.seq_len) +
-                    " tokens, the Hugging Face guides' dummy data); give --train_file to train "
-                    "on yours");
-  if (o.resume_from_checkpoint.empty() && is_builtin_config(o.model_name_or_path))
-    notes.push_back("'" + o.model_name_or_path +
-                    "' is brisk's built-in configuration of that architecture, from random "
-                    "weights (brisk downloads nothing: for pretrained weights, give a model "
-                    "folder)");
-  for (const std::string& note : notes) records.push_back({{"note", note}});
-  return records;
-}
-
-nlohmann::json train_metrics_json(const TrainSummary& s) {
-  return {{"train_runtime", s.train_runtime},
-          {"train_samples_per_second", s.train_samples_per_second},
-          {"train_steps_per_second", s.train_steps_per_second},
-          {"train_loss", s.train_loss},
-          {"total_flos", s.total_flos},
-          {"epoch", s.epoch}};
-}
-
-nlohmann::json summary_json(const TrainSummary& s) {
-  nlohmann::json planned = nlohmann::json::object();
-  for (int c = 0; c < kNumCategories; ++c)
-    planned[category_name(static_cast<Category>(c))] = s.memory.planned[c];
-  nlohmann::json j = train_metrics_json(s);
-  j.update(
-      nlohmann::json{{"global_step", s.global_step},
-                     {"memory",
-                      {{"planned_bytes", planned},
-                       {"overlaid_bytes", s.memory.overlaid},
-                       {"arena_bytes", s.memory.arena_bytes},
-                       {"rss_before_arena_bytes", s.memory.rss_before_arena},
-                       {"peak_rss_bytes", s.memory.peak_rss},
-                       {"peak_rss_steps_bytes", s.memory.peak_rss_steps},
-                       {"peak_rss_saves_bytes", s.memory.peak_rss_saves},
-                       {"device_memory_before_arena_bytes", s.memory.device_memory_before_arena},
-                       {"device_memory_used_bytes", s.memory.device_memory_used}}},
-                     {"device", s.device},
-                     {"ranks", s.ranks},
-                     {"communication_seconds", s.communication_seconds},
-                     {"communication_wait_seconds", s.communication_wait_seconds},
-                     {"auto_find_batch_size", s.auto_fit}});
-  for (const auto& [name, value] : s.parallel) j[name] = value;
-  return j;
 }
 
 }  // namespace brisk

@@ -367,8 +367,7 @@ TEST(SequenceParallel, ExchangedBytesAreTheEstimates) {
     o.sp_size = sp;
     o.gradient_checkpointing = checkpointing;
     const double measured = statistic_of_two_steps(o, &data, "sequence_all_to_all_bytes");
-    const double estimated =
-        sequence_step_bytes(*assemble_run(o, kHostDevice, nullptr, &data));
+    const double estimated = sequence_step_bytes(*assemble_run(o, kHostDevice, nullptr, &data));
     EXPECT_EQ(measured, 2 * estimated)  // two steps
         << "gradient_checkpointing " << checkpointing << ", bf16 " << bf16;
     // Float32 activations are exchanged as float32 throughout: 4 bytes a value.
