@@ -60,7 +60,7 @@ namespace {
 
 // The backend under test, as the model and trainer tests name it.
 std::unique_ptr<Backend> gpu_backend() {
-  return make_cuda_backend();
+  return make_cuda_backend(read_switches());
 }
 constexpr Device kGpu = Device::cuda;
 const char* const kGpuOption = "cuda";  // TrainOptions::device

@@ -862,7 +862,7 @@ TEST(OpsStoredBf16, SavedInputsReadAsTheFloat32TheyHold) {
       brisk::testing::set_switch("BRISK_CPU_PRODUCTS", "openblas");
     else
       brisk::testing::set_switch("BRISK_CPU_PRODUCTS", nullptr);
-    auto be = brisk::make_cpu_backend();
+    auto be = brisk::make_cpu_backend(brisk::read_switches());
     be->set_matmul_dtype(DType::bf16);
     // The activations and SwiGLU.
     const int R = 7, F = 37;

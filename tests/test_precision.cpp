@@ -248,7 +248,7 @@ struct ProductsBackend {
   explicit ProductsBackend(MatmulOperands operands) {
     if (openblas) set_switch("BRISK_CPU_PRODUCTS", "openblas");
     if (param == "onednn") set_switch("BRISK_CPU_PRODUCTS", "onednn");
-    be = make_cpu_backend();
+    be = make_cpu_backend(read_switches());
     be->set_matmul_dtype(bf16 ? DType::bf16 : DType::f32);
     be->plan_workspace(plan, binder, operands);  // the library decides the packing type
     set_switch("BRISK_CPU_PRODUCTS", nullptr);

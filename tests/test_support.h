@@ -26,13 +26,12 @@ namespace brisk::testing {
 // Heap allocations made through operator new so far (test_alloc_counter.cpp).
 size_t heap_allocations();
 
-// Sets (or, with nullptr, unsets) a measurement switch for what this process reads next.
+// Sets (or, with nullptr, unsets) a measurement switch for the next read_switches.
 inline void set_switch(const char* name, const char* value) {
   if (value)
     ::setenv(name, value, 1);
   else
     ::unsetenv(name);
-  forget_switches();
 }
 
 inline std::string fixture(const std::string& rel) {
@@ -88,7 +87,7 @@ struct LoadedModel {
               DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false,
               const std::function<void(ModelConfig&)>& configure = nullptr, uint64_t init_seed = 0,
               std::unique_ptr<Backend> backend = nullptr)
-      : be(backend ? std::move(backend) : make_backend(options.device)) {
+      : be(backend ? std::move(backend) : make_backend(options.device, read_switches())) {
     ModelConfig c = resolve_config(folder);
     if (masked_lm) use_masked_lm(c);
     if (configure) configure(c);

@@ -365,8 +365,8 @@ void Backend::check_padding_idx(int64_t padding_idx, int64_t rows, const char* o
               padding_idx, " is neither -1 (none) nor a row of the word table of ", rows, " rows");
 }
 
-std::unique_ptr<Backend> make_backend(Device device) {
-  return device == Device::cuda ? make_cuda_backend() : make_cpu_backend();
+std::unique_ptr<Backend> make_backend(Device device, const Switches& switches) {
+  return device == Device::cuda ? make_cuda_backend(switches) : make_cpu_backend(switches);
 }
 
 void check_param_slots(const std::vector<ParamSlot>* slots, int64_t n, const char* op) {

@@ -15,6 +15,7 @@
 #include "backend/workspace.h"
 #include "core/memory_plan.h"
 #include "core/rng.h"
+#include "core/switches.h"
 #include "core/tensor.h"
 
 namespace brisk {
@@ -678,15 +679,17 @@ class Backend {
   virtual void adamw_8bit_update(const AdamW8bitUpdate& u) = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend();
+// Each backend takes the run's measurement switches (core/switches.h; the defaults where none
+// are given) and keeps them.
+std::unique_ptr<Backend> make_cpu_backend(const Switches& switches = {});
 // The CUDA backend on the current GPU; throws a clear error when this build has no CUDA backend
 // or the machine has no usable GPU.
-std::unique_ptr<Backend> make_cuda_backend();
+std::unique_ptr<Backend> make_cuda_backend(const Switches& switches = {});
 // Whether make_cuda_backend can succeed here (a CUDA build and at least one GPU).
 bool cuda_available(std::string* why_not = nullptr);
 // The GPUs this process sees (0 without a usable driver or a CUDA build).
 int cuda_device_count();
-std::unique_ptr<Backend> make_backend(Device device);
+std::unique_ptr<Backend> make_backend(Device device, const Switches& switches = {});
 
 // Elements [first, first + count) of t as a flat tensor in t's memory.
 Tensor element_range(const Tensor& t, int64_t first, int64_t count);

@@ -3,7 +3,6 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "core/switches.h"
 
 namespace brisk {
 
@@ -58,24 +57,25 @@ DeviceTraits cuda_traits() {
   t.products_round_operands = false;
   // GPT-2 batch 32: the cast of 1.6 G logits' gradients a step and half of the loss's writes
   // (about 13 GB of memory traffic), for 206 MB of dlogits (not yet measured on a GPU).
-  // BRISK_BF16_HEAD_GRAD=0 keeps the float32 gradient, to compare.
-  t.head_grad_chunks = switched_off("BRISK_BF16_HEAD_GRAD") ? 0 : 1;
+  // BRISK_BF16_HEAD_GRAD=0 keeps the float32 gradient, to compare (PlanOptions::bf16_head_grad).
+  t.head_grad_chunks = 1;
   t.bf16_weights_copy = true;
   // cuBLASLt runs a product whose rows or columns are an odd vocabulary (GPT-2's 50257) on sm75
   // kernels: on an H100 the head's three products of 2048 rows took 3.9 ms against 0.8 ms at
   // 50304 (docs/benchmarks.md, "The LM head padded"). BRISK_PAD_HEAD=0 leaves it unpadded, to
-  // measure (scripts/gpu_check.sh mlm).
-  t.bf16_head_row_multiple = switched_off("BRISK_PAD_HEAD") ? 1 : 64;
-  // CUDA graphs of the micro-batches and evaluation passes: opt-in with BRISK_RECORDED_STEPS=1
-  // until measured on a GPU.
-  t.records_steps = switched_on("BRISK_RECORDED_STEPS");
+  // measure (scripts/gpu_check.sh mlm; PlanOptions::pad_head).
+  t.bf16_head_row_multiple = 64;
+  // CUDA graphs of the micro-batches and evaluation passes: the backend records them, a run opts
+  // in with BRISK_RECORDED_STEPS=1 until measured on a GPU (train's assembly).
+  t.records_steps = true;
   // The MLP activation's output rebuilt from fc_pre (one memory-bound pass over B x T x inner
   // bf16 values a block: at an H100's bandwidth ~2 ms of a bert-large batch 32 step; not measured):
   // 384 MiB of bert-large's plan at batch 4, 3 GiB at batch 32. The norms' outputs are kept
   // (rebuilding them reads the float32 residual stream: more time for less memory).
-  // BRISK_RECOMPUTE_ACTIVATION=0 keeps it, to measure (scripts/gpu_check.sh rebuild).
+  // BRISK_RECOMPUTE_ACTIVATION=0 keeps it, to measure (scripts/gpu_check.sh rebuild; train's
+  // assembly).
   t.recompute_norms = false;
-  t.recompute_activation = !switched_off("BRISK_RECOMPUTE_ACTIVATION");
+  t.recompute_activation = true;
   t.context_bytes = kCudaContextBytes;
   t.rates.fp32_flops = 50e12;
   t.rates.tf32_flops = 350e12;

@@ -53,9 +53,9 @@ struct DeviceTraits {
   // to a multiple of this (Backend::hold_padded_weight), and its logits' rows are that wide (the
   // padding columns take no probability and no gradient). 1: never padded.
   int64_t bf16_head_row_multiple = 1;
-  // Training's micro-batches (forward and backward) and evaluation's forward passes are recorded
-  // once and replayed (models/step_recorder.h), where the backend records work: planned as
-  // PlanOptions::held_step.
+  // The backend records work: training's micro-batches (forward and backward) and evaluation's
+  // forward passes may be recorded once and replayed (models/step_recorder.h), planned as
+  // PlanOptions::held_step where the run asks (Switches::recorded_steps).
   bool records_steps = false;
   // Bytes a process holds on the device before its arena, where nothing can be asked (a GPU's
   // context); 0 where the host's resident memory is measured instead.

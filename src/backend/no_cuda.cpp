@@ -12,7 +12,7 @@ int cuda_device_count() {
   return 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(const Switches&) {
   BRISK_FAIL(
       "--device cuda: this brisk was built without the CUDA toolkit; rebuild on a machine "
       "with nvcc, or use --device cpu");

@@ -9,9 +9,9 @@
 
 namespace brisk {
 
-DType product_dtype(Device device, DType compute) {
+DType product_dtype(Device device, DType compute, const std::string& cpu_products) {
   if (device == Device::cuda) return compute;
-  return compute == DType::bf16 && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+  return compute == DType::bf16 && cpu_has_bf16_products(cpu_products) ? DType::bf16 : DType::f32;
 }
 
 int64_t cpu_blocked_elements(int64_t rows, int64_t cols) {
@@ -57,13 +57,14 @@ void plan_weights_copy(DType dtype, const MatmulOperands& operands, MemoryPlan& 
 }  // namespace
 
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
-                            BufferBinder& binder, BackendWorkspace& ws) {
+                            BufferBinder& binder, BackendWorkspace& ws,
+                            const std::string& cpu_products) {
   const Category tmp = Category::temporaries;
   if (device == Device::cpu) {
     // bf16 operands: packed to bf16 for oneDNN's bf16 units, or without them rounded to bf16
     // values in float32 for a float32 product.
     if (product == DType::bf16) {
-      const DType packed = cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+      const DType packed = cpu_has_bf16_products(cpu_products) ? DType::bf16 : DType::f32;
       binder.declare(plan, &ws.operand_a, "backend.bf16_pack_a", tmp, packed, Shape{operands.a});
       binder.declare(plan, &ws.operand_b, "backend.bf16_pack_b", tmp, packed, Shape{operands.b});
       // The held weight: on bf16 units one copy per way products read it (B of x W^T and of

@@ -80,8 +80,8 @@ int64_t fused_attention_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t
 
 // The dtype the backend for `device` multiplies in for a run computing in `compute`: the GPU's
 // tensor cores take bf16 and fp16; the CPU multiplies bf16 on its matrix units where oneDNN finds
-// them and everything else in float32.
-DType product_dtype(Device device, DType compute);
+// them and everything else in float32 (`cpu_products`: Switches::cpu_products).
+DType product_dtype(Device device, DType compute, const std::string& cpu_products = "");
 
 // Elements of a rows x cols matrix in the blocked bf16 layouts oneDNN's kernels read B in (CPU),
 // at most: both sides padded by up to 64 (oneDNN 2.6 pads N to 64 and K to 32 on AVX-512 bf16
@@ -89,8 +89,10 @@ DType product_dtype(Device device, DType compute);
 int64_t cpu_blocked_elements(int64_t rows, int64_t cols);
 
 // Declares the workspace of the backend for `device` multiplying in `product` with operands of at
-// most `operands` values (on the CPU, bf16 means operands rounded to bf16, on bf16 units or not).
+// most `operands` values (on the CPU, bf16 means operands rounded to bf16, on bf16 units or not,
+// as `cpu_products` chooses: Switches::cpu_products).
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
-                            BufferBinder& binder, BackendWorkspace& ws);
+                            BufferBinder& binder, BackendWorkspace& ws,
+                            const std::string& cpu_products = "");
 
 }  // namespace brisk

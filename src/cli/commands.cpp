@@ -95,11 +95,12 @@ int run_train(const TrainOptions& options) {
 int run_forward_backward(const ForwardBackwardArgs& a) {
   ModelConfig config = resolve_config(a.config);
   auto model = Model::create(config);
-  auto be = make_cpu_backend();
+  auto be = make_cpu_backend(a.switches);
   SafetensorsFile batch_file(a.batch);
   MemoryPlan plan;
   const BatchShape shape = batch_shape_of(batch_file);
   PlanOptions options;
+  switch_paths(options, device_traits(Device::cpu), a.switches);
   options.logits_rows = shape.batch * shape.seq;  // written out whole, every row's
   options.labelled_rows_only = false;
   model->plan(plan, shape, options);

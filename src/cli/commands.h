@@ -19,6 +19,7 @@ struct ForwardBackwardArgs {
   bool dropout = false;
   uint64_t seed = 42;
   uint64_t step = 0;
+  Switches switches;  // the measurement switches the front door read (core/switches.h)
 };
 
 int run_train(const TrainOptions& options);

@@ -288,7 +288,9 @@ int main(int argc, char** argv) {
     return report_error(excerpt(err.what(), 1000));
   }
   try {
-    check_switches();  // a measurement switch set to a value it does not take, before any work
+    // The measurement switches, read (and checked) once before any work.
+    const Switches switches = read_switches();
+    flags.options.switches = fb.switches = gen.switches = switches;
     if (*t) return cli::run_train(flags.options);
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(flags.options, est);

@@ -1,89 +1,54 @@
-// The measurement switches (see switches.h): one table, each variable read once.
+// The measurement switches (see switches.h): one table, the only place they are read.
 #include "core/switches.h"
 
-#include <algorithm>
-#include <array>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 
 #include "core/error.h"
 
 namespace brisk {
 namespace {
 
-struct Switch {
-  const char* name;
-  const char* values;  // what it takes, as the message lists them
-};
-
-constexpr const char* kOnOff = "0 or 1";
-constexpr std::array kSwitches = {
-    Switch{"BRISK_ATTENTION_BF16_IO", kOnOff},
-    Switch{"BRISK_ATTENTION_DETERMINISTIC", kOnOff},
-    Switch{"BRISK_BF16_ACTIVATIONS", kOnOff},
-    Switch{"BRISK_BF16_ACTIVATION_GRADIENT", kOnOff},
-    Switch{"BRISK_BF16_HEAD_GRAD", kOnOff},
-    Switch{"BRISK_BF16_PRODUCT_OUTPUT", kOnOff},
-    Switch{"BRISK_CPU_PRODUCTS", "openblas or onednn"},
-    Switch{"BRISK_FUSED_ACTIVATION_GRADIENT", kOnOff},
-    Switch{"BRISK_FUSED_ATTENTION", kOnOff},
-    Switch{"BRISK_FUSED_RESIDUAL_NORM", kOnOff},
-    Switch{"BRISK_KEY_LENGTHS", kOnOff},
-    Switch{"BRISK_LABELLED_ROWS_ONLY", kOnOff},
-    Switch{"BRISK_PAD_HEAD", kOnOff},
-    Switch{"BRISK_RECOMPUTE_ACTIVATION", kOnOff},
-    Switch{"BRISK_RECORDED_STEPS", kOnOff},
-    Switch{"BRISK_UNMASKED_ATTENTION", kOnOff},
-};
-
-const Switch& find_switch(const std::string& name) {
-  const auto it = std::find_if(kSwitches.begin(), kSwitches.end(),
-                               [&](const Switch& s) { return name == s.name; });
-  BRISK_CHECK(it != kSwitches.end(), "internal: ", name, " is not a switch of core/switches.cpp");
-  return *it;
+// The variable's value: "" when unset; refused, naming it, unless one of `values` (a "0 or 1"
+// switch takes "0" and "1").
+std::string value_of(const char* name, const char* values) {
+  const char* v = std::getenv(name);
+  const std::string value = v ? v : "";
+  const bool on_off = std::string(values) == "0 or 1";
+  const bool taken = value.empty() || (on_off ? value == "0" || value == "1"
+                                              : value == "openblas" || value == "onednn");
+  BRISK_CHECK(taken, "environment variable ", name, "=", excerpt(value), ": the switch takes ",
+              values, " (or leave it unset)");
+  return value;
 }
-
-// Whether `value` is one the switch takes ("" is unset).
-bool takes(const Switch& s, const std::string& value) {
-  if (value.empty()) return true;
-  if (s.values == kOnOff) return value == "0" || value == "1";
-  return value == "openblas" || value == "onednn";
-}
-
-std::mutex g_mutex;
-std::map<std::string, std::string> g_read;  // each variable as first read
 
 }  // namespace
 
-const std::string& switch_value(const char* name) {
-  const std::lock_guard<std::mutex> lock(g_mutex);
-  std::map<std::string, std::string>& read = g_read;
-  const auto it = read.find(name);
-  if (it != read.end()) return it->second;
-  const Switch& s = find_switch(name);
-  const char* v = std::getenv(name);
-  const std::string value = v ? v : "";
-  BRISK_CHECK(takes(s, value), "environment variable ", name, "=", excerpt(value),
-              ": the switch takes ", s.values, " (or leave it unset)");
-  return read.emplace(name, value).first->second;
-}
-
-void forget_switches() {
-  const std::lock_guard<std::mutex> lock(g_mutex);
-  g_read.clear();
-}
-
-void check_switches() {
-  for (const Switch& s : kSwitches) switch_value(s.name);
-}
-
-bool switched_off(const char* name) {
-  return switch_value(name) == "0";
-}
-
-bool switched_on(const char* name) {
-  return switch_value(name) == "1";
+Switches read_switches() {
+  Switches s;
+  struct OnUnlessOff {
+    const char* name;
+    bool Switches::*field;
+  };
+  constexpr OnUnlessOff kOff[] = {
+      {"BRISK_ATTENTION_BF16_IO", &Switches::attention_bf16_io},
+      {"BRISK_ATTENTION_DETERMINISTIC", &Switches::attention_deterministic},
+      {"BRISK_BF16_ACTIVATIONS", &Switches::bf16_activations},
+      {"BRISK_BF16_ACTIVATION_GRADIENT", &Switches::bf16_activation_gradient},
+      {"BRISK_BF16_HEAD_GRAD", &Switches::bf16_head_grad},
+      {"BRISK_FUSED_ACTIVATION_GRADIENT", &Switches::fused_activation_gradient},
+      {"BRISK_FUSED_ATTENTION", &Switches::fused_attention},
+      {"BRISK_FUSED_RESIDUAL_NORM", &Switches::fused_residual_norm},
+      {"BRISK_KEY_LENGTHS", &Switches::key_lengths},
+      {"BRISK_LABELLED_ROWS_ONLY", &Switches::labelled_rows_only},
+      {"BRISK_PAD_HEAD", &Switches::pad_head},
+      {"BRISK_RECOMPUTE_ACTIVATION", &Switches::recompute_activation},
+      {"BRISK_UNMASKED_ATTENTION", &Switches::unmasked_attention},
+  };
+  for (const OnUnlessOff& o : kOff) s.*o.field = value_of(o.name, "0 or 1") != "0";
+  s.bf16_product_output = value_of("BRISK_BF16_PRODUCT_OUTPUT", "0 or 1") == "1";
+  s.recorded_steps = value_of("BRISK_RECORDED_STEPS", "0 or 1") == "1";
+  s.cpu_products = value_of("BRISK_CPU_PRODUCTS", "openblas or onednn");
+  return s;
 }
 
 }  // namespace brisk

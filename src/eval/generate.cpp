@@ -99,7 +99,7 @@ Generation generate(const GenerateOptions& o) {
   const int64_t max_tokens =
       prompt + std::min<int64_t>(o.max_new_tokens, config.max_position_embeddings - prompt);
   const Device device = device_named(o.device);
-  auto be = make_backend(device);
+  auto be = make_backend(device, o.switches);
   MemoryPlan plan;
   BufferBinder binder;
   PlanOptions weights_only;

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/switches.h"
+
 namespace brisk {
 
 struct GenerateOptions {
@@ -20,6 +22,7 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 42;
   std::string device = "auto";
+  Switches switches;  // the measurement switches the front door read (core/switches.h)
 };
 
 struct Generation {

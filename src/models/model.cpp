@@ -10,7 +10,6 @@
 #include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/random_init.h"
-#include "core/switches.h"
 #include "models/bert.h"
 #include "models/distilbert.h"
 #include "models/expert_weights.h"
@@ -295,6 +294,7 @@ BlockStyle Model::style(bool training) const {
   s.tensor_slices_tokens = slices_tokens();
   s.rebuilds_norms = options_.recompute_norms;
   s.rebuilds_activation = options_.recompute_activation;
+  s.fused_residual_norm = options_.fused_residual_norm;
   return s;
 }
 
@@ -369,10 +369,9 @@ bool Model::direct_saved_tensors(const Backend& be) const {
 }
 
 namespace {
-// Whether the host's attention mask [B, T] hides a key (a zero); BRISK_UNMASKED_ATTENTION=0: always
-// taken as hiding one, to compare.
-bool hides_keys(const Tensor& mask) {
-  static const bool skips = !switched_off("BRISK_UNMASKED_ATTENTION");
+// Whether the host's attention mask [B, T] hides a key (a zero); without `skips`
+// (PlanOptions::unmasked_attention) always taken as hiding one, to compare.
+bool hides_keys(const Tensor& mask, bool skips) {
   if (!skips || mask.empty()) return !mask.empty();
   const int32_t* m = mask.i32();
   return std::any_of(m, m + mask.numel(), [](int32_t v) { return v == 0; });
@@ -400,10 +399,9 @@ void Model::load_step(Backend& be) {
   validate_batch();
   prepare_batch();
   slice_inputs();
-  hides_keys_ = hides_keys(batch_.attention_mask);
-  static const bool counts_keys = !switched_off("BRISK_KEY_LENGTHS");
-  keys_right_padded_ =
-      counts_keys && hides_keys_ && right_padded_lengths(batch_.attention_mask, key_lengths_host_);
+  hides_keys_ = hides_keys(batch_.attention_mask, options_.unmasked_attention);
+  keys_right_padded_ = options_.key_lengths && hides_keys_ &&
+                       right_padded_lengths(batch_.attention_mask, key_lengths_host_);
   if (keys_right_padded_) be.upload(key_lengths_host_, key_lengths_);
   if (first_token() > 0) drop_sequence_labels();
   for (const auto& [host, device] : inputs_)

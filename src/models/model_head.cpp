@@ -41,7 +41,8 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight,
   if (!config_.last_stage()) return;  // a pipeline stage without the head
   const int64_t rows = s.batch * s.seq;
   lm_width_ = vocab_rows();
-  const int64_t multiple = device_traits(options_.device).bf16_head_row_multiple;
+  const int64_t multiple =
+      options_.pad_head ? device_traits(options_.device).bf16_head_row_multiple : 1;
   if (config_.tensor_ranks == 1 && options_.activation_dtype == DType::bf16)
     lm_width_ = checked_add(lm_width_, multiple - 1, "the logits' width") / multiple * multiple;
   const int64_t V = lm_width_;
@@ -62,7 +63,8 @@ void Model::declare_lm_logits(MemoryPlan& plan, const BatchShape& s, int weight,
   // DeviceTraits::head_grad_chunks chunks at a time (in runs that compute gradients). Decided for
   // the planned length: a shorter one (use_seq) declares the same buffers, this one however few
   // its rows.
-  const int64_t group = device_traits(options_.device).head_grad_chunks;
+  const int64_t group =
+      options_.bf16_head_grad ? device_traits(options_.device).head_grad_chunks : 0;
   if (!replanning_)
     lm_grouped_ = options_.gradients && options_.activation_dtype == DType::bf16 &&
                   (group > 1 ? rows > lm_chunk_rows_ : group == 1 && !biased);

@@ -84,6 +84,16 @@ struct PlanOptions {
   // A masked LM's decoder, in passes that compute gradients, over the labelled rows alone
   // (sparse prediction: the loss reads no other row); its logits are then not the batch's.
   bool labelled_rows_only = true;
+  // The paths a run may turn off to compare (core/switches.h, set by train's assembly): attention
+  // without the mask where a batch's mask hides no key; a right-padded mask's key counts; the
+  // residual add fused with its norm (BlockStyle::fused_residual_norm); a bf16 LM head padded to
+  // the device's row multiple (DeviceTraits::bf16_head_row_multiple) and its dlogits grouped
+  // (DeviceTraits::head_grad_chunks).
+  bool unmasked_attention = true;
+  bool key_lengths = true;
+  bool fused_residual_norm = true;
+  bool pad_head = true;
+  bool bf16_head_grad = true;
   // Pipeline parallelism: slots for this many micro-batches' stage inputs (stashed_input), which
   // the stage keeps from their forward to their backward.
   int stashed_inputs = 0;

@@ -3,8 +3,6 @@
 
 #include <algorithm>
 
-#include "core/switches.h"
-
 namespace brisk {
 
 namespace {
@@ -151,14 +149,6 @@ void residual_add(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
   });
 }
 
-// Whether a residual add and the norm after it (and their gradients) go in one backend call each:
-// BRISK_FUSED_RESIDUAL_NORM=0 makes them the separate calls (round_to, the norm, the dropout), to
-// compare.
-bool fuses_residual_norm() {
-  static const bool fused = !switched_off("BRISK_FUSED_RESIDUAL_NORM");
-  return fused;
-}
-
 // The gradient through norm n whose input was a residual sum (dy rounded to round_dy as it is
 // read, into dx, added to it where accumulate_dx), and that sum's residual branch's gradient
 // through its dropout (p, key): into tmp_buffer by the same backend call where the stream is
@@ -167,7 +157,7 @@ Tensor norm_backward_branch(Backend& be, const BlockStyle& st, const Tensor& dy,
                             const Backend::Norm& n, const Tensor& dx, bool accumulate_dx,
                             const Tensor& dgamma, const Tensor& dbeta, DType round_dy, float p,
                             const RngKey& key, const Tensor& tmp_buffer) {
-  if (!fuses_residual_norm()) {
+  if (!st.fused_residual_norm) {
     if (round_dy != DType::f32) be.round_to(round_dy, dy);
     be.norm_backward(dy, x, n, dx, accumulate_dx, dgamma, dbeta, DType::f32, {});
     return dropped(be, st, dx, p, key, tmp_buffer);
@@ -182,7 +172,7 @@ Tensor norm_backward_branch(Backend& be, const BlockStyle& st, const Tensor& dy,
 // one backend call (per_sequence's keys under sequence parallelism, each sequence's rows).
 void residual_norm(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& r, float p,
                    const RngKey& key, const Tensor& sum, const Backend::Norm& n, const Tensor& y) {
-  if (!fuses_residual_norm()) {
+  if (!st.fused_residual_norm) {
     residual_add(be, st, x, r, p, key, sum);
     be.norm_forward(sum, n, y);
     return;

@@ -39,6 +39,10 @@ class SparseMlp {
 
 struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
+  // A residual add and the norm after it (and their gradients) in one backend call each; off
+  // (PlanOptions::fused_residual_norm) they are separate calls (round_to, the norm, the dropout),
+  // to compare.
+  bool fused_residual_norm = true;
   bool causal = false;
   WeightLayout layout = WeightLayout::out_in;
   Activation activation = Activation::gelu;

@@ -34,8 +34,8 @@ namespace {
 // The options a JSON object of TrainingArguments names gives, validated; caller_metrics: a
 // compute_metrics adds metrics that metric_for_best_model may name.
 brisk::TrainOptions options_of(const std::string& text, bool caller_metrics) {
-  brisk::check_switches();
   brisk::TrainOptions o;
+  o.switches = brisk::read_switches();  // the measurement switches, read once for the call
   brisk::apply_options_json(o, nlohmann::json::parse(text), "TrainingArguments");
   o.caller_metrics = caller_metrics;
   brisk::validate_options(o);
@@ -243,9 +243,9 @@ std::vector<std::vector<int32_t>> tokenize(const std::string& tokenizer,
 
 // `brisk generate`'s continuation: {"text", "prompt_ids", "new_ids", "seconds", ...}.
 std::string generate(const std::string& text) {
-  brisk::check_switches();
   const nlohmann::json j = nlohmann::json::parse(text);
   brisk::GenerateOptions g;
+  g.switches = brisk::read_switches();
   g.model_name_or_path = j.at("model").get<std::string>();
   g.prompt = j.at("prompt").get<std::string>();
   g.max_new_tokens = j.value("max_new_tokens", g.max_new_tokens);

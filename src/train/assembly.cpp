@@ -163,7 +163,7 @@ void assemble_precision(RunAssembly& r, int replicas) {
                           MixedPrecision::float32_weights_on(computes_with_float32_weights(traits),
                                                              compute, o.bf16_master_weights));
   r.weights_copy = weights_copy(o, traits, r.parallel.offload, replicas);
-  r.product = product_dtype(r.device, r.precision->compute_dtype());
+  r.product = product_dtype(r.device, r.precision->compute_dtype(), o.switches.cpu_products);
   r.optimizer = make_optimizer(optimizer_config(o));
   if (r.parallel.offload) {
     r.precision->offload_master();
@@ -205,7 +205,7 @@ void plan_products(RunAssembly& r, Backend* backend) {
     backend->plan_workspace(r.plan, r.binder, max_operands);
   else
     plan_backend_workspace(r.device, product_operands(r), max_operands, r.plan, r.binder,
-                           r.workspace);
+                           r.workspace, r.options.switches.cpu_products);
 }
 
 // Whether every optimizer step is one micro-batch (no accumulation, no pipeline's): its
@@ -215,6 +215,18 @@ bool one_micro_batch(const TrainOptions& o) {
 }
 
 }  // namespace
+
+void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s) {
+  p.recompute_norms = traits.recompute_norms;
+  p.recompute_activation = traits.recompute_activation && s.recompute_activation;
+  p.labelled_rows_only = s.labelled_rows_only;
+  p.held_step = traits.records_steps && s.recorded_steps;
+  p.unmasked_attention = s.unmasked_attention;
+  p.key_lengths = s.key_lengths;
+  p.fused_residual_norm = s.fused_residual_norm;
+  p.pad_head = s.pad_head;
+  p.bf16_head_grad = s.bf16_head_grad;
+}
 
 TrainOptions resolve_options(const TrainOptions& given, int ranks,
                              std::vector<std::string>* ignored) {
@@ -341,16 +353,12 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   configure_products(r, backend);
   PlanOptions model_options{o.gradient_checkpointing, r.precision->compute_dtype(), device,
                             o.selective_recompute};
-  model_options.recompute_norms = device_traits(device).recompute_norms;
-  model_options.recompute_activation = device_traits(device).recompute_activation;
+  switch_paths(model_options, device_traits(device), o.switches);
   model_options.recompute_block_inputs = true;
   model_options.gradients_over_activations = one_micro_batch(o);
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(r);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
-  // BRISK_LABELLED_ROWS_ONLY=0: a masked LM decodes every row in training too, to compare.
-  model_options.labelled_rows_only = !switched_off("BRISK_LABELLED_ROWS_ONLY");
-  model_options.held_step = device_traits(device).records_steps;
   if (!model_options.gradients) {
     // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
     // checkpointing lays them out (the same forward, bit for bit).

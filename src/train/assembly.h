@@ -27,6 +27,11 @@
 
 namespace brisk {
 
+// The paths the device takes and the run's measurement switches leave on, into the model's plan
+// options (core/switches.h: a masked LM decoding every row in training too, the MLP activation
+// kept, ... to compare).
+void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s);
+
 // The options every part of a run reads, resolved once, in two steps. resolve_options: the given
 // options validated, a DeepSpeed config (--deepspeed) applied for `ranks` processes (its keys
 // without effect into `ignored`), and the result validated. resolve_checkpoint, once output_dir

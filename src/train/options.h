@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/switches.h"
 #include "optim/optimizer.h"
 #include "parallel/layout.h"
 #include "train/schedule.h"
@@ -165,6 +166,10 @@ struct TrainOptions {
   // metric_for_best_model may name one of those, found when the first evaluation ends. Not an
   // option (no flag or key sets it).
   bool caller_metrics = false;
+  // Not an option: the environment's measurement switches (core/switches.h), read once by the
+  // front door (the CLI, the Python module) and passed down with the options; the defaults
+  // where none reads them (tests).
+  Switches switches;
 };
 
 // Calls v(name, field, help) for every option, in a stable order.

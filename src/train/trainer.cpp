@@ -625,7 +625,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   const bool lead = dist.rank() == 0;
   RunLog log(all_log, lead);
   if (!deepspeed_ignored.empty()) log.log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
-  auto be = make_backend(device);
+  auto be = make_backend(device, options.switches);
   // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
     Communicator& comm;

@@ -5,8 +5,8 @@
 
 namespace brisk {
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_cpu_backend(const Switches& switches) {
+  return std::make_unique<CpuBackend>(switches.cpu_products);
 }
 
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op) {

@@ -15,7 +15,12 @@ namespace brisk {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend() { set_matmul_dtype(DType::f32); }
+  // `products`: the library every product goes to, "openblas" (float32 even where oneDNN has
+  // kernels, bf16 operands rounded first) or "onednn" (float32 products wherever it has kernels)
+  // to compare the two or override the default choice; "" chooses (Switches::cpu_products).
+  explicit CpuBackend(std::string products = "") : products_(std::move(products)) {
+    set_matmul_dtype(DType::f32);
+  }
   Device device() const override { return Device::cpu; }
   std::string name() const override { return "cpu"; }
   void set_matmul_dtype(DType dtype) override;
@@ -187,6 +192,7 @@ class CpuBackend : public Backend {
   // Whether attention's products run on bf16 units (bf16 mode on a CPU that has them), with an
   // instance for every thread of the next parallel region.
   bool prepare_attention_products();
+  std::string products_;        // the library forced for the products, or "" (the constructor)
   bool bf16_operands_ = false;  // the matmul dtype is bf16: operands rounded to it
   // Attention's float32 products on brisk's float32 tiles (an AVX-512 build where
   // BRISK_CPU_PRODUCTS names no library when the products' type is set), else on the library.

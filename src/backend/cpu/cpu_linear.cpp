@@ -58,11 +58,10 @@ bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd, bool 
 }
 
 namespace {
-// float32_rule_prefers_onednn for this CPU and this OpenBLAS, unless BRISK_CPU_PRODUCTS overrides
-// it.
-bool float32_products_by_onednn() {
-  if (cpu_products_by_openblas() || !DnnlMatmul::available(DType::f32)) return false;
-  if (cpu_products_by_onednn()) return true;
+// float32_rule_prefers_onednn for this CPU and this OpenBLAS, unless `forced` names the library.
+bool float32_products_by_onednn(const std::string& forced) {
+  if (forced == "openblas" || !DnnlMatmul::available(DType::f32)) return false;
+  if (forced == "onednn") return true;
   return float32_rule_prefers_onednn(openblas_get_corename(), __builtin_cpu_supports("avx512f"),
                                      __builtin_cpu_is("amd"), DnnlMatmul::has_amx());
 }
@@ -74,12 +73,12 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
   // bf16 operands on oneDNN's bf16 units, or without them rounded to bf16 values and multiplied
   // in float32 (by oneDNN or OpenBLAS, as float32 products are).
   bf16_operands_ = dtype == DType::bf16;
-  f32_attention_tiles_ =
-      cpu_f32_tiles_available() && !cpu_products_by_openblas() && !cpu_products_by_onednn();
-  const DType library = bf16_operands_ && cpu_has_bf16_products() ? DType::bf16 : DType::f32;
+  f32_attention_tiles_ = cpu_f32_tiles_available() && products_.empty();
+  const DType library =
+      bf16_operands_ && cpu_has_bf16_products(products_) ? DType::bf16 : DType::f32;
   // Attention's per-thread instances follow dnnl_'s type (prepare_attention_products makes them).
   if (!dnnl_ || dnnl_->dtype() != library) attention_dnnl_.clear();
-  if (library == DType::f32 && !float32_products_by_onednn()) {
+  if (library == DType::f32 && !float32_products_by_onednn(products_)) {
     dnnl_.reset();
     return;
   }
@@ -88,7 +87,7 @@ void CpuBackend::set_matmul_dtype(DType dtype) {
 
 void CpuBackend::plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) {
   plan_backend_workspace(Device::cpu, bf16_operands_ ? DType::bf16 : DType::f32, operands, plan,
-                         binder, ws_);
+                         binder, ws_, products_);
 }
 
 void CpuBackend::hold_weight(const Tensor& w) {

@@ -11,7 +11,6 @@
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_tiles.h"
 #include "core/error.h"
-#include "core/switches.h"
 
 #ifdef BRISK_HAVE_DNNL
 #include <map>
@@ -26,26 +25,14 @@ namespace brisk {
 
 namespace {
 std::atomic<uint64_t> g_calls{0};
-
-bool products_env_is(const char* library) {
-  return switch_value("BRISK_CPU_PRODUCTS") == library;
-}
 }  // namespace
-
-bool cpu_products_by_openblas() {
-  return products_env_is("openblas");
-}
-
-bool cpu_products_by_onednn() {
-  return products_env_is("onednn");
-}
 
 uint64_t DnnlMatmul::calls() {
   return g_calls.load(std::memory_order_relaxed);
 }
 
-bool cpu_has_bf16_products() {
-  return !cpu_products_by_openblas() && DnnlMatmul::available(DType::bf16);
+bool cpu_has_bf16_products(const std::string& forced) {
+  return forced != "openblas" && DnnlMatmul::available(DType::bf16);
 }
 
 namespace {

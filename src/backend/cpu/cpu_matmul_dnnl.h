@@ -15,19 +15,15 @@
 
 namespace brisk {
 
-// BRISK_CPU_PRODUCTS=openblas: every product by OpenBLAS in float32 even where oneDNN has kernels
-// (bf16 operands rounded first); =onednn: float32 products by oneDNN wherever it has kernels.
-// Either compares the two libraries or overrides the default choice (see CpuBackend).
-bool cpu_products_by_openblas();
-bool cpu_products_by_onednn();
 // The float32 library rule (cpu_linear.cpp): whether float32 products go to oneDNN rather than
 // OpenBLAS on a CPU with or without AVX-512 (`avx512f`), made by AMD or not, with or without AMX
 // (`amx`), whose OpenBLAS runs the kernels named `core` (openblas_get_corename(), any case).
-// Without an override (BRISK_CPU_PRODUCTS) and where oneDNN has float32 kernels.
+// Without an override (Switches::cpu_products) and where oneDNN has float32 kernels.
 bool float32_rule_prefers_onednn(std::string core, bool avx512f, bool amd, bool amx);
 // Whether bf16 products run on oneDNN's bf16 kernels (else their operands are rounded to bf16
-// values and multiplied in float32).
-bool cpu_has_bf16_products();
+// values and multiplied in float32): where oneDNN has them, unless `forced` is "openblas"
+// (Switches::cpu_products).
+bool cpu_has_bf16_products(const std::string& forced = "");
 
 // The rows x cols operand at `src` (float32 or bf16, row stride ld) rounded to bf16 into `dst`
 // at the same places: packed bf16 when dst is bf16 (oneDNN's bf16 products), float32 holding

@@ -85,7 +85,7 @@ cuda::AdamWArgs adamw_args(float lr, float beta1, float beta2, float eps, float 
 }
 }  // namespace
 
-CudaBackend::CudaBackend() : stores_bf16_outputs_(switched_on("BRISK_BF16_PRODUCT_OUTPUT")) {
+CudaBackend::CudaBackend(const Switches& switches) : switches_(switches) {
   check_cuda(cudaGetDevice(&device_index_), "cudaGetDevice");
   check_cuda(cudaGetDeviceProperties(&props_, device_index_), "cudaGetDeviceProperties");
   BRISK_CHECK(props_.major >= 8, "--device cuda: ", props_.name, " (compute capability ",
@@ -192,8 +192,7 @@ std::unique_ptr<RecordedWork> CudaBackend::record(const std::function<void()>& w
 // ---- 16-bit activations ----
 
 bool CudaBackend::bf16_activations(DType dtype) const {
-  static const bool wanted = !switched_off("BRISK_BF16_ACTIVATIONS");
-  return wanted && dtype == DType::bf16 && matmul_dtype_ == DType::bf16;
+  return switches_.bf16_activations && dtype == DType::bf16 && matmul_dtype_ == DType::bf16;
 }
 
 cuda::In CudaBackend::dev_in(const Tensor& t, const char* what) const {
@@ -636,8 +635,7 @@ void CudaBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows,
 // ---- attention ----
 
 bool CudaBackend::keeps_attention_dtype(const cuda::FusedAttentionShape& s) const {
-  static const bool wanted = !switched_off("BRISK_ATTENTION_BF16_IO");
-  return wanted && bf16_activations(s.dtype);
+  return switches_.attention_bf16_io && bf16_activations(s.dtype);
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal,

@@ -43,7 +43,7 @@ struct Epilogue {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();
+  explicit CudaBackend(const Switches& switches);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -90,7 +90,7 @@ class CudaBackend final : public Backend {
   // where its values are bf16 ones (a bf16 run keeping a 16-bit compute copy, not one computing
   // with float32 weights).
   bool stores_product_output(DType dtype) const override {
-    return stores_bf16_outputs_ && bf16_activations(dtype);
+    return switches_.bf16_product_output && bf16_activations(dtype);
   }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
@@ -319,8 +319,8 @@ class CudaBackend final : public Backend {
   // cuBLASLt's workspace lent as float32 scratch between products (cuda_column_sums.cuh).
   cuda::ColumnScratch column_scratch();
   bool tf32_ = false;
-  bool stores_bf16_outputs_;  // BRISK_BF16_PRODUCT_OUTPUT=1
-  BackendWorkspace ws_;       // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
+  Switches switches_;    // the run's measurement switches (core/switches.h)
+  BackendWorkspace ws_;  // cuBLASLt's workspace, 16-bit operands, ones, optimizer scratch
   bool ones_ready_ = false;
   const float* held_ = nullptr;  // the held weight (its copy: ws_.held_weight), or null
   WeightsCopy weights_copy_;     // the held weights (hold_weights)

@@ -16,11 +16,6 @@ namespace brisk {
 
 namespace {
 
-// BRISK_FUSED_ATTENTION=0 keeps the float32 kernels (to compare the two).
-bool fused_attention_wanted() {
-  static const bool wanted = !switched_off("BRISK_FUSED_ATTENTION");
-  return wanted;
-}
 // Bytes of the mask at the start of the attention workspace (the bias, or a padded shape's
 // queries per row), rounded up to 256.
 int64_t mask_bytes(const cuda::FusedAttentionShape& s) {
@@ -46,7 +41,8 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
                                                                       const KeyMask& mask,
                                                                       bool causal, float scale,
                                                                       float dropout_p) const {
-  if (matmul_dtype_ == DType::f32 || !fused_attention_wanted()) return std::nullopt;
+  // Switches::fused_attention off keeps the float32 kernels (to compare the two).
+  if (matmul_dtype_ == DType::f32 || !switches_.fused_attention) return std::nullopt;
   // 16-bit q, k, v and output in A's buffer, their gradients in B's; the seed in the attention
   // scratch (float32 [B,H,T]); the bias and cuDNN's workspace in the attention workspace.
   const int64_t staged = d.B * d.T * (d.C + d.K * d.D * 2 + d.C);
@@ -58,6 +54,7 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
   shape.padded = !mask.lengths.empty();
   shape.causal = causal, shape.masked = !mask.empty() && !shape.padded;
   shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
+  shape.deterministic_first = switches_.attention_deterministic;
   int64_t workspace = 0;
   if (!cuda::fused_attention_supported(shape, nullptr, &workspace) ||
       mask_bytes(shape) + workspace > static_cast<int64_t>(ws_.attention_workspace.bytes()))

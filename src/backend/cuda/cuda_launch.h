@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "core/switches.h"
 
 namespace brisk::cuda {
 

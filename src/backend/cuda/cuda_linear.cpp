@@ -7,7 +7,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
-#include "core/switches.h"
 
 namespace brisk {
 
@@ -331,15 +330,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
 
 bool CudaBackend::bf16_activation_gradient(const Tensor& x, const Tensor& pre, DType round,
                                            const Tensor& dx) const {
-  static const bool wanted = !switched_off("BRISK_BF16_ACTIVATION_GRADIENT");
-  return wanted && round == DType::bf16 && bf16_activations(DType::bf16) &&
-         pre.dtype() == DType::bf16 && x.rank() > 0 && pre.numel() == x.numel() &&
-         dx.numel() == x.numel() && dx.dtype() == DType::f32;
+  return switches_.bf16_activation_gradient && round == DType::bf16 &&
+         bf16_activations(DType::bf16) && pre.dtype() == DType::bf16 && x.rank() > 0 &&
+         pre.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype() == DType::f32;
 }
 
 bool CudaBackend::fuses_activation_gradient(Activation kind, const Tensor& x) const {
-  static const bool fused = !switched_off("BRISK_FUSED_ACTIVATION_GRADIENT");
-  return fused && kind == Activation::gelu_tanh && x.dim(-1) % 8 == 0;
+  return switches_.fused_activation_gradient && kind == Activation::gelu_tanh && x.dim(-1) % 8 == 0;
 }
 
 Tensor CudaBackend::linear_activation_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

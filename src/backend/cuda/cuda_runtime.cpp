@@ -31,11 +31,11 @@ int cuda_device_count() {
   return count;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(const Switches& switches) {
   std::string why;
   BRISK_CHECK(cuda_available(&why), "--device cuda: no usable GPU here (", why,
               "); use --device cpu");
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(switches);
 }
 
 int64_t CudaBackend::device_memory_free() const {

@@ -254,9 +254,9 @@ Entry make_entry(const FusedAttentionShape& s) {
     e.forward = forward_graph(s, io);
     std::string why = build(*e.forward, lib.handle);
     if (why.empty()) {
-      // Deterministic first (the same bits run after run), then cuDNN's fastest;
-      // BRISK_ATTENTION_DETERMINISTIC=0 tries the fastest first (to compare the two).
-      const bool first = !switched_off("BRISK_ATTENTION_DETERMINISTIC");
+      // Deterministic first (the same bits run after run), then cuDNN's fastest, unless the
+      // shape asks for the fastest first (to compare the two).
+      const bool first = s.deterministic_first;
       e.backward = backward_graph(s, io, first);
       why = build(*e.backward, lib.handle);
       if (!why.empty()) {

@@ -25,6 +25,9 @@ struct FusedAttentionShape {
   float scale = 1.0f;
   float dropout_p = 0.0f;
   DType dtype = DType::bf16;  // of q, k, v, the output and their gradients
+  // Backward: cuDNN's deterministic plan tried first (the same bits run after run), else its
+  // fastest (Switches::attention_deterministic).
+  bool deterministic_first = true;
   bool operator==(const FusedAttentionShape&) const = default;
 };
 
