@@ -117,7 +117,7 @@ void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor&
   const bool first = config_.tensor_rank == 0;
   be.embedding_forward(ids, w(word), first ? pos : Tensor(), first ? type_ids : Tensor(),
                        first ? types : Tensor(), out, vocab_shard());
-  tensor_group_->all_reduce_sum(be, out);
+  parallelism_.tensor->all_reduce_sum(be, out);
 }
 
 void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor& ids,
@@ -289,8 +289,8 @@ BlockStyle Model::config_block_style(bool training) const {
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
-  s.tensor_group = tensor_group_;
-  s.sequence_group = sequence_group_;
+  s.tensor_group = parallelism_.tensor;
+  s.sequence_group = parallelism_.sequence;
   s.tensor_slices_tokens = slices_tokens();
   s.rebuilds_norms = options_.recompute_norms;
   s.rebuilds_activation = options_.recompute_activation;
@@ -300,7 +300,7 @@ BlockStyle Model::style(bool training) const {
 
 void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& key, const Tensor& y,
                           bool backward) const {
-  per_sequence(token_slice(sequence_group_), x, key, [&](auto view, const RngKey& k) {
+  per_sequence(token_slice(parallelism_.sequence), x, key, [&](auto view, const RngKey& k) {
     if (backward)
       be.dropout_backward(view(x), p, k, view(y));
     else
@@ -390,11 +390,11 @@ void Model::forward_step(Backend& be, const StepOptions& o) {
 }
 
 void Model::load_step(Backend& be) {
-  BRISK_CHECK(config_.tensor_ranks == 1 || tensor_group_ != nullptr,
+  BRISK_CHECK(config_.tensor_ranks == 1 || parallelism_.tensor != nullptr,
               "internal error: a tensor-parallel share runs without its group");
-  BRISK_CHECK(config_.sequence_ranks == 1 || sequence_group_ != nullptr,
+  BRISK_CHECK(config_.sequence_ranks == 1 || parallelism_.sequence != nullptr,
               "internal error: a sequence-parallel share runs without its group");
-  BRISK_CHECK(config_.moe.expert_ranks == 1 || expert_group_ != nullptr,
+  BRISK_CHECK(config_.moe.expert_ranks == 1 || parallelism_.experts != nullptr,
               "internal error: an expert-parallel share runs without its group");
   validate_batch();
   prepare_batch();
@@ -434,7 +434,7 @@ void Model::forward_compute(Backend& be, const StepOptions& o) {
     need_weights(embeddings, end - first);  // the first block on its way while they compute
     embed_forward(be, o);
     if (slices_tokens())  // every rank holds the same embeddings: its own tokens of them
-      slice_tokens(be, tokens_, hidden_[static_cast<size_t>(first)], tensor_group_->rank());
+      slice_tokens(be, tokens_, hidden_[static_cast<size_t>(first)], parallelism_.tensor->rank());
   }
   for (int l = first; l < end; ++l) {
     need_weights(end - l, end - l - 1);  // then the next block's, or after the last the head's
@@ -447,7 +447,7 @@ void Model::forward_compute(Backend& be, const StepOptions& o) {
   need_weights(0, tied ? embeddings : -1);
   if (tied) need_weights(embeddings, -1);
   if (slices_tokens())
-    gather_tokens(be, *tensor_group_, hidden_[static_cast<size_t>(end)], tokens_,
+    gather_tokens(be, *parallelism_.tensor, hidden_[static_cast<size_t>(end)], tokens_,
                   scratch_.token_exchange);
   head_forward(be, o);
 }
@@ -480,7 +480,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   if (config_.last_stage()) {  // else d_hidden_ holds the output's gradient
     head_backward(be, o);
     // Every rank's head computes the same input gradient: its own tokens of it.
-    if (slices_tokens()) slice_tokens(be, d_tokens_, d_hidden_, tensor_group_->rank());
+    if (slices_tokens()) slice_tokens(be, d_tokens_, d_hidden_, parallelism_.tensor->rank());
   }
   report(0);
   // Segments as forward_step numbers them.
@@ -526,7 +526,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   if (config_.first_stage()) {
     if (embeddings_read) need_weights(embeddings, -1);
     if (slices_tokens())
-      gather_tokens(be, *tensor_group_, d_hidden_, d_tokens_, scratch_.token_exchange);
+      gather_tokens(be, *parallelism_.tensor, d_hidden_, d_tokens_, scratch_.token_exchange);
     if (grads_over_blocks_ && o.first_micro_batch && embeddings_over_blocks()) {
       zero_accumulated_grads(be, segments_.back());
       if (tied_apart_ >= 0) be.copy(tied_head_grad_, g(tied_apart_));

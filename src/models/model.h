@@ -29,6 +29,22 @@
 
 namespace brisk {
 
+// The groups a model's share of a parallel layout runs in; none (nullptr) where the layout does
+// not split the model that way.
+struct ModelParallelism {
+  // Tensor parallelism (config().tensor_ranks ranks): the blocks sum their partial products over
+  // it; under Megatron's sequence parallelism the residual stream holds this rank's slice of the
+  // tokens.
+  TensorGroup* tensor = nullptr;
+  // Sequence parallelism (config().sequence_ranks ranks, sequence_parallel.h): the batch the
+  // loader writes holds whole sequences; the model computes on its rank's tokens of them (the
+  // planned length must split evenly), attention on every token of its share of the heads.
+  SequenceGroup* sequence = nullptr;
+  // Expert parallelism (config().moe.expert_ranks ranks, models/moe_layer.h): the ranks hold the
+  // experts between them, this model its rank's.
+  ExpertGroup* experts = nullptr;
+};
+
 class Model : public BatchTarget {
  public:
   static std::unique_ptr<Model> create(const ModelConfig& config);
@@ -147,20 +163,13 @@ class Model : public BatchTarget {
   bool weights_overlap(int a, int b) const { return places_overlap(a, b, weight_layout_); }
   Tensor weight_segment(int segment) const;
   void set_weight_slots(WeightSlots* slots) { weight_source_ = slots; }
-  // Tensor parallelism: the group this model's share runs in (config().tensor_ranks ranks); its
-  // blocks sum their partial products over it.
-  void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
+  // The groups this model's share runs in, which its layers exchange over (filled by the run's
+  // parallel layout, parallel/layout.h's make_parallel; the blocks consult this value alone).
+  void set_parallelism(const ModelParallelism& p) { parallelism_ = p; }
+  const ModelParallelism& parallelism() const { return parallelism_; }
   // Megatron's sequence parallelism: the residual stream between the blocks' products holds this
   // tensor rank's slice of the tokens.
   bool slices_tokens() const { return config_.tensor_slices_tokens && config_.tensor_ranks > 1; }
-  // Sequence parallelism: the group this model's tokens run in (config().sequence_ranks ranks,
-  // sequence_parallel.h). The batch the loader writes holds whole sequences; the model computes
-  // on its rank's tokens of them (the planned length must split evenly), attention on every token
-  // of its share of the heads.
-  void set_sequence_group(SequenceGroup* group) { sequence_group_ = group; }
-  // Expert parallelism: the group whose ranks hold this model's experts between them
-  // (config().moe.expert_ranks ranks, models/moe_layer.h); this model holds its rank's.
-  void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
   // Pipeline parallelism (config().pipeline_stages > 1): the stage's input, which a stage after
   // the first receives before forward_step; its output, after forward_step; the gradient
   // flowing backwards, which a stage before the last receives (of its output) before backward,
@@ -234,7 +243,7 @@ class Model : public BatchTarget {
 
  protected:
   explicit Model(const ModelConfig& config) : config_(config) {}
-  ExpertGroup* expert_group() const { return expert_group_; }
+  ExpertGroup* expert_group() const { return parallelism_.experts; }
   // Subclass hooks.
   virtual void declare_params() = 0;
   // The block wiring the architecture fixes (norm placement, weight layout); the rest of the style
@@ -542,9 +551,7 @@ class Model : public BatchTarget {
   bool places_overlap(int a, int b, const StagedLayout& layout) const;
   StagedLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
-  TensorGroup* tensor_group_ = nullptr;
-  SequenceGroup* sequence_group_ = nullptr;
-  ExpertGroup* expert_group_ = nullptr;
+  ModelParallelism parallelism_;
   // Sequence parallelism's [B, T] inputs: (whole sequences on the host, this rank's tokens on
   // the host), copied by slice_inputs before the uploads; token_inputs_ holds the latter.
   std::vector<std::pair<Tensor*, Tensor*>> sliced_;

@@ -97,7 +97,7 @@ void Model::lm_loss(Backend& be, const StepOptions& o, const Tensor& logits, con
   const Tensor mine(stats.f32() + config_.tensor_rank * n * 3, Shape{n, 3}, DType::f32,
                     stats.device());
   be.cross_entropy_stats(logits, labels, shard, mine);
-  if (config_.tensor_ranks > 1) tensor_group_->all_reduce_sum(be, stats);
+  if (config_.tensor_ranks > 1) parallelism_.tensor->all_reduce_sum(be, stats);
   be.cross_entropy_from_stats(logits, labels, shard, stats, o.compute_grad, o.loss_grad_scale,
                               loss_sum(), grad);
 }
@@ -171,7 +171,7 @@ void Model::lm_head_forward(Backend& be, const StepOptions& o, const Tensor& x, 
   }
   // Vocabulary parallelism: each rank's columns gave a part of the input gradient.
   if (o.compute_grad && config_.tensor_ranks > 1)
-    tensor_group_->all_reduce_sum(be, row_range(head_dx_, 0, rows));
+    parallelism_.tensor->all_reduce_sum(be, row_range(head_dx_, 0, rows));
 }
 
 }  // namespace brisk

@@ -1,6 +1,7 @@
 #include "parallel/layout.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "parallel/pipeline_parallel.h"
@@ -115,18 +116,30 @@ std::vector<ParallelRun::Exchange> ParallelRun::exchanges() const {
   return out;
 }
 
+ParallelRun::ParallelRun(ParallelRun&& other) noexcept
+    : model(std::exchange(other.model, nullptr)),
+      tensor(std::move(other.tensor)),
+      sequence(std::move(other.sequence)),
+      experts(std::move(other.experts)),
+      policy(std::move(other.policy)) {}
+
+ParallelRun::~ParallelRun() {
+  if (model) model->set_parallelism({});
+}
+
 ParallelRun make_parallel(const ParallelLayout& layout, const ParallelContext& c) {
   ParallelRun run;
-  if (layout.on(MeshDim::sequence)) {
+  run.model = &c.model;
+  if (layout.on(MeshDim::tensor))
+    run.tensor = std::make_unique<CommunicatorTensorGroup>(c.mesh.group(MeshDim::tensor));
+  if (layout.on(MeshDim::sequence))
     run.sequence = std::make_unique<CommunicatorSequenceGroup>(c.mesh.group(MeshDim::sequence));
-    c.model.set_sequence_group(run.sequence.get());
-  }
-  if (layout.on(MeshDim::expert)) {
+  if (layout.on(MeshDim::expert))
     run.experts = std::make_unique<CommunicatorExpertGroup>(c.mesh.group(MeshDim::expert));
-    c.model.set_expert_group(run.experts.get());
-  }
+  c.model.set_parallelism({run.tensor.get(), run.sequence.get(), run.experts.get()});
   run.policy = make_data_parallel(c, c.mesh.expert_replicas());
-  if (layout.on(MeshDim::tensor)) run.policy = make_tensor_parallel(c, std::move(run.policy));
+  if (layout.on(MeshDim::tensor))
+    run.policy = make_tensor_parallel(c, *run.tensor, std::move(run.policy));
   if (layout.on(MeshDim::expert)) run.policy = make_expert_parallel(c, std::move(run.policy));
   if (layout.on(MeshDim::pipeline)) run.policy = make_pipeline_parallel(c, std::move(run.policy));
   return run;

@@ -88,6 +88,13 @@ ModelConfig rank_share(const ModelConfig& whole, const ParallelLayout& layout, c
 // The policy stack of a layout and the groups the model's layers exchange over (which the model
 // holds while it lives).
 struct ParallelRun {
+  ParallelRun() = default;
+  ParallelRun(ParallelRun&& other) noexcept;
+  ParallelRun& operator=(ParallelRun&&) = delete;
+  // The model's parallelism taken back (its groups end here).
+  ~ParallelRun();
+  Model* model = nullptr;
+  std::unique_ptr<CommunicatorTensorGroup> tensor;
   std::unique_ptr<CommunicatorSequenceGroup> sequence;
   std::unique_ptr<CommunicatorExpertGroup> experts;
   std::unique_ptr<ParallelPolicy> policy;
@@ -100,7 +107,7 @@ struct ParallelRun {
 };
 
 // Data parallelism (or ZeRO) over the replicas, wrapped in tensor, expert and pipeline
-// parallelism where the layout has them on; the model given its sequence and expert groups.
+// parallelism where the layout has them on; the model given its groups (ModelParallelism).
 // Resets the optimizer's state and gives the model its weights' slots; a collective.
 ParallelRun make_parallel(const ParallelLayout& layout, const ParallelContext& context);
 

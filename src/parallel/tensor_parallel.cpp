@@ -19,43 +19,6 @@ namespace brisk {
 
 namespace {
 
-// The tensor group over a communicator, counting the bytes it sums (all-reduces), the bytes of
-// the whole tensors it gathers and reduce-scatters (Megatron's sequence parallelism), and the
-// seconds that takes.
-class CommunicatorGroup final : public TensorGroup {
- public:
-  explicit CommunicatorGroup(Communicator& comm) : comm_(comm) {}
-  int rank() const override { return comm_.rank(); }
-  int size() const override { return comm_.size(); }
-  void all_reduce_sum(Backend&, const Tensor& buf) override {
-    timed([&] { comm_.all_reduce_sum(buf); });
-    bytes_ += static_cast<double>(buf.bytes());
-  }
-  void all_gather(Backend&, const Tensor& in, const Tensor& out) override {
-    timed([&] { comm_.all_gather(in, out); });
-    token_bytes_ += static_cast<double>(out.bytes());
-  }
-  void reduce_scatter_sum(Backend&, const Tensor& in, const Tensor& out) override {
-    timed([&] { comm_.reduce_scatter_sum(in, out); });
-    token_bytes_ += static_cast<double>(in.bytes());
-  }
-  double bytes() const { return bytes_; }
-  double token_bytes() const { return token_bytes_; }
-  // The seconds since the last call.
-  double take_seconds() { return std::exchange(seconds_, 0.0); }
-
- private:
-  Communicator& comm_;
-  double bytes_ = 0, token_bytes_ = 0, seconds_ = 0;
-
-  template <typename Op>
-  void timed(Op op) {
-    const auto start = std::chrono::steady_clock::now();
-    op();
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-};
-
 // A save's reads of the full parameters and the optimizer state from the tensor ranks' shares:
 // tensor rank t's whole i is part i of the world ranks holders[t] laid end to end (its data
 // replicas in order: ZeRO's runs, or the first replica's whole). A split parameter's full tensor
@@ -145,10 +108,9 @@ class SplitReads final : public GatheredReads {
 
 class TensorParallel final : public LayeredPolicy {
  public:
-  TensorParallel(const ParallelContext& c, std::unique_ptr<ParallelPolicy> inner)
-      : LayeredPolicy(c, std::move(inner)),
-        group_(std::make_unique<CommunicatorGroup>(c.mesh.group(MeshDim::tensor))) {
-    model_.set_tensor_group(group_.get());
+  TensorParallel(const ParallelContext& c, CommunicatorTensorGroup& group,
+                 std::unique_ptr<ParallelPolicy> inner)
+      : LayeredPolicy(c, std::move(inner)), group_(group) {
     const std::vector<ParamInfo>& params = model_.params().list();
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].split.split()) split_.push_back(static_cast<int>(i));
@@ -160,28 +122,27 @@ class TensorParallel final : public LayeredPolicy {
       const int copies = params[static_cast<size_t>(copied_[0])].split.copies;
       const int t = mesh_.coordinate(MeshDim::tensor);
       copies_ = mesh_.group(MeshDim::tensor).split(t / copies, t);
-      copies_group_ = std::make_unique<CommunicatorGroup>(*copies_);
+      copies_group_ = std::make_unique<CommunicatorTensorGroup>(*copies_);
       first_copy_ = t % copies == 0;
     }
     share_ = full_layout_share();
   }
-  ~TensorParallel() override { model_.set_tensor_group(nullptr); }
 
   // The data replicas' sums, and the step's sums over the tensor group (blocking: all waited).
   SyncSeconds finish_gradients() override {
     SyncSeconds s = inner().finish_gradients();
     if (!copied_.empty()) sum_gradients(copied_, *copies_group_);
-    sum_gradients(partial_, *group_);
+    sum_gradients(partial_, group_);
     const double tensor =
-        group_->take_seconds() + (copies_group_ ? copies_group_->take_seconds() : 0.0);
+        group_.take_seconds() + (copies_group_ ? copies_group_->take_seconds() : 0.0);
     s.ran += tensor;
     s.waited += tensor;
     return s;
   }
   std::vector<std::pair<std::string, double>> statistics() const override {
     std::vector<std::pair<std::string, double>> out = inner().statistics();
-    out.emplace_back("tensor_parallel_sum_bytes", group_->bytes());
-    out.emplace_back("tensor_parallel_token_bytes", group_->token_bytes());
+    out.emplace_back("tensor_parallel_sum_bytes", group_.bytes());
+    out.emplace_back("tensor_parallel_token_bytes", group_.token_bytes());
     if (copies_group_) out.emplace_back("tensor_parallel_copies_sum_bytes", copies_group_->bytes());
     return out;
   }
@@ -221,12 +182,12 @@ class TensorParallel final : public LayeredPolicy {
   }
 
  private:
-  std::unique_ptr<CommunicatorGroup> group_;
-  std::vector<int> split_;    // the split parameters
-  std::vector<int> copied_;   // those held in copies (key/value heads fewer than the ranks)
-  std::vector<int> partial_;  // whole ones whose gradients are each rank's tokens' part
-  std::unique_ptr<Communicator> copies_;             // the tensor ranks holding this rank's copies
-  std::unique_ptr<CommunicatorGroup> copies_group_;  // over copies_, counting what it sums
+  CommunicatorTensorGroup& group_;  // the model's tensor group (make_parallel's)
+  std::vector<int> split_;          // the split parameters
+  std::vector<int> copied_;         // those held in copies (key/value heads fewer than the ranks)
+  std::vector<int> partial_;        // whole ones whose gradients are each rank's tokens' part
+  std::unique_ptr<Communicator> copies_;  // the tensor ranks holding this rank's copies
+  std::unique_ptr<CommunicatorTensorGroup> copies_group_;  // over copies_, counting what it sums
   bool first_copy_ = true;
   StateShare share_;
 
@@ -234,7 +195,7 @@ class TensorParallel final : public LayeredPolicy {
   // the data replicas' sums, which commute with them), neighbouring parameters at once: each copy
   // of a key/value head got the gradient of its own query heads; under Megatron's sequence
   // parallelism each rank's norms that of its tokens.
-  void sum_gradients(const std::vector<int>& params, CommunicatorGroup& group) {
+  void sum_gradients(const std::vector<int>& params, CommunicatorTensorGroup& group) {
     const Tensor& grads = inner().gradients();
     for_each_held_run(model_.params(), params, held_base(), grads.numel(), [&](ElementRange r) {
       group.all_reduce_sum(be_, element_range(grads, r.offset, r.count));
@@ -277,16 +238,17 @@ void join_optimizer(const Backend& be, Optimizer& optimizer, const ParameterSet&
 }  // namespace
 
 std::unique_ptr<TensorGroup> make_tensor_group(Communicator& comm) {
-  return std::make_unique<CommunicatorGroup>(comm);
+  return std::make_unique<CommunicatorTensorGroup>(comm);
 }
 
 std::unique_ptr<ParallelPolicy> make_tensor_parallel(const ParallelContext& c,
+                                                     CommunicatorTensorGroup& group,
                                                      std::unique_ptr<ParallelPolicy> inner) {
   // An offloaded optimizer steps on the host's backend.
   const std::unique_ptr<Backend> host = c.buffers.offload ? make_backend(kHostDevice) : nullptr;
   join_optimizer(host ? *host : c.be, c.optimizer, c.model.params(), stepped_run(c).count,
                  c.mesh.group(MeshDim::tensor));
-  return std::make_unique<TensorParallel>(c, std::move(inner));
+  return std::make_unique<TensorParallel>(c, group, std::move(inner));
 }
 
 }  // namespace brisk

@@ -183,7 +183,7 @@ TEST(ExpertParallel, AModelHoldsItsExpertsAndComputesAsOneProcess) {
       c.moe.expert_rank = group.rank();
       c.moe.expert_ranks = ep;
     });
-    part.model->set_expert_group(&group);
+    part.model->set_parallelism({nullptr, nullptr, &group});
     const double loss = part.step(false), want = whole.step(false);
     EXPECT_NEAR(loss, want, 1e-6 * std::abs(want));
     int64_t experts = 0, all_experts = 0;
