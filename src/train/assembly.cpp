@@ -210,8 +210,8 @@ void plan_products(RunAssembly& r, Backend* backend) {
 
 // Whether every optimizer step is one micro-batch (no accumulation, no pipeline's): its
 // gradients are needed from its backward to its update only (the ranks' sums included).
-bool one_micro_batch(const TrainOptions& o) {
-  return o.pp_size <= 1 && o.gradient_accumulation_steps == 1;
+bool one_micro_batch(const TrainOptions& o, const ParallelLayout& layout) {
+  return !layout.on(MeshDim::pipeline) && o.gradient_accumulation_steps == 1;
 }
 
 }  // namespace
@@ -228,16 +228,17 @@ void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s)
   p.bf16_head_grad = s.bf16_head_grad;
 }
 
-TrainOptions resolve_options(const TrainOptions& given, int ranks,
-                             std::vector<std::string>* ignored) {
+ResolvedRun resolve_run(const TrainOptions& given, int ranks) {
   validate_options(given);
-  const TrainOptions options =
-      apply_parallelism_config(apply_deepspeed_config(given, ranks, ignored), ranks);
-  validate_options(options);
-  parallel_layout(options, ranks);
-  BRISK_CHECK(ranks <= 1 || !options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
+  ResolvedRun r;
+  r.options =
+      apply_parallelism_config(apply_deepspeed_config(given, ranks, &r.deepspeed_ignored), ranks);
+  validate_options(r.options);
+  r.layout = parallel_layout(r.options, ranks);
+  BRISK_CHECK(ranks <= 1 || !r.options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");
-  return options;
+  r.device = resolve_device(r.options);
+  return r;
 }
 
 void check_weights_to_evaluate(const TrainOptions& o) {
@@ -355,7 +356,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                             o.selective_recompute};
   switch_paths(model_options, device_traits(device), o.switches);
   model_options.recompute_block_inputs = true;
-  model_options.gradients_over_activations = one_micro_batch(o);
+  model_options.gradients_over_activations = one_micro_batch(o, parallel);
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(r);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);

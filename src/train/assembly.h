@@ -32,13 +32,21 @@ namespace brisk {
 // kept, ... to compare).
 void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s);
 
-// The options every part of a run reads, resolved once, in two steps. resolve_options: the given
-// options validated, a DeepSpeed config (--deepspeed) applied for `ranks` processes (its keys
-// without effect into `ignored`), and the result validated. resolve_checkpoint, once output_dir
-// is in order: --resume_from_checkpoint "last" (or "true") named as the newest complete
-// checkpoint, and that checkpoint's seed taken (a resumed run continues it).
-TrainOptions resolve_options(const TrainOptions& given, int ranks,
-                             std::vector<std::string>* ignored = nullptr);
+// A run resolved once, in one value every part reads: the given options validated, a DeepSpeed
+// config (--deepspeed, its keys without effect in `deepspeed_ignored`) and accelerate's
+// ParallelismConfig applied for `ranks` processes, the result validated; the parallel layout of
+// the ranks (each degree checked against them); the device (auto picked as train does). The
+// measurement switches travel in options.switches.
+struct ResolvedRun {
+  TrainOptions options;
+  ParallelLayout layout;
+  Device device = kHostDevice;
+  std::vector<std::string> deepspeed_ignored;
+};
+ResolvedRun resolve_run(const TrainOptions& given, int ranks);
+// The second step, once output_dir is in order: --resume_from_checkpoint "last" (or "true")
+// named as the newest complete checkpoint, and that checkpoint's seed taken (a resumed run
+// continues it).
 TrainOptions resolve_checkpoint(const TrainOptions& options);
 // A run that does not train evaluates and predicts trained weights: a model folder without
 // model.safetensors (or its shards), or a config.json alone, is refused, as transformers'

@@ -40,14 +40,16 @@ namespace {
 // The options an estimate plans: DeepSpeed's config applied for `world` ranks, synthetic data
 // holding at least one batch per rank (so that planning many ranks needs no --dataset_size; the
 // plan holds 8 bytes per sample of it).
-TrainOptions estimate_options(const TrainOptions& given, const EstimateArgs& args) {
+ResolvedRun estimate_run(const TrainOptions& given, const EstimateArgs& args) {
   BRISK_CHECK(args.world_size >= 1 && args.world_size <= (1 << 20),
               "--world_size must lie in [1, 1048576], got ", args.world_size);
-  TrainOptions o = resolve_checkpoint(resolve_options(given, static_cast<int>(args.world_size)));
+  ResolvedRun r = resolve_run(given, static_cast<int>(args.world_size));
+  TrainOptions& o = r.options;
+  o = resolve_checkpoint(o);
   if (o.dataset == "synthetic" && o.train_file.empty())
     o.dataset_size = std::max(
         o.dataset_size, checked_mul(o.per_device_train_batch_size, args.world_size, "a batch"));
-  return o;
+  return r;
 }
 
 // Each category's bytes in the share of its elements the routed experts hold (the optimizer's by
@@ -229,11 +231,12 @@ void plan_fit(Estimate& e, const EstimateArgs& args) {
 
 Estimate plan_estimate(const TrainOptions& given, const EstimateArgs& args) {
   Estimate e;
-  e.options = estimate_options(given, args);
+  ResolvedRun resolved = estimate_run(given, args);
+  e.options = std::move(resolved.options);
   const TrainOptions& o = e.options;
   // An explicit device is planned whether or not it is present; auto picks as train would.
-  e.device = resolve_device(o);
-  e.layout = parallel_layout(o, static_cast<int>(args.world_size));
+  e.device = resolved.device;
+  e.layout = resolved.layout;
   // The plan is a tensor rank's (every tensor rank's is alike), a sequence rank's (each holds as
   // many tokens), expert rank 0's, and with pipeline stages the largest stage's.
   if (e.layout.on(MeshDim::pipeline)) {

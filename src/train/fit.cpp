@@ -211,7 +211,7 @@ double tensor_rank_activations(const RunAssembly& run) {
 double tensor_step_bytes(const RunAssembly& run) {
   const TrainOptions& o = run.options;
   const ModelConfig& c = run.model->config();  // the rank's share: its stage's blocks
-  if (o.tp_size <= 1) return 0;
+  if (!run.layout.on(MeshDim::tensor)) return 0;
   const double activations = tensor_rank_activations(run);
   // Gradient checkpointing runs each block's forward but the last's again, a pre-norm block's
   // without its output (1 sum), a post-norm block's whole (2).
@@ -229,7 +229,7 @@ double tensor_step_bytes(const RunAssembly& run) {
   const double rows = activations / static_cast<double>(c.hidden_size) / 4;
   const double ends =
       (c.first_stage() ? activations : 0) +
-      (c.last_stage() ? activations + rows * 3 * 4 * static_cast<double>(o.tp_size) : 0);
+      (c.last_stage() ? activations + rows * 3 * 4 * run.layout.degree(MeshDim::tensor) : 0);
   return (blocks + ends) * static_cast<double>(o.gradient_accumulation_steps) + once;
 }
 
@@ -254,13 +254,14 @@ double tensor_token_bytes(const RunAssembly& run) {
 
 double sequence_step_bytes(const RunAssembly& run) {
   const TrainOptions& o = run.options;
-  if (o.sp_size <= 1) return 0;
+  if (!run.layout.on(MeshDim::sequence)) return 0;
   // Where the products read bf16 activations, a mixed-precision run without checkpointing keeps
   // the attention output only as its bf16 copy, which backward exchanges.
   const bool low = run.product == DType::bf16 && !o.gradient_checkpointing;
   return sequence_exchange_bytes(run.model->config(), o.per_device_train_batch_size, o.seq_len,
-                                 static_cast<int>(o.sp_size), o.gradient_accumulation_steps,
-                                 o.gradient_checkpointing, low ? 2 : 4);
+                                 run.layout.degree(MeshDim::sequence),
+                                 o.gradient_accumulation_steps, o.gradient_checkpointing,
+                                 low ? 2 : 4);
 }
 
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {

@@ -89,11 +89,11 @@ CostModel cost_model(Device device);
 // passes over its activations, the optimizer's pass over its model states, and the sums across
 // ranks (its replicas', tensor, sequence and pipeline groups'), none hidden behind computation.
 double predicted_step_seconds(const RunAssembly& run, const CostModel& m);
-// The bytes a rank of run.options.sp_size sequence ranks passes to its all-to-alls per step
+// The bytes a rank of the layout's sequence ranks passes to its all-to-alls per step
 // (parallel/sequence_parallel.h's sequence_exchange_bytes for the run's precision and
 // recomputation); 0 without sequence parallelism.
 double sequence_step_bytes(const RunAssembly& run);
-// The bytes a rank of run.options.tp_size tensor ranks sums over the tensor group per step
+// The bytes a rank of the layout's tensor ranks sums over the tensor group per step
 // (all-reduces): 4 float32 [B, T, C] sums per block of its stage per micro-batch (2 forward, 2
 // backward; T a sequence rank's tokens) and those of the forwards gradient checkpointing runs
 // again, unless Megatron's sequence parallelism gathers and reduce-scatters them instead (then

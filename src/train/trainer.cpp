@@ -608,11 +608,11 @@ void add_exchanges(TrainSummary& s, const std::string& name, double bytes, doubl
 // (train_steps), finish, evaluate and summarize.
 TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData dataset,
                    FaultHooks faults, Communicator* comm, const StepEvents& events) {
-  std::vector<std::string> deepspeed_ignored;
   const int ranks = comm ? comm->size() : launch_info_from_env().size;
-  const TrainOptions options = resolve_options(given, ranks, &deepspeed_ignored);
+  const ResolvedRun resolved = resolve_run(given, ranks);
+  const TrainOptions& options = resolved.options;
+  const Device device = resolved.device;
   check_weights_to_evaluate(options);
-  const Device device = resolve_device(options);
   // Data parallel across the processes of the launch: each rank trains on its share of every
   // global batch; gradients and losses are summed across ranks before the update, which every
   // rank then makes alike. Rank 0 alone logs and writes files. On GPUs the collectives are
@@ -624,7 +624,8 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   if (dist.size() > 1) check_ranks_agree(dist, agreed_values(options));
   const bool lead = dist.rank() == 0;
   RunLog log(all_log, lead);
-  if (!deepspeed_ignored.empty()) log.log({{"deepspeed_keys_without_effect", deepspeed_ignored}});
+  if (!resolved.deepspeed_ignored.empty())
+    log.log({{"deepspeed_keys_without_effect", resolved.deepspeed_ignored}});
   auto be = make_backend(device, options.switches);
   // GPU collectives run on NCCL's stream, each queued after the work the backend queued.
   struct DeviceWork {
@@ -637,7 +638,9 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   hold_output_dir(output_lock, options, lead, log);
   // The mesh's tensor ranks, stages, sequence and expert ranks share the model, its data ranks
   // the data; the replicas (data and sequence ranks) sum the gradients.
-  const ParallelLayout layout = parallel_layout(options, dist.size());
+  const ParallelLayout& layout = resolved.layout;
+  BRISK_CHECK(layout.world() == dist.size(), "internal error: a layout of ", layout.world(),
+              " ranks for a run of ", dist.size());
   DeviceMesh mesh(dist, layout.mesh());
   dist.barrier();
   TrainSummary s;
