@@ -86,7 +86,7 @@ struct RunAssembly {
   BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views
 };
 
-// Plans the run on `device` with `options` as resolve_options and resolve_checkpoint return them
+// Plans the run on `device` with `options` as resolve_run and resolve_checkpoint return them
 // (read, never rewritten: an unresolved "last" is refused), for rank `rank` of `layout`: its
 // share of the model (models/config.h's tensor, sequence, pipeline and expert shares) and of the
 // data, and with ZeRO its replica's partition. With a backend (for that device) the backend
