@@ -78,7 +78,7 @@ void causal_rows() {
               "bwd GFLOP/s");
   for (const Row& r : rows)
     for (DType products : {DType::f32, DType::bf16}) {
-      auto be = make_cpu_backend();
+      auto be = make_cpu_backend(read_switches());
       be->set_matmul_dtype(products);
       Problem p(r);
       const auto [f, b] = p.time(*be, r, KeyMask(), true);
@@ -106,7 +106,7 @@ void padded_rows() {
               100.0 * kept / (r.batch * r.seq));
   std::printf("%-8s %-16s %10s %10s\n", "type", "mask", "fwd ms", "bwd ms");
   for (DType products : {DType::f32, DType::bf16}) {
-    auto be = make_cpu_backend();
+    auto be = make_cpu_backend(read_switches());
     be->set_matmul_dtype(products);
     Problem p(r);
     for (const bool with_counts : {false, true}) {

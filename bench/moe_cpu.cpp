@@ -107,7 +107,7 @@ double timed_ms(const std::function<void()>& pass) {
 }  // namespace
 
 int main() {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_backend(read_switches());
   const MoeShape s{kTokens, kHidden, kInner, kExperts, kTopK, true};
   Buffers b;
   plan(*be, b, s);

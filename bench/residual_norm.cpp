@@ -72,7 +72,7 @@ double timed_ms(Backend& be, const std::function<void()>& pass) {
 
 int main(int argc, char** argv) {
   const bool gpu = argc > 1 && std::strcmp(argv[1], "cuda") == 0;
-  std::unique_ptr<Backend> be = make_backend(gpu ? Device::cuda : Device::cpu);
+  std::unique_ptr<Backend> be = make_backend(gpu ? Device::cuda : Device::cpu, read_switches());
   struct Shape2 {
     const char* what;
     int64_t rows, C;

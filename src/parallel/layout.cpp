@@ -72,7 +72,6 @@ RankPlace ParallelLayout::place(int rank) const {
   BRISK_CHECK(rank >= 0 && rank < world(), "rank ", rank, " is not one of the run's ", world());
   const std::array<int, kMeshDims> c = mesh_coordinate(shape_, rank);
   RankPlace p;
-  p.rank = rank;
   p.stage = c[static_cast<int>(MeshDim::pipeline)];
   p.data = c[static_cast<int>(MeshDim::data)];
   p.sequence = c[static_cast<int>(MeshDim::sequence)];

@@ -35,7 +35,6 @@ struct ParallelDegrees {
 
 // Where one rank sits in the layout.
 struct RankPlace {
-  int rank = 0;
   int stage = 0, data = 0, sequence = 0, tensor = 0;  // its mesh coordinates
   int expert = 0;                                     // its place in its run of expert ranks
   int replica = 0;  // its place among the replicas that hold the same parameters

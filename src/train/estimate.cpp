@@ -159,33 +159,26 @@ nlohmann::json expert_parallel_report(const ParallelLayout& layout, const RunAss
           {"receive_rows_bound_reason", why}};
 }
 
-// Each pipeline stage's plan, which differ (the first holds the embeddings, the last the head,
+// A pipeline stage's plan (stages differ: the first holds the embeddings, the last the head,
 // those between the inputs of their micro-batches in flight), and what each stage boundary
 // passes per step: every micro-batch's [B, T, C] float32 activations forward and their
 // gradients back. `peak_bytes`: what the stage's process holds of its plan on `device`.
-nlohmann::json pipeline_stages(const TrainOptions& o, Device device, const ParallelLayout& layout) {
-  nlohmann::json stages = nlohmann::json::array();
-  for (int s = 0; s < layout.degree(MeshDim::pipeline); ++s) {
-    const std::unique_ptr<RunAssembly> r =
-        assemble_run(o, device, nullptr, nullptr, layout, layout.first_rank_of_stage(s));
-    const ModelConfig& c = r->model->config();
-    const size_t planned = r->plan.total_bytes();
-    stages.push_back(
-        {{"stage", s},
-         {"first_layer", c.first_layer()},
-         {"end_layer", c.end_layer()},
-         {"parameters", r->model->params().total_elements()},
-         {"planned_total_bytes", planned},
-         {"peak_bytes", device == Device::cuda ? r->plan.total_bytes(Placement::device) : planned},
-         {"activations_bytes",
-          r->plan.bytes_by_category()[static_cast<int>(Category::activations)]},
-         {"boundary_bytes",
-          checked_mul(checked_mul(o.gradient_accumulation_steps, o.per_device_train_batch_size,
-                                  "a step's rows"),
-                      checked_mul(r->model->planned_tokens(), c.hidden_size * 4, "a row's bytes"),
-                      "a step's activations")}});
-  }
-  return stages;
+nlohmann::json stage_report(const TrainOptions& o, Device device, int s, const RunAssembly& r) {
+  const ModelConfig& c = r.model->config();
+  const size_t planned = r.plan.total_bytes();
+  return {
+      {"stage", s},
+      {"first_layer", c.first_layer()},
+      {"end_layer", c.end_layer()},
+      {"parameters", r.model->params().total_elements()},
+      {"planned_total_bytes", planned},
+      {"peak_bytes", device == Device::cuda ? r.plan.total_bytes(Placement::device) : planned},
+      {"activations_bytes", r.plan.bytes_by_category()[static_cast<int>(Category::activations)]},
+      {"boundary_bytes",
+       checked_mul(checked_mul(o.gradient_accumulation_steps, o.per_device_train_batch_size,
+                               "a step's rows"),
+                   checked_mul(r.model->planned_tokens(), c.hidden_size * 4, "a row's bytes"),
+                   "a step's activations")}};
 }
 
 // The stage whose process holds the most: the one a machine must be sized for.
@@ -239,20 +232,23 @@ Estimate plan_estimate(const TrainOptions& given, const EstimateArgs& args) {
   e.layout = resolved.layout;
   // The plan is a tensor rank's (every tensor rank's is alike), a sequence rank's (each holds as
   // many tokens), expert rank 0's, and with pipeline stages the largest stage's.
-  if (e.layout.on(MeshDim::pipeline)) {
-    e.stages = pipeline_stages(o, e.device, e.layout);
-    e.planned_stage = largest_stage(e.stages);
+  // Each stage planned once, on the same data; the largest stage's run kept.
+  for (int stage = 0; stage < e.layout.degree(MeshDim::pipeline); ++stage) {
+    std::unique_ptr<RunAssembly> r = assemble_run(o, e.device, nullptr, GivenData(args.tokenized),
+                                                  e.layout, e.layout.first_rank_of_stage(stage));
+    if (e.layout.on(MeshDim::pipeline)) e.stages.push_back(stage_report(o, e.device, stage, *r));
+    if (!e.run || largest_stage(e.stages) == stage) {
+      e.run = std::move(r);
+      e.planned_stage = stage;
+    }
   }
-  e.run = assemble_run(o, e.device, nullptr, GivenData(args.tokenized), e.layout,
-                       e.layout.first_rank_of_stage(e.planned_stage));
   const RunAssembly& run = *e.run;
   if (e.layout.on(MeshDim::tensor)) e.tensor_parallel = tensor_parallel_report(e.layout, run);
   if (e.layout.on(MeshDim::sequence)) e.sequence_parallel = sequence_parallel_report(e.layout, run);
   if (e.layout.on(MeshDim::expert)) e.expert_parallel = expert_parallel_report(e.layout, run);
   // The ranks that share ZeRO's partitions: under expert parallelism, those holding the same
   // experts.
-  e.ranks = e.layout.replicas() > 1;
-  if (e.ranks) {
+  if (e.layout.replicas() > 1) {
     e.rank_input = rank_shares_input(o, run, e.layout.replicas());
     e.rank_shares = rank_shares(e.rank_input);
   }

@@ -49,8 +49,8 @@ struct Estimate {
   nlohmann::json tensor_parallel = nlohmann::json::object();
   nlohmann::json sequence_parallel = nlohmann::json::object();
   nlohmann::json expert_parallel = nlohmann::json::object();
-  // The data-parallel replicas' model states, rank by rank (ranks: whether there are several).
-  bool ranks = false;
+  // The data-parallel replicas' model states, rank by rank, where there are several
+  // (layout.replicas() > 1).
   RankSharesInput rank_input;
   RankShares rank_shares;
   ExpertShare experts;

@@ -309,7 +309,7 @@ void print_estimate(const Estimate& e) {
   if (e.layout.on(MeshDim::sequence)) print_sequence_parallel(e);
   if (e.layout.on(MeshDim::expert)) print_expert_parallel(e);
   print_categories(e);
-  if (e.ranks) print_ranks(e);
+  if (e.layout.replicas() > 1) print_ranks(e);
   if (e.layout.on(MeshDim::pipeline)) print_pipeline_stages(e);
   const size_t block = bytes_under(e.run->plan, "block.0.");
   const int64_t layers = e.run->config.num_layers;
@@ -323,7 +323,7 @@ namespace {
 
 // The replicas' model states by rank; none with one replica.
 nlohmann::json ranks_json(const Estimate& e) {
-  if (!e.ranks) return nlohmann::json::object();
+  if (e.layout.replicas() == 1) return nlohmann::json::object();
   const RankShares& shares = e.rank_shares;
   nlohmann::json per_rank = nlohmann::json::array();
   for (const RankShare& r : shares.ranks)

@@ -153,10 +153,12 @@ TEST_P(BackendOps, MatchTheReference) {
   if (device == Device::cuda) REQUIRE_GPU();
   std::mt19937 rng(seed_of(op.name));
   const Values in = op.inputs(rng);
-  const std::unique_ptr<Backend> be = make_backend(device);
+  // The switches as the environment sets them (Ops.CpuProductsBy_*: BRISK_CPU_PRODUCTS).
+  const Switches switches = read_switches();
+  const std::unique_ptr<Backend> be = make_backend(device, switches);
   const Values got = op.run(*be, in);
   const Values want = op.reference ? op.reference(in) : Values();
-  const Values cpu = device != Device::cpu ? op.run(*make_cpu_backend(), in) : Values();
+  const Values cpu = device != Device::cpu ? op.run(*make_cpu_backend(switches), in) : Values();
   for (const Check& c : op.checks) {
     SCOPED_TRACE(c.output + (c.less.empty() ? "" : " - " + c.less));
     const Vec g = checked(got, in, c, "the run");

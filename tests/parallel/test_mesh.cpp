@@ -141,6 +141,40 @@ TEST(Split, EachGroupSumsAmongItselfInKeyOrder) {
   world().barrier();
 }
 
+// Expert parallelism's division of the data ranks: each run of ep neighbouring data ranks is an
+// expert group, the ranks at the same place in their runs the expert replicas; a group of every
+// rank is the world itself (no communicator of its own).
+TEST(Mesh, ExpertRunsDivideTheDataRanks) {
+  NEEDS_MPI();
+  const int N = world().size(), r = world().rank();
+  for (int ep = 1; ep <= N; ++ep) {
+    if (N % ep) continue;
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    DeviceMesh mesh(world(), mesh_shape(N, 1, 1, 1, ep));
+    EXPECT_EQ(&mesh.group(MeshDim::data), &world());
+    EXPECT_EQ(&mesh.replicas(), &world());
+    EXPECT_EQ(mesh.coordinate(MeshDim::expert), r % ep);
+    Communicator& experts = mesh.group(MeshDim::expert);
+    Communicator& replicas = mesh.expert_replicas();
+    EXPECT_EQ(experts.size(), ep);
+    EXPECT_EQ(experts.rank(), r % ep);
+    EXPECT_EQ(replicas.size(), N / ep);
+    EXPECT_EQ(replicas.rank(), r / ep);
+    EXPECT_EQ(ep == N, &experts == &world());
+    // Members by their sums of world ranks: the run r / ep, and the place r % ep in each run.
+    std::vector<double> v{static_cast<double>(r)};
+    experts.all_reduce_sum(Tensor(v.data(), Shape{1}, DType::f64));
+    const int first = r / ep * ep;
+    EXPECT_EQ(v[0], ep * first + ep * (ep - 1) / 2.0);
+    v = {static_cast<double>(r)};
+    replicas.all_reduce_sum(Tensor(v.data(), Shape{1}, DType::f64));
+    double want = 0;
+    for (int k = r % ep; k < N; k += ep) want += k;
+    EXPECT_EQ(v[0], want);
+  }
+  world().barrier();
+}
+
 // Every shape of the world's ranks: coordinates, group sizes and ranks, and each group's sum of
 // its world ranks against the members the shape says it has.
 TEST(Mesh, EveryShapeOfTheWorldGroupsTheRightRanks) {

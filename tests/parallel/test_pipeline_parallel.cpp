@@ -267,6 +267,23 @@ TEST(PipelineParallel, TensorParallelStagesTrainAsOneProcess) {
   }
 }
 
+// A pipeline around tensor parallelism reports both layers' measures: the stages' bubble and the
+// tensor group's sums (each layer adds its statistics to those of the policy within).
+TEST(PipelineParallel, TensorParallelStagesReportBothLayersStatistics) {
+  NEEDS_MPI();
+  if (world().size() != 4) GTEST_SKIP() << "tp 2 x pp 2 needs 4 ranks, not " << world().size();
+  SharedDir dir("tp_pp_statistics");
+  const std::string model = write_model(dir, "gpt2", 0.0, kLayers);
+  UnequalLengths data;
+  TrainOptions o = tiny_options(model, dir / "ranks");
+  o.pp_size = o.tp_size = 2;
+  const std::vector<double> got =
+      statistics_of_two_steps(o, &data, {"pipeline_bubble_share", "tensor_parallel_sum_bytes"});
+  EXPECT_GE(got[0], 0.0);
+  EXPECT_GT(got[1], 0.0);
+  world().barrier();
+}
+
 // On GPUs through NCCL (the stages' activations sent with ncclSend/ncclRecv): a llama on the
 // ranks' stages trains as one GPU process. Skipped without a GPU per rank.
 TEST(PipelineParallel, GpuStagesTrainThroughNcclAsOneProcess) {
