@@ -416,8 +416,9 @@ TEST(Zero, Stage3PrefetchBelowABlockPlansOneSlotLess) {
     auto planned = [&](int64_t prefetch, int* slots) {
       o.stage3_prefetch_bucket_size = prefetch;
       const auto run = assemble_run(o, Device::cpu, nullptr, nullptr, r, 2);
-      *slots = run->model->weight_slots();
-      return std::make_pair(run->plan.bytes_by_category()[weights], run->model->block_elements(1));
+      *slots = run->model->weight_layout().slots();
+      return std::make_pair(run->plan.bytes_by_category()[weights],
+                            SegmentLayout::block_elements(run->model->param_segments(), 1));
     };
     int slots_default = 0, slots_enough = 0, slots_less = 0;
     const auto [with, block] = planned(-1, &slots_default);

@@ -662,7 +662,7 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
     EXPECT_FALSE(whole.model->staged_gradients());
     const std::vector<ElementRange>& segments = staged.model->grad_segments();
     const int64_t total = staged.model->params().total_elements();
-    const int64_t slots = staged.model->staged_slots();
+    const int64_t slots = staged.model->grad_layout().slots();
     EXPECT_EQ(slots, requested);
     const int64_t E = segments.back().count, H = segments.front().count, B = segments[1].count;
     const int64_t staged_elements =
@@ -676,11 +676,12 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
     const int last = static_cast<int>(segments.size()) - 1;
     bool over_slots = false;  // the head's (or embeddings') gradients share a block's slot
     for (int b = 1; b < last; ++b)
-      over_slots = over_slots || staged.model->grads_overlap(0, b) ||
-                   (!c.tied && staged.model->grads_overlap(last, b));
+      over_slots = over_slots || staged.model->grad_layout().overlap(0, b) ||
+                   (!c.tied && staged.model->grad_layout().overlap(last, b));
     EXPECT_TRUE(over_slots);
     if (c.tied)
-      for (int b = 0; b < last; ++b) EXPECT_FALSE(staged.model->grads_overlap(last, b)) << b;
+      for (int b = 0; b < last; ++b)
+        EXPECT_FALSE(staged.model->grad_layout().overlap(last, b)) << b;
     std::vector<float> collected(static_cast<size_t>(total), 0.0f);
     for (uint64_t micro = 0; micro < 2; ++micro) {
       StepOptions so;
@@ -704,7 +705,7 @@ TEST(Models, StagedGradientsEqualWholeOnes) {
         const bool last = i + 1 == static_cast<int>(segments.size());
         size_t upto = 0;  // empties pending[0, upto)
         for (size_t k = 0; k < pending.size(); ++k)
-          if (last || staged.model->grads_overlap(pending[k], i + 1)) upto = k + 1;
+          if (last || staged.model->grad_layout().overlap(pending[k], i + 1)) upto = k + 1;
         for (size_t k = 0; k < upto; ++k)
           staged.be->fill(staged.model->grad_segment(pending[k]), 0.0f);
         pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(upto));

@@ -1,4 +1,4 @@
-// The model-independent part: creation, the parameters' declaration, the batch and its
+// The model-independent part: the parameters' declaration, the batch and its
 // checks, the forward and backward passes over the blocks with optional recomputation.
 #include "models/model.h"
 
@@ -10,39 +10,9 @@
 #include "backend/device_traits.h"
 #include "core/checked.h"
 #include "core/random_init.h"
-#include "models/bert.h"
-#include "models/distilbert.h"
 #include "models/expert_weights.h"
-#include "models/gpt2.h"
-#include "models/llama.h"
 
 namespace brisk {
-
-std::unique_ptr<Model> Model::create(const ModelConfig& config) {
-  std::unique_ptr<Model> m;
-  switch (config.model_type) {
-    case ModelType::bert:
-      m = make_bert(config);
-      break;
-    case ModelType::distilbert:
-      m = make_distilbert(config);
-      break;
-    case ModelType::gpt2:
-      m = make_gpt2(config);
-      break;
-    case ModelType::llama:
-    case ModelType::mistral:
-    case ModelType::qwen2:
-    case ModelType::mixtral:
-    case ModelType::qwen2_moe:
-    case ModelType::olmoe:
-      m = make_llama(config);
-      break;
-  }
-  m->declare_params();
-  m->find_grad_segments();
-  return m;
-}
 
 int64_t Model::active_parameters() const {
   const MoeConfig& m = config_.moe;
@@ -162,8 +132,8 @@ void Model::bind(Arena& arena) {
   binder_.bind(arena);
   std::vector<int64_t> weight_offsets, grad_offsets;
   for (const ParamInfo& p : params_.list()) {
-    if (staged_weights()) weight_offsets.push_back(staged_offset(p.offset, weight_layout_));
-    if (staged_gradients()) grad_offsets.push_back(staged_offset(p.offset, grad_layout_));
+    if (staged_weights()) weight_offsets.push_back(weight_layout_.offset(p.offset));
+    if (staged_gradients()) grad_offsets.push_back(grad_layout_.offset(p.offset));
   }
   params_.bind(flat_weights_, flat_grads_, weight_offsets, grad_offsets);
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;

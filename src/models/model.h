@@ -19,6 +19,7 @@
 #include "core/memory_plan.h"
 #include "core/parameters.h"
 #include "core/safetensors.h"
+#include "core/segment_layout.h"
 #include "core/step_control.h"
 #include "core/weight_files.h"
 #include "data/batch.h"
@@ -139,28 +140,17 @@ class Model : public BatchTarget {
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
   // place, which other segments' places may overlap (they hold their gradients in turn).
   Tensor grad_segment(int segment) const;
-  bool grads_overlap(int a, int b) const { return places_overlap(a, b, grad_layout_); }
-  // Whether the plan stages the gradients (PlanOptions::gradient_slots and a model whose blocks
-  // allow it), and in how many blocks' slots (with two, the sum of one block's gradients may run
-  // while the next block's backward fills the other slot).
-  bool staged_gradients() const { return grad_layout_.slots > 0; }
-  int staged_slots() const { return grad_layout_.slots; }
-  // The elements of one block's parameters when the model can stage its buffers in `slots`
-  // slots (blocks laid out alike, more of them than slots); else 0.
-  int64_t block_elements(int slots) const;
-  // The elements of a gradient or weight buffer staged in `slots` slots: the slots, over which
-  // lie the head's and the embeddings' parts (the buffer as long as whichever holds more; a tied
-  // head's embeddings' gradients apart, before the slots); all the parameters' when the model
-  // cannot stage them.
-  int64_t staged_gradient_elements(int slots) const;
-  int64_t staged_weight_elements(int slots) const;
-  // Whether the plan stages the weights, in how many slots; whether two segments'
-  // weights lie over each other in the weight buffer (unstaged: each in its own range), and a
-  // segment's view. `slots` fills the places (and hears of every segment written while weights
-  // are initialized or loaded); without it the weights must not be staged.
-  bool staged_weights() const { return weight_layout_.slots > 0; }
-  int weight_slots() const { return weight_layout_.slots; }
-  bool weights_overlap(int a, int b) const { return places_overlap(a, b, weight_layout_); }
+  // The places of the segments in the gradient and weight buffers (plain unless the plan's
+  // PlanOptions::gradient_slots / weight_slots staged them; core/segment_layout.h).
+  const SegmentLayout& grad_layout() const { return grad_layout_; }
+  const SegmentLayout& weight_layout() const { return weight_layout_; }
+  bool staged_gradients() const { return grad_layout_.is_staged(); }
+  // Whether the head reads the embeddings' weights (a tied language-model head): staged gradients
+  // then keep the embeddings' apart, before the slots.
+  virtual bool head_reads_embeddings() const { return false; }
+  // Whether the plan stages the weights. `slots` fills the places (and hears of every segment
+  // written while weights are initialized or loaded); without it the weights must not be staged.
+  bool staged_weights() const { return weight_layout_.is_staged(); }
   Tensor weight_segment(int segment) const;
   void set_weight_slots(WeightSlots* slots) { weight_source_ = slots; }
   // The groups this model's share runs in, which its layers exchange over (filled by the run's
@@ -273,9 +263,7 @@ class Model : public BatchTarget {
   // Initial values init_weights cannot derive from names and roles (e.g. sinusoidal positions):
   // runs after the generic initialization of parameter `param`, before the next one's.
   virtual void init_extra(Backend&, int /*param*/) {}
-  // Staged weights: whether the head reads the embeddings' weights (a tied language-model head),
-  // and whether the embeddings' backward reads them (an embedding LayerNorm).
-  virtual bool head_reads_embeddings() const { return false; }
+  // Staged weights: whether the embeddings' backward reads them (an embedding LayerNorm).
   virtual bool embed_backward_reads_weights() const { return false; }
   // The prefix of the base model's parameter names ("bert.", "transformer.").
   virtual const char* base_prefix() const = 0;
@@ -537,19 +525,8 @@ class Model : public BatchTarget {
   // bound buffers (none for the weights alone).
   std::vector<ElementRange> segments_, grad_segments_;
   void find_grad_segments();
-  // A staged buffer's layout (slots 0: not staged): the blocks' slots from slots_at, the head's
-  // part at head_at, the embeddings' at embeddings_at.
-  struct StagedLayout {
-    int slots = 0;
-    int64_t block = 0, length = 0, slots_at = 0, head_at = 0, embeddings_at = 0;
-  };
-  StagedLayout staged_layout(int slots, bool embeddings_apart) const;
-  // Where logical element `at`, and segment i, lie in a buffer of that layout (slots 0: where
-  // they are in the parameters).
-  int64_t staged_offset(int64_t at, const StagedLayout& layout) const;
-  ElementRange place(int segment, const StagedLayout& layout) const;
-  bool places_overlap(int a, int b, const StagedLayout& layout) const;
-  StagedLayout weight_layout_, grad_layout_;
+  std::vector<ElementRange> segments_by_block() const;
+  SegmentLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
   ModelParallelism parallelism_;
   // Sequence parallelism's [B, T] inputs: (whole sequences on the host, this rank's tokens on

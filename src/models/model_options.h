@@ -103,8 +103,8 @@ struct PlanOptions {
 };
 
 // Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
-// numbered as param_segments(); segments whose places overlap (Model::weights_overlap) hold their
-// weights in turn.
+// numbered as param_segments(); segments whose places overlap (Model::weight_layout().overlap) hold
+// their weights in turn.
 class WeightSlots {
  public:
   virtual ~WeightSlots() = default;

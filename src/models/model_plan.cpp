@@ -107,26 +107,24 @@ bool Model::rebuilds_input(int64_t l) const {
 // The flat weights (staged where options ask and it saves memory), the constants, and unless
 // options.weights_only or not options.gradients the flat gradients (staged likewise).
 void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options) {
-  const int64_t n = params_.total_elements();
-  const StagedLayout weights = staged_layout(options.weight_slots, false);
-  weight_layout_ =
-      !options.weights_only && weights.slots > 0 && weights.length < n ? weights : StagedLayout();
+  weight_layout_ = options.weights_only
+                       ? SegmentLayout::plain(segments_)
+                       : SegmentLayout::staged(segments_, options.weight_slots, false);
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
-                  DType::f32, Shape{staged_weights() ? weight_layout_.length : n});
+                  DType::f32, Shape{weight_layout_.length()});
   declare_constants(plan, shape);
-  grad_layout_ = StagedLayout();
+  grad_layout_ = SegmentLayout::plain(segments_);
   grads_over_blocks_ = false;
   if (!replanning_) tied_apart_ = -1;
   if (options.weights_only || !options.gradients) return;
-  const StagedLayout grads = staged_layout(options.gradient_slots, head_reads_embeddings());
-  if (grads.slots > 0 && grads.length < n) grad_layout_ = grads;
+  grad_layout_ = SegmentLayout::staged(segments_, options.gradient_slots, head_reads_embeddings());
   grads_over_blocks_ =
       options.gradients_over_activations && !staged_gradients() && segments_.size() > 2;
   if (grads_over_blocks_) return;  // declare_gradients_over_blocks, after the blocks' tensors
-  binder_.declare(
-      plan, &flat_grads_, staged_gradients() ? "params.gradients_staged" : "params.gradients",
-      Category::gradients, DType::f32, Shape{staged_gradients() ? grad_layout_.length : n});
+  binder_.declare(plan, &flat_grads_,
+                  staged_gradients() ? "params.gradients_staged" : "params.gradients",
+                  Category::gradients, DType::f32, Shape{grad_layout_.length()});
 }
 
 // Layer l's dimensions: a sparse MLP's layer has no dense MLP (inner 0: no fc_pre or fc_act).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/segment_layout.h"
 #include "core/step_control.h"
 #include "optim/optimizer.h"
 #include "parallel/policy.h"
@@ -44,11 +45,15 @@ bool zero(const ParallelPlanOptions& o) {
 void choose_slots(const Model& model, const ParallelPlanOptions& o, int64_t mine,
                   PlanOptions& model_options) {
   const int64_t total = model.params().total_elements();
+  const std::vector<ElementRange>& segments = model.param_segments();
+  auto length = [&](int slots, bool embeddings_apart) {
+    return SegmentLayout::staged(segments, slots, embeddings_apart).length();
+  };
   if (o.zero_stage >= 2)
-    model_options.gradient_slots = model.staged_gradient_elements(2) + mine < total ? 2 : 1;
+    model_options.gradient_slots = length(2, model.head_reads_embeddings()) + mine < total ? 2 : 1;
   if (o.zero_stage >= 3) {
-    const int64_t one = model.staged_weight_elements(1), two = model.staged_weight_elements(2);
-    const int64_t block = model.block_elements(1);
+    const int64_t one = length(1, false), two = length(2, false);
+    const int64_t block = SegmentLayout::block_elements(segments, 1);
     const bool prefetch =
         o.stage3_prefetch_bucket_size < 0 || o.stage3_prefetch_bucket_size >= block;
     model_options.weight_slots = prefetch && two + mine < total ? 2 : one + mine < total ? 1 : 0;

@@ -354,7 +354,7 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
     wait_for = comm.started();
   } else {
     for (int s = 0; s < segments; ++s)
-      if (ticket_[static_cast<size_t>(s)] > 0 && model.grads_overlap(s, segment + 1))
+      if (ticket_[static_cast<size_t>(s)] > 0 && model.grad_layout().overlap(s, segment + 1))
         wait_for = std::max(wait_for, ticket_[static_cast<size_t>(s)]);
   }
   if (wait_for > 0) {
@@ -396,7 +396,7 @@ void ShardedWeights::start(int segment) {
   const auto i = static_cast<size_t>(segment);
   comm_.start_all_gather_v(pieces_.at(i), counts_[i], model_.weight_segment(segment));
   for (size_t t = 0; t < present_.size(); ++t)
-    if (t != i && model_.weights_overlap(segment, static_cast<int>(t))) present_[t] = false;
+    if (t != i && model_.weight_layout().overlap(segment, static_cast<int>(t))) present_[t] = false;
   present_[i] = true;
   ticket_[i] = comm_.started();
 }

@@ -186,8 +186,9 @@ void print_paper_formula(const Estimate& e) {
   std::printf(
       "  ZeRO paper, mixed-precision Adam (2 + 2 + K, K = 12): %.2f bytes/param at this "
       "stage (brisk: float32 gradients%s, the 16-bit copy in float32 on the CPU%s)\n",
-      paper, in.sharded_gradients ? slots(run.model->staged_slots(), "gradients").c_str() : "",
-      in.sharded_weights ? slots(run.model->weight_slots(), "weights").c_str() : "");
+      paper,
+      in.sharded_gradients ? slots(run.model->grad_layout().slots(), "gradients").c_str() : "",
+      in.sharded_weights ? slots(run.model->weight_layout().slots(), "weights").c_str() : "");
 }
 
 // Each replica's model states (parallel/rank_shares.h).
