@@ -31,21 +31,22 @@ using namespace nb::literals;
 
 namespace {
 
-// The options a JSON object of TrainingArguments names gives, validated; caller_metrics: a
-// compute_metrics adds metrics that metric_for_best_model may name.
+// The options a JSON object of TrainingArguments names gives; caller_metrics: a compute_metrics
+// adds metrics that metric_for_best_model may name. train and estimate validate them once, as
+// they resolve the run.
 brisk::TrainOptions options_of(const std::string& text, bool caller_metrics) {
   brisk::TrainOptions o;
   o.switches = brisk::read_switches();  // the measurement switches, read once for the call
   brisk::apply_options_json(o, nlohmann::json::parse(text), "TrainingArguments");
   o.caller_metrics = caller_metrics;
-  brisk::validate_options(o);
   return o;
 }
 
-// Every option's value (brisk's names) and the keys accepted without effect.
+// Every option's value (brisk's names) and the keys accepted without effect, validated.
 std::string resolve_options(const std::string& text) {
   // (TrainingArguments do not know whether a Trainer will compute metrics of its own.)
   const brisk::TrainOptions o = options_of(text, true);
+  brisk::validate_options(o);
   return nlohmann::json{{"options", brisk::options_to_json(o)}, {"ignored", o.ignored_keys}}.dump();
 }
 

@@ -229,11 +229,10 @@ void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s)
 }
 
 ResolvedRun resolve_run(const TrainOptions& given, int ranks) {
-  validate_options(given);
   ResolvedRun r;
   r.options =
       apply_parallelism_config(apply_deepspeed_config(given, ranks, &r.deepspeed_ignored), ranks);
-  validate_options(r.options);
+  validate_options(r.options);  // once, over what the user gave and the config files add
   r.layout = parallel_layout(r.options, ranks);
   BRISK_CHECK(ranks <= 1 || !r.options.auto_find_batch_size, "--auto_find_batch_size in a run of ",
               ranks, " processes is not supported yet");
