@@ -259,8 +259,7 @@ BlockStyle Model::config_block_style(bool training) const {
 BlockStyle Model::style(bool training) const {
   BlockStyle s = block_style(training);
   s.act_dtype = options_.activation_dtype;
-  s.tensor_group = parallelism_.tensor;
-  s.sequence_group = parallelism_.sequence;
+  s.parallel = parallelism_;
   s.tensor_slices_tokens = slices_tokens();
   s.rebuilds_norms = options_.recompute_norms;
   s.rebuilds_activation = options_.recompute_activation;

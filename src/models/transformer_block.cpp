@@ -17,15 +17,15 @@ RngKey site_key(const RngKey& key, int layer, int which) {
 // Megatron's sequence parallelism: whether the residual stream holds this tensor rank's slice
 // of the tokens.
 bool slices_tokens(const BlockStyle& st) {
-  return st.tensor_slices_tokens && st.tensor_group != nullptr && st.tensor_group->size() > 1;
+  return st.tensor_slices_tokens && st.parallel.tensor != nullptr && st.parallel.tensor->size() > 1;
 }
 
 // Where the residual stream's tokens lie in each whole sequence: Ulysses' slice, and within it
 // the tensor rank's.
 TokenSlice stream_slice(const BlockStyle& st) {
-  const TokenSlice sequence = token_slice(st.sequence_group);
+  const TokenSlice sequence = token_slice(st.parallel.sequence);
   if (!slices_tokens(st)) return sequence;
-  return token_slice(sequence, st.tensor_group->rank(), st.tensor_group->size());
+  return token_slice(sequence, st.parallel.tensor->rank(), st.parallel.tensor->size());
 }
 
 // Part k of float32 buffer `buf` shaped as the stream tensor `like` (tmp and tmp2 hold whole
@@ -41,9 +41,9 @@ Tensor slice_space(const Tensor& buf, const Tensor& like, int64_t k) {
 Tensor all_tokens(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& into,
                   const BlockScratch& sc) {
   if (!slices_tokens(st)) return x;
-  const Tensor full(into.data(), Shape{x.dim(0), x.dim(1) * st.tensor_group->size(), x.dim(2)},
+  const Tensor full(into.data(), Shape{x.dim(0), x.dim(1) * st.parallel.tensor->size(), x.dim(2)},
                     x.dtype(), into.device());
-  gather_tokens(be, *st.tensor_group, x, full, sc.token_exchange);
+  gather_tokens(be, *st.parallel.tensor, x, full, sc.token_exchange);
   return full;
 }
 
@@ -51,10 +51,10 @@ Tensor all_tokens(Backend& be, const BlockStyle& st, const Tensor& x, const Tens
 // group (rank 0 does: the row-parallel products' biases, the residual gradient of a post-norm
 // block), and that sum.
 bool adds_shared_terms(const BlockStyle& st) {
-  return st.tensor_group == nullptr || st.tensor_group->rank() == 0;
+  return st.parallel.tensor == nullptr || st.parallel.tensor->rank() == 0;
 }
 void sum_over_group(Backend& be, const BlockStyle& st, const Tensor& t) {
-  if (st.tensor_group != nullptr) st.tensor_group->all_reduce_sum(be, t);
+  if (st.parallel.tensor != nullptr) st.parallel.tensor->all_reduce_sum(be, t);
 }
 
 // The gradient of stream tensor `like` from a partial one over every token (float32, in `full`):
@@ -67,7 +67,7 @@ Tensor stream_sum(Backend& be, const BlockStyle& st, const Tensor& full, const T
     return full;
   }
   const Tensor slice = slice_space(into, like, k);
-  scatter_tokens_sum(be, *st.tensor_group, full, slice, sc.token_exchange);
+  scatter_tokens_sum(be, *st.parallel.tensor, full, slice, sc.token_exchange);
   return slice;
 }
 
@@ -193,7 +193,7 @@ void residual_norm(Backend& be, const BlockStyle& st, const Tensor& x, const Ten
 // The position of the block's first token: under sequence parallelism this rank's tokens of
 // every sequence (t of them) start at rank * t.
 int64_t first_position(const BlockStyle& st, const Tensor& tokens) {
-  return splits_sequences(st.sequence_group) ? st.sequence_group->rank() * tokens.dim(1) : 0;
+  return splits_sequences(st.parallel.sequence) ? st.parallel.sequence->rank() * tokens.dim(1) : 0;
 }
 
 // Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
@@ -210,7 +210,7 @@ void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
 
 // The heads attention computes: all of them, or under sequence parallelism this rank's share.
 int sequence_ranks(const BlockStyle& st) {
-  return splits_sequences(st.sequence_group) ? st.sequence_group->size() : 1;
+  return splits_sequences(st.parallel.sequence) ? st.parallel.sequence->size() : 1;
 }
 
 // The key/value heads attention computes with: under sequence parallelism this rank's share, or
@@ -307,7 +307,7 @@ Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce)
 // sc.tmp2), then rounded; else branch_product's, in sc.tmp.
 Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& w,
                      const Tensor& b, const Tensor& like, const BlockScratch& sc) {
-  if (st.tensor_group == nullptr)
+  if (st.parallel.tensor == nullptr)
     return branch_product(be, st.act_dtype, sc.tmp,
                           [&](const Tensor& y) { be.linear_forward(x, w, b, st.layout, y); });
   be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
@@ -321,10 +321,10 @@ Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const T
 RngKey attention_key(const BlockStyle& st, const RngKey& key, int layer) {
   RngKey k = site_key(key, layer, kAttnProbs);
   const int ranks = sequence_ranks(st);
-  const int tensor_rank = st.tensor_group != nullptr ? st.tensor_group->rank() : 0;
-  const int tensor_ranks = st.tensor_group != nullptr ? st.tensor_group->size() : 1;
+  const int tensor_rank = st.parallel.tensor != nullptr ? st.parallel.tensor->rank() : 0;
+  const int tensor_ranks = st.parallel.tensor != nullptr ? st.parallel.tensor->size() : 1;
   if (ranks * tensor_ranks > 1) {  // and a sequence rank's share of the tensor rank's heads
-    const int sequence_rank = ranks > 1 ? st.sequence_group->rank() : 0;
+    const int sequence_rank = ranks > 1 ? st.parallel.sequence->rank() : 0;
     k.first_head = static_cast<uint32_t>(tensor_rank * st.heads + sequence_rank * st.heads / ranks);
     k.heads_total = static_cast<uint32_t>(tensor_ranks * st.heads);
   }
@@ -374,7 +374,7 @@ const Tensor& sequence_split_qkv(Backend& be, const BlockStyle& st, Produce prod
   produce(sc.d_qkv);
   rotary_forward(be, st, sc.d_qkv, first_position(st, sc.d_qkv));
   be.round_to(st.act_dtype, sc.d_qkv);
-  tokens_to_heads(be, *st.sequence_group, sc.d_qkv, s.qkv,
+  tokens_to_heads(be, *st.parallel.sequence, sc.d_qkv, s.qkv,
                   qkv_columns(st, head_columns(st, sc.d_qkv)), sc.exchange);
   if (copy == nullptr) return s.qkv;
   be.cast(s.qkv, *copy);
@@ -389,7 +389,7 @@ const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const 
                                        const Tensor* copy) {
   block_attention_core(be, st, key_mask, qkv, s, sc, sc.heads_ctx, key, layer);
   be.round_to(st.act_dtype, sc.heads_ctx);
-  heads_to_tokens(be, *st.sequence_group, sc.heads_ctx, s.ctx,
+  heads_to_tokens(be, *st.parallel.sequence, sc.heads_ctx, s.ctx,
                   ctx_columns(st, head_columns(st, sc.d_qkv)), sc.exchange);
   return round_saved(be, st.act_dtype, s.ctx, copy);
 }
@@ -400,7 +400,7 @@ const Tensor& sequence_split_attention(Backend& be, const BlockStyle& st, const 
 void sequence_split_attention_backward(Backend& be, const BlockStyle& st, const KeyMask& key_mask,
                                        const BlockSaved& s, const BlockScratch& sc,
                                        const RngKey& key, int layer) {
-  SequenceGroup& group = *st.sequence_group;
+  SequenceGroup& group = *st.parallel.sequence;
   const int ranks = group.size();
   const ColumnGroups ctx = ctx_columns(st, head_columns(st, sc.d_qkv));
   tokens_to_heads(be, group, sc.d_ctx, sc.heads_ctx, ctx, sc.exchange);
@@ -428,9 +428,9 @@ void copy_columns(Backend& be, const Tensor& qkv, int64_t at, const Tensor& part
 
 // BlockStyle::qk_norm's two parts of qkv [B, T, W]: the query heads' columns, then the key heads'.
 std::array<std::pair<int64_t, int64_t>, 2> qk_columns(const BlockStyle& st, const Tensor& qkv) {
-  BRISK_CHECK(
-      !st.rope_cos.empty() && st.tensor_group == nullptr && !splits_sequences(st.sequence_group),
-      "query/key norms need rotary blocks without tensor or sequence parallelism");
+  BRISK_CHECK(!st.rope_cos.empty() && st.parallel.tensor == nullptr &&
+                  !splits_sequences(st.parallel.sequence),
+              "query/key norms need rotary blocks without tensor or sequence parallelism");
   const int64_t D = head_columns(st, qkv);
   return {{{0, st.heads * D}, {st.heads * D, st.kv_heads * D}}};
 }
@@ -468,7 +468,7 @@ void qk_norm_backward(Backend& be, const BlockStyle& st, const BlockParams& w, c
 // Whether layer `layer`'s MLP is st.sparse_mlp's; refuses a block style it does not serve.
 bool sparse_layer(const BlockStyle& st, int layer) {
   if (st.sparse_mlp == nullptr || !st.sparse_mlp->sparse(layer)) return false;
-  BRISK_CHECK(st.pre_norm && st.tensor_group == nullptr,
+  BRISK_CHECK(st.pre_norm && st.parallel.tensor == nullptr,
               "a sparse MLP needs a pre-norm block without tensor parallelism");
   return true;
 }
@@ -518,7 +518,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor* qkv_copy = copy(&BlockSaved::qkv);
   const Tensor* qkv = nullptr;
   const Tensor* ctx = nullptr;
-  if (splits_sequences(st.sequence_group)) {
+  if (splits_sequences(st.parallel.sequence)) {
     qkv = &sequence_split_qkv(be, st, qkv_product, s, scratch, qkv_copy);
     ctx = &sequence_split_attention(be, st, key_mask, *qkv, s, scratch, key, layer,
                                     copy(&BlockSaved::ctx));
@@ -681,7 +681,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   const bool rounds_dqkv = !products_round(be, lp, g.qkv_b);
   const bool qkv_as_given = st.rope_cos.empty() && !st.qk_norm;
   Tensor d_qkv = sc.d_qkv;  // or, given in bf16 by the attention, its bf16 view
-  if (splits_sequences(st.sequence_group)) {
+  if (splits_sequences(st.parallel.sequence)) {
     be.round_to(lp, sc.d_ctx);
     sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
   } else {
@@ -692,7 +692,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
   rotary_backward(be, st, sc.d_qkv);
   if (st.qk_norm) qk_norm_backward(be, st, w, g, s, sc);
-  if (rounds_dqkv && (splits_sequences(st.sequence_group) || !qkv_as_given))
+  if (rounds_dqkv && (splits_sequences(st.parallel.sequence) || !qkv_as_given))
     be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, d_qkv, st.layout,

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
+#include "models/model_parallelism.h"
 #include "models/sequence_parallel.h"
 
 namespace brisk {
@@ -73,16 +74,16 @@ struct BlockStyle {
   // Rotary position embedding tables [positions, head_dim / 2] from position 0 (rope.h); empty:
   // none. A sequence's tokens take the rows of their positions.
   Tensor rope_cos, rope_sin;
-  // Tensor parallelism (Megatron's): heads, kv_heads and the MLP width above are this rank's
-  // share; the query/key/value and first MLP products are split by output (column-parallel), the
-  // attention output and second MLP products by input (row-parallel), their partial outputs and
-  // the column-parallel products' input gradients summed over the group. Null: one rank.
-  TensorGroup* tensor_group = nullptr;
-  // Sequence parallelism (DeepSpeed-Ulysses'): the block's tensors hold this rank's tokens of every
-  // sequence (sequence_parallel.h); attention runs on every token of heads / size() of the heads
-  // (and kv_heads / size()), its input and output exchanged by all-to-all; rotary positions start
-  // at this rank's first token. Null: every token.
-  SequenceGroup* sequence_group = nullptr;
+  // The groups the block runs in (model_parallelism.h). Tensor parallelism (Megatron's): heads,
+  // kv_heads and the MLP width above are this rank's share; the query/key/value and first MLP
+  // products are split by output (column-parallel), the attention output and second MLP products
+  // by input (row-parallel), their partial outputs and the column-parallel products' input
+  // gradients summed over parallel.tensor. Sequence parallelism (DeepSpeed-Ulysses'): the block's
+  // tensors hold this rank's tokens of every sequence (sequence_parallel.h); attention runs on
+  // every token of heads / size() of the heads (and kv_heads / size()), its input and output
+  // exchanged by all-to-all over parallel.sequence; rotary positions start at this rank's first
+  // token. A null group: one rank.
+  ModelParallelism parallel;
   // Megatron's sequence parallelism under tensor parallelism: x, the residual stream, its norms
   // and dropouts hold this tensor rank's slice of the tokens (TokenSlice: of the sequence group's
   // tokens, where there is one); the column-parallel products read their inputs all-gathered,
