@@ -63,6 +63,7 @@ class Gpt2 final : public Model {
 
   int64_t head_width() const override { return vocab_rows(); }
   const char* base_prefix() const override { return "transformer."; }
+  bool blocks_store_linears_transposed() const override { return true; }  // Conv1D
   const char* class_name() const override { return "GPT2LMHeadModel"; }
   BatchLayout batch_layout(int64_t batch, int64_t seq) const override {
     return {batch, seq, /*token_types=*/false, /*labels_per_token=*/true};

@@ -24,6 +24,7 @@
 #include "core/weight_files.h"
 #include "data/batch.h"
 #include "models/config.h"
+#include "models/linears.h"
 #include "models/model_options.h"
 #include "models/model_parallelism.h"
 #include "models/moe_layer.h"
@@ -122,6 +123,8 @@ class Model : public BatchTarget {
   const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
   // The same ranges of the parameter layout, known from creation (before any plan).
   const std::vector<ElementRange>& param_segments() const { return segments_; }
+  // The linears this model's share holds (linears.h), in declaration order: what adapters wrap.
+  std::vector<LinearDecl> linears() const;
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
   // place, which other segments' places may overlap (they hold their gradients in turn).
   Tensor grad_segment(int segment) const;
@@ -250,6 +253,8 @@ class Model : public BatchTarget {
   virtual void init_extra(Backend&, int /*param*/) {}
   // Staged weights: whether the embeddings' backward reads them (an embedding LayerNorm).
   virtual bool embed_backward_reads_weights() const { return false; }
+  // Whether the blocks' linear weights are stored [in, out] (transformers' Conv1D).
+  virtual bool blocks_store_linears_transposed() const { return false; }
   // The prefix of the base model's parameter names ("bert.", "transformer.").
   virtual const char* base_prefix() const = 0;
   // Width of the head's largest linear output (vocabulary for an LM head, hidden for a pooler).

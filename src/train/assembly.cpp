@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "adapters/lora.h"
 #include "backend/device_traits.h"
 #include "core/step_control.h"
 #include "core/switches.h"
@@ -76,6 +77,18 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
+// LoRA: the targets resolved against the model's linears (a bad name refused here, before any
+// data is read); training them is not built yet.
+void refuse_adapters(const TrainOptions& o, const Model& model) {
+  const LoraConfig c = lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
+                                   o.lora_modules_to_save, o.use_rslora);
+  const LoraTargets t = lora_targets(model.linears(), c, model.config().type_name());
+  BRISK_FAIL("--use_peft: LoRA adapters on ", t.linears.size(), " linears (",
+             t.linears.front().module,
+             ", ...) are not built yet: their forward and backward "
+             "come next; train without --use_peft");
+}
+
 BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
@@ -95,6 +108,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B
     o.seq_len = r.files.seq_len;
   }
   r.model = Model::create(rank_share(r.config, r.layout, r.place));
+  if (o.use_peft) refuse_adapters(o, *r.model);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files)

@@ -142,6 +142,30 @@ void check_sizes(const TrainOptions& o) {
   });
 }
 
+// LoRA's numbers; its options without --use_peft are a forgotten flag.
+void check_adapters(const TrainOptions& o) {
+  if (!o.use_peft) {
+    const TrainOptions d;
+    const char* given = o.lora_r != d.lora_r                             ? "--lora_r"
+                        : o.lora_alpha != d.lora_alpha                   ? "--lora_alpha"
+                        : o.lora_dropout != d.lora_dropout               ? "--lora_dropout"
+                        : o.lora_target_modules != d.lora_target_modules ? "--lora_target_modules"
+                        : o.lora_modules_to_save != d.lora_modules_to_save
+                            ? "--lora_modules_to_save"
+                        : o.use_rslora ? "--use_rslora"
+                                       : nullptr;
+    BRISK_CHECK(given == nullptr, given,
+                " is set but --use_peft is not: add --use_peft to "
+                "train LoRA adapters, or drop ",
+                given);
+    return;
+  }
+  BRISK_CHECK(o.lora_r >= 1 && o.lora_r <= 65536, "lora_r must lie in [1, 65536], got ", o.lora_r);
+  BRISK_CHECK(o.lora_alpha > 0, "lora_alpha must be positive, got ", o.lora_alpha);
+  BRISK_CHECK(o.lora_dropout >= 0 && o.lora_dropout < 1, "lora_dropout must lie in [0, 1), got ",
+              o.lora_dropout);
+}
+
 // Precision, recomputation, the optimizer's numbers and the learning-rate schedule.
 void check_precision_and_schedule(const TrainOptions& o) {
   BRISK_CHECK(!(o.fp16 && o.bf16), "--fp16 and --bf16 contradict each other: choose one");
@@ -303,6 +327,7 @@ void check_data(const TrainOptions& o) {
 void validate_options(const TrainOptions& o) {
   check_sizes(o);
   check_precision_and_schedule(o);
+  check_adapters(o);
   check_saving_and_parallelism(o);
   check_evaluation(o);
   check_data(o);
@@ -414,6 +439,9 @@ const char* option_group(const std::string& name) {
         "adam_beta2", "adam_epsilon", "seed"}},
       {"Precision",
        {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
+      {"LoRA adapters",
+       {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+        "lora_modules_to_save", "use_rslora"}},
       {"Memory and device",
        {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
         "offload_optimizer", "device", "use_cpu"}},

@@ -44,6 +44,18 @@ struct TrainOptions {
   // Load a model folder whose tensors differ in shape from the model's (a classifier of another
   // number of labels): those are initialized anew, as from_pretrained's option.
   bool ignore_mismatched_sizes = false;
+  // LoRA (PEFT's LoraConfig, TRL's ModelConfig names and defaults): low-rank adapters on the
+  // linears named by lora_target_modules (transformers' module names, comma-separated, or
+  // "all-linear"; empty: PEFT's default for the model type), y = W x + (lora_alpha / lora_r)
+  // B A dropout(x) (use_rslora: lora_alpha / sqrt(lora_r)); the base weights frozen;
+  // lora_modules_to_save trained in full and saved with the adapter.
+  bool use_peft = false;
+  int64_t lora_r = 16;
+  double lora_alpha = 32;
+  double lora_dropout = 0.05;
+  std::string lora_target_modules;
+  std::string lora_modules_to_save;
+  bool use_rslora = false;
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -216,6 +228,20 @@ void visit_options(Options& o, Visitor&& v) {
   v("per_device_train_batch_size", o.per_device_train_batch_size, "micro-batch size");
   v("gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per update");
   v("gradient_checkpointing", o.gradient_checkpointing, "recompute block internals in backward");
+  v("use_peft", o.use_peft,
+    "train LoRA adapters (PEFT's LoRA) on the linears named by lora_target_modules, the base "
+    "weights frozen");
+  v("lora_r", o.lora_r, "LoRA: the adapters' rank");
+  v("lora_alpha", o.lora_alpha, "LoRA: the adapters' output scaled by lora_alpha / lora_r");
+  v("lora_dropout", o.lora_dropout, "LoRA: dropout on the adapters' input");
+  v("lora_target_modules", o.lora_target_modules,
+    "LoRA: the linears to adapt, transformers' module names or their last parts, "
+    "comma-separated (q_proj,v_proj), or all-linear (every linear but the output layer); "
+    "empty: PEFT's default for the model type");
+  v("lora_modules_to_save", o.lora_modules_to_save,
+    "LoRA: modules trained in full and saved with the adapter (a classifier or score head), "
+    "comma-separated; a name the model does not have is skipped, as PEFT does");
+  v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
   v("selective_recompute", o.selective_recompute,
     "keep each block's tensors but the attention core's statistics and recompute those in "
     "backward (exact; between no recomputation and gradient_checkpointing in memory)");

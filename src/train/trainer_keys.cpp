@@ -277,16 +277,23 @@ std::string renamed_option(const std::string& name) {
   return "";
 }
 
-nlohmann::json trainer_value_as_option(const std::string& name, const nlohmann::json& value) {
-  if (name == "report_to" && value.is_array()) {
-    std::string joined;
-    for (const nlohmann::json& v : value) {
-      if (!v.is_string()) return value;  // refused as a non-string
-      if (!joined.empty()) joined += ',';
-      joined += v.get<std::string>();
-    }
-    return joined.empty() ? "none" : joined;
+// A JSON list of strings comma-joined (`if_empty` for an empty one); the value itself when an
+// element is not a string (then refused as one).
+static nlohmann::json comma_joined(const nlohmann::json& value, const char* if_empty) {
+  std::string joined;
+  for (const nlohmann::json& v : value) {
+    if (!v.is_string()) return value;
+    if (!joined.empty()) joined += ',';
+    joined += v.get<std::string>();
   }
+  return joined.empty() ? if_empty : joined;
+}
+
+nlohmann::json trainer_value_as_option(const std::string& name, const nlohmann::json& value) {
+  if (name == "report_to" && value.is_array()) return comma_joined(value, "none");
+  // PEFT's and TRL's lists of module names (an empty list: none given).
+  if ((name == "lora_target_modules" || name == "lora_modules_to_save") && value.is_array())
+    return comma_joined(value, "");
   if (name == "greater_is_better" && value.is_boolean())
     return value.get<bool>() ? "true" : "false";
   return value;

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Writes the LoRA target fixtures under tests/fixtures/lora/ with transformers + PEFT.
+
+targets.json: for each tiny model of tests/fixtures (its class from config.json's architectures,
+PEFT's task type from the class), and for each target_modules value below, the module names PEFT
+wraps with a LoRA layer (sorted), or the error PEFT raises. The values: PEFT's default for the
+model type (null), lists of transformers' module names, PEFT's "all-linear", and a regular
+expression (a string, which PEFT matches against the whole module name). modules_to_save is set
+to PEFT's SEQ_CLS default ["classifier", "score"] for classification models, as PEFT's own
+configs do.
+adapter_config.json: PEFT's save_pretrained of a LoRA of llama_tiny (r 4, alpha 8, dropout 0.05,
+q_proj and v_proj), the file a brisk run must read.
+
+Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py
+"""
+import json
+import os
+import tempfile
+
+import transformers
+from peft import LoraConfig, TaskType, get_peft_model
+from peft.tuners.lora import LoraLayer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "lora")
+
+MODELS = ["bert_tiny", "bert_mlm", "distilbert_tiny", "gpt2_tiny", "llama_tiny", "mistral_tiny",
+          "qwen2_tiny", "moe/mixtral_tiny", "moe/olmoe_tiny", "moe/qwen2_moe_tiny"]
+TARGETS = [None, ["q_proj", "v_proj"], ["query", "value"], ["q_lin", "v_lin"], ["c_attn"],
+           ["c_proj"], ["o_proj", "down_proj", "gate_proj", "up_proj"], ["dense"],
+           ["layers.1.self_attn.q_proj"], ["nonexistent"], "all-linear", r".*\.1\..*proj"]
+
+
+def task_of(cls_name):
+    if cls_name.endswith("ForSequenceClassification"):
+        return TaskType.SEQ_CLS
+    if cls_name.endswith("ForCausalLM") or cls_name.endswith("LMHeadModel"):
+        return TaskType.CAUSAL_LM
+    return None  # masked LM: PEFT has no task type for it
+
+
+def wrapped(name, targets):
+    config_path = os.path.join(FIXTURES, name)
+    config = transformers.AutoConfig.from_pretrained(config_path)
+    cls_name = config.architectures[0]
+    model = getattr(transformers, cls_name)(config)
+    task = task_of(cls_name)
+    kwargs = dict(r=4, lora_alpha=8, target_modules=targets, task_type=task)
+    if task == TaskType.SEQ_CLS:
+        kwargs["modules_to_save"] = ["classifier", "score"]
+    try:
+        peft_model = get_peft_model(model, LoraConfig(**kwargs))
+    except (ValueError, TypeError) as e:
+        return {"error": str(e).split("\n")[0][:200]}
+    prefix = "base_model.model."
+    names = sorted(n[len(prefix):] if n.startswith(prefix) else n
+                   for n, m in peft_model.named_modules() if isinstance(m, LoraLayer))
+    return {"wrapped": names}
+
+
+def adapter_config():
+    config = transformers.AutoConfig.from_pretrained(os.path.join(FIXTURES, "llama_tiny"))
+    model = transformers.LlamaForCausalLM(config)
+    model.name_or_path = "llama_tiny"
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
+                      task_type=TaskType.CAUSAL_LM)
+    with tempfile.TemporaryDirectory() as d:
+        get_peft_model(model, lora).save_pretrained(d)
+        with open(os.path.join(d, "adapter_config.json")) as f:
+            written = json.load(f)
+    # PEFT keeps target_modules as a set: its order in the file varies from run to run.
+    written["target_modules"] = sorted(written["target_modules"])
+    return written
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    cases = []
+    for name in MODELS:
+        for targets in TARGETS:
+            case = {"model": name, "target_modules": targets}
+            case.update(wrapped(name, targets))
+            cases.append(case)
+    with open(os.path.join(OUT, "targets.json"), "w") as f:
+        json.dump({"peft": __import__("peft").__version__,
+                   "transformers": transformers.__version__, "cases": cases}, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(OUT, "adapter_config.json"), "w") as f:
+        json.dump(adapter_config(), f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

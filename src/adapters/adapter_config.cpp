@@ -1,0 +1,125 @@
+// PEFT's adapter_config.json for LoRA: read (the keys brisk runs, the rest only at PEFT's
+// defaults) and written as PEFT's save_pretrained writes it.
+#include <set>
+
+#include "adapters/lora.h"
+#include "core/error.h"
+
+namespace brisk {
+namespace {
+
+// Keys PEFT writes whose values brisk follows or that change nothing in a LoRA run.
+const std::set<std::string>& followed_keys() {
+  static const std::set<std::string> keys = {
+      "peft_type",
+      "r",
+      "lora_alpha",
+      "lora_dropout",
+      "target_modules",
+      "modules_to_save",
+      "use_rslora",
+      "fan_in_fan_out",
+      "bias",
+      "base_model_name_or_path",
+      "task_type",
+      "inference_mode",
+      "init_lora_weights",
+      "peft_version",
+      "revision",
+      "auto_mapping",
+      "megatron_core",
+      "qalora_group_size"};  // the last read only with use_qalora
+  return keys;
+}
+
+// A key of PEFT's that brisk does not run is accepted at the value PEFT writes when it is off.
+bool at_its_default(const nlohmann::json& v) {
+  return v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty()) ||
+         (v.is_string() && v.get<std::string>().empty());
+}
+
+std::vector<std::string> string_list(const nlohmann::json& v, const std::string& origin,
+                                     const char* key) {
+  std::vector<std::string> names;
+  if (v.is_null()) return names;
+  BRISK_CHECK(v.is_array(), origin, ": ", key, " must be a list of module names");
+  for (const nlohmann::json& n : v) {
+    BRISK_CHECK(n.is_string(), origin, ": ", key, " must be a list of module names");
+    names.push_back(n.get<std::string>());
+  }
+  return names;
+}
+
+double number(const nlohmann::json& j, const char* key, double fallback,
+              const std::string& origin) {
+  if (!j.contains(key)) return fallback;
+  BRISK_CHECK(j[key].is_number(), origin, ": ", key, " must be a number");
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origin) {
+  BRISK_CHECK(j.is_object(), origin, ": an adapter config must be a JSON object");
+  BRISK_CHECK(j.value("peft_type", nlohmann::json()) == "LORA", origin,
+              ": peft_type must be \"LORA\" (brisk runs LoRA adapters only)");
+  for (const auto& [key, value] : j.items())
+    BRISK_CHECK(followed_keys().count(key) || at_its_default(value), origin, ": ", excerpt(key),
+                " is set, which brisk does not run yet (only plain LoRA adapters)");
+  BRISK_CHECK(j.value("bias", nlohmann::json("none")) == "none", origin,
+              ": bias must be \"none\" (brisk trains no biases with the adapters)");
+  LoraConfig c;
+  const double r = number(j, "r", 8, origin);
+  BRISK_CHECK(r >= 1 && r <= 65536 && r == static_cast<double>(static_cast<int64_t>(r)), origin,
+              ": r must be a whole number in [1, 65536]");
+  c.r = static_cast<int64_t>(r);
+  c.alpha = number(j, "lora_alpha", 8, origin);
+  BRISK_CHECK(c.alpha > 0, origin, ": lora_alpha must be positive");
+  c.dropout = number(j, "lora_dropout", 0, origin);
+  BRISK_CHECK(c.dropout >= 0 && c.dropout < 1, origin, ": lora_dropout must lie in [0, 1)");
+  const nlohmann::json targets = j.value("target_modules", nlohmann::json());
+  if (targets.is_string()) {
+    const std::string t = targets.get<std::string>();
+    c.all_linear = t == "all-linear" || t == "ALL-LINEAR";
+    if (!c.all_linear) c.target_pattern = t;
+  } else {
+    c.target_modules = string_list(targets, origin, "target_modules");
+  }
+  c.modules_to_save =
+      string_list(j.value("modules_to_save", nlohmann::json()), origin, "modules_to_save");
+  const nlohmann::json rs = j.value("use_rslora", nlohmann::json(false));
+  BRISK_CHECK(rs.is_boolean(), origin, ": use_rslora must be true or false");
+  c.use_rslora = rs.get<bool>();
+  const nlohmann::json base = j.value("base_model_name_or_path", nlohmann::json());
+  if (base.is_string()) c.base_model_name_or_path = base.get<std::string>();
+  const nlohmann::json task = j.value("task_type", nlohmann::json());
+  if (task.is_string()) c.task_type = task.get<std::string>();
+  return c;
+}
+
+nlohmann::json adapter_config_json(const LoraConfig& c) {
+  nlohmann::json targets = c.all_linear                ? nlohmann::json("all-linear")
+                           : !c.target_pattern.empty() ? nlohmann::json(c.target_pattern)
+                                                       : nlohmann::json(c.target_modules);
+  return {{"peft_type", "LORA"},
+          {"r", c.r},
+          {"lora_alpha", c.alpha},
+          {"lora_dropout", c.dropout},
+          {"target_modules", targets},
+          {"modules_to_save",
+           c.modules_to_save.empty() ? nlohmann::json() : nlohmann::json(c.modules_to_save)},
+          {"use_rslora", c.use_rslora},
+          {"fan_in_fan_out", false},
+          {"bias", "none"},
+          {"init_lora_weights", true},
+          {"inference_mode", true},
+          {"base_model_name_or_path", c.base_model_name_or_path},
+          {"task_type", c.task_type.empty() ? nlohmann::json() : nlohmann::json(c.task_type)},
+          {"use_dora", false},
+          {"layers_to_transform", nullptr},
+          {"layers_pattern", nullptr},
+          {"rank_pattern", nlohmann::json::object()},
+          {"alpha_pattern", nlohmann::json::object()}};
+}
+
+}  // namespace brisk

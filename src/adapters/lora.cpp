@@ -1,0 +1,159 @@
+#include "adapters/lora.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "core/error.h"
+
+namespace brisk {
+namespace {
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    std::string name = text.substr(start, comma - start);
+    const size_t first = name.find_first_not_of(" \t");
+    const size_t last = name.find_last_not_of(" \t");
+    if (first != std::string::npos) names.push_back(name.substr(first, last - first + 1));
+    start = comma + 1;
+  }
+  return names;
+}
+
+bool is_all_linear(const std::vector<std::string>& names) {
+  return names.size() == 1 && (names[0] == "all-linear" || names[0] == "ALL-LINEAR");
+}
+
+// One regular expression matched against whole names (PEFT's re.fullmatch), bounded in work.
+class FullMatch {
+ public:
+  FullMatch(const std::string& pattern, const std::string& origin) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_ANCHORED | PCRE2_ENDANCHORED, &err, &offset, nullptr);
+    if (code_ == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(err, message, sizeof message);
+      BRISK_FAIL(origin, ": target_modules \"", excerpt(pattern),
+                 "\" is not a regular expression (at ", offset, ": ",
+                 reinterpret_cast<const char*>(message), ")");
+    }
+    context_ = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context_, 1000000);
+    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+  }
+  ~FullMatch() {
+    pcre2_match_data_free(data_);
+    pcre2_match_context_free(context_);
+    pcre2_code_free(code_);
+  }
+  FullMatch(const FullMatch&) = delete;
+  FullMatch& operator=(const FullMatch&) = delete;
+  bool operator()(const std::string& name) const {
+    return pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, data_,
+                       context_) >= 0;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
+  pcre2_match_data* data_ = nullptr;
+};
+
+bool ends_with_part(const std::string& name, const std::string& part) {
+  return name == part || (name.size() > part.size() &&
+                          name.compare(name.size() - part.size(), part.size(), part) == 0 &&
+                          name[name.size() - part.size() - 1] == '.');
+}
+
+// PEFT's defaults by model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+std::vector<std::string> default_targets(const std::string& model_type) {
+  static const std::map<std::string, std::vector<std::string>> defaults = {
+      {"bert", {"query", "value"}},      {"gpt2", {"c_attn"}},
+      {"llama", {"q_proj", "v_proj"}},   {"mistral", {"q_proj", "v_proj"}},
+      {"mixtral", {"q_proj", "v_proj"}}, {"qwen2", {"q_proj", "v_proj"}}};
+  const auto it = defaults.find(model_type);
+  BRISK_CHECK(it != defaults.end(), "--lora_target_modules is needed: PEFT has no default ",
+              "target modules for model_type \"", model_type,
+              "\"; name the linears to adapt (e.g. q_lin,v_lin) or give all-linear");
+  return it->second;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;
+  return s;
+}
+
+}  // namespace
+
+double LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,
+                       const std::string& modules_to_save, bool use_rslora) {
+  LoraConfig c;
+  c.r = r;
+  c.alpha = alpha;
+  c.dropout = dropout;
+  c.target_modules = split_names(target_modules);
+  c.all_linear = is_all_linear(c.target_modules);
+  if (c.all_linear) c.target_modules.clear();
+  c.modules_to_save = split_names(modules_to_save);
+  c.use_rslora = use_rslora;
+  return c;
+}
+
+bool saved_in_full(const std::string& name, const std::vector<std::string>& modules_to_save) {
+  for (const std::string& m : modules_to_save) {
+    if (name == m || ends_with_part(name, m) || name.rfind(m + ".", 0) == 0 ||
+        name.find("." + m + ".") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfig& c,
+                         const std::string& model_type) {
+  LoraTargets t;
+  std::vector<LinearDecl>& out = t.linears;
+  const bool listed = !c.all_linear && c.target_pattern.empty();
+  const std::vector<std::string> names =
+      listed && c.target_modules.empty() ? default_targets(model_type) : c.target_modules;
+  std::optional<FullMatch> pattern;
+  if (!c.target_pattern.empty()) pattern.emplace(c.target_pattern, "the adapter's config");
+  for (const LinearDecl& l : linears) {
+    if (l.expert || saved_in_full(l.module, c.modules_to_save)) continue;
+    bool hit = false;
+    if (c.all_linear)
+      hit = !l.output;
+    else if (pattern)
+      hit = (*pattern)(l.module);
+    else
+      for (const std::string& n : names) hit = hit || ends_with_part(l.module, n);
+    if (hit) out.push_back(l);
+  }
+  // A listed name that matches no linear: skipped, as PEFT does when another one matches.
+  for (const std::string& n : listed ? names : std::vector<std::string>{}) {
+    bool found = false;
+    for (const LinearDecl& l : out) found = found || ends_with_part(l.module, n);
+    if (!found) t.unmatched.push_back(n);
+  }
+  BRISK_CHECK(!out.empty(), "--lora_target_modules ",
+              c.all_linear ? std::string("all-linear")
+              : pattern    ? "\"" + excerpt(c.target_pattern) + "\""
+                           : joined(names),
+              " matches no linear of the model (", model_type, "'s linears are named like ",
+              linears.empty() ? std::string("none") : excerpt(linears.front().module, 60), ")");
+  return t;
+}
+
+}  // namespace brisk

@@ -1,0 +1,60 @@
+// LoRA as PEFT defines it (peft's LoraConfig and its adapter_config.json): which of a model's
+// linears (models/linears.h) take low-rank adapters, which modules train in full beside them,
+// and the numbers of the adapters. The model declares its linears; this layer picks and wraps
+// them from outside.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "models/linears.h"
+
+namespace brisk {
+
+struct LoraConfig {
+  int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0.05;
+  // PEFT's target_modules: names (a module whose name is one of them or ends with "." + one),
+  // "all-linear" (every linear but the output layer), or one regular expression that must match
+  // a module's whole name (PEFT's string form). None of them: PEFT's default for the model type.
+  std::vector<std::string> target_modules;
+  bool all_linear = false;
+  std::string target_pattern;
+  // Modules trained in full and saved with the adapter (PEFT's modules_to_save).
+  std::vector<std::string> modules_to_save;
+  bool use_rslora = false;
+  std::string base_model_name_or_path;
+  std::string task_type;  // PEFT's TaskType: SEQ_CLS, CAUSAL_LM, or empty
+  // The adapters' output scale: alpha / r, or alpha / sqrt(r) with use_rslora.
+  double scale() const;
+};
+
+// From the options' values (lists comma-separated; "all-linear" as PEFT's shorthand), checked.
+LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,
+                       const std::string& modules_to_save, bool use_rslora);
+
+// PEFT's adapter_config.json read (`origin` names the file in messages) and written. Reading
+// refuses what brisk does not run (another peft_type, DoRA, bias, layers_to_transform, ...) by
+// the key's name.
+LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origin);
+nlohmann::json adapter_config_json(const LoraConfig& c);
+
+// The linears the config adapts, in the model's order: a linear matching a target (and no
+// module to save; a routed expert's is not adapted). `model_type` (config.json's) picks PEFT's
+// default targets when none are given. Refused: no default for the model type, targets that
+// match no linear at all; listed names that match none while others do are `unmatched`
+// (skipped, as PEFT skips them).
+struct LoraTargets {
+  std::vector<LinearDecl> linears;
+  std::vector<std::string> unmatched;
+};
+LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfig& c,
+                         const std::string& model_type);
+
+// Whether parameter `name` (transformers' state-dict name) belongs to one of the modules to save.
+bool saved_in_full(const std::string& name, const std::vector<std::string>& modules_to_save);
+
+}  // namespace brisk
