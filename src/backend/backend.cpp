@@ -421,3 +421,47 @@ void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
 }
 
 }  // namespace brisk
+
+namespace brisk {
+
+namespace {
+// Throws unless t is float32 of `rows` x `cols` elements (any shape of that count).
+void check_lora_operand(const Tensor& t, int64_t rows, int64_t cols, const char* op,
+                        const char* what) {
+  BRISK_CHECK(t.dtype() == DType::f32 && t.numel() == checked_mul(rows, cols, op), op, ": ", what,
+              " ", t.shape().str(), " ", dtype_name(t.dtype()), " is not float32 [", rows, ", ",
+              cols, "]");
+}
+}  // namespace
+
+Backend::LoraDims Backend::check_lora_forward(const Tensor& x, const Tensor& a, const Tensor& b,
+                                              const Tensor& u, const Tensor& y, int64_t at) {
+  const char* op = "lora";
+  BRISK_CHECK(a.rank() == 2 && b.rank() == 2 && x.rank() >= 2 && y.rank() >= 2, op,
+              ": a and b must be matrices, x and y rows");
+  const int64_t r = a.dim(0), in = a.dim(1), out = b.dim(0);
+  const int64_t width = y.dim(y.rank() - 1), N = y.numel() / std::max<int64_t>(width, 1);
+  BRISK_CHECK(b.dim(1) == r, op, ": b ", b.shape().str(), " does not take a's rank ", r);
+  BRISK_CHECK(at >= 0 && out <= width - at, op, ": columns [", at, ", ", at + out,
+              ") are not within y's ", width);
+  check_lora_operand(x, N, in, op, "x");
+  check_lora_operand(a, r, in, op, "a");
+  check_lora_operand(b, out, r, op, "b");
+  check_lora_operand(u, N, r, op, "u");
+  check_lora_operand(y, N, width, op, "y");
+  return {N, in, r, out, width};
+}
+
+Backend::LoraDims Backend::check_lora_backward(const Tensor& x, const Tensor& a, const Tensor& b,
+                                               const Tensor& u, const Tensor& dy, int64_t at,
+                                               const Tensor& v, const Tensor& da, const Tensor& db,
+                                               const Tensor& dx) {
+  const LoraDims d = check_lora_forward(x, a, b, u, dy, at);
+  check_lora_operand(v, d.N, d.r, "lora_backward", "v");
+  check_lora_operand(da, d.r, d.in, "lora_backward", "da");
+  check_lora_operand(db, d.out, d.r, "lora_backward", "db");
+  if (!dx.empty()) check_lora_operand(dx, d.N, d.in, "lora_backward", "dx");
+  return d;
+}
+
+}  // namespace brisk

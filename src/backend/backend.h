@@ -664,6 +664,30 @@ class Backend {
                                             const Tensor& positions, const Tensor& weights,
                                             const Tensor& drows, const Tensor& dweights);
 
+  // ---- low-rank adapters (LoRA, adapters/) ----
+  // A product's output gains an adapter's low-rank term. x [N, in], a [r, in], b [out, r], u and
+  // v [N, r], y and dy [N, width] whose columns [at, at + out) are the adapted product's; all
+  // float32 in the backend's memory.
+  // lora_forward: u = scale * x a^T (kept for backward); y[:, at:at+out] += u b^T.
+  virtual void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, float scale,
+                            const Tensor& u, const Tensor& y, int64_t at) = 0;
+  // lora_backward: db (+)= dy[:, at:at+out]^T u; v = scale * dy[:, at:at+out] b; da (+)= v^T x;
+  // dx [N, in] += v a (dx empty: no input gradient). `accumulate`: da and db added to.
+  virtual void lora_backward(const Tensor& x, const Tensor& a, const Tensor& b, float scale,
+                             const Tensor& u, const Tensor& dy, int64_t at, const Tensor& v,
+                             const Tensor& da, const Tensor& db, const Tensor& dx,
+                             bool accumulate) = 0;
+  // Throw unless the tensors are as the two ops take them; return the sizes.
+  struct LoraDims {
+    int64_t N, in, r, out, width;
+  };
+  static LoraDims check_lora_forward(const Tensor& x, const Tensor& a, const Tensor& b,
+                                     const Tensor& u, const Tensor& y, int64_t at);
+  static LoraDims check_lora_backward(const Tensor& x, const Tensor& a, const Tensor& b,
+                                      const Tensor& u, const Tensor& dy, int64_t at,
+                                      const Tensor& v, const Tensor& da, const Tensor& db,
+                                      const Tensor& dx);
+
   // ---- the optimizer step ----
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).
   virtual void sum_squares(const Tensor& x, const Tensor& acc) = 0;

@@ -82,5 +82,6 @@ std::vector<OpCase> optim_cases();        // cases_optim.cpp: the optimizer step
 std::vector<OpCase> cast_cases();         // cases_cast.cpp: float32 <-> bf16, fp16
 std::vector<OpCase> stored_cases();       // cases_stored.cpp: ops on bf16 saved activations
 std::vector<OpCase> moe_cases();          // cases_moe.cpp: mixture-of-experts routing
+std::vector<OpCase> lora_cases();         // cases_lora.cpp: LoRA's low-rank products
 
 }  // namespace brisk::testing

@@ -130,6 +130,12 @@ class CpuBackend : public Backend {
                    const Tensor& sum) override;
   void moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
                       const Tensor& dlogits) override;
+  void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, float scale, const Tensor& u,
+                    const Tensor& y, int64_t at) override;
+  void lora_backward(const Tensor& x, const Tensor& a, const Tensor& b, float scale,
+                     const Tensor& u, const Tensor& dy, int64_t at, const Tensor& v,
+                     const Tensor& da, const Tensor& db, const Tensor& dx,
+                     bool accumulate) override;
   void moe_dispatch(const Tensor& experts, int64_t num_experts, const Tensor& counts,
                     const Tensor& positions) override;
   void moe_gather(const Tensor& x, const Tensor& positions, const Tensor& rows) override;

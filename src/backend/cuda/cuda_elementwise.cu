@@ -135,6 +135,10 @@ __global__ void fill_kernel(float* x, float value, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] = value;
 }
 
+__global__ void scale_kernel(float* x, float factor, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] *= factor;
+}
+
 // The cuda_fp16 / cuda_bf16 intrinsics round to nearest even, keep NaN a NaN (as the canonical
 // quiet NaN, where the CPU keeps the payload) and turn fp16 overflow into inf, as the CPU does.
 __global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
@@ -294,6 +298,12 @@ void fill(cudaStream_t s, float* x, float value, int64_t n) {
   if (n <= 0) return;
   fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, value, n);
   check_launch("fill");
+}
+
+void scale(cudaStream_t s, float* x, float factor, int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, factor, n);
+  check_launch("scale");
 }
 
 void cast_rows(cudaStream_t s, const float* src, int64_t rows, int64_t cols, void* dst,

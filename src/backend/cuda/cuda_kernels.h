@@ -58,6 +58,8 @@ void dropout_add_norm(cudaStream_t s, const float* x, In r, float p, RngKey key,
                       float* rstd, int64_t rows, int64_t C);
 void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
 void fill(cudaStream_t s, float* x, float value, int64_t n);
+// x[i] *= factor.
+void scale(cudaStream_t s, float* x, float factor, int64_t n);
 // dst = src converted (f32, bf16, f16; round to nearest even, fp16 overflow -> inf).
 void cast(cudaStream_t s, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
 // Rows of `cols` float32 values rounded into 16-bit rows `ld` >= cols elements apart.
