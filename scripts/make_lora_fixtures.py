@@ -10,11 +10,17 @@ to PEFT's SEQ_CLS default ["classifier", "score"] for classification models, as 
 configs do.
 adapter_config.json: PEFT's save_pretrained of a LoRA of llama_tiny (r 4, alpha 8, dropout 0.05,
 q_proj and v_proj), the file a brisk run must read.
+merge_<model>/: a LoRA with random A and B (init_lora_weights=False) saved by PEFT
+(adapter_config.json, adapter_model.safetensors) and merged.safetensors, the tensors of
+merge_and_unload()'s state dict that differ from the base model's: llama_tiny (q_proj, v_proj),
+gpt2_tiny (c_attn and c_proj, GPT-2's Conv1D: fan_in_fan_out; use_rslora), bert_tiny (query,
+value, and the classifier as a module to save, its copy perturbed as training would).
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py
 """
 import json
 import os
+import re
 import tempfile
 
 import transformers
@@ -52,7 +58,10 @@ def wrapped(name, targets):
     try:
         peft_model = get_peft_model(model, LoraConfig(**kwargs))
     except (ValueError, TypeError) as e:
-        return {"error": str(e).split("\n")[0][:200]}
+        # PEFT names the targets as a set, in an order that varies from run to run.
+        first = re.sub(r"\{([^}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}",
+                       str(e).split("\n")[0])
+        return {"error": first[:200]}
     prefix = "base_model.model."
     names = sorted(n[len(prefix):] if n.startswith(prefix) else n
                    for n, m in peft_model.named_modules() if isinstance(m, LoraLayer))
@@ -74,6 +83,51 @@ def adapter_config():
     return written
 
 
+MERGES = {
+    "llama_tiny": dict(target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM),
+    "gpt2_tiny": dict(target_modules=["c_attn", "c_proj"], fan_in_fan_out=True, use_rslora=True,
+                      task_type=TaskType.CAUSAL_LM),
+    "bert_tiny": dict(target_modules=["query", "value"], modules_to_save=["classifier"],
+                      task_type=TaskType.SEQ_CLS),
+}
+
+
+def merge_fixture(name, kwargs):
+    import torch
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    path = os.path.join(FIXTURES, name)
+    cls_name = transformers.AutoConfig.from_pretrained(path).architectures[0]
+    model = getattr(transformers, cls_name).from_pretrained(path)
+    model.name_or_path = name
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **kwargs)
+    peft_model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(10.0)  # a visible update
+            if "modules_to_save" in n:
+                p.add_(0.5 * torch.randn_like(p))
+    out = os.path.join(OUT, "merge_" + name.split("_")[0])
+    os.makedirs(out, exist_ok=True)
+    peft_model.save_pretrained(out)
+    config_path = os.path.join(out, "adapter_config.json")
+    with open(config_path) as f:
+        written = json.load(f)
+    written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
+    with open(config_path, "w") as f:
+        json.dump(written, f, indent=2, sort_keys=True)
+        f.write("\n")
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    merged = peft_model.merge_and_unload().state_dict()
+    changed = {k: v.contiguous() for k, v in merged.items()
+               if k in base and not torch.equal(v, base[k])}
+    save_file(changed, os.path.join(out, "merged.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     cases = []
@@ -89,6 +143,8 @@ def main():
     with open(os.path.join(OUT, "adapter_config.json"), "w") as f:
         json.dump(adapter_config(), f, indent=2, sort_keys=True)
         f.write("\n")
+    for name, kwargs in MERGES.items():
+        merge_fixture(name, kwargs)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "adapters/merge.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/switches.h"
@@ -217,6 +218,19 @@ CLI::App* add_tokenize(CLI::App& app, brisk::cli::TokenizeArgs& tk) {
   return k;
 }
 
+CLI::App* add_merge(CLI::App& app, brisk::MergeArgs& m) {
+  auto* c = app.add_subcommand("merge",
+                               "fold a LoRA adapter into its base model's weights (PEFT's "
+                               "merge_and_unload, then save_pretrained)");
+  c->add_option("--model,--model_name_or_path", m.model_name_or_path, "the base model's folder")
+      ->required();
+  c->add_option("--adapter_name_or_path", m.adapter_name_or_path,
+                "the adapter's folder (adapter_config.json, adapter_model.safetensors)")
+      ->required();
+  c->add_option("--output_dir", m.output_dir, "where to write the merged model")->required();
+  return c;
+}
+
 CLI::App* add_generate(CLI::App& app, brisk::GenerateOptions& gen) {
   using brisk::GenerateOptions;
   auto* g = app.add_subcommand("generate",
@@ -271,6 +285,8 @@ int main(int argc, char** argv) {
   CLI::App* k = add_tokenize(app, tk);
   GenerateOptions gen;
   CLI::App* g = add_generate(app, gen);
+  MergeArgs merge;
+  CLI::App* m = add_merge(app, merge);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -296,6 +312,7 @@ int main(int argc, char** argv) {
     if (*e) return cli::run_estimate(flags.options, est);
     if (*k) return cli::run_tokenize(tk);
     if (*g) return cli::run_generate(gen);
+    if (*m) return merge_adapter(merge), 0;
   } catch (const Error& err) {
     return report_error(excerpt(err.what(), 1000));
   } catch (const std::bad_alloc&) {

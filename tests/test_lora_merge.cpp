@@ -1,0 +1,99 @@
+// brisk merge against PEFT's merge_and_unload (tests/fixtures/lora/merge_*, written by
+// scripts/make_lora_fixtures.py): every tensor of the merged model equals PEFT's (the adapted
+// linears within float32 rounding: brisk sums the rank's products in double; GPT-2's Conv1D
+// weights transposed; rsLoRA's scale; BERT's classifier replaced by the adapter's copy), the
+// others are the base's bytes; and the refusals of an adapter that does not fit the base.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "adapters/merge.h"
+#include "cli_support.h"
+#include "core/safetensors.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+void expect_merged_as_peft(const std::string& model, const std::string& adapter) {
+  TempDir out("merge_" + adapter);
+  merge_adapter({fixture(model), fixture("lora/merge_" + adapter), out.path.string()});
+  const SafetensorsFile got(out / "model.safetensors");
+  const SafetensorsFile base(fixture(model + "/model.safetensors"));
+  const SafetensorsFile peft(fixture("lora/merge_" + adapter + "/merged.safetensors"));
+  EXPECT_EQ(got.names(), base.names());
+  int changed = 0;
+  for (const std::string& name : base.names()) {
+    SCOPED_TRACE(name);
+    const Tensor& g = got.get(name);
+    const Tensor& want = peft.has(name) ? peft.get(name) : base.get(name);
+    ASSERT_EQ(g.shape(), want.shape());
+    ASSERT_EQ(g.dtype(), DType::f32);
+    const float* a = g.f32();
+    const float* b = want.f32();
+    double worst = 0, scale = 1e-30;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    }
+    if (peft.has(name)) {
+      ++changed;
+      EXPECT_LE(worst / scale, 1e-6);
+    } else {
+      EXPECT_EQ(worst, 0.0);  // the base's bytes
+    }
+  }
+  EXPECT_EQ(changed, static_cast<int>(peft.names().size()));
+  EXPECT_TRUE(std::filesystem::exists(out / "config.json"));
+}
+
+TEST(LoraMerge, LlamaAsPeftMergesIt) {
+  expect_merged_as_peft("llama_tiny", "llama");
+}
+
+TEST(LoraMerge, Gpt2sConv1DWithRsLoraAsPeftMergesIt) {
+  expect_merged_as_peft("gpt2_tiny", "gpt2");
+}
+
+TEST(LoraMerge, BertWithItsClassifierSavedAsPeftMergesIt) {
+  expect_merged_as_peft("bert_tiny", "bert");
+}
+
+TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
+  TempDir out("merge_refused");
+  const std::string o = " --output_dir " + (out / "m");
+  // Another architecture's module names.
+  expect_refused("merge --model_name_or_path " + fixture("gpt2_tiny") + " --adapter_name_or_path " +
+                     fixture("lora/merge_llama") + o,
+                 "matches no linear of the model");
+  // The same names, other shapes.
+  expect_refused("merge --model_name_or_path " + fixture("qwen2_tiny") +
+                     " --adapter_name_or_path " + fixture("lora/merge_llama") + o,
+                 "do not fit its");
+  // A weights file cut short, and one missing.
+  const std::string cut = out / "cut";
+  std::filesystem::create_directories(cut);
+  std::filesystem::copy_file(fixture("lora/merge_llama/adapter_config.json"),
+                             cut + "/adapter_config.json");
+  expect_refused(
+      "merge --model_name_or_path " + fixture("llama_tiny") + " --adapter_name_or_path " + cut + o,
+      "adapter_model.safetensors");
+  {
+    std::ifstream in(fixture("lora/merge_llama/adapter_model.safetensors"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(cut + "/adapter_model.safetensors", std::ios::binary)
+        << bytes.substr(0, bytes.size() / 2);
+  }
+  const CliRun r = run_brisk("merge --model_name_or_path " + fixture("llama_tiny") +
+                             " --adapter_name_or_path " + cut + o);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(r.signaled);
+  EXPECT_FALSE(std::filesystem::exists(out / "m/model.safetensors"));
+  expect_refused("merge --model_name_or_path " + fixture("llama_tiny") + o,
+                 "--adapter_name_or_path is required");
+}
+
+}  // namespace
+}  // namespace brisk::testing
