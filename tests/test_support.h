@@ -82,17 +82,20 @@ struct LoadedModel {
   // masked_lm: the folder's BERT as BertForMaskedLM (what --mlm asks for).
   // `configure` changes the config before the model is made; init_seed > 0 initializes the
   // weights from that seed instead of loading the folder's (a config of another shape).
-  // `backend`: the one to run on instead of options.device's own.
+  // `backend`: the one to run on instead of options.device's own; `prepare` changes the model
+  // before it is planned.
   LoadedModel(const std::string& folder, PlanOptions options = {}, bool dropout = false,
               DType matmul_dtype = DType::f32, int64_t plan_seq = 0, bool masked_lm = false,
               const std::function<void(ModelConfig&)>& configure = nullptr, uint64_t init_seed = 0,
-              std::unique_ptr<Backend> backend = nullptr)
+              std::unique_ptr<Backend> backend = nullptr,
+              const std::function<void(Model&)>& prepare = nullptr)
       : be(backend ? std::move(backend) : make_backend(options.device, read_switches())) {
     ModelConfig c = resolve_config(folder);
     if (masked_lm) use_masked_lm(c);
     if (configure) configure(c);
     if (!dropout) disable_dropout(c);
     model = Model::create(c);
+    if (prepare) prepare(*model);  // before the plan (e.g. parameters frozen)
     SafetensorsFile batch(folder + "/batch.safetensors");
     be->set_matmul_dtype(matmul_dtype);
     const BatchShape shape = batch_shape_of(batch);

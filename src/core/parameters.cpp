@@ -39,6 +39,7 @@ int ParameterSet::add(std::string name, Shape shape, ParamRole role, int64_t who
                               role.product, whole_elements, split});
   params_.back().expert = role.expert;
   total_ = checked_add(total_, shape.numel(), "the parameter count");
+  trainable_ += shape.numel();
   return static_cast<int>(params_.size() - 1);
 }
 
@@ -62,6 +63,7 @@ int64_t extent(const std::vector<ParamInfo>& params, const std::vector<int64_t>&
               " offsets for ", params.size(), " parameters");
   int64_t most = 0;
   for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].frozen && offsets[i] < 0) continue;  // no gradient
     BRISK_CHECK(offsets[i] >= 0, "internal error: a negative ", what, " offset");
     most = std::max(most, offsets[i] + params[i].shape.numel());
   }
@@ -69,8 +71,25 @@ int64_t extent(const std::vector<ParamInfo>& params, const std::vector<int64_t>&
 }
 }  // namespace
 
+void ParameterSet::freeze(int i) {
+  ParamInfo& p = params_.at(static_cast<size_t>(i));
+  if (!p.frozen) trainable_ -= p.shape.numel();
+  p.frozen = true;
+}
+
+std::vector<int64_t> ParameterSet::trained_offsets() const {
+  std::vector<int64_t> offsets;
+  int64_t at = 0;
+  for (const ParamInfo& p : params_) {
+    offsets.push_back(p.frozen ? -1 : at);
+    if (!p.frozen) at += p.shape.numel();
+  }
+  return offsets;
+}
+
 void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
                         std::vector<int64_t> weight_offsets, std::vector<int64_t> grad_offsets) {
+  if (frozen() && grad_offsets.empty()) grad_offsets = trained_offsets();
   const int64_t weight_extent = extent(params_, weight_offsets, total_, "weight");
   const int64_t grad_extent = extent(params_, grad_offsets, total_, "gradient");
   auto fits = [&](const Tensor& t, bool own, int64_t need) {
@@ -87,9 +106,15 @@ void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
 }
 
 Tensor ParameterSet::view(const Tensor& flat, int first, int last, Shape shape, bool grads) const {
-  BRISK_CHECK(!flat.empty(), "parameters are not bound to memory yet");
   const ParamInfo& a = params_.at(first);
   const ParamInfo& b = params_.at(last);
+  if (grads && a.frozen) {  // frozen parameters have no gradient
+    for (int i = first; i <= last; ++i)
+      BRISK_CHECK(params_[static_cast<size_t>(i)].frozen, "internal error: the span '", a.name,
+                  "'..'", b.name, "' is frozen in part");
+    return Tensor();
+  }
+  BRISK_CHECK(!flat.empty(), "parameters are not bound to memory yet");
   const int64_t n = b.offset + b.shape.numel() - a.offset;
   if (shape.rank() == 0 && first == last) shape = a.shape;
   BRISK_CHECK(shape.numel() == n, "parameter span '", a.name, "'..'", b.name, "' holds ", n,

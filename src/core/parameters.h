@@ -63,6 +63,8 @@ struct ParamInfo {
   // its initial values are drawn from (-1: its place in this set).
   int stream = -1;
   bool expert = false;  // a routed expert's weight (ParamRole::expert)
+  // Not trained (a LoRA's base): no gradient, no optimizer state (ParameterSet::freeze).
+  bool frozen = false;
   // The full parameter's shape (shape itself unless split).
   Shape full_shape() const;
 };
@@ -80,6 +82,13 @@ class ParameterSet {
   int add(std::string name, Shape shape, ParamRole role, int64_t whole_elements = 0,
           ParamSplit split = {});
   int64_t total_elements() const { return total_; }
+  // Freezes parameter i (before bind): it gets no gradient; the gradient buffer then holds the
+  // trained parameters only, in their order (trained_offsets), and a frozen one's grad() is empty.
+  void freeze(int i);
+  bool frozen() const { return trainable_ != total_; }
+  int64_t trainable_elements() const { return trainable_; }
+  // Each parameter's place in a gradient buffer of the trained ones (-1: frozen).
+  std::vector<int64_t> trained_offsets() const;
   // Parameter i's ParamInfo::stream.
   void set_stream(int i, int stream) { params_.at(static_cast<size_t>(i)).stream = stream; }
   const std::vector<ParamInfo>& list() const { return params_; }
@@ -107,7 +116,7 @@ class ParameterSet {
   Tensor view(const Tensor& flat, int first, int last, Shape shape = {}, bool grads = false) const;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, int> by_name_;  // name -> index: declaring stays linear
-  int64_t total_ = 0;
+  int64_t total_ = 0, trainable_ = 0;
   Tensor weights_, grads_;
   // Empty: laid out as the parameters.
   std::vector<int64_t> weight_offsets_, grad_offsets_;

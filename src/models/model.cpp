@@ -93,7 +93,9 @@ void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor&
 void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor& ids,
                                   int64_t padding_idx, const Tensor& type_ids, int word,
                                   const Tensor& dpos, const Tensor& dtypes) {
-  be.embedding_backward(dout, ids, padding_idx, type_ids, g(word), dpos, dtypes, vocab_shard());
+  const Tensor dword = g(word);
+  if (dword.empty() && dpos.empty() && dtypes.empty()) return;  // frozen embeddings
+  be.embedding_backward(dout, ids, padding_idx, type_ids, dword, dpos, dtypes, vocab_shard());
 }
 
 int Model::token_param(const std::string& name, Shape shape) {
@@ -136,7 +138,9 @@ void Model::bind(Arena& arena) {
     if (staged_gradients()) grad_offsets.push_back(grad_layout_.offset(p.offset));
   }
   params_.bind(flat_weights_, flat_grads_, weight_offsets, grad_offsets);
-  grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>() : segments_;
+  grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>()
+                   : params_.frozen()  ? std::vector<ElementRange>{{0, flat_grads_.numel()}}
+                                       : segments_;
   arena_ = &arena;
   shape_ = planned_;
   fill_constants();
@@ -278,6 +282,7 @@ void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& k
 }
 
 Tensor Model::position_rows(const Tensor& table, int64_t first, int64_t count, const char* what) {
+  if (table.empty()) return Tensor();  // a frozen table's gradient
   BRISK_CHECK(first >= 0 && first + count <= table.dim(0), "positions ", first, "..", first + count,
               " exceed ", what, " = ", table.dim(0));
   const int64_t C = table.dim(1);

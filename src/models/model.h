@@ -125,6 +125,9 @@ class Model : public BatchTarget {
   const std::vector<ElementRange>& param_segments() const { return segments_; }
   // The linears this model's share holds (linears.h), in declaration order: what adapters wrap.
   std::vector<LinearDecl> linears() const;
+  // Freezes every parameter `trained` does not name (before plan): they get no gradient and no
+  // optimizer state; the gradient buffer holds the trained ones alone, as one segment.
+  void freeze_except(const std::function<bool(const ParamInfo&)>& trained);
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
   // place, which other segments' places may overlap (they hold their gradients in turn).
   Tensor grad_segment(int segment) const;

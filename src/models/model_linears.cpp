@@ -53,4 +53,10 @@ std::vector<LinearDecl> Model::linears() const {
   return out;
 }
 
+void Model::freeze_except(const std::function<bool(const ParamInfo&)>& trained) {
+  const std::vector<ParamInfo>& list = params_.list();
+  for (size_t i = 0; i < list.size(); ++i)
+    if (!trained(list[i])) params_.freeze(static_cast<int>(i));
+}
+
 }  // namespace brisk

@@ -118,6 +118,15 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
   grads_over_blocks_ = false;
   if (!replanning_) tied_apart_ = -1;
   if (options.weights_only || !options.gradients) return;
+  if (params_.frozen()) {  // gradients for the trained parameters alone, one segment
+    BRISK_CHECK(options.gradient_slots == 0 && options.weight_slots == 0,
+                "internal error: staged buffers of a model with frozen parameters");
+    const int64_t n = params_.trainable_elements();
+    grad_layout_ = SegmentLayout::plain({ElementRange{0, n}});
+    binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,
+                    Shape{n});
+    return;
+  }
   grad_layout_ = SegmentLayout::staged(segments_, options.gradient_slots, head_reads_embeddings());
   grads_over_blocks_ =
       options.gradients_over_activations && !staged_gradients() && segments_.size() > 2;
