@@ -14,7 +14,9 @@ merge_<model>/: a LoRA with random A and B (init_lora_weights=False) saved by PE
 (adapter_config.json, adapter_model.safetensors) and merged.safetensors, the tensors of
 merge_and_unload()'s state dict that differ from the base model's: llama_tiny (q_proj, v_proj),
 gpt2_tiny (c_attn and c_proj, GPT-2's Conv1D: fan_in_fan_out; use_rslora), bert_tiny (query,
-value, and the classifier as a module to save, its copy perturbed as training would).
+value, and the classifier as a module to save, its copy perturbed as training would);
+expected.safetensors: the adapted model's loss and logits on the base fixture's batch (eval mode)
+and the gradients of the adapter's tensors (grad.<its key in adapter_model.safetensors>).
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py
 """
@@ -86,19 +88,24 @@ def adapter_config():
 MERGES = {
     "llama_tiny": dict(target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM),
     "gpt2_tiny": dict(target_modules=["c_attn", "c_proj"], fan_in_fan_out=True, use_rslora=True,
-                      task_type=TaskType.CAUSAL_LM),
+                      task_type=TaskType.CAUSAL_LM, b_scale=2.0),
     "bert_tiny": dict(target_modules=["query", "value"], modules_to_save=["classifier"],
                       task_type=TaskType.SEQ_CLS),
 }
 
 
 def merge_fixture(name, kwargs):
+    # B's values scaled up for a visible update; GPT-2's less (rsLoRA scales it 4x already, and
+    # larger attention scores leave its gradients to float32 rounding at 1e-3).
+    kwargs = dict(kwargs)
+    b_scale = kwargs.pop("b_scale", 10.0)
     import torch
     from safetensors.torch import save_file
     torch.manual_seed(0)
     path = os.path.join(FIXTURES, name)
     cls_name = transformers.AutoConfig.from_pretrained(path).architectures[0]
-    model = getattr(transformers, cls_name).from_pretrained(path)
+    # eager attention, as scripts/make_fixtures.py computes the base fixtures
+    model = getattr(transformers, cls_name).from_pretrained(path, attn_implementation="eager")
     model.name_or_path = name
     base = {k: v.clone() for k, v in model.state_dict().items()}
     lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **kwargs)
@@ -106,7 +113,7 @@ def merge_fixture(name, kwargs):
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
-                p.mul_(10.0)  # a visible update
+                p.mul_(b_scale)
             if "modules_to_save" in n:
                 p.add_(0.5 * torch.randn_like(p))
     out = os.path.join(OUT, "merge_" + name.split("_")[0])
@@ -122,6 +129,18 @@ def merge_fixture(name, kwargs):
     readme = os.path.join(out, "README.md")
     if os.path.exists(readme):
         os.remove(readme)
+    from safetensors.torch import load_file
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    peft_model.eval()
+    result = peft_model(**batch)
+    result.loss.backward()
+    expected = {"loss": result.loss.detach().reshape(()).contiguous(),
+                "logits": result.logits.detach().contiguous()}
+    for n, p in peft_model.named_parameters():
+        if p.requires_grad:
+            key = n.replace(".default", "").replace(".modules_to_save", "")
+            expected["grad." + key] = p.grad.detach().contiguous()
+    save_file(expected, os.path.join(out, "expected.safetensors"))
     merged = peft_model.merge_and_unload().state_dict()
     changed = {k: v.contiguous() for k, v in merged.items()
                if k in base and not torch.equal(v, base[k])}

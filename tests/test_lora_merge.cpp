@@ -95,5 +95,33 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
                  "--adapter_name_or_path is required");
 }
 
+// forward-backward with an adapter: the conformance path reports the adapter's gradients only.
+TEST(LoraForwardBackward, ReportsTheAdaptersGradientsAsPeft) {
+  TempDir out("lora_fb");
+  const std::string m = fixture("llama_tiny");
+  const CliRun r = run_brisk("forward-backward --config " + m + " --weights " + m +
+                             "/model.safetensors --batch " + m + "/batch.safetensors" +
+                             " --adapter_name_or_path " + fixture("lora/merge_llama") +
+                             " --output " + (out / "fb.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const SafetensorsFile got(out / "fb.safetensors");
+  const SafetensorsFile want(fixture("lora/merge_llama/expected.safetensors"));
+  int grads = 0;
+  for (const std::string& name : got.names()) {
+    if (name.rfind("grad.", 0) != 0) continue;
+    ++grads;
+    const Tensor& g = got.get(name);
+    const Tensor& w = want.get("grad.base_model.model." + name.substr(5));
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      diff += (g.f32()[i] - w.f32()[i]) * (g.f32()[i] - w.f32()[i]);
+      norm += w.f32()[i] * w.f32()[i];
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-4) << name;
+  }
+  EXPECT_EQ(grads, 8);  // q_proj and v_proj's A and B in 2 layers
+  EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-5);
+}
+
 }  // namespace
 }  // namespace brisk::testing

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <vector>
 
+#include "adapters/attach.h"
 #include "backend/backend.h"
 #include "core/clock.h"
 #include "core/input_file.h"
@@ -26,6 +28,7 @@
 #include "train/options.h"
 
 namespace brisk::cli {
+namespace fs = std::filesystem;
 
 namespace {
 void print_plan(const std::array<size_t, kNumCategories>& planned, size_t overlaid, size_t total) {
@@ -95,6 +98,11 @@ int run_train(const TrainOptions& options) {
 int run_forward_backward(const ForwardBackwardArgs& a) {
   ModelConfig config = resolve_config(a.config);
   auto model = Model::create(config);
+  const fs::path adapter(a.adapter);
+  if (!a.adapter.empty()) {
+    const std::string path = (adapter / "adapter_config.json").string();
+    attach_lora(*model, read_adapter_config(read_json_file(path, "adapter config"), path));
+  }
   auto be = make_cpu_backend(a.switches);
   SafetensorsFile batch_file(a.batch);
   MemoryPlan plan;
@@ -111,6 +119,8 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
     model->init_weights(*be, a.seed);
   else
     model->load_weights(*be, WeightFiles(a.weights));
+  if (!a.adapter.empty())
+    load_adapter(*be, *model, SafetensorsFile((adapter / "adapter_model.safetensors").string()));
   load_batch(batch_file, *model, *be);
 
   StepOptions so;
@@ -135,8 +145,9 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
     out.emplace_back("loss", Tensor(&loss, Shape{}, DType::f32));
     out.emplace_back("logits", Tensor(logits.data(), model->logits().shape(), DType::f32));
     const ParameterSet& ps = model->params();
-    for (size_t i = 0; i < ps.list().size(); ++i)
-      out.emplace_back("grad." + ps.list()[i].name, ps.grad(static_cast<int>(i)));
+    for (size_t i = 0; i < ps.list().size(); ++i)  // a frozen parameter has none
+      if (!ps.list()[i].frozen)
+        out.emplace_back("grad." + ps.list()[i].name, ps.grad(static_cast<int>(i)));
     write_safetensors(a.output, out);
   }
   return 0;

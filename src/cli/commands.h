@@ -16,6 +16,7 @@ struct ForwardBackwardArgs {
   std::string weights;  // model.safetensors; empty = initialize from seed
   std::string batch;    // batch.safetensors
   std::string output;   // where to write loss, logits and gradients; empty = none
+  std::string adapter;  // a LoRA adapter folder on the model (PEFT's files); empty = none
   bool dropout = false;
   uint64_t seed = 42;
   uint64_t step = 0;

@@ -162,6 +162,10 @@ CLI::App* add_forward_backward(CLI::App& app, brisk::cli::ForwardBackwardArgs& f
   f->add_option("--batch", fb.batch, "safetensors with input_ids, attention_mask, labels, ...")
       ->required();
   f->add_option("--output", fb.output, "write loss, logits and grad.<name> here (safetensors)");
+  f->add_option("--adapter_name_or_path", fb.adapter,
+                "a LoRA adapter folder (PEFT's adapter_config.json and adapter_model.safetensors) "
+                "on the model, its base frozen: the gradients reported are the adapter's and its "
+                "modules to save's");
   f->add_flag("--dropout", fb.dropout, "train-mode dropout (default off)");
   f->add_option("--seed", fb.seed)->capture_default_str()->check(whole_number<uint64_t>());
   f->add_option("--step", fb.step, "step of the dropout RNG")

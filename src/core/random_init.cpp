@@ -63,3 +63,21 @@ void fill_normal(uint64_t seed, uint32_t stream, int64_t first, int64_t n, float
 }
 
 }  // namespace brisk
+
+namespace brisk {
+
+void fill_uniform(uint64_t seed, uint32_t stream, int64_t first, int64_t n, float bound,
+                  float* out) {
+  if (n <= 0) return;
+  const RngKey key{seed, kInitRngStep, stream};
+  const int64_t b0 = first / kBlock, b1 = (first + n + kBlock - 1) / kBlock;
+  for (int64_t b = b0; b < b1; ++b) {
+    alignas(64) uint32_t w[kBlock];
+    rng_blocks(key, static_cast<uint64_t>(b) * kPhiloxLanes, w);
+    const int64_t lo = std::max(first, b * kBlock), hi = std::min(first + n, (b + 1) * kBlock);
+    for (int64_t e = lo; e < hi; ++e)
+      out[e - first] = bound * (2.0f * uniform(w[e - b * kBlock]) - 1.0f);
+  }
+}
+
+}  // namespace brisk

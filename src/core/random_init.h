@@ -17,4 +17,9 @@ constexpr uint64_t kInitRngStep = ~uint64_t{0};
 void fill_normal(uint64_t seed, uint32_t stream, int64_t first, int64_t n, float stddev,
                  float* out);
 
+// out[i] = bound * (2 u(first + i) - 1), u uniform in [0, 1): word e % kBlock of the same
+// stream's blocks (kaiming_uniform's draws: a LoRA's A).
+void fill_uniform(uint64_t seed, uint32_t stream, int64_t first, int64_t n, float bound,
+                  float* out);
+
 }  // namespace brisk

@@ -138,6 +138,7 @@ void Model::bind(Arena& arena) {
     if (staged_gradients()) grad_offsets.push_back(grad_layout_.offset(p.offset));
   }
   params_.bind(flat_weights_, flat_grads_, weight_offsets, grad_offsets);
+  if (adapters_) adapters_->place([&](int layer) { return layer_params(layer, false); });
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>()
                    : params_.frozen()  ? std::vector<ElementRange>{{0, flat_grads_.numel()}}
                                        : segments_;
@@ -268,6 +269,7 @@ BlockStyle Model::style(bool training) const {
   s.rebuilds_norms = options_.recompute_norms;
   s.rebuilds_activation = options_.recompute_activation;
   s.fused_residual_norm = options_.fused_residual_norm;
+  s.adapters = adapters_.get();
   return s;
 }
 

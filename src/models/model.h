@@ -25,6 +25,7 @@
 #include "data/batch.h"
 #include "models/config.h"
 #include "models/linears.h"
+#include "models/model_adapters.h"
 #include "models/model_options.h"
 #include "models/model_parallelism.h"
 #include "models/moe_layer.h"
@@ -128,6 +129,13 @@ class Model : public BatchTarget {
   // Freezes every parameter `trained` does not name (before plan): they get no gradient and no
   // optimizer state; the gradient buffer holds the trained ones alone, as one segment.
   void freeze_except(const std::function<bool(const ParamInfo&)>& trained);
+  // LoRA (adapters/lora attaches them, before the plan): each linear's A [r, in] and B [out, r]
+  // declared after the base's parameters ("<module>.lora_A.weight", ".lora_B.weight"; A drawn
+  // as PEFT's kaiming_uniform(a = sqrt 5), B zero), and every other parameter `trained` does not
+  // name frozen.
+  void add_adapters(const std::vector<AdapterDecl>& decls,
+                    const std::function<bool(const ParamInfo&)>& trained);
+  const ModelAdapters* adapters() const { return adapters_.get(); }
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
   // place, which other segments' places may overlap (they hold their gradients in turn).
   Tensor grad_segment(int segment) const;
@@ -522,6 +530,10 @@ class Model : public BatchTarget {
   SegmentLayout weight_layout_, grad_layout_;
   WeightSlots* weight_source_ = nullptr;
   ModelParallelism parallelism_;
+  std::unique_ptr<ModelAdapters> adapters_;  // LoRA's, where attached
+  // Whether parameter i is an adapter's A or B; their initial values (init_weights).
+  bool adapter_param(size_t i) const;
+  void init_adapter(Backend& be, size_t i, uint64_t seed);
   // Sequence parallelism's [B, T] inputs: (whole sequences on the host, this rank's tokens on
   // the host), copied by slice_inputs before the uploads; token_inputs_ holds the latter.
   std::vector<std::pair<Tensor*, Tensor*>> sliced_;

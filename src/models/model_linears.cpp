@@ -1,7 +1,10 @@
 // The linears the model declares (linears.h), derived from its parameters: every weight that is
 // an operand of a product and not an embedding table, named after its module.
+#include <algorithm>
+#include <cmath>
 #include <string_view>
 
+#include "core/random_init.h"
 #include "models/linears.h"
 #include "models/model.h"
 
@@ -57,6 +60,45 @@ void Model::freeze_except(const std::function<bool(const ParamInfo&)>& trained) 
   const std::vector<ParamInfo>& list = params_.list();
   for (size_t i = 0; i < list.size(); ++i)
     if (!trained(list[i])) params_.freeze(static_cast<int>(i));
+}
+
+void Model::add_adapters(const std::vector<AdapterDecl>& decls,
+                         const std::function<bool(const ParamInfo&)>& trained) {
+  BRISK_CHECK(adapters_ == nullptr, "internal error: adapters attached twice");
+  adapters_ = std::make_unique<ModelAdapters>(params_);
+  constexpr ParamRole kAdapter{true, false, false};  // decayed, as Trainer decays them
+  enter_head();                                      // after every parameter of the base
+  for (const AdapterDecl& d : decls) {
+    ModelAdapters::Entry e;
+    e.decl = d;
+    e.a = param(d.module + ".lora_A.weight", {d.r, d.in}, kAdapter);
+    e.b = param(d.module + ".lora_B.weight", {d.out, d.r}, kAdapter);
+    adapters_->entries().push_back(std::move(e));
+  }
+  const int first = adapters_->entries().empty() ? 0 : adapters_->entries().front().a;
+  freeze_except([&](const ParamInfo& p) { return trained(p) || params_.index(p.name) >= first; });
+  find_grad_segments();
+}
+
+bool Model::adapter_param(size_t i) const {
+  if (!adapters_) return false;
+  for (const ModelAdapters::Entry& e : adapters_->entries())
+    if (static_cast<int>(i) == e.a || static_cast<int>(i) == e.b) return true;
+  return false;
+}
+
+// PEFT's init: A kaiming_uniform(a = sqrt 5), U(-1/sqrt(in), 1/sqrt(in)); B zero.
+void Model::init_adapter(Backend& be, size_t i, uint64_t seed) {
+  if (!adapter_param(i)) return;
+  const ParamInfo& p = params_.list()[i];
+  const bool a = p.name.ends_with(".lora_A.weight");
+  const float bound = 1.0f / std::sqrt(static_cast<float>(p.shape[1]));
+  write_in_pieces(be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t at) {
+    if (a)
+      fill_uniform(seed, static_cast<uint32_t>(i), at, piece.numel(), bound, piece.f32());
+    else
+      std::fill(piece.f32(), piece.f32() + piece.numel(), 0.0f);
+  });
 }
 
 }  // namespace brisk

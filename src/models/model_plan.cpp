@@ -61,6 +61,7 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
   plan_step_buffers(plan, shape, style, dims);
+  if (adapters_) adapters_->declare(plan, binder_, shape.batch * stream_tokens(shape));
 }
 
 Model::BlockInputs Model::block_inputs(const PlanOptions& options, const BlockStyle& style) const {

@@ -48,6 +48,7 @@ void Model::init_weights(Backend& be, uint64_t seed) {
       if (row >= 0 && row < table.dim(0)) be.fill(element_range(table, row * C, C), 0.0f);
     }
     init_extra(be, static_cast<int>(i));
+    init_adapter(be, i, seed);
     clear_padding(be, static_cast<int>(i));
     written(i);  // staged weights: its segment's place may be overwritten after this
   }
@@ -65,9 +66,9 @@ void Model::also_named(int param, const std::string& name) {
 void Model::load_weights(Backend& be, const WeightFiles& file) {
   check_expert_tensors(config_, file);  // before a missing expert is named in another layout
   for (size_t i = 0; i < params_.list().size(); ++i)
-    BRISK_CHECK(!weight_source(file, i).name.empty(), "weights file '", file.path(),
-                "' lacks parameter '", params_.list()[i].name, "' of the ", config_.type_name(),
-                " model");
+    BRISK_CHECK(adapter_param(i) || !weight_source(file, i).name.empty(), "weights file '",
+                file.path(), "' lacks parameter '", params_.list()[i].name, "' of the ",
+                config_.type_name(), " model");
   load_pretrained(be, file, 0);  // every parameter is present: nothing is initialized
 }
 
@@ -97,7 +98,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.list().size(); ++i) {
     const ParamInfo& p = params_.list()[i];
-    const bool in_base = p.name.rfind(prefix, 0) == 0;
+    const bool in_base = p.name.rfind(prefix, 0) == 0 && !adapter_param(i);
     source[i] = weight_source(file, i);
     const std::string& name = source[i].name;
     if (!name.empty() && !source[i].packed && file.get(name).shape() != p.full_shape()) {

@@ -118,15 +118,38 @@ Tensor swiglu_backward_into(Backend& be, const BlockStyle& st, const Tensor& fc,
 // product's backward (its weight's and bias's gradients) taken on through the activation, in one
 // backend call for an activation (linear_activation_backward: in the product where the backend
 // can, written in bf16 there), SwiGLU's after.
+// The product's adapters' terms added to y (none: nothing).
+void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const Tensor& x,
+           const Tensor& y) {
+  if (st.adapters != nullptr && st.adapters->on(layer, site))
+    st.adapters->forward(be, layer, site, x, y);
+}
+
+// linear_backward with the product's adapters': theirs from x before the product's input
+// gradient may overwrite it (dx can be x's memory: the working set's), dx gaining theirs after.
+void adapted_backward(Backend& be, const BlockStyle& st, int layer, ProductSite site,
+                      const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                      bool accumulate_dx, const Tensor& dw, const Tensor& db, bool accumulate_dw) {
+  const bool adapted = st.adapters != nullptr && st.adapters->on(layer, site);
+  if (adapted) st.adapters->backward_weights(be, layer, site, x, dy);
+  be.linear_backward(x, w, dy, st.layout, dx, accumulate_dx, dw, db, accumulate_dw);
+  if (adapted) st.adapters->backward_input(be, layer, site, dx);
+}
+
 Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
                            const BlockParams& g, const BlockSaved& s, const BlockScratch& sc,
-                           const Tensor& d_mlp, bool accumulate_dw) {
-  if (!st.gated_mlp)
+                           const Tensor& d_mlp, bool accumulate_dw, int layer) {
+  const bool adapted = st.adapters != nullptr && st.adapters->on(layer, ProductSite::out);
+  if (!st.gated_mlp && !adapted)
     return be.linear_activation_backward(s.fc_act, w.out_w, d_mlp, st.layout, st.activation,
                                          s.fc_pre, st.act_dtype, sc.d_fc, g.out_w, g.out_b,
                                          accumulate_dw);
-  be.linear_backward(s.fc_act, w.out_w, d_mlp, st.layout, sc.d_fc, false, g.out_w, g.out_b,
-                     accumulate_dw);
+  adapted_backward(be, st, layer, ProductSite::out, s.fc_act, w.out_w, d_mlp, sc.d_fc, false,
+                   g.out_w, g.out_b, accumulate_dw);
+  if (!st.gated_mlp) {  // the adapters' input gradient joins before the activation's
+    be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc, st.act_dtype);
+    return sc.d_fc;
+  }
   return swiglu_backward_into(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
 }
 
@@ -306,10 +329,13 @@ Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce)
 // (the bias added once; under Megatron's sequence parallelism this rank's tokens of the sum, in
 // sc.tmp2), then rounded; else branch_product's, in sc.tmp.
 Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& w,
-                     const Tensor& b, const Tensor& like, const BlockScratch& sc) {
+                     const Tensor& b, const Tensor& like, const BlockScratch& sc, int layer,
+                     ProductSite site) {
   if (st.parallel.tensor == nullptr)
-    return branch_product(be, st.act_dtype, sc.tmp,
-                          [&](const Tensor& y) { be.linear_forward(x, w, b, st.layout, y); });
+    return branch_product(be, st.act_dtype, sc.tmp, [&](const Tensor& y) {
+      be.linear_forward(x, w, b, st.layout, y);
+      adapt(be, st, layer, site, x, y);
+    });
   be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
   const Tensor sum = stream_sum(be, st, sc.tmp, like, sc.tmp2, 0, sc);
   be.round_to(st.act_dtype, sum);
@@ -514,6 +540,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor a_all = all_tokens(be, st, *a_in, scratch.gathered, scratch);
   auto qkv_product = [&](const Tensor& y) {
     be.linear_forward(a_all, w.qkv_w, w.qkv_b, st.layout, y);
+    adapt(be, st, layer, ProductSite::qkv, a_all, y);
   };
   const Tensor* qkv_copy = copy(&BlockSaved::qkv);
   const Tensor* qkv = nullptr;
@@ -536,7 +563,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     block_attention_core(be, st, key_mask, *qkv, s, scratch, s.ctx, key, layer, ctx_copy);
     ctx = ctx_copy != nullptr ? ctx_copy : &round_saved(be, lp, s.ctx, nullptr);
   }
-  const Tensor proj = branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch);
+  const Tensor proj =
+      branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch, layer, ProductSite::proj);
   // The residual sum res1 and the MLP's input, its norm. A post-norm block's MLP input is its
   // residual too: computed in float32, then rounded into the stored copy and in place.
   auto attention_residual = [&](const Backend::Norm& n, const Tensor& y) {
@@ -560,12 +588,15 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       residual_add(be, st, s.res1, y, st.residual_dropout, site_key(key, layer, kMlpResidual), out);
     return;
   }
-  const Tensor& fc_pre = product_saved(
-      be, lp, s.fc_pre, copy(&BlockSaved::fc_pre), scratch.d_fc,
-      [&](const Tensor& y) { be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y); });
+  const Tensor& fc_pre = product_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre), scratch.d_fc,
+                                       [&](const Tensor& y) {
+                                         be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y);
+                                         adapt(be, st, layer, ProductSite::fc, m_all, y);
+                                       });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
-  const Tensor mlp = branch_output(be, st, fc_act, w.out_w, w.out_b, s.res1, scratch);
+  const Tensor mlp =
+      branch_output(be, st, fc_act, w.out_w, w.out_b, s.res1, scratch, layer, ProductSite::out);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
@@ -636,9 +667,9 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     if (sparse_layer(st, layer)) {
       sparse_mlp_backward(be, st, s, sc, d_mlp, layer, accumulate_dw);
     } else {
-      const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw);
-      be.linear_backward(all_tokens(be, st, s.m_in, sc.gathered, sc), w.fc_w, d_fc_pre, st.layout,
-                         sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
+      const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw, layer);
+      adapted_backward(be, st, layer, ProductSite::fc, all_tokens(be, st, s.m_in, sc.gathered, sc),
+                       w.fc_w, d_fc_pre, sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
     }
     const Tensor d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     d_proj = norm_backward_branch(
@@ -653,7 +684,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                              block_norm(st, w.ln_b_g, w.ln_b_b, s.mean_b, s.rstd_b), d_res2, false,
                              g.ln_b_g, g.ln_b_b, DType::f32, st.residual_dropout, mlp_key, sc.tmp),
         sc.gathered, sc);
-    const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw);
+    const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw, layer);
     const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);
     Tensor d_m_in = sc.tmp2;
     if (slices_tokens(st)) {  // this rank's tokens of the sum, and the residual's gradient
@@ -662,8 +693,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
       d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 1, sc);
       be.add_inplace(d_m_in, d_res2);
     } else {  // rank 0 adds the residual's gradient to the sum
-      be.linear_backward(m_all, w.fc_w, d_fc_pre, st.layout, sc.tmp2, adds_shared_terms(st), g.fc_w,
-                         g.fc_b, accumulate_dw);
+      adapted_backward(be, st, layer, ProductSite::fc, m_all, w.fc_w, d_fc_pre, sc.tmp2,
+                       adds_shared_terms(st), g.fc_w, g.fc_b, accumulate_dw);
       sum_over_group(be, st, sc.tmp2);
     }
     d_res1 = dh;  // dh is free again: it now receives d_res1
@@ -673,8 +704,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
   // d_x starts as d_res1 (same buffer dh).
   const Tensor d_attn = all_tokens(be, st, d_proj, sc.tmp2, sc);
-  be.linear_backward(s.ctx, w.proj_w, d_attn, st.layout, sc.d_ctx, false, g.proj_w, g.proj_b,
-                     accumulate_dw);
+  adapted_backward(be, st, layer, ProductSite::proj, s.ctx, w.proj_w, d_attn, sc.d_ctx, false,
+                   g.proj_w, g.proj_b, accumulate_dw);
   // The gradients of the attention's output and of qkv rounded to lp: by the attention itself
   // (its 16-bit casts, where it has them) unless the exchanges, the rotary positions or the
   // query/key norms come between.
@@ -695,8 +726,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   if (rounds_dqkv && (splits_sequences(st.parallel.sequence) || !qkv_as_given))
     be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
-    be.linear_backward(all_tokens(be, st, s.a_in, sc.gathered, sc), w.qkv_w, d_qkv, st.layout,
-                       sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
+    adapted_backward(be, st, layer, ProductSite::qkv, all_tokens(be, st, s.a_in, sc.gathered, sc),
+                     w.qkv_w, d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     norm_backward_branch(be, st, d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a),
                          dh, true, g.ln_a_g, g.ln_a_b, lp, 0.0f, RngKey{}, sc.tmp);
@@ -705,8 +736,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
                        false, g.qkv_w, g.qkv_b, accumulate_dw);
     be.add_inplace(dh, stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc));
   } else {  // rank 0 adds d_res1 to the sum
-    be.linear_backward(x, w.qkv_w, d_qkv, st.layout, dh, adds_shared_terms(st), g.qkv_w, g.qkv_b,
-                       accumulate_dw);
+    adapted_backward(be, st, layer, ProductSite::qkv, x, w.qkv_w, d_qkv, dh, adds_shared_terms(st),
+                     g.qkv_w, g.qkv_b, accumulate_dw);
     sum_over_group(be, st, dh);
   }
 }
@@ -715,6 +746,8 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
                   const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t past,
                   const DecodeScratch& s, const Tensor& out) {
   BRISK_CHECK(style.pre_norm && style.causal, "incremental decoding needs pre-norm causal blocks");
+  BRISK_CHECK(style.adapters == nullptr,
+              "generating with LoRA adapters is not built yet: merge them first (brisk merge)");
   norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
   be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
   if (style.qk_norm) {  // each part normalized in place in ctx's room, before the attention

@@ -38,6 +38,25 @@ class SparseMlp {
   virtual void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
 };
 
+// The block's four products, where low-rank adapters may add to them.
+enum class ProductSite { qkv, proj, fc, out };
+// Low-rank adapters (LoRA) on the block's products: the model holds them (models/adapters), the
+// adapter layer (adapters/) attaches them from outside.
+class ProductAdapters {
+ public:
+  virtual ~ProductAdapters() = default;
+  virtual bool on(int layer, ProductSite site) const = 0;
+  // y (the product's float32 output for input x) gains the adapters' terms.
+  virtual void forward(Backend& be, int layer, ProductSite site, const Tensor& x,
+                       const Tensor& y) const = 0;
+  // Backward in two parts around the product's own: first the adapters' gradients (added to)
+  // from x and the output's gradient dy, while x is intact (the product's input gradient may be
+  // written over it); then dx (float32, the product's input gradient) gains theirs.
+  virtual void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x,
+                                const Tensor& dy) const = 0;
+  virtual void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx) const = 0;
+};
+
 struct BlockStyle {
   bool pre_norm = false;  // GPT-2: LN before each sublayer; BERT: LN after each residual
   // A residual add and the norm after it (and their gradients) in one backend call each; off
@@ -97,6 +116,8 @@ struct BlockStyle {
   // neither planned (BlockDims::inner 0), written nor read); pre-norm blocks without tensor
   // parallelism. Null: none.
   SparseMlp* sparse_mlp = nullptr;
+  // Low-rank adapters on the products; null: none.
+  const ProductAdapters* adapters = nullptr;
   // Mixed precision: the 16-bit outputs backward rebuilds from what the block keeps
   // (block_recompute) rather than keep per block: a pre-norm block's norm outputs, the MLP
   // activation's output (PlanOptions::recompute_norms, recompute_activation).

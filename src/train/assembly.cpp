@@ -78,15 +78,18 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 // LoRA: the targets resolved against the model's linears (a bad name refused here, before any
-// data is read); training them is not built yet.
+// data is read). The model runs the adapters (brisk forward-backward --adapter_name_or_path);
+// the trainer's side (the optimizer over the adapters, PEFT's files in checkpoints) is not
+// built yet.
 void refuse_adapters(const TrainOptions& o, const Model& model) {
   const LoraConfig c = lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
                                    o.lora_modules_to_save, o.use_rslora);
   const LoraTargets t = lora_targets(model.linears(), c, model.config().type_name());
-  BRISK_FAIL("--use_peft: LoRA adapters on ", t.linears.size(), " linears (",
+  BRISK_FAIL("--use_peft: training LoRA adapters on ", t.linears.size(), " linears (",
              t.linears.front().module,
-             ", ...) are not built yet: their forward and backward "
-             "come next; train without --use_peft");
+             ", ...) is not built yet (the optimizer over the adapters "
+             "and PEFT's files come next); train without --use_peft, or fold an adapter into its "
+             "model with brisk merge");
 }
 
 BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B) {

@@ -1,0 +1,58 @@
+// Low-rank adapters (LoRA) held by a model: for each adapted linear of the blocks, its A [r, in]
+// and B [out, r] among the model's parameters (declared after the base's, trained while the base
+// is frozen), the product it adds to and where (the columns of a packed query/key/value or
+// gate/up output), and the rank-r activations backward reads. The adapter layer (adapters/lora)
+// chooses the linears and the numbers; the blocks call them through ProductAdapters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "core/parameters.h"
+#include "models/transformer_block.h"
+
+namespace brisk {
+
+// One adapted linear, as the adapter layer declares it.
+struct AdapterDecl {
+  int linear = -1;     // the linear's weight among the model's parameters
+  std::string module;  // its module name ("model.layers.0.self_attn.q_proj")
+  int layer = -1;
+  int64_t in = 0, out = 0, r = 0;
+  bool fan_in_fan_out = false;
+  float scale = 1;
+};
+
+class ModelAdapters final : public ProductAdapters {
+ public:
+  struct Entry {
+    AdapterDecl decl;
+    int a = -1, b = -1;  // their parameters
+    ProductSite site = ProductSite::qkv;
+    int64_t at = 0;  // the first of the product's output columns it adds to
+    Tensor u;        // [rows, r]: scale x A^T, kept for backward
+    Tensor v;        // [rows, r]: scale dy B, from backward_weights to backward_input
+  };
+  explicit ModelAdapters(const ParameterSet& params) : params_(params) {}
+  std::vector<Entry>& entries() { return entries_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  // The rank-r buffers for `rows` tokens: each entry's u (activations) and v (temporaries).
+  void declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows);
+  // Where each entry adds: the product of its layer whose weight holds its linear's (`weights`
+  // of each entry's layer, as the model binds them).
+  void place(const std::function<BlockParams(int)>& layer_weights);
+
+  bool on(int layer, ProductSite site) const override;
+  void forward(Backend& be, int layer, ProductSite site, const Tensor& x,
+               const Tensor& y) const override;
+  void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x,
+                        const Tensor& dy) const override;
+  void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx) const override;
+
+ private:
+  const ParameterSet& params_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace brisk

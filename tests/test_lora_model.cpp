@@ -1,0 +1,138 @@
+// LoRA adapters attached to a model against PEFT + transformers (tests/fixtures/lora/merge_*,
+// scripts/make_lora_fixtures.py): the adapted model's loss and logits, and the gradients of every
+// adapter's A and B (and of a module to save), with the base frozen; on Llama (q_proj and v_proj
+// inside the packed query/key/value product), GPT-2 (Conv1D's c_attn and c_proj, rsLoRA) and
+// BERT (query and value, its classifier trained in full).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "adapters/attach.h"
+#include "adapters/merge.h"
+#include "core/json_file.h"
+#include "test_support.h"
+
+namespace brisk::testing {
+namespace {
+
+double normwise(const std::vector<float>& got, const Tensor& want) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.f32()[i];
+    diff += (got[i] - w) * (got[i] - w);
+    norm += w * w;
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+void expect_as_peft(const std::string& model, const std::string& adapter) {
+  SCOPED_TRACE(model);
+  const std::string dir = fixture("lora/merge_" + adapter);
+  const LoraConfig c =
+      read_adapter_config(read_json_file(dir + "/adapter_config.json", "adapter"), "adapter");
+  LoadedModel lm(fixture(model), {}, false, DType::f32, 0, false, nullptr, 0, nullptr,
+                 [&](Model& m) { attach_lora(m, c); });
+  load_adapter(*lm.be, *lm.model, SafetensorsFile(dir + "/adapter_model.safetensors"));
+  const SafetensorsFile want(dir + "/expected.safetensors");
+  const ParameterSet& ps = lm.model->params();
+  EXPECT_LT(ps.trainable_elements(), ps.total_elements() / 4);
+  StepOptions so;
+  so.compute_grad = false;
+  lm.model->forward(*lm.be, so);
+  const std::vector<float> logits = to_host(*lm.be, lm.model->logits());
+  EXPECT_LE(normwise(logits, want.get("logits")), 1e-5);
+  const double loss = lm.step(false);
+  EXPECT_NEAR(loss, want.get("loss").f32()[0], 1e-5);
+  int compared = 0;
+  for (size_t i = 0; i < ps.list().size(); ++i) {
+    const ParamInfo& p = ps.list()[i];
+    if (p.frozen) continue;
+    const std::string key = "grad.base_model.model." + p.name;
+    ASSERT_TRUE(want.has(key)) << key;
+    EXPECT_LE(normwise(to_host(*lm.be, ps.grad(static_cast<int>(i))), want.get(key)), 1e-4)
+        << p.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared + 2, static_cast<int>(want.names().size()));  // and loss, logits
+}
+
+TEST(LoraModel, LlamaAsPeft) {
+  expect_as_peft("llama_tiny", "llama");
+}
+
+TEST(LoraModel, Gpt2sConv1DWithRsLoraAsPeft) {
+  expect_as_peft("gpt2_tiny", "gpt2");
+}
+
+TEST(LoraModel, BertWithItsClassifierTrainedAsPeft) {
+  expect_as_peft("bert_tiny", "bert");
+}
+
+TEST(LoraModel, FreshAdaptersLeaveTheBaseModelsOutput) {
+  // B zero: the adapted model computes the base's logits exactly; A drawn within 1/sqrt(in).
+  LoraConfig c;
+  c.r = 4;
+  c.all_linear = true;
+  LoadedModel base(fixture("llama_tiny"));
+  LoadedModel lm(fixture("llama_tiny"), {}, false, DType::f32, 0, false, nullptr, 0, nullptr,
+                 [&](Model& m) { attach_lora(m, c); });
+  lm.model->init_weights(*lm.be, 5);
+  lm.model->load_weights(*lm.be, WeightFiles(fixture("llama_tiny/model.safetensors")));
+  StepOptions so;
+  so.compute_grad = false;
+  base.model->forward(*base.be, so);
+  lm.model->forward(*lm.be, so);
+  EXPECT_EQ(to_host(*lm.be, lm.model->logits()), to_host(*base.be, base.model->logits()));
+  const ParameterSet& ps = lm.model->params();
+  for (const ModelAdapters::Entry& e : lm.model->adapters()->entries()) {
+    const std::vector<float> a = to_host(*lm.be, ps.weight(e.a)),
+                             b = to_host(*lm.be, ps.weight(e.b));
+    const float bound = 1.0f / std::sqrt(static_cast<float>(e.decl.in));
+    float most = 0;
+    for (float v : a) most = std::max(most, std::abs(v));
+    EXPECT_LE(most, bound);
+    EXPECT_GT(most, 0.5f * bound);
+    for (float v : b) ASSERT_EQ(v, 0.0f);
+  }
+  EXPECT_EQ(lm.model->adapters()->entries().size(), 14u);  // 7 linears in each of 2 blocks
+}
+
+// An adapter's B gradient is what the merged model's weight gradient implies (the same function
+// of the inputs at the merge point): dB = scale dW^T A^T for GPT-2's Conv1D weights [in, out],
+// brisk's merge and brisk's base model the reference, PEFT not involved.
+TEST(LoraModel, AdaptersGradientsAsTheMergedModelsImplies) {
+  const std::string dir = fixture("lora/merge_gpt2");
+  TempDir out("lora_vs_merged");
+  std::filesystem::copy_file(fixture("gpt2_tiny/batch.safetensors"), out / "batch.safetensors");
+  merge_adapter({fixture("gpt2_tiny"), dir, out.path.string()});
+  LoadedModel merged(out.path.string());
+  merged.step(false);
+  const LoraConfig c =
+      read_adapter_config(read_json_file(dir + "/adapter_config.json", "adapter"), "adapter");
+  LoadedModel lm(fixture("gpt2_tiny"), {}, false, DType::f32, 0, false, nullptr, 0, nullptr,
+                 [&](Model& m) { attach_lora(m, c); });
+  load_adapter(*lm.be, *lm.model, SafetensorsFile(dir + "/adapter_model.safetensors"));
+  lm.step(false);
+  const ParameterSet& ps = lm.model->params();
+  const ParameterSet& ms = merged.model->params();
+  for (const ModelAdapters::Entry& e : lm.model->adapters()->entries()) {
+    const std::vector<float> dw = to_host(*merged.be, ms.grad(ms.index(e.decl.module + ".weight")));
+    const std::vector<float> a = to_host(*lm.be, ps.weight(e.a));
+    const int64_t in = e.decl.in, outs = e.decl.out, r = e.decl.r;
+    std::vector<float> implied(static_cast<size_t>(outs * r));
+    for (int64_t o = 0; o < outs; ++o)
+      for (int64_t j = 0; j < r; ++j) {
+        double sum = 0;
+        for (int64_t i = 0; i < in; ++i) sum += dw[i * outs + o] * a[j * in + i];
+        implied[o * r + j] = static_cast<float>(e.decl.scale * sum);
+      }
+    EXPECT_LE(
+        normwise(to_host(*lm.be, ps.grad(e.b)), Tensor(implied.data(), Shape{outs, r}, DType::f32)),
+        1e-4)
+        << e.decl.module;
+  }
+}
+
+}  // namespace
+}  // namespace brisk::testing
