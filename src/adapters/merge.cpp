@@ -8,6 +8,7 @@
 #include "adapters/lora.h"
 #include "core/checked.h"
 #include "core/json_file.h"
+#include "core/model_files.h"
 #include "core/safetensors.h"
 #include "core/weight_files.h"
 #include "models/config.h"
@@ -19,18 +20,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
-
-// The files save_pretrained and a tokenizer's save write beside the weights.
-constexpr const char* kCopied[] = {"config.json",
-                                   "generation_config.json",
-                                   "tokenizer.json",
-                                   "tokenizer.model",
-                                   "vocab.txt",
-                                   "vocab.json",
-                                   "merges.txt",
-                                   "tokenizer_config.json",
-                                   "special_tokens_map.json",
-                                   "added_tokens.json"};
 
 // An adapted linear: its LoRA matrices in the adapter's file and how its weight is laid out.
 struct Adapted {
@@ -109,11 +98,14 @@ const Tensor* saved_copy(const std::string& name, const LoraConfig& c, const Saf
   return f.has(key) ? &f.get(key) : nullptr;
 }
 
+// What save_pretrained and a tokenizer's save write beside the weights.
 void copy_beside(const std::string& from, const std::string& to) {
-  for (const char* name : kCopied) {
+  auto copy = [&](const char* name) {
     const fs::path p = fs::path(from) / name;
     if (fs::exists(p)) fs::copy_file(p, fs::path(to) / name, fs::copy_options::overwrite_existing);
-  }
+  };
+  for (const char* name : kConfigFiles) copy(name);
+  for (const char* name : kTokenizerFiles) copy(name);
 }
 
 }  // namespace

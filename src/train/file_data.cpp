@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_file.h"
+#include "core/model_files.h"
 #include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/text_table.h"
@@ -21,19 +22,6 @@
 namespace brisk {
 
 namespace fs = std::filesystem;
-
-namespace {
-// The files of a tokenizer folder that transformers reads (copied next to a saved model, and
-// fingerprinted for the tokenization cache).
-constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
-                                           "tokenizer.model",
-                                           "vocab.txt",
-                                           "vocab.json",
-                                           "merges.txt",
-                                           "tokenizer_config.json",
-                                           "special_tokens_map.json",
-                                           "added_tokens.json"};
-}  // namespace
 
 bool uses_text_files(const TrainOptions& o) {
   return !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
