@@ -186,8 +186,14 @@ class Interrupt(brisk.TrainerCallback):
 
 def test_ctrl_c_stops_at_a_step_boundary(tmp_path, bert_config):
     t = trainer(tmp_path, bert_config, read_glue("train.csv"), callbacks=[Interrupt()])
-    with pytest.raises(KeyboardInterrupt):
-        t.train()
+    # Python's own Ctrl-C handler, as a notebook or terminal has it (a shell's background job
+    # starts with SIGINT ignored, and Python then keeps it so).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.train()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     with open(tmp_path / "api" / "trainer_state.json") as f:
         assert json.load(f)["global_step"] == 2  # the step under way finished, then saved
     assert t.state.global_step == 2  # and the Trainer goes on from that model
