@@ -3,7 +3,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <set>
 
 #include "adapters/lora.h"
 #include "core/checked.h"

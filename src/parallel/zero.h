@@ -160,8 +160,8 @@ int64_t gradient_piece_elements(double bucket_cap_mb);
 // backward reports them final, on every micro-batch. A segment's sums are started (they run on
 // the communicator's thread, each adding its piece into the shard and the last zeroing the
 // segment's place) and the report returns once no sum still reads a place the next segment's
-// backward writes (Model::grad_layout().overlap): with the model's two slots, a block's sums run while
-// the next block's backward computes.
+// backward writes (Model::grad_layout().overlap): with the model's two slots, a block's sums run
+// while the next block's backward computes.
 class ShardedGradients {
  public:
   // `shard`: float32, this rank's elements; `receive`: receive_elements(). A segment is summed

@@ -34,9 +34,9 @@ void switch_paths(PlanOptions& p, const DeviceTraits& traits, const Switches& s)
 
 // A run resolved once, in one value every part reads: a DeepSpeed config (--deepspeed, its keys
 // without effect in `deepspeed_ignored`) and accelerate's ParallelismConfig applied to the given
-// options for `ranks` processes, the result validated (once: the front doors do not); the parallel layout of
-// the ranks (each degree checked against them); the device (auto picked as train does). The
-// measurement switches travel in options.switches.
+// options for `ranks` processes, the result validated (once: the front doors do not); the parallel
+// layout of the ranks (each degree checked against them); the device (auto picked as train does).
+// The measurement switches travel in options.switches.
 struct ResolvedRun {
   TrainOptions options;
   ParallelLayout layout;
