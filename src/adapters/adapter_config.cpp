@@ -1,5 +1,6 @@
 // PEFT's adapter_config.json for LoRA: read (the keys brisk runs, the rest only at PEFT's
 // defaults) and written as PEFT's save_pretrained writes it.
+#include <cmath>
 #include <set>
 
 #include "adapters/lora.h"
@@ -57,6 +58,12 @@ double number(const nlohmann::json& j, const char* key, double fallback,
   return j[key].get<double>();
 }
 
+// A whole number as an integer (as PEFT writes lora_alpha = 16), any other as itself.
+nlohmann::json whole_or_real(double v) {
+  if (std::abs(v) < 1e15 && v == std::floor(v)) return static_cast<int64_t>(v);
+  return v;
+}
+
 }  // namespace
 
 LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origin) {
@@ -103,13 +110,13 @@ nlohmann::json adapter_config_json(const LoraConfig& c) {
                                                        : nlohmann::json(c.target_modules);
   return {{"peft_type", "LORA"},
           {"r", c.r},
-          {"lora_alpha", c.alpha},
+          {"lora_alpha", whole_or_real(c.alpha)},
           {"lora_dropout", c.dropout},
           {"target_modules", targets},
           {"modules_to_save",
            c.modules_to_save.empty() ? nlohmann::json() : nlohmann::json(c.modules_to_save)},
           {"use_rslora", c.use_rslora},
-          {"fan_in_fan_out", false},
+          {"fan_in_fan_out", c.fan_in_fan_out},
           {"bias", "none"},
           {"init_lora_weights", true},
           {"inference_mode", true},

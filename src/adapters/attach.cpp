@@ -1,8 +1,11 @@
 #include "adapters/attach.h"
 
+#include <filesystem>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace brisk {
 
@@ -21,6 +24,21 @@ void load_tensor(Backend& be, const SafetensorsFile& f, const std::string& key, 
   be.upload(staged, dst);
 }
 
+// The trained parameters must lie in one run (the optimizer steps them as one): a module to save
+// declared before the blocks' parameters (an embedding) breaks it.
+void check_trained_together(const Model& model) {
+  const std::vector<ParamInfo>& list = model.params().list();
+  int first = -1;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].frozen && first < 0) first = static_cast<int>(i);
+    if (first >= 0 && list[i].frozen)
+      BRISK_FAIL("--lora_modules_to_save: '", list[static_cast<size_t>(first)].name,
+                 "' lies before the blocks' frozen parameters; training it in full beside the "
+                 "adapters is not built yet (only the modules after the blocks, such as a "
+                 "classifier or score head)");
+  }
+}
+
 }  // namespace
 
 LoraTargets attach_lora(Model& model, const LoraConfig& c) {
@@ -35,7 +53,71 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
   }
   model.add_adapters(decls,
                      [&](const ParamInfo& p) { return saved_in_full(p.name, c.modules_to_save); });
+  check_trained_together(model);
   return t;
+}
+
+LoraConfig read_adapter_folder(const std::string& folder, const std::string& option) {
+  namespace fs = std::filesystem;
+  BRISK_CHECK(fs::is_directory(folder), option, ": '", folder, "' is no folder");
+  const std::string path = (fs::path(folder) / "adapter_config.json").string();
+  BRISK_CHECK(fs::exists(path), option, ": '", folder,
+              "' holds no adapter_config.json (is it a PEFT adapter folder?)");
+  return read_adapter_config(read_json_file(path, "adapter config"), path);
+}
+
+std::string adapter_weights_path(const std::string& folder, const std::string& option) {
+  const std::string path = (std::filesystem::path(folder) / "adapter_model.safetensors").string();
+  BRISK_CHECK(std::filesystem::exists(path), option, ": '", folder,
+              "' holds no adapter_model.safetensors");
+  return path;
+}
+
+LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base) {
+  switch (model.config().task) {
+    case ModelTask::sequence_classification:
+      c.task_type = "SEQ_CLS";
+      break;
+    case ModelTask::causal_lm:
+      c.task_type = "CAUSAL_LM";
+      break;
+    case ModelTask::masked_lm:
+      c.task_type.clear();
+      break;  // PEFT has none
+  }
+  // PEFT's default targets are written as the names they stand for (the adapted modules' last
+  // parts), as PEFT writes them.
+  const bool defaults = !c.all_linear && c.target_pattern.empty() && c.target_modules.empty();
+  std::set<std::string> names;
+  c.fan_in_fan_out = false;
+  if (const ModelAdapters* a = model.adapters())
+    for (const ModelAdapters::Entry& e : a->entries()) {
+      c.fan_in_fan_out = c.fan_in_fan_out || e.decl.fan_in_fan_out;
+      names.insert(e.decl.module.substr(e.decl.module.rfind('.') + 1));
+    }
+  if (defaults) c.target_modules.assign(names.begin(), names.end());
+  c.base_model_name_or_path = base;
+  return c;
+}
+
+void save_adapter(const std::string& folder, const Model& model, const Tensor& trained,
+                  const LoraConfig& c, const DeviceReader& read) {
+  const ParameterSet& ps = model.params();
+  const ParameterSet::Run run = ps.trained_run();
+  BRISK_CHECK(trained.numel() == run.elements.count, "internal error: ", trained.numel(),
+              " trained weights for a run of ", run.elements.count);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (int i = run.first; i < run.last; ++i) {
+    const ParamInfo& p = ps.list()[static_cast<size_t>(i)];
+    const Tensor view = element_range(trained, p.offset - run.elements.offset, p.shape.numel());
+    tensors.emplace_back(kPeftPrefix + p.name,
+                         Tensor(view.data(), p.shape, DType::f32, trained.device()));
+  }
+  namespace fs = std::filesystem;
+  write_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
+                    {{"format", "pt"}}, read);
+  write_file_atomically((fs::path(folder) / "adapter_config.json").string(),
+                        adapter_config_json(c).dump(2) + "\n");
 }
 
 void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {

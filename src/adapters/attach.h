@@ -1,7 +1,10 @@
 // LoRA applied to a model from outside: the adapters of a LoraConfig attached to the model's
-// linears (before its plan), and an adapter's weights (PEFT's adapter_model.safetensors) loaded
-// into them (after its bind).
+// linears (before its plan), an adapter's weights (PEFT's adapter_model.safetensors) loaded into
+// them (after its bind), and the trained adapter saved as PEFT's save_pretrained writes it.
 #pragma once
+
+#include <functional>
+#include <string>
 
 #include "adapters/lora.h"
 #include "backend/backend.h"
@@ -11,8 +14,24 @@
 namespace brisk {
 
 // The targets' A and B declared, the modules to save trained with them, every other parameter
-// frozen. Refused by name where not built yet: a linear outside the blocks.
+// frozen. Refused by name where not built yet: a linear outside the blocks, a module to save that
+// lies apart from the adapters (before the blocks' parameters).
 LoraTargets attach_lora(Model& model, const LoraConfig& c);
+
+// PEFT's adapter folder: its adapter_config.json read and checked, and the path of its
+// adapter_model.safetensors (a missing file named with `option`, the user's name for the folder).
+LoraConfig read_adapter_folder(const std::string& folder, const std::string& option);
+std::string adapter_weights_path(const std::string& folder, const std::string& option);
+
+// The saved adapter's config: `c` for `model` (PEFT's task_type from the model's task,
+// fan_in_fan_out where its targets are transposed, the base's name).
+LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base);
+
+// Writes adapter_config.json and adapter_model.safetensors (PEFT's keys) into `folder`: the
+// trained parameters, from `trained` (their run of the flat float32 weights, or of a master
+// copy: ParameterSet::trained_run), read through `read` where they live off the host.
+void save_adapter(const std::string& folder, const Model& model, const Tensor& trained,
+                  const LoraConfig& c, const DeviceReader& read);
 
 // The adapters' A and B, and the modules to save, from PEFT's file (keys
 // "base_model.model.<module>.lora_A.weight", "base_model.model.<parameter>"), each checked

@@ -26,6 +26,9 @@ struct LoraConfig {
   // Modules trained in full and saved with the adapter (PEFT's modules_to_save).
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;
+  // The targets' weights stored [in, out] (GPT-2's Conv1D), as PEFT records it; brisk reads each
+  // linear's own layout from the model.
+  bool fan_in_fan_out = false;
   std::string base_model_name_or_path;
   std::string task_type;  // PEFT's TaskType: SEQ_CLS, CAUSAL_LM, or empty
   // The adapters' output scale: alpha / r, or alpha / sqrt(r) with use_rslora.

@@ -87,6 +87,22 @@ std::vector<int64_t> ParameterSet::trained_offsets() const {
   return offsets;
 }
 
+ParameterSet::Run ParameterSet::trained_run() const {
+  Run r{static_cast<int>(params_.size()), 0, {0, 0}};
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].frozen) continue;
+    const int k = static_cast<int>(i);
+    if (r.first > k) r.first = k;
+    BRISK_CHECK(r.last == 0 || r.last == k, "internal error: frozen parameter '",
+                params_[static_cast<size_t>(r.last)].name, "' lies between trained ones");
+    r.last = k + 1;
+  }
+  if (r.last == 0) return Run{};
+  const ParamInfo& first = params_[static_cast<size_t>(r.first)];
+  r.elements = {first.offset, trainable_};
+  return r;
+}
+
 void ParameterSet::bind(const Tensor& flat_weights, const Tensor& flat_grads,
                         std::vector<int64_t> weight_offsets, std::vector<int64_t> grad_offsets) {
   if (frozen() && grad_offsets.empty()) grad_offsets = trained_offsets();

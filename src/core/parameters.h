@@ -89,6 +89,14 @@ class ParameterSet {
   int64_t trainable_elements() const { return trainable_; }
   // Each parameter's place in a gradient buffer of the trained ones (-1: frozen).
   std::vector<int64_t> trained_offsets() const;
+  // The trained parameters as one run of the list, [first, last), and of the flat buffer
+  // (every parameter when none is frozen). Fails where frozen ones lie between trained ones:
+  // whoever freezes keeps the trained together (Model::add_adapters declares them last).
+  struct Run {
+    int first = 0, last = 0;
+    ElementRange elements;
+  };
+  Run trained_run() const;
   // Parameter i's ParamInfo::stream.
   void set_stream(int i, int stream) { params_.at(static_cast<size_t>(i)).stream = stream; }
   const std::vector<ParamInfo>& list() const { return params_; }

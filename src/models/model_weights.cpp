@@ -112,7 +112,17 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     }
     if (source[i].name.empty()) missing.push_back(p.name);
   }
-  if (!missing.empty()) init_weights(be, seed);  // what the file does not give keeps its init
+  // What the file does not give keeps its init: the adapters' alone, where only they are missing
+  // (as PEFT's own init; they are not reported).
+  const auto adapter_count =
+      static_cast<size_t>(std::count_if(missing.begin(), missing.end(), [&](const std::string& n) {
+        return adapter_param(static_cast<size_t>(params_.index(n)));
+      }));
+  if (missing.size() > adapter_count)
+    init_weights(be, seed);
+  else
+    for (size_t i = 0; adapter_count > 0 && i < params_.list().size(); ++i)
+      init_adapter(be, i, seed);
   // Staged weights: a segment the file gives in part is first gathered, with its
   // initialized values, into its place, which other segments have overwritten since.
   const bool gathered = weight_source_ && staged_weights();
@@ -156,6 +166,9 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     written(i);
   }
   written_all();
+  std::erase_if(missing, [&](const std::string& n) {
+    return adapter_param(static_cast<size_t>(params_.index(n)));
+  });
   std::sort(missing.begin(), missing.end());
   return missing;
 }

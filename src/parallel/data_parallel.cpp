@@ -118,7 +118,7 @@ void DataParallel::step_optimizer(const Tensor& weights, const Tensor& grads, fl
 
 double DataParallel::step_weights(float lr, const RngKey& rounding) {
   if (partitioned()) return step_partitioned(lr, rounding);
-  step_optimizer(precision_.master(model_.params()), gradients(), lr);
+  step_optimizer(precision_.stepped(model_.params()), gradients(), lr);
   // On a skip the weights are unchanged, and rounding them again changes nothing.
   precision_.refresh_weights(be_, model_.params(), rounding);
   return 0.0;

@@ -60,8 +60,8 @@ class MixedPrecision {
   // bf16 with no compute copy: the weights are float32, updated as in fp32.
   bool float32_weights() const { return float32_weights_; }
 
-  // `shard` (partitioned): the master copy holds only these elements of the parameters, this rank's
-  // run; by default all of them.
+  // `shard`: the master copy holds only these elements of the parameters (a ZeRO partition's
+  // run, or the trained parameters' where the others are frozen); by default all of them.
   void plan(MemoryPlan& plan, BufferBinder& binder, int64_t num_params,
             ElementRange shard = {0, -1});
   // Whether the master copy holds only a run of the parameters (partitioned, with a master
@@ -84,6 +84,14 @@ class MixedPrecision {
   // The float32 weights the optimizer updates and checkpoints save: master_elements() of them.
   const Tensor& master(const ParameterSet& params) const {
     return has_master() ? master_ : compute_weights(params);
+  }
+  // The float32 weights one process's optimizer steps (not partitioned): the master copy, or
+  // the compute weights' run that `shard` gave plan (the trained parameters', where some are
+  // frozen), all of them by default.
+  Tensor stepped(const ParameterSet& params) const {
+    if (has_master()) return master_;
+    if (shard_.count < 0) return compute_weights(params);
+    return element_range(compute_weights(params), shard_.offset, shard_.count);
   }
   // After an optimizer step: compute weights = master rounded to the 16-bit type (the master's
   // run of them; offloaded: uploaded, then rounded where they hold 16-bit values), or without a

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <set>
 
-#include "adapters/lora.h"
+#include "adapters/attach.h"
 #include "backend/device_traits.h"
 #include "core/step_control.h"
 #include "core/switches.h"
@@ -75,23 +75,34 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
   r.test_data = r.owned_test.get();
 }
 
-// The model's config and the data: text files (their tokenizer sets the sequence length), the
-// given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
-// LoRA: the targets resolved against the model's linears (a bad name refused here, before any
-// data is read). The model runs the adapters (brisk forward-backward --adapter_name_or_path);
-// the trainer's side (the optimizer over the adapters, PEFT's files in checkpoints) is not
-// built yet.
-void refuse_adapters(const TrainOptions& o, const Model& model) {
-  const LoraConfig c = lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
-                                   o.lora_modules_to_save, o.use_rslora);
-  const LoraTargets t = lora_targets(model.linears(), c, model.config().type_name());
-  BRISK_FAIL("--use_peft: training LoRA adapters on ", t.linears.size(), " linears (",
-             t.linears.front().module,
-             ", ...) is not built yet (the optimizer over the adapters "
-             "and PEFT's files come next); train without --use_peft, or fold an adapter into its "
-             "model with brisk merge");
+// LoRA (--use_peft, or an adapter folder): its config from the folder or the lora_* options,
+// attached to the model (its targets resolved against the model's linears: a bad name is
+// refused here, before any data is read). Layouts that split the parameters are not built with
+// adapters yet: refused by name.
+void attach_adapters(RunAssembly& r) {
+  const TrainOptions& o = r.options;
+  if (!o.use_peft && o.adapter_name_or_path.empty()) return;
+  const LoraConfig c =
+      o.adapter_name_or_path.empty()
+          ? lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
+                        o.lora_modules_to_save, o.use_rslora)
+          : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
+  const char* layout = r.layout.on(MeshDim::tensor)                  ? "--tp_size"
+                       : r.layout.on(MeshDim::pipeline)              ? "--pp_size"
+                       : r.layout.on(MeshDim::sequence)              ? "--sp_size"
+                       : r.layout.on(MeshDim::expert)                ? "--ep_size"
+                       : o.zero_stage > 0 && r.layout.replicas() > 1 ? "--zero_stage"
+                                                                     : nullptr;
+  BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
+              " are not built yet: train them with data parallelism (DDP) alone");
+  BRISK_CHECK(c.dropout == 0 || !o.do_train, "lora_dropout ", c.dropout,
+              ": dropout on the adapters' input is not built yet: train with --lora_dropout 0");
+  attach_lora(*r.model, c);
+  r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
 
+// The model's config and the data: text files (their tokenizer sets the sequence length), the
+// given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B) {
   TrainOptions& o = r.options;
   r.config = resolve_config(o.model_name_or_path);
@@ -111,7 +122,7 @@ BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B
     o.seq_len = r.files.seq_len;
   }
   r.model = Model::create(rank_share(r.config, r.layout, r.place));
-  if (o.use_peft) refuse_adapters(o, *r.model);
+  attach_adapters(r);
   const BatchLayout layout = r.model->batch_layout(B, o.seq_len);
   const bool evaluates = o.do_eval || o.eval_strategy != "no";
   if (files)
@@ -386,15 +397,22 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
-  // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state.
+  // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state;
+  // adapters: it holds the trained parameters alone.
+  const ParameterSet& params = r.model->params();
   const bool zero = !r.parallel.shards.empty();
-  r.precision->plan(
-      r.plan, r.binder, r.model->params().total_elements(),
-      zero ? r.parallel.shards[static_cast<size_t>(replica)].elements : ElementRange{0, -1});
+  const ParameterSet::Run trained = params.trained_run();
+  r.precision->plan(r.plan, r.binder, params.total_elements(),
+                    zero              ? r.parallel.shards[static_cast<size_t>(replica)].elements
+                    : params.frozen() ? trained.elements
+                                      : ElementRange{0, -1});
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
+  if (params.frozen())
+    r.optimizer_params =
+        shard_params(params, ParamShard{trained.first, trained.last, trained.elements});
   if (model_options.gradients)
-    r.optimizer->plan(r.plan, r.binder, zero ? r.optimizer_params : r.model->params());
+    r.optimizer->plan(r.plan, r.binder, zero || params.frozen() ? r.optimizer_params : params);
   plan_offload_buffers(*r.model, *r.precision, r.parallel, r.plan, r.binder);
   if (r.loader) r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)

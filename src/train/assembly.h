@@ -5,9 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "adapters/lora.h"
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "backend/workspace.h"
@@ -61,6 +63,9 @@ struct RunAssembly {
   Device device = kHostDevice;
   ModelConfig config;  // the whole model's (the model's own is its share with --tp_size)
   std::unique_ptr<Model> model;
+  // LoRA (--use_peft or --adapter_name_or_path): the adapter attached to the model, as a save
+  // writes its adapter_config.json. The optimizer then steps the trained parameters alone.
+  std::optional<LoraConfig> adapter;
   std::unique_ptr<Dataset> owned_data;
   const Dataset* data = nullptr;
   std::unique_ptr<DataLoader> loader;  // training's batches: none in a run that does not train
@@ -78,7 +83,8 @@ struct RunAssembly {
   ParallelLayout layout;  // the run's
   RankPlace place;        // this rank's in it
   // The parallel layout's buffers (ZeRO's shards, the offloaded optimizer's host copies), and
-  // with ZeRO the parameters of this rank's run, which its optimizer is planned for.
+  // the parameters the optimizer is planned for where it steps a run of them: with ZeRO this
+  // rank's, with adapters the trained ones.
   ParallelBuffers parallel;
   ParameterSet optimizer_params;
   BackendWorkspace workspace;  // the backend's buffers when planning without one

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "adapters/attach.h"
 #include "core/json_file.h"
 #include "core/safetensors.h"
 #include "parallel/zero.h"
@@ -41,9 +42,27 @@ DType saved_dtype(const Tensor& weights, const GatheredReads* gathered) {
   return gathered ? DType::f32 : weights.dtype();
 }
 
-constexpr const char* kFiles[] = {"model.safetensors",     "config.json",
-                                  "optimizer.safetensors", "scheduler.json",
-                                  "trainer_state.json",    "training_args.json"};
+// A checkpoint's files: the model's (transformers' or, for an adapter, PEFT's) and the trainer's.
+constexpr const char* kModelFiles[] = {"model.safetensors", "config.json"};
+constexpr const char* kAdapterFiles[] = {"adapter_model.safetensors", "adapter_config.json"};
+constexpr const char* kTrainerFiles[] = {"optimizer.safetensors", "scheduler.json",
+                                         "trainer_state.json", "training_args.json"};
+
+// The file of `files` missing from `dir` (nullptr: none).
+template <size_t N>
+const char* missing_file(const fs::path& dir, const char* const (&files)[N]) {
+  std::error_code ec;
+  for (const char* f : files)
+    if (!fs::is_regular_file(dir / f, ec)) return f;
+  return nullptr;
+}
+
+// The first file a complete checkpoint needs that `dir` lacks (nullptr: complete).
+const char* checkpoint_lacks(const fs::path& dir) {
+  const char* model = missing_file(dir, kModelFiles);
+  if (model && !missing_file(dir, kAdapterFiles)) model = nullptr;  // an adapter's checkpoint
+  return model ? model : missing_file(dir, kTrainerFiles);
+}
 
 void write_json(const fs::path& path, const nlohmann::json& j) {
   write_file_atomically(path.string(), j.dump(2) + "\n");
@@ -189,11 +208,26 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 }
 }  // namespace
 
-void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights,
-                GatheredReads* gathered) {
-  write_model_weights(be, (fs::path(folder) / "model.safetensors").string(), model, weights,
-                      gathered);
-  write_json(fs::path(folder) / "config.json", saved_config(model, saved_dtype(weights, gathered)));
+namespace {
+// The model's two files into `folder` (a fault point after each): transformers' or the adapter's.
+void write_saved_model(Backend& be, const fs::path& folder, const SavedModel& m,
+                       int* fail_at_point) {
+  if (m.adapter) {
+    BRISK_CHECK(!m.gathered, "internal error: an adapter gathered from several ranks");
+    save_adapter(folder.string(), m.model, m.weights, *m.adapter, reader_for(be));
+    fault_point(fail_at_point);
+    fault_point(fail_at_point);
+    return;
+  }
+  write_model_weights(be, (folder / "model.safetensors").string(), m.model, m.weights, m.gathered);
+  fault_point(fail_at_point);
+  write_json(folder / "config.json", saved_config(m.model, saved_dtype(m.weights, m.gathered)));
+  fault_point(fail_at_point);
+}
+}  // namespace
+
+void save_model(Backend& be, const std::string& folder, const SavedModel& m) {
+  write_saved_model(be, folder, m, nullptr);
 }
 
 nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions& options) {
@@ -225,11 +259,10 @@ nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions&
           {"growth_tracker", state.growth_tracker}};
 }
 
-std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state,
-                            const std::string& tokenizer_path, int* fail_at_point,
-                            GatheredReads* gathered) {
+std::string save_checkpoint(Backend& be, const TrainOptions& options, const SavedModel& m,
+                            const Optimizer& optimizer, const Schedule& schedule,
+                            const TrainerState& state, const std::string& tokenizer_path,
+                            int* fail_at_point) {
   const fs::path dir(options.output_dir);
   const fs::path final_dir = dir / ("checkpoint-" + std::to_string(state.global_step));
   const fs::path tmp_dir = dir / ("checkpoint-" + std::to_string(state.global_step) + ".tmp-" +
@@ -239,11 +272,8 @@ std::string save_checkpoint(Backend& be, const TrainOptions& options, const Mode
   fs::create_directories(tmp_dir, ec);
   BRISK_CHECK(!ec, "cannot create checkpoint folder '", tmp_dir.string(), "': ", ec.message());
   try {
-    write_model_weights(be, (tmp_dir / "model.safetensors").string(), model, weights, gathered);
-    fault_point(fail_at_point);
-    write_json(tmp_dir / "config.json", saved_config(model, saved_dtype(weights, gathered)));
-    fault_point(fail_at_point);
-    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(), gathered);
+    write_saved_model(be, tmp_dir, m, fail_at_point);
+    write_optimizer_state(be, optimizer, (tmp_dir / "optimizer.safetensors").string(), m.gathered);
     fault_point(fail_at_point);
     write_json(tmp_dir / "scheduler.json", {{"lr_scheduler_type", schedule.type},
                                             {"warmup_steps", schedule.warmup_steps},
@@ -406,10 +436,7 @@ SaveCleanup remove_interrupted_saves(const OutputDirLock& lock) {
 std::string last_checkpoint(const std::string& output_dir) {
   const auto all = list_checkpoints(output_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::error_code ec;
-    if (std::all_of(std::begin(kFiles), std::end(kFiles),
-                    [&](const char* f) { return fs::is_regular_file(it->second / f, ec); }))
-      return it->second.string();
+    if (!checkpoint_lacks(it->second)) return it->second.string();
   }
   BRISK_FAIL("--resume_from_checkpoint last: output_dir '", output_dir,
              "' holds no complete checkpoint");
@@ -507,9 +534,16 @@ void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions&
   const fs::path dir(folder);
   BRISK_CHECK(fs::is_directory(dir), "checkpoint folder '", folder, "' does not exist");
   refuse_trainer_checkpoint(dir);
-  for (const char* f : kFiles)
-    BRISK_CHECK(fs::exists(dir / f), "checkpoint '", folder, "' is incomplete: ", f, " is missing");
-  model.load_weights(be, WeightFiles((dir / "model.safetensors").string()));
+  const char* lacks = checkpoint_lacks(dir);
+  BRISK_CHECK(!lacks, "checkpoint '", folder, "' is incomplete: ", lacks, " is missing");
+  const bool adapter = !missing_file(dir, kAdapterFiles) && missing_file(dir, kModelFiles);
+  BRISK_CHECK(adapter == (model.adapters() != nullptr), "checkpoint '", folder, "' holds ",
+              adapter ? "a LoRA adapter; resume it with --use_peft" : "a whole model",
+              adapter ? "" : "; resume it without --use_peft or --adapter_name_or_path");
+  if (adapter)
+    load_adapter(be, model, SafetensorsFile((dir / "adapter_model.safetensors").string()));
+  else
+    model.load_weights(be, WeightFiles((dir / "model.safetensors").string()));
   const nlohmann::json args = read_json(dir / "training_args.json");
   const std::string saved = args.value("optim", std::string("adamw_torch"));
   BRISK_CHECK(canonical_optimizer_name(saved) == optimizer.name(), "checkpoint '", folder,

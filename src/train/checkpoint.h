@@ -1,7 +1,9 @@
 // Checkpoints: output_dir/checkpoint-N/ with model.safetensors (transformers' names, loadable by
-// transformers), config.json, optimizer.safetensors, scheduler.json, trainer_state.json (log
-// history, data position) and training_args.json. A checkpoint is written into a temporary folder
-// and renamed into place at the end, so an interrupted save never looks complete.
+// transformers) and config.json, or for LoRA PEFT's adapter_model.safetensors and
+// adapter_config.json (loadable by PeftModel.from_pretrained); optimizer.safetensors,
+// scheduler.json, trainer_state.json (log history, data position) and training_args.json. A
+// checkpoint is written into a temporary folder and renamed into place at the end, so an
+// interrupted save never looks complete.
 #pragma once
 
 #include <limits>
@@ -9,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "adapters/lora.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/zero.h"
@@ -46,33 +49,40 @@ struct TrainerState {
 // continue exactly (sample_position, loss_scale, growth_tracker).
 nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions& options);
 
-// Writes model.safetensors (transformers' names, from `weights`: the flat float32 weights or
-// master copy) and config.json into `folder`, as Trainer.save_model does. With `gathered`
-// (ZeRO, parallel/zero.h), the weights are its whole 0, read piece by piece (`weights` unused).
-void save_model(Backend& be, const std::string& folder, const Model& model, const Tensor& weights,
-                GatheredReads* gathered = nullptr);
+// What a save writes of a model: model.safetensors (transformers' names) and config.json from
+// `weights` (the flat float32 weights or master copy; with `gathered`, ZeRO's (parallel/zero.h),
+// its whole 0, read piece by piece, and `weights` unused), as Trainer.save_model does; or with
+// `adapter`, PEFT's adapter_model.safetensors and adapter_config.json from `weights`, the
+// trained parameters' run (MixedPrecision::stepped), as a PEFT model's save_pretrained.
+struct SavedModel {
+  const Model& model;
+  Tensor weights;
+  const LoraConfig* adapter = nullptr;
+  GatheredReads* gathered = nullptr;
+};
+void save_model(Backend& be, const std::string& folder, const SavedModel& m);
 
-// Writes output_dir/checkpoint-<global_step> with `weights` (the model's flat float32 weights, or
-// the fp32 master copy in mixed precision); keeps at most options.save_total_limit checkpoints,
+// Writes output_dir/checkpoint-<global_step> with the model's files (SavedModel), the
+// optimizer's state and the trainer's; keeps at most options.save_total_limit checkpoints,
 // never deleting state.best_model_checkpoint.
 // Returns the folder written.
 // `fail_at_point`, for tests: when not null and >= 0, a kill is simulated at that many more points
 // of the save sequence (counted down across saves; -1 = never). The points: after each of the six
 // files; when the step was saved before, after its old copy is moved aside and after the new one
 // is renamed into place; in rotation, after each folder is moved aside for deletion.
-// With `gathered` (ZeRO: checkpoint_parts, parallel/zero.h), the weights are its whole 0 and the
-// optimizer's state tensors its wholes 1, 2, ... (every rank's state laid end to end), read piece
-// by piece as the files are written (`weights` unused).
+// With the model's `gathered`, the optimizer's state tensors are its wholes 1, 2, ... (every
+// rank's state laid end to end), read piece by piece as the files are written.
 // `tokenizer_path`, when not empty: the tokenizer whose files the checkpoint holds too, so that
 // it is a complete model folder as Trainer's are.
-std::string save_checkpoint(Backend& be, const TrainOptions& options, const Model& model,
-                            const Tensor& weights, const Optimizer& optimizer,
-                            const Schedule& schedule, const TrainerState& state,
-                            const std::string& tokenizer_path, int* fail_at_point = nullptr,
-                            GatheredReads* gathered = nullptr);
+std::string save_checkpoint(Backend& be, const TrainOptions& options, const SavedModel& m,
+                            const Optimizer& optimizer, const Schedule& schedule,
+                            const TrainerState& state, const std::string& tokenizer_path,
+                            int* fail_at_point = nullptr);
 
 // Reads a checkpoint folder into model, optimizer and state; a missing or corrupt file is named,
-// and so is a checkpoint of another optimizer than `options.optim`. With `share`, the optimizer
+// and so is a checkpoint of another optimizer than `options.optim`. An adapter's checkpoint
+// loads into a model with adapters attached (its base loaded before), a whole model's into one
+// without. With `share`, the optimizer
 // takes its share of the saved state.
 void load_checkpoint(Backend& be, const std::string& folder, const TrainOptions& options,
                      Model& model, Optimizer& optimizer, TrainerState& state,

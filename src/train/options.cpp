@@ -142,18 +142,30 @@ void check_sizes(const TrainOptions& o) {
   });
 }
 
-// LoRA's numbers; its options without --use_peft are a forgotten flag.
+// The first LoRA number the user changed from its default (nullptr: none).
+const char* lora_option_given(const TrainOptions& o) {
+  const TrainOptions d;
+  return o.lora_r != d.lora_r                               ? "--lora_r"
+         : o.lora_alpha != d.lora_alpha                     ? "--lora_alpha"
+         : o.lora_dropout != d.lora_dropout                 ? "--lora_dropout"
+         : o.lora_target_modules != d.lora_target_modules   ? "--lora_target_modules"
+         : o.lora_modules_to_save != d.lora_modules_to_save ? "--lora_modules_to_save"
+         : o.use_rslora                                     ? "--use_rslora"
+                                                            : nullptr;
+}
+
+// LoRA's numbers; its options without --use_peft are a forgotten flag, and beside
+// --adapter_name_or_path a contradiction (the adapter's config sets them).
 void check_adapters(const TrainOptions& o) {
+  const char* given = lora_option_given(o);
+  if (!o.adapter_name_or_path.empty()) {
+    BRISK_CHECK(given == nullptr, given,
+                " is set beside --adapter_name_or_path, whose "
+                "adapter_config.json sets the adapter: drop ",
+                given);
+    return;
+  }
   if (!o.use_peft) {
-    const TrainOptions d;
-    const char* given = o.lora_r != d.lora_r                             ? "--lora_r"
-                        : o.lora_alpha != d.lora_alpha                   ? "--lora_alpha"
-                        : o.lora_dropout != d.lora_dropout               ? "--lora_dropout"
-                        : o.lora_target_modules != d.lora_target_modules ? "--lora_target_modules"
-                        : o.lora_modules_to_save != d.lora_modules_to_save
-                            ? "--lora_modules_to_save"
-                        : o.use_rslora ? "--use_rslora"
-                                       : nullptr;
     BRISK_CHECK(given == nullptr, given,
                 " is set but --use_peft is not: add --use_peft to "
                 "train LoRA adapters, or drop ",
@@ -441,7 +453,7 @@ const char* option_group(const std::string& name) {
        {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
       {"LoRA adapters",
        {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-        "lora_modules_to_save", "use_rslora"}},
+        "lora_modules_to_save", "use_rslora", "adapter_name_or_path"}},
       {"Memory and device",
        {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
         "offload_optimizer", "device", "use_cpu"}},

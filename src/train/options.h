@@ -56,6 +56,10 @@ struct TrainOptions {
   std::string lora_target_modules;
   std::string lora_modules_to_save;
   bool use_rslora = false;
+  // A LoRA adapter folder (PEFT's adapter_config.json and adapter_model.safetensors, written by
+  // PEFT or by brisk) loaded onto model_name_or_path: trained further, evaluated or predicted
+  // with; its adapter_config.json sets the adapter (the lora_* options stay unset).
+  std::string adapter_name_or_path;
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -242,6 +246,9 @@ void visit_options(Options& o, Visitor&& v) {
     "LoRA: modules trained in full and saved with the adapter (a classifier or score head), "
     "comma-separated; a name the model does not have is skipped, as PEFT does");
   v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
+  v("adapter_name_or_path", o.adapter_name_or_path,
+    "a LoRA adapter folder (PEFT's files) loaded onto the model to train further, evaluate or "
+    "predict with; its adapter_config.json sets the adapter");
   v("selective_recompute", o.selective_recompute,
     "keep each block's tensors but the attention core's statistics and recompute those in "
     "backward (exact; between no recomputation and gradient_checkpointing in memory)");

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 
+#include "adapters/attach.h"
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/clock.h"
@@ -197,38 +198,49 @@ TrainOptions shape_to_memory(const TrainOptions& options, Device device, const B
   return shaped;
 }
 
-// Stage 3: the weights (a checkpoint's, a model folder's, or fresh) and, when resuming, the
+// The base model's weights: a model folder's (model.safetensors or its shards), or fresh.
+void load_base_weights(Backend& be, RunAssembly& run, const LogSink& on_log) {
+  const TrainOptions& o = run.options;
+  const std::string weights = fs::is_directory(o.model_name_or_path)
+                                  ? WeightFiles::find_in_folder(o.model_name_or_path)
+                                  : std::string();
+  if (weights.empty()) {                  // (a run that does not train has trained weights:
+    run.model->init_weights(be, o.seed);  // check_weights_to_evaluate)
+    return;
+  }
+  const std::vector<std::string> fresh =
+      run.model->load_pretrained(be, WeightFiles(weights), o.seed, o.ignore_mismatched_sizes);
+  if (fresh.empty() || !on_log) return;
+  // transformers' words, so users recognize the situation.
+  std::string names;
+  for (const std::string& n : fresh) names += (names.empty() ? "'" : ", '") + n + "'";
+  on_log({{"newly_initialized", fresh},
+          {"warning", std::string("Some weights of ") + run.model->class_name() +
+                          " were not initialized from the model checkpoint at " +
+                          o.model_name_or_path + " and are newly initialized: [" + names +
+                          "]. You should probably TRAIN this model on a down-stream task to "
+                          "be able to use it for predictions and inference."}});
+}
+
+// Stage 3: the weights (a checkpoint's, a model folder's, or fresh; with adapters, the base's
+// and then the checkpoint's or --adapter_name_or_path's adapter) and, when resuming, the
 // optimizer state, the data position and the loss scaler.
 TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
                         ParallelPolicy& parallel) {
   const TrainOptions& o = run.options;
   TrainerState state;
-  // model.safetensors, or the shards of model.safetensors.index.json.
-  const std::string weights = fs::is_directory(o.model_name_or_path)
-                                  ? WeightFiles::find_in_folder(o.model_name_or_path)
-                                  : std::string();
-  if (!o.resume_from_checkpoint.empty()) {
+  const bool resuming = !o.resume_from_checkpoint.empty();
+  if (run.adapter || !resuming) load_base_weights(be, run, on_log);
+  if (resuming) {
     load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state,
                     parallel.state_share());
-  } else if (!weights.empty()) {
-    const std::vector<std::string> fresh =
-        run.model->load_pretrained(be, WeightFiles(weights), o.seed, o.ignore_mismatched_sizes);
-    if (!fresh.empty() && on_log) {
-      // transformers' words, so users recognize the situation.
-      std::string names;
-      for (const std::string& n : fresh) names += (names.empty() ? "'" : ", '") + n + "'";
-      on_log({{"newly_initialized", fresh},
-              {"warning", std::string("Some weights of ") + run.model->class_name() +
-                              " were not initialized from the model checkpoint at " +
-                              o.model_name_or_path + " and are newly initialized: [" + names +
-                              "]. You should probably TRAIN this model on a down-stream task to "
-                              "be able to use it for predictions and inference."}});
-    }
-  } else {  // (a run that does not train has trained weights: check_weights_to_evaluate)
-    run.model->init_weights(be, o.seed);
+  } else if (!o.adapter_name_or_path.empty()) {
+    load_adapter(
+        be, *run.model,
+        SafetensorsFile(adapter_weights_path(o.adapter_name_or_path, "--adapter_name_or_path")));
   }
   parallel.weights_written();
-  if (!o.resume_from_checkpoint.empty() && run.precision->uses_loss_scaling())
+  if (resuming && run.precision->uses_loss_scaling())
     run.precision->scaler().restore(state.loss_scale, state.growth_tracker);
   return state;
 }
@@ -380,6 +392,15 @@ StepResult optimizer_step(RunContext& c, const Schedule& schedule, int64_t micro
   return r;
 }
 
+// What a save writes of the model (SavedModel): the whole model's weights, or the adapter.
+SavedModel saved_model(const RunContext& c, GatheredReads* gathered) {
+  const Model& model = *c.run.model;
+  const Model* whole = c.parallel.saved_model();
+  const ParameterSet& params = model.params();
+  if (c.run.adapter) return {model, c.run.precision->stepped(params), &*c.run.adapter, gathered};
+  return {whole ? *whole : model, c.run.precision->master(params), nullptr, gathered};
+}
+
 // A checkpoint, when one is due. Where the policy partitions them, rank 0 writes every rank's
 // weights and optimizer state, read from them piece by piece while the others serve the reads.
 void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
@@ -397,12 +418,10 @@ void save_if_due(RunContext& c, const Schedule& schedule, const BestModel& best,
       c.state.best_model_checkpoint =
           (fs::path(o.output_dir) / ("checkpoint-" + std::to_string(c.state.global_step))).string();
     }
-    Model& model = *c.run.model;
-    const Model* whole = c.parallel.saved_model();
-    c.s.last_checkpoint = save_checkpoint(
-        c.be, o, whole ? *whole : model, c.run.precision->master(model.params()), *c.run.optimizer,
-        schedule, c.state, c.run.files.tokenizer ? c.run.files.tokenizer_path : std::string(),
-        &c.faults.kill_save_at_point, gathered.get());
+    c.s.last_checkpoint =
+        save_checkpoint(c.be, o, saved_model(c, gathered.get()), *c.run.optimizer, schedule,
+                        c.state, c.run.files.tokenizer ? c.run.files.tokenizer_path : std::string(),
+                        &c.faults.kill_save_at_point);
     if (gathered) gathered->done();
   }
   gathered.reset();
@@ -512,7 +531,13 @@ void load_best_model(RunContext& c) {
   std::string best_folder = c.lead() ? c.state.best_model_checkpoint : std::string();
   if (c.dist.size() > 1) best_folder = broadcast_text(c.dist, best_folder, 0);
   if (best_folder.empty()) return;
-  c.parallel.load_weights((fs::path(best_folder) / "model.safetensors").string());
+  if (c.run.adapter) {  // every rank reads the adapter, small beside the base it keeps
+    load_adapter(c.be, *c.run.model,
+                 SafetensorsFile(adapter_weights_path(best_folder, "the best checkpoint")));
+    c.parallel.weights_written();
+  } else {
+    c.parallel.load_weights((fs::path(best_folder) / "model.safetensors").string());
+  }
   if (c.lead()) {
     c.s.best_model_checkpoint = best_folder;
     c.log.report({{"loaded_best_model", best_folder}, {"best_metric", c.state.best_metric}},
@@ -534,10 +559,7 @@ void finish_training(RunContext& c) {
   std::unique_ptr<GatheredReads> gathered = c.parallel.gather_for_save(false);
   if (gathered && !c.lead()) gathered->serve();
   if (!c.lead()) return;
-  Model& model = *c.run.model;
-  const Model* whole = c.parallel.saved_model();
-  save_model(c.be, o.output_dir, whole ? *whole : model, c.run.precision->master(model.params()),
-             gathered.get());
+  save_model(c.be, o.output_dir, saved_model(c, gathered.get()));
   if (gathered) gathered->done();
   if (c.run.files.tokenizer) copy_tokenizer_files(c.run.files.tokenizer_path, o.output_dir);
   write_file_atomically(fs::path(o.output_dir) / "trainer_state.json",
