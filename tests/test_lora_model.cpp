@@ -5,8 +5,10 @@
 // BERT (query and value, its classifier trained in full).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 
 #include "adapters/attach.h"
 #include "adapters/merge.h"
@@ -132,6 +134,65 @@ TEST(LoraModel, AdaptersGradientsAsTheMergedModelsImplies) {
         1e-4)
         << e.decl.module;
   }
+}
+
+// The adapters' dropout (PEFT's lora_dropout on each adapter's input, its own mask per adapter):
+// with the step's key fixed, the masks are a fixed function, so the gradients of A and B must be
+// the central differences of the training loss; the masks change the gradients, and evaluation
+// (no key) computes without them.
+TEST(LoraModel, DropoutOnTheAdaptersInputHasTheGradientsOfItsMasks) {
+  const std::string dir = fixture("lora/merge_llama");
+  LoraConfig c =
+      read_adapter_config(read_json_file(dir + "/adapter_config.json", "adapter"), "adapter");
+  auto adapted = [&](double dropout) {
+    c.dropout = dropout;
+    auto lm = std::make_unique<LoadedModel>(fixture("llama_tiny"), PlanOptions{}, false, DType::f32,
+                                            0, false, nullptr, 0, nullptr,
+                                            [&](Model& m) { attach_lora(m, c); });
+    load_adapter(*lm->be, *lm->model, SafetensorsFile(dir + "/adapter_model.safetensors"));
+    return lm;
+  };
+  const auto plain = adapted(0.0);
+  const auto dropped = adapted(0.3);
+  const double plain_loss = plain->step(true);
+  const double loss = dropped->step(true);
+  EXPECT_GT(std::abs(loss - plain_loss), 1e-4);
+  EXPECT_EQ(dropped->step(false), plain->step(false));  // evaluation: no dropout
+  dropped->step(true);
+  const ParameterSet& ps = dropped->model->params();
+  Backend& be = *dropped->be;
+  auto training_loss = [&] {
+    StepOptions so;
+    so.training = true;
+    so.compute_grad = false;
+    so.rng = RngKey{7, 3, 0};
+    return dropped->model->forward(be, so) / static_cast<double>(dropped->model->count_targets());
+  };
+  int checked = 0;
+  for (const ModelAdapters::Entry& e : dropped->model->adapters()->entries()) {
+    for (const int param : {e.a, e.b}) {
+      const std::vector<float> g = to_host(be, ps.grad(param));
+      std::vector<float> w = to_host(be, ps.weight(param));
+      const auto at = static_cast<size_t>(
+          std::max_element(g.begin(), g.end(),
+                           [](float x, float y) { return std::abs(x) < std::abs(y); }) -
+          g.begin());
+      const float h = 1e-2f, w0 = w[at];
+      const Tensor host(w.data(), ps.weight(param).shape(), DType::f32);
+      w[at] = w0 + h;
+      be.upload(host, ps.weight(param));
+      const double up = training_loss();
+      w[at] = w0 - h;
+      be.upload(host, ps.weight(param));
+      const double down = training_loss();
+      w[at] = w0;
+      be.upload(host, ps.weight(param));
+      const double fd = (up - down) / (2.0 * h);
+      EXPECT_NEAR(fd, g[at], 2e-2 * std::abs(g[at]) + 1e-5) << ps.list()[param].name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 8);  // q_proj and v_proj in 2 blocks, A and B each
 }
 
 }  // namespace

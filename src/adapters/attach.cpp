@@ -1,5 +1,6 @@
 #include "adapters/attach.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <vector>
@@ -49,7 +50,7 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
                 ", a linear outside the blocks, is not built yet: leave it out of "
                 "--lora_target_modules (or train it in full with --lora_modules_to_save)");
     decls.push_back(AdapterDecl{l.param, l.module, l.layer, l.in, l.out, c.r, l.fan_in_fan_out,
-                                static_cast<float>(c.scale())});
+                                static_cast<float>(c.scale()), static_cast<float>(c.dropout)});
   }
   model.add_adapters(decls,
                      [&](const ParamInfo& p) { return saved_in_full(p.name, c.modules_to_save); });
@@ -73,18 +74,26 @@ std::string adapter_weights_path(const std::string& folder, const std::string& o
   return path;
 }
 
-LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base) {
+LoraConfig lora_for_task(LoraConfig c, const Model& model) {
   switch (model.config().task) {
     case ModelTask::sequence_classification:
       c.task_type = "SEQ_CLS";
+      for (const char* head : {"classifier", "score"})
+        if (std::find(c.modules_to_save.begin(), c.modules_to_save.end(), head) ==
+            c.modules_to_save.end())
+          c.modules_to_save.emplace_back(head);
       break;
     case ModelTask::causal_lm:
       c.task_type = "CAUSAL_LM";
       break;
     case ModelTask::masked_lm:
-      c.task_type.clear();
-      break;  // PEFT has none
+      c.task_type.clear();  // PEFT has none
+      break;
   }
+  return c;
+}
+
+LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base) {
   // PEFT's default targets are written as the names they stand for (the adapted modules' last
   // parts), as PEFT writes them.
   const bool defaults = !c.all_linear && c.target_pattern.empty() && c.target_modules.empty();

@@ -23,8 +23,13 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c);
 LoraConfig read_adapter_folder(const std::string& folder, const std::string& option);
 std::string adapter_weights_path(const std::string& folder, const std::string& option);
 
-// The saved adapter's config: `c` for `model` (PEFT's task_type from the model's task,
-// fan_in_fan_out where its targets are transposed, the base's name).
+// `c` for the model's task as PEFT's task models take it: task_type from the task, and for
+// sequence classification the heads PEFT trains in full with the adapters (classifier and score
+// added to modules_to_save; a name the model lacks is skipped).
+LoraConfig lora_for_task(LoraConfig c, const Model& model);
+
+// The saved adapter's config: `c` for `model` (fan_in_fan_out where its targets are
+// transposed, PEFT's default targets by name, the base's name).
 LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base);
 
 // Writes adapter_config.json and adapter_model.safetensors (PEFT's keys) into `folder`: the

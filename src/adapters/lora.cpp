@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -73,8 +74,24 @@ bool ends_with_part(const std::string& name, const std::string& part) {
                           name[name.size() - part.size() - 1] == '.');
 }
 
+// The distinct last parts of the first layer's linears' names ("q_proj,k_proj,..."), for a
+// message naming what a model offers.
+std::string first_layer_names(const std::vector<LinearDecl>& linears) {
+  std::string s;
+  const auto first = std::find_if(linears.begin(), linears.end(),
+                                  [](const LinearDecl& l) { return l.layer >= 0; });
+  for (const LinearDecl& l : linears) {
+    if (first == linears.end() || l.layer != first->layer || l.expert) continue;
+    const std::string part = l.module.substr(l.module.rfind('.') + 1);
+    if (("," + s + ",").find("," + part + ",") == std::string::npos)
+      s += (s.empty() ? "" : ",") + part;
+  }
+  return s;
+}
+
 // PEFT's defaults by model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
-std::vector<std::string> default_targets(const std::string& model_type) {
+std::vector<std::string> default_targets(const std::string& model_type,
+                                         const std::vector<LinearDecl>& linears) {
   static const std::map<std::string, std::vector<std::string>> defaults = {
       {"bert", {"query", "value"}},      {"gpt2", {"c_attn"}},
       {"llama", {"q_proj", "v_proj"}},   {"mistral", {"q_proj", "v_proj"}},
@@ -82,7 +99,8 @@ std::vector<std::string> default_targets(const std::string& model_type) {
   const auto it = defaults.find(model_type);
   BRISK_CHECK(it != defaults.end(), "--lora_target_modules is needed: PEFT has no default ",
               "target modules for model_type \"", model_type,
-              "\"; name the linears to adapt (e.g. q_lin,v_lin) or give all-linear");
+              "\"; name the linears to adapt (its blocks have ", first_layer_names(linears),
+              ") or give all-linear");
   return it->second;
 }
 
@@ -127,7 +145,7 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
   std::vector<LinearDecl>& out = t.linears;
   const bool listed = !c.all_linear && c.target_pattern.empty();
   const std::vector<std::string> names =
-      listed && c.target_modules.empty() ? default_targets(model_type) : c.target_modules;
+      listed && c.target_modules.empty() ? default_targets(model_type, linears) : c.target_modules;
   std::optional<FullMatch> pattern;
   if (!c.target_pattern.empty()) pattern.emplace(c.target_pattern, "the adapter's config");
   for (const LinearDecl& l : linears) {

@@ -101,7 +101,9 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
   const fs::path adapter(a.adapter);
   if (!a.adapter.empty()) {
     const std::string path = (adapter / "adapter_config.json").string();
-    attach_lora(*model, read_adapter_config(read_json_file(path, "adapter config"), path));
+    attach_lora(
+        *model,
+        lora_for_task(read_adapter_config(read_json_file(path, "adapter config"), path), *model));
   }
   auto be = make_cpu_backend(a.switches);
   SafetensorsFile batch_file(a.batch);

@@ -273,6 +273,12 @@ BlockStyle Model::style(bool training) const {
   return s;
 }
 
+BlockStyle Model::step_style(const StepOptions& o) const {
+  BlockStyle s = style(o.training);
+  if (o.training && adapters_) s.adapter_key = o.rng;
+  return s;
+}
+
 void Model::token_dropout(Backend& be, const Tensor& x, float p, const RngKey& key, const Tensor& y,
                           bool backward) const {
   per_sequence(token_slice(parallelism_.sequence), x, key, [&](auto view, const RngKey& k) {
@@ -399,7 +405,7 @@ bool Model::computes_alone() const {
 }
 
 void Model::forward_compute(Backend& be, const StepOptions& o) {
-  const BlockStyle st = style(o.training);
+  const BlockStyle st = step_style(o);
   const bool direct = direct_saved_tensors(be);
   // The segments (param_segments()) of the stage's blocks [first, end): the head 0, block l
   // end - l, the embeddings end - first + 1.
@@ -447,7 +453,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
   BRISK_CHECK(o.compute_grad, "backward needs a forward pass with compute_grad");
   BRISK_CHECK(!staged_gradients() || done,
               "internal error: staged gradients need backward's reports");
-  const BlockStyle st = style(o.training);
+  const BlockStyle st = step_style(o);
   const bool direct = direct_saved_tensors(be);
   const bool split = grad_segments_.size() > 1;
   auto report = [&](int segment) {

@@ -469,6 +469,8 @@ class Model : public BatchTarget {
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;
+  // A step's: its dropout and, in training, its key for the adapters'.
+  BlockStyle step_style(const StepOptions& o) const;
   std::vector<BlockSaved> saved_;  // what each block's forward and backward work on
   // Mixed precision without checkpointing: the 16-bit copies of each block's low-precision
   // tensors, and the shared float32 set the block computes in (saved_[l] views it).

@@ -22,6 +22,7 @@ struct AdapterDecl {
   int64_t in = 0, out = 0, r = 0;
   bool fan_in_fan_out = false;
   float scale = 1;
+  float dropout = 0;  // on the adapter's input, in training
 };
 
 class ModelAdapters final : public ProductAdapters {
@@ -37,22 +38,31 @@ class ModelAdapters final : public ProductAdapters {
   explicit ModelAdapters(const ParameterSet& params) : params_(params) {}
   std::vector<Entry>& entries() { return entries_; }
   const std::vector<Entry>& entries() const { return entries_; }
-  // The rank-r buffers for `rows` tokens: each entry's u (activations) and v (temporaries).
-  void declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows);
+  // The rank-r buffers for `rows` tokens: each entry's u (activations) and v (temporaries), and
+  // where the adapters drop out their input or it comes in a 16-bit dtype (`low_precision`), one
+  // float32 buffer for an input (dropped out, or widened).
+  void declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows, bool low_precision);
   // Where each entry adds: the product of its layer whose weight holds its linear's (`weights`
   // of each entry's layer, as the model binds them).
   void place(const std::function<BlockParams(int)>& layer_weights);
 
   bool on(int layer, ProductSite site) const override;
-  void forward(Backend& be, int layer, ProductSite site, const Tensor& x,
-               const Tensor& y) const override;
-  void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x,
-                        const Tensor& dy) const override;
-  void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx) const override;
+  void forward(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& y,
+               const RngKey* key) const override;
+  void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& dy,
+                        const RngKey* key) const override;
+  void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx,
+                      const RngKey* key) const override;
 
  private:
+  // Entry i's input as its product reads it: x itself, or float32 in input_ (widened, and in
+  // training dropped out with the entry's mask).
+  Tensor input(Backend& be, size_t i, const Tensor& x, const RngKey* key) const;
+  // Entry i's dropout key: the step's at the layer's adapter site, its own stream in it.
+  static RngKey dropout_key(const RngKey& key, const Entry& e, size_t i);
   const ParameterSet& params_;
   std::vector<Entry> entries_;
+  Tensor input_;  // [rows, the widest input] float32, where declared
 };
 
 }  // namespace brisk

@@ -61,7 +61,9 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
   plan_step_buffers(plan, shape, style, dims);
-  if (adapters_) adapters_->declare(plan, binder_, shape.batch * stream_tokens(shape));
+  if (adapters_)
+    adapters_->declare(plan, binder_, shape.batch * stream_tokens(shape),
+                       options.activation_dtype != DType::f32);
 }
 
 Model::BlockInputs Model::block_inputs(const PlanOptions& options, const BlockStyle& style) const {

@@ -118,11 +118,23 @@ Tensor swiglu_backward_into(Backend& be, const BlockStyle& st, const Tensor& fc,
 // product's backward (its weight's and bias's gradients) taken on through the activation, in one
 // backend call for an activation (linear_activation_backward: in the product where the backend
 // can, written in bf16 there), SwiGLU's after.
+const RngKey* adapter_key(const BlockStyle& st) {
+  return st.adapter_key ? &*st.adapter_key : nullptr;
+}
+
+// Whether the product at `site` may write its output in the 16-bit activation dtype itself
+// (Backend::stores_product_output): not where adapters add to it, which they do in float32
+// before the one rounding.
+bool stores_output(const Backend& be, const BlockStyle& st, int layer, ProductSite site) {
+  return be.stores_product_output(st.act_dtype) &&
+         !(st.adapters != nullptr && st.adapters->on(layer, site));
+}
+
 // The product's adapters' terms added to y (none: nothing).
 void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const Tensor& x,
            const Tensor& y) {
   if (st.adapters != nullptr && st.adapters->on(layer, site))
-    st.adapters->forward(be, layer, site, x, y);
+    st.adapters->forward(be, layer, site, x, y, adapter_key(st));
 }
 
 // linear_backward with the product's adapters': theirs from x before the product's input
@@ -131,9 +143,9 @@ void adapted_backward(Backend& be, const BlockStyle& st, int layer, ProductSite 
                       const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                       bool accumulate_dx, const Tensor& dw, const Tensor& db, bool accumulate_dw) {
   const bool adapted = st.adapters != nullptr && st.adapters->on(layer, site);
-  if (adapted) st.adapters->backward_weights(be, layer, site, x, dy);
+  if (adapted) st.adapters->backward_weights(be, layer, site, x, dy, adapter_key(st));
   be.linear_backward(x, w, dy, st.layout, dx, accumulate_dx, dw, db, accumulate_dw);
-  if (adapted) st.adapters->backward_input(be, layer, site, dx);
+  if (adapted) st.adapters->backward_input(be, layer, site, dx, adapter_key(st));
 }
 
 Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
@@ -291,9 +303,9 @@ const Tensor& produce_saved(Backend& be, DType lp, const Tensor& work, const Ten
 // rounding after would (cuBLASLt adds a bf16 output's bias in bf16). Else into the float32 work
 // tensor, then rounded (round_saved).
 template <typename Produce>
-const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Tensor* copy,
-                            const Tensor& spare, Produce produce) {
-  if (be.stores_product_output(lp)) {
+const Tensor& product_saved(Backend& be, bool stores, DType lp, const Tensor& work,
+                            const Tensor* copy, const Tensor& spare, Produce produce) {
+  if (stores) {
     if (copy != nullptr) {
       produce(*copy);
       return *copy;
@@ -313,8 +325,8 @@ const Tensor& product_saved(Backend& be, DType lp, const Tensor& work, const Ten
 // rounded by the product itself in tmp's slot where the backend can, else written to tmp and
 // rounded in place (with float32 activations: tmp as written).
 template <typename Produce>
-Tensor branch_product(Backend& be, DType lp, const Tensor& tmp, Produce produce) {
-  if (be.stores_product_output(lp)) {
+Tensor branch_product(Backend& be, bool stores, DType lp, const Tensor& tmp, Produce produce) {
+  if (stores) {
     const Tensor rounded(tmp.data(), tmp.shape(), lp, tmp.device());
     produce(rounded);
     return rounded;
@@ -332,10 +344,11 @@ Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const T
                      const Tensor& b, const Tensor& like, const BlockScratch& sc, int layer,
                      ProductSite site) {
   if (st.parallel.tensor == nullptr)
-    return branch_product(be, st.act_dtype, sc.tmp, [&](const Tensor& y) {
-      be.linear_forward(x, w, b, st.layout, y);
-      adapt(be, st, layer, site, x, y);
-    });
+    return branch_product(be, stores_output(be, st, layer, site), st.act_dtype, sc.tmp,
+                          [&](const Tensor& y) {
+                            be.linear_forward(x, w, b, st.layout, y);
+                            adapt(be, st, layer, site, x, y);
+                          });
   be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
   const Tensor sum = stream_sum(be, st, sc.tmp, like, sc.tmp2, 0, sc);
   be.round_to(st.act_dtype, sum);
@@ -551,7 +564,8 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
                                     copy(&BlockSaved::ctx));
   } else {
     if (st.rope_cos.empty()) {
-      qkv = &product_saved(be, lp, s.qkv, qkv_copy, scratch.d_qkv, qkv_product);
+      qkv = &product_saved(be, stores_output(be, st, layer, ProductSite::qkv), lp, s.qkv, qkv_copy,
+                           scratch.d_qkv, qkv_product);
     } else {  // rotary positions go on the float32 product, rounded after
       qkv_product(s.qkv);
       if (st.qk_norm)
@@ -588,11 +602,12 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       residual_add(be, st, s.res1, y, st.residual_dropout, site_key(key, layer, kMlpResidual), out);
     return;
   }
-  const Tensor& fc_pre = product_saved(be, lp, s.fc_pre, copy(&BlockSaved::fc_pre), scratch.d_fc,
-                                       [&](const Tensor& y) {
-                                         be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y);
-                                         adapt(be, st, layer, ProductSite::fc, m_all, y);
-                                       });
+  const Tensor& fc_pre =
+      product_saved(be, stores_output(be, st, layer, ProductSite::fc), lp, s.fc_pre,
+                    copy(&BlockSaved::fc_pre), scratch.d_fc, [&](const Tensor& y) {
+                      be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y);
+                      adapt(be, st, layer, ProductSite::fc, m_all, y);
+                    });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   const Tensor mlp =

@@ -8,6 +8,7 @@
 #include <array>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -42,19 +43,22 @@ class SparseMlp {
 enum class ProductSite { qkv, proj, fc, out };
 // Low-rank adapters (LoRA) on the block's products: the model holds them (models/adapters), the
 // adapter layer (adapters/) attaches them from outside.
+// `key` (the step's; null outside training) draws the adapters' dropout on their input: the
+// same masks in forward and backward, whichever pass recomputes them.
 class ProductAdapters {
  public:
   virtual ~ProductAdapters() = default;
   virtual bool on(int layer, ProductSite site) const = 0;
   // y (the product's float32 output for input x) gains the adapters' terms.
-  virtual void forward(Backend& be, int layer, ProductSite site, const Tensor& x,
-                       const Tensor& y) const = 0;
+  virtual void forward(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& y,
+                       const RngKey* key) const = 0;
   // Backward in two parts around the product's own: first the adapters' gradients (added to)
   // from x and the output's gradient dy, while x is intact (the product's input gradient may be
   // written over it); then dx (float32, the product's input gradient) gains theirs.
   virtual void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x,
-                                const Tensor& dy) const = 0;
-  virtual void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx) const = 0;
+                                const Tensor& dy, const RngKey* key) const = 0;
+  virtual void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx,
+                              const RngKey* key) const = 0;
 };
 
 struct BlockStyle {
@@ -116,8 +120,9 @@ struct BlockStyle {
   // neither planned (BlockDims::inner 0), written nor read); pre-norm blocks without tensor
   // parallelism. Null: none.
   SparseMlp* sparse_mlp = nullptr;
-  // Low-rank adapters on the products; null: none.
+  // Low-rank adapters on the products; null: none. In training, the step's key (their dropout's).
   const ProductAdapters* adapters = nullptr;
+  std::optional<RngKey> adapter_key;
   // Mixed precision: the 16-bit outputs backward rebuilds from what the block keeps
   // (block_recompute) rather than keep per block: a pre-norm block's norm outputs, the MLP
   // activation's output (PlanOptions::recompute_norms, recompute_activation).

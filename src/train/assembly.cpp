@@ -82,11 +82,12 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 void attach_adapters(RunAssembly& r) {
   const TrainOptions& o = r.options;
   if (!o.use_peft && o.adapter_name_or_path.empty()) return;
-  const LoraConfig c =
+  const LoraConfig given =
       o.adapter_name_or_path.empty()
           ? lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
                         o.lora_modules_to_save, o.use_rslora)
           : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
+  const LoraConfig c = lora_for_task(given, *r.model);
   const char* layout = r.layout.on(MeshDim::tensor)                  ? "--tp_size"
                        : r.layout.on(MeshDim::pipeline)              ? "--pp_size"
                        : r.layout.on(MeshDim::sequence)              ? "--sp_size"
@@ -95,8 +96,6 @@ void attach_adapters(RunAssembly& r) {
                                                                      : nullptr;
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
               " are not built yet: train them with data parallelism (DDP) alone");
-  BRISK_CHECK(c.dropout == 0 || !o.do_train, "lora_dropout ", c.dropout,
-              ": dropout on the adapters' input is not built yet: train with --lora_dropout 0");
   attach_lora(*r.model, c);
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
