@@ -17,6 +17,12 @@ gpt2_tiny (c_attn and c_proj, GPT-2's Conv1D: fan_in_fan_out; use_rslora), bert_
 value, and the classifier as a module to save, its copy perturbed as training would);
 expected.safetensors: the adapted model's loss and logits on the base fixture's batch (eval mode)
 and the gradients of the adapter's tensors (grad.<its key in adapter_model.safetensors>).
+train_<model>/: TRAIN_STEPS training steps of a LoRA on the base fixture's batch with dropout off
+(the model's and lora_dropout), as Trainer + PEFT take them: AdamW (lr 1e-2 constant, weight
+decay 0.01 on all but biases and LayerNorm weights), gradients clipped to norm 1. initial/ is the
+adapter before (random A and B, PEFT's save_pretrained), final/ after, steps.safetensors the
+losses; llama_tiny (q_proj, v_proj), gpt2_tiny (c_attn, Conv1D), bert_tiny (query, value; PEFT
+trains the classifier in full as a module to save).
 
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py
 """
@@ -147,6 +153,69 @@ def merge_fixture(name, kwargs):
     save_file(changed, os.path.join(out, "merged.safetensors"))
 
 
+TRAIN_STEPS = 3
+TRAINS = {
+    "llama_tiny": dict(target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM),
+    "gpt2_tiny": dict(target_modules=["c_attn"], fan_in_fan_out=True, task_type=TaskType.CAUSAL_LM),
+    "bert_tiny": dict(target_modules=["query", "value"], task_type=TaskType.SEQ_CLS),
+}
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, resid_pdrop=0.0,
+                  embd_pdrop=0.0, attn_pdrop=0.0, attention_dropout=0.0)
+
+
+def save_adapter(peft_model, out):
+    peft_model.save_pretrained(out)
+    config_path = os.path.join(out, "adapter_config.json")
+    with open(config_path) as f:
+        written = json.load(f)
+    written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
+    if written.get("modules_to_save"):
+        written["modules_to_save"] = sorted(set(written["modules_to_save"]))
+    with open(config_path, "w") as f:
+        json.dump(written, f, indent=2, sort_keys=True)
+        f.write("\n")
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+
+
+def train_fixture(name, kwargs):
+    import torch
+    from safetensors.torch import load_file, save_file
+    torch.manual_seed(1)
+    path = os.path.join(FIXTURES, name)
+    config = transformers.AutoConfig.from_pretrained(path)
+    for k, v in NO_DROPOUT.items():
+        if hasattr(config, k):
+            setattr(config, k, v)
+    cls = getattr(transformers, config.architectures[0])
+    model = cls.from_pretrained(path, config=config, attn_implementation="eager")
+    model.name_or_path = name
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, **kwargs)
+    peft_model = get_peft_model(model, lora)
+    out = os.path.join(OUT, "train_" + name.split("_")[0])
+    save_adapter(peft_model, os.path.join(out, "initial"))
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    trained = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    decayed = [p for n, p in trained if not n.endswith(".bias") and "LayerNorm" not in n]
+    kept = [p for n, p in trained if n.endswith(".bias") or "LayerNorm" in n]
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.01},
+                             {"params": kept, "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.999), eps=1e-8)
+    peft_model.train()
+    losses = []
+    for _ in range(TRAIN_STEPS):
+        loss = peft_model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    save_adapter(peft_model, os.path.join(out, "final"))
+    save_file({"losses": torch.tensor(losses, dtype=torch.float32)},
+              os.path.join(out, "steps.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     cases = []
@@ -164,6 +233,8 @@ def main():
         f.write("\n")
     for name, kwargs in MERGES.items():
         merge_fixture(name, kwargs)
+    for name, kwargs in TRAINS.items():
+        train_fixture(name, kwargs)
 
 
 if __name__ == "__main__":

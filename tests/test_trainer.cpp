@@ -111,30 +111,6 @@ TEST(Trainer, AnExpertCapacityDropsPairsAndCountsThem) {
   }
 }
 
-// A fixture's batch (batch.safetensors: input_ids, attention_mask, labels [B, T]) as a dataset of
-// its B rows.
-class FixtureRows final : public Dataset {
- public:
-  explicit FixtureRows(const std::string& file) : f_(file) {}
-  int64_t size() const override { return f_.get("input_ids").dim(0); }
-  int64_t seq_len() const override { return f_.get("input_ids").dim(1); }
-  void fill_row(int64_t i, int64_t, const Batch& b, int64_t row) const override {
-    const int64_t T = seq_len();
-    for (const auto& [name, dst] :
-         {std::pair{"input_ids", b.input_ids}, std::pair{"attention_mask", b.attention_mask},
-          std::pair{"labels", b.labels}})
-      std::copy_n(f_.get(name).i32() + i * T, T, dst.i32() + row * T);
-  }
-  // Causal LM: the labels at positions 1.. (position t's target is label t + 1).
-  int64_t count_targets(int64_t i, int64_t) const override {
-    const int32_t* y = f_.get("labels").i32() + i * seq_len();
-    return std::count_if(y + 1, y + seq_len(), [](int32_t v) { return v != kIgnoreIndex; });
-  }
-
- private:
-  SafetensorsFile f_;
-};
-
 // Three training steps of the mixture-of-experts fixtures (scripts/make_moe_fixtures.py: the
 // same batch each step, AdamW at a constant 1e-2, gradients clipped to norm 1, the
 // load-balancing loss in the loss) give transformers' losses and final weights.

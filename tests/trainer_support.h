@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -185,6 +186,34 @@ class UnequalLengths final : public Dataset {
     }
   }
   int64_t count_targets(int64_t i, int64_t) const override { return length(i) - 1; }
+};
+
+// A fixture's batch (batch.safetensors: input_ids, attention_mask [B, T], labels [B, T] or a
+// class per row [B], token_type_ids where given) as a dataset of its B rows.
+class FixtureRows final : public Dataset {
+ public:
+  explicit FixtureRows(const std::string& file) : f_(file) {}
+  int64_t size() const override { return f_.get("input_ids").dim(0); }
+  int64_t seq_len() const override { return f_.get("input_ids").dim(1); }
+  void fill_row(int64_t i, int64_t, const Batch& b, int64_t row) const override {
+    const int64_t T = seq_len();
+    for (const auto& [name, dst] :
+         {std::pair{"input_ids", b.input_ids}, std::pair{"attention_mask", b.attention_mask},
+          std::pair{"labels", b.labels}, std::pair{"token_type_ids", b.token_type_ids}}) {
+      if (dst.empty() || !f_.has(name)) continue;
+      const int64_t width = f_.get(name).shape().rank() == 1 ? 1 : T;
+      std::copy_n(f_.get(name).i32() + i * width, width, dst.i32() + row * width);
+    }
+  }
+  // Causal LM: the labels at positions 1.. (position t's target is label t + 1).
+  int64_t count_targets(int64_t i, int64_t) const override {
+    if (f_.get("labels").shape().rank() == 1) return 1;  // a class per row
+    const int32_t* y = f_.get("labels").i32() + i * seq_len();
+    return std::count_if(y + 1, y + seq_len(), [](int32_t v) { return v != kIgnoreIndex; });
+  }
+
+ private:
+  SafetensorsFile f_;
 };
 
 }  // namespace brisk::testing

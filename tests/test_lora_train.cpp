@@ -1,0 +1,217 @@
+// Training LoRA adapters with the trainer: steps against PEFT + a torch AdamW loop
+// (tests/fixtures/lora/train_*, scripts/make_lora_fixtures.py), the files a run saves in PEFT's
+// format, resume from an adapter's checkpoint, evaluation with an adapter folder, and the
+// refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "adapters/lora.h"
+#include "core/json_file.h"
+#include "core/safetensors.h"
+#include "test_support.h"
+#include "train/assembly.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const LogSink quiet = [](const nlohmann::json&) {};
+
+// The base fixture's model folder with every dropout off (the fixture trained so).
+std::string without_dropout(const TempDir& dir, const std::string& name) {
+  const std::string folder = dir / (name + "_base");
+  fs::create_directories(folder);
+  fs::copy_file(fixture(name + "/model.safetensors"), folder + "/model.safetensors");
+  nlohmann::json c = read_json_file(fixture(name + "/config.json"), "config");
+  for (const char* key : {"hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
+                          "embd_pdrop", "attn_pdrop", "attention_dropout"})
+    if (c.contains(key)) c[key] = 0.0;
+  std::ofstream(folder + "/config.json") << c.dump();
+  return folder;
+}
+
+std::vector<double> train_losses(const TrainOptions& o, const Dataset* data = nullptr) {
+  std::vector<double> losses;
+  train(
+      o,
+      [&](const nlohmann::json& j) {
+        if (j.contains("loss")) losses.push_back(j["loss"]);
+      },
+      data);
+  return losses;
+}
+
+// Three steps from PEFT's initial adapter on the fixture's batch give PEFT's losses, and the
+// adapter saved in output_dir holds PEFT's tensors after them, under PEFT's keys, with an
+// adapter_config.json that reads back as the adapter trained.
+void expect_steps_as_peft(const std::string& name, const std::string& adapter) {
+  SCOPED_TRACE(name);
+  TempDir dir("lora_steps");
+  const std::string want_dir = fixture("lora/train_" + adapter);
+  FixtureRows rows(fixture(name + "/batch.safetensors"));
+  TrainOptions o = tiny_options(without_dropout(dir, name), dir / "out");
+  o.adapter_name_or_path = want_dir + "/initial";
+  o.seq_len = rows.seq_len();
+  o.per_device_train_batch_size = rows.size();
+  o.max_steps = 3;
+  o.learning_rate = 1e-2;
+  o.lr_scheduler_type = "constant";
+  o.weight_decay = 0.01;
+  o.save_steps = 3;
+  const std::vector<double> losses = train_losses(o, &rows);
+  const SafetensorsFile steps(want_dir + "/steps.safetensors");
+  ASSERT_EQ(losses.size(), 3u);
+  for (int s = 0; s < 3; ++s)
+    EXPECT_NEAR(losses[s], steps.get("losses").f32()[s], 1e-4 * steps.get("losses").f32()[s])
+        << "step " << s + 1;
+  const SafetensorsFile want(want_dir + "/final/adapter_model.safetensors");
+  for (const std::string& saved : {o.output_dir, o.output_dir + "/checkpoint-3"}) {
+    const SafetensorsFile got(saved + "/adapter_model.safetensors");
+    EXPECT_EQ(got.names(), want.names()) << saved;
+    for (const std::string& n : want.names()) {
+      ASSERT_TRUE(got.has(n)) << n;
+      ASSERT_EQ(got.get(n).shape(), want.get(n).shape()) << n;
+      EXPECT_LE(rel_error(got.get(n).f32(), want.get(n).f32(), want.get(n).numel()), 1e-4) << n;
+    }
+    const std::string config = saved + "/adapter_config.json";
+    const LoraConfig c = read_adapter_config(read_json_file(config, "adapter"), config);
+    const LoraConfig w = read_adapter_config(
+        read_json_file(want_dir + "/final/adapter_config.json", "adapter"), "adapter");
+    EXPECT_EQ(c.r, w.r);
+    EXPECT_EQ(c.alpha, w.alpha);
+    EXPECT_EQ(c.target_modules, w.target_modules);
+    EXPECT_EQ(c.modules_to_save, w.modules_to_save);
+    EXPECT_EQ(c.fan_in_fan_out, w.fan_in_fan_out);
+    EXPECT_EQ(c.task_type, w.task_type);
+  }
+  EXPECT_FALSE(fs::exists(o.output_dir + "/model.safetensors"));  // the base is not saved
+}
+
+TEST(LoraTrain, LlamaStepsAsPeftAndTorchAdamW) {
+  expect_steps_as_peft("llama_tiny", "llama");
+}
+
+TEST(LoraTrain, Gpt2sConv1DStepsAsPeftAndTorchAdamW) {
+  expect_steps_as_peft("gpt2_tiny", "gpt2");
+}
+
+TEST(LoraTrain, BertWithItsClassifierStepsAsPeftAndTorchAdamW) {
+  expect_steps_as_peft("bert_tiny", "bert");
+}
+
+TrainOptions lora_options(const TempDir& dir, const std::string& type) {
+  TrainOptions o = tiny_options(write_config(dir, type, 0.1), dir / "out");
+  o.use_peft = true;
+  o.lora_r = 4;
+  o.lora_alpha = 8;
+  o.lora_dropout = 0.1;
+  o.lora_target_modules = "all-linear";
+  if (type == "bert") o.lora_target_modules = "query,key,value,attention.output.dense";
+  o.learning_rate = 1e-2;
+  return o;
+}
+
+// A run resumed from an adapter's checkpoint (the base from model_name_or_path, the adapter and
+// its optimizer state from the checkpoint) ends with the uninterrupted run's adapter, bit for
+// bit; the checkpoints hold no model.safetensors, and PEFT's files.
+TEST(LoraTrain, ResumeFromAnAdaptersCheckpointContinuesExactly) {
+  for (const char* type : {"gpt2", "bert"}) {
+    SCOPED_TRACE(type);
+    TempDir dir("lora_resume");
+    TrainOptions o = lora_options(dir, type);
+    o.max_steps = 4;
+    o.save_steps = 2;
+    train_losses(o);
+    const std::string straight = o.output_dir + "/checkpoint-4/adapter_model.safetensors";
+    EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2/model.safetensors"));
+    TrainOptions resumed = o;
+    resumed.output_dir = dir / "resumed";
+    fs::create_directories(resumed.output_dir);
+    fs::copy(o.output_dir + "/checkpoint-2", resumed.output_dir + "/checkpoint-2",
+             fs::copy_options::recursive);
+    resumed.resume_from_checkpoint = resumed.output_dir + "/checkpoint-2";
+    const std::vector<double> losses = train_losses(resumed);
+    EXPECT_EQ(losses.size(), 2u);
+    std::ifstream a(straight, std::ios::binary);
+    std::ifstream b(resumed.output_dir + "/checkpoint-4/adapter_model.safetensors",
+                    std::ios::binary);
+    const std::string x((std::istreambuf_iterator<char>(a)), {});
+    const std::string y((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_FALSE(x.empty());
+    EXPECT_TRUE(x == y);
+    // A whole model's resume of an adapter's checkpoint is refused, naming the flag.
+    TrainOptions whole = resumed;
+    whole.use_peft = false;
+    whole.lora_r = 16;
+    whole.lora_alpha = 32;
+    whole.lora_dropout = 0.05;
+    whole.lora_target_modules.clear();
+    expect_error([&] { train(whole, quiet); }, "holds a LoRA adapter; resume it with --use_peft");
+  }
+}
+
+// Evaluating with --adapter_name_or_path (no training) gives the trained run's evaluation.
+TEST(LoraTrain, EvaluatesWithAnAdapterFolder) {
+  TempDir dir("lora_eval");
+  TrainOptions o = lora_options(dir, "bert");
+  TrainOptions full = tiny_options(o.model_name_or_path, dir / "base");  // a base with weights
+  full.max_steps = 1;
+  train(full, quiet);
+  o.model_name_or_path = full.output_dir;
+  o.max_steps = 3;
+  o.do_eval = true;
+  const TrainSummary trained = train(o, quiet);
+  TrainOptions e = tiny_options(o.model_name_or_path, dir / "eval");
+  e.do_train = false;
+  e.do_eval = true;
+  e.adapter_name_or_path = o.output_dir;
+  const TrainSummary evaluated = train(e, quiet);
+  // (A run that only evaluates plans its buffers apart: the last digit may differ.)
+  EXPECT_NEAR(evaluated.eval_metrics["eval_loss"].get<double>(),
+              trained.eval_metrics["eval_loss"].get<double>(), 1e-12);
+  TrainOptions base = e;
+  base.adapter_name_or_path.clear();
+  EXPECT_GT(std::abs(train(base, quiet).eval_metrics["eval_loss"].get<double>() -
+                     trained.eval_metrics["eval_loss"].get<double>()),
+            1e-4);
+}
+
+TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
+  TempDir dir("lora_bad");
+  TrainOptions o = lora_options(dir, "gpt2");
+  TrainOptions both = o;
+  both.adapter_name_or_path = dir / "nowhere";
+  expect_error([&] { validate_options(both); }, "--lora_r is set beside --adapter_name_or_path");
+  TrainOptions missing = tiny_options(o.model_name_or_path, dir / "out2");
+  missing.adapter_name_or_path = dir / "nowhere";
+  expect_error([&] { train(missing, quiet); }, "--adapter_name_or_path: '");
+  TrainOptions empty = missing;
+  fs::create_directories(dir / "empty");
+  empty.adapter_name_or_path = dir / "empty";
+  expect_error([&] { train(empty, quiet); }, "holds no adapter_config.json");
+  // An adapter of another model: its shapes named.
+  TrainOptions other = missing;
+  other.adapter_name_or_path = fixture("lora/merge_gpt2");
+  expect_error([&] { train(other, quiet); }, "(an adapter of another model?)");
+  TrainOptions tp = o;
+  tp.tp_size = 2;
+  expect_error([&] { assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2); },
+               "LoRA adapters with --tp_size");
+  TrainOptions zero = o;
+  zero.zero_stage = 2;
+  expect_error([&] { assemble_run(zero, Device::cpu, nullptr, nullptr, 0, 2); },
+               "LoRA adapters with --zero_stage");
+  TrainOptions embed = o;
+  embed.lora_modules_to_save = "wte";
+  expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
+}
+
+}  // namespace
+}  // namespace brisk::testing
