@@ -103,14 +103,17 @@ inline std::string write_varied_csv(const TempDir& dir, const std::string& name,
   return path;
 }
 
-// Every float32 weight of a checkpoint's model.safetensors, tensor by tensor. Where runs may sum
+// Every float32 weight of a checkpoint's model.safetensors (a LoRA run's: its
+// adapter_model.safetensors), tensor by tensor. Where runs may sum
 // in another order (a GPU's atomics, ranks), without the key biases: their exact gradient is
 // zero (softmax ignores a constant added to a row of scores), so they only receive rounding
 // noise, which differs with every summation order and which Adam turns into steps near the
 // learning rate however small it is; they change no output.
 inline std::vector<float> checkpoint_weights(const std::string& checkpoint,
                                              bool without_key_biases = false) {
-  SafetensorsFile f(checkpoint + "/model.safetensors");
+  const std::string whole = checkpoint + "/model.safetensors";
+  SafetensorsFile f(std::filesystem::exists(whole) ? whole
+                                                   : checkpoint + "/adapter_model.safetensors");
   std::vector<float> all;
   for (const auto& name : f.names()) {
     const Tensor& t = f.get(name);

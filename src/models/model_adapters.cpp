@@ -72,7 +72,7 @@ RngKey ModelAdapters::dropout_key(const RngKey& key, const Entry& e, size_t i) {
   k.site = block_rng_site(e.decl.layer, kAdapterSite);
   // Each adapter's masks from its own range of the site's counter (a layer's adapters draw
   // apart, as PEFT's dropout modules do).
-  k.first_element = static_cast<uint64_t>(i) << 40;
+  k.first_element += static_cast<uint64_t>(i) << 40;
   return k;
 }
 
