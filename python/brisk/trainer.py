@@ -42,11 +42,14 @@ class Trainer:
     compute_metrics: called after each evaluation (inside train() and by evaluate()) with
     EvalPrediction(logits, label_ids); its metrics join brisk's own, prefixed eval_ (and may be
     metric_for_best_model).
+    peft_config: a peft.LoraConfig (or a dict of its keys), as TRL's SFTTrainer takes it: train
+    LoRA adapters on the frozen model. train() saves the adapter (PEFT's files) in output_dir;
+    evaluate() and predict() then run the model with it, and save_model() copies it.
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None,
                  tokenizer=None, processing_class=None, compute_metrics=None, callbacks=None,
-                 data_collator=None):
+                 data_collator=None, peft_config=None):
         if model is None:
             raise ValueError("Trainer needs a model: a folder, a config.json, a built-in name or "
                              "a config dict")
@@ -61,6 +64,8 @@ class Trainer:
         tokenizer = tokenizer if tokenizer is not None else processing_class
         self._tokenizer = "" if tokenizer is None else _path_of(tokenizer, "tokenizer")
         self._model = self._model_source(model)
+        self._lora = _lora_options(peft_config)
+        self._adapter = ""  # the trained adapter's folder, once train() saved one
         self.callback_handler = CallbackHandler(callbacks or [])
         self.state = TrainerState()
         self.control = TrainerControl()
@@ -85,11 +90,9 @@ class Trainer:
         try:
             summary, _ = self._run(options, tokenized)
         except KeyboardInterrupt:  # the run ended after a step, its model and state saved
-            self._model = self.args.output_dir
-            self._read_state()
+            self._trained()
             raise
-        self._model = self.args.output_dir
-        self._read_state()
+        self._trained()
         metrics = {k: summary[k] for k in _TRAIN_METRICS if k in summary}
         self.callback_handler.call("on_train_end", self.args, self.state, self.control)
         return TrainOutput(summary["global_step"], summary["train_loss"], metrics)
@@ -128,7 +131,7 @@ class Trainer:
         args.output_dir, where train() already saved it)."""
         target = (checks.path(output_dir, "output_dir") if output_dir is not None
                   else self.args.output_dir)
-        source = self._model
+        source = self._adapter or self._model
         if not os.path.isdir(source):
             raise ValueError("save_model: the model is %r, no trained folder yet: call train()"
                              % source)
@@ -201,11 +204,23 @@ class Trainer:
             raise ValueError("give a run's datasets all as text or all tokenized (input_ids)")
         return files, tokenized or None
 
+    def _trained(self):
+        """After train(): the model (or, with peft_config, the adapter) is output_dir's."""
+        if self._lora:
+            self._adapter = self.args.output_dir
+        else:
+            self._model = self.args.output_dir
+        self._read_state()
+
     def _options(self, **run):
         options = self.args.given()
         options["model_name_or_path"] = self._model
         if self._tokenizer:
             options["tokenizer_name"] = self._tokenizer
+        if self._adapter:  # the trained adapter sets itself
+            options["adapter_name_or_path"] = self._adapter
+        elif self._lora and (run["do_train"] or not self._adapter):
+            options.update(self._lora)
         options.update(run)
         if not options["do_train"]:  # evaluate() and predict(): the strategies are train()'s
             options.update(eval_strategy="no", load_best_model_at_end=False)
@@ -358,3 +373,55 @@ class _Html:
     def _repr_html_(self):
         with open(self.path, encoding="utf-8") as f:
             return f.read()
+
+
+# PEFT's LoraConfig keys brisk follows (as the lora_* options), and those that change nothing in
+# a LoRA run; any other key PEFT sets away from its default is refused by name.
+_LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
+              "target_modules": "lora_target_modules", "modules_to_save": "lora_modules_to_save",
+              "use_rslora": "use_rslora"}
+_LORA_INERT = ("peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode",
+               "init_lora_weights", "fan_in_fan_out", "bias", "peft_version", "auto_mapping",
+               "megatron_core", "qalora_group_size")
+
+
+def _lora_options(config):
+    """The engine's lora_* options for a peft.LoraConfig or a dict of its keys (None: none)."""
+    if config is None:
+        return {}
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        raise TypeError("peft_config must be a peft.LoraConfig or a dict of its keys, not %s"
+                        % type(config).__name__)
+    peft_type = str(getattr(config.get("peft_type"), "value", config.get("peft_type") or "LORA"))
+    if peft_type != "LORA":
+        raise ValueError("peft_config: peft_type %s: brisk trains LoRA adapters only" % peft_type)
+    if config.get("bias", "none") != "none":
+        raise ValueError("peft_config: bias must be 'none' (brisk trains no biases with LoRA)")
+    options = {"use_peft": True}
+    for key, value in config.items():
+        if key in _LORA_KEYS:
+            if value is None:
+                continue
+            if key in ("target_modules", "modules_to_save"):
+                value = _module_names(value, key)
+            options[_LORA_KEYS[key]] = value
+        elif key not in _LORA_INERT and value not in (None, False, {}, [], "", ()):
+            raise ValueError("peft_config: %s is set, which brisk does not run yet (only plain "
+                             "LoRA adapters)" % key)
+    return options
+
+
+def _module_names(value, key):
+    """target_modules / modules_to_save as the engine's comma list ("all-linear" as it is)."""
+    if isinstance(value, str):
+        if key == "target_modules" and value.lower() != "all-linear":
+            raise ValueError("peft_config: target_modules as a regular expression (%r) is not "
+                             "taken yet; list the module names" % value)
+        return value
+    names = sorted(value)  # PEFT keeps them as a set
+    if not all(isinstance(n, str) and n and "," not in n for n in names):
+        raise ValueError("peft_config: %s must be module names" % key)
+    return ",".join(names)
+

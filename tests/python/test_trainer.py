@@ -343,3 +343,34 @@ def test_compute_metrics_results_and_callbacks_are_checked(tmp_path, bert_config
         t.add_callback(object())
     with pytest.raises(TypeError, match="callbacks must be a list of callbacks, not Recorder"):
         trainer(tmp_path, bert_config, read_glue("train.csv"), callbacks=Recorder())
+
+
+def test_peft_config_trains_an_adapter_as_the_program(tmp_path, program, bert_config):
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    base = trainer(tmp_path / "base", bert_config, train, max_steps=1)  # a base with weights
+    base.train()
+    folder = str(tmp_path / "base" / "api")
+    lora = {"peft_type": "LORA", "task_type": "SEQ_CLS", "r": 4, "lora_alpha": 8,
+            "lora_dropout": 0.0, "target_modules": {"value", "query"}, "use_dora": False}
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **dict(RUN, max_steps=4))
+    t = brisk.Trainer(model=folder, args=args, train_dataset=train, peft_config=lora)
+    t.train()
+    names = set(os.listdir(tmp_path / "api"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names
+    assert "model.safetensors" not in names
+    cli = run_cli(program, "train", dict(
+        RUN, model_name_or_path=folder, train_file=write_csv(train, tmp_path / "train.csv"),
+        output_dir=str(tmp_path / "cli"), max_steps=4, use_peft=True, lora_r=4, lora_alpha=8,
+        lora_dropout=0.0, lora_target_modules="query,value"))
+    assert [v for _, v in api_losses(t)] == pytest.approx([v for _, v in losses(cli)], rel=1e-6)
+    adapted = t.evaluate(dev)["eval_loss"]
+    alone = brisk.Trainer(model=folder, args=brisk.TrainingArguments(
+        output_dir=str(tmp_path / "alone"), **RUN)).evaluate(dev)["eval_loss"]
+    assert abs(adapted - alone) > 1e-6
+    t.save_model(tmp_path / "saved")
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(
+        os.listdir(tmp_path / "saved"))
+    with pytest.raises(ValueError, match="use_dora is set"):
+        brisk.Trainer(model=folder, args=args, peft_config=dict(lora, use_dora=True))
+    with pytest.raises(TypeError, match="peft_config must be"):
+        brisk.Trainer(model=folder, args=args, peft_config=7)
