@@ -464,4 +464,27 @@ Backend::LoraDims Backend::check_lora_backward(const Tensor& x, const Tensor& a,
   return d;
 }
 
+void Backend::check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
+  const Quant4Layout& l = q.layout;
+  auto has = [](const Tensor& t, DType dtype, int64_t n) {
+    return t.dtype() == dtype && t.numel() == n;
+  };
+  BRISK_CHECK(l.blocksize > 0 && l.blocksize % 2 == 0 && l.numel >= 0,
+              "dequantize_4bit: a layout of ", l.numel, " values in blocks of ", l.blocksize);
+  BRISK_CHECK(has(q.packed, DType::u8, l.packed_bytes()), "dequantize_4bit: packed is ",
+              q.packed.shape().str(), " ", dtype_name(q.packed.dtype()), " for ", l.numel,
+              " values");
+  if (l.nested)
+    BRISK_CHECK(has(q.qabsmax, DType::u8, l.blocks()) &&
+                    has(q.absmax2, DType::f32, l.nested_blocks()) && has(q.code2, DType::f32, 256),
+                "dequantize_4bit: nested absmaxes of another layout");
+  else
+    BRISK_CHECK(has(q.absmax, DType::f32, l.blocks()), "dequantize_4bit: absmax is ",
+                q.absmax.shape().str(), " for ", l.blocks(), " blocks");
+  BRISK_CHECK(out.numel() == l.numel && (out.dtype() == DType::f32 || out.dtype() == DType::bf16 ||
+                                         out.dtype() == DType::f16),
+              "dequantize_4bit: out is ", out.shape().str(), " ", dtype_name(out.dtype()), " for ",
+              l.numel, " values");
+}
+
 }  // namespace brisk

@@ -14,6 +14,7 @@
 
 #include "backend/workspace.h"
 #include "core/memory_plan.h"
+#include "core/quant4.h"
 #include "core/rng.h"
 #include "core/switches.h"
 #include "core/tensor.h"
@@ -687,6 +688,20 @@ class Backend {
                                       const Tensor& u, const Tensor& dy, int64_t at,
                                       const Tensor& v, const Tensor& da, const Tensor& db,
                                       const Tensor& dx);
+
+  // ---- 4-bit weights (QLoRA's frozen base, core/quant4.h) ----
+  // out [layout.numel] (float32, or bf16 / f16 rounded to nearest even) = each value's 4-bit
+  // code's value x its block's absmax, in float32, as bitsandbytes' dequantize_4bit. q's
+  // tensors in the backend's memory: packed (u8), and absmax (float32 [blocks]) or, nested,
+  // qabsmax (u8 [blocks]), absmax2 (float32 [nested blocks]) and code2 (the dynamic map, float32
+  // [256]) with the offset.
+  struct Quant4Tensor {
+    Quant4Layout layout;
+    Tensor packed, absmax, qabsmax, absmax2, code2;
+    float offset = 0;
+  };
+  virtual void dequantize_4bit(const Quant4Tensor& q, const Tensor& out) = 0;
+  static void check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out);
 
   // ---- the optimizer step ----
   // acc (float64 [1]) += the sum of squares of x (inf/NaN propagate: the overflow check).

@@ -83,5 +83,6 @@ std::vector<OpCase> cast_cases();         // cases_cast.cpp: float32 <-> bf16, f
 std::vector<OpCase> stored_cases();       // cases_stored.cpp: ops on bf16 saved activations
 std::vector<OpCase> moe_cases();          // cases_moe.cpp: mixture-of-experts routing
 std::vector<OpCase> lora_cases();         // cases_lora.cpp: LoRA's low-rank products
+std::vector<OpCase> quant4_cases();       // cases_quant4.cpp: 4-bit weights' dequantization
 
 }  // namespace brisk::testing

@@ -136,7 +136,7 @@ uint32_t seed_of(const std::string& name) {
 std::vector<Param> table() {
   std::vector<OpCase> ops;
   for (auto cases : {linear_cases, norm_cases, elementwise_cases, attention_cases, loss_cases,
-                     optim_cases, cast_cases, stored_cases, moe_cases, lora_cases})
+                     optim_cases, cast_cases, stored_cases, moe_cases, lora_cases, quant4_cases})
     for (OpCase& c : cases()) ops.push_back(std::move(c));
   std::vector<Param> params;
   for (Device device : {Device::cpu, Device::cuda})

@@ -130,6 +130,7 @@ class CpuBackend : public Backend {
                    const Tensor& sum) override;
   void moe_z_backward(const Tensor& probs, const Tensor& z, float scale,
                       const Tensor& dlogits) override;
+  void dequantize_4bit(const Quant4Tensor& q, const Tensor& out) override;
   void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, float scale, const Tensor& u,
                     const Tensor& y, int64_t at) override;
   void lora_backward(const Tensor& x, const Tensor& a, const Tensor& b, float scale,

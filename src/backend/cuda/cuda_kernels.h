@@ -179,6 +179,23 @@ void moe_combine_backward(cudaStream_t s, const float* dy, const float* rows,
                           const int32_t* positions, const float* weights, int64_t N, int64_t k,
                           int64_t C, float* drows, float* dweights);
 
+// ---- cuda_quant4.cu ----
+// A 4-bit tensor's device pointers (Backend::Quant4Tensor): absmax, or nested qabsmax, absmax2,
+// code2 and offset.
+struct Quant4Args {
+  const uint8_t* packed = nullptr;
+  const float* absmax = nullptr;
+  const uint8_t* qabsmax = nullptr;
+  const float* absmax2 = nullptr;
+  const float* code2 = nullptr;
+  float offset = 0;
+  int64_t numel = 0, blocksize = 64;
+  Quant4Type type = Quant4Type::nf4;
+  bool nested = false;
+};
+// out[numel] (dtype 0 float32, 1 bf16, 2 f16) = value x absmax (Backend::dequantize_4bit).
+void dequantize_4bit(cudaStream_t s, const Quant4Args& q, void* out, int dtype);
+
 // ---- cuda_optim.cu ----
 // *acc += sum of x[i]^2 (double accumulation; inf/NaN propagate).
 void sum_squares(cudaStream_t s, const float* x, int64_t n, double* acc);
