@@ -69,6 +69,25 @@ TEST(SegmentLayout, StagedBlocksTakeTheirSlotsInTurn) {
   }
 }
 
+// Resident ends (QLoRA's 4-bit blocks): the embeddings before the slots, the head after them,
+// neither over any block nor over each other; the buffer as long as the three.
+TEST(SegmentLayout, ResidentEndsLieOverNoBlock) {
+  for (const int slots : {1, 2}) {
+    const auto s = segments(6, 5, 10, 3);
+    const SegmentLayout l = SegmentLayout::staged(s, slots, false, true);
+    ASSERT_TRUE(l.is_staged());
+    EXPECT_EQ(l.length(), 6 + slots * 10 + 3);
+    EXPECT_EQ(l.place(6).offset, 0);
+    EXPECT_EQ(l.place(0).offset, 6 + slots * 10);
+    for (int i = 1; i <= 5; ++i) {
+      EXPECT_FALSE(l.overlap(0, i)) << i;
+      EXPECT_FALSE(l.overlap(6, i)) << i;
+    }
+    EXPECT_FALSE(l.overlap(0, 6));
+    for (int b = 0; b + slots < 5; ++b) EXPECT_TRUE(l.overlap(5 - b, 5 - b - slots));
+  }
+}
+
 TEST(SegmentLayout, StagesOnlyWhereItSaves) {
   // Blocks unlike each other, no more blocks than slots, or no slots: plain.
   auto unlike = segments(6, 4, 10, 3);

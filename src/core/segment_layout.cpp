@@ -31,20 +31,22 @@ int64_t SegmentLayout::block_elements(const std::vector<ElementRange>& segments,
 }
 
 SegmentLayout SegmentLayout::staged(const std::vector<ElementRange>& segments, int slots,
-                                    bool embeddings_apart) {
+                                    bool embeddings_apart, bool resident_ends) {
   SegmentLayout l = plain(segments);
   const int64_t block = block_elements(segments, slots);
   if (block == 0) return l;
   const int64_t E = segments.back().count, H = segments.front().count;
-  const int64_t slots_at = embeddings_apart ? E : 0;
-  const int64_t length = slots_at + std::max(slots * block, embeddings_apart ? H : E + H);
+  const bool apart = embeddings_apart || resident_ends;
+  const int64_t slots_at = apart ? E : 0;
+  const int64_t length =
+      resident_ends ? E + slots * block + H : slots_at + std::max(slots * block, apart ? H : E + H);
   if (length >= l.length_) return l;
   l.slots_ = slots;
   l.block_ = block;
   l.slots_at_ = slots_at;
   l.length_ = length;
-  l.embeddings_at_ = embeddings_apart ? 0 : length - E;
-  l.head_at_ = length - H - (embeddings_apart ? 0 : E);
+  l.embeddings_at_ = apart ? 0 : length - E;
+  l.head_at_ = length - H - (apart ? 0 : E);
   l.embeddings_end_ = E;
   l.head_start_ = segments.front().offset;
   return l;

@@ -6,7 +6,8 @@
 // Segments are numbered as the model reports them: the head (0), the blocks from last to first,
 // the embeddings (last), each starting where the next ends. Staged: the blocks' parameters in
 // `slots` slots used in turn (block b in slot b mod slots), the head's and the embeddings' side by
-// side at the end of the slots' space (or after it where they are longer). Possible when the
+// side at the end of the slots' space (or after it where they are longer; or, resident, the
+// embeddings' before the slots and the head's after them). Possible when the
 // blocks are laid out alike and outnumber the slots. With `embeddings_apart` (a tied head, whose
 // gradient and the embeddings' are one tensor) the embeddings' part lies before the slots.
 #pragma once
@@ -24,9 +25,11 @@ class SegmentLayout {
   // Each segment at its own place (the buffer as long as the parameters).
   static SegmentLayout plain(const std::vector<ElementRange>& segments);
   // Staged in `slots` slots where the segments allow it and that takes fewer elements than the
-  // parameters; else plain.
+  // parameters; else plain. `resident_ends`: the embeddings' part before the slots and the
+  // head's after them, neither sharing elements with a block's (where nothing but the blocks is
+  // brought back into place: QLoRA's 4-bit blocks).
   static SegmentLayout staged(const std::vector<ElementRange>& segments, int slots,
-                              bool embeddings_apart);
+                              bool embeddings_apart, bool resident_ends = false);
   // The elements of one block's segment when `segments` can be staged in `slots` slots; else 0.
   static int64_t block_elements(const std::vector<ElementRange>& segments, int slots);
 

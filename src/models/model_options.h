@@ -76,6 +76,9 @@ struct PlanOptions {
   // block computes), and over the same space the embeddings' and the head's weights, each
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_slots = 0;
+  // With weight_slots: the slots hold the blocks' weights alone; the embeddings' and the head's
+  // keep places of their own (SegmentLayout's resident_ends), where nothing brings them back.
+  bool resident_ends = false;
   // Language-model heads (causal LM, masked LM): rows of the [B*T, V] logits held at once; 0
   // holds at most the device's DeviceTraits::logits_chunk_bytes of them (GPT-2: 2048 rows on a
   // GPU, 256 on the CPU). The head computes its logits, loss and (when training) its own

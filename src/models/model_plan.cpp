@@ -110,9 +110,9 @@ bool Model::rebuilds_input(int64_t l) const {
 // The flat weights (staged where options ask and it saves memory), the constants, and unless
 // options.weights_only or not options.gradients the flat gradients (staged likewise).
 void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options) {
-  weight_layout_ = options.weights_only
-                       ? SegmentLayout::plain(segments_)
-                       : SegmentLayout::staged(segments_, options.weight_slots, false);
+  weight_layout_ = options.weights_only ? SegmentLayout::plain(segments_)
+                                        : SegmentLayout::staged(segments_, options.weight_slots,
+                                                                false, options.resident_ends);
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
                   DType::f32, Shape{weight_layout_.length()});
@@ -122,8 +122,8 @@ void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOpti
   if (!replanning_) tied_apart_ = -1;
   if (options.weights_only || !options.gradients) return;
   if (params_.frozen()) {  // gradients for the trained parameters alone, one segment
-    BRISK_CHECK(options.gradient_slots == 0 && options.weight_slots == 0,
-                "internal error: staged buffers of a model with frozen parameters");
+    BRISK_CHECK(options.gradient_slots == 0,
+                "internal error: staged gradients of a model with frozen parameters");
     const int64_t n = params_.trainable_elements();
     grad_layout_ = SegmentLayout::plain({ElementRange{0, n}});
     binder_.declare(plan, &flat_grads_, "params.gradients", Category::gradients, DType::f32,

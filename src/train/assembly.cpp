@@ -100,6 +100,22 @@ void attach_adapters(RunAssembly& r) {
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
 
+// QLoRA: the frozen base's block linears in a 4-bit store, the model's weights staged in its
+// slots (before the model's plan).
+void plan_4bit_base(RunAssembly& r, PlanOptions& model_options) {
+  const TrainOptions& o = r.options;
+  if (!o.load_in_4bit) return;
+  const Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
+                        o.use_bnb_nested_quant};
+  r.quantized = std::make_unique<QuantizedBase>(*r.model, q);
+  BRISK_CHECK(r.quantized->quantized_params() > 0, "--load_in_4bit: the ",
+              r.model->config().type_name(),
+              " model's blocks cannot be held in turn (too few blocks, or blocks unlike each "
+              "other), so no linear would be kept 4-bit");
+  model_options.weight_slots = QuantizedBase::kSlots;
+  model_options.resident_ends = true;  // the store brings back the blocks alone
+}
+
 // The model's config and the data: text files (their tokenizer sets the sequence length), the
 // given dataset, or the options' synthetic data or token file. Returns the model's batch layout.
 BatchLayout assemble_model_and_data(RunAssembly& r, GivenData dataset, int64_t B) {
@@ -146,7 +162,7 @@ bool computes_with_float32_weights(const DeviceTraits& traits) {
 // under ZeRO 1 and 2 over N replicas, none where it is offloaded). Not under ZeRO 3: its weights
 // are gathered, not resident. (A CPU test asks for it wherever they are resident.)
 bool weights_copy(const TrainOptions& o, const DeviceTraits& traits, bool offloaded, int replicas) {
-  if (o.zero_stage == 3) return false;
+  if (o.zero_stage == 3 || o.load_in_4bit) return false;
   if (o.weights_copy_on_cpu) return true;
   const double master_bytes = offloaded           ? 0.0
                               : o.zero_stage >= 1 ? 4.0 / std::max(replicas, 1)
@@ -395,15 +411,20 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const ParallelPlanOptions layout_options{replica, parallel.replicas(), o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
+  plan_4bit_base(r, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
+  if (r.quantized) r.quantized->declare(r.plan, r.binder);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state;
   // adapters: it holds the trained parameters alone.
   const ParameterSet& params = r.model->params();
   const bool zero = !r.parallel.shards.empty();
   const ParameterSet::Run trained = params.trained_run();
+  // (Staged weights, QLoRA's: the trained parameters at their place in the staged buffer.)
+  const ElementRange trained_place{r.model->weight_layout().offset(trained.elements.offset),
+                                   trained.elements.count};
   r.precision->plan(r.plan, r.binder, params.total_elements(),
                     zero              ? r.parallel.shards[static_cast<size_t>(replica)].elements
-                    : params.frozen() ? trained.elements
+                    : params.frozen() ? trained_place
                                       : ElementRange{0, -1});
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);

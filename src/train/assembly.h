@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "adapters/lora.h"
+#include "adapters/quantized_base.h"
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "backend/workspace.h"
@@ -66,6 +67,8 @@ struct RunAssembly {
   // LoRA (--use_peft or --adapter_name_or_path): the adapter attached to the model, as a save
   // writes its adapter_config.json. The optimizer then steps the trained parameters alone.
   std::optional<LoraConfig> adapter;
+  // QLoRA (--load_in_4bit): the frozen base's 4-bit store, attached to the model once bound.
+  std::unique_ptr<QuantizedBase> quantized;
   std::unique_ptr<Dataset> owned_data;
   const Dataset* data = nullptr;
   std::unique_ptr<DataLoader> loader;  // training's batches: none in a run that does not train

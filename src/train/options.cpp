@@ -154,9 +154,29 @@ const char* lora_option_given(const TrainOptions& o) {
                                                             : nullptr;
 }
 
+// QLoRA's: a 4-bit base is frozen, so it carries adapters; its type is nf4 or fp4; its options
+// without --load_in_4bit are a forgotten flag.
+void check_4bit(const TrainOptions& o) {
+  if (!o.load_in_4bit) {
+    const char* given = o.bnb_4bit_quant_type != "nf4" ? "--bnb_4bit_quant_type"
+                        : o.use_bnb_nested_quant       ? "--use_bnb_nested_quant"
+                                                       : nullptr;
+    BRISK_CHECK(given == nullptr, given, " is set but --load_in_4bit is not: add --load_in_4bit ",
+                "to keep the base 4-bit, or drop ", given);
+    return;
+  }
+  BRISK_CHECK(o.bnb_4bit_quant_type == "nf4" || o.bnb_4bit_quant_type == "fp4",
+              "bnb_4bit_quant_type must be nf4 or fp4, got \"", excerpt(o.bnb_4bit_quant_type),
+              "\"");
+  BRISK_CHECK(o.use_peft || !o.adapter_name_or_path.empty(),
+              "--load_in_4bit keeps the base frozen in 4 bits: train LoRA adapters on it "
+              "(--use_peft) or load one (--adapter_name_or_path)");
+}
+
 // LoRA's numbers; its options without --use_peft are a forgotten flag, and beside
 // --adapter_name_or_path a contradiction (the adapter's config sets them).
 void check_adapters(const TrainOptions& o) {
+  check_4bit(o);
   const char* given = lora_option_given(o);
   if (!o.adapter_name_or_path.empty()) {
     BRISK_CHECK(given == nullptr, given,
@@ -453,7 +473,8 @@ const char* option_group(const std::string& name) {
        {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
       {"LoRA adapters",
        {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-        "lora_modules_to_save", "use_rslora", "adapter_name_or_path"}},
+        "lora_modules_to_save", "use_rslora", "adapter_name_or_path", "load_in_4bit",
+        "bnb_4bit_quant_type", "use_bnb_nested_quant"}},
       {"Memory and device",
        {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
         "offload_optimizer", "device", "use_cpu"}},

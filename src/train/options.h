@@ -60,6 +60,12 @@ struct TrainOptions {
   // PEFT or by brisk) loaded onto model_name_or_path: trained further, evaluated or predicted
   // with; its adapter_config.json sets the adapter (the lora_* options stay unset).
   std::string adapter_name_or_path;
+  // QLoRA (TRL's ModelConfig names): the frozen base's block linears stored 4-bit as
+  // bitsandbytes stores them (bnb_4bit_quant_type nf4 or fp4; use_bnb_nested_quant: the absmaxes
+  // 8-bit too), dequantized block by block as the passes need them.
+  bool load_in_4bit = false;
+  std::string bnb_4bit_quant_type = "nf4";
+  bool use_bnb_nested_quant = false;
   // TrainingArguments.
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -246,6 +252,12 @@ void visit_options(Options& o, Visitor&& v) {
     "LoRA: modules trained in full and saved with the adapter (a classifier or score head), "
     "comma-separated; a name the model does not have is skipped, as PEFT does");
   v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
+  v("load_in_4bit", o.load_in_4bit,
+    "QLoRA: keep the frozen base's block linears 4-bit as bitsandbytes does (with --use_peft), "
+    "dequantized block by block as the passes need them");
+  v("bnb_4bit_quant_type", o.bnb_4bit_quant_type, "QLoRA: the 4-bit type, nf4 or fp4");
+  v("use_bnb_nested_quant", o.use_bnb_nested_quant,
+    "QLoRA: store the 4-bit blocks' absmaxes 8-bit too (double quantization)");
   v("adapter_name_or_path", o.adapter_name_or_path,
     "a LoRA adapter folder (PEFT's files) loaded onto the model to train further, evaluate or "
     "predict with; its adapter_config.json sets the adapter");

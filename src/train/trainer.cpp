@@ -689,6 +689,7 @@ TrainSummary train(const TrainOptions& given, const LogSink& all_log, GivenData 
   Arena arena(run->plan, be->device_memory(), be->staging_memory(o.dataloader_pin_memory));
   model.bind(arena);
   run->binder.bind(arena);
+  if (run->quantized) run->quantized->attach(*be, model);  // QLoRA: before the weights load
   // How the ranks share the model's work: the gradients' sums, the update, the saves.
   ParallelRun parallel_run = make_parallel(layout, {*be,
                                                     dist,

@@ -1,0 +1,66 @@
+// QLoRA's frozen base (--load_in_4bit), applied to a model from outside: the blocks' linear
+// weights kept 4-bit as bitsandbytes stores them (core/quant4.h: every linear of the blocks, as
+// transformers' BitsAndBytesConfig quantizes every linear but the head) and the blocks' other
+// parameters (norms, biases) float32, all outside the model's weight buffer. That buffer stages
+// the blocks' weights in two slots (Model::weight_layout()); a block's are dequantized into its
+// slot when a pass needs them, forward and again backward. Loading quantizes each block's weights
+// as it is written, so the full-precision model never sits in memory whole. The embeddings, the
+// head and the adapters stay in the weight buffer.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/memory_plan.h"
+#include "core/quant4.h"
+#include "models/model.h"
+
+namespace brisk {
+
+struct Quant4Options {
+  Quant4Type type = Quant4Type::nf4;  // bnb_4bit_quant_type
+  bool nested = false;                // use_bnb_nested_quant (bnb_4bit_use_double_quant)
+  int64_t blocksize = 64;
+};
+
+class QuantizedBase final : public WeightSlots {
+ public:
+  // Before the model's plan: the model must stage its weights (PlanOptions::weight_slots).
+  QuantizedBase(const Model& model, Quant4Options options);
+  static constexpr int kSlots = 2;
+  // The store's buffers (category weights) into the plan.
+  void declare(MemoryPlan& plan, BufferBinder& binder);
+  // After the arena is bound: the nested absmaxes' map uploaded, the model told to ask here.
+  void attach(Backend& be, Model& model);
+
+  void need(int segment) override;
+  void prefetch(int /*segment*/) override {}
+  // Quantizes the block's weights just written into its slot (full precision, loaded or
+  // initialized): what later passes dequantize.
+  void filled(int segment) override;
+
+  // The parameters kept 4-bit and their elements (for the plan's accounting and tests).
+  int64_t quantized_params() const;
+  int64_t quantized_elements() const;
+
+ private:
+  // One parameter of a block: 4-bit at its offsets in the store, or float32 in `kept_`.
+  struct Entry {
+    int param = -1;
+    bool quantized = false;
+    Quant4Layout layout;
+    int64_t packed_at = 0, blocks_at = 0, nested_at = 0, kept_at = 0;
+    float offset = 0;  // nested: the absmaxes' mean (set by filled)
+  };
+  Backend::Quant4Tensor view(const Entry& e) const;
+  const Model& model_;
+  Quant4Options options_;
+  Backend* be_ = nullptr;
+  std::vector<std::vector<Entry>> segments_;  // per segment (param_segments()); empty: resident
+  std::vector<bool> present_;
+  Tensor packed_, absmax_, qabsmax_, absmax2_, code2_, kept_;
+  int64_t packed_bytes_ = 0, blocks_ = 0, nested_blocks_ = 0, kept_elements_ = 0;
+};
+
+}  // namespace brisk

@@ -1,0 +1,110 @@
+// QLoRA (--load_in_4bit): the frozen base's block linears kept 4-bit (adapters/quantized_base)
+// train as LoRA on the base whose linears are bitsandbytes' dequantized 4-bit values: the same
+// losses and adapter, with NF4 and FP4, nested or not, with and without gradient checkpointing.
+// The weight buffer then stages the blocks in two slots, and the plan holds the 4-bit store.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/json_file.h"
+#include "core/quant4.h"
+#include "core/safetensors.h"
+#include "test_support.h"
+#include "train/assembly.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const LogSink quiet = [](const nlohmann::json&) {};
+
+std::vector<double> losses_of(const TrainOptions& o) {
+  std::vector<double> losses;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("loss")) losses.push_back(j["loss"]);
+  });
+  return losses;
+}
+
+// A base model folder: `type` with `layers` blocks, its initial weights saved.
+std::string base_folder(const TempDir& dir, const std::string& type, int layers) {
+  TrainOptions o = tiny_options(write_config(dir, type, 0.0, layers), dir / "base");
+  o.max_steps = 1;
+  o.learning_rate = 0;
+  train(o, quiet);
+  return o.output_dir;
+}
+
+// The same folder with every block linear replaced by its 4-bit round trip.
+std::string dequantized_copy(const TempDir& dir, const std::string& base, const Model& model,
+                             const Quant4Layout& kind) {
+  const std::string out = dir / "dequantized";
+  fs::create_directories(out);
+  fs::copy_file(base + "/config.json", out + "/config.json");
+  SafetensorsFile f(base + "/model.safetensors");
+  std::vector<std::string> linear;
+  for (const LinearDecl& l : model.linears())
+    if (l.layer >= 0) linear.push_back(model.params().list()[static_cast<size_t>(l.param)].name);
+  std::vector<std::vector<float>> values;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& n : f.names()) {
+    const Tensor& t = f.get(n);
+    values.emplace_back(t.f32(), t.f32() + t.numel());
+    if (std::find(linear.begin(), linear.end(), n) != linear.end()) {
+      Quant4Layout l = kind;
+      l.numel = t.numel();
+      dequantize_4bit(quantize_4bit(t.f32(), l, n.c_str()), values.back().data());
+    }
+  }
+  size_t i = 0;
+  for (const std::string& n : f.names())
+    tensors.emplace_back(n, Tensor(values[i++].data(), f.get(n).shape(), DType::f32));
+  write_safetensors(out + "/model.safetensors", tensors);
+  return out;
+}
+
+TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
+  for (const std::string type : {"gpt2", "bert"})
+    for (const auto [quant, nested, checkpointing] :
+         {std::tuple{"nf4", false, false}, std::tuple{"nf4", true, true},
+          std::tuple{"fp4", true, false}}) {
+      SCOPED_TRACE(type + " " + quant + (nested ? " nested" : "") +
+                   (checkpointing ? " checkpointing" : ""));
+      TempDir dir("qlora");
+      const std::string base = base_folder(dir, type, 4);
+      TrainOptions o = tiny_options(base, dir / "q");
+      o.use_peft = true;
+      o.lora_r = 4;
+      o.lora_dropout = 0;
+      o.lora_target_modules = type == "gpt2" ? "c_attn,c_proj" : "query,value";
+      o.learning_rate = 1e-2;
+      o.max_steps = 3;
+      o.gradient_checkpointing = checkpointing;
+      TrainOptions q = o;
+      q.load_in_4bit = true;
+      q.bnb_4bit_quant_type = quant;
+      q.use_bnb_nested_quant = nested;
+      const auto run = assemble_run(resolve_run(q, 1).options, Device::cpu, nullptr);
+      EXPECT_TRUE(run->model->staged_weights());
+      EXPECT_GT(run->quantized->quantized_params(), 0);
+      const Quant4Layout kind{
+          0, 64, std::string(quant) == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4, nested};
+      o.model_name_or_path = dequantized_copy(dir, base, *run->model, kind);
+      o.output_dir = dir / "lora";
+      const std::vector<double> want = losses_of(o), got = losses_of(q);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t s = 0; s < want.size(); ++s)
+        EXPECT_NEAR(got[s], want[s], 1e-6 * std::abs(want[s])) << "step " << s + 1;
+      const std::vector<float> a = checkpoint_weights(q.output_dir),
+                               b = checkpoint_weights(o.output_dir);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
+    }
+}
+
+}  // namespace
+}  // namespace brisk::testing
