@@ -106,5 +106,43 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
     }
 }
 
+// A QLoRA run resumed from its checkpoint (the base quantized again as it loads, the adapter and
+// its optimizer state from the checkpoint) ends on the uninterrupted run's adapter, bit for bit.
+TEST(Qlora, ResumeContinuesExactly) {
+  TempDir dir("qlora_resume");
+  TrainOptions o = tiny_options(base_folder(dir, "gpt2", 4), dir / "out");
+  o.use_peft = true;
+  o.lora_r = 4;
+  o.lora_target_modules = "c_attn";
+  o.load_in_4bit = true;
+  o.use_bnb_nested_quant = true;
+  o.learning_rate = 1e-2;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  losses_of(o);
+  TrainOptions resumed = o;
+  resumed.output_dir = dir / "resumed";
+  fs::create_directories(resumed.output_dir);
+  fs::copy(o.output_dir + "/checkpoint-2", resumed.output_dir + "/checkpoint-2",
+           fs::copy_options::recursive);
+  resumed.resume_from_checkpoint = resumed.output_dir + "/checkpoint-2";
+  EXPECT_EQ(losses_of(resumed).size(), 2u);
+  EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
+            checkpoint_weights(o.output_dir + "/checkpoint-4"));
+}
+
+TEST(Qlora, OptionsAreCheckedByName) {
+  TrainOptions o;
+  o.load_in_4bit = true;
+  expect_error([&] { validate_options(o); }, "--load_in_4bit keeps the base frozen in 4 bits");
+  o.use_peft = true;
+  o.bnb_4bit_quant_type = "int4";
+  expect_error([&] { validate_options(o); }, "bnb_4bit_quant_type must be nf4 or fp4");
+  TrainOptions forgotten;
+  forgotten.use_bnb_nested_quant = true;
+  expect_error([&] { validate_options(forgotten); },
+               "--use_bnb_nested_quant is set but --load_in_4bit is not");
+}
+
 }  // namespace
 }  // namespace brisk::testing
