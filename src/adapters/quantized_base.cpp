@@ -39,7 +39,10 @@ QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
     Entry e;
     e.param = static_cast<int>(i);
     e.quantized = linear.count(e.param) > 0;
-    if (e.quantized) {
+    if (e.quantized && options.bf16) {
+      e.half_at = half_elements_;
+      half_elements_ += p.shape.numel();
+    } else if (e.quantized) {
       e.layout = {p.shape.numel(), options.blocksize, options.type, options.nested};
       e.packed_at = packed_bytes_;
       e.blocks_at = blocks_;
@@ -59,6 +62,11 @@ void QuantizedBase::declare(MemoryPlan& plan, BufferBinder& binder) {
   auto add = [&](Tensor* t, const char* name, DType dtype, int64_t n) {
     binder.declare(plan, t, name, Category::weights, dtype, Shape{std::max<int64_t>(n, 1)});
   };
+  if (options_.bf16) {
+    add(&half_, "frozen.bf16", DType::bf16, half_elements_);
+    add(&kept_, "frozen.kept", DType::f32, kept_elements_);
+    return;
+  }
   add(&packed_, "qlora.packed", DType::u8, packed_bytes_);
   if (options_.nested) {
     add(&qabsmax_, "qlora.absmax_codes", DType::u8, blocks_);
@@ -104,6 +112,10 @@ void QuantizedBase::filled(int segment) {
       be_->copy(slot, element_range(kept_, e.kept_at, slot.numel()));
       continue;
     }
+    if (options_.bf16) {
+      be_->cast(slot, element_range(half_, e.half_at, slot.numel()));
+      continue;
+    }
     std::vector<float> host(static_cast<size_t>(slot.numel()));
     be_->download(slot, Tensor(host.data(), slot.shape(), DType::f32));
     const std::string& name = ps.list()[static_cast<size_t>(e.param)].name;
@@ -128,7 +140,9 @@ void QuantizedBase::need(int segment) {
   const ParameterSet& ps = model_.params();
   for (const Entry& e : segments_[s]) {
     const Tensor slot = ps.weight(e.param);
-    if (e.quantized)
+    if (e.quantized && options_.bf16)
+      be_->cast(element_range(half_, e.half_at, slot.numel()), slot);
+    else if (e.quantized)
       be_->dequantize_4bit(view(e), slot);
     else
       be_->copy(element_range(kept_, e.kept_at, slot.numel()), slot);
@@ -149,7 +163,8 @@ int64_t QuantizedBase::quantized_params() const {
 int64_t QuantizedBase::quantized_elements() const {
   int64_t n = 0;
   for (const auto& s : segments_)
-    for (const Entry& e : s) n += e.quantized ? e.layout.numel : 0;
+    for (const Entry& e : s)
+      n += e.quantized ? model_.params().list()[static_cast<size_t>(e.param)].shape.numel() : 0;
   return n;
 }
 

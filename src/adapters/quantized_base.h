@@ -5,7 +5,9 @@
 // the blocks' weights in two slots (Model::weight_layout()); a block's are dequantized into its
 // slot when a pass needs them, forward and again backward. Loading quantizes each block's weights
 // as it is written, so the full-precision model never sits in memory whole. The embeddings, the
-// head and the adapters stay in the weight buffer.
+// head and the adapters stay in the weight buffer. With `bf16` the linears are kept bf16 instead
+// (a bf16 LoRA run's frozen base: its products round the weights to bf16 anyway, so the results
+// are the float32 base's, at half its bytes).
 #pragma once
 
 #include <memory>
@@ -22,6 +24,7 @@ struct Quant4Options {
   Quant4Type type = Quant4Type::nf4;  // bnb_4bit_quant_type
   bool nested = false;                // use_bnb_nested_quant (bnb_4bit_use_double_quant)
   int64_t blocksize = 64;
+  bool bf16 = false;  // the linears bf16, not 4-bit
 };
 
 class QuantizedBase final : public WeightSlots {
@@ -50,7 +53,7 @@ class QuantizedBase final : public WeightSlots {
     int param = -1;
     bool quantized = false;
     Quant4Layout layout;
-    int64_t packed_at = 0, blocks_at = 0, nested_at = 0, kept_at = 0;
+    int64_t packed_at = 0, blocks_at = 0, nested_at = 0, half_at = 0, kept_at = 0;
     float offset = 0;  // nested: the absmaxes' mean (set by filled)
   };
   Backend::Quant4Tensor view(const Entry& e) const;
@@ -59,8 +62,9 @@ class QuantizedBase final : public WeightSlots {
   Backend* be_ = nullptr;
   std::vector<std::vector<Entry>> segments_;  // per segment (param_segments()); empty: resident
   std::vector<bool> present_;
-  Tensor packed_, absmax_, qabsmax_, absmax2_, code2_, kept_;
-  int64_t packed_bytes_ = 0, blocks_ = 0, nested_blocks_ = 0, kept_elements_ = 0;
+  Tensor packed_, absmax_, qabsmax_, absmax2_, code2_, half_, kept_;
+  int64_t packed_bytes_ = 0, blocks_ = 0, nested_blocks_ = 0, half_elements_ = 0,
+          kept_elements_ = 0;
 };
 
 }  // namespace brisk

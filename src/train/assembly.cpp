@@ -100,14 +100,22 @@ void attach_adapters(RunAssembly& r) {
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
 
-// QLoRA: the frozen base's block linears in a 4-bit store, the model's weights staged in its
-// slots (before the model's plan).
-void plan_4bit_base(RunAssembly& r, PlanOptions& model_options) {
+// The frozen base's block linears in a store of their own, the model's weights staged in its
+// slots (before the model's plan): QLoRA's 4-bit store, or in a bf16 LoRA run a bf16 one (its
+// products round the weights to bf16 anyway: the same results at half the bytes).
+void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
   const TrainOptions& o = r.options;
-  if (!o.load_in_4bit) return;
-  const Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
-                        o.use_bnb_nested_quant};
+  const bool bf16 =
+      r.adapter && r.precision->compute_dtype() == DType::bf16 && o.switches.bf16_frozen_base;
+  if (!o.load_in_4bit && !bf16) return;
+  Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
+                  o.use_bnb_nested_quant};
+  q.bf16 = !o.load_in_4bit;
   r.quantized = std::make_unique<QuantizedBase>(*r.model, q);
+  if (q.bf16 && r.quantized->quantized_params() == 0) {  // nothing to hold apart: as it is
+    r.quantized.reset();
+    return;
+  }
   BRISK_CHECK(r.quantized->quantized_params() > 0, "--load_in_4bit: the ",
               r.model->config().type_name(),
               " model's blocks cannot be held in turn (too few blocks, or blocks unlike each "
@@ -411,7 +419,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const ParallelPlanOptions layout_options{replica, parallel.replicas(), o.zero_stage,
                                            o.stage3_prefetch_bucket_size, o.ddp_bucket_cap_mb};
   partition_parameters(*r.model, *r.optimizer, layout_options, r.parallel, model_options);
-  plan_4bit_base(r, model_options);
+  plan_frozen_base(r, model_options);
   r.model->plan(r.plan, {B, o.seq_len}, model_options);
   if (r.quantized) r.quantized->declare(r.plan, r.binder);
   // ZeRO: the float32 master copy (16-bit training) is partitioned with the optimizer state;
