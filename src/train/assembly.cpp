@@ -121,6 +121,7 @@ void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
               " model's blocks cannot be held in turn (too few blocks, or blocks unlike each "
               "other), so no linear would be kept 4-bit");
   model_options.weight_slots = QuantizedBase::kSlots;
+  r.weights_copy = false;              // the blocks' weights are not resident: no bf16 copy of them
   model_options.resident_ends = true;  // the store brings back the blocks alone
 }
 
@@ -170,7 +171,7 @@ bool computes_with_float32_weights(const DeviceTraits& traits) {
 // under ZeRO 1 and 2 over N replicas, none where it is offloaded). Not under ZeRO 3: its weights
 // are gathered, not resident. (A CPU test asks for it wherever they are resident.)
 bool weights_copy(const TrainOptions& o, const DeviceTraits& traits, bool offloaded, int replicas) {
-  if (o.zero_stage == 3 || o.load_in_4bit) return false;
+  if (o.zero_stage == 3) return false;
   if (o.weights_copy_on_cpu) return true;
   const double master_bytes = offloaded           ? 0.0
                               : o.zero_stage >= 1 ? 4.0 / std::max(replicas, 1)
