@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import cpu_name, run_child
+from common import RUN_CLM_BLOCKS, cpu_name, run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -42,18 +42,8 @@ logging.set_verbosity_error()
 mode, model_dir, tok_dir, text, out_dir, max_steps, batch, block, lr = sys.argv[1:10]
 max_steps, batch, block, lr = int(max_steps), int(batch), int(block), float(lr)
 torch.manual_seed(42)
-with open(text, encoding="utf-8") as f:
-    lines = f.read().splitlines(keepends=True)  # the datasets text loader, keep_linebreaks
-cut = int(round(len(lines) * 5 / 100))
 tok = GPT2TokenizerFast.from_pretrained(tok_dir)
-def blocks(rows):  # run_clm: tokenize, then group_texts per map batch of 1000 rows
-    ids = tok(rows)["input_ids"]
-    out = []
-    for first in range(0, len(ids), 1000):
-        cat = [t for r in ids[first:first + 1000] for t in r]
-        n = len(cat) // block * block
-        out += [cat[i:i + block] for i in range(0, n, block)]
-    return [{"input_ids": b, "attention_mask": [1] * block, "labels": b} for b in out]
+''' + RUN_CLM_BLOCKS + r'''
 train_ds, dev_ds = blocks(lines[cut:]), blocks(lines[:cut])
 model = GPT2LMHeadModel.from_pretrained(model_dir)
 def eval_loss():  # the mean over all predicted tokens (block - 1 per block), as brisk reports it

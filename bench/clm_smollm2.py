@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import cpu_name, run_child
+from common import RUN_CLM_BLOCKS, cpu_name, run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,18 +38,8 @@ mode, precision, model_dir, text, out_dir, max_steps, batch, block, lr = sys.arg
 max_steps, batch, block, lr = int(max_steps), int(batch), int(block), float(lr)
 bf16 = precision == "bf16"
 torch.manual_seed(42)
-with open(text, encoding="utf-8") as f:
-    lines = f.read().splitlines(keepends=True)  # the datasets text loader, keep_linebreaks
-cut = int(round(len(lines) * 5 / 100))
 tok = AutoTokenizer.from_pretrained(model_dir)
-def blocks(rows):  # run_clm: tokenize, then group_texts per map batch of 1000 rows
-    ids = tok(rows)["input_ids"]
-    out = []
-    for first in range(0, len(ids), 1000):
-        cat = [t for r in ids[first:first + 1000] for t in r]
-        n = len(cat) // block * block
-        out += [cat[i:i + block] for i in range(0, n, block)]
-    return [{"input_ids": b, "attention_mask": [1] * block, "labels": b} for b in out]
+''' + RUN_CLM_BLOCKS + r'''
 train_ds = blocks(lines[cut:])
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                              attn_implementation="sdpa")

@@ -94,3 +94,21 @@ def layout_plan_table(flag, name, formula_column, formula, tmp, extra=()):
                   f"| {planned['activations'] / mib:.0f} MiB "
                   f"| {m['planned_total_bytes'] / mib:.0f} MiB | {block / mib:.1f} MiB "
                   f"| {want / mib:.1f} MiB | {block / want:.2f} |")
+
+# A child's run_clm data, shared by the causal-LM benchmarks' Python sides: the text's lines (as
+# the datasets text loader keeps their line breaks), the 5% held out, and blocks(rows), which
+# tokenizes with `tok` and groups per map batch of 1000 rows into blocks of `block` tokens. The
+# child defines text, block and tok.
+RUN_CLM_BLOCKS = r'''
+with open(text, encoding="utf-8") as f:
+    lines = f.read().splitlines(keepends=True)  # the datasets text loader, keep_linebreaks
+cut = int(round(len(lines) * 5 / 100))
+def blocks(rows):  # run_clm: tokenize, then group_texts per map batch of 1000 rows
+    ids = tok(rows)["input_ids"]
+    out = []
+    for first in range(0, len(ids), 1000):
+        cat = [t for r in ids[first:first + 1000] for t in r]
+        n = len(cat) // block * block
+        out += [cat[i:i + block] for i in range(0, n, block)]
+    return [{"input_ids": b, "attention_mask": [1] * block, "labels": b} for b in out]
+'''
