@@ -19,11 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from common import RUN_CLM_BLOCKS, cpu_name, run_child
+from common import BRISK, ROOT, RUN_CLM_BLOCKS, cpu_name, run_child
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-BRISK = os.environ.get("BRISK_BIN", os.path.join(ROOT, "build", "brisk"))
 MODEL = os.path.join(ROOT, "data", "smollm2-135m")
 TEXT = os.path.join(ROOT, "data", "kjv", "kjv.txt")
 

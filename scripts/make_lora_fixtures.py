@@ -91,6 +91,25 @@ def adapter_config():
     return written
 
 
+def save_adapter(peft_model, out, distinct_modules_to_save=True):
+    """PEFT's save_pretrained, its set-valued keys sorted (their order varies from run to run);
+    modules_to_save also made distinct (PEFT's task models list classifier twice), unless the
+    fixture keeps PEFT's list as written."""
+    peft_model.save_pretrained(out)
+    config_path = os.path.join(out, "adapter_config.json")
+    with open(config_path) as f:
+        written = json.load(f)
+    written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
+    if written.get("modules_to_save") and distinct_modules_to_save:
+        written["modules_to_save"] = sorted(set(written["modules_to_save"]))
+    with open(config_path, "w") as f:
+        json.dump(written, f, indent=2, sort_keys=True)
+        f.write("\n")
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+
+
 MERGES = {
     "llama_tiny": dict(target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM),
     "gpt2_tiny": dict(target_modules=["c_attn", "c_proj"], fan_in_fan_out=True, use_rslora=True,
@@ -124,17 +143,7 @@ def merge_fixture(name, kwargs):
                 p.add_(0.5 * torch.randn_like(p))
     out = os.path.join(OUT, "merge_" + name.split("_")[0])
     os.makedirs(out, exist_ok=True)
-    peft_model.save_pretrained(out)
-    config_path = os.path.join(out, "adapter_config.json")
-    with open(config_path) as f:
-        written = json.load(f)
-    written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
-    with open(config_path, "w") as f:
-        json.dump(written, f, indent=2, sort_keys=True)
-        f.write("\n")
-    readme = os.path.join(out, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
+    save_adapter(peft_model, out, distinct_modules_to_save=False)
     from safetensors.torch import load_file
     batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
     peft_model.eval()
@@ -161,22 +170,6 @@ TRAINS = {
 }
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, resid_pdrop=0.0,
                   embd_pdrop=0.0, attn_pdrop=0.0, attention_dropout=0.0)
-
-
-def save_adapter(peft_model, out):
-    peft_model.save_pretrained(out)
-    config_path = os.path.join(out, "adapter_config.json")
-    with open(config_path) as f:
-        written = json.load(f)
-    written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
-    if written.get("modules_to_save"):
-        written["modules_to_save"] = sorted(set(written["modules_to_save"]))
-    with open(config_path, "w") as f:
-        json.dump(written, f, indent=2, sort_keys=True)
-        f.write("\n")
-    readme = os.path.join(out, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
 
 
 def train_fixture(name, kwargs):

@@ -131,12 +131,7 @@ TEST(LoraTrain, ResumeFromAnAdaptersCheckpointContinuesExactly) {
     train_losses(o);
     const std::string straight = o.output_dir + "/checkpoint-4/adapter_model.safetensors";
     EXPECT_FALSE(fs::exists(o.output_dir + "/checkpoint-2/model.safetensors"));
-    TrainOptions resumed = o;
-    resumed.output_dir = dir / "resumed";
-    fs::create_directories(resumed.output_dir);
-    fs::copy(o.output_dir + "/checkpoint-2", resumed.output_dir + "/checkpoint-2",
-             fs::copy_options::recursive);
-    resumed.resume_from_checkpoint = resumed.output_dir + "/checkpoint-2";
+    TrainOptions resumed = resumed_in_copy(o, "checkpoint-2", dir / "resumed");
     const std::vector<double> losses = train_losses(resumed);
     EXPECT_EQ(losses.size(), 2u);
     std::ifstream a(straight, std::ios::binary);

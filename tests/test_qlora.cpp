@@ -120,12 +120,7 @@ TEST(Qlora, ResumeContinuesExactly) {
   o.max_steps = 4;
   o.save_steps = 2;
   losses_of(o);
-  TrainOptions resumed = o;
-  resumed.output_dir = dir / "resumed";
-  fs::create_directories(resumed.output_dir);
-  fs::copy(o.output_dir + "/checkpoint-2", resumed.output_dir + "/checkpoint-2",
-           fs::copy_options::recursive);
-  resumed.resume_from_checkpoint = resumed.output_dir + "/checkpoint-2";
+  const TrainOptions resumed = resumed_in_copy(o, "checkpoint-2", dir / "resumed");
   EXPECT_EQ(losses_of(resumed).size(), 2u);
   EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
             checkpoint_weights(o.output_dir + "/checkpoint-4"));

@@ -219,4 +219,18 @@ class FixtureRows final : public Dataset {
   SafetensorsFile f_;
 };
 
+// `o` set to resume from a copy of `checkpoint` (a folder under o.output_dir) in a fresh
+// output_dir `into`: the resumed run writes beside the copy, the original left as it was.
+inline TrainOptions resumed_in_copy(const TrainOptions& o, const std::string& checkpoint,
+                                    const std::string& into) {
+  TrainOptions r = o;
+  r.output_dir = into;
+  const std::string copy = into + "/" + std::filesystem::path(checkpoint).filename().string();
+  std::filesystem::create_directories(into);
+  std::filesystem::copy(o.output_dir + "/" + checkpoint, copy,
+                        std::filesystem::copy_options::recursive);
+  r.resume_from_checkpoint = copy;
+  return r;
+}
+
 }  // namespace brisk::testing

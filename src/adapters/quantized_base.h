@@ -43,9 +43,8 @@ class QuantizedBase final : public WeightSlots {
   // initialized): what later passes dequantize.
   void filled(int segment) override;
 
-  // The parameters kept 4-bit and their elements (for the plan's accounting and tests).
+  // The parameters kept apart in the store (4-bit or bf16).
   int64_t quantized_params() const;
-  int64_t quantized_elements() const;
 
  private:
   // One parameter of a block: 4-bit at its offsets in the store, or float32 in `kept_`.
