@@ -16,7 +16,9 @@ merge_and_unload()'s state dict that differ from the base model's: llama_tiny (q
 gpt2_tiny (c_attn and c_proj, GPT-2's Conv1D: fan_in_fan_out; use_rslora), bert_tiny (query,
 value, and the classifier as a module to save, its copy perturbed as training would);
 expected.safetensors: the adapted model's loss and logits on the base fixture's batch (eval mode)
-and the gradients of the adapter's tensors (grad.<its key in adapter_model.safetensors>).
+and the gradients of the adapter's tensors (grad.<its key in adapter_model.safetensors>);
+generate.json (the causal LMs): PEFT's greedy generate() with the adapter unmerged, 10 tokens
+after the base fixture's generate.json prompt.
 train_<model>/: TRAIN_STEPS training steps of a LoRA on the base fixture's batch with dropout off
 (the model's and lora_dropout), as Trainer + PEFT take them: AdamW (lr 1e-2 constant, weight
 decay 0.01 on all but biases and LayerNorm weights), gradients clipped to norm 1. initial/ is the
@@ -156,10 +158,25 @@ def merge_fixture(name, kwargs):
             key = n.replace(".default", "").replace(".modules_to_save", "")
             expected["grad." + key] = p.grad.detach().contiguous()
     save_file(expected, os.path.join(out, "expected.safetensors"))
+    if kwargs.get("task_type") == TaskType.CAUSAL_LM:
+        greedy_generation(peft_model, batch, out)
     merged = peft_model.merge_and_unload().state_dict()
     changed = {k: v.contiguous() for k, v in merged.items()
                if k in base and not torch.equal(v, base[k])}
     save_file(changed, os.path.join(out, "merged.safetensors"))
+
+
+def greedy_generation(peft_model, batch, out):
+    # PEFT's generate() with the adapter unmerged, greedy: the batch's first row's first 5
+    # tokens as the prompt (the base fixture's generate.json prompt), 10 new tokens.
+    import torch
+    prompt = batch["input_ids"][:1, :5]
+    with torch.no_grad():
+        ids = peft_model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                  max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with open(os.path.join(out, "generate.json"), "w") as f:
+        json.dump({"prompt": prompt[0].tolist(), "greedy": ids[0, prompt.shape[1]:].tolist()}, f)
+        f.write("\n")
 
 
 TRAIN_STEPS = 3

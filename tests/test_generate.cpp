@@ -6,6 +6,8 @@
 #include <fstream>
 #include <limits>
 
+#include "adapters/merge.h"
+#include "cli_support.h"
 #include "eval/generate.h"
 #include "models/decoder.h"
 #include "test_support.h"
@@ -82,15 +84,19 @@ TEST(Decoder, MatchesTheFullForwardAtEveryPosition) {
   matches_the_full_forward_at_every_position("moe/olmoe_tiny");  // query/key norms
 }
 
-void greedy_decoding_equals_transformers_generate(const std::string& name) {
-  SCOPED_TRACE(name);
+// `adapter`: a LoRA folder merged into the weights, against PEFT's generate() with it unmerged
+// (its generate.json; scripts/make_lora_fixtures.py).
+void greedy_decoding_equals_transformers_generate(const std::string& name,
+                                                  const std::string& adapter = "") {
+  SCOPED_TRACE(name + " " + adapter);
   const std::string folder = fixture(name);
-  std::ifstream f(folder + "/generate.json");
+  std::ifstream f((adapter.empty() ? folder : fixture(adapter)) + "/generate.json");
   const nlohmann::json want = nlohmann::json::parse(f);
   const auto prompt = want["prompt"].get<std::vector<int32_t>>();
   const auto greedy = want["greedy"].get<std::vector<int32_t>>();
   Decoding d(folder, static_cast<int64_t>(prompt.size() + greedy.size()),
              static_cast<int64_t>(prompt.size()));
+  if (!adapter.empty()) merge_adapter_into(*d.be, *d.model, fixture(adapter), "the adapter");
   GenerateOptions o;
   std::vector<std::pair<float, int32_t>> work;
   const float* logits = d.decoder->feed(*d.be, prompt);
@@ -108,6 +114,12 @@ TEST(Decoder, GreedyDecodingEqualsTransformersGenerate) {
   greedy_decoding_equals_transformers_generate("moe/mixtral_tiny");
   greedy_decoding_equals_transformers_generate("moe/qwen2_moe_tiny");
   greedy_decoding_equals_transformers_generate("moe/olmoe_tiny");
+}
+
+TEST(Decoder, GreedyDecodingWithAMergedAdapterEqualsPeftsUnmergedGenerate) {
+  greedy_decoding_equals_transformers_generate("llama_tiny", "lora/merge_llama");
+  // GPT-2's Conv1D (fan_in_fan_out), rsLoRA's scale, c_attn and c_proj.
+  greedy_decoding_equals_transformers_generate("gpt2_tiny", "lora/merge_gpt2");
 }
 
 TEST(Decoder, ABertDoesNotGenerate) {
@@ -193,6 +205,43 @@ TEST(Generate, ContinuesAPromptWithATrainedFolder) {
   }
   o.model_name_or_path = fixture("bert_tiny");
   expect_error([&] { generate(o); }, "no tokenizer");
+}
+
+// brisk generate --adapter_name_or_path with an adapter a LoRA run trained on a saved folder: the
+// text of the folder brisk merge writes from the two; another model's adapter refused.
+TEST(Generate, WithAnAdapterAsWithTheModelMergedFromIt) {
+  TempDir dir("generate_lora");
+  write_fixture_text(dir, "text.txt");
+  const std::string model = write_model_folder(
+      dir, "gpt2",
+      R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
+          "n_positions": 40, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})");
+  TrainOptions t = tiny_options(model, dir / "base");
+  t.tokenizer_name = fixture("tokenizer/bpe");
+  t.train_file = dir / "text.txt";
+  t.block_size = 32;
+  t.max_steps = 2;
+  train(t, [](const nlohmann::json&) {});
+  TrainOptions lora = t;
+  lora.model_name_or_path = t.output_dir;
+  lora.output_dir = dir / "lora";
+  lora.max_steps = 4;
+  lora.learning_rate = 0.05;
+  lora.use_peft = true;
+  lora.lora_target_modules = "c_attn,c_proj";
+  train(lora, [](const nlohmann::json&) {});
+
+  const std::string opts = " --device cpu --max_new_tokens 12 --prompt 'The quick brown fox'";
+  const std::string base = "generate --model " + t.output_dir + opts;
+  const CliRun with = run_brisk(base + " --adapter_name_or_path " + lora.output_dir);
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  merge_adapter({t.output_dir, lora.output_dir, dir / "merged"});
+  const CliRun merged = run_brisk("generate --model " + (dir / "merged") + opts);
+  ASSERT_EQ(merged.exit_code, 0) << merged.err;
+  EXPECT_EQ(with.out, merged.out);
+  EXPECT_NE(with.out, run_brisk(base).out) << "the adapter changed nothing";
+  expect_refused(base + " --adapter_name_or_path " + fixture("lora/merge_llama"),
+                 "matches no linear of the model");
 }
 
 }  // namespace

@@ -27,8 +27,9 @@ def _texts(texts):
 
 
 def generate(model, prompt, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=50,
-             top_p=1.0, seed=42, device="auto"):
-    """Continues `prompt` with the causal LM in folder `model`: a dict with the text (prompt and
+             top_p=1.0, seed=42, device="auto", adapter_name_or_path=None):
+    """Continues `prompt` with the causal LM in folder `model` (with the LoRA adapter folder
+    `adapter_name_or_path` merged into it, if given): a dict with the text (prompt and
     continuation), prompt_ids, new_ids, seconds, planned_bytes and stopped_at_eos."""
     options = {"model": checks.path(model, "model"), "prompt": checks.text(prompt, "prompt"),
                "max_new_tokens": checks.whole(max_new_tokens, "max_new_tokens"),
@@ -36,4 +37,6 @@ def generate(model, prompt, max_new_tokens=20, do_sample=False, temperature=1.0,
                "temperature": checks.real(temperature, "temperature"),
                "top_k": checks.whole(top_k, "top_k"), "top_p": checks.real(top_p, "top_p"),
                "seed": checks.whole(seed, "seed"), "device": checks.text(device, "device")}
+    if adapter_name_or_path is not None:
+        options["adapter"] = checks.path(adapter_name_or_path, "adapter_name_or_path")
     return json.loads(_brisk.generate(checks.dumps(options)))

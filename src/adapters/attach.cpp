@@ -14,17 +14,6 @@ namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
 
-// PEFT's tensor `key` into the parameter `dst`, shapes checked.
-void load_tensor(Backend& be, const SafetensorsFile& f, const std::string& key, const Tensor& dst) {
-  const Tensor& src = f.get(key);
-  BRISK_CHECK(src.shape() == dst.shape(), f.path(), ": ", key, " is ", src.shape().str(),
-              " where the model's is ", dst.shape().str(), " (an adapter of another model?)");
-  std::vector<float> host(static_cast<size_t>(src.numel()));
-  const Tensor staged(host.data(), src.shape(), DType::f32, Device::cpu);
-  copy_to_f32(src, staged, f.path() + ": " + key);
-  be.upload(staged, dst);
-}
-
 // The trained parameters must lie in one run (the optimizer steps them as one): a module to save
 // declared before the blocks' parameters (an embedding) breaks it.
 void check_trained_together(const Model& model) {
@@ -135,14 +124,25 @@ void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {
   const ParameterSet& ps = model.params();
   for (const ModelAdapters::Entry& e : adapters->entries()) {
     const std::string key = kPeftPrefix + e.decl.module;
-    load_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
-    load_tensor(be, f, key + ".lora_B.weight", ps.weight(e.b));
+    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
+    load_adapter_tensor(be, f, key + ".lora_B.weight", ps.weight(e.b));
   }
   for (size_t i = 0; i < ps.list().size(); ++i) {  // the modules to save, where the file has them
     const ParamInfo& p = ps.list()[i];
     if (!p.frozen && f.has(kPeftPrefix + p.name))
-      load_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
+      load_adapter_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
   }
+}
+
+void load_adapter_tensor(Backend& be, const SafetensorsFile& f, const std::string& key,
+                         const Tensor& dst) {
+  const Tensor& src = f.get(key);
+  BRISK_CHECK(src.shape() == dst.shape(), f.path(), ": ", key, " is ", src.shape().str(),
+              " where the model's is ", dst.shape().str(), " (an adapter of another model?)");
+  std::vector<float> host(static_cast<size_t>(src.numel()));
+  const Tensor staged(host.data(), src.shape(), DType::f32, Device::cpu);
+  copy_to_f32(src, staged, f.path() + ": " + key);
+  be.upload(staged, dst);
 }
 
 }  // namespace brisk

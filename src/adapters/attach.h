@@ -43,4 +43,8 @@ void save_adapter(const std::string& folder, const Model& model, const Tensor& t
 // against its shape.
 void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f);
 
+// PEFT's tensor `key` of `f` into the parameter `dst` (on the model's device), shapes checked.
+void load_adapter_tensor(Backend& be, const SafetensorsFile& f, const std::string& key,
+                         const Tensor& dst);
+
 }  // namespace brisk

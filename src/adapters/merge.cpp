@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 
+#include "adapters/attach.h"
 #include "adapters/lora.h"
 #include "core/checked.h"
 #include "core/json_file.h"
@@ -155,6 +156,28 @@ void merge_adapter(const MergeArgs& args) {
   write_streamed_safetensors((fs::path(args.output_dir) / "model.safetensors").string(), entries,
                              {{"format", "pt"}});
   copy_beside(args.model_name_or_path, args.output_dir);
+}
+
+void merge_adapter_into(Backend& be, const Model& model, const std::string& folder,
+                        const std::string& option) {
+  const LoraConfig c = read_adapter_folder(folder, option);
+  const LoraTargets targets = lora_targets(model.linears(), c, model.config().type_name());
+  const SafetensorsFile f(adapter_weights_path(folder, option));
+  const ParameterSet& ps = model.params();
+  for (const auto& [name, m] : adapted_linears(targets, c, f)) {
+    const Tensor& w = ps.weight(m.linear.param);
+    BRISK_CHECK(w.dtype() == DType::f32, "internal error: ", name, " is not float32");
+    std::vector<float> host(static_cast<size_t>(w.numel()));
+    const Tensor staged(host.data(), w.shape(), DType::f32, Device::cpu);
+    be.download(w, staged);
+    std::vector<char> merged = merged_bytes(staged, m, c.scale(), name);
+    be.upload(Tensor(merged.data(), w.shape(), DType::f32, Device::cpu), w);
+  }
+  for (size_t i = 0; i < ps.list().size(); ++i) {
+    const ParamInfo& p = ps.list()[i];
+    if (saved_copy(p.name, c, f) != nullptr)
+      load_adapter_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
+  }
 }
 
 }  // namespace brisk

@@ -4,6 +4,9 @@
 
 #include <string>
 
+#include "backend/backend.h"
+#include "models/model.h"
+
 namespace brisk {
 
 struct MergeArgs {
@@ -17,5 +20,12 @@ struct MergeArgs {
 // adapter holds it; and the base's config, generation config and tokenizer files beside it.
 // One tensor at a time is read, merged and written (never the whole model in memory).
 void merge_adapter(const MergeArgs& args);
+
+// The adapter in `folder` merged into `model`'s loaded float32 weights in place, as merge_adapter
+// merges each adapted linear, and its modules to save copied over the base's: brisk generate with
+// an adapter, as PEFT users generate after merge_and_unload(). `option` names the folder in
+// messages.
+void merge_adapter_into(Backend& be, const Model& model, const std::string& folder,
+                        const std::string& option);
 
 }  // namespace brisk

@@ -235,7 +235,7 @@ CLI::App* add_merge(CLI::App& app, brisk::MergeArgs& m) {
   return c;
 }
 
-CLI::App* add_generate(CLI::App& app, brisk::GenerateOptions& gen) {
+CLI::App* add_generate(CLI::App& app, brisk::GenerateOptions& gen, std::string& adapter) {
   using brisk::GenerateOptions;
   auto* g = app.add_subcommand("generate",
                                "continue a prompt with a trained causal LM (a key/value cache; "
@@ -260,8 +260,19 @@ CLI::App* add_generate(CLI::App& app, brisk::GenerateOptions& gen) {
       ->capture_default_str()
       ->check(whole_number<uint64_t>());
   g->add_option("--device", gen.device, "cpu, cuda, or auto")->capture_default_str();
+  g->add_option("--adapter_name_or_path", adapter,
+                "a LoRA adapter folder (PEFT's or brisk's) merged into the model's weights first");
 
   return g;
+}
+
+// `gen` merging the adapter folder into the loaded weights (none when `adapter` is empty).
+brisk::GenerateOptions with_adapter(brisk::GenerateOptions gen, const std::string& adapter) {
+  if (!adapter.empty())
+    gen.adjust_weights = [adapter](brisk::Backend& be, const brisk::Model& model) {
+      brisk::merge_adapter_into(be, model, adapter, "--adapter_name_or_path");
+    };
+  return gen;
 }
 
 }  // namespace
@@ -288,7 +299,8 @@ int main(int argc, char** argv) {
   cli::TokenizeArgs tk;
   CLI::App* k = add_tokenize(app, tk);
   GenerateOptions gen;
-  CLI::App* g = add_generate(app, gen);
+  std::string gen_adapter;
+  CLI::App* g = add_generate(app, gen, gen_adapter);
   MergeArgs merge;
   CLI::App* m = add_merge(app, merge);
   try {
@@ -315,7 +327,7 @@ int main(int argc, char** argv) {
     if (*f) return cli::run_forward_backward(fb);
     if (*e) return cli::run_estimate(flags.options, est);
     if (*k) return cli::run_tokenize(tk);
-    if (*g) return cli::run_generate(gen);
+    if (*g) return cli::run_generate(with_adapter(gen, gen_adapter));
     if (*m) return merge_adapter(merge), 0;
   } catch (const Error& err) {
     return report_error(excerpt(err.what(), 1000));

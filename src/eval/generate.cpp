@@ -117,6 +117,7 @@ Generation generate(const GenerateOptions& o) {
   const std::vector<std::string> fresh = model->load_pretrained(*be, WeightFiles(weights), o.seed);
   BRISK_CHECK(fresh.empty(), "'", weights, "' lacks ", fresh.size(),
               " of the model's weights (the first: ", fresh.empty() ? "" : fresh[0], ")");
+  if (o.adjust_weights) o.adjust_weights(*be, *model);
 
   const std::vector<int64_t> eos = eos_ids(config);
   std::vector<std::pair<float, int32_t>> work;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "core/switches.h"
 
 namespace brisk {
+
+class Backend;
+class Model;
 
 struct GenerateOptions {
   std::string model_name_or_path;  // a folder with config.json, model.safetensors, a tokenizer
@@ -23,6 +27,9 @@ struct GenerateOptions {
   uint64_t seed = 42;
   std::string device = "auto";
   Switches switches;  // the measurement switches the front door read (core/switches.h)
+  // Applied to the model's weights once loaded, before decoding: the front door's way to merge a
+  // LoRA adapter into them (adapters/merge.h), as PEFT users generate after merge_and_unload.
+  std::function<void(Backend&, const Model&)> adjust_weights;
 };
 
 struct Generation {

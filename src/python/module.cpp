@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "adapters/merge.h"
 #include "core/error.h"
 #include "core/switches.h"
 #include "eval/generate.h"
@@ -256,6 +257,11 @@ std::string generate(const std::string& text) {
   g.top_p = j.value("top_p", g.top_p);
   g.seed = j.value("seed", g.seed);
   g.device = j.value("device", g.device);
+  const std::string adapter = j.value("adapter", std::string());
+  if (!adapter.empty())
+    g.adjust_weights = [adapter](brisk::Backend& be, const brisk::Model& model) {
+      brisk::merge_adapter_into(be, model, adapter, "adapter_name_or_path");
+    };
   brisk::Generation out;
   {
     nb::gil_scoped_release released;

@@ -298,6 +298,19 @@ def test_generate_equals_the_program(tmp_path, program):
         brisk.generate(os.path.join(FIXTURES, "bert_tiny"), prompt)
     with pytest.raises(ValueError, match="seed must be a whole number"):
         brisk.generate(folder, prompt, seed=-1)
+    # With a LoRA adapter trained on the folder: as the program generates with it.
+    adapter = str(tmp_path / "lora")
+    args = brisk.TrainingArguments(output_dir=adapter, block_size=32, max_steps=3,
+                                   learning_rate=0.05, disable_tqdm=True)
+    brisk.Trainer(model=folder, args=args, train_dataset=texts,
+                  peft_config={"r": 4, "target_modules": ["c_attn"]}).train()
+    adapted = brisk.generate(folder, prompt, max_new_tokens=12, device="cpu",
+                             adapter_name_or_path=adapter)
+    done = subprocess.run([program, "generate", "--model", folder, "--prompt", prompt,
+                           "--max_new_tokens", "12", "--device", "cpu",
+                           "--adapter_name_or_path", adapter], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert adapted["text"] == done.stdout.rstrip("\n") and adapted["new_ids"] != out["new_ids"]
 
 
 def test_a_process_of_a_launch_is_refused(tmp_path):
