@@ -1043,6 +1043,96 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
                  "unknown precision \"fp8\"");
 }
 
+// --fit_methods: LoRA and QLoRA weighed beside full fine-tuning. Adapters train under data
+// parallelism alone; at the same batch, recomputation and layout an adapter run needs less memory
+// (QLoRA's less again) and is predicted faster than full fine-tuning (no weight gradients). By
+// default the run's own method alone, and a budget nothing fits points at the other methods.
+TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_fit_lora_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const std::string run =
+      "estimate --device cpu --model gpt2 --seq_len 64 --per_device_train_batch_size 2 --fit "
+      "--world_size 2 --max_memory 8GB --output_json " +
+      json;
+  const CliRun r = run_brisk(run + " --fit_methods full,lora,qlora");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(" lora "), std::string::npos) << r.out;
+  const nlohmann::json fit = read_json(json)["fit"];
+  // A configuration's key apart from its method.
+  auto key = [](const nlohmann::json& c) {
+    return c["tp_size"].dump() + c["pp_size"].dump() + c["sp_size"].dump() +
+           c["zero_stage"].dump() + c["per_device_train_batch_size"].dump() +
+           c["gradient_checkpointing"].dump() + c["selective_recompute"].dump();
+  };
+  std::map<std::string, std::map<std::string, nlohmann::json>> by_key;
+  std::set<int> full_stages;
+  for (const auto& c : fit) {
+    const std::string method = c["method"];
+    by_key[key(c)][method] = c;
+    if (method == "full") {
+      full_stages.insert(c["zero_stage"].get<int>());
+      continue;
+    }
+    EXPECT_EQ(c["tp_size"].get<int>() * c["pp_size"].get<int>() * c["sp_size"].get<int>(), 1);
+    EXPECT_EQ(c["zero_stage"].get<int>(), 0);
+  }
+  EXPECT_EQ(full_stages.size(), 4u);
+  int compared = 0;
+  for (auto& [k, m] : by_key) {
+    if (!m.count("lora") || !m.count("qlora") || !m.count("full")) continue;
+    ++compared;
+    EXPECT_LT(m["lora"]["needed_bytes"].get<size_t>(), m["full"]["needed_bytes"].get<size_t>());
+    EXPECT_LT(m["qlora"]["needed_bytes"].get<size_t>(), m["lora"]["needed_bytes"].get<size_t>());
+    EXPECT_LT(m["lora"]["predicted_step_seconds"].get<double>(),
+              m["full"]["predicted_step_seconds"].get<double>());
+  }
+  EXPECT_EQ(compared, 6);  // batch 1 and 2 (of 4 over 2 replicas) x 3 recomputations
+  const CliRun own = run_brisk(run + " --use_peft");
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  for (const auto& c : read_json(json)["fit"]) EXPECT_EQ(c["method"], "lora");
+  std::filesystem::remove(json);
+  expect_refused("estimate --device cpu --model gpt2 --fit --max_memory 900MiB",
+                 "LoRA or QLoRA (--fit_methods full,lora,qlora)");
+  expect_refused("estimate --model gpt2 --fit --max_memory 1GB --fit_methods full,dora",
+                 "unknown method \"dora\" in fit_methods (valid: full, lora, qlora)");
+  expect_refused(
+      "estimate --model gpt2 --fit --max_memory 1GB --fit_methods full "
+      "--adapter_name_or_path " +
+          fixture("lora/merge_gpt2"),
+      "full fine-tuning beside --adapter_name_or_path");
+}
+
+// estimate --max_memory says whether the planned run fits and by how much (the headline a QLoRA
+// user checks before renting a GPU), in its output and its JSON.
+TEST(Cli, EstimateSaysWhetherTheRunFitsMaxMemory) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_budget_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const std::string run =
+      "estimate --device cpu --model gpt2 --seq_len 64 --per_device_train_batch_size 2 "
+      "--max_memory 1GB --output_json " +
+      json;
+  const CliRun full = run_brisk(run);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_NE(full.out.find("does NOT fit within 953.7 MiB (--max_memory 1GB)"), std::string::npos)
+      << full.out;
+  nlohmann::json b = read_json(json)["budget"];
+  EXPECT_FALSE(b["fits"].get<bool>());
+  EXPECT_GT(b["needed_bytes"].get<size_t>(), size_t{1000000000});
+  const CliRun qlora = run_brisk(run + " --use_peft --load_in_4bit");
+  ASSERT_EQ(qlora.exit_code, 0) << qlora.err;
+  b = read_json(json)["budget"];
+  std::filesystem::remove(json);
+  EXPECT_TRUE(b["fits"].get<bool>());
+  const auto spare =
+      static_cast<double>(b["budget_bytes"].get<size_t>() - b["needed_bytes"].get<size_t>()) /
+      (1 << 20);
+  char line[64];
+  std::snprintf(line, sizeof line, "%.1f MiB to spare", spare);
+  EXPECT_NE(qlora.out.find(line), std::string::npos) << qlora.out;
+}
+
 TEST(Cli, HelpShowsTheBooleansRealDefaults) {
   for (const char* sub : {"train", "estimate"}) {
     const CliRun r = run_brisk(std::string(sub) + " --help");

@@ -160,4 +160,12 @@ int64_t QuantizedBase::quantized_params() const {
   return n;
 }
 
+int64_t QuantizedBase::quantized_elements() const {
+  int64_t n = 0;
+  for (const auto& s : segments_)
+    for (const Entry& e : s)
+      if (e.quantized) n += model_.params().list()[static_cast<size_t>(e.param)].shape.numel();
+  return n;
+}
+
 }  // namespace brisk

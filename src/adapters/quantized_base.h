@@ -45,6 +45,8 @@ class QuantizedBase final : public WeightSlots {
 
   // The parameters kept apart in the store (4-bit or bf16).
   int64_t quantized_params() const;
+  // Their values: what each pass widens into a slot.
+  int64_t quantized_elements() const;
 
  private:
   // One parameter of a block: 4-bit at its offsets in the store, or float32 in `kept_`.

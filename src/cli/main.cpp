@@ -200,6 +200,10 @@ CLI::App* add_estimate(CLI::App& app, brisk::EstimateArgs& est, RunFlags& flags)
       ->capture_default_str();
   e->add_option("--fit_optims", est.optims,
                 "optimizers --fit may choose, e.g. adamw_torch,adafactor (default: the run's)");
+  e->add_option("--fit_methods", est.methods,
+                "fine-tuning methods --fit may choose: full, lora (adapters on a frozen base, "
+                "the run's lora_* options), qlora (the same on a 4-bit base), e.g. "
+                "full,lora,qlora (default: the run's)");
 
   return e;
 }

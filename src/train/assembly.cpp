@@ -75,6 +75,19 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
   r.test_data = r.owned_test.get();
 }
 
+}  // namespace
+
+const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage) {
+  return layout.on(MeshDim::tensor)                ? "--tp_size"
+         : layout.on(MeshDim::pipeline)            ? "--pp_size"
+         : layout.on(MeshDim::sequence)            ? "--sp_size"
+         : layout.on(MeshDim::expert)              ? "--ep_size"
+         : zero_stage > 0 && layout.replicas() > 1 ? "--zero_stage"
+                                                   : nullptr;
+}
+
+namespace {
+
 // LoRA (--use_peft, or an adapter folder): its config from the folder or the lora_* options,
 // attached to the model (its targets resolved against the model's linears: a bad name is
 // refused here, before any data is read). Layouts that split the parameters are not built with
@@ -88,12 +101,7 @@ void attach_adapters(RunAssembly& r) {
                         o.lora_modules_to_save, o.use_rslora)
           : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
   const LoraConfig c = lora_for_task(given, *r.model);
-  const char* layout = r.layout.on(MeshDim::tensor)                  ? "--tp_size"
-                       : r.layout.on(MeshDim::pipeline)              ? "--pp_size"
-                       : r.layout.on(MeshDim::sequence)              ? "--sp_size"
-                       : r.layout.on(MeshDim::expert)                ? "--ep_size"
-                       : o.zero_stage > 0 && r.layout.replicas() > 1 ? "--zero_stage"
-                                                                     : nullptr;
+  const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage);
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
               " are not built yet: train them with data parallelism (DDP) alone");
   attach_lora(*r.model, c);

@@ -95,6 +95,10 @@ struct RunAssembly {
   BufferBinder binder;         // the precision policy's, optimizer's, loader's and backend's views
 };
 
+// The option of `layout` (or ZeRO's stage over its replicas) that LoRA adapters cannot train
+// under yet, as the user names it ("--tp_size", ...); nullptr where they can (DDP alone).
+const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage);
+
 // Plans the run on `device` with `options` as resolve_run and resolve_checkpoint return them
 // (read, never rewritten: an unresolved "last" is refused), for rank `rank` of `layout`: its
 // share of the model (models/config.h's tensor, sequence, pipeline and expert shares) and of the

@@ -207,14 +207,18 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
 // --fit: the configurations that fit the budget, fastest predicted first.
 void plan_fit(Estimate& e, const EstimateArgs& args) {
   const TrainOptions& o = e.options;
-  e.budget = memory_budget(o, e.device, nullptr);
-  e.fits = fit_search(o, e.device, e.budget, split_list(args.precisions, precision_of(o)),
-                      split_list(args.optims, o.optim), &e.rejected, e.layout.world());
+  const FitChoices choices{split_list(args.precisions, precision_of(o)),
+                           split_list(args.optims, o.optim),
+                           split_list(args.methods, method_of(o))};
+  e.fits = fit_search(o, e.device, e.budget, choices, &e.rejected, e.layout.world());
   const int64_t global = global_batch(o, e.layout.world());
   const bool can_offload = e.device == Device::cuda && o.offload_optimizer == "none";
+  const bool frozen_base =
+      std::find(choices.methods.begin(), choices.methods.end(), "qlora") != choices.methods.end();
   BRISK_CHECK(!e.fits.empty(), "no configuration of global batch ", global, " fits ",
               format_mib(e.budget.budget), " (", e.budget.source, ", ", e.rejected,
               " tried); allow more precisions or optimizers, ",
+              frozen_base ? "" : "LoRA or QLoRA (--fit_methods full,lora,qlora), ",
               can_offload ? "a smaller batch, or the optimizer in host memory "
                             "(--offload_optimizer cpu)"
                           : "or a smaller batch");
@@ -254,6 +258,10 @@ Estimate plan_estimate(const TrainOptions& given, const EstimateArgs& args) {
   }
   e.experts = expert_share(run);
   e.host_base = current_rss_bytes();
+  if (args.fit || !o.max_memory.empty()) {
+    e.budget = memory_budget(o, e.device, nullptr);
+    e.needed = needed_bytes(run.plan, e.budget);
+  }
   if (args.fit) plan_fit(e, args);
   return e;
 }

@@ -24,6 +24,7 @@ struct EstimateArgs {
   bool fit = false;        // rank the configurations that fit max_memory
   std::string precisions;  // comma-separated, for --fit; empty: the run's own
   std::string optims;      // comma-separated, for --fit; empty: the run's own
+  std::string methods;     // comma-separated full, lora, qlora, for --fit; empty: the run's own
   std::string html_path;   // draw the plan (or the fit's candidates) into this HTML file
   int64_t world_size = 1;  // plan the largest rank of a run of this many processes
   const TokenizedInput* tokenized = nullptr;  // rows tokenized before the run (the Python API)
@@ -55,8 +56,10 @@ struct Estimate {
   RankShares rank_shares;
   ExpertShare experts;
   size_t host_base = 0;  // the host's baseline: the program and its libraries, measured
-  // --fit: the budget, the configurations that fit (fastest predicted first), those that do not.
+  // --fit (or --max_memory): the budget, and what the planned run needs of it.
   MemoryBudget budget;
+  size_t needed = 0;
+  // --fit: the configurations that fit (fastest predicted first), those that do not.
   std::vector<FitCandidate> fits;
   int rejected = 0;
 };

@@ -272,6 +272,16 @@ void print_fixed_overheads(const Estimate& e) {
   }
 }
 
+// Against --max_memory: whether the planned run fits, and by how much.
+void print_budget(const Estimate& e) {
+  const size_t have = e.budget.budget, need = e.needed;
+  std::printf("%s within %s (%s): needs %s with the fixed part and a margin, %s %s\n",
+              need <= have ? "fits" : "does NOT fit", format_mib(have).c_str(),
+              e.budget.source.c_str(), format_mib(need).c_str(),
+              format_mib(need <= have ? have - need : need - have).c_str(),
+              need <= have ? "to spare" : "over");
+}
+
 std::string recompute_of(const TrainOptions& t) {
   return t.gradient_checkpointing ? "full" : t.selective_recompute ? "selective" : "none";
 }
@@ -284,17 +294,17 @@ void print_fit(const Estimate& e) {
       static_cast<long long>(global_batch(e.options, world)),
       world > 1 ? (" over " + std::to_string(world) + " ranks").c_str() : "",
       format_mib(e.budget.budget).c_str(), e.budget.source.c_str(), e.fits.size(), e.rejected);
-  std::printf("  %-4s %-22s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "layout", "batch x accum",
-              "recompute", "precision", "optim", "needs", "predicted/step");
+  std::printf("  %-4s %-22s %-6s %-13s %-13s %-9s %-18s %12s %14s\n", "rank", "layout", "method",
+              "batch x accum", "recompute", "precision", "optim", "needs", "predicted/step");
   for (size_t i = 0; i < e.fits.size() && i < 10; ++i) {
     const FitCandidate& f = e.fits[i];
     const TrainOptions& t = f.options;
     const std::string shape = std::to_string(t.per_device_train_batch_size) + " x " +
                               std::to_string(t.gradient_accumulation_steps);
-    std::printf("  %-4zu %-22s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1,
-                f.layout.str().c_str(), shape.c_str(), recompute_of(t).c_str(),
-                precision_of(t).c_str(), t.optim.c_str(), format_mib(f.needed).c_str(),
-                f.step_seconds * 1e3);
+    std::printf("  %-4zu %-22s %-6s %-13s %-13s %-9s %-18s %12s %11.1f ms\n", i + 1,
+                f.layout.str().c_str(), method_of(t).c_str(), shape.c_str(),
+                recompute_of(t).c_str(), precision_of(t).c_str(), t.optim.c_str(),
+                format_mib(f.needed).c_str(), f.step_seconds * 1e3);
   }
   if (e.fits.size() > 10) std::printf("  ... %zu more in --output_json\n", e.fits.size() - 10);
 }
@@ -317,6 +327,7 @@ void print_estimate(const Estimate& e) {
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
               static_cast<long long>(layers), format_mib(block * layers).c_str());
   print_fixed_overheads(e);
+  if (!e.options.max_memory.empty()) print_budget(e);
   if (!e.fits.empty()) print_fit(e);
 }
 
@@ -355,6 +366,7 @@ nlohmann::json fit_json(const Estimate& e) {
                    {"sp_size", f.layout.degree(MeshDim::sequence)},
                    {"data_ranks", f.data_ranks},
                    {"zero_stage", t.zero_stage},
+                   {"method", method_of(t)},
                    {"per_device_train_batch_size", t.per_device_train_batch_size},
                    {"gradient_accumulation_steps", t.gradient_accumulation_steps},
                    {"gradient_checkpointing", t.gradient_checkpointing},
@@ -408,12 +420,23 @@ void write_estimate_html(const Estimate& e, const std::string& path) {
     std::string label = shape + t.optim;
     if (t.gradient_checkpointing) label.append(" ckpt");
     if (t.selective_recompute) label.append(" sel");
+    if (const std::string method = method_of(t); method != "full") label.append(" ").append(method);
     bars.push_back({label, e.fits[i].planned, e.fits[i].overlaid, fixed, fixed_label, {}});
   }
   write_memory_html(path, "brisk estimate: " + e.options.model_name_or_path,
                     std::string("planned bytes by category on ") + (cuda ? "cuda" : "cpu") +
                         (e.fits.empty() ? "" : "; --fit candidates, fastest predicted first"),
                     bars);
+}
+
+// Against --max_memory (or --fit's budget): the bytes allowed, needed, and whether they fit; null
+// without a budget.
+nlohmann::json budget_json(const Estimate& e) {
+  if (e.budget.budget == 0) return nullptr;
+  return {{"budget_bytes", e.budget.budget},
+          {"source", e.budget.source},
+          {"needed_bytes", e.needed},
+          {"fits", e.needed <= e.budget.budget}};
 }
 
 }  // namespace
@@ -441,6 +464,7 @@ nlohmann::json estimate_json(const Estimate& e) {
             {"host_baseline_bytes", e.host_base},
             {"device_context_bytes", e.device == Device::cuda ? kCudaContextBytes : 0},
             {"buffers", buffers_json(plan)}}},
+          {"budget", budget_json(e)},
           {"fit", fit_json(e)},
           {"tensor_parallel", e.tensor_parallel},
           {"sequence_parallel", e.sequence_parallel},

@@ -273,7 +273,6 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double tokens = static_cast<double>(o.per_device_train_batch_size) * k * T;
   // Full recomputation repeats the forward (a third of a step's flops); selective, the
   // attention core's forward (a third of its flops).
-  const double recompute = o.gradient_checkpointing ? 4.0 / 3.0 : 1.0;
   const double attn_recompute = o.gradient_checkpointing || o.selective_recompute ? 4.0 / 3.0 : 1.0;
   const double rate = run.product == DType::bf16  ? m.bf16_flops
                       : run.product == DType::f16 ? m.fp16_flops
@@ -286,7 +285,10 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
   const double t = run.layout.degree(MeshDim::tensor) * run.layout.degree(MeshDim::sequence);
   const double p = run.layout.degree(MeshDim::pipeline);
   const double stage = p > 1 ? (k + p - 1) / k * 4.0 / 3.0 / p : 1.0;
-  const double matmul = tokens * 6 * L * (4 * C * C + 2 * C * inner) * recompute / rate / t * stage;
+  // The products' passes over N: the forward (twice with full recomputation), the input
+  // gradients, and the weights' gradients unless the base is frozen (adapters).
+  const double passes = (o.gradient_checkpointing ? 2 : 1) + (run.adapter ? 1 : 2);
+  const double matmul = tokens * 2 * passes * L * (4 * C * C + 2 * C * inner) / rate / t * stage;
   const double attention = tokens * 12 * L * C * T * attn_recompute / m.attention_flops / t * stage;
   const auto bytes = run.plan.bytes_by_category();
   auto of = [&](Category cat) { return static_cast<double>(bytes[static_cast<int>(cat)]); };
@@ -301,24 +303,35 @@ double predicted_step_seconds(const RunAssembly& run, const CostModel& m) {
         assemble_run(kept, run.device, nullptr)
             ->plan.bytes_by_category()[static_cast<int>(Category::activations)]);
   }
-  const double activations = k * 3 * produced * recompute / m.elementwise;
+  const double activations =
+      k * 3 * produced * (o.gradient_checkpointing ? 4.0 / 3.0 : 1.0) / m.elementwise;
   // The optimizer pass over the model states where they are (offloaded: the master, the state
   // and the gradients' copy in host memory), and that copy's bytes down and as many of the
-  // master's up. Without offload no model state is in host memory.
+  // master's up. Without offload no model state is in host memory. With adapters it steps the
+  // trained weights alone, not the frozen base beside them.
+  const double trained =
+      run.adapter ? 4.0 * static_cast<double>(run.model->params().trained_run().elements.count) : 0;
   auto states = [&](Placement where) {
     const auto by = run.plan.bytes_by_category(where);
     double sum = 0;
-    for (Category cat : {Category::weights, Category::master_weights, Category::gradients,
-                         Category::optimizer_state})
+    for (Category cat : {Category::master_weights, Category::gradients, Category::optimizer_state})
       sum += static_cast<double>(by[static_cast<int>(cat)]);
-    return sum;
+    const auto weights = static_cast<double>(by[static_cast<int>(Category::weights)]);
+    return sum + (!run.adapter ? weights : where == Placement::device ? trained : 0);
   };
   const double moved = static_cast<double>(
       run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]);
   const double optimizer = 2 * states(Placement::device) / m.bandwidth +
                            2 * states(Placement::host) / m.host_bandwidth + 2 * moved / m.host_link;
+  // A frozen base's stored linears widened into their float32 slots, forward and backward: a
+  // streaming pass (read the stored bytes, write float32) at the device's bandwidth.
+  const double widened = run.quantized
+                             ? static_cast<double>(run.quantized->quantized_elements()) *
+                                   (4 + (o.load_in_4bit ? 0.5 : 2.0)) * 2 * k / m.bandwidth
+                             : 0;
   return matmul + attention + k * L * m.layer_overhead * stage +
-         activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer + communication_seconds(run, m);
+         activations * (p > 1 ? 4.0 / 3.0 : 1.0) + optimizer + widened +
+         communication_seconds(run, m);
 }
 
 namespace {
@@ -361,6 +374,37 @@ std::vector<ParallelLayout> layouts(const TrainOptions& o, int world) {
 
 }  // namespace
 
+std::string method_of(const TrainOptions& o) {
+  return o.load_in_4bit ? "qlora" : o.use_peft || !o.adapter_name_or_path.empty() ? "lora" : "full";
+}
+
+namespace {
+// o fine-tuned by `method`: the LoRA and 4-bit options it does not use back at their defaults.
+TrainOptions with_method(TrainOptions t, const std::string& method) {
+  BRISK_CHECK(method == "full" || method == "lora" || method == "qlora", "unknown method \"",
+              excerpt(method), "\" in fit_methods (valid: full, lora, qlora)");
+  BRISK_CHECK(method != "full" || t.adapter_name_or_path.empty(),
+              "fit_methods: full fine-tuning beside --adapter_name_or_path (an adapter trains on a "
+              "frozen base): drop one of them");
+  const TrainOptions d;
+  if (method == "full") {
+    t.lora_r = d.lora_r;
+    t.lora_alpha = d.lora_alpha;
+    t.lora_dropout = d.lora_dropout;
+    t.lora_target_modules = d.lora_target_modules;
+    t.lora_modules_to_save = d.lora_modules_to_save;
+    t.use_rslora = d.use_rslora;
+  }
+  if (method != "qlora") {
+    t.bnb_4bit_quant_type = d.bnb_4bit_quant_type;
+    t.use_bnb_nested_quant = d.use_bnb_nested_quant;
+  }
+  t.use_peft = method != "full" && t.adapter_name_or_path.empty();
+  t.load_in_4bit = method == "qlora";
+  return t;
+}
+}  // namespace
+
 int64_t global_batch(const TrainOptions& o, int world) {
   const char* what = "the global batch";
   const int64_t all =
@@ -371,57 +415,78 @@ int64_t global_batch(const TrainOptions& o, int world) {
          layout.degree(MeshDim::sequence);
 }
 
+namespace {
+// What one search holds fixed: the budget, the global batch and the data's samples.
+struct SearchScope {
+  Device device;
+  const MemoryBudget& budget;
+  CostModel model;
+  int64_t global = 0, samples = 0;
+};
+
+// `tuned` (a method, precision and optimizer chosen) under `layout`: every recomputation and
+// per-device batch of the global batch, those that fit into `out`, the others counted.
+void search_layout(const TrainOptions& tuned, const ParallelLayout& layout, const SearchScope& s,
+                   std::vector<FitCandidate>& out, int& refused) {
+  const int data_ranks = layout.degree(MeshDim::data);
+  for (int recompute = 0; recompute < 3; ++recompute)  // none, selective, full
+    for (int64_t b = 1; b <= std::min(s.global / data_ranks, s.samples); ++b) {
+      if (s.global % (b * data_ranks)) continue;
+      TrainOptions t = tuned;
+      t.tp_size = layout.degree(MeshDim::tensor);
+      t.pp_size = layout.degree(MeshDim::pipeline);
+      t.sp_size = layout.degree(MeshDim::sequence);
+      t.zero_stage = layout.zero_stage();
+      t.per_device_train_batch_size = b;
+      t.gradient_accumulation_steps = s.global / (b * data_ranks);
+      t.gradient_checkpointing = recompute == 2;
+      t.selective_recompute = recompute == 1;
+      t.auto_find_batch_size = false;
+      validate_options(t);  // a precision or optimizer of the lists may not go with the rest
+      size_t needed = 0;
+      const auto run = plan_stages(t, s.device, nullptr, layout, s.budget, needed);
+      if (needed > s.budget.budget) {
+        ++refused;
+        continue;
+      }
+      out.push_back({t, layout, data_ranks, needed, predicted_step_seconds(*run, s.model),
+                     run->plan.bytes_by_category(), run->plan.overlaid_bytes()});
+    }
+}
+
+// o with `precision` ("fp32", "bf16", "fp16", "tf32"), refusing another name.
+TrainOptions with_precision(TrainOptions t, const std::string& precision) {
+  BRISK_CHECK(
+      precision == "fp32" || precision == "bf16" || precision == "fp16" || precision == "tf32",
+      "unknown precision \"", excerpt(precision),
+      "\" in fit_precisions (valid: fp32, tf32, bf16, fp16)");
+  t.bf16 = precision == "bf16";
+  t.fp16 = precision == "fp16";
+  t.tf32 = precision == "tf32";
+  return t;
+}
+}  // namespace
+
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
-                                     const MemoryBudget& budget,
-                                     const std::vector<std::string>& precisions,
-                                     const std::vector<std::string>& optims, int* rejected,
-                                     int world) {
-  const int64_t global = global_batch(o, world);
-  const CostModel model = cost_model(device);
-  std::vector<FitCandidate> out;
-  int refused = 0;
+                                     const MemoryBudget& budget, const FitChoices& choices,
+                                     int* rejected, int world) {
+  SearchScope scope{device, budget, cost_model(device), global_batch(o, world), 0};
   TrainOptions one = o;
   one.per_device_train_batch_size = 1;
-  one.gradient_accumulation_steps = global;
-  const int64_t samples = assemble_run(one, device, nullptr)->data->size();
-  for (const std::string& precision : precisions) {
-    BRISK_CHECK(
-        precision == "fp32" || precision == "bf16" || precision == "fp16" || precision == "tf32",
-        "unknown precision \"", excerpt(precision),
-        "\" in fit_precisions (valid: fp32, tf32, bf16, "
-        "fp16)");
-    for (const std::string& optim : optims)
-      for (const ParallelLayout& layout : layouts(o, world))
-        for (int recompute = 0; recompute < 3; ++recompute) {  // none, selective, full
-          const int data_ranks = layout.degree(MeshDim::data);
-          for (int64_t b = 1; b <= std::min(global / data_ranks, samples); ++b) {
-            if (global % (b * data_ranks)) continue;
-            TrainOptions t = o;
-            t.tp_size = layout.degree(MeshDim::tensor);
-            t.pp_size = layout.degree(MeshDim::pipeline);
-            t.sp_size = layout.degree(MeshDim::sequence);
-            t.zero_stage = layout.zero_stage();
-            t.per_device_train_batch_size = b;
-            t.gradient_accumulation_steps = global / (b * data_ranks);
-            t.gradient_checkpointing = recompute == 2;
-            t.selective_recompute = recompute == 1;
-            t.bf16 = precision == "bf16";
-            t.fp16 = precision == "fp16";
-            t.tf32 = precision == "tf32";
-            t.optim = optim;
-            t.auto_find_batch_size = false;
-            validate_options(t);  // a precision or optimizer of the lists may not go with the rest
-            size_t needed = 0;
-            const auto run = plan_stages(t, device, nullptr, layout, budget, needed);
-            if (needed > budget.budget) {
-              ++refused;
-              continue;
-            }
-            out.push_back({t, layout, data_ranks, needed, predicted_step_seconds(*run, model),
-                           run->plan.bytes_by_category(), run->plan.overlaid_bytes()});
-          }
-        }
-  }
+  one.gradient_accumulation_steps = scope.global;
+  scope.samples = assemble_run(one, device, nullptr)->data->size();
+  std::vector<FitCandidate> out;
+  int refused = 0;
+  const std::vector<ParallelLayout> all = layouts(o, world);
+  for (const std::string& method : choices.methods)
+    for (const std::string& precision : choices.precisions)
+      for (const std::string& optim : choices.optims) {
+        TrainOptions t = with_precision(with_method(o, method), precision);
+        t.optim = optim;
+        for (const ParallelLayout& layout : all)
+          if (method == "full" || !adapters_unbuilt_with(layout, layout.zero_stage()))
+            search_layout(t, layout, scope, out, refused);
+      }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {
     return a.step_seconds < b.step_seconds;
   });

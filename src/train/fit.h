@@ -63,14 +63,19 @@ namespace brisk {
 
 // The cost model that ranks configurations (brisk estimate --fit): seconds of one optimizer step
 // of the global batch as
-//   tokens x 6 N (x 4/3 with gradient checkpointing: one more forward) / product rate
+//   tokens x 6 N (x 4/3 with gradient checkpointing: one more forward; with LoRA's frozen base
+//   4 N, 6 N with checkpointing: no weight gradients, the adapters' rank-r products left out)
+//   / product rate
 // + tokens x 12 L C T (x 4/3 with gradient checkpointing or selective recomputation) /
 //   attention rate
 // + micro-steps x L x per-layer launch cost
 // + micro-steps x 3 x activation bytes produced (those a run without recomputation keeps; x 4/3
 //   with gradient checkpointing) / elementwise rate (LayerNorm, GELU, dropout, rounding,
 //   residuals, forward and backward)
-// + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass)
+// + 2 x (weights, master weights, gradients, optimizer state) / bandwidth (the optimizer pass;
+//   with adapters the trained weights, not the frozen base)
+// + micro-steps x 2 x a frozen base's stored linears (QLoRA's 4 bits, a bf16 LoRA run's 16)
+//   read and written as float32 / bandwidth (forward and backward; not measured)
 // and with offload_optimizer, the host's part of that pass at the host's bandwidth instead, and
 // 2 x 4 bytes per stepped parameter (gradients down, master up) / host link.
 // N counts the matrices of the blocks (no embeddings), L layers, C hidden size, T sequence.
@@ -112,6 +117,18 @@ double tensor_step_bytes(const RunAssembly& run);
 // on the last. 0 otherwise.
 double tensor_token_bytes(const RunAssembly& run);
 
+// What --fit may choose besides the batch, recomputation and layout: precisions ("fp32", "bf16",
+// "fp16", "tf32"), optimizers, and fine-tuning methods: "full", "lora" (--use_peft: adapters on a
+// frozen base) and "qlora" (the same on a 4-bit base: --load_in_4bit). LoRA's candidates keep
+// the run's lora_* and bnb_4bit_* options, and take data parallelism alone (the layouts adapters
+// train under).
+struct FitChoices {
+  std::vector<std::string> precisions, optims, methods;
+};
+// The fine-tuning method of the options: "qlora", "lora" (--use_peft or --adapter_name_or_path)
+// or "full".
+std::string method_of(const TrainOptions& o);
+
 struct FitCandidate {
   TrainOptions options;  // its tp_size and zero_stage: the layout
   ParallelLayout layout;
@@ -129,16 +146,14 @@ int64_t global_batch(const TrainOptions& o, int world);
 
 // Every configuration of the global batch (per_device_train_batch_size x
 // gradient_accumulation_steps x the data replicas of o's layout) over per-device batch,
-// recomputation (none, selective, full), precision ("fp32", "bf16", "fp16", "tf32") and optimizer
-// from the lists allowed, whose plan (rank 0's; with pipeline stages, the largest stage's) fits
+// recomputation (none, selective, full), and precision, optimizer and method from the choices
+// allowed, whose plan (rank 0's; with pipeline stages, the largest stage's) fits
 // the budget, fastest predicted first. For a run of `world` processes, over the layouts too:
 // every tensor-parallel degree, pipeline depth and sequence-parallel degree dividing the world
 // and the model's counts, data parallelism over the rest of the ranks under each ZeRO stage (0
 // and 1 with pipelines; ZeRO's partitions over the data and sequence ranks together).
 std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
-                                     const MemoryBudget& budget,
-                                     const std::vector<std::string>& precisions,
-                                     const std::vector<std::string>& optims, int* rejected,
-                                     int world = 1);
+                                     const MemoryBudget& budget, const FitChoices& choices,
+                                     int* rejected, int world = 1);
 
 }  // namespace brisk
