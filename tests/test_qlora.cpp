@@ -139,34 +139,36 @@ TEST(Qlora, OptionsAreCheckedByName) {
                "--use_bnb_nested_quant is set but --load_in_4bit is not");
 }
 
-// A bf16 LoRA run keeps the frozen block linears bf16 (its products round them to bf16 anyway):
-// the same losses and adapter, bit for bit, as with the float32 base (BRISK_BF16_FROZEN_BASE=0),
-// its weights staged and planned at fewer bytes (8 blocks: the two float32 slots and the bf16
-// store hold less than eight float32 blocks).
-TEST(Qlora, ABf16LoraRunsFrozenBaseIsBf16WithTheSameResults) {
-  for (const std::string type : {"gpt2", "bert"}) {
-    SCOPED_TRACE(type);
-    TempDir dir("bf16_base");
-    TrainOptions o = tiny_options(base_folder(dir, type, 8), dir / "store");
-    o.use_peft = true;
-    o.lora_r = 4;
-    o.lora_dropout = 0;
-    o.lora_target_modules = type == "gpt2" ? "c_attn" : "query,value";
-    o.learning_rate = 1e-2;
-    o.max_steps = 3;
-    o.bf16 = true;
-    TrainOptions f32 = o;
-    f32.output_dir = dir / "float32";
-    f32.switches.bf16_frozen_base = false;
-    const auto with = assemble_run(o, Device::cpu, nullptr);
-    const auto without = assemble_run(f32, Device::cpu, nullptr);
-    ASSERT_TRUE(with->quantized);
-    EXPECT_TRUE(with->model->staged_weights());
-    EXPECT_FALSE(without->quantized);
-    EXPECT_LT(with->plan.total_bytes(), without->plan.total_bytes());
-    EXPECT_EQ(losses_of(o), losses_of(f32));
-    EXPECT_EQ(checkpoint_weights(o.output_dir), checkpoint_weights(f32.output_dir));
-  }
+// A bf16 or fp16 LoRA run keeps the frozen block linears in its 16-bit type (its products round
+// them to it anyway): the same losses and adapter, bit for bit, as with the float32 base
+// (BRISK_HALF_FROZEN_BASE=0), its weights staged and planned at fewer bytes (8 blocks: the two
+// float32 slots and the 16-bit store hold less than eight float32 blocks).
+TEST(Qlora, A16BitLoraRunsFrozenBaseIs16BitWithTheSameResults) {
+  for (const std::string type : {"gpt2", "bert"})
+    for (const bool bf16 : {true, false}) {
+      SCOPED_TRACE(type + (bf16 ? " bf16" : " fp16"));
+      TempDir dir("half_base");
+      TrainOptions o = tiny_options(base_folder(dir, type, 8), dir / "store");
+      o.use_peft = true;
+      o.lora_r = 4;
+      o.lora_dropout = 0;
+      o.lora_target_modules = type == "gpt2" ? "c_attn" : "query,value";
+      o.learning_rate = 1e-2;
+      o.max_steps = 3;
+      o.bf16 = bf16;
+      o.fp16 = !bf16;
+      TrainOptions f32 = o;
+      f32.output_dir = dir / "float32";
+      f32.switches.half_frozen_base = false;
+      const auto with = assemble_run(o, Device::cpu, nullptr);
+      const auto without = assemble_run(f32, Device::cpu, nullptr);
+      ASSERT_TRUE(with->quantized);
+      EXPECT_TRUE(with->model->staged_weights());
+      EXPECT_FALSE(without->quantized);
+      EXPECT_LT(with->plan.total_bytes(), without->plan.total_bytes());
+      EXPECT_EQ(losses_of(o), losses_of(f32));
+      EXPECT_EQ(checkpoint_weights(o.output_dir), checkpoint_weights(f32.output_dir));
+    }
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
     Entry e;
     e.param = static_cast<int>(i);
     e.quantized = linear.count(e.param) > 0;
-    if (e.quantized && options.bf16) {
+    if (e.quantized && options.kept_16bit()) {
       e.half_at = half_elements_;
       half_elements_ += p.shape.numel();
     } else if (e.quantized) {
@@ -62,8 +62,9 @@ void QuantizedBase::declare(MemoryPlan& plan, BufferBinder& binder) {
   auto add = [&](Tensor* t, const char* name, DType dtype, int64_t n) {
     binder.declare(plan, t, name, Category::weights, dtype, Shape{std::max<int64_t>(n, 1)});
   };
-  if (options_.bf16) {
-    add(&half_, "frozen.bf16", DType::bf16, half_elements_);
+  if (options_.kept_16bit()) {
+    add(&half_, options_.half == DType::bf16 ? "frozen.bf16" : "frozen.fp16", options_.half,
+        half_elements_);
     add(&kept_, "frozen.kept", DType::f32, kept_elements_);
     return;
   }
@@ -112,7 +113,7 @@ void QuantizedBase::filled(int segment) {
       be_->copy(slot, element_range(kept_, e.kept_at, slot.numel()));
       continue;
     }
-    if (options_.bf16) {
+    if (options_.kept_16bit()) {
       be_->cast(slot, element_range(half_, e.half_at, slot.numel()));
       continue;
     }
@@ -140,7 +141,7 @@ void QuantizedBase::need(int segment) {
   const ParameterSet& ps = model_.params();
   for (const Entry& e : segments_[s]) {
     const Tensor slot = ps.weight(e.param);
-    if (e.quantized && options_.bf16)
+    if (e.quantized && options_.kept_16bit())
       be_->cast(element_range(half_, e.half_at, slot.numel()), slot);
     else if (e.quantized)
       be_->dequantize_4bit(view(e), slot);

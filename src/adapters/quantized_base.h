@@ -5,9 +5,9 @@
 // the blocks' weights in two slots (Model::weight_layout()); a block's are dequantized into its
 // slot when a pass needs them, forward and again backward. Loading quantizes each block's weights
 // as it is written, so the full-precision model never sits in memory whole. The embeddings, the
-// head and the adapters stay in the weight buffer. With `bf16` the linears are kept bf16 instead
-// (a bf16 LoRA run's frozen base: its products round the weights to bf16 anyway, so the results
-// are the float32 base's, at half its bytes).
+// head and the adapters stay in the weight buffer. With `half` the linears are kept in that 16-bit
+// type instead (a bf16 or fp16 LoRA run's frozen base: its products round the weights to it
+// anyway, so the results are the float32 base's, at half its bytes).
 #pragma once
 
 #include <memory>
@@ -24,7 +24,9 @@ struct Quant4Options {
   Quant4Type type = Quant4Type::nf4;  // bnb_4bit_quant_type
   bool nested = false;                // use_bnb_nested_quant (bnb_4bit_use_double_quant)
   int64_t blocksize = 64;
-  bool bf16 = false;  // the linears bf16, not 4-bit
+  // The linears in this 16-bit type (bf16 or f16), not 4-bit; f32: 4-bit.
+  DType half = DType::f32;
+  bool kept_16bit() const { return half != DType::f32; }
 };
 
 class QuantizedBase final : public WeightSlots {

@@ -109,18 +109,18 @@ void attach_adapters(RunAssembly& r) {
 }
 
 // The frozen base's block linears in a store of their own, the model's weights staged in its
-// slots (before the model's plan): QLoRA's 4-bit store, or in a bf16 LoRA run a bf16 one (its
-// products round the weights to bf16 anyway: the same results at half the bytes).
+// slots (before the model's plan): QLoRA's 4-bit store, or in a bf16 or fp16 LoRA run one of that
+// type (its products round the weights to it anyway: the same results at half the bytes).
 void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
   const TrainOptions& o = r.options;
-  const bool bf16 =
-      r.adapter && r.precision->compute_dtype() == DType::bf16 && o.switches.bf16_frozen_base;
-  if (!o.load_in_4bit && !bf16) return;
+  const DType compute = r.precision->compute_dtype();
+  const bool half = r.adapter && compute != DType::f32 && o.switches.half_frozen_base;
+  if (!o.load_in_4bit && !half) return;
   Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
                   o.use_bnb_nested_quant};
-  q.bf16 = !o.load_in_4bit;
+  if (!o.load_in_4bit) q.half = compute;
   r.quantized = std::make_unique<QuantizedBase>(*r.model, q);
-  if (q.bf16 && r.quantized->quantized_params() == 0) {  // nothing to hold apart: as it is
+  if (q.kept_16bit() && r.quantized->quantized_params() == 0) {  // nothing to hold apart
     r.quantized.reset();
     return;
   }
