@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors config options token_file trainer_state text_table tokenizer token_cache weight_index launch deepspeed parallelism_config moe_config tokenizer_normalizer tokenizer_pretokenizer charsmap adapter_config)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors config options token_file trainer_state text_table tokenizer token_cache weight_index launch deepspeed parallelism_config moe_config tokenizer_normalizer tokenizer_pretokenizer charsmap adapter_config bnb_weights)
 scripts/setup.sh
 missing=()
 for p in clang libclang-rt-dev libomp-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

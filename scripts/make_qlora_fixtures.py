@@ -16,6 +16,14 @@ CPU and dequantize_4bit of the result:
 code.nf4, code.fp4: the 16 values of each 4-bit type, as bitsandbytes lists them; code.dynamic:
 the 256 values of the signed dynamic map the nested absmaxes are stored with.
 
+Saved 4-bit models, as transformers' save_pretrained writes a model loaded with a
+BitsAndBytesConfig (the packed codes under the weight's name, its quantization state beside it):
+llama_nf4/ (llama_tiny, NF4 with nested quantization, float32) and gpt2_fp4/ (gpt2_tiny, FP4,
+bf16: GPT-2's Conv1D weights). Each folder's expected.safetensors holds every 4-bit weight as
+bitsandbytes dequantizes it (under its name, in the model's layout, widened to float32), and the
+loss and logits of the model with those weights (its other tensors as saved) on the base
+fixture's batch, in float32.
+
 Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_qlora_fixtures.py
 """
 import os
@@ -64,6 +72,44 @@ def case(gen, name, length, dtype, blocksize, quant_type, nested, scale):
     return out
 
 
+def saved_model(base, out_name, quant_type, nested, dtype):
+    import transformers
+    from safetensors.torch import load_file
+    config = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=nested,
+        bnb_4bit_compute_dtype=torch.float32)
+    path = os.path.join(HERE, "..", "tests", "fixtures", base)
+    cls = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
+    model = cls.from_pretrained(path, quantization_config=config, device_map="cpu", dtype=dtype,
+                                attn_implementation="eager").eval()
+    out = os.path.join(OUT, out_name)
+    model.save_pretrained(out)
+    expected = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is not None and getattr(weight, "quant_state", None) is not None:
+            w = F.dequantize_4bit(weight.data, weight.quant_state).float()
+            if type(module).__name__ == "Linear4bit" and "c_" in name.split(".")[-1]:
+                w = w.t()  # GPT-2's Conv1D: transformers' layout [in, out]
+            expected[name + ".weight"] = w.contiguous()
+    # The 4-bit model's forward as float32 products of the dequantized weights (what its CPU
+    # products compute in the float32 compute dtype), on a float32 copy of the model.
+    reference = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    state = reference.state_dict()
+    for name, value in model.state_dict().items():
+        if name in state and value.shape == state[name].shape and value.is_floating_point():
+            state[name] = value.float()
+    for name, value in expected.items():
+        state[name] = value
+    reference.load_state_dict(state)
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    with torch.no_grad():
+        result = reference(**batch)
+    expected["loss"] = result.loss.float().reshape(()).contiguous()
+    expected["logits"] = result.logits.float().contiguous()
+    save_file(expected, os.path.join(out, "expected.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
@@ -73,6 +119,8 @@ def main():
     for name, spec in CASES.items():
         tensors.update(case(gen, name, *spec))
     save_file(tensors, os.path.join(OUT, "quant4.safetensors"))
+    saved_model("llama_tiny", "llama_nf4", "nf4", True, torch.float32)
+    saved_model("gpt2_tiny", "gpt2_fp4", "fp4", False, torch.bfloat16)
 
 
 if __name__ == "__main__":

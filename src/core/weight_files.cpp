@@ -35,6 +35,7 @@ WeightFiles::WeightFiles(const std::string& path) : path_(path) {
   if (!path.ends_with(".index.json")) {
     files_.push_back(std::make_unique<SafetensorsFile>(path));
     for (const std::string& n : files_[0]->names()) where_[n] = files_[0].get();
+    bnb_ = find_bnb_4bit(*files_[0]);
     return;
   }
   const nlohmann::json index = read_json_file(path, "weights index", kMaxIndexBytes);
@@ -61,6 +62,12 @@ WeightFiles::WeightFiles(const std::string& path) : path_(path) {
                 "', which lacks it");
     where_[name] = it->second;
   }
+  for (const auto& file : files_) bnb_.merge(find_bnb_4bit(*file));
+}
+
+const Bnb4bitWeight* WeightFiles::bnb_4bit(const std::string& name) const {
+  const auto it = bnb_.find(name);
+  return it == bnb_.end() ? nullptr : &it->second;
 }
 
 const Tensor& WeightFiles::get(const std::string& name) const {

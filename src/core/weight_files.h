@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bnb_weights.h"
 #include "core/safetensors.h"
 
 namespace brisk {
@@ -29,11 +30,15 @@ class WeightFiles {
   const SafetensorsFile& file_of(const std::string& name) const;
   // The path given: the safetensors file or the index.
   const std::string& path() const { return path_; }
+  // `name` as bitsandbytes saved it 4-bit (core/bnb_weights.h), or nullptr: its packed codes are
+  // then get(name), its values dequantize_bnb_4bit's.
+  const Bnb4bitWeight* bnb_4bit(const std::string& name) const;
 
  private:
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
+  std::map<std::string, Bnb4bitWeight> bnb_;
 };
 
 }  // namespace brisk

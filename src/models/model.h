@@ -203,7 +203,8 @@ class Model : public BatchTarget {
   // are initialized from `seed` and returned by name; a missing base-model parameter is an error.
   // A tensor whose shape differs from the parameter's is an error too, or with
   // `ignore_mismatched_sizes` initialized and returned as the missing ones are. The weights may
-  // be one file or shards (WeightFiles).
+  // be one file or shards (WeightFiles), and a linear's weight bitsandbytes' 4-bit codes (a
+  // "-bnb-4bit" checkpoint: its values dequantized as bitsandbytes does, core/bnb_weights.h).
   std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
                                            bool ignore_mismatched_sizes = false);
   // ---- incremental decoding (models/decoder.h) ----
@@ -445,6 +446,11 @@ class Model : public BatchTarget {
   // Where `file` holds parameter i: its name, its name without the base model's prefix
   // (base_only), or a packed tensor (also_packed_in); an empty name where it holds none of them.
   WeightSource weight_source(const WeightFiles& file, size_t i) const;
+  // The shape of tensor `name` as parameter `param` reads it (a 4-bit weight's, turned back to
+  // the parameter's layout where the blocks store their linears transposed).
+  Shape source_shape(const WeightFiles& file, const std::string& name, size_t param) const;
+  // Whether parameter `param` is a linear's weight the blocks store [in, out] (a Conv1D's).
+  bool stored_transposed(size_t param) const;
 
   struct PackedSource {
     std::string name;

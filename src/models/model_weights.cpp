@@ -83,10 +83,45 @@ Model::WeightSource Model::weight_source(const WeightFiles& file, size_t i) cons
   const auto packed = packed_.find(static_cast<int>(i));
   if (packed == packed_.end() || !file.has(packed->second.name)) return {};
   const PackedSource& s = packed->second;
+  BRISK_CHECK(!file.bnb_4bit(s.name), "tensor '", s.name, "' in '", file.file_of(s.name).path(),
+              "' is 4-bit; brisk reads 4-bit weights of linears only");
   BRISK_CHECK(file.get(s.name).shape() == s.shape, "tensor '", s.name, "' in '",
               file.file_of(s.name).path(), "': shape ", file.get(s.name).shape().str(), " where ",
               s.shape.str(), " is expected");
   return {s.name, s.first, true};
+}
+
+namespace {
+// A 4-bit weight's values (core/bnb_weights.h) in the model's layout: a linear the blocks store
+// transposed (GPT-2's Conv1D) is quantized as [out, in], and turned back. Its shape in `shape`.
+std::vector<float> dequantized(const WeightFiles& file, const std::string& name, bool transposed,
+                               Shape& shape) {
+  const Bnb4bitWeight& w = *file.bnb_4bit(name);
+  std::vector<float> values(static_cast<size_t>(w.layout.numel));
+  dequantize_bnb_4bit(name, w, values.data());
+  shape = w.shape;
+  if (!transposed || w.shape.rank() != 2) return values;
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  std::vector<float> turned(values.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) turned[c * rows + r] = values[r * cols + c];
+  shape = Shape{cols, rows};
+  return turned;
+}
+}  // namespace
+
+Shape Model::source_shape(const WeightFiles& file, const std::string& name, size_t param) const {
+  const Bnb4bitWeight* w = file.bnb_4bit(name);
+  if (!w) return file.get(name).shape();
+  if (!stored_transposed(param) || w->shape.rank() != 2) return w->shape;
+  return Shape{w->shape[1], w->shape[0]};
+}
+
+bool Model::stored_transposed(size_t param) const {
+  if (!blocks_store_linears_transposed()) return false;
+  for (const LinearDecl& l : linears())
+    if (l.param == static_cast<int>(param)) return l.fan_in_fan_out;
+  return false;
 }
 
 std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
@@ -101,9 +136,9 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
     const bool in_base = p.name.rfind(prefix, 0) == 0 && !adapter_param(i);
     source[i] = weight_source(file, i);
     const std::string& name = source[i].name;
-    if (!name.empty() && !source[i].packed && file.get(name).shape() != p.full_shape()) {
+    if (!name.empty() && !source[i].packed && source_shape(file, name, i) != p.full_shape()) {
       BRISK_CHECK(ignore_mismatched_sizes, "parameter '", name, "' in '", file.file_of(name).path(),
-                  "': shape ", file.get(name).shape().str(), " where ", p.full_shape().str(),
+                  "': shape ", source_shape(file, name, i).str(), " where ", p.full_shape().str(),
                   " is expected (--ignore_mismatched_sizes initializes it anew)");
       source[i] = {};
     } else if (name.empty()) {
@@ -144,7 +179,13 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
       continue;
     }
     const int64_t from = source[i].first;  // within a packed tensor
-    const Tensor& src = file.get(name);
+    // A 4-bit weight: its values dequantized on the host, one parameter at a time.
+    const bool quantized = file.bnb_4bit(name) != nullptr;
+    Shape shape;
+    const std::vector<float> values =
+        quantized ? dequantized(file, name, stored_transposed(i), shape) : std::vector<float>();
+    const Tensor host(const_cast<float*>(values.data()), shape, DType::f32, Device::cpu);
+    const Tensor& src = quantized ? host : file.get(name);
     const SafetensorsFile& holder = file.file_of(name);
     const std::string what = "parameter '" + name + "' in '" + holder.path() + "'";
     // In 8 MiB ranges, each released once copied: the file's pages and the weights they fill
@@ -158,7 +199,7 @@ std::vector<std::string> Model::load_pretrained(Backend& be, const WeightFiles& 
             for_each_split_run(p, first + at, n, [&](int64_t local, int64_t full, int64_t length) {
               const Tensor part = element_range(src, from + full, length);
               copy_to_f32(part, element_range(piece, local - first, length), what);
-              holder.release(part);
+              if (!quantized) holder.release(part);
             });
           }
         });
