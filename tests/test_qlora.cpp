@@ -4,11 +4,14 @@
 // The weight buffer then stages the blocks in two slots, and the plan holds the 4-bit store.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/json_file.h"
 #include "core/quant4.h"
+#include "core/quantization.h"
 #include "core/safetensors.h"
 #include "test_support.h"
 #include "train/assembly.h"
@@ -39,26 +42,39 @@ std::string base_folder(const TempDir& dir, const std::string& type, int layers)
   return o.output_dir;
 }
 
-// The same folder with every block linear replaced by its 4-bit round trip.
+// [rows, cols] values transposed.
+std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> out(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = v[r * cols + c];
+  return out;
+}
+
+// The same folder with every block linear replaced by its 4-bit round trip as bitsandbytes makes
+// it: of the weight in nn.Linear's layout [out, in] (a Conv1D's [in, out] transposed first).
 std::string dequantized_copy(const TempDir& dir, const std::string& base, const Model& model,
                              const Quant4Layout& kind) {
   const std::string out = dir / "dequantized";
   fs::create_directories(out);
   fs::copy_file(base + "/config.json", out + "/config.json");
   SafetensorsFile f(base + "/model.safetensors");
-  std::vector<std::string> linear;
+  std::map<std::string, bool> linear;  // by name: stored [in, out]
   for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0) linear.push_back(model.params().list()[static_cast<size_t>(l.param)].name);
+    if (l.layer >= 0)
+      linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
   std::vector<std::vector<float>> values;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& n : f.names()) {
     const Tensor& t = f.get(n);
     values.emplace_back(t.f32(), t.f32() + t.numel());
-    if (std::find(linear.begin(), linear.end(), n) != linear.end()) {
-      Quant4Layout l = kind;
-      l.numel = t.numel();
-      dequantize_4bit(quantize_4bit(t.f32(), l, n.c_str()), values.back().data());
-    }
+    const auto it = linear.find(n);
+    if (it == linear.end()) continue;
+    Quant4Layout l = kind;
+    l.numel = t.numel();
+    const int64_t in = t.dim(0), out_features = t.dim(1);
+    std::vector<float> w = it->second ? transposed(values.back(), in, out_features) : values.back();
+    dequantize_4bit(quantize_4bit(w.data(), l, n.c_str()), w.data());
+    values.back() = it->second ? transposed(w, out_features, in) : w;
   }
   size_t i = 0;
   for (const std::string& n : f.names())
@@ -104,6 +120,104 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
       ASSERT_EQ(a.size(), b.size());
       EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
     }
+}
+
+// The base folder as transformers saves it from a model loaded 4-bit: each block linear's codes
+// (quantized in nn.Linear's layout, as bitsandbytes does) under its name, its state beside it.
+std::string saved_4bit(const TempDir& dir, const std::string& base, const Model& model,
+                       const Quant4Layout& kind) {
+  const std::string out = dir / "bnb";
+  fs::create_directories(out);
+  fs::copy_file(base + "/config.json", out + "/config.json");
+  SafetensorsFile f(base + "/model.safetensors");
+  std::map<std::string, bool> linear;  // by name: stored [in, out]
+  for (const LinearDecl& l : model.linears())
+    if (l.layer >= 0)
+      linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
+  std::vector<Quant4Host> states;
+  std::vector<std::string> texts;
+  states.reserve(linear.size());
+  texts.reserve(linear.size());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  static const std::array<float, 256> map = dynamic_quant_map(true);
+  static std::array<float, 16> codes;
+  for (int c = 0; c < 16; ++c) codes[c] = quant4_value(kind.type, c);
+  for (const std::string& n : f.names()) {
+    const Tensor& t = f.get(n);
+    const auto it = linear.find(n);
+    if (it == linear.end()) {
+      tensors.emplace_back(n, t);
+      continue;
+    }
+    const int64_t rows = it->second ? t.dim(1) : t.dim(0), cols = t.numel() / rows;
+    std::vector<float> w(t.f32(), t.f32() + t.numel());
+    if (it->second) w = transposed(w, cols, rows);
+    Quant4Layout l = kind;
+    l.numel = t.numel();
+    Quant4Host& q = states.emplace_back(quantize_4bit(w.data(), l, n.c_str()));
+    const std::string type = kind.type == Quant4Type::nf4 ? "nf4" : "fp4";
+    nlohmann::json j = {
+        {"quant_type", type}, {"blocksize", 64}, {"dtype", "float32"}, {"shape", {rows, cols}}};
+    if (kind.nested) j.update({{"nested_blocksize", 256}, {"nested_offset", q.offset}});
+    std::string& text = texts.emplace_back(j.dump());
+    tensors.emplace_back(n, Tensor(q.packed.data(), Shape{l.packed_bytes(), 1}, DType::u8));
+    tensors.emplace_back(n + ".quant_map", Tensor(codes.data(), Shape{16}, DType::f32));
+    tensors.emplace_back(n + ".quant_state.bitsandbytes__" + type,
+                         Tensor(text.data(), Shape{static_cast<int64_t>(text.size())}, DType::u8));
+    if (!kind.nested) {
+      tensors.emplace_back(n + ".absmax", Tensor(q.absmax.data(), Shape{l.blocks()}, DType::f32));
+      continue;
+    }
+    tensors.emplace_back(n + ".absmax", Tensor(q.qabsmax.data(), Shape{l.blocks()}, DType::u8));
+    tensors.emplace_back(n + ".nested_absmax",
+                         Tensor(q.absmax2.data(), Shape{l.nested_blocks()}, DType::f32));
+    tensors.emplace_back(n + ".nested_quant_map",
+                         Tensor(const_cast<float*>(map.data()), Shape{256}, DType::f32));
+  }
+  write_safetensors(out + "/model.safetensors", tensors);
+  return out;
+}
+
+// A checkpoint saved 4-bit: LoRA trains on its dequantized values, and QLoRA keeps its codes
+// (nested: its offset too, which quantizing the dequantized values again would not reproduce):
+// both as LoRA on the 4-bit round trip of the base. QLoRA options other than the checkpoint's
+// are refused, naming them.
+TEST(Qlora, ASaved4BitCheckpointTrainsOnItsOwnCodes) {
+  for (const std::string type : {"gpt2", "bert"}) {
+    SCOPED_TRACE(type);
+    TempDir dir("qlora_saved");
+    const std::string base = base_folder(dir, type, 4);
+    TrainOptions o = tiny_options(base, dir / "lora");
+    o.use_peft = true;
+    o.lora_r = 4;
+    o.lora_dropout = 0;
+    o.lora_target_modules = type == "gpt2" ? "c_attn" : "query,value";
+    o.learning_rate = 1e-2;
+    o.max_steps = 3;
+    const auto run = assemble_run(resolve_run(o, 1).options, Device::cpu, nullptr);
+    const Quant4Layout kind{0, 64, Quant4Type::nf4, true};
+    o.model_name_or_path = dequantized_copy(dir, base, *run->model, kind);
+    const std::vector<double> want = losses_of(o);
+    TrainOptions lora = o;
+    lora.model_name_or_path = saved_4bit(dir, base, *run->model, kind);
+    lora.output_dir = dir / "saved_lora";
+    TrainOptions q = lora;
+    q.output_dir = dir / "saved_qlora";
+    q.load_in_4bit = true;
+    q.use_bnb_nested_quant = true;
+    for (const TrainOptions& t : {lora, q}) {
+      const std::vector<double> got = losses_of(t);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t s = 0; s < want.size(); ++s)
+        EXPECT_NEAR(got[s], want[s], 1e-6 * std::abs(want[s])) << t.output_dir << " " << s;
+    }
+    TrainOptions other = q;
+    other.use_bnb_nested_quant = false;
+    other.output_dir = dir / "other";
+    expect_error([&] { losses_of(other); },
+                 "is saved 4-bit as nf4 with nested absmaxes: train it as saved with "
+                 "--bnb_4bit_quant_type nf4 --use_bnb_nested_quant");
+  }
 }
 
 // A QLoRA run resumed from its checkpoint (the base quantized again as it loads, the adapter and

@@ -21,9 +21,12 @@ int segment_at(const std::vector<ElementRange>& segments, int64_t at) {
 
 QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
     : model_(model), options_(options) {
-  std::set<int> linear;  // the blocks' linears, as BitsAndBytesConfig quantizes them
+  std::set<int> linear, transposed;  // the blocks' linears, as BitsAndBytesConfig quantizes them
   for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0 && !l.expert) linear.insert(l.param);
+    if (l.layer >= 0 && !l.expert) {
+      linear.insert(l.param);
+      if (l.fan_in_fan_out) transposed.insert(l.param);
+    }
   const std::vector<ElementRange>& segments = model.param_segments();
   segments_.resize(segments.size());
   present_.assign(segments.size(), false);
@@ -44,6 +47,7 @@ QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
       half_elements_ += p.shape.numel();
     } else if (e.quantized) {
       e.layout = {p.shape.numel(), options.blocksize, options.type, options.nested};
+      if (transposed.count(e.param) && p.shape.rank() == 2) e.transposed_cols = p.shape[0];
       e.packed_at = packed_bytes_;
       e.blocks_at = blocks_;
       e.nested_at = nested_blocks_;
@@ -92,6 +96,7 @@ void QuantizedBase::attach(Backend& be, Model& model) {
 Backend::Quant4Tensor QuantizedBase::view(const Entry& e) const {
   Backend::Quant4Tensor q;
   q.layout = e.layout;
+  q.transposed_cols = e.transposed_cols;
   q.packed = element_range(packed_, e.packed_at, e.layout.packed_bytes());
   if (e.layout.nested) {
     q.qabsmax = element_range(qabsmax_, e.blocks_at, e.layout.blocks());
@@ -117,22 +122,72 @@ void QuantizedBase::filled(int segment) {
       be_->cast(slot, element_range(half_, e.half_at, slot.numel()));
       continue;
     }
-    std::vector<float> host(static_cast<size_t>(slot.numel()));
-    be_->download(slot, Tensor(host.data(), slot.shape(), DType::f32));
-    const std::string& name = ps.list()[static_cast<size_t>(e.param)].name;
-    Quant4Host q = quantize_4bit(host.data(), e.layout, name.c_str());
-    const Backend::Quant4Tensor v = view(e);
-    be_->upload(Tensor(q.packed.data(), v.packed.shape(), DType::u8), v.packed);
-    if (e.layout.nested) {
-      be_->upload(Tensor(q.qabsmax.data(), v.qabsmax.shape(), DType::u8), v.qabsmax);
-      be_->upload(Tensor(q.absmax2.data(), v.absmax2.shape(), DType::f32), v.absmax2);
-      e.offset = q.offset;
-    } else {
-      be_->upload(Tensor(q.absmax.data(), v.absmax.shape(), DType::f32), v.absmax);
-    }
+    if (!adopted(e)) quantize(e, slot);
   }
   // The slot holds the full-precision values: the passes read the dequantized ones.
   present_[static_cast<size_t>(segment)] = false;
+}
+
+namespace {
+// [rows, cols] values transposed into out ([cols, rows]).
+void transpose_into(const std::vector<float>& in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[static_cast<size_t>(r * cols + c)];
+}
+}  // namespace
+
+void QuantizedBase::quantize(Entry& e, const Tensor& slot) {
+  std::vector<float> host(static_cast<size_t>(slot.numel()));
+  be_->download(slot, Tensor(host.data(), slot.shape(), DType::f32));
+  if (e.transposed_cols) {  // [in, out] as nn.Linear's [out, in]
+    std::vector<float> turned(host.size());
+    transpose_into(host, e.transposed_cols, slot.numel() / e.transposed_cols, turned.data());
+    host.swap(turned);
+  }
+  const std::string& name = model_.params().list()[static_cast<size_t>(e.param)].name;
+  const Quant4Host q = quantize_4bit(host.data(), e.layout, name.c_str());
+  upload(e, {q.packed.data(),
+             e.layout.nested ? static_cast<const void*>(q.qabsmax.data())
+                             : static_cast<const void*>(q.absmax.data()),
+             q.absmax2.data(), q.offset});
+}
+
+bool QuantizedBase::adopted(Entry& e) {
+  if (!source_) return false;
+  const std::string key = model_.source_name(*source_, static_cast<size_t>(e.param));
+  const Bnb4bitWeight* w = key.empty() ? nullptr : source_->bnb_4bit(key);
+  if (!w) return false;
+  const Quant4Layout& l = w->layout;
+  const char* type = l.type == Quant4Type::nf4 ? "nf4" : "fp4";
+  BRISK_CHECK(l.blocksize == options_.blocksize, "--load_in_4bit: '", key,
+              "' is saved 4-bit in blocks of ", l.blocksize,
+              "; brisk's 4-bit store holds blocks of ", options_.blocksize,
+              " (leave out --load_in_4bit to train on its dequantized values)");
+  BRISK_CHECK(l.type == options_.type && l.nested == options_.nested, "--load_in_4bit: '", key,
+              "' is saved 4-bit as ", type, l.nested ? " with" : " without",
+              " nested absmaxes: train it as saved with --bnb_4bit_quant_type ", type,
+              l.nested ? " --use_bnb_nested_quant" : " and without --use_bnb_nested_quant");
+  BRISK_CHECK(l.numel == e.layout.numel, "internal error: '", key, "' holds ", l.numel,
+              " values where the store plans ", e.layout.numel);
+  const SafetensorsFile& f = *w->file;
+  upload(e, {f.get(key).data(), f.get(key + ".absmax").data(),
+             l.nested ? f.get(key + ".nested_absmax").f32() : nullptr, w->offset});
+  return true;
+}
+
+void QuantizedBase::upload(Entry& e, const HostState& s) {
+  const Backend::Quant4Tensor v = view(e);
+  auto put = [&](const void* p, const Tensor& dst) {
+    be_->upload(Tensor(const_cast<void*>(p), dst.shape(), dst.dtype()), dst);
+  };
+  put(s.packed, v.packed);
+  if (e.layout.nested) {
+    put(s.absmax, v.qabsmax);
+    put(s.absmax2, v.absmax2);
+    e.offset = s.offset;
+  } else {
+    put(s.absmax, v.absmax);
+  }
 }
 
 void QuantizedBase::need(int segment) {

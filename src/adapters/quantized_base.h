@@ -4,7 +4,10 @@
 // parameters (norms, biases) float32, all outside the model's weight buffer. That buffer stages
 // the blocks' weights in two slots (Model::weight_layout()); a block's are dequantized into its
 // slot when a pass needs them, forward and again backward. Loading quantizes each block's weights
-// as it is written, so the full-precision model never sits in memory whole. The embeddings, the
+// as it is written, so the full-precision model never sits in memory whole; a weight the
+// checkpoint holds 4-bit in the store's layout keeps the checkpoint's codes (adopt). A linear the
+// blocks store transposed (GPT-2's Conv1D, [in, out]) is quantized as bitsandbytes quantizes it,
+// in nn.Linear's layout [out, in], and dequantized back into its place. The embeddings, the
 // head and the adapters stay in the weight buffer. With `half` the linears are kept in that 16-bit
 // type instead (a bf16 or fp16 LoRA run's frozen base: its products round the weights to it
 // anyway, so the results are the float32 base's, at half its bytes).
@@ -16,6 +19,7 @@
 #include "backend/backend.h"
 #include "core/memory_plan.h"
 #include "core/quant4.h"
+#include "core/weight_files.h"
 #include "models/model.h"
 
 namespace brisk {
@@ -44,6 +48,9 @@ class QuantizedBase final : public WeightSlots {
   // Quantizes the block's weights just written into its slot (full precision, loaded or
   // initialized): what later passes dequantize.
   void filled(int segment) override;
+  // While set (the weights loading from `file`), a linear `file` holds 4-bit keeps its codes and
+  // state; one saved in another layout than the store's is refused naming the options.
+  void adopt(const WeightFiles* file) { source_ = file; }
 
   // The parameters kept apart in the store (4-bit or bf16).
   int64_t quantized_params() const;
@@ -57,12 +64,26 @@ class QuantizedBase final : public WeightSlots {
     bool quantized = false;
     Quant4Layout layout;
     int64_t packed_at = 0, blocks_at = 0, nested_at = 0, half_at = 0, kept_at = 0;
-    float offset = 0;  // nested: the absmaxes' mean (set by filled)
+    float offset = 0;             // nested: the absmaxes' mean (set by filled)
+    int64_t transposed_cols = 0;  // stored [in, out]: quantized as [out, in], in columns
   };
+  // e's state: the checkpoint's own (adopted), or the slot's values quantized; either uploaded
+  // into the store.
+  bool adopted(Entry& e);
+  void quantize(Entry& e, const Tensor& slot);
+  // A 4-bit state's parts on the host, as quantize_4bit gives them or a checkpoint holds them.
+  struct HostState {
+    const void* packed;
+    const void* absmax;  // float32, or nested uint8 codes
+    const float* absmax2;
+    float offset;
+  };
+  void upload(Entry& e, const HostState& s);
   Backend::Quant4Tensor view(const Entry& e) const;
   const Model& model_;
   Quant4Options options_;
   Backend* be_ = nullptr;
+  const WeightFiles* source_ = nullptr;
   std::vector<std::vector<Entry>> segments_;  // per segment (param_segments()); empty: resident
   std::vector<bool> present_;
   Tensor packed_, absmax_, qabsmax_, absmax2_, code2_, half_, kept_;

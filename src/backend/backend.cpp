@@ -481,6 +481,9 @@ void Backend::check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
   else
     BRISK_CHECK(has(q.absmax, DType::f32, l.blocks()), "dequantize_4bit: absmax is ",
                 q.absmax.shape().str(), " for ", l.blocks(), " blocks");
+  BRISK_CHECK(
+      q.transposed_cols >= 0 && (q.transposed_cols == 0 || l.numel % q.transposed_cols == 0),
+      "dequantize_4bit: ", l.numel, " values are not rows of ", q.transposed_cols);
   BRISK_CHECK(out.numel() == l.numel && (out.dtype() == DType::f32 || out.dtype() == DType::bf16 ||
                                          out.dtype() == DType::f16),
               "dequantize_4bit: out is ", out.shape().str(), " ", dtype_name(out.dtype()), " for ",

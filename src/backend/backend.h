@@ -699,6 +699,9 @@ class Backend {
     Quant4Layout layout;
     Tensor packed, absmax, qabsmax, absmax2, code2;
     float offset = 0;
+    // Non-zero: the values are a [numel / cols, cols] matrix (a linear's weight as nn.Linear
+    // holds it, [out, in]) written into out transposed, [cols, numel / cols] (a Conv1D's layout).
+    int64_t transposed_cols = 0;
   };
   virtual void dequantize_4bit(const Quant4Tensor& q, const Tensor& out) = 0;
   static void check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out);

@@ -207,6 +207,11 @@ class Model : public BatchTarget {
   // "-bnb-4bit" checkpoint: its values dequantized as bitsandbytes does, core/bnb_weights.h).
   std::vector<std::string> load_pretrained(Backend& be, const WeightFiles& file, uint64_t seed,
                                            bool ignore_mismatched_sizes = false);
+  // The tensor of `file` that parameter `param` loads from ("" where none): its name, its name
+  // without the base model's prefix, an alias, or a packed tensor.
+  std::string source_name(const WeightFiles& file, size_t param) const {
+    return weight_source(file, param).name;
+  }
   // ---- incremental decoding (models/decoder.h) ----
   // Copies the constants (declare_constants) to the device the first time after bind; forward
   // passes and the decoder call it.

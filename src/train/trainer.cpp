@@ -208,8 +208,11 @@ void load_base_weights(Backend& be, RunAssembly& run, const LogSink& on_log) {
     run.model->init_weights(be, o.seed);  // check_weights_to_evaluate)
     return;
   }
+  const WeightFiles files(weights);
+  if (run.quantized) run.quantized->adopt(&files);  // a 4-bit checkpoint's codes kept as saved
   const std::vector<std::string> fresh =
-      run.model->load_pretrained(be, WeightFiles(weights), o.seed, o.ignore_mismatched_sizes);
+      run.model->load_pretrained(be, files, o.seed, o.ignore_mismatched_sizes);
+  if (run.quantized) run.quantized->adopt(nullptr);
   if (fresh.empty() || !on_log) return;
   // transformers' words, so users recognize the situation.
   std::string names;

@@ -1,6 +1,7 @@
 // 4-bit dequantization (QLoRA's frozen base, core/quant4.h): dequantize_4bit of a tensor the
 // host codec quantized (NF4 and FP4, blocks of 64 and 128, a partial last block, nested absmaxes)
-// into float32, bf16 and f16. The host codec equals bitsandbytes bit for bit (test_quant4.cpp),
+// into float32, bf16 and f16, and written transposed (a Conv1D's weight quantized as nn.Linear's,
+// [out, in]). The host codec equals bitsandbytes bit for bit (test_quant4.cpp),
 // so every backend must give its bits exactly: the reference is the host's dequantization,
 // rounded to nearest even for the 16-bit outputs (their bit patterns compared).
 #include <string>
@@ -19,12 +20,14 @@ struct Quant4Case {
   Quant4Type type;
   bool nested;
   DType out;
+  int64_t transposed_cols = 0;
 };
 
 std::string case_name(const Quant4Case& c) {
   return std::string("dequantize_4bit_") + (c.type == Quant4Type::nf4 ? "nf4" : "fp4") + "_n" +
          std::to_string(c.numel) + "_block" + std::to_string(c.blocksize) +
-         (c.nested ? "_nested" : "") + "_" + dtype_name(c.out);
+         (c.nested ? "_nested" : "") + "_" + dtype_name(c.out) +
+         (c.transposed_cols ? "_transposed" + std::to_string(c.transposed_cols) : "");
 }
 
 Quant4Host quantized(const Quant4Case& c, const Vec& x) {
@@ -51,6 +54,7 @@ OpCase quant4_case(const Quant4Case& c) {
     } else {
       t.absmax = d.put(q.absmax, {q.layout.blocks()});
     }
+    t.transposed_cols = c.transposed_cols;
     const Tensor out = d.alloc({c.numel}, c.out);
     be.dequantize_4bit(t, out);
     return Values{{"out", d.values(out)}};
@@ -59,10 +63,15 @@ OpCase quant4_case(const Quant4Case& c) {
     const Quant4Host q = quantized(c, in.at("x"));
     std::vector<float> f(static_cast<size_t>(c.numel));
     dequantize_4bit(q, f.data());
-    Vec want(f.begin(), f.end());
-    if (c.out != DType::f32)
-      for (size_t i = 0; i < f.size(); ++i)
-        want[i] = c.out == DType::bf16 ? float_to_bf16(f[i]) : float_to_fp16(f[i]);
+    Vec want(f.size());
+    const int64_t cols = c.transposed_cols, rows = cols ? c.numel / cols : 0;
+    for (int64_t i = 0; i < c.numel; ++i) {
+      const float v = f[static_cast<size_t>(i)];
+      want[static_cast<size_t>(cols ? (i % cols) * rows + i / cols : i)] = c.out == DType::f32 ? v
+                                                                           : c.out == DType::bf16
+                                                                               ? float_to_bf16(v)
+                                                                               : float_to_fp16(v);
+    }
     return Values{{"out", want}};
   };
   op.checks = {{"out", Metric::exact}};
@@ -79,6 +88,9 @@ std::vector<OpCase> quant4_cases() {
     cases.push_back(quant4_case({1000, 128, Quant4Type::fp4, false, out}));
   }
   cases.push_back(quant4_case({64 * 257 + 1, 64, Quant4Type::fp4, true, DType::f32}));
+  // A [90, 30] weight (GPT-2's c_attn, [out, in]) into its [30, 90] place; rows across blocks.
+  cases.push_back(quant4_case({90 * 30, 64, Quant4Type::nf4, false, DType::f32, 30}));
+  cases.push_back(quant4_case({37 * 300, 64, Quant4Type::fp4, true, DType::bf16, 300}));
   return cases;
 }
 

@@ -1,5 +1,5 @@
 // 4-bit dequantization on the CPU (QLoRA's frozen base): block by block, the blocks shared by
-// the threads.
+// the threads; a transposed output written at each value's transposed place.
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
 
@@ -11,6 +11,7 @@ void CpuBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
   const uint8_t* packed = q.packed.as<uint8_t>();
   const int64_t B = l.blocksize, n = l.numel;
   const DType dtype = out.dtype();
+  const int64_t cols = q.transposed_cols, rows = cols ? n / cols : 0;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < l.blocks(); ++b) {
     // A nested absmax: its code's value times its nested block's absmax, then the offset, each
@@ -23,10 +24,11 @@ void CpuBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
     for (int64_t i = b * B; i < end; ++i) {
       const uint8_t byte = packed[i / 2];
       const float v = quant4_value(l.type, i % 2 ? byte & 15 : byte >> 4) * absmax;
+      const int64_t at = cols ? (i % cols) * rows + i / cols : i;
       if (dtype == DType::f32)
-        out.f32()[i] = v;
+        out.f32()[at] = v;
       else
-        out.as<uint16_t>()[i] = dtype == DType::bf16 ? float_to_bf16(v) : float_to_fp16(v);
+        out.as<uint16_t>()[at] = dtype == DType::bf16 ? float_to_bf16(v) : float_to_fp16(v);
     }
   }
 }

@@ -192,6 +192,7 @@ struct Quant4Args {
   int64_t numel = 0, blocksize = 64;
   Quant4Type type = Quant4Type::nf4;
   bool nested = false;
+  int64_t transposed_cols = 0;  // non-zero: [numel / cols, cols] values written transposed
 };
 // out[numel] (dtype 0 float32, 1 bf16, 2 f16) = value x absmax (Backend::dequantize_4bit).
 void dequantize_4bit(cudaStream_t s, const Quant4Args& q, void* out, int dtype);

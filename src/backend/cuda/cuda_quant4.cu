@@ -38,7 +38,8 @@ __global__ void dequantize_4bit_kernel(Quant4Args q, void* out, int dtype) {
       if (i >= q.numel) break;
       const int code = h ? byte & 15 : byte >> 4;
       const float v = __fmul_rn(quant4_value(q.type, code), block_absmax(q, i / q.blocksize));
-      store(out, dtype, i, v);
+      const int64_t cols = q.transposed_cols;
+      store(out, dtype, cols ? (i % cols) * (q.numel / cols) + i / cols : i, v);
     }
   }
 }

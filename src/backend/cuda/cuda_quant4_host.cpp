@@ -23,6 +23,7 @@ void CudaBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
   a.blocksize = q.layout.blocksize;
   a.type = q.layout.type;
   a.nested = q.layout.nested;
+  a.transposed_cols = q.transposed_cols;
   const int dtype = out.dtype() == DType::f32 ? 0 : out.dtype() == DType::bf16 ? 1 : 2;
   cuda::dequantize_4bit(stream_, a, out.data(), dtype);
 }
