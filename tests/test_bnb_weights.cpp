@@ -94,6 +94,15 @@ std::string altered(const TempDir& dir, const std::string& key, const std::strin
   return path;
 }
 
+// brisk merge into a base saved 4-bit is refused: the merged weight would have no 4-bit codes.
+TEST(BnbWeights, MergingIntoAFourBitBaseIsRefused) {
+  TempDir out("bnb_merge");
+  expect_refused("merge --model_name_or_path " + fixture("qlora/llama_nf4") +
+                     " --adapter_name_or_path " + fixture("lora/merge_llama") + " --output_dir " +
+                     (out / "m"),
+                 "' is saved 4-bit; merge into the full-precision base");
+}
+
 TEST(BnbWeights, AStateBriskCannotReadIsRefusedByName) {
   TempDir dir("bnb_bad");
   const std::string w = "model.layers.0.mlp.down_proj.weight";

@@ -127,6 +127,10 @@ void merge_adapter(const MergeArgs& args) {
   const std::string weights = WeightFiles::find_in_folder(args.model_name_or_path);
   BRISK_CHECK(!weights.empty(), "'", args.model_name_or_path, "' holds no model.safetensors");
   const WeightFiles base(weights);
+  for (const auto& [name, m] : adapted)
+    BRISK_CHECK(!base.bnb_4bit(name), "--model_name_or_path: '", name,
+                "' is saved 4-bit; merge into the full-precision base the 4-bit one was "
+                "quantized from (as PEFT users reload it in bf16 before merge_and_unload)");
   // One entry's merged bytes at a time, made when its first piece is read.
   auto current = std::make_shared<std::pair<std::string, std::vector<char>>>();
   std::vector<StreamedTensor> entries;
