@@ -169,19 +169,26 @@ TEST(Generate, SamplingFollowsTheFiltersInTransformersOrder) {
 
 // brisk generate on a folder train saved (weights, config, tokenizer): the prompt decoded back,
 // the continuation's length, seeded sampling, top_k 1 as greedy; a BERT folder refused.
-TEST(Generate, ContinuesAPromptWithATrainedFolder) {
-  TempDir dir("generate");
+// A tiny GPT-2 (context 40) trained `steps` steps on the fixture text with the BPE tokenizer,
+// saved in dir/`out`: the run's options.
+TrainOptions trained_gpt2(const TempDir& dir, const std::string& out, int64_t steps) {
   write_fixture_text(dir, "text.txt");
   const std::string model = write_model_folder(
       dir, "gpt2",
       R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
           "n_positions": 40, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})");
-  TrainOptions t = tiny_options(model, dir / "out");
+  TrainOptions t = tiny_options(model, dir / out);
   t.tokenizer_name = fixture("tokenizer/bpe");
   t.train_file = dir / "text.txt";
   t.block_size = 32;
-  t.max_steps = 5;
+  t.max_steps = steps;
   train(t, [](const nlohmann::json&) {});
+  return t;
+}
+
+TEST(Generate, ContinuesAPromptWithATrainedFolder) {
+  TempDir dir("generate");
+  const TrainOptions t = trained_gpt2(dir, "out", 5);
 
   GenerateOptions o;
   o.model_name_or_path = t.output_dir;
@@ -211,17 +218,7 @@ TEST(Generate, ContinuesAPromptWithATrainedFolder) {
 // text of the folder brisk merge writes from the two; another model's adapter refused.
 TEST(Generate, WithAnAdapterAsWithTheModelMergedFromIt) {
   TempDir dir("generate_lora");
-  write_fixture_text(dir, "text.txt");
-  const std::string model = write_model_folder(
-      dir, "gpt2",
-      R"({"model_type": "gpt2", "vocab_size": 800, "n_embd": 32, "n_layer": 2, "n_head": 2,
-          "n_positions": 40, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})");
-  TrainOptions t = tiny_options(model, dir / "base");
-  t.tokenizer_name = fixture("tokenizer/bpe");
-  t.train_file = dir / "text.txt";
-  t.block_size = 32;
-  t.max_steps = 2;
-  train(t, [](const nlohmann::json&) {});
+  const TrainOptions t = trained_gpt2(dir, "base", 2);
   TrainOptions lora = t;
   lora.model_name_or_path = t.output_dir;
   lora.output_dir = dir / "lora";

@@ -50,18 +50,30 @@ std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t
   return out;
 }
 
+// The blocks' linears by name: whether each is stored [in, out] (a Conv1D).
+std::map<std::string, bool> block_linears(const Model& model) {
+  std::map<std::string, bool> linear;
+  for (const LinearDecl& l : model.linears())
+    if (l.layer >= 0)
+      linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
+  return linear;
+}
+
+// A new folder `name` in dir with base's config.json.
+std::string folder_beside(const TempDir& dir, const std::string& name, const std::string& base) {
+  const std::string out = dir / name;
+  fs::create_directories(out);
+  fs::copy_file(base + "/config.json", out + "/config.json");
+  return out;
+}
+
 // The same folder with every block linear replaced by its 4-bit round trip as bitsandbytes makes
 // it: of the weight in nn.Linear's layout [out, in] (a Conv1D's [in, out] transposed first).
 std::string dequantized_copy(const TempDir& dir, const std::string& base, const Model& model,
                              const Quant4Layout& kind) {
-  const std::string out = dir / "dequantized";
-  fs::create_directories(out);
-  fs::copy_file(base + "/config.json", out + "/config.json");
+  const std::string out = folder_beside(dir, "dequantized", base);
   SafetensorsFile f(base + "/model.safetensors");
-  std::map<std::string, bool> linear;  // by name: stored [in, out]
-  for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0)
-      linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
+  const std::map<std::string, bool> linear = block_linears(model);
   std::vector<std::vector<float>> values;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& n : f.names()) {
@@ -126,14 +138,9 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
 // (quantized in nn.Linear's layout, as bitsandbytes does) under its name, its state beside it.
 std::string saved_4bit(const TempDir& dir, const std::string& base, const Model& model,
                        const Quant4Layout& kind) {
-  const std::string out = dir / "bnb";
-  fs::create_directories(out);
-  fs::copy_file(base + "/config.json", out + "/config.json");
+  const std::string out = folder_beside(dir, "bnb", base);
   SafetensorsFile f(base + "/model.safetensors");
-  std::map<std::string, bool> linear;  // by name: stored [in, out]
-  for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0)
-      linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
+  const std::map<std::string, bool> linear = block_linears(model);
   std::vector<Quant4Host> states;
   std::vector<std::string> texts;
   states.reserve(linear.size());
