@@ -1133,6 +1133,41 @@ TEST(Cli, EstimateSaysWhetherTheRunFitsMaxMemory) {
   EXPECT_NE(qlora.out.find(line), std::string::npos) << qlora.out;
 }
 
+// estimate of a LoRA run: the parameters its adapters train (r x (in + out) per adapted linear)
+// and their states apart from the frozen base; QLoRA's store at its bytes per parameter (4-bit
+// codes and a float32 absmax per 64, or nested an 8-bit one and a float32 per 256 of those).
+TEST(Cli, EstimateShowsTheAdaptersAndTheFrozenBase) {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("brisk_adapters_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  const std::string run =
+      "estimate --device cpu --model gpt2 --seq_len 64 --use_peft --lora_r 8 "
+      "--output_json " +
+      json;
+  const CliRun lora = run_brisk(run);
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  EXPECT_NE(lora.out.find("LoRA r 8 on c_attn: 294912 parameters trained"), std::string::npos)
+      << lora.out;
+  nlohmann::json a = read_json(json)["adapters"];
+  EXPECT_EQ(a["trained_parameters"], 12 * 8 * (768 + 3 * 768));
+  EXPECT_EQ(a["trained_weights_bytes"], 4 * a["trained_parameters"].get<int64_t>());
+  EXPECT_EQ(a["gradients_bytes"], a["trained_weights_bytes"]);
+  EXPECT_FALSE(a.contains("store"));
+  for (const bool nested : {false, true}) {
+    const CliRun q = run_brisk(run + " --load_in_4bit" + (nested ? " --use_bnb_nested_quant" : ""));
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    a = read_json(json)["adapters"];
+    const nlohmann::json& s = a["store"];
+    // Every block linear of GPT-2 small: 12 x (3 + 1 + 4 + 4) x 768^2 values, blocks of 64.
+    const int64_t n = 12 * 12 * 768 * 768;
+    EXPECT_EQ(s["parameters"], n);
+    const double want = nested ? 0.5 + 1.0 / 64 + 4.0 / (64 * 256) : 0.5 + 4.0 / 64;
+    EXPECT_NEAR(s["bytes_per_parameter"].get<double>(), want, 1e-4) << nested;
+    EXPECT_EQ(s["nested"], nested);
+  }
+  std::filesystem::remove(json);
+}
+
 TEST(Cli, HelpShowsTheBooleansRealDefaults) {
   for (const char* sub : {"train", "estimate"}) {
     const CliRun r = run_brisk(std::string(sub) + " --help");

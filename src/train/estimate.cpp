@@ -113,6 +113,42 @@ RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run,
   return in;
 }
 
+// A LoRA run: its adapters, the parameters trained (weights float32, and their gradients,
+// master and optimizer state: the plan's categories) and the frozen base: its block linears in
+// the store (4-bit codes and state, or 16 bits) per parameter, the blocks' other parameters kept
+// float32 there, and the weight buffer (staged: two blocks' slots, the embeddings, the head and
+// the adapters).
+nlohmann::json adapter_report(const RunAssembly& run) {
+  const ParameterSet& ps = run.model->params();
+  const int64_t trained = ps.trained_run().elements.count, total = ps.total_elements();
+  const auto by = run.plan.bytes_by_category();
+  auto of = [&](Category c) { return by[static_cast<int>(c)]; };
+  nlohmann::json j = {{"r", run.adapter->r},
+                      {"target_modules", run.adapter->target_modules},
+                      {"modules_to_save", run.adapter->modules_to_save},
+                      {"trained_parameters", trained},
+                      {"frozen_parameters", total - trained},
+                      {"trained_weights_bytes", trained * 4},
+                      {"gradients_bytes", of(Category::gradients)},
+                      {"master_weights_bytes", of(Category::master_weights)},
+                      {"optimizer_state_bytes", of(Category::optimizer_state)},
+                      {"weight_buffer_bytes", bytes_under(run.plan, "params.weights")}};
+  if (!run.quantized) return j;
+  const TrainOptions& o = run.options;
+  const bool four = o.load_in_4bit;
+  const std::string prefix = four ? "qlora." : "frozen.";
+  const size_t kept = bytes_under(run.plan, prefix + "kept");
+  const size_t stored = bytes_under(run.plan, prefix) - kept;
+  const int64_t n = run.quantized->quantized_elements();
+  j["store"] = {{"type", four ? o.bnb_4bit_quant_type : precision_of(o)},
+                {"nested", four && o.use_bnb_nested_quant},
+                {"parameters", n},
+                {"bytes", stored},
+                {"bytes_per_parameter", n > 0 ? static_cast<double>(stored) / n : 0.0},
+                {"kept_float32_bytes", kept}};
+  return j;
+}
+
 // What a tensor rank holds and what it sums per step (tensor_step_bytes).
 nlohmann::json tensor_parallel_report(const ParallelLayout& layout, const RunAssembly& run) {
   const double tokens = tensor_token_bytes(run);
@@ -257,6 +293,7 @@ Estimate plan_estimate(const TrainOptions& given, const EstimateArgs& args) {
     e.rank_shares = rank_shares(e.rank_input);
   }
   e.experts = expert_share(run);
+  if (run.adapter) e.adapters = adapter_report(run);
   e.host_base = current_rss_bytes();
   if (args.fit || !o.max_memory.empty()) {
     e.budget = memory_budget(o, e.device, nullptr);

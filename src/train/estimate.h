@@ -50,6 +50,8 @@ struct Estimate {
   nlohmann::json tensor_parallel = nlohmann::json::object();
   nlohmann::json sequence_parallel = nlohmann::json::object();
   nlohmann::json expert_parallel = nlohmann::json::object();
+  // LoRA: the adapters and what they train, and the frozen base's bytes (empty without).
+  nlohmann::json adapters = nlohmann::json::object();
   // The data-parallel replicas' model states, rank by rank, where there are several
   // (layout.replicas() > 1).
   RankSharesInput rank_input;

@@ -114,6 +114,40 @@ void print_expert_parallel(const Estimate& e) {
       j["receive_rows_bound_reason"].get<std::string>().c_str());
 }
 
+// LoRA: what the adapters train and where the frozen base's bytes lie.
+void print_adapters(const Estimate& e) {
+  const nlohmann::json& j = e.adapters;
+  const auto trained = j["trained_parameters"].get<long long>();
+  const auto frozen = j["frozen_parameters"].get<long long>();
+  std::string targets;
+  for (const auto& t : j["target_modules"])
+    targets += (targets.empty() ? "" : ",") + t.get<std::string>();
+  std::printf("LoRA r %lld on %s: %lld parameters trained (%.2f%%), %lld frozen\n",
+              j["r"].get<long long>(), targets.empty() ? "PEFT's default targets" : targets.c_str(),
+              trained, 100.0 * static_cast<double>(trained) / static_cast<double>(trained + frozen),
+              frozen);
+  auto mib = [&](const nlohmann::json& at, const char* key) {
+    return format_mib(at[key].get<size_t>());
+  };
+  std::printf("  trained: weights %s, gradients %s, master %s, optimizer state %s\n",
+              mib(j, "trained_weights_bytes").c_str(), mib(j, "gradients_bytes").c_str(),
+              mib(j, "master_weights_bytes").c_str(), mib(j, "optimizer_state_bytes").c_str());
+  if (!j.contains("store")) {
+    std::printf("  weight buffer (the frozen base and the adapters, float32): %s\n",
+                mib(j, "weight_buffer_bytes").c_str());
+    return;
+  }
+  const nlohmann::json& s = j["store"];
+  std::printf(
+      "  frozen block linears, %s%s: %lld parameters in %s (%.3f bytes a parameter); "
+      "the blocks' other parameters %s (float32)\n",
+      s["type"].get<std::string>().c_str(), s["nested"].get<bool>() ? " nested" : "",
+      s["parameters"].get<long long>(), mib(s, "bytes").c_str(),
+      s["bytes_per_parameter"].get<double>(), mib(s, "kept_float32_bytes").c_str());
+  std::printf("  weight buffer (two blocks' float32 slots, embeddings, head, adapters): %s\n",
+              mib(j, "weight_buffer_bytes").c_str());
+}
+
 // The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.
 void print_categories(const Estimate& e) {
   const RunAssembly& r = *e.run;
@@ -326,6 +360,7 @@ void print_estimate(const Estimate& e) {
   const int64_t layers = e.run->config.num_layers;
   std::printf("  activations saved per block: %s x %lld layers = %s\n", format_mib(block).c_str(),
               static_cast<long long>(layers), format_mib(block * layers).c_str());
+  if (!e.adapters.empty()) print_adapters(e);
   print_fixed_overheads(e);
   if (!e.options.max_memory.empty()) print_budget(e);
   if (!e.fits.empty()) print_fit(e);
@@ -469,6 +504,7 @@ nlohmann::json estimate_json(const Estimate& e) {
           {"tensor_parallel", e.tensor_parallel},
           {"sequence_parallel", e.sequence_parallel},
           {"expert_parallel", e.expert_parallel},
+          {"adapters", e.adapters},
           {"data_parallel", ranks_json(e)},
           {"pipeline_stages", e.stages},
           {"planned_stage", e.planned_stage}};
