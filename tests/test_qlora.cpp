@@ -1,6 +1,7 @@
 // QLoRA (--load_in_4bit): the frozen base's block linears kept 4-bit (adapters/quantized_base)
 // train as LoRA on the base whose linears are bitsandbytes' dequantized 4-bit values: the same
-// losses and adapter, with NF4 and FP4, nested or not, with and without gradient checkpointing.
+// losses and adapter, with NF4 and FP4, nested or not, with and without gradient checkpointing,
+// in float32, bf16 and fp16.
 // The weight buffer then stages the blocks in two slots, and the plan holds the 4-bit store.
 #include <gtest/gtest.h>
 
@@ -97,11 +98,12 @@ std::string dequantized_copy(const TempDir& dir, const std::string& base, const 
 
 TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
   for (const std::string type : {"gpt2", "bert"})
-    for (const auto [quant, nested, checkpointing] :
-         {std::tuple{"nf4", false, false}, std::tuple{"nf4", true, true},
-          std::tuple{"fp4", true, false}}) {
+    for (const auto [quant, nested, checkpointing, precision] :
+         {std::tuple{"nf4", false, false, "fp32"}, std::tuple{"nf4", true, true, "fp32"},
+          std::tuple{"fp4", true, false, "fp32"}, std::tuple{"nf4", true, false, "bf16"},
+          std::tuple{"nf4", false, true, "fp16"}}) {
       SCOPED_TRACE(type + " " + quant + (nested ? " nested" : "") +
-                   (checkpointing ? " checkpointing" : ""));
+                   (checkpointing ? " checkpointing " : " ") + precision);
       TempDir dir("qlora");
       const std::string base = base_folder(dir, type, 4);
       TrainOptions o = tiny_options(base, dir / "q");
@@ -112,6 +114,8 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
       o.learning_rate = 1e-2;
       o.max_steps = 3;
       o.gradient_checkpointing = checkpointing;
+      o.bf16 = std::string(precision) == "bf16";
+      o.fp16 = std::string(precision) == "fp16";
       TrainOptions q = o;
       q.load_in_4bit = true;
       q.bnb_4bit_quant_type = quant;

@@ -190,6 +190,11 @@ void QuantizedBase::upload(Entry& e, const HostState& s) {
   }
 }
 
+void QuantizedBase::dequantize(const Entry& e, const Tensor& slot) {
+  be_->dequantize_4bit(view(e), slot);
+  if (options_.round_to_fp16) be_->round_to(DType::f16, slot, slot);
+}
+
 void QuantizedBase::need(int segment) {
   const auto s = static_cast<size_t>(segment);
   if (segments_[s].empty() || present_[s]) return;
@@ -199,7 +204,7 @@ void QuantizedBase::need(int segment) {
     if (e.quantized && options_.kept_16bit())
       be_->cast(element_range(half_, e.half_at, slot.numel()), slot);
     else if (e.quantized)
-      be_->dequantize_4bit(view(e), slot);
+      dequantize(e, slot);
     else
       be_->copy(element_range(kept_, e.kept_at, slot.numel()), slot);
   }

@@ -31,6 +31,9 @@ struct Quant4Options {
   // The linears in this 16-bit type (bf16 or f16), not 4-bit; f32: 4-bit.
   DType half = DType::f32;
   bool kept_16bit() const { return half != DType::f32; }
+  // The run's fp16: 4-bit weights are dequantized into fp16 values, as bitsandbytes dequantizes
+  // into its compute dtype (a bf16 run's products round their operands to bf16 themselves).
+  bool round_to_fp16 = false;
 };
 
 class QuantizedBase final : public WeightSlots {
@@ -79,6 +82,8 @@ class QuantizedBase final : public WeightSlots {
     float offset;
   };
   void upload(Entry& e, const HostState& s);
+  // e's values dequantized into `slot` (fp16 runs: rounded to fp16 values).
+  void dequantize(const Entry& e, const Tensor& slot);
   Backend::Quant4Tensor view(const Entry& e) const;
   const Model& model_;
   Quant4Options options_;

@@ -119,6 +119,7 @@ void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
   Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
                   o.use_bnb_nested_quant};
   if (!o.load_in_4bit) q.half = compute;
+  q.round_to_fp16 = o.load_in_4bit && compute == DType::f16;
   r.quantized = std::make_unique<QuantizedBase>(*r.model, q);
   if (q.kept_16bit() && r.quantized->quantized_params() == 0) {  // nothing to hold apart
     r.quantized.reset();
