@@ -45,11 +45,14 @@ class Trainer:
     peft_config: a peft.LoraConfig (or a dict of its keys), as TRL's SFTTrainer takes it: train
     LoRA adapters on the frozen model. train() saves the adapter (PEFT's files) in output_dir;
     evaluate() and predict() then run the model with it, and save_model() copies it.
+    quantization_config: a transformers.BitsAndBytesConfig (or a dict of its keys) with
+    load_in_4bit, as from_pretrained takes it: the frozen model kept 4-bit under the adapters
+    (QLoRA; bnb_4bit_quant_type, bnb_4bit_use_double_quant).
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None,
                  tokenizer=None, processing_class=None, compute_metrics=None, callbacks=None,
-                 data_collator=None, peft_config=None):
+                 data_collator=None, peft_config=None, quantization_config=None):
         if model is None:
             raise ValueError("Trainer needs a model: a folder, a config.json, a built-in name or "
                              "a config dict")
@@ -65,6 +68,7 @@ class Trainer:
         self._tokenizer = "" if tokenizer is None else _path_of(tokenizer, "tokenizer")
         self._model = self._model_source(model)
         self._lora = _lora_options(peft_config)
+        self._quantized = _quantization_options(quantization_config, self.args)
         self._adapter = ""  # the trained adapter's folder, once train() saved one
         self.callback_handler = CallbackHandler(callbacks or [])
         self.state = TrainerState()
@@ -221,6 +225,7 @@ class Trainer:
             options["adapter_name_or_path"] = self._adapter
         elif self._lora and (run["do_train"] or not self._adapter):
             options.update(self._lora)
+        options.update(self._quantized)  # the frozen base 4-bit, with the adapter or under it
         options.update(run)
         if not options["do_train"]:  # evaluate() and predict(): the strategies are train()'s
             options.update(eval_strategy="no", load_best_model_at_end=False)
@@ -411,6 +416,43 @@ def _lora_options(config):
             raise ValueError("peft_config: %s is set, which brisk does not run yet (only plain "
                              "LoRA adapters)" % key)
     return options
+
+
+_BNB_INERT = ("quant_method", "llm_int8_threshold", "llm_int8_has_fp16_weight",
+              "llm_int8_enable_fp32_cpu_offload", "_load_in_4bit", "_load_in_8bit")
+
+
+def _quantization_options(config, args):
+    """The engine's 4-bit options for a BitsAndBytesConfig or a dict of its keys (None: none)."""
+    if config is None:
+        return {}
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        raise TypeError("quantization_config must be a transformers.BitsAndBytesConfig or a dict "
+                        "of its keys, not %s" % type(config).__name__)
+    if config.get("load_in_8bit"):
+        raise ValueError("quantization_config: load_in_8bit is not built; brisk keeps a frozen "
+                         "base 4-bit (load_in_4bit)")
+    if not config.get("load_in_4bit"):
+        raise ValueError("quantization_config: load_in_4bit must be True")
+    compute = str(config.get("bnb_4bit_compute_dtype") or "float32").replace("torch.", "")
+    precision = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
+    if compute != precision:
+        raise ValueError("quantization_config: bnb_4bit_compute_dtype %s differs from the run's "
+                         "%s (TrainingArguments' bf16/fp16 set it)" % (compute, precision))
+    storage = str(config.get("bnb_4bit_quant_storage") or "uint8").replace("torch.", "")
+    if storage != "uint8":
+        raise ValueError("quantization_config: bnb_4bit_quant_storage %s: brisk stores uint8"
+                         % storage)
+    done = {"load_in_4bit", "load_in_8bit", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage",
+            "bnb_4bit_quant_type", "bnb_4bit_use_double_quant"}
+    for key, value in config.items():
+        if key not in done and key not in _BNB_INERT and value not in (None, False, [], ""):
+            raise ValueError("quantization_config: %s is set, which brisk does not run" % key)
+    return {"load_in_4bit": True,
+            "bnb_4bit_quant_type": config.get("bnb_4bit_quant_type") or "nf4",
+            "use_bnb_nested_quant": bool(config.get("bnb_4bit_use_double_quant"))}
 
 
 def _module_names(value, key):

@@ -374,3 +374,35 @@ def test_peft_config_trains_an_adapter_as_the_program(tmp_path, program, bert_co
         brisk.Trainer(model=folder, args=args, peft_config=dict(lora, use_dora=True))
     with pytest.raises(TypeError, match="peft_config must be"):
         brisk.Trainer(model=folder, args=args, peft_config=7)
+
+def test_quantization_config_trains_qlora_as_the_program(tmp_path, program):
+    """A BitsAndBytesConfig's keys with peft_config: the program's QLoRA run (--load_in_4bit),
+    and the adapter evaluated on the 4-bit base."""
+    config = tmp_path / "model" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(dict(TINY_BERT, num_hidden_layers=4)))
+    train, dev = read_glue("train.csv"), read_glue("dev.csv")
+    base = trainer(tmp_path / "base", str(config), train, max_steps=1)
+    base.train()
+    folder = str(tmp_path / "base" / "api")
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["query", "value"]}
+    bnb = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+           "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "float32",
+           "quant_method": "bitsandbytes"}
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **dict(RUN, max_steps=3))
+    t = brisk.Trainer(model=folder, args=args, train_dataset=train, peft_config=lora,
+                      quantization_config=bnb)
+    t.train()
+    cli = run_cli(program, "train", dict(
+        RUN, model_name_or_path=folder, train_file=write_csv(train, tmp_path / "train.csv"),
+        output_dir=str(tmp_path / "cli"), max_steps=3, use_peft=True, lora_r=4, lora_alpha=8,
+        lora_dropout=0.0, lora_target_modules="query,value", load_in_4bit=True,
+        use_bnb_nested_quant=True))
+    assert [v for _, v in api_losses(t)] == pytest.approx([v for _, v in losses(cli)], rel=1e-6)
+    assert "eval_loss" in t.evaluate(dev)
+    for bad, message in [(dict(bnb, load_in_4bit=False, load_in_8bit=True), "load_in_8bit"),
+                         (dict(bnb, bnb_4bit_compute_dtype="bfloat16"), "differs from the run's"),
+                         (dict(bnb, llm_int8_skip_modules=["classifier"]),
+                          "llm_int8_skip_modules is set")]:
+        with pytest.raises(ValueError, match=message):
+            brisk.Trainer(model=folder, args=args, peft_config=lora, quantization_config=bad)
