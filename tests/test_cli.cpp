@@ -1090,7 +1090,8 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
   EXPECT_EQ(compared, 6);  // batch 1 and 2 (of 4 over 2 replicas) x 3 recomputations
   const CliRun own = run_brisk(run + " --use_peft");
   ASSERT_EQ(own.exit_code, 0) << own.err;
-  for (const auto& c : read_json(json)["fit"]) EXPECT_EQ(c["method"], "lora");
+  const nlohmann::json own_fit = read_json(json)["fit"];
+  for (const auto& c : own_fit) EXPECT_EQ(c["method"], "lora");
   std::filesystem::remove(json);
   expect_refused("estimate --device cpu --model gpt2 --fit --max_memory 900MiB",
                  "LoRA or QLoRA (--fit_methods full,lora,qlora)");

@@ -231,6 +231,22 @@ TEST(Qlora, ASaved4BitCheckpointTrainsOnItsOwnCodes) {
   }
 }
 
+// A run on a checkpoint saved 4-bit without --load_in_4bit says once that it dequantizes it.
+TEST(Qlora, ARunOnA4BitCheckpointWithoutLoadIn4bitSaysSo) {
+  TempDir dir("qlora_hint");
+  TrainOptions o = tiny_options(fixture("qlora/llama_nf4"), dir / "out");
+  o.use_peft = true;
+  o.max_steps = 1;
+  int said = 0;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("warning") &&
+        j["warning"].get<std::string>().find("is saved 4-bit: its weights are dequantized") !=
+            std::string::npos)
+      ++said;
+  });
+  EXPECT_EQ(said, 1);
+}
+
 // A QLoRA run resumed from its checkpoint (the base quantized again as it loads, the adapter and
 // its optimizer state from the checkpoint) ends on the uninterrupted run's adapter, bit for bit.
 TEST(Qlora, ResumeContinuesExactly) {

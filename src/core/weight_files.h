@@ -33,6 +33,8 @@ class WeightFiles {
   // `name` as bitsandbytes saved it 4-bit (core/bnb_weights.h), or nullptr: its packed codes are
   // then get(name), its values dequantize_bnb_4bit's.
   const Bnb4bitWeight* bnb_4bit(const std::string& name) const;
+  // Whether any weight is saved 4-bit.
+  bool has_bnb_4bit() const { return !bnb_.empty(); }
 
  private:
   std::string path_;

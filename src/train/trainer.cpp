@@ -210,6 +210,11 @@ void load_base_weights(Backend& be, RunAssembly& run, const LogSink& on_log) {
   }
   const WeightFiles files(weights);
   if (run.quantized) run.quantized->adopt(&files);  // a 4-bit checkpoint's codes kept as saved
+  if (!o.load_in_4bit && files.has_bnb_4bit() && on_log)
+    on_log({{"warning", "'" + weights +
+                            "' is saved 4-bit: its weights are dequantized into this run's "
+                            "precision; add --load_in_4bit (with --use_peft) to keep them "
+                            "4-bit"}});
   const std::vector<std::string> fresh =
       run.model->load_pretrained(be, files, o.seed, o.ignore_mismatched_sizes);
   if (run.quantized) run.quantized->adopt(nullptr);
