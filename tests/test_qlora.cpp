@@ -96,6 +96,18 @@ std::string dequantized_copy(const TempDir& dir, const std::string& base, const 
   return out;
 }
 
+// LoRA of rank 4 without dropout on `targets` of the model in `base`, 3 steps at 1e-2, into out.
+TrainOptions lora_run(const std::string& base, const std::string& out, const std::string& targets) {
+  TrainOptions o = tiny_options(base, out);
+  o.use_peft = true;
+  o.lora_r = 4;
+  o.lora_dropout = 0;
+  o.lora_target_modules = targets;
+  o.learning_rate = 1e-2;
+  o.max_steps = 3;
+  return o;
+}
+
 TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
   for (const std::string type : {"gpt2", "bert"})
     for (const auto [quant, nested, checkpointing, precision] :
@@ -106,13 +118,7 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
                    (checkpointing ? " checkpointing " : " ") + precision);
       TempDir dir("qlora");
       const std::string base = base_folder(dir, type, 4);
-      TrainOptions o = tiny_options(base, dir / "q");
-      o.use_peft = true;
-      o.lora_r = 4;
-      o.lora_dropout = 0;
-      o.lora_target_modules = type == "gpt2" ? "c_attn,c_proj" : "query,value";
-      o.learning_rate = 1e-2;
-      o.max_steps = 3;
+      TrainOptions o = lora_run(base, dir / "q", type == "gpt2" ? "c_attn,c_proj" : "query,value");
       o.gradient_checkpointing = checkpointing;
       o.bf16 = std::string(precision) == "bf16";
       o.fp16 = std::string(precision) == "fp16";
@@ -198,13 +204,7 @@ TEST(Qlora, ASaved4BitCheckpointTrainsOnItsOwnCodes) {
     SCOPED_TRACE(type);
     TempDir dir("qlora_saved");
     const std::string base = base_folder(dir, type, 4);
-    TrainOptions o = tiny_options(base, dir / "lora");
-    o.use_peft = true;
-    o.lora_r = 4;
-    o.lora_dropout = 0;
-    o.lora_target_modules = type == "gpt2" ? "c_attn" : "query,value";
-    o.learning_rate = 1e-2;
-    o.max_steps = 3;
+    TrainOptions o = lora_run(base, dir / "lora", type == "gpt2" ? "c_attn" : "query,value");
     const auto run = assemble_run(resolve_run(o, 1).options, Device::cpu, nullptr);
     const Quant4Layout kind{0, 64, Quant4Type::nf4, true};
     o.model_name_or_path = dequantized_copy(dir, base, *run->model, kind);
@@ -289,13 +289,8 @@ TEST(Qlora, A16BitLoraRunsFrozenBaseIs16BitWithTheSameResults) {
     for (const bool bf16 : {true, false}) {
       SCOPED_TRACE(type + (bf16 ? " bf16" : " fp16"));
       TempDir dir("half_base");
-      TrainOptions o = tiny_options(base_folder(dir, type, 8), dir / "store");
-      o.use_peft = true;
-      o.lora_r = 4;
-      o.lora_dropout = 0;
-      o.lora_target_modules = type == "gpt2" ? "c_attn" : "query,value";
-      o.learning_rate = 1e-2;
-      o.max_steps = 3;
+      TrainOptions o = lora_run(base_folder(dir, type, 8), dir / "store",
+                                type == "gpt2" ? "c_attn" : "query,value");
       o.bf16 = bf16;
       o.fp16 = !bf16;
       TrainOptions f32 = o;
