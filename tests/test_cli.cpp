@@ -401,6 +401,36 @@ TEST(Cli, EstimatePartitionsTheMasterCopyUnderZero) {
               dp["ranks"][0]["master_bytes"].get<double>(), 1.0);
 }
 
+// estimate of a LoRA run under ZeRO stages 1 and 2: the ranks partition the trained parameters
+// alone (their master copy and optimizer state, stage 2 their gradients too), the frozen base
+// whole on every rank; the per-parameter figures are the whole model's.
+TEST(Cli, EstimateOfLoraUnderZeroPartitionsTheAdaptersAlone) {
+  for (const int stage : {0, 1, 2}) {
+    SCOPED_TRACE(stage);
+    CliRun r;
+    const nlohmann::json j =
+        estimate_json("--model gpt2 --use_peft --fp16 --device cuda --world_size 2 --zero_stage " +
+                          std::to_string(stage),
+                      &r);
+    const auto trained = j["adapters"]["trained_parameters"].get<double>();
+    const double total = trained + j["adapters"]["frozen_parameters"].get<double>();
+    const nlohmann::json& dp = j["data_parallel"];
+    ASSERT_EQ(dp["ranks"].size(), 2u);
+    double params = 0;
+    for (const nlohmann::json& rank : dp["ranks"]) {
+      params += rank["parameters"].get<double>();
+      // fp16: a float32 master copy and AdamW's 8 bytes, of the trained parameters.
+      const double share = stage > 0 ? trained / 2 : trained;
+      EXPECT_NEAR(rank["master_bytes"].get<double>(), 4 * share, 4096);
+      EXPECT_NEAR(rank["optimizer_state_bytes"].get<double>(), 8 * share, 4096);
+    }
+    EXPECT_EQ(params, stage > 0 ? trained : 2 * total);
+    EXPECT_NEAR(dp["master_bytes_per_param"].get<double>(),
+                4 * trained / total / (stage > 0 ? 2 : 1), 1e-3);
+    EXPECT_EQ(r.out.find("ZeRO paper"), std::string::npos) << "the paper trains every parameter";
+  }
+}
+
 // estimate --world_size N --zero_stage 2: each rank also holds only its shard of the summed
 // gradients, plus the space the gradients are staged in (two of the 24 blocks' slots, over which
 // the embeddings' and head's lie): rank 0's own plan says so, the shards add up to 4 bytes per
@@ -1044,9 +1074,10 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
 }
 
 // --fit_methods: LoRA and QLoRA weighed beside full fine-tuning. Adapters train under data
-// parallelism alone; at the same batch, recomputation and layout an adapter run needs less memory
-// (QLoRA's less again) and is predicted faster than full fine-tuning (no weight gradients). By
-// default the run's own method alone, and a budget nothing fits points at the other methods.
+// parallelism with ZeRO up to stage 2; at the same batch, recomputation and layout an adapter run
+// needs less memory (QLoRA's less again) and is predicted faster than full fine-tuning (no weight
+// gradients). By default the run's own method alone, and a budget nothing fits points at the other
+// methods.
 TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
   const std::string json = (std::filesystem::temp_directory_path() /
                             ("brisk_fit_lora_" + std::to_string(::getpid()) + ".json"))
@@ -1066,7 +1097,7 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
            c["gradient_checkpointing"].dump() + c["selective_recompute"].dump();
   };
   std::map<std::string, std::map<std::string, nlohmann::json>> by_key;
-  std::set<int> full_stages;
+  std::set<int> full_stages, adapter_stages;
   for (const auto& c : fit) {
     const std::string method = c["method"];
     by_key[key(c)][method] = c;
@@ -1075,8 +1106,10 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
       continue;
     }
     EXPECT_EQ(c["tp_size"].get<int>() * c["pp_size"].get<int>() * c["sp_size"].get<int>(), 1);
-    EXPECT_EQ(c["zero_stage"].get<int>(), 0);
+    EXPECT_LE(c["zero_stage"].get<int>(), 2);
+    adapter_stages.insert(c["zero_stage"].get<int>());
   }
+  EXPECT_EQ(adapter_stages, (std::set<int>{0, 1, 2}));
   EXPECT_EQ(full_stages.size(), 4u);
   int compared = 0;
   for (auto& [k, m] : by_key) {
@@ -1087,7 +1120,8 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
     EXPECT_LT(m["lora"]["predicted_step_seconds"].get<double>(),
               m["full"]["predicted_step_seconds"].get<double>());
   }
-  EXPECT_EQ(compared, 6);  // batch 1 and 2 (of 4 over 2 replicas) x 3 recomputations
+  // ZeRO 0 to 2 x batch 1 and 2 (of 4 over 2 replicas) x 3 recomputations.
+  EXPECT_EQ(compared, 18);
   const CliRun own = run_brisk(run + " --use_peft");
   ASSERT_EQ(own.exit_code, 0) << own.err;
   const nlohmann::json own_fit = read_json(json)["fit"];

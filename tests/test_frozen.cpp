@@ -1,10 +1,11 @@
 // Frozen parameters (a LoRA's base): no gradient and no place in the gradient buffer, which
 // holds the trained parameters alone; the trained ones' gradients and the loss are exactly those
-// of the model trained in full, on every architecture.
+// of the model trained in full, on every architecture; ZeRO partitions the trained ones alone.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "parallel/zero.h"
 #include "test_support.h"
 
 namespace brisk::testing {
@@ -45,6 +46,36 @@ TEST(Frozen, TheTrainedParametersGradientsAsInFullTraining) {
     EXPECT_EQ(at, ps.trainable_elements());
     EXPECT_GT(checked, 2);
   }
+}
+
+// ZeRO's runs, some parameters frozen: equal runs of the trained run's elements alone (the
+// optimizer steps nothing else), at their places in the flat buffers, whose gradients start at
+// the first trained element.
+TEST(Frozen, ZeroPartitionsTheTrainedParametersAlone) {
+  ParameterSet p;
+  for (int64_t n : {40, 30, 10, 20})
+    p.add("p" + std::to_string(p.list().size()), Shape{n}, kBiasOrNorm);
+  EXPECT_EQ(p.gradient_origin(), 0);
+  p.freeze(0);
+  p.freeze(1);
+  EXPECT_EQ(p.gradient_origin(), 70);
+  const ShardGranule anywhere = [](const ParamInfo&) { return int64_t{1}; };
+  const ShardGranule whole = [](const ParamInfo& q) { return q.shape.numel(); };
+  std::vector<ParamShard> shards = partition_params(p, 2, anywhere);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0].elements, (ElementRange{70, 15}));
+  EXPECT_EQ(shards[1].elements, (ElementRange{85, 15}));
+  EXPECT_EQ(shards[0].first, 2);
+  EXPECT_EQ(shards[0].last, 4);
+  EXPECT_EQ(shards[1].first, 3);
+  const ParameterSet mine = shard_params(p, shards[1]);
+  ASSERT_EQ(mine.list().size(), 1u);
+  EXPECT_EQ(mine.list()[0].name, "p3");
+  EXPECT_EQ(mine.total_elements(), 15);
+  shards = partition_params(p, 3, whole);  // whole parameters: one rank gets none
+  EXPECT_EQ(shards[0].elements, (ElementRange{70, 10}));
+  EXPECT_EQ(shards[1].elements, (ElementRange{80, 20}));
+  EXPECT_EQ(shards[2].elements.count, 0);
 }
 
 }  // namespace

@@ -200,9 +200,9 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   expect_error([&] { assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2); },
                "LoRA adapters with --tp_size");
   TrainOptions zero = o;
-  zero.zero_stage = 2;
+  zero.zero_stage = 3;
   expect_error([&] { assemble_run(zero, Device::cpu, nullptr, nullptr, 0, 2); },
-               "LoRA adapters with --zero_stage");
+               "LoRA adapters with --zero_stage 3");
   TrainOptions embed = o;
   embed.lora_modules_to_save = "wte";
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");

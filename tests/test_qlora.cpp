@@ -5,6 +5,7 @@
 // The weight buffer then stages the blocks in two slots, and the plan holds the 4-bit store.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -248,23 +249,34 @@ TEST(Qlora, ARunOnA4BitCheckpointWithoutLoadIn4bitSaysSo) {
 }
 
 // A QLoRA run resumed from its checkpoint (the base quantized again as it loads, the adapter and
-// its optimizer state from the checkpoint) ends on the uninterrupted run's adapter, bit for bit.
+// its optimizer state from the checkpoint) ends on the uninterrupted run's adapter, bit for bit:
+// with AdamW, and with 8-bit AdamW under gradient checkpointing (the low-memory optimizer and
+// recomputation composed with the 4-bit base; its state 8-bit from 256 elements on).
 TEST(Qlora, ResumeContinuesExactly) {
-  TempDir dir("qlora_resume");
-  TrainOptions o = tiny_options(base_folder(dir, "gpt2", 4), dir / "out");
-  o.use_peft = true;
-  o.lora_r = 4;
-  o.lora_target_modules = "c_attn";
-  o.load_in_4bit = true;
-  o.use_bnb_nested_quant = true;
-  o.learning_rate = 1e-2;
-  o.max_steps = 4;
-  o.save_steps = 2;
-  losses_of(o);
-  const TrainOptions resumed = resumed_in_copy(o, "checkpoint-2", dir / "resumed");
-  EXPECT_EQ(losses_of(resumed).size(), 2u);
-  EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
-            checkpoint_weights(o.output_dir + "/checkpoint-4"));
+  for (const std::string optim : {"adamw_torch", "adamw_8bit"}) {
+    SCOPED_TRACE(optim);
+    TempDir dir("qlora_resume");
+    TrainOptions o = tiny_options(base_folder(dir, "gpt2", 4), dir / "out");
+    o.use_peft = true;
+    o.lora_r = 4;
+    o.lora_target_modules = "c_attn";
+    o.load_in_4bit = true;
+    o.use_bnb_nested_quant = true;
+    use_optimizer(o, optim, optim == "adamw_8bit" ? "min_8bit_size=256" : "", 1e-2);
+    o.gradient_checkpointing = optim == "adamw_8bit";
+    o.max_steps = 4;
+    o.save_steps = 2;
+    losses_of(o);
+    if (optim == "adamw_8bit") {  // the adapters' state is 8-bit
+      const auto state = optimizer_state(o.output_dir + "/checkpoint-4");
+      EXPECT_TRUE(std::any_of(state.begin(), state.end(),
+                              [](const auto& t) { return t.first.ends_with("_codes"); }));
+    }
+    const TrainOptions resumed = resumed_in_copy(o, "checkpoint-2", dir / "resumed");
+    EXPECT_EQ(losses_of(resumed).size(), 2u);
+    EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
+              checkpoint_weights(o.output_dir + "/checkpoint-4"));
+  }
 }
 
 TEST(Qlora, OptionsAreCheckedByName) {

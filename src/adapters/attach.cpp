@@ -98,22 +98,21 @@ LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::str
   return c;
 }
 
-void save_adapter(const std::string& folder, const Model& model, const Tensor& trained,
-                  const LoraConfig& c, const DeviceReader& read) {
+void save_adapter(const std::string& folder, const Model& model, const LoraConfig& c,
+                  const TrainedReader& read) {
   const ParameterSet& ps = model.params();
   const ParameterSet::Run run = ps.trained_run();
-  BRISK_CHECK(trained.numel() == run.elements.count, "internal error: ", trained.numel(),
-              " trained weights for a run of ", run.elements.count);
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<StreamedTensor> tensors;
   for (int i = run.first; i < run.last; ++i) {
     const ParamInfo& p = ps.list()[static_cast<size_t>(i)];
-    const Tensor view = element_range(trained, p.offset - run.elements.offset, p.shape.numel());
-    tensors.emplace_back(kPeftPrefix + p.name,
-                         Tensor(view.data(), p.shape, DType::f32, trained.device()));
+    const auto start = static_cast<size_t>(p.offset - run.elements.offset) * 4;
+    tensors.push_back(
+        {kPeftPrefix + p.name, DType::f32, p.shape,
+         [&read, start](size_t at, size_t n, void* dst) { read(start + at, n, dst); }});
   }
   namespace fs = std::filesystem;
-  write_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
-                    {{"format", "pt"}}, read);
+  write_streamed_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
+                             {{"format", "pt"}});
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(),
                         adapter_config_json(c).dump(2) + "\n");
 }

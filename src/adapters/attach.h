@@ -32,11 +32,15 @@ LoraConfig lora_for_task(LoraConfig c, const Model& model);
 // transposed, PEFT's default targets by name, the base's name).
 LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base);
 
+// Bytes [at, at + n) of the trained parameters' float32 values (ParameterSet::trained_run laid
+// end to end) into host memory `dst`: read from this process's run of the weights or of a master
+// copy, or gathered from the ranks that each hold a part of it (ZeRO).
+using TrainedReader = std::function<void(size_t at, size_t n, void* dst)>;
+
 // Writes adapter_config.json and adapter_model.safetensors (PEFT's keys) into `folder`: the
-// trained parameters, from `trained` (their run of the flat float32 weights, or of a master
-// copy: ParameterSet::trained_run), read through `read` where they live off the host.
-void save_adapter(const std::string& folder, const Model& model, const Tensor& trained,
-                  const LoraConfig& c, const DeviceReader& read);
+// trained parameters, read through `read`.
+void save_adapter(const std::string& folder, const Model& model, const LoraConfig& c,
+                  const TrainedReader& read);
 
 // The adapters' A and B, and the modules to save, from PEFT's file (keys
 // "base_model.model.<module>.lora_A.weight", "base_model.model.<parameter>"), each checked

@@ -97,6 +97,9 @@ class ParameterSet {
     ElementRange elements;
   };
   Run trained_run() const;
+  // The element of the parameters a gradient buffer's first element is: 0, or where some are
+  // frozen the trained run's first (its gradients lie in its order from there).
+  int64_t gradient_origin() const { return frozen() ? trained_run().elements.offset : 0; }
   // Parameter i's ParamInfo::stream.
   void set_stream(int i, int stream) { params_.at(static_cast<size_t>(i)).stream = stream; }
   const std::vector<ParamInfo>& list() const { return params_; }

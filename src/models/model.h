@@ -119,8 +119,9 @@ class Model : public BatchTarget {
   // The flat gradients in the order backward finishes them: element ranges of flat_grads() (the
   // head, the blocks from last to first, the embeddings), each starting where the next ends, that
   // together cover every parameter; one range when the blocks' parameters are not laid out block
-  // after block; none for a plan of the weights only. Data parallelism starts a range's all-reduce
-  // once backward reports it final.
+  // after block or some are frozen (the trained ones', from the buffer's start:
+  // ParameterSet::gradient_origin); none for a plan of the weights only. Data parallelism starts a
+  // range's all-reduce once backward reports it final.
   const std::vector<ElementRange>& grad_segments() const { return grad_segments_; }
   // The same ranges of the parameter layout, known from creation (before any plan).
   const std::vector<ElementRange>& param_segments() const { return segments_; }
@@ -143,6 +144,9 @@ class Model : public BatchTarget {
   // PlanOptions::gradient_slots / weight_slots staged them; core/segment_layout.h).
   const SegmentLayout& grad_layout() const { return grad_layout_; }
   const SegmentLayout& weight_layout() const { return weight_layout_; }
+  // Elements `e` of the parameters in the weight buffer: where it holds them together (staged
+  // weights: a run within one resident segment, such as a LoRA's trained parameters).
+  ElementRange weight_place(ElementRange e) const;
   bool staged_gradients() const { return grad_layout_.is_staged(); }
   // Whether the head reads the embeddings' weights (a tied language-model head): staged gradients
   // then keep the embeddings' apart, before the slots.

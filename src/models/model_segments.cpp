@@ -54,6 +54,14 @@ Tensor Model::grad_segment(int segment) const {
   return element_range(flat_grads_, r.offset, r.count);
 }
 
+ElementRange Model::weight_place(ElementRange e) const {
+  const int64_t at = weight_layout_.offset(e.offset);
+  BRISK_CHECK(e.count == 0 || weight_layout_.offset(e.offset + e.count - 1) == at + e.count - 1,
+              "internal error: parameters [", e.offset, ", +", e.count,
+              ") lie apart in the staged weights");
+  return {at, e.count};
+}
+
 Tensor Model::weight_segment(int segment) const {
   const ElementRange r = weight_layout_.place(segment);
   return element_range(flat_weights_, r.offset, r.count);

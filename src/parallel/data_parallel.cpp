@@ -40,8 +40,9 @@ class DataParallel final : public ParallelPolicy {
   }
   double sum_over_gradients(const Tensor& sums) override;
   double gradient_sum_squares(const Tensor& acc, int skip) override {
-    const int64_t base =
-        !b_.grad_shard.empty() ? b_.shards[static_cast<size_t>(comm_.rank())].elements.offset : 0;
+    const int64_t base = !b_.grad_shard.empty()
+                             ? b_.shards[static_cast<size_t>(comm_.rank())].elements.offset
+                             : model_.params().gradient_origin();
     sum_squares_except(be_, model_.params(), gradients(), base, skip, acc);
     return sum_over_gradients(acc);
   }
@@ -57,10 +58,20 @@ class DataParallel final : public ParallelPolicy {
 
  private:
   bool partitioned() const { return !b_.shards.empty(); }
+  // Elements `e` of the parameters in the model's weight buffer, and in its gradient buffer
+  // (which, some parameters frozen, holds the trained ones' alone).
+  Tensor weights_of(ElementRange e) const {
+    const ElementRange at = model_.weight_place(e);
+    return element_range(model_.params().flat_weights(), at.offset, at.count);
+  }
+  Tensor grads_of(ElementRange e) const {
+    return element_range(model_.params().flat_grads(), e.offset - model_.params().gradient_origin(),
+                         e.count);
+  }
   // The optimizer's step on `weights` from `grads`, where its state is.
   void step_optimizer(const Tensor& weights, const Tensor& grads, float lr);
-  // ZeRO: each rank's run of `shared`, from its owner to every rank.
-  void share_runs(const Tensor& shared);
+  // ZeRO: each rank's run of the compute weights, from its owner to every rank.
+  void share_runs();
   double step_partitioned(float lr, const RngKey& rounding);
 
   Backend& be_;
@@ -124,14 +135,14 @@ double DataParallel::step_weights(float lr, const RngKey& rounding) {
   return 0.0;
 }
 
-void DataParallel::share_runs(const Tensor& shared) {
+void DataParallel::share_runs() {
   if (weights_) {
     weights_->publish();
     return;
   }
   for (int r = 0; r < comm_.size(); ++r) {
     const ElementRange e = b_.shards[static_cast<size_t>(r)].elements;
-    if (e.count > 0) comm_.broadcast(element_range(shared, e.offset, e.count), r);
+    if (e.count > 0) comm_.broadcast(weights_of(e), r);
   }
 }
 
@@ -140,15 +151,13 @@ void DataParallel::share_runs(const Tensor& shared) {
 // updates: gathered, then (bf16 without a master) rounded alike on every rank.
 double DataParallel::step_partitioned(float lr, const RngKey& rounding) {
   const ElementRange mine = b_.shards[static_cast<size_t>(comm_.rank())].elements;
-  const Tensor& master = precision_.master(model_.params());
-  const Tensor my_grads =
-      b_.grad_shard.empty() ? element_range(gradients(), mine.offset, mine.count) : b_.grad_shard;
+  const Tensor my_grads = b_.grad_shard.empty() ? grads_of(mine) : b_.grad_shard;
   const bool sharded_master = precision_.sharded_master();
-  step_optimizer(precision_.sharded() ? master : element_range(master, mine.offset, mine.count),
+  step_optimizer(precision_.sharded() ? precision_.master(model_.params()) : weights_of(mine),
                  my_grads, lr);
   if (sharded_master) precision_.refresh_weights(be_, model_.params(), rounding);
   const Clock::time_point start = Clock::now();
-  share_runs(sharded_master ? model_.params().flat_weights() : master);
+  share_runs();
   const double seconds = seconds_since(start);
   if (!sharded_master) precision_.refresh_weights(be_, model_.params(), rounding);
   return seconds;
@@ -166,11 +175,16 @@ void DataParallel::load_weights(const std::string& file) {
   weights_written();
 }
 
+// The weights a save writes are the trained ones (all, but a LoRA's frozen base): the ranks'
+// runs of the master copy or weight shard, else rank 0's.
 std::unique_ptr<GatheredReads> DataParallel::gather_for_save(bool checkpoint) {
   if (!partitioned()) return nullptr;
+  const ParameterSet& params = model_.params();
+  const Tensor weights =
+      precision_.sharded() ? precision_.master(params) : weights_of(params.trained_run().elements);
   return std::make_unique<GatheredReads>(
-      comm_, checkpoint_parts(precision_.master(model_.params()), precision_.sharded(),
-                              comm_.rank(), checkpoint ? &optimizer_ : nullptr));
+      comm_, checkpoint_parts(weights, precision_.sharded(), comm_.rank(),
+                              checkpoint ? &optimizer_ : nullptr));
 }
 
 }  // namespace

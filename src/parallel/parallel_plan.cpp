@@ -33,7 +33,7 @@ bool zero(const ParallelPlanOptions& o) {
   BRISK_FAIL("--zero_stage ", o.zero_stage, ": rank ", o.rank, " of ", o.ranks,
              " gets no parameters to hold: ", optimizer.name(), " keeps up to ", kept,
              " elements together on one rank ('", name, "'), more than a rank's share of ",
-             model.params().total_elements(), "; use fewer ranks or another --optim");
+             model.params().trained_run().elements.count, "; use fewer ranks or another --optim");
 }
 
 // Stage 2 stages the gradients in two blocks' slots (a block's sums overlap the next block's
@@ -42,8 +42,11 @@ bool zero(const ParallelPlanOptions& o) {
 // block's computation) unless that and the weight shard would hold more than whole weights,
 // or stage3_prefetch_bucket_size is below one block's weights; then one slot, or (not even
 // then) whole weights gathered after each update.
+// A model with frozen parameters keeps the trained ones' gradients whole (they are few: a
+// LoRA's adapters).
 void choose_slots(const Model& model, const ParallelPlanOptions& o, int64_t mine,
                   PlanOptions& model_options) {
+  if (model.params().frozen()) return;
   const int64_t total = model.params().total_elements();
   const std::vector<ElementRange>& segments = model.param_segments();
   auto length = [&](int slots, bool embeddings_apart) {
@@ -84,8 +87,13 @@ void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, Paralle
   if (o.zero_stage >= 2) {
     binder.declare(plan, &b.grad_shard, "zero.gradient_shard", Category::gradients, DType::f32,
                    Shape{mine.elements.count});
+    // The gradients' segments: the model's, or (some frozen) the trained run as one.
+    const ParameterSet& params = model.params();
+    const std::vector<ElementRange> segments =
+        params.frozen() ? std::vector<ElementRange>{params.trained_run().elements}
+                        : model.param_segments();
     const int64_t receive = ShardedGradients::receive_elements(
-        b.shards, o.rank, model.param_segments(), gradient_piece_elements(o.bucket_cap_mb));
+        b.shards, o.rank, segments, gradient_piece_elements(o.bucket_cap_mb));
     binder.declare(plan, &b.grad_receive, "zero.gradient_sums", Category::temporaries, DType::f32,
                    Shape{std::max<int64_t>(receive, 1)});
   }

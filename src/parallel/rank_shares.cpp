@@ -50,9 +50,12 @@ RankShares rank_shares(const RankSharesInput& in) {
                                                                  in.optimizer_state.end(), 0.0);
   const double world = static_cast<double>(in.world);
   const double sharing = in.shards.empty() ? 1.0 : world;  // ranks sharing the optimizer
-  const double master_share = in.sharded_master ? 4.0 * n / world : master;
-  const double host_share = in.offload ? 4.0 * n / sharing : 0.0;
-  const double grad_share = (in.sharded_gradients ? staged + 4.0 * n / world : staged) + host_share;
+  // The elements a partitioned state holds (a LoRA's adapters: the trained ones alone).
+  const double trained = in.trained < 0 ? n : static_cast<double>(in.trained);
+  const double master_share = in.sharded_master ? 4.0 * trained / world : master;
+  const double host_share = in.offload ? 4.0 * trained / sharing : 0.0;
+  const double grad_share =
+      (in.sharded_gradients ? staged + 4.0 * trained / world : staged) + host_share;
   const double weight_share = in.sharded_weights ? weights + 4.0 * n / world : weights;
   out.weights = weight_share / n;
   out.master = master_share / n;

@@ -17,6 +17,7 @@ struct RankSharesInput {
   std::array<size_t, kNumCategories> planned{};  // rank 0's plan, by category
   size_t host_gradient_bytes = 0;       // offload_optimizer: rank 0's host copy of its gradients
   int64_t params = 0;                   // the whole model's parameter elements
+  int64_t trained = -1;                 // the trained ones ZeRO partitions (-1: all of them)
   std::vector<ParamShard> shards;       // every rank's parameters; empty: nothing partitioned
   bool sharded_weights = false;         // stage 3: a rank keeps its shard of the weights
   bool sharded_gradients = false;       // stage 2: a rank keeps its shard of the summed gradients

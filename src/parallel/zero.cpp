@@ -22,16 +22,17 @@ std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
                                          const ShardGranule& granule) {
   BRISK_CHECK(ranks >= 1, "internal error: ", ranks, " ranks");
   const std::vector<ParamInfo>& list = params.list();
-  const int count = static_cast<int>(list.size());
-  const int64_t total = params.total_elements();
-  const int64_t chunk = (total + ranks - 1) / ranks;
+  const ParameterSet::Run run = params.trained_run();
+  const int count = run.last;
+  const int64_t start = run.elements.offset, total = start + run.elements.count;
+  const int64_t chunk = (run.elements.count + ranks - 1) / ranks;
   std::vector<ParamShard> shards(static_cast<size_t>(ranks));
-  int at = 0;         // the parameter holding the next cut's target (or count)
-  int first = 0;      // the first parameter of rank r's run
-  int64_t begin = 0;  // where rank r's run starts
+  int at = run.first;     // the parameter holding the next cut's target (or count)
+  int first = run.first;  // the first parameter of rank r's run
+  int64_t begin = start;  // where rank r's run starts
   for (int r = 0; r < ranks; ++r) {
     // Rank r ends at the allowed cut nearest to its share's end (the later of two as near).
-    const int64_t target = std::min(total, chunk * (r + 1));
+    const int64_t target = std::min(total, start + chunk * (r + 1));
     while (at < count &&
            list[static_cast<size_t>(at)].offset + list[static_cast<size_t>(at)].shape.numel() <=
                target)
@@ -301,7 +302,9 @@ void ShardedGradients::segment_done(Communicator& comm, const Model& model, int 
                   model.grad_segment(segment).device() == shard_.device(),
               "internal error: ZeRO stage 2's gradients in two memories");
   const auto start = std::chrono::steady_clock::now();
-  const ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
+  // The segment's place among the parameters (the shards' coordinates).
+  ElementRange range = model.grad_segments().at(static_cast<size_t>(segment));
+  range.offset += model.params().gradient_origin();
   const Tensor staged = model.grad_segment(segment);
   const ElementRange own = shards_[static_cast<size_t>(rank_)].elements;
   int64_t started = 0;

@@ -34,10 +34,11 @@ struct ParamShard {
 // Where a run may end inside parameter p: at multiples of this many elements from its start (its
 // elements or more: only at its ends). Optimizer::shard_granule.
 using ShardGranule = std::function<int64_t(const ParamInfo& p)>;
-// `ranks` contiguous runs of the parameters, rank r's ending at the cut `granule` allows nearest
-// to (r + 1) x ceil(total / ranks) elements: equal runs (the last shorter) where parameters may
-// be split anywhere; otherwise near them (a rank's run may be empty when a parameter kept whole
-// outweighs its share).
+// `ranks` contiguous runs of the trained parameters (ParameterSet::trained_run: all of them
+// unless some are frozen, a LoRA's base), rank r's ending at the cut `granule` allows nearest to
+// (r + 1) x ceil(total / ranks) elements from the run's start: equal runs (the last shorter) where
+// parameters may be split anywhere; otherwise near them (a rank's run may be empty when a
+// parameter kept whole outweighs its share). The runs' elements are the flat buffers' places.
 std::vector<ParamShard> partition_params(const ParameterSet& params, int ranks,
                                          const ShardGranule& granule);
 // The shard's elements as a set of parameters of their own (offsets from the shard's first
@@ -146,9 +147,10 @@ class GatheredReads {
   bool done_ = false;
 };
 
-// The parts a ZeRO checkpoint gathers (GatheredReads): the weights a save writes (this rank's
-// run of the master copy or of stage 3's weights when those are partitioned; else rank 0's whole
-// copy and nothing elsewhere), then each tensor of the optimizer's state() (this rank's).
+// The parts a ZeRO checkpoint gathers (GatheredReads): the weights a save writes, the trained
+// parameters' (this rank's run of the master copy or of stage 3's weights when those are
+// partitioned; else rank 0's whole copy and nothing elsewhere), then each tensor of the
+// optimizer's state() (this rank's).
 std::vector<Tensor> checkpoint_parts(const Tensor& weights, bool weights_partitioned, int rank,
                                      const Optimizer* optimizer);
 

@@ -82,7 +82,7 @@ const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage) 
          : layout.on(MeshDim::pipeline)            ? "--pp_size"
          : layout.on(MeshDim::sequence)            ? "--sp_size"
          : layout.on(MeshDim::expert)              ? "--ep_size"
-         : zero_stage > 0 && layout.replicas() > 1 ? "--zero_stage"
+         : zero_stage > 2 && layout.replicas() > 1 ? "--zero_stage 3"
                                                    : nullptr;
 }
 
@@ -90,8 +90,8 @@ namespace {
 
 // LoRA (--use_peft, or an adapter folder): its config from the folder or the lora_* options,
 // attached to the model (its targets resolved against the model's linears: a bad name is
-// refused here, before any data is read). Layouts that split the parameters are not built with
-// adapters yet: refused by name.
+// refused here, before any data is read). Layouts that split the parameters (model parallelism,
+// ZeRO stage 3) are not built with adapters yet: refused by name.
 void attach_adapters(RunAssembly& r) {
   const TrainOptions& o = r.options;
   if (!o.use_peft && o.adapter_name_or_path.empty()) return;
@@ -103,7 +103,8 @@ void attach_adapters(RunAssembly& r) {
   const LoraConfig c = lora_for_task(given, *r.model);
   const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage);
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
-              " are not built yet: train them with data parallelism (DDP) alone");
+              " are not built yet: train them with data parallelism (DDP, or ZeRO stage 1 or "
+              "2)");
   attach_lora(*r.model, c);
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
@@ -437,16 +438,17 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const ParameterSet& params = r.model->params();
   const bool zero = !r.parallel.shards.empty();
   const ParameterSet::Run trained = params.trained_run();
-  // (Staged weights, QLoRA's: the trained parameters at their place in the staged buffer.)
-  const ElementRange trained_place{r.model->weight_layout().offset(trained.elements.offset),
-                                   trained.elements.count};
+  // The master copy's run where it holds one: at its place in the weight buffer (staged
+  // weights, QLoRA's), but in stage 3's weight shard, which holds this rank's run of them.
+  const ElementRange held =
+      zero ? r.parallel.shards[static_cast<size_t>(replica)].elements : trained.elements;
   r.precision->plan(r.plan, r.binder, params.total_elements(),
-                    zero              ? r.parallel.shards[static_cast<size_t>(replica)].elements
-                    : params.frozen() ? trained_place
-                                      : ElementRange{0, -1});
+                    !zero && !params.frozen()   ? ElementRange{0, -1}
+                    : zero && o.zero_stage >= 3 ? held
+                                                : r.model->weight_place(held));
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
-  if (params.frozen())
+  if (params.frozen() && !zero)
     r.optimizer_params =
         shard_params(params, ParamShard{trained.first, trained.last, trained.elements});
   if (model_options.gradients)

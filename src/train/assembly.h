@@ -96,7 +96,8 @@ struct RunAssembly {
 };
 
 // The option of `layout` (or ZeRO's stage over its replicas) that LoRA adapters cannot train
-// under yet, as the user names it ("--tp_size", ...); nullptr where they can (DDP alone).
+// under yet, as the user names it ("--tp_size", ...); nullptr where they can (data parallelism,
+// with ZeRO stage 1 or 2).
 const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage);
 
 // Plans the run on `device` with `options` as resolve_run and resolve_checkpoint return them

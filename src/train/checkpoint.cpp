@@ -213,8 +213,16 @@ namespace {
 void write_saved_model(Backend& be, const fs::path& folder, const SavedModel& m,
                        int* fail_at_point) {
   if (m.adapter) {
-    BRISK_CHECK(!m.gathered, "internal error: an adapter gathered from several ranks");
-    save_adapter(folder.string(), m.model, m.weights, *m.adapter, reader_for(be));
+    const DeviceReader device = reader_for(be);
+    BRISK_CHECK(m.gathered || m.weights.numel() == m.model.params().trained_run().elements.count,
+                "internal error: ", m.weights.numel(), " trained weights to save for a run of ",
+                m.model.params().trained_run().elements.count);
+    save_adapter(folder.string(), m.model, *m.adapter, [&](size_t at, size_t n, void* dst) {
+      if (m.gathered)
+        m.gathered->read(0, at, n, dst);
+      else
+        device(m.weights, at, n, dst);
+    });
     fault_point(fail_at_point);
     fault_point(fail_at_point);
     return;

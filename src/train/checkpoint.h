@@ -53,7 +53,8 @@ nlohmann::json trainer_state_json(const TrainerState& state, const TrainOptions&
 // `weights` (the flat float32 weights or master copy; with `gathered`, ZeRO's (parallel/zero.h),
 // its whole 0, read piece by piece, and `weights` unused), as Trainer.save_model does; or with
 // `adapter`, PEFT's adapter_model.safetensors and adapter_config.json from `weights`, the
-// trained parameters' run (MixedPrecision::stepped), as a PEFT model's save_pretrained.
+// trained parameters' run (MixedPrecision::stepped), or from `gathered`'s whole 0 (the trained
+// parameters' runs of every rank), as a PEFT model's save_pretrained.
 struct SavedModel {
   const Model& model;
   Tensor weights;

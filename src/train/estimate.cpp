@@ -93,10 +93,12 @@ RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run,
           ? run.plan.bytes_by_category(Placement::host)[static_cast<int>(Category::gradients)]
           : 0;
   in.params = run.model->params().total_elements();
+  in.trained = run.model->params().trained_run().elements.count;
   in.shards = run.parallel.shards;
   in.sharded_weights = !run.parallel.shards.empty() && o.zero_stage >= 3;
   in.sharded_gradients = !run.parallel.shards.empty() && o.zero_stage >= 2;
-  in.sharded_master = run.precision->sharded_master();
+  // (A LoRA's master copy holds the trained parameters alone: partitioned only under ZeRO.)
+  in.sharded_master = run.precision->sharded_master() && !run.parallel.shards.empty();
   in.offload = run.parallel.offload;
   if (run.parallel.shards.empty())  // every rank's optimizer as rank 0's
     in.optimizer_state.assign(

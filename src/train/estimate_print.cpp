@@ -206,7 +206,8 @@ void print_categories(const Estimate& e) {
 void print_paper_formula(const Estimate& e) {
   const RunAssembly& run = *e.run;
   const RankSharesInput& in = e.rank_input;
-  if (run.optimizer->name() != "adamw_torch") return;
+  // (The paper trains every parameter: not a LoRA's frozen base.)
+  if (run.optimizer->name() != "adamw_torch" || run.adapter) return;
   const int world = in.world;
   const int64_t stage = e.options.zero_stage;
   const double paper = (stage >= 3 ? 2.0 / world : 2.0) + (stage >= 2 ? 2.0 / world : 2.0) +
@@ -244,16 +245,21 @@ void print_ranks(const Estimate& e) {
       std::printf("  ...\n");
   }
   const std::string per_world = " / " + std::to_string(world);
+  // A partitioned state's bytes per parameter of the model: 4, or a LoRA's (its trained
+  // parameters' alone) less.
+  const double part = 4.0 * (in.trained < 0 ? n : static_cast<double>(in.trained)) / n;
+  char four[32] = " + 4";
+  if (part < 4.0) std::snprintf(four, sizeof four, " + %.2f", part);
   std::printf(
       "  model states per rank: weights %.2f%s + master %.2f%s + gradients %.2f%s + optimizer "
       "%.2f%s = %.2f bytes/param (largest rank: %.2f)\n",
       shares.weights_alike, in.sharded_weights ? (" + 4" + per_world).c_str() : "",
-      in.sharded_master ? 4.0 : shares.master_alike, in.sharded_master ? per_world.c_str() : "",
+      in.sharded_master ? part : shares.master_alike, in.sharded_master ? per_world.c_str() : "",
       shares.gradients_alike,
-      (std::string(in.sharded_gradients ? " + 4" + per_world : "") +
+      (std::string(in.sharded_gradients ? four + per_world : "") +
        (!in.offload         ? ""
-        : in.shards.empty() ? " + 4 on the host"
-                            : " + 4" + per_world + " on the host"))
+        : in.shards.empty() ? four + std::string(" on the host")
+                            : four + per_world + " on the host"))
           .c_str(),
       shares.optimizer, in.shards.empty() ? "" : per_world.c_str(), shares.model_states,
       shares.largest);

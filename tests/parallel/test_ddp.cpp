@@ -72,37 +72,6 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
     }
 }
 
-// LoRA adapters (every linear of the blocks, the base frozen) train on N ranks as one process with
-// their total batch: only the adapters' gradients are summed over the ranks, and rank 0 saves the
-// adapter, which every rank stepped alike.
-TEST(DataParallel, LoraAdaptersTrainAsOneProcessWithTheirTotalBatch) {
-  const int N = world().size();
-  const std::unique_ptr<Communicator> alone = make_single_process();
-  for (const std::string type : {"bert", "gpt2"}) {
-    SCOPED_TRACE(type);
-    SharedDir dir("ddp_lora_" + type);
-    UnequalLengths lm_data;
-    const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
-    TrainOptions o = tiny_options(dir.model(type), dir / "ranks");
-    o.use_peft = true;
-    o.lora_r = 4;
-    o.lora_dropout = 0;
-    o.lora_target_modules = type == "gpt2" ? "all-linear" : "query,key,value";
-    o.learning_rate = 1e-2;
-    o.per_device_train_batch_size = 2;
-    o.gradient_accumulation_steps = 2;
-    o.max_steps = 3;
-    const Logged ranks = run(o, data, &world());
-    if (world().rank() != 0) continue;
-    TrainOptions one = o;
-    one.output_dir = dir / "one";
-    one.per_device_train_batch_size = 2 * N;
-    const Logged single = run(one, data, alone.get());
-    EXPECT_TRUE(fs::exists(single.checkpoint + "/adapter_model.safetensors"));
-    expect_trains_as(ranks, single);
-  }
-}
-
 // A mixture of experts (a tiny Mixtral) on N ranks of 2 rows: without the load-balancing loss it
 // trains as one process with their 2N rows (the experts' gradients summed over the ranks like any
 // other); with it, each rank's loss is its own micro-batch's (as under transformers' DDP, not the

@@ -1,0 +1,121 @@
+// LoRA adapters on every rank of the job: under data parallelism only the trained parameters'
+// gradients are summed, and under ZeRO stages 1 and 2 only they are partitioned (each rank steps
+// its run of the adapters, its optimizer state and master copy); the frozen base stays whole on
+// every rank. Each layout trains as one process with the ranks' total batch, and its checkpoints
+// (the adapter and the optimizer state, gathered by rank 0) resume across layouts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/test_world.h"
+#include "parallel/train_ranks.h"
+#include "test_support.h"
+#include "train/trainer.h"
+#include "trainer_support.h"
+
+namespace brisk::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// LoRA of rank 4 without dropout on `type`'s linears (BERT's attention, with its classifier
+// trained in full beside them; GPT-2's every block linear), 2 micro-batches of 2 rows a step at
+// learning rate 1e-2.
+TrainOptions lora_options(const SharedDir& dir, const std::string& type, int layers,
+                          const std::string& out) {
+  TrainOptions o = tiny_options(dir.model(type, layers), dir / out);
+  o.use_peft = true;
+  o.lora_r = 4;
+  o.lora_dropout = 0;
+  o.lora_target_modules = type == "gpt2" ? "all-linear" : "query,key,value";
+  o.learning_rate = 1e-2;
+  o.per_device_train_batch_size = 2;
+  o.gradient_accumulation_steps = 2;
+  return o;
+}
+
+// Only the adapters' gradients are summed over the ranks, and rank 0 saves the adapter, which
+// every rank stepped alike.
+TEST(DataParallel, LoraAdaptersTrainAsOneProcessWithTheirTotalBatch) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"bert", "gpt2"}) {
+    SCOPED_TRACE(type);
+    SharedDir dir("ddp_lora_" + type);
+    UnequalLengths lm_data;
+    const Dataset* data = type == "gpt2" ? &lm_data : nullptr;
+    TrainOptions o = lora_options(dir, type, 2, "ranks");
+    o.max_steps = 3;
+    const Logged ranks = run(o, data, &world());
+    if (world().rank() != 0) continue;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2 * N;
+    const Logged single = run(one, data, alone.get());
+    EXPECT_TRUE(fs::exists(single.checkpoint + "/adapter_model.safetensors"));
+    expect_trains_as(ranks, single);
+  }
+}
+
+// ZeRO stages 1 and 2 partition the trained parameters alone: in float32 (the optimizer steps
+// the weights' runs), fp16 (each rank's run of the master copy), bf16 (the frozen base held
+// 16-bit apart, the trained parameters staged after it) and QLoRA (the base's block linears
+// 4-bit). The ranks train as one process with their total batch, their checkpoints hold the
+// adapter and one process's optimizer state, and each resumes the other's. Within 1e-5 (the
+// sums' order; 16-bit weights round a last-bit difference to their coarser steps: 1e-3). The
+// optimizer offloaded to the host likewise.
+TEST(DataParallel, LoraAdaptersUnderZeroTrainAsOneProcess) {
+  const int N = world().size();
+  struct Case {
+    std::string type, precision;
+    int stage;
+    bool qlora = false, offload = false;
+  };
+  for (const Case& c : {Case{"bert", "fp32", 1}, Case{"gpt2", "fp16", 1}, Case{"gpt2", "fp32", 2},
+                        Case{"bert", "fp16", 2}, Case{"gpt2", "bf16", 2},
+                        Case{"gpt2", "fp32", 2, true}, Case{"bert", "fp16", 1, false, true}}) {
+    const std::string tag = "zero" + std::to_string(c.stage) + "_lora_" + c.type + "_" +
+                            c.precision + (c.qlora ? "_qlora" : "") + (c.offload ? "_offload" : "");
+    SCOPED_TRACE(tag);
+    SharedDir dir(tag);
+    UnequalLengths lm_data;
+    const Dataset* data = c.type == "gpt2" ? &lm_data : nullptr;
+    // Four blocks: the frozen base's blocks held apart in two slots (bf16, QLoRA).
+    TrainOptions o = lora_options(dir, c.type, 4, "ranks");
+    o.zero_stage = c.stage;
+    o.max_steps = 4;
+    o.save_steps = 2;
+    o.fp16 = c.precision == "fp16";
+    o.bf16 = c.precision == "bf16";
+    o.load_in_4bit = c.qlora;
+    // The optimizer offloaded as on a GPU: each rank steps its run of the master copy and state
+    // in host memory, from its downloaded run of the gradients.
+    o.offload_optimizer = c.offload ? "cpu" : "none";
+    o.offload_on_cpu = c.offload;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.zero_stage = 0;
+    one.per_device_train_batch_size = 2 * N;
+    const double tolerance = c.precision == "fp32" ? 1e-5 : 1e-3;
+    expect_resumes_across_layouts(o, one, data, tolerance);
+    if (world().rank() != 0) continue;
+    EXPECT_TRUE(fs::exists(dir / "ranks/checkpoint-4/adapter_model.safetensors"));
+    EXPECT_FALSE(fs::exists(dir / "ranks/checkpoint-4/model.safetensors"));
+    const auto got = optimizer_state(dir / "ranks/checkpoint-4");
+    const auto want = optimizer_state(dir / "one/checkpoint-4");
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, values] : want) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(got.contains(name));
+      const std::vector<float>& v = got.at(name);
+      ASSERT_EQ(v.size(), values.size());
+      EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 10 * tolerance);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace brisk::testing
