@@ -14,6 +14,7 @@
 #include "test_support.h"
 #include "train/assembly.h"
 #include "train/checkpoint.h"
+#include "train/fit.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 
@@ -206,6 +207,31 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   TrainOptions embed = o;
   embed.lora_modules_to_save = "wte";
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
+}
+
+// --fit prices the data replicas' sums of a LoRA run's gradients as the trained parameters'
+// alone: with every other rate unbounded, a step's seconds are the bytes summed, in the ratio of
+// the adapters to the base model's parameters.
+TEST(LoraTrain, FitPricesTheSumsOfTheAdaptersGradientsAlone) {
+  TempDir dir("lora_fit_sums");
+  TrainOptions full = tiny_options(write_config(dir, "gpt2", 0.0, 2), dir / "out");
+  TrainOptions lora = full;
+  lora.use_peft = true;
+  lora.lora_r = 4;
+  CostModel m;
+  m.fp32_flops = m.tf32_flops = m.bf16_flops = m.fp16_flops = m.attention_flops = 1e30;
+  m.bandwidth = m.elementwise = m.host_link = m.host_bandwidth = 1e30;
+  m.collective = 1;
+  for (const int64_t stage : {0, 1, 2}) {
+    SCOPED_TRACE(stage);
+    full.zero_stage = lora.zero_stage = stage;
+    const auto a = assemble_run(full, Device::cpu, nullptr, nullptr, 0, 2);
+    const auto b = assemble_run(lora, Device::cpu, nullptr, nullptr, 0, 2);
+    const double share = static_cast<double>(b->model->params().trained_run().elements.count) /
+                         static_cast<double>(a->model->params().total_elements());
+    EXPECT_LT(share, 0.1);
+    EXPECT_NEAR(predicted_step_seconds(*b, m) / predicted_step_seconds(*a, m), share, 1e-6 * share);
+  }
 }
 
 }  // namespace

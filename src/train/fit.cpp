@@ -191,8 +191,9 @@ double communication_seconds(const RunAssembly& run, const CostModel& m) {
   const double d = run.layout.replicas();
   const auto micro = static_cast<double>(o.gradient_accumulation_steps);
   const double passes = o.zero_stage >= 3 ? 1.5 * micro : o.zero_stage == 2 ? (micro + 1) / 2 : 1;
-  const double data =
-      4.0 * static_cast<double>(run.model->params().total_elements()) * ring(d) * passes;
+  // The gradients summed: the trained parameters' (a LoRA's adapters, not its frozen base).
+  const double data = 4.0 * static_cast<double>(run.model->params().trained_run().elements.count) *
+                      ring(d) * passes;
   // Sequence parallelism's all-to-alls: each rank sends (s - 1) / s of what it exchanges.
   const double sequence = sequence_step_bytes(run) / p * (s - 1) / s;
   return (tensor + data + stages + sequence) / m.collective;
