@@ -26,7 +26,10 @@ adapter before (random A and B, PEFT's save_pretrained), final/ after, steps.saf
 losses; llama_tiny (q_proj, v_proj), gpt2_tiny (c_attn, Conv1D), bert_tiny (query, value; PEFT
 trains the classifier in full as a module to save).
 
-Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py
+experts_<model>/: LoRA on a mixture's routed experts (experts_fixture), mixtral_tiny and
+olmoe_tiny.
+
+Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py [experts]
 """
 import json
 import os
@@ -121,13 +124,39 @@ MERGES = {
 }
 
 
+def expected_of(peft_model, batch, out):
+    """expected.safetensors: the adapted model's loss and logits on `batch` (eval mode) and the
+    gradients of the adapter's tensors (grad.<its key in adapter_model.safetensors>)."""
+    from safetensors.torch import save_file
+    peft_model.eval()
+    result = peft_model(**batch)
+    result.loss.backward()
+    expected = {"loss": result.loss.detach().reshape(()).contiguous(),
+                "logits": result.logits.detach().contiguous()}
+    for n, p in peft_model.named_parameters():
+        if p.requires_grad:
+            key = n.replace(".default", "").replace(".modules_to_save", "")
+            expected["grad." + key] = p.grad.detach().contiguous()
+    save_file(expected, os.path.join(out, "expected.safetensors"))
+
+
+def merged_of(peft_model, base, out):
+    """merged.safetensors: the tensors of merge_and_unload()'s state dict that differ from
+    `base`'s."""
+    import torch
+    from safetensors.torch import save_file
+    merged = peft_model.merge_and_unload().state_dict()
+    changed = {k: v.contiguous() for k, v in merged.items()
+               if k in base and not torch.equal(v, base[k])}
+    save_file(changed, os.path.join(out, "merged.safetensors"))
+
+
 def merge_fixture(name, kwargs):
     # B's values scaled up for a visible update; GPT-2's less (rsLoRA scales it 4x already, and
     # larger attention scores leave its gradients to float32 rounding at 1e-3).
     kwargs = dict(kwargs)
     b_scale = kwargs.pop("b_scale", 10.0)
     import torch
-    from safetensors.torch import save_file
     torch.manual_seed(0)
     path = os.path.join(FIXTURES, name)
     cls_name = transformers.AutoConfig.from_pretrained(path).architectures[0]
@@ -148,22 +177,10 @@ def merge_fixture(name, kwargs):
     save_adapter(peft_model, out, distinct_modules_to_save=False)
     from safetensors.torch import load_file
     batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
-    peft_model.eval()
-    result = peft_model(**batch)
-    result.loss.backward()
-    expected = {"loss": result.loss.detach().reshape(()).contiguous(),
-                "logits": result.logits.detach().contiguous()}
-    for n, p in peft_model.named_parameters():
-        if p.requires_grad:
-            key = n.replace(".default", "").replace(".modules_to_save", "")
-            expected["grad." + key] = p.grad.detach().contiguous()
-    save_file(expected, os.path.join(out, "expected.safetensors"))
+    expected_of(peft_model, batch, out)
     if kwargs.get("task_type") == TaskType.CAUSAL_LM:
         greedy_generation(peft_model, batch, out)
-    merged = peft_model.merge_and_unload().state_dict()
-    changed = {k: v.contiguous() for k, v in merged.items()
-               if k in base and not torch.equal(v, base[k])}
-    save_file(changed, os.path.join(out, "merged.safetensors"))
+    merged_of(peft_model, base, out)
 
 
 def greedy_generation(peft_model, batch, out):
@@ -226,7 +243,46 @@ def train_fixture(name, kwargs):
               os.path.join(out, "steps.safetensors"))
 
 
+EXPERTS = ["moe/mixtral_tiny", "moe/olmoe_tiny"]
+
+
+def experts_fixture(name):
+    """experts_<model>/: a LoRA of the routed experts' fused weights (PEFT's target_parameters:
+    mlp.experts.gate_up_proj and mlp.experts.down_proj, each expert its own rank-2 A and B) and of
+    q_proj, with random A and B, saved by PEFT; expected.safetensors and merged.safetensors as
+    merge_fixture writes them."""
+    import torch
+    from safetensors.torch import load_file
+    torch.manual_seed(2)
+    path = os.path.join(FIXTURES, name)
+    # the experts' loop (eager), as scripts/make_moe_fixtures.py computes the base fixtures
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="eager", experts_implementation="eager")
+    model.name_or_path = name
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    lora = LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, init_lora_weights=False,
+                      target_modules=["q_proj"],
+                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                      task_type=TaskType.CAUSAL_LM)
+    peft_model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(10.0)
+    out = os.path.join(OUT, "experts_" + name.split("/")[-1].split("_")[0])
+    os.makedirs(out, exist_ok=True)
+    save_adapter(peft_model, out)
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    expected_of(peft_model, batch, out)
+    merged_of(peft_model, base, out)
+
+
 def main():
+    import sys
+    if sys.argv[1:] == ["experts"]:
+        for name in EXPERTS:
+            experts_fixture(name)
+        return
     os.makedirs(OUT, exist_ok=True)
     cases = []
     for name in MODELS:
@@ -245,6 +301,8 @@ def main():
         merge_fixture(name, kwargs)
     for name, kwargs in TRAINS.items():
         train_fixture(name, kwargs)
+    for name in EXPERTS:
+        experts_fixture(name)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "adapters/merge.h"
 #include "cli_support.h"
@@ -72,6 +73,10 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
   expect_refused("merge --model_name_or_path " + fixture("qwen2_tiny") +
                      " --adapter_name_or_path " + fixture("lora/merge_llama") + o,
                  "do not fit its");
+  // An adapter of a mixture's experts (target_parameters): merging it is not built.
+  expect_refused("merge --model_name_or_path " + fixture("moe/mixtral_tiny") +
+                     " --adapter_name_or_path " + fixture("lora/experts_mixtral") + o,
+                 "merging it into the base is not built yet");
   // A weights file cut short, and one missing.
   const std::string cut = out / "cut";
   std::filesystem::create_directories(cut);
@@ -96,31 +101,40 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
 }
 
 // forward-backward with an adapter: the conformance path reports the adapter's gradients only.
+// forward-backward --adapter_name_or_path: the adapters' gradients under PEFT's keys and in its
+// layouts (an expert adapter's B interleaved), as PEFT computes them: Llama's q_proj and v_proj,
+// and Mixtral's experts (target_parameters) beside its q_proj.
 TEST(LoraForwardBackward, ReportsTheAdaptersGradientsAsPeft) {
-  TempDir out("lora_fb");
-  const std::string m = fixture("llama_tiny");
-  const CliRun r = run_brisk("forward-backward --config " + m + " --weights " + m +
-                             "/model.safetensors --batch " + m + "/batch.safetensors" +
-                             " --adapter_name_or_path " + fixture("lora/merge_llama") +
-                             " --output " + (out / "fb.safetensors"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const SafetensorsFile got(out / "fb.safetensors");
-  const SafetensorsFile want(fixture("lora/merge_llama/expected.safetensors"));
-  int grads = 0;
-  for (const std::string& name : got.names()) {
-    if (name.rfind("grad.", 0) != 0) continue;
-    ++grads;
-    const Tensor& g = got.get(name);
-    const Tensor& w = want.get("grad.base_model.model." + name.substr(5));
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < w.numel(); ++i) {
-      diff += (g.f32()[i] - w.f32()[i]) * (g.f32()[i] - w.f32()[i]);
-      norm += w.f32()[i] * w.f32()[i];
+  for (const auto& [model, adapter, count] :
+       {std::tuple{"llama_tiny", "merge_llama", 8},
+        std::tuple{"moe/mixtral_tiny", "experts_mixtral", 12}}) {
+    SCOPED_TRACE(model);
+    TempDir out("lora_fb");
+    const std::string m = fixture(model);
+    const CliRun r = run_brisk(
+        "forward-backward --config " + m + " --weights " + m + "/model.safetensors --batch " + m +
+        "/batch.safetensors" + " --adapter_name_or_path " +
+        fixture(std::string("lora/") + adapter) + " --output " + (out / "fb.safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const SafetensorsFile got(out / "fb.safetensors");
+    const SafetensorsFile want(fixture(std::string("lora/") + adapter + "/expected.safetensors"));
+    int grads = 0;
+    for (const std::string& name : got.names()) {
+      if (name.rfind("grad.", 0) != 0) continue;
+      ++grads;
+      const Tensor& g = got.get(name);
+      const Tensor& w = want.get("grad.base_model.model." + name.substr(5));
+      ASSERT_EQ(g.shape(), w.shape()) << name;
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < w.numel(); ++i) {
+        diff += (g.f32()[i] - w.f32()[i]) * (g.f32()[i] - w.f32()[i]);
+        norm += w.f32()[i] * w.f32()[i];
+      }
+      EXPECT_LE(std::sqrt(diff / norm), 1e-4) << name;
     }
-    EXPECT_LE(std::sqrt(diff / norm), 1e-4) << name;
+    EXPECT_EQ(grads, count);  // A and B of each adapted linear or experts' weight in 2 layers
+    EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-5);
   }
-  EXPECT_EQ(grads, 8);  // q_proj and v_proj's A and B in 2 layers
-  EXPECT_NEAR(got.get("loss").f32()[0], want.get("loss").f32()[0], 1e-5);
 }
 
 }  // namespace

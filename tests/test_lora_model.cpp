@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -28,9 +29,10 @@ double normwise(const std::vector<float>& got, const Tensor& want) {
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
-void expect_as_peft(const std::string& model, const std::string& adapter) {
+void expect_as_peft(const std::string& model, const std::string& adapter,
+                    const std::string& kind = "merge_") {
   SCOPED_TRACE(model);
-  const std::string dir = fixture("lora/merge_" + adapter);
+  const std::string dir = fixture("lora/" + kind + adapter);
   const LoraConfig c =
       read_adapter_config(read_json_file(dir + "/adapter_config.json", "adapter"), "adapter");
   LoadedModel lm(fixture(model), {}, false, DType::f32, 0, false, nullptr, 0, nullptr,
@@ -52,11 +54,29 @@ void expect_as_peft(const std::string& model, const std::string& adapter) {
     if (p.frozen) continue;
     const std::string key = "grad.base_model.model." + p.name;
     ASSERT_TRUE(want.has(key)) << key;
-    EXPECT_LE(normwise(to_host(*lm.be, ps.grad(static_cast<int>(i))), want.get(key)), 1e-4)
-        << p.name;
+    const int id = static_cast<int>(i);
+    const std::vector<float> g = to_host(*lm.be, ps.grad(id));
+    std::vector<float> laid(g.size());
+    EXPECT_EQ(to_peft_layout(*lm.model, id, g.data(), laid.data()), want.get(key).shape());
+    EXPECT_LE(normwise(laid, want.get(key)), 1e-4) << p.name;
     ++compared;
   }
   EXPECT_EQ(compared + 2, static_cast<int>(want.names().size()));  // and loss, logits
+  // Saved again, the adapter is PEFT's file tensor for tensor (an expert's B interleaved back).
+  TempDir out("lora_saved");
+  const ParameterSet::Run run = ps.trained_run();
+  const std::vector<float> trained =
+      to_host(*lm.be, element_range(ps.flat_weights(), run.elements.offset, run.elements.count));
+  save_adapter(out.path.string(), *lm.model, c, [&](size_t at, size_t n, void* dst) {
+    std::memcpy(dst, reinterpret_cast<const char*>(trained.data()) + at, n);
+  });
+  const SafetensorsFile a(out / "adapter_model.safetensors"), b(dir + "/adapter_model.safetensors");
+  for (const std::string& name : b.names()) {
+    ASSERT_TRUE(a.has(name)) << name;
+    ASSERT_EQ(a.get(name).shape(), b.get(name).shape()) << name;
+    const std::vector<float> x(a.get(name).f32(), a.get(name).f32() + a.get(name).numel());
+    EXPECT_EQ(normwise(x, b.get(name)), 0.0) << name;
+  }
 }
 
 TEST(LoraModel, LlamaAsPeft) {
@@ -69,6 +89,13 @@ TEST(LoraModel, Gpt2sConv1DWithRsLoraAsPeft) {
 
 TEST(LoraModel, BertWithItsClassifierTrainedAsPeft) {
   expect_as_peft("bert_tiny", "bert");
+}
+
+// A mixture's routed experts adapted through PEFT's target_parameters (each expert its own A
+// and B on the fused gate_up_proj and down_proj) beside q_proj: Mixtral and OLMoE.
+TEST(LoraModel, MixturesExpertsAsPeftsTargetParameters) {
+  expect_as_peft("moe/mixtral_tiny", "mixtral", "experts_");
+  expect_as_peft("moe/olmoe_tiny", "olmoe", "experts_");
 }
 
 TEST(LoraModel, FreshAdaptersLeaveTheBaseModelsOutput) {

@@ -4,10 +4,12 @@
 // refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "adapters/attach.h"
 #include "adapters/lora.h"
 #include "core/json_file.h"
 #include "core/safetensors.h"
@@ -207,6 +209,58 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   TrainOptions embed = o;
   embed.lora_modules_to_save = "wte";
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
+}
+
+// A mixture's routed experts adapted through PEFT's target_parameters (beside q_proj) train (as
+// with gradient checkpointing) and resume exactly; the adapter saved holds the keys and shapes PEFT
+// saved for the same targets (lora/experts_mixtral: each expert's B interleaved as PEFT lays it),
+// and its config the targets.
+TEST(LoraTrain, MixturesExpertsTrainResumeAndSaveAsPeft) {
+  TempDir dir("lora_experts");
+  FixtureRows rows(fixture("moe/mixtral_tiny/batch.safetensors"));
+  TrainOptions o = tiny_options(fixture("moe/mixtral_tiny"), dir / "out");
+  o.use_peft = true;
+  o.lora_r = 2;
+  o.lora_alpha = 4;
+  o.lora_dropout = 0;
+  o.lora_target_modules = "q_proj";
+  o.lora_target_parameters = "mlp.experts.gate_up_proj,mlp.experts.down_proj";
+  o.learning_rate = 1e-2;
+  o.per_device_train_batch_size = 1;
+  o.max_steps = 4;
+  o.save_steps = 2;
+  const std::vector<double> losses = train_losses(o, &rows);
+  EXPECT_EQ(losses.size(), 4u);
+  // Gradient checkpointing runs the experts' forward again in backward: the same steps.
+  TrainOptions recomputed = o;
+  recomputed.output_dir = dir / "recomputed";
+  recomputed.gradient_checkpointing = true;
+  const std::vector<double> again = train_losses(recomputed, &rows);
+  ASSERT_EQ(again.size(), losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(again[i], losses[i], 1e-6 * losses[i]);
+  const std::string saved = o.output_dir + "/checkpoint-4/adapter_model.safetensors";
+  TrainOptions resumed = resumed_in_copy(o, "checkpoint-2", dir / "resumed");
+  EXPECT_EQ(train_losses(resumed, &rows).size(), 2u);
+  EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
+            checkpoint_weights(o.output_dir + "/checkpoint-4"));
+  const SafetensorsFile got(saved), want(fixture("lora/experts_mixtral/adapter_model.safetensors"));
+  std::vector<std::string> a = got.names(), b = want.names();
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  ASSERT_EQ(a, b);
+  for (const std::string& name : b)
+    EXPECT_EQ(got.get(name).shape(), want.get(name).shape()) << name;
+  const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
+  EXPECT_EQ(c.target_parameters,
+            (std::vector<std::string>{"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  EXPECT_EQ(c.target_modules, std::vector<std::string>{"q_proj"});
+  // PEFT's experts take no dropout.
+  o.lora_dropout = 0.05;
+  expect_error([&] { validate_options(o); }, "--lora_target_parameters needs --lora_dropout 0");
+  o.lora_dropout = 0;
+  o.lora_target_parameters = "mlp.experts.w9";
+  expect_error([&] { train_losses(o, &rows); },
+               "--lora_target_parameters mlp.experts.w9 matches no weight of the model");
 }
 
 // --fit prices the data replicas' sums of a LoRA run's gradients as the trained parameters'

@@ -384,7 +384,7 @@ class _Html:
 # a LoRA run; any other key PEFT sets away from its default is refused by name.
 _LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
               "target_modules": "lora_target_modules", "modules_to_save": "lora_modules_to_save",
-              "use_rslora": "use_rslora"}
+              "target_parameters": "lora_target_parameters", "use_rslora": "use_rslora"}
 _LORA_INERT = ("peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode",
                "init_lora_weights", "fan_in_fan_out", "bias", "peft_version", "auto_mapping",
                "megatron_core", "qalora_group_size")
@@ -409,7 +409,7 @@ def _lora_options(config):
         if key in _LORA_KEYS:
             if value is None:
                 continue
-            if key in ("target_modules", "modules_to_save"):
+            if key in ("target_modules", "modules_to_save", "target_parameters"):
                 value = _module_names(value, key)
             options[_LORA_KEYS[key]] = value
         elif key not in _LORA_INERT and value not in (None, False, {}, [], "", ()):
@@ -456,7 +456,8 @@ def _quantization_options(config, args):
 
 
 def _module_names(value, key):
-    """target_modules / modules_to_save as the engine's comma list ("all-linear" as it is)."""
+    """target_modules / modules_to_save / target_parameters as the engine's comma list
+    ("all-linear" as it is)."""
     if isinstance(value, str):
         if key == "target_modules" and value.lower() != "all-linear":
             raise ValueError("peft_config: target_modules as a regular expression (%r) is not "

@@ -17,6 +17,7 @@ const std::set<std::string>& followed_keys() {
       "lora_alpha",
       "lora_dropout",
       "target_modules",
+      "target_parameters",
       "modules_to_save",
       "use_rslora",
       "fan_in_fan_out",
@@ -92,6 +93,10 @@ LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origi
   } else {
     c.target_modules = string_list(targets, origin, "target_modules");
   }
+  c.target_parameters =
+      string_list(j.value("target_parameters", nlohmann::json()), origin, "target_parameters");
+  BRISK_CHECK(c.target_parameters.empty() || c.dropout == 0, origin,
+              ": lora_dropout must be 0 with target_parameters (as PEFT requires)");
   c.modules_to_save =
       string_list(j.value("modules_to_save", nlohmann::json()), origin, "modules_to_save");
   const nlohmann::json rs = j.value("use_rslora", nlohmann::json(false));
@@ -113,6 +118,8 @@ nlohmann::json adapter_config_json(const LoraConfig& c) {
           {"lora_alpha", whole_or_real(c.alpha)},
           {"lora_dropout", c.dropout},
           {"target_modules", targets},
+          {"target_parameters",
+           c.target_parameters.empty() ? nlohmann::json() : nlohmann::json(c.target_parameters)},
           {"modules_to_save",
            c.modules_to_save.empty() ? nlohmann::json() : nlohmann::json(c.modules_to_save)},
           {"use_rslora", c.use_rslora},

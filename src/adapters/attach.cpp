@@ -1,7 +1,9 @@
 #include "adapters/attach.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -29,6 +31,38 @@ void check_trained_together(const Model& model) {
   }
 }
 
+// An expert adapter's B: brisk's [E out, r] (expert after expert) and PEFT's lora_B [out, r E]
+// (B_e's column k at column k E + e), one into the other.
+struct ExpertB {
+  int64_t experts, out, r;
+  int64_t peft_at(int64_t e, int64_t o, int64_t k) const {
+    return o * r * experts + k * experts + e;
+  }
+  int64_t at(int64_t e, int64_t o, int64_t k) const { return (e * out + o) * r + k; }
+  void to_peft(const float* b, float* peft) const {
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t k = 0; k < r; ++k) peft[peft_at(e, o, k)] = b[at(e, o, k)];
+  }
+  void from_peft(const float* peft, float* b) const {
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t k = 0; k < r; ++k) b[at(e, o, k)] = peft[peft_at(e, o, k)];
+  }
+};
+
+// The expert adapter whose B is parameter i, if one is.
+const ModelAdapters::ExpertEntry* expert_b(const Model& model, int i) {
+  if (const ModelAdapters* a = model.adapters())
+    for (const ModelAdapters::ExpertEntry& e : a->experts())
+      if (e.b == i) return &e;
+  return nullptr;
+}
+
+ExpertB expert_b_layout(const ModelAdapters::ExpertEntry& e) {
+  return {e.decl.weights.experts, e.decl.weights.out, e.decl.r};
+}
+
 }  // namespace
 
 LoraTargets attach_lora(Model& model, const LoraConfig& c) {
@@ -41,7 +75,10 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
     decls.push_back(AdapterDecl{l.param, l.module, l.layer, l.in, l.out, c.r, l.fan_in_fan_out,
                                 static_cast<float>(c.scale()), static_cast<float>(c.dropout)});
   }
-  model.add_adapters(decls,
+  std::vector<ExpertAdapterDecl> experts;
+  for (const ExpertTarget& t : expert_targets(model.expert_weights(), c))
+    experts.push_back({t.weights, t.module, c.r, static_cast<float>(c.scale())});
+  model.add_adapters(decls, experts,
                      [&](const ParamInfo& p) { return saved_in_full(p.name, c.modules_to_save); });
   check_trained_together(model);
   return t;
@@ -85,7 +122,8 @@ LoraConfig lora_for_task(LoraConfig c, const Model& model) {
 LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base) {
   // PEFT's default targets are written as the names they stand for (the adapted modules' last
   // parts), as PEFT writes them.
-  const bool defaults = !c.all_linear && c.target_pattern.empty() && c.target_modules.empty();
+  const bool defaults = !c.all_linear && c.target_pattern.empty() && c.target_modules.empty() &&
+                        c.target_parameters.empty();
   std::set<std::string> names;
   c.fan_in_fan_out = false;
   if (const ModelAdapters* a = model.adapters())
@@ -106,15 +144,45 @@ void save_adapter(const std::string& folder, const Model& model, const LoraConfi
   for (int i = run.first; i < run.last; ++i) {
     const ParamInfo& p = ps.list()[static_cast<size_t>(i)];
     const auto start = static_cast<size_t>(p.offset - run.elements.offset) * 4;
-    tensors.push_back(
-        {kPeftPrefix + p.name, DType::f32, p.shape,
-         [&read, start](size_t at, size_t n, void* dst) { read(start + at, n, dst); }});
+    const ModelAdapters::ExpertEntry* e = expert_b(model, i);
+    if (e == nullptr) {
+      tensors.push_back(
+          {kPeftPrefix + p.name, DType::f32, p.shape,
+           [&read, start](size_t at, size_t n, void* dst) { read(start + at, n, dst); }});
+      continue;
+    }
+    // An expert adapter's B in PEFT's layout: read whole (a few rank-r columns) and permuted.
+    const ExpertB l = expert_b_layout(*e);
+    auto peft = std::make_shared<std::vector<float>>();
+    const int64_t n = p.shape.numel();
+    tensors.push_back({kPeftPrefix + p.name, DType::f32, Shape{l.out, l.r * l.experts},
+                       [&read, start, l, peft, n](size_t at, size_t bytes, void* dst) {
+                         if (peft->empty()) {
+                           std::vector<float> b(static_cast<size_t>(n));
+                           read(start, b.size() * 4, b.data());
+                           peft->resize(b.size());
+                           l.to_peft(b.data(), peft->data());
+                         }
+                         std::memcpy(dst, reinterpret_cast<const char*>(peft->data()) + at, bytes);
+                       }});
   }
   namespace fs = std::filesystem;
   write_streamed_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
                              {{"format", "pt"}});
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(),
                         adapter_config_json(c).dump(2) + "\n");
+}
+
+Shape to_peft_layout(const Model& model, int i, const float* values, float* out) {
+  const ParamInfo& p = model.params().list().at(static_cast<size_t>(i));
+  const ModelAdapters::ExpertEntry* e = expert_b(model, i);
+  if (e == nullptr) {
+    std::copy_n(values, p.shape.numel(), out);
+    return p.shape;
+  }
+  const ExpertB l = expert_b_layout(*e);
+  l.to_peft(values, out);
+  return Shape{l.out, l.r * l.experts};
 }
 
 void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {
@@ -126,9 +194,23 @@ void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {
     load_adapter_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
     load_adapter_tensor(be, f, key + ".lora_B.weight", ps.weight(e.b));
   }
+  for (const ModelAdapters::ExpertEntry& e : adapters->experts()) {
+    const std::string key = kPeftPrefix + e.decl.module;
+    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
+    const Tensor& src = f.get(key + ".lora_B.weight");
+    const ExpertB l = expert_b_layout(e);
+    BRISK_CHECK(src.shape() == Shape({l.out, l.r * l.experts}), f.path(), ": ", key,
+                ".lora_B.weight is ", src.shape().str(), " where the model's is [", l.out, ", ",
+                l.r * l.experts, "] (an adapter of another model?)");
+    std::vector<float> peft(static_cast<size_t>(src.numel())), b(peft.size());
+    copy_to_f32(src, Tensor(peft.data(), src.shape(), DType::f32, Device::cpu),
+                f.path() + ": " + key);
+    l.from_peft(peft.data(), b.data());
+    be.upload(Tensor(b.data(), ps.weight(e.b).shape(), DType::f32, Device::cpu), ps.weight(e.b));
+  }
   for (size_t i = 0; i < ps.list().size(); ++i) {  // the modules to save, where the file has them
     const ParamInfo& p = ps.list()[i];
-    if (!p.frozen && f.has(kPeftPrefix + p.name))
+    if (!p.frozen && f.has(kPeftPrefix + p.name) && !expert_b(model, static_cast<int>(i)))
       load_adapter_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
   }
 }

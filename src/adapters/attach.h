@@ -47,6 +47,11 @@ void save_adapter(const std::string& folder, const Model& model, const LoraConfi
 // against its shape.
 void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f);
 
+// Parameter i's values (float32, n of them) as PEFT's adapter file lays them out, into `out`: an
+// expert adapter's B [E out, r] as PEFT's lora_B [out, r E] (B_e's column k at k E + e), any
+// other as it is. Returns its shape there.
+Shape to_peft_layout(const Model& model, int i, const float* values, float* out);
+
 // PEFT's tensor `key` of `f` into the parameter `dst` (on the model's device), shapes checked.
 void load_adapter_tensor(Backend& be, const SafetensorsFile& f, const std::string& key,
                          const Tensor& dst);

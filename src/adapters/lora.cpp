@@ -117,8 +117,10 @@ double LoraConfig::scale() const {
 }
 
 LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,
-                       const std::string& modules_to_save, bool use_rslora) {
+                       const std::string& modules_to_save, bool use_rslora,
+                       const std::string& target_parameters) {
   LoraConfig c;
+  c.target_parameters = split_names(target_parameters);
   c.r = r;
   c.alpha = alpha;
   c.dropout = dropout;
@@ -144,6 +146,8 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
   LoraTargets t;
   std::vector<LinearDecl>& out = t.linears;
   const bool listed = !c.all_linear && c.target_pattern.empty();
+  // (target_parameters alone: the experts, no linear.)
+  if (listed && c.target_modules.empty() && !c.target_parameters.empty()) return t;
   const std::vector<std::string> names =
       listed && c.target_modules.empty() ? default_targets(model_type, linears) : c.target_modules;
   std::optional<FullMatch> pattern;
@@ -172,6 +176,29 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
               " matches no linear of the model (", model_type, "'s linears are named like ",
               linears.empty() ? std::string("none") : excerpt(linears.front().module, 60), ")");
   return t;
+}
+
+std::vector<ExpertTarget> expert_targets(const std::vector<ExpertWeightsDecl>& weights,
+                                         const LoraConfig& c) {
+  std::vector<ExpertTarget> out;
+  if (c.target_parameters.empty()) return out;
+  auto module_of = [](const ExpertWeightsDecl& w) { return w.name.substr(0, w.name.rfind('.')); };
+  for (const ExpertWeightsDecl& w : weights)
+    for (const std::string& t : c.target_parameters)
+      if (ends_with_part(w.name, t)) {
+        out.push_back({w, module_of(w)});
+        break;
+      }
+  // A module's earlier weights lie inside the wrappers of its later ones.
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = i + 1; j < out.size(); ++j)
+      if (module_of(out[j].weights) == module_of(out[i].weights)) out[i].module += ".base_layer";
+  BRISK_CHECK(
+      !out.empty(), "--lora_target_parameters ", joined(c.target_parameters),
+      " matches no weight of the model (a mixture's experts' weights are named like ",
+      weights.empty() ? std::string("none: it has no experts") : excerpt(weights.front().name, 60),
+      ")");
+  return out;
 }
 
 }  // namespace brisk

@@ -23,6 +23,10 @@ struct LoraConfig {
   std::vector<std::string> target_modules;
   bool all_linear = false;
   std::string target_pattern;
+  // PEFT's target_parameters: a mixture's fused expert weights by name ("mlp.experts.gate_up_proj",
+  // "mlp.experts.down_proj": a weight whose name is one, or ends with "." + one), each expert
+  // its own A and B (no dropout). None beside them and no target_modules: the experts alone.
+  std::vector<std::string> target_parameters;
   // Modules trained in full and saved with the adapter (PEFT's modules_to_save).
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;
@@ -37,7 +41,8 @@ struct LoraConfig {
 
 // From the options' values (lists comma-separated; "all-linear" as PEFT's shorthand), checked.
 LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,
-                       const std::string& modules_to_save, bool use_rslora);
+                       const std::string& modules_to_save, bool use_rslora,
+                       const std::string& target_parameters = "");
 
 // PEFT's adapter_config.json read (`origin` names the file in messages) and written. Reading
 // refuses what brisk does not run (another peft_type, DoRA, bias, layers_to_transform, ...) by
@@ -56,6 +61,17 @@ struct LoraTargets {
 };
 LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfig& c,
                          const std::string& model_type);
+
+// The fused expert weights (models/linears.h) target_parameters names, in the model's order, each
+// with PEFT's name of its wrapper: "<module>" nested in a ".base_layer" for each weight of the
+// same module wrapped after it (PEFT wraps a module's weights in their declaration order, each
+// around the last). Refused: target_parameters that match none.
+struct ExpertTarget {
+  ExpertWeightsDecl weights;
+  std::string module;
+};
+std::vector<ExpertTarget> expert_targets(const std::vector<ExpertWeightsDecl>& weights,
+                                         const LoraConfig& c);
 
 // Whether parameter `name` (transformers' state-dict name) belongs to one of the modules to save.
 bool saved_in_full(const std::string& name, const std::vector<std::string>& modules_to_save);

@@ -108,6 +108,13 @@ void copy_beside(const std::string& from, const std::string& to) {
   for (const char* name : kTokenizerFiles) copy(name);
 }
 
+// Merging the experts' fused weights' adapters (target_parameters) is not built yet.
+void refuse_expert_adapters(const LoraConfig& c, const std::string& option) {
+  BRISK_CHECK(c.target_parameters.empty(), option,
+              ": the adapter adapts a mixture's experts (target_parameters); merging it into "
+              "the base is not built yet: evaluate it with --adapter_name_or_path instead");
+}
+
 }  // namespace
 
 void merge_adapter(const MergeArgs& args) {
@@ -120,6 +127,7 @@ void merge_adapter(const MergeArgs& args) {
   const std::string config_path = (adapter / "adapter_config.json").string();
   const LoraConfig c =
       read_adapter_config(read_json_file(config_path, "adapter config"), config_path);
+  refuse_expert_adapters(c, "--adapter_name_or_path");
   const ModelConfig config = resolve_config(args.model_name_or_path);
   const LoraTargets targets = lora_targets(Model::create(config)->linears(), c, config.type_name());
   const SafetensorsFile f((adapter / "adapter_model.safetensors").string());
@@ -165,6 +173,7 @@ void merge_adapter(const MergeArgs& args) {
 void merge_adapter_into(Backend& be, const Model& model, const std::string& folder,
                         const std::string& option) {
   const LoraConfig c = read_adapter_folder(folder, option);
+  refuse_expert_adapters(c, option);
   const LoraTargets targets = lora_targets(model.linears(), c, model.config().type_name());
   const SafetensorsFile f(adapter_weights_path(folder, option));
   const ParameterSet& ps = model.params();

@@ -146,10 +146,17 @@ int run_forward_backward(const ForwardBackwardArgs& a) {
     std::vector<std::pair<std::string, Tensor>> out;
     out.emplace_back("loss", Tensor(&loss, Shape{}, DType::f32));
     out.emplace_back("logits", Tensor(logits.data(), model->logits().shape(), DType::f32));
+    // (An adapter's gradients laid out as PEFT's file lays the tensors.)
     const ParameterSet& ps = model->params();
-    for (size_t i = 0; i < ps.list().size(); ++i)  // a frozen parameter has none
-      if (!ps.list()[i].frozen)
-        out.emplace_back("grad." + ps.list()[i].name, ps.grad(static_cast<int>(i)));
+    std::vector<std::vector<float>> laid;
+    laid.reserve(ps.list().size());
+    for (size_t i = 0; i < ps.list().size(); ++i) {  // a frozen parameter has none
+      if (ps.list()[i].frozen) continue;
+      const auto id = static_cast<int>(i);
+      std::vector<float>& v = laid.emplace_back(static_cast<size_t>(ps.grad(id).numel()));
+      const Shape shape = to_peft_layout(*model, id, ps.grad(id).f32(), v.data());
+      out.emplace_back("grad." + ps.list()[i].name, Tensor(v.data(), shape, DType::f32));
+    }
     write_safetensors(a.output, out);
   }
   return 0;

@@ -21,6 +21,16 @@ struct LinearDecl {
   bool expert = false;
 };
 
+// A mixture's routed experts' fused weights as transformers 5 names them, which PEFT adapts
+// through target_parameters: a sparse layer's "model.layers.<l>.mlp.experts.gate_up_proj"
+// [E, 2F, C] (each expert's gate then up rows) and ".down_proj" [E, C, F].
+struct ExpertWeightsDecl {
+  std::string name;
+  int layer = -1;
+  bool down = false;  // the down projections (else the gate and up ones)
+  int64_t experts = 0, in = 0, out = 0;
+};
+
 // The module names of `linears`, in their order.
 std::vector<std::string> module_names(const std::vector<LinearDecl>& linears);
 

@@ -302,6 +302,22 @@ class Llama final : public Model {
   }
   bool head_reads_embeddings() const override { return head_ >= 0 && head_ == embed_; }
 
+  std::vector<ExpertWeightsDecl> expert_weights() const override {
+    std::vector<ExpertWeightsDecl> out;
+    const ModelConfig& c = config_;
+    const int64_t E = c.moe.local_experts(), C = c.hidden_size, F = c.moe.inner;
+    for (int l = 0; moe_ && l < static_cast<int>(c.num_layers); ++l) {
+      if (!moe_->sparse(l)) continue;
+      const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      out.push_back({p + "gate_up_proj", l, false, E, C, 2 * F});
+      out.push_back({p + "down_proj", l, true, E, F, C});
+    }
+    return out;
+  }
+  void adapt_experts(const ExpertWeightsDecl& w, int a, int b, int64_t r, float scale) override {
+    moe_->add_lora(w.layer, w.down, a, b, r, scale);
+  }
+
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
     const int64_t T = ids.dim(1);
     BRISK_CHECK(first >= 0 && first + T <= rope_cos_.dim(0), "positions ", first, "..", first + T,

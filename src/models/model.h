@@ -134,8 +134,15 @@ class Model : public BatchTarget {
   // declared after the base's parameters ("<module>.lora_A.weight", ".lora_B.weight"; A drawn
   // as PEFT's kaiming_uniform(a = sqrt 5), B zero), and every other parameter `trained` does not
   // name frozen.
+  // Experts' adapters (`experts`) likewise after them: A [E r, in], B [E out, r] (MoeLora's
+  // layouts), handed to the layer's experts (adapt_experts).
   void add_adapters(const std::vector<AdapterDecl>& decls,
+                    const std::vector<ExpertAdapterDecl>& experts,
                     const std::function<bool(const ParamInfo&)>& trained);
+  // A mixture's fused expert weights (none elsewhere), and a LoRA of them (parameters a and b):
+  // what the model's sparse layers compute with.
+  virtual std::vector<ExpertWeightsDecl> expert_weights() const { return {}; }
+  virtual void adapt_experts(const ExpertWeightsDecl& w, int a, int b, int64_t r, float scale);
   const ModelAdapters* adapters() const { return adapters_.get(); }
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
   // place, which other segments' places may overlap (they hold their gradients in turn).

@@ -10,6 +10,7 @@
 
 #include "core/memory_plan.h"
 #include "core/parameters.h"
+#include "models/linears.h"
 #include "models/transformer_block.h"
 
 namespace brisk {
@@ -25,8 +26,25 @@ struct AdapterDecl {
   float dropout = 0;  // on the adapter's input, in training
 };
 
+// A LoRA of a mixture's fused expert weights (models/moe_layer.h's MoeLora), as the adapter
+// layer declares it; `module`: PEFT's name of its wrapper ("model.layers.0.mlp.experts", a
+// ".base_layer" for each wrapper around it).
+struct ExpertAdapterDecl {
+  ExpertWeightsDecl weights;
+  std::string module;
+  int64_t r = 0;
+  float scale = 1;
+};
+
 class ModelAdapters final : public ProductAdapters {
  public:
+  // An expert adapter's A [E r, in] and B [E out, r] (MoeLora's layouts).
+  struct ExpertEntry {
+    ExpertAdapterDecl decl;
+    int a = -1, b = -1;
+  };
+  std::vector<ExpertEntry>& experts() { return experts_; }
+  const std::vector<ExpertEntry>& experts() const { return experts_; }
   struct Entry {
     AdapterDecl decl;
     int a = -1, b = -1;  // their parameters
@@ -62,6 +80,7 @@ class ModelAdapters final : public ProductAdapters {
   static RngKey dropout_key(const RngKey& key, const Entry& e, size_t i);
   const ParameterSet& params_;
   std::vector<Entry> entries_;
+  std::vector<ExpertEntry> experts_;
   Tensor input_;  // [rows, the widest input] float32, where declared
 };
 

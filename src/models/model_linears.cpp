@@ -62,7 +62,12 @@ void Model::freeze_except(const std::function<bool(const ParamInfo&)>& trained) 
     if (!trained(list[i])) params_.freeze(static_cast<int>(i));
 }
 
+void Model::adapt_experts(const ExpertWeightsDecl& w, int, int, int64_t, float) {
+  BRISK_FAIL("internal error: ", w.name, ": the model holds no experts");
+}
+
 void Model::add_adapters(const std::vector<AdapterDecl>& decls,
+                         const std::vector<ExpertAdapterDecl>& experts,
                          const std::function<bool(const ParamInfo&)>& trained) {
   BRISK_CHECK(adapters_ == nullptr, "internal error: adapters attached twice");
   adapters_ = std::make_unique<ModelAdapters>(params_);
@@ -75,7 +80,18 @@ void Model::add_adapters(const std::vector<AdapterDecl>& decls,
     e.b = param(d.module + ".lora_B.weight", {d.out, d.r}, kAdapter);
     adapters_->entries().push_back(std::move(e));
   }
-  const int first = adapters_->entries().empty() ? 0 : adapters_->entries().front().a;
+  for (const ExpertAdapterDecl& d : experts) {
+    ModelAdapters::ExpertEntry e;
+    e.decl = d;
+    const ExpertWeightsDecl& w = d.weights;
+    e.a = param(d.module + ".lora_A.weight", {w.experts * d.r, w.in}, kAdapter);
+    e.b = param(d.module + ".lora_B.weight", {w.experts * w.out, d.r}, kAdapter);
+    adapt_experts(w, e.a, e.b, d.r, d.scale);
+    adapters_->experts().push_back(std::move(e));
+  }
+  const int first = !adapters_->entries().empty()   ? adapters_->entries().front().a
+                    : !adapters_->experts().empty() ? adapters_->experts().front().a
+                                                    : 0;
   freeze_except([&](const ParamInfo& p) { return trained(p) || params_.index(p.name) >= first; });
   find_grad_segments();
 }
@@ -83,6 +99,8 @@ void Model::add_adapters(const std::vector<AdapterDecl>& decls,
 bool Model::adapter_param(size_t i) const {
   if (!adapters_) return false;
   for (const ModelAdapters::Entry& e : adapters_->entries())
+    if (static_cast<int>(i) == e.a || static_cast<int>(i) == e.b) return true;
+  for (const ModelAdapters::ExpertEntry& e : adapters_->experts())
     if (static_cast<int>(i) == e.a || static_cast<int>(i) == e.b) return true;
   return false;
 }

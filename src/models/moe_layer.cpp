@@ -18,10 +18,39 @@ void phase_done(const char* phase) {
   if (phase_hook()) phase_hook()(phase);
 }
 
-// Expert e's [rows, cols] matrix of a [E, rows, cols] tensor.
+// Expert e's [rows, cols] matrix of a [E, rows, cols] tensor (none of none: a frozen weight's
+// gradient).
 Tensor expert_matrix(const Tensor& t, int64_t e) {
+  if (t.empty()) return Tensor();
   return Tensor(element_range(t, e * t.dim(1) * t.dim(2), t.dim(1) * t.dim(2)).data(),
                 Shape{t.dim(1), t.dim(2)}, t.dtype(), t.device());
+}
+
+// Expert e's A [r, in] and B [out, r] of a LoRA (MoeLora).
+Tensor lora_a(const MoeLora& l, int64_t e) {
+  return row_range(l.a, e * l.r, l.r);
+}
+Tensor lora_b(const MoeLora& l, int64_t e) {
+  const int64_t out = l.b.dim(0) / (l.a.dim(0) / l.r);
+  return row_range(l.b, e * out, out);
+}
+
+// y (expert e's n rows from `first`) += its LoRA's term of x, u kept.
+void lora_rows_forward(Backend& be, const MoeLora& l, int64_t e, int64_t first, int64_t n,
+                       const Tensor& x, const Tensor& y) {
+  if (!l.on() || n == 0) return;
+  be.lora_forward(x, lora_a(l, e), lora_b(l, e), l.scale, row_range(l.u, first, n), y, 0);
+}
+
+// Its backward: the gradients of A_e and B_e added to (where trained), dx += the term's.
+void lora_rows_backward(Backend& be, const MoeLora& l, const MoeLora& g, int64_t e, int64_t first,
+                        int64_t n, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (!l.on() || n == 0) return;
+  const bool trained = !g.a.empty();
+  be.lora_backward(
+      x, lora_a(l, e), lora_b(l, e), l.scale, row_range(l.u, first, n), dy, 0,
+      row_range(l.v, first, n), trained ? lora_a(g, e) : Tensor(),
+      trained ? row_range(g.b, e * lora_b(l, e).dim(0), lora_b(l, e).dim(0)) : Tensor(), dx, true);
 }
 
 // The rows expert e computes of the `count` routed to it.
@@ -363,15 +392,18 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   phase_done("dispatch");
   const Tensor out = across ? scratch.expert_out : saved.out;
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool) {
-    if (n > 0)
-      be.linear_forward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e), Tensor(),
-                        out_in, row_range(saved.gate_up, first, n));
+    if (n == 0) return;
+    const Tensor rows = row_range(saved.rows, first, n),
+                 gate_up = row_range(saved.gate_up, first, n);
+    be.linear_forward(rows, expert_matrix(w.gate_up, e), Tensor(), out_in, gate_up);
+    lora_rows_forward(be, w.gate_up_lora, e, first, n, rows, gate_up);
   });
   if (R > 0) be.swiglu_forward(row_range(saved.gate_up, 0, R), row_range(saved.act, 0, R));
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool) {
-    if (n > 0)
-      be.linear_forward(row_range(saved.act, first, n), expert_matrix(w.down, e), Tensor(), out_in,
-                        row_range(out, first, n));
+    if (n == 0) return;
+    const Tensor act = row_range(saved.act, first, n), rows_out = row_range(out, first, n);
+    be.linear_forward(act, expert_matrix(w.down, e), Tensor(), out_in, rows_out);
+    lora_rows_forward(be, w.down_lora, e, first, n, act, rows_out);
   });
   phase_done("experts");
   // Under expert parallelism each rank drops its own pairs past the capacity (as data
@@ -414,9 +446,11 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                   t.receive);
   // An expert without rows still writes its gradients (zeros) unless they are added to.
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
-    be.linear_backward(row_range(saved.act, first, n), expert_matrix(w.down, e),
-                       row_range(d_out, first, n), out_in, row_range(scratch.d_act, first, n),
-                       false, expert_matrix(g.down, e), Tensor(), accumulate_dw || !first_block);
+    const Tensor act = row_range(saved.act, first, n), dy = row_range(d_out, first, n);
+    const Tensor d_act = row_range(scratch.d_act, first, n);
+    be.linear_backward(act, expert_matrix(w.down, e), dy, out_in, d_act, false,
+                       expert_matrix(g.down, e), Tensor(), accumulate_dw || !first_block);
+    lora_rows_backward(be, w.down_lora, g.down_lora, e, first, n, act, dy, d_act);
   });
   if (!across)
     zero_dropped(be, s, counts, scratch.d_act);  // (what the activation's backward reads)
@@ -424,10 +458,12 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
     be.swiglu_backward(row_range(saved.gate_up, 0, R), row_range(scratch.d_act, 0, R),
                        row_range(scratch.d_gate_up, 0, R), DType::f32);
   for_each_block(s, counts, [&](int64_t e, int64_t first, int64_t n, bool first_block) {
-    be.linear_backward(row_range(saved.rows, first, n), expert_matrix(w.gate_up, e),
-                       row_range(scratch.d_gate_up, first, n), out_in,
-                       row_range(scratch.d_rows, first, n), false, expert_matrix(g.gate_up, e),
-                       Tensor(), accumulate_dw || !first_block);
+    const Tensor rows = row_range(saved.rows, first, n),
+                 dy = row_range(scratch.d_gate_up, first, n);
+    const Tensor d_rows = row_range(scratch.d_rows, first, n);
+    be.linear_backward(rows, expert_matrix(w.gate_up, e), dy, out_in, d_rows, false,
+                       expert_matrix(g.gate_up, e), Tensor(), accumulate_dw || !first_block);
+    lora_rows_backward(be, w.gate_up_lora, g.gate_up_lora, e, first, n, rows, dy, d_rows);
   });
   if (!across) zero_dropped(be, s, counts, scratch.d_rows);  // a dropped pair's input: none
   phase_done("experts");

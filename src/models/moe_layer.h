@@ -70,9 +70,23 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t top_k, int64_t exper
 // expert's gate then up rows (transformers 5's packed gate_up_proj); down [E, C, F]. The shared
 // expert's: shared_gate_up [2S, C] (gate_proj then up_proj), shared_down [C, S], shared_gate
 // [1, C].
+// A LoRA of the experts' fused gate_up or down weights (PEFT's target_parameters): expert e's
+// A [r, in] is rows [e r, (e + 1) r) of a [E r, in] (PEFT's lora_A as it is), its B [out, r]
+// rows [e out, (e + 1) out) of b [E out, r] (PEFT's lora_B [out, r E] holds B_e's column k at
+// k E + e); the products' y = x W_e^T + scale x A_e^T B_e^T. u [R, r] (each routed row's
+// scale x A_e^T, kept for backward) and v [R, r] (scratch) are the weights' alone; a gradient's
+// a and b are empty where nothing is trained.
+struct MoeLora {
+  Tensor a, b, u, v;
+  float scale = 0;
+  int64_t r = 0;
+  bool on() const { return r > 0; }
+};
+
 struct MoeWeights {
   Tensor router, gate_up, down;
   Tensor shared_gate_up, shared_down, shared_gate;
+  MoeLora gate_up_lora, down_lora;
 };
 
 // What the forward keeps for the backward, float32 unless named: probs [N, E], weights [N, k],

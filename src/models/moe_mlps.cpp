@@ -17,6 +17,12 @@ void MoeMlps::add_layer(int64_t layer, const MoeLayerIds& ids) {
   layers_.at(static_cast<size_t>(layer)).ids = ids;
 }
 
+void MoeMlps::add_lora(int64_t layer, bool down, int a, int b, int64_t r, float scale) {
+  Layer& l = layers_.at(static_cast<size_t>(layer));
+  BRISK_CHECK(l.ids.router >= 0, "internal error: a LoRA of layer ", layer, "'s experts: none");
+  (down ? l.down_lora : l.gate_up_lora) = Lora{a, b, r, scale, Tensor()};
+}
+
 bool MoeMlps::sparse(int layer) const {
   return layer >= 0 && layer < static_cast<int>(layers_.size()) &&
          layers_[static_cast<size_t>(layer)].ids.router >= 0;
@@ -41,7 +47,7 @@ void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
   tokens_ = tokens;
   peer_tokens_ = std::max(peer_tokens_, tokens);  // the first plan's: the planned length
   const MoeShape s = shape();
-  int64_t sparse_layers = 0;
+  int64_t sparse_layers = 0, widest_rank = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!sparse(static_cast<int>(l))) continue;
     layers_[l].slot = sparse_layers++;
@@ -52,7 +58,16 @@ void MoeMlps::declare(const Declare& declare, int64_t tokens, bool widened) {
                       });
     if (widened)
       declare(&layers_[l].input, p + "input", Category::activations, DType::f32, {tokens, hidden_});
+    for (Lora* lora : {&layers_[l].gate_up_lora, &layers_[l].down_lora}) {
+      if (lora->r == 0) continue;
+      declare(&lora->u, p + (lora == &layers_[l].down_lora ? "down" : "gate_up") + "_lora_u",
+              Category::activations, DType::f32, {moe_expert_rows(s), lora->r});
+      widest_rank = std::max(widest_rank, lora->r);
+    }
   }
+  if (widest_rank > 0)
+    declare(&lora_v_, "moe.lora_v", Category::temporaries, DType::f32,
+            {moe_expert_rows(s), widest_rank});
   declare_moe_scratch(s, scratch_,
                       [&](Tensor* t, const std::string& name, DType dtype, Shape shape) {
                         declare(t, "moe." + name, Category::temporaries, dtype, shape);
@@ -74,6 +89,22 @@ MoeZLoss MoeMlps::z_loss(const Layer& l) const {
   if (c_.z_loss_coef <= 0) return {};
   const int64_t at = sparse_layers_ * (c_.aux_loss ? 2 * c_.experts : 0) + l.slot;
   return {flat_mask(), Tensor(stats_.f32() + at, Shape{1}, DType::f32, stats_.device()), z_scale_};
+}
+
+MoeLora MoeMlps::lora(const Lora& l, bool grads) const {
+  if (l.r == 0) return {};
+  auto of = [&](int id) { return grads ? params_.grad(id) : params_.weight(id); };
+  const Tensor v = lora_v_.empty() ? Tensor()
+                                   : Tensor(lora_v_.data(), Shape{lora_v_.dim(0), l.r}, DType::f32,
+                                            lora_v_.device());
+  return {of(l.a), of(l.b), l.u, v, l.scale, l.r};
+}
+
+MoeWeights MoeMlps::weights(const Layer& l, bool grads) const {
+  MoeWeights w = weights(l.ids, grads);
+  w.gate_up_lora = lora(l.gate_up_lora, grads);
+  w.down_lora = lora(l.down_lora, grads);
+  return w;
 }
 
 MoeWeights MoeMlps::weights(const MoeLayerIds& i, bool grads) const {
@@ -110,7 +141,7 @@ Tensor MoeMlps::float32_input(Backend& be, const Layer& l, const Tensor& x, bool
 
 void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
-  moe_forward(be, shape(), weights(l.ids, false), float32_input(be, l, x, true), l.saved, scratch_,
+  moe_forward(be, shape(), weights(l, false), float32_input(be, l, x, true), l.saved, scratch_,
               as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l), group_);
 }
 
@@ -118,10 +149,10 @@ void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy
                        bool accumulate_dw) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
   if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
-  moe_backward(
-      be, shape(), weights(l.ids, false), weights(l.ids, true), float32_input(be, l, x, false),
-      l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
-      balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l), group_);
+  moe_backward(be, shape(), weights(l, false), weights(l, true), float32_input(be, l, x, false),
+               l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
+               balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l),
+               group_);
 }
 
 void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {
@@ -143,6 +174,8 @@ void MoeMlps::infer(Backend& be, int layer, const Tensor& x, const Tensor& y) {
   s.tokens = x.numel() / hidden_;
   s.z_loss = false;
   s.capacity = 0;  // generation routes dropless
+  BRISK_CHECK(l.gate_up_lora.r == 0 && l.down_lora.r == 0,
+              "internal error: generation with the experts' adapters unmerged");
   BRISK_CHECK(s.tokens >= 1 && s.tokens <= infer_tokens_, "mixture-of-experts inference on ",
               s.tokens, " tokens; buffers for ", infer_tokens_);
   MoeScratch scratch;

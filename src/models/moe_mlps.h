@@ -31,6 +31,9 @@ class MoeMlps final : public SparseMlp {
   MoeMlps(const MoeConfig& c, const ParameterSet& params, int64_t hidden, int64_t layers);
 
   void add_layer(int64_t layer, const MoeLayerIds& ids);
+  // A LoRA of sparse layer `layer`'s experts' gate_up weights (`down`: their down weights): its
+  // A and B parameters, laid out as MoeLora's, its rank and scale. Before declare.
+  void add_lora(int64_t layer, bool down, int a, int b, int64_t r, float scale);
   // Buffers for micro-batches of `tokens` tokens: each sparse layer's saved tensors, the shared
   // temporaries, and the router losses' statistics of every sparse layer and gradient scale. In
   // mixed precision (`widened`: the blocks hand the MLPs 16-bit inputs) each layer also keeps
@@ -69,14 +72,24 @@ class MoeMlps final : public SparseMlp {
   Tally take_tally();
 
  private:
+  struct Lora {
+    int a = -1, b = -1;
+    int64_t r = 0;
+    float scale = 0;
+    Tensor u;  // [R, r]: MoeLora::u
+  };
   struct Layer {
     MoeLayerIds ids;
+    Lora gate_up_lora, down_lora;
     MoeSaved saved;
     Tensor input;      // float32 [N, C], where the blocks' inputs are 16-bit
     int64_t slot = 0;  // among the sparse layers
   };
   MoeShape shape() const;
   MoeWeights weights(const MoeLayerIds& ids, bool grads) const;
+  // The layer's weights with its experts' LoRAs.
+  MoeWeights weights(const Layer& l, bool grads) const;
+  MoeLora lora(const Lora& l, bool grads) const;
   Tensor flat_mask() const;
   // x [.., C] as float32 rows: x itself, or widened into l.input (`widen`: the forward's; the
   // backward reads what it wrote).
@@ -91,6 +104,7 @@ class MoeMlps final : public SparseMlp {
   std::vector<Layer> layers_;  // by layer index; a dense layer's router is -1
   std::vector<std::vector<int32_t>> counts_;
   MoeScratch scratch_;
+  Tensor lora_v_;  // [R, the largest rank]: MoeLora::v, shared by the layers
   // The router losses' statistics, read back at once: every sparse layer's [2, E] of the balance
   // loss, then every sparse layer's z-loss sum; the balance loss's gradient [E] scale (the same for
   // every layer) and dprobs [N, E]; their host copies.

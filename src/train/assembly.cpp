@@ -98,7 +98,7 @@ void attach_adapters(RunAssembly& r) {
   const LoraConfig given =
       o.adapter_name_or_path.empty()
           ? lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
-                        o.lora_modules_to_save, o.use_rslora)
+                        o.lora_modules_to_save, o.use_rslora, o.lora_target_parameters)
           : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
   const LoraConfig c = lora_for_task(given, *r.model);
   const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage);

@@ -145,13 +145,14 @@ void check_sizes(const TrainOptions& o) {
 // The first LoRA number the user changed from its default (nullptr: none).
 const char* lora_option_given(const TrainOptions& o) {
   const TrainOptions d;
-  return o.lora_r != d.lora_r                               ? "--lora_r"
-         : o.lora_alpha != d.lora_alpha                     ? "--lora_alpha"
-         : o.lora_dropout != d.lora_dropout                 ? "--lora_dropout"
-         : o.lora_target_modules != d.lora_target_modules   ? "--lora_target_modules"
-         : o.lora_modules_to_save != d.lora_modules_to_save ? "--lora_modules_to_save"
-         : o.use_rslora                                     ? "--use_rslora"
-                                                            : nullptr;
+  return o.lora_r != d.lora_r                                   ? "--lora_r"
+         : o.lora_alpha != d.lora_alpha                         ? "--lora_alpha"
+         : o.lora_dropout != d.lora_dropout                     ? "--lora_dropout"
+         : o.lora_target_modules != d.lora_target_modules       ? "--lora_target_modules"
+         : o.lora_modules_to_save != d.lora_modules_to_save     ? "--lora_modules_to_save"
+         : o.lora_target_parameters != d.lora_target_parameters ? "--lora_target_parameters"
+         : o.use_rslora                                         ? "--use_rslora"
+                                                                : nullptr;
 }
 
 // QLoRA's: a 4-bit base is frozen, so it carries adapters; its type is nf4 or fp4; its options
@@ -195,6 +196,10 @@ void check_adapters(const TrainOptions& o) {
   BRISK_CHECK(o.lora_r >= 1 && o.lora_r <= 65536, "lora_r must lie in [1, 65536], got ", o.lora_r);
   BRISK_CHECK(o.lora_alpha > 0, "lora_alpha must be positive, got ", o.lora_alpha);
   BRISK_CHECK(o.lora_dropout >= 0 && o.lora_dropout < 1, "lora_dropout must lie in [0, 1), got ",
+              o.lora_dropout);
+  BRISK_CHECK(o.lora_target_parameters.empty() || o.lora_dropout == 0,
+              "--lora_target_parameters needs --lora_dropout 0 (PEFT's expert adapters take no "
+              "dropout), got ",
               o.lora_dropout);
 }
 
@@ -473,8 +478,8 @@ const char* option_group(const std::string& name) {
        {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
       {"LoRA adapters",
        {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-        "lora_modules_to_save", "use_rslora", "adapter_name_or_path", "load_in_4bit",
-        "bnb_4bit_quant_type", "use_bnb_nested_quant"}},
+        "lora_modules_to_save", "lora_target_parameters", "use_rslora", "adapter_name_or_path",
+        "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"}},
       {"Memory and device",
        {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
         "offload_optimizer", "device", "use_cpu"}},

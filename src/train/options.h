@@ -55,6 +55,9 @@ struct TrainOptions {
   double lora_dropout = 0.05;
   std::string lora_target_modules;
   std::string lora_modules_to_save;
+  // PEFT's target_parameters: a mixture's fused expert weights ("mlp.experts.gate_up_proj",
+  // "mlp.experts.down_proj"), each expert its own adapter.
+  std::string lora_target_parameters;
   bool use_rslora = false;
   // A LoRA adapter folder (PEFT's adapter_config.json and adapter_model.safetensors, written by
   // PEFT or by brisk) loaded onto model_name_or_path: trained further, evaluated or predicted
@@ -251,6 +254,10 @@ void visit_options(Options& o, Visitor&& v) {
   v("lora_modules_to_save", o.lora_modules_to_save,
     "LoRA: modules trained in full and saved with the adapter (a classifier or score head), "
     "comma-separated; a name the model does not have is skipped, as PEFT does");
+  v("lora_target_parameters", o.lora_target_parameters,
+    "LoRA: a mixture's fused expert weights to adapt, comma-separated "
+    "(mlp.experts.gate_up_proj,mlp.experts.down_proj), each expert its own A and B, as PEFT's "
+    "target_parameters (needs --lora_dropout 0)");
   v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
   v("load_in_4bit", o.load_in_4bit,
     "QLoRA: keep the frozen base's block linears 4-bit as bitsandbytes does (with --use_peft), "

@@ -292,7 +292,9 @@ static nlohmann::json comma_joined(const nlohmann::json& value, const char* if_e
 nlohmann::json trainer_value_as_option(const std::string& name, const nlohmann::json& value) {
   if (name == "report_to" && value.is_array()) return comma_joined(value, "none");
   // PEFT's and TRL's lists of module names (an empty list: none given).
-  if ((name == "lora_target_modules" || name == "lora_modules_to_save") && value.is_array())
+  if ((name == "lora_target_modules" || name == "lora_modules_to_save" ||
+       name == "lora_target_parameters") &&
+      value.is_array())
     return comma_joined(value, "");
   if (name == "greater_is_better" && value.is_boolean())
     return value.get<bool>() ? "true" : "false";

@@ -375,6 +375,15 @@ def test_peft_config_trains_an_adapter_as_the_program(tmp_path, program, bert_co
     with pytest.raises(TypeError, match="peft_config must be"):
         brisk.Trainer(model=folder, args=args, peft_config=7)
 
+def test_peft_config_names_a_mixtures_experts_as_target_parameters():
+    from brisk.trainer import _lora_options
+    options = _lora_options({"r": 2, "lora_dropout": 0.0, "target_modules": ["q_proj"],
+                             "target_parameters": ["mlp.experts.gate_up_proj",
+                                                   "mlp.experts.down_proj"]})
+    assert options["lora_target_parameters"] == "mlp.experts.down_proj,mlp.experts.gate_up_proj"
+    assert options["lora_target_modules"] == "q_proj"
+
+
 def test_quantization_config_trains_qlora_as_the_program(tmp_path, program):
     """A BitsAndBytesConfig's keys with peft_config: the program's QLoRA run (--load_in_4bit),
     and the adapter evaluated on the 4-bit base."""
