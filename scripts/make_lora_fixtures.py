@@ -249,8 +249,8 @@ EXPERTS = ["moe/mixtral_tiny", "moe/olmoe_tiny"]
 def experts_fixture(name):
     """experts_<model>/: a LoRA of the routed experts' fused weights (PEFT's target_parameters:
     mlp.experts.gate_up_proj and mlp.experts.down_proj, each expert its own rank-2 A and B) and of
-    q_proj, with random A and B, saved by PEFT; expected.safetensors and merged.safetensors as
-    merge_fixture writes them."""
+    q_proj, with random A and B, saved by PEFT; expected.safetensors, generate.json and
+    merged.safetensors as merge_fixture writes them."""
     import torch
     from safetensors.torch import load_file
     torch.manual_seed(2)
@@ -274,6 +274,7 @@ def experts_fixture(name):
     save_adapter(peft_model, out)
     batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
     expected_of(peft_model, batch, out)
+    greedy_generation(peft_model, batch, out)
     merged_of(peft_model, base, out)
 
 

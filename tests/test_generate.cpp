@@ -120,6 +120,9 @@ TEST(Decoder, GreedyDecodingWithAMergedAdapterEqualsPeftsUnmergedGenerate) {
   greedy_decoding_equals_transformers_generate("llama_tiny", "lora/merge_llama");
   // GPT-2's Conv1D (fan_in_fan_out), rsLoRA's scale, c_attn and c_proj.
   greedy_decoding_equals_transformers_generate("gpt2_tiny", "lora/merge_gpt2");
+  // A mixture's experts adapted (target_parameters), merged into their fused weights.
+  greedy_decoding_equals_transformers_generate("moe/mixtral_tiny", "lora/experts_mixtral");
+  greedy_decoding_equals_transformers_generate("moe/olmoe_tiny", "lora/experts_olmoe");
 }
 
 TEST(Decoder, ABertDoesNotGenerate) {

@@ -76,7 +76,7 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
   // An adapter of a mixture's experts (target_parameters): merging it is not built.
   expect_refused("merge --model_name_or_path " + fixture("moe/mixtral_tiny") +
                      " --adapter_name_or_path " + fixture("lora/experts_mixtral") + o,
-                 "merging it into the base is not built yet");
+                 "merging it into the base's files is not built yet");
   // A weights file cut short, and one missing.
   const std::string cut = out / "cut";
   std::filesystem::create_directories(cut);

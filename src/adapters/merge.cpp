@@ -1,5 +1,6 @@
 #include "adapters/merge.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -64,9 +65,11 @@ std::vector<char> merged_bytes(const Tensor& w, const Adapted& m, double scale,
 }
 
 // The adapter's LoRA matrices for each target, checked against the linears' shapes and the
-// config's rank; every lora_A/lora_B key of the file must belong to a target.
+// config's rank; every lora_A/lora_B key of the file must belong to a target (a linear, or one
+// of `experts`' modules).
 std::map<std::string, Adapted> adapted_linears(const LoraTargets& targets, const LoraConfig& c,
-                                               const SafetensorsFile& f) {
+                                               const SafetensorsFile& f,
+                                               const std::vector<ExpertTarget>& experts = {}) {
   std::map<std::string, Adapted> out;
   for (const LinearDecl& l : targets.linears) {
     const std::string key = kPeftPrefix + l.module;
@@ -84,7 +87,9 @@ std::map<std::string, Adapted> adapted_linears(const LoraTargets& targets, const
         name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
     if (!lora) continue;
     const std::string module = name.substr(0, name.find(".lora_")).substr(std::strlen(kPeftPrefix));
-    BRISK_CHECK(out.count(module + ".weight"), f.path(), ": ", excerpt(name, 80),
+    const bool expert = std::any_of(experts.begin(), experts.end(),
+                                    [&](const ExpertTarget& t) { return t.module == module; });
+    BRISK_CHECK(expert || out.count(module + ".weight"), f.path(), ": ", excerpt(name, 80),
                 " adapts a module its adapter_config.json does not target");
   }
   return out;
@@ -108,11 +113,53 @@ void copy_beside(const std::string& from, const std::string& to) {
   for (const char* name : kTokenizerFiles) copy(name);
 }
 
-// Merging the experts' fused weights' adapters (target_parameters) is not built yet.
+// Merging the experts' fused weights' adapters (target_parameters) into a model's files is not
+// built yet.
 void refuse_expert_adapters(const LoraConfig& c, const std::string& option) {
   BRISK_CHECK(c.target_parameters.empty(), option,
               ": the adapter adapts a mixture's experts (target_parameters); merging it into "
-              "the base is not built yet: evaluate it with --adapter_name_or_path instead");
+              "the base's files is not built yet: evaluate or generate with "
+              "--adapter_name_or_path instead");
+}
+
+// An experts' adapter into the model's fused weights `w` [E, out, in] (float32, host): each
+// W_e += scale B_e A_e, with PEFT's A [E r, in] and B [out, r E] (B_e's column k at k E + e).
+void merge_experts(const ExpertWeightsDecl& d, const std::vector<float>& a,
+                   const std::vector<float>& b, int64_t r, double scale, std::vector<float>& w) {
+  const int64_t E = d.experts, in = d.in, out = d.out;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double delta = 0;
+        for (int64_t k = 0; k < r; ++k)
+          delta += static_cast<double>(b[(o * r + k) * E + e]) *
+                   static_cast<double>(a[(e * r + k) * in + i]);
+        w[(e * out + o) * in + i] += static_cast<float>(scale * delta);
+      }
+}
+
+// The adapter's expert targets merged into the model's weights in place.
+void merge_experts_into(Backend& be, const Model& model, const LoraConfig& c,
+                        const std::vector<ExpertTarget>& targets, const SafetensorsFile& f) {
+  const ParameterSet& ps = model.params();
+  for (const ExpertTarget& t : targets) {
+    const ExpertWeightsDecl& d = t.weights;
+    const std::string key = kPeftPrefix + t.module;
+    BRISK_CHECK(f.has(key + ".lora_A.weight") && f.has(key + ".lora_B.weight"), f.path(),
+                ": no lora_A/lora_B weights for ", d.name, ", which adapter_config.json targets");
+    const Tensor& a = f.get(key + ".lora_A.weight");
+    const Tensor& b = f.get(key + ".lora_B.weight");
+    BRISK_CHECK(
+        a.shape() == Shape({d.experts * c.r, d.in}) && b.shape() == Shape({d.out, c.r * d.experts}),
+        f.path(), ": ", d.name, "'s lora_A ", a.shape().str(), " and lora_B ", b.shape().str(),
+        " do not fit its ", d.experts, " experts of ", d.in, " inputs, ", d.out,
+        " outputs and rank ", c.r, " (an adapter of another model?)");
+    const Tensor w = ps.weight_span(d.first, d.last, Shape{d.experts, d.out, d.in});
+    std::vector<float> host(static_cast<size_t>(w.numel()));
+    be.download(w, Tensor(host.data(), w.shape(), DType::f32, Device::cpu));
+    merge_experts(d, as_f32(a, key + " lora_A"), as_f32(b, key + " lora_B"), c.r, c.scale(), host);
+    be.upload(Tensor(host.data(), w.shape(), DType::f32, Device::cpu), w);
+  }
 }
 
 }  // namespace
@@ -173,11 +220,12 @@ void merge_adapter(const MergeArgs& args) {
 void merge_adapter_into(Backend& be, const Model& model, const std::string& folder,
                         const std::string& option) {
   const LoraConfig c = read_adapter_folder(folder, option);
-  refuse_expert_adapters(c, option);
   const LoraTargets targets = lora_targets(model.linears(), c, model.config().type_name());
+  const std::vector<ExpertTarget> experts = expert_targets(model.expert_weights(), c);
   const SafetensorsFile f(adapter_weights_path(folder, option));
   const ParameterSet& ps = model.params();
-  for (const auto& [name, m] : adapted_linears(targets, c, f)) {
+  merge_experts_into(be, model, c, experts, f);
+  for (const auto& [name, m] : adapted_linears(targets, c, f, experts)) {
     const Tensor& w = ps.weight(m.linear.param);
     BRISK_CHECK(w.dtype() == DType::f32, "internal error: ", name, " is not float32");
     std::vector<float> host(static_cast<size_t>(w.numel()));

@@ -29,6 +29,7 @@ struct ExpertWeightsDecl {
   int layer = -1;
   bool down = false;  // the down projections (else the gate and up ones)
   int64_t experts = 0, in = 0, out = 0;
+  int first = -1, last = -1;  // the model's parameters that hold it, expert after expert
 };
 
 // The module names of `linears`, in their order.

@@ -309,8 +309,9 @@ class Llama final : public Model {
     for (int l = 0; moe_ && l < static_cast<int>(c.num_layers); ++l) {
       if (!moe_->sparse(l)) continue;
       const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
-      out.push_back({p + "gate_up_proj", l, false, E, C, 2 * F});
-      out.push_back({p + "down_proj", l, true, E, F, C});
+      const MoeLayerIds& ids = moe_->layer_ids(l);
+      out.push_back({p + "gate_up_proj", l, false, E, C, 2 * F, ids.gate_first, ids.gate_last});
+      out.push_back({p + "down_proj", l, true, E, F, C, ids.down_first, ids.down_last});
     }
     return out;
   }

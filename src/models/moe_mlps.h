@@ -49,6 +49,9 @@ class MoeMlps final : public SparseMlp {
   void set_group(ExpertGroup* group) { group_ = group; }
 
   bool sparse(int layer) const override;
+  const MoeLayerIds& layer_ids(int layer) const {
+    return layers_.at(static_cast<size_t>(layer)).ids;
+  }
   void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
   void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
                 bool accumulate_dw) override;
