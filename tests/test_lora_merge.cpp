@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <tuple>
 
 #include "adapters/merge.h"
@@ -62,6 +63,74 @@ TEST(LoraMerge, BertWithItsClassifierSavedAsPeftMergesIt) {
   expect_merged_as_peft("bert_tiny", "bert");
 }
 
+// PEFT's merge_and_unload() of a mixture's experts' adapter (target_parameters) holds the
+// fused gate_up_proj [E, 2F, C] and down_proj [E, C, F]; a base that holds its experts one by
+// one (Mixtral's w1 (gate), w3 (up), w2 (down); OLMoE's gate_proj, up_proj, down_proj) gets each
+// expert's rows of them, in its own tensors.
+void expect_experts_merged_as_peft(const std::string& model, const std::string& adapter) {
+  SCOPED_TRACE(model);
+  TempDir out("merge_experts");
+  merge_adapter({fixture(model), fixture("lora/experts_" + adapter), out.path.string()});
+  const SafetensorsFile got(out / "model.safetensors");
+  const SafetensorsFile base(fixture(model + "/model.safetensors"));
+  const SafetensorsFile peft(fixture("lora/experts_" + adapter + "/merged.safetensors"));
+  EXPECT_EQ(got.names(), base.names());
+  const std::regex expert(R"(model\.layers\.(\d+)\.\w+\.experts\.(\d+)\.(\w+)\.weight)");
+  int changed = 0;
+  for (const std::string& name : base.names()) {
+    SCOPED_TRACE(name);
+    const Tensor& g = got.get(name);
+    const float* want = base.get(name).f32();
+    std::smatch m;
+    if (std::regex_match(name, m, expert)) {
+      const std::string layer = m[1], proj = m[3];
+      const int64_t e = std::stoll(m[2]);
+      const bool down = proj == "w2" || proj == "down_proj";
+      const Tensor& fused = peft.get("model.layers." + layer + ".mlp.experts." +
+                                     (down ? "down_proj" : "gate_up_proj"));
+      const bool up = proj == "w3" || proj == "up_proj";
+      want = fused.f32() + e * fused.dim(1) * fused.dim(2) + (up ? g.numel() : 0);
+      ++changed;
+    } else if (peft.has(name)) {
+      want = peft.get(name).f32();
+      ++changed;
+    }
+    double worst = 0, scale = 1e-30;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(g.f32()[i]) - want[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    }
+    EXPECT_LE(worst / scale, 1e-6);
+  }
+  EXPECT_GT(changed, 2);
+}
+
+TEST(LoraMerge, AMixturesExpertsAsPeftMergesThem) {
+  expect_experts_merged_as_peft("moe/mixtral_tiny", "mixtral");
+  expect_experts_merged_as_peft("moe/olmoe_tiny", "olmoe");
+  // A base that holds them packed (transformers 5's layout, in shards): PEFT's tensors as they are.
+  TempDir dir("merge_packed");
+  const std::string packed = dir / "base";
+  std::filesystem::copy(fixture("moe/mixtral_tiny/packed"), packed);
+  std::filesystem::copy_file(fixture("moe/mixtral_tiny/config.json"), packed + "/config.json");
+  merge_adapter({packed, fixture("lora/experts_mixtral"), dir / "merged"});
+  const SafetensorsFile got(dir / "merged/model.safetensors");
+  const SafetensorsFile peft(fixture("lora/experts_mixtral/merged.safetensors"));
+  for (const std::string& name : peft.names()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(got.has(name));
+    const Tensor& g = got.get(name);
+    const Tensor& w = peft.get(name);
+    ASSERT_EQ(g.shape(), w.shape());
+    double worst = 0, scale = 1e-30;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(g.f32()[i]) - w.f32()[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(w.f32()[i])));
+    }
+    EXPECT_LE(worst / scale, 1e-6);
+  }
+}
+
 TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
   TempDir out("merge_refused");
   const std::string o = " --output_dir " + (out / "m");
@@ -73,10 +142,6 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
   expect_refused("merge --model_name_or_path " + fixture("qwen2_tiny") +
                      " --adapter_name_or_path " + fixture("lora/merge_llama") + o,
                  "do not fit its");
-  // An adapter of a mixture's experts (target_parameters): merging it is not built.
-  expect_refused("merge --model_name_or_path " + fixture("moe/mixtral_tiny") +
-                     " --adapter_name_or_path " + fixture("lora/experts_mixtral") + o,
-                 "merging it into the base's files is not built yet");
   // A weights file cut short, and one missing.
   const std::string cut = out / "cut";
   std::filesystem::create_directories(cut);

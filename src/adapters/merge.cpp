@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 
 #include "adapters/attach.h"
 #include "adapters/lora.h"
@@ -35,25 +37,19 @@ std::vector<float> as_f32(const Tensor& t, const std::string& what) {
   return v;
 }
 
-// W + scale B A, in float32, rounded to W's dtype as PEFT merges on the CPU (the update cast to
-// the weight's dtype, then added in it).
-std::vector<char> merged_bytes(const Tensor& w, const Adapted& m, double scale,
-                               const std::string& name) {
-  const std::vector<float> a = as_f32(*m.a, name + " lora_A"), b = as_f32(*m.b, name + " lora_B");
+// w + update(element), in float32, rounded to w's dtype as PEFT merges on the CPU (the update
+// cast to the weight's dtype, then added in it).
+std::vector<char> plus_update(const Tensor& w, const std::string& name,
+                              const std::function<double(int64_t)>& update) {
   std::vector<float> v = as_f32(w, name);
-  const int64_t r = m.a->dim(0), in = m.linear.in, out = m.linear.out;
   const bool round16 = w.dtype() == DType::bf16;
   BRISK_CHECK(w.dtype() == DType::f32 || round16, name, ": a ", dtype_name(w.dtype()),
               " weight; brisk merges float32 and bf16 weights");
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) {
-      double delta = 0;
-      for (int64_t j = 0; j < r; ++j)
-        delta += static_cast<double>(b[o * r + j]) * static_cast<double>(a[j * in + i]);
-      const auto d = static_cast<float>(scale * delta);
-      float& x = v[m.linear.fan_in_fan_out ? i * out + o : o * in + i];
-      x = round16 ? bf16_to_float(float_to_bf16(x + bf16_to_float(float_to_bf16(d)))) : x + d;
-    }
+  for (size_t x = 0; x < v.size(); ++x) {
+    const auto d = static_cast<float>(update(static_cast<int64_t>(x)));
+    v[x] =
+        round16 ? bf16_to_float(float_to_bf16(v[x] + bf16_to_float(float_to_bf16(d)))) : v[x] + d;
+  }
   std::vector<char> bytes(static_cast<size_t>(w.bytes()));
   if (!round16) {
     std::memcpy(bytes.data(), v.data(), bytes.size());
@@ -62,6 +58,49 @@ std::vector<char> merged_bytes(const Tensor& w, const Adapted& m, double scale,
     for (size_t i = 0; i < v.size(); ++i) out16[i] = float_to_bf16(v[i]);
   }
   return bytes;
+}
+
+// W + scale B A of an adapted linear (its transpose for a Conv1D).
+std::vector<char> merged_bytes(const Tensor& w, const Adapted& m, double scale,
+                               const std::string& name) {
+  const std::vector<float> a = as_f32(*m.a, name + " lora_A"), b = as_f32(*m.b, name + " lora_B");
+  const int64_t r = m.a->dim(0), in = m.linear.in, out = m.linear.out;
+  return plus_update(w, name, [&](int64_t x) {
+    const int64_t o = m.linear.fan_in_fan_out ? x % out : x / in;
+    const int64_t i = m.linear.fan_in_fan_out ? x / out : x % in;
+    double delta = 0;
+    for (int64_t j = 0; j < r; ++j)
+      delta += static_cast<double>(b[o * r + j]) * static_cast<double>(a[j * in + i]);
+    return scale * delta;
+  });
+}
+
+// A tensor of the base that holds (part of) an adapted experts' weight: experts [first expert,
+// + experts) of it, each its rows [row, row + rows) of the fused [out, in] (a file may hold the
+// experts one by one, gate and up apart, or packed).
+struct ExpertPart {
+  const ExpertTarget* target = nullptr;
+  int64_t expert = 0, experts = 1, row = 0, rows = 0;
+};
+
+// The adapter's experts' update of a part: scale B_e A_e's rows, from PEFT's A [E r, in] and B
+// [out, r E] (B_e's column k at k E + e).
+std::vector<char> merged_expert_bytes(const Tensor& w, const ExpertPart& p,
+                                      const SafetensorsFile& f, const LoraConfig& c,
+                                      const std::string& name) {
+  const ExpertWeightsDecl& d = p.target->weights;
+  const std::string key = kPeftPrefix + p.target->module;
+  const std::vector<float> a = as_f32(f.get(key + ".lora_A.weight"), key + " lora_A");
+  const std::vector<float> b = as_f32(f.get(key + ".lora_B.weight"), key + " lora_B");
+  const int64_t E = d.experts, in = d.in, r = c.r;
+  return plus_update(w, name, [&](int64_t x) {
+    const int64_t e = p.expert + x / (p.rows * in), o = p.row + x / in % p.rows, i = x % in;
+    double delta = 0;
+    for (int64_t k = 0; k < r; ++k)
+      delta += static_cast<double>(b[(o * r + k) * E + e]) *
+               static_cast<double>(a[(e * r + k) * in + i]);
+    return c.scale() * delta;
+  });
 }
 
 // The adapter's LoRA matrices for each target, checked against the linears' shapes and the
@@ -113,29 +152,19 @@ void copy_beside(const std::string& from, const std::string& to) {
   for (const char* name : kTokenizerFiles) copy(name);
 }
 
-// Merging the experts' fused weights' adapters (target_parameters) into a model's files is not
-// built yet.
-void refuse_expert_adapters(const LoraConfig& c, const std::string& option) {
-  BRISK_CHECK(c.target_parameters.empty(), option,
-              ": the adapter adapts a mixture's experts (target_parameters); merging it into "
-              "the base's files is not built yet: evaluate or generate with "
-              "--adapter_name_or_path instead");
-}
-
-// An experts' adapter into the model's fused weights `w` [E, out, in] (float32, host): each
-// W_e += scale B_e A_e, with PEFT's A [E r, in] and B [out, r E] (B_e's column k at k E + e).
-void merge_experts(const ExpertWeightsDecl& d, const std::vector<float>& a,
-                   const std::vector<float>& b, int64_t r, double scale, std::vector<float>& w) {
-  const int64_t E = d.experts, in = d.in, out = d.out;
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) {
-        double delta = 0;
-        for (int64_t k = 0; k < r; ++k)
-          delta += static_cast<double>(b[(o * r + k) * E + e]) *
-                   static_cast<double>(a[(e * r + k) * in + i]);
-        w[(e * out + o) * in + i] += static_cast<float>(scale * delta);
-      }
+// The adapter's A and B of an experts' target, checked against its experts, shapes and rank.
+void check_expert_adapter(const SafetensorsFile& f, const ExpertTarget& t, const LoraConfig& c) {
+  const ExpertWeightsDecl& d = t.weights;
+  const std::string key = kPeftPrefix + t.module;
+  BRISK_CHECK(f.has(key + ".lora_A.weight") && f.has(key + ".lora_B.weight"), f.path(),
+              ": no lora_A/lora_B weights for ", d.name, ", which adapter_config.json targets");
+  const Tensor& a = f.get(key + ".lora_A.weight");
+  const Tensor& b = f.get(key + ".lora_B.weight");
+  BRISK_CHECK(
+      a.shape() == Shape({d.experts * c.r, d.in}) && b.shape() == Shape({d.out, c.r * d.experts}),
+      f.path(), ": ", d.name, "'s lora_A ", a.shape().str(), " and lora_B ", b.shape().str(),
+      " do not fit its ", d.experts, " experts of ", d.in, " inputs, ", d.out, " outputs and rank ",
+      c.r, " (an adapter of another model?)");
 }
 
 // The adapter's expert targets merged into the model's weights in place.
@@ -143,23 +172,39 @@ void merge_experts_into(Backend& be, const Model& model, const LoraConfig& c,
                         const std::vector<ExpertTarget>& targets, const SafetensorsFile& f) {
   const ParameterSet& ps = model.params();
   for (const ExpertTarget& t : targets) {
+    check_expert_adapter(f, t, c);
     const ExpertWeightsDecl& d = t.weights;
-    const std::string key = kPeftPrefix + t.module;
-    BRISK_CHECK(f.has(key + ".lora_A.weight") && f.has(key + ".lora_B.weight"), f.path(),
-                ": no lora_A/lora_B weights for ", d.name, ", which adapter_config.json targets");
-    const Tensor& a = f.get(key + ".lora_A.weight");
-    const Tensor& b = f.get(key + ".lora_B.weight");
-    BRISK_CHECK(
-        a.shape() == Shape({d.experts * c.r, d.in}) && b.shape() == Shape({d.out, c.r * d.experts}),
-        f.path(), ": ", d.name, "'s lora_A ", a.shape().str(), " and lora_B ", b.shape().str(),
-        " do not fit its ", d.experts, " experts of ", d.in, " inputs, ", d.out,
-        " outputs and rank ", c.r, " (an adapter of another model?)");
     const Tensor w = ps.weight_span(d.first, d.last, Shape{d.experts, d.out, d.in});
     std::vector<float> host(static_cast<size_t>(w.numel()));
-    be.download(w, Tensor(host.data(), w.shape(), DType::f32, Device::cpu));
-    merge_experts(d, as_f32(a, key + " lora_A"), as_f32(b, key + " lora_B"), c.r, c.scale(), host);
-    be.upload(Tensor(host.data(), w.shape(), DType::f32, Device::cpu), w);
+    const Tensor staged(host.data(), w.shape(), DType::f32, Device::cpu);
+    be.download(w, staged);
+    std::vector<char> merged =
+        merged_expert_bytes(staged, ExpertPart{&t, 0, d.experts, 0, d.out}, f, c, d.name);
+    be.upload(Tensor(merged.data(), w.shape(), DType::f32, Device::cpu), w);
   }
+}
+
+// The base's tensors that hold the adapter's expert targets, by name: packed [E, out, in] whole,
+// or each expert's gate, up or down projection (the model's parameters, expert after expert,
+// gate then up, name the tensors they load from).
+std::map<std::string, ExpertPart> expert_parts(const Model& model, const WeightFiles& base,
+                                               const std::vector<ExpertTarget>& targets) {
+  std::map<std::string, ExpertPart> parts;
+  for (const ExpertTarget& t : targets) {
+    const ExpertWeightsDecl& d = t.weights;
+    for (int j = d.first; j <= d.last; ++j) {
+      const std::string src = model.source_name(base, static_cast<size_t>(j));
+      BRISK_CHECK(!src.empty(), "--model_name_or_path: no tensor holds ",
+                  model.params().list()[static_cast<size_t>(j)].name, " of ", d.name);
+      BRISK_CHECK(!base.bnb_4bit(src), "--model_name_or_path: '", src,
+                  "' is saved 4-bit; merge into the full-precision base");
+      const int64_t k = j - d.first;
+      parts[src] = base.get(src).shape().rank() == 3 ? ExpertPart{&t, 0, d.experts, 0, d.out}
+                   : d.down                          ? ExpertPart{&t, k, 1, 0, d.out}
+                            : ExpertPart{&t, k / 2, 1, k % 2 * d.out / 2, d.out / 2};
+    }
+  }
+  return parts;
 }
 
 }  // namespace
@@ -174,11 +219,13 @@ void merge_adapter(const MergeArgs& args) {
   const std::string config_path = (adapter / "adapter_config.json").string();
   const LoraConfig c =
       read_adapter_config(read_json_file(config_path, "adapter config"), config_path);
-  refuse_expert_adapters(c, "--adapter_name_or_path");
   const ModelConfig config = resolve_config(args.model_name_or_path);
-  const LoraTargets targets = lora_targets(Model::create(config)->linears(), c, config.type_name());
+  const std::unique_ptr<Model> model = Model::create(config);
+  const LoraTargets targets = lora_targets(model->linears(), c, config.type_name());
+  const std::vector<ExpertTarget> experts = expert_targets(model->expert_weights(), c);
   const SafetensorsFile f((adapter / "adapter_model.safetensors").string());
-  const std::map<std::string, Adapted> adapted = adapted_linears(targets, c, f);
+  const std::map<std::string, Adapted> adapted = adapted_linears(targets, c, f, experts);
+  for (const ExpertTarget& t : experts) check_expert_adapter(f, t, c);
   const std::string weights = WeightFiles::find_in_folder(args.model_name_or_path);
   BRISK_CHECK(!weights.empty(), "'", args.model_name_or_path, "' holds no model.safetensors");
   const WeightFiles base(weights);
@@ -186,6 +233,7 @@ void merge_adapter(const MergeArgs& args) {
     BRISK_CHECK(!base.bnb_4bit(name), "--model_name_or_path: '", name,
                 "' is saved 4-bit; merge into the full-precision base the 4-bit one was "
                 "quantized from (as PEFT users reload it in bf16 before merge_and_unload)");
+  const std::map<std::string, ExpertPart> parts = expert_parts(*model, base, experts);
   // One entry's merged bytes at a time, made when its first piece is read.
   auto current = std::make_shared<std::pair<std::string, std::vector<char>>>();
   std::vector<StreamedTensor> entries;
@@ -196,8 +244,15 @@ void merge_adapter(const MergeArgs& args) {
     BRISK_CHECK(src.shape() == w.shape(), f.path(), ": ", name, " is ", src.shape().str(),
                 " where the base's is ", w.shape().str());
     const auto it = adapted.find(name);
+    const auto part = parts.find(name);
     StreamedTensor e{name, src.dtype(), src.shape(), nullptr};
-    if (it == adapted.end()) {
+    if (part != parts.end()) {
+      e.read = [&w, &p = part->second, &f, &c, name, current](size_t offset, size_t bytes,
+                                                              void* dst) {
+        if (current->first != name) *current = {name, merged_expert_bytes(w, p, f, c, name)};
+        std::memcpy(dst, current->second.data() + offset, bytes);
+      };
+    } else if (it == adapted.end()) {
       e.read = [&src](size_t offset, size_t bytes, void* dst) {
         std::memcpy(dst, static_cast<const char*>(src.data()) + offset, bytes);
       };
