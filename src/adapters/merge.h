@@ -23,10 +23,9 @@ struct MergeArgs {
 void merge_adapter(const MergeArgs& args);
 
 // The adapter in `folder` merged into `model`'s loaded float32 weights in place, as merge_adapter
-// merges each adapted linear and expert weight, and its modules to save copied over
-// the base's: brisk generate with
-// an adapter, as PEFT users generate after merge_and_unload(). `option` names the folder in
-// messages.
+// merges each adapted linear and expert weight, and its modules to save copied over the base's:
+// brisk generate with an adapter, as PEFT users generate after merge_and_unload(). `option`
+// names the folder in messages.
 void merge_adapter_into(Backend& be, const Model& model, const std::string& folder,
                         const std::string& option);
 
