@@ -142,6 +142,25 @@ TEST(LoraMerge, AnAdapterThatDoesNotFitItsBaseIsRefused) {
   expect_refused("merge --model_name_or_path " + fixture("qwen2_tiny") +
                      " --adapter_name_or_path " + fixture("lora/merge_llama") + o,
                  "do not fit its");
+  // An expert's tensor of another shape than the experts' adapter takes.
+  {
+    const std::string odd = out / "odd";
+    std::filesystem::create_directories(odd);
+    std::filesystem::copy_file(fixture("moe/mixtral_tiny/config.json"), odd + "/config.json");
+    const SafetensorsFile f(fixture("moe/mixtral_tiny/model.safetensors"));
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& n : f.names()) {
+      const Tensor& t = f.get(n);
+      const bool cut = n == "model.layers.0.block_sparse_moe.experts.0.w1.weight";
+      tensors.emplace_back(
+          n,
+          Tensor(t.data(), cut ? Shape{t.numel() / t.dim(1) - 1, t.dim(1)} : t.shape(), t.dtype()));
+    }
+    write_safetensors(odd + "/model.safetensors", tensors);
+    expect_refused("merge --model_name_or_path " + odd + " --adapter_name_or_path " +
+                       fixture("lora/experts_mixtral") + o,
+                   "where model.layers.0.mlp.experts.gate_up_proj takes");
+  }
   // A weights file cut short, and one missing.
   const std::string cut = out / "cut";
   std::filesystem::create_directories(cut);

@@ -93,6 +93,9 @@ std::vector<char> merged_expert_bytes(const Tensor& w, const ExpertPart& p,
   const std::vector<float> a = as_f32(f.get(key + ".lora_A.weight"), key + " lora_A");
   const std::vector<float> b = as_f32(f.get(key + ".lora_B.weight"), key + " lora_B");
   const int64_t E = d.experts, in = d.in, r = c.r;
+  BRISK_CHECK(w.numel() == p.experts * p.rows * in, "--model_name_or_path: '", name, "' is ",
+              w.shape().str(), " where ", d.name, " takes ", p.experts, " x ", p.rows, " x ", in,
+              " values");
   return plus_update(w, name, [&](int64_t x) {
     const int64_t e = p.expert + x / (p.rows * in), o = p.row + x / in % p.rows, i = x % in;
     double delta = 0;

@@ -18,8 +18,9 @@ struct MergeArgs {
 // Writes output_dir/model.safetensors: every tensor of the base in its order and dtype, an
 // adapted linear's weight W + scale B A (its transpose for a Conv1D), an adapted mixture's expert
 // tensors (packed, or each expert's gate, up or down projection) W_e + scale B_e A_e in their
-// rows, a module to save as the adapter holds it; and the base's config, generation config and tokenizer files beside it.
-// One tensor at a time is read, merged and written (never the whole model in memory).
+// rows, a module to save as the adapter holds it; and the base's config, generation config and
+// tokenizer files beside it. One tensor at a time is read, merged and written (never the whole
+// model in memory).
 void merge_adapter(const MergeArgs& args);
 
 // The adapter in `folder` merged into `model`'s loaded float32 weights in place, as merge_adapter

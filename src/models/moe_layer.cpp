@@ -47,10 +47,9 @@ void lora_rows_backward(Backend& be, const MoeLora& l, const MoeLora& g, int64_t
                         int64_t n, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (!l.on() || n == 0) return;
   const bool trained = !g.a.empty();
-  be.lora_backward(
-      x, lora_a(l, e), lora_b(l, e), l.scale, row_range(l.u, first, n), dy, 0,
-      row_range(l.v, first, n), trained ? lora_a(g, e) : Tensor(),
-      trained ? row_range(g.b, e * lora_b(l, e).dim(0), lora_b(l, e).dim(0)) : Tensor(), dx, true);
+  be.lora_backward(x, lora_a(l, e), lora_b(l, e), l.scale, row_range(l.u, first, n), dy, 0,
+                   row_range(l.v, first, n), trained ? lora_a(g, e) : Tensor(),
+                   trained ? lora_b(g, e) : Tensor(), dx, true);
 }
 
 // The rows expert e computes of the `count` routed to it.
