@@ -67,9 +67,11 @@ void expect_as_peft(const std::string& model, const std::string& adapter,
   const ParameterSet::Run run = ps.trained_run();
   const std::vector<float> trained =
       to_host(*lm.be, element_range(ps.flat_weights(), run.elements.offset, run.elements.count));
-  save_adapter(out.path.string(), *lm.model, c, [&](size_t at, size_t n, void* dst) {
-    std::memcpy(dst, reinterpret_cast<const char*>(trained.data()) + at, n);
-  });
+  save_adapter(out.path.string(), *lm.model, c,
+               [&](const ParamInfo& p, size_t at, size_t n, void* dst) {
+                 const auto start = static_cast<size_t>(p.offset - run.elements.offset) * 4;
+                 std::memcpy(dst, reinterpret_cast<const char*>(trained.data()) + start + at, n);
+               });
   const SafetensorsFile a(out / "adapter_model.safetensors"), b(dir + "/adapter_model.safetensors");
   for (const std::string& name : b.names()) {
     ASSERT_TRUE(a.has(name)) << name;

@@ -198,10 +198,16 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   TrainOptions other = missing;
   other.adapter_name_or_path = fixture("lora/merge_gpt2");
   expect_error([&] { train(other, quiet); }, "(an adapter of another model?)");
+  // Tensor parallelism: a row-parallel linear's adapter with dropout, a 4-bit base, experts.
   TrainOptions tp = o;
   tp.tp_size = 2;
   expect_error([&] { assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2); },
-               "LoRA adapters with --tp_size");
+               "--lora_dropout 0.1 on transformer.h.0.attn.c_proj (a row-parallel linear");
+  tp.lora_target_modules = "c_attn";
+  EXPECT_NO_THROW(assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2));
+  tp.load_in_4bit = true;
+  expect_error([&] { assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2); },
+               "LoRA adapters with --load_in_4bit and --tp_size");
   TrainOptions zero = o;
   zero.zero_stage = 3;
   expect_error([&] { assemble_run(zero, Device::cpu, nullptr, nullptr, 0, 2); },
@@ -261,6 +267,17 @@ TEST(LoraTrain, MixturesExpertsTrainResumeAndSaveAsPeft) {
   o.lora_target_parameters = "mlp.experts.w9";
   expect_error([&] { train_losses(o, &rows); },
                "--lora_target_parameters mlp.experts.w9 matches no weight of the model");
+  // Under tensor parallelism (a mixtral whose sizes 2 ranks divide).
+  nlohmann::json config = read_json_file(fixture("moe/mixtral_tiny/config.json"), "config");
+  config["num_attention_heads"] = 2;
+  config["intermediate_size"] = 8;
+  fs::create_directories(dir / "even");
+  std::ofstream(dir / "even/config.json") << config.dump();
+  o.model_name_or_path = dir / "even";
+  o.lora_target_parameters = "mlp.experts.down_proj";
+  o.tp_size = 2;
+  expect_error([&] { assemble_run(o, Device::cpu, nullptr, nullptr, 0, 2); },
+               "--lora_target_parameters with --tp_size is not built yet");
 }
 
 // --fit prices the data replicas' sums of a LoRA run's gradients as the trained parameters'

@@ -31,6 +31,17 @@ void check_trained_together(const Model& model) {
   }
 }
 
+// Tensor parallelism: a row-parallel linear's adapter reads its rank's columns of the input, whose
+// dropout masks would be drawn apart from one process's; not built.
+void check_split_dropout(const Model& model) {
+  for (const ModelAdapters::Entry& e : model.adapters()->entries())
+    BRISK_CHECK(
+        e.decl.dropout == 0 || !model.params().list()[static_cast<size_t>(e.a)].split.split(),
+        "--lora_dropout ", e.decl.dropout, " on ", e.decl.module,
+        " (a row-parallel linear under --tp_size) is not built yet: give --lora_dropout 0, "
+        "or leave it out of --lora_target_modules");
+}
+
 // An expert adapter's B: brisk's [E out, r] (expert after expert) and PEFT's lora_B [out, r E]
 // (B_e's column k at column k E + e), one into the other.
 struct ExpertB {
@@ -78,9 +89,13 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
   std::vector<ExpertAdapterDecl> experts;
   for (const ExpertTarget& t : expert_targets(model.expert_weights(), c))
     experts.push_back({t.weights, t.module, c.r, static_cast<float>(c.scale())});
+  BRISK_CHECK(experts.empty() || model.config().tensor_ranks == 1,
+              "--lora_target_parameters with --tp_size is not built yet: adapt the experts under "
+              "data parallelism");
   model.add_adapters(decls, experts,
                      [&](const ParamInfo& p) { return saved_in_full(p.name, c.modules_to_save); });
   check_trained_together(model);
+  check_split_dropout(model);
   return t;
 }
 
@@ -143,12 +158,10 @@ void save_adapter(const std::string& folder, const Model& model, const LoraConfi
   std::vector<StreamedTensor> tensors;
   for (int i = run.first; i < run.last; ++i) {
     const ParamInfo& p = ps.list()[static_cast<size_t>(i)];
-    const auto start = static_cast<size_t>(p.offset - run.elements.offset) * 4;
     const ModelAdapters::ExpertEntry* e = expert_b(model, i);
     if (e == nullptr) {
-      tensors.push_back(
-          {kPeftPrefix + p.name, DType::f32, p.shape,
-           [&read, start](size_t at, size_t n, void* dst) { read(start + at, n, dst); }});
+      tensors.push_back({kPeftPrefix + p.name, DType::f32, p.full_shape(),
+                         [&read, &p](size_t at, size_t n, void* dst) { read(p, at, n, dst); }});
       continue;
     }
     // An expert adapter's B in PEFT's layout: read whole (a few rank-r columns) and permuted.
@@ -156,10 +169,10 @@ void save_adapter(const std::string& folder, const Model& model, const LoraConfi
     auto peft = std::make_shared<std::vector<float>>();
     const int64_t n = p.shape.numel();
     tensors.push_back({kPeftPrefix + p.name, DType::f32, Shape{l.out, l.r * l.experts},
-                       [&read, start, l, peft, n](size_t at, size_t bytes, void* dst) {
+                       [&read, &p, l, peft, n](size_t at, size_t bytes, void* dst) {
                          if (peft->empty()) {
                            std::vector<float> b(static_cast<size_t>(n));
-                           read(start, b.size() * 4, b.data());
+                           read(p, 0, b.size() * 4, b.data());
                            peft->resize(b.size());
                            l.to_peft(b.data(), peft->data());
                          }
@@ -191,12 +204,15 @@ void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {
   const ParameterSet& ps = model.params();
   for (const ModelAdapters::Entry& e : adapters->entries()) {
     const std::string key = kPeftPrefix + e.decl.module;
-    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
-    load_adapter_tensor(be, f, key + ".lora_B.weight", ps.weight(e.b));
+    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.list()[static_cast<size_t>(e.a)],
+                        ps.weight(e.a));
+    load_adapter_tensor(be, f, key + ".lora_B.weight", ps.list()[static_cast<size_t>(e.b)],
+                        ps.weight(e.b));
   }
   for (const ModelAdapters::ExpertEntry& e : adapters->experts()) {
     const std::string key = kPeftPrefix + e.decl.module;
-    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.weight(e.a));
+    load_adapter_tensor(be, f, key + ".lora_A.weight", ps.list()[static_cast<size_t>(e.a)],
+                        ps.weight(e.a));
     const Tensor& src = f.get(key + ".lora_B.weight");
     const ExpertB l = expert_b_layout(e);
     BRISK_CHECK(src.shape() == Shape({l.out, l.r * l.experts}), f.path(), ": ", key,
@@ -211,19 +227,23 @@ void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f) {
   for (size_t i = 0; i < ps.list().size(); ++i) {  // the modules to save, where the file has them
     const ParamInfo& p = ps.list()[i];
     if (!p.frozen && f.has(kPeftPrefix + p.name) && !expert_b(model, static_cast<int>(i)))
-      load_adapter_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
+      load_adapter_tensor(be, f, kPeftPrefix + p.name, p, ps.weight(static_cast<int>(i)));
   }
 }
 
 void load_adapter_tensor(Backend& be, const SafetensorsFile& f, const std::string& key,
-                         const Tensor& dst) {
+                         const ParamInfo& p, const Tensor& dst) {
   const Tensor& src = f.get(key);
-  BRISK_CHECK(src.shape() == dst.shape(), f.path(), ": ", key, " is ", src.shape().str(),
-              " where the model's is ", dst.shape().str(), " (an adapter of another model?)");
-  std::vector<float> host(static_cast<size_t>(src.numel()));
-  const Tensor staged(host.data(), src.shape(), DType::f32, Device::cpu);
-  copy_to_f32(src, staged, f.path() + ": " + key);
-  be.upload(staged, dst);
+  BRISK_CHECK(src.shape() == p.full_shape(), f.path(), ": ", key, " is ", src.shape().str(),
+              " where the model's is ", p.full_shape().str(), " (an adapter of another model?)");
+  std::vector<float> full(static_cast<size_t>(src.numel())), host(static_cast<size_t>(dst.numel()));
+  copy_to_f32(src, Tensor(full.data(), src.shape(), DType::f32, Device::cpu),
+              f.path() + ": " + key);
+  // A tensor-parallel share: its runs' places in the full tensor.
+  for_each_split_run(p, 0, dst.numel(), [&](int64_t local, int64_t at, int64_t n) {
+    std::copy_n(full.begin() + at, n, host.begin() + local);
+  });
+  be.upload(Tensor(host.data(), dst.shape(), DType::f32, Device::cpu), dst);
 }
 
 }  // namespace brisk

@@ -32,10 +32,10 @@ LoraConfig lora_for_task(LoraConfig c, const Model& model);
 // transposed, PEFT's default targets by name, the base's name).
 LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base);
 
-// Bytes [at, at + n) of the trained parameters' float32 values (ParameterSet::trained_run laid
-// end to end) into host memory `dst`: read from this process's run of the weights or of a master
-// copy, or gathered from the ranks that each hold a part of it (ZeRO).
-using TrainedReader = std::function<void(size_t at, size_t n, void* dst)>;
+// Bytes [at, at + n) of trained parameter p's full float32 tensor into host memory `dst`: read
+// from this process's run of the weights or of a master copy, or gathered from the ranks that
+// each hold a part of it (ZeRO's runs, tensor ranks' shares).
+using TrainedReader = std::function<void(const ParamInfo& p, size_t at, size_t n, void* dst)>;
 
 // Writes adapter_config.json and adapter_model.safetensors (PEFT's keys) into `folder`: the
 // trained parameters, read through `read`.
@@ -52,8 +52,9 @@ void load_adapter(Backend& be, const Model& model, const SafetensorsFile& f);
 // other as it is. Returns its shape there.
 Shape to_peft_layout(const Model& model, int i, const float* values, float* out);
 
-// PEFT's tensor `key` of `f` into the parameter `dst` (on the model's device), shapes checked.
+// PEFT's tensor `key` of `f` into parameter p's `dst` (on the model's device; a tensor-parallel
+// share of it, where p is split), shapes checked.
 void load_adapter_tensor(Backend& be, const SafetensorsFile& f, const std::string& key,
-                         const Tensor& dst);
+                         const ParamInfo& p, const Tensor& dst);
 
 }  // namespace brisk

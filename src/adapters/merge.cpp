@@ -295,7 +295,7 @@ void merge_adapter_into(Backend& be, const Model& model, const std::string& fold
   for (size_t i = 0; i < ps.list().size(); ++i) {
     const ParamInfo& p = ps.list()[i];
     if (saved_copy(p.name, c, f) != nullptr)
-      load_adapter_tensor(be, f, kPeftPrefix + p.name, ps.weight(static_cast<int>(i)));
+      load_adapter_tensor(be, f, kPeftPrefix + p.name, p, ps.weight(static_cast<int>(i)));
   }
 }
 

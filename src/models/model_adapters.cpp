@@ -54,7 +54,7 @@ void ModelAdapters::place(const std::function<BlockParams(int)>& layer_weights) 
       BRISK_CHECK(!e.decl.fan_in_fan_out || offset == 0, "LoRA on ", e.decl.module,
                   ": a part of a transposed product is not built yet");
       e.site = site;
-      e.at = offset / e.decl.in;
+      e.at = offset / e.in;
       found = true;
     }
     BRISK_CHECK(found, "LoRA on ", e.decl.module, ": it is no product of a block's");
@@ -81,7 +81,7 @@ Tensor ModelAdapters::input(Backend& be, size_t i, const Tensor& x, const RngKey
   const bool drops = key != nullptr && e.decl.dropout > 0;
   if (!drops && x.dtype() == DType::f32) return x;
   BRISK_CHECK(!input_.empty(), "internal error: no buffer planned for a LoRA input");
-  const Tensor in = rows_of(input_, rows_in(x, e.decl.in), e.decl.in);
+  const Tensor in = rows_of(input_, rows_in(x, e.in), e.in);
   be.cast(x, in);
   if (drops) be.dropout_forward(in, e.decl.dropout, dropout_key(*key, e, i), in);
   return in;
@@ -92,7 +92,7 @@ void ModelAdapters::forward(Backend& be, int layer, ProductSite site, const Tens
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     if (e.decl.layer != layer || e.site != site) continue;
-    const Tensor u = rows_of(e.u, rows_in(x, e.decl.in), e.decl.r);
+    const Tensor u = rows_of(e.u, rows_in(x, e.in), e.decl.r);
     be.lora_forward(input(be, i, x, key), params_.weight(e.a), params_.weight(e.b), e.decl.scale, u,
                     y, e.at);
   }
@@ -103,7 +103,7 @@ void ModelAdapters::backward_weights(Backend& be, int layer, ProductSite site, c
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     if (e.decl.layer != layer || e.site != site) continue;
-    const int64_t rows = rows_in(x, e.decl.in);
+    const int64_t rows = rows_in(x, e.in);
     be.lora_backward(input(be, i, x, key), params_.weight(e.a), params_.weight(e.b), e.decl.scale,
                      rows_of(e.u, rows, e.decl.r), dy, e.at, rows_of(e.v, rows, e.decl.r),
                      params_.grad(e.a), params_.grad(e.b), Tensor(), true);
@@ -118,14 +118,14 @@ void ModelAdapters::backward_input(Backend& be, int layer, ProductSite site, con
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     if (e.decl.layer != layer || e.site != site) continue;
-    const int64_t rows = rows_in(dx, e.decl.in);
+    const int64_t rows = rows_in(dx, e.in);
     const Tensor v = rows_of(e.v, rows, e.decl.r);
     if (key == nullptr || e.decl.dropout == 0) {
       be.linear_backward(dx, params_.weight(e.a), v, WeightLayout::out_in, dx, true, Tensor(),
                          Tensor(), false);
       continue;
     }
-    const Tensor in = rows_of(input_, rows, e.decl.in);
+    const Tensor in = rows_of(input_, rows, e.in);
     be.linear_backward(in, params_.weight(e.a), v, WeightLayout::out_in, in, false, Tensor(),
                        Tensor(), false);
     be.dropout_backward(in, e.decl.dropout, dropout_key(*key, e, i), in);

@@ -48,6 +48,7 @@ class ModelAdapters final : public ProductAdapters {
   struct Entry {
     AdapterDecl decl;
     int a = -1, b = -1;  // their parameters
+    int64_t in = 0;      // the input features this rank's product reads (a row-parallel slice's)
     ProductSite site = ProductSite::qkv;
     int64_t at = 0;  // the first of the product's output columns it adds to
     Tensor u;        // [rows, r]: scale x A^T, kept for backward

@@ -66,6 +66,36 @@ void Model::adapt_experts(const ExpertWeightsDecl& w, int, int, int64_t, float) 
   BRISK_FAIL("internal error: ", w.name, ": the model holds no experts");
 }
 
+namespace {
+// Tensor parallelism: a LoRA's A and B split as Megatron's rule splits its linear's factors. A
+// column-parallel linear's B by output rows as the linear's (in copies where those are), its A
+// whole with each rank's gradient a part the group sums; a row-parallel one's A by input columns,
+// its B whole and partial. Both whole where the linear is.
+struct AdapterSplits {
+  ParamSplit a, b;
+  Shape a_shape, b_shape;
+};
+AdapterSplits adapter_splits(const ParamInfo& linear, const AdapterDecl& d) {
+  const int out_dim = d.fan_in_fan_out ? 1 : 0;
+  const int64_t out = linear.shape[out_dim], in = linear.shape[1 - out_dim];
+  AdapterSplits s{{}, {}, {d.r, in}, {out, d.r}};
+  if (linear.split.dim < 0) return s;
+  ParamSplit partial;
+  partial.partial = true;
+  ParamSplit split = linear.split;
+  if (linear.split.dim == out_dim) {
+    split.dim = 0;
+    s.a = partial;
+    s.b = split;
+  } else {
+    split.dim = 1;
+    s.a = split;
+    s.b = partial;
+  }
+  return s;
+}
+}  // namespace
+
 void Model::add_adapters(const std::vector<AdapterDecl>& decls,
                          const std::vector<ExpertAdapterDecl>& experts,
                          const std::function<bool(const ParamInfo&)>& trained) {
@@ -76,8 +106,10 @@ void Model::add_adapters(const std::vector<AdapterDecl>& decls,
   for (const AdapterDecl& d : decls) {
     ModelAdapters::Entry e;
     e.decl = d;
-    e.a = param(d.module + ".lora_A.weight", {d.r, d.in}, kAdapter);
-    e.b = param(d.module + ".lora_B.weight", {d.out, d.r}, kAdapter);
+    const AdapterSplits s = adapter_splits(params_.list()[static_cast<size_t>(d.linear)], d);
+    e.a = numbered(params_.add(d.module + ".lora_A.weight", s.a_shape, kAdapter, 0, s.a));
+    e.b = numbered(params_.add(d.module + ".lora_B.weight", s.b_shape, kAdapter, 0, s.b));
+    e.in = s.a_shape[1];
     adapters_->entries().push_back(std::move(e));
   }
   for (const ExpertAdapterDecl& d : experts) {
@@ -110,12 +142,15 @@ void Model::init_adapter(Backend& be, size_t i, uint64_t seed) {
   if (!adapter_param(i)) return;
   const ParamInfo& p = params_.list()[i];
   const bool a = p.name.ends_with(".lora_A.weight");
-  const float bound = 1.0f / std::sqrt(static_cast<float>(p.shape[1]));
+  const float bound = 1.0f / std::sqrt(static_cast<float>(p.full_shape()[1]));
   write_in_pieces(be, params_.weight(static_cast<int>(i)), [&](const Tensor& piece, int64_t at) {
-    if (a)
-      fill_uniform(seed, static_cast<uint32_t>(i), at, piece.numel(), bound, piece.f32());
-    else
+    if (!a) {
       std::fill(piece.f32(), piece.f32() + piece.numel(), 0.0f);
+      return;
+    }  // a split A's share draws its places' values in the full one
+    for_each_split_run(p, at, piece.numel(), [&](int64_t local, int64_t full, int64_t length) {
+      fill_uniform(seed, static_cast<uint32_t>(i), full, length, bound, piece.f32() + (local - at));
+    });
   });
 }
 

@@ -61,8 +61,8 @@ void Model::plan(MemoryPlan& plan, BatchShape shape, PlanOptions options) {
               "selective recomputation and gradient checkpointing contradict each other");
   plan_saved(plan, style, dims, options);
   plan_step_buffers(plan, shape, style, dims);
-  if (adapters_)
-    adapters_->declare(plan, binder_, shape.batch * stream_tokens(shape),
+  if (adapters_)  // the products' rows: every token, gathered under Megatron's sequence parallelism
+    adapters_->declare(plan, binder_, shape.batch * token_shape(shape).seq,
                        options.activation_dtype != DType::f32);
 }
 

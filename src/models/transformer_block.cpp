@@ -350,6 +350,7 @@ Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const T
                             adapt(be, st, layer, site, x, y);
                           });
   be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
+  adapt(be, st, layer, site, x, sc.tmp);  // this rank's input columns' term, summed with it
   const Tensor sum = stream_sum(be, st, sc.tmp, like, sc.tmp2, 0, sc);
   be.round_to(st.act_dtype, sum);
   return sum;
@@ -703,8 +704,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);
     Tensor d_m_in = sc.tmp2;
     if (slices_tokens(st)) {  // this rank's tokens of the sum, and the residual's gradient
-      be.linear_backward(m_all, w.fc_w, d_fc_pre, st.layout, sc.tmp, false, g.fc_w, g.fc_b,
-                         accumulate_dw);
+      adapted_backward(be, st, layer, ProductSite::fc, m_all, w.fc_w, d_fc_pre, sc.tmp, false,
+                       g.fc_w, g.fc_b, accumulate_dw);
       d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 1, sc);
       be.add_inplace(d_m_in, d_res2);
     } else {  // rank 0 adds the residual's gradient to the sum
@@ -747,8 +748,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     norm_backward_branch(be, st, d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a),
                          dh, true, g.ln_a_g, g.ln_a_b, lp, 0.0f, RngKey{}, sc.tmp);
   } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
-    be.linear_backward(all_tokens(be, st, x, sc.gathered, sc), w.qkv_w, d_qkv, st.layout, sc.tmp,
-                       false, g.qkv_w, g.qkv_b, accumulate_dw);
+    adapted_backward(be, st, layer, ProductSite::qkv, all_tokens(be, st, x, sc.gathered, sc),
+                     w.qkv_w, d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     be.add_inplace(dh, stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc));
   } else {  // rank 0 adds d_res1 to the sum
     adapted_backward(be, st, layer, ProductSite::qkv, x, w.qkv_w, d_qkv, dh, adds_shared_terms(st),

@@ -182,9 +182,11 @@ std::unique_ptr<GatheredReads> DataParallel::gather_for_save(bool checkpoint) {
   const ParameterSet& params = model_.params();
   const Tensor weights =
       precision_.sharded() ? precision_.master(params) : weights_of(params.trained_run().elements);
-  return std::make_unique<GatheredReads>(
+  auto reads = std::make_unique<GatheredReads>(
       comm_, checkpoint_parts(weights, precision_.sharded(), comm_.rank(),
                               checkpoint ? &optimizer_ : nullptr));
+  reads->set_weights_origin(params.trained_run().elements.offset);
+  return reads;
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 namespace brisk {
 
 ElementRange stepped_run(const ParallelContext& c) {
-  if (c.buffers.shards.empty()) return {0, c.model.params().total_elements()};
+  if (c.buffers.shards.empty()) return c.model.params().trained_run().elements;
   return c.buffers.shards[static_cast<size_t>(c.mesh.expert_replicas().rank())].elements;
 }
 
@@ -20,7 +20,7 @@ LayeredPolicy::LayeredPolicy(const ParallelContext& c, std::unique_ptr<ParallelP
       optimizer_(c.optimizer),
       replica_(c.mesh.expert_replicas().rank()),
       run_(stepped_run(c)),
-      zero_(run_.count < c.model.params().total_elements()),
+      zero_(run_.count < c.model.params().trainable_elements()),
       inner_(std::move(inner)) {}
 
 SyncSeconds LayeredPolicy::finish_then(const std::function<void()>& sum) {
@@ -41,7 +41,9 @@ double LayeredPolicy::sum_over_gradients_then(const Tensor& sums, Communicator& 
 }
 
 int64_t LayeredPolicy::held_base() const {
-  return inner_->gradients().numel() == model_.params().total_elements() ? 0 : run_.offset;
+  const ParameterSet& params = model_.params();
+  return inner_->gradients().numel() == params.trainable_elements() ? params.gradient_origin()
+                                                                    : run_.offset;
 }
 
 std::vector<Tensor> LayeredPolicy::saved_parts(bool checkpoint) const {

@@ -14,7 +14,8 @@
 
 namespace brisk {
 
-// The parameters this rank steps: its replica's ZeRO run, or all of them.
+// The parameters this rank steps: its replica's ZeRO run, or the trained ones (all, but a LoRA's
+// base).
 ElementRange stepped_run(const ParallelContext& c);
 
 class LayeredPolicy : public ParallelPolicy {
@@ -57,7 +58,8 @@ class LayeredPolicy : public ParallelPolicy {
   SyncSeconds finish_then(const std::function<void()>& sum);
   // The inner policy's sums over the gradients, then the sum over `group`; the seconds of both.
   double sum_over_gradients_then(const Tensor& sums, Communicator& group);
-  // Where the inner policy's gradients start among the model's parameters: ZeRO's run, or 0.
+  // Where the inner policy's gradients start among the model's parameters: ZeRO's run, or the
+  // gradient buffer's (0, or a LoRA's trained run).
   int64_t held_base() const;
   // This rank's parts of the weights (and with `checkpoint` of the optimizer's state) for a
   // save: under ZeRO its replica's run, else the whole on the first replica and none on others.
@@ -70,7 +72,7 @@ class LayeredPolicy : public ParallelPolicy {
   MixedPrecision& precision_;
   Optimizer& optimizer_;
   int replica_;       // this rank's place among the replicas that hold its parameters
-  ElementRange run_;  // the parameters this rank steps (ZeRO's run, or all)
+  ElementRange run_;  // the parameters this rank steps (ZeRO's run, or the trained ones)
   bool zero_;         // the run is a part: ZeRO partitions the state
 
  private:

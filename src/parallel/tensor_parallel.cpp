@@ -27,18 +27,21 @@ namespace {
 class SplitReads final : public GatheredReads {
  public:
   // `shares`: the optimizer's StateLayout over params (their shares, alike on every tensor rank);
-  // `full`: one process's, the checkpoint's.
+  // `full`: one process's, the checkpoint's. `weights`: the parameters' elements a tensor rank's
+  // whole 0 holds (all, or a LoRA's trained run).
   SplitReads(Communicator& world, std::vector<Tensor> parts, const ParameterSet& params,
-             std::vector<std::vector<int>> holders, StateLayout shares, StateLayout full)
+             std::vector<std::vector<int>> holders, StateLayout shares, StateLayout full,
+             ElementRange weights)
       : GatheredReads(world, std::move(parts)),
         params_(params),
         holders_(std::move(holders)),
         shares_(std::move(shares)),
-        full_(std::move(full)) {}
+        full_(std::move(full)),
+        weights_(weights) {}
 
   void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) override {
     const auto bytes = static_cast<size_t>(weight_bytes());
-    read_full(0, p, static_cast<size_t>(p.offset) * bytes, bytes, at, n, dst);
+    read_full(0, p, static_cast<size_t>(p.offset - weights_.offset) * bytes, bytes, at, n, dst);
   }
 
   int64_t state_bytes(size_t i) const override { return full_.total[i] * full_.element_bytes[i]; }
@@ -74,9 +77,10 @@ class SplitReads final : public GatheredReads {
   int64_t weight_bytes() const {
     int64_t bytes = 0;
     for (int r : holders_[0]) bytes += part_bytes(0, r);
-    BRISK_CHECK(bytes % params_.total_elements() == 0, "internal error: a save part of ", bytes,
-                " bytes for ", params_.total_elements(), " parameter elements");
-    return bytes / params_.total_elements();
+    BRISK_CHECK(weights_.count > 0 && bytes % weights_.count == 0,
+                "internal error: a save part of ", bytes, " bytes for ", weights_.count,
+                " parameter elements");
+    return bytes / weights_.count;
   }
 
   // Bytes [at, at + n) of p's full tensor in whole `whole`, whose share starts at byte `share`
@@ -101,6 +105,7 @@ class SplitReads final : public GatheredReads {
   const ParameterSet& params_;
   std::vector<std::vector<int>> holders_;
   StateLayout shares_, full_;
+  ElementRange weights_;
   SplitBands bands_;
   size_t banded_whole_ = 0;
   const ParamInfo* banded_param_ = nullptr;
@@ -176,9 +181,13 @@ class TensorParallel final : public LayeredPolicy {
     std::vector<std::vector<int>> holders;
     for (int t = 0; t < mesh_.shape()[MeshDim::tensor]; ++t)
       holders.push_back(replica_ranks(mesh_.shape(), 0, t));
-    return std::make_unique<SplitReads>(
-        world_, saved_parts(checkpoint), model_.params(), std::move(holders),
-        state_layout(optimizer_, model_.params()), full_state_layout(optimizer_, model_.params()));
+    const ParameterSet& params = model_.params();
+    // A master copy holds the trained parameters alone (a LoRA's run); the weights are all.
+    const ElementRange saved = precision_.has_master() ? params.trained_run().elements
+                                                       : ElementRange{0, params.total_elements()};
+    return std::make_unique<SplitReads>(world_, saved_parts(checkpoint), params, std::move(holders),
+                                        state_layout(optimizer_, params),
+                                        full_state_layout(optimizer_, params), saved);
   }
 
  private:
@@ -205,7 +214,7 @@ class TensorParallel final : public LayeredPolicy {
   // Where the elements of this rank's optimizer state (those of its run, ZeRO's or all) lie in a
   // checkpoint's, laid out as the full parameters.
   StateShare full_layout_share() const {
-    const ElementRange run = zero_ ? run_ : ElementRange{0, model_.params().total_elements()};
+    const ElementRange run = zero_ ? run_ : model_.params().trained_run().elements;
     return whole_layout_share(optimizer_, model_.params(), model_.params(), run,
                               full_state_layout(optimizer_, model_.params()));
   }

@@ -183,7 +183,7 @@ StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params)
     l.length.emplace_back();
     l.per_element.emplace_back();
     for (const ParamInfo& p : params.list()) {
-      const int64_t n = optimizer.state_elements(i, p);
+      const int64_t n = p.frozen ? 0 : optimizer.state_elements(i, p);
       l.at.back().push_back(at);
       l.length.back().push_back(n);
       l.per_element.back().push_back(optimizer.state_per_element(i, p));
@@ -197,8 +197,10 @@ StateLayout state_layout(const Optimizer& optimizer, const ParameterSet& params)
 
 StateLayout full_state_layout(const Optimizer& optimizer, const ParameterSet& shares) {
   ParameterSet full;
-  for (const ParamInfo& p : shares.list())
-    full.add(p.name, p.full_shape(), ParamRole{p.decay, p.embedding, p.product});
+  for (const ParamInfo& p : shares.list()) {
+    const int i = full.add(p.name, p.full_shape(), ParamRole{p.decay, p.embedding, p.product});
+    if (p.frozen) full.freeze(i);
+  }
   return state_layout(optimizer, full);
 }
 

@@ -114,12 +114,13 @@ class GatheredReads {
   // Rank 0: bytes [offset, offset + bytes) of whole i into dst (host memory).
   void read(size_t i, size_t offset, size_t bytes, void* dst);
   // Rank 0: bytes [at, at + n) of parameter p's full tensor (float32), whole 0 being the
-  // weights laid out as the parameters; and the same of optimizer state tensor i (whole i + 1,
-  // laid out as the optimizer's state), its full size in bytes first. Tensor parallelism's
-  // saves map them onto the ranks' shares.
+  // weights laid out as the parameters from element `weights_origin` on (a LoRA's trained run);
+  // and the same of optimizer state tensor i (whole i + 1, laid out as the optimizer's state),
+  // its full size in bytes first. Tensor parallelism's saves map them onto the ranks' shares.
   virtual void read_param(const ParamInfo& p, size_t at, size_t n, void* dst) {
-    read(0, static_cast<size_t>(p.offset) * 4 + at, n, dst);
+    read(0, static_cast<size_t>(p.offset - weights_origin_) * 4 + at, n, dst);
   }
+  void set_weights_origin(int64_t element) { weights_origin_ = element; }
   virtual int64_t state_bytes(size_t i) const { return whole_bytes(i + 1); }
   virtual void read_state(size_t i, size_t at, size_t n, void* dst) { read(i + 1, at, n, dst); }
   // Rank 0: no more reads.
@@ -145,6 +146,7 @@ class GatheredReads {
   // Per whole: where each rank's part starts in it, then its end.
   std::vector<std::vector<int64_t>> starts_;
   bool done_ = false;
+  int64_t weights_origin_ = 0;
 };
 
 // The parts a ZeRO checkpoint gathers (GatheredReads): the weights a save writes, the trained

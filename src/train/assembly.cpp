@@ -77,13 +77,14 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 }  // namespace
 
-const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage) {
-  return layout.on(MeshDim::tensor)                ? "--tp_size"
-         : layout.on(MeshDim::pipeline)            ? "--pp_size"
-         : layout.on(MeshDim::sequence)            ? "--sp_size"
-         : layout.on(MeshDim::expert)              ? "--ep_size"
-         : zero_stage > 2 && layout.replicas() > 1 ? "--zero_stage 3"
-                                                   : nullptr;
+const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage,
+                                  bool quantized_base) {
+  return layout.on(MeshDim::pipeline)                   ? "--pp_size"
+         : layout.on(MeshDim::sequence)                 ? "--sp_size"
+         : layout.on(MeshDim::expert)                   ? "--ep_size"
+         : zero_stage > 2 && layout.replicas() > 1      ? "--zero_stage 3"
+         : quantized_base && layout.on(MeshDim::tensor) ? "--load_in_4bit and --tp_size"
+                                                        : nullptr;
 }
 
 namespace {
@@ -101,10 +102,10 @@ void attach_adapters(RunAssembly& r) {
                         o.lora_modules_to_save, o.use_rslora, o.lora_target_parameters)
           : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
   const LoraConfig c = lora_for_task(given, *r.model);
-  const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage);
+  const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage, o.load_in_4bit);
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
               " are not built yet: train them with data parallelism (DDP, or ZeRO stage 1 or "
-              "2)");
+              "2) and tensor parallelism (--tp_size, with a 16- or 32-bit base)");
   attach_lora(*r.model, c);
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }

@@ -96,9 +96,10 @@ struct RunAssembly {
 };
 
 // The option of `layout` (or ZeRO's stage over its replicas) that LoRA adapters cannot train
-// under yet, as the user names it ("--tp_size", ...); nullptr where they can (data parallelism,
-// with ZeRO stage 1 or 2).
-const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage);
+// under yet, as the user names it ("--pp_size", ...); nullptr where they can (data parallelism,
+// with ZeRO stage 1 or 2, and tensor parallelism, over a base not quantized to 4 bits).
+const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage,
+                                  bool quantized_base);
 
 // Plans the run on `device` with `options` as resolve_run and resolve_checkpoint return them
 // (read, never rewritten: an unresolved "last" is refused), for rank `rank` of `layout`: its

@@ -217,12 +217,14 @@ void write_saved_model(Backend& be, const fs::path& folder, const SavedModel& m,
     BRISK_CHECK(m.gathered || m.weights.numel() == m.model.params().trained_run().elements.count,
                 "internal error: ", m.weights.numel(), " trained weights to save for a run of ",
                 m.model.params().trained_run().elements.count);
-    save_adapter(folder.string(), m.model, *m.adapter, [&](size_t at, size_t n, void* dst) {
-      if (m.gathered)
-        m.gathered->read(0, at, n, dst);
-      else
-        device(m.weights, at, n, dst);
-    });
+    const int64_t origin = m.model.params().trained_run().elements.offset;
+    save_adapter(folder.string(), m.model, *m.adapter,
+                 [&](const ParamInfo& p, size_t at, size_t n, void* dst) {
+                   if (m.gathered)
+                     m.gathered->read_param(p, at, n, dst);
+                   else
+                     device(m.weights, static_cast<size_t>(p.offset - origin) * 4 + at, n, dst);
+                 });
     fault_point(fail_at_point);
     fault_point(fail_at_point);
     return;

@@ -485,7 +485,8 @@ std::vector<FitCandidate> fit_search(const TrainOptions& o, Device device,
         TrainOptions t = with_precision(with_method(o, method), precision);
         t.optim = optim;
         for (const ParallelLayout& layout : all)
-          if (method == "full" || !adapters_unbuilt_with(layout, layout.zero_stage()))
+          if (method == "full" ||
+              !adapters_unbuilt_with(layout, layout.zero_stage(), t.load_in_4bit))
             search_layout(t, layout, scope, out, refused);
       }
   std::stable_sort(out.begin(), out.end(), [](const FitCandidate& a, const FitCandidate& b) {
