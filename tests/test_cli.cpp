@@ -431,6 +431,18 @@ TEST(Cli, EstimateOfLoraUnderZeroPartitionsTheAdaptersAlone) {
   }
 }
 
+// Under tensor parallelism a tensor rank holds its share of the adapters (llama-2-7b's q_proj and
+// v_proj, column-parallel: each A [16, 4096] whole, each B [4096, 16] by halves) and of the base,
+// and says so.
+TEST(Cli, EstimateOfLoraUnderTensorParallelismCountsARanksShare) {
+  CliRun r;
+  const nlohmann::json j = estimate_json(
+      "--model llama-2-7b --use_peft --bf16 --device cuda --world_size 2 --tp_size 2", &r);
+  const double layers = 32, a = 16 * 4096, b = 4096 * 16;
+  EXPECT_EQ(j["adapters"]["trained_parameters"].get<double>(), layers * 2 * (a + b / 2));
+  EXPECT_NE(r.out.find("frozen (a tensor rank's share)"), std::string::npos) << r.out;
+}
+
 // estimate --world_size N --zero_stage 2: each rank also holds only its shard of the summed
 // gradients, plus the space the gradients are staged in (two of the 24 blocks' slots, over which
 // the embeddings' and head's lie): rank 0's own plan says so, the shards add up to 4 bytes per

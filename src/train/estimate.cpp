@@ -130,6 +130,7 @@ nlohmann::json adapter_report(const RunAssembly& run) {
                       {"modules_to_save", run.adapter->modules_to_save},
                       {"trained_parameters", trained},
                       {"frozen_parameters", total - trained},
+                      {"tensor_ranks", run.model->config().tensor_ranks},
                       {"trained_weights_bytes", trained * 4},
                       {"gradients_bytes", of(Category::gradients)},
                       {"master_weights_bytes", of(Category::master_weights)},

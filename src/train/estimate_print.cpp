@@ -122,10 +122,11 @@ void print_adapters(const Estimate& e) {
   std::string targets;
   for (const auto& t : j["target_modules"])
     targets += (targets.empty() ? "" : ",") + t.get<std::string>();
-  std::printf("LoRA r %lld on %s: %lld parameters trained (%.2f%%), %lld frozen\n",
+  const bool shares = j.value("tensor_ranks", 1) > 1;
+  std::printf("LoRA r %lld on %s: %lld parameters trained (%.2f%%), %lld frozen%s\n",
               j["r"].get<long long>(), targets.empty() ? "PEFT's default targets" : targets.c_str(),
               trained, 100.0 * static_cast<double>(trained) / static_cast<double>(trained + frozen),
-              frozen);
+              frozen, shares ? " (a tensor rank's share)" : "");
   auto mib = [&](const nlohmann::json& at, const char* key) {
     return format_mib(at[key].get<size_t>());
   };
