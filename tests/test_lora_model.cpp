@@ -100,6 +100,23 @@ TEST(LoraModel, MixturesExpertsAsPeftsTargetParameters) {
   expect_as_peft("moe/olmoe_tiny", "olmoe", "experts_");
 }
 
+// all-linear on a mixture reaches its router (and Qwen2-MoE's shared expert), which PEFT adapts
+// and brisk does not yet: refused, naming the module and what to give instead.
+TEST(LoraModel, AMixturesRouterIsRefusedByName) {
+  for (const std::string f : {"mixtral", "olmoe", "qwen2_moe"}) {
+    LoraConfig c;
+    c.r = 4;
+    c.all_linear = true;
+    expect_error(
+        [&] {
+          LoadedModel(fixture("moe/" + f + "_tiny"), {}, false, DType::f32, 0, false, nullptr, 0,
+                      nullptr, [&](Model& m) { attach_lora(m, c); });
+        },
+        f == "mixtral" ? "LoRA on model.layers.0.block_sparse_moe.gate is not built yet"
+                       : "LoRA on model.layers.0.mlp.gate is not built yet");
+  }
+}
+
 TEST(LoraModel, FreshAdaptersLeaveTheBaseModelsOutput) {
   // B zero: the adapted model computes the base's logits exactly; A drawn within 1/sqrt(in).
   LoraConfig c;

@@ -217,6 +217,23 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
 }
 
+// A listed target that names no linear is skipped, as PEFT skips it, and said once.
+TEST(LoraTrain, AnUnmatchedTargetIsSkippedAndSaid) {
+  TempDir dir("lora_unmatched");
+  TrainOptions o = lora_options(dir, "gpt2");
+  o.lora_target_modules = "c_attn,cproj";
+  o.max_steps = 1;
+  std::vector<std::string> warnings;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("warning")) warnings.push_back(j["warning"]);
+  });
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("no linear of the model is named 'cproj'"), std::string::npos)
+      << warnings[0];
+  EXPECT_EQ(read_adapter_folder(o.output_dir, "output_dir").target_modules,
+            (std::vector<std::string>{"c_attn", "cproj"}));
+}
+
 // A mixture's routed experts adapted through PEFT's target_parameters (beside q_proj) train (as
 // with gradient checkpointing) and resume exactly; the adapter saved holds the keys and shapes PEFT
 // saved for the same targets (lora/experts_mixtral: each expert's B interleaved as PEFT lays it),

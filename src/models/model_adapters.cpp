@@ -57,7 +57,10 @@ void ModelAdapters::place(const std::function<BlockParams(int)>& layer_weights) 
       e.at = offset / e.in;
       found = true;
     }
-    BRISK_CHECK(found, "LoRA on ", e.decl.module, ": it is no product of a block's");
+    BRISK_CHECK(found, "--lora_target_modules: LoRA on ", e.decl.module,
+                " is not built yet: brisk adapts the attention's and dense MLPs' linears, not a "
+                "mixture's router or shared expert (name the linears, e.g. "
+                "q_proj,k_proj,v_proj,o_proj, and the experts with --lora_target_parameters)");
   }
 }
 

@@ -106,7 +106,7 @@ void attach_adapters(RunAssembly& r) {
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
               " are not built yet: train them with data parallelism (DDP, or ZeRO stage 1 or "
               "2) and tensor parallelism (--tp_size, with a 16- or 32-bit base)");
-  attach_lora(*r.model, c);
+  r.unmatched_targets = attach_lora(*r.model, c).unmatched;
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
 

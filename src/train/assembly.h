@@ -67,6 +67,8 @@ struct RunAssembly {
   // LoRA (--use_peft or --adapter_name_or_path): the adapter attached to the model, as a save
   // writes its adapter_config.json. The optimizer then steps the trained parameters alone.
   std::optional<LoraConfig> adapter;
+  // Its listed target_modules that name no linear of the model (skipped, as PEFT skips them).
+  std::vector<std::string> unmatched_targets;
   // QLoRA (--load_in_4bit): the frozen base's 4-bit store, attached to the model once bound.
   std::unique_ptr<QuantizedBase> quantized;
   std::unique_ptr<Dataset> owned_data;

@@ -239,6 +239,10 @@ TrainerState load_state(Backend& be, RunAssembly& run, const LogSink& on_log,
   TrainerState state;
   const bool resuming = !o.resume_from_checkpoint.empty();
   if (run.adapter || !resuming) load_base_weights(be, run, on_log);
+  for (const std::string& name : run.unmatched_targets)
+    if (on_log)
+      on_log({{"warning", "--lora_target_modules: no linear of the model is named '" + name +
+                              "'; it is skipped (as PEFT skips it), the other targets adapted"}});
   if (resuming) {
     load_checkpoint(be, o.resume_from_checkpoint, o, *run.model, *run.optimizer, state,
                     parallel.state_share());
