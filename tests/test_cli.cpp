@@ -1086,7 +1086,8 @@ TEST(Cli, EstimateFitRanksWhatFitsTheBudget) {
 }
 
 // --fit_methods: LoRA and QLoRA weighed beside full fine-tuning. Adapters train under data
-// parallelism with ZeRO up to stage 2; at the same batch, recomputation and layout an adapter run
+// parallelism with ZeRO up to stage 2 (LoRA under tensor parallelism too, and some candidate
+// takes it); at the same batch, recomputation and layout an adapter run
 // needs less memory (QLoRA's less again) and is predicted faster than full fine-tuning (no weight
 // gradients). By default the run's own method alone, and a budget nothing fits points at the other
 // methods.
@@ -1117,11 +1118,16 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
       full_stages.insert(c["zero_stage"].get<int>());
       continue;
     }
-    EXPECT_EQ(c["tp_size"].get<int>() * c["pp_size"].get<int>() * c["sp_size"].get<int>(), 1);
+    // LoRA under tensor parallelism too, QLoRA not.
+    EXPECT_EQ(c["pp_size"].get<int>() * c["sp_size"].get<int>(), 1);
+    if (method == "qlora") EXPECT_EQ(c["tp_size"].get<int>(), 1);
     EXPECT_LE(c["zero_stage"].get<int>(), 2);
     adapter_stages.insert(c["zero_stage"].get<int>());
   }
   EXPECT_EQ(adapter_stages, (std::set<int>{0, 1, 2}));
+  EXPECT_TRUE(std::any_of(fit.begin(), fit.end(), [](const nlohmann::json& c) {
+    return c["method"] == "lora" && c["tp_size"].get<int>() == 2;
+  }));
   EXPECT_EQ(full_stages.size(), 4u);
   int compared = 0;
   for (auto& [k, m] : by_key) {
