@@ -246,6 +246,37 @@ def train_fixture(name, kwargs):
 EXPERTS = ["moe/mixtral_tiny", "moe/olmoe_tiny"]
 
 
+# Each mixture's per-expert linears by transformers 4's names, which PEFT turns into its fused
+# experts' target_parameters (gate and up together at twice the rank and alpha).
+LISTED = {"moe/mixtral_tiny": ["q_proj", "w1", "w3", "w2"],
+          "moe/olmoe_tiny": ["q_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def listed_fixture(name):
+    """listed_<model>/: LISTED's target_modules as PEFT converts them for the fused experts
+    (rank_pattern and alpha_pattern doubling gate_up_proj's), random A and B, saved by PEFT with
+    expected.safetensors."""
+    import torch
+    from safetensors.torch import load_file
+    torch.manual_seed(3)
+    path = os.path.join(FIXTURES, name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="eager", experts_implementation="eager")
+    model.name_or_path = name
+    lora = LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, init_lora_weights=False,
+                      target_modules=LISTED[name], task_type=TaskType.CAUSAL_LM)
+    peft_model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(10.0)
+    out = os.path.join(OUT, "listed_" + name.split("/")[-1].split("_")[0])
+    os.makedirs(out, exist_ok=True)
+    save_adapter(peft_model, out)
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    expected_of(peft_model, batch, out)
+
+
 def experts_fixture(name):
     """experts_<model>/: a LoRA of the routed experts' fused weights (PEFT's target_parameters:
     mlp.experts.gate_up_proj and mlp.experts.down_proj, each expert its own rank-2 A and B) and of
@@ -283,6 +314,10 @@ def main():
     if sys.argv[1:] == ["experts"]:
         for name in EXPERTS:
             experts_fixture(name)
+        return
+    if sys.argv[1:] == ["listed"]:
+        for name in LISTED:
+            listed_fixture(name)
         return
     os.makedirs(OUT, exist_ok=True)
     cases = []

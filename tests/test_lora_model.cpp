@@ -100,6 +100,14 @@ TEST(LoraModel, MixturesExpertsAsPeftsTargetParameters) {
   expect_as_peft("moe/olmoe_tiny", "olmoe", "experts_");
 }
 
+// The experts named by their per-expert linears (Mixtral's w1, w3, w2; OLMoE's gate_proj,
+// up_proj, down_proj), as PEFT converts them: its saved config's target_parameters, with
+// rank_pattern and alpha_pattern doubling gate_up_proj's rank and alpha.
+TEST(LoraModel, MixturesListedExpertLinearsAsPeftConvertsThem) {
+  expect_as_peft("moe/mixtral_tiny", "mixtral", "listed_");
+  expect_as_peft("moe/olmoe_tiny", "olmoe", "listed_");
+}
+
 // all-linear on a mixture reaches its router (and Qwen2-MoE's shared expert), which PEFT adapts
 // and brisk does not yet: refused, naming the module and what to give instead.
 TEST(LoraModel, AMixturesRouterIsRefusedByName) {

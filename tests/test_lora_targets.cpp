@@ -19,21 +19,17 @@ namespace brisk::testing {
 namespace {
 
 // transformers 5 holds a mixture's experts as fused parameters, which PEFT adapts through
-// target_parameters (listing the experts' module) whenever a target names an expert's linear,
-// and its string targets and all-linear then wrap more than they name; brisk adapts the
-// attention's and dense MLPs' linears of those models, not yet the experts. So on the mixtures
-// only the lists whose PEFT result holds no experts are compared.
+// target_parameters (listing the experts' module) whenever a listed target names an expert's
+// linear, as brisk converts them too (with_fused_experts); its string targets and all-linear
+// also wrap the router, which brisk refuses. So on the mixtures the lists are compared.
 bool compared(const nlohmann::json& c) {
   const std::string model = c["model"];
-  if (model.rfind("moe/", 0) != 0) return true;
-  if (c["target_modules"].is_string()) return false;
-  for (const nlohmann::json& n : c.value("wrapped", nlohmann::json::array()))
-    if (n.get<std::string>().find(".experts") != std::string::npos) return false;
-  return true;
+  return model.rfind("moe/", 0) != 0 || !c["target_modules"].is_string();
 }
 
 LoraConfig config_of(const nlohmann::json& c, const ModelConfig& model) {
   LoraConfig l;
+  l.dropout = 0;  // PEFT's default, the fixture's
   const nlohmann::json& t = c["target_modules"];
   if (t == "all-linear")
     l.all_linear = true;
@@ -54,12 +50,14 @@ TEST(LoraTargets, TheLinearsPeftWrapsOnEveryArchitecture) {
     const ModelConfig config = load_config(fixture(name + "/config.json"));
     const std::unique_ptr<Model> model = Model::create(config);
     const std::vector<LinearDecl> linears = model->linears();
-    const LoraConfig lora = config_of(c, config);
     SCOPED_TRACE(name + " " + c["target_modules"].dump());
     if (c.contains("wrapped")) {
+      const LoraConfig lora = with_fused_experts(config_of(c, config), config.type_name());
       const std::vector<LinearDecl> picked =
           lora_targets(linears, lora, config.type_name()).linears;
       std::vector<std::string> names = module_names(picked);
+      for (const ExpertTarget& t : expert_targets(model->expert_weights(), lora))
+        names.push_back(t.module);
       std::sort(names.begin(), names.end());
       EXPECT_EQ(names, c["wrapped"].get<std::vector<std::string>>());
       ++wrapped;
@@ -68,7 +66,10 @@ TEST(LoraTargets, TheLinearsPeftWrapsOnEveryArchitecture) {
       if (error.find("modules_to_save cannot be applied") != std::string::npos) continue;
       // PEFT refuses; brisk refuses too, except where it has a default PEFT's mapping lists.
       if (c["target_modules"].is_null() && config.type_name() == "mixtral") continue;
-      EXPECT_THROW(lora_targets(linears, lora, config.type_name()), Error);
+      const LoraConfig lora = config_of(c, config);
+      EXPECT_THROW(
+          lora_targets(linears, with_fused_experts(lora, config.type_name()), config.type_name()),
+          Error);
       ++refused;
     }
   }
@@ -150,6 +151,18 @@ TEST(LoraConfig, PeftsAdapterConfigReadWrittenAndReadBack) {
   LoraConfig all = c;
   all.all_linear = true;
   EXPECT_TRUE(read_adapter_config(adapter_config_json(all), "brisk").all_linear);
+  // PEFT's rank_pattern and alpha_pattern: the first pattern ending a target's name at a part.
+  LoraConfig patterned = c;
+  patterned.rank_pattern = {{".*\\.gate_up_proj", 8}, {"v_proj", 6}};
+  patterned.alpha_pattern = {{"v_proj", 3}};
+  const LoraConfig p = read_adapter_config(adapter_config_json(patterned), "brisk");
+  EXPECT_EQ(p.rank_of("model.layers.0.mlp.experts.gate_up_proj"), 8);
+  EXPECT_EQ(p.rank_of("model.layers.0.self_attn.v_proj"), 6);
+  EXPECT_EQ(p.rank_of("model.layers.0.self_attn.xv_proj"), 4);  // not at a part's start
+  EXPECT_EQ(p.rank_of("model.layers.0.self_attn.q_proj"), 4);
+  EXPECT_DOUBLE_EQ(p.scale_of("model.layers.0.self_attn.v_proj"), 0.5);
+  EXPECT_DOUBLE_EQ(p.scale_of("model.layers.0.mlp.experts.gate_up_proj"), 1.0);
+  EXPECT_DOUBLE_EQ(p.scale_of("model.layers.0.self_attn.q_proj"), 2.0);
 }
 
 TEST(LoraConfig, WhatBriskDoesNotRunIsRefusedByItsKey) {
@@ -167,6 +180,14 @@ TEST(LoraConfig, WhatBriskDoesNotRunIsRefusedByItsKey) {
   refused("lora_alpha", "eight", "lora_alpha must be a number");
   refused("bias", "all", "bias must be \"none\"");
   refused("target_modules", 7, "target_modules must be a list");
+  refused("rank_pattern", {{"q_proj", 0}}, "rank_pattern[\"q_proj\"] must be a positive whole");
+  refused("rank_pattern", {{"q_proj", 2.5}}, "rank_pattern[\"q_proj\"] must be a positive whole");
+  refused("alpha_pattern", {{"q_proj", "x"}}, "alpha_pattern[\"q_proj\"] must be a positive");
+  refused("rank_pattern", 3, "rank_pattern must be an object");
+  nlohmann::json rs = j;
+  rs["use_rslora"] = true;
+  rs["rank_pattern"] = {{"q_proj", 8}};
+  expect_error([&] { read_adapter_config(rs, "a.json"); }, "use_rslora with rank_pattern");
   expect_error([&] { read_adapter_config(nlohmann::json::array(), "a.json"); },
                "must be a JSON object");
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "adapters/attach.h"
 #include "adapters/lora.h"
@@ -295,6 +296,46 @@ TEST(LoraTrain, MixturesExpertsTrainResumeAndSaveAsPeft) {
   o.tp_size = 2;
   expect_error([&] { assemble_run(o, Device::cpu, nullptr, nullptr, 0, 2); },
                "--lora_target_parameters with --tp_size is not built yet");
+}
+
+// A mixture's experts named by their per-expert linears (OLMoE's gate_proj, up_proj, down_proj)
+// train as PEFT converts them: the adapter saved holds PEFT's keys and shapes (gate_up_proj's at
+// twice the rank) and PEFT's converted config. Half a pair, the router and dropout are refused.
+TEST(LoraTrain, MixturesListedExpertLinearsTrainAsPeftConvertsThem) {
+  TempDir dir("lora_listed");
+  FixtureRows rows(fixture("moe/olmoe_tiny/batch.safetensors"));
+  TrainOptions o = tiny_options(fixture("moe/olmoe_tiny"), dir / "out");
+  o.use_peft = true;
+  o.lora_r = 2;
+  o.lora_alpha = 4;
+  o.lora_dropout = 0;
+  o.lora_target_modules = "q_proj,gate_proj,up_proj,down_proj";
+  o.per_device_train_batch_size = 1;
+  o.max_steps = 2;
+  EXPECT_EQ(train_losses(o, &rows).size(), 2u);
+  const SafetensorsFile got(o.output_dir + "/adapter_model.safetensors"),
+      want(fixture("lora/listed_olmoe/adapter_model.safetensors"));
+  std::vector<std::string> a = got.names(), b = want.names();
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  ASSERT_EQ(a, b);
+  for (const std::string& name : b)
+    EXPECT_EQ(got.get(name).shape(), want.get(name).shape()) << name;
+  const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
+  const LoraConfig peft = read_adapter_folder(fixture("lora/listed_olmoe"), "fixture");
+  EXPECT_EQ(c.target_modules, peft.target_modules);
+  EXPECT_EQ(std::set<std::string>(c.target_parameters.begin(), c.target_parameters.end()),
+            std::set<std::string>(peft.target_parameters.begin(), peft.target_parameters.end()));
+  EXPECT_EQ(c.rank_pattern, peft.rank_pattern);
+  EXPECT_EQ(c.alpha_pattern, peft.alpha_pattern);
+  o.lora_target_modules = "q_proj,gate_proj,down_proj";
+  expect_error([&] { train_losses(o, &rows); },
+               "names gate_proj without its pair: olmoe fuses each expert's gate and up");
+  o.lora_target_modules = "q_proj,gate";
+  expect_error([&] { train_losses(o, &rows); }, "--lora_target_modules gate: olmoe's router");
+  o.lora_target_modules = "down_proj";
+  o.lora_dropout = 0.05;
+  expect_error([&] { train_losses(o, &rows); }, "they need --lora_dropout 0");
 }
 
 // --fit prices the data replicas' sums of a LoRA run's gradients as the trained parameters'

@@ -18,6 +18,8 @@ const std::set<std::string>& followed_keys() {
       "lora_dropout",
       "target_modules",
       "target_parameters",
+      "rank_pattern",
+      "alpha_pattern",
       "modules_to_save",
       "use_rslora",
       "fan_in_fan_out",
@@ -58,6 +60,27 @@ double number(const nlohmann::json& j, const char* key, double fallback,
   BRISK_CHECK(j[key].is_number(), origin, ": ", key, " must be a number");
   return j[key].get<double>();
 }
+
+// PEFT's rank_pattern or alpha_pattern: an object of patterns and their positive values (ranks
+// whole numbers).
+std::vector<std::pair<std::string, double>> patterns(const nlohmann::json& j, const char* key,
+                                                     bool whole, const std::string& origin) {
+  std::vector<std::pair<std::string, double>> out;
+  const nlohmann::json v = j.value(key, nlohmann::json());
+  if (v.is_null()) return out;
+  BRISK_CHECK(v.is_object(), origin, ": ", key, " must be an object of patterns and numbers");
+  for (const auto& [pattern, value] : v.items()) {
+    BRISK_CHECK(value.is_number() && value.get<double>() > 0 &&
+                    (!whole || (value.get<double>() <= 65536 &&
+                                value.get<double>() == std::floor(value.get<double>()))),
+                origin, ": ", key, "[\"", excerpt(pattern), "\"] must be a positive ",
+                whole ? "whole number up to 65536" : "number");
+    out.emplace_back(pattern, value.get<double>());
+  }
+  return out;
+}
+
+nlohmann::json pattern_json(const std::vector<std::pair<std::string, double>>& patterns);
 
 // A whole number as an integer (as PEFT writes lora_alpha = 16), any other as itself.
 nlohmann::json whole_or_real(double v) {
@@ -102,6 +125,10 @@ LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origi
   const nlohmann::json rs = j.value("use_rslora", nlohmann::json(false));
   BRISK_CHECK(rs.is_boolean(), origin, ": use_rslora must be true or false");
   c.use_rslora = rs.get<bool>();
+  c.rank_pattern = patterns(j, "rank_pattern", true, origin);
+  c.alpha_pattern = patterns(j, "alpha_pattern", false, origin);
+  BRISK_CHECK(!c.use_rslora || (c.rank_pattern.empty() && c.alpha_pattern.empty()), origin,
+              ": use_rslora with rank_pattern or alpha_pattern (PEFT refuses them together)");
   const nlohmann::json base = j.value("base_model_name_or_path", nlohmann::json());
   if (base.is_string()) c.base_model_name_or_path = base.get<std::string>();
   const nlohmann::json task = j.value("task_type", nlohmann::json());
@@ -132,8 +159,16 @@ nlohmann::json adapter_config_json(const LoraConfig& c) {
           {"use_dora", false},
           {"layers_to_transform", nullptr},
           {"layers_pattern", nullptr},
-          {"rank_pattern", nlohmann::json::object()},
-          {"alpha_pattern", nlohmann::json::object()}};
+          {"rank_pattern", pattern_json(c.rank_pattern)},
+          {"alpha_pattern", pattern_json(c.alpha_pattern)}};
 }
+
+namespace {
+nlohmann::json pattern_json(const std::vector<std::pair<std::string, double>>& patterns) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [pattern, value] : patterns) j[pattern] = whole_or_real(value);
+  return j;
+}
+}  // namespace
 
 }  // namespace brisk

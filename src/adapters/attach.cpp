@@ -83,12 +83,14 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
     BRISK_CHECK(l.layer >= 0, "LoRA on ", l.module,
                 ", a linear outside the blocks, is not built yet: leave it out of "
                 "--lora_target_modules (or train it in full with --lora_modules_to_save)");
-    decls.push_back(AdapterDecl{l.param, l.module, l.layer, l.in, l.out, c.r, l.fan_in_fan_out,
-                                static_cast<float>(c.scale()), static_cast<float>(c.dropout)});
+    decls.push_back(AdapterDecl{l.param, l.module, l.layer, l.in, l.out, c.rank_of(l.module),
+                                l.fan_in_fan_out, static_cast<float>(c.scale_of(l.module)),
+                                static_cast<float>(c.dropout)});
   }
   std::vector<ExpertAdapterDecl> experts;
   for (const ExpertTarget& t : expert_targets(model.expert_weights(), c))
-    experts.push_back({t.weights, t.module, c.r, static_cast<float>(c.scale())});
+    experts.push_back({t.weights, t.module, c.rank_of(t.weights.name),
+                       static_cast<float>(c.scale_of(t.weights.name))});
   BRISK_CHECK(experts.empty() || model.config().tensor_ranks == 1,
               "--lora_target_parameters with --tp_size is not built yet: adapt the experts under "
               "data parallelism");
@@ -116,6 +118,7 @@ std::string adapter_weights_path(const std::string& folder, const std::string& o
 }
 
 LoraConfig lora_for_task(LoraConfig c, const Model& model) {
+  c = with_fused_experts(std::move(c), model.config().type_name());
   switch (model.config().task) {
     case ModelTask::sequence_classification:
       c.task_type = "SEQ_CLS";

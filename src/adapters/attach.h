@@ -25,7 +25,8 @@ std::string adapter_weights_path(const std::string& folder, const std::string& o
 
 // `c` for the model's task as PEFT's task models take it: task_type from the task, and for
 // sequence classification the heads PEFT trains in full with the adapters (classifier and score
-// added to modules_to_save; a name the model lacks is skipped).
+// added to modules_to_save; a name the model lacks is skipped), and a mixture's listed expert
+// linears as PEFT converts them (with_fused_experts).
 LoraConfig lora_for_task(LoraConfig c, const Model& model);
 
 // The saved adapter's config: `c` for `model` (fan_in_fan_out where its targets are

@@ -34,7 +34,8 @@ bool is_all_linear(const std::vector<std::string>& names) {
 // One regular expression matched against whole names (PEFT's re.fullmatch), bounded in work.
 class FullMatch {
  public:
-  FullMatch(const std::string& pattern, const std::string& origin) {
+  FullMatch(const std::string& pattern, const std::string& origin,
+            const char* key = "target_modules") {
     int err = 0;
     PCRE2_SIZE offset = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -42,9 +43,8 @@ class FullMatch {
     if (code_ == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(err, message, sizeof message);
-      BRISK_FAIL(origin, ": target_modules \"", excerpt(pattern),
-                 "\" is not a regular expression (at ", offset, ": ",
-                 reinterpret_cast<const char*>(message), ")");
+      BRISK_FAIL(origin, ": ", key, " \"", excerpt(pattern), "\" is not a regular expression (at ",
+                 offset, ": ", reinterpret_cast<const char*>(message), ")");
     }
     context_ = pcre2_match_context_create(nullptr);
     pcre2_set_match_limit(context_, 1000000);
@@ -114,6 +114,71 @@ std::string joined(const std::vector<std::string>& names) {
 
 double LoraConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+namespace {
+// The value of the first pattern whose match ends `name` at a part's start (PEFT's
+// get_pattern_key: "(.*\.)?(pattern)$"), else `fallback`.
+double by_pattern(const std::vector<std::pair<std::string, double>>& patterns,
+                  const std::string& name, double fallback, const char* key) {
+  for (const auto& [pattern, value] : patterns)
+    if (FullMatch("(?:.*\\.)?(?:" + pattern + ")", "the adapter's config", key)(name)) return value;
+  return fallback;
+}
+}  // namespace
+
+int64_t LoraConfig::rank_of(const std::string& name) const {
+  return static_cast<int64_t>(
+      by_pattern(rank_pattern, name, static_cast<double>(r), "rank_pattern"));
+}
+
+double LoraConfig::scale_of(const std::string& name) const {
+  LoraConfig one = *this;
+  one.r = rank_of(name);
+  one.alpha = by_pattern(alpha_pattern, name, alpha, "alpha_pattern");
+  return one.scale();
+}
+
+LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
+  // transformers 4's names of each expert's linears, by what they are fused into.
+  static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> fused = {
+      {"mixtral", {{"w1", "gate_up_proj"}, {"w3", "gate_up_proj"}, {"w2", "down_proj"}}},
+      {"olmoe",
+       {{"gate_proj", "gate_up_proj"}, {"up_proj", "gate_up_proj"}, {"down_proj", "down_proj"}}}};
+  const auto names = fused.find(model_type);
+  if (names == fused.end() || c.all_linear || !c.target_pattern.empty()) return c;
+  std::vector<std::string> kept, gate_up;
+  for (const std::string& t : c.target_modules) {
+    BRISK_CHECK(!ends_with_part(t, "gate"), "--lora_target_modules ", t, ": ", model_type,
+                "'s router takes no adapter in brisk yet (PEFT adapts it as gate.weight); leave "
+                "it out");
+    const auto old = std::find_if(names->second.begin(), names->second.end(),
+                                  [&](const auto& n) { return ends_with_part(t, n.first); });
+    if (old == names->second.end()) {
+      kept.push_back(t);
+      continue;
+    }
+    if (old->second == "gate_up_proj") gate_up.push_back(old->first);
+    if (std::find(c.target_parameters.begin(), c.target_parameters.end(), old->second) ==
+        c.target_parameters.end())
+      c.target_parameters.push_back(old->second);
+  }
+  if (kept.size() == c.target_modules.size()) return c;
+  BRISK_CHECK(gate_up.size() != 1, "--lora_target_modules names ",
+              gate_up.empty() ? "" : gate_up[0], " without its pair: ", model_type,
+              " fuses each expert's gate and up projections into gate_up_proj (name both)");
+  BRISK_CHECK(c.dropout == 0, "--lora_target_modules names ", model_type,
+              "'s experts, which PEFT adapts through target_parameters: they need "
+              "--lora_dropout 0");
+  BRISK_CHECK(!c.use_rslora || gate_up.empty(), "--use_rslora beside ", model_type,
+              "'s gate and up projections is refused (PEFT doubles their rank by rank_pattern, "
+              "which it does not take with use_rslora)");
+  if (!gate_up.empty()) {
+    c.rank_pattern.emplace_back(".*\\.gate_up_proj", static_cast<double>(2 * c.r));
+    c.alpha_pattern.emplace_back(".*\\.gate_up_proj", 2 * c.alpha);
+  }
+  c.target_modules = kept;
+  return c;
 }
 
 LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,

@@ -27,6 +27,9 @@ struct LoraConfig {
   // "mlp.experts.down_proj": a weight whose name is one, or ends with "." + one), each expert
   // its own A and B (no dropout). None beside them and no target_modules: the experts alone.
   std::vector<std::string> target_parameters;
+  // PEFT's rank_pattern and alpha_pattern: a target whose name (a linear's module, an expert
+  // weight's parameter) ends with a match of a pattern takes its r or alpha, the first such.
+  std::vector<std::pair<std::string, double>> rank_pattern, alpha_pattern;
   // Modules trained in full and saved with the adapter (PEFT's modules_to_save).
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;
@@ -37,7 +40,17 @@ struct LoraConfig {
   std::string task_type;  // PEFT's TaskType: SEQ_CLS, CAUSAL_LM, or empty
   // The adapters' output scale: alpha / r, or alpha / sqrt(r) with use_rslora.
   double scale() const;
+  // Target `name`'s rank and scale, rank_pattern and alpha_pattern applied.
+  int64_t rank_of(const std::string& name) const;
+  double scale_of(const std::string& name) const;
 };
+
+// transformers 5 fuses a mixture's per-expert linears (Mixtral's w1, w3, w2; OLMoE's gate_proj,
+// up_proj, down_proj), which PEFT then adapts as the fused weights: listed target_modules naming
+// them become target_parameters (gate_up_proj, down_proj; gate and up only together, at twice the
+// rank and alpha through rank_pattern and alpha_pattern), as PEFT converts a config for
+// `model_type`. Its router ("gate") is refused by name: brisk adapts no router yet.
+LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type);
 
 // From the options' values (lists comma-separated; "all-linear" as PEFT's shorthand), checked.
 LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,

@@ -92,7 +92,8 @@ std::vector<char> merged_expert_bytes(const Tensor& w, const ExpertPart& p,
   const std::string key = kPeftPrefix + p.target->module;
   const std::vector<float> a = as_f32(f.get(key + ".lora_A.weight"), key + " lora_A");
   const std::vector<float> b = as_f32(f.get(key + ".lora_B.weight"), key + " lora_B");
-  const int64_t E = d.experts, in = d.in, r = c.r;
+  const int64_t E = d.experts, in = d.in, r = c.rank_of(d.name);
+  const double scale = c.scale_of(d.name);
   BRISK_CHECK(w.numel() == p.experts * p.rows * in, "--model_name_or_path: '", name, "' is ",
               w.shape().str(), " where ", d.name, " takes ", p.experts, " x ", p.rows, " x ", in,
               " values");
@@ -102,7 +103,7 @@ std::vector<char> merged_expert_bytes(const Tensor& w, const ExpertPart& p,
     for (int64_t k = 0; k < r; ++k)
       delta += static_cast<double>(b[(o * r + k) * E + e]) *
                static_cast<double>(a[(e * r + k) * in + i]);
-    return c.scale() * delta;
+    return scale * delta;
   });
 }
 
@@ -118,10 +119,11 @@ std::map<std::string, Adapted> adapted_linears(const LoraTargets& targets, const
     BRISK_CHECK(f.has(key + ".lora_A.weight") && f.has(key + ".lora_B.weight"), f.path(),
                 ": no lora_A/lora_B weights for ", l.module, ", which adapter_config.json targets");
     Adapted m{&f.get(key + ".lora_A.weight"), &f.get(key + ".lora_B.weight"), l};
-    BRISK_CHECK(m.a->shape() == Shape({c.r, l.in}) && m.b->shape() == Shape({l.out, c.r}), f.path(),
+    const int64_t r = c.rank_of(l.module);
+    BRISK_CHECK(m.a->shape() == Shape({r, l.in}) && m.b->shape() == Shape({l.out, r}), f.path(),
                 ": ", l.module, "'s lora_A ", m.a->shape().str(), " and lora_B ",
                 m.b->shape().str(), " do not fit its ", l.in, " inputs, ", l.out,
-                " outputs and rank ", c.r, " (an adapter of another model?)");
+                " outputs and rank ", r, " (an adapter of another model?)");
     out[l.module + ".weight"] = m;
   }
   for (const std::string& name : f.names()) {
@@ -163,11 +165,12 @@ void check_expert_adapter(const SafetensorsFile& f, const ExpertTarget& t, const
               ": no lora_A/lora_B weights for ", d.name, ", which adapter_config.json targets");
   const Tensor& a = f.get(key + ".lora_A.weight");
   const Tensor& b = f.get(key + ".lora_B.weight");
+  const int64_t r = c.rank_of(d.name);
   BRISK_CHECK(
-      a.shape() == Shape({d.experts * c.r, d.in}) && b.shape() == Shape({d.out, c.r * d.experts}),
+      a.shape() == Shape({d.experts * r, d.in}) && b.shape() == Shape({d.out, r * d.experts}),
       f.path(), ": ", d.name, "'s lora_A ", a.shape().str(), " and lora_B ", b.shape().str(),
       " do not fit its ", d.experts, " experts of ", d.in, " inputs, ", d.out, " outputs and rank ",
-      c.r, " (an adapter of another model?)");
+      r, " (an adapter of another model?)");
 }
 
 // The adapter's expert targets merged into the model's weights in place.
@@ -261,7 +264,7 @@ void merge_adapter(const MergeArgs& args) {
       };
     } else {
       const Adapted& m = it->second;
-      const double scale = c.scale();
+      const double scale = c.scale_of(m.linear.module);
       e.read = [&w, &m, scale, name, current](size_t offset, size_t bytes, void* dst) {
         if (current->first != name) *current = {name, merged_bytes(w, m, scale, name)};
         std::memcpy(dst, current->second.data() + offset, bytes);
@@ -289,7 +292,7 @@ void merge_adapter_into(Backend& be, const Model& model, const std::string& fold
     std::vector<float> host(static_cast<size_t>(w.numel()));
     const Tensor staged(host.data(), w.shape(), DType::f32, Device::cpu);
     be.download(w, staged);
-    std::vector<char> merged = merged_bytes(staged, m, c.scale(), name);
+    std::vector<char> merged = merged_bytes(staged, m, c.scale_of(m.linear.module), name);
     be.upload(Tensor(merged.data(), w.shape(), DType::f32, Device::cpu), w);
   }
   for (size_t i = 0; i < ps.list().size(); ++i) {
