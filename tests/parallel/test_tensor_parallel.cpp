@@ -419,6 +419,26 @@ TEST(TensorParallel, GpuRanksTrainThroughNcclAsOneProcess) {
                                          [&](TrainOptions& o) { o.tp_size = tp; });
 }
 
+// LoRA adapters on every block linear under tensor parallelism on GPUs (the adapters' CUDA
+// products on each rank's shares, the group's sums through NCCL), plain and under ZeRO 2, train
+// as one GPU process. Skipped without a GPU per rank.
+TEST(TensorParallel, GpuLoraRanksTrainThroughNcclAsOneProcess) {
+  std::string why;
+  const std::unique_ptr<Communicator> nccl = nccl_world(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N;
+  expect_nccl_ranks_train_as_one_process(
+      *nccl, "tp_lora_nccl", N / tp, [&](TrainOptions& o) { o.tp_size = tp; },
+      [](TrainOptions& o) {
+        o.use_peft = true;
+        o.lora_r = 4;
+        o.lora_dropout = 0;
+        o.lora_target_modules = "all-linear";
+        o.learning_rate = 1e-2;
+      });
+}
+
 // On GPUs the CUDA backend does not step tensor ranks' shares of whole-parameter state: adafactor
 // and adamw_8bit under --tp_size are refused by name, and train as one process with the
 // optimizer offloaded (the host's backend steps, the group's sums and maxima through the GPUs),

@@ -249,7 +249,8 @@ inline void expect_resumes_across_layouts(const TrainOptions& o, const TrainOpti
 // GPU process; in folders named after `name`.
 inline void expect_nccl_ranks_train_as_one_process(
     Communicator& nccl, const std::string& name, int replicas,
-    const std::function<void(TrainOptions&)>& layout) {
+    const std::function<void(TrainOptions&)>& layout,
+    const std::function<void(TrainOptions&)>& training = {}) {
   const std::unique_ptr<Communicator> alone = make_single_process();
   SharedDir dir(name);
   const std::string model = write_model(dir, "llama", 0.0);
@@ -258,6 +259,7 @@ inline void expect_nccl_ranks_train_as_one_process(
   one.per_device_train_batch_size = 2;
   one.gradient_accumulation_steps = 3;
   one.max_steps = 3;
+  if (training) training(one);  // what both runs train (adapters, ...)
   TrainOptions o = one;
   o.output_dir = dir / "ranks";
   o.per_device_train_batch_size = 2 / replicas;
