@@ -445,7 +445,16 @@ void search_layout(const TrainOptions& tuned, const ParallelLayout& layout, cons
       t.auto_find_batch_size = false;
       validate_options(t);  // a precision or optimizer of the lists may not go with the rest
       size_t needed = 0;
-      const auto run = plan_stages(t, s.device, nullptr, layout, s.budget, needed);
+      std::unique_ptr<RunAssembly> run;
+      try {
+        run = plan_stages(t, s.device, nullptr, layout, s.budget, needed);
+      } catch (const Error&) {
+        // Adapters under tensor parallelism take no dropout on a row-parallel linear (not built):
+        // such a layout is no candidate.
+        if (!t.use_peft || t.tp_size == 1 || t.lora_dropout == 0) throw;
+        ++refused;
+        return;
+      }
       if (needed > s.budget.budget) {
         ++refused;
         continue;
