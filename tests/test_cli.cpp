@@ -1145,7 +1145,8 @@ TEST(Cli, EstimateFitWeighsLoraAndQloraBesideFullFineTuning) {
   // Adapters on row-parallel linears with dropout: tensor parallelism is left out, not refused.
   const CliRun all = run_brisk(run + " --use_peft --lora_target_modules all-linear");
   ASSERT_EQ(all.exit_code, 0) << all.err;
-  for (const auto& c : read_json(json)["fit"]) EXPECT_EQ(c["tp_size"], 1);
+  const nlohmann::json all_fit = read_json(json)["fit"];
+  for (const auto& c : all_fit) EXPECT_EQ(c["tp_size"], 1);
   const nlohmann::json own_fit = read_json(json)["fit"];
   for (const auto& c : own_fit) EXPECT_EQ(c["method"], "lora");
   std::filesystem::remove(json);

@@ -333,6 +333,10 @@ TEST(LoraTrain, MixturesListedExpertLinearsTrainAsPeftConvertsThem) {
                "names gate_proj without its pair: olmoe fuses each expert's gate and up");
   o.lora_target_modules = "q_proj,gate";
   expect_error([&] { train_losses(o, &rows); }, "--lora_target_modules gate: olmoe's router");
+  LoraConfig pattern;  // an adapter config's string target_modules
+  pattern.target_pattern = ".*\\.1\\..*proj";
+  expect_error([&] { with_fused_experts(pattern, "olmoe"); },
+               "a regular expression on olmoe is not built yet");
   o.lora_target_modules = "down_proj";
   o.lora_dropout = 0.05;
   expect_error([&] { train_losses(o, &rows); }, "they need --lora_dropout 0");

@@ -146,7 +146,11 @@ LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
       {"olmoe",
        {{"gate_proj", "gate_up_proj"}, {"up_proj", "gate_up_proj"}, {"down_proj", "down_proj"}}}};
   const auto names = fused.find(model_type);
-  if (names == fused.end() || c.all_linear || !c.target_pattern.empty()) return c;
+  if (names == fused.end() || c.all_linear) return c;
+  BRISK_CHECK(c.target_pattern.empty(), "--lora_target_modules \"", excerpt(c.target_pattern),
+              "\": a regular expression on ", model_type,
+              " is not built yet (PEFT resolves it into the names it matches, in every layer, "
+              "and turns the experts' into target_parameters); list the names instead");
   std::vector<std::string> kept, gate_up;
   for (const std::string& t : c.target_modules) {
     BRISK_CHECK(!ends_with_part(t, "gate"), "--lora_target_modules ", t, ": ", model_type,

@@ -49,7 +49,8 @@ struct LoraConfig {
 // up_proj, down_proj), which PEFT then adapts as the fused weights: listed target_modules naming
 // them become target_parameters (gate_up_proj, down_proj; gate and up only together, at twice the
 // rank and alpha through rank_pattern and alpha_pattern), as PEFT converts a config for
-// `model_type`. Its router ("gate") is refused by name: brisk adapts no router yet.
+// `model_type`. Its router ("gate") is refused by name: brisk adapts no router yet; so is a
+// regular expression (PEFT resolves it into leaf names of every layer before converting).
 LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type);
 
 // From the options' values (lists comma-separated; "all-linear" as PEFT's shorthand), checked.
