@@ -235,6 +235,16 @@ TEST(LoraTrain, AnUnmatchedTargetIsSkippedAndSaid) {
             (std::vector<std::string>{"c_attn", "cproj"}));
 }
 
+// Files `got` and `want` hold the same tensor names, each of the same shape.
+void expect_same_tensors(const SafetensorsFile& got, const SafetensorsFile& want) {
+  std::vector<std::string> a = got.names(), b = want.names();
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  ASSERT_EQ(a, b);
+  for (const std::string& name : b)
+    EXPECT_EQ(got.get(name).shape(), want.get(name).shape()) << name;
+}
+
 // A mixture's routed experts adapted through PEFT's target_parameters (beside q_proj) train (as
 // with gradient checkpointing) and resume exactly; the adapter saved holds the keys and shapes PEFT
 // saved for the same targets (lora/experts_mixtral: each expert's B interleaved as PEFT lays it),
@@ -268,12 +278,7 @@ TEST(LoraTrain, MixturesExpertsTrainResumeAndSaveAsPeft) {
   EXPECT_EQ(checkpoint_weights(resumed.output_dir + "/checkpoint-4"),
             checkpoint_weights(o.output_dir + "/checkpoint-4"));
   const SafetensorsFile got(saved), want(fixture("lora/experts_mixtral/adapter_model.safetensors"));
-  std::vector<std::string> a = got.names(), b = want.names();
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  ASSERT_EQ(a, b);
-  for (const std::string& name : b)
-    EXPECT_EQ(got.get(name).shape(), want.get(name).shape()) << name;
+  expect_same_tensors(got, want);
   const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
   EXPECT_EQ(c.target_parameters,
             (std::vector<std::string>{"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
@@ -315,12 +320,7 @@ TEST(LoraTrain, MixturesListedExpertLinearsTrainAsPeftConvertsThem) {
   EXPECT_EQ(train_losses(o, &rows).size(), 2u);
   const SafetensorsFile got(o.output_dir + "/adapter_model.safetensors"),
       want(fixture("lora/listed_olmoe/adapter_model.safetensors"));
-  std::vector<std::string> a = got.names(), b = want.names();
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  ASSERT_EQ(a, b);
-  for (const std::string& name : b)
-    EXPECT_EQ(got.get(name).shape(), want.get(name).shape()) << name;
+  expect_same_tensors(got, want);
   const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
   const LoraConfig peft = read_adapter_folder(fixture("lora/listed_olmoe"), "fixture");
   EXPECT_EQ(c.target_modules, peft.target_modules);

@@ -22,6 +22,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Checkpoint `got`'s optimizer state is `want`'s, tensor for tensor within `tolerance`.
+void expect_state_as(const std::string& got, const std::string& want, double tolerance) {
+  const auto a = optimizer_state(got), b = optimizer_state(want);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, values] : b) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name));
+    const std::vector<float>& v = a.at(name);
+    ASSERT_EQ(v.size(), values.size());
+    EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), tolerance);
+  }
+}
+
 // LoRA of rank 4 without dropout on `type`'s linears (BERT's attention, with its classifier
 // trained in full beside them; GPT-2's every block linear), 2 micro-batches of 2 rows a step at
 // learning rate 1e-2.
@@ -105,16 +118,7 @@ TEST(DataParallel, LoraAdaptersUnderZeroTrainAsOneProcess) {
     if (world().rank() != 0) continue;
     EXPECT_TRUE(fs::exists(dir / "ranks/checkpoint-4/adapter_model.safetensors"));
     EXPECT_FALSE(fs::exists(dir / "ranks/checkpoint-4/model.safetensors"));
-    const auto got = optimizer_state(dir / "ranks/checkpoint-4");
-    const auto want = optimizer_state(dir / "one/checkpoint-4");
-    ASSERT_EQ(got.size(), want.size());
-    for (const auto& [name, values] : want) {
-      SCOPED_TRACE(name);
-      ASSERT_TRUE(got.contains(name));
-      const std::vector<float>& v = got.at(name);
-      ASSERT_EQ(v.size(), values.size());
-      EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 10 * tolerance);
-    }
+    expect_state_as(dir / "ranks/checkpoint-4", dir / "one/checkpoint-4", 10 * tolerance);
   }
 }
 
@@ -176,17 +180,7 @@ TEST(TensorParallel, LoraAdaptersTrainAsOneProcess) {
       expect_resumes_across_layouts(o, one, data, tolerance);
       if (world().rank() != 0) continue;
       EXPECT_FALSE(fs::exists(dir / "ranks/checkpoint-4/model.safetensors"));
-      const auto got = optimizer_state(dir / "ranks/checkpoint-4");
-      const auto want = optimizer_state(dir / "one/checkpoint-4");
-      ASSERT_EQ(got.size(), want.size());
-      for (const auto& [name, values] : want) {
-        SCOPED_TRACE(name);
-        ASSERT_TRUE(got.contains(name));
-        const std::vector<float>& v = got.at(name);
-        ASSERT_EQ(v.size(), values.size());
-        EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())),
-                  10 * tolerance);
-      }
+      expect_state_as(dir / "ranks/checkpoint-4", dir / "one/checkpoint-4", 10 * tolerance);
     }
   }
 }
