@@ -28,8 +28,11 @@ trains the classifier in full as a module to save).
 
 experts_<model>/: LoRA on a mixture's routed experts (experts_fixture), mixtral_tiny and
 olmoe_tiny.
+listed_<model>/: the experts named by their per-expert linears (listed_fixture).
+all_linear_<model>/: all-linear on the three mixtures (all_linear_fixture).
 
-Run:  scripts/setup_python.sh && .venv/bin/python scripts/make_lora_fixtures.py [experts]
+Run:  scripts/setup_python.sh &&
+      .venv/bin/python scripts/make_lora_fixtures.py [experts|listed|all_linear]
 """
 import json
 import os
@@ -105,6 +108,8 @@ def save_adapter(peft_model, out, distinct_modules_to_save=True):
     with open(config_path) as f:
         written = json.load(f)
     written["target_modules"] = sorted(written["target_modules"])  # a set in PEFT
+    if written.get("target_parameters"):
+        written["target_parameters"] = sorted(written["target_parameters"])  # a set too
     if written.get("modules_to_save") and distinct_modules_to_save:
         written["modules_to_save"] = sorted(set(written["modules_to_save"]))
     with open(config_path, "w") as f:
@@ -131,12 +136,12 @@ def expected_of(peft_model, batch, out):
     peft_model.eval()
     result = peft_model(**batch)
     result.loss.backward()
-    expected = {"loss": result.loss.detach().reshape(()).contiguous(),
-                "logits": result.logits.detach().contiguous()}
+    expected = {"loss": result.loss.detach().reshape(()).float().contiguous(),
+                "logits": result.logits.detach().float().contiguous()}
     for n, p in peft_model.named_parameters():
         if p.requires_grad:
             key = n.replace(".default", "").replace(".modules_to_save", "")
-            expected["grad." + key] = p.grad.detach().contiguous()
+            expected["grad." + key] = p.grad.detach().float().contiguous()
     save_file(expected, os.path.join(out, "expected.safetensors"))
 
 
@@ -252,24 +257,33 @@ LISTED = {"moe/mixtral_tiny": ["q_proj", "w1", "w3", "w2"],
           "moe/olmoe_tiny": ["q_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
-def listed_fixture(name):
-    """listed_<model>/: LISTED's target_modules as PEFT converts them for the fused experts
-    (rank_pattern and alpha_pattern doubling gate_up_proj's), random A and B, saved by PEFT with
-    expected.safetensors."""
+def random_mixture_lora(name, seed, **kwargs):
+    """A rank-2 LoRA (alpha 4, no dropout) of mixture `name` with random A and B (B scaled by 10),
+    `kwargs` its targets; with the fixture's folder and the base's tensors before it. The experts
+    run their loop (eager), as scripts/make_moe_fixtures.py computes the base fixtures."""
     import torch
-    from safetensors.torch import load_file
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     path = os.path.join(FIXTURES, name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, attn_implementation="eager", experts_implementation="eager")
     model.name_or_path = name
+    base = {k: v.clone() for k, v in model.state_dict().items()}
     lora = LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, init_lora_weights=False,
-                      target_modules=LISTED[name], task_type=TaskType.CAUSAL_LM)
+                      task_type=TaskType.CAUSAL_LM, **kwargs)
     peft_model = get_peft_model(model, lora)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
                 p.mul_(10.0)
+    return path, base, peft_model
+
+
+def listed_fixture(name):
+    """listed_<model>/: LISTED's target_modules as PEFT converts them for the fused experts
+    (rank_pattern and alpha_pattern doubling gate_up_proj's), random A and B, saved by PEFT with
+    expected.safetensors."""
+    from safetensors.torch import load_file
+    path, _, peft_model = random_mixture_lora(name, 3, target_modules=LISTED[name])
     out = os.path.join(OUT, "listed_" + name.split("/")[-1].split("_")[0])
     os.makedirs(out, exist_ok=True)
     save_adapter(peft_model, out)
@@ -277,29 +291,37 @@ def listed_fixture(name):
     expected_of(peft_model, batch, out)
 
 
+ALL_LINEAR = ["moe/mixtral_tiny", "moe/olmoe_tiny", "moe/qwen2_moe_tiny"]
+
+
+def all_linear_fixture(name):
+    """all_linear_<model>/: target_modules "all-linear" as PEFT resolves it on a mixture: on
+    Mixtral and OLMoE the attention's linears, the router (gate.weight) and the experts as
+    target_parameters (gate_up_proj at twice the rank and alpha); on Qwen2-MoE the attention's,
+    the shared expert's and its gate's linears and the dense layers' MLP. Random A and B, saved
+    by PEFT with expected.safetensors (computed in float64) and merged.safetensors."""
+    from safetensors.torch import load_file
+    path, base, peft_model = random_mixture_lora(name, 4, target_modules="all-linear")
+    out = os.path.join(OUT, "all_linear_" + name.split("/")[-1][:-len("_tiny")])
+    os.makedirs(out, exist_ok=True)
+    save_adapter(peft_model, out)
+    batch = {k: v.long() for k, v in load_file(os.path.join(path, "batch.safetensors")).items()}
+    # In float64: the tiny Mixtral's gradients are ill-conditioned (PEFT's own float32 ones differ
+    # from these by up to 4e-4), so the reference is the exact one.
+    import copy
+    expected_of(copy.deepcopy(peft_model).double(), batch, out)
+    merged_of(peft_model, base, out)
+
+
 def experts_fixture(name):
     """experts_<model>/: a LoRA of the routed experts' fused weights (PEFT's target_parameters:
     mlp.experts.gate_up_proj and mlp.experts.down_proj, each expert its own rank-2 A and B) and of
     q_proj, with random A and B, saved by PEFT; expected.safetensors, generate.json and
     merged.safetensors as merge_fixture writes them."""
-    import torch
     from safetensors.torch import load_file
-    torch.manual_seed(2)
-    path = os.path.join(FIXTURES, name)
-    # the experts' loop (eager), as scripts/make_moe_fixtures.py computes the base fixtures
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation="eager", experts_implementation="eager")
-    model.name_or_path = name
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    lora = LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, init_lora_weights=False,
-                      target_modules=["q_proj"],
-                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
-                      task_type=TaskType.CAUSAL_LM)
-    peft_model = get_peft_model(model, lora)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.mul_(10.0)
+    path, base, peft_model = random_mixture_lora(
+        name, 2, target_modules=["q_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     out = os.path.join(OUT, "experts_" + name.split("/")[-1].split("_")[0])
     os.makedirs(out, exist_ok=True)
     save_adapter(peft_model, out)
@@ -314,6 +336,10 @@ def main():
     if sys.argv[1:] == ["experts"]:
         for name in EXPERTS:
             experts_fixture(name)
+        return
+    if sys.argv[1:] == ["all_linear"]:
+        for name in ALL_LINEAR:
+            all_linear_fixture(name)
         return
     if sys.argv[1:] == ["listed"]:
         for name in LISTED:

@@ -66,14 +66,17 @@ TEST(LoraMerge, BertWithItsClassifierSavedAsPeftMergesIt) {
 // PEFT's merge_and_unload() of a mixture's experts' adapter (target_parameters) holds the
 // fused gate_up_proj [E, 2F, C] and down_proj [E, C, F]; a base that holds its experts one by
 // one (Mixtral's w1 (gate), w3 (up), w2 (down); OLMoE's gate_proj, up_proj, down_proj) gets each
-// expert's rows of them, in its own tensors.
-void expect_experts_merged_as_peft(const std::string& model, const std::string& adapter) {
+// expert's rows of them, in its own tensors; Mixtral's router (transformers 4's
+// block_sparse_moe.gate) PEFT's mlp.gate.
+void expect_experts_merged_as_peft(const std::string& model, const std::string& adapter,
+                                   const std::string& kind = "experts_") {
   SCOPED_TRACE(model);
   TempDir out("merge_experts");
-  merge_adapter({fixture(model), fixture("lora/experts_" + adapter), out.path.string()});
+  merge_adapter({fixture(model), fixture("lora/" + kind + adapter), out.path.string()});
   const SafetensorsFile got(out / "model.safetensors");
   const SafetensorsFile base(fixture(model + "/model.safetensors"));
-  const SafetensorsFile peft(fixture("lora/experts_" + adapter + "/merged.safetensors"));
+  const SafetensorsFile peft(fixture("lora/" + kind + adapter + "/merged.safetensors"));
+  const std::regex router(R"(block_sparse_moe\.gate\.)");
   EXPECT_EQ(got.names(), base.names());
   const std::regex expert(R"(model\.layers\.(\d+)\.\w+\.experts\.(\d+)\.(\w+)\.weight)");
   int changed = 0;
@@ -82,17 +85,20 @@ void expect_experts_merged_as_peft(const std::string& model, const std::string& 
     const Tensor& g = got.get(name);
     const float* want = base.get(name).f32();
     std::smatch m;
-    if (std::regex_match(name, m, expert)) {
-      const std::string layer = m[1], proj = m[3];
+    const bool down = std::regex_match(name, m, expert) && (m[3] == "w2" || m[3] == "down_proj");
+    const std::string fused_name = m.empty()
+                                       ? ""
+                                       : "model.layers." + std::string(m[1]) + ".mlp.experts." +
+                                             (down ? "down_proj" : "gate_up_proj");
+    if (!m.empty() && peft.has(fused_name)) {  // (Qwen2-MoE's all-linear leaves them)
+      const std::string proj = m[3];
       const int64_t e = std::stoll(m[2]);
-      const bool down = proj == "w2" || proj == "down_proj";
-      const Tensor& fused = peft.get("model.layers." + layer + ".mlp.experts." +
-                                     (down ? "down_proj" : "gate_up_proj"));
+      const Tensor& fused = peft.get(fused_name);
       const bool up = proj == "w3" || proj == "up_proj";
       want = fused.f32() + e * fused.dim(1) * fused.dim(2) + (up ? g.numel() : 0);
       ++changed;
-    } else if (peft.has(name)) {
-      want = peft.get(name).f32();
+    } else if (const std::string v5 = std::regex_replace(name, router, "mlp.gate."); peft.has(v5)) {
+      want = peft.get(v5).f32();
       ++changed;
     }
     double worst = 0, scale = 1e-30;
@@ -103,6 +109,14 @@ void expect_experts_merged_as_peft(const std::string& model, const std::string& 
     EXPECT_LE(worst / scale, 1e-6);
   }
   EXPECT_GT(changed, 2);
+}
+
+// all-linear on a mixture (lora/all_linear_*): the router's and the shared expert's adapters
+// merged too.
+TEST(LoraMerge, AMixturesAllLinearAsPeftMergesIt) {
+  expect_experts_merged_as_peft("moe/mixtral_tiny", "mixtral", "all_linear_");
+  expect_experts_merged_as_peft("moe/olmoe_tiny", "olmoe", "all_linear_");
+  expect_experts_merged_as_peft("moe/qwen2_moe_tiny", "qwen2_moe", "all_linear_");
 }
 
 TEST(LoraMerge, AMixturesExpertsAsPeftMergesThem) {

@@ -29,8 +29,11 @@ double normwise(const std::vector<float>& got, const Tensor& want) {
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+// `grads`: the gradients' tolerance (normwise); `trained`: the most of the model's elements the
+// adapters may hold.
 void expect_as_peft(const std::string& model, const std::string& adapter,
-                    const std::string& kind = "merge_") {
+                    const std::string& kind = "merge_", double grads = 1e-4,
+                    double trained = 0.25) {
   SCOPED_TRACE(model);
   const std::string dir = fixture("lora/" + kind + adapter);
   const LoraConfig c =
@@ -40,7 +43,8 @@ void expect_as_peft(const std::string& model, const std::string& adapter,
   load_adapter(*lm.be, *lm.model, SafetensorsFile(dir + "/adapter_model.safetensors"));
   const SafetensorsFile want(dir + "/expected.safetensors");
   const ParameterSet& ps = lm.model->params();
-  EXPECT_LT(ps.trainable_elements(), ps.total_elements() / 4);
+  EXPECT_LT(static_cast<double>(ps.trainable_elements()),
+            trained * static_cast<double>(ps.total_elements()));
   StepOptions so;
   so.compute_grad = false;
   lm.model->forward(*lm.be, so);
@@ -58,7 +62,7 @@ void expect_as_peft(const std::string& model, const std::string& adapter,
     const std::vector<float> g = to_host(*lm.be, ps.grad(id));
     std::vector<float> laid(g.size());
     EXPECT_EQ(to_peft_layout(*lm.model, id, g.data(), laid.data()), want.get(key).shape());
-    EXPECT_LE(normwise(laid, want.get(key)), 1e-4) << p.name;
+    EXPECT_LE(normwise(laid, want.get(key)), grads) << p.name;
     ++compared;
   }
   EXPECT_EQ(compared + 2, static_cast<int>(want.names().size()));  // and loss, logits
@@ -108,21 +112,38 @@ TEST(LoraModel, MixturesListedExpertLinearsAsPeftConvertsThem) {
   expect_as_peft("moe/olmoe_tiny", "olmoe", "listed_");
 }
 
-// all-linear on a mixture reaches its router (and Qwen2-MoE's shared expert), which PEFT adapts
-// and brisk does not yet: refused, naming the module and what to give instead.
-TEST(LoraModel, AMixturesRouterIsRefusedByName) {
-  for (const std::string f : {"mixtral", "olmoe", "qwen2_moe"}) {
+// all-linear on a mixture as PEFT resolves it (its saved config): on Mixtral and OLMoE the
+// attention's linears, the router (target_parameters gate.weight, added to its logits before the
+// routing) and the experts; on Qwen2-MoE the attention's, the shared expert's and its gate's
+// linears and the dense layer's MLP.
+// The reference is PEFT's in float64: the query and key adapters' gradients are ill-conditioned
+// here (PEFT's own in float32 differ from it by up to 4e-4 on Mixtral, 7e-5 on Qwen2-MoE;
+// brisk's by up to 6e-4 and 2e-4 there, the median adapter's by 2e-6). On these tiny models the
+// adapters of every linear hold about half the elements.
+TEST(LoraModel, MixturesAllLinearAsPeft) {
+  expect_as_peft("moe/mixtral_tiny", "mixtral", "all_linear_", 1e-3, 0.6);
+  expect_as_peft("moe/olmoe_tiny", "olmoe", "all_linear_", 1e-4, 0.6);
+  expect_as_peft("moe/qwen2_moe_tiny", "qwen2_moe", "all_linear_", 3e-4, 0.6);
+}
+
+// A router named as a module: refused, as PEFT refuses it (no nn.Linear in transformers 5).
+TEST(LoraModel, AMixturesRouterAsAModuleIsRefusedByName) {
+  for (const std::string f : {"mixtral", "qwen2_moe"}) {
     LoraConfig c;
     c.r = 4;
-    c.all_linear = true;
+    c.target_modules = {"q_proj", "gate"};
     expect_error(
         [&] {
           LoadedModel(fixture("moe/" + f + "_tiny"), {}, false, DType::f32, 0, false, nullptr, 0,
                       nullptr, [&](Model& m) { attach_lora(m, c); });
         },
-        f == "mixtral" ? "LoRA on model.layers.0.block_sparse_moe.gate is not built yet"
-                       : "LoRA on model.layers.0.mlp.gate is not built yet");
+        "--lora_target_modules gate: model.layers.0.mlp.gate is a mixture's router");
   }
+  LoraConfig all;
+  all.all_linear = true;
+  all.dropout = 0.05;  // PEFT adapts the router and the experts without dropout
+  expect_error([&] { with_fused_experts(all, "olmoe"); },
+               "all-linear on olmoe adapts its router and experts as parameters");
 }
 
 TEST(LoraModel, FreshAdaptersLeaveTheBaseModelsOutput) {

@@ -339,7 +339,50 @@ TEST(LoraTrain, MixturesListedExpertLinearsTrainAsPeftConvertsThem) {
                "a regular expression on olmoe is not built yet");
   o.lora_target_modules = "down_proj";
   o.lora_dropout = 0.05;
-  expect_error([&] { train_losses(o, &rows); }, "they need --lora_dropout 0");
+  expect_error([&] { train_losses(o, &rows); }, "which take no dropout: give --lora_dropout 0");
+}
+
+// all-linear on a mixture trains and saves as PEFT resolves it: Mixtral's adapter holds the keys
+// and shapes PEFT saved (the router's under transformers 5's mlp.gate) and PEFT's converted
+// config; Qwen2-MoE's shared expert takes dropout, with the same masks where gradient
+// checkpointing runs the forward again.
+TEST(LoraTrain, MixturesAllLinearTrainAndSaveAsPeft) {
+  TempDir dir("lora_all_linear");
+  for (const std::string f : {"mixtral", "qwen2_moe"}) {
+    SCOPED_TRACE(f);
+    FixtureRows rows(fixture("moe/" + f + "_tiny/batch.safetensors"));
+    TrainOptions o = tiny_options(fixture("moe/" + f + "_tiny"), dir / f);
+    o.use_peft = true;
+    o.lora_r = 2;
+    o.lora_alpha = 4;
+    o.lora_dropout = f == "mixtral" ? 0.0 : 0.1;
+    o.lora_target_modules = "all-linear";
+    o.learning_rate = 1e-2;
+    o.per_device_train_batch_size = 1;
+    o.max_steps = 3;
+    const std::vector<double> losses = train_losses(o, &rows);
+    ASSERT_EQ(losses.size(), 3u);
+    EXPECT_NE(losses[2], losses[0]);
+    TrainOptions recomputed = o;
+    recomputed.output_dir = dir / (f + "_recomputed");
+    recomputed.gradient_checkpointing = true;
+    const std::vector<double> again = train_losses(recomputed, &rows);
+    ASSERT_EQ(again.size(), losses.size());
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(again[i], losses[i], 1e-6 * losses[i]);
+    const std::string peft_dir = fixture("lora/all_linear_" + f);
+    expect_same_tensors(SafetensorsFile(o.output_dir + "/adapter_model.safetensors"),
+                        SafetensorsFile(peft_dir + "/adapter_model.safetensors"));
+    const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
+    const LoraConfig peft = read_adapter_folder(peft_dir, "fixture");
+    using Names = std::set<std::string>;
+    EXPECT_EQ(Names(c.target_parameters.begin(), c.target_parameters.end()),
+              Names(peft.target_parameters.begin(), peft.target_parameters.end()));
+    EXPECT_EQ(c.rank_pattern, peft.rank_pattern);
+    EXPECT_EQ(c.alpha_pattern, peft.alpha_pattern);
+    if (f == "mixtral")  // (Qwen2-MoE's: PEFT writes all-linear resolved per layer)
+      EXPECT_EQ(Names(c.target_modules.begin(), c.target_modules.end()),
+                Names(peft.target_modules.begin(), peft.target_modules.end()));
+  }
 }
 
 // --fit prices the data replicas' sums of a LoRA run's gradients as the trained parameters'

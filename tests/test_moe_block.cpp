@@ -37,13 +37,17 @@ class OneExpert final : public SparseMlp {
     declare_moe_scratch(shape_, scratch_, alloc);
   }
   bool sparse(int layer) const override { return layer == layer_; }
-  void forward(Backend& be, int, const Tensor& x, const Tensor& y) override {
-    moe_forward(be, shape_, w_, rows(x), saved_, scratch_, rows(y), counts_);
+  void forward(Backend& be, int, const Tensor& x, const Tensor& y,
+               const LayerAdapters& a) override {
+    moe_forward(be, shape_, w_, rows(x), saved_, scratch_, rows(y), counts_, {}, nullptr, a);
   }
   void backward(Backend& be, int, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                bool accumulate_dw) override {
+                bool accumulate_dw, const LayerAdapters& a) override {
     moe_backward(be, shape_, w_, g_, rows(x), saved_, scratch_, counts_, rows(dy), Tensor(),
-                 rows(dx), accumulate_dw);
+                 rows(dx), accumulate_dw, {}, nullptr, a);
+  }
+  std::vector<std::pair<ProductSite, Tensor>> products(int) const override {
+    return {{ProductSite::router, w_.router}};
   }
   // The tests here decode nothing.
   void declare_inference(const Declare&, int64_t) override {}

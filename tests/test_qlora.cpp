@@ -27,11 +27,14 @@ namespace fs = std::filesystem;
 
 const LogSink quiet = [](const nlohmann::json&) {};
 
-std::vector<double> losses_of(const TrainOptions& o) {
+std::vector<double> losses_of(const TrainOptions& o, const Dataset* data = nullptr) {
   std::vector<double> losses;
-  train(o, [&](const nlohmann::json& j) {
-    if (j.contains("loss")) losses.push_back(j["loss"]);
-  });
+  train(
+      o,
+      [&](const nlohmann::json& j) {
+        if (j.contains("loss")) losses.push_back(j["loss"]);
+      },
+      data);
   return losses;
 }
 
@@ -56,7 +59,7 @@ std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t
 std::map<std::string, bool> block_linears(const Model& model) {
   std::map<std::string, bool> linear;
   for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0)
+    if (l.layer >= 0 && !l.expert && !l.router)  // (no nn.Linear in transformers 5)
       linear[model.params().list()[static_cast<size_t>(l.param)].name] = l.fan_in_fan_out;
   return linear;
 }
@@ -200,6 +203,35 @@ std::string saved_4bit(const TempDir& dir, const std::string& base, const Model&
 // (nested: its offset too, which quantizing the dequantized values again would not reproduce):
 // both as LoRA on the 4-bit round trip of the base. QLoRA options other than the checkpoint's
 // are refused, naming them.
+// A mixture's 4-bit base holds its attention's, shared expert's and dense MLPs' linears 4-bit, as
+// BitsAndBytesConfig quantizes each nn.Linear; its router and fused experts (no nn.Linear in
+// transformers 5) stay float32. The run trains as LoRA on that base dequantized, the router's
+// adapter (gate.weight) included.
+TEST(Qlora, AMixturesRouterAndExpertsStayUnquantized) {
+  for (const std::string f : {"mixtral", "qwen2_moe"}) {
+    SCOPED_TRACE(f);
+    TempDir dir("qlora_moe");
+    const std::string base = fixture("moe/" + f + "_tiny");
+    FixtureRows rows(base + "/batch.safetensors");
+    TrainOptions o = lora_run(base, dir / "q", "q_proj,v_proj");
+    o.lora_target_parameters = "gate.weight";
+    o.per_device_train_batch_size = 1;
+    TrainOptions q = o;
+    q.load_in_4bit = true;
+    const auto run = assemble_run(resolve_run(q, 1).options, Device::cpu, nullptr, &rows);
+    // Mixtral: 2 layers' q, k, v, o; Qwen2-MoE: those, its sparse layer's shared expert (gate,
+    // up, down) and gate, its dense layer's MLP.
+    EXPECT_EQ(run->quantized->quantized_params(), f == "mixtral" ? 8 : 15);
+    o.model_name_or_path =
+        dequantized_copy(dir, base, *run->model, {0, 64, Quant4Type::nf4, false});
+    o.output_dir = dir / "lora";
+    const std::vector<double> want = losses_of(o, &rows), got = losses_of(q, &rows);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(got[s], want[s], 1e-6 * std::abs(want[s])) << "step " << s + 1;
+  }
+}
+
 TEST(Qlora, ASaved4BitCheckpointTrainsOnItsOwnCodes) {
   for (const std::string type : {"gpt2", "bert"}) {
     SCOPED_TRACE(type);

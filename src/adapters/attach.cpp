@@ -88,7 +88,7 @@ LoraTargets attach_lora(Model& model, const LoraConfig& c) {
                                 static_cast<float>(c.dropout)});
   }
   std::vector<ExpertAdapterDecl> experts;
-  for (const ExpertTarget& t : expert_targets(model.expert_weights(), c))
+  for (const ExpertTarget& t : expert_targets(model.expert_weights(), c, t.routers))
     experts.push_back({t.weights, t.module, c.rank_of(t.weights.name),
                        static_cast<float>(c.scale_of(t.weights.name))});
   BRISK_CHECK(experts.empty() || model.config().tensor_ranks == 1,
@@ -140,16 +140,22 @@ LoraConfig lora_for_task(LoraConfig c, const Model& model) {
 LoraConfig saved_adapter_config(LoraConfig c, const Model& model, const std::string& base) {
   // PEFT's default targets are written as the names they stand for (the adapted modules' last
   // parts), as PEFT writes them.
+  // So is all-linear beside the router and experts it reaches as parameters.
   const bool defaults = !c.all_linear && c.target_pattern.empty() && c.target_modules.empty() &&
                         c.target_parameters.empty();
-  std::set<std::string> names;
+  const bool converted = c.all_linear && !c.target_parameters.empty();
+  std::set<std::string> names, routers;
+  for (const LinearDecl& l : model.linears())
+    if (l.router) routers.insert(l.module);
   c.fan_in_fan_out = false;
   if (const ModelAdapters* a = model.adapters())
     for (const ModelAdapters::Entry& e : a->entries()) {
       c.fan_in_fan_out = c.fan_in_fan_out || e.decl.fan_in_fan_out;
-      names.insert(e.decl.module.substr(e.decl.module.rfind('.') + 1));
+      if (!routers.count(e.decl.module))
+        names.insert(e.decl.module.substr(e.decl.module.rfind('.') + 1));
     }
-  if (defaults) c.target_modules.assign(names.begin(), names.end());
+  if (defaults || converted) c.target_modules.assign(names.begin(), names.end());
+  c.all_linear = c.all_linear && !converted;
   c.base_model_name_or_path = base;
   return c;
 }

@@ -139,6 +139,43 @@ double LoraConfig::scale_of(const std::string& name) const {
   return one.scale();
 }
 
+namespace {
+// PEFT's check of the parameters it adapts through target_parameters (its ParamWrapper).
+void check_parameter_adapters(const LoraConfig& c, const std::string& model_type, bool gate_up) {
+  BRISK_CHECK(c.dropout == 0, "--lora_target_modules ", c.all_linear ? "all-linear on " : "names ",
+              model_type, c.all_linear ? " adapts its router and experts" : "'s experts, adapted",
+              " as parameters (PEFT's target_parameters), which take no dropout: give "
+              "--lora_dropout 0");
+  BRISK_CHECK(!c.use_rslora || !gate_up, "--use_rslora beside ", model_type,
+              "'s gate and up projections is refused (PEFT doubles their rank by rank_pattern, "
+              "which it does not take with use_rslora)");
+}
+
+void double_gate_up(LoraConfig& c) {
+  const std::string key = ".*\\.gate_up_proj";
+  if (std::any_of(c.rank_pattern.begin(), c.rank_pattern.end(),
+                  [&](const auto& p) { return p.first == key; }))
+    return;  // (converted before)
+  c.rank_pattern.emplace_back(key, static_cast<double>(2 * c.r));
+  c.alpha_pattern.emplace_back(key, 2 * c.alpha);
+}
+
+void add_parameter(LoraConfig& c, const std::string& name) {
+  if (std::find(c.target_parameters.begin(), c.target_parameters.end(), name) ==
+      c.target_parameters.end())
+    c.target_parameters.push_back(name);
+}
+
+// all-linear: every nn.Linear of the blocks, then, as PEFT converts it for these types, the
+// router and the experts as parameters.
+LoraConfig all_linear_with_experts(LoraConfig c, const std::string& model_type) {
+  check_parameter_adapters(c, model_type, true);
+  for (const char* name : {"down_proj", "gate.weight", "gate_up_proj"}) add_parameter(c, name);
+  double_gate_up(c);
+  return c;
+}
+}  // namespace
+
 LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
   // transformers 4's names of each expert's linears, by what they are fused into.
   static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> fused = {
@@ -146,7 +183,8 @@ LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
       {"olmoe",
        {{"gate_proj", "gate_up_proj"}, {"up_proj", "gate_up_proj"}, {"down_proj", "down_proj"}}}};
   const auto names = fused.find(model_type);
-  if (names == fused.end() || c.all_linear) return c;
+  if (names == fused.end()) return c;
+  if (c.all_linear) return all_linear_with_experts(std::move(c), model_type);
   BRISK_CHECK(c.target_pattern.empty(), "--lora_target_modules \"", excerpt(c.target_pattern),
               "\": a regular expression on ", model_type,
               " is not built yet (PEFT resolves it into the names it matches, in every layer, "
@@ -154,8 +192,8 @@ LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
   std::vector<std::string> kept, gate_up;
   for (const std::string& t : c.target_modules) {
     BRISK_CHECK(!ends_with_part(t, "gate"), "--lora_target_modules ", t, ": ", model_type,
-                "'s router takes no adapter in brisk yet (PEFT adapts it as gate.weight); leave "
-                "it out");
+                "'s router is no linear in transformers 5 (PEFT refuses it there): adapt it "
+                "with --lora_target_parameters gate.weight");
     const auto old = std::find_if(names->second.begin(), names->second.end(),
                                   [&](const auto& n) { return ends_with_part(t, n.first); });
     if (old == names->second.end()) {
@@ -163,24 +201,14 @@ LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type) {
       continue;
     }
     if (old->second == "gate_up_proj") gate_up.push_back(old->first);
-    if (std::find(c.target_parameters.begin(), c.target_parameters.end(), old->second) ==
-        c.target_parameters.end())
-      c.target_parameters.push_back(old->second);
+    add_parameter(c, old->second);
   }
   if (kept.size() == c.target_modules.size()) return c;
   BRISK_CHECK(gate_up.size() != 1, "--lora_target_modules names ",
               gate_up.empty() ? "" : gate_up[0], " without its pair: ", model_type,
               " fuses each expert's gate and up projections into gate_up_proj (name both)");
-  BRISK_CHECK(c.dropout == 0, "--lora_target_modules names ", model_type,
-              "'s experts, which PEFT adapts through target_parameters: they need "
-              "--lora_dropout 0");
-  BRISK_CHECK(!c.use_rslora || gate_up.empty(), "--use_rslora beside ", model_type,
-              "'s gate and up projections is refused (PEFT doubles their rank by rank_pattern, "
-              "which it does not take with use_rslora)");
-  if (!gate_up.empty()) {
-    c.rank_pattern.emplace_back(".*\\.gate_up_proj", static_cast<double>(2 * c.r));
-    c.alpha_pattern.emplace_back(".*\\.gate_up_proj", 2 * c.alpha);
-  }
+  check_parameter_adapters(c, model_type, !gate_up.empty());
+  if (!gate_up.empty()) double_gate_up(c);
   c.target_modules = kept;
   return c;
 }
@@ -210,26 +238,48 @@ bool saved_in_full(const std::string& name, const std::vector<std::string>& modu
   return false;
 }
 
+namespace {
+// Whether `name` (a weight's) is one that target_parameters names.
+bool names_parameter(const std::vector<std::string>& targets, const std::string& name) {
+  return std::any_of(targets.begin(), targets.end(),
+                     [&](const std::string& t) { return ends_with_part(name, t); });
+}
+
+// A router matched as a module: refused, as PEFT refuses a module that is no nn.Linear.
+void check_no_router(const LinearDecl& l, const std::string& target) {
+  BRISK_CHECK(!l.router, "--lora_target_modules ", excerpt(target), ": ", l.module,
+              " is a mixture's router, no linear in transformers 5 (PEFT refuses it there): "
+              "adapt it with --lora_target_parameters gate.weight");
+}
+}  // namespace
+
 LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfig& c,
                          const std::string& model_type) {
   LoraTargets t;
   std::vector<LinearDecl>& out = t.linears;
   const bool listed = !c.all_linear && c.target_pattern.empty();
-  // (target_parameters alone: the experts, no linear.)
-  if (listed && c.target_modules.empty() && !c.target_parameters.empty()) return t;
-  const std::vector<std::string> names =
-      listed && c.target_modules.empty() ? default_targets(model_type, linears) : c.target_modules;
+  // (target_parameters alone: the experts and routers, no linear.)
+  const bool parameters_only = listed && c.target_modules.empty() && !c.target_parameters.empty();
+  const std::vector<std::string> names = !listed || !c.target_modules.empty() || parameters_only
+                                             ? c.target_modules
+                                             : default_targets(model_type, linears);
   std::optional<FullMatch> pattern;
   if (!c.target_pattern.empty()) pattern.emplace(c.target_pattern, "the adapter's config");
   for (const LinearDecl& l : linears) {
     if (l.expert || saved_in_full(l.module, c.modules_to_save)) continue;
-    bool hit = false;
-    if (c.all_linear)
-      hit = !l.output;
-    else if (pattern)
-      hit = (*pattern)(l.module);
-    else
-      for (const std::string& n : names) hit = hit || ends_with_part(l.module, n);
+    const bool as_parameter =
+        l.router && names_parameter(c.target_parameters, l.module + ".weight");
+    bool hit = as_parameter || (c.all_linear && !l.output && !l.router);
+    if (pattern && (*pattern)(l.module)) {
+      check_no_router(l, c.target_pattern);
+      hit = true;
+    }
+    for (const std::string& n : listed ? names : std::vector<std::string>{}) {
+      if (!ends_with_part(l.module, n)) continue;
+      check_no_router(l, n);
+      hit = true;
+    }
+    t.routers += as_parameter ? 1 : 0;
     if (hit) out.push_back(l);
   }
   // A listed name that matches no linear: skipped, as PEFT does when another one matches.
@@ -238,7 +288,7 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
     for (const LinearDecl& l : out) found = found || ends_with_part(l.module, n);
     if (!found) t.unmatched.push_back(n);
   }
-  BRISK_CHECK(!out.empty(), "--lora_target_modules ",
+  BRISK_CHECK(!out.empty() || parameters_only, "--lora_target_modules ",
               c.all_linear ? std::string("all-linear")
               : pattern    ? "\"" + excerpt(c.target_pattern) + "\""
                            : joined(names),
@@ -248,7 +298,7 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
 }
 
 std::vector<ExpertTarget> expert_targets(const std::vector<ExpertWeightsDecl>& weights,
-                                         const LoraConfig& c) {
+                                         const LoraConfig& c, int routers) {
   std::vector<ExpertTarget> out;
   if (c.target_parameters.empty()) return out;
   auto module_of = [](const ExpertWeightsDecl& w) { return w.name.substr(0, w.name.rfind('.')); };
@@ -263,7 +313,7 @@ std::vector<ExpertTarget> expert_targets(const std::vector<ExpertWeightsDecl>& w
     for (size_t j = i + 1; j < out.size(); ++j)
       if (module_of(out[j].weights) == module_of(out[i].weights)) out[i].module += ".base_layer";
   BRISK_CHECK(
-      !out.empty(), "--lora_target_parameters ", joined(c.target_parameters),
+      !out.empty() || routers > 0, "--lora_target_parameters ", joined(c.target_parameters),
       " matches no weight of the model (a mixture's experts' weights are named like ",
       weights.empty() ? std::string("none: it has no experts") : excerpt(weights.front().name, 60),
       ")");

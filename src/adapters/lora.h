@@ -69,9 +69,13 @@ nlohmann::json adapter_config_json(const LoraConfig& c);
 // default targets when none are given. Refused: no default for the model type, targets that
 // match no linear at all; listed names that match none while others do are `unmatched`
 // (skipped, as PEFT skips them).
+// A mixture's router (LinearDecl::router) is adapted where target_parameters names its weight
+// ("gate.weight"), as PEFT adapts it (`routers` counts them), and refused where a target
+// module names it.
 struct LoraTargets {
   std::vector<LinearDecl> linears;
   std::vector<std::string> unmatched;
+  int routers = 0;
 };
 LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfig& c,
                          const std::string& model_type);
@@ -79,13 +83,14 @@ LoraTargets lora_targets(const std::vector<LinearDecl>& linears, const LoraConfi
 // The fused expert weights (models/linears.h) target_parameters names, in the model's order, each
 // with PEFT's name of its wrapper: "<module>" nested in a ".base_layer" for each weight of the
 // same module wrapped after it (PEFT wraps a module's weights in their declaration order, each
-// around the last). Refused: target_parameters that match none.
+// around the last). Refused: target_parameters that match none, nor any of `routers` routers
+// (LoraTargets::routers).
 struct ExpertTarget {
   ExpertWeightsDecl weights;
   std::string module;
 };
 std::vector<ExpertTarget> expert_targets(const std::vector<ExpertWeightsDecl>& weights,
-                                         const LoraConfig& c);
+                                         const LoraConfig& c, int routers);
 
 // Whether parameter `name` (transformers' state-dict name) belongs to one of the modules to save.
 bool saved_in_full(const std::string& name, const std::vector<std::string>& modules_to_save);

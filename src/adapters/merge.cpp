@@ -228,13 +228,20 @@ void merge_adapter(const MergeArgs& args) {
   const ModelConfig config = resolve_config(args.model_name_or_path);
   const std::unique_ptr<Model> model = Model::create(config);
   const LoraTargets targets = lora_targets(model->linears(), c, config.type_name());
-  const std::vector<ExpertTarget> experts = expert_targets(model->expert_weights(), c);
+  const std::vector<ExpertTarget> experts =
+      expert_targets(model->expert_weights(), c, targets.routers);
   const SafetensorsFile f((adapter / "adapter_model.safetensors").string());
-  const std::map<std::string, Adapted> adapted = adapted_linears(targets, c, f, experts);
+  std::map<std::string, Adapted> adapted = adapted_linears(targets, c, f, experts);
   for (const ExpertTarget& t : experts) check_expert_adapter(f, t, c);
   const std::string weights = WeightFiles::find_in_folder(args.model_name_or_path);
   BRISK_CHECK(!weights.empty(), "'", args.model_name_or_path, "' holds no model.safetensors");
   const WeightFiles base(weights);
+  for (const LinearDecl& l : targets.linears) {  // (a router: transformers 4 names it apart)
+    const std::string& name = model->params().list()[static_cast<size_t>(l.param)].name;
+    BRISK_CHECK(base.has(name) || base.has(l.module + ".weight"), "--model_name_or_path: '",
+                args.model_name_or_path, "' holds no ", name, ", which the adapter adapts");
+    adapted.emplace(name, adapted.at(l.module + ".weight"));
+  }
   for (const auto& [name, m] : adapted)
     BRISK_CHECK(!base.bnb_4bit(name), "--model_name_or_path: '", name,
                 "' is saved 4-bit; merge into the full-precision base the 4-bit one was "
@@ -282,7 +289,8 @@ void merge_adapter_into(Backend& be, const Model& model, const std::string& fold
                         const std::string& option) {
   const LoraConfig c = read_adapter_folder(folder, option);
   const LoraTargets targets = lora_targets(model.linears(), c, model.config().type_name());
-  const std::vector<ExpertTarget> experts = expert_targets(model.expert_weights(), c);
+  const std::vector<ExpertTarget> experts =
+      expert_targets(model.expert_weights(), c, targets.routers);
   const SafetensorsFile f(adapter_weights_path(folder, option));
   const ParameterSet& ps = model.params();
   merge_experts_into(be, model, c, experts, f);

@@ -23,7 +23,7 @@ QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
     : model_(model), options_(options) {
   std::set<int> linear, transposed;  // the blocks' linears, as BitsAndBytesConfig quantizes them
   for (const LinearDecl& l : model.linears())
-    if (l.layer >= 0 && !l.expert) {
+    if (l.layer >= 0 && !l.expert && !l.router) {
       linear.insert(l.param);
       if (l.fan_in_fan_out) transposed.insert(l.param);
     }

@@ -19,6 +19,10 @@ struct LinearDecl {
   bool output = false;  // the model's output layer (an LM head, a classifier or score head)
   // A routed expert's (a mixture's): transformers 5 holds the experts fused, not as linears.
   bool expert = false;
+  // A mixture's router, named as transformers 5 names its module ("model.layers.0.mlp.gate"):
+  // a module of its own there, no nn.Linear, which PEFT adapts only as a parameter
+  // (target_parameters "gate.weight", without dropout) and bitsandbytes does not quantize.
+  bool router = false;
 };
 
 // A mixture's routed experts' fused weights as transformers 5 names them, which PEFT adapts

@@ -315,6 +315,13 @@ class Llama final : public Model {
     }
     return out;
   }
+  void mark_routers(std::vector<LinearDecl>& linears) const override {
+    for (LinearDecl& l : linears) {
+      if (!moe_ || !moe_->sparse(l.layer) || moe_->layer_ids(l.layer).router != l.param) continue;
+      l.router = true;
+      l.module = "model.layers." + std::to_string(l.layer) + ".mlp.gate";
+    }
+  }
   void adapt_experts(const ExpertWeightsDecl& w, int a, int b, int64_t r, float scale) override {
     moe_->add_lora(w.layer, w.down, a, b, r, scale);
   }

@@ -138,7 +138,7 @@ void Model::bind(Arena& arena) {
     if (staged_gradients()) grad_offsets.push_back(grad_layout_.offset(p.offset));
   }
   params_.bind(flat_weights_, flat_grads_, weight_offsets, grad_offsets);
-  if (adapters_) adapters_->place([&](int layer) { return layer_params(layer, false); });
+  if (adapters_) place_adapters();
   grad_segments_ = flat_grads_.empty() ? std::vector<ElementRange>()
                    : params_.frozen()  ? std::vector<ElementRange>{{0, flat_grads_.numel()}}
                                        : segments_;
@@ -148,6 +148,20 @@ void Model::bind(Arena& arena) {
   planned_constants_.clear();
   for (const auto& [host, device] : constants_) planned_constants_.emplace_back(*host, *device);
   constants_uploaded_ = false;
+}
+
+void Model::place_adapters() {
+  const SparseMlp* sparse = style(true).sparse_mlp;
+  adapters_->place([&](int layer) {
+    const BlockParams w = layer_params(layer, false);
+    std::vector<std::pair<ProductSite, Tensor>> products = {{ProductSite::qkv, w.qkv_w},
+                                                            {ProductSite::proj, w.proj_w},
+                                                            {ProductSite::fc, w.fc_w},
+                                                            {ProductSite::out, w.out_w}};
+    if (sparse != nullptr)
+      for (const auto& p : sparse->products(layer)) products.push_back(p);
+    return products;
+  });
 }
 
 void Model::use_seq(int64_t seq) {

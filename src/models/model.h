@@ -142,6 +142,8 @@ class Model : public BatchTarget {
   // A mixture's fused expert weights (none elsewhere), and a LoRA of them (parameters a and b):
   // what the model's sparse layers compute with.
   virtual std::vector<ExpertWeightsDecl> expert_weights() const { return {}; }
+  // A mixture's routers among `linears` (LinearDecl::router), under transformers 5's names.
+  virtual void mark_routers(std::vector<LinearDecl>& /*linears*/) const {}
   virtual void adapt_experts(const ExpertWeightsDecl& w, int a, int b, int64_t r, float scale);
   const ModelAdapters* adapters() const { return adapters_.get(); }
   // Where segment i's gradients are: its range of flat_grads(), or with staged gradients its
@@ -491,6 +493,9 @@ class Model : public BatchTarget {
   Arena* arena_ = nullptr;
   std::map<int64_t, std::vector<Shape>> seq_shapes_;  // use_seq: the views' shapes per length
   BlockStyle style(bool training) const;
+  // Where each adapter adds (ModelAdapters::place): the products of its layer, the block's and
+  // its sparse MLP's.
+  void place_adapters();
   // A step's: its dropout and, in training, its key for the adapters'.
   BlockStyle step_style(const StepOptions& o) const;
   std::vector<BlockSaved> saved_;  // what each block's forward and backward work on

@@ -36,20 +36,15 @@ void ModelAdapters::declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows
     binder.declare(plan, &input_, "lora.input", Category::temporaries, DType::f32, {rows, widest});
 }
 
-void ModelAdapters::place(const std::function<BlockParams(int)>& layer_weights) {
+void ModelAdapters::place(const LayerProducts& products) {
   for (Entry& e : entries_) {
-    const BlockParams w = layer_weights(e.decl.layer);
     const Tensor p = params_.weight(e.decl.linear);
     const auto* at = static_cast<const char*>(p.data());
     bool found = false;
-    const std::pair<ProductSite, const Tensor*> sites[] = {{ProductSite::qkv, &w.qkv_w},
-                                                           {ProductSite::proj, &w.proj_w},
-                                                           {ProductSite::fc, &w.fc_w},
-                                                           {ProductSite::out, &w.out_w}};
-    for (const auto& [site, t] : sites) {
-      if (t->empty()) continue;
-      const auto* first = static_cast<const char*>(t->data());
-      if (at < first || at + p.bytes() > first + t->bytes()) continue;
+    for (const auto& [site, t] : products(e.decl.layer)) {
+      if (t.empty()) continue;
+      const auto* first = static_cast<const char*>(t.data());
+      if (at < first || at + p.bytes() > first + t.bytes()) continue;
       const int64_t offset = (at - first) / static_cast<int64_t>(sizeof(float));
       BRISK_CHECK(!e.decl.fan_in_fan_out || offset == 0, "LoRA on ", e.decl.module,
                   ": a part of a transposed product is not built yet");
@@ -57,10 +52,8 @@ void ModelAdapters::place(const std::function<BlockParams(int)>& layer_weights) 
       e.at = offset / e.in;
       found = true;
     }
-    BRISK_CHECK(found, "--lora_target_modules: LoRA on ", e.decl.module,
-                " is not built yet: brisk adapts the attention's and dense MLPs' linears, not a "
-                "mixture's router or shared expert (name the linears, e.g. "
-                "q_proj,k_proj,v_proj,o_proj, and the experts with --lora_target_parameters)");
+    BRISK_CHECK(found, "internal error: LoRA on ", e.decl.module, ": no product of layer ",
+                e.decl.layer, " reads its weight");
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory_plan.h"
@@ -61,9 +62,10 @@ class ModelAdapters final : public ProductAdapters {
   // where the adapters drop out their input or it comes in a 16-bit dtype (`low_precision`), one
   // float32 buffer for an input (dropped out, or widened).
   void declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows, bool low_precision);
-  // Where each entry adds: the product of its layer whose weight holds its linear's (`weights`
-  // of each entry's layer, as the model binds them).
-  void place(const std::function<BlockParams(int)>& layer_weights);
+  // A layer's products' weights, as the model binds them: the block's, and its sparse MLP's.
+  using LayerProducts = std::function<std::vector<std::pair<ProductSite, Tensor>>(int layer)>;
+  // Where each entry adds: the product of its layer whose weight holds its linear's.
+  void place(const LayerProducts& products);
 
   bool on(int layer, ProductSite site) const override;
   void forward(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& y,

@@ -53,6 +53,7 @@ std::vector<LinearDecl> Model::linears() const {
   const int64_t task_outputs = lm ? config_.vocab_size : config_.num_labels;
   if (!out.empty() && out.back().layer < 0 && !out.back().expert && out.back().out == task_outputs)
     out.back().output = true;
+  mark_routers(out);
   return out;
 }
 

@@ -204,14 +204,17 @@ void check_moe(const MoeShape& s, const MoeWeights& w, const Tensor& x, const Ex
 }
 
 // y += sigmoid(x . shared_gate) * the shared expert's SwiGLU MLP of x, row by row (moe_combine
-// without positions: each token's own row).
+// without positions: each token's own row); the products' adapters added to them.
 void shared_forward(Backend& be, const MoeWeights& w, const Tensor& x, const MoeSaved& saved,
-                    const Tensor& y) {
+                    const Tensor& y, const LayerAdapters& a) {
   const WeightLayout out_in = WeightLayout::out_in;
   be.linear_forward(x, w.shared_gate_up, Tensor(), out_in, saved.shared_gate_up);
+  a.forward(be, ProductSite::shared_fc, x, saved.shared_gate_up);
   be.swiglu_forward(saved.shared_gate_up, saved.shared_act);
   be.linear_forward(saved.shared_act, w.shared_down, Tensor(), out_in, saved.shared_out);
+  a.forward(be, ProductSite::shared_out, saved.shared_act, saved.shared_out);
   be.linear_forward(x, w.shared_gate, Tensor(), out_in, saved.shared_logit);
+  a.forward(be, ProductSite::shared_gate, x, saved.shared_logit);
   be.activation_forward(Activation::sigmoid, saved.shared_logit, saved.shared_scale);
   be.moe_combine(saved.shared_out, Tensor(), saved.shared_scale, y, true);
 }
@@ -219,20 +222,21 @@ void shared_forward(Backend& be, const MoeWeights& w, const Tensor& x, const Moe
 // shared_forward's backward: its gradients written (or added to), dx added to.
 void shared_backward(Backend& be, const MoeWeights& w, const MoeWeights& g, const Tensor& x,
                      const MoeSaved& saved, const MoeScratch& scratch, const Tensor& dy,
-                     const Tensor& dx, bool accumulate_dw) {
+                     const Tensor& dx, bool accumulate_dw, const LayerAdapters& a) {
   const WeightLayout out_in = WeightLayout::out_in;
   be.moe_combine_backward(dy, saved.shared_out, Tensor(), saved.shared_scale, scratch.d_shared_out,
                           scratch.d_shared_scale);
   be.activation_backward(Activation::sigmoid, saved.shared_logit, scratch.d_shared_scale,
                          scratch.d_shared_scale, DType::f32);
-  be.linear_backward(saved.shared_act, w.shared_down, scratch.d_shared_out, out_in,
-                     scratch.d_shared_act, false, g.shared_down, Tensor(), accumulate_dw);
+  a.linear_backward(be, ProductSite::shared_out, saved.shared_act, w.shared_down,
+                    scratch.d_shared_out, out_in, scratch.d_shared_act, false, g.shared_down,
+                    Tensor(), accumulate_dw);
   be.swiglu_backward(saved.shared_gate_up, scratch.d_shared_act, scratch.d_shared_gate_up,
                      DType::f32);
-  be.linear_backward(x, w.shared_gate_up, scratch.d_shared_gate_up, out_in, dx, true,
-                     g.shared_gate_up, Tensor(), accumulate_dw);
-  be.linear_backward(x, w.shared_gate, scratch.d_shared_scale, out_in, dx, true, g.shared_gate,
-                     Tensor(), accumulate_dw);
+  a.linear_backward(be, ProductSite::shared_fc, x, w.shared_gate_up, scratch.d_shared_gate_up,
+                    out_in, dx, true, g.shared_gate_up, Tensor(), accumulate_dw);
+  a.linear_backward(be, ProductSite::shared_gate, x, w.shared_gate, scratch.d_shared_scale, out_in,
+                    dx, true, g.shared_gate, Tensor(), accumulate_dw);
 }
 
 }  // namespace
@@ -366,10 +370,12 @@ MoeBalanceLoss moe_balance_loss(const std::vector<std::vector<float>>& stats, in
 
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts, const MoeZLoss& z, ExpertGroup* group) {
+                 std::vector<int32_t>& counts, const MoeZLoss& z, ExpertGroup* group,
+                 const LayerAdapters& adapters) {
   check_moe(s, w, x, group, "moe_forward");
   const WeightLayout out_in = WeightLayout::out_in;
   be.linear_forward(x, w.router, Tensor(), out_in, scratch.logits);
+  adapters.forward(be, ProductSite::router, x, scratch.logits);
   if (s.z_loss) be.moe_z_stats(scratch.logits, z.mask, saved.z, z.sum);
   be.moe_route_forward(scratch.logits, s.normalize, saved.probs, saved.weights, saved.experts);
   phase_done("router");
@@ -417,14 +423,15 @@ void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tens
   be.moe_combine(saved.out, saved.positions, saved.weights, y, false);
   phase_done("combine");
   if (s.shared_inner == 0) return;
-  shared_forward(be, w, x, saved, y);
+  shared_forward(be, w, x, saved, y, adapters);
   phase_done("shared");
 }
 
 void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const MoeWeights& g,
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
-                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z, ExpertGroup* group) {
+                  const Tensor& dx, bool accumulate_dw, const MoeZLoss& z, ExpertGroup* group,
+                  const LayerAdapters& adapters) {
   check_moe(s, w, x, group, "moe_backward");
   const bool across = s.expert_ranks > 1;
   // E routed counts, and under expert parallelism ranks x E / ranks received.
@@ -476,11 +483,11 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
   be.moe_route_backward(saved.probs, saved.weights, saved.experts, scratch.dweights, dprobs,
                         s.normalize, scratch.logits);
   if (s.z_loss && z.scale != 0.0f) be.moe_z_backward(saved.probs, saved.z, z.scale, scratch.logits);
-  be.linear_backward(x, w.router, scratch.logits, out_in, dx, true, g.router, Tensor(),
-                     accumulate_dw);
+  adapters.linear_backward(be, ProductSite::router, x, w.router, scratch.logits, out_in, dx, true,
+                           g.router, Tensor(), accumulate_dw);
   phase_done("router");
   if (s.shared_inner == 0) return;
-  shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw);
+  shared_backward(be, w, g, x, saved, scratch, dy, dx, accumulate_dw, adapters);
   phase_done("shared");
 }
 

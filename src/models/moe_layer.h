@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/product_adapters.h"
 
 namespace brisk {
 
@@ -133,11 +134,12 @@ MoeSaved moe_saved_rows(const MoeSaved& saved, int64_t tokens, int64_t top_k);
 // y [N, C] = the layer's output for x [N, C]; `counts` receives each expert's routed rows (read
 // back to the host: the products need them) and, under expert parallelism (`group`, of
 // s.expert_ranks ranks), after those E the rows each rank of the group sent each of this rank's
-// experts (rank after rank).
+// experts (rank after rank). `adapters`: LoRAs on the router's and the shared expert's products
+// (ProductSite::router, shared_fc, shared_out, shared_gate), added to their float32 outputs.
 void moe_forward(Backend& be, const MoeShape& s, const MoeWeights& w, const Tensor& x,
                  const MoeSaved& saved, const MoeScratch& scratch, const Tensor& y,
-                 std::vector<int32_t>& counts, const MoeZLoss& z = {},
-                 ExpertGroup* group = nullptr);
+                 std::vector<int32_t>& counts, const MoeZLoss& z = {}, ExpertGroup* group = nullptr,
+                 const LayerAdapters& adapters = {});
 
 // From dy [N, C]: dx [N, C] written, the weights' gradients g written (or added to where
 // accumulate_dw), with `counts` and `group` as the forward had them: under expert parallelism
@@ -147,7 +149,7 @@ void moe_backward(Backend& be, const MoeShape& s, const MoeWeights& w, const Moe
                   const Tensor& x, const MoeSaved& saved, const MoeScratch& scratch,
                   const std::vector<int32_t>& counts, const Tensor& dy, const Tensor& dprobs,
                   const Tensor& dx, bool accumulate_dw, const MoeZLoss& z = {},
-                  ExpertGroup* group = nullptr);
+                  ExpertGroup* group = nullptr, const LayerAdapters& adapters = {});
 
 // For benchmarks (bench/moe_cpu.cpp): `hook(phase)` is called after each phase of moe_forward and
 // moe_backward ran: "router" (the router's product and the routing; backward: theirs), "dispatch"

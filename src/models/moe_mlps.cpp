@@ -139,20 +139,31 @@ Tensor MoeMlps::float32_input(Backend& be, const Layer& l, const Tensor& x, bool
   return l.input;
 }
 
-void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y) {
+void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y,
+                      const LayerAdapters& adapters) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
   moe_forward(be, shape(), weights(l, false), float32_input(be, l, x, true), l.saved, scratch_,
-              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l), group_);
+              as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l), group_,
+              adapters);
+}
+
+std::vector<std::pair<ProductSite, Tensor>> MoeMlps::products(int layer) const {
+  if (!sparse(layer)) return {};
+  const MoeWeights w = weights(layers_[static_cast<size_t>(layer)].ids, false);
+  return {{ProductSite::router, w.router},
+          {ProductSite::shared_fc, w.shared_gate_up},
+          {ProductSite::shared_out, w.shared_down},
+          {ProductSite::shared_gate, w.shared_gate}};
 }
 
 void MoeMlps::backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                       bool accumulate_dw) {
+                       bool accumulate_dw, const LayerAdapters& adapters) {
   const Layer& l = layers_.at(static_cast<size_t>(layer));
   if (balanced_) be.moe_balance_backward(flat_mask(), scale_, dprobs_);
   moe_backward(be, shape(), weights(l, false), weights(l, true), float32_input(be, l, x, false),
                l.saved, scratch_, counts_[static_cast<size_t>(layer)], as_rows(dy, hidden_),
                balanced_ ? dprobs_ : Tensor(), as_rows(dx, hidden_), accumulate_dw, z_loss(l),
-               group_);
+               group_, adapters);
 }
 
 void MoeMlps::declare_inference(const SparseMlp::Declare& declare, int64_t tokens) {

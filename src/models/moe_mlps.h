@@ -52,9 +52,11 @@ class MoeMlps final : public SparseMlp {
   const MoeLayerIds& layer_ids(int layer) const {
     return layers_.at(static_cast<size_t>(layer)).ids;
   }
-  void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
+  void forward(Backend& be, int layer, const Tensor& x, const Tensor& y,
+               const LayerAdapters& adapters) override;
   void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                bool accumulate_dw) override;
+                bool accumulate_dw, const LayerAdapters& adapters) override;
+  std::vector<std::pair<ProductSite, Tensor>> products(int layer) const override;
   void declare_inference(const SparseMlp::Declare& declare, int64_t tokens) override;
   void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) override;
 

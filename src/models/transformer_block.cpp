@@ -130,11 +130,14 @@ bool stores_output(const Backend& be, const BlockStyle& st, int layer, ProductSi
          !(st.adapters != nullptr && st.adapters->on(layer, site));
 }
 
+LayerAdapters layer_adapters(const BlockStyle& st, int layer) {
+  return {st.adapters, layer, adapter_key(st)};
+}
+
 // The product's adapters' terms added to y (none: nothing).
 void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const Tensor& x,
            const Tensor& y) {
-  if (st.adapters != nullptr && st.adapters->on(layer, site))
-    st.adapters->forward(be, layer, site, x, y, adapter_key(st));
+  layer_adapters(st, layer).forward(be, site, x, y);
 }
 
 // linear_backward with the product's adapters': theirs from x before the product's input
@@ -142,10 +145,8 @@ void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const
 void adapted_backward(Backend& be, const BlockStyle& st, int layer, ProductSite site,
                       const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                       bool accumulate_dx, const Tensor& dw, const Tensor& db, bool accumulate_dw) {
-  const bool adapted = st.adapters != nullptr && st.adapters->on(layer, site);
-  if (adapted) st.adapters->backward_weights(be, layer, site, x, dy, adapter_key(st));
-  be.linear_backward(x, w, dy, st.layout, dx, accumulate_dx, dw, db, accumulate_dw);
-  if (adapted) st.adapters->backward_input(be, layer, site, dx, adapter_key(st));
+  layer_adapters(st, layer).linear_backward(be, site, x, w, dy, st.layout, dx, accumulate_dx, dw,
+                                            db, accumulate_dw);
 }
 
 Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
@@ -598,7 +599,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor m_all = all_tokens(be, st, *m_in, scratch.gathered, scratch);
   if (sparse_layer(st, layer)) {
     const Tensor y = slice_space(scratch.tmp, s.res1, 0);
-    st.sparse_mlp->forward(be, layer, m_all, y);
+    st.sparse_mlp->forward(be, layer, m_all, y, layer_adapters(st, layer));
     if (!out.empty())
       residual_add(be, st, s.res1, y, st.residual_dropout, site_key(key, layer, kMlpResidual), out);
     return;
@@ -655,7 +656,7 @@ void sparse_mlp_backward(Backend& be, const BlockStyle& st, const BlockSaved& s,
     dy = slice_space(sc.tmp2, s.res1, 0);
     be.copy(d_mlp, dy);
   }
-  st.sparse_mlp->backward(be, layer, s.m_in, dy, dx, accumulate_dw);
+  st.sparse_mlp->backward(be, layer, s.m_in, dy, dx, accumulate_dw, layer_adapters(st, layer));
 }
 }  // namespace
 

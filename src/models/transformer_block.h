@@ -10,10 +10,13 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/memory_plan.h"
 #include "models/model_parallelism.h"
+#include "models/product_adapters.h"
 #include "models/sequence_parallel.h"
 
 namespace brisk {
@@ -25,40 +28,22 @@ class SparseMlp {
   virtual ~SparseMlp() = default;
   virtual bool sparse(int layer) const = 0;
   // y [B, T, C] float32 = layer `layer`'s MLP of x [B, T, C] (the MLP's input: float32, or its
-  // 16-bit stored copy in mixed precision).
-  virtual void forward(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
+  // 16-bit stored copy in mixed precision), with the layer's adapters on its dense products.
+  virtual void forward(Backend& be, int layer, const Tensor& x, const Tensor& y,
+                       const LayerAdapters& adapters) = 0;
   // dx [B, T, C] written from dy, the MLP output's gradient (dy and dx do not overlap); the layer's
   // parameter gradients written, or added to where accumulate_dw.
   virtual void backward(Backend& be, int layer, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                        bool accumulate_dw) = 0;
+                        bool accumulate_dw, const LayerAdapters& adapters) = 0;
+  // Layer `layer`'s dense products' weights, where adapters may add to them (ProductSite's
+  // router, shared_fc, shared_out, shared_gate; an empty tensor where the layer has none).
+  virtual std::vector<std::pair<ProductSite, Tensor>> products(int layer) const = 0;
   // Inference without a backward (incremental decoding): declare(tensor, name, dtype, shape) for
   // the buffers of up to `tokens` tokens, then infer writes y [.., C] = the MLP of x [.., C] for
   // as many.
   using Declare = std::function<void(Tensor*, const std::string&, DType, Shape)>;
   virtual void declare_inference(const Declare& declare, int64_t tokens) = 0;
   virtual void infer(Backend& be, int layer, const Tensor& x, const Tensor& y) = 0;
-};
-
-// The block's four products, where low-rank adapters may add to them.
-enum class ProductSite { qkv, proj, fc, out };
-// Low-rank adapters (LoRA) on the block's products: the model holds them (models/adapters), the
-// adapter layer (adapters/) attaches them from outside.
-// `key` (the step's; null outside training) draws the adapters' dropout on their input: the
-// same masks in forward and backward, whichever pass recomputes them.
-class ProductAdapters {
- public:
-  virtual ~ProductAdapters() = default;
-  virtual bool on(int layer, ProductSite site) const = 0;
-  // y (the product's float32 output for input x) gains the adapters' terms.
-  virtual void forward(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& y,
-                       const RngKey* key) const = 0;
-  // Backward in two parts around the product's own: first the adapters' gradients (added to)
-  // from x and the output's gradient dy, while x is intact (the product's input gradient may be
-  // written over it); then dx (float32, the product's input gradient) gains theirs.
-  virtual void backward_weights(Backend& be, int layer, ProductSite site, const Tensor& x,
-                                const Tensor& dy, const RngKey* key) const = 0;
-  virtual void backward_input(Backend& be, int layer, ProductSite site, const Tensor& dx,
-                              const RngKey* key) const = 0;
 };
 
 struct BlockStyle {

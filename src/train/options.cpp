@@ -198,7 +198,7 @@ void check_adapters(const TrainOptions& o) {
   BRISK_CHECK(o.lora_dropout >= 0 && o.lora_dropout < 1, "lora_dropout must lie in [0, 1), got ",
               o.lora_dropout);
   BRISK_CHECK(o.lora_target_parameters.empty() || o.lora_dropout == 0,
-              "--lora_target_parameters needs --lora_dropout 0 (PEFT's expert adapters take no "
+              "--lora_target_parameters needs --lora_dropout 0 (PEFT's parameter adapters take no "
               "dropout), got ",
               o.lora_dropout);
 }

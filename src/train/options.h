@@ -255,9 +255,9 @@ void visit_options(Options& o, Visitor&& v) {
     "LoRA: modules trained in full and saved with the adapter (a classifier or score head), "
     "comma-separated; a name the model does not have is skipped, as PEFT does");
   v("lora_target_parameters", o.lora_target_parameters,
-    "LoRA: a mixture's fused expert weights to adapt, comma-separated "
-    "(mlp.experts.gate_up_proj,mlp.experts.down_proj), each expert its own A and B, as PEFT's "
-    "target_parameters (needs --lora_dropout 0)");
+    "LoRA: a mixture's fused expert weights and router to adapt, comma-separated "
+    "(mlp.experts.gate_up_proj,mlp.experts.down_proj,gate.weight), each expert its own A and B, "
+    "as PEFT's target_parameters (needs --lora_dropout 0)");
   v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
   v("load_in_4bit", o.load_in_4bit,
     "QLoRA: keep the frozen base's block linears 4-bit as bitsandbytes does (with --use_peft), "
