@@ -264,6 +264,31 @@ TEST(Qlora, ASaved4BitCheckpointTrainsOnItsOwnCodes) {
   }
 }
 
+// A checkpoint bitsandbytes saved 4-bit from bf16 weights (gpt2_fp4: its quant_state's dtype)
+// dequantizes to bf16-rounded values, as bitsandbytes' matmul_4bit does, in a float32 QLoRA run
+// too: the first step (fresh adapters add nothing; dropout off) computes transformers' loss of
+// the 4-bit model.
+TEST(Qlora, ASaved4BitCheckpointDequantizesToItsDtype) {
+  TempDir dir("qlora_dtype");
+  const std::string folder = folder_beside(dir, "fp4", fixture("qlora/gpt2_fp4"));
+  fs::copy_file(fixture("qlora/gpt2_fp4/model.safetensors"), folder + "/model.safetensors");
+  nlohmann::json config = read_json_file(folder + "/config.json", "config");
+  for (const char* p : {"attn_pdrop", "embd_pdrop", "resid_pdrop"}) config[p] = 0.0;
+  std::ofstream(folder + "/config.json") << config.dump();
+  FixtureRows rows(fixture("gpt2_tiny/batch.safetensors"));
+  TrainOptions q = lora_run(folder, dir / "q", "c_attn");
+  q.load_in_4bit = true;
+  q.bnb_4bit_quant_type = "fp4";
+  q.per_device_train_batch_size = 2;
+  q.seq_len = 13;
+  q.max_steps = 1;
+  const std::vector<double> got = losses_of(q, &rows);
+  ASSERT_EQ(got.size(), 1u);
+  const double want =
+      SafetensorsFile(fixture("qlora/gpt2_fp4/expected.safetensors")).get("loss").f32()[0];
+  EXPECT_NEAR(got[0], want, 1e-6 * want);
+}
+
 // A run on a checkpoint saved 4-bit without --load_in_4bit says once that it dequantizes it.
 TEST(Qlora, ARunOnA4BitCheckpointWithoutLoadIn4bitSaysSo) {
   TempDir dir("qlora_hint");

@@ -137,6 +137,7 @@ void transpose_into(const std::vector<float>& in, int64_t rows, int64_t cols, fl
 }  // namespace
 
 void QuantizedBase::quantize(Entry& e, const Tensor& slot) {
+  e.dtype = DType::f32;
   std::vector<float> host(static_cast<size_t>(slot.numel()));
   be_->download(slot, Tensor(host.data(), slot.shape(), DType::f32));
   if (e.transposed_cols) {  // [in, out] as nn.Linear's [out, in]
@@ -172,6 +173,7 @@ bool QuantizedBase::adopted(Entry& e) {
   const SafetensorsFile& f = *w->file;
   upload(e, {f.get(key).data(), f.get(key + ".absmax").data(),
              l.nested ? f.get(key + ".nested_absmax").f32() : nullptr, w->offset});
+  e.dtype = w->dtype;
   return true;
 }
 
@@ -190,8 +192,10 @@ void QuantizedBase::upload(Entry& e, const HostState& s) {
   }
 }
 
+// As bitsandbytes' matmul_4bit: dequantized into the state's dtype, then into the compute one.
 void QuantizedBase::dequantize(const Entry& e, const Tensor& slot) {
   be_->dequantize_4bit(view(e), slot);
+  if (e.dtype != DType::f32) be_->round_to(e.dtype, slot, slot);
   if (options_.round_to_fp16) be_->round_to(DType::f16, slot, slot);
 }
 

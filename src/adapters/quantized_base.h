@@ -69,6 +69,9 @@ class QuantizedBase final : public WeightSlots {
     int64_t packed_at = 0, blocks_at = 0, nested_at = 0, half_at = 0, kept_at = 0;
     float offset = 0;             // nested: the absmaxes' mean (set by filled)
     int64_t transposed_cols = 0;  // stored [in, out]: quantized as [out, in], in columns
+    // The values' type before quantization, which dequantization rounds to (bitsandbytes'
+    // quant_state dtype: a checkpoint's own; the run's float32 values otherwise).
+    DType dtype = DType::f32;
   };
   // e's state: the checkpoint's own (adopted), or the slot's values quantized; either uploaded
   // into the store.
