@@ -6,7 +6,10 @@ the sums' time the training loop did not wait for (hidden behind computation); t
 stages 1, 2 and 3 (stage 3's gathers of the blocks' weights count as communication too).
 
     python3 bench/ddp_cpu.py [--model distilbert-base-uncased] [--ranks 2] [--max_steps 10]
-                             [--bucket_mb 25]
+                             [--bucket_mb 25] [--lora]
+
+With --lora the runs train LoRA adapters (--use_peft, PEFT's default targets) on the frozen
+model: one process, then ZeRO stages 2 and 3 (stage 3 partitions the frozen blocks too).
 """
 import argparse
 import json
@@ -27,6 +30,8 @@ def run(ranks, threads, bucket_mb, zero, a, out):
             str(a.batch // ranks), "--seq_len", str(a.seq), "--max_steps", str(a.max_steps),
             "--logging_steps", str(a.max_steps), "--output_dir", out, "--disable_tqdm",
             "--save_strategy", "no", "--dataset_size", str(a.batch * a.max_steps)]
+    if a.lora:
+        args += ["--use_peft"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -52,6 +57,7 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--max_steps", type=int, default=10)
     p.add_argument("--bucket_mb", type=float, default=25, help="the overlapped run's buckets")
+    p.add_argument("--lora", action="store_true", help="LoRA adapters on the frozen model")
     a = p.parse_args()
     cores = os.cpu_count()
     rows = []
@@ -59,6 +65,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         runs = [(1, a.bucket_mb, 0), (a.ranks, one_bucket, 0), (a.ranks, a.bucket_mb, 0),
                 (a.ranks, a.bucket_mb, 1), (a.ranks, a.bucket_mb, 2), (a.ranks, a.bucket_mb, 3)]
+        if a.lora:
+            runs = [runs[0], runs[4], runs[5]]
         for i, (ranks, bucket_mb, zero) in enumerate(runs):
             threads = max(1, cores // ranks)
             result = run(ranks, threads, bucket_mb, zero, a, os.path.join(tmp, str(i)))
@@ -66,8 +74,9 @@ def main():
                        else "reduce-scatter per segment, in backward" if zero >= 2
                        else f"{bucket_mb:g} MiB, during backward")
             rows.append((ranks, threads, buckets, zero) + result)
-    print(f"\n{a.model}, global batch {a.batch} x {a.seq} tokens, {a.max_steps} steps, synthetic "
-          f"data, AdamW; CPU: {cpu_name()}, {cores} threads")
+    print(f"\n{a.model}{' with LoRA adapters' if a.lora else ''}, global batch {a.batch} x "
+          f"{a.seq} tokens, {a.max_steps} steps, synthetic data, AdamW; CPU: {cpu_name()}, "
+          f"{cores} threads")
     print("| processes x threads | gradient buckets | ZeRO stage | train samples/s | sums' time / run "
           "| waited for / run | hidden | rank 0 weights (planned) | rank 0 gradients (planned) "
           "| rank 0 optimizer state (planned) | rank 0 peak RSS in steps | rank 0 peak RSS "

@@ -209,13 +209,45 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   tp.load_in_4bit = true;
   expect_error([&] { assemble_run(tp, Device::cpu, nullptr, nullptr, 0, 2); },
                "LoRA adapters with --load_in_4bit and --tp_size");
+  // ZeRO stage 3 partitions a 16- or 32-bit frozen base's blocks, not a 4-bit one's.
   TrainOptions zero = o;
   zero.zero_stage = 3;
+  zero.load_in_4bit = true;
   expect_error([&] { assemble_run(zero, Device::cpu, nullptr, nullptr, 0, 2); },
-               "LoRA adapters with --zero_stage 3");
+               "LoRA adapters with --load_in_4bit and --zero_stage 3");
+  zero.load_in_4bit = false;
+  zero.tp_size = 2;
+  zero.lora_target_modules = "c_attn";
+  expect_error([&] { assemble_run(zero, Device::cpu, nullptr, nullptr, 0, 4); },
+               "LoRA adapters with --tp_size and --zero_stage 3");
   TrainOptions embed = o;
   embed.lora_modules_to_save = "wte";
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
+}
+
+// ZeRO stage 3 with adapters holds each rank's run of the frozen blocks' weights and two blocks'
+// slots instead of the whole base (the embeddings, the head and the adapters stay whole): the
+// planned weights shrink by the blocks' elements less this rank's run and the two slots.
+TEST(LoraTrain, ZeroStage3PartitionsTheFrozenBlocks) {
+  TempDir dir("lora_zero3");
+  TrainOptions o = lora_options(dir, "gpt2");
+  o.model_name_or_path = write_config(dir, "gpt2", 0.1, 8);
+  o.zero_stage = 2;
+  const auto two = assemble_run(o, Device::cpu, nullptr, nullptr, 0, 2);
+  o.zero_stage = 3;
+  const auto three = assemble_run(o, Device::cpu, nullptr, nullptr, 0, 2);
+  auto weights = [](const RunAssembly& r) {
+    return r.plan.bytes_by_category()[static_cast<int>(Category::weights)];
+  };
+  EXPECT_TRUE(two->parallel.base_shards.empty());
+  const std::vector<ParamShard>& shards = three->parallel.base_shards;
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0].elements.offset + shards[0].elements.count, shards[1].elements.offset);
+  const int64_t blocks = shards[0].elements.count + shards[1].elements.count;
+  EXPECT_EQ(blocks % 8, 0);
+  EXPECT_TRUE(three->model->staged_weights());
+  EXPECT_EQ(weights(*two) - weights(*three),
+            4 * (blocks - shards[0].elements.count - 2 * (blocks / 8)));
 }
 
 // A listed target that names no linear is skipped, as PEFT skips it, and said once.

@@ -5,7 +5,9 @@
 //   stage 1: each rank steps its run of the parameters (its optimizer state, and master copy),
 //     then every run is broadcast from its owner;
 //   stage 2: the same from its shard of the summed gradients;
-//   stage 3: the rank keeps only its run of the weights, gathered when the model needs them.
+//   stage 3: the rank keeps only its run of the weights, gathered when the model needs them;
+//     with a frozen base (LoRA) its run of the blocks' frozen weights, the trained parameters
+//     as under stage 2.
 // With the optimizer offloaded, the step runs on the host's backend from host copies of the
 // gradients (this rank's run) and of the step's decision.
 #include <algorithm>
@@ -48,7 +50,7 @@ class DataParallel final : public ParallelPolicy {
   }
   double step_weights(float lr, const RngKey& rounding) override;
   double take_weight_wait_seconds() override {
-    return weights_ ? weights_->take_wait_seconds() : 0.0;
+    return weights_ ? weights_->take_wait_seconds() : base_ ? base_->take_wait_seconds() : 0.0;
   }
 
   void weights_written() override;
@@ -83,6 +85,7 @@ class DataParallel final : public ParallelPolicy {
   std::unique_ptr<Backend> host_;  // offloaded: the backend the optimizer steps on
   std::unique_ptr<GradientSync> sync_;
   std::optional<ShardedWeights> weights_;  // stage 3
+  std::optional<ShardedWeights> base_;     // stage 3's frozen base (LoRA)
   std::optional<StateShare> share_;        // ZeRO
 };
 
@@ -101,6 +104,12 @@ DataParallel::DataParallel(Backend& be, Communicator& comm, Model& model, MixedP
     weights_.emplace(be_, comm_, model_, b_.shards, comm_.rank(), b_.weight_shard);
     model_.set_weight_slots(&*weights_);
     precision_.use_weight_shard(b_.weight_shard);
+  }
+  if (!b_.base_shards.empty()) {
+    const int64_t mine = b_.base_shards[static_cast<size_t>(comm_.rank())].elements.count;
+    base_.emplace(be_, comm_, model_, b_.base_shards, comm_.rank(),
+                  element_range(b_.base_shard, 0, mine));
+    model_.set_weight_slots(&*base_);
   }
   if (partitioned()) share_ = brisk::state_share(comm_, optimizer_);
   sync_ = make_gradient_sync(
@@ -166,12 +175,14 @@ double DataParallel::step_partitioned(float lr, const RngKey& rounding) {
 void DataParallel::weights_written() {
   precision_.adopt_model_weights(be_, model_.params());
   if (weights_) weights_->publish();
+  if (base_) base_->publish();
 }
 
 // Rank 0 reads the file and broadcasts the weights; stage 3's ranks each read theirs.
 void DataParallel::load_weights(const std::string& file) {
-  if (comm_.rank() == 0 || weights_) model_.load_weights(be_, WeightFiles(file));
-  if (comm_.size() > 1 && !weights_) comm_.broadcast(model_.params().flat_weights(), 0);
+  const bool sharded = weights_ || base_;
+  if (comm_.rank() == 0 || sharded) model_.load_weights(be_, WeightFiles(file));
+  if (comm_.size() > 1 && !sharded) comm_.broadcast(model_.params().flat_weights(), 0);
   weights_written();
 }
 

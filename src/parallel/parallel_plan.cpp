@@ -63,6 +63,31 @@ void choose_slots(const Model& model, const ParallelPlanOptions& o, int64_t mine
   }
 }
 
+// Stage 3 with frozen parameters (a LoRA's base): the blocks' segments (all frozen) staged in
+// two slots with the ends resident (the head's holds the trained parameters), each rank holding
+// an equal run of the blocks' elements. None where the blocks cannot be staged.
+std::vector<ParamShard> partition_frozen_blocks(const Model& model, const ParallelPlanOptions& o,
+                                                PlanOptions& model_options) {
+  const std::vector<ElementRange>& segments = model.param_segments();
+  if (o.zero_stage < 3 || segments.size() < 4 || SegmentLayout::block_elements(segments, 2) == 0)
+    return {};
+  // The blocks from last (segment 1) to first (the one before the embeddings').
+  const int64_t begin = segments[segments.size() - 2].offset;
+  const int64_t end = segments[1].offset + segments[1].count;
+  for (const ParamInfo& p : model.params().list())  // (the trained ones lie after the blocks)
+    BRISK_CHECK(p.offset + p.shape.numel() <= begin || p.offset >= end || p.frozen,
+                "internal error: '", p.name, "' of a block is trained beside a frozen base");
+  model_options.weight_slots = 2;
+  model_options.resident_ends = true;
+  const int64_t chunk = (end - begin + o.ranks - 1) / o.ranks;
+  std::vector<ParamShard> shards;
+  for (int r = 0; r < o.ranks; ++r) {
+    const int64_t first = std::min(end, begin + chunk * r);
+    shards.push_back({0, 0, {first, std::min(end, first + chunk) - first}});
+  }
+  return shards;
+}
+
 }  // namespace
 
 void partition_parameters(const Model& model, const Optimizer& optimizer,
@@ -74,6 +99,8 @@ void partition_parameters(const Model& model, const Optimizer& optimizer,
   const int64_t mine = buffers.shards[static_cast<size_t>(o.rank)].elements.count;
   if (mine == 0) refuse_empty_rank(model, optimizer, o);
   choose_slots(model, o, mine, model_options);
+  if (model.params().frozen())
+    buffers.base_shards = partition_frozen_blocks(model, o, model_options);
 }
 
 void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, ParallelBuffers& b,
@@ -81,9 +108,13 @@ void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, Paralle
   if (b.shards.empty()) return;
   const ParamShard& mine = b.shards[static_cast<size_t>(o.rank)];
   stepped = shard_params(model.params(), mine);
-  if (o.zero_stage >= 3)
+  if (o.zero_stage >= 3 && !model.params().frozen())
     binder.declare(plan, &b.weight_shard, "zero.weight_shard", Category::weights, DType::f32,
                    Shape{mine.elements.count});
+  if (!b.base_shards.empty())
+    binder.declare(
+        plan, &b.base_shard, "zero.frozen_base_shard", Category::weights, DType::f32,
+        Shape{std::max<int64_t>(b.base_shards[static_cast<size_t>(o.rank)].elements.count, 1)});
   if (o.zero_stage >= 2) {
     binder.declare(plan, &b.grad_shard, "zero.gradient_shard", Category::gradients, DType::f32,
                    Shape{mine.elements.count});

@@ -39,6 +39,11 @@ struct ParallelBuffers {
   // ZeRO stage 3: this rank's run of the compute weights (the model's buffer holds the
   // embeddings, the head and slots for gathered blocks).
   Tensor weight_shard;
+  // ZeRO stage 3 with a frozen base (LoRA): every rank's run of the blocks' frozen weights, and
+  // this rank's, gathered into the model's two slots as a pass needs a block (the trained
+  // parameters, resident beside the head, partitioned as under stage 2). Empty: none.
+  std::vector<ParamShard> base_shards;
+  Tensor base_shard;
   // offload_optimizer on a GPU: the optimizer's state and the float32 master copy (of this
   // rank's run) in host memory, stepped there by the CPU's backend from host copies of the
   // step's gradients (this rank's run of them) and decision.
@@ -56,13 +61,15 @@ struct ParallelPlanOptions {
 
 // Before the model's plan: ZeRO's partition of the parameters into `buffers.shards` (refused
 // where a rank would get none) and the slots the model stages its gradients (stage 2) and
-// weights (stage 3) in, into `model_options`. Nothing without ZeRO.
+// weights (stage 3) in, into `model_options`; under stage 3 with frozen parameters, the frozen
+// blocks' partition into `buffers.base_shards` (where the blocks can be staged). Nothing without
+// ZeRO.
 void partition_parameters(const Model& model, const Optimizer& optimizer,
                           const ParallelPlanOptions& o, ParallelBuffers& buffers,
                           PlanOptions& model_options);
-// After the model's and the precision's plans, ZeRO's buffers (stage 3's weight shard, stage 2's
-// gradient shard and the slot its sums arrive in) and, into `stepped`, the parameters of this
-// rank's run, which its optimizer is planned for. Nothing without ZeRO.
+// After the model's and the precision's plans, ZeRO's buffers (stage 3's weight shard or frozen
+// base shard, stage 2's gradient shard and the slot its sums arrive in) and, into `stepped`, the
+// parameters of this rank's run, which its optimizer is planned for. Nothing without ZeRO.
 void plan_zero_buffers(const Model& model, const ParallelPlanOptions& o, ParallelBuffers& buffers,
                        ParameterSet& stepped, MemoryPlan& plan, BufferBinder& binder);
 // offload_optimizer: host copies of the step's gradients (this rank's run) and decision.

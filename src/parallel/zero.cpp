@@ -406,8 +406,13 @@ void ShardedWeights::start(int segment) {
   ticket_[i] = comm_.started();
 }
 
+bool ShardedWeights::sharded(int segment) const {
+  const std::vector<int64_t>& c = counts_.at(static_cast<size_t>(segment));
+  return std::any_of(c.begin(), c.end(), [](int64_t n) { return n > 0; });
+}
+
 void ShardedWeights::need(int segment) {
-  if (!model_.staged_weights()) return;  // kept whole, in place
+  if (!model_.staged_weights() || !sharded(segment)) return;  // kept whole, in place
   const auto i = static_cast<size_t>(segment);
   if (!present_.at(i)) start(segment);
   if (ticket_[i] == 0) return;
@@ -418,7 +423,8 @@ void ShardedWeights::need(int segment) {
 }
 
 void ShardedWeights::prefetch(int segment) {
-  if (!model_.staged_weights() || present_.at(static_cast<size_t>(segment))) return;
+  if (!model_.staged_weights() || !sharded(segment) || present_.at(static_cast<size_t>(segment)))
+    return;
   start(segment);
 }
 
@@ -435,7 +441,8 @@ void ShardedWeights::filled(int segment) {
 void ShardedWeights::publish() {
   if (!model_.staged_weights())
     for (size_t s = 0; s < pieces_.size(); ++s)
-      comm_.all_gather_v(pieces_[s], counts_[s], model_.weight_segment(static_cast<int>(s)));
+      if (sharded(static_cast<int>(s)))
+        comm_.all_gather_v(pieces_[s], counts_[s], model_.weight_segment(static_cast<int>(s)));
   std::fill(present_.begin(), present_.end(), false);
   std::fill(ticket_.begin(), ticket_.end(), 0);
 }

@@ -204,7 +204,8 @@ class ShardedGradients {
 // gathered over it since: a block that ends the forward pass starts the backward pass; weights
 // change only at the update). Every rank asks for the same segments in the same order, so the
 // gathers match up. A model that cannot stage its weights keeps them whole, gathered after every
-// change of the shard (publish).
+// change of the shard (publish). A segment no shard holds any of stays whole in its place (with
+// a LoRA's frozen base partitioned: the head's, with the adapters, and the embeddings').
 class ShardedWeights final : public WeightSlots {
  public:
   ShardedWeights(Backend& be, Communicator& comm, const Model& model,
@@ -222,6 +223,7 @@ class ShardedWeights final : public WeightSlots {
 
  private:
   void start(int segment);
+  bool sharded(int segment) const;
   Backend& be_;
   Communicator& comm_;
   const Model& model_;

@@ -79,10 +79,12 @@ void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluat
 
 const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage,
                                   bool quantized_base) {
+  const bool stage3 = zero_stage > 2 && layout.replicas() > 1;
   return layout.on(MeshDim::pipeline)                   ? "--pp_size"
          : layout.on(MeshDim::sequence)                 ? "--sp_size"
          : layout.on(MeshDim::expert)                   ? "--ep_size"
-         : zero_stage > 2 && layout.replicas() > 1      ? "--zero_stage 3"
+         : stage3 && quantized_base                     ? "--load_in_4bit and --zero_stage 3"
+         : stage3 && layout.on(MeshDim::tensor)         ? "--tp_size and --zero_stage 3"
          : quantized_base && layout.on(MeshDim::tensor) ? "--load_in_4bit and --tp_size"
                                                         : nullptr;
 }
@@ -91,8 +93,9 @@ namespace {
 
 // LoRA (--use_peft, or an adapter folder): its config from the folder or the lora_* options,
 // attached to the model (its targets resolved against the model's linears: a bad name is
-// refused here, before any data is read). Layouts that split the parameters (model parallelism,
-// ZeRO stage 3) are not built with adapters yet: refused by name.
+// refused here, before any data is read). Pipeline, sequence and expert parallelism, and ZeRO
+// stage 3 beside a 4-bit base or tensor parallelism, are not built with adapters yet: refused
+// by name.
 void attach_adapters(RunAssembly& r) {
   const TrainOptions& o = r.options;
   if (!o.use_peft && o.adapter_name_or_path.empty()) return;
@@ -104,8 +107,8 @@ void attach_adapters(RunAssembly& r) {
   const LoraConfig c = lora_for_task(given, *r.model);
   const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage, o.load_in_4bit);
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,
-              " are not built yet: train them with data parallelism (DDP, or ZeRO stage 1 or "
-              "2) and tensor parallelism (--tp_size, with a 16- or 32-bit base)");
+              " are not built yet: train them with data parallelism (DDP, or ZeRO stage 1 to "
+              "3) and tensor parallelism (--tp_size, with a 16- or 32-bit base, ZeRO 1 or 2)");
   r.unmatched_targets = attach_lora(*r.model, c).unmatched;
   r.adapter = saved_adapter_config(c, *r.model, o.model_name_or_path);
 }
@@ -117,7 +120,8 @@ void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
   const TrainOptions& o = r.options;
   const DType compute = r.precision->compute_dtype();
   const bool half = r.adapter && compute != DType::f32 && o.switches.half_frozen_base;
-  if (!o.load_in_4bit && !half) return;
+  // (Under ZeRO stage 3 the ranks hold the base's blocks between them instead.)
+  if ((!o.load_in_4bit && !half) || !r.parallel.base_shards.empty()) return;
   Quant4Options q{o.bnb_4bit_quant_type == "fp4" ? Quant4Type::fp4 : Quant4Type::nf4,
                   o.use_bnb_nested_quant};
   if (!o.load_in_4bit) q.half = compute;
@@ -444,9 +448,9 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   const ElementRange held =
       zero ? r.parallel.shards[static_cast<size_t>(replica)].elements : trained.elements;
   r.precision->plan(r.plan, r.binder, params.total_elements(),
-                    !zero && !params.frozen()   ? ElementRange{0, -1}
-                    : zero && o.zero_stage >= 3 ? held
-                                                : r.model->weight_place(held));
+                    !zero && !params.frozen()                       ? ElementRange{0, -1}
+                    : zero && o.zero_stage >= 3 && !params.frozen() ? held
+                                                                    : r.model->weight_place(held));
   plan_products(r, backend);
   plan_zero_buffers(*r.model, layout_options, r.parallel, r.optimizer_params, r.plan, r.binder);
   if (params.frozen() && !zero)

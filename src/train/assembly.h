@@ -99,7 +99,8 @@ struct RunAssembly {
 
 // The option of `layout` (or ZeRO's stage over its replicas) that LoRA adapters cannot train
 // under yet, as the user names it ("--pp_size", ...); nullptr where they can (data parallelism,
-// with ZeRO stage 1 or 2, and tensor parallelism, over a base not quantized to 4 bits).
+// with ZeRO stage 1 to 3 (stage 3 over a 16- or 32-bit base), and tensor parallelism, over a
+// base not quantized to 4 bits, with ZeRO 1 or 2).
 const char* adapters_unbuilt_with(const ParallelLayout& layout, int zero_stage,
                                   bool quantized_base);
 

@@ -95,7 +95,9 @@ RankSharesInput rank_shares_input(const TrainOptions& o, const RunAssembly& run,
   in.params = run.model->params().total_elements();
   in.trained = run.model->params().trained_run().elements.count;
   in.shards = run.parallel.shards;
-  in.sharded_weights = !run.parallel.shards.empty() && o.zero_stage >= 3;
+  // (A frozen base's blocks partitioned under stage 3: each rank holds about rank 0's share.)
+  in.sharded_weights =
+      !run.parallel.shards.empty() && o.zero_stage >= 3 && run.parallel.base_shards.empty();
   in.sharded_gradients = !run.parallel.shards.empty() && o.zero_stage >= 2;
   // (A LoRA's master copy holds the trained parameters alone: partitioned only under ZeRO.)
   in.sharded_master = run.precision->sharded_master() && !run.parallel.shards.empty();

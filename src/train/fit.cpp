@@ -171,7 +171,8 @@ CostModel cost_model(Device device) {
 // reduce-scatters: tensor_token_bytes), the data replicas' sum of the stage's float32 gradients
 // (once a step; ZeRO stage 2 reduce-scatters each micro-batch's and gathers the updated runs once,
 // (m + 1) / 2 x over m micro-batches; stage 3 gathers the weights for each micro-batch's forward
-// and backward besides, 1.5 m x), a pipeline stage's float32 [B, T,
+// and backward besides, 1.5 m x; over a LoRA's frozen base, the adapters as stage 2 and the
+// frozen blocks gathered 2 m x), a pipeline stage's float32 [B, T,
 // C] activations sent on and gradients sent back per micro-batch (T: a sequence rank's tokens), and
 // a sequence rank's all-to-alls. `data_ranks`: the replicas that sum the gradients.
 double communication_seconds(const RunAssembly& run, const CostModel& m) {
@@ -190,10 +191,16 @@ double communication_seconds(const RunAssembly& run, const CostModel& m) {
   const double stages = p > 1 ? 2 * tokens * static_cast<double>(c.hidden_size) * 4 : 0;
   const double d = run.layout.replicas();
   const auto micro = static_cast<double>(o.gradient_accumulation_steps);
-  const double passes = o.zero_stage >= 3 ? 1.5 * micro : o.zero_stage == 2 ? (micro + 1) / 2 : 1;
-  // The gradients summed: the trained parameters' (a LoRA's adapters, not its frozen base).
+  // (Stage 3 over a frozen base: the trained parameters as under stage 2.)
+  int64_t frozen = 0;
+  for (const ParamShard& s : run.parallel.base_shards) frozen += s.elements.count;
+  const int64_t stage = frozen > 0 ? 2 : o.zero_stage;
+  const double passes = stage >= 3 ? 1.5 * micro : stage == 2 ? (micro + 1) / 2 : 1;
+  // The gradients summed: the trained parameters' (a LoRA's adapters, not its frozen base); the
+  // frozen blocks gathered for each micro-batch's forward and backward.
   const double data = 4.0 * static_cast<double>(run.model->params().trained_run().elements.count) *
-                      ring(d) * passes;
+                          ring(d) * passes +
+                      4.0 * static_cast<double>(frozen) * 2 * micro * (d - 1) / d;
   // Sequence parallelism's all-to-alls: each rank sends (s - 1) / s of what it exchanges.
   const double sequence = sequence_step_bytes(run) / p * (s - 1) / s;
   return (tensor + data + stages + sequence) / m.collective;

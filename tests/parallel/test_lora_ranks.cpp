@@ -77,10 +77,11 @@ TEST(DataParallel, LoraAdaptersTrainAsOneProcessWithTheirTotalBatch) {
 // ZeRO stages 1 and 2 partition the trained parameters alone: in float32 (the optimizer steps
 // the weights' runs), fp16 (each rank's run of the master copy), bf16 (the frozen base held
 // 16-bit apart, the trained parameters staged after it) and QLoRA (the base's block linears
-// 4-bit). The ranks train as one process with their total batch, their checkpoints hold the
-// adapter and one process's optimizer state, and each resumes the other's. Within 1e-5 (the
-// sums' order; 16-bit weights round a last-bit difference to their coarser steps: 1e-3). The
-// optimizer offloaded to the host likewise.
+// 4-bit). Stage 3 partitions the frozen blocks' weights too, each rank holding its run of them
+// and a block gathered into one of two slots as a pass needs it. The ranks train as one process
+// with their total batch, their checkpoints hold the adapter and one process's optimizer state,
+// and each resumes the other's. Within 1e-5 (the sums' order; 16-bit weights round a last-bit
+// difference to their coarser steps: 1e-3). The optimizer offloaded to the host likewise.
 TEST(DataParallel, LoraAdaptersUnderZeroTrainAsOneProcess) {
   const int N = world().size();
   struct Case {
@@ -88,9 +89,11 @@ TEST(DataParallel, LoraAdaptersUnderZeroTrainAsOneProcess) {
     int stage;
     bool qlora = false, offload = false;
   };
-  for (const Case& c : {Case{"bert", "fp32", 1}, Case{"gpt2", "fp16", 1}, Case{"gpt2", "fp32", 2},
-                        Case{"bert", "fp16", 2}, Case{"gpt2", "bf16", 2},
-                        Case{"gpt2", "fp32", 2, true}, Case{"bert", "fp16", 1, false, true}}) {
+  for (const Case& c :
+       {Case{"bert", "fp32", 1}, Case{"gpt2", "fp16", 1}, Case{"gpt2", "fp32", 2},
+        Case{"bert", "fp16", 2}, Case{"gpt2", "bf16", 2}, Case{"gpt2", "fp32", 2, true},
+        Case{"bert", "fp16", 1, false, true}, Case{"gpt2", "fp32", 3}, Case{"bert", "fp32", 3},
+        Case{"gpt2", "bf16", 3}, Case{"bert", "fp16", 3, false, true}}) {
     const std::string tag = "zero" + std::to_string(c.stage) + "_lora_" + c.type + "_" +
                             c.precision + (c.qlora ? "_qlora" : "") + (c.offload ? "_offload" : "");
     SCOPED_TRACE(tag);
