@@ -208,6 +208,30 @@ TEST(LoraOptions, CheckedAndForgottenFlagsNamed) {
   EXPECT_EQ(c.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(c.modules_to_save, (std::vector<std::string>{"score"}));
   EXPECT_TRUE(lora_config(8, 16, 0, "all-linear", "", false).all_linear);
+  // PEFT's rank_pattern and alpha_pattern as JSON objects.
+  o.lora_dropout = 0;
+  o.lora_rank_pattern = R"({"v_proj": 2, ".*\\.gate_up_proj": 16})";
+  EXPECT_NO_THROW(validate_options(o));
+  EXPECT_EQ(
+      pattern_option(o.lora_rank_pattern, "--lora_rank_pattern", true),
+      (std::vector<std::pair<std::string, double>>{{".*\\.gate_up_proj", 16}, {"v_proj", 2}}));
+  o.use_rslora = true;
+  expect_error([&] { validate_options(o); }, "--use_rslora with --lora_rank_pattern");
+  o.use_rslora = false;
+  for (const auto& [text, message] :
+       {std::pair{"{", "--lora_rank_pattern \"{\" is not JSON"},
+        {"[8]", "--lora_rank_pattern must be an object of patterns and numbers"},
+        {R"({"q_proj": 0.5})", R"(--lora_rank_pattern["q_proj"] must be a positive whole)"}}) {
+    o.lora_rank_pattern = text;
+    expect_error([&] { validate_options(o); }, message);
+  }
+  o.lora_rank_pattern.clear();
+  o.lora_alpha_pattern = R"({"q_proj": -1})";
+  expect_error([&] { validate_options(o); },
+               R"(--lora_alpha_pattern["q_proj"] must be a positive)");
+  TrainOptions forgotten;
+  forgotten.lora_alpha_pattern = R"({"q_proj": 4})";
+  expect_error([&] { validate_options(forgotten); }, "--lora_alpha_pattern is set but --use_peft");
 }
 
 }  // namespace

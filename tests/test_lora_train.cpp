@@ -225,6 +225,30 @@ TEST(LoraTrain, BadAdapterInputIsRefusedByName) {
   expect_error([&] { train(embed, quiet); }, "--lora_modules_to_save: 'transformer.wte.weight'");
 }
 
+// --lora_rank_pattern and --lora_alpha_pattern give a target its own rank and alpha: the saved
+// adapter holds c_proj's A and B at rank 2 beside c_attn's at 4, and its config the patterns,
+// which an adapter folder read back applies again.
+TEST(LoraTrain, RankAndAlphaPatternsFromTheOptions) {
+  TempDir dir("lora_patterns");
+  TrainOptions o = lora_options(dir, "gpt2");
+  o.lora_target_modules = "c_attn,c_proj";
+  o.lora_rank_pattern = R"({"mlp\\.c_proj": 2})";
+  o.lora_alpha_pattern = R"({"mlp\\.c_proj": 3})";
+  o.max_steps = 1;
+  train(o, quiet);
+  const SafetensorsFile f(o.output_dir + "/adapter_model.safetensors");
+  const std::string layer = "base_model.model.transformer.h.0.";
+  EXPECT_EQ(f.get(layer + "mlp.c_proj.lora_A.weight").shape()[0], 2);
+  EXPECT_EQ(f.get(layer + "attn.c_proj.lora_A.weight").shape()[0], 4);
+  EXPECT_EQ(f.get(layer + "attn.c_attn.lora_B.weight").shape()[1], 4);
+  const LoraConfig c = read_adapter_folder(o.output_dir, "output_dir");
+  EXPECT_EQ(c.rank_pattern, (std::vector<std::pair<std::string, double>>{{"mlp\\.c_proj", 2}}));
+  EXPECT_EQ(c.alpha_pattern, (std::vector<std::pair<std::string, double>>{{"mlp\\.c_proj", 3}}));
+  EXPECT_EQ(c.rank_of("transformer.h.1.mlp.c_proj"), 2);
+  EXPECT_DOUBLE_EQ(c.scale_of("transformer.h.1.mlp.c_proj"), 1.5);
+  EXPECT_DOUBLE_EQ(c.scale_of("transformer.h.1.attn.c_proj"), 2.0);
+}
+
 // ZeRO stage 3 with adapters holds each rank's run of the frozen blocks' weights and two blocks'
 // slots instead of the whole base (the embeddings, the head and the adapters stay whole): the
 // planned weights shrink by the blocks' elements less this rank's run and the two slots.

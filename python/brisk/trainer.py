@@ -384,7 +384,8 @@ class _Html:
 # a LoRA run; any other key PEFT sets away from its default is refused by name.
 _LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
               "target_modules": "lora_target_modules", "modules_to_save": "lora_modules_to_save",
-              "target_parameters": "lora_target_parameters", "use_rslora": "use_rslora"}
+              "target_parameters": "lora_target_parameters", "use_rslora": "use_rslora",
+              "rank_pattern": "lora_rank_pattern", "alpha_pattern": "lora_alpha_pattern"}
 _LORA_INERT = ("peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode",
                "init_lora_weights", "fan_in_fan_out", "bias", "peft_version", "auto_mapping",
                "megatron_core", "qalora_group_size")
@@ -407,10 +408,15 @@ def _lora_options(config):
     options = {"use_peft": True}
     for key, value in config.items():
         if key in _LORA_KEYS:
-            if value is None:
+            if value is None or value == {}:
                 continue
             if key in ("target_modules", "modules_to_save", "target_parameters"):
                 value = _module_names(value, key)
+            if key in ("rank_pattern", "alpha_pattern"):
+                if not isinstance(value, dict):
+                    raise ValueError("peft_config: %s must be a dict of patterns and numbers"
+                                     % key)
+                value = json.dumps(value)  # the engine's option: the object's JSON text
             options[_LORA_KEYS[key]] = value
         elif key not in _LORA_INERT and value not in (None, False, {}, [], "", ()):
             raise ValueError("peft_config: %s is set, which brisk does not run yet (only plain "

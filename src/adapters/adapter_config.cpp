@@ -63,17 +63,17 @@ double number(const nlohmann::json& j, const char* key, double fallback,
 
 // PEFT's rank_pattern or alpha_pattern: an object of patterns and their positive values (ranks
 // whole numbers).
-std::vector<std::pair<std::string, double>> patterns(const nlohmann::json& j, const char* key,
-                                                     bool whole, const std::string& origin) {
+// (`where` names it in messages: the file and key, or the option.)
+std::vector<std::pair<std::string, double>> patterns(const nlohmann::json& v,
+                                                     const std::string& where, bool whole) {
   std::vector<std::pair<std::string, double>> out;
-  const nlohmann::json v = j.value(key, nlohmann::json());
   if (v.is_null()) return out;
-  BRISK_CHECK(v.is_object(), origin, ": ", key, " must be an object of patterns and numbers");
+  BRISK_CHECK(v.is_object(), where, " must be an object of patterns and numbers");
   for (const auto& [pattern, value] : v.items()) {
     BRISK_CHECK(value.is_number() && value.get<double>() > 0 &&
                     (!whole || (value.get<double>() <= 65536 &&
                                 value.get<double>() == std::floor(value.get<double>()))),
-                origin, ": ", key, "[\"", excerpt(pattern), "\"] must be a positive ",
+                where, "[\"", excerpt(pattern), "\"] must be a positive ",
                 whole ? "whole number up to 65536" : "number");
     out.emplace_back(pattern, value.get<double>());
   }
@@ -89,6 +89,15 @@ nlohmann::json whole_or_real(double v) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, double>> pattern_option(const std::string& text,
+                                                           const char* option, bool whole) {
+  if (text.empty()) return {};
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  BRISK_CHECK(!j.is_discarded(), option, " \"", excerpt(text),
+              "\" is not JSON (give an object of patterns and numbers, {\"q_proj\": 8})");
+  return patterns(j, option, whole);
+}
 
 LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origin) {
   BRISK_CHECK(j.is_object(), origin, ": an adapter config must be a JSON object");
@@ -125,8 +134,10 @@ LoraConfig read_adapter_config(const nlohmann::json& j, const std::string& origi
   const nlohmann::json rs = j.value("use_rslora", nlohmann::json(false));
   BRISK_CHECK(rs.is_boolean(), origin, ": use_rslora must be true or false");
   c.use_rslora = rs.get<bool>();
-  c.rank_pattern = patterns(j, "rank_pattern", true, origin);
-  c.alpha_pattern = patterns(j, "alpha_pattern", false, origin);
+  c.rank_pattern =
+      patterns(j.value("rank_pattern", nlohmann::json()), origin + ": rank_pattern", true);
+  c.alpha_pattern =
+      patterns(j.value("alpha_pattern", nlohmann::json()), origin + ": alpha_pattern", false);
   BRISK_CHECK(!c.use_rslora || (c.rank_pattern.empty() && c.alpha_pattern.empty()), origin,
               ": use_rslora with rank_pattern or alpha_pattern (PEFT refuses them together)");
   const nlohmann::json base = j.value("base_model_name_or_path", nlohmann::json());

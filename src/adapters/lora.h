@@ -49,14 +49,21 @@ struct LoraConfig {
 // up_proj, down_proj), which PEFT then adapts as the fused weights: listed target_modules naming
 // them become target_parameters (gate_up_proj, down_proj; gate and up only together, at twice the
 // rank and alpha through rank_pattern and alpha_pattern), as PEFT converts a config for
-// `model_type`. Its router ("gate") is refused by name: brisk adapts no router yet; so is a
-// regular expression (PEFT resolves it into leaf names of every layer before converting).
+// `model_type`; all-linear there adds the router ("gate.weight") and both fused weights, as PEFT
+// converts it. A listed router ("gate") is refused by name (no nn.Linear in transformers 5:
+// target_parameters adapts it), and so is a regular expression (PEFT resolves it into leaf names
+// of every layer before converting).
 LoraConfig with_fused_experts(LoraConfig c, const std::string& model_type);
 
 // From the options' values (lists comma-separated; "all-linear" as PEFT's shorthand), checked.
 LoraConfig lora_config(int64_t r, double alpha, double dropout, const std::string& target_modules,
                        const std::string& modules_to_save, bool use_rslora,
                        const std::string& target_parameters = "");
+
+// PEFT's rank_pattern (`whole`: ranks) or alpha_pattern from an option's JSON text (an object
+// of patterns and positive numbers; empty: none), refused naming `option`.
+std::vector<std::pair<std::string, double>> pattern_option(const std::string& text,
+                                                           const char* option, bool whole);
 
 // PEFT's adapter_config.json read (`origin` names the file in messages) and written. Reading
 // refuses what brisk does not run (another peft_type, DoRA, bias, layers_to_transform, ...) by

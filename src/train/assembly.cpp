@@ -99,11 +99,15 @@ namespace {
 void attach_adapters(RunAssembly& r) {
   const TrainOptions& o = r.options;
   if (!o.use_peft && o.adapter_name_or_path.empty()) return;
-  const LoraConfig given =
+  LoraConfig given =
       o.adapter_name_or_path.empty()
           ? lora_config(o.lora_r, o.lora_alpha, o.lora_dropout, o.lora_target_modules,
                         o.lora_modules_to_save, o.use_rslora, o.lora_target_parameters)
           : read_adapter_folder(o.adapter_name_or_path, "--adapter_name_or_path");
+  if (o.adapter_name_or_path.empty()) {
+    given.rank_pattern = pattern_option(o.lora_rank_pattern, "--lora_rank_pattern", true);
+    given.alpha_pattern = pattern_option(o.lora_alpha_pattern, "--lora_alpha_pattern", false);
+  }
   const LoraConfig c = lora_for_task(given, *r.model);
   const char* layout = adapters_unbuilt_with(r.layout, o.zero_stage, o.load_in_4bit);
   BRISK_CHECK(layout == nullptr, "LoRA adapters with ", layout,

@@ -12,6 +12,7 @@
 #include <set>
 #include <type_traits>
 
+#include "adapters/lora.h"
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/error.h"
@@ -151,6 +152,8 @@ const char* lora_option_given(const TrainOptions& o) {
          : o.lora_target_modules != d.lora_target_modules       ? "--lora_target_modules"
          : o.lora_modules_to_save != d.lora_modules_to_save     ? "--lora_modules_to_save"
          : o.lora_target_parameters != d.lora_target_parameters ? "--lora_target_parameters"
+         : !o.lora_rank_pattern.empty()                         ? "--lora_rank_pattern"
+         : !o.lora_alpha_pattern.empty()                        ? "--lora_alpha_pattern"
          : o.use_rslora                                         ? "--use_rslora"
                                                                 : nullptr;
 }
@@ -201,6 +204,11 @@ void check_adapters(const TrainOptions& o) {
               "--lora_target_parameters needs --lora_dropout 0 (PEFT's parameter adapters take no "
               "dropout), got ",
               o.lora_dropout);
+  const auto ranks = pattern_option(o.lora_rank_pattern, "--lora_rank_pattern", true);
+  const auto alphas = pattern_option(o.lora_alpha_pattern, "--lora_alpha_pattern", false);
+  BRISK_CHECK(!o.use_rslora || (ranks.empty() && alphas.empty()),
+              "--use_rslora with --lora_rank_pattern or --lora_alpha_pattern is refused (PEFT "
+              "refuses them together)");
 }
 
 // Precision, recomputation, the optimizer's numbers and the learning-rate schedule.
@@ -478,8 +486,9 @@ const char* option_group(const std::string& name) {
        {"bf16", "fp16", "tf32", "bf16_master_weights", "bf16_full_eval", "fp16_full_eval"}},
       {"LoRA adapters",
        {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-        "lora_modules_to_save", "lora_target_parameters", "use_rslora", "adapter_name_or_path",
-        "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"}},
+        "lora_modules_to_save", "lora_target_parameters", "lora_rank_pattern", "lora_alpha_pattern",
+        "use_rslora", "adapter_name_or_path", "load_in_4bit", "bnb_4bit_quant_type",
+        "use_bnb_nested_quant"}},
       {"Memory and device",
        {"gradient_checkpointing", "selective_recompute", "auto_find_batch_size", "max_memory",
         "offload_optimizer", "device", "use_cpu"}},

@@ -58,6 +58,9 @@ struct TrainOptions {
   // PEFT's target_parameters: a mixture's fused expert weights ("mlp.experts.gate_up_proj",
   // "mlp.experts.down_proj"), each expert its own adapter.
   std::string lora_target_parameters;
+  // PEFT's rank_pattern and alpha_pattern as JSON objects ({"q_proj": 8}): a target whose name
+  // ends with a match of a pattern takes its rank or alpha. Empty: none.
+  std::string lora_rank_pattern, lora_alpha_pattern;
   bool use_rslora = false;
   // A LoRA adapter folder (PEFT's adapter_config.json and adapter_model.safetensors, written by
   // PEFT or by brisk) loaded onto model_name_or_path: trained further, evaluated or predicted
@@ -258,6 +261,11 @@ void visit_options(Options& o, Visitor&& v) {
     "LoRA: a mixture's fused expert weights and router to adapt, comma-separated "
     "(mlp.experts.gate_up_proj,mlp.experts.down_proj,gate.weight), each expert its own A and B, "
     "as PEFT's target_parameters (needs --lora_dropout 0)");
+  v("lora_rank_pattern", o.lora_rank_pattern,
+    "LoRA: PEFT's rank_pattern, a JSON object of patterns and ranks ({\"q_proj\": 8}): a target "
+    "whose name ends with a match takes that rank");
+  v("lora_alpha_pattern", o.lora_alpha_pattern,
+    "LoRA: PEFT's alpha_pattern, a JSON object of patterns and alphas, as lora_rank_pattern");
   v("use_rslora", o.use_rslora, "LoRA: scale the adapters by lora_alpha / sqrt(lora_r)");
   v("load_in_4bit", o.load_in_4bit,
     "QLoRA: keep the frozen base's block linears 4-bit as bitsandbytes does (with --use_peft), "

@@ -296,6 +296,9 @@ nlohmann::json trainer_value_as_option(const std::string& name, const nlohmann::
        name == "lora_target_parameters") &&
       value.is_array())
     return comma_joined(value, "");
+  // PEFT's patterns, an object: the option's JSON text.
+  if ((name == "lora_rank_pattern" || name == "lora_alpha_pattern") && value.is_object())
+    return value.empty() ? nlohmann::json("") : nlohmann::json(value.dump());
   if (name == "greater_is_better" && value.is_boolean())
     return value.get<bool>() ? "true" : "false";
   return value;

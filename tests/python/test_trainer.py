@@ -384,6 +384,28 @@ def test_peft_config_names_a_mixtures_experts_as_target_parameters():
     assert options["lora_target_modules"] == "q_proj"
 
 
+def test_peft_config_rank_and_alpha_patterns_train_as_the_program(tmp_path, program, bert_config):
+    train = read_glue("train.csv")
+    base = trainer(tmp_path / "base", bert_config, train, max_steps=1)  # a base with weights
+    base.train()
+    folder = str(tmp_path / "base" / "api")
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["query", "value"],
+            "rank_pattern": {"value": 2}, "alpha_pattern": {"value": 6}}
+    args = brisk.TrainingArguments(output_dir=str(tmp_path / "api"), **dict(RUN, max_steps=2))
+    t = brisk.Trainer(model=folder, args=args, train_dataset=train, peft_config=lora)
+    t.train()
+    saved = json.load(open(tmp_path / "api" / "adapter_config.json"))
+    assert saved["rank_pattern"] == {"value": 2} and saved["alpha_pattern"] == {"value": 6}
+    cli = run_cli(program, "train", dict(
+        RUN, model_name_or_path=folder, train_file=write_csv(train, tmp_path / "train.csv"),
+        output_dir=str(tmp_path / "cli"), max_steps=2, use_peft=True, lora_r=4, lora_alpha=8,
+        lora_dropout=0.0, lora_target_modules="query,value",
+        lora_rank_pattern='{"value": 2}', lora_alpha_pattern='{"value": 6}'))
+    assert [v for _, v in api_losses(t)] == pytest.approx([v for _, v in losses(cli)], rel=1e-6)
+    with pytest.raises(ValueError, match="rank_pattern must be a dict"):
+        brisk.Trainer(model=folder, args=args, peft_config=dict(lora, rank_pattern=[2]))
+
+
 def test_quantization_config_trains_qlora_as_the_program(tmp_path, program):
     """A BitsAndBytesConfig's keys with peft_config: the program's QLoRA run (--load_in_4bit),
     and the adapter evaluated on the 4-bit base."""
