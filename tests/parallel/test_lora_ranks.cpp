@@ -22,19 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Checkpoint `got`'s optimizer state is `want`'s, tensor for tensor within `tolerance`.
-void expect_state_as(const std::string& got, const std::string& want, double tolerance) {
-  const auto a = optimizer_state(got), b = optimizer_state(want);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, values] : b) {
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name));
-    const std::vector<float>& v = a.at(name);
-    ASSERT_EQ(v.size(), values.size());
-    EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), tolerance);
-  }
-}
-
 // LoRA of rank 4 without dropout on `type`'s linears (BERT's attention, with its classifier
 // trained in full beside them; GPT-2's every block linear), 2 micro-batches of 2 rows a step at
 // learning rate 1e-2.

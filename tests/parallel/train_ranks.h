@@ -179,6 +179,32 @@ inline void expect_resumes_as(const Logged& got, const Logged& want, double tole
   EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), tolerance);
 }
 
+// Checkpoint `got`'s optimizer state against `want`'s, tensor for tensor: the same names and
+// sizes, then check(name, got's values, want's) for each.
+inline void for_each_state_pair(
+    const std::string& got, const std::string& want,
+    const std::function<void(const std::string&, const std::vector<float>&,
+                             const std::vector<float>&)>& check) {
+  const auto a = optimizer_state(got), b = optimizer_state(want);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, values] : b) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name));
+    const std::vector<float>& v = a.at(name);
+    ASSERT_EQ(v.size(), values.size());
+    check(name, v, values);
+  }
+}
+
+// Checkpoint `got`'s optimizer state is `want`'s, tensor for tensor within `tolerance`.
+inline void expect_state_as(const std::string& got, const std::string& want, double tolerance) {
+  for_each_state_pair(
+      got, want,
+      [&](const std::string&, const std::vector<float>& v, const std::vector<float>& values) {
+        EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), tolerance);
+      });
+}
+
 // 8-bit moments round to the nearest of 256 codes, so the last-bit differences of another
 // summation order (tensor ranks' partial products, data replicas' gradient sums) move a moment
 // near the midpoint of two codes onto the other, whose step moves the next gradients a little.
@@ -188,29 +214,25 @@ inline void expect_resumes_as(const Logged& got, const Logged& want, double tole
 // between neighbours of want's, at most one code in a hundred differing (measured after 4 steps
 // on 4 ranks: 36 of 34 thousand, by up to one gap).
 inline void expect_quantized_state_as(const std::string& got, const std::string& want) {
-  const auto a = optimizer_state(got), b = optimizer_state(want);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, values] : b) {
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name));
-    const std::vector<float>& v = a.at(name);
-    ASSERT_EQ(v.size(), values.size());
-    if (!name.ends_with("_codes")) {
-      EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 1e-4);
-      continue;
-    }
-    const std::array<float, 256> map = dynamic_quant_map(!name.starts_with("exp_avg_sq"));
-    float gap = 0;
-    for (size_t c = 1; c < map.size(); ++c) gap = std::max(gap, map[c] - map[c - 1]);
-    size_t differ = 0;
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float got_value = map[static_cast<uint8_t>(v[i])];
-      const float want_value = map[static_cast<uint8_t>(values[i])];
-      EXPECT_LE(std::abs(got_value - want_value), 2 * gap) << "code " << i;
-      differ += v[i] != values[i];
-    }
-    EXPECT_LE(differ, v.size() / 100);
-  }
+  for_each_state_pair(
+      got, want,
+      [](const std::string& name, const std::vector<float>& v, const std::vector<float>& values) {
+        if (!name.ends_with("_codes")) {
+          EXPECT_LE(rel_error(v.data(), values.data(), static_cast<int64_t>(v.size())), 1e-4);
+          return;
+        }
+        const std::array<float, 256> map = dynamic_quant_map(!name.starts_with("exp_avg_sq"));
+        float gap = 0;
+        for (size_t c = 1; c < map.size(); ++c) gap = std::max(gap, map[c] - map[c - 1]);
+        size_t differ = 0;
+        for (size_t i = 0; i < v.size(); ++i) {
+          const float got_value = map[static_cast<uint8_t>(v[i])];
+          const float want_value = map[static_cast<uint8_t>(values[i])];
+          EXPECT_LE(std::abs(got_value - want_value), 2 * gap) << "code " << i;
+          differ += v[i] != values[i];
+        }
+        EXPECT_LE(differ, v.size() / 100);
+      });
 }
 
 // Checkpoints across layouts: `o` (the world's ranks, saving at step 2 into its output_dir) and
