@@ -9,7 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <random>
+#include <string>
 
+#include "backend/backend.h"
+#include "backend_support.h"
 #include "core/dtype.h"
 #include "core/quant4.h"
 #include "core/quantization.h"
@@ -104,6 +109,66 @@ TEST(Quant4, NonFiniteWeightsAreRefusedByName) {
   layout.numel = 100;
   expect_error([&] { quantize_4bit(x.data(), layout, "model.layers.0.mlp.up_proj.weight"); },
                "model.layers.0.mlp.up_proj.weight holds a non-finite value (inf) at element 70");
+}
+
+// A 4-bit weight's products on the CPU: on bf16 units dequantized straight into the blocked
+// layout oneDNN's kernel reads; with the products forced onto OpenBLAS dequantized whole into
+// float32 and multiplied as any weight. The same values but for the summation order (the
+// conformance cases hold whichever this CPU takes to the fp64 reference).
+TEST(Quant4, TheCpusTwoWaysOfMultiplyingA4BitWeightAgree) {
+  const int64_t M = 64, K = 256, N = 192;
+  std::mt19937 rng(7);
+  const FVec x = rounded(randn(M * K, rng), DType::bf16),
+             dy = rounded(randn(M * N, rng), DType::bf16);
+  const FVec w = randn(N * K, rng, 0.05f);
+  const std::array<int64_t, 2> rows{128, 64};
+  std::vector<Quant4Host> parts;
+  for (int64_t r = 0, at = 0; r < 2; at += rows[static_cast<size_t>(r)] * K, ++r)
+    parts.push_back(quantize_4bit(
+        w.data() + at, {rows[static_cast<size_t>(r)] * K, 64, Quant4Type::nf4, r == 1}, "w"));
+  const std::array<float, 256> map = dynamic_quant_map(true);
+  auto host = [](const auto& v, DType dtype) {
+    return Tensor(const_cast<void*>(static_cast<const void*>(v.data())),
+                  Shape{static_cast<int64_t>(v.size())}, dtype);
+  };
+  Backend::Quant4Matrix matrix;
+  matrix.cols = K;
+  for (const Quant4Host& q : parts) {
+    Backend::Quant4Tensor t;
+    t.layout = q.layout;
+    t.packed = host(q.packed, DType::u8);
+    t.absmax = host(q.absmax, DType::f32);
+    t.qabsmax = host(q.qabsmax, DType::u8);
+    t.absmax2 = host(q.absmax2, DType::f32);
+    t.code2 = host(map, DType::f32);
+    t.offset = q.offset;
+    matrix.parts.push_back({t, DType::f32});
+  }
+  auto run = [&](const std::string& products, FVec* y, FVec* dx) {
+    Switches switches;
+    switches.cpu_products = products;
+    const std::unique_ptr<Backend> be = make_cpu_backend(switches);
+    be->set_matmul_dtype(DType::bf16);
+    DeviceBuffers d(*be);
+    MatmulOperands operands(N * K);
+    operands.quantized = N * K;
+    operands.quantized_blocked = cpu_blocked_elements(N, K);
+    d.workspace(operands);
+    y->assign(static_cast<size_t>(M * N), 0.f);
+    dx->assign(static_cast<size_t>(M * K), 0.f);
+    be->quantized_linear_forward(Tensor(const_cast<float*>(x.data()), Shape{M, K}, DType::f32),
+                                 matrix, Tensor(), Tensor(y->data(), Shape{M, N}, DType::f32));
+    be->quantized_linear_backward(Tensor(const_cast<float*>(dy.data()), Shape{M, N}, DType::f32),
+                                  matrix, Tensor(dx->data(), Shape{M, K}, DType::f32), false);
+  };
+  FVec y_units, dx_units, y_blas, dx_blas;
+  run("", &y_units, &dx_units);
+  run("openblas", &y_blas, &dx_blas);
+  EXPECT_LE(rel_error(y_units.data(), y_blas.data(), M * N), 1e-5);
+  EXPECT_LE(rel_error(dx_units.data(), dx_blas.data(), M * K), 1e-5);
+  double norm = 0;
+  for (const float v : y_units) norm += v * v;
+  EXPECT_GT(norm, 1.0);  // not zeros on both sides
 }
 
 }  // namespace

@@ -491,3 +491,58 @@ void Backend::check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
 }
 
 }  // namespace brisk
+
+namespace brisk {
+
+int64_t Backend::Quant4Matrix::rows() const {
+  int64_t n = 0;
+  for (const Quant4Part& p : parts) n += cols > 0 ? p.q.layout.numel / cols : 0;
+  return n;
+}
+
+void Backend::check_quant4_matrix(const Quant4Matrix& w, const char* op) const {
+  BRISK_CHECK(w.cols > 0 && !w.parts.empty(), op, ": a 4-bit weight without parts or columns");
+  for (const Quant4Part& p : w.parts) {
+    const int64_t n = p.q.layout.numel;
+    check_dequantize_4bit(p.q, Tensor(nullptr, Shape{n}, DType::f32));
+    BRISK_CHECK(p.q.transposed_cols == 0 && n % w.cols == 0, op, ": a part of ", n,
+                " values is not rows of ", w.cols);
+    BRISK_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16 || p.dtype == DType::f16, op,
+                ": values rounded to ", dtype_name(p.dtype));
+  }
+  const int64_t bytes = checked_mul(checked_mul(w.rows(), w.cols, op), int64_t{4}, op);
+  BRISK_CHECK(static_cast<int64_t>(dequantized_buffer().bytes()) >= bytes, "internal error: ", op,
+              ": a [", w.rows(), ", ", w.cols, "] 4-bit weight and ", dequantized_buffer().bytes(),
+              " bytes planned to dequantize it into (MatmulOperands::quantized)");
+}
+
+Tensor Backend::dequantize_matrix(const Quant4Matrix& w) {
+  const Tensor buffer = dequantized_buffer();
+  const int64_t rows = w.rows();
+  const Tensor flat(buffer.data(), Shape{rows * w.cols}, DType::f32, buffer.device());
+  int64_t at = 0;
+  for (const Quant4Part& p : w.parts) {
+    const Tensor part = element_range(flat, at, p.q.layout.numel);
+    dequantize_4bit(p.q, part);
+    if (p.dtype != DType::f32) round_to(p.dtype, part, part);
+    if (w.fp16) round_to(DType::f16, part, part);
+    at += p.q.layout.numel;
+  }
+  return Tensor(buffer.data(), Shape{rows, w.cols}, DType::f32, buffer.device());
+}
+
+void Backend::quantized_linear_forward(const Tensor& x, const Quant4Matrix& w, const Tensor& b,
+                                       const Tensor& y) {
+  check_quant4_matrix(w, "quantized_linear_forward");
+  linear_forward(x, dequantize_matrix(w), b, WeightLayout::out_in, y);
+}
+
+void Backend::quantized_linear_backward(const Tensor& dy, const Quant4Matrix& w, const Tensor& dx,
+                                        bool accumulate_dx) {
+  check_quant4_matrix(w, "quantized_linear_backward");
+  // No weight gradient: dx stands for the input, whose shape is all linear_backward reads of it.
+  linear_backward(dx, dequantize_matrix(w), dy, WeightLayout::out_in, dx, accumulate_dx, Tensor(),
+                  Tensor(), false);
+}
+
+}  // namespace brisk

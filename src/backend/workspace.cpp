@@ -54,12 +54,26 @@ void plan_weights_copy(DType dtype, const MatmulOperands& operands, MemoryPlan& 
     binder.declare(plan, &ws.weights_copy, "backend.weights_copy", Category::weights, dtype,
                    Shape{operands.weights});
 }
+
+// One 4-bit weight's values: float32, or on the CPU's bf16 units bf16 in the blocked layout.
+void plan_dequantized(Device device, DType product, const MatmulOperands& operands,
+                      MemoryPlan& plan, BufferBinder& binder, BackendWorkspace& ws,
+                      const std::string& cpu_products) {
+  if (operands.quantized <= 0) return;
+  const char* what = "the dequantized weight's buffer";
+  int64_t bytes = checked_mul(operands.quantized, int64_t{4}, what);
+  if (device == Device::cpu && product == DType::bf16 && cpu_has_bf16_products(cpu_products))
+    bytes = std::max(bytes, checked_mul(operands.quantized_blocked, int64_t{2}, what));
+  binder.declare(plan, &ws.dequantized, "backend.dequantized_weight", Category::temporaries,
+                 DType::u8, Shape{bytes});
+}
 }  // namespace
 
 void plan_backend_workspace(Device device, DType product, MatmulOperands operands, MemoryPlan& plan,
                             BufferBinder& binder, BackendWorkspace& ws,
                             const std::string& cpu_products) {
   const Category tmp = Category::temporaries;
+  plan_dequantized(device, product, operands, plan, binder, ws, cpu_products);
   if (device == Device::cpu) {
     // bf16 operands: packed to bf16 for oneDNN's bf16 units, or without them rounded to bf16
     // values in float32 for a float32 product.

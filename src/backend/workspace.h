@@ -32,9 +32,13 @@ inline constexpr int64_t kAdafactorScratch = 3;
 // (Backend::hold_weights: the model's, resident, in a run that computes with float32 weights on a
 // device whose traits ask for a copy), copied once per hold into a 16-bit buffer the products
 // read; 0: none planned.
+//
+// `quantized` is the most values of a weight kept 4-bit (QLoRA's frozen base,
+// Backend::quantized_linear_forward) and `quantized_blocked` the most cpu_blocked_elements of
+// one: the buffer each such weight is dequantized into, one at a time; 0: none planned.
 struct MatmulOperands {
   int64_t a = 0, b = 0, held = 0, held_cols = 0, a_rows = 0, attention = 0, attention_workspace = 0,
-          weights = 0;
+          weights = 0, quantized = 0, quantized_blocked = 0;
   MatmulOperands(int64_t both) : a(both), b(both) {}  // NOLINT: one size for both is common
   MatmulOperands(int64_t a_elements, int64_t b_elements, int64_t held_elements = 0,
                  int64_t held_columns = 0)
@@ -50,6 +54,9 @@ struct BackendWorkspace {
   Tensor optimizer_scratch;     // Adafactor's per-tensor reductions (GPU)
   Tensor attention_workspace;   // the fused attention's cuDNN workspace and mask bias (GPU)
   Tensor weights_copy;          // the held weights' 16-bit copy (MatmulOperands::weights)
+  // One 4-bit weight's dequantized values (MatmulOperands::quantized): bytes, float32 [rows,
+  // cols] or, on the CPU's bf16 units, bf16 in the blocked layout the product reads.
+  Tensor dequantized;
 };
 
 // The weights a caller holds (Backend::hold_weights) and their 16-bit copy, laid out alike: a

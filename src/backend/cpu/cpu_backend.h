@@ -49,6 +49,10 @@ class CpuBackend : public Backend {
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, WeightLayout layout,
                        const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                        bool accumulate_dw) override;
+  void quantized_linear_forward(const Tensor& x, const Quant4Matrix& w, const Tensor& b,
+                                const Tensor& y) override;
+  void quantized_linear_backward(const Tensor& dy, const Quant4Matrix& w, const Tensor& dx,
+                                 bool accumulate_dx) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
@@ -155,6 +159,9 @@ class CpuBackend : public Backend {
   bool sums_split_statistics() const override { return true; }
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
+ protected:
+  Tensor dequantized_buffer() const override { return ws_.dequantized; }
+
  private:
   // A product operand where it lies: float32, or (in bf16 mode) bf16, with its row stride.
   struct Operand {
@@ -168,6 +175,10 @@ class CpuBackend : public Backend {
   // A linear layer's weight as B: its copy where the weights holding it are held (hold_weights),
   // unless it is the held weight (hold_weight, with copies of its own); else itself.
   Operand weight_operand(const Tensor& w, int64_t stride) const;
+  // W dequantized into ws_.dequantized in the blocked layout product p's kernel reads its B in
+  // (B = W^T where p.trans_b, else W); false (nothing written) off bf16 units, where that layout
+  // is not brisk's packer's, or where the buffer is too small for it.
+  bool dequantize_blocked(const DnnlMatmul::Product& p, const Quant4Matrix& w);
   // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
   // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
   // read where they lie when the library multiplies bf16). C is float32, or bf16 (`c_type`)

@@ -214,6 +214,9 @@ class CudaBackend final : public Backend {
   void adafactor_update(const AdafactorUpdate& u) override;
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
 
+ protected:
+  Tensor dequantized_buffer() const override { return ws_.dequantized; }
+
  private:
   using Epilogue = cuda::Epilogue;
   // Row-major C[m,n] = op(A) op(B) (+ C when accumulate) (+ bias[n] when given), C float32 or
