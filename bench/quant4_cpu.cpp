@@ -2,8 +2,8 @@
 // bf16 run, forward (x W^T) and the input gradient (dy W), at SmolLM2-135M's and Llama-2-7B's
 // linear shapes, three ways side by side:
 // - resident: the weight float32 in memory (LoRA without --load_in_4bit), the products as any;
-// - staged: the 4-bit weight dequantized into a float32 slot, then the same products (what a
-//   QLoRA run's weight slots do per pass);
+// - staged: the 4-bit weight dequantized into a float32 slot before each product (a QLoRA run's
+//   weight slots bring a block back for its forward pass and again for its backward pass);
 // - fused: quantized_linear_forward/backward, the weight dequantized into the blocked layout the
 //   kernel reads (on bf16 units), one weight at a time.
 // The milliseconds are the median of 7 repetitions of forward + input gradient; "buffer" is what
@@ -82,8 +82,10 @@ void run(Backend& be, const Shape3& s) {
     be.linear_backward(tx, tw, tdy, WeightLayout::out_in, tdx, false, Tensor(), Tensor(), false);
   });
   const double staged = median_ms([&] {
+    // Each pass brings its block's weights back into the slot: forward's, then backward's.
     be.dequantize_4bit(part, Tensor(w.data(), Shape{N * K}, DType::f32));
     be.linear_forward(tx, tw, Tensor(), WeightLayout::out_in, ty);
+    be.dequantize_4bit(part, Tensor(w.data(), Shape{N * K}, DType::f32));
     be.linear_backward(tx, tw, tdy, WeightLayout::out_in, tdx, false, Tensor(), Tensor(), false);
   });
   const double fused = median_ms([&] {

@@ -13,34 +13,6 @@
 
 namespace brisk {
 
-void CpuBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
-  check_dequantize_4bit(q, out);
-  const Quant4Layout& l = q.layout;
-  const uint8_t* packed = q.packed.as<uint8_t>();
-  const int64_t B = l.blocksize, n = l.numel;
-  const DType dtype = out.dtype();
-  const int64_t cols = q.transposed_cols, rows = cols ? n / cols : 0;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < l.blocks(); ++b) {
-    // A nested absmax: its code's value times its nested block's absmax, then the offset, each
-    // rounded (this file is compiled without fused multiply-adds).
-    const float absmax = l.nested ? q.code2.f32()[q.qabsmax.as<uint8_t>()[b]] *
-                                            q.absmax2.f32()[b / Quant4Layout::kNestedBlock] +
-                                        q.offset
-                                  : q.absmax.f32()[b];
-    const int64_t end = std::min(n, (b + 1) * B);
-    for (int64_t i = b * B; i < end; ++i) {
-      const uint8_t byte = packed[i / 2];
-      const float v = quant4_value(l.type, i % 2 ? byte & 15 : byte >> 4) * absmax;
-      const int64_t at = cols ? (i % cols) * rows + i / cols : i;
-      if (dtype == DType::f32)
-        out.f32()[at] = v;
-      else
-        out.as<uint16_t>()[at] = dtype == DType::bf16 ? float_to_bf16(v) : float_to_fp16(v);
-    }
-  }
-}
-
 namespace {
 // A 4-bit part's state in host memory, read value by value or run by run.
 struct PartValues {
@@ -53,17 +25,18 @@ struct PartValues {
   bool nested;
   DType dtype;
 
-  explicit PartValues(const Backend::Quant4Part& p)
-      : packed(p.q.packed.as<uint8_t>()),
-        absmax(p.q.layout.nested ? nullptr : p.q.absmax.f32()),
-        absmax2(p.q.layout.nested ? p.q.absmax2.f32() : nullptr),
-        code2(p.q.layout.nested ? p.q.code2.f32() : nullptr),
-        qabsmax(p.q.layout.nested ? p.q.qabsmax.as<uint8_t>() : nullptr),
-        offset(p.q.offset),
-        blocksize(p.q.layout.blocksize),
-        type(p.q.layout.type),
-        nested(p.q.layout.nested),
-        dtype(p.dtype) {}
+  PartValues(const Backend::Quant4Tensor& q, DType round)
+      : packed(q.packed.as<uint8_t>()),
+        absmax(q.layout.nested ? nullptr : q.absmax.f32()),
+        absmax2(q.layout.nested ? q.absmax2.f32() : nullptr),
+        code2(q.layout.nested ? q.code2.f32() : nullptr),
+        qabsmax(q.layout.nested ? q.qabsmax.as<uint8_t>() : nullptr),
+        offset(q.offset),
+        blocksize(q.layout.blocksize),
+        type(q.layout.type),
+        nested(q.layout.nested),
+        dtype(round) {}
+  explicit PartValues(const Backend::Quant4Part& p) : PartValues(p.q, p.dtype) {}
 
   // As dequantize_4bit reads a block's absmax (each step rounded: no fused multiply-add here).
   float block_absmax(int64_t b) const {
@@ -134,6 +107,38 @@ class MatrixValues {
 // oneDNN's BA16a64b2a blocks (cpu_matmul_dnnl.h): 32 of B's rows by 64 of its columns.
 constexpr int64_t kBlockK = 32, kBlockN = 64;
 }  // namespace
+
+void CpuBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
+  check_dequantize_4bit(q, out);
+  const PartValues values(q, DType::f32);
+  const int64_t n = q.layout.numel, cols = q.transposed_cols, rows = cols ? n / cols : 0;
+  const DType dtype = out.dtype();
+  // Runs of up to kRun values (a block's or less: one absmax each), dequantized into float32 and
+  // stored as out's type where they lie, or at their transposed places.
+  constexpr int64_t kRun = 256;
+  const int64_t run = std::min(kRun, q.layout.blocksize), runs = (n + run - 1) / run;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t i0 = r * run, len = std::min(run, n - i0);
+    float v[kRun];
+    values.run(i0, len, false, v);
+    if (cols) {
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t i = i0 + j, at = (i % cols) * rows + i / cols;
+        if (dtype == DType::f32)
+          out.f32()[at] = v[j];
+        else
+          out.as<uint16_t>()[at] = dtype == DType::bf16 ? float_to_bf16(v[j]) : float_to_fp16(v[j]);
+      }
+    } else if (dtype == DType::f32) {
+      std::copy(v, v + len, out.f32() + i0);
+    } else if (dtype == DType::bf16) {
+      bf16_round_row(v, out.as<uint16_t>() + i0, len);
+    } else {
+      fp16_round_row(v, out.as<uint16_t>() + i0, len);
+    }
+  }
+}
 
 bool CpuBackend::dequantize_blocked(const DnnlMatmul::Product& p, const Quant4Matrix& w) {
   if (!dnnl_ || dnnl_->dtype() != DType::bf16) return false;
