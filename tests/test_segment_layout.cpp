@@ -88,6 +88,39 @@ TEST(SegmentLayout, ResidentEndsLieOverNoBlock) {
   }
 }
 
+// Holes (QLoRA's 4-bit linears, read where they are kept): every block's other elements closed
+// up in its slot in their order, the holes' at -1, the slots shorter by the holes.
+TEST(SegmentLayout, HolesLeaveTheirElementsOutOfEverySlot) {
+  const auto s = segments(6, 5, 10, 3);
+  const std::vector<ElementRange> holes{{1, 3}, {6, 2}};  // elements 1-3 and 6-7 of each block
+  const SegmentLayout l = SegmentLayout::staged(s, 2, false, true, holes);
+  ASSERT_TRUE(l.is_staged());
+  EXPECT_EQ(l.length(), 6 + 2 * 5 + 3);
+  for (int b = 0; b < 5; ++b) {
+    const ElementRange seg = s[static_cast<size_t>(5 - b)];
+    const ElementRange place = l.place(5 - b);
+    EXPECT_EQ(place.count, 5);
+    EXPECT_EQ(place.offset, 6 + b % 2 * 5);
+    std::vector<int64_t> kept;
+    for (int64_t e = 0; e < seg.count; ++e) {
+      const int64_t at = l.offset(seg.offset + e);
+      const bool hole = (e >= 1 && e <= 3) || e == 6 || e == 7;
+      if (hole) {
+        EXPECT_EQ(at, -1) << e;
+      } else {
+        kept.push_back(at);
+      }
+    }
+    EXPECT_EQ(kept, (std::vector<int64_t>{place.offset, place.offset + 1, place.offset + 2,
+                                          place.offset + 3, place.offset + 4}));
+  }
+  EXPECT_EQ(l.place(6).offset, 0);
+  EXPECT_EQ(l.place(0).offset, 16);
+  EXPECT_EQ(l.offset(s[0].offset + 2), 18);
+  EXPECT_FALSE(l.overlap(5, 4));
+  EXPECT_TRUE(l.overlap(5, 3));
+}
+
 TEST(SegmentLayout, StagesOnlyWhereItSaves) {
   // Blocks unlike each other, no more blocks than slots, or no slots: plain.
   auto unlike = segments(6, 4, 10, 3);

@@ -31,10 +31,20 @@ int64_t SegmentLayout::block_elements(const std::vector<ElementRange>& segments,
 }
 
 SegmentLayout SegmentLayout::staged(const std::vector<ElementRange>& segments, int slots,
-                                    bool embeddings_apart, bool resident_ends) {
+                                    bool embeddings_apart, bool resident_ends,
+                                    const std::vector<ElementRange>& holes) {
   SegmentLayout l = plain(segments);
-  const int64_t block = block_elements(segments, slots);
+  int64_t block = block_elements(segments, slots);
   if (block == 0) return l;
+  int64_t end = 0;
+  for (const ElementRange& h : holes) {
+    BRISK_CHECK(h.offset >= end && h.count > 0 && h.offset + h.count <= block,
+                "internal error: slot holes out of order or outside a block");
+    end = h.offset + h.count;
+    l.hole_elements_ += h.count;
+  }
+  l.holes_ = holes;
+  block -= l.hole_elements_;
   const int64_t E = segments.back().count, H = segments.front().count;
   const bool apart = embeddings_apart || resident_ends;
   const int64_t slots_at = apart ? E : 0;
@@ -56,14 +66,25 @@ int64_t SegmentLayout::offset(int64_t at) const {
   if (slots_ == 0) return at;
   if (at < embeddings_end_) return embeddings_at_ + at;
   if (at >= head_start_) return head_at_ + (at - head_start_);
-  const int64_t in_blocks = at - embeddings_end_;
-  return slots_at_ + in_blocks / block_ % slots_ * block_ + in_blocks % block_;
+  const int64_t in_blocks = at - embeddings_end_, whole = block_ + hole_elements_;
+  int64_t rel = in_blocks % whole;
+  const int64_t in_slot = rel;
+  for (const ElementRange& h : holes_) {
+    if (in_slot < h.offset) break;
+    if (in_slot < h.offset + h.count) return -1;
+    rel -= h.count;
+  }
+  return slots_at_ + in_blocks / whole % slots_ * block_ + rel;
 }
 
 ElementRange SegmentLayout::place(int segment) const {
   BRISK_CHECK(segment >= 0 && static_cast<size_t>(segment) < segments_.size(),
               "internal error: segment ", segment, " of ", segments_.size());
   const ElementRange r = segments_[static_cast<size_t>(segment)];
+  const bool block = slots_ > 0 && r.offset >= embeddings_end_ && r.offset < head_start_;
+  if (block && hole_elements_ > 0)  // its slot's start: the element at a block's start or after
+    return {slots_at_ + (r.offset - embeddings_end_) / (block_ + hole_elements_) % slots_ * block_,
+            block_};
   return {offset(r.offset), r.count};
 }
 

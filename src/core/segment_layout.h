@@ -28,8 +28,12 @@ class SegmentLayout {
   // parameters; else plain. `resident_ends`: the embeddings' part before the slots and the
   // head's after them, neither sharing elements with a block's (where nothing but the blocks is
   // brought back into place: QLoRA's 4-bit blocks).
+  // `holes`: ranges of every block's segment (from its start, sorted, apart) that the slots do
+  // not hold (QLoRA's 4-bit linears, which their products read where they are kept): a block's
+  // other elements lie in its slot in their order, closed up. Their offsets are -1.
   static SegmentLayout staged(const std::vector<ElementRange>& segments, int slots,
-                              bool embeddings_apart, bool resident_ends = false);
+                              bool embeddings_apart, bool resident_ends = false,
+                              const std::vector<ElementRange>& holes = {});
   // The elements of one block's segment when `segments` can be staged in `slots` slots; else 0.
   static int64_t block_elements(const std::vector<ElementRange>& segments, int slots);
 
@@ -37,7 +41,8 @@ class SegmentLayout {
   int slots() const { return slots_; }
   // The buffer's elements.
   int64_t length() const { return length_; }
-  // Where element `at` of the parameters lies in the buffer, and segment i.
+  // Where element `at` of the parameters lies in the buffer (-1: in a hole), and segment i (a
+  // block's: its elements outside the holes).
   int64_t offset(int64_t at) const;
   ElementRange place(int segment) const;
   // Whether two segments' places share elements (staged: they use the buffer in turn).
@@ -45,6 +50,8 @@ class SegmentLayout {
 
  private:
   std::vector<ElementRange> segments_;
+  std::vector<ElementRange> holes_;
+  int64_t hole_elements_ = 0;
   int slots_ = 0;
   int64_t block_ = 0, length_ = 0, slots_at_ = 0, head_at_ = 0, embeddings_at_ = 0;
   int64_t embeddings_end_ = 0, head_start_ = 0;

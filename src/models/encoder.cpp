@@ -113,6 +113,14 @@ class Encoder final : public Model {
     return s;
   }
 
+  BlockProducts layer_products(int layer) const override {
+    const LayerIds& i = layers_[static_cast<size_t>(layer)];
+    return {{{i.qkv_w_first, i.qkv_w_last},
+             {i.proj_w, i.proj_w},
+             {i.fc_w, i.fc_w},
+             {i.out_w, i.out_w}}};
+  }
+
   BlockParams layer_params(int layer, bool grads) const override {
     const LayerIds& i = layers_[layer];
     const int64_t C = config_.hidden_size;

@@ -76,6 +76,11 @@ class Gpt2 final : public Model {
     return s;
   }
 
+  BlockProducts layer_products(int layer) const override {
+    const LayerIds& i = layers_[static_cast<size_t>(layer)];
+    return {{{i.qkv_w, i.qkv_w}, {i.proj_w, i.proj_w}, {i.fc_w, i.fc_w}, {i.out_w, i.out_w}}};
+  }
+
   BlockParams layer_params(int layer, bool grads) const override {
     const LayerIds& i = layers_[layer];
     auto t = [&](int id) { return grads ? g(id) : w(id); };

@@ -170,6 +170,11 @@ class Llama final : public Model {
     return s;
   }
 
+  BlockProducts layer_products(int layer) const override {
+    const LayerIds& i = layers_[static_cast<size_t>(layer)];
+    return {{{i.q_w, i.v_w}, {i.o_w, i.o_w}, {i.gate_w, i.up_w}, {i.down_w, i.down_w}}};
+  }
+
   BlockParams layer_params(int layer, bool grads) const override {
     const ModelConfig& c = config_;
     const LayerIds& i = layers_[layer];

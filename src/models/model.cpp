@@ -152,16 +152,18 @@ void Model::bind(Arena& arena) {
 
 void Model::place_adapters() {
   const SparseMlp* sparse = style(true).sparse_mlp;
-  adapters_->place([&](int layer) {
-    const BlockParams w = layer_params(layer, false);
-    std::vector<std::pair<ProductSite, Tensor>> products = {{ProductSite::qkv, w.qkv_w},
-                                                            {ProductSite::proj, w.proj_w},
-                                                            {ProductSite::fc, w.fc_w},
-                                                            {ProductSite::out, w.out_w}};
-    if (sparse != nullptr)
-      for (const auto& p : sparse->products(layer)) products.push_back(p);
-    return products;
-  });
+  adapters_->place([&](int layer) { return layer_products(layer); },
+                   [&](int layer) {
+                     return sparse != nullptr ? sparse->products(layer)
+                                              : std::vector<std::pair<ProductSite, Tensor>>();
+                   });
+}
+
+BlockParams Model::block_weights(int layer) const {
+  BlockParams b = layer_params(layer, false);
+  for (size_t s = 0; weight_source_ && s < b.quantized.size(); ++s)
+    b.quantized[s] = weight_source_->matrix(layer, static_cast<int>(s));
+  return b;
 }
 
 void Model::use_seq(int64_t seq) {
@@ -434,7 +436,7 @@ void Model::forward_compute(Backend& be, const StepOptions& o) {
   }
   for (int l = first; l < end; ++l) {
     need_weights(end - l, end - l - 1);  // then the next block's, or after the last the head's
-    block_forward(be, st, layer_params(l, false), hidden_[l], key_mask(), hidden_[l + 1], saved_[l],
+    block_forward(be, st, block_weights(l), hidden_[l], key_mask(), hidden_[l + 1], saved_[l],
                   scratch_, o.rng, l, direct ? &stored_[l] : nullptr);
     if (!stored_.empty() && !direct) transfer(be, work_, stored_[l], rebuilt(stored_[l], st));
   }
@@ -490,12 +492,12 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     // The shared internals still hold the last block's values from the forward pass.
     const bool last = l == config_.end_layer() - 1;
     if (options_.gradient_checkpointing && !last)
-      block_forward(be, st, layer_params(l, false), hidden_[l], key_mask(), Tensor(), saved_[l],
-                    scratch_, o.rng, l);
+      block_forward(be, st, block_weights(l), hidden_[l], key_mask(), Tensor(), saved_[l], scratch_,
+                    o.rng, l);
     if (!stored_.empty() && !last && !direct)
       transfer(be, stored_[l], work_, rebuilt(stored_[l], st));
     if (rebuilds_input(l))
-      post_norm_output(be, st, layer_params(l - 1, false), saved_[l - 1], hidden_[l]);
+      post_norm_output(be, st, block_weights(l - 1), saved_[l - 1], hidden_[l]);
     // The 16-bit copies, read as they are.
     BlockSaved saved = saved_[l];
     if (direct) {
@@ -506,7 +508,7 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
     // The recomputable tensors of this block, from what it kept (the last block's are still in
     // place).
     if (!stored_.empty() && options_.recomputes_elementwise() && !last)
-      block_recompute(be, st, layer_params(l, false), hidden_[l], saved_[l],
+      block_recompute(be, st, block_weights(l), hidden_[l], saved_[l],
                       direct ? &stored_[l] : nullptr);
     // Selective recomputation: the statistics of this block, from its kept qkv (the last
     // block's are still in place).
@@ -515,8 +517,8 @@ void Model::backward(Backend& be, const StepOptions& o, const SegmentDone& done)
                            l);
     if (grads_over_blocks_ && o.first_micro_batch)  // forward wrote over them
       zero_accumulated_grads(be, segments_[static_cast<size_t>(end - l)]);
-    block_backward(be, st, layer_params(l, false), layer_params(l, true), hidden_[l], key_mask(),
-                   saved, scratch_, d_hidden_, o.rng, l, !o.first_micro_batch);
+    block_backward(be, st, block_weights(l), layer_params(l, true), hidden_[l], key_mask(), saved,
+                   scratch_, d_hidden_, o.rng, l, !o.first_micro_batch);
     report(end - l);
   }
   if (config_.first_stage()) {

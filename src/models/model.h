@@ -232,7 +232,9 @@ class Model : public BatchTarget {
   // Whether the model predicts the next token (what brisk generate needs).
   virtual bool causal_lm() const { return false; }
   BlockStyle inference_style() const { return style(false); }
-  BlockParams layer_weights(int layer) const { return layer_params(layer, false); }
+  BlockParams layer_weights(int layer) const { return block_weights(layer); }
+  // The parameters of each of layer `layer`'s dense products (WeightSlots, adapters).
+  virtual BlockProducts layer_products(int layer) const = 0;
   // out [1,T,C] = the input embeddings of ids [1,T] at positions first..first+T-1.
   virtual void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const;
   // logits [1,1,V] of the last hidden state hidden [1,1,C] (normed [1,1,C] and the statistics
@@ -261,6 +263,9 @@ class Model : public BatchTarget {
   // scale, as the config gives them.
   BlockStyle config_block_style(bool training) const;
   virtual BlockParams layer_params(int layer, bool grads) const = 0;
+  // layer_params' weights, with the 4-bit matrices its weight slots multiply by where they keep
+  // them (WeightSlots::matrix).
+  BlockParams block_weights(int layer) const;
   virtual void declare_buffers(MemoryPlan& plan, const BatchShape& shape) = 0;
   // Buffers of values fixed by the config and the planned length, needed for inference too
   // (rotary tables), each declared with declare_constant; filled on the host after bind

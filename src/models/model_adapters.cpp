@@ -36,8 +36,28 @@ void ModelAdapters::declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows
     binder.declare(plan, &input_, "lora.input", Category::temporaries, DType::f32, {rows, widest});
 }
 
-void ModelAdapters::place(const LayerProducts& products) {
+// The entry's place in the block product whose parameters hold its linear's weight; false where
+// none does.
+bool ModelAdapters::place_in_block(Entry& e, const BlockProducts& products) const {
+  const std::vector<ParamInfo>& list = params_.list();
+  for (size_t s = 0; s < products.size(); ++s) {
+    const ProductParams& p = products[s];
+    if (p.first < 0 || e.decl.linear < p.first || e.decl.linear > p.last) continue;
+    const int64_t offset =
+        list[static_cast<size_t>(e.decl.linear)].offset - list[static_cast<size_t>(p.first)].offset;
+    BRISK_CHECK(!e.decl.fan_in_fan_out || offset == 0, "LoRA on ", e.decl.module,
+                ": a part of a transposed product is not built yet");
+    e.site = static_cast<ProductSite>(s);
+    e.at = offset / e.in;
+    return true;
+  }
+  return false;
+}
+
+void ModelAdapters::place(const std::function<BlockProducts(int layer)>& block,
+                          const LayerProducts& products) {
   for (Entry& e : entries_) {
+    if (place_in_block(e, block(e.decl.layer))) continue;
     const Tensor p = params_.weight(e.decl.linear);
     const auto* at = static_cast<const char*>(p.data());
     bool found = false;

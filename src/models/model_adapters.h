@@ -12,6 +12,7 @@
 #include "core/memory_plan.h"
 #include "core/parameters.h"
 #include "models/linears.h"
+#include "models/model_options.h"
 #include "models/transformer_block.h"
 
 namespace brisk {
@@ -62,10 +63,11 @@ class ModelAdapters final : public ProductAdapters {
   // where the adapters drop out their input or it comes in a 16-bit dtype (`low_precision`), one
   // float32 buffer for an input (dropped out, or widened).
   void declare(MemoryPlan& plan, BufferBinder& binder, int64_t rows, bool low_precision);
-  // A layer's products' weights, as the model binds them: the block's, and its sparse MLP's.
+  // A layer's sparse MLP's products' weights, as the model binds them.
   using LayerProducts = std::function<std::vector<std::pair<ProductSite, Tensor>>(int layer)>;
-  // Where each entry adds: the product of its layer whose weight holds its linear's.
-  void place(const LayerProducts& products);
+  // Where each entry adds: the product of its layer whose weight holds its linear's, among the
+  // block's four (by their parameters) or else its sparse MLP's (by where their weights lie).
+  void place(const std::function<BlockProducts(int layer)>& block, const LayerProducts& sparse);
 
   bool on(int layer, ProductSite site) const override;
   void forward(Backend& be, int layer, ProductSite site, const Tensor& x, const Tensor& y,
@@ -76,6 +78,7 @@ class ModelAdapters final : public ProductAdapters {
                       const RngKey* key) const override;
 
  private:
+  bool place_in_block(Entry& e, const BlockProducts& products) const;
   // Entry i's input as its product reads it: x itself, or float32 in input_ (widened, and in
   // training dropped out with the entry's mask).
   Tensor input(Backend& be, size_t i, const Tensor& x, const RngKey* key) const;

@@ -2,8 +2,11 @@
 // precision, staged buffers, the head's chunks), a step's options, and who fills staged weights.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
+#include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/dtype.h"
 #include "core/rng.h"
@@ -76,6 +79,10 @@ struct PlanOptions {
   // block computes), and over the same space the embeddings' and the head's weights, each
   // gathered when a pass reaches it (both at once for a head tied to the embeddings).
   int weight_slots = 0;
+  // With weight_slots: ranges of every block's parameters (from the block's first element) that
+  // the slots do not hold (QLoRA's 4-bit linears, multiplied where they are kept; SegmentLayout's
+  // holes).
+  std::vector<ElementRange> slot_holes;
   // With weight_slots: the slots hold the blocks' weights alone; the embeddings' and the head's
   // keep places of their own (SegmentLayout's resident_ends), where nothing brings them back.
   bool resident_ends = false;
@@ -108,9 +115,23 @@ struct PlanOptions {
 // Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are
 // numbered as param_segments(); segments whose places overlap (Model::weight_layout().overlap) hold
 // their weights in turn.
+// The parameters one of a block's dense products multiplies by, laid end to end: first..last
+// (-1: the layer has no such product). A block's four by ProductSite: qkv, proj, fc, out.
+struct ProductParams {
+  int first = -1, last = -1;
+};
+using BlockProducts = std::array<ProductParams, 4>;
+
 class WeightSlots {
  public:
   virtual ~WeightSlots() = default;
+  // Layer `layer`'s product at `site` (0-3, BlockProducts' order) when its weight is kept 4-bit
+  // and multiplied where it is kept, its parameters in no slot: its matrix; null: the product
+  // reads its weight from the slot.
+  virtual const Backend::Quant4Matrix* matrix(int /*layer*/, int /*site*/) const { return nullptr; }
+  // Such a parameter's values were just written at ParameterSet::weight(param) (loaded or
+  // initialized; its place outside the slots): they may be kept now, before the next is written.
+  virtual void filled_param(int /*param*/) {}
   // Segment i's weights must be in place when this returns.
   virtual void need(int segment) = 0;
   // Segment i comes next and its place overlaps no segment in use: its weights may start on

@@ -51,6 +51,16 @@ struct LayerAdapters {
     be.linear_backward(x, w, dy, layout, dx, accumulate_dx, dw, db, accumulate_dw);
     if (adapted) adapters->backward_input(be, layer, site, dx, key);
   }
+  // The same for a frozen weight kept 4-bit (Backend::quantized_linear_backward): dx alone
+  // (skipped when empty).
+  void quantized_backward(Backend& be, ProductSite site, const Tensor& x,
+                          const Backend::Quant4Matrix& w, const Tensor& dy, const Tensor& dx,
+                          bool accumulate_dx) const {
+    const bool adapted = on(site);
+    if (adapted) adapters->backward_weights(be, layer, site, x, dy, key);
+    if (!dx.empty()) be.quantized_linear_backward(dy, w, dx, accumulate_dx);
+    if (adapted) adapters->backward_input(be, layer, site, dx, key);
+  }
 };
 
 }  // namespace brisk

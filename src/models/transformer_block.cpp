@@ -140,25 +140,55 @@ void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const
   layer_adapters(st, layer).forward(be, site, x, y);
 }
 
+// The weight of the block's product at `site` (its tensor; see BlockParams::quantized).
+const Tensor& weight_at(const BlockParams& w, ProductSite site) {
+  switch (site) {
+    case ProductSite::qkv:
+      return w.qkv_w;
+    case ProductSite::proj:
+      return w.proj_w;
+    case ProductSite::fc:
+      return w.fc_w;
+    default:
+      return w.out_w;
+  }
+}
+
+// y = x w (+ b) by the block's product at `site`: a weight kept 4-bit multiplied where it is kept.
+void product_forward(Backend& be, const BlockStyle& st, const BlockParams& w, ProductSite site,
+                     const Tensor& x, const Tensor& b, const Tensor& y) {
+  if (const Backend::Quant4Matrix* q = w.quantized_at(site))
+    be.quantized_linear_forward(x, *q, b, y);
+  else
+    be.linear_forward(x, weight_at(w, site), b, st.layout, y);
+}
+
 // linear_backward with the product's adapters': theirs from x before the product's input
 // gradient may overwrite it (dx can be x's memory: the working set's), dx gaining theirs after.
+// A 4-bit weight is frozen: its input gradient alone.
 void adapted_backward(Backend& be, const BlockStyle& st, int layer, ProductSite site,
-                      const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                      const Tensor& x, const BlockParams& w, const Tensor& dy, const Tensor& dx,
                       bool accumulate_dx, const Tensor& dw, const Tensor& db, bool accumulate_dw) {
-  layer_adapters(st, layer).linear_backward(be, site, x, w, dy, st.layout, dx, accumulate_dx, dw,
-                                            db, accumulate_dw);
+  const LayerAdapters a = layer_adapters(st, layer);
+  if (const Backend::Quant4Matrix* q = w.quantized_at(site)) {
+    BRISK_CHECK(dw.empty() && db.empty(), "internal error: a 4-bit weight with a gradient");
+    a.quantized_backward(be, site, x, *q, dy, dx, accumulate_dx);
+    return;
+  }
+  a.linear_backward(be, site, x, weight_at(w, site), dy, st.layout, dx, accumulate_dx, dw, db,
+                    accumulate_dw);
 }
 
 Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
                            const BlockParams& g, const BlockSaved& s, const BlockScratch& sc,
                            const Tensor& d_mlp, bool accumulate_dw, int layer) {
   const bool adapted = st.adapters != nullptr && st.adapters->on(layer, ProductSite::out);
-  if (!st.gated_mlp && !adapted)
+  if (!st.gated_mlp && !adapted && w.quantized_at(ProductSite::out) == nullptr)
     return be.linear_activation_backward(s.fc_act, w.out_w, d_mlp, st.layout, st.activation,
                                          s.fc_pre, st.act_dtype, sc.d_fc, g.out_w, g.out_b,
                                          accumulate_dw);
-  adapted_backward(be, st, layer, ProductSite::out, s.fc_act, w.out_w, d_mlp, sc.d_fc, false,
-                   g.out_w, g.out_b, accumulate_dw);
+  adapted_backward(be, st, layer, ProductSite::out, s.fc_act, w, d_mlp, sc.d_fc, false, g.out_w,
+                   g.out_b, accumulate_dw);
   if (!st.gated_mlp) {  // the adapters' input gradient joins before the activation's
     be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc, st.act_dtype);
     return sc.d_fc;
@@ -341,16 +371,16 @@ Tensor branch_product(Backend& be, bool stores, DType lp, const Tensor& tmp, Pro
 // tensor parallelism: each rank's partial product (in sc.tmp) summed over the group in float32
 // (the bias added once; under Megatron's sequence parallelism this rank's tokens of the sum, in
 // sc.tmp2), then rounded; else branch_product's, in sc.tmp.
-Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const Tensor& w,
+Tensor branch_output(Backend& be, const BlockStyle& st, const Tensor& x, const BlockParams& w,
                      const Tensor& b, const Tensor& like, const BlockScratch& sc, int layer,
                      ProductSite site) {
   if (st.parallel.tensor == nullptr)
     return branch_product(be, stores_output(be, st, layer, site), st.act_dtype, sc.tmp,
                           [&](const Tensor& y) {
-                            be.linear_forward(x, w, b, st.layout, y);
+                            product_forward(be, st, w, site, x, b, y);
                             adapt(be, st, layer, site, x, y);
                           });
-  be.linear_forward(x, w, adds_shared_terms(st) ? b : Tensor(), st.layout, sc.tmp);
+  product_forward(be, st, w, site, x, adds_shared_terms(st) ? b : Tensor(), sc.tmp);
   adapt(be, st, layer, site, x, sc.tmp);  // this rank's input columns' term, summed with it
   const Tensor sum = stream_sum(be, st, sc.tmp, like, sc.tmp2, 0, sc);
   be.round_to(st.act_dtype, sum);
@@ -554,7 +584,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   if (st.pre_norm) a_in = &attention_input(be, st, w, x, s, copy(&BlockSaved::a_in));
   const Tensor a_all = all_tokens(be, st, *a_in, scratch.gathered, scratch);
   auto qkv_product = [&](const Tensor& y) {
-    be.linear_forward(a_all, w.qkv_w, w.qkv_b, st.layout, y);
+    product_forward(be, st, w, ProductSite::qkv, a_all, w.qkv_b, y);
     adapt(be, st, layer, ProductSite::qkv, a_all, y);
   };
   const Tensor* qkv_copy = copy(&BlockSaved::qkv);
@@ -580,7 +610,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
     ctx = ctx_copy != nullptr ? ctx_copy : &round_saved(be, lp, s.ctx, nullptr);
   }
   const Tensor proj =
-      branch_output(be, st, *ctx, w.proj_w, w.proj_b, x, scratch, layer, ProductSite::proj);
+      branch_output(be, st, *ctx, w, w.proj_b, x, scratch, layer, ProductSite::proj);
   // The residual sum res1 and the MLP's input, its norm. A post-norm block's MLP input is its
   // residual too: computed in float32, then rounded into the stored copy and in place.
   auto attention_residual = [&](const Backend::Norm& n, const Tensor& y) {
@@ -607,13 +637,13 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
   const Tensor& fc_pre =
       product_saved(be, stores_output(be, st, layer, ProductSite::fc), lp, s.fc_pre,
                     copy(&BlockSaved::fc_pre), scratch.d_fc, [&](const Tensor& y) {
-                      be.linear_forward(m_all, w.fc_w, w.fc_b, st.layout, y);
+                      product_forward(be, st, w, ProductSite::fc, m_all, w.fc_b, y);
                       adapt(be, st, layer, ProductSite::fc, m_all, y);
                     });
   const Tensor& fc_act = mlp_output(be, st, fc_pre, s, copy(&BlockSaved::fc_act));
   if (st.pre_norm && out.empty()) return;  // the output itself is not needed by backward
   const Tensor mlp =
-      branch_output(be, st, fc_act, w.out_w, w.out_b, s.res1, scratch, layer, ProductSite::out);
+      branch_output(be, st, fc_act, w, w.out_b, s.res1, scratch, layer, ProductSite::out);
   const RngKey mlp_key = site_key(key, layer, kMlpResidual);
   if (st.pre_norm) {
     residual_add(be, st, s.res1, mlp, st.residual_dropout, mlp_key, out);
@@ -686,7 +716,7 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     } else {
       const Tensor d_fc_pre = mlp_output_backward(be, st, w, g, s, sc, d_mlp, accumulate_dw, layer);
       adapted_backward(be, st, layer, ProductSite::fc, all_tokens(be, st, s.m_in, sc.gathered, sc),
-                       w.fc_w, d_fc_pre, sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
+                       w, d_fc_pre, sc.tmp, false, g.fc_w, g.fc_b, accumulate_dw);
     }
     const Tensor d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     d_proj = norm_backward_branch(
@@ -705,12 +735,12 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     const Tensor m_all = all_tokens(be, st, s.m_in, sc.gathered, sc);
     Tensor d_m_in = sc.tmp2;
     if (slices_tokens(st)) {  // this rank's tokens of the sum, and the residual's gradient
-      adapted_backward(be, st, layer, ProductSite::fc, m_all, w.fc_w, d_fc_pre, sc.tmp, false,
-                       g.fc_w, g.fc_b, accumulate_dw);
+      adapted_backward(be, st, layer, ProductSite::fc, m_all, w, d_fc_pre, sc.tmp, false, g.fc_w,
+                       g.fc_b, accumulate_dw);
       d_m_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 1, sc);
       be.add_inplace(d_m_in, d_res2);
     } else {  // rank 0 adds the residual's gradient to the sum
-      adapted_backward(be, st, layer, ProductSite::fc, m_all, w.fc_w, d_fc_pre, sc.tmp2,
+      adapted_backward(be, st, layer, ProductSite::fc, m_all, w, d_fc_pre, sc.tmp2,
                        adds_shared_terms(st), g.fc_w, g.fc_b, accumulate_dw);
       sum_over_group(be, st, sc.tmp2);
     }
@@ -721,8 +751,8 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   }
   // d_x starts as d_res1 (same buffer dh).
   const Tensor d_attn = all_tokens(be, st, d_proj, sc.tmp2, sc);
-  adapted_backward(be, st, layer, ProductSite::proj, s.ctx, w.proj_w, d_attn, sc.d_ctx, false,
-                   g.proj_w, g.proj_b, accumulate_dw);
+  adapted_backward(be, st, layer, ProductSite::proj, s.ctx, w, d_attn, sc.d_ctx, false, g.proj_w,
+                   g.proj_b, accumulate_dw);
   // The gradients of the attention's output and of qkv rounded to lp: by the attention itself
   // (its 16-bit casts, where it has them) unless the exchanges, the rotary positions or the
   // query/key norms come between.
@@ -744,16 +774,16 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
     be.round_to(lp, sc.d_qkv);
   if (st.pre_norm) {
     adapted_backward(be, st, layer, ProductSite::qkv, all_tokens(be, st, s.a_in, sc.gathered, sc),
-                     w.qkv_w, d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
+                     w, d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     const Tensor d_a_in = stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc);
     norm_backward_branch(be, st, d_a_in, x, block_norm(st, w.ln_a_g, w.ln_a_b, s.mean_a, s.rstd_a),
                          dh, true, g.ln_a_g, g.ln_a_b, lp, 0.0f, RngKey{}, sc.tmp);
   } else if (slices_tokens(st)) {  // this rank's tokens of the sum, added to d_res1
-    adapted_backward(be, st, layer, ProductSite::qkv, all_tokens(be, st, x, sc.gathered, sc),
-                     w.qkv_w, d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
+    adapted_backward(be, st, layer, ProductSite::qkv, all_tokens(be, st, x, sc.gathered, sc), w,
+                     d_qkv, sc.tmp, false, g.qkv_w, g.qkv_b, accumulate_dw);
     be.add_inplace(dh, stream_sum(be, st, sc.tmp, dh, sc.tmp2, 0, sc));
   } else {  // rank 0 adds d_res1 to the sum
-    adapted_backward(be, st, layer, ProductSite::qkv, x, w.qkv_w, d_qkv, dh, adds_shared_terms(st),
+    adapted_backward(be, st, layer, ProductSite::qkv, x, w, d_qkv, dh, adds_shared_terms(st),
                      g.qkv_w, g.qkv_b, accumulate_dw);
     sum_over_group(be, st, dh);
   }
@@ -766,7 +796,7 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
   BRISK_CHECK(style.adapters == nullptr,
               "generating with LoRA adapters is not built yet: merge them first (brisk merge)");
   norm_forward(be, style, x, w.ln_a_g, w.ln_a_b, s.a, s.mean, s.rstd);
-  be.linear_forward(s.a, w.qkv_w, w.qkv_b, style.layout, s.qkv);
+  product_forward(be, style, w, ProductSite::qkv, s.a, w.qkv_b, s.qkv);
   if (style.qk_norm) {  // each part normalized in place in ctx's room, before the attention
     const int64_t T = s.qkv.dim(1), D = s.qkv.dim(2) / (style.heads + 2 * style.kv_heads);
     const Tensor q(s.ctx.data(), Shape{1, T, style.heads * D}, DType::f32, s.ctx.device());
@@ -776,16 +806,16 @@ void block_decode(Backend& be, const BlockStyle& style, int layer, const BlockPa
   rotary_forward(be, style, s.qkv, past);
   be.attention_decode(s.qkv, k_cache, v_cache, past, style.heads, style.kv_heads,
                       layer_attention_scale(style, layer), s.ctx);
-  be.linear_forward(s.ctx, w.proj_w, w.proj_b, style.layout, s.tmp);
+  product_forward(be, style, w, ProductSite::proj, s.ctx, w.proj_b, s.tmp);
   be.copy(x, s.res);
   be.add_inplace(s.res, s.tmp);
   norm_forward(be, style, s.res, w.ln_b_g, w.ln_b_b, s.a, s.mean, s.rstd);
   if (style.sparse_mlp != nullptr && style.sparse_mlp->sparse(layer)) {
     style.sparse_mlp->infer(be, layer, s.a, s.tmp);
   } else {
-    be.linear_forward(s.a, w.fc_w, w.fc_b, style.layout, s.fc);
+    product_forward(be, style, w, ProductSite::fc, s.a, w.fc_b, s.fc);
     mlp_activation_forward(be, style, s.fc, s.fc_act);
-    be.linear_forward(s.fc_act, w.out_w, w.out_b, style.layout, s.tmp);
+    product_forward(be, style, w, ProductSite::out, s.fc_act, w.out_b, s.tmp);
   }
   be.copy(s.res, out);
   be.add_inplace(out, s.tmp);

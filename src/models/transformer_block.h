@@ -125,6 +125,12 @@ struct BlockParams {
   Tensor fc_w, fc_b, out_w, out_b;
   Tensor ln_b_g, ln_b_b;
   Tensor q_norm, k_norm;  // BlockStyle::qk_norm's
+  // Weights kept 4-bit and multiplied where they are kept (QLoRA), by ProductSite qkv, proj, fc,
+  // out (null: the tensor above); their tensors above are then empty or not to be read.
+  std::array<const Backend::Quant4Matrix*, 4> quantized{};
+  const Backend::Quant4Matrix* quantized_at(ProductSite site) const {
+    return quantized[static_cast<size_t>(site)];
+  }
 };
 
 // What the block saves for backward. a_in is the attention input (pre-norm: LN_a(x); post-norm:
