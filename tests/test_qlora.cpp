@@ -1,8 +1,9 @@
 // QLoRA (--load_in_4bit): the frozen base's block linears kept 4-bit (adapters/quantized_base)
 // train as LoRA on the base whose linears are bitsandbytes' dequantized 4-bit values: the same
 // losses and adapter, with NF4 and FP4, nested or not, with and without gradient checkpointing,
-// in float32, bf16 and fp16.
-// The weight buffer then stages the blocks in two slots, and the plan holds the 4-bit store.
+// in float32, bf16 and fp16, on GPT-2, BERT and Llama.
+// The blocks' products then read their 4-bit weights where they are kept; the weight buffer
+// stages the blocks' other parameters in two slots, and the plan holds the 4-bit store.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "core/safetensors.h"
 #include "test_support.h"
 #include "train/assembly.h"
+#include "train/estimate.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
 
@@ -38,9 +40,19 @@ std::vector<double> losses_of(const TrainOptions& o, const Dataset* data = nullp
   return losses;
 }
 
+// A config folder of a tiny `type` (gpt2, bert or llama) with `layers` blocks.
+std::string tiny_config(const TempDir& dir, const std::string& type, int layers) {
+  if (type != "llama") return write_config(dir, type, 0.0, layers);
+  return write_model_folder(dir, "llama",
+                            R"({"model_type": "llama", "vocab_size": 128, "hidden_size": 32,
+                                "intermediate_size": 48, "num_attention_heads": 4,
+                                "num_key_value_heads": 2, "num_hidden_layers": )" +
+                                std::to_string(layers) + "}");
+}
+
 // A base model folder: `type` with `layers` blocks, its initial weights saved.
 std::string base_folder(const TempDir& dir, const std::string& type, int layers) {
-  TrainOptions o = tiny_options(write_config(dir, type, 0.0, layers), dir / "base");
+  TrainOptions o = tiny_options(tiny_config(dir, type, layers), dir / "base");
   o.max_steps = 1;
   o.learning_rate = 0;
   train(o, quiet);
@@ -113,7 +125,7 @@ TrainOptions lora_run(const std::string& base, const std::string& out, const std
 }
 
 TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
-  for (const std::string type : {"gpt2", "bert"})
+  for (const std::string type : {"gpt2", "bert", "llama"})
     for (const auto [quant, nested, checkpointing, precision] :
          {std::tuple{"nf4", false, false, "fp32"}, std::tuple{"nf4", true, true, "fp32"},
           std::tuple{"fp4", true, false, "fp32"}, std::tuple{"nf4", true, false, "bf16"},
@@ -122,7 +134,10 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
                    (checkpointing ? " checkpointing " : " ") + precision);
       TempDir dir("qlora");
       const std::string base = base_folder(dir, type, 4);
-      TrainOptions o = lora_run(base, dir / "q", type == "gpt2" ? "c_attn,c_proj" : "query,value");
+      TrainOptions o = lora_run(base, dir / "q",
+                                type == "gpt2"   ? "c_attn,c_proj"
+                                : type == "bert" ? "query,value"
+                                                 : "all-linear");
       o.gradient_checkpointing = checkpointing;
       o.bf16 = std::string(precision) == "bf16";
       o.fp16 = std::string(precision) == "fp16";
@@ -146,6 +161,43 @@ TEST(Qlora, TrainsAsLoraOnTheDequantizedBase) {
       ASSERT_EQ(a.size(), b.size());
       EXPECT_LE(rel_error(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-5);
     }
+}
+
+// The blocks' products whose weights are all kept 4-bit read them where they are kept: no slot
+// holds them (the slots hold the blocks' other parameters alone), and one buffer takes each
+// weight dequantized in turn, as large as the largest product's weight.
+TEST(Qlora, BlockLinearsAreMultipliedWhereTheyAreKept) {
+  for (const std::string type : {"gpt2", "bert", "llama"}) {
+    SCOPED_TRACE(type);
+    TempDir dir("qlora_direct");
+    const char* targets = type == "gpt2" ? "c_attn" : type == "bert" ? "query,value" : "q_proj";
+    TrainOptions o = lora_run(tiny_config(dir, type, 4), dir / "q", targets);
+    o.load_in_4bit = true;
+    const auto run = assemble_run(resolve_run(o, 1).options, Device::cpu, nullptr);
+    const Model& model = *run->model;
+    ASSERT_TRUE(model.staged_weights());
+    int64_t holes = 0;
+    for (const ElementRange& h : run->quantized->slot_holes()) holes += h.count;
+    // Every block linear is a product's weight here: the holes are all of them.
+    int64_t linears = 0, largest = 0;
+    for (const LinearDecl& l : model.linears())
+      if (l.layer == 0)
+        linears += model.params().list()[static_cast<size_t>(l.param)].shape.numel();
+    EXPECT_EQ(holes, linears);
+    const int64_t block = model.param_segments()[1].count;
+    EXPECT_EQ(model.weight_layout().place(1).count, block - holes);
+    EXPECT_FALSE(model.weight_layout().overlap(1, 2));
+    for (int site = 0; site < 4; ++site) {
+      const ProductParams p = model.layer_products(0)[static_cast<size_t>(site)];
+      int64_t n = 0;
+      for (int i = p.first; i >= 0 && i <= p.last; ++i)
+        n += model.params().list()[static_cast<size_t>(i)].shape.numel();
+      largest = std::max(largest, n);
+    }
+    EXPECT_EQ(run->quantized->largest_product(), largest);
+    EXPECT_EQ(bytes_under(run->plan, "backend.dequantized_weight"),
+              static_cast<size_t>(largest) * sizeof(float));
+  }
 }
 
 // The base folder as transformers saves it from a model loaded 4-bit: each block linear's codes

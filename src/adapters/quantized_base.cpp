@@ -4,6 +4,7 @@
 #include <array>
 #include <set>
 
+#include "backend/workspace.h"
 #include "core/error.h"
 #include "core/quantization.h"
 
@@ -60,6 +61,107 @@ QuantizedBase::QuantizedBase(const Model& model, Quant4Options options)
     }
     segments_[static_cast<size_t>(s)].push_back(e);
   }
+  if (!options.kept_16bit()) find_direct_products();
+}
+
+bool QuantizedBase::direct_product(int segment, const ProductParams& p, Product& out) const {
+  if (p.first < 0) return false;
+  const std::vector<Entry>& entries = segments_[static_cast<size_t>(segment)];
+  const std::vector<ParamInfo>& params = model_.params().list();
+  for (int param = p.first; param <= p.last; ++param) {
+    const auto it = std::find_if(entries.begin(), entries.end(),
+                                 [&](const Entry& e) { return e.param == param; });
+    const Shape& shape = params[static_cast<size_t>(param)].shape;
+    if (it == entries.end() || !it->quantized || shape.rank() != 2) return false;
+    const int64_t cols = it->transposed_cols ? it->transposed_cols : shape[1];
+    if (out.cols != 0 && out.cols != cols) return false;
+    out.cols = cols;
+    out.entries.emplace_back(segment, static_cast<int>(it - entries.begin()));
+  }
+  return true;
+}
+
+void QuantizedBase::find_direct_products() {
+  const int64_t first = model_.config().first_layer(), end = model_.config().end_layer();
+  const std::vector<ParamInfo>& params = model_.params().list();
+  for (int64_t l = first; l < end; ++l) {
+    const BlockProducts products = model_.layer_products(static_cast<int>(l));
+    for (size_t s = 0; s < products.size(); ++s) {
+      Product p;
+      p.layer = static_cast<int>(l);
+      p.site = static_cast<int>(s);
+      if (!direct_product(static_cast<int>(end - l), products[s], p)) continue;
+      int64_t elements = 0;
+      for (const auto& [segment, i] : p.entries) {
+        Entry& e = segments_[static_cast<size_t>(segment)][static_cast<size_t>(i)];
+        e.direct = true;
+        elements += params[static_cast<size_t>(e.param)].shape.numel();
+      }
+      largest_ = std::max(largest_, elements);
+      largest_blocked_ =
+          std::max(largest_blocked_, cpu_blocked_elements(elements / p.cols, p.cols));
+      products_.push_back(std::move(p));
+    }
+  }
+  find_holes();
+}
+
+// Every block's directly multiplied parameters at the same places from its start (the slots'
+// holes), else none multiplied directly.
+void QuantizedBase::find_holes() {
+  const std::vector<ElementRange>& segments = model_.param_segments();
+  const std::vector<ParamInfo>& params = model_.params().list();
+  std::vector<std::vector<ElementRange>> blocks;
+  for (size_t s = 1; s + 1 < segments.size(); ++s) {
+    std::vector<ElementRange>& holes = blocks.emplace_back();
+    for (const Entry& e : segments_[s]) {
+      if (!e.direct) continue;
+      const ParamInfo& p = params[static_cast<size_t>(e.param)];
+      const int64_t at = p.offset - segments[s].offset, n = p.shape.numel();
+      if (!holes.empty() && holes.back().offset + holes.back().count == at)
+        holes.back().count += n;
+      else
+        holes.push_back({at, n});
+    }
+  }
+  const bool alike = !blocks.empty() && std::all_of(blocks.begin(), blocks.end(),
+                                                    [&](auto& h) { return h == blocks.front(); });
+  if (alike) {
+    holes_ = blocks.front();
+    return;
+  }
+  for (auto& segment : segments_)
+    for (Entry& e : segment) e.direct = false;
+  products_.clear();
+  largest_ = largest_blocked_ = 0;
+}
+
+void QuantizedBase::refresh(Product& p) const {
+  p.matrix.parts.clear();
+  p.matrix.cols = p.cols;
+  p.matrix.fp16 = options_.round_to_fp16;
+  for (const auto& [segment, i] : p.entries) {
+    const Entry& e = segments_[static_cast<size_t>(segment)][static_cast<size_t>(i)];
+    Backend::Quant4Tensor q = view(e);
+    q.transposed_cols = 0;  // kept as nn.Linear's [out, in], as the product reads it
+    p.matrix.parts.push_back({q, e.dtype});
+  }
+}
+
+const Backend::Quant4Matrix* QuantizedBase::matrix(int layer, int site) const {
+  for (const Product& p : products_)
+    if (p.layer == layer && p.site == site) return p.matrix.parts.empty() ? nullptr : &p.matrix;
+  return nullptr;
+}
+
+void QuantizedBase::filled_param(int param) {
+  for (auto& segment : segments_)
+    for (Entry& e : segment) {
+      if (e.param != param || !e.direct) continue;
+      if (!adopted(e)) quantize(e, model_.params().weight(param));
+      for (Product& p : products_) refresh(p);
+      return;
+    }
 }
 
 void QuantizedBase::declare(MemoryPlan& plan, BufferBinder& binder) {
@@ -91,6 +193,14 @@ void QuantizedBase::attach(Backend& be, Model& model) {
     be.upload(Tensor(map.data(), Shape{256}, DType::f32), code2_);
   }
   model.set_weight_slots(this);
+  // Each directly multiplied parameter is written at the dequantization buffer, then kept.
+  if (!products_.empty()) {
+    const Tensor buffer = be.dequantized_buffer();
+    model.set_outside_weights(Tensor(buffer.data(),
+                                     Shape{static_cast<int64_t>(buffer.bytes() / sizeof(float))},
+                                     DType::f32, buffer.device()));
+  }
+  for (Product& p : products_) refresh(p);
 }
 
 Backend::Quant4Tensor QuantizedBase::view(const Entry& e) const {
@@ -113,6 +223,7 @@ void QuantizedBase::filled(int segment) {
   BRISK_CHECK(be_ != nullptr, "internal error: a 4-bit store used before attach");
   const ParameterSet& ps = model_.params();
   for (Entry& e : segments_[static_cast<size_t>(segment)]) {
+    if (e.direct) continue;  // kept as it was written (filled_param)
     const Tensor slot = ps.weight(e.param);
     if (!e.quantized) {
       be_->copy(slot, element_range(kept_, e.kept_at, slot.numel()));
@@ -204,6 +315,7 @@ void QuantizedBase::need(int segment) {
   if (segments_[s].empty() || present_[s]) return;
   const ParameterSet& ps = model_.params();
   for (const Entry& e : segments_[s]) {
+    if (e.direct) continue;  // its product reads it where it is kept
     const Tensor slot = ps.weight(e.param);
     if (e.quantized && options_.kept_16bit())
       be_->cast(element_range(half_, e.half_at, slot.numel()), slot);

@@ -8,9 +8,12 @@
 // checkpoint holds 4-bit in the store's layout keeps the checkpoint's codes (adopt). A linear the
 // blocks store transposed (GPT-2's Conv1D, [in, out]) is quantized as bitsandbytes quantizes it,
 // in nn.Linear's layout [out, in], and dequantized back into its place. The embeddings, the
-// head and the adapters stay in the weight buffer. With `half` the linears are kept in that 16-bit
-// type instead (a bf16 or fp16 LoRA run's frozen base: its products round the weights to it
-// anyway, so the results are the float32 base's, at half its bytes).
+// head and the adapters stay in the weight buffer. A block product whose weights are all kept
+// 4-bit is multiplied where they are kept (Backend::quantized_linear_forward, WeightSlots::matrix):
+// its parameters are no slot's (PlanOptions::slot_holes), and loading writes each at the backend's
+// dequantization buffer, where it is quantized before the next (filled_param). With `half` the
+// linears are kept in that 16-bit type instead (a bf16 or fp16 LoRA run's frozen base: its products
+// round the weights to it anyway, so the results are the float32 base's, at half its bytes).
 #pragma once
 
 #include <memory>
@@ -46,6 +49,15 @@ class QuantizedBase final : public WeightSlots {
   // After the arena is bound: the nested absmaxes' map uploaded, the model told to ask here.
   void attach(Backend& be, Model& model);
 
+  // The ranges of every block that no slot holds (the products multiplied where they are
+  // kept), for the model's plan; and the most values and blocked elements of one such product's
+  // weight (MatmulOperands::quantized, quantized_blocked).
+  const std::vector<ElementRange>& slot_holes() const { return holes_; }
+  int64_t largest_product() const { return largest_; }
+  int64_t largest_product_blocked() const { return largest_blocked_; }
+  const Backend::Quant4Matrix* matrix(int layer, int site) const override;
+  void filled_param(int param) override;
+
   void need(int segment) override;
   void prefetch(int /*segment*/) override {}
   // Quantizes the block's weights just written into its slot (full precision, loaded or
@@ -65,6 +77,7 @@ class QuantizedBase final : public WeightSlots {
   struct Entry {
     int param = -1;
     bool quantized = false;
+    bool direct = false;  // its product reads it where it is kept, not from the slot
     Quant4Layout layout;
     int64_t packed_at = 0, blocks_at = 0, nested_at = 0, half_at = 0, kept_at = 0;
     float offset = 0;             // nested: the absmaxes' mean (set by filled)
@@ -88,6 +101,22 @@ class QuantizedBase final : public WeightSlots {
   // e's values dequantized into `slot` (fp16 runs: rounded to fp16 values).
   void dequantize(const Entry& e, const Tensor& slot);
   Backend::Quant4Tensor view(const Entry& e) const;
+  // A block product multiplied where its weights are kept: its entries (segment, index), in
+  // order, and its matrix once the store is bound.
+  struct Product {
+    int layer = -1, site = -1;
+    std::vector<std::pair<int, int>> entries;
+    int64_t cols = 0;
+    Backend::Quant4Matrix matrix;
+  };
+  void find_direct_products();
+  // Product `p`'s entries of `segment`, when its weights are all kept 4-bit there.
+  bool direct_product(int segment, const ProductParams& p, Product& out) const;
+  void find_holes();
+  void refresh(Product& p) const;  // its matrix from its entries' current state
+  std::vector<Product> products_;
+  std::vector<ElementRange> holes_;
+  int64_t largest_ = 0, largest_blocked_ = 0;
   const Model& model_;
   Quant4Options options_;
   Backend* be_ = nullptr;

@@ -705,11 +705,9 @@ class Backend {
   };
   virtual void dequantize_4bit(const Quant4Tensor& q, const Tensor& out) = 0;
   static void check_dequantize_4bit(const Quant4Tensor& q, const Tensor& out);
-  // A linear's weight kept 4-bit, [rows, cols] as nn.Linear holds it ([out, in]), in parts of
-  // whole rows, each quantized apart (BERT's query, key and value weights multiplied as one
-  // matrix). A part's values are rounded after dequantization to its `dtype` (bitsandbytes'
-  // quant_state dtype), then to fp16 where `fp16` (an fp16 run's compute dtype), as
-  // bitsandbytes' matmul_4bit dequantizes into its compute dtype.
+  // A linear's weight kept 4-bit, [rows, cols] as nn.Linear holds it, in parts of whole rows
+  // quantized apart (query, key and value as one matrix), each rounded after dequantization to
+  // its `dtype` (quant_state's), then to fp16 where `fp16`, as bitsandbytes' matmul_4bit does.
   struct Quant4Part {
     Quant4Tensor q;  // [numel / cols, cols], transposed_cols 0
     DType dtype = DType::f32;
@@ -720,22 +718,22 @@ class Backend {
     bool fp16 = false;
     int64_t rows() const;
   };
-  // y[M, rows] = x[M, cols] W^T + b (b may be empty), as linear_forward with W's dequantized
-  // values (x and y as there): W is dequantized one weight at a time into the planned workspace
-  // (MatmulOperands::quantized), never kept. On bf16 units the CPU dequantizes straight into the
-  // blocked layout its product reads B in.
+  // y[M, rows] = x[M, cols] W^T + b (b may be empty), as linear_forward with W's values, W
+  // dequantized into the planned workspace (MatmulOperands::quantized) for this product only (on
+  // bf16 units the CPU's straight into the blocked layout its kernel reads B in).
   virtual void quantized_linear_forward(const Tensor& x, const Quant4Matrix& w, const Tensor& b,
                                         const Tensor& y);
-  // dx[M, cols] = (accumulate_dx ? dx : 0) + dy[M, rows] W: the frozen weight's input gradient.
+  // dx[M, cols] = (accumulate_dx ? dx : 0) + dy[M, rows] W (a frozen weight: no dW).
   virtual void quantized_linear_backward(const Tensor& dy, const Quant4Matrix& w, const Tensor& dx,
                                          bool accumulate_dx);
   // Throws unless every part is a [part rows, cols] matrix the workspace holds.
   void check_quant4_matrix(const Quant4Matrix& w, const char* op) const;
 
- protected:
-  // The planned buffer one weight is dequantized into (BackendWorkspace::dequantized; empty
-  // where none is planned).
+  // The buffer one weight is dequantized into (BackendWorkspace::dequantized; empty: none),
+  // where, between products, a weight's values land to be quantized (adapters/quantized_base.h).
   virtual Tensor dequantized_buffer() const { return {}; }
+
+ protected:
   // W's values, rounded as w says, into the float32 [rows, cols] at the buffer's start.
   Tensor dequantize_matrix(const Quant4Matrix& w);
 

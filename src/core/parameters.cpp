@@ -138,6 +138,14 @@ Tensor ParameterSet::view(const Tensor& flat, int first, int last, Shape shape, 
   const std::vector<int64_t>& offsets = grads ? grad_offsets_ : weight_offsets_;
   if (offsets.empty()) return Tensor(flat.f32() + a.offset, shape, DType::f32, flat.device());
   const auto at = [&](int i) { return offsets[static_cast<size_t>(i)]; };
+  if (at(first) < 0 || at(last) < 0) {  // kept outside the buffer
+    for (int i = first; i <= last; ++i)
+      BRISK_CHECK(at(i) < 0, "internal error: the weights of '", a.name, "'..'", b.name,
+                  "' are outside the buffer in part");
+    if (first != last) return Tensor();
+    BRISK_CHECK(landing_.numel() >= n, "internal error: no room to write '", a.name, "' in");
+    return Tensor(landing_.data(), shape, DType::f32, landing_.device());
+  }
   BRISK_CHECK(at(last) - at(first) == b.offset - a.offset, "internal error: the ",
               grads ? "gradients" : "weights", " of '", a.name, "'..'", b.name,
               "' are not together");

@@ -116,6 +116,10 @@ class ParameterSet {
   // The buffers bound; staged (offsets given), they do not hold every parameter at once.
   const Tensor& flat_weights() const { return weights_; }
   const Tensor& flat_grads() const { return grads_; }
+  // Parameters the weight buffer does not hold (bound at offset -1: kept elsewhere, QLoRA's
+  // 4-bit linears): one alone is seen at `landing`, where its values are written in turn to be
+  // kept; a span of them is empty.
+  void set_landing(const Tensor& landing) { landing_ = landing; }
   Tensor weight(int i) const { return view(weights_, i, i); }
   Tensor grad(int i) const { return view(grads_, i, i, {}, true); }
   // Parameters first..last laid end to end, seen as one tensor of `shape` (e.g. BERT's query,
@@ -128,7 +132,7 @@ class ParameterSet {
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, int> by_name_;  // name -> index: declaring stays linear
   int64_t total_ = 0, trainable_ = 0;
-  Tensor weights_, grads_;
+  Tensor weights_, grads_, landing_;
   // Empty: laid out as the parameters.
   std::vector<int64_t> weight_offsets_, grad_offsets_;
 };

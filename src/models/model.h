@@ -165,6 +165,8 @@ class Model : public BatchTarget {
   bool staged_weights() const { return weight_layout_.is_staged(); }
   Tensor weight_segment(int segment) const;
   void set_weight_slots(WeightSlots* slots) { weight_source_ = slots; }
+  // Where a weight the buffer does not hold (PlanOptions::slot_holes) is written to be kept.
+  void set_outside_weights(const Tensor& landing) { params_.set_landing(landing); }
   // The groups this model's share runs in, which its layers exchange over (filled by the run's
   // parallel layout, parallel/layout.h's make_parallel; the blocks consult this value alone).
   void set_parallelism(const ModelParallelism& p) { parallelism_ = p; }

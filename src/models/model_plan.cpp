@@ -110,9 +110,10 @@ bool Model::rebuilds_input(int64_t l) const {
 // The flat weights (staged where options ask and it saves memory), the constants, and unless
 // options.weights_only or not options.gradients the flat gradients (staged likewise).
 void Model::plan_flat_buffers(MemoryPlan& plan, BatchShape shape, const PlanOptions& options) {
-  weight_layout_ = options.weights_only ? SegmentLayout::plain(segments_)
-                                        : SegmentLayout::staged(segments_, options.weight_slots,
-                                                                false, options.resident_ends);
+  weight_layout_ = options.weights_only
+                       ? SegmentLayout::plain(segments_)
+                       : SegmentLayout::staged(segments_, options.weight_slots, false,
+                                               options.resident_ends, options.slot_holes);
   binder_.declare(plan, &flat_weights_,
                   staged_weights() ? "params.weights_staged" : "params.weights", Category::weights,
                   DType::f32, Shape{weight_layout_.length()});

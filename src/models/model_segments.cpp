@@ -81,6 +81,7 @@ int Model::segment_of(int64_t at) const {
 }
 
 void Model::written(size_t i) const {
+  if (weight_source_) weight_source_->filled_param(static_cast<int>(i));
   if (!weight_source_ || !staged_weights()) return;
   const ParamInfo& p = params_.list()[i];
   const int64_t end = p.offset + p.shape.numel();

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "models/block_products.h"
+
 namespace brisk {
 
 namespace {
@@ -104,11 +106,13 @@ bool products_round(const Backend& be, DType lp, const Tensor& db) {
 // SwiGLU's gradient, from d_act (the float32 gradient of its output, rounded to the activation
 // dtype as it is read): written over fc (its saved [gate | up], not needed after this), or where
 // fc is a 16-bit stored copy into d_gate_up's slot, there in bf16 where the products would round
-// it anyway (products_round, given fc's bias gradient fc_db).
+// it anyway (products_round, given fc's bias gradient fc_db) and no adapter reads it (`adapted`:
+// theirs take a float32 gradient).
 Tensor swiglu_backward_into(Backend& be, const BlockStyle& st, const Tensor& fc,
-                            const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db) {
+                            const Tensor& d_act, const Tensor& d_gate_up, const Tensor& fc_db,
+                            bool adapted) {
   Tensor d = fc.dtype() == DType::f32 ? fc : d_gate_up;
-  if (fc.dtype() == DType::bf16 && products_round(be, st.act_dtype, fc_db))
+  if (fc.dtype() == DType::bf16 && products_round(be, st.act_dtype, fc_db) && !adapted)
     d = Tensor(d.data(), d.shape(), DType::bf16, d.device());
   be.swiglu_backward(fc, d_act, d, st.act_dtype);
   return d;
@@ -118,72 +122,13 @@ Tensor swiglu_backward_into(Backend& be, const BlockStyle& st, const Tensor& fc,
 // product's backward (its weight's and bias's gradients) taken on through the activation, in one
 // backend call for an activation (linear_activation_backward: in the product where the backend
 // can, written in bf16 there), SwiGLU's after.
-const RngKey* adapter_key(const BlockStyle& st) {
-  return st.adapter_key ? &*st.adapter_key : nullptr;
-}
-
-// Whether the product at `site` may write its output in the 16-bit activation dtype itself
-// (Backend::stores_product_output): not where adapters add to it, which they do in float32
-// before the one rounding.
-bool stores_output(const Backend& be, const BlockStyle& st, int layer, ProductSite site) {
-  return be.stores_product_output(st.act_dtype) &&
-         !(st.adapters != nullptr && st.adapters->on(layer, site));
-}
-
-LayerAdapters layer_adapters(const BlockStyle& st, int layer) {
-  return {st.adapters, layer, adapter_key(st)};
-}
-
-// The product's adapters' terms added to y (none: nothing).
-void adapt(Backend& be, const BlockStyle& st, int layer, ProductSite site, const Tensor& x,
-           const Tensor& y) {
-  layer_adapters(st, layer).forward(be, site, x, y);
-}
-
-// The weight of the block's product at `site` (its tensor; see BlockParams::quantized).
-const Tensor& weight_at(const BlockParams& w, ProductSite site) {
-  switch (site) {
-    case ProductSite::qkv:
-      return w.qkv_w;
-    case ProductSite::proj:
-      return w.proj_w;
-    case ProductSite::fc:
-      return w.fc_w;
-    default:
-      return w.out_w;
-  }
-}
-
-// y = x w (+ b) by the block's product at `site`: a weight kept 4-bit multiplied where it is kept.
-void product_forward(Backend& be, const BlockStyle& st, const BlockParams& w, ProductSite site,
-                     const Tensor& x, const Tensor& b, const Tensor& y) {
-  if (const Backend::Quant4Matrix* q = w.quantized_at(site))
-    be.quantized_linear_forward(x, *q, b, y);
-  else
-    be.linear_forward(x, weight_at(w, site), b, st.layout, y);
-}
-
-// linear_backward with the product's adapters': theirs from x before the product's input
-// gradient may overwrite it (dx can be x's memory: the working set's), dx gaining theirs after.
-// A 4-bit weight is frozen: its input gradient alone.
-void adapted_backward(Backend& be, const BlockStyle& st, int layer, ProductSite site,
-                      const Tensor& x, const BlockParams& w, const Tensor& dy, const Tensor& dx,
-                      bool accumulate_dx, const Tensor& dw, const Tensor& db, bool accumulate_dw) {
-  const LayerAdapters a = layer_adapters(st, layer);
-  if (const Backend::Quant4Matrix* q = w.quantized_at(site)) {
-    BRISK_CHECK(dw.empty() && db.empty(), "internal error: a 4-bit weight with a gradient");
-    a.quantized_backward(be, site, x, *q, dy, dx, accumulate_dx);
-    return;
-  }
-  a.linear_backward(be, site, x, weight_at(w, site), dy, st.layout, dx, accumulate_dx, dw, db,
-                    accumulate_dw);
-}
-
 Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams& w,
                            const BlockParams& g, const BlockSaved& s, const BlockScratch& sc,
                            const Tensor& d_mlp, bool accumulate_dw, int layer) {
   const bool adapted = st.adapters != nullptr && st.adapters->on(layer, ProductSite::out);
-  if (!st.gated_mlp && !adapted && w.quantized_at(ProductSite::out) == nullptr)
+  // The first product's adapters read the gradient this returns in float32.
+  const bool fc_adapted = st.adapters != nullptr && st.adapters->on(layer, ProductSite::fc);
+  if (!st.gated_mlp && !adapted && !fc_adapted && w.quantized_at(ProductSite::out) == nullptr)
     return be.linear_activation_backward(s.fc_act, w.out_w, d_mlp, st.layout, st.activation,
                                          s.fc_pre, st.act_dtype, sc.d_fc, g.out_w, g.out_b,
                                          accumulate_dw);
@@ -193,7 +138,7 @@ Tensor mlp_output_backward(Backend& be, const BlockStyle& st, const BlockParams&
     be.activation_backward(st.activation, s.fc_pre, sc.d_fc, sc.d_fc, st.act_dtype);
     return sc.d_fc;
   }
-  return swiglu_backward_into(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b);
+  return swiglu_backward_into(be, st, s.fc_pre, sc.d_fc, sc.d_gate_up, g.fc_b, fc_adapted);
 }
 
 // The gradient through a residual branch's dropout: into tmp, or without dropout dy itself (the

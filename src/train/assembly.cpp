@@ -140,6 +140,7 @@ void plan_frozen_base(RunAssembly& r, PlanOptions& model_options) {
               " model's blocks cannot be held in turn (too few blocks, or blocks unlike each "
               "other), so no linear would be kept 4-bit");
   model_options.weight_slots = QuantizedBase::kSlots;
+  model_options.slot_holes = r.quantized->slot_holes();
   r.weights_copy = false;              // the blocks' weights are not resident: no bf16 copy of them
   model_options.resident_ends = true;  // the store brings back the blocks alone
 }
@@ -272,6 +273,11 @@ void plan_products(RunAssembly& r, Backend* backend) {
   // The products' bf16 copy of float32 weights (weights_copy).
   if (r.weights_copy && r.precision->float32_weights())
     max_operands.weights = r.model->params().total_elements();
+  // QLoRA's products of 4-bit weights: one weight dequantized at a time.
+  if (r.quantized) {
+    max_operands.quantized = r.quantized->largest_product();
+    max_operands.quantized_blocked = r.quantized->largest_product_blocked();
+  }
   if (backend)
     backend->plan_workspace(r.plan, r.binder, max_operands);
   else

@@ -150,7 +150,8 @@ nlohmann::json adapter_report(const RunAssembly& run) {
                 {"parameters", n},
                 {"bytes", stored},
                 {"bytes_per_parameter", n > 0 ? static_cast<double>(stored) / n : 0.0},
-                {"kept_float32_bytes", kept}};
+                {"kept_float32_bytes", kept},
+                {"dequantized_bytes", bytes_under(run.plan, "backend.dequantized_weight")}};
   return j;
 }
 

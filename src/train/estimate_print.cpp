@@ -145,8 +145,14 @@ void print_adapters(const Estimate& e) {
       s["type"].get<std::string>().c_str(), s["nested"].get<bool>() ? " nested" : "",
       s["parameters"].get<long long>(), mib(s, "bytes").c_str(),
       s["bytes_per_parameter"].get<double>(), mib(s, "kept_float32_bytes").c_str());
-  std::printf("  weight buffer (two blocks' float32 slots, embeddings, head, adapters): %s\n",
-              mib(j, "weight_buffer_bytes").c_str());
+  std::printf(
+      "  weight buffer (embeddings, head, adapters, two slots for what the blocks read from "
+      "them): %s\n",
+      mib(j, "weight_buffer_bytes").c_str());
+  if (s.value("dequantized_bytes", 0) > 0)
+    std::printf(
+        "  4-bit weights multiplied where they are kept, one at a time dequantized into %s\n",
+        mib(s, "dequantized_bytes").c_str());
 }
 
 // The plan by category, with bytes per parameter beside the Hugging Face guides' rule of thumb.

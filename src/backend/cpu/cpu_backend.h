@@ -37,6 +37,7 @@ class CpuBackend : public Backend {
   void hold_weights(const Tensor& weights) override;
   void release_weights() override { weights_copy_.release(); }
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
+  Tensor dequantized_buffer() const override { return ws_.dequantized; }
 
   MemoryResource& device_memory() override { return host_memory(); }
   MemoryResource& staging_memory(bool /*pinned*/ = true) override { return host_memory(); }
@@ -158,9 +159,6 @@ class CpuBackend : public Backend {
   void adafactor_update(const AdafactorUpdate& u) override;
   bool sums_split_statistics() const override { return true; }
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
-
- protected:
-  Tensor dequantized_buffer() const override { return ws_.dequantized; }
 
  private:
   // A product operand where it lies: float32, or (in bf16 mode) bf16, with its row stride.

@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
   void set_matmul_dtype(DType dtype) override;
   void set_tf32(bool enabled) override { tf32_ = enabled; }
   void plan_workspace(MemoryPlan& plan, BufferBinder& binder, MatmulOperands operands) override;
+  Tensor dequantized_buffer() const override { return ws_.dequantized; }
   int64_t device_memory_used() const override;
   int64_t device_memory_free() const override;
 
@@ -213,9 +214,6 @@ class CudaBackend final : public Backend {
   void sgd_update(const SgdUpdate& u) override;
   void adafactor_update(const AdafactorUpdate& u) override;
   void adamw_8bit_update(const AdamW8bitUpdate& u) override;
-
- protected:
-  Tensor dequantized_buffer() const override { return ws_.dequantized; }
 
  private:
   using Epilogue = cuda::Epilogue;
