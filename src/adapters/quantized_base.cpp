@@ -155,11 +155,14 @@ const Backend::Quant4Matrix* QuantizedBase::matrix(int layer, int site) const {
 }
 
 void QuantizedBase::filled_param(int param) {
-  for (auto& segment : segments_)
-    for (Entry& e : segment) {
+  for (size_t s = 0; s < segments_.size(); ++s)
+    for (size_t i = 0; i < segments_[s].size(); ++i) {
+      Entry& e = segments_[s][i];
       if (e.param != param || !e.direct) continue;
       if (!adopted(e)) quantize(e, model_.params().weight(param));
-      for (Product& p : products_) refresh(p);
+      const std::pair<int, int> at{static_cast<int>(s), static_cast<int>(i)};
+      for (Product& p : products_)  // its product's matrix: the entry's new state and dtype
+        if (std::find(p.entries.begin(), p.entries.end(), at) != p.entries.end()) refresh(p);
       return;
     }
 }

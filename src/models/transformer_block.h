@@ -129,7 +129,8 @@ struct BlockParams {
   // out (null: the tensor above); their tensors above are then empty or not to be read.
   std::array<const Backend::Quant4Matrix*, 4> quantized{};
   const Backend::Quant4Matrix* quantized_at(ProductSite site) const {
-    return quantized[static_cast<size_t>(site)];
+    const auto i = static_cast<size_t>(site);
+    return i < quantized.size() ? quantized[i] : nullptr;  // (a sparse MLP's sites: none)
   }
 };
 
