@@ -5,7 +5,9 @@
 // - staged: the 4-bit weight dequantized into a float32 slot before each product (a QLoRA run's
 //   weight slots bring a block back for its forward pass and again for its backward pass);
 // - fused: quantized_linear_forward/backward, the weight dequantized into the blocked layout the
-//   kernel reads (on bf16 units), one weight at a time.
+//   kernel reads (on bf16 units), one weight at a time;
+// - plain: the same with BRISK_BLOCKED_4BIT_WEIGHTS=0, the weight dequantized into plain bf16 rows
+//   (the path where oneDNN's kernel wants a layout brisk's packer does not write).
 // The milliseconds are the median of 7 repetitions of forward + input gradient; "buffer" is what
 // each way keeps beside the 4-bit state: the float32 weight (resident, or one slot's share), or
 // the one buffer every 4-bit weight is dequantized into in turn.
@@ -20,6 +22,7 @@
 #include "backend/backend.h"
 #include "core/memory_plan.h"
 #include "core/quant4.h"
+#include "core/switches.h"
 
 namespace {
 using namespace brisk;
@@ -46,7 +49,15 @@ struct Shape3 {
   int64_t m, n, k;  // tokens, out, in
 };
 
-void run(Backend& be, const Shape3& s) {
+void plan(Backend& be, int64_t M, int64_t N, int64_t K, MemoryPlan& plan, BufferBinder& binder) {
+  MatmulOperands operands(std::max({M * K, N * K, M * N}));
+  operands.quantized = N * K;
+  operands.quantized_blocked = cpu_blocked_elements(N, K);
+  be.plan_workspace(plan, binder, operands);
+  plan.finalize();
+}
+
+void run(Backend& be, Backend& plain_be, const Shape3& s) {
   const int64_t M = s.m, N = s.n, K = s.k;
   std::mt19937 gen(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -56,15 +67,14 @@ void run(Backend& be, const Shape3& s) {
   for (float& v : x) v = normal(gen);
   for (float& v : dy) v = normal(gen);
   const Quant4Host q = quantize_4bit(w.data(), {N * K, 64, Quant4Type::nf4, false}, "w");
-  MemoryPlan plan;
-  BufferBinder binder;
-  MatmulOperands operands(std::max({M * K, N * K, M * N}));
-  operands.quantized = N * K;
-  operands.quantized_blocked = cpu_blocked_elements(N, K);
-  be.plan_workspace(plan, binder, operands);
-  plan.finalize();
-  Arena arena(plan, be.device_memory(), be.staging_memory());
-  binder.bind(arena);
+  MemoryPlan plan_a, plan_b;
+  BufferBinder binder_a, binder_b;
+  plan(be, M, N, K, plan_a, binder_a);
+  plan(plain_be, M, N, K, plan_b, binder_b);
+  Arena arena_a(plan_a, be.device_memory(), be.staging_memory()),
+      arena_b(plan_b, plain_be.device_memory(), plain_be.staging_memory());
+  binder_a.bind(arena_a);
+  binder_b.bind(arena_b);
   auto t = [](auto& v, Shape shape, DType dtype = DType::f32) {
     return Tensor(const_cast<void*>(static_cast<const void*>(v.data())), shape, dtype);
   };
@@ -92,29 +102,35 @@ void run(Backend& be, const Shape3& s) {
     be.quantized_linear_forward(tx, matrix, Tensor(), ty);
     be.quantized_linear_backward(tdy, matrix, tdx, false);
   });
+  const double plain = median_ms([&] {
+    plain_be.quantized_linear_forward(tx, matrix, Tensor(), ty);
+    plain_be.quantized_linear_backward(tdy, matrix, tdx, false);
+  });
   const double gflop = 4.0 * M * N * K * 1e-9;
   const double f32_mib = N * K * 4.0 / (1 << 20);
-  const double buffer_mib =
-      static_cast<double>(std::max(4 * N * K, 2 * cpu_blocked_elements(N, K))) / (1 << 20);
+  const double buffer_mib = static_cast<double>(be.dequantized_buffer().bytes()) / (1 << 20);
   std::printf(
-      "| %-22s | %5lld x %5lld x %5lld | %8.2f | %8.2f | %8.2f | %5.2fx | %7.1f | %7.1f | %7.1f "
-      "|\n",
+      "| %-22s | %5lld x %5lld x %5lld | %8.2f | %8.2f | %8.2f | %8.2f | %5.2fx | %7.1f | %7.1f "
+      "| %7.1f |\n",
       s.name, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-      resident, staged, fused, staged / fused, gflop / fused * 1e3, f32_mib, buffer_mib);
+      resident, staged, fused, plain, staged / fused, gflop / fused * 1e3, f32_mib, buffer_mib);
 }
 }  // namespace
 
 int main() {
   auto be = make_cpu_backend();
-  be->set_matmul_dtype(DType::bf16);
+  Switches plain_rows;
+  plain_rows.blocked_4bit_weights = false;
+  auto plain_be = make_cpu_backend(plain_rows);
+  for (Backend* b : {be.get(), plain_be.get()}) b->set_matmul_dtype(DType::bf16);
   std::printf(
-      "| linear | tokens x out x in | resident ms | staged ms | fused ms | staged/fused | fused "
-      "GFLOP/s | float32 weight MiB | dequantization buffer MiB "
-      "|\n|---|---|---|---|---|---|---|---|---|\n");
+      "| linear | tokens x out x in | resident ms | staged ms | fused ms | plain ms | staged/fused "
+      "| fused GFLOP/s | float32 weight MiB | dequantization buffer MiB "
+      "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   const Shape3 shapes[] = {
       {"SmolLM2-135M q_proj", 2048, 576, 576},     {"SmolLM2-135M gate_proj", 2048, 1536, 576},
       {"SmolLM2-135M down_proj", 2048, 576, 1536}, {"Llama-2-7B q_proj", 512, 4096, 4096},
       {"Llama-2-7B gate_proj", 512, 11008, 4096},  {"Llama-2-7B down_proj", 512, 4096, 11008}};
-  for (const Shape3& s : shapes) run(*be, s);
+  for (const Shape3& s : shapes) run(*be, *plain_be, s);
   return 0;
 }

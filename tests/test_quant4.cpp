@@ -112,8 +112,9 @@ TEST(Quant4, NonFiniteWeightsAreRefusedByName) {
 }
 
 // A 4-bit weight's products on the CPU: on bf16 units dequantized straight into the blocked
-// layout oneDNN's kernel reads; with the products forced onto OpenBLAS dequantized whole into
-// float32 and multiplied as any weight. The same values but for the summation order (the
+// layout oneDNN's kernel reads, or (BRISK_BLOCKED_4BIT_WEIGHTS=0, as where that layout is not
+// brisk's packer's) into plain bf16 rows; with the products forced onto OpenBLAS dequantized
+// whole into float32 and multiplied as any weight. The same values but for the summation order (the
 // conformance cases hold whichever this CPU takes to the fp64 reference).
 TEST(Quant4, TheCpusTwoWaysOfMultiplyingA4BitWeightAgree) {
   const int64_t M = 64, K = 256, N = 192;
@@ -144,9 +145,10 @@ TEST(Quant4, TheCpusTwoWaysOfMultiplyingA4BitWeightAgree) {
     t.offset = q.offset;
     matrix.parts.push_back({t, DType::f32});
   }
-  auto run = [&](const std::string& products, FVec* y, FVec* dx) {
+  auto run = [&](const std::string& products, bool blocked, FVec* y, FVec* dx) {
     Switches switches;
     switches.cpu_products = products;
+    switches.blocked_4bit_weights = blocked;
     const std::unique_ptr<Backend> be = make_cpu_backend(switches);
     be->set_matmul_dtype(DType::bf16);
     DeviceBuffers d(*be);
@@ -161,11 +163,14 @@ TEST(Quant4, TheCpusTwoWaysOfMultiplyingA4BitWeightAgree) {
     be->quantized_linear_backward(Tensor(const_cast<float*>(dy.data()), Shape{M, N}, DType::f32),
                                   matrix, Tensor(dx->data(), Shape{M, K}, DType::f32), false);
   };
-  FVec y_units, dx_units, y_blas, dx_blas;
-  run("", &y_units, &dx_units);
-  run("openblas", &y_blas, &dx_blas);
+  FVec y_units, dx_units, y_plain, dx_plain, y_blas, dx_blas;
+  run("", true, &y_units, &dx_units);
+  run("", false, &y_plain, &dx_plain);
+  run("openblas", true, &y_blas, &dx_blas);
   EXPECT_LE(rel_error(y_units.data(), y_blas.data(), M * N), 1e-5);
   EXPECT_LE(rel_error(dx_units.data(), dx_blas.data(), M * K), 1e-5);
+  EXPECT_LE(rel_error(y_plain.data(), y_blas.data(), M * N), 1e-5);
+  EXPECT_LE(rel_error(dx_plain.data(), dx_blas.data(), M * K), 1e-5);
   double norm = 0;
   for (const float v : y_units) norm += v * v;
   EXPECT_GT(norm, 1.0);  // not zeros on both sides

@@ -55,15 +55,18 @@ void plan_weights_copy(DType dtype, const MatmulOperands& operands, MemoryPlan& 
                    Shape{operands.weights});
 }
 
-// One 4-bit weight's values: float32, or on the CPU's bf16 units bf16 in the blocked layout.
+// One 4-bit weight's values: float32, or on the CPU's bf16 units bf16, in the blocked layout
+// or plain.
 void plan_dequantized(Device device, DType product, const MatmulOperands& operands,
                       MemoryPlan& plan, BufferBinder& binder, BackendWorkspace& ws,
                       const std::string& cpu_products) {
   if (operands.quantized <= 0) return;
   const char* what = "the dequantized weight's buffer";
-  int64_t bytes = checked_mul(operands.quantized, int64_t{4}, what);
-  if (device == Device::cpu && product == DType::bf16 && cpu_has_bf16_products(cpu_products))
-    bytes = std::max(bytes, checked_mul(operands.quantized_blocked, int64_t{2}, what));
+  const bool bf16 =
+      device == Device::cpu && product == DType::bf16 && cpu_has_bf16_products(cpu_products);
+  const int64_t bytes =
+      bf16 ? checked_mul(std::max(operands.quantized, operands.quantized_blocked), int64_t{2}, what)
+           : checked_mul(operands.quantized, int64_t{4}, what);
   binder.declare(plan, &ws.dequantized, "backend.dequantized_weight", Category::temporaries,
                  DType::u8, Shape{bytes});
 }

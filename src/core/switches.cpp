@@ -34,6 +34,7 @@ Switches read_switches() {
       {"BRISK_ATTENTION_DETERMINISTIC", &Switches::attention_deterministic},
       {"BRISK_BF16_ACTIVATIONS", &Switches::bf16_activations},
       {"BRISK_BF16_ACTIVATION_GRADIENT", &Switches::bf16_activation_gradient},
+      {"BRISK_BLOCKED_4BIT_WEIGHTS", &Switches::blocked_4bit_weights},
       {"BRISK_HALF_FROZEN_BASE", &Switches::half_frozen_base},
       {"BRISK_BF16_HEAD_GRAD", &Switches::bf16_head_grad},
       {"BRISK_FUSED_ACTIVATION_GRADIENT", &Switches::fused_activation_gradient},

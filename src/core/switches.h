@@ -17,6 +17,7 @@ struct Switches {
   bool attention_deterministic = true;    // BRISK_ATTENTION_DETERMINISTIC
   bool bf16_activations = true;           // BRISK_BF16_ACTIVATIONS
   bool bf16_activation_gradient = true;   // BRISK_BF16_ACTIVATION_GRADIENT
+  bool blocked_4bit_weights = true;       // BRISK_BLOCKED_4BIT_WEIGHTS
   bool half_frozen_base = true;           // BRISK_HALF_FROZEN_BASE
   bool bf16_head_grad = true;             // BRISK_BF16_HEAD_GRAD
   bool fused_activation_gradient = true;  // BRISK_FUSED_ACTIVATION_GRADIENT

@@ -6,7 +6,7 @@
 namespace brisk {
 
 std::unique_ptr<Backend> make_cpu_backend(const Switches& switches) {
-  return std::make_unique<CpuBackend>(switches.cpu_products);
+  return std::make_unique<CpuBackend>(switches.cpu_products, switches.blocked_4bit_weights);
 }
 
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op) {

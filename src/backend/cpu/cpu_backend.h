@@ -18,7 +18,10 @@ class CpuBackend : public Backend {
   // `products`: the library every product goes to, "openblas" (float32 even where oneDNN has
   // kernels, bf16 operands rounded first) or "onednn" (float32 products wherever it has kernels)
   // to compare the two or override the default choice; "" chooses (Switches::cpu_products).
-  explicit CpuBackend(std::string products = "") : products_(std::move(products)) {
+  // `blocked_4bit`: 4-bit weights dequantized into the kernel's blocked layout where brisk's
+  // packer writes it (Switches::blocked_4bit_weights; off: plain bf16 rows).
+  explicit CpuBackend(std::string products = "", bool blocked_4bit = true)
+      : products_(std::move(products)), blocked_4bit_(blocked_4bit) {
     set_matmul_dtype(DType::f32);
   }
   Device device() const override { return Device::cpu; }
@@ -177,6 +180,14 @@ class CpuBackend : public Backend {
   // (B = W^T where p.trans_b, else W); false (nothing written) off bf16 units, where that layout
   // is not brisk's packer's, or where the buffer is too small for it.
   bool dequantize_blocked(const DnnlMatmul::Product& p, const Quant4Matrix& w);
+  // W dequantized into ws_.dequantized as bf16 rows where it lies ([rows, cols], B of either
+  // product, read plain), where the blocked layout is not brisk's packer's; false (nothing
+  // written) off bf16 units or where the buffer is too small.
+  bool dequantize_plain(const Quant4Matrix& w);
+  // The product p of A and W dequantized by dequantize_blocked or dequantize_plain into C; false
+  // (nothing done) where neither applies.
+  bool quantized_product(const DnnlMatmul::Product& p, const Operand& a, const Quant4Matrix& w,
+                         void* c, const float* bias, DType c_type);
   // Row-major C = op(A) op(B) (+ C when accumulate), by oneDNN (float32 or, in bf16 mode, bf16)
   // or OpenBLAS. In bf16 mode float32 operands are rounded to bf16 on the way (bf16 ones are
   // read where they lie when the library multiplies bf16). C is float32, or bf16 (`c_type`)
@@ -209,6 +220,7 @@ class CpuBackend : public Backend {
   // instance for every thread of the next parallel region.
   bool prepare_attention_products();
   std::string products_;        // the library forced for the products, or "" (the constructor)
+  bool blocked_4bit_ = true;    // 4-bit weights dequantized blocked where they can be
   bool bf16_operands_ = false;  // the matmul dtype is bf16: operands rounded to it
   // Attention's float32 products on brisk's float32 tiles (an AVX-512 build where
   // BRISK_CPU_PRODUCTS names no library when the products' type is set), else on the library.

@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_avx512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_tiles.h"
+#include "core/checked.h"
 #include "core/dtype.h"
 
 namespace brisk {
@@ -141,7 +142,7 @@ void CpuBackend::dequantize_4bit(const Quant4Tensor& q, const Tensor& out) {
 }
 
 bool CpuBackend::dequantize_blocked(const DnnlMatmul::Product& p, const Quant4Matrix& w) {
-  if (!dnnl_ || dnnl_->dtype() != DType::bf16) return false;
+  if (!blocked_4bit_ || !dnnl_ || dnnl_->dtype() != DType::bf16) return false;
   const DnnlMatmul::BlockedB layout = dnnl_->blocked_b(p);
   if (!layout.own_packer || layout.bytes > ws_.dequantized.bytes()) return false;
   const MatrixValues values(w);
@@ -167,6 +168,36 @@ bool CpuBackend::dequantize_blocked(const DnnlMatmul::Product& p, const Quant4Ma
   return true;
 }
 
+bool CpuBackend::dequantize_plain(const Quant4Matrix& w) {
+  if (!dnnl_ || dnnl_->dtype() != DType::bf16) return false;
+  const int64_t rows = w.rows(), cols = w.cols;
+  if (checked_mul(rows * cols, int64_t{2}, "a 4-bit weight") >
+      static_cast<int64_t>(ws_.dequantized.bytes()))
+    return false;
+  const MatrixValues values(w);
+  uint16_t* dst = ws_.dequantized.as<uint16_t>();
+  // Row by row, in runs of a block's length (a whole block each where rows start on one).
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float run[kBlockN];
+    for (int64_t c = 0; c < cols; c += kBlockN) {
+      const int64_t n = std::min(kBlockN, cols - c);
+      values.run(r, c, n, run);
+      bf16_round_row(run, dst + r * cols + c, n);
+    }
+  }
+  return true;
+}
+
+bool CpuBackend::quantized_product(const DnnlMatmul::Product& p, const Operand& a,
+                                   const Quant4Matrix& w, void* c, const float* bias,
+                                   DType c_type) {
+  const bool blocked = p.m > 0 && dequantize_blocked(p, w);
+  if (!blocked && !dequantize_plain(w)) return false;
+  if (p.m > 0) product_rows(p, a, ws_.dequantized.data(), 0, p.m, blocked, false, c, bias, c_type);
+  return true;
+}
+
 void CpuBackend::quantized_linear_forward(const Tensor& x, const Quant4Matrix& w, const Tensor& b,
                                           const Tensor& y) {
   const char* op = "quantized_linear_forward";
@@ -180,12 +211,8 @@ void CpuBackend::quantized_linear_forward(const Tensor& x, const Quant4Matrix& w
   BRISK_CHECK(b.empty() || b.numel() == n, op, ": bias has ", b.numel(), " values, expected ", n);
   const DnnlMatmul::Product p{
       false, true, m, n, k, k, k, n, false, !b.empty(), y.dtype() == DType::bf16};
-  if (m == 0 || !dequantize_blocked(p, w)) {
+  if (!quantized_product(p, Operand(x, k), w, y.data(), b.empty() ? nullptr : b.f32(), y.dtype()))
     Backend::quantized_linear_forward(x, w, b, y);
-    return;
-  }
-  product_rows(p, Operand(x, k), ws_.dequantized.data(), 0, m, true, false, y.data(),
-               b.empty() ? nullptr : b.f32(), y.dtype());
 }
 
 void CpuBackend::quantized_linear_backward(const Tensor& dy, const Quant4Matrix& w,
@@ -199,12 +226,8 @@ void CpuBackend::quantized_linear_backward(const Tensor& dy, const Quant4Matrix&
               "] weight");
   // dx[m, k] = dy[m, n] W[n, k]: B is W as it lies.
   const DnnlMatmul::Product p{false, false, m, k, n, n, k, k, accumulate_dx, false, false};
-  if (m == 0 || !dequantize_blocked(p, w)) {
+  if (!quantized_product(p, Operand(dy, n), w, dx.data(), nullptr, DType::f32))
     Backend::quantized_linear_backward(dy, w, dx, accumulate_dx);
-    return;
-  }
-  product_rows(p, Operand(dy, n), ws_.dequantized.data(), 0, m, true, false, dx.data(), nullptr,
-               DType::f32);
 }
 
 }  // namespace brisk
