@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/attention.h"
 #include "backend/workspace.h"
 #include "core/memory_plan.h"
 #include "core/quant4.h"
@@ -32,42 +33,6 @@ enum class Activation {
   silu,        // x * sigmoid(x): "silu", "swish"
   quick_gelu,  // x * sigmoid(1.702 x)
   sigmoid,     // 1 / (1 + e^-x): a gate (Qwen2-MoE's shared expert's), not an MLP's activation
-};
-
-// What a backend's attention keeps for its backward pass and the scratch it needs, per block:
-// both backends' flash-style attention keeps one log-sum-exp per query row [B,H,T] (float32);
-// the CUDA backend's scratch holds its delta per row, the CPU's a block of rows per (batch,
-// head) task. A function of the device alone, so a run's memory can be planned on a machine
-// without that device.
-struct AttentionBuffers {
-  Shape stats;
-  Shape scratch;
-};
-AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq,
-                                   int64_t head_dim);
-// Floats of one CPU attention task's scratch (cpu_attention.cpp).
-int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim);
-
-// Batch, sequence, query channels C = H * D, query heads H, head width D and key/value heads K of
-// packed qkv [B, T, (H + 2K) * D] (multi-head attention: K = H, [B,T,3C]); throws naming `op`
-// unless K divides H.
-struct AttentionDims {
-  int64_t B, T, C, H, D, K;
-};
-AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op);
-
-// The keys each batch row's queries may see. `keep` is int32 [B,T] (nonzero keeps the key) or
-// empty (every key). Where the batch is right-padded - each row keeps its first n keys, n >= 1 -
-// `lengths` (int32 [B], each row's n) may come with it: the same mask, which a backend may read
-// instead of keep (the GPU's fused attention then skips the padded keys and writes no bias).
-struct KeyMask {
-  Tensor keep;
-  Tensor lengths;
-  KeyMask() = default;
-  KeyMask(Tensor keep_mask) : keep(std::move(keep_mask)) {}  // NOLINT: a mask alone converts
-  KeyMask(Tensor keep_mask, Tensor row_lengths)
-      : keep(std::move(keep_mask)), lengths(std::move(row_lengths)) {}
-  bool empty() const { return keep.empty(); }
 };
 
 // Batch, sequence, query heads, key/value heads and head width of packed q/k/v
@@ -513,6 +478,27 @@ class Backend {
                                     int heads, int kv_heads, float scale, float dropout_p,
                                     const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
                                     DType round_dout, DType round_dqkv) = 0;
+  // Attention over the samples of a padding-free or packed batch (PackedSamples): qkv, out, dout
+  // and dqkv as attention_forward's and attention_backward's [B,T,...], each sample's queries
+  // reading its own keys only (causal within it where `causal`); no key mask. stats and scratch
+  // are attention_buffers' for [B, T]; stats holds sample s's [H, length] at H * starts[s].
+  // Dropout draws sample s's masks from a stream of its own: the key's seed plus (s + 1) x
+  // 0x9E3779B97F4A7C15.
+  // dqkv comes back float32, rounded to round_dqkv. The default runs attention_forward and
+  // attention_backward on each sample's tokens in turn.
+  virtual void packed_attention_forward(const Tensor& qkv, const PackedSamples& samples,
+                                        bool causal, int heads, int kv_heads, float scale,
+                                        float dropout_p, const RngKey& key, const Tensor& stats,
+                                        const Tensor& scratch, const Tensor& out);
+  virtual Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                           const Tensor& stats, const PackedSamples& samples,
+                                           bool causal, int heads, int kv_heads, float scale,
+                                           float dropout_p, const RngKey& key,
+                                           const Tensor& scratch, const Tensor& dqkv,
+                                           DType round_dout, DType round_dqkv);
+  // Throws naming `op` unless `samples` covers the B * T tokens, each sample within one row.
+  static void check_packed_samples(const PackedSamples& samples, int64_t B, int64_t T,
+                                   const char* op);
 
   // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,(H+2K)*D]
   // packs the T new tokens at positions past..past+T-1 as attention_forward's. Their keys and

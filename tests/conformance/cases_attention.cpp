@@ -1,6 +1,7 @@
 // Attention: training attention (forward and backward) over packed qkv with multi-head,
 // grouped-query and multi-query layouts, key masks, causality, dropout and GPT-2's score scales;
-// and incremental decoding over key/value caches.
+// attention over the samples of padding-free and packed batches; and incremental decoding over
+// key/value caches.
 //
 // Tolerances: 1e-5 forward (element by element), gradients 1e-4 against finite differences,
 // 1e-5 against the CPU. Decoding is checked against the fp64 causal attention of the whole
@@ -322,6 +323,72 @@ OpCase decode_case(int64_t B, int64_t H, int64_t K, int64_t D, int64_t S,
   return c;
 }
 
+// A padding-free or packed batch: rows of T tokens holding samples of the given lengths end to end
+// (a row's lengths sum to T). Each sample against the fp64 attention of that sample alone (its
+// dropout stream: the key's seed plus (s + 1) x 0x9E3779B97F4A7C15, packed_attention_forward's
+// contract), the gradient by finite differences; and the gradient rounded to bf16 by the backward
+// against round_to after it.
+OpCase packed_attention_case(std::vector<std::vector<int64_t>> rows, int64_t H, int64_t K,
+                             int64_t D, bool causal, float p) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  int64_t T = 0;
+  for (int64_t n : rows[0]) T += n;
+  const int64_t C = H * D, W = (H + 2 * K) * D;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const RngKey key{42, 3, 5};
+  PackedSamples samples{{0}};
+  for (const auto& row : rows)
+    for (int64_t n : row) samples.starts.push_back(samples.starts.back() + n);
+  OpCase c;
+  c.name = "packed_attention_B" + std::to_string(B) + "_T" + std::to_string(T) + "_S" +
+           std::to_string(samples.count()) + "_H" + std::to_string(H) + "_K" + std::to_string(K) +
+           "_D" + std::to_string(D) + (causal ? "_causal" : "") + (p > 0 ? "_dropout" : "");
+  c.inputs = [=](std::mt19937& rng) {
+    return Values{{"qkv", randn_d(B * T * W, rng)}, {"dout", randn_d(B * T * C, rng)}};
+  };
+  c.run = [=](Backend& be, const Values& in) {
+    const AttentionBuffers ab = attention_buffers(be.device(), B, H, T, D);
+    DeviceBuffers d(be);
+    const Tensor q = d.put_as(in.at("qkv"), {B, T, W});
+    const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
+    const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
+    const Tensor g = d.put_as(in.at("dout"), {B, T, C});
+    const Tensor dq = d.put(FVec(B * T * W, -7.f), {B, T, W});
+    const Tensor dq16 = d.put(FVec(B * T * W, -7.f), {B, T, W});
+    const int h = static_cast<int>(H), k = static_cast<int>(K);
+    be.packed_attention_forward(q, samples, causal, h, k, scale, p, key, stats, scratch, out);
+    be.packed_attention_backward(g, q, out, stats, samples, causal, h, k, scale, p, key, scratch,
+                                 dq, DType::f32, DType::f32);
+    be.packed_attention_backward(g, q, out, stats, samples, causal, h, k, scale, p, key, scratch,
+                                 dq16, DType::f32, DType::bf16);
+    Values v{{"out", d.values(out)}, {"dqkv", d.values(dq)}};
+    be.round_to(DType::bf16, dq);
+    v["dqkv_rounded_less_passes"] = minus(d.values(dq16), d.values(dq));
+    return v;
+  };
+  c.reference = [=](const Values& in) {
+    auto f = [&](const Vec& x) {
+      Vec out(static_cast<size_t>(B * T * C), 0.0);
+      for (int64_t s = 0; s < samples.count(); ++s) {
+        const int64_t first = samples.starts[static_cast<size_t>(s)], len = samples.length(s);
+        RngKey ks = key;
+        ks.seed = key.seed + static_cast<uint64_t>(s + 1) * 0x9E3779B97F4A7C15ull;
+        const Vec one(x.begin() + first * W, x.begin() + (first + len) * W);
+        const Vec o = ref_attention(one, Vec(), causal, 1, len, H, K, D, scale, p, ks);
+        std::copy(o.begin(), o.end(), out.begin() + first * C);
+      }
+      return out;
+    };
+    return Values{{"out", f(in.at("qkv"))},
+                  {"dqkv", fd_vjp(in.at("qkv"), f, in.at("dout"))},
+                  {"dqkv_rounded_less_passes", Vec(static_cast<size_t>(B * T * W), 0.0)}};
+  };
+  c.checks = {{"out", Metric::elementwise, 1e-5, 1e-5},
+              {"dqkv", Metric::normwise, 1e-4, 1e-5},
+              {"dqkv_rounded_less_passes", Metric::exact}};
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -368,6 +435,13 @@ std::vector<OpCase> attention_cases() {
     for (bool causal : {false, true})
       cases.push_back(padded_attention_case({3, T, 2, 2, 64}, causal, causal ? 0.1f : 0.f, false));
   // Decoding: a prompt, one token, more tokens; at the usual scale and another.
+  // Padding-free (one row of samples) and packed (rows of samples with a padding sample) batches:
+  // samples of one token, a row that is one sample, grouped-query heads.
+  for (bool causal : {false, true}) {
+    cases.push_back(packed_attention_case({{3, 1, 5, 2}}, 3, 3, 4, causal, 0.f));
+    cases.push_back(packed_attention_case({{4, 2, 1}, {7}}, 4, 2, 3, causal, 0.f));
+    cases.push_back(packed_attention_case({{2, 5}, {1, 4, 2}}, 2, 2, 4, causal, 0.25f));
+  }
   cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, 1.0));
   cases.push_back(decode_case(2, 3, 3, 5, 12, {4, 1, 4}, std::sqrt(5.0)));
   cases.push_back(decode_case(2, 6, 2, 3, 9, {3, 1, 3}, 1.0));

@@ -1,0 +1,65 @@
+// Attention's argument types, shared by the backends and the models that call them: the buffers
+// a backend's attention keeps, the dimensions of packed qkv, the keys each row may see, and the
+// samples a padding-free or packed batch lays end to end.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace brisk {
+
+// What a backend's attention keeps for its backward pass and the scratch it needs, per block:
+// both backends' flash-style attention keeps one log-sum-exp per query row [B,H,T] (float32);
+// the CUDA backend's scratch holds its delta per row, the CPU's a block of rows per (batch,
+// head) task. A function of the device alone, so a run's memory can be planned on a machine
+// without that device.
+struct AttentionBuffers {
+  Shape stats;
+  Shape scratch;
+};
+AttentionBuffers attention_buffers(Device device, int64_t batch, int64_t heads, int64_t seq,
+                                   int64_t head_dim);
+// Floats of one CPU attention task's scratch (cpu_attention.cpp).
+int64_t cpu_attention_scratch_floats(int64_t seq, int64_t head_dim);
+
+// Batch, sequence, query channels C = H * D, query heads H, head width D and key/value heads K of
+// packed qkv [B, T, (H + 2K) * D] (multi-head attention: K = H, [B,T,3C]); throws naming `op`
+// unless K divides H.
+struct AttentionDims {
+  int64_t B, T, C, H, D, K;
+};
+AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op);
+
+// The keys each batch row's queries may see. `keep` is int32 [B,T] (nonzero keeps the key) or
+// empty (every key). Where the batch is right-padded - each row keeps its first n keys, n >= 1 -
+// `lengths` (int32 [B], each row's n) may come with it: the same mask, which a backend may read
+// instead of keep (the GPU's fused attention then skips the padded keys and writes no bias).
+struct KeyMask {
+  Tensor keep;
+  Tensor lengths;
+  KeyMask() = default;
+  KeyMask(Tensor keep_mask) : keep(std::move(keep_mask)) {}  // NOLINT: a mask alone converts
+  KeyMask(Tensor keep_mask, Tensor row_lengths)
+      : keep(std::move(keep_mask)), lengths(std::move(row_lengths)) {}
+  bool empty() const { return keep.empty(); }
+};
+
+// The samples of a padding-free or packed batch, laid end to end along its rows: sample s is
+// tokens [starts[s], starts[s + 1]) of the batch's B * T tokens taken row after row, within one
+// row; starts[0] = 0 and the last entry is B * T, so every token belongs to one sample (a packed
+// row's padding is a sample of its own, whose loss is ignored). Attention never crosses samples,
+// and positions restart at each. Host values: the calls that read them loop over the samples.
+struct PackedSamples {
+  std::vector<int64_t> starts;
+  int64_t count() const { return starts.empty() ? 0 : static_cast<int64_t>(starts.size()) - 1; }
+  int64_t length(int64_t s) const {
+    return starts[static_cast<size_t>(s + 1)] - starts[static_cast<size_t>(s)];
+  }
+  int64_t longest() const;
+  bool empty() const { return count() == 0; }
+};
+
+}  // namespace brisk
