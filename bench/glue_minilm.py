@@ -6,11 +6,13 @@ transformers' Trainer, and by a plain PyTorch loop, with the same split and sett
 max_length pads every batch to max_seq_length on every side (run_glue's default,
 pad_to_max_length true); --padding dynamic pads each batch to its longest row rounded up to 8 on
 every side (brisk's default; DataCollatorWithPadding(pad_to_multiple_of=8) for the Python runs).
+The run `brisk_free` is brisk with --padding_free (TRL's name): each batch's samples end to end,
+no padding computed (with --padding dynamic; its evaluation pads as brisk's default does).
 Prints eval accuracy, train samples/s and peak process memory.
 
 Run (after scripts/build.sh, scripts/setup_python.sh and scripts/get_data.sh):
     .venv/bin/python bench/glue_minilm.py [--epochs 2] [--max_steps N] [--padding dynamic]
-        [--only brisk,trainer,torch]
+        [--only brisk,brisk_free,trainer,torch] [--seed 42]
 """
 import argparse
 import csv
@@ -104,14 +106,16 @@ print(json.dumps(out))
 '''
 
 
-def run_brisk(out_dir, a):
+def run_brisk(out_dir, a, padding_free=False):
     cmd = [BRISK, "train", "--model", MODEL, "--train_file", TRAIN, "--validation_file", DEV,
            "--max_seq_length", str(a.seq), "--per_device_train_batch_size", str(a.batch),
            "--per_device_eval_batch_size", str(a.batch), "--learning_rate", str(a.lr),
            "--num_train_epochs", str(a.epochs), "--max_steps", str(a.max_steps),
-           "--do_eval", "--save_strategy", "no", "--logging_steps", "100", "--seed", "42",
+           "--do_eval", "--save_strategy", "no", "--logging_steps", "100", "--seed", str(a.seed),
            "--output_dir", out_dir, "--disable_tqdm", "--device", "cpu",
            "--pad_to_max_length", "true" if a.padding == "max_length" else "false"]
+    if padding_free:
+        cmd += ["--padding_free", "true"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     train = json.load(open(os.path.join(out_dir, "train_results.json")))
     ev = json.load(open(os.path.join(out_dir, "eval_results.json")))
@@ -135,6 +139,7 @@ def main():
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--padding", choices=("max_length", "dynamic"), default="max_length")
     p.add_argument("--only", default="brisk,trainer,torch")
+    p.add_argument("--seed", type=int, default=42, help="brisk's runs' seed (the Python runs: 42)")
     a = p.parse_args()
     for path in (MODEL, TRAIN, DEV):
         if not os.path.exists(path):
@@ -143,7 +148,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.only.split(","):
             out = os.path.join(tmp, name)
-            results[name] = run_brisk(out, a) if name == "brisk" else run_python(name, out, a)
+            if name.startswith("brisk"):
+                results[name] = run_brisk(out, a, padding_free=name == "brisk_free")
+            else:
+                results[name] = run_python(name, out, a)
             print(name, json.dumps(results[name]), flush=True)
     cpu = cpu_name()
     print(f"\nall-MiniLM-L6-v2 on Rotten Tomatoes ({a.epochs} epochs, batch {a.batch}, "
@@ -160,6 +168,12 @@ def main():
         sps = f"{r['samples_per_second']:.1f}" + (ratio[0] if ratio else "")
         mem = f"{r['peak_rss'] / 2**20:.0f} MiB" + (ratio[1] if ratio else "")
         print(f"| {name} | {100 * r['accuracy']:.2f}% | {sps} | {mem} |")
+    if "brisk" in results and "brisk_free" in results:
+        d, f = results["brisk"], results["brisk_free"]
+        print(f"\n--padding_free against brisk's {a.padding} padding: "
+              f"{f['samples_per_second'] / d['samples_per_second']:.2f}x samples/s, "
+              f"{f['peak_rss'] / d['peak_rss']:.2f}x peak memory, "
+              f"eval loss {f['eval_loss']:.4f} vs {d['eval_loss']:.4f}")
 
 
 if __name__ == "__main__":

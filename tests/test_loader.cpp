@@ -1,7 +1,7 @@
 // The data loader's padding and ordering: dynamic padding computes each micro-batch at its
 // longest sample rounded up to 8, inline and in the background alike; group_by_length orders an
 // epoch in mega-batches sorted by length with the longest sample first, still visiting every
-// sample once.
+// sample once; padding-free batches lay the same samples end to end.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -134,6 +134,40 @@ TEST(Loader, EachBatchIsPaddedToItsOwnLongestSample) {
       longest = std::max(longest, real);
     }
     EXPECT_EQ(got.seq, dynamic_padded_length(longest, kPlanned)) << "batch " << m;
+  }
+}
+
+// Padding-free: each micro-batch's samples, the padded batches' in their order, end to end over
+// rows as short as hold them (inline and in the background), the model told where they lie, the
+// tokens after them a padding sample of no real token.
+TEST(Loader, PaddingFreeBatchesLaySamplesEndToEnd) {
+  VaryingLengths data;
+  Loading padded(data, {false, true, 0});
+  const auto want = epoch(padded, data);
+  for (bool background : {false, true}) {
+    LoaderOptions options{background, true, 0};
+    options.padding_free = true;
+    Loading l(data, options);
+    l.loader->start(0);
+    ASSERT_EQ(l.loader->batches_per_epoch(), static_cast<int64_t>(want.size()));
+    for (size_t m = 0; m < want.size(); ++m) {
+      const LoadedBatch got = l.loader->next(*l.model);
+      const PackedSamples* samples = l.model->packed_samples();
+      ASSERT_NE(samples, nullptr);
+      EXPECT_EQ(samples->starts, got.samples.starts);
+      int64_t tokens = 0;
+      for (const Seen& s : want[m]) tokens += s.length;
+      EXPECT_EQ(got.seq, (tokens + kBatch - 1) / kBatch) << "batch " << m;
+      const int32_t* ids = l.model->batch().input_ids.i32();
+      const int32_t* mask = l.model->batch().attention_mask.i32();
+      for (size_t r = 0; r < want[m].size(); ++r) {
+        EXPECT_EQ(samples->length(static_cast<int64_t>(r)), want[m][r].length);
+        EXPECT_EQ(ids[samples->starts[r]] - 1, want[m][r].sample) << "batch " << m;
+      }
+      const int64_t padding = kBatch * got.seq - tokens;
+      EXPECT_EQ(samples->count(), static_cast<int64_t>(want[m].size()) + (padding > 0));
+      EXPECT_EQ(std::count(mask, mask + kBatch * got.seq, 1), tokens);
+    }
   }
 }
 

@@ -1,12 +1,13 @@
 // Attention's argument types, shared by the backends and the models that call them: the buffers
-// a backend's attention keeps, the dimensions of packed qkv, the keys each row may see, and the
-// samples a padding-free or packed batch lays end to end.
+// a backend's attention keeps, the dimensions of packed qkv, the keys each row may see, and
+// views of a padding-free or packed batch's samples (core/packed_samples.h).
 #pragma once
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
+#include "core/packed_samples.h"
 #include "core/tensor.h"
 
 namespace brisk {
@@ -33,33 +34,27 @@ struct AttentionDims {
 };
 AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const char* op);
 
+// Sample s's tokens of a tensor laid out as the batch's tokens ([B, T, X], or any shape whose
+// last dimension X is per token) as a batch of one row [1, length, X].
+Tensor sample_tokens(const Tensor& tokens, const PackedSamples& samples, int64_t s);
+// A tensor of the batch's tokens as one row [1, B * T, X].
+Tensor one_row(const Tensor& tokens);
+
 // The keys each batch row's queries may see. `keep` is int32 [B,T] (nonzero keeps the key) or
 // empty (every key). Where the batch is right-padded - each row keeps its first n keys, n >= 1 -
 // `lengths` (int32 [B], each row's n) may come with it: the same mask, which a backend may read
 // instead of keep (the GPU's fused attention then skips the padded keys and writes no bias).
+// A padding-free or packed batch's model passes its samples instead (no keep): its blocks call
+// the packed attention and restart the rotary positions at each sample.
 struct KeyMask {
   Tensor keep;
   Tensor lengths;
+  const PackedSamples* samples = nullptr;
   KeyMask() = default;
   KeyMask(Tensor keep_mask) : keep(std::move(keep_mask)) {}  // NOLINT: a mask alone converts
   KeyMask(Tensor keep_mask, Tensor row_lengths)
       : keep(std::move(keep_mask)), lengths(std::move(row_lengths)) {}
   bool empty() const { return keep.empty(); }
-};
-
-// The samples of a padding-free or packed batch, laid end to end along its rows: sample s is
-// tokens [starts[s], starts[s + 1]) of the batch's B * T tokens taken row after row, within one
-// row; starts[0] = 0 and the last entry is B * T, so every token belongs to one sample (a packed
-// row's padding is a sample of its own, whose loss is ignored). Attention never crosses samples,
-// and positions restart at each. Host values: the calls that read them loop over the samples.
-struct PackedSamples {
-  std::vector<int64_t> starts;
-  int64_t count() const { return starts.empty() ? 0 : static_cast<int64_t>(starts.size()) - 1; }
-  int64_t length(int64_t s) const {
-    return starts[static_cast<size_t>(s + 1)] - starts[static_cast<size_t>(s)];
-  }
-  int64_t longest() const;
-  bool empty() const { return count() == 0; }
 };
 
 }  // namespace brisk

@@ -1,18 +1,12 @@
 // Attention over the samples of a padding-free or packed batch, by default one sample at a time
-// through the backend's own attention (no padded row or key computed), and the checks of a
-// batch's samples.
+// through the backend's own attention (no padded row or key computed), rotary positions from 0
+// at each sample, and the checks of a batch's samples.
 #include <algorithm>
 
 #include "backend/backend.h"
 #include "core/checked.h"
 
 namespace brisk {
-
-int64_t PackedSamples::longest() const {
-  int64_t n = 0;
-  for (int64_t s = 0; s < count(); ++s) n = std::max(n, length(s));
-  return n;
-}
 
 void Backend::check_packed_samples(const PackedSamples& samples, int64_t B, int64_t T,
                                    const char* op) {
@@ -32,6 +26,19 @@ Tensor elements(const Tensor& t, int64_t first, const Shape& shape) {
   const Tensor range = element_range(t, first, shape.numel());
   return Tensor(range.data(), shape, t.dtype(), t.device());
 }
+}  // namespace
+
+Tensor sample_tokens(const Tensor& tokens, const PackedSamples& samples, int64_t s) {
+  const int64_t X = tokens.dim(-1), len = samples.length(s);
+  return elements(tokens, samples.starts[static_cast<size_t>(s)] * X, Shape{1, len, X});
+}
+
+Tensor one_row(const Tensor& tokens) {
+  const int64_t X = tokens.dim(-1);
+  return Tensor(tokens.data(), Shape{1, tokens.numel() / X, X}, tokens.dtype(), tokens.device());
+}
+
+namespace {
 
 // One sample's view of a packed attention call's tensors.
 struct SampleViews {
@@ -45,10 +52,8 @@ SampleViews sample_views(Device device, const AttentionDims& d, const PackedSamp
                          int64_t s, const Tensor& qkv, const Tensor& out, const Tensor& stats,
                          const Tensor& scratch, const RngKey& key) {
   const int64_t first = samples.starts[static_cast<size_t>(s)], len = samples.length(s);
-  const int64_t W = qkv.dim(-1);
   const AttentionBuffers ab = attention_buffers(device, 1, d.H, len, d.D);
-  SampleViews v{elements(qkv, first * W, Shape{1, len, W}),
-                elements(out, first * d.C, Shape{1, len, d.C}),
+  SampleViews v{sample_tokens(qkv, samples, s), sample_tokens(out, samples, s),
                 elements(stats, d.H * first, ab.stats), elements(scratch, 0, ab.scratch), key};
   v.key.seed = key.seed + static_cast<uint64_t>(s + 1) * 0x9E3779B97F4A7C15ull;
   return v;
@@ -89,18 +94,31 @@ Tensor Backend::packed_attention_backward(const Tensor& dout, const Tensor& qkv,
       dout.numel() == out.numel() && dqkv.numel() == qkv.numel() && dqkv.dtype() == DType::f32, op,
       ": gradients ", dout.shape().str(), " and ", dqkv.shape().str(), " for qkv ",
       qkv.shape().str());
-  const int64_t W = qkv.dim(-1);
   for (int64_t s = 0; s < samples.count(); ++s) {
     const SampleViews v = sample_views(device(), d, samples, s, qkv, out, stats, scratch, key);
-    const int64_t first = samples.starts[static_cast<size_t>(s)], len = samples.length(s);
     // float32 per sample (a view in another dtype would not lie where the whole's does), rounded
     // once after.
-    attention_backward(elements(dout, first * d.C, Shape{1, len, d.C}), v.qkv, v.out, v.stats,
-                       KeyMask(), causal, heads, kv_heads, scale, dropout_p, v.key, v.scratch,
-                       elements(dqkv, first * W, Shape{1, len, W}), round_dout, DType::f32);
+    attention_backward(sample_tokens(dout, samples, s), v.qkv, v.out, v.stats, KeyMask(), causal,
+                       heads, kv_heads, scale, dropout_p, v.key, v.scratch,
+                       sample_tokens(dqkv, samples, s), round_dout, DType::f32);
   }
   if (round_dqkv != DType::f32) round_to(round_dqkv, dqkv);
   return dqkv;
+}
+
+void packed_rotary(Backend& be, const Tensor& qkv, const PackedSamples& samples, int heads,
+                   int kv_heads, const Tensor& cos, const Tensor& sin, bool backward) {
+  auto rows = [](const Tensor& table, int64_t n) {
+    return Tensor(table.data(), Shape{n, table.dim(-1)}, table.dtype(), table.device());
+  };
+  for (int64_t s = 0; s < samples.count(); ++s) {
+    const int64_t n = samples.length(s);
+    const Tensor x = sample_tokens(qkv, samples, s);
+    if (backward)
+      be.rotary_backward(x, heads, kv_heads, rows(cos, n), rows(sin, n), 0);
+    else
+      be.rotary_forward(x, heads, kv_heads, rows(cos, n), rows(sin, n), 0);
+  }
 }
 
 }  // namespace brisk

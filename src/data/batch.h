@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/packed_samples.h"
 #include "core/tensor.h"
 
 namespace brisk {
@@ -49,6 +50,9 @@ class BatchTarget {
   virtual ~BatchTarget() = default;
   // The buffers shaped for rows of `seq` tokens (1 to the planned length).
   virtual void use_seq(int64_t seq) = 0;
+  // The next batch's samples laid end to end (padding-free), or none (rows of one sample each);
+  // after use_seq, which drops them.
+  virtual void use_samples(const PackedSamples& samples) = 0;
   virtual const Batch& batch() const = 0;
 };
 

@@ -32,6 +32,22 @@ void copy_batch(const Batch& src, const Batch& dst) {
   cp(src.label_values, dst.label_values);
 }
 
+// Sample r of a padding-free batch, at tokens [at, at + len), as a batch of one row: its tokens'
+// tensors from token `at`, its own label (classification, regression) at r.
+Batch sample_batch(const Batch& b, int64_t at, int64_t len, int64_t r) {
+  auto view = [](const Tensor& t, int64_t first, Shape shape) {
+    if (t.empty()) return t;
+    return Tensor(
+        static_cast<char*>(t.data()) + first * static_cast<int64_t>(dtype_size(t.dtype())), shape,
+        t.dtype(), t.device());
+  };
+  const bool per_token = b.labels.rank() == 2;
+  return {view(b.input_ids, at, {1, len}), view(b.attention_mask, at, {1, len}),
+          view(b.token_type_ids, at, {1, len}),
+          per_token ? view(b.labels, at, {1, len}) : view(b.labels, r, {1}),
+          view(b.label_values, r, {1})};
+}
+
 // The batch's [B, T] tensors viewed as [B, seq] over the same memory (rows packed at seq).
 Batch shaped(const Batch& b, int64_t seq) {
   auto view = [seq](const Tensor& t) {
@@ -156,15 +172,40 @@ int64_t DataLoader::micro_batch_at(int64_t position) const {
 
 LoadedBatch DataLoader::shape_of(int64_t m) {
   order_for_epoch(m / batches_per_epoch());
-  return {rows_of(m), padded_length(order_.as<int64_t>(), m)};
+  if (options_.padding_free) return padding_free_shape(order_.as<int64_t>(), m);
+  return {rows_of(m), padded_length(order_.as<int64_t>(), m), {}};
 }
 
-void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows) {
+LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m) const {
+  LoadedBatch shape{rows_of(m), 0, {{0}}};
+  std::vector<int64_t>& starts = shape.samples.starts;
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
+    starts.push_back(starts.back() + std::clamp<int64_t>(data_.length(sample), 1, layout_.seq));
+  }
+  // As few tokens per row as hold the samples (each at most a row's planned length), a multiple
+  // of length_multiple (Megatron's sequence parallelism slices each row).
+  const int64_t tokens = starts.back(), B = layout_.batch;
+  const int64_t multiple = std::max<int64_t>(options_.length_multiple, 1);
+  shape.seq = std::max<int64_t>(1, (tokens + B - 1) / B);
+  shape.seq = std::min(layout_.seq, (shape.seq + multiple - 1) / multiple * multiple);
+  if (B * shape.seq > tokens) starts.push_back(B * shape.seq);  // the padding after them
+  return shape;
+}
+
+void DataLoader::fill(const Batch& dst, int64_t m, const LoadedBatch& shape) {
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
   const int64_t epoch = m / batches_per_epoch();
-  for (int64_t r = 0; r < rows; ++r)
-    data_.fill_row(order[position(m, r, options_.rank) % data_.size()], epoch, dst, r);
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
+    if (shape.samples.empty()) {
+      data_.fill_row(sample, epoch, dst, r);
+      continue;
+    }
+    const int64_t at = shape.samples.starts[static_cast<size_t>(r)];
+    data_.fill_row(sample, epoch, sample_batch(dst, at, shape.samples.length(r), r), 0);
+  }
 }
 
 int64_t DataLoader::count_targets(int64_t first, int64_t count) {
@@ -203,12 +244,11 @@ void DataLoader::produce(int64_t first) {
         cv_.wait(lock, [&] { return stopping_ || slot.index < 0; });
         if (stopping_) return;
       }
-      const LoadedBatch shape = shape_of(m);
-      fill(shaped(slot.batch, shape.seq), m, shape.rows);
+      LoadedBatch shape = shape_of(m);
+      fill(shaped(slot.batch, shape.seq), m, shape);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        slot.rows = shape.rows;
-        slot.seq = shape.seq;
+        slot.shape = std::move(shape);
         slot.index = m;
       }
       cv_.notify_all();
@@ -225,15 +265,17 @@ LoadedBatch DataLoader::next(BatchTarget& model) {
   if (!options_.background) {
     const LoadedBatch shape = shape_of(m);
     model.use_seq(shape.seq);
-    fill(model.batch(), m, shape.rows);
+    model.use_samples(shape.samples);
+    fill(model.batch(), m, shape);
     return shape;
   }
   Slot& slot = slots_[m % 2];
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return error_ != nullptr || slot.index == m; });
   if (error_) std::rethrow_exception(error_);
-  const LoadedBatch shape{slot.rows, slot.seq};
+  const LoadedBatch shape = slot.shape;
   model.use_seq(shape.seq);
+  model.use_samples(shape.samples);
   copy_batch(shaped(slot.batch, shape.seq), model.batch());
   slot.index = -1;
   lock.unlock();

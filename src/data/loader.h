@@ -32,12 +32,17 @@ struct LoaderOptions {
   int rank = 0, ranks = 1;
   // Dynamic padding's lengths are multiples of this too (sequence parallelism splits them).
   int64_t length_multiple = 1;
+  // TRL's padding_free: each micro-batch's samples laid end to end over its rows, the rows as
+  // short as hold them all (PackedSamples; the tokens after them one padding sample).
+  bool padding_free = false;
 };
 
-// A micro-batch handed to the model: its real rows and the sequence length it was padded to.
+// A micro-batch handed to the model: its real rows (samples) and the sequence length it was
+// padded to; padding-free, where its samples lie.
 struct LoadedBatch {
   int64_t rows = 0;
   int64_t seq = 0;
+  PackedSamples samples;
 };
 
 // Dynamic padding's length for a batch whose longest sample has `longest` tokens: rounded up to a
@@ -79,8 +84,7 @@ class DataLoader {
  private:
   struct Slot {
     Batch batch;
-    int64_t rows = 0;
-    int64_t seq = 0;
+    LoadedBatch shape;
     int64_t index = -1;  // the micro-batch it holds, -1 when free
   };
   // Samples each rank sees per epoch: the data set padded to a multiple of the ranks, shared.
@@ -90,10 +94,12 @@ class DataLoader {
   // The position in the epoch order of row r of this rank's micro-batch m (position p >= the
   // data set's size is the padding, sample order[p - size]).
   int64_t position(int64_t m, int64_t r, int rank) const;
-  // The rows and padded length of micro-batch m (in the current epoch order).
+  // The rows and padded length of micro-batch m (in the current epoch order); padding-free, its
+  // samples' places.
   LoadedBatch shape_of(int64_t m);
+  LoadedBatch padding_free_shape(const int64_t* order, int64_t m) const;
   // Fills dst, shaped for micro-batch m's length, with it.
-  void fill(const Batch& dst, int64_t m, int64_t rows);
+  void fill(const Batch& dst, int64_t m, const LoadedBatch& shape);
   void order_for_epoch(int64_t epoch);
   // order = the epoch's permutation of the samples (seeded), grouped by length if asked.
   void arrange(const Tensor& order, int64_t epoch) const;

@@ -1,6 +1,7 @@
 // The BERT family's encoder with its task heads (see encoder.h).
 #include "models/encoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace brisk {
@@ -257,7 +258,7 @@ class Encoder final : public Model {
 
   void head_forward(Backend& be, const StepOptions& o) override {
     if (masked_lm()) return masked_lm_forward(be, o);
-    be.first_token(head_input(), first_);
+    pool_first_tokens(be);
     if (n_.tanh_head) {
       be.linear_forward(first_, w(head_w_), w(head_w_ + 1), WeightLayout::out_in, head_act_);
       be.tanh_forward(head_act_, head_act_);
@@ -289,7 +290,33 @@ class Encoder final : public Model {
     be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
                        g(head_w_), g(head_w_ + 1), accumulate);
     be.fill(head_input_grad(), 0.0f);
-    be.first_token_backward(d_first_, head_input_grad());
+    const PackedSamples* samples = packed_samples();
+    if (samples == nullptr) {
+      be.first_token_backward(d_first_, head_input_grad());
+      return;
+    }
+    const int64_t C = d_first_.dim(1);
+    for (int64_t b = 0; b < std::min(d_first_.dim(0), samples->count()); ++b)
+      be.copy(element_range(d_first_, b * C, C),
+              element_range(head_input_grad(), samples->starts[static_cast<size_t>(b)] * C, C));
+  }
+
+  // Each sequence's first token [B, C]: row b's, or a padding-free batch's sample b's (rows past
+  // its samples zero; their labels are ignored).
+  void pool_first_tokens(Backend& be) {
+    const PackedSamples* samples = packed_samples();
+    if (samples == nullptr) {
+      be.first_token(head_input(), first_);
+      return;
+    }
+    const int64_t B = first_.dim(0), C = first_.dim(1);
+    for (int64_t b = 0; b < B; ++b) {
+      const Tensor row = element_range(first_, b * C, C);
+      if (b < samples->count())
+        be.copy(element_range(head_input(), samples->starts[static_cast<size_t>(b)] * C, C), row);
+      else
+        be.fill(row, 0.0f);
+    }
   }
 
   // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position, or

@@ -76,18 +76,38 @@ int Model::vocab_param(const std::string& name, Shape shape, ParamRole role) {
   return numbered(stage_holds(role) ? params_.add(name, share, role, 0, split) : -1);
 }
 
+namespace {
+// Sample s's tokens of a [B, T] input (ids, token types) as a row of its own; empty stays empty.
+Tensor sample_row(const Tensor& t, const PackedSamples& samples, int64_t s) {
+  if (t.empty()) return t;
+  const Tensor r = element_range(t, samples.starts[static_cast<size_t>(s)], samples.length(s));
+  return Tensor(r.data(), Shape{1, r.numel()}, t.dtype(), t.device());
+}
+// A position table's (or its gradient's) first rows, from the table's start: a packed sample's
+// positions restart at 0 (no sequence parallelism then, so the rows given start at the table's).
+Tensor first_rows(const Tensor& table, int64_t rows) {
+  if (table.empty()) return table;
+  return Tensor(table.data(), Shape{rows, table.dim(-1)}, table.dtype(), table.device());
+}
+}  // namespace
+
 void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& types, const Tensor& out) {
-  if (config_.tensor_ranks == 1) {
-    be.embedding_forward(ids, w(word), pos, type_ids, types, out, {});
-    return;
-  }
-  // Each rank's rows give their tokens' embeddings, zero elsewhere; the first adds the
-  // positions and types, once.
+  // Each tensor rank's rows give their tokens' embeddings, zero elsewhere; the first adds the
+  // positions and types, once (one rank: all of it).
   const bool first = config_.tensor_rank == 0;
-  be.embedding_forward(ids, w(word), first ? pos : Tensor(), first ? type_ids : Tensor(),
-                       first ? types : Tensor(), out, vocab_shard());
-  parallelism_.tensor->all_reduce_sum(be, out);
+  auto embed = [&](const Tensor& i, const Tensor& p, const Tensor& t, const Tensor& o) {
+    be.embedding_forward(i, w(word), first ? p : Tensor(), first ? t : Tensor(),
+                         first ? types : Tensor(), o, vocab_shard());
+  };
+  if (const PackedSamples* samples = packed_samples()) {
+    for (int64_t s = 0; s < samples->count(); ++s)
+      embed(sample_row(ids, *samples, s), first_rows(pos, samples->length(s)),
+            sample_row(type_ids, *samples, s), sample_tokens(out, *samples, s));
+  } else {
+    embed(ids, pos, type_ids, out);
+  }
+  if (config_.tensor_ranks > 1) parallelism_.tensor->all_reduce_sum(be, out);
 }
 
 void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor& ids,
@@ -95,7 +115,15 @@ void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor&
                                   const Tensor& dpos, const Tensor& dtypes) {
   const Tensor dword = g(word);
   if (dword.empty() && dpos.empty() && dtypes.empty()) return;  // frozen embeddings
-  be.embedding_backward(dout, ids, padding_idx, type_ids, dword, dpos, dtypes, vocab_shard());
+  const PackedSamples* samples = packed_samples();
+  if (samples == nullptr) {
+    be.embedding_backward(dout, ids, padding_idx, type_ids, dword, dpos, dtypes, vocab_shard());
+    return;
+  }
+  for (int64_t s = 0; s < samples->count(); ++s)
+    be.embedding_backward(sample_tokens(dout, *samples, s), sample_row(ids, *samples, s),
+                          padding_idx, sample_row(type_ids, *samples, s), dword,
+                          first_rows(dpos, samples->length(s)), dtypes, vocab_shard());
 }
 
 int Model::token_param(const std::string& name, Shape shape) {
@@ -167,6 +195,7 @@ BlockParams Model::block_weights(int layer) const {
 }
 
 void Model::use_seq(int64_t seq) {
+  samples_ = {};  // rows of one sample each, unless use_samples follows
   if (seq == shape_.seq) return;
   BRISK_CHECK(arena_ && seq > 0 && seq <= planned_.seq, "sequence length ", seq,
               " is outside the planned 1..", planned_.seq);
@@ -233,6 +262,14 @@ void Model::shift_labels(const Tensor& targets) const {
   const int64_t B = shape_.batch, T = shape_.seq;
   const int32_t* y = batch_.labels.i32();
   int32_t* t = targets.i32();
+  if (const PackedSamples* samples = packed_samples()) {  // within each sample
+    for (int64_t s = 0; s < samples->count(); ++s) {
+      const int64_t end = samples->starts[static_cast<size_t>(s) + 1];
+      for (int64_t i = samples->starts[static_cast<size_t>(s)]; i < end; ++i)
+        t[i] = i + 1 < end ? y[i + 1] : kIgnoreIndex;
+    }
+    return;
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < T; ++i) t[b * T + i] = i + 1 < T ? y[b * T + i + 1] : kIgnoreIndex;
 }
@@ -253,6 +290,12 @@ int64_t Model::count_targets() const {
   } else {  // a causal LM's position t predicts label t+1; a masked LM's, label t
     // Under sequence parallelism, of this rank's positions only.
     const int64_t shift = config_.task == ModelTask::causal_lm ? 1 : 0;
+    const PackedSamples* samples = packed_samples();
+    for (int64_t s = 0; samples && s < samples->count(); ++s)  // each sample's, as a row's
+      for (int64_t t = samples->starts[static_cast<size_t>(s)] + shift;
+           t < samples->starts[static_cast<size_t>(s) + 1]; ++t)
+        n += y[t] != kIgnoreIndex;
+    if (samples) return n;
     const int64_t from = first_token() + shift, to = std::min(first_token() + tokens() + shift, T);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = from; t < to; ++t) n += y[b * T + t] != kIgnoreIndex;
@@ -377,6 +420,11 @@ bool hides_keys(const Tensor& mask, bool skips) {
 }  // namespace
 
 KeyMask Model::key_mask() const {
+  if (const PackedSamples* samples = packed_samples()) {
+    KeyMask packed;
+    packed.samples = samples;
+    return packed;
+  }
   if (!hides_keys_) return {};
   if (keys_right_padded_) return {dev_batch_.attention_mask, key_lengths_};
   return dev_batch_.attention_mask;
@@ -397,7 +445,9 @@ void Model::load_step(Backend& be) {
   validate_batch();
   prepare_batch();
   slice_inputs();
-  hides_keys_ = hides_keys(batch_.attention_mask, options_.unmasked_attention);
+  if (!samples_.empty())  // laid over the rows as one row of the batch's tokens
+    Backend::check_packed_samples(samples_, 1, shape_.batch * shape_.seq, "the padding-free batch");
+  hides_keys_ = samples_.empty() && hides_keys(batch_.attention_mask, options_.unmasked_attention);
   keys_right_padded_ = options_.key_lengths && hides_keys_ &&
                        right_padded_lengths(batch_.attention_mask, key_lengths_host_);
   if (keys_right_padded_) be.upload(key_lengths_host_, key_lengths_);
@@ -412,6 +462,8 @@ void Model::step_signature(const StepOptions& o, std::vector<int64_t>& s) const 
   std::memcpy(&scale_bits, &o.loss_grad_scale, sizeof scale_bits);
   s.assign({shape_.batch, shape_.seq, hides_keys_, keys_right_padded_, o.training, o.compute_grad,
             o.first_micro_batch, scale_bits});
+  s.push_back(samples_.count());  // a packed batch's calls follow its samples
+  s.insert(s.end(), samples_.starts.begin(), samples_.starts.end());
   add_step_signature(s);
 }
 

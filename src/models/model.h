@@ -54,8 +54,13 @@ class Model : public BatchTarget {
   // Runs the next micro-batches at sequence length `seq` (1 to the planned length) in the
   // planned buffers, every view shaped as a plan for that length shapes it (dynamic padding:
   // shorter batches compute less in the same memory). The shapes for a length are found once,
-  // by planning the model again for it. The batch's contents are not kept.
+  // by planning the model again for it. The batch's contents are not kept, nor its samples
+  // (use_samples after it).
   void use_seq(int64_t seq) override;
+  // The next micro-batches' samples laid end to end (padding-free: attention within each,
+  // positions from 0 at each, a sequence head's token of each), or none.
+  void use_samples(const PackedSamples& samples) override { samples_ = samples; }
+  const PackedSamples* packed_samples() const { return samples_.empty() ? nullptr : &samples_; }
   // The host-side batch the data loader writes; forward() validates it and copies it to the
   // device.
   const Batch& batch() const override { return batch_; }
@@ -416,6 +421,7 @@ class Model : public BatchTarget {
   // BRISK_KEY_LENGTHS=0 gives the mask alone, to compare.
   bool keys_right_padded_ = false;
   Tensor key_lengths_host_, key_lengths_;
+  PackedSamples samples_;              // use_samples
   Tensor held_step_host_, held_step_;  // PlanOptions::held_step
   // A buffer the host writes and uploads itself (not one of the batch's inputs): its host copy,
   // and a device copy where the device has its own memory.

@@ -142,6 +142,8 @@ Tensor MoeMlps::float32_input(Backend& be, const Layer& l, const Tensor& x, bool
 void MoeMlps::forward(Backend& be, int layer, const Tensor& x, const Tensor& y,
                       const LayerAdapters& adapters) {
   Layer& l = layers_.at(static_cast<size_t>(layer));
+  // This micro-batch's tokens: a length whose shapes use_seq found before plans nothing again.
+  tokens_ = x.numel() / hidden_;
   moe_forward(be, shape(), weights(l, false), float32_input(be, l, x, true), l.saved, scratch_,
               as_rows(y, hidden_), counts_[static_cast<size_t>(layer)], z_loss(l), group_,
               adapters);

@@ -207,14 +207,23 @@ int64_t first_position(const BlockStyle& st, const Tensor& tokens) {
   return splits_sequences(st.parallel.sequence) ? st.parallel.sequence->rank() * tokens.dim(1) : 0;
 }
 
-// Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient.
-void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first) {
-  if (!st.rope_cos.empty())
+// Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient;
+// a packed batch's (`samples`) from 0 at each sample.
+void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first,
+                    const PackedSamples* samples = nullptr) {
+  if (st.rope_cos.empty()) return;
+  if (samples != nullptr)
+    packed_rotary(be, qkv, *samples, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, false);
+  else
     be.rotary_forward(qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, first);
 }
 
-void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv) {
-  if (!st.rope_cos.empty())
+void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv,
+                     const PackedSamples* samples) {
+  if (st.rope_cos.empty()) return;
+  if (samples != nullptr)
+    packed_rotary(be, dqkv, *samples, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, true);
+  else
     be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin,
                        first_position(st, dqkv));
 }
@@ -508,6 +517,14 @@ void block_attention_core(Backend& be, const BlockStyle& st, const KeyMask& key_
   const int heads = st.heads / sequence_ranks(st);
   const float scale = layer_attention_scale(st, layer);
   const RngKey k = attention_key(st, key, layer);
+  if (key_mask.samples != nullptr) {  // a packed batch: its tokens as one row of samples
+    be.packed_attention_forward(one_row(qkv), *key_mask.samples, st.causal, heads,
+                                sequence_kv_heads(st), scale, st.attention_dropout, k, s.attn_stats,
+                                scratch.attn, one_row(o));
+    if (stored != nullptr)
+      be.cast(o, Tensor(stored->data(), o.shape(), stored->dtype(), stored->device()));
+    return;
+  }
   if (stored == nullptr) {
     be.attention_forward(qkv, key_mask, st.causal, heads, sequence_kv_heads(st), scale,
                          st.attention_dropout, k, s.attn_stats, scratch.attn, o);
@@ -547,7 +564,7 @@ void block_forward(Backend& be, const BlockStyle& st, const BlockParams& w, cons
       qkv_product(s.qkv);
       if (st.qk_norm)
         qk_norm_forward(be, st, w, s.qkv, {s.q_in, s.k_in}, {s.rstd_q, s.rstd_k}, scratch.d_ctx);
-      rotary_forward(be, st, s.qkv, 0);
+      rotary_forward(be, st, s.qkv, 0, key_mask.samples);
       qkv = &round_saved(be, lp, s.qkv, qkv_copy);
     }
     const Tensor* ctx_copy = copy(&BlockSaved::ctx);
@@ -707,13 +724,19 @@ void block_backward(Backend& be, const BlockStyle& st, const BlockParams& w, con
   if (splits_sequences(st.parallel.sequence)) {
     be.round_to(lp, sc.d_ctx);
     sequence_split_attention_backward(be, st, key_mask, s, sc, attn_probs_key, layer);
+  } else if (key_mask.samples != nullptr) {
+    be.packed_attention_backward(one_row(sc.d_ctx), one_row(s.qkv), one_row(s.ctx), s.attn_stats,
+                                 *key_mask.samples, st.causal, st.heads, st.kv_heads,
+                                 layer_attention_scale(st, layer), st.attention_dropout,
+                                 attn_probs_key, sc.attn, one_row(sc.d_qkv), lp,
+                                 rounds_dqkv && qkv_as_given ? lp : DType::f32);
   } else {
     d_qkv = be.attention_backward(sc.d_ctx, s.qkv, s.ctx, s.attn_stats, key_mask, st.causal,
                                   st.heads, st.kv_heads, layer_attention_scale(st, layer),
                                   st.attention_dropout, attn_probs_key, sc.attn, sc.d_qkv, lp,
                                   rounds_dqkv && qkv_as_given ? lp : DType::f32);
   }
-  rotary_backward(be, st, sc.d_qkv);
+  rotary_backward(be, st, sc.d_qkv, key_mask.samples);
   if (st.qk_norm) qk_norm_backward(be, st, w, g, s, sc);
   if (rounds_dqkv && (splits_sequences(st.parallel.sequence) || !qkv_as_given))
     be.round_to(lp, sc.d_qkv);

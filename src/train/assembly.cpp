@@ -417,6 +417,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   LoaderOptions loading;
   loading.background = o.dataloader_num_workers > 0;
   loading.dynamic_padding = !o.pad_to_max_length;
+  loading.padding_free = o.padding_free;
   loading.length_group_batch =
       o.group_by_length ? B * o.gradient_accumulation_steps * static_cast<int64_t>(ranks) : 0;
   loading.rank = r.place.data;

@@ -338,6 +338,21 @@ void check_evaluation(const TrainOptions& o) {
   }
 }
 
+// --padding_free: what it contradicts, and the layouts it is not built for.
+void check_padding_free(const TrainOptions& o) {
+  if (!o.padding_free) return;
+  BRISK_CHECK(!o.pad_to_max_length,
+              "--padding_free and --pad_to_max_length contradict each other: padding-free batches "
+              "hold no padding");
+  BRISK_CHECK(!o.group_by_length,
+              "--group_by_length is meaningless with --padding_free: its batches hold no padding "
+              "to save");
+  BRISK_CHECK(o.sp_size == 1, "--padding_free with sequence parallelism (--sp_size ", o.sp_size,
+              ") is not built yet");
+  BRISK_CHECK(o.pp_size == 1, "--padding_free with pipeline parallelism (--pp_size ", o.pp_size,
+              ") is not built yet");
+}
+
 // The data: text files or a dataset, their preparation, and the reports.
 void check_data(const TrainOptions& o) {
   const bool files = !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
@@ -351,6 +366,7 @@ void check_data(const TrainOptions& o) {
   BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
               "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
   BRISK_CHECK(!o.line_by_line || o.mlm, "line_by_line shapes masked-LM data: it needs --mlm");
+  check_padding_free(o);
   BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
               "validation_split_percentage must lie in [0, 100), got ",
               o.validation_split_percentage);
@@ -468,6 +484,7 @@ const char* option_group(const std::string& name) {
         "line_by_line",
         "keep_linebreaks",
         "pad_to_max_length",
+        "padding_free",
         "group_by_length",
         "tokenized_cache_dir",
         "overwrite_cache",

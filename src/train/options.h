@@ -114,6 +114,7 @@ struct TrainOptions {
   // longest sample rounded up to 8, computing at that length.
   bool pad_to_max_length = false;
   bool group_by_length = false;     // batches of similar lengths (LengthGroupedSampler)
+  bool padding_free = false;        // TRL's: a batch's samples end to end, no padding computed
   bool keep_linebreaks = true;      // run_clm: plain-text lines keep their "\n"
   std::string tokenized_cache_dir;  // "": output_dir/tokenized_cache; "none": no cache
   bool overwrite_cache = false;     // tokenize the files again even when a cache matches
@@ -346,6 +347,9 @@ void visit_options(Options& o, Visitor&& v) {
   v("keep_linebreaks", o.keep_linebreaks,
     "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
     "without)");
+  v("padding_free", o.padding_free,
+    "training batches without padding (TRL's padding_free): each batch's samples laid end to "
+    "end, positions restarting and attention confined to each sample");
   v("group_by_length", o.group_by_length,
     "shuffle in mega-batches (of global batches) sorted by length, so batches hold samples of "
     "similar lengths");

@@ -83,6 +83,34 @@ TEST(TensorParallel, RanksTrainAsOneProcessWithTheSameGlobalBatch) {
   }
 }
 
+// Padding-free batches on tensor ranks (with dp replicas over them): each rank's share of the
+// heads attends within each sample, Megatron's sequence parallelism slices rows whose length is a
+// multiple of the tensor ranks; the run trains as one process on the padded batches.
+TEST(TensorParallel, PaddingFreeRanksTrainAsOneProcessPadded) {
+  NEEDS_MPI();
+  const int N = world().size();
+  const int tp = N == 4 ? 2 : N, dp = N / tp;
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string type : {"gpt2", "llama"}) {
+    SCOPED_TRACE(type + " on tp " + std::to_string(tp) + " x dp " + std::to_string(dp));
+    SharedDir dir("tp_padding_free_" + type);
+    UnequalLengths data;
+    TrainOptions o = tiny_options(write_model(dir, type, 0.0), dir / "ranks");
+    o.per_device_train_batch_size = 2 / dp;
+    o.gradient_accumulation_steps = 3;
+    o.max_steps = 3;
+    TrainOptions one = o;
+    one.output_dir = dir / "one";
+    one.per_device_train_batch_size = 2;
+    Logged single;
+    if (world().rank() == 0) single = run(one, &data, alone.get());
+    o.tp_size = tp;
+    o.padding_free = true;
+    const Logged ranks = run(o, &data, &world());
+    if (world().rank() == 0) expect_trains_as(ranks, single);
+  }
+}
+
 // Megatron's sequence parallelism's exchanges with the world as the tensor group, against what
 // each rank computes for the others: every rank's slice of the tokens gathered into every token
 // (float32, and 16-bit data moved as its bits; one sequence and several), and each rank's tokens

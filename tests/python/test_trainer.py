@@ -44,6 +44,20 @@ def test_train_equals_the_program(tmp_path, program, bert_config):
     assert os.path.isfile(tmp_path / "api" / "model.safetensors")
 
 
+def test_padding_free_trains_as_the_padded_batches(tmp_path, bert_config):
+    train = read_glue("train.csv")
+    padded = trainer(tmp_path / "padded", bert_config, train, max_steps=4)
+    padded.train()
+    free = trainer(tmp_path / "free", bert_config, train, max_steps=4, padding_free=True)
+    assert free.args.padding_free is True
+    free.train()
+    assert len(api_losses(free)) == 4
+    assert [v for _, v in api_losses(free)] == pytest.approx(
+        [v for _, v in api_losses(padded)], rel=2e-5)
+    with pytest.raises(brisk.BriskError, match="contradict each other"):
+        brisk.TrainingArguments(padding_free=True, pad_to_max_length=True)
+
+
 def test_datasets_and_dataframes_train_alike(tmp_path, bert_config):
     pandas = pytest.importorskip("pandas")
     datasets = pytest.importorskip("datasets")
