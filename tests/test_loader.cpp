@@ -154,7 +154,6 @@ TEST(Loader, PaddingFreeBatchesLaySamplesEndToEnd) {
       const LoadedBatch got = l.loader->next(*l.model);
       const PackedSamples* samples = l.model->packed_samples();
       ASSERT_NE(samples, nullptr);
-      EXPECT_EQ(samples->starts, got.samples.starts);
       int64_t tokens = 0;
       for (const Seen& s : want[m]) tokens += s.length;
       EXPECT_EQ(got.seq, (tokens + kBatch - 1) / kBatch) << "batch " << m;

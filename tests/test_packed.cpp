@@ -46,7 +46,6 @@ void expect_same_losses(TrainOptions o, const Dataset* data = nullptr) {
 TEST(PackedSamples, CoverTheBatchRowByRow) {
   const PackedSamples good{{0, 3, 4, 8, 10, 16}};  // rows of 8: [3, 1, 4] and [2, 6]
   EXPECT_EQ(good.count(), 5);
-  EXPECT_EQ(good.longest(), 6);
   EXPECT_EQ(good.length(1), 1);
   Backend::check_packed_samples(good, 2, 8, "op");
   expect_error(

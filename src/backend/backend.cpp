@@ -510,14 +510,16 @@ void Backend::check_quant4_matrix(const Quant4Matrix& w, const char* op) const {
     BRISK_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16 || p.dtype == DType::f16, op,
                 ": values rounded to ", dtype_name(p.dtype));
   }
-  checked_mul(w.rows(), w.cols, op);
+  checked_mul(w.rows(), w.cols, op);  // the products' sizes come from it: refused on overflow
 }
 
 Tensor Backend::dequantize_matrix(const Quant4Matrix& w) {
   const Tensor buffer = dequantized_buffer();
   const int64_t rows = w.rows();
-  BRISK_CHECK(static_cast<int64_t>(buffer.bytes()) >= rows * w.cols * 4, "internal error: a [",
-              rows, ", ", w.cols, "] 4-bit weight and ", buffer.bytes(),
+  const int64_t bytes =
+      checked_mul(checked_mul(rows, w.cols, "a 4-bit weight"), int64_t{4}, "a 4-bit weight");
+  BRISK_CHECK(static_cast<int64_t>(buffer.bytes()) >= bytes, "internal error: a [", rows, ", ",
+              w.cols, "] 4-bit weight and ", buffer.bytes(),
               " bytes planned to dequantize it into (MatmulOperands::quantized)");
   const Tensor flat(buffer.data(), Shape{rows * w.cols}, DType::f32, buffer.device());
   int64_t at = 0;

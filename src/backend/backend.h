@@ -753,7 +753,7 @@ std::unique_ptr<Backend> make_backend(Device device, const Switches& switches = 
 
 // Rotary positions (backward: their gradient, in place) from 0 at each of a packed batch's
 // samples of qkv [B, T, (H + 2K) * D], sample by sample; cos and sin hold at least its longest
-// sample's positions from their first row (tables shaped for fewer rows are read past them).
+// sample's positions from their first row (read through first_rows).
 void packed_rotary(Backend& be, const Tensor& qkv, const PackedSamples& samples, int heads,
                    int kv_heads, const Tensor& cos, const Tensor& sin, bool backward);
 

@@ -33,6 +33,11 @@ Tensor sample_tokens(const Tensor& tokens, const PackedSamples& samples, int64_t
   return elements(tokens, samples.starts[static_cast<size_t>(s)] * X, Shape{1, len, X});
 }
 
+Tensor first_rows(const Tensor& table, int64_t rows) {
+  if (table.empty()) return table;
+  return Tensor(table.data(), Shape{rows, table.dim(-1)}, table.dtype(), table.device());
+}
+
 Tensor one_row(const Tensor& tokens) {
   const int64_t X = tokens.dim(-1);
   return Tensor(tokens.data(), Shape{1, tokens.numel() / X, X}, tokens.dtype(), tokens.device());
@@ -108,16 +113,13 @@ Tensor Backend::packed_attention_backward(const Tensor& dout, const Tensor& qkv,
 
 void packed_rotary(Backend& be, const Tensor& qkv, const PackedSamples& samples, int heads,
                    int kv_heads, const Tensor& cos, const Tensor& sin, bool backward) {
-  auto rows = [](const Tensor& table, int64_t n) {
-    return Tensor(table.data(), Shape{n, table.dim(-1)}, table.dtype(), table.device());
-  };
   for (int64_t s = 0; s < samples.count(); ++s) {
     const int64_t n = samples.length(s);
     const Tensor x = sample_tokens(qkv, samples, s);
     if (backward)
-      be.rotary_backward(x, heads, kv_heads, rows(cos, n), rows(sin, n), 0);
+      be.rotary_backward(x, heads, kv_heads, first_rows(cos, n), first_rows(sin, n), 0);
     else
-      be.rotary_forward(x, heads, kv_heads, rows(cos, n), rows(sin, n), 0);
+      be.rotary_forward(x, heads, kv_heads, first_rows(cos, n), first_rows(sin, n), 0);
   }
 }
 

@@ -19,11 +19,6 @@ struct PackedSamples {
   int64_t length(int64_t s) const {
     return starts[static_cast<size_t>(s + 1)] - starts[static_cast<size_t>(s)];
   }
-  int64_t longest() const {
-    int64_t n = 0;
-    for (int64_t s = 0; s < count(); ++s) n = n > length(s) ? n : length(s);
-    return n;
-  }
   bool empty() const { return count() == 0; }
 };
 

@@ -99,6 +99,10 @@ DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed,
               options.ranks > 1 ? " on each of " + std::to_string(options.ranks) + " ranks" : "");
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
               " tokens do not fit the planned sequence length ", layout.seq);
+  // Padding-free: a micro-batch's samples and the padding after them, placed without allocating.
+  if (options.padding_free)
+    for (PackedSamples* s : {&slots_[0].samples, &slots_[1].samples, &inline_samples_})
+      s->starts.reserve(static_cast<size_t>(layout.batch) + 2);
 }
 
 DataLoader::~DataLoader() {
@@ -170,15 +174,18 @@ int64_t DataLoader::micro_batch_at(int64_t position) const {
   return epoch * batches_per_epoch() + within / global;
 }
 
-LoadedBatch DataLoader::shape_of(int64_t m) {
+LoadedBatch DataLoader::shape_of(int64_t m, PackedSamples& samples) {
   order_for_epoch(m / batches_per_epoch());
-  if (options_.padding_free) return padding_free_shape(order_.as<int64_t>(), m);
-  return {rows_of(m), padded_length(order_.as<int64_t>(), m), {}};
+  samples.starts.clear();
+  if (options_.padding_free) return padding_free_shape(order_.as<int64_t>(), m, samples);
+  return {rows_of(m), padded_length(order_.as<int64_t>(), m)};
 }
 
-LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m) const {
-  LoadedBatch shape{rows_of(m), 0, {{0}}};
-  std::vector<int64_t>& starts = shape.samples.starts;
+LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m,
+                                           PackedSamples& samples) const {
+  LoadedBatch shape{rows_of(m), 0};
+  std::vector<int64_t>& starts = samples.starts;
+  starts.push_back(0);
   for (int64_t r = 0; r < shape.rows; ++r) {
     const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
     starts.push_back(starts.back() + std::clamp<int64_t>(data_.length(sample), 1, layout_.seq));
@@ -193,18 +200,18 @@ LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m) cons
   return shape;
 }
 
-void DataLoader::fill(const Batch& dst, int64_t m, const LoadedBatch& shape) {
+void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows, const PackedSamples& samples) {
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
   const int64_t epoch = m / batches_per_epoch();
-  for (int64_t r = 0; r < shape.rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
-    if (shape.samples.empty()) {
+    if (samples.empty()) {
       data_.fill_row(sample, epoch, dst, r);
       continue;
     }
-    const int64_t at = shape.samples.starts[static_cast<size_t>(r)];
-    data_.fill_row(sample, epoch, sample_batch(dst, at, shape.samples.length(r), r), 0);
+    const int64_t at = samples.starts[static_cast<size_t>(r)];
+    data_.fill_row(sample, epoch, sample_batch(dst, at, samples.length(r), r), 0);
   }
 }
 
@@ -244,11 +251,11 @@ void DataLoader::produce(int64_t first) {
         cv_.wait(lock, [&] { return stopping_ || slot.index < 0; });
         if (stopping_) return;
       }
-      LoadedBatch shape = shape_of(m);
-      fill(shaped(slot.batch, shape.seq), m, shape);
+      const LoadedBatch shape = shape_of(m, slot.samples);  // the slot is free: not read now
+      fill(shaped(slot.batch, shape.seq), m, shape.rows, slot.samples);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        slot.shape = std::move(shape);
+        slot.shape = shape;
         slot.index = m;
       }
       cv_.notify_all();
@@ -263,10 +270,10 @@ void DataLoader::produce(int64_t first) {
 LoadedBatch DataLoader::next(BatchTarget& model) {
   const int64_t m = next_++;
   if (!options_.background) {
-    const LoadedBatch shape = shape_of(m);
+    const LoadedBatch shape = shape_of(m, inline_samples_);
     model.use_seq(shape.seq);
-    model.use_samples(shape.samples);
-    fill(model.batch(), m, shape);
+    model.use_samples(inline_samples_);
+    fill(model.batch(), m, shape.rows, inline_samples_);
     return shape;
   }
   Slot& slot = slots_[m % 2];
@@ -275,7 +282,7 @@ LoadedBatch DataLoader::next(BatchTarget& model) {
   if (error_) std::rethrow_exception(error_);
   const LoadedBatch shape = slot.shape;
   model.use_seq(shape.seq);
-  model.use_samples(shape.samples);
+  model.use_samples(slot.samples);
   copy_batch(shaped(slot.batch, shape.seq), model.batch());
   slot.index = -1;
   lock.unlock();

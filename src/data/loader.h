@@ -38,11 +38,10 @@ struct LoaderOptions {
 };
 
 // A micro-batch handed to the model: its real rows (samples) and the sequence length it was
-// padded to; padding-free, where its samples lie.
+// padded to (padding-free: its rows' length; the model is told where its samples lie).
 struct LoadedBatch {
   int64_t rows = 0;
   int64_t seq = 0;
-  PackedSamples samples;
 };
 
 // Dynamic padding's length for a batch whose longest sample has `longest` tokens: rounded up to a
@@ -85,7 +84,8 @@ class DataLoader {
   struct Slot {
     Batch batch;
     LoadedBatch shape;
-    int64_t index = -1;  // the micro-batch it holds, -1 when free
+    PackedSamples samples;  // padding-free: where its samples lie (capacity kept: no allocation)
+    int64_t index = -1;     // the micro-batch it holds, -1 when free
   };
   // Samples each rank sees per epoch: the data set padded to a multiple of the ranks, shared.
   int64_t per_rank_samples() const { return (data_.size() + options_.ranks - 1) / options_.ranks; }
@@ -96,10 +96,10 @@ class DataLoader {
   int64_t position(int64_t m, int64_t r, int rank) const;
   // The rows and padded length of micro-batch m (in the current epoch order); padding-free, its
   // samples' places.
-  LoadedBatch shape_of(int64_t m);
-  LoadedBatch padding_free_shape(const int64_t* order, int64_t m) const;
-  // Fills dst, shaped for micro-batch m's length, with it.
-  void fill(const Batch& dst, int64_t m, const LoadedBatch& shape);
+  LoadedBatch shape_of(int64_t m, PackedSamples& samples);
+  LoadedBatch padding_free_shape(const int64_t* order, int64_t m, PackedSamples& samples) const;
+  // Fills dst, shaped for micro-batch m's length, with it (padding-free: at `samples`).
+  void fill(const Batch& dst, int64_t m, int64_t rows, const PackedSamples& samples);
   void order_for_epoch(int64_t epoch);
   // order = the epoch's permutation of the samples (seeded), grouped by length if asked.
   void arrange(const Tensor& order, int64_t epoch) const;
@@ -117,7 +117,8 @@ class DataLoader {
   Tensor count_order_;
   int64_t count_epoch_ = -1;
   Slot slots_[2];
-  int64_t next_ = 0;  // next micro-batch the consumer takes
+  PackedSamples inline_samples_;  // the inline path's Slot::samples
+  int64_t next_ = 0;              // next micro-batch the consumer takes
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -83,12 +83,6 @@ Tensor sample_row(const Tensor& t, const PackedSamples& samples, int64_t s) {
   const Tensor r = element_range(t, samples.starts[static_cast<size_t>(s)], samples.length(s));
   return Tensor(r.data(), Shape{1, r.numel()}, t.dtype(), t.device());
 }
-// A position table's (or its gradient's) first rows, from the table's start: a packed sample's
-// positions restart at 0 (no sequence parallelism then, so the rows given start at the table's).
-Tensor first_rows(const Tensor& table, int64_t rows) {
-  if (table.empty()) return table;
-  return Tensor(table.data(), Shape{rows, table.dim(-1)}, table.dtype(), table.device());
-}
 }  // namespace
 
 void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor& pos,
@@ -195,7 +189,8 @@ BlockParams Model::block_weights(int layer) const {
 }
 
 void Model::use_seq(int64_t seq) {
-  samples_ = {};  // rows of one sample each, unless use_samples follows
+  samples_.starts.clear();  // rows of one sample each, unless use_samples follows (its capacity
+                            // kept: assigning the next samples allocates nothing)
   if (seq == shape_.seq) return;
   BRISK_CHECK(arena_ && seq > 0 && seq <= planned_.seq, "sequence length ", seq,
               " is outside the planned 1..", planned_.seq);
