@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -12,11 +13,12 @@
 
 namespace brisk {
 
-// Encodes rows [0, n) in parallel (OpenMP); the first error any row raises is raised here.
-// The encoder hears of the progress every 4096 rows, from the first thread.
-template <typename F>
-std::vector<Encoded> encode_rows(const TextEncoder& encoder, int64_t n, F&& encode_row) {
-  std::vector<Encoded> out(static_cast<size_t>(n));
+// Encodes rows [0, n) in parallel (OpenMP) into what encode_row makes of each; the first error
+// any row raises is raised here. The encoder hears of the progress every 4096 rows, from the first
+// thread.
+template <typename T, typename F>
+std::vector<T> encode_rows_as(const TextEncoder& encoder, int64_t n, F&& encode_row) {
+  std::vector<T> out(static_cast<size_t>(n));
   std::string error;
   std::atomic<int64_t> done{0};
   int64_t reported = 0;  // the first thread's
@@ -37,6 +39,10 @@ std::vector<Encoded> encode_rows(const TextEncoder& encoder, int64_t n, F&& enco
   if (!error.empty()) throw Error(error);
   encoder.progress(n, n);
   return out;
+}
+template <typename F>
+std::vector<Encoded> encode_rows(const TextEncoder& encoder, int64_t n, F&& encode_row) {
+  return encode_rows_as<Encoded>(encoder, n, std::forward<F>(encode_row));
 }
 
 }  // namespace brisk

@@ -16,12 +16,6 @@ constexpr uint32_t kMaskingSite = 0x6d6c6d00u;  // "mlm": apart from every dropo
 bool below(uint32_t word, double p) {
   return static_cast<double>(word) < p * 4294967296.0;
 }
-
-bool blank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-  });
-}
 }  // namespace
 
 MaskedToken mask_token(const MaskingOptions& m, int64_t index, int64_t epoch, int64_t stride,
@@ -42,7 +36,7 @@ TokenizedRows tokenize_lines(const TextTable& t, int64_t column, const TextEncod
                              int64_t first, int64_t end, int64_t max_length, bool skip_blank) {
   std::vector<int64_t> kept;
   for (int64_t r = first; r < end; ++r) {
-    const bool empty = t.kind(r, column) == CellKind::null || blank(t.text(r, column));
+    const bool empty = t.kind(r, column) == CellKind::null || blank_text(t.text(r, column));
     if (!(skip_blank && empty)) kept.push_back(r);
   }
   const std::vector<Encoded> rows =

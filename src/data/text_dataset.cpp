@@ -12,6 +12,12 @@
 
 namespace brisk {
 
+bool blank_text(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  });
+}
+
 bool is_index_column(const TextTable& t, int64_t col) {
   const std::string& name = t.columns()[static_cast<size_t>(col)];
   if (name != "idx" && !name.empty() && name != "Unnamed: 0") return false;

@@ -39,6 +39,9 @@ class TextEncoder {
   }
 };
 
+// Whether a text is empty or all ASCII whitespace (a blank line).
+bool blank_text(std::string_view s);
+
 // An index column: named "idx" (GLUE's exports), "Unnamed: 0" (pandas' to_csv index, whose
 // empty header reads as pandas reads it) or "", and holding whole numbers only. The columns chosen
 // by position skip it, as run_glue users drop it.

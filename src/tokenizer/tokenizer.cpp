@@ -529,6 +529,9 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
     return a.content.size() > b.content.size();
   });
   t->index_added_tokens();
+  const nlohmann::json eos = config().value("eos_token", nlohmann::json());
+  const nlohmann::json content = eos.is_object() ? eos.value("content", nlohmann::json()) : eos;
+  if (content.is_string()) t->eos_id_ = t->token_id(content.get<std::string>());
   return t;
 }
 

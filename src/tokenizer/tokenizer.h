@@ -74,6 +74,9 @@ class Tokenizer final : public TextEncoder {
   std::pair<int64_t, int64_t> single_specials() const;
   // The id of a token, an added one or the model's; -1 when absent.
   int32_t token_id(const std::string& token) const;
+  // tokenizer_config.json's eos_token (a token's text, or an object with its "content"), -1 when
+  // it names none the tokenizer has.
+  int32_t eos_id() const { return eos_id_; }
   const std::string& origin() const { return origin_; }
 
  private:
@@ -97,6 +100,7 @@ class Tokenizer final : public TextEncoder {
   };
   std::vector<TemplatePiece> single_ = {{0, {}, 0}}, pair_ = {{0, {}, 0}, {1, {}, 1}};
   int32_t pad_id_ = 0;
+  int32_t eos_id_ = -1;
 };
 
 // Word-level pieces other loaders build on.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "core/input_file.h"
 #include "core/json_file.h"
 #include "core/model_files.h"
+#include "data/lm_rows.h"
 #include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/text_table.h"
@@ -309,8 +311,66 @@ void classification_data(const TrainOptions& o, ModelConfig& config, FileData& d
   d.test = dataset(test, true);
 }
 
+// The end-of-sequence token each causal-LM row ends with: the tokenizer's eos_token, else the
+// config's (first) eos_token_id.
+int32_t eos_of(const Tokenizer& t, const ModelConfig& config, const std::string& tokenizer_path) {
+  if (t.eos_id() >= 0) return t.eos_id();
+  const nlohmann::json e = config.source.value("eos_token_id", nlohmann::json());
+  const nlohmann::json id = e.is_array() && !e.empty() ? e[0] : e;
+  BRISK_CHECK(
+      id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < t.vocab_size(),
+      "the tokenizer at '", tokenizer_path,
+      "' names no eos_token (tokenizer_config.json) and config.json no eos_token_id in "
+      "its vocabulary: a causal LM's rows end with that token");
+  return static_cast<int32_t>(id.get<int64_t>());
+}
+
+// A causal LM's rows (TRL's SFTTrainer on a plain dataset), into d (in place, as above): each
+// prompt/completion pair, or each non-blank line, one sample of its tokens and the end-of-sequence
+// token, cut to seq_len; the rows cached uncut.
+void lm_rows_data(const TrainOptions& o, const ModelConfig& config, FileData& d,
+                  const TextTable& train, const TextTable& eval, ProgressEncoder& tok,
+                  TokenCache& cache, TokenLimits limits, SkippedColumns& skipped) {
+  const int32_t eos = eos_of(*d.tokenizer, config, d.tokenizer_path);
+  limits.classes = std::numeric_limits<int32_t>::max();  // labels: the prompts' lengths
+  int64_t truncated = 0, dropped = 0, samples = 0;
+  auto rows = [&](const TextTable& t, int64_t first, int64_t end) -> std::unique_ptr<Dataset> {
+    LmRowColumns c = prompt_completion_columns(t);
+    std::vector<int64_t> index_columns;
+    if (!c.pairs()) c.text = causal_lm_text_column(t, o.text_column_name, &index_columns);
+    skipped.add(t, index_columns);
+    const std::string shape = "lm_rows " + std::to_string(c.text) + " " + std::to_string(c.prompt) +
+                              " " + std::to_string(c.completion) + " " + std::to_string(first) +
+                              " " + std::to_string(end) + " " + std::to_string(eos);
+    std::unique_ptr<Dataset> data = cache.get(
+        t.origin(), shape, limits,
+        [&] {
+          tok.start(t.origin());
+          return tokenize_lm_rows(t, c, tok, eos, first, end);
+        },
+        [&](TokenizedRows r) {
+          return std::make_unique<LmRowsDataset>(std::move(r), d.seq_len, tok.pad_id(),
+                                                 o.completion_only_loss);
+        });
+    const auto& made = static_cast<const LmRowsDataset&>(*data);
+    truncated += made.truncated();
+    dropped += made.dropped();
+    samples += made.size() + made.dropped();
+    return data;
+  };
+  split_train_eval(o, train, eval, d, rows);
+  if (truncated > 0)
+    d.notes.push_back(std::to_string(truncated) + " of " + std::to_string(samples) +
+                      " rows are longer than block_size " + std::to_string(d.seq_len) +
+                      " tokens: each keeps its first " + std::to_string(d.seq_len) +
+                      (dropped > 0 ? "; " + std::to_string(dropped) +
+                                         " left without a completion token are dropped"
+                                   : std::string()));
+}
+
 // run_clm, into d (in place, as above): the text tokenized (cached per split) into blocks of
-// block_size tokens (at most 1024 or the model's positions by default).
+// block_size tokens (at most 1024 or the model's positions by default); prompt/completion files
+// and --line_by_line: one sample per row (lm_rows_data).
 void causal_lm_data(const TrainOptions& o, const ModelConfig& config, FileData& d,
                     const TextTable& train, const TextTable& eval, bool keep_linebreaks,
                     ProgressEncoder& tok, TokenCache& cache, const TokenLimits& limits,
@@ -318,6 +378,9 @@ void causal_lm_data(const TrainOptions& o, const ModelConfig& config, FileData& 
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
   BRISK_CHECK(o.test_file.empty(), "--test_file: a causal LM has no labels to predict");
+  const TextTable& first = !o.train_file.empty() ? train : eval;
+  if (o.line_by_line || prompt_completion_columns(first).pairs())
+    return lm_rows_data(o, config, d, train, eval, tok, cache, limits, skipped);
   auto blocks = [&](const TextTable& t, int64_t first, int64_t end) {
     std::vector<int64_t> index_columns;
     const int64_t col = causal_lm_text_column(t, o.text_column_name, &index_columns);
@@ -349,7 +412,9 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
   ProgressEncoder tok(*d.tokenizer, !o.disable_tqdm && ::isatty(STDERR_FILENO));
   // run_clm reads plain-text lines with their line breaks unless told otherwise.
   // (run_mlm's text loader drops them: its default.)
-  const bool keep_linebreaks = config.task == ModelTask::causal_lm && o.keep_linebreaks;
+  // Rows (--line_by_line) are samples: their line breaks are not part of them.
+  const bool keep_linebreaks =
+      config.task == ModelTask::causal_lm && o.keep_linebreaks && !o.line_by_line;
   auto table = [&](const std::string& path) {
     return path.empty() ? TextTable() : read_text_table(path, keep_linebreaks);
   };
@@ -373,7 +438,7 @@ FileData load_file_data(const TrainOptions& o, ModelConfig& config) {
     masked_lm_data(o, d, train, eval, tok, cache, limits, skipped);
   else  // causal LM, as run_clm
     causal_lm_data(o, config, d, train, eval, keep_linebreaks, tok, cache, limits, skipped);
-  d.notes = skipped.notes();
+  for (std::string& note : skipped.notes()) d.notes.push_back(std::move(note));
   return d;
 }
 

@@ -365,7 +365,6 @@ void check_data(const TrainOptions& o) {
   BRISK_CHECK(o.block_size >= 0, "block_size must not be negative, got ", o.block_size);
   BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
               "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
-  BRISK_CHECK(!o.line_by_line || o.mlm, "line_by_line shapes masked-LM data: it needs --mlm");
   check_padding_free(o);
   BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
               "validation_split_percentage must lie in [0, 100), got ",
@@ -482,6 +481,7 @@ const char* option_group(const std::string& name) {
         "max_predict_samples",
         "mlm_probability",
         "line_by_line",
+        "completion_only_loss",
         "keep_linebreaks",
         "pad_to_max_length",
         "padding_free",

@@ -38,7 +38,10 @@ struct TrainOptions {
   double router_z_loss_coef = 0;
   double moe_capacity_factor = 0;  // Switch's expert capacity (0: dropless)
   double mlm_probability = 0.15;
-  bool line_by_line = false;  // masked LM: one sample per line instead of grouped blocks
+  // Masked or causal LM: one sample per non-blank line instead of grouped blocks.
+  bool line_by_line = false;
+  // Prompt/completion data (TRL's SFTTrainer): the loss on the completions' tokens only.
+  bool completion_only_loss = true;
   // The example scripts' max_*_samples: only the first this many samples (0: all).
   int64_t max_train_samples = 0, max_eval_samples = 0, max_predict_samples = 0;
   // Load a model folder whose tensors differ in shape from the model's (a classifier of another
@@ -342,8 +345,13 @@ void visit_options(Options& o, Visitor&& v) {
     "without it, the head config.json's architectures names (labelled files: a classifier)");
   v("mlm_probability", o.mlm_probability, "masked LM: the share of tokens chosen");
   v("line_by_line", o.line_by_line,
-    "masked LM: each non-blank line is one sample (truncated to max_seq_length) instead of "
-    "concatenated lines cut into blocks of max_seq_length");
+    "each non-blank line is one sample instead of concatenated lines cut into blocks: a masked "
+    "LM's truncated to max_seq_length; a causal LM's followed by the end-of-sequence token and "
+    "truncated to block_size, as TRL's SFTTrainer prepares a text dataset");
+  v("completion_only_loss", o.completion_only_loss,
+    "causal LM on a file with prompt and completion columns: each row trains on prompt + "
+    "completion + end-of-sequence token, the loss on the completion's tokens only (false: on "
+    "all of them), as TRL's SFTTrainer");
   v("keep_linebreaks", o.keep_linebreaks,
     "causal LM on a .txt file: each line keeps its line break, as run_clm reads it (false: "
     "without)");
