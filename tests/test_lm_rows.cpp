@@ -9,6 +9,7 @@
 
 #include "core/json_file.h"
 #include "data/lm_rows.h"
+#include "data/packing.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
 #include "trainer_support.h"
@@ -99,6 +100,32 @@ TrainOptions sft_options(const SftRun& r, const std::string& out) {
   return o;
 }
 
+// A run's logged losses, final evaluation loss and data notes.
+struct Trained {
+  std::vector<double> losses;
+  double eval_loss = 0;
+  std::vector<std::string> notes;
+};
+Trained train_logged(const TrainOptions& o) {
+  Trained t;
+  const TrainSummary s = train(o, [&](const nlohmann::json& j) {
+    if (j.contains("loss")) t.losses.push_back(j["loss"]);
+    if (j.contains("data_files")) t.notes.push_back(j["data_files"]);
+  });
+  t.eval_loss = s.eval_metrics.is_object() ? s.eval_metrics.value("eval_loss", 0.0) : 0.0;
+  return t;
+}
+
+// The run's losses are the fixture's, step by step (and its evaluation, when it evaluated).
+void expect_fixture_losses(const Trained& t, const SftRun& r) {
+  const std::vector<double> want = r.want()["losses"];
+  ASSERT_EQ(t.losses.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(t.losses[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+  const double eval_loss = r.want()["eval_loss"];
+  if (t.eval_loss != 0) EXPECT_NEAR(t.eval_loss, eval_loss, 2e-5 * eval_loss);
+}
+
 TEST(LmRows, TrainAsTorchOnEachRowUnpaddedPaddedOrNot) {
   for (const SftRun& r : runs()) {
     for (const bool padding_free : {false, true}) {
@@ -106,23 +133,113 @@ TEST(LmRows, TrainAsTorchOnEachRowUnpaddedPaddedOrNot) {
       TempDir dir("lm_rows");
       TrainOptions o = sft_options(r, dir / "out");
       o.padding_free = padding_free;
-      std::vector<double> losses;
-      std::vector<std::string> notes;
-      const TrainSummary s = train(o, [&](const nlohmann::json& j) {
-        if (j.contains("loss")) losses.push_back(j["loss"]);
-        if (j.contains("data_files")) notes.push_back(j["data_files"]);
-      });
-      const std::vector<double> want = r.want()["losses"];
-      ASSERT_EQ(losses.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(losses[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
-      const double eval_loss = r.want()["eval_loss"];
-      EXPECT_NEAR(s.eval_metrics.value("eval_loss", 0.0), eval_loss, 2e-5 * eval_loss);
+      const Trained t = train_logged(o);
+      EXPECT_NE(t.eval_loss, 0);
+      expect_fixture_losses(t, r);
       // The cut said once for both files (the same rows train and validate).
-      ASSERT_EQ(notes.size(), 1u);
-      EXPECT_NE(notes[0].find("rows are longer than block_size 24"), std::string::npos) << notes[0];
+      ASSERT_EQ(t.notes.size(), 1u);
+      EXPECT_NE(t.notes[0].find("rows are longer than block_size 24"), std::string::npos)
+          << t.notes[0];
     }
   }
+}
+
+// The rows the fixture's samples pack into at block_size.
+int64_t packed_rows(const SftRun& r) {
+  const auto tok = Tokenizer::load(fixture("tokenizer/" + r.tokenizer));
+  const TextTable t = read_text_table(r.data());
+  LmRowColumns c = prompt_completion_columns(t);
+  if (!c.pairs()) c.text = 0;
+  const int64_t block = expected()["block_size"];
+  return PackedDataset(
+             std::make_unique<LmRowsDataset>(tokenize_lm_rows(t, c, *tok, eos_of(r), 0, t.rows()),
+                                             block, tok->pad_id(), r.run == "pairs"),
+             block)
+      .size();
+}
+
+// Gradient accumulation over micro-batches of unequal label counts: each step's loss is over the
+// window's label tokens (Trainer's num_items_in_batch), as the fixture's one batch of all rows;
+// padded, padding-free and packed.
+TEST(LmRows, AccumulatedMicroBatchesNormalizeOverTheWindow) {
+  const SftRun r{"gpt2", "bpe", "pairs"};
+  for (const char* how : {"padded", "padding_free", "packing"}) {
+    SCOPED_TRACE(how);
+    TempDir dir("lm_rows_accumulate");
+    TrainOptions o = sft_options(r, dir / "out");
+    o.padding_free = std::string(how) == "padding_free";
+    o.packing = std::string(how) == "packing";
+    // 8 samples as 4 micro-batches of 2 (packed: their rows, one a micro-batch).
+    const int64_t samples = o.per_device_train_batch_size;
+    o.gradient_accumulation_steps = o.packing ? packed_rows(r) : 4;
+    o.per_device_train_batch_size = o.packing ? 1 : samples / 4;
+    o.do_eval = false;
+    expect_fixture_losses(train_logged(o), r);
+  }
+}
+
+// Packed rows (all in one batch) train as torch on each row alone; evaluation reads the rows
+// unpacked.
+TEST(LmRows, PackedRowsTrainAsTorchOnEachRow) {
+  for (const SftRun& r : runs()) {
+    SCOPED_TRACE(r.model + "/" + r.run);
+    TempDir dir("lm_rows_packed");
+    TrainOptions o = sft_options(r, dir / "out");
+    o.packing = true;
+    o.per_device_train_batch_size = packed_rows(r);
+    EXPECT_LT(o.per_device_train_batch_size, static_cast<int64_t>(r.want()["samples"].size()));
+    const Trained t = train_logged(o);
+    EXPECT_NE(t.eval_loss, 0);
+    expect_fixture_losses(t, r);
+    ASSERT_EQ(t.notes.size(), 2u);  // the cut, then the packing
+    const std::string& note = t.notes[1];
+    EXPECT_NE(note.find(std::to_string(r.want()["samples"].size()) + " training samples in " +
+                        std::to_string(o.per_device_train_batch_size) + " rows of 24 tokens"),
+              std::string::npos)
+        << note;
+  }
+}
+
+// A packed run resumed from its checkpoint continues as the uninterrupted run: the same packed
+// rows in the same seeded order (two rows a step).
+TEST(LmRows, APackedRunResumesExactly) {
+  TempDir dir("lm_rows_resume");
+  const SftRun r{"llama", "bpe_llama3", "lines"};
+  TrainOptions o = sft_options(r, dir / "out");
+  o.packing = true;
+  o.per_device_train_batch_size = 2;
+  o.max_steps = 6;
+  o.save_strategy = "steps";
+  o.save_steps = 3;
+  o.learning_rate = 0.05;
+  o.do_eval = false;
+  const std::vector<double> straight = train_logged(o).losses;
+  ASSERT_EQ(straight.size(), 6u);
+  const std::vector<double> resumed =
+      train_logged(resumed_in_copy(o, "checkpoint-3", dir / "r")).losses;
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], straight[i + 3]) << "step " << i + 4;
+}
+
+TEST(LmRows, PackingRefusesWhatItCannotPack) {
+  TempDir dir("lm_rows_packing_bad");
+  const SftRun lines{"gpt2", "bpe", "lines"};
+  TrainOptions o = sft_options(lines, dir / "out");
+  o.packing = true;
+  o.line_by_line = false;  // run_clm's blocks
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); }, "--packing packs rows of text");
+  o.line_by_line = true;
+  o.group_by_length = true;
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); },
+               "--group_by_length is meaningless with --packing");
+  o.group_by_length = false;
+  o.block_size = 64;  // the model holds 48 positions
+  expect_error([&] { train(o, [](const nlohmann::json&) {}); },
+               "--block_size 64 exceeds the model's max_position_embeddings 48");
+  TrainOptions synthetic = tiny_options(write_config(dir, "gpt2", 0.0), dir / "synthetic");
+  synthetic.packing = true;
+  expect_error([&] { train(synthetic, [](const nlohmann::json&) {}); },
+               "--packing packs rows of text files");
 }
 
 TEST(LmRows, BadRowsAndMissingTokensAreRefusedByName) {

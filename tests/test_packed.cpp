@@ -131,6 +131,40 @@ TEST(PaddingFree, EncodersTrainAsOnPaddedRows) {
   }
 }
 
+// run_mlm's lines packed into rows of max_seq_length train as the lines one per row: all of them
+// in one batch either way, the same masks (drawn per sample and position).
+TEST(Packing, MaskedLmLinesTrainAsUnpacked) {
+  TempDir dir("packing_mlm");
+  TrainOptions o = tiny_options(write_wordpiece_bert(dir), dir / "out");
+  o.tokenizer_name = fixture("tokenizer/wordpiece");
+  o.train_file = write_fixture_text(dir, "text.txt");
+  o.mlm = o.line_by_line = true;
+  o.max_seq_length = 48;
+  o.save_strategy = "no";
+  o.tokenized_cache_dir = "none";
+  // How many lines pack into how many rows: the run's note.
+  o.packing = true;
+  o.per_device_train_batch_size = 1;
+  o.max_steps = 1;
+  int64_t samples = 0, rows = 0;
+  train(o, [&](const nlohmann::json& j) {
+    if (j.contains("data_files"))
+      std::sscanf(j["data_files"].get<std::string>().c_str(),
+                  "--packing: %ld training samples in %ld rows", &samples, &rows);
+  });
+  ASSERT_GT(samples, rows);
+  ASSERT_GT(rows, 1);
+  o.max_steps = 3;
+  o.per_device_train_batch_size = rows;
+  const std::vector<double> packed = step_losses(o);
+  o.packing = false;
+  o.per_device_train_batch_size = samples;
+  const std::vector<double> lines = step_losses(o);
+  ASSERT_EQ(packed.size(), lines.size());
+  for (size_t s = 0; s + 1 < lines.size(); ++s)
+    EXPECT_NEAR(packed[s], lines[s], 2e-5 * lines[s]) << "step " << s + 1;
+}
+
 TEST(PaddingFree, ContradictingOptionsAreRefused) {
   TrainOptions o;
   o.padding_free = true;

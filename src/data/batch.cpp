@@ -12,6 +12,20 @@ void reset_label_values(const Batch& batch) {
   if (!t.empty()) std::fill(t.f32(), t.f32() + t.numel(), std::numeric_limits<float>::quiet_NaN());
 }
 
+Batch token_view(const Batch& b, int64_t at, int64_t len, int64_t label_row) {
+  auto view = [](const Tensor& t, int64_t first, Shape shape) {
+    if (t.empty()) return t;
+    return Tensor(
+        static_cast<char*>(t.data()) + first * static_cast<int64_t>(dtype_size(t.dtype())), shape,
+        t.dtype(), t.device());
+  };
+  const bool per_token = b.labels.rank() == 2;
+  return {view(b.input_ids, at, {1, len}), view(b.attention_mask, at, {1, len}),
+          view(b.token_type_ids, at, {1, len}),
+          per_token ? view(b.labels, at, {1, len}) : view(b.labels, label_row, {1}),
+          view(b.label_values, label_row, {1})};
+}
+
 bool right_padded_lengths(const Tensor& mask, const Tensor& lengths) {
   BRISK_CHECK(mask.rank() == 2 && lengths.numel() == mask.dim(0) && mask.dtype() == DType::i32 &&
                   lengths.dtype() == DType::i32,

@@ -24,6 +24,11 @@ struct Batch {
   Tensor label_values;    // float32 [B]: regression targets, NaN = none (labels is then empty)
 };
 
+// Tokens [at, at + len) of the batch's B * T tokens taken row after row (within one row) as a
+// batch of one row, its label (classification, regression) that of row `label_row`: where a
+// padding-free or packed batch's sample is written.
+Batch token_view(const Batch& batch, int64_t at, int64_t len, int64_t label_row);
+
 // A regression target's "no label", as kIgnoreIndex is a class label's.
 inline bool no_label_value(float y) {
   return y != y;

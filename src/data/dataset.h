@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "data/batch.h"
 
@@ -26,6 +27,13 @@ class Dataset {
   virtual int64_t length(int64_t index) const {
     (void)index;
     return seq_len();
+  }
+  // A packed dataset's (data/packing.h): the lengths of the samples sample `index` lays end to
+  // end from its first token, which attend and number their positions apart. Empty: the sample
+  // is one.
+  virtual std::span<const int64_t> packed_lengths(int64_t index) const {
+    (void)index;
+    return {};
   }
 };
 

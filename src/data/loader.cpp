@@ -32,22 +32,6 @@ void copy_batch(const Batch& src, const Batch& dst) {
   cp(src.label_values, dst.label_values);
 }
 
-// Sample r of a padding-free batch, at tokens [at, at + len), as a batch of one row: its tokens'
-// tensors from token `at`, its own label (classification, regression) at r.
-Batch sample_batch(const Batch& b, int64_t at, int64_t len, int64_t r) {
-  auto view = [](const Tensor& t, int64_t first, Shape shape) {
-    if (t.empty()) return t;
-    return Tensor(
-        static_cast<char*>(t.data()) + first * static_cast<int64_t>(dtype_size(t.dtype())), shape,
-        t.dtype(), t.device());
-  };
-  const bool per_token = b.labels.rank() == 2;
-  return {view(b.input_ids, at, {1, len}), view(b.attention_mask, at, {1, len}),
-          view(b.token_type_ids, at, {1, len}),
-          per_token ? view(b.labels, at, {1, len}) : view(b.labels, r, {1}),
-          view(b.label_values, r, {1})};
-}
-
 // The batch's [B, T] tensors viewed as [B, seq] over the same memory (rows packed at seq).
 Batch shaped(const Batch& b, int64_t seq) {
   auto view = [seq](const Tensor& t) {
@@ -99,10 +83,16 @@ DataLoader::DataLoader(const Dataset& data, BatchLayout layout, uint64_t seed,
               options.ranks > 1 ? " on each of " + std::to_string(options.ranks) + " ranks" : "");
   BRISK_CHECK(data.seq_len() <= layout.seq, "samples of ", data.seq_len(),
               " tokens do not fit the planned sequence length ", layout.seq);
-  // Padding-free: a micro-batch's samples and the padding after them, placed without allocating.
-  if (options.padding_free)
+  // Padding-free or packed: a micro-batch's samples and its padding, placed without allocating.
+  size_t most = 0;  // the most samples a packed row holds
+  if (!data.packed_lengths(0).empty())
+    for (int64_t i = 0; i < data.size(); ++i) most = std::max(most, data.packed_lengths(i).size());
+  packed_ = most > 0;
+  const size_t reserve = packed_ ? static_cast<size_t>(layout.batch) * (most + 1) + 1
+                                 : static_cast<size_t>(layout.batch) + 2;
+  if (options.padding_free || packed_)
     for (PackedSamples* s : {&slots_[0].samples, &slots_[1].samples, &inline_samples_})
-      s->starts.reserve(static_cast<size_t>(layout.batch) + 2);
+      s->starts.reserve(reserve);
 }
 
 DataLoader::~DataLoader() {
@@ -177,6 +167,7 @@ int64_t DataLoader::micro_batch_at(int64_t position) const {
 LoadedBatch DataLoader::shape_of(int64_t m, PackedSamples& samples) {
   order_for_epoch(m / batches_per_epoch());
   samples.starts.clear();
+  if (packed_) return packed_shape(order_.as<int64_t>(), m, samples);
   if (options_.padding_free) return padding_free_shape(order_.as<int64_t>(), m, samples);
   return {rows_of(m), padded_length(order_.as<int64_t>(), m)};
 }
@@ -200,18 +191,34 @@ LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m,
   return shape;
 }
 
+LoadedBatch DataLoader::packed_shape(const int64_t* order, int64_t m,
+                                     PackedSamples& samples) const {
+  const LoadedBatch shape{rows_of(m), data_.seq_len()};
+  std::vector<int64_t>& starts = samples.starts;
+  starts.push_back(0);
+  for (int64_t r = 0; r < layout_.batch; ++r) {
+    if (r < shape.rows)
+      for (const int64_t len :
+           data_.packed_lengths(order[position(m, r, options_.rank) % data_.size()]))
+        starts.push_back(starts.back() + len);
+    if (starts.back() < (r + 1) * shape.seq)
+      starts.push_back((r + 1) * shape.seq);  // the row's padding
+  }
+  return shape;
+}
+
 void DataLoader::fill(const Batch& dst, int64_t m, int64_t rows, const PackedSamples& samples) {
   reset_rows(dst);
   const int64_t* order = order_.as<int64_t>();
   const int64_t epoch = m / batches_per_epoch();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
-    if (samples.empty()) {
+    if (samples.empty() || packed_) {  // a packed row writes its samples itself
       data_.fill_row(sample, epoch, dst, r);
       continue;
     }
     const int64_t at = samples.starts[static_cast<size_t>(r)];
-    data_.fill_row(sample, epoch, sample_batch(dst, at, samples.length(r), r), 0);
+    data_.fill_row(sample, epoch, token_view(dst, at, samples.length(r), r), 0);
   }
 }
 

@@ -3,7 +3,8 @@
 // Its staging slots are planned buffers (category data), so loading allocates nothing. Batches
 // are padded to the planned length, or dynamically to their longest sample (rounded up to a
 // multiple of 8) and then computed at that length (Model::use_seq). group_by_length orders
-// each epoch as transformers' LengthGroupedSampler: mega-batches of similar lengths.
+// each epoch as transformers' LengthGroupedSampler: mega-batches of similar lengths. A packed
+// dataset's rows (data/packing.h) and padding-free batches tell the model where their samples lie.
 #pragma once
 
 #include <condition_variable>
@@ -98,6 +99,9 @@ class DataLoader {
   // samples' places.
   LoadedBatch shape_of(int64_t m, PackedSamples& samples);
   LoadedBatch padding_free_shape(const int64_t* order, int64_t m, PackedSamples& samples) const;
+  // A packed dataset's rows (data/packing.h) at their full length, each row's samples and the
+  // padding after them (a row of its own where the batch has fewer rows).
+  LoadedBatch packed_shape(const int64_t* order, int64_t m, PackedSamples& samples) const;
   // Fills dst, shaped for micro-batch m's length, with it (padding-free: at `samples`).
   void fill(const Batch& dst, int64_t m, int64_t rows, const PackedSamples& samples);
   void order_for_epoch(int64_t epoch);
@@ -110,6 +114,7 @@ class DataLoader {
   BatchLayout layout_;
   uint64_t seed_;
   LoaderOptions options_;
+  bool packed_ = false;  // the dataset packs samples into its rows: the batch tells the model
   // The epoch's sample order, and a second permutation for count_targets: int64 [samples] each,
   // host buffers of the plan (they grow with the data set, so they are counted).
   Tensor order_;

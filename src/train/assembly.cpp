@@ -2,6 +2,7 @@
 #include "train/assembly.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -11,6 +12,7 @@
 #include "core/switches.h"
 #include "core/weight_files.h"
 #include "data/first_samples.h"
+#include "data/packing.h"
 #include "data/synthetic.h"
 #include "data/token_file.h"
 #include "parallel/mesh.h"
@@ -47,6 +49,20 @@ void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluate
   r.test_data = r.files.test.get();
   // A run that does not train still plans a loader: over the data it evaluates.
   r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
+  if (o.packing && r.owned_data) {
+    BRISK_CHECK(r.files.rows && layout.labels_per_token,
+                "--packing packs rows of text: give --line_by_line or a file with prompt and "
+                "completion columns (blocks are full already; a classifier's rows are not packed)");
+    const int64_t samples = r.owned_data->size();
+    auto packed = std::make_unique<PackedDataset>(std::move(r.owned_data), r.files.seq_len);
+    char fill[32];
+    std::snprintf(fill, sizeof fill, "%.1f%%", 100 * packed->fill_ratio());
+    r.files.notes.push_back("--packing: " + std::to_string(samples) + " training samples in " +
+                            std::to_string(packed->size()) + " rows of " +
+                            std::to_string(r.files.seq_len) + " tokens, " + fill +
+                            " of them filled");
+    r.owned_data = std::move(packed);
+  }
   r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
 }
 
@@ -55,6 +71,9 @@ void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluate
 void assemble_other_data(RunAssembly& r, const BatchLayout& layout, bool evaluates,
                          GivenData dataset) {
   const TrainOptions& o = r.options;
+  BRISK_CHECK(!o.packing,
+              "--packing packs rows of text files: give --train_file with "
+              "--line_by_line or prompt and completion columns");
   r.owned_data = dataset.train
                      ? nullptr
                      : first_samples(make_dataset(o, r.config, layout), o.max_train_samples);

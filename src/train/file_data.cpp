@@ -245,6 +245,7 @@ void masked_lm_data(const TrainOptions& o, FileData& d, const TextTable& train,
                     const TokenLimits& limits, SkippedColumns& skipped) {
   const Tokenizer& t = *d.tokenizer;
   d.seq_len = o.max_seq_length;
+  d.rows = o.line_by_line;
   BRISK_CHECK(o.test_file.empty(), "--test_file: a masked LM has no labels to predict");
   MaskingOptions masking;
   masking.probability = o.mlm_probability;
@@ -332,6 +333,7 @@ void lm_rows_data(const TrainOptions& o, const ModelConfig& config, FileData& d,
                   const TextTable& train, const TextTable& eval, ProgressEncoder& tok,
                   TokenCache& cache, TokenLimits limits, SkippedColumns& skipped) {
   const int32_t eos = eos_of(*d.tokenizer, config, d.tokenizer_path);
+  d.rows = true;
   limits.classes = std::numeric_limits<int32_t>::max();  // labels: the prompts' lengths
   int64_t truncated = 0, dropped = 0, samples = 0;
   auto rows = [&](const TextTable& t, int64_t first, int64_t end) -> std::unique_ptr<Dataset> {
@@ -377,6 +379,8 @@ void causal_lm_data(const TrainOptions& o, const ModelConfig& config, FileData& 
                     SkippedColumns& skipped) {
   d.seq_len =
       o.block_size > 0 ? o.block_size : std::min<int64_t>(1024, config.max_position_embeddings);
+  BRISK_CHECK(d.seq_len <= config.max_position_embeddings, "--block_size ", d.seq_len,
+              " exceeds the model's max_position_embeddings ", config.max_position_embeddings);
   BRISK_CHECK(o.test_file.empty(), "--test_file: a causal LM has no labels to predict");
   const TextTable& first = !o.train_file.empty() ? train : eval;
   if (o.line_by_line || prompt_completion_columns(first).pairs())

@@ -19,6 +19,9 @@ struct FileData {
   std::string tokenizer_path;  // where the tokenizer's files are (copied next to the model)
   std::unique_ptr<Dataset> train, eval, test;
   int64_t seq_len = 0;  // what the run plans for: max_seq_length or block_size
+  // The samples are rows of text, each its own length (a causal LM's rows, a masked LM's lines):
+  // what --packing packs.
+  bool rows = false;
   // What the tokenization cache did, a line per file ("loaded ...", "wrote ...", "rebuilt ...").
   std::vector<std::string> cache_notes;
   // What the column choice noticed: index columns skipped, a line per column name.

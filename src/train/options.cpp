@@ -353,6 +353,17 @@ void check_padding_free(const TrainOptions& o) {
               ") is not built yet");
 }
 
+// --packing: what it makes meaningless, and the layouts it is not built for.
+void check_packing(const TrainOptions& o) {
+  if (!o.packing) return;
+  BRISK_CHECK(!o.group_by_length,
+              "--group_by_length is meaningless with --packing: its rows are all full");
+  BRISK_CHECK(o.sp_size == 1, "--packing with sequence parallelism (--sp_size ", o.sp_size,
+              ") is not built yet");
+  BRISK_CHECK(o.pp_size == 1, "--packing with pipeline parallelism (--pp_size ", o.pp_size,
+              ") is not built yet");
+}
+
 // The data: text files or a dataset, their preparation, and the reports.
 void check_data(const TrainOptions& o) {
   const bool files = !o.train_file.empty() || !o.validation_file.empty() || !o.test_file.empty();
@@ -366,6 +377,7 @@ void check_data(const TrainOptions& o) {
   BRISK_CHECK(o.mlm_probability > 0 && o.mlm_probability < 1,
               "mlm_probability must lie in (0, 1), got ", o.mlm_probability);
   check_padding_free(o);
+  check_packing(o);
   BRISK_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
               "validation_split_percentage must lie in [0, 100), got ",
               o.validation_split_percentage);
@@ -485,6 +497,7 @@ const char* option_group(const std::string& name) {
         "keep_linebreaks",
         "pad_to_max_length",
         "padding_free",
+        "packing",
         "group_by_length",
         "tokenized_cache_dir",
         "overwrite_cache",

@@ -118,6 +118,7 @@ struct TrainOptions {
   bool pad_to_max_length = false;
   bool group_by_length = false;     // batches of similar lengths (LengthGroupedSampler)
   bool padding_free = false;        // TRL's: a batch's samples end to end, no padding computed
+  bool packing = false;             // TRL's "bfd": rows of the full length filled with samples
   bool keep_linebreaks = true;      // run_clm: plain-text lines keep their "\n"
   std::string tokenized_cache_dir;  // "": output_dir/tokenized_cache; "none": no cache
   bool overwrite_cache = false;     // tokenize the files again even when a cache matches
@@ -358,6 +359,11 @@ void visit_options(Options& o, Visitor&& v) {
   v("padding_free", o.padding_free,
     "training batches without padding (TRL's padding_free): each batch's samples laid end to "
     "end, positions restarting and attention confined to each sample");
+  v("packing", o.packing,
+    "training rows of the full length (block_size, max_seq_length) filled with whole samples by "
+    "best-fit decreasing (TRL's packing, \"bfd\"), each keeping its own positions and "
+    "attention; per_device_train_batch_size counts packed rows. For rows of text: --line_by_line "
+    "or prompt/completion files");
   v("group_by_length", o.group_by_length,
     "shuffle in mega-batches (of global batches) sorted by length, so batches hold samples of "
     "similar lengths");

@@ -72,6 +72,42 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
     }
 }
 
+// A causal LM's rows (tests/fixtures/sft's lines, as TRL's SFTTrainer prepares them) padding-free
+// and packed, over 2 accumulated micro-batches of a row each, under data parallelism and ZeRO 2:
+// the ranks train as one process with their total batch (the loss over the window's label
+// tokens of every rank).
+TEST(DataParallel, RowsPaddingFreeAndPackedTrainAsOneProcess) {
+  const int N = world().size();
+  const std::unique_ptr<Communicator> alone = make_single_process();
+  for (const std::string how : {"padding_free", "packing"})
+    for (const int64_t zero : {0, 2}) {
+      const std::string tag = how + "_zero" + std::to_string(zero);
+      SCOPED_TRACE(tag);
+      SharedDir dir("ddp_rows_" + tag);
+      TrainOptions o = tiny_options(fixture("sft/llama"), dir / "ranks");
+      o.tokenizer_name = fixture("tokenizer/bpe_llama3");
+      o.train_file = fixture("sft/lines.txt");
+      o.line_by_line = true;
+      o.block_size = 24;
+      o.tokenized_cache_dir = "none";
+      o.padding_free = how == "padding_free";
+      o.packing = how == "packing";
+      o.per_device_train_batch_size = 1;
+      o.gradient_accumulation_steps = 2;
+      o.max_steps = 1;
+      o.save_steps = 1;
+      o.learning_rate = 0.1;
+      o.zero_stage = zero;
+      const Logged ranks = run(o, nullptr, &world());
+      if (world().rank() != 0) continue;
+      TrainOptions one = o;
+      one.output_dir = dir / "one";
+      one.per_device_train_batch_size = N;
+      one.zero_stage = 0;
+      expect_trains_as(ranks, run(one, nullptr, alone.get()));
+    }
+}
+
 // A mixture of experts (a tiny Mixtral) on N ranks of 2 rows: without the load-balancing loss it
 // trains as one process with their 2N rows (the experts' gradients summed over the ranks like any
 // other); with it, each rank's loss is its own micro-batch's (as under transformers' DDP, not the

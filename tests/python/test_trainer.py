@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import brisk
-from conftest import RUN, TINY_BERT, WORDPIECE, losses, read_glue, run_cli, write_csv
+from conftest import FIXTURES, RUN, TINY_BERT, WORDPIECE, losses, read_glue, run_cli, write_csv
 
 
 def trainer(tmp_path, config, train, eval_data=None, callbacks=None, **changes):
@@ -56,6 +56,43 @@ def test_padding_free_trains_as_the_padded_batches(tmp_path, bert_config):
         [v for _, v in api_losses(padded)], rel=2e-5)
     with pytest.raises(brisk.BriskError, match="contradict each other"):
         brisk.TrainingArguments(padding_free=True, pad_to_max_length=True)
+
+
+def test_prompt_completion_rows_train_as_torch_packed_or_not(tmp_path, program):
+    """A causal LM on prompt/completion columns: the loss on the completions, as plain torch on
+    each row alone (tests/fixtures/sft); packed, as the program packs the same file."""
+    sft = os.path.join(FIXTURES, "sft")
+    with open(os.path.join(sft, "expected.json")) as f:
+        expected = json.load(f)
+    want = expected["runs"]["gpt2/pairs"]
+    with open(os.path.join(sft, "pairs.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    pairs = {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    options = dict(block_size=expected["block_size"], max_steps=expected["steps"],
+                   per_device_train_batch_size=len(want["samples"]), optim="sgd",
+                   learning_rate=expected["learning_rate"], lr_scheduler_type="constant",
+                   weight_decay=0.0, max_grad_norm=0.0, logging_steps=1, save_strategy="no",
+                   disable_tqdm=True, report_to="none")
+    tokenizer = os.path.join(FIXTURES, "tokenizer", "bpe")
+
+    def api(name, **changes):
+        args = brisk.TrainingArguments(output_dir=str(tmp_path / name), **dict(options, **changes))
+        t = brisk.Trainer(model=os.path.join(sft, "gpt2"), args=args, train_dataset=pairs,
+                          tokenizer=tokenizer)
+        t.train()
+        return [v for _, v in api_losses(t)]
+
+    assert api("rows") == pytest.approx(want["losses"], rel=2e-5)
+    packed = api("packed", packing=True, per_device_train_batch_size=2, max_steps=4)
+    cli = run_cli(program, "train", dict(options, model_name_or_path=os.path.join(sft, "gpt2"),
+                                         tokenizer_name=tokenizer,
+                                         train_file=os.path.join(sft, "pairs.jsonl"),
+                                         output_dir=str(tmp_path / "cli"), packing=True,
+                                         per_device_train_batch_size=2, max_steps=4))
+    assert len(packed) == 4
+    assert packed == pytest.approx([v for _, v in losses(cli)], rel=1e-6)
+    with pytest.raises(brisk.BriskError, match="meaningless with --packing"):
+        brisk.TrainingArguments(packing=True, group_by_length=True)
 
 
 def test_datasets_and_dataframes_train_alike(tmp_path, bert_config):
