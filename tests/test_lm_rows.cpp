@@ -1,7 +1,7 @@
 // A causal LM fine-tuned on rows, as TRL's SFTTrainer prepares a plain dataset: prompt/completion
 // pairs (the loss on the completions, or on everything) and text lines, against PyTorch +
 // transformers computing each row unpadded (tests/fixtures/sft, scripts/make_sft_fixtures.py);
-// padded and padding-free runs alike.
+// padded, padding-free (its evaluation too) and packed runs alike.
 #include <gtest/gtest.h>
 
 #include <fstream>

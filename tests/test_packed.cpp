@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,8 @@
 namespace brisk::testing {
 namespace {
 
-// A run's logged losses, step by step, and its final evaluation loss (0 without one).
+// A run's logged losses, step by step, then its final evaluation's loss and accuracy (0
+// without them).
 std::vector<double> step_losses(const TrainOptions& o, const Dataset* data = nullptr) {
   std::vector<double> losses;
   const TrainSummary s = train(
@@ -25,22 +27,35 @@ std::vector<double> step_losses(const TrainOptions& o, const Dataset* data = nul
         if (j.contains("loss")) losses.push_back(j["loss"]);
       },
       data);
-  losses.push_back(s.eval_metrics.is_object() ? s.eval_metrics.value("eval_loss", 0.0) : 0.0);
+  const bool evaluated = s.eval_metrics.is_object();
+  losses.push_back(evaluated ? s.eval_metrics.value("eval_loss", 0.0) : 0.0);
+  losses.push_back(evaluated ? s.eval_metrics.value("eval_accuracy", 0.0) : 0.0);
   return losses;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 // The padding-free run's losses against the padded run's, step by step (fp32, dropout 0), and
-// the evaluation after it (which pads as the padded run does).
+// its evaluation (padding-free too) and predictions against the padded run's.
 void expect_same_losses(TrainOptions o, const Dataset* data = nullptr) {
   const std::vector<double> padded = step_losses(o, data);
+  const std::string padded_predictions =
+      o.do_predict ? read_file(o.output_dir + "/predict_results.txt") : "";
   o.padding_free = true;
   o.output_dir += "_padding_free";
   const std::vector<double> free = step_losses(o, data);
   ASSERT_EQ(free.size(), padded.size());
-  ASSERT_GT(padded.size(), 1u);
+  ASSERT_GT(padded.size(), 2u);
   for (size_t s = 0; s < padded.size(); ++s)
     EXPECT_NEAR(free[s], padded[s], 2e-5 * std::abs(padded[s]))
-        << (s + 1 < padded.size() ? "step " + std::to_string(s + 1) : "evaluation");
+        << (s + 2 < padded.size() ? "step " + std::to_string(s + 1) : "evaluation");
+  if (o.do_predict) {
+    EXPECT_FALSE(padded_predictions.empty());
+    EXPECT_EQ(read_file(o.output_dir + "/predict_results.txt"), padded_predictions);
+  }
 }
 
 TEST(PackedSamples, CoverTheBatchRowByRow) {
@@ -127,6 +142,10 @@ TEST(PaddingFree, EncodersTrainAsOnPaddedRows) {
     o.save_strategy = "no";
     o.validation_file = o.train_file;
     o.do_eval = true;
+    if (task == "classification") {  // predictions too, padding-free as the evaluation
+      o.test_file = o.train_file;
+      o.do_predict = true;
+    }
     expect_same_losses(o);
   }
 }
@@ -161,7 +180,7 @@ TEST(Packing, MaskedLmLinesTrainAsUnpacked) {
   o.per_device_train_batch_size = samples;
   const std::vector<double> lines = step_losses(o);
   ASSERT_EQ(packed.size(), lines.size());
-  for (size_t s = 0; s + 1 < lines.size(); ++s)
+  for (size_t s = 0; s + 2 < lines.size(); ++s)
     EXPECT_NEAR(packed[s], lines[s], 2e-5 * lines[s]) << "step " << s + 1;
 }
 

@@ -174,21 +174,12 @@ LoadedBatch DataLoader::shape_of(int64_t m, PackedSamples& samples) {
 
 LoadedBatch DataLoader::padding_free_shape(const int64_t* order, int64_t m,
                                            PackedSamples& samples) const {
-  LoadedBatch shape{rows_of(m), 0};
-  std::vector<int64_t>& starts = samples.starts;
-  starts.push_back(0);
-  for (int64_t r = 0; r < shape.rows; ++r) {
-    const int64_t sample = order[position(m, r, options_.rank) % data_.size()];
-    starts.push_back(starts.back() + std::clamp<int64_t>(data_.length(sample), 1, layout_.seq));
-  }
-  // As few tokens per row as hold the samples (each at most a row's planned length), a multiple
-  // of length_multiple (Megatron's sequence parallelism slices each row).
-  const int64_t tokens = starts.back(), B = layout_.batch;
-  const int64_t multiple = std::max<int64_t>(options_.length_multiple, 1);
-  shape.seq = std::max<int64_t>(1, (tokens + B - 1) / B);
-  shape.seq = std::min(layout_.seq, (shape.seq + multiple - 1) / multiple * multiple);
-  if (B * shape.seq > tokens) starts.push_back(B * shape.seq);  // the padding after them
-  return shape;
+  const int64_t rows = rows_of(m);
+  auto length = [&](int64_t r) {
+    return data_.length(order[position(m, r, options_.rank) % data_.size()]);
+  };
+  return {rows, lay_end_to_end(rows, length, layout_.batch, layout_.seq, options_.length_multiple,
+                               samples)};
 }
 
 LoadedBatch DataLoader::packed_shape(const int64_t* order, int64_t m,

@@ -7,6 +7,7 @@
 // dataset's rows (data/packing.h) and padding-free batches tell the model where their samples lie.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -49,6 +50,26 @@ struct LoadedBatch {
 // multiple of 8 (DataCollatorWithPadding's pad_to_multiple_of, which keeps the distinct shapes
 // few) and of `multiple`, at most the planned length.
 int64_t dynamic_padded_length(int64_t longest, int64_t planned, int64_t multiple = 1);
+
+// Padding-free: `count` samples, sample i of length(i) tokens (clamped to 1..planned), laid end to
+// end over the `batch` rows of a batch; their places written into `samples` (reserved: nothing
+// allocated), the tokens after them one padding sample. Returns the rows' length: as few tokens
+// as hold them all, a multiple of `multiple` (Megatron's sequence parallelism slices each row),
+// at most `planned`.
+template <typename Length>
+int64_t lay_end_to_end(int64_t count, Length&& length, int64_t batch, int64_t planned,
+                       int64_t multiple, PackedSamples& samples) {
+  std::vector<int64_t>& starts = samples.starts;
+  starts.clear();
+  starts.push_back(0);
+  for (int64_t i = 0; i < count; ++i)
+    starts.push_back(starts.back() + std::clamp<int64_t>(length(i), 1, planned));
+  const int64_t tokens = starts.back(), step = std::max<int64_t>(multiple, 1);
+  int64_t seq = std::max<int64_t>(1, (tokens + batch - 1) / batch);
+  seq = std::min(planned, (seq + step - 1) / step * step);
+  if (batch * seq > tokens) starts.push_back(batch * seq);  // the padding after them
+  return seq;
+}
 
 class DataLoader {
  public:

@@ -40,6 +40,7 @@ struct EvalContext {
   int64_t planned_seq, L;
   int ranks;
   bool dynamic_padding, classification, regression;
+  PackedSamples* samples;  // padding-free: where the batch's samples are laid; else null
   // Pipeline stages: the forward passes go through them, and only the last holds the results.
   StagedForward* staged;
   // Sequence parallelism: only the rank holding the first tokens holds a classifier's results.
@@ -92,19 +93,42 @@ void tally_predictions(const EvalContext& c, int64_t first, int64_t rows, EvalTa
   }
 }
 
+// Rows samples from `first` laid end to end over the model's batch (padding-free), the tokens
+// after them one padding sample.
+void fill_padding_free(const EvalContext& c, int64_t first, int64_t rows) {
+  PackedSamples& samples = *c.samples;
+  const int64_t seq = lay_end_to_end(
+      rows, [&](int64_t r) { return c.data.length(first + r); }, c.model.planned_shape().batch,
+      c.planned_seq, c.model.config().sequence_ranks, samples);
+  c.model.use_seq(seq);
+  c.model.use_samples(samples);
+  c.model.reset_batch();
+  const Batch& b = c.model.batch();
+  int32_t* mask = b.attention_mask.i32();
+  std::fill(mask + samples.starts[static_cast<size_t>(rows)], mask + b.attention_mask.numel(), 0);
+  for (int64_t r = 0; r < rows; ++r)
+    c.data.fill_row(first + r, 0,
+                    token_view(b, samples.starts[static_cast<size_t>(r)], samples.length(r), r), 0);
+}
+
 // The forward pass over rows samples from `first` (at their longest length with dynamic
-// padding), its loss and targets counted, its predictions tallied.
+// padding, or end to end without padding), its loss and targets counted, its predictions
+// tallied.
 void evaluate_batch(const EvalContext& c, int64_t first, int64_t rows, EvalTally& t) {
   ++t.batches;
-  int64_t seq = c.planned_seq;
-  if (c.dynamic_padding) {
-    int64_t longest = 1;
-    for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, c.data.length(first + r));
-    seq = dynamic_padded_length(longest, c.planned_seq, c.model.config().sequence_ranks);
+  if (c.samples) {
+    fill_padding_free(c, first, rows);
+  } else {
+    int64_t seq = c.planned_seq;
+    if (c.dynamic_padding) {
+      int64_t longest = 1;
+      for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, c.data.length(first + r));
+      seq = dynamic_padded_length(longest, c.planned_seq, c.model.config().sequence_ranks);
+    }
+    c.model.use_seq(seq);
+    c.model.reset_batch();
+    for (int64_t r = 0; r < rows; ++r) c.data.fill_row(first + r, 0, c.model.batch(), r);
   }
-  c.model.use_seq(seq);
-  c.model.reset_batch();
-  for (int64_t r = 0; r < rows; ++r) c.data.fill_row(first + r, 0, c.model.batch(), r);
   t.targets += c.model.count_targets();
   if (c.staged || c.recorder) {
     c.model.reset_step_stats(c.be);
@@ -205,9 +229,11 @@ nlohmann::json eval_metrics(const EvalContext& c, const EvalTally& t, const std:
 }  // namespace
 
 void Evaluator::plan(const Model& model, MemoryPlan& plan, BufferBinder& binder,
-                     bool dynamic_padding) {
+                     bool dynamic_padding, bool padding_free) {
   dynamic_padding_ = dynamic_padding;
+  padding_free_ = padding_free;
   const BatchShape s = model.planned_shape();
+  if (padding_free) samples_.starts.reserve(static_cast<size_t>(s.batch) + 2);
   if (model.batch_layout(s.batch, s.seq).labels_per_token) return;
   binder.declare(plan, &logits_, "eval.logits", Category::data, DType::f32,
                  {s.batch, model.config().num_labels}, Placement::host);
@@ -237,6 +263,7 @@ nlohmann::json Evaluator::run(Backend& be, Model& model, const Dataset& data,
                       dynamic_padding_,
                       classification,
                       model.config().regression,
+                      padding_free_ ? &samples_ : nullptr,
                       staged,
                       sequence,
                       staged ? nullptr : recorder_};

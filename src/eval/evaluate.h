@@ -38,8 +38,11 @@ struct Prediction {
 class Evaluator {
  public:
   // Declares the host buffer for one batch of logits (classification models; none for causal LM).
-  // dynamic_padding: each batch computed at its longest sample's length (rounded up to 8).
-  void plan(const Model& model, MemoryPlan& plan, BufferBinder& binder, bool dynamic_padding);
+  // dynamic_padding: each batch computed at its longest sample's length (rounded up to 8);
+  // padding_free: each batch's samples laid end to end over its rows (data/loader.h's
+  // lay_end_to_end), no padding computed.
+  void plan(const Model& model, MemoryPlan& plan, BufferBinder& binder, bool dynamic_padding,
+            bool padding_free = false);
 
   // Metrics named "<prefix>_loss", "<prefix>_accuracy" and "<prefix>_f1" (classification),
   // "<prefix>_mse", "<prefix>_pearson" and "<prefix>_spearmanr" (regression, as run_glue's
@@ -62,7 +65,8 @@ class Evaluator {
 
  private:
   Tensor logits_;  // host, float32 [B, num_labels]
-  bool dynamic_padding_ = false;
+  bool dynamic_padding_ = false, padding_free_ = false;
+  PackedSamples samples_;  // padding-free: the batch's samples (reserved: no allocation)
   StepRecorder* recorder_ = nullptr;
 };
 

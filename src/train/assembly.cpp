@@ -491,7 +491,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   plan_offload_buffers(*r.model, *r.precision, r.parallel, r.plan, r.binder);
   if (r.loader) r.loader->plan(r.plan, r.binder);
   if (r.eval_data || r.test_data)
-    r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding);
+    r.evaluator.plan(*r.model, r.plan, r.binder, loading.dynamic_padding, o.padding_free);
   r.plan.finalize();
   return run;
 }

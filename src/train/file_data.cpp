@@ -288,6 +288,9 @@ void classification_data(const TrainOptions& o, ModelConfig& config, FileData& d
                          ProgressEncoder& tok, TokenCache& cache, TokenLimits limits,
                          SkippedColumns& skipped) {
   d.seq_len = o.max_seq_length;
+  BRISK_CHECK(!o.line_by_line,
+              "--line_by_line makes a language model's samples of lines; this model classifies "
+              "(--mlm: a masked LM)");
   const LabelSet labels = run_labels(o, config, train, eval);
   limits.classes = labels.regression ? 0 : static_cast<int64_t>(labels.names.size());
   auto dataset = [&](const TextTable& t, bool is_test) -> std::unique_ptr<Dataset> {
