@@ -37,6 +37,22 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const ModelConfig& 
   return std::make_unique<TokenFileDataset>(o.dataset, o.seq_len, c.vocab_size);
 }
 
+// --packing: the training rows packed into rows of the run's length (TRL's "bfd"), noted in the
+// log.
+void pack_training_rows(RunAssembly& r, const BatchLayout& layout) {
+  BRISK_CHECK(r.files.rows && layout.labels_per_token,
+              "--packing packs rows of text: give --line_by_line or a file with prompt and "
+              "completion columns (blocks are full already; a classifier's rows are not packed)");
+  const int64_t samples = r.owned_data->size();
+  auto packed = std::make_unique<PackedDataset>(std::move(r.owned_data), r.files.seq_len);
+  char fill[32];
+  std::snprintf(fill, sizeof fill, "%.1f%%", 100 * packed->fill_ratio());
+  r.files.notes.push_back("--packing: " + std::to_string(samples) + " training samples in " +
+                          std::to_string(packed->size()) + " rows of " +
+                          std::to_string(r.files.seq_len) + " tokens, " + fill + " of them filled");
+  r.owned_data = std::move(packed);
+}
+
 // The data of a run on text files: the training, evaluation and prediction sets read from them.
 void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluates) {
   const TrainOptions& o = r.options;
@@ -49,20 +65,7 @@ void assemble_file_data(RunAssembly& r, const BatchLayout& layout, bool evaluate
   r.test_data = r.files.test.get();
   // A run that does not train still plans a loader: over the data it evaluates.
   r.owned_data = r.files.train ? std::move(r.files.train) : nullptr;
-  if (o.packing && r.owned_data) {
-    BRISK_CHECK(r.files.rows && layout.labels_per_token,
-                "--packing packs rows of text: give --line_by_line or a file with prompt and "
-                "completion columns (blocks are full already; a classifier's rows are not packed)");
-    const int64_t samples = r.owned_data->size();
-    auto packed = std::make_unique<PackedDataset>(std::move(r.owned_data), r.files.seq_len);
-    char fill[32];
-    std::snprintf(fill, sizeof fill, "%.1f%%", 100 * packed->fill_ratio());
-    r.files.notes.push_back("--packing: " + std::to_string(samples) + " training samples in " +
-                            std::to_string(packed->size()) + " rows of " +
-                            std::to_string(r.files.seq_len) + " tokens, " + fill +
-                            " of them filled");
-    r.owned_data = std::move(packed);
-  }
+  if (o.packing && r.owned_data) pack_training_rows(r, layout);
   r.data = r.owned_data ? r.owned_data.get() : r.eval_data ? r.eval_data : r.test_data;
 }
 

@@ -73,37 +73,42 @@ TEST(DataParallel, RanksTrainAsOneProcessWithTheirTotalBatch) {
 }
 
 // A causal LM's rows (tests/fixtures/sft's lines, as TRL's SFTTrainer prepares them) padding-free
-// and packed, over 2 accumulated micro-batches of a row each, under data parallelism and ZeRO 2:
-// the ranks train as one process with their total batch (the loss over the window's label
-// tokens of every rank).
+// and packed, over 2 accumulated micro-batches of a row each, under data parallelism, ZeRO 2 and
+// (on an even number of ranks) tensor parallelism of 2: the ranks train as one process with their
+// total batch (the loss over the window's label tokens of every rank).
 TEST(DataParallel, RowsPaddingFreeAndPackedTrainAsOneProcess) {
   const int N = world().size();
   const std::unique_ptr<Communicator> alone = make_single_process();
   for (const std::string how : {"padding_free", "packing"})
-    for (const int64_t zero : {0, 2}) {
-      const std::string tag = how + "_zero" + std::to_string(zero);
+    for (const std::string layout : {"dp", "zero2", "tp2"}) {
+      if (layout == "tp2" && N % 2 != 0) continue;
+      const std::string tag = how + "_" + layout;
       SCOPED_TRACE(tag);
       SharedDir dir("ddp_rows_" + tag);
       TrainOptions o = tiny_options(fixture("sft/llama"), dir / "ranks");
       o.tokenizer_name = fixture("tokenizer/bpe_llama3");
       o.train_file = fixture("sft/lines.txt");
       o.line_by_line = true;
+      o.validation_split_percentage = 0;  // all 8 lines train
       o.block_size = 24;
       o.tokenized_cache_dir = "none";
       o.padding_free = how == "padding_free";
       o.packing = how == "packing";
       o.per_device_train_batch_size = 1;
-      o.gradient_accumulation_steps = 2;
+      // Packed, the 8 lines fill 7 rows: 2 micro-batches on 4 ranks would wrap around.
+      o.gradient_accumulation_steps = o.packing && N > 3 ? 1 : 2;
       o.max_steps = 1;
       o.save_steps = 1;
       o.learning_rate = 0.1;
-      o.zero_stage = zero;
+      o.zero_stage = layout == "zero2" ? 2 : 0;
+      o.tp_size = layout == "tp2" ? 2 : 1;
       const Logged ranks = run(o, nullptr, &world());
       if (world().rank() != 0) continue;
       TrainOptions one = o;
       one.output_dir = dir / "one";
-      one.per_device_train_batch_size = N;
+      one.per_device_train_batch_size = N / o.tp_size;
       one.zero_stage = 0;
+      one.tp_size = 1;
       expect_trains_as(ranks, run(one, nullptr, alone.get()));
     }
 }
