@@ -42,9 +42,9 @@ LmRow encode_row(const TextTable& t, const LmRowColumns& c, const TextEncoder& e
     // The completion starts where the two tokenizations part (tokens may merge across the
     // boundary), as TRL's.
     const std::vector<int32_t> alone = encoder.encode(prompt, std::nullopt, 0).ids;
-    const auto [a, b] =
-        std::mismatch(alone.begin(), alone.end(), r.tokens.ids.begin(), r.tokens.ids.end());
-    r.prompt = a - alone.begin();
+    const auto parted =
+        std::mismatch(alone.begin(), alone.end(), r.tokens.ids.begin(), r.tokens.ids.end()).first;
+    r.prompt = parted - alone.begin();
   } else {
     r.tokens = encoder.encode(cell(t, row, c.text), std::nullopt, 0);
   }
