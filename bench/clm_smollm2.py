@@ -17,10 +17,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-from common import RUN_CLM_BLOCKS, cpu_name, run_child
+from common import RUN_CLM_BLOCKS, cpu_name, require_data, run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -110,9 +109,7 @@ def main():
     p.add_argument("--only", default="brisk,trainer,torch,compile")
     p.add_argument("--precisions", default="fp32,bf16")
     a = p.parse_args()
-    for path in (MODEL, TEXT):
-        if not os.path.exists(path):
-            sys.exit(f"{path} is missing: run scripts/get_data.sh (with scripts/setup_python.sh)")
+    require_data(MODEL, TEXT)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in a.precisions.split(","):

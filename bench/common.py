@@ -4,6 +4,7 @@ layouts' plans and runs (tp_plan.py, sp_plan.py)."""
 import json
 import os
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
@@ -23,6 +24,14 @@ def cpu_name():
     if "CPU family" in fields and "Model" in fields:
         return f"{name} (family {fields['CPU family']}, model {fields['Model']}; {have})"
     return f"{name} ({have})"
+
+
+def require_data(*paths, venv=True):
+    """Exits naming the first of `paths` that is missing and the script that makes it."""
+    for path in paths:
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing: run scripts/get_data.sh"
+                     + (" (with scripts/setup_python.sh)" if venv else ""))
 
 
 def run_child(source, *args):

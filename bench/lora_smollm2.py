@@ -16,10 +16,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-from common import BRISK, ROOT, RUN_CLM_BLOCKS, cpu_name, run_child
+from common import BRISK, ROOT, RUN_CLM_BLOCKS, cpu_name, require_data, run_child
 
 MODEL = os.path.join(ROOT, "data", "smollm2-135m")
 TEXT = os.path.join(ROOT, "data", "kjv", "kjv.txt")
@@ -96,9 +95,7 @@ def main():
     p.add_argument("--only", default="brisk,trainer")
     p.add_argument("--kinds", default="full,lora,qlora")
     a = p.parse_args()
-    for path in (MODEL, TEXT):
-        if not os.path.exists(path):
-            sys.exit(f"{path} is missing: run scripts/get_data.sh (with scripts/setup_python.sh)")
+    require_data(MODEL, TEXT)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in a.kinds.split(","):

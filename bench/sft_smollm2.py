@@ -19,10 +19,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-from common import BRISK, ROOT, cpu_name, run_child
+from common import BRISK, ROOT, cpu_name, require_data, run_child
 
 MODEL = os.path.join(ROOT, "data", "smollm2-135m")
 TEXT = os.path.join(ROOT, "data", "kjv", "kjv.txt")
@@ -140,9 +139,7 @@ def main():
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--only", default="brisk,brisk_free,brisk_packed,trl,trl_free,trl_packed")
     a = p.parse_args()
-    for path in (MODEL, TEXT):
-        if not os.path.exists(path):
-            sys.exit(f"{path} is missing: run scripts/get_data.sh (with scripts/setup_python.sh)")
+    require_data(MODEL, TEXT)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         (train_txt, eval_txt), train = split_rows(tmp, a)

@@ -2,6 +2,7 @@
 #include "data/lm_rows.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -66,6 +67,8 @@ TokenizedRows tokenize_lm_rows(const TextTable& t, const LmRowColumns& c,
   auto a = std::make_shared<TokenArrays>();
   a->offsets.push_back(0);
   for (const LmRow& r : rows) {
+    BRISK_CHECK(r.prompt <= std::numeric_limits<int32_t>::max(), "a prompt of ", r.prompt,
+                " tokens in '", t.origin(), "'");
     a->ids.insert(a->ids.end(), r.tokens.ids.begin(), r.tokens.ids.end());
     a->offsets.push_back(static_cast<int64_t>(a->ids.size()));
     a->labels.push_back(static_cast<int32_t>(r.prompt));

@@ -500,21 +500,21 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   auto in_folder = [&](const char* name) { return (p / name).string(); };
   const bool folder = fs::is_directory(p, ec);
   const std::string name = p.filename().string();
-  // The folder's tokenizer_config.json (none for a file path): options the slow tokenizers read.
-  auto config = [&] {
-    const std::string c = folder ? in_folder("tokenizer_config.json") : std::string();
-    return !c.empty() && fs::exists(c, ec) ? read_json_file(c, "tokenizer config")
-                                           : nlohmann::json::object();
-  };
+  // The folder's tokenizer_config.json (none for a file path): options the slow tokenizers read,
+  // and the eos token.
+  const std::string config_file = folder ? in_folder("tokenizer_config.json") : std::string();
+  const nlohmann::json config = !config_file.empty() && fs::exists(config_file, ec)
+                                    ? read_json_file(config_file, "tokenizer config")
+                                    : nlohmann::json::object();
   if (folder ? fs::exists(in_folder("tokenizer.json"), ec)
              : name.ends_with(".json") && name != "vocab.json") {
     TokenizerLoader::from_tokenizer_json(*t, folder ? in_folder("tokenizer.json") : path);
   } else if (folder ? fs::exists(in_folder("tokenizer.model"), ec) : name.ends_with(".model")) {
-    TokenizerLoader::from_sentencepiece(*t, folder ? in_folder("tokenizer.model") : path, config());
+    TokenizerLoader::from_sentencepiece(*t, folder ? in_folder("tokenizer.model") : path, config);
   } else if (folder ? fs::exists(in_folder("vocab.txt"), ec) : name.ends_with(".txt")) {
     // do_lower_case decides, as BertTokenizer's (default true).
     TokenizerLoader::from_vocab_txt(*t, folder ? in_folder("vocab.txt") : path,
-                                    flag_or(config(), "do_lower_case", true));
+                                    flag_or(config, "do_lower_case", true));
   } else if (folder ? fs::exists(in_folder("vocab.json"), ec) : name == "vocab.json") {
     const fs::path dir = folder ? p : p.parent_path();
     TokenizerLoader::from_gpt2_files(*t, (dir / "vocab.json").string(),
@@ -529,7 +529,7 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
     return a.content.size() > b.content.size();
   });
   t->index_added_tokens();
-  const nlohmann::json eos = config().value("eos_token", nlohmann::json());
+  const nlohmann::json eos = config.value("eos_token", nlohmann::json());
   const nlohmann::json content = eos.is_object() ? eos.value("content", nlohmann::json()) : eos;
   if (content.is_string()) t->eos_id_ = t->token_id(content.get<std::string>());
   return t;

@@ -338,6 +338,15 @@ void check_evaluation(const TrainOptions& o) {
   }
 }
 
+// Sample-separated batches (`flag`: --padding_free, --packing) are not built with sequence or
+// pipeline parallelism.
+void check_samples_layout(const TrainOptions& o, const char* flag) {
+  BRISK_CHECK(o.sp_size == 1, flag, " with sequence parallelism (--sp_size ", o.sp_size,
+              ") is not built yet");
+  BRISK_CHECK(o.pp_size == 1, flag, " with pipeline parallelism (--pp_size ", o.pp_size,
+              ") is not built yet");
+}
+
 // --padding_free: what it contradicts, and the layouts it is not built for.
 void check_padding_free(const TrainOptions& o) {
   if (!o.padding_free) return;
@@ -347,10 +356,7 @@ void check_padding_free(const TrainOptions& o) {
   BRISK_CHECK(!o.group_by_length,
               "--group_by_length is meaningless with --padding_free: its batches hold no padding "
               "to save");
-  BRISK_CHECK(o.sp_size == 1, "--padding_free with sequence parallelism (--sp_size ", o.sp_size,
-              ") is not built yet");
-  BRISK_CHECK(o.pp_size == 1, "--padding_free with pipeline parallelism (--pp_size ", o.pp_size,
-              ") is not built yet");
+  check_samples_layout(o, "--padding_free");
 }
 
 // --packing: what it makes meaningless, and the layouts it is not built for.
@@ -358,10 +364,7 @@ void check_packing(const TrainOptions& o) {
   if (!o.packing) return;
   BRISK_CHECK(!o.group_by_length,
               "--group_by_length is meaningless with --packing: its rows are all full");
-  BRISK_CHECK(o.sp_size == 1, "--packing with sequence parallelism (--sp_size ", o.sp_size,
-              ") is not built yet");
-  BRISK_CHECK(o.pp_size == 1, "--packing with pipeline parallelism (--pp_size ", o.pp_size,
-              ") is not built yet");
+  check_samples_layout(o, "--packing");
 }
 
 // The data: text files or a dataset, their preparation, and the reports.
