@@ -69,6 +69,16 @@ AttnInputs make_inputs(const AttnCase& c, uint32_t seed) {
   return in;
 }
 
+// Products in `product` on `be`, and the workspace Model::matmul_operands asks for the fused
+// attention.
+void plan_workspace(Backend& be, DeviceBuffers& d, const AttnCase& c, DType product) {
+  be.set_matmul_dtype(product);
+  MatmulOperands operands(c.B * c.T * ((c.H + 2 * c.K) * c.D + c.H * c.D));
+  operands.attention = operands.a;
+  operands.attention_workspace = fused_attention_workspace_bound(c.B, c.T, c.H, c.K, c.D);
+  d.workspace(operands);
+}
+
 // Forward and backward on `be`, its products in `product` (bf16: the fused attention on a GPU),
 // the backward rounding dout and dqkv to `round`; `held` of the key's step given in the backend's
 // memory (RngKey::step_offset).
@@ -76,12 +86,7 @@ AttnResult run(Backend& be, const AttnCase& c, const AttnInputs& in, DType produ
                const RngKey& given_key, DType round = DType::f32, uint64_t held = 0) {
   DeviceBuffers d(be);
   const RngKey key = held > 0 ? d.hold_step(given_key, held) : given_key;
-  be.set_matmul_dtype(product);
-  // What Model::matmul_operands asks for the fused attention.
-  MatmulOperands operands(c.B * c.T * ((c.H + 2 * c.K) * c.D + c.H * c.D));
-  operands.attention = operands.a;
-  operands.attention_workspace = fused_attention_workspace_bound(c.B, c.T, c.H, c.K, c.D);
-  d.workspace(operands);
+  plan_workspace(be, d, c, product);
   const Shape packed{c.B, c.T, (c.H + 2 * c.K) * c.D}, flat{c.B, c.T, c.H * c.D};
   const AttentionBuffers ab = attention_buffers(be.device(), c.B, c.H, c.T, c.D);
   const Tensor qkv = d.put(in.qkv, packed), dout = d.put(in.dout, flat);
@@ -256,6 +261,79 @@ TEST(FusedAttention, DropoutAveragesToTheAttentionWithout) {
   EXPECT_TRUE(rel_near(mean.dqkv, plain.dqkv, 0.15));
 }
 
+// A padding-free or packed batch: rows of tokens holding samples end to end (each row's lengths
+// sum to T), with grouped heads, causal or not.
+struct PackedCase {
+  std::vector<std::vector<int64_t>> rows;
+  int64_t H, K, D;
+  bool causal;
+  AttnCase dims() const {
+    int64_t T = 0;
+    for (int64_t n : rows[0]) T += n;
+    return {static_cast<int64_t>(rows.size()), T, H, K, D, causal};
+  }
+  PackedSamples samples() const {
+    PackedSamples s{{0}};
+    for (const auto& row : rows)
+      for (int64_t n : row) s.starts.push_back(s.starts.back() + n);
+    return s;
+  }
+};
+
+// packed_attention_forward and _backward on `be`, its products in `product`.
+AttnResult run_packed(Backend& be, const PackedCase& p, const AttnInputs& in, DType product) {
+  const AttnCase c = p.dims();
+  const PackedSamples samples = p.samples();
+  DeviceBuffers d(be);
+  plan_workspace(be, d, c, product);
+  const Shape packed{c.B, c.T, (c.H + 2 * c.K) * c.D}, flat{c.B, c.T, c.H * c.D};
+  const AttentionBuffers ab = attention_buffers(be.device(), c.B, c.H, c.T, c.D);
+  const Tensor qkv = d.put(in.qkv, packed), dout = d.put(in.dout, flat);
+  const Tensor stats = d.alloc(ab.stats), scratch = d.alloc(ab.scratch);
+  const Tensor out = d.alloc(flat), dqkv = d.alloc(packed);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  const int h = static_cast<int>(c.H), k = static_cast<int>(c.K);
+  be.packed_attention_forward(qkv, samples, c.causal, h, k, scale, 0.0f, RngKey{}, stats, scratch,
+                              out);
+  const Tensor given =
+      be.packed_attention_backward(dout, qkv, out, stats, samples, c.causal, h, k, scale, 0.0f,
+                                   RngKey{}, scratch, dqkv, DType::f32, DType::f32);
+  return {d.get<float>(out), d.floats(given), given.dtype()};
+}
+
+// The samples of a padding-free or packed batch run as one ragged call of the fused attention
+// (cuDNN's THD layout): the CPU's float32 packed attention's values, which computes each sample
+// alone; the GPU's float32 kernels, one call per sample, agree with it to 1e-5, the ragged call
+// to bf16's precision. Samples of one token, a row that is one sample, grouped and one key head.
+TEST(FusedAttention, APackedBatchRunsAsOneRaggedCall) {
+  const PackedCase cases[] = {{{{40, 1, 23}}, 4, 4, 64, false},
+                              {{{17, 47}, {64}}, 8, 2, 128, true},
+                              {{{100, 28}, {1, 127}}, 6, 1, 32, true}};
+  for (const PackedCase& p : cases) {
+    const AttnCase c = p.dims();
+    REQUIRE_FUSED(c);
+#if defined(BRISK_HAVE_CUDA)
+    cuda::FusedAttentionShape ragged = fused_shape(c);
+    ragged.ragged = true, ragged.B = p.samples().count(), ragged.T = (c.T + 63) / 64 * 64;
+    std::string why;
+    ASSERT_TRUE(cuda::fused_attention_supported(ragged, &why)) << why;
+#endif
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                 " K=" + std::to_string(c.K) + (c.causal ? " causal" : ""));
+    const AttnInputs in = make_inputs(c, 13);
+    auto cpu = make_cpu_backend();
+    auto gpu = make_cuda_backend();
+    const AttnResult want = run_packed(*cpu, p, in, DType::f32);
+    const AttnResult fused = run_packed(*gpu, p, in, DType::bf16);
+    const AttnResult simt = run_packed(*gpu, p, in, DType::f32);
+    EXPECT_TRUE(rel_near(fused.out, want.out, 1e-2));
+    EXPECT_TRUE(rel_near(fused.dqkv, want.dqkv, 2e-2));
+    EXPECT_TRUE(rel_near(simt.out, want.out, 1e-5));
+    EXPECT_TRUE(rel_near(simt.dqkv, want.dqkv, 1e-5));
+    EXPECT_FALSE(rel_near(fused.out, simt.out, 1e-6)) << "the fused call ran";
+  }
+}
+
 // The planned workspace holds what cuDNN asks for at the benchmarks' shapes (bert-large and GPT-2
 // 124M at the batch sizes of bench/gpu_anchors.py) with a bias for every query.
 TEST(FusedAttention, TheWorkspaceBoundHoldsAtTheBenchShapes) {
@@ -354,6 +432,35 @@ TEST(FusedAttention, ItsGraphsPassTheFrontendsValidationWithoutAGpu) {
   AttnCase odd{2, 64, 6, 4, 64};  // 6 query heads over 4 key/value heads
   EXPECT_FALSE(cuda::fused_attention_graphs_valid(fused_shape(odd), 90, &why));
   EXPECT_FALSE(why.empty());
+#endif
+}
+
+// The ragged graphs of padding-free and packed batches (samples end to end, THD) pass the
+// frontend's validation for a Hopper GPU without one: multi-head, grouped-query and multi-query
+// heads, causal or not, with dropout or without, bf16 and fp16, a SmolLM2's heads.
+TEST(FusedAttention, ItsRaggedGraphsPassTheFrontendsValidationWithoutAGpu) {
+#if !defined(BRISK_HAVE_CUDA)
+  GTEST_SKIP() << "this brisk was built without the CUDA toolkit";
+#else
+  std::string why;
+  if (!cuda::cudnn_loadable(&why)) GTEST_SKIP() << "no libcudnn to validate against: " << why;
+  const AttnCase cases[] = {{5, 64, 4, 4, 64},
+                            {3, 128, 8, 2, 128},
+                            {9, 128, 9, 3, 64},
+                            {33, 64, 6, 1, 32},
+                            {1, 2048, 32, 8, 128}};
+  for (AttnCase c : cases)
+    for (const bool causal : {false, true})
+      for (const float dropout : {0.0f, 0.1f})
+        for (const DType dtype : {DType::bf16, DType::f16}) {
+          c.causal = causal, c.dropout = dropout;
+          cuda::FusedAttentionShape shape = fused_shape(c);
+          shape.ragged = true, shape.dtype = dtype;
+          EXPECT_TRUE(cuda::fused_attention_graphs_valid(shape, 90, &why))
+              << c.B << " samples of at most " << c.T << " tokens, H=" << c.H << " K=" << c.K
+              << " D=" << c.D << (causal ? " causal" : "") << " dropout " << dropout << " "
+              << dtype_name(dtype) << ": " << why;
+        }
 #endif
 }
 

@@ -481,11 +481,12 @@ class Backend {
   // Attention over the samples of a padding-free or packed batch (PackedSamples): qkv, out, dout
   // and dqkv as attention_forward's and attention_backward's [B,T,...], each sample's queries
   // reading its own keys only (causal within it where `causal`); no key mask. stats and scratch
-  // are attention_buffers' for [B, T]; stats holds sample s's [H, length] at H * starts[s].
-  // Dropout draws sample s's masks from a stream of its own: the key's seed plus (s + 1) x
-  // 0x9E3779B97F4A7C15.
+  // are attention_buffers' for [B, T]; how stats holds the samples' statistics is the backend's
+  // own (the default: sample s's [H, length] at H * starts[s]). The default's dropout draws sample
+  // s's masks from a stream of its own: the key's seed plus (s + 1) x 0x9E3779B97F4A7C15.
   // dqkv comes back float32, rounded to round_dqkv. The default runs attention_forward and
-  // attention_backward on each sample's tokens in turn.
+  // attention_backward on each sample's tokens in turn; a backend may run them in one call (the
+  // GPU's fused attention: cuDNN's ragged layout, its own dropout masks).
   virtual void packed_attention_forward(const Tensor& qkv, const PackedSamples& samples,
                                         bool causal, int heads, int kv_heads, float scale,
                                         float dropout_p, const RngKey& key, const Tensor& stats,

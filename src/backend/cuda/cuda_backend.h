@@ -165,6 +165,15 @@ class CudaBackend final : public Backend {
                             const Tensor& scratch, const Tensor& dqkv, DType round_dout,
                             DType round_dqkv) override;
 
+  void packed_attention_forward(const Tensor& qkv, const PackedSamples& samples, bool causal,
+                                int heads, int kv_heads, float scale, float dropout_p,
+                                const RngKey& key, const Tensor& stats, const Tensor& scratch,
+                                const Tensor& out) override;
+  Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                   const Tensor& stats, const PackedSamples& samples, bool causal,
+                                   int heads, int kv_heads, float scale, float dropout_p,
+                                   const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                   DType round_dout, DType round_dqkv) override;
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                         int64_t past, int heads, int kv_heads, float scale,
                         const Tensor& out) override;
@@ -283,10 +292,16 @@ class CudaBackend final : public Backend {
   // products in 16 bits, the planned operand buffers and the scratch large enough to stage it,
   // and cuDNN builds both its graphs (cuda_fused_attention.cpp); otherwise nullopt, and the
   // float32 kernels run. A function of the arguments and the plan alone, so a backward takes the
-  // path its forward took.
+  // path its forward took. A mask holding a packed batch's samples asks for the ragged graph.
   std::optional<cuda::FusedAttentionShape> fused_attention(const AttentionDims& d,
                                                            const KeyMask& mask, bool causal,
                                                            float scale, float dropout_p) const;
+  // A packed batch's call checked (its samples, scale, statistics and scratch) and its ragged
+  // fused attention's problem, where the fused attention serves it; nullopt otherwise.
+  std::optional<cuda::FusedAttentionShape> ragged_attention(
+      const Tensor& qkv, const PackedSamples& samples, bool causal, int heads, int kv_heads,
+      float scale, float dropout_p, const Tensor& stats, const Tensor& scratch,
+      const char* op) const;
   cuda::FusedAttentionArgs fused_attention_inputs(const cuda::FusedAttentionShape& s,
                                                   const KeyMask& key_mask, const RngKey& key,
                                                   const Tensor& scratch);

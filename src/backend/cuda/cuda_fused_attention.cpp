@@ -6,7 +6,12 @@
 // memory, for products that read it so). The key mask - a bias, or for a right-padded batch each
 // row's query and key counts (cuDNN's padding mask, the key counts read where the model put them)
 // - and cuDNN's workspace live in the planned attention workspace, the dropout seed in the
-// attention scratch.
+// attention scratch. A padding-free or packed batch's samples run as one ragged call (cuDNN's
+// THD layout: each sample's length and where it starts, written into the attention workspace),
+// not one call per sample.
+#include <algorithm>
+#include <climits>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
@@ -16,11 +21,28 @@ namespace brisk {
 
 namespace {
 
-// Bytes of the mask at the start of the attention workspace (the bias, or a padded shape's
-// queries per row), rounded up to 256.
+// int32 entries of each of a ragged shape's four arrays (lengths, three offsets): B + 1 rounded up
+// to 4, so that each starts 16 bytes apart.
+int64_t ragged_stride(const cuda::FusedAttentionShape& s) {
+  return (s.B + 1 + 3) / 4 * 4;
+}
+
+// Bytes of the mask at the start of the attention workspace (the bias, a padded shape's queries
+// per row, or a ragged shape's lengths and offsets), rounded up to 256.
 int64_t mask_bytes(const cuda::FusedAttentionShape& s) {
-  const int64_t n = s.masked ? s.B * s.T * s.T * 2 : s.padded ? s.B * 4 : 0;
+  const int64_t n = s.masked   ? s.B * s.T * s.T * 2
+                    : s.ragged ? ragged_stride(s) * 4 * 4
+                    : s.padded ? s.B * 4
+                               : 0;
   return (n + 255) / 256 * 256;
+}
+
+// Longest sample of a batch, rounded up to 64 tokens: a ragged graph's T, so that batches whose
+// samples differ a little share one.
+int64_t longest_sample(const PackedSamples& samples) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < samples.count(); ++i) longest = std::max(longest, samples.length(i));
+  return (longest + 63) / 64 * 64;
 }
 
 char* bytes_at(const Tensor& t, int64_t elements) {
@@ -51,6 +73,11 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
     return std::nullopt;
   cuda::FusedAttentionShape shape;
   shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
+  if (mask.samples != nullptr) {  // the samples as batch rows; int32 offsets must reach the end
+    shape.ragged = true;
+    shape.B = mask.samples->count(), shape.T = longest_sample(*mask.samples);
+    if (d.B * d.T * (d.H + 2 * d.K) * d.D > INT32_MAX) return std::nullopt;
+  }
   shape.padded = !mask.lengths.empty();
   shape.causal = causal, shape.masked = !mask.empty() && !shape.padded;
   shape.scale = scale, shape.dropout_p = dropout_p, shape.dtype = matmul_dtype_;
@@ -75,6 +102,19 @@ cuda::FusedAttentionArgs CudaBackend::fused_attention_inputs(const cuda::FusedAt
                                key, s.padded ? seq_len_q : nullptr);
   a.bias = s.masked ? mask : nullptr;
   a.seq_len_q = s.padded ? seq_len_q : nullptr;
+  if (s.ragged) {
+    const int64_t n = ragged_stride(s);
+    cuda::RaggedLayout to{seq_len_q,
+                          seq_len_q + n,
+                          seq_len_q + 2 * n,
+                          seq_len_q + 3 * n,
+                          (s.H + 2 * s.K) * s.D,
+                          s.H * s.D,
+                          s.H};
+    cuda::ragged_layout(stream_, key_mask.samples->starts.data(), s.B, to);
+    a.seq_len_q = to.seq_len, a.ragged_qkv = to.qkv, a.ragged_out = to.out;
+    a.ragged_stats = to.stats;
+  }
   a.seq_len_kv = s.padded ? key_mask.lengths.i32() : nullptr;
   a.seed_offset = s.dropout_p > 0 ? seed_offset : nullptr;
   a.workspace = mask + mask_bytes(s);
@@ -114,6 +154,77 @@ void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, c
   a.stats = stats.f32();
   cuda::fused_attention_backward(stream_, s, a);
   if (!keeps_dtype) cuda::cast(stream_, dqkv16, s.dtype, dqkv.data(), DType::f32, n_qkv);
+}
+
+namespace {
+KeyMask samples_mask(const PackedSamples& samples) {
+  KeyMask mask;
+  mask.samples = &samples;
+  return mask;
+}
+}  // namespace
+
+std::optional<cuda::FusedAttentionShape> CudaBackend::ragged_attention(
+    const Tensor& qkv, const PackedSamples& samples, bool causal, int heads, int kv_heads,
+    float scale, float dropout_p, const Tensor& stats, const Tensor& scratch,
+    const char* op) const {
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, op);
+  check_packed_samples(samples, d.B, d.T, op);
+  const auto fused = fused_attention(d, samples_mask(samples), causal, scale, dropout_p);
+  if (!fused) return fused;
+  check_attention_scale(scale, op);
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
+  expect(stats, DType::f32, want.stats, "packed attention statistics");
+  expect(scratch, DType::f32, want.scratch, "packed attention scratch");
+  return fused;
+}
+
+// A packed batch's attention: its samples in one ragged call where the fused attention serves
+// them, else one call per sample (Backend's).
+void CudaBackend::packed_attention_forward(const Tensor& qkv, const PackedSamples& samples,
+                                           bool causal, int heads, int kv_heads, float scale,
+                                           float dropout_p, const RngKey& key, const Tensor& stats,
+                                           const Tensor& scratch, const Tensor& out) {
+  const auto fused = ragged_attention(qkv, samples, causal, heads, kv_heads, scale, dropout_p,
+                                      stats, scratch, "packed_attention_forward");
+  if (!fused) {
+    Backend::packed_attention_forward(qkv, samples, causal, heads, kv_heads, scale, dropout_p, key,
+                                      stats, scratch, out);
+    return;
+  }
+  expect(out, DType::f32, Shape{qkv.dim(0), qkv.dim(1), fused->H * fused->D},
+         "packed_attention_forward output");
+  fused_attention_forward(*fused, qkv, samples_mask(samples), key, stats, scratch, out);
+}
+
+Tensor CudaBackend::packed_attention_backward(const Tensor& dout, const Tensor& qkv,
+                                              const Tensor& out, const Tensor& stats,
+                                              const PackedSamples& samples, bool causal, int heads,
+                                              int kv_heads, float scale, float dropout_p,
+                                              const RngKey& key, const Tensor& scratch,
+                                              const Tensor& dqkv, DType round_dout,
+                                              DType round_dqkv) {
+  const char* op = "packed_attention_backward";
+  const auto fused =
+      ragged_attention(qkv, samples, causal, heads, kv_heads, scale, dropout_p, stats, scratch, op);
+  if (!fused)
+    return Backend::packed_attention_backward(dout, qkv, out, stats, samples, causal, heads,
+                                              kv_heads, scale, dropout_p, key, scratch, dqkv,
+                                              round_dout, round_dqkv);
+  const Shape flat{qkv.dim(0), qkv.dim(1), fused->H * fused->D};
+  expect(dout, DType::f32, flat, "packed_attention_backward gradient");
+  expect(out, out.dtype(), flat, "packed_attention_backward output");
+  expect(dqkv, DType::f32, qkv.shape(), "packed_attention_backward dqkv");
+  for (DType round : {round_dout, round_dqkv})
+    BRISK_CHECK(round == DType::f32 || round == DType::bf16 || round == DType::f16, op,
+                ": cannot round to ", dtype_name(round));
+  // The fused attention reads dout and gives dqkv in its 16-bit dtype: roundings to it are its
+  // own casts; dqkv comes back float32.
+  if (round_dout != DType::f32 && round_dout != fused->dtype) round_to(round_dout, dout);
+  fused_attention_backward(*fused, dout, qkv, out, stats, samples_mask(samples), key, scratch, dqkv,
+                           false);
+  if (round_dqkv != DType::f32 && round_dqkv != fused->dtype) round_to(round_dqkv, dqkv);
+  return dqkv;
 }
 
 }  // namespace brisk

@@ -289,5 +289,18 @@ void attention_backward(cudaStream_t s, const float* dout, In qkv, In out, const
 void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, int64_t T,
                             DType dtype, void* bias, int64_t* seed_offset, RngKey key,
                             int32_t* seq_len_q);
+// A padding-free or packed batch's samples for the fused attention's ragged layout, from their
+// starts (host values: `count` samples, count + 1 starts in tokens, the last the tokens' end):
+// seq_len [count], each sample's length; and [count + 1] element offsets of each start (and the
+// end) in qkv (times qkv_row), in out (times out_row) and in the statistics (times heads). The
+// starts travel as the launches' arguments, so a recorded pass holds them.
+struct RaggedLayout {
+  int32_t* seq_len;
+  int32_t* qkv;
+  int32_t* out;
+  int32_t* stats;
+  int64_t qkv_row, out_row, heads;
+};
+void ragged_layout(cudaStream_t s, const int64_t* starts, int64_t count, const RaggedLayout& to);
 
 }  // namespace brisk::cuda

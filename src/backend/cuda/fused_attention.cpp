@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,7 +48,10 @@ enum Uid : int64_t {
   kDK,
   kDV,
   kSeqLenQ,
-  kSeqLenKV
+  kSeqLenKV,
+  kRaggedQKV,
+  kRaggedOut,
+  kRaggedStats
 };
 
 #define BRISK_STRINGIFY2(x) #x
@@ -134,7 +138,15 @@ void set_output(const std::shared_ptr<TensorAttr>& t, Uid uid, std::vector<int64
 
 struct Inputs {
   std::shared_ptr<TensorAttr> q, k, v, bias, seq_len_q, seq_len_kv, seed, offset;
+  // A ragged shape's offsets: in qkv (and dqkv), in out (and dout), in the statistics.
+  std::shared_ptr<TensorAttr> ragged_qkv, ragged_out, ragged_stats;
 };
+
+// Where a ragged shape's B samples start in a tensor: int32 [B + 1] (elements).
+std::shared_ptr<TensorAttr> add_offsets(Graph& g, const FusedAttentionShape& s, Uid uid,
+                                        const char* name) {
+  return add_tensor(g, uid, name, {s.B + 1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT32);
+}
 
 Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
   g.set_io_data_type(io)
@@ -149,11 +161,18 @@ Inputs add_inputs(Graph& g, const FusedAttentionShape& s, fe::DataType_t io) {
   // forward too.
   if (s.masked)
     in.bias = add_tensor(g, kBias, "bias", {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}, io);
-  // A right-padded batch's mask as cuDNN's padding mask: queries per row (all T) and keys per row.
-  if (s.padded) {
+  // A right-padded batch's mask as cuDNN's padding mask: queries per row (all T) and keys per row;
+  // a ragged shape's samples' lengths the same way.
+  if (s.padded || s.ragged) {
     const std::vector<int64_t> per_row{s.B, 1, 1, 1}, strides{1, 1, 1, 1};
     in.seq_len_q = add_tensor(g, kSeqLenQ, "seq_len_q", per_row, strides, fe::DataType_t::INT32);
     in.seq_len_kv = add_tensor(g, kSeqLenKV, "seq_len_kv", per_row, strides, fe::DataType_t::INT32);
+  }
+  if (s.ragged) {
+    in.ragged_qkv = add_offsets(g, s, kRaggedQKV, "ragged_qkv");
+    in.ragged_out = add_offsets(g, s, kRaggedOut, "ragged_out");
+    in.ragged_stats = add_offsets(g, s, kRaggedStats, "ragged_stats");
+    for (const auto& t : {in.q, in.k, in.v}) t->set_ragged_offset(in.ragged_qkv);
   }
   if (s.dropout_p > 0) {
     in.seed = add_tensor(g, kSeed, "seed", {1, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT64);
@@ -175,8 +194,17 @@ void set_common(Attributes& a, const FusedAttentionShape& s, const Inputs& in) {
 std::vector<int64_t> stats_dims(const FusedAttentionShape& s) {
   return {s.B, s.H, s.T, 1};
 }
+// [B, H, T] per batch row; a ragged shape's token-major ([tokens, H], its offsets in tokens x H).
 std::vector<int64_t> stats_strides(const FusedAttentionShape& s) {
+  if (s.ragged) return {s.H * s.T, 1, s.H, 1};
   return {s.H * s.T, s.T, 1, 1};
+}
+
+// Gives each of `ts` the ragged offset `offset` (where the shape is ragged: it is non-null).
+void set_ragged(std::initializer_list<std::shared_ptr<TensorAttr>> ts,
+                const std::shared_ptr<TensorAttr>& offset) {
+  if (offset)
+    for (const auto& t : ts) t->set_ragged_offset(offset);
 }
 
 // A graph for a GPU of compute capability sm_version, or (0) the current GPU's, asked when the
@@ -198,6 +226,8 @@ std::shared_ptr<Graph> forward_graph(const FusedAttentionShape& s, fe::DataType_
   set_output(o, kO, head_dims(s, s.H), out_strides(s));
   set_output(stats, kStats, stats_dims(s), stats_strides(s));
   stats->set_data_type(fe::DataType_t::FLOAT);
+  set_ragged({o}, in.ragged_out);
+  set_ragged({stats}, in.ragged_stats);
   return g;
 }
 
@@ -209,6 +239,8 @@ std::shared_ptr<Graph> backward_graph(const FusedAttentionShape& s, fe::DataType
   auto d_o = add_tensor(*g, kDO, "dO", head_dims(s, s.H), out_strides(s), io);
   auto stats =
       add_tensor(*g, kStats, "stats", stats_dims(s), stats_strides(s), fe::DataType_t::FLOAT);
+  set_ragged({o, d_o}, in.ragged_out);
+  set_ragged({stats}, in.ragged_stats);
   fe::graph::SDPA_backward_attributes a;
   a.set_name("brisk_attention_backward").set_deterministic_algorithm(deterministic);
   set_common(a, s, in);
@@ -216,6 +248,7 @@ std::shared_ptr<Graph> backward_graph(const FusedAttentionShape& s, fe::DataType
   set_output(dq, kDQ, head_dims(s, s.H), packed_strides(s));
   set_output(dk, kDK, head_dims(s, s.K), packed_strides(s));
   set_output(dv, kDV, head_dims(s, s.K), packed_strides(s));
+  set_ragged({dq, dk, dv}, in.ragged_qkv);
   return g;
 }
 
@@ -309,9 +342,14 @@ std::unordered_map<int64_t, void*> input_pointers(const FusedAttentionShape& s,
   std::unordered_map<int64_t, void*> p{
       {kQ, base}, {kK, base + s.H * s.D * width}, {kV, base + (s.H + s.K) * s.D * width}};
   if (s.masked) p[kBias] = const_cast<void*>(a.bias);
-  if (s.padded) {
+  if (s.padded || s.ragged) {
     p[kSeqLenQ] = const_cast<int32_t*>(a.seq_len_q);
-    p[kSeqLenKV] = const_cast<int32_t*>(a.seq_len_kv);
+    p[kSeqLenKV] = const_cast<int32_t*>(s.ragged ? a.seq_len_q : a.seq_len_kv);
+  }
+  if (s.ragged) {
+    p[kRaggedQKV] = const_cast<int32_t*>(a.ragged_qkv);
+    p[kRaggedOut] = const_cast<int32_t*>(a.ragged_out);
+    p[kRaggedStats] = const_cast<int32_t*>(a.ragged_stats);
   }
   if (s.dropout_p > 0) {
     p[kSeed] = const_cast<int64_t*>(a.seed_offset);

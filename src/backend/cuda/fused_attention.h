@@ -22,6 +22,11 @@ struct FusedAttentionShape {
   bool causal = false;
   bool masked = false;  // a key mask, passed as an additive bias [B, 1, T, T]
   bool padded = false;  // a right-padded batch's key mask, as each row's key count (no bias)
+  // The samples of a padding-free or packed batch laid end to end (cuDNN's ragged THD layout): B
+  // samples of at most T tokens each, each attending within itself; seq_len_q (each sample's
+  // length, for queries and keys alike) and the ragged offsets say where each lies. The
+  // statistics are token-major: sample s's [length, H] at H x its first token.
+  bool ragged = false;
   float scale = 1.0f;
   float dropout_p = 0.0f;
   DType dtype = DType::bf16;  // of q, k, v, the output and their gradients
@@ -35,12 +40,18 @@ struct FusedAttentionShape {
 // (the natural log-sum-exp of each query row's scaled scores, as the forward writes it); bias is
 // `dtype` [B,1,T,T] or null; seq_len_q and seq_len_kv are int32 [B] (a padded shape's queries per
 // row, T each, and keys per row) or null; seed_offset is int64 [2] (cuDNN's Philox seed and offset)
-// or null without dropout. The workspace is `workspace_bytes` of device memory.
+// or null without dropout. The workspace is `workspace_bytes` of device memory. A ragged shape's
+// offsets are int32 [B + 1], in elements, where each sample starts: ragged_qkv in qkv and dqkv
+// (its first token times (H + 2K) D), ragged_out in out and dout (times H D), ragged_stats in
+// stats (times H); its seq_len_q serves the keys too.
 struct FusedAttentionArgs {
   const void* qkv = nullptr;
   const void* bias = nullptr;
   const int32_t* seq_len_q = nullptr;
   const int32_t* seq_len_kv = nullptr;
+  const int32_t* ragged_qkv = nullptr;
+  const int32_t* ragged_out = nullptr;
+  const int32_t* ragged_stats = nullptr;
   const int64_t* seed_offset = nullptr;
   void* out = nullptr;
   float* stats = nullptr;
