@@ -174,10 +174,11 @@ inline void use_optimizer(TrainOptions& o, const std::string& optim, const std::
   o.weight_decay = 0.01;
 }
 
-// Causal-LM samples of unequal length: sample i has 4 + (i * 5) % 9 real tokens.
+// Causal-LM samples of unequal length (18 unless given): sample i has 4 + (i * 5) % 9 real tokens.
 class UnequalLengths final : public Dataset {
  public:
-  int64_t size() const override { return 18; }
+  explicit UnequalLengths(int64_t samples = 18) : samples_(samples) {}
+  int64_t size() const override { return samples_; }
   int64_t seq_len() const override { return 12; }
   int64_t length(int64_t i) const { return 4 + (i * 5) % 9; }
   void fill_row(int64_t i, int64_t, const Batch& b, int64_t row) const override {
@@ -189,6 +190,9 @@ class UnequalLengths final : public Dataset {
     }
   }
   int64_t count_targets(int64_t i, int64_t) const override { return length(i) - 1; }
+
+ private:
+  int64_t samples_;
 };
 
 // A fixture's batch (batch.safetensors: input_ids, attention_mask [B, T], labels [B, T] or a
