@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
+#include "backend/cuda/cuda_checks.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 #include "core/step_control.h"
@@ -16,36 +17,13 @@ static_assert(cuda::kAdafactorScratch == kAdafactorScratch, "the planned scratch
 
 namespace {
 using cuda::check_cuda;
+using cuda::check_mask_on_device;
+using cuda::check_rounding;
+using cuda::dev;
+using cuda::dev_i32;
+using cuda::dev_or_null;
+using cuda::ids_or_null;
 
-// A float32 tensor in device memory; `what` names it in errors.
-float* dev(const Tensor& t, const char* what) {
-  BRISK_CHECK(t.device() == Device::cuda, what, " is not in GPU memory");
-  BRISK_CHECK(t.dtype() == DType::f32, what, " must be float32, got ", dtype_name(t.dtype()));
-  return t.f32();
-}
-// The same for optional tensors: null when empty.
-float* dev_or_null(const Tensor& t, const char* what) {
-  return t.empty() ? nullptr : dev(t, what);
-}
-// Throws naming `op` unless `dtype` is one a gradient may be rounded to as it is read (f32: none).
-void check_rounding(DType dtype, const char* op) {
-  BRISK_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
-              ": cannot round to ", dtype_name(dtype));
-}
-// An int32 tensor in device memory (ids, labels, experts).
-int32_t* dev_i32(const Tensor& t, const char* what) {
-  BRISK_CHECK(t.device() == Device::cuda && t.dtype() == DType::i32, what,
-              " must be int32 in GPU memory");
-  return t.i32();
-}
-const int32_t* ids_or_null(const Tensor& t, const char* what) {
-  return t.empty() ? nullptr : dev_i32(t, what);
-}
-// Throws unless the key mask's tensors are in GPU memory.
-void check_mask_on_device(const KeyMask& m) {
-  ids_or_null(m.keep, "the attention's key mask");
-  ids_or_null(m.lengths, "the attention's key lengths");
-}
 void same_numel(const Tensor& a, const Tensor& b, const char* op) {
   BRISK_CHECK(a.numel() == b.numel(), op, ": element counts differ (", a.shape().str(), " vs ",
               b.shape().str(), ")");
@@ -630,110 +608,6 @@ void CudaBackend::moe_combine_backward(const Tensor& dy, const Tensor& rows,
       stream_, dev(dy, "moe_combine gradient"), dev(rows, "routed rows"),
       ids_or_null(positions, "routed positions"), dev(weights, "routing weights"), N, k, C,
       dev(drows, "routed rows' gradient"), dev(dweights, "routing weights' gradient"));
-}
-
-// ---- attention ----
-
-bool CudaBackend::keeps_attention_dtype(const cuda::FusedAttentionShape& s) const {
-  return switches_.attention_bf16_io && bf16_activations(s.dtype);
-}
-
-void CudaBackend::attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal,
-                                    int heads, int kv_heads, float scale, float dropout_p,
-                                    const RngKey& key, const Tensor& stats, const Tensor& scratch,
-                                    const Tensor& out) {
-  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
-                       scratch, out, nullptr);
-}
-
-void CudaBackend::attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal,
-                                           int heads, int kv_heads, float scale, float dropout_p,
-                                           const RngKey& key, const Tensor& stats,
-                                           const Tensor& scratch, const Tensor& out,
-                                           const Tensor& stored) {
-  check_stored_output(out, stored);
-  BRISK_CHECK(stored.device() == Device::cuda,
-              "attention_forward: the stored output is not in GPU memory");
-  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
-                       scratch, out, &stored);
-}
-
-void CudaBackend::attention_forward_to(const Tensor& qkv, const KeyMask& key_mask, bool causal,
-                                       int heads, int kv_heads, float scale, float dropout_p,
-                                       const RngKey& key, const Tensor& stats,
-                                       const Tensor& scratch, const Tensor& out,
-                                       const Tensor* stored) {
-  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
-  check_attention_scale(scale, "attention_forward");
-  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
-  expect(stats, DType::f32, want.stats, "attention_forward statistics");
-  expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
-  check_key_mask(key_mask, d.B, d.T, "attention_forward");
-  check_mask_on_device(key_mask);
-  const cuda::In q = dev_in(qkv, "qkv");
-  if (const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p)) {
-    expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
-    const bool direct = stored && stored->dtype() == fused->dtype && keeps_attention_dtype(*fused);
-    fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, direct ? *stored : out);
-    if (stored && !direct) cast(out, *stored);
-    return;
-  }
-  cuda::attention_forward(stream_, q, ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H,
-                          d.K, d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
-                          dev(out, "attention output"));
-  if (stored) cast(out, *stored);
-}
-
-void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                   int64_t past, int heads, int kv_heads, float scale,
-                                   const Tensor& out) {
-  AttentionDims d{};
-  check_attention_decode(qkv, k_cache, v_cache, past, heads, kv_heads, out, &d);
-  check_attention_scale(scale, "attention_decode");
-  BRISK_CHECK(d.D <= cuda::kMaxDecodeHeadWidth && d.T <= 65535,
-              "attention_decode on CUDA: head width ", d.D, " (at most ", cuda::kMaxDecodeHeadWidth,
-              ") or ", d.T, " new tokens (at most 65535)");
-  cuda::attention_decode(stream_, dev(qkv, "qkv"), dev(k_cache, "key cache"),
-                         dev(v_cache, "value cache"), dev(out, "attention output"), d.B, d.T,
-                         k_cache.dim(1), d.H, d.K, d.D, past, scale);
-}
-
-Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                       const Tensor& stats, const KeyMask& key_mask, bool causal,
-                                       int heads, int kv_heads, float scale, float dropout_p,
-                                       const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
-                                       DType round_dout, DType round_dqkv) {
-  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
-  check_attention_scale(scale, "attention_backward");
-  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
-  expect(stats, DType::f32, want.stats, "attention_backward statistics");
-  expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
-  expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
-  expect(out, out.dtype(), Shape{d.B, d.T, d.C}, "attention_backward output");
-  expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
-  check_key_mask(key_mask, d.B, d.T, "attention_backward");
-  check_mask_on_device(key_mask);
-  check_rounding(round_dout, "attention_backward");
-  check_rounding(round_dqkv, "attention_backward");
-  const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
-  const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p);
-  // The fused attention takes dout in its 16-bit dtype and gives dqkv in it: roundings to that
-  // dtype are its own casts (round to nearest even, exact back to float32), or where products
-  // read it, dqkv is left in it (in dqkv's memory).
-  const DType own = fused ? fused->dtype : DType::f32;
-  const bool keeps_own = fused && round_dqkv == own && keeps_attention_dtype(*fused);
-  if (round_dout != DType::f32 && round_dout != own) round_to(round_dout, dout);
-  if (fused) {
-    fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv,
-                             keeps_own);
-  } else {
-    cuda::attention_backward(
-        stream_, dev(dout, "attention gradient"), q, o, dev(stats, "attention statistics"),
-        ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p,
-        key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
-  }
-  if (round_dqkv != DType::f32 && round_dqkv != own) round_to(round_dqkv, dqkv);
-  return keeps_own ? Tensor(dqkv.data(), dqkv.shape(), own, Device::cuda) : dqkv;
 }
 
 // ---- the optimizer step ----

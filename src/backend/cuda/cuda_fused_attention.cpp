@@ -1,18 +1,20 @@
-// CudaBackend's attention on tensor cores (cuDNN's fused attention, fused_attention.h) for runs
-// whose products are 16-bit: q, k, v and the output are read as they lie where they are stored in
-// the product dtype (a bf16 run's saved activations), else cast to it into the planned operand
-// buffers (they hold 16-bit values already: the block rounds them); cuDNN runs, and its 16-bit
-// results are cast back into the float32 containers (dqkv: or left in its dtype in its container's
-// memory, for products that read it so). The key mask - a bias, or for a right-padded batch each
-// row's query and key counts (cuDNN's padding mask, the key counts read where the model put them)
-// - and cuDNN's workspace live in the planned attention workspace, the dropout seed in the
-// attention scratch. A padding-free or packed batch's samples run as one ragged call (cuDNN's
-// THD layout: each sample's length and where it starts, written into the attention workspace),
-// not one call per sample.
+// CudaBackend's attention: the float32 kernels (cuda_attention.cu), and on tensor cores cuDNN's
+// fused attention (fused_attention.h) for runs whose products are 16-bit. There q, k, v and the
+// output are read as they lie where they are stored in the product dtype (a bf16 run's saved
+// activations), else cast to it into the planned operand buffers (they hold 16-bit values
+// already: the block rounds them); cuDNN runs, and its 16-bit results are cast back into the
+// float32 containers (dqkv: or left in its dtype in its container's memory, for products that read
+// it so). The key mask - a bias, or for a right-padded batch each row's query and key counts
+// (cuDNN's padding mask, the key counts read where the model put them) - and cuDNN's workspace
+// live in the planned attention workspace, the dropout seed in the attention scratch. A
+// padding-free or packed batch's samples run as one ragged call (cuDNN's THD layout: each
+// sample's length and where it starts, written into the attention workspace), not one call per
+// sample.
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_checks.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.h"
 #include "backend/cuda/fused_attention.h"
@@ -20,6 +22,10 @@
 namespace brisk {
 
 namespace {
+using cuda::check_mask_on_device;
+using cuda::check_rounding;
+using cuda::dev;
+using cuda::ids_or_null;
 
 // int32 entries of each of a ragged shape's four arrays (lengths, three offsets): B + 1 rounded up
 // to 4, so that each starts 16 bytes apart.
@@ -156,6 +162,108 @@ void CudaBackend::fused_attention_backward(const cuda::FusedAttentionShape& s, c
   if (!keeps_dtype) cuda::cast(stream_, dqkv16, s.dtype, dqkv.data(), DType::f32, n_qkv);
 }
 
+bool CudaBackend::keeps_attention_dtype(const cuda::FusedAttentionShape& s) const {
+  return switches_.attention_bf16_io && bf16_activations(s.dtype);
+}
+
+void CudaBackend::attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal,
+                                    int heads, int kv_heads, float scale, float dropout_p,
+                                    const RngKey& key, const Tensor& stats, const Tensor& scratch,
+                                    const Tensor& out) {
+  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
+                       scratch, out, nullptr);
+}
+
+void CudaBackend::attention_forward_stored(const Tensor& qkv, const KeyMask& key_mask, bool causal,
+                                           int heads, int kv_heads, float scale, float dropout_p,
+                                           const RngKey& key, const Tensor& stats,
+                                           const Tensor& scratch, const Tensor& out,
+                                           const Tensor& stored) {
+  check_stored_output(out, stored);
+  BRISK_CHECK(stored.device() == Device::cuda,
+              "attention_forward: the stored output is not in GPU memory");
+  attention_forward_to(qkv, key_mask, causal, heads, kv_heads, scale, dropout_p, key, stats,
+                       scratch, out, &stored);
+}
+
+void CudaBackend::attention_forward_to(const Tensor& qkv, const KeyMask& key_mask, bool causal,
+                                       int heads, int kv_heads, float scale, float dropout_p,
+                                       const RngKey& key, const Tensor& stats,
+                                       const Tensor& scratch, const Tensor& out,
+                                       const Tensor* stored) {
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_forward");
+  check_attention_scale(scale, "attention_forward");
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
+  expect(stats, DType::f32, want.stats, "attention_forward statistics");
+  expect(out, DType::f32, Shape{d.B, d.T, d.C}, "attention_forward output");
+  check_key_mask(key_mask, d.B, d.T, "attention_forward");
+  check_mask_on_device(key_mask);
+  const cuda::In q = dev_in(qkv, "qkv");
+  if (const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p)) {
+    expect(scratch, DType::f32, want.scratch, "attention_forward scratch");
+    const bool direct = stored && stored->dtype() == fused->dtype && keeps_attention_dtype(*fused);
+    fused_attention_forward(*fused, qkv, key_mask, key, stats, scratch, direct ? *stored : out);
+    if (stored && !direct) cast(out, *stored);
+    return;
+  }
+  cuda::attention_forward(stream_, q, ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H,
+                          d.K, d.D, scale, dropout_p, key, dev(stats, "attention statistics"),
+                          dev(out, "attention output"));
+  if (stored) cast(out, *stored);
+}
+
+void CudaBackend::attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                   int64_t past, int heads, int kv_heads, float scale,
+                                   const Tensor& out) {
+  AttentionDims d{};
+  check_attention_decode(qkv, k_cache, v_cache, past, heads, kv_heads, out, &d);
+  check_attention_scale(scale, "attention_decode");
+  BRISK_CHECK(d.D <= cuda::kMaxDecodeHeadWidth && d.T <= 65535,
+              "attention_decode on CUDA: head width ", d.D, " (at most ", cuda::kMaxDecodeHeadWidth,
+              ") or ", d.T, " new tokens (at most 65535)");
+  cuda::attention_decode(stream_, dev(qkv, "qkv"), dev(k_cache, "key cache"),
+                         dev(v_cache, "value cache"), dev(out, "attention output"), d.B, d.T,
+                         k_cache.dim(1), d.H, d.K, d.D, past, scale);
+}
+
+Tensor CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                       const Tensor& stats, const KeyMask& key_mask, bool causal,
+                                       int heads, int kv_heads, float scale, float dropout_p,
+                                       const RngKey& key, const Tensor& scratch, const Tensor& dqkv,
+                                       DType round_dout, DType round_dqkv) {
+  const AttentionDims d = attention_dims(qkv, heads, kv_heads, "attention_backward");
+  check_attention_scale(scale, "attention_backward");
+  const AttentionBuffers want = attention_buffers(Device::cuda, d.B, d.H, d.T, d.D);
+  expect(stats, DType::f32, want.stats, "attention_backward statistics");
+  expect(scratch, DType::f32, want.scratch, "attention_backward scratch");
+  expect(dout, DType::f32, Shape{d.B, d.T, d.C}, "attention_backward gradient");
+  expect(out, out.dtype(), Shape{d.B, d.T, d.C}, "attention_backward output");
+  expect(dqkv, DType::f32, qkv.shape(), "attention_backward dqkv");
+  check_key_mask(key_mask, d.B, d.T, "attention_backward");
+  check_mask_on_device(key_mask);
+  check_rounding(round_dout, "attention_backward");
+  check_rounding(round_dqkv, "attention_backward");
+  const cuda::In q = dev_in(qkv, "qkv"), o = dev_in(out, "attention output");
+  const auto fused = fused_attention(d, key_mask, causal, scale, dropout_p);
+  // The fused attention takes dout in its 16-bit dtype and gives dqkv in it: roundings to that
+  // dtype are its own casts (round to nearest even, exact back to float32), or where products
+  // read it, dqkv is left in it (in dqkv's memory).
+  const DType own = fused ? fused->dtype : DType::f32;
+  const bool keeps_own = fused && round_dqkv == own && keeps_attention_dtype(*fused);
+  if (round_dout != DType::f32 && round_dout != own) round_to(round_dout, dout);
+  if (fused) {
+    fused_attention_backward(*fused, dout, qkv, out, stats, key_mask, key, scratch, dqkv,
+                             keeps_own);
+  } else {
+    cuda::attention_backward(
+        stream_, dev(dout, "attention gradient"), q, o, dev(stats, "attention statistics"),
+        ids_or_null(key_mask.keep, "key mask"), causal, d.B, d.T, d.H, d.K, d.D, scale, dropout_p,
+        key, dev(scratch, "attention scratch"), dev(dqkv, "dqkv"));
+  }
+  if (round_dqkv != DType::f32 && round_dqkv != own) round_to(round_dqkv, dqkv);
+  return keeps_own ? Tensor(dqkv.data(), dqkv.shape(), own, Device::cuda) : dqkv;
+}
+
 namespace {
 KeyMask samples_mask(const PackedSamples& samples) {
   KeyMask mask;
@@ -215,9 +323,8 @@ Tensor CudaBackend::packed_attention_backward(const Tensor& dout, const Tensor& 
   expect(dout, DType::f32, flat, "packed_attention_backward gradient");
   expect(out, out.dtype(), flat, "packed_attention_backward output");
   expect(dqkv, DType::f32, qkv.shape(), "packed_attention_backward dqkv");
-  for (DType round : {round_dout, round_dqkv})
-    BRISK_CHECK(round == DType::f32 || round == DType::bf16 || round == DType::f16, op,
-                ": cannot round to ", dtype_name(round));
+  check_rounding(round_dout, op);
+  check_rounding(round_dqkv, op);
   // The fused attention reads dout and gives dqkv in its 16-bit dtype: roundings to it are its
   // own casts; dqkv comes back float32.
   if (round_dout != DType::f32 && round_dout != fused->dtype) round_to(round_dout, dout);
