@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -61,6 +62,34 @@ inline void expect_refused(const std::string& args, const std::string& needle, i
   EXPECT_TRUE(!r.err.empty() && r.err.find('\n') == r.err.size() - 1)
       << shown << ": not one line: " << r.err;
   EXPECT_LE(r.err.size(), 400u) << shown << ": the message echoes too much";
+}
+
+// A JSON file, parsed.
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// `brisk estimate <args> --output_json F`: the JSON it wrote (the run's output in *out).
+inline nlohmann::json estimate_json(const std::string& args, CliRun* out = nullptr) {
+  namespace fs = std::filesystem;
+  const std::string json =
+      (fs::temp_directory_path() / ("brisk_cli_estimate_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  const CliRun r = run_brisk("estimate " + args + " --output_json " + json);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (out) *out = r;
+  if (r.exit_code != 0) return nlohmann::json::object();
+  nlohmann::json j = read_json(json);
+  fs::remove(json);
+  return j;
+}
+
+// The bytes of buffer `name` in an estimate's plan (-1: none).
+inline int64_t planned_bytes(const nlohmann::json& j, const std::string& name) {
+  for (const auto& b : j["memory"]["buffers"])
+    if (b["name"] == name) return b["bytes"].get<int64_t>();
+  return -1;
 }
 
 }  // namespace brisk::testing
