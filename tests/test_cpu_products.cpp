@@ -2,22 +2,15 @@
 // fp64 references on the rounded operands: linear forward and backward, held and blocked weights,
 // 16-bit inputs and outputs, attention's closeness to float32.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "backend/cpu/cpu_matmul_dnnl.h"
 #include "backend/cpu/cpu_tiles.h"
 #include "backend/workspace.h"
-#include "precision/loss_scaler.h"
 #include "test_support.h"
-#include "train/trainer.h"
 
 namespace brisk::testing {
 namespace {

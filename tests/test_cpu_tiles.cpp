@@ -2,14 +2,9 @@
 // every bit pattern, the packers' layouts, and the bf16 and float32 tile products and transposes
 // against fp64 references.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "backend/cpu/cpu_tiles.h"

@@ -316,7 +316,11 @@ TEST(FusedAttention, APackedBatchRunsAsOneRaggedCall) {
     cuda::FusedAttentionShape ragged = fused_shape(c);
     ragged.ragged = true, ragged.B = p.samples().count(), ragged.T = (c.T + 63) / 64 * 64;
     std::string why;
-    ASSERT_TRUE(cuda::fused_attention_supported(ragged, &why)) << why;
+    int64_t workspace = 0;
+    ASSERT_TRUE(cuda::fused_attention_supported(ragged, &why, &workspace)) << why;
+    // What the backend needs to take the ragged call rather than one call per sample: cuDNN's
+    // workspace and the lengths and offsets (a few KiB) within the planned bound run_packed gives.
+    EXPECT_LE(workspace + 4096, fused_attention_workspace_bound(c.B, c.T, c.H, c.K, c.D));
 #endif
     SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                  " K=" + std::to_string(c.K) + (c.causal ? " causal" : ""));
