@@ -178,6 +178,70 @@ TEST(StepRecorder, RecordedForwardPassesGiveTheUsualLossesAndLogitsOnTheGpu) {
   expect_recorded_forward(Device::cuda, nullptr, 1e-6);
 }
 
+// Micro-batches of one shape whose label counts differ (the first labels ignored): each scales its
+// loss's gradient by its own 1 / targets, which a replay reads from memory. On `device`'s backend
+// or, given, on `backend`; to `tol` (0: bit for bit). A recorded closure keeps the options it was
+// recorded with, so a scale taken from them would give the recording's batch's: off by the ratio
+// of the counts.
+void expect_scales_from_memory(Device device, std::function<std::unique_ptr<Backend>()> backend,
+                               double tol) {
+  for (const char* name : {"bert_tiny", "gpt2_tiny", "llama_tiny"}) {
+    SCOPED_TRACE(name);
+    PlanOptions options;
+    options.device = device;
+    LoadedModel usual(fixture(name), options);
+    options.held_step = true;
+    LoadedModel recorded(fixture(name), options, false, DType::f32, 0, false, nullptr, 0,
+                         backend ? backend() : nullptr);
+    const int64_t T = usual.model->batch().input_ids.dim(1);
+    StepRecorder recorder(*recorded.be, *recorded.model);
+    std::vector<int64_t> targets;
+    for (int salt = 0; salt < 4; ++salt) {
+      SCOPED_TRACE("micro-batch " + std::to_string(salt));
+      for (LoadedModel* m : {&usual, &recorded}) {
+        fill_batch(*m->model, T, salt);
+        const Tensor& y = m->model->batch().labels;
+        for (int64_t i = 0; i < salt * (y.numel() / 8 + 1); ++i) y.i32()[i] = kIgnoreIndex;
+        m->model->zero_accumulated_grads(*m->be);
+        m->model->reset_step_stats(*m->be);
+      }
+      targets.push_back(usual.model->count_targets());
+      StepOptions so;
+      so.first_micro_batch = true;
+      so.loss_grad_scale = 1.0f / static_cast<float>(targets.back());
+      usual.model->forward_step(*usual.be, so);
+      usual.model->backward(*usual.be, so);
+      recorder.run(so);
+      const double loss = usual.model->read_step_stats(*usual.be)[kStatLoss];
+      const double got = recorded.model->read_step_stats(*recorded.be)[kStatLoss];
+      const std::vector<float> want = usual.grads(), grads = recorded.grads();
+      if (tol == 0) {
+        EXPECT_EQ(got, loss);
+        EXPECT_EQ(grads, want);
+      } else {
+        EXPECT_NEAR(got, loss, tol * loss);
+        EXPECT_LT(rel_error(grads.data(), want.data(), static_cast<int64_t>(want.size())), tol);
+      }
+    }
+    // Not vacuous: the counts differ, and one signature ran, was recorded, then replayed twice.
+    for (size_t i = 1; i < targets.size(); ++i) EXPECT_NE(targets[i], targets[i - 1]);
+    const StepRecorder::Counts& n = recorder.counts();
+    EXPECT_EQ(n.ran, 1);
+    EXPECT_EQ(n.recorded, 1);
+    EXPECT_EQ(n.replayed, 2);
+  }
+}
+
+TEST(StepRecorder, ReplaysScaleEachMicroBatchsGradientByItsOwnTargets) {
+  expect_scales_from_memory(
+      Device::cpu, [] { return std::make_unique<ClosureRecordingCpu>(); }, 0.0);
+}
+
+TEST(StepRecorder, ReplaysScaleEachMicroBatchsGradientByItsOwnTargetsOnTheGpu) {
+  REQUIRE_GPU();
+  expect_scales_from_memory(Device::cuda, nullptr, 1e-6);
+}
+
 TEST(StepRecorder, RecordsOnlyWhereTheBackendRecordsAndTheStepIsHeld) {
   PlanOptions held;
   held.held_step = true;

@@ -14,6 +14,7 @@
 
 #include "backend/attention.h"
 #include "backend/workspace.h"
+#include "core/grad_scale.h"
 #include "core/memory_plan.h"
 #include "core/quant4.h"
 #include "core/rng.h"
@@ -530,11 +531,12 @@ class Backend {
   // are skipped; others must lie in [0, V): callers validate them on the host, since only the
   // CPU can throw here; a GPU skips such rows). Adds the summed loss of the counted rows to
   // loss_sum (float64 [1], in device memory). With write_grad the gradient (softmax - onehot) *
-  // grad_scale (zero on ignored rows) overwrites the logits, so probabilities are never stored;
+  // grad_scale (zero on ignored rows; the losses' scales are applied(grad_scale), their held
+  // factor read as the op runs) overwrites the logits, so probabilities are never stored;
   // or, where `grad` is given ([N,V] float32 or bf16), it is written there (bf16: the float32
   // gradient rounded to nearest even) and the logits are left overwritten with scratch values.
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                     float grad_scale, const Tensor& loss_sum,
+                                     const GradScale& grad_scale, const Tensor& loss_sum,
                                      const Tensor& grad) = 0;
   // Vocabulary-parallel softmax cross-entropy in two steps around a sum over the tensor ranks
   // (Megatron's; the logits never gathered). Logits [N,V'] are columns of the whole's, `shard`
@@ -548,8 +550,8 @@ class Backend {
   // its gradient on these columns.
   virtual void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
                                         const VocabShard& shard, const Tensor& stats,
-                                        bool write_grad, float grad_scale, const Tensor& loss_sum,
-                                        const Tensor& grad) = 0;
+                                        bool write_grad, const GradScale& grad_scale,
+                                        const Tensor& loss_sum, const Tensor& grad) = 0;
   // Throws unless the tensors have the shapes the two steps need; returns the logits' columns
   // that are ids (shard.count).
   static int64_t check_cross_entropy_shard(const Tensor& logits, const Tensor& labels,
@@ -564,7 +566,7 @@ class Backend {
   // 2 (p - y) * grad_scale (zero on skipped rows). transformers' regression loss (MSELoss, the
   // mean) is this sum with grad_scale = 1 / counted rows.
   virtual void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
-                        float grad_scale, const Tensor& loss_sum) = 0;
+                        const GradScale& grad_scale, const Tensor& loss_sum) = 0;
 
   // ---- mixture of experts ----
   // Routing (moe_route.h: transformers' Mixtral, Qwen2-MoE and OLMoE routers) of N tokens by

@@ -275,7 +275,8 @@ class Llama final : public Model {
     int64_t unmasked = 0;
     for (int64_t i = 0; i < batch_.attention_mask.numel(); ++i) unmasked += mask[i] != 0;
     const auto targets = static_cast<double>(count_targets());
-    const double aux = moe_->router_losses(be, unmasked, o.loss_grad_scale * targets);
+    BRISK_CHECK(o.loss_grad_scale.held == nullptr, "internal error: a held scale for routing");
+    const double aux = moe_->router_losses(be, unmasked, o.loss_grad_scale.value * targets);
     if (aux != 0.0) add_to_loss(be, aux * targets);
   }
 

@@ -453,10 +453,10 @@ void Model::load_step(Backend& be) {
 }
 
 void Model::step_signature(const StepOptions& o, std::vector<int64_t>& s) const {
-  uint32_t scale_bits = 0;
-  std::memcpy(&scale_bits, &o.loss_grad_scale, sizeof scale_bits);
+  uint32_t scale_bits = 0;  // 1 where held in memory (StepRecorder)
+  std::memcpy(&scale_bits, &o.loss_grad_scale.value, sizeof scale_bits);
   s.assign({shape_.batch, shape_.seq, hides_keys_, keys_right_padded_, o.training, o.compute_grad,
-            o.first_micro_batch, scale_bits});
+            o.first_micro_batch, scale_bits, o.loss_grad_scale.held != nullptr});
   s.push_back(samples_.count());  // a packed batch's calls follow its samples
   s.insert(s.end(), samples_.starts.begin(), samples_.starts.end());
   add_step_signature(s);

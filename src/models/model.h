@@ -117,7 +117,9 @@ class Model : public BatchTarget {
   // fixed by the plan (no exchanges with other ranks, no weights gathered into slots, no
   // routing decided on the host): what a recorded step needs.
   bool computes_alone() const;
-  // PlanOptions::held_step's word: host, and where the kernels read it.
+  // PlanOptions::held_step's two words, host and where the kernels read them: the micro-step
+  // (uint64, RngKey::step_offset), then the loss's gradient scale (a float in the second word's
+  // first bytes, GradScale::held).
   std::pair<Tensor, Tensor> held_step() const { return {held_step_host_, held_step_}; }
   // forward_step from zeroed statistics; returns that summed loss (waits for the device).
   double forward(Backend& be, const StepOptions& options);

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/device_traits.h"
 #include "core/dtype.h"
+#include "core/grad_scale.h"
 #include "core/rng.h"
 
 namespace brisk {
@@ -107,8 +108,8 @@ struct PlanOptions {
   // Pipeline parallelism: slots for this many micro-batches' stage inputs (stashed_input), which
   // the stage keeps from their forward to their backward.
   int stashed_inputs = 0;
-  // Recorded steps (models/step_recorder.h): the word its replays read their micro-step from
-  // (held_step()), in host and backend memory.
+  // Recorded steps (models/step_recorder.h): the words its replays read their micro-step and
+  // their loss's gradient scale from (held_step()), in host and backend memory.
   bool held_step = false;
 };
 
@@ -142,10 +143,12 @@ class WeightSlots {
 };
 
 struct StepOptions {
-  bool training = true;       // dropout on
-  bool compute_grad = true;   // write logit gradients (the logits are overwritten)
-  float loss_grad_scale = 1;  // d(loss)/d(summed token loss): 1 / targets in the whole batch
-  RngKey rng;                 // seed and micro-step; sites are filled in per dropout
+  bool training = true;      // dropout on
+  bool compute_grad = true;  // write logit gradients (the logits are overwritten)
+  // d(loss)/d(summed token loss): the loss scale over the targets in the whole batch (a recorded
+  // step's held in memory).
+  GradScale loss_grad_scale;
+  RngKey rng;  // seed and micro-step; sites are filled in per dropout
   // The optimizer step's first micro-batch: each weight's first gradient is written over what
   // the gradient buffer holds instead of added to it (the linear layers' weights and biases).
   bool first_micro_batch = false;

@@ -293,7 +293,7 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
   declare_uploaded(plan, &key_lengths_host_, &key_lengths_, "batch.key_lengths", DType::i32,
                    Shape{shape.batch});
   if (options_.held_step)
-    declare_uploaded(plan, &held_step_host_, &held_step_, "step.held", DType::i64, Shape{1});
+    declare_uploaded(plan, &held_step_host_, &held_step_, "step.held", DType::i64, Shape{2});
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
   declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,

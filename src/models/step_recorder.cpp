@@ -24,13 +24,19 @@ void StepRecorder::forward(const StepOptions& options) {
 
 void StepRecorder::through(const StepOptions& given, bool backward) {
   model_.load_step(be_);
-  // The key's step from memory, the same for every micro-batch of a signature.
+  // The key's step and the loss's gradient scale from memory, the same for every micro-batch of
+  // a signature.
   const auto [host, device] = model_.held_step();
+  const float scale = applied(given.loss_grad_scale);
+  BRISK_CHECK(given.loss_grad_scale.held == nullptr, "internal error: a held scale held again");
   std::memcpy(host.data(), &given.rng.step, sizeof given.rng.step);
+  std::memcpy(host.as<uint64_t>() + 1, &scale, sizeof scale);
   be_.upload(host, device);
   StepOptions o = given;
   o.rng.step = 0;
   o.rng.step_offset = static_cast<const uint64_t*>(device.data());
+  o.loss_grad_scale.value = 1;
+  o.loss_grad_scale.held = reinterpret_cast<const float*>(device.as<uint64_t>() + 1);
   auto compute = [this, o, backward] {
     model_.forward_compute(be_, o);
     if (backward) model_.backward(be_, o);

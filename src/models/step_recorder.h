@@ -3,8 +3,9 @@
 // back to back. What the host decides per micro-batch is its signature (Model::step_signature):
 // a signature's first micro-batch runs as usual (it finds the products' algorithms, builds the
 // attention's graphs), its second is recorded, the later ones replay that recording. The dropout
-// keys' micro-step, the one argument that changes under a signature, is read from memory
-// (PlanOptions::held_step, RngKey::step_offset), uploaded with the batch.
+// keys' micro-step and the loss's gradient scale (the loss scale over the batch's targets), the
+// arguments that change under a signature, are read from memory (PlanOptions::held_step,
+// RngKey::step_offset, GradScale::held), uploaded with the batch.
 #pragma once
 
 #include <cstdint>

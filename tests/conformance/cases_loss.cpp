@@ -21,6 +21,13 @@ namespace {
 
 enum class Tables { word_pos_type, word_pos, word_only };
 
+// `scale` as a recorded step gives it: a factor of 1 times the scale held in the backend's memory.
+GradScale held_in(DeviceBuffers& d, double scale) {
+  GradScale s(1.0f);
+  s.held = static_cast<const float*>(d.put(FVec{static_cast<float>(scale)}, {1}).data());
+  return s;
+}
+
 // Word, position (a table longer than T) and token-type embeddings, with repeated ids; with a
 // padding_idx the last 7 tokens of each sequence are that id (which also occurs elsewhere), and
 // its row gets no gradient while the positions and types of those tokens still get theirs.
@@ -240,13 +247,14 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
     be.softmax_cross_entropy(z, y, true, static_cast<float>(scale), loss, Tensor());
     const double l2 = d.values(loss)[0] - start - l1;
     const Vec grad = d.values(z);
-    // The gradient written apart, in float32 and in bf16, from fresh logits: the same float32
-    // bits, and those bits rounded to nearest even (the loss added as before).
+    // The gradient written apart, in float32 and in bf16, from fresh logits, its scale held in
+    // memory: the same float32 bits, and those bits rounded to nearest even (the loss added as
+    // before).
     Vec apart_differences;
     for (const DType t : {DType::f32, DType::bf16}) {
       const Tensor z2 = d.put_as(in.at("logits"), {N, V});
       const Tensor g2 = d.alloc({N, V}, t);
-      be.softmax_cross_entropy(z2, y, true, static_cast<float>(scale), loss, g2);
+      be.softmax_cross_entropy(z2, y, true, held_in(d, scale), loss, g2);
       const Vec got = d.values(g2);
       for (int64_t i = 0; i < N * V; ++i) {
         const float want = static_cast<float>(grad[i]);
@@ -286,7 +294,8 @@ OpCase cross_entropy_case(int64_t N, int64_t V, bool all_ignored, bool reference
 
 // Vocabulary-parallel cross-entropy: the logits' columns in `ranks` shards (ceil(V / ranks)
 // each, the last padded with columns of garbage that must not count), each shard's statistics
-// at its place of a [ranks, N, 3] sum, then each shard's loss and gradient from that sum: every
+// at its place of a [ranks, N, 3] sum, then each shard's loss and gradient from that sum (odd
+// shards' gradient scale held in memory): every
 // shard's loss is the whole rows', the gradients laid end to end the whole's (zero on the
 // padding columns and on ignored rows 2 and N - 1). Row 5 hides entries with -inf logits.
 OpCase cross_entropy_shard_case(int64_t N, int64_t V, int ranks) {
@@ -320,8 +329,9 @@ OpCase cross_entropy_shard_case(int64_t N, int64_t V, int ranks) {
     for (int r = 0; r < ranks; ++r) {
       const VocabShard shard{r * cols, V};
       const Tensor z = shard_logits(r), loss = d.put(std::vector<double>{0.0}, {1});
-      be.cross_entropy_from_stats(z, y, shard, summed, true, static_cast<float>(scale), loss,
-                                  Tensor());
+      // Odd shards' scale held in memory.
+      const GradScale gs = r % 2 ? held_in(d, scale) : GradScale(static_cast<float>(scale));
+      be.cross_entropy_from_stats(z, y, shard, summed, true, gs, loss, Tensor());
       losses.push_back(d.values(loss)[0]);
       const Vec g = d.values(z);
       const int64_t held = shard.count(cols);
@@ -356,7 +366,8 @@ OpCase cross_entropy_shard_case(int64_t N, int64_t V, int ranks) {
 }
 
 // Squared error summed over labelled rows (row 1's target is NaN: unlabelled, its gradient
-// exactly zero); without gradients the predictions stay.
+// exactly zero); without gradients the predictions stay; the scale held in memory gives the same
+// gradient bits.
 OpCase mse_case(int64_t N) {
   const double start = 0.5;
   OpCase c;
@@ -376,10 +387,16 @@ OpCase mse_case(int64_t N) {
     const Vec p1 = d.values(p);
     be.mse_loss(p, y, true, static_cast<float>(scale), loss);
     const Vec grad = d.values(p);
+    // Again from the predictions, the scale held in memory: the same bits.
+    const Tensor p2 = d.put_as(in.at("pred"), {N, 1});
+    be.mse_loss(p2, y, true, held_in(d, scale), loss);
+    Vec held_differences = d.values(p2);
+    for (int64_t r = 0; r < N; ++r) held_differences[r] -= grad[r];
     return Values{{"loss", {l1}},
                   {"pred_after_loss_only", p1},
                   {"grad", grad},
-                  {"grad_of_unlabelled_row", {grad[1]}}};
+                  {"grad_of_unlabelled_row", {grad[1]}},
+                  {"grad_held_differences", held_differences}};
   };
   c.reference = [=](const Values& in) {
     const Vec& t = in.at("targets");
@@ -392,12 +409,14 @@ OpCase mse_case(int64_t N) {
     return Values{{"loss", {sse(in.at("pred"))}},
                   {"pred_after_loss_only", in.at("pred")},
                   {"grad", fd_grad(in.at("pred"), [&](const Vec& v) { return scale * sse(v); })},
-                  {"grad_of_unlabelled_row", {0.0}}};
+                  {"grad_of_unlabelled_row", {0.0}},
+                  {"grad_held_differences", Vec(static_cast<size_t>(N), 0.0)}};
   };
   c.checks = {{"loss", Metric::normwise, 1e-5, 1e-6},
               {"pred_after_loss_only", Metric::exact},
               {"grad", Metric::normwise, 1e-4, 1e-6},
-              {"grad_of_unlabelled_row", Metric::exact}};
+              {"grad_of_unlabelled_row", Metric::exact},
+              {"grad_held_differences", Metric::exact}};
   return c;
 }
 

@@ -118,14 +118,15 @@ class CpuBackend : public Backend {
   void first_token(const Tensor& x, const Tensor& out) override;
   void first_token_backward(const Tensor& dout, const Tensor& dx) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                             float grad_scale, const Tensor& loss_sum, const Tensor& grad) override;
+                             const GradScale& grad_scale, const Tensor& loss_sum,
+                             const Tensor& grad) override;
   void cross_entropy_stats(const Tensor& logits, const Tensor& labels, const VocabShard& shard,
                            const Tensor& stats) override;
   void cross_entropy_from_stats(const Tensor& logits, const Tensor& labels, const VocabShard& shard,
-                                const Tensor& stats, bool write_grad, float grad_scale,
+                                const Tensor& stats, bool write_grad, const GradScale& grad_scale,
                                 const Tensor& loss_sum, const Tensor& grad) override;
-  void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad, float grad_scale,
-                const Tensor& loss_sum) override;
+  void mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
+                const GradScale& grad_scale, const Tensor& loss_sum) override;
   void moe_route_forward(const Tensor& logits, bool normalize, const Tensor& probs,
                          const Tensor& weights, const Tensor& experts) override;
   void moe_route_backward(const Tensor& probs, const Tensor& weights, const Tensor& experts,

@@ -76,8 +76,9 @@ void clear_gradient_row(uint16_t* g16_rows, float* g32, int64_t r, int64_t V) {
 }  // namespace
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                       float grad_scale, const Tensor& loss_sum,
+                                       const GradScale& scale, const Tensor& loss_sum,
                                        const Tensor& grad) {
+  const float grad_scale = applied(scale);
   expect(loss_sum, DType::f64, Shape{1}, "softmax_cross_entropy loss_sum");
   const int64_t V = cols_of(logits), N = rows_of(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
@@ -152,8 +153,9 @@ void CpuBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels,
 
 void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
                                           const VocabShard& shard, const Tensor& stats,
-                                          bool write_grad, float grad_scale, const Tensor& loss_sum,
-                                          const Tensor& grad) {
+                                          bool write_grad, const GradScale& scale,
+                                          const Tensor& loss_sum, const Tensor& grad) {
+  const float grad_scale = applied(scale);
   expect(loss_sum, DType::f64, Shape{1}, "cross_entropy_from_stats loss_sum");
   const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
   const int64_t held =
@@ -209,7 +211,8 @@ void CpuBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& la
 }
 
 void CpuBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
-                          float grad_scale, const Tensor& loss_sum) {
+                          const GradScale& scale, const Tensor& loss_sum) {
+  const float grad_scale = applied(scale);
   expect(loss_sum, DType::f64, Shape{1}, "mse_loss loss_sum");
   const int64_t N = targets.numel();
   BRISK_CHECK(targets.dtype() == DType::f32 && predictions.dtype() == DType::f32 &&

@@ -467,7 +467,7 @@ void CudaBackend::first_token_backward(const Tensor& dout, const Tensor& dx) {
 }
 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
-                                        float grad_scale, const Tensor& loss_sum,
+                                        const GradScale& grad_scale, const Tensor& loss_sum,
                                         const Tensor& grad) {
   const int64_t V = cols(logits), N = rows(logits);
   BRISK_CHECK(labels.numel() == N, "softmax_cross_entropy: ", labels.numel(), " labels for ", N,
@@ -497,7 +497,7 @@ void CudaBackend::cross_entropy_stats(const Tensor& logits, const Tensor& labels
 
 void CudaBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& labels,
                                            const VocabShard& shard, const Tensor& stats,
-                                           bool write_grad, float grad_scale,
+                                           bool write_grad, const GradScale& grad_scale,
                                            const Tensor& loss_sum, const Tensor& grad) {
   const int64_t slots = stats.rank() == 3 ? stats.dim(0) : 0;
   const int64_t held =
@@ -512,7 +512,7 @@ void CudaBackend::cross_entropy_from_stats(const Tensor& logits, const Tensor& l
 }
 
 void CudaBackend::mse_loss(const Tensor& predictions, const Tensor& targets, bool write_grad,
-                           float grad_scale, const Tensor& loss_sum) {
+                           const GradScale& grad_scale, const Tensor& loss_sum) {
   const int64_t N = targets.numel();
   BRISK_CHECK(targets.dtype() == DType::f32 && predictions.dtype() == DType::f32 &&
                   predictions.numel() == N,

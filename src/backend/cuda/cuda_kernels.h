@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "core/grad_scale.h"
 #include "core/rng.h"
 
 namespace brisk::cuda {
@@ -134,11 +135,11 @@ void first_token_backward(cudaStream_t s, const float* dout, float* dx, int64_t 
 // Softmax cross-entropy over rows of logits [N,V], int32 labels (kIgnoreIndex skipped). Adds the
 // summed loss of counted rows to *loss_sum (double, device). With write_grad, grad (where
 // grad.data is null: the logits themselves) becomes (softmax - onehot) * grad_scale (zero rows
-// for ignored labels), float32 or bf16.
+// for ignored labels), float32 or bf16. The scales' held factors are read in the kernels.
 void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t N, bool write_grad,
-              float grad_scale, double* loss_sum);
+              GradScale grad_scale, double* loss_sum);
 void softmax_cross_entropy(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
-                           int64_t N, int64_t V, bool write_grad, float grad_scale,
+                           int64_t N, int64_t V, bool write_grad, GradScale grad_scale,
                            double* loss_sum);
 // Vocabulary-parallel cross-entropy (Backend::cross_entropy_stats / _from_stats): logits [N,V]
 // whose first `held` columns are ids [first, first + held); stats [N,3], then [slots,N,3].
@@ -146,7 +147,8 @@ void cross_entropy_stats(cudaStream_t s, const float* logits, const int32_t* lab
                          int64_t V, int64_t first, int64_t held, float* stats);
 void cross_entropy_from_stats(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
                               int64_t N, int64_t V, int64_t first, int64_t held, const float* stats,
-                              int64_t slots, bool write_grad, float grad_scale, double* loss_sum);
+                              int64_t slots, bool write_grad, GradScale grad_scale,
+                              double* loss_sum);
 
 // ---- cuda_moe.cu ----
 // Backend::moe_route_forward and moe_route_backward (moe_route.h), one thread per token; the

@@ -43,8 +43,9 @@ __device__ void row_max_and_sum(const float* z, int64_t n, float* shared_max, do
 // to `grad` (the logits themselves, or apart: G bf16 rounds it to nearest even).
 template <typename G>
 __global__ void softmax_cross_entropy_kernel(const float* logits, G* grad, const int32_t* labels,
-                                             int64_t N, int64_t V, bool write_grad,
-                                             float grad_scale, double* loss_sum) {
+                                             int64_t N, int64_t V, bool write_grad, GradScale scale,
+                                             double* loss_sum) {
+  const float grad_scale = applied(scale);
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
@@ -105,7 +106,8 @@ template <typename G>
 __global__ void cross_entropy_from_stats_kernel(const float* logits, G* grad, const int32_t* labels,
                                                 int64_t N, int64_t V, int64_t first, int64_t held,
                                                 const float* stats, int64_t slots, bool write_grad,
-                                                float grad_scale, double* loss_sum) {
+                                                GradScale scale, double* loss_sum) {
+  const float grad_scale = applied(scale);
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const float* z = logits + row * V;
     G* gz = grad + row * V;
@@ -135,7 +137,8 @@ __global__ void cross_entropy_from_stats_kernel(const float* logits, G* grad, co
 
 // One block: the rows of a regression head are one per sequence, a few hundred at most.
 __global__ void mse_loss_kernel(float* predictions, const float* targets, int64_t N,
-                                bool write_grad, float grad_scale, double* loss_sum) {
+                                bool write_grad, GradScale scale, double* loss_sum) {
+  const float grad_scale = applied(scale);
   __shared__ double shared_sum[32];
   double part = 0.0;
   for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
@@ -155,14 +158,14 @@ __global__ void mse_loss_kernel(float* predictions, const float* targets, int64_
 }  // namespace
 
 void mse_loss(cudaStream_t s, float* predictions, const float* targets, int64_t N, bool write_grad,
-              float grad_scale, double* loss_sum) {
+              GradScale grad_scale, double* loss_sum) {
   if (N <= 0) return;
   mse_loss_kernel<<<1, 256, 0, s>>>(predictions, targets, N, write_grad, grad_scale, loss_sum);
   check_launch("mse_loss");
 }
 
 void softmax_cross_entropy(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
-                           int64_t N, int64_t V, bool write_grad, float grad_scale,
+                           int64_t N, int64_t V, bool write_grad, GradScale grad_scale,
                            double* loss_sum) {
   if (N <= 0 || V <= 0) return;
   // Wide blocks for vocabulary-sized rows, narrow ones for classification heads (V of 2 or 3).
@@ -188,7 +191,8 @@ void cross_entropy_stats(cudaStream_t s, const float* logits, const int32_t* lab
 
 void cross_entropy_from_stats(cudaStream_t s, float* logits, Out grad, const int32_t* labels,
                               int64_t N, int64_t V, int64_t first, int64_t held, const float* stats,
-                              int64_t slots, bool write_grad, float grad_scale, double* loss_sum) {
+                              int64_t slots, bool write_grad, GradScale grad_scale,
+                              double* loss_sum) {
   if (N <= 0 || V <= 0) return;
   const int threads = V >= 8192 ? 512 : threads_for_row(V);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
