@@ -39,6 +39,7 @@
 
 #include "backend/activation.h"
 #include "backend/backend.h"
+#include "backend/held_weights.h"
 #include "backend_support.h"
 #include "core/dtype.h"
 #include "core/quantization.h"

@@ -280,12 +280,16 @@ struct PackedCase {
   }
 };
 
-// packed_attention_forward and _backward on `be`, its products in `product`.
-AttnResult run_packed(Backend& be, const PackedCase& p, const AttnInputs& in, DType product) {
+// packed_attention_forward and _backward on `be`, its products in `product`, the samples' starts
+// in its memory as a model lays them; `signature`: what add_packed_signature gives for them.
+AttnResult run_packed(Backend& be, const PackedCase& p, const AttnInputs& in, DType product,
+                      std::vector<int64_t>* signature = nullptr) {
   const AttnCase c = p.dims();
-  const PackedSamples samples = p.samples();
+  PackedSamples samples = p.samples();
   DeviceBuffers d(be);
   plan_workspace(be, d, c, product);
+  samples.at =
+      d.put(IVec(samples.starts.begin(), samples.starts.end()), {samples.count() + 1}, DType::i32);
   const Shape packed{c.B, c.T, (c.H + 2 * c.K) * c.D}, flat{c.B, c.T, c.H * c.D};
   const AttentionBuffers ab = attention_buffers(be.device(), c.B, c.H, c.T, c.D);
   const Tensor qkv = d.put(in.qkv, packed), dout = d.put(in.dout, flat);
@@ -293,6 +297,9 @@ AttnResult run_packed(Backend& be, const PackedCase& p, const AttnInputs& in, DT
   const Tensor out = d.alloc(flat), dqkv = d.alloc(packed);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   const int h = static_cast<int>(c.H), k = static_cast<int>(c.K);
+  if (signature)
+    be.add_packed_signature(samples, attention_dims(qkv, h, k, "test"), c.causal, scale, 0.0f,
+                            *signature);
   be.packed_attention_forward(qkv, samples, c.causal, h, k, scale, 0.0f, RngKey{}, stats, scratch,
                               out);
   const Tensor given =
@@ -328,7 +335,13 @@ TEST(FusedAttention, APackedBatchRunsAsOneRaggedCall) {
     auto cpu = make_cpu_backend();
     auto gpu = make_cuda_backend();
     const AttnResult want = run_packed(*cpu, p, in, DType::f32);
-    const AttnResult fused = run_packed(*gpu, p, in, DType::bf16);
+    std::vector<int64_t> signature;
+    const AttnResult fused = run_packed(*gpu, p, in, DType::bf16, &signature);
+    // The ragged call served: its launches follow the samples' count and longest length only.
+    int64_t longest = 0;
+    for (const auto& row : p.rows)
+      longest = std::max(longest, *std::max_element(row.begin(), row.end()));
+    EXPECT_EQ(signature, (std::vector<int64_t>{p.samples().count(), (longest + 63) / 64 * 64}));
     const AttnResult simt = run_packed(*gpu, p, in, DType::f32);
     EXPECT_TRUE(rel_near(fused.out, want.out, 1e-2));
     EXPECT_TRUE(rel_near(fused.dqkv, want.dqkv, 2e-2));

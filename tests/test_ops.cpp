@@ -336,15 +336,17 @@ TEST(OpsRotary, PositionsComeFromTheTable) {
   FVec cos = t.cos, sin = t.sin;
   const FVec x0 = randn(size_t(3) * W, rng);
   FVec whole = x0;  // three tokens at positions 2, 3, 4
-  be->rotary_forward(view(whole, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 2);
+  be->rotary_forward(view(whole, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 2,
+                     Tensor());
   for (int t0 = 0; t0 < 3; ++t0) {  // one token at a time
     FVec one(x0.begin() + t0 * W, x0.begin() + (t0 + 1) * W);
     be->rotary_forward(view(one, {1, 1, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}),
-                       2 + t0);
+                       2 + t0, Tensor());
     for (int j = 0; j < W; ++j) EXPECT_EQ(one[j], whole[t0 * W + j]) << t0 << ", " << j;
   }
   FVec at0 = x0;
-  be->rotary_forward(view(at0, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 0);
+  be->rotary_forward(view(at0, {1, 3, W}), H, K, view(cos, {P, D / 2}), view(sin, {P, D / 2}), 0,
+                     Tensor());
   for (int j = 0; j < W; ++j) EXPECT_EQ(at0[j], x0[j]) << "position 0 rotates by nothing";
 }
 
@@ -353,19 +355,25 @@ TEST(OpsRotary, MismatchedShapesAreRefused) {
   const int B = 1, T = 3, H = 2, K = 1, D = 4, W = (H + 2 * K) * D, P = 5;
   FVec x(size_t(B) * T * W, 1.f), cos(size_t(P) * D, 1.f), sin(cos.size(), 0.f);
   const Tensor q = view(x, {B, T, W}), c = view(cos, {P, D / 2}), s = view(sin, {P, D / 2});
-  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, 3), brisk::Error);   // positions 3..5 of 5
-  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, -1), brisk::Error);  // negative position
-  EXPECT_THROW(be->rotary_forward(q, H, 2, c, s, 0), brisk::Error);   // 16 columns over 6 heads
-  EXPECT_THROW(be->rotary_forward(q, 0, K, c, s, 0), brisk::Error);
-  EXPECT_THROW(be->rotary_backward(q, H, K, view(cos, {P, D}), view(sin, {P, D}), 0),
+  const Tensor none;
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, 3, none), brisk::Error);   // positions 3..5 of 5
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, -1, none), brisk::Error);  // negative position
+  EXPECT_THROW(be->rotary_forward(q, H, 2, c, s, 0, none), brisk::Error);   // 16 columns, 6 heads
+  EXPECT_THROW(be->rotary_forward(q, 0, K, c, s, 0, none), brisk::Error);
+  EXPECT_THROW(be->rotary_backward(q, H, K, view(cos, {P, D}), view(sin, {P, D}), 0, none),
                brisk::Error);  // table width D, not D/2
   EXPECT_THROW(
-      be->rotary_forward(view(x, {B, T, W}), 3, 1, view(cos, {P, 1}), view(sin, {P, 1}), 0),
+      be->rotary_forward(view(x, {B, T, W}), 3, 1, view(cos, {P, 1}), view(sin, {P, 1}), 0, none),
       brisk::Error);                  // 16 columns over 5 heads
   FVec odd(size_t(B) * T * 12, 1.f);  // H = 2, K = 1: four heads of width 3
-  EXPECT_THROW(
-      be->rotary_forward(view(odd, {B, T, 12}), 2, 1, view(cos, {P, 1}), view(sin, {P, 1}), 0),
-      brisk::Error);
+  EXPECT_THROW(be->rotary_forward(view(odd, {B, T, 12}), 2, 1, view(cos, {P, 1}), view(sin, {P, 1}),
+                                  0, none),
+               brisk::Error);
+  // A packed batch's positions: each a row of the tables, one per token, from position 0.
+  IVec past{0, 1, P}, short_of{0, 1}, fine{0, 1, 0};
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, 0, view(past, {T})), brisk::Error);
+  EXPECT_THROW(be->rotary_backward(q, H, K, c, s, 0, view(short_of, {T - 1})), brisk::Error);
+  EXPECT_THROW(be->rotary_forward(q, H, K, c, s, 1, view(fine, {T})), brisk::Error);
   EXPECT_EQ(x, FVec(x.size(), 1.f)) << "a refused call changes nothing";
 }
 
@@ -481,24 +489,33 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
   IVec good_types{0, 1, 0};
   for (IVec ids : {IVec{0, 4, 1}, IVec{0, -1, 1}}) {
     EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), Tensor(), Tensor(),
-                                       Tensor(), view(out, {B, T, C}), {}),
+                                       Tensor(), view(out, {B, T, C}), {}, Tensor()),
                  brisk::Error);
   }
   IVec ids{0, 1, 2}, bad_types{0, 2, 0};
-  EXPECT_THROW(
-      be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}),
-                            view(bad_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C}), {}),
-      brisk::Error);
+  EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}),
+                                     view(bad_types, {B, T}), view(tt, {NT, C}),
+                                     view(out, {B, T, C}), {}, Tensor()),
+               brisk::Error);
   // A position table shorter than the sequence.
+  EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T - 1, C}),
+                                     view(good_types, {B, T}), view(tt, {NT, C}),
+                                     view(out, {B, T, C}), {}, Tensor()),
+               brisk::Error);
+  // A packed batch's position past the table, or positions not one per token.
+  IVec past{0, 1, T}, short_of{0, 1};
+  EXPECT_THROW(be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}),
+                                     Tensor(), Tensor(), view(out, {B, T, C}), {}, view(past, {T})),
+               brisk::Error);
   EXPECT_THROW(
-      be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T - 1, C}),
-                            view(good_types, {B, T}), view(tt, {NT, C}), view(out, {B, T, C}), {}),
+      be->embedding_forward(view(ids, {B, T}), view(word, {V, C}), view(pos, {T, C}), Tensor(),
+                            Tensor(), view(out, {B, T, C}), {}, view(short_of, {T - 1})),
       brisk::Error);
   // A padding_idx outside the word table (-1 means none; other negatives are refused).
   FVec dw(word.size(), 0.f);
   for (int64_t pad : {int64_t{V}, int64_t{-2}})
     EXPECT_THROW(be->embedding_backward(view(out, {B, T, C}), view(ids, {B, T}), pad, Tensor(),
-                                        view(dw, {V, C}), Tensor(), Tensor(), {}),
+                                        view(dw, {V, C}), Tensor(), Tensor(), {}, Tensor()),
                  brisk::Error)
         << "padding_idx " << pad;
 }

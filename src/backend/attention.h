@@ -39,10 +39,6 @@ AttentionDims attention_dims(const Tensor& qkv, int heads, int kv_heads, const c
 Tensor sample_tokens(const Tensor& tokens, const PackedSamples& samples, int64_t s);
 // A tensor of the batch's tokens as one row [1, B * T, X].
 Tensor one_row(const Tensor& tokens);
-// A position table's (rotary or learned, or its gradient's) first `rows` rows from its start,
-// whatever rows its view holds: a packed sample's positions restart at 0 and may outnumber the
-// rows the tables are shaped for (use_seq), never the planned length the memory holds.
-Tensor first_rows(const Tensor& table, int64_t rows);
 
 // The keys each batch row's queries may see. `keep` is int32 [B,T] (nonzero keeps the key) or
 // empty (every key). Where the batch is right-padded - each row keeps its first n keys, n >= 1 -

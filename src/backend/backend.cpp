@@ -154,7 +154,8 @@ int64_t Backend::check_copy_rows(const Tensor& src, const Tensor& dst, const Row
 }
 
 RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
-                                 const Tensor& sin, int64_t first_position, const char* op) {
+                                 const Tensor& sin, int64_t first_position, const Tensor& positions,
+                                 const char* op) {
   BRISK_CHECK(heads > 0 && kv_heads > 0, op, ": ", heads, " query heads and ", kv_heads,
               " key/value heads; both must be positive");
   BRISK_CHECK(qkv.rank() == 3 && qkv.dtype() == DType::f32, op,
@@ -173,10 +174,20 @@ RotaryDims Backend::check_rotary(const Tensor& qkv, int heads, int kv_heads, con
   BRISK_CHECK(qkv.device() == cos.device() && qkv.device() == sin.device(), op,
               ": the tables are not in qkv's memory");
   const int64_t T = qkv.dim(1);
-  BRISK_CHECK(first_position >= 0 && first_position + T <= cos.dim(0), op, ": positions ",
-              first_position, "..", first_position + T - 1, " lie outside tables of ", cos.dim(0),
-              " positions");
+  check_token_positions(positions, qkv.dim(0) * T, qkv.device(), op);
+  BRISK_CHECK(positions.empty() ? first_position >= 0 && first_position + T <= cos.dim(0)
+                                : first_position == 0,
+              op, ": positions ", first_position, "..", first_position + T - 1,
+              " lie outside tables of ", cos.dim(0), " positions");
   return {qkv.dim(0), T, heads, kv_heads, D};
+}
+
+void Backend::check_token_positions(const Tensor& positions, int64_t tokens, Device device,
+                                    const char* op) {
+  BRISK_CHECK(positions.empty() || (positions.dtype() == DType::i32 &&
+                                    positions.numel() == tokens && positions.device() == device),
+              op, ": positions must be int32 [", tokens, "] in the tokens' memory, got ",
+              positions.shape().str());
 }
 
 int64_t Backend::check_swiglu(const Tensor& gate_up, const Tensor& half, const char* op,

@@ -339,16 +339,25 @@ class Backend {
   // (x_i c - x_{i+D/2} s, x_{i+D/2} c + x_i s) with c = cos[p, i], s = sin[p, i], i < D/2. The
   // values are untouched. cos and sin are float32 [P, D/2] tables in the backend's memory (rope.h
   // computes them); rows first_position..first_position+T-1 are read, so first_position + T <= P.
+  // Given `positions` (int32 [B*T]: a packed batch's, PackedSamples), token i's is positions[i]
+  // (first_position 0; the CPU checks each is below P, a GPU cannot: callers lay them so).
   virtual void rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
-                              const Tensor& sin, int64_t first_position) = 0;
+                              const Tensor& sin, int64_t first_position,
+                              const Tensor& positions) = 0;
   // The gradient through rotary_forward, in place on dqkv (qkv's layout, same arguments): each
   // query and key pair turned back by its angle (a rotation's transpose is its inverse); the value
   // gradients are untouched.
   virtual void rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
-                               const Tensor& sin, int64_t first_position) = 0;
+                               const Tensor& sin, int64_t first_position,
+                               const Tensor& positions) = 0;
   // Throws naming `op` unless qkv, the head counts, the tables and the positions fit together.
   static RotaryDims check_rotary(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
-                                 const Tensor& sin, int64_t first_position, const char* op);
+                                 const Tensor& sin, int64_t first_position, const Tensor& positions,
+                                 const char* op);
+  // Throws naming `op` unless `positions` is empty or int32 of `tokens` elements in `device`'s
+  // memory.
+  static void check_token_positions(const Tensor& positions, int64_t tokens, Device device,
+                                    const char* op);
 
   // ---- elementwise ----
   // y = f(x) for the activation `kind`.
@@ -423,18 +432,23 @@ class Backend {
   // an id outside a table, a GPU cannot.
   // `shard`: the word table holds those ids only; the word part of a token whose id it does not
   // hold is zero (vocabulary parallelism: the tensor ranks' outputs then sum to the whole's).
+  // Given `positions` (int32 [B*T]: a packed batch's, PackedSamples), token i reads
+  // pos[positions[i]], not pos[t] (the CPU checks each is a row of pos, a GPU cannot).
   virtual void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                  const Tensor& type_ids, const Tensor& type_table,
-                                 const Tensor& out, const VocabShard& shard) = 0;
+                                 const Tensor& out, const VocabShard& shard,
+                                 const Tensor& positions) = 0;
   // Scatter-adds dout into the tables' gradients (empty ones are skipped). Tokens whose id is
   // padding_idx (-1: none) add nothing to dword, as nn.Embedding(padding_idx=...) keeps the
   // padding row's gradient at zero; they still add to dpos and dtype_table, whose embeddings have
   // no padding row in transformers.
   // `shard`: tokens whose id the word table does not hold add nothing to dword (padding_idx is
-  // the whole vocabulary's id).
+  // the whole vocabulary's id). `positions` as embedding_forward's: token i adds to
+  // dpos[positions[i]] (scatter-added, with atomics on a GPU).
   virtual void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                   const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                                  const Tensor& dtype_table, const VocabShard& shard) = 0;
+                                  const Tensor& dtype_table, const VocabShard& shard,
+                                  const Tensor& positions) = 0;
 
   // ---- attention ----
   // Scaled dot-product attention over packed qkv [B,T,(H+2K)*D] with H = heads query heads and
@@ -501,6 +515,13 @@ class Backend {
   // Throws naming `op` unless `samples` covers the B * T tokens, each sample within one row.
   static void check_packed_samples(const PackedSamples& samples, int64_t B, int64_t T,
                                    const char* op);
+  // What packed_attention_forward and _backward decide on the host from a batch's samples, for
+  // a recorded step's signature (Model::step_signature), appended to `out`: two batches that
+  // give the same launch the same work. The default, one call per sample, follows every start; a
+  // backend whose packed attention reads the layout from memory (PackedSamples::at) gives less.
+  virtual void add_packed_signature(const PackedSamples& samples, const AttentionDims& d,
+                                    bool causal, float scale, float dropout_p,
+                                    std::vector<int64_t>& out) const;
 
   // Attention of new tokens over a key/value cache (incremental decoding): qkv [B,T,(H+2K)*D]
   // packs the T new tokens at positions past..past+T-1 as attention_forward's. Their keys and
@@ -523,10 +544,13 @@ class Backend {
   static void check_padding_idx(int64_t padding_idx, int64_t rows, const char* op);
 
   // ---- heads and loss ----
-  // out[b,:] = x[b,0,:] for x [B,T,C]
-  virtual void first_token(const Tensor& x, const Tensor& out) = 0;
-  // dx[b,0,:] += dout[b,:]
-  virtual void first_token_backward(const Tensor& dout, const Tensor& dx) = 0;
+  // out[b,:] = x[b,0,:] for x [B,T,C]; where `starts` (int32 [S+1], S <= B, in the backend's
+  // memory: a packed batch's PackedSamples::at) is given, out[b,:] is token starts[b]'s of the
+  // B*T (each sample's first) for b < S and zero past them (the CPU checks each start is a token,
+  // a GPU cannot: callers lay them so).
+  virtual void first_token(const Tensor& x, const Tensor& out, const Tensor& starts) = 0;
+  // dx[b,0,:] += dout[b,:]; with `starts`, token starts[b]'s row of dx for b < S.
+  virtual void first_token_backward(const Tensor& dout, const Tensor& dx, const Tensor& starts) = 0;
   // Softmax cross-entropy over rows of logits [N,V] with int32 labels [N] (kIgnoreIndex rows
   // are skipped; others must lie in [0, V): callers validate them on the host, since only the
   // CPU can throw here; a GPU skips such rows). Adds the summed loss of the counted rows to
@@ -754,12 +778,6 @@ bool cuda_available(std::string* why_not = nullptr);
 int cuda_device_count();
 std::unique_ptr<Backend> make_backend(Device device, const Switches& switches = {});
 
-// Rotary positions (backward: their gradient, in place) from 0 at each of a packed batch's
-// samples of qkv [B, T, (H + 2K) * D], sample by sample; cos and sin hold at least its longest
-// sample's positions from their first row (read through first_rows).
-void packed_rotary(Backend& be, const Tensor& qkv, const PackedSamples& samples, int heads,
-                   int kv_heads, const Tensor& cos, const Tensor& sin, bool backward);
-
 // Elements [first, first + count) of t as a flat tensor in t's memory.
 Tensor element_range(const Tensor& t, int64_t first, int64_t count);
 
@@ -777,19 +795,5 @@ void write_in_pieces(Backend& be, const Tensor& dst,
 // (tables, maps); large ones go through write_in_pieces or a streaming writer.
 void with_host_view(Backend& be, const Tensor& t, bool read, bool write,
                     const std::function<void(const Tensor&)>& fn);
-
-// Holds `weights` for a scope (Backend::hold_weights); empty: nothing is held.
-class HeldWeights {
- public:
-  HeldWeights(Backend& be, const Tensor& weights) : be_(be) {
-    if (!weights.empty()) be_.hold_weights(weights);
-  }
-  ~HeldWeights() { be_.release_weights(); }
-  HeldWeights(const HeldWeights&) = delete;
-  HeldWeights& operator=(const HeldWeights&) = delete;
-
- private:
-  Backend& be_;
-};
 
 }  // namespace brisk

@@ -1,6 +1,6 @@
 // Attention over the samples of a padding-free or packed batch, by default one sample at a time
-// through the backend's own attention (no padded row or key computed), rotary positions from 0
-// at each sample, and the checks of a batch's samples.
+// through the backend's own attention (no padded row or key computed; a recorded pass follows
+// every start), and the checks of a batch's samples.
 #include <algorithm>
 
 #include "backend/backend.h"
@@ -31,11 +31,6 @@ Tensor elements(const Tensor& t, int64_t first, const Shape& shape) {
 Tensor sample_tokens(const Tensor& tokens, const PackedSamples& samples, int64_t s) {
   const int64_t X = tokens.dim(-1), len = samples.length(s);
   return elements(tokens, samples.starts[static_cast<size_t>(s)] * X, Shape{1, len, X});
-}
-
-Tensor first_rows(const Tensor& table, int64_t rows) {
-  if (table.empty()) return table;
-  return Tensor(table.data(), Shape{rows, table.dim(-1)}, table.dtype(), table.device());
 }
 
 Tensor one_row(const Tensor& tokens) {
@@ -111,16 +106,10 @@ Tensor Backend::packed_attention_backward(const Tensor& dout, const Tensor& qkv,
   return dqkv;
 }
 
-void packed_rotary(Backend& be, const Tensor& qkv, const PackedSamples& samples, int heads,
-                   int kv_heads, const Tensor& cos, const Tensor& sin, bool backward) {
-  for (int64_t s = 0; s < samples.count(); ++s) {
-    const int64_t n = samples.length(s);
-    const Tensor x = sample_tokens(qkv, samples, s);
-    if (backward)
-      be.rotary_backward(x, heads, kv_heads, first_rows(cos, n), first_rows(sin, n), 0);
-    else
-      be.rotary_forward(x, heads, kv_heads, first_rows(cos, n), first_rows(sin, n), 0);
-  }
+void Backend::add_packed_signature(const PackedSamples& samples, const AttentionDims& /*d*/,
+                                   bool /*causal*/, float /*scale*/, float /*dropout_p*/,
+                                   std::vector<int64_t>& out) const {
+  out.insert(out.end(), samples.starts.begin(), samples.starts.end());
 }
 
 }  // namespace brisk

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/held_weights.h"
 #include "core/clock.h"
 #include "core/step_control.h"
 #include "data/loader.h"

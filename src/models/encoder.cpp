@@ -290,33 +290,19 @@ class Encoder final : public Model {
     be.linear_backward(first_, w(head_w_), d_head_, WeightLayout::out_in, d_first_, false,
                        g(head_w_), g(head_w_ + 1), accumulate);
     be.fill(head_input_grad(), 0.0f);
-    const PackedSamples* samples = packed_samples();
-    if (samples == nullptr) {
-      be.first_token_backward(d_first_, head_input_grad());
-      return;
-    }
-    const int64_t C = d_first_.dim(1);
-    for (int64_t b = 0; b < std::min(d_first_.dim(0), samples->count()); ++b)
-      be.copy(element_range(d_first_, b * C, C),
-              element_range(head_input_grad(), samples->starts[static_cast<size_t>(b)] * C, C));
+    be.first_token_backward(d_first_, head_input_grad(), pooled_starts());
   }
 
   // Each sequence's first token [B, C]: row b's, or a padding-free batch's sample b's (rows past
-  // its samples zero; their labels are ignored).
-  void pool_first_tokens(Backend& be) {
+  // its samples zero; their labels are ignored), where they start read from memory.
+  void pool_first_tokens(Backend& be) { be.first_token(head_input(), first_, pooled_starts()); }
+
+  // A padding-free batch's starts of the samples that are sequences (the first B: a padding
+  // sample may follow them); empty for rows.
+  Tensor pooled_starts() const {
     const PackedSamples* samples = packed_samples();
-    if (samples == nullptr) {
-      be.first_token(head_input(), first_);
-      return;
-    }
-    const int64_t B = first_.dim(0), C = first_.dim(1);
-    for (int64_t b = 0; b < B; ++b) {
-      const Tensor row = element_range(first_, b * C, C);
-      if (b < samples->count())
-        be.copy(element_range(head_input(), samples->starts[static_cast<size_t>(b)] * C, C), row);
-      else
-        be.fill(row, 0.0f);
-    }
+    if (samples == nullptr) return Tensor();
+    return element_range(samples->at, 0, std::min(first_.dim(0), samples->count()) + 1);
   }
 
   // BertLMPredictionHead: logits = LN(act(dense(h))) W_word^T + bias, over every position, or

@@ -136,7 +136,7 @@ class Gpt2 final : public Model {
 
   void embed_at(Backend& be, const Tensor& ids, int64_t first, const Tensor& out) const override {
     const Tensor rows = position_rows(w(wpe_), first, ids.dim(1), "n_positions");
-    be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out, {});
+    be.embedding_forward(ids, w(wte_), rows, Tensor(), Tensor(), out, {}, Tensor());
   }
 
   void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed,

@@ -164,8 +164,10 @@ class Llama final : public Model {
     s.rms_norm = true;
     s.gated_mlp = true;
     s.qk_norm = config_.qk_norm;
-    s.rope_cos = rope_cos_;
-    s.rope_sin = rope_sin_;
+    // Every planned position's row (the views hold the batch's length): a packed batch's samples
+    // may be longer than its rows.
+    s.rope_cos = planned_rows(rope_cos_);
+    s.rope_sin = planned_rows(rope_sin_);
     s.sparse_mlp = moe_.get();
     return s;
   }
@@ -336,7 +338,7 @@ class Llama final : public Model {
     const int64_t T = ids.dim(1);
     BRISK_CHECK(first >= 0 && first + T <= rope_cos_.dim(0), "positions ", first, "..", first + T,
                 " exceed the ", rope_cos_.dim(0), " the model was planned for");
-    be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out, {});
+    be.embedding_forward(ids, w(embed_), Tensor(), Tensor(), Tensor(), out, {}, Tensor());
   }
 
   void next_token_logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor&,
@@ -350,6 +352,10 @@ class Llama final : public Model {
   std::unique_ptr<MoeMlps> moe_;  // mixture-of-experts decoders' sparse MLPs
   Tensor targets_host_, targets_, norm_out_, norm_rstd_;
   Tensor rope_cos_host_, rope_cos_, rope_sin_host_, rope_sin_;
+  Tensor planned_rows(const Tensor& table) const {
+    return Tensor(table.data(), Shape{planned_shape().seq, table.dim(1)}, table.dtype(),
+                  table.device());
+  }
 };
 }  // namespace
 

@@ -76,31 +76,14 @@ int Model::vocab_param(const std::string& name, Shape shape, ParamRole role) {
   return numbered(stage_holds(role) ? params_.add(name, share, role, 0, split) : -1);
 }
 
-namespace {
-// Sample s's tokens of a [B, T] input (ids, token types) as a row of its own; empty stays empty.
-Tensor sample_row(const Tensor& t, const PackedSamples& samples, int64_t s) {
-  if (t.empty()) return t;
-  const Tensor r = element_range(t, samples.starts[static_cast<size_t>(s)], samples.length(s));
-  return Tensor(r.data(), Shape{1, r.numel()}, t.dtype(), t.device());
-}
-}  // namespace
-
 void Model::embed_tokens(Backend& be, const Tensor& ids, int word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& types, const Tensor& out) {
   // Each tensor rank's rows give their tokens' embeddings, zero elsewhere; the first adds the
   // positions and types, once (one rank: all of it).
+  // A packed batch's positions restart at each sample (read from memory).
   const bool first = config_.tensor_rank == 0;
-  auto embed = [&](const Tensor& i, const Tensor& p, const Tensor& t, const Tensor& o) {
-    be.embedding_forward(i, w(word), first ? p : Tensor(), first ? t : Tensor(),
-                         first ? types : Tensor(), o, vocab_shard());
-  };
-  if (const PackedSamples* samples = packed_samples()) {
-    for (int64_t s = 0; s < samples->count(); ++s)
-      embed(sample_row(ids, *samples, s), first_rows(pos, samples->length(s)),
-            sample_row(type_ids, *samples, s), sample_tokens(out, *samples, s));
-  } else {
-    embed(ids, pos, type_ids, out);
-  }
+  be.embedding_forward(ids, w(word), first ? pos : Tensor(), first ? type_ids : Tensor(),
+                       first ? types : Tensor(), out, vocab_shard(), samples_.positions);
   if (config_.tensor_ranks > 1) parallelism_.tensor->all_reduce_sum(be, out);
 }
 
@@ -109,15 +92,8 @@ void Model::embed_tokens_backward(Backend& be, const Tensor& dout, const Tensor&
                                   const Tensor& dpos, const Tensor& dtypes) {
   const Tensor dword = g(word);
   if (dword.empty() && dpos.empty() && dtypes.empty()) return;  // frozen embeddings
-  const PackedSamples* samples = packed_samples();
-  if (samples == nullptr) {
-    be.embedding_backward(dout, ids, padding_idx, type_ids, dword, dpos, dtypes, vocab_shard());
-    return;
-  }
-  for (int64_t s = 0; s < samples->count(); ++s)
-    be.embedding_backward(sample_tokens(dout, *samples, s), sample_row(ids, *samples, s),
-                          padding_idx, sample_row(type_ids, *samples, s), dword,
-                          first_rows(dpos, samples->length(s)), dtypes, vocab_shard());
+  be.embedding_backward(dout, ids, padding_idx, type_ids, dword, dpos, dtypes, vocab_shard(),
+                        samples_.positions);
 }
 
 int Model::token_param(const std::string& name, Shape shape) {
@@ -440,8 +416,7 @@ void Model::load_step(Backend& be) {
   validate_batch();
   prepare_batch();
   slice_inputs();
-  if (!samples_.empty())  // laid over the rows as one row of the batch's tokens
-    Backend::check_packed_samples(samples_, 1, shape_.batch * shape_.seq, "the padding-free batch");
+  load_samples(be);
   hides_keys_ = samples_.empty() && hides_keys(batch_.attention_mask, options_.unmasked_attention);
   keys_right_padded_ = options_.key_lengths && hides_keys_ &&
                        right_padded_lengths(batch_.attention_mask, key_lengths_host_);
@@ -452,13 +427,38 @@ void Model::load_step(Backend& be) {
   upload_constants(be);
 }
 
-void Model::step_signature(const StepOptions& o, std::vector<int64_t>& s) const {
+void Model::load_samples(Backend& be) {
+  samples_.at = samples_.positions = Tensor();
+  if (samples_.empty()) return;
+  const int64_t n = samples_.count(), tokens = shape_.batch * shape_.seq;
+  // Laid over the rows as one row of the batch's tokens.
+  Backend::check_packed_samples(samples_, 1, tokens, "the padding-free batch");
+  BRISK_CHECK(!sample_starts_host_.empty(),
+              "internal error: a padding-free batch in a model planned without its samples");
+  int32_t* starts = sample_starts_host_.i32();
+  int32_t* positions = positions_host_.i32();
+  for (int64_t s = 0; s <= n; ++s) starts[s] = static_cast<int32_t>(samples_.starts[s]);
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t t = samples_.starts[s]; t < samples_.starts[s + 1]; ++t)
+      positions[t] = static_cast<int32_t>(t - samples_.starts[s]);
+  be.upload(element_range(sample_starts_host_, 0, n + 1), element_range(sample_starts_, 0, n + 1));
+  be.upload(element_range(positions_host_, 0, tokens), element_range(positions_, 0, tokens));
+  samples_.at = element_range(sample_starts_, 0, n + 1);
+  samples_.positions = element_range(positions_, 0, tokens);
+}
+
+void Model::step_signature(const Backend& be, const StepOptions& o, std::vector<int64_t>& s) const {
   uint32_t scale_bits = 0;  // 1 where held in memory (StepRecorder)
   std::memcpy(&scale_bits, &o.loss_grad_scale.value, sizeof scale_bits);
   s.assign({shape_.batch, shape_.seq, hides_keys_, keys_right_padded_, o.training, o.compute_grad,
             o.first_micro_batch, scale_bits, o.loss_grad_scale.held != nullptr});
   s.push_back(samples_.count());  // a packed batch's calls follow its samples
-  s.insert(s.end(), samples_.starts.begin(), samples_.starts.end());
+  if (!samples_.empty()) {        // and its attention's host decisions
+    const BlockStyle st = step_style(o);
+    const int64_t D = config_.head_dim();
+    const AttentionDims d{1, shape_.batch * shape_.seq, st.heads * D, st.heads, D, st.kv_heads};
+    be.add_packed_signature(samples_, d, st.causal, st.attention_scale, st.attention_dropout, s);
+  }
   add_step_signature(s);
 }
 

@@ -112,7 +112,8 @@ class Model : public BatchTarget {
   // Everything of the loaded batch and of `options` that forward_compute and backward decide by
   // on the host, but the dropout keys' step: two micro-batches with equal signatures launch the
   // same work on the same buffers. Written into `out` (kept by the caller: no allocation a step).
-  void step_signature(const StepOptions& options, std::vector<int64_t>& out) const;
+  void step_signature(const Backend& be, const StepOptions& options,
+                      std::vector<int64_t>& out) const;
   // Whether a micro-batch's forward and backward are this model's own work alone, on buffers
   // fixed by the plan (no exchanges with other ranks, no weights gathered into slots, no
   // routing decided on the host): what a recorded step needs.
@@ -425,6 +426,9 @@ class Model : public BatchTarget {
   Tensor key_lengths_host_, key_lengths_;
   PackedSamples samples_;              // use_samples
   Tensor held_step_host_, held_step_;  // PlanOptions::held_step
+  // PlanOptions::packed_samples: where samples_.at and .positions lie (load_samples).
+  Tensor sample_starts_host_, sample_starts_, positions_host_, positions_;
+  void load_samples(Backend& be);
   // A buffer the host writes and uploads itself (not one of the batch's inputs): its host copy,
   // and a device copy where the device has its own memory.
   void declare_uploaded(MemoryPlan& plan, Tensor* host, Tensor* device, const std::string& name,

@@ -111,6 +111,10 @@ struct PlanOptions {
   // Recorded steps (models/step_recorder.h): the words its replays read their micro-step and
   // their loss's gradient scale from (held_step()), in host and backend memory.
   bool held_step = false;
+  // Padding-free or packed batches (PackedSamples): their samples' starts and each token's
+  // position in its sample in backend memory too, uploaded with the batch, where the blocks, the
+  // embeddings and the pooling read them.
+  bool packed_samples = false;
 };
 
 // Staged weights: who fills the model's weight slots (parallel/zero's ShardedWeights). Segments are

@@ -294,6 +294,13 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
                    Shape{shape.batch});
   if (options_.held_step)
     declare_uploaded(plan, &held_step_host_, &held_step_, "step.held", DType::i64, Shape{2});
+  if (options_.packed_samples) {
+    const int64_t tokens = checked_mul(shape.batch, shape.seq, "the batch's tokens");
+    declare_uploaded(plan, &sample_starts_host_, &sample_starts_, "batch.sample_starts", DType::i32,
+                     Shape{tokens + 1});
+    declare_uploaded(plan, &positions_host_, &positions_, "batch.positions", DType::i32,
+                     Shape{tokens});
+  }
   declare(plan, &stats_, "step_stats", Category::temporaries, DType::f64, Shape{kStatsSize});
   declare(plan, &control_, "step_control", Category::temporaries, DType::f32, Shape{kControlSize});
   binder_.declare(plan, &stats_host_, "step_stats.host", Category::temporaries, DType::f64,

@@ -41,7 +41,7 @@ void StepRecorder::through(const StepOptions& given, bool backward) {
     model_.forward_compute(be_, o);
     if (backward) model_.backward(be_, o);
   };
-  model_.step_signature(o, signature_);
+  model_.step_signature(be_, o, signature_);
   signature_.push_back(backward);
   auto it = entries_.find(signature_);
   if (it == entries_.end() && entries_.size() < kMostSignatures)

@@ -208,24 +208,20 @@ int64_t first_position(const BlockStyle& st, const Tensor& tokens) {
 }
 
 // Rotary positions (when the style has tables) on qkv's query and key heads, and their gradient;
-// a packed batch's (`samples`) from 0 at each sample.
+// a packed batch's (`samples`) from 0 at each sample, read from memory.
 void rotary_forward(Backend& be, const BlockStyle& st, const Tensor& qkv, int64_t first,
                     const PackedSamples* samples = nullptr) {
   if (st.rope_cos.empty()) return;
-  if (samples != nullptr)
-    packed_rotary(be, qkv, *samples, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, false);
-  else
-    be.rotary_forward(qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, first);
+  be.rotary_forward(qkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, samples ? 0 : first,
+                    samples ? samples->positions : Tensor());
 }
 
 void rotary_backward(Backend& be, const BlockStyle& st, const Tensor& dqkv,
                      const PackedSamples* samples) {
   if (st.rope_cos.empty()) return;
-  if (samples != nullptr)
-    packed_rotary(be, dqkv, *samples, st.heads, st.kv_heads, st.rope_cos, st.rope_sin, true);
-  else
-    be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin,
-                       first_position(st, dqkv));
+  be.rotary_backward(dqkv, st.heads, st.kv_heads, st.rope_cos, st.rope_sin,
+                     samples ? 0 : first_position(st, dqkv),
+                     samples ? samples->positions : Tensor());
 }
 
 // The heads attention computes: all of them, or under sequence parallelism this rank's share.

@@ -459,6 +459,7 @@ std::unique_ptr<RunAssembly> assemble_run(const TrainOptions& options, Device de
   model_options.stashed_inputs = pipeline_stashed_inputs(r.model->config());
   model_options.gradients = plans_training_state(r);
   model_options.reads_stored_copies = reads_stored_copies(r, backend);
+  model_options.packed_samples = o.padding_free || o.packing;
   if (!model_options.gradients) {
     // Nothing is kept for a backward pass: each block's internals in one shared set, as gradient
     // checkpointing lays them out (the same forward, bit for bit).

@@ -17,6 +17,7 @@
 #include "adapters/attach.h"
 #include "backend/backend.h"
 #include "backend/device_traits.h"
+#include "backend/held_weights.h"
 #include "core/clock.h"
 #include "core/json_file.h"
 #include "core/process_memory.h"

@@ -31,14 +31,21 @@ GradScale held_in(DeviceBuffers& d, double scale) {
 // Word, position (a table longer than T) and token-type embeddings, with repeated ids; with a
 // padding_idx the last 7 tokens of each sequence are that id (which also occurs elsewhere), and
 // its row gets no gradient while the positions and types of those tokens still get theirs.
-OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables, bool padding) {
+// `packed`: each token at its position in a packed batch's sample (packed_positions, read from
+// memory; its position rows scatter-added, by atomics on a GPU).
+OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables, bool padding,
+                      bool packed = false) {
   const int64_t P = T + 19, NT = 2, pad_id = 1;
   const bool with_pos = tables != Tables::word_only, with_type = tables == Tables::word_pos_type;
   const char* table_names[] = {"word_pos_type", "word_pos", "word"};
+  const Vec positions = packed_positions(B * T);
+  auto position = [=](int64_t bt) {
+    return packed ? static_cast<int64_t>(positions[static_cast<size_t>(bt)]) : bt % T;
+  };
   OpCase c;
   c.name = "embedding_B" + std::to_string(B) + "_T" + std::to_string(T) + "_V" + std::to_string(V) +
            "_C" + std::to_string(C) + "_" + table_names[static_cast<int>(tables)] +
-           (padding ? "_padding" : "");
+           (padding ? "_padding" : "") + (packed ? "_packed" : "");
   c.inputs = [=](std::mt19937& rng) {
     IVec ids = randint(B * T, 0, static_cast<int32_t>(V), rng);
     const IVec types = randint(B * T, 0, static_cast<int32_t>(NT), rng);
@@ -60,10 +67,11 @@ OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables,
     const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
     const Tensor g = d.put_as(in.at("dout"), {B, T, C}), dw = d.put_as(in.at("dword0"), {V, C});
     const Tensor dp = d.put_as(in.at("dpos0"), {P, C}), dt = d.put_as(in.at("dtype0"), {NT, C});
+    const Tensor at = packed ? d.put_as(positions, {B * T}, DType::i32) : Tensor();
     be.embedding_forward(ids, w, with_pos ? p : Tensor(), with_type ? types : Tensor(),
-                         with_type ? t : Tensor(), out, {});
+                         with_type ? t : Tensor(), out, {}, at);
     be.embedding_backward(g, ids, padding ? pad_id : -1, with_type ? types : Tensor(), dw,
-                          with_pos ? dp : Tensor(), with_type ? dt : Tensor(), {});
+                          with_pos ? dp : Tensor(), with_type ? dt : Tensor(), {}, at);
     return Values{{"out", d.values(out)},
                   {"dword", d.values(dw)},
                   {"dpos", d.values(dp)},
@@ -77,12 +85,12 @@ OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables,
       const auto id = static_cast<int64_t>(ids[bt]), ty = static_cast<int64_t>(types[bt]);
       for (int64_t j = 0; j < C; ++j) {
         double v = in.at("word")[id * C + j];
-        if (with_pos) v += in.at("pos")[(bt % T) * C + j];
+        if (with_pos) v += in.at("pos")[position(bt) * C + j];
         if (with_type) v += in.at("type_table")[ty * C + j];
         out[bt * C + j] = v;
         const double g = dout[bt * C + j];
         if (!padding || id != pad_id) dw[id * C + j] += g;
-        if (with_pos) dp[(bt % T) * C + j] += g;
+        if (with_pos) dp[position(bt) * C + j] += g;
         if (with_type) dt[ty * C + j] += g;
       }
     }
@@ -90,7 +98,7 @@ OpCase embedding_case(int64_t B, int64_t T, int64_t V, int64_t C, Tables tables,
   };
   c.checks = {{"out", Metric::elementwise, 1e-6, 0},
               {"dword", Metric::elementwise, 1e-5, 1e-6, "dword0"},
-              {"dpos", Metric::elementwise, 1e-5, 0, "dpos0"},
+              {"dpos", Metric::elementwise, 1e-5, packed ? 1e-4 : 0, "dpos0"},
               {"dtype", Metric::elementwise, 1e-5, 1e-4, "dtype0"}};
   return c;
 }
@@ -130,8 +138,8 @@ OpCase embedding_shard_case(int64_t B, int64_t T, int64_t V, int64_t C, int rank
       const Tensor out = d.put(FVec(B * T * C, -7.f), {B, T, C});
       const bool first = r == 0;
       be.embedding_forward(ids, w, first ? p : Tensor(), first ? types : Tensor(),
-                           first ? t : Tensor(), out, shard);
-      be.embedding_backward(g, ids, pad_id, types, dw, Tensor(), Tensor(), shard);
+                           first ? t : Tensor(), out, shard, Tensor());
+      be.embedding_backward(g, ids, pad_id, types, dw, Tensor(), Tensor(), shard, Tensor());
       const Vec o = d.values(out), dwv = d.values(dw);
       for (size_t i = 0; i < o.size(); ++i) sum[i] += o[i];
       dword.insert(dword.end(), dwv.begin(), dwv.begin() + held * C);
@@ -161,10 +169,15 @@ OpCase embedding_shard_case(int64_t B, int64_t T, int64_t V, int64_t C, int rank
 }
 
 // first_token takes position 0 of each sequence; its backward adds into position 0 only.
-OpCase first_token_case(int64_t B, int64_t T, int64_t C) {
+// `packed`: the first tokens of a packed batch's B - 1 samples (the last row past them zero),
+// where they start read from memory.
+OpCase first_token_case(int64_t B, int64_t T, int64_t C, bool packed = false) {
+  std::vector<int64_t> first(static_cast<size_t>(B), -1);  // sequence b's first token
+  for (int64_t b = 0; b < B; ++b) first[b] = packed ? (b < B - 1 ? b * T + b + 1 : -1) : b * T;
+  if (packed) first[0] = 0;
   OpCase c;
-  c.name =
-      "first_token_B" + std::to_string(B) + "_T" + std::to_string(T) + "_C" + std::to_string(C);
+  c.name = "first_token_B" + std::to_string(B) + "_T" + std::to_string(T) + "_C" +
+           std::to_string(C) + (packed ? "_packed" : "");
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_d(B * T * C, rng)},
                   {"dout", randn_d(B * C, rng)},
@@ -174,16 +187,19 @@ OpCase first_token_case(int64_t B, int64_t T, int64_t C) {
     DeviceBuffers d(be);
     const Tensor x = d.put_as(in.at("x"), {B, T, C}), out = d.put(FVec(B * C, -7.f), {B, C});
     const Tensor g = d.put_as(in.at("dout"), {B, C}), dx = d.put_as(in.at("dx0"), {B, T, C});
-    be.first_token(x, out);
-    be.first_token_backward(g, dx);
+    Vec starts(first.begin(), first.end() - 1);  // the samples' starts, then the tokens' end
+    starts.push_back(static_cast<double>(B * T));
+    const Tensor at = packed ? d.put_as(starts, {B}, DType::i32) : Tensor();
+    be.first_token(x, out, at);
+    be.first_token_backward(g, dx, at);
     return Values{{"out", d.values(out)}, {"dx", d.values(dx)}};
   };
   c.reference = [=](const Values& in) {
-    Vec out(static_cast<size_t>(B * C)), dx(static_cast<size_t>(B * T * C), 0.0);
+    Vec out(static_cast<size_t>(B * C), 0.0), dx(static_cast<size_t>(B * T * C), 0.0);
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < C; ++j) {
-        out[b * C + j] = in.at("x")[b * T * C + j];
-        dx[b * T * C + j] = in.at("dout")[b * C + j];
+      for (int64_t j = 0; first[b] >= 0 && j < C; ++j) {
+        out[b * C + j] = in.at("x")[first[b] * C + j];
+        dx[first[b] * C + j] = in.at("dout")[b * C + j];
       }
     return Values{{"out", out}, {"dx", dx}};
   };
@@ -431,8 +447,12 @@ std::vector<OpCase> loss_cases() {
     }
   cases.push_back(embedding_shard_case(2, 9, 7, 5, 2));
   cases.push_back(embedding_shard_case(3, 45, 50, 75, 3));
+  cases.push_back(embedding_case(2, 9, 6, 7, Tables::word_pos_type, true, true));
+  cases.push_back(embedding_case(3, 45, 50, 75, Tables::word_pos, false, true));
   cases.push_back(first_token_case(2, 5, 7));
   cases.push_back(first_token_case(3, 45, 75));
+  cases.push_back(first_token_case(2, 5, 7, true));
+  cases.push_back(first_token_case(3, 45, 75, true));
   for (bool none : {false, true}) {
     cases.push_back(cross_entropy_case(7, 11, none, true));
     cases.push_back(cross_entropy_case(37, 129, none, false));

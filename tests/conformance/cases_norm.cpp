@@ -377,18 +377,19 @@ OpCase norm_backward_case(Shape xs, bool rms, bool round, float p, bool accumula
 
 // transformers' apply_rotary_pos_emb on packed qkv [B,T,(H+2K)*D], literally: per query and key
 // head, x * cat(cos, cos) + rotate_half(x) * cat(sin, sin) with rotate_half(x) = cat(-x2, x1),
-// at position first + t; values copied.
+// at position first + t, or where `positions` is given the token's own; values copied.
 Vec ref_rotary(const Vec& qkv, const FVec& cos, const FVec& sin, int64_t first, int64_t T,
-               int64_t H, int64_t K, int64_t D) {
+               int64_t H, int64_t K, int64_t D, const Vec* positions) {
   const int64_t half = D / 2, width = (H + 2 * K) * D,
                 B = static_cast<int64_t>(qkv.size()) / (T * width);
   Vec out = qkv;
   Vec c(D), s(D), rh(D);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
+      const auto p = positions ? static_cast<int64_t>((*positions)[b * T + t]) : first + t;
       for (int64_t i = 0; i < D; ++i) {
-        c[i] = cos[(first + t) * half + i % half];
-        s[i] = sin[(first + t) * half + i % half];
+        c[i] = cos[p * half + i % half];
+        s[i] = sin[p * half + i % half];
       }
       for (int64_t h = 0; h < H + K; ++h) {
         const int64_t at = (b * T + t) * width + h * D;
@@ -403,14 +404,17 @@ Vec ref_rotary(const Vec& qkv, const FVec& cos, const FVec& sin, int64_t first, 
 }
 
 // Forward rotates x in place; backward rotates the gradient g back in place (the transposed
-// rotation), and backward after forward gives x again.
+// rotation), and backward after forward gives x again. `packed`: each token at its position in a
+// packed batch's sample (packed_positions, read from memory), from 0.
 OpCase rotary_case(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, int64_t first,
-                   double theta, bool reference) {
-  const int64_t W = (H + 2 * K) * D, P = first + T + 3;
+                   double theta, bool reference, bool packed = false) {
+  const int64_t W = (H + 2 * K) * D, P = first + T + 12;
   const Shape qs{B, T, W};
+  const Vec positions = packed_positions(B * T);
   OpCase c;
   c.name = "rotary_B" + std::to_string(B) + "_T" + std::to_string(T) + "_H" + std::to_string(H) +
-           "_K" + std::to_string(K) + "_D" + std::to_string(D) + "_from" + std::to_string(first);
+           "_K" + std::to_string(K) + "_D" + std::to_string(D) +
+           (packed ? "_packed" : "_from" + std::to_string(first));
   c.inputs = [=](std::mt19937& rng) {
     return Values{{"x", randn_d(B * T * W, rng)}, {"g", randn_d(B * T * W, rng)}};
   };
@@ -419,17 +423,19 @@ OpCase rotary_case(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, int64_
     DeviceBuffers d(be);
     const Tensor cos = d.put(t.cos, {P, D / 2}), sin = d.put(t.sin, {P, D / 2});
     const Tensor x = d.put_as(in.at("x"), qs), g = d.put_as(in.at("g"), qs);
+    const Tensor pos = packed ? d.put_as(positions, {B * T}, DType::i32) : Tensor();
     const int h = static_cast<int>(H), k = static_cast<int>(K);
-    be.rotary_forward(x, h, k, cos, sin, first);
-    be.rotary_backward(g, h, k, cos, sin, first);
+    be.rotary_forward(x, h, k, cos, sin, first, pos);
+    be.rotary_backward(g, h, k, cos, sin, first, pos);
     const Vec rotated = d.values(x);
-    be.rotary_backward(x, h, k, cos, sin, first);
+    be.rotary_backward(x, h, k, cos, sin, first, pos);
     return Values{{"forward", rotated}, {"backward", d.values(g)}, {"round_trip", d.values(x)}};
   };
   if (reference)
     c.reference = [=](const Values& in) {
       const RopeTables t = rope_tables(D, theta, P);
-      auto f = [&](const Vec& v) { return ref_rotary(v, t.cos, t.sin, first, T, H, K, D); };
+      const Vec* at = packed ? &positions : nullptr;
+      auto f = [&](const Vec& v) { return ref_rotary(v, t.cos, t.sin, first, T, H, K, D, at); };
       return Values{{"forward", f(in.at("x"))},
                     {"backward", fd_vjp(in.at("x"), f, in.at("g"))},
                     {"round_trip", in.at("x")}};
@@ -488,6 +494,9 @@ std::vector<OpCase> norm_cases() {
   cases.push_back(rotary_case(2, 37, 4, 4, 128, 0, 500000.0, false));
   cases.push_back(rotary_case(3, 19, 8, 2, 6, 11, 500000.0, false));
   cases.push_back(rotary_case(1, 5, 6, 1, 64, 300, 500000.0, false));
+  // A packed batch's positions, restarting at each sample.
+  cases.push_back(rotary_case(2, 9, 4, 2, 6, 0, 10000.0, true, true));
+  cases.push_back(rotary_case(3, 19, 8, 2, 128, 0, 500000.0, false, true));
   return cases;
 }
 

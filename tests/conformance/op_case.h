@@ -70,6 +70,9 @@ Vec fd_vjp(const Vec& x, const std::function<Vec(const Vec&)>& f, const Vec& ups
 Vec minus(const Vec& a, const Vec& b);
 // A part of a case's name: "37x75" for a shape.
 std::string shape_name(const Shape& s);
+// Each of `tokens` tokens' position in its sample, as a packed batch lays them (PackedSamples:
+// samples of 4, 1, 7, 2, 11 and 3 tokens in turn, the last cut short), so from 0 to 10.
+Vec packed_positions(int64_t tokens);
 
 // ---- the table, by file ----
 

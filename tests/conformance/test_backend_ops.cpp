@@ -55,6 +55,16 @@ std::string shape_name(const Shape& s) {
   return n;
 }
 
+Vec packed_positions(int64_t tokens) {
+  const int64_t lengths[] = {4, 1, 7, 2, 11, 3};
+  Vec p(static_cast<size_t>(tokens));
+  for (int64_t i = 0, s = 0, at = 0; i < tokens; ++i, ++at) {
+    if (at == lengths[s % 6]) at = 0, ++s;
+    p[static_cast<size_t>(i)] = static_cast<double>(at);
+  }
+  return p;
+}
+
 namespace {
 
 ::testing::AssertionResult compare(const Vec& got, const Vec& want, Metric metric, double tol) {

@@ -1,6 +1,7 @@
 // CPU backend construction and the small ops that need no file of their own.
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace brisk {
@@ -37,18 +38,49 @@ void CpuBackend::copy_rows(const Tensor& src, const Tensor& dst, const RowCopy& 
                 static_cast<size_t>(c.count) * bytes);
 }
 
-void CpuBackend::first_token(const Tensor& x, const Tensor& out) {
-  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+namespace {
+// Sequence b's first token among x's B * T (a packed batch's sample b's where `starts` is given,
+// each start checked), or -1 past its samples.
+struct FirstTokens {
+  const int32_t* starts = nullptr;
+  int64_t samples, T;
+  FirstTokens(const Tensor& x, const Tensor& s, const char* op) : samples(x.dim(0)), T(x.dim(1)) {
+    if (s.empty()) return;
+    BRISK_CHECK(s.dtype() == DType::i32 && s.numel() >= 2 && s.numel() <= x.dim(0) + 1, op,
+                ": starts must be int32 [samples + 1] of at most ", x.dim(0), " samples, got ",
+                s.shape().str());
+    starts = s.i32();
+    samples = s.numel() - 1;
+    for (int64_t b = 0; b < samples; ++b)
+      BRISK_CHECK(starts[b] >= 0 && starts[b] < x.dim(0) * T, op, ": sample ", b, " starts at ",
+                  starts[b], ", outside the ", x.dim(0) * T, " tokens");
+  }
+  int64_t operator[](int64_t b) const {
+    if (b >= samples) return -1;
+    return starts ? starts[b] : b * T;
+  }
+};
+}  // namespace
+
+void CpuBackend::first_token(const Tensor& x, const Tensor& out, const Tensor& starts) {
+  const int64_t B = x.dim(0), C = x.dim(2);
   expect(out, DType::f32, Shape{B, C}, "first_token output");
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(out.f32() + b * C, x.f32() + b * T * C, C * sizeof(float));
+  const FirstTokens first(x, starts, "first_token");
+  for (int64_t b = 0; b < B; ++b) {
+    float* o = out.f32() + b * C;
+    if (first[b] < 0)
+      std::fill(o, o + C, 0.0f);
+    else
+      std::memcpy(o, x.f32() + first[b] * C, C * sizeof(float));
+  }
 }
 
-void CpuBackend::first_token_backward(const Tensor& dout, const Tensor& dx) {
-  const int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
+void CpuBackend::first_token_backward(const Tensor& dout, const Tensor& dx, const Tensor& starts) {
+  const int64_t B = dx.dim(0), C = dx.dim(2);
   expect(dout, DType::f32, Shape{B, C}, "first_token_backward gradient");
-  for (int64_t b = 0; b < B; ++b) {
-    float* d = dx.f32() + b * T * C;
+  const FirstTokens first(dx, starts, "first_token_backward");
+  for (int64_t b = 0; b < first.samples; ++b) {
+    float* d = dx.f32() + first[b] * C;
     const float* g = dout.f32() + b * C;
     for (int64_t c = 0; c < C; ++c) d[c] += g[c];
   }

@@ -69,9 +69,9 @@ class CpuBackend : public Backend {
                         const Tensor& dx, bool accumulate_dx, const Tensor& dgamma) override;
 
   void rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
-                      const Tensor& sin, int64_t first_position) override;
+                      const Tensor& sin, int64_t first_position, const Tensor& positions) override;
   void rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
-                       const Tensor& sin, int64_t first_position) override;
+                       const Tensor& sin, int64_t first_position, const Tensor& positions) override;
 
   void activation_forward(Activation kind, const Tensor& x, const Tensor& y) override;
   void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, const Tensor& dx,
@@ -98,10 +98,11 @@ class CpuBackend : public Backend {
 
   void embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                          const Tensor& type_ids, const Tensor& type_table, const Tensor& out,
-                         const VocabShard& shard) override;
+                         const VocabShard& shard, const Tensor& positions) override;
   void embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                           const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                          const Tensor& dtype_table, const VocabShard& shard) override;
+                          const Tensor& dtype_table, const VocabShard& shard,
+                          const Tensor& positions) override;
 
   void attention_forward(const Tensor& qkv, const KeyMask& key_mask, bool causal, int heads,
                          int kv_heads, float scale, float dropout_p, const RngKey& key,
@@ -115,8 +116,8 @@ class CpuBackend : public Backend {
   void attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                         int64_t past, int heads, int kv_heads, float scale,
                         const Tensor& out) override;
-  void first_token(const Tensor& x, const Tensor& out) override;
-  void first_token_backward(const Tensor& dout, const Tensor& dx) override;
+  void first_token(const Tensor& x, const Tensor& out, const Tensor& starts) override;
+  void first_token_backward(const Tensor& dout, const Tensor& dx, const Tensor& starts) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,
                              const GradScale& grad_scale, const Tensor& loss_sum,
                              const Tensor& grad) override;

@@ -1,5 +1,6 @@
 // Token, position and token-type embeddings on the CPU: a gather forward, a scatter-add backward
-// parallel over columns so that repeated ids never race.
+// parallel over columns so that repeated ids never race; a packed batch's positions read from
+// memory.
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
@@ -13,17 +14,28 @@ void check_ids(const Tensor& ids, int64_t rows, const char* what) {
     BRISK_CHECK(p[i] >= 0 && p[i] < rows, what, " ", p[i], " at position ", i,
                 " is outside the table of ", rows, " rows");
 }
+
+// The tokens' positions where given (each checked to be a row of `table`), else null.
+const int32_t* position_ids(const Tensor& positions, const Tensor& table, int64_t tokens,
+                            const char* op) {
+  Backend::check_token_positions(positions, tokens, Device::cpu, op);
+  if (positions.empty() || table.empty()) return nullptr;
+  check_ids(positions, table.dim(0), "position");
+  return positions.i32();
+}
 }  // namespace
 
 void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                    const Tensor& type_ids, const Tensor& type_table,
-                                   const Tensor& out, const VocabShard& shard) {
+                                   const Tensor& out, const VocabShard& shard,
+                                   const Tensor& positions) {
   BRISK_CHECK(ids.rank() == 2, "embedding_forward: ids must be [batch, seq]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = word.dim(1);
   expect(out, DType::f32, Shape{B, T, C}, "embedding_forward output");
   const int64_t first = shard.first, held = shard.count(word.dim(0));
   check_ids(ids, shard.vocab == 0 ? word.dim(0) : shard.vocab, "token id");
-  BRISK_CHECK(pos.empty() || pos.dim(0) >= T, "sequence length ", T,
+  const int32_t* at = position_ids(positions, pos, B * T, "embedding_forward");
+  BRISK_CHECK(pos.empty() || at || pos.dim(0) >= T, "sequence length ", T,
               " exceeds the position table of ", pos.empty() ? 0 : pos.dim(0));
   const bool typed = !type_ids.empty();
   if (typed) check_ids(type_ids, type_table.dim(0), "token type id");
@@ -35,7 +47,7 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const 
   float* o = out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t t = bt % T;
+    const int64_t t = at ? at[bt] : bt % T;
     const int64_t row = id[bt] - first;
     float* orow = o + bt * C;
     if (row >= 0 && row < held)
@@ -51,9 +63,11 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& word, const 
 
 void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                     const Tensor& type_ids, const Tensor& dword, const Tensor& dpos,
-                                    const Tensor& dtype_table, const VocabShard& shard) {
+                                    const Tensor& dtype_table, const VocabShard& shard,
+                                    const Tensor& positions) {
   const int64_t B = ids.dim(0), T = ids.dim(1), C = dword.dim(1);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
+  const int32_t* at = position_ids(positions, dpos, B * T, "embedding_backward");
   const int64_t first = shard.first, held = shard.count(dword.dim(0));
   check_padding_idx(padding_idx, shard.vocab == 0 ? dword.dim(0) : shard.vocab,
                     "embedding_backward");
@@ -75,7 +89,7 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64
         for (int64_t c = c0; c < c1; ++c) wr[c] += gr[c];
       }
       if (dp) {
-        float* pr = dp + (bt % T) * C;
+        float* pr = dp + (at ? at[bt] : bt % T) * C;
         for (int64_t c = c0; c < c1; ++c) pr[c] += gr[c];
       }
       if (dt) {

@@ -733,35 +733,26 @@ void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, 
 
 namespace {
 
-// Starts of up to kRaggedChunk samples (and the end of the last), passed by value.
-constexpr int kRaggedChunk = 256;
-struct RaggedChunk {
-  int64_t first;  // the first sample's index
-  int n;          // samples in this chunk
-  int64_t starts[kRaggedChunk + 1];
-};
-
-__global__ void ragged_layout_kernel(RaggedChunk c, RaggedLayout to) {
-  const int i = static_cast<int>(threadIdx.x);
-  if (i > c.n) return;
-  const int64_t at = c.first + i, start = c.starts[i];
-  if (i < c.n) to.seq_len[at] = static_cast<int32_t>(c.starts[i + 1] - start);
-  to.qkv[at] = static_cast<int32_t>(start * to.qkv_row);
-  to.out[at] = static_cast<int32_t>(start * to.out_row);
-  to.stats[at] = static_cast<int32_t>(start * to.heads);
+// One thread per sample and one for the end: its length and where it starts in each tensor.
+__global__ void ragged_layout_kernel(const int32_t* starts, int64_t count, RaggedLayout to) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i <= count;
+       i += stride) {
+    const int64_t start = starts[i];
+    if (i < count) to.seq_len[i] = static_cast<int32_t>(starts[i + 1] - start);
+    to.qkv[i] = static_cast<int32_t>(start * to.qkv_row);
+    to.out[i] = static_cast<int32_t>(start * to.out_row);
+    to.stats[i] = static_cast<int32_t>(start * to.heads);
+  }
 }
 
 }  // namespace
 
-void ragged_layout(cudaStream_t s, const int64_t* starts, int64_t count, const RaggedLayout& to) {
-  for (int64_t first = 0; first < count; first += kRaggedChunk) {
-    RaggedChunk c;
-    c.first = first;
-    c.n = static_cast<int>(std::min<int64_t>(kRaggedChunk, count - first));
-    for (int i = 0; i <= c.n; ++i) c.starts[i] = starts[first + i];
-    ragged_layout_kernel<<<1, kRaggedChunk + 1, 0, s>>>(c, to);
-    check_launch("ragged_layout_kernel");
-  }
+void ragged_layout(cudaStream_t s, const int32_t* starts, int64_t count, const RaggedLayout& to) {
+  if (count <= 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + 256) / 256, 1024));
+  ragged_layout_kernel<<<blocks, 256, 0, s>>>(starts, count, to);
+  check_launch("ragged_layout_kernel");
 }
 
 }  // namespace brisk::cuda

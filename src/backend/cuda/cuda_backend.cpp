@@ -270,19 +270,22 @@ void CudaBackend::norm_backward(const Tensor& dy, const Tensor& x, const Norm& n
 // ---- rotary position embedding ----
 
 void CudaBackend::rotary_forward(const Tensor& qkv, int heads, int kv_heads, const Tensor& cos,
-                                 const Tensor& sin, int64_t first_position) {
+                                 const Tensor& sin, int64_t first_position,
+                                 const Tensor& positions) {
   const RotaryDims d =
-      check_rotary(qkv, heads, kv_heads, cos, sin, first_position, "rotary_forward");
+      check_rotary(qkv, heads, kv_heads, cos, sin, first_position, positions, "rotary_forward");
   cuda::rotary(stream_, dev(qkv, "qkv"), dev(cos, "rotary cos table"), dev(sin, "rotary sin table"),
-               d.B, d.T, d.H, d.K, d.D, first_position, false);
+               d.B, d.T, d.H, d.K, d.D, first_position, ids_or_null(positions, "positions"), false);
 }
 
 void CudaBackend::rotary_backward(const Tensor& dqkv, int heads, int kv_heads, const Tensor& cos,
-                                  const Tensor& sin, int64_t first_position) {
+                                  const Tensor& sin, int64_t first_position,
+                                  const Tensor& positions) {
   const RotaryDims d =
-      check_rotary(dqkv, heads, kv_heads, cos, sin, first_position, "rotary_backward");
+      check_rotary(dqkv, heads, kv_heads, cos, sin, first_position, positions, "rotary_backward");
   cuda::rotary(stream_, dev(dqkv, "dqkv"), dev(cos, "rotary cos table"),
-               dev(sin, "rotary sin table"), d.B, d.T, d.H, d.K, d.D, first_position, true);
+               dev(sin, "rotary sin table"), d.B, d.T, d.H, d.K, d.D, first_position,
+               ids_or_null(positions, "positions"), true);
 }
 
 // ---- elementwise ----
@@ -424,46 +427,65 @@ void CudaBackend::stochastic_round(DType dtype, const Tensor& t, const RngKey& k
 
 void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& word, const Tensor& pos,
                                     const Tensor& type_ids, const Tensor& type_table,
-                                    const Tensor& out, const VocabShard& shard) {
+                                    const Tensor& out, const VocabShard& shard,
+                                    const Tensor& positions) {
   BRISK_CHECK(ids.rank() == 2, "embedding_forward: ids must be [B,T]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(word);
   expect(out, DType::f32, Shape{B, T, C}, "embedding_forward output");
-  BRISK_CHECK(pos.empty() || pos.dim(0) >= T, "embedding_forward: ", T,
+  check_token_positions(positions, B * T, Device::cuda, "embedding_forward");
+  BRISK_CHECK(pos.empty() || !positions.empty() || pos.dim(0) >= T, "embedding_forward: ", T,
               " positions exceed the position table");
   cuda::embedding_forward(stream_, ids_or_null(ids, "ids"), dev(word, "word table"),
                           dev_or_null(pos, "position table"), ids_or_null(type_ids, "type ids"),
                           dev_or_null(type_table, "type table"), dev(out, "embedding output"), B, T,
-                          C, shard.first, shard.count(word.dim(0)));
+                          C, shard.first, shard.count(word.dim(0)),
+                          ids_or_null(positions, "positions"));
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t padding_idx,
                                      const Tensor& type_ids, const Tensor& dword,
                                      const Tensor& dpos, const Tensor& dtype_table,
-                                     const VocabShard& shard) {
+                                     const VocabShard& shard, const Tensor& positions) {
   BRISK_CHECK(ids.rank() == 2, "embedding_backward: ids must be [B,T]");
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cols(dout);
   expect(dout, DType::f32, Shape{B, T, C}, "embedding_backward gradient");
+  check_token_positions(positions, B * T, Device::cuda, "embedding_backward");
   if (!dword.empty())
     check_padding_idx(padding_idx, shard.vocab == 0 ? dword.dim(0) : shard.vocab,
                       "embedding_backward");
-  cuda::embedding_backward(stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"),
-                           padding_idx, ids_or_null(type_ids, "type ids"),
-                           dev_or_null(dword, "dword"), dev_or_null(dpos, "dpos"),
-                           dev_or_null(dtype_table, "dtype_table"), B, T, C, shard.first,
-                           dword.empty() ? 0 : shard.count(dword.dim(0)));
+  cuda::embedding_backward(
+      stream_, dev(dout, "embedding gradient"), ids_or_null(ids, "ids"), padding_idx,
+      ids_or_null(type_ids, "type ids"), dev_or_null(dword, "dword"), dev_or_null(dpos, "dpos"),
+      dev_or_null(dtype_table, "dtype_table"), B, T, C, shard.first,
+      dword.empty() ? 0 : shard.count(dword.dim(0)), ids_or_null(positions, "positions"));
 }
 
-void CudaBackend::first_token(const Tensor& x, const Tensor& out) {
+namespace {
+// The samples whose first tokens a pooling reads: B, or a packed batch's (starts [samples + 1]).
+int64_t pooled_samples(const Tensor& x, const Tensor& starts, const char* op) {
+  if (starts.empty()) return x.dim(0);
+  BRISK_CHECK(starts.dtype() == DType::i32 && starts.numel() >= 2 &&
+                  starts.numel() <= x.dim(0) + 1 && starts.device() == Device::cuda,
+              op, ": starts must be int32 [samples + 1] in GPU memory, of at most ", x.dim(0),
+              " samples, got ", starts.shape().str());
+  return starts.numel() - 1;
+}
+}  // namespace
+
+void CudaBackend::first_token(const Tensor& x, const Tensor& out, const Tensor& starts) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   expect(out, DType::f32, Shape{B, C}, "first_token output");
-  cuda::first_token(stream_, dev(x, "first_token input"), dev(out, "first_token output"), B, T, C);
+  const int64_t samples = pooled_samples(x, starts, "first_token");
+  cuda::first_token(stream_, dev(x, "first_token input"), dev(out, "first_token output"), B, T, C,
+                    ids_or_null(starts, "starts"), samples);
 }
 
-void CudaBackend::first_token_backward(const Tensor& dout, const Tensor& dx) {
+void CudaBackend::first_token_backward(const Tensor& dout, const Tensor& dx, const Tensor& starts) {
   const int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
   expect(dout, DType::f32, Shape{B, C}, "first_token_backward gradient");
+  const int64_t samples = pooled_samples(dx, starts, "first_token_backward");
   cuda::first_token_backward(stream_, dev(dout, "first_token gradient"), dev(dx, "first_token dx"),
-                             B, T, C);
+                             B, T, C, ids_or_null(starts, "starts"), samples);
 }
 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool write_grad,

@@ -80,6 +80,11 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::fused_attention(const Atte
   cuda::FusedAttentionShape shape;
   shape.B = d.B, shape.T = d.T, shape.H = d.H, shape.K = d.K, shape.D = d.D;
   if (mask.samples != nullptr) {  // the samples as batch rows; int32 offsets must reach the end
+    // Their starts in memory (the model lays them there), else one call per sample.
+    const Tensor& at = mask.samples->at;
+    if (at.dtype() != DType::i32 || at.numel() != mask.samples->count() + 1 ||
+        at.device() != Device::cuda)
+      return std::nullopt;
     shape.ragged = true;
     shape.B = mask.samples->count(), shape.T = longest_sample(*mask.samples);
     if (d.B * d.T * (d.H + 2 * d.K) * d.D > INT32_MAX) return std::nullopt;
@@ -117,7 +122,7 @@ cuda::FusedAttentionArgs CudaBackend::fused_attention_inputs(const cuda::FusedAt
                           (s.H + 2 * s.K) * s.D,
                           s.H * s.D,
                           s.H};
-    cuda::ragged_layout(stream_, key_mask.samples->starts.data(), s.B, to);
+    cuda::ragged_layout(stream_, key_mask.samples->at.i32(), s.B, to);
     a.seq_len_q = to.seq_len, a.ragged_qkv = to.qkv, a.ragged_out = to.out;
     a.ragged_stats = to.stats;
   }
@@ -285,6 +290,17 @@ std::optional<cuda::FusedAttentionShape> CudaBackend::ragged_attention(
   expect(stats, DType::f32, want.stats, "packed attention statistics");
   expect(scratch, DType::f32, want.scratch, "packed attention scratch");
   return fused;
+}
+
+// The ragged call reads the samples' starts from memory: its launches follow their count and its
+// graph's length (the longest sample's, rounded up) only. Elsewhere one call per sample.
+void CudaBackend::add_packed_signature(const PackedSamples& samples, const AttentionDims& d,
+                                       bool causal, float scale, float dropout_p,
+                                       std::vector<int64_t>& out) const {
+  const auto fused = fused_attention(d, samples_mask(samples), causal, scale, dropout_p);
+  if (!fused) return Backend::add_packed_signature(samples, d, causal, scale, dropout_p, out);
+  out.push_back(fused->B);
+  out.push_back(fused->T);
 }
 
 // A packed batch's attention: its samples in one ragged call where the fused attention serves

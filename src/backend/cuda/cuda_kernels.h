@@ -110,26 +110,32 @@ void rmsnorm_backward(cudaStream_t s, const float* dy, const float* x, const flo
 
 // ---- cuda_rotary.cu ----
 // rotary_forward (inverse false) or rotary_backward (inverse true) of backend.h, in place on
-// packed qkv [B,T,(H+2K)*D]; cos and sin are [P, D/2] tables, rows first_position + t read.
+// packed qkv [B,T,(H+2K)*D]; cos and sin are [P, D/2] tables, rows first_position + t read, or
+// where `positions` (int32 [B*T], device) is given, row positions[b*T + t].
 void rotary(cudaStream_t s, float* qkv, const float* cos, const float* sin, int64_t B, int64_t T,
-            int64_t H, int64_t K, int64_t D, int64_t first_position, bool inverse);
+            int64_t H, int64_t K, int64_t D, int64_t first_position, const int32_t* positions,
+            bool inverse);
 
 // ---- cuda_embedding.cu ----
-// out[b,t,:] = word[ids[b,t] - first] + (pos ? pos[t] : 0) + (type_ids ? type_table[type_ids[b,t]]
+// out[b,t,:] = word[ids[b,t] - first] + (pos ? pos[p] : 0) + (type_ids ? type_table[type_ids[b,t]]
 // : 0), the word part zero for an id outside [first, first + held) (a vocabulary-parallel rank's
-// rows). Ids are validated on the host before upload.
+// rows); p = t, or positions[b*T + t] where given (int32, device). Ids are validated on the host
+// before upload.
 void embedding_forward(cudaStream_t s, const int32_t* ids, const float* word, const float* pos,
                        const int32_t* type_ids, const float* type_table, float* out, int64_t B,
-                       int64_t T, int64_t C, int64_t first, int64_t held);
+                       int64_t T, int64_t C, int64_t first, int64_t held, const int32_t* positions);
 // Scatter-add of dout into the tables (null tables skipped); tokens whose id is padding_idx (-1:
-// none) skip dword only.
+// none) skip dword only. dpos: in a fixed order per row, or with `positions` by atomics.
 void embedding_backward(cudaStream_t s, const float* dout, const int32_t* ids, int64_t padding_idx,
                         const int32_t* type_ids, float* dword, float* dpos, float* dtype_table,
-                        int64_t B, int64_t T, int64_t C, int64_t first, int64_t held);
-// out[b,:] = x[b,0,:]; backward: dx[b,0,:] += dout[b,:].
-void first_token(cudaStream_t s, const float* x, float* out, int64_t B, int64_t T, int64_t C);
+                        int64_t B, int64_t T, int64_t C, int64_t first, int64_t held,
+                        const int32_t* positions);
+// out[b,:] = x[b,0,:]; backward: dx[b,0,:] += dout[b,:]. With `starts` (int32 [samples + 1],
+// device; samples <= B), token starts[b]'s row of the B*T for b < samples, zero rows past them.
+void first_token(cudaStream_t s, const float* x, float* out, int64_t B, int64_t T, int64_t C,
+                 const int32_t* starts, int64_t samples);
 void first_token_backward(cudaStream_t s, const float* dout, float* dx, int64_t B, int64_t T,
-                          int64_t C);
+                          int64_t C, const int32_t* starts, int64_t samples);
 
 // ---- cuda_loss.cu ----
 // Softmax cross-entropy over rows of logits [N,V], int32 labels (kIgnoreIndex skipped). Adds the
@@ -292,10 +298,11 @@ void fused_attention_inputs(cudaStream_t s, const int32_t* key_mask, int64_t B, 
                             DType dtype, void* bias, int64_t* seed_offset, RngKey key,
                             int32_t* seq_len_q);
 // A padding-free or packed batch's samples for the fused attention's ragged layout, from their
-// starts (host values: `count` samples, count + 1 starts in tokens, the last the tokens' end):
-// seq_len [count], each sample's length; and [count + 1] element offsets of each start (and the
-// end) in qkv (times qkv_row), in out (times out_row) and in the statistics (times heads). The
-// starts travel as the launches' arguments, so a recorded pass holds them.
+// starts (int32 in device memory, PackedSamples::at: `count` samples, count + 1 starts in tokens,
+// the last the tokens' end): seq_len [count], each sample's length; and [count + 1] element
+// offsets of each start (and the end) in qkv (times qkv_row), in out (times out_row) and in the
+// statistics (times heads). Read as the kernel runs, so a recorded pass serves any layout of as
+// many samples.
 struct RaggedLayout {
   int32_t* seq_len;
   int32_t* qkv;
@@ -303,6 +310,6 @@ struct RaggedLayout {
   int32_t* stats;
   int64_t qkv_row, out_row, heads;
 };
-void ragged_layout(cudaStream_t s, const int64_t* starts, int64_t count, const RaggedLayout& to);
+void ragged_layout(cudaStream_t s, const int32_t* starts, int64_t count, const RaggedLayout& to);
 
 }  // namespace brisk::cuda
