@@ -448,7 +448,7 @@ void Model::load_samples(Backend& be) {
 }
 
 void Model::step_signature(const Backend& be, const StepOptions& o, std::vector<int64_t>& s) const {
-  uint32_t scale_bits = 0;  // 1 where held in memory (StepRecorder)
+  uint32_t scale_bits = 0;  // the value's (1 where the scale is held in memory: StepRecorder)
   std::memcpy(&scale_bits, &o.loss_grad_scale.value, sizeof scale_bits);
   s.assign({shape_.batch, shape_.seq, hides_keys_, keys_right_padded_, o.training, o.compute_grad,
             o.first_micro_batch, scale_bits, o.loss_grad_scale.held != nullptr});

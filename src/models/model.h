@@ -110,8 +110,9 @@ class Model : public BatchTarget {
   // step_signature (what a recorded step replays, models/step_recorder.h).
   void forward_compute(Backend& be, const StepOptions& options);
   // Everything of the loaded batch and of `options` that forward_compute and backward decide by
-  // on the host, but the dropout keys' step: two micro-batches with equal signatures launch the
-  // same work on the same buffers. Written into `out` (kept by the caller: no allocation a step).
+  // on the host, but what a replay reads from memory (the dropout keys' step, the loss's gradient
+  // scale, a packed batch's layout): two micro-batches with equal signatures launch the same work
+  // on the same buffers. Written into `out` (kept by the caller: no allocation a step).
   void step_signature(const Backend& be, const StepOptions& options,
                       std::vector<int64_t>& out) const;
   // Whether a micro-batch's forward and backward are this model's own work alone, on buffers

@@ -2,6 +2,7 @@
 // mixed precision's 16-bit copies, gradient checkpointing's inputs), a step's other buffers and
 // the inputs and constants the host uploads.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -296,6 +297,8 @@ void Model::plan_step_buffers(MemoryPlan& plan, BatchShape shape, const BlockSty
     declare_uploaded(plan, &held_step_host_, &held_step_, "step.held", DType::i64, Shape{2});
   if (options_.packed_samples) {
     const int64_t tokens = checked_mul(shape.batch, shape.seq, "the batch's tokens");
+    BRISK_CHECK(tokens < INT32_MAX, "a padding-free or packed batch of ", tokens,
+                " tokens: its samples' starts are int32, so at most ", INT32_MAX - 1);
     declare_uploaded(plan, &sample_starts_host_, &sample_starts_, "batch.sample_starts", DType::i32,
                      Shape{tokens + 1});
     declare_uploaded(plan, &positions_host_, &positions_, "batch.positions", DType::i32,

@@ -20,8 +20,11 @@ const int32_t* position_ids(const Tensor& positions, const Tensor& table, int64_
                             const char* op) {
   Backend::check_token_positions(positions, tokens, Device::cpu, op);
   if (positions.empty() || table.empty()) return nullptr;
-  check_ids(positions, table.dim(0), "position");
-  return positions.i32();
+  const int32_t* p = positions.i32();
+  for (int64_t i = 0; i < tokens; ++i)
+    BRISK_CHECK(p[i] >= 0 && p[i] < table.dim(0), op, ": position ", p[i], " of token ", i,
+                " is outside the position table of ", table.dim(0), " rows");
+  return p;
 }
 }  // namespace
 
